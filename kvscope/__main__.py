@@ -1,0 +1,5 @@
+import sys
+
+from kvscope.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of `kvscope`; one module each, discovered by kvscope.cli."""

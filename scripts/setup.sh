@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install what kvscope and its tests need on a fresh Debian machine (idempotent):
+#   Debian packages: prometheus + promtool, alertmanager + amtool, chromium (UI tests), nginx (tap bench)
+#   .venv with kvscope and its pinned dependencies (pip install -e '.[dev]')
+# Environment: VENV (default .venv), KVSCOPE_SKIP_APT=1 to skip the Debian step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+APT_PKGS="prometheus prometheus-alertmanager chromium chromium-driver nginx"
+
+if [ "${KVSCOPE_SKIP_APT:-0}" != 1 ] && ! dpkg -s $APT_PKGS >/dev/null 2>&1; then
+  echo "setup: installing Debian packages: $APT_PKGS"
+  if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends $APT_PKGS >/tmp/kvscope-apt.log 2>&1 \
+    || { tail -30 /tmp/kvscope-apt.log; echo "setup: apt-get install failed" >&2; exit 1; }
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV"
+  python3 -m venv "$VENV"
+fi
+stamp="$VENV/.kvscope-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing kvscope into $VENV"
+  "$VENV/bin/pip" install -q -e '.[dev]' >/tmp/kvscope-pip.log 2>&1 \
+    || { grep -v 'is ignored: it is neither' /tmp/kvscope-pip.log | tail -30; echo "setup: pip install failed" >&2; exit 1; }
+  touch "$stamp"
+fi
+echo "setup: ok ($("$VENV/bin/kvscope" --version))"

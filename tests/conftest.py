@@ -1,0 +1,19 @@
+"""Shared test fixtures. Keep heavy imports (pandas, streamlit) out of this file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def load_fixture():
+    """Read a file under tests/fixtures/ as text."""
+
+    def _load(rel: str) -> str:
+        return (FIXTURES / rel).read_text(encoding="utf-8")
+
+    return _load
