@@ -1,0 +1,506 @@
+"""Where canonical samples live on one node: the `Store` contract, an embedded SQLite store and
+its in-memory twin.
+
+Layout (SQLite, WAL mode)::
+
+    series (id INTEGER PRIMARY KEY, name TEXT, labels TEXT /* compact JSON of the sorted pairs */,
+            UNIQUE (name, labels))
+    samples (series_id INTEGER, ts_ms INTEGER, value REAL, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID
+
+The samples table is clustered on (series_id, ts_ms), so a range query for one series is one
+B-tree range scan and no second index is needed. Timestamps are integer milliseconds (what
+Prometheus keeps): a varint of 6 bytes instead of an 8-byte double. SQLite writes integral REAL
+values as integers on disk, so counters and byte gauges cost only their varint.
+
+Writes are queued and committed in batches by one writer thread, so `write()` never waits on
+disk. The queue is bounded: when it is full the *oldest* queued samples are dropped and counted
+(reason `queue_full`); the scrape loop is never blocked. A committed batch survives a crash of
+the process (WAL, `synchronous=NORMAL`); pass `synchronous="FULL"` to survive power loss too.
+
+Retention runs on the writer thread: by age (`retention_s`) and by size (`max_bytes`, the pages
+in use). The file is created with `auto_vacuum=INCREMENTAL`; after a retention pass deleted rows,
+`PRAGMA incremental_vacuum` hands the freed pages back to the file system. A full VACUUM (which
+rewrites the file and needs twice its space) is never run automatically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from kvscope.agent.signals import Labels, Sample
+
+Points = list[tuple[float, float]]
+
+DEFAULT_RETENTION_S = 7 * 86400
+DEFAULT_MAX_BYTES = 1 << 30
+DEFAULT_BATCH_SIZE = 20_000
+DEFAULT_FLUSH_INTERVAL_S = 1.0
+DEFAULT_MAX_QUEUE = 200_000
+"""Samples waiting for the writer (about 40 MiB at worst). Past it the oldest are dropped."""
+DEFAULT_MAX_SERIES = 200_000
+"""Distinct series the store accepts; samples of further new series are dropped (`series_limit`)."""
+RETENTION_CHECK_INTERVAL_S = 60.0
+SIZE_TARGET_FRACTION = 0.9
+"""A size-retention pass deletes until the pages in use are below this fraction of max_bytes."""
+
+
+class Store(Protocol):
+    """Time-series storage for canonical samples.
+
+    Implementations are thread-safe: the runtime writes from the scrape loop while the server,
+    the diagnoser and the UI query from other threads.
+    """
+
+    def write(self, samples: Sequence[Sample]) -> None:
+        """Queue samples for storage. Must not block on disk or raise for bad samples: a sample
+        that cannot be stored is dropped and counted by reason in `stats()`. A sample without a
+        timestamp is stamped with the time of the call."""
+        ...
+
+    def query(self, name: str, start: float, end: float,
+              matchers: dict[str, str] | None = None) -> dict[Labels, Points]:
+        """Points of every series named `name` whose labels equal all `matchers`, with
+        start <= ts <= end (seconds), sorted by time. A matcher value "" matches series that
+        lack the label (Prometheus semantics). Sees what `flush()` has committed."""
+        ...
+
+    def names(self) -> set[str]:
+        """Canonical sample names that have at least one series stored."""
+        ...
+
+    def flush(self) -> None:
+        """Commit everything queued so far; returns once it is durable and visible to `query`."""
+        ...
+
+    def close(self) -> None:
+        """Flush, stop background work and release files. Idempotent."""
+        ...
+
+
+@dataclass
+class StoreStats:
+    """Self-observation of a store, exported as kvscope_store_* by the runtime."""
+
+    rows: int = 0
+    series: int = 0
+    bytes: int = 0                    # on disk: database + WAL
+    used_bytes: int = 0               # pages in use (what max_bytes bounds)
+    queued: int = 0
+    written: int = 0                  # samples committed since open
+    batches: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)   # samples dropped, by reason
+    errors: Counter[str] = field(default_factory=Counter)    # failed background operations
+    deleted: Counter[str] = field(default_factory=Counter)   # rows removed by retention: age | size
+    last_write_latency_s: float = 0.0
+    max_write_latency_s: float = 0.0
+    write_latency_sum_s: float = 0.0
+
+
+def _matches(labels: Labels, matchers: dict[str, str] | None) -> bool:
+    if not matchers:
+        return True
+    have = dict(labels)
+    return all(have.get(k, "") == v for k, v in matchers.items())
+
+
+class InMemoryStore:
+    """Keeps every sample in memory, with the same contract as `SqliteStore` (writes are
+    visible at once). Used by tests, replay and dry runs; `retention_s` bounds it by age."""
+
+    def __init__(self, retention_s: float | None = None) -> None:
+        self._series: dict[str, dict[Labels, dict[float, float]]] = {}
+        self._lock = threading.Lock()
+        self._retention_s = retention_s
+        self._stats = StoreStats()
+
+    def write(self, samples: Sequence[Sample]) -> None:
+        now = time.time()
+        with self._lock:
+            for s in samples:
+                if isinstance(s.value, float) and math.isnan(s.value):
+                    self._stats.dropped["nan"] += 1
+                    continue
+                ts = s.timestamp if s.timestamp is not None else now
+                points = self._series.setdefault(s.name, {}).setdefault(s.labels, {})
+                key = round(ts * 1000) / 1000
+                if key in points:   # same series and millisecond: first write wins, as in SQLite
+                    self._stats.dropped["duplicate"] += 1
+                    continue
+                points[key] = float(s.value)
+                self._stats.written += 1
+            if self._retention_s is not None:
+                self._expire(now - self._retention_s)
+
+    def _expire(self, cutoff: float) -> None:
+        for by_labels in self._series.values():
+            for points in by_labels.values():
+                for ts in [t for t in points if t < cutoff]:
+                    del points[ts]
+                    self._stats.deleted["age"] += 1
+
+    def query(self, name: str, start: float, end: float,
+              matchers: dict[str, str] | None = None) -> dict[Labels, Points]:
+        with self._lock:
+            out: dict[Labels, Points] = {}
+            for labels, points in self._series.get(name, {}).items():
+                if _matches(labels, matchers):
+                    sel = sorted((t, v) for t, v in points.items() if start <= t <= end)
+                    if sel:
+                        out[labels] = sel
+            return out
+
+    def names(self) -> set[str]:
+        with self._lock:
+            return {n for n, by_labels in self._series.items() if by_labels}
+
+    def samples(self) -> list[Sample]:
+        """Every stored point as a Sample, ordered by name, labels and time."""
+        with self._lock:
+            return [Sample(n, lab, v, t) for n in sorted(self._series)
+                    for lab, pts in sorted(self._series[n].items()) for t, v in sorted(pts.items())]
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            st = StoreStats(**{**self._stats.__dict__, "dropped": Counter(self._stats.dropped),
+                               "errors": Counter(self._stats.errors), "deleted": Counter(self._stats.deleted)})
+            st.series = sum(len(b) for b in self._series.values())
+            st.rows = sum(len(p) for b in self._series.values() for p in b.values())
+            return st
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS series (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+    "labels TEXT NOT NULL, UNIQUE (name, labels))",
+    "CREATE TABLE IF NOT EXISTS samples (series_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, "
+    "value REAL NOT NULL, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID",
+)
+
+
+def _labels_json(labels: Labels) -> str:
+    return json.dumps(labels, separators=(",", ":"))
+
+
+def _labels_from_json(text: str) -> Labels:
+    return tuple((str(k), str(v)) for k, v in json.loads(text))
+
+
+class StoreError(RuntimeError):
+    """The database cannot be opened or has an unexpected schema; the message names the file."""
+
+
+class SqliteStore:
+    """Embedded SQLite store for one node (see the module docstring for layout and guarantees).
+
+    `retention_s` and `max_bytes` bound the data kept; `batch_size` caps one transaction;
+    `flush_interval_s` is the longest a queued sample waits before it is committed.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], retention_s: float = DEFAULT_RETENTION_S,
+                 max_bytes: int = DEFAULT_MAX_BYTES, batch_size: int = DEFAULT_BATCH_SIZE,
+                 flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S, max_queue: int = DEFAULT_MAX_QUEUE,
+                 max_series: int = DEFAULT_MAX_SERIES, synchronous: str = "NORMAL",
+                 background: bool = True) -> None:
+        self.path = Path(path)
+        self.retention_s = retention_s
+        self.max_bytes = max_bytes
+        self.batch_size = max(1, batch_size)
+        self.flush_interval_s = flush_interval_s
+        self.max_queue = max(1, max_queue)
+        self.max_series = max_series
+        self._queue: deque[Sample] = deque()
+        self._qlock = threading.Lock()           # guards _queue and _stats.dropped (cheap, never I/O)
+        self._wlock = threading.RLock()          # guards the writer connection
+        self._rlock = threading.Lock()           # guards the reader connection
+        self._slock = threading.Lock()           # guards the series index
+        self._stats = StoreStats()
+        self._closed = False
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._writer = self._connect(synchronous)
+        self._init_schema()
+        self._reader = self._connect(synchronous)
+        self._ids: dict[tuple[str, Labels], int] = {}
+        self._by_name: dict[str, list[tuple[Labels, int]]] = {}
+        self._load_series()
+        self._stats.rows = self._writer.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+        self._next_retention = 0.0
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._run, name="kvscope-store-writer", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ setup
+    def _connect(self, synchronous: str) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+            # Before WAL: switching a new file to WAL writes its header, and auto_vacuum can only
+            # be chosen before that (on an existing file this is a no-op).
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={'FULL' if synchronous.upper() == 'FULL' else 'NORMAL'}")
+            return conn
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"{self.path}: cannot open store: {exc}") from exc
+
+    def _init_schema(self) -> None:
+        try:
+            for stmt in _SCHEMA:
+                self._writer.execute(stmt)
+            cols = [r[1] for r in self._writer.execute("PRAGMA table_info(samples)")]
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: not a kvscope store: {exc}") from exc
+        if cols != ["series_id", "ts_ms", "value"]:
+            raise StoreError(f"{self.path}: not a kvscope store (samples columns {cols})")
+
+    def _load_series(self) -> None:
+        for sid, name, labels in self._writer.execute("SELECT id, name, labels FROM series"):
+            self._index(sid, name, _labels_from_json(labels))
+
+    def _index(self, sid: int, name: str, labels: Labels) -> None:
+        with self._slock:
+            self._ids[(name, labels)] = sid
+            self._by_name.setdefault(name, []).append((labels, sid))
+
+    # ------------------------------------------------------------------ write path
+    def write(self, samples: Sequence[Sample]) -> None:
+        if self._closed:
+            self._count_drop("closed", len(samples))
+            return
+        now = time.time()
+        with self._qlock:
+            q = self._queue
+            for s in samples:
+                q.append(s if s.timestamp is not None else s._replace(timestamp=now))
+            over = len(q) - self.max_queue
+            if over > 0:
+                for _ in range(over):
+                    q.popleft()
+                self._stats.dropped["queue_full"] += over
+            full = len(q) >= self.batch_size
+        if full:
+            self._wake.set()
+
+    def _count_drop(self, reason: str, n: int) -> None:
+        with self._qlock:
+            self._stats.dropped[reason] += n
+
+    def _take(self) -> list[Sample]:
+        with self._qlock:
+            n = min(len(self._queue), self.batch_size)
+            return [self._queue.popleft() for _ in range(n)]
+
+    def flush(self) -> None:
+        with self._wlock:
+            while batch := self._take():
+                self._commit(batch)
+
+    def _commit(self, batch: list[Sample]) -> None:
+        t0 = time.perf_counter()
+        rows, dropped = self._rows(batch)
+        try:
+            self._writer.execute("BEGIN IMMEDIATE")
+            cur = self._writer.executemany(
+                "INSERT OR IGNORE INTO samples (series_id, ts_ms, value) VALUES (?, ?, ?)", rows)
+            self._writer.execute("COMMIT")
+        except sqlite3.Error:
+            self._rollback()
+            self._count_drop("sqlite_error", len(rows))
+            return
+        elapsed = time.perf_counter() - t0
+        with self._qlock:
+            for reason, n in dropped.items():
+                self._stats.dropped[reason] += n
+            st = self._stats
+            inserted = cur.rowcount if cur.rowcount >= 0 else len(rows)
+            if len(rows) > inserted:   # same series and millisecond already stored: first write wins
+                st.dropped["duplicate"] += len(rows) - inserted
+            st.rows += inserted
+            st.written += inserted
+            st.batches += 1
+            st.last_write_latency_s = elapsed
+            st.max_write_latency_s = max(st.max_write_latency_s, elapsed)
+            st.write_latency_sum_s += elapsed
+
+    def _rollback(self) -> None:
+        try:
+            self._writer.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+    def _rows(self, batch: Iterable[Sample]) -> tuple[list[tuple[int, int, float]], Counter[str]]:
+        rows: list[tuple[int, int, float]] = []
+        dropped: Counter[str] = Counter()
+        ids = self._ids
+        for s in batch:
+            value = float(s.value)
+            if value != value:   # NaN: SQLite would store NULL
+                dropped["nan"] += 1
+                continue
+            sid = ids.get((s.name, s.labels))
+            if sid is None:
+                sid = self._new_series(s.name, s.labels)
+                if sid is None:
+                    dropped["series_limit"] += 1
+                    continue
+            rows.append((sid, round(float(s.timestamp or 0.0) * 1000), value))
+        return rows, dropped
+
+    def _new_series(self, name: str, labels: Labels) -> int | None:
+        if len(self._ids) >= self.max_series:
+            return None
+        text = _labels_json(labels)
+        self._writer.execute("INSERT OR IGNORE INTO series (name, labels) VALUES (?, ?)", (name, text))
+        sid = self._writer.execute("SELECT id FROM series WHERE name = ? AND labels = ?",
+                                   (name, text)).fetchone()[0]
+        self._index(sid, name, labels)
+        return int(sid)
+
+    # ------------------------------------------------------------------ background
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            try:
+                self.flush()
+                if time.monotonic() >= self._next_retention:
+                    self.enforce_retention()
+                    self._next_retention = time.monotonic() + RETENTION_CHECK_INTERVAL_S
+            except sqlite3.Error as exc:
+                self._rollback()
+                with self._qlock:
+                    self._stats.errors[type(exc).__name__] += 1
+
+    # ------------------------------------------------------------------ retention
+    def enforce_retention(self, now: float | None = None) -> int:
+        """Delete rows older than retention_s, then the oldest rows until the pages in use are
+        under max_bytes; give freed pages back with incremental_vacuum. Returns rows deleted."""
+        now = time.time() if now is None else now
+        with self._wlock:
+            deleted = self._delete_before(now - self.retention_s, "age")
+            for _ in range(8):   # each pass removes the oldest slice sized from the overshoot
+                used = self._used_bytes()
+                if used <= self.max_bytes:
+                    break
+                deleted += self._delete_oldest_fraction(1.0 - SIZE_TARGET_FRACTION * self.max_bytes / used)
+            if deleted:
+                self._writer.execute("PRAGMA incremental_vacuum")
+            return deleted
+
+    def _series_ids(self) -> list[int]:
+        with self._slock:
+            return list(self._ids.values())
+
+    def _delete_before(self, cutoff_s: float, reason: str) -> int:
+        params = [(sid, round(cutoff_s * 1000)) for sid in self._series_ids()]
+        if not params:
+            return 0
+        self._writer.execute("BEGIN IMMEDIATE")
+        cur = self._writer.executemany("DELETE FROM samples WHERE series_id = ? AND ts_ms < ?", params)
+        self._writer.execute("COMMIT")
+        n = max(0, cur.rowcount)
+        with self._qlock:
+            self._stats.rows -= n
+            self._stats.deleted[reason] += n
+        return n
+
+    def _delete_oldest_fraction(self, fraction: float) -> int:
+        """Delete the oldest `fraction` of the time span stored (samples arrive at a steady rate,
+        so time is a good proxy for rows; the caller loops until under the limit)."""
+        lo, hi = self._time_span()
+        if lo is None or hi is None:
+            return 0
+        cutoff_ms = lo + max(1, math.ceil((hi - lo) * min(1.0, max(0.0, fraction))))
+        return self._delete_before(cutoff_ms / 1000, "size")
+
+    def _time_span(self) -> tuple[int | None, int | None]:
+        lo: int | None = None
+        hi: int | None = None
+        for sid in self._series_ids():
+            a, b = self._writer.execute(
+                "SELECT MIN(ts_ms), MAX(ts_ms) FROM samples WHERE series_id = ?", (sid,)).fetchone()
+            if a is not None:
+                lo = a if lo is None else min(lo, a)
+                hi = b if hi is None else max(hi, b)
+        return lo, hi
+
+    def _used_bytes(self) -> int:
+        page = self._writer.execute("PRAGMA page_size").fetchone()[0]
+        count = self._writer.execute("PRAGMA page_count").fetchone()[0]
+        free = self._writer.execute("PRAGMA freelist_count").fetchone()[0]
+        return int(page * (count - free))
+
+    # ------------------------------------------------------------------ read path
+    def query(self, name: str, start: float, end: float,
+              matchers: dict[str, str] | None = None) -> dict[Labels, Points]:
+        with self._slock:
+            targets = [(lab, sid) for lab, sid in self._by_name.get(name, ()) if _matches(lab, matchers)]
+        out: dict[Labels, Points] = {}
+        lo, hi = round(start * 1000), round(end * 1000)
+        with self._rlock:
+            for labels, sid in targets:
+                rows = self._reader.execute(
+                    "SELECT ts_ms, value FROM samples WHERE series_id = ? AND ts_ms BETWEEN ? AND ? "
+                    "ORDER BY ts_ms", (sid, lo, hi)).fetchall()
+                if rows:
+                    out[labels] = [(ts / 1000, float(v)) for ts, v in rows]
+        return out
+
+    def names(self) -> set[str]:
+        with self._slock:
+            return {n for n, series in self._by_name.items() if series}
+
+    def stats(self) -> StoreStats:
+        """A snapshot of the counters plus the current file sizes."""
+        with self._qlock:
+            st = StoreStats(**{**self._stats.__dict__, "dropped": Counter(self._stats.dropped),
+                               "errors": Counter(self._stats.errors), "deleted": Counter(self._stats.deleted)})
+            st.queued = len(self._queue)
+        with self._slock:
+            st.series = len(self._ids)
+        st.bytes = sum(_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal"))
+        if not self._closed:
+            with self._rlock:
+                page = self._reader.execute("PRAGMA page_size").fetchone()[0]
+                count = self._reader.execute("PRAGMA page_count").fetchone()[0]
+                free = self._reader.execute("PRAGMA freelist_count").fetchone()[0]
+            st.used_bytes = int(page * (count - free))
+        return st
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.flush()
+        self._closed = True
+        with self._wlock:
+            self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._writer.close()
+        with self._rlock:
+            self._reader.close()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

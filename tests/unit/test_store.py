@@ -1,0 +1,186 @@
+"""SqliteStore and its in-memory twin honour the same Store contract."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+import pytest
+from kvscope.agent.signals import Sample, make_labels
+from kvscope.agent.store import InMemoryStore, SqliteStore, StoreError
+
+A = make_labels({"instance": "e0:8000", "engine": "vllm"})
+B = make_labels({"instance": "e1:8000", "engine": "vllm"})
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+def store(request, tmp_path):
+    s = SqliteStore(tmp_path / "kv.db", background=False) if request.param == "sqlite" else InMemoryStore()
+    yield s
+    s.close()
+
+
+def test_query_returns_points_in_range_sorted_by_time(store):
+    store.write([Sample("engine_requests_waiting", A, v, 100.0 + v) for v in (3.0, 1.0, 2.0, 9.0)])
+    store.flush()
+    got = store.query("engine_requests_waiting", 101.0, 103.5)
+    assert got == {A: [(101.0, 1.0), (102.0, 2.0), (103.0, 3.0)]}
+
+
+def test_query_filters_by_matchers_and_empty_matcher_means_label_absent(store):
+    bare = make_labels({"instance": "e2:8000"})
+    store.write([Sample("x", A, 1.0, 10.0), Sample("x", B, 2.0, 10.0), Sample("x", bare, 3.0, 10.0)])
+    store.flush()
+    assert set(store.query("x", 0, 20, {"instance": "e1:8000"})) == {B}
+    assert set(store.query("x", 0, 20, {"engine": ""})) == {bare}
+    assert store.query("x", 0, 20, {"instance": "nope"}) == {}
+    assert store.query("missing", 0, 20) == {}
+
+
+def test_names_lists_stored_sample_names(store):
+    store.write([Sample("a_total", A, 1.0, 1.0), Sample("b_bucket", A + (("le", "0.5"),), 1.0, 1.0)])
+    store.flush()
+    assert store.names() == {"a_total", "b_bucket"}
+
+
+def test_nan_is_dropped_with_reason_and_duplicates_keep_first(store):
+    store.write([Sample("x", A, float("nan"), 1.0), Sample("x", A, 5.0, 2.0), Sample("x", A, 6.0, 2.0)])
+    store.flush()
+    assert store.query("x", 0, 10) == {A: [(2.0, 5.0)]}
+    st = store.stats()
+    assert st.dropped["nan"] == 1 and st.dropped["duplicate"] == 1
+    assert st.rows == 1 and st.series == 1
+
+
+def test_infinite_values_round_trip(store):
+    store.write([Sample("h_bucket", A, float("inf"), 1.0)])
+    store.flush()
+    assert store.query("h_bucket", 0, 2)[A] == [(1.0, float("inf"))]
+
+
+def test_sample_without_timestamp_is_stamped_at_write(store):
+    store.write([Sample("x", A, 1.0)])
+    store.flush()
+    (points,) = store.query("x", 0, 4e9).values()
+    assert points[0][0] > 1.7e9
+
+
+def test_reopen_finds_series_and_samples(tmp_path):
+    s = SqliteStore(tmp_path / "kv.db", background=False)
+    s.write([Sample("x", A, 1.5, 10.0), Sample("y", B, 2.5, 11.0)])
+    s.close()
+    s2 = SqliteStore(tmp_path / "kv.db", background=False)
+    assert s2.names() == {"x", "y"}
+    assert s2.query("y", 0, 20) == {B: [(11.0, 2.5)]}
+    s2.write([Sample("y", B, 3.5, 12.0)])   # an existing series keeps its id
+    s2.flush()
+    assert s2.query("y", 0, 20) == {B: [(11.0, 2.5), (12.0, 3.5)]}
+    assert s2.stats().series == 2 and s2.stats().rows == 3
+    s2.close()
+
+
+def test_full_queue_drops_oldest_and_counts_it(tmp_path):
+    s = SqliteStore(tmp_path / "kv.db", max_queue=5, background=False)
+    s.write([Sample("x", A, float(i), float(i)) for i in range(8)])
+    assert s.stats().dropped["queue_full"] == 3
+    s.flush()
+    assert [v for _, v in s.query("x", 0, 100)[A]] == [3.0, 4.0, 5.0, 6.0, 7.0]
+    s.close()
+
+
+def test_series_limit_drops_new_series_only(tmp_path):
+    s = SqliteStore(tmp_path / "kv.db", max_series=1, background=False)
+    s.write([Sample("x", A, 1.0, 1.0), Sample("x", B, 1.0, 1.0), Sample("x", A, 2.0, 2.0)])
+    s.flush()
+    assert set(s.query("x", 0, 10)) == {A}
+    assert s.stats().dropped["series_limit"] == 1
+    s.close()
+
+
+def test_retention_by_age_deletes_old_rows(tmp_path):
+    s = SqliteStore(tmp_path / "kv.db", retention_s=100, background=False)
+    s.write([Sample("x", A, float(t), float(t)) for t in range(0, 1000, 10)])
+    s.flush()
+    assert s.enforce_retention(now=1000.0) == 90
+    assert [t for t, _ in s.query("x", 0, 2000)[A]][0] == 900.0
+    assert s.stats().deleted["age"] == 90 and s.stats().rows == 10
+    s.close()
+
+
+def test_retention_by_size_keeps_newest_under_limit(tmp_path):
+    s = SqliteStore(tmp_path / "kv.db", retention_s=1e12, max_bytes=256 * 1024, background=False)
+    labels = [make_labels({"instance": f"e{i}", "gpu": str(i)}) for i in range(50)]
+    for t in range(600):
+        s.write([Sample("gpu_power_watts", lab, 100.0 + t * 0.37, 1000.0 + t) for lab in labels])
+    s.flush()
+    before = s.stats()
+    assert before.used_bytes > 256 * 1024
+    s.enforce_retention(now=2000.0)
+    after = s.stats()
+    assert after.used_bytes <= 256 * 1024
+    assert after.deleted["size"] > 0 and after.rows == before.rows - after.deleted["size"]
+    kept = s.query("gpu_power_watts", 0, 1e9, {"gpu": "7"})[labels[7]]
+    assert kept[-1][0] == 1599.0                       # newest survives
+    assert kept[0][0] > 1000.0                         # oldest went first
+    s.close()
+
+
+def test_background_writer_commits_within_flush_interval(tmp_path):
+    s = SqliteStore(tmp_path / "kv.db", flush_interval_s=0.05)
+    s.write([Sample("x", A, 1.0, 1.0)])
+    done = threading.Event()
+    for _ in range(100):
+        if s.stats().written == 1:
+            done.set()
+            break
+        threading.Event().wait(0.02)
+    assert done.is_set()
+    s.close()
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    s = SqliteStore(tmp_path / "kv.db", flush_interval_s=0.01, batch_size=500)
+    base = time.time() - 3600   # recent: the writer thread also applies age retention
+
+    def writer(k: int) -> None:
+        lab = make_labels({"instance": f"w{k}"})
+        for i in range(2000):
+            s.write([Sample("x", lab, float(i), base + i)])
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    s.flush()
+    got = s.query("x", 0, 4e9)
+    assert len(got) == 4 and all(len(p) == 2000 for p in got.values())
+    s.close()
+
+
+def test_write_after_close_is_counted_not_raised(tmp_path):
+    s = SqliteStore(tmp_path / "kv.db", background=False)
+    s.close()
+    s.write([Sample("x", A, 1.0, 1.0)])
+    assert s.stats().dropped["closed"] == 1
+    s.close()
+
+
+def test_opening_a_foreign_database_is_a_clear_error(tmp_path):
+    path = tmp_path / "other.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE samples (a, b)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="not a kvscope store"):
+        SqliteStore(path, background=False)
+
+
+def test_database_uses_wal_and_incremental_vacuum(tmp_path):
+    s = SqliteStore(tmp_path / "kv.db", background=False)
+    s.close()
+    conn = sqlite3.connect(tmp_path / "kv.db")
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
+    conn.close()
