@@ -1,0 +1,113 @@
+"""The eviction-cascade detector on hand-built canonical series (002 §7.4 stages)."""
+
+from kvscope.agent.analytics.cascade import CascadeConfig, evaluate_cascade, render_cascade_samples
+from kvscope.agent.signals import Sample, make_labels
+
+INST = {"instance": "e0:8000", "engine": "vllm"}
+
+
+def _series(name, values, labels=INST, t0=0.0, step=5.0):
+    lab = make_labels(labels)
+    return [Sample(name, lab, float(v), t0 + i * step) for i, v in enumerate(values)]
+
+
+def _ttft(means_per_step, n_per_step=10):
+    """Cumulative _sum/_count giving the wanted windowed mean per step."""
+    s = c = 0.0
+    sums, counts = [], []
+    for m in means_per_step:
+        s += m * n_per_step
+        c += n_per_step
+        sums.append(s)
+        counts.append(c)
+    return _series("request_ttft_seconds_sum", sums) + _series("request_ttft_seconds_count", counts)
+
+
+def _cascade_run():
+    # t = 0, 5, ..., 45.  KV fills at t=10, evictions from t=20, queue from t=25, TTFT x4 from t=35.
+    return (_series("engine_kv_cache_usage_ratio", [0.3, 0.6, 0.92, 0.97, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+            + _series("engine_preemptions_total", [0, 0, 0, 0, 2, 6, 12, 20, 30, 41])
+            + _series("engine_requests_waiting", [0, 0, 0, 0, 0, 3, 8, 12, 15, 15])
+            + _ttft([0.05, 0.05, 0.05, 0.06, 0.07, 0.08, 0.09, 0.25, 0.4, 0.5]))
+
+
+def test_full_cascade_reaches_stage_4_with_ordered_onsets_and_lead_time():
+    rep = evaluate_cascade(_cascade_run())["e0:8000"]
+    assert rep.stage == 4 and rep.stage_name == "latency"
+    assert rep.onsets == {1: 10.0, 2: 20.0, 3: 25.0, 4: 35.0}
+    assert rep.ordered
+    assert rep.lead_time_s == 25.0
+    assert rep.evidence["ttft_baseline_s"] == 0.05
+    assert rep.evidence["evictions_window_total"] == 41.0
+    assert "gpu_utilization_ratio" in rep.signals_missing
+
+
+def test_queue_without_kv_pressure_is_not_a_cascade():
+    samples = (_series("engine_kv_cache_usage_ratio", [0.2] * 6)
+               + _series("engine_preemptions_total", [0] * 6)
+               + _series("engine_requests_waiting", [0, 5, 9, 9, 9, 9])
+               + _ttft([0.05, 0.05, 0.3, 0.4, 0.5, 0.5]))
+    rep = evaluate_cascade(samples)["e0:8000"]
+    assert rep.stage == 0
+    assert 1 not in rep.onsets and 3 in rep.onsets
+
+
+def test_stage_stops_at_evicting_while_latency_is_still_healthy():
+    samples = (_series("engine_kv_cache_usage_ratio", [0.5, 0.95, 0.99, 0.99])
+               + _series("engine_preemptions_total", [0, 0, 1, 3])
+               + _series("engine_requests_waiting", [0, 0, 0, 0])
+               + _ttft([0.05, 0.05, 0.05, 0.06]))
+    rep = evaluate_cascade(samples)["e0:8000"]
+    assert rep.stage == 2
+    assert rep.lead_time_s is None
+
+
+def test_counter_reset_is_not_read_as_negative_or_missed():
+    samples = (_series("engine_kv_cache_usage_ratio", [0.95, 0.95, 0.95])
+               + _series("engine_preemptions_total", [10, 2, 2]))
+    rep = evaluate_cascade(samples)["e0:8000"]
+    assert rep.onsets[2] == 5.0            # restart then 2 preemptions: evicting at t=5
+    assert rep.stage == 1                 # no eviction in the last interval
+
+
+def test_gpu_utilisation_drop_counts_as_the_latency_symptom():
+    gpu_labels = {"instance": "e0:8000", "gpu": "0"}
+    samples = (_series("engine_kv_cache_usage_ratio", [0.5, 0.95, 0.99, 0.99, 0.99])
+               + _series("engine_preemptions_total", [0, 0, 2, 5, 9])
+               + _series("engine_requests_waiting", [0, 0, 0, 4, 6])
+               + _series("gpu_utilization_ratio", [0.8, 0.8, 0.75, 0.5, 0.4], gpu_labels))
+    rep = evaluate_cascade(samples)["e0:8000"]
+    assert rep.stage == 4 and rep.onsets[4] == 15.0
+    assert rep.evidence["gpu_utilization_baseline_ratio"] == 0.8
+
+
+def test_missing_kv_usage_gives_no_stage_series():
+    samples = _series("engine_requests_waiting", [0, 4])
+    reports = evaluate_cascade(samples)
+    assert reports["e0:8000"].stage == 0
+    assert "engine_kv_cache_usage_ratio" in reports["e0:8000"].signals_missing
+    assert render_cascade_samples(reports) == []
+
+
+def test_rendered_series_carry_stage_onsets_and_lead():
+    out = render_cascade_samples(evaluate_cascade(_cascade_run()), timestamp=50.0)
+    by = {(s.name, s.label("stage")): s.value for s in out}
+    assert by[("engine_cascade_stage", None)] == 4.0
+    assert by[("engine_cascade_stage_onset_timestamp_seconds", "kv_high")] == 10.0
+    assert by[("engine_cascade_stage_onset_timestamp_seconds", "latency")] == 35.0
+    assert by[("engine_cascade_lead_seconds", None)] == 25.0
+
+
+def test_thresholds_are_configurable():
+    rep = evaluate_cascade(_cascade_run(), CascadeConfig(kv_high_ratio=0.99))["e0:8000"]
+    assert rep.onsets[1] == 20.0
+
+
+def test_dp_ranks_of_one_instance_are_combined():
+    a = {"instance": "e0:8000", "dp_rank": "0"}
+    b = {"instance": "e0:8000", "dp_rank": "1"}
+    samples = (_series("engine_kv_cache_usage_ratio", [0.2, 0.2], a)
+               + _series("engine_kv_cache_usage_ratio", [0.2, 0.96], b)
+               + _series("engine_preemptions_total", [0, 0], a) + _series("engine_preemptions_total", [0, 3], b))
+    rep = evaluate_cascade(samples)["e0:8000"]
+    assert rep.stage == 2
