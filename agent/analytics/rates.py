@@ -1,0 +1,85 @@
+"""Increase and rate of counter series, surviving counter resets.
+
+Points are `(timestamp_s, value)` pairs sorted by time, as `Store.query` returns them. A counter
+that goes down was reset (the engine restarted): the increase across the reset is the value
+after it, as in Prometheus, so a restart never produces a negative rate or a spike. A window
+holding fewer than two points has no rate: the functions return None, never 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+Points = Sequence[tuple[float, float]]
+
+
+def deltas(points: Points) -> list[tuple[float, float]]:
+    """Reset-aware increase between each point and the one before, stamped at the later point."""
+    out: list[tuple[float, float]] = []
+    for (_, prev), (ts, cur) in zip(points, points[1:], strict=False):
+        out.append((ts, cur - prev if cur >= prev else cur))
+    return out
+
+
+def raw_increase(points: Points) -> float | None:
+    """Increase between the first and last point, resets included, without extrapolation.
+    None with fewer than two points."""
+    if len(points) < 2:
+        return None
+    return sum(d for _, d in deltas(points))
+
+
+def increase(points: Points, start: float | None = None, end: float | None = None) -> float | None:
+    """Increase over the window [start, end].
+
+    Without bounds this is `raw_increase`. With bounds it extrapolates to the window edges the
+    way Prometheus' `increase()` does: towards an edge by at most half an average sample
+    interval when the series starts or ends well inside the window (a gap, a new series), and
+    never below a counter value of zero at the start. None with fewer than two points.
+    """
+    raw = raw_increase(points)
+    if raw is None or start is None or end is None:
+        return raw
+    first_ts, first_v = points[0]
+    last_ts = points[-1][0]
+    sampled = last_ts - first_ts
+    if sampled <= 0:
+        return None
+    avg_interval = sampled / (len(points) - 1)
+    threshold = avg_interval * 1.1
+    to_start = max(0.0, first_ts - start)
+    to_end = max(0.0, end - last_ts)
+    extend_start = to_start if to_start < threshold else avg_interval / 2
+    extend_end = to_end if to_end < threshold else avg_interval / 2
+    if raw > 0 and first_v >= 0:   # never extrapolate the counter below zero
+        extend_start = min(extend_start, sampled * (first_v / raw))
+    return raw * (sampled + extend_start + extend_end) / sampled
+
+
+def rate(points: Points, start: float | None = None, end: float | None = None) -> float | None:
+    """Per-second rate: `increase` divided by the window (or by the sampled span without bounds)."""
+    inc = increase(points, start, end)
+    if inc is None:
+        return None
+    span = (end - start) if start is not None and end is not None else points[-1][0] - points[0][0]
+    return inc / span if span > 0 else None
+
+
+def window(points: Points, start: float, end: float) -> list[tuple[float, float]]:
+    """The points with start <= ts <= end."""
+    return [(t, v) for t, v in points if start <= t <= end]
+
+
+def rate_series(points: Points, window_s: float, step_s: float | None = None) -> list[tuple[float, float | None]]:
+    """A sliding `rate` over `window_s`, evaluated at every point (or every `step_s` from the
+    first point). Each value is the rate over (t - window_s, t]; None where the window holds
+    fewer than two points, e.g. right after a gap."""
+    if not points:
+        return []
+    times = [t for t, _ in points] if step_s is None else _steps(points[0][0], points[-1][0], step_s)
+    return [(t, rate(window(points, t - window_s, t), t - window_s, t)) for t in times]
+
+
+def _steps(first: float, last: float, step_s: float) -> list[float]:
+    n = int((last - first) // step_s) if step_s > 0 else 0
+    return [first + i * step_s for i in range(n + 1)]

@@ -1,0 +1,86 @@
+"""Counter increase and rate: resets, gaps, single-sample windows and Prometheus extrapolation."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+from kvscope.agent.analytics.rates import deltas, increase, rate, rate_series, raw_increase, window
+
+
+def test_increase_of_a_steady_counter():
+    pts = [(0.0, 10.0), (15.0, 25.0), (30.0, 40.0)]
+    assert raw_increase(pts) == 30.0
+    assert rate(pts) == 1.0
+
+
+def test_reset_counts_the_post_reset_value_not_a_negative_jump():
+    pts = [(0.0, 100.0), (10.0, 120.0), (20.0, 5.0), (30.0, 15.0)]
+    assert deltas(pts) == [(10.0, 20.0), (20.0, 5.0), (30.0, 10.0)]
+    assert raw_increase(pts) == 35.0
+
+
+def test_single_point_or_empty_window_has_no_rate():
+    assert raw_increase([(5.0, 3.0)]) is None
+    assert rate([]) is None
+    assert increase([(5.0, 3.0)], 0.0, 10.0) is None
+
+
+def test_flat_counter_has_zero_rate_not_none():
+    assert rate([(0.0, 7.0), (10.0, 7.0)]) == 0.0
+
+
+def test_extrapolates_to_window_edges_like_prometheus():
+    # samples every 10 s from t=5 to t=55 in a [0, 60] window, counter +1 per 10 s
+    pts = [(5.0 + 10 * i, 100.0 + i) for i in range(6)]
+    # 5 s to each edge is under 1.1 x 10 s, so extrapolate the full way: 5 * 60 / 50
+    assert increase(pts, 0.0, 60.0) == 6.0
+    assert rate(pts, 0.0, 60.0) == 0.1
+
+
+def test_extrapolation_stops_at_half_an_interval_after_a_gap():
+    # the series starts 30 s into the window (new target): extend only 5 s (half of 10 s)
+    pts = [(30.0 + 10 * i, 50.0 + i) for i in range(4)]    # 30..60
+    assert increase(pts, 0.0, 60.0) == 3.0 * (30 + 5) / 30
+
+
+def test_extrapolation_never_goes_below_a_zero_counter():
+    # counter started at 1 at t=50: extrapolating 40 s back would imply negative values
+    pts = [(50.0, 1.0), (60.0, 3.0)]
+    inc = increase(pts, 40.0, 60.0)
+    assert inc == 2.0 * (10 + 5) / 10
+    assert increase([(10.0, 0.0), (20.0, 4.0)], 0.0, 20.0) == 4.0
+
+
+def test_rate_series_is_none_where_a_gap_leaves_one_point():
+    pts = [(0.0, 0.0), (10.0, 10.0), (20.0, 20.0), (100.0, 100.0), (110.0, 110.0)]
+    got = dict(rate_series(pts, window_s=25.0))
+    assert got[0.0] is None and got[100.0] is None
+    # t=20: 20 counted over 25 s; no extrapolation back past the counter's zero at t=0
+    assert abs(got[20.0] - 20.0 / 25.0) < 1e-9
+    # t=110: one 10 s interval, 15 s to the window start is a gap: extend by 5 s only
+    assert abs(got[110.0] - 10.0 * 15.0 / 10.0 / 25.0) < 1e-9
+
+
+def test_window_selects_inclusive_bounds():
+    assert window([(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)], 2.0, 3.0) == [(2.0, 2.0), (3.0, 3.0)]
+
+
+counter_values = st.lists(st.floats(min_value=0, max_value=1e12, allow_nan=False), min_size=2, max_size=50)
+
+
+@given(counter_values)
+def test_increase_and_rate_are_never_negative(values):
+    pts = [(float(i), v) for i, v in enumerate(values)]
+    assert raw_increase(pts) >= 0
+    assert increase(pts, -3.0, len(values) + 2.0) >= 0
+    assert all(d >= 0 for _, d in deltas(pts))
+
+
+@given(st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=2, max_size=50))
+def test_monotonic_counter_increase_is_last_minus_first(steps):
+    values, total = [], 0.0
+    for s in steps:
+        total += s
+        values.append(total)
+    pts = [(float(i), v) for i, v in enumerate(values)]
+    assert abs(raw_increase(pts) - (values[-1] - values[0])) <= 1e-6 * max(1.0, values[-1])
