@@ -1,0 +1,208 @@
+"""Findings and diagnoses: what the rule engine hands to every consumer.
+
+A `Finding` is one rule that fired for one place (a set of labels) in one window: the onset,
+the evidence numbers with the series they were computed from, the levers ranked with the exact
+config change per engine, and the citations. A `Diagnosis` orders the findings of one run:
+the likely cause first, then competing hypotheses, then other findings.
+
+Everything here is plain data and round-trips through JSON (`to_dict` / `from_dict`), so the
+CLI (`--json`), the Alertmanager webhook, the UI and the weekly report all read the same shape.
+The JSON layout is versioned by `SCHEMA_VERSION`; add fields, never rename them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+SEVERITIES = ("info", "warning", "critical")
+"""info: worth knowing, no action needed now. warning: a lever should be pulled within hours;
+users are or will soon be affected. critical: users are affected now (SLO at risk or degraded
+state); act now. See docs/rules.md."""
+
+SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One named number behind a finding, with its unit and where it came from.
+
+    `series` is the expression that produced it, written with canonical signal names
+    (e.g. `rate(engine_preemptions_total[1m])`), so a reader can re-run it in PromQL.
+    `at` is the timestamp the value was read at (None = summary over the active period).
+    """
+
+    name: str
+    value: float | None
+    unit: str
+    series: str
+    at: float | None = None
+    threshold: float | None = None
+    op: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineChange:
+    """How to pull one lever on one system: the flag/key and the value or direction."""
+
+    system: str          # vllm | sglang | router | gateway | k8s | ops
+    change: str          # e.g. "--kv-cache-dtype fp8"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LeverAdvice:
+    """A lever as ranked for one finding (ids come from rules/levers.yaml)."""
+
+    id: str
+    rank: int
+    direction: str       # increase | decrease | enable | disable | set | review
+    title: str = ""
+    changes: tuple[EngineChange, ...] = ()
+    cost: str = ""
+    citations: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CascadeInfo:
+    """For cascade rules (K2): the stage reached and how long the root led the symptom."""
+
+    stage: int                           # 1-based index of the last stage reached
+    stage_name: str
+    stages_total: int
+    onsets: dict[str, float | None]      # stage name -> onset timestamp (None = not reached)
+    lead_time_s: float | None            # symptom onset - root onset, None if symptom not reached
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule that fired for one place during one window."""
+
+    rule_id: str
+    levers_md: str                       # the LEVERS.md row (K2, P1, ...)
+    title: str
+    severity: str                        # one of SEVERITIES
+    where: dict[str, str]                # labels that locate it: instance, model, tenant, ...
+    since: float                         # onset of the active period (unix seconds)
+    until: float                         # end of the active period (== window end if still active)
+    active: bool                         # still firing at the end of the window
+    window: tuple[float, float]          # the evaluated window (start, end)
+    step_s: float                        # grid step the series were evaluated on
+    score: float                         # ranking score (severity, strength, duration, root-ness)
+    summary: str                         # one line, numbers filled in
+    evidence: tuple[Evidence, ...] = ()
+    levers: tuple[LeverAdvice, ...] = ()
+    citations: tuple[str, ...] = ()      # "002 §7.4" style: seed file prefix + section
+    cascade: CascadeInfo | None = None
+    false_positives: tuple[str, ...] = ()
+    params: dict[str, Any] = field(default_factory=dict)   # the parameter values used
+
+    @property
+    def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """Identity of a finding across runs: rule and place."""
+        return self.rule_id, tuple(sorted(self.where.items()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return _clean(asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Finding:
+        d = dict(d)
+        d["window"] = tuple(d["window"])
+        d["evidence"] = tuple(Evidence(**e) for e in d.get("evidence", ()))
+        d["levers"] = tuple(_lever_from_dict(x) for x in d.get("levers", ()))
+        d["citations"] = tuple(d.get("citations", ()))
+        d["false_positives"] = tuple(d.get("false_positives", ()))
+        if d.get("cascade"):
+            d["cascade"] = CascadeInfo(**d["cascade"])
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A rule that could not be evaluated, and why (absent signals, missing parameters)."""
+
+    rule_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The ranked result of one diagnoser run over one window."""
+
+    window: tuple[float, float]
+    source: str                               # e.g. "recording:vllm-kv.om", "prometheus:http://..."
+    likely_cause: Finding | None
+    competing: tuple[Finding, ...] = ()       # other plausible root causes of the same symptom
+    other: tuple[Finding, ...] = ()           # everything else that fired
+    skipped: tuple[Skipped, ...] = ()
+    rules_evaluated: int = 0
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        """All findings, likely cause first."""
+        head = (self.likely_cause,) if self.likely_cause else ()
+        return head + self.competing + self.other
+
+    @property
+    def worst_severity(self) -> str | None:
+        sev = [f.severity for f in self.findings]
+        return max(sev, key=SEVERITY_RANK.__getitem__) if sev else None
+
+    def exit_status(self) -> int:
+        """0 = nothing warning/critical fired, 1 = warning, 2 = critical."""
+        return {None: 0, "info": 0, "warning": 1, "critical": 2}[self.worst_severity]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "window": list(self.window),
+            "source": self.source,
+            "likely_cause": self.likely_cause.to_dict() if self.likely_cause else None,
+            "competing": [f.to_dict() for f in self.competing],
+            "other": [f.to_dict() for f in self.other],
+            "skipped": [asdict(s) for s in self.skipped],
+            "rules_evaluated": self.rules_evaluated,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Diagnosis:
+        lc = d.get("likely_cause")
+        return cls(
+            window=tuple(d["window"]), source=d["source"],
+            likely_cause=Finding.from_dict(lc) if lc else None,
+            competing=tuple(Finding.from_dict(x) for x in d.get("competing", ())),
+            other=tuple(Finding.from_dict(x) for x in d.get("other", ())),
+            skipped=tuple(Skipped(**s) for s in d.get("skipped", ())),
+            rules_evaluated=int(d.get("rules_evaluated", 0)),
+            schema_version=int(d.get("schema_version", SCHEMA_VERSION)),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Diagnosis:
+        return cls.from_dict(json.loads(text))
+
+
+def _lever_from_dict(d: dict[str, Any]) -> LeverAdvice:
+    d = dict(d)
+    d["changes"] = tuple(EngineChange(**c) for c in d.get("changes", ()))
+    d["citations"] = tuple(d.get("citations", ()))
+    return LeverAdvice(**d)
+
+
+def _clean(obj: Any) -> Any:
+    """Tuples to lists and NaN to None so the dict is strict JSON."""
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and obj != obj:
+        return None
+    return obj
