@@ -1,0 +1,142 @@
+"""Engine collector: scrape every configured /metrics target (vLLM, SGLang, dcgm-exporter).
+
+Overview: each `collect()` scrapes all targets concurrently (each bounded by the scrape timeout
+and the body cap), detects the dialect of each target from its metric names (or uses the
+target's `engine` override), and normalizes the exposition to canonical samples.
+
+Failure modes, each reported in the target's `Health` and never raised:
+
+* the scrape fails: `up=False`, reason from agent/scrape.py (`timeout`, `http_503`,
+  `body_too_large`...);
+* the payload names no known engine: `up=False`, reason `unknown_engine`, no samples;
+* bad lines (malformed, truncated, duplicate series) and bad values (NaN/Inf): the target stays
+  up, the lines are dropped and counted by reason in `Health.dropped`.
+
+The last payload of each target stays available in `last_scrapes` (native names, parsed), which
+is what `kvscope record` writes and what a recorder hooked on the runtime can read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import aiohttp
+from kvscope.agent.collectors.base import Collection, Health, register_collector
+from kvscope.agent.config import AgentConfig, Target
+from kvscope.agent.engines.dialect import detect_engine, normalize
+from kvscope.agent.exposition import Exposition, parse_exposition
+from kvscope.agent.scrape import ScrapeError, new_session, read_exposition
+from kvscope.agent.signals import Catalog, load_catalog
+
+NAME = "engine"
+
+
+@dataclass
+class TargetScrape:
+    """What one scrape of one target gave: the parsed payload, or why there is none."""
+
+    target: Target
+    timestamp: float                  # wall clock at scrape start (what Prometheus stamps)
+    duration_s: float
+    expo: Exposition | None = None    # None when the scrape failed
+    reason: str = ""                  # failure reason token; "" when it succeeded
+    size_bytes: int = 0
+
+
+async def scrape_target(session: aiohttp.ClientSession, target: Target, timeout_s: float,
+                        max_bytes: int) -> TargetScrape:
+    """Scrape and parse one target. Never raises for a target problem."""
+    ts, t0 = time.time(), time.monotonic()
+    try:
+        payload = await read_exposition(session, target.url, timeout_s, max_bytes)
+    except ScrapeError as e:
+        return TargetScrape(target, ts, time.monotonic() - t0, reason=e.reason)
+    expo = parse_exposition(payload.text, openmetrics=True if payload.openmetrics else None)
+    return TargetScrape(target, ts, time.monotonic() - t0, expo=expo, size_bytes=payload.size_bytes)
+
+
+@register_collector(NAME, default_enabled=True)
+class EngineCollector:
+    """Canonical samples from engine and dcgm-exporter /metrics endpoints."""
+
+    name = NAME
+
+    def __init__(self, config: AgentConfig, catalog: Catalog | None = None,
+                 session: aiohttp.ClientSession | None = None, max_concurrency: int = 32) -> None:
+        self.config = config
+        self.catalog = catalog or load_catalog()
+        self._session = session
+        self._own_session = session is None
+        self._limit = asyncio.Semaphore(max_concurrency)
+        self._engines: dict[str, str | None] = {}     # instance -> detected engine (cached)
+        self.last_scrapes: dict[str, TargetScrape] = {}
+
+    async def scrape_all(self) -> list[TargetScrape]:
+        """Scrape every target concurrently; one result per target, in config order."""
+        if self._session is None:
+            self._session = new_session()
+        return list(await asyncio.gather(*(self._scrape_one(t) for t in self.config.targets)))
+
+    async def _scrape_one(self, target: Target) -> TargetScrape:
+        async with self._limit:
+            assert self._session is not None
+            result = await scrape_target(self._session, target, self.config.timeout_s,
+                                         self.config.max_body_bytes)
+        self.last_scrapes[target.instance] = result
+        return result
+
+    async def collect(self) -> Collection:
+        out = Collection()
+        for scrape in await self.scrape_all():
+            self._normalize_into(scrape, out)
+        return out
+
+    def _normalize_into(self, scrape: TargetScrape, out: Collection) -> None:
+        target = scrape.target
+        health = Health(collector=NAME, target=target.instance, duration_s=scrape.duration_s)
+        out.health.append(health)
+        if scrape.expo is None:
+            health.up, health.reason = False, scrape.reason
+            health.errors[scrape.reason] += 1
+            return
+        for issue in scrape.expo.issues:
+            health.dropped[issue.reason] += 1
+        engine = self._engine_of(target, scrape.expo)
+        out.engines[target.instance] = engine
+        if engine is None:
+            health.up, health.reason = False, "unknown_engine"
+            health.errors["unknown_engine"] += 1
+            return
+        norm = normalize(scrape.expo, engine, target.target_labels(), scrape.timestamp, self.catalog)
+        health.dropped.update(norm.dropped)
+        health.series = len(norm.samples)
+        out.samples.extend(norm.samples)
+        if norm.facts:
+            out.facts[target.instance] = _merge_ranks(norm.facts)
+        if not norm.samples and target.engine is None:
+            self._engines.pop(target.instance, None)  # detect again next time
+
+    def _engine_of(self, target: Target, expo: Exposition) -> str | None:
+        if target.engine is not None:
+            return target.engine
+        engine = self._engines.get(target.instance)
+        if engine is None:
+            engine = detect_engine(expo, self.catalog)
+            if engine is not None:
+                self._engines[target.instance] = engine
+        return engine
+
+    async def close(self) -> None:
+        if self._session is not None and self._own_session:
+            await self._session.close()
+        self._session = None
+
+
+def _merge_ranks(by_rank: dict[str, dict[str, str]]) -> dict[str, str]:
+    """One fact set per engine: rank 0 wins where DP ranks disagree."""
+    merged: dict[str, str] = {}
+    for rank in sorted(by_rank, reverse=True):
+        merged.update(by_rank[rank])
+    return merged

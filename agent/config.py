@@ -1,0 +1,474 @@
+"""Agent configuration: one YAML file, overridden by `KVSCOPE_*` environment variables, overridden
+by command-line flags (precedence flag > env > file > default).
+
+Every key is declared once in `KEYS` below with its default, its type and what it means. The
+layers are merged into one plain dict and validated once, so a bad value stops the agent at
+start with a message naming the key, what is allowed and where the value came from:
+
+    scrape.timeout_s: must be a number > 0 and < scrape.interval_s, got "abc" (from KVSCOPE_SCRAPE_TIMEOUT_S)
+
+Example file::
+
+    listen_address: 127.0.0.1:9464
+    scrape: {interval_s: 15, timeout_s: 5, max_body_bytes: 16MiB}
+    targets:
+      - {url: "http://127.0.0.1:8000/metrics", job: vllm}
+      - {url: "http://127.0.0.1:9400/metrics", job: dcgm, engine: dcgm}
+    collectors: {nvml: true, host: true}
+    store: {path: kvscope.db, retention_s: 604800, max_bytes: 1GiB}
+
+Top-level sections that are not declared here (`otlp`, ...) belong to extensions (the trace
+receiver, the request tap): they are kept verbatim in `AgentConfig.extensions` for the code that
+registered them with `register_section`, and a section nobody registered is reported as a
+warning (likely a typo), never silently dropped.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+from kvscope.agent.signals import load_catalog
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One scalar configuration key: where it lives, its default, its type and its meaning."""
+
+    path: str                  # dotted path in the YAML file, e.g. "scrape.timeout_s"
+    default: Any
+    kind: str                  # "seconds" | "bytes" | "address" | "path"
+    doc: str
+
+    @property
+    def env(self) -> str:
+        """`KVSCOPE_<AREA>_<KEY>`, units in the name as the YAML key has them."""
+        return "KVSCOPE_" + self.path.replace(".", "_").upper()
+
+
+KEYS: tuple[Key, ...] = (
+    Key("listen_address", "127.0.0.1:9464", "address",
+        "host:port of the agent's own HTTP server (/metrics, /api/v1/*). Loopback by default: "
+        "exposing it beyond the node is an explicit choice."),
+    Key("scrape.interval_s", 15.0, "seconds",
+        "Seconds between two scrapes of every target and two runs of every collector."),
+    Key("scrape.timeout_s", 5.0, "seconds",
+        "Seconds one target may take, connect and body included. Keep it well below the "
+        "interval: one slow engine must not delay the rest, and a timeout is itself evidence."),
+    Key("scrape.max_body_bytes", 16 << 20, "bytes",
+        "Largest /metrics body read from one target (decompressed). Past it the scrape fails "
+        "with reason body_too_large, so a runaway label cardinality cannot exhaust memory."),
+    Key("store.path", "kvscope.db", "path",
+        "SQLite file for history. The empty string keeps history in memory only."),
+    Key("store.retention_s", 7 * 86400.0, "seconds", "Samples older than this are deleted."),
+    Key("store.max_bytes", 1 << 30, "bytes",
+        "Size bound of the store; the oldest samples go first when it is reached."),
+)
+KEY_BY_PATH = {k.path: k for k in KEYS}
+
+SECTIONS = ("scrape", "store", "targets", "collectors", "gpu_mapping")
+"""Declared top-level sections besides the scalar `listen_address`.
+
+* `targets`: list of `{url, job, engine, labels}`. `job` defaults to `engine`; `engine` forces
+  a dialect (vllm | sglang | dcgm) instead of detecting it from metric names; `labels` are
+  added to every sample of the target (`instance` may be overridden there). dcgm-exporter
+  endpoints are ordinary targets whose dialect is dcgm.
+* `collectors`: `name: true|false` or `name: {enabled: bool, <option>: value}`; options are
+  handed to that collector. Unlisted collectors use their registered default.
+* `gpu_mapping`: passed through unchanged to the GPU <-> engine join.
+"""
+
+_EXTENSIONS: dict[str, Callable[[Any], Any] | None] = {}
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_JOB_DEFAULT = "engine"
+
+
+def register_section(name: str, validate: Callable[[Any], Any] | None = None) -> None:
+    """Declare a top-level section owned by an extension (e.g. `otlp`).
+
+    `validate(raw)` may return a parsed value and must raise ConfigError naming the key.
+    """
+    _EXTENSIONS[name] = validate
+
+
+@dataclass(frozen=True)
+class Target:
+    """One HTTP endpoint to scrape."""
+
+    url: str
+    job: str
+    instance: str
+    engine: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def target_labels(self) -> dict[str, str]:
+        """Labels added to every sample of this target: job, instance and the configured ones."""
+        out = {"job": self.job, "instance": self.instance}
+        out.update(self.labels)
+        return out
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    enabled: bool
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AgentConfig:
+    """The validated agent configuration. Collector factories receive this object."""
+
+    listen_address: str = "127.0.0.1:9464"
+    interval_s: float = 15.0
+    timeout_s: float = 5.0
+    max_body_bytes: int = 16 << 20
+    targets: list[Target] = field(default_factory=list)
+    collectors: dict[str, CollectorConfig] = field(default_factory=dict)
+    store_path: str = "kvscope.db"
+    retention_s: float = 7 * 86400.0
+    store_max_bytes: int = 1 << 30
+    gpu_mapping: Any = None
+    extensions: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def collector_enabled(self, name: str, default: bool) -> bool:
+        c = self.collectors.get(name)
+        return default if c is None else c.enabled
+
+    def collector_options(self, name: str) -> dict[str, Any]:
+        c = self.collectors.get(name)
+        return dict(c.options) if c else {}
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen_address.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+# ------------------------------------------------------------------------------------------- values
+
+_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_UNITS_B = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
+            "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def parse_seconds(value: Any) -> float:
+    """A number of seconds, or a duration string like `500ms`, `15s`, `10m`, `1h`."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a duration")
+    if isinstance(value, int | float):
+        return float(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(ms|s|m|h|d)?\s*", str(value), re.I)
+    if m is None:
+        raise ValueError("not a duration")
+    return float(m.group(1)) * _UNITS_S[(m.group(2) or "s").lower()]
+
+
+def parse_bytes(value: Any) -> int:
+    """A number of bytes, or a size string like `16MiB`, `1GB`, `4096`."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a size")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmg]i?b|b)?\s*", str(value), re.I)
+    if m is None:
+        raise ValueError("not a size")
+    return int(float(m.group(1)) * _UNITS_B[(m.group(2) or "").lower()])
+
+
+def parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("not a boolean")
+
+
+# ------------------------------------------------------------------------------------------- layers
+
+@dataclass
+class Layers:
+    """The raw merged document plus where each overridden value came from."""
+
+    doc: dict[str, Any] = field(default_factory=dict)
+    origin: dict[str, str] = field(default_factory=dict)
+
+    def set(self, path: str, value: Any, origin: str) -> None:
+        node = self.doc
+        *parents, leaf = path.split(".")
+        for p in parents:
+            child = node.get(p)
+            if not isinstance(child, dict):
+                child = node[p] = {}
+            node = child
+        node[leaf] = value
+        self.origin[path] = origin
+
+    def get(self, path: str, default: Any = None) -> Any:
+        node: Any = self.doc
+        for p in path.split("."):
+            if not isinstance(node, dict) or p not in node:
+                return default
+            node = node[p]
+        return node
+
+    def where(self, path: str) -> str:
+        return f" (from {self.origin[path]})" if path in self.origin else ""
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load the YAML file (safe_load). Raises ConfigError for unreadable or non-mapping files."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read: {e.strerror or e}") from e
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--config {path}: not valid YAML: {e}") from e
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"--config {path}: the top level must be a mapping of sections, "
+                          f"got {type(doc).__name__}")
+    return doc
+
+
+def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
+    """(path, value, origin) for every `KVSCOPE_*` variable that names a key.
+
+    Besides the scalar keys: `KVSCOPE_TARGETS` (comma-separated URLs, replacing the file's
+    targets) and `KVSCOPE_COLLECTOR_<NAME>` (true | false).
+    """
+    out = []
+    for key in KEYS:
+        if key.env in environ:
+            out.append((key.path, environ[key.env], key.env))
+    if "KVSCOPE_TARGETS" in environ:
+        urls = [u.strip() for u in environ["KVSCOPE_TARGETS"].split(",") if u.strip()]
+        out.append(("targets", [{"url": u} for u in urls], "KVSCOPE_TARGETS"))
+    for name, value in environ.items():
+        if name.startswith("KVSCOPE_COLLECTOR_"):
+            coll = name[len("KVSCOPE_COLLECTOR_"):].lower()
+            out.append((f"collectors.{coll}", value, name))
+    return out
+
+
+def build_config(file_doc: dict[str, Any] | None = None, environ: Mapping[str, str] | None = None,
+                 flags: list[tuple[str, Any, str]] | None = None,
+                 known_collectors: Mapping[str, bool] | None = None) -> AgentConfig:
+    """Merge defaults < file < env < flags and validate. Raises ConfigError.
+
+    `flags` are (path, value, flag spelling) triples produced by the command line.
+    `known_collectors` maps registered collector names to their default (for validation).
+    """
+    layers = Layers(doc=_deep_copy(file_doc or {}))
+    for path, value, origin in env_overrides(environ if environ is not None else os.environ):
+        layers.set(path, value, origin)
+    for path, value, origin in flags or []:
+        layers.set(path, value, origin)
+    return _validate(layers, known_collectors)
+
+
+def _deep_copy(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        return {k: _deep_copy(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_deep_copy(v) for v in doc]
+    return doc
+
+
+# --------------------------------------------------------------------------------------- validation
+
+def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> AgentConfig:
+    cfg = AgentConfig()
+    _check_sections(layers, cfg)
+    cfg.listen_address = _address(layers)
+    cfg.interval_s = _number(layers, "scrape.interval_s", parse_seconds, lambda v: v > 0, "a number > 0")
+    cfg.timeout_s = _number(layers, "scrape.timeout_s", parse_seconds,
+                            lambda v: 0 < v < cfg.interval_s, "a number > 0 and < scrape.interval_s")
+    cfg.max_body_bytes = int(_number(layers, "scrape.max_body_bytes", parse_bytes,
+                                     lambda v: v >= 1024, "a size >= 1024 bytes (e.g. 16MiB)"))
+    cfg.store_path = str(_value(layers, "store.path") or "")
+    cfg.retention_s = _number(layers, "store.retention_s", parse_seconds, lambda v: v > 0, "a number > 0")
+    cfg.store_max_bytes = int(_number(layers, "store.max_bytes", parse_bytes,
+                                      lambda v: v >= 1 << 20, "a size >= 1MiB"))
+    cfg.targets = _targets(layers)
+    cfg.collectors = _collectors(layers, known_collectors)
+    cfg.gpu_mapping = layers.get("gpu_mapping")
+    return cfg
+
+
+def _check_sections(layers: Layers, cfg: AgentConfig) -> None:
+    for name, value in layers.doc.items():
+        if name == "listen_address" or name in SECTIONS:
+            continue
+        if name in _EXTENSIONS:
+            validate = _EXTENSIONS[name]
+            cfg.extensions[name] = validate(value) if validate else value
+        else:
+            cfg.extensions[name] = value
+            cfg.warnings.append(f"{name}: unknown section, kept for extensions "
+                                f"(declared: listen_address, {', '.join(SECTIONS)})")
+    for section in ("scrape", "store"):
+        body = layers.get(section, {})
+        if not isinstance(body, dict):
+            raise ConfigError(f"{section}: must be a mapping, got {_show(body)}")
+        allowed = sorted(k.path.split(".", 1)[1] for k in KEYS if k.path.startswith(section + "."))
+        for key in body:
+            if key not in allowed:
+                raise ConfigError(f"{section}.{key}: unknown key (allowed: {', '.join(allowed)})")
+
+
+def _value(layers: Layers, path: str) -> Any:
+    return layers.get(path, KEY_BY_PATH[path].default)
+
+
+def _number(layers: Layers, path: str, parse: Callable[[Any], float], ok: Callable[[float], bool],
+            allowed: str) -> float:
+    raw = _value(layers, path)
+    try:
+        value = parse(raw)
+    except (ValueError, TypeError):
+        value = math.nan
+    if math.isnan(value) or math.isinf(value) or not ok(value):
+        raise ConfigError(f"{path}: must be {allowed}, got {_show(raw)}{layers.where(path)}")
+    return value
+
+
+def _show(raw: Any) -> str:
+    return f'"{raw}"' if isinstance(raw, str) else repr(raw)
+
+
+def _address(layers: Layers) -> str:
+    raw = _value(layers, "listen_address")
+    text = str(raw)
+    host, sep, port = text.rpartition(":")
+    problem = "" if sep and port.isdigit() and 0 < int(port) < 65536 else "port"
+    if not problem:
+        try:
+            ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            problem = "" if re.fullmatch(r"[A-Za-z0-9.-]+", host) else "host"
+    if problem:
+        raise ConfigError(f"listen_address: must be host:port (e.g. 127.0.0.1:9464), "
+                          f"got {_show(raw)}{layers.where('listen_address')}")
+    return text
+
+
+def _targets(layers: Layers) -> list[Target]:
+    raw = layers.get("targets", [])
+    where = layers.where("targets")
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ConfigError(f"targets: must be a list of {{url, job, engine, labels}}, got {_show(raw)}{where}")
+    out = [_target(i, item, where) for i, item in enumerate(raw)]
+    seen: dict[tuple[str, str], int] = {}
+    for i, t in enumerate(out):
+        if (t.job, t.instance) in seen:
+            raise ConfigError(f"targets[{i}]: job {t.job!r} instance {t.instance!r} repeats "
+                              f"targets[{seen[(t.job, t.instance)]}]; give one of them another job "
+                              f"or labels.instance{where}")
+        seen[(t.job, t.instance)] = i
+    return out
+
+
+_TARGET_KEYS = ("url", "job", "engine", "labels")
+
+
+def _target(i: int, item: Any, where: str) -> Target:
+    key = f"targets[{i}]"
+    if isinstance(item, str):
+        item = {"url": item}
+    if not isinstance(item, dict):
+        raise ConfigError(f"{key}: must be a mapping {{url, job, engine, labels}} or a URL, got {_show(item)}{where}")
+    for k in item:
+        if k not in _TARGET_KEYS:
+            raise ConfigError(f"{key}.{k}: unknown key (allowed: {', '.join(_TARGET_KEYS)}){where}")
+    url = item.get("url")
+    parts = urlsplit(str(url)) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{key}.url: must be an http:// or https:// URL with a host, got {_show(url)}{where}")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError as e:
+        raise ConfigError(f"{key}.url: bad port in {_show(url)}{where}") from e
+    job = item.get("job", _JOB_DEFAULT)
+    if not isinstance(job, str) or not job:
+        raise ConfigError(f"{key}.job: must be a non-empty string, got {_show(job)}{where}")
+    engine = item.get("engine")
+    dialects = sorted(load_catalog().dialects)
+    if engine is not None and engine not in dialects:
+        raise ConfigError(f"{key}.engine: must be one of {', '.join(dialects)} (or absent to detect), "
+                          f"got {_show(engine)}{where}")
+    labels = _target_labels(key, item.get("labels") or {}, where)
+    instance = dict(labels).pop("instance", None) or parts.netloc.rpartition("@")[2]
+    labels = tuple((k, v) for k, v in labels if k != "instance")
+    return Target(url=str(url), job=job, instance=instance, engine=engine, labels=labels)
+
+
+def _target_labels(key: str, raw: Any, where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{key}.labels: must be a mapping of label name to string, got {_show(raw)}{where}")
+    out = []
+    for name, value in raw.items():
+        if not isinstance(name, str) or not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
+            raise ConfigError(f"{key}.labels: {_show(name)} is not a valid label name{where}")
+        if name in ("job", "engine"):
+            raise ConfigError(f"{key}.labels.{name}: set it with {key}.{name} instead{where}")
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise ConfigError(f"{key}.labels.{name}: must be a string, got {_show(value)}{where}")
+        out.append((name, str(value)))
+    return tuple(sorted(out))
+
+
+def _collectors(layers: Layers, known: Mapping[str, bool] | None) -> dict[str, CollectorConfig]:
+    raw = layers.get("collectors", {}) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"collectors: must be a mapping of collector name to true/false, got {_show(raw)}")
+    out = {}
+    for name, value in raw.items():
+        path = f"collectors.{name}"
+        if known is not None and name not in known:
+            raise ConfigError(f"{path}: unknown collector (known: {', '.join(sorted(known))}){layers.where(path)}")
+        out[name] = _collector(path, value, layers.where(path))
+    return out
+
+
+def _collector(path: str, value: Any, where: str) -> CollectorConfig:
+    if isinstance(value, dict):
+        options = {k: v for k, v in value.items() if k != "enabled"}
+        value = value.get("enabled", True)
+    else:
+        options = {}
+    try:
+        return CollectorConfig(enabled=parse_bool(value), options=options)
+    except ValueError:
+        raise ConfigError(f"{path}: must be true or false (or a mapping with enabled), "
+                          f"got {_show(value)}{where}") from None
+
+
+def describe_keys() -> str:
+    """Text table of every scalar key, its env variable and default (for --help)."""
+    lines = []
+    for k in KEYS:
+        lines.append(f"  {k.path:<22} {k.env:<30} default {k.default!r}")
+    return "\n".join(lines)

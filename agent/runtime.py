@@ -1,0 +1,255 @@
+"""The agent loop: run every enabled collector each interval, derive, store, and keep the latest
+state that the agent's HTTP server exposes.
+
+One asyncio loop runs collection and serving. A collector that raises, hangs or cannot even be
+built never stops the loop: it is reported down with a reason (`exception_ValueError`,
+`collect_timeout`, `init_ImportError`...) in `kvscope_collector_status` and the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import math
+import pkgutil
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvscope.agent import collectors as collectors_pkg
+from kvscope.agent.collectors.base import Collection, Collector, Health, registered_collectors
+from kvscope.agent.config import AgentConfig
+from kvscope.agent.signals import Sample, make_labels
+
+log = logging.getLogger("kvscope.agent")
+
+DeriveHook = Callable[[Sequence[Sample]], Iterable[Sample]]
+"""Called once per cycle with the cycle's canonical samples; what it returns is stored too."""
+
+_MODULE_ERRORS: dict[str, str] = {}
+
+
+def load_collector_modules() -> dict[str, str]:
+    """Import every module of kvscope.agent.collectors so that they register themselves.
+
+    Returns module -> error for modules that failed to import (reported, never fatal).
+    """
+    for info in pkgutil.iter_modules(collectors_pkg.__path__):
+        if info.name == "base" or info.name.startswith("_") or info.name in _MODULE_ERRORS:
+            continue
+        try:
+            importlib.import_module(f"kvscope.agent.collectors.{info.name}")
+        except Exception as e:  # a broken optional collector must not stop the agent
+            _MODULE_ERRORS[info.name] = f"import_{type(e).__name__}"
+            log.warning("collector module %s failed to import: %s", info.name, e)
+    return dict(_MODULE_ERRORS)
+
+
+def known_collectors() -> dict[str, bool]:
+    """Registered collector name -> enabled by default (after importing all modules)."""
+    load_collector_modules()
+    return {name: default for name, (_, default) in registered_collectors().items()}
+
+
+class _BrokenCollector:
+    """Stands in for a collector that could not be built; reports why each cycle."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name, self.reason = name, reason
+
+    async def collect(self) -> Collection:
+        return Collection(health=[Health(collector=self.name, up=False, reason=self.reason)])
+
+    async def close(self) -> None:
+        return None
+
+
+def build_collectors(config: AgentConfig) -> list[Collector]:
+    """Instantiate every enabled registered collector with the agent config."""
+    out: list[Collector] = []
+    for module, reason in load_collector_modules().items():
+        out.append(_BrokenCollector(module, reason))
+    for name, (factory, default) in sorted(registered_collectors().items()):
+        if not config.collector_enabled(name, default):
+            continue
+        try:
+            out.append(factory(config))
+        except Exception as e:
+            log.warning("collector %s could not start: %s", name, e)
+            out.append(_BrokenCollector(name, f"init_{type(e).__name__}"))
+    return out
+
+
+@dataclass
+class AgentState:
+    """Latest view of everything collected; the server renders /metrics and the API from it."""
+
+    samples: dict[str, list[Sample]] = field(default_factory=dict)      # collector -> samples
+    health: dict[str, list[Health]] = field(default_factory=dict)       # collector -> health
+    collector_status: dict[str, tuple[bool, str, float]] = field(default_factory=dict)  # up, reason, s
+    facts: dict[str, dict[str, str]] = field(default_factory=dict)      # instance -> facts
+    engines: dict[str, str | None] = field(default_factory=dict)        # instance -> engine
+    jobs: dict[str, str] = field(default_factory=dict)                  # instance -> job
+    scrape_errors: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (job, inst, reason)
+    dropped: Counter[tuple[str, str, str]] = field(default_factory=Counter)        # (coll, inst, reason)
+    counter_resets: Counter[str] = field(default_factory=Counter)       # instance -> resets seen
+    cycles: int = 0
+    last_cycle_s: float = 0.0
+    last_cycle_end: float | None = None
+    store_stats: Any = None                                             # StoreStats after the cycle
+    version: int = 0
+
+    def canonical_samples(self) -> list[Sample]:
+        return [s for samples in self.samples.values() for s in samples]
+
+
+class CounterResets:
+    """Counts decreases of canonical counters per instance (an engine restart, usually).
+
+    Memory is bounded by the series present in the last cycle.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    def observe(self, samples: Iterable[Sample], into: Counter[str]) -> None:
+        seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        reset_instances: set[str] = set()
+        for s in samples:
+            if not (s.name.endswith("_total") or s.name.endswith("_count")):
+                continue
+            key = (s.name, s.labels)
+            prev = self._last.get(key)
+            if prev is not None and s.value < prev:
+                reset_instances.add(s.label("instance") or "")
+            seen[key] = s.value
+        for inst in reset_instances:
+            into[inst] += 1
+        self._last = seen
+
+
+class AgentRuntime:
+    """Runs collectors on a fixed cadence, feeds derive hooks and the store, keeps `state`."""
+
+    def __init__(self, config: AgentConfig, collectors: Sequence[Collector], store: Any,
+                 derive: Sequence[DeriveHook] = (), clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.collectors = list(collectors)
+        self.store = store
+        self.derive = list(derive)
+        self.clock = clock
+        self.state = AgentState(jobs={t.instance: t.job for t in config.targets})
+        self._resets = CounterResets()
+        self._stop = asyncio.Event()
+
+    async def run_cycle(self) -> None:
+        """Collect once from every collector (concurrently), then derive and store."""
+        t0 = time.monotonic()
+        results = await asyncio.gather(*(self._collect_one(c) for c in self.collectors))
+        cycle: list[Sample] = []
+        for collector, (collection, status) in zip(self.collectors, results, strict=True):
+            self._absorb(collector.name, collection, status)
+            cycle.extend(collection.samples)
+        self._resets.observe(cycle, self.state.counter_resets)
+        now = self.clock()
+        cycle.extend(self._target_up_samples(now))
+        self._store(cycle + self._derived(cycle))
+        if self.store is not None and hasattr(self.store, "stats"):
+            self.state.store_stats = await asyncio.to_thread(self.store.stats)
+        self.state.cycles += 1
+        self.state.last_cycle_s = time.monotonic() - t0
+        self.state.last_cycle_end = now
+        self.state.version += 1
+
+    async def _collect_one(self, collector: Collector) -> tuple[Collection, tuple[bool, str, float]]:
+        limit = max(self.config.interval_s, self.config.timeout_s + 1.0)
+        t0 = time.monotonic()
+        try:
+            collection = await asyncio.wait_for(collector.collect(), timeout=limit)
+        except TimeoutError:
+            return Collection(), (False, "collect_timeout", time.monotonic() - t0)
+        except Exception as e:  # the agent never dies on a collector bug
+            log.warning("collector %s raised: %r", collector.name, e)
+            return Collection(), (False, f"exception_{type(e).__name__}", time.monotonic() - t0)
+        own = [h for h in collection.health if not h.target]
+        up = all(h.up for h in own)
+        reason = next((h.reason for h in own if not h.up), "")
+        return collection, (up, reason or "ok", time.monotonic() - t0)
+
+    def _absorb(self, name: str, collection: Collection, status: tuple[bool, str, float]) -> None:
+        st = self.state
+        st.collector_status[name] = status
+        st.samples[name] = collection.samples
+        st.health[name] = collection.health
+        for inst, facts in collection.facts.items():
+            st.facts[inst] = facts
+        st.engines.update(collection.engines)
+        for h in collection.health:
+            if h.target:
+                for reason, n in h.errors.items():
+                    st.scrape_errors[(st.jobs.get(h.target, name), h.target, reason)] += n
+            for reason, n in h.dropped.items():
+                st.dropped[(name, h.target, reason)] += n
+
+    def _target_up_samples(self, now: float) -> list[Sample]:
+        """`kvscope_target_up` history for the store (as replay produces it from recordings)."""
+        out = []
+        for healths in self.state.health.values():
+            for h in healths:
+                if h.target:
+                    labels = make_labels({"job": self.state.jobs.get(h.target, h.collector),
+                                          "instance": h.target})
+                    out.append(Sample("kvscope_target_up", labels, 1.0 if h.up else 0.0, now))
+        return out
+
+    def _derived(self, cycle: list[Sample]) -> list[Sample]:
+        out: list[Sample] = []
+        for hook in self.derive:
+            name = f"derive_{getattr(hook, '__name__', 'hook')}"
+            try:
+                out.extend(hook(cycle))
+                self.state.collector_status[name] = (True, "ok", 0.0)
+            except Exception as e:
+                log.warning("derive hook %s raised: %r", name, e)
+                self.state.collector_status[name] = (False, f"exception_{type(e).__name__}", 0.0)
+        return out
+
+    def _store(self, samples: list[Sample]) -> None:
+        if self.store is None or not samples:
+            return
+        try:
+            self.store.write(samples)
+        except Exception as e:
+            log.warning("store write failed: %r", e)
+            self.state.dropped[("store", "", f"exception_{type(e).__name__}")] += len(samples)
+
+    async def run(self) -> None:
+        """Cycle every `interval_s` until `stop()`; ticks missed by a long cycle are skipped."""
+        interval = self.config.interval_s
+        next_tick = time.monotonic()
+        while not self._stop.is_set():
+            await self.run_cycle()
+            next_tick += interval
+            now = time.monotonic()
+            if next_tick < now:
+                next_tick += math.ceil((now - next_tick) / interval) * interval
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=next_tick - now)
+            except TimeoutError:
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def close(self) -> None:
+        """Close collectors, then the store (which flushes)."""
+        for c in self.collectors:
+            try:
+                await c.close()
+            except Exception as e:
+                log.warning("collector %s failed to close: %r", c.name, e)
+        if self.store is not None:
+            self.store.close()

@@ -1,0 +1,91 @@
+"""Command-line flags shared by `kvscope agent` and `kvscope record`, mapped onto config keys.
+
+Flags follow node_exporter's spelling (`--web.listen-address`, `--collector.<name>`,
+`--no-collector.<name>`) and override `KVSCOPE_*` environment variables, which override the
+config file.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvscope.agent.config import AgentConfig, ConfigError, build_config, describe_keys, read_config_file
+
+ENV_HELP = f"""\
+configuration precedence: flag > KVSCOPE_* environment variable > --config file > default.
+keys (YAML path, environment variable, default):
+{describe_keys()}
+  targets                KVSCOPE_TARGETS (comma-separated URLs)
+  collectors.<name>      KVSCOPE_COLLECTOR_<NAME> (true|false)
+"""
+
+# (flag, dest, config path, help)
+_SCALAR_FLAGS = (
+    ("--scrape.interval", "scrape_interval", "scrape.interval_s",
+     "time between scrapes: seconds or a duration (500ms, 15s, 1m)"),
+    ("--scrape.timeout", "scrape_timeout", "scrape.timeout_s",
+     "time one target may take, connect and body included (must be < interval)"),
+    ("--scrape.max-body-bytes", "scrape_max_body", "scrape.max_body_bytes",
+     "largest /metrics body read from one target (e.g. 16MiB); past it: body_too_large"),
+)
+
+
+def add_scrape_flags(parser: argparse.ArgumentParser) -> None:
+    """--config, --target, --job and the scrape.* flags."""
+    parser.add_argument("--config", metavar="FILE", help="YAML config file (see README, 'Run the agent')")
+    parser.add_argument("--target", action="append", metavar="URL", default=None,
+                        help="engine or dcgm-exporter /metrics URL to scrape; repeat for several "
+                             "(replaces the config file's targets)")
+    parser.add_argument("--job", default="engine", metavar="NAME",
+                        help="job label of the --target URLs (default: engine)")
+    parser.add_argument("--engine", choices=("vllm", "sglang", "dcgm"), default=None,
+                        help="force the dialect of the --target URLs instead of detecting it")
+    for flag, dest, _, help_ in _SCALAR_FLAGS:
+        parser.add_argument(flag, dest=dest, metavar="VALUE", help=help_)
+
+
+def add_agent_flags(parser: argparse.ArgumentParser, collectors: dict[str, bool]) -> None:
+    """--web.listen-address, --store.* and --[no-]collector.<name> for every registered collector."""
+    parser.add_argument("--web.listen-address", dest="listen_address", metavar="HOST:PORT",
+                        help="where the agent serves /metrics and /api/v1 (default 127.0.0.1:9464)")
+    parser.add_argument("--store.path", dest="store_path", metavar="FILE",
+                        help="SQLite history file (default kvscope.db); '' keeps history in memory")
+    parser.add_argument("--store.retention", dest="store_retention", metavar="DURATION",
+                        help="keep samples this long (default 7d)")
+    for name in sorted(collectors):
+        default = "enabled" if collectors[name] else "disabled"
+        parser.add_argument(f"--collector.{name}", dest=f"collector_{name}",
+                            action=argparse.BooleanOptionalAction, default=None,
+                            help=f"run the {name} collector ({default} by default)")
+
+
+def flags_of(args: argparse.Namespace) -> list[tuple[str, Any, str]]:
+    """(config path, value, flag spelling) for every flag given on the command line."""
+    out: list[tuple[str, Any, str]] = []
+    for flag, dest, path, _ in _SCALAR_FLAGS:
+        if getattr(args, dest, None) is not None:
+            out.append((path, getattr(args, dest), flag))
+    if getattr(args, "target", None):
+        targets = [{"url": u, "job": args.job, **({"engine": args.engine} if args.engine else {})}
+                   for u in args.target]
+        out.append(("targets", targets, "--target"))
+    for attr, path, flag in (("listen_address", "listen_address", "--web.listen-address"),
+                             ("store_path", "store.path", "--store.path"),
+                             ("store_retention", "store.retention_s", "--store.retention")):
+        if getattr(args, attr, None) is not None:
+            out.append((path, getattr(args, attr), flag))
+    for key, value in vars(args).items():
+        if key.startswith("collector_") and value is not None:
+            name = key[len("collector_"):]
+            out.append((f"collectors.{name}", value, f"--{'' if value else 'no-'}collector.{name}"))
+    return out
+
+
+def config_from_args(args: argparse.Namespace, collectors: dict[str, bool] | None) -> AgentConfig:
+    """Read --config (if any), apply env and flags, validate. Raises ConfigError."""
+    doc = read_config_file(args.config) if args.config else {}
+    return build_config(doc, flags=flags_of(args), known_collectors=collectors)
+
+
+__all__ = ["ENV_HELP", "ConfigError", "add_agent_flags", "add_scrape_flags", "config_from_args", "flags_of"]

@@ -1,0 +1,103 @@
+"""`kvscope agent`: run the per-node agent (scrape, normalize, store, serve /metrics and the API)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from kvscope.agent.config import AgentConfig, ConfigError
+from kvscope.agent.runtime import AgentRuntime, build_collectors, known_collectors
+from kvscope.agent.server import AgentServer
+from kvscope.commands._flags import ENV_HELP, add_agent_flags, add_scrape_flags, config_from_args
+
+DESCRIPTION = """\
+Run the kvscope agent on this node. Every interval it scrapes the configured engine
+(vLLM, SGLang) and dcgm-exporter /metrics targets and runs the enabled collectors (NVML, host...),
+maps everything to canonical signals, keeps history in a local SQLite store, and serves:
+
+  /metrics          canonical series as kvscope_<signal>, plus self-health
+                    (kvscope_target_up, kvscope_scrape_errors_total{reason}, ...)
+  /api/v1/samples   stored samples as JSON (?match=<regex>&start=&end=)
+  /api/v1/facts     engine configuration facts (block size, prefix caching, kv dtype)
+  /api/v1/health    collectors and targets with the reason of any failure
+  /-/ready          200 once the first cycle finished
+
+A bad target never stops the agent: it is reported with a reason. A bad config stops it at
+start with a message naming the key. SIGTERM or Ctrl-C stop it cleanly (the store is flushed).
+"""
+
+EXAMPLES = """\
+examples:
+  kvscope agent --target http://127.0.0.1:8000/metrics
+  kvscope agent --config kvscope.yaml --scrape.interval 5s --no-collector.nvml
+  KVSCOPE_SCRAPE_TIMEOUT_S=2 kvscope agent --config kvscope.yaml
+"""
+
+
+def register(subparsers: Any) -> None:
+    collectors = known_collectors()
+    parser = subparsers.add_parser(
+        "agent", help="run the per-node agent (scrape, store, serve /metrics)",
+        description=DESCRIPTION, epilog=EXAMPLES + "\n" + ENV_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_scrape_flags(parser)
+    add_agent_flags(parser, collectors)
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                        help="log verbosity on stderr")
+    parser.set_defaults(func=run, known_collectors=collectors)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args, args.known_collectors)
+    except ConfigError as e:
+        print(f"kvscope agent: config error: {e}", file=sys.stderr)
+        return 2
+    for warning in config.warnings:
+        logging.getLogger("kvscope.agent").warning("config: %s", warning)
+    return asyncio.run(serve(config))
+
+
+def open_store(config: AgentConfig) -> Any:
+    """SqliteStore at store.path, or an InMemoryStore when the path is empty."""
+    from kvscope.agent.store import InMemoryStore, SqliteStore
+
+    if not config.store_path:
+        return InMemoryStore(retention_s=config.retention_s)
+    return SqliteStore(config.store_path, retention_s=config.retention_s, max_bytes=config.store_max_bytes)
+
+
+async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
+    """Run collectors and the HTTP server until SIGTERM/SIGINT. Returns the exit code."""
+    log = logging.getLogger("kvscope.agent")
+    runtime = AgentRuntime(config, build_collectors(config), open_store(config))
+    server = AgentServer(runtime)
+    host, port = config.listen_host_port
+    try:
+        bound = await server.start(host, port)
+    except OSError as e:
+        log.error("cannot listen on %s: %s", config.listen_address, e.strerror or e)
+        await runtime.close()
+        return 1
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, runtime.stop)
+    log.info("listening on http://%s:%d/metrics; %d target(s), collectors: %s", host, bound,
+             len(config.targets), ", ".join(c.name for c in runtime.collectors))
+    if ready is not None:
+        ready.set()
+    try:
+        await runtime.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await server.stop()
+        await runtime.close()
+        log.info("stopped after %d cycle(s)", runtime.state.cycles)
+    return 0
