@@ -1,0 +1,199 @@
+"""`kvscope deploy`: helpers that turn the repository into what a cluster runs.
+
+* `kvscope deploy render-config` fills the agent's configuration template with the node's
+  identity (the DaemonSet's init container runs it with NODE_IP / NODE_NAME from the downward
+  API) and validates the result with the agent's own config checks before the agent starts.
+* `kvscope deploy prometheusrule` wraps the generated Prometheus rule files
+  (`rules/prometheus/*.yml`, written by `kvscope rules build`) into Prometheus Operator
+  `PrometheusRule` objects, one per file, so the rules Prometheus runs on a plain install and
+  on Kubernetes are the same text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvscope import rules as rules_pkg
+
+# kvscope.rules is the repository's rules/ directory (package-dir), installed or editable.
+RULES_DIR = Path(rules_pkg.__file__).resolve().parent / "prometheus"
+_PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_DNS_LABEL = re.compile(r"[^a-z0-9-]+")
+MAX_TEMPLATE_BYTES = 1 << 20
+
+
+class DeployError(ValueError):
+    """Input that cannot be deployed; the message names the file and the problem."""
+
+
+# ------------------------------------------------------------------------------ render-config
+
+def parse_template(text: str, environ: Mapping[str, str]) -> str:
+    """Replace every `${NAME}` in `text` by `environ[NAME]`. Pure.
+
+    Raises DeployError naming every placeholder that has no value (an empty value counts as
+    missing: a target URL with an empty host is never what was meant). Other `$` text is kept.
+    """
+    missing = sorted({m.group(1) for m in _PLACEHOLDER.finditer(text) if not environ.get(m.group(1))})
+    if missing:
+        raise DeployError(f"no value for {', '.join('${' + n + '}' for n in missing)} "
+                          f"(set {'/'.join(missing)} in the environment)")
+    return _PLACEHOLDER.sub(lambda m: environ[m.group(1)], text)
+
+
+def check_agent_config(text: str, origin: str) -> None:
+    """Raise DeployError unless `text` is a configuration the agent accepts."""
+    from kvscope.agent.config import ConfigError, build_config
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise DeployError(f"{origin}: not valid YAML after rendering: {e}") from e
+    if not isinstance(doc, dict):
+        raise DeployError(f"{origin}: the rendered configuration must be a mapping of sections")
+    try:
+        build_config(doc, environ={})
+    except ConfigError as e:
+        raise DeployError(f"{origin}: {e}") from e
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename: never a half file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _render_config(args: argparse.Namespace) -> int:
+    template = Path(args.template)
+    if template.stat().st_size > MAX_TEMPLATE_BYTES:
+        raise DeployError(f"{template}: larger than {MAX_TEMPLATE_BYTES} bytes")
+    text = parse_template(template.read_text(encoding="utf-8"), os.environ)
+    check_agent_config(text, str(template))
+    write_atomically(Path(args.output), text)
+    print(f"render-config: wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+# ----------------------------------------------------------------------------- prometheusrule
+
+def parse_rule_file(text: str, origin: str) -> list[dict[str, Any]]:
+    """Return the rule groups of one Prometheus rule file. Pure; raises DeployError."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise DeployError(f"{origin}: not valid YAML: {e}") from e
+    groups = doc.get("groups") if isinstance(doc, dict) else None
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and g.get("name") for g in groups):
+        raise DeployError(f"{origin}: expected a rule file, `groups:` with a `name` on each group")
+    return groups
+
+
+def render_prometheusrule(name: str, groups: list[dict[str, Any]], labels: Mapping[str, str]) -> dict:
+    """One Prometheus Operator PrometheusRule object holding `groups` unchanged."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": name, "labels": dict(labels)},
+        "spec": {"groups": groups},
+    }
+
+
+def read_prometheusrules(rules_dir: Path, labels: Mapping[str, str]) -> list[dict]:
+    """One PrometheusRule per `*.yml` file of `rules_dir`, in file-name order."""
+    files = sorted(p for p in rules_dir.glob("*.yml") if p.is_file())
+    if not files:
+        raise DeployError(f"{rules_dir}: no *.yml rule files (run `kvscope rules build` first)")
+    out = []
+    for path in files:
+        groups = parse_rule_file(path.read_text(encoding="utf-8"), str(path))
+        stem = _DNS_LABEL.sub("-", path.stem.lower()).strip("-")
+        out.append(render_prometheusrule(f"kvscope-{stem}", groups, labels))
+    return out
+
+
+def render_manifest(objects: list[dict], source: str) -> str:
+    """Multi-document YAML with a header saying where it came from and how to rebuild it."""
+    header = (f"# Generated by `kvscope deploy prometheusrule` from {source}.\n"
+              "# Do not edit: change the rules, then rebuild this file.\n")
+    body = "---\n".join(yaml.safe_dump(o, sort_keys=False, default_flow_style=False, width=120)
+                        for o in objects)
+    return header + body
+
+
+def _prometheusrule(args: argparse.Namespace) -> int:
+    labels = dict(_parse_label(x) for x in args.label)
+    rules_dir = Path(args.rules_dir)
+    objects = read_prometheusrules(rules_dir, labels)
+    text = render_manifest(objects, _display_path(rules_dir))
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        write_atomically(Path(args.output), text)
+        n = sum(len(o["spec"]["groups"]) for o in objects)
+        print(f"prometheusrule: wrote {len(objects)} objects, {n} groups to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _parse_label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise DeployError(f"--label {text!r}: expected KEY=VALUE")
+    return key, value
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+# ------------------------------------------------------------------------------------ command
+
+def _run(func):
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except (DeployError, OSError) as e:
+            print(f"kvscope deploy: error: {e}", file=sys.stderr)
+            return 1
+    return wrapped
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "deploy", help="render deployment artefacts (agent config on a node, PrometheusRule)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="deploy_command", metavar="ACTION", required=True)
+
+    rc = sub.add_parser(
+        "render-config", help="fill ${VAR} placeholders of an agent config template and validate it",
+        description="Replace ${NAME} placeholders in TEMPLATE with environment variables, check the "
+                    "result is a configuration the agent accepts, and write it atomically to OUTPUT. "
+                    "An unset or empty variable, invalid YAML or an invalid key stops with an error "
+                    "naming it, and OUTPUT is left untouched.")
+    rc.add_argument("--template", required=True, help="agent configuration template (YAML with ${VAR})")
+    rc.add_argument("--output", required=True, help="where to write the rendered configuration")
+    rc.set_defaults(func=_run(_render_config))
+
+    pr = sub.add_parser(
+        "prometheusrule", help="wrap rules/prometheus/*.yml into PrometheusRule objects",
+        description="Read every Prometheus rule file in RULES_DIR and print one Prometheus Operator "
+                    "PrometheusRule per file (named kvscope-<file stem>), groups unchanged.")
+    pr.add_argument("--rules-dir", default=str(RULES_DIR),
+                    help="directory of generated rule files (default: %(default)s)")
+    pr.add_argument("--output", "-o", default="-", help="output file, '-' for stdout (default)")
+    pr.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                    help="label for the objects' metadata, repeatable; match your Prometheus' "
+                         "ruleSelector (e.g. release=kube-prometheus-stack)")
+    pr.set_defaults(func=_run(_prometheusrule))
