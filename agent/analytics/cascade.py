@@ -269,14 +269,14 @@ def _gpu_dropped(ser: _Series, grid: list[float], first_high: float | None,
 def render_cascade_samples(reports: Mapping[str, CascadeReport], timestamp: float | None = None) -> list[Sample]:
     """The kvscope-produced cascade series (declared in agent/engines/catalog.yaml).
 
-    `engine_cascade_stage{instance}` is always present for an instance with KV usage; onset and
+    `engine_cascade_stage_code{instance}` is always present for an instance with KV usage; onset and
     lead-time series only once the stage was reached (absent, never zero).
     """
     out: list[Sample] = []
     for inst, rep in reports.items():
         if "engine_kv_cache_usage_ratio" in rep.signals_missing:
             continue
-        out.append(Sample("engine_cascade_stage", make_labels({"instance": inst}), float(rep.stage), timestamp))
+        out.append(Sample("engine_cascade_stage_code", make_labels({"instance": inst}), float(rep.stage), timestamp))
         for stage, onset in sorted(rep.onsets.items()):
             labels = make_labels({"instance": inst, "stage": STAGES[stage]})
             out.append(Sample("engine_cascade_stage_onset_timestamp_seconds", labels, onset, timestamp))

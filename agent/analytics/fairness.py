@@ -226,7 +226,7 @@ def render_fairness_samples(report: FairnessReport, timestamp: float | None = No
                           ("tenant_lost_reuse_ratio", t.lost_reuse_ratio)):
             if v is not None:
                 out.append(Sample(series, lab, v, timestamp))
-    for series, v in (("fleet_tenant_hit_ratio_jain_index", report.jain_index),
+    for series, v in (("fleet_tenant_hit_jain_ratio", report.jain_index),
                       ("fleet_cold_tenant_ratio", report.cold_tenant_ratio),
                       ("fleet_tenant_hit_ratio_tail_gap_ratio", report.tail_gap_ratio)):
         if v is not None:

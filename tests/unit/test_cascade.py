@@ -92,7 +92,7 @@ def test_missing_kv_usage_gives_no_stage_series():
 def test_rendered_series_carry_stage_onsets_and_lead():
     out = render_cascade_samples(evaluate_cascade(_cascade_run()), timestamp=50.0)
     by = {(s.name, s.label("stage")): s.value for s in out}
-    assert by[("engine_cascade_stage", None)] == 4.0
+    assert by[("engine_cascade_stage_code", None)] == 4.0
     assert by[("engine_cascade_stage_onset_timestamp_seconds", "kv_high")] == 10.0
     assert by[("engine_cascade_stage_onset_timestamp_seconds", "latency")] == 35.0
     assert by[("engine_cascade_lead_seconds", None)] == 25.0

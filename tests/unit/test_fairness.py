@@ -107,4 +107,4 @@ def test_rendered_series_names_and_values():
     assert by[("tenant_prefix_hit_ratio", "tail")] == pytest.approx(0.05)
     assert by[("tenant_lost_reuse_ratio", "tail")] == pytest.approx(0.70)
     assert by[("fleet_cold_tenant_ratio", None)] == 0.25
-    assert 0 < by[("fleet_tenant_hit_ratio_jain_index", None)] < 1
+    assert 0 < by[("fleet_tenant_hit_jain_ratio", None)] < 1
