@@ -65,8 +65,9 @@ KEYS: tuple[Key, ...] = (
     Key("scrape.interval_s", 15.0, "seconds",
         "Seconds between two scrapes of every target and two runs of every collector."),
     Key("scrape.timeout_s", 5.0, "seconds",
-        "Seconds one target may take, connect and body included. Keep it well below the "
-        "interval: one slow engine must not delay the rest, and a timeout is itself evidence."),
+        "Seconds one target may take, connect and body included; must be < interval (when "
+        "unset: min(5, 0.8 x interval)). Keep it well below the interval: one slow engine must "
+        "not delay the rest, and a timeout is itself evidence."),
     Key("scrape.max_body_bytes", 16 << 20, "bytes",
         "Largest /metrics body read from one target (decompressed). Past it the scrape fails "
         "with reason body_too_large, so a runaway label cardinality cannot exhaust memory."),
@@ -302,6 +303,8 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     _check_sections(layers, cfg)
     cfg.listen_address = _address(layers)
     cfg.interval_s = _number(layers, "scrape.interval_s", parse_seconds, lambda v: v > 0, "a number > 0")
+    if layers.get("scrape.timeout_s") is None:  # like Prometheus: the default never exceeds the interval
+        layers.set("scrape.timeout_s", min(5.0, 0.8 * cfg.interval_s), "default, 0.8 x interval")
     cfg.timeout_s = _number(layers, "scrape.timeout_s", parse_seconds,
                             lambda v: 0 < v < cfg.interval_s, "a number > 0 and < scrape.interval_s")
     cfg.max_body_bytes = int(_number(layers, "scrape.max_body_bytes", parse_bytes,
