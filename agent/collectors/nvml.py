@@ -1,0 +1,421 @@
+"""NVML collector: per-GPU utilisation, memory, power, energy, temperature, clocks, PCIe and
+NVLink throughput, per-process memory and MIG layout, read through NVIDIA's `nvidia-ml-py`
+bindings (`import pynvml`; never the deprecated `pynvml` package).
+
+Every reading is optional: a getter that the GPU or driver does not support yields nothing
+(the signal is absent, never 0). Without a driver the collector reports itself down with the
+NVML error class as reason (`NVMLError_LibraryNotFound`, `NVMLError_DriverNotLoaded`) and emits
+no values; it retries the initialisation at most every `retry_s` seconds.
+
+`FakeNvml` at the bottom is the in-memory twin: it exposes the same function names, return
+shapes and exception classes as pynvml, from a JSON recording (tests/fixtures/nvml/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from kvscope.agent.collectors.base import Collection, Health, register_collector
+from kvscope.agent.signals import Sample, make_labels
+
+NAME = "nvml"
+RETRY_S = 60.0
+KIB = 1024.0
+FI_MEMORY_TEMP = 82               # NVML_FI_DEV_MEMORY_TEMP, HBM temperature in C
+FI_NVLINK_LINK_COUNT = 91         # NVML_FI_DEV_NVLINK_LINK_COUNT
+FI_NVLINK_DATA_TX = 138           # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, cumulative KiB per link
+FI_NVLINK_DATA_RX = 139           # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+NO_INSTANCE = 0xFFFFFFFF          # gpuInstanceId of a process outside any MIG instance
+
+
+def load_nvml() -> Any:
+    """The real bindings (the `pynvml` module shipped by nvidia-ml-py)."""
+    import pynvml
+
+    return pynvml
+
+
+class _Reader:
+    """Calls NVML getters for one collection, turning 'not supported' into None and counting
+    every other NVML error by class name."""
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+        self.errors: Counter[str] = Counter()
+
+    def get(self, fn: str, *args: Any, **kwargs: Any) -> Any | None:
+        func = getattr(self.nvml, fn, None)
+        if func is None:                       # bindings older than the call
+            return None
+        try:
+            return func(*args, **kwargs)
+        except self.nvml.NVMLError as exc:
+            if exc.value not in (self.nvml.NVML_ERROR_NOT_SUPPORTED, self.nvml.NVML_ERROR_NOT_FOUND,
+                                 self.nvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                self.errors[type(exc).__name__] += 1
+            return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def parse_mig_profile(device_name: str) -> str | None:
+    """'NVIDIA H100 80GB HBM3 MIG 3g.40gb' -> '3g.40gb' (the GPU_I_PROFILE dcgm-exporter uses)."""
+    head, sep, profile = device_name.rpartition(" MIG ")
+    return profile.strip() or None if sep else None
+
+
+def field_value(nvml: Any, fv: Any) -> float | None:
+    """The number inside one nvmlFieldValue_t, or None when NVML returned an error for it."""
+    if fv.nvmlReturn != nvml.NVML_SUCCESS:
+        return None
+    member = {nvml.NVML_VALUE_TYPE_DOUBLE: "dVal", nvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+              nvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+              nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", nvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+              getattr(nvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT", 6): "usVal"}.get(fv.valueType)
+    return None if member is None else float(getattr(fv.value, member))
+
+
+@register_collector(NAME, default_enabled=True)
+class NvmlCollector:
+    """Per-GPU utilisation, memory, power, clocks, interconnect and processes, read through NVML.
+
+    Options (`collectors: {nvml: {...}}`): `node` (label value, default the host name),
+    `retry_s` (seconds between initialisation attempts while NVML is unavailable).
+    """
+
+    name = NAME
+
+    def __init__(self, config: Any = None, nvml: Any | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        opts = config.collector_options(NAME) if hasattr(config, "collector_options") else {}
+        self.node = str(opts.get("node") or socket.gethostname())
+        self.retry_s = float(opts.get("retry_s", RETRY_S))
+        self._nvml = nvml
+        self._clock = clock
+        self._ready = False
+        self._down_reason = ""
+        self._next_init = 0.0
+        self._nvlink_prev: dict[tuple[str, str], tuple[float, float]] = {}
+
+    async def collect(self) -> Collection:
+        return await asyncio.to_thread(self.collect_sync)
+
+    def collect_sync(self) -> Collection:
+        """One blocking NVML read (collect() runs it off the event loop)."""
+        t0 = time.perf_counter()
+        health = Health(collector=NAME)
+        out = Collection(health=[health])
+        if not self._ensure_init():
+            health.up, health.reason = False, self._down_reason
+        else:
+            reader = _Reader(self._nvml)
+            out.samples = list(self._read_all(reader))
+            health.errors = reader.errors
+            out.facts["nvml"] = self._facts(reader)
+        health.series = len(out.samples)
+        health.duration_s = time.perf_counter() - t0
+        return out
+
+    def _ensure_init(self) -> bool:
+        if self._ready:
+            return True
+        now = time.monotonic()
+        if now < self._next_init and self._down_reason:
+            return False
+        self._next_init = now + self.retry_s
+        try:
+            if self._nvml is None:
+                self._nvml = load_nvml()
+            self._nvml.nvmlInit()
+        except ImportError:
+            self._down_reason = "bindings_missing"
+            return False
+        except Exception as exc:   # noqa: BLE001 - any failure to start NVML means "down", with its class
+            self._down_reason = type(exc).__name__
+            return False
+        self._ready, self._down_reason = True, ""
+        return True
+
+    def _facts(self, reader: _Reader) -> dict[str, str]:
+        version = reader.get("nvmlSystemGetDriverVersion")
+        return {} if version is None else {"driver_version": _text(version)}
+
+    def _read_all(self, r: _Reader) -> Iterator[Sample]:
+        count = r.get("nvmlDeviceGetCount") or 0
+        now = self._clock()
+        for index in range(count):
+            handle = r.get("nvmlDeviceGetHandleByIndex", index)
+            if handle is None:
+                continue
+            yield from self._read_device(r, handle, index, now)
+
+    def _device_labels(self, r: _Reader, handle: Any, index: int) -> dict[str, str]:
+        labels = {"gpu": str(index), "node": self.node}
+        uuid, name = r.get("nvmlDeviceGetUUID", handle), r.get("nvmlDeviceGetName", handle)
+        if uuid is not None:
+            labels["gpu_uuid"] = _text(uuid)
+        if name is not None:
+            labels["gpu_model"] = _text(name)
+        return labels
+
+    def _read_device(self, r: _Reader, handle: Any, index: int, now: float) -> Iterator[Sample]:
+        labels = self._device_labels(r, handle, index)
+        base = make_labels(labels)
+        for name, value in self._device_values(r, handle):
+            if value is not None:
+                yield Sample(name, base, float(value), now)
+        yield from self._nvlink(r, handle, labels, now)
+        mig_on = self._mig_enabled(r, handle)
+        if mig_on is not None:
+            yield Sample("gpu_mig_mode_enabled", base, 1.0 if mig_on else 0.0, now)
+        yield from self._processes(r, handle, labels, now, bool(mig_on))
+        if mig_on:
+            yield from self._mig_devices(r, handle, labels, now)
+
+    def _device_values(self, r: _Reader, h: Any) -> Iterator[tuple[str, float | None]]:
+        nv = self._nvml
+        util = r.get("nvmlDeviceGetUtilizationRates", h)
+        if util is not None:
+            yield "gpu_utilization_ratio", util.gpu / 100.0
+            yield "gpu_memory_copy_utilization_ratio", util.memory / 100.0
+        yield from self._memory(r, h)
+        power = r.get("nvmlDeviceGetPowerUsage", h)
+        yield "gpu_power_watts", None if power is None else power / 1000.0
+        limit = r.get("nvmlDeviceGetEnforcedPowerLimit", h)
+        yield "gpu_power_limit_watts", None if limit is None else limit / 1000.0
+        energy = r.get("nvmlDeviceGetTotalEnergyConsumption", h)
+        yield "gpu_energy_joules_total", None if energy is None else energy / 1000.0
+        yield "gpu_temperature_celsius", r.get("nvmlDeviceGetTemperatureV", h, nv.NVML_TEMPERATURE_GPU)
+        yield "gpu_memory_temperature_celsius", self._field(r, h, FI_MEMORY_TEMP)
+        for sig, clock in (("gpu_sm_clock_hertz", nv.NVML_CLOCK_SM), ("gpu_memory_clock_hertz", nv.NVML_CLOCK_MEM)):
+            mhz = r.get("nvmlDeviceGetClockInfo", h, clock)
+            yield sig, None if mhz is None else mhz * 1e6
+        for sig, counter in (("gpu_pcie_transmit_bytes_per_second", nv.NVML_PCIE_UTIL_TX_BYTES),
+                             ("gpu_pcie_receive_bytes_per_second", nv.NVML_PCIE_UTIL_RX_BYTES)):
+            kbs = r.get("nvmlDeviceGetPcieThroughput", h, counter)
+            yield sig, None if kbs is None else kbs * KIB
+
+    def _memory(self, r: _Reader, h: Any) -> Iterator[tuple[str, float | None]]:
+        mem = r.get("nvmlDeviceGetMemoryInfo", h, version=getattr(self._nvml, "nvmlMemory_v2", None))
+        if mem is None:   # v2 is missing on older drivers: fall back to v1 (no `reserved`)
+            mem = r.get("nvmlDeviceGetMemoryInfo", h)
+        if mem is None:
+            return
+        yield "gpu_memory_used_bytes", mem.used
+        yield "gpu_memory_free_bytes", mem.free
+        yield "gpu_memory_total_bytes", mem.total
+        yield "gpu_memory_reserved_bytes", getattr(mem, "reserved", None)
+
+    def _field(self, r: _Reader, h: Any, field_id: int | tuple[int, int]) -> float | None:
+        values = r.get("nvmlDeviceGetFieldValues", h, [field_id])
+        return None if not values else field_value(self._nvml, values[0])
+
+    def _nvlink(self, r: _Reader, h: Any, labels: dict[str, str], now: float) -> Iterator[Sample]:
+        """NVLink data throughput: NVML keeps cumulative KiB per link; the rate is the sum over
+        links between two collections, so the first collection has none."""
+        links = self._field(r, h, FI_NVLINK_LINK_COUNT)
+        if not links:
+            return
+        ids = [(f, link) for link in range(int(links)) for f in (FI_NVLINK_DATA_TX, FI_NVLINK_DATA_RX)]
+        values = r.get("nvmlDeviceGetFieldValues", h, ids) or []
+        totals: dict[int, float] = {}
+        for (fid, _), fv in zip(ids, values, strict=False):
+            v = field_value(self._nvml, fv)
+            if v is not None:
+                totals[fid] = totals.get(fid, 0.0) + v * KIB
+        for fid, sig in ((FI_NVLINK_DATA_TX, "gpu_nvlink_transmit_bytes_per_second"),
+                         (FI_NVLINK_DATA_RX, "gpu_nvlink_receive_bytes_per_second")):
+            if fid in totals:
+                rate = self._rate((labels["gpu"], sig), totals[fid], now)
+                if rate is not None:
+                    yield Sample(sig, make_labels(labels), rate, now)
+
+    def _rate(self, key: tuple[str, str], total: float, now: float) -> float | None:
+        prev = self._nvlink_prev.get(key)
+        self._nvlink_prev[key] = (now, total)
+        if prev is None or now <= prev[0]:
+            return None
+        delta = total - prev[1] if total >= prev[1] else total   # a reset counts from zero
+        return delta / (now - prev[0])
+
+    def _mig_enabled(self, r: _Reader, h: Any) -> bool | None:
+        mode = r.get("nvmlDeviceGetMigMode", h)
+        return None if mode is None else mode[0] == getattr(self._nvml, "NVML_DEVICE_MIG_ENABLE", 1)
+
+    def _processes(self, r: _Reader, h: Any, labels: dict[str, str], now: float, mig: bool) -> Iterator[Sample]:
+        for proc in r.get("nvmlDeviceGetComputeRunningProcesses", h) or []:
+            used = getattr(proc, "usedGpuMemory", None)
+            if used is None:   # not available (e.g. WDDM, or no permission to see it)
+                continue
+            plabels = {**labels, "pid": str(proc.pid)}
+            gi = getattr(proc, "gpuInstanceId", NO_INSTANCE)
+            if mig and gi is not None and gi != NO_INSTANCE:
+                plabels["mig_instance"] = str(gi)
+            yield Sample("gpu_process_memory_used_bytes", make_labels(plabels), float(used), now)
+
+    def _mig_devices(self, r: _Reader, h: Any, labels: dict[str, str], now: float) -> Iterator[Sample]:
+        for i in range(r.get("nvmlDeviceGetMaxMigDeviceCount", h) or 0):
+            mig = r.get("nvmlDeviceGetMigDeviceHandleByIndex", h, i)
+            if mig is None:   # empty slot (NVML_ERROR_NOT_FOUND)
+                continue
+            gi = r.get("nvmlDeviceGetGpuInstanceId", mig)
+            mlabels = {**labels, "mig_instance": str(gi if gi is not None else i)}
+            name = r.get("nvmlDeviceGetName", mig)
+            profile = parse_mig_profile(_text(name)) if name is not None else None
+            if profile:
+                mlabels["mig_profile"] = profile
+            base = make_labels(mlabels)
+            for sig, value in self._memory(r, mig):
+                if value is not None:
+                    yield Sample(sig, base, float(value), now)
+            util = r.get("nvmlDeviceGetUtilizationRates", mig)   # commonly unsupported on MIG
+            if util is not None:
+                yield Sample("gpu_utilization_ratio", base, util.gpu / 100.0, now)
+
+    async def close(self) -> None:
+        if self._ready:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:   # noqa: BLE001 - shutting down a broken driver must not fail close()
+                pass
+            self._ready = False
+
+
+# ---------------------------------------------------------------------------------- in-memory twin
+
+class FakeNvml:
+    """Stands in for the `pynvml` module, from a JSON recording of one node.
+
+    Same function names, arguments, return shapes and `NVMLError` classes as nvidia-ml-py. In the
+    recording, any reading may be `{"error": "NotSupported"}` (or another NVML error name) and
+    the call then raises that error. `{"init_error": "LibraryNotFound"}` makes nvmlInit fail.
+    """
+
+    def __init__(self, recording: dict[str, Any]) -> None:
+        import pynvml  # constants and exception classes come from the real bindings
+
+        self._real = pynvml
+        self._rec = recording
+        self.calls: Counter[str] = Counter()
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> FakeNvml:
+        return cls(json.loads(Path(path).read_text()))
+
+    def __getattr__(self, name: str) -> Any:
+        if hasattr(type(self), "_" + name):
+            return getattr(self, "_" + name)
+        real = getattr(self._real, name)
+        if name.startswith("nvml") and callable(real):
+            raise AttributeError(name)   # a call the recording cannot answer: as if the bindings lacked it
+        return real                      # constants and exception classes
+
+    def _error(self, name: str) -> Exception:
+        code = getattr(self._real, "NVML_ERROR_" + "".join("_" + c if c.isupper() else c.upper()
+                                                          for c in name).lstrip("_"))
+        return self._real.NVMLError(code)
+
+    def _answer(self, value: Any) -> Any:
+        if isinstance(value, dict) and set(value) == {"error"}:
+            raise self._error(value["error"])
+        return value
+
+    def _dev(self, handle: Any) -> dict[str, Any]:
+        return handle if isinstance(handle, dict) else self._rec["devices"][handle]
+
+    def _get(self, handle: Any, key: str) -> Any:
+        dev = self._dev(handle)
+        if key not in dev:
+            raise self._error("NotSupported")
+        return self._answer(dev[key])
+
+    def _nvmlInit(self) -> None:
+        self.calls["nvmlInit"] += 1
+        if "init_error" in self._rec:
+            raise self._error(self._rec["init_error"])
+
+    def _nvmlShutdown(self) -> None:
+        self.calls["nvmlShutdown"] += 1
+
+    def _nvmlSystemGetDriverVersion(self) -> str:
+        return str(self._answer(self._rec.get("driver_version", {"error": "NotSupported"})))
+
+    def _nvmlDeviceGetCount(self) -> int:
+        return len(self._rec["devices"])
+
+    def _nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def _nvmlDeviceGetUUID(self, h: Any) -> str:
+        return str(self._get(h, "uuid"))
+
+    def _nvmlDeviceGetName(self, h: Any) -> str:
+        return str(self._get(h, "name"))
+
+    def _nvmlDeviceGetUtilizationRates(self, h: Any) -> SimpleNamespace:
+        return SimpleNamespace(**self._get(h, "utilization"))
+
+    def _nvmlDeviceGetMemoryInfo(self, h: Any, version: Any = None) -> SimpleNamespace:
+        mem = dict(self._get(h, "memory_v2" if version else "memory"))
+        if version:
+            mem["version"] = version
+        return SimpleNamespace(**mem)
+
+    def _nvmlDeviceGetPowerUsage(self, h: Any) -> int:
+        return int(self._get(h, "power_mw"))
+
+    def _nvmlDeviceGetEnforcedPowerLimit(self, h: Any) -> int:
+        return int(self._get(h, "power_limit_mw"))
+
+    def _nvmlDeviceGetTotalEnergyConsumption(self, h: Any) -> int:
+        return int(self._get(h, "energy_mj"))
+
+    def _nvmlDeviceGetTemperatureV(self, h: Any, sensor: int) -> int:
+        return int(self._get(h, "temperature_c")[str(sensor)])
+
+    def _nvmlDeviceGetClockInfo(self, h: Any, clock: int) -> int:
+        return int(self._answer(self._get(h, "clocks_mhz")[str(clock)]))
+
+    def _nvmlDeviceGetPcieThroughput(self, h: Any, counter: int) -> int:
+        return int(self._answer(self._get(h, "pcie_kb_s")[str(counter)]))
+
+    def _nvmlDeviceGetFieldValues(self, h: Any, field_ids: list[Any]) -> list[SimpleNamespace]:
+        fields = self._get(h, "fields")
+        return [self._field_value(fields, f) for f in field_ids]
+
+    def _field_value(self, fields: dict[str, Any], fid: Any) -> SimpleNamespace:
+        key = f"{fid[0]}:{fid[1]}" if isinstance(fid, tuple) else str(fid)
+        raw = fields.get(key, {"error": "NotSupported"})
+        if isinstance(raw, dict):
+            code = self._real.NVML_ERROR_NOT_SUPPORTED
+            return SimpleNamespace(nvmlReturn=code, valueType=0, value=SimpleNamespace())
+        return SimpleNamespace(nvmlReturn=0, valueType=self._real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+                               value=SimpleNamespace(ullVal=int(raw)))
+
+    def _nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[SimpleNamespace]:
+        return [SimpleNamespace(**p) for p in self._get(h, "processes")]
+
+    def _nvmlDeviceGetMigMode(self, h: Any) -> list[int]:
+        return list(self._get(h, "mig_mode"))
+
+    def _nvmlDeviceGetMaxMigDeviceCount(self, h: Any) -> int:
+        return int(self._get(h, "max_mig_devices"))
+
+    def _nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, index: int) -> dict[str, Any]:
+        slots = self._get(h, "mig_devices")
+        if index >= len(slots) or slots[index] is None:
+            raise self._error("NotFound")
+        return dict(slots[index])
+
+    def _nvmlDeviceGetGpuInstanceId(self, h: Any) -> int:
+        return int(self._get(h, "gpu_instance_id"))
