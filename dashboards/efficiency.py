@@ -1,0 +1,29 @@
+"""Efficiency & cost: tokens per GPU-hour, $ per 1M tokens, the utilisation trap, cache savings."""
+
+from kvscope.dashboards import queries as q
+from kvscope.dashboards.board import Board, Panel, Row
+
+UID = "kvscope-efficiency"
+
+COST = Row("Cost", (
+    Panel("Tokens per GPU-hour by node", "Output tokens per GPU-hour per node (002 §9.3): engines and GPUs "
+          "joined on `node`. Absent without a GPU collector (DCGM or NVML).", (q.tokens_per_gpu_hour(("node",)),),
+          "tokens_per_gpu_hour"),
+    Panel("$ per 1M output tokens", "GPU-hours at $gpu_hour_cost over output tokens. Idle GPUs count: "
+          "002 §9.2's utilisation trap.", (q.cost_per_million_tokens(),), "currency"),
+    Panel("Energy per output token", "GPU energy (joules) per generated token.", (q.joules_per_token(),),
+          "joules"),
+))
+
+UTILISATION = Row("Utilisation and savings", (
+    Panel("Fleet GPU utilisation", "Average GPU utilisation. 002 §9.2: below 40 % the fleet pays 2.5× the "
+          "efficient cost per token.", (q.Query(q.gauge("gpu_utilization_ratio", "avg"), "avg",
+                                                ("gpu_utilization_ratio",)),), "ratio", palette="gpu_util"),
+    Panel("Prefill tokens saved by prefix caching", "Prompt tokens per second served from the prefix cache "
+          "instead of recomputed.", (q.prefill_tokens_saved(),), "tokens_per_s"),
+    Panel("Prompt tokens by source", "Computed vs cached vs transferred prompt tokens.",
+          (q.prompt_tokens_by_source(),), "tokens_per_s", stack=True),
+))
+
+BOARD = Board(UID, "kvscope / Efficiency & cost", "Tokens per GPU-hour, cost per token, utilisation, savings.",
+              (COST, UTILISATION), cost_var=True)

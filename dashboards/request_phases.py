@@ -1,0 +1,31 @@
+"""Request phases across prefill/decode: where the time goes, split by the `role` label (not pod names)."""
+
+from kvscope.dashboards import queries as q
+from kvscope.dashboards.board import Board, Panel, Row
+
+UID = "kvscope-phases"
+
+PHASES = Row("Phases", (
+    Panel("Mean phase time by role", "Mean queue, prefill and decode time per role (prefill | decode | "
+          "unified). Under P/D, per-instance TTFT looks low while client TTFT is high (vLLM #22454).",
+          tuple(q.phase_means(("role",))), "seconds", stack=True, width=12),
+    Panel("Queue time", "Time requests wait before scheduling: p50, p99, mean.",
+          tuple(q.latency("request_queue_seconds")), "seconds", width=12),
+    Panel("Prefill time", "Prefill phase p50, p99, mean.", tuple(q.latency("request_prefill_seconds")),
+          "seconds"),
+    Panel("Decode time", "Decode phase p50, p99, mean.", tuple(q.latency("request_decode_seconds")), "seconds"),
+    Panel("TTFT p99 by role", "99th percentile TTFT per role.", (q.p99("request_ttft_seconds", ("role",)),),
+          "seconds"),
+))
+
+TRANSFER = Row("KV transfer (P/D)", (
+    Panel("KV transfer time", "Prefill-to-decode KV transfer p99 and mean per role (NIXL / Mooncake).",
+          tuple(q.kv_transfer()), "seconds"),
+    Panel("KV transfer bandwidth", "Bytes moved per second between pools.", (q.kv_transfer_bandwidth(),),
+          "bytes_per_s"),
+    Panel("KV transfer failures / s", "Failed KV transfers per second.", (q.kv_transfer_failures(),), "per_s",
+          palette="rate_bad"),
+), collapsed=True)
+
+BOARD = Board(UID, "kvscope / Request phases (P/D)",
+              "Queue, prefill, decode and KV transfer time, split by prefill/decode role.", (PHASES, TRANSFER))
