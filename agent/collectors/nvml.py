@@ -177,7 +177,7 @@ class NvmlCollector:
         yield from self._nvlink(r, handle, labels, now)
         mig_on = self._mig_enabled(r, handle)
         if mig_on is not None:
-            yield Sample("gpu_mig_mode_enabled", base, 1.0 if mig_on else 0.0, now)
+            yield Sample("gpu_mig_mode_code", base, 1.0 if mig_on else 0.0, now)
         yield from self._processes(r, handle, labels, now, bool(mig_on))
         if mig_on:
             yield from self._mig_devices(r, handle, labels, now)

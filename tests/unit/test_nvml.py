@@ -62,7 +62,7 @@ def test_reads_every_supported_gpu_value_in_base_units(recording):
     assert got[("gpu_sm_clock_hertz", "0", None, None)].value == 1.98e9
     assert got[("gpu_pcie_receive_bytes_per_second", "0", None, None)].value == 48000 * 1024
     assert got[("gpu_process_memory_used_bytes", "0", None, "4242")].value == 77309411328
-    assert got[("gpu_mig_mode_enabled", "0", None, None)].value == 0.0
+    assert got[("gpu_mig_mode_code", "0", None, None)].value == 0.0
     s = got[("gpu_power_watts", "0", None, None)]
     assert s.label("gpu_uuid") == "GPU-5b8f2c1e-7a3d-4e9b-9c2f-1d0e6a4b8c71"
     assert s.label("gpu_model") == "NVIDIA H100 80GB HBM3" and s.timestamp == 1000.0
@@ -83,7 +83,7 @@ def test_unsupported_readings_are_absent_never_zero(recording):
 def test_mig_instances_get_their_own_series(recording):
     out = _collect(NvmlCollector(nvml=FakeNvml(recording)))
     got = _by_key(out.samples)
-    assert got[("gpu_mig_mode_enabled", "1", None, None)].value == 1.0
+    assert got[("gpu_mig_mode_code", "1", None, None)].value == 1.0
     big = got[("gpu_memory_used_bytes", "1", "1", None)]
     assert big.value == 40802189312 and big.label("mig_profile") == "3g.40gb"
     small = got[("gpu_memory_used_bytes", "1", "2", None)]
