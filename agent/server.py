@@ -59,7 +59,7 @@ class AgentServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (port 0 picks a free one). Returns the bound port."""
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, backlog=64)
         await site.start()

@@ -1,0 +1,186 @@
+"""Agent configuration: layering (flag > env > file > default) and validation messages."""
+
+from __future__ import annotations
+
+import pytest
+from kvscope.agent.config import (
+    ConfigError,
+    build_config,
+    parse_bytes,
+    parse_seconds,
+    read_config_file,
+    register_section,
+)
+
+from kvscope import cli
+
+KNOWN = {"engine": True, "nvml": True, "host": True}
+
+
+def build(doc=None, env=None, flags=None):
+    return build_config(doc or {}, environ=env or {}, flags=flags or [], known_collectors=KNOWN)
+
+
+def test_defaults_bind_loopback_and_scrape_every_15s():
+    cfg = build()
+    assert cfg.listen_address == "127.0.0.1:9464"
+    assert (cfg.interval_s, cfg.timeout_s, cfg.max_body_bytes) == (15.0, 5.0, 16 << 20)
+    assert cfg.targets == []
+    assert cfg.collector_enabled("nvml", True) is True
+
+
+def test_file_values_are_read():
+    cfg = build({"scrape": {"interval_s": 30, "timeout_s": 3, "max_body_bytes": "4MiB"},
+                 "store": {"path": "/tmp/x.db", "retention_s": "2d"}})
+    assert (cfg.interval_s, cfg.timeout_s, cfg.max_body_bytes) == (30.0, 3.0, 4 << 20)
+    assert (cfg.store_path, cfg.retention_s) == ("/tmp/x.db", 2 * 86400.0)
+
+
+def test_env_overrides_file_and_flag_overrides_env():
+    doc = {"scrape": {"interval_s": 30, "timeout_s": 3}}
+    env = {"KVSCOPE_SCRAPE_TIMEOUT_S": "4", "KVSCOPE_SCRAPE_INTERVAL_S": "20"}
+    cfg = build(doc, env)
+    assert (cfg.interval_s, cfg.timeout_s) == (20.0, 4.0)
+    cfg = build(doc, env, [("scrape.interval_s", "10s", "--scrape.interval")])
+    assert (cfg.interval_s, cfg.timeout_s) == (10.0, 4.0)
+
+
+def test_bad_timeout_names_the_key_the_rule_and_the_value():
+    with pytest.raises(ConfigError) as info:
+        build({"scrape": {"timeout_s": "abc"}})
+    assert str(info.value) == 'scrape.timeout_s: must be a number > 0 and < scrape.interval_s, got "abc"'
+
+
+def test_bad_env_value_says_which_variable_it_came_from():
+    with pytest.raises(ConfigError, match=r"got \"abc\" \(from KVSCOPE_SCRAPE_TIMEOUT_S\)"):
+        build(env={"KVSCOPE_SCRAPE_TIMEOUT_S": "abc"})
+
+
+def test_timeout_not_below_interval_is_rejected():
+    with pytest.raises(ConfigError, match=r"scrape.timeout_s: must be a number > 0 and < scrape.interval_s, got 10"):
+        build({"scrape": {"interval_s": 10, "timeout_s": 10}})
+
+
+def test_default_timeout_follows_a_short_interval():
+    assert build(flags=[("scrape.interval_s", "1s", "--scrape.interval")]).timeout_s == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"scrape": {"intervall_s": 5}}, "scrape.intervall_s: unknown key (allowed: interval_s, max_body_bytes, timeout_s)"),
+    ({"scrape": {"max_body_bytes": "lots"}}, 'scrape.max_body_bytes: must be a size >= 1024 bytes (e.g. 16MiB), got "lots"'),
+    ({"scrape": 5}, "scrape: must be a mapping, got 5"),
+    ({"listen_address": "9464"}, 'listen_address: must be host:port (e.g. 127.0.0.1:9464), got "9464"'),
+    ({"collectors": {"nvlm": True}}, "collectors.nvlm: unknown collector (known: engine, host, nvml)"),
+    ({"collectors": {"nvml": "maybe"}}, 'collectors.nvml: must be true or false (or a mapping with enabled), got "maybe"'),
+    ({"targets": [{"url": "localhost:8000"}]}, 'targets[0].url: must be an http:// or https:// URL with a host, got "localhost:8000"'),
+    ({"targets": [{"url": "http://a:1/metrics", "engine": "tgi"}]}, 'targets[0].engine: must be one of dcgm, sglang, vllm (or absent to detect), got "tgi"'),
+    ({"targets": [{"url": "http://a:1/metrics", "port": 1}]}, "targets[0].port: unknown key (allowed: url, job, engine, labels)"),
+    ({"targets": [{"url": "http://a:1/metrics", "labels": {"bad-name": "x"}}]}, 'targets[0].labels: "bad-name" is not a valid label name'),
+    ({"targets": [{"url": "http://a:1/metrics", "labels": {"job": "x"}}]}, "targets[0].labels.job: set it with targets[0].job instead"),
+])
+def test_invalid_values_name_the_key_and_what_is_allowed(doc, message):
+    with pytest.raises(ConfigError) as info:
+        build(doc)
+    assert str(info.value) == message
+
+
+def test_targets_get_instance_job_engine_and_labels():
+    cfg = build({"targets": [
+        {"url": "http://10.0.0.5:8000/metrics", "job": "vllm", "labels": {"node": "n1"}},
+        {"url": "http://10.0.0.5:9400/metrics", "job": "dcgm", "engine": "dcgm"},
+        "http://10.0.0.6:8000/metrics",
+    ]})
+    a, b, c = cfg.targets
+    assert a.target_labels() == {"job": "vllm", "instance": "10.0.0.5:8000", "node": "n1"}
+    assert (b.engine, b.instance) == ("dcgm", "10.0.0.5:9400")
+    assert (c.job, c.engine) == ("engine", None)
+
+
+def test_duplicate_targets_are_rejected_unless_the_instance_is_relabelled():
+    url = "http://10.0.0.5:8000/metrics"
+    with pytest.raises(ConfigError, match=r"targets\[1\]: job 'engine' instance '10.0.0.5:8000' repeats targets\[0\]"):
+        build({"targets": [url, url]})
+    cfg = build({"targets": [url, {"url": url, "labels": {"instance": "replica-b"}}]})
+    assert [t.instance for t in cfg.targets] == ["10.0.0.5:8000", "replica-b"]
+
+
+def test_flag_targets_replace_file_targets():
+    cfg = build({"targets": ["http://a:1/metrics"]},
+                flags=[("targets", [{"url": "http://b:2/metrics", "job": "x"}], "--target")])
+    assert [(t.instance, t.job) for t in cfg.targets] == [("b:2", "x")]
+
+
+def test_env_targets_and_collector_switches():
+    cfg = build(env={"KVSCOPE_TARGETS": "http://a:1/metrics, http://b:2/metrics",
+                     "KVSCOPE_COLLECTOR_NVML": "false"})
+    assert [t.instance for t in cfg.targets] == ["a:1", "b:2"]
+    assert cfg.collector_enabled("nvml", True) is False
+    cfg = build({"collectors": {"nvml": False}}, flags=[("collectors.nvml", True, "--collector.nvml")])
+    assert cfg.collector_enabled("nvml", False) is True
+
+
+def test_collector_options_are_handed_through():
+    cfg = build({"collectors": {"host": {"enabled": True, "interfaces": ["eth0"]}}})
+    assert cfg.collector_options("host") == {"interfaces": ["eth0"]}
+
+
+def test_unknown_sections_are_kept_for_extensions_with_a_warning():
+    cfg = build({"otlp": {"listen_address": "127.0.0.1:4318"}, "gpu_mapping": {"mode": "nvml"}})
+    assert cfg.extensions["otlp"] == {"listen_address": "127.0.0.1:4318"}
+    assert cfg.gpu_mapping == {"mode": "nvml"}
+    assert any(w.startswith("otlp: unknown section") for w in cfg.warnings)
+
+
+def test_registered_sections_are_validated_by_their_owner():
+    def check(raw):
+        if not isinstance(raw, dict):
+            raise ConfigError(f"tap_test_section: must be a mapping, got {raw!r}")
+        return raw
+
+    register_section("tap_test_section", check)
+    assert build({"tap_test_section": {"a": 1}}).warnings == []
+    with pytest.raises(ConfigError, match="tap_test_section: must be a mapping"):
+        build({"tap_test_section": 3})
+
+
+@pytest.mark.parametrize("text, seconds", [("500ms", 0.5), ("15s", 15.0), ("10m", 600.0), ("1h", 3600.0), (2, 2.0), ("2.5", 2.5)])
+def test_parse_seconds(text, seconds):
+    assert parse_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text, size", [("16MiB", 16 << 20), ("1GB", 10**9), (4096, 4096), ("2kib", 2048)])
+def test_parse_bytes(text, size):
+    assert parse_bytes(text) == size
+
+
+def test_config_file_must_be_a_mapping(tmp_path):
+    path = tmp_path / "kvscope.yaml"
+    path.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="the top level must be a mapping of sections, got list"):
+        read_config_file(path)
+    path.write_text("scrape: {interval_s: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        read_config_file(path)
+
+
+def test_yaml_tags_are_not_executed(tmp_path):
+    path = tmp_path / "kvscope.yaml"
+    path.write_text("listen_address: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        read_config_file(path)
+
+
+def test_agent_command_stops_at_start_on_a_bad_config(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("KVSCOPE_SCRAPE_TIMEOUT_S", raising=False)
+    path = tmp_path / "kvscope.yaml"
+    path.write_text("scrape:\n  interval_s: 15\n  timeout_s: abc\n")
+    assert cli.main(["agent", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert 'scrape.timeout_s: must be a number > 0 and < scrape.interval_s, got "abc"' in err
+
+
+def test_agent_command_rejects_an_unknown_collector_flag_value(tmp_path, capsys):
+    path = tmp_path / "kvscope.yaml"
+    path.write_text("collectors: {nosuch: true}\n")
+    assert cli.main(["agent", "--config", str(path)]) == 2
+    assert "collectors.nosuch: unknown collector" in capsys.readouterr().err
