@@ -35,6 +35,19 @@ EVICTION = Row("Eviction & preemption", (
           "are evicted just before they are needed (K4).", tuple(q.residency()), "seconds"),
 ))
 
+CASCADE = Row("Memory-pressure cascade & KV events", (
+    Panel("Cascade stage", "Cascade stage per engine (002 §7.4): 0 healthy, 1 KV high, 2 evicting / "
+          "preempting, 3 queueing, 4 latency symptom. Act at stage 2, before latency alerts.",
+          (q.cascade_stage(),), "stage", palette="none"),
+    Panel("Cascade lead time", "Seconds the root (KV high) preceded the latency symptom.", (q.cascade_lead(),),
+          "seconds"),
+    Panel("KV block churn", "Blocks removed per second by medium, blocks evicted and then recomputed, and "
+          "hot (reused) blocks evicted: the LRU failure of K4 (from the engines' KV events).",
+          tuple(q.kv_event_rates()), "per_s"),
+    Panel("Block residency (KV events)", "Stored-to-removed time of every KV block, p50 and p99.",
+          tuple(q.block_residency_events()), "seconds"),
+))
+
 BOARD = Board(UID, "kvscope / KV cache & prefix",
               "KV pool usage, prefix-cache effectiveness per replica, DP rank and tier, evictions, "
-              "preemptions and block residency.", (POOL, PREFIX, EVICTION))
+              "preemptions and block residency.", (POOL, PREFIX, EVICTION, CASCADE))

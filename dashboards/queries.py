@@ -253,32 +253,75 @@ def kv_capacity(by: tuple[str, ...] = ("instance",)) -> Query:
 
 
 def cascade_stage() -> Query:
-    """Memory-pressure cascade stage per engine (002 §7.4): 0 none .. 4 utilisation drop."""
-    return Query(gauge("engine_cascade_stage", "max", ("instance", "dp_rank")), "{{instance}} rank {{dp_rank}}",
-                 ("engine_cascade_stage",))
+    """Memory-pressure cascade stage per engine (002 §7.4): 0 healthy .. 4 latency symptom."""
+    return Query(gauge("engine_cascade_stage_code", "max", ("instance", "dp_rank")), "{{instance}} rank {{dp_rank}}",
+                 ("engine_cascade_stage_code",))
+
+
+def cascade_lead() -> Query:
+    """How long the root (KV high) preceded the latency symptom: the time an operator had to act."""
+    return Query(gauge("engine_cascade_lead_seconds", "max", ("instance",)), "{{instance}}",
+                 ("engine_cascade_lead_seconds",))
+
+
+def kv_event_rates() -> list[Query]:
+    """Block churn from the engines' KV events: removed, evicted-then-recomputed, hot blocks evicted."""
+    return [Query(sum_rate("kv_blocks_removed_total", ("medium",)), "removed {{medium}}", ("kv_blocks_removed_total",)),
+            Query(sum_rate("kv_blocks_evicted_recomputed_total"), "evicted then recomputed",
+                  ("kv_blocks_evicted_recomputed_total",)),
+            Query(sum_rate("kv_hot_blocks_evicted_total"), "hot blocks evicted", ("kv_hot_blocks_evicted_total",))]
+
+
+def block_residency_events() -> list[Query]:
+    """Stored-to-removed time of every block (from KV events, not sampled)."""
+    return [Query(quantile(0.5, "kv_block_residency_seconds"), "p50", ("kv_block_residency_seconds",)),
+            Query(quantile(0.99, "kv_block_residency_seconds"), "p99", ("kv_block_residency_seconds",))]
+
+
+def prefix_split() -> Query:
+    return Query(gauge("prefix_split_ratio", "max"), "prefixes split across replicas", ("prefix_split_ratio",))
 
 
 # ------------------------------------------------------------------------------ tenants
 
-def tenant_prompt_tokens() -> Query:
-    return Query(sum_rate("engine_prompt_tokens_total", ("tenant",), extra=TENANT), "{{tenant}}",
-                 ("engine_prompt_tokens_total",))
+def tenant_rate(signal: str) -> Query:
+    """Per-tenant rate of a kvscope tenant counter (top-K tenants + `other`)."""
+    return Query(sum_rate(signal, ("tenant",), extra=TENANT), "{{tenant}}", (signal,))
 
 
-def tenant_hit_ratio() -> Query:
-    return prefix_hit_ratio(("tenant",), TENANT)
+def tenant_gauge(signal: str) -> Query:
+    return Query(gauge(signal, "max", ("tenant",), TENANT), "{{tenant}}", (signal,))
+
+
+def tenant_cache_hit_ratio() -> Query:
+    """Cached / prompt tokens per tenant over the panel window (from usage objects)."""
+    num = sum_rate("tenant_cached_tokens_total", ("tenant",), extra=TENANT)
+    den = sum_rate("tenant_prompt_tokens_total", ("tenant",), extra=TENANT)
+    return Query(guard(num, den), "{{tenant}}", ("tenant_cached_tokens_total", "tenant_prompt_tokens_total"))
 
 
 def tenant_ttft_p99() -> Query:
-    return p99("request_ttft_seconds", ("tenant",), TENANT)
+    return p99("tenant_ttft_seconds", ("tenant",), TENANT)
 
 
-def tenant_request_rate() -> Query:
-    return Query(sum_rate("engine_requests_finished_total", ("tenant",), extra=TENANT), "{{tenant}}",
-                 ("engine_requests_finished_total",))
+def fleet_fairness() -> list[Query]:
+    return [Query(gauge("fleet_tenant_hit_jain_ratio", "min"), "Jain index (1 = even)",
+                  ("fleet_tenant_hit_jain_ratio",)),
+            Query(gauge("fleet_cold_tenant_ratio", "max"), "cold tenants", ("fleet_cold_tenant_ratio",)),
+            Query(gauge("fleet_tenant_hit_ratio_tail_gap_ratio", "max"), "aggregate - worst tenant",
+                  ("fleet_tenant_hit_ratio_tail_gap_ratio",))]
 
 
 # ------------------------------------------------------------------------------ P/D phases
+
+def phase_p99_by_phase() -> Query:
+    """Stitched per-request phase p99 from traces: queue, prefill, kv_transfer, decode."""
+    return p99("request_phase_seconds", ("phase",))
+
+
+def phase_mean_by_phase() -> Query:
+    return Query(mean("request_phase_seconds", ("phase",)), "{{phase}}", ("request_phase_seconds",))
+
 
 def kv_transfer() -> list[Query]:
     return [p99("kv_transfer_seconds", ("role",)),

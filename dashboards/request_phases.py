@@ -18,6 +18,14 @@ PHASES = Row("Phases", (
           "seconds"),
 ))
 
+TRACED = Row("Stitched from traces", (
+    Panel("Phase p99 (traces)", "Per-request phase p99 stitched from OTLP traces across P/D hops: queue, "
+          "prefill, kv_transfer, decode. kv_transfer is measured, not inferred.", (q.phase_p99_by_phase(),),
+          "seconds", width=12),
+    Panel("Phase mean (traces)", "Mean per-request phase time from traces, stacked.", (q.phase_mean_by_phase(),),
+          "seconds", stack=True, width=12),
+))
+
 TRANSFER = Row("KV transfer (P/D)", (
     Panel("KV transfer time", "Prefill-to-decode KV transfer p99 and mean per role (NIXL / Mooncake).",
           tuple(q.kv_transfer()), "seconds"),
@@ -28,4 +36,4 @@ TRANSFER = Row("KV transfer (P/D)", (
 ), collapsed=True)
 
 BOARD = Board(UID, "kvscope / Request phases (P/D)",
-              "Queue, prefill, decode and KV transfer time, split by prefill/decode role.", (PHASES, TRANSFER))
+              "Queue, prefill, decode and KV transfer time, split by prefill/decode role.", (PHASES, TRACED, TRANSFER))

@@ -60,7 +60,7 @@ def variables(tenant: bool = False, slo: bool = False, cost: bool = False) -> li
         _query_var("instance", "Instance", engine_metric, 'job=~"$job", model=~"$model"'),
     ]
     if tenant:
-        out.append(_query_var("tenant", "Tenant", "kvscope_engine_prompt_tokens_total",
+        out.append(_query_var("tenant", "Tenant", "kvscope_tenant_requests_total",
                               'job=~"$job", model=~"$model"'))
     if slo:
         # Must be histogram bucket bounds (vLLM's TTFT/TPOT buckets); queries match "1" and "1.0".

@@ -1,21 +1,36 @@
-"""Tenants & fairness: is a healthy aggregate hit ratio hiding tenants that never hit (P8)?"""
+"""Tenants & fairness: is a healthy aggregate hit ratio hiding tenants that never hit (P8)?
+
+Per-tenant series come from kvscope's request tap / trace receiver (tenant_*, top-K tenants plus
+`other`); the fleet fairness gauges from agent/analytics (docs/requests.md).
+"""
 
 from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
+from kvscope.dashboards.style import ui_link
 
 UID = "kvscope-tenants"
 
-FAIRNESS = Row("Per-tenant usage and cache fairness", (
-    Panel("Prompt tokens / s by tenant", "Prompt tokens per second per tenant (SGLang custom label `tenant`, "
-          "or the kvscope request tap).", (q.tenant_prompt_tokens(),), "tokens_per_s", stack=True, width=12),
-    Panel("Requests / s by tenant", "Finished requests per second per tenant.", (q.tenant_request_rate(),),
+FLEET = Row("Fairness", (
+    Panel("Tenant fairness", "Traffic-weighted Jain index of tenant hit ratios (1 = even), the share of cold "
+          "tenants (hit < 0.3 with reuse potential >= 0.5) and how far the worst tenant sits below the "
+          "aggregate. 001: the aggregate can look healthy while long-tail tenants almost never hit.",
+          tuple(q.fleet_fairness()), "ratio", width=12, links=(ui_link("Tenants", "Tenants in the UI"),)),
+    Panel("Prefix split across replicas", "Share of re-seen prompt prefixes served by more than one replica "
+          "or DP rank: one prefix, several cache domains (000, 003).", (q.prefix_split(),), "ratio", width=12),
+))
+
+USAGE = Row("Per-tenant usage and cache", (
+    Panel("Requests / s by tenant", "Requests per second per tenant.", (q.tenant_rate("tenant_requests_total"),),
           "reqps", stack=True, width=12),
-    Panel("Prefix hit ratio by tenant", "Token-weighted hit ratio per tenant. 001: the aggregate can look "
-          "healthy while long-tail tenants almost never hit.", (q.tenant_hit_ratio(),), "ratio",
-          palette="hit_ratio", width=12),
-    Panel("TTFT p99 by tenant", "99th percentile TTFT per tenant: unfair caching shows up here first.",
-          (q.tenant_ttft_p99(),), "seconds", width=12),
+    Panel("Prompt tokens / s by tenant", "Prompt tokens per second per tenant (usage.prompt_tokens).",
+          (q.tenant_rate("tenant_prompt_tokens_total"),), "tokens_per_s", stack=True, width=12),
+    Panel("Cache hit ratio by tenant", "Cached / prompt tokens per tenant over the panel window.",
+          (q.tenant_cache_hit_ratio(),), "ratio", palette="hit_ratio", width=8),
+    Panel("Lost reuse by tenant", "Reuse the cache did not deliver: max(0, reusable - cached) / prompt tokens.",
+          (q.tenant_gauge("tenant_lost_reuse_ratio"),), "ratio", width=8),
+    Panel("Client TTFT p99 by tenant", "99th percentile client-side TTFT per tenant (request tap, network "
+          "included): unfair caching shows up here first.", (q.tenant_ttft_p99(),), "seconds", width=8),
 ))
 
 BOARD = Board(UID, "kvscope / Tenants & fairness",
-              "Per-tenant usage, prefix hit ratio and tail latency.", (FAIRNESS,), tenant_var=True)
+              "Per-tenant usage, prefix hit ratio, lost reuse and tail latency.", (FLEET, USAGE), tenant_var=True)
