@@ -28,4 +28,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     || { grep -v 'is ignored: it is neither' /tmp/kvscope-pip.log | tail -30; echo "setup: pip install failed" >&2; exit 1; }
   touch "$stamp"
 fi
+# CRD schema validator for the Prometheus Operator objects in deploy/kubernetes (npm, pinned by
+# deploy/validate/package-lock.json); the machine's Node.js runs it.
+if command -v npm >/dev/null 2>&1 && [ ! -d deploy/validate/node_modules/@kubernetes-models ]; then
+  echo "setup: installing deploy/validate (npm ci)"
+  npm ci --prefix deploy/validate --no-audit --no-fund >/tmp/kvscope-npm.log 2>&1 \
+    || { tail -20 /tmp/kvscope-npm.log; echo "setup: npm ci in deploy/validate failed" >&2; exit 1; }
+fi
 echo "setup: ok ($("$VENV/bin/kvscope" --version))"
