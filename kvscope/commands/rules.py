@@ -1,0 +1,70 @@
+"""`kvscope rules build`: write the Prometheus rule files and runbooks built from the catalog
+and the diagnosis rules (diagnoser/promrules.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+BUILD_HELP = """\
+Generate Prometheus recording and alerting rules from agent/engines/catalog.yaml and
+rules/diagnosis/*.yaml, and one runbook per alert:
+
+  kvscope:<signal>            canonical series from native vLLM/SGLang/DCGM names and the
+                              agent's kvscope_* series (old and new engine names both read)
+  instance:<signal>:<op>      dashboard aggregates (p99 TTFT, KV usage max 5m, hit ratio ...)
+  LlmTtftSloBurnRate          multi-window multi-burn-rate alert on the TTFT SLO
+  LlmEngineMetrics*           engine metrics absent, vanished or renamed
+  Llm<RuleName>               one alert per diagnosis rule that PromQL can express
+
+Load every file in --out with Prometheus' rule_files (see docs/alerting.md). With --check
+nothing is written; the exit status is 1 when a file on disk differs from a fresh build.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("rules", help="build Prometheus rules from kvscope's rule files",
+                                   description="Work with kvscope's rule files.")
+    sub = parser.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
+    build = sub.add_parser("build", help="generate rules/prometheus/*.yml and docs/runbooks/*.md",
+                           description=BUILD_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    build.add_argument("--out", type=Path, default=Path("rules/prometheus"),
+                       help="directory for the *.yml rule files (default: %(default)s)")
+    build.add_argument("--runbooks", type=Path, default=Path("docs/runbooks"),
+                       help="directory for the generated runbooks (default: %(default)s)")
+    build.add_argument("--slo-ttft-seconds", type=float, default=1.0,
+                       help="TTFT SLO bound in seconds; must be a histogram bucket bound (default: %(default)s)")
+    build.add_argument("--slo-target", type=float, default=0.99,
+                       help="share of requests that must meet the TTFT bound (default: %(default)s)")
+    build.add_argument("--check", action="store_true",
+                       help="write nothing; exit 1 if the files on disk are stale")
+    build.set_defaults(func=run_build)
+    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from kvscope.diagnoser.promrules import SloConfig
+    from kvscope.diagnoser.promrules_build import build_all
+
+    if not 0 < args.slo_target < 1:
+        print("kvscope rules build: --slo-target must be between 0 and 1", file=sys.stderr)
+        return 3
+    slo = SloConfig(ttft_seconds=args.slo_ttft_seconds, target=args.slo_target)
+    for engine in slo.unaligned_engines():
+        print(f"warning: {args.slo_ttft_seconds:g}s is not a default TTFT bucket bound of {engine}; "
+              f"the burn rate will be computed from the wrong bucket", file=sys.stderr)
+    built = build_all(slo)
+    outputs = {args.out / name: text for name, text in built.rule_files.items()}
+    outputs |= {args.runbooks / name: text for name, text in built.runbooks.items()}
+    stale = [p for p, text in outputs.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
+    if args.check:
+        for path in stale:
+            print(f"stale: {path} (run: kvscope rules build)")
+        return 1 if stale else 0
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(outputs[path], encoding="utf-8")
+    print(f"kvscope rules build: {len(outputs)} files, {len(stale)} updated "
+          f"({args.out}/, {args.runbooks}/)")
+    return 0
