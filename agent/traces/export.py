@@ -1,0 +1,81 @@
+"""Stitched requests -> explicit phase spans, encoded as an OTLP protobuf export request.
+
+Engines report phases as numbers on one span (`gen_ai.latency.time_in_queue` ...); a trace UI
+shows them only as attributes. `render_phase_spans` lays the phases out as child spans of the
+engine span (queue, then prefill, then KV transfer, then decode), so the waterfall shows where
+the time went, with a `kvscope.phase` attribute. Pure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from kvscope.agent.traces.otlp import Span
+from kvscope.agent.traces.stitch import RequestRecord
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+SCOPE = "kvscope.traces.stitch"
+_INTERNAL = 1
+
+
+def _span_id(trace_id: str, parent: str, phase: str) -> str:
+    return hashlib.blake2b(f"{trace_id}/{parent}/{phase}".encode(), digest_size=8).hexdigest()
+
+
+def render_phase_spans(record: RequestRecord) -> list[Span]:
+    """One child span per known phase, placed back to back under the span that ran it."""
+    out: list[Span] = []
+    pre = record.anchors.get("prefill") or next(iter(record.anchors.values()), None)
+    dec = record.anchors.get("decode") or pre
+    if pre is None or dec is None:
+        return out
+    cursor = pre.start_ns
+    for obs in record.phases:
+        anchor = dec if obs.phase in ("kv_transfer", "decode") and obs.role in ("decode", None) else pre
+        if obs.phase == "kv_transfer" and record.kv_transfer_source == "gap":
+            cursor = pre.end_ns
+        elif anchor is dec and cursor < dec.start_ns:
+            cursor = dec.start_ns
+        end = cursor + int(obs.seconds * 1e9)
+        attrs = {"kvscope.phase": obs.phase, "kvscope.phase.seconds": obs.seconds}
+        if obs.instance:
+            attrs["kvscope.instance"] = obs.instance
+        if obs.phase == "kv_transfer" and record.kv_transfer_source:
+            attrs["kvscope.kv_transfer.source"] = record.kv_transfer_source
+        if record.tenant:
+            attrs["kvscope.tenant"] = record.tenant
+        out.append(Span(record.trace_id, _span_id(record.trace_id, anchor.span_id, obs.phase), anchor.span_id,
+                        f"phase {obs.phase}", _INTERNAL, cursor, end, attrs, anchor.resource, SCOPE))
+        cursor = end
+    return out
+
+
+def _any(v: object) -> AnyValue:
+    if isinstance(v, bool):
+        return AnyValue(bool_value=v)
+    if isinstance(v, int):
+        return AnyValue(int_value=v)
+    if isinstance(v, float):
+        return AnyValue(double_value=v)
+    return AnyValue(string_value=str(v))
+
+
+def encode_spans(spans: list[Span]) -> bytes:
+    """An OTLP protobuf ExportTraceServiceRequest holding `spans` (grouped by resource)."""
+    req = ExportTraceServiceRequest()
+    groups: dict[tuple, list[Span]] = {}
+    for s in spans:
+        groups.setdefault(tuple(sorted((k, str(v)) for k, v in s.resource.items())), []).append(s)
+    for members in groups.values():
+        rs = req.resource_spans.add()
+        rs.resource.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in members[0].resource.items())
+        ss = rs.scope_spans.add()
+        ss.scope.name = SCOPE
+        for s in members:
+            p = ss.spans.add(trace_id=bytes.fromhex(s.trace_id), span_id=bytes.fromhex(s.span_id), name=s.name,
+                             kind=s.kind, start_time_unix_nano=s.start_ns, end_time_unix_nano=s.end_ns)
+            if s.parent_id:
+                p.parent_span_id = bytes.fromhex(s.parent_id)
+            p.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in s.attributes.items())
+    return req.SerializeToString()

@@ -1,0 +1,266 @@
+"""OTLP/HTTP trace receiver: `POST /v1/traces` -> stitched requests -> `request_phase_seconds`.
+
+Accepts protobuf and JSON, gzip/deflate, up to `max_body_bytes` (compressed and decompressed).
+A payload that does not decode gets HTTP 400 with the reason and the receiver keeps serving.
+Optional pass-through: every accepted body is forwarded unchanged to `forward_url` (an upstream
+collector), and stitched phase spans to `stitched_url`, from a bounded queue that drops (and
+counts) rather than slows the receiver.
+
+Config (agent YAML, section `otlp`; the agent builds the receiver when the section exists)::
+
+    otlp:
+      listen: 127.0.0.1:4318          # loopback by default; port 0 picks a free port
+      max_body_bytes: 8MiB
+      forward_url: http://otel-collector:4318/v1/traces   # optional pass-through
+      stitched_url: http://tempo:4318/v1/traces            # optional: phase spans
+      settle_s: 1.0                   # a trace is stitched this long after its last span
+      ttl_s: 30                       # incomplete traces are dropped after this
+      max_traces: 10000
+      service_labels:                 # for engines that cannot set kvscope.* attributes
+        vllm-prefill-0: {instance: "10.0.0.5:8000", role: prefill, model: llama-3-8b}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from kvscope.agent.collectors.base import Collection, Health, register_collector
+from kvscope.agent.config import ConfigError, parse_bytes, parse_seconds, register_section
+from kvscope.agent.signals import make_labels
+from kvscope.agent.traces.export import encode_spans, render_phase_spans
+from kvscope.agent.traces.histogram import PHASE_BUCKETS, HistogramSet
+from kvscope.agent.traces.otlp import JSON, OtlpDecodeError, decompress, parse_otlp_traces
+from kvscope.agent.traces.stitch import RequestRecord, StitchConfig, TraceStitcher
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+log = logging.getLogger("kvscope.traces")
+
+
+@dataclass(frozen=True)
+class OtlpConfig:
+    """The validated `otlp` section."""
+
+    listen: str = "127.0.0.1:4318"
+    max_body_bytes: int = 8 << 20
+    forward_url: str | None = None
+    stitched_url: str | None = None
+    forward_timeout_s: float = 5.0
+    forward_queue: int = 256
+    flush_interval_s: float = 0.25
+    recent_records: int = 1000
+    stitch: StitchConfig = field(default_factory=StitchConfig)
+
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def parse_otlp_config(raw: Any) -> OtlpConfig:
+    """Validate the `otlp` YAML section; raises ConfigError naming the key."""
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"otlp: must be a mapping, got {raw!r}")
+    known = {"listen", "max_body_bytes", "forward_url", "stitched_url", "forward_timeout_s", "settle_s",
+             "ttl_s", "max_traces", "max_spans_per_trace", "service_labels"}
+    if unknown := sorted(set(raw) - known):
+        raise ConfigError(f"otlp: unknown keys {unknown}; allowed: {sorted(known)}")
+    listen = str(raw.get("listen", "127.0.0.1:4318"))
+    if not listen.rpartition(":")[2].isdigit():
+        raise ConfigError(f"otlp.listen: must be host:port, got {listen!r}")
+    labels = raw.get("service_labels") or {}
+    if not isinstance(labels, dict) or not all(isinstance(v, dict) for v in labels.values()):
+        raise ConfigError("otlp.service_labels: must map service.name -> {label: value}")
+    stitch = StitchConfig(max_traces=int(raw.get("max_traces", 10_000)),
+                          max_spans_per_trace=int(raw.get("max_spans_per_trace", 512)),
+                          settle_s=parse_seconds(raw.get("settle_s", 1.0)), ttl_s=parse_seconds(raw.get("ttl_s", 30.0)),
+                          service_labels={str(k): {str(a): str(b) for a, b in v.items()} for k, v in labels.items()})
+    return OtlpConfig(listen=listen, max_body_bytes=parse_bytes(raw.get("max_body_bytes", 8 << 20)),
+                      forward_url=raw.get("forward_url"), stitched_url=raw.get("stitched_url"),
+                      forward_timeout_s=parse_seconds(raw.get("forward_timeout_s", 5.0)), stitch=stitch)
+
+
+register_section("otlp", parse_otlp_config)
+
+
+def phase_labels(record: RequestRecord, obs_instance: str | None, obs_role: str | None, phase: str) -> tuple:
+    """Labels of one `request_phase_seconds` observation (absent labels are left out)."""
+    lab = {"phase": phase, "engine": record.engine}
+    for k, v in (("instance", obs_instance), ("role", obs_role), ("model", record.model)):
+        if v:
+            lab[k] = v
+    return make_labels(lab)
+
+
+@register_collector("otlp", default_enabled=True)
+class OtlpTraceReceiver:
+    """Receives OTLP traces, stitches them into requests and reports `request_phase_seconds`.
+
+    Built from the agent config: inert (reports nothing) when the config has no `otlp` section.
+    `start()`/`stop()` run the HTTP server; `collect()` starts it lazily if the agent did not.
+    """
+
+    name = "otlp"
+
+    def __init__(self, config: Any = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(config, OtlpConfig) or config is None:
+            self.config: OtlpConfig | None = config or OtlpConfig()
+        else:
+            section = getattr(config, "extensions", {}).get("otlp")
+            self.config = section if isinstance(section, OtlpConfig) or section is None else parse_otlp_config(section)
+        cfg = self.config or OtlpConfig()
+        self.stitcher = TraceStitcher(cfg.stitch, clock=clock)
+        self.phases = HistogramSet("request_phase_seconds", PHASE_BUCKETS)
+        self.recent: deque[RequestRecord] = deque(maxlen=cfg.recent_records)
+        self.listeners: list[Callable[[RequestRecord], None]] = []
+        self.stats: Counter[str] = Counter()      # cumulative: spans, requests, bad payloads, drops
+        self._reported: Counter[str] = Counter()
+        self._runner: web.AppRunner | None = None
+        self._site_port: int | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._forward_q: asyncio.Queue[tuple[str, bytes, dict[str, str]]] | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    @property
+    def port(self) -> int | None:
+        """The bound port once started (useful with `listen: 127.0.0.1:0`)."""
+        return self._site_port
+
+    async def start(self) -> None:
+        """Bind and serve. Raises OSError if the address is taken."""
+        if self._runner is not None or self.config is None:
+            return
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app.router.add_post("/v1/traces", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        host, port = self.config.host_port()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        self._site_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._tasks.append(asyncio.create_task(self._flush_loop()))
+        if self.config.forward_url or self.config.stitched_url:
+            self._forward_q = asyncio.Queue(self.config.forward_queue)
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.forward_timeout_s))
+            self._tasks.append(asyncio.create_task(self._forward_loop()))
+        log.info("OTLP receiver listening on %s:%s", host, self._site_port)
+
+    async def stop(self) -> None:
+        """Stop serving, stitch what is buffered, release sockets and tasks."""
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except asyncio.CancelledError:
+                pass
+        self._tasks.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        self._emit(self.stitcher.flush(force=True))
+
+    async def close(self) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------ HTTP
+    async def _handle(self, request: web.Request) -> web.Response:
+        assert self.config is not None
+        ctype = request.headers.get("Content-Type", "application/x-protobuf")
+        try:
+            body = await request.read()
+            raw = decompress(body, request.headers.get("Content-Encoding", ""), self.config.max_body_bytes)
+            spans = parse_otlp_traces(raw, ctype)
+        except OtlpDecodeError as e:
+            self.stats["bad_payload"] += 1
+            return web.Response(status=400, text=str(e))
+        self.stats["spans"] += len(spans)
+        self._emit(self.stitcher.add(spans))
+        if self.config.forward_url:
+            headers = {"Content-Type": ctype}
+            if enc := request.headers.get("Content-Encoding"):
+                headers["Content-Encoding"] = enc
+            self._enqueue(self.config.forward_url, body, headers)
+        if ctype.split(";")[0].strip().lower() == JSON:
+            return web.Response(body=b"{}", content_type=JSON)
+        return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
+                            content_type="application/x-protobuf")
+
+    def _enqueue(self, url: str, body: bytes, headers: dict[str, str]) -> None:
+        if self._forward_q is None:
+            return
+        try:
+            self._forward_q.put_nowait((url, body, headers))
+        except asyncio.QueueFull:
+            self.stats["forward_dropped_queue_full"] += 1
+
+    async def _forward_loop(self) -> None:
+        assert self._forward_q is not None and self._session is not None
+        while True:
+            url, body, headers = await self._forward_q.get()
+            try:
+                async with self._session.post(url, data=body, headers=headers) as resp:
+                    await resp.read()
+                    self.stats["forwarded" if resp.status < 300 else f"forward_http_{resp.status}"] += 1
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                self.stats[f"forward_{type(e).__name__}"] += 1
+
+    async def _flush_loop(self) -> None:
+        assert self.config is not None
+        while True:
+            await asyncio.sleep(self.config.flush_interval_s)
+            self._emit(self.stitcher.flush())
+
+    # ------------------------------------------------------------ records
+    def ingest(self, spans: list) -> list[RequestRecord]:
+        """Feed spans directly (no HTTP) and stitch what is done; used by `kvscope` tooling and tests."""
+        self.stats["spans"] += len(spans)
+        out = self.stitcher.add(spans) + self.stitcher.flush()
+        self._emit(out)
+        return out
+
+    def _emit(self, records: list[RequestRecord]) -> None:
+        for rec in records:
+            self.stats["requests"] += 1
+            for obs in rec.phases:
+                self.phases.observe(phase_labels(rec, obs.instance, obs.role, obs.phase), obs.seconds)
+            self.recent.append(rec)
+            for listener in self.listeners:
+                listener(rec)
+            if self.config and self.config.stitched_url:
+                spans = render_phase_spans(rec)
+                if spans:
+                    self._enqueue(self.config.stitched_url, encode_spans(spans),
+                                  {"Content-Type": "application/x-protobuf"})
+
+    async def collect(self) -> Collection:
+        """Phase histograms (cumulative) and the receiver's health since the last collection."""
+        if self.config is None:
+            return Collection()
+        t0 = time.perf_counter()
+        health = Health(collector=self.name, target=self.config.listen)
+        try:
+            await self.start()
+        except OSError as e:
+            health.up, health.reason = False, f"bind_{e.errno}"
+        self._emit(self.stitcher.flush())
+        samples = self.phases.render(time.time())
+        totals = self.stats + Counter({f"trace_{k}": v for k, v in self.stitcher.dropped.items()})
+        delta = totals - self._reported
+        self._reported = Counter(totals)
+        health.errors.update({k: v for k, v in delta.items() if k == "bad_payload" or k.startswith("forward_")
+                              and k != "forwarded"})
+        health.dropped.update({k: v for k, v in delta.items() if k.startswith("trace_")})
+        health.series, health.duration_s = len(samples), time.perf_counter() - t0
+        return Collection(samples=samples, health=[health])
