@@ -99,6 +99,7 @@ class Finding:
     cascade: CascadeInfo | None = None
     false_positives: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)   # the parameter values used
+    specificity: int = 2                 # 1 generic symptom .. 3 names a mechanism (rule field)
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:

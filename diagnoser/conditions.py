@@ -1,0 +1,120 @@
+"""Conditions, `for` durations, facts and cascade stages, evaluated on grouped grid series.
+
+A condition gives a boolean per group and grid point; an absent value is never true (a missing
+signal cannot prove anything). `latest_run` finds the latest stretch of consecutive true points
+that lasted at least `for`, which is what a finding reports as `since`/`until`.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from kvscope.diagnoser import grid
+from kvscope.diagnoser.expr import SeriesEvaluator
+from kvscope.diagnoser.rule import parse_duration
+
+OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+       "==": operator.eq, "!=": operator.ne}
+RIGHT_SIDES = ("value", "than", "baseline", "present")
+BASELINE_AGGS = ("avg", "max", "min", "median")
+
+
+@dataclass
+class Evaluated:
+    """One condition over all groups: the truth, the left values and the right side."""
+
+    cond: dict[str, Any]
+    truth: np.ndarray          # bool [G, T]
+    left: np.ndarray           # float [G, T]
+    right: np.ndarray | None   # float [G, T] (None for `present`)
+
+
+class ConditionEvaluator:
+    """Evaluates conditions of one rule at the rule's grouping."""
+
+    def __init__(self, ev: SeriesEvaluator, by: tuple[str, ...], keys: list[tuple[str, ...]],
+                 facts: dict[str, dict[str, str]]) -> None:
+        self.ev, self.by, self.keys, self.facts = ev, by, keys, facts
+        self.shape = (len(keys), len(ev.frame.ts))
+
+    def evaluate(self, cond: dict[str, Any]) -> Evaluated:
+        left = self.ev.aligned(str(cond["series"]), self.by, self.keys)
+        if "present" in cond:
+            truth = ~np.isnan(left) if cond["present"] else np.isnan(left)
+            return Evaluated(cond, truth, left, None)
+        right = self._right(cond, left)
+        with np.errstate(invalid="ignore"):
+            truth = OPS[cond["op"]](left, right)
+        truth &= ~np.isnan(left) & ~np.isnan(right)
+        return Evaluated(cond, truth, left, right)
+
+    def _right(self, cond: dict[str, Any], left: np.ndarray) -> np.ndarray:
+        resolve = self.ev.rule.resolve
+        times = float(resolve(cond.get("times", 1.0)))
+        plus = float(resolve(cond.get("plus", 0.0)))
+        if "value" in cond:
+            return np.full(self.shape, float(resolve(cond["value"])))
+        if "than" in cond:
+            return self.ev.aligned(str(cond["than"]), self.by, self.keys) * times + plus
+        spec = cond["baseline"]
+        step = self.ev.frame.step or 1.0
+        k = max(1, int(round(parse_duration(resolve(spec.get("range", "30m"))) / step)))
+        off = int(round(parse_duration(resolve(spec.get("offset", "10m"))) / step))
+        base = grid.shift(grid.over_time(left, k, str(spec.get("agg", "avg"))), off)
+        return base * times + plus
+
+    def all_of(self, conds: list[dict[str, Any]]) -> tuple[np.ndarray, list[Evaluated]]:
+        done = [self.evaluate(c) for c in conds]
+        truth = np.ones(self.shape, dtype=bool)
+        for e in done:
+            truth &= e.truth
+        return truth, done
+
+    def any_of(self, conds: list[dict[str, Any]]) -> tuple[np.ndarray, list[Evaluated]]:
+        done = [self.evaluate(c) for c in conds]
+        truth = np.zeros(self.shape, dtype=bool)
+        for e in done:
+            truth |= e.truth
+        return truth, done
+
+    def facts_hold(self, facts: list[dict[str, Any]]) -> np.ndarray:
+        """bool [G]: every fact test holds for the group's instance (unknown fact = False)."""
+        ok = np.ones(len(self.keys), dtype=bool)
+        if not facts:
+            return ok
+        pos = self.by.index("instance")
+        for gi, key in enumerate(self.keys):
+            known = self.facts.get(key[pos], {})
+            for f in facts:
+                have = known.get(str(f["fact"]))
+                want = str(self.ev.rule.resolve(f["value"]))
+                ok[gi] &= have is not None and OPS[f.get("op", "==")](have, want)
+        return ok
+
+
+def run_lengths(truth: np.ndarray) -> np.ndarray:
+    """For each point, how many consecutive true points end there (0 where false)."""
+    c = np.cumsum(truth, axis=1)
+    reset = np.where(~truth, c, 0)
+    np.maximum.accumulate(reset, axis=1, out=reset)
+    return c - reset
+
+
+def latest_run(truth_row: np.ndarray, runs_row: np.ndarray, for_steps: int) -> tuple[int, int] | None:
+    """(start, end) indices of the latest run that lasted `for_steps` steps, or None."""
+    ok = np.flatnonzero(runs_row - 1 >= for_steps)
+    if not ok.size:
+        return None
+    end = int(ok[-1])
+    return end - int(runs_row[end]) + 1, end
+
+
+def first_run(truth_row: np.ndarray, runs_row: np.ndarray, for_steps: int, not_before: int) -> int | None:
+    """Start index of the first run lasting `for_steps` that starts at or after `not_before`."""
+    ends = np.flatnonzero(runs_row - 1 >= for_steps)
+    starts = ends - runs_row[ends] + 1
+    ok = starts[starts >= not_before]
+    return int(ok[0]) if ok.size else None

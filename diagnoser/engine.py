@@ -1,0 +1,364 @@
+"""The rule engine: evaluate diagnosis rules over a window and rank what fired.
+
+`diagnose(frame)` runs every rule (rules/diagnosis/*.yaml) over a `Frame` from any source and
+returns a `Diagnosis`: the likely cause first (what, where, since when, evidence numbers, levers
+with the config to change, citations), competing hypotheses, other findings, and the rules that
+could not be evaluated (absent signals, unset parameters). Pure: no I/O besides loading the
+shipped rules and levers when none are passed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from kvscope.diagnoser.conditions import ConditionEvaluator, Evaluated, first_run, latest_run, run_lengths
+from kvscope.diagnoser.expr import ExprError, SeriesEvaluator, node_form, node_refs, node_signal, promql
+from kvscope.diagnoser.findings import (
+    SEVERITY_RANK,
+    CascadeInfo,
+    Diagnosis,
+    Evidence,
+    Finding,
+    Skipped,
+)
+from kvscope.diagnoser.frame import Frame
+from kvscope.diagnoser.levers import Lever, load_levers
+from kvscope.diagnoser.rule import Rule, parse_duration, read_rules
+
+
+def diagnose(frame: Frame, rules: Iterable[Rule] | None = None, levers: dict[str, Lever] | None = None,
+             params: dict[str, dict[str, Any]] | None = None, source: str = "") -> Diagnosis:
+    """Evaluate rules over the frame's window and rank the findings.
+
+    `params` maps rule id -> parameter overrides (thresholds, durations, benchmark values).
+    """
+    rules = list(rules) if rules is not None else read_rules()
+    levers = levers if levers is not None else load_levers()
+    findings: list[Finding] = []
+    skipped: list[Skipped] = []
+    for rule in rules:
+        rule = rule.with_params((params or {}).get(rule.id, {}))
+        result = evaluate_rule(rule, frame, levers)
+        if isinstance(result, Skipped):
+            skipped.append(result)
+        else:
+            findings.extend(result)
+    return rank(findings, frame.window, source, skipped, len(rules))
+
+
+def evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[Finding] | Skipped:
+    """Findings of one rule over the frame, or why it could not be evaluated."""
+    missing = rule.missing_params()
+    if missing:
+        return Skipped(rule.id, f"parameter(s) not set: {', '.join(missing)}")
+    absent = required_absent(rule, frame)
+    if absent:
+        return Skipped(rule.id, f"signal(s) absent: {', '.join(sorted(absent))}")
+    ev = SeriesEvaluator(rule, frame)
+    try:
+        keys = _rule_keys(ev)
+        if not keys:
+            return Skipped(rule.id, "no series for any group")
+        ce = ConditionEvaluator(ev, rule.by, keys, frame.facts)
+        if "cascade" in rule.doc:
+            return _cascade_findings(rule, ce, levers)
+        return _findings(rule, ce, levers)
+    except (ExprError, KeyError, ValueError) as exc:
+        return Skipped(rule.id, f"evaluation error: {exc}")
+
+
+# ---------------------------------------------------------------------------- signals needed
+def signals_of_series(rule: Rule, name: str, seen: set[str] | None = None) -> set[str]:
+    """Canonical signals a named series depends on (transitively)."""
+    seen = seen if seen is not None else set()
+    if name in seen or name not in rule.series:
+        return set()
+    seen.add(name)
+    node = rule.series[name]
+    sig = node_signal(node)
+    out = {sig} if sig else set()
+    for ref in node_refs(node):
+        out |= signals_of_series(rule, ref, seen)
+    return out
+
+
+def sample_names(rule: Rule) -> set[str]:
+    """Sample names a rule reads from a source (histograms expanded to _bucket/_sum/_count)."""
+    out: set[str] = set()
+    for node in rule.series.values():
+        form, sig = node_form(node), node_signal(node)
+        if form == "quantile":
+            out.add(f"{sig}_bucket")
+        elif form == "mean":
+            out |= {f"{sig}_sum", f"{sig}_count"}
+        elif sig:
+            out.add(sig)
+    return out
+
+
+def required_absent(rule: Rule, frame: Frame) -> set[str]:
+    """Signals a rule cannot do without that the frame lacks entirely.
+
+    Every condition of `when.all` (or the root stage of a cascade) needs its signals; for a
+    rule with only `when.any`, at least one branch must be computable.
+    """
+    names = frame.names()
+
+    def absent(cond: dict[str, Any]) -> set[str]:
+        sigs = signals_of_series(rule, str(cond["series"]))
+        if "than" in cond:
+            sigs |= signals_of_series(rule, str(cond["than"]))
+        return {s for s in sigs if not (names & _expansions(s))}
+
+    if "cascade" in rule.doc:
+        return set().union(*(absent(c) for c in rule.doc["cascade"]["stages"][0].get("all", [])))
+    when = rule.doc.get("when") or {}
+    out = set().union(*(absent(c) for c in when.get("all") or []))
+    branches = [absent(c) for c in when.get("any") or []]
+    if branches and all(branches):
+        out |= set().union(*branches)
+    return out
+
+
+def _expansions(signal: str) -> set[str]:
+    return {signal, f"{signal}_bucket", f"{signal}_sum", f"{signal}_count"}
+
+
+def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
+    keys: set[tuple[str, ...]] = set()
+    for name in ev.nodes:
+        if ev.by_of(name) == ev.rule.by:
+            g = ev.get(name)
+            if g.by == ev.rule.by:
+                keys.update(g.keys)
+    return sorted(keys)
+
+
+# ---------------------------------------------------------------------------- plain rules
+def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> list[Finding]:
+    when = rule.doc.get("when") or {}
+    truth, all_done = ce.all_of(list(when.get("all") or []))
+    any_done: list[Evaluated] = []
+    if when.get("any"):
+        any_truth, any_done = ce.any_of(list(when["any"]))
+        truth &= any_truth
+    truth &= ce.facts_hold(list(rule.doc.get("facts") or []))[:, None]
+    step = ce.ev.frame.step or 1.0
+    for_steps = int(round(parse_duration(rule.resolve(when.get("for", "0s"))) / step))
+    runs = run_lengths(truth)
+    crit = _critical(rule, ce)
+    out = []
+    for gi in range(len(ce.keys)):
+        span = latest_run(truth[gi], runs[gi], for_steps)
+        if span is None:
+            continue
+        out.append(_finding(rule, ce, gi, span, all_done + any_done, crit, levers, None))
+    return out
+
+
+def _critical(rule: Rule, ce: ConditionEvaluator) -> np.ndarray | None:
+    block = rule.doc.get("critical_when")
+    if not block:
+        return None
+    truth, _ = ce.all_of(list(block.get("all") or []))
+    if block.get("any"):
+        truth &= ce.any_of(list(block["any"]))[0]
+    return truth
+
+
+def _finding(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int], done: list[Evaluated],
+             crit: np.ndarray | None, levers: dict[str, Lever], cascade: CascadeInfo | None) -> Finding:
+    ts = ce.ev.frame.ts
+    start, end = span
+    severity = rule.severity
+    if crit is not None and crit[gi, start:end + 1].any():
+        severity = "critical"
+    if cascade is not None and cascade.stage_name in _critical_stages(rule):
+        severity = "critical"
+    evidence = _evidence(rule, ce, gi, span, done)
+    where = {k: v for k, v in zip(rule.by, ce.keys[gi], strict=True) if v}
+    spec = int(rule.doc.get("specificity", 2))
+    strength = _strength(done, gi, span)
+    base = 100 * SEVERITY_RANK[severity] + 10 * spec + strength
+    return Finding(
+        rule_id=rule.id, levers_md=str(rule.doc.get("levers_md", "")), title=rule.title, severity=severity,
+        where=where, since=float(ts[start]), until=float(ts[end]), active=end == len(ts) - 1,
+        window=ce.ev.frame.window, step_s=ce.ev.frame.step, score=round(base, 3),
+        summary=_summary(rule, evidence), evidence=tuple(evidence),
+        levers=tuple(_levers(rule, levers)), citations=tuple(rule.doc.get("citations") or ()),
+        cascade=cascade, false_positives=tuple(rule.doc.get("false_positives") or ()),
+        params={k: v for k, v in rule.params.items()}, specificity=spec)
+
+
+def _critical_stages(rule: Rule) -> set[str]:
+    cas = rule.doc.get("cascade") or {}
+    names = [s["name"] for s in cas.get("stages", [])]
+    at = cas.get("critical_at")
+    return set(names[names.index(at):]) if at in names else set()
+
+
+def _stat(values: np.ndarray, stat: str, ts: np.ndarray) -> tuple[float | None, float | None]:
+    ok = ~np.isnan(values)
+    if not ok.any():
+        return None, None
+    idx = np.flatnonzero(ok)
+    if stat == "mean":
+        return float(np.mean(values[ok])), None
+    pick = {"max": idx[np.argmax(values[ok])], "min": idx[np.argmin(values[ok])],
+            "first": idx[0], "last": idx[-1]}.get(stat, idx[-1])
+    return float(values[pick]), float(ts[pick])
+
+
+def _evidence(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int],
+              done: list[Evaluated]) -> list[Evidence]:
+    start, end = span
+    ts = ce.ev.frame.ts[start:end + 1]
+    thresholds = {str(e.cond["series"]): e for e in done if "value" in e.cond}
+    out = []
+    for item in rule.doc.get("evidence") or []:
+        name = str(item["series"])
+        row = ce.ev.aligned(name, rule.by, [ce.keys[gi]])[0, start:end + 1]
+        value, at = _stat(row, str(item.get("stat", "last")), ts)
+        cond = thresholds.get(name)
+        out.append(Evidence(
+            name=str(item.get("name", name)), value=None if value is None else round(value, 6),
+            unit=str(item.get("unit", "")), series=promql(rule, name), at=at,
+            threshold=float(rule.resolve(cond.cond["value"])) if cond else None,
+            op=str(cond.cond["op"]) if cond else None))
+    return out
+
+
+def _strength(done: list[Evaluated], gi: int, span: tuple[int, int]) -> float:
+    """0-5: how far the first constant-threshold condition went past its threshold."""
+    for e in done:
+        if "value" not in e.cond or e.right is None:
+            continue
+        left = e.left[gi, span[0]:span[1] + 1]
+        right = float(e.right[gi, 0])
+        ok = ~np.isnan(left)
+        if not ok.any() or right == 0:
+            return 0.0
+        ratio = abs(float(np.mean(left[ok])) / right)
+        if ratio <= 0:
+            return 0.0
+        return float(min(5.0, abs(math.log2(ratio)) * 2.5))
+    return 0.0
+
+
+def _summary(rule: Rule, evidence: list[Evidence]) -> str:
+    text = str(rule.doc.get("summary", rule.title))
+    values = {}
+    for item, ev in zip(rule.doc.get("evidence") or [], evidence, strict=False):
+        values[str(item["series"])] = ev.value
+    try:
+        if any(v is None for v in values.values()):
+            raise ValueError
+        return text.format_map(values)
+    except (KeyError, ValueError, TypeError, IndexError):
+        return rule.title
+
+
+def _levers(rule: Rule, levers: dict[str, Lever]) -> list[Any]:
+    out = []
+    for i, ref in enumerate(rule.doc.get("levers") or [], start=1):
+        lever = levers.get(str(ref["id"]))
+        if lever is not None:
+            out.append(lever.advice(i, str(ref.get("direction", "review"))))
+    return out
+
+
+# ---------------------------------------------------------------------------- cascades
+def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> list[Finding]:
+    cas = rule.doc["cascade"]
+    stages = list(cas["stages"])
+    names = [str(s["name"]) for s in stages]
+    step = ce.ev.frame.step or 1.0
+    default_for = rule.resolve(cas.get("for", "0s"))
+    slack = int(round(parse_duration(rule.resolve(cas.get("slack", "0s"))) / step))
+    evaluated = []
+    for s in stages:
+        truth, done = ce.all_of(list(s.get("all") or []))
+        for_steps = int(round(parse_duration(rule.resolve(s.get("for", default_for))) / step))
+        evaluated.append((truth, run_lengths(truth), for_steps, done))
+    fire_at = names.index(str(cas.get("fire_at", names[1] if len(names) > 1 else names[0])))
+    ts = ce.ev.frame.ts
+    out = []
+    for gi in range(len(ce.keys)):
+        onsets = _stage_onsets(evaluated, gi, slack)
+        reached = [i for i, o in enumerate(onsets) if o is not None]
+        if not reached or reached[-1] < fire_at:
+            continue
+        last = reached[-1]
+        start = onsets[0] if onsets[0] is not None else onsets[reached[0]]
+        any_true = np.zeros(len(ts), dtype=bool)
+        for i in reached:
+            any_true |= evaluated[i][0][gi]
+        end = int(np.flatnonzero(any_true)[-1]) if any_true.any() else start
+        info = _cascade_info(cas, names, onsets, last, ts)
+        done = [e for (_, _, _, d) in evaluated for e in d]
+        out.append(_finding(rule, ce, gi, (start, max(end, start)), done, None, levers, info))
+    return out
+
+
+def _stage_onsets(evaluated: list, gi: int, slack: int) -> list[int | None]:
+    onsets: list[int | None] = []
+    not_before = 0
+    for i, (truth, runs, for_steps, _) in enumerate(evaluated):
+        if i > 0 and onsets[-1] is None:
+            onsets.append(None)
+            continue
+        onset = first_run(truth[gi], runs[gi], for_steps, not_before)
+        onsets.append(onset)
+        if onset is not None:
+            not_before = max(0, onset - slack)
+    return onsets
+
+
+def _cascade_info(cas: dict[str, Any], names: list[str], onsets: list[int | None], last: int,
+                  ts: np.ndarray) -> CascadeInfo:
+    times = {n: (float(ts[o]) if o is not None else None) for n, o in zip(names, onsets, strict=True)}
+    root, symptom = times.get(str(cas.get("root", names[0]))), times.get(str(cas.get("symptom", names[-1])))
+    lead = symptom - root if root is not None and symptom is not None else None
+    return CascadeInfo(stage=last + 1, stage_name=names[last], stages_total=len(names), onsets=times,
+                       lead_time_s=lead)
+
+
+# ---------------------------------------------------------------------------- ranking
+def rank(findings: list[Finding], window: tuple[float, float], source: str,
+         skipped: list[Skipped] | None = None, rules_evaluated: int = 0) -> Diagnosis:
+    """Order findings: likely cause first, then competing hypotheses, then the rest.
+
+    Score = 100 x severity + 10 x specificity + strength (0-5) + earliness (0-5): among
+    findings, the one whose onset came first is favoured, since a cascade's root precedes its
+    symptoms (002 §7.4).
+    """
+    if not findings:
+        return Diagnosis(window=window, source=source, likely_cause=None, skipped=tuple(skipped or ()),
+                         rules_evaluated=rules_evaluated)
+    first, last = min(f.since for f in findings), max(f.since for f in findings)
+    spread = last - first
+
+    def total(f: Finding) -> float:
+        early = 5.0 * (1 - (f.since - first) / spread) if spread > 0 else 5.0
+        return f.score + early
+
+    ordered = sorted(findings, key=lambda f: (-total(f), f.since, f.rule_id, sorted(f.where.items())))
+    ordered = [_with_score(f, total(f)) for f in ordered]
+    head = ordered[0]
+    competing = tuple(f for f in ordered[1:] if f.specificity >= 2 and _same_place(f.where, head.where)
+                      and f.rule_id != head.rule_id)
+    other = tuple(f for f in ordered[1:] if f not in competing)
+    return Diagnosis(window=window, source=source, likely_cause=head, competing=competing, other=other,
+                     skipped=tuple(skipped or ()), rules_evaluated=rules_evaluated)
+
+
+def _with_score(f: Finding, score: float) -> Finding:
+    from dataclasses import replace
+    return replace(f, score=round(score, 3))
+
+
+def _same_place(a: dict[str, str], b: dict[str, str]) -> bool:
+    return all(a[k] == b[k] for k in set(a) & set(b))

@@ -1,0 +1,306 @@
+"""Evaluate a rule's named `series` expressions over a Frame, per group, on the grid.
+
+Each expression (see docs/rules.md, "Series expressions") becomes a `Grouped`: one row per
+group (label values of its `by`), one column per grid point, NaN where absent. `promql()` writes
+the same expression in PromQL, which is what evidence cites and what the Prometheus rule
+builder can start from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from kvscope.diagnoser import grid
+from kvscope.diagnoser.frame import Frame
+from kvscope.diagnoser.rule import Rule, parse_duration
+
+SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count")
+"""Forms that read a canonical signal from the frame."""
+SERIES_FORMS = ("ratio", "diff", "product", "scale", "over_time", "deriv", "changes", "aggregate")
+"""Forms that combine other named series."""
+FORMS = SIGNAL_FORMS + SERIES_FORMS
+
+
+class ExprError(ValueError):
+    """An expression that cannot be evaluated (bad form, unknown reference, bad grouping)."""
+
+
+@dataclass
+class Grouped:
+    """A named series evaluated per group: keys are label values of `by`, values [G, T]."""
+
+    by: tuple[str, ...]
+    keys: list[tuple[str, ...]]
+    values: np.ndarray
+
+    def empty(self) -> bool:
+        return not self.keys or bool(np.isnan(self.values).all())
+
+
+def node_form(node: dict[str, Any]) -> str:
+    """Which form an expression mapping is ('gauge', 'rate', ...)."""
+    forms = [f for f in FORMS if f in node]
+    if len(forms) != 1:
+        raise ExprError(f"expression must have exactly one of {', '.join(FORMS)}; got {sorted(node)}")
+    return forms[0]
+
+
+def node_signal(node: dict[str, Any]) -> str | None:
+    """The canonical signal an expression reads, or None for combinations."""
+    form = node_form(node)
+    if form == "quantile":
+        return str(node.get("histogram"))
+    if form in SIGNAL_FORMS:
+        return str(node[form])
+    return None
+
+
+def node_refs(node: dict[str, Any]) -> list[str]:
+    """Named series an expression refers to."""
+    form = node_form(node)
+    if form in ("ratio", "diff", "product"):
+        return [str(x) for x in node[form]]
+    if form == "scale":
+        return [str(node["scale"])]
+    if form in ("over_time", "aggregate"):
+        return [str(node["of"])]
+    if form in ("deriv", "changes"):
+        return [str(node[form])]
+    return []
+
+
+class SeriesEvaluator:
+    """Evaluates and caches the named series of one rule over one frame."""
+
+    def __init__(self, rule: Rule, frame: Frame) -> None:
+        self.rule, self.frame = rule, frame
+        self.nodes: dict[str, dict[str, Any]] = rule.series
+        self._cache: dict[str, Grouped] = {}
+        self._active: set[str] = set()
+
+    def by_of(self, name: str) -> tuple[str, ...]:
+        return tuple(self.nodes[name].get("by", self.rule.by))
+
+    def get(self, name: str) -> Grouped:
+        """The named series at its own grouping."""
+        if name not in self._cache:
+            if name not in self.nodes:
+                raise ExprError(f"unknown series {name!r}")
+            if name in self._active:
+                raise ExprError(f"series {name!r} refers to itself")
+            self._active.add(name)
+            try:
+                self._cache[name] = self._evaluate(self.nodes[name], self.by_of(name))
+            finally:
+                self._active.discard(name)
+        return self._cache[name]
+
+    def aligned(self, name: str, by: tuple[str, ...], keys: list[tuple[str, ...]]) -> np.ndarray:
+        """The named series broadcast onto groups `keys` of grouping `by` (its `by` ⊆ `by`)."""
+        return align(self.get(name), by, keys)
+
+    # ------------------------------------------------------------------ forms
+    def _evaluate(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        form = node_form(node)
+        return getattr(self, f"_form_{form}")(node, by)
+
+    def _steps(self, node: dict[str, Any], key: str = "range", default: str = "5m") -> int:
+        step = self.frame.step or 1.0
+        return max(1, int(round(parse_duration(self.rule.resolve(node.get(key, default))) / step)))
+
+    def _rows(self, name: str, by: tuple[str, ...], extra: tuple[str, ...] = ()) -> tuple[list, np.ndarray, np.ndarray]:
+        block = self.frame.block(name)
+        if block is None:
+            return [], np.zeros(0, dtype=np.int64), np.zeros((0, len(self.frame.ts)))
+        labels = [dict(lbl) for lbl in block.labels]
+        keys, inv = grid.group_index([tuple(d.get(k, "") for k in by + extra) for d in labels])
+        return keys, inv, block.values
+
+    def _empty(self, by: tuple[str, ...]) -> Grouped:
+        return Grouped(by, [], np.zeros((0, len(self.frame.ts))))
+
+    def _form_gauge(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        keys, inv, values = self._rows(str(node["gauge"]), by)
+        if not keys:
+            return self._empty(by)
+        return Grouped(by, keys, grid.reduce_groups(values, inv, len(keys), node.get("agg", "sum")))
+
+    def _form_rate(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        keys, inv, values = self._rows(str(node["rate"]), by)
+        if not keys:
+            return self._empty(by)
+        rates = grid.counter_rate(values, self._steps(node, default="1m"), self.frame.step or 1.0)
+        return Grouped(by, keys, grid.reduce_groups(rates, inv, len(keys), "sum"))
+
+    def _form_increase(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        g = self._form_rate({"rate": node["increase"], "range": node.get("range", "5m")}, by)
+        g.values = g.values * self._steps(node) * (self.frame.step or 1.0)
+        return g
+
+    def _form_mean(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        name, rng = str(node["mean"]), node.get("range", "5m")
+        s = self._form_rate({"rate": name + "_sum", "range": rng}, by)
+        c = self._form_rate({"rate": name + "_count", "range": rng}, by)
+        if not s.keys or not c.keys:
+            return self._empty(by)
+        return Grouped(by, s.keys, _guarded_ratio(s.values, align(c, by, s.keys), 0.0))
+
+    def _form_count(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        keys, inv, values = self._rows(str(node["count"]), by, ("instance",))
+        if not keys:
+            return self._empty(by)
+        present = grid.reduce_groups(values, inv, len(keys), "count") > 0
+        outer, inv2 = grid.group_index([k[:len(by)] for k in keys])
+        counts = grid.reduce_groups(np.where(present, 1.0, np.nan), inv2, len(outer), "sum")
+        return Grouped(by, outer, counts)
+
+    def _form_quantile(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        keys, inv, values = self._rows(str(node["histogram"]) + "_bucket", by, ("le",))
+        if not keys:
+            return self._empty(by)
+        rates = grid.counter_rate(values, self._steps(node), self.frame.step or 1.0)
+        summed = grid.reduce_groups(rates, inv, len(keys), "sum")
+        return Grouped(by, *_quantiles(float(self.rule.resolve(node["quantile"])), keys, summed, len(by)))
+
+    def _pair(self, node: dict[str, Any], form: str, by: tuple[str, ...]) -> tuple[list, np.ndarray, np.ndarray]:
+        a_name, b_name = (str(x) for x in node[form])
+        a, b = self.get(a_name), self.get(b_name)
+        fine = a if len(a.by) >= len(b.by) else b
+        keys = fine.keys
+        return keys, align(a, fine.by, keys), align(b, fine.by, keys)
+
+    def _form_ratio(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        keys, a, b = self._pair(node, "ratio", by)
+        min_den = float(self.rule.resolve(node.get("min_den", 0.0)))
+        return Grouped(self._fine_by(node, "ratio"), keys, _guarded_ratio(a, b, min_den))
+
+    def _form_diff(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        keys, a, b = self._pair(node, "diff", by)
+        return Grouped(self._fine_by(node, "diff"), keys, a - b)
+
+    def _form_product(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        keys, a, b = self._pair(node, "product", by)
+        return Grouped(self._fine_by(node, "product"), keys, a * b)
+
+    def _fine_by(self, node: dict[str, Any], form: str) -> tuple[str, ...]:
+        a, b = (self.get(str(x)) for x in node[form])
+        return a.by if len(a.by) >= len(b.by) else b.by
+
+    def _form_scale(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        a = self.get(str(node["scale"]))
+        return Grouped(a.by, a.keys, a.values * float(self.rule.resolve(node.get("by_value", 1.0))))
+
+    def _form_over_time(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        a = self.get(str(node["of"]))
+        return Grouped(a.by, a.keys, grid.over_time(a.values, self._steps(node), str(node["over_time"])))
+
+    def _form_deriv(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        a = self.get(str(node["deriv"]))
+        return Grouped(a.by, a.keys, grid.deriv(a.values, self._steps(node, default="10m"), self.frame.step or 1.0))
+
+    def _form_changes(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        a = self.get(str(node["changes"]))
+        return Grouped(a.by, a.keys, grid.changes(a.values, self._steps(node, default="15m")))
+
+    def _form_aggregate(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        a = self.get(str(node["of"]))
+        if not set(by) <= set(a.by):
+            raise ExprError(f"aggregate by {list(by)} is not a subset of {list(a.by)}")
+        if not a.keys:
+            return self._empty(by)
+        pos = [a.by.index(k) for k in by]
+        keys, inv = grid.group_index([tuple(k[i] for i in pos) for k in a.keys])
+        return Grouped(by, keys, grid.reduce_groups(a.values, inv, len(keys), str(node["aggregate"])))
+
+
+def align(g: Grouped, by: tuple[str, ...], keys: list[tuple[str, ...]]) -> np.ndarray:
+    """Rows of `g` for each key of a grouping `by` that contains g.by (missing -> NaN)."""
+    n_t = g.values.shape[1] if g.values.ndim == 2 else 0
+    if not set(g.by) <= set(by):
+        raise ExprError(f"cannot join series grouped by {list(g.by)} onto {list(by)}")
+    pos = [by.index(k) for k in g.by]
+    index = {k: i for i, k in enumerate(g.keys)}
+    rows = np.array([index.get(tuple(k[i] for i in pos), -1) for k in keys], dtype=np.int64)
+    out = np.full((len(keys), n_t), np.nan)
+    ok = rows >= 0
+    if ok.any():
+        out[ok] = g.values[rows[ok]]
+    return out
+
+
+def _guarded_ratio(num: np.ndarray, den: np.ndarray, min_den: float) -> np.ndarray:
+    """num / den, absent where den is absent, zero or below min_den (never a division by zero)."""
+    ok = ~np.isnan(den) & (den > 0) & (den >= min_den)
+    out = np.full(num.shape, np.nan)
+    np.divide(num, den, out=out, where=ok)
+    return out
+
+
+def _quantiles(q: float, keys: list[tuple[str, ...]], summed: np.ndarray, n_by: int) -> tuple[list, np.ndarray]:
+    """Per group: bucket rates keyed (group..., le) -> quantile rows, one le-set at a time."""
+    by_group: dict[tuple[str, ...], list[tuple[float, int]]] = {}
+    for i, k in enumerate(keys):
+        try:
+            le = float(k[n_by])
+        except ValueError:
+            continue
+        by_group.setdefault(k[:n_by], []).append((le, i))
+    groups = sorted(by_group)
+    out = np.full((len(groups), summed.shape[1]), np.nan)
+    by_les: dict[tuple[float, ...], list[int]] = {}
+    for gi, g in enumerate(groups):
+        les = tuple(sorted(le for le, _ in by_group[g]))
+        if len(les) >= 2 and np.isinf(les[-1]):
+            by_les.setdefault(les, []).append(gi)
+    for les, gis in by_les.items():
+        rows = np.array([[i for _, i in sorted(by_group[groups[gi]])] for gi in gis])
+        out[gis] = grid.bucket_quantile(q, np.array(les), summed[rows])
+    return groups, out
+
+
+def promql(rule: Rule, name: str) -> str:
+    """The named series written in PromQL (for evidence and for the Prometheus rule builder)."""
+    return _promql(rule, rule.series, name, tuple(rule.doc.get("by", ["instance"])))
+
+
+def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ...]) -> str:
+    node = nodes[name]
+    by = ", ".join(node.get("by", rule_by))
+    form = node_form(node)
+    rng = str(rule.resolve(node.get("range", "1m" if form == "rate" else "10m" if form == "deriv" else "5m")))
+
+    def ref(x: Any) -> str:
+        return _promql(rule, nodes, str(x), rule_by)
+
+    if form == "gauge":
+        return f"{node.get('agg', 'sum')} by ({by}) ({node['gauge']})"
+    if form == "rate":
+        return f"sum by ({by}) (rate({node['rate']}[{rng}]))"
+    if form == "increase":
+        return f"sum by ({by}) (increase({node['increase']}[{rng}]))"
+    if form == "quantile":
+        q = rule.resolve(node["quantile"])
+        return f"histogram_quantile({q}, sum by ({by}, le) (rate({node['histogram']}_bucket[{rng}])))"
+    if form == "mean":
+        s = node["mean"]
+        return f"sum by ({by}) (rate({s}_sum[{rng}])) / sum by ({by}) (rate({s}_count[{rng}]))"
+    if form == "count":
+        return f"count by ({by}) (count by ({by}, instance) ({node['count']}))"
+    if form in ("ratio", "diff", "product"):
+        op = {"ratio": "/", "diff": "-", "product": "*"}[form]
+        a, b = node[form]
+        return f"({ref(a)}) {op} ({ref(b)})"
+    if form == "scale":
+        return f"({ref(node['scale'])}) * {rule.resolve(node.get('by_value', 1))}"
+    if form == "over_time":
+        return f"{node['over_time']}_over_time(({ref(node['of'])})[{rng}:])"
+    if form == "deriv":
+        return f"deriv(({ref(node['deriv'])})[{rng}:])"
+    if form == "changes":
+        return f"changes(({ref(node['changes'])})[{rng}:])"
+    agg = node["aggregate"]
+    if agg == "median":
+        return f"quantile by ({by}) (0.5, {ref(node['of'])})"
+    return f"{agg} by ({by}) ({ref(node['of'])})"

@@ -1,0 +1,109 @@
+"""A window of canonical series sampled on one time grid: what every source hands the engine.
+
+The grid is `start, start+step, ..., end`. The value of a series at grid time t is its latest
+sample in (t - lookback, t] (Prometheus' instant-vector lookback, 5 minutes by default), so a
+recording, a Prometheus range query and the agent API give the same numbers for the same data.
+A series with no sample in the lookback is NaN there: absent, never zero.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+from kvscope.agent.signals import Labels, Sample
+
+DEFAULT_LOOKBACK_S = 300.0
+
+
+@dataclass
+class Block:
+    """All series of one canonical sample name: a label set per row, values [rows, T]."""
+
+    labels: list[Labels]
+    values: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.values.ndim != 2 or self.values.shape[0] != len(self.labels):
+            raise ValueError("Block values must be [len(labels), T]")
+
+
+@dataclass
+class Frame:
+    """Canonical series of one window on a common grid, plus engine facts per instance."""
+
+    ts: np.ndarray                                   # grid timestamps [T]
+    blocks: dict[str, Block] = field(default_factory=dict)
+    facts: dict[str, dict[str, str]] = field(default_factory=dict)   # instance -> merged facts
+
+    @property
+    def step(self) -> float:
+        return float(self.ts[1] - self.ts[0]) if len(self.ts) > 1 else 0.0
+
+    @property
+    def window(self) -> tuple[float, float]:
+        return float(self.ts[0]), float(self.ts[-1])
+
+    def names(self) -> set[str]:
+        return set(self.blocks)
+
+    def block(self, name: str) -> Block | None:
+        return self.blocks.get(name)
+
+
+def make_grid(start: float, end: float, step: float) -> np.ndarray:
+    """Grid points from start to end inclusive (end is kept when it falls on the grid)."""
+    if step <= 0 or end < start:
+        raise ValueError(f"bad grid: start={start} end={end} step={step}")
+    n = int(np.floor((end - start) / step + 1e-9)) + 1
+    return start + step * np.arange(n, dtype=float)
+
+
+def sample_on_grid(times: np.ndarray, values: np.ndarray, grid: np.ndarray,
+                   lookback_s: float = DEFAULT_LOOKBACK_S) -> np.ndarray:
+    """Latest value at or before each grid point within the lookback; NaN where none."""
+    idx = np.searchsorted(times, grid, side="right") - 1
+    out = np.full(grid.shape, np.nan)
+    ok = idx >= 0
+    ok[ok] = (grid[ok] - times[idx[ok]]) < lookback_s
+    out[ok] = values[idx[ok]]
+    return out
+
+
+def frame_from_samples(samples: Iterable[Sample], start: float, end: float, step: float,
+                       lookback_s: float = DEFAULT_LOOKBACK_S,
+                       names: set[str] | None = None) -> Frame:
+    """Group timestamped canonical samples into series and sample them on the grid.
+
+    `names` limits the frame to the sample names the rules read. Samples without a timestamp
+    are ignored (a recording always has them).
+    """
+    grid = make_grid(start, end, step)
+    points: dict[tuple[str, Labels], list[tuple[float, float]]] = defaultdict(list)
+    for s in samples:
+        if s.timestamp is None or (names is not None and s.name not in names):
+            continue
+        if s.timestamp > end or s.timestamp <= start - lookback_s:
+            continue
+        points[(s.name, s.labels)].append((s.timestamp, s.value))
+    rows: dict[str, tuple[list[Labels], list[np.ndarray]]] = defaultdict(lambda: ([], []))
+    for (name, labels), pts in sorted(points.items()):
+        arr = np.array(sorted(pts), dtype=float)
+        labels_list, values = rows[name]
+        labels_list.append(labels)
+        values.append(sample_on_grid(arr[:, 0], arr[:, 1], grid, lookback_s))
+    blocks = {name: Block(labels, np.vstack(vals)) for name, (labels, vals) in rows.items()}
+    return Frame(ts=grid, blocks=blocks)
+
+
+def merge_facts(per_rank: dict[str, dict[str, dict[str, str]]]) -> dict[str, dict[str, str]]:
+    """instance -> dp_rank -> facts  to  instance -> facts (rank "" or the first rank wins)."""
+    out: dict[str, dict[str, str]] = {}
+    for instance, ranks in per_rank.items():
+        merged: dict[str, str] = {}
+        for rank in sorted(ranks, reverse=True):
+            merged.update(ranks[rank])
+        out[instance] = merged
+    return out

@@ -1,0 +1,202 @@
+"""Vectorised series functions on a time grid: arrays [rows, T], NaN = absent.
+
+These are the grid twins of the scalar functions in `kvscope.agent.analytics` (rates surviving
+counter resets, histogram quantiles from bucket deltas, guarded ratios) with the same
+semantics; tests/unit/test_diagnoser_grid.py checks them against each other. They exist because
+the diagnoser evaluates every rule over every group at every grid point at fleet scale
+(bench/diagnose_scale.py), where per-point Python calls would be far too slow.
+
+A trailing window of `k` steps at grid index t covers indices [t-k, t]. At the start of the data
+the window is clipped to what exists, as Prometheus does with the samples inside a range.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_AGGS = ("sum", "max", "min", "avg", "median", "count")
+
+
+def ffill(values: np.ndarray) -> np.ndarray:
+    """Carry the last present value forward along time (rows independent)."""
+    present = ~np.isnan(values)
+    idx = np.where(present, np.arange(values.shape[1])[None, :], 0)
+    np.maximum.accumulate(idx, axis=1, out=idx)
+    out = values[np.arange(values.shape[0])[:, None], idx]
+    out[~present & (np.cumsum(present, axis=1) == 0)] = np.nan
+    return out
+
+
+def counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
+    """Per-second rate of counters over a trailing window of k steps, resets handled.
+
+    A drop in value is a reset: the increase across it is the value after the reset. The rate is
+    the increase between the first present point in the window and t, divided by the time
+    between them (no extrapolation). NaN when t is absent or the window has one point.
+    """
+    filled = ffill(values)
+    d = np.diff(filled, axis=1)
+    d = np.where(d < 0, filled[:, 1:], d)
+    adj = np.concatenate([np.zeros((values.shape[0], 1)), np.cumsum(np.nan_to_num(d), axis=1)], axis=1)
+    n_t = values.shape[1]
+    present = ~np.isnan(values)
+    first = np.where(present.any(axis=1), present.argmax(axis=1), n_t)
+    t_idx = np.arange(n_t)[None, :]
+    j = np.maximum(t_idx - k, first[:, None])
+    span = t_idx - j
+    rows = np.arange(values.shape[0])[:, None]
+    inc = adj[rows, np.broadcast_to(t_idx, j.shape)] - adj[rows, np.minimum(j, n_t - 1)]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = inc / (span * step)
+    rate[(span <= 0) | ~present] = np.nan
+    return rate
+
+
+def group_index(keys: list[tuple[str, ...]]) -> tuple[list[tuple[str, ...]], np.ndarray]:
+    """Distinct keys (sorted) and, for each row, the index of its key."""
+    distinct = sorted(set(keys))
+    pos = {k: i for i, k in enumerate(distinct)}
+    return distinct, np.fromiter((pos[k] for k in keys), dtype=np.int64, count=len(keys))
+
+
+def reduce_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: str) -> np.ndarray:
+    """Aggregate rows into groups ignoring absent values; a group with none present is NaN."""
+    if agg not in _AGGS:
+        raise ValueError(f"unknown aggregation {agg!r}")
+    n_t = values.shape[1]
+    if values.shape[0] == 0:
+        return np.full((n_groups, n_t), np.nan)
+    order = np.argsort(inverse, kind="stable")
+    sv, si = values[order], inverse[order]
+    starts = np.flatnonzero(np.r_[True, si[1:] != si[:-1]])
+    gids = si[starts]
+    present = ~np.isnan(sv)
+    counts = np.add.reduceat(present, starts, axis=0).astype(float)
+    if agg == "median":
+        ends = list(starts[1:]) + [len(sv)]
+        with _quiet_nan_warnings():
+            red = np.vstack([np.nanmedian(sv[a:b], axis=0) for a, b in zip(starts, ends, strict=True)])
+    elif agg == "count":
+        red = counts.copy()
+    elif agg == "max":
+        red = np.fmax.reduceat(sv, starts, axis=0)
+    elif agg == "min":
+        red = np.fmin.reduceat(sv, starts, axis=0)
+    else:
+        red = np.add.reduceat(np.nan_to_num(sv), starts, axis=0)
+        if agg == "avg":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                red = red / counts
+    if agg != "count":
+        red[counts == 0] = np.nan
+    out = np.full((n_groups, n_t), np.nan)
+    out[gids] = red
+    return out
+
+
+def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+    """histogram_quantile over [groups, buckets, T] of per-bucket cumulative rates.
+
+    `les` are the sorted upper bounds (the last is +Inf). Prometheus semantics: counts forced
+    monotonic, linear interpolation inside the bucket holding the rank, the +Inf bucket
+    answered with the highest finite bound, NaN without observations.
+    """
+    cum = np.fmax.accumulate(np.nan_to_num(buckets, nan=0.0), axis=1)
+    total = cum[:, -1, :]
+    rank = q * total
+    b = np.argmax(cum >= rank[:, None, :], axis=1)
+    upper = les[b]
+    count = np.take_along_axis(cum, b[:, None, :], axis=1)[:, 0, :]
+    prev = np.take_along_axis(cum, np.maximum(b - 1, 0)[:, None, :], axis=1)[:, 0, :]
+    below = np.where(b == 0, 0.0, prev)
+    lower = np.where(b == 0, 0.0, les[np.maximum(b - 1, 0)])
+    in_bucket = count - below
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = lower + (upper - lower) * np.where(in_bucket > 0, (rank - below) / in_bucket, 0.0)
+    last = len(les) - 1
+    out = np.where(b == last, les[last - 1] if last >= 1 else np.nan, out)
+    out = np.where((b == 0) & (upper <= 0), upper, out)
+    all_absent = np.isnan(buckets).all(axis=1)
+    out[(total <= 0) | all_absent] = np.nan
+    return out
+
+
+def window_view(values: np.ndarray, k: int) -> np.ndarray:
+    """[rows, T, k+1] trailing windows, NaN-padded before the start."""
+    pad = np.full((values.shape[0], k), np.nan)
+    return np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, values], axis=1), k + 1, axis=1)
+
+
+def over_time(values: np.ndarray, k: int, agg: str) -> np.ndarray:
+    """avg / max / min / median of each row over a trailing window of k steps (absent ignored)."""
+    if agg == "avg":
+        present = ~np.isnan(values)
+        c = _trailing_sum(present.astype(float), k)
+        s = _trailing_sum(np.nan_to_num(values), k)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = s / c
+        out[c == 0] = np.nan
+        return out
+    view = window_view(values, k)
+    if agg == "max":
+        return np.fmax.reduce(view, axis=-1)
+    if agg == "min":
+        return np.fmin.reduce(view, axis=-1)
+    if agg == "median":
+        with np.errstate(all="ignore"), _quiet_nan_warnings():
+            return np.nanmedian(view, axis=-1)
+    raise ValueError(f"unknown over_time aggregation {agg!r}")
+
+
+def shift(values: np.ndarray, k: int) -> np.ndarray:
+    """The value k steps earlier (NaN before the start)."""
+    if k <= 0:
+        return values
+    out = np.full_like(values, np.nan)
+    out[:, k:] = values[:, :-k]
+    return out
+
+
+def deriv(values: np.ndarray, k: int, step: float, min_points: int = 3) -> np.ndarray:
+    """Least-squares slope per second over a trailing window of k steps."""
+    m = (~np.isnan(values)).astype(float)
+    x = np.arange(values.shape[1], dtype=float)[None, :] * m
+    y = np.nan_to_num(values)
+    n = _trailing_sum(m, k)
+    sx, sy = _trailing_sum(x, k), _trailing_sum(y, k)
+    sxx, sxy = _trailing_sum(x * x, k), _trailing_sum(x * y, k)
+    den = n * sxx - sx * sx
+    with np.errstate(invalid="ignore", divide="ignore"):
+        slope = (n * sxy - sx * sy) / den / step
+    slope[(n < min_points) | (den <= 0)] = np.nan
+    return slope
+
+
+def changes(values: np.ndarray, k: int) -> np.ndarray:
+    """How many times each row's value changed within a trailing window of k steps."""
+    filled = ffill(values)
+    d = np.zeros_like(values)
+    d[:, 1:] = (np.diff(filled, axis=1) != 0) & ~np.isnan(np.diff(filled, axis=1))
+    out = _trailing_sum(d, k - 1) if k > 1 else d
+    out[np.isnan(values)] = np.nan
+    return out
+
+
+def _trailing_sum(values: np.ndarray, k: int) -> np.ndarray:
+    c = np.cumsum(values, axis=1)
+    out = c.copy()
+    out[:, k + 1:] -= c[:, :-(k + 1)]
+    return out
+
+
+class _quiet_nan_warnings:
+    """nanmedian warns on all-NaN windows; absent is a normal state here."""
+
+    def __enter__(self) -> None:
+        import warnings
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc: object) -> None:
+        self._cm.__exit__(*exc)

@@ -1,0 +1,152 @@
+"""Diagnosis rules as data: load the YAML documents, keep line numbers, resolve parameters.
+
+The schema is described in docs/rules.md. This module only reads and resolves; the checks that
+produce `file:line: message` errors live in validate.py, evaluation in expr.py and engine.py.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class RuleError(ValueError):
+    """A rule file that cannot be used; str() is `file:line: message`."""
+
+    def __init__(self, message: str, path: str = "", line: int | None = None) -> None:
+        self.message, self.path, self.line = message, path, line
+        where = f"{path}:{line}" if line else path
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class LineDict(dict):
+    """A YAML mapping that remembers the line of itself and of each key (1-based)."""
+
+    line: int = 0
+    key_lines: dict[str, int]
+
+    def line_of(self, key: str) -> int:
+        return self.key_lines.get(key, self.line)
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> LineDict:
+    loader.flatten_mapping(node)
+    out = LineDict()
+    out.line = node.start_mark.line + 1
+    out.key_lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        out[key] = loader.construct_object(value_node, deep=True)
+        out.key_lines[str(key)] = key_node.start_mark.line + 1
+    return out
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_yaml(text: str, path: str = "") -> Any:
+    """safe_load with line numbers on every mapping; a syntax error becomes a RuleError."""
+    try:
+        return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise RuleError(f"YAML error: {getattr(exc, 'problem', exc)}", path,
+                        mark.line + 1 if mark else None) from exc
+
+
+def parse_duration(value: Any) -> float:
+    """'30s', '5m', '1h' or a number of seconds -> seconds."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    m = _DURATION.match(str(value).strip())
+    if not m:
+        raise ValueError(f"not a duration: {value!r} (use 30s, 5m, 1h)")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One diagnosis rule. `doc` is the YAML mapping as written (with line numbers)."""
+
+    id: str
+    path: str
+    doc: LineDict
+    params: dict[str, Any] = field(default_factory=dict)   # resolved parameter values
+
+    @property
+    def title(self) -> str:
+        return str(self.doc.get("title", self.id))
+
+    @property
+    def severity(self) -> str:
+        return str(self.doc.get("severity", "warning"))
+
+    @property
+    def by(self) -> tuple[str, ...]:
+        return tuple(self.doc.get("by", ["instance"]))
+
+    @property
+    def series(self) -> dict[str, Any]:
+        return dict(self.doc.get("series") or {})
+
+    def with_params(self, overrides: dict[str, Any]) -> Rule:
+        """The same rule with some parameter values replaced (unknown names are ignored)."""
+        merged = dict(self.params)
+        merged.update({k: v for k, v in overrides.items() if k in merged})
+        return Rule(self.id, self.path, self.doc, merged)
+
+    def resolve(self, value: Any) -> Any:
+        """`$name` -> the parameter's value; anything else unchanged."""
+        if isinstance(value, str) and value.startswith("$"):
+            return self.params[value[1:]]
+        return value
+
+    def missing_params(self) -> list[str]:
+        """Parameters without a value (default null): the rule cannot run until they are set."""
+        return [k for k, v in self.params.items() if v is None]
+
+
+def rule_from_doc(doc: Any, path: str) -> Rule:
+    """Build a Rule from a parsed document; structural problems raise RuleError."""
+    if not isinstance(doc, LineDict):
+        raise RuleError("a rule file must hold one mapping", path, 1)
+    if "id" not in doc:
+        raise RuleError("missing 'id'", path, doc.line)
+    params = {}
+    for name, spec in (doc.get("params") or {}).items():
+        params[name] = spec.get("default") if isinstance(spec, dict) else spec
+    return Rule(id=str(doc["id"]), path=path, doc=doc, params=params)
+
+
+def read_rule(path: str | Path) -> Rule:
+    """Read and parse one rule file."""
+    p = Path(path)
+    return rule_from_doc(parse_yaml(p.read_text(encoding="utf-8"), str(p)), str(p))
+
+
+def rules_dir() -> Path:
+    """The rules/diagnosis directory shipped with the package."""
+    return Path(str(resources.files("kvscope.rules").joinpath("diagnosis")))
+
+
+def rule_paths(directory: str | Path | None = None) -> list[Path]:
+    """Rule files (not *.test.yaml) in a directory, sorted."""
+    d = Path(directory) if directory else rules_dir()
+    return sorted(p for p in d.glob("*.yaml") if not p.name.endswith(".test.yaml"))
+
+
+def read_rules(directory: str | Path | None = None) -> list[Rule]:
+    """Every rule in a directory (default: the shipped rules)."""
+    return [read_rule(p) for p in rule_paths(directory)]
