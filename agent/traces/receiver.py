@@ -140,7 +140,8 @@ class OtlpTraceReceiver:
             return
         app = web.Application(client_max_size=self.config.max_body_bytes)
         app.router.add_post("/v1/traces", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        # auto_decompress off: we decompress ourselves, under the max_body_bytes cap (zip bombs)
+        self._runner = web.AppRunner(app, access_log=None, auto_decompress=False)
         await self._runner.setup()
         host, port = self.config.host_port()
         site = web.TCPSite(self._runner, host, port)

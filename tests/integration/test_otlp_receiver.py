@@ -1,0 +1,144 @@
+"""The OTLP receiver fed by the real OpenTelemetry SDK exporter (opentelemetry-exporter-otlp-proto-http)."""
+
+import asyncio
+import gzip
+import json
+import time
+
+import aiohttp
+from kvscope.agent.traces.receiver import OtlpConfig, OtlpTraceReceiver, parse_otlp_config
+from kvscope.agent.traces.stitch import StitchConfig
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import SpanKind
+
+VLLM_ATTRS = {"gen_ai.latency.time_to_first_token": 0.016, "gen_ai.latency.e2e": 0.062,
+              "gen_ai.latency.time_in_queue": 0.004, "gen_ai.latency.time_in_model_prefill": 0.010,
+              "gen_ai.latency.time_in_model_decode": 0.046, "gen_ai.usage.prompt_tokens": 9,
+              "gen_ai.usage.completion_tokens": 16, "gen_ai.request.id": "chatcmpl-1"}
+
+
+def _sdk_export(port: int, compression: Compression = Compression.NoCompression, n: int = 3) -> None:
+    """Emit n tap-root + vLLM-shaped request traces through the SDK's OTLP/HTTP protobuf exporter."""
+    exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", compression=compression, timeout=5)
+    provider = TracerProvider(resource=Resource.create({"service.name": "vllm-sdk"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    for i in range(n):
+        with tracer.start_as_current_span("POST /v1/chat/completions", kind=SpanKind.SERVER,
+                                          attributes={"kvscope.tenant": f"t{i % 2}"}):
+            with tracer.start_as_current_span("llm_request", kind=SpanKind.SERVER, attributes=VLLM_ATTRS):
+                time.sleep(0.001)
+    provider.shutdown()
+
+
+async def _with_receiver(cfg: OtlpConfig, body):
+    rx = OtlpTraceReceiver(cfg)
+    await rx.start()
+    try:
+        return await body(rx)
+    finally:
+        await rx.stop()
+
+
+FAST = StitchConfig(settle_s=0.05, ttl_s=2.0)
+
+
+def test_sdk_exporter_protobuf_and_gzip_requests_are_stitched_into_phase_histograms():
+    async def body(rx):
+        await asyncio.to_thread(_sdk_export, rx.port)
+        await asyncio.to_thread(_sdk_export, rx.port, Compression.Gzip)
+        await asyncio.sleep(0.4)
+        coll = await rx.collect()
+        return rx, coll
+
+    rx, coll = asyncio.run(_with_receiver(OtlpConfig(listen="127.0.0.1:0", stitch=FAST), body))
+    assert rx.stats["spans"] == 12 and rx.stats["requests"] == 6
+    assert {r.tenant for r in rx.recent} == {"t0", "t1"}
+    counts = {s.label("phase"): s.value for s in coll.samples if s.name == "request_phase_seconds_count"}
+    assert counts == {"queue": 6, "prefill": 6, "decode": 6}
+    sums = {s.label("phase"): s.value for s in coll.samples if s.name == "request_phase_seconds_sum"}
+    assert abs(sums["decode"] - 6 * 0.046) < 1e-9
+    [h] = coll.health
+    assert h.up and not h.errors
+
+
+def test_malformed_payloads_get_400_and_the_receiver_keeps_serving():
+    async def body(rx):
+        url = f"http://127.0.0.1:{rx.port}/v1/traces"
+        async with aiohttp.ClientSession() as s:
+            r1 = await s.post(url, data=b"\x0a\xff\xff garbage", headers={"Content-Type": "application/x-protobuf"})
+            r2 = await s.post(url, data=b"{oops", headers={"Content-Type": "application/json"})
+            r3 = await s.post(url, data=b"x" * 5000, headers={"Content-Type": "application/x-protobuf"})
+            r4 = await s.post(url, data=gzip.compress(b"\0" * 8000), headers={"Content-Type": "application/x-protobuf",
+                                                                            "Content-Encoding": "gzip"})
+            statuses = [r1.status, r2.status, r3.status, r4.status]
+        await asyncio.to_thread(_sdk_export, rx.port, Compression.NoCompression, 1)
+        await asyncio.sleep(0.3)
+        return statuses, await rx.collect(), rx
+
+    statuses, coll, rx = asyncio.run(_with_receiver(OtlpConfig(listen="127.0.0.1:0", max_body_bytes=4096,
+                                                               stitch=FAST), body))
+    assert statuses == [400, 400, 413, 400]
+    assert rx.stats["requests"] == 1                      # still serving after the bad ones
+    assert coll.health[0].errors["bad_payload"] == 3
+
+
+def test_json_export_is_accepted_and_answered_in_json():
+    doc = {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "sg"}}]},
+                              "scopeSpans": [{"spans": [{
+                                  "traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331",
+                                  "name": "Req 1a2b3c4d", "kind": 2, "startTimeUnixNano": "1000000000",
+                                  "endTimeUnixNano": "1100000000",
+                                  "attributes": [{"key": "gen_ai.latency.time_in_model_prefill",
+                                                  "value": {"doubleValue": 0.02}}]}]}]}]}
+
+    async def body(rx):
+        async with aiohttp.ClientSession() as s:
+            r = await s.post(f"http://127.0.0.1:{rx.port}/v1/traces", data=json.dumps(doc),
+                             headers={"Content-Type": "application/json"})
+            text = await r.text()
+        await asyncio.sleep(0.3)
+        await rx.collect()
+        return r.status, text, list(rx.recent)
+
+    status, text, recent = asyncio.run(_with_receiver(OtlpConfig(listen="127.0.0.1:0", stitch=FAST), body))
+    assert (status, text) == (200, "{}")
+    assert recent[0].engine == "sglang" and recent[0].phase("prefill") == 0.02
+
+
+def test_pass_through_forwards_the_original_bytes_and_stitched_phase_spans():
+    async def body(sink):
+        cfg = OtlpConfig(listen="127.0.0.1:0", stitch=FAST, forward_url=f"http://127.0.0.1:{sink.port}/v1/traces",
+                         stitched_url=f"http://127.0.0.1:{sink.port}/v1/traces")
+        rx = OtlpTraceReceiver(cfg)
+        await rx.start()
+        try:
+            await asyncio.to_thread(_sdk_export, rx.port, Compression.Gzip, 2)
+            await asyncio.sleep(0.6)
+            return dict(rx.stats), dict(sink.stats), list(sink.recent)
+        finally:
+            await rx.stop()
+
+    sink_cfg = OtlpConfig(listen="127.0.0.1:0", stitch=StitchConfig(settle_s=5.0))
+    rx_stats, sink_stats, _ = asyncio.run(_with_receiver(sink_cfg, body))
+    # SimpleSpanProcessor exports span by span: 4 raw gzip bodies forwarded as received + 2 stitched requests
+    assert rx_stats["forwarded"] == 4 + 2
+    assert sink_stats["spans"] == 4 + 2 * 3          # 4 original spans + 3 phase spans per request
+
+
+def test_config_section_validation_names_the_key():
+    cfg = parse_otlp_config({"listen": "127.0.0.1:4319", "max_body_bytes": "1MiB", "ttl_s": 10,
+                             "service_labels": {"vllm-p": {"role": "prefill"}}})
+    assert cfg.max_body_bytes == 1 << 20 and cfg.stitch.ttl_s == 10
+    for bad, key in (({"listen": "nope"}, "otlp.listen"), ({"lisen": "x"}, "unknown keys"),
+                     ({"service_labels": ["a"]}, "otlp.service_labels")):
+        try:
+            parse_otlp_config(bad)
+        except ValueError as e:
+            assert key in str(e)
+        else:
+            raise AssertionError(f"{bad} accepted")
