@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import sys
@@ -28,6 +29,8 @@ RULES_DIR = Path(rules_pkg.__file__).resolve().parent / "prometheus"
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 MAX_TEMPLATE_BYTES = 1 << 20
+# Modules that register agent config sections (`register_section`) outside the runtime.
+_EXTENSION_MODULES = ("kvscope.agent.traces.receiver",)
 
 
 class DeployError(ValueError):
@@ -49,9 +52,14 @@ def parse_template(text: str, environ: Mapping[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda m: environ[m.group(1)], text)
 
 
-def check_agent_config(text: str, origin: str) -> None:
-    """Raise DeployError unless `text` is a configuration the agent accepts."""
+def check_agent_config(text: str, origin: str) -> list[str]:
+    """Raise DeployError unless `text` is a configuration the agent accepts; return its warnings.
+
+    Validation is the agent's own (`build_config`), with the registered collectors and the
+    config sections of the extensions (the OTLP receiver's `otlp:`) loaded first.
+    """
     from kvscope.agent.config import ConfigError, build_config
+    from kvscope.agent.runtime import known_collectors
 
     try:
         doc = yaml.safe_load(text)
@@ -59,8 +67,13 @@ def check_agent_config(text: str, origin: str) -> None:
         raise DeployError(f"{origin}: not valid YAML after rendering: {e}") from e
     if not isinstance(doc, dict):
         raise DeployError(f"{origin}: the rendered configuration must be a mapping of sections")
+    for module in _EXTENSION_MODULES:
+        try:
+            importlib.import_module(module)
+        except ImportError:  # an extension not in this build: its section is reported unknown
+            pass
     try:
-        build_config(doc, environ={})
+        return list(build_config(doc, environ={}, known_collectors=known_collectors()).warnings)
     except ConfigError as e:
         raise DeployError(f"{origin}: {e}") from e
 
@@ -78,7 +91,8 @@ def _render_config(args: argparse.Namespace) -> int:
     if template.stat().st_size > MAX_TEMPLATE_BYTES:
         raise DeployError(f"{template}: larger than {MAX_TEMPLATE_BYTES} bytes")
     text = parse_template(template.read_text(encoding="utf-8"), os.environ)
-    check_agent_config(text, str(template))
+    for warning in check_agent_config(text, str(template)):
+        print(f"render-config: warning: {warning}", file=sys.stderr)
     write_atomically(Path(args.output), text)
     print(f"render-config: wrote {args.output}", file=sys.stderr)
     return 0
@@ -116,7 +130,7 @@ def read_prometheusrules(rules_dir: Path, labels: Mapping[str, str]) -> list[dic
     out = []
     for path in files:
         groups = parse_rule_file(path.read_text(encoding="utf-8"), str(path))
-        stem = _DNS_LABEL.sub("-", path.stem.lower()).strip("-")
+        stem = _DNS_LABEL.sub("-", path.stem.lower()).strip("-").removeprefix("kvscope-")
         out.append(render_prometheusrule(f"kvscope-{stem}", groups, labels))
     return out
 
@@ -134,7 +148,16 @@ def _prometheusrule(args: argparse.Namespace) -> int:
     labels = dict(_parse_label(x) for x in args.label)
     rules_dir = Path(args.rules_dir)
     objects = read_prometheusrules(rules_dir, labels)
-    text = render_manifest(objects, _display_path(rules_dir))
+    source = "rules/prometheus" if rules_dir.resolve() == RULES_DIR else str(rules_dir)
+    text = render_manifest(objects, source)
+    if args.check:
+        if args.output == "-":
+            raise DeployError("--check needs --output FILE to compare with")
+        current = Path(args.output).read_text(encoding="utf-8") if Path(args.output).exists() else ""
+        if current != text:
+            print(f"prometheusrule: {args.output} is stale; rebuild it without --check", file=sys.stderr)
+            return 1
+        return 0
     if args.output == "-":
         sys.stdout.write(text)
     else:
@@ -149,13 +172,6 @@ def _parse_label(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise DeployError(f"--label {text!r}: expected KEY=VALUE")
     return key, value
-
-
-def _display_path(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 # ------------------------------------------------------------------------------------ command
@@ -196,4 +212,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pr.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                     help="label for the objects' metadata, repeatable; match your Prometheus' "
                          "ruleSelector (e.g. release=kube-prometheus-stack)")
+    pr.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1 when --output differs from a fresh build")
     pr.set_defaults(func=_run(_prometheusrule))
