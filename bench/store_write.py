@@ -81,7 +81,8 @@ def bench_naive(path: Path, seconds: int, template: list[Sample], budget_s: floa
     label = "naive autocommit (WAL)" if wal else "naive autocommit"
     for i in tqdm(range(seconds), desc=label, unit="scrape-s", disable=not sys.stderr.isatty()):
         for s in scrape(template, i, rng):
-            conn.execute("INSERT INTO samples VALUES (?, ?, ?, ?)", (s.name, json.dumps(s.labels), s.timestamp, s.value))
+            row = (s.name, json.dumps(s.labels), s.timestamp, s.value)
+            conn.execute("INSERT INTO samples VALUES (?, ?, ?, ?)", row)
             written += 1
             if time.perf_counter() - t0 > budget_s:
                 break
