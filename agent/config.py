@@ -384,13 +384,12 @@ def _targets(layers: Layers) -> list[Target]:
     if not isinstance(raw, list):
         raise ConfigError(f"targets: must be a list of {{url, job, engine, labels}}, got {_show(raw)}{where}")
     out = [_target(i, item, where) for i, item in enumerate(raw)]
-    seen: dict[tuple[str, str], int] = {}
+    seen: dict[str, int] = {}  # instance identifies one serving process: health, facts, recordings
     for i, t in enumerate(out):
-        if (t.job, t.instance) in seen:
-            raise ConfigError(f"targets[{i}]: job {t.job!r} instance {t.instance!r} repeats "
-                              f"targets[{seen[(t.job, t.instance)]}]; give one of them another job "
-                              f"or labels.instance{where}")
-        seen[(t.job, t.instance)] = i
+        if t.instance in seen:
+            raise ConfigError(f"targets[{i}]: instance {t.instance!r} repeats targets[{seen[t.instance]}]; "
+                              f"set labels.instance on one of them{where}")
+        seen[t.instance] = i
     return out
 
 

@@ -13,7 +13,7 @@ Self-health families (all prefixed `kvscope_`):
     scrape_duration_seconds{job,instance}         last scrape time
     scrape_errors_total{job,instance,reason}      failed scrapes by reason (timeout, http_503...)
     samples_dropped_total{collector,instance,reason}  lines/samples dropped (truncated, non_finite...)
-    counter_resets_total{job,instance}            scrapes where a counter went down (restarts)
+    target_resets_total{job,instance}             scrapes where a counter went down (restarts)
     collector_up{collector}, collector_status{collector,reason}, collector_duration_seconds
     engine_info{job,instance,engine,<facts>}      1; facts such as block_size, cache_dtype,
                                                   enable_prefix_caching
@@ -188,7 +188,7 @@ def _counter_families(state: Any) -> list[Family]:
                      "Lines or samples dropped by reason (truncated, duplicate_series, non_finite...).")
     for (coll, inst, reason), n in sorted(state.dropped.items()):
         dropped.add({"collector": coll, "instance": inst, "reason": reason}, float(n))
-    resets = Family("kvscope_counter_resets_total", "counter",
+    resets = Family("kvscope_target_resets_total", "counter",
                     "Scrapes in which a counter of the target decreased (usually an engine restart).")
     for inst, n in sorted(state.counter_resets.items()):
         resets.add({"job": state.jobs.get(inst, ""), "instance": inst}, float(n))

@@ -17,3 +17,14 @@ def load_fixture():
         return (FIXTURES / rel).read_text(encoding="utf-8")
 
     return _load
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite golden files (tests/golden/) from the current output; review the diff")
+
+
+@pytest.fixture
+def update_golden(request) -> bool:
+    """True when pytest runs with --update-golden."""
+    return bool(request.config.getoption("--update-golden"))

@@ -98,7 +98,7 @@ def test_targets_get_instance_job_engine_and_labels():
 
 def test_duplicate_targets_are_rejected_unless_the_instance_is_relabelled():
     url = "http://10.0.0.5:8000/metrics"
-    with pytest.raises(ConfigError, match=r"targets\[1\]: job 'engine' instance '10.0.0.5:8000' repeats targets\[0\]"):
+    with pytest.raises(ConfigError, match=r"targets\[1\]: instance '10.0.0.5:8000' repeats targets\[0\]; set labels.instance"):
         build({"targets": [url, url]})
     cfg = build({"targets": [url, {"url": url, "labels": {"instance": "replica-b"}}]})
     assert [t.instance for t in cfg.targets] == ["10.0.0.5:8000", "replica-b"]

@@ -1,0 +1,319 @@
+"""The agent against bad targets served by real local aiohttp servers.
+
+Every kind of bad input gets its own server (its own instance), the agent scrapes them all
+concurrently, keeps running, and its own /metrics says why each one is down or lossy.
+Also: the canonical round trip through /metrics, the golden /metrics, and the JSON API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from agentharness import fetch_metrics, fetch_text, running_agent, target_server, value
+from aiohttp import web
+from kvscope.agent.collectors.base import Collection
+from kvscope.agent.engines.dialect import normalize
+from kvscope.agent.export import render_metrics
+from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.runtime import AgentState
+from kvscope.agent.signals import load_catalog
+from kvscope.agent.store import InMemoryStore
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "agent-e2e.prom"
+VLLM = (FIXTURES / "vllm-0.32.0-cpu-after-load.txt").read_text()
+DCGM = (FIXTURES / "dcgm-exporter-4.5.3-constructed-2gpu.txt").read_text()
+RUNNING = 'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 0.0\n'
+WAITING = 'vllm:num_requests_waiting{engine="0",model_name="tiny-llama"} 0.0\n'
+KV_USAGE = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.0\n'
+QUERIES = 'vllm:prefix_cache_queries_total{engine="0",model_name="tiny-llama"} 16028.0\n'
+assert all(line in VLLM for line in (RUNNING, WAITING, KV_USAGE, QUERIES)), "fixture changed"
+
+
+def text(body: str):
+    async def handler(request):
+        return web.Response(text=body, content_type="text/plain")
+    return handler
+
+
+async def huge(request):
+    """50 MB, streamed without Content-Length."""
+    resp = web.StreamResponse()
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    chunk = b'vllm:num_requests_running{engine="0"} 1\n' * 25_000
+    try:
+        for _ in range(50_000_000 // len(chunk)):
+            await resp.write(chunk)
+    except ConnectionResetError:
+        pass  # the agent hung up at its byte cap, as it should
+    return resp
+
+
+async def hang(request):
+    await asyncio.sleep(60)
+    return web.Response(text=VLLM)
+
+
+async def slow(request):
+    await asyncio.sleep(0.2)
+    return web.Response(text=VLLM)
+
+
+async def unavailable(request):
+    return web.Response(status=503, text="engine starting")
+
+
+def resetting():
+    """Serves the capture, then the same engine after a restart (a counter went down)."""
+    calls = {"n": 0}
+
+    async def handler(request):
+        calls["n"] += 1
+        body = VLLM if calls["n"] == 1 else VLLM.replace(QUERIES, QUERIES.replace("16028.0", "12.0"))
+        return web.Response(text=body)
+    return handler
+
+
+SCENARIOS = {
+    "good": text(VLLM),
+    "malformed": text(VLLM.replace(RUNNING, RUNNING + "this is not a metric\n"
+                                   'vllm:num_requests_waiting{engine=0} 3\n')),
+    "truncated": text(VLLM[: len(VLLM) // 2].rstrip("\n")[:-3]),
+    "nonfinite": text(VLLM.replace(KV_USAGE, KV_USAGE.replace("0.0", "NaN"))
+                      .replace(WAITING, WAITING.replace("0.0", "+Inf"))),
+    "duplicate": text(VLLM + RUNNING),
+    "huge": huge,
+    "slow": slow,
+    "hang": hang,
+    "unavailable": unavailable,
+    "reset": resetting(),
+    "unknown": text("# TYPE node_load1 gauge\nnode_load1 0.52\n"),
+    "dcgm": text(DCGM),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def agent_doc(base: str, down_port: int) -> dict:
+    targets = [{"url": f"{base}/{name}", "job": name, "labels": {"instance": name}} for name in SCENARIOS]
+    targets.append({"url": f"http://127.0.0.1:{down_port}/metrics", "job": "down", "labels": {"instance": "down"}})
+    return {"scrape": {"interval_s": 1, "timeout_s": 0.5}, "targets": targets}
+
+
+async def bad_targets_run(cycles: int = 2):
+    routes = {f"/{name}": handler for name, handler in SCENARIOS.items()}
+    async with target_server(routes) as base, running_agent(agent_doc(base, free_port()), InMemoryStore()) as (rt, url):
+        for _ in range(cycles):
+            await rt.run_cycle()
+        body, expo = await fetch_metrics(url)
+        _, health = await fetch_text(url + "/api/v1/health")
+        _, ready = await fetch_text(url + "/-/ready")
+        return body, expo, json.loads(health), ready
+
+
+@pytest.fixture(scope="module")
+def bad_run():
+    return asyncio.run(bad_targets_run())
+
+
+@pytest.mark.parametrize("instance, up, reason", [
+    ("good", 1, "ok"), ("slow", 1, "ok"), ("malformed", 1, "ok"), ("truncated", 1, "ok"),
+    ("nonfinite", 1, "ok"), ("duplicate", 1, "ok"), ("reset", 1, "ok"), ("dcgm", 1, "ok"),
+    ("huge", 0, "body_too_large"), ("hang", 0, "timeout"), ("unavailable", 0, "http_503"),
+    ("unknown", 0, "unknown_engine"), ("down", 0, "connection_refused"),
+])
+def test_agent_metrics_say_why_each_target_is_down(bad_run, instance, up, reason):
+    _, expo, _, _ = bad_run
+    assert value(expo, "kvscope_target_up", instance=instance) == up
+    assert value(expo, "kvscope_target_status", instance=instance, reason=reason) == 1
+    if not up:
+        assert value(expo, "kvscope_scrape_errors_total", instance=instance, reason=reason) == 2
+        assert value(expo, "kvscope_target_series", instance=instance) == 0
+
+
+@pytest.mark.parametrize("instance, reason, count", [
+    ("malformed", "malformed_line", 2), ("malformed", "malformed_labels", 2),
+    ("truncated", "truncated", 2), ("nonfinite", "non_finite", 4), ("duplicate", "duplicate_series", 2),
+])
+def test_agent_counts_dropped_lines_by_reason(bad_run, instance, reason, count):
+    _, expo, _, _ = bad_run
+    assert value(expo, "kvscope_samples_dropped_total", instance=instance, reason=reason) == count
+
+
+def test_good_data_of_lossy_targets_is_kept_and_bad_values_are_absent_not_zero(bad_run):
+    _, expo, _, _ = bad_run
+    for inst in ("good", "slow", "malformed", "duplicate", "reset"):
+        assert value(expo, "kvscope_engine_kv_cache_usage_ratio", instance=inst) == 0.0
+    assert value(expo, "kvscope_engine_kv_cache_usage_ratio", instance="nonfinite") is None
+    assert value(expo, "kvscope_engine_requests_waiting", instance="nonfinite") is None
+    assert value(expo, "kvscope_engine_requests_running", instance="nonfinite") == 0.0
+    assert value(expo, "kvscope_engine_requests_running", instance="malformed") == 0.0
+    assert value(expo, "kvscope_gpu_memory_used_bytes", instance="dcgm", gpu="1") == 76463 * 2**20
+    good = value(expo, "kvscope_target_series", instance="good")
+    assert good > 300 and value(expo, "kvscope_target_series", instance="truncated") < good
+
+
+def test_agent_counts_a_counter_reset_once(bad_run):
+    _, expo, _, _ = bad_run
+    assert value(expo, "kvscope_target_resets_total", instance="reset") == 1
+    assert value(expo, "kvscope_target_resets_total", instance="good") is None
+    assert value(expo, "kvscope_engine_prefix_cache_queries_tokens_total", instance="reset") == 12.0
+
+
+def test_agent_reports_engine_facts_and_stays_ready(bad_run):
+    _, expo, health, ready = bad_run
+    info = [dict(s.labels) for s in expo.samples if s.name == "kvscope_engine_info"]
+    good = next(i for i in info if i["instance"] == "good")
+    assert (good["engine"], good["block_size"], good["enable_prefix_caching"], good["cache_dtype"]) == \
+        ("vllm", "32", "True", "auto")
+    assert {i["instance"]: i["engine"] for i in info}["dcgm"] == "dcgm"
+    assert value(expo, "kvscope_collector_up", collector="engine") == 1
+    assert ready.startswith("ready")
+    reasons = {t["instance"]: t["reason"] for t in health["data"]["targets"]}
+    assert reasons["hang"] == "timeout" and reasons["good"] == "ok"
+    assert health["data"]["cycles"] == 2
+
+
+@pytest.mark.prometheus
+def test_agent_metrics_with_bad_targets_pass_promtool(bad_run, tmp_path):
+    body, _, _, _ = bad_run
+    assert_promtool_clean(body)
+
+
+def assert_promtool_clean(body: str) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (scripts/setup.sh installs the Debian package)")
+    res = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), res.stdout + res.stderr
+
+
+# ------------------------------------------------------------------------------ collector crash
+
+class ExplodingCollector:
+    name = "exploding"
+
+    async def collect(self) -> Collection:
+        raise RuntimeError("bug in a collector")
+
+    async def close(self) -> None:
+        return None
+
+
+def test_a_collector_that_raises_is_reported_and_the_others_go_on():
+    async def main():
+        async with target_server({"/metrics": text(VLLM)}) as base:
+            doc = {"targets": [{"url": base + "/metrics", "labels": {"instance": "good"}}]}
+            from kvscope.agent.collectors.engine import EngineCollector
+            from kvscope.agent.config import build_config
+            collectors = [ExplodingCollector(), EngineCollector(build_config(doc, environ={}))]
+            async with running_agent(doc, collectors=collectors) as (rt, url):
+                await rt.run_cycle()
+                await rt.run_cycle()
+                return await fetch_metrics(url)
+
+    _, expo = asyncio.run(main())
+    assert value(expo, "kvscope_collector_up", collector="exploding") == 0
+    assert value(expo, "kvscope_collector_status", collector="exploding", reason="exception_RuntimeError") == 1
+    assert value(expo, "kvscope_target_up", instance="good") == 1
+    assert value(expo, "kvscope_cycles_total") == 2
+
+
+# ------------------------------------------------------------------------------------ round trip
+
+def test_canonical_samples_round_trip_through_agent_metrics():
+    catalog = load_catalog()
+    state = AgentState()
+    vllm = normalize(parse_exposition(VLLM), "vllm", {"job": "vllm", "instance": "a:1"}, None, catalog)
+    dcgm = normalize(parse_exposition(DCGM), "dcgm", {"job": "dcgm", "instance": "b:2"}, None, catalog)
+    state.samples = {"engine": vllm.samples + dcgm.samples}
+    back = parse_exposition(render_metrics(state, catalog))
+    assert not back.issues
+    got = {(s.name.removeprefix("kvscope_"), s.labels, s.value) for s in back.samples
+           if s.name.removeprefix("kvscope_") in catalog.series_names()}
+    want = {(s.name, s.labels, s.value) for s in state.samples["engine"]}
+    assert len(want) > 300
+    assert got == want
+
+
+# ---------------------------------------------------------------------------------- golden file
+
+def _mask_durations(body: str) -> str:
+    """Durations vary run to run; everything else in the e2e output is deterministic."""
+    lines = []
+    for line in body.splitlines(keepends=True):
+        if not line.startswith("#") and "_duration_seconds" in line.split("{")[0].split(" ")[0]:
+            line = line.rsplit(" ", 1)[0] + " 0.0\n"
+        lines.append(line)
+    return "".join(lines)
+
+
+async def golden_run() -> str:
+    routes = {"/vllm": text(VLLM), "/dcgm": text(DCGM)}
+    async with target_server(routes) as base:
+        doc = {"targets": [
+            {"url": base + "/vllm", "job": "vllm", "labels": {"instance": "vllm-0:8000", "node": "gpu-node-1"}},
+            {"url": base + "/dcgm", "job": "dcgm", "labels": {"instance": "gpu-node-1:9400"}},
+        ]}
+        async with running_agent(doc) as (rt, url):
+            await rt.run_cycle()
+            body, _ = await fetch_metrics(url)
+    return _mask_durations(body)
+
+
+@pytest.fixture(scope="module")
+def golden_body():
+    return asyncio.run(golden_run())
+
+
+def test_agent_metrics_match_golden(golden_body, update_golden):
+    if update_golden:
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(golden_body)
+    assert GOLDEN.exists(), "run: pytest --update-golden tests/integration/test_agent_bad_targets.py"
+    assert golden_body == GOLDEN.read_text(), "agent /metrics changed; review and run: pytest --update-golden"
+
+
+@pytest.mark.prometheus
+def test_golden_agent_metrics_pass_promtool_check_metrics():
+    assert_promtool_clean(GOLDEN.read_text())
+
+
+# ------------------------------------------------------------------------------------- JSON API
+
+def test_samples_api_serves_stored_canonical_samples_and_rejects_bad_requests():
+    async def main():
+        store = InMemoryStore()
+        async with target_server({"/metrics": text(VLLM)}) as base:
+            doc = {"targets": [{"url": base + "/metrics", "job": "vllm", "labels": {"instance": "good"}}]}
+            async with running_agent(doc, store) as (rt, url):
+                await rt.run_cycle()
+                await rt.run_cycle()
+                ok = await fetch_text(url + "/api/v1/samples?match=engine_kv_cache_usage_ratio|kvscope_target_up")
+                bad = await fetch_text(url + "/api/v1/samples?match=(")
+                missing = await fetch_text(url + "/api/v1/samples")
+                facts = await fetch_text(url + "/api/v1/facts")
+                return ok, bad, missing, facts
+
+    ok, bad, missing, facts = asyncio.run(main())
+    assert ok[0] == 200
+    series = json.loads(ok[1])["data"]["series"]
+    by_name = {s["name"]: s for s in series}
+    assert set(by_name) == {"engine_kv_cache_usage_ratio", "kvscope_target_up"}
+    kv = by_name["engine_kv_cache_usage_ratio"]
+    assert kv["labels"]["instance"] == "good" and len(kv["points"]) == 2
+    assert [p[1] for p in by_name["kvscope_target_up"]["points"]] == [1.0, 1.0]
+    assert bad[0] == 400 and "match: not a valid regular expression" in json.loads(bad[1])["error"]
+    assert missing[0] == 400 and "match: required" in json.loads(missing[1])["error"]
+    assert json.loads(facts[1])["data"]["good"]["facts"]["block_size"] == "32"
