@@ -400,8 +400,23 @@ class SqliteStore:
                     break
                 deleted += self._delete_oldest_fraction(1.0 - SIZE_TARGET_FRACTION * self.max_bytes / used)
             if deleted:
+                self._prune_series()
                 self._writer.execute("PRAGMA incremental_vacuum")
             return deleted
+
+    def _prune_series(self) -> None:
+        """Forget series left without samples (engines and pods come and go), so that churn
+        does not use up max_series."""
+        empty = [r[0] for r in self._writer.execute(
+            "SELECT id FROM series WHERE NOT EXISTS (SELECT 1 FROM samples WHERE series_id = series.id)")]
+        if not empty:
+            return
+        self._writer.executemany("DELETE FROM series WHERE id = ?", [(i,) for i in empty])
+        gone = set(empty)
+        with self._slock:
+            self._ids = {k: v for k, v in self._ids.items() if v not in gone}
+            self._by_name = {n: kept for n, lst in self._by_name.items()
+                             if (kept := [(lab, sid) for lab, sid in lst if sid not in gone])}
 
     def _series_ids(self) -> list[int]:
         with self._slock:

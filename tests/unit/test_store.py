@@ -108,6 +108,21 @@ def test_retention_by_age_deletes_old_rows(tmp_path):
     s.close()
 
 
+def test_retention_forgets_series_left_empty(tmp_path):
+    s = SqliteStore(tmp_path / "kv.db", retention_s=100, max_series=2, background=False)
+    s.write([Sample("x", A, 1.0, 10.0), Sample("y", B, 1.0, 950.0)])
+    s.flush()
+    s.enforce_retention(now=1000.0)
+    assert s.names() == {"y"} and s.stats().series == 1
+    s.write([Sample("z", A, 1.0, 990.0)])    # the freed slot takes a new series
+    s.flush()
+    assert s.names() == {"y", "z"}
+    s.close()
+    reopened = SqliteStore(tmp_path / "kv.db", background=False)
+    assert reopened.names() == {"y", "z"}
+    reopened.close()
+
+
 def test_retention_by_size_keeps_newest_under_limit(tmp_path):
     s = SqliteStore(tmp_path / "kv.db", retention_s=1e12, max_bytes=256 * 1024, background=False)
     labels = [make_labels({"instance": f"e{i}", "gpu": str(i)}) for i in range(50)]
