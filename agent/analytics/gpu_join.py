@@ -18,7 +18,7 @@ dashboards and the diagnoser. Pure functions over the latest samples: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,3 +181,21 @@ def render_engine_gpu_samples(assignments: Iterable[GpuAssignment], timestamp: f
         out.append(Sample(JOIN_NAME, make_labels({k: v for k, v in labels.items() if v is not None}),
                           float(a.memory_bytes), timestamp))
     return out
+
+
+def derive_engine_gpu(samples: Iterable[Sample], gpu_mapping: Any = None) -> list[Sample]:
+    """The join over one collection cycle as samples, stamped with the newest sample time."""
+    samples = list(samples)
+    stamps = [s.timestamp for s in samples if s.timestamp is not None]
+    return render_engine_gpu_samples(join_engines_to_gpus(samples, gpu_mapping), max(stamps, default=None))
+
+
+def engine_gpu_hook(gpu_mapping: Any = None) -> Callable[[list[Sample]], list[Sample]]:
+    """A derive hook for the agent runtime (`AgentRuntime(derive=[engine_gpu_hook(cfg.gpu_mapping)])`).
+    The mapping is validated here, so a bad one fails at start with a message naming the entry."""
+    parse_gpu_mapping(gpu_mapping)
+
+    def engine_gpu(cycle: list[Sample]) -> list[Sample]:
+        return derive_engine_gpu(cycle, gpu_mapping)
+
+    return engine_gpu

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from kvscope.agent.analytics.gpu_join import (
+    engine_gpu_hook,
     gpu_map,
     join_engines_to_gpus,
     parse_gpu_mapping,
@@ -119,3 +120,15 @@ def test_bad_gpu_mapping_is_a_clear_error(bad):
 def test_join_signal_is_declared_in_the_catalog():
     sig = load_catalog().signals["engine_gpu_memory_used_bytes"]
     assert sig.kind == "gauge" and "join" in sig.labels
+
+
+def test_runtime_hook_stamps_join_with_the_cycle_time(load_fixture):
+    hook = engine_gpu_hook({UUID0: "127.0.0.1:8000"})
+    fake = FakeNvml(json.loads(load_fixture("nvml/h100-2gpu.json")))
+    gpu = asyncio.run(NvmlCollector(nvml=fake, clock=lambda: 123.0).collect()).samples
+    (s,) = hook(gpu)
+    assert s.name == "engine_gpu_memory_used_bytes" and s.timestamp == 123.0
+    assert dict(s.labels)["join"] == "config" and s.value == 78642151424
+    assert hook.__name__ == "engine_gpu"
+    with pytest.raises(ValueError, match="gpu_mapping"):
+        engine_gpu_hook("GPU-0")
