@@ -1,0 +1,270 @@
+"""deploy/prometheus and deploy/alertmanager with the real Debian binaries.
+
+* promtool / amtool check the configs as shipped (the Prometheus config loads the generated
+  rules through its relative rule_files path);
+* a real Prometheus, started from deploy/prometheus/prometheus.yml with its targets rewritten
+  to free 127.0.0.1 ports, scrapes a real `kvscope agent` process (which scrapes a local HTTP
+  server replaying a captured vLLM exposition) and the engine itself; the agent's series appear
+  with the engine's job/instance kept (honor_labels);
+* a real Alertmanager started from deploy/alertmanager/alertmanager.yml routes an Llm* alert to
+  the kvscope webhook URL (rewritten to a local receiver) and nothing else there.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.prometheus
+
+ROOT = Path(__file__).resolve().parents[2]
+PROM_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+AM_CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
+CAPTURE = ROOT / "tests" / "fixtures" / "scrapes" / "vllm-0.32.0-cpu-after-load.txt"
+KVSCOPE = Path(sys.executable).with_name("kvscope")
+
+
+def _binary(name: str) -> str:
+    path = shutil.which(name)
+    if not path:
+        pytest.skip(f"{name} is not installed (Debian package; scripts/setup.sh installs it)")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get_json(url: str, timeout: float = 5.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.load(resp)
+
+
+def _wait_for(what: str, check, timeout_s: float, procs=()) -> object:
+    """Poll `check()` until it returns something truthy; fail with `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        for p in procs:
+            assert p.poll() is None, f"{p.args[0]} exited with {p.returncode}"
+        try:
+            last = check()
+            if last:
+                return last
+        except OSError as e:
+            last = e
+        time.sleep(0.3)
+    pytest.fail(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
+
+
+class _Processes:
+    """Started subprocesses, stopped (terminate, then kill) in reverse order at teardown."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(self.tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc.log = log
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(timeout=5)
+            p.log.close()
+
+
+@pytest.fixture
+def processes(tmp_path):
+    procs = _Processes(tmp_path)
+    yield procs
+    procs.stop()
+
+
+def _serve(handler_cls) -> tuple[ThreadingHTTPServer, int]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_cls)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+@pytest.fixture
+def engine_port():
+    """A local engine stand-in: serves a captured vLLM 0.32 /metrics payload."""
+    body = CAPTURE.read_bytes()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server API
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server, port = _serve(Handler)
+    yield port
+    server.shutdown()
+    server.server_close()
+
+
+# ---------------------------------------------------------------------------- static checks
+
+def test_promtool_accepts_the_prometheus_config_and_its_rule_files():
+    res = subprocess.run([_binary("promtool"), "check", "config", str(PROM_CONFIG)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    files = sorted((ROOT / "rules" / "prometheus").glob("*.yml"))
+    assert f"SUCCESS: {len(files)} rule files found" in res.stdout, res.stdout
+    for path in files:  # each one checked through the config's relative rule_files path
+        assert f"Checking {path}" in res.stdout, path
+
+
+def test_amtool_accepts_the_alertmanager_config():
+    res = subprocess.run([_binary("amtool"), "check-config", str(AM_CONFIG)], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr
+
+
+def _route(labels: dict[str, str]) -> str:
+    argv = [_binary("amtool"), "config", "routes", "test", f"--config.file={AM_CONFIG}"]
+    argv += [f"{k}={v}" for k, v in labels.items()]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    return res.stdout.strip()
+
+
+def test_every_generated_alert_routes_to_the_kvscope_webhook():
+    alerts = set()
+    for path in (ROOT / "rules" / "prometheus").glob("*.yml"):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            alerts |= {r["alert"] for r in group["rules"] if "alert" in r}
+    if not alerts:
+        pytest.skip("no generated alert rules in rules/prometheus yet (kvscope rules build)")
+    for name in sorted(alerts):
+        assert _route({"alertname": name, "job": "vllm"}) == "kvscope", name
+    assert _route({"alertname": "NodeDiskFull"}) == "default"
+
+
+# ---------------------------------------------------------------------------- live Prometheus
+
+def _prometheus_config(tmp_path: Path, ports: dict[str, int]) -> Path:
+    """The shipped config with every target on a test port, 1 s intervals and absolute rule paths."""
+    cfg = yaml.safe_load(PROM_CONFIG.read_text())
+    cfg["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
+    cfg["rule_files"] = [str((PROM_CONFIG.parent / p).resolve()) for p in cfg["rule_files"]]
+    cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{_free_port()}"]
+    for job in cfg["scrape_configs"]:
+        port = ports.get(job["job_name"]) or _free_port()  # nothing listens: that job is down
+        job["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]}]
+    out = tmp_path / "prometheus.yml"
+    out.write_text(yaml.safe_dump(cfg))
+    return out
+
+
+def _query(port: int, expr: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    return _get_json(url)["data"]["result"]
+
+
+def test_prometheus_from_the_deploy_config_scrapes_a_real_agent(tmp_path, processes, engine_port):
+    prometheus = _binary("prometheus")
+    agent_port, prom_port = _free_port(), _free_port()
+    agent = processes.start("agent", [
+        str(KVSCOPE), "agent", "--target", f"http://127.0.0.1:{engine_port}/metrics", "--job", "vllm",
+        "--scrape.interval", "1s", "--web.listen-address", f"127.0.0.1:{agent_port}", "--store.path", ""])
+    config = _prometheus_config(tmp_path, {"kvscope-agent": agent_port, "vllm": engine_port})
+    prom = processes.start("prometheus", [
+        prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{prom_port}"])
+    procs = (agent, prom)
+    _wait_for("Prometheus ready", lambda: urllib.request.urlopen(
+        f"http://127.0.0.1:{prom_port}/-/ready", timeout=2).status == 200, 60, procs)
+
+    up = _wait_for("up{job='kvscope-agent'} == 1",
+                   lambda: _query(prom_port, 'up{job="kvscope-agent"} == 1'), 60, procs)
+    assert up[0]["metric"]["instance"] == f"127.0.0.1:{agent_port}"
+    kv = _wait_for("kvscope_engine_kv_cache_usage_ratio",
+                   lambda: _query(prom_port, "kvscope_engine_kv_cache_usage_ratio"), 30, procs)
+    # honor_labels: the agent's series keep the engine's job/instance, not the agent's
+    assert {(s["metric"]["job"], s["metric"]["instance"]) for s in kv} == {("vllm", f"127.0.0.1:{engine_port}")}
+    assert _query(prom_port, 'kvscope_target_up{job="vllm"} == 1')
+    # the engine job scrapes vLLM directly; a job with nothing listening is down, not missing
+    assert _query(prom_port, 'up{job="vllm"} == 1')
+    assert [s["value"][1] for s in _query(prom_port, 'up{job="dcgm"}')] == ["0"]
+
+    groups = _get_json(f"http://127.0.0.1:{prom_port}/api/v1/rules")["data"]["groups"]
+    expected = sum(len(yaml.safe_load(p.read_text())["groups"])
+                   for p in (ROOT / "rules" / "prometheus").glob("*.yml"))
+    assert len(groups) == expected
+    broken = [r["name"] for g in groups for r in g["rules"] if r.get("health") == "err"]
+    assert not broken, broken
+
+
+# ---------------------------------------------------------------------------- live Alertmanager
+
+def test_alertmanager_from_the_deploy_config_delivers_llm_alerts_to_the_webhook(tmp_path, processes):
+    am = _binary("prometheus-alertmanager")
+    received: list[dict] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server API
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            received.append({"path": self.path, "payload": json.loads(body)})
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server, hook_port = _serve(Receiver)
+    try:
+        cfg = yaml.safe_load(AM_CONFIG.read_text())
+        hook = next(r for r in cfg["receivers"] if r["name"] == "kvscope")["webhook_configs"][0]
+        shipped = urllib.parse.urlsplit(hook["url"])
+        hook["url"] = f"http://127.0.0.1:{hook_port}{shipped.path}"
+        cfg["route"]["routes"][0]["group_wait"] = "0s"  # shipped: 10s; the route itself is unchanged
+        (tmp_path / "am.yml").write_text(yaml.safe_dump(cfg))
+        port = _free_port()
+        proc = processes.start("alertmanager", [
+            am, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="])
+        _wait_for("Alertmanager ready", lambda: urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/-/ready", timeout=2).status == 200, 60, (proc,))
+        alerts = [{"labels": {"alertname": "LlmKvCachePressure", "job": "vllm", "instance": "e1"}},
+                  {"labels": {"alertname": "NodeDiskFull", "instance": "n1"}}]
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v2/alerts", data=json.dumps(alerts).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        assert urllib.request.urlopen(req, timeout=5).status == 200
+        _wait_for("webhook delivery", lambda: received, 30, (proc,))
+        time.sleep(1.0)  # anything else that would (wrongly) arrive
+        assert {r["path"] for r in received} == {shipped.path}
+        names = {a["labels"]["alertname"] for r in received for a in r["payload"]["alerts"]}
+        assert names == {"LlmKvCachePressure"}
+        assert received[0]["payload"]["version"] == "4"
+    finally:
+        server.shutdown()
+        server.server_close()
