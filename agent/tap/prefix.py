@@ -1,0 +1,164 @@
+"""Prefix reuse potential from chained block hashes of the rendered prompt. No text is kept.
+
+A prefix cache (vLLM, SGLang) can only reuse the *leading* blocks of a prompt that an earlier
+request already computed. The tap mirrors that: it cuts the rendered prompt into fixed blocks
+(`block_chars` characters, "token-ish": about a quarter as many tokens; a prompt given as token
+ids is cut every `block_tokens` ids), chains their hashes (h_i = H(h_{i-1} || block_i), so a hash
+stands for the whole prefix up to it) and counts how many leading hashes were seen within
+`window_s`. That fraction of the prompt is *reusable*; what the engine reports as cached is what
+it actually reused; the difference is lost reuse.
+
+Each remembered hash also records which replicas (upstream / DP rank) served it: a re-seen
+prefix block served by more than one replica lives in split cache domains (seeds 000, 003).
+
+Memory: at most `max_blocks` hashes (LRU), each an 8-byte digest with a timestamp, a hit count
+and at most `max_replicas` replica names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class _Block:
+    last_seen: float
+    hits: int
+    replicas: set[str]
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """The reuse estimate of one prompt."""
+
+    blocks: int            # blocks in the prompt
+    matched: int           # leading blocks already seen within the window
+    reusable_ratio: float  # matched share of the prompt (by characters / token ids)
+    replicas: int          # distinct replicas that served the deepest matched block (0 if none)
+
+
+def render_prompt(body: dict[str, Any]) -> str | list[int] | None:
+    """The prompt an OpenAI-style request body stands for: text, token ids, or None if absent.
+
+    Chat messages are rendered as role and text in order (tools first), a stable stand-in for
+    the engine's chat template: equal message prefixes give equal rendered prefixes.
+    """
+    if "messages" in body and isinstance(body["messages"], list):
+        parts = []
+        if body.get("tools"):
+            parts.append("tools\x1f" + repr(body["tools"]) + "\x1e")
+        for m in body["messages"]:
+            if isinstance(m, dict):
+                parts.append(f"{m.get('role', '')}\x1f{_content_text(m.get('content'))}\x1e")
+        return "".join(parts)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        return prompt[0]       # batched prompts: the first stands for the request
+    return None
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") or repr(p.get("image_url", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def parse_block_hashes(prompt: str | Sequence[int], block_chars: int = 64, block_tokens: int = 16) -> list[bytes]:
+    """Chained 8-byte hashes of the prompt's full blocks plus its partial tail (pure)."""
+    if isinstance(prompt, str):
+        data = prompt.encode("utf-8", "surrogatepass")
+        step = block_chars
+    else:
+        data = b"".join(int(t).to_bytes(4, "little", signed=True) for t in prompt)
+        step = block_tokens * 4
+    out, prev = [], b""
+    for i in range(0, len(data), step):
+        prev = hashlib.blake2b(prev + data[i:i + step], digest_size=8).digest()
+        out.append(prev)
+    return out
+
+
+class PrefixIndex:
+    """Recently seen prefix blocks, fleet-wide (prefix caches ignore tenants unless salted)."""
+
+    def __init__(self, window_s: float = 900.0, max_blocks: int = 200_000, max_replicas: int = 8,
+                 block_chars: int = 64, block_tokens: int = 16, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s, self.max_blocks, self.max_replicas = window_s, max_blocks, max_replicas
+        self.block_chars, self.block_tokens = block_chars, block_tokens
+        self._clock = clock
+        self._blocks: OrderedDict[bytes, _Block] = OrderedDict()
+        self.reseen = 0     # remembered blocks seen at least twice
+        self.split = 0      # ... of which served by more than one replica
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def observe(self, prompt: str | Sequence[int], replica: str) -> PrefixMatch:
+        """Match the prompt against the index, then remember its blocks as served by `replica`."""
+        hashes = parse_block_hashes(prompt, self.block_chars, self.block_tokens)
+        now = self._clock()
+        matched = 0
+        for h in hashes:
+            b = self._blocks.get(h)
+            if b is None or now - b.last_seen > self.window_s:
+                break
+            matched += 1
+        deepest = self._blocks[hashes[matched - 1]] if matched else None
+        for h in hashes:
+            self._remember(h, now, replica)
+        replicas = len(deepest.replicas) if deepest else 0
+        return PrefixMatch(len(hashes), matched, _share(prompt, matched, self._unit()), replicas)
+
+    def _unit(self) -> tuple[int, int]:
+        return self.block_chars, self.block_tokens
+
+    def _remember(self, h: bytes, now: float, replica: str) -> None:
+        b = self._blocks.get(h)
+        if b is None or now - b.last_seen > self.window_s:
+            if b is not None:
+                self._forget(h)
+            self._blocks[h] = _Block(now, 1, {replica})
+            while len(self._blocks) > self.max_blocks:
+                self._forget(next(iter(self._blocks)))
+            return
+        self._blocks.move_to_end(h)
+        b.last_seen = now
+        b.hits += 1
+        if b.hits == 2:
+            self.reseen += 1
+            if len(b.replicas) > 1:
+                self.split += 1
+        if replica not in b.replicas and len(b.replicas) < self.max_replicas:
+            b.replicas.add(replica)
+            if len(b.replicas) == 2 and b.hits >= 2:
+                self.split += 1
+
+    def _forget(self, h: bytes) -> None:
+        b = self._blocks.pop(h)
+        if b.hits >= 2:
+            self.reseen -= 1
+            if len(b.replicas) > 1:
+                self.split -= 1
+
+    @property
+    def split_ratio(self) -> float | None:
+        """Share of re-seen blocks served by more than one replica; None before any reuse."""
+        return self.split / self.reseen if self.reseen else None
+
+
+def _share(prompt: str | Sequence[int], matched: int, unit: tuple[int, int]) -> float:
+    if isinstance(prompt, str):
+        total = len(prompt.encode("utf-8", "surrogatepass"))
+        return min(1.0, matched * unit[0] / total) if total else 0.0
+    return min(1.0, matched * unit[1] / len(prompt)) if prompt else 0.0

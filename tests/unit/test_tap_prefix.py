@@ -1,0 +1,97 @@
+"""Prefix reuse potential, SSE splitting and tenant identity: the tap's pure parts."""
+
+import pytest
+from kvscope.agent.tap.prefix import PrefixIndex, parse_block_hashes, render_prompt
+from kvscope.agent.tap.sse import SseSplitter, classify_event, parse_usage
+from kvscope.agent.tap.tenants import OTHER, TenantLimiter, parse_tenant
+
+
+class Clock:
+    t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_block_hashes_are_chained_so_equal_hashes_mean_equal_prefixes():
+    a = parse_block_hashes("x" * 64 + "y" * 64 + "z" * 10)
+    b = parse_block_hashes("w" * 64 + "y" * 64 + "z" * 10)
+    assert len(a) == 3 and all(len(h) == 8 for h in a)
+    assert a[1] != b[1]                          # same second block, different prefix
+    assert parse_block_hashes("x" * 64 + "y" * 64 + "q") [:2] == a[:2]
+    assert len(parse_block_hashes(list(range(40)), block_tokens=16)) == 3
+
+
+def test_reusable_ratio_counts_only_leading_blocks_seen_in_the_window():
+    clock = Clock()
+    idx = PrefixIndex(window_s=60, block_chars=64, clock=clock)
+    system = "S" * 640                            # 10 blocks shared
+    first = idx.observe(system + "question one " * 10, "r0")
+    assert first.matched == 0 and first.reusable_ratio == 0.0
+    second = idx.observe(system + "another question " * 8, "r0")
+    assert second.matched == 10
+    assert second.reusable_ratio == pytest.approx(640 / len(system + "another question " * 8))
+    clock.t = 61                                  # outside the window: nothing reusable
+    assert idx.observe(system + "x", "r0").matched == 0
+
+
+def test_split_ratio_sees_one_prefix_served_by_two_replicas():
+    idx = PrefixIndex(block_chars=64, clock=Clock())
+    p = "P" * 128
+    idx.observe(p, "a")
+    assert idx.split_ratio is None
+    idx.observe(p, "a")
+    assert idx.split_ratio == 0.0
+    m = idx.observe(p, "b")
+    assert idx.split_ratio == 1.0 and m.replicas == 2
+
+
+def test_index_is_bounded_and_keeps_counts_consistent_on_eviction():
+    idx = PrefixIndex(max_blocks=5, block_chars=8, clock=Clock())
+    idx.observe("a" * 16, "r0")
+    idx.observe("a" * 16, "r1")
+    assert (idx.reseen, idx.split) == (2, 2)
+    idx.observe("b" * 40, "r0")                  # 5 new blocks push the old ones out
+    assert len(idx) == 5 and (idx.reseen, idx.split) == (0, 0)
+
+
+def test_render_prompt_covers_chat_completions_and_token_ids():
+    chat = {"messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    assert render_prompt(chat) == "system\x1fbe brief\x1euser\x1fhi\x1e"
+    assert render_prompt({"prompt": "hello"}) == "hello"
+    assert render_prompt({"prompt": [1, 2, 3]}) == [1, 2, 3]
+    assert render_prompt({"model": "m"}) is None
+
+
+def test_sse_splitter_returns_complete_events_byte_for_byte():
+    sp = SseSplitter()
+    stream = b'data: {"choices":[{"text":"a"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":3}}\r\n\r\ndata: [DONE]\n\n'
+    got = []
+    for i in range(0, len(stream), 7):            # arbitrary chunking
+        got += sp.feed(stream[i:i + 7])
+    assert b"".join(got) == stream and len(got) == 3 and sp.rest() == b""
+    assert [classify_event(e).kind for e in got] == ["token", "usage_only", "done"]
+
+
+def test_usage_parsing_keeps_absent_cached_tokens_absent():
+    assert parse_usage({"prompt_tokens": 707, "completion_tokens": 8,
+                        "prompt_tokens_details": {"cached_tokens": 704}}) == (707, 8, 704)
+    assert parse_usage({"prompt_tokens": 9, "completion_tokens": 16, "prompt_tokens_details": None}) == (9, 16, None)
+    assert parse_usage(None) == (None, None, None)
+    assert classify_event(b'data: {"choices":[{"delta":{}}],"usage":null}\n\n').usage is None
+
+
+def test_tenant_from_header_then_user_then_key_hash_never_the_key():
+    key = "sk-secret-123"
+    assert parse_tenant({"X-Tenant": "acme corp"}, {"user": "u1"}, "X-Tenant") == "acme_corp"
+    assert parse_tenant({}, {"user": "u1"}, "X-Tenant") == "u1"
+    t = parse_tenant({"Authorization": f"Bearer {key}"}, {}, "X-Tenant")
+    assert t.startswith("key-") and len(t) == 16 and key not in t
+    assert parse_tenant({}, None, None) == "unknown"
+
+
+def test_tenant_labels_are_bounded_with_other():
+    lim = TenantLimiter(max_tenants=2)
+    assert [lim.label(t) for t in ("a", "b", "c", "a", "d")] == ["a", "b", OTHER, "a", OTHER]
+    assert lim.folded == 2
