@@ -56,7 +56,8 @@ class ConditionEvaluator:
         times = float(resolve(cond.get("times", 1.0)))
         plus = float(resolve(cond.get("plus", 0.0)))
         if "value" in cond:
-            return np.full(self.shape, float(resolve(cond["value"])))
+            value = resolve(cond["value"])   # a parameter left unset (null) makes the test false
+            return np.full(self.shape, np.nan if value is None else float(value) * times + plus)
         if "than" in cond:
             return self.ev.aligned(str(cond["than"]), self.by, self.keys) * times + plus
         spec = cond["baseline"]

@@ -52,7 +52,7 @@ def diagnose(frame: Frame, rules: Iterable[Rule] | None = None, levers: dict[str
 def evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[Finding] | Skipped:
     """Findings of one rule over the frame, or why it could not be evaluated."""
     missing = rule.missing_params()
-    if missing:
+    if missing and len(missing) == rule.nullable_params():
         return Skipped(rule.id, f"parameter(s) not set: {', '.join(missing)}")
     absent = required_absent(rule, frame)
     if absent:
@@ -226,9 +226,16 @@ def _evidence(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int]
         out.append(Evidence(
             name=str(item.get("name", name)), value=None if value is None else round(value, 6),
             unit=str(item.get("unit", "")), series=promql(rule, name), at=at,
-            threshold=float(rule.resolve(cond.cond["value"])) if cond else None,
+            threshold=_threshold(rule, cond.cond) if cond else None,
             op=str(cond.cond["op"]) if cond else None))
     return out
+
+
+def _threshold(rule: Rule, cond: dict[str, Any]) -> float | None:
+    value = rule.resolve(cond["value"])
+    if value is None:
+        return None
+    return float(value) * float(rule.resolve(cond.get("times", 1.0))) + float(rule.resolve(cond.get("plus", 0.0)))
 
 
 def _strength(done: list[Evaluated], gi: int, span: tuple[int, int]) -> float:

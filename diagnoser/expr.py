@@ -18,7 +18,7 @@ from kvscope.diagnoser.rule import Rule, parse_duration
 
 SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count")
 """Forms that read a canonical signal from the frame."""
-SERIES_FORMS = ("ratio", "diff", "product", "scale", "over_time", "deriv", "changes", "aggregate")
+SERIES_FORMS = ("ratio", "sum", "diff", "product", "scale", "over_time", "deriv", "changes", "aggregate")
 """Forms that combine other named series."""
 FORMS = SIGNAL_FORMS + SERIES_FORMS
 
@@ -60,7 +60,7 @@ def node_signal(node: dict[str, Any]) -> str | None:
 def node_refs(node: dict[str, Any]) -> list[str]:
     """Named series an expression refers to."""
     form = node_form(node)
-    if form in ("ratio", "diff", "product"):
+    if form in ("ratio", "sum", "diff", "product"):
         return [str(x) for x in node[form]]
     if form == "scale":
         return [str(node["scale"])]
@@ -110,45 +110,56 @@ class SeriesEvaluator:
         step = self.frame.step or 1.0
         return max(1, int(round(parse_duration(self.rule.resolve(node.get(key, default))) / step)))
 
-    def _rows(self, name: str, by: tuple[str, ...], extra: tuple[str, ...] = ()) -> tuple[list, np.ndarray, np.ndarray]:
+    def _rows(self, name: str, by: tuple[str, ...], extra: tuple[str, ...] = (),
+              match: dict[str, Any] | None = None) -> tuple[list, np.ndarray, np.ndarray]:
         block = self.frame.block(name)
+        empty = [], np.zeros(0, dtype=np.int64), np.zeros((0, len(self.frame.ts)))
         if block is None:
-            return [], np.zeros(0, dtype=np.int64), np.zeros((0, len(self.frame.ts)))
+            return empty
         labels = [dict(lbl) for lbl in block.labels]
+        values = block.values
+        if match:
+            allowed = {k: {str(x) for x in (v if isinstance(v, list) else [v])} for k, v in match.items()}
+            keep = [i for i, d in enumerate(labels) if all(d.get(k, "") in ok for k, ok in allowed.items())]
+            if not keep:
+                return empty
+            labels, values = [labels[i] for i in keep], values[keep]
         keys, inv = grid.group_index([tuple(d.get(k, "") for k in by + extra) for d in labels])
-        return keys, inv, block.values
+        return keys, inv, values
 
     def _empty(self, by: tuple[str, ...]) -> Grouped:
         return Grouped(by, [], np.zeros((0, len(self.frame.ts))))
 
     def _form_gauge(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        keys, inv, values = self._rows(str(node["gauge"]), by)
+        keys, inv, values = self._rows(str(node["gauge"]), by, match=node.get("match"))
         if not keys:
             return self._empty(by)
         return Grouped(by, keys, grid.reduce_groups(values, inv, len(keys), node.get("agg", "sum")))
 
     def _form_rate(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        keys, inv, values = self._rows(str(node["rate"]), by)
+        keys, inv, values = self._rows(str(node["rate"]), by, match=node.get("match"))
         if not keys:
             return self._empty(by)
         rates = grid.counter_rate(values, self._steps(node, default="1m"), self.frame.step or 1.0)
         return Grouped(by, keys, grid.reduce_groups(rates, inv, len(keys), "sum"))
 
     def _form_increase(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        g = self._form_rate({"rate": node["increase"], "range": node.get("range", "5m")}, by)
+        g = self._form_rate({"rate": node["increase"], "range": node.get("range", "5m"),
+                             "match": node.get("match")}, by)
         g.values = g.values * self._steps(node) * (self.frame.step or 1.0)
         return g
 
     def _form_mean(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
         name, rng = str(node["mean"]), node.get("range", "5m")
-        s = self._form_rate({"rate": name + "_sum", "range": rng}, by)
-        c = self._form_rate({"rate": name + "_count", "range": rng}, by)
+        s = self._form_rate({"rate": name + "_sum", "range": rng, "match": node.get("match")}, by)
+        c = self._form_rate({"rate": name + "_count", "range": rng, "match": node.get("match")}, by)
         if not s.keys or not c.keys:
             return self._empty(by)
         return Grouped(by, s.keys, _guarded_ratio(s.values, align(c, by, s.keys), 0.0))
 
     def _form_count(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        keys, inv, values = self._rows(str(node["count"]), by, ("instance",))
+        distinct = tuple(node.get("distinct", ["instance"]))
+        keys, inv, values = self._rows(str(node["count"]), by, distinct, match=node.get("match"))
         if not keys:
             return self._empty(by)
         present = grid.reduce_groups(values, inv, len(keys), "count") > 0
@@ -157,7 +168,7 @@ class SeriesEvaluator:
         return Grouped(by, outer, counts)
 
     def _form_quantile(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        keys, inv, values = self._rows(str(node["histogram"]) + "_bucket", by, ("le",))
+        keys, inv, values = self._rows(str(node["histogram"]) + "_bucket", by, ("le",), match=node.get("match"))
         if not keys:
             return self._empty(by)
         rates = grid.counter_rate(values, self._steps(node), self.frame.step or 1.0)
@@ -175,6 +186,10 @@ class SeriesEvaluator:
         keys, a, b = self._pair(node, "ratio", by)
         min_den = float(self.rule.resolve(node.get("min_den", 0.0)))
         return Grouped(self._fine_by(node, "ratio"), keys, _guarded_ratio(a, b, min_den))
+
+    def _form_sum(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        keys, a, b = self._pair(node, "sum", by)
+        return Grouped(self._fine_by(node, "sum"), keys, a + b)
 
     def _form_diff(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
         keys, a, b = self._pair(node, "diff", by)
@@ -274,22 +289,24 @@ def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ..
     def ref(x: Any) -> str:
         return _promql(rule, nodes, str(x), rule_by)
 
+    sel = _selector(node.get("match"))
     if form == "gauge":
-        return f"{node.get('agg', 'sum')} by ({by}) ({node['gauge']})"
+        return f"{node.get('agg', 'sum')} by ({by}) ({node['gauge']}{sel})"
     if form == "rate":
-        return f"sum by ({by}) (rate({node['rate']}[{rng}]))"
+        return f"sum by ({by}) (rate({node['rate']}{sel}[{rng}]))"
     if form == "increase":
-        return f"sum by ({by}) (increase({node['increase']}[{rng}]))"
+        return f"sum by ({by}) (increase({node['increase']}{sel}[{rng}]))"
     if form == "quantile":
         q = rule.resolve(node["quantile"])
-        return f"histogram_quantile({q}, sum by ({by}, le) (rate({node['histogram']}_bucket[{rng}])))"
+        return f"histogram_quantile({q}, sum by ({by}, le) (rate({node['histogram']}_bucket{sel}[{rng}])))"
     if form == "mean":
         s = node["mean"]
-        return f"sum by ({by}) (rate({s}_sum[{rng}])) / sum by ({by}) (rate({s}_count[{rng}]))"
+        return f"sum by ({by}) (rate({s}_sum{sel}[{rng}])) / sum by ({by}) (rate({s}_count{sel}[{rng}]))"
     if form == "count":
-        return f"count by ({by}) (count by ({by}, instance) ({node['count']}))"
-    if form in ("ratio", "diff", "product"):
-        op = {"ratio": "/", "diff": "-", "product": "*"}[form]
+        inner = ", ".join([b for b in [by] if b] + list(node.get("distinct", ["instance"])))
+        return f"count by ({by}) (count by ({inner}) ({node['count']}{sel}))"
+    if form in ("ratio", "sum", "diff", "product"):
+        op = {"ratio": "/", "sum": "+", "diff": "-", "product": "*"}[form]
         a, b = node[form]
         return f"({ref(a)}) {op} ({ref(b)})"
     if form == "scale":
@@ -304,3 +321,13 @@ def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ..
     if agg == "median":
         return f"quantile by ({by}) (0.5, {ref(node['of'])})"
     return f"{agg} by ({by}) ({ref(node['of'])})"
+
+
+def _selector(match: dict[str, Any] | None) -> str:
+    if not match:
+        return ""
+    parts = []
+    for k, v in sorted(match.items()):
+        vals = [str(x) for x in (v if isinstance(v, list) else [v])]
+        parts.append(f'{k}="{vals[0]}"' if len(vals) == 1 else f'{k}=~"{"|".join(vals)}"')
+    return "{" + ", ".join(parts) + "}"

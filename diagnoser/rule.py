@@ -113,6 +113,11 @@ class Rule:
             return self.params[value[1:]]
         return value
 
+    def nullable_params(self) -> int:
+        """How many parameters default to null (values the user must supply, e.g. benchmarks)."""
+        return sum(1 for spec in (self.doc.get("params") or {}).values()
+                   if isinstance(spec, dict) and spec.get("default") is None)
+
     def missing_params(self) -> list[str]:
         """Parameters without a value (default null): the rule cannot run until they are set."""
         return [k for k, v in self.params.items() if v is None]

@@ -94,10 +94,46 @@ def read_test_file(path: str | Path) -> TestFile:
                     cases=cases, path=str(p))
 
 
+def histogram_samples(item: dict[str, Any], interval: float) -> list[Sample]:
+    """Expand the histogram shorthand of a test case into _bucket/_sum/_count counters.
+
+    `{histogram: 'name{labels}', buckets: [0.1, 0.5, 1], phases: [{steps: 20, counts: [9, 1, 0, 0]}]}`:
+    each step of a phase adds `counts` observations to the buckets (non-cumulative, the last one
+    is +Inf); _sum grows by each bucket's midpoint (the highest finite bound for +Inf).
+    """
+    name, labels = parse_series(str(item["histogram"]))
+    les = [float(b) for b in item["buckets"]]
+    mids = [(lo + hi) / 2 for lo, hi in zip([0.0] + les[:-1], les, strict=True)] + [les[-1]]
+    cum = np.zeros(len(les) + 1)
+    total_sum, t = 0.0, 0
+    rows: list[tuple[float, np.ndarray, float]] = [(0.0, cum.copy(), 0.0)]
+    for phase in item["phases"]:
+        counts = np.array([float(c) for c in phase["counts"]])
+        if len(counts) != len(les) + 1:
+            raise ValueError(f"{name}: counts need one entry per bucket plus +Inf")
+        for _ in range(int(phase["steps"])):
+            t += 1
+            cum = cum + counts
+            total_sum += float(np.dot(counts, mids))
+            rows.append((t * interval, cum.copy(), total_sum))
+    out = []
+    bounds = [str(b) for b in les] + ["+Inf"]
+    for ts, c, total in rows:
+        running = np.cumsum(c)
+        for le, v in zip(bounds, running, strict=True):
+            out.append(Sample(name + "_bucket", make_labels({**labels, "le": le}), float(v), ts))
+        out.append(Sample(name + "_count", make_labels(labels), float(running[-1]), ts))
+        out.append(Sample(name + "_sum", make_labels(labels), total, ts))
+    return out
+
+
 def case_samples(case: Case, interval: float) -> list[Sample]:
     """Input series of a case as timestamped canonical samples (sample i at i x interval)."""
     out = []
     for item in case.input_series:
+        if "histogram" in item:
+            out.extend(histogram_samples(item, interval))
+            continue
         name, labels = parse_series(str(item["series"]))
         lbl = make_labels(labels)
         for i, v in enumerate(parse_values(str(item["values"]))):
