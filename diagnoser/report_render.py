@@ -1,0 +1,179 @@
+"""Render a WeeklyReport as Markdown or as a self-contained HTML page with embedded plots."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+
+import pandas as pd
+from kvscope.diagnoser.report import UTILISATION_TRAP, WeeklyReport
+
+ABSENT = "absent"
+FLEET_ROWS = (
+    ("output_tokens", "Output tokens", "count"), ("gpu_hours", "GPU-hours", "num"),
+    ("tokens_per_gpu_hour", "Output tokens / GPU-hour", "count"), ("gpu_util", "Mean GPU utilisation", "pct"),
+    ("cost_usd", "GPU cost", "usd"), ("usd_per_1m_tokens", "$ / 1M output tokens", "usd"),
+    ("prefill_tokens_saved", "Prefill tokens saved by prefix caching", "count"),
+    ("hit_ratio", "Prefix-cache hit ratio", "pct"),
+)
+POOL_COLUMNS = {"output_tokens": ("Output tokens", "count"), "gpu_hours": ("GPU-hours", "num"),
+                "tokens_per_gpu_hour": ("Tokens / GPU-h", "count"), "gpu_util": ("GPU util", "pct"),
+                "usd_per_1m_tokens": ("$ / 1M tok", "usd"), "prefill_tokens_saved": ("Prefill saved", "count"),
+                "hit_ratio": ("Hit ratio", "pct")}
+TENANT_COLUMNS = {"requests": ("Requests", "count"), "prompt_tokens": ("Prompt tokens", "count"),
+                  "cached_tokens": ("Cached tokens", "count"), "hit_ratio": ("Hit ratio", "pct")}
+
+
+def fmt(value: float | None, kind: str) -> str:
+    """A number for a table cell; absent stays visibly absent."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ABSENT
+    if kind == "pct":
+        return f"{value:.1%}"
+    if kind == "usd":
+        return f"${value:,.2f}"
+    if kind == "count":
+        return f"{value:,.0f}"
+    return f"{value:,.1f}"
+
+
+def _delta(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1%}"
+
+
+def _when(ts: float) -> str:
+    return pd.to_datetime(ts, unit="s", utc=True).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _trap_lines(report: WeeklyReport) -> list[str]:
+    util = report.this.fleet.get("gpu_util")
+    if util is None:
+        return ["GPU utilisation is absent from this source (no DCGM/NVML series), so GPU-hours, tokens per "
+                "GPU-hour and cost per token cannot be computed."]
+    lines = [f"Mean GPU utilisation {util:.0%}: cost per token is {1 / util:.1f}× what the same fleet would pay "
+             "fully utilised (002 §9.2)." if util > 0 else "GPUs were idle all week."]
+    if util < UTILISATION_TRAP:
+        lines.append(f"Below {UTILISATION_TRAP:.0%}: the fleet is in the utilisation trap (002 §9.3). Levers: "
+                     "scale down faster, fill idle hours with offline batch work, colocate models (002 §9.2).")
+    pools = report.this.pools
+    trapped = pools.index[pools["utilisation_trap"].fillna(False).astype(bool)] if "utilisation_trap" in pools else []
+    for pool in trapped:
+        lines.append(f"Pool {pool} averages {pools.loc[pool, 'gpu_util']:.0%} GPU utilisation: below "
+                     f"{UTILISATION_TRAP:.0%}, in the utilisation trap (002 §9.2, §9.3).")
+    return lines
+
+
+def _table(df: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: str) -> list[list[str]]:
+    head = [index_name] + [label for c, (label, _) in columns.items() if c in df]
+    rows = [head]
+    for key, row in df.iterrows():
+        rows.append([str(key)] + [fmt(row[c], kind) for c, (_, kind) in columns.items() if c in df])
+    return rows
+
+
+def _md_table(rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    return out
+
+
+def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[str]]]:
+    deltas = report.deltas()
+    fleet = [["Metric", "This week", "Week over week"]]
+    fleet += [[label, fmt(report.this.fleet.get(k), kind), _delta(deltas.get(k))] for k, label, kind in FLEET_ROWS]
+    out: list[tuple[str, list[list[str]] | list[str]]] = [("Fleet", fleet), ("Utilisation", _trap_lines(report))]
+    if not report.this.pools.empty:
+        out.append(("Per model / pool", _table(report.this.pools, POOL_COLUMNS, "Pool")))
+    if report.this.tenants.empty:
+        out.append(("Tenants", ["No per-tenant series in this source (tenant_* come from kvscope's request tap "
+                                "or trace receiver; vLLM has no tenant label)."]))
+    else:
+        out.append(("Tenants", _table(report.this.tenants, TENANT_COLUMNS, "Tenant")))
+    if report.findings:
+        rows = [["Severity", "Finding", "Where", "Since", "Levers"]]
+        rows += [[f.severity, f"{f.title} ({f.rule_id})", ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())),
+                  _when(f.since), ", ".join(lv.id for lv in f.levers[:3])] for f in report.findings]
+        out.append(("Top findings", rows))
+    else:
+        out.append(("Top findings", ["No findings this week."]))
+    return out
+
+
+def render_markdown(report: WeeklyReport) -> str:
+    """The report as Markdown."""
+    lines = [f"# kvscope weekly efficiency review: {_when(report.this.start)} → {_when(report.this.end)}", "",
+             f"Source: {report.source}. GPU-hour price: ${report.gpu_hour_cost:,.2f}.", ""]
+    for title, body in _sections(report):
+        lines += [f"## {title}", ""]
+        lines += _md_table(body) if body and isinstance(body[0], list) else [str(x) for x in body]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _html_table(rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_plots(report: WeeklyReport) -> list[tuple[str, str]]:
+    """(title, base64 PNG) per plot: daily tokens/GPU-hour, daily GPU utilisation, tenant hit ratios."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    plots = []
+    daily = report.this.daily
+    for col, title, pct in (("tokens_per_gpu_hour", "Output tokens per GPU-hour, by day", False),
+                            ("output_tokens", "Output tokens, by day", False),
+                            ("gpu_util", "Mean GPU utilisation, by day", True)):
+        if col in daily and daily[col].notna().any():
+            fig, ax = plt.subplots(figsize=(7, 2.6))
+            ax.bar(daily.index.strftime("%a %d"), daily[col].to_numpy(), color="#4c72b0")
+            if pct:
+                ax.axhline(UTILISATION_TRAP, color="#d62728", linestyle="--", label="utilisation trap (40 %)")
+                ax.legend(loc="upper right")
+            ax.set_title(title)
+            plots.append((title, _png(fig, plt)))
+    tenants = report.this.tenants
+    if "hit_ratio" in tenants and tenants["hit_ratio"].notna().any():
+        top = tenants.head(15)
+        fig, ax = plt.subplots(figsize=(7, 0.3 * len(top) + 1.2))
+        ax.barh([str(t) for t in top.index], top["hit_ratio"].to_numpy(), color="#55a868")
+        ax.set_xlim(0, 1)
+        ax.set_title("Prefix-cache hit ratio by tenant")
+        plots.append(("Prefix-cache hit ratio by tenant", _png(fig, plt)))
+    return plots
+
+
+def _png(fig, plt) -> str:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def render_html(report: WeeklyReport) -> str:
+    """The report as one self-contained HTML page (plots embedded as PNG data URIs)."""
+    title = f"kvscope weekly efficiency review: {_when(report.this.start)} → {_when(report.this.end)}"
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f"<p>Source: {html.escape(report.source)}. GPU-hour price: ${report.gpu_hour_cost:,.2f}.</p>"]
+    for name, body in _sections(report):
+        parts.append(f"<h2>{html.escape(name)}</h2>")
+        if body and isinstance(body[0], list):
+            parts.append(_html_table(body))
+        else:
+            parts += [f"<p>{html.escape(str(x))}</p>" for x in body]
+    plots = render_plots(report)
+    if plots:
+        parts.append("<h2>Plots</h2>")
+        parts += [f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,{b64}"></figure>'
+                  for t, b64 in plots]
+    style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}td:first-child{text-align:left}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
