@@ -209,9 +209,9 @@ def slo_rules(slo: SloConfig) -> list[dict[str, Any]]:
                 "description": (
                     f"{{{{ $value | humanizePercentage }}}} of requests on {{{{ $labels.instance }}}} "
                     f"({{{{ $labels.model }}}}) took longer than {slo.ttft_seconds:g}s to the first token "
-                    f"over {short_w}, and more than {limit:.4g} over {long_w}; the SLO allows "
-                    f"{budget:.4g} ({slo.target:.4g} within {slo.ttft_seconds:g}s). At this rate a 30-day "
-                    f"error budget lasts {30 / burn:.3g} days."),
+                    f"over the last {long_w}, and more than {limit:.4g} over the last {short_w}; the SLO "
+                    f"allows {budget:.4g} ({slo.target:.4g} within {slo.ttft_seconds:g}s). At this rate a "
+                    f"30-day error budget lasts {30 / burn:.3g} days."),
                 "runbook_url": "docs/runbooks/ttft_slo_burn.md",
             },
         })

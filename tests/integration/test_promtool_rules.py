@@ -1,0 +1,54 @@
+"""Every generated Prometheus rule file passes `promtool check rules`, and every unit-test file
+in rules/tests/ passes `promtool test rules` (real promtool from Debian's prometheus package)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RULE_FILES = sorted((ROOT / "rules" / "prometheus").glob("*.yml"))
+TEST_FILES = sorted((ROOT / "rules" / "tests").glob("*.test.yml"))
+
+pytestmark = [
+    pytest.mark.prometheus,
+    pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (scripts/setup.sh installs it)"),
+]
+
+
+def _promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["promtool", *map(str, args)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_generated_rule_files_exist():
+    names = {p.name for p in RULE_FILES}
+    assert {"kvscope-canonical.yml", "kvscope-derived.yml", "kvscope-slo.yml", "kvscope-absent.yml",
+            "kvscope-alerts.yml"} <= names
+
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_promtool_check_rules(path: Path):
+    result = _promtool("check", "rules", path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: p.name)
+def test_promtool_test_rules(path: Path):
+    result = _promtool("test", "rules", path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_test_rules_fails_on_a_wrong_expectation(tmp_path: Path):
+    """The harness can fail: the same SLO test with the page expected at 5 % errors is red."""
+    text = (ROOT / "rules" / "tests" / "slo.test.yml").read_text()
+    broken = text.replace("rule_files:\n  - ../prometheus/", f"rule_files:\n  - {ROOT}/rules/prometheus/")
+    broken = broken.replace(f"  - ../prometheus/kvscope-slo.yml", f"  - {ROOT}/rules/prometheus/kvscope-slo.yml")
+    broken = broken.replace("values: '0+95x60'", "values: '0+85x60'")
+    path = tmp_path / "broken.test.yml"
+    path.write_text(broken)
+    result = _promtool("test", "rules", path)
+    assert result.returncode == 1
+    assert "LlmTtftSloBurnRate" in result.stdout + result.stderr
