@@ -44,32 +44,72 @@ SIGNALS = COUNTERS + GAUGES
 # ------------------------------------------------------------------------------ columnar series
 
 @dataclass
+class Points:
+    """Parallel arrays for the points of one sample name, sorted by (sid, ts)."""
+
+    sid: np.ndarray
+    ts: np.ndarray
+    value: np.ndarray
+
+    @property
+    def first(self) -> np.ndarray:
+        """True where a point is its series' first."""
+        return np.r_[True, self.sid[1:] != self.sid[:-1]] if self.sid.size else np.zeros(0, bool)
+
+
+@dataclass
 class SeriesSet:
-    """series: one row per series (index = sid; columns name + labels). points: sid, ts, value,
-    sorted by (sid, ts)."""
+    """series: one row per series (index = sid, 0..n-1; columns name + labels). Points are held
+    per sample name, each a contiguous run sorted by (sid, ts)."""
 
     series: pd.DataFrame
-    points: pd.DataFrame
+    by_name: dict[str, Points]
 
-    def label(self, sid_column: pd.Series, label: str, default: str = "") -> pd.Series:
-        """The value of `label` for each sid in a column (default where the series lacks it)."""
-        col = self.series[label] if label in self.series else pd.Series(default, index=self.series.index)
-        return sid_column.map(col.fillna(default)).fillna(default)
+    def label(self, label: str, default: str = "") -> np.ndarray:
+        """The value of `label` per sid (default where the series lacks it), as an object array."""
+        if label not in self.series:
+            return np.full(len(self.series), default, dtype=object)
+        return self.series[label].fillna(default).replace("", default).to_numpy(dtype=object)
 
-    def of(self, name: str) -> pd.DataFrame:
-        """Points of every series of one sample name."""
-        sids = self.series.index[self.series["name"] == name]
-        return self.points[self.points["sid"].isin(sids)]
+    def of(self, name: str) -> Points:
+        """Points of every series of one sample name (empty arrays if none)."""
+        empty = np.zeros(0)
+        return self.by_name.get(name) or Points(empty.astype(np.int32), empty, empty)
+
+    def first_ts(self) -> float | None:
+        firsts = [float(p.ts.min()) for p in self.by_name.values() if p.ts.size]
+        return min(firsts) if firsts else None
 
 
 def series_set_from_arrays(series: Sequence[dict[str, str]], sids: np.ndarray, ts: np.ndarray,
                            values: np.ndarray) -> SeriesSet:
-    """Build from a list of label dicts (each with 'name') and parallel point arrays."""
+    """Build from a list of label dicts (each with 'name') and parallel point arrays.
+
+    Points already in time order per series (what stores and Prometheus return) need only a
+    stable sort by series; anything else is sorted fully.
+    """
     frame = pd.DataFrame(list(series))
     frame.index.name = "sid"
-    points = pd.DataFrame({"sid": sids.astype(np.int32), "ts": ts.astype(float), "value": values.astype(float)})
-    points = points.sort_values(["sid", "ts"], kind="stable", ignore_index=True)
-    return SeriesSet(frame, points)
+    sids = np.asarray(sids, dtype=np.int32)
+    ts, values = np.asarray(ts, dtype=float), np.asarray(values, dtype=float)
+    if np.any(sids[1:] < sids[:-1]):
+        order = np.argsort(sids, kind="stable")
+        sids, ts, values = sids[order], ts[order], values[order]
+    if np.any((sids[1:] == sids[:-1]) & (ts[1:] < ts[:-1])):
+        order = np.lexsort((ts, sids))
+        sids, ts, values = sids[order], ts[order], values[order]
+    codes, uniques = pd.factorize(frame["name"]) if "name" in frame else (np.zeros(0, int), [])
+    bounds = np.searchsorted(sids, np.arange(len(frame) + 1))       # sid k's points: bounds[k]:bounds[k+1]
+    by_name = {}
+    for code, name in enumerate(uniques):
+        members = np.flatnonzero(codes == code)
+        if members.size and np.all(np.diff(members) == 1):           # contiguous sids: one slice
+            sl = slice(bounds[members[0]], bounds[members[-1] + 1])
+            by_name[str(name)] = Points(sids[sl], ts[sl], values[sl])
+        else:
+            idx = np.concatenate([np.arange(bounds[m], bounds[m + 1]) for m in members])
+            by_name[str(name)] = Points(sids[idx], ts[idx], values[idx])
+    return SeriesSet(frame, by_name)
 
 
 def series_set_from_samples(samples: Iterable[Sample], names: Iterable[str] = SIGNALS) -> SeriesSet:
@@ -127,72 +167,66 @@ def read_prometheus_series(url: str, start: float, end: float, timeout_s: float 
 
 # ------------------------------------------------------------------------------ maths
 
-def counter_increments(ss: SeriesSet, name: str) -> pd.DataFrame:
-    """sid, ts, inc: the increase since the previous point of the same series, resets handled
+def counter_increments(ss: SeriesSet, name: str) -> tuple[Points, np.ndarray]:
+    """(points, inc): the increase since the previous point of the same series, resets handled
     the Prometheus way (a drop means the counter restarted from zero)."""
     pts = ss.of(name)
-    if pts.empty:
-        return pts.assign(inc=[])
-    v, sid = pts["value"].to_numpy(), pts["sid"].to_numpy()
-    d = np.diff(v, prepend=np.nan)
-    inc = np.where(d >= 0, d, v)
-    inc[np.r_[True, sid[1:] != sid[:-1]]] = 0.0
-    return pd.DataFrame({"sid": sid, "ts": pts["ts"].to_numpy(), "inc": inc})
+    d = np.diff(pts.value, prepend=np.nan)
+    inc = np.where(d >= 0, d, pts.value)
+    inc[pts.first] = 0.0
+    return pts, inc
 
 
-def gauge_coverage(ss: SeriesSet, name: str, max_gap_s: float = MAX_GAP_S) -> pd.DataFrame:
-    """sid, ts, value, dt: each point weighted by the time since the previous point (capped)."""
+def gauge_coverage(ss: SeriesSet, name: str, max_gap_s: float = MAX_GAP_S) -> tuple[Points, np.ndarray]:
+    """(points, dt): each point weighted by the time since the previous point, capped at the
+    larger of max_gap_s and twice the typical interval."""
     pts = ss.of(name)
-    if pts.empty:
-        return pts.assign(dt=[])
-    t, sid = pts["ts"].to_numpy(), pts["sid"].to_numpy()
-    dt = np.diff(t, prepend=np.nan)
-    first = np.r_[True, sid[1:] != sid[:-1]]
+    dt = np.diff(pts.ts, prepend=np.nan)
+    first = pts.first
     typical = float(np.median(dt[~first])) if (~first).any() else 0.0
     dt = np.clip(dt, 0.0, max(max_gap_s, 2 * typical))
     dt[first] = 0.0
-    return pd.DataFrame({"sid": sid, "ts": t, "value": pts["value"].to_numpy(), "dt": dt})
+    return pts, dt
 
 
-def pool_of(ss: SeriesSet, sids: pd.Series) -> pd.Series:
-    """'model / role' for engine series (role defaults to unified)."""
-    model = ss.label(sids, "model", "unknown").replace("", "unknown")
-    role = ss.label(sids, "role", "unified").replace("", "unified")
-    return model + " / " + role
+def _per_sid(ss: SeriesSet, pts: Points, weights: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Sum of weights per sid over the masked points."""
+    return np.bincount(pts.sid[mask], weights=weights[mask], minlength=len(ss.series))
 
 
-def gpu_pools(ss: SeriesSet, gpu_sids: pd.Series) -> pd.Series:
-    """The pool each GPU series serves: via the engine↔GPU join (engine_gpu_memory_used_bytes),
-    else via a node that runs engines of a single pool; 'unattributed' otherwise."""
-    out = pd.Series("unattributed", index=gpu_sids.index)
-    engine_pool = _instance_pools(ss)
-    join = ss.series[ss.series["name"] == "engine_gpu_memory_used_bytes"]
-    if not join.empty and "gpu_uuid" in ss.series:
-        by_uuid = {u: engine_pool.get(i) for u, i in zip(join["gpu_uuid"], join["instance"], strict=True)}
-        out = ss.label(gpu_sids, "gpu_uuid").map(by_uuid).fillna(out)
-    if "node" in ss.series:
-        node_pool = _node_pools(ss)
-        rest = out == "unattributed"
-        out[rest] = ss.label(gpu_sids[rest], "node").map(node_pool).fillna("unattributed")
+def _group(keys: np.ndarray, per_sid: np.ndarray, sids: np.ndarray) -> pd.Series:
+    """Sum per-sid totals by a per-sid key, over the given sids."""
+    return pd.Series(per_sid[sids]).groupby(keys[sids]).sum()
+
+
+def pools(ss: SeriesSet) -> np.ndarray:
+    """'model / role' per sid (role defaults to unified)."""
+    return ss.label("model", "unknown") + " / " + ss.label("role", "unified")
+
+
+def gpu_pools(ss: SeriesSet) -> np.ndarray:
+    """The pool each series' GPU serves: via the engine-GPU join (engine_gpu_memory_used_bytes by
+    gpu_uuid), else via a node that runs engines of a single pool; 'unattributed' otherwise."""
+    out = np.full(len(ss.series), "unattributed", dtype=object)
+    names = ss.series["name"].to_numpy()
+    engine = np.array([str(n).startswith("engine_") for n in names]) & (names != "engine_gpu_memory_used_bytes")
+    pool = pools(ss)
+    inst_pool = dict(zip(ss.label("instance")[engine], pool[engine], strict=True))
+    uuid = ss.label("gpu_uuid")
+    join = names == "engine_gpu_memory_used_bytes"
+    by_uuid = {u: inst_pool.get(i) for u, i in zip(uuid[join], ss.label("instance")[join], strict=True)}
+    node = ss.label("node")
+    node_pools: dict[str, set[str]] = {}
+    for n, p in zip(node[engine], pool[engine], strict=True):
+        if n:
+            node_pools.setdefault(n, set()).add(p)
+    for i in range(len(out)):
+        p = by_uuid.get(uuid[i]) if uuid[i] else None
+        if p is None and len(node_pools.get(node[i], ())) == 1:
+            p = next(iter(node_pools[node[i]]))
+        if p is not None:
+            out[i] = p
     return out
-
-
-def _instance_pools(ss: SeriesSet) -> dict[str, str]:
-    eng = ss.series[ss.series["name"].str.startswith("engine_") & (ss.series["name"] != "engine_gpu_memory_used_bytes")]
-    if eng.empty or "instance" not in eng:
-        return {}
-    pools = pool_of(ss, pd.Series(eng.index, index=eng.index))
-    return dict(zip(eng["instance"], pools, strict=True))
-
-
-def _node_pools(ss: SeriesSet) -> dict[str, str]:
-    eng = ss.series[ss.series["name"].str.startswith("engine_")]
-    if eng.empty or "node" not in eng:
-        return {}
-    frame = pd.DataFrame({"node": eng["node"], "pool": pool_of(ss, pd.Series(eng.index, index=eng.index))}).dropna()
-    single = frame.groupby("node")["pool"].nunique()
-    frame = frame[frame["node"].isin(single[single == 1].index)]
-    return dict(zip(frame["node"], frame["pool"], strict=True))
 
 
 @dataclass
@@ -207,29 +241,34 @@ class WeekStats:
     daily: pd.DataFrame
 
 
-def _in(df: pd.DataFrame, start: float, end: float) -> pd.DataFrame:
-    return df[(df["ts"] > start) & (df["ts"] <= end)]
+def _window(pts: Points, start: float, end: float) -> np.ndarray:
+    return (pts.ts > start) & (pts.ts <= end)
+
+
+def _counter_by(ss: SeriesSet, name: str, keys: np.ndarray, start: float, end: float) -> pd.Series | None:
+    pts, inc = counter_increments(ss, name)
+    if pts.sid.size == 0:
+        return None
+    return _group(keys, _per_sid(ss, pts, inc, _window(pts, start, end)), np.unique(pts.sid))
 
 
 def compute_week(ss: SeriesSet, start: float, end: float, gpu_hour_cost: float) -> WeekStats:
     """All the week's numbers over (start, end]."""
-    sums = {}
-    for name in ("engine_generation_tokens_total", "engine_prompt_tokens_total",
-                 "engine_prefix_cache_hits_tokens_total", "engine_prefix_cache_queries_tokens_total"):
-        inc = _in(counter_increments(ss, name), start, end)
-        sums[name] = inc.groupby(pool_of(ss, inc["sid"]).to_numpy())["inc"].sum() if not inc.empty else None
-    gpu = _in(gauge_coverage(ss, "gpu_utilization_ratio"), start, end)
-    pools = pd.DataFrame({
-        "output_tokens": sums["engine_generation_tokens_total"], "prompt_tokens": sums["engine_prompt_tokens_total"],
-        "prefill_tokens_saved": sums["engine_prefix_cache_hits_tokens_total"],
-        "prefix_queries": sums["engine_prefix_cache_queries_tokens_total"]})
-    if not gpu.empty:
-        gp = gpu.assign(pool=gpu_pools(ss, gpu["sid"]).to_numpy(), busy=gpu["value"] * gpu["dt"])
-        g = gp.groupby("pool")[["dt", "busy"]].sum()
-        pools = pools.join(pd.DataFrame({"gpu_hours": g["dt"] / 3600, "gpu_util": g["busy"] / g["dt"]}), how="outer")
-    pools = _derive(pools, gpu_hour_cost)
-    return WeekStats(start, end, pools, _fleet(pools, gpu_hour_cost), _tenants(ss, start, end),
-                     _daily(ss, gpu, start, end))
+    keys = pools(ss)
+    table = pd.DataFrame({col: _counter_by(ss, name, keys, start, end) for col, name in (
+        ("output_tokens", "engine_generation_tokens_total"), ("prompt_tokens", "engine_prompt_tokens_total"),
+        ("prefill_tokens_saved", "engine_prefix_cache_hits_tokens_total"),
+        ("prefix_queries", "engine_prefix_cache_queries_tokens_total"))})
+    gpu, dt = gauge_coverage(ss, "gpu_utilization_ratio")
+    if gpu.sid.size:
+        mask, sids, gkeys = _window(gpu, start, end), np.unique(gpu.sid), gpu_pools(ss)
+        hours = _group(gkeys, _per_sid(ss, gpu, dt, mask), sids) / 3600
+        busy = _group(gkeys, _per_sid(ss, gpu, dt * gpu.value, mask), sids) / 3600
+        table = table.join(pd.DataFrame({"gpu_hours": hours, "gpu_util": busy / hours.where(hours > 0)}),
+                           how="outer")
+    table = _derive(table, gpu_hour_cost)
+    return WeekStats(start, end, table, _fleet(table, gpu_hour_cost), _tenants(ss, start, end),
+                     _daily(ss, start, end))
 
 
 def _derive(pools: pd.DataFrame, cost: float) -> pd.DataFrame:
@@ -264,12 +303,11 @@ def _fleet(pools: pd.DataFrame, cost: float) -> dict[str, float | None]:
 
 
 def _tenants(ss: SeriesSet, start: float, end: float) -> pd.DataFrame:
-    cols = {}
-    for name, col in (("tenant_requests_total", "requests"), ("tenant_prompt_tokens_total", "prompt_tokens"),
-                      ("tenant_cached_tokens_total", "cached_tokens")):
-        inc = _in(counter_increments(ss, name), start, end)
-        if not inc.empty:
-            cols[col] = inc.groupby(ss.label(inc["sid"], "tenant", "unknown").to_numpy())["inc"].sum()
+    keys = ss.label("tenant", "unknown")
+    cols = {col: _counter_by(ss, name, keys, start, end) for name, col in (
+        ("tenant_requests_total", "requests"), ("tenant_prompt_tokens_total", "prompt_tokens"),
+        ("tenant_cached_tokens_total", "cached_tokens"))}
+    cols = {k: v for k, v in cols.items() if v is not None}
     if not cols:
         return pd.DataFrame()
     df = pd.DataFrame(cols)
@@ -278,20 +316,29 @@ def _tenants(ss: SeriesSet, start: float, end: float) -> pd.DataFrame:
     return df.sort_values(df.columns[0], ascending=False)
 
 
-def _daily(ss: SeriesSet, gpu: pd.DataFrame, start: float, end: float) -> pd.DataFrame:
-    inc = _in(counter_increments(ss, "engine_generation_tokens_total"), start, end)
-    day = lambda ts: pd.to_datetime(ts, unit="s", utc=True).dt.floor("D")  # noqa: E731
+def _by_day(pts: Points, weights: np.ndarray, start: float, end: float) -> pd.Series:
+    mask = _window(pts, start, end)
+    day0 = np.floor(start / 86400) * 86400
+    days = ((pts.ts[mask] - day0) // 86400).astype(np.int64)
+    sums = np.bincount(days, weights=weights[mask]) if days.size else np.zeros(0)
+    index = pd.to_datetime(day0 + 86400 * np.arange(sums.size), unit="s", utc=True)
+    return pd.Series(sums, index=index)
+
+
+def _daily(ss: SeriesSet, start: float, end: float) -> pd.DataFrame:
     parts = {}
-    if not inc.empty:
-        parts["output_tokens"] = inc.groupby(day(inc["ts"]))["inc"].sum()
-    if not gpu.empty:
-        g = gpu.assign(busy=gpu["value"] * gpu["dt"]).groupby(day(gpu["ts"]))[["dt", "busy"]].sum()
-        parts["gpu_hours"] = g["dt"] / 3600
-        parts["gpu_util"] = g["busy"] / g["dt"].where(g["dt"] > 0)
+    pts, inc = counter_increments(ss, "engine_generation_tokens_total")
+    if pts.sid.size:
+        parts["output_tokens"] = _by_day(pts, inc, start, end)
+    gpu, dt = gauge_coverage(ss, "gpu_utilization_ratio")
+    if gpu.sid.size:
+        hours = _by_day(gpu, dt, start, end) / 3600
+        parts["gpu_hours"] = hours
+        parts["gpu_util"] = _by_day(gpu, dt * gpu.value, start, end) / 3600 / hours.where(hours > 0)
     df = pd.DataFrame(parts)
     if {"output_tokens", "gpu_hours"} <= set(df):
         df["tokens_per_gpu_hour"] = df["output_tokens"] / df["gpu_hours"].where(df["gpu_hours"] > 0)
-    return df
+    return df.dropna(how="all")
 
 
 # ------------------------------------------------------------------------------ the report
@@ -322,7 +369,9 @@ def build_report(ss: SeriesSet, end: float, gpu_hour_cost: float, source: str,
                  findings: Sequence[Finding] = (), top: int = 10) -> WeeklyReport:
     """The week ending at `end` and, when the data reaches back, the week before it."""
     this = compute_week(ss, end - WEEK_S, end, gpu_hour_cost)
-    first = float(ss.points["ts"].min()) if not ss.points.empty else end
-    previous = compute_week(ss, end - 2 * WEEK_S, end - WEEK_S, gpu_hour_cost) if first <= end - WEEK_S else None
+    first = ss.first_ts()
+    previous = None
+    if first is not None and first <= end - WEEK_S:
+        previous = compute_week(ss, end - 2 * WEEK_S, end - WEEK_S, gpu_hour_cost)
     ranked = sorted(findings, key=lambda f: (-f.score, -(f.until - f.since)))[:top]
     return WeeklyReport(this, previous, gpu_hour_cost, source, ranked)

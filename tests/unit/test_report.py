@@ -1,0 +1,121 @@
+"""Weekly report maths on a small fleet whose right answers are known by construction."""
+
+import numpy as np
+import pytest
+from kvscope.agent.signals import Sample, make_labels
+from kvscope.diagnoser.report import (
+    WEEK_S,
+    build_report,
+    counter_increments,
+    series_set_from_samples,
+)
+from kvscope.diagnoser.report_render import render_html, render_markdown
+
+STEP = 900.0            # 15 min
+END = 1_800_000_000.0   # a Saturday-ish epoch, any value works
+T0 = END - 2 * WEEK_S
+
+
+def _fleet(gpus: bool = True, tenants: bool = True, reset: bool = False) -> list[Sample]:
+    """Two pools: m1 on node n1 (2 GPUs at 30 %), m2 on node n2 (1 GPU at 80 %).
+
+    m1 generates 10 tok/s in week 1 and 20 tok/s in week 2; m2 5 tok/s throughout.
+    """
+    out = []
+    ts = np.arange(T0, END + 1, STEP)
+    gen = {"m1": 0.0, "m2": 0.0}
+    for t in ts:
+        for model, inst, node in (("m1", "a:8000", "n1"), ("m2", "b:8000", "n2")):
+            rate = 5.0 if model == "m2" else (10.0 if t <= END - WEEK_S else 20.0)
+            if t > T0:
+                gen[model] += rate * STEP
+            value = gen[model]
+            if reset and model == "m2" and t >= END - WEEK_S / 2:
+                value = gen[model] - gen_at_reset[0]
+            labels = make_labels({"instance": inst, "model": model, "node": node, "job": "engines"})
+            out.append(Sample("engine_generation_tokens_total", labels, value, t))
+            out.append(Sample("engine_prompt_tokens_total", labels, 4 * value, t))
+            out.append(Sample("engine_prefix_cache_queries_tokens_total", labels, 4 * value, t))
+            out.append(Sample("engine_prefix_cache_hits_tokens_total", labels, value, t))
+            if reset and model == "m2" and abs(t - (END - WEEK_S / 2) + STEP) < 1e-6:
+                gen_at_reset[0] = gen[model] + 5.0 * STEP
+        if gpus:
+            for node, gpu, util in (("n1", "0", 0.3), ("n1", "1", 0.3), ("n2", "0", 0.8)):
+                out.append(Sample("gpu_utilization_ratio", make_labels({"node": node, "gpu": gpu}), util, t))
+        if tenants:
+            for tenant, share, hit in (("acme", 0.75, 0.6), ("tail", 0.25, 0.05)):
+                n = (t - T0) / STEP
+                labels = make_labels({"tenant": tenant})
+                out.append(Sample("tenant_requests_total", labels, 4 * share * n, t))
+                out.append(Sample("tenant_prompt_tokens_total", labels, 1000 * share * n, t))
+                out.append(Sample("tenant_cached_tokens_total", labels, 1000 * share * hit * n, t))
+    return out
+
+
+gen_at_reset = [0.0]
+
+
+def test_tokens_gpu_hours_cost_and_trap_per_pool():
+    report = build_report(series_set_from_samples(_fleet()), END, gpu_hour_cost=2.0, source="test")
+    pools = report.this.pools
+    assert pools.loc["m1 / unified", "output_tokens"] == pytest.approx(20.0 * WEEK_S)
+    assert pools.loc["m2 / unified", "output_tokens"] == pytest.approx(5.0 * WEEK_S)
+    assert pools.loc["m1 / unified", "gpu_hours"] == pytest.approx(2 * 7 * 24)
+    assert pools.loc["m1 / unified", "gpu_util"] == pytest.approx(0.3)
+    assert pools.loc["m1 / unified", "tokens_per_gpu_hour"] == pytest.approx(20.0 * 3600 / 2)
+    assert bool(pools.loc["m1 / unified", "utilisation_trap"]) and not bool(pools.loc["m2 / unified", "utilisation_trap"])
+    assert pools.loc["m2 / unified", "usd_per_1m_tokens"] == pytest.approx(2.0 * 168 / (5.0 * WEEK_S) * 1e6)
+    fleet = report.this.fleet
+    assert fleet["gpu_hours"] == pytest.approx(3 * 168)
+    assert fleet["gpu_util"] == pytest.approx((0.3 * 2 + 0.8) / 3)
+    assert fleet["hit_ratio"] == pytest.approx(0.25)
+    assert fleet["prefill_tokens_saved"] == pytest.approx(25.0 * WEEK_S)
+
+
+def test_week_over_week_deltas():
+    report = build_report(series_set_from_samples(_fleet()), END, gpu_hour_cost=2.0, source="test")
+    d = report.deltas()
+    assert d["output_tokens"] == pytest.approx(25 / 15 - 1)
+    assert d["gpu_hours"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_counter_reset_is_not_a_negative_increase():
+    samples = _fleet(gpus=False, tenants=False, reset=True)
+    ss = series_set_from_samples(samples)
+    _, inc = counter_increments(ss, "engine_generation_tokens_total")
+    assert (inc >= 0).all() and inc.sum() > 0
+    report = build_report(ss, END, 2.0, "test")
+    assert report.this.pools.loc["m2 / unified", "output_tokens"] == pytest.approx(5.0 * WEEK_S, rel=0.01)
+
+
+def test_absent_gpus_stay_absent_not_zero():
+    report = build_report(series_set_from_samples(_fleet(gpus=False)), END, 2.0, "test")
+    assert report.this.fleet["gpu_hours"] is None
+    assert report.this.fleet["tokens_per_gpu_hour"] is None
+    md = render_markdown(report)
+    assert "| Output tokens / GPU-hour | absent |" in md
+    assert "cannot be computed" in md
+
+
+def test_tenants_usage_and_hit_ratio():
+    tenants = build_report(series_set_from_samples(_fleet()), END, 2.0, "test").this.tenants
+    assert list(tenants.index) == ["acme", "tail"]
+    assert tenants.loc["tail", "hit_ratio"] == pytest.approx(0.05)
+    assert tenants.loc["acme", "requests"] == pytest.approx(4 * 0.75 * WEEK_S / STEP)
+
+
+def test_no_previous_week_gives_no_deltas():
+    late = [s for s in _fleet() if s.timestamp > END - WEEK_S]
+    report = build_report(series_set_from_samples(late), END, 2.0, "test")
+    assert report.previous is None
+    assert all(v is None for v in report.deltas().values())
+
+
+def test_html_embeds_plots_and_markdown_has_sections():
+    report = build_report(series_set_from_samples(_fleet()), END, 2.0, "test")
+    page = render_html(report)
+    assert page.count("data:image/png;base64,") == 4
+    assert "utilisation trap" in page
+    md = render_markdown(report)
+    for section in ("## Fleet", "## Utilisation", "## Per model / pool", "## Tenants", "## Top findings"):
+        assert section in md
