@@ -31,8 +31,14 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from kvscope.agent.analytics.fairness import TenantUsage
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.agent.analytics.fairness import (
+    FairnessReport,
+    TenantUsage,
+    evaluate_fairness,
+    render_fairness_samples,
+)
+from kvscope.agent.export import canonical_families
+from kvscope.agent.signals import Sample, load_catalog, make_labels
 from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
 from kvscope.agent.tap.sse import SseSplitter, classify_event, parse_usage
 from kvscope.agent.tap.tenants import TenantLimiter, parse_tenant
@@ -137,6 +143,8 @@ class RequestTap:
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.config.read_timeout_s))
         app = web.Application(client_max_size=self.config.max_request_bytes)
+        app.router.add_get("/kvscope/metrics", self._metrics)
+        app.router.add_get("/kvscope/fairness", self._fairness)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, auto_decompress=False)
         await self._runner.setup()
@@ -153,6 +161,19 @@ class RequestTap:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    # ------------------------------------------------------------ the tap's own endpoints
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """The tap's series in Prometheus text format (names as in the catalog, no prefix)."""
+        out: list[str] = []
+        samples = self.render_samples() + render_fairness_samples(evaluate_fairness(self.tenant_usage()))
+        for fam in canonical_families(samples, load_catalog()):
+            fam.render(out)
+        return web.Response(text="".join(out), content_type="text/plain", charset="utf-8")
+
+    async def _fairness(self, request: web.Request) -> web.Response:
+        """Per-tenant fairness since the tap started, as JSON."""
+        return web.json_response(render_fairness_json(evaluate_fairness(self.tenant_usage())))
 
     # ------------------------------------------------------------ proxying
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -364,3 +385,11 @@ def _str(v: Any) -> str | None:
 
 def _response_headers(up: aiohttp.ClientResponse) -> dict[str, str]:
     return {k: v for k, v in up.headers.items() if k.lower() not in _HOP}
+
+
+def render_fairness_json(report: FairnessReport) -> dict[str, Any]:
+    """A fairness report as plain JSON (None stays null: absent, not zero)."""
+    return {"aggregate_hit_ratio": report.aggregate_hit_ratio, "jain_index": report.jain_index,
+            "cold_tenant_ratio": report.cold_tenant_ratio, "tail_gap_ratio": report.tail_gap_ratio,
+            "worst_tenant": report.worst_tenant,
+            "tenants": {name: dict(t.__dict__) for name, t in report.tenants.items()}}

@@ -8,8 +8,10 @@ the time went, with a `kvscope.phase` attribute. Pure.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
+import aiohttp
 from kvscope.agent.traces.otlp import Span
 from kvscope.agent.traces.stitch import RequestRecord
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -79,3 +81,45 @@ def encode_spans(spans: list[Span]) -> bytes:
                 p.parent_span_id = bytes.fromhex(s.parent_id)
             p.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in s.attributes.items())
     return req.SerializeToString()
+
+
+class SpanBatchExporter:
+    """Ships spans to an OTLP/HTTP endpoint in batches from a bounded buffer (drops when full).
+
+    `add()` is cheap and never blocks, so the tap can hand it spans on its hot path; `run()` is
+    the sending task, `close()` sends what is left.
+    """
+
+    def __init__(self, url: str, max_buffer: int = 10_000, interval_s: float = 1.0, timeout_s: float = 5.0) -> None:
+        self.url, self.max_buffer, self.interval_s, self.timeout_s = url, max_buffer, interval_s, timeout_s
+        self._buf: list[Span] = []
+        self.sent = self.dropped = self.failed = 0
+
+    def add(self, spans: list[Span]) -> None:
+        room = self.max_buffer - len(self._buf)
+        self._buf.extend(spans[:max(0, room)])
+        self.dropped += max(0, len(spans) - max(0, room))
+
+    async def run(self) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as session:
+            try:
+                while True:
+                    await asyncio.sleep(self.interval_s)
+                    await self._send(session)
+            finally:
+                await self._send(session)
+
+    async def _send(self, session: aiohttp.ClientSession) -> None:
+        batch, self._buf = self._buf, []
+        if not batch:
+            return
+        try:
+            async with session.post(self.url, data=encode_spans(batch),
+                                    headers={"Content-Type": "application/x-protobuf"}) as r:
+                await r.read()
+                if r.status >= 300:
+                    self.failed += len(batch)
+                    return
+            self.sent += len(batch)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            self.failed += len(batch)

@@ -1,0 +1,113 @@
+"""`kvscope tap`: an OpenAI-compatible reverse proxy that measures every request per tenant."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Any
+
+from kvscope.agent.tap.proxy import RequestTap, TapConfig
+from kvscope.agent.traces.export import SpanBatchExporter
+
+DESCRIPTION = """\
+Put kvscope between clients (or a router) and an OpenAI-compatible engine (vLLM, SGLang).
+Every /v1/chat/completions and /v1/completions request passes through unchanged, byte for
+byte, while the tap records per tenant: requests, prompt tokens, tokens the engine served from
+its prefix cache (usage.prompt_tokens_details.cached_tokens; vLLM needs
+--enable-prompt-tokens-details, SGLang --enable-cache-report), client-side TTFT and gaps
+between streamed chunks, and how much of each prompt had already been seen recently (reuse
+potential, from chained hashes of prompt blocks; no prompt text is ever kept). The difference
+between reusable and cached tokens is reuse the cache lost.
+
+The tenant is the --tenant-header value, else the OpenAI `user` field, else a short hash of the
+API key (never the key). The first --max-tenants tenants keep their name, later ones are
+counted as `other`.
+
+With several --upstream URLs requests are spread round-robin, and the tap also measures how
+often one prefix is served by more than one replica (split cache domains).
+
+The tap starts a trace per request and sends `traceparent` upstream, so the engine's own spans
+(vLLM --otlp-traces-endpoint) join it; with --otlp-endpoint the tap's spans, carrying the
+tenant, go to kvscope's OTLP receiver, which stitches both.
+
+Reserved paths on the listen address: /kvscope/metrics (Prometheus text) and
+/kvscope/fairness (JSON per-tenant fairness since start).
+"""
+
+EXAMPLES = """\
+examples:
+  kvscope tap --upstream http://127.0.0.1:8000
+  kvscope tap --upstream http://10.0.0.5:8000 --upstream http://10.0.0.6:8000 \\
+      --listen 127.0.0.1:8001 --tenant-header X-Tenant --otlp-endpoint http://127.0.0.1:4318/v1/traces
+  curl -s 127.0.0.1:8001/kvscope/fairness | jq .
+"""
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("tap", help="per-tenant measuring reverse proxy for OpenAI-compatible engines",
+                              description=DESCRIPTION, epilog=EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--upstream", action="append", required=True, metavar="URL",
+                   help="engine base URL, e.g. http://127.0.0.1:8000 (repeat for round-robin over replicas)")
+    p.add_argument("--listen", default="127.0.0.1:8001", metavar="HOST:PORT",
+                   help="where clients connect (default 127.0.0.1:8001; loopback unless you choose otherwise)")
+    p.add_argument("--tenant-header", default="X-Tenant", metavar="NAME",
+                   help="request header naming the tenant (default X-Tenant; '' to use only `user` / key hash)")
+    p.add_argument("--max-tenants", type=int, default=50, metavar="N",
+                   help="tenants with their own label; later ones are counted as `other` (default 50)")
+    p.add_argument("--no-inject-usage", action="store_true",
+                   help="never add stream_options.include_usage upstream (streams that did not ask for "
+                        "usage then give no token counts)")
+    p.add_argument("--otlp-endpoint", metavar="URL",
+                   help="send the tap's spans (OTLP/HTTP protobuf) here, e.g. http://127.0.0.1:4318/v1/traces")
+    p.add_argument("--block-chars", type=int, default=64, metavar="N",
+                   help="prompt block size for reuse hashing, in characters (about N/4 tokens; default 64)")
+    p.add_argument("--prefix-window", type=float, default=900.0, metavar="SECONDS",
+                   help="a prompt block counts as reusable if seen within this many seconds (default 900)")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> TapConfig:
+    return TapConfig(upstreams=tuple(args.upstream), listen=args.listen, tenant_header=args.tenant_header or None,
+                     inject_usage=not args.no_inject_usage, max_tenants=args.max_tenants,
+                     block_chars=args.block_chars, prefix_window_s=args.prefix_window)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = config_from_args(args)
+        cfg.host_port()
+    except ValueError as e:
+        print(f"kvscope tap: bad argument: {e}")
+        return 2
+    try:
+        asyncio.run(_serve(cfg, args.otlp_endpoint))
+    except OSError as e:
+        print(f"kvscope tap: cannot listen on {cfg.listen}: {e}")
+        return 1
+    return 0
+
+
+async def _serve(cfg: TapConfig, otlp_endpoint: str | None) -> None:
+    exporter = SpanBatchExporter(otlp_endpoint) if otlp_endpoint else None
+    tap = RequestTap(cfg, span_sink=exporter.add if exporter else None)
+    await tap.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    sender = asyncio.create_task(exporter.run()) if exporter else None
+    print(f"kvscope tap: listening on {cfg.host_port()[0]}:{tap.port}, forwarding to {', '.join(cfg.upstreams)}",
+          flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await tap.stop()
+        if sender is not None:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
