@@ -1,0 +1,90 @@
+"""KV cache events (vLLM / SGLang ZMQ publisher) -> typed events. Pure: bytes in, events out.
+
+Wire (engine-metrics.md §1.9, §2.8): a ZMQ multipart message `[topic, seq (8-byte big-endian),
+payload]`; the payload is a msgpack array `[ts, events, dp_rank]` (dp_rank missing in older
+releases). Each event is a map tagged with `type` (BlockStored | BlockRemoved |
+AllBlocksCleared), or, from older array-encoded publishers, an array whose first item is the tag
+followed by the fields in declaration order. Unknown event types are skipped, not errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import msgspec
+
+_DECODER = msgspec.msgpack.Decoder()
+
+# Positional field order of array-encoded events (tag first).
+_ARRAY_FIELDS = {
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}
+
+
+class KvEventError(ValueError):
+    """A payload that is not a KV event batch."""
+
+
+class KvEvent(NamedTuple):
+    """One block event. `block_hashes` are ints or bytes exactly as published (never token ids)."""
+
+    kind: str                        # stored | removed | cleared
+    ts: float
+    dp_rank: int | None
+    block_hashes: tuple[Any, ...]
+    medium: str | None = None
+    session_id: str | None = None
+    parent_block_hash: Any = None
+
+
+_KIND = {"BlockStored": "stored", "BlockRemoved": "removed", "AllBlocksCleared": "cleared"}
+
+
+def parse_seq(frame: bytes) -> int:
+    """The 8-byte big-endian sequence number frame (-1 is the replay end marker)."""
+    if len(frame) != 8:
+        raise KvEventError(f"sequence frame has {len(frame)} bytes, want 8")
+    return int.from_bytes(frame, "big", signed=True)
+
+
+def parse_kv_batch(payload: bytes) -> list[KvEvent]:
+    """Decode one msgpack `[ts, events, dp_rank]` batch into events (token ids are not kept)."""
+    try:
+        doc = _DECODER.decode(payload)
+    except msgspec.DecodeError as e:
+        raise KvEventError(f"not msgpack: {e}") from e
+    if not isinstance(doc, list) or len(doc) < 2 or not isinstance(doc[1], list):
+        raise KvEventError("KV event batch must be an array [ts, events, dp_rank]")
+    ts = float(doc[0]) if isinstance(doc[0], (int, float)) else 0.0
+    dp = doc[2] if len(doc) > 2 and isinstance(doc[2], int) else None
+    out = []
+    for raw in doc[1]:
+        ev = _event(raw, ts, dp)
+        if ev is not None:
+            out.append(ev)
+    return out
+
+
+def _fields(raw: Any) -> tuple[str | None, dict[str, Any]]:
+    if isinstance(raw, dict):
+        return raw.get("type"), raw
+    if isinstance(raw, list) and raw and isinstance(raw[0], str):
+        names = _ARRAY_FIELDS.get(raw[0], ())
+        return raw[0], dict(zip(names, raw[1:], strict=False))
+    return None, {}
+
+
+def _event(raw: Any, ts: float, dp: int | None) -> KvEvent | None:
+    tag, f = _fields(raw)
+    kind = _KIND.get(tag or "")
+    if kind is None:
+        return None
+    hashes = f.get("block_hashes") or ()
+    if not isinstance(hashes, (list, tuple)):
+        hashes = (hashes,)
+    session = f.get("session_id")
+    medium = f.get("medium")
+    return KvEvent(kind, ts, dp, tuple(hashes), medium if isinstance(medium, str) else None,
+                   str(session) if session is not None else None, f.get("parent_block_hash"))

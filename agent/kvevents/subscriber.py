@@ -1,0 +1,150 @@
+"""ZMQ subscriber for engine KV events; a collector that reports residency and churn series.
+
+Config (agent YAML, section `kv_events`; one entry per engine publisher)::
+
+    kv_events:
+      - endpoint: ipc:///run/vllm/kv-events.sock   # vLLM binds ipc/`*` endpoints; we connect
+        instance: 127.0.0.1:8000                    # the engine's scrape instance, for joins
+        topic: kv                                   # optional ZMQ topic prefix ("" = all)
+
+vLLM adds the DP rank to a tcp port per rank: list one entry per rank. PUB/SUB drops what was
+published before the subscriber connected (slow joiner), so start the agent before traffic, or
+accept that early blocks show up as `removed_unknown`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from kvscope.agent.collectors.base import Collection, Health, register_collector
+from kvscope.agent.config import ConfigError, register_section
+from kvscope.agent.kvevents.events import KvEventError, parse_kv_batch, parse_seq
+from kvscope.agent.kvevents.residency import ResidencyTracker
+
+log = logging.getLogger("kvscope.kvevents")
+
+
+@dataclass(frozen=True)
+class KvEventSource:
+    endpoint: str
+    instance: str
+    topic: str = ""
+
+
+def parse_kv_events_config(raw: Any) -> list[KvEventSource]:
+    """Validate the `kv_events` section (a list of {endpoint, instance, topic})."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"kv_events: must be a list of {{endpoint, instance}}, got {raw!r}")
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or not item.get("endpoint") or not item.get("instance"):
+            raise ConfigError(f"kv_events[{i}]: needs endpoint and instance, got {item!r}")
+        if not str(item["endpoint"]).startswith(("ipc://", "tcp://", "inproc://")):
+            raise ConfigError(f"kv_events[{i}].endpoint: must be ipc://, tcp:// or inproc://")
+        out.append(KvEventSource(str(item["endpoint"]), str(item["instance"]), str(item.get("topic", ""))))
+    return out
+
+
+register_section("kv_events", parse_kv_events_config)
+
+
+class KvEventSubscriber:
+    """Subscribes to one publisher and feeds a ResidencyTracker. `start()` / `stop()`."""
+
+    def __init__(self, source: KvEventSource, tracker: ResidencyTracker | None = None,
+                 context: zmq.asyncio.Context | None = None) -> None:
+        self.source = source
+        self.tracker = tracker or ResidencyTracker(source.instance)
+        self.stats: Counter[str] = Counter()
+        self._ctx = context or zmq.asyncio.Context.instance()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._last_seq: int | None = None
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
+        sock.connect(self.source.endpoint)
+        self._sock = sock
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    async def _loop(self) -> None:
+        assert self._sock is not None
+        while True:
+            frames = await self._sock.recv_multipart()
+            self.handle(frames)
+
+    def handle(self, frames: list[bytes]) -> None:
+        """One multipart message: [topic, seq, payload] (or [seq, payload] without topic)."""
+        try:
+            if len(frames) not in (2, 3):
+                raise KvEventError(f"{len(frames)} frames, want [topic, seq, payload]")
+            seq = parse_seq(frames[-2])
+            events = parse_kv_batch(frames[-1])
+        except KvEventError as e:
+            self.stats["bad_message"] += 1
+            log.debug("bad KV event message from %s: %s", self.source.endpoint, e)
+            return
+        if self._last_seq is not None and seq > self._last_seq + 1:
+            self.stats["missed_batches"] += seq - self._last_seq - 1
+        self._last_seq = seq
+        self.stats["batches"] += 1
+        self.stats["events"] += len(events)
+        self.tracker.apply(events)
+
+
+@register_collector("kv_events", default_enabled=True)
+class KvEventsCollector:
+    """Residency / churn series from every configured KV-event publisher (inert without config)."""
+
+    name = "kv_events"
+
+    def __init__(self, config: Any = None) -> None:
+        section = getattr(config, "extensions", {}).get("kv_events") if config is not None else None
+        sources = section if section is None or isinstance(section, list) and all(
+            isinstance(s, KvEventSource) for s in section) else parse_kv_events_config(section)
+        self.subscribers = [KvEventSubscriber(s) for s in sources or []]
+        self._reported: dict[str, Counter[str]] = {}
+
+    async def collect(self) -> Collection:
+        coll = Collection()
+        for sub in self.subscribers:
+            await sub.start()
+            health = Health(collector=self.name, target=sub.source.instance)
+            totals = sub.stats + sub.tracker.stats
+            delta = totals - self._reported.get(sub.source.endpoint, Counter())
+            self._reported[sub.source.endpoint] = Counter(totals)
+            health.errors.update({k: v for k, v in delta.items() if k in ("bad_message", "missed_batches")})
+            health.dropped.update({k: v for k, v in delta.items() if k.endswith("_overflow")})
+            samples = sub.tracker.render_samples(time.time())
+            health.series = len(samples)
+            coll.samples.extend(samples)
+            coll.health.append(health)
+        return coll
+
+    async def close(self) -> None:
+        for sub in self.subscribers:
+            await sub.stop()

@@ -1,0 +1,131 @@
+"""KV events: decoding (map- and array-encoded), residency / churn / hot-eviction logic, ZMQ wiring."""
+
+import asyncio
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+from kvscope.agent.kvevents.events import KvEventError, parse_kv_batch, parse_seq
+from kvscope.agent.kvevents.residency import ResidencyTracker
+from kvscope.agent.kvevents.subscriber import KvEventSource, KvEventSubscriber, parse_kv_events_config
+
+ENC = msgspec.msgpack.Encoder()
+H1, H2, H3 = 9639650443363922608, 10089782939432059628, 17415555505625026712
+
+
+def stored(*hashes, session=None):
+    ev = {"type": "BlockStored", "block_hashes": list(hashes), "parent_block_hash": None,
+          "token_ids": list(range(32 * len(hashes))), "block_size": 32, "medium": "GPU", "group_idx": 0,
+          "kv_cache_spec_kind": "full_attention"}
+    if session:
+        ev["session_id"] = session
+    return ev
+
+
+def removed(*hashes):
+    return {"type": "BlockRemoved", "block_hashes": list(hashes), "medium": "GPU", "group_idx": 0}
+
+
+def batch(ts, *events, dp=0):
+    return ENC.encode([ts, list(events), dp])
+
+
+def test_parse_map_encoded_batch_like_vllm_0_32():
+    evs = parse_kv_batch(batch(1795324915.58, stored(H1, H2), removed(H3), {"type": "AllBlocksCleared"},
+                               {"type": "SomethingNew"}))
+    assert [e.kind for e in evs] == ["stored", "removed", "cleared"]
+    assert evs[0].block_hashes == (H1, H2) and evs[0].medium == "GPU" and evs[0].dp_rank == 0
+    assert not hasattr(evs[0], "token_ids")                      # token ids are never kept
+
+
+def test_parse_array_encoded_events_and_missing_dp_rank():
+    payload = ENC.encode([5.0, [["BlockStored", [H1], None, [1, 2], 16, None, "GPU"], ["BlockRemoved", [H1]]]])
+    evs = parse_kv_batch(payload)
+    assert [(e.kind, e.block_hashes, e.dp_rank) for e in evs] == [("stored", (H1,), None), ("removed", (H1,), None)]
+
+
+@pytest.mark.parametrize("payload", [b"\xc1", ENC.encode({"a": 1}), ENC.encode([1.0])])
+def test_bad_batches_raise(payload):
+    with pytest.raises(KvEventError):
+        parse_kv_batch(payload)
+
+
+def test_seq_frame():
+    assert parse_seq((5).to_bytes(8, "big")) == 5 and parse_seq((-1).to_bytes(8, "big", signed=True)) == -1
+    with pytest.raises(KvEventError):
+        parse_seq(b"\x01")
+
+
+def _values(tracker):
+    return {(s.name, s.label("le")): s.value for s in tracker.render_samples() if s.label("le") in (None, "10.0")}
+
+
+def test_residency_churn_and_hot_evictions():
+    t = ResidencyTracker("e0:8000", churn_window_s=60, hot_min_uses=2)
+    t.apply(parse_kv_batch(batch(100.0, stored(H1, H2))))
+    t.apply(parse_kv_batch(batch(104.0, removed(H1))))           # resident 4 s
+    t.apply(parse_kv_batch(batch(105.0, stored(H1, session="s1"))))   # recomputed (1 use)
+    t.apply(parse_kv_batch(batch(106.0, removed(H1))))
+    t.apply(parse_kv_batch(batch(107.0, stored(H1, session="s1"))))   # recomputed again (2 uses)
+    t.apply(parse_kv_batch(batch(108.0, removed(H1))))           # a hot block evicted: LRU failure
+    t.apply(parse_kv_batch(batch(500.0, stored(H1))))            # outside the churn window: not churn
+    t.apply(parse_kv_batch(batch(501.0, removed(H3))))           # never seen stored: unknown
+    v = _values(t)
+    assert v[("kv_blocks_stored_total", None)] == 5
+    assert v[("kv_blocks_removed_total", None)] == 4
+    assert v[("kv_blocks_evicted_recomputed_total", None)] == 2
+    assert v[("kv_hot_blocks_evicted_total", None)] == 1
+    assert v[("kv_block_residency_seconds_count", None)] == 3
+    assert v[("kv_block_residency_seconds_sum", None)] == pytest.approx(6.0)
+    assert t.session_recomputed == {"s1": 2} and t.stats["removed_unknown"] == 1
+
+
+def test_reuse_reports_make_a_block_hot():
+    t = ResidencyTracker("e0", hot_min_uses=2)
+    t.apply(parse_kv_batch(batch(1.0, stored(H1), stored(H1), stored(H1), removed(H1))))
+    assert _values(t)[("kv_hot_blocks_evicted_total", None)] == 1
+
+
+def test_tracker_is_bounded():
+    t = ResidencyTracker("e0", max_blocks=2)
+    t.apply(parse_kv_batch(batch(1.0, stored(H1, H2, H3))))
+    assert t.stats["resident_overflow"] == 1
+
+
+def test_config_validation():
+    assert parse_kv_events_config([{"endpoint": "ipc:///tmp/x.sock", "instance": "a:1"}])[0].topic == ""
+    for bad in ({"endpoint": "x"}, [{"endpoint": "http://x", "instance": "a"}], [{"endpoint": "ipc:///x"}]):
+        with pytest.raises(ValueError):
+            parse_kv_events_config(bad)
+
+
+def test_subscriber_over_ipc_counts_events_gaps_and_bad_messages(tmp_path):
+    endpoint = f"ipc://{tmp_path}/kv.sock"
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        pub = ctx.socket(zmq.PUB)
+        pub.bind(endpoint)
+        sub = KvEventSubscriber(KvEventSource(endpoint, "e0:8000", "kv"), context=ctx)
+        await sub.start()
+        try:
+            for _ in range(50):                                   # slow joiner: wait until connected
+                await pub.send_multipart([b"kv", (0).to_bytes(8, "big"), batch(1.0, stored(H1))])
+                await asyncio.sleep(0.02)
+                if sub.stats["batches"]:
+                    break
+            base = sub._last_seq
+            await pub.send_multipart([b"kv", (base + 3).to_bytes(8, "big"), batch(2.0, removed(H1))])
+            await pub.send_multipart([b"kv", (base + 4).to_bytes(8, "big"), b"\xc1garbage"])
+            await pub.send_multipart([b"other", (0).to_bytes(8, "big"), batch(3.0, stored(H2))])  # other topic
+            await asyncio.sleep(0.2)
+        finally:
+            await sub.stop()
+            pub.close(linger=0)
+            ctx.term()
+        return sub
+
+    sub = asyncio.run(main())
+    assert sub.stats["missed_batches"] == 2 and sub.stats["bad_message"] == 1
+    assert _values(sub.tracker)[("kv_blocks_removed_total", None)] == 1
