@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvscope.agent.signals import Catalog, load_catalog
+from kvscope.diagnoser.promrules_sources import AGENT_PREFIX, _escape_re, name_selector, quote
 from kvscope.diagnoser.rule import Rule, parse_duration
 
 SUBQUERY_STEP = "15s"
@@ -53,6 +55,10 @@ def _duration(value: Any) -> str:
     return f"{int(seconds * 1000)}ms"
 
 
+def _plus(by: str, label: str) -> str:
+    return f"{by}, {label}" if by else label
+
+
 def _number(value: Any) -> str:
     x = float(value)
     return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
@@ -71,7 +77,7 @@ class SeriesCompiler:
         if "by" in node:
             return tuple(node["by"])
         refs = self._refs(node)
-        if refs and self._form(node) in ("ratio", "diff", "product"):
+        if refs and self._form(node) in ("ratio", "sum", "diff", "product"):
             return max((self.by_of(r) for r in refs), key=len)
         if refs:
             return self.by_of(refs[0])
@@ -90,7 +96,7 @@ class SeriesCompiler:
 
     @staticmethod
     def _form(node: dict[str, Any]) -> str:
-        for form in ("gauge", "rate", "increase", "quantile", "mean", "count", "ratio", "diff", "product",
+        for form in ("gauge", "rate", "increase", "quantile", "mean", "count", "ratio", "sum", "diff", "product",
                      "scale", "over_time", "deriv", "changes", "aggregate"):
             if form in node:
                 return form
@@ -98,7 +104,7 @@ class SeriesCompiler:
 
     @staticmethod
     def _refs(node: dict[str, Any]) -> list[str]:
-        for key in ("ratio", "diff", "product"):
+        for key in ("ratio", "sum", "diff", "product"):
             if key in node:
                 return [str(x) for x in node[key]]
         for key in ("scale", "deriv", "changes"):
@@ -115,34 +121,43 @@ class SeriesCompiler:
         if set(by_a) == set(by_b):
             return ""
         if set(by_b) <= set(by_a):
-            return f" on ({', '.join(by_b)}) group_left"
+            return f" on ({', '.join(by_b)}) group_left()"
         if set(by_a) <= set(by_b):
-            return f" on ({', '.join(by_a)}) group_right"
+            return f" on ({', '.join(by_a)}) group_right()"
         raise NotExpressible(f"series {a!r} and {b!r} share no grouping")
 
     # ---------------------------------------------------------------- signal forms
+    @staticmethod
+    def _sel(node: dict[str, Any], series: str) -> str:
+        """`kvscope:<series>` with the node's `match` label filter (absent label = "")."""
+        match = node.get("match") or {}
+        parts = []
+        for label, allowed in sorted(match.items()):
+            values = allowed if isinstance(allowed, list) else [allowed]
+            parts.append(f'{label}=~"{quote("|".join(_escape_re(str(v)) for v in values))}"')
+        return f"kvscope:{series}" + ("{" + ",".join(parts) + "}" if parts else "")
+
     def _gauge(self, node: dict[str, Any], by: str) -> str:
-        return f"{node.get('agg', 'sum')} by ({by}) (kvscope:{node['gauge']})"
+        return f"{node.get('agg', 'sum')} by ({by}) ({self._sel(node, node['gauge'])})"
 
     def _rate(self, node: dict[str, Any], by: str) -> str:
-        return f"sum by ({by}) (rate(kvscope:{node['rate']}[{self._range(node, '1m')}]))"
+        return f"sum by ({by}) (rate({self._sel(node, node['rate'])}[{self._range(node, '1m')}]))"
 
     def _increase(self, node: dict[str, Any], by: str) -> str:
-        return f"sum by ({by}) (increase(kvscope:{node['increase']}[{self._range(node, '5m')}]))"
+        return f"sum by ({by}) (increase({self._sel(node, node['increase'])}[{self._range(node, '5m')}]))"
 
     def _quantile(self, node: dict[str, Any], by: str) -> str:
         q = _number(self.rule.resolve(node["quantile"]))
-        rng = self._range(node, "5m")
-        return f"histogram_quantile({q}, sum by ({by}, le) (rate(kvscope:{node['histogram']}_bucket[{rng}])))"
+        rng, sel = self._range(node, "5m"), self._sel(node, str(node["histogram"]) + "_bucket")
+        return f"histogram_quantile({q}, sum by ({_plus(by, 'le')}) (rate({sel}[{rng}])))"
 
     def _mean(self, node: dict[str, Any], by: str) -> str:
-        s, rng = node["mean"], self._range(node, "5m")
-        return (f"sum by ({by}) (rate(kvscope:{s}_sum[{rng}]))\n/\n"
-                f"(sum by ({by}) (rate(kvscope:{s}_count[{rng}])) > 0)")
+        s, rng = str(node["mean"]), self._range(node, "5m")
+        return (f"sum by ({by}) (rate({self._sel(node, s + '_sum')}[{rng}]))\n/\n"
+                f"(sum by ({by}) (rate({self._sel(node, s + '_count')}[{rng}])) > 0)")
 
     def _count(self, node: dict[str, Any], by: str) -> str:
-        inner = f"{by}, instance" if by else "instance"
-        return f"count by ({by}) (count by ({inner}) (kvscope:{node['count']}))"
+        return f"count by ({by}) (count by ({_plus(by, 'instance')}) ({self._sel(node, node['count'])}))"
 
     # ---------------------------------------------------------------- combinations
     def _ratio(self, node: dict[str, Any], by: str) -> str:
@@ -150,6 +165,10 @@ class SeriesCompiler:
         min_den = float(self.rule.resolve(node.get("min_den", 0.0)))
         guard = f"> {_number(min_den)}" if min_den <= 0 else f">= {_number(min_den)}"
         return f"({self.expr(a)})\n/{self._join(a, b)}\n(({self.expr(b)}) {guard})"
+
+    def _sum(self, node: dict[str, Any], by: str) -> str:
+        a, b = (str(x) for x in node["sum"])
+        return f"({self.expr(a)})\n+{self._join(a, b)}\n({self.expr(b)})"
 
     def _diff(self, node: dict[str, Any], by: str) -> str:
         a, b = (str(x) for x in node["diff"])
@@ -186,8 +205,9 @@ class SeriesCompiler:
 class ConditionCompiler:
     """PromQL for `when` conditions; every condition keeps the labels of its left series."""
 
-    def __init__(self, rule: Rule, series: SeriesCompiler) -> None:
+    def __init__(self, rule: Rule, series: SeriesCompiler, catalog: Catalog | None = None) -> None:
         self.rule, self.series = rule, series
+        self.catalog = catalog or load_catalog()
 
     def condition(self, cond: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
         """(expression, its grouping)."""
@@ -225,26 +245,51 @@ class ConditionCompiler:
             return f"{times} * {shifted}"
         raise NotExpressible("condition has no right side")
 
-    def combine(self, block: dict[str, Any]) -> str:
-        """`all` conditions joined with `and`, `any` with `or`; coarser ones joined on their labels."""
+    def combine(self, block: dict[str, Any], facts: list[dict[str, Any]] | None = None) -> str:
+        """`all` conditions joined with `and`, `any` with `or`. A condition on a coarser series
+        (e.g. fleet-wide, `by: []`) is joined onto the rule's groups on its own labels, as the
+        Python engine broadcasts it."""
         conds = [self.condition(c) for c in block.get("all") or []]
-        anys = [self.condition(c) for c in block.get("any") or []]
-        if anys:
-            any_by = anys[0][1]
-            if any(set(b) != set(any_by) for _, b in anys):
-                raise NotExpressible("`any` conditions with different groupings")
-            conds.append(("\nor\n".join(f"({e})" for e, _ in anys), any_by))
         if not conds:
-            raise NotExpressible("no conditions")
+            raise NotExpressible("no `all` condition to define the rule's groups")
         conds.sort(key=lambda c: -len(c[1]))
         (first, first_by), rest = conds[0], conds[1:]
         if set(first_by) != set(self.rule.by):
-            raise NotExpressible(f"no condition is grouped by the rule's labels {list(self.rule.by)}")
+            raise NotExpressible(f"no `all` condition is grouped by the rule's labels {list(self.rule.by)}")
         out = f"({first})"
         for expr, by in rest:
-            on = "" if set(by) == set(first_by) else f" on ({', '.join(by)})"
-            out += f"\nand{on}\n({expr})"
+            out += f"\nand{self._on(by)}\n({expr})"
+        anys = [self.condition(c) for c in block.get("any") or []]
+        if anys:
+            ref = self.series.expr(str((block.get("all") or [])[0]["series"])) if any(
+                set(b) != set(first_by) for _, b in anys) else ""
+            terms = [f"({e})" if set(b) == set(first_by) else f"(({ref})\nand{self._on(b)}\n({e}))"
+                     for e, b in anys]
+            out += "\nand\n(\n" + "\nor\n".join(terms) + "\n)"
+        for fact in facts or []:
+            out += f"\nand on (instance)\n{self.fact(fact)}"
         return out
+
+    def _on(self, by: tuple[str, ...]) -> str:
+        return "" if set(by) == set(self.rule.by) else f" on ({', '.join(by)})"
+
+    def fact(self, fact: dict[str, Any]) -> str:
+        """Instances whose info gauge (agent `kvscope_engine_info` or the engine's own, e.g.
+        `vllm:cache_config_info`) carries the fact; an unknown fact fails, as in Python."""
+        if "instance" not in self.rule.by:
+            raise NotExpressible("tests an engine fact but is not grouped by instance")
+        op = str(fact.get("op", "=="))
+        if op not in ("==", "!="):
+            raise NotExpressible(f"fact operator {op!r}")
+        name, value = str(fact["fact"]), quote(str(self.rule.resolve(fact["value"])))
+        matchers = [f'{name}="{value}"'] if op == "==" else [f'{name}!="{value}"', f'{name}!=""']
+        names = (AGENT_PREFIX + "engine_info", *info_gauges(self.catalog))
+        return f"group by (instance) ({name_selector(names, matchers)})"
+
+
+def info_gauges(catalog: Catalog) -> tuple[str, ...]:
+    """Engine info-style gauges whose labels are facts (from the catalog's `facts`)."""
+    return tuple(f.name for f in catalog.facts if f.fact is None)
 
 
 def compile_rule(rule: Rule, runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]] | PythonOnly:
@@ -255,13 +300,11 @@ def compile_rule(rule: Rule, runbook_base: str = RUNBOOK_BASE) -> list[dict[str,
     missing = rule.missing_params()
     if missing:
         return PythonOnly(rule.id, f"parameter(s) {', '.join(missing)} have no default; set them to enable")
-    if doc.get("facts"):
-        return PythonOnly(rule.id, "tests engine facts read from info gauges")
     try:
         series = SeriesCompiler(rule)
         conds = ConditionCompiler(rule, series)
         when = doc.get("when") or {}
-        expr = conds.combine(when)
+        expr = conds.combine(when, doc.get("facts"))
         critical = conds.combine(doc["critical_when"]) if doc.get("critical_when") else None
     except (NotExpressible, KeyError, ValueError) as exc:
         return PythonOnly(rule.id, str(exc) or type(exc).__name__)
