@@ -1,0 +1,120 @@
+"""Streamlit AppTest of the UI logic: every page renders, the triage card names the likely cause.
+
+The recording here is synthetic (a unit test of our own logic): vLLM-named series of a KV-pressure
+incident, written with the real recording writer and read back through the real replay path.
+The browser test (tests/e2e/test_ui_browser.py) uses a real vLLM recording.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.recording import RecordingWriter
+from kvscope.ui import data as ui_data
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(ui_data.__file__).with_name("app.py"))
+T0 = 1_790_000_000.0
+
+
+def _scrape(t: float, kv: float, preempted: float, waiting: int, ttft_count: float) -> str:
+    model = 'model_name="tiny",engine="0"'
+    return (
+        f"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{{model}}} {kv}\n"
+        f"# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total{{{model}}} {preempted}\n"
+        f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{model}}} 8\n"
+        f"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{{model}}} {waiting}\n"
+        f"# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{{{model}}} {40 * (t - T0)}\n"
+        f"# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{{{model}}} {200 * (t - T0)}\n"
+        f"# TYPE vllm:time_to_first_token_seconds histogram\n"
+        f'vllm:time_to_first_token_seconds_bucket{{{model},le="0.5"}} {ttft_count / 2}\n'
+        f'vllm:time_to_first_token_seconds_bucket{{{model},le="+Inf"}} {ttft_count}\n'
+        f"vllm:time_to_first_token_seconds_sum{{{model}}} {ttft_count * 0.6}\n"
+        f"vllm:time_to_first_token_seconds_count{{{model}}} {ttft_count}\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def kv_incident(tmp_path_factory) -> Path:
+    """10 minutes at 5 s: healthy for 3 minutes, then KV at 97 % with 0.5 preemptions/s."""
+    path = tmp_path_factory.mktemp("rec") / "kv-incident.om"
+    writer = RecordingWriter(path)
+    preempted = 0.0
+    for i in range(121):
+        t = T0 + 5 * i
+        hot = i >= 36
+        preempted += 2.5 if hot else 0.0
+        writer.add_scrape("vllm", "127.0.0.1:8000", t, parse_exposition(
+            _scrape(t, 0.97 if hot else 0.4, preempted, 6 if hot else 0, 2.0 * i), openmetrics=False))
+    return writer.close()
+
+
+def _app(monkeypatch, recording: Path | None) -> AppTest:
+    for var in ui_data.ENV.values():
+        monkeypatch.delenv(var, raising=False)
+    if recording is not None:
+        monkeypatch.setenv(ui_data.ENV["recording"], str(recording))
+    return AppTest.from_file(APP, default_timeout=120)
+
+
+def test_triage_shows_the_likely_cause_with_evidence_and_levers(monkeypatch, kv_incident):
+    at = _app(monkeypatch, kv_incident).run()
+    assert not at.exception
+    assert "Likely cause" in [h.value for h in at.header]
+    likely = ui_data.load_triage(ui_data.Source("recording", str(kv_incident))).diagnosis.likely_cause
+    assert likely is not None and likely.levers_md.startswith("K")     # a KV-memory row of LEVERS.md
+    assert likely.title in at.subheader[0].value
+    text = " ".join(m.value for m in at.markdown)
+    assert "127.0.0.1:8000" in text and "Since:" in text
+    assert "002 §7.4" in text
+    code = " ".join(c.value for c in at.code)
+    for change in likely.levers[0].changes:    # the exact config change of the top lever
+        assert change.change in code
+    assert any("Timeline" == h.value for h in at.header)
+
+
+def test_every_data_page_renders(monkeypatch, kv_incident):
+    at = _app(monkeypatch, kv_incident).run()
+    at.sidebar.radio[0].set_value("Tenants & fairness").run()
+    assert not at.exception
+    assert any("no per-tenant series" in i.value for i in at.info)
+    at.sidebar.radio[0].set_value("Cascades").run()
+    assert not at.exception and at.title[0].value == "Memory-pressure cascades"
+    at.sidebar.radio[0].set_value("Efficiency").run()
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Output tokens / GPU-hour"] == "absent"     # no GPU in the recording: absent, not zero
+    assert any("absent, not zero" in i.value for i in at.info)
+
+
+def test_sizing_calculator_computes_the_002_examples(monkeypatch):
+    at = _app(monkeypatch, None).run()
+    at.sidebar.radio[0].set_value("Sizing calculator").run()
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["KV bytes / token"] == "327,680"
+    assert (metrics["Instances"], metrics["GPUs"]) == ("10", "52")
+    assert metrics["Maximum safe queue depth"] == "100"
+    at.number_input(key="kv_heads").set_value(64).run()
+    assert {m.label: m.value for m in at.metric}["KV bytes / token"] == "2,621,440"
+
+
+def test_rule_and_lever_catalog(monkeypatch):
+    at = _app(monkeypatch, None).run()
+    at.sidebar.radio[0].set_value("Rules & levers").run()
+    assert not at.exception
+    rules = at.dataframe[0].value
+    assert "kv_pressure_preemption" in set(rules["rule"])
+
+
+def test_missing_recording_is_a_clear_error(monkeypatch, tmp_path):
+    at = _app(monkeypatch, tmp_path / "nope.om").run()
+    assert not at.exception
+    assert "does not exist" in at.error[0].value
+
+
+def test_no_source_explains_how_to_start(monkeypatch):
+    at = _app(monkeypatch, None).run()
+    assert "kvscope ui --recording" in at.error[0].value

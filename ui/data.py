@@ -1,0 +1,251 @@
+"""What the UI shows, computed without Streamlit: a diagnosis plus the series behind it.
+
+`load_triage(source)` reads one source (a recording, Prometheus, or a running agent), puts the
+canonical series on the diagnoser's grid, runs the rule engine, and keeps the frame so evidence
+charts show the very numbers the rules saw. Everything here is plain data and testable alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from kvscope.agent.signals import Labels, load_catalog
+from kvscope.diagnoser.findings import Diagnosis, Finding
+from kvscope.diagnoser.frame import Frame
+
+KINDS = ("recording", "prometheus", "agent")
+ENV = {"recording": "KVSCOPE_UI_RECORDING", "prometheus": "KVSCOPE_UI_PROMETHEUS", "agent": "KVSCOPE_UI_AGENT"}
+ENV_SINCE = "KVSCOPE_UI_SINCE_S"
+MAX_CHART_SERIES = 8
+_TOKEN = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+class SourceError(RuntimeError):
+    """The source could not be read; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the UI reads from: kind is recording | prometheus | agent."""
+
+    kind: str
+    location: str
+    since_s: float = 1800.0
+
+    def describe(self) -> str:
+        return f"{self.kind}: {self.location}"
+
+
+def source_from_env(env: Mapping[str, str] | None = None) -> Source | None:
+    """The source `kvscope ui` passed to the Streamlit process through the environment."""
+    env = os.environ if env is None else env
+    since = float(env.get(ENV_SINCE, "1800"))
+    for kind, var in ENV.items():
+        if env.get(var):
+            return Source(kind, env[var], since)
+    return None
+
+
+@dataclass
+class TriageData:
+    """A diagnosis and the frame it was computed on."""
+
+    source: Source
+    diagnosis: Diagnosis
+    frame: Frame
+    engines: dict[str, str | None] = field(default_factory=dict)
+    cascades: dict = field(default_factory=dict)   # instance -> agent.analytics.cascade.CascadeReport
+    series: object = None                          # diagnoser.report.SeriesSet for the efficiency page
+
+
+def load_triage(source: Source, step_s: float | None = None) -> TriageData:
+    """Read the source and diagnose it. Raises SourceError with a readable reason."""
+    if source.kind == "recording":
+        return _from_recording(source, step_s)
+    if source.kind in ("prometheus", "agent"):
+        return _from_remote(source, step_s or 15.0)
+    raise SourceError(f"unknown source kind {source.kind!r}; use one of {KINDS}")
+
+
+def grid_step(duration_s: float) -> float:
+    """The diagnoser's 15 s grid, finer for short recordings (at least ~60 points, at least 1 s)."""
+    return float(min(15.0, max(1.0, round(duration_s / 60.0))))
+
+
+def _from_recording(source: Source, step_s: float | None) -> TriageData:
+    from kvscope.agent.replay import replay_recording
+
+    path = Path(source.location)
+    if not path.is_file():
+        raise SourceError(f"recording {path} does not exist")
+    try:
+        replay = replay_recording(path)
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"recording {path} could not be read: {exc}") from exc
+    return triage_from_replay(source, replay, step_s)
+
+
+def triage_from_replay(source: Source, replay, step_s: float | None = None) -> TriageData:
+    """Diagnose an already replayed recording (agent.replay.Replay)."""
+    from kvscope.agent.analytics.cascade import evaluate_cascade
+    from kvscope.diagnoser.engine import diagnose
+    from kvscope.diagnoser.frame import frame_from_samples, merge_facts
+    from kvscope.diagnoser.report import series_set_from_samples
+
+    path = Path(source.location)
+    if replay.start is None or replay.end is None or replay.end <= replay.start:
+        raise SourceError(f"recording {path} holds fewer than two scrapes")
+    step = step_s or grid_step(replay.end - replay.start)
+    frame = frame_from_samples(replay.samples, replay.start, replay.end, step)
+    frame.facts = merge_facts(replay.facts)
+    diagnosis = diagnose(frame, source=f"recording:{path.name}")
+    return TriageData(source, diagnosis, frame, dict(replay.engines), evaluate_cascade(replay.samples),
+                      series_set_from_samples(replay.samples))
+
+
+def _from_remote(source: Source, step_s: float) -> TriageData:
+    try:
+        from kvscope.diagnoser import sources  # built by the diagnoser; optional here
+    except ImportError as exc:
+        raise SourceError(f"reading from {source.kind} needs kvscope.diagnoser.sources: {exc}") from exc
+    reader = getattr(sources, f"read_{source.kind}_frame", None)
+    if reader is None:
+        raise SourceError(f"kvscope.diagnoser.sources has no read_{source.kind}_frame")
+    from kvscope.diagnoser.engine import diagnose
+    try:
+        frame = reader(source.location, since_s=source.since_s, step_s=step_s)
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"{source.describe()} could not be read: {exc}") from exc
+    return TriageData(source, diagnose(frame, source=f"{source.kind}:{source.location}"), frame)
+
+
+# ------------------------------------------------------------------------------ evidence series
+
+def signals_in(expr: str, frame: Frame) -> list[str]:
+    """Canonical signals an evidence expression reads that this frame holds, in order."""
+    catalog = load_catalog()
+    out: list[str] = []
+    for token in _TOKEN.findall(expr):
+        sig = catalog.signals.get(token)
+        if sig is None or token in out:
+            continue
+        names = sig.series_names()
+        if any(n in frame.blocks for n in names):
+            out.append(token)
+    return out
+
+
+def _matches(labels: Labels, where: Mapping[str, str]) -> bool:
+    have = dict(labels)
+    return all(have.get(k, v) == v for k, v in where.items())
+
+
+def _rate(values: np.ndarray, step: float) -> np.ndarray:
+    d = np.diff(values, axis=1, prepend=np.nan) / step
+    d[d < 0] = np.nan          # counter reset: no value rather than a negative rate
+    return d
+
+
+def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """One signal on the grid as a DataFrame (index: UTC time; columns: series labels).
+
+    Counters become per-second rates, histograms their windowed mean per grid step, gauges stay
+    as they are. Rows are filtered to `where` (labels a row lacks do not exclude it).
+    """
+    sig = load_catalog().signals[signal]
+    where = where or {}
+    if sig.kind == "histogram":
+        s, c = frame.block(signal + "_sum"), frame.block(signal + "_count")
+        if s is None or c is None:
+            return pd.DataFrame()
+        keep = [i for i, lab in enumerate(s.labels) if _matches(lab, where)]
+        num, den = _rate(s.values[keep], frame.step or 1.0), _rate(c.values[keep], frame.step or 1.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+        labels = [s.labels[i] for i in keep]
+    else:
+        block = frame.block(signal)
+        if block is None:
+            return pd.DataFrame()
+        keep = [i for i, lab in enumerate(block.labels) if _matches(lab, where)]
+        values, labels = block.values[keep], [block.labels[i] for i in keep]
+        if sig.kind == "counter":
+            values = _rate(values, frame.step or 1.0)
+    index = pd.to_datetime(frame.ts, unit="s", utc=True)
+    cols = {_column(lab, where): values[i] for i, lab in enumerate(labels[:MAX_CHART_SERIES])}
+    return pd.DataFrame(cols, index=index)
+
+
+def _column(labels: Labels, where: Mapping[str, str]) -> str:
+    shown = [f"{k}={v}" for k, v in labels if k not in ("job", "engine") and k not in where]
+    return ", ".join(shown) or "value"
+
+
+def evidence_charts(data: TriageData, finding: Finding) -> list[tuple[str, str, pd.DataFrame]]:
+    """(signal, unit, series) for each signal the finding's evidence reads, filtered to its place."""
+    seen: list[str] = []
+    for ev in finding.evidence:
+        seen += [s for s in signals_in(ev.series, data.frame) if s not in seen]
+    catalog = load_catalog()
+    out = []
+    for sig in seen:
+        df = signal_frame(data.frame, sig, finding.where)
+        if not df.empty and df.notna().any().any():
+            unit = catalog.signals[sig].unit + ("/s" if catalog.signals[sig].kind == "counter" else "")
+            out.append((sig, unit, df))
+    return out
+
+
+def timeline(diagnosis: Diagnosis) -> pd.DataFrame:
+    """One row per finding: rule, severity, place, active period; likely cause first."""
+    rows = []
+    for rank, f in enumerate(diagnosis.findings):
+        rows.append({"rank": rank + 1, "rule": f.rule_id, "row": f.levers_md, "severity": f.severity,
+                     "where": ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())),
+                     "since": pd.to_datetime(f.since, unit="s", utc=True),
+                     "until": pd.to_datetime(f.until, unit="s", utc=True), "active": f.active,
+                     "title": f.title})
+    return pd.DataFrame(rows)
+
+
+def render_when(ts: float) -> str:
+    """A UTC timestamp as text."""
+    return pd.to_datetime(ts, unit="s", utc=True).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _latest_by(frame: Frame, name: str, label: str, rate: bool) -> dict[str, float]:
+    """label value -> latest value (or mean rate over the window) of a block, summed per label value."""
+    block = frame.block(name)
+    if block is None:
+        return {}
+    out: dict[str, float] = {}
+    span = float(frame.ts[-1] - frame.ts[0]) or 1.0
+    for labels, row in zip(block.labels, block.values, strict=True):
+        key = dict(labels).get(label)
+        present = row[~np.isnan(row)]
+        if key is None or present.size == 0:
+            continue
+        value = (max(present[-1] - present[0], 0.0) / span) if rate else float(present[-1])
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def tenant_table(frame: Frame) -> pd.DataFrame:
+    """Per-tenant requests/s, prompt tokens/s, hit ratio and lost reuse over the window; empty if none."""
+    cols = {
+        "requests/s": _latest_by(frame, "tenant_requests_total", "tenant", rate=True),
+        "prompt tok/s": _latest_by(frame, "tenant_prompt_tokens_total", "tenant", rate=True),
+        "cached tok/s": _latest_by(frame, "tenant_cached_tokens_total", "tenant", rate=True),
+        "hit ratio": _latest_by(frame, "tenant_prefix_hit_ratio", "tenant", rate=False),
+        "lost reuse": _latest_by(frame, "tenant_lost_reuse_ratio", "tenant", rate=False),
+    }
+    tenants = sorted({t for c in cols.values() for t in c})
+    if not tenants:
+        return pd.DataFrame()
+    return pd.DataFrame([{"tenant": t, **{k: v.get(t) for k, v in cols.items()}} for t in tenants])

@@ -1,0 +1,38 @@
+"""Efficiency: tokens per GPU-hour, cost per token, the utilisation trap and cache savings."""
+
+from __future__ import annotations
+
+import streamlit as st
+from kvscope.diagnoser.report import UTILISATION_TRAP, compute_week
+from kvscope.diagnoser.report_render import POOL_COLUMNS, fmt
+from kvscope.ui.data import TriageData
+
+
+def render(data: TriageData) -> None:
+    st.title("Efficiency")
+    if data.series is None:
+        st.info("Efficiency numbers need the raw series (a recording); for Prometheus or the agent use "
+                "`kvscope report weekly`.")
+        return
+    cost = st.number_input("$ per GPU-hour", 0.01, 1000.0, 2.5, key="gpu_hour_cost")
+    start, end = data.frame.window
+    week = compute_week(data.series, start - 1e-9, end, cost)
+    f = week.fleet
+    cols = st.columns(4)
+    cols[0].metric("Output tokens / GPU-hour", fmt(f.get("tokens_per_gpu_hour"), "count"))
+    cols[1].metric("$ / 1M output tokens", fmt(f.get("usd_per_1m_tokens"), "usd"))
+    cols[2].metric("Mean GPU utilisation", fmt(f.get("gpu_util"), "pct"))
+    cols[3].metric("Prefill tokens saved", fmt(f.get("prefill_tokens_saved"), "count"))
+    st.caption(f"Over the source's window. Prefix-cache hit ratio {fmt(f.get('hit_ratio'), 'pct')}; "
+               f"output tokens {fmt(f.get('output_tokens'), 'count')}.")
+    util = f.get("gpu_util")
+    if util is None:
+        st.info("No GPU series in this source (no DCGM or NVML): GPU-hours, tokens per GPU-hour and cost are "
+                "absent, not zero.")
+    elif util < UTILISATION_TRAP:
+        st.warning(f"Mean GPU utilisation {util:.0%} is below {UTILISATION_TRAP:.0%}: the utilisation trap "
+                   f"(002 §9.2). Cost per token is {1 / util:.1f}× the fully utilised cost.")
+    if not week.pools.empty:
+        shown = week.pools[[c for c in POOL_COLUMNS if c in week.pools]].rename(
+            columns={c: label for c, (label, _) in POOL_COLUMNS.items()})
+        st.dataframe(shown, width="stretch")

@@ -1,0 +1,95 @@
+"""Run the Streamlit app as a child process bound to 127.0.0.1, wait until healthy, stop cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from kvscope.ui.data import ENV, ENV_SINCE, Source
+
+APP = Path(__file__).with_name("app.py")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class UiServer:
+    """`streamlit run ui/app.py` for one source; use as a context manager or start()/stop()."""
+
+    def __init__(self, source: Source | None, port: int = 8501, host: str = "127.0.0.1",
+                 log_path: Path | None = None) -> None:
+        self.source, self.port, self.host, self.log_path = source, port, host, log_path
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
+                "--server.address", self.host, "--server.port", str(self.port),
+                "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+                "--global.developmentMode", "false"]
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ENV.values()}
+        if self.source is not None:
+            env[ENV[self.source.kind]] = self.source.location
+            env[ENV_SINCE] = str(self.source.since_s)
+        return env
+
+    def start(self) -> UiServer:
+        out = subprocess.DEVNULL
+        if self.log_path is not None:
+            self._log = out = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        return self
+
+    def wait_healthy(self, timeout_s: float = 60.0) -> None:
+        """Block until /_stcore/health answers ok; raise RuntimeError if the process dies or times out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                raise RuntimeError(f"the UI process exited with status {self.proc and self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=2) as resp:
+                    if resp.read().strip() == b"ok":
+                        return
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError(f"the UI did not become healthy at {self.url} within {timeout_s:.0f} s")
+
+    def wait(self) -> int:
+        """Wait for the process (foreground use)."""
+        return self.proc.wait() if self.proc else 0
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM the process group, then SIGKILL if it lingers."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> UiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

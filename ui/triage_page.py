@@ -1,0 +1,98 @@
+"""Triage: the likely-cause card, competing hypotheses, and the timeline of findings."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+from kvscope.diagnoser.findings import Finding
+from kvscope.ui.data import TriageData, evidence_charts, render_when, timeline
+
+SEVERITY_ICON = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
+
+
+def render(data: TriageData) -> None:
+    d = data.diagnosis
+    st.title("kvscope triage")
+    st.caption(f"{d.source} · window {render_when(d.window[0])} → {render_when(d.window[1])} · "
+               f"{d.rules_evaluated} rules evaluated, {len(d.findings)} findings, {len(d.skipped)} skipped")
+    if d.likely_cause is None:
+        st.success("No rule fired in this window.")
+    else:
+        st.header("Likely cause")
+        render_card(data, d.likely_cause, charts=True)
+    if d.competing:
+        st.header("Competing hypotheses")
+        for f in d.competing:
+            with st.expander(f"{SEVERITY_ICON.get(f.severity, '')} {f.title} — {_where(f)}"):
+                render_card(data, f, charts=False)
+    if d.findings:
+        st.header("Timeline")
+        render_timeline(d)
+    if d.other:
+        st.header("Other findings")
+        for f in d.other:
+            with st.expander(f"{SEVERITY_ICON.get(f.severity, '')} {f.title} — {_where(f)}"):
+                render_card(data, f, charts=False)
+    if d.skipped:
+        with st.expander(f"Rules not evaluated ({len(d.skipped)})"):
+            st.dataframe(pd.DataFrame([{"rule": s.rule_id, "why": s.reason} for s in d.skipped]),
+                         hide_index=True, width="stretch")
+
+
+def _where(f: Finding) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet"
+
+
+def render_card(data: TriageData, f: Finding, charts: bool) -> None:
+    """What, where, since when, evidence, levers with the config to change, citations."""
+    st.subheader(f"{SEVERITY_ICON.get(f.severity, '')} {f.title}")
+    st.markdown(f"**What:** {f.summary}")
+    state = "still active" if f.active else f"ended {render_when(f.until)}"
+    st.markdown(f"**Where:** `{_where(f)}` · **Since:** {render_when(f.since)} ({state}) · "
+                f"**Severity:** {f.severity} · **Rule:** `{f.rule_id}` (LEVERS {f.levers_md})")
+    if f.cascade:
+        c = f.cascade
+        lead = f"{c.lead_time_s:.0f} s" if c.lead_time_s is not None else "symptom not reached"
+        st.markdown(f"**Cascade:** stage {c.stage}/{c.stages_total} ({c.stage_name}); root led the symptom by "
+                    f"{lead}")
+    if f.evidence:
+        st.markdown("**Evidence**")
+        st.dataframe(pd.DataFrame([{
+            "evidence": e.name, "value": e.value, "unit": e.unit,
+            "threshold": f"{e.op or ''} {e.threshold}" if e.threshold is not None else "",
+            "series": e.series} for e in f.evidence]), hide_index=True, width="stretch")
+    if charts:
+        for signal, unit, df in evidence_charts(data, f):
+            st.markdown(f"`{signal}` ({unit})")
+            st.line_chart(df, height=220)
+    render_levers(f)
+    if f.citations:
+        st.markdown("**Sources:** " + "; ".join(f.citations))
+    if f.false_positives:
+        st.caption("Could also be: " + " · ".join(f.false_positives))
+
+
+def render_levers(f: Finding) -> None:
+    if not f.levers:
+        return
+    st.markdown("**Levers**")
+    for lever in sorted(f.levers, key=lambda x: x.rank):
+        st.markdown(f"{lever.rank}. **{lever.title or lever.id}** (`{lever.id}`, {lever.direction})"
+                    + (f" — cost: {lever.cost}" if lever.cost else ""))
+        for change in lever.changes:
+            st.code(f"# {change.system}\n{change.change}", language="bash")
+        if lever.citations:
+            st.caption("Cited: " + "; ".join(lever.citations))
+
+
+def render_timeline(d) -> None:
+    df = timeline(d)
+    chart = alt.Chart(df).mark_bar().encode(
+        x=alt.X("since:T", title="time (UTC)"), x2="until:T",
+        y=alt.Y("rule:N", sort=list(df["rule"].unique()), title=None),
+        color=alt.Color("severity:N", scale=alt.Scale(domain=["critical", "warning", "info"],
+                                                      range=["#d62728", "#ff7f0e", "#1f77b4"])),
+        tooltip=["rule", "title", "where", "since:T", "until:T", "active"])
+    st.altair_chart(chart, width="stretch")
+    st.dataframe(df.drop(columns=["title"]), hide_index=True, width="stretch")
