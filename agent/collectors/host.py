@@ -12,6 +12,7 @@ vLLM `EngineCore`) listens on the port of a local target; it then carries that t
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import socket
 import time
@@ -27,8 +28,9 @@ from kvscope.agent.signals import Sample, make_labels
 NAME = "host"
 DEFAULT_PATTERNS = (r"\bvllm\b", r"\bsglang\b", r"VLLM::")
 """Regular expressions searched in each process's command line (joined by spaces)."""
-DEFAULT_EXCLUDE = (r"\bkvscope\b",)
-"""Command lines that never count as engines (the agent itself mentions engines in its flags)."""
+DEFAULT_EXCLUDE = (r"(^|/)kvscope(\s|$)", r"-m kvscope(\s|$)")
+"""Command lines that never count as engines: the kvscope agent itself (its flags may name
+engines). Only the command, not any path: vLLM may well live under a directory called kvscope."""
 MAX_PROCESS_NAME = 32
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::"}
 
@@ -160,8 +162,11 @@ class HostCollector:
     def find_engine_processes(self, health: Health | None = None) -> list[tuple[EngineProcess, psutil.Process]]:
         """Local processes whose command line matches the patterns (and no exclude pattern)."""
         found: list[tuple[EngineProcess, psutil.Process]] = []
+        own = os.getpid()
         for proc in psutil.process_iter(["pid", "ppid", "name", "cmdline"]):
             info = proc.info
+            if info["pid"] == own:
+                continue
             cmdline = " ".join(info.get("cmdline") or ())
             if not cmdline or not any(p.search(cmdline) for p in self.patterns):
                 continue

@@ -29,8 +29,7 @@ ENGINE = textwrap.dedent("""
     import multiprocessing, socket, sys, time
 
     def core():
-        end = time.time() + 0.3
-        while time.time() < end:
+        while time.process_time() < 0.3:   # CPU time, not wall time: the box may be busy
             pass
         time.sleep(120)
 
@@ -149,3 +148,14 @@ def test_local_target_ports_keeps_only_local_targets():
                SimpleNamespace(url="http://10.9.9.9:8001/metrics", instance="b"),
                SimpleNamespace(url="http://localhost/metrics", instance="c")]
     assert local_target_ports(targets, {"127.0.0.1", "localhost"}) == {8000: "a", 80: "c"}
+
+
+@pytest.mark.parametrize(("cmdline", "excluded"), [
+    ("kvscope agent --target http://vllm:8000/metrics", True),
+    ("/usr/local/bin/kvscope agent --collector.host", True),
+    ("/usr/bin/python3 -m kvscope agent", True),
+    ("/root/.cache/kvscope/vllm-cpu/bin/python -m vllm.entrypoints.openai.api_server", False),
+])
+def test_default_exclude_skips_the_agent_but_not_engines_under_a_kvscope_path(cmdline, excluded):
+    collector = HostCollector(targets=[])
+    assert any(p.search(cmdline) for p in collector.exclude) is excluded
