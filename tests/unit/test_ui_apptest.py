@@ -36,10 +36,8 @@ def _scrape(t: float, kv: float, preempted: float, waiting: int, ttft_count: flo
     )
 
 
-@pytest.fixture(scope="module")
-def kv_incident(tmp_path_factory) -> Path:
+def write_kv_incident(path: Path) -> Path:
     """10 minutes at 5 s: healthy for 3 minutes, then KV at 97 % with 0.5 preemptions/s."""
-    path = tmp_path_factory.mktemp("rec") / "kv-incident.om"
     writer = RecordingWriter(path)
     preempted = 0.0
     for i in range(121):
@@ -49,6 +47,11 @@ def kv_incident(tmp_path_factory) -> Path:
         writer.add_scrape("vllm", "127.0.0.1:8000", t, parse_exposition(
             _scrape(t, 0.97 if hot else 0.4, preempted, 6 if hot else 0, 2.0 * i), openmetrics=False))
     return writer.close()
+
+
+@pytest.fixture(scope="module")
+def kv_incident(tmp_path_factory) -> Path:
+    return write_kv_incident(tmp_path_factory.mktemp("rec") / "kv-incident.om")
 
 
 def _app(monkeypatch, recording: Path | None) -> AppTest:

@@ -1,0 +1,122 @@
+"""`kvscope demo`: replay a real vLLM incident recording through the agent's replay path, the
+diagnoser and the triage UI. No GPU, no Prometheus needed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDINGS = REPO / "tests" / "recordings"
+PREFERRED = ("kv", "preempt", "cascade")
+"""Recording names are matched against these, in order, to pick the default incident."""
+
+HELP = """\
+Replay a bundled incident recorded from a real vLLM server (tests/recordings/) through the same
+path as live scrapes (dialect detection, normalisation), run the diagnoser, print the likely
+cause, and serve the triage UI on 127.0.0.1. Ctrl-C stops it.
+
+  kvscope demo                      # the default incident, UI on http://127.0.0.1:8501
+  kvscope demo --check              # print the diagnosis and exit (CI, no UI)
+  kvscope demo --recording FILE     # any recording
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("demo", help="replay a real incident through the diagnoser and the UI",
+                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recording", type=Path, help="recording to replay (default: a bundled vLLM incident)")
+    p.add_argument("--port", type=int, default=8501, help="UI port on 127.0.0.1 (default 8501; a free one if taken)")
+    p.add_argument("--check", "--once", action="store_true", dest="check",
+                   help="print the diagnosis and exit without starting the UI")
+    p.set_defaults(func=run)
+
+
+def default_recording(folder: Path = RECORDINGS) -> Path | None:
+    """The bundled incident to show: the first recording whose name mentions KV pressure."""
+    found = sorted(p for p in folder.glob("*.om*") if p.is_file()) if folder.is_dir() else []
+    for word in PREFERRED:
+        for path in found:
+            if word in path.name:
+                return path
+    return found[0] if found else None
+
+
+def render_diagnosis(diagnosis) -> str:
+    """The diagnosis as terminal text: likely cause first, with levers and citations."""
+    from kvscope.ui.data import render_when
+
+    f = diagnosis.likely_cause
+    lines = [f"source {diagnosis.source}: {diagnosis.rules_evaluated} rules, {len(diagnosis.findings)} findings, "
+             f"{len(diagnosis.skipped)} skipped"]
+    if f is None:
+        return "\n".join(lines + ["no rule fired"])
+    where = ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet"
+    lines += [f"LIKELY CAUSE [{f.severity}] {f.title} (rule {f.rule_id}, LEVERS {f.levers_md})",
+              f"  where: {where}", f"  since: {render_when(f.since)}" + ("" if f.active else
+                                                                            f" until {render_when(f.until)}"),
+              f"  what:  {f.summary}"]
+    lines += [f"  evidence: {e.name} = {_num(e.value)} {e.unit}  [{e.series}]" for e in f.evidence]
+    for lever in sorted(f.levers, key=lambda x: x.rank):
+        lines.append(f"  lever {lever.rank}: {lever.id} ({lever.direction}) {lever.title}")
+        lines += [f"      {c.system}: {c.change}" for c in lever.changes]
+    if f.citations:
+        lines.append("  sources: " + "; ".join(f.citations))
+    lines += [f"competing: {c.title} ({c.rule_id}) on {c.where}" for c in diagnosis.competing]
+    return "\n".join(lines)
+
+
+def _num(v: float | None) -> str:
+    return "absent" if v is None else f"{v:.4g}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvscope.ui.data import Source, SourceError, load_triage
+
+    path = args.recording or default_recording()
+    if path is None:
+        print(f"kvscope demo: no recording in {RECORDINGS}; pass --recording FILE", file=sys.stderr)
+        return 4
+    print(f"kvscope demo: replaying {path}", flush=True)
+    try:
+        data = load_triage(Source("recording", str(Path(path).resolve())))
+    except SourceError as exc:
+        print(f"kvscope demo: {exc}", file=sys.stderr)
+        return 4
+    print(render_diagnosis(data.diagnosis), flush=True)
+    if args.check:
+        return 0 if data.diagnosis.likely_cause is not None else 1
+    return serve(Source("recording", str(Path(path).resolve())), args.port)
+
+
+def serve(source, port: int) -> int:
+    """Run the UI in the foreground until Ctrl-C."""
+    from kvscope.ui.server import UiServer, free_port
+
+    server = UiServer(source, port if _port_free(port) else free_port())
+    try:
+        server.start()
+        server.wait_healthy()
+        print(f"\nkvscope UI: {server.url}  (Ctrl-C to stop)", flush=True)
+        server.wait()
+        return 0
+    except RuntimeError as exc:
+        print(f"kvscope demo: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nkvscope demo: stopped", flush=True)
+        return 0
+    finally:
+        server.stop()
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

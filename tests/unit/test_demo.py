@@ -1,0 +1,80 @@
+"""kvscope demo: --check prints the diagnosis and exits; the foreground mode serves the UI and
+stops cleanly on Ctrl-C (SIGINT), leaving no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from kvscope.ui.server import free_port
+from test_ui_apptest import write_kv_incident
+
+from kvscope.cli import main
+from kvscope.commands.demo import default_recording
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_check_prints_the_likely_cause_and_exits(tmp_path, capsys):
+    rec = write_kv_incident(tmp_path / "kv-incident.om")
+    assert main(["demo", "--check", "--recording", str(rec)]) == 0
+    out = capsys.readouterr().out
+    assert "LIKELY CAUSE" in out
+    assert "lever 1:" in out and "sources: 002 §7.4" in out
+
+
+def test_check_with_a_missing_recording_is_a_clear_error(tmp_path, capsys):
+    assert main(["demo", "--check", "--recording", str(tmp_path / "none.om")]) == 4
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_default_recording_prefers_a_kv_incident(tmp_path):
+    for name in ("a-healthy.om", "b-kv-pressure.om.gz", "c-other.om"):
+        (tmp_path / name).write_text("# EOF\n")
+    assert default_recording(tmp_path).name == "b-kv-pressure.om.gz"
+    assert default_recording(tmp_path / "missing") is None
+
+
+def test_foreground_demo_serves_the_ui_and_stops_on_ctrl_c(tmp_path):
+    rec = write_kv_incident(tmp_path / "kv-incident.om")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kvscope", "demo", "--recording", str(rec), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        url = _wait_for_url(proc, timeout_s=90)
+        assert url == f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(f"{url}/_stcore/health", timeout=5) as resp:
+            assert resp.read() == b"ok"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert "stopped" in proc.stdout.read()
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"{url}/_stcore/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
+
+
+def _wait_for_url(proc: subprocess.Popen, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise AssertionError(f"demo exited with {proc.returncode}")
+        if line.startswith("kvscope UI: "):
+            return line.split()[2]
+    raise AssertionError("demo printed no URL")
+
+
+def test_demo_script_exists_and_is_executable():
+    script = REPO / "scripts" / "demo.sh"
+    assert os.access(script, os.X_OK)
+    assert 'demo "$@"' in script.read_text()
