@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -67,13 +68,13 @@ def parse_yaml(text: str, path: str = "") -> Any:
 
 
 def parse_duration(value: Any) -> float:
-    """'30s', '5m', '1h' or a number of seconds -> seconds."""
+    """'30s', '5m', '1h', '1m30s' or a number of seconds -> seconds."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
-    m = _DURATION.match(str(value).strip())
-    if not m:
-        raise ValueError(f"not a duration: {value!r} (use 30s, 5m, 1h)")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
+    text = str(value).strip()
+    if not _DURATION.match(text):
+        raise ValueError(f"not a duration: {value!r} (use 30s, 5m, 1h, 1m30s)")
+    return sum(float(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(text))
 
 
 @dataclass(frozen=True)
