@@ -108,6 +108,8 @@ def required_absent(rule: Rule, frame: Frame) -> set[str]:
     names = frame.names()
 
     def absent(cond: dict[str, Any]) -> set[str]:
+        if cond.get("present") is False:
+            return set()          # a test for absence needs nothing
         sigs = signals_of_series(rule, str(cond["series"]))
         if "than" in cond:
             sigs |= signals_of_series(rule, str(cond["than"]))
