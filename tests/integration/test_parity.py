@@ -1,0 +1,140 @@
+"""Python engine and Prometheus agree on firing, for every diagnosis rule with a PromQL form.
+
+For each case of each `rules/diagnosis/<id>.test.yaml` the same input series go to both sides:
+
+* Python: `run_case` (diagnoser/engine.py) over the window [0, eval_time]; the groups whose
+  finding is still `active` at the end of the window.
+* Prometheus: the case's canonical series are fed to real `promtool test rules` as the agent
+  would export them (`kvscope_<signal>`), through the generated canonical recording rules and
+  the rule's generated alert (compiled with the case's parameter overrides); the groups with a
+  firing `ALERTS` series at eval_time.
+
+The sets of (group, severity) must be equal. Cases cover each rule's must-fire and must-not-fire boundary, so this
+also checks that every generated alert fires and stays quiet where the rule says.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from kvscope.agent.signals import load_catalog
+from kvscope.diagnoser.findings import SEVERITY_RANK
+from kvscope.diagnoser.levers import load_levers
+from kvscope.diagnoser.promrules import canonical_rules, render_rule_file
+from kvscope.diagnoser.promrules_alerts import alert_name, compile_rule
+from kvscope.diagnoser.rule import read_rule, rule_paths
+from kvscope.diagnoser.testcases import case_samples, read_test_file, run_case
+
+pytestmark = [
+    pytest.mark.prometheus,
+    pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (scripts/setup.sh installs it)"),
+]
+
+
+def _cases():
+    out = []
+    for path in rule_paths():
+        rule = read_rule(path)
+        test_path = path.with_name(path.stem + ".test.yaml")
+        if not isinstance(compile_rule(rule), list) or not test_path.exists():
+            continue
+        tf = read_test_file(test_path)
+        out += [pytest.param(path, tf, case, id=f"{rule.id}::{case.name}") for case in tf.cases]
+    return out
+
+
+def _fmt(value: float) -> str:
+    return repr(float(value))
+
+
+def promtool_input_series(samples, interval: float) -> list[dict[str, str]]:
+    """Canonical samples -> promtool input series named as the agent exports them."""
+    series: dict[tuple, dict[int, float]] = {}
+    for s in samples:
+        series.setdefault((s.name, s.labels), {})[round(s.timestamp / interval)] = s.value
+    out = []
+    for (name, labels), points in sorted(series.items()):
+        body = ",".join(f'{k}="{v}"' for k, v in labels)
+        values = " ".join(_fmt(points[i]) if i in points else "_" for i in range(max(points) + 1))
+        out.append({"series": f"kvscope_{name}{{{body}}}", "values": values})
+    return out
+
+
+def _fact_series(facts: dict[str, dict[str, str]], steps: int) -> list[dict[str, str]]:
+    out = []
+    for instance, known in sorted(facts.items()):
+        body = ",".join(f'{k}="{v}"' for k, v in sorted({"instance": instance, **known}.items()))
+        out.append({"series": f"kvscope_engine_info{{{body}}}", "values": f"1x{steps}"})
+    return out
+
+
+def _python_firing(rule, case, interval) -> set[tuple]:
+    result = run_case(rule, case, interval, load_levers())
+    if not isinstance(result, list):
+        return set()
+    return {(tuple(sorted((k, f.where.get(k, "")) for k in rule.by)), f.severity) for f in result if f.active}
+
+
+def _prometheus_firing(rule, case, interval, tmp_path: Path) -> tuple[set[tuple], str]:
+    alerts = compile_rule(rule)
+    assert isinstance(alerts, list), alerts
+    used = set(re.findall(r"kvscope:[a-zA-Z0-9_]+", "\n".join(a["expr"] for a in alerts)))
+    recording = [r for r in canonical_rules(load_catalog()) if r["record"] in used]
+    (tmp_path / "rules.yml").write_text(render_rule_file(
+        [{"name": "canonical", "rules": recording}, {"name": "alerts", "rules": alerts}], ""))
+    steps = int(case.eval_time / interval) + 1
+    by = ", ".join(("alertname", "severity", *rule.by))
+    test = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": f"{int(interval)}s",
+        "tests": [{
+            "interval": f"{int(interval)}s",
+            "input_series": promtool_input_series(case_samples(case, interval), interval)
+            + _fact_series(case.facts, steps),
+            "promql_expr_test": [{
+                "expr": f'group by ({by}) (ALERTS{{alertstate="firing",alertname="{alert_name(rule.id)}"}})',
+                "eval_time": f"{int(case.eval_time)}s",
+                "exp_samples": [],
+            }],
+        }],
+    }
+    (tmp_path / "case.test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    proc = subprocess.run(["promtool", "test", "rules", "case.test.yml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    if proc.returncode == 0:
+        return set(), out
+    assert "got:" in out, f"promtool failed without a result:\n{out}"
+    severity: dict[tuple, str] = {}
+    for labels in re.findall(r"\{([^}]*)\}", out.split("got:", 1)[1]):
+        pairs = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels))
+        where = tuple(sorted((k, pairs.get(k, "")) for k in rule.by))
+        # a rule with critical_when fires its warning and its critical alert together
+        if SEVERITY_RANK[pairs["severity"]] >= SEVERITY_RANK.get(severity.get(where, "info"), 0):
+            severity[where] = pairs["severity"]
+    return set(severity.items()), out
+
+
+@pytest.mark.parametrize(("rule_path", "test_file", "case"), _cases())
+def test_python_and_prometheus_agree(rule_path, test_file, case, tmp_path):
+    rule = read_rule(rule_path).with_params(case.params)
+    python = _python_firing(rule, case, test_file.interval)
+    prometheus, log = _prometheus_firing(rule, case, test_file.interval, tmp_path)
+    if case.expect:
+        assert python, f"{test_file.path}:{case.line}: must-fire case is not active at eval_time in Python"
+    assert prometheus == python, (f"{test_file.path}:{case.line}: Python fires {sorted(python)}, "
+                                  f"Prometheus fires {sorted(prometheus)}\n{log}")
+
+
+def test_parity_covers_a_firing_and_a_quiet_case_for_every_alert():
+    cases = _cases()
+    rules = {p.values[0].stem for p in cases}
+    assert rules, "no diagnosis rule has a PromQL form"
+    for rule_id in rules:
+        expects = [bool(p.values[2].expect) for p in cases if p.values[0].stem == rule_id]
+        assert True in expects and False in expects, f"{rule_id}: needs a must-fire and a must-not-fire case"
