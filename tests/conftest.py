@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+# testbed/ (real vLLM fixtures, load driver, fleet generator) is test tooling at the repo root,
+# not an installed package: make it importable and load its fixtures.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+pytest_plugins = ["testbed.fixtures"]
 
 
 @pytest.fixture
