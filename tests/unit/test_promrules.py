@@ -1,0 +1,198 @@
+"""The Prometheus rule generator: golden files, canonical sources from the catalog, and the
+diagnosis-rule compiler on literal rules (promtool itself runs in tests/integration)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kvscope.agent.signals import load_catalog, parse_catalog
+from kvscope.cli import main
+from kvscope.diagnoser.promrules import SloConfig, build_rule_files, slo_error_ratio
+from kvscope.diagnoser.promrules_alerts import PythonOnly, alert_name, compile_rule
+from kvscope.diagnoser.promrules_build import RUNBOOK_MARK, build_all
+from kvscope.diagnoser.promrules_sources import le_regex, source_terms, source_union, wire_names
+from kvscope.diagnoser.rule import parse_yaml, rule_from_doc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------- golden
+
+
+def test_generated_rule_files_and_runbooks_are_up_to_date():
+    built = build_all()
+    for name, text in built.rule_files.items():
+        path = ROOT / "rules" / "prometheus" / name
+        assert path.exists() and path.read_text() == text, f"{path.name} is stale: run `kvscope rules build`"
+    for name, text in built.runbooks.items():
+        path = ROOT / "docs" / "runbooks" / name
+        assert path.exists() and path.read_text() == text, f"runbook {name} is stale: run `kvscope rules build`"
+
+
+def test_no_generated_runbook_outlives_its_rule():
+    built = build_all()
+    for path in (ROOT / "docs" / "runbooks").glob("*.md"):
+        if path.read_text().startswith(RUNBOOK_MARK.split("{")[0]):
+            assert path.name in built.runbooks, f"{path.name}: its rule is gone; delete the runbook"
+
+
+def test_rules_build_check_reports_stale_files_and_writes_nothing(tmp_path, capsys):
+    out, books = tmp_path / "prom", tmp_path / "books"
+    assert main(["rules", "build", "--out", str(out), "--runbooks", str(books), "--check"]) == 1
+    assert not out.exists()
+    assert "stale:" in capsys.readouterr().out
+    assert main(["rules", "build", "--out", str(out), "--runbooks", str(books)]) == 0
+    assert (out / "kvscope-slo.yml").exists()
+    assert main(["rules", "build", "--out", str(out), "--runbooks", str(books), "--check"]) == 0
+
+
+def test_rules_build_rejects_a_target_outside_0_1(tmp_path):
+    assert main(["rules", "build", "--out", str(tmp_path), "--slo-target", "99"]) == 3
+
+
+# ---------------------------------------------------------------- canonical sources
+
+
+def test_wire_names_add_total_to_counters_and_the_ray_spelling():
+    assert wire_names("vllm:num_preemptions", "counter") == ("vllm:num_preemptions_total", "vllm_num_preemptions_total")
+    assert wire_names("vllm:time_to_first_token_seconds", "histogram", "_bucket")[0] == \
+        "vllm:time_to_first_token_seconds_bucket"
+    assert wire_names("DCGM_FI_DEV_FB_USED", "gauge") == ("DCGM_FI_DEV_FB_USED",)
+
+
+def test_kv_usage_reads_new_and_old_vllm_names_sglang_and_the_agent_from_the_catalog():
+    expr = source_union(load_catalog().signals["engine_kv_cache_usage_ratio"], load_catalog())
+    for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
+                 "kvscope_engine_kv_cache_usage_ratio"):
+        assert name in expr
+    assert expr.count("\nor\n") == 2   # vllm (both names in one selector), sglang, agent
+
+
+def test_a_catalog_rename_changes_the_generated_rules():
+    text = """
+dialects:
+  vllm: {prefixes: ["vllm:"], detect: ["vllm:"], labels: {model_name: model, engine: dp_rank}}
+signals:
+  engine_kv_cache_usage_ratio:
+    kind: gauge
+    unit: ratio
+    aliases:
+      - {engine: vllm, name: "vllm:kv_cache_usage_fraction"}
+"""
+    catalog = parse_catalog(text)
+    expr = source_union(catalog.signals["engine_kv_cache_usage_ratio"], catalog)
+    assert "vllm:kv_cache_usage_fraction" in expr
+    assert 'label_replace(' in expr and '"dp_rank", "$1", "engine"' in expr
+
+
+def test_histograms_that_need_rescaled_buckets_are_left_to_the_agent():
+    catalog = load_catalog()
+    terms, skipped = source_terms(catalog.signals["kv_transfer_seconds"], catalog, "_bucket")
+    assert [a.name for a in skipped] == ["sglang:kv_transfer_latency_ms"]
+    assert all("kv_transfer_latency_ms" not in n for t in terms for n in t.names)
+
+
+def test_le_regex_matches_both_spellings_of_a_bound():
+    assert le_regex(1.0) == "1|1\\\\.0"
+    assert le_regex(0.25) == "0\\\\.25"
+
+
+def test_slo_error_ratio_guards_against_no_traffic():
+    expr = slo_error_ratio(SloConfig(ttft_seconds=2.5), "5m")
+    assert 'le="+Inf"' in expr and "> 0)" in expr and "2\\\\.5" in expr
+
+
+def test_slo_bound_between_buckets_is_flagged_in_the_file():
+    assert SloConfig(ttft_seconds=2.5).unaligned_engines() == ["sglang"]
+    text = build_rule_files(slo=SloConfig(ttft_seconds=0.3))["kvscope-slo.yml"]
+    assert "WARNING: 0.3s is not a default TTFT bucket bound of vllm, sglang" in text
+
+
+# ---------------------------------------------------------------- diagnosis-rule compiler
+
+
+def _rule(text: str):
+    return rule_from_doc(parse_yaml(text, "t.yaml"), "t.yaml")
+
+
+KV_RULE = """
+id: kv_full
+title: KV full
+severity: warning
+by: [instance]
+params:
+  kv_full: {default: 0.95}
+  for: {default: 2m}
+series:
+  kv: {gauge: engine_kv_cache_usage_ratio, agg: max}
+  preempt: {rate: engine_preemptions_total, range: 1m}
+when:
+  all:
+    - {series: kv, op: ">=", value: $kv_full}
+    - {series: preempt, op: ">", value: 0}
+  for: $for
+critical_when:
+  all: [{series: preempt, op: ">", value: 1}]
+levers: [{id: vllm.max_num_seqs, direction: decrease}]
+"""
+
+
+def test_alert_names_are_camel_case_with_prefix():
+    assert alert_name("kv_cache_pressure") == "LlmKvCachePressure"
+
+
+def test_compile_carries_threshold_for_and_severity_and_adds_a_critical_twin():
+    warning, critical = compile_rule(_rule(KV_RULE))
+    assert warning["alert"] == critical["alert"] == "LlmKvFull"
+    assert "max by (instance) (kvscope:engine_kv_cache_usage_ratio)) >= 0.95" in warning["expr"]
+    assert "rate(kvscope:engine_preemptions_total[1m])" in warning["expr"]
+    assert warning["for"] == "2m"
+    assert (warning["labels"]["severity"], critical["labels"]["severity"]) == ("warning", "critical")
+    assert critical["expr"].startswith(warning["expr"]) and "> 1" in critical["expr"]
+    assert warning["annotations"]["runbook_url"] == "docs/runbooks/kv_full.md"
+
+
+def test_compile_uses_case_parameter_overrides():
+    (warning, _) = compile_rule(_rule(KV_RULE).with_params({"kv_full": 0.8}))
+    assert ">= 0.8" in warning["expr"]
+
+
+def test_a_coarser_series_is_joined_on_its_own_labels():
+    rule = _rule("""
+id: cold
+by: [instance, model]
+series:
+  hit: {gauge: engine_kv_cache_usage_ratio}
+  med: {aggregate: median, of: hit, by: [model]}
+when:
+  all: [{series: hit, op: "<", than: med, times: 0.3}]
+""")
+    (alert,) = compile_rule(rule)
+    assert "< on (model) group_left() (0.3 * (quantile by (model) (0.5," in alert["expr"]
+
+
+@pytest.mark.parametrize(("extra", "reason"), [
+    ("cascade: {stages: []}", "cascade"),
+    ("params: {bench: {default: null}}", "bench"),
+])
+def test_rules_without_a_promql_form_say_why(extra, reason):
+    rule = _rule(KV_RULE.replace("params:\n  kv_full", "params_old:\n  kv_full") + extra + "\n")
+    out = compile_rule(rule)
+    assert isinstance(out, PythonOnly) and reason in out.reason
+
+
+def test_facts_become_an_info_gauge_join():
+    rule = _rule("""
+id: caching_off
+by: [instance]
+facts: [{fact: enable_prefix_caching, op: "==", value: "False"}]
+series:
+  prompt: {rate: engine_prompt_tokens_total, range: 2m}
+when:
+  all: [{series: prompt, op: ">=", value: 1}]
+""")
+    (alert,) = compile_rule(rule)
+    assert "and on (instance)" in alert["expr"]
+    assert 'enable_prefix_caching="False"' in alert["expr"]
+    assert "vllm:cache_config_info" in alert["expr"] and "kvscope_engine_info" in alert["expr"]
