@@ -1,0 +1,142 @@
+"""`kvscope agent` and `kvscope record` as real processes: clean stop on SIGTERM / Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from kvscope.agent.recording import read_recording, read_recording_text
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes" / "vllm-0.32.0-cpu-after-load.txt"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> bytes | None:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as r:
+            return r.read()
+    except OSError:
+        return None
+
+
+def wait_for(pred, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = pred()
+        if result:
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def target(tmp_path):
+    """A separate process serving the vLLM capture at /metrics."""
+    root = tmp_path / "www"
+    root.mkdir()
+    shutil.copy(FIXTURE, root / "metrics")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                             "--directory", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        wait_for(lambda: get(url), 15, "target server")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def stop(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc.returncode, err
+
+
+def test_agent_process_serves_stores_and_stops_cleanly_on_sigterm(target, tmp_path):
+    port = free_port()
+    db = tmp_path / "kvscope.db"
+    proc = subprocess.Popen([sys.executable, "-m", "kvscope", "agent", "--target", target, "--job", "vllm",
+                             "--scrape.interval", "500ms", "--store.path", str(db),
+                             "--web.listen-address", f"127.0.0.1:{port}", "--no-collector.nvml",
+                             "--no-collector.host"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: get(f"http://127.0.0.1:{port}/-/ready"), 30, "agent ready")
+        health = json.loads(wait_for(
+            lambda: (b := get(f"http://127.0.0.1:{port}/api/v1/health")) and json.loads(b)["data"]["cycles"] >= 3 and b,
+            30, "three cycles"))
+        assert [t["reason"] for t in health["data"]["targets"]] == ["ok"]
+        assert set(health["data"]["collectors"]) == {"engine"}
+    finally:
+        rc, err = stop(proc, signal.SIGTERM)
+    assert rc == 0, err
+    assert "stopped after" in err
+    with sqlite3.connect(db) as conn:                      # the store was flushed on the way out
+        names = {r[0] for r in conn.execute("SELECT name FROM series")}
+    assert {"engine_kv_cache_usage_ratio", "kvscope_target_up"} <= names
+
+
+def test_agent_refuses_a_port_in_use(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = subprocess.run([sys.executable, "-m", "kvscope", "agent", "--store.path", "",
+                              "--web.listen-address", f"127.0.0.1:{port}"],
+                             capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in res.stderr
+
+
+def test_record_stops_on_ctrl_c_and_leaves_a_valid_file(target, tmp_path):
+    out = tmp_path / "incident.om.gz"
+    spool = tmp_path / "spool"      # the writer spools under TMPDIR: watch it to know scrapes happened
+    spool.mkdir()
+    env = {**os.environ, "TMPDIR": str(spool)}
+    proc = subprocess.Popen([sys.executable, "-m", "kvscope", "record", "--target", target, "--job", "vllm",
+                             "--duration", "10m", "--interval", "500ms", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_for(lambda: sum(f.stat().st_size for f in spool.rglob("*.om")) > 150_000, 60, "two scrapes spooled")
+    finally:
+        rc, err = stop(proc, signal.SIGINT)
+    assert rc == 0, err
+    assert "stopped early: wrote" in err
+    assert read_recording_text(out).endswith("# EOF\n")
+    scrapes, expo = read_recording(out)
+    assert not expo.issues
+    assert len(scrapes) >= 2 and all(s.up for s in scrapes), len(scrapes)
+    assert {s.instance for s in scrapes} == {target.split("/")[2]}
+    assert any(r.name == "vllm:kv_cache_usage_perc" for r in scrapes[0].samples)
+
+
+def test_record_rejects_a_bad_duration_and_missing_targets(tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "kvscope", "record", "--target", "http://127.0.0.1:1/metrics",
+                          "--duration", "soon", "--out", str(tmp_path / "x.om")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--duration: must be a positive duration" in bad.stderr
+    none = subprocess.run([sys.executable, "-m", "kvscope", "record", "--duration", "1s", "--out",
+                           str(tmp_path / "x.om")], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin"})
+    assert none.returncode == 2 and "no targets" in none.stderr
