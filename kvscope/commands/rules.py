@@ -33,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="directory for the *.yml rule files (default: %(default)s)")
     build.add_argument("--runbooks", type=Path, default=Path("docs/runbooks"),
                        help="directory for the generated runbooks (default: %(default)s)")
+    build.add_argument("--rules-dir", type=Path, default=None,
+                       help="diagnosis rules to compile (default: the shipped rules/diagnosis)")
     build.add_argument("--slo-ttft-seconds", type=float, default=1.0,
                        help="TTFT SLO bound in seconds; must be a histogram bucket bound (default: %(default)s)")
     build.add_argument("--slo-target", type=float, default=0.99,
@@ -54,7 +56,9 @@ def run_build(args: argparse.Namespace) -> int:
     for engine in slo.unaligned_engines():
         print(f"warning: {args.slo_ttft_seconds:g}s is not a default TTFT bucket bound of {engine}; "
               f"the burn rate will be computed from the wrong bucket", file=sys.stderr)
-    built = build_all(slo)
+    from kvscope.diagnoser.rule import read_rules
+
+    built = build_all(slo, rules=read_rules(args.rules_dir) if args.rules_dir else None)
     outputs = {args.out / name: text for name, text in built.rule_files.items()}
     outputs |= {args.runbooks / name: text for name, text in built.runbooks.items()}
     stale = [p for p, text in outputs.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
