@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
+from kvscope.agent.analytics.gpu_join import parse_gpu_mapping
 from kvscope.agent.signals import load_catalog
 
 
@@ -316,6 +317,10 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     cfg.targets = _targets(layers)
     cfg.collectors = _collectors(layers, known_collectors)
     cfg.gpu_mapping = layers.get("gpu_mapping")
+    try:
+        parse_gpu_mapping(cfg.gpu_mapping)       # the join owns the format; fail at start, not per cycle
+    except ValueError as e:
+        raise ConfigError(f"{e}{layers.where('gpu_mapping')}") from None
     return cfg
 
 

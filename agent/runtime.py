@@ -156,7 +156,9 @@ class AgentRuntime:
         self._resets.observe(cycle, self.state.counter_resets)
         now = self.clock()
         cycle.extend(self._target_up_samples(now))
-        self._store(cycle + self._derived(cycle))
+        derived = self._derived(cycle)
+        self.state.samples["derive"] = derived     # catalog signals among them are re-exported too
+        self._store(cycle + derived)
         if self.store is not None and hasattr(self.store, "stats"):
             self.state.store_stats = await asyncio.to_thread(self.store.stats)
         self.state.cycles += 1

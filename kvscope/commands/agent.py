@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import Any
 
+from kvscope.agent.analytics.gpu_join import engine_gpu_hook
 from kvscope.agent.config import AgentConfig, ConfigError
 from kvscope.agent.runtime import AgentRuntime, build_collectors, known_collectors
 from kvscope.agent.server import AgentServer
@@ -76,7 +77,8 @@ def open_store(config: AgentConfig) -> Any:
 async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     """Run collectors and the HTTP server until SIGTERM/SIGINT. Returns the exit code."""
     log = logging.getLogger("kvscope.agent")
-    runtime = AgentRuntime(config, build_collectors(config), open_store(config))
+    derive = [engine_gpu_hook(config.gpu_mapping)]
+    runtime = AgentRuntime(config, build_collectors(config), open_store(config), derive=derive)
     server = AgentServer(runtime)
     host, port = config.listen_host_port
     try:

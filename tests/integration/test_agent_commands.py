@@ -87,7 +87,7 @@ def test_agent_process_serves_stores_and_stops_cleanly_on_sigterm(target, tmp_pa
             lambda: (b := get(f"http://127.0.0.1:{port}/api/v1/health")) and json.loads(b)["data"]["cycles"] >= 3 and b,
             30, "three cycles"))
         assert [t["reason"] for t in health["data"]["targets"]] == ["ok"]
-        assert set(health["data"]["collectors"]) == {"engine"}
+        assert set(health["data"]["collectors"]) == {"engine", "derive_engine_gpu"}   # the GPU join hook runs too
     finally:
         rc, err = stop(proc, signal.SIGTERM)
     assert rc == 0, err

@@ -77,6 +77,7 @@ def test_default_timeout_follows_a_short_interval():
     ({"targets": [{"url": "http://a:1/metrics", "port": 1}]}, "targets[0].port: unknown key (allowed: url, job, engine, labels)"),
     ({"targets": [{"url": "http://a:1/metrics", "labels": {"bad-name": "x"}}]}, 'targets[0].labels: "bad-name" is not a valid label name'),
     ({"targets": [{"url": "http://a:1/metrics", "labels": {"job": "x"}}]}, "targets[0].labels.job: set it with targets[0].job instead"),
+    ({"gpu_mapping": {"GPU-1": 3}}, "gpu_mapping.GPU-1: expected an instance name or a list of them, got 3"),
 ])
 def test_invalid_values_name_the_key_and_what_is_allowed(doc, message):
     with pytest.raises(ConfigError) as info:
