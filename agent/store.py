@@ -127,16 +127,21 @@ class InMemoryStore:
         now = time.time()
         with self._lock:
             for s in samples:
-                if isinstance(s.value, float) and math.isnan(s.value):
+                try:
+                    value = float(s.value)
+                    ts = float(s.timestamp) if s.timestamp is not None else now
+                except (TypeError, ValueError):
+                    self._stats.dropped["bad_value"] += 1
+                    continue
+                if math.isnan(value):
                     self._stats.dropped["nan"] += 1
                     continue
-                ts = s.timestamp if s.timestamp is not None else now
                 points = self._series.setdefault(s.name, {}).setdefault(s.labels, {})
                 key = round(ts * 1000) / 1000
                 if key in points:   # same series and millisecond: first write wins, as in SQLite
                     self._stats.dropped["duplicate"] += 1
                     continue
-                points[key] = float(s.value)
+                points[key] = value
                 self._stats.written += 1
             if self._retention_s is not None:
                 self._expire(now - self._retention_s)
@@ -215,7 +220,7 @@ class SqliteStore:
                  max_bytes: int = DEFAULT_MAX_BYTES, batch_size: int = DEFAULT_BATCH_SIZE,
                  flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S, max_queue: int = DEFAULT_MAX_QUEUE,
                  max_series: int = DEFAULT_MAX_SERIES, synchronous: str = "NORMAL",
-                 background: bool = True) -> None:
+                 background: bool = True, busy_timeout_s: float = 30.0) -> None:
         self.path = Path(path)
         self.retention_s = retention_s
         self.max_bytes = max_bytes
@@ -223,6 +228,7 @@ class SqliteStore:
         self.flush_interval_s = flush_interval_s
         self.max_queue = max(1, max_queue)
         self.max_series = max_series
+        self.busy_timeout_s = busy_timeout_s
         self._queue: deque[Sample] = deque()
         self._qlock = threading.Lock()           # guards _queue and _stats.dropped (cheap, never I/O)
         self._wlock = threading.RLock()          # guards the writer connection
@@ -238,7 +244,7 @@ class SqliteStore:
         self._ids: dict[tuple[str, Labels], int] = {}
         self._by_name: dict[str, list[tuple[Labels, int]]] = {}
         self._load_series()
-        self._stats.rows = self._writer.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+        self._row_offset: int | None = None   # rows at open, counted on first stats() (a full scan)
         self._next_retention = 0.0
         self._thread: threading.Thread | None = None
         if background:
@@ -249,7 +255,8 @@ class SqliteStore:
     def _connect(self, synchronous: str) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                   timeout=self.busy_timeout_s)
             # Before WAL: switching a new file to WAL writes its header, and auto_vacuum can only
             # be chosen before that (on an existing file this is a no-op).
             conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
@@ -307,22 +314,26 @@ class SqliteStore:
             return [self._queue.popleft() for _ in range(n)]
 
     def flush(self) -> None:
+        """Commit everything queued. On a database error (locked past the busy timeout, disk
+        full, I/O error) the batch goes back to the head of the queue, the error is counted in
+        `stats().errors`, and the next flush retries it; the queue bound still applies."""
         with self._wlock:
             while batch := self._take():
-                self._commit(batch)
+                if not self._commit(batch):
+                    break
 
-    def _commit(self, batch: list[Sample]) -> None:
+    def _commit(self, batch: list[Sample]) -> bool:
         t0 = time.perf_counter()
-        rows, dropped = self._rows(batch)
         try:
+            rows, dropped = self._rows(batch)
             self._writer.execute("BEGIN IMMEDIATE")
             cur = self._writer.executemany(
                 "INSERT OR IGNORE INTO samples (series_id, ts_ms, value) VALUES (?, ?, ?)", rows)
             self._writer.execute("COMMIT")
-        except sqlite3.Error:
+        except sqlite3.Error as exc:
             self._rollback()
-            self._count_drop("sqlite_error", len(rows))
-            return
+            self._requeue(batch, exc)
+            return False
         elapsed = time.perf_counter() - t0
         with self._qlock:
             for reason, n in dropped.items():
@@ -337,6 +348,17 @@ class SqliteStore:
             st.last_write_latency_s = elapsed
             st.max_write_latency_s = max(st.max_write_latency_s, elapsed)
             st.write_latency_sum_s += elapsed
+        return True
+
+    def _requeue(self, batch: list[Sample], exc: sqlite3.Error) -> None:
+        with self._qlock:
+            self._stats.errors[type(exc).__name__] += 1
+            self._queue.extendleft(reversed(batch))
+            over = len(self._queue) - self.max_queue
+            for _ in range(max(0, over)):
+                self._queue.popleft()
+            if over > 0:
+                self._stats.dropped["queue_full"] += over
 
     def _rollback(self) -> None:
         try:
@@ -349,7 +371,11 @@ class SqliteStore:
         dropped: Counter[str] = Counter()
         ids = self._ids
         for s in batch:
-            value = float(s.value)
+            try:
+                value, ts = float(s.value), float(s.timestamp or 0.0)
+            except (TypeError, ValueError):
+                dropped["bad_value"] += 1
+                continue
             if value != value:   # NaN: SQLite would store NULL
                 dropped["nan"] += 1
                 continue
@@ -359,7 +385,7 @@ class SqliteStore:
                 if sid is None:
                     dropped["series_limit"] += 1
                     continue
-            rows.append((sid, round(float(s.timestamp or 0.0) * 1000), value))
+            rows.append((sid, round(ts * 1000), value))
         return rows, dropped
 
     def _new_series(self, name: str, labels: Labels) -> int | None:
@@ -382,7 +408,7 @@ class SqliteStore:
                 if time.monotonic() >= self._next_retention:
                     self.enforce_retention()
                     self._next_retention = time.monotonic() + RETENTION_CHECK_INTERVAL_S
-            except sqlite3.Error as exc:
+            except Exception as exc:   # noqa: BLE001 - the writer thread must outlive any one failure
                 self._rollback()
                 with self._qlock:
                     self._stats.errors[type(exc).__name__] += 1
@@ -489,6 +515,7 @@ class SqliteStore:
             st.queued = len(self._queue)
         with self._slock:
             st.series = len(self._ids)
+        st.rows = self._row_count(st.rows)
         st.bytes = sum(_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal"))
         if not self._closed:
             with self._rlock:
@@ -497,6 +524,16 @@ class SqliteStore:
                 free = self._reader.execute("PRAGMA freelist_count").fetchone()[0]
             st.used_bytes = int(page * (count - free))
         return st
+
+    def _row_count(self, delta: int) -> int:
+        """Rows stored: the count at open (taken once, lazily) plus the inserts minus deletes since."""
+        if self._row_offset is None and not self._closed:
+            with self._wlock, self._rlock:   # no commit in flight: the count and the delta agree
+                count = self._reader.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+                with self._qlock:
+                    self._row_offset = count - self._stats.rows
+            return count
+        return (self._row_offset or 0) + delta
 
     def close(self) -> None:
         if self._closed:

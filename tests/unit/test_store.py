@@ -199,3 +199,26 @@ def test_database_uses_wal_and_incremental_vacuum(tmp_path):
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
     conn.close()
+
+
+def test_bad_values_are_dropped_with_reason(store):
+    store.write([Sample("x", A, "not a number", 1.0), Sample("x", A, None, 2.0), Sample("x", A, 3, 3.0)])
+    store.flush()
+    assert store.query("x", 0, 10) == {A: [(3.0, 3.0)]}
+    assert store.stats().dropped["bad_value"] == 2
+
+
+def test_locked_database_keeps_the_batch_queued_and_retries(tmp_path):
+    s = SqliteStore(tmp_path / "kv.db", background=False, busy_timeout_s=0.05)
+    other = sqlite3.connect(tmp_path / "kv.db", isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")             # another writer holds the lock
+    s.write([Sample("x", A, float(i), 100.0 + i) for i in range(5)])
+    s.flush()
+    st = s.stats()
+    assert st.errors["OperationalError"] >= 1 and st.queued == 5 and not st.dropped
+    other.execute("ROLLBACK")
+    other.close()
+    s.flush()
+    assert [v for _, v in s.query("x", 0, 1e3)[A]] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert s.stats().queued == 0 and s.stats().rows == 5
+    s.close()
