@@ -218,7 +218,9 @@ class ConditionCompiler:
         if "present" in cond:
             if cond["present"]:
                 return left, by
-            raise NotExpressible("tests that a series is absent per group")
+            if by:
+                raise NotExpressible("tests that a series is absent per group")
+            return f"absent({left})", by
         op = str(cond.get("op"))
         if op not in _OPS:
             raise NotExpressible(f"operator {op!r}")
@@ -250,8 +252,11 @@ class ConditionCompiler:
         (e.g. fleet-wide, `by: []`) is joined onto the rule's groups on its own labels, as the
         Python engine broadcasts it."""
         conds = [self.condition(c) for c in block.get("all") or []]
+        anys = [self.condition(c) for c in block.get("any") or []]
         if not conds:
-            raise NotExpressible("no `all` condition to define the rule's groups")
+            if not anys or any(set(b) != set(self.rule.by) for _, b in anys):
+                raise NotExpressible("only `any` conditions, on different groupings")
+            conds, anys = [("\nor\n".join(f"({e})" for e, _ in anys), self.rule.by)], []
         conds.sort(key=lambda c: -len(c[1]))
         (first, first_by), rest = conds[0], conds[1:]
         if set(first_by) != set(self.rule.by):
@@ -259,7 +264,6 @@ class ConditionCompiler:
         out = f"({first})"
         for expr, by in rest:
             out += f"\nand{self._on(by)}\n({expr})"
-        anys = [self.condition(c) for c in block.get("any") or []]
         if anys:
             ref = self.series.expr(str((block.get("all") or [])[0]["series"])) if any(
                 set(b) != set(first_by) for _, b in anys) else ""
