@@ -42,6 +42,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--check", action="store_true",
                        help="write nothing; exit 1 if the files on disk are stale")
     build.set_defaults(func=run_build)
+    check = sub.add_parser(
+        "check", help="validate rules/diagnosis/*.yaml (signals, levers, operators, parameters)",
+        description="Validate the diagnosis rules: unknown signals, levers, operators, series and "
+                    "parameters, bad durations, missing test files and LEVERS.md rows without a rule. "
+                    "Problems print as file:line: message; exit 1 when there is any.")
+    check.add_argument("--rules-dir", type=Path, default=None,
+                       help="directory of rules to check (default: the shipped rules/diagnosis)")
+    check.set_defaults(func=run_check)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
 
@@ -72,3 +80,14 @@ def run_build(args: argparse.Namespace) -> int:
     print(f"kvscope rules build: {len(outputs)} files, {len(stale)} updated "
           f"({args.out}/, {args.runbooks}/)")
     return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """`kvscope rules check`: print every issue as file:line: message."""
+    from kvscope.diagnoser.validate import validate_rules
+
+    issues = validate_rules(args.rules_dir)
+    for issue in issues:
+        print(issue)
+    print(f"kvscope rules check: {len(issues)} problem(s)", file=sys.stderr)
+    return 1 if issues else 0
