@@ -1,0 +1,128 @@
+"""AgentRuntime with in-process collectors (our own loop logic; real scraping is in tests/integration)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+from kvscope.agent.collectors.base import Collection, Health
+from kvscope.agent.config import build_config
+from kvscope.agent.export import render_metrics
+from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.runtime import AgentRuntime, CounterResets
+from kvscope.agent.signals import Sample, load_catalog, make_labels
+from kvscope.agent.store import InMemoryStore
+
+GPU = make_labels({"gpu": "0", "node": "n1"})
+
+
+class StaticCollector:
+    """Returns fixed samples; counts its calls."""
+
+    name = "static"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def collect(self) -> Collection:
+        self.calls += 1
+        return Collection(samples=[Sample("gpu_power_watts", GPU, 300.0 + self.calls, time.time())],
+                          health=[Health(collector=self.name)])
+
+    async def close(self) -> None:
+        return None
+
+
+class HangingCollector:
+    name = "hanging"
+
+    async def collect(self) -> Collection:
+        await asyncio.sleep(60)
+        return Collection()
+
+    async def close(self) -> None:
+        return None
+
+
+class DownCollector:
+    name = "nvmlish"
+
+    async def collect(self) -> Collection:
+        return Collection(health=[Health(collector=self.name, up=False, reason="NVMLError_LibraryNotFound")])
+
+    async def close(self) -> None:
+        return None
+
+
+def config(interval_s: float = 1.0):
+    return build_config({"scrape": {"interval_s": interval_s, "timeout_s": interval_s / 2}}, environ={})
+
+
+def test_derive_hook_output_is_stored_and_reexported_and_a_failing_hook_is_reported():
+    def doubled_power(cycle):
+        return [Sample("gpu_memory_used_bytes", s.labels, s.value * 2, s.timestamp)
+                for s in cycle if s.name == "gpu_power_watts"]
+
+    def broken(cycle):
+        raise KeyError("oops")
+
+    store = InMemoryStore()
+    rt = AgentRuntime(config(), [StaticCollector()], store, derive=[doubled_power, broken])
+    asyncio.run(rt.run_cycle())
+    expo = parse_exposition(render_metrics(rt.state, load_catalog()))
+    values = {(s.name, s.labels): s.value for s in expo.samples}
+    assert values[("kvscope_gpu_memory_used_bytes", GPU)] == 602.0
+    assert values[("kvscope_collector_status", make_labels({"collector": "derive_broken", "reason": "exception_KeyError"}))] == 1
+    assert list(store.query("gpu_memory_used_bytes", 0, 2e10).values())[0][0][1] == 602.0
+
+
+def test_a_hanging_collector_times_out_and_the_cycle_completes():
+    static = StaticCollector()
+    rt = AgentRuntime(config(1.0), [HangingCollector(), static], None)
+    t0 = time.monotonic()
+    asyncio.run(rt.run_cycle())
+    assert time.monotonic() - t0 < 5
+    assert rt.state.collector_status["hanging"][:2] == (False, "collect_timeout")
+    assert rt.state.collector_status["static"][:2] == (True, "ok")
+    assert static.calls == 1
+
+
+def test_a_collector_reporting_itself_down_carries_its_reason():
+    rt = AgentRuntime(config(), [DownCollector()], None)
+    asyncio.run(rt.run_cycle())
+    assert rt.state.collector_status["nvmlish"][:2] == (False, "NVMLError_LibraryNotFound")
+
+
+def test_run_keeps_the_cadence_and_stops_promptly():
+    static = StaticCollector()
+    rt = AgentRuntime(config(0.2), [static], None)
+
+    async def main():
+        task = asyncio.create_task(rt.run())
+        await asyncio.sleep(0.9)
+        rt.stop()
+        t0 = time.monotonic()
+        await task
+        return time.monotonic() - t0
+
+    stop_s = asyncio.run(main())
+    assert stop_s < 0.5
+    assert 3 <= static.calls <= 6       # 0.9 s at 0.2 s: ticks at 0, 0.2, ... 0.8 (slack for a busy CI box)
+
+
+def test_counter_resets_count_once_per_instance_and_scrape():
+    resets = CounterResets()
+    into: Counter[str] = Counter()
+    a = make_labels({"instance": "a"})
+
+    def cycle(v1, v2):
+        return [Sample("engine_preemptions_total", a, v1), Sample("request_ttft_seconds_count", a, v2),
+                Sample("engine_requests_running", a, 0.0)]
+
+    resets.observe(cycle(10, 5), into)
+    resets.observe(cycle(12, 6), into)
+    assert into == Counter()
+    resets.observe(cycle(1, 1), into)             # both counters went down in one scrape: one reset
+    resets.observe(cycle(2, 2), into)
+    assert into == Counter({"a": 1})
