@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import aiohttp
 
-ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,"
-          "text/plain;version=0.0.4;q=0.4,*/*;q=0.1")
-"""Content negotiation like Prometheus': either format is fine, the parser reads both."""
+ACCEPT = "text/plain;version=0.0.4;q=1.0,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
+"""The parser reads both formats; text is preferred because prometheus_client's OpenMetrics
+output adds a `_created` line per counter and histogram series (more to parse, nothing we use)."""
 
 _CHUNK = 64 * 1024
 

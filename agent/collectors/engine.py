@@ -12,8 +12,9 @@ Failure modes, each reported in the target's `Health` and never raised:
 * bad lines (malformed, truncated, duplicate series) and bad values (NaN/Inf): the target stays
   up, the lines are dropped and counted by reason in `Health.dropped`.
 
-The last payload of each target stays available in `last_scrapes` (native names, parsed), which
-is what `kvscope record` writes and what a recorder hooked on the runtime can read.
+`scrape_all()` returns the parsed payloads (native names), which is what `kvscope record`
+writes; with `keep_last = True` the last payload of each target also stays in `last_scrapes`
+for a recorder hooked on the running agent.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class EngineCollector:
         self._own_session = session is None
         self._limit = asyncio.Semaphore(max_concurrency)
         self._engines: dict[str, str | None] = {}     # instance -> detected engine (cached)
-        self.last_scrapes: dict[str, TargetScrape] = {}
+        self.keep_last = False    # set by a recorder hooked on the runtime; off: a 16 MiB payload
+        self.last_scrapes: dict[str, TargetScrape] = {}   # is not kept alive between cycles
 
     async def scrape_all(self) -> list[TargetScrape]:
         """Scrape every target concurrently; one result per target, in config order."""
@@ -84,7 +86,8 @@ class EngineCollector:
             assert self._session is not None
             result = await scrape_target(self._session, target, self.config.timeout_s,
                                          self.config.max_body_bytes)
-        self.last_scrapes[target.instance] = result
+        if self.keep_last:
+            self.last_scrapes[target.instance] = result
         return result
 
     async def collect(self) -> Collection:

@@ -178,3 +178,20 @@ def test_read_exposition_does_not_follow_redirects():
         raise web.HTTPFound("/elsewhere")
 
     assert reason_of(moved) == "http_302"
+
+
+def test_a_prometheus_client_server_answers_in_text_format():
+    """vLLM serves /metrics with prometheus_client, which picks the format from our Accept."""
+    from prometheus_client import CollectorRegistry, Counter
+    from prometheus_client.exposition import choose_encoder
+
+    registry = CollectorRegistry()
+    Counter("vllm:prompt_tokens", "Prompt tokens.", registry=registry).inc(7)
+
+    async def negotiated(request):
+        encoder, ctype = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(registry), headers={"Content-Type": ctype})
+
+    payload = scrape(negotiated)
+    assert payload.openmetrics is False
+    assert "vllm:prompt_tokens_total 7.0" in payload.text and "# EOF" not in payload.text
