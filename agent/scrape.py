@@ -20,9 +20,11 @@ from dataclasses import dataclass
 
 import aiohttp
 
-ACCEPT = "text/plain;version=0.0.4;q=1.0,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
-"""The parser reads both formats; text is preferred because prometheus_client's OpenMetrics
-output adds a `_created` line per counter and histogram series (more to parse, nothing we use)."""
+ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
+"""Ask for text 0.0.4 only (the parser reads OpenMetrics too, if a server sends it anyway).
+prometheus_client, which vLLM and SGLang serve /metrics with, switches to OpenMetrics whenever
+the Accept header mentions it, whatever its q; its OpenMetrics output adds a `_created` line per
+counter and histogram series and (0.26) spells `vllm:x` as `vllm_x`."""
 
 _CHUNK = 64 * 1024
 
