@@ -8,6 +8,7 @@ holding fewer than two points has no rate: the functions return None, never 0.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 Points = Sequence[tuple[float, float]]
@@ -66,8 +67,9 @@ def rate(points: Points, start: float | None = None, end: float | None = None) -
 
 
 def window(points: Points, start: float, end: float) -> list[tuple[float, float]]:
-    """The points with start <= ts <= end."""
-    return [(t, v) for t, v in points if start <= t <= end]
+    """The points with start <= ts <= end (points sorted by time, as everywhere here)."""
+    times = [t for t, _ in points]
+    return list(points[bisect_left(times, start):bisect_right(times, end)])
 
 
 def rate_series(points: Points, window_s: float, step_s: float | None = None) -> list[tuple[float, float | None]]:
@@ -76,8 +78,13 @@ def rate_series(points: Points, window_s: float, step_s: float | None = None) ->
     fewer than two points, e.g. right after a gap."""
     if not points:
         return []
-    times = [t for t, _ in points] if step_s is None else _steps(points[0][0], points[-1][0], step_s)
-    return [(t, rate(window(points, t - window_s, t), t - window_s, t)) for t in times]
+    stamps = [t for t, _ in points]
+    times = stamps if step_s is None else _steps(points[0][0], points[-1][0], step_s)
+    out: list[tuple[float, float | None]] = []
+    for t in times:   # each window found by bisection: O(n log n) over a long history
+        sel = points[bisect_left(stamps, t - window_s):bisect_right(stamps, t)]
+        out.append((t, rate(sel, t - window_s, t)))
+    return out
 
 
 def _steps(first: float, last: float, step_s: float) -> list[float]:

@@ -84,3 +84,10 @@ def test_monotonic_counter_increase_is_last_minus_first(steps):
         values.append(total)
     pts = [(float(i), v) for i, v in enumerate(values)]
     assert abs(raw_increase(pts) - (values[-1] - values[0])) <= 1e-6 * max(1.0, values[-1])
+
+
+def test_rate_series_over_a_week_of_15s_points_at_hourly_steps():
+    pts = [(15.0 * i, 2.0 * i) for i in range(40_320)]    # 7 days at 15 s
+    got = rate_series(pts, window_s=300.0, step_s=3600.0)
+    assert len(got) == 168 and got[0][1] is None
+    assert all(abs(r - 2.0 / 15.0) < 1e-9 for _, r in got[1:])
