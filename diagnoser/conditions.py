@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 from kvscope.diagnoser import grid
 from kvscope.diagnoser.expr import SeriesEvaluator
-from kvscope.diagnoser.rule import parse_duration
 
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
        "==": operator.eq, "!=": operator.ne}
@@ -62,8 +61,9 @@ class ConditionEvaluator:
             return self.ev.aligned(str(cond["than"]), self.by, self.keys) * times + plus
         spec = cond["baseline"]
         step = self.ev.frame.step or 1.0
-        k = max(1, int(round(parse_duration(resolve(spec.get("range", "30m"))) / step)))
-        off = int(round(parse_duration(resolve(spec.get("offset", "10m"))) / step))
+        rule = self.ev.rule
+        k = max(1, int(round(rule.duration(spec.get("range", "30m")) / step)))
+        off = int(round(rule.duration(spec.get("offset", "10m")) / step))
         base = grid.shift(grid.over_time(left, k, str(spec.get("agg", "avg"))), off)
         return base * times + plus
 

@@ -26,27 +26,45 @@ from kvscope.diagnoser.findings import (
 )
 from kvscope.diagnoser.frame import Frame
 from kvscope.diagnoser.levers import Lever, load_levers
-from kvscope.diagnoser.rule import Rule, parse_duration, read_rules
+from kvscope.diagnoser.rule import Rule, read_rules
+
+
+REFERENCE_WINDOW_S = 900.0
+"""Rule durations are written for windows of at least this length (15 minutes)."""
+
+
+def auto_time_scale(window_s: float) -> float:
+    """1.0 for windows of 15 minutes or more; shorter windows scale every duration down.
+
+    A recording of a two-minute incident cannot hold a `for: 5m`: its durations (for, ranges,
+    baselines) are compressed by window / 15 min, never below 1/50.
+    """
+    return max(0.02, min(1.0, window_s / REFERENCE_WINDOW_S))
 
 
 def diagnose(frame: Frame, rules: Iterable[Rule] | None = None, levers: dict[str, Lever] | None = None,
-             params: dict[str, dict[str, Any]] | None = None, source: str = "") -> Diagnosis:
+             params: dict[str, dict[str, Any]] | None = None, source: str = "",
+             time_scale: float | None = None) -> Diagnosis:
     """Evaluate rules over the frame's window and rank the findings.
 
     `params` maps rule id -> parameter overrides (thresholds, durations, benchmark values).
+    `time_scale` multiplies every rule duration; None picks `auto_time_scale(window)`.
     """
     rules = list(rules) if rules is not None else read_rules()
     levers = levers if levers is not None else load_levers()
+    start, end = frame.window
+    scale = auto_time_scale(end - start) if time_scale is None else time_scale
     findings: list[Finding] = []
     skipped: list[Skipped] = []
     for rule in rules:
-        rule = rule.with_params((params or {}).get(rule.id, {}))
+        rule = rule.with_params((params or {}).get(rule.id, {})).scaled(scale)
         result = evaluate_rule(rule, frame, levers)
         if isinstance(result, Skipped):
             skipped.append(result)
         else:
             findings.extend(result)
-    return rank(findings, frame.window, source, skipped, len(rules))
+    from dataclasses import replace
+    return replace(rank(findings, frame.window, source, skipped, len(rules)), time_scale=scale)
 
 
 def evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[Finding] | Skipped:
@@ -149,7 +167,7 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
         truth &= any_truth
     truth &= ce.facts_hold(list(rule.doc.get("facts") or []))[:, None]
     step = ce.ev.frame.step or 1.0
-    for_steps = int(round(parse_duration(rule.resolve(when.get("for", "0s"))) / step))
+    for_steps = int(round(rule.duration(when.get("for", "0s")) / step))
     runs = run_lengths(truth)
     crit = _critical(rule, ce)
     out = []
@@ -286,11 +304,11 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
     names = [str(s["name"]) for s in stages]
     step = ce.ev.frame.step or 1.0
     default_for = rule.resolve(cas.get("for", "0s"))
-    slack = int(round(parse_duration(rule.resolve(cas.get("slack", "0s"))) / step))
+    slack = int(round(rule.duration(cas.get("slack", "0s")) / step))
     evaluated = []
     for s in stages:
         truth, done = ce.all_of(list(s.get("all") or []))
-        for_steps = int(round(parse_duration(rule.resolve(s.get("for", default_for))) / step))
+        for_steps = int(round(rule.duration(s.get("for", default_for)) / step))
         evaluated.append((truth, run_lengths(truth), for_steps, done))
     fire_at = names.index(str(cas.get("fire_at", names[1] if len(names) > 1 else names[0])))
     ts = ce.ev.frame.ts

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from kvscope.diagnoser import grid
 from kvscope.diagnoser.frame import Frame
-from kvscope.diagnoser.rule import Rule, parse_duration
+from kvscope.diagnoser.rule import Rule
 
 SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count")
 """Forms that read a canonical signal from the frame."""
@@ -108,7 +108,7 @@ class SeriesEvaluator:
 
     def _steps(self, node: dict[str, Any], key: str = "range", default: str = "5m") -> int:
         step = self.frame.step or 1.0
-        return max(1, int(round(parse_duration(self.rule.resolve(node.get(key, default))) / step)))
+        return max(1, int(round(self.rule.duration(node.get(key, default)) / step)))
 
     def _rows(self, name: str, by: tuple[str, ...], extra: tuple[str, ...] = (),
               match: dict[str, Any] | None = None) -> tuple[list, np.ndarray, np.ndarray]:

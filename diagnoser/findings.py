@@ -141,6 +141,7 @@ class Diagnosis:
     other: tuple[Finding, ...] = ()           # everything else that fired
     skipped: tuple[Skipped, ...] = ()
     rules_evaluated: int = 0
+    time_scale: float = 1.0                   # rule durations were multiplied by this (short windows)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -168,6 +169,7 @@ class Diagnosis:
             "other": [f.to_dict() for f in self.other],
             "skipped": [asdict(s) for s in self.skipped],
             "rules_evaluated": self.rules_evaluated,
+            "time_scale": self.time_scale,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -183,6 +185,7 @@ class Diagnosis:
             other=tuple(Finding.from_dict(x) for x in d.get("other", ())),
             skipped=tuple(Skipped(**s) for s in d.get("skipped", ())),
             rules_evaluated=int(d.get("rules_evaluated", 0)),
+            time_scale=float(d.get("time_scale", 1.0)),
             schema_version=int(d.get("schema_version", SCHEMA_VERSION)),
         )
 

@@ -85,6 +85,7 @@ class Rule:
     path: str
     doc: LineDict
     params: dict[str, Any] = field(default_factory=dict)   # resolved parameter values
+    time_scale: float = 1.0          # every duration is multiplied by this (short recordings)
 
     @property
     def title(self) -> str:
@@ -106,7 +107,15 @@ class Rule:
         """The same rule with some parameter values replaced (unknown names are ignored)."""
         merged = dict(self.params)
         merged.update({k: v for k, v in overrides.items() if k in merged})
-        return Rule(self.id, self.path, self.doc, merged)
+        return Rule(self.id, self.path, self.doc, merged, self.time_scale)
+
+    def scaled(self, time_scale: float) -> Rule:
+        """The same rule with every duration (for, ranges, baselines) multiplied by time_scale."""
+        return Rule(self.id, self.path, self.doc, dict(self.params), time_scale)
+
+    def duration(self, value: Any) -> float:
+        """A duration (literal or $param) in seconds, time-scaled."""
+        return parse_duration(self.resolve(value)) * self.time_scale
 
     def resolve(self, value: Any) -> Any:
         """`$name` -> the parameter's value; anything else unchanged."""

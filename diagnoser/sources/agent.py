@@ -1,0 +1,79 @@
+"""Diagnose from a running kvscope agent's JSON API (`/api/v1/samples`, `/api/v1/facts`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from kvscope.agent.signals import Sample, make_labels
+from kvscope.diagnoser.frame import Frame, frame_from_samples
+from kvscope.diagnoser.sources import SourceError
+
+DEFAULT_WINDOW_S = 1800.0
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
+
+class AgentSource:
+    """The agent's stored canonical samples (already normalized by the agent)."""
+
+    def __init__(self, url: str, timeout_s: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.description = f"agent:{self.url}"
+
+    def read_frame(self, names: set[str], start: float | None, end: float | None, step: float) -> Frame:
+        end = time.time() if end is None else end
+        start = end - DEFAULT_WINDOW_S if start is None else start
+        pattern = "|".join(re.escape(n) for n in sorted(names)) or "$^"
+        query = urllib.parse.urlencode({"match": f"({pattern})", "start": f"{start - 300:.3f}", "end": f"{end:.3f}"})
+        data = self._get(f"/api/v1/samples?{query}")
+        samples = parse_samples_answer(data)
+        frame = frame_from_samples(samples, start, end, step, names=names)
+        frame.facts = parse_facts_answer(self._get("/api/v1/facts"))
+        return frame
+
+    def _get(self, path: str) -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=self.timeout_s) as resp:  # noqa: S310
+                body = resp.read(MAX_RESPONSE_BYTES + 1)
+        except (urllib.error.URLError, OSError) as exc:
+            raise SourceError(f"agent {self.url}: {exc}") from exc
+        if len(body) > MAX_RESPONSE_BYTES:
+            raise SourceError(f"agent {self.url}: answer larger than {MAX_RESPONSE_BYTES} bytes; narrow the window")
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise SourceError(f"agent {self.url}{path.split('?')[0]}: not JSON ({exc})") from exc
+        if doc.get("status") != "success":
+            raise SourceError(f"agent {self.url}: {doc.get('error', 'error answer')}")
+        return doc.get("data") or {}
+
+
+def parse_samples_answer(data: dict[str, Any]) -> list[Sample]:
+    """`{"series": [{"name", "labels", "points": [[ts, v]...]}]}` -> canonical samples."""
+    out = []
+    for s in data.get("series") or []:
+        labels = make_labels({str(k): str(v) for k, v in (s.get("labels") or {}).items()})
+        for ts, value in s.get("points") or []:
+            out.append(Sample(str(s["name"]), labels, float(value), float(ts)))
+    return out
+
+
+def parse_facts_answer(data: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """`{instance: {"facts": {...}}}` -> instance -> facts (per-rank facts are merged)."""
+    out: dict[str, dict[str, str]] = {}
+    for instance, entry in (data or {}).items():
+        facts = (entry or {}).get("facts") or {}
+        merged: dict[str, str] = {}
+        for k, v in facts.items():
+            if isinstance(v, dict):
+                merged.update({str(a): str(b) for a, b in v.items()})
+            else:
+                merged[str(k)] = str(v)
+        out[str(instance)] = merged
+    return out

@@ -1,0 +1,134 @@
+"""`kvscope diagnose`: evaluate the diagnosis rules over a window and print the likely cause first."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+HELP = """\
+Evaluate every rule in rules/diagnosis/ over one window of engine, GPU and request signals and
+rank what fired: the likely cause first (what, where, since when, the evidence numbers with the
+series they came from, the levers ranked with the exact config change for vLLM / SGLang / the
+router, and the source-document citation), then competing hypotheses and other findings.
+
+Sources (pick one):
+  --recording FILE.om[.gz]   an OpenMetrics recording (postmortem, tests, demo); its whole span
+  --prometheus URL --since 30m   range queries against Prometheus / Thanos / Mimir / VictoriaMetrics
+  --agent URL --since 30m        a kvscope agent's /api/v1/samples
+
+Windows shorter than 15 minutes (short recordings) are evaluated with every rule duration
+scaled by window / 15 min; --time-scale 1 turns that off.
+
+Exit status: 0 nothing at warning or critical fired (info findings may be printed),
+1 the worst finding is a warning, 2 the worst is critical, 3 bad usage, 4 the source could not
+be read.
+"""
+
+EXIT_USAGE = 3
+EXIT_SOURCE = 4
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("diagnose", help="find why latency moved and which lever fixes it",
+                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--recording", metavar="FILE", help="OpenMetrics recording (.om or .om.gz)")
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible base URL, e.g. http://127.0.0.1:9090")
+    src.add_argument("--agent", metavar="URL", help="kvscope agent base URL, e.g. http://127.0.0.1:9400")
+    p.add_argument("--since", default="30m", help="live sources: window length ending now or at --end (default 30m)")
+    p.add_argument("--end", type=float, default=None, help="window end, unix seconds (default: now / end of recording)")
+    p.add_argument("--start", type=float, default=None, help="window start, unix seconds (overrides --since)")
+    p.add_argument("--step", default=None, help="grid step, e.g. 15s (default: the recording's scrape interval, else 15s)")
+    p.add_argument("--param", action="append", default=[], metavar="RULE.PARAM=VALUE",
+                   help="override a rule parameter, e.g. kv_pressure_preemption.kv_full=0.85 (repeatable)")
+    p.add_argument("--time-scale", type=float, default=None,
+                   help="multiply every rule duration by this (default: auto for windows under 15 min)")
+    p.add_argument("--rules-dir", default=None, help="rules directory (default: the shipped rules/diagnosis)")
+    p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON (schema: docs/rules.md)")
+    p.add_argument("--verbose", "-v", action="store_true", help="also list the rules that were skipped and why")
+    p.set_defaults(func=run)
+
+
+def parse_params(items: list[str]) -> dict[str, dict[str, Any]]:
+    """['rule.param=1.5', ...] -> {'rule': {'param': 1.5}}. Raises ValueError on bad items."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        rule_id, dot, name = key.partition(".")
+        if not sep or not dot or not rule_id or not name:
+            raise ValueError(f"--param {item!r}: expected RULE.PARAM=VALUE")
+        value: Any = raw
+        try:
+            value = float(raw)
+        except ValueError:
+            pass
+        out.setdefault(rule_id, {})[name] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvscope.diagnoser.rule import RuleError, parse_duration, read_rules
+
+    if not (args.recording or args.prometheus or args.agent):
+        print("kvscope diagnose: pick a source: --recording, --prometheus or --agent (see --help)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        params = parse_params(args.param)
+        since = parse_duration(args.since)
+        rules = read_rules(args.rules_dir)
+    except (ValueError, RuleError, OSError) as exc:
+        print(f"kvscope diagnose: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    unknown = sorted(set(params) - {r.id for r in rules})
+    if unknown:
+        print(f"kvscope diagnose: --param names unknown rule(s): {', '.join(unknown)}", file=sys.stderr)
+        return EXIT_USAGE
+    return _diagnose(args, rules, params, since)
+
+
+def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float) -> int:
+    from kvscope.diagnoser.engine import diagnose, sample_names
+    from kvscope.diagnoser.render import render_diagnosis
+    from kvscope.diagnoser.rule import parse_duration
+    from kvscope.diagnoser.sources import SourceError
+
+    source = _source(args)
+    try:
+        step = parse_duration(args.step) if args.step else _default_step(source)
+        end = args.end
+        start = args.start
+        if start is None and not args.recording:
+            end = time.time() if end is None else end
+            start = end - since
+        names = set().union(*(sample_names(r) for r in rules))
+        frame = source.read_frame(names, start, end, step)
+    except SourceError as exc:
+        print(f"kvscope diagnose: {exc}", file=sys.stderr)
+        return EXIT_SOURCE
+    except ValueError as exc:
+        print(f"kvscope diagnose: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    result = diagnose(frame, rules, params=params, source=source.description, time_scale=args.time_scale)
+    if args.json:
+        print(result.to_json())
+    else:
+        render_diagnosis(result, verbose=args.verbose)
+    return result.exit_status()
+
+
+def _source(args: argparse.Namespace) -> Any:
+    if args.recording:
+        from kvscope.diagnoser.sources.recording import RecordingSource
+        return RecordingSource(args.recording)
+    if args.prometheus:
+        from kvscope.diagnoser.sources.prometheus import PrometheusSource
+        return PrometheusSource(args.prometheus)
+    from kvscope.diagnoser.sources.agent import AgentSource
+    return AgentSource(args.agent)
+
+
+def _default_step(source: Any) -> float:
+    natural = getattr(source, "natural_step", None)
+    return natural() if natural else 15.0
