@@ -28,7 +28,6 @@ from kvscope.diagnoser.frame import Frame
 from kvscope.diagnoser.levers import Lever, load_levers
 from kvscope.diagnoser.rule import Rule, read_rules
 
-
 REFERENCE_WINDOW_S = 900.0
 """Rule durations are written for windows of at least this length (15 minutes)."""
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import time
 
+from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
-
-from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding
 
 _STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
 
@@ -60,7 +59,9 @@ def render_card(f: Finding, heading: str) -> Panel:
                   Text(f"where: {where}    since: {fmt_time(f.since)} ({state}, {fmt_duration(f.until - f.since)})")]
     if f.cascade:
         c = f.cascade
-        lead = f"; the root led the latency symptom by {fmt_duration(c.lead_time_s)}" if c.lead_time_s is not None else ""
+        lead = ""
+        if c.lead_time_s is not None:
+            lead = f"; the root led the latency symptom by {fmt_duration(c.lead_time_s)}"
         rows.append(Text(f"cascade stage {c.stage}/{c.stages_total}: {c.stage_name}{lead}", style="bold"))
     rows.append(_evidence_table(f))
     rows.append(_lever_table(f))

@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--since", default="30m", help="live sources: window length ending now or at --end (default 30m)")
     p.add_argument("--end", type=float, default=None, help="window end, unix seconds (default: now / end of recording)")
     p.add_argument("--start", type=float, default=None, help="window start, unix seconds (overrides --since)")
-    p.add_argument("--step", default=None, help="grid step, e.g. 15s (default: the recording's scrape interval, else 15s)")
+    p.add_argument("--step", default=None,
+                   help="grid step, e.g. 15s (default: the recording's scrape interval, else 15s)")
     p.add_argument("--param", action="append", default=[], metavar="RULE.PARAM=VALUE",
                    help="override a rule parameter, e.g. kv_pressure_preemption.kv_full=0.85 (repeatable)")
     p.add_argument("--time-scale", type=float, default=None,
