@@ -1,0 +1,131 @@
+"""Alertmanager webhook payloads, and the diagnosis attached to each alert.
+
+Alertmanager posts a JSON document (webhook `version: "4"`) with a list of alerts. For each
+firing alert, `enrich_alert` diagnoses the alert's time window with the rule engine and picks
+the findings at the alert's place (its `instance`, `model`, ... labels). When the alert came from
+a generated kvscope rule (label `rule_id`), the finding of that same rule is `matched`; the
+top-ranked finding at that place is the `likely_cause`, which may be a different, earlier rule
+(the root of a cascade precedes its symptom).
+
+The enriched payload is the original webhook with one `kvscope` object added to every alert:
+
+    {"window": [start, end], "rule_id": "...", "matched": Finding | null,
+     "likely_cause": Finding | null, "findings": [Finding...], "skipped": int,
+     "errors": [str...], "status": "diagnosed" | "resolved" | "error" | "truncated"}
+
+Findings use the JSON layout of diagnoser/findings.py (`Finding.to_dict`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+WEBHOOK_VERSION = "4"
+MAX_ALERTS = 50
+"""Alerts diagnosed per webhook; the rest are stored marked `truncated` (Alertmanager groups
+can be large, and every diagnosis reads a window from Prometheus)."""
+
+PLACE_LABELS = ("instance", "model", "dp_rank", "role", "tenant", "gpu", "node")
+"""Labels that locate a finding (docs/rules.md `by`); other alert labels are ignored when
+matching findings to an alert."""
+
+
+class WebhookError(ValueError):
+    """The request body is not a usable Alertmanager webhook; str() says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert of a webhook, as Alertmanager sent it."""
+
+    status: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float
+    ends_at: float | None
+    fingerprint: str
+    raw: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.labels.get("alertname", "")
+
+    def place(self) -> dict[str, str]:
+        return {k: v for k, v in self.labels.items() if k in PLACE_LABELS and v}
+
+
+def parse_time(text: Any) -> float | None:
+    """RFC 3339 (as Alertmanager writes it) → unix seconds; the zero time → None."""
+    if not isinstance(text, str) or not text or text.startswith("0001-01-01"):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError as exc:
+        raise WebhookError(f"bad timestamp {text!r}") from exc
+
+
+def parse_webhook(body: bytes) -> dict[str, Any]:
+    """Validate a webhook body; returns the decoded document. Raises WebhookError."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise WebhookError(f"body is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise WebhookError("body must be a JSON object")
+    if str(doc.get("version", "")) != WEBHOOK_VERSION:
+        raise WebhookError(f"unsupported webhook version {doc.get('version')!r} (expected {WEBHOOK_VERSION!r})")
+    alerts = doc.get("alerts")
+    if not isinstance(alerts, list) or not alerts:
+        raise WebhookError("'alerts' must be a non-empty list")
+    for i, alert in enumerate(alerts):
+        parse_alert(alert, i)
+    return doc
+
+
+def parse_alert(raw: Any, index: int = 0) -> Alert:
+    """One entry of `alerts`; raises WebhookError naming the entry."""
+    if not isinstance(raw, dict):
+        raise WebhookError(f"alerts[{index}] must be an object")
+    labels, annotations = raw.get("labels"), raw.get("annotations", {})
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise WebhookError(f"alerts[{index}].labels must be an object of strings")
+    if not isinstance(annotations, dict):
+        raise WebhookError(f"alerts[{index}].annotations must be an object")
+    status = raw.get("status")
+    if status not in ("firing", "resolved"):
+        raise WebhookError(f"alerts[{index}].status must be 'firing' or 'resolved'")
+    starts = parse_time(raw.get("startsAt"))
+    if starts is None:
+        raise WebhookError(f"alerts[{index}].startsAt is missing")
+    return Alert(status=status, labels=dict(labels), annotations={str(k): str(v) for k, v in annotations.items()},
+                 starts_at=starts, ends_at=parse_time(raw.get("endsAt")),
+                 fingerprint=str(raw.get("fingerprint", "")), raw=raw)
+
+
+def diagnosis_window(alert: Alert, now: float, before_s: float, max_s: float) -> tuple[float, float]:
+    """[start, end] to diagnose: from `before_s` before the alert started (the cause precedes
+    the symptom) to its end or now, at most `max_s` long."""
+    end = min(alert.ends_at or now, now) if alert.status == "resolved" else now
+    start = max(alert.starts_at - before_s, end - max_s)
+    return start, max(end, start + 1.0)
+
+
+def at_place(where: dict[str, str], place: dict[str, str]) -> bool:
+    """A finding located by `where` concerns the alert at `place`: every label both carry
+    agrees (a fleet-wide finding, `where == {}`, concerns every alert)."""
+    return all(place[k] == v for k, v in where.items() if k in place)
+
+
+def select_findings(diagnosis: dict[str, Any], alert: Alert) -> dict[str, Any]:
+    """From a `Diagnosis.to_dict()`: the findings at the alert's place, best first, and the one
+    from the alert's own rule."""
+    ranked = [diagnosis.get("likely_cause"), *diagnosis.get("competing", []), *diagnosis.get("other", [])]
+    place = alert.place()
+    here = [f for f in ranked if f and at_place(f.get("where", {}), place)]
+    rule_id = alert.labels.get("rule_id")
+    matched = next((f for f in here if rule_id and f.get("rule_id") == rule_id), None)
+    return {"rule_id": rule_id, "matched": matched, "likely_cause": here[0] if here else None,
+            "findings": here, "skipped": len(diagnosis.get("skipped", []))}

@@ -1,0 +1,100 @@
+"""Enriched webhooks kept in SQLite, bounded by row count (oldest deleted first).
+
+One row per webhook received: its status (`pending` until diagnosed, then `done`), the enriched
+payload as JSON, and where forwarding stands. `:memory:` gives the in-memory twin for tests.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS diagnoses (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  received_at REAL NOT NULL,
+  status TEXT NOT NULL,
+  alertnames TEXT NOT NULL,
+  payload TEXT NOT NULL,
+  forward TEXT NOT NULL DEFAULT ''
+);
+"""
+
+
+class DiagnosisStore:
+    """Thread-safe SQLite store of enriched webhooks; keeps at most `max_rows`."""
+
+    def __init__(self, path: str = ":memory:", max_rows: int = 1000) -> None:
+        self.max_rows = max_rows
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        if path != ":memory:":
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(SCHEMA)
+
+    def add(self, payload: dict[str, Any]) -> int:
+        """Store a received webhook as `pending`; returns its id. Trims the oldest rows."""
+        names = ",".join(sorted({a.get("labels", {}).get("alertname", "") for a in payload.get("alerts", [])}))
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT INTO diagnoses (received_at, status, alertnames, payload) VALUES (?, 'pending', ?, ?)",
+                (time.time(), names, json.dumps(payload)))
+            row_id = int(cur.lastrowid or 0)
+            self._db.execute("DELETE FROM diagnoses WHERE id <= ?", (row_id - self.max_rows,))
+        return row_id
+
+    def update(self, row_id: int, payload: dict[str, Any], status: str = "done") -> None:
+        with self._lock:
+            self._db.execute("UPDATE diagnoses SET payload = ?, status = ? WHERE id = ?",
+                             (json.dumps(payload), status, row_id))
+
+    def set_forward(self, row_id: int, forward: str) -> None:
+        with self._lock:
+            self._db.execute("UPDATE diagnoses SET forward = ? WHERE id = ?", (forward, row_id))
+
+    def get(self, row_id: int) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT id, received_at, status, alertnames, payload, forward "
+                                   "FROM diagnoses WHERE id = ?", (row_id,)).fetchone()
+        return _row(row, full=True) if row else None
+
+    def list(self, limit: int = 50, alertname: str | None = None) -> list[dict[str, Any]]:
+        """Newest first; `alertname` filters on one alert name."""
+        query = "SELECT id, received_at, status, alertnames, payload, forward FROM diagnoses"
+        args: tuple[Any, ...] = ()
+        if alertname:
+            query += " WHERE ',' || alertnames || ',' LIKE ?"
+            args = (f"%,{alertname},%",)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+        return [_row(r, full=False) for r in rows]
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM diagnoses").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _row(row: tuple, full: bool) -> dict[str, Any]:
+    row_id, received, status, names, payload, forward = row
+    out: dict[str, Any] = {"id": row_id, "received_at": received, "status": status,
+                           "alertnames": [n for n in names.split(",") if n], "forward": forward}
+    doc = json.loads(payload)
+    if full:
+        out["payload"] = doc
+    else:
+        out["summary"] = [_brief(a) for a in doc.get("alerts", [])]
+    return out
+
+
+def _brief(alert: dict[str, Any]) -> dict[str, Any]:
+    ks = alert.get("kvscope") or {}
+    cause = ks.get("likely_cause") or {}
+    return {"alertname": alert.get("labels", {}).get("alertname"), "status": alert.get("status"),
+            "likely_cause": cause.get("rule_id"), "summary": cause.get("summary")}

@@ -1,0 +1,101 @@
+"""`kvscope serve`: Alertmanager webhook receiver that attaches a kvscope diagnosis to each alert."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+DESCRIPTION = """\
+Receive Alertmanager webhooks, diagnose every firing alert's instance and time window from
+Prometheus with kvscope's rule engine, store the result and serve it back:
+
+  POST /api/v1/alerts            point an Alertmanager webhook_config here
+  GET  /api/v1/diagnoses         recent webhooks with the likely cause of each alert
+  GET  /api/v1/diagnoses/<id>    the enriched payload (findings, evidence, levers)
+
+Prometheus must load kvscope's rule files (kvscope rules build; docs/alerting.md): the
+diagnosis reads the recorded kvscope:<signal> series. With --forward-url the enriched payload
+is POSTed on (to a chat bridge, an incident tool, another webhook).
+
+example:
+  kvscope serve --prometheus http://127.0.0.1:9090 --forward-url http://127.0.0.1:8080/hook
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="Alertmanager webhook that attaches a diagnosis to alerts",
+                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus HTTP API base URL")
+    p.add_argument("--listen", default="127.0.0.1:9465", metavar="HOST:PORT",
+                   help="address to serve on (default: %(default)s)")
+    p.add_argument("--forward-url", metavar="URL", help="POST every enriched payload here")
+    p.add_argument("--store", default="kvscope-diagnoses.sqlite", metavar="FILE",
+                   help="SQLite file for diagnoses (default: %(default)s; ':memory:' keeps none)")
+    p.add_argument("--max-stored", type=int, default=1000, metavar="N",
+                   help="keep the newest N webhooks (default: %(default)s)")
+    p.add_argument("--step", default="15s", metavar="DURATION",
+                   help="diagnosis grid step (default: %(default)s)")
+    p.add_argument("--before", default="30m", metavar="DURATION",
+                   help="diagnose from this long before the alert started (default: %(default)s)")
+    p.add_argument("--max-body-bytes", type=int, default=1024 * 1024, metavar="N",
+                   help="largest webhook body accepted; larger gets 413 (default: %(default)s)")
+    p.add_argument("--param", action="append", default=[], metavar="RULE.NAME=VALUE",
+                   help="override a rule parameter, e.g. kv_pressure_preemption.kv_full=0.95 (repeatable)")
+    p.set_defaults(func=run)
+
+
+def parse_params(items: list[str]) -> dict[str, dict[str, Any]]:
+    """['rule.name=value', ...] -> {rule: {name: value}}; values parsed as YAML scalars."""
+    import yaml
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        rule, dot, name = key.partition(".")
+        if not sep or not dot or not rule or not name:
+            raise ValueError(f"--param {item!r}: expected RULE.NAME=VALUE")
+        out.setdefault(rule, {})[name] = yaml.safe_load(value)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvscope.diagnoser.alertmanager_server import ServeConfig, WebhookServer
+    from kvscope.diagnoser.alertmanager_store import DiagnosisStore
+    from kvscope.diagnoser.rule import parse_duration
+
+    try:
+        host, _, port = args.listen.rpartition(":")
+        config = ServeConfig(prometheus_url=args.prometheus, forward_url=args.forward_url,
+                             step_s=parse_duration(args.step), before_s=parse_duration(args.before),
+                             max_body_bytes=args.max_body_bytes, params=parse_params(args.param))
+        listen = (host or "127.0.0.1", int(port))
+    except ValueError as exc:
+        print(f"kvscope serve: {exc}", file=sys.stderr)
+        return 3
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    store = DiagnosisStore(args.store, max_rows=args.max_stored)
+    try:
+        asyncio.run(_serve(WebhookServer(config, store), *listen))
+    finally:
+        store.close()
+    return 0
+
+
+async def _serve(server: object, host: str, port: int) -> None:
+    from aiohttp import web
+
+    runner = web.AppRunner(server.app(), access_log=None)  # type: ignore[attr-defined]
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    logging.getLogger("kvscope.serve").info("listening on http://%s:%d", host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
