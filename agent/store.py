@@ -427,7 +427,9 @@ class SqliteStore:
                 deleted += self._delete_oldest_fraction(1.0 - SIZE_TARGET_FRACTION * self.max_bytes / used)
             if deleted:
                 self._prune_series()
-                self._writer.execute("PRAGMA incremental_vacuum")
+                # Each step of this pragma frees one page, and execute() steps once (fetchall
+                # too: there are no rows); executescript runs it to completion.
+                self._writer.executescript("PRAGMA incremental_vacuum;")
             return deleted
 
     def _prune_series(self) -> None:
