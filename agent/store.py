@@ -50,6 +50,7 @@ DEFAULT_MAX_QUEUE = 200_000
 DEFAULT_MAX_SERIES = 200_000
 """Distinct series the store accepts; samples of further new series are dropped (`series_limit`)."""
 RETENTION_CHECK_INTERVAL_S = 60.0
+WAL_SIZE_LIMIT_BYTES = 64 << 20
 SIZE_TARGET_FRACTION = 0.9
 """A size-retention pass deletes until the pages in use are below this fraction of max_bytes."""
 
@@ -261,6 +262,9 @@ class SqliteStore:
             # be chosen before that (on an existing file this is a no-op).
             conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
             conn.execute("PRAGMA journal_mode=WAL")
+            # After a checkpoint, cut the WAL file back to this size (it otherwise stays at its
+            # largest), so max_bytes plus this bounds the disk used.
+            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
             conn.execute(f"PRAGMA synchronous={'FULL' if synchronous.upper() == 'FULL' else 'NORMAL'}")
             return conn
         except (OSError, sqlite3.Error) as exc:
