@@ -1,0 +1,136 @@
+"""Alertmanager webhook parsing, finding selection, the bounded store, and the Prometheus reader's
+pure parsers (the real chain runs in tests/integration/test_alertmanager_chain.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kvscope.diagnoser.alertmanager import (
+    WebhookError,
+    at_place,
+    diagnosis_window,
+    parse_alert,
+    parse_webhook,
+    select_findings,
+)
+from kvscope.diagnoser.alertmanager_source import PrometheusError, parse_facts, parse_matrix
+from kvscope.diagnoser.alertmanager_store import DiagnosisStore
+
+from kvscope.commands.serve import parse_params
+
+# Shape of a real Alertmanager 0.25 webhook (../shared/research/toolchain-probe.md).
+WEBHOOK = {
+    "receiver": "kvscope", "status": "firing", "version": "4", "groupKey": "{}:{alertname=\"X\"}",
+    "truncatedAlerts": 0, "externalURL": "http://127.0.0.1:9093",
+    "groupLabels": {"alertname": "LlmKvPressurePreemption"}, "commonLabels": {}, "commonAnnotations": {},
+    "alerts": [{
+        "status": "firing",
+        "labels": {"alertname": "LlmKvPressurePreemption", "instance": "e0:8000", "rule_id": "kv_pressure_preemption",
+                   "severity": "warning", "job": "vllm"},
+        "annotations": {"summary": "KV cache full"},
+        "startsAt": "2026-11-22T05:07:47.169Z", "endsAt": "0001-01-01T00:00:00Z",
+        "generatorURL": "http://127.0.0.1:9090/graph", "fingerprint": "8e9b249c8f3b53af",
+    }],
+}
+
+
+def _body(doc) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def test_parse_webhook_accepts_an_alertmanager_v4_payload():
+    doc = parse_webhook(_body(WEBHOOK))
+    alert = parse_alert(doc["alerts"][0])
+    assert alert.name == "LlmKvPressurePreemption"
+    assert alert.starts_at == pytest.approx(1795324067.169)
+    assert alert.ends_at is None                      # the zero time means "still firing"
+    assert alert.place() == {"instance": "e0:8000"}   # job, severity, rule_id do not locate a finding
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b"{oops", "not JSON"),
+    (b"[]", "JSON object"),
+    (_body({**WEBHOOK, "version": "3"}), "version"),
+    (_body({**WEBHOOK, "alerts": []}), "non-empty"),
+    (_body({**WEBHOOK, "alerts": [{**WEBHOOK["alerts"][0], "labels": {"a": 1}}]}), "labels"),
+    (_body({**WEBHOOK, "alerts": [{**WEBHOOK["alerts"][0], "status": "odd"}]}), "status"),
+    (_body({**WEBHOOK, "alerts": [{**WEBHOOK["alerts"][0], "startsAt": "yesterday"}]}), "timestamp"),
+])
+def test_parse_webhook_rejects_malformed_bodies_with_a_reason(body, message):
+    with pytest.raises(WebhookError, match=message):
+        parse_webhook(body)
+
+
+def test_window_starts_before_the_alert_and_is_bounded():
+    alert = parse_alert(WEBHOOK["alerts"][0])
+    start, end = diagnosis_window(alert, now=alert.starts_at + 600, before_s=1800, max_s=3600)
+    assert (start, end) == (alert.starts_at - 1800, alert.starts_at + 600)
+    start, end = diagnosis_window(alert, now=alert.starts_at + 86400, before_s=1800, max_s=3600)
+    assert end - start == 3600
+
+
+def _finding(rule_id, where, score):
+    return {"rule_id": rule_id, "where": where, "score": score, "summary": rule_id}
+
+
+def test_select_findings_keeps_the_alerts_place_and_matches_its_rule():
+    diagnosis = {
+        "likely_cause": _finding("queue_growing", {"instance": "e0:8000"}, 300),
+        "competing": [_finding("kv_pressure_preemption", {"instance": "e0:8000"}, 250)],
+        "other": [_finding("kv_pressure_preemption", {"instance": "e1:8000"}, 240),
+                  _finding("fleet_oversized", {}, 100)],
+        "skipped": [{"rule_id": "x", "reason": "absent"}],
+    }
+    out = select_findings(diagnosis, parse_alert(WEBHOOK["alerts"][0]))
+    assert out["likely_cause"]["rule_id"] == "queue_growing"
+    assert out["matched"]["where"] == {"instance": "e0:8000"}
+    assert [f["rule_id"] for f in out["findings"]] == ["queue_growing", "kv_pressure_preemption", "fleet_oversized"]
+    assert out["skipped"] == 1
+
+
+def test_at_place_ignores_labels_the_alert_does_not_carry():
+    assert at_place({"model": "m"}, {"instance": "e0"})
+    assert not at_place({"instance": "e1"}, {"instance": "e0"})
+
+
+def test_store_is_bounded_and_lists_newest_first():
+    store = DiagnosisStore(":memory:", max_rows=3)
+    ids = [store.add(WEBHOOK) for _ in range(5)]
+    assert store.count() == 3
+    assert store.get(ids[0]) is None
+    assert [d["id"] for d in store.list()] == ids[:1:-1]
+    store.update(ids[-1], {**WEBHOOK, "alerts": [{**WEBHOOK["alerts"][0], "kvscope": {
+        "likely_cause": {"rule_id": "kv_pressure_preemption", "summary": "KV at 97%"}}}]})
+    assert store.list(1)[0]["summary"][0]["likely_cause"] == "kv_pressure_preemption"
+    assert store.get(ids[-1])["status"] == "done"
+    assert store.list(alertname="LlmKvPressurePreemption") and not store.list(alertname="Other")
+
+
+def test_parse_params_reads_rule_dot_name_pairs():
+    assert parse_params(["kv_pressure_preemption.for=5s", "kv_pressure_preemption.kv_full=0.95"]) == {
+        "kv_pressure_preemption": {"for": "5s", "kv_full": 0.95}}
+    with pytest.raises(ValueError, match="RULE.NAME=VALUE"):
+        parse_params(["kv_full=0.9"])
+
+
+def test_parse_matrix_drops_the_recording_prefix():
+    payload = {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"__name__": "kvscope:engine_kv_cache_usage_ratio", "instance": "e0"},
+         "values": [[100, "0.5"], [115, "0.97"]]}]}}
+    samples = parse_matrix(payload)
+    assert [(s.name, s.labels, s.value, s.timestamp) for s in samples] == [
+        ("engine_kv_cache_usage_ratio", (("instance", "e0"),), 0.5, 100.0),
+        ("engine_kv_cache_usage_ratio", (("instance", "e0"),), 0.97, 115.0)]
+
+
+def test_parse_matrix_raises_on_a_prometheus_error():
+    with pytest.raises(PrometheusError, match="bad_data"):
+        parse_matrix({"status": "error", "errorType": "bad_data", "error": "parse error"})
+
+
+def test_parse_facts_turns_info_labels_into_facts():
+    payload = {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"__name__": "vllm:cache_config_info", "instance": "e0", "engine": "0",
+                    "enable_prefix_caching": "False", "block_size": "16"}, "value": [1, "1"]}]}}
+    assert parse_facts(payload) == {"e0": {"enable_prefix_caching": "False", "block_size": "16"}}
