@@ -62,6 +62,9 @@ class _Reader:
                                  self.nvml.NVML_ERROR_FUNCTION_NOT_FOUND):
                 self.errors[type(exc).__name__] += 1
             return None
+        except Exception as exc:   # noqa: BLE001 - a binding bug costs one reading, not the collection
+            self.errors[type(exc).__name__] += 1
+            return None
 
 
 def _text(value: Any) -> str:
@@ -119,9 +122,15 @@ class NvmlCollector:
             health.up, health.reason = False, self._down_reason
         else:
             reader = _Reader(self._nvml)
-            out.samples = list(self._read_all(reader))
+            count = reader.get("nvmlDeviceGetCount")
+            if count is None:   # the driver went away under us: report it and initialise again
+                health.up = False
+                health.reason = next(iter(reader.errors), "device_count_unavailable")
+                self._ready, self._down_reason = False, health.reason
+            else:
+                out.samples = list(self._read_all(reader, count))
+                out.facts["nvml"] = self._facts(reader)
             health.errors = reader.errors
-            out.facts["nvml"] = self._facts(reader)
         health.series = len(out.samples)
         health.duration_s = time.perf_counter() - t0
         return out
@@ -150,8 +159,7 @@ class NvmlCollector:
         version = reader.get("nvmlSystemGetDriverVersion")
         return {} if version is None else {"driver_version": _text(version)}
 
-    def _read_all(self, r: _Reader) -> Iterator[Sample]:
-        count = r.get("nvmlDeviceGetCount") or 0
+    def _read_all(self, r: _Reader, count: int) -> Iterator[Sample]:
         now = self._clock()
         for index in range(count):
             handle = r.get("nvmlDeviceGetHandleByIndex", index)

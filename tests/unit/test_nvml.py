@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from types import SimpleNamespace
 
 import pytest
 from kvscope.agent.collectors.base import registered_collectors
@@ -144,3 +145,16 @@ def test_close_shuts_nvml_down(recording):
 ])
 def test_parse_mig_profile(name, profile):
     assert parse_mig_profile(name) == profile
+
+
+def test_driver_lost_after_init_reports_down_and_reinitialises(recording):
+    fake = FakeNvml(recording)
+    config = SimpleNamespace(collector_options=lambda name: {"retry_s": 0})
+    collector = NvmlCollector(config, nvml=fake)
+    assert _collect(collector).health[0].up
+    fake._nvmlDeviceGetCount = lambda: (_ for _ in ()).throw(fake.NVMLError(fake.NVML_ERROR_DRIVER_NOT_LOADED))
+    out = _collect(collector)
+    assert not out.health[0].up and out.health[0].reason == "NVMLError_DriverNotLoaded"
+    assert out.samples == []
+    del fake._nvmlDeviceGetCount     # the driver is back
+    assert _collect(collector).health[0].up and fake.calls["nvmlInit"] == 2
