@@ -13,6 +13,7 @@ Run with the kvscope venv: .venv/bin/python scripts/record-incidents.py [--only 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in SCENARIOS:
             print(f"{s.name:32s} {s.summary}")
         return 0
+    # SIGTERM unwinds like Ctrl-C, so every started vLLM server and recorder is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     reason = vllm_unavailable_reason()
     if reason:
         print(f"record-incidents: {reason}", file=sys.stderr)

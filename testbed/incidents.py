@@ -29,6 +29,7 @@ from testbed.vllm_server import VllmConfig, VllmServer
 
 REPO = Path(__file__).resolve().parent.parent
 KVSCOPE = Path(sys.executable).with_name("kvscope")
+STARTUP_TIMEOUT_S = 600.0   # generous: the recorder runs on shared, sometimes saturated boxes
 
 
 def _record_config(servers: list[VllmServer], path: Path) -> None:
@@ -49,13 +50,14 @@ def start_recorder(servers: list[VllmServer], out: Path, interval_s: float, work
 
 
 def stop_recorder(proc: subprocess.Popen, workdir: Path) -> None:
-    proc.send_signal(signal.SIGINT)
+    """SIGTERM: `kvscope record` then writes a complete file (SIGINT may be ignored in background jobs)."""
+    proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired as e:
         proc.kill()
-        raise RuntimeError("kvscope record did not stop on SIGINT") from e
-    if proc.returncode not in (0, 130, -signal.SIGINT):
+        raise RuntimeError("kvscope record did not stop on SIGTERM") from e
+    if proc.returncode not in (0, 130, 143, -signal.SIGTERM):
         raise RuntimeError(f"kvscope record exited {proc.returncode}: "
                            + (workdir / "record.log").read_text()[-2000:])
 
@@ -105,7 +107,7 @@ def run_scenario(sc: Scenario, out_dir: Path, tick: Callable[[], None] = lambda:
         with OtlpSink(spans_raw) as sink:
             for i, cfg in enumerate(sc.replicas):
                 cfg = _with_tracing(cfg, sink.endpoint, f"vllm-replica-{i}")
-                servers.append(VllmServer(cfg).start())
+                servers.append(VllmServer(cfg, startup_timeout_s=STARTUP_TIMEOUT_S).start())
             rec = start_recorder(servers, rec_path, sc.interval_s, work, max_s=3600)
             time.sleep(2 * sc.interval_s)                   # a couple of idle scrapes first
             phases = asyncio.run(_run_phases(sc, servers, tick))

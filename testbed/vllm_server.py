@@ -85,12 +85,14 @@ class VllmServer:
     """One vLLM server process group. Reusable: `start()` / `stop()` / `restart()`."""
 
     def __init__(self, config: VllmConfig | None = None, *, port: int | None = None,
-                 model: Path | None = None, startup_timeout_s: float = 180.0,
+                 model: Path | None = None, startup_timeout_s: float | None = None,
                  python: Path | None = None) -> None:
         self.config = config or VllmConfig()
         self.port = port or free_port()
         self.model = model
-        self.startup_timeout_s = startup_timeout_s
+        # 180 s by default (a start takes ~30 s on an idle 2-core box); KVSCOPE_VLLM_STARTUP_TIMEOUT
+        # raises it for saturated machines.
+        self.startup_timeout_s = startup_timeout_s or float(os.environ.get("KVSCOPE_VLLM_STARTUP_TIMEOUT", 180))
         self.python = python or vllm_python()
         self.proc: subprocess.Popen[bytes] | None = None
         self.workdir = Path(tempfile.mkdtemp(prefix="kvs-vllm-"))
