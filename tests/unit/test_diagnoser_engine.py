@@ -118,7 +118,7 @@ def _write_recording(path, inputs):
         body["vllm:num_preemptions_total"].append(f"vllm:num_preemptions_total{labels} {pre} {ts}")
         body["vllm:num_requests_running"].append(f"vllm:num_requests_running{labels} {run} {ts}")
     out = []
-    for (name, rows), head in zip(body.items(), lines, strict=True):
+    for (_name, rows), head in zip(body.items(), lines, strict=True):
         out.append(head)
         out.extend(rows)
     path.write_text("\n".join(out) + "\n# EOF\n")
