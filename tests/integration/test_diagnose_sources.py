@@ -1,0 +1,146 @@
+"""Same data, same frame, same diagnosis: a recording, a real Prometheus loaded from it, the agent API.
+
+The recording is a real vLLM capture from the incident library. Prometheus is the Debian binary on
+127.0.0.1, its TSDB built from the same file with `promtool tsdb create-blocks-from openmetrics`.
+The agent is the real AgentServer serving an in-memory store filled from the same replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kvscope.agent.replay import replay_recording
+from kvscope.agent.store import InMemoryStore
+from kvscope.diagnoser.engine import diagnose, sample_names
+from kvscope.diagnoser.rule import read_rules
+from kvscope.diagnoser.sources.agent import AgentSource
+from kvscope.diagnoser.sources.prometheus import PrometheusSource
+from kvscope.diagnoser.sources.recording import RecordingSource
+
+RECORDING = Path(__file__).resolve().parent.parent / "recordings" / "healthy-shared-prefix.om.gz"
+PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
+STEP = 2.0
+
+
+def _names() -> set[str]:
+    return set().union(*(sample_names(r) for r in read_rules()))
+
+
+def _window(replay) -> tuple[float, float]:
+    return float(np.ceil(replay.start)), float(np.floor(replay.end))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_same_frame(a, b):
+    assert np.array_equal(a.ts, b.ts)
+    assert set(a.blocks) == set(b.blocks), set(a.blocks) ^ set(b.blocks)
+    for name, block in a.blocks.items():
+        other = b.blocks[name]
+        assert sorted(block.labels) == sorted(other.labels), name
+        order_a = np.argsort([str(x) for x in block.labels])
+        order_b = np.argsort([str(x) for x in other.labels])
+        np.testing.assert_allclose(block.values[order_a], other.values[order_b], rtol=1e-9, equal_nan=True,
+                                   err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def plain_recording(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("rec") / "rec.om"
+    with gzip.open(RECORDING, "rb") as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return out
+
+
+@pytest.fixture(scope="module")
+def prometheus_url(plain_recording, tmp_path_factory):
+    if PROMETHEUS is None or PROMTOOL is None:
+        pytest.skip("prometheus/promtool not installed (scripts/setup.sh installs the Debian packages)")
+    tmp = tmp_path_factory.mktemp("prom")
+    made = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(plain_recording),
+                           str(tmp / "data")], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    (tmp / "prometheus.yml").write_text("global: {scrape_interval: 15s}\nscrape_configs: []\n")
+    port = _free_port()
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp / 'data'}", "--storage.tsdb.retention.time=100y",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.time() < deadline, "prometheus did not become ready"
+            assert proc.poll() is None, "prometheus exited"
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.prometheus
+def test_recording_and_real_prometheus_give_the_same_frame_and_diagnosis(plain_recording, prometheus_url):
+    rec = RecordingSource(plain_recording)
+    start, end = _window(rec._load())
+    names = _names()
+    a = rec.read_frame(names, start, end, STEP)
+    b = PrometheusSource(prometheus_url).read_frame(names, start, end, STEP)
+    assert "request_ttft_seconds_bucket" in a.blocks and "engine_kv_cache_usage_ratio" in a.blocks
+    assert_same_frame(a, b)
+    assert a.facts == b.facts and a.facts
+    da = diagnose(a, source="x", time_scale=0.2)
+    db = diagnose(b, source="x", time_scale=0.2)
+    assert da.to_json() == db.to_json()
+
+
+def test_recording_and_agent_api_give_the_same_frame(plain_recording):
+    from agentharness import running_agent  # tests/integration is on sys.path under pytest
+
+    replay = replay_recording(plain_recording)
+    start, end = _window(replay)
+    names = _names()
+    rec_frame = RecordingSource(plain_recording).read_frame(names, start, end, STEP)
+    store = InMemoryStore()
+    store.write([s for s in replay.samples if s.name in names])
+
+    async def run():
+        async with running_agent({"targets": []}, store=store, collectors=[]) as (runtime, url):
+            runtime.state.facts.update(replay.facts)
+            runtime.state.engines.update(replay.engines)
+            return await asyncio.to_thread(AgentSource(url).read_frame, names, start, end, STEP)
+
+    agent_frame = asyncio.run(run())
+    assert_same_frame(rec_frame, agent_frame)
+    assert agent_frame.facts == rec_frame.facts
+
+
+def test_prometheus_source_reports_a_clear_error_when_unreachable():
+    from kvscope.diagnoser.sources import SourceError
+
+    with pytest.raises(SourceError, match="prometheus http://127.0.0.1"):
+        PrometheusSource(f"http://127.0.0.1:{_free_port()}", timeout_s=2).read_frame({"engine_requests_waiting"},
+                                                                                     0, 60, 15)
