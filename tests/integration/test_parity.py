@@ -9,7 +9,11 @@ For each case of each `rules/diagnosis/<id>.test.yaml` the same input series go 
   the rule's generated alert (compiled with the case's parameter overrides); the groups with a
   firing `ALERTS` series at eval_time.
 
-The sets of (group, severity) must be equal. Cases cover each rule's must-fire and must-not-fire boundary, so this
+The sets of (group, severity) must be equal. Prometheus 2.42 (Debian, used here) includes a
+sample exactly 5m old in its lookback and the engine does not (it follows Prometheus 3); the
+Python side is run with the 2.x window, and a case whose outcome hangs on that edge (a gap of
+exactly the lookback in grid-aligned data, which real scrape jitter never produces) is exempt
+from the must-fire check. Cases cover each rule's must-fire and must-not-fire boundary, so this
 also checks that every generated alert fires and stays quiet where the rule says.
 """
 
@@ -23,12 +27,14 @@ from pathlib import Path
 import pytest
 import yaml
 from kvscope.agent.signals import load_catalog
+from kvscope.diagnoser.engine import evaluate_rule
 from kvscope.diagnoser.findings import SEVERITY_RANK
+from kvscope.diagnoser.frame import DEFAULT_LOOKBACK_S, frame_from_samples
 from kvscope.diagnoser.levers import load_levers
 from kvscope.diagnoser.promrules import canonical_rules, render_rule_file
 from kvscope.diagnoser.promrules_alerts import alert_name, compile_rule
 from kvscope.diagnoser.rule import read_rule, rule_paths
-from kvscope.diagnoser.testcases import case_samples, read_test_file, run_case
+from kvscope.diagnoser.testcases import case_samples, read_test_file
 
 pytestmark = [
     pytest.mark.prometheus,
@@ -73,8 +79,16 @@ def _fact_series(facts: dict[str, dict[str, str]], steps: int) -> list[dict[str,
     return out
 
 
-def _python_firing(rule, case, interval) -> set[tuple]:
-    result = run_case(rule, case, interval, load_levers())
+PROMETHEUS2_LOOKBACK_S = DEFAULT_LOOKBACK_S + 1e-3
+"""Prometheus 2.x selects samples in [t - 5m, t]; the engine, like Prometheus 3, in (t - 5m, t].
+On grid-aligned test data a sample exactly 5m old is the only difference, and a hair more
+lookback on the Python side reproduces the 2.x window."""
+
+
+def _python_firing(rule, case, interval, lookback_s: float = DEFAULT_LOOKBACK_S) -> set[tuple]:
+    frame = frame_from_samples(case_samples(case, interval), 0.0, case.eval_time, interval, lookback_s)
+    frame.facts = case.facts
+    result = evaluate_rule(rule, frame, load_levers())
     if not isinstance(result, list):
         return set()
     return {(tuple(sorted((k, f.where.get(k, "")) for k in rule.by)), f.severity) for f in result if f.active}
@@ -123,9 +137,10 @@ def _prometheus_firing(rule, case, interval, tmp_path: Path) -> tuple[set[tuple]
 @pytest.mark.parametrize(("rule_path", "test_file", "case"), _cases())
 def test_python_and_prometheus_agree(rule_path, test_file, case, tmp_path):
     rule = read_rule(rule_path).with_params(case.params)
-    python = _python_firing(rule, case, test_file.interval)
+    python = _python_firing(rule, case, test_file.interval, PROMETHEUS2_LOOKBACK_S)
+    on_the_edge = python != _python_firing(rule, case, test_file.interval)
     prometheus, log = _prometheus_firing(rule, case, test_file.interval, tmp_path)
-    if case.expect:
+    if case.expect and not on_the_edge:
         assert python, f"{test_file.path}:{case.line}: must-fire case is not active at eval_time in Python"
     assert prometheus == python, (f"{test_file.path}:{case.line}: Python fires {sorted(python)}, "
                                   f"Prometheus fires {sorted(prometheus)}\n{log}")
