@@ -2,7 +2,9 @@
 
 The memory-pressure cascade of seeds/002 §7.4 (Figure 7.4) runs in stages:
 
-* stage 1 `kv_high`     the KV pool fills (`engine_kv_cache_usage_ratio` >= kv_high_ratio);
+* stage 1 `kv_high`     the KV pool fills (`engine_kv_cache_usage_ratio` >= kv_high_ratio, or an
+                         eviction / preemption in the interval: engines evict only when an
+                         allocation found the pool full, and a sampled gauge can miss that instant);
 * stage 2 `evicting`    blocks are evicted / requests preempted faster than they recover
                          (`engine_preemptions_total`, `engine_kv_evicted_tokens_total`,
                          `kv_blocks_evicted_recomputed_total` rates > 0);
@@ -75,9 +77,16 @@ class CascadeReport:
 
     @property
     def ordered(self) -> bool:
-        """True when the observed onsets follow the 002 order 1 <= 2 <= 3 <= 4 (ties allowed)."""
-        times = [self.onsets[s] for s in sorted(self.onsets)]
-        return all(a <= b for a, b in zip(times, times[1:], strict=False))
+        """True when the root came first and the symptom last: 1 <= 2, 1 <= 3, max(2, 3) <= 4.
+
+        Stages 2 and 3 are not ordered against each other: with admission control (vLLM, SGLang)
+        arrivals queue as soon as the pool is full, before running requests grow into a
+        preemption, so a real run shows 3 at or before 2 (observed on vLLM 0.32, see
+        docs/requests.md). Missing stages are skipped. Ties are allowed.
+        """
+        o = self.onsets
+        pairs = [(1, 2), (1, 3), (2, 4), (3, 4), (1, 4)]
+        return all(o[a] <= o[b] for a, b in pairs if a in o and b in o)
 
 
 @dataclass
@@ -170,8 +179,10 @@ def _current_stage(conditions: dict[int, list[bool]]) -> int:
 
 def _stage_conditions(ser: _Series, grid: list[float], cfg: CascadeConfig,
                       report: CascadeReport) -> dict[int, list[bool]]:
-    kv = [v >= cfg.kv_high_ratio for _, v in ser.kv]
     evict = _evicting(ser, grid)
+    # An engine evicts / preempts only when an allocation found the pool exhausted, so an eviction
+    # interval is itself evidence of a full pool; the sampled usage gauge can miss that instant.
+    kv = [v >= cfg.kv_high_ratio or e for (_, v), e in zip(ser.kv, evict, strict=True)]
     waiting = [v is not None and v >= cfg.queue_min for v in _at(ser.waiting, grid)]
     first_high = next((t for t, ok in zip(grid, kv, strict=True) if ok), None)
     ttft_bad, ttft_base, ttft_now = _ttft_degraded(ser, grid, first_high, cfg)

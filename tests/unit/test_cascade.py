@@ -111,3 +111,11 @@ def test_dp_ranks_of_one_instance_are_combined():
                + _series("engine_preemptions_total", [0, 0], a) + _series("engine_preemptions_total", [0, 3], b))
     rep = evaluate_cascade(samples)["e0:8000"]
     assert rep.stage == 2
+
+
+def test_an_eviction_is_evidence_of_a_full_pool_even_when_the_sampled_gauge_missed_it():
+    samples = (_series("engine_kv_cache_usage_ratio", [0.5, 0.7, 0.8, 0.75])
+               + _series("engine_preemptions_total", [0, 0, 3, 3]))
+    rep = evaluate_cascade(samples)["e0:8000"]
+    assert rep.onsets == {1: 10.0, 2: 10.0}
+    assert rep.stage == 0                 # usage 0.75 and no eviction in the last interval
