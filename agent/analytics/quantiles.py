@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from kvscope.agent.analytics.rates import Points, increase
+from kvscope.agent.analytics.rates import Points, increase, rate
 from kvscope.agent.signals import Labels
 
 Bucket = tuple[float, float]   # (upper bound `le`, cumulative count)
@@ -84,33 +84,41 @@ def group_buckets(series: Mapping[Labels, Points]) -> dict[Labels, dict[float, P
     return out
 
 
-def bucket_increases(buckets: Mapping[float, Points]) -> list[Bucket] | None:
+def bucket_increases(buckets: Mapping[float, Points], start: float | None = None,
+                     end: float | None = None) -> list[Bucket] | None:
     """(le, increase over the points given) for one histogram; None if any bucket has fewer than
-    two points (the window cannot say how many observations fell in it)."""
+    two points (the window cannot say how many observations fell in it). With the window's
+    `start`/`end` the increases are extrapolated as Prometheus' `rate()` does (see rates.py)."""
     out: list[Bucket] = []
     for le, points in buckets.items():
-        inc = increase(points)
+        # with bounds, per-second rates: quantiles do not change with the scale, and this is
+        # the arithmetic of histogram_quantile(q, rate(...)) step for step
+        inc = increase(points) if start is None or end is None else rate(points, start, end)
         if inc is None:
             return None
         out.append((le, inc))
     return out
 
 
-def window_quantile(q: float, buckets: Mapping[float, Points]) -> float | None:
-    """The q-quantile of the observations made during the window the points cover."""
-    increases = bucket_increases(buckets)
+def window_quantile(q: float, buckets: Mapping[float, Points], start: float | None = None,
+                    end: float | None = None) -> float | None:
+    """The q-quantile of the observations made during the window the points cover. Given the
+    window bounds it equals Prometheus' `histogram_quantile(q, rate(<name>_bucket[window]))`."""
+    increases = bucket_increases(buckets, start, end)
     return None if increases is None else histogram_quantile(q, increases)
 
 
-def window_quantiles(q: float, series: Mapping[Labels, Points]) -> dict[Labels, float | None]:
+def window_quantiles(q: float, series: Mapping[Labels, Points], start: float | None = None,
+                     end: float | None = None) -> dict[Labels, float | None]:
     """`window_quantile` for every histogram in a `<name>_bucket` query result."""
-    return {labels: window_quantile(q, buckets) for labels, buckets in group_buckets(series).items()}
+    return {labels: window_quantile(q, buckets, start, end) for labels, buckets in group_buckets(series).items()}
 
 
-def window_mean(sum_points: Points, count_points: Points) -> float | None:
+def window_mean(sum_points: Points, count_points: Points, start: float | None = None,
+                end: float | None = None) -> float | None:
     """Mean observation in the window: increase of `_sum` over increase of `_count`.
     None when nothing was observed or either series has fewer than two points."""
-    total, count = increase(sum_points), increase(count_points)
+    total, count = increase(sum_points, start, end), increase(count_points, start, end)
     if total is None or count is None or count <= 0:
         return None
     return total / count

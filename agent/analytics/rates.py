@@ -27,7 +27,15 @@ def raw_increase(points: Points) -> float | None:
     None with fewer than two points."""
     if len(points) < 2:
         return None
-    return sum(d for _, d in deltas(points))
+    # last - first, plus the value lost at each reset: the sum of `deltas`, computed in the
+    # order Prometheus uses so that results agree to the last bit.
+    result = points[-1][1] - points[0][1]
+    prev = 0.0
+    for _, v in points:
+        if v < prev:
+            result += prev
+        prev = v
+    return result
 
 
 def increase(points: Points, start: float | None = None, end: float | None = None) -> float | None:
@@ -37,10 +45,21 @@ def increase(points: Points, start: float | None = None, end: float | None = Non
     way Prometheus' `increase()` does: towards an edge by at most half an average sample
     interval when the series starts or ends well inside the window (a gap, a new series), and
     never below a counter value of zero at the start. None with fewer than two points.
+
+    Checked bit for bit against promtool 2.42 (tests/unit/test_quantiles.py). One edge follows
+    Prometheus 3 rather than 2.x: the zero clamp applies after the half-interval rule, so a
+    counter that starts inside the window is stretched by min(half an interval, time to zero);
+    2.x clamps first and may then stretch the full time to zero.
     """
     raw = raw_increase(points)
     if raw is None or start is None or end is None:
         return raw
+    factor = _extrapolation(points, raw, start, end)
+    return None if factor is None else raw * factor
+
+
+def _extrapolation(points: Points, raw: float, start: float, end: float) -> float | None:
+    """The factor that stretches the sampled span to the window (see `increase`)."""
     first_ts, first_v = points[0]
     last_ts = points[-1][0]
     sampled = last_ts - first_ts
@@ -54,16 +73,22 @@ def increase(points: Points, start: float | None = None, end: float | None = Non
     extend_end = to_end if to_end < threshold else avg_interval / 2
     if raw > 0 and first_v >= 0:   # never extrapolate the counter below zero
         extend_start = min(extend_start, sampled * (first_v / raw))
-    return raw * (sampled + extend_start + extend_end) / sampled
+    return (sampled + extend_start + extend_end) / sampled
 
 
 def rate(points: Points, start: float | None = None, end: float | None = None) -> float | None:
-    """Per-second rate: `increase` divided by the window (or by the sampled span without bounds)."""
-    inc = increase(points, start, end)
-    if inc is None:
+    """Per-second rate: `increase` divided by the window (or by the sampled span without bounds).
+    With bounds the arithmetic follows Prometheus' `rate()` step for step (one scale factor)."""
+    raw = raw_increase(points)
+    if raw is None:
         return None
-    span = (end - start) if start is not None and end is not None else points[-1][0] - points[0][0]
-    return inc / span if span > 0 else None
+    if start is None or end is None:
+        span = points[-1][0] - points[0][0]
+        return raw / span if span > 0 else None
+    factor = _extrapolation(points, raw, start, end)
+    if factor is None or end <= start:
+        return None
+    return raw * (factor / (end - start))
 
 
 def window(points: Points, start: float, end: float) -> list[tuple[float, float]]:

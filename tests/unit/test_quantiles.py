@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import math
+import random
+import shutil
+import subprocess
 
+import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from kvscope.agent.analytics.quantiles import (
@@ -14,6 +19,7 @@ from kvscope.agent.analytics.quantiles import (
     window_quantile,
     window_quantiles,
 )
+from kvscope.agent.analytics.rates import increase, rate
 from kvscope.agent.signals import make_labels
 
 INF = math.inf
@@ -108,3 +114,75 @@ def test_quantile_is_monotone_in_q(les, counts, q1, q2):
         assert b is None
         return
     assert a <= b + 1e-9 * max(1.0, abs(b))
+
+
+# ------------------------------------------------------------------ parity with real Prometheus
+
+PROMTOOL = shutil.which("promtool")
+STEP_S = 15
+EVAL_S = 307          # window [7 s, 307 s]: no sample sits on the boundary
+
+
+def _series(rng: random.Random, n: int, reset_at: int | None = None) -> list[list[float]]:
+    """Cumulative bucket counts for le = 0.05, 0.1, 0.5, +Inf over n scrapes (one list per le)."""
+    cum = [0.0] * 4
+    out: list[list[float]] = [[] for _ in range(4)]
+    for i in range(n):
+        if i == reset_at:
+            cum = [0.0] * 4
+        obs = [rng.randint(0, 3), rng.randint(0, 5), rng.randint(0, 4), rng.randint(0, 2)]
+        running = 0.0
+        for b in range(4):
+            running += obs[b]
+            cum[b] += running if i else 0.0
+        for b in range(4):
+            out[b].append(cum[b])
+    return out
+
+
+LES = ("0.05", "0.1", "0.5", "+Inf")
+
+
+def _ours(values: list[list[float]], q: float) -> float | None:
+    buckets = {parse_le(le): [(STEP_S * i, v) for i, v in enumerate(vals) if 7 <= STEP_S * i <= EVAL_S]
+               for le, vals in zip(LES, values, strict=True)}
+    return window_quantile(q, buckets, EVAL_S - 300, EVAL_S)
+
+
+@pytest.mark.prometheus
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (scripts/setup.sh installs it)")
+def test_window_quantile_and_rate_agree_with_prometheus(tmp_path):
+    rng = random.Random(7)
+    cases = {"steady": _series(rng, 22), "reset": _series(rng, 22, reset_at=12)}
+    counter = [5.0 * i for i in range(12)] + [3.0 * i for i in range(10)]      # restarted at i=12
+    tests, checked = [], 0
+    for name, values in cases.items():
+        series = [{"series": f'lat_{name}_bucket{{le="{le}"}}', "values": " ".join(f"{v:g}" for v in vals)}
+                  for le, vals in zip(LES, values, strict=True)]
+        exprs = []
+        for q in (0.25, 0.5, 0.9, 0.99):
+            want = _ours(values, q)
+            assert want is not None
+            exprs.append({"expr": f"histogram_quantile({q}, rate(lat_{name}_bucket[5m]))", "eval_time": f"{EVAL_S}s",
+                          "exp_samples": [{"labels": "{}", "value": want}]})
+            checked += 1
+        tests.append({"interval": f"{STEP_S}s", "input_series": series, "promql_expr_test": exprs})
+    pts = [(STEP_S * i, v) for i, v in enumerate(counter) if 7 <= STEP_S * i <= EVAL_S]
+    tests.append({"interval": f"{STEP_S}s",
+                  "input_series": [{"series": "c_total", "values": " ".join(f"{v:g}" for v in counter)}],
+                  "promql_expr_test": [
+                      {"expr": "increase(c_total[5m])", "eval_time": f"{EVAL_S}s",
+                       "exp_samples": [{"labels": "{}", "value": increase(pts, EVAL_S - 300, EVAL_S)}]},
+                      {"expr": "rate(c_total[5m])", "eval_time": f"{EVAL_S}s",
+                       "exp_samples": [{"labels": "{}", "value": rate(pts, EVAL_S - 300, EVAL_S)}]}]})
+    good = tmp_path / "parity.test.yml"
+    good.write_text(yaml.safe_dump({"evaluation_interval": "1m", "tests": tests}))
+    res = subprocess.run([PROMTOOL, "test", "rules", str(good)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert checked == 8
+    # the comparison can fail: nudge one expectation and promtool must reject it
+    tests[0]["promql_expr_test"][1]["exp_samples"][0]["value"] *= 1.01
+    bad = tmp_path / "nudged.test.yml"
+    bad.write_text(yaml.safe_dump({"evaluation_interval": "1m", "tests": tests}))
+    res = subprocess.run([PROMTOOL, "test", "rules", str(bad)], capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0

@@ -91,3 +91,11 @@ def test_rate_series_over_a_week_of_15s_points_at_hourly_steps():
     got = rate_series(pts, window_s=300.0, step_s=3600.0)
     assert len(got) == 168 and got[0][1] is None
     assert all(abs(r - 2.0 / 15.0) < 1e-9 for _, r in got[1:])
+
+
+def test_counter_starting_inside_the_window_follows_prometheus_3_zero_clamp():
+    # first sample 113 s after the window start with value 3, +3 every 15 s: 36 counted over 180 s.
+    pts = [(15.0 * i, 3.0 * (i - 7)) for i in range(8, 21)]
+    # half an interval (7.5 s) back, not the 15 s back to zero that Prometheus 2.42 extends
+    # by (promtool 2.42 answers 40.4 here), plus 7 s forward to the window end
+    assert increase(pts, 7.0, 307.0) == 36.0 * ((180 + 7.5 + 7) / 180)
