@@ -42,7 +42,7 @@ ENV PATH=/opt/kvscope-ui/bin:$PATH
 USER 65532:65532
 EXPOSE 8501 9465
 ENTRYPOINT ["kvscope"]
-CMD ["ui", "--address=0.0.0.0", "--port=8501"]
+CMD ["ui", "--host=0.0.0.0", "--port=8501"]
 
 # ---------------------------------------------------------------- agent (default target)
 FROM runtime AS agent
