@@ -215,7 +215,30 @@ def slo_rules(slo: SloConfig) -> list[dict[str, Any]]:
                 "runbook_url": "docs/runbooks/ttft_slo_burn.md",
             },
         })
-    return rules
+    return [*rules, slo_bucket_alert(slo)]
+
+
+def slo_bucket_alert(slo: SloConfig) -> dict[str, Any]:
+    """Requests are measured but no bucket sits at the SLO bound: the burn rate cannot be
+    computed, and without this alert the SLO alerts would stay silent."""
+    bucket, by = "kvscope:request_ttft_seconds_bucket", _by(INSTANCE_BY)
+    return {
+        "alert": "LlmTtftSloBucketMissing",
+        "expr": (f'sum by ({by}) (rate({bucket}{{le="+Inf"}}[30m])) > 0\n'
+                 f"unless on ({by})\n"
+                 f'sum by ({by}) (rate({bucket}{{le=~"{le_regex(slo.ttft_seconds)}"}}[30m]))'),
+        "for": "30m",
+        "labels": {"severity": "warning", "slo": "ttft"},
+        "annotations": {
+            "summary": f"TTFT histogram of {{{{ $labels.instance }}}} has no bucket at the {slo.ttft_seconds:g}s SLO bound",
+            "description": (
+                f"{{{{ $labels.instance }}}} ({{{{ $labels.engine }}}}) serves requests but its TTFT histogram has "
+                f"no le={slo.ttft_seconds:g} bucket, so the TTFT SLO burn-rate alerts cannot see it. Rebuild the "
+                f"rules with a bound the engine has (kvscope rules build --slo-ttft-seconds), or add the bound "
+                f"to the engine's buckets (SGLang --bucket-time-to-first-token, vLLM --custom-histogram-buckets)."),
+            "runbook_url": "docs/runbooks/ttft_slo_burn.md",
+        },
+    }
 
 
 def _slo_record(window: str) -> str:
