@@ -230,7 +230,8 @@ def slo_bucket_alert(slo: SloConfig) -> dict[str, Any]:
         "for": "30m",
         "labels": {"severity": "warning", "slo": "ttft"},
         "annotations": {
-            "summary": f"TTFT histogram of {{{{ $labels.instance }}}} has no bucket at the {slo.ttft_seconds:g}s SLO bound",
+            "summary": (f"TTFT histogram of {{{{ $labels.instance }}}} has no bucket at the "
+                        f"{slo.ttft_seconds:g}s SLO bound"),
             "description": (
                 f"{{{{ $labels.instance }}}} ({{{{ $labels.engine }}}}) serves requests but its TTFT histogram has "
                 f"no le={slo.ttft_seconds:g} bucket, so the TTFT SLO burn-rate alerts cannot see it. Rebuild the "
