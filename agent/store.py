@@ -221,7 +221,7 @@ class SqliteStore:
                  max_bytes: int = DEFAULT_MAX_BYTES, batch_size: int = DEFAULT_BATCH_SIZE,
                  flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S, max_queue: int = DEFAULT_MAX_QUEUE,
                  max_series: int = DEFAULT_MAX_SERIES, synchronous: str = "NORMAL",
-                 background: bool = True, busy_timeout_s: float = 30.0) -> None:
+                 background: bool = True, busy_timeout_s: float = 30.0, read_only: bool = False) -> None:
         self.path = Path(path)
         self.retention_s = retention_s
         self.max_bytes = max_bytes
@@ -230,6 +230,7 @@ class SqliteStore:
         self.max_queue = max(1, max_queue)
         self.max_series = max_series
         self.busy_timeout_s = busy_timeout_s
+        self.read_only = read_only
         self._queue: deque[Sample] = deque()
         self._qlock = threading.Lock()           # guards _queue and _stats.dropped (cheap, never I/O)
         self._wlock = threading.RLock()          # guards the writer connection
@@ -239,16 +240,22 @@ class SqliteStore:
         self._closed = False
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._writer = self._connect(synchronous)
-        self._init_schema()
-        self._reader = self._connect(synchronous)
+        if read_only:   # a reader beside a running agent: no writes, no checkpoints, no new file
+            self._reader = self._connect_read_only()
+            self._writer = self._reader
+            self._check_schema()
+        else:
+            self._writer = self._connect(synchronous)
+            self._init_schema()
+            self._reader = self._connect(synchronous)
         self._ids: dict[tuple[str, Labels], int] = {}
         self._by_name: dict[str, list[tuple[Labels, int]]] = {}
+        self._max_id = 0
         self._load_series()
         self._row_offset: int | None = None   # rows at open, counted on first stats() (a full scan)
         self._next_retention = 0.0
         self._thread: threading.Thread | None = None
-        if background:
+        if background and not read_only:
             self._thread = threading.Thread(target=self._run, name="kvscope-store-writer", daemon=True)
             self._thread.start()
 
@@ -270,19 +277,43 @@ class SqliteStore:
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"{self.path}: cannot open store: {exc}") from exc
 
+    def _connect_read_only(self) -> sqlite3.Connection:
+        if not self.path.is_file():
+            raise StoreError(f"{self.path}: no such store")
+        try:
+            return sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
+                                   check_same_thread=False, timeout=self.busy_timeout_s)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot open store: {exc}") from exc
+
     def _init_schema(self) -> None:
         try:
             for stmt in _SCHEMA:
                 self._writer.execute(stmt)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: not a kvscope store: {exc}") from exc
+        self._check_schema()
+
+    def _check_schema(self) -> None:
+        try:
             cols = [r[1] for r in self._writer.execute("PRAGMA table_info(samples)")]
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: not a kvscope store: {exc}") from exc
         if cols != ["series_id", "ts_ms", "value"]:
             raise StoreError(f"{self.path}: not a kvscope store (samples columns {cols})")
 
-    def _load_series(self) -> None:
-        for sid, name, labels in self._writer.execute("SELECT id, name, labels FROM series"):
+    def _load_series(self, after_id: int = 0) -> None:
+        rows = self._writer.execute("SELECT id, name, labels FROM series WHERE id > ? ORDER BY id", (after_id,))
+        for sid, name, labels in rows.fetchall():
             self._index(sid, name, _labels_from_json(labels))
+            self._max_id = max(self._max_id, sid)
+
+    def _refresh_series(self) -> None:
+        """A read-only store learns the series another process (the agent) created since."""
+        if not self.read_only or self._closed:
+            return
+        with self._rlock:
+            self._load_series(self._max_id)
 
     def _index(self, sid: int, name: str, labels: Labels) -> None:
         with self._slock:
@@ -291,8 +322,8 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ write path
     def write(self, samples: Sequence[Sample]) -> None:
-        if self._closed:
-            self._count_drop("closed", len(samples))
+        if self._closed or self.read_only:
+            self._count_drop("closed" if self._closed else "read_only", len(samples))
             return
         now = time.time()
         with self._qlock:
@@ -321,6 +352,8 @@ class SqliteStore:
         """Commit everything queued. On a database error (locked past the busy timeout, disk
         full, I/O error) the batch goes back to the head of the queue, the error is counted in
         `stats().errors`, and the next flush retries it; the queue bound still applies."""
+        if self.read_only:
+            return
         with self._wlock:
             while batch := self._take():
                 if not self._commit(batch):
@@ -421,6 +454,8 @@ class SqliteStore:
     def enforce_retention(self, now: float | None = None) -> int:
         """Delete rows older than retention_s, then the oldest rows until the pages in use are
         under max_bytes; give freed pages back with incremental_vacuum. Returns rows deleted."""
+        if self.read_only:
+            return 0
         now = time.time() if now is None else now
         with self._wlock:
             deleted = self._delete_before(now - self.retention_s, "age")
@@ -496,6 +531,7 @@ class SqliteStore:
     # ------------------------------------------------------------------ read path
     def query(self, name: str, start: float, end: float,
               matchers: dict[str, str] | None = None) -> dict[Labels, Points]:
+        self._refresh_series()
         with self._slock:
             targets = [(lab, sid) for lab, sid in self._by_name.get(name, ()) if _matches(lab, matchers)]
         out: dict[Labels, Points] = {}
@@ -510,6 +546,7 @@ class SqliteStore:
         return out
 
     def names(self) -> set[str]:
+        self._refresh_series()
         with self._slock:
             return {n for n, series in self._by_name.items() if series}
 
@@ -551,8 +588,12 @@ class SqliteStore:
         self.flush()
         self._closed = True
         with self._wlock:
-            self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            self._writer.close()
+            if not self.read_only:
+                try:   # leave one compact file behind; a reader elsewhere may hold it up: then skip
+                    self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                except sqlite3.Error:
+                    pass
+                self._writer.close()
         with self._rlock:
             self._reader.close()
 
