@@ -104,7 +104,15 @@ class SeriesEvaluator:
     # ------------------------------------------------------------------ forms
     def _evaluate(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
         form = node_form(node)
-        return getattr(self, f"_form_{form}")(node, by)
+        cache = self.frame.cache
+        if form not in SIGNAL_FORMS or cache is None:
+            return getattr(self, f"_form_{form}")(node, by)
+        key = (repr(sorted((k, repr(self.rule.resolve(v))) for k, v in node.items() if k != "by")), by,
+               self.rule.time_scale)
+        if key not in cache:
+            cache[key] = getattr(self, f"_form_{form}")(node, by)
+        hit = cache[key]
+        return Grouped(hit.by, hit.keys, hit.values)
 
     def _steps(self, node: dict[str, Any], key: str = "range", default: str = "5m") -> int:
         step = self.frame.step or 1.0

@@ -37,6 +37,7 @@ class Frame:
     ts: np.ndarray                                   # grid timestamps [T]
     blocks: dict[str, Block] = field(default_factory=dict)
     facts: dict[str, dict[str, str]] = field(default_factory=dict)   # instance -> merged facts
+    cache: dict | None = field(default_factory=dict)   # series computed once, shared by rules (None = off)
 
     @property
     def step(self) -> float:

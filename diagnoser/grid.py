@@ -34,12 +34,14 @@ def counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
     the increase between the first present point in the window and t, divided by the time
     between them (no extrapolation). NaN when t is absent or the window has one point.
     """
+    present = ~np.isnan(values)
+    if present.all():
+        return _dense_counter_rate(values, k, step)
     filled = ffill(values)
     d = np.diff(filled, axis=1)
     d = np.where(d < 0, filled[:, 1:], d)
     adj = np.concatenate([np.zeros((values.shape[0], 1)), np.cumsum(np.nan_to_num(d), axis=1)], axis=1)
     n_t = values.shape[1]
-    present = ~np.isnan(values)
     first = np.where(present.any(axis=1), present.argmax(axis=1), n_t)
     t_idx = np.arange(n_t)[None, :]
     j = np.maximum(t_idx - k, first[:, None])
@@ -50,6 +52,32 @@ def counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
         rate = inc / (span * step)
     rate[(span <= 0) | ~present] = np.nan
     return rate
+
+
+def _dense_counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
+    """counter_rate for series without gaps: plain slicing; rows with a reset take the long way."""
+    n_t = values.shape[1]
+    k = max(1, min(k, n_t - 1)) if n_t > 1 else 1
+    out = np.empty_like(values)
+    if n_t < 2:
+        out[:] = np.nan
+        return out
+    reset = (values[:, 1:] < values[:, :-1]).any(axis=1)
+    src = values
+    if reset.any():
+        d = np.diff(values[reset], axis=1)
+        np.copyto(d, values[reset][:, 1:], where=d < 0)
+        adj = np.empty((int(reset.sum()), n_t))
+        adj[:, 0] = 0.0
+        np.cumsum(d, axis=1, out=adj[:, 1:])
+        src = values.copy()
+        src[reset] = adj
+    out[:, k:] = src[:, k:] - src[:, :-k]
+    out[:, k:] /= k * step
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out[:, :k] = (src[:, :k] - src[:, :1]) / (np.arange(k, dtype=float) * step)
+    out[:, 0] = np.nan
+    return out
 
 
 def group_index(keys: list[tuple[str, ...]]) -> tuple[list[tuple[str, ...]], np.ndarray]:
@@ -66,6 +94,11 @@ def reduce_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: s
     n_t = values.shape[1]
     if values.shape[0] == 0:
         return np.full((n_groups, n_t), np.nan)
+    if agg in ("sum", "max", "min", "avg", "median") and len(inverse) == n_groups \
+            and np.array_equal(np.sort(inverse), np.arange(n_groups)):
+        out = np.empty_like(values)
+        out[inverse] = values               # one series per group: the aggregate is the series
+        return out
     order = np.argsort(inverse, kind="stable")
     sv, si = values[order], inverse[order]
     starts = np.flatnonzero(np.r_[True, si[1:] != si[:-1]])
@@ -83,7 +116,7 @@ def reduce_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: s
     elif agg == "min":
         red = np.fmin.reduceat(sv, starts, axis=0)
     else:
-        red = np.add.reduceat(np.nan_to_num(sv), starts, axis=0)
+        red = np.add.reduceat(_zero_nan(sv), starts, axis=0)
         if agg == "avg":
             with np.errstate(invalid="ignore", divide="ignore"):
                 red = red / counts
@@ -99,23 +132,35 @@ def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray) -> np.ndarra
 
     `les` are the sorted upper bounds (the last is +Inf). Prometheus semantics: counts forced
     monotonic, linear interpolation inside the bucket holding the rank, the +Inf bucket
-    answered with the highest finite bound, NaN without observations.
+    answered with the highest finite bound, NaN without observations. Loops over the (few)
+    buckets with whole [groups, T] planes, which keeps every numpy pass contiguous.
     """
-    cum = np.fmax.accumulate(np.nan_to_num(buckets, nan=0.0), axis=1)
-    total = cum[:, -1, :]
+    n_b = buckets.shape[1]
+    planes = [_zero_nan(buckets[:, b, :]) for b in range(n_b)]
+    for b in range(1, n_b):
+        np.fmax(planes[b], planes[b - 1], out=planes[b])
+    total = planes[-1]
     rank = q * total
-    b = np.argmax(cum >= rank[:, None, :], axis=1)
-    upper = les[b]
-    count = np.take_along_axis(cum, b[:, None, :], axis=1)[:, 0, :]
-    prev = np.take_along_axis(cum, np.maximum(b - 1, 0)[:, None, :], axis=1)[:, 0, :]
-    below = np.where(b == 0, 0.0, prev)
-    lower = np.where(b == 0, 0.0, les[np.maximum(b - 1, 0)])
-    in_bucket = count - below
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = lower + (upper - lower) * np.where(in_bucket > 0, (rank - below) / in_bucket, 0.0)
-    last = len(les) - 1
-    out = np.where(b == last, les[last - 1] if last >= 1 else np.nan, out)
-    out = np.where((b == 0) & (upper <= 0), upper, out)
+    out = np.full(total.shape, np.nan)
+    found = np.zeros(total.shape, dtype=bool)
+    prev = np.zeros(total.shape)
+    for b in range(n_b):
+        hit = ~found & (planes[b] >= rank)
+        if hit.any():
+            upper = les[b]
+            if b == n_b - 1:
+                out[hit] = les[b - 1] if b >= 1 else np.nan
+            elif b == 0 and upper <= 0:
+                out[hit] = upper
+            else:
+                lower = 0.0 if b == 0 else les[b - 1]
+                below = prev[hit]
+                in_bucket = planes[b][hit] - below
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    frac = np.where(in_bucket > 0, (rank[hit] - below) / in_bucket, 0.0)
+                out[hit] = lower + (upper - lower) * frac
+            found |= hit
+        prev = planes[b]
     all_absent = np.isnan(buckets).all(axis=1)
     out[(total <= 0) | all_absent] = np.nan
     return out
@@ -180,6 +225,11 @@ def changes(values: np.ndarray, k: int) -> np.ndarray:
     out = _trailing_sum(d, k - 1) if k > 1 else d
     out[np.isnan(values)] = np.nan
     return out
+
+
+def _zero_nan(values: np.ndarray) -> np.ndarray:
+    """A copy with NaN (absent) as 0, for sums; cheaper than nan_to_num (no inf handling)."""
+    return np.where(np.isnan(values), 0.0, values)
 
 
 def _trailing_sum(values: np.ndarray, k: int) -> np.ndarray:
