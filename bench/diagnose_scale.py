@@ -18,7 +18,6 @@ import argparse
 import time
 
 import numpy as np
-
 from kvscope.agent.signals import make_labels
 from kvscope.diagnoser.engine import diagnose
 from kvscope.diagnoser.frame import Block, Frame, make_grid
