@@ -214,7 +214,8 @@ def test_prometheus_from_the_deploy_config_scrapes_a_real_agent(tmp_path, proces
     assert _query(prom_port, 'kvscope_target_up{job="vllm"} == 1')
     # the engine job scrapes vLLM directly; a job with nothing listening is down, not missing
     assert _query(prom_port, 'up{job="vllm"} == 1')
-    assert [s["value"][1] for s in _query(prom_port, 'up{job="dcgm"}')] == ["0"]
+    dcgm = _wait_for("up{job='dcgm'}", lambda: _query(prom_port, 'up{job="dcgm"}'), 30, procs)
+    assert [s["value"][1] for s in dcgm] == ["0"]
 
     groups = _get_json(f"http://127.0.0.1:{prom_port}/api/v1/rules")["data"]["groups"]
     expected = sum(len(yaml.safe_load(p.read_text())["groups"])
@@ -226,45 +227,34 @@ def test_prometheus_from_the_deploy_config_scrapes_a_real_agent(tmp_path, proces
 
 # ---------------------------------------------------------------------------- live Alertmanager
 
-def test_alertmanager_from_the_deploy_config_delivers_llm_alerts_to_the_webhook(tmp_path, processes):
+def test_alertmanager_from_the_deploy_config_delivers_llm_alerts_to_kvscope_serve(tmp_path, processes):
     am = _binary("prometheus-alertmanager")
-    received: list[dict] = []
+    hook_port, am_port = _free_port(), _free_port()
+    # The real webhook; no Prometheus behind it here, so diagnoses come back without a cause.
+    serve = processes.start("serve", [
+        str(KVSCOPE), "serve", f"--prometheus=http://127.0.0.1:{_free_port()}",
+        f"--listen=127.0.0.1:{hook_port}", "--store=:memory:"])
+    cfg = yaml.safe_load(AM_CONFIG.read_text())
+    hook = next(r for r in cfg["receivers"] if r["name"] == "kvscope")["webhook_configs"][0]
+    shipped = urllib.parse.urlsplit(hook["url"])
+    assert shipped.port == 9465 and shipped.path == "/api/v1/alerts"  # kvscope serve's defaults
+    hook["url"] = f"http://127.0.0.1:{hook_port}{shipped.path}"
+    cfg["route"]["routes"][0]["group_wait"] = "0s"  # shipped: 10s; the route itself is unchanged
+    (tmp_path / "am.yml").write_text(yaml.safe_dump(cfg))
+    proc = processes.start("alertmanager", [
+        am, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am'}",
+        f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="])
+    _wait_for("Alertmanager ready", lambda: urllib.request.urlopen(
+        f"http://127.0.0.1:{am_port}/-/ready", timeout=2).status == 200, 60, (proc, serve))
 
-    class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server API
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            received.append({"path": self.path, "payload": json.loads(body)})
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server, hook_port = _serve(Receiver)
-    try:
-        cfg = yaml.safe_load(AM_CONFIG.read_text())
-        hook = next(r for r in cfg["receivers"] if r["name"] == "kvscope")["webhook_configs"][0]
-        shipped = urllib.parse.urlsplit(hook["url"])
-        hook["url"] = f"http://127.0.0.1:{hook_port}{shipped.path}"
-        cfg["route"]["routes"][0]["group_wait"] = "0s"  # shipped: 10s; the route itself is unchanged
-        (tmp_path / "am.yml").write_text(yaml.safe_dump(cfg))
-        port = _free_port()
-        proc = processes.start("alertmanager", [
-            am, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="])
-        _wait_for("Alertmanager ready", lambda: urllib.request.urlopen(
-            f"http://127.0.0.1:{port}/-/ready", timeout=2).status == 200, 60, (proc,))
-        alerts = [{"labels": {"alertname": "LlmKvCachePressure", "job": "vllm", "instance": "e1"}},
-                  {"labels": {"alertname": "NodeDiskFull", "instance": "n1"}}]
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v2/alerts", data=json.dumps(alerts).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-        assert urllib.request.urlopen(req, timeout=5).status == 200
-        _wait_for("webhook delivery", lambda: received, 30, (proc,))
-        time.sleep(1.0)  # anything else that would (wrongly) arrive
-        assert {r["path"] for r in received} == {shipped.path}
-        names = {a["labels"]["alertname"] for r in received for a in r["payload"]["alerts"]}
-        assert names == {"LlmKvCachePressure"}
-        assert received[0]["payload"]["version"] == "4"
-    finally:
-        server.shutdown()
-        server.server_close()
+    alerts = [{"labels": {"alertname": "LlmKvCachePressure", "job": "vllm", "instance": "e1"}},
+              {"labels": {"alertname": "NodeDiskFull", "instance": "n1"}}]
+    req = urllib.request.Request(f"http://127.0.0.1:{am_port}/api/v2/alerts", data=json.dumps(alerts).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    assert urllib.request.urlopen(req, timeout=5).status == 200
+    diagnoses_url = f"http://127.0.0.1:{hook_port}/api/v1/diagnoses"
+    got = _wait_for("a diagnosis at kvscope serve",
+                    lambda: _get_json(diagnoses_url)["diagnoses"], 30, (proc, serve))
+    time.sleep(1.0)  # anything else that would (wrongly) arrive
+    got = _get_json(diagnoses_url)["diagnoses"]
+    assert [d["alertnames"] for d in got] == [["LlmKvCachePressure"]]
