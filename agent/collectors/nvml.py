@@ -109,9 +109,23 @@ class NvmlCollector:
         self._down_reason = ""
         self._next_init = 0.0
         self._nvlink_prev: dict[tuple[str, str], tuple[float, float]] = {}
+        self._running = False
 
     async def collect(self) -> Collection:
-        return await asyncio.to_thread(self.collect_sync)
+        # A hung driver call (a GPU falling off the bus) must not pile up worker threads: while
+        # one read is still running, the next collection reports that instead of starting another.
+        if self._running:
+            return Collection(health=[Health(collector=NAME, up=False, reason="previous_collection_running")])
+        return await asyncio.to_thread(self._collect_tracked)
+
+    def _collect_tracked(self) -> Collection:
+        # The flag lives on the worker thread: a caller that gave up waiting (a timeout) leaves
+        # it set until the read really ends.
+        self._running = True
+        try:
+            return self.collect_sync()
+        finally:
+            self._running = False
 
     def collect_sync(self) -> Collection:
         """One blocking NVML read (collect() runs it off the event loop)."""

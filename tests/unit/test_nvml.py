@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -158,3 +159,25 @@ def test_driver_lost_after_init_reports_down_and_reinitialises(recording):
     assert out.samples == []
     del fake._nvmlDeviceGetCount     # the driver is back
     assert _collect(collector).health[0].up and fake.calls["nvmlInit"] == 2
+
+
+def test_a_hung_driver_call_does_not_pile_up_reads(recording):
+    fake = FakeNvml(recording)
+    release = threading.Event()
+    fake._nvmlDeviceGetPowerUsage = lambda h: release.wait(30) and 1000
+    collector = NvmlCollector(nvml=fake)
+
+    async def scenario():
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(collector.collect(), timeout=0.3)    # the runtime gives up
+        busy = await collector.collect()
+        release.set()
+        for _ in range(100):
+            if not collector._running:
+                break
+            await asyncio.sleep(0.05)
+        return busy, await collector.collect()
+
+    busy, after = asyncio.run(scenario())
+    assert not busy.health[0].up and busy.health[0].reason == "previous_collection_running"
+    assert after.health[0].up and after.samples
