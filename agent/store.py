@@ -169,6 +169,11 @@ class InMemoryStore:
         with self._lock:
             return {n for n, by_labels in self._series.items() if by_labels}
 
+    def label_names(self, name: str) -> set[str]:
+        """Label names used by the series of `name` (for tests of what a pipeline keeps)."""
+        with self._lock:
+            return {k for labels in self._series.get(name, {}) for k, _ in labels}
+
     def samples(self) -> list[Sample]:
         """Every stored point as a Sample, ordered by name, labels and time."""
         with self._lock:
