@@ -9,7 +9,7 @@
     GET  /-/healthy              200 while the process runs
 
 One worker diagnoses webhooks in arrival order: for each firing alert it reads the window from
-Prometheus (alertmanager_source.py), runs the rule engine, keeps the findings at the alert's
+Prometheus (diagnoser/sources/prometheus.py), runs the rule engine, keeps the findings at the alert's
 place, stores the result, and POSTs the enriched payload to `forward_url` when one is set.
 Nothing here raises into the event loop: a bad webhook is a 400, a failed diagnosis or forward
 is recorded on the stored row.
@@ -35,11 +35,12 @@ from kvscope.diagnoser.alertmanager import (
     parse_webhook,
     select_findings,
 )
-from kvscope.diagnoser.alertmanager_source import PrometheusReader
 from kvscope.diagnoser.alertmanager_store import DiagnosisStore
 from kvscope.diagnoser.engine import diagnose, sample_names
 from kvscope.diagnoser.levers import Lever, load_levers
 from kvscope.diagnoser.rule import Rule, read_rules
+from kvscope.diagnoser.sources import SourceError
+from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
 log = logging.getLogger("kvscope.serve")
 
@@ -173,12 +174,16 @@ class WebhookServer:
         return {"status": "diagnosed", "window": list(window), **out, "errors": errors}
 
     async def _diagnose_window(self, start: float, end: float) -> tuple[dict[str, Any], list[str]]:
-        assert self.session is not None
-        reader = PrometheusReader(self.config.prometheus_url, self.session)
-        fetched = await reader.fetch_window(self.names, start, end, self.config.step_s)
-        result = await asyncio.to_thread(diagnose, fetched.frame, self.rules, self.levers,
-                                         self.config.params, self.config.prometheus_url)
-        return result.to_dict(), fetched.errors
+        """Read the window with the Prometheus source (native engine names and kvscope_* series,
+        through the same dialects as a live scrape) and run every rule over it."""
+        source = PrometheusSource(self.config.prometheus_url, timeout_s=30.0)
+        try:
+            frame = await asyncio.to_thread(source.read_frame, self.names, start, end, self.config.step_s)
+        except SourceError as exc:
+            return {"likely_cause": None, "competing": [], "other": [], "skipped": []}, [str(exc)]
+        result = await asyncio.to_thread(diagnose, frame, self.rules, self.levers,
+                                         self.config.params, source.description)
+        return result.to_dict(), []
 
     async def forward(self, row_id: int, payload: dict[str, Any]) -> str:
         """POST the enriched payload; returns what happened (stored on the row)."""

@@ -1,5 +1,5 @@
-"""Alertmanager webhook parsing, finding selection, the bounded store, and the Prometheus reader's
-pure parsers (the real chain runs in tests/integration/test_alertmanager_chain.py)."""
+"""Alertmanager webhook parsing, finding selection and the bounded store (the real chain runs in
+tests/integration/test_alertmanager_chain.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from kvscope.diagnoser.alertmanager import (
     parse_webhook,
     select_findings,
 )
-from kvscope.diagnoser.alertmanager_source import PrometheusError, parse_facts, parse_matrix
 from kvscope.diagnoser.alertmanager_store import DiagnosisStore
 
 from kvscope.commands.serve import parse_params
@@ -112,25 +111,3 @@ def test_parse_params_reads_rule_dot_name_pairs():
         "kv_pressure_preemption": {"for": "5s", "kv_full": 0.95}}
     with pytest.raises(ValueError, match="RULE.NAME=VALUE"):
         parse_params(["kv_full=0.9"])
-
-
-def test_parse_matrix_drops_the_recording_prefix():
-    payload = {"status": "success", "data": {"resultType": "matrix", "result": [
-        {"metric": {"__name__": "kvscope:engine_kv_cache_usage_ratio", "instance": "e0"},
-         "values": [[100, "0.5"], [115, "0.97"]]}]}}
-    samples = parse_matrix(payload)
-    assert [(s.name, s.labels, s.value, s.timestamp) for s in samples] == [
-        ("engine_kv_cache_usage_ratio", (("instance", "e0"),), 0.5, 100.0),
-        ("engine_kv_cache_usage_ratio", (("instance", "e0"),), 0.97, 115.0)]
-
-
-def test_parse_matrix_raises_on_a_prometheus_error():
-    with pytest.raises(PrometheusError, match="bad_data"):
-        parse_matrix({"status": "error", "errorType": "bad_data", "error": "parse error"})
-
-
-def test_parse_facts_turns_info_labels_into_facts():
-    payload = {"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": {"__name__": "vllm:cache_config_info", "instance": "e0", "engine": "0",
-                    "enable_prefix_caching": "False", "block_size": "16"}, "value": [1, "1"]}]}}
-    assert parse_facts(payload) == {"e0": {"enable_prefix_caching": "False", "block_size": "16"}}
