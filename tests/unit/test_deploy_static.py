@@ -23,6 +23,7 @@ from kvscope.cli import build_parser
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 UNIT = ROOT / "deploy" / "systemd" / "kvscope-agent.service"
+UNITS = [UNIT, ROOT / "deploy" / "systemd" / "kvscope-serve.service"]
 ENV_FILE = ROOT / "deploy" / "systemd" / "kvscope-agent.env"
 NODE_CONFIG = ROOT / "deploy" / "systemd" / "kvscope.yaml"
 KVSCOPE_BIN = Path(sys.executable).with_name("kvscope")
@@ -124,20 +125,21 @@ def test_dockerignore_keeps_state_and_venv_out_of_the_context():
 
 # ------------------------------------------------------------------------------- systemd
 
-def _unit_for_verify(tmp_path: Path) -> Path:
+def _unit_for_verify(tmp_path: Path, unit: Path = UNIT) -> Path:
     """The unit with ExecStart pointing at this venv's kvscope (verify checks it exists)."""
     if not KVSCOPE_BIN.exists():
         pytest.skip("kvscope is not installed in this interpreter's venv")
-    text = UNIT.read_text().replace("/opt/kvscope/bin/kvscope", str(KVSCOPE_BIN))
-    out = tmp_path / UNIT.name
+    text = unit.read_text().replace("/opt/kvscope/bin/kvscope", str(KVSCOPE_BIN))
+    out = tmp_path / unit.name
     out.write_text(text)
     return out
 
 
-def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
-    unit = _unit_for_verify(tmp_path)
+@pytest.mark.parametrize("source", UNITS, ids=lambda p: p.name)
+def test_systemd_analyze_verify_accepts_the_unit(tmp_path, source):
+    unit = _unit_for_verify(tmp_path, source)
     res = subprocess.run([_tool("systemd-analyze"), "verify", str(unit)], capture_output=True, text=True)
-    own = [line for line in (res.stdout + res.stderr).splitlines() if UNIT.name in line]
+    own = [line for line in (res.stdout + res.stderr).splitlines() if source.name in line]
     assert res.returncode == 0 and not own, res.stdout + res.stderr
 
 
@@ -149,8 +151,9 @@ def test_systemd_analyze_verify_is_live_it_flags_a_bad_directive(tmp_path):
     assert f"{UNIT.name}:" in res.stderr and "strictest" in res.stderr, res.stderr
 
 
-def test_unit_hardening_exposure_is_low(tmp_path):
-    unit = _unit_for_verify(tmp_path)
+@pytest.mark.parametrize("source", UNITS, ids=lambda p: p.name)
+def test_unit_hardening_exposure_is_low(tmp_path, source):
+    unit = _unit_for_verify(tmp_path, source)
     res = subprocess.run([_tool("systemd-analyze"), "security", "--offline=true", "--no-pager", str(unit)],
                          capture_output=True, text=True)
     m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", res.stdout)
@@ -159,19 +162,24 @@ def test_unit_hardening_exposure_is_low(tmp_path):
     assert float(m.group(1)) < 2.0, res.stdout
 
 
-def _unit_values(key: str) -> list[str]:
-    return [line.split("=", 1)[1] for line in UNIT.read_text().splitlines() if line.startswith(key + "=")]
+def _unit_values(key: str, unit: Path = UNIT) -> list[str]:
+    return [line.split("=", 1)[1] for line in unit.read_text().splitlines() if line.startswith(key + "=")]
 
 
-def test_unit_starts_the_agent_with_flags_it_accepts():
-    argv = shlex.split(_unit_values("ExecStart")[0])
-    assert argv[0] == "/opt/kvscope/bin/kvscope" and argv[1] == "agent"
+@pytest.mark.parametrize("unit, command, state", [(UNITS[0], "agent", "kvscope"), (UNITS[1], "serve", "kvscope-serve")],
+                         ids=lambda x: x.name if isinstance(x, Path) else x)
+def test_unit_starts_kvscope_with_flags_it_accepts(unit, command, state):
+    argv = shlex.split(_unit_values("ExecStart", unit)[0])
+    assert argv[0] == "/opt/kvscope/bin/kvscope" and argv[1] == command
     _accepts(argv[1:])
+    assert not any("0.0.0.0" in a for a in argv), "a node install listens on loopback"
     for key in ("DynamicUser", "NoNewPrivileges", "PrivateTmp", "ProtectHome"):
-        assert _unit_values(key) == ["yes"], key
-    assert _unit_values("ProtectSystem") == ["strict"]
-    assert _unit_values("StateDirectory") == ["kvscope"]
-    assert _unit_values("RestrictAddressFamilies") == ["AF_INET AF_INET6 AF_UNIX"]
+        assert _unit_values(key, unit) == ["yes"], key
+    assert _unit_values("ProtectSystem", unit) == ["strict"]
+    assert _unit_values("StateDirectory", unit) == [state]
+    assert _unit_values("RestrictAddressFamilies", unit) == ["AF_INET AF_INET6 AF_UNIX"]
+    # whatever the process writes lives in its StateDirectory
+    assert all(f"/var/lib/{state}/" in a for a in argv if a.startswith(("--store", "--config")) and "/var/" in a)
 
 
 def test_environment_names_are_real_agent_variables():
