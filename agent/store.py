@@ -32,7 +32,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -114,45 +114,64 @@ def _matches(labels: Labels, matchers: dict[str, str] | None) -> bool:
     return all(have.get(k, "") == v for k, v in matchers.items())
 
 
-class InMemoryStore:
-    """Keeps every sample in memory, with the same contract as `SqliteStore` (writes are
-    visible at once). Used by tests, replay and dry runs; `retention_s` bounds it by age."""
+DEFAULT_MAX_POINTS = 1_000_000
+"""Points an InMemoryStore keeps (roughly 150 MiB of Python objects); the oldest go first."""
 
-    def __init__(self, retention_s: float | None = None) -> None:
+
+class InMemoryStore:
+    """Keeps samples in memory, with the same contract as `SqliteStore` (writes are visible at
+    once). Used by tests, replay and the agent without a store file. Bounded by age
+    (`retention_s`) and by count (`max_points`): the oldest written points go first, counted in
+    `stats().deleted` as `age` and `size`."""
+
+    def __init__(self, retention_s: float | None = None, max_points: int = DEFAULT_MAX_POINTS) -> None:
         self._series: dict[str, dict[Labels, dict[float, float]]] = {}
+        self._order: deque[tuple[float, str, Labels]] = deque()   # write order ~ time order
         self._lock = threading.Lock()
         self._retention_s = retention_s
+        self._max_points = max(1, max_points)
         self._stats = StoreStats()
 
     def write(self, samples: Sequence[Sample]) -> None:
         now = time.time()
         with self._lock:
             for s in samples:
-                try:
-                    value = float(s.value)
-                    ts = float(s.timestamp) if s.timestamp is not None else now
-                except (TypeError, ValueError):
-                    self._stats.dropped["bad_value"] += 1
-                    continue
-                if math.isnan(value):
-                    self._stats.dropped["nan"] += 1
-                    continue
-                points = self._series.setdefault(s.name, {}).setdefault(s.labels, {})
-                key = round(ts * 1000) / 1000
-                if key in points:   # same series and millisecond: first write wins, as in SQLite
-                    self._stats.dropped["duplicate"] += 1
-                    continue
-                points[key] = value
-                self._stats.written += 1
+                self._add(s, now)
             if self._retention_s is not None:
-                self._expire(now - self._retention_s)
+                self._evict(lambda ts: ts < now - self._retention_s, "age")
+            self._evict(lambda ts: len(self._order) > self._max_points, "size")
 
-    def _expire(self, cutoff: float) -> None:
-        for by_labels in self._series.values():
-            for points in by_labels.values():
-                for ts in [t for t in points if t < cutoff]:
-                    del points[ts]
-                    self._stats.deleted["age"] += 1
+    def _add(self, s: Sample, now: float) -> None:
+        try:
+            value = float(s.value)
+            ts = float(s.timestamp) if s.timestamp is not None else now
+        except (TypeError, ValueError):
+            self._stats.dropped["bad_value"] += 1
+            return
+        if math.isnan(value):
+            self._stats.dropped["nan"] += 1
+            return
+        points = self._series.setdefault(s.name, {}).setdefault(s.labels, {})
+        key = round(ts * 1000) / 1000
+        if key in points:   # same series and millisecond: first write wins, as in SQLite
+            self._stats.dropped["duplicate"] += 1
+            return
+        points[key] = value
+        self._order.append((key, s.name, s.labels))
+        self._stats.written += 1
+
+    def _evict(self, should: Callable[[float], bool], reason: str) -> None:
+        """Remove points from the oldest written while `should(their ts)` holds."""
+        while self._order and should(self._order[0][0]):
+            ts, name, labels = self._order.popleft()
+            by_labels = self._series[name]
+            points = by_labels[labels]
+            del points[ts]
+            self._stats.deleted[reason] += 1
+            if not points:
+                del by_labels[labels]
+                if not by_labels:
+                    del self._series[name]
 
     def query(self, name: str, start: float, end: float,
               matchers: dict[str, str] | None = None) -> dict[Labels, Points]:
@@ -167,7 +186,7 @@ class InMemoryStore:
 
     def names(self) -> set[str]:
         with self._lock:
-            return {n for n, by_labels in self._series.items() if by_labels}
+            return set(self._series)
 
     def label_names(self, name: str) -> set[str]:
         """Label names used by the series of `name` (for tests of what a pipeline keeps)."""
@@ -185,7 +204,7 @@ class InMemoryStore:
             st = StoreStats(**{**self._stats.__dict__, "dropped": Counter(self._stats.dropped),
                                "errors": Counter(self._stats.errors), "deleted": Counter(self._stats.deleted)})
             st.series = sum(len(b) for b in self._series.values())
-            st.rows = sum(len(p) for b in self._series.values() for p in b.values())
+            st.rows = len(self._order)
             return st
 
     def flush(self) -> None:

@@ -255,3 +255,15 @@ def test_in_memory_twin_lists_label_names_and_samples():
              Sample("gpu_memory_used_bytes", make_labels({"node": "n", "gpu": "1"}), 6.0, 1.0)])
     assert s.label_names("gpu_memory_used_bytes") == {"node", "gpu"}
     assert [x.value for x in s.samples()] == [5.0, 6.0]
+
+
+def test_in_memory_twin_is_bounded_by_age_and_count():
+    s = InMemoryStore(retention_s=100, max_points=50)
+    now = time.time()
+    s.write([Sample("old", A, 1.0, now - 500), Sample("x", A, 2.0, now - 50)])
+    assert s.names() == {"x"} and s.stats().deleted["age"] == 1       # an emptied series is gone
+    s.write([Sample("x", B, float(i), now - 40 + i * 0.1) for i in range(60)])
+    st = s.stats()
+    assert st.rows == 50 and st.deleted["size"] == 11
+    assert A not in s.query("x", 0, 4e9)                                # the oldest went first
+    assert len(s.query("x", 0, 4e9)[B]) == 50
