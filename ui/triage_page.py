@@ -8,7 +8,8 @@ import streamlit as st
 from kvscope.diagnoser.findings import Finding
 from kvscope.ui.data import TriageData, evidence_charts, render_when, timeline
 
-SEVERITY_ICON = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
+SEVERITY_ICON = {"critical": ":red[CRITICAL]", "warning": ":orange[WARNING]", "info": ":blue[INFO]"}
+"""Severity as coloured text (Streamlit markdown), readable without an emoji font."""
 
 
 def render(data: TriageData) -> None:
@@ -80,8 +81,7 @@ def render_levers(f: Finding) -> None:
     for lever in sorted(f.levers, key=lambda x: x.rank):
         st.markdown(f"{lever.rank}. **{lever.title or lever.id}** (`{lever.id}`, {lever.direction})"
                     + (f" — cost: {lever.cost}" if lever.cost else ""))
-        for change in lever.changes:
-            st.code(f"# {change.system}\n{change.change}", language="bash")
+        st.markdown("\n".join(f"- {c.system}: `{c.change}`" for c in lever.changes))
         if lever.citations:
             st.caption("Cited: " + "; ".join(lever.citations))
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDINGS = REPO / "tests" / "recordings"
-PREFERRED = ("kv", "preempt", "cascade")
-"""Recording names are matched against these, in order, to pick the default incident."""
+BUNDLED = Path(__file__).resolve().parents[2] / "ui" / "recordings" / "vllm-0.32.0-cpu-kv-pressure.om.gz"
+"""Real vLLM KV-pressure incident shipped with the UI (ui/recordings/README.md), the fallback."""
+PREFERRED = ("kv", "preempt", "cascade", "evict")
+"""Library recording names are matched against these, in order, to pick the default incident."""
 
 HELP = """\
 Replay a bundled incident recorded from a real vLLM server (tests/recordings/) through the same
@@ -26,21 +28,24 @@ cause, and serve the triage UI on 127.0.0.1. Ctrl-C stops it.
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="replay a real incident through the diagnoser and the UI",
                               description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recording", type=Path, help="recording to replay (default: a bundled vLLM incident)")
+    p.add_argument("--recording", type=Path, help="recording to replay (default: a KV-pressure incident from "
+                   "tests/recordings/, else ui/recordings/vllm-0.32.0-cpu-kv-pressure.om.gz)")
     p.add_argument("--port", type=int, default=8501, help="UI port on 127.0.0.1 (default 8501; a free one if taken)")
     p.add_argument("--check", "--once", action="store_true", dest="check",
                    help="print the diagnosis and exit without starting the UI")
     p.set_defaults(func=run)
 
 
-def default_recording(folder: Path = RECORDINGS) -> Path | None:
-    """The bundled incident to show: the first recording whose name mentions KV pressure."""
-    found = sorted(p for p in folder.glob("*.om*") if p.is_file()) if folder.is_dir() else []
+def default_recording(folder: Path = RECORDINGS, bundled: Path = BUNDLED) -> Path | None:
+    """The incident to show: a KV-pressure recording from the incident library if there is
+    one (never a healthy baseline), else the recording bundled with the UI."""
+    found = sorted(p for p in folder.glob("*.om*") if p.is_file() and not p.name.startswith("healthy")) \
+        if folder.is_dir() else []
     for word in PREFERRED:
         for path in found:
             if word in path.name:
                 return path
-    return found[0] if found else None
+    return bundled if bundled.is_file() else None
 
 
 def render_diagnosis(diagnosis) -> str:

@@ -34,11 +34,23 @@ def test_check_with_a_missing_recording_is_a_clear_error(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_default_recording_prefers_a_kv_incident(tmp_path):
-    for name in ("a-healthy.om", "b-kv-pressure.om.gz", "c-other.om"):
+def test_default_recording_prefers_a_library_kv_incident_over_the_bundled_one(tmp_path):
+    bundled = tmp_path / "bundled.om.gz"
+    bundled.write_text("# EOF\n")
+    for name in ("healthy-kv.om.gz", "a-other.om", "b-kv-pressure.om.gz"):
         (tmp_path / name).write_text("# EOF\n")
-    assert default_recording(tmp_path).name == "b-kv-pressure.om.gz"
-    assert default_recording(tmp_path / "missing") is None
+    assert default_recording(tmp_path, bundled).name == "b-kv-pressure.om.gz"
+    (tmp_path / "b-kv-pressure.om.gz").unlink()
+    assert default_recording(tmp_path, bundled) == bundled        # never the healthy baseline
+    assert default_recording(tmp_path / "missing", tmp_path / "none.om") is None
+
+
+def test_check_on_the_default_real_incident(capsys):
+    """The demo's default recording is a real vLLM incident and the diagnoser finds its cause."""
+    assert default_recording() is not None
+    assert main(["demo", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "LIKELY CAUSE" in out and "LEVERS K" in out
 
 
 def test_foreground_demo_serves_the_ui_and_stops_on_ctrl_c(tmp_path):

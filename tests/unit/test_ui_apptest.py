@@ -72,9 +72,8 @@ def test_triage_shows_the_likely_cause_with_evidence_and_levers(monkeypatch, kv_
     text = " ".join(m.value for m in at.markdown)
     assert "127.0.0.1:8000" in text and "Since:" in text
     assert "002 §7.4" in text
-    code = " ".join(c.value for c in at.code)
     for change in likely.levers[0].changes:    # the exact config change of the top lever
-        assert change.change in code
+        assert f"{change.system}: `{change.change}`" in text
     assert any("Timeline" == h.value for h in at.header)
 
 

@@ -1,0 +1,81 @@
+"""End to end: real headless Debian Chromium (driven by Playwright) loads the triage page of a
+real vLLM recording served by `kvscope ui`, and the likely cause is on screen.
+
+Screenshots go to artifacts/ (gitignored) for a human to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from kvscope.ui.data import Source, load_triage
+from kvscope.ui.server import UiServer, free_port
+
+from kvscope.commands.demo import default_recording
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    if not Path(CHROMIUM).exists() or shutil.which("chromium") is None:
+        pytest.skip("Debian chromium not installed (scripts/setup.sh installs it)")
+    recording = Path(os.environ["KVSCOPE_TEST_RECORDING"]) if os.environ.get("KVSCOPE_TEST_RECORDING") \
+        else default_recording()
+    assert recording is not None, "tests/recordings/ holds no recording"
+    source = Source("recording", str(recording))
+    server = UiServer(source, free_port(), log_path=tmp_path_factory.mktemp("ui") / "streamlit.log")
+    with server:
+        server.wait_healthy(90)
+        yield server, load_triage(source)
+
+
+@pytest.fixture(scope="module")
+def page(served):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            yield browser.new_page(viewport={"width": 1400, "height": 2400})
+        finally:
+            browser.close()
+
+
+def test_triage_page_shows_the_likely_cause(served, page):
+    server, data = served
+    likely = data.diagnosis.likely_cause
+    assert likely is not None, "the real incident recording should produce a likely cause"
+    page.goto(server.url)
+    page.get_by_text("Likely cause", exact=True).wait_for(timeout=90_000)
+    page.get_by_text(likely.title).first.wait_for(timeout=30_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    body = page.inner_text("body")
+    assert likely.rule_id in body
+    for citation in likely.citations[:1]:
+        assert citation in body
+    first_change = likely.levers[0].changes[0].change if likely.levers and likely.levers[0].changes else None
+    if first_change:
+        assert first_change in body
+    page.locator('[data-testid="stDataFrame"] canvas').first.wait_for(timeout=60_000)
+    page.locator(".vega-embed canvas, .vega-embed svg").first.wait_for(timeout=60_000)
+    page.wait_for_timeout(2000)     # let the remaining charts paint before the screenshot
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-triage.png"), full_page=True)
+    assert (ARTIFACTS / "ui-triage.png").stat().st_size > 20_000
+
+
+def test_sizing_page_in_the_browser(served, page):
+    server, _ = served
+    page.goto(server.url)
+    page.get_by_text("Sizing calculator").first.click()
+    page.get_by_text("327,680").first.wait_for(timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / "ui-sizing.png"), full_page=True)
