@@ -2,22 +2,27 @@
 // @kubernetes-models/prometheus-operator ships (generated from the operator's CRDs).
 // Input: a JSON array of Kubernetes objects on stdin. Output: one JSON line per object,
 // {"kind", "name", "ok", "error"}; objects of other kinds are reported with "ok": null.
-// Exit status: 0 when every monitoring.coreos.com object is valid, 1 otherwise, 2 on bad input.
+// Exit status: 0 when every checked object is valid, 1 otherwise, 2 on bad input.
 import { readFileSync } from "node:fs";
 import { PodMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PodMonitor";
 import { PrometheusRule } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PrometheusRule";
 import { ServiceMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor";
+import { AlertmanagerConfig } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1alpha1/AlertmanagerConfig";
 
-const MODELS = { PodMonitor, PrometheusRule, ServiceMonitor };
+const MODELS = {
+  "monitoring.coreos.com/v1": { PodMonitor, PrometheusRule, ServiceMonitor },
+  "monitoring.coreos.com/v1alpha1": { AlertmanagerConfig },
+};
 
 function check(obj) {
   const name = obj?.metadata?.name ?? "";
   const kind = obj?.kind ?? "";
-  if (obj?.apiVersion !== "monitoring.coreos.com/v1" || !(kind in MODELS)) {
-    return { kind, name, ok: null, error: "not a checked monitoring.coreos.com/v1 kind" };
+  const Model = MODELS[obj?.apiVersion]?.[kind];
+  if (!Model) {
+    return { kind, name, ok: null, error: "not a checked monitoring.coreos.com kind" };
   }
   try {
-    new MODELS[kind](obj).validate();
+    new Model(obj).validate();
     return { kind, name, ok: true, error: "" };
   } catch (e) {
     return { kind, name, ok: false, error: String(e.message ?? e) };

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from functools import cache
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "kubernetes"
 VALIDATE_CRDS = ROOT / "deploy" / "validate" / "validate-crds.mjs"
 K8S_VERSIONS = ("1.29.0", "1.37.0")  # oldest and newest release we claim (internalTrafficPolicy GA: 1.26)
-CRD_GROUP = "monitoring.coreos.com/v1"
+CRD_GROUP = "monitoring.coreos.com/"
 
 
 @cache
@@ -72,7 +73,7 @@ def _validate_crds(objects: list[dict]) -> list[dict]:
 
 def test_kustomize_renders_every_object_into_the_kvscope_namespace():
     kinds = sorted({o["kind"] for o in _objects()})
-    assert kinds == ["ConfigMap", "DaemonSet", "Deployment", "Namespace", "NetworkPolicy", "PodMonitor",
+    assert kinds == ["AlertmanagerConfig", "ConfigMap", "DaemonSet", "Deployment", "Namespace", "NetworkPolicy", "PodMonitor",
                      "PrometheusRule", "Service", "ServiceAccount", "ServiceMonitor"]
     for o in _objects():
         if o["kind"] != "Namespace":
@@ -83,7 +84,7 @@ def test_kustomize_renders_every_object_into_the_kvscope_namespace():
 def test_builtin_kinds_pass_strict_openapi_validation(version):
     checked = 0
     for o in _objects():
-        if o["apiVersion"] == CRD_GROUP:
+        if o["apiVersion"].startswith(CRD_GROUP):
             continue
         kubernetes_validate.validate(o, version, strict=True)  # raises ValidationError
         checked += 1
@@ -100,7 +101,7 @@ def test_openapi_validation_is_live_it_rejects_a_misspelt_field():
 def test_prometheus_operator_objects_pass_their_crd_schemas():
     results = _validate_crds(_objects())
     checked = [r for r in results if r["ok"] is not None]
-    assert {r["kind"] for r in checked} == {"PodMonitor", "PrometheusRule", "ServiceMonitor"}
+    assert {r["kind"] for r in checked} == {"AlertmanagerConfig", "PodMonitor", "PrometheusRule", "ServiceMonitor"}
     assert all(r["ok"] for r in checked), [r for r in checked if not r["ok"]]
 
 
@@ -251,6 +252,21 @@ def test_servicemonitor_selects_the_agent_service_port():
 def _help(command: str) -> str:
     sub = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001 - no public accessor
     return sub[command].format_help()
+
+
+def test_alertmanagerconfig_routes_like_the_plain_alertmanager_config():
+    amc = _one("AlertmanagerConfig", "kvscope")["spec"]
+    plain = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
+    route = next(r for r in plain["route"]["routes"] if r["receiver"] == "kvscope")
+    matchers = [f'{m["name"]} {m["matchType"]} "{m["value"]}"' for m in amc["route"]["matchers"]]
+    assert matchers == route["matchers"]
+    assert amc["route"]["groupWait"] == route["group_wait"] and amc["route"]["continue"] is True
+    url = urlsplit(amc["receivers"][0]["webhookConfigs"][0]["url"])
+    plain_url = urlsplit(next(r for r in plain["receivers"] if r["name"] == "kvscope")["webhook_configs"][0]["url"])
+    assert url.path == plain_url.path and url.port == plain_url.port
+    svc = _one("Service", "kvscope-console")
+    assert url.hostname == f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
+    assert url.port in {p["port"] for p in svc["spec"]["ports"]}
 
 
 def test_agent_probes_use_endpoints_the_agent_serves():
