@@ -6,7 +6,8 @@ Reads tests/recordings/<scenario>.om.gz (native vLLM names) and derives, per scr
 * preemption onset vs KV usage (kv-pressure-cascade): the lowest vllm:kv_cache_usage_perc at which
   vllm:num_preemptions_total increased, and the share of preempting intervals above it;
 * routing: prefix hit rate under round-robin vs sticky across 2 replicas (round-robin-vs-sticky);
-* cold start: scrapes until a restarted replica's hit rate reaches 90 % of the warm one's.
+* cold start: time until a restarted replica's hit rate reaches 90 % of the warm one's, also
+  expressed as requests per tenant prefix (what transfers to a fleet with other traffic).
 `python -m testbed.fleetgen.calibrate` prints the numbers and writes calibration.yaml next to it.
 """
 
@@ -113,11 +114,16 @@ def cold_start() -> dict:
     start, end = t0 + rejoin["start_s"], t0 + rejoin["end_s"]
     warm = hit_rate(series["replica-0"], start, end) or 0.0
     cold = series["replica-1"]
+    # requests per second per tenant prefix during rejoin (client side), to express refill in requests
+    per_prefix_rps = rejoin["client"]["all"]["requests"] / (end - start) / len(rejoin["client"]["tenants"])
     times = [r[0] for r in cold if start <= r[0] <= end]
     for i in range(2, len(times)):
         if (hit_rate(cold, times[i - 2], times[i]) or 0.0) >= 0.9 * warm:
-            return {"warm_hit_rate": round(warm, 3), "seconds_to_90pct_of_warm": round(times[i] - start, 1)}
-    return {"warm_hit_rate": round(warm, 3), "seconds_to_90pct_of_warm": None}
+            secs = times[i] - start
+            return {"warm_hit_rate": round(warm, 3), "seconds_to_90pct_of_warm": round(secs, 1),
+                    "requests_per_prefix_to_90pct": round(secs * per_prefix_rps, 2)}
+    return {"warm_hit_rate": round(warm, 3), "seconds_to_90pct_of_warm": None,
+            "requests_per_prefix_to_90pct": None}
 
 
 def calibrate() -> dict:

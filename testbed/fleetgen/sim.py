@@ -134,6 +134,41 @@ def scenario_fleet_round_robin(path: Path, cal: dict, seed: int = 0) -> dict:
                             "ttft_ratio_per_waiting": cal["ttft_vs_queue"]["ratio_per_waiting_request"]}}
 
 
+def scenario_scale_out_hash_mod(path: Path, cal: dict, seed: int = 4) -> dict:
+    """8 -> 9 vLLM replicas behind hash-mod-N routing: nearly every prefix changes owner at once."""
+    rng, clock = random.Random(seed), Clock(10.0, 72)
+    warm = cal["routing_2_replicas"]["sticky"]
+    # refill: the real cold replica needed k requests per prefix to reach 90 % of warm; here each replica
+    # owns `prefixes / 9` prefixes at 6*8/9 req/s, so t90 = k * prefixes/9 / rps (ln 10 time constants)
+    prefixes = 2000
+    k = cal["cold_start"].get("requests_per_prefix_to_90pct") or 2.0
+    t90 = k * (prefixes / 9) / (6.0 * 8 / 9)
+    tau = t90 / math.log(10)
+    reps = [VllmState() for _ in range(9)]
+    sink = Sink(path)
+    grow = 30
+    for i, ts in clock.times():
+        live = 8 if i < grow else 9
+        since = (i - grow) * clock.dt
+        # hash mod N remaps 1 - 1/N of the keys: the hit rate restarts from ~1/N of warm and refills
+        hit = warm if i < grow else warm - (warm - warm / live) * math.exp(-since / tau)
+        for r in range(live):
+            step_vllm(reps[r], rng, cal, clock.dt, rps=6.0 * 8 / live, prompt=3000,
+                      hit=max(0.0, rng.gauss(hit, 0.01)))
+            sink.scrape("vllm", f"replica-{r}", ts, render_vllm(reps[r]))
+    sink.close()
+    return {"summary": "8 vLLM 0.33 replicas behind hash-mod-N prefix routing; a 9th replica joins. "
+                       "hash mod 9 sends ~8/9 of the prefixes to a different replica than hash mod 8 did, "
+                       "so the hit rate collapses on every replica at once and refills over the measured "
+                       "cold-start time; consistent hashing would have moved only ~1/9.",
+            "phases": [{"name": "steady-8", "start_s": 0.0, "end_s": grow * clock.dt},
+                       {"name": "scaled-to-9", "start_s": grow * clock.dt, "end_s": clock.steps * clock.dt}],
+            "expected": [{"levers": ["P3"], "phase": "scaled-to-9",
+                          "why": "fleet-wide hit-rate collapse right after the replica count changed"}],
+            "calibration": {"warm_hit_rate": warm, "requests_per_prefix_to_90pct": k, "prefixes": prefixes,
+                            "t90_s": round(t90, 1)}}
+
+
 def scenario_pd_kv_transfer(path: Path, cal: dict, seed: int = 1) -> dict:
     """SGLang P/D: one prefill, two decode servers; KV transfer latency climbs (link saturating)."""
     rng, clock = random.Random(seed), Clock(10.0, 60)
@@ -256,6 +291,7 @@ def _dedupe_families(text: str) -> str:
 
 SCENARIOS: dict[str, Callable[[Path, dict], dict]] = {
     "fleet-8-replicas-round-robin": scenario_fleet_round_robin,
+    "fleet-scale-out-hash-mod": scenario_scale_out_hash_mod,
     "fleet-pd-kv-transfer-rising": scenario_pd_kv_transfer,
     "fleet-dcgm-utilization-trap": scenario_dcgm_trap,
     "fleet-sglang-dp-split-cache": scenario_sglang_dp_split,

@@ -25,7 +25,7 @@ from testbed.fleetgen.sim import SCENARIOS, generate
 CAL = {"ttft_vs_queue": {"idle_ttft_s": 0.05, "ratio_per_waiting_request": 0.4, "intercept": 1.0},
        "preemption": {"onset_kv_usage": 0.95},
        "routing_2_replicas": {"round-robin": 0.4, "sticky": 0.8, "rr_over_sticky": 0.5},
-       "cold_start": {"warm_hit_rate": 0.8, "seconds_to_90pct_of_warm": 10}}
+       "cold_start": {"warm_hit_rate": 0.8, "seconds_to_90pct_of_warm": 10, "requests_per_prefix_to_90pct": 2.0}}
 
 # vLLM 0.33 time_to_first_token bucket family, as listed in the engine-metrics reference
 VLLM_TTFT_BOUNDS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5,
@@ -156,3 +156,17 @@ def test_sglang_dp_ranks_have_split_hit_rates_then_converge(fleet):
     # the tokenizer-side series exist once per server, not once per rank
     ttft_count = [s for s in expo.samples if s.name == "sglang:time_to_first_token_seconds_count"]
     assert len({s.labels for s in ttft_count}) == 1
+
+
+def test_scale_out_with_hash_mod_collapses_every_replica_then_refills(fleet):
+    rep = replay_recording(fleet / "fleet-scale-out-hash-mod.om.gz")
+    ph = _phase_bounds(fleet, "fleet-scale-out-hash-mod")
+    t_grow = ph["scaled-to-9"][0]
+    hits = _counter_delta(rep.samples, "engine_prefix_cache_hits_tokens_total", t_grow, t_grow + 20, "instance")
+    queries = _counter_delta(rep.samples, "engine_prefix_cache_queries_tokens_total", t_grow, t_grow + 20, "instance")
+    early = {i: hits[i] / queries[i] for i in queries if queries[i]}
+    assert len(early) == 9 and max(early.values()) < 0.4          # collapse everywhere at once (warm 0.8)
+    late_t0 = ph["scaled-to-9"][1] - 60
+    hits = _counter_delta(rep.samples, "engine_prefix_cache_hits_tokens_total", late_t0, ph["scaled-to-9"][1], "instance")
+    queries = _counter_delta(rep.samples, "engine_prefix_cache_queries_tokens_total", late_t0, ph["scaled-to-9"][1], "instance")
+    assert min(hits[i] / queries[i] for i in queries) > 0.7        # refilled after the cold-start time
