@@ -62,7 +62,7 @@ class Key:
 KEYS: tuple[Key, ...] = (
     Key("listen_address", "127.0.0.1:9464", "address",
         "host:port of the agent's own HTTP server (/metrics, /api/v1/*). Loopback by default: "
-        "exposing it beyond the node is an explicit choice."),
+        "exposing it beyond the node is an explicit choice. Port 0 picks a free port (logged)."),
     Key("scrape.interval_s", 15.0, "seconds",
         "Seconds between two scrapes of every target and two runs of every collector."),
     Key("scrape.timeout_s", 5.0, "seconds",
@@ -369,7 +369,7 @@ def _address(layers: Layers) -> str:
     raw = _value(layers, "listen_address")
     text = str(raw)
     host, sep, port = text.rpartition(":")
-    problem = "" if sep and port.isdigit() and 0 < int(port) < 65536 else "port"
+    problem = "" if sep and port.isdigit() and 0 <= int(port) < 65536 else "port"   # 0: any free port
     if not problem:
         try:
             ipaddress.ip_address(host.strip("[]"))

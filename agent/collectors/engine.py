@@ -2,7 +2,8 @@
 
 Overview: each `collect()` scrapes all targets concurrently (each bounded by the scrape timeout
 and the body cap), detects the dialect of each target from its metric names (or uses the
-target's `engine` override), and normalizes the exposition to canonical samples.
+target's `engine` override), and normalizes the exposition to canonical samples. Families whose
+text did not change since the target's previous scrape are not parsed again (agent/blockcache.py).
 
 Failure modes, each reported in the target's `Health` and never raised:
 
@@ -21,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
+from kvscope.agent.blockcache import BlockCache
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import AgentConfig, Target
-from kvscope.agent.engines.dialect import detect_engine, normalize
-from kvscope.agent.exposition import Exposition, parse_exposition
+from kvscope.agent.engines.dialect import Normalized, detect_engine, normalize
+from kvscope.agent.exposition import Exposition, ParseIssue, parse_exposition
 from kvscope.agent.scrape import ScrapeError, new_session, read_exposition
 from kvscope.agent.signals import Catalog, load_catalog
 
@@ -36,26 +38,34 @@ NAME = "engine"
 
 @dataclass
 class TargetScrape:
-    """What one scrape of one target gave: the parsed payload, or why there is none."""
+    """What one scrape of one target gave: the payload, or why there is none."""
 
     target: Target
     timestamp: float                  # wall clock at scrape start (what Prometheus stamps)
     duration_s: float
-    expo: Exposition | None = None    # None when the scrape failed
+    text: str | None = None           # None when the scrape failed
+    openmetrics: bool = False         # the server answered application/openmetrics-text
     reason: str = ""                  # failure reason token; "" when it succeeded
     size_bytes: int = 0
+    _expo: Exposition | None = field(default=None, repr=False)
+
+    def exposition(self) -> Exposition | None:
+        """The whole payload parsed (once), with native names; None when the scrape failed."""
+        if self.text is not None and self._expo is None:
+            self._expo = parse_exposition(self.text, openmetrics=True if self.openmetrics else None)
+        return self._expo
 
 
 async def scrape_target(session: aiohttp.ClientSession, target: Target, timeout_s: float,
                         max_bytes: int) -> TargetScrape:
-    """Scrape and parse one target. Never raises for a target problem."""
+    """Scrape one target. Never raises for a target problem."""
     ts, t0 = time.time(), time.monotonic()
     try:
         payload = await read_exposition(session, target.url, timeout_s, max_bytes)
     except ScrapeError as e:
         return TargetScrape(target, ts, time.monotonic() - t0, reason=e.reason)
-    expo = parse_exposition(payload.text, openmetrics=True if payload.openmetrics else None)
-    return TargetScrape(target, ts, time.monotonic() - t0, expo=expo, size_bytes=payload.size_bytes)
+    return TargetScrape(target, ts, time.monotonic() - t0, text=payload.text,
+                        openmetrics=payload.openmetrics, size_bytes=payload.size_bytes)
 
 
 @register_collector(NAME, default_enabled=True)
@@ -72,6 +82,7 @@ class EngineCollector:
         self._own_session = session is None
         self._limit = asyncio.Semaphore(max_concurrency)
         self._engines: dict[str, str | None] = {}     # instance -> detected engine (cached)
+        self._caches: dict[str, BlockCache] = {}      # instance -> memo of the previous payload
         self.keep_last = False    # set by a recorder hooked on the runtime; off: a 16 MiB payload
         self.last_scrapes: dict[str, TargetScrape] = {}   # is not kept alive between cycles
 
@@ -100,19 +111,19 @@ class EngineCollector:
         target = scrape.target
         health = Health(collector=NAME, target=target.instance, duration_s=scrape.duration_s)
         out.health.append(health)
-        if scrape.expo is None:
+        if scrape.text is None:
             health.up, health.reason = False, scrape.reason
             health.errors[scrape.reason] += 1
             return
-        for issue in scrape.expo.issues:
-            health.dropped[issue.reason] += 1
-        engine = self._engine_of(target, scrape.expo)
+        engine = self._engine_of(target, scrape)
         out.engines[target.instance] = engine
         if engine is None:
             health.up, health.reason = False, "unknown_engine"
             health.errors["unknown_engine"] += 1
+            health.dropped.update(i.reason for i in scrape.exposition().issues)
             return
-        norm = normalize(scrape.expo, engine, target.target_labels(), scrape.timestamp, self.catalog)
+        norm, issues = self._normalize(scrape, engine)
+        health.dropped.update(i.reason for i in issues)
         health.dropped.update(norm.dropped)
         health.series = len(norm.samples)
         out.samples.extend(norm.samples)
@@ -121,12 +132,26 @@ class EngineCollector:
         if not norm.samples and target.engine is None:
             self._engines.pop(target.instance, None)  # detect again next time
 
-    def _engine_of(self, target: Target, expo: Exposition) -> str | None:
+    def _normalize(self, scrape: TargetScrape, engine: str) -> tuple[Normalized, list[ParseIssue]]:
+        """Whole-payload path when the payload is already parsed (detection, recording) or
+        OpenMetrics; else the per-target block memo (agent/blockcache.py), same result."""
+        target = scrape.target
+        expo = scrape._expo
+        if expo is not None or scrape.openmetrics:
+            expo = scrape.exposition()
+            return normalize(expo, engine, target.target_labels(), scrape.timestamp, self.catalog), expo.issues
+        cache = self._caches.get(target.instance)
+        if cache is None:
+            cache = self._caches[target.instance] = BlockCache(self.catalog)
+        return cache.normalize(scrape.text, engine, target.target_labels(), scrape.timestamp)
+
+    def _engine_of(self, target: Target, scrape: TargetScrape) -> str | None:
         if target.engine is not None:
             return target.engine
         engine = self._engines.get(target.instance)
         if engine is None:
-            engine = detect_engine(expo, self.catalog)
+            self._caches.pop(target.instance, None)
+            engine = detect_engine(scrape.exposition(), self.catalog)
             if engine is not None:
                 self._engines[target.instance] = engine
         return engine

@@ -99,8 +99,8 @@ async def record(config: AgentConfig, duration_s: float, out: Path, progress: bo
         while not stop.is_set() and time.monotonic() - start < duration_s:
             for scrape in await collector.scrape_all():
                 writer.add_scrape(scrape.target.job, scrape.target.instance, scrape.timestamp,
-                                  scrape.expo, scrape.duration_s)
-                failed += scrape.expo is None
+                                  scrape.exposition(), scrape.duration_s)
+                failed += scrape.text is None
             bar.n = min(duration_s, time.monotonic() - start)
             bar.set_postfix_str(f"{writer.scrapes} scrapes, {failed} failed, {writer.samples} samples")
             next_tick += config.interval_s

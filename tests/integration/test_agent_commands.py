@@ -15,15 +15,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from agentharness import start_agent_process, start_target_process, stop_process
 from kvscope.agent.recording import read_recording, read_recording_text
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes" / "vllm-0.32.0-cpu-after-load.txt"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str) -> bytes | None:
@@ -50,19 +45,37 @@ def target(tmp_path):
     root = tmp_path / "www"
     root.mkdir()
     shutil.copy(FIXTURE, root / "metrics")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                             "--directory", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/metrics"
+    proc, base = start_target_process(root)
     try:
-        wait_for(lambda: get(url), 15, "target server")
-        yield url
+        yield base + "/metrics"
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_process(proc)
 
 
-def stop(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
+def test_agent_process_serves_stores_and_stops_cleanly_on_sigterm(target, tmp_path):
+    db = tmp_path / "kvscope.db"
+    proc, base = start_agent_process(["--target", target, "--job", "vllm", "--scrape.interval", "1s",
+                                      "--store.path", str(db), "--no-collector.nvml", "--no-collector.host"])
+    try:
+        wait_for(lambda: get(base + "/-/ready"), 30, "agent ready")
+
+        def healthy_after_three_cycles():   # a loaded CI box may time a scrape out now and then
+            data = json.loads(get(base + "/api/v1/health") or b'{"data": {"cycles": 0}}')["data"]
+            return data["cycles"] >= 3 and [t["reason"] for t in data["targets"]] == ["ok"] and data
+
+        health = wait_for(healthy_after_three_cycles, 60, "three cycles with the target up")
+        assert set(health["collectors"]) == {"engine", "derive_engine_gpu"}   # the GPU join hook runs too
+    finally:
+        rc = stop_process(proc, signal.SIGTERM)
+    err = "".join(proc.output_lines)
+    assert rc == 0, err
+    assert "stopped after" in err
+    with sqlite3.connect(db) as conn:                      # the store was flushed on the way out
+        names = {r[0] for r in conn.execute("SELECT name FROM series")}
+    assert {"engine_kv_cache_usage_ratio", "kvscope_target_up"} <= names
+
+
+def stop_and_read(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
     proc.send_signal(sig)
     try:
         _, err = proc.communicate(timeout=20)
@@ -71,30 +84,6 @@ def stop(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
         proc.communicate()
         raise
     return proc.returncode, err
-
-
-def test_agent_process_serves_stores_and_stops_cleanly_on_sigterm(target, tmp_path):
-    port = free_port()
-    db = tmp_path / "kvscope.db"
-    proc = subprocess.Popen([sys.executable, "-m", "kvscope", "agent", "--target", target, "--job", "vllm",
-                             "--scrape.interval", "500ms", "--store.path", str(db),
-                             "--web.listen-address", f"127.0.0.1:{port}", "--no-collector.nvml",
-                             "--no-collector.host"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: get(f"http://127.0.0.1:{port}/-/ready"), 30, "agent ready")
-        health = json.loads(wait_for(
-            lambda: (b := get(f"http://127.0.0.1:{port}/api/v1/health")) and json.loads(b)["data"]["cycles"] >= 3 and b,
-            30, "three cycles"))
-        assert [t["reason"] for t in health["data"]["targets"]] == ["ok"]
-        assert set(health["data"]["collectors"]) == {"engine", "derive_engine_gpu"}   # the GPU join hook runs too
-    finally:
-        rc, err = stop(proc, signal.SIGTERM)
-    assert rc == 0, err
-    assert "stopped after" in err
-    with sqlite3.connect(db) as conn:                      # the store was flushed on the way out
-        names = {r[0] for r in conn.execute("SELECT name FROM series")}
-    assert {"engine_kv_cache_usage_ratio", "kvscope_target_up"} <= names
 
 
 def test_agent_refuses_a_port_in_use(tmp_path):
@@ -120,7 +109,7 @@ def test_record_stops_on_ctrl_c_and_leaves_a_valid_file(target, tmp_path):
     try:
         wait_for(lambda: sum(f.stat().st_size for f in spool.rglob("*.om")) > 150_000, 60, "two scrapes spooled")
     finally:
-        rc, err = stop(proc, signal.SIGINT)
+        rc, err = stop_and_read(proc, signal.SIGINT)
     assert rc == 0, err
     assert "stopped early: wrote" in err
     assert read_recording_text(out).endswith("# EOF\n")

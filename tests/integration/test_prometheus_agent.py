@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from agentharness import start_agent_process, start_target_process, stop_process
 
 pytestmark = pytest.mark.prometheus
 
@@ -40,6 +41,7 @@ class Processes:
     def __init__(self, logdir: Path) -> None:
         self.logdir = logdir
         self.procs: list[subprocess.Popen] = []
+        self.owned: list[subprocess.Popen] = []    # started by agentharness helpers
 
     def start(self, name: str, argv: list[str], cwd: Path | None = None) -> subprocess.Popen:
         log = open(self.logdir / f"{name}.log", "wb")
@@ -52,6 +54,8 @@ class Processes:
         return (self.logdir / f"{name}.log").read_text(errors="replace")[-3000:]
 
     def stop_all(self) -> None:
+        for proc in self.owned:
+            stop_process(proc)
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.terminate()
@@ -101,12 +105,9 @@ def start_target(procs: Processes, tmp_path: Path) -> str:
     root = tmp_path / "target"
     root.mkdir()
     shutil.copy(FIXTURE, root / "metrics")
-    port = free_port()
-    procs.start("target", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                           "--directory", str(root)])
-    url = f"http://127.0.0.1:{port}/metrics"
-    wait_for(lambda: get(url)[0] == 200, 15, "target server")
-    return url
+    proc, base = start_target_process(root)
+    procs.owned.append(proc)
+    return base + "/metrics"
 
 
 def start_prometheus(procs: Processes, tmp_path: Path, name: str, data: Path, scrape: str | None) -> int:
@@ -120,18 +121,19 @@ def start_prometheus(procs: Processes, tmp_path: Path, name: str, data: Path, sc
     procs.start(name, [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={data}",
                        f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1y"],
                 cwd=tmp_path)
-    wait_for(lambda: get(f"http://127.0.0.1:{port}/-/ready")[0] == 200, 60, f"{name} ready", procs.log(name))
+    proc = procs.procs[-1]     # alive and ready: a dead one means another process took the port
+    wait_for(lambda: proc.poll() is None and get(f"http://127.0.0.1:{port}/-/ready")[0] == 200, 60,
+             f"{name} ready", procs.log(name))
     return port
 
 
 def test_prometheus_scrapes_the_agent_and_sees_canonical_series(procs, tmp_path):
     target = start_target(procs, tmp_path)
-    agent_port = free_port()
-    procs.start("agent", [sys.executable, "-m", "kvscope", "agent", "--target", target, "--job", "vllm",
-                          "--scrape.interval", "1s", "--store.path", "", "--web.listen-address",
-                          f"127.0.0.1:{agent_port}"])
-    wait_for(lambda: get(f"http://127.0.0.1:{agent_port}/-/ready")[0] == 200, 30, "agent ready", procs.log("agent"))
-    prom = start_prometheus(procs, tmp_path, "prometheus", tmp_path / "data", f"127.0.0.1:{agent_port}")
+    agent, agent_url = start_agent_process(["--target", target, "--job", "vllm", "--scrape.interval", "1s",
+                                            "--store.path", ""])
+    procs.owned.append(agent)
+    wait_for(lambda: get(agent_url + "/-/ready")[0] == 200, 30, "agent ready", "".join(agent.output_lines))
+    prom = start_prometheus(procs, tmp_path, "prometheus", tmp_path / "data", agent_url.split("/")[2])
 
     result = wait_for(lambda: promql(prom, "kvscope_engine_kv_cache_usage_ratio"), 30,
                       "kvscope_engine_kv_cache_usage_ratio in Prometheus", procs.log("prometheus"))

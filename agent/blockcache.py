@@ -1,0 +1,144 @@
+"""Per-target memo of parse + normalize, one metric family block at a time.
+
+Between two scrapes of one engine most metric families are byte-identical: an idle histogram, a
+config info gauge, a counter nobody incremented. `BlockCache.normalize` splits a text-format
+payload into family blocks (a block starts at the `# HELP`/`# TYPE` of a new family), and
+parses and normalizes only the blocks whose text changed since the previous scrape of the same
+target; unchanged blocks reuse their canonical samples, re-stamped with the new scrape time.
+
+The result equals `parse_exposition` + `normalize` on the whole payload:
+
+* blocks are combined the way the dialect collapses series: gauges take the max, counters and
+  histograms are summed (this only matters when two upstream names map to one signal);
+* anything the block split could get wrong takes the whole-payload path instead: OpenMetrics,
+  an incomplete payload, a series that appears in two blocks (duplicates are detected across
+  the whole payload), a payload larger than `max_cached_bytes` (the memo would double it);
+* the memo holds only the previous scrape's blocks, so it is bounded by one payload;
+* when more than `max_miss_fraction` of the blocks changed (an engine under heavy load), many
+  small parses cost more than one whole parse, so the whole path is taken; every
+  `refresh_every`-th such scrape goes through the blocks anyway to refresh the memo.
+
+Parse issues keep their reason but their line numbers are relative to their block.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kvscope.agent.engines.dialect import Normalized, normalize
+from kvscope.agent.exposition import ParseIssue, parse_exposition
+from kvscope.agent.signals import Catalog, Labels, Sample
+
+_HIST = ("_bucket", "_sum", "_count")
+_HELP_LINE = re.compile(r"^(?=# HELP )", re.MULTILINE)
+
+
+@dataclass
+class _Block:
+    samples: list[Sample]
+    facts: dict[str, dict[str, str]]
+    dropped: Counter[str]
+    issues: list[ParseIssue]
+    unmapped: int
+    keys: set[tuple[str, Labels]] = field(default_factory=set)   # parsed series, for duplicate checks
+    timestamped: bool = False          # a sample carried its own timestamp: take the whole-payload path
+
+
+class BlockCache:
+    """Memo of one target's previous payload, by family block."""
+
+    def __init__(self, catalog: Catalog, max_cached_bytes: int = 4 << 20, max_miss_fraction: float = 0.3,
+                 refresh_every: int = 16) -> None:
+        self.catalog = catalog
+        self.max_cached_bytes = max_cached_bytes
+        self.max_miss_fraction = max_miss_fraction
+        self.refresh_every = refresh_every
+        self._blocks: dict[str, _Block] = {}
+        self._skipped = 0
+        self.hits = 0
+        self.misses = 0
+        self.whole = 0
+
+    def normalize(self, text: str, engine: str, target_labels: dict[str, str],
+                  timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
+        """Canonical samples of `text` for `engine`, and the parse issues of the payload."""
+        if len(text) > self.max_cached_bytes or not text.endswith("\n") or text.rstrip().endswith("# EOF"):
+            return self._whole(text, engine, target_labels, timestamp)
+        blocks = split_blocks(text)
+        changed = sum(1 for b in blocks if b not in self._blocks)
+        if self._blocks and changed > self.max_miss_fraction * len(blocks) and self._skipped < self.refresh_every:
+            self._skipped += 1    # most families changed: one whole parse is cheaper than many small ones
+            return self._whole(text, engine, target_labels, timestamp)
+        self._skipped = 0
+        fresh: dict[str, _Block] = {}
+        for block in blocks:
+            hit = self._blocks.get(block) or fresh.get(block)
+            if hit is None:
+                self.misses += 1
+                hit = self._normalize_block(block, engine, target_labels)
+            else:
+                self.hits += 1
+            fresh[block] = hit
+        if _needs_whole_path([fresh[b] for b in blocks]):
+            self._blocks = {}
+            return self._whole(text, engine, target_labels, timestamp)
+        self._blocks = fresh
+        return self._combine([fresh[b] for b in blocks], engine, timestamp)
+
+    def _whole(self, text: str, engine: str, labels: dict[str, str],
+               timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
+        self.whole += 1
+        expo = parse_exposition(text)
+        return normalize(expo, engine, labels, timestamp, self.catalog), expo.issues
+
+    def _normalize_block(self, block: str, engine: str, labels: dict[str, str]) -> _Block:
+        expo = parse_exposition(block, openmetrics=False)
+        norm = normalize(expo, engine, labels, None, self.catalog)
+        keys = {(s.name, s.labels) for s in expo.samples}
+        timestamped = any(s.timestamp is not None for s in expo.samples)
+        return _Block(norm.samples, norm.facts, norm.dropped, expo.issues, norm.unmapped, keys, timestamped)
+
+    def _combine(self, blocks: list[_Block], engine: str,
+                 timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
+        out = Normalized(engine=engine)
+        acc: dict[tuple[str, Labels], float] = {}
+        for b in blocks:
+            for s in b.samples:
+                key = (s.name, s.labels)
+                prev = acc.get(key)
+                acc[key] = s.value if prev is None else self._collapse(s.name, prev, s.value)
+            for rank, facts in b.facts.items():
+                out.facts.setdefault(rank, {}).update(facts)
+            out.dropped.update(b.dropped)
+            out.unmapped += b.unmapped
+        out.samples = [Sample(n, lab, v, timestamp) for (n, lab), v in acc.items()]
+        issues = [i for b in blocks for i in b.issues]
+        return out, issues
+
+    def _collapse(self, name: str, prev: float, value: float) -> float:
+        sig = self.catalog.signals.get(name)
+        if sig is None and name.endswith(_HIST):
+            sig = self.catalog.signals.get(name.rsplit("_", 1)[0])
+        return max(prev, value) if sig is not None and sig.kind == "gauge" else prev + value
+
+
+def split_blocks(text: str) -> list[str]:
+    """Split a text-format payload into contiguous chunks, each starting at a `# HELP` line.
+
+    Any split into whole lines is correct (parsing is line-local and the blocks are combined the
+    way the dialect collapses series); cutting at HELP lines makes a chunk one family, so a
+    family that did not change is one cache hit.
+    """
+    return [b for b in _HELP_LINE.split(text) if b]
+
+
+def _needs_whole_path(blocks: list[_Block]) -> bool:
+    """A series in two blocks (a duplicate only the whole parse reports), or own timestamps."""
+    seen: set[tuple[str, Labels]] = set()
+    for b in blocks:
+        if b.timestamped or not seen.isdisjoint(b.keys):
+            return True
+        seen |= b.keys
+    return False

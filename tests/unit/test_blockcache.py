@@ -1,0 +1,115 @@
+"""BlockCache gives exactly what parse_exposition + normalize give on the whole payload."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from kvscope.agent.blockcache import BlockCache, split_blocks
+from kvscope.agent.engines.dialect import normalize
+from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.signals import load_catalog
+
+CATALOG = load_catalog()
+LABELS = {"job": "vllm", "instance": "a:1"}
+
+
+def whole(text: str, ts: float):
+    expo = parse_exposition(text)
+    return normalize(expo, "vllm", LABELS, ts, CATALOG), expo.issues
+
+
+def assert_same(got, want):
+    (gn, gi), (wn, wi) = got, want
+    assert sorted(gn.samples) == sorted(wn.samples)
+    assert gn.facts == wn.facts
+    assert gn.dropped == wn.dropped
+    assert Counter(i.reason for i in gi) == Counter(i.reason for i in wi)
+
+
+def perturb(lines: list[str], rng: random.Random, fraction: float) -> str:
+    out = []
+    for ln in lines:
+        if ln and not ln.startswith("#") and rng.random() < fraction:
+            key, value = ln.rsplit(" ", 1)
+            ln = f"{key} {float(value) + rng.randint(1, 50)}"
+        out.append(ln)
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.02, 0.2, 1.0])
+def test_block_path_equals_whole_path_over_many_scrapes(load_fixture, fraction):
+    lines = load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt").splitlines()
+    rng = random.Random(7)
+    cache = BlockCache(CATALOG)
+    for i in range(12):
+        text = perturb(lines, rng, fraction)
+        assert_same(cache.normalize(text, "vllm", LABELS, 100.0 + i), whole(text, 100.0 + i))
+    if fraction == 0.0:
+        assert cache.misses == len(split_blocks(text))   # only the first scrape parsed anything
+    elif fraction == 0.02:
+        assert cache.hits > 2 * cache.misses             # unchanged families were not parsed again
+
+
+def test_heavy_churn_takes_the_whole_path_and_refreshes_the_memo_now_and_then(load_fixture):
+    lines = load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt").splitlines()
+    rng = random.Random(1)
+    cache = BlockCache(CATALOG, refresh_every=4)
+    for i in range(11):
+        cache.normalize(perturb(lines, rng, 1.0), "vllm", LABELS, float(i))
+    # first scrape fills the memo; then 4 whole, 1 block refresh, 4 whole, 1 refresh
+    assert cache.whole == 8
+
+
+def test_samples_are_stamped_with_the_new_scrape_time(load_fixture):
+    text = load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt")
+    cache = BlockCache(CATALOG)
+    cache.normalize(text, "vllm", LABELS, 1.0)
+    norm, _ = cache.normalize(text, "vllm", LABELS, 2.0)
+    assert {s.timestamp for s in norm.samples} == {2.0}
+    assert cache.misses == len(split_blocks(text))  # second scrape: all hits
+
+
+def test_a_series_repeated_in_another_family_is_reported_as_duplicate(load_fixture):
+    text = load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt")
+    dup = text + 'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 5.0\n'
+    cache = BlockCache(CATALOG)
+    for ts in (1.0, 2.0):
+        got = cache.normalize(dup, "vllm", LABELS, ts)
+        assert_same(got, whole(dup, ts))
+        assert [i.reason for i in got[1]] == ["duplicate_series"]
+
+
+def test_old_and_new_names_of_one_gauge_in_two_families_collapse_to_the_max():
+    text = ("# HELP vllm:kv_cache_usage_perc new name\n# TYPE vllm:kv_cache_usage_perc gauge\n"
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+            "# HELP vllm:gpu_cache_usage_perc old name\n# TYPE vllm:gpu_cache_usage_perc gauge\n"
+            'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5\n')
+    cache = BlockCache(CATALOG)
+    for ts in (1.0, 2.0):
+        got = cache.normalize(text, "vllm", LABELS, ts)
+        assert_same(got, whole(text, ts))
+        assert [s.value for s in got[0].samples] == [0.5]
+
+
+@pytest.mark.parametrize("text", [
+    "# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine=\"0\"} 3 1700000000000\n",
+    "# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine=\"0\"} NaN\n",
+    "# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine=\"0\"} 3",   # truncated
+    "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 3\n# EOF\n",
+])
+def test_edge_payloads_match_the_whole_path(text):
+    cache = BlockCache(CATALOG)
+    for ts in (1.0, 2.0):
+        expo = parse_exposition(text)
+        want = normalize(expo, "vllm", LABELS, ts, CATALOG), expo.issues
+        assert_same(cache.normalize(text, "vllm", LABELS, ts), want)
+
+
+def test_split_blocks_keeps_every_line_once(load_fixture):
+    text = load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt")
+    blocks = split_blocks(text)
+    assert "".join(blocks) == text
+    assert all(b.startswith("# HELP ") for b in blocks[1:])
+    assert len(blocks) > 50
