@@ -120,6 +120,41 @@ class SeriesEvaluator:
 
     def _rows(self, name: str, by: tuple[str, ...], extra: tuple[str, ...] = (),
               match: dict[str, Any] | None = None) -> tuple[list, np.ndarray, np.ndarray]:
+        cache = self.frame.cache
+        key = ("rows", name, by, extra, repr(sorted((match or {}).items())))
+        if cache is not None and key in cache:
+            return cache[key]
+        out = self._group_rows(name, by, extra, match)
+        if cache is not None:
+            cache[key] = out
+        return out
+
+    def _adjusted(self, name: str, match: dict[str, Any] | None, values: np.ndarray) -> np.ndarray | None:
+        """Reset-adjusted counters of a block (cached), None when series have gaps."""
+        cache = self.frame.cache
+        key = ("adjusted", name, repr(sorted((match or {}).items())))
+        if cache is not None and key in cache:
+            return cache[key]
+        adj = grid.reset_adjusted(values)
+        if cache is not None:
+            cache[key] = adj
+        return adj
+
+    def _counter_rates(self, name: str, match: dict[str, Any] | None, values: np.ndarray, k: int,
+                       per_second: bool = True) -> np.ndarray:
+        step = self.frame.step or 1.0
+        adj = self._adjusted(name, match, values)
+        if adj is None:
+            rates = grid.counter_rate(values, k, step)
+            return rates if per_second else rates * grid.window_spans(values.shape[1], k) * step
+        inc = grid.window_increase(adj, k)
+        if per_second:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                inc /= grid.window_spans(values.shape[1], k) * step
+        return inc
+
+    def _group_rows(self, name: str, by: tuple[str, ...], extra: tuple[str, ...],
+                    match: dict[str, Any] | None) -> tuple[list, np.ndarray, np.ndarray]:
         block = self.frame.block(name)
         empty = [], np.zeros(0, dtype=np.int64), np.zeros((0, len(self.frame.ts)))
         if block is None:
@@ -145,10 +180,11 @@ class SeriesEvaluator:
         return Grouped(by, keys, grid.reduce_groups(values, inv, len(keys), node.get("agg", "sum")))
 
     def _form_rate(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        keys, inv, values = self._rows(str(node["rate"]), by, match=node.get("match"))
+        name, match = str(node["rate"]), node.get("match")
+        keys, inv, values = self._rows(name, by, match=match)
         if not keys:
             return self._empty(by)
-        rates = grid.counter_rate(values, self._steps(node, default="1m"), self.frame.step or 1.0)
+        rates = self._counter_rates(name, match, values, self._steps(node, default="1m"))
         return Grouped(by, keys, grid.reduce_groups(rates, inv, len(keys), "sum"))
 
     def _form_increase(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
@@ -176,11 +212,21 @@ class SeriesEvaluator:
         return Grouped(by, outer, counts)
 
     def _form_quantile(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        keys, inv, values = self._rows(str(node["histogram"]) + "_bucket", by, ("le",), match=node.get("match"))
+        name, match = str(node["histogram"]) + "_bucket", node.get("match")
+        keys, inv, values = self._rows(name, by, ("le",), match=match)
         if not keys:
             return self._empty(by)
-        rates = grid.counter_rate(values, self._steps(node), self.frame.step or 1.0)
-        summed = grid.reduce_groups(rates, inv, len(keys), "sum")
+        k = self._steps(node)
+        cache = self.frame.cache
+        ckey = ("bucket_increase", name, by, repr(sorted((match or {}).items())), k)
+        if cache is not None and ckey in cache:
+            summed = cache[ckey]
+        else:
+            # quantiles are scale-free: increases serve as well as rates, without a division pass
+            inc = self._counter_rates(name, match, values, k, per_second=False)
+            summed = grid.reduce_groups(inc, inv, len(keys), "sum")
+            if cache is not None:
+                cache[ckey] = summed
         return Grouped(by, *_quantiles(float(self.rule.resolve(node["quantile"])), keys, summed, len(by)))
 
     def _pair(self, node: dict[str, Any], form: str, by: tuple[str, ...]) -> tuple[list, np.ndarray, np.ndarray]:
@@ -279,7 +325,7 @@ def _quantiles(q: float, keys: list[tuple[str, ...]], summed: np.ndarray, n_by: 
             by_les.setdefault(les, []).append(gi)
     for les, gis in by_les.items():
         rows = np.array([[i for _, i in sorted(by_group[groups[gi]])] for gi in gis])
-        out[gis] = grid.bucket_quantile(q, np.array(les), summed[rows])
+        out[gis] = grid.bucket_quantile(q, np.array(les), summed, rows)
     return groups, out
 
 

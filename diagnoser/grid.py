@@ -54,6 +54,51 @@ def counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
     return rate
 
 
+def reset_adjusted(values: np.ndarray) -> np.ndarray | None:
+    """Gap-free counters with every reset undone (each series continues from where it was), or
+    None when some series has gaps (callers then take counter_rate's general path).
+
+    Computed once per block and cached by the evaluator: increases over any window are then one
+    subtraction.
+    """
+    if np.isnan(values).any():
+        return None
+    if values.shape[1] < 2:
+        return values
+    reset = (values[:, 1:] < values[:, :-1]).any(axis=1)
+    if not reset.any():
+        return values
+    d = np.diff(values[reset], axis=1)
+    np.copyto(d, values[reset][:, 1:], where=d < 0)
+    adj = values.copy()
+    fixed = np.empty((int(reset.sum()), values.shape[1]))
+    fixed[:, 0] = values[reset][:, 0]
+    np.cumsum(d, axis=1, out=fixed[:, 1:])
+    fixed[:, 1:] += fixed[:, :1]
+    adj[reset] = fixed
+    return adj
+
+
+def window_increase(adjusted: np.ndarray, k: int) -> np.ndarray:
+    """Increase over a trailing window of k steps of reset-adjusted counters (clipped at the
+    start; NaN at the first point, which has no window)."""
+    n_t = adjusted.shape[1]
+    out = np.empty_like(adjusted)
+    if n_t < 2:
+        out[:] = np.nan
+        return out
+    k = max(1, min(k, n_t - 1))
+    np.subtract(adjusted[:, k:], adjusted[:, :-k], out=out[:, k:])
+    np.subtract(adjusted[:, :k], adjusted[:, :1], out=out[:, :k])
+    out[:, 0] = np.nan
+    return out
+
+
+def window_spans(n_t: int, k: int) -> np.ndarray:
+    """Steps covered by window_increase at each point (k, or fewer at the start)."""
+    return np.minimum(np.arange(n_t, dtype=float), float(max(1, min(k, max(n_t - 1, 1)))))
+
+
 def _dense_counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
     """counter_rate for series without gaps: plain slicing; rows with a reset take the long way."""
     n_t = values.shape[1]
@@ -96,6 +141,8 @@ def reduce_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: s
         return np.full((n_groups, n_t), np.nan)
     if agg in ("sum", "max", "min", "avg", "median") and len(inverse) == n_groups \
             and np.array_equal(np.sort(inverse), np.arange(n_groups)):
+        if np.array_equal(inverse, np.arange(n_groups)):
+            return values                   # already one row per group, in group order
         out = np.empty_like(values)
         out[inverse] = values               # one series per group: the aggregate is the series
         return out
@@ -127,16 +174,25 @@ def reduce_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: s
     return out
 
 
-def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
     """histogram_quantile over [groups, buckets, T] of per-bucket cumulative rates.
 
     `les` are the sorted upper bounds (the last is +Inf). Prometheus semantics: counts forced
     monotonic, linear interpolation inside the bucket holding the rank, the +Inf bucket
     answered with the highest finite bound, NaN without observations. Loops over the (few)
-    buckets with whole [groups, T] planes, which keeps every numpy pass contiguous.
+    buckets with whole [groups, T] planes, which keeps every numpy pass contiguous. With `rows`
+    ([groups, buckets] row numbers), `buckets` is [rows, T] and planes are gathered from it.
     """
-    n_b = buckets.shape[1]
-    planes = [_zero_nan(buckets[:, b, :]) for b in range(n_b)]
+    if rows is None:
+        n_b = buckets.shape[1]
+        raw = [buckets[:, b, :] for b in range(n_b)]
+    else:
+        n_b = rows.shape[1]
+        raw = [buckets[rows[:, b]] for b in range(n_b)]
+    all_absent = np.ones(raw[0].shape, dtype=bool)
+    for plane in raw:
+        all_absent &= np.isnan(plane)
+    planes = [_zero_nan(p) for p in raw]
     for b in range(1, n_b):
         np.fmax(planes[b], planes[b - 1], out=planes[b])
     total = planes[-1]
@@ -161,7 +217,6 @@ def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray) -> np.ndarra
                 out[hit] = lower + (upper - lower) * frac
             found |= hit
         prev = planes[b]
-    all_absent = np.isnan(buckets).all(axis=1)
     out[(total <= 0) | all_absent] = np.nan
     return out
 

@@ -94,3 +94,13 @@ def test_deriv_is_the_least_squares_slope():
 def test_changes_counts_value_changes_in_the_window():
     v = np.array([[1, 1, 2, 2, 1, 1, 1, 1]], dtype=float)
     assert grid.changes(v, 3)[0].tolist() == [0, 0, 1, 1, 2, 1, 1, 0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 1000), min_size=3, max_size=40), st.sets(st.integers(1, 39), max_size=3),
+       st.integers(1, 10))
+def test_cached_increase_path_matches_counter_rate(increments, resets, k):
+    values = np.array([_counter(increments, {r for r in resets if r < len(increments)})])
+    adj = grid.reset_adjusted(values)
+    rates = grid.window_increase(adj, k) / (grid.window_spans(values.shape[1], k) * STEP)
+    np.testing.assert_allclose(rates, grid.counter_rate(values, k, STEP), rtol=1e-9, atol=1e-9, equal_nan=True)
