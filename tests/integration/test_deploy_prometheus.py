@@ -174,7 +174,8 @@ def test_every_generated_alert_routes_to_the_kvscope_webhook():
 def _prometheus_config(tmp_path: Path, ports: dict[str, int]) -> Path:
     """The shipped config with every target on a test port, 1 s intervals and absolute rule paths."""
     cfg = yaml.safe_load(PROM_CONFIG.read_text())
-    cfg["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
+    # short intervals, and a timeout as long as the interval: the test box may be loaded
+    cfg["global"].update(scrape_interval="2s", scrape_timeout="2s", evaluation_interval="2s")
     cfg["rule_files"] = [str((PROM_CONFIG.parent / p).resolve()) for p in cfg["rule_files"]]
     cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{_free_port()}"]
     for job in cfg["scrape_configs"]:
@@ -195,7 +196,7 @@ def test_prometheus_from_the_deploy_config_scrapes_a_real_agent(tmp_path, proces
     agent_port, prom_port = _free_port(), _free_port()
     agent = processes.start("agent", [
         str(KVSCOPE), "agent", "--target", f"http://127.0.0.1:{engine_port}/metrics", "--job", "vllm",
-        "--scrape.interval", "1s", "--web.listen-address", f"127.0.0.1:{agent_port}", "--store.path", ""])
+        "--scrape.interval", "2s", "--web.listen-address", f"127.0.0.1:{agent_port}", "--store.path", ""])
     config = _prometheus_config(tmp_path, {"kvscope-agent": agent_port, "vllm": engine_port})
     prom = processes.start("prometheus", [
         prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -211,9 +212,10 @@ def test_prometheus_from_the_deploy_config_scrapes_a_real_agent(tmp_path, proces
                    lambda: _query(prom_port, "kvscope_engine_kv_cache_usage_ratio"), 30, procs)
     # honor_labels: the agent's series keep the engine's job/instance, not the agent's
     assert {(s["metric"]["job"], s["metric"]["instance"]) for s in kv} == {("vllm", f"127.0.0.1:{engine_port}")}
-    assert _query(prom_port, 'kvscope_target_up{job="vllm"} == 1')
+    _wait_for("kvscope_target_up{job='vllm'} == 1",
+              lambda: _query(prom_port, 'kvscope_target_up{job="vllm"} == 1'), 30, procs)
     # the engine job scrapes vLLM directly; a job with nothing listening is down, not missing
-    assert _query(prom_port, 'up{job="vllm"} == 1')
+    _wait_for("up{job='vllm'} == 1", lambda: _query(prom_port, 'up{job="vllm"} == 1'), 30, procs)
     dcgm = _wait_for("up{job='dcgm'}", lambda: _query(prom_port, 'up{job="dcgm"}'), 30, procs)
     assert [s["value"][1] for s in dcgm] == ["0"]
 
