@@ -33,6 +33,7 @@ from kvscope.agent.signals import Catalog, Labels, Sample
 
 _HIST = ("_bucket", "_sum", "_count")
 _HELP_LINE = re.compile(r"^(?=# HELP )", re.MULTILINE)
+_new = tuple.__new__   # builds a Sample without NamedTuple.__new__'s Python-level call (hot loop)
 
 
 @dataclass
@@ -44,6 +45,7 @@ class _Block:
     unmapped: int
     keys: set[tuple[str, Labels]] = field(default_factory=set)   # parsed series, for duplicate checks
     timestamped: bool = False          # a sample carried its own timestamp: take the whole-payload path
+    canonical: frozenset[tuple[str, Labels]] = frozenset()   # output series, to spot collapses
 
 
 class BlockCache:
@@ -98,24 +100,35 @@ class BlockCache:
         norm = normalize(expo, engine, labels, None, self.catalog)
         keys = {(s.name, s.labels) for s in expo.samples}
         timestamped = any(s.timestamp is not None for s in expo.samples)
-        return _Block(norm.samples, norm.facts, norm.dropped, expo.issues, norm.unmapped, keys, timestamped)
+        canonical = frozenset((s.name, s.labels) for s in norm.samples)
+        return _Block(norm.samples, norm.facts, norm.dropped, expo.issues, norm.unmapped, keys, timestamped,
+                      canonical)
 
     def _combine(self, blocks: list[_Block], engine: str,
                  timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
         out = Normalized(engine=engine)
+        for b in blocks:
+            for rank, facts in b.facts.items():
+                out.facts.setdefault(rank, {}).update(facts)
+            if b.dropped:
+                out.dropped.update(b.dropped)
+            out.unmapped += b.unmapped
+        total = sum(len(b.samples) for b in blocks)
+        if len(set().union(*(b.canonical for b in blocks))) == total:   # no series in two blocks
+            out.samples = [_new(Sample, (s[0], s[1], s[2], timestamp)) for b in blocks for s in b.samples]
+        else:
+            out.samples = self._collapse_all(blocks, timestamp)
+        return out, [i for b in blocks for i in b.issues]
+
+    def _collapse_all(self, blocks: list[_Block], timestamp: float) -> list[Sample]:
+        """Old and new upstream names of one signal, in two families: collapse like the dialect."""
         acc: dict[tuple[str, Labels], float] = {}
         for b in blocks:
             for s in b.samples:
                 key = (s.name, s.labels)
                 prev = acc.get(key)
                 acc[key] = s.value if prev is None else self._collapse(s.name, prev, s.value)
-            for rank, facts in b.facts.items():
-                out.facts.setdefault(rank, {}).update(facts)
-            out.dropped.update(b.dropped)
-            out.unmapped += b.unmapped
-        out.samples = [Sample(n, lab, v, timestamp) for (n, lab), v in acc.items()]
-        issues = [i for b in blocks for i in b.issues]
-        return out, issues
+        return [Sample(n, lab, v, timestamp) for (n, lab), v in acc.items()]
 
     def _collapse(self, name: str, prev: float, value: float) -> float:
         sig = self.catalog.signals.get(name)

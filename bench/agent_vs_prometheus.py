@@ -14,7 +14,8 @@ between two snapshots taken once both have completed their first scrapes. Printe
 process's CPU-seconds, the ratio agent / Prometheus (goal <= 1.0), and peak RSS (VmHWM; goal
 for the agent < 100 MB).
 
-    .venv/bin/python bench/agent_vs_prometheus.py --duration 60
+    .venv/bin/python bench/agent_vs_prometheus.py --duration 60              # few values move
+    .venv/bin/python bench/agent_vs_prometheus.py --duration 60 --churn all  # every value moves
 """
 
 from __future__ import annotations
@@ -60,29 +61,37 @@ _DCGM_MOVES = (
 
 
 class MovingExposition:
-    """A fixed exposition whose chosen lines get new values on every render."""
+    """A fixed exposition whose chosen lines get new values on every render.
 
-    def __init__(self, text: str, moves) -> None:
+    `churn="all"` moves every sample line instead (each value + n): the worst case for the
+    agent's per-family memo, where every family changes on every scrape.
+    """
+
+    def __init__(self, text: str, moves, churn: str = "few") -> None:
         self.lines = text.splitlines()
-        self.slots = [(i, fn) for i, ln in enumerate(self.lines) for prefix, fn in moves if ln.startswith(prefix)]
+        if churn == "all":
+            self.slots = [(i, None) for i, ln in enumerate(self.lines) if ln and not ln.startswith("#")]
+        else:
+            self.slots = [(i, fn) for i, ln in enumerate(self.lines) for prefix, fn in moves if ln.startswith(prefix)]
         self.n = 0
 
     def render(self) -> bytes:
         self.n += 1
         lines = list(self.lines)
         for i, fn in self.slots:
-            lines[i] = f"{lines[i].rsplit(' ', 1)[0]} {float(fn(self.n))}"
+            key, value = lines[i].rsplit(" ", 1)
+            lines[i] = f"{key} {float(fn(self.n)) if fn else float(value) + self.n}"
         return ("\n".join(lines) + "\n").encode()
 
 
-async def serve_targets(ports: list[int]) -> None:
+async def serve_targets(ports: list[int], churn: str) -> None:
     """The target server process: ENGINES vLLM ports, then one dcgm port."""
     from aiohttp import web
 
     runners = []
     for i, port in enumerate(ports):
-        src = MovingExposition(DCGM.read_text(), _DCGM_MOVES) if i == ENGINES else \
-            MovingExposition(VLLM.read_text(), _VLLM_MOVES)
+        src = MovingExposition(DCGM.read_text(), _DCGM_MOVES, churn) if i == ENGINES else \
+            MovingExposition(VLLM.read_text(), _VLLM_MOVES, churn)
 
         async def handler(request, src=src):
             return web.Response(body=src.render(), content_type="text/plain", charset="utf-8")
@@ -192,7 +201,8 @@ def run(args: argparse.Namespace) -> None:
         target_ports, agent_port, prom_port = ports[:ENGINES + 1], ports[-2], ports[-1]
         urls = [f"http://127.0.0.1:{p}/metrics" for p in target_ports]
         try:
-            procs.append(start([sys.executable, __file__, "--serve", ",".join(map(str, target_ports))],
+            procs.append(start([sys.executable, __file__, "--churn", args.churn,
+                                "--serve", ",".join(map(str, target_ports))],
                                tmp / "targets.log"))
             wait_for(lambda: all(get(u) for u in urls), 30, "target server")
             agent = start([sys.executable, "-m", "kvscope", "agent", "--config",
@@ -230,7 +240,8 @@ def measure(args, agent, prom, agent_port: int, prom_port: int) -> None:
     up = metric_value(metrics, "kvscope_target_up")
     errors = metric_value(metrics, "kvscope_scrape_errors_total")
     agent_cpu, prom_cpu = a1 - a0, p1 - p0
-    print(f"\n{ENGINES} vLLM + 1 dcgm target, interval {args.interval:g}s, measured over {wall:.1f}s wall")
+    print(f"\n{ENGINES} vLLM + 1 dcgm target, interval {args.interval:g}s, churn {args.churn}, "
+          f"measured over {wall:.1f}s wall")
     print(f"kvscope agent : {agent_cpu:6.2f} CPU-s ({100 * agent_cpu / wall:5.1f}% of a core), "
           f"peak RSS {peak_rss_mb(agent.pid):6.1f} MB, {a_samples:,.0f} canonical samples stored, "
           f"targets up {up:.0f}/{ENGINES + 1}, scrape errors {errors:.0f}")
@@ -244,10 +255,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=60.0, help="seconds measured (default 60)")
     ap.add_argument("--interval", type=float, default=1.0, help="scrape interval of both, seconds (default 1)")
+    ap.add_argument("--churn", choices=("few", "all"), default="few",
+                    help="few: 7 vLLM and 3 dcgm values move per scrape (default); all: every value moves")
     ap.add_argument("--serve", help=argparse.SUPPRESS)   # internal: run the target server process
     args = ap.parse_args()
     if args.serve:
-        asyncio.run(serve_targets([int(p) for p in args.serve.split(",")]))
+        asyncio.run(serve_targets([int(p) for p in args.serve.split(",")], args.churn))
     else:
         run(args)
 
