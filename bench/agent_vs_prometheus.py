@@ -164,12 +164,12 @@ def start(argv: list[str], log: Path, **kw) -> subprocess.Popen:
         return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, **kw)
 
 
-def agent_config(tmp: Path, urls: list[str], port: int, interval: float) -> Path:
+def agent_config(tmp: Path, urls: list[str], port: int, interval: float, store: str) -> Path:
     from kvscope.agent.runtime import known_collectors
 
     lines = [f"listen_address: 127.0.0.1:{port}",
              f"scrape: {{interval_s: {interval}, timeout_s: {interval * 0.8}}}",
-             f"store: {{path: {tmp / 'kvscope.db'}}}",
+             f"store: {{path: '{tmp / 'kvscope.db' if store == 'sqlite' else ''}'}}",
              "collectors: {" + ", ".join(f"{c}: {str(c == 'engine').lower()}" for c in known_collectors()) + "}",
              "targets:"]
     for i, url in enumerate(urls):
@@ -205,8 +205,8 @@ def run(args: argparse.Namespace) -> None:
                                 "--serve", ",".join(map(str, target_ports))],
                                tmp / "targets.log"))
             wait_for(lambda: all(get(u) for u in urls), 30, "target server")
-            agent = start([sys.executable, "-m", "kvscope", "agent", "--config",
-                           str(agent_config(tmp, urls, agent_port, args.interval))], tmp / "agent.log")
+            config = agent_config(tmp, urls, agent_port, args.interval, args.agent_store)
+            agent = start([sys.executable, "-m", "kvscope", "agent", "--config", str(config)], tmp / "agent.log")
             procs.append(agent)
             prom = start([prometheus, f"--config.file={prometheus_config(tmp, urls, args.interval)}",
                           f"--storage.tsdb.path={tmp / 'prom'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
@@ -241,6 +241,7 @@ def measure(args, agent, prom, agent_port: int, prom_port: int) -> None:
     errors = metric_value(metrics, "kvscope_scrape_errors_total")
     agent_cpu, prom_cpu = a1 - a0, p1 - p0
     print(f"\n{ENGINES} vLLM + 1 dcgm target, interval {args.interval:g}s, churn {args.churn}, "
+          f"agent store {args.agent_store}, "
           f"measured over {wall:.1f}s wall")
     print(f"kvscope agent : {agent_cpu:6.2f} CPU-s ({100 * agent_cpu / wall:5.1f}% of a core), "
           f"peak RSS {peak_rss_mb(agent.pid):6.1f} MB, {a_samples:,.0f} canonical samples stored, "
@@ -257,6 +258,9 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=1.0, help="scrape interval of both, seconds (default 1)")
     ap.add_argument("--churn", choices=("few", "all"), default="few",
                     help="few: 7 vLLM and 3 dcgm values move per scrape (default); all: every value moves")
+    ap.add_argument("--agent-store", choices=("sqlite", "memory"), default="sqlite",
+                    help="the agent's history: SQLite file (default, as deployed) or in memory, to "
+                         "separate the store's share of the CPU")
     ap.add_argument("--serve", help=argparse.SUPPRESS)   # internal: run the target server process
     args = ap.parse_args()
     if args.serve:
