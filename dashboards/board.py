@@ -23,7 +23,7 @@ from grafanalib.core import (
     TimeSeries,
 )
 from kvscope.dashboards import style
-from kvscope.dashboards.queries import PREFIX, Query
+from kvscope.dashboards.queries import AGENT_PREFIX, PREFIX, Query
 
 KINDS = ("timeseries", "stat", "table")
 
@@ -50,8 +50,15 @@ class Panel:
 
     def full_description(self) -> str:
         """The description plus the exported series it reads, so a reader can find them."""
-        names = ", ".join(s if s == "ALERTS" else PREFIX + s for s in self.signals())
+        names = ", ".join(exported_name(s) for s in self.signals())
         return f"{self.description.strip()}\n\nReads: {names}."
+
+
+def exported_name(signal: str) -> str:
+    """The series a panel reads for a signal: kvscope:<signal>, or the agent's / Prometheus' own."""
+    if signal in ("ALERTS", "up"):
+        return signal
+    return AGENT_PREFIX + signal if signal == "target_up" else PREFIX + signal
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,11 @@ class Board:
     def panels(self) -> list[Panel]:
         return [p for r in self.rows for p in r.panels]
 
+    def variables(self) -> list:
+        """The board's template variables; `job` only where a query filters on it (target health)."""
+        uses_job = any("$job" in q.expr for p in self.panels() for q in p.queries)
+        return style.variables(self.tenant_var, self.slo_vars, self.cost_var, job=uses_job)
+
 
 def render_board(board: Board) -> Dashboard:
     """The grafanalib Dashboard for a spec, laid out left to right, top to bottom."""
@@ -94,7 +106,7 @@ def render_board(board: Board) -> Dashboard:
         title=board.title, uid=board.uid, description=board.description, panels=panels,
         tags=[style.TAG, *board.tags], timezone="utc", refresh="30s", time=Time("now-1h", "now"),
         graphTooltip=1, links=style.dashboard_links(), editable=True,
-        templating=Templating(list=style.variables(board.tenant_var, board.slo_vars, board.cost_var)))
+        templating=Templating(list=board.variables()))
 
 
 def _layout(specs: tuple[Panel, ...], y: int, next_id) -> tuple[list, int]:

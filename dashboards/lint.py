@@ -23,9 +23,8 @@ from pathlib import Path
 
 import yaml
 from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Catalog, load_catalog
-from kvscope.dashboards import style
 from kvscope.dashboards.board import Board, Panel
-from kvscope.dashboards.queries import PREFIX
+from kvscope.dashboards.queries import AGENT_PREFIX, PREFIX
 
 AGENT_SERIES = ("target_up", "target_status", "target_series", "scrape_duration_seconds", "engine_info")
 """The agent's self-health families that panels may read (documented in agent/export.py)."""
@@ -68,16 +67,23 @@ class QueryLinter:
         self.recorded = read_recorded_names() if recorded is None else recorded
 
     def series_kind(self, name: str) -> str | None:
-        """'counter' | 'gauge' | 'histogram_part' | 'recorded' | 'builtin' for a known series, else None."""
+        """'counter' | 'gauge' | 'histogram_part' | 'recorded' | 'builtin' for a known series, else None.
+
+        `kvscope:<signal>` must be produced by a recording rule *and* be a catalog signal (its kind
+        comes from the catalog); `kvscope_<signal>` is the agent's re-export or self-health.
+        """
         if name in BUILTINS:
             return "builtin"
+        if name.startswith(PREFIX):
+            return self._catalog_kind(name[len(PREFIX):]) if name in self.recorded else None
         if name in self.recorded:
             return "recorded"
-        if not name.startswith(PREFIX):
+        if not name.startswith(AGENT_PREFIX):
             return None
-        base = name[len(PREFIX):]
-        if base in AGENT_SERIES:
-            return "gauge"
+        base = name[len(AGENT_PREFIX):]
+        return "gauge" if base in AGENT_SERIES else self._catalog_kind(base)
+
+    def _catalog_kind(self, base: str) -> str | None:
         sig = self.catalog.signals.get(base)
         if sig is not None and sig.kind != "histogram":
             return sig.kind
@@ -156,7 +162,7 @@ def lint_board(board: Board, linter: QueryLinter | None = None) -> list[LintIssu
             used.update(_VAR.findall(q.expr))
         for link in panel.links:
             used.update(_VAR.findall(link["url"]))
-    declared = {t.name for t in style.variables(board.tenant_var, board.slo_vars, board.cost_var)}
+    declared = {t.name for t in board.variables()}
     for var in sorted(used - declared - set(GRAFANA_VARS)):
         issues.append(LintIssue(board.uid, "-", "undefined-variable", f"${var}"))
     for var in sorted(declared - used - {"datasource", "ui_url"}):

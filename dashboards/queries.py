@@ -1,8 +1,11 @@
 """Every PromQL query the dashboards use, each written once.
 
-Panels read the agent's canonical re-export (`kvscope_<signal>`, see agent/export.py), so one
-set of panels serves vLLM and SGLang fleets alike: the agent has already mapped upstream names
-and units through agent/engines/catalog.yaml. Helpers keep the patterns right by construction:
+Panels read the canonical series `kvscope:<signal>` recorded by kvscope's Prometheus rules
+(rules/prometheus/kvscope-canonical.yml, generated from agent/engines/catalog.yaml). Each of those
+rules maps the native vLLM and SGLang names (old and new) *and* the agent's `kvscope_<signal>`
+re-export to one series, so one set of panels serves vLLM and SGLang fleets, scraped directly by
+Prometheus or through the agent. Target health reads the agent's `kvscope_target_up` and
+Prometheus' own `up`. Helpers keep the patterns right by construction:
 
 * quantiles are always `histogram_quantile(q, sum by (le, ...) (rate(<h>_bucket[w])))`;
 * means are `rate(_sum) / rate(_count)`, never a bare rate of `_sum` shown as a latency;
@@ -16,12 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PREFIX = "kvscope_"
+PREFIX = "kvscope:"
+AGENT_PREFIX = "kvscope_"
 W = "$__rate_interval"
 RANGE = "$__range"
-SELECTOR = 'job=~"$job", namespace=~"$namespace", model=~"$model", instance=~"$instance"'
+SELECTOR = 'namespace=~"$namespace", model=~"$model", instance=~"$instance"'
 """The dashboard-variable selector. Every variable's All value is `.*`, which also matches a
-series without that label (a vLLM series has no `namespace` outside Kubernetes)."""
+series without that label (a vLLM series has no `namespace` outside Kubernetes). The canonical
+recorded series carry no `job` (the rules aggregate it away); `$job` filters target health."""
 TENANT = 'tenant=~"$tenant"'
 
 
@@ -188,14 +193,11 @@ def preemptions(by: tuple[str, ...] = ()) -> Query:
                  ("engine_preemptions_total",))
 
 
-def engines_up() -> Query:
-    return Query(f"sum ({series('target_up')}{{job=~\"$job\", instance=~\"$instance\"}})", "targets up",
-                 ("target_up",))
-
-
 def targets_down() -> Query:
-    return Query(f"count ({series('target_up')}{{job=~\"$job\", instance=~\"$instance\"}} == 0) or vector(0)",
-                 "targets down", ("target_up",))
+    """Targets whose last scrape failed: the agent's (kvscope_target_up) plus Prometheus' own (up)."""
+    sel = '{job=~"$job", instance=~"$instance"}'
+    return Query(f"(count ({AGENT_PREFIX}target_up{sel} == 0) or vector(0)) + (count (up{sel} == 0) or vector(0))",
+                 "targets down", ("target_up", "up"))
 
 
 # ------------------------------------------------------------------------------ prefix cache & KV
