@@ -220,14 +220,19 @@ class SeriesEvaluator:
         cache = self.frame.cache
         ckey = ("bucket_increase", name, by, repr(sorted((match or {}).items())), k)
         if cache is not None and ckey in cache:
-            summed = cache[ckey]
+            summed, key_rows = cache[ckey]
         else:
             # quantiles are scale-free: increases serve as well as rates, without a division pass
             inc = self._counter_rates(name, match, values, k, per_second=False)
-            summed = grid.reduce_groups(inc, inv, len(keys), "sum")
+            if len(keys) == inc.shape[0]:           # one series per (group, le): no summing needed
+                summed, key_rows = inc, np.empty(len(keys), dtype=np.int64)
+                key_rows[inv] = np.arange(len(keys))
+            else:
+                summed, key_rows = grid.reduce_groups(inc, inv, len(keys), "sum"), None
             if cache is not None:
-                cache[ckey] = summed
-        return Grouped(by, *_quantiles(float(self.rule.resolve(node["quantile"])), keys, summed, len(by)))
+                cache[ckey] = (summed, key_rows)
+        q = float(self.rule.resolve(node["quantile"]))
+        return Grouped(by, *_quantiles(q, keys, summed, len(by), key_rows))
 
     def _pair(self, node: dict[str, Any], form: str, by: tuple[str, ...]) -> tuple[list, np.ndarray, np.ndarray]:
         a_name, b_name = (str(x) for x in node[form])
@@ -307,8 +312,11 @@ def _guarded_ratio(num: np.ndarray, den: np.ndarray, min_den: float) -> np.ndarr
     return out
 
 
-def _quantiles(q: float, keys: list[tuple[str, ...]], summed: np.ndarray, n_by: int) -> tuple[list, np.ndarray]:
-    """Per group: bucket rates keyed (group..., le) -> quantile rows, one le-set at a time."""
+def _quantiles(q: float, keys: list[tuple[str, ...]], summed: np.ndarray, n_by: int,
+               key_rows: np.ndarray | None = None) -> tuple[list, np.ndarray]:
+    """Per group: bucket rates keyed (group..., le) -> quantile rows, one le-set at a time.
+
+    `key_rows` maps a key's index to its row in `summed` (identity when None)."""
     by_group: dict[tuple[str, ...], list[tuple[float, int]]] = {}
     for i, k in enumerate(keys):
         try:
@@ -325,6 +333,8 @@ def _quantiles(q: float, keys: list[tuple[str, ...]], summed: np.ndarray, n_by: 
             by_les.setdefault(les, []).append(gi)
     for les, gis in by_les.items():
         rows = np.array([[i for _, i in sorted(by_group[groups[gi]])] for gi in gis])
+        if key_rows is not None:
+            rows = key_rows[rows]
         out[gis] = grid.bucket_quantile(q, np.array(les), summed, rows)
     return groups, out
 
