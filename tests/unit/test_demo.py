@@ -4,6 +4,7 @@ stops cleanly on Ctrl-C (SIGINT), leaving no process behind."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from kvscope.ui.server import free_port
 from test_ui_apptest import write_kv_incident
 
@@ -46,11 +48,18 @@ def test_default_recording_prefers_a_library_kv_incident_over_the_bundled_one(tm
 
 
 def test_check_on_the_default_real_incident(capsys):
-    """The demo's default recording is a real vLLM incident and the diagnoser finds its cause."""
-    assert default_recording() is not None
+    """The demo's default recording is a real vLLM incident and the diagnoser finds its cause:
+    one of the LEVERS rows the incident library's YAML expects, when the recording has one."""
+    path = default_recording()
+    assert path is not None
     assert main(["demo", "--check"]) == 0
     out = capsys.readouterr().out
-    assert "LIKELY CAUSE" in out and "LEVERS K" in out
+    assert "LIKELY CAUSE" in out
+    row = re.search(r"LEVERS (\w+)\)", out).group(1)
+    meta = path.parent / (path.name.split(".")[0] + ".yaml")
+    expected = {lv for e in yaml.safe_load(meta.read_text())["expected"] for lv in e.get("levers", [])} \
+        if meta.is_file() else {"K1", "K2", "K3"}          # the bundled incident is KV pressure
+    assert row in expected
 
 
 def test_foreground_demo_serves_the_ui_and_stops_on_ctrl_c(tmp_path):
