@@ -1,0 +1,224 @@
+"""Latency the request tap adds, against a direct connection and Debian nginx, in one run.
+
+Upstream is a local *benchmark stub* (not an engine): an aiohttp server that streams an
+OpenAI-style completion as SSE (`--chunks` chunks, `--chunk-gap-ms` apart, a usage chunk when
+asked, then [DONE]), so the numbers measure proxies, not model speed. Three paths are measured
+with the same client load (`--concurrency` concurrent streams, `--requests` in total):
+
+* direct   client -> stub
+* tap      client -> `kvscope tap` (the real CLI, its own process) -> stub
+* nginx    client -> nginx `proxy_pass` (proxy_buffering off, upstream keepalive) -> stub
+
+Per request the client measures TTFT (request sent -> first SSE event) and the full stream time.
+Printed: TTFT p50/p99 per path, the added p50/p99 over direct (goal: tap < 1 ms p99 and <= nginx),
+and throughput (streams/s); then the tap's own processing cost, measured with the tap inside
+the client process (no cross-process wakeups), one stream at a time. Every process runs on this
+machine: on a small shared box the client, stub and proxy compete for cores, so compare within
+one run.
+
+    .venv/bin/python bench/tap_latency.py --requests 2000 --concurrency 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+from tqdm import tqdm
+
+STUB = r"""
+import asyncio, json, sys
+from aiohttp import web
+CHUNKS, GAP = int(sys.argv[2]), float(sys.argv[3]) / 1000
+async def handle(request):
+    body = await request.json()
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for i in range(CHUNKS):
+        await resp.write(b'data: {"id":"cmpl-1","object":"text_completion","model":"stub",'
+                         b'"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":null}]}\n\n')
+        if GAP:
+            await asyncio.sleep(GAP)
+    if (body.get("stream_options") or {}).get("include_usage"):
+        await resp.write(b'data: {"id":"cmpl-1","choices":[],"usage":{"prompt_tokens":40,"completion_tokens":'
+                         + str(CHUNKS).encode() + b',"prompt_tokens_details":{"cached_tokens":32}}}\n\n')
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+app = web.Application()
+app.router.add_post("/v1/completions", handle)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
+"""
+
+NGINX_CONF = """
+worker_processes 1;
+error_log {dir}/error.log warn;
+pid {dir}/nginx.pid;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body; proxy_temp_path {dir}/proxy; fastcgi_temp_path {dir}/fcgi;
+  uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
+  upstream engine {{ server 127.0.0.1:{upstream}; keepalive 256; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout_s: float = 20.0) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+async def one(session: aiohttp.ClientSession, url: str, body: dict, out: list[tuple[float, float]]) -> None:
+    t0 = time.perf_counter()
+    first = None
+    async with session.post(url, json=body) as r:
+        async for _ in r.content.iter_any():
+            if first is None:
+                first = time.perf_counter()
+    out.append((first - t0, time.perf_counter() - t0))
+
+
+async def drive(base: str, requests: int, concurrency: int, label: str) -> tuple[list[tuple[float, float]], float]:
+    body = {"model": "stub", "prompt": "the cache prefix metric trace span latency " * 8, "stream": True,
+            "max_tokens": 16}
+    out: list[tuple[float, float]] = []
+    left = [requests]
+    bar = tqdm(total=requests, desc=label, unit="req", leave=False)
+
+    async def worker(s):
+        while left[0] > 0:
+            left[0] -= 1
+            await one(s, base + "/v1/completions", body, out)
+            bar.update()
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as s:
+        await one(s, base + "/v1/completions", body, [])            # warm the connection path
+        t = time.perf_counter()
+        await asyncio.gather(*(worker(s) for _ in range(concurrency)))
+        dt = time.perf_counter() - t
+    bar.close()
+    return out, dt
+
+
+async def sequential_inproc(stub_port: int, n: int) -> dict[str, list[float]]:
+    """TTFT direct vs through a RequestTap running in this process, one stream at a time."""
+    from kvscope.agent.tap.proxy import RequestTap, TapConfig
+    tap = RequestTap(TapConfig(upstreams=(f"http://127.0.0.1:{stub_port}",), listen="127.0.0.1:0"))
+    await tap.start()
+    body = {"model": "stub", "prompt": "the cache prefix metric trace span latency " * 8, "stream": True}
+    out: dict[str, list[float]] = {"direct": [], "tap": []}
+    try:
+        async with aiohttp.ClientSession() as s:
+            for _ in range(n):
+                for name, port in (("direct", stub_port), ("tap", tap.port)):
+                    rows: list[tuple[float, float]] = []
+                    await one(s, f"http://127.0.0.1:{port}/v1/completions", body, rows)
+                    out[name].append(rows[0][0])
+    finally:
+        await tap.stop()
+    return out
+
+
+def pct(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[int(q) - 1] if len(xs) > 1 else xs[0]
+
+
+def start(cmd: list[str], **kw) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, **kw)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--concurrency", type=int, default=200)
+    ap.add_argument("--chunks", type=int, default=16, help="SSE chunks per stream (default 16)")
+    ap.add_argument("--sequential", type=int, default=300, help="streams for the in-process overhead line")
+    ap.add_argument("--chunk-gap-ms", type=float, default=2.0, help="stub delay between chunks (default 2)")
+    args = ap.parse_args(argv)
+    procs: list[subprocess.Popen] = []
+    tmp = Path(tempfile.mkdtemp(prefix="kvscope-tapbench-"))
+    try:
+        stub_port, tap_port, nginx_port = free_port(), free_port(), free_port()
+        procs.append(start([sys.executable, "-c", STUB, str(stub_port), str(args.chunks), str(args.chunk_gap_ms)]))
+        procs.append(start([sys.executable, "-m", "kvscope", "tap", "--upstream", f"http://127.0.0.1:{stub_port}",
+                            "--listen", f"127.0.0.1:{tap_port}"]))
+        paths = {"direct": stub_port, "tap": tap_port}
+        if shutil.which("nginx") or Path("/usr/sbin/nginx").exists():
+            for d in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
+                (tmp / d).mkdir()
+            (tmp / "nginx.conf").write_text(NGINX_CONF.format(dir=tmp, upstream=stub_port, port=nginx_port))
+            nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+            procs.append(start([nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"]))
+            paths["nginx"] = nginx_port
+        for port in paths.values():
+            wait_port(port)
+        results = {}
+        for name, port in paths.items():
+            results[name] = asyncio.run(drive(f"http://127.0.0.1:{port}", args.requests, args.concurrency, name))
+        report(results, args)
+        inproc = asyncio.run(sequential_inproc(stub_port, args.sequential))
+        d, t = (pct(inproc[k], 50) for k in ("direct", "tap"))
+        d99, t99 = (pct(inproc[k], 99) for k in ("direct", "tap"))
+        print(f"in-process tap, {args.sequential} sequential streams (proxy work without cross-process "
+              f"scheduling): added TTFT p50 {(t - d) * 1e3:.2f} ms, p99 {(t99 - d99) * 1e3:.2f} ms")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def report(results: dict, args: argparse.Namespace) -> None:
+    print(f"{args.requests} streams, {args.concurrency} concurrent, {args.chunks} chunks "
+          f"{args.chunk_gap_ms} ms apart (benchmark stub upstream); os.cpu_count()={os.cpu_count()}")
+    d50, d99 = (pct([t for t, _ in results["direct"][0]], q) for q in (50, 99))
+    print(f"{'path':<8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'added p50':>10} {'added p99':>10} {'streams/s':>10}")
+    for name, (rows, dt) in results.items():
+        p50, p99 = (pct([t for t, _ in rows], q) for q in (50, 99))
+        print(f"{name:<8} {p50 * 1e3:>12.2f} {p99 * 1e3:>12.2f} {(p50 - d50) * 1e3:>10.2f} "
+              f"{(p99 - d99) * 1e3:>10.2f} {len(rows) / dt:>10.0f}")
+    if "nginx" in results:
+        t99 = pct([t for t, _ in results["tap"][0]], 99)
+        n99 = pct([t for t, _ in results["nginx"][0]], 99)
+        print(f"tap / nginx TTFT p99 ratio: {t99 / n99:.2f}  (goal <= 1.00); tap added p99 "
+              f"{(t99 - d99) * 1e3:.2f} ms (goal < 1 ms)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
