@@ -1,0 +1,113 @@
+"""The request tap inside the agent: config section `tap`, series through the agent's store.
+
+    tap:
+      upstreams: [http://127.0.0.1:8000]      # one or more engine base URLs (round-robin)
+      listen: 127.0.0.1:8001
+      tenant_header: X-Tenant
+      max_tenants: 50
+      otlp_endpoint: http://127.0.0.1:4318/v1/traces   # optional: the tap's spans
+
+Each collection returns the tenant counters and histograms (cumulative) plus the fairness
+gauges over the last `fairness_window_s` (default 300 s, from the cumulative snapshots).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import Any
+
+from kvscope.agent.analytics.fairness import TenantUsage, evaluate_fairness, render_fairness_samples
+from kvscope.agent.collectors.base import Collection, Health, register_collector
+from kvscope.agent.config import ConfigError, parse_seconds, register_section
+from kvscope.agent.tap.proxy import RequestTap, TapConfig
+from kvscope.agent.traces.export import SpanBatchExporter
+
+_KEYS = {"upstreams", "listen", "tenant_header", "max_tenants", "inject_usage", "block_chars",
+         "prefix_window_s", "otlp_endpoint", "fairness_window_s"}
+
+
+def parse_tap_config(raw: Any) -> dict[str, Any]:
+    """Validate the `tap` section; returns {"tap": TapConfig, "otlp_endpoint", "fairness_window_s"}."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"tap: must be a mapping, got {raw!r}")
+    if unknown := sorted(set(raw) - _KEYS):
+        raise ConfigError(f"tap: unknown keys {unknown}; allowed: {sorted(_KEYS)}")
+    ups = raw.get("upstreams")
+    if isinstance(ups, str):
+        ups = [ups]
+    if not ups or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in ups):
+        raise ConfigError("tap.upstreams: needs one or more http(s):// base URLs")
+    cfg = TapConfig(upstreams=tuple(ups), listen=str(raw.get("listen", "127.0.0.1:8001")),
+                    tenant_header=raw.get("tenant_header", "X-Tenant") or None,
+                    max_tenants=int(raw.get("max_tenants", 50)), inject_usage=bool(raw.get("inject_usage", True)),
+                    block_chars=int(raw.get("block_chars", 64)),
+                    prefix_window_s=parse_seconds(raw.get("prefix_window_s", 900)))
+    try:
+        cfg.host_port()
+    except ValueError as e:
+        raise ConfigError(f"tap.listen: must be host:port, got {cfg.listen!r}") from e
+    return {"tap": cfg, "otlp_endpoint": raw.get("otlp_endpoint"),
+            "fairness_window_s": parse_seconds(raw.get("fairness_window_s", 300))}
+
+
+register_section("tap", parse_tap_config)
+
+
+@register_collector("tap", default_enabled=True)
+class TapCollector:
+    """Runs the request tap in the agent's loop (inert when the config has no `tap` section)."""
+
+    name = "tap"
+
+    def __init__(self, config: Any = None) -> None:
+        section = getattr(config, "extensions", {}).get("tap") if config is not None else None
+        if section is not None and not (isinstance(section, dict) and isinstance(section.get("tap"), TapConfig)):
+            section = parse_tap_config(section)
+        self.section = section
+        self.exporter = SpanBatchExporter(section["otlp_endpoint"]) if section and section["otlp_endpoint"] else None
+        self.tap = RequestTap(section["tap"], span_sink=self.exporter.add if self.exporter else None) \
+            if section else None
+        self._snapshots: deque[tuple[float, dict[str, TenantUsage]]] = deque(maxlen=512)
+        self._sender: asyncio.Task[None] | None = None
+
+    async def collect(self) -> Collection:
+        if self.tap is None or self.section is None:
+            return Collection()
+        health = Health(collector=self.name, target=self.tap.config.listen)
+        try:
+            await self.tap.start()
+            if self.exporter and self._sender is None:
+                self._sender = asyncio.create_task(self.exporter.run())
+        except OSError as e:
+            health.up, health.reason = False, f"bind_{e.errno}"
+            return Collection(health=[health])
+        now = time.time()
+        samples = self.tap.render_samples(now)
+        samples += render_fairness_samples(evaluate_fairness(self._window(now)), now)
+        health.series = len(samples)
+        return Collection(samples=samples, health=[health])
+
+    def _window(self, now: float) -> dict[str, TenantUsage]:
+        """Usage over the last fairness_window_s: current totals minus the oldest snapshot in the window."""
+        assert self.tap is not None and self.section is not None
+        current = self.tap.tenant_usage()
+        start = now - self.section["fairness_window_s"]
+        base: dict[str, TenantUsage] = {}          # no snapshot old enough: everything since start
+        for t, snap in self._snapshots:
+            if t > start:
+                break
+            base = snap
+        self._snapshots.append((now, current))
+        return {t: u.minus(base[t]) if t in base else u for t, u in current.items()}
+
+    async def close(self) -> None:
+        if self.tap is not None:
+            await self.tap.stop()
+        if self._sender is not None:
+            self._sender.cancel()
+            try:
+                await self._sender
+            except asyncio.CancelledError:
+                pass
