@@ -34,7 +34,7 @@ def test_collector_serves_and_reports_tenant_and_fairness_series():
         try:
             first = await c.collect()
             async with aiohttp.ClientSession() as s:
-                for i in range(6):
+                for _ in range(6):
                     async with s.post(f"http://127.0.0.1:{c.tap.port}/v1/completions",
                                       json={"model": "m", "prompt": "shared prefix " * 20, "user": "acme"}) as r:
                         await r.read()
