@@ -37,7 +37,16 @@ def test_recording_diagnosis_matches_the_scenario(meta_path):
         assert d.exit_status() == 0, [(f.levers_md, f.rule_id, f.summary) for f in d.findings]
         return
     rows = {row for item in expected for row in item["levers"]}
-    assert d.likely_cause is not None, f"nothing fired; skipped: {[(s.rule_id, s.reason) for s in d.skipped]}"
+    if d.likely_cause is None or not any(f.levers_md in rows for f in d.findings):
+        # The recording may lack what the expected rows need (e.g. P2 needs the request tap's
+        # prefix-split ratio; an engine /metrics recording cannot show one prefix on two replicas).
+        # Then the diagnoser must say so, and must not blame something else at warning level.
+        row_rules = [r.id for r in read_rules() if r.doc.get("levers_md") in rows]
+        reasons = {s.rule_id: s.reason for s in d.skipped}
+        unevaluable = [rid for rid in row_rules if "signal(s) absent" in reasons.get(rid, "")]
+        assert unevaluable, f"expected {sorted(rows)} neither fired nor was reported unevaluable: {reasons}"
+        assert d.exit_status() == 0, [(f.levers_md, f.rule_id) for f in d.findings]
+        return
     assert d.likely_cause.levers_md in rows, (
         f"likely cause {d.likely_cause.levers_md} {d.likely_cause.rule_id}; expected one of {sorted(rows)}; "
         f"all: {[(f.levers_md, f.rule_id) for f in d.findings]}")
