@@ -1,0 +1,219 @@
+"""The pods' securityContext, reproduced without a cluster: each container's command from the
+manifests runs in a private mount namespace whose root filesystem is read-only, with a tmpfs
+for each emptyDir, no capabilities at all and no_new_privs. It must start, serve and write only
+where the manifests give it a volume.
+
+What is not reproduced: the non-root uid. The test interpreter lives under /root (mode 0700
+here), so the processes keep uid 0, but with every capability dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "kubernetes"
+CAPTURE = ROOT / "tests" / "fixtures" / "scrapes" / "vllm-0.32.0-cpu-after-load.txt"
+BIN = Path(sys.executable).parent
+SANDBOX = """set -e
+mount -o remount,ro,bind /
+mount -t tmpfs -o size=64m,mode=0700 kvscope-emptydirs "$RW"
+mkdir "$RW/config" "$RW/state" "$RW/tmp"
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sandbox_ok():
+    for tool in ("unshare", "setpriv", "mount"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} (util-linux) is not installed")
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                            "mount -o remount,ro,bind / && ! touch /.kvscope-probe 2>/dev/null"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a read-only mount namespace here (needs root/CAP_SYS_ADMIN): {probe.stderr}")
+
+
+def _sandboxed(rw: Path, shell: str, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Run `shell` (bash) in the sandbox; its last command should `exec` the long-running process."""
+    prefix = "setpriv --no-new-privs --inh-caps=-all --bounding-set=-all --"
+    script = SANDBOX + shell.replace("@DROP@", prefix)
+    environ = {"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "RW": str(rw), **env}
+    with log.open("wb") as out:  # the child keeps its own descriptor
+        return subprocess.Popen(["unshare", "-m", "--propagation", "private", "bash", "-c", script],
+                                env=environ, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 90) -> bytes:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=3) as resp:
+                if resp.status == 200:
+                    return resp.read()
+        except OSError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"{url} not answering after {timeout_s}s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def engine_port():
+    body = CAPTURE.read_bytes()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server API
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def _containers(manifest: str) -> dict[str, dict]:
+    spec = yaml.safe_load((K8S / manifest).read_text())["spec"]["template"]["spec"]
+    return {c["name"]: c for c in spec.get("initContainers", []) + spec["containers"]}
+
+
+def _shell(argv: list[str], replace: dict[str, str]) -> str:
+    out = []
+    for arg in argv:
+        for old, new in replace.items():
+            arg = arg.replace(old, new)
+        out.append("'" + arg.replace("'", "'\\''") + "'")
+    return " ".join(out)
+
+
+def _clean_log(log: Path) -> None:
+    text = log.read_text()
+    for needle in ("Read-only file system", "Permission denied", "Operation not permitted", "Traceback"):
+        assert needle not in text, text[-3000:]
+
+
+def test_agent_pod_runs_read_only_without_capabilities(sandbox_ok, tmp_path, engine_port):
+    rw = tmp_path / "emptydirs"
+    rw.mkdir()
+    cm = yaml.safe_load((K8S / "agent-configmap.yaml").read_text())["data"]["kvscope.yaml.tmpl"]
+    port, otlp = _free_port(), _free_port()
+    # test ports instead of the node's well-known ones; everything else as shipped
+    cm = (cm.replace("${NODE_IP}:8000", f"${{NODE_IP}}:{engine_port}")
+            .replace("${NODE_IP}:30000", f"${{NODE_IP}}:{_free_port()}")
+            .replace("${NODE_IP}:9400", f"${{NODE_IP}}:{_free_port()}")
+            .replace("listen: 0.0.0.0:4318", f"listen: 127.0.0.1:{otlp}"))
+    template = tmp_path / "configmap" / "kvscope.yaml.tmpl"
+    template.parent.mkdir()
+    template.write_text(cm)
+    c = _containers("agent-daemonset.yaml")
+    paths = {"/etc/kvscope-template": str(template.parent), "/etc/kvscope": f"{rw}/config",
+             "0.0.0.0:9464": f"127.0.0.1:{port}"}
+    init = _shell(c["render-config"]["command"], paths)
+    agent = _shell(c["agent"]["command"] + c["agent"]["args"], paths)
+    log = tmp_path / "agent.log"
+    proc = _sandboxed(rw, f"@DROP@ {init}\nexec @DROP@ {agent}\n", {
+        "NODE_IP": "127.0.0.1", "NODE_NAME": "gpu-node-test",
+        # the image's HOME and the pod's /tmp are emptyDirs; the store path is the ConfigMap's
+        # directory (/var/lib/kvscope) moved onto this sandbox's tmpfs
+        "HOME": f"{rw}/state", "TMPDIR": f"{rw}/tmp", "KVSCOPE_STORE_PATH": f"{rw}/state/kvscope.db"}, log)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/-/ready", proc, log)
+        deadline = time.monotonic() + 60
+        while True:
+            metrics = _wait_http(f"http://127.0.0.1:{port}/metrics", proc, log).decode()
+            up = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                  if line.startswith("kvscope_target_up{")}
+            written = [float(x.rsplit(" ", 1)[1]) for x in metrics.splitlines()
+                       if x.startswith("kvscope_store_samples_written_total")]
+            if (sum(up.values()) == 1 and written and written[0] > 0) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert len(up) == 3 and sum(up.values()) == 1, up           # the stub is up, the two absent ports down
+        assert [k for k, v in up.items() if v == 1][0].count(f":{engine_port}") == 1
+        assert written and written[0] > 0, "the store must write on its emptyDir"
+        assert 'node="gpu-node-test"' in metrics                        # from the init container's rendering
+        health = json.loads(_wait_http(f"http://127.0.0.1:{port}/api/v1/health", proc, log))
+        assert health
+    finally:
+        _stop(proc)
+    _clean_log(log)
+
+
+def test_console_pod_runs_read_only_without_capabilities(sandbox_ok, tmp_path):
+    rw = tmp_path / "emptydirs"
+    rw.mkdir()
+    c = _containers("console-deployment.yaml")
+    hook, ui = _free_port(), _free_port()
+    replace = {"0.0.0.0:9465": f"127.0.0.1:{hook}", "--host=0.0.0.0": "--host=127.0.0.1",
+               "--port=8501": f"--port={ui}", "$(PROMETHEUS_URL)": f"http://127.0.0.1:{_free_port()}",
+               "/var/lib/kvscope/": f"{rw}/state/"}
+    procs = []
+    try:
+        for name, url in (("webhook", f"http://127.0.0.1:{hook}/api/v1/diagnoses"),
+                          ("ui", f"http://127.0.0.1:{ui}/_stcore/health")):
+            env = {e["name"]: e["value"] for e in c[name].get("env", []) if "value" in e}
+            env = {k: v.replace("/tmp", f"{rw}/tmp") for k, v in env.items() if k != "PROMETHEUS_URL"}
+            env.setdefault("HOME", f"{rw}/state")  # the image's HOME is a volume too
+            log = tmp_path / f"{name}.log"
+            argv = _shell(c[name]["command"] + c[name]["args"], replace)
+            proc = _sandboxed(rw, f"exec @DROP@ {argv}\n", {"TMPDIR": f"{rw}/tmp", **env}, log)
+            procs.append((proc, log))
+            body = _wait_http(url, proc, log)
+            assert body.strip() in (b"ok",) or json.loads(body)["diagnoses"] == []
+    finally:
+        for proc, _ in procs:
+            _stop(proc)
+    for _, log in procs:
+        _clean_log(log)
+
+
+def test_the_sandbox_is_what_it_claims(sandbox_ok, tmp_path):
+    rw = tmp_path / "emptydirs"
+    rw.mkdir()
+    log = tmp_path / "probe.log"
+    probe = tmp_path / "outside"
+    shell = (f"@DROP@ sh -c 'grep CapEff /proc/self/status; grep NoNewPrivs /proc/self/status; "
+             f"touch {rw}/state/inside && echo inside-ok; touch {probe} || echo outside-refused'\n")
+    proc = _sandboxed(rw, shell, {}, log)
+    proc.wait(timeout=30)
+    out = log.read_text()
+    assert "CapEff:\t0000000000000000" in out, out
+    assert "NoNewPrivs:\t1" in out, out
+    assert "inside-ok" in out and "outside-refused" in out and "Read-only file system" in out, out
+    assert not probe.exists()
