@@ -146,23 +146,30 @@ def read_store_series(path: str, start: float, end: float) -> SeriesSet:
 
 
 def read_prometheus_series(url: str, start: float, end: float, timeout_s: float = 30.0) -> SeriesSet:
-    """The report's signals as `kvscope_<signal>` from a Prometheus that scrapes the agent."""
+    """The report's signals from Prometheus: the canonical recorded `kvscope:<signal>` series
+    (rules/prometheus/kvscope-canonical.yml), else the agent's `kvscope_<signal>` re-export."""
+    step = max(15.0, math.ceil((end - start) / 10_000))      # Prometheus caps 11,000 points per series
+    samples: list[Sample] = []
+    for name in SIGNALS:
+        result = _query_range(url, f"kvscope:{name}", start, end, step, timeout_s) or \
+            _query_range(url, f"kvscope_{name}", start, end, step, timeout_s)
+        for res in result:
+            labels = tuple(sorted((k, v) for k, v in res["metric"].items() if k != "__name__"))
+            samples += [Sample(name, labels, float(v), float(t)) for t, v in res["values"]]
+    return series_set_from_samples(samples)
+
+
+def _query_range(url: str, query: str, start: float, end: float, step: float, timeout_s: float) -> list[dict]:
     import json
     import urllib.parse
     import urllib.request
 
-    step = max(15.0, math.ceil((end - start) / 10_000))      # Prometheus caps 11,000 points per series
-    samples: list[Sample] = []
-    for name in SIGNALS:
-        query = urllib.parse.urlencode({"query": f"kvscope_{name}", "start": start, "end": end, "step": step})
-        with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query_range?{query}", timeout=timeout_s) as resp:
-            body = json.loads(resp.read(64 << 20))
-        if body.get("status") != "success":
-            raise ValueError(f"Prometheus query for {name} failed: {body.get('error')}")
-        for res in body["data"]["result"]:
-            labels = tuple(sorted((k, v) for k, v in res["metric"].items() if k != "__name__"))
-            samples += [Sample(name, labels, float(v), float(t)) for t, v in res["values"]]
-    return series_set_from_samples(samples)
+    qs = urllib.parse.urlencode({"query": query, "start": start, "end": end, "step": step})
+    with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query_range?{qs}", timeout=timeout_s) as resp:
+        body = json.loads(resp.read(64 << 20))
+    if body.get("status") != "success":
+        raise ValueError(f"Prometheus query {query} failed: {body.get('error')}")
+    return body["data"]["result"]
 
 
 # ------------------------------------------------------------------------------ maths

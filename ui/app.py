@@ -21,10 +21,10 @@ PAGES = {
 NEEDS_DATA = {"Triage", "Tenants & fairness", "Cascades", "Efficiency"}
 
 
-@st.cache_resource(show_spinner="Reading the source and running the diagnoser…", max_entries=4)
-def _load(kind: str, location: str, since_s: float) -> TriageData:
+@st.cache_resource(show_spinner="Reading the source and running the diagnoser…", max_entries=4, ttl=60)
+def _load(kind: str, location: str, since_s: float, end: float | None) -> TriageData:
     from kvscope.ui.data import Source
-    return load_triage(Source(kind, location, since_s))
+    return load_triage(Source(kind, location, since_s, end))
 
 
 def main() -> None:
@@ -39,7 +39,7 @@ def main() -> None:
         st.error("No source. Start the UI with `kvscope ui --recording FILE`, `--prometheus URL` or `--agent URL`.")
         return
     try:
-        data = _load(source.kind, source.location, source.since_s)
+        data = _load(source.kind, source.location, source.since_s, source.end)
     except SourceError as exc:
         st.error(str(exc))
         return

@@ -22,6 +22,7 @@ from kvscope.diagnoser.frame import Frame
 KINDS = ("recording", "prometheus", "agent")
 ENV = {"recording": "KVSCOPE_UI_RECORDING", "prometheus": "KVSCOPE_UI_PROMETHEUS", "agent": "KVSCOPE_UI_AGENT"}
 ENV_SINCE = "KVSCOPE_UI_SINCE_S"
+ENV_END = "KVSCOPE_UI_END"
 MAX_CHART_SERIES = 8
 _TOKEN = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
@@ -37,6 +38,7 @@ class Source:
     kind: str
     location: str
     since_s: float = 1800.0
+    end: float | None = None     # live sources: window end (unix seconds); None = now
 
     def describe(self) -> str:
         return f"{self.kind}: {self.location}"
@@ -46,9 +48,10 @@ def source_from_env(env: Mapping[str, str] | None = None) -> Source | None:
     """The source `kvscope ui` passed to the Streamlit process through the environment."""
     env = os.environ if env is None else env
     since = float(env.get(ENV_SINCE, "1800"))
+    end = float(env[ENV_END]) if env.get(ENV_END) else None
     for kind, var in ENV.items():
         if env.get(var):
-            return Source(kind, env[var], since)
+            return Source(kind, env[var], since, end)
     return None
 
 
@@ -110,19 +113,24 @@ def triage_from_replay(source: Source, replay, step_s: float | None = None) -> T
 
 
 def _from_remote(source: Source, step_s: float) -> TriageData:
+    """A live source: the last `since_s` seconds of Prometheus (kvscope:/native series) or an agent."""
+    import time
+
+    from kvscope.diagnoser import sources
+    from kvscope.diagnoser.engine import diagnose, sample_names
+    from kvscope.diagnoser.rule import read_rules
+    from kvscope.diagnoser.sources.agent import AgentSource
+    from kvscope.diagnoser.sources.prometheus import PrometheusSource
+
+    reader = PrometheusSource(source.location) if source.kind == "prometheus" else AgentSource(source.location)
+    rules = read_rules()
+    names = set().union(*(sample_names(r) for r in rules))
+    end = source.end or time.time()
     try:
-        from kvscope.diagnoser import sources  # built by the diagnoser; optional here
-    except ImportError as exc:
-        raise SourceError(f"reading from {source.kind} needs kvscope.diagnoser.sources: {exc}") from exc
-    reader = getattr(sources, f"read_{source.kind}_frame", None)
-    if reader is None:
-        raise SourceError(f"kvscope.diagnoser.sources has no read_{source.kind}_frame")
-    from kvscope.diagnoser.engine import diagnose
-    try:
-        frame = reader(source.location, since_s=source.since_s, step_s=step_s)
-    except (OSError, ValueError) as exc:
+        frame = reader.read_frame(names, end - source.since_s, end, step_s)
+    except (sources.SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read: {exc}") from exc
-    return TriageData(source, diagnose(frame, source=f"{source.kind}:{source.location}"), frame)
+    return TriageData(source, diagnose(frame, rules, source=reader.description), frame)
 
 
 # ------------------------------------------------------------------------------ evidence series

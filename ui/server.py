@@ -11,7 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from kvscope.ui.data import ENV, ENV_SINCE, Source
+from kvscope.ui.data import ENV, ENV_END, ENV_SINCE, Source
 
 APP = Path(__file__).with_name("app.py")
 
@@ -43,10 +43,12 @@ class UiServer:
                 "--global.developmentMode", "false"]
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ENV.values()}
+        env = {k: v for k, v in os.environ.items() if k not in (*ENV.values(), ENV_SINCE, ENV_END)}
         if self.source is not None:
             env[ENV[self.source.kind]] = self.source.location
             env[ENV_SINCE] = str(self.source.since_s)
+            if self.source.end is not None:
+                env[ENV_END] = str(self.source.end)
         return env
 
     def start(self) -> UiServer:

@@ -29,6 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--agent", metavar="URL", help="a running kvscope agent")
     p.add_argument("--since", type=float, default=1800.0, metavar="SECONDS",
                    help="window to diagnose for --prometheus/--agent (default 1800)")
+    p.add_argument("--end", type=float, default=None, metavar="UNIX_SECONDS",
+                   help="window end for --prometheus/--agent (default: now)")
     p.add_argument("--port", type=int, default=8501, help="port on 127.0.0.1 (default 8501)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; think before exposing)")
     p.set_defaults(func=run)
@@ -40,9 +42,9 @@ def source_of(args: argparse.Namespace):
     if args.recording:
         return Source("recording", str(args.recording.resolve()), args.since)
     if args.prometheus:
-        return Source("prometheus", args.prometheus, args.since)
+        return Source("prometheus", args.prometheus, args.since, args.end)
     if args.agent:
-        return Source("agent", args.agent, args.since)
+        return Source("agent", args.agent, args.since, args.end)
     return None
 
 

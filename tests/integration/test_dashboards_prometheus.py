@@ -302,3 +302,30 @@ def test_core_panels_show_the_incident(loaded):
     assert 0 < last(q.kv_usage_spread()[0].expr) <= 1
     assert last(q.token_rates()[1].expr) > 0
     assert 0 < last(q.ttft()[1].expr) < 600
+
+
+def test_ui_diagnoses_the_same_cause_from_prometheus(loaded, recording):
+    """The UI's Prometheus path (kvscope.diagnoser.sources over kvscope: series) and its recording
+    path agree on the likely cause of the same incident."""
+    from kvscope.ui.data import Source, load_triage
+
+    url, replay = loaded
+    from_rec = load_triage(Source("recording", str(recording))).diagnosis
+    from_prom = load_triage(Source("prometheus", url, replay.end - replay.start, replay.end)).diagnosis
+    assert from_rec.likely_cause is not None and from_prom.likely_cause is not None
+    assert from_prom.likely_cause.rule_id in {f.rule_id for f in from_rec.findings}
+    assert from_rec.likely_cause.rule_id in {f.rule_id for f in from_prom.findings}
+
+
+def test_weekly_report_from_prometheus_matches_the_recording(loaded):
+    from kvscope.diagnoser.report import build_report, read_prometheus_series, series_set_from_samples
+
+    url, replay = loaded
+    direct = build_report(series_set_from_samples(replay.samples), replay.end + 1, 2.5, "recording").this
+    via_prom = build_report(read_prometheus_series(url, replay.start, replay.end + 1), replay.end + 1, 2.5,
+                            "prometheus").this
+    tokens = direct.fleet["output_tokens"]
+    assert tokens and tokens > 0
+    assert via_prom.fleet["output_tokens"] == pytest.approx(tokens, rel=0.05)
+    assert via_prom.fleet["hit_ratio"] == pytest.approx(direct.fleet["hit_ratio"], abs=0.02)
+    assert via_prom.fleet["gpu_hours"] is None          # no GPU in the recording: absent through both paths
