@@ -23,7 +23,6 @@ Parse issues keep their reason but their line numbers are relative to their bloc
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -32,7 +31,6 @@ from kvscope.agent.exposition import ParseIssue, parse_exposition
 from kvscope.agent.signals import Catalog, Labels, Sample
 
 _HIST = ("_bucket", "_sum", "_count")
-_HELP_LINE = re.compile(r"^(?=# HELP )", re.MULTILINE)
 _new = tuple.__new__   # builds a Sample without NamedTuple.__new__'s Python-level call (hot loop)
 
 
@@ -144,7 +142,13 @@ def split_blocks(text: str) -> list[str]:
     way the dialect collapses series); cutting at HELP lines makes a chunk one family, so a
     family that did not change is one cache hit.
     """
-    return [b for b in _HELP_LINE.split(text) if b]
+    parts = text.split("\n# HELP ")          # a plain split is several times faster than a regex
+    if len(parts) == 1:
+        return [text] if text else []
+    blocks = [parts[0] + "\n"]
+    blocks.extend("# HELP " + p + "\n" for p in parts[1:-1])
+    blocks.append("# HELP " + parts[-1])
+    return blocks
 
 
 def _needs_whole_path(blocks: list[_Block]) -> bool:
