@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from kvscope.diagnoser.engine import diagnose, sample_names
 from kvscope.diagnoser.rule import read_rules
 from kvscope.diagnoser.sources.recording import RecordingSource
