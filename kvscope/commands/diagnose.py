@@ -28,6 +28,7 @@ be read.
 
 EXIT_USAGE = 3
 EXIT_SOURCE = 4
+MAX_POINTS_PER_SERIES = 10_000
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -103,6 +104,8 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         if start is None and not args.recording:
             end = time.time() if end is None else end
             start = end - since
+        if start is not None and end is not None and (end - start) / step > MAX_POINTS_PER_SERIES:
+            step = (end - start) / MAX_POINTS_PER_SERIES     # Prometheus refuses > 11,000 points per series
         names = set().union(*(sample_names(r) for r in rules))
         frame = source.read_frame(names, start, end, step)
     except SourceError as exc:
