@@ -77,8 +77,15 @@ def open_store(config: AgentConfig) -> Any:
 async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     """Run collectors and the HTTP server until SIGTERM/SIGINT. Returns the exit code."""
     log = logging.getLogger("kvscope.agent")
+    from kvscope.agent.store import StoreError
+
+    try:
+        store = open_store(config)
+    except (StoreError, OSError) as e:
+        log.error("store: %s", e)
+        return 1
     derive = [engine_gpu_hook(config.gpu_mapping)]
-    runtime = AgentRuntime(config, build_collectors(config), open_store(config), derive=derive)
+    runtime = AgentRuntime(config, build_collectors(config), store, derive=derive)
     server = AgentServer(runtime)
     host, port = config.listen_host_port
     try:

@@ -98,6 +98,15 @@ def test_agent_refuses_a_port_in_use(tmp_path):
     assert f"cannot listen on 127.0.0.1:{port}" in res.stderr
 
 
+def test_agent_stops_at_start_when_the_store_cannot_be_opened(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    res = subprocess.run([sys.executable, "-m", "kvscope", "agent", "--store.path", str(blocker / "kvscope.db"),
+                          "--web.listen-address", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert "store:" in res.stderr and "Traceback" not in res.stderr
+
+
 def test_record_stops_on_ctrl_c_and_leaves_a_valid_file(target, tmp_path):
     out = tmp_path / "incident.om.gz"
     spool = tmp_path / "spool"      # the writer spools under TMPDIR: watch it to know scrapes happened
