@@ -10,12 +10,14 @@ here), so the processes keep uid 0, but with every capability dropped.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import threading
 import time
+import tomllib
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -50,6 +52,22 @@ def sandbox_ok():
                            capture_output=True, text=True, timeout=30)
     if probe.returncode != 0:
         pytest.skip(f"cannot make a read-only mount namespace here (needs root/CAP_SYS_ADMIN): {probe.stderr}")
+
+
+def _without_ui_extras(tmp_path: Path) -> dict[str, str]:
+    """Environment that makes the `[ui]` extra's modules unimportable, as in the `kvscope` image
+    (Dockerfile target `agent`, which installs kvscope without `[ui]`)."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["ui"]
+    modules = sorted(re.split(r"[=<>\[ ]", req)[0].replace("-", "_").lower() for req in extras)
+    hook = tmp_path / "agent-image-site"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(
+        "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in modules))
+    return {"PYTHONPATH": str(hook)}
+
+
+def _image_env(container: dict, tmp_path: Path) -> dict[str, str]:
+    return _without_ui_extras(tmp_path) if container["image"].split(":")[0] == "kvscope" else {}
 
 
 def _sandboxed(rw: Path, shell: str, env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -151,7 +169,8 @@ def test_agent_pod_runs_read_only_without_capabilities(sandbox_ok, tmp_path, eng
         "NODE_IP": "127.0.0.1", "NODE_NAME": "gpu-node-test",
         # the image's HOME and the pod's /tmp are emptyDirs; the store path is the ConfigMap's
         # directory (/var/lib/kvscope) moved onto this sandbox's tmpfs
-        "HOME": f"{rw}/state", "TMPDIR": f"{rw}/tmp", "KVSCOPE_STORE_PATH": f"{rw}/state/kvscope.db"}, log)
+        "HOME": f"{rw}/state", "TMPDIR": f"{rw}/tmp", "KVSCOPE_STORE_PATH": f"{rw}/state/kvscope.db",
+        **_image_env(c["agent"], tmp_path)}, log)
     try:
         _wait_http(f"http://127.0.0.1:{port}/-/ready", proc, log)
         deadline = time.monotonic() + 60
@@ -192,7 +211,8 @@ def test_console_pod_runs_read_only_without_capabilities(sandbox_ok, tmp_path):
             env.setdefault("HOME", f"{rw}/state")  # the image's HOME is a volume too
             log = tmp_path / f"{name}.log"
             argv = _shell(c[name]["command"] + c[name]["args"], replace)
-            proc = _sandboxed(rw, f"exec @DROP@ {argv}\n", {"TMPDIR": f"{rw}/tmp", **env}, log)
+            proc = _sandboxed(rw, f"exec @DROP@ {argv}\n",
+                              {"TMPDIR": f"{rw}/tmp", **env, **_image_env(c[name], tmp_path)}, log)
             procs.append((proc, log))
             body = _wait_http(url, proc, log)
             assert body.strip() in (b"ok",) or json.loads(body)["diagnoses"] == []
@@ -201,6 +221,12 @@ def test_console_pod_runs_read_only_without_capabilities(sandbox_ok, tmp_path):
             _stop(proc)
     for _, log in procs:
         _clean_log(log)
+
+
+def test_the_agent_image_environment_lacks_the_ui_extras(tmp_path):
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", **_without_ui_extras(tmp_path)}
+    res = subprocess.run([sys.executable, "-c", "import streamlit"], env=env, capture_output=True, text=True)
+    assert res.returncode != 0 and "import of streamlit halted" in res.stderr, res.stderr
 
 
 def test_the_sandbox_is_what_it_claims(sandbox_ok, tmp_path):
