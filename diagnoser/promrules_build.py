@@ -27,13 +27,13 @@ class Built:
 
 
 def build_all(slo: SloConfig | None = None, rules: list[Rule] | None = None,
-              runbook_base: str = RUNBOOK_BASE) -> Built:
+              runbook_base: str = RUNBOOK_BASE, canonical: str = "used") -> Built:
     """Compile the shipped (or given) diagnosis rules and build every file."""
     rules = read_rules() if rules is None else rules
     alerts, python_only = compile_rules(rules, runbook_base)
     note = _alerts_note(rules, python_only)
     groups = [{"name": "kvscope-diagnosis", "rules": alerts}]
-    files = build_rule_files(slo=slo, alert_groups=(groups, note))
+    files = build_rule_files(slo=slo, alert_groups=(groups, note), canonical=canonical)
     compiled = {a["labels"]["rule_id"] for a in alerts}
     runbooks = {f"{r.id}.md": render_runbook(r, r.id in compiled) for r in rules}
     return Built(files, runbooks, python_only)

@@ -39,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="TTFT SLO bound in seconds; must be a histogram bucket bound (default: %(default)s)")
     build.add_argument("--slo-target", type=float, default=0.99,
                        help="share of requests that must meet the TTFT bound (default: %(default)s)")
+    build.add_argument("--canonical", choices=("used", "all"), default="used",
+                       help="record only the kvscope:* series the generated rules read (default), or every "
+                            "catalog signal (for dashboards written against kvscope:*)")
     build.add_argument("--check", action="store_true",
                        help="write nothing; exit 1 if the files on disk are stale")
     build.set_defaults(func=run_build)
@@ -66,7 +69,8 @@ def run_build(args: argparse.Namespace) -> int:
               f"the burn rate will be computed from the wrong bucket", file=sys.stderr)
     from kvscope.diagnoser.rule import read_rules
 
-    built = build_all(slo, rules=read_rules(args.rules_dir) if args.rules_dir else None)
+    built = build_all(slo, rules=read_rules(args.rules_dir) if args.rules_dir else None,
+                      canonical=args.canonical)
     outputs = {args.out / name: text for name, text in built.rule_files.items()}
     outputs |= {args.runbooks / name: text for name, text in built.runbooks.items()}
     stale = [p for p, text in outputs.items() if not p.exists() or p.read_text(encoding="utf-8") != text]

@@ -3,6 +3,7 @@ diagnosis-rule compiler on literal rules (promtool itself runs in tests/integrat
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,17 @@ when:
     assert "and on (instance)" in alert["expr"]
     assert 'enable_prefix_caching="False"' in alert["expr"]
     assert "vllm:cache_config_info" in alert["expr"] and "kvscope_engine_info" in alert["expr"]
+
+
+def test_canonical_layer_records_what_the_rules_read_or_everything():
+    used = build_rule_files(canonical="used")
+    every = build_rule_files(canonical="all")["kvscope-canonical.yml"]
+    others = "\n".join(text for name, text in used.items() if name != "kvscope-canonical.yml")
+    recorded = re.findall(r"record: (kvscope:\w+)", used["kvscope-canonical.yml"])
+    assert "kvscope:request_ttft_seconds_bucket" in recorded                       # SLO and p99 read it
+    assert all(name in others for name in recorded)
+    assert len(recorded) < len(re.findall(r"record: ", every))
+    for name in load_catalog().series_names():
+        assert f"record: kvscope:{name}\n" in every
+    with pytest.raises(ValueError, match="used"):
+        build_rule_files(canonical="some")
