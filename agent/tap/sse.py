@@ -54,6 +54,13 @@ class Event:
 
 def classify_event(event: bytes) -> Event:
     """What one SSE event carries. Only `data:` events with a JSON object are decoded."""
+    if b'"usage":{' not in event and event.startswith(b"data: {") and event.count(b"data:") == 1:
+        # fast path for the common token chunk, no JSON decode: vLLM and SGLang write one compact
+        # JSON object per `data:` line. Anything spelled otherwise takes the decoding path.
+        if b'"choices":[{' in event:
+            return Event("token")
+        if b'"choices":[]' in event:
+            return Event("other")
     data = _data(event)
     if data is None:
         return Event("other")

@@ -95,3 +95,10 @@ def test_tenant_labels_are_bounded_with_other():
     lim = TenantLimiter(max_tenants=2)
     assert [lim.label(t) for t in ("a", "b", "c", "a", "d")] == ["a", "b", OTHER, "a", OTHER]
     assert lim.folded == 2
+
+
+def test_classify_fast_path_agrees_with_full_decoding():
+    compact = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+    spaced = b'data: {"id": "c", "choices": [{"index": 0, "text": "a"}]}\n\n'
+    empty = b'data: {"id":"c","choices":[]}\n\n'
+    assert [classify_event(e).kind for e in (compact, spaced, empty)] == ["token", "token", "other"]
