@@ -23,7 +23,7 @@ from grafanalib.core import (
     TimeSeries,
 )
 from kvscope.dashboards import style
-from kvscope.dashboards.queries import AGENT_PREFIX, PREFIX, Query
+from kvscope.dashboards.queries import AGENT_PREFIX, Query
 
 KINDS = ("timeseries", "stat", "table")
 
@@ -55,10 +55,11 @@ class Panel:
 
 
 def exported_name(signal: str) -> str:
-    """The series a panel reads for a signal: kvscope:<signal>, or the agent's / Prometheus' own."""
-    if signal in ("ALERTS", "up"):
+    """The series a panel reads for a signal: the agent's kvscope_<signal>, a recorded
+    level:signal:op series, or Prometheus' own (up, ALERTS)."""
+    if signal in ("ALERTS", "up") or ":" in signal:
         return signal
-    return AGENT_PREFIX + signal if signal == "target_up" else PREFIX + signal
+    return AGENT_PREFIX + signal
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,8 @@ class Board:
         return [p for r in self.rows for p in r.panels]
 
     def variables(self) -> list:
-        """The board's template variables; `job` only where a query filters on it (target health)."""
-        uses_job = any("$job" in q.expr for p in self.panels() for q in p.queries)
-        return style.variables(self.tenant_var, self.slo_vars, self.cost_var, job=uses_job)
+        """The board's template variables."""
+        return style.variables(self.tenant_var, self.slo_vars, self.cost_var)
 
 
 def render_board(board: Board) -> Dashboard:

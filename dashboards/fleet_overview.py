@@ -38,9 +38,13 @@ LATENCY = Row("Latency", (
           tuple(q.itl()), "seconds"),
     Panel("End-to-end latency", "Request E2E p50, p99 and mean.", tuple(q.e2e()), "seconds"),
     Panel("ITL SLO attainment", "Share of inter-token gaps under the $itl_slo bucket.",
-          (q.slo_attainment("request_itl_seconds", "itl_slo"),), "ratio", palette="slo", width=12),
+          (q.slo_attainment("request_itl_seconds", "itl_slo"),), "ratio", palette="slo", width=8),
+    Panel("TTFT p99 per instance (recorded)", "Per-instance TTFT p99 over 5 minutes from kvscope's recording "
+          "rules (rules/prometheus/kvscope-derived.yml): cheap to query over long ranges, and the series "
+          "the SLO alerts read. Needs the rules loaded in Prometheus.",
+          (q.recorded("instance:request_ttft_seconds:p99_5m"),), "seconds", width=8),
     Panel("Mean time per request phase", "Queue, prefill and decode means, stacked: where E2E time goes.",
-          tuple(q.phase_means()), "seconds", stack=True, width=12,
+          tuple(q.phase_means()), "seconds", stack=True, width=8,
           links=(drilldown("kvscope-phases", "Request phases"),)),
 ))
 

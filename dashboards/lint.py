@@ -24,12 +24,14 @@ from pathlib import Path
 import yaml
 from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Catalog, load_catalog
 from kvscope.dashboards.board import Board, Panel
-from kvscope.dashboards.queries import AGENT_PREFIX, PREFIX
+from kvscope.dashboards.queries import AGENT_PREFIX
 
 AGENT_SERIES = ("target_up", "target_status", "target_series", "scrape_duration_seconds", "engine_info")
 """The agent's self-health families that panels may read (documented in agent/export.py)."""
 
 BUILTINS = ("ALERTS", "ALERTS_FOR_STATE", "up")
+CANONICAL_PREFIX = "kvscope:"
+"""Canonical series recorded by rules/prometheus/kvscope-canonical.yml."""
 GRAFANA_VARS = ("__rate_interval", "__range", "__interval", "__all_variables", "__url_time_range")
 _METRIC = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
 _RATE = re.compile(r"\b(rate|increase|irate)\(\s*$")
@@ -74,8 +76,8 @@ class QueryLinter:
         """
         if name in BUILTINS:
             return "builtin"
-        if name.startswith(PREFIX):
-            return self._catalog_kind(name[len(PREFIX):]) if name in self.recorded else None
+        if name.startswith(CANONICAL_PREFIX):
+            return self._catalog_kind(name[len(CANONICAL_PREFIX):]) if name in self.recorded else None
         if name in self.recorded:
             return "recorded"
         if not name.startswith(AGENT_PREFIX):

@@ -1,11 +1,13 @@
 """Every PromQL query the dashboards use, each written once.
 
-Panels read the canonical series `kvscope:<signal>` recorded by kvscope's Prometheus rules
-(rules/prometheus/kvscope-canonical.yml, generated from agent/engines/catalog.yaml). Each of those
-rules maps the native vLLM and SGLang names (old and new) *and* the agent's `kvscope_<signal>`
-re-export to one series, so one set of panels serves vLLM and SGLang fleets, scraped directly by
-Prometheus or through the agent. Target health reads the agent's `kvscope_target_up` and
-Prometheus' own `up`. Helpers keep the patterns right by construction:
+Panels read the agent's canonical re-export `kvscope_<signal>` (agent/export.py), so one set of
+panels serves vLLM and SGLang fleets: the agent has already mapped the native names (old and new)
+and units through agent/engines/catalog.yaml. Per-instance tail latencies read the recorded
+`instance:<signal>:<op>` series of rules/prometheus/kvscope-derived.yml where those exist. The
+`kvscope:<signal>` canonical recordings are not read directly: the rules generator records only
+the ones its own files use (a TSDB-cost choice), and a dashboard must not depend on that set.
+Target health reads the agent's `kvscope_target_up` and Prometheus' own `up`. Helpers keep the
+patterns right by construction:
 
 * quantiles are always `histogram_quantile(q, sum by (le, ...) (rate(<h>_bucket[w])))`;
 * means are `rate(_sum) / rate(_count)`, never a bare rate of `_sum` shown as a latency;
@@ -19,14 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PREFIX = "kvscope:"
+PREFIX = "kvscope_"
 AGENT_PREFIX = "kvscope_"
 W = "$__rate_interval"
 RANGE = "$__range"
-SELECTOR = 'namespace=~"$namespace", model=~"$model", instance=~"$instance"'
+SELECTOR = 'job=~"$job", namespace=~"$namespace", model=~"$model", instance=~"$instance"'
 """The dashboard-variable selector. Every variable's All value is `.*`, which also matches a
-series without that label (a vLLM series has no `namespace` outside Kubernetes). The canonical
-recorded series carry no `job` (the rules aggregate it away); `$job` filters target health."""
+series without that label (a vLLM series has no `namespace` outside Kubernetes)."""
 TENANT = 'tenant=~"$tenant"'
 
 
@@ -109,6 +110,15 @@ def e2e() -> list[Query]:
 def p99(signal: str, by: tuple[str, ...] = (), extra: str = "") -> Query:
     tag = "{{" + "}} {{".join(by) + "}}" if by else "p99"
     return Query(quantile(0.99, signal, by, extra), tag, (signal,))
+
+
+RECORDED_SELECTOR = 'model=~"$model", instance=~"$instance"'
+"""Recorded level:signal:op series keep instance/model/engine/role only (the rules aggregate the rest)."""
+
+
+def recorded(name: str, agg: str = "max", by: tuple[str, ...] = ("instance",)) -> Query:
+    """A series recorded by rules/prometheus/kvscope-derived.yml, e.g. instance:request_ttft_seconds:p99_5m."""
+    return Query(f"{agg}{_by(by)} ({name}{{{RECORDED_SELECTOR}}})", "{{" + "}} {{".join(by) + "}}", (name,))
 
 
 def phase_means(by: tuple[str, ...] = ()) -> list[Query]:

@@ -47,20 +47,20 @@ def _query_var(name: str, label: str, metric: str, chained: str = "") -> Templat
                     allValue=".*", refresh=2, sort=1, default="$__all")
 
 
-def variables(tenant: bool = False, slo: bool = False, cost: bool = False, job: bool = False) -> list[Template]:
-    """datasource, namespace, model, instance (chained), plus optional job/tenant/SLO/cost vars."""
-    anchor = "up"
-    engine_metric = "kvscope:engine_requests_running"
+def variables(tenant: bool = False, slo: bool = False, cost: bool = False) -> list[Template]:
+    """datasource, job, namespace, model, instance (chained), plus optional tenant/SLO/cost vars."""
+    anchor = "kvscope_target_up"
+    engine_metric = "kvscope_engine_requests_running"
     out = [
         Template(name="datasource", label="Data source", query="prometheus", type="datasource",
                  default="Prometheus"),
-        *([_query_var("job", "Job", anchor)] if job else []),
-        _query_var("namespace", "Namespace", engine_metric),
-        _query_var("model", "Model", engine_metric, 'namespace=~"$namespace"'),
-        _query_var("instance", "Instance", engine_metric, 'namespace=~"$namespace", model=~"$model"'),
+        _query_var("job", "Job", anchor),
+        _query_var("namespace", "Namespace", engine_metric, 'job=~"$job"'),
+        _query_var("model", "Model", engine_metric, 'job=~"$job", namespace=~"$namespace"'),
+        _query_var("instance", "Instance", engine_metric, 'job=~"$job", namespace=~"$namespace", model=~"$model"'),
     ]
     if tenant:
-        out.append(_query_var("tenant", "Tenant", "kvscope:tenant_requests_total", 'namespace=~"$namespace"'))
+        out.append(_query_var("tenant", "Tenant", "kvscope_tenant_requests_total", 'job=~"$job"'))
     if slo:
         # Must be histogram bucket bounds (vLLM's TTFT/TPOT buckets); queries match "1" and "1.0".
         out.append(_custom("ttft_slo", "TTFT SLO (s)", ["0.1", "0.25", "0.5", "1", "2.5", "5", "10"], "1"))

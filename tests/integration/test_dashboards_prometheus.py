@@ -26,6 +26,7 @@ from kvscope.agent.exposition import format_labels, format_value
 from kvscope.agent.recording import read_recording_text
 from kvscope.agent.replay import replay_recording
 from kvscope.agent.signals import load_catalog
+from kvscope.dashboards.lint import read_recorded_names
 from kvscope.dashboards.queries import AGENT_PREFIX, PREFIX
 from kvscope.dashboards.registry import BOARDS
 from kvscope.ui.server import free_port
@@ -109,7 +110,10 @@ def recording() -> Path:
     return Path(os.environ.get("KVSCOPE_TEST_RECORDING") or BUNDLED)
 
 
-CANONICAL_RULES = Path(__file__).resolve().parents[2] / "rules" / "prometheus" / "kvscope-canonical.yml"
+RULES = Path(__file__).resolve().parents[2] / "rules" / "prometheus"
+RULE_PASSES = ("kvscope-canonical.yml", "kvscope-derived.yml")
+"""Backfilled in order: derived rules read the canonical kvscope:<signal> series, and promtool
+evaluates a rule file only against data already in the TSDB."""
 
 
 def _start_prometheus(prom: str, work: Path) -> tuple[subprocess.Popen, str]:
@@ -143,8 +147,8 @@ def serve_recording(path: Path, work: Path):
 
     1. the engine's native series as recorded (what Prometheus scraping vLLM directly stores),
     2. the agent's `kvscope_*` re-export of the same scrapes plus its derived cascade series,
-    3. kvscope's canonical recording rules (rules/prometheus/kvscope-canonical.yml) backfilled over
-       the window with `promtool tsdb create-blocks-from rules` against that Prometheus.
+    3. kvscope's recording rules (canonical, then derived, rules/prometheus/) backfilled over the
+       window with `promtool tsdb create-blocks-from rules` against that Prometheus.
 
     Yields (URL, replay).
     """
@@ -156,17 +160,19 @@ def serve_recording(path: Path, work: Path):
     for name in ("native.om", "agent.om"):
         subprocess.run([tool, "tsdb", "create-blocks-from", "openmetrics", str(work / name), str(work / "data")],
                        check=True, capture_output=True, timeout=120)
-    proc, url = _start_prometheus(prom, work)
-    try:
-        start, end = int(replay.start) - 1, int(replay.end) + 2
-        subprocess.run([tool, "tsdb", "create-blocks-from", "rules", f"--start={start}", f"--end={end}",
-                        f"--url={url}", f"--output-dir={work / 'rules-out'}", "--eval-interval=2s", "--quiet",
-                        str(CANONICAL_RULES)], check=True, capture_output=True, timeout=300)
-    finally:
-        _stop(proc)
-    for block in (work / "rules-out").iterdir():
-        if block.is_dir():
-            block.rename(work / "data" / block.name)
+    start, end = int(replay.start) - 1, int(replay.end) + 2
+    for rule_file in RULE_PASSES:
+        proc, url = _start_prometheus(prom, work)
+        try:
+            out = work / f"rules-{rule_file}"
+            subprocess.run([tool, "tsdb", "create-blocks-from", "rules", f"--start={start}", f"--end={end}",
+                            f"--url={url}", f"--output-dir={out}", "--eval-interval=2s", "--quiet",
+                            str(RULES / rule_file)], check=True, capture_output=True, timeout=300)
+        finally:
+            _stop(proc)
+        for block in out.iterdir():
+            if block.is_dir():
+                block.rename(work / "data" / block.name)
     proc, url = _start_prometheus(prom, work)
     try:
         yield url, replay
@@ -241,7 +247,7 @@ def silent_panels(url: str, replay, strict: bool = True) -> tuple[int, list[str]
     DECLARED_IDLE. With strict=False (the incident library, whose scenarios differ), a signal
     measured idle in this recording (its counter never moved) explains an empty ratio too.
     """
-    present = _present(replay) | {"target_up", "up"}
+    present = _present(replay) | {"target_up", "up"} | read_recorded_names(RULES)
     silent, ran = [], 0
     for board in BOARDS:
         for panel in board.panels():

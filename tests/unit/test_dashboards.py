@@ -48,8 +48,7 @@ def test_cli_build_detects_stale_output(tmp_path, capsys):
 def test_board_json_uses_variables_and_describes_signals(board):
     data = json.loads(render_json(board))
     names = [t["name"] for t in data["templating"]["list"]]
-    assert [n for n in names if n != "job"][:4] == ["datasource", "namespace", "model", "instance"]
-    assert ("job" in names) == any("$job" in q.expr for p in board.panels() for q in p.queries)
+    assert names[:5] == ["datasource", "job", "namespace", "model", "instance"]
     panels = [p for p in data["panels"] if p["type"] != "row"]
     panels += [c for p in data["panels"] if p["type"] == "row" for c in p.get("panels", [])]
     assert len(panels) == len(board.panels())
@@ -57,7 +56,7 @@ def test_board_json_uses_variables_and_describes_signals(board):
         assert p["datasource"] == "$datasource", p["title"]
         assert "Reads: " in p["description"], p["title"]
         for t in p["targets"]:
-            for series in ("kvscope:", "kvscope_target_up", "ALERTS"):
+            for series in ("kvscope_", "instance:", "ALERTS"):
                 if series in t["expr"]:
                     break
             else:
@@ -74,15 +73,15 @@ def test_latency_panels_are_in_seconds_and_ratios_in_percentunit():
 
 
 @pytest.mark.parametrize("expr, rule", [
-    (f"histogram_quantile(0.99, rate(kvscope:request_ttft_seconds_bucket{SEL}[5m]))", "quantile-without-sum-by-le"),
-    (f"histogram_quantile(0.99, sum by (instance) (rate(kvscope:request_ttft_seconds_bucket{SEL}[5m])))",
+    (f"histogram_quantile(0.99, rate(kvscope_request_ttft_seconds_bucket{SEL}[5m]))", "quantile-without-sum-by-le"),
+    (f"histogram_quantile(0.99, sum by (instance) (rate(kvscope_request_ttft_seconds_bucket{SEL}[5m])))",
      "quantile-without-sum-by-le"),
-    (f"rate(kvscope:engine_requests_running{SEL}[5m])", "rate-on-non-counter"),
-    (f"sum(kvscope:engine_preemptions_total{SEL})", "lifetime-maths"),
-    (f"sum(kvscope:request_queue_seconds_sum{SEL}) / (sum(rate(kvscope:request_queue_seconds_count{SEL}[5m])) > 0)",
+    (f"rate(kvscope_engine_requests_running{SEL}[5m])", "rate-on-non-counter"),
+    (f"sum(kvscope_engine_preemptions_total{SEL})", "lifetime-maths"),
+    (f"sum(kvscope_request_queue_seconds_sum{SEL}) / (sum(rate(kvscope_request_queue_seconds_count{SEL}[5m])) > 0)",
      "lifetime-maths"),
-    (f"sum(rate(kvscope:engine_prefix_cache_hits_tokens_total{SEL}[5m])) / "
-     f"sum(rate(kvscope:engine_prefix_cache_queries_tokens_total{SEL}[5m]))", "unguarded-division"),
+    (f"sum(rate(kvscope_engine_prefix_cache_hits_tokens_total{SEL}[5m])) / "
+     f"sum(rate(kvscope_engine_prefix_cache_queries_tokens_total{SEL}[5m]))", "unguarded-division"),
     (f"sum(rate(kvscope_engine_num_preemptions_total{SEL}[5m]))", "unknown-metric"),
     ('sum(rate(vllm:num_preemptions_total{job="x"}[5m]))', "unknown-metric"),
     ('sum(rate(kvscope:engine_nonexistent_total{job="x"}[5m]))', "unknown-metric"),
@@ -97,8 +96,8 @@ def test_lint_catches_each_defect(linter, expr, rule):
     q.prefix_hit_ratio(("tenant",)).expr,
     'sum(model:request_ttft_seconds:p99_5m{job=~"$job"})',
     f"{q.sum_rate('engine_generation_tokens_total')} / 1e6",
-    'sum(rate(kvscope:engine_prompt_tokens_total{job=~"a/b"}[5m]))',   # '/' inside a string is not division
-    'sum(rate(kvscope_engine_prompt_tokens_total{job=~"x"}[5m]))',     # the agent's re-export
+    'sum(rate(kvscope_engine_prompt_tokens_total{job=~"a/b"}[5m]))',   # '/' inside a string is not division
+    'max(instance:request_ttft_seconds:p99_5m{model=~"m"})',           # a recorded derived series
 ])
 def test_lint_accepts_correct_patterns(linter, expr):
     assert linter.lint_expr(expr) == []
@@ -108,7 +107,7 @@ def test_board_level_lint_finds_units_variables_roles_and_descriptions(linter):
     bad = Board("kvscope-bad", "bad", "bad", (Row("r", (
         Panel("TTFT", "", tuple(q.ttft()), "count"),
         Panel("by pod", "role by name",
-              (q.Query('sum(kvscope:engine_requests_running{pod=~".*prefill.*", x="$nope"})', "", ()),),
+              (q.Query('sum(kvscope_engine_requests_running{pod=~".*prefill.*", x="$nope"})', "", ()),),
               "count"),
     )),), slo_vars=True)
     rules = {i.rule for i in lint_board(bad, linter)}
