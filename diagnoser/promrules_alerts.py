@@ -321,7 +321,7 @@ def compile_rule(rule: Rule, runbook_base: str = RUNBOOK_BASE) -> list[dict[str,
 def _alert(rule: Rule, expr: str, severity: str, when: dict[str, Any], runbook_base: str) -> dict[str, Any]:
     where = " ".join(f"{{{{ $labels.{label} }}}}" for label in rule.by) or "the fleet"
     alert: dict[str, Any] = {"alert": alert_name(rule.id), "expr": expr}
-    if when.get("for"):
+    if when.get("for") and parse_duration(rule.resolve(when["for"])) > 0:
         alert["for"] = _duration(rule.resolve(when["for"]))
     alert["labels"] = {"severity": severity, "rule_id": rule.id}
     if rule.doc.get("levers_md"):
