@@ -3,8 +3,8 @@
 Reads tests/recordings/<scenario>.om.gz (native vLLM names) and derives, per scrape interval:
 * TTFT vs queue depth (kv-pressure-cascade): mean TTFT (delta sum / delta count of
   vllm:time_to_first_token_seconds) against vllm:num_requests_waiting, as a ratio to the idle TTFT;
-* preemption onset vs KV usage (kv-pressure-cascade): the lowest vllm:kv_cache_usage_perc at which
-  vllm:num_preemptions_total increased, and the share of preempting intervals above it;
+* preemption vs KV usage (kv-pressure-cascade): vllm:kv_cache_usage_perc in the intervals where
+  vllm:num_preemptions_total increased, and how often high / low usage intervals preempt;
 * routing: prefix hit rate under round-robin vs sticky across 2 replicas (round-robin-vs-sticky);
 * cold start: time until a restarted replica's hit rate reaches 90 % of the warm one's, also
   expressed as requests per tenant prefix (what transfers to a fleet with other traffic).
@@ -65,19 +65,27 @@ def ttft_vs_queue(rows) -> dict:
 
 
 def preemption_onset(rows) -> dict:
-    """Lowest KV usage with a preemption in the interval, and how often usage above it preempts."""
+    """How preemption relates to KV usage per scrape interval (usage = max of the two ends).
+
+    The gauge is sampled at scrape instants, so an interval can preempt while both samples are
+    below full (requests finished in between): report the distribution, not a single threshold.
+    """
     events = []
     for _, d, a, b in _deltas(rows, "vllm:num_preemptions_total"):
         usage = max(a.get("vllm:kv_cache_usage_perc", 0), b.get("vllm:kv_cache_usage_perc", 0))
         events.append((usage, d))
-    preempting = [u for u, d in events if d > 0]
+    preempting = sorted(u for u, d in events if d > 0)
     if not preempting:
-        return {"onset_kv_usage": None}
-    onset = min(preempting)
-    above = [d for u, d in events if u >= onset]
-    return {"onset_kv_usage": round(onset, 3),
-            "share_of_intervals_above_onset_preempting": round(sum(d > 0 for d in above) / len(above), 3),
-            "preemptions_per_interval_above_onset": round(statistics.fmean(above), 2)}
+        return {"kv_usage_median_when_preempting": None}
+
+    def share(sel):
+        chosen = [d for u, d in events if sel(u)]
+        return round(sum(d > 0 for d in chosen) / len(chosen), 3) if chosen else None
+    return {"kv_usage_median_when_preempting": round(statistics.median(preempting), 3),
+            "kv_usage_p10_when_preempting": round(preempting[len(preempting) // 10], 3),
+            "preempting_share_usage_ge_0_9": share(lambda u: u >= 0.9),
+            "preempting_share_usage_lt_0_5": share(lambda u: u < 0.5),
+            "preemptions_per_preempting_interval": round(statistics.fmean(d for _, d in events if d > 0), 2)}
 
 
 def hit_rate(rows, t0: float, t1: float) -> float | None:
