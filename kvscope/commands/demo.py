@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 RECORDINGS = REPO / "tests" / "recordings"
 BUNDLED = Path(__file__).resolve().parents[2] / "ui" / "recordings" / "vllm-0.32.0-cpu-kv-pressure.om.gz"
 """Real vLLM KV-pressure incident shipped with the UI (ui/recordings/README.md), the fallback."""
-PREFERRED = ("kv", "preempt", "cascade", "evict")
+PREFERRED = ("kv-pressure", "preempt", "cascade", "evict")
 """Library recording names are matched against these, in order, to pick the default incident."""
 
 HELP = """\
