@@ -49,6 +49,11 @@ class TargetScrape:
     size_bytes: int = 0
     _expo: Exposition | None = field(default=None, repr=False)
 
+    @property
+    def parsed(self) -> bool:
+        """True once `exposition()` has parsed the whole payload."""
+        return self._expo is not None
+
     def exposition(self) -> Exposition | None:
         """The whole payload parsed (once), with native names; None when the scrape failed."""
         if self.text is not None and self._expo is None:
@@ -136,9 +141,9 @@ class EngineCollector:
         """Whole-payload path when the payload is already parsed (detection, recording) or
         OpenMetrics; else the per-target block memo (agent/blockcache.py), same result."""
         target = scrape.target
-        expo = scrape._expo
-        if expo is not None or scrape.openmetrics:
+        if scrape.parsed or scrape.openmetrics:
             expo = scrape.exposition()
+            assert expo is not None
             return normalize(expo, engine, target.target_labels(), scrape.timestamp, self.catalog), expo.issues
         cache = self._caches.get(target.instance)
         if cache is None:
