@@ -7,6 +7,7 @@
                                  (?limit=N, ?alertname=X)
     GET  /api/v1/diagnoses/<id>  the enriched payload (alertmanager.py describes the shape)
     GET  /-/healthy              200 while the process runs
+    GET  /metrics                the receiver's own counters (kvscope_webhook_*), Prometheus text
 
 One worker diagnoses webhooks in arrival order: for each firing alert it reads the window from
 Prometheus (diagnoser/sources/prometheus.py), runs the rule engine, keeps the findings at the alert's
@@ -21,6 +22,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +74,7 @@ class WebhookServer:
         self.queue: asyncio.Queue[tuple[int, dict[str, Any]]] | None = None
         self.session: aiohttp.ClientSession | None = None
         self._worker: asyncio.Task[None] | None = None
+        self.counters: Counter[tuple[str, str]] = Counter()   # (metric, label value) -> count
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
@@ -79,6 +82,7 @@ class WebhookServer:
         app.router.add_get("/api/v1/diagnoses", self.handle_list)
         app.router.add_get("/api/v1/diagnoses/{id}", self.handle_get)
         app.router.add_get("/-/healthy", self.handle_healthy)
+        app.router.add_get("/metrics", self.handle_metrics)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -101,6 +105,11 @@ class WebhookServer:
 
     # ---------------------------------------------------------------- handlers
     async def handle_alerts(self, request: web.Request) -> web.Response:
+        response = await self._accept(request)
+        self.counters["kvscope_webhook_requests_total", str(response.status)] += 1
+        return response
+
+    async def _accept(self, request: web.Request) -> web.Response:
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -133,6 +142,11 @@ class WebhookServer:
     async def handle_healthy(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=render_metrics(self.counters, self.queue.qsize() if self.queue else 0,
+                                                self.store.count()),
+                            content_type="text/plain", charset="utf-8")
+
     # ---------------------------------------------------------------- work
     async def _run_worker(self) -> None:
         assert self.queue is not None
@@ -141,10 +155,14 @@ class WebhookServer:
             try:
                 enriched = await self.enrich(doc)
                 self.store.update(row_id, enriched)
+                self.counters["kvscope_webhook_diagnoses_total", "done"] += 1
                 if self.config.forward_url:
-                    self.store.set_forward(row_id, await self.forward(row_id, enriched))
+                    outcome = await self.forward(row_id, enriched)
+                    self.store.set_forward(row_id, outcome)
+                    self.counters["kvscope_webhook_forwards_total", outcome.split(" ")[0]] += 1
             except Exception as exc:  # noqa: BLE001 - one bad webhook must not stop the worker
                 log.exception("diagnosis %s failed", row_id)
+                self.counters["kvscope_webhook_diagnoses_total", "error"] += 1
                 self.store.update(row_id, {**doc, "kvscope_error": f"{type(exc).__name__}: {exc}"}, "error")
             finally:
                 self.queue.task_done()
@@ -203,6 +221,27 @@ class WebhookServer:
             await asyncio.sleep(0.5 * 2 ** attempt)
         log.warning("forward of %s to %s failed: %s", row_id, self.config.forward_url, last)
         return f"failed after {self.config.forward_attempts} attempts: {last}"
+
+
+_METRICS = {
+    "kvscope_webhook_requests_total": ("code", "Webhook POSTs by HTTP status answered."),
+    "kvscope_webhook_diagnoses_total": ("result", "Webhooks diagnosed (done) or failed (error)."),
+    "kvscope_webhook_forwards_total": ("result", "Enriched payloads forwarded (ok) or given up (failed)."),
+}
+
+
+def render_metrics(counters: Counter[tuple[str, str]], queued: int, stored: int) -> str:
+    """The receiver's own metrics in Prometheus text format 0.0.4."""
+    lines = []
+    for name, (label, help_) in _METRICS.items():
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} counter"]
+        lines += [f'{name}{{{label}="{value}"}} {n}' for (metric, value), n in sorted(counters.items())
+                  if metric == name]
+    lines += ["# HELP kvscope_webhook_queue_length Webhooks waiting for diagnosis.",
+              "# TYPE kvscope_webhook_queue_length gauge", f"kvscope_webhook_queue_length {queued}",
+              "# HELP kvscope_webhook_stored Diagnoses kept in the store.",
+              "# TYPE kvscope_webhook_stored gauge", f"kvscope_webhook_stored {stored}"]
+    return "\n".join(lines) + "\n"
 
 
 def _error(status: int, message: str) -> web.Response:

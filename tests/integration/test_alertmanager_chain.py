@@ -201,6 +201,12 @@ def test_bad_webhooks_get_4xx_and_the_receiver_keeps_running(chain):
     assert _post(url, b'{"version": "4", "alerts": ["' + b"x" * (2 * 1024 * 1024) + b'"]}')[0] == 413
     with urllib.request.urlopen(chain["serve"] + "/-/healthy", timeout=5) as resp:
         assert resp.status == 200
+    with urllib.request.urlopen(chain["serve"] + "/metrics", timeout=5) as resp:
+        metrics = resp.read().decode()
+    assert 'kvscope_webhook_requests_total{code="400"} 3' in metrics
+    assert 'kvscope_webhook_requests_total{code="413"} 1' in metrics
+    lint = subprocess.run(["promtool", "check", "metrics"], input=metrics, capture_output=True, text=True, timeout=30)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 def test_firing_alert_reaches_the_forward_target_with_the_rule_and_its_lever(chain):
