@@ -16,6 +16,7 @@ Prometheus with kvscope's rule engine, store the result and serve it back:
   POST /api/v1/alerts            point an Alertmanager webhook_config here
   GET  /api/v1/diagnoses         recent webhooks with the likely cause of each alert
   GET  /api/v1/diagnoses/<id>    the enriched payload (findings, evidence, levers)
+  GET  /metrics                  the receiver's own counters
 
 Prometheus must load kvscope's rule files (kvscope rules build; docs/alerting.md): the
 diagnosis reads the recorded kvscope:<signal> series. With --forward-url the enriched payload
