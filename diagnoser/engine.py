@@ -10,7 +10,9 @@ shipped rules and levers when none are passed.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -43,21 +45,28 @@ def auto_time_scale(window_s: float) -> float:
 
 def diagnose(frame: Frame, rules: Iterable[Rule] | None = None, levers: dict[str, Lever] | None = None,
              params: dict[str, dict[str, Any]] | None = None, source: str = "",
-             time_scale: float | None = None) -> Diagnosis:
+             time_scale: float | None = None, workers: int | None = None) -> Diagnosis:
     """Evaluate rules over the frame's window and rank the findings.
 
     `params` maps rule id -> parameter overrides (thresholds, durations, benchmark values).
     `time_scale` multiplies every rule duration; None picks `auto_time_scale(window)`.
+    `workers` threads evaluate rules side by side (numpy releases the GIL in its array work);
+    the result does not depend on it.
     """
     rules = list(rules) if rules is not None else read_rules()
     levers = levers if levers is not None else load_levers()
     start, end = frame.window
     scale = auto_time_scale(end - start) if time_scale is None else time_scale
+    prepared = [r.with_params((params or {}).get(r.id, {})).scaled(scale) for r in rules]
+    workers = workers if workers is not None else min(4, os.cpu_count() or 1)
+    if workers > 1 and len(prepared) > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(lambda r: evaluate_rule(r, frame, levers), prepared))
+    else:
+        results = [evaluate_rule(r, frame, levers) for r in prepared]
     findings: list[Finding] = []
     skipped: list[Skipped] = []
-    for rule in rules:
-        rule = rule.with_params((params or {}).get(rule.id, {})).scaled(scale)
-        result = evaluate_rule(rule, frame, levers)
+    for result in results:
         if isinstance(result, Skipped):
             skipped.append(result)
         else:
@@ -127,10 +136,10 @@ def required_absent(rule: Rule, frame: Frame) -> set[str]:
     def absent(cond: dict[str, Any]) -> set[str]:
         if cond.get("present") is False:
             return set()          # a test for absence needs nothing
-        sigs = signals_of_series(rule, str(cond["series"]))
+        out = missing_signals(rule, str(cond["series"]), names)
         if "than" in cond:
-            sigs |= signals_of_series(rule, str(cond["than"]))
-        return {s for s in sigs if not (names & _expansions(s))}
+            out |= missing_signals(rule, str(cond["than"]), names)
+        return out
 
     if "cascade" in rule.doc:
         return set().union(*(absent(c) for c in rule.doc["cascade"]["stages"][0].get("all", [])))
@@ -140,6 +149,20 @@ def required_absent(rule: Rule, frame: Frame) -> set[str]:
     if branches and all(branches):
         out |= set().union(*branches)
     return out
+
+
+def missing_signals(rule: Rule, name: str, names: set[str], seen: frozenset[str] = frozenset()) -> set[str]:
+    """Absent signals that leave a named series without any value (coalesce needs only one side)."""
+    node = rule.series.get(name)
+    if node is None or name in seen:
+        return set()
+    sig = node_signal(node)
+    if sig:
+        return set() if names & _expansions(sig) else {sig}
+    parts = [missing_signals(rule, ref, names, seen | {name}) for ref in node_refs(node)]
+    if node_form(node) == "coalesce":
+        return set().union(*parts) if all(parts) else set()
+    return set().union(*parts)
 
 
 def _expansions(signal: str) -> set[str]:

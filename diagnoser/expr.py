@@ -18,7 +18,7 @@ from kvscope.diagnoser.rule import Rule
 
 SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count")
 """Forms that read a canonical signal from the frame."""
-SERIES_FORMS = ("ratio", "sum", "diff", "product", "scale", "over_time", "deriv", "changes", "aggregate")
+SERIES_FORMS = ("ratio", "sum", "diff", "product", "coalesce", "scale", "over_time", "deriv", "changes", "aggregate")
 """Forms that combine other named series."""
 FORMS = SIGNAL_FORMS + SERIES_FORMS
 
@@ -60,7 +60,7 @@ def node_signal(node: dict[str, Any]) -> str | None:
 def node_refs(node: dict[str, Any]) -> list[str]:
     """Named series an expression refers to."""
     form = node_form(node)
-    if form in ("ratio", "sum", "diff", "product"):
+    if form in ("ratio", "sum", "diff", "product", "coalesce"):
         return [str(x) for x in node[form]]
     if form == "scale":
         return [str(node["scale"])]
@@ -250,6 +250,19 @@ class SeriesEvaluator:
         keys, a, b = self._pair(node, "sum", by)
         return Grouped(self._fine_by(node, "sum"), keys, a + b)
 
+    def _form_coalesce(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        """The first series where it has a value, else the second (PromQL `A or B`)."""
+        a_name, b_name = (str(x) for x in node["coalesce"])
+        a, b = self.get(a_name), self.get(b_name)
+        if not a.keys:
+            return b
+        if not b.keys:
+            return a
+        fine = a if len(a.by) >= len(b.by) else b
+        keys = sorted(set(a.keys) | set(b.keys)) if a.by == b.by else fine.keys
+        av, bv = align(a, fine.by, keys), align(b, fine.by, keys)
+        return Grouped(fine.by, keys, np.where(np.isnan(av), bv, av))
+
     def _form_diff(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
         keys, a, b = self._pair(node, "diff", by)
         return Grouped(self._fine_by(node, "diff"), keys, a - b)
@@ -369,8 +382,8 @@ def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ..
     if form == "count":
         inner = ", ".join([b for b in [by] if b] + list(node.get("distinct", ["instance"])))
         return f"count by ({by}) (count by ({inner}) ({node['count']}{sel}))"
-    if form in ("ratio", "sum", "diff", "product"):
-        op = {"ratio": "/", "sum": "+", "diff": "-", "product": "*"}[form]
+    if form in ("ratio", "sum", "diff", "product", "coalesce"):
+        op = {"ratio": "/", "sum": "+", "diff": "-", "product": "*", "coalesce": "or"}[form]
         a, b = node[form]
         return f"({ref(a)}) {op} ({ref(b)})"
     if form == "scale":
