@@ -318,3 +318,29 @@ def test_samples_api_serves_stored_canonical_samples_and_rejects_bad_requests():
     assert bad[0] == 400 and "match: not a valid regular expression" in json.loads(bad[1])["error"]
     assert missing[0] == 400 and "match: required" in json.loads(missing[1])["error"]
     assert json.loads(facts[1])["data"]["good"]["facts"]["block_size"] == "32"
+
+
+def test_api_refuses_bodies_long_queries_and_bad_ranges():
+    import aiohttp
+
+    async def main():
+        async with running_agent({}, InMemoryStore()) as (rt, url):
+            not_ready = await fetch_text(url + "/-/ready")
+            await rt.run_cycle()
+            async with aiohttp.ClientSession() as s:
+                async with s.get(url + "/api/v1/health", data=b"x" * 100) as r:
+                    body = (r.status, await r.json())
+            long = await fetch_text(url + "/api/v1/samples?match=" + "a" * 3000)
+            backwards = await fetch_text(url + "/api/v1/samples?match=x&start=20&end=10")
+            huge = await fetch_text(url + "/api/v1/samples?match=x&start=0&end=1e10")
+            nan = await fetch_text(url + "/api/v1/samples?match=x&end=nan")
+            ready = await fetch_text(url + "/-/ready")
+            return not_ready, body, long, backwards, huge, nan, ready
+
+    not_ready, body, long, backwards, huge, nan, ready = asyncio.run(main())
+    assert not_ready[0] == 503 and ready[0] == 200
+    assert body == (413, {"status": "error", "error": "requests must not carry a body"})
+    assert long[0] == 414
+    assert backwards[0] == 400 and "start: must not be after end" in backwards[1]
+    assert huge[0] == 400 and "range longer than" in huge[1]
+    assert nan[0] == 400 and "end: must be finite" in nan[1]
