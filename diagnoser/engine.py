@@ -170,13 +170,17 @@ def _expansions(signal: str) -> set[str]:
 
 
 def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
+    """Groups of the rule: every key of its rule-level series, minus keys that lack a label the
+    rule requires (`require_labels`, e.g. dp_rank for a per-rank rule)."""
     keys: set[tuple[str, ...]] = set()
     for name in ev.nodes:
         if ev.by_of(name) == ev.rule.by:
             g = ev.get(name)
             if g.by == ev.rule.by:
                 keys.update(g.keys)
-    return sorted(keys)
+    required = [ev.rule.by.index(label) for label in ev.rule.doc.get("require_labels") or []
+                if label in ev.rule.by]
+    return sorted(k for k in keys if all(k[i] for i in required))
 
 
 # ---------------------------------------------------------------------------- plain rules

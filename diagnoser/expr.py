@@ -92,10 +92,20 @@ class SeriesEvaluator:
                 raise ExprError(f"series {name!r} refers to itself")
             self._active.add(name)
             try:
-                self._cache[name] = self._evaluate(self.nodes[name], self.by_of(name))
+                self._cache[name] = self._required(self._evaluate(self.nodes[name], self.by_of(name)))
             finally:
                 self._active.discard(name)
         return self._cache[name]
+
+    def _required(self, g: Grouped) -> Grouped:
+        """Drop groups with an empty value for a label the rule requires (`require_labels`)."""
+        idx = [g.by.index(label) for label in self.rule.doc.get("require_labels") or [] if label in g.by]
+        if not idx or not g.keys:
+            return g
+        keep = [i for i, k in enumerate(g.keys) if all(k[j] for j in idx)]
+        if len(keep) == len(g.keys):
+            return g
+        return Grouped(g.by, [g.keys[i] for i in keep], g.values[keep])
 
     def aligned(self, name: str, by: tuple[str, ...], keys: list[tuple[str, ...]]) -> np.ndarray:
         """The named series broadcast onto groups `keys` of grouping `by` (its `by` ⊆ `by`)."""
