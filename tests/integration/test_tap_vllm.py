@@ -199,4 +199,4 @@ def test_fairness_proof_long_tail_tenant_is_cold_and_tap_totals_match_the_engine
     assert rep.worst_tenant == "tail"                                 # ... except for the long tail:
     assert tail.hit_ratio < rep.aggregate_hit_ratio - 0.15            # measurable unfairness,
     assert tail.reuse_potential_ratio > 0.5                           # although its prompts repeat,
-    assert tail.lost_reuse_ratio > max(0.15, 3 * max(t.lost_reuse_ratio for t in hot))  # the reuse is lost
+    assert tail.lost_reuse_ratio > max(0.15, 2 * max(t.lost_reuse_ratio for t in hot))  # the reuse is lost

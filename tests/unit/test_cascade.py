@@ -119,3 +119,11 @@ def test_an_eviction_is_evidence_of_a_full_pool_even_when_the_sampled_gauge_miss
     rep = evaluate_cascade(samples)["e0:8000"]
     assert rep.onsets == {1: 10.0, 2: 10.0}
     assert rep.stage == 0                 # usage 0.75 and no eviction in the last interval
+
+
+def test_a_request_caught_waiting_for_one_sample_is_not_a_queue():
+    samples = (_series("engine_kv_cache_usage_ratio", [0.5, 0.6, 0.95, 0.97, 0.97])
+               + _series("engine_requests_waiting", [0, 1, 0, 2, 3]))
+    rep = evaluate_cascade(samples)["e0:8000"]
+    assert rep.onsets[3] == 15.0          # the blip at t=5 is ignored; the queue starts at t=15
+    assert evaluate_cascade(samples, CascadeConfig(queue_samples=1))["e0:8000"].onsets[3] == 5.0
