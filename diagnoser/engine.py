@@ -285,19 +285,20 @@ def _threshold(rule: Rule, cond: dict[str, Any]) -> float | None:
 
 
 def _strength(done: list[Evaluated], gi: int, span: tuple[int, int]) -> float:
-    """0-5: how far the first constant-threshold condition went past its threshold."""
+    """0-5: how far the first comparison went past its right side (a constant, another series or
+    a baseline), as |log2(mean left / mean right)| x 2.5 over the active period."""
     for e in done:
-        if "value" not in e.cond or e.right is None:
+        if e.right is None:
             continue
         left = e.left[gi, span[0]:span[1] + 1]
-        right = float(e.right[gi, 0])
-        ok = ~np.isnan(left)
-        if not ok.any() or right == 0:
+        right = e.right[gi, span[0]:span[1] + 1]
+        ok = ~np.isnan(left) & ~np.isnan(right)
+        if not ok.any():
+            continue
+        num, den = float(np.mean(left[ok])), float(np.mean(right[ok]))
+        if num <= 0 or den <= 0:
             return 0.0
-        ratio = abs(float(np.mean(left[ok])) / right)
-        if ratio <= 0:
-            return 0.0
-        return float(min(5.0, abs(math.log2(ratio)) * 2.5))
+        return float(min(5.0, abs(math.log2(num / den)) * 2.5))
     return 0.0
 
 
