@@ -119,11 +119,27 @@ def at_place(where: dict[str, str], place: dict[str, str]) -> bool:
     return all(place[k] == v for k, v in where.items() if k in place)
 
 
-def select_findings(diagnosis: dict[str, Any], alert: Alert) -> dict[str, Any]:
+def instance_places(label_sets: list[dict[str, str]]) -> dict[str, dict[str, str]]:
+    """instance -> the place labels every series of that instance agrees on (e.g. its model),
+    from the label sets of a window's series."""
+    seen: dict[str, dict[str, set[str]]] = {}
+    for labels in label_sets:
+        if labels.get("instance"):
+            per = seen.setdefault(labels["instance"], {})
+            for key in PLACE_LABELS:
+                per.setdefault(key, set()).add(labels.get(key, ""))
+    return {inst: {k: next(iter(v)) for k, v in per.items() if len(v) == 1 and "" not in v}
+            for inst, per in seen.items()}
+
+
+def select_findings(diagnosis: dict[str, Any], alert: Alert,
+                    places: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
     """From a `Diagnosis.to_dict()`: the findings at the alert's place, best first, and the one
-    from the alert's own rule."""
+    from the alert's own rule. `places` (from `instance_places`) completes an alert that names
+    only its instance, so a per-model finding of another model is not attached to it."""
     ranked = [diagnosis.get("likely_cause"), *diagnosis.get("competing", []), *diagnosis.get("other", [])]
     place = alert.place()
+    place = {**(places or {}).get(place.get("instance", ""), {}), **place}
     here = [f for f in ranked if f and at_place(f.get("where", {}), place)]
     rule_id = alert.labels.get("rule_id")
     matched = next((f for f in here if rule_id and f.get("rule_id") == rule_id), None)

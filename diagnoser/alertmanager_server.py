@@ -33,6 +33,7 @@ from kvscope.diagnoser.alertmanager import (
     Alert,
     WebhookError,
     diagnosis_window,
+    instance_places,
     parse_alert,
     parse_webhook,
     select_findings,
@@ -187,21 +188,23 @@ class WebhookServer:
         window = (_floor(window[0], self.config.step_s), _floor(window[1], self.config.step_s))
         if window not in cache:
             cache[window] = await self._diagnose_window(*window)
-        diagnosis, errors = cache[window]
-        out = select_findings(diagnosis, alert)
+        diagnosis, places, errors = cache[window]
+        out = select_findings(diagnosis, alert, places)
         return {"status": "diagnosed", "window": list(window), **out, "errors": errors}
 
-    async def _diagnose_window(self, start: float, end: float) -> tuple[dict[str, Any], list[str]]:
+    async def _diagnose_window(self, start: float, end: float
+                               ) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[str]]:
         """Read the window with the Prometheus source (native engine names and kvscope_* series,
         through the same dialects as a live scrape) and run every rule over it."""
         source = PrometheusSource(self.config.prometheus_url, timeout_s=30.0)
         try:
             frame = await asyncio.to_thread(source.read_frame, self.names, start, end, self.config.step_s)
         except SourceError as exc:
-            return {"likely_cause": None, "competing": [], "other": [], "skipped": []}, [str(exc)]
+            return {"likely_cause": None, "competing": [], "other": [], "skipped": []}, {}, [str(exc)]
         result = await asyncio.to_thread(diagnose, frame, self.rules, self.levers,
                                          self.config.params, source.description)
-        return result.to_dict(), []
+        places = instance_places([dict(lbl) for block in frame.blocks.values() for lbl in block.labels])
+        return result.to_dict(), places, []
 
     async def forward(self, row_id: int, payload: dict[str, Any]) -> str:
         """POST the enriched payload; returns what happened (stored on the row)."""

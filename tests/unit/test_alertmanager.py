@@ -10,6 +10,7 @@ from kvscope.diagnoser.alertmanager import (
     WebhookError,
     at_place,
     diagnosis_window,
+    instance_places,
     parse_alert,
     parse_webhook,
     select_findings,
@@ -86,6 +87,17 @@ def test_select_findings_keeps_the_alerts_place_and_matches_its_rule():
     assert out["matched"]["where"] == {"instance": "e0:8000"}
     assert [f["rule_id"] for f in out["findings"]] == ["queue_growing", "kv_pressure_preemption", "fleet_oversized"]
     assert out["skipped"] == 1
+
+
+def test_an_instance_alert_gets_its_model_so_other_models_findings_stay_out():
+    places = instance_places([{"instance": "e0:8000", "model": "llama", "dp_rank": "0"},
+                              {"instance": "e0:8000", "model": "llama", "dp_rank": "1"},
+                              {"instance": "e1:8000", "model": "qwen"}])
+    assert places["e0:8000"] == {"instance": "e0:8000", "model": "llama"}   # dp_rank differs: not a place
+    diagnosis = {"likely_cause": _finding("cold_replica", {"model": "qwen"}, 300),
+                 "other": [_finding("hit_collapse_after_scaling", {"model": "llama"}, 200)]}
+    out = select_findings(diagnosis, parse_alert(WEBHOOK["alerts"][0]), places)
+    assert [f["rule_id"] for f in out["findings"]] == ["hit_collapse_after_scaling"]
 
 
 def test_at_place_ignores_labels_the_alert_does_not_carry():
