@@ -64,7 +64,8 @@ class ConditionEvaluator:
         rule = self.ev.rule
         k = max(1, int(round(rule.duration(spec.get("range", "30m")) / step)))
         off = int(round(rule.duration(spec.get("offset", "10m")) / step))
-        base = grid.shift(grid.over_time(left, k, str(spec.get("agg", "avg"))), off)
+        source = left if "of" not in spec else self.ev.aligned(str(spec["of"]), self.by, self.keys)
+        base = grid.shift(grid.over_time(source, k, str(spec.get("agg", "avg"))), off)
         return base * times + plus
 
     def all_of(self, conds: list[dict[str, Any]]) -> tuple[np.ndarray, list[Evaluated]]:

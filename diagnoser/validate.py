@@ -216,6 +216,8 @@ def check_conditions(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
             yield _issue(rule, cond, f"condition compares with unknown series {cond['than']!r}", "than")
         if "baseline" in cond and (cond["baseline"] or {}).get("agg", "avg") not in BASELINE_AGGS:
             yield _issue(rule, cond, f"baseline agg must be one of {list(BASELINE_AGGS)}", "baseline")
+        if "baseline" in cond and "of" in (cond["baseline"] or {}) and cond["baseline"]["of"] not in series:
+            yield _issue(rule, cond, f"baseline of unknown series {cond['baseline']['of']!r}", "baseline")
     when = rule.doc.get("when") or {}
     if when and not (when.get("all") or when.get("any")):
         yield _issue(rule, when, "'when' needs 'all' or 'any' conditions")
