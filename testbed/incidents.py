@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from kvscope.agent.recording import read_recording
 
-from testbed.loadgen import LoadSpec, run_load
+from testbed.loadgen import LoadResult, LoadSpec, run_load
 from testbed.otlp_sink import OtlpSink
 from testbed.scenarios import Phase, Scenario
 from testbed.vllm_server import VllmConfig, VllmServer
@@ -77,11 +77,18 @@ async def _run_phase(phase: Phase, servers: list[VllmServer], seed: int,
                     concurrency=phase.concurrency, rate_per_s=phase.rate_per_s,
                     route_by=phase.route_by, seed=seed)
     start = time.time()
-    load = asyncio.create_task(run_load(spec, urls, phase.policy, on_done=lambda r: tick(), stop=stop))
+    loads = [asyncio.create_task(run_load(spec, urls, phase.policy, on_done=lambda r: tick(), stop=stop))]
+    for j, side in enumerate(phase.alongside):
+        side_spec = LoadSpec(list(side.tenants), max_requests=100_000, duration_s=duration,
+                             concurrency=side.concurrency, rate_per_s=side.rate_per_s,
+                             route_by=side.route_by, seed=seed * 100 + j + 1)
+        loads.append(asyncio.create_task(run_load(side_spec, urls, side.policy, on_done=lambda r: tick(),
+                                                  stop=stop)))
     if action is not None:
         await action
         stop.set()
-    result = await load
+    results = await asyncio.gather(*loads)
+    result = LoadResult([r for res in results for r in res.records], max(res.wall_s for res in results))
     end = time.time()
     return {"name": phase.name, "start_unix": start, "end_unix": end, "routing": phase.policy,
             "route_by": phase.route_by, "replicas": [f"replica-{i}" for i in chosen],

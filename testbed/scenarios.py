@@ -25,6 +25,7 @@ class Phase:
     route_by: str = "session"
     replicas: tuple[int, ...] | None = None      # which replicas get traffic (None: all)
     action: str | None = None                    # "restart:<i>" runs while this phase's load goes on
+    alongside: tuple[Phase, ...] = ()            # independent loads run at the same time (own rate/clients)
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,14 @@ def chat_tenants(n: int, system_words: int = 256, alpha: float = 1.0, turns: int
 ROOMY = VllmConfig(num_gpu_blocks=512, max_num_seqs=32)      # 16k KV tokens: no pressure at these rates
 SMALL = VllmConfig(num_gpu_blocks=128, max_num_seqs=16)      # 4k KV tokens: pressure reachable
 NO_PREFIX = VllmConfig(num_gpu_blocks=512, max_num_seqs=32, prefix_caching=False)
+NOISY_CFG = VllmConfig(num_gpu_blocks=512, max_num_seqs=8)
 TIGHT = VllmConfig(num_gpu_blocks=96, max_num_seqs=16)       # 3k tokens: < the 12 tenants' prefixes
 NGRAM = VllmConfig(num_gpu_blocks=512, max_num_seqs=16, extra_args=(
     "--speculative-config",
     '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}'))
 
+QUIET3 = chat_tenants(3, turns=1)
+NOISY = Tenant("noisy", system_words=40, prompt_words=Dist("uniform", 600, 750), output_tokens=Dist("fixed", 16))
 LONG_OUT = Tenant("bulk", system_words=300, prompt_words=Dist("uniform", 50, 200),
                   output_tokens=Dist("fixed", 400))
 
@@ -107,31 +111,36 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario(
         "replica-restart-cold-cache",
-        "Two replicas, sticky by tenant. Replica 1 is drained and restarted (its scrape target is down "
-        "while it starts), then takes its tenants back with an empty prefix cache while replica 0 is warm.",
+        "Two replicas, sticky by tenant, 40 tenants (flat-ish power law) so each replica owns ~20 "
+        "distinct system prompts. Replica 1 is drained and restarted (its scrape target is down while "
+        "it starts), then takes its tenants back with an empty prefix cache while replica 0 is warm: "
+        "it misses each tenant's prefix (and each open session's history) once before it hits again.",
         (ROOMY, ROOMY),
-        (Phase("warm", 45, chat_tenants(6), rate_per_s=4.0, concurrency=4, policy="sticky_tenant",
+        (Phase("warm", 60, chat_tenants(40, alpha=0.3), rate_per_s=6.0, concurrency=4, policy="sticky_tenant",
                route_by="tenant"),
-         Phase("restart", 0, chat_tenants(6), rate_per_s=2.0, concurrency=2, policy="sticky_tenant",
+         Phase("restart", 0, chat_tenants(40, alpha=0.3), rate_per_s=3.0, concurrency=2, policy="sticky_tenant",
                route_by="tenant", replicas=(0,), action="restart:1"),
-         Phase("rejoin", 60, chat_tenants(6), rate_per_s=4.0, concurrency=4, policy="sticky_tenant",
+         Phase("rejoin", 60, chat_tenants(40, alpha=0.3), rate_per_s=6.0, concurrency=4, policy="sticky_tenant",
                route_by="tenant")),
         expected=({"levers": ["P4"], "phase": "rejoin",
-                   "why": "the restarted replica starts with zero hits and higher TTFT than the warm one"},),
-        notes="The restart phase lasts as long as the restart takes (about 30 s on this box).",
+                   "why": "the restarted replica starts with near-zero hits next to a warm replica"},),
+        notes="The restart phase lasts as long as the restart takes (30 s on an idle box, more under load). "
+              "Sticky assignment is by first sight, so after the restart each tenant keeps its replica.",
     ),
     Scenario(
         "noisy-tenant-long-prompts",
-        "Three interactive tenants with short prompts; then a fourth tenant sends long prompts "
-        "(~700 words, near max-model-len 1024) at a high rate, and everyone's TTFT rises.",
-        (ROOMY,),
-        (Phase("quiet", 30, chat_tenants(3, turns=1), rate_per_s=3.0, concurrency=3),
-         Phase("noisy", 60, chat_tenants(3, turns=1) + (Tenant(
-             "noisy", system_words=40, share=3.0, prompt_words=Dist("uniform", 600, 750),
-             output_tokens=Dist("fixed", 16)),), rate_per_s=12.0, concurrency=12),
-         Phase("quiet-again", 30, chat_tenants(3, turns=1), rate_per_s=3.0, concurrency=3)),
+        "Three interactive tenants with short prompts keep the same open-loop traffic (3 req/s) the whole "
+        "time on a replica that runs at most 8 sequences. In the middle phase a fourth tenant floods it "
+        "with long prompts (~700 words, near max-model-len 1024) from a closed loop of 16 clients: the "
+        "batch fills with its prefills, requests queue, and the quiet tenants' TTFT rises although their "
+        "own traffic did not change.",
+        (NOISY_CFG,),
+        (Phase("quiet", 30, QUIET3, rate_per_s=3.0, concurrency=3),
+         Phase("noisy", 60, QUIET3, rate_per_s=3.0, concurrency=3, alongside=(
+             Phase("noisy-tenant", 60, (NOISY,), concurrency=16),)),
+         Phase("quiet-again", 30, QUIET3, rate_per_s=3.0, concurrency=3)),
         expected=({"levers": ["L11"], "phase": "noisy",
-                   "why": "one tenant's long prompts dominate prefill; all tenants' TTFT rises"},),
+                   "why": "one tenant's long prompts fill the batch; the other tenants' TTFT rises"},),
     ),
     Scenario(
         "spec-decode-poor-acceptance",
