@@ -6,13 +6,16 @@ from kvscope.dashboards.board import Board, Panel, Row
 UID = "kvscope-efficiency"
 
 COST = Row("Cost", (
-    Panel("Tokens per GPU-hour by node", "Output tokens per GPU-hour per node (002 §9.3): engines and GPUs "
-          "joined on `node`. Absent without a GPU collector (DCGM or NVML).", (q.tokens_per_gpu_hour(("node",)),),
-          "tokens_per_gpu_hour"),
+    Panel("Tokens per GPU-hour", "Output tokens per GPU-hour across the selection (002 §9.3): generated "
+          "tokens over the GPUs reporting utilisation. Absent without a GPU collector (DCGM or NVML).",
+          (q.tokens_per_gpu_hour(),), "tokens_per_gpu_hour", width=6),
+    Panel("Tokens per GPU-hour by engine", "Per engine, GPUs counted from the agent's engine-GPU join "
+          "(engine_gpu_memory_used_bytes, by gpu_mapping, Kubernetes pod labels or NVML pid).",
+          (q.tokens_per_gpu_hour_by_engine(),), "tokens_per_gpu_hour", width=6),
     Panel("$ per 1M output tokens", "GPU-hours at $gpu_hour_cost over output tokens. Idle GPUs count: "
-          "002 §9.2's utilisation trap.", (q.cost_per_million_tokens(),), "currency"),
+          "002 §9.2's utilisation trap.", (q.cost_per_million_tokens(),), "currency", width=6),
     Panel("Energy per output token", "GPU energy (joules) per generated token.", (q.joules_per_token(),),
-          "joules"),
+          "joules", width=6),
 ))
 
 UTILISATION = Row("Utilisation and savings", (

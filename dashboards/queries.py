@@ -167,6 +167,14 @@ def tokens_per_gpu_hour(by: tuple[str, ...] = ()) -> Query:
                  ("engine_generation_tokens_total", "gpu_utilization_ratio"))
 
 
+def tokens_per_gpu_hour_by_engine() -> Query:
+    """Output tokens per GPU-hour per engine, GPUs counted from the agent's engine-GPU join
+    (engine_gpu_memory_used_bytes: one series per engine and GPU)."""
+    num = f"{sum_rate('engine_generation_tokens_total', ('instance',))} * 3600"
+    den = f"count by (instance) ({series('engine_gpu_memory_used_bytes')}{_sel()})"
+    return Query(guard(num, den), "{{instance}}", ("engine_generation_tokens_total", "engine_gpu_memory_used_bytes"))
+
+
 def cost_per_million_tokens() -> Query:
     """$ per 1M output tokens at `$gpu_hour_cost` $/GPU-hour; idle GPUs count (002 §9.2)."""
     num = f"{gpu_count()} * $gpu_hour_cost / 3600"

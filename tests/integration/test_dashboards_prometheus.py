@@ -41,7 +41,7 @@ KVSCOPE_LIVE = "produced live by a kvscope component (request tap, trace receive
 DECLARED_ABSENT = {
     **{s: NO_GPU for s in ("gpu_utilization_ratio", "gpu_sm_active_ratio", "gpu_memory_used_bytes",
                            "gpu_memory_total_bytes", "gpu_power_watts", "gpu_temperature_celsius", "gpu_xid_last_code",
-                           "gpu_energy_joules_total")},
+                           "gpu_energy_joules_total", "engine_gpu_memory_used_bytes")},
     **{s: "host collector series are produced by the live agent, not by the engine's /metrics"
        for s in ("host_cpu_utilization_ratio", "host_memory_used_bytes", "host_memory_total_bytes",
                  "engine_process_resident_memory_bytes", "engine_process_cpu_seconds_total")},
@@ -101,6 +101,7 @@ def render_backfill(samples) -> str:
     return "".join("".join(lines) for lines in by_name.values()) + "# EOF\n"
 
 
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 LIBRARY = sorted(p for p in RECORDINGS.glob("*.om*") if p.is_file()) if RECORDINGS.is_dir() else []
 
 
@@ -240,12 +241,15 @@ def measured_idle(url: str, replay, signal: str) -> bool:
     return not result or all(float(v) == 0 for r in result for _, v in r["values"])
 
 
-def silent_panels(url: str, replay, strict: bool = True) -> tuple[int, list[str]]:
+def silent_panels(url: str, replay, strict: bool = True,
+                  explained: list[str] | None = None) -> tuple[int, list[str]]:
     """(queries run, queries with no data that nothing explains).
 
-    Explained: a signal in DECLARED_ABSENT / CONDITIONAL that the recording lacks, or one in
-    DECLARED_IDLE. With strict=False (the incident library, whose scenarios differ), a signal
-    measured idle in this recording (its counter never moved) explains an empty ratio too.
+    strict (the bundled incident): an empty query must read a signal of DECLARED_ABSENT or
+    CONDITIONAL that the recording lacks, or one of DECLARED_IDLE. Not strict (the incident
+    library, whose scenarios and engines differ): a signal the recording verifiably lacks, or a
+    counter measured idle in it, explains the empty query; `explained` collects each such panel
+    with its reason, and the test writes them out as that recording's declared absences.
     """
     present = _present(replay) | {"target_up", "up"} | read_recorded_names(RULES)
     silent, ran = [], 0
@@ -255,11 +259,17 @@ def silent_panels(url: str, replay, strict: bool = True) -> tuple[int, list[str]
                 ran += 1
                 if _has_data(query_range(url, substitute(q.expr, replay.start, replay.end), replay.start, replay.end)):
                     continue
-                lacking = [s for s in q.signals if s not in present or s in DECLARED_IDLE]
-                undeclared = [s for s in lacking if s not in DECLARED_ABSENT and s not in DECLARED_IDLE
-                              and s not in CONDITIONAL]
-                if not lacking and not strict:
-                    lacking = [s for s in q.signals if measured_idle(url, replay, s)]
+                absent = [s for s in q.signals if s not in present]
+                if strict:
+                    lacking = absent + [s for s in q.signals if s in DECLARED_IDLE]
+                    undeclared = [s for s in lacking if s not in DECLARED_ABSENT and s not in DECLARED_IDLE
+                                  and s not in CONDITIONAL]
+                else:
+                    idle = [] if absent else [s for s in q.signals if measured_idle(url, replay, s)]
+                    lacking, undeclared = absent + idle, []
+                    if lacking and explained is not None:
+                        why = f"absent: {', '.join(absent)}" if absent else f"never moved: {', '.join(idle)}"
+                        explained.append(f"{board.uid} / {panel.title} ({q.legend or q.expr[:40]}): {why}")
                 if not lacking or undeclared:
                     silent.append(f"{board.uid} / {panel.title}: {q.expr} (lacks {lacking or 'nothing'})")
     return ran, silent
@@ -274,8 +284,13 @@ def test_every_panel_query_returns_data_or_is_declared_absent(loaded):
 @pytest.mark.parametrize("path", LIBRARY, ids=lambda p: p.name)
 def test_library_recordings_show_data_or_declared_absence(path, tmp_path):
     """Every real recording of the incident library: no silently empty panel either."""
+    explained: list[str] = []
     with serve_recording(path, tmp_path) as (url, replay):
-        ran, silent = silent_panels(url, replay, strict=False)
+        ran, silent = silent_panels(url, replay, strict=False, explained=explained)
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / f"dashboard-absences-{path.name.split('.')[0]}.txt").write_text(
+        f"{path.name}: {ran} panel queries, {len(explained)} empty with a reason\n" + "\n".join(explained) + "\n")
+    assert ran > 60
     assert silent == [], f"{path.name}: panels silently empty:\n" + "\n".join(silent)
 
 
