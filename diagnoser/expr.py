@@ -16,7 +16,7 @@ from kvscope.diagnoser import grid
 from kvscope.diagnoser.frame import Frame
 from kvscope.diagnoser.rule import Rule
 
-SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count")
+SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count", "resets")
 """Forms that read a canonical signal from the frame."""
 SERIES_FORMS = ("ratio", "sum", "diff", "product", "coalesce", "scale", "over_time", "deriv", "changes", "aggregate")
 """Forms that combine other named series."""
@@ -221,6 +221,14 @@ class SeriesEvaluator:
         counts = grid.reduce_groups(np.where(present, 1.0, np.nan), inv2, len(outer), "sum")
         return Grouped(by, outer, counts)
 
+    def _form_resets(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        """Counter resets (process restarts) in the trailing range, summed over the group."""
+        keys, inv, values = self._rows(str(node["resets"]), by, match=node.get("match"))
+        if not keys:
+            return self._empty(by)
+        counts = grid.resets(values, self._steps(node, default="10m"))
+        return Grouped(by, keys, grid.reduce_groups(counts, inv, len(keys), "sum"))
+
     def _form_quantile(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
         name, match = str(node["histogram"]) + "_bucket", node.get("match")
         keys, inv, values = self._rows(name, by, ("le",), match=match)
@@ -389,6 +397,8 @@ def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ..
     if form == "mean":
         s = node["mean"]
         return f"sum by ({by}) (rate({s}_sum{sel}[{rng}])) / sum by ({by}) (rate({s}_count{sel}[{rng}]))"
+    if form == "resets":
+        return f"sum by ({by}) (resets({node['resets']}{sel}[{rng}]))"
     if form == "count":
         inner = ", ".join([b for b in [by] if b] + list(node.get("distinct", ["instance"])))
         return f"count by ({by}) (count by ({inner}) ({node['count']}{sel}))"

@@ -290,6 +290,15 @@ def deriv(values: np.ndarray, k: int, step: float, min_points: int = 3) -> np.nd
     return slope
 
 
+def resets(values: np.ndarray, k: int) -> np.ndarray:
+    """How many times each counter dropped (was reset) within a trailing window of k steps."""
+    filled = ffill(values)
+    d = np.zeros_like(values)
+    diff = np.diff(filled, axis=1)
+    d[:, 1:] = (diff < 0) & ~np.isnan(diff)
+    return _trailing_sum(d, k - 1) if k > 1 else d
+
+
 def changes(values: np.ndarray, k: int) -> np.ndarray:
     """How many times each row's value changed within a trailing window of k steps."""
     filled = ffill(values)

