@@ -19,9 +19,12 @@ COST = Row("Cost", (
 ))
 
 UTILISATION = Row("Utilisation and savings", (
-    Panel("Fleet GPU utilisation", "Average GPU utilisation. 002 §9.2: below 40 % the fleet pays 2.5× the "
-          "efficient cost per token.", (q.Query(q.gauge("gpu_utilization_ratio", "avg"), "avg",
-                                                ("gpu_utilization_ratio",)),), "ratio", palette="gpu_util"),
+    Panel("Fleet GPU utilisation", "Average GPU utilisation as DCGM GPU_UTIL / NVML report it (a kernel was "
+          "running) and, where DCGM profiling is on, graphics-engine activity: GPU_UTIL reads ~94 % on an idle "
+          "decode batch. 002 §9.2: below 40 % real use the fleet pays 2.5x the efficient cost per token.",
+          (q.Query(q.gauge("gpu_utilization_ratio", "avg"), "GPU_UTIL (a kernel ran)", ("gpu_utilization_ratio",)),
+           q.Query(q.gauge("gpu_graphics_engine_active_ratio", "avg"), "graphics engine active",
+                   ("gpu_graphics_engine_active_ratio",))), "ratio", palette="gpu_util"),
     Panel("Prefill tokens saved by prefix caching", "Prompt tokens per second served from the prefix cache "
           "instead of recomputed.", (q.prefill_tokens_saved(),), "tokens_per_s"),
     Panel("Prompt tokens by source", "Computed vs cached vs transferred prompt tokens.",

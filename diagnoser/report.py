@@ -36,7 +36,12 @@ sampling interval, whichever is larger (a gap in the data is not a GPU-hour)."""
 COUNTERS = ("engine_generation_tokens_total", "engine_prompt_tokens_total", "engine_prefix_cache_hits_tokens_total",
             "engine_prefix_cache_queries_tokens_total", "engine_requests_finished_total",
             "tenant_requests_total", "tenant_prompt_tokens_total", "tenant_cached_tokens_total")
-GAUGES = ("gpu_utilization_ratio", "engine_gpu_memory_used_bytes", "engine_requests_running")
+GAUGES = ("gpu_utilization_ratio", "gpu_graphics_engine_active_ratio", "engine_gpu_memory_used_bytes",
+          "engine_requests_running")
+UTILISATION_SIGNALS = ("gpu_graphics_engine_active_ratio", "gpu_utilization_ratio")
+"""Utilisation, best first. DCGM's GPU_UTIL (gpu_utilization_ratio) only says *a* kernel was
+running in the sample period, so a GPU idling on a tiny decode batch reads ~94 %; where DCGM
+profiling reports graphics-engine activity, that is the utilisation the report uses."""
 SIGNALS = COUNTERS + GAUGES
 """Every canonical sample name the report reads."""
 
@@ -184,6 +189,11 @@ def counter_increments(ss: SeriesSet, name: str) -> tuple[Points, np.ndarray]:
     return pts, inc
 
 
+def utilisation_signal(ss: SeriesSet) -> str:
+    """The utilisation signal this source has (see UTILISATION_SIGNALS)."""
+    return next((n for n in UTILISATION_SIGNALS if ss.of(n).sid.size), UTILISATION_SIGNALS[-1])
+
+
 def gauge_coverage(ss: SeriesSet, name: str, max_gap_s: float = MAX_GAP_S) -> tuple[Points, np.ndarray]:
     """(points, dt): each point weighted by the time since the previous point, capped at the
     larger of max_gap_s and twice the typical interval."""
@@ -242,6 +252,7 @@ class WeekStats:
 
     start: float
     end: float
+    utilisation_signal: str
     pools: pd.DataFrame
     fleet: dict[str, float | None]
     tenants: pd.DataFrame
@@ -266,7 +277,7 @@ def compute_week(ss: SeriesSet, start: float, end: float, gpu_hour_cost: float) 
         ("output_tokens", "engine_generation_tokens_total"), ("prompt_tokens", "engine_prompt_tokens_total"),
         ("prefill_tokens_saved", "engine_prefix_cache_hits_tokens_total"),
         ("prefix_queries", "engine_prefix_cache_queries_tokens_total"))})
-    gpu, dt = gauge_coverage(ss, "gpu_utilization_ratio")
+    gpu, dt = gauge_coverage(ss, utilisation_signal(ss))
     if gpu.sid.size:
         mask, sids, gkeys = _window(gpu, start, end), np.unique(gpu.sid), gpu_pools(ss)
         hours = _group(gkeys, _per_sid(ss, gpu, dt, mask), sids) / 3600
@@ -274,7 +285,7 @@ def compute_week(ss: SeriesSet, start: float, end: float, gpu_hour_cost: float) 
         table = table.join(pd.DataFrame({"gpu_hours": hours, "gpu_util": busy / hours.where(hours > 0)}),
                            how="outer")
     table = _derive(table, gpu_hour_cost)
-    return WeekStats(start, end, table, _fleet(table, gpu_hour_cost), _tenants(ss, start, end),
+    return WeekStats(start, end, utilisation_signal(ss), table, _fleet(table, gpu_hour_cost), _tenants(ss, start, end),
                      _daily(ss, start, end))
 
 
@@ -337,7 +348,7 @@ def _daily(ss: SeriesSet, start: float, end: float) -> pd.DataFrame:
     pts, inc = counter_increments(ss, "engine_generation_tokens_total")
     if pts.sid.size:
         parts["output_tokens"] = _by_day(pts, inc, start, end)
-    gpu, dt = gauge_coverage(ss, "gpu_utilization_ratio")
+    gpu, dt = gauge_coverage(ss, utilisation_signal(ss))
     if gpu.sid.size:
         hours = _by_day(gpu, dt, start, end) / 3600
         parts["gpu_hours"] = hours

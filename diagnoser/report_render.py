@@ -52,8 +52,11 @@ def _trap_lines(report: WeeklyReport) -> list[str]:
     if util is None:
         return ["GPU utilisation is absent from this source (no DCGM/NVML series), so GPU-hours, tokens per "
                 "GPU-hour and cost per token cannot be computed."]
-    lines = [f"Mean GPU utilisation {util:.0%}: cost per token is {1 / util:.1f}× what the same fleet would pay "
-             "fully utilised (002 §9.2)." if util > 0 else "GPUs were idle all week."]
+    basis = ("DCGM graphics-engine activity" if report.this.utilisation_signal == "gpu_graphics_engine_active_ratio"
+             else "GPU utilisation as reported (DCGM GPU_UTIL / NVML: a kernel was running; it overstates real "
+                  "use on small decode batches)")
+    lines = [f"Mean GPU utilisation {util:.0%} ({basis}): cost per token is {1 / util:.1f}× what the same fleet "
+             "would pay fully utilised (002 §9.2)." if util > 0 else "GPUs were idle all week."]
     if util < UTILISATION_TRAP:
         lines.append(f"Below {UTILISATION_TRAP:.0%}: the fleet is in the utilisation trap (002 §9.3). Levers: "
                      "scale down faster, fill idle hours with offline batch work, colocate models (002 §9.2).")

@@ -41,7 +41,8 @@ KVSCOPE_LIVE = "produced live by a kvscope component (request tap, trace receive
 DECLARED_ABSENT = {
     **{s: NO_GPU for s in ("gpu_utilization_ratio", "gpu_sm_active_ratio", "gpu_memory_used_bytes",
                            "gpu_memory_total_bytes", "gpu_power_watts", "gpu_temperature_celsius", "gpu_xid_last_code",
-                           "gpu_energy_joules_total", "engine_gpu_memory_used_bytes")},
+                           "gpu_energy_joules_total", "engine_gpu_memory_used_bytes",
+                           "gpu_graphics_engine_active_ratio")},
     **{s: "host collector series are produced by the live agent, not by the engine's /metrics"
        for s in ("host_cpu_utilization_ratio", "host_memory_used_bytes", "host_memory_total_bytes",
                  "engine_process_resident_memory_bytes", "engine_process_cpu_seconds_total")},

@@ -1,5 +1,7 @@
 """Weekly report maths on a small fleet whose right answers are known by construction."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from kvscope.agent.signals import Sample, make_labels
@@ -150,3 +152,33 @@ def test_cli_writes_html_and_markdown_from_a_recording(tmp_path, capsys):
     assert "kv_pressure" in md or "eviction_rate" in md      # the week's findings come from the diagnoser
     assert "| Output tokens / GPU-hour | absent |" in md
     assert (tmp_path / "w.html").read_text().startswith("<!doctype html>")
+
+
+def test_utilisation_prefers_graphics_engine_activity_over_gpu_util():
+    """GPU_UTIL says a kernel ran; where DCGM profiling reports engine activity, the report uses it."""
+    samples = _fleet(tenants=False)
+    samples += [Sample("gpu_graphics_engine_active_ratio", s.labels, 0.1, s.timestamp)
+                for s in samples if s.name == "gpu_utilization_ratio"]
+    report = build_report(series_set_from_samples(samples), END, 2.0, "test")
+    assert report.this.utilisation_signal == "gpu_graphics_engine_active_ratio"
+    assert report.this.fleet["gpu_util"] == pytest.approx(0.1)
+    assert "graphics-engine activity" in render_markdown(report)
+
+
+LIBRARY_TRAP = Path(__file__).resolve().parents[1] / "recordings" / "fleet-dcgm-utilization-trap.om.gz"
+
+
+def test_real_dcgm_fleet_recording_is_in_the_utilisation_trap():
+    """On the library's DCGM fleet (GPU_UTIL ~94 %, engine activity ~22 %), the numbers come from
+    the recorded series: GPU-hours = GPUs x covered time, utilisation = engine activity."""
+    from kvscope.agent.replay import replay_recording
+
+    replay = replay_recording(LIBRARY_TRAP)
+    engine_active = [s for s in replay.samples if s.name == "gpu_graphics_engine_active_ratio"]
+    gpus = {s.label("gpu_uuid") for s in engine_active}
+    report = build_report(series_set_from_samples(replay.samples), replay.end + 1, 2.5, "library")
+    fleet = report.this.fleet
+    assert fleet["gpu_util"] == pytest.approx(np.mean([s.value for s in engine_active]), abs=0.02)
+    assert fleet["gpu_util"] < 0.4
+    assert fleet["gpu_hours"] == pytest.approx(len(gpus) * (replay.end - replay.start) / 3600, rel=0.05)
+    assert "utilisation trap" in render_markdown(report)
