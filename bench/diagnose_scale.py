@@ -32,6 +32,7 @@ from kvscope.diagnoser.frame import Block, Frame, make_grid  # noqa: E402
 from kvscope.diagnoser.rule import read_rules  # noqa: E402
 
 GOAL_S = 5.0
+WORKERS = 1   # set by --workers; 1 measures the algorithm's own cost
 # vLLM 0.33 default buckets (reference/engine-metrics.md §1.4), +Inf appended.
 TTFT_LE = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
            20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
@@ -121,7 +122,7 @@ def run(frame: Frame, rules, cache: bool) -> tuple[float, float, int]:
     the benchmark machine may be shared: wall time then includes waiting for a core."""
     frame.cache = {} if cache else None
     t0, c0 = time.perf_counter(), time.process_time()
-    d = diagnose(frame, rules, time_scale=1.0, source="bench")
+    d = diagnose(frame, rules, time_scale=1.0, source="bench", workers=WORKERS)
     return time.perf_counter() - t0, time.process_time() - c0, len(d.findings)
 
 
@@ -168,8 +169,11 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=6.0)
     ap.add_argument("--step", type=float, default=15.0)
     ap.add_argument("--no-baseline", action="store_true", help="skip the scalar-analytics baseline")
+    ap.add_argument("--workers", type=int, default=1, help="threads evaluating rules side by side (default 1)")
     ap.add_argument("--baseline-sample", type=int, default=3, help="engines timed with the scalar functions")
     args = ap.parse_args()
+    global WORKERS
+    WORKERS = args.workers
     t0 = time.perf_counter()
     frame = build_frame(args.engines, args.hours, args.step)
     points = sum(b.values.size for b in frame.blocks.values())
@@ -178,7 +182,7 @@ def main() -> None:
           f"{series:,} series, {points / 1e6:.1f} M points (built in {time.perf_counter() - t0:.1f} s)")
     rules = read_rules()
     took, cpu, fired = run(frame, rules, cache=True)
-    print(f"diagnose ({len(rules)} rules, cross-rule series cache): {took:.2f} s wall, {cpu:.2f} s CPU, "
+    print(f"diagnose ({len(rules)} rules, {WORKERS} thread(s)): {took:.2f} s wall, {cpu:.2f} s CPU, "
           f"{fired} findings; goal {GOAL_S:.0f} s -> {took / GOAL_S:.2f}x of the goal "
           f"({'met' if took < GOAL_S else 'NOT met'})")
     if not args.no_baseline:
