@@ -10,8 +10,9 @@ The memory-pressure cascade of seeds/002 §7.4 (Figure 7.4) runs in stages:
                          `kv_blocks_evicted_recomputed_total` rates > 0);
 * stage 3 `queueing`    requests queue behind their own evicted state (`engine_requests_waiting`
                          >= queue_min in queue_samples consecutive samples);
-* stage 4 `latency`     the externally visible symptom: TTFT grows over its pre-pressure baseline,
-                         and, where a GPU signal exists, GPU utilisation drops.
+* stage 4 `latency`     the externally visible symptom: TTFT grows over its pre-pressure baseline
+                         while requests queue, or (where a GPU signal exists) GPU utilisation
+                         drops while the pool is full / evicting.
 
 Stage 0 is healthy. The *current* stage is the deepest stage k whose conditions 1..k all hold at
 the last evaluated point, so a queue alone (stage-3 condition with an empty KV pool) is no
@@ -80,15 +81,15 @@ class CascadeReport:
 
     @property
     def ordered(self) -> bool:
-        """True when the root came first and the symptom last: 1 <= 2, 1 <= 3, max(2, 3) <= 4.
+        """True when the root came first: onset(1) <= onsets 2, 3, 4, and onset(3) <= onset(4).
 
-        Stages 2 and 3 are not ordered against each other: with admission control (vLLM, SGLang)
-        arrivals queue as soon as the pool is full, before running requests grow into a
-        preemption, so a real run shows 3 at or before 2 (observed on vLLM 0.32, see
-        docs/requests.md). Missing stages are skipped. Ties are allowed.
+        Stage 2 is not ordered against 3 and 4: with admission control (vLLM, SGLang) arrivals
+        queue, and their TTFT grows, as soon as the pool is full, while running requests are
+        preempted only later, when they grow into it (observed on vLLM 0.32, docs/requests.md).
+        Missing stages are skipped. Ties are allowed.
         """
         o = self.onsets
-        pairs = [(1, 2), (1, 3), (2, 4), (3, 4), (1, 4)]
+        pairs = [(1, 2), (1, 3), (1, 4), (3, 4)]
         return all(o[a] <= o[b] for a, b in pairs if a in o and b in o)
 
 
@@ -191,7 +192,11 @@ def _stage_conditions(ser: _Series, grid: list[float], cfg: CascadeConfig,
     first_high = next((t for t, ok in zip(grid, kv, strict=True) if ok), None)
     ttft_bad, ttft_base, ttft_now = _ttft_degraded(ser, grid, first_high, cfg)
     gpu_bad, gpu_base, gpu_now = _gpu_dropped(ser, grid, first_high, cfg)
-    latency = [t or g for t, g in zip(ttft_bad, gpu_bad, strict=True)]
+    # The symptom counts as this cascade's stage 4 only alongside its mechanism: TTFT grows while
+    # requests queue, GPU utilisation drops while the pool is full or evicting. A TTFT rise
+    # without a queue (prefill interference, a starved host) is another problem for other rules.
+    latency = [(t and q) or (g and (k or e))
+               for t, q, g, k, e in zip(ttft_bad, waiting, gpu_bad, kv, evict, strict=True)]
     report.evidence = {
         "kv_usage_ratio": ser.kv[-1][1], "kv_usage_ratio_max": max(v for _, v in ser.kv),
         "waiting_max": max((v for _, v in ser.waiting), default=None),

@@ -127,3 +127,12 @@ def test_a_request_caught_waiting_for_one_sample_is_not_a_queue():
     rep = evaluate_cascade(samples)["e0:8000"]
     assert rep.onsets[3] == 15.0          # the blip at t=5 is ignored; the queue starts at t=15
     assert evaluate_cascade(samples, CascadeConfig(queue_samples=1))["e0:8000"].onsets[3] == 5.0
+
+
+def test_ttft_rise_without_a_queue_is_not_the_cascade_symptom():
+    samples = (_series("engine_kv_cache_usage_ratio", [0.3, 0.4, 0.5, 0.95, 0.97, 0.97])
+               + _series("engine_preemptions_total", [0, 0, 0, 0, 2, 4])
+               + _series("engine_requests_waiting", [0, 0, 0, 0, 3, 5])
+               + _ttft([0.05, 0.05, 0.5, 0.5, 0.6, 0.7]))   # slow from t=10: starved host, no queue yet
+    rep = evaluate_cascade(samples)["e0:8000"]
+    assert rep.onsets[4] == 20.0 and rep.ordered          # counted once the queue exists
