@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 from kvscope.diagnoser.report import UTILISATION_TRAP, compute_week
 from kvscope.diagnoser.report_render import POOL_COLUMNS, fmt
@@ -33,6 +34,11 @@ def render(data: TriageData) -> None:
         st.warning(f"Mean GPU utilisation {util:.0%} is below {UTILISATION_TRAP:.0%}: the utilisation trap "
                    f"(002 §9.2). Cost per token is {1 / util:.1f}× the fully utilised cost.")
     if not week.pools.empty:
-        shown = week.pools[[c for c in POOL_COLUMNS if c in week.pools]].rename(
-            columns={c: label for c, (label, _) in POOL_COLUMNS.items()})
+        shown = pd.DataFrame({label: [fmt(v, kind) for v in week.pools[col]]
+                              for col, (label, kind) in POOL_COLUMNS.items() if col in week.pools},
+                             index=week.pools.index)
         st.dataframe(shown, width="stretch")
+        if "unattributed" in week.pools.index:
+            st.caption("unattributed: GPUs this source does not tie to an engine. kvscope attributes a GPU to a "
+                       "pool through the agent's engine-GPU join (engine_gpu_memory_used_bytes) or a node that "
+                       "runs a single pool.")

@@ -55,14 +55,20 @@ def render_cascades(data: TriageData) -> None:
         st.info("No cascade state computed for this source.")
     for f in data.diagnosis.findings:
         if f.cascade:
-            st.markdown(f"**{f.title}** on `{f.where}`: stage {f.cascade.stage}/{f.cascade.stages_total} "
-                        f"({f.cascade.stage_name}), lead {f.cascade.lead_time_s}")
+            where = ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet"
+            lead = "not reached" if f.cascade.lead_time_s is None else f"{f.cascade.lead_time_s:.0f} s"
+            st.markdown(f"**{f.title}** on `{where}`: stage {f.cascade.stage}/{f.cascade.stages_total} "
+                        f"({f.cascade.stage_name}); the root led the latency symptom by {lead}")
     for signal in ("engine_kv_cache_usage_ratio", "engine_preemptions_total", "engine_requests_waiting",
                    "request_ttft_seconds"):
         df = signal_frame(data.frame, signal) if _has(data, signal) else pd.DataFrame()
         if not df.empty:
-            st.markdown(f"`{signal}`")
+            st.markdown(f"`{signal}` ({CHART_UNITS[signal]})")
             st.line_chart(df, height=200)
+
+
+CHART_UNITS = {"engine_kv_cache_usage_ratio": "ratio of the KV pool", "engine_preemptions_total": "per second",
+               "engine_requests_waiting": "requests", "request_ttft_seconds": "mean seconds per grid step"}
 
 
 def _has(data: TriageData, signal: str) -> bool:
