@@ -14,9 +14,10 @@ The memory-pressure cascade of seeds/002 §7.4 (Figure 7.4) runs in stages:
                          while requests queue, or (where a GPU signal exists) GPU utilisation
                          drops while the pool is full / evicting.
 
-Stage 0 is healthy. The *current* stage is the deepest stage k whose conditions 1..k all hold at
-the last evaluated point, so a queue alone (stage-3 condition with an empty KV pool) is no
-cascade. Each stage's *onset* is the first time its condition held in the evaluated window; the
+Stage 0 is healthy. The *current* stage is the deepest stage whose condition holds at the last
+evaluated point while the root (stage 1) holds too, so a queue alone (stage-3 condition with an
+empty KV pool) is no cascade, and evictions that pause for one interval do not make it flap.
+Each stage's *onset* is the first time its condition held in the evaluated window; the
 *lead time* is how long the root (stage 1) preceded the latency symptom (stage 4): the time an
 operator could have acted (002: "by the time your latency alerts fire, the root cause has been
 building for two stages").
@@ -173,12 +174,10 @@ def _missing(ser: _Series) -> list[str]:
 
 
 def _current_stage(conditions: dict[int, list[bool]]) -> int:
-    stage = 0
-    for k in range(1, 5):
-        if not conditions[k] or not conditions[k][-1]:
-            break
-        stage = k
-    return stage
+    """The deepest stage whose condition holds at the last sample, while the root (1) holds too."""
+    if not conditions[1] or not conditions[1][-1]:
+        return 0
+    return max(k for k in range(1, 5) if conditions[k][-1])
 
 
 def _stage_conditions(ser: _Series, grid: list[float], cfg: CascadeConfig,

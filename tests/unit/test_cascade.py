@@ -136,3 +136,10 @@ def test_ttft_rise_without_a_queue_is_not_the_cascade_symptom():
                + _ttft([0.05, 0.05, 0.5, 0.5, 0.6, 0.7]))   # slow from t=10: starved host, no queue yet
     rep = evaluate_cascade(samples)["e0:8000"]
     assert rep.onsets[4] == 20.0 and rep.ordered          # counted once the queue exists
+
+
+def test_current_stage_does_not_flap_when_evictions_pause_for_an_interval():
+    samples = (_series("engine_kv_cache_usage_ratio", [0.5, 0.95, 0.99, 0.99])
+               + _series("engine_preemptions_total", [0, 0, 4, 4])
+               + _series("engine_requests_waiting", [0, 3, 5, 7]))
+    assert evaluate_cascade(samples)["e0:8000"].stage == 3
