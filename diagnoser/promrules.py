@@ -44,7 +44,9 @@ HEADER = """\
 INSTANCE_BY = ("instance", "engine", "model", "role")
 """Labels of `instance:` series: one serving process (data-parallel ranks are folded in)."""
 
-MODEL_BY = ("model",)
+MODEL_BY = ("model", "engine")
+"""Labels of `model:` series. `engine` stays: vLLM and SGLang use different bucket bounds, and
+summing buckets of different layouts by `le` would break the cumulative counts a quantile needs."""
 
 VLLM_TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5,
                     7.5, 10, 20, 40, 80, 160, 640, 2560)

@@ -77,7 +77,7 @@ class SeriesCompiler:
         if "by" in node:
             return tuple(node["by"])
         refs = self._refs(node)
-        if refs and self._form(node) in ("ratio", "sum", "diff", "product"):
+        if refs and self._form(node) in ("ratio", "sum", "diff", "product", "coalesce"):
             return max((self.by_of(r) for r in refs), key=len)
         if refs:
             return self.by_of(refs[0])
@@ -96,15 +96,15 @@ class SeriesCompiler:
 
     @staticmethod
     def _form(node: dict[str, Any]) -> str:
-        for form in ("gauge", "rate", "increase", "quantile", "mean", "count", "ratio", "sum", "diff", "product",
-                     "scale", "over_time", "deriv", "changes", "aggregate"):
+        for form in ("gauge", "rate", "increase", "quantile", "mean", "count", "resets", "ratio", "sum", "diff",
+                     "product", "coalesce", "scale", "over_time", "deriv", "changes", "aggregate"):
             if form in node:
                 return form
         raise NotExpressible(f"unknown series form {sorted(node)}")
 
     @staticmethod
     def _refs(node: dict[str, Any]) -> list[str]:
-        for key in ("ratio", "sum", "diff", "product"):
+        for key in ("ratio", "sum", "diff", "product", "coalesce"):
             if key in node:
                 return [str(x) for x in node[key]]
         for key in ("scale", "deriv", "changes"):
@@ -127,37 +127,44 @@ class SeriesCompiler:
         raise NotExpressible(f"series {a!r} and {b!r} share no grouping")
 
     # ---------------------------------------------------------------- signal forms
-    @staticmethod
-    def _sel(node: dict[str, Any], series: str) -> str:
-        """`kvscope:<series>` with the node's `match` label filter (absent label = "")."""
+    def _sel(self, node: dict[str, Any], series: str, by: str) -> str:
+        """`kvscope:<series>` with the node's `match` label filter (absent label = ""), and
+        `label!=""` for each `require_labels` label the series is grouped by (the engine drops
+        groups without it)."""
         match = node.get("match") or {}
         parts = []
         for label, allowed in sorted(match.items()):
             values = allowed if isinstance(allowed, list) else [allowed]
             parts.append(f'{label}=~"{quote("|".join(_escape_re(str(v)) for v in values))}"')
+        grouped = {b.strip() for b in by.split(",")}
+        parts += [f'{label}!=""' for label in self.rule.doc.get("require_labels") or [] if label in grouped]
         return f"kvscope:{series}" + ("{" + ",".join(parts) + "}" if parts else "")
 
     def _gauge(self, node: dict[str, Any], by: str) -> str:
-        return f"{node.get('agg', 'sum')} by ({by}) ({self._sel(node, node['gauge'])})"
+        return f"{node.get('agg', 'sum')} by ({by}) ({self._sel(node, node['gauge'], by)})"
 
     def _rate(self, node: dict[str, Any], by: str) -> str:
-        return f"sum by ({by}) (rate({self._sel(node, node['rate'])}[{self._range(node, '1m')}]))"
+        return f"sum by ({by}) (rate({self._sel(node, node['rate'], by)}[{self._range(node, '1m')}]))"
 
     def _increase(self, node: dict[str, Any], by: str) -> str:
-        return f"sum by ({by}) (increase({self._sel(node, node['increase'])}[{self._range(node, '5m')}]))"
+        return f"sum by ({by}) (increase({self._sel(node, node['increase'], by)}[{self._range(node, '5m')}]))"
 
     def _quantile(self, node: dict[str, Any], by: str) -> str:
         q = _number(self.rule.resolve(node["quantile"]))
-        rng, sel = self._range(node, "5m"), self._sel(node, str(node["histogram"]) + "_bucket")
+        rng, sel = self._range(node, "5m"), self._sel(node, str(node["histogram"]) + "_bucket", by)
         return f"histogram_quantile({q}, sum by ({_plus(by, 'le')}) (rate({sel}[{rng}])))"
 
     def _mean(self, node: dict[str, Any], by: str) -> str:
         s, rng = str(node["mean"]), self._range(node, "5m")
-        return (f"sum by ({by}) (rate({self._sel(node, s + '_sum')}[{rng}]))\n/\n"
-                f"(sum by ({by}) (rate({self._sel(node, s + '_count')}[{rng}])) > 0)")
+        return (f"sum by ({by}) (rate({self._sel(node, s + '_sum', by)}[{rng}]))\n/\n"
+                f"(sum by ({by}) (rate({self._sel(node, s + '_count', by)}[{rng}])) > 0)")
+
+    def _resets(self, node: dict[str, Any], by: str) -> str:
+        return f"sum by ({by}) (resets({self._sel(node, node['resets'], by)}[{self._range(node, '10m')}]))"
 
     def _count(self, node: dict[str, Any], by: str) -> str:
-        return f"count by ({by}) (count by ({_plus(by, 'instance')}) ({self._sel(node, node['count'])}))"
+        distinct = ", ".join(str(d) for d in node.get("distinct", ["instance"]))
+        return f"count by ({by}) (count by ({_plus(by, distinct)}) ({self._sel(node, node['count'], by)}))"
 
     # ---------------------------------------------------------------- combinations
     def _ratio(self, node: dict[str, Any], by: str) -> str:
@@ -165,6 +172,12 @@ class SeriesCompiler:
         min_den = float(self.rule.resolve(node.get("min_den", 0.0)))
         guard = f"> {_number(min_den)}" if min_den <= 0 else f">= {_number(min_den)}"
         return f"({self.expr(a)})\n/{self._join(a, b)}\n(({self.expr(b)}) {guard})"
+
+    def _coalesce(self, node: dict[str, Any], by: str) -> str:
+        a, b = (str(x) for x in node["coalesce"])
+        if set(self.by_of(a)) != set(self.by_of(b)):
+            raise NotExpressible(f"coalesce of {a!r} and {b!r} grouped differently")
+        return f"({self.expr(a)})\nor\n({self.expr(b)})"
 
     def _sum(self, node: dict[str, Any], by: str) -> str:
         a, b = (str(x) for x in node["sum"])
@@ -241,10 +254,15 @@ class ConditionCompiler:
         if "baseline" in cond:
             base = cond["baseline"]
             agg = str(base.get("agg", "avg"))
+            if agg not in ("avg", "max", "min", "sum"):
+                raise NotExpressible(f"baseline agg {agg!r}")
             rng = _duration(self.rule.resolve(base.get("range", "30m")))
-            offset = f" offset {_duration(self.rule.resolve(base['offset']))}" if base.get("offset") else ""
-            shifted = f"{agg}_over_time(({self.series.expr(name)})[{rng}:{SUBQUERY_STEP}]{offset})"
-            return f"{times} * {shifted}"
+            offset = parse_duration(self.rule.resolve(base.get("offset", "10m")))
+            shift = f" offset {_duration(offset)}" if offset > 0 else ""
+            source = str(base.get("of", name))
+            join = self.series._join(name, source) if source != name else ""
+            shifted = f"{agg}_over_time(({self.series.expr(source)})[{rng}:{SUBQUERY_STEP}]{shift})"
+            return f"{join.strip()} ({times} * {shifted} + {plus})".lstrip()
         raise NotExpressible("condition has no right side")
 
     def combine(self, block: dict[str, Any], facts: list[dict[str, Any]] | None = None) -> str:
