@@ -55,8 +55,11 @@ def _duration(value: Any) -> str:
     return f"{int(seconds * 1000)}ms"
 
 
-def _plus(by: str, label: str) -> str:
-    return f"{by}, {label}" if by else label
+def _plus(by: str, labels: str) -> str:
+    """`by` extended with `labels` (comma-separated), each label once."""
+    out = [b.strip() for b in by.split(",") if b.strip()]
+    out += [x.strip() for x in labels.split(",") if x.strip() and x.strip() not in out]
+    return ", ".join(out)
 
 
 def _number(value: Any) -> str:

@@ -212,3 +212,30 @@ def test_canonical_layer_records_what_the_rules_read_or_everything():
         assert f"record: kvscope:{name}\n" in every
     with pytest.raises(ValueError, match="used"):
         build_rule_files(canonical="some")
+
+
+def test_schema_forms_map_to_their_promql():
+    rule = _rule("""
+id: forms
+by: [instance, dp_rank]
+require_labels: [dp_rank]
+series:
+  gpus: {count: gpu_utilization_ratio, distinct: [instance, gpu]}
+  restarts: {resets: engine_prompt_tokens_total, range: 10m}
+  sg: {gauge: engine_kv_cache_usage_ratio, agg: max}
+  vl: {gauge: engine_requests_running, agg: max}
+  kv: {coalesce: [sg, vl]}
+when:
+  all:
+    - {series: kv, op: ">", baseline: {of: vl, agg: max, range: 20m}, times: 2}
+    - {series: restarts, op: ">=", value: 1}
+    - {series: gpus, op: ">=", value: 1}
+""")
+    (alert,) = compile_rule(rule)
+    expr = alert["expr"]
+    assert 'kvscope:engine_kv_cache_usage_ratio{dp_rank!=""}' in expr            # require_labels
+    assert "count by (instance, dp_rank, gpu)" in expr                              # distinct
+    assert "resets(kvscope:engine_prompt_tokens_total" in expr and "[10m]" in expr
+    assert "\nor\n" in expr                                                          # coalesce
+    assert "max_over_time((max by (instance, dp_rank) (kvscope:engine_requests_running" in expr
+    assert "[20m:15s] offset 10m)" in expr                                           # the engine's default offset
