@@ -65,13 +65,25 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
             "series": e.series} for e in f.evidence]), hide_index=True, width="stretch")
     if charts:
         for signal, unit, df in evidence_charts(data, f):
-            st.markdown(f"`{signal}` ({unit})")
-            st.line_chart(df, height=220)
+            st.markdown(f"`{signal}` ({unit}); shaded: the finding's active period")
+            st.altair_chart(render_evidence_chart(df, f), width="stretch")
     render_levers(f)
     if f.citations:
         st.markdown("**Sources:** " + "; ".join(f.citations))
     if f.false_positives:
         st.caption("Could also be: " + " · ".join(f.false_positives))
+
+
+def render_evidence_chart(df: pd.DataFrame, f: Finding) -> alt.LayerChart:
+    """The series with the finding's active period shaded, so cause and timing read together."""
+    long = df.rename_axis("time").reset_index().melt("time", var_name="series", value_name="value").dropna()
+    period = pd.DataFrame({"since": [pd.to_datetime(f.since, unit="s", utc=True)],
+                           "until": [pd.to_datetime(f.until, unit="s", utc=True)]})
+    band = alt.Chart(period).mark_rect(opacity=0.15, color="#d62728").encode(x="since:T", x2="until:T")
+    lines = alt.Chart(long).mark_line().encode(
+        x=alt.X("time:T", title=None), y=alt.Y("value:Q", title=None), color=alt.Color("series:N", title=None),
+        tooltip=["time:T", "series:N", "value:Q"])
+    return (band + lines).properties(height=220)
 
 
 def render_levers(f: Finding) -> None:
