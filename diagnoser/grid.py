@@ -208,9 +208,14 @@ def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray, rows: np.nda
         n_b = rows.shape[1]
         raw = [buckets[rows[:, b]] for b in range(n_b)]
     all_absent = np.ones(raw[0].shape, dtype=bool)
+    planes = []
     for plane in raw:
-        all_absent &= np.isnan(plane)
-    planes = [_zero_nan(p) for p in raw]
+        mask = np.isnan(plane)
+        all_absent &= mask
+        if mask.any():
+            plane = plane.copy() if rows is None else plane     # gathered planes are copies already
+            plane[mask] = 0.0
+        planes.append(plane)
     for b in range(1, n_b):
         np.fmax(planes[b], planes[b - 1], out=planes[b])
     total = planes[-1]
