@@ -69,6 +69,7 @@ class SeriesSet:
 
     series: pd.DataFrame
     by_name: dict[str, Points]
+    memo: dict = field(default_factory=dict)     # per-name increments / coverage, computed once
 
     def label(self, label: str, default: str = "") -> np.ndarray:
         """The value of `label` per sid (default where the series lacks it), as an object array."""
@@ -182,7 +183,13 @@ def _query_range(url: str, query: str, start: float, end: float, step: float, ti
 def counter_increments(ss: SeriesSet, name: str) -> tuple[Points, np.ndarray]:
     """(points, inc): the increase since the previous point of the same series, resets handled
     the Prometheus way (a drop means the counter restarted from zero)."""
-    pts = ss.of(name)
+    key = ("inc", name)
+    if key not in ss.memo:
+        ss.memo[key] = _increments(ss.of(name))
+    return ss.memo[key]
+
+
+def _increments(pts: Points) -> tuple[Points, np.ndarray]:
     d = np.diff(pts.value, prepend=np.nan)
     inc = np.where(d >= 0, d, pts.value)
     inc[pts.first] = 0.0
@@ -197,7 +204,13 @@ def utilisation_signal(ss: SeriesSet) -> str:
 def gauge_coverage(ss: SeriesSet, name: str, max_gap_s: float = MAX_GAP_S) -> tuple[Points, np.ndarray]:
     """(points, dt): each point weighted by the time since the previous point, capped at the
     larger of max_gap_s and twice the typical interval."""
-    pts = ss.of(name)
+    key = ("cov", name, max_gap_s)
+    if key not in ss.memo:
+        ss.memo[key] = _coverage(ss.of(name), max_gap_s)
+    return ss.memo[key]
+
+
+def _coverage(pts: Points, max_gap_s: float) -> tuple[Points, np.ndarray]:
     dt = np.diff(pts.ts, prepend=np.nan)
     first = pts.first
     typical = float(np.median(dt[~first])) if (~first).any() else 0.0
