@@ -212,8 +212,9 @@ def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray, rows: np.nda
     for plane in raw:
         mask = np.isnan(plane)
         all_absent &= mask
+        if rows is None:
+            plane = plane.copy()            # planes are modified below; gathered ones are copies already
         if mask.any():
-            plane = plane.copy() if rows is None else plane     # gathered planes are copies already
             plane[mask] = 0.0
         planes.append(plane)
     for b in range(1, n_b):
