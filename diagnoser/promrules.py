@@ -44,6 +44,9 @@ HEADER = """\
 INSTANCE_BY = ("instance", "engine", "model", "role")
 """Labels of `instance:` series: one serving process (data-parallel ranks are folded in)."""
 
+GPU_BY = ("node", "gpu", "gpu_uuid", "gpu_model")
+"""Labels of `gpu:` series: one physical GPU (dcgm-exporter or the agent's NVML collector)."""
+
 MODEL_BY = ("model", "engine")
 """Labels of `model:` series. `engine` stays: vLLM and SGLang use different bucket bounds, and
 summing buckets of different layouts by `le` would break the cumulative counts a quantile needs."""
@@ -163,7 +166,7 @@ def _level_name(level: tuple[str, ...]) -> str:
 
 
 def derived_rules() -> list[dict[str, Any]]:
-    """Dashboard aggregates per instance and per model, read from the canonical layer."""
+    """Dashboard aggregates per instance, per model and per GPU, read from the canonical layer."""
     rules = []
     for level in (INSTANCE_BY, MODEL_BY):
         n = _level_name(level)
@@ -185,6 +188,11 @@ def derived_rules() -> list[dict[str, Any]]:
         for hist, qs in (("request_ttft_seconds", (0.5, 0.9, 0.99)), ("request_itl_seconds", (0.5, 0.99)),
                          ("request_e2e_seconds", (0.99,)), ("request_queue_seconds", (0.99,))):
             rules += [record(f"{n}:{hist}:p{round(q * 100)}_5m", quantile(hist, q, level)) for q in qs]
+    # One GPU can be reported twice (dcgm-exporter and the agent's NVML collector, two instances):
+    # the outer max keeps one reading instead of adding them.
+    rules += [record(f"gpu:{signal}:{op}5m", f"max by ({_by(GPU_BY)}) ({op}_over_time(kvscope:{signal}[5m]))")
+              for signal, op in (("gpu_utilization_ratio", "avg"), ("gpu_memory_used_bytes", "max"),
+                                 ("gpu_power_watts", "avg"))]
     return rules
 
 
