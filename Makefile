@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-vllm demo test check lint
+.PHONY: setup setup-vllm demo test check lint rules
 setup:
 	@bash scripts/setup.sh
 
@@ -18,3 +18,8 @@ test: setup setup-vllm
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# Rebuild rules/prometheus/*.yml and docs/runbooks/ after changing the catalog, the diagnosis
+# rules or the levers (tests/unit/test_promrules.py fails while they are stale).
+rules: setup
+	$(VENV)/bin/kvscope rules build
