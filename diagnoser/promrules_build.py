@@ -34,8 +34,10 @@ def build_all(slo: SloConfig | None = None, rules: list[Rule] | None = None,
     note = _alerts_note(rules, python_only)
     groups = [{"name": "kvscope-diagnosis", "rules": alerts}]
     files = build_rule_files(slo=slo, alert_groups=(groups, note), canonical=canonical)
-    compiled = {a["labels"]["rule_id"] for a in alerts}
-    runbooks = {f"{r.id}.md": render_runbook(r, r.id in compiled) for r in rules}
+    exprs: dict[str, str] = {}
+    for alert in alerts:   # the first (base-severity) rule of each alert
+        exprs.setdefault(alert["labels"]["rule_id"], str(alert["expr"]))
+    runbooks = {f"{r.id}.md": render_runbook(r, exprs.get(r.id)) for r in rules}
     return Built(files, runbooks, python_only)
 
 
@@ -46,11 +48,12 @@ def _alerts_note(rules: list[Rule], python_only: list[PythonOnly]) -> str:
     return "\n# ".join(lines)
 
 
-def render_runbook(rule: Rule, has_alert: bool) -> str:
-    """Markdown runbook for one rule, from the rule's own fields."""
+def render_runbook(rule: Rule, expr: str | None) -> str:
+    """Markdown runbook for one rule, from the rule's own fields and its alert expression
+    (None for a Python-only rule)."""
     doc = rule.doc
     out = [RUNBOOK_MARK.format(id=rule.id), "", f"# {rule.title}", ""]
-    alert = f"`{alert_name(rule.id)}`" if has_alert else "none (Python-only: `kvscope diagnose` reports it)"
+    alert = f"`{alert_name(rule.id)}`" if expr else "none (Python-only: `kvscope diagnose` reports it)"
     out += [f"* Rule: `rules/diagnosis/{rule.id}.yaml` ({doc.get('levers_md', '-')} in LEVERS.md)",
             f"* Prometheus alert: {alert}",
             f"* Severity: {rule.severity}; grouped by {', '.join(rule.by) or 'the whole fleet'}", ""]
@@ -63,6 +66,9 @@ def render_runbook(rule: Rule, has_alert: bool) -> str:
     out += ["## Confirm", "", "```sh",
             "kvscope diagnose --prometheus http://prometheus:9090 --since 1h   # evidence, ranked levers",
             "```", ""]
+    if expr:
+        out += ["The alert's condition, to graph in Prometheus (canonical `kvscope:*` series):", "",
+                "```promql", expr, "```", ""]
     cites = doc.get("citations") or []
     if cites:
         out += ["## Sources", "", ", ".join(str(c) for c in cites), ""]
