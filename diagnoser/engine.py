@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import string
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -303,13 +304,14 @@ def _strength(done: list[Evaluated], gi: int, span: tuple[int, int]) -> float:
 
 
 def _summary(rule: Rule, evidence: list[Evidence]) -> str:
+    """The rule's summary with evidence values filled in; the title when a value it names is absent."""
     text = str(rule.doc.get("summary", rule.title))
-    values = {}
-    for item, ev in zip(rule.doc.get("evidence") or [], evidence, strict=False):
-        values[str(item["series"])] = ev.value
+    values = {str(item["series"]): ev.value
+              for item, ev in zip(rule.doc.get("evidence") or [], evidence, strict=False)}
     try:
-        if any(v is None for v in values.values()):
-            raise ValueError
+        fields = {f for _, f, _, _ in string.Formatter().parse(text) if f}
+        if any(values.get(f) is None for f in fields):
+            return rule.title
         return text.format_map(values)
     except (KeyError, ValueError, TypeError, IndexError):
         return rule.title
