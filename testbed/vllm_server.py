@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -68,6 +69,12 @@ class VllmConfig:
             a += ["--kv-events-config", json.dumps({
                 "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": "kv"})]
         return a + list(self.extra_args)
+
+
+# exec the real command with PR_SET_PDEATHSIG = SIGTERM (it survives execve)
+_DIE_WITH_PARENT = ("import ctypes, os, signal, sys; "
+                    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0); "
+                    "os.getppid() == 1 and sys.exit(1); os.execv(sys.argv[1], sys.argv[1:])")
 
 
 class VllmStartError(RuntimeError):
@@ -132,8 +139,13 @@ class VllmServer:
 
     def command(self) -> list[str]:
         model = self.model or ensure_tiny_model(self.python)
-        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-                "--host", "127.0.0.1", "--port", str(self.port), *self.config.args(self.kv_events_endpoint)]
+        cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+               "--host", "127.0.0.1", "--port", str(self.port), *self.config.args(self.kv_events_endpoint)]
+        if threading.current_thread() is threading.main_thread():
+            # If the test process dies without tearing down (SIGKILL, a timeout), the kernel sends the
+            # server SIGTERM. PR_SET_PDEATHSIG follows the creating *thread*, so only from the main one.
+            cmd = [str(self.python), "-c", _DIE_WITH_PARENT, *cmd]
+        return cmd
 
     def start(self) -> VllmServer:
         """Launch and block until /health answers 200."""
