@@ -103,17 +103,24 @@ class KvEventSubscriber:
             if len(frames) not in (2, 3):
                 raise KvEventError(f"{len(frames)} frames, want [topic, seq, payload]")
             seq = parse_seq(frames[-2])
-            events = parse_kv_batch(frames[-1])
         except KvEventError as e:
-            self.stats["bad_message"] += 1
-            log.debug("bad KV event message from %s: %s", self.source.endpoint, e)
+            self._bad(e)
             return
         if self._last_seq is not None and seq > self._last_seq + 1:
             self.stats["missed_batches"] += seq - self._last_seq - 1
-        self._last_seq = seq
+        self._last_seq = seq                 # received, even if its payload turns out bad
+        try:
+            events = parse_kv_batch(frames[-1])
+        except KvEventError as e:
+            self._bad(e)
+            return
         self.stats["batches"] += 1
         self.stats["events"] += len(events)
         self.tracker.apply(events)
+
+    def _bad(self, e: Exception) -> None:
+        self.stats["bad_message"] += 1
+        log.debug("bad KV event message from %s: %s", self.source.endpoint, e)
 
 
 @register_collector("kv_events", default_enabled=True)

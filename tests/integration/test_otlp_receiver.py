@@ -35,6 +35,13 @@ def _sdk_export(port: int, compression: Compression = Compression.NoCompression,
     provider.shutdown()
 
 
+async def until(cond, timeout_s=15.0):
+    """Wait until cond() holds: stitching runs on a timer, and a busy machine is slow."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+
+
 async def _with_receiver(cfg: OtlpConfig, body):
     rx = OtlpTraceReceiver(cfg)
     await rx.start()
@@ -51,7 +58,7 @@ def test_sdk_exporter_protobuf_and_gzip_requests_are_stitched_into_phase_histogr
     async def body(rx):
         await asyncio.to_thread(_sdk_export, rx.port)
         await asyncio.to_thread(_sdk_export, rx.port, Compression.Gzip)
-        await asyncio.sleep(0.4)
+        await until(lambda: rx.stats["requests"] >= 6)
         coll = await rx.collect()
         return rx, coll
 
@@ -77,7 +84,7 @@ def test_malformed_payloads_get_400_and_the_receiver_keeps_serving():
                                                                             "Content-Encoding": "gzip"})
             statuses = [r1.status, r2.status, r3.status, r4.status]
         await asyncio.to_thread(_sdk_export, rx.port, Compression.NoCompression, 1)
-        await asyncio.sleep(0.3)
+        await until(lambda: rx.stats["requests"] >= 1)
         return statuses, await rx.collect(), rx
 
     statuses, coll, rx = asyncio.run(_with_receiver(OtlpConfig(listen="127.0.0.1:0", max_body_bytes=4096,
@@ -101,7 +108,7 @@ def test_json_export_is_accepted_and_answered_in_json():
             r = await s.post(f"http://127.0.0.1:{rx.port}/v1/traces", data=json.dumps(doc),
                              headers={"Content-Type": "application/json"})
             text = await r.text()
-        await asyncio.sleep(0.3)
+        await until(lambda: len(rx.recent) >= 1)
         await rx.collect()
         return r.status, text, list(rx.recent)
 
@@ -118,7 +125,7 @@ def test_pass_through_forwards_the_original_bytes_and_stitched_phase_spans():
         await rx.start()
         try:
             await asyncio.to_thread(_sdk_export, rx.port, Compression.Gzip, 2)
-            await asyncio.sleep(0.6)
+            await until(lambda: rx.stats["forwarded"] >= 6 and sink.stats["spans"] >= 10)
             return dict(rx.stats), dict(sink.stats), list(sink.recent)
         finally:
             await rx.stop()

@@ -110,7 +110,7 @@ def test_subscriber_over_ipc_counts_events_gaps_and_bad_messages(tmp_path):
         sub = KvEventSubscriber(KvEventSource(endpoint, "e0:8000", "kv"), context=ctx)
         await sub.start()
         try:
-            for _ in range(50):                                   # slow joiner: wait until connected
+            for _ in range(500):                                  # slow joiner: wait until connected
                 await pub.send_multipart([b"kv", (0).to_bytes(8, "big"), batch(1.0, stored(H1))])
                 await asyncio.sleep(0.02)
                 if sub.stats["batches"]:
@@ -119,7 +119,11 @@ def test_subscriber_over_ipc_counts_events_gaps_and_bad_messages(tmp_path):
             await pub.send_multipart([b"kv", (base + 3).to_bytes(8, "big"), batch(2.0, removed(H1))])
             await pub.send_multipart([b"kv", (base + 4).to_bytes(8, "big"), b"\xc1garbage"])
             await pub.send_multipart([b"other", (0).to_bytes(8, "big"), batch(3.0, stored(H2))])  # other topic
-            await asyncio.sleep(0.2)
+            await pub.send_multipart([b"kv", (base + 5).to_bytes(8, "big"), batch(4.0)])           # end marker
+            for _ in range(500):
+                if sub._last_seq == base + 5:
+                    break
+                await asyncio.sleep(0.01)
         finally:
             await sub.stop()
             pub.close(linger=0)
