@@ -120,3 +120,24 @@ def test_missing_recording_is_a_clear_error(monkeypatch, tmp_path):
 def test_no_source_explains_how_to_start(monkeypatch):
     at = _app(monkeypatch, None).run()
     assert "kvscope ui --recording" in at.error[0].value
+
+
+def test_tenant_table_from_kvscope_tenant_series():
+    from kvscope.agent.signals import Sample, make_labels
+    from kvscope.diagnoser.frame import frame_from_samples
+
+    samples = []
+    for i in range(61):
+        t = T0 + 10 * i
+        for tenant, rps, hit in (("acme", 2.0, 0.7), ("tail", 0.5, 0.05)):
+            lab = make_labels({"tenant": tenant})
+            samples += [Sample("tenant_requests_total", lab, rps * 10 * i, t),
+                        Sample("tenant_prompt_tokens_total", lab, 500 * rps * 10 * i, t),
+                        Sample("tenant_cached_tokens_total", lab, hit * 500 * rps * 10 * i, t),
+                        Sample("tenant_prefix_hit_ratio", lab, hit, t)]
+    table = ui_data.tenant_table(frame_from_samples(samples, T0, T0 + 600, 10))
+    rows = table.set_index("tenant")
+    assert rows.loc["acme", "requests/s"] == pytest.approx(2.0)
+    assert rows.loc["tail", "hit ratio"] == pytest.approx(0.05)
+    assert rows.loc["tail", "cached tok/s"] == pytest.approx(0.05 * 500 * 0.5)
+    assert ui_data.tenant_table(frame_from_samples(samples[:0], T0, T0 + 600, 10)).empty
