@@ -187,16 +187,15 @@ class OtlpTraceReceiver:
             self.stats["bad_payload"] += 1
             return web.Response(status=400, text=str(e))
         self.stats["spans"] += len(spans)
+        limited = self.stitcher.dropped["span_limit"]
         self._emit(self.stitcher.add(spans))
+        rejected = self.stitcher.dropped["span_limit"] - limited
         if self.config.forward_url:
             headers = {"Content-Type": ctype}
             if enc := request.headers.get("Content-Encoding"):
                 headers["Content-Encoding"] = enc
             self._enqueue(self.config.forward_url, body, headers)
-        if ctype.split(";")[0].strip().lower() == JSON:
-            return web.Response(body=b"{}", content_type=JSON)
-        return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
-                            content_type="application/x-protobuf")
+        return _response(ctype, rejected, self.config.stitch.max_spans_per_trace)
 
     def _enqueue(self, url: str, body: bytes, headers: dict[str, str]) -> None:
         if self._forward_q is None:
@@ -265,3 +264,16 @@ class OtlpTraceReceiver:
         health.dropped.update({k: v for k, v in delta.items() if k.startswith("trace_")})
         health.series, health.duration_s = len(samples), time.perf_counter() - t0
         return Collection(samples=samples, health=[health])
+
+
+def _response(ctype: str, rejected: int, limit: int) -> web.Response:
+    """200 with an OTLP partial-success body when spans past the per-trace limit were dropped."""
+    message = f"{rejected} spans over the {limit}-spans-per-trace limit were dropped" if rejected else ""
+    if ctype.split(";")[0].strip().lower() == JSON:
+        body = {"partialSuccess": {"rejectedSpans": str(rejected), "errorMessage": message}} if rejected else {}
+        return web.json_response(body)
+    resp = ExportTraceServiceResponse()
+    if rejected:
+        resp.partial_success.rejected_spans = rejected
+        resp.partial_success.error_message = message
+    return web.Response(body=resp.SerializeToString(), content_type="application/x-protobuf")

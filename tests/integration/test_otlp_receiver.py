@@ -149,3 +149,21 @@ def test_config_section_validation_names_the_key():
             assert key in str(e)
         else:
             raise AssertionError(f"{bad} accepted")
+
+
+def test_spans_over_the_per_trace_limit_get_an_otlp_partial_success():
+    from kvscope.agent.traces.export import encode_spans
+    from kvscope.agent.traces.otlp import Span
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+    spans = [Span("0af7651916cd43dd8448eb211c80319c", f"{i + 1:016x}", "", "x", 1, 1, 2, {}, {}) for i in range(5)]
+
+    async def body(rx):
+        async with aiohttp.ClientSession() as s:
+            r = await s.post(f"http://127.0.0.1:{rx.port}/v1/traces", data=encode_spans(spans),
+                             headers={"Content-Type": "application/x-protobuf"})
+            return r.status, ExportTraceServiceResponse.FromString(await r.read())
+
+    cfg = OtlpConfig(listen="127.0.0.1:0", stitch=StitchConfig(max_spans_per_trace=3))
+    status, resp = asyncio.run(_with_receiver(cfg, body))
+    assert status == 200 and resp.partial_success.rejected_spans == 2
+    assert "limit" in resp.partial_success.error_message
