@@ -91,6 +91,8 @@ class WebhookServer:
     # ---------------------------------------------------------------- lifecycle
     async def _start(self, app: web.Application) -> None:
         self.queue = asyncio.Queue(maxsize=self.config.queue_size)
+        for row_id, doc in self.store.pending(self.config.queue_size):   # left over from a stop
+            self.queue.put_nowait((row_id, doc))
         self.session = aiohttp.ClientSession()
         self._worker = asyncio.create_task(self._run_worker())
 

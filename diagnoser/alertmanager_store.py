@@ -72,6 +72,13 @@ class DiagnosisStore:
             rows = self._db.execute(query + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [_row(r, full=False) for r in rows]
 
+    def pending(self, limit: int) -> list[tuple[int, dict[str, Any]]]:
+        """Oldest webhooks still waiting for a diagnosis (e.g. the process stopped mid-queue)."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, payload FROM diagnoses WHERE status = 'pending' "
+                                    "ORDER BY id LIMIT ?", (limit,)).fetchall()
+        return [(int(r[0]), json.loads(r[1])) for r in rows]
+
     def count(self) -> int:
         with self._lock:
             return int(self._db.execute("SELECT COUNT(*) FROM diagnoses").fetchone()[0])

@@ -118,6 +118,17 @@ def test_store_is_bounded_and_lists_newest_first():
     assert store.list(alertname="LlmKvPressurePreemption") and not store.list(alertname="Other")
 
 
+def test_pending_webhooks_survive_a_restart(tmp_path):
+    path = str(tmp_path / "d.sqlite")
+    store = DiagnosisStore(path)
+    done, waiting = store.add(WEBHOOK), store.add(WEBHOOK)
+    store.update(done, WEBHOOK)
+    store.close()
+    reopened = DiagnosisStore(path)
+    assert [row_id for row_id, _ in reopened.pending(10)] == [waiting]
+    reopened.close()
+
+
 def test_parse_params_reads_rule_dot_name_pairs():
     assert parse_params(["kv_pressure_preemption.for=5s", "kv_pressure_preemption.kv_full=0.95"]) == {
         "kv_pressure_preemption": {"for": "5s", "kv_full": 0.95}}
