@@ -1,14 +1,15 @@
 """Build kvscope's Prometheus rule files (`kvscope rules build` → rules/prometheus/*.yml).
 
-Four files, all generated, all loaded together:
+Five files, all generated, all loaded together:
 
-* `kvscope-canonical.yml` — one recording rule per canonical series, `kvscope:<series>`,
-  read from the engines' own names *and* the agent's `kvscope_*` re-export
+* `kvscope-canonical.yml` — one recording rule per canonical series the other files read
+  (`canonical="all"`: every catalog series), `kvscope:<series>`, read from the engines' own
+  names *and* the agent's `kvscope_*` re-export
   (promrules_sources.py). Everything else reads these, so dashboards and alerts work with
   or without the agent, on vLLM old and new names and on SGLang alike.
 * `kvscope-derived.yml` — `level:signal:operation` aggregates for dashboards
   (`instance:engine_kv_cache_usage_ratio:max5m`, `instance:request_ttft_seconds:p99_5m`,
-  `instance:engine_prefix_cache_hit_ratio:rate5m` ...).
+  `instance:engine_prefix_cache_hit_ratio:rate5m`, `model:` and `gpu:` series ...).
 * `kvscope-slo.yml` — the TTFT SLO error ratios and the multi-window multi-burn-rate alerts.
 * `kvscope-absent.yml` — engine metrics that vanished, or arrive under an old name only.
 * `kvscope-alerts.yml` — one alert per diagnosis rule that has a PromQL form

@@ -12,7 +12,7 @@ and adds another term's only for label sets the first did not have. Native names
 so an engine scraped both directly and through the agent is counted once — provided the agent
 job is scraped with `honor_labels: true`, which keeps the engine's `instance` (docs/alerting.md).
 
-What PromQL cannot express is left out and said so in `skipped_aliases`: histograms whose
+What PromQL cannot express is left out and returned as skipped by `source_terms`: histograms whose
 buckets need rescaling (SGLang `kv_transfer_latency_ms`: `le` values cannot be multiplied in
 PromQL) and info-label values (`vllm:cache_config_info{kv_cache_size_tokens}`). Those signals
 still arrive through the agent's `kvscope_*` series.
