@@ -23,6 +23,26 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the parent dies, even by SIGKILL,
+    so a killed `kvscope ui` never leaves an orphaned Streamlit behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+
+
+class TerminateRequested(Exception):
+    """SIGTERM arrived: stop the UI like Ctrl-C does."""
+
+
+def stop_on_sigterm() -> None:
+    """Turn SIGTERM into an exception so `finally: server.stop()` runs (main thread only)."""
+    def handler(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise TerminateRequested()
+    signal.signal(signal.SIGTERM, handler)
+
+
 class UiServer:
     """`streamlit run ui/app.py` for one source; use as a context manager or start()/stop()."""
 
@@ -56,7 +76,7 @@ class UiServer:
         if self.log_path is not None:
             self._log = out = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_die_with_parent)
         return self
 
     def wait_healthy(self, timeout_s: float = 60.0) -> None:

@@ -97,8 +97,9 @@ def run(args: argparse.Namespace) -> int:
 
 def serve(source, port: int) -> int:
     """Run the UI in the foreground until Ctrl-C."""
-    from kvscope.ui.server import UiServer, free_port
+    from kvscope.ui.server import TerminateRequested, UiServer, free_port, stop_on_sigterm
 
+    stop_on_sigterm()
     server = UiServer(source, port if _port_free(port) else free_port())
     try:
         server.start()
@@ -109,7 +110,7 @@ def serve(source, port: int) -> int:
     except RuntimeError as exc:
         print(f"kvscope demo: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, TerminateRequested):
         print("\nkvscope demo: stopped", flush=True)
         return 0
     finally:

@@ -49,11 +49,12 @@ def source_of(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope.ui.server import UiServer
+    from kvscope.ui.server import TerminateRequested, UiServer, stop_on_sigterm
 
     if args.recording and not args.recording.is_file():
         print(f"kvscope ui: recording {args.recording} does not exist", file=sys.stderr)
         return 4
+    stop_on_sigterm()
     server = UiServer(source_of(args), args.port, args.host).start()
     try:
         server.wait_healthy()
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"kvscope ui: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, TerminateRequested):
         return 0
     finally:
         server.stop()

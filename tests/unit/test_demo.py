@@ -99,3 +99,35 @@ def test_demo_script_exists_and_is_executable():
     script = REPO / "scripts" / "demo.sh"
     assert os.access(script, os.X_OK)
     assert 'demo "$@"' in script.read_text()
+
+
+def _health_gone(url: str, timeout_s: float = 15) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/_stcore/health", timeout=1).close()
+        except OSError:
+            return True
+        time.sleep(0.3)
+    return False
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_ui_command_leaves_no_streamlit_behind(tmp_path, how):
+    """`kvscope ui` stopped by SIGTERM shuts Streamlit down cleanly; killed by SIGKILL, Linux's
+    parent-death signal still takes Streamlit with it (no orphan on 127.0.0.1)."""
+    rec = write_kv_incident(tmp_path / "kv-incident.om")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kvscope", "ui", "--recording", str(rec), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        url = _wait_for_url(proc, timeout_s=90)
+        proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+        code = proc.wait(timeout=30)
+        assert code == (0 if how == "sigterm" else -signal.SIGKILL)
+        assert _health_gone(url), "Streamlit still answers after kvscope ui ended"
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
