@@ -26,10 +26,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 def _die_with_parent() -> None:
     """In the child before exec: ask Linux to SIGTERM it when the parent dies, even by SIGKILL,
     so a killed `kvscope ui` never leaves an orphaned Streamlit behind."""
-    if sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux"):
+        return
+    try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass   # no prctl (e.g. a libc without it): SIGTERM handling in kvscope still stops the UI
 
 
 class TerminateRequested(Exception):
