@@ -4,6 +4,7 @@ tests/integration/test_alertmanager_chain.py)."""
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 from kvscope.diagnoser.alertmanager import (
@@ -134,3 +135,31 @@ def test_parse_params_reads_rule_dot_name_pairs():
         "kv_pressure_preemption": {"for": "5s", "kv_full": 0.95}}
     with pytest.raises(ValueError, match="RULE.NAME=VALUE"):
         parse_params(["kv_full=0.9"])
+
+
+def test_unreachable_prometheus_is_recorded_on_the_row_and_the_receiver_keeps_serving():
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+    from kvscope.diagnoser.alertmanager_server import ServeConfig, WebhookServer
+
+    async def scenario() -> tuple[dict, int]:
+        with socket.socket() as s:          # a port nothing listens on
+            s.bind(("127.0.0.1", 0))
+            dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+        server = WebhookServer(ServeConfig(prometheus_url=dead), DiagnosisStore(":memory:"))
+        async with TestClient(TestServer(server.app())) as client:
+            resp = await client.post("/api/v1/alerts", data=_body(WEBHOOK))
+            row_id = (await resp.json())["id"]
+            for _ in range(200):
+                row = await (await client.get(f"/api/v1/diagnoses/{row_id}")).json()
+                if row["status"] != "pending":
+                    break
+                await asyncio.sleep(0.05)
+            healthy = (await client.get("/-/healthy")).status
+        return row, healthy
+
+    row, healthy = asyncio.run(scenario())
+    ks = row["payload"]["alerts"][0]["kvscope"]
+    assert row["status"] == "done" and healthy == 200
+    assert ks["matched"] is None and ks["errors"] and "prometheus" in ks["errors"][0]
