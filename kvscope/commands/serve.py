@@ -18,9 +18,10 @@ Prometheus with kvscope's rule engine, store the result and serve it back:
   GET  /api/v1/diagnoses/<id>    the enriched payload (findings, evidence, levers)
   GET  /metrics                  the receiver's own counters
 
-Prometheus must load kvscope's rule files (kvscope rules build; docs/alerting.md): the
-diagnosis reads the recorded kvscope:<signal> series. With --forward-url the enriched payload
-is POSTed on (to a chat bridge, an incident tool, another webhook).
+The alerts come from kvscope's generated rule files (kvscope rules build; docs/alerting.md);
+the diagnosis reads the engines' own series and the agent's kvscope_* series from the same
+Prometheus. With --forward-url the enriched payload is POSTed on (to a chat bridge, an
+incident tool, another webhook).
 
 example:
   kvscope serve --prometheus http://127.0.0.1:9090 --forward-url http://127.0.0.1:8080/hook
