@@ -170,3 +170,37 @@ def test_scale_out_with_hash_mod_collapses_every_replica_then_refills(fleet):
     hits = _counter_delta(rep.samples, "engine_prefix_cache_hits_tokens_total", late_t0, ph["scaled-to-9"][1], "instance")
     queries = _counter_delta(rep.samples, "engine_prefix_cache_queries_tokens_total", late_t0, ph["scaled-to-9"][1], "instance")
     assert min(hits[i] / queries[i] for i in queries) > 0.7        # refilled after the cold-start time
+
+
+def test_hicache_host_tier_serves_hits_and_stalls_the_itl_tail(fleet):
+    rep = replay_recording(fleet / "fleet-sglang-hicache-reload-stalls.om.gz")
+    ph = _phase_bounds(fleet, "fleet-sglang-hicache-reload-stalls")
+
+    def itl_share_over(t0, t1, bound):
+        first, last = {}, {}
+        for s in rep.samples:
+            if s.name == "request_itl_seconds_bucket" and t0 <= s.timestamp <= t1:
+                le = dict(s.labels)["le"]
+                first.setdefault(le, s.value)
+                last[le] = s.value
+        d = {le: last[le] - first[le] for le in last}
+        under = max(v for le, v in d.items() if le != "+Inf" and float(le) <= bound)
+        return 1 - under / d["+Inf"]
+    host = _counter_delta(rep.samples, "engine_kv_offload_loaded_tokens_total", *ph["host-tier-in-use"], "instance")
+    assert host["sglang-0"] > 0
+    assert _counter_delta(rep.samples, "engine_kv_offload_loaded_tokens_total", *ph["fits-on-device"],
+                          "instance")["sglang-0"] == 0
+    assert itl_share_over(*ph["fits-on-device"], 0.1) < 0.005     # p99 ITL under 100 ms
+    assert itl_share_over(*ph["host-tier-in-use"], 0.1) > 0.015    # >1.5 % of tokens stall: p99 above 100 ms
+    used = [s.value for s in rep.samples if s.name == "engine_kv_host_used_tokens"]
+    assert max(used) > 10 * min(used)
+
+
+def test_large_batches_of_observations_keep_count_and_mean():
+    import random as _r
+
+    from testbed.fleetgen.sim import _observe_lognormal
+    h = Histogram((0.01, 0.02, 0.05, 0.1))
+    _observe_lognormal(_r.Random(0), h, 0.02, 10_000, 0.15)
+    assert h.count == 10_000 and h.total / h.count == pytest.approx(0.02)
+    assert h.counts[1] > h.counts[0] and h.counts[1] > h.counts[2]    # mass around the mean
