@@ -33,20 +33,36 @@ async def _complete(session, base, key, words, max_tokens):
         return r.status
 
 
-async def _pressure(session, base, burst=14, trickle=40, every_s=0.15):
-    """Healthy requests, then `burst` long ones (300-word prompts, 650 output tokens) that
-    fit the 128-block pool at first and overflow it as they decode, then a trickle of more long
-    ones that arrive to a full pool. The first long requests get no queue: KV fills first."""
+async def _pressure(session, base, samples, burst=14, every_s=0.1, min_trickle=40, max_s=120.0):
+    """Healthy requests, then `burst` long ones (300-word prompts, 650 output tokens) that fit the
+    128-block pool at first and overflow it as they decode, then a trickle of more long ones that
+    arrive to a full pool: at least `min_trickle`, and on until the scrapes have shown a queue of
+    5+ for 2 s (a slow, shared host needs longer to build pressure), at most `max_s`."""
     # baseline: the same prompt shape, short outputs, one at a time (TTFT = a 300-token prefill)
     statuses = [await _complete(session, base, f"warm/{i}", 300, 8) for i in range(6)]
     tasks = []
     for i in range(burst):            # staggered so their prefills do not contend (TTFT stays at baseline)
         tasks.append(asyncio.create_task(_complete(session, base, f"burst/{i}", 300, 650)))
         await asyncio.sleep(0.05)
-    for i in range(trickle):
+    t0, i = time.time(), 0
+    while time.time() - t0 < max_s and (i < min_trickle or not _queued_for(samples, 5, 2.0)):
         await asyncio.sleep(every_s)
         tasks.append(asyncio.create_task(_complete(session, base, f"trickle/{i}", 300, 650)))
+        i += 1
     return statuses + list(await asyncio.gather(*tasks))
+
+
+def _queued_for(samples, depth, seconds):
+    """True once `engine_requests_waiting` stayed >= depth for `seconds` in the scrapes so far."""
+    start = None
+    for s in (x for x in list(samples) if x.name == "engine_requests_waiting"):
+        if s.value >= depth:
+            start = s.timestamp if start is None else start
+            if s.timestamp - start >= seconds:
+                return True
+        else:
+            start = None
+    return False
 
 
 def test_kv_pressure_run_produces_an_ordered_cascade(vllm_small_kv):
@@ -56,7 +72,7 @@ def test_kv_pressure_run_produces_an_ordered_cascade(vllm_small_kv):
         async with aiohttp.ClientSession(timeout=timeout) as s:
             scraper = asyncio.create_task(_scrape_until(s, vllm_small_kv.metrics_url, stop, samples))
             await asyncio.sleep(1.0)                                   # a healthy baseline first
-            statuses = await _pressure(s, vllm_small_kv.url)
+            statuses = await _pressure(s, vllm_small_kv.url, samples)
             await asyncio.sleep(0.5)
             stop.set()
             await scraper
@@ -65,8 +81,10 @@ def test_kv_pressure_run_produces_an_ordered_cascade(vllm_small_kv):
     samples, statuses = asyncio.run(main())
     assert set(statuses) == {200}
     # On a shared 2-core CPU, batching alone moves TTFT by tens of ms: the symptom threshold is
-    # 3x the pre-pressure baseline and at least 250 ms above it.
-    report = evaluate_cascade(samples, CascadeConfig(ttft_factor=3.0, ttft_min_delta_s=0.25))["vllm-0"]
+    # 3x the pre-pressure baseline and at least 250 ms above it. Scraped every 200 ms, a queue is
+    # requests waiting for 1 s (5 samples), not an arrival waiting for the next engine step.
+    cfg = CascadeConfig(ttft_factor=3.0, ttft_min_delta_s=0.25, queue_samples=5)
+    report = evaluate_cascade(samples, cfg)["vllm-0"]
     t0 = min(s.timestamp for s in samples)
     print(json.dumps({STAGES[k]: round(v - t0, 2) for k, v in report.onsets.items()}), report.lead_time_s,
           json.dumps(report.evidence))
