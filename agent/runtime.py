@@ -31,20 +31,30 @@ DeriveHook = Callable[[Sequence[Sample]], Iterable[Sample]]
 
 _MODULE_ERRORS: dict[str, str] = {}
 
+EXTENSION_MODULES = (
+    "kvscope.agent.traces.receiver",     # collector "otlp" + config section `otlp`
+    "kvscope.agent.tap.collector",       # collector "tap" + config section `tap`
+    "kvscope.agent.kvevents.subscriber",  # collector "kv_events" + config section `kv_events`
+)
+"""Collectors that live beside their own subsystem rather than in agent/collectors/."""
+
 
 def load_collector_modules() -> dict[str, str]:
     """Import every module of kvscope.agent.collectors so that they register themselves.
 
     Returns module -> error for modules that failed to import (reported, never fatal).
     """
-    for info in pkgutil.iter_modules(collectors_pkg.__path__):
-        if info.name == "base" or info.name.startswith("_") or info.name in _MODULE_ERRORS:
+    names = [f"kvscope.agent.collectors.{info.name}" for info in pkgutil.iter_modules(collectors_pkg.__path__)
+             if info.name != "base" and not info.name.startswith("_")]
+    for module in (*names, *EXTENSION_MODULES):
+        short = module.rsplit(".", 1)[-1] if module.startswith("kvscope.agent.collectors.") else module
+        if short in _MODULE_ERRORS:
             continue
         try:
-            importlib.import_module(f"kvscope.agent.collectors.{info.name}")
+            importlib.import_module(module)
         except Exception as e:  # a broken optional collector must not stop the agent
-            _MODULE_ERRORS[info.name] = f"import_{type(e).__name__}"
-            log.warning("collector module %s failed to import: %s", info.name, e)
+            _MODULE_ERRORS[short] = f"import_{type(e).__name__}"
+            log.warning("collector module %s failed to import: %s", module, e)
     return dict(_MODULE_ERRORS)
 
 

@@ -126,10 +126,10 @@ def test_collector_options_are_handed_through():
 
 
 def test_unknown_sections_are_kept_for_extensions_with_a_warning():
-    cfg = build({"otlp": {"listen_address": "127.0.0.1:4318"}, "gpu_mapping": {"mode": "nvml"}})
-    assert cfg.extensions["otlp"] == {"listen_address": "127.0.0.1:4318"}
+    cfg = build({"future_section": {"listen_address": "127.0.0.1:4318"}, "gpu_mapping": {"mode": "nvml"}})
+    assert cfg.extensions["future_section"] == {"listen_address": "127.0.0.1:4318"}
     assert cfg.gpu_mapping == {"mode": "nvml"}
-    assert any(w.startswith("otlp: unknown section") for w in cfg.warnings)
+    assert any(w.startswith("future_section: unknown section") for w in cfg.warnings)
 
 
 def test_registered_sections_are_validated_by_their_owner():

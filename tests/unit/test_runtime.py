@@ -126,3 +126,10 @@ def test_counter_resets_count_once_per_instance_and_scrape():
     resets.observe(cycle(1, 1), into)             # both counters went down in one scrape: one reset
     resets.observe(cycle(2, 2), into)
     assert into == Counter({"a": 1})
+
+
+def test_subsystem_collectors_are_known_to_the_agent():
+    from kvscope.agent.runtime import known_collectors
+
+    known = known_collectors()
+    assert {"engine", "host", "nvml", "otlp", "tap", "kv_events"} <= set(known)
