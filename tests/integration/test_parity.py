@@ -2,14 +2,15 @@
 
 For each case of each `rules/diagnosis/<id>.test.yaml` the same input series go to both sides:
 
-* Python: `run_case` (diagnoser/engine.py) over the window [0, eval_time]; the groups whose
-  finding is still `active` at the end of the window.
+* Python: the engine (diagnoser/engine.py) over the window [0, eval_time]: the groups whose
+  finding is still `active` at the end (with severity), and every group that fired at all.
 * Prometheus: the case's canonical series are fed to real `promtool test rules` as the agent
   would export them (`kvscope_<signal>`), through the generated canonical recording rules and
-  the rule's generated alert (compiled with the case's parameter overrides); the groups with a
-  firing `ALERTS` series at eval_time.
+  the rule's generated alert (compiled with the case's parameter overrides): the groups with a
+  firing `ALERTS` series at eval_time (with severity), and every group whose alert fired at
+  any evaluation up to it.
 
-The sets of (group, severity) must be equal. Prometheus 2.42 (Debian, used here) includes a
+Both pairs of sets must be equal. Prometheus 2.42 (Debian, used here) includes a
 sample exactly 5m old in its lookback and the engine does not (it follows Prometheus 3); the
 Python side is run with the 2.x window, and a case whose outcome hangs on that edge (a gap of
 exactly the lookback in grid-aligned data, which real scrape jitter never produces) is exempt
@@ -85,16 +86,19 @@ On grid-aligned test data a sample exactly 5m old is the only difference, and a 
 lookback on the Python side reproduces the 2.x window."""
 
 
-def _python_firing(rule, case, interval, lookback_s: float = DEFAULT_LOOKBACK_S) -> set[tuple]:
+def _python_firing(rule, case, interval, lookback_s: float = DEFAULT_LOOKBACK_S) -> tuple[set, set]:
+    """(groups still firing at eval_time with their severity, groups that fired at any time)."""
     frame = frame_from_samples(case_samples(case, interval), 0.0, case.eval_time, interval, lookback_s)
     frame.facts = case.facts
     result = evaluate_rule(rule, frame, load_levers())
     if not isinstance(result, list):
-        return set()
-    return {(tuple(sorted((k, f.where.get(k, "")) for k in rule.by)), f.severity) for f in result if f.active}
+        return set(), set()
+    where = [tuple(sorted((k, f.where.get(k, "")) for k in rule.by)) for f in result]
+    return {(w, f.severity) for w, f in zip(where, result, strict=True) if f.active}, set(where)
 
 
-def _prometheus_firing(rule, case, interval, tmp_path: Path) -> tuple[set[tuple], str]:
+def _prometheus_firing(rule, case, interval, tmp_path: Path) -> tuple[set, set, str]:
+    """Same two sets from promtool: ALERTS firing at eval_time, and ever firing up to it."""
     alerts = compile_rule(rule)
     assert isinstance(alerts, list), alerts
     used = set(re.findall(r"kvscope:[a-zA-Z0-9_]+", "\n".join(a["expr"] for a in alerts)))
@@ -102,7 +106,8 @@ def _prometheus_firing(rule, case, interval, tmp_path: Path) -> tuple[set[tuple]
     (tmp_path / "rules.yml").write_text(render_rule_file(
         [{"name": "canonical", "rules": recording}, {"name": "alerts", "rules": alerts}], ""))
     steps = int(case.eval_time / interval) + 1
-    by = ", ".join(("alertname", "severity", *rule.by))
+    firing = f'ALERTS{{alertstate="firing",alertname="{alert_name(rule.id)}"}}'
+    at = f"{int(case.eval_time)}s"
     test = {
         "rule_files": ["rules.yml"],
         "evaluation_interval": f"{int(interval)}s",
@@ -110,11 +115,12 @@ def _prometheus_firing(rule, case, interval, tmp_path: Path) -> tuple[set[tuple]
             "interval": f"{int(interval)}s",
             "input_series": promtool_input_series(case_samples(case, interval), interval)
             + _fact_series(case.facts, steps),
-            "promql_expr_test": [{
-                "expr": f'group by ({by}) (ALERTS{{alertstate="firing",alertname="{alert_name(rule.id)}"}})',
-                "eval_time": f"{int(case.eval_time)}s",
-                "exp_samples": [],
-            }],
+            "promql_expr_test": [
+                {"expr": f"group by ({', '.join(('alertname', 'severity', *rule.by))}) ({firing})",
+                 "eval_time": at, "exp_samples": []},
+                {"expr": f"group by ({', '.join(('alertname', *rule.by))}) (max_over_time({firing}[{at}]))",
+                 "eval_time": at, "exp_samples": []},
+            ],
         }],
     }
     (tmp_path / "case.test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
@@ -122,28 +128,39 @@ def _prometheus_firing(rule, case, interval, tmp_path: Path) -> tuple[set[tuple]
                           capture_output=True, text=True, timeout=120)
     out = proc.stdout + proc.stderr
     if proc.returncode == 0:
-        return set(), out
+        return set(), set(), out
     assert "got:" in out, f"promtool failed without a result:\n{out}"
     severity: dict[tuple, str] = {}
-    for labels in re.findall(r"\{([^}]*)\}", out.split("got:", 1)[1]):
-        pairs = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels))
-        where = tuple(sorted((k, pairs.get(k, "")) for k in rule.by))
-        # a rule with critical_when fires its warning and its critical alert together
-        if SEVERITY_RANK[pairs["severity"]] >= SEVERITY_RANK.get(severity.get(where, "info"), 0):
-            severity[where] = pairs["severity"]
-    return set(severity.items()), out
+    ever: set[tuple] = set()
+    for block in re.split(r"\n\s*expr: ", out)[1:]:    # one block per failed expression
+        for pairs in _got_label_sets(block):
+            where = tuple(sorted((k, pairs.get(k, "")) for k in rule.by))
+            if "max_over_time" in block.split("\n", 1)[0]:
+                ever.add(where)
+            # a rule with critical_when fires its warning and its critical alert together
+            elif SEVERITY_RANK[pairs["severity"]] >= SEVERITY_RANK.get(severity.get(where, "info"), 0):
+                severity[where] = pairs["severity"]
+    return set(severity.items()), ever, out
+
+
+def _got_label_sets(block: str) -> list[dict[str, str]]:
+    got = block.split("got:", 1)[1] if "got:" in block else ""
+    return [dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels))
+            for labels in re.findall(r"\{([^}]*)\}", got)]
 
 
 @pytest.mark.parametrize(("rule_path", "test_file", "case"), _cases())
 def test_python_and_prometheus_agree(rule_path, test_file, case, tmp_path):
     rule = read_rule(rule_path).with_params(case.params)
-    python = _python_firing(rule, case, test_file.interval, PROMETHEUS2_LOOKBACK_S)
-    on_the_edge = python != _python_firing(rule, case, test_file.interval)
-    prometheus, log = _prometheus_firing(rule, case, test_file.interval, tmp_path)
+    py_end, py_ever = _python_firing(rule, case, test_file.interval, PROMETHEUS2_LOOKBACK_S)
+    on_the_edge = (py_end, py_ever) != _python_firing(rule, case, test_file.interval)
+    prom_end, prom_ever, log = _prometheus_firing(rule, case, test_file.interval, tmp_path)
+    where = f"{test_file.path}:{case.line}"
     if case.expect and not on_the_edge:
-        assert python, f"{test_file.path}:{case.line}: must-fire case is not active at eval_time in Python"
-    assert prometheus == python, (f"{test_file.path}:{case.line}: Python fires {sorted(python)}, "
-                                  f"Prometheus fires {sorted(prometheus)}\n{log}")
+        assert py_ever, f"{where}: must-fire case does not fire in Python"
+    assert prom_end == py_end, f"{where}: at eval_time Python fires {sorted(py_end)}, Prometheus {sorted(prom_end)}\n{log}"
+    assert prom_ever == py_ever, (f"{where}: over the window Python fired for {sorted(py_ever)}, "
+                                  f"Prometheus for {sorted(prom_ever)}\n{log}")
 
 
 def test_parity_covers_a_firing_and_a_quiet_case_for_every_alert():
