@@ -90,13 +90,13 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=5)
 
 
-def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 90) -> bytes:
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> bytes:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(url, timeout=3) as resp:
+            with urllib.request.urlopen(url, timeout=10) as resp:
                 if resp.status == 200:
                     return resp.read()
         except OSError:
@@ -173,18 +173,25 @@ def test_agent_pod_runs_read_only_without_capabilities(sandbox_ok, tmp_path, eng
         **_image_env(c["agent"], tmp_path)}, log)
     try:
         _wait_http(f"http://127.0.0.1:{port}/-/ready", proc, log)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while True:
             metrics = _wait_http(f"http://127.0.0.1:{port}/metrics", proc, log).decode()
             up = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                   if line.startswith("kvscope_target_up{")}
             written = [float(x.rsplit(" ", 1)[1]) for x in metrics.splitlines()
                        if x.startswith("kvscope_store_samples_written_total")]
-            if (sum(up.values()) == 1 and written and written[0] > 0) or time.monotonic() > deadline:
+            scrape_up = {k: v for k, v in up.items() if 'job="otlp"' not in k}
+            if (sum(scrape_up.values()) == 1 and written and written[0] > 0) or time.monotonic() > deadline:
                 break
             time.sleep(1)
-        assert len(up) == 3 and sum(up.values()) == 1, up           # the stub is up, the two absent ports down
-        assert [k for k, v in up.items() if v == 1][0].count(f":{engine_port}") == 1
+        assert len(scrape_up) == 3 and sum(scrape_up.values()) == 1, up   # the stub up, the two absent ports down
+        assert [k for k, v in scrape_up.items() if v == 1][0].count(f":{engine_port}") == 1
+        # the ConfigMap's otlp section starts the receiver, and it accepts an OTLP/HTTP export
+        assert up.get(f'kvscope_target_up{{instance="127.0.0.1:{otlp}",job="otlp"}}') == 1, up
+        req = urllib.request.Request(f"http://127.0.0.1:{otlp}/v1/traces", data=b"", method="POST",
+                                     headers={"Content-Type": "application/x-protobuf"})
+        with urllib.request.urlopen(req, timeout=10) as resp:  # an empty ExportTraceServiceRequest
+            assert resp.status == 200
         assert written and written[0] > 0, "the store must write on its emptyDir"
         assert 'node="gpu-node-test"' in metrics                        # from the init container's rendering
         health = json.loads(_wait_http(f"http://127.0.0.1:{port}/api/v1/health", proc, log))
