@@ -38,6 +38,9 @@ EXTENSION_MODULES = (
 )
 """Collectors that live beside their own subsystem rather than in agent/collectors/."""
 
+SECTION_GATED = frozenset({"otlp", "tap", "kv_events"})
+"""Collectors that run only when the config has a section of the same name."""
+
 
 def load_collector_modules() -> dict[str, str]:
     """Import every module of kvscope.agent.collectors so that they register themselves.
@@ -83,6 +86,8 @@ def build_collectors(config: AgentConfig) -> list[Collector]:
     for module, reason in load_collector_modules().items():
         out.append(_BrokenCollector(module, reason))
     for name, (factory, default) in sorted(registered_collectors().items()):
+        if name in SECTION_GATED and name not in config.extensions:
+            continue  # a subsystem with no config section stays off (and out of the health list)
         if not config.collector_enabled(name, default):
             continue
         try:
