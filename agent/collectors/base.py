@@ -22,7 +22,7 @@ class Health:
     collector: str
     target: str = ""                 # instance for scraping collectors, "" otherwise
     up: bool = True
-    reason: str = ""                 # why not up: a short stable token (timeout, http_503, NVMLError_LibraryNotFound...)
+    reason: str = ""                 # why not up: a stable token (timeout, http_503, NVMLError_LibraryNotFound)
     duration_s: float = 0.0
     errors: Counter[str] = field(default_factory=Counter)    # errors by reason this collection
     dropped: Counter[str] = field(default_factory=Counter)   # samples dropped by reason
