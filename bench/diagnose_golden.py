@@ -1,0 +1,89 @@
+"""Correctness guard for diagnoser speed work: dump every diagnosis, compare against a dump.
+
+Diagnoses every recording of the incident library (tests/recordings/*.om.gz) and the synthetic
+fleet of bench/diagnose_scale.py at two smaller sizes, and writes their JSON (findings with
+evidence values, scores, onsets, skipped rules and reasons) to one file. `--check FILE` runs
+the same diagnoses again and exits 1, naming the first differences, unless every diagnosis is
+identical byte for byte. Take a dump before an optimisation and check it after.
+
+    .venv/bin/python bench/diagnose_golden.py --write /tmp/golden.json
+    .venv/bin/python bench/diagnose_golden.py --check /tmp/golden.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from diagnose_scale import build_frame  # noqa: E402
+from kvscope.diagnoser.engine import diagnose, sample_names  # noqa: E402
+from kvscope.diagnoser.rule import read_rules  # noqa: E402
+from kvscope.diagnoser.sources.recording import RecordingSource  # noqa: E402
+
+LIBRARY = Path(__file__).resolve().parents[1] / "tests" / "recordings"
+FLEETS = ((50, 1.0), (120, 6.0))
+"""(engines, hours) of the synthetic fleets: a short window and one with the KV-pressure episodes."""
+
+
+def collect_diagnoses() -> dict[str, dict]:
+    """Diagnosis JSON (as a dict) per case name: recordings first, then synthetic fleets."""
+    rules = read_rules()
+    names = set().union(*(sample_names(r) for r in rules))
+    out: dict[str, dict] = {}
+    for path in sorted(LIBRARY.glob("*.om.gz")):
+        source = RecordingSource(path)
+        frame = source.read_frame(names, None, None, source.natural_step())
+        out[path.name] = diagnose(frame, rules, source=source.description, workers=1).to_dict()
+    for engines, hours in FLEETS:
+        frame = build_frame(engines, hours, 15.0)
+        out[f"fleet-{engines}x{hours:g}h"] = diagnose(frame, rules, time_scale=1.0, source="bench",
+                                                      workers=1).to_dict()
+    return out
+
+
+def compare(old: dict[str, dict], new: dict[str, dict], context: int = 3) -> list[str]:
+    """Human-readable differences between two dumps (empty when identical)."""
+    problems = []
+    for name in sorted(set(old) | set(new)):
+        if name not in new or name not in old:
+            problems.append(f"{name}: only in {'the dump' if name in old else 'this run'}")
+            continue
+        a = json.dumps(old[name], indent=1, sort_keys=True).splitlines()
+        b = json.dumps(new[name], indent=1, sort_keys=True).splitlines()
+        if a != b:
+            diff = list(difflib.unified_diff(a, b, "dump", "now", n=context, lineterm=""))
+            problems.append(f"{name}: differs\n" + "\n".join(diff[:60]))
+    return problems
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", metavar="FILE", help="write the diagnoses of this code to FILE")
+    mode.add_argument("--check", metavar="FILE", help="compare this code's diagnoses with FILE")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    now = collect_diagnoses()
+    took = time.perf_counter() - t0
+    findings = sum(len(d["competing"]) + len(d["other"]) + (d["likely_cause"] is not None)
+                   for d in now.values())
+    if args.write:
+        Path(args.write).write_text(json.dumps(now, indent=1, sort_keys=True))
+        print(f"wrote {len(now)} diagnoses ({findings} findings) to {args.write} in {took:.1f} s")
+        return 0
+    problems = compare(json.loads(Path(args.check).read_text()), now)
+    for p in problems:
+        print(p)
+    print(f"{len(now)} diagnoses, {findings} findings: "
+          f"{'IDENTICAL' if not problems else f'{len(problems)} DIFFER'} ({took:.1f} s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
