@@ -213,14 +213,21 @@ class Layers:
     origin: dict[str, str] = field(default_factory=dict)
 
     def set(self, path: str, value: Any, origin: str) -> None:
+        """Override one key. Under `collectors`, a switch and options merge: `true`/`false`
+        onto a mapping sets its `enabled`, an option onto a switch keeps the switch."""
         node = self.doc
         *parents, leaf = path.split(".")
-        for p in parents:
+        for depth, p in enumerate(parents):
             child = node.get(p)
             if not isinstance(child, dict):
-                child = node[p] = {}
+                keep = {"enabled": child} if depth == 1 and parents[0] == "collectors" and child is not None else {}
+                child = node[p] = keep
             node = child
-        node[leaf] = value
+        if len(parents) == 1 and parents[0] == "collectors" and isinstance(node.get(leaf), dict) \
+                and not isinstance(value, dict):
+            node[leaf]["enabled"] = value
+        else:
+            node[leaf] = value
         self.origin[path] = origin
 
     def get(self, path: str, default: Any = None) -> Any:

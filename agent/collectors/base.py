@@ -67,6 +67,16 @@ def register_collector(name: str, default_enabled: bool = True) -> Callable[[Col
     return deco
 
 
+def collector_option_help() -> dict[str, dict[str, str]]:
+    """name -> {option: help} for collectors that declare options (a class attribute `OPTIONS`).
+
+    A help text starting with "list:" marks an option that takes several values (the flag is
+    repeated); the others take one value, which the collector parses itself.
+    """
+    return {name: dict(getattr(factory, "OPTIONS", {}))
+            for name, (factory, _) in _REGISTRY.items() if getattr(factory, "OPTIONS", None)}
+
+
 def registered_collectors() -> dict[str, tuple[CollectorFactory, bool]]:
     """name -> (factory taking the agent config, enabled by default)."""
     return dict(_REGISTRY)

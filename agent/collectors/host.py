@@ -118,6 +118,12 @@ class HostCollector:
     """
 
     name = NAME
+    OPTIONS = {
+        "node": "value of the node label (default: the host name)",
+        "process_patterns": "list: regular expression over a process command line that marks an engine process",
+        "exclude_patterns": "list: regular expression of command lines never counted as engines",
+        "interfaces_exclude": "regular expression of network interface names to skip",
+    }
 
     def __init__(self, config: Any = None, targets: Sequence[Any] | None = None) -> None:
         opts = config.collector_options(NAME) if hasattr(config, "collector_options") else {}

@@ -97,6 +97,10 @@ class NvmlCollector:
     """
 
     name = NAME
+    OPTIONS = {
+        "node": "value of the node label (default: the host name)",
+        "retry_s": "seconds between NVML initialisation attempts while it is unavailable",
+    }
 
     def __init__(self, config: Any = None, nvml: Any | None = None,
                  clock: Callable[[], float] = time.time) -> None:

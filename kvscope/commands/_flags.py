@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kvscope.agent.collectors.base import collector_option_help
 from kvscope.agent.config import AgentConfig, ConfigError, build_config, describe_keys, read_config_file
 
 ENV_HELP = f"""\
@@ -18,6 +19,7 @@ keys (YAML path, environment variable, default):
 {describe_keys()}
   targets                KVSCOPE_TARGETS (comma-separated URLs)
   collectors.<name>      KVSCOPE_COLLECTOR_<NAME> (true|false)
+  collectors.<name>.<option>  --collector.<name>.<option> VALUE (repeat the flag for list options)
 """
 
 # (flag, dest, config path, help)
@@ -45,6 +47,9 @@ def add_scrape_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, dest=dest, metavar="VALUE", help=help_)
 
 
+_OPTION_DEST = "collector_option__"
+
+
 def add_agent_flags(parser: argparse.ArgumentParser, collectors: dict[str, bool]) -> None:
     """--web.listen-address, --store.* and --[no-]collector.<name> for every registered collector."""
     parser.add_argument("--web.listen-address", dest="listen_address", metavar="HOST:PORT",
@@ -58,6 +63,12 @@ def add_agent_flags(parser: argparse.ArgumentParser, collectors: dict[str, bool]
         parser.add_argument(f"--collector.{name}", dest=f"collector_{name}",
                             action=argparse.BooleanOptionalAction, default=None,
                             help=f"run the {name} collector ({default} by default)")
+    for name, options in sorted(collector_option_help().items()):
+        for option, text in sorted(options.items()):
+            many = text.startswith("list:")
+            parser.add_argument(f"--collector.{name}.{option}", dest=f"{_OPTION_DEST}{name}__{option}",
+                                metavar="VALUE", action="append" if many else "store", default=None,
+                                help=text.removeprefix("list:").strip() + (" (repeatable)" if many else ""))
 
 
 def flags_of(args: argparse.Namespace) -> list[tuple[str, Any, str]]:
@@ -76,7 +87,10 @@ def flags_of(args: argparse.Namespace) -> list[tuple[str, Any, str]]:
         if getattr(args, attr, None) is not None:
             out.append((path, getattr(args, attr), flag))
     for key, value in vars(args).items():
-        if key.startswith("collector_") and value is not None:
+        if key.startswith(_OPTION_DEST) and value is not None:
+            name, option = key[len(_OPTION_DEST):].split("__", 1)
+            out.append((f"collectors.{name}.{option}", value, f"--collector.{name}.{option}"))
+        elif key.startswith("collector_") and value is not None:
             name = key[len("collector_"):]
             out.append((f"collectors.{name}", value, f"--{'' if value else 'no-'}collector.{name}"))
     return out

@@ -125,6 +125,43 @@ def test_collector_options_are_handed_through():
     assert cfg.collector_options("host") == {"interfaces": ["eth0"]}
 
 
+def test_a_switch_and_options_from_different_layers_merge():
+    # env switches host off: the file's options survive; a flag option keeps the env switch
+    cfg = build({"collectors": {"host": {"node": "n1", "process_patterns": ["vllm"]}}},
+                env={"KVSCOPE_COLLECTOR_HOST": "false"},
+                flags=[("collectors.host.node", "n2", "--collector.host.node")])
+    assert cfg.collector_enabled("host", True) is False
+    assert cfg.collector_options("host") == {"node": "n2", "process_patterns": ["vllm"]}
+    cfg = build({"collectors": {"nvml": False}}, flags=[("collectors.nvml.retry_s", "5", "--collector.nvml.retry_s")])
+    assert cfg.collector_enabled("nvml", True) is False
+    assert cfg.collector_options("nvml") == {"retry_s": "5"}
+
+
+def test_collector_option_flags_reach_the_collector_config():
+    import argparse
+
+    from kvscope.agent.runtime import known_collectors
+
+    from kvscope.commands._flags import add_agent_flags, add_scrape_flags, config_from_args
+
+    known = known_collectors()
+    parser = argparse.ArgumentParser()
+    add_scrape_flags(parser)
+    add_agent_flags(parser, known)
+    args = parser.parse_args(["--collector.host.node", "gpu-7", "--collector.host.process_patterns", "vllm",
+                              "--collector.host.process_patterns", "sglang", "--no-collector.nvml"])
+    cfg = config_from_args(args, known)
+    assert cfg.collector_options("host") == {"node": "gpu-7", "process_patterns": ["vllm", "sglang"]}
+    assert cfg.collector_enabled("nvml", True) is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--collector.host.nosuch", "x"])
+
+
+def test_a_bad_switch_under_an_option_flag_is_still_rejected():
+    with pytest.raises(ConfigError, match='collectors.host: must be true or false .*got "maybe"'):
+        build({"collectors": {"host": "maybe"}}, flags=[("collectors.host.node", "n", "--collector.host.node")])
+
+
 def test_unknown_sections_are_kept_for_extensions_with_a_warning():
     cfg = build({"future_section": {"listen_address": "127.0.0.1:4318"}, "gpu_mapping": {"mode": "nvml"}})
     assert cfg.extensions["future_section"] == {"listen_address": "127.0.0.1:4318"}
