@@ -7,6 +7,8 @@ import sys
 import time
 from typing import Any
 
+from kvscope.commands._params import add_param_flag, parse_params
+
 HELP = """\
 Evaluate every rule in rules/diagnosis/ over one window of engine, GPU and request signals and
 rank what fired: the likely cause first (what, where, since when, the evidence numbers with the
@@ -43,31 +45,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--start", type=float, default=None, help="window start, unix seconds (overrides --since)")
     p.add_argument("--step", default=None,
                    help="grid step, e.g. 15s (default: the recording's scrape interval, else 15s)")
-    p.add_argument("--param", action="append", default=[], metavar="RULE.PARAM=VALUE",
-                   help="override a rule parameter, e.g. kv_pressure_preemption.kv_full=0.85 (repeatable)")
+    add_param_flag(p)
     p.add_argument("--time-scale", type=float, default=None,
                    help="multiply every rule duration by this (default: auto for windows under 15 min)")
     p.add_argument("--rules-dir", default=None, help="rules directory (default: the shipped rules/diagnosis)")
     p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON (schema: docs/rules.md)")
     p.add_argument("--verbose", "-v", action="store_true", help="also list the rules that were skipped and why")
     p.set_defaults(func=run)
-
-
-def parse_params(items: list[str]) -> dict[str, dict[str, Any]]:
-    """['rule.param=1.5', ...] -> {'rule': {'param': 1.5}}. Raises ValueError on bad items."""
-    out: dict[str, dict[str, Any]] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        rule_id, dot, name = key.partition(".")
-        if not sep or not dot or not rule_id or not name:
-            raise ValueError(f"--param {item!r}: expected RULE.PARAM=VALUE")
-        value: Any = raw
-        try:
-            value = float(raw)
-        except ValueError:
-            pass
-        out.setdefault(rule_id, {})[name] = value
-    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,15 +61,11 @@ def run(args: argparse.Namespace) -> int:
         print("kvscope diagnose: pick a source: --recording, --prometheus or --agent (see --help)", file=sys.stderr)
         return EXIT_USAGE
     try:
-        params = parse_params(args.param)
         since = parse_duration(args.since)
         rules = read_rules(args.rules_dir)
+        params = parse_params(args.param, [r.id for r in rules])
     except (ValueError, RuleError, OSError) as exc:
         print(f"kvscope diagnose: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    unknown = sorted(set(params) - {r.id for r in rules})
-    if unknown:
-        print(f"kvscope diagnose: --param names unknown rule(s): {', '.join(unknown)}", file=sys.stderr)
         return EXIT_USAGE
     return _diagnose(args, rules, params, since)
 

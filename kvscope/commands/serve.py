@@ -7,7 +7,8 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Any
+
+from kvscope.commands._params import add_param_flag, parse_params
 
 DESCRIPTION = """\
 Receive Alertmanager webhooks, diagnose every firing alert's instance and time window from
@@ -45,35 +46,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="diagnose from this long before the alert started (default: %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=1024 * 1024, metavar="N",
                    help="largest webhook body accepted; larger gets 413 (default: %(default)s)")
-    p.add_argument("--param", action="append", default=[], metavar="RULE.NAME=VALUE",
-                   help="override a rule parameter, e.g. kv_pressure_preemption.kv_full=0.95 (repeatable)")
+    add_param_flag(p)
     p.set_defaults(func=run)
-
-
-def parse_params(items: list[str]) -> dict[str, dict[str, Any]]:
-    """['rule.name=value', ...] -> {rule: {name: value}}; values parsed as YAML scalars."""
-    import yaml
-
-    out: dict[str, dict[str, Any]] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        rule, dot, name = key.partition(".")
-        if not sep or not dot or not rule or not name:
-            raise ValueError(f"--param {item!r}: expected RULE.NAME=VALUE")
-        out.setdefault(rule, {})[name] = yaml.safe_load(value)
-    return out
 
 
 def run(args: argparse.Namespace) -> int:
     from kvscope.diagnoser.alertmanager_server import ServeConfig, WebhookServer
     from kvscope.diagnoser.alertmanager_store import DiagnosisStore
-    from kvscope.diagnoser.rule import parse_duration
+    from kvscope.diagnoser.rule import parse_duration, read_rules
 
     try:
         host, _, port = args.listen.rpartition(":")
+        params = parse_params(args.param, [r.id for r in read_rules()])
         config = ServeConfig(prometheus_url=args.prometheus, forward_url=args.forward_url,
                              step_s=parse_duration(args.step), before_s=parse_duration(args.before),
-                             max_body_bytes=args.max_body_bytes, params=parse_params(args.param))
+                             max_body_bytes=args.max_body_bytes, params=params)
         listen = (host or "127.0.0.1", int(port))
     except ValueError as exc:
         print(f"kvscope serve: {exc}", file=sys.stderr)

@@ -18,7 +18,7 @@ from kvscope.diagnoser.alertmanager import (
 )
 from kvscope.diagnoser.alertmanager_store import DiagnosisStore
 
-from kvscope.commands.serve import parse_params
+from kvscope.commands._params import parse_params
 
 # Shape of a real Alertmanager 0.25 webhook (../shared/research/toolchain-probe.md).
 WEBHOOK = {
@@ -135,6 +135,8 @@ def test_parse_params_reads_rule_dot_name_pairs():
         "kv_pressure_preemption": {"for": "5s", "kv_full": 0.95}}
     with pytest.raises(ValueError, match="RULE.NAME=VALUE"):
         parse_params(["kv_full=0.9"])
+    with pytest.raises(ValueError, match="unknown rule.*kv_pressure_preemptoin"):
+        parse_params(["kv_pressure_preemptoin.kv_full=0.9"], ["kv_pressure_preemption"])
 
 
 def test_unreachable_prometheus_is_recorded_on_the_row_and_the_receiver_keeps_serving():
