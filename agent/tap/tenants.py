@@ -1,17 +1,35 @@
-"""Who sent a request, and a bounded label set for it.
+"""Who sent a request, and a bounded label set for it, ranked by traffic.
 
 The tenant comes from, in order: a configured header (e.g. `X-Tenant`), the OpenAI `user` body
 field, or a hash of the API key (`key-` + 12 hex chars of SHA-256). The key itself is never kept.
-Labels are bounded: the first `max_tenants` distinct tenants keep their own label and every later
-one is counted as `other`, so a caller cannot blow up the series count by inventing tenants.
+
+Labels are bounded: the `max_tenants` tenants with the most *recent* traffic keep their own label
+and every other one is counted as `other`, so a caller cannot blow up the series count by
+inventing tenants, and a big tenant that arrives after the slots are taken still gets one.
+Traffic is a request count with exponential decay (half-life `half_life_s`), kept for the
+tracked tenants exactly and for the rest in a bounded heavy-hitter sketch (`sketch_size`
+entries, space-saving style: an id new to a full sketch inherits the count of what was pruned
+as its error bound). A tenant in `other` is promoted when its *guaranteed* count (estimate minus
+error) exceeds `promote_ratio` x the smallest tracked count and amounts to more than one recent
+request (`min_promote`); the smallest tracked tenant is demoted. A flood of one-off random ids
+therefore never promotes anything: each one's guaranteed count is its own single request.
+
+A demoted tenant's series are not reset or removed: its counters keep their last value and stop
+(flat), `other` absorbs its traffic from then on, and if it is promoted again its counters
+continue from where they stopped (still monotonic). Distinct labels ever handed out are capped at
+`max_labels` (default 10 x max_tenants); once spent, only tenants that already have series can be
+promoted (`stats["label_budget_spent"]` counts refusals).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import threading
-from collections.abc import Mapping
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any
 
 OTHER = "other"
@@ -38,20 +56,120 @@ def _clean(v: str) -> str:
 
 
 class TenantLimiter:
-    """Maps tenant ids to at most `max_tenants` labels plus `other` (sticky, first come)."""
+    """Maps tenant ids to the `max_tenants` busiest (decayed request count) plus `other`.
 
-    def __init__(self, max_tenants: int = 50) -> None:
+    `label(tenant)` is called once per request and returns the label to count it under. Memory:
+    `max_tenants` tracked counts + `sketch_size` sketch entries + the set of labels handed out
+    (at most `max_labels`), whatever number of distinct ids arrives.
+    """
+
+    def __init__(self, max_tenants: int = 50, *, half_life_s: float = 300.0, sketch_size: int | None = None,
+                 promote_ratio: float = 1.25, min_promote: float = 1.5, max_labels: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.max_tenants = max_tenants
-        self._admitted: set[str] = set()
+        self.sketch_size = sketch_size if sketch_size is not None else max(64, 4 * max_tenants)
+        self.promote_ratio = promote_ratio
+        self.min_promote = min_promote
+        self.max_labels = max_labels if max_labels is not None else 10 * max_tenants
+        self._rate = math.log(2) / half_life_s
+        self._clock = clock
+        self._t0 = clock()
+        self._tracked: dict[str, float] = {}                 # tenant -> forward-decayed count
+        self._sketch: dict[str, list[float]] = {}            # tenant -> [estimate, error]
+        self._floor = 0.0                                    # largest estimate pruned from the sketch
+        self._labelled: set[str] = set()                     # every tenant that ever had a label
+        self._low: tuple[str, float] | None = None           # cached smallest tracked (tenant, count)
         self._lock = threading.Lock()
         self.folded = 0           # requests counted as `other`
+        self.stats: Counter[str] = Counter()
 
     def label(self, tenant: str) -> str:
+        """The label for one request of `tenant` (its own name, or `other`), counting the request."""
         with self._lock:
-            if tenant in self._admitted:
+            w = self._weight()
+            if tenant in self._tracked:
+                self._tracked[tenant] += w
+                if self._low is not None and self._low[0] == tenant:
+                    self._low = None         # counts only grow: only the smallest one moving changes the min
                 return tenant
-            if len(self._admitted) < self.max_tenants:
-                self._admitted.add(tenant)
+            if len(self._tracked) < self.max_tenants and self._may_label(tenant):
+                est, _ = self._sketch.pop(tenant, (0.0, 0.0))
+                self._admit(tenant, est + w)
                 return tenant
+            est, err = self._count_other(tenant, w)
+            if self._tracked and self._may_label(tenant):
+                low, low_count = self._smallest()
+                sure = est - err                     # requests it certainly sent (decayed)
+                if sure > self.promote_ratio * low_count and sure >= self.min_promote * w:
+                    self._demote(low, low_count)
+                    del self._sketch[tenant]
+                    self._admit(tenant, est)
+                    self.stats["promoted"] += 1
+                    return tenant
             self.folded += 1
             return OTHER
+
+    def tracked(self) -> dict[str, float]:
+        """Tracked tenants and their decayed request counts (as of now), busiest first."""
+        with self._lock:
+            scale = math.exp(-self._rate * (self._clock() - self._t0))
+            return dict(sorted(((t, c * scale) for t, c in self._tracked.items()), key=lambda kv: -kv[1]))
+
+    def __len__(self) -> int:
+        """Entries held (tracked + sketch): the memory bound."""
+        return len(self._tracked) + len(self._sketch)
+
+    def _weight(self) -> float:
+        """Forward decay: an event at t weighs exp(rate * (t - t0)); rebase before floats overflow."""
+        x = self._rate * (self._clock() - self._t0)
+        if x > 300:
+            shrink = math.exp(-x)
+            self._tracked = {t: c * shrink for t, c in self._tracked.items()}
+            self._sketch = {t: [e * shrink, r * shrink] for t, (e, r) in self._sketch.items()}
+            self._floor *= shrink
+            self._low = None
+            self._t0 = self._clock()
+            x = 0.0
+        return math.exp(x)
+
+    def _may_label(self, tenant: str) -> bool:
+        if tenant in self._labelled or len(self._labelled) < self.max_labels:
+            return True
+        self.stats["label_budget_spent"] += 1
+        return False
+
+    def _smallest(self) -> tuple[str, float]:
+        if self._low is None:
+            self._low = min(self._tracked.items(), key=lambda kv: kv[1])
+        return self._low
+
+    def _admit(self, tenant: str, count: float) -> None:
+        self._tracked[tenant] = count
+        self._low = None
+        self._labelled.add(tenant)
+
+    def _demote(self, tenant: str, count: float) -> None:
+        del self._tracked[tenant]
+        self._low = None
+        self._sketch[tenant] = [count, 0.0]
+        self.stats["demoted"] += 1
+        self._prune()
+
+    def _count_other(self, tenant: str, w: float) -> tuple[float, float]:
+        entry = self._sketch.get(tenant)
+        if entry is None:
+            entry = self._sketch[tenant] = [self._floor + w, self._floor]
+            self._prune()
+        else:
+            entry[0] += w
+        return entry[0], entry[1]
+
+    def _prune(self) -> None:
+        """Over `sketch_size`: keep the busier half; the largest pruned estimate becomes the floor
+        (error bound) for ids that arrive later (amortised O(log n) per new id)."""
+        if len(self._sketch) <= self.sketch_size:
+            return
+        ranked = sorted(self._sketch.items(), key=lambda kv: -kv[1][0])
+        keep = self.sketch_size // 2
+        self._floor = max(self._floor, ranked[keep][1][0])
+        self._sketch = dict(ranked[:keep])
