@@ -24,9 +24,6 @@ KNOWN_MISSES = {
     "round-robin-vs-sticky": "round-robin comes first, so there is no earlier sticky hit rate to fall "
                              "from, and engine metrics carry no prefix identity (P2 then needs the "
                              "tap's prefix_split_ratio)",
-    "replica-restart-cold-cache": "the tiny model re-warms its six tenant prefixes within ~30 s of "
-                                  "rejoining (hit rate 70% -> 90% -> 94% of the warm peer's), shorter "
-                                  "than the rule's scaled 'for'; afterwards only TTFT shows the restart",
 }
 
 
