@@ -19,6 +19,7 @@ tenant's. Pure: no I/O.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -232,3 +233,25 @@ def render_fairness_samples(report: FairnessReport, timestamp: float | None = No
         if v is not None:
             out.append(Sample(series, (), v, timestamp))
     return out
+
+
+class UsageWindow:
+    """Usage over the last `window_s` from cumulative snapshots (one per collection, bounded).
+
+    `update(now, current)` remembers `current` (cumulative per-tenant usage) and returns the usage
+    since the newest snapshot at least `window_s` old, or everything since start while none is.
+    """
+
+    def __init__(self, window_s: float = 300.0, max_snapshots: int = 512) -> None:
+        self.window_s = window_s
+        self._snapshots: deque[tuple[float, dict[str, TenantUsage]]] = deque(maxlen=max_snapshots)
+
+    def update(self, now: float, current: dict[str, TenantUsage]) -> dict[str, TenantUsage]:
+        start = now - self.window_s
+        base: dict[str, TenantUsage] = {}
+        for t, snap in self._snapshots:
+            if t > start:
+                break
+            base = snap
+        self._snapshots.append((now, current))
+        return {t: u.minus(base[t]) if t in base else u for t, u in current.items()}

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from typing import Any
 
-from kvscope.agent.analytics.fairness import TenantUsage, evaluate_fairness, render_fairness_samples
+from kvscope.agent.analytics.fairness import (
+    TenantUsage,
+    UsageWindow,
+    evaluate_fairness,
+    render_fairness_samples,
+)
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import ConfigError, parse_seconds, register_section
 from kvscope.agent.tap.proxy import RequestTap, TapConfig
@@ -69,7 +73,7 @@ class TapCollector:
         self.exporter = SpanBatchExporter(section["otlp_endpoint"]) if section and section["otlp_endpoint"] else None
         self.tap = RequestTap(section["tap"], span_sink=self.exporter.add if self.exporter else None) \
             if section else None
-        self._snapshots: deque[tuple[float, dict[str, TenantUsage]]] = deque(maxlen=512)
+        self._usage_window = UsageWindow(section["fairness_window_s"] if section else 300.0)
         self._sender: asyncio.Task[None] | None = None
 
     async def collect(self) -> Collection:
@@ -91,16 +95,8 @@ class TapCollector:
 
     def _window(self, now: float) -> dict[str, TenantUsage]:
         """Usage over the last fairness_window_s: current totals minus the oldest snapshot in the window."""
-        assert self.tap is not None and self.section is not None
-        current = self.tap.tenant_usage()
-        start = now - self.section["fairness_window_s"]
-        base: dict[str, TenantUsage] = {}          # no snapshot old enough: everything since start
-        for t, snap in self._snapshots:
-            if t > start:
-                break
-            base = snap
-        self._snapshots.append((now, current))
-        return {t: u.minus(base[t]) if t in base else u for t, u in current.items()}
+        assert self.tap is not None
+        return self._usage_window.update(now, self.tap.tenant_usage())
 
     async def close(self) -> None:
         if self.tap is not None:

@@ -1,4 +1,5 @@
-"""OTLP/HTTP trace receiver: `POST /v1/traces` -> stitched requests -> `request_phase_seconds`.
+"""OTLP/HTTP trace receiver: `POST /v1/traces` -> stitched requests -> `request_phase_seconds`
+and, for requests whose spans name a tenant, the per-tenant `tenant_*` counters (tenants.py).
 
 Accepts protobuf and JSON, gzip/deflate, up to `max_body_bytes` (compressed and decompressed).
 A payload that does not decode gets HTTP 400 with the reason and the receiver keeps serving.
@@ -16,6 +17,8 @@ Config (agent YAML, section `otlp`; the agent builds the receiver when the secti
       settle_s: 1.0                   # a trace is stitched this long after its last span
       ttl_s: 30                       # incomplete traces are dropped after this
       max_traces: 10000
+      max_tenants: 50                 # tenant labels (traffic-ranked top-K + `other`)
+      fairness_window_s: 300          # fleet fairness gauges (only when the agent runs no tap)
       service_labels:                 # for engines that cannot set kvscope.* attributes
         vllm-prefill-0: {instance: "10.0.0.5:8000", role: prefill, model: llama-3-8b}
 """
@@ -32,6 +35,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from kvscope.agent.analytics.fairness import UsageWindow, evaluate_fairness, render_fairness_samples
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import ConfigError, parse_bytes, parse_seconds, register_section
 from kvscope.agent.signals import make_labels
@@ -39,6 +43,7 @@ from kvscope.agent.traces.export import encode_spans, render_phase_spans
 from kvscope.agent.traces.histogram import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.traces.otlp import JSON, OtlpDecodeError, decompress, parse_otlp_traces
 from kvscope.agent.traces.stitch import RequestRecord, StitchConfig, TraceStitcher
+from kvscope.agent.traces.tenants import TenantAccounting
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 log = logging.getLogger("kvscope.traces")
@@ -56,6 +61,8 @@ class OtlpConfig:
     forward_queue: int = 256
     flush_interval_s: float = 0.25
     recent_records: int = 1000
+    max_tenants: int = 50
+    fairness_window_s: float = 300.0
     stitch: StitchConfig = field(default_factory=StitchConfig)
 
     def host_port(self) -> tuple[str, int]:
@@ -69,7 +76,7 @@ def parse_otlp_config(raw: Any) -> OtlpConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"otlp: must be a mapping, got {raw!r}")
     known = {"listen", "max_body_bytes", "forward_url", "stitched_url", "forward_timeout_s", "settle_s",
-             "ttl_s", "max_traces", "max_spans_per_trace", "service_labels"}
+             "ttl_s", "max_traces", "max_spans_per_trace", "service_labels", "max_tenants", "fairness_window_s"}
     if unknown := sorted(set(raw) - known):
         raise ConfigError(f"otlp: unknown keys {unknown}; allowed: {sorted(known)}")
     listen = str(raw.get("listen", "127.0.0.1:4318"))
@@ -84,7 +91,15 @@ def parse_otlp_config(raw: Any) -> OtlpConfig:
                           service_labels={str(k): {str(a): str(b) for a, b in v.items()} for k, v in labels.items()})
     return OtlpConfig(listen=listen, max_body_bytes=parse_bytes(raw.get("max_body_bytes", 8 << 20)),
                       forward_url=raw.get("forward_url"), stitched_url=raw.get("stitched_url"),
-                      forward_timeout_s=parse_seconds(raw.get("forward_timeout_s", 5.0)), stitch=stitch)
+                      forward_timeout_s=parse_seconds(raw.get("forward_timeout_s", 5.0)), stitch=stitch,
+                      max_tenants=_positive_int(raw.get("max_tenants", 50), "otlp.max_tenants"),
+                      fairness_window_s=parse_seconds(raw.get("fairness_window_s", 300)))
+
+
+def _positive_int(v: Any, key: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"{key}: must be a positive integer, got {v!r}")
+    return v
 
 
 register_section("otlp", parse_otlp_config)
@@ -110,14 +125,19 @@ class OtlpTraceReceiver:
     name = "otlp"
 
     def __init__(self, config: Any = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.fairness = True          # fleet fairness gauges from traced tenants (off when a tap owns them)
         if isinstance(config, OtlpConfig) or config is None:
             self.config: OtlpConfig | None = config or OtlpConfig()
         else:
-            section = getattr(config, "extensions", {}).get("otlp")
+            extensions = getattr(config, "extensions", {})
+            section = extensions.get("otlp")
             self.config = section if isinstance(section, OtlpConfig) or section is None else parse_otlp_config(section)
+            self.fairness = extensions.get("tap") is None
         cfg = self.config or OtlpConfig()
         self.stitcher = TraceStitcher(cfg.stitch, clock=clock)
         self.phases = HistogramSet("request_phase_seconds", PHASE_BUCKETS)
+        self.tenants = TenantAccounting(cfg.max_tenants)
+        self._usage_window = UsageWindow(cfg.fairness_window_s)
         self.recent: deque[RequestRecord] = deque(maxlen=cfg.recent_records)
         self.listeners: list[Callable[[RequestRecord], None]] = []
         self.stats: Counter[str] = Counter()      # cumulative: spans, requests, bad payloads, drops
@@ -235,6 +255,7 @@ class OtlpTraceReceiver:
             self.stats["requests"] += 1
             for obs in rec.phases:
                 self.phases.observe(phase_labels(rec, obs.instance, obs.role, obs.phase), obs.seconds)
+            self.tenants.observe(rec)
             self.recent.append(rec)
             for listener in self.listeners:
                 listener(rec)
@@ -245,7 +266,8 @@ class OtlpTraceReceiver:
                                   {"Content-Type": "application/x-protobuf"})
 
     async def collect(self) -> Collection:
-        """Phase histograms (cumulative) and the receiver's health since the last collection."""
+        """Phase histograms and tenant counters (cumulative), fairness gauges over `fairness_window_s`
+        (unless the agent's tap reports them), and the receiver's health since the last collection."""
         if self.config is None:
             return Collection()
         t0 = time.perf_counter()
@@ -255,7 +277,11 @@ class OtlpTraceReceiver:
         except OSError as e:
             health.up, health.reason = False, f"bind_{e.errno}"
         self._emit(self.stitcher.flush())
-        samples = self.phases.render(time.time())
+        now = time.time()
+        samples = self.phases.render(now) + self.tenants.render(now)
+        if self.fairness and self.tenants.stats["accounted"]:
+            usage = self._usage_window.update(now, self.tenants.usage())
+            samples += render_fairness_samples(evaluate_fairness(usage), now)
         totals = self.stats + Counter({f"trace_{k}": v for k, v in self.stitcher.dropped.items()})
         delta = totals - self._reported
         self._reported = Counter(totals)

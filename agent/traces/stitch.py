@@ -83,6 +83,7 @@ class RequestRecord:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     kv_transfer_source: str | None = None    # span | gap | None
+    tapped: bool = False                     # the trace holds the request tap's span (scope kvscope.tap)
     anchors: dict[str, Span] = field(default_factory=dict)   # role -> engine span (for re-export)
 
     def phase(self, name: str) -> float | None:
@@ -170,8 +171,10 @@ def stitch_trace(spans: list[Span], config: StitchConfig | None = None) -> list[
     roots = [s for s in spans if _is_request_span(s)]
     records = [_single(s, _slices_of(s, spans, by_id), cfg) for s in roots]
     records = _pair_pd(records)
+    tapped = any(s.scope == "kvscope.tap" for s in spans)
     for r in records:
         r.tenant = r.tenant or (str(tenant) if tenant is not None else None)
+        r.tapped = tapped
     return records
 
 
