@@ -12,7 +12,8 @@ grid point) computed with the scalar per-series functions of kvscope.agent.analy
 (`window_quantile`, as the agent uses them) on a sample of engines and scaled to the fleet,
 against the vectorised grid path for the same series.
 
-    .venv/bin/python bench/diagnose_scale.py [--engines 1000] [--hours 6] [--step 15]
+    .venv/bin/python bench/diagnose_scale.py [--engines 1000] [--hours 6] [--step 15] [--repeat 3]
+    .venv/bin/python bench/diagnose_scale.py --no-baseline --profile   # where the time goes
 """
 
 from __future__ import annotations
@@ -126,6 +127,30 @@ def run(frame: Frame, rules, cache: bool) -> tuple[float, float, int]:
     return time.perf_counter() - t0, time.process_time() - c0, len(d.findings)
 
 
+def profile_run(frame: Frame, rules, top: int) -> None:
+    """One more diagnose under cProfile with per-rule and per-node CPU times; prints the top ones.
+    Node times include the nodes they refer to; signal-form nodes are computed once per frame, so
+    the rule that asks first pays."""
+    import cProfile
+    import pstats
+    frame.cache, frame.profile = {}, {}
+    prof = cProfile.Profile()
+    prof.enable()
+    diagnose(frame, rules, time_scale=1.0, source="bench", workers=1)
+    prof.disable()
+    spent, frame.profile = frame.profile, None
+    rule_t = sorted(((t, k[1]) for k, t in spent.items() if k[0] == "rule"), reverse=True)
+    print(f"\nprofile (CPU s, under cProfile): rules total {sum(t for t, _ in rule_t):.2f} s; top {top} rules:")
+    for t, rid in rule_t[:top]:
+        print(f"  {t:7.3f}  {rid}")
+    print(f"top {top} series nodes (rule / name / form / signal):")
+    node_t = sorted(((t, k[1:]) for k, t in spent.items() if k[0] == "node"), reverse=True)
+    for t, (rid, name, form, sig) in node_t[:top]:
+        print(f"  {t:7.3f}  {rid} / {name} / {form} / {sig}")
+    print(f"top {top} functions by own time:")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
 def baseline_scalar(frame: Frame, sample: int) -> tuple[float, float, np.ndarray]:
     """(seconds per engine, vectorised seconds for all engines, scalar p99s of the sample engines):
     TTFT p99 over 5 m at every grid point, per engine."""
@@ -171,6 +196,10 @@ def main() -> None:
     ap.add_argument("--no-baseline", action="store_true", help="skip the scalar-analytics baseline")
     ap.add_argument("--workers", type=int, default=1, help="threads evaluating rules side by side (default 1)")
     ap.add_argument("--baseline-sample", type=int, default=3, help="engines timed with the scalar functions")
+    ap.add_argument("--repeat", type=int, default=1, help="time diagnose this many times (fresh cache each)")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed run(s), profile one more: top rules, series nodes and functions")
+    ap.add_argument("--top", type=int, default=15, help="how many entries --profile prints per table")
     args = ap.parse_args()
     global WORKERS
     WORKERS = args.workers
@@ -181,10 +210,13 @@ def main() -> None:
     print(f"frame: {args.engines} engines x {args.hours:g} h at {args.step:g} s = {len(frame.ts)} steps, "
           f"{series:,} series, {points / 1e6:.1f} M points (built in {time.perf_counter() - t0:.1f} s)")
     rules = read_rules()
-    took, cpu, fired = run(frame, rules, cache=True)
-    print(f"diagnose ({len(rules)} rules, {WORKERS} thread(s)): {took:.2f} s wall, {cpu:.2f} s CPU, "
-          f"{fired} findings; goal {GOAL_S:.0f} s -> {took / GOAL_S:.2f}x of the goal "
-          f"({'met' if took < GOAL_S else 'NOT met'})")
+    for _ in range(max(1, args.repeat)):
+        took, cpu, fired = run(frame, rules, cache=True)
+        print(f"diagnose ({len(rules)} rules, {WORKERS} thread(s)): {took:.2f} s wall, {cpu:.2f} s CPU, "
+              f"{fired} findings; goal {GOAL_S:.0f} s -> {took / GOAL_S:.2f}x of the goal "
+              f"({'met' if took < GOAL_S else 'NOT met'})")
+    if args.profile:
+        profile_run(frame, rules, args.top)
     if not args.no_baseline:
         per_engine, vector_s, _ = baseline_scalar(frame, args.baseline_sample)
         scalar_s = per_engine * args.engines

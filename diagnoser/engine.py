@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import string
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -78,6 +79,17 @@ def diagnose(frame: Frame, rules: Iterable[Rule] | None = None, levers: dict[str
 
 def evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[Finding] | Skipped:
     """Findings of one rule over the frame, or why it could not be evaluated."""
+    if frame.profile is None:
+        return _evaluate_rule(rule, frame, levers)
+    t0 = time.process_time()
+    try:
+        return _evaluate_rule(rule, frame, levers)
+    finally:
+        key = ("rule", rule.id)
+        frame.profile[key] = frame.profile.get(key, 0.0) + time.process_time() - t0
+
+
+def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[Finding] | Skipped:
     missing = rule.missing_params()
     if missing and len(missing) == rule.nullable_params():
         return Skipped(rule.id, f"parameter(s) not set: {', '.join(missing)}")

@@ -8,6 +8,7 @@ builder can start from.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,10 +92,15 @@ class SeriesEvaluator:
             if name in self._active:
                 raise ExprError(f"series {name!r} refers to itself")
             self._active.add(name)
+            t0 = time.process_time() if self.frame.profile is not None else 0.0
             try:
                 self._cache[name] = self._required(self._evaluate(self.nodes[name], self.by_of(name)))
             finally:
                 self._active.discard(name)
+            if self.frame.profile is not None:
+                node = self.nodes[name]
+                key = ("node", self.rule.id, name, node_form(node), node_signal(node) or "")
+                self.frame.profile[key] = self.frame.profile.get(key, 0.0) + time.process_time() - t0
         return self._cache[name]
 
     def _required(self, g: Grouped) -> Grouped:

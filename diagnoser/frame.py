@@ -38,6 +38,9 @@ class Frame:
     blocks: dict[str, Block] = field(default_factory=dict)
     facts: dict[str, dict[str, str]] = field(default_factory=dict)   # instance -> merged facts
     cache: dict | None = field(default_factory=dict)   # series computed once, shared by rules (None = off)
+    profile: dict[tuple[str, ...], float] | None = None
+    """When a dict: CPU seconds per rule (`("rule", id)`) and per series node (`("node", rule id,
+    name, form, signal)`, inclusive of what it refers to) are added to it (bench --profile)."""
 
     @property
     def step(self) -> float:
