@@ -1,15 +1,29 @@
-"""Turn a recording back into canonical samples, through the same dialects as live scrapes."""
+"""Turn a recording back into canonical samples, through the same dialects as live scrapes.
+
+A recording may carry a spans sidecar (`x.spans.jsonl.gz` next to `x.om.gz`: the engines' OTLP
+spans as JSON lines). `add_spans` feeds it through the trace receiver's stitching
+(agent/traces/stitch.py) and renders what the receiver would have reported at each scrape:
+`request_phase_seconds` per instance and phase, and the `tenant_*` counters of traced tenants.
+"""
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kvscope.agent.engines.dialect import detect_engine, normalize
 from kvscope.agent.exposition import Exposition
 from kvscope.agent.recording import read_recording, scrapes_by_target
 from kvscope.agent.signals import Catalog, Sample, load_catalog, make_labels
+from kvscope.agent.traces.histogram import PHASE_BUCKETS, HistogramSet
+from kvscope.agent.traces.otlp import Span
+from kvscope.agent.traces.receiver import phase_labels
+from kvscope.agent.traces.stitch import StitchConfig, stitch_trace
+from kvscope.agent.traces.tenants import TenantAccounting
 
 
 @dataclass
@@ -20,6 +34,7 @@ class Replay:
     engines: dict[str, str | None] = field(default_factory=dict)        # instance -> engine
     facts: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # instance -> rank -> facts
     unmapped: Counter[str] = field(default_factory=Counter)            # instance -> count
+    span_stats: Counter[str] = field(default_factory=Counter)          # spans read, requests, bad lines
     start: float | None = None
     end: float | None = None
 
@@ -53,3 +68,139 @@ def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = Non
         out.start = min(ts) if out.start is None else min(out.start, min(ts))
         out.end = max(ts) if out.end is None else max(out.end, max(ts))
     return out
+
+
+# ---------------------------------------------------------------------------- spans
+SPAN_SUFFIXES = (".spans.jsonl.gz", ".spans.jsonl")
+MAX_SPAN_LINE = 1 << 20
+"""Bytes; a longer line is counted as bad and skipped (bounded memory per span)."""
+
+
+def spans_path_for(recording: str | os.PathLike[str]) -> Path | None:
+    """The spans sidecar of a recording (`x.om.gz` -> `x.spans.jsonl.gz` or `.jsonl`), if it exists."""
+    p = Path(recording)
+    stem = p.name
+    for ext in (".gz", ".om", ".txt"):
+        stem = stem.removesuffix(ext)
+    for suffix in SPAN_SUFFIXES:
+        cand = p.with_name(stem + suffix)
+        if cand.is_file():
+            return cand
+    return None
+
+
+def parse_span_line(line: str) -> Span:
+    """One JSON line of a spans sidecar (what testbed/otlp_sink.py writes) -> Span. ValueError if malformed."""
+    d = json.loads(line)
+    if not isinstance(d, dict):
+        raise ValueError("not a JSON object")
+    try:
+        return Span(trace_id=str(d["trace_id"]), span_id=str(d["span_id"]),
+                    parent_id=str(d.get("parent_span_id") or ""), name=str(d["name"]),
+                    kind=int(d.get("kind") or 0), start_ns=int(d["start_ns"]), end_ns=int(d["end_ns"]),
+                    attributes=dict(d.get("attributes") or {}), resource=dict(d.get("resource") or {}),
+                    scope=str(d.get("scope") or ""))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"missing or bad field: {exc}") from exc
+
+
+def read_spans(path: str | os.PathLike[str], max_spans: int = 2_000_000) -> tuple[list[Span], Counter[str]]:
+    """Spans of a JSON-lines sidecar (gzip by suffix). Bad lines are skipped and counted by reason;
+    reading stops after `max_spans` spans (counted once as `truncated`)."""
+    spans: list[Span] = []
+    issues: Counter[str] = Counter()
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            if len(line) > MAX_SPAN_LINE:
+                issues["line_too_long"] += 1
+                continue
+            if len(spans) >= max_spans:
+                issues["truncated"] += 1
+                break
+            try:
+                spans.append(parse_span_line(line))
+            except ValueError:
+                issues["bad_line"] += 1
+    return spans, issues
+
+
+def render_span_samples(spans: list[Span], times: list[float],
+                        service_labels: dict[str, dict[str, str]] | None = None) -> tuple[list[Sample], Counter[str]]:
+    """What the agent's trace receiver would have reported at each of `times` (unix s).
+
+    Spans are grouped per trace and stitched (agent/traces/stitch.py); a request counts from its
+    end (when the engine exports its span). At each time the cumulative `request_phase_seconds`
+    histograms and the per-tenant counters of traced tenants are rendered, as the receiver's
+    `collect()` would; nothing is rendered before the first request (absent, not zero).
+    """
+    cfg = StitchConfig(service_labels=service_labels or {})
+    traces: dict[str, list[Span]] = {}
+    for s in spans:
+        traces.setdefault(s.trace_id, []).append(s)
+    records = sorted((r for tr in traces.values() for r in stitch_trace(tr, cfg)), key=lambda r: r.end_ns)
+    phases = HistogramSet("request_phase_seconds", PHASE_BUCKETS)
+    tenants = TenantAccounting()
+    out: list[Sample] = []
+    i = 0
+    for t in sorted(times):
+        while i < len(records) and records[i].end_ns <= t * 1e9:
+            rec = records[i]
+            for obs in rec.phases:
+                phases.observe(phase_labels(rec, obs.instance, obs.role, obs.phase), obs.seconds)
+            tenants.observe(rec)
+            i += 1
+        if i:
+            out.extend(phases.render(t) + tenants.render(t))
+    stats = Counter({"traces": len(traces), "requests": len(records), "requests_rendered": i})
+    stats.update({f"tenant_{k}": v for k, v in tenants.stats.items()})
+    return out, stats
+
+
+def service_labels_from(spans: list[Span], replay: Replay) -> dict[str, dict[str, str]]:
+    """Map each span `service.name` onto a recorded target: the instance whose name equals the
+    service name or ends it after a `-` (`vllm-replica-0` -> `replica-0`), with that target's
+    `model` label when it has exactly one. Services that match no target keep their own name."""
+    models: dict[str, set[str]] = {}
+    for s in replay.samples:
+        lab = dict(s.labels)
+        if lab.get("model") and lab.get("instance"):
+            models.setdefault(lab["instance"], set()).add(lab["model"])
+    out: dict[str, dict[str, str]] = {}
+    for service in {str(s.resource.get("service.name", "")) for s in spans} - {""}:
+        hits = [inst for inst in replay.engines if service == inst or service.endswith("-" + inst)]
+        if len(hits) != 1:
+            continue
+        labels = {"instance": hits[0]}
+        if len(models.get(hits[0], ())) == 1:
+            labels["model"] = next(iter(models[hits[0]]))
+        out[service] = labels
+    return out
+
+
+def scrape_times(replay: Replay) -> list[float]:
+    """One time per scrape round: all targets' scrape times, merged when closer than half the
+    median scrape interval of a target (the targets of one recording are scraped together)."""
+    per_target: dict[str, list[float]] = {}
+    for s in replay.samples:
+        if s.name == "kvscope_target_up":
+            per_target.setdefault(dict(s.labels).get("instance", ""), []).append(s.timestamp)
+    gaps = sorted(b - a for ts in per_target.values() for a, b in zip(ts, ts[1:], strict=False) if b > a)
+    min_gap = gaps[len(gaps) // 2] / 2 if gaps else 0.0
+    out: list[float] = []
+    for t in sorted({t for ts in per_target.values() for t in ts}):
+        if not out or t - out[-1] >= min_gap:
+            out.append(t)
+    return out
+
+
+def add_spans(replay: Replay, spans_path: str | os.PathLike[str]) -> Replay:
+    """Replay a spans sidecar into `replay`: request-phase (and traced-tenant) samples at the
+    recording's scrape times, with instance/model labels joined onto the recorded targets."""
+    spans, issues = read_spans(spans_path)
+    samples, stats = render_span_samples(spans, scrape_times(replay), service_labels_from(spans, replay))
+    replay.samples.extend(samples)
+    replay.span_stats.update(stats + issues + Counter({"spans": len(spans)}))
+    return replay

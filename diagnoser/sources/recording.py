@@ -1,10 +1,15 @@
-"""Diagnose from an OpenMetrics recording (agent/recording.py), replayed through the dialects."""
+"""Diagnose from an OpenMetrics recording (agent/recording.py), replayed through the dialects.
+
+When the recording has a spans sidecar (`x.spans.jsonl.gz` next to `x.om.gz`), its spans are
+stitched as the agent's trace receiver would and join the frame as `request_phase_seconds` (and
+the `tenant_*` counters of traced tenants), so request-phase rules can judge the recording.
+"""
 
 from __future__ import annotations
 
 import os
 
-from kvscope.agent.replay import replay_recording
+from kvscope.agent.replay import add_spans, replay_recording, spans_path_for
 from kvscope.diagnoser.frame import Frame, frame_from_samples, merge_facts
 from kvscope.diagnoser.sources import SourceError
 
@@ -12,17 +17,31 @@ from kvscope.diagnoser.sources import SourceError
 class RecordingSource:
     """A recording file: native engine series normalized exactly as live scrapes are."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], spans: str | os.PathLike[str] | bool | None = None) -> None:
+        """`spans`: None finds the sidecar next to the recording, a path names one, False ignores spans."""
         self.path = str(path)
+        if spans is None or spans is True:
+            found = spans_path_for(self.path)
+            self.spans_path = str(found) if found else None
+        else:
+            self.spans_path = str(spans) if spans else None
         self.description = f"recording:{os.path.basename(self.path)}"
+        if self.spans_path:
+            self.description += f"+spans:{os.path.basename(self.spans_path)}"
         self._replay = None
 
     def _load(self):  # noqa: ANN202 - Replay, loaded once
         if self._replay is None:
             try:
-                self._replay = replay_recording(self.path)
+                replay = replay_recording(self.path)
             except (OSError, ValueError, UnicodeDecodeError) as exc:
                 raise SourceError(f"cannot read recording {self.path}: {exc}") from exc
+            if self.spans_path:
+                try:
+                    add_spans(replay, self.spans_path)
+                except (OSError, EOFError, UnicodeDecodeError) as exc:
+                    raise SourceError(f"cannot read spans {self.spans_path}: {exc}") from exc
+            self._replay = replay
         return self._replay
 
     def natural_step(self) -> float:
