@@ -15,10 +15,15 @@ headers are not forwarded.
 Never stored: prompt or completion text, API keys. Bounded: request body size, tenant labels,
 prefix index, per-series histograms. A client that disconnects closes the upstream request; an
 upstream 5xx passes through and is counted; an unreachable upstream gives the client a 502.
+
+The wire work is in http1.py (asyncio protocols, llhttp parser, keep-alive upstream pool) and
+forward.py (one request's bytes, both ways); this module owns the server's lifecycle and the
+accounting. Latency against a direct connection and nginx: bench/tap_latency.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -27,10 +32,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
-import aiohttp
-from aiohttp import web
+import msgspec
 from kvscope.agent.analytics.fairness import (
     FairnessReport,
     TenantUsage,
@@ -39,8 +44,10 @@ from kvscope.agent.analytics.fairness import (
 )
 from kvscope.agent.export import canonical_families
 from kvscope.agent.signals import Sample, load_catalog, make_labels
+from kvscope.agent.tap.forward import Forward, parse_json_object
+from kvscope.agent.tap.http1 import HOP_BY_HOP, Downstream, Request, UpstreamPool, filter_headers, render_request
 from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
-from kvscope.agent.tap.sse import SseSplitter, classify_event, parse_usage
+from kvscope.agent.tap.sse import parse_usage
 from kvscope.agent.tap.tenants import TenantLimiter, parse_tenant
 from kvscope.agent.traces.histogram import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
 from kvscope.agent.traces.otlp import Span
@@ -48,8 +55,11 @@ from kvscope.agent.traces.otlp import Span
 log = logging.getLogger("kvscope.tap")
 
 ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")
-_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-        "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding"}
+_UPSTREAM_DROP = HOP_BY_HOP | {"accept-encoding"}     # the tap reads the body: ask for it uncompressed
+BACKLOG = 2048                  # a burst of new client connections must not overflow the accept queue
+SWEEP_S = 1.0
+CLIENT_READ_TIMEOUT_S = 60.0    # a request that stops arriving midway
+CLIENT_IDLE_TIMEOUT_S = 75.0    # a keep-alive client connection with nothing to do
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,24 @@ def parse_traceparent(value: str | None) -> tuple[str, str] | None:
     return parts[1], parts[2]
 
 
+class _Target(NamedTuple):
+    """One upstream base URL, ready for the wire."""
+
+    key: tuple[str, int, bool]     # host, port, TLS
+    host: bytes                    # Host header value
+    prefix: bytes                  # path prefix of the base URL ('' usually)
+
+
+def parse_upstream(base: str) -> _Target:
+    """An upstream base URL (http:// or https://) as a connection target."""
+    u = urlsplit(base)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"upstream must be an http(s):// URL, got {base!r}")
+    tls = u.scheme == "https"
+    port = u.port or (443 if tls else 80)
+    return _Target((u.hostname, port, tls), u.netloc.rpartition("@")[2].encode(), u.path.rstrip("/").encode())
+
+
 class RequestTap:
     """The proxy server plus its per-tenant accounting. `start()`/`stop()`; `render_samples()`."""
 
@@ -129,177 +157,116 @@ class RequestTap:
         self.ttft = HistogramSet("tenant_ttft_seconds", GENAI_TTFT_BUCKETS)
         self.itl = HistogramSet("tenant_itl_seconds", GENAI_TPOT_BUCKETS)
         self.stats: Counter[str] = Counter()
+        self.targets = {base: parse_upstream(base) for base in config.upstreams}
         self._rr = itertools.cycle(config.upstreams)
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self.pool = UpstreamPool(connect_timeout_s=10.0)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._clients: set[Downstream] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self.port: int | None = None
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Bind the listen address and open the upstream connection pool."""
-        if self._runner is not None:
+        """Bind the listen address (upstream connections are opened on demand and kept alive)."""
+        if self._server is not None:
             return
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.config.read_timeout_s))
-        app = web.Application(client_max_size=self.config.max_request_bytes)
-        app.router.add_get("/kvscope/metrics", self._metrics)
-        app.router.add_get("/kvscope/fairness", self._fairness)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, auto_decompress=False)
-        await self._runner.setup()
+        loop = asyncio.get_running_loop()
         host, port = self.config.host_port()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._server = await loop.create_server(
+            lambda: Downstream(self._on_request, self._clients, self.config.max_request_bytes),
+            host, port, backlog=BACKLOG)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = loop.create_task(self._sweep())
         log.info("tap listening on %s:%s -> %s", host, self.port, ", ".join(self.config.upstreams))
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Stop listening, cut open connections (both sides), cancel pending connects."""
+        if self._server is None:
+            return
+        self._server.close()
+        for task in [self._sweeper, *self.tasks]:
+            if task is not None:
+                task.cancel()
+        for conn in list(self._clients):
+            if conn.transport is not None:
+                conn.transport.abort()
+        self.pool.close()
+        await self._server.wait_closed()
+        await asyncio.sleep(0)          # let the aborted transports report connection_lost
+        self._server = self._sweeper = None
+
+    async def _sweep(self) -> None:
+        """Time out silent upstreams (read timeout) and idle or stalled client connections."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now = time.monotonic()
+            for up in list(self.pool.busy):
+                if up.handler is not None and now - up.last_active > self.config.read_timeout_s:
+                    up.fail_timeout()
+            for conn in list(self._clients):
+                limit = CLIENT_READ_TIMEOUT_S if conn.reading else CLIENT_IDLE_TIMEOUT_S
+                if not conn.busy and now - conn.last_active > limit and conn.transport is not None:
+                    conn.transport.close()
 
     # ------------------------------------------------------------ the tap's own endpoints
-    async def _metrics(self, request: web.Request) -> web.Response:
+    def render_metrics_text(self) -> str:
         """The tap's series in Prometheus text format (names as in the catalog, no prefix)."""
         out: list[str] = []
         samples = self.render_samples() + render_fairness_samples(evaluate_fairness(self.tenant_usage()))
         for fam in canonical_families(samples, load_catalog()):
             fam.render(out)
-        return web.Response(text="".join(out), content_type="text/plain", charset="utf-8")
-
-    async def _fairness(self, request: web.Request) -> web.Response:
-        """Per-tenant fairness since the tap started, as JSON."""
-        return web.json_response(render_fairness_json(evaluate_fairness(self.tenant_usage())))
+        return "".join(out)
 
     # ------------------------------------------------------------ proxying
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        doc = _json_object(body) if request.method == "POST" and request.path in ACCOUNTED_PATHS else None
-        if doc is None:
-            return await self._forward(request, body, None, None)
-        ex = self._begin(request, doc)
-        up_body = body
-        if doc.get("stream") is True and self.config.inject_usage and not _asks_usage(doc):
-            doc["stream_options"] = {**(doc.get("stream_options") or {}), "include_usage": True}
-            up_body = json.dumps(doc).encode()
-            injected = True
-        else:
-            injected = False
-        try:
-            return await self._forward(request, up_body, ex, injected)
-        finally:
-            self._finish(ex)
+    def _on_request(self, conn: Downstream, req: Request) -> None:
+        if req.method == "GET" and req.path == "/kvscope/metrics":
+            conn.send_whole(200, self.render_metrics_text().encode(), b"text/plain; version=0.0.4; charset=utf-8")
+            return
+        if req.method == "GET" and req.path == "/kvscope/fairness":
+            conn.send_whole(200, json.dumps(render_fairness_json(evaluate_fairness(self.tenant_usage()))).encode())
+            return
+        doc = parse_json_object(req.body) if req.method == "POST" and req.path in ACCOUNTED_PATHS else None
+        ex, body, injected = None, req.body, False
+        if doc is not None:
+            ex = self._begin(req, doc)
+            if doc.get("stream") is True and self.config.inject_usage and not _asks_usage(doc):
+                body, injected = render_with_usage(req.body, doc), True
+        target = self.targets[ex.replica if ex else self.config.upstreams[0]]
+        wire = render_request(req.method, target.prefix + req.target, target.host,
+                              self._upstream_headers(req, ex), body)
+        Forward(self, conn, req, ex, doc, injected, target, wire).start()
 
-    def _begin(self, request: web.Request, doc: dict[str, Any]) -> _Exchange:
-        tenant = self.tenants.label(parse_tenant(request.headers, doc, self.config.tenant_header))
-        ctx = parse_traceparent(request.headers.get("traceparent"))
+    def _begin(self, req: Request, doc: dict[str, Any]) -> _Exchange:
+        tenant = self.tenants.label(parse_tenant(req.headers, doc, self.config.tenant_header))
+        ctx = parse_traceparent(req.headers.get("traceparent"))
         trace_id, parent = ctx if ctx else (_hex(16), "")
-        ex = _Exchange(tenant=tenant, path=request.path, model=_str(doc.get("model")), start=time.perf_counter(),
+        ex = _Exchange(tenant=tenant, path=req.path, model=_str(doc.get("model")), start=time.perf_counter(),
                        trace_id=trace_id, span_id=_hex(8), parent_id=parent)
         ex.replica = next(self._rr)
         ex.start_ns = time.time_ns()
-        prompt = render_prompt(doc)
-        if prompt:   # matched when the engine would look it up: on arrival, in-flight requests included
-            ex.reusable_ratio = self.prefixes.observe(prompt, ex.replica).reusable_ratio
         return ex
 
-    def _upstream_headers(self, request: web.Request, ex: _Exchange | None) -> dict[str, str]:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        if ex is not None:
-            headers = {k: v for k, v in headers.items() if k.lower() not in ("traceparent", "tracestate")}
-            headers["traceparent"] = f"00-{ex.trace_id}-{ex.span_id}-01"
-            if ts := request.headers.get("tracestate"):
-                headers["tracestate"] = ts
+    def observe_prefix(self, ex: _Exchange, doc: dict[str, Any]) -> None:
+        """Reuse potential of the request's prompt, matched in arrival order (in-flight ones included).
+
+        Called just after the request went upstream, so hashing never delays the engine."""
+        prompt = render_prompt(doc)
+        if prompt:
+            ex.reusable_ratio = self.prefixes.observe(prompt, ex.replica).reusable_ratio
+
+    def _upstream_headers(self, req: Request, ex: _Exchange | None) -> list[tuple[bytes, bytes]]:
+        if ex is None:
+            return filter_headers(req.raw_headers, _UPSTREAM_DROP)
+        headers = filter_headers(req.raw_headers, _UPSTREAM_DROP | {"traceparent", "tracestate"})
+        headers.append((b"traceparent", f"00-{ex.trace_id}-{ex.span_id}-01".encode()))
+        if ts := req.headers.get("tracestate"):
+            headers.append((b"tracestate", ts.encode("latin-1")))
         return headers
 
-    async def _forward(self, request: web.Request, body: bytes, ex: _Exchange | None,
-                       injected: bool | None) -> web.StreamResponse:
-        assert self._session is not None
-        base = ex.replica if ex else self.config.upstreams[0]
-        url = base.rstrip("/") + request.raw_path
-        try:
-            async with self._session.request(request.method, url, data=body,
-                                             headers=self._upstream_headers(request, ex)) as up:
-                if ex is not None:
-                    ex.status = up.status
-                if up.headers.get("Content-Type", "").startswith("text/event-stream"):
-                    return await self._stream(request, up, ex, bool(injected))
-                return await self._whole(up, ex)
-        except (aiohttp.ClientConnectionError, TimeoutError) as e:
-            if ex is not None:
-                ex.outcome = "upstream_unreachable"
-            self.stats[f"upstream_{type(e).__name__}"] += 1
-            return web.json_response({"error": {"message": f"kvscope tap: upstream {base} unreachable",
-                                                "type": "bad_gateway"}}, status=502)
-
-    async def _whole(self, up: aiohttp.ClientResponse, ex: _Exchange | None) -> web.Response:
-        data = await up.read()
-        if ex is not None:
-            now = time.perf_counter()
-            ex.first_token = ex.last_chunk = now
-            doc = _json_object(data)
-            if doc is not None and isinstance(doc.get("usage"), dict):
-                ex.usage = doc["usage"]
-            if up.status >= 500:
-                ex.outcome = f"upstream_{up.status}"
-        return web.Response(status=up.status, body=data, headers=_response_headers(up))
-
-    async def _stream(self, request: web.Request, up: aiohttp.ClientResponse, ex: _Exchange | None,
-                      injected: bool) -> web.StreamResponse:
-        resp = web.StreamResponse(status=up.status, headers=_response_headers(up))
-        await resp.prepare(request)
-        splitter = SseSplitter()
-        try:
-            async for chunk in up.content.iter_any():
-                out = self._pass_events(splitter.feed(chunk), ex, injected)
-                if out:
-                    await resp.write(out)
-            if rest := splitter.rest():
-                await resp.write(rest)
-            await resp.write_eof()
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError) as e:
-            self._outcome(ex, "client_disconnect")
-            log.debug("client went away: %s", e)
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as e:
-            # upstream died mid-stream: cut the client connection too rather than end the stream cleanly
-            self._outcome(ex, "upstream_broken")
-            log.debug("upstream stream broke: %r", e)
-            if request.transport is not None:
-                request.transport.close()
-        return resp
-
-    def _outcome(self, ex: _Exchange | None, outcome: str) -> None:
-        if ex is not None:
-            ex.outcome = outcome
-        else:
-            self.stats[outcome] += 1
-
-    def _pass_events(self, events: list[bytes], ex: _Exchange | None, injected: bool) -> bytes:
-        if ex is None:
-            return b"".join(events)
-        keep = []
-        for ev in events:
-            now = time.perf_counter()
-            e = classify_event(ev)
-            if e.usage is not None:
-                ex.usage = e.usage
-            if e.kind == "usage_only" and injected:
-                continue                      # we asked for it; the client did not
-            if e.kind == "token":
-                if ex.first_token is None:
-                    ex.first_token = now
-                elif ex.last_chunk is not None:
-                    ex.gaps.append(now - ex.last_chunk)
-                ex.last_chunk = now
-            keep.append(ev)
-        return b"".join(keep)
-
     # ------------------------------------------------------------ accounting
-    def _finish(self, ex: _Exchange) -> None:
+    def account(self, ex: _Exchange) -> None:
+        """Count one finished exchange: tenant counters, TTFT / ITL, the tap's span."""
         prompt_tokens, completion_tokens, cached = parse_usage(ex.usage)
         lab = make_labels({"tenant": ex.tenant})
         self.requests.inc(lab)
@@ -366,14 +333,6 @@ class RequestTap:
         return out
 
 
-def _json_object(body: bytes) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def _asks_usage(doc: dict[str, Any]) -> bool:
     opts = doc.get("stream_options")
     return isinstance(opts, dict) and opts.get("include_usage") is True
@@ -383,8 +342,17 @@ def _str(v: Any) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def _response_headers(up: aiohttp.ClientResponse) -> dict[str, str]:
-    return {k: v for k, v in up.headers.items() if k.lower() not in _HOP}
+def render_with_usage(body: bytes, doc: dict[str, Any]) -> bytes:
+    """The request body asking for `stream_options.include_usage` (pure).
+
+    Without `stream_options` the member is appended to the client's own bytes; otherwise the
+    object is encoded again."""
+    raw = body.rstrip()
+    if "stream_options" not in doc and raw.endswith(b"}") and len(doc) > 0:
+        return raw[:-1] + b',"stream_options":{"include_usage":true}}'
+    opts = doc.get("stream_options")
+    return msgspec.json.encode({**doc, "stream_options": {**(opts if isinstance(opts, dict) else {}),
+                                                          "include_usage": True}})
 
 
 def render_fairness_json(report: FairnessReport) -> dict[str, Any]:

@@ -94,3 +94,85 @@ def parse_usage(usage: dict[str, Any] | None) -> tuple[int | None, int | None, i
 
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+class SseScanner:
+    """The tap's per-stream view of an SSE body, cheap enough for every upstream read.
+
+    `feed(data, now)` returns the bytes to pass on: every complete event as received (a partial
+    event waits for its end, as in `SseSplitter`), minus the usage-only event when `drop_usage`
+    (the tap asked for it, the client did not). Alongside it keeps the time of the first token
+    event (`first_token`), the gaps between token events (`gaps`; events that arrive in one read
+    are 0 s apart) and the last usage object seen (`usage`).
+
+    Fast path: once the first token is seen, a read whose events are all compact token chunks
+    (no `"usage"`, no `[DONE]`, one `"choices":[{` per `data:`) is only counted with
+    `bytes.count`; anything else is split and classified event by event. Pure: the caller
+    passes the clock.
+    """
+
+    __slots__ = ("drop_usage", "max_event_bytes", "first_token", "last_token", "gaps", "usage", "_buf")
+
+    def __init__(self, drop_usage: bool, max_event_bytes: int = 4 << 20) -> None:
+        self.drop_usage = drop_usage
+        self.max_event_bytes = max_event_bytes
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.gaps: list[float] = []
+        self.usage: dict[str, Any] | None = None
+        self._buf = b""
+
+    def feed(self, data: bytes, now: float) -> bytes:
+        buf = self._buf + data if self._buf else data
+        end = _last_event_end(buf)
+        if end < 0:
+            self._buf = buf
+            if len(buf) > self.max_event_bytes:      # not SSE after all: stop holding it back
+                self._buf = b""
+                return buf
+            return b""
+        whole, self._buf = (buf, b"") if end == len(buf) else (buf[:end], buf[end:])
+        if self.first_token is not None and b'"usage"' not in whole and b"[DONE]" not in whole:
+            n = whole.count(b"data:")
+            if n and whole.count(b'"choices":[{') == n and whole.count(b"\n\n") + whole.count(b"\r\n\r\n") == n:
+                self._tokens(n, now)
+                return whole
+        return self._events(whole, now)
+
+    def rest(self) -> bytes:
+        """Bytes after the last complete event (passed on as-is when the stream ends)."""
+        rest, self._buf = self._buf, b""
+        return rest
+
+    def _tokens(self, n: int, now: float) -> None:
+        if self.first_token is None:
+            self.first_token = now
+        else:
+            self.gaps.append(now - self.last_token)  # type: ignore[operator]
+        if n > 1:
+            self.gaps.extend([0.0] * (n - 1))
+        self.last_token = now
+
+    def _events(self, whole: bytes, now: float) -> bytes:
+        keep: list[bytes] = []
+        dropped = False
+        for ev in SseSplitter(max_event_bytes=len(whole) + 1).feed(whole):
+            e = classify_event(ev)
+            if e.usage is not None:
+                self.usage = e.usage
+            if e.kind == "usage_only" and self.drop_usage:
+                dropped = True
+                continue
+            if e.kind == "token":
+                self._tokens(1, now)
+            keep.append(ev)
+        return b"".join(keep) if dropped else whole
+
+
+def _last_event_end(buf: bytes) -> int:
+    """Index just past the last blank-line event terminator in buf, -1 if there is none."""
+    i = buf.rfind(b"\n\n")
+    j = buf.rfind(b"\r\n\r\n")
+    if i < 0 and j < 0:
+        return -1
+    return max(i + 2 if i >= 0 else -1, j + 4 if j >= 0 else -1)

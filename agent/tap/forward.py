@@ -1,0 +1,202 @@
+"""One request's way through the tap: client -> upstream -> client, measured on the way.
+
+A `Forward` writes the request to a pooled upstream connection and passes every response
+byte to the client from the upstream's read callback, with no task or queue in between. For
+an accounted SSE stream the bytes go through `SseScanner` (first token time, token gaps, usage;
+the usage-only event the tap caused is dropped); an accounted non-streamed answer is copied
+(bounded) so its usage can be read at the end. The prefix bookkeeping runs right after the
+request went upstream, so it never delays the engine. When it is over, the exchange goes to
+`RequestTap.account` (off the critical path: the client already has its bytes).
+
+Failures: no response head from the upstream -> 502 (a reused keep-alive connection that the
+engine had closed is retried once on a new one, as nginx does); the upstream breaks
+mid-response -> the client connection is cut; the client goes away -> the upstream request is
+closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from kvscope.agent.tap.http1 import Downstream, Request, Upstream, filter_headers
+from kvscope.agent.tap.sse import SseScanner
+
+if TYPE_CHECKING:
+    from kvscope.agent.tap.proxy import RequestTap, _Exchange
+
+log = logging.getLogger("kvscope.tap")
+_DECODER = msgspec.json.Decoder()
+MAX_COPY_BYTES = 16 << 20           # an accounted non-streamed answer is read for usage up to this size
+
+
+class Forward:
+    """Carries one request upstream and its response back (the upstream's `ResponseHandler`)."""
+
+    __slots__ = ("tap", "conn", "req", "ex", "doc", "injected", "target", "wire", "up", "scanner", "copy",
+                 "retried", "over", "task")
+
+    def __init__(self, tap: RequestTap, conn: Downstream, req: Request, ex: _Exchange | None,
+                 doc: dict[str, Any] | None, injected: bool, target: Any, wire: bytes) -> None:
+        self.tap, self.conn, self.req, self.ex = tap, conn, req, ex
+        self.doc = doc                # the request body, for the prefix bookkeeping after sending
+        self.injected = injected
+        self.target = target          # proxy._Target of the chosen upstream
+        self.wire: bytes | None = wire
+        self.up: Upstream | None = None
+        self.scanner: SseScanner | None = None
+        self.copy: list[bytes] | None = None
+        self.retried = False
+        self.over = False
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.conn.on_lost = self.client_lost
+        self.conn.on_drain = self.drain
+        up = self.tap.pool.take_idle(self.target.key)
+        if up is not None:
+            self._send(up)
+        else:
+            self._connect_later()
+
+    def _connect_later(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._connect())
+        self.tap.tasks.add(self.task)
+        self.task.add_done_callback(self.tap.tasks.discard)
+
+    async def _connect(self) -> None:
+        try:
+            up = await self.tap.pool.connect(self.target.key)
+        except (OSError, TimeoutError) as e:
+            self.on_fail(e, False)
+            return
+        if self.over:                 # the client left while we connected
+            self.tap.pool.release(up)
+            return
+        self._send(up)
+
+    def _send(self, up: Upstream) -> None:
+        self.up = up
+        up.send(self, self.wire, head_only=self.req.method == "HEAD")  # type: ignore[arg-type]
+        if self.doc is not None and self.ex is not None:
+            self.tap.observe_prefix(self.ex, self.doc)
+            self.doc = None
+
+    # ---------------------------------------------------------------- upstream -> client
+    def on_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.wire = None
+        ex = self.ex
+        length: int | None = None
+        sse = False
+        for k, v in headers:
+            lk = k.lower()
+            if lk == b"content-length" and v.strip().isdigit():
+                length = int(v)
+            elif lk == b"content-type":
+                sse = v.lstrip().lower().startswith(b"text/event-stream")
+        if ex is not None:
+            ex.status = status
+            if sse:
+                self.scanner = SseScanner(drop_usage=self.injected)
+                length = None if self.injected else length
+            else:
+                self.copy = []
+        self.conn.send_head(status, reason, filter_headers(headers), length, has_body=status not in (204, 304))
+
+    def on_body(self, data: bytes) -> None:
+        if self.over:
+            return
+        if self.scanner is not None:
+            data = self.scanner.feed(data, time.perf_counter())
+        elif self.copy is not None:
+            self.copy.append(data)
+            if len(self.copy) > 1 and sum(map(len, self.copy)) > MAX_COPY_BYTES:
+                self.copy = None
+        self.conn.send_body(data)
+
+    def on_end(self) -> None:
+        if self.over:
+            return
+        ex = self.ex
+        if self.scanner is not None:
+            self.conn.send_body(self.scanner.rest())
+        self.conn.finish()
+        if ex is not None:
+            if self.scanner is not None:
+                s = self.scanner
+                ex.first_token, ex.last_chunk, ex.gaps, ex.usage = s.first_token, s.last_token, s.gaps, s.usage
+            else:
+                ex.first_token = ex.last_chunk = time.perf_counter()
+                if self.copy is not None:
+                    ex.usage = _usage_of(self.copy)
+            if ex.status >= 500:
+                ex.outcome = f"upstream_{ex.status}"
+        self._over()
+
+    def on_fail(self, exc: BaseException | None, responded: bool) -> None:
+        if self.over:
+            return
+        up, self.up = self.up, None
+        if not responded and up is not None and up.reused and not self.retried and self.wire is not None:
+            self.retried = True       # the engine closed an idle keep-alive connection: once more, fresh
+            self._connect_later()
+            return
+        name = type(exc).__name__ if exc is not None else "closed"
+        if not responded:
+            self.tap.stats[f"upstream_{name}"] += 1
+            self._outcome("upstream_unreachable")
+            host, port, _ = self.target.key
+            body = (b'{"error":{"message":"kvscope tap: upstream %s:%d unreachable","type":"bad_gateway"}}'
+                    % (host.encode(), port))
+            self.conn.send_whole(502, body)
+        else:
+            # upstream died mid-stream: cut the client connection too rather than end the stream cleanly
+            self._outcome("upstream_broken")
+            log.debug("upstream stream broke: %r", exc)
+            self.conn.abort()
+        self._over()
+
+    # ---------------------------------------------------------------- client side events
+    def client_lost(self) -> None:
+        if self.over:
+            return
+        self._outcome("client_disconnect")
+        if self.up is not None:
+            self.up.abort()           # closes the upstream request; the connection is not reused
+        if self.task is not None:
+            self.task.cancel()
+        self._over()
+
+    def drain(self, resume: bool) -> None:
+        if self.up is not None:
+            self.up.pause(not resume)
+
+    def _outcome(self, outcome: str) -> None:
+        if self.ex is not None:
+            self.ex.outcome = outcome
+        else:
+            self.tap.stats[outcome] += 1
+
+    def _over(self) -> None:
+        self.over = True
+        self.wire = None
+        if self.ex is not None:
+            self.tap.account(self.ex)
+
+
+def parse_json_object(body: bytes) -> dict[str, Any] | None:
+    """The JSON object in body, None if it is not one (pure)."""
+    try:
+        doc = _DECODER.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _usage_of(parts: list[bytes]) -> dict[str, Any] | None:
+    doc = parse_json_object(b"".join(parts))
+    usage = doc.get("usage") if doc is not None else None
+    return usage if isinstance(usage, dict) else None
