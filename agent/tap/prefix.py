@@ -40,6 +40,8 @@ class PrefixMatch:
     matched: int           # leading blocks already seen within the window
     reusable_ratio: float  # matched share of the prompt (by characters / token ids)
     replicas: int          # distinct replicas that served the deepest matched block (0 if none)
+    hashes: tuple[bytes, ...] = ()   # the prompt's chained block hashes (8-byte digests, no text)
+    full_blocks: int = 0             # how many of them are full blocks (the rest: a partial tail)
 
 
 def render_prompt(body: dict[str, Any]) -> str | list[int] | None:
@@ -118,7 +120,8 @@ class PrefixIndex:
         for h in hashes:
             self._remember(h, now, replica)
         replicas = len(deepest.replicas) if deepest else 0
-        return PrefixMatch(len(hashes), matched, _share(prompt, matched, self._unit()), replicas)
+        return PrefixMatch(len(hashes), matched, _share(prompt, matched, self._unit()), replicas,
+                           tuple(hashes), _full_blocks(prompt, self._unit()))
 
     def _unit(self) -> tuple[int, int]:
         return self.block_chars, self.block_tokens
@@ -155,6 +158,12 @@ class PrefixIndex:
     def split_ratio(self) -> float | None:
         """Share of re-seen blocks served by more than one replica; None before any reuse."""
         return self.split / self.reseen if self.reseen else None
+
+
+def _full_blocks(prompt: str | Sequence[int], unit: tuple[int, int]) -> int:
+    if isinstance(prompt, str):
+        return len(prompt.encode("utf-8", "surrogatepass")) // unit[0]
+    return len(prompt) // unit[1]
 
 
 def _share(prompt: str | Sequence[int], matched: int, unit: tuple[int, int]) -> float:

@@ -1,0 +1,157 @@
+"""Multi-turn sessions seen by the tap: did turn N+1 find turn N's context in the prefix cache?
+
+LEVERS.md K5 (002 §7.4): when an engine evicts a live conversation, the next turn recomputes the
+whole conversation. The tap sees both turns, so it can tell:
+
+* **Which turns belong together.** A session id from a request header (`X-Session-ID`, the one
+  vLLM itself reads) or the body's `session_id`; without one, the prefix chain: turn N+1's
+  rendered prompt extends turn N's (the earlier messages, then the reply, then the new message),
+  so the chained hash of turn N's last *full* block appears among turn N+1's block hashes. Only
+  8-byte digests are kept (of that block hash, or of the session id), never text.
+* **Whether the context survived.** Turn N's KV covers at least its prompt, so a follow-up turn
+  whose engine-reported `cached_tokens` is below turn N's `prompt_tokens` minus `slack_tokens`
+  (one KV block: engines cache whole blocks only) lost (part of) its context: a *miss*.
+
+Counted per `{tenant, instance}` (instance = the upstream that served the follow-up turn):
+
+* `session_turns_total`        follow-up turns whose cache outcome is known (the engine reported
+                               cached tokens: vLLM `--enable-prompt-tokens-details`, SGLang
+                               `--enable-cache-report`); without cached tokens: absent, not 0;
+* `session_turn_misses_total`  ... of which `cached_tokens < previous prompt_tokens - slack`.
+
+A session idle for more than `window_s` starts over (a conversation resumed after a long pause
+is expected to miss). Memory: at most `max_sessions` sessions (LRU), each a few numbers.
+
+Use from the proxy: `sid = parse_session_id(headers, body, header)` on arrival, `turn =
+tracker.begin(prefix_match, sid)` after `PrefixIndex.observe`, `tracker.finish(turn, tenant,
+upstream, prompt_tokens, cached_tokens)` when its usage is known, and `tracker.render(ts)` with
+the other tap series.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from kvscope.agent.signals import Sample, make_labels
+from kvscope.agent.tap.prefix import PrefixMatch
+from kvscope.agent.traces.histogram import CounterSet
+
+SESSION_HEADER = "X-Session-ID"
+
+
+@dataclass
+class _Session:
+    prompt_tokens: int      # the last finished turn's prompt tokens
+    turns: int              # turns seen so far
+    last_seen: float
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What `begin` learned about one request; pass it to `finish`."""
+
+    key: bytes | None                # where this turn will be remembered (None: cannot be chained)
+    previous: _Session | None        # the turn it follows, if any
+    via: str                         # id | chain | none
+
+
+@dataclass(frozen=True)
+class TurnVerdict:
+    follow_up: bool
+    missed: bool | None              # None: not a follow-up, or cached tokens unknown
+
+
+def parse_session_id(headers: Mapping[str, str], body: Mapping[str, Any] | None,
+                     header: str | None = SESSION_HEADER) -> str | None:
+    """The caller's session id: the configured header, else the body's `session_id` (pure)."""
+    if header and (v := headers.get(header)):
+        return v.strip() or None
+    v = body.get("session_id") if body else None
+    if not isinstance(v, str):
+        return None
+    return v.strip() or None
+
+
+class SessionTracker:
+    """Links turns of one conversation and counts follow-up turns that lost their cached context."""
+
+    def __init__(self, *, window_s: float = 1800.0,
+                 max_sessions: int = 20_000, slack_tokens: int = 32,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s, self.max_sessions, self.slack_tokens = window_s, max_sessions, slack_tokens
+        self._clock = clock
+        self._sessions: OrderedDict[bytes, _Session] = OrderedDict()
+        self._lock = threading.Lock()
+        self.turns = CounterSet("session_turns_total")
+        self.misses = CounterSet("session_turn_misses_total")
+        self.stats: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def begin(self, match: PrefixMatch | None, session_id: str | None = None) -> Turn:
+        """Find the turn this request follows: by `session_id` (see `parse_session_id`) when the
+        caller sent one, else by prefix chain (`match` from `PrefixIndex.observe`)."""
+        now = self._clock()
+        with self._lock:
+            if session_id is not None:
+                key = b"s" + hashlib.blake2b(session_id.encode(), digest_size=8).digest()
+                return Turn(key, self._live(key, now), "id")
+            if match is None or match.full_blocks == 0:
+                return Turn(None, None, "none")
+            # the deepest earlier turn whose last full block this prompt contains, with more after it
+            for i in range(min(match.full_blocks, len(match.hashes)) - 2, -1, -1):
+                prev = self._live(b"c" + match.hashes[i], now)
+                if prev is not None:
+                    self._sessions.pop(b"c" + match.hashes[i])     # the chain moves on to this turn
+                    return Turn(b"c" + match.hashes[match.full_blocks - 1], prev, "chain")
+            return Turn(b"c" + match.hashes[match.full_blocks - 1], None, "chain")
+
+    def _live(self, key: bytes, now: float) -> _Session | None:
+        s = self._sessions.get(key)
+        if s is None or now - s.last_seen > self.window_s:
+            return None
+        return s
+
+    def finish(self, turn: Turn | None, tenant: str, upstream: str, prompt_tokens: int | None,
+               cached_tokens: int | None) -> TurnVerdict:
+        """Judge a finished turn and remember it as the latest of its session."""
+        if turn is None or turn.key is None:
+            return TurnVerdict(False, None)
+        prev = turn.previous
+        missed = None
+        if prev is not None and cached_tokens is not None:
+            missed = cached_tokens < prev.prompt_tokens - self.slack_tokens
+            lab = make_labels({"tenant": tenant, "instance": _instance(upstream)})
+            self.turns.inc(lab)
+            if missed:
+                self.misses.inc(lab)
+            self.stats[f"follow_up_{turn.via}"] += 1
+        if prompt_tokens is not None:
+            self._remember(turn.key, prompt_tokens, (prev.turns if prev else 0) + 1)
+        return TurnVerdict(prev is not None, missed)
+
+    def _remember(self, key: bytes, prompt_tokens: int, turns: int) -> None:
+        with self._lock:
+            self._sessions[key] = _Session(prompt_tokens, turns, self._clock())
+            self._sessions.move_to_end(key)
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
+                self.stats["evicted"] += 1
+
+    def render(self, timestamp: float | None = None) -> list[Sample]:
+        """`session_turns_total` and `session_turn_misses_total` (cumulative)."""
+        return self.turns.render(timestamp) + self.misses.render(timestamp)
+
+
+def _instance(upstream: str) -> str:
+    """`host:port` of an upstream base URL (the label engines' own series carry as `instance`)."""
+    parts = urlsplit(upstream)
+    return parts.netloc or upstream
