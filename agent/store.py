@@ -6,11 +6,20 @@ Layout (SQLite, WAL mode)::
     series (id INTEGER PRIMARY KEY, name TEXT, labels TEXT /* compact JSON of the sorted pairs */,
             UNIQUE (name, labels))
     samples (series_id INTEGER, ts_ms INTEGER, value REAL, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID
+    stamps (group_id INTEGER, ts_ms INTEGER, PRIMARY KEY (group_id, ts_ms)) WITHOUT ROWID
+    marks (series_id INTEGER, ts_ms INTEGER, group_id INTEGER, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID
 
-The samples table is clustered on (series_id, ts_ms), so a range query for one series is one
-B-tree range scan and no second index is needed. Timestamps are integer milliseconds (what
-Prometheus keeps): a varint of 6 bytes instead of an 8-byte double. SQLite writes integral REAL
-values as integers on disk, so counters and byte gauges cost only their varint.
+`samples` holds change points only: a row where a series starts and wherever its value differs
+from its previous point; one `stamps` row per scrape of a group of series that share their
+timestamps (one target); `marks` say from when a series follows a group and when it went stale.
+`query` fills the unchanged points back in, so it returns exactly the points written (the
+encoding and its proof are in agent/changepoints.py). Between two 1 s scrapes of a vLLM engine
+most series do not move, so this writes a few percent of the rows a dense layout would.
+
+The tables are clustered on their primary keys, so a range query for one series is one B-tree
+range scan and no second index is needed. Timestamps are integer milliseconds (what Prometheus
+keeps): a varint of 6 bytes instead of an 8-byte double. SQLite writes integral REAL values as
+integers on disk, so counters and byte gauges cost only their varint.
 
 Writes are queued and committed in batches by one writer thread, so `write()` never waits on
 disk. The queue is bounded: when it is full the *oldest* queued samples are dropped and counted
@@ -18,9 +27,11 @@ disk. The queue is bounded: when it is full the *oldest* queued samples are drop
 the process (WAL, `synchronous=NORMAL`); pass `synchronous="FULL"` to survive power loss too.
 
 Retention runs on the writer thread: by age (`retention_s`) and by size (`max_bytes`, the pages
-in use). The file is created with `auto_vacuum=INCREMENTAL`; after a retention pass deleted rows,
-`PRAGMA incremental_vacuum` hands the freed pages back to the file system. A full VACUUM (which
-rewrites the file and needs twice its space) is never run automatically.
+in use). A series still running at the cut gets its carried value re-written at its first scrape
+after the cut, so what remains reads back unchanged. The file is created with
+`auto_vacuum=INCREMENTAL`; after a retention pass deleted rows, `PRAGMA incremental_vacuum` hands
+the freed pages back to the file system. A full VACUUM (which rewrites the file and needs twice
+its space) is never run automatically.
 """
 
 from __future__ import annotations
@@ -32,11 +43,12 @@ import sqlite3
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from kvscope.agent.changepoints import ChangeEncoder, Encoded, StampIndex, fill_points
 from kvscope.agent.signals import Labels, Sample
 
 Points = list[tuple[float, float]]
@@ -97,7 +109,8 @@ class StoreStats:
     bytes: int = 0                    # on disk: database + WAL
     used_bytes: int = 0               # pages in use (what max_bytes bounds)
     queued: int = 0
-    written: int = 0                  # samples committed since open
+    written: int = 0                  # samples committed since open (queryable points)
+    unchanged: int = 0                # of those, stored without a row (value as at the previous scrape)
     batches: int = 0
     dropped: Counter[str] = field(default_factory=Counter)   # samples dropped, by reason
     errors: Counter[str] = field(default_factory=Counter)    # failed background operations
@@ -219,6 +232,10 @@ _SCHEMA = (
     "labels TEXT NOT NULL, UNIQUE (name, labels))",
     "CREATE TABLE IF NOT EXISTS samples (series_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, "
     "value REAL NOT NULL, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS stamps (group_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, "
+    "PRIMARY KEY (group_id, ts_ms)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS marks (series_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, "
+    "group_id INTEGER NOT NULL, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID",
 )
 
 
@@ -255,7 +272,8 @@ class SqliteStore:
         self.max_series = max_series
         self.busy_timeout_s = busy_timeout_s
         self.read_only = read_only
-        self._queue: deque[Sample] = deque()
+        self._queue: deque[tuple[float, list[Sample]]] = deque()   # (time of write(), samples)
+        self._queued = 0
         self._qlock = threading.Lock()           # guards _queue and _stats.dropped (cheap, never I/O)
         self._wlock = threading.RLock()          # guards the writer connection
         self._rlock = threading.Lock()           # guards the reader connection
@@ -276,6 +294,7 @@ class SqliteStore:
         self._by_name: dict[str, list[tuple[Labels, int]]] = {}
         self._max_id = 0
         self._load_series()
+        self._encoder = ChangeEncoder(self._series_for, self._next_group())
         self._row_offset: int | None = None   # rows at open, counted on first stats() (a full scan)
         self._next_retention = 0.0
         self._thread: threading.Thread | None = None
@@ -325,6 +344,14 @@ class SqliteStore:
             raise StoreError(f"{self.path}: not a kvscope store: {exc}") from exc
         if cols != ["series_id", "ts_ms", "value"]:
             raise StoreError(f"{self.path}: not a kvscope store (samples columns {cols})")
+        tables = {r[0] for r in self._writer.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        self._sparse = {"stamps", "marks"} <= tables   # False: a dense store from before change points
+
+    def _next_group(self) -> int:
+        if not self._sparse:
+            return 1
+        row = self._writer.execute("SELECT MAX(group_id) FROM stamps").fetchone()
+        return int(row[0] or 0) + 1
 
     def _load_series(self, after_id: int = 0) -> None:
         rows = self._writer.execute("SELECT id, name, labels FROM series WHERE id > ? ORDER BY id", (after_id,))
@@ -349,28 +376,54 @@ class SqliteStore:
         if self._closed or self.read_only:
             self._count_drop("closed" if self._closed else "read_only", len(samples))
             return
-        now = time.time()
+        chunk = list(samples)
+        if not chunk:
+            return
         with self._qlock:
-            q = self._queue
-            for s in samples:
-                q.append(s if s.timestamp is not None else s._replace(timestamp=now))
-            over = len(q) - self.max_queue
-            if over > 0:
-                for _ in range(over):
-                    q.popleft()
-                self._stats.dropped["queue_full"] += over
-            full = len(q) >= self.batch_size
+            self._queue.append((time.time(), chunk))
+            self._queued += len(chunk)
+            self._trim_queue()
+            full = self._queued >= self.batch_size
         if full:
             self._wake.set()
+
+    def _trim_queue(self) -> None:
+        """Drop the oldest queued samples past max_queue (caller holds _qlock)."""
+        over = self._queued - self.max_queue
+        if over <= 0:
+            return
+        self._stats.dropped["queue_full"] += over
+        self._queued -= over
+        while over > 0:
+            now, head = self._queue[0]
+            if len(head) <= over:
+                self._queue.popleft()
+                over -= len(head)
+            else:
+                self._queue[0] = (now, head[over:])
+                over = 0
 
     def _count_drop(self, reason: str, n: int) -> None:
         with self._qlock:
             self._stats.dropped[reason] += n
 
-    def _take(self) -> list[Sample]:
+    def _take(self) -> list[tuple[float, list[Sample]]]:
+        """Whole write() calls (one scrape cycle each, usually) up to batch_size samples."""
         with self._qlock:
-            n = min(len(self._queue), self.batch_size)
-            return [self._queue.popleft() for _ in range(n)]
+            taken: list[tuple[float, list[Sample]]] = []
+            n = 0
+            while self._queue and n < self.batch_size:
+                now, chunk = self._queue[0]
+                room = self.batch_size - n
+                if len(chunk) > room:
+                    self._queue[0] = (now, chunk[room:])
+                    chunk = chunk[:room]
+                else:
+                    self._queue.popleft()
+                taken.append((now, chunk))
+                n += len(chunk)
+            self._queued -= n
+            return taken
 
     def flush(self) -> None:
         """Commit everything queued. On a database error (locked past the busy timeout, disk
@@ -383,43 +436,48 @@ class SqliteStore:
                 if not self._commit(batch):
                     break
 
-    def _commit(self, batch: list[Sample]) -> bool:
+    def _commit(self, batch: list[tuple[float, list[Sample]]]) -> bool:
         t0 = time.perf_counter()
         try:
-            rows, dropped = self._rows(batch)
+            enc = Encoded()
+            for now, chunk in batch:
+                self._encoder.encode(chunk, now, enc)
             self._writer.execute("BEGIN IMMEDIATE")
             cur = self._writer.executemany(
-                "INSERT OR IGNORE INTO samples (series_id, ts_ms, value) VALUES (?, ?, ?)", rows)
+                "INSERT OR IGNORE INTO samples (series_id, ts_ms, value) VALUES (?, ?, ?)", enc.points)
+            inserted = cur.rowcount if cur.rowcount >= 0 else len(enc.points)
+            self._writer.executemany(
+                "INSERT OR REPLACE INTO marks (series_id, ts_ms, group_id) VALUES (?, ?, ?)", enc.marks)
+            self._writer.executemany("INSERT OR IGNORE INTO stamps (group_id, ts_ms) VALUES (?, ?)", enc.stamps)
             self._writer.execute("COMMIT")
         except sqlite3.Error as exc:
             self._rollback()
+            self._encoder.reset()   # its state described rows that are not on disk
             self._requeue(batch, exc)
             return False
         elapsed = time.perf_counter() - t0
         with self._qlock:
-            for reason, n in dropped.items():
-                self._stats.dropped[reason] += n
             st = self._stats
-            inserted = cur.rowcount if cur.rowcount >= 0 else len(rows)
-            if len(rows) > inserted:   # same series and millisecond already stored: first write wins
-                st.dropped["duplicate"] += len(rows) - inserted
+            for reason, n in enc.dropped.items():
+                st.dropped[reason] += n
+            lost = len(enc.points) - inserted   # same series and millisecond already stored: first wins
+            if lost > 0:
+                st.dropped["duplicate"] += lost
             st.rows += inserted
-            st.written += inserted
+            st.written += enc.accepted - max(0, lost)
+            st.unchanged += enc.accepted - len(enc.points)
             st.batches += 1
             st.last_write_latency_s = elapsed
             st.max_write_latency_s = max(st.max_write_latency_s, elapsed)
             st.write_latency_sum_s += elapsed
         return True
 
-    def _requeue(self, batch: list[Sample], exc: sqlite3.Error) -> None:
+    def _requeue(self, batch: list[tuple[float, list[Sample]]], exc: sqlite3.Error) -> None:
         with self._qlock:
             self._stats.errors[type(exc).__name__] += 1
             self._queue.extendleft(reversed(batch))
-            over = len(self._queue) - self.max_queue
-            for _ in range(max(0, over)):
-                self._queue.popleft()
-            if over > 0:
-                self._stats.dropped["queue_full"] += over
+            self._queued += sum(len(chunk) for _, chunk in batch)
+            self._trim_queue()
 
     def _rollback(self) -> None:
         try:
@@ -427,27 +485,10 @@ class SqliteStore:
         except sqlite3.Error:
             pass
 
-    def _rows(self, batch: Iterable[Sample]) -> tuple[list[tuple[int, int, float]], Counter[str]]:
-        rows: list[tuple[int, int, float]] = []
-        dropped: Counter[str] = Counter()
-        ids = self._ids
-        for s in batch:
-            try:
-                value, ts = float(s.value), float(s.timestamp or 0.0)
-            except (TypeError, ValueError):
-                dropped["bad_value"] += 1
-                continue
-            if value != value:   # NaN: SQLite would store NULL
-                dropped["nan"] += 1
-                continue
-            sid = ids.get((s.name, s.labels))
-            if sid is None:
-                sid = self._new_series(s.name, s.labels)
-                if sid is None:
-                    dropped["series_limit"] += 1
-                    continue
-            rows.append((sid, round(ts * 1000), value))
-        return rows, dropped
+    def _series_for(self, name: str, labels: Labels) -> int | None:
+        """The id of a series, created on first sight; None past max_series."""
+        sid = self._ids.get((name, labels))
+        return sid if sid is not None else self._new_series(name, labels)
 
     def _new_series(self, name: str, labels: Labels) -> int | None:
         if len(self._ids) >= self.max_series:
@@ -503,7 +544,10 @@ class SqliteStore:
         if not empty:
             return
         self._writer.executemany("DELETE FROM series WHERE id = ?", [(i,) for i in empty])
+        if self._sparse:
+            self._writer.executemany("DELETE FROM marks WHERE series_id = ?", [(i,) for i in empty])
         gone = set(empty)
+        self._encoder.forget(gone)
         with self._slock:
             self._ids = {k: v for k, v in self._ids.items() if v not in gone}
             self._by_name = {n: kept for n, lst in self._by_name.items()
@@ -514,17 +558,69 @@ class SqliteStore:
             return list(self._ids.values())
 
     def _delete_before(self, cutoff_s: float, reason: str) -> int:
-        params = [(sid, round(cutoff_s * 1000)) for sid in self._series_ids()]
+        cutoff = round(cutoff_s * 1000)
+        params = [(sid, cutoff) for sid in self._series_ids()]
         if not params:
             return 0
         self._writer.execute("BEGIN IMMEDIATE")
-        cur = self._writer.executemany("DELETE FROM samples WHERE series_id = ? AND ts_ms < ?", params)
-        self._writer.execute("COMMIT")
-        n = max(0, cur.rowcount)
+        try:
+            added = self._reanchor(cutoff) if self._sparse and self._has_stamps_before(cutoff) else 0
+            cur = self._writer.executemany("DELETE FROM samples WHERE series_id = ? AND ts_ms < ?", params)
+            n = max(0, cur.rowcount)
+            if self._sparse:
+                self._writer.executemany("DELETE FROM marks WHERE series_id = ? AND ts_ms < ?", params)
+                self._writer.executemany("DELETE FROM stamps WHERE group_id = ? AND ts_ms < ?",
+                                         [(g, cutoff) for g in self._groups()])
+            self._writer.execute("COMMIT")
+        except sqlite3.Error:
+            self._rollback()
+            raise
         with self._qlock:
-            self._stats.rows -= n
+            self._stats.rows += added - n
             self._stats.deleted[reason] += n
         return n
+
+    def _groups(self) -> list[int]:
+        """Group ids that have stamps (a skip scan over the stamps primary key)."""
+        out: list[int] = []
+        row = self._writer.execute("SELECT MIN(group_id) FROM stamps").fetchone()
+        while row and row[0] is not None:
+            out.append(int(row[0]))
+            row = self._writer.execute("SELECT MIN(group_id) FROM stamps WHERE group_id > ?", (row[0],)).fetchone()
+        return out
+
+    def _has_stamps_before(self, cutoff: int) -> bool:
+        return any(self._writer.execute("SELECT 1 FROM stamps WHERE group_id = ? AND ts_ms < ? LIMIT 1",
+                                        (g, cutoff)).fetchone() for g in self._groups())
+
+    def _reanchor(self, cutoff: int) -> int:
+        """Before rows older than `cutoff` go: a series whose run crosses the cut gets its carried
+        value written as a point (and a mark) at its group's first stamp at or after the cut, so
+        the points it keeps read back unchanged. Returns the points added."""
+        w = self._writer
+        points, marks = [], []
+        for sid in self._series_ids():
+            mark = w.execute("SELECT ts_ms, group_id FROM marks WHERE series_id = ? AND ts_ms <= ? "
+                             "ORDER BY ts_ms DESC LIMIT 1", (sid, cutoff)).fetchone()
+            if mark is None or not mark[1] or mark[0] == cutoff:
+                continue
+            first = w.execute("SELECT MIN(ts_ms) FROM stamps WHERE group_id = ? AND ts_ms >= ?",
+                              (mark[1], cutoff)).fetchone()[0]
+            if first is None:
+                continue
+            later = w.execute("SELECT 1 FROM marks WHERE series_id = ? AND ts_ms > ? AND ts_ms <= ? LIMIT 1",
+                              (sid, cutoff, first)).fetchone()
+            if later is not None:
+                continue
+            carried = w.execute("SELECT value FROM samples WHERE series_id = ? AND ts_ms <= ? "
+                                "ORDER BY ts_ms DESC LIMIT 1", (sid, first)).fetchone()
+            if carried is None:
+                continue
+            points.append((sid, first, carried[0]))
+            marks.append((sid, first, mark[1]))
+        cur = w.executemany("INSERT OR IGNORE INTO samples (series_id, ts_ms, value) VALUES (?, ?, ?)", points)
+        w.executemany("INSERT OR REPLACE INTO marks (series_id, ts_ms, group_id) VALUES (?, ?, ?)", marks)
+        return max(0, cur.rowcount)
 
     def _delete_oldest_fraction(self, fraction: float) -> int:
         """Delete the oldest `fraction` of the time span stored (samples arrive at a steady rate,
@@ -561,13 +657,37 @@ class SqliteStore:
         out: dict[Labels, Points] = {}
         lo, hi = round(start * 1000), round(end * 1000)
         with self._rlock:
-            for labels, sid in targets:
-                rows = self._reader.execute(
-                    "SELECT ts_ms, value FROM samples WHERE series_id = ? AND ts_ms BETWEEN ? AND ? "
-                    "ORDER BY ts_ms", (sid, lo, hi)).fetchall()
-                if rows:
-                    out[labels] = [(ts / 1000, float(v)) for ts, v in rows]
+            r = self._reader
+            stamps = StampIndex(lambda g: [t for (t,) in r.execute(
+                "SELECT ts_ms FROM stamps WHERE group_id = ? AND ts_ms BETWEEN ? AND ? ORDER BY ts_ms", (g, lo, hi))])
+            r.execute("BEGIN")   # one snapshot: points, marks and stamps of the same commits
+            try:
+                for labels, sid in targets:
+                    points = self._series_points(sid, lo, hi, stamps)
+                    if points:
+                        out[labels] = points
+            finally:
+                r.execute("COMMIT")
         return out
+
+    def _series_points(self, sid: int, lo: int, hi: int, stamps: StampIndex) -> Points:
+        """Points of one series in [lo, hi] ms: stored change points plus the filled-in repeats."""
+        r = self._reader
+        real = [(t, float(v)) for t, v in r.execute(
+            "SELECT ts_ms, value FROM samples WHERE series_id = ? AND ts_ms BETWEEN ? AND ? ORDER BY ts_ms",
+            (sid, lo, hi))]
+        if not self._sparse:
+            return [(t / 1000, v) for t, v in real]
+        marks = r.execute(
+            "SELECT ts_ms, group_id FROM marks WHERE series_id = ? AND ts_ms <= ? AND ts_ms >= "
+            "COALESCE((SELECT MAX(ts_ms) FROM marks WHERE series_id = ? AND ts_ms <= ?), ?) ORDER BY ts_ms",
+            (sid, hi, sid, lo, lo)).fetchall()
+        carry = None
+        if marks and (not real or real[0][0] > lo):
+            row = r.execute("SELECT ts_ms, value FROM samples WHERE series_id = ? AND ts_ms < ? "
+                            "ORDER BY ts_ms DESC LIMIT 1", (sid, lo)).fetchone()
+            carry = (row[0], float(row[1])) if row else None
+        return fill_points(real, carry, marks, stamps, lo, hi)
 
     def names(self) -> set[str]:
         self._refresh_series()
@@ -579,7 +699,7 @@ class SqliteStore:
         with self._qlock:
             st = StoreStats(**{**self._stats.__dict__, "dropped": Counter(self._stats.dropped),
                                "errors": Counter(self._stats.errors), "deleted": Counter(self._stats.deleted)})
-            st.queued = len(self._queue)
+            st.queued = self._queued
         with self._slock:
             st.series = len(self._ids)
         st.rows = self._row_count(st.rows)

@@ -1,0 +1,130 @@
+"""Change-point storage reads back exactly what a dense store holds.
+
+A simulated agent (three targets scraped at jittered times, plus samples stamped at the end of
+each cycle) writes the same cycles into the dense in-memory store and the change-point SQLite
+store; every query window must give identical points, rates and quantiles. The simulation has
+idle and moving series, a counter reset, a series that vanishes and returns, a target that
+goes down and comes back, a restart of the writing process, and age retention.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from kvscope.agent.analytics.quantiles import window_quantiles
+from kvscope.agent.analytics.rates import raw_increase
+from kvscope.agent.changepoints import ChangeEncoder, fill_points
+from kvscope.agent.signals import Sample, make_labels
+from kvscope.agent.store import InMemoryStore, SqliteStore
+
+BASE = 1_700_000_000.0
+CYCLES = 120
+DOWN = range(30, 45)          # target e2 does not answer
+VANISH = range(60, 66)        # one gauge of e1 is missing from its payload
+RESET_AT = 80                 # e0 restarts: its counter goes back to a small value
+
+
+def _cycle(n: int, rng: random.Random) -> list[Sample]:
+    out: list[Sample] = []
+    for t in range(3):
+        inst = f"e{t}:8000"
+        ts = BASE + n + 0.003 * t + rng.random() * 0.002
+        up = not (t == 2 and n in DOWN)
+        if up:
+            lab = make_labels({"instance": inst, "engine": "vllm"})
+            count = n // 7 if not (t == 0 and n >= RESET_AT) else (n - RESET_AT) // 3
+            out.append(Sample("engine_requests_total", lab, float(count), ts))
+            if not (t == 1 and n in VANISH):
+                out.append(Sample("engine_requests_waiting", lab, float((n // 10) % 3), ts))
+            out.append(Sample("engine_kv_cache_usage_ratio", lab, 0.5, ts))   # never moves
+            for i, le in enumerate(("0.1", "1.0", "+Inf")):
+                out.append(Sample("request_ttft_seconds_bucket", lab + (("le", le),), float(count * (i + 1)), ts))
+        now = BASE + n + 0.05
+        out.append(Sample("kvscope_target_up", make_labels({"instance": inst, "job": "vllm"}),
+                          1.0 if up else 0.0, now))
+    return out
+
+
+NAMES = ("engine_requests_total", "engine_requests_waiting", "engine_kv_cache_usage_ratio",
+         "request_ttft_seconds_bucket", "kvscope_target_up")
+WINDOWS = [(BASE - 5, BASE + CYCLES + 5), (BASE + 10.5, BASE + 20.5), (BASE + 33.2, BASE + 50.0),
+           (BASE + 61.0, BASE + 64.0), (BASE + 79.0, BASE + 95.0), (BASE + 100.0, BASE + 100.0)]
+
+
+def _assert_same(dense, sparse, windows=WINDOWS):
+    for name in NAMES:
+        for lo, hi in windows:
+            want, got = dense.query(name, lo, hi), sparse.query(name, lo, hi)
+            assert got == want, (name, lo, hi)
+            assert {k: raw_increase(v) for k, v in got.items()} == {k: raw_increase(v) for k, v in want.items()}
+            if name.endswith("_bucket"):
+                assert window_quantiles(0.9, got, lo, hi) == window_quantiles(0.9, want, lo, hi)
+
+
+@pytest.fixture
+def cycles():
+    rng = random.Random(7)
+    return [_cycle(n, rng) for n in range(CYCLES)]
+
+
+def test_sparse_store_reads_back_the_dense_series(tmp_path, cycles):
+    dense, sparse = InMemoryStore(), SqliteStore(tmp_path / "kv.db", background=False)
+    for batch in cycles:
+        dense.write(batch)
+        sparse.write(batch)
+        sparse.flush()
+    _assert_same(dense, sparse)
+    st = sparse.stats()
+    assert st.written == sum(len(b) for b in cycles) and not st.dropped
+    assert st.rows < st.written / 3 and st.unchanged == st.written - st.rows   # few rows: few moves
+    sparse.close()
+
+
+def test_a_down_target_and_a_vanished_series_are_absent_not_carried(tmp_path, cycles):
+    sparse = SqliteStore(tmp_path / "kv.db", background=False)
+    for batch in cycles:
+        sparse.write(batch)
+    sparse.flush()
+    e2 = make_labels({"instance": "e2:8000", "engine": "vllm"})
+    ts = [t for t, _ in sparse.query("engine_kv_cache_usage_ratio", BASE, BASE + CYCLES)[e2]]
+    assert not [t for t in ts if BASE + DOWN.start - 0.5 < t < BASE + DOWN.stop - 0.5]
+    assert len(ts) == CYCLES - len(DOWN)
+    e1 = make_labels({"instance": "e1:8000", "engine": "vllm"})
+    waiting = sparse.query("engine_requests_waiting", BASE + VANISH.start - 0.5, BASE + VANISH.stop - 0.5)
+    assert e1 not in waiting
+    sparse.close()
+
+
+def test_split_batches_restart_and_retention_keep_the_answers(tmp_path, cycles):
+    dense = InMemoryStore()
+    path = tmp_path / "kv.db"
+    sparse = SqliteStore(path, background=False, batch_size=7)   # cycles cut across transactions
+    for n, batch in enumerate(cycles):
+        dense.write(batch)
+        sparse.write(batch)
+        sparse.flush()
+        if n == 50:   # the agent restarts on the same file
+            sparse.close()
+            sparse = SqliteStore(path, background=False)
+    _assert_same(dense, sparse)
+    cut = BASE + 70.5   # mid-run for every series that does not move
+    sparse.retention_s = 0.0
+    assert sparse.enforce_retention(now=cut) > 0
+    kept = [(max(lo, cut), hi) for lo, hi in WINDOWS if hi >= cut]
+    _assert_same(dense, sparse, kept)
+    assert sparse.query("engine_kv_cache_usage_ratio", BASE, cut - 0.001) == {}
+    sparse.close()
+
+
+def test_out_of_order_and_duplicate_samples_are_dropped_and_counted():
+    enc = ChangeEncoder(lambda name, labels: 1)
+    lab = make_labels({"instance": "a"})
+    out = enc.encode([Sample("x", lab, 1.0, 10.0), Sample("x", lab, 2.0, 10.0)], now=0.0)
+    enc.encode([Sample("x", lab, 3.0, 9.0)], now=0.0, out=out)
+    assert out.points == [(1, 10_000, 1.0)] and out.accepted == 1
+    assert out.dropped == {"duplicate": 1, "out_of_order": 1}
+
+
+def test_fill_without_marks_is_the_stored_points():
+    assert fill_points([(1000, 1.0), (3000, 2.0)], None, [], lambda g, a, b: [], 0, 5000) == [(1.0, 1.0), (3.0, 2.0)]
