@@ -1,5 +1,8 @@
 """Turn a recording back into canonical samples, through the same dialects as live scrapes.
 
+A target that serves kvscope's own series (the request tap's `/kvscope/metrics`, the agent's
+`/metrics` with `kvscope_` names) is read as canonical signals directly.
+
 A recording may carry a spans sidecar (`x.spans.jsonl.gz` next to `x.om.gz`: the engines' OTLP
 spans as JSON lines). `add_spans` feeds it through the trace receiver's stitching
 (agent/traces/stitch.py) and renders what the receiver would have reported at each scrape:
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvscope.agent.engines.dialect import detect_engine, normalize
+from kvscope.agent.export import PREFIX, signal_of
 from kvscope.agent.exposition import Exposition
 from kvscope.agent.recording import read_recording, scrapes_by_target
 from kvscope.agent.signals import Catalog, Sample, load_catalog, make_labels
@@ -39,6 +43,34 @@ class Replay:
     end: float | None = None
 
 
+KVSCOPE = "kvscope"
+"""Engine name of a target that serves kvscope's own series (the request tap's /kvscope/metrics,
+the agent's /metrics): canonical signals, no dialect needed."""
+
+
+def kvscope_signal(name: str, catalog: Catalog) -> str | None:
+    """The canonical sample name of a series kvscope serves: a kvscope-produced signal under its
+    own name (the tap's `tenant_requests_total`) or any catalog signal under the agent's export
+    prefix (`kvscope_engine_kv_cache_usage_ratio`); None for anything else."""
+    bare = name.removeprefix(PREFIX)
+    hit = signal_of(bare, catalog)
+    if hit is None:
+        return None
+    return bare if bare != name or KVSCOPE in hit[0].producers else None
+
+
+def parse_kvscope_samples(raw: list, target: dict[str, str], timestamp: float, catalog: Catalog) -> list[Sample]:
+    """kvscope's own series of one scrape as canonical samples, with the target's job/instance."""
+    out = []
+    for r in raw:
+        name = kvscope_signal(r.name, catalog)
+        if name is None or r.value != r.value:
+            continue
+        labels = {k: v for k, v in r.labels if k not in ("job", "instance")} | target
+        out.append(Sample(name, make_labels(labels), r.value, timestamp))
+    return out
+
+
 def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = None) -> Replay:
     """Read a recording and normalize every scrape of every target.
 
@@ -52,11 +84,17 @@ def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = Non
         union = Exposition(samples=[s for sc in target_scrapes for s in sc.samples[:2000]],
                            types=whole.types)
         engine = detect_engine(union, catalog)
+        if engine is None and any(kvscope_signal(s.name, catalog) for s in union.samples):
+            engine = KVSCOPE
         out.engines[instance] = engine
         for sc in target_scrapes:
             out.samples.append(Sample("kvscope_target_up", make_labels(
                 {"job": job, "instance": instance}), 1.0 if sc.up else 0.0, sc.timestamp))
             if not sc.samples:
+                continue
+            if engine == KVSCOPE:
+                out.samples.extend(parse_kvscope_samples(sc.samples, {"job": job, "instance": instance},
+                                                         sc.timestamp, catalog))
                 continue
             norm = normalize(Exposition(samples=sc.samples, types=whole.types), engine,
                              {"job": job, "instance": instance}, sc.timestamp, catalog)

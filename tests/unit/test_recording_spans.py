@@ -127,3 +127,24 @@ def test_recording_source_replays_the_real_sidecar_per_replica():
     assert last == {"replica-0": per_service["vllm-replica-0"], "replica-1": per_service["vllm-replica-1"]}
     plain = RecordingSource(rec, spans=False)
     assert plain.read_frame({"request_phase_seconds_count"}, None, None, 2.0).block("request_phase_seconds_count") is None
+
+
+def test_a_recorded_tap_target_replays_as_canonical_series(tmp_path):
+    from kvscope.agent.exposition import parse_exposition
+    from kvscope.agent.recording import RecordingWriter
+    from kvscope.agent.replay import replay_recording
+    tap = ("# TYPE kvscope_prefix_split_ratio gauge\nkvscope_prefix_split_ratio {v}\n"
+           "# TYPE kvscope_tenant_requests_total counter\nkvscope_tenant_requests_total{{tenant=\"a\"}} {n}\n"
+           "# TYPE kvscope_target_up gauge\nkvscope_target_up{{instance=\"x\"}} 1\n")
+    path = tmp_path / "r.om"
+    w = RecordingWriter(path)
+    for i, (v, n) in enumerate(((0.1, 3), (0.8, 9))):
+        w.add_scrape("kvscope-tap", "tap-0", 100.0 + 2 * i, parse_exposition(tap.format(v=v, n=n)))
+    w.close()
+    replay = replay_recording(path)
+    assert replay.engines == {"tap-0": "kvscope"}
+    got = sorted((s.name, dict(s.labels), s.value) for s in replay.samples if s.name != "kvscope_target_up")
+    target = {"job": "kvscope-tap", "instance": "tap-0"}
+    assert got == [("prefix_split_ratio", target, 0.1), ("prefix_split_ratio", target, 0.8),
+                   ("tenant_requests_total", {**target, "tenant": "a"}, 3.0),
+                   ("tenant_requests_total", {**target, "tenant": "a"}, 9.0)]
