@@ -1,0 +1,196 @@
+"""The tap's HTTP/1.1 handling (agent/tap/http1.py, forward.py) against local stub upstreams."""
+
+import asyncio
+import json
+
+import aiohttp
+from kvscope.agent.tap.proxy import RequestTap, TapConfig, render_with_usage
+
+from tests.unit.test_tap_proxy import _raw, run
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def _chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def _exchange(port: int, raw: bytes, until: bytes = b"\x00", timeout_s: float = 10.0) -> bytes:
+    """Send raw bytes to the tap; read until `until` appeared once per request sent, or the tap closes."""
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(raw)
+    want = max(1, raw.count(b" HTTP/1.1\r\n"))
+    buf = b""
+    try:
+        while buf.count(until) < want:
+            data = await asyncio.wait_for(r.read(65536), timeout_s)
+            if not data:
+                break
+            buf += data
+    finally:
+        w.close()
+    return buf
+
+
+class RawUpstream:
+    """An upstream written with plain asyncio, to misbehave in exact ways (test tooling)."""
+
+    def __init__(self, handler):
+        self.handler, self.connections, self.requests = handler, 0, []
+
+    async def start(self):
+        self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _conn(self, r, w):
+        self.connections += 1
+        n = 0
+        try:
+            while True:
+                head = await r.readuntil(b"\r\n\r\n")
+                length = [int(x.split(b":")[1]) for x in head.split(b"\r\n") if x.lower().startswith(b"content-length")]
+                body = await r.readexactly(length[0]) if length else b""
+                self.requests.append((head, body))
+                n += 1
+                if not await self.handler(n, head, body, w):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            w.close()
+
+    async def stop(self):
+        self.server.close()
+
+
+def _with_raw_upstream(handler, scenario, **cfg):
+    async def main():
+        up = RawUpstream(handler)
+        await up.start()
+        tap = RequestTap(TapConfig(upstreams=(f"http://127.0.0.1:{up.port}",), listen="127.0.0.1:0", **cfg))
+        await tap.start()
+        try:
+            return await scenario(tap), tap, up
+        finally:
+            await tap.stop()
+            await up.stop()
+    return asyncio.run(main())
+
+
+def test_upstream_connections_are_kept_alive_and_reused():
+    async def scenario(s, tap, direct):
+        return [await _raw(s, tap, {"model": "m", "prompt": f"p{i}", "stream": i % 2 == 0}) for i in range(6)]
+
+    seen = {}
+    out, tap, stub, _ = run(scenario, poll=lambda t: seen.update(idle=sum(map(len, t.pool.idle.values()))) or True)
+    assert [status for status, _ in out] == [200] * 6
+    assert seen["idle"] == 1                                     # six requests, one upstream connection
+
+
+def test_request_body_over_the_cap_gets_413_and_the_tap_keeps_serving():
+    async def scenario(s, tap, direct):
+        big = await _raw(s, tap, {"model": "m", "prompt": "x" * 5000})
+        ok = await _raw(s, tap, {"model": "m", "prompt": "small"})
+        return big, ok
+
+    (big, ok), tap, stub, _ = run(scenario, max_request_bytes=4096)
+    assert big[0] == 413 and b"4096" in big[1]
+    assert ok[0] == 200 and len(stub.bodies) == 1                # the big one never reached the engine
+
+
+def test_chunked_client_body_and_pipelined_requests_are_answered_in_order():
+    body = json.dumps({"model": "m", "prompt": "one", "stream": True}).encode()
+    second = json.dumps({"model": "m", "prompt": "two"}).encode()
+    raw = (b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+           b"Content-Type: application/json\r\n\r\n" + _chunked(body[:10]) + _chunked(body[10:]) + b"0\r\n\r\n"
+           + b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(second), second))
+
+    async def scenario(s, tap, direct):
+        return await _exchange(int(tap.rsplit(":", 1)[1]), raw)
+
+    out, tap, stub, _ = run(scenario, poll=lambda t: t.stats["requests"] == 2)
+    assert [b["prompt"] for b in stub.bodies] == ["one", "two"]
+    assert out.index(b"data: [DONE]") < out.index(b'"abc"')   # the stream's answer comes first
+    assert tap.stats["requests"] == 2 and out.endswith(b'}') and b"Connection: close" in out
+
+
+def test_head_and_unknown_paths_pass_through():
+    async def scenario(s, tap, direct):
+        async with s.head(tap + "/v1/models") as r:
+            head = r.status, await r.read()
+        async with s.get(tap + "/nope") as r:
+            missing = r.status
+        async with s.get(tap + "/v1/models") as r:
+            after = r.status, await r.json()
+        return head, missing, after
+
+    (head, missing, after), tap, *_ = run(scenario)
+    assert head == (200, b"") and missing == 404 and after == (200, {"data": [{"id": "m"}]})
+
+
+def test_stale_keep_alive_connection_is_retried_once_on_a_new_one():
+    """The engine closes an idle kept-alive connection just as the tap reuses it (nginx retries too)."""
+    async def handler(n, head, body, w):
+        if n == 2:
+            return False                       # second request on this connection: close, no answer
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        await w.drain()
+        return True
+
+    async def scenario(tap):
+        async with aiohttp.ClientSession() as s:
+            return [await _raw(s, f"http://127.0.0.1:{tap.port}", {"model": "m", "prompt": "x"}) for _ in range(2)]
+
+    out, tap, up = _with_raw_upstream(handler, scenario)
+    assert out == [(200, b"{}"), (200, b"{}")]
+    assert up.connections == 2 and tap.stats["upstream_unreachable"] == 0
+
+
+def test_upstream_that_stalls_mid_stream_is_timed_out_and_the_client_cut():
+    async def handler(n, head, body, w):
+        w.write(SSE_HEAD + _chunked(b'data: {"choices":[{"text":"a"}]}\n\n'))
+        await w.drain()
+        await asyncio.sleep(30)
+        return False
+
+    async def scenario(tap):
+        async with aiohttp.ClientSession() as s:
+            try:
+                await _raw(s, f"http://127.0.0.1:{tap.port}", {"model": "m", "prompt": "x", "stream": True})
+            except aiohttp.ClientPayloadError:
+                return "cut"
+            return "ended cleanly"
+
+    out, tap, up = _with_raw_upstream(handler, scenario, read_timeout_s=0.3)
+    assert out == "cut" and tap.stats["upstream_broken"] == 1
+
+
+def test_malformed_request_gets_400():
+    async def scenario(s, tap, direct):
+        return await _exchange(int(tap.rsplit(":", 1)[1]), b"NOT HTTP AT ALL\r\n\r\n", until=b"}")
+
+    out, tap, *_ = run(scenario)
+    assert out.startswith(b"HTTP/1.1 400 ") and b"Connection: close" in out
+
+
+def test_the_taps_own_endpoints_answer():
+    async def scenario(s, tap, direct):
+        await _raw(s, tap, {"model": "m", "prompt": "p", "user": "alice"})
+        async with s.get(tap + "/kvscope/metrics") as r:
+            metrics = await r.text()
+        async with s.get(tap + "/kvscope/fairness") as r:
+            fairness = await r.json()
+        return metrics, fairness
+
+    (metrics, fairness), *_ = run(scenario)
+    assert 'tenant_requests_total{tenant="alice"} 1' in metrics
+    assert fairness["tenants"]["alice"]["requests"] == 1
+
+
+def test_usage_request_keeps_the_clients_bytes_and_appends_the_option():
+    body = b'{"model": "m", "stream": true, "prompt": "x"}  '
+    assert render_with_usage(body, json.loads(body)) == \
+        b'{"model": "m", "stream": true, "prompt": "x","stream_options":{"include_usage":true}}'
+    other = b'{"stream":true,"stream_options":{"continuous_usage_stats":false}}'
+    assert json.loads(render_with_usage(other, json.loads(other)))["stream_options"] == \
+        {"continuous_usage_stats": False, "include_usage": True}
