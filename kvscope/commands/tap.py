@@ -9,6 +9,7 @@ import logging
 import signal
 from typing import Any
 
+from kvscope.agent.tap.eventloop import loop_name, run_event_loop
 from kvscope.agent.tap.proxy import RequestTap, TapConfig
 from kvscope.agent.traces.export import SpanBatchExporter
 
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvscope tap: bad argument: {e}")
         return 2
     try:
-        asyncio.run(_serve(cfg, args.otlp_endpoint))
+        run_event_loop(_serve(cfg, args.otlp_endpoint))
     except OSError as e:
         print(f"kvscope tap: cannot listen on {cfg.listen}: {e}")
         return 1
@@ -101,7 +102,8 @@ async def _serve(cfg: TapConfig, otlp_endpoint: str | None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     sender = asyncio.create_task(exporter.run()) if exporter else None
-    print(f"kvscope tap: listening on {cfg.host_port()[0]}:{tap.port}, forwarding to {', '.join(cfg.upstreams)}",
+    print(f"kvscope tap: listening on {cfg.host_port()[0]}:{tap.port}, forwarding to {', '.join(cfg.upstreams)}"
+          f" ({loop_name()} event loop)",
           flush=True)
     try:
         await stop.wait()

@@ -2,11 +2,13 @@
 
 import asyncio
 import json
+import sys
 
 import aiohttp
+from kvscope.agent.tap import eventloop
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, render_with_usage
 
-from tests.unit.test_tap_proxy import _raw, run
+from tests.unit.test_tap_proxy import Stub, _raw, run
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -194,3 +196,25 @@ def test_usage_request_keeps_the_clients_bytes_and_appends_the_option():
     other = b'{"stream":true,"stream_options":{"continuous_usage_stats":false}}'
     assert json.loads(render_with_usage(other, json.loads(other)))["stream_options"] == \
         {"continuous_usage_stats": False, "include_usage": True}
+
+
+def test_the_tap_streams_the_same_on_uvloop_and_falls_back_without_it(monkeypatch):
+    async def main():
+        stub = Stub()
+        await stub.start()
+        tap = RequestTap(TapConfig(upstreams=(f"http://127.0.0.1:{stub.port}",), listen="127.0.0.1:0"))
+        await tap.start()
+        try:
+            async with aiohttp.ClientSession() as s:
+                out = await _raw(s, f"http://127.0.0.1:{tap.port}", {"model": "m", "prompt": "p", "stream": True})
+            return type(asyncio.get_running_loop()).__module__, out, tap.stats["requests"]
+        finally:
+            await tap.stop()
+            await stub.runner.cleanup()
+
+    module, (status, body), n = eventloop.run_event_loop(main())
+    assert module.startswith("uvloop") and eventloop.loop_name() == "uvloop"
+    assert status == 200 and body.endswith(b"data: [DONE]\n\n") and b'"usage"' not in body and n == 1
+    monkeypatch.setitem(sys.modules, "uvloop", None)      # not installed
+    assert eventloop.loop_name() == "asyncio"
+    assert eventloop.run_event_loop(main())[0] == "asyncio.unix_events"
