@@ -8,6 +8,14 @@ identical byte for byte. Take a dump before an optimisation and check it after.
 
     .venv/bin/python bench/diagnose_golden.py --write /tmp/golden.json
     .venv/bin/python bench/diagnose_golden.py --check /tmp/golden.json
+
+Rules, recordings and sources change under a shared tree too, so a dump taken an hour ago may
+differ for reasons that are not the diagnoser's. `--against REV` takes the dump with the
+engine files of diagnoser/ (ENGINE_FILES) at git revision REV and everything else from the
+working tree (in a child
+process, through a package overlay), then checks this code against it in the same run:
+
+    .venv/bin/python bench/diagnose_golden.py --against 4a33186
 """
 
 from __future__ import annotations
@@ -29,6 +37,11 @@ from kvscope.diagnoser.sources.recording import RecordingSource  # noqa: E402
 LIBRARY = Path(__file__).resolve().parents[1] / "tests" / "recordings"
 FLEETS = ((50, 1.0), (120, 6.0))
 """(engines, hours) of the synthetic fleets: a short window and one with the KV-pressure episodes."""
+
+
+ENGINE_FILES = ("engine.py", "expr.py", "grid.py", "conditions.py", "frame.py", "findings.py")
+"""The evaluation engine: what --against takes from the old revision (rules, sources and the
+rest of diagnoser/ come from the working tree, so only the engine differs)."""
 
 
 def collect_diagnoses() -> dict[str, dict]:
@@ -62,12 +75,42 @@ def compare(old: dict[str, dict], new: dict[str, dict], context: int = 3) -> lis
     return problems
 
 
+def dump_at_revision(rev: str, out: Path) -> None:
+    """Write the dump of `rev`'s engine files with the rest of the working tree (child process)."""
+    import os
+    import subprocess
+    import tempfile
+    root = Path(__file__).resolve().parents[1]
+    tmp = Path(tempfile.mkdtemp(prefix="kvscope-golden-"))
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "diagnoser"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+    pkg = tmp / "overlay" / "kvscope"
+    pkg.mkdir(parents=True)
+    for item in (root / "kvscope").iterdir():
+        if item.name != "__pycache__":
+            (pkg / item.name).symlink_to(item)
+    for sub in ("agent", "dashboards", "rules", "ui"):
+        (pkg / sub).symlink_to(root / sub)
+    (pkg / "diagnoser").mkdir()
+    for item in (root / "diagnoser").iterdir():
+        old = tmp / "diagnoser" / item.name
+        if item.name != "__pycache__":
+            (pkg / "diagnoser" / item.name).symlink_to(old if item.name in ENGINE_FILES else item)
+    env = {**os.environ, "PYTHONPATH": str(tmp / "overlay")}
+    subprocess.run([sys.executable, __file__, "--write", str(out)], check=True, env=env)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", metavar="FILE", help="write the diagnoses of this code to FILE")
     mode.add_argument("--check", metavar="FILE", help="compare this code's diagnoses with FILE")
+    mode.add_argument("--against", metavar="REV", help="dump with REV's engine files, then check this code")
     args = ap.parse_args()
+    if args.against:
+        args.check = f"/tmp/kvscope-golden-{args.against}.json"
+        dump_at_revision(args.against, Path(args.check))
     t0 = time.perf_counter()
     now = collect_diagnoses()
     took = time.perf_counter() - t0
@@ -75,7 +118,9 @@ def main() -> int:
                    for d in now.values())
     if args.write:
         Path(args.write).write_text(json.dumps(now, indent=1, sort_keys=True))
-        print(f"wrote {len(now)} diagnoses ({findings} findings) to {args.write} in {took:.1f} s")
+        import kvscope.diagnoser
+        print(f"wrote {len(now)} diagnoses ({findings} findings) to {args.write} in {took:.1f} s "
+              f"(diagnoser from {Path(kvscope.diagnoser.__file__).parent})")
         return 0
     problems = compare(json.loads(Path(args.check).read_text()), now)
     for p in problems:

@@ -241,6 +241,10 @@ class SeriesEvaluator:
         if not keys:
             return self._empty(by)
         k = self._steps(node)
+        q = float(self.rule.resolve(node["quantile"]))
+        adj = self._adjusted(name, match, values)
+        if adj is not None and adj.shape[1] >= 2:
+            return Grouped(by, *self._dense_quantiles(q, name, match, by, keys, inv, adj, k))
         cache = self.frame.cache
         ckey = ("bucket_increase", name, by, repr(sorted((match or {}).items())), k)
         if cache is not None and ckey in cache:
@@ -255,8 +259,31 @@ class SeriesEvaluator:
                 summed, key_rows = grid.reduce_groups(inc, inv, len(keys), "sum"), None
             if cache is not None:
                 cache[ckey] = (summed, key_rows)
-        q = float(self.rule.resolve(node["quantile"]))
         return Grouped(by, *_quantiles(q, keys, summed, len(by), key_rows))
+
+    def _dense_quantiles(self, q: float, name: str, match: dict[str, Any] | None, by: tuple[str, ...],
+                         keys: list, inv: np.ndarray, adj: np.ndarray, k: int) -> tuple[list, np.ndarray]:
+        """Quantiles of gap-free bucket counters: the group's bucket counters are summed once per
+        grouping (cumulative sums, so one sum serves every range), and each (range, quantile)
+        reads increases straight from them (grid.window_bucket_planes). The planes of the last
+        histogram/grouping/range are kept, so p50 and p99 of the same series share them."""
+        cache = self.frame.cache if self.frame.cache is not None else {}
+        mkey = repr(sorted((match or {}).items()))
+        lkey = ("bucket_layout", name, by, mkey)
+        if lkey not in cache:
+            cache[lkey] = _bucket_layout(keys, inv, adj, len(by))
+        groups, source, sets = cache[lkey]
+        out = np.full((len(groups), adj.shape[1]), np.nan)
+        for les, gis, rows in sets:
+            pkey = (name, mkey, k, rows.shape, hash(rows.tobytes()), id(source))
+            last = cache.get("last_bucket_planes")
+            if last is not None and last[0] == pkey:
+                planes = last[1]
+            else:
+                planes = grid.window_bucket_planes(source, rows, k)
+                cache["last_bucket_planes"] = (pkey, planes)
+            out[gis] = grid.quantile_from_planes(q, les, planes)
+        return groups, out
 
     def _pair(self, node: dict[str, Any], form: str, by: tuple[str, ...]) -> tuple[list, np.ndarray, np.ndarray]:
         a_name, b_name = (str(x) for x in node[form])
@@ -374,6 +401,37 @@ def _quantiles(q: float, keys: list[tuple[str, ...]], summed: np.ndarray, n_by: 
             rows = key_rows[rows]
         out[gis] = grid.bucket_quantile(q, np.array(les), summed, rows)
     return groups, out
+
+
+def _bucket_layout(keys: list[tuple[str, ...]], inv: np.ndarray, adj: np.ndarray, n_by: int
+                   ) -> tuple[list, np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """(groups, cumulative bucket counters per key, [(les, group indices, rows [G, buckets])]).
+
+    With one series per (group, le) key the counters are the block's own rows; otherwise the
+    rows of a key are summed (np.add.reduceat in row order)."""
+    if len(keys) == adj.shape[0]:
+        source, key_rows = adj, np.empty(len(keys), dtype=np.int64)
+        key_rows[inv] = np.arange(len(keys))
+    else:
+        source, key_rows = grid.sum_dense_groups(adj, inv, len(keys)), np.arange(len(keys))
+    by_group: dict[tuple[str, ...], list[tuple[float, int]]] = {}
+    for i, k in enumerate(keys):
+        try:
+            le = float(k[n_by])
+        except ValueError:
+            continue
+        by_group.setdefault(k[:n_by], []).append((le, i))
+    groups = sorted(by_group)
+    by_les: dict[tuple[float, ...], list[int]] = {}
+    for gi, g in enumerate(groups):
+        les = tuple(sorted(le for le, _ in by_group[g]))
+        if len(les) >= 2 and np.isinf(les[-1]):
+            by_les.setdefault(les, []).append(gi)
+    sets = []
+    for les, gis in by_les.items():
+        rows = key_rows[np.array([[i for _, i in sorted(by_group[groups[gi]])] for gi in gis])]
+        sets.append((np.array(les), np.array(gis), rows))
+    return groups, source, sets
 
 
 def promql(rule: Rule, name: str) -> str:

@@ -176,6 +176,17 @@ def reduce_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: s
     return out
 
 
+def sum_dense_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int) -> np.ndarray:
+    """Sum rows without absent values into groups (rows of a group added in row order)."""
+    order = np.argsort(inverse, kind="stable")
+    si = inverse[order]
+    starts = np.flatnonzero(np.r_[True, si[1:] != si[:-1]])
+    sorted_rows = values if (order == np.arange(len(order))).all() else values[order]
+    out = np.zeros((n_groups, values.shape[1]))
+    out[si[starts]] = np.add.reduceat(sorted_rows, starts, axis=0)
+    return out
+
+
 def _reduce_by_matmul(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: str) -> np.ndarray:
     """sum / avg / count into a few groups as one matrix product (BLAS) instead of sort + reduceat."""
     member = np.zeros((n_groups, values.shape[0]))
@@ -243,6 +254,74 @@ def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray, rows: np.nda
         prev = planes[b]
     out[(total <= 0) | all_absent] = np.nan
     return out
+
+
+def window_bucket_planes(cumulative: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
+    """Per-bucket increases over a trailing window of k steps, forced monotonic: [buckets, G, T].
+
+    `cumulative` holds gap-free, reset-adjusted bucket counters (rows of a block, or their sums
+    per group); `rows` [G, buckets] picks each group's buckets in `le` order. The increases are
+    window_increase's (clipped at the start); the first point, which has no window, is 0 here
+    (bucket_quantile treats absent as 0 and answers NaN there). Built plane by plane into one
+    array: no [rows, T] temporaries, and a bucket whose rows are evenly spaced is read in place.
+    """
+    n_g, n_b = rows.shape
+    n_t = cumulative.shape[1]
+    k = max(1, min(k, n_t - 1))
+    planes = np.empty((n_b, n_g, n_t))
+    for b in range(n_b):
+        src = _rows_view(cumulative, rows[:, b])
+        out = planes[b]
+        np.subtract(src[:, k:], src[:, :-k], out=out[:, k:])
+        np.subtract(src[:, :k], src[:, :1], out=out[:, :k])
+        if b:
+            np.maximum(out, planes[b - 1], out=out)
+    return planes
+
+
+def _rows_view(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """values[rows]: a strided view when the row numbers are evenly spaced, else a gathered copy."""
+    if len(rows) == 1:
+        return values[rows[0]:rows[0] + 1]
+    d = int(rows[1] - rows[0])
+    if d > 0 and rows[-1] - rows[0] == d * (len(rows) - 1) and (np.diff(rows) == d).all():
+        return values[rows[0]:rows[-1] + 1:d]
+    return values[rows]
+
+
+def quantile_from_planes(q: float, les: np.ndarray, planes: np.ndarray) -> np.ndarray:
+    """histogram_quantile over window_bucket_planes' output: [G, T], NaN without observations.
+
+    The same arithmetic as bucket_quantile, element by element (so the same values), found by
+    counting the planes below the rank (planes are monotonic) and reading the two planes around
+    it, instead of masking every plane for every bucket.
+    """
+    n_b = planes.shape[0]
+    total = planes[-1]
+    rank = q * total
+    below_rank = np.zeros(total.shape, dtype=np.uint8 if n_b < 255 else np.intp)
+    lt = np.empty(total.shape, dtype=bool)
+    for b in range(n_b):
+        np.less(planes[b], rank, out=lt)
+        np.add(below_rank, lt, out=below_rank)
+    idx = below_rank.astype(np.intp).ravel()
+    flat = planes.reshape(n_b, -1)
+    cells = np.arange(flat.shape[1])
+    upper_b = np.minimum(idx, n_b - 1)
+    upper = np.take(flat.reshape(-1), upper_b * flat.shape[1] + cells)
+    below = np.take(flat.reshape(-1), np.maximum(upper_b - 1, 0) * flat.shape[1] + cells)
+    below[idx == 0] = 0.0
+    lowers = np.concatenate([[0.0], les[:-1]])
+    widths = les - lowers
+    in_bucket = upper - below
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        frac = np.where(in_bucket > 0, (rank.ravel() - below) / in_bucket, 0.0)
+        out = lowers[upper_b] + widths[upper_b] * frac
+    if n_b >= 2 and les[0] <= 0:
+        out[idx == 0] = les[0]
+    out[idx == n_b - 1] = les[n_b - 2] if n_b >= 2 else np.nan
+    out[(idx >= n_b) | (total.ravel() <= 0)] = np.nan
+    return out.reshape(total.shape)
 
 
 def window_view(values: np.ndarray, k: int) -> np.ndarray:
