@@ -7,8 +7,9 @@ rows, and turns those rows back into exactly the points that were written:
 
 * **stamps** `(group, ts_ms)`: one row per scrape of a *group*. A group is a set of series that
   share their timestamps (one target's scrape; the samples the runtime stamps at the end of a
-  cycle). A batch is split into cohorts by timestamp; a cohort takes the group its series
-  followed last time, else a new group id.
+  cycle). A batch is split into cohorts by exact timestamp; a cohort takes the group its series
+  followed last time, else a new group id. Grouping only decides how many rows are written:
+  any grouping reads back the same points.
 * **points** `(series, ts_ms, value)`: a real row where a series starts a run, and wherever its
   value differs from its previous point. An unchanged value writes no row.
 * **marks** `(series, ts_ms, group)`: from `ts_ms` on the series is present at every stamp of
@@ -61,13 +62,15 @@ class ChangeEncoder:
     def __init__(self, series_id: Callable[[str, Labels], int | None], next_group: int = 1) -> None:
         self._series_id = series_id
         self._next_group = max(1, next_group)
-        self._last: dict[Key, list] = {}       # key -> [sid, ts_ms, value, group]
-        self._members: dict[int, set[Key]] = {}
+        self._last: dict[Key, list] = {}       # key -> [sid, last ts_ms unless in a group, value, group]
+        self._by_sid: dict[int, list] = {}     # the same lists by series id
+        self._members: dict[int, set[int]] = {}   # group -> series ids in its current run
         self._group_ts: dict[int, int] = {}    # group -> its latest stamp
 
     def reset(self) -> None:
         """Forget all state (the rows it described may not be on disk)."""
         self._last.clear()
+        self._by_sid.clear()
         self._members.clear()
         self._group_ts.clear()
 
@@ -76,9 +79,10 @@ class ChangeEncoder:
         gone = [k for k, st in self._last.items() if st[0] in sids]
         for k in gone:
             st = self._last.pop(k)
+            del self._by_sid[st[0]]
             members = self._members.get(st[3])
             if members is not None:
-                members.discard(k)
+                members.discard(st[0])
 
     def encode(self, batch: Iterable[Sample], now: float, out: Encoded | None = None) -> Encoded:
         """Rows for `batch` (in any order; samples without a timestamp are stamped `now`),
@@ -92,17 +96,18 @@ class ChangeEncoder:
                 by_ts[ts] = [s]
             else:
                 cohort.append(s)
-        cohorts: dict[int, list[Sample]] = {}
+        # A cohort is the samples of one exact timestamp: targets scraped within the same
+        # millisecond stay apart (each keeps its own group), though their stamps round alike.
+        cohorts: list[tuple[int, float, list[Sample]]] = []
         for ts, samples in by_ts.items():
             try:
-                ts_ms = round(float(now if ts is None else ts) * 1000)   # type: ignore[arg-type]
+                exact = float(now if ts is None else ts)   # type: ignore[arg-type]
+                cohorts.append((round(exact * 1000), exact, samples))
             except (TypeError, ValueError, OverflowError):
                 out.dropped["bad_value"] += len(samples)
-                continue
-            cohorts.setdefault(ts_ms, []).extend(samples)
         used: set[int] = set()
-        for ts_ms in sorted(cohorts):
-            self._encode_cohort(ts_ms, cohorts[ts_ms], used, out)
+        for ts_ms, _, samples in sorted(cohorts, key=lambda c: c[:2]):
+            self._encode_cohort(ts_ms, samples, used, out)
         return out
 
     def _group_for(self, ts_ms: int, cohort: Sequence[Sample], used: set[int]) -> int:
@@ -122,11 +127,10 @@ class ChangeEncoder:
     def _encode_cohort(self, ts_ms: int, cohort: list[Sample], used: set[int], out: Encoded) -> None:
         g = self._group_for(ts_ms, cohort, used)
         used.add(g)
-        last, members_of = self._last, self._members
-        members = members_of.get(g) or set()
-        present: set[Key] = set()
+        last, by_sid, group_ts = self._last, self._by_sid, self._group_ts
+        members = self._members.get(g) or set()
+        present: set[int] = set()
         points, marks, dropped = out.points, out.marks, out.dropped
-        accepted = 0
         for s in cohort:
             v = s[2]
             if type(v) is not float:
@@ -138,44 +142,45 @@ class ChangeEncoder:
             if v != v:   # NaN: SQLite would store NULL
                 dropped["nan"] += 1
                 continue
-            key = (s[0], s[1])
-            st = last.get(key)
+            st = last.get((s[0], s[1]))
+            if st is not None and st[3] == g:
+                # the hot path: a member of this group's run (in order by construction of g)
+                sid = st[0]
+                if sid in present:
+                    dropped["duplicate"] += 1
+                    continue
+                present.add(sid)
+                if st[2] != v:
+                    st[2] = v
+                    points.append((sid, ts_ms, v))
+                continue
             if st is None:
                 sid = self._series_id(s[0], s[1])
                 if sid is None:
                     dropped["series_limit"] += 1
                     continue
-                last[key] = [sid, ts_ms, v, g]
-                points.append((sid, ts_ms, v))
-                marks.append((sid, ts_ms, g))
-            elif st[1] >= ts_ms:
-                dropped["duplicate" if st[1] == ts_ms else "out_of_order"] += 1
+                st = last[(s[0], s[1])] = by_sid[sid] = [sid, -1, v, 0]
+            previous = group_ts[st[3]] if st[3] else st[1]   # a member's last point is its group's last stamp
+            if previous >= ts_ms:
+                dropped["duplicate" if previous == ts_ms else "out_of_order"] += 1
                 continue
-            elif st[3] != g:     # starts a run in this group (new, back after a gap, or moved)
-                if st[3]:
-                    old = members_of.get(st[3])
-                    if old is not None:
-                        old.discard(key)
-                st[1], st[2], st[3] = ts_ms, v, g
-                points.append((st[0], ts_ms, v))
-                marks.append((st[0], ts_ms, g))
-            else:
-                st[1] = ts_ms
-                if st[2] != v:
-                    st[2] = v
-                    points.append((st[0], ts_ms, v))
-            present.add(key)
-            accepted += 1
+            if st[3]:            # moves from another group's run
+                self._members[st[3]].discard(st[0])
+            st[1], st[2], st[3] = previous, v, g
+            present.add(st[0])
+            points.append((st[0], ts_ms, v))
+            marks.append((st[0], ts_ms, g))
         if members:
-            for key in members - present:   # absent from this scrape of its group: stale from here
-                st = last[key]
+            before = group_ts.get(g, -1)
+            for sid in members - present:   # absent from this scrape of its group: stale from here
+                st = by_sid[sid]
                 if st[3] == g:
-                    st[3] = 0
-                    marks.append((st[0], ts_ms, 0))
-        members_of[g] = present
-        self._group_ts[g] = ts_ms
+                    st[1], st[3] = before, 0
+                    marks.append((sid, ts_ms, 0))
+        self._members[g] = present
+        group_ts[g] = ts_ms
         out.stamps.append((g, ts_ms))
-        out.accepted += accepted
+        out.accepted += len(present)
 
 
 # ------------------------------------------------------------------------------------ read side
