@@ -11,18 +11,20 @@ with the same client load (`--concurrency` concurrent streams, `--requests` in t
 
 Per request the client measures TTFT (request sent -> first SSE event) and the full stream time.
 Printed: TTFT p50/p99 per path, the added p50/p99 over direct (goal: tap < 1 ms p99 and <= nginx),
-and throughput (streams/s); then the tap's own processing cost, measured with the tap inside
-the client process (no cross-process wakeups), one stream at a time. Every process runs on this
-machine: on a small shared box the client, stub and proxy compete for cores, so compare within
-one run.
+throughput (streams/s) and the proxy process's CPU time per stream (nginx: master + worker);
+with `--repeat N` the paths are run N rounds (order rotated each round) and the medians are
+printed too. Then the tap's own processing cost, measured with the tap inside the client
+process (no cross-process wakeups), one stream at a time. Every process runs on this machine:
+on a small shared box the client, stub and proxy compete for cores, so compare within one run.
 
-    .venv/bin/python bench/tap_latency.py --requests 2000 --concurrency 200
+    .venv/bin/python bench/tap_latency.py --requests 2000 --concurrency 200 --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -34,6 +36,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import psutil
 from tqdm import tqdm
 
 STUB = r"""
@@ -158,6 +161,19 @@ def start(cmd: list[str], **kw) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, **kw)
 
 
+def proxy_cpu_s(proc: subprocess.Popen | None) -> float:
+    """CPU seconds (user + system) a proxy process and its children (nginx workers) used so far."""
+    if proc is None:
+        return 0.0
+    p = psutil.Process(proc.pid)
+    total = 0.0
+    for q in [p, *p.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            t = q.cpu_times()
+            total += t.user + t.system
+    return total
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=2000)
@@ -165,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunks", type=int, default=16, help="SSE chunks per stream (default 16)")
     ap.add_argument("--sequential", type=int, default=300, help="streams for the in-process overhead line")
     ap.add_argument("--chunk-gap-ms", type=float, default=2.0, help="stub delay between chunks (default 2)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds over all paths (path order rotates each round); >1 adds a median summary")
     args = ap.parse_args(argv)
     procs: list[subprocess.Popen] = []
     tmp = Path(tempfile.mkdtemp(prefix="kvscope-tapbench-"))
@@ -174,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(start([sys.executable, "-m", "kvscope", "tap", "--upstream", f"http://127.0.0.1:{stub_port}",
                             "--listen", f"127.0.0.1:{tap_port}"]))
         paths = {"direct": stub_port, "tap": tap_port}
+        owner: dict[str, subprocess.Popen | None] = {"direct": None, "tap": procs[-1]}
         if shutil.which("nginx") or Path("/usr/sbin/nginx").exists():
             for d in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
                 (tmp / d).mkdir()
@@ -181,17 +200,30 @@ def main(argv: list[str] | None = None) -> int:
             nginx = shutil.which("nginx") or "/usr/sbin/nginx"
             procs.append(start([nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"]))
             paths["nginx"] = nginx_port
+            owner["nginx"] = procs[-1]
         for port in paths.values():
             wait_port(port)
-        results = {}
-        for name, port in paths.items():
-            results[name] = asyncio.run(drive(f"http://127.0.0.1:{port}", args.requests, args.concurrency, name))
-        report(results, args)
+        print(f"{args.requests} streams, {args.concurrency} concurrent, {args.chunks} chunks "
+              f"{args.chunk_gap_ms} ms apart (benchmark stub upstream); os.cpu_count()={os.cpu_count()}; "
+              f"load average at start {os.getloadavg()[0]:.2f}")
+        rounds = []
+        names = list(paths)
+        for r in range(args.repeat):
+            results = {}
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                cpu0 = proxy_cpu_s(owner[name])
+                rows, dt = asyncio.run(drive(f"http://127.0.0.1:{paths[name]}", args.requests, args.concurrency, name))
+                results[name] = (rows, dt, (proxy_cpu_s(owner[name]) - cpu0) / max(len(rows), 1))
+            rounds.append(summarize({k: results[k] for k in names}))
+            report(rounds[-1], f"round {r + 1}/{args.repeat} (load average {os.getloadavg()[0]:.2f})")
+        if args.repeat > 1:
+            report({k: tuple(statistics.median(rd[k][i] for rd in rounds) for i in range(6)) for k in names},
+                   f"median of {args.repeat} rounds")
         inproc = asyncio.run(sequential_inproc(stub_port, args.sequential))
         d, t = (pct(inproc[k], 50) for k in ("direct", "tap"))
         d99, t99 = (pct(inproc[k], 99) for k in ("direct", "tap"))
         print(f"in-process tap, {args.sequential} sequential streams (proxy work without cross-process "
-              f"scheduling): added TTFT p50 {(t - d) * 1e3:.2f} ms, p99 {(t99 - d99) * 1e3:.2f} ms")
+              f"scheduling): added TTFT p50 {(t - d) * 1e3:.2f} ms, p99 {(t99 - d99) * 1e3:.2f} ms (goal p99 < 1 ms)")
     finally:
         for p in procs:
             p.terminate()
@@ -204,20 +236,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report(results: dict, args: argparse.Namespace) -> None:
-    print(f"{args.requests} streams, {args.concurrency} concurrent, {args.chunks} chunks "
-          f"{args.chunk_gap_ms} ms apart (benchmark stub upstream); os.cpu_count()={os.cpu_count()}")
+def summarize(results: dict) -> dict[str, tuple[float, ...]]:
+    """Per path: TTFT p50 and p99 (ms), added p50 and p99 over direct (ms), streams/s, proxy CPU us/stream."""
     d50, d99 = (pct([t for t, _ in results["direct"][0]], q) for q in (50, 99))
-    print(f"{'path':<8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'added p50':>10} {'added p99':>10} {'streams/s':>10}")
-    for name, (rows, dt) in results.items():
+    out = {}
+    for name, (rows, dt, cpu) in results.items():
         p50, p99 = (pct([t for t, _ in rows], q) for q in (50, 99))
-        print(f"{name:<8} {p50 * 1e3:>12.2f} {p99 * 1e3:>12.2f} {(p50 - d50) * 1e3:>10.2f} "
-              f"{(p99 - d99) * 1e3:>10.2f} {len(rows) / dt:>10.0f}")
-    if "nginx" in results:
-        t99 = pct([t for t, _ in results["tap"][0]], 99)
-        n99 = pct([t for t, _ in results["nginx"][0]], 99)
-        print(f"tap / nginx TTFT p99 ratio: {t99 / n99:.2f}  (goal <= 1.00); tap added p99 "
-              f"{(t99 - d99) * 1e3:.2f} ms (goal < 1 ms)")
+        out[name] = (p50 * 1e3, p99 * 1e3, (p50 - d50) * 1e3, (p99 - d99) * 1e3, len(rows) / dt, cpu * 1e6)
+    return out
+
+
+def report(table: dict[str, tuple[float, ...]], title: str) -> None:
+    print(title)
+    print(f"{'path':<8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'added p50':>10} {'added p99':>10} {'streams/s':>10}"
+          f" {'proxy CPU us/stream':>20}")
+    for name, (p50, p99, a50, a99, rate, cpu) in table.items():
+        cpu_s = f"{cpu:>20.0f}" if name != "direct" else f"{'-':>20}"
+        print(f"{name:<8} {p50:>12.2f} {p99:>12.2f} {a50:>10.2f} {a99:>10.2f} {rate:>10.0f} {cpu_s}")
+    if "nginx" in table:
+        t, n = table["tap"], table["nginx"]
+        print(f"tap / nginx: TTFT p99 {t[1] / n[1]:.2f}, p50 {t[0] / n[0]:.2f} (goal <= 1.00), streams/s "
+              f"{t[4] / n[4]:.2f} (goal >= 1.00); tap added p99 {t[3]:.2f} ms (goal < 1 ms)")
 
 
 if __name__ == "__main__":
