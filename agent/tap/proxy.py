@@ -28,6 +28,7 @@ import itertools
 import json
 import logging
 import os
+import random
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -53,6 +54,7 @@ from kvscope.agent.traces.histogram import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKET
 from kvscope.agent.traces.otlp import Span
 
 log = logging.getLogger("kvscope.tap")
+_RANDOM = random.Random(int.from_bytes(os.urandom(16), "big"))
 
 ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")
 _UPSTREAM_DROP = HOP_BY_HOP | {"accept-encoding"}     # the tap reads the body: ask for it uncompressed
@@ -106,7 +108,8 @@ class _Exchange:
 
 
 def _hex(nbytes: int) -> str:
-    return os.urandom(nbytes).hex()
+    """A random non-zero id (W3C trace / span id), without a system call per id."""
+    return f"{_RANDOM.getrandbits(nbytes * 8) | 1:0{nbytes * 2}x}"
 
 
 def parse_traceparent(value: str | None) -> tuple[str, str] | None:

@@ -105,10 +105,10 @@ class SseScanner:
     event (`first_token`), the gaps between token events (`gaps`; events that arrive in one read
     are 0 s apart) and the last usage object seen (`usage`).
 
-    Fast path: once the first token is seen, a read whose events are all compact token chunks
-    (no `"usage"`, no `[DONE]`, one `"choices":[{` per `data:`) is only counted with
-    `bytes.count`; anything else is split and classified event by event. Pure: the caller
-    passes the clock.
+    Fast path: a read whose events are all compact token chunks (no `"usage"`, no `[DONE]`, one
+    `"choices":[{` per `data:` line, one `data:` line per event) is only counted with
+    `bytes.count`; so are the token events before the stream's tail in the last read. Anything
+    else is split and classified event by event. Pure: the caller passes the clock.
     """
 
     __slots__ = ("drop_usage", "max_event_bytes", "first_token", "last_token", "gaps", "usage", "_buf")
@@ -132,11 +132,16 @@ class SseScanner:
                 return buf
             return b""
         whole, self._buf = (buf, b"") if end == len(buf) else (buf[:end], buf[end:])
-        if self.first_token is not None and b'"usage"' not in whole and b"[DONE]" not in whole:
-            n = whole.count(b"data:")
-            if n and whole.count(b'"choices":[{') == n and whole.count(b"\n\n") + whole.count(b"\r\n\r\n") == n:
-                self._tokens(n, now)
-                return whole
+        if n := _token_events(whole):
+            self._tokens(n, now)
+            return whole
+        # the stream's tail (usage, [DONE]) or something unusual: token events before it still
+        # take the fast path, the rest is classified event by event
+        cut = _last_event_end(whole[:_first_special(whole)])
+        if cut > 0 and (n := _token_events(whole[:cut])):
+            self._tokens(n, now)
+            tail = self._events(whole[cut:], now)
+            return whole if len(tail) == len(whole) - cut else whole[:cut] + tail
         return self._events(whole, now)
 
     def rest(self) -> bytes:
@@ -167,6 +172,22 @@ class SseScanner:
                 self._tokens(1, now)
             keep.append(ev)
         return b"".join(keep) if dropped else whole
+
+
+def _token_events(whole: bytes) -> int:
+    """How many events `whole` holds if every one is a compact token chunk, else 0."""
+    if b'"usage"' in whole or b"[DONE]" in whole:
+        return 0
+    n = whole.count(b"data:")
+    if n and whole.count(b'"choices":[{') == n and whole.count(b"\n\n") + whole.count(b"\r\n\r\n") == n:
+        return n
+    return 0
+
+
+def _first_special(whole: bytes) -> int:
+    """Where the first usage object or [DONE] marker starts (len(whole) if neither occurs)."""
+    found = [i for i in (whole.find(b'"usage"'), whole.find(b"[DONE]")) if i >= 0]
+    return min(found) if found else len(whole)
 
 
 def _last_event_end(buf: bytes) -> int:
