@@ -8,6 +8,7 @@ builder can start from.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -276,12 +277,13 @@ class SeriesEvaluator:
         out = np.full((len(groups), adj.shape[1]), np.nan)
         for les, gis, rows in sets:
             pkey = (name, mkey, k, rows.shape, hash(rows.tobytes()), id(source))
-            last = cache.get("last_bucket_planes")
-            if last is not None and last[0] == pkey:
-                planes = last[1]
-            else:
-                planes = grid.window_bucket_planes(source, rows, k)
-                cache["last_bucket_planes"] = (pkey, planes)
+            skey = ("bucket_planes", threading.get_ident())   # one scratch buffer per thread
+            held, planes, scratch = cache.get(skey, (None, None, np.empty(0)))
+            if held != pkey:
+                if scratch.size < rows.size * adj.shape[1]:
+                    scratch = np.empty(rows.size * adj.shape[1])
+                planes = grid.window_bucket_planes(source, rows, k, scratch)
+                cache[skey] = (pkey, planes, scratch)
             out[gis] = grid.quantile_from_planes(q, les, planes)
         return groups, out
 

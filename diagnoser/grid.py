@@ -177,12 +177,20 @@ def reduce_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: s
 
 
 def sum_dense_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int) -> np.ndarray:
-    """Sum rows without absent values into groups (rows of a group added in row order)."""
+    """Sum rows without absent values into groups (a group without rows is 0).
+
+    Few groups of many rows: each group's rows are summed where they lie (a strided view when
+    evenly spaced), so the block is never copied. Many small groups: sorted, then reduceat."""
     order = np.argsort(inverse, kind="stable")
     si = inverse[order]
     starts = np.flatnonzero(np.r_[True, si[1:] != si[:-1]])
-    sorted_rows = values if (order == np.arange(len(order))).all() else values[order]
     out = np.zeros((n_groups, values.shape[1]))
+    if len(starts) <= 4096:
+        ends = np.r_[starts[1:], len(si)]
+        for a, b in zip(starts, ends, strict=True):
+            np.sum(_rows_view(values, order[a:b]), axis=0, out=out[si[a]])
+        return out
+    sorted_rows = values if (order == np.arange(len(order))).all() else values[order]
     out[si[starts]] = np.add.reduceat(sorted_rows, starts, axis=0)
     return out
 
@@ -256,7 +264,8 @@ def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray, rows: np.nda
     return out
 
 
-def window_bucket_planes(cumulative: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
+def window_bucket_planes(cumulative: np.ndarray, rows: np.ndarray, k: int,
+                         scratch: np.ndarray | None = None) -> np.ndarray:
     """Per-bucket increases over a trailing window of k steps, forced monotonic: [buckets, G, T].
 
     `cumulative` holds gap-free, reset-adjusted bucket counters (rows of a block, or their sums
@@ -264,11 +273,15 @@ def window_bucket_planes(cumulative: np.ndarray, rows: np.ndarray, k: int) -> np
     window_increase's (clipped at the start); the first point, which has no window, is 0 here
     (bucket_quantile treats absent as 0 and answers NaN there). Built plane by plane into one
     array: no [rows, T] temporaries, and a bucket whose rows are evenly spaced is read in place.
+    With `scratch` (a 1-D float array at least buckets x G x T long) the planes are written into
+    it instead of a new array, which saves the page faults of a fresh large allocation.
     """
     n_g, n_b = rows.shape
     n_t = cumulative.shape[1]
     k = max(1, min(k, n_t - 1))
-    planes = np.empty((n_b, n_g, n_t))
+    size = n_b * n_g * n_t
+    planes = scratch[:size].reshape(n_b, n_g, n_t) if scratch is not None and scratch.size >= size \
+        else np.empty((n_b, n_g, n_t))
     for b in range(n_b):
         src = _rows_view(cumulative, rows[:, b])
         out = planes[b]
