@@ -47,7 +47,8 @@ class ConditionEvaluator:
         right = self._right(cond, left)
         with np.errstate(invalid="ignore"):
             truth = OPS[cond["op"]](left, right)
-        truth &= ~np.isnan(left) & ~np.isnan(right)
+        if cond["op"] == "!=":          # the only comparison that is true against NaN
+            truth &= ~np.isnan(left) & ~np.isnan(right)
         return Evaluated(cond, truth, left, right)
 
     def _right(self, cond: dict[str, Any], left: np.ndarray) -> np.ndarray:
@@ -56,7 +57,9 @@ class ConditionEvaluator:
         plus = float(resolve(cond.get("plus", 0.0)))
         if "value" in cond:
             value = resolve(cond["value"])   # a parameter left unset (null) makes the test false
-            return np.full(self.shape, np.nan if value is None else float(value) * times + plus)
+            # one value for every group and point: a read-only broadcast, not a [G, T] array
+            return np.broadcast_to(np.float64(np.nan if value is None else float(value) * times + plus),
+                                   self.shape)
         if "than" in cond:
             return self.ev.aligned(str(cond["than"]), self.by, self.keys) * times + plus
         spec = cond["baseline"]
@@ -98,7 +101,20 @@ class ConditionEvaluator:
 
 
 def run_lengths(truth: np.ndarray) -> np.ndarray:
-    """For each point, how many consecutive true points end there (0 where false)."""
+    """For each point, how many consecutive true points end there (0 where false).
+
+    Only rows with a true point are computed; the others are zeros (np.zeros pages that are
+    never written cost nothing)."""
+    live = np.flatnonzero(truth.any(axis=1)) if truth.ndim == 2 else None
+    if live is not None and len(live) < truth.shape[0]:
+        out = np.zeros(truth.shape, dtype=np.int64)
+        if len(live):
+            out[live] = _run_lengths(truth[live])
+        return out
+    return _run_lengths(truth)
+
+
+def _run_lengths(truth: np.ndarray) -> np.ndarray:
     c = np.cumsum(truth, axis=1)
     reset = np.where(~truth, c, 0)
     np.maximum.accumulate(reset, axis=1, out=reset)

@@ -210,7 +210,8 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     runs = run_lengths(truth)
     crit = _critical(rule, ce)
     out = []
-    for gi in range(len(ce.keys)):
+    for gi in np.flatnonzero(truth.any(axis=1)):       # a group never true cannot fire
+        gi = int(gi)
         span = latest_run(truth[gi], runs[gi], for_steps)
         if span is None:
             continue
@@ -279,7 +280,7 @@ def _evidence(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int]
     out = []
     for item in rule.doc.get("evidence") or []:
         name = str(item["series"])
-        row = ce.ev.aligned(name, rule.by, [ce.keys[gi]])[0, start:end + 1]
+        row = ce.ev.aligned(name, rule.by, ce.keys)[gi, start:end + 1]
         value, at = _stat(row, str(item.get("stat", "last")), ts)
         cond = thresholds.get(name)
         out.append(Evidence(

@@ -80,6 +80,7 @@ class SeriesEvaluator:
         self.rule, self.frame = rule, frame
         self.nodes: dict[str, dict[str, Any]] = rule.series
         self._cache: dict[str, Grouped] = {}
+        self._aligned: dict[tuple, tuple[list, np.ndarray]] = {}
         self._active: set[str] = set()
 
     def by_of(self, name: str) -> tuple[str, ...]:
@@ -115,8 +116,17 @@ class SeriesEvaluator:
         return Grouped(g.by, [g.keys[i] for i in keep], g.values[keep])
 
     def aligned(self, name: str, by: tuple[str, ...], keys: list[tuple[str, ...]]) -> np.ndarray:
-        """The named series broadcast onto groups `keys` of grouping `by` (its `by` ⊆ `by`)."""
-        return align(self.get(name), by, keys)
+        """The named series broadcast onto groups `keys` of grouping `by` (its `by` ⊆ `by`).
+
+        Remembered per (name, by, keys list): conditions, critical tests and evidence of a rule
+        ask for the same alignments. Treat the result as read-only (it may be shared)."""
+        mkey = (name, by, id(keys))
+        hit = self._aligned.get(mkey)
+        if hit is not None and hit[0] is keys:
+            return hit[1]
+        out = align(self.get(name), by, keys)
+        self._aligned[mkey] = (keys, out)
+        return out
 
     # ------------------------------------------------------------------ forms
     def _evaluate(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
@@ -360,6 +370,8 @@ def align(g: Grouped, by: tuple[str, ...], keys: list[tuple[str, ...]]) -> np.nd
     n_t = g.values.shape[1] if g.values.ndim == 2 else 0
     if not set(g.by) <= set(by):
         raise ExprError(f"cannot join series grouped by {list(g.by)} onto {list(by)}")
+    if g.by == by and (g.keys is keys or g.keys == keys) and g.values.shape[0] == len(keys):
+        return g.values                      # already these rows in this order (shared: read-only)
     pos = [by.index(k) for k in g.by]
     index = {k: i for i, k in enumerate(g.keys)}
     rows = np.array([index.get(tuple(k[i] for i in pos), -1) for k in keys], dtype=np.int64)
