@@ -37,7 +37,7 @@ class Forward:
     """Carries one request upstream and its response back (the upstream's `ResponseHandler`)."""
 
     __slots__ = ("tap", "conn", "req", "ex", "doc", "injected", "target", "wire", "up", "scanner", "copy",
-                 "retried", "over", "task")
+                 "copied", "retried", "over", "task")
 
     def __init__(self, tap: RequestTap, conn: Downstream, req: Request, ex: _Exchange | None,
                  doc: dict[str, Any] | None, injected: bool, target: Any, wire: bytes) -> None:
@@ -49,6 +49,7 @@ class Forward:
         self.up: Upstream | None = None
         self.scanner: SseScanner | None = None
         self.copy: list[bytes] | None = None
+        self.copied = 0
         self.retried = False
         self.over = False
         self.task: asyncio.Task[None] | None = None
@@ -113,14 +114,15 @@ class Forward:
             data = self.scanner.feed(data, time.perf_counter())
         elif self.copy is not None:
             self.copy.append(data)
-            if len(self.copy) > 1 and sum(map(len, self.copy)) > MAX_COPY_BYTES:
+            self.copied += len(data)
+            if self.copied > MAX_COPY_BYTES:
                 self.copy = None
         self.conn.send_body(data)
 
     def on_end(self) -> None:
         if self.over:
             return
-        ex = self.ex
+        ex, self.up = self.ex, None
         if self.scanner is not None:
             self.conn.send_body(self.scanner.rest())
         self.conn.finish()
@@ -140,7 +142,8 @@ class Forward:
         if self.over:
             return
         up, self.up = self.up, None
-        if not responded and up is not None and up.reused and not self.retried and self.wire is not None:
+        if (not responded and up is not None and up.reused and not self.retried and self.wire is not None
+                and not isinstance(exc, TimeoutError)):
             self.retried = True       # the engine closed an idle keep-alive connection: once more, fresh
             self._connect_later()
             return

@@ -7,7 +7,8 @@ messages and the tap writes straight to the peer transport from the read callbac
 
 `Downstream` is one client connection: it parses requests (body size capped), hands each
 complete one to `on_request(conn, request)` and writes the answer (`send_head`, `send_body`,
-`finish`, `send_whole`). Requests are answered in order; pipelined ones wait their turn.
+`finish`, `send_whole`). Requests are answered in order; a pipelined one waits its turn (and
+the connection is not read further meanwhile).
 `UpstreamPool` opens and reuses keep-alive connections to the engines; an `Upstream` feeds the
 response to a handler object (`on_head`, `on_body`, `on_end`, `on_fail`). Back-pressure: a
 client that reads slowly pauses the upstream it is fed from.
@@ -25,7 +26,6 @@ from typing import Any, Protocol
 import httptools
 
 MAX_HEADER_BYTES = 64 << 10
-MAX_PIPELINED = 16
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
                         "transfer-encoding", "upgrade", "host", "content-length", "expect", "proxy-connection"})
 
@@ -144,9 +144,12 @@ class Downstream(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         for k, v in self._hdrs:
-            if k.lower() == b"content-length" and v.strip().isdigit() and int(v) > self.max_body:
+            lk = k.lower()
+            if lk == b"content-length" and v.strip().isdigit() and int(v) > self.max_body:
                 self._error = (413, f"request body over {self.max_body} bytes")
                 raise ValueError("body too large")
+            if lk == b"expect" and v.strip().lower() == b"100-continue" and self.transport is not None:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         self._bsize += len(body)
@@ -162,8 +165,8 @@ class Downstream(asyncio.Protocol):
         self._reset()
         self.reading = False
         if self.busy or self._pending:
-            self._pending.append(req)
-            if len(self._pending) > MAX_PIPELINED and self.transport is not None:
+            self._pending.append(req)         # pipelined: read no further until its turn
+            if self.transport is not None:
                 self.transport.pause_reading()
             return
         self._dispatch(req)
@@ -228,8 +231,8 @@ class Downstream(asyncio.Protocol):
             self._reject()
         elif self._pending:
             self._dispatch(self._pending.popleft())
-            if len(self._pending) <= MAX_PIPELINED:
-                tr.resume_reading()
+            if not self._pending and self.transport is not None:
+                self.transport.resume_reading()
 
     def abort(self) -> None:
         """Cut the connection without ending the response (the client sees a broken stream)."""
@@ -264,6 +267,7 @@ class Upstream(asyncio.Protocol):
         self.handler: ResponseHandler | None = None
         self.last_active = time.monotonic()
         self.reused = False
+        self.paused = False
         self._head_only = False
         self._begin()
 
@@ -283,7 +287,9 @@ class Upstream(asyncio.Protocol):
         self.transport.write(data)  # type: ignore[union-attr]
 
     def pause(self, paused: bool) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        """Stop (or resume) reading the response: the client it goes to is not keeping up."""
+        if paused != self.paused and self.transport is not None and not self.transport.is_closing():
+            self.paused = paused
             (self.transport.pause_reading if paused else self.transport.resume_reading)()
 
     def abort(self) -> None:
@@ -370,12 +376,11 @@ class Upstream(asyncio.Protocol):
         h, self.handler = self.handler, None
         if h is None:
             return
-        keep = not head_only and self.parser.should_keep_alive()
-        if keep:
+        h.on_end()
+        if not head_only and self.parser.should_keep_alive():
             self.pool.release(self)
         elif self.transport is not None:
             self.transport.close()
-        h.on_end()
 
 
 class UpstreamPool:
@@ -409,6 +414,7 @@ class UpstreamPool:
 
     def release(self, conn: Upstream) -> None:
         self.busy.discard(conn)
+        conn.pause(False)
         idle = self.idle.setdefault(conn.key, [])
         if len(idle) < self.max_idle:
             idle.append(conn)

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import socket
 import sys
 
 import aiohttp
@@ -56,8 +57,8 @@ class RawUpstream:
                 n += 1
                 if not await self.handler(n, head, body, w):
                     break
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass                                   # the tap went away, or stop()
         finally:
             w.close()
 
@@ -218,3 +219,38 @@ def test_the_tap_streams_the_same_on_uvloop_and_falls_back_without_it(monkeypatc
     monkeypatch.setitem(sys.modules, "uvloop", None)      # not installed
     assert eventloop.loop_name() == "asyncio"
     assert eventloop.run_event_loop(main())[0] == "asyncio.unix_events"
+
+
+def test_a_slow_client_pauses_the_upstream_and_still_gets_every_byte():
+    events = [b'data: {"choices":[{"text":"%s"}]}\n\n' % (b"x" * 1000) for _ in range(5000)]   # ~5 MB
+
+    async def handler(n, head, body, w):
+        w.write(SSE_HEAD)
+        for i in range(0, len(events), 100):
+            w.write(_chunked(b"".join(events[i:i + 100])))
+            await w.drain()
+        w.write(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await w.drain()
+        return True
+
+    async def scenario(tap):
+        body = json.dumps({"model": "m", "prompt": "x", "stream": True}).encode()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)   # before connect: a small window
+        sock.connect(("127.0.0.1", tap.port))
+        r, w = await asyncio.open_connection(sock=sock, limit=1 << 16)
+        w.write(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await asyncio.sleep(0.5)                                   # the client does not read for a while
+        paused = [u.paused for u in tap.pool.busy]
+        data = b""
+        while not data.endswith(b"0\r\n\r\n"):
+            data += await asyncio.wait_for(r.read(1 << 16), 10)
+        w.close()
+        idle = [u.paused for v in tap.pool.idle.values() for u in v]
+        return paused, data, idle
+
+    (paused, data, idle), tap, up = _with_raw_upstream(handler, scenario)
+    assert paused == [True]                                        # back-pressure reached the engine side
+    assert idle == [False]                                         # ... and the pooled connection reads again
+    assert data.count(b"data: {") == len(events) and b"data: [DONE]" in data
+    assert tap.stats["requests"] == 1 and tap.stats["client_disconnect"] == 0
