@@ -186,16 +186,33 @@ class SeriesEvaluator:
         empty = [], np.zeros(0, dtype=np.int64), np.zeros((0, len(self.frame.ts)))
         if block is None:
             return empty
-        labels = [dict(lbl) for lbl in block.labels]
         values = block.values
+        keep = None
         if match:
             allowed = {k: {str(x) for x in (v if isinstance(v, list) else [v])} for k, v in match.items()}
-            keep = [i for i, d in enumerate(labels) if all(d.get(k, "") in ok for k, ok in allowed.items())]
+            tests = [(self._label_column(name, k), ok) for k, ok in allowed.items()]
+            keep = [i for i in range(len(block.labels)) if all(col[i] in ok for col, ok in tests)]
             if not keep:
                 return empty
-            labels, values = [labels[i] for i in keep], values[keep]
-        keys, inv = grid.group_index([tuple(d.get(k, "") for k in by + extra) for d in labels])
+            values = values[keep]
+        cols = [self._label_column(name, k) for k in by + extra]
+        rows = list(zip(*cols, strict=True)) if cols else [()] * len(block.labels)
+        if keep is not None:
+            rows = [rows[i] for i in keep]
+        keys, inv = grid.group_index(rows)
         return keys, inv, values
+
+    def _label_column(self, name: str, label: str) -> list[str]:
+        """One label's value for each row of a block ("" where a series lacks it), cached per
+        frame: rules group the same blocks by the same few labels."""
+        cache = self.frame.cache if self.frame.cache is not None else {}
+        key = ("label_column", name, label)
+        if key not in cache:
+            dkey = ("label_dicts", name)
+            if dkey not in cache:
+                cache[dkey] = [dict(lbl) for lbl in self.frame.blocks[name].labels]
+            cache[key] = [d.get(label, "") for d in cache[dkey]]
+        return cache[key]
 
     def _empty(self, by: tuple[str, ...]) -> Grouped:
         return Grouped(by, [], np.zeros((0, len(self.frame.ts))))
