@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from typing import Any
 
 import aiohttp
 from kvscope.agent.traces.otlp import Span
@@ -66,21 +67,29 @@ def _any(v: object) -> AnyValue:
 def encode_spans(spans: list[Span]) -> bytes:
     """An OTLP protobuf ExportTraceServiceRequest holding `spans` (grouped by resource)."""
     req = ExportTraceServiceRequest()
-    groups: dict[tuple, list[Span]] = {}
+    groups: dict[tuple, dict[str, list[Span]]] = {}
     for s in spans:
-        groups.setdefault(tuple(sorted((k, str(v)) for k, v in s.resource.items())), []).append(s)
-    for members in groups.values():
+        by_scope = groups.setdefault(tuple(sorted((k, str(v)) for k, v in s.resource.items())), {})
+        by_scope.setdefault(s.scope or SCOPE, []).append(s)
+    for by_scope in groups.values():
         rs = req.resource_spans.add()
-        rs.resource.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in members[0].resource.items())
-        ss = rs.scope_spans.add()
-        ss.scope.name = SCOPE
-        for s in members:
-            p = ss.spans.add(trace_id=bytes.fromhex(s.trace_id), span_id=bytes.fromhex(s.span_id), name=s.name,
-                             kind=s.kind, start_time_unix_nano=s.start_ns, end_time_unix_nano=s.end_ns)
-            if s.parent_id:
-                p.parent_span_id = bytes.fromhex(s.parent_id)
-            p.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in s.attributes.items())
+        first = next(iter(by_scope.values()))[0]
+        rs.resource.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in first.resource.items())
+        for scope, members in by_scope.items():
+            _add_scope(rs, scope, members)
     return req.SerializeToString()
+
+
+def _add_scope(rs: Any, scope: str, members: list[Span]) -> None:
+    """One scope_spans entry (the span's own instrumentation scope, e.g. the tap's `kvscope.tap`)."""
+    ss = rs.scope_spans.add()
+    ss.scope.name = scope
+    for s in members:
+        p = ss.spans.add(trace_id=bytes.fromhex(s.trace_id), span_id=bytes.fromhex(s.span_id), name=s.name,
+                         kind=s.kind, start_time_unix_nano=s.start_ns, end_time_unix_nano=s.end_ns)
+        if s.parent_id:
+            p.parent_span_id = bytes.fromhex(s.parent_id)
+        p.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in s.attributes.items())
 
 
 class SpanBatchExporter:

@@ -87,3 +87,25 @@ def test_gzip_is_undone_and_bombs_are_refused():
         decompress(b"not gzip", "gzip", 1 << 20)
     with pytest.raises(OtlpDecodeError, match="unsupported"):
         decompress(raw, "br", 1 << 20)
+
+
+def test_tap_spans_keep_their_scope_on_the_wire_so_the_receiver_does_not_count_them_twice():
+    from kvscope.agent.traces.export import encode_spans
+    from kvscope.agent.traces.otlp import Span, parse_otlp_traces
+    from kvscope.agent.traces.stitch import stitch_trace
+    from kvscope.agent.traces.tenants import TAP_SCOPE, TenantAccounting
+
+    tid = "0af7651916cd43dd8448eb211c80319c"
+    tap = Span(tid, "a" * 16, "", "POST /v1/chat/completions", 2, 1, 5, {"kvscope.tenant": "acme"},
+               {"service.name": "kvscope-tap"}, TAP_SCOPE)
+    engine = Span(tid, "b" * 16, "a" * 16, "llm_request", 2, 2, 4, {"gen_ai.usage.prompt_tokens": 7},
+                  {"service.name": "kvscope-tap"}, "")
+    spans = parse_otlp_traces(encode_spans([tap, engine]), "application/x-protobuf")
+    assert sorted(s.scope for s in spans) == ["kvscope.tap", "kvscope.traces.stitch"]
+    [record] = stitch_trace(spans)
+    assert record.tenant == "acme" and record.tapped
+    acct = TenantAccounting()
+    assert not acct.observe(record) and acct.stats["counted_by_tap"] == 1 and acct.render() == []
+    [untapped] = stitch_trace([s for s in spans if s.scope != TAP_SCOPE] + [tap._replace(scope="other-proxy")])
+    assert acct.observe(untapped)
+    assert {s.name: s.value for s in acct.render()}["tenant_requests_total"] == 1
