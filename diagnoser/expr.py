@@ -25,6 +25,12 @@ SERIES_FORMS = ("ratio", "sum", "diff", "product", "coalesce", "scale", "over_ti
 FORMS = SIGNAL_FORMS + SERIES_FORMS
 
 
+PLANE_SLOTS = 2
+"""Bucket-plane arrays each evaluating thread keeps for reuse (see _bucket_planes)."""
+SMALL_PLANES_BYTES = 32 << 20
+"""Planes smaller than this are built afresh and not kept."""
+
+
 class ExprError(ValueError):
     """An expression that cannot be evaluated (bad form, unknown reference, bad grouping)."""
 
@@ -293,8 +299,9 @@ class SeriesEvaluator:
                          keys: list, inv: np.ndarray, adj: np.ndarray, k: int) -> tuple[list, np.ndarray]:
         """Quantiles of gap-free bucket counters: the group's bucket counters are summed once per
         grouping (cumulative sums, so one sum serves every range), and each (range, quantile)
-        reads increases straight from them (grid.window_bucket_planes). The planes of the last
-        histogram/grouping/range are kept, so p50 and p99 of the same series share them."""
+        reads increases straight from them (grid.window_bucket_planes). Recently built planes
+        are kept (_bucket_planes), so p50 and p99 of the same series share them, and a quantile
+        is computed once for every grouping that puts the same rows in the same groups."""
         cache = self.frame.cache if self.frame.cache is not None else {}
         mkey = repr(sorted((match or {}).items()))
         lkey = ("bucket_layout", name, by, mkey)
@@ -303,16 +310,31 @@ class SeriesEvaluator:
         groups, source, sets = cache[lkey]
         out = np.full((len(groups), adj.shape[1]), np.nan)
         for les, gis, rows in sets:
-            pkey = (name, mkey, k, rows.shape, hash(rows.tobytes()), id(source))
-            skey = ("bucket_planes", threading.get_ident())   # one scratch buffer per thread
-            held, planes, scratch = cache.get(skey, (None, None, np.empty(0)))
-            if held != pkey:
-                if scratch.size < rows.size * adj.shape[1]:
-                    scratch = np.empty(rows.size * adj.shape[1])
-                planes = grid.window_bucket_planes(source, rows, k, scratch)
-                cache[skey] = (pkey, planes, scratch)
-            out[gis] = grid.quantile_from_planes(q, les, planes)
+            pkey = (name, mkey, k, rows.shape, rows.tobytes(), id(source))
+            qkey = ("bucket_quantile", q, pkey)
+            if qkey not in cache:
+                cache[qkey] = grid.quantile_from_planes(q, les, self._bucket_planes(cache, pkey, source, rows, k))
+            out[gis] = cache[qkey]
         return groups, out
+
+    def _bucket_planes(self, cache: dict, pkey: tuple, source: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
+        """window_bucket_planes, large ones built in this thread's PLANE_SLOTS scratch buffers
+        (least recently used overwritten): reused memory instead of fresh page-faulting arrays.
+        The planes returned are valid until this thread's next call."""
+        size = rows.size * source.shape[1]
+        if size * 8 < SMALL_PLANES_BYTES:
+            return grid.window_bucket_planes(source, rows, k)
+        slots = cache.setdefault(("bucket_planes", threading.get_ident()), [])   # most recent last
+        for i, (held, planes, _) in enumerate(slots):
+            if held == pkey:
+                slots.append(slots.pop(i))
+                return planes
+        scratch = np.empty(0) if len(slots) < PLANE_SLOTS else slots.pop(0)[2]
+        if scratch.size < size:
+            scratch = np.empty(size)
+        planes = grid.window_bucket_planes(source, rows, k, scratch)
+        slots.append((pkey, planes, scratch))
+        return planes
 
     def _pair(self, node: dict[str, Any], form: str, by: tuple[str, ...]) -> tuple[list, np.ndarray, np.ndarray]:
         a_name, b_name = (str(x) for x in node[form])
