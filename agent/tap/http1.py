@@ -26,8 +26,9 @@ from typing import Any, Protocol
 import httptools
 
 MAX_HEADER_BYTES = 64 << 10
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-                        "transfer-encoding", "upgrade", "host", "content-length", "expect", "proxy-connection"})
+HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+                        b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect",
+                        b"proxy-connection"})
 
 
 class Headers(dict):
@@ -436,13 +437,21 @@ class UpstreamPool:
         self.busy.clear()
 
 
-def filter_headers(raw: list[tuple[bytes, bytes]], drop: frozenset[str] = HOP_BY_HOP) -> list[tuple[bytes, bytes]]:
-    """Headers minus hop-by-hop ones (and those the Connection header names)."""
-    named = set(drop)
+def filter_headers(raw: list[tuple[bytes, bytes]], drop: frozenset[bytes] = HOP_BY_HOP) -> list[tuple[bytes, bytes]]:
+    """Headers minus `drop` (lower-case names) and those the Connection header names (pure)."""
+    out = []
+    named = None
     for k, v in raw:
-        if k.lower() == b"connection":
-            named.update(t.strip().lower() for t in v.decode("latin-1").split(","))
-    return [(k, v) for k, v in raw if k.decode("latin-1").lower() not in named]
+        lk = k.lower()
+        if lk in drop:
+            if lk == b"connection":
+                named = v
+            continue
+        out.append((k, v))
+    if named:
+        listed = {t.strip().lower() for t in named.split(b",")}
+        out = [(k, v) for k, v in out if k.lower() not in listed]
+    return out
 
 
 def render_request(method: str, target: bytes, host: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:

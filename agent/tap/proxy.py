@@ -57,7 +57,8 @@ log = logging.getLogger("kvscope.tap")
 _RANDOM = random.Random(int.from_bytes(os.urandom(16), "big"))
 
 ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")
-_UPSTREAM_DROP = HOP_BY_HOP | {"accept-encoding"}     # the tap reads the body: ask for it uncompressed
+_UPSTREAM_DROP = HOP_BY_HOP | {b"accept-encoding"}     # the tap reads the body: ask for it uncompressed
+_UPSTREAM_DROP_TRACED = _UPSTREAM_DROP | {b"traceparent", b"tracestate"}
 BACKLOG = 2048                  # a burst of new client connections must not overflow the accept queue
 SWEEP_S = 1.0
 CLIENT_READ_TIMEOUT_S = 60.0    # a request that stops arriving midway
@@ -261,7 +262,7 @@ class RequestTap:
     def _upstream_headers(self, req: Request, ex: _Exchange | None) -> list[tuple[bytes, bytes]]:
         if ex is None:
             return filter_headers(req.raw_headers, _UPSTREAM_DROP)
-        headers = filter_headers(req.raw_headers, _UPSTREAM_DROP | {"traceparent", "tracestate"})
+        headers = filter_headers(req.raw_headers, _UPSTREAM_DROP_TRACED)
         headers.append((b"traceparent", f"00-{ex.trace_id}-{ex.span_id}-01".encode()))
         if ts := req.headers.get("tracestate"):
             headers.append((b"tracestate", ts.encode("latin-1")))

@@ -7,6 +7,7 @@ import sys
 
 import aiohttp
 from kvscope.agent.tap import eventloop
+from kvscope.agent.tap.http1 import filter_headers
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, render_with_usage
 
 from tests.unit.test_tap_proxy import Stub, _raw, run
@@ -254,3 +255,9 @@ def test_a_slow_client_pauses_the_upstream_and_still_gets_every_byte():
     assert idle == [False]                                         # ... and the pooled connection reads again
     assert data.count(b"data: {") == len(events) and b"data: [DONE]" in data
     assert tap.stats["requests"] == 1 and tap.stats["client_disconnect"] == 0
+
+
+def test_hop_by_hop_headers_and_those_connection_names_are_not_forwarded():
+    raw = [(b"Host", b"a"), (b"Connection", b"keep-alive, X-Secret-Hop"), (b"X-Secret-Hop", b"1"),
+           (b"Transfer-Encoding", b"chunked"), (b"X-Tenant", b"t1"), (b"Content-Type", b"application/json")]
+    assert filter_headers(raw) == [(b"X-Tenant", b"t1"), (b"Content-Type", b"application/json")]
