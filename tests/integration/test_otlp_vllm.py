@@ -83,3 +83,6 @@ def test_vllm_llm_request_spans_are_stitched_with_the_taps_tenant(receiver, vllm
     counts = {s.label("phase"): s.value for s in coll.samples if s.name == "request_phase_seconds_count"}
     assert counts["prefill"] >= 4 and counts["decode"] >= 4
     assert coll.health[0].up and not coll.health[0].errors
+    # the tap counted these requests per tenant already: the receiver must not count them again
+    assert all(r.tapped for r in records) and rx.tenants.stats["counted_by_tap"] >= 4
+    assert not [s for s in coll.samples if s.name.startswith("tenant_")]
