@@ -57,6 +57,11 @@ class BlockCache:
         self.refresh_every = refresh_every
         self._blocks: dict[str, _Block] = {}
         self._skipped = 0
+        # The previous scrape's block layout (series per block) and what it implied, so that a
+        # scrape whose blocks hold the same series (values moved) skips the cross-block checks.
+        self._layout: list[_Block] = []
+        self._layout_whole = False
+        self._layout_disjoint = True
         self.hits = 0
         self.misses = 0
         self.whole = 0
@@ -81,11 +86,28 @@ class BlockCache:
             else:
                 self.hits += 1
             fresh[block] = hit
-        if _needs_whole_path([fresh[b] for b in blocks]):
+        ordered = [fresh[b] for b in blocks]
+        if not self._same_layout(ordered):
+            self._layout_whole = _needs_whole_path(ordered)
+            self._layout_disjoint = _disjoint_outputs(ordered)
+        self._layout = ordered
+        if self._layout_whole:
             self._blocks = {}
+            self._layout = []
             return self._whole(text, engine, target_labels, timestamp)
         self._blocks = fresh
-        return self._combine([fresh[b] for b in blocks], engine, timestamp)
+        return self._combine(ordered, engine, timestamp)
+
+    def _same_layout(self, blocks: list[_Block]) -> bool:
+        """Same blocks in the same order as last scrape, or blocks whose series are the same."""
+        prev = self._layout
+        if len(prev) != len(blocks):
+            return False
+        for a, b in zip(prev, blocks, strict=True):
+            if a is not b and (len(a.samples) != len(b.samples) or a.keys != b.keys or a.canonical != b.canonical
+                               or a.timestamped or b.timestamped):
+                return False
+        return True
 
     def _whole(self, text: str, engine: str, labels: dict[str, str],
                timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
@@ -111,8 +133,7 @@ class BlockCache:
             if b.dropped:
                 out.dropped.update(b.dropped)
             out.unmapped += b.unmapped
-        total = sum(len(b.samples) for b in blocks)
-        if len(set().union(*(b.canonical for b in blocks))) == total:   # no series in two blocks
+        if self._layout_disjoint:   # no series in two blocks
             out.samples = [_new(Sample, (s[0], s[1], s[2], timestamp)) for b in blocks for s in b.samples]
         else:
             out.samples = self._collapse_all(blocks, timestamp)
@@ -149,6 +170,12 @@ def split_blocks(text: str) -> list[str]:
     blocks.extend("# HELP " + p + "\n" for p in parts[1:-1])
     blocks.append("# HELP " + parts[-1])
     return blocks
+
+
+def _disjoint_outputs(blocks: list[_Block]) -> bool:
+    """No canonical series comes out of two blocks (else they are collapsed like the dialect)."""
+    total = sum(len(b.samples) for b in blocks)
+    return len(set().union(*(b.canonical for b in blocks))) == total
 
 
 def _needs_whole_path(blocks: list[_Block]) -> bool:
