@@ -81,7 +81,7 @@ def test_a_series_repeated_in_another_family_is_reported_as_duplicate(load_fixtu
         assert [i.reason for i in got[1]] == ["duplicate_series"]
 
 
-def test_a_layout_change_between_scrapes_is_checked_again():
+def test_a_layout_change_between_scrapes_is_checked_again(load_fixture):
     """The cross-block checks are memoized by layout: a scrape whose blocks change which series
     they hold (a duplicate appears, a second name of one signal appears) must be checked anew."""
     head = "# HELP vllm:num_requests_running r\n# TYPE vllm:num_requests_running gauge\n"
@@ -90,6 +90,9 @@ def test_a_layout_change_between_scrapes_is_checked_again():
           'vllm:kv_cache_usage_perc{engine="0",model_name="m"} %s\n')
     old = ("# HELP vllm:gpu_cache_usage_perc old\n# TYPE vllm:gpu_cache_usage_perc gauge\n"
            'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} %s\n')
+    # many unchanged families around them, so that the block path (not the whole one) is taken
+    rest = "".join(b for b in split_blocks(load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt"))
+                   if "num_requests_running" not in b and "cache_usage_perc" not in b)
     scrapes = [head + run % 1 + kv % 0.1 + old % 0.2,
                head + run % 2 + kv % 0.3 + old % 0.2,                                 # values move
                head + run % 3 + kv % 0.3 + old.replace("gpu_cache_usage_perc{", "num_requests_running{") % 4,
@@ -97,7 +100,9 @@ def test_a_layout_change_between_scrapes_is_checked_again():
                head + run % 4 + kv % 0.6 + (old % 0.5).replace('model_name="m"', 'model_name="n"')]
     cache = BlockCache(CATALOG)
     for i, text in enumerate(scrapes):
+        text += rest
         assert_same(cache.normalize(text, "vllm", LABELS, float(i)), whole(text, float(i)))
+    assert cache.whole == 1   # the scrape with the duplicate only
 
 
 def test_old_and_new_names_of_one_gauge_in_two_families_collapse_to_the_max():
