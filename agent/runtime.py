@@ -129,18 +129,27 @@ class CounterResets:
 
     def __init__(self) -> None:
         self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._counter_names: dict[str, bool] = {}   # name -> is a counter (names are few)
 
     def observe(self, samples: Iterable[Sample], into: Counter[str]) -> None:
         seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         reset_instances: set[str] = set()
+        last, is_counter = self._last, self._counter_names
+        if len(is_counter) > 100_000:
+            is_counter.clear()
         for s in samples:
-            if not (s.name.endswith("_total") or s.name.endswith("_count")):
+            name = s[0]
+            counter = is_counter.get(name)
+            if counter is None:
+                counter = is_counter[name] = name.endswith(("_total", "_count"))
+            if not counter:
                 continue
-            key = (s.name, s.labels)
-            prev = self._last.get(key)
-            if prev is not None and s.value < prev:
+            key = (name, s[1])
+            value = s[2]
+            prev = last.get(key)
+            if prev is not None and value < prev:
                 reset_instances.add(s.label("instance") or "")
-            seen[key] = s.value
+            seen[key] = value
         for inst in reset_instances:
             into[inst] += 1
         self._last = seen
