@@ -10,7 +10,7 @@ from kvscope.agent.tap import eventloop
 from kvscope.agent.tap.http1 import filter_headers
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, render_with_usage
 
-from tests.unit.test_tap_proxy import Stub, _raw, run
+from tests.unit.test_tap_proxy import Stub, _raw, run, until
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -223,7 +223,7 @@ def test_the_tap_streams_the_same_on_uvloop_and_falls_back_without_it(monkeypatc
 
 
 def test_a_slow_client_pauses_the_upstream_and_still_gets_every_byte():
-    events = [b'data: {"choices":[{"text":"%s"}]}\n\n' % (b"x" * 1000) for _ in range(5000)]   # ~5 MB
+    events = [b'data: {"choices":[{"text":"%s"}]}\n\n' % (b"x" * 1000) for _ in range(8000)]   # ~8 MB
 
     async def handler(n, head, body, w):
         w.write(SSE_HEAD)
@@ -237,13 +237,15 @@ def test_a_slow_client_pauses_the_upstream_and_still_gets_every_byte():
     async def scenario(tap):
         body = json.dumps({"model": "m", "prompt": "x", "stream": True}).encode()
         sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)   # before connect: a small window
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)   # before connect: a small window
         sock.connect(("127.0.0.1", tap.port))
         r, w = await asyncio.open_connection(sock=sock, limit=1 << 16)
         w.write(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-        await asyncio.sleep(0.5)                                   # the client does not read for a while
+        # the client does not read for a while: the kernel buffers (tap -> client send buffer at most
+        # tcp_wmem's 4 MiB) fill up, then the tap's own buffer, then the tap stops reading upstream
+        await until(lambda: any(u.paused for u in tap.pool.busy), timeout_s=20)
         paused = [u.paused for u in tap.pool.busy]
-        data = b""
+        data = bytearray()
         while not data.endswith(b"0\r\n\r\n"):
             data += await asyncio.wait_for(r.read(1 << 16), 10)
         w.close()
@@ -253,7 +255,7 @@ def test_a_slow_client_pauses_the_upstream_and_still_gets_every_byte():
     (paused, data, idle), tap, up = _with_raw_upstream(handler, scenario)
     assert paused == [True]                                        # back-pressure reached the engine side
     assert idle == [False]                                         # ... and the pooled connection reads again
-    assert data.count(b"data: {") == len(events) and b"data: [DONE]" in data
+    assert data.count(b"data: {") == len(events) and b"data: [DONE]" in data and data.count(b"x" * 1000) == len(events)
     assert tap.stats["requests"] == 1 and tap.stats["client_disconnect"] == 0
 
 
