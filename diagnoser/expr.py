@@ -25,7 +25,7 @@ SERIES_FORMS = ("ratio", "sum", "diff", "product", "coalesce", "scale", "over_ti
 FORMS = SIGNAL_FORMS + SERIES_FORMS
 
 
-PLANE_SLOTS = 2
+PLANE_SLOTS = 1
 """Bucket-plane arrays each evaluating thread keeps for reuse (see _bucket_planes)."""
 SMALL_PLANES_BYTES = 32 << 20
 """Planes smaller than this are built afresh and not kept."""
@@ -330,8 +330,10 @@ class SeriesEvaluator:
                 slots.append(slots.pop(i))
                 return planes
         scratch = np.empty(0) if len(slots) < PLANE_SLOTS else slots.pop(0)[2]
-        if scratch.size < size:
-            scratch = np.empty(size)
+        if scratch.size < size:     # sized for the largest histogram, so a slot is allocated once
+            rows_max = max((len(b.labels) for n, b in self.frame.blocks.items() if n.endswith("_bucket")),
+                           default=0)
+            scratch = grid.scratch_array(max(size, rows_max * source.shape[1]))
         planes = grid.window_bucket_planes(source, rows, k, scratch)
         slots.append((pkey, planes, scratch))
         return planes
