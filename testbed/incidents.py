@@ -3,12 +3,17 @@
 Recording is done by the product itself: `kvscope record --config` in a subprocess (the same
 RecordingWriter the agent uses), one target per replica with instance `replica-<i>`. Phase offsets
 in the YAML are seconds from the recording's first scrape, so a replayer can line them up.
+
+A scenario with `tap_front` sends its traffic through kvscope's request tap (testbed/tapfront.py:
+one tap per replica, one shared prefix index); each tap's `/kvscope/metrics` is recorded as a
+target (job `kvscope-tap`, instance `tap-<i>`) and its spans go to the same sink as vLLM's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import os
 import shutil
 import signal
@@ -16,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +31,7 @@ from kvscope.agent.recording import read_recording
 from testbed.loadgen import LoadResult, LoadSpec, run_load
 from testbed.otlp_sink import OtlpSink
 from testbed.scenarios import Phase, Scenario
+from testbed.tapfront import TapFront
 from testbed.vllm_server import VllmConfig, VllmServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,17 +39,18 @@ KVSCOPE = Path(sys.executable).with_name("kvscope")
 STARTUP_TIMEOUT_S = 600.0   # generous: the recorder runs on shared, sometimes saturated boxes
 
 
-def _record_config(servers: list[VllmServer], path: Path) -> None:
+def _record_config(servers: list[VllmServer], path: Path, taps: list[str] = ()) -> None:
     targets = [{"url": s.metrics_url, "job": "vllm", "labels": {"instance": f"replica-{i}"}}
                for i, s in enumerate(servers)]
+    targets += [{"url": u, "job": "kvscope-tap", "labels": {"instance": f"tap-{i}"}} for i, u in enumerate(taps)]
     path.write_text(yaml.safe_dump({"targets": targets}))
 
 
 def start_recorder(servers: list[VllmServer], out: Path, interval_s: float, workdir: Path,
-                   max_s: float) -> subprocess.Popen:
-    """`kvscope record` for all replicas until SIGINT (or `max_s`)."""
+                   max_s: float, taps: list[str] = ()) -> subprocess.Popen:
+    """`kvscope record` for all replicas (and tap metrics URLs) until SIGINT (or `max_s`)."""
     cfg = workdir / "record.yaml"
-    _record_config(servers, cfg)
+    _record_config(servers, cfg, taps)
     cmd = [str(KVSCOPE), "record", "--config", str(cfg), "--duration", f"{int(max_s)}s",
            "--interval", f"{interval_s}s", "--out", str(out), "--no-progress"]
     with open(workdir / "record.log", "wb") as log:
@@ -63,10 +71,11 @@ def stop_recorder(proc: subprocess.Popen, workdir: Path) -> None:
 
 
 async def _run_phase(phase: Phase, servers: list[VllmServer], seed: int,
-                     tick: Callable[[], None]) -> dict:
-    """Drive one phase (and its action). Returns wall-clock bounds and client-side numbers."""
+                     tick: Callable[[], None], front: list[str] | None = None) -> dict:
+    """Drive one phase (and its action). Returns wall-clock bounds and client-side numbers.
+    `front`: per replica, the URL to send its traffic to (its tap) instead of the server's."""
     chosen = phase.replicas if phase.replicas is not None else tuple(range(len(servers)))
-    urls = [servers[i].url for i in chosen]
+    urls = [(front[i] if front else servers[i].url) for i in chosen]
     stop = asyncio.Event()
     action = None
     if phase.action and phase.action.startswith("restart:"):
@@ -110,30 +119,52 @@ def run_scenario(sc: Scenario, out_dir: Path, tick: Callable[[], None] = lambda:
     rec_path = out_dir / f"{sc.name}.om.gz"
     spans_raw = work / "spans.jsonl"
     servers: list[VllmServer] = []
+    front: TapFront | None = None
     try:
         with OtlpSink(spans_raw) as sink:
             for i, cfg in enumerate(sc.replicas):
                 cfg = _with_tracing(cfg, sink.endpoint, f"vllm-replica-{i}")
                 servers.append(VllmServer(cfg, startup_timeout_s=STARTUP_TIMEOUT_S).start())
-            rec = start_recorder(servers, rec_path, sc.interval_s, work, max_s=3600)
+            warm_up(servers, sc.warm_up)
+            if sc.tap_front:
+                front = TapFront([s.url for s in servers], spans_endpoint=sink.endpoint).start()
+            rec = start_recorder(servers, rec_path, sc.interval_s, work, max_s=3600,
+                                 taps=front.metrics_urls if front else [])
             time.sleep(2 * sc.interval_s)                   # a couple of idle scrapes first
-            phases = asyncio.run(_run_phases(sc, servers, tick))
+            phases = asyncio.run(_run_phases(sc, servers, tick, front.urls if front else None))
             time.sleep(sc.tail_s)
             stop_recorder(rec, work)
-            time.sleep(1.0)                                  # let the exporter flush its last batch
+            if front is not None:
+                front.close()
+            time.sleep(1.0)                                  # let the exporters flush their last batch
         spans = _compress(spans_raw, out_dir / f"{sc.name}.spans.jsonl.gz")
         meta = _describe(sc, servers, phases, rec_path, spans, sink.spans)
         yaml_path = out_dir / f"{sc.name}.yaml"
         yaml_path.write_text(yaml.safe_dump(meta, sort_keys=False, width=100))
         return yaml_path
     finally:
+        if front is not None:
+            front.close()
         for s in servers:
             s.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
-async def _run_phases(sc: Scenario, servers: list[VllmServer], tick) -> list[dict]:
-    return [await _run_phase(p, servers, sc.seed + i, tick) for i, p in enumerate(sc.phases)]
+def warm_up(servers: list[VllmServer], requests: int) -> None:
+    """Send each server `requests` short completions directly (not through a tap, before the
+    recording starts), so the first measured requests do not pay the engine's first-request
+    start-up cost; a deployment's readiness warm-up does the same."""
+    body = json.dumps({"model": "tiny-llama", "prompt": "warm up", "max_tokens": 4}).encode()
+    for srv in servers:
+        for _ in range(requests):
+            req = urllib.request.Request(srv.url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                r.read()
+
+
+async def _run_phases(sc: Scenario, servers: list[VllmServer], tick, front: list[str] | None = None) -> list[dict]:
+    return [await _run_phase(p, servers, sc.seed + i, tick, front) for i, p in enumerate(sc.phases)]
 
 
 def _with_tracing(cfg: VllmConfig, endpoint: str, service: str) -> VllmConfig:
@@ -168,9 +199,13 @@ def _describe(sc: Scenario, servers: list[VllmServer], phases: list[dict], rec_p
         "duration_s": round(t1 - t0, 1),
         "scrape_interval_s": sc.interval_s,
         "replicas": [{"instance": f"replica-{i}", "flags": s.config.args()} for i, s in enumerate(servers)],
+        **({"tap": {"job": "kvscope-tap", "instances": [f"tap-{i}" for i in range(len(servers))],
+                    "note": "one request tap per replica (testbed/tapfront.py), one shared prefix index"}}
+           if sc.tap_front else {}),
         "phases": phases,
         "expected": [dict(e) for e in sc.expected] or "no warning",
         "notes": sc.notes or None,
+        **({"warm_up_requests_per_replica": sc.warm_up} if sc.warm_up else {}),
         "regenerate": f"scripts/record-incidents.py --only {sc.name}",
         "env": {"cpus": os.cpu_count()},
     }

@@ -38,6 +38,8 @@ class Scenario:
     notes: str = ""
     interval_s: float = 2.0
     tail_s: float = 6.0                          # keep recording after the last phase
+    tap_front: bool = False                      # traffic through kvscope's request tap (recorded too)
+    warm_up: int = 0                             # direct requests per replica before recording starts
     seed: int = 0
     extra: dict = field(default_factory=dict)
 
@@ -99,15 +101,22 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "round-robin-vs-sticky",
         "Two replicas with tight KV pools (96 blocks each) and 12 tenants whose system prompts together "
-        "(~108 blocks) exceed one replica's pool. Round-robin sends every tenant and every session turn "
-        "to both replicas, so each cache thrashes; sticky-by-tenant halves each replica's working set.",
+        "(~108 blocks) exceed one replica's pool, behind kvscope's request tap. Sticky-by-tenant first: "
+        "each replica holds half the prefixes. Then the routing falls back to round-robin: every tenant "
+        "and every session turn lands on both replicas, so each cache thrashes and the tap sees the same "
+        "prefixes served by both.",
         (TIGHT, TIGHT),
-        (Phase("round-robin", 75, chat_tenants(12, alpha=0.6), rate_per_s=6.0, concurrency=4,
-               policy="round_robin"),
-         Phase("sticky", 75, chat_tenants(12, alpha=0.6), rate_per_s=6.0, concurrency=4,
-               policy="sticky_tenant", route_by="tenant")),
+        (Phase("sticky", 75, chat_tenants(12, alpha=0.6), rate_per_s=6.0, concurrency=4,
+               policy="sticky_tenant", route_by="tenant"),
+         Phase("round-robin", 75, chat_tenants(12, alpha=0.6), rate_per_s=6.0, concurrency=4,
+               policy="round_robin")),
         expected=({"levers": ["P2"], "phase": "round-robin",
                    "why": "the same tenant prefixes land on both replicas; hit rate well below sticky's"},),
+        notes="Traffic passes one kvscope request tap per replica (one shared prefix index), recorded as "
+              "job kvscope-tap: prefix_split_ratio and the tenant_* series are what the tap measured. "
+              "Each replica gets two direct warm-up requests before recording, so no tenant's first "
+              "request pays the engine's first-request start-up (seconds on this box).",
+        tap_front=True, warm_up=2,
     ),
     Scenario(
         "replica-restart-cold-cache",

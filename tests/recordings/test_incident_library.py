@@ -137,6 +137,15 @@ def test_round_robin_thrashes_where_sticky_hits():
     assert rr < 0.75 * sticky, (rr, sticky)
 
 
+def test_the_tap_sees_prefixes_split_only_after_the_switch_to_round_robin():
+    n = "round-robin-vs-sticky"
+    assert gauge(n, "prefix_split_ratio", "sticky") < 0.1          # each tenant on one replica
+    assert gauge(n, "prefix_split_ratio", "round-robin") > 0.3     # the same prefixes on both
+    # every request passed the tap: its per-tenant request count equals what the engines finished
+    assert delta(n, "tenant_requests_total", "round-robin") == pytest.approx(
+        delta(n, "engine_requests_finished_total", "round-robin"), rel=0.1)
+
+
 def test_restarted_replica_is_cold_next_to_a_warm_one():
     n = "replica-restart-cold-cache"
     t0, t1 = _window(n, "restart")
