@@ -3,13 +3,12 @@
 import asyncio
 import time
 
+from agentharness import fetch_metrics, running_agent, value
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
-
-from agentharness import fetch_metrics, running_agent, value
 
 # (tenant, how the tenant is carried, engine shape, prompt tokens, cached tokens or None, ttft s)
 TRAFFIC = ([("acme", "span", "sglang", 1000, 800, 0.05)] * 6
