@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -215,6 +216,8 @@ def run(args: argparse.Namespace) -> None:
             wait_for(lambda: get(f"http://127.0.0.1:{agent_port}/-/ready"), 60, "agent ready")
             wait_for(lambda: prom_value(prom_port, "sum(up)") == ENGINES + 1, 60, "prometheus scraping all targets")
             measure(args, agent, prom, agent_port, prom_port)
+            if args.agent_store == "sqlite":
+                print_store_rows(tmp / "kvscope.db")
         finally:
             for p in procs:
                 p.terminate()
@@ -228,8 +231,9 @@ def run(args: argparse.Namespace) -> None:
 def measure(args, agent, prom, agent_port: int, prom_port: int) -> None:
     appended = "prometheus_tsdb_head_samples_appended_total"   # read from Prometheus's own /metrics
     p_samples0 = metric_value((get(f"http://127.0.0.1:{prom_port}/metrics") or b"").decode(), appended)
-    a_samples0 = metric_value((get(f"http://127.0.0.1:{agent_port}/metrics") or b"").decode(),
-                              "kvscope_store_samples_written_total")
+    metrics0 = (get(f"http://127.0.0.1:{agent_port}/metrics") or b"").decode()
+    a_samples0 = metric_value(metrics0, "kvscope_store_samples_written_total")
+    cycles0 = metric_value(metrics0, "kvscope_cycles_total")
     a0, p0, t0 = cpu_seconds(agent.pid), cpu_seconds(prom.pid), time.monotonic()
     for _ in tqdm(range(int(args.duration)), desc="both scraping", unit="s"):
         time.sleep(1)
@@ -238,6 +242,7 @@ def measure(args, agent, prom, agent_port: int, prom_port: int) -> None:
     a_samples = metric_value(metrics, "kvscope_store_samples_written_total") - a_samples0
     p_samples = metric_value((get(f"http://127.0.0.1:{prom_port}/metrics") or b"").decode(), appended) - p_samples0
     up = metric_value(metrics, "kvscope_target_up")
+    cycles = metric_value(metrics, "kvscope_cycles_total") - cycles0
     errors = metric_value(metrics, "kvscope_scrape_errors_total")
     agent_cpu, prom_cpu = a1 - a0, p1 - p0
     print(f"\n{ENGINES} vLLM + 1 dcgm target, interval {args.interval:g}s, churn {args.churn}, "
@@ -248,8 +253,26 @@ def measure(args, agent, prom, agent_port: int, prom_port: int) -> None:
           f"targets up {up:.0f}/{ENGINES + 1}, scrape errors {errors:.0f}")
     print(f"prometheus    : {prom_cpu:6.2f} CPU-s ({100 * prom_cpu / wall:5.1f}% of a core), "
           f"peak RSS {peak_rss_mb(prom.pid):6.1f} MB, {p_samples:,.0f} raw samples appended")
+    print(f"per cycle: agent {1000 * agent_cpu / max(1.0, cycles):.1f} ms CPU over {cycles:.0f} cycles "
+          f"(last cycle took {1000 * metric_value(metrics, 'kvscope_cycle_duration_seconds'):.1f} ms wall); "
+          f"prometheus {1000 * prom_cpu / max(1.0, wall / args.interval):.1f} ms CPU per interval")
     print(f"CPU ratio agent / prometheus: {agent_cpu / prom_cpu:.2f}  (goal <= 1.0)")
     print(f"agent peak RSS: {peak_rss_mb(agent.pid):.1f} MB  (goal < 100 MB)")
+
+
+def print_store_rows(path: Path) -> None:
+    """How the agent's SQLite store holds what it was given (change points, agent/store.py)."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        counts = {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]   # noqa: S608 - fixed names
+                  for t in ("samples", "stamps", "marks")}
+    except sqlite3.Error as e:
+        print(f"agent store: cannot read {path}: {e}")
+        return
+    finally:
+        conn.close()
+    print(f"agent store rows (whole run): {counts['samples']:,} change points, {counts['stamps']:,} scrape "
+          f"stamps, {counts['marks']:,} run marks")
 
 
 def main() -> None:
