@@ -44,6 +44,10 @@ class RecordingSource:
             self._replay = replay
         return self._replay
 
+    def replay(self):  # noqa: ANN201 - agent.replay.Replay
+        """The replayed recording (canonical samples, engines, facts, span statistics), read once."""
+        return self._load()
+
     def natural_step(self) -> float:
         """The recording's scrape interval (median gap between scrapes), at least 1 s."""
         import numpy as np
