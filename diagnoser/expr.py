@@ -485,7 +485,10 @@ def _bucket_layout(keys: list[tuple[str, ...]], inv: np.ndarray, adj: np.ndarray
     sets = []
     for les, gis in by_les.items():
         rows = key_rows[np.array([[i for _, i in sorted(by_group[groups[gi]])] for gi in gis])]
-        sets.append((np.array(les), np.array(gis), rows))
+        # groups in the order of their rows: a bucket's rows are then usually evenly spaced
+        # (le-major or group-major blocks alike), so planes read them in place
+        order = np.argsort(rows[:, 0], kind="stable")
+        sets.append((np.array(les), np.array(gis)[order], rows[order]))
     return groups, source, sets
 
 

@@ -284,8 +284,11 @@ def window_bucket_planes(cumulative: np.ndarray, rows: np.ndarray, k: int,
     size = n_b * n_g * n_t
     planes = scratch[:size].reshape(n_b, n_g, n_t) if scratch is not None and scratch.size >= size \
         else np.empty((n_b, n_g, n_t))
+    gathered = None
     for b in range(n_b):
-        src = _rows_view(cumulative, rows[:, b])
+        src = _rows_view(cumulative, rows[:, b], gathered)
+        if not np.may_share_memory(src, cumulative):
+            gathered = src                       # rows not evenly spaced: reuse the copy's memory
         out = planes[b]
         np.subtract(src[:, k:], src[:, :-k], out=out[:, k:])
         np.subtract(src[:, :k], src[:, :1], out=out[:, :k])
@@ -305,14 +308,15 @@ def scratch_array(size: int) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, max(1, size) * 8), dtype=np.float64)[:size]
 
 
-def _rows_view(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """values[rows]: a strided view when the row numbers are evenly spaced, else a gathered copy."""
+def _rows_view(values: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """values[rows]: a strided view when the row numbers are evenly spaced, else a gathered copy
+    (into `out` when given)."""
     if len(rows) == 1:
         return values[rows[0]:rows[0] + 1]
     d = int(rows[1] - rows[0])
     if d > 0 and rows[-1] - rows[0] == d * (len(rows) - 1) and (np.diff(rows) == d).all():
         return values[rows[0]:rows[-1] + 1:d]
-    return values[rows]
+    return np.take(values, rows, axis=0, out=out)
 
 
 def quantile_from_planes(q: float, les: np.ndarray, planes: np.ndarray) -> np.ndarray:
