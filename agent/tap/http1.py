@@ -111,6 +111,11 @@ class Downstream(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
+            if self.busy:                     # the request went upstream without its Upgrade: no switch
+                self._close_after = True
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                return
             self._error = self._error or (501, "protocol upgrade is not supported by the tap")
         except (httptools.HttpParserError, httptools.HttpParserCallbackError):
             self._error = self._error or (400, "malformed HTTP request")

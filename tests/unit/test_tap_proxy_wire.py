@@ -263,3 +263,13 @@ def test_hop_by_hop_headers_and_those_connection_names_are_not_forwarded():
     raw = [(b"Host", b"a"), (b"Connection", b"keep-alive, X-Secret-Hop"), (b"X-Secret-Hop", b"1"),
            (b"Transfer-Encoding", b"chunked"), (b"X-Tenant", b"t1"), (b"Content-Type", b"application/json")]
     assert filter_headers(raw) == [(b"X-Tenant", b"t1"), (b"Content-Type", b"application/json")]
+
+
+def test_an_upgrade_request_is_answered_once_without_switching_protocols():
+    raw = (b"GET /v1/models HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+
+    async def scenario(s, tap, direct):
+        return await _exchange(int(tap.rsplit(":", 1)[1]), raw)
+
+    out, tap, *_ = run(scenario)
+    assert out.startswith(b"HTTP/1.1 200 OK") and out.count(b"HTTP/1.1 ") == 1 and out.endswith(b'"m"}]}')
