@@ -377,15 +377,33 @@ def over_time(values: np.ndarray, k: int, agg: str) -> np.ndarray:
             out = s / c
         out[c == 0] = np.nan
         return out
-    view = window_view(values, k)
     if agg == "max":
-        return np.fmax.reduce(view, axis=-1)
+        return _sliding(values, k, np.fmax)
     if agg == "min":
-        return np.fmin.reduce(view, axis=-1)
+        return _sliding(values, k, np.fmin)
+    view = window_view(values, k)
     if agg == "median":
         with np.errstate(all="ignore"), _quiet_nan_warnings():
             return np.nanmedian(view, axis=-1)
     raise ValueError(f"unknown over_time aggregation {agg!r}")
+
+
+def _sliding(values: np.ndarray, k: int, pick: np.ufunc) -> np.ndarray:
+    """np.fmax / np.fmin of each trailing window of k steps, in O(log k) whole-array passes.
+
+    Windows of doubling width are built (one of width 2w = two adjacent ones of width w),
+    then each k+1 window is the pick of two windows of the largest power of two that fit,
+    one at its start and one at its end. fmax/fmin are exact and ignore NaN like a reduce over
+    the window does, so the result equals np.fmax.reduce(window_view(values, k), axis=-1).
+    """
+    width = k + 1
+    m = np.concatenate([np.full((values.shape[0], k), np.nan), values], axis=1)
+    span = 1
+    while span * 2 <= width:
+        m = pick(m[:, :-span], m[:, span:])     # m[i] now covers padded points i .. i + 2 span - 1
+        span *= 2
+    n_t = values.shape[1]
+    return pick(m[:, :n_t], m[:, width - span:width - span + n_t])
 
 
 def shift(values: np.ndarray, k: int) -> np.ndarray:
