@@ -295,6 +295,7 @@ class SqliteStore:
         self._max_id = 0
         self._load_series()
         self._encoder = ChangeEncoder(self._series_for, self._next_group())
+        self._created: list[tuple[int, str, Labels]] | None = None
         self._row_offset: int | None = None   # rows at open, counted on first stats() (a full scan)
         self._next_retention = 0.0
         self._thread: threading.Thread | None = None
@@ -438,11 +439,12 @@ class SqliteStore:
 
     def _commit(self, batch: list[tuple[float, list[Sample]]]) -> bool:
         t0 = time.perf_counter()
+        self._created = []   # series first seen in this batch: created inside its transaction
         try:
+            self._writer.execute("BEGIN IMMEDIATE")
             enc = Encoded()
             for now, chunk in batch:
                 self._encoder.encode(chunk, now, enc)
-            self._writer.execute("BEGIN IMMEDIATE")
             cur = self._writer.executemany(
                 "INSERT OR IGNORE INTO samples (series_id, ts_ms, value) VALUES (?, ?, ?)", enc.points)
             inserted = cur.rowcount if cur.rowcount >= 0 else len(enc.points)
@@ -451,10 +453,14 @@ class SqliteStore:
             self._writer.executemany("INSERT OR IGNORE INTO stamps (group_id, ts_ms) VALUES (?, ?)", enc.stamps)
             self._writer.execute("COMMIT")
         except sqlite3.Error as exc:
-            self._rollback()
-            self._encoder.reset()   # its state described rows that are not on disk
+            self._undo(exc)
             self._requeue(batch, exc)
             return False
+        except BaseException as exc:
+            self._undo(exc)
+            raise
+        finally:
+            self._created = None
         elapsed = time.perf_counter() - t0
         with self._qlock:
             st = self._stats
@@ -479,6 +485,20 @@ class SqliteStore:
             self._queued += sum(len(chunk) for _, chunk in batch)
             self._trim_queue()
 
+    def _undo(self, exc: BaseException) -> None:
+        """A batch failed: roll back, forget the series its transaction created and the
+        encoder's state (it described rows that are not on disk)."""
+        self._rollback()
+        self._encoder.reset()
+        gone = {sid for sid, _, _ in self._created or ()}
+        if gone:
+            with self._slock:
+                for sid, name, labels in self._created or ():
+                    self._ids.pop((name, labels), None)
+                    self._by_name[name] = [(lab, i) for lab, i in self._by_name.get(name, []) if i != sid]
+                    if not self._by_name[name]:
+                        del self._by_name[name]
+
     def _rollback(self) -> None:
         try:
             self._writer.execute("ROLLBACK")
@@ -495,10 +515,12 @@ class SqliteStore:
             return None
         text = _labels_json(labels)
         self._writer.execute("INSERT OR IGNORE INTO series (name, labels) VALUES (?, ?)", (name, text))
-        sid = self._writer.execute("SELECT id FROM series WHERE name = ? AND labels = ?",
-                                   (name, text)).fetchone()[0]
+        sid = int(self._writer.execute("SELECT id FROM series WHERE name = ? AND labels = ?",
+                                       (name, text)).fetchone()[0])
         self._index(sid, name, labels)
-        return int(sid)
+        if self._created is not None:
+            self._created.append((sid, name, labels))
+        return sid
 
     # ------------------------------------------------------------------ background
     def _run(self) -> None:

@@ -132,3 +132,28 @@ def test_out_of_order_and_duplicate_samples_are_dropped_and_counted():
 
 def test_fill_without_marks_is_the_stored_points():
     assert fill_points([(1000, 1.0), (3000, 2.0)], None, [], lambda g, a, b: [], 0, 5000) == [(1.0, 1.0), (3.0, 2.0)]
+
+
+def test_a_failed_commit_forgets_its_new_series_and_the_retry_reads_back_the_same(tmp_path, cycles):
+    dense, sparse = InMemoryStore(), SqliteStore(tmp_path / "kv.db", background=False)
+    for batch in cycles[:5]:
+        dense.write(batch)
+        sparse.write(batch)
+    sparse.flush()
+    sparse._writer.execute("CREATE TRIGGER boom BEFORE INSERT ON stamps BEGIN SELECT RAISE(ABORT, 'disk on fire'); END")
+    extra = [Sample("engine_new_total", make_labels({"instance": "e9:8000"}), 1.0, BASE + 5.5)]
+    for batch in (cycles[5] + extra, cycles[6]):
+        dense.write(batch)
+        sparse.write(batch)
+    sparse.flush()   # fails inside the transaction, after the new series was created in it
+    st = sparse.stats()
+    assert st.errors and st.queued == len(cycles[5]) + len(cycles[6]) + 1
+    assert "engine_new_total" not in sparse.names()
+    sparse._writer.execute("DROP TRIGGER boom")
+    for batch in cycles[7:]:
+        dense.write(batch)
+        sparse.write(batch)
+    sparse.flush()
+    _assert_same(dense, sparse)
+    assert sparse.query("engine_new_total", 0, 2e9) == dense.query("engine_new_total", 0, 2e9) != {}
+    sparse.close()
