@@ -17,6 +17,8 @@ import mmap
 import numpy as np
 
 _AGGS = ("sum", "max", "min", "avg", "median", "count")
+_CHUNK_ROWS = 256
+"""Rows per slice where a whole-block check would otherwise build a [rows, T] temporary."""
 
 
 def ffill(values: np.ndarray) -> np.ndarray:
@@ -63,12 +65,14 @@ def reset_adjusted(values: np.ndarray) -> np.ndarray | None:
     Computed once per block and cached by the evaluator: increases over any window are then one
     subtraction.
     """
-    if np.isnan(values).any():
-        return None
-    if values.shape[1] < 2:
-        return values
-    reset = (values[:, 1:] < values[:, :-1]).any(axis=1)
-    if not reset.any():
+    reset = np.zeros(values.shape[0], dtype=bool)
+    for a in range(0, values.shape[0], _CHUNK_ROWS):     # small temporaries: no page-fault churn
+        part = values[a:a + _CHUNK_ROWS]
+        if np.isnan(part).any():
+            return None
+        if values.shape[1] >= 2:
+            np.any(part[:, 1:] < part[:, :-1], axis=1, out=reset[a:a + _CHUNK_ROWS])
+    if values.shape[1] < 2 or not reset.any():
         return values
     d = np.diff(values[reset], axis=1)
     np.copyto(d, values[reset][:, 1:], where=d < 0)
@@ -336,23 +340,31 @@ def quantile_from_planes(q: float, les: np.ndarray, planes: np.ndarray) -> np.nd
         if not lt.any():
             break                    # monotonic: no higher plane is below the rank either
         np.add(below_rank, lt, out=below_rank)
-    idx = below_rank.astype(np.intp).ravel()
-    flat = planes.reshape(n_b, -1)
-    cells = np.arange(flat.shape[1])
+    idx = below_rank.ravel()                 # bucket holding the rank; n_b = none does
+    n = idx.size
+    flat = planes.reshape(-1)
     upper_b = np.minimum(idx, n_b - 1)
-    upper = np.take(flat.reshape(-1), upper_b * flat.shape[1] + cells)
-    below = np.take(flat.reshape(-1), np.maximum(upper_b - 1, 0) * flat.shape[1] + cells)
+    pos = upper_b.astype(np.intp)
+    pos *= n
+    pos += np.arange(n)                      # flat index of (bucket upper_b, cell)
+    in_bucket = np.take(flat, pos)           # the bucket's cumulative count, then minus below
+    pos -= n
+    below = np.take(flat, pos, mode="clip")  # the bucket under it (clipped index where none)
     below[idx == 0] = 0.0
+    np.subtract(in_bucket, below, out=in_bucket)
+    frac = np.subtract(rank.reshape(-1), below, out=below)
     lowers = np.concatenate([[0.0], les[:-1]])
     widths = les - lowers
-    in_bucket = upper - below
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        frac = np.where(in_bucket > 0, (rank.ravel() - below) / in_bucket, 0.0)
-        out = lowers[upper_b] + widths[upper_b] * frac
+        inside = in_bucket > 0
+        np.divide(frac, in_bucket, out=frac, where=inside)
+        frac[~inside] = 0.0
+        out = np.multiply(widths.take(upper_b), frac, out=frac)
+        np.add(lowers.take(upper_b), out, out=out)
     if n_b >= 2 and les[0] <= 0:
         out[idx == 0] = les[0]
     out[idx == n_b - 1] = les[n_b - 2] if n_b >= 2 else np.nan
-    out[(idx >= n_b) | (total.ravel() <= 0)] = np.nan
+    out[(idx >= n_b) | (total.reshape(-1) <= 0)] = np.nan
     return out.reshape(total.shape)
 
 
