@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sequential", type=int, default=300, help="streams for the in-process overhead line")
     ap.add_argument("--chunk-gap-ms", type=float, default=2.0, help="stub delay between chunks (default 2)")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="rounds over all paths (path order rotates each round); >1 adds a median summary")
+                    help="rounds over all paths (path order rotates each round); >1 adds per-column medians")
     args = ap.parse_args(argv)
     procs: list[subprocess.Popen] = []
     tmp = Path(tempfile.mkdtemp(prefix="kvscope-tapbench-"))
