@@ -8,7 +8,6 @@ builder can start from.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,12 +22,6 @@ SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count", "reset
 SERIES_FORMS = ("ratio", "sum", "diff", "product", "coalesce", "scale", "over_time", "deriv", "changes", "aggregate")
 """Forms that combine other named series."""
 FORMS = SIGNAL_FORMS + SERIES_FORMS
-
-
-PLANE_SLOTS = 1
-"""Bucket-plane arrays each evaluating thread keeps for reuse (see _bucket_planes)."""
-SMALL_PLANES_BYTES = 32 << 20
-"""Planes smaller than this are built afresh and not kept."""
 
 
 class ExprError(ValueError):
@@ -298,10 +291,10 @@ class SeriesEvaluator:
     def _dense_quantiles(self, q: float, name: str, match: dict[str, Any] | None, by: tuple[str, ...],
                          keys: list, inv: np.ndarray, adj: np.ndarray, k: int) -> tuple[list, np.ndarray]:
         """Quantiles of gap-free bucket counters: the group's bucket counters are summed once per
-        grouping (cumulative sums, so one sum serves every range), and each (range, quantile)
-        reads increases straight from them (grid.window_bucket_planes). Recently built planes
-        are kept (_bucket_planes), so p50 and p99 of the same series share them, and a quantile
-        is computed once for every grouping that puts the same rows in the same groups."""
+        grouping (cumulative sums, so one sum serves every range), and increases are read
+        straight from them (grid.window_quantiles). The rule's other quantiles of the same
+        histogram, range and grouping (p50 next to p99) come out of the same pass, and a
+        quantile is computed once for every grouping that puts the same rows in the same groups."""
         cache = self.frame.cache if self.frame.cache is not None else {}
         mkey = repr(sorted((match or {}).items()))
         lkey = ("bucket_layout", name, by, mkey)
@@ -311,32 +304,26 @@ class SeriesEvaluator:
         out = np.full((len(groups), adj.shape[1]), np.nan)
         for les, gis, rows in sets:
             pkey = (name, mkey, k, rows.shape, rows.tobytes(), id(source))
-            qkey = ("bucket_quantile", q, pkey)
-            if qkey not in cache:
-                cache[qkey] = grid.quantile_from_planes(q, les, self._bucket_planes(cache, pkey, source, rows, k))
-            out[gis] = cache[qkey]
+            if ("bucket_quantile", q, pkey) not in cache:
+                qs = sorted({q} | self._sibling_quantiles(name, match, by, k))
+                for qq, values in zip(qs, grid.window_quantiles(qs, les, source, rows, k), strict=True):
+                    cache[("bucket_quantile", qq, pkey)] = values
+            out[gis] = cache[("bucket_quantile", q, pkey)]
         return groups, out
 
-    def _bucket_planes(self, cache: dict, pkey: tuple, source: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
-        """window_bucket_planes, large ones built in this thread's PLANE_SLOTS scratch buffers
-        (least recently used overwritten): reused memory instead of fresh page-faulting arrays.
-        The planes returned are valid until this thread's next call."""
-        size = rows.size * source.shape[1]
-        if size * 8 < SMALL_PLANES_BYTES:
-            return grid.window_bucket_planes(source, rows, k)
-        slots = cache.setdefault(("bucket_planes", threading.get_ident()), [])   # most recent last
-        for i, (held, planes, _) in enumerate(slots):
-            if held == pkey:
-                slots.append(slots.pop(i))
-                return planes
-        scratch = np.empty(0) if len(slots) < PLANE_SLOTS else slots.pop(0)[2]
-        if scratch.size < size:     # sized for the largest histogram, so a slot is allocated once
-            rows_max = max((len(b.labels) for n, b in self.frame.blocks.items() if n.endswith("_bucket")),
-                           default=0)
-            scratch = grid.scratch_array(max(size, rows_max * source.shape[1]))
-        planes = grid.window_bucket_planes(source, rows, k, scratch)
-        slots.append((pkey, planes, scratch))
-        return planes
+    def _sibling_quantiles(self, bucket_name: str, match: dict[str, Any] | None, by: tuple[str, ...],
+                           k: int) -> set[float]:
+        """Quantiles this rule asks of the same histogram, match, grouping and range."""
+        out = set()
+        for name, node in self.nodes.items():
+            if "quantile" not in node or f"{node.get('histogram')}_bucket" != bucket_name:
+                continue
+            try:
+                if node.get("match") == match and self.by_of(name) == by and self._steps(node) == k:
+                    out.add(float(self.rule.resolve(node["quantile"])))
+            except (TypeError, ValueError, KeyError):
+                continue           # a sibling that cannot be evaluated is its own node's error
+        return out
 
     def _pair(self, node: dict[str, Any], form: str, by: tuple[str, ...]) -> tuple[list, np.ndarray, np.ndarray]:
         a_name, b_name = (str(x) for x in node[form])

@@ -12,8 +12,6 @@ the window is clipped to what exists, as Prometheus does with the samples inside
 
 from __future__ import annotations
 
-import mmap
-
 import numpy as np
 
 _AGGS = ("sum", "max", "min", "avg", "median", "count")
@@ -301,15 +299,30 @@ def window_bucket_planes(cumulative: np.ndarray, rows: np.ndarray, k: int,
     return planes
 
 
-def scratch_array(size: int) -> np.ndarray:
-    """A float64 work array of `size` elements in its own anonymous memory mapping.
+PLANES_CHUNK_BYTES = 8 << 20
+"""Bucket planes are built for this many bytes' worth of groups at a time (window_quantiles):
+small enough to stay in cache between building the planes and reading the quantiles."""
 
-    numpy asks the kernel for transparent huge pages on every large array; where the kernel
-    then compacts memory on the first touch (THP defrag=madvise, the common default), faulting
-    in a few hundred MB of a fresh array stalled for ~0.6 s on the benchmark machine. A plain
-    mapping is faulted in small pages without that stall. Freed with its last reference.
+
+def window_quantiles(qs: list[float], les: np.ndarray, cumulative: np.ndarray, rows: np.ndarray,
+                     k: int) -> list[np.ndarray]:
+    """histogram_quantile for each q of the increases over a trailing window of k steps of
+    gap-free cumulative bucket counters: one [G, T] array per q.
+
+    `rows` [G, buckets] as for window_bucket_planes. Groups are taken a chunk at a time, so the
+    planes of a chunk are built once, serve every q while still in cache, and the memory is
+    reused from chunk to chunk instead of one [buckets, G, T] array being faulted in.
     """
-    return np.frombuffer(mmap.mmap(-1, max(1, size) * 8), dtype=np.float64)[:size]
+    n_g, n_b = rows.shape
+    n_t = cumulative.shape[1]
+    chunk = max(1, PLANES_CHUNK_BYTES // (8 * n_b * n_t))
+    outs = [np.empty((n_g, n_t)) for _ in qs]
+    scratch = np.empty(min(n_g, chunk) * n_b * n_t)
+    for a in range(0, n_g, chunk):
+        planes = window_bucket_planes(cumulative, rows[a:a + chunk], k, scratch)
+        for out, q in zip(outs, qs, strict=True):
+            out[a:a + chunk] = quantile_from_planes(q, les, planes)
+    return outs
 
 
 def _rows_view(values: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

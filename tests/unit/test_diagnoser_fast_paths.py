@@ -51,7 +51,7 @@ def test_window_bucket_planes_writes_into_scratch_and_reads_strided_rows_in_plac
     rng = np.random.default_rng(3)
     cumulative = np.cumsum(rng.poisson(3, (12, 30)).astype(float), axis=1)
     rows = np.arange(12).reshape(4, 3).T                 # bucket b = rows b, b+3, b+6, b+9
-    scratch = grid.scratch_array(4 * 3 * 30 + 5)
+    scratch = np.empty(4 * 3 * 30 + 5)
     planes = grid.window_bucket_planes(cumulative, rows, 4, scratch)
     assert np.shares_memory(planes, scratch)
     inc = grid.window_increase(cumulative, 4)
@@ -60,11 +60,18 @@ def test_window_bucket_planes_writes_into_scratch_and_reads_strided_rows_in_plac
     assert grid._rows_view(cumulative, rows[:, 1]).base is not None   # a view, not a copy
 
 
-def test_scratch_array_is_writable_zeroed_memory():
-    a = grid.scratch_array(1000)
-    assert a.shape == (1000,) and a.dtype == np.float64 and not a.any()
-    a[:] = 2.0
-    assert a.sum() == 2000.0
+def test_window_quantiles_in_chunks_equal_one_pass_per_quantile(monkeypatch):
+    rng = np.random.default_rng(4)
+    n_g, n_b, n_t = 37, 6, 50
+    cumulative = np.cumsum(rng.random((n_g * n_b, n_t)) * 5, axis=1)
+    les = np.array([0.1, 0.2, 0.5, 1.0, 5.0, np.inf])
+    rows = rng.permutation(n_g * n_b).reshape(n_g, n_b)
+    monkeypatch.setattr(grid, "PLANES_CHUNK_BYTES", 8 * n_b * n_t * 5)      # chunks of 5 groups
+    qs = [0.5, 0.9, 0.99]
+    got = grid.window_quantiles(qs, les, cumulative, rows, 7)
+    for q, values in zip(qs, got, strict=True):
+        expected = grid.bucket_quantile(q, les, grid.window_increase(cumulative, 7), rows)
+        np.testing.assert_array_equal(values, expected)
 
 
 def test_sum_dense_groups_matches_reduce_groups():
@@ -123,16 +130,19 @@ def _bench_like_frame(engines: int = 12, n_t: int = 80) -> Frame:
 @pytest.mark.parametrize("q", [0.5, 0.99])
 def test_dense_quantile_path_equals_increase_then_sum_then_quantile(by, q):
     frame = _bench_like_frame()
-    rule = rule_from_doc(parse_yaml(f"id: t\nby: {by}\nseries:\n  p: {{quantile: {q}, "
-                                    "histogram: request_ttft_seconds, range: 2m}\n"), "t.yaml")
-    got = SeriesEvaluator(rule, frame).get("p")
+    rule = rule_from_doc(parse_yaml(
+        f"id: t\nby: {by}\nseries:\n  p: {{quantile: {q}, histogram: request_ttft_seconds, range: 2m}}\n"
+        "  sibling: {quantile: 0.75, histogram: request_ttft_seconds, range: 2m}\n"), "t.yaml")
+    ev = SeriesEvaluator(rule, frame)
     block = frame.blocks["request_ttft_seconds_bucket"]
     keys, inv = grid.group_index([tuple(dict(lbl).get(k, "") for k in (*by, "le")) for lbl in block.labels])
     summed = grid.reduce_groups(grid.window_increase(block.values, 8), inv, len(keys), "sum")
-    groups, expected = _quantiles(q, keys, summed, len(by))
-    assert got.keys == groups
-    np.testing.assert_array_equal(got.values, expected)
-    assert np.isfinite(got.values[:, 1:]).any()
+    for name, quantile in (("p", q), ("sibling", 0.75)):      # the sibling comes from p's pass
+        got = ev.get(name)
+        groups, expected = _quantiles(quantile, keys, summed, len(by))
+        assert got.keys == groups
+        np.testing.assert_array_equal(got.values, expected)
+        assert np.isfinite(got.values[:, 1:]).any()
 
 
 def test_align_of_the_same_keys_is_the_series_itself_and_remembered():
