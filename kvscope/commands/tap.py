@@ -10,7 +10,7 @@ import signal
 from typing import Any
 
 from kvscope.agent.tap.eventloop import loop_name, run_event_loop
-from kvscope.agent.tap.proxy import RequestTap, TapConfig
+from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_upstream
 from kvscope.agent.traces.export import SpanBatchExporter
 
 DESCRIPTION = """\
@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
         cfg.host_port()
+        for url in cfg.upstreams:
+            parse_upstream(url)
     except ValueError as e:
         print(f"kvscope tap: bad argument: {e}")
         return 2

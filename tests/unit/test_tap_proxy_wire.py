@@ -3,12 +3,14 @@
 import asyncio
 import json
 import socket
+import subprocess
 import sys
 
 import aiohttp
+import pytest
 from kvscope.agent.tap import eventloop
 from kvscope.agent.tap.http1 import filter_headers
-from kvscope.agent.tap.proxy import RequestTap, TapConfig, render_with_usage
+from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_upstream, render_with_usage
 
 from tests.unit.test_tap_proxy import Stub, _raw, run, until
 
@@ -273,3 +275,15 @@ def test_an_upgrade_request_is_answered_once_without_switching_protocols():
 
     out, tap, *_ = run(scenario)
     assert out.startswith(b"HTTP/1.1 200 OK") and out.count(b"HTTP/1.1 ") == 1 and out.endswith(b'"m"}]}')
+
+
+def test_upstream_urls_are_parsed_for_the_wire_and_bad_ones_refused():
+    t = parse_upstream("https://user@engine.local:8443/prefix/")
+    assert t.key == ("engine.local", 8443, True) and t.host == b"engine.local:8443" and t.prefix == b"/prefix"
+    assert parse_upstream("http://10.0.0.5").key == ("10.0.0.5", 80, False)
+    for bad in ("ftp://x", "10.0.0.5:8000", "http://"):
+        with pytest.raises(ValueError):
+            parse_upstream(bad)
+    r = subprocess.run([sys.executable, "-m", "kvscope", "tap", "--upstream", "10.0.0.5:8000"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "bad argument" in r.stdout and "http(s)://" in r.stdout
