@@ -287,3 +287,20 @@ def test_upstream_urls_are_parsed_for_the_wire_and_bad_ones_refused():
     r = subprocess.run([sys.executable, "-m", "kvscope", "tap", "--upstream", "10.0.0.5:8000"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "bad argument" in r.stdout and "http(s)://" in r.stdout
+
+
+def test_many_concurrent_streams_each_get_exactly_the_direct_bytes():
+    async def scenario(s, tap, direct):
+        body = {"model": "m", "prompt": "p", "stream": True}
+        want = await _raw(s, direct, body)
+        got = await asyncio.gather(*(_raw(s, tap, {**body, "user": f"u{i % 3}"}) for i in range(100)))
+        return want, got
+
+    seen = {}
+    (want, got), tap, stub, _ = run(scenario, poll=lambda t: seen.update(
+        conns=sum(map(len, t.pool.idle.values())) + len(t.pool.busy)) or True)
+    assert want[0] == 200 and all(g == want for g in got)
+    assert tap.stats["requests"] == 100 and 1 <= seen["conns"] <= 100
+    counts = {x.label("tenant"): x.value for x in tap.render_samples() if x.name == "tenant_ttft_seconds_count"}
+    assert counts == {"u0": 34, "u1": 33, "u2": 33}
+    assert all(b.get("stream_options") == {"include_usage": True} for b in stub.bodies[1:])
