@@ -82,14 +82,15 @@ def grid_step(duration_s: float) -> float:
 
 
 def _from_recording(source: Source, step_s: float | None) -> TriageData:
-    from kvscope.agent.replay import replay_recording
+    from kvscope.diagnoser.sources import SourceError as ReadError
+    from kvscope.diagnoser.sources.recording import RecordingSource
 
     path = Path(source.location)
     if not path.is_file():
         raise SourceError(f"recording {path} does not exist")
     try:
-        replay = replay_recording(path)
-    except (OSError, ValueError) as exc:
+        replay = RecordingSource(str(path)).replay()   # its spans sidecar too, when there is one
+    except ReadError as exc:
         raise SourceError(f"recording {path} could not be read: {exc}") from exc
     return triage_from_replay(source, replay, step_s)
 
