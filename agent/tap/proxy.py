@@ -48,6 +48,7 @@ from kvscope.agent.signals import Sample, load_catalog, make_labels
 from kvscope.agent.tap.forward import Forward, parse_json_object
 from kvscope.agent.tap.http1 import HOP_BY_HOP, Downstream, Request, UpstreamPool, filter_headers, render_request
 from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
+from kvscope.agent.tap.sessions import SessionTracker, Turn, parse_session_id
 from kvscope.agent.tap.sse import parse_usage
 from kvscope.agent.tap.tenants import TenantLimiter, parse_tenant
 from kvscope.agent.traces.histogram import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
@@ -106,6 +107,8 @@ class _Exchange:
     outcome: str = "ok"
     start_ns: int = 0
     gaps: list[float] = field(default_factory=list)
+    session_id: str | None = None
+    turn: Turn | None = None
 
 
 def _hex(nbytes: int) -> str:
@@ -161,6 +164,7 @@ class RequestTap:
         self.ttft = HistogramSet("tenant_ttft_seconds", GENAI_TTFT_BUCKETS)
         self.itl = HistogramSet("tenant_itl_seconds", GENAI_TPOT_BUCKETS)
         self.stats: Counter[str] = Counter()
+        self.sessions = SessionTracker()
         self.targets = {base: parse_upstream(base) for base in config.upstreams}
         self._rr = itertools.cycle(config.upstreams)
         self.pool = UpstreamPool(connect_timeout_s=10.0)
@@ -249,15 +253,19 @@ class RequestTap:
                        trace_id=trace_id, span_id=_hex(8), parent_id=parent)
         ex.replica = next(self._rr)
         ex.start_ns = time.time_ns()
+        ex.session_id = parse_session_id(req.headers, doc)
         return ex
 
     def observe_prefix(self, ex: _Exchange, doc: dict[str, Any]) -> None:
-        """Reuse potential of the request's prompt, matched in arrival order (in-flight ones included).
+        """Reuse potential of the request's prompt, matched in arrival order (in-flight ones included),
+        and the session turn it continues (agent/tap/sessions.py).
 
         Called just after the request went upstream, so hashing never delays the engine."""
         prompt = render_prompt(doc)
-        if prompt:
-            ex.reusable_ratio = self.prefixes.observe(prompt, ex.replica).reusable_ratio
+        match = self.prefixes.observe(prompt, ex.replica) if prompt else None
+        if match is not None:
+            ex.reusable_ratio = match.reusable_ratio
+        ex.turn = self.sessions.begin(match, ex.session_id)      # which earlier turn this one follows
 
     def _upstream_headers(self, req: Request, ex: _Exchange | None) -> list[tuple[bytes, bytes]]:
         if ex is None:
@@ -270,7 +278,7 @@ class RequestTap:
 
     # ------------------------------------------------------------ accounting
     def account(self, ex: _Exchange) -> None:
-        """Count one finished exchange: tenant counters, TTFT / ITL, the tap's span."""
+        """Count one finished exchange: tenant counters, TTFT / ITL, session turn, the tap's span."""
         prompt_tokens, completion_tokens, cached = parse_usage(ex.usage)
         lab = make_labels({"tenant": ex.tenant})
         self.requests.inc(lab)
@@ -287,6 +295,7 @@ class RequestTap:
             self.ttft.observe(lab, ex.first_token - ex.start)
             for g in ex.gaps:
                 self.itl.observe(lab, g)
+        self.sessions.finish(ex.turn, ex.tenant, ex.replica, prompt_tokens, cached)
         if self.span_sink is not None:
             self._emit_span(ex, prompt_tokens, completion_tokens, cached)
 
@@ -328,12 +337,13 @@ class RequestTap:
         return out
 
     def render_samples(self, timestamp: float | None = None) -> list[Sample]:
-        """Every tap series: tenant counters, TTFT/ITL histograms, prefix split ratio."""
+        """Every tap series: tenant counters, TTFT/ITL histograms, prefix split ratio, session turns."""
         out: list[Sample] = []
         for fam in (self.requests, self.prompt_tokens, self.cached_tokens, self.reusable_tokens, self.ttft, self.itl):
             out.extend(fam.render(timestamp))
         if (split := self.prefixes.split_ratio) is not None:
             out.append(Sample("prefix_split_ratio", (), split, timestamp))
+        out.extend(self.sessions.render(timestamp))
         return out
 
 

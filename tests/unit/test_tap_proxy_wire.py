@@ -304,3 +304,18 @@ def test_many_concurrent_streams_each_get_exactly_the_direct_bytes():
     counts = {x.label("tenant"): x.value for x in tap.render_samples() if x.name == "tenant_ttft_seconds_count"}
     assert counts == {"u0": 34, "u1": 33, "u2": 33}
     assert all(b.get("stream_options") == {"include_usage": True} for b in stub.bodies[1:])
+
+
+def test_session_turns_are_tracked_through_the_tap():
+    """Turn 2 of a conversation (X-Session-ID) is linked to turn 1 and judged on its cached tokens."""
+    async def scenario(s, tap, direct):
+        for text in ("turn one", "turn two, a different prompt"):
+            await _raw(s, tap, {"model": "m", "prompt": text, "user": "alice"}, {"X-Session-ID": "conv-1"})
+        await _raw(s, tap, {"model": "m", "prompt": "no session, unrelated", "user": "alice"})
+
+    _, tap, stub, _ = run(scenario)
+    rows = {(x.name, x.label("tenant"), x.label("instance")): x.value for x in tap.render_samples()
+            if x.name.startswith("session_")}
+    # the stub reports prompt 12 / cached 8: 8 >= 12 - 32 slack, so the follow-up kept its context
+    assert rows == {("session_turns_total", "alice", f"127.0.0.1:{stub.port}"): 1.0}
+    assert f'session_turns_total{{instance="127.0.0.1:{stub.port}",tenant="alice"}} 1' in tap.render_metrics_text()
