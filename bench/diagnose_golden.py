@@ -21,10 +21,16 @@ process, through a package overlay), then checks this code against it in the sam
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -75,30 +81,38 @@ def compare(old: dict[str, dict], new: dict[str, dict], context: int = 3) -> lis
     return problems
 
 
+@contextlib.contextmanager
+def engine_at_revision(rev: str) -> Iterator[dict[str, str]]:
+    """Environment for a child Python that imports kvscope with `rev`'s ENGINE_FILES and the rest
+    from the working tree (a package overlay of symlinks on PYTHONPATH, ahead of the editable
+    install); removed afterwards."""
+    root = Path(__file__).resolve().parents[1]
+    tmp = Path(tempfile.mkdtemp(prefix="kvscope-engine-"))
+    try:
+        archive = subprocess.run(["git", "-C", str(root), "archive", rev, "diagnoser"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+        pkg = tmp / "overlay" / "kvscope"
+        pkg.mkdir(parents=True)
+        for item in (root / "kvscope").iterdir():
+            if item.name != "__pycache__":
+                (pkg / item.name).symlink_to(item)
+        for sub in ("agent", "dashboards", "rules", "ui"):
+            (pkg / sub).symlink_to(root / sub)
+        (pkg / "diagnoser").mkdir()
+        for item in (root / "diagnoser").iterdir():
+            old = tmp / "diagnoser" / item.name
+            if item.name != "__pycache__":
+                (pkg / "diagnoser" / item.name).symlink_to(old if item.name in ENGINE_FILES else item)
+        yield {**os.environ, "PYTHONPATH": str(tmp / "overlay")}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def dump_at_revision(rev: str, out: Path) -> None:
     """Write the dump of `rev`'s engine files with the rest of the working tree (child process)."""
-    import os
-    import subprocess
-    import tempfile
-    root = Path(__file__).resolve().parents[1]
-    tmp = Path(tempfile.mkdtemp(prefix="kvscope-golden-"))
-    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "diagnoser"], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
-    pkg = tmp / "overlay" / "kvscope"
-    pkg.mkdir(parents=True)
-    for item in (root / "kvscope").iterdir():
-        if item.name != "__pycache__":
-            (pkg / item.name).symlink_to(item)
-    for sub in ("agent", "dashboards", "rules", "ui"):
-        (pkg / sub).symlink_to(root / sub)
-    (pkg / "diagnoser").mkdir()
-    for item in (root / "diagnoser").iterdir():
-        old = tmp / "diagnoser" / item.name
-        if item.name != "__pycache__":
-            (pkg / "diagnoser" / item.name).symlink_to(old if item.name in ENGINE_FILES else item)
-    env = {**os.environ, "PYTHONPATH": str(tmp / "overlay")}
-    subprocess.run([sys.executable, __file__, "--write", str(out)], check=True, env=env)
+    with engine_at_revision(rev) as env:
+        subprocess.run([sys.executable, __file__, "--write", str(out)], check=True, env=env)
 
 
 def main() -> int:

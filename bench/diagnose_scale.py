@@ -14,6 +14,7 @@ against the vectorised grid path for the same series.
 
     .venv/bin/python bench/diagnose_scale.py [--engines 1000] [--hours 6] [--step 15] [--repeat 3]
     .venv/bin/python bench/diagnose_scale.py --no-baseline --profile   # where the time goes
+    .venv/bin/python bench/diagnose_scale.py --against 4a33186          # the engine before this work
 """
 
 from __future__ import annotations
@@ -193,6 +194,23 @@ def baseline_scalar(frame: Frame, sample: int) -> tuple[float, float, np.ndarray
     return per_engine, vector_s, scalar
 
 
+def time_revision(rev: str, args: argparse.Namespace) -> float:
+    """CPU seconds of one diagnose by `rev`'s engine on this workload (a child process builds the
+    same frame: same seed). Prints the child's diagnose line."""
+    import re
+    import subprocess
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from diagnose_golden import engine_at_revision
+    cmd = [sys.executable, os.path.abspath(__file__), "--no-baseline", "--engines", str(args.engines),
+           "--hours", str(args.hours), "--step", str(args.step), "--workers", str(args.workers)]
+    with engine_at_revision(rev) as env:
+        out = subprocess.run(cmd, check=True, env=env, capture_output=True, text=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("diagnose"))
+    print(f"[{rev}] {line}")
+    return float(re.search(r"([0-9.]+) s CPU", line).group(1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engines", type=int, default=1000)
@@ -205,6 +223,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true",
                     help="after the timed run(s), profile one more: top rules, series nodes and functions")
     ap.add_argument("--top", type=int, default=15, help="how many entries --profile prints per table")
+    ap.add_argument("--against", metavar="REV",
+                    help="also time the engine files of git revision REV (diagnose_golden.ENGINE_FILES) on "
+                         "the same workload, in a child process, and print the ratio")
     args = ap.parse_args()
     global WORKERS
     WORKERS = args.workers
@@ -223,6 +244,10 @@ def main() -> None:
               f"({'met' if took < GOAL_S else 'NOT met'})")
     if args.profile:
         profile_run(frame, rules, args.top)
+    if args.against:
+        old_cpu = time_revision(args.against, args)
+        print(f"engine at {args.against} on the same workload: {old_cpu:.2f} s CPU -> this engine is "
+              f"{old_cpu / max(cpu, 1e-9):.1f}x faster (CPU, last run each)")
     if not args.no_baseline:
         per_engine, vector_s, _ = baseline_scalar(frame, args.baseline_sample)
         scalar_s = per_engine * args.engines
