@@ -481,8 +481,11 @@ def _zero_nan(values: np.ndarray) -> np.ndarray:
 
 def _trailing_sum(values: np.ndarray, k: int) -> np.ndarray:
     c = np.cumsum(values, axis=1)
-    out = c.copy()
-    out[:, k + 1:] -= c[:, :-(k + 1)]
+    if k + 1 >= c.shape[1]:
+        return c
+    out = np.empty_like(c)
+    out[:, :k + 1] = c[:, :k + 1]
+    np.subtract(c[:, k + 1:], c[:, :-(k + 1)], out=out[:, k + 1:])
     return out
 
 
