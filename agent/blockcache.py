@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kvscope.agent.engines.dialect import Normalized, normalize
+from kvscope.agent.engines.dialect import MappingMemo, Normalized, normalize
 from kvscope.agent.exposition import ParseIssue, parse_exposition
 from kvscope.agent.signals import Catalog, Labels, Sample
 
@@ -57,6 +57,7 @@ class BlockCache:
         self.refresh_every = refresh_every
         self._blocks: dict[str, _Block] = {}
         self._skipped = 0
+        self.memo = MappingMemo()   # label mapping of each upstream series, for both paths
         # The previous scrape's block layout (series per block) and what it implied, so that a
         # scrape whose blocks hold the same series (values moved) skips the cross-block checks.
         self._layout: list[_Block] = []
@@ -113,11 +114,11 @@ class BlockCache:
                timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
         self.whole += 1
         expo = parse_exposition(text)
-        return normalize(expo, engine, labels, timestamp, self.catalog), expo.issues
+        return normalize(expo, engine, labels, timestamp, self.catalog, self.memo), expo.issues
 
     def _normalize_block(self, block: str, engine: str, labels: dict[str, str]) -> _Block:
         expo = parse_exposition(block, openmetrics=False)
-        norm = normalize(expo, engine, labels, None, self.catalog)
+        norm = normalize(expo, engine, labels, None, self.catalog, self.memo)
         keys = {(s.name, s.labels) for s in expo.samples}
         timestamped = any(s.timestamp is not None for s in expo.samples)
         canonical = frozenset((s.name, s.labels) for s in norm.samples)

@@ -54,18 +54,24 @@ def detect_engine(expo: Exposition, catalog: Catalog | None = None) -> str | Non
 
 
 def normalize(expo: Exposition, engine: str | None, target_labels: dict[str, str],
-              timestamp: float | None = None, catalog: Catalog | None = None) -> Normalized:
+              timestamp: float | None = None, catalog: Catalog | None = None,
+              memo: MappingMemo | None = None) -> Normalized:
     """Map every sample of one exposition to canonical samples of `engine`'s dialect.
 
     `target_labels` (instance, job, node...) are added to every sample. `timestamp` is used
-    for samples that carry none (live scrapes); recorded samples keep their own.
+    for samples that carry none (live scrapes); recorded samples keep their own. `memo` (one
+    per target, kept across scrapes) remembers how each upstream series maps, so a series seen
+    before costs a dict lookup instead of the label mapping; the result is the same.
     """
     catalog = catalog or load_catalog()
     out = Normalized(engine=engine)
     if engine is None or engine not in catalog.dialects:
         out.unmapped = len(expo.samples)
         return out
-    mapper = _Mapper(catalog, engine, target_labels)
+    if memo is not None:
+        mapper = memo.mapper(catalog, engine, target_labels)
+    else:
+        mapper = _Mapper(catalog, engine, target_labels)
     acc: dict[tuple[str, Labels, float | None], float] = {}
     for raw in expo.samples:
         mapper.map_sample(raw, timestamp, acc, out)
@@ -73,11 +79,39 @@ def normalize(expo: Exposition, engine: str | None, target_labels: dict[str, str
     return out
 
 
+_NO_MATCH = "no_match"
+_BAD_LE = "bad_le"
+
+
+class MappingMemo:
+    """How each upstream series of one target maps to canonical series, kept across scrapes.
+
+    Valid for one (catalog, engine, target labels); a change of any of them starts it afresh.
+    Bounded: past `max_series` entries it is cleared (a target with unbounded label churn only
+    loses the memo's benefit)."""
+
+    def __init__(self, max_series: int = 50_000) -> None:
+        self.max_series = max_series
+        self._mapper: _Mapper | None = None
+        self._key: tuple[int, str, tuple[tuple[str, str], ...]] | None = None
+
+    def mapper(self, catalog: Catalog, engine: str, target_labels: dict[str, str]) -> _Mapper:
+        key = (id(catalog), engine, tuple(sorted(target_labels.items())))
+        if self._mapper is None or key != self._key or self._mapper.catalog is not catalog:
+            self._mapper = _Mapper(catalog, engine, target_labels, plans={})
+            self._key = key
+        elif self._mapper.plans is not None and len(self._mapper.plans) > self.max_series:
+            self._mapper.plans.clear()
+        return self._mapper
+
+
 class _Mapper:
     """Applies one dialect to raw samples; caches name resolution across samples."""
 
-    def __init__(self, catalog: Catalog, engine: str, target_labels: dict[str, str]) -> None:
+    def __init__(self, catalog: Catalog, engine: str, target_labels: dict[str, str],
+                 plans: dict[tuple[str, Labels], list[tuple]] | None = None) -> None:
         self.catalog = catalog
+        self.plans = plans   # (raw name, raw labels) -> per alias: (name, labels, kind, mode, factor)
         self.dialect = catalog.dialects[engine]
         self.index = catalog.aliases_for(engine)
         self.fact_sources = catalog.fact_sources(engine)
@@ -117,8 +151,64 @@ class _Mapper:
                 out.unmapped += 1
             return
         ts = raw.timestamp if raw.timestamp is not None else timestamp
-        for alias in aliases:
-            self._apply(alias, suffix, raw, ts, acc, out)
+        if self.plans is None:
+            for alias in aliases:
+                self._apply(alias, suffix, raw, ts, acc, out)
+            return
+        plan = self.plans.get((raw.name, raw.labels))
+        if plan is None:
+            plan = self.plans[(raw.name, raw.labels)] = [self._plan(a, suffix, raw) for a in aliases]
+        for name, labels, kind, mode, factor in plan:
+            if labels is _NO_MATCH:
+                continue
+            if mode == "info":
+                value = factor
+            elif mode == "raw":
+                value = raw.value
+            else:
+                value = raw.value * factor
+            self._add(name, labels, kind, ts, value, acc, out)
+
+    def _plan(self, alias: Alias, suffix: str, raw: RawSample) -> tuple:
+        """What `_apply` does with this series, minus the value: (name, labels, kind, mode,
+        factor); name None when the alias does not match or the `le` is bad."""
+        signal = self.catalog.signals[alias.signal]
+        upstream = dict(raw.labels)
+        if any(upstream.get(k) not in allowed for k, allowed in alias.match.items()):
+            return None, _NO_MATCH, signal.kind, "", 0.0
+        if alias.info_label is not None:
+            mode, factor = "info", self._value(alias, signal.kind, suffix, raw, upstream)
+        elif signal.kind == "histogram" and suffix in ("_bucket", "_count"):
+            mode, factor = "raw", 1.0
+        else:
+            mode, factor = "scale", alias.scale
+        labels = self._labels(alias, signal.labels, signal.kind, suffix, upstream)
+        if labels is None:
+            return None, _BAD_LE, signal.kind, mode, factor
+        name = signal.name + (suffix if signal.kind == "histogram" else "")
+        return name, labels, signal.kind, mode, factor
+
+    @staticmethod
+    def _add(name: str | None, labels: Labels | str, kind: str, ts: float | None, value: float | None,
+             acc: dict[tuple[str, Labels, float | None], float], out: Normalized) -> None:
+        """`_apply`'s checks in its order: value, finiteness, then the `le` label."""
+        if value is None:
+            out.dropped["bad_value"] += 1
+            return
+        if not math.isfinite(value):
+            out.dropped["non_finite"] += 1
+            return
+        if name is None:
+            out.dropped["bad_le"] += 1
+            return
+        key = (name, labels, ts)
+        prev = acc.get(key)
+        if prev is None:
+            acc[key] = value
+        elif kind == "gauge":
+            acc[key] = max(prev, value)
+        else:
+            acc[key] = prev + value
 
     def _apply(self, alias: Alias, suffix: str, raw: RawSample, ts: float | None,
                acc: dict[tuple[str, Labels, float | None], float], out: Normalized) -> None:

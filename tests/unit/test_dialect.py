@@ -128,3 +128,34 @@ def test_catalog_signal_names_follow_the_naming_convention():
     for name, sig in catalog.signals.items():
         assert name.endswith(units), name
         assert sig.help, f"{name} has no help text"
+
+
+def test_mapping_memo_gives_the_same_result_scrape_after_scrape(load_fixture):
+    """The per-target memo of how each upstream series maps (agent/blockcache.py keeps one per
+    target) changes nothing: values move, bad values and bad `le` come and go, labels change."""
+    import random
+
+    from kvscope.agent.engines.dialect import MappingMemo
+
+    catalog = load_catalog()
+    lines = (load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt") + load_fixture(
+        "scrapes/dcgm-exporter-4.5.3-constructed-2gpu.txt")).splitlines()
+    rng = random.Random(3)
+    memos = {"vllm": MappingMemo(), "dcgm": MappingMemo()}
+    for i in range(8):
+        out = []
+        for ln in lines:
+            if ln and not ln.startswith("#") and rng.random() < 0.3:
+                key, value = ln.rsplit(" ", 1)
+                ln = f"{key} {rng.choice(['NaN', '+Inf', '-7', str(float(value) * 3)])}"
+                if "le=" in key and rng.random() < 0.2:
+                    ln = ln.replace('le="', 'le="x', 1)     # a bad le, sometimes
+            out.append(ln)
+        expo = parse_exposition("\n".join(out) + "\n")
+        target = TARGET if i < 5 else {**TARGET, "node": "n1"}   # target labels change: memo restarts
+        for engine in ("vllm", "dcgm"):
+            got = normalize(expo, engine, target, 100.0 + i, catalog, memos[engine])
+            want = normalize(expo, engine, target, 100.0 + i, catalog)
+            assert sorted(got.samples) == sorted(want.samples)
+            assert got.dropped == want.dropped and got.facts == want.facts and got.unmapped == want.unmapped
+    assert sum(want.dropped.values()) > 0, want.dropped
