@@ -205,11 +205,12 @@ class SeriesEvaluator:
         """One label's value for each row of a block ("" where a series lacks it), cached per
         frame: rules group the same blocks by the same few labels."""
         cache = self.frame.cache if self.frame.cache is not None else {}
-        key = ("label_column", name, label)
+        labels = self.frame.blocks[name].labels
+        key = ("label_column", name, label, id(labels), len(labels))
         if key not in cache:
-            dkey = ("label_dicts", name)
+            dkey = ("label_dicts", name, id(labels), len(labels))
             if dkey not in cache:
-                cache[dkey] = [dict(lbl) for lbl in self.frame.blocks[name].labels]
+                cache[dkey] = [dict(lbl) for lbl in labels]
             cache[key] = [d.get(label, "") for d in cache[dkey]]
         return cache[key]
 
