@@ -71,11 +71,17 @@ class ConditionEvaluator:
         base = grid.shift(grid.over_time(source, k, str(spec.get("agg", "avg"))), off)
         return base * times + plus
 
-    def all_of(self, conds: list[dict[str, Any]]) -> tuple[np.ndarray, list[Evaluated]]:
-        done = [self.evaluate(c) for c in conds]
+    def all_of(self, conds: list[dict[str, Any]], lazy: bool = False) -> tuple[np.ndarray, list[Evaluated]]:
+        """Truth of every condition together, and each condition evaluated. `lazy` stops at the
+        first condition after which nothing is true anywhere (the rest cannot change that), so
+        `done` may then be shorter than `conds`."""
+        done = []
         truth = np.ones(self.shape, dtype=bool)
-        for e in done:
-            truth &= e.truth
+        for c in conds:
+            done.append(self.evaluate(c))
+            truth &= done[-1].truth
+            if lazy and not truth.any():
+                break
         return truth, done
 
     def any_of(self, conds: list[dict[str, Any]]) -> tuple[np.ndarray, list[Evaluated]]:

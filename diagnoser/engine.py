@@ -199,7 +199,9 @@ def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
 # ---------------------------------------------------------------------------- plain rules
 def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> list[Finding]:
     when = rule.doc.get("when") or {}
-    truth, all_done = ce.all_of(list(when.get("all") or []))
+    truth, all_done = ce.all_of(list(when.get("all") or []), lazy=True)
+    if not truth.any():
+        return []                 # `all` never holds anywhere: the rest cannot make the rule fire
     any_done: list[Evaluated] = []
     if when.get("any"):
         any_truth, any_done = ce.any_of(list(when["any"]))
