@@ -215,3 +215,21 @@ def test_uniform_bucket_layout_equals_the_general_layout(bounds, monkeypatch):
     assert fast.keys == general.keys
     np.testing.assert_array_equal(fast.values, general.values)
     assert np.isfinite(fast.values).any()
+
+
+def test_lazy_all_of_stops_once_nothing_holds_and_gives_the_same_truth():
+    from kvscope.diagnoser.conditions import ConditionEvaluator
+    frame = _bench_like_frame()
+    rule = rule_from_doc(parse_yaml("id: t\nby: [instance]\nseries:\n  p: {quantile: 0.5, "
+                                    "histogram: request_ttft_seconds, range: 2m}\n"), "t.yaml")
+    ev = SeriesEvaluator(rule, frame)
+    keys = ev.get("p").keys
+    ce = ConditionEvaluator(ev, ("instance",), keys, {})
+    conds = [{"series": "p", "op": ">", "value": 0.2}, {"series": "p", "op": ">", "value": 1e9},
+             {"series": "p", "op": "<", "value": 100}]
+    eager, done_eager = ce.all_of(conds)
+    lazy, done_lazy = ce.all_of(conds, lazy=True)
+    np.testing.assert_array_equal(lazy, eager)
+    assert not lazy.any() and len(done_eager) == 3 and len(done_lazy) == 2
+    holds, done = ce.all_of([conds[0], conds[2]], lazy=True)
+    assert holds.any() and len(done) == 2
