@@ -24,8 +24,9 @@ potential, from chained hashes of prompt blocks; no prompt text is ever kept). T
 between reusable and cached tokens is reuse the cache lost.
 
 The tenant is the --tenant-header value, else the OpenAI `user` field, else a short hash of the
-API key (never the key). The first --max-tenants tenants keep their name, later ones are
-counted as `other`.
+API key (never the key). The --max-tenants busiest tenants by recent traffic (request counts
+halving every 5 min) keep their own label; the rest are counted as `other`. A quieter tenant that
+is pushed out keeps its last values and `other` takes its traffic from then on.
 
 With several --upstream URLs requests are spread round-robin, and the tap also measures how
 often one prefix is served by more than one replica (split cache domains).
@@ -58,7 +59,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tenant-header", default="X-Tenant", metavar="NAME",
                    help="request header naming the tenant (default X-Tenant; '' to use only `user` / key hash)")
     p.add_argument("--max-tenants", type=int, default=50, metavar="N",
-                   help="tenants with their own label; later ones are counted as `other` (default 50)")
+                   help="busiest tenants with their own label; the rest are counted as `other` (default 50)")
     p.add_argument("--no-inject-usage", action="store_true",
                    help="never add stream_options.include_usage upstream (streams that did not ask for "
                         "usage then give no token counts)")
