@@ -193,7 +193,9 @@ class AgentRuntime:
         derived = self._derived(cycle)
         self.state.samples["derive"] = derived     # catalog signals among them are re-exported too
         self._store(cycle + derived)
-        if self.store is not None and hasattr(self.store, "stats"):
+        if self.store is not None and hasattr(self.store, "snapshot"):
+            self.state.store_stats = self.store.snapshot()   # no disk I/O: stays on the loop
+        elif self.store is not None and hasattr(self.store, "stats"):
             self.state.store_stats = await asyncio.to_thread(self.store.stats)
         self.state.cycles += 1
         self.state.last_cycle_s = time.monotonic() - t0

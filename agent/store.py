@@ -295,6 +295,7 @@ class SqliteStore(RetentionMixin):
         self._load_series()
         self._encoder = ChangeEncoder(self._series_for, self._next_group())
         self._created: list[tuple[int, str, Labels]] | None = None
+        self._snapshot: StoreStats | None = None
         self._row_offset: int | None = None   # rows at open, counted on first stats() (a full scan)
         self._next_retention = 0.0
         self._thread: threading.Thread | None = None
@@ -531,10 +532,29 @@ class SqliteStore(RetentionMixin):
                 if time.monotonic() >= self._next_retention:
                     self.enforce_retention()
                     self._next_retention = time.monotonic() + RETENTION_CHECK_INTERVAL_S
+                # file sizes and row count for snapshot(), on this thread and its connection: a
+                # long API read holding the reader never delays the writer
+                self._snapshot = self._stats_via(self._writer, self._wlock)
             except Exception as exc:   # noqa: BLE001 - the writer thread must outlive any one failure
                 self._rollback()
                 with self._qlock:
                     self._stats.errors[type(exc).__name__] += 1
+
+    def snapshot(self) -> StoreStats:
+        """`stats()` without touching the disk, for the scrape loop: the counters as of now, the
+        file sizes and row count as of the writer thread's last pass (at most flush_interval_s
+        old). Without a writer thread it is `stats()`."""
+        last = self._snapshot
+        if last is None:
+            return self.stats()
+        with self._qlock:
+            st = StoreStats(**{**self._stats.__dict__, "dropped": Counter(self._stats.dropped),
+                               "errors": Counter(self._stats.errors), "deleted": Counter(self._stats.deleted)})
+            st.queued = self._queued
+        with self._slock:
+            st.series = len(self._ids)
+        st.rows, st.bytes, st.used_bytes = last.rows, last.bytes, last.used_bytes
+        return st
 
     # ------------------------------------------------------------------ read path
     def query(self, name: str, start: float, end: float,
@@ -584,6 +604,9 @@ class SqliteStore(RetentionMixin):
 
     def stats(self) -> StoreStats:
         """A snapshot of the counters plus the current file sizes."""
+        return self._stats_via(self._reader, self._rlock)
+
+    def _stats_via(self, conn: sqlite3.Connection, lock: threading.Lock | threading.RLock) -> StoreStats:
         with self._qlock:
             st = StoreStats(**{**self._stats.__dict__, "dropped": Counter(self._stats.dropped),
                                "errors": Counter(self._stats.errors), "deleted": Counter(self._stats.deleted)})
@@ -593,10 +616,10 @@ class SqliteStore(RetentionMixin):
         st.rows = self._row_count(st.rows)
         st.bytes = sum(_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal"))
         if not self._closed:
-            with self._rlock:
-                page = self._reader.execute("PRAGMA page_size").fetchone()[0]
-                count = self._reader.execute("PRAGMA page_count").fetchone()[0]
-                free = self._reader.execute("PRAGMA freelist_count").fetchone()[0]
+            with lock:
+                page = conn.execute("PRAGMA page_size").fetchone()[0]
+                count = conn.execute("PRAGMA page_count").fetchone()[0]
+                free = conn.execute("PRAGMA freelist_count").fetchone()[0]
             st.used_bytes = int(page * (count - free))
         return st
 

@@ -267,3 +267,20 @@ def test_in_memory_twin_is_bounded_by_age_and_count():
     assert st.rows == 50 and st.deleted["size"] == 11
     assert A not in s.query("x", 0, 4e9)                                # the oldest went first
     assert len(s.query("x", 0, 4e9)[B]) == 50
+
+
+def test_snapshot_gives_counters_now_and_file_sizes_from_the_writer_thread(tmp_path):
+    s = SqliteStore(tmp_path / "kv.db", flush_interval_s=0.05)
+    now = time.time()   # recent: the writer thread also applies age retention
+    s.write([Sample("x", A, 1.0, now), Sample("x", B, 2.0, now)])
+    deadline = time.monotonic() + 10
+    while s.snapshot().rows < 2 and time.monotonic() < deadline:   # the writer pass after the commit
+        time.sleep(0.02)
+    snap = s.snapshot()
+    assert snap.written == 2 and snap.series == 2 and snap.bytes > 0 and snap.rows == 2
+    s.write([Sample("x", A, 3.0, now + 1)])
+    assert s.snapshot().queued + s.snapshot().written == 3    # counters are current, not cached
+    s.close()
+    still = SqliteStore(tmp_path / "kv.db", background=False)
+    assert still.snapshot().rows == still.stats().rows == 3    # no writer thread: it is stats()
+    still.close()
