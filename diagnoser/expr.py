@@ -302,6 +302,14 @@ class SeriesEvaluator:
         if lkey not in cache:
             cache[lkey] = _bucket_layout(keys, inv, adj, len(by))
         groups, source, sets = cache[lkey]
+        if len(sets) == 1 and len(sets[0][1]) == len(groups):     # one bound set: no assembly
+            les, gis, rows = sets[0]
+            pkey = (name, mkey, k, rows.shape, rows.tobytes(), gis.tobytes(), id(source))
+            if ("bucket_quantile_all", q, pkey) not in cache:
+                qs = sorted({q} | self._sibling_quantiles(name, match, by, k))
+                for qq, values in zip(qs, grid.window_quantiles(qs, les, source, rows, k, gis), strict=True):
+                    cache[("bucket_quantile_all", qq, pkey)] = values
+            return groups, cache[("bucket_quantile_all", q, pkey)]
         out = np.full((len(groups), adj.shape[1]), np.nan)
         for les, gis, rows in sets:
             pkey = (name, mkey, k, rows.shape, rows.tobytes(), id(source))

@@ -305,11 +305,12 @@ small enough to stay in cache between building the planes and reading the quanti
 
 
 def window_quantiles(qs: list[float], les: np.ndarray, cumulative: np.ndarray, rows: np.ndarray,
-                     k: int) -> list[np.ndarray]:
+                     k: int, order: np.ndarray | None = None) -> list[np.ndarray]:
     """histogram_quantile for each q of the increases over a trailing window of k steps of
     gap-free cumulative bucket counters: one [G, T] array per q.
 
-    `rows` [G, buckets] as for window_bucket_planes. Groups are taken a chunk at a time, so the
+    `rows` [G, buckets] as for window_bucket_planes; with `order` (a permutation of range(G)),
+    group i's quantiles go to output row order[i]. Groups are taken a chunk at a time, so the
     planes of a chunk are built once, serve every q while still in cache, and the memory is
     reused from chunk to chunk instead of one [buckets, G, T] array being faulted in.
     """
@@ -320,8 +321,9 @@ def window_quantiles(qs: list[float], les: np.ndarray, cumulative: np.ndarray, r
     scratch = np.empty(min(n_g, chunk) * n_b * n_t)
     for a in range(0, n_g, chunk):
         planes = window_bucket_planes(cumulative, rows[a:a + chunk], k, scratch)
+        dest = slice(a, a + chunk) if order is None else order[a:a + chunk]
         for out, q in zip(outs, qs, strict=True):
-            out[a:a + chunk] = quantile_from_planes(q, les, planes)
+            out[dest] = quantile_from_planes(q, les, planes)
     return outs
 
 

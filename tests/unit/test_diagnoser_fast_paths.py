@@ -69,9 +69,12 @@ def test_window_quantiles_in_chunks_equal_one_pass_per_quantile(monkeypatch):
     monkeypatch.setattr(grid, "PLANES_CHUNK_BYTES", 8 * n_b * n_t * 5)      # chunks of 5 groups
     qs = [0.5, 0.9, 0.99]
     got = grid.window_quantiles(qs, les, cumulative, rows, 7)
-    for q, values in zip(qs, got, strict=True):
+    order = rng.permutation(n_g)
+    scattered = grid.window_quantiles(qs, les, cumulative, rows, 7, order)
+    for q, values, moved in zip(qs, got, scattered, strict=True):
         expected = grid.bucket_quantile(q, les, grid.window_increase(cumulative, 7), rows)
         np.testing.assert_array_equal(values, expected)
+        np.testing.assert_array_equal(moved[order], expected)     # group i went to row order[i]
 
 
 def test_sum_dense_groups_matches_reduce_groups():
