@@ -194,21 +194,23 @@ def baseline_scalar(frame: Frame, sample: int) -> tuple[float, float, np.ndarray
     return per_engine, vector_s, scalar
 
 
-def time_revision(rev: str, args: argparse.Namespace) -> float:
-    """CPU seconds of one diagnose by `rev`'s engine on this workload (a child process builds the
-    same frame: same seed). Prints the child's diagnose line."""
+def time_revision(rev: str, args: argparse.Namespace) -> list[float]:
+    """CPU seconds of each diagnose (--repeat of them) by `rev`'s engine on this workload (a child
+    process builds the same frame: same seed). Prints the child's diagnose lines."""
     import re
     import subprocess
     import sys
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from diagnose_golden import engine_at_revision
     cmd = [sys.executable, os.path.abspath(__file__), "--no-baseline", "--engines", str(args.engines),
-           "--hours", str(args.hours), "--step", str(args.step), "--workers", str(args.workers)]
+           "--hours", str(args.hours), "--step", str(args.step), "--workers", str(args.workers),
+           "--repeat", str(args.repeat)]
     with engine_at_revision(rev) as env:
         out = subprocess.run(cmd, check=True, env=env, capture_output=True, text=True).stdout
-    line = next(x for x in out.splitlines() if x.startswith("diagnose"))
-    print(f"[{rev}] {line}")
-    return float(re.search(r"([0-9.]+) s CPU", line).group(1))
+    lines = [x for x in out.splitlines() if x.startswith("diagnose")]
+    for line in lines:
+        print(f"[{rev}] {line}")
+    return [float(re.search(r"([0-9.]+) s CPU", line).group(1)) for line in lines]
 
 
 def main() -> None:
@@ -236,8 +238,10 @@ def main() -> None:
     print(f"frame: {args.engines} engines x {args.hours:g} h at {args.step:g} s = {len(frame.ts)} steps, "
           f"{series:,} series, {points / 1e6:.1f} M points (built in {time.perf_counter() - t0:.1f} s)")
     rules = read_rules()
+    cpus = []
     for _ in range(max(1, args.repeat)):
         took, cpu, sys_s, fired = run(frame, rules, cache=True)
+        cpus.append(cpu)
         print(f"diagnose ({len(rules)} rules, {WORKERS} thread(s)): {took:.2f} s wall, {cpu:.2f} s CPU "
               f"({sys_s:.2f} s system), "
               f"{fired} findings; goal {GOAL_S:.0f} s -> {took / GOAL_S:.2f}x of the goal "
@@ -245,9 +249,10 @@ def main() -> None:
     if args.profile:
         profile_run(frame, rules, args.top)
     if args.against:
-        old_cpu = time_revision(args.against, args)
-        print(f"engine at {args.against} on the same workload: {old_cpu:.2f} s CPU -> this engine is "
-              f"{old_cpu / max(cpu, 1e-9):.1f}x faster (CPU, last run each)")
+        old_cpus = time_revision(args.against, args)
+        for i, (old_cpu, new_cpu) in enumerate(zip(old_cpus, cpus, strict=False), start=1):
+            print(f"run {i}: engine at {args.against} {old_cpu:.2f} s CPU vs this engine {new_cpu:.2f} s CPU "
+                  f"-> {old_cpu / max(new_cpu, 1e-9):.1f}x faster")
     if not args.no_baseline:
         per_engine, vector_s, _ = baseline_scalar(frame, args.baseline_sample)
         scalar_s = per_engine * args.engines
