@@ -236,3 +236,13 @@ def test_lazy_all_of_stops_once_nothing_holds_and_gives_the_same_truth():
     assert not lazy.any() and len(done_eager) == 3 and len(done_lazy) == 2
     holds, done = ce.all_of([conds[0], conds[2]], lazy=True)
     assert holds.any() and len(done) == 2
+
+
+def test_threads_and_a_warm_cache_give_the_same_diagnosis():
+    """Rules evaluated side by side share the frame cache (layouts, label columns, quantiles)."""
+    frame = _bench_like_frame(engines=16, n_t=120)
+    rules = read_rules()
+    one = diagnose(frame, rules, time_scale=1.0, workers=1).to_json()
+    frame.cache = {}
+    assert diagnose(frame, rules, time_scale=1.0, workers=4).to_json() == one
+    assert diagnose(frame, rules, time_scale=1.0, workers=4).to_json() == one    # cache already full
