@@ -207,13 +207,13 @@ def _frame_with_bounds(bounds_per_engine: list[list[str]]) -> Frame:
     [["10", "9", "+Inf"]] * 3,                                  # string order is not bound order
 ])
 def test_uniform_bucket_layout_equals_the_general_layout(bounds, monkeypatch):
-    from kvscope.diagnoser import expr
+    from kvscope.diagnoser import buckets
     frame = _frame_with_bounds(bounds)
     rule = rule_from_doc(parse_yaml("id: t\nby: [instance]\nseries:\n  p: {quantile: 0.9, histogram: h, "
                                     "range: 1m}\n"), "t.yaml")
     fast = SeriesEvaluator(rule, frame).get("p")
     frame.cache = {}
-    monkeypatch.setattr(expr, "_uniform_buckets", lambda keys, n_by: None)
+    monkeypatch.setattr(buckets, "uniform_buckets", lambda keys, n_by: None)
     general = SeriesEvaluator(rule, frame).get("p")
     assert fast.keys == general.keys
     np.testing.assert_array_equal(fast.values, general.values)
