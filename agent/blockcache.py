@@ -31,6 +31,7 @@ from kvscope.agent.exposition import ParseIssue, parse_exposition
 from kvscope.agent.signals import Catalog, Labels, Sample
 
 _HIST = ("_bucket", "_sum", "_count")
+MAX_LABEL_CACHE = 20_000
 _new = tuple.__new__   # builds a Sample without NamedTuple.__new__'s Python-level call (hot loop)
 
 
@@ -58,6 +59,7 @@ class BlockCache:
         self._blocks: dict[str, _Block] = {}
         self._skipped = 0
         self.memo = MappingMemo()   # label mapping of each upstream series, for both paths
+        self._label_cache: dict[str, Labels | None] = {}   # label body text -> parsed labels
         # The previous scrape's block layout (series per block) and what it implied, so that a
         # scrape whose blocks hold the same series (values moved) skips the cross-block checks.
         self._layout: list[_Block] = []
@@ -99,6 +101,11 @@ class BlockCache:
         self._blocks = fresh
         return self._combine(ordered, engine, timestamp)
 
+    def _labels_memo(self) -> dict[str, Labels | None]:
+        if len(self._label_cache) > MAX_LABEL_CACHE:
+            self._label_cache.clear()
+        return self._label_cache
+
     def _same_layout(self, blocks: list[_Block]) -> bool:
         """Same blocks in the same order as last scrape, or blocks whose series are the same."""
         prev = self._layout
@@ -113,11 +120,11 @@ class BlockCache:
     def _whole(self, text: str, engine: str, labels: dict[str, str],
                timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
         self.whole += 1
-        expo = parse_exposition(text)
+        expo = parse_exposition(text, label_cache=self._labels_memo())
         return normalize(expo, engine, labels, timestamp, self.catalog, self.memo), expo.issues
 
     def _normalize_block(self, block: str, engine: str, labels: dict[str, str]) -> _Block:
-        expo = parse_exposition(block, openmetrics=False)
+        expo = parse_exposition(block, openmetrics=False, label_cache=self._labels_memo())
         norm = normalize(expo, engine, labels, None, self.catalog, self.memo)
         keys = {(s.name, s.labels) for s in expo.samples}
         timestamped = any(s.timestamp is not None for s in expo.samples)

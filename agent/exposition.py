@@ -72,8 +72,13 @@ class Exposition:
         return None
 
 
-def parse_exposition(text: str, openmetrics: bool | None = None) -> Exposition:
+def parse_exposition(text: str, openmetrics: bool | None = None,
+                     label_cache: dict[str, Labels | None] | None = None) -> Exposition:
     """Parse one exposition. `openmetrics=None` detects the format from a trailing `# EOF`.
+
+    `label_cache` (label body text -> parsed labels, None when malformed) may be kept by the
+    caller across payloads of one target, so that label sets seen before are not parsed again;
+    the caller bounds it (agent/blockcache.py clears it past 20k entries).
 
     OpenMetrics timestamps are seconds; text-format timestamps are milliseconds. Both come
     out in seconds. A payload that does not end in a newline (text) or lacks `# EOF`
@@ -93,7 +98,8 @@ def parse_exposition(text: str, openmetrics: bool | None = None) -> Exposition:
         _drop_last(lines, out)
     ts_scale = 1.0 if openmetrics else 0.001
     seen: set[tuple[str, Labels, float | None]] = set()
-    label_cache: dict[str, Labels | None] = {}
+    if label_cache is None:
+        label_cache = {}
     append = out.samples.append
     for lineno, line in enumerate(lines, 1):
         if not line or line[0] == "#" or line.isspace():

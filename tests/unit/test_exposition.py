@@ -82,3 +82,18 @@ def test_format_round_trips_labels_and_values():
     line = f"m{format_labels(labels)} {format_value(float('nan'))}\n"
     back = parse_exposition(line).samples[0]
     assert back.labels == labels and math.isnan(back.value)
+
+
+def test_a_label_cache_kept_across_payloads_changes_nothing(load_fixture):
+    """A target's label cache (agent/blockcache.py keeps one) gives the same samples and issues,
+    a malformed label set included, payload after payload."""
+    text = load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt")
+    bad = 'vllm:num_requests_running{engine="0",=broken"} 1\n'
+    cache: dict = {}
+    for i in range(3):
+        payload = text.replace(" 0.0\n", f" {i}.5\n") + bad
+        got, want = parse_exposition(payload, label_cache=cache), parse_exposition(payload)
+        assert got.samples == want.samples and got.types == want.types
+        assert [(x.line, x.reason) for x in got.issues] == [(x.line, x.reason) for x in want.issues]
+        assert [x.reason for x in got.issues] == ["malformed_labels"]
+    assert cache
