@@ -119,18 +119,20 @@ def _by_config(mapping: dict[str, tuple[str, ...]], devices: dict[tuple[str | No
 
 
 def _by_kubernetes(samples: list[Sample], used: dict[tuple[str | None, ...], float]) -> list[GpuAssignment]:
+    gpu_pods = [s for s in samples if _is_gpu(s) and s.label("pod") and s.label("namespace")]
+    if not gpu_pods:   # dcgm-exporter outside Kubernetes mode: nothing to join, skip the engine scan
+        return []
     pods: dict[tuple[str, str], list[tuple[str, str | None]]] = {}
     for s in samples:
-        if _is_engine(s) and s.label("pod") and s.label("namespace"):
-            entry = (s.label("instance") or "", s.label("container"))
-            key = (s.label("namespace") or "", s.label("pod") or "")
-            if entry not in pods.setdefault(key, []):
-                pods[key].append(entry)
+        if s.name.startswith("gpu_") or not (_is_engine(s) and s.label("pod") and s.label("namespace")):
+            continue
+        entry = (s.label("instance") or "", s.label("container"))
+        key = (s.label("namespace") or "", s.label("pod") or "")
+        if entry not in pods.setdefault(key, []):
+            pods[key].append(entry)
     out: list[GpuAssignment] = []
     seen: set[tuple[str, tuple[str | None, ...]]] = set()
-    for s in samples:
-        if not (_is_gpu(s) and s.label("pod") and s.label("namespace")):
-            continue
+    for s in gpu_pods:
         dev = _device(s)
         for instance, container in pods.get((s.label("namespace") or "", s.label("pod") or ""), []):
             if container and s.label("container") and container != s.label("container"):
