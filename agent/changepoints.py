@@ -24,14 +24,23 @@ counter resets, series that vanish and return, targets going down and retention.
 
 Samples older than a series' previous point are dropped (`out_of_order`), as Prometheus does;
 a second sample in the same millisecond is dropped (`duplicate`, first write wins).
+
+Fast path: a target usually sends the same series in the same order every scrape. The encoder
+keeps each group's previous cohort (names, labels, values, and the state of each series in
+order); a cohort with the same names and labels (compared as whole tuples, identity first)
+needs no per-sample dict lookup: the changed values are found in one C-level pass and only
+those write rows. Any difference (a new, missing or reordered series, a NaN or non-float
+value, a series that moved between groups) takes the general path, which gives the same rows.
 """
 
 from __future__ import annotations
 
 import bisect
+import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 
 from kvscope.agent.signals import Labels, Sample
 
@@ -66,6 +75,7 @@ class ChangeEncoder:
         self._by_sid: dict[int, list] = {}     # the same lists by series id
         self._members: dict[int, set[int]] = {}   # group -> series ids in its current run
         self._group_ts: dict[int, int] = {}    # group -> its latest stamp
+        self._previous: dict[int, _Cohort] = {}   # group -> its last cohort, for the fast path
 
     def reset(self) -> None:
         """Forget all state (the rows it described may not be on disk)."""
@@ -73,9 +83,11 @@ class ChangeEncoder:
         self._by_sid.clear()
         self._members.clear()
         self._group_ts.clear()
+        self._previous.clear()
 
     def forget(self, sids: set[int]) -> None:
         """Drop state of series the store deleted (retention pruned them)."""
+        self._previous.clear()
         gone = [k for k, st in self._last.items() if st[0] in sids]
         for k in gone:
             st = self._last.pop(k)
@@ -127,6 +139,9 @@ class ChangeEncoder:
     def _encode_cohort(self, ts_ms: int, cohort: list[Sample], used: set[int], out: Encoded) -> None:
         g = self._group_for(ts_ms, cohort, used)
         used.add(g)
+        if self._encode_same_series(g, ts_ms, cohort, out):
+            return
+        self._previous.pop(g, None)
         last, by_sid, group_ts = self._last, self._by_sid, self._group_ts
         members = self._members.get(g) or set()
         present: set[int] = set()
@@ -166,6 +181,7 @@ class ChangeEncoder:
                 continue
             if st[3]:            # moves from another group's run
                 self._members[st[3]].discard(st[0])
+                self._previous.pop(st[3], None)
             st[1], st[2], st[3] = previous, v, g
             present.add(st[0])
             points.append((st[0], ts_ms, v))
@@ -181,6 +197,43 @@ class ChangeEncoder:
         group_ts[g] = ts_ms
         out.stamps.append((g, ts_ms))
         out.accepted += len(present)
+        if len(present) == len(cohort):   # every sample a member, in order: remember for the fast path
+            self._previous[g] = _Cohort(cohort, [last[(s[0], s[1])] for s in cohort])
+
+    def _encode_same_series(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> bool:
+        """The fast path: the same series as the group's previous cohort, in the same order.
+        Writes the rows and returns True, or changes nothing and returns False."""
+        prev = self._previous.get(g)
+        if prev is None or len(cohort) != len(prev.states) or not cohort:
+            return False
+        names, labels, values, _ = zip(*cohort, strict=True)
+        if labels != prev.labels or names != prev.names:
+            return False
+        changed = list(compress(range(len(values)), map(operator.ne, values, prev.values)))
+        for i in changed:
+            v = values[i]
+            if type(v) is not float or v != v:   # NaN or a value to convert: the general path
+                return False
+        states, points = prev.states, out.points
+        for i in changed:
+            st = states[i]
+            v = st[2] = values[i]
+            points.append((st[0], ts_ms, v))
+        prev.values = values
+        self._group_ts[g] = ts_ms
+        out.stamps.append((g, ts_ms))
+        out.accepted += len(cohort)
+        return True
+
+
+class _Cohort:
+    """A group's previous cohort: its series in order, their values, and their encoder states."""
+
+    __slots__ = ("labels", "names", "states", "values")
+
+    def __init__(self, cohort: list[Sample], states: list[list]) -> None:
+        self.names, self.labels, self.values, _ = zip(*cohort, strict=True)
+        self.states = states
 
 
 # ------------------------------------------------------------------------------------ read side

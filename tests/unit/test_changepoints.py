@@ -157,3 +157,44 @@ def test_a_failed_commit_forgets_its_new_series_and_the_retry_reads_back_the_sam
     _assert_same(dense, sparse)
     assert sparse.query("engine_new_total", 0, 2e9) == dense.query("engine_new_total", 0, 2e9) != {}
     sparse.close()
+
+
+def _rows_of(batches, fast: bool):
+    ids: dict = {}
+    enc = ChangeEncoder(lambda name, labels: ids.setdefault((name, labels), len(ids) + 1))
+    hits = []
+    if fast:
+        inner = enc._encode_same_series
+        enc._encode_same_series = lambda *a: hits.append(inner(*a)) or hits[-1]
+    else:
+        enc._encode_same_series = lambda *a: False   # the general path only
+    return [enc.encode(b, now=0.0) for b in batches], sum(hits)
+
+
+def test_the_same_series_fast_path_writes_what_the_general_path_writes():
+    """Reordered series, NaN, an int value, a duplicate, a series moving between targets' cohorts:
+    each scrape's rows and counts are the same with and without the fast path."""
+    rng = random.Random(3)
+    labs = [make_labels({"instance": "a", "i": str(i)}) for i in range(6)]
+    batches = []
+    for n in range(200):
+        cohort = [Sample("g", lab, float(rng.randrange(3)), 100.0 + n) for lab in labs]
+        event = rng.randrange(12)
+        if event == 0:
+            cohort[2] = Sample("g", labs[2], float("nan"), 100.0 + n)
+        elif event == 1:
+            cohort[1] = Sample("g", labs[1], rng.randrange(3), 100.0 + n)   # an int: converted
+        elif event == 2:
+            cohort.append(cohort[0])                                         # a duplicate
+        elif event == 3:
+            cohort.reverse()
+        elif event == 4:
+            del cohort[4]
+        other = [Sample("g", labs[5], 7.0, 100.5 + n)] if event == 5 else []  # labs[5] moves to b's cohort
+        batches.append(cohort + other)
+    (fast, hits), (slow, _) = _rows_of(batches, True), _rows_of(batches, False)
+    assert 50 < hits < len(batches)   # both paths taken
+    for a, b in zip(fast, slow, strict=True):
+        assert (a.points, a.marks, a.stamps, a.accepted, a.dropped) == (b.points, b.marks, b.stamps, b.accepted,
+                                                                        b.dropped)
+    assert sum(len(e.points) for e in fast) > 200    # values moved: the comparison is not vacuous
