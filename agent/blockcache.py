@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import chain, repeat
+from operator import add
 
 from kvscope.agent.engines.dialect import MappingMemo, Normalized, normalize
 from kvscope.agent.exposition import ParseIssue, parse_exposition
@@ -37,7 +39,7 @@ _new = tuple.__new__   # builds a Sample without NamedTuple.__new__'s Python-lev
 
 @dataclass
 class _Block:
-    samples: list[Sample]
+    samples: list[tuple[str, Labels, float]]   # canonical (name, labels, value), stamped per scrape
     facts: dict[str, dict[str, str]]
     dropped: Counter[str]
     issues: list[ParseIssue]
@@ -129,8 +131,8 @@ class BlockCache:
         keys = {(s.name, s.labels) for s in expo.samples}
         timestamped = any(s.timestamp is not None for s in expo.samples)
         canonical = frozenset((s.name, s.labels) for s in norm.samples)
-        return _Block(norm.samples, norm.facts, norm.dropped, expo.issues, norm.unmapped, keys, timestamped,
-                      canonical)
+        heads = [(s[0], s[1], s[2]) for s in norm.samples]
+        return _Block(heads, norm.facts, norm.dropped, expo.issues, norm.unmapped, keys, timestamped, canonical)
 
     def _combine(self, blocks: list[_Block], engine: str,
                  timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
@@ -141,8 +143,9 @@ class BlockCache:
             if b.dropped:
                 out.dropped.update(b.dropped)
             out.unmapped += b.unmapped
-        if self._layout_disjoint:   # no series in two blocks
-            out.samples = [_new(Sample, (s[0], s[1], s[2], timestamp)) for b in blocks for s in b.samples]
+        if self._layout_disjoint:   # no series in two blocks: stamp each (C-level loops, no bytecode per sample)
+            heads = chain.from_iterable([b.samples for b in blocks])
+            out.samples = list(map(_new, repeat(Sample), map(add, heads, repeat((timestamp,)))))
         else:
             out.samples = self._collapse_all(blocks, timestamp)
         return out, [i for b in blocks for i in b.issues]
@@ -151,10 +154,10 @@ class BlockCache:
         """Old and new upstream names of one signal, in two families: collapse like the dialect."""
         acc: dict[tuple[str, Labels], float] = {}
         for b in blocks:
-            for s in b.samples:
-                key = (s.name, s.labels)
+            for name, labels, value in b.samples:
+                key = (name, labels)
                 prev = acc.get(key)
-                acc[key] = s.value if prev is None else self._collapse(s.name, prev, s.value)
+                acc[key] = value if prev is None else self._collapse(name, prev, value)
         return [Sample(n, lab, v, timestamp) for (n, lab), v in acc.items()]
 
     def _collapse(self, name: str, prev: float, value: float) -> float:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from kvscope.agent.signals import Sample, make_labels
@@ -29,6 +30,7 @@ PROCESS_MEMORY = "gpu_process_memory_used_bytes"
 GPU_MEMORY = "gpu_memory_used_bytes"
 ENGINE_PROCESS_PREFIX = "engine_process_"
 JOIN_ORDER = ("config", "kubernetes", "pid")
+_JOIN_PREFIXES = ("gpu_", ENGINE_PROCESS_PREFIX)   # every series the joins read, but the engines' pods
 
 
 @dataclass(frozen=True)
@@ -88,10 +90,11 @@ def join_engines_to_gpus(samples: Iterable[Sample], gpu_mapping: Any = None) -> 
     """Every (engine instance, GPU) pair the samples and the mapping establish, strongest join
     first, one assignment per pair. `samples` are the latest canonical samples of all sources."""
     samples = list(samples)
-    devices = _devices(samples)
-    used = _device_memory(samples)
+    joined = [s for s in samples if s[0].startswith(_JOIN_PREFIXES)]   # one pass; the rest reads these
+    devices = _devices(joined)
+    used = _device_memory(joined)
     found = [*_by_config(parse_gpu_mapping(gpu_mapping), devices, used),
-             *_by_kubernetes(samples, used), *_by_pid(samples)]
+             *_by_kubernetes(joined, samples, used), *_by_pid(joined)]
     out: dict[tuple[str, tuple[str | None, ...]], GpuAssignment] = {}
     for a in found:
         out.setdefault((a.instance, a.device.key()), a)
@@ -118,8 +121,9 @@ def _by_config(mapping: dict[str, tuple[str, ...]], devices: dict[tuple[str | No
     return out
 
 
-def _by_kubernetes(samples: list[Sample], used: dict[tuple[str | None, ...], float]) -> list[GpuAssignment]:
-    gpu_pods = [s for s in samples if _is_gpu(s) and s.label("pod") and s.label("namespace")]
+def _by_kubernetes(joined: list[Sample], samples: list[Sample],
+                   used: dict[tuple[str | None, ...], float]) -> list[GpuAssignment]:
+    gpu_pods = [s for s in joined if _is_gpu(s) and s.label("pod") and s.label("namespace")]
     if not gpu_pods:   # dcgm-exporter outside Kubernetes mode: nothing to join, skip the engine scan
         return []
     pods: dict[tuple[str, str], list[tuple[str, str | None]]] = {}
@@ -188,7 +192,8 @@ def render_engine_gpu_samples(assignments: Iterable[GpuAssignment], timestamp: f
 def derive_engine_gpu(samples: Iterable[Sample], gpu_mapping: Any = None) -> list[Sample]:
     """The join over one collection cycle as samples, stamped with the newest sample time."""
     samples = list(samples)
-    stamps = [s.timestamp for s in samples if s.timestamp is not None]
+    stamps = set(map(itemgetter(3), samples))   # C-level pass: timestamps are few (one per target)
+    stamps.discard(None)
     return render_engine_gpu_samples(join_engines_to_gpus(samples, gpu_mapping), max(stamps, default=None))
 
 
