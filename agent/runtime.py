@@ -13,11 +13,14 @@ import gc
 import importlib
 import logging
 import math
+import operator
 import pkgutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import itemgetter
 from typing import Any
 
 from kvscope.agent import collectors as collectors_pkg
@@ -125,20 +128,45 @@ class AgentState:
 class CounterResets:
     """Counts decreases of canonical counters per instance (an engine restart, usually).
 
-    Memory is bounded by the series present in the last cycle.
+    Memory is bounded by the series present in the last cycle. When a cycle holds the same
+    series in the same order as the previous one (the usual case), the counters' values are
+    compared position by position in C-level passes, with no per-sample dict lookup.
     """
 
     def __init__(self) -> None:
         self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self._counter_names: dict[str, bool] = {}   # name -> is a counter (names are few)
+        self._names: tuple[str, ...] | None = None   # the previous cycle's series, in order
+        self._labels: tuple[tuple[tuple[str, str], ...], ...] | None = None
+        self._idx: list[int] = []                    # positions of its counters
+        self._values: list[float] = []              # and their values
 
     def observe(self, samples: Iterable[Sample], into: Counter[str]) -> None:
+        samples = samples if isinstance(samples, list) else list(samples)
+        names = tuple(map(itemgetter(0), samples))
+        labels = tuple(map(itemgetter(1), samples))
+        values = list(map(itemgetter(2), samples))
+        if names == self._names and labels == self._labels:
+            cur = list(map(values.__getitem__, self._idx))
+            reset_instances = {samples[i].label("instance") or ""
+                               for i in compress(self._idx, map(operator.lt, cur, self._values))}
+            self._values = cur
+        else:
+            reset_instances = self._observe_by_key(samples, names, labels)
+        for inst in reset_instances:
+            into[inst] += 1
+
+    def _observe_by_key(self, samples: list[Sample], names: tuple[str, ...],
+                        labels: tuple[tuple[tuple[str, str], ...], ...]) -> set[str]:
         seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         reset_instances: set[str] = set()
+        idx: list[int] = []
+        if self._names is not None:   # the last cycle took the fast path: its values by key
+            self._last = {(self._names[i], self._labels[i]): v for i, v in zip(self._idx, self._values, strict=True)}
         last, is_counter = self._last, self._counter_names
         if len(is_counter) > 100_000:
             is_counter.clear()
-        for s in samples:
+        for i, s in enumerate(samples):
             name = s[0]
             counter = is_counter.get(name)
             if counter is None:
@@ -151,9 +179,12 @@ class CounterResets:
             if prev is not None and value < prev:
                 reset_instances.add(s.label("instance") or "")
             seen[key] = value
-        for inst in reset_instances:
-            into[inst] += 1
+            idx.append(i)
         self._last = seen
+        unique = len(seen) == len(idx)   # a series twice in one cycle: keep comparing by key
+        self._names, self._labels = (names, labels) if unique else (None, None)
+        self._idx, self._values = idx, [samples[i][2] for i in idx]
+        return reset_instances
 
 
 def _freeze_startup_objects() -> None:

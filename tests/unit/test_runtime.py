@@ -128,6 +128,46 @@ def test_counter_resets_count_once_per_instance_and_scrape():
     assert into == Counter({"a": 1})
 
 
+def _resets_by_key(cycles):
+    """The definition: a counter below its value in the previous cycle (last one wins in a cycle)."""
+    into: Counter[str] = Counter()
+    last: dict = {}
+    for cycle in cycles:
+        seen, insts = {}, set()
+        for s in cycle:
+            if s.name.endswith(("_total", "_count")):
+                if s.value < last.get((s.name, s.labels), float("-inf")):
+                    insts.add(s.label("instance"))
+                seen[(s.name, s.labels)] = s.value
+        into.update(insts)
+        last = seen
+    return into
+
+
+def test_counter_resets_same_series_fast_path_counts_like_the_definition():
+    import random
+
+    rng = random.Random(5)
+    labs = [make_labels({"instance": f"i{i % 3}", "k": str(i)}) for i in range(9)]
+    cycles = []
+    for _ in range(300):
+        cycle = [Sample(f"c{i % 2}_total", lab, float(rng.randrange(4)), 1.0) for i, lab in enumerate(labs)]
+        cycle.append(Sample("g", labs[0], 1.0, 1.0))
+        event = rng.randrange(10)
+        if event == 0:
+            del cycle[rng.randrange(len(cycle))]      # a series missing from one cycle
+        elif event == 1:
+            cycle.append(cycle[0]._replace(value=0.0))   # a series twice in one cycle
+        elif event == 2:
+            rng.shuffle(cycle)
+        cycles.append(cycle)
+    resets, into = CounterResets(), Counter()
+    for cycle in cycles:
+        resets.observe(cycle, into)
+    want = _resets_by_key(cycles)
+    assert into == want and sum(want.values()) > 100
+
+
 def test_subsystem_collectors_are_known_to_the_agent():
     from kvscope.agent.runtime import known_collectors
 
