@@ -40,11 +40,12 @@ import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, groupby
 
 from kvscope.agent.signals import Labels, Sample
 
 Key = tuple[str, Labels]
+_timestamp = operator.itemgetter(3)
 Points = list[tuple[float, float]]
 
 
@@ -101,13 +102,12 @@ class ChangeEncoder:
         appended to `out` (a new `Encoded` if None)."""
         out = Encoded() if out is None else out
         by_ts: dict[object, list[Sample]] = {}
-        for s in batch:
-            ts = s[3]
+        for ts, run in groupby(batch, _timestamp):   # runs of one timestamp (a target's scrape)
             cohort = by_ts.get(ts)
             if cohort is None:
-                by_ts[ts] = [s]
+                by_ts[ts] = list(run)
             else:
-                cohort.append(s)
+                cohort.extend(run)
         # A cohort is the samples of one exact timestamp: targets scraped within the same
         # millisecond stay apart (each keeps its own group), though their stamps round alike.
         cohorts: list[tuple[int, float, list[Sample]]] = []
