@@ -58,7 +58,7 @@ class BlockCache:
         self.max_cached_bytes = max_cached_bytes
         self.max_miss_fraction = max_miss_fraction
         self.refresh_every = refresh_every
-        self._blocks: dict[str, _Block] = {}
+        self._blocks: dict[BlockKey, _Block] = {}
         self._skipped = 0
         self.memo = MappingMemo()   # label mapping of each upstream series, for both paths
         self._label_cache: dict[str, Labels | None] = {}   # label body text -> parsed labels
@@ -76,32 +76,37 @@ class BlockCache:
         """Canonical samples of `text` for `engine`, and the parse issues of the payload."""
         if len(text) > self.max_cached_bytes or not text.endswith("\n") or text.rstrip().endswith("# EOF"):
             return self._whole(text, engine, target_labels, timestamp)
-        blocks = split_blocks(text)
-        changed = sum(1 for b in blocks if b not in self._blocks)
-        if self._blocks and changed > self.max_miss_fraction * len(blocks) and self._skipped < self.refresh_every:
+        keys = block_keys(text)
+        ordered: list[_Block | None] = list(map(self._blocks.get, keys))   # one C-level pass of lookups
+        changed = ordered.count(None)
+        if self._blocks and changed > self.max_miss_fraction * len(keys) and self._skipped < self.refresh_every:
             self._skipped += 1    # most families changed: one whole parse is cheaper than many small ones
             return self._whole(text, engine, target_labels, timestamp)
         self._skipped = 0
-        fresh: dict[str, _Block] = {}
-        for block in blocks:
-            hit = self._blocks.get(block) or fresh.get(block)
-            if hit is None:
-                self.misses += 1
-                hit = self._normalize_block(block, engine, target_labels)
-            else:
-                self.hits += 1
-            fresh[block] = hit
-        ordered = [fresh[b] for b in blocks]
-        if not self._same_layout(ordered):
-            self._layout_whole = _needs_whole_path(ordered)
-            self._layout_disjoint = _disjoint_outputs(ordered)
-        self._layout = ordered
+        self.hits += len(keys) - changed
+        if changed:
+            made: dict[BlockKey, _Block] = {}
+            for i, hit in enumerate(ordered):
+                if hit is None:
+                    key = keys[i]
+                    hit = made.get(key)
+                    if hit is None:
+                        self.misses += 1
+                        hit = made[key] = self._normalize_block(block_text(key), engine, target_labels)
+                    else:
+                        self.hits += 1
+                    ordered[i] = hit
+        blocks: list[_Block] = ordered   # type: ignore[assignment]  # every None was filled
+        if not self._same_layout(blocks):
+            self._layout_whole = _needs_whole_path(blocks)
+            self._layout_disjoint = _disjoint_outputs(blocks)
+        self._layout = blocks
         if self._layout_whole:
             self._blocks = {}
             self._layout = []
             return self._whole(text, engine, target_labels, timestamp)
-        self._blocks = fresh
-        return self._combine(ordered, engine, timestamp)
+        self._blocks = dict(zip(keys, blocks, strict=True))
+        return self._combine(blocks, engine, timestamp)
 
     def _labels_memo(self) -> dict[str, Labels | None]:
         if len(self._label_cache) > MAX_LABEL_CACHE:
@@ -165,6 +170,31 @@ class BlockCache:
         if sig is None and name.endswith(_HIST):
             sig = self.catalog.signals.get(name.rsplit("_", 1)[0])
         return max(prev, value) if sig is not None and sig.kind == "gauge" else prev + value
+
+
+BlockKey = str | tuple[str, str]
+"""A block's memo key: the text between two `\n# HELP ` separators for a middle block (no copy
+of the payload is made), ("first" | "last" | "whole", its text) for the others."""
+
+
+def block_keys(text: str) -> list[BlockKey]:
+    """The memo keys of `text`'s blocks, in order; `block_text(key)` is the block (as in `split_blocks`)."""
+    parts: list[BlockKey] = text.split("\n# HELP ")   # type: ignore[assignment]
+    if len(parts) == 1:
+        return [("whole", text)] if text else []
+    parts[0] = ("first", parts[0])        # type: ignore[assignment]
+    parts[-1] = ("last", parts[-1])       # type: ignore[assignment]
+    return parts
+
+
+def block_text(key: BlockKey) -> str:
+    """The text of the block a `block_keys` key stands for."""
+    if type(key) is str:
+        return "# HELP " + key + "\n"
+    tag, part = key
+    if tag == "first":
+        return part + "\n"
+    return "# HELP " + part if tag == "last" else part
 
 
 def split_blocks(text: str) -> list[str]:

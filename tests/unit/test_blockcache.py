@@ -6,7 +6,7 @@ import random
 from collections import Counter
 
 import pytest
-from kvscope.agent.blockcache import BlockCache, split_blocks
+from kvscope.agent.blockcache import BlockCache, block_keys, block_text, split_blocks
 from kvscope.agent.engines.dialect import normalize
 from kvscope.agent.exposition import parse_exposition
 from kvscope.agent.signals import load_catalog
@@ -137,3 +137,16 @@ def test_split_blocks_keeps_every_line_once(load_fixture):
     assert "".join(blocks) == text
     assert all(b.startswith("# HELP ") for b in blocks[1:])
     assert len(blocks) > 50
+
+
+@pytest.mark.parametrize("text", ["", "a 1\n", "# HELP a x\na 1\n", "# HELP a x\na 1\n\n# HELP b y\nb 2\n",
+                                  "x 1\n# HELP # HELP a\n# HELP a x\na 1\n", "# HELP a\n# HELP a\n# HELP a\n"])
+def test_block_keys_stand_for_the_split_blocks(text, load_fixture):
+    """Memo keys (no copy of the payload for middle blocks) give back exactly split_blocks' texts,
+    and a key never stands for two different texts (first/last/whole blocks are tagged)."""
+    for t in (text, load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt")):
+        keys = block_keys(t)
+        assert [block_text(k) for k in keys] == split_blocks(t)
+        texts = {}
+        for k in keys:
+            assert texts.setdefault(k, block_text(k)) == block_text(k)
