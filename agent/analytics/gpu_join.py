@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from operator import itemgetter
+from itertools import compress
+from operator import itemgetter, methodcaller
 from typing import Any
 
 from kvscope.agent.signals import Sample, make_labels
@@ -90,7 +91,8 @@ def join_engines_to_gpus(samples: Iterable[Sample], gpu_mapping: Any = None) -> 
     """Every (engine instance, GPU) pair the samples and the mapping establish, strongest join
     first, one assignment per pair. `samples` are the latest canonical samples of all sources."""
     samples = list(samples)
-    joined = [s for s in samples if s[0].startswith(_JOIN_PREFIXES)]   # one pass; the rest reads these
+    # one C-level pass (no bytecode per sample): the joins read only these
+    joined = list(compress(samples, map(methodcaller("startswith", _JOIN_PREFIXES), map(itemgetter(0), samples))))
     devices = _devices(joined)
     used = _device_memory(joined)
     found = [*_by_config(parse_gpu_mapping(gpu_mapping), devices, used),
