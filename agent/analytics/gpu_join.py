@@ -90,7 +90,7 @@ def _is_engine(s: Sample) -> bool:
 def join_engines_to_gpus(samples: Iterable[Sample], gpu_mapping: Any = None) -> list[GpuAssignment]:
     """Every (engine instance, GPU) pair the samples and the mapping establish, strongest join
     first, one assignment per pair. `samples` are the latest canonical samples of all sources."""
-    samples = list(samples)
+    samples = samples if isinstance(samples, list) else list(samples)
     # one C-level pass (no bytecode per sample): the joins read only these
     joined = list(compress(samples, map(methodcaller("startswith", _JOIN_PREFIXES), map(itemgetter(0), samples))))
     devices = _devices(joined)
@@ -193,10 +193,13 @@ def render_engine_gpu_samples(assignments: Iterable[GpuAssignment], timestamp: f
 
 def derive_engine_gpu(samples: Iterable[Sample], gpu_mapping: Any = None) -> list[Sample]:
     """The join over one collection cycle as samples, stamped with the newest sample time."""
-    samples = list(samples)
+    samples = samples if isinstance(samples, list) else list(samples)
+    assignments = join_engines_to_gpus(samples, gpu_mapping)
+    if not any(a.memory_bytes is not None for a in assignments):
+        return []   # nothing to render: skip the pass over every sample's timestamp
     stamps = set(map(itemgetter(3), samples))   # C-level pass: timestamps are few (one per target)
     stamps.discard(None)
-    return render_engine_gpu_samples(join_engines_to_gpus(samples, gpu_mapping), max(stamps, default=None))
+    return render_engine_gpu_samples(assignments, max(stamps, default=None))
 
 
 def engine_gpu_hook(gpu_mapping: Any = None) -> Callable[[list[Sample]], list[Sample]]:

@@ -128,8 +128,10 @@ class EngineCollector:
             health.dropped.update(i.reason for i in scrape.exposition().issues)
             return
         norm, issues = self._normalize(scrape, engine)
-        health.dropped.update(i.reason for i in issues)
-        health.dropped.update(norm.dropped)
+        if issues:
+            health.dropped.update(i.reason for i in issues)
+        if norm.dropped:
+            health.dropped.update(norm.dropped)
         health.series = len(norm.samples)
         out.samples.extend(norm.samples)
         if norm.facts:
