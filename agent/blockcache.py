@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import chain, repeat
-from operator import add
+from itertools import chain, compress, repeat
+from operator import add, attrgetter, is_not
 
 from kvscope.agent.engines.dialect import MappingMemo, Normalized, normalize
 from kvscope.agent.exposition import ParseIssue, parse_exposition
@@ -34,6 +34,7 @@ from kvscope.agent.signals import Catalog, Labels, Sample
 
 _HIST = ("_bucket", "_sum", "_count")
 MAX_LABEL_CACHE = 20_000
+_facts, _dropped, _unmapped, _issues, _heads = map(attrgetter, ("facts", "dropped", "unmapped", "issues", "samples"))
 _new = tuple.__new__   # builds a Sample without NamedTuple.__new__'s Python-level call (hot loop)
 
 
@@ -118,9 +119,10 @@ class BlockCache:
         prev = self._layout
         if len(prev) != len(blocks):
             return False
-        for a, b in zip(prev, blocks, strict=True):
-            if a is not b and (len(a.samples) != len(b.samples) or a.keys != b.keys or a.canonical != b.canonical
-                               or a.timestamped or b.timestamped):
+        for i in compress(range(len(blocks)), map(is_not, prev, blocks)):   # the blocks that changed
+            a, b = prev[i], blocks[i]
+            if (len(a.samples) != len(b.samples) or a.keys != b.keys or a.canonical != b.canonical
+                    or a.timestamped or b.timestamped):
                 return False
         return True
 
@@ -142,18 +144,20 @@ class BlockCache:
     def _combine(self, blocks: list[_Block], engine: str,
                  timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
         out = Normalized(engine=engine)
-        for b in blocks:
+        # a hundred blocks per target, few with facts or drops: select those in C-level passes
+        for b in compress(blocks, map(_facts, blocks)):
             for rank, facts in b.facts.items():
                 out.facts.setdefault(rank, {}).update(facts)
-            if b.dropped:
-                out.dropped.update(b.dropped)
-            out.unmapped += b.unmapped
+        for b in compress(blocks, map(_dropped, blocks)):
+            out.dropped.update(b.dropped)
+        out.unmapped = sum(map(_unmapped, blocks))
+        issues = list(chain.from_iterable(map(_issues, blocks)))
         if self._layout_disjoint:   # no series in two blocks: stamp each (C-level loops, no bytecode per sample)
-            heads = chain.from_iterable([b.samples for b in blocks])
+            heads = chain.from_iterable(map(_heads, blocks))
             out.samples = list(map(_new, repeat(Sample), map(add, heads, repeat((timestamp,)))))
         else:
             out.samples = self._collapse_all(blocks, timestamp)
-        return out, [i for b in blocks for i in b.issues]
+        return out, issues
 
     def _collapse_all(self, blocks: list[_Block], timestamp: float) -> list[Sample]:
         """Old and new upstream names of one signal, in two families: collapse like the dialect."""
