@@ -62,13 +62,26 @@ async def _pressure(session, base, samples, burst=14, every_s=0.1, min_trickle=2
     for i in range(burst):            # staggered so their prefills do not contend (TTFT stays at baseline)
         tasks.append(asyncio.create_task(_complete(session, base, f"burst/{i}", 300, 650)))
         await asyncio.sleep(0.05)
+    complete = asyncio.Event()
+    watcher = asyncio.create_task(_watch(samples, complete))
     t0, i = time.time(), 0
-    while time.time() - t0 < max_s and (i < min_trickle or not _cascade_complete(samples)):
+    while time.time() - t0 < max_s and (i < min_trickle or not complete.is_set()):
         await asyncio.sleep(every_s)
         if sum(not t.done() for t in tasks) < 64:     # bounded: enough to keep a queue, not a flood
             tasks.append(asyncio.create_task(_complete(session, base, f"trickle/{i}", 300, 650)))
             i += 1
+    watcher.cancel()
     return statuses + list(await asyncio.gather(*tasks))
+
+
+async def _watch(samples, complete, every_s=2.0):
+    """Set `complete` once the scrapes show the whole cascade. The check reads every sample so far,
+    so it runs in a thread every few seconds: on the event loop it would stall the arrivals and the
+    scrapes it is judging (and let idle keep-alive connections time out under the client)."""
+    while not complete.is_set():
+        await asyncio.sleep(every_s)
+        if await asyncio.to_thread(_cascade_complete, samples):
+            complete.set()
 
 
 def _run_pressure(vllm_small_kv):
