@@ -209,7 +209,12 @@ class AgentRuntime:
     """Runs collectors on a fixed cadence, feeds derive hooks and the store, keeps `state`."""
 
     def __init__(self, config: AgentConfig, collectors: Sequence[Collector], store: Any,
-                 derive: Sequence[DeriveHook] = (), clock: Callable[[], float] = time.time) -> None:
+                 derive: Sequence[DeriveHook] = (), clock: Callable[[], float] = time.time,
+                 freeze_gc: bool = False) -> None:
+        """`freeze_gc`: after the first cycle, freeze the process's objects and raise the young GC
+        threshold (`_freeze_startup_objects`). Process-wide, so only the `kvscope agent` process
+        asks for it; a runtime embedded in another program (or a test run) leaves GC alone."""
+        self.freeze_gc = freeze_gc
         self.config = config
         self.collectors = list(collectors)
         self.store = store
@@ -310,7 +315,7 @@ class AgentRuntime:
         next_tick = time.monotonic()
         while not self._stop.is_set():
             await self.run_cycle()
-            if self.state.cycles == 1:
+            if self.state.cycles == 1 and self.freeze_gc:
                 _freeze_startup_objects()
             next_tick += interval
             now = time.monotonic()

@@ -85,7 +85,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
         log.error("store: %s", e)
         return 1
     derive = [engine_gpu_hook(config.gpu_mapping)]
-    runtime = AgentRuntime(config, build_collectors(config), store, derive=derive)
+    runtime = AgentRuntime(config, build_collectors(config), store, derive=derive, freeze_gc=True)
     server = AgentServer(runtime)
     host, port = config.listen_host_port
     try:
