@@ -31,6 +31,22 @@ def bucket_layout(keys: list[tuple[str, ...]], inv: np.ndarray, adj: np.ndarray,
         rows = key_rows[key_index]
         order = np.argsort(rows[:, 0], kind="stable")
         return groups, source, [(np.array(les), order, rows[order])]
+    groups, key_sets = group_buckets(keys, n_by)
+    sets = []
+    for les, gis, idx in key_sets:
+        rows = key_rows[idx]
+        # groups in the order of their rows: a bucket's rows are then usually evenly spaced
+        # (le-major or group-major blocks alike), so planes read them in place
+        order = np.argsort(rows[:, 0], kind="stable")
+        sets.append((les, gis[order], rows[order]))
+    return groups, source, sets
+
+
+def group_buckets(keys: list[tuple[str, ...]], n_by: int
+                  ) -> tuple[list[tuple[str, ...]], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """Bucket keys `(group..., le)` -> (sorted groups, [(bounds, group indices, key indices
+    [G, buckets] in bound order)]), one entry per distinct bound set. Keys whose `le` is not a
+    number are ignored; groups with fewer than two bounds or no +Inf bound are in no set."""
     by_group: dict[tuple[str, ...], list[tuple[float, int]]] = {}
     for i, k in enumerate(keys):
         try:
@@ -44,14 +60,9 @@ def bucket_layout(keys: list[tuple[str, ...]], inv: np.ndarray, adj: np.ndarray,
         les = tuple(sorted(le for le, _ in by_group[g]))
         if len(les) >= 2 and np.isinf(les[-1]):
             by_les.setdefault(les, []).append(gi)
-    sets = []
-    for les, gis in by_les.items():
-        rows = key_rows[np.array([[i for _, i in sorted(by_group[groups[gi]])] for gi in gis])]
-        # groups in the order of their rows: a bucket's rows are then usually evenly spaced
-        # (le-major or group-major blocks alike), so planes read them in place
-        order = np.argsort(rows[:, 0], kind="stable")
-        sets.append((np.array(les), np.array(gis)[order], rows[order]))
-    return groups, source, sets
+    return groups, [(np.array(les), np.array(gis), np.array([[i for _, i in sorted(by_group[groups[gi]])]
+                                                            for gi in gis]))
+                    for les, gis in by_les.items()]
 
 
 def uniform_buckets(keys: list[tuple[str, ...]], n_by: int

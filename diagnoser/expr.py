@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 from kvscope.diagnoser import grid
-from kvscope.diagnoser.buckets import bucket_layout
+from kvscope.diagnoser.buckets import bucket_layout, group_buckets
 from kvscope.diagnoser.frame import Frame
 from kvscope.diagnoser.rule import Rule
 
@@ -433,25 +433,12 @@ def _quantiles(q: float, keys: list[tuple[str, ...]], summed: np.ndarray, n_by: 
     """Per group: bucket rates keyed (group..., le) -> quantile rows, one le-set at a time.
 
     `key_rows` maps a key's index to its row in `summed` (identity when None)."""
-    by_group: dict[tuple[str, ...], list[tuple[float, int]]] = {}
-    for i, k in enumerate(keys):
-        try:
-            le = float(k[n_by])
-        except ValueError:
-            continue
-        by_group.setdefault(k[:n_by], []).append((le, i))
-    groups = sorted(by_group)
+    groups, sets = group_buckets(keys, n_by)
     out = np.full((len(groups), summed.shape[1]), np.nan)
-    by_les: dict[tuple[float, ...], list[int]] = {}
-    for gi, g in enumerate(groups):
-        les = tuple(sorted(le for le, _ in by_group[g]))
-        if len(les) >= 2 and np.isinf(les[-1]):
-            by_les.setdefault(les, []).append(gi)
-    for les, gis in by_les.items():
-        rows = np.array([[i for _, i in sorted(by_group[groups[gi]])] for gi in gis])
+    for les, gis, rows in sets:
         if key_rows is not None:
             rows = key_rows[rows]
-        out[gis] = grid.bucket_quantile(q, np.array(les), summed, rows)
+        out[gis] = grid.bucket_quantile(q, les, summed, rows)
     return groups, out
 
 
