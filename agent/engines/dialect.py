@@ -191,7 +191,8 @@ class _Mapper:
     @staticmethod
     def _add(name: str | None, labels: Labels | str, kind: str, ts: float | None, value: float | None,
              acc: dict[tuple[str, Labels, float | None], float], out: Normalized) -> None:
-        """`_apply`'s checks in its order: value, finiteness, then the `le` label."""
+        """Check the value, its finiteness, then the `le` label (`name` None), counting a drop by
+        reason; else accumulate into `acc` (max for gauges, sum otherwise). Both paths use it."""
         if value is None:
             out.dropped["bad_value"] += 1
             return
@@ -217,25 +218,9 @@ class _Mapper:
         if any(upstream.get(k) not in allowed for k, allowed in alias.match.items()):
             return
         value = self._value(alias, signal.kind, suffix, raw, upstream)
-        if value is None:
-            out.dropped["bad_value"] += 1
-            return
-        if not math.isfinite(value):
-            out.dropped["non_finite"] += 1
-            return
         labels = self._labels(alias, signal.labels, signal.kind, suffix, upstream)
-        if labels is None:
-            out.dropped["bad_le"] += 1
-            return
-        name = signal.name + (suffix if signal.kind == "histogram" else "")
-        key = (name, labels, ts)
-        prev = acc.get(key)
-        if prev is None:
-            acc[key] = value
-        elif signal.kind == "gauge":
-            acc[key] = max(prev, value)
-        else:
-            acc[key] = prev + value
+        name = None if labels is None else signal.name + (suffix if signal.kind == "histogram" else "")
+        self._add(name, "" if labels is None else labels, signal.kind, ts, value, acc, out)   # checks value, then le
 
     @staticmethod
     def _value(alias: Alias, kind: str, suffix: str, raw: RawSample,
