@@ -26,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 from kvscope.agent.export import CONTENT_TYPE, render_metrics
+from kvscope.agent.httpserve import HttpSite
 from kvscope.agent.runtime import AgentRuntime
 from kvscope.agent.signals import Catalog, load_catalog
 
@@ -42,7 +43,7 @@ class AgentServer:
         self.runtime = runtime
         self.catalog = catalog or load_catalog()
         self._cache: tuple[int, bytes] | None = None
-        self._runner: web.AppRunner | None = None
+        self._site: HttpSite | None = None
         self.port: int | None = None
 
     def app(self) -> web.Application:
@@ -59,18 +60,14 @@ class AgentServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (port 0 picks a free one). Returns the bound port."""
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, backlog=64)
-        await site.start()
-        server = site._server  # the bound socket is the only way to learn an ephemeral port
-        self.port = server.sockets[0].getsockname()[1] if server and server.sockets else port
+        self._site = HttpSite(self.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
+        self.port = await self._site.start(host, port, backlog=64)
         return self.port
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
 
     # ---------------------------------------------------------------------------------- routes
 

@@ -38,6 +38,7 @@ from aiohttp import web
 from kvscope.agent.analytics.fairness import UsageWindow, evaluate_fairness, render_fairness_samples
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import ConfigError, parse_bytes, parse_seconds, register_section
+from kvscope.agent.httpserve import HttpSite
 from kvscope.agent.signals import make_labels
 from kvscope.agent.traces.export import encode_spans, render_phase_spans
 from kvscope.agent.traces.histogram import PHASE_BUCKETS, HistogramSet
@@ -142,8 +143,7 @@ class OtlpTraceReceiver:
         self.listeners: list[Callable[[RequestRecord], None]] = []
         self.stats: Counter[str] = Counter()      # cumulative: spans, requests, bad payloads, drops
         self._reported: Counter[str] = Counter()
-        self._runner: web.AppRunner | None = None
-        self._site_port: int | None = None
+        self._site: HttpSite | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._forward_q: asyncio.Queue[tuple[str, bytes, dict[str, str]]] | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -152,27 +152,25 @@ class OtlpTraceReceiver:
     @property
     def port(self) -> int | None:
         """The bound port once started (useful with `listen: 127.0.0.1:0`)."""
-        return self._site_port
+        return self._site.port if self._site is not None else None
 
     async def start(self) -> None:
         """Bind and serve. Raises OSError if the address is taken."""
-        if self._runner is not None or self.config is None:
+        if self._site is not None or self.config is None:
             return
         app = web.Application(client_max_size=self.config.max_body_bytes)
         app.router.add_post("/v1/traces", self._handle)
         # auto_decompress off: we decompress ourselves, under the max_body_bytes cap (zip bombs)
-        self._runner = web.AppRunner(app, access_log=None, auto_decompress=False)
-        await self._runner.setup()
+        site = HttpSite(app, access_log=None, auto_decompress=False)
         host, port = self.config.host_port()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        self._site_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await site.start(host, port)
+        self._site = site
         self._tasks.append(asyncio.create_task(self._flush_loop()))
         if self.config.forward_url or self.config.stitched_url:
             self._forward_q = asyncio.Queue(self.config.forward_queue)
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.forward_timeout_s))
             self._tasks.append(asyncio.create_task(self._forward_loop()))
-        log.info("OTLP receiver listening on %s:%s", host, self._site_port)
+        log.info("OTLP receiver listening on %s:%s", host, site.port)
 
     async def stop(self) -> None:
         """Stop serving, stitch what is buffered, release sockets and tasks."""
@@ -184,9 +182,9 @@ class OtlpTraceReceiver:
             except asyncio.CancelledError:
                 pass
         self._tasks.clear()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -75,16 +75,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(server: object, host: str, port: int) -> None:
-    from aiohttp import web
+    from kvscope.agent.httpserve import HttpSite
 
-    runner = web.AppRunner(server.app(), access_log=None)  # type: ignore[attr-defined]
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    logging.getLogger("kvscope.serve").info("listening on http://%s:%d", host, port)
+    site = HttpSite(server.app(), access_log=None)  # type: ignore[attr-defined]
+    bound = await site.start(host, port)
+    logging.getLogger("kvscope.serve").info("listening on http://%s:%d", host, bound)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await runner.cleanup()
+    await site.stop()

@@ -1,0 +1,55 @@
+"""One aiohttp application served on host:port, the one copy of the bind/serve/stop boilerplate.
+
+The agent's HTTP server, the OTLP trace receiver and `kvscope serve` (the Alertmanager webhook)
+each serve an `aiohttp.web.Application` inside an asyncio loop they already run. `HttpSite`
+binds it (port 0 picks a free port), reports the port it got, and stops it cleanly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+
+class HttpSite:
+    """Serve `app` on one TCP address until `stop()`.
+
+    `runner_options` go to `web.AppRunner` unchanged (`access_log`, `handle_signals`,
+    `shutdown_timeout`, and server options such as `auto_decompress`).
+    """
+
+    def __init__(self, app: web.Application, **runner_options: Any) -> None:
+        self.app = app
+        self.runner_options = runner_options
+        self.port: int | None = None
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    async def start(self, host: str, port: int, backlog: int = 128) -> int:
+        """Bind host:port and serve. Returns the bound port; raises OSError if it is taken.
+
+        On failure nothing is left running (the runner is cleaned up before the error propagates).
+        """
+        if self._runner is not None:
+            raise RuntimeError("HttpSite already started")
+        runner = web.AppRunner(self.app, **self.runner_options)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port, backlog=backlog).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        bound = runner.addresses
+        self.port = bound[0][1] if bound else port
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop accepting, finish or cancel open requests, run the app's cleanup hooks. Idempotent."""
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
