@@ -1,29 +1,30 @@
-"""NVML collector: per-GPU utilisation, memory, power, energy, temperature, clocks, PCIe and
-NVLink throughput, per-process memory and MIG layout, read through NVIDIA's `nvidia-ml-py`
-bindings (`import pynvml`; never the deprecated `pynvml` package).
+"""NVML collector: per-GPU utilisation, memory, power, energy, temperature, clocks and
+clock-event (throttle) reasons, PCIe and NVLink throughput, per-process memory, MIG layout and
+GPM profiling metrics (agent/collectors/gpm.py), read through NVIDIA's `nvidia-ml-py` bindings
+(`import pynvml`; never the deprecated `pynvml` package).
 
 Every reading is optional: a getter that the GPU or driver does not support yields nothing
 (the signal is absent, never 0). Without a driver the collector reports itself down with the
 NVML error class as reason (`NVMLError_LibraryNotFound`, `NVMLError_DriverNotLoaded`) and emits
 no values; it retries the initialisation at most every `retry_s` seconds.
 
-`FakeNvml` at the bottom is the in-memory twin: it exposes the same function names, return
-shapes and exception classes as pynvml, from a JSON recording (tests/fixtures/nvml/).
+`FakeNvml` (agent/collectors/nvml_fake.py, re-exported here) is the in-memory twin: it exposes
+the same function names, return shapes and exception classes as pynvml, from a JSON recording
+(tests/fixtures/nvml/).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
+from kvscope.agent.collectors.gpm import GpmSampler
+from kvscope.agent.collectors.nvml_fake import FakeNvml  # noqa: F401 - tests import the twin from here
 from kvscope.agent.signals import Sample, make_labels
 
 NAME = "nvml"
@@ -34,6 +35,21 @@ FI_NVLINK_LINK_COUNT = 91         # NVML_FI_DEV_NVLINK_LINK_COUNT
 FI_NVLINK_DATA_TX = 138           # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, cumulative KiB per link
 FI_NVLINK_DATA_RX = 139           # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 NO_INSTANCE = 0xFFFFFFFF          # gpuInstanceId of a process outside any MIG instance
+# `reason` label <- suffix of the bit constants nvmlClocksEventReason* (nvidia-ml-py >= 12.535)
+# or, in older bindings, nvmlClocksThrottleReason*; the bit values are read from the bindings.
+CLOCK_EVENT_REASONS = (
+    ("gpu_idle", "GpuIdle"),
+    ("applications_clocks_setting", "ApplicationsClocksSetting"),
+    ("sw_power_cap", "SwPowerCap"),
+    ("hw_slowdown", "HwSlowdown"),
+    ("sync_boost", "SyncBoost"),
+    ("sw_thermal_slowdown", "SwThermalSlowdown"),
+    ("hw_thermal_slowdown", "HwThermalSlowdown"),
+    ("hw_power_brake_slowdown", "HwPowerBrakeSlowdown"),
+    ("display_clock_setting", "DisplayClockSetting"),
+)
+CURRENT_REASONS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+SUPPORTED_REASONS = ("nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetSupportedClocksThrottleReasons")
 
 
 def load_nvml() -> Any:
@@ -65,6 +81,28 @@ class _Reader:
         except Exception as exc:   # noqa: BLE001 - a binding bug costs one reading, not the collection
             self.errors[type(exc).__name__] += 1
             return None
+
+    def first(self, fns: tuple[str, ...], *args: Any) -> Any | None:
+        """The answer of the first of several equivalent getters (newest name first) that has
+        one. A counted error ends the search: the older call would only fail the same way."""
+        for fn in fns:
+            seen = sum(self.errors.values())
+            value = self.get(fn, *args)
+            if value is not None or sum(self.errors.values()) > seen:
+                return value
+        return None
+
+
+def clock_event_bits(nvml: Any) -> list[tuple[str, int]]:
+    """(reason label, bit) for every clock-event reason the bindings define."""
+    out = []
+    for label, suffix in CLOCK_EVENT_REASONS:
+        bit = getattr(nvml, "nvmlClocksEventReason" + suffix, None)
+        if bit is None:
+            bit = getattr(nvml, "nvmlClocksThrottleReason" + suffix, None)
+        if bit is not None:
+            out.append((label, int(bit)))
+    return out
 
 
 def _text(value: Any) -> str:
@@ -113,6 +151,8 @@ class NvmlCollector:
         self._down_reason = ""
         self._next_init = 0.0
         self._nvlink_prev: dict[tuple[str, str], tuple[float, float]] = {}
+        self._supported_reasons: dict[str, int | None] = {}   # gpu index -> supported mask (None: all)
+        self._gpm: GpmSampler | None = None
         self._running = False
 
     async def collect(self) -> Collection:
@@ -145,6 +185,7 @@ class NvmlCollector:
                 health.up = False
                 health.reason = next(iter(reader.errors), "device_count_unavailable")
                 self._ready, self._down_reason = False, health.reason
+                self._forget_devices(_Reader(self._nvml))   # its errors would hide the reason
             else:
                 out.samples = list(self._read_all(reader, count))
                 out.facts["nvml"] = self._facts(reader)
@@ -175,15 +216,28 @@ class NvmlCollector:
 
     def _facts(self, reader: _Reader) -> dict[str, str]:
         version = reader.get("nvmlSystemGetDriverVersion")
-        return {} if version is None else {"driver_version": _text(version)}
+        facts = {} if version is None else {"driver_version": _text(version)}
+        if self._gpm is not None:
+            facts.update({f"gpm.{key}": status for key, status in sorted(self._gpm.status().items())})
+        return facts
 
     def _read_all(self, r: _Reader, count: int) -> Iterator[Sample]:
         now = self._clock()
+        if self._gpm is None:
+            self._gpm = GpmSampler(self._nvml)
         for index in range(count):
             handle = r.get("nvmlDeviceGetHandleByIndex", index)
             if handle is None:
                 continue
             yield from self._read_device(r, handle, index, now)
+        self._gpm.forget_others(r, {f"gpu{i}" for i in range(count)})
+
+    def _forget_devices(self, r: _Reader) -> None:
+        """Drop per-GPU state (GPM buffers, supported reasons) before NVML is started again."""
+        if self._gpm is not None:
+            self._gpm.close(r)
+            self._gpm = None
+        self._supported_reasons.clear()
 
     def _device_labels(self, r: _Reader, handle: Any, index: int) -> dict[str, str]:
         labels = {"gpu": str(index), "node": self.node}
@@ -200,10 +254,13 @@ class NvmlCollector:
         for name, value in self._device_values(r, handle):
             if value is not None:
                 yield Sample(name, base, float(value), now)
+        yield from self._clock_events(r, handle, labels, now)
         yield from self._nvlink(r, handle, labels, now)
         mig_on = self._mig_enabled(r, handle)
         if mig_on is not None:
             yield Sample("gpu_mig_mode_code", base, 1.0 if mig_on else 0.0, now)
+        if self._gpm is not None:
+            yield from self._gpm.read(r, f"gpu{index}", handle, labels, now, bool(mig_on))
         yield from self._processes(r, handle, labels, now, bool(mig_on))
         if mig_on:
             yield from self._mig_devices(r, handle, labels, now)
@@ -241,6 +298,29 @@ class NvmlCollector:
         yield "gpu_memory_free_bytes", mem.free
         yield "gpu_memory_total_bytes", mem.total
         yield "gpu_memory_reserved_bytes", getattr(mem, "reserved", None)
+
+    def _clock_events(self, r: _Reader, h: Any, labels: dict[str, str], now: float) -> Iterator[Sample]:
+        """One series per clock-event (throttle) reason: 1 while active, 0 while not. A reason
+        the GPU does not report (its supported mask lacks the bit) is absent, as is every reason
+        when the driver has neither the current nor the deprecated call."""
+        mask = r.first(CURRENT_REASONS, h)
+        if mask is None:
+            return
+        supported = self._supported_mask(r, h, labels["gpu"])
+        for reason, bit in clock_event_bits(self._nvml):
+            if supported is None or supported & bit:
+                rlabels = make_labels({**labels, "reason": reason})
+                yield Sample("gpu_clock_event_active_by_reason", rlabels, 1.0 if mask & bit else 0.0, now)
+
+    def _supported_mask(self, r: _Reader, h: Any, gpu: str) -> int | None:
+        """The reasons this GPU can report, asked once per GPU (None when it cannot say)."""
+        if gpu not in self._supported_reasons:
+            seen = sum(r.errors.values())
+            mask = r.first(SUPPORTED_REASONS, h)
+            if mask is None and sum(r.errors.values()) > seen:
+                return None               # an error: assume all, and ask again next collection
+            self._supported_reasons[gpu] = mask
+        return self._supported_reasons[gpu]
 
     def _field(self, r: _Reader, h: Any, field_id: int | tuple[int, int]) -> float | None:
         values = r.get("nvmlDeviceGetFieldValues", h, [field_id])
@@ -310,138 +390,10 @@ class NvmlCollector:
 
     async def close(self) -> None:
         if self._ready:
+            if not self._running:   # a hung read may still be using the GPM buffers: leave them
+                self._forget_devices(_Reader(self._nvml))
             try:
                 self._nvml.nvmlShutdown()
             except Exception:   # noqa: BLE001 - shutting down a broken driver must not fail close()
                 pass
             self._ready = False
-
-
-# ---------------------------------------------------------------------------------- in-memory twin
-
-class FakeNvml:
-    """Stands in for the `pynvml` module, from a JSON recording of one node.
-
-    Same function names, arguments, return shapes and `NVMLError` classes as nvidia-ml-py. In the
-    recording, any reading may be `{"error": "NotSupported"}` (or another NVML error name) and
-    the call then raises that error. `{"init_error": "LibraryNotFound"}` makes nvmlInit fail.
-    """
-
-    def __init__(self, recording: dict[str, Any]) -> None:
-        import pynvml  # constants and exception classes come from the real bindings
-
-        self._real = pynvml
-        self._rec = recording
-        self.calls: Counter[str] = Counter()
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> FakeNvml:
-        return cls(json.loads(Path(path).read_text()))
-
-    def __getattr__(self, name: str) -> Any:
-        if hasattr(type(self), "_" + name):
-            return getattr(self, "_" + name)
-        real = getattr(self._real, name)
-        if name.startswith("nvml") and callable(real):
-            raise AttributeError(name)   # a call the recording cannot answer: as if the bindings lacked it
-        return real                      # constants and exception classes
-
-    def _error(self, name: str) -> Exception:
-        code = getattr(self._real, "NVML_ERROR_" + "".join("_" + c if c.isupper() else c.upper()
-                                                          for c in name).lstrip("_"))
-        return self._real.NVMLError(code)
-
-    def _answer(self, value: Any) -> Any:
-        if isinstance(value, dict) and set(value) == {"error"}:
-            raise self._error(value["error"])
-        return value
-
-    def _dev(self, handle: Any) -> dict[str, Any]:
-        return handle if isinstance(handle, dict) else self._rec["devices"][handle]
-
-    def _get(self, handle: Any, key: str) -> Any:
-        dev = self._dev(handle)
-        if key not in dev:
-            raise self._error("NotSupported")
-        return self._answer(dev[key])
-
-    def _nvmlInit(self) -> None:
-        self.calls["nvmlInit"] += 1
-        if "init_error" in self._rec:
-            raise self._error(self._rec["init_error"])
-
-    def _nvmlShutdown(self) -> None:
-        self.calls["nvmlShutdown"] += 1
-
-    def _nvmlSystemGetDriverVersion(self) -> str:
-        return str(self._answer(self._rec.get("driver_version", {"error": "NotSupported"})))
-
-    def _nvmlDeviceGetCount(self) -> int:
-        return len(self._rec["devices"])
-
-    def _nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        return index
-
-    def _nvmlDeviceGetUUID(self, h: Any) -> str:
-        return str(self._get(h, "uuid"))
-
-    def _nvmlDeviceGetName(self, h: Any) -> str:
-        return str(self._get(h, "name"))
-
-    def _nvmlDeviceGetUtilizationRates(self, h: Any) -> SimpleNamespace:
-        return SimpleNamespace(**self._get(h, "utilization"))
-
-    def _nvmlDeviceGetMemoryInfo(self, h: Any, version: Any = None) -> SimpleNamespace:
-        mem = dict(self._get(h, "memory_v2" if version else "memory"))
-        if version:
-            mem["version"] = version
-        return SimpleNamespace(**mem)
-
-    def _nvmlDeviceGetPowerUsage(self, h: Any) -> int:
-        return int(self._get(h, "power_mw"))
-
-    def _nvmlDeviceGetEnforcedPowerLimit(self, h: Any) -> int:
-        return int(self._get(h, "power_limit_mw"))
-
-    def _nvmlDeviceGetTotalEnergyConsumption(self, h: Any) -> int:
-        return int(self._get(h, "energy_mj"))
-
-    def _nvmlDeviceGetTemperatureV(self, h: Any, sensor: int) -> int:
-        return int(self._get(h, "temperature_c")[str(sensor)])
-
-    def _nvmlDeviceGetClockInfo(self, h: Any, clock: int) -> int:
-        return int(self._answer(self._get(h, "clocks_mhz")[str(clock)]))
-
-    def _nvmlDeviceGetPcieThroughput(self, h: Any, counter: int) -> int:
-        return int(self._answer(self._get(h, "pcie_kb_s")[str(counter)]))
-
-    def _nvmlDeviceGetFieldValues(self, h: Any, field_ids: list[Any]) -> list[SimpleNamespace]:
-        fields = self._get(h, "fields")
-        return [self._field_value(fields, f) for f in field_ids]
-
-    def _field_value(self, fields: dict[str, Any], fid: Any) -> SimpleNamespace:
-        key = f"{fid[0]}:{fid[1]}" if isinstance(fid, tuple) else str(fid)
-        raw = fields.get(key, {"error": "NotSupported"})
-        if isinstance(raw, dict):
-            code = self._real.NVML_ERROR_NOT_SUPPORTED
-            return SimpleNamespace(nvmlReturn=code, valueType=0, value=SimpleNamespace())
-        return SimpleNamespace(nvmlReturn=0, valueType=self._real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
-                               value=SimpleNamespace(ullVal=int(raw)))
-
-    def _nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[SimpleNamespace]:
-        return [SimpleNamespace(**p) for p in self._get(h, "processes")]
-
-    def _nvmlDeviceGetMigMode(self, h: Any) -> list[int]:
-        return list(self._get(h, "mig_mode"))
-
-    def _nvmlDeviceGetMaxMigDeviceCount(self, h: Any) -> int:
-        return int(self._get(h, "max_mig_devices"))
-
-    def _nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, index: int) -> dict[str, Any]:
-        slots = self._get(h, "mig_devices")
-        if index >= len(slots) or slots[index] is None:
-            raise self._error("NotFound")
-        return dict(slots[index])
-
-    def _nvmlDeviceGetGpuInstanceId(self, h: Any) -> int:
-        return int(self._get(h, "gpu_instance_id"))

@@ -68,7 +68,7 @@ def test_reads_every_supported_gpu_value_in_base_units(recording):
     s = got[("gpu_power_watts", "0", None, None)]
     assert s.label("gpu_uuid") == "GPU-5b8f2c1e-7a3d-4e9b-9c2f-1d0e6a4b8c71"
     assert s.label("gpu_model") == "NVIDIA H100 80GB HBM3" and s.timestamp == 1000.0
-    assert out.facts["nvml"] == {"driver_version": "580.95.05"}
+    assert out.facts["nvml"] == {"driver_version": "580.95.05", "gpm.gpu0": "on", "gpm.gpu1": "off: mig_enabled"}
 
 
 def test_unsupported_readings_are_absent_never_zero(recording):
