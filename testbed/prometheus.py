@@ -1,0 +1,94 @@
+"""A real Prometheus (the Debian 2.42 binary) and promtool for tests and benches.
+
+`prometheus_argv()` is the one command line (config, TSDB path, 127.0.0.1:<port>, extra flags);
+`running_prometheus()` starts it, waits for `/-/ready` and always stops and reaps it. The query
+helpers speak the HTTP API; `backfill_openmetrics()` turns an OpenMetrics file into TSDB blocks
+with `promtool tsdb create-blocks-from openmetrics`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+from testbed.procs import LOOPBACK, LoggedProcess, free_port, stop_process, wait_http, wait_until
+
+EMPTY_CONFIG = "global: {scrape_interval: 15s}\nscrape_configs: []\n"
+"""A config that scrapes nothing: Prometheus only serves the TSDB it is started on."""
+
+
+def missing_binaries(*names: str) -> str | None:
+    """Why a test must skip (the binaries not on PATH), or None when all are installed."""
+    absent = [n for n in names if shutil.which(n) is None]
+    if not absent:
+        return None
+    return f"{'/'.join(absent)} not installed (Debian packages; scripts/setup.sh installs them)"
+
+
+def prometheus_argv(config: Path, data: Path, port: int, *extra: str, binary: str = "prometheus") -> list[str]:
+    """`prometheus` serving `data` with `config` on 127.0.0.1:`port`."""
+    return [binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
+            f"--web.listen-address={LOOPBACK}:{port}", *extra]
+
+
+class Prometheus(NamedTuple):
+    """A started Prometheus: its base URL, port and process."""
+
+    url: str
+    port: int
+    proc: LoggedProcess
+
+
+@contextlib.contextmanager
+def running_prometheus(config: Path, data: Path, *extra: str, log_path: Path | None = None,
+                       ready_timeout_s: float = 60.0, stop_timeout_s: float = 20.0,
+                       **popen_kw: object) -> Iterator[Prometheus]:
+    """Start Prometheus on a free 127.0.0.1 port, wait until `/-/ready` answers 200 (failing with
+    its log if it exits first), yield it, and stop it whatever happens."""
+    port = free_port()
+    proc = LoggedProcess(prometheus_argv(config, data, port, *extra), log_path, name="prometheus", **popen_kw)
+    url = f"http://{LOOPBACK}:{port}"
+    try:
+        wait_http(url + "/-/ready", ready_timeout_s, procs=(proc,))
+        yield Prometheus(url, port, proc)
+    finally:
+        stop_process(proc, timeout_s=stop_timeout_s)
+
+
+def get_json(url: str, timeout_s: float = 30.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        return json.load(resp)
+
+
+def query(url: str, expr: str, at: float | None = None, timeout_s: float = 10.0) -> list[dict]:
+    """Instant query at `at` (default now): the `data.result` list. Raises OSError if unreachable."""
+    params = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
+    return get_json(f"{url}/api/v1/query?{urllib.parse.urlencode(params)}", timeout_s)["data"]["result"]
+
+
+def query_range(url: str, expr: str, start: float, end: float, step: float, timeout_s: float = 30.0) -> list[dict]:
+    """Range query: the `data.result` list; an answer whose status is not success fails."""
+    qs = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step})
+    body = get_json(f"{url}/api/v1/query_range?{qs}", timeout_s)
+    assert body["status"] == "success", (expr, body)
+    return body["data"]["result"]
+
+
+def wait_query(url: str, expr: str, timeout_s: float, *, procs: Iterable[subprocess.Popen] = (),
+               interval_s: float = 0.5) -> list[dict]:
+    """Poll an instant query until it returns a non-empty result, and return that."""
+    return wait_until(lambda: query(url, expr), timeout_s, expr, procs=procs, interval_s=interval_s)
+
+
+def backfill_openmetrics(source: Path, out_dir: Path, timeout_s: float = 300.0, binary: str = "promtool") -> None:
+    """`promtool tsdb create-blocks-from openmetrics SOURCE OUT_DIR`; fails with promtool's output."""
+    res = subprocess.run([binary, "tsdb", "create-blocks-from", "openmetrics", str(source), str(out_dir)],
+                         capture_output=True, text=True, timeout=timeout_s)
+    assert res.returncode == 0, f"promtool backfill of {source.name} failed:\n{(res.stdout + res.stderr)[-2000:]}"
