@@ -49,6 +49,7 @@ class _Device:
     """GPM state of one GPU: its support verdict and, when on, its two sample buffers."""
 
     status: str | None = None                       # None: not asked yet (or the answer was an error)
+    uuid: str | None = None                         # a different GPU at the same index starts over
     buffers: list[Any] = field(default_factory=list)   # [previous, current] once allocated
     have_previous: bool = False
 
@@ -70,6 +71,9 @@ class GpmSampler:
              mig_enabled: bool) -> Iterator[Sample]:
         """Take this collection's sample of one GPU; yield the metrics since its previous one."""
         dev = self._devices.setdefault(key, _Device())
+        if dev.uuid != labels.get("gpu_uuid"):
+            self._release(r, dev)
+            dev.status, dev.uuid = None, labels.get("gpu_uuid")
         if mig_enabled:
             self._release(r, dev)
             dev.status = MIG_ENABLED
