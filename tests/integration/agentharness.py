@@ -7,12 +7,8 @@ stopped when the `async with` block ends.
 from __future__ import annotations
 
 import contextlib
-import re
-import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -20,8 +16,11 @@ import aiohttp
 from aiohttp import web
 from kvscope.agent.config import build_config
 from kvscope.agent.exposition import Exposition, parse_exposition
+from kvscope.agent.httpserve import HttpSite
 from kvscope.agent.runtime import AgentRuntime, build_collectors
 from kvscope.agent.server import AgentServer
+
+from testbed.procs import start_reporting_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -32,15 +31,12 @@ async def target_server(routes: dict[str, Handler]) -> AsyncIterator[str]:
     app = web.Application()
     for path, handler in routes.items():
         app.router.add_get(path, handler)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.2, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    site = HttpSite(app, handle_signals=False, shutdown_timeout=0.2, access_log=None)
+    port = await site.start("127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        await runner.cleanup()
+        await site.stop()
 
 
 @contextlib.asynccontextmanager
@@ -86,71 +82,19 @@ def value(expo: Exposition, name: str, **labels: str) -> float | None:
 
 # ------------------------------------------------------------------------------ real processes
 
-def start_process_on_free_port(argv: list[str], pattern: str, timeout_s: float = 60.0,
-                               stream: str = "stderr", **kw) -> tuple[subprocess.Popen, int]:
-    """Start a server told to bind port 0 and read the port it got from its output.
-
-    Asking the kernel for the port avoids the race of picking a free port first: on a shared
-    machine another process may take it in between, and a readiness probe would then talk to
-    the wrong server. `pattern` is a regex with one group: the port.
-    """
-    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if stream == "stdout" else \
-        {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
-    proc = subprocess.Popen(argv, text=True, **pipes, **kw)
-    out = proc.stdout if stream == "stdout" else proc.stderr
-    found: list[int] = []
-    seen: list[str] = []
-
-    def read() -> None:
-        for line in out:
-            seen.append(line)
-            m = re.search(pattern, line)
-            if m and not found:
-                found.append(int(m.group(1)))
-        # keep draining so the child never blocks on a full pipe
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    deadline = time.monotonic() + timeout_s
-    while not found and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.reader = reader        # type: ignore[attr-defined]  (join it to read the last lines)
-    if not found:
-        stop_process(proc, signal.SIGKILL)
-        raise AssertionError(f"{argv[:4]} did not report its port:\n{''.join(seen)[-2000:]}")
-    proc.output_lines = seen    # type: ignore[attr-defined]
-    return proc, found[0]
-
-
 def start_target_process(root: Path) -> tuple[subprocess.Popen, str]:
     """`python -m http.server` on a free port serving `root`; returns (process, base URL)."""
-    proc, port = start_process_on_free_port(
+    proc, port = start_reporting_port(
         [sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", str(root)],
         r"port (\d+)", stream="stdout")
     return proc, f"http://127.0.0.1:{port}"
 
 
 def start_agent_process(args: list[str]) -> tuple[subprocess.Popen, str]:
-    """`kvscope agent ARGS --web.listen-address 127.0.0.1:0`; returns (process, base URL)."""
-    proc, port = start_process_on_free_port(
+    """`kvscope agent ARGS --web.listen-address 127.0.0.1:0`; returns (process, base URL).
+
+    Stop it with `testbed.procs.stop_process`; its stderr lines are `proc.output_lines`."""
+    proc, port = start_reporting_port(
         [sys.executable, "-m", "kvscope", "agent", *args, "--web.listen-address", "127.0.0.1:0"],
         r"listening on http://127\.0\.0\.1:(\d+)/metrics")
     return proc, f"http://127.0.0.1:{port}"
-
-
-def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
-    """Signal the process and wait; kill it if it does not stop. Returns its exit code."""
-    if proc.poll() is None:
-        proc.send_signal(sig)
-    try:
-        rc = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rc = proc.wait()
-    reader = getattr(proc, "reader", None)
-    if reader is not None:
-        reader.join(10)
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()
-    return rc

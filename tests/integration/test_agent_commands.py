@@ -10,33 +10,24 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from agentharness import start_agent_process, start_target_process, stop_process
+from agentharness import start_agent_process, start_target_process
 from kvscope.agent.recording import read_recording, read_recording_text
+
+from testbed.procs import http_get, stop_process, wait_until
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes" / "vllm-0.32.0-cpu-after-load.txt"
 
 
 def get(url: str) -> bytes | None:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as r:
-            return r.read()
-    except OSError:
-        return None
+    status, body = http_get(url, timeout_s=3)
+    return body if status == 200 else None
 
 
 def wait_for(pred, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = pred()
-        if result:
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(pred, timeout_s, what, interval_s=0.2)
 
 
 @pytest.fixture
