@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
@@ -24,6 +23,8 @@ from kvscope.agent.exposition import parse_exposition
 from kvscope.agent.runtime import AgentState
 from kvscope.agent.signals import load_catalog
 from kvscope.agent.store import InMemoryStore
+
+from testbed.procs import free_port
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes"
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "agent-e2e.prom"
@@ -97,12 +98,6 @@ SCENARIOS = {
     "unknown": text("# TYPE node_load1 gauge\nnode_load1 0.52\n"),
     "dcgm": text(DCGM),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def agent_doc(base: str, down_port: int) -> dict:
