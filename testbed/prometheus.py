@@ -48,12 +48,13 @@ class Prometheus(NamedTuple):
 
 @contextlib.contextmanager
 def running_prometheus(config: Path, data: Path, *extra: str, log_path: Path | None = None,
-                       ready_timeout_s: float = 60.0, stop_timeout_s: float = 20.0,
+                       ready_timeout_s: float = 60.0, stop_timeout_s: float = 20.0, binary: str = "prometheus",
                        **popen_kw: object) -> Iterator[Prometheus]:
     """Start Prometheus on a free 127.0.0.1 port, wait until `/-/ready` answers 200 (failing with
     its log if it exits first), yield it, and stop it whatever happens."""
     port = free_port()
-    proc = LoggedProcess(prometheus_argv(config, data, port, *extra), log_path, name="prometheus", **popen_kw)
+    argv = prometheus_argv(config, data, port, *extra, binary=binary)
+    proc = LoggedProcess(argv, log_path, name="prometheus", **popen_kw)
     url = f"http://{LOOPBACK}:{port}"
     try:
         wait_http(url + "/-/ready", ready_timeout_s, procs=(proc,))

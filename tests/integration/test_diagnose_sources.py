@@ -10,10 +10,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import shutil
-import socket
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +22,9 @@ from kvscope.diagnoser.sources.agent import AgentSource
 from kvscope.diagnoser.sources.prometheus import PrometheusSource
 from kvscope.diagnoser.sources.recording import RecordingSource
 
+from testbed.procs import free_port
+from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, running_prometheus
+
 RECORDING = Path(__file__).resolve().parent.parent / "recordings" / "healthy-shared-prefix.om.gz"
 PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
 STEP = 2.0
@@ -37,12 +36,6 @@ def _names() -> set[str]:
 
 def _window(replay) -> tuple[float, float]:
     return float(np.ceil(replay.start)), float(np.floor(replay.end))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def assert_same_frame(a, b):
@@ -70,36 +63,11 @@ def prometheus_url(plain_recording, tmp_path_factory):
     if PROMETHEUS is None or PROMTOOL is None:
         pytest.skip("prometheus/promtool not installed (scripts/setup.sh installs the Debian packages)")
     tmp = tmp_path_factory.mktemp("prom")
-    made = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(plain_recording),
-                           str(tmp / "data")], capture_output=True, text=True, timeout=300)
-    assert made.returncode == 0, made.stderr[-2000:]
-    (tmp / "prometheus.yml").write_text("global: {scrape_interval: 15s}\nscrape_configs: []\n")
-    port = _free_port()
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp / 'data'}", "--storage.tsdb.retention.time=100y",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.time() < deadline, "prometheus did not become ready"
-            assert proc.poll() is None, "prometheus exited"
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    backfill_openmetrics(plain_recording, tmp / "data", timeout_s=300, binary=PROMTOOL)
+    (tmp / "prometheus.yml").write_text(EMPTY_CONFIG)
+    with running_prometheus(tmp / "prometheus.yml", tmp / "data", "--storage.tsdb.retention.time=100y",
+                            log_path=tmp / "prometheus.log", binary=PROMETHEUS) as prom:
+        yield prom.url
 
 
 @pytest.mark.prometheus
@@ -142,5 +110,5 @@ def test_prometheus_source_reports_a_clear_error_when_unreachable():
     from kvscope.diagnoser.sources import SourceError
 
     with pytest.raises(SourceError, match="prometheus http://127.0.0.1"):
-        PrometheusSource(f"http://127.0.0.1:{_free_port()}", timeout_s=2).read_frame({"engine_requests_waiting"},
+        PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout_s=2).read_frame({"engine_requests_waiting"},
                                                                                      0, 60, 15)
