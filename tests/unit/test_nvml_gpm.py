@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import subprocess
 from types import SimpleNamespace
 
 import pytest
 from kvscope.agent.collectors.gpm import GPM_METRICS, GpmSampler
 from kvscope.agent.collectors.nvml import NvmlCollector
 from kvscope.agent.collectors.nvml_fake import FakeNvml
+from kvscope.agent.export import canonical_families
 from kvscope.agent.signals import load_catalog
 
 GPM_SIGNALS = {sig for sig, _ in GPM_METRICS}
@@ -224,3 +227,20 @@ def test_a_gpu_switched_to_mig_or_gone_gives_its_buffers_back(h100):
     h100["devices"][0]["mig_mode"] = [0, 0]
     _collect(collector)
     assert fake.gpm_samples == {}
+
+
+@pytest.mark.prometheus
+def test_the_reexported_gpm_and_clock_event_series_pass_promtool(h100):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (scripts/setup.sh installs the Debian package)")
+    collector = NvmlCollector(nvml=FakeNvml(h100))
+    _collect(collector)
+    lines: list[str] = []
+    for family in canonical_families(_collect(collector).samples, load_catalog()):
+        family.render(lines)
+    body = "".join(lines)
+    assert 'kvscope_gpu_sm_occupancy_ratio{gpu="0"' in body
+    assert 'kvscope_gpu_clock_event_active_by_reason{gpu="1"' in body and 'reason="sync_boost"} 1' in body
+    res = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
