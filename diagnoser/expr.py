@@ -23,6 +23,12 @@ SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count", "reset
 SERIES_FORMS = ("ratio", "sum", "diff", "product", "coalesce", "scale", "over_time", "deriv", "changes", "aggregate")
 """Forms that combine other named series."""
 FORMS = SIGNAL_FORMS + SERIES_FORMS
+CHANGES_SETTLE = "1m"
+"""Default leading edge of `changes` (its `settle`): how long after a series appears its value
+is not compared yet. Targets are first scraped at different phases of their scrape interval
+(up to a minute in common setups), so a count of series rises over that long when scraping
+starts; that rise is not a scaling event. Time-scaled like every rule duration, and never less
+than one grid step."""
 
 
 class ExprError(ValueError):
@@ -390,7 +396,8 @@ class SeriesEvaluator:
 
     def _form_changes(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
         a = self.get(str(node["changes"]))
-        return Grouped(a.by, a.keys, grid.changes(a.values, self._steps(node, default="15m")))
+        settle = self._steps(node, key="settle", default=CHANGES_SETTLE)
+        return Grouped(a.by, a.keys, grid.changes(a.values, self._steps(node, default="15m"), settle))
 
     def _form_aggregate(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
         a = self.get(str(node["of"]))

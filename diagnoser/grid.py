@@ -466,8 +466,16 @@ def resets(values: np.ndarray, k: int) -> np.ndarray:
     return _trailing_sum(d, k - 1) if k > 1 else d
 
 
-def changes(values: np.ndarray, k: int) -> np.ndarray:
-    """How many times each row's value changed within a trailing window of k steps."""
+def changes(values: np.ndarray, k: int, settle: int = 0) -> np.ndarray:
+    """How many times each row's value changed within a trailing window of k steps.
+
+    The first `settle` steps after a row appears (at the start of the data, or back after it was
+    absent) are its leading edge and count as absent: a count of series is still rising there
+    because scraping just began and targets are first scraped at different phases of their
+    interval, which is not a change. PromQL: `changes((X and X offset <settle>)[range:step])`.
+    """
+    if settle > 0:
+        values = np.where(np.isnan(shift(values, settle)), np.nan, values)
     filled = ffill(values)
     d = np.zeros_like(values)
     d[:, 1:] = (np.diff(filled, axis=1) != 0) & ~np.isnan(np.diff(filled, axis=1))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.agent.signals import Catalog, load_catalog
+from kvscope.diagnoser.expr import CHANGES_SETTLE
 from kvscope.diagnoser.promrules_sources import AGENT_PREFIX, _escape_re, name_selector, quote
 from kvscope.diagnoser.rule import Rule, parse_duration
 
@@ -207,7 +208,12 @@ class SeriesCompiler:
         return f"deriv(({self.expr(str(node['deriv']))})[{self._range(node, '10m')}:{SUBQUERY_STEP}])"
 
     def _changes(self, node: dict[str, Any], by: str) -> str:
-        return f"changes(({self.expr(str(node['changes']))})[{self._range(node, '15m')}:{SUBQUERY_STEP}])"
+        # the engine's leading edge (grid.changes `settle`): a value counts only once the series
+        # also existed `settle` earlier
+        inner = self.expr(str(node["changes"]))
+        settle = _duration(self.rule.resolve(node.get("settle", CHANGES_SETTLE)))
+        earlier = f"last_over_time(({inner})[{SUBQUERY_STEP}:{SUBQUERY_STEP}] offset {settle})"
+        return f"changes((({inner})\nand\n{earlier})[{self._range(node, '15m')}:{SUBQUERY_STEP}])"
 
     def _aggregate(self, node: dict[str, Any], by: str) -> str:
         agg, inner = str(node["aggregate"]), self.expr(str(node["of"]))

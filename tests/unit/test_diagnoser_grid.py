@@ -96,6 +96,21 @@ def test_changes_counts_value_changes_in_the_window():
     assert grid.changes(v, 3)[0].tolist() == [0, 0, 1, 1, 2, 1, 1, 0]
 
 
+def test_changes_ignores_the_leading_edge_of_a_series_but_not_later_changes():
+    # a count of replicas: absent, then 2 -> 4 while the targets' first scrapes arrive, a real
+    # change 4 -> 5 later, then the count vanishes and returns (its leading edge again)
+    nan = np.nan
+    v = np.array([[nan, 2, 4, 4, 4, 4, 5, 5, 5, nan, nan, 3, 5, 5, 5]], dtype=float)
+    plain = grid.changes(v, 20)[0]
+    settled = grid.changes(v, 20, settle=2)[0]
+    assert plain[5] == 1                      # without a leading edge the arrival is a change
+    assert np.isnan(settled[:3]).all()        # the edge itself is not judged
+    assert settled[3:6].tolist() == [0, 0, 0]
+    assert settled[6:9].tolist() == [1, 1, 1]  # 4 -> 5 after the edge is counted
+    assert np.isnan(settled[9:13]).all()      # absent, then the new edge (3 -> 5 arriving)
+    assert settled[13:].tolist() == [1, 1]    # window still holds the earlier 4 -> 5
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0, 1000), min_size=3, max_size=40), st.sets(st.integers(1, 39), max_size=3),
        st.integers(1, 10))
