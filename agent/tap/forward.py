@@ -113,19 +113,24 @@ class Forward:
         if self.scanner is not None:
             data = self.scanner.feed(data, time.perf_counter())
         elif self.copy is not None:
-            self.copy.append(data)
-            self.copied += len(data)
-            if self.copied > MAX_COPY_BYTES:
-                self.copy = None
+            self._copy(data)
         self.conn.send_body(data)
 
-    def on_end(self) -> None:
+    def _copy(self, data: bytes) -> None:
+        self.copy.append(data)  # type: ignore[union-attr]
+        self.copied += len(data)
+        if self.copied > MAX_COPY_BYTES:
+            self.copy = None
+
+    def on_end(self, data: bytes) -> None:
         if self.over:
             return
         ex, self.up = self.ex, None
         if self.scanner is not None:
-            self.conn.send_body(self.scanner.rest())
-        self.conn.finish()
+            data = (self.scanner.feed(data, time.perf_counter()) if data else b"") + self.scanner.rest()
+        elif self.copy is not None and data:
+            self._copy(data)
+        self.conn.finish(data)      # the last bytes and the end of the response in one write
         if ex is not None:
             if self.scanner is not None:
                 s = self.scanner

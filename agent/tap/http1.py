@@ -60,7 +60,7 @@ class ResponseHandler(Protocol):
 
     def on_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None: ...
     def on_body(self, data: bytes) -> None: ...
-    def on_end(self) -> None: ...
+    def on_end(self, data: bytes) -> None: ...       # data: the last body bytes (b"" if none)
     def on_fail(self, exc: BaseException | None, responded: bool) -> None: ...
 
 
@@ -219,14 +219,21 @@ class Downstream(asyncio.Protocol):
             data, self._head = self._head + data, None
         self.transport.write(data)
 
-    def finish(self) -> None:
-        """End the response; keep the connection for the next request unless it must close."""
+    def finish(self, data: bytes = b"") -> None:
+        """End the response, its last body bytes `data` in the same write as the end marker (one
+        system call and one wake-up of the client instead of two); keep the connection for the next
+        request unless it must close."""
         tr = self.transport
         self.on_lost = self.on_drain = None
         self.busy = False
         if tr is None:
             return
-        tail = b"0\r\n\r\n" if self._chunked and not self._head_request else b""
+        if self._head_request:
+            data = b""
+        if self._chunked:
+            tail = b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n"
+        else:
+            tail = data
         if self._head is not None:
             tail, self._head = self._head + tail, None
         if tail:
@@ -271,7 +278,9 @@ class Upstream(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.handler: ResponseHandler | None = None
-        self.last_active = time.monotonic()
+        self.last_active = time.monotonic()   # set per request; the sweeper advances it while `reads` moves
+        self.reads = 0                        # reads so far (cheaper per read than a clock call)
+        self.swept_reads = 0                  # `reads` at the sweeper's last look
         self.reused = False
         self.paused = False
         self._head_only = False
@@ -308,21 +317,35 @@ class Upstream(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        self.last_active = time.monotonic()
+        self.reads += 1
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserCallbackError) as e:
             self._fail(e)
             return
-        self._flush()
-
-    def _flush(self) -> None:
-        """Hand the body bytes of this read to the handler at once: one write to the client per
-        upstream read, however many chunks of the upstream's framing it held."""
-        if self._body and self.handler is not None:
-            data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-            self._body.clear()
+        # the body bytes of this read go to the handler at once: one write to the client per
+        # upstream read, however many chunks of the upstream's framing it held
+        body = self._body
+        if body and self.handler is not None:
+            data = body[0] if len(body) == 1 else b"".join(body)
+            body.clear()
             self.handler.on_body(data)
+
+    def _take_body(self) -> bytes:
+        body = self._body
+        if not body:
+            return b""
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        return data
+
+    def active_since(self, now: float) -> float:
+        """When this connection last moved: per sweep, a connection that read anything since the
+        previous sweep counts as active now (`now`)."""
+        if self.reads != self.swept_reads:
+            self.swept_reads = self.reads
+            self.last_active = now
+        return self.last_active
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.pool.discard(self)
@@ -330,12 +353,15 @@ class Upstream(asyncio.Protocol):
         h = self.handler
         if h is None:
             return
-        self._flush()
-        self.handler = None
+        data = self._take_body()
         if self.responded and not self._framed and exc is None:
-            h.on_end()                    # a response delimited by closing the connection
-        else:
-            h.on_fail(exc, self.responded)
+            self.handler = None
+            h.on_end(data)                # a response delimited by closing the connection
+            return
+        if data:
+            h.on_body(data)
+        self.handler = None
+        h.on_fail(exc, self.responded)
 
     def eof_received(self) -> bool | None:
         return None
@@ -378,11 +404,11 @@ class Upstream(asyncio.Protocol):
         if self.parser.get_status_code() < 200 and not head_only:
             self._begin()
             return
-        self._flush()
         h, self.handler = self.handler, None
+        data = self._take_body()
         if h is None:
             return
-        h.on_end()
+        h.on_end(data)
         if not head_only and self.parser.should_keep_alive():
             self.pool.release(self)
         elif self.transport is not None:

@@ -3,26 +3,27 @@
 A prefix cache (vLLM, SGLang) can only reuse the *leading* blocks of a prompt that an earlier
 request already computed. The tap mirrors that: it cuts the rendered prompt into fixed blocks
 (`block_chars` characters, "token-ish": about a quarter as many tokens; a prompt given as token
-ids is cut every `block_tokens` ids), chains their hashes (h_i = H(h_{i-1} || block_i), so a hash
-stands for the whole prefix up to it) and counts how many leading hashes were seen within
+ids is cut every `block_tokens` ids), chains their hashes (h_i = H(h_{i-1}, block_i), so a hash
+stands for the whole prefix up to it; H is Python's keyed 64-bit `hash`, SipHash over the bytes
+with a per-process random key: ~10x cheaper than blake2b per block, and its values mean nothing
+outside this process) and counts how many leading hashes were seen within
 `window_s`. That fraction of the prompt is *reusable*; what the engine reports as cached is what
 it actually reused; the difference is lost reuse.
 
 Each remembered hash also records which replicas (upstream / DP rank) served it: a re-seen
 prefix block served by more than one replica lives in split cache domains (seeds 000, 003).
 
-Memory: at most `max_blocks` hashes (LRU), each an 8-byte digest with a timestamp, a hit count
-and at most `max_replicas` replica names.
+Memory: at most `max_blocks` hashes (LRU), each a 64-bit int with a timestamp, a hit count and
+at most `max_replicas` replica names.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass
@@ -32,15 +33,14 @@ class _Block:
     replicas: set[str]
 
 
-@dataclass(frozen=True)
-class PrefixMatch:
+class PrefixMatch(NamedTuple):
     """The reuse estimate of one prompt."""
 
     blocks: int            # blocks in the prompt
     matched: int           # leading blocks already seen within the window
     reusable_ratio: float  # matched share of the prompt (by characters / token ids)
     replicas: int          # distinct replicas that served the deepest matched block (0 if none)
-    hashes: tuple[bytes, ...] = ()   # the prompt's chained block hashes (8-byte digests, no text)
+    hashes: tuple[int, ...] = ()     # the prompt's chained block hashes (64-bit ints, no text)
     full_blocks: int = 0             # how many of them are full blocks (the rest: a partial tail)
 
 
@@ -76,17 +76,22 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def parse_block_hashes(prompt: str | Sequence[int], block_chars: int = 64, block_tokens: int = 16) -> list[bytes]:
-    """Chained 8-byte hashes of the prompt's full blocks plus its partial tail (pure)."""
+def parse_block_hashes(prompt: str | Sequence[int], block_chars: int = 64, block_tokens: int = 16) -> list[int]:
+    """Chained 64-bit hashes of the prompt's full blocks plus its partial tail (pure within one
+    process: `hash` of bytes is keyed per process)."""
+    return _chain(_prompt_bytes(prompt), block_chars if isinstance(prompt, str) else block_tokens * 4)
+
+
+def _prompt_bytes(prompt: str | Sequence[int]) -> bytes:
     if isinstance(prompt, str):
-        data = prompt.encode("utf-8", "surrogatepass")
-        step = block_chars
-    else:
-        data = b"".join(int(t).to_bytes(4, "little", signed=True) for t in prompt)
-        step = block_tokens * 4
-    out, prev = [], b""
+        return prompt.encode("utf-8", "surrogatepass")
+    return b"".join(int(t).to_bytes(4, "little", signed=True) for t in prompt)
+
+
+def _chain(data: bytes, step: int) -> list[int]:
+    out, prev = [], 0
     for i in range(0, len(data), step):
-        prev = hashlib.blake2b(prev + data[i:i + step], digest_size=8).digest()
+        prev = hash((prev, data[i:i + step]))
         out.append(prev)
     return out
 
@@ -99,7 +104,7 @@ class PrefixIndex:
         self.window_s, self.max_blocks, self.max_replicas = window_s, max_blocks, max_replicas
         self.block_chars, self.block_tokens = block_chars, block_tokens
         self._clock = clock
-        self._blocks: OrderedDict[bytes, _Block] = OrderedDict()
+        self._blocks: OrderedDict[int, _Block] = OrderedDict()
         self.reseen = 0     # remembered blocks seen at least twice
         self.split = 0      # ... of which served by more than one replica
 
@@ -108,7 +113,9 @@ class PrefixIndex:
 
     def observe(self, prompt: str | Sequence[int], replica: str) -> PrefixMatch:
         """Match the prompt against the index, then remember its blocks as served by `replica`."""
-        hashes = parse_block_hashes(prompt, self.block_chars, self.block_tokens)
+        data = _prompt_bytes(prompt)
+        step = self.block_chars if isinstance(prompt, str) else self.block_tokens * 4
+        hashes = _chain(data, step)
         now = self._clock()
         matched = 0
         for h in hashes:
@@ -120,13 +127,10 @@ class PrefixIndex:
         for h in hashes:
             self._remember(h, now, replica)
         replicas = len(deepest.replicas) if deepest else 0
-        return PrefixMatch(len(hashes), matched, _share(prompt, matched, self._unit()), replicas,
-                           tuple(hashes), _full_blocks(prompt, self._unit()))
+        share = min(1.0, matched * step / len(data)) if data else 0.0     # by characters / token ids
+        return PrefixMatch(len(hashes), matched, share, replicas, tuple(hashes), len(data) // step)
 
-    def _unit(self) -> tuple[int, int]:
-        return self.block_chars, self.block_tokens
-
-    def _remember(self, h: bytes, now: float, replica: str) -> None:
+    def _remember(self, h: int, now: float, replica: str) -> None:
         b = self._blocks.get(h)
         if b is None or now - b.last_seen > self.window_s:
             if b is not None:
@@ -147,7 +151,7 @@ class PrefixIndex:
             if len(b.replicas) == 2 and b.hits >= 2:
                 self.split += 1
 
-    def _forget(self, h: bytes) -> None:
+    def _forget(self, h: int) -> None:
         b = self._blocks.pop(h)
         if b.hits >= 2:
             self.reseen -= 1
@@ -159,15 +163,3 @@ class PrefixIndex:
         """Share of re-seen blocks served by more than one replica; None before any reuse."""
         return self.split / self.reseen if self.reseen else None
 
-
-def _full_blocks(prompt: str | Sequence[int], unit: tuple[int, int]) -> int:
-    if isinstance(prompt, str):
-        return len(prompt.encode("utf-8", "surrogatepass")) // unit[0]
-    return len(prompt) // unit[1]
-
-
-def _share(prompt: str | Sequence[int], matched: int, unit: tuple[int, int]) -> float:
-    if isinstance(prompt, str):
-        total = len(prompt.encode("utf-8", "surrogatepass"))
-        return min(1.0, matched * unit[0] / total) if total else 0.0
-    return min(1.0, matched * unit[1] / len(prompt)) if prompt else 0.0

@@ -210,7 +210,7 @@ class RequestTap:
             await asyncio.sleep(SWEEP_S)
             now = time.monotonic()
             for up in list(self.pool.busy):
-                if up.handler is not None and now - up.last_active > self.config.read_timeout_s:
+                if up.handler is not None and now - up.active_since(now) > self.config.read_timeout_s:
                     up.fail_timeout()
             for conn in list(self._clients):
                 limit = CLIENT_READ_TIMEOUT_S if conn.reading else CLIENT_IDLE_TIMEOUT_S

@@ -7,7 +7,8 @@ whole conversation. The tap sees both turns, so it can tell:
   vLLM itself reads) or the body's `session_id`; without one, the prefix chain: turn N+1's
   rendered prompt extends turn N's (the earlier messages, then the reply, then the new message),
   so the chained hash of turn N's last *full* block appears among turn N+1's block hashes. Only
-  8-byte digests are kept (of that block hash, or of the session id), never text.
+  hashes are kept (that block's 64-bit chained hash, or an 8-byte digest of the session id),
+  never text.
 * **Whether the context survived.** Turn N's KV covers at least its prompt, so a follow-up turn
   whose engine-reported `cached_tokens` is below turn N's `prompt_tokens` minus `slack_tokens`
   (one KV block: engines cache whole blocks only) lost (part of) its context: a *miss*.
@@ -36,7 +37,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from kvscope.agent.signals import Sample, make_labels
@@ -53,17 +54,17 @@ class _Session:
     last_seen: float
 
 
-@dataclass(frozen=True)
-class Turn:
+class Turn(NamedTuple):
     """What `begin` learned about one request; pass it to `finish`."""
 
-    key: bytes | None                # where this turn will be remembered (None: cannot be chained)
+    key: tuple[str, Any] | None      # where this turn will be remembered (None: cannot be chained)
     previous: _Session | None        # the turn it follows, if any
     via: str                         # id | chain | none
 
 
-@dataclass(frozen=True)
-class TurnVerdict:
+class TurnVerdict(NamedTuple):
+    """How `finish` judged a turn."""
+
     follow_up: bool
     missed: bool | None              # None: not a follow-up, or cached tokens unknown
 
@@ -87,7 +88,7 @@ class SessionTracker:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s, self.max_sessions, self.slack_tokens = window_s, max_sessions, slack_tokens
         self._clock = clock
-        self._sessions: OrderedDict[bytes, _Session] = OrderedDict()
+        self._sessions: OrderedDict[tuple[str, Any], _Session] = OrderedDict()
         self._lock = threading.Lock()
         self.turns = CounterSet("session_turns_total")
         self.misses = CounterSet("session_turn_misses_total")
@@ -102,19 +103,19 @@ class SessionTracker:
         now = self._clock()
         with self._lock:
             if session_id is not None:
-                key = b"s" + hashlib.blake2b(session_id.encode(), digest_size=8).digest()
+                key = ("s", hashlib.blake2b(session_id.encode(), digest_size=8).digest())
                 return Turn(key, self._live(key, now), "id")
             if match is None or match.full_blocks == 0:
                 return Turn(None, None, "none")
             # the deepest earlier turn whose last full block this prompt contains, with more after it
             for i in range(min(match.full_blocks, len(match.hashes)) - 2, -1, -1):
-                prev = self._live(b"c" + match.hashes[i], now)
+                prev = self._live(("c", match.hashes[i]), now)
                 if prev is not None:
-                    self._sessions.pop(b"c" + match.hashes[i])     # the chain moves on to this turn
-                    return Turn(b"c" + match.hashes[match.full_blocks - 1], prev, "chain")
-            return Turn(b"c" + match.hashes[match.full_blocks - 1], None, "chain")
+                    self._sessions.pop(("c", match.hashes[i]))     # the chain moves on to this turn
+                    return Turn(("c", match.hashes[match.full_blocks - 1]), prev, "chain")
+            return Turn(("c", match.hashes[match.full_blocks - 1]), None, "chain")
 
-    def _live(self, key: bytes, now: float) -> _Session | None:
+    def _live(self, key: tuple[str, Any], now: float) -> _Session | None:
         s = self._sessions.get(key)
         if s is None or now - s.last_seen > self.window_s:
             return None
@@ -138,7 +139,7 @@ class SessionTracker:
             self._remember(turn.key, prompt_tokens, (prev.turns if prev else 0) + 1)
         return TurnVerdict(prev is not None, missed)
 
-    def _remember(self, key: bytes, prompt_tokens: int, turns: int) -> None:
+    def _remember(self, key: tuple[str, Any], prompt_tokens: int, turns: int) -> None:
         with self._lock:
             self._sessions[key] = _Session(prompt_tokens, turns, self._clock())
             self._sessions.move_to_end(key)
