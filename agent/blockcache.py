@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
-from operator import add, attrgetter, is_not
+from operator import add, attrgetter, is_, is_not
 
+from kvscope.agent.blockvalues import ValueTemplate
 from kvscope.agent.engines.dialect import MappingMemo, Normalized, normalize
 from kvscope.agent.exposition import ParseIssue, parse_exposition
 from kvscope.agent.signals import Catalog, Labels, Sample
@@ -38,7 +39,7 @@ _facts, _dropped, _unmapped, _issues, _heads = map(attrgetter, ("facts", "droppe
 _new = tuple.__new__   # builds a Sample without NamedTuple.__new__'s Python-level call (hot loop)
 
 
-@dataclass
+@dataclass(eq=False)   # compared by identity only (list.count(None) would call a generated __eq__)
 class _Block:
     samples: list[tuple[str, Labels, float]]   # canonical (name, labels, value), stamped per scrape
     facts: dict[str, dict[str, str]]
@@ -48,6 +49,12 @@ class _Block:
     keys: set[tuple[str, Labels]] = field(default_factory=set)   # parsed series, for duplicate checks
     timestamped: bool = False          # a sample carried its own timestamp: take the whole-payload path
     canonical: frozenset[tuple[str, Labels]] = frozenset()   # output series, to spot collapses
+    template: ValueTemplate | None = None   # re-reads the block's next text when only values moved
+
+    def with_values(self, heads: list[tuple[str, Labels, float]]) -> _Block:
+        """The same block with new values (what `template.apply` gave for its next text)."""
+        return _Block(heads, self.facts, self.dropped, self.issues, self.unmapped, self.keys,
+                      self.timestamped, self.canonical, self.template)
 
 
 class BlockCache:
@@ -71,6 +78,7 @@ class BlockCache:
         self.hits = 0
         self.misses = 0
         self.whole = 0
+        self.values = 0   # changed blocks re-read by their value template
 
     def normalize(self, text: str, engine: str, target_labels: dict[str, str],
                   timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
@@ -80,6 +88,8 @@ class BlockCache:
         keys = block_keys(text)
         ordered: list[_Block | None] = list(map(self._blocks.get, keys))   # one C-level pass of lookups
         changed = ordered.count(None)
+        if changed and len(self._layout) == len(keys):
+            changed -= self._reread_values(keys, ordered)
         if self._blocks and changed > self.max_miss_fraction * len(keys) and self._skipped < self.refresh_every:
             self._skipped += 1    # most families changed: one whole parse is cheaper than many small ones
             return self._whole(text, engine, target_labels, timestamp)
@@ -108,6 +118,21 @@ class BlockCache:
             return self._whole(text, engine, target_labels, timestamp)
         self._blocks = dict(zip(keys, blocks, strict=True))
         return self._combine(blocks, engine, timestamp)
+
+    def _reread_values(self, keys: list[BlockKey], ordered: list[_Block | None]) -> int:
+        """Fill the misses whose block at the same place last scrape re-reads them (only values
+        moved: agent/blockvalues.py); returns how many it filled."""
+        filled = 0
+        prev = self._layout
+        for i in compress(range(len(keys)), map(is_, ordered, repeat(None))):
+            tpl = prev[i].template
+            if tpl is not None:
+                heads = tpl.apply(block_text(keys[i]))
+                if heads is not None:
+                    ordered[i] = prev[i].with_values(heads)
+                    filled += 1
+        self.values += filled
+        return filled
 
     def _labels_memo(self) -> dict[str, Labels | None]:
         if len(self._label_cache) > MAX_LABEL_CACHE:
@@ -139,7 +164,12 @@ class BlockCache:
         timestamped = any(s.timestamp is not None for s in expo.samples)
         canonical = frozenset((s.name, s.labels) for s in norm.samples)
         heads = [(s[0], s[1], s[2]) for s in norm.samples]
-        return _Block(heads, norm.facts, norm.dropped, expo.issues, norm.unmapped, keys, timestamped, canonical)
+        template = None
+        if not (norm.facts or norm.dropped or timestamped):
+            plan = self.memo.mapper(self.catalog, engine, labels).linear_plan(expo.samples)
+            template = ValueTemplate.build(block, expo, plan, heads)
+        return _Block(heads, norm.facts, norm.dropped, expo.issues, norm.unmapped, keys, timestamped, canonical,
+                      template)
 
     def _combine(self, blocks: list[_Block], engine: str,
                  timestamp: float) -> tuple[Normalized, list[ParseIssue]]:

@@ -52,14 +52,25 @@ def test_block_path_equals_whole_path_over_many_scrapes(load_fixture, fraction):
         assert cache.hits > 2 * cache.misses             # unchanged families were not parsed again
 
 
-def test_heavy_churn_takes_the_whole_path_and_refreshes_the_memo_now_and_then(load_fixture):
+def test_heavy_value_churn_is_re_read_by_the_value_templates(load_fixture):
     lines = load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt").splitlines()
     rng = random.Random(1)
     cache = BlockCache(CATALOG, refresh_every=4)
     for i in range(11):
-        cache.normalize(perturb(lines, rng, 1.0), "vllm", LABELS, float(i))
+        text = perturb(lines, rng, 1.0)
+        assert_same(cache.normalize(text, "vllm", LABELS, float(i)), whole(text, float(i)))
+    assert cache.whole == 0
+    assert cache.values > 5 * len(split_blocks(text))   # nearly every family, every scrape after the first
+
+
+def test_heavy_label_churn_takes_the_whole_path_and_refreshes_the_memo_now_and_then(load_fixture):
+    text = load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt")
+    cache = BlockCache(CATALOG, refresh_every=4)
+    for i in range(11):   # every series gets a new model name: no block and no template matches
+        cache.normalize(text.replace('model_name="', f'model_name="m{i}-'), "vllm", LABELS, float(i))
     # first scrape fills the memo; then 4 whole, 1 block refresh, 4 whole, 1 refresh
     assert cache.whole == 8
+    assert cache.values == 0
 
 
 def test_samples_are_stamped_with_the_new_scrape_time(load_fixture):
