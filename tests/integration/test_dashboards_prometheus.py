@@ -10,13 +10,9 @@ recording lacks, declared below with the reason; a declared signal the recording
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import subprocess
-import time
-import urllib.parse
-import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
@@ -29,9 +25,10 @@ from kvscope.agent.signals import load_catalog
 from kvscope.dashboards.lint import read_recorded_names
 from kvscope.dashboards.queries import AGENT_PREFIX, PREFIX
 from kvscope.dashboards.registry import BOARDS
-from kvscope.ui.server import free_port
 
 from kvscope.commands.demo import BUNDLED, RECORDINGS
+from testbed.prometheus import EMPTY_CONFIG, running_prometheus
+from testbed.prometheus import query_range as prometheus_query_range
 
 pytestmark = pytest.mark.prometheus
 
@@ -118,29 +115,11 @@ RULE_PASSES = ("kvscope-canonical.yml", "kvscope-derived.yml")
 evaluates a rule file only against data already in the TSDB."""
 
 
-def _start_prometheus(prom: str, work: Path) -> tuple[subprocess.Popen, str]:
-    (work / "prometheus.yml").write_text("global: {scrape_interval: 15s}\nscrape_configs: []\n")
-    port = free_port()
-    with open(work / "prometheus.log", "a") as log:
-        proc = subprocess.Popen([prom, f"--config.file={work / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={work / 'data'}", "--storage.tsdb.retention.time=100y",
-                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, proc, work / "prometheus.log")
-    except BaseException:
-        _stop(proc)
-        raise
-    return proc, url
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def _prometheus(prom: str, work: Path):
+    """A real Prometheus serving `work/data` (nothing scraped); its log is `work/prometheus.log`."""
+    (work / "prometheus.yml").write_text(EMPTY_CONFIG)
+    return running_prometheus(work / "prometheus.yml", work / "data", "--storage.tsdb.retention.time=100y",
+                              log_path=work / "prometheus.log", binary=prom)
 
 
 @contextlib.contextmanager
@@ -164,42 +143,22 @@ def serve_recording(path: Path, work: Path):
                        check=True, capture_output=True, timeout=120)
     start, end = int(replay.start) - 1, int(replay.end) + 2
     for rule_file in RULE_PASSES:
-        proc, url = _start_prometheus(prom, work)
-        try:
-            out = work / f"rules-{rule_file}"
+        out = work / f"rules-{rule_file}"
+        with _prometheus(prom, work) as server:
             subprocess.run([tool, "tsdb", "create-blocks-from", "rules", f"--start={start}", f"--end={end}",
-                            f"--url={url}", f"--output-dir={out}", "--eval-interval=2s", "--quiet",
+                            f"--url={server.url}", f"--output-dir={out}", "--eval-interval=2s", "--quiet",
                             str(RULES / rule_file)], check=True, capture_output=True, timeout=300)
-        finally:
-            _stop(proc)
         for block in out.iterdir():
             if block.is_dir():
                 block.rename(work / "data" / block.name)
-    proc, url = _start_prometheus(prom, work)
-    try:
-        yield url, replay
-    finally:
-        _stop(proc)
+    with _prometheus(prom, work) as server:
+        yield server.url, replay
 
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory, recording):
     with serve_recording(recording, tmp_path_factory.mktemp("prom")) as served:
         yield served
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"prometheus exited: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError("prometheus did not become ready")
 
 
 def substitute(expr: str, start: float, end: float) -> str:
@@ -214,12 +173,7 @@ def substitute(expr: str, start: float, end: float) -> str:
 
 
 def query_range(url: str, expr: str, start: float, end: float) -> list[dict]:
-    step = max(2.0, (end - start) / 200)
-    qs = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step})
-    with urllib.request.urlopen(f"{url}/api/v1/query_range?{qs}", timeout=30) as resp:
-        body = json.loads(resp.read())
-    assert body["status"] == "success", (expr, body)
-    return body["data"]["result"]
+    return prometheus_query_range(url, expr, start, end, step=max(2.0, (end - start) / 200))
 
 
 def _has_data(result: list[dict]) -> bool:
