@@ -15,15 +15,12 @@ demand. Everything else is the real component.
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -33,20 +30,19 @@ from kvscope.diagnoser.promrules import canonical_rules, render_rule_file
 from kvscope.diagnoser.promrules_alerts import compile_rule
 from kvscope.diagnoser.rule import read_rule, rules_dir
 
+from testbed.alertmanager import alertmanager_argv
+from testbed.httpstub import serving
+from testbed.procs import ProcessGroup, free_port, wait_http
+from testbed.prometheus import missing_binaries, prometheus_argv
+
 RULE_ID = "kv_pressure_preemption"
 OVERRIDE = {"for": "5s"}
 
 pytestmark = [
     pytest.mark.prometheus,
-    pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("prometheus-alertmanager")),
-                       reason="prometheus / prometheus-alertmanager not installed (scripts/setup.sh installs them)"),
+    pytest.mark.skipif(missing_binaries("prometheus", "prometheus-alertmanager") is not None,
+                       reason=missing_binaries("prometheus", "prometheus-alertmanager") or ""),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Target(BaseHTTPRequestHandler):
@@ -89,26 +85,6 @@ class _Sink(BaseHTTPRequestHandler):
         pass
 
 
-def _serve_http(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 30) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.2)
-    raise TimeoutError(url)
-
-
 def _write_configs(tmp: Path, target_port: int, am_port: int, serve_port: int) -> None:
     rule = read_rule(rules_dir() / f"{RULE_ID}.yaml").with_params(OVERRIDE)
     alerts = compile_rule(rule)
@@ -133,44 +109,21 @@ def _write_configs(tmp: Path, target_port: int, am_port: int, serve_port: int) -
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("chain")
-    target, sink = _serve_http(_Target), _serve_http(_Sink)
-    prom_port, am_port, serve_port = _free_port(), _free_port(), _free_port()
-    _write_configs(tmp, target.server_address[1], am_port, serve_port)
-    logs = {name: open(tmp / f"{name}.log", "w") for name in ("prometheus", "alertmanager", "serve")}
-    procs = {
-        "serve": subprocess.Popen(
-            [sys.executable, "-m", "kvscope.cli", "serve", "--prometheus", f"http://127.0.0.1:{prom_port}",
-             "--listen", f"127.0.0.1:{serve_port}", "--forward-url", f"http://127.0.0.1:{sink.server_address[1]}/",
-             "--store", str(tmp / "diagnoses.sqlite"), "--step", "1s", "--before", "2m",
-             "--param", f"{RULE_ID}.for=5s"], stdout=logs["serve"], stderr=subprocess.STDOUT),
-        "alertmanager": subprocess.Popen(
-            ["prometheus-alertmanager", f"--config.file={tmp / 'alertmanager.yml'}",
-             f"--storage.path={tmp / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}",
-             "--cluster.listen-address="], stdout=logs["alertmanager"], stderr=subprocess.STDOUT),
-        "prometheus": subprocess.Popen(
-            ["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}", "--rules.alert.resend-delay=1s"],
-            stdout=logs["prometheus"], stderr=subprocess.STDOUT),
-    }
-    try:
-        _wait_ready(f"http://127.0.0.1:{serve_port}/-/healthy", procs["serve"])
-        _wait_ready(f"http://127.0.0.1:{am_port}/-/ready", procs["alertmanager"])
-        _wait_ready(f"http://127.0.0.1:{prom_port}/-/ready", procs["prometheus"])
+    prom_port, am_port, serve_port = free_port(), free_port(), free_port()
+    with serving(_Target) as target, serving(_Sink) as sink, ProcessGroup(tmp) as procs:
+        _write_configs(tmp, target.server_address[1], am_port, serve_port)
+        serve = procs.start("serve", [
+            sys.executable, "-m", "kvscope.cli", "serve", "--prometheus", f"http://127.0.0.1:{prom_port}",
+            "--listen", f"127.0.0.1:{serve_port}", "--forward-url", f"http://127.0.0.1:{sink.server_address[1]}/",
+            "--store", str(tmp / "diagnoses.sqlite"), "--step", "1s", "--before", "2m",
+            "--param", f"{RULE_ID}.for=5s"])
+        am = procs.start("alertmanager", alertmanager_argv(tmp / "alertmanager.yml", tmp / "am", am_port))
+        prom = procs.start("prometheus", prometheus_argv(tmp / "prometheus.yml", tmp / "tsdb", prom_port,
+                                                         "--rules.alert.resend-delay=1s"))
+        for proc, url in ((serve, f"http://127.0.0.1:{serve_port}/-/healthy"),
+                          (am, f"http://127.0.0.1:{am_port}/-/ready"), (prom, f"http://127.0.0.1:{prom_port}/-/ready")):
+            wait_http(url, 30, procs=(proc,), request_timeout_s=1, interval_s=0.2)
         yield {"serve": f"http://127.0.0.1:{serve_port}", "tmp": tmp, "procs": procs}
-    finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for f in logs.values():
-            f.close()
-        for server in (target, sink):
-            server.shutdown()
-            server.server_close()
 
 
 def _post(url: str, body: bytes) -> tuple[int, dict]:
@@ -189,7 +142,7 @@ def _get(url: str) -> dict:
 
 
 def _logs(chain) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(chain["tmp"].glob("*.log")))
+    return chain["procs"].logs()
 
 
 def test_bad_webhooks_get_4xx_and_the_receiver_keeps_running(chain):
