@@ -151,7 +151,7 @@ class NvmlCollector:
         self._down_reason = ""
         self._next_init = 0.0
         self._nvlink_prev: dict[tuple[str, str], tuple[float, float]] = {}
-        self._supported_reasons: dict[str, int | None] = {}   # gpu index -> supported mask (None: all)
+        self._supported_reasons: dict[str, int | None] = {}   # gpu uuid (or index) -> mask, None: all
         self._gpm: GpmSampler | None = None
         self._running = False
 
@@ -306,7 +306,7 @@ class NvmlCollector:
         mask = r.first(CURRENT_REASONS, h)
         if mask is None:
             return
-        supported = self._supported_mask(r, h, labels["gpu"])
+        supported = self._supported_mask(r, h, labels.get("gpu_uuid") or labels["gpu"])
         for reason, bit in clock_event_bits(self._nvml):
             if supported is None or supported & bit:
                 rlabels = make_labels({**labels, "reason": reason})
