@@ -35,7 +35,7 @@ FI_NVLINK_LINK_COUNT = 91         # NVML_FI_DEV_NVLINK_LINK_COUNT
 FI_NVLINK_DATA_TX = 138           # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, cumulative KiB per link
 FI_NVLINK_DATA_RX = 139           # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 NO_INSTANCE = 0xFFFFFFFF          # gpuInstanceId of a process outside any MIG instance
-# `reason` label <- suffix of the bit constants nvmlClocksEventReason* (nvidia-ml-py >= 12.535)
+# `reason` label <- suffix of the bit constants nvmlClocksEventReason* (current bindings)
 # or, in older bindings, nvmlClocksThrottleReason*; the bit values are read from the bindings.
 CLOCK_EVENT_REASONS = (
     ("gpu_idle", "GpuIdle"),
