@@ -12,20 +12,20 @@
 
 from __future__ import annotations
 
-import json
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
+
+from testbed.alertmanager import alertmanager_argv, post_alerts
+from testbed.httpstub import serving, static_body_handler
+from testbed.procs import ProcessGroup, free_port, wait_http, wait_until
+from testbed.prometheus import get_json, prometheus_argv, query
 
 pytestmark = pytest.mark.prometheus
 
@@ -43,96 +43,23 @@ def _binary(name: str) -> str:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get_json(url: str, timeout: float = 30.0) -> dict:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return json.load(resp)
+@pytest.fixture
+def processes(tmp_path):
+    with ProcessGroup(tmp_path) as procs:
+        yield procs
 
 
 def _wait_for(what: str, check, timeout_s: float, procs=()) -> object:
-    """Poll `check()` until it returns something truthy; fail with `what` after timeout_s.
-
-    The limits are generous on purpose: they only matter when something is broken, and a
+    """The limits are generous on purpose: they only matter when something is broken, and a
     shared 2-core CI box can be very loaded."""
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        for p in procs:
-            assert p.poll() is None, f"{p.args[0]} exited with {p.returncode}"
-        try:
-            last = check()
-            if last:
-                return last
-        except OSError as e:
-            last = e
-        time.sleep(0.3)
-    pytest.fail(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
-
-
-class _Processes:
-    """Started subprocesses, stopped (terminate, then kill) in reverse order at teardown."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen:
-        log = open(self.tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        proc.log = log
-        self.procs.append(proc)
-        return proc
-
-    def stop(self) -> None:
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(timeout=5)
-            p.log.close()
-
-
-@pytest.fixture
-def processes(tmp_path):
-    procs = _Processes(tmp_path)
-    yield procs
-    procs.stop()
-
-
-def _serve(handler_cls) -> tuple[ThreadingHTTPServer, int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_cls)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, server.server_address[1]
+    return wait_until(check, timeout_s, what, procs=procs)
 
 
 @pytest.fixture
 def engine_port():
     """A local engine stand-in: serves a captured vLLM 0.32 /metrics payload."""
-    body = CAPTURE.read_bytes()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server API
-            self.send_response(200 if self.path == "/metrics" else 404)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server, port = _serve(Handler)
-    yield port
-    server.shutdown()
-    server.server_close()
+    with serving(static_body_handler(CAPTURE.read_bytes(), only_path="/metrics")) as server:
+        yield server.server_address[1]
 
 
 # ---------------------------------------------------------------------------- static checks
@@ -180,9 +107,9 @@ def _prometheus_config(tmp_path: Path, ports: dict[str, int]) -> Path:
     # short intervals, and a timeout as long as the interval: the test box may be loaded
     cfg["global"].update(scrape_interval="2s", scrape_timeout="2s", evaluation_interval="2s")
     cfg["rule_files"] = [str((PROM_CONFIG.parent / p).resolve()) for p in cfg["rule_files"]]
-    cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{_free_port()}"]
+    cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{free_port()}"]
     for job in cfg["scrape_configs"]:
-        port = ports.get(job["job_name"]) or _free_port()  # nothing listens: that job is down
+        port = ports.get(job["job_name"]) or free_port()  # nothing listens: that job is down
         job["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]}]
     out = tmp_path / "prometheus.yml"
     out.write_text(yaml.safe_dump(cfg))
@@ -190,23 +117,19 @@ def _prometheus_config(tmp_path: Path, ports: dict[str, int]) -> Path:
 
 
 def _query(port: int, expr: str) -> list[dict]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    return _get_json(url)["data"]["result"]
+    return query(f"http://127.0.0.1:{port}", expr, timeout_s=30)
 
 
 def test_prometheus_from_the_deploy_config_scrapes_a_real_agent(tmp_path, processes, engine_port):
     prometheus = _binary("prometheus")
-    agent_port, prom_port = _free_port(), _free_port()
+    agent_port, prom_port = free_port(), free_port()
     agent = processes.start("agent", [
         str(KVSCOPE), "agent", "--target", f"http://127.0.0.1:{engine_port}/metrics", "--job", "vllm",
         "--scrape.interval", "2s", "--web.listen-address", f"127.0.0.1:{agent_port}", "--store.path", ""])
     config = _prometheus_config(tmp_path, {"kvscope-agent": agent_port, "vllm": engine_port})
-    prom = processes.start("prometheus", [
-        prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-        f"--web.listen-address=127.0.0.1:{prom_port}"])
+    prom = processes.start("prometheus", prometheus_argv(config, tmp_path / "tsdb", prom_port, binary=prometheus))
     procs = (agent, prom)
-    _wait_for("Prometheus ready", lambda: urllib.request.urlopen(
-        f"http://127.0.0.1:{prom_port}/-/ready", timeout=2).status == 200, 180, procs)
+    wait_http(f"http://127.0.0.1:{prom_port}/-/ready", 180, procs=procs)
 
     up = _wait_for("up{job='kvscope-agent'} == 1",
                    lambda: _query(prom_port, 'up{job="kvscope-agent"} == 1'), 180, procs)
@@ -222,7 +145,7 @@ def test_prometheus_from_the_deploy_config_scrapes_a_real_agent(tmp_path, proces
     dcgm = _wait_for("up{job='dcgm'}", lambda: _query(prom_port, 'up{job="dcgm"}'), 120, procs)
     assert [s["value"][1] for s in dcgm] == ["0"]
 
-    groups = _get_json(f"http://127.0.0.1:{prom_port}/api/v1/rules")["data"]["groups"]
+    groups = get_json(f"http://127.0.0.1:{prom_port}/api/v1/rules")["data"]["groups"]
     expected = sum(len(yaml.safe_load(p.read_text())["groups"])
                    for p in (ROOT / "rules" / "prometheus").glob("*.yml"))
     assert len(groups) == expected
@@ -234,10 +157,10 @@ def test_prometheus_from_the_deploy_config_scrapes_a_real_agent(tmp_path, proces
 
 def test_alertmanager_from_the_deploy_config_delivers_llm_alerts_to_kvscope_serve(tmp_path, processes):
     am = _binary("prometheus-alertmanager")
-    hook_port, am_port = _free_port(), _free_port()
+    hook_port, am_port = free_port(), free_port()
     # The real webhook; no Prometheus behind it here, so diagnoses come back without a cause.
     serve = processes.start("serve", [
-        str(KVSCOPE), "serve", f"--prometheus=http://127.0.0.1:{_free_port()}",
+        str(KVSCOPE), "serve", f"--prometheus=http://127.0.0.1:{free_port()}",
         f"--listen=127.0.0.1:{hook_port}", "--store=:memory:"])
     cfg = yaml.safe_load(AM_CONFIG.read_text())
     hook = next(r for r in cfg["receivers"] if r["name"] == "kvscope")["webhook_configs"][0]
@@ -246,20 +169,15 @@ def test_alertmanager_from_the_deploy_config_delivers_llm_alerts_to_kvscope_serv
     hook["url"] = f"http://127.0.0.1:{hook_port}{shipped.path}"
     cfg["route"]["routes"][0]["group_wait"] = "0s"  # shipped: 10s; the route itself is unchanged
     (tmp_path / "am.yml").write_text(yaml.safe_dump(cfg))
-    proc = processes.start("alertmanager", [
-        am, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am'}",
-        f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="])
-    _wait_for("Alertmanager ready", lambda: urllib.request.urlopen(
-        f"http://127.0.0.1:{am_port}/-/ready", timeout=2).status == 200, 180, (proc, serve))
+    proc = processes.start("alertmanager", alertmanager_argv(tmp_path / "am.yml", tmp_path / "am", am_port, binary=am))
+    wait_http(f"http://127.0.0.1:{am_port}/-/ready", 180, procs=(proc, serve))
 
     alerts = [{"labels": {"alertname": "LlmKvCachePressure", "job": "vllm", "instance": "e1"}},
               {"labels": {"alertname": "NodeDiskFull", "instance": "n1"}}]
-    req = urllib.request.Request(f"http://127.0.0.1:{am_port}/api/v2/alerts", data=json.dumps(alerts).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
-    assert urllib.request.urlopen(req, timeout=5).status == 200
+    assert post_alerts(f"http://127.0.0.1:{am_port}", alerts) == 200
     diagnoses_url = f"http://127.0.0.1:{hook_port}/api/v1/diagnoses"
     got = _wait_for("a diagnosis at kvscope serve",
-                    lambda: _get_json(diagnoses_url)["diagnoses"], 120, (proc, serve))
+                    lambda: get_json(diagnoses_url)["diagnoses"], 120, (proc, serve))
     time.sleep(1.0)  # anything else that would (wrongly) arrive
-    got = _get_json(diagnoses_url)["diagnoses"]
+    got = get_json(diagnoses_url)["diagnoses"]
     assert [d["alertnames"] for d in got] == [["LlmKvCachePressure"]]
