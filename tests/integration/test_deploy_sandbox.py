@@ -12,18 +12,18 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 import tomllib
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
+
+from testbed.httpstub import serving, static_body_handler
+from testbed.procs import LoggedProcess, free_port, stop_process, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -34,12 +34,6 @@ mount -o remount,ro,bind /
 mount -t tmpfs -o size=64m,mode=0700 kvscope-emptydirs "$RW"
 mkdir "$RW/config" "$RW/state" "$RW/tmp"
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -70,60 +64,28 @@ def _image_env(container: dict, tmp_path: Path) -> dict[str, str]:
     return _without_ui_extras(tmp_path) if container["image"].split(":")[0] == "kvscope" else {}
 
 
-def _sandboxed(rw: Path, shell: str, env: dict[str, str], log: Path) -> subprocess.Popen:
+def _sandboxed(rw: Path, shell: str, env: dict[str, str], log: Path) -> LoggedProcess:
     """Run `shell` (bash) in the sandbox; its last command should `exec` the long-running process."""
     prefix = "setpriv --no-new-privs --inh-caps=-all --bounding-set=-all --"
     script = SANDBOX + shell.replace("@DROP@", prefix)
     environ = {"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "RW": str(rw), **env}
-    with log.open("wb") as out:  # the child keeps its own descriptor
-        return subprocess.Popen(["unshare", "-m", "--propagation", "private", "bash", "-c", script],
-                                env=environ, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return LoggedProcess(["unshare", "-m", "--propagation", "private", "bash", "-c", script], log,
+                         name=log.stem, env=environ)
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+    stop_process(proc, timeout_s=15)
 
 
-def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> bytes:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=10) as resp:
-                if resp.status == 200:
-                    return resp.read()
-        except OSError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"{url} not answering after {timeout_s}s:\n{log.read_text()[-3000:]}")
+def _wait_http(url: str, proc: LoggedProcess, timeout_s: float = 180) -> bytes:
+    """The body of the first 200 from `url`; fails with the log if the process exits first."""
+    return wait_http(url, timeout_s, procs=(proc,), request_timeout_s=10, interval_s=0.5)
 
 
 @pytest.fixture
 def engine_port():
-    body = CAPTURE.read_bytes()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server API
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with serving(static_body_handler(CAPTURE.read_bytes())) as server:
+        yield server.server_address[1]
 
 
 def _containers(manifest: str) -> dict[str, dict]:
@@ -150,11 +112,11 @@ def test_agent_pod_runs_read_only_without_capabilities(sandbox_ok, tmp_path, eng
     rw = tmp_path / "emptydirs"
     rw.mkdir()
     cm = yaml.safe_load((K8S / "agent-configmap.yaml").read_text())["data"]["kvscope.yaml.tmpl"]
-    port, otlp = _free_port(), _free_port()
+    port, otlp = free_port(), free_port()
     # test ports instead of the node's well-known ones; everything else as shipped
     cm = (cm.replace("${NODE_IP}:8000", f"${{NODE_IP}}:{engine_port}")
-            .replace("${NODE_IP}:30000", f"${{NODE_IP}}:{_free_port()}")
-            .replace("${NODE_IP}:9400", f"${{NODE_IP}}:{_free_port()}")
+            .replace("${NODE_IP}:30000", f"${{NODE_IP}}:{free_port()}")
+            .replace("${NODE_IP}:9400", f"${{NODE_IP}}:{free_port()}")
             .replace("listen: 0.0.0.0:4318", f"listen: 127.0.0.1:{otlp}"))
     template = tmp_path / "configmap" / "kvscope.yaml.tmpl"
     template.parent.mkdir()
@@ -172,10 +134,10 @@ def test_agent_pod_runs_read_only_without_capabilities(sandbox_ok, tmp_path, eng
         "HOME": f"{rw}/state", "TMPDIR": f"{rw}/tmp", "KVSCOPE_STORE_PATH": f"{rw}/state/kvscope.db",
         **_image_env(c["agent"], tmp_path)}, log)
     try:
-        _wait_http(f"http://127.0.0.1:{port}/-/ready", proc, log)
+        _wait_http(f"http://127.0.0.1:{port}/-/ready", proc)
         deadline = time.monotonic() + 120
         while True:
-            metrics = _wait_http(f"http://127.0.0.1:{port}/metrics", proc, log).decode()
+            metrics = _wait_http(f"http://127.0.0.1:{port}/metrics", proc).decode()
             up = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                   if line.startswith("kvscope_target_up{")}
             written = [float(x.rsplit(" ", 1)[1]) for x in metrics.splitlines()
@@ -194,7 +156,7 @@ def test_agent_pod_runs_read_only_without_capabilities(sandbox_ok, tmp_path, eng
             assert resp.status == 200
         assert written and written[0] > 0, "the store must write on its emptyDir"
         assert 'node="gpu-node-test"' in metrics                        # from the init container's rendering
-        health = json.loads(_wait_http(f"http://127.0.0.1:{port}/api/v1/health", proc, log))
+        health = json.loads(_wait_http(f"http://127.0.0.1:{port}/api/v1/health", proc))
         assert health
     finally:
         _stop(proc)
@@ -205,9 +167,9 @@ def test_console_pod_runs_read_only_without_capabilities(sandbox_ok, tmp_path):
     rw = tmp_path / "emptydirs"
     rw.mkdir()
     c = _containers("console-deployment.yaml")
-    hook, ui = _free_port(), _free_port()
+    hook, ui = free_port(), free_port()
     replace = {"0.0.0.0:9465": f"127.0.0.1:{hook}", "--host=0.0.0.0": "--host=127.0.0.1",
-               "--port=8501": f"--port={ui}", "$(PROMETHEUS_URL)": f"http://127.0.0.1:{_free_port()}",
+               "--port=8501": f"--port={ui}", "$(PROMETHEUS_URL)": f"http://127.0.0.1:{free_port()}",
                "/var/lib/kvscope/": f"{rw}/state/"}
     procs = []
     try:
@@ -221,7 +183,7 @@ def test_console_pod_runs_read_only_without_capabilities(sandbox_ok, tmp_path):
             proc = _sandboxed(rw, f"exec @DROP@ {argv}\n",
                               {"TMPDIR": f"{rw}/tmp", **env, **_image_env(c[name], tmp_path)}, log)
             procs.append((proc, log))
-            body = _wait_http(url, proc, log)
+            body = _wait_http(url, proc)
             assert body.strip() in (b"ok",) or json.loads(body)["diagnoses"] == []
     finally:
         for proc, _ in procs:
