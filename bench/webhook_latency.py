@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
@@ -31,43 +27,13 @@ from kvscope.diagnoser.rule import read_rules
 from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))       # testbed/ (test tooling at the repo root, not installed)
+from testbed.httpstub import serving, static_body_handler  # noqa: E402
+from testbed.procs import ProcessGroup, free_port, wait_http  # noqa: E402
+from testbed.prometheus import prometheus_argv  # noqa: E402
+
 CAPTURE = ROOT / "tests" / "fixtures" / "scrapes" / "vllm-0.32.0-cpu-after-load.txt"
 STEP_S, BEFORE_S = 15.0, 120.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _serve_capture() -> ThreadingHTTPServer:
-    body = CAPTURE.read_bytes()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def _wait(url: str, timeout_s: float = 30) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(url)
 
 
 def _webhook(instance: str, starts_at: float) -> bytes:
@@ -105,39 +71,30 @@ def main() -> None:
     ap.add_argument("--webhooks", type=int, default=5)
     ap.add_argument("--scrape-seconds", type=float, default=30)
     args = ap.parse_args()
-    target = _serve_capture()
-    prom_port, serve_port = _free_port(), _free_port()
+    prom_port, serve_port = free_port(), free_port()
     prom, serve = f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{serve_port}"
-    with tempfile.TemporaryDirectory(prefix="kvscope-webhook-") as d:
+    capture = static_body_handler(CAPTURE.read_bytes())
+    with (tempfile.TemporaryDirectory(prefix="kvscope-webhook-") as d, serving(capture) as target,
+          ProcessGroup(Path(d), stop_timeout_s=30) as procs):
         tmp = Path(d)
         targets = [{"targets": [f"127.0.0.1:{target.server_address[1]}"],
                     "labels": {"__metrics_path__": f"/e/{i}", "instance": f"engine-{i}:8000"}}
                    for i in range(args.engines)]
         (tmp / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s"}, "scrape_configs": [{"job_name": "vllm", "static_configs": targets}]}))
-        procs = [
-            subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
-                              f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-            subprocess.Popen([sys.executable, "-m", "kvscope.cli", "serve", "--prometheus", prom,
-                              "--listen", f"127.0.0.1:{serve_port}", "--store", str(tmp / "d.sqlite"),
-                              "--step", f"{STEP_S:g}s", "--before", f"{BEFORE_S:g}s"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        started = [
+            procs.start("prometheus", prometheus_argv(tmp / "prometheus.yml", tmp / "tsdb", prom_port)),
+            procs.start("serve", [sys.executable, "-m", "kvscope.cli", "serve", "--prometheus", prom,
+                                  "--listen", f"127.0.0.1:{serve_port}", "--store", str(tmp / "d.sqlite"),
+                                  "--step", f"{STEP_S:g}s", "--before", f"{BEFORE_S:g}s"]),
         ]
-        try:
-            _wait(prom + "/-/ready")
-            _wait(serve + "/-/healthy")
-            time.sleep(args.scrape_seconds)
-            now = time.time()
-            hooks = [_time_webhook(serve, _webhook(f"engine-{i}:8000", now - 30)) for i in range(args.webhooks)]
-            end = time.time()
-            base = [_time_baseline(prom, end - 30 - BEFORE_S, end) for _ in range(args.webhooks)]
-        finally:
-            for p in procs:
-                p.terminate()
-                p.wait(timeout=30)
-            target.shutdown()
-            target.server_close()
+        wait_http(prom + "/-/ready", 30, procs=started, request_timeout_s=1, interval_s=0.2)
+        wait_http(serve + "/-/healthy", 30, procs=started, request_timeout_s=1, interval_s=0.2)
+        time.sleep(args.scrape_seconds)
+        now = time.time()
+        hooks = [_time_webhook(serve, _webhook(f"engine-{i}:8000", now - 30)) for i in range(args.webhooks)]
+        end = time.time()
+        base = [_time_baseline(prom, end - 30 - BEFORE_S, end) for _ in range(args.webhooks)]
     hook_med, base_med = statistics.median(hooks), statistics.median(base)
     print(f"{args.engines} engines (real vLLM 0.32 capture) in Prometheus 2.42, window {BEFORE_S + 30:g}s "
           f"at {STEP_S:g}s steps, {args.webhooks} webhooks")
