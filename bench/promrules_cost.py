@@ -20,45 +20,22 @@ from __future__ import annotations
 
 import argparse
 import re
-import socket
-import subprocess
+import sys
 import tempfile
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
 from kvscope.diagnoser.promrules_build import build_all
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))       # testbed/ (test tooling at the repo root, not installed)
+from testbed.httpstub import serving, static_body_handler  # noqa: E402
+from testbed.procs import free_port, running  # noqa: E402
+from testbed.prometheus import prometheus_argv  # noqa: E402
+
 CAPTURE = ROOT / "tests" / "fixtures" / "scrapes" / "vllm-0.32.0-cpu-after-load.txt"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _serve_capture() -> ThreadingHTTPServer:
-    body = CAPTURE.read_bytes()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def _build(tmp: Path, canonical: str) -> list[Path]:
@@ -86,7 +63,7 @@ def _per_group(port: int) -> dict[str, float]:
 
 def run(name: str, rule_files: list[Path], engines: int, seconds: float, interval: int, tmp: Path,
         target_port: int) -> dict[str, float]:
-    port = _free_port()
+    port = free_port()
     work = tmp / name
     work.mkdir()
     targets = [{"targets": [f"127.0.0.1:{target_port}"],
@@ -96,10 +73,8 @@ def run(name: str, rule_files: list[Path], engines: int, seconds: float, interva
         "rule_files": [str(p) for p in rule_files],
         "scrape_configs": [{"job_name": "vllm", "static_configs": targets}],
     }))
-    proc = subprocess.Popen(["prometheus", f"--config.file={work / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    with running(prometheus_argv(work / "prometheus.yml", work / "tsdb", port), work / "prometheus.log",
+                 stop_timeout_s=30):
         time.sleep(seconds / 2)                        # warm-up: targets scraped, rules evaluated
         cpu0, t0 = _own_metric(port, "process_cpu_seconds_total"), time.time()
         time.sleep(seconds / 2)
@@ -112,9 +87,6 @@ def run(name: str, rule_files: list[Path], engines: int, seconds: float, interva
             "rules": _own_metric(port, "prometheus_rule_group_rules"),
             "cpu_per_s": (cpu1 - cpu0) / (t1 - t0),
         }
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def main() -> None:
@@ -123,16 +95,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--interval", type=int, default=5)
     args = ap.parse_args()
-    server = _serve_capture()
-    try:
-        with tempfile.TemporaryDirectory(prefix="kvscope-promrules-") as d:
-            tmp = Path(d)
-            configs = {"baseline": [], "all": _build(tmp, "all"), "used": _build(tmp, "used")}
-            results = {name: run(name, files, args.engines, args.seconds, args.interval, tmp,
-                                 server.server_address[1]) for name, files in configs.items()}
-    finally:
-        server.shutdown()
-        server.server_close()
+    with (serving(static_body_handler(CAPTURE.read_bytes())) as server,
+          tempfile.TemporaryDirectory(prefix="kvscope-promrules-") as d):
+        tmp = Path(d)
+        configs = {"baseline": [], "all": _build(tmp, "all"), "used": _build(tmp, "used")}
+        results = {name: run(name, files, args.engines, args.seconds, args.interval, tmp,
+                             server.server_address[1]) for name, files in configs.items()}
     base = results["baseline"]
     print(f"{args.engines} vLLM engines (real 0.32 capture), scrape + eval every {args.interval}s, "
           f"Prometheus 2.42, {args.seconds:g}s per run")
