@@ -49,7 +49,7 @@ class Request:
         self.target = target                       # as sent: path and query, raw
         self.path = target.split(b"?", 1)[0].decode("latin-1")
         self.raw_headers = raw_headers
-        self.headers = Headers((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in raw_headers)
+        self.headers = Headers({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers})
         self.body = body
         self.keep_alive = keep_alive
         self.http11 = http11

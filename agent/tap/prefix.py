@@ -117,39 +117,41 @@ class PrefixIndex:
         step = self.block_chars if isinstance(prompt, str) else self.block_tokens * 4
         hashes = _chain(data, step)
         now = self._clock()
+        blocks, window = self._blocks, self.window_s
         matched = 0
-        for h in hashes:
-            b = self._blocks.get(h)
-            if b is None or now - b.last_seen > self.window_s:
-                break
-            matched += 1
-        deepest = self._blocks[hashes[matched - 1]] if matched else None
-        for h in hashes:
-            self._remember(h, now, replica)
-        replicas = len(deepest.replicas) if deepest else 0
+        deepest: _Block | None = None
+        matching = True
+        for h in hashes:            # one pass: match the leading blocks and remember every block
+            b = blocks.get(h)
+            if b is None or now - b.last_seen > window:
+                matching = False
+                self._add(h, b, now, replica)
+                continue
+            if matching:
+                matched += 1
+                deepest = b
+            blocks.move_to_end(h)
+            b.last_seen = now
+            b.hits += 1
+            if b.hits == 2:
+                self.reseen += 1
+                if len(b.replicas) > 1:
+                    self.split += 1
+            if replica not in b.replicas and len(b.replicas) < self.max_replicas:
+                b.replicas.add(replica)
+                if len(b.replicas) == 2 and b.hits >= 2:
+                    self.split += 1
+        replicas = len(deepest.replicas) if deepest else 0     # this request's replica included
         share = min(1.0, matched * step / len(data)) if data else 0.0     # by characters / token ids
         return PrefixMatch(len(hashes), matched, share, replicas, tuple(hashes), len(data) // step)
 
-    def _remember(self, h: int, now: float, replica: str) -> None:
-        b = self._blocks.get(h)
-        if b is None or now - b.last_seen > self.window_s:
-            if b is not None:
-                self._forget(h)
-            self._blocks[h] = _Block(now, 1, {replica})
-            while len(self._blocks) > self.max_blocks:
-                self._forget(next(iter(self._blocks)))
-            return
-        self._blocks.move_to_end(h)
-        b.last_seen = now
-        b.hits += 1
-        if b.hits == 2:
-            self.reseen += 1
-            if len(b.replicas) > 1:
-                self.split += 1
-        if replica not in b.replicas and len(b.replicas) < self.max_replicas:
-            b.replicas.add(replica)
-            if len(b.replicas) == 2 and b.hits >= 2:
-                self.split += 1
+    def _add(self, h: int, stale: _Block | None, now: float, replica: str) -> None:
+        """A block not seen within the window: (re)start it, evicting the least recently seen."""
+        if stale is not None:
+            self._forget(h)
+        self._blocks[h] = _Block(now, 1, {replica})
+        while len(self._blocks) > self.max_blocks:
+            self._forget(next(iter(self._blocks)))
 
     def _forget(self, h: int) -> None:
         b = self._blocks.pop(h)

@@ -30,6 +30,7 @@ import logging
 import os
 import random
 import time
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from kvscope.agent.analytics.fairness import (
     render_fairness_samples,
 )
 from kvscope.agent.export import canonical_families
-from kvscope.agent.signals import Sample, load_catalog, make_labels
+from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels
 from kvscope.agent.tap.forward import Forward, parse_json_object
 from kvscope.agent.tap.http1 import HOP_BY_HOP, Downstream, Request, UpstreamPool, filter_headers, render_request
 from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
@@ -87,7 +88,7 @@ class TapConfig:
         return host.strip("[]") or "127.0.0.1", int(port)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Exchange:
     """What the tap learned about one request while it passed."""
 
@@ -162,7 +163,8 @@ class RequestTap:
         self.cached_tokens = CounterSet("tenant_cached_tokens_total")
         self.reusable_tokens = CounterSet("tenant_reusable_tokens_total")
         self.ttft = HistogramSet("tenant_ttft_seconds", GENAI_TTFT_BUCKETS)
-        self.itl = HistogramSet("tenant_itl_seconds", GENAI_TPOT_BUCKETS)
+        self.itl = GapHistogram("tenant_itl_seconds", GENAI_TPOT_BUCKETS)
+        self._labels: dict[str, Labels] = {}     # tenant label -> its label set (as many as TenantLimiter hands out)
         self.stats: Counter[str] = Counter()
         self.sessions = SessionTracker()
         self.targets = {base: parse_upstream(base) for base in config.upstreams}
@@ -280,7 +282,9 @@ class RequestTap:
     def account(self, ex: _Exchange) -> None:
         """Count one finished exchange: tenant counters, TTFT / ITL, session turn, the tap's span."""
         prompt_tokens, completion_tokens, cached = parse_usage(ex.usage)
-        lab = make_labels({"tenant": ex.tenant})
+        lab = self._labels.get(ex.tenant)
+        if lab is None:
+            lab = self._labels[ex.tenant] = make_labels({"tenant": ex.tenant})
         self.requests.inc(lab)
         self.stats["requests"] += 1
         if ex.outcome != "ok":
@@ -293,8 +297,8 @@ class RequestTap:
             self.cached_tokens.inc(lab, cached)
         if ex.first_token is not None and ex.outcome == "ok" and ex.status < 400:
             self.ttft.observe(lab, ex.first_token - ex.start)
-            for g in ex.gaps:
-                self.itl.observe(lab, g)
+            if ex.gaps:
+                self.itl.observe_all(lab, ex.gaps)
         self.sessions.finish(ex.turn, ex.tenant, ex.replica, prompt_tokens, cached)
         if self.span_sink is not None:
             self._emit_span(ex, prompt_tokens, completion_tokens, cached)
@@ -345,6 +349,32 @@ class RequestTap:
             out.append(Sample("prefix_split_ratio", (), split, timestamp))
         out.extend(self.sessions.render(timestamp))
         return out
+
+
+class GapHistogram(HistogramSet):
+    """A `HistogramSet` that takes a stream's token gaps in one call: one lock and one series
+    lookup per stream instead of per gap; gaps of 0 s (events that came in one read) are counted
+    in one step. Same series and rendering as `observe` per gap."""
+
+    def observe_all(self, labels: Labels, values: list[float]) -> None:
+        with self._lock:
+            row = self._series.get(labels)
+            if row is None:
+                if len(self._series) >= self.max_series:
+                    self.dropped += len(values)
+                    return
+                row = self._series[labels] = [0.0] * (len(self.bounds) + 2)
+            bounds = self.bounds
+            zeros = values.count(0.0)
+            row[0] += zeros                   # 0 s is below every bound (bounds are positive)
+            if zeros == len(values):
+                return
+            total = 0.0
+            for v in values:
+                if v > 0:                     # NaN and negative values are refused, as in `observe`
+                    row[bisect_left(bounds, v)] += 1
+                    total += v
+            row[-1] += total
 
 
 def _asks_usage(doc: dict[str, Any]) -> bool:

@@ -8,8 +8,7 @@ usage-only chunk (`"choices":[]` plus `usage`) that `stream_options.include_usag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -46,8 +45,9 @@ class SseSplitter:
         return rest
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
+    """What one SSE event carries."""
+
     kind: str                          # token | usage_only | done | other
     usage: dict[str, Any] | None = None
 
@@ -185,8 +185,11 @@ class SseScanner:
 
 
 def _token_events(whole: bytes) -> int:
-    """How many events `whole` holds if every one is a compact token chunk, else 0."""
-    if b'"usage"' in whole or b"[DONE]" in whole:
+    """How many events `whole` holds if every one is a compact token chunk, else 0.
+
+    No separate scan for `[DONE]`: its event has a `data:` line but no `"choices":[{`, so the
+    counts below cannot match (a JSON string cannot hold `"choices":[{` unescaped)."""
+    if b'"usage"' in whole:
         return 0
     n = whole.count(b"data:")
     if n and whole.count(b'"choices":[{') == n and whole.count(b"\n\n") + whole.count(b"\r\n\r\n") == n:
