@@ -7,26 +7,25 @@ a gzip bomb is capped too). Every failure becomes a `ScrapeError` whose `reason`
 stable token, used as the `reason` label of `kvscope_scrape_errors_total`:
 
     timeout, connection_refused, connect_error, dns_error, server_disconnected, payload_error,
-    http_<status> (http_503...), body_too_large, decode_error, invalid_url, http_protocol_error,
-    client_error
+    http_<status> (http_503...), body_too_large, decode_error, invalid_url, http_protocol_error
+
+The HTTP/1.1 client is agent/httpclient.py (llhttp via httptools, keep-alive per target); a
+redirect is not followed (it is reported as http_30x).
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from dataclasses import dataclass
 
-import aiohttp
+from kvscope.agent.httpclient import FetchError, HttpClient
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 """Ask for text 0.0.4 only (the parser reads OpenMetrics too, if a server sends it anyway).
 prometheus_client, which vLLM and SGLang serve /metrics with, switches to OpenMetrics whenever
 the Accept header mentions it, whatever its q; its OpenMetrics output adds a `_created` line per
 counter and histogram series and (0.26) spells `vllm:x` as `vllm_x`."""
-
-_CHUNK = 64 * 1024
 
 
 class ScrapeError(Exception):
@@ -48,71 +47,27 @@ class Payload:
     duration_s: float
 
 
-async def read_exposition(session: aiohttp.ClientSession, url: str, timeout_s: float,
-                          max_bytes: int) -> Payload:
+async def read_exposition(session: HttpClient, url: str, timeout_s: float, max_bytes: int) -> Payload:
     """GET `url` and return its decoded body. Raises ScrapeError(reason) on any failure."""
     start = time.monotonic()
-    headers = {"Accept": ACCEPT, "X-Prometheus-Scrape-Timeout-Seconds": f"{timeout_s:g}"}
+    headers = (("Accept", ACCEPT), ("X-Prometheus-Scrape-Timeout-Seconds", f"{timeout_s:g}"))
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.get(url, headers=headers, allow_redirects=False) as resp:
-                if resp.status != 200:
-                    raise ScrapeError(f"http_{resp.status}", resp.reason or "")
-                body = await _read_capped(resp, max_bytes)
-                ctype = resp.headers.get("Content-Type", "")
+            reply = await session.get(url, headers, max_bytes)
     except TimeoutError:
         raise ScrapeError("timeout", f"no complete response within {timeout_s:g}s") from None
-    except aiohttp.ClientError as e:
-        raise ScrapeError(_client_error_reason(e), str(e)[:200]) from None
-    except ValueError as e:  # aiohttp raises it for some malformed URLs
-        raise ScrapeError("invalid_url", str(e)[:200]) from None
+    except FetchError as e:
+        raise ScrapeError(e.reason, e.detail) from None
+    except OSError as e:   # a write on a connection the peer reset
+        raise ScrapeError("server_disconnected", str(e)[:200]) from None
     try:
-        text = body.decode("utf-8")
+        text = reply.body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ScrapeError("decode_error", f"not UTF-8 at byte {e.start}") from None
-    return Payload(text=text, openmetrics=ctype.startswith("application/openmetrics-text"),
-                   size_bytes=len(body), duration_s=time.monotonic() - start)
+    return Payload(text=text, openmetrics=reply.content_type.startswith("application/openmetrics-text"),
+                   size_bytes=len(reply.body), duration_s=time.monotonic() - start)
 
 
-async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes:
-    if resp.content_length is not None and resp.content_length > max_bytes:
-        raise ScrapeError("body_too_large", f"Content-Length {resp.content_length} > {max_bytes}")
-    chunks: list[bytes] = []
-    total = 0
-    async for chunk in resp.content.iter_chunked(_CHUNK):
-        total += len(chunk)
-        if total > max_bytes:
-            raise ScrapeError("body_too_large", f"more than {max_bytes} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _client_error_reason(e: aiohttp.ClientError) -> str:
-    """Map an aiohttp exception to a stable reason token."""
-    if isinstance(e, aiohttp.ClientConnectorDNSError):
-        return "dns_error"
-    if isinstance(e, aiohttp.ClientConnectorError):
-        cause = e.os_error
-        if isinstance(cause, ConnectionRefusedError):
-            return "connection_refused"
-        if isinstance(cause, socket.gaierror):
-            return "dns_error"
-        return "connect_error"
-    if isinstance(e, aiohttp.ServerDisconnectedError):
-        return "server_disconnected"
-    if isinstance(e, aiohttp.ClientPayloadError):
-        return "payload_error"
-    if isinstance(e, aiohttp.InvalidURL):
-        return "invalid_url"
-    if isinstance(e, aiohttp.ClientResponseError):
-        return "http_protocol_error"
-    if isinstance(e, aiohttp.ServerTimeoutError):
-        return "timeout"
-    return "client_error"
-
-
-def new_session(max_connections: int = 64) -> aiohttp.ClientSession:
-    """A client session for scraping: keep-alive connections, no cookies, no env proxies."""
-    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=8, ttl_dns_cache=300)
-    return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
-                                 trust_env=False, auto_decompress=True)
+def new_session() -> HttpClient:
+    """A scrape client: keep-alive connections per target, no cookies, no proxies, no redirects."""
+    return HttpClient()

@@ -24,12 +24,12 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-import aiohttp
 from kvscope.agent.blockcache import BlockCache
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import AgentConfig, Target
 from kvscope.agent.engines.dialect import Normalized, detect_engine, normalize
 from kvscope.agent.exposition import Exposition, ParseIssue, parse_exposition
+from kvscope.agent.httpclient import HttpClient
 from kvscope.agent.scrape import ScrapeError, new_session, read_exposition
 from kvscope.agent.signals import Catalog, load_catalog
 
@@ -61,7 +61,7 @@ class TargetScrape:
         return self._expo
 
 
-async def scrape_target(session: aiohttp.ClientSession, target: Target, timeout_s: float,
+async def scrape_target(session: HttpClient, target: Target, timeout_s: float,
                         max_bytes: int) -> TargetScrape:
     """Scrape one target. Never raises for a target problem."""
     ts, t0 = time.time(), time.monotonic()
@@ -80,7 +80,7 @@ class EngineCollector:
     name = NAME
 
     def __init__(self, config: AgentConfig, catalog: Catalog | None = None,
-                 session: aiohttp.ClientSession | None = None, max_concurrency: int = 32) -> None:
+                 session: HttpClient | None = None, max_concurrency: int = 32) -> None:
         self.config = config
         self.catalog = catalog or load_catalog()
         self._session = session
