@@ -9,9 +9,16 @@ with the same client load (`--concurrency` concurrent streams, `--requests` in t
 * tap      client -> `kvscope tap` (the real CLI, its own process) -> stub
 * nginx    client -> nginx `proxy_pass` (proxy_buffering off, upstream keepalive) -> stub
 
+Fair by construction: one proxy process each (nginx `worker_processes 1`, master idle; the tap is
+one process on one event loop), both keep upstream connections alive, neither buffers the
+response (nginx `proxy_buffering off`; the tap writes each upstream read on at once), both speak
+HTTP/1.1 to the stub. The tap does more per request (parses the JSON body, scans the SSE events,
+hashes the prompt, counts per tenant); nginx only forwards.
+
 Per request the client measures TTFT (request sent -> first SSE event) and the full stream time.
 Printed: TTFT p50/p99 per path, the added p50/p99 over direct (goal: tap < 1 ms p99 and <= nginx),
-throughput (streams/s) and the proxy process's CPU time per stream (nginx: master + worker);
+throughput (streams/s) and the proxy process's CPU time per stream (nginx: master + worker), split
+into user (the proxy's own code) and system (the kernel: socket reads and writes);
 with `--repeat N` the paths are run N rounds (order rotated each round) and the medians are
 printed too. Then the tap's own processing cost, measured with the tap inside the client
 process (no cross-process wakeups), one stream at a time. Every process runs on this machine:
@@ -161,17 +168,17 @@ def start(cmd: list[str], **kw) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, **kw)
 
 
-def proxy_cpu_s(proc: subprocess.Popen | None) -> float:
-    """CPU seconds (user + system) a proxy process and its children (nginx workers) used so far."""
+def proxy_cpu_s(proc: subprocess.Popen | None) -> tuple[float, float]:
+    """CPU seconds (user, system) a proxy process and its children (nginx workers) used so far."""
     if proc is None:
-        return 0.0
+        return 0.0, 0.0
     p = psutil.Process(proc.pid)
-    total = 0.0
+    user = system = 0.0
     for q in [p, *p.children(recursive=True)]:
         with contextlib.suppress(psutil.Error):
             t = q.cpu_times()
-            total += t.user + t.system
-    return total
+            user, system = user + t.user, system + t.system
+    return user, system
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,13 +218,14 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.repeat):
             results = {}
             for name in names[r % len(names):] + names[:r % len(names)]:
-                cpu0 = proxy_cpu_s(owner[name])
+                u0, s0 = proxy_cpu_s(owner[name])
                 rows, dt = asyncio.run(drive(f"http://127.0.0.1:{paths[name]}", args.requests, args.concurrency, name))
-                results[name] = (rows, dt, (proxy_cpu_s(owner[name]) - cpu0) / max(len(rows), 1))
+                u1, s1 = proxy_cpu_s(owner[name])
+                results[name] = (rows, dt, (u1 - u0) / max(len(rows), 1), (s1 - s0) / max(len(rows), 1))
             rounds.append(summarize({k: results[k] for k in names}))
             report(rounds[-1], f"round {r + 1}/{args.repeat} (load average {os.getloadavg()[0]:.2f})")
         if args.repeat > 1:
-            report({k: tuple(statistics.median(rd[k][i] for rd in rounds) for i in range(6)) for k in names},
+            report({k: tuple(statistics.median(rd[k][i] for rd in rounds) for i in range(8)) for k in names},
                    f"median of {args.repeat} rounds")
         inproc = asyncio.run(sequential_inproc(stub_port, args.sequential))
         d, t = (pct(inproc[k], 50) for k in ("direct", "tap"))
@@ -237,26 +245,29 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summarize(results: dict) -> dict[str, tuple[float, ...]]:
-    """Per path: TTFT p50 and p99 (ms), added p50 and p99 over direct (ms), streams/s, proxy CPU us/stream."""
+    """Per path: TTFT p50 and p99 (ms), added p50 and p99 over direct (ms), streams/s, proxy CPU
+    us/stream (user + system), then its user and system parts."""
     d50, d99 = (pct([t for t, _ in results["direct"][0]], q) for q in (50, 99))
     out = {}
-    for name, (rows, dt, cpu) in results.items():
+    for name, (rows, dt, user, system) in results.items():
         p50, p99 = (pct([t for t, _ in rows], q) for q in (50, 99))
-        out[name] = (p50 * 1e3, p99 * 1e3, (p50 - d50) * 1e3, (p99 - d99) * 1e3, len(rows) / dt, cpu * 1e6)
+        out[name] = (p50 * 1e3, p99 * 1e3, (p50 - d50) * 1e3, (p99 - d99) * 1e3, len(rows) / dt,
+                     (user + system) * 1e6, user * 1e6, system * 1e6)
     return out
 
 
 def report(table: dict[str, tuple[float, ...]], title: str) -> None:
     print(title)
     print(f"{'path':<8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'added p50':>10} {'added p99':>10} {'streams/s':>10}"
-          f" {'proxy CPU us/stream':>20}")
-    for name, (p50, p99, a50, a99, rate, cpu) in table.items():
-        cpu_s = f"{cpu:>20.0f}" if name != "direct" else f"{'-':>20}"
+          f" {'proxy CPU us/stream':>20} {'(user / sys)':>13}")
+    for name, (p50, p99, a50, a99, rate, cpu, user, system) in table.items():
+        cpu_s = f"{cpu:>20.0f} {f'{user:.0f} / {system:.0f}':>13}" if name != "direct" else f"{'-':>20}"
         print(f"{name:<8} {p50:>12.2f} {p99:>12.2f} {a50:>10.2f} {a99:>10.2f} {rate:>10.0f} {cpu_s}")
     if "nginx" in table:
         t, n = table["tap"], table["nginx"]
         print(f"tap / nginx: TTFT p99 {t[1] / n[1]:.2f}, p50 {t[0] / n[0]:.2f} (goal <= 1.00), streams/s "
-              f"{t[4] / n[4]:.2f} (goal >= 1.00); tap added p99 {t[3]:.2f} ms (goal < 1 ms)")
+              f"{t[4] / n[4]:.2f} (goal >= 1.00), CPU per stream {t[5] / n[5]:.2f} (user {t[6] / n[6]:.2f}, "
+              f"sys {t[7] / n[7]:.2f}); tap added p99 {t[3]:.2f} ms (goal < 1 ms)")
 
 
 if __name__ == "__main__":
