@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import compress
-from operator import itemgetter, methodcaller
+from operator import itemgetter
 from typing import Any
 
 from kvscope.agent.signals import Sample, make_labels
@@ -32,6 +32,20 @@ GPU_MEMORY = "gpu_memory_used_bytes"
 ENGINE_PROCESS_PREFIX = "engine_process_"
 JOIN_ORDER = ("config", "kubernetes", "pid")
 _JOIN_PREFIXES = ("gpu_", ENGINE_PROCESS_PREFIX)   # every series the joins read, but the engines' pods
+
+
+class _JoinedNames(dict):
+    """name -> whether the joins read it; a miss is decided once (`__missing__`), a hit is a
+    C-level dict lookup (names are few: a few hundred signals)."""
+
+    def __missing__(self, name: str) -> bool:
+        if len(self) > 10_000:
+            self.clear()
+        joined = self[name] = name.startswith(_JOIN_PREFIXES)
+        return joined
+
+
+_joined_name = _JoinedNames()
 
 
 @dataclass(frozen=True)
@@ -92,7 +106,7 @@ def join_engines_to_gpus(samples: Iterable[Sample], gpu_mapping: Any = None) -> 
     first, one assignment per pair. `samples` are the latest canonical samples of all sources."""
     samples = samples if isinstance(samples, list) else list(samples)
     # one C-level pass (no bytecode per sample): the joins read only these
-    joined = list(compress(samples, map(methodcaller("startswith", _JOIN_PREFIXES), map(itemgetter(0), samples))))
+    joined = list(compress(samples, map(_joined_name.__getitem__, map(itemgetter(0), samples))))
     devices = _devices(joined)
     used = _device_memory(joined)
     found = [*_by_config(parse_gpu_mapping(gpu_mapping), devices, used),

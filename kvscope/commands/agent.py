@@ -13,6 +13,7 @@ from kvscope.agent.analytics.gpu_join import engine_gpu_hook
 from kvscope.agent.config import AgentConfig, ConfigError
 from kvscope.agent.runtime import AgentRuntime, build_collectors, known_collectors
 from kvscope.agent.server import AgentServer
+from kvscope.agent.tap.eventloop import run_event_loop
 from kvscope.commands._flags import ENV_HELP, add_agent_flags, add_scrape_flags, config_from_args
 
 DESCRIPTION = """\
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for warning in config.warnings:
         logging.getLogger("kvscope.agent").warning("config: %s", warning)
-    return asyncio.run(serve(config))
+    return run_event_loop(serve(config))   # uvloop when installed: less CPU per scrape and request
 
 
 def open_store(config: AgentConfig) -> Any:
