@@ -185,14 +185,18 @@ class SseScanner:
 
 
 def _token_events(whole: bytes) -> int:
-    """How many events `whole` holds if every one is a compact token chunk, else 0.
+    """How many events `whole` (complete events from an event boundary on) holds if every one
+    is a compact token chunk, else 0.
 
-    No separate scan for `[DONE]`: its event has a `data:` line but no `"choices":[{`, so the
-    counts below cannot match (a JSON string cannot hold `"choices":[{` unescaped)."""
+    Every `data:` must open an event (at the start or right after a blank line), so no event
+    has two data lines; events without one (comments) are not tokens on either path. No scan
+    for `[DONE]`: its event opens with `data:` but has no `"choices":[{`, so the counts cannot
+    match (a JSON string cannot hold `"choices":[{` unescaped)."""
     if b'"usage"' in whole:
         return 0
     n = whole.count(b"data:")
-    if n and whole.count(b'"choices":[{') == n and whole.count(b"\n\n") + whole.count(b"\r\n\r\n") == n:
+    if (n and whole.startswith(b"data:") and whole.count(b"\n\ndata:") == n - 1
+            and whole.count(b'"choices":[{') == n):
         return n
     return 0
 

@@ -68,11 +68,16 @@ def test_pretty_printed_or_multi_line_events_take_the_decoding_path():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(["tok", "usage", "done", "comment"]), max_size=12),
+@given(st.lists(st.sampled_from(["tok", "usage", "done", "comment", "tok_crlf", "multi", "named",
+                                          "pair"]), max_size=12),
        st.lists(st.integers(min_value=1, max_value=400), max_size=30), st.booleans())
 def test_any_read_split_gives_the_same_bytes_and_counts(kinds, cuts, drop):
     """However the upstream's bytes are cut into reads, the client gets the same bytes."""
-    parts = {"tok": tok(), "usage": USAGE, "done": DONE, "comment": b": c\n\n"}
+    parts = {"tok": tok(), "usage": USAGE, "done": DONE, "comment": b": c\n\n",
+             "tok_crlf": tok().replace(b"\n\n", b"\r\n\r\n"),                 # token events, other framings:
+             "multi": b'data: {"choices":[{"index":0,\ndata: "text":"a"}]}\n\n',   # two data lines
+             "named": b"event: message\n" + tok(),                             # an event line first
+             "pair": tok()[:-1] + tok()}          # two JSON lines in one event: not a token (invalid JSON)
     stream = b"".join(parts[k] for k in kinds)
     expected = b"".join(parts[k] for k in kinds if not (drop and k == "usage"))
     s = SseScanner(drop_usage=drop)
@@ -83,7 +88,7 @@ def test_any_read_split_gives_the_same_bytes_and_counts(kinds, cuts, drop):
     out.append(s.feed(stream[pos:], float(pos)))
     out.append(s.rest())
     assert b"".join(out) == expected
-    n_tok = kinds.count("tok")
+    n_tok = sum(kinds.count(k) for k in ("tok", "tok_crlf", "multi", "named"))
     assert len(s.gaps) == max(0, n_tok - 1)
     assert (s.usage is not None) == ("usage" in kinds)
     if "usage" in kinds:
