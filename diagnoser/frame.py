@@ -102,6 +102,56 @@ def frame_from_samples(samples: Iterable[Sample], start: float, end: float, step
     return Frame(ts=grid, blocks=blocks)
 
 
+def failed_scrape_spans(up: Iterable[tuple[str, float, bool]]) -> dict[str, list[tuple[float, float]]]:
+    """instance -> [from, until) spans in which its latest scrape had failed.
+
+    `up` holds (instance, scrape time, succeeded). A span runs from a failed scrape to the
+    instance's next successful one (to +inf when none follows)."""
+    by: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+    for instance, t, ok in up:
+        by[instance].append((t, ok))
+    out: dict[str, list[tuple[float, float]]] = {}
+    for instance, scrapes in by.items():
+        spans: list[tuple[float, float]] = []
+        down_since: float | None = None
+        for t, ok in sorted(scrapes):
+            if not ok and down_since is None:
+                down_since = t
+            elif ok and down_since is not None:
+                spans.append((down_since, t))
+                down_since = None
+        if down_since is not None:
+            spans.append((down_since, float("inf")))
+        if spans:
+            out[instance] = spans
+    return out
+
+
+def mark_stale(frame: Frame, down: dict[str, list[tuple[float, float]]]) -> None:
+    """Prometheus staleness for failed scrapes, in place: a series of an instance is absent at
+    grid times when that instance's latest scrape had failed.
+
+    Prometheus writes a stale marker for every series of a target whose scrape fails, so an
+    instant query finds nothing there and a range sees only real samples. Without this, the
+    lookback would carry counters frozen at their last value through an outage: rates would fall
+    toward zero during it and jump after it.
+    """
+    masks: dict[str, np.ndarray] = {}
+    for instance, spans in down.items():
+        mask = np.zeros(len(frame.ts), dtype=bool)
+        for a, b in spans:
+            mask |= (frame.ts >= a) & (frame.ts < b)
+        if mask.any():
+            masks[instance] = mask
+    if not masks:
+        return
+    for block in frame.blocks.values():
+        for i, labels in enumerate(block.labels):
+            mask = masks.get(dict(labels).get("instance", ""))
+            if mask is not None:
+                block.values[i, mask] = np.nan
+
+
 def merge_facts(per_rank: dict[str, dict[str, dict[str, str]]]) -> dict[str, dict[str, str]]:
     """instance -> dp_rank -> facts  to  instance -> facts (rank "" or the first rank wins)."""
     out: dict[str, dict[str, str]] = {}

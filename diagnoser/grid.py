@@ -44,11 +44,12 @@ def counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
     d = np.where(d < 0, filled[:, 1:], d)
     adj = np.concatenate([np.zeros((values.shape[0], 1)), np.cumsum(np.nan_to_num(d), axis=1)], axis=1)
     n_t = values.shape[1]
-    first = np.where(present.any(axis=1), present.argmax(axis=1), n_t)
     t_idx = np.arange(n_t)[None, :]
-    j = np.maximum(t_idx - k, first[:, None])
-    span = t_idx - j
     rows = np.arange(values.shape[0])[:, None]
+    # the first present point in each window (after a gap it is not the window's start)
+    nxt = np.minimum.accumulate(np.where(present, t_idx, n_t)[:, ::-1], axis=1)[:, ::-1]
+    j = np.minimum(nxt[rows, np.maximum(t_idx - k, 0)], n_t - 1)
+    span = t_idx - j
     inc = adj[rows, np.broadcast_to(t_idx, j.shape)] - adj[rows, np.minimum(j, n_t - 1)]
     with np.errstate(invalid="ignore", divide="ignore"):
         rate = inc / (span * step)
