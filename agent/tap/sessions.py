@@ -57,7 +57,8 @@ class _Session:
 class Turn(NamedTuple):
     """What `begin` learned about one request; pass it to `finish`."""
 
-    key: tuple[str, Any] | None      # where this turn will be remembered (None: cannot be chained)
+    key: int | bytes | None          # where it will be remembered: chain block hash (int) or session
+                                     # id digest (bytes, never equal to an int); None: not chained
     previous: _Session | None        # the turn it follows, if any
     via: str                         # id | chain | none
 
@@ -88,7 +89,7 @@ class SessionTracker:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s, self.max_sessions, self.slack_tokens = window_s, max_sessions, slack_tokens
         self._clock = clock
-        self._sessions: OrderedDict[tuple[str, Any], _Session] = OrderedDict()
+        self._sessions: OrderedDict[int | bytes, _Session] = OrderedDict()
         self._lock = threading.Lock()
         self.turns = CounterSet("session_turns_total")
         self.misses = CounterSet("session_turn_misses_total")
@@ -103,19 +104,23 @@ class SessionTracker:
         now = self._clock()
         with self._lock:
             if session_id is not None:
-                key = ("s", hashlib.blake2b(session_id.encode(), digest_size=8).digest())
+                key = b"s" + hashlib.blake2b(session_id.encode(), digest_size=8).digest()
                 return Turn(key, self._live(key, now), "id")
             if match is None or match.full_blocks == 0:
                 return Turn(None, None, "none")
-            # the deepest earlier turn whose last full block this prompt contains, with more after it
-            for i in range(min(match.full_blocks, len(match.hashes)) - 2, -1, -1):
-                prev = self._live(("c", match.hashes[i]), now)
+            last = match.hashes[match.full_blocks - 1]
+            # the deepest earlier turn whose last full block this prompt contains, with more after
+            # it: block hashes that are session keys, found deepest first by a C-level filter
+            # (a long prompt with no earlier turn costs one pass, not a lookup per block in Python)
+            earlier = reversed(match.hashes[:match.full_blocks - 1])
+            for h in filter(self._sessions.__contains__, earlier):
+                prev = self._live(h, now)
                 if prev is not None:
-                    self._sessions.pop(("c", match.hashes[i]))     # the chain moves on to this turn
-                    return Turn(("c", match.hashes[match.full_blocks - 1]), prev, "chain")
-            return Turn(("c", match.hashes[match.full_blocks - 1]), None, "chain")
+                    self._sessions.pop(h)          # the chain moves on to this turn
+                    return Turn(last, prev, "chain")
+            return Turn(last, None, "chain")
 
-    def _live(self, key: tuple[str, Any], now: float) -> _Session | None:
+    def _live(self, key: int | bytes, now: float) -> _Session | None:
         s = self._sessions.get(key)
         if s is None or now - s.last_seen > self.window_s:
             return None
@@ -139,7 +144,7 @@ class SessionTracker:
             self._remember(turn.key, prompt_tokens, (prev.turns if prev else 0) + 1)
         return TurnVerdict(prev is not None, missed)
 
-    def _remember(self, key: tuple[str, Any], prompt_tokens: int, turns: int) -> None:
+    def _remember(self, key: int | bytes, prompt_tokens: int, turns: int) -> None:
         with self._lock:
             self._sessions[key] = _Session(prompt_tokens, turns, self._clock())
             self._sessions.move_to_end(key)
