@@ -58,7 +58,8 @@ class Recording:
 
 @dataclass(frozen=True)
 class Variant:
-    """A named rewrite of a recording that must leave the diagnosis unchanged."""
+    """A named rewrite of a recording that must leave the diagnosis unchanged. `apply` returns a
+    new Recording and leaves its argument as it was."""
 
     name: str
     description: str
@@ -269,11 +270,13 @@ def counter_reset(rec: Recording, meta: dict[str, Any]) -> Recording:
     # the restart happened right after the previous scrape: from `at` on, each counter shows
     # what it counted since then
     base = {(s.name, s.labels): s.value for s in before[-1].samples if _is_counter(s.name, expo)}
-    for sc in mine:
-        if sc.timestamp >= at:
-            sc.samples = [s._replace(value=max(0.0, s.value - base[(s.name, s.labels)]))
-                          if (s.name, s.labels) in base else s for s in sc.samples]
-    return rec
+
+    def restarted(sc: Scrape) -> Scrape:
+        if (sc.job, sc.instance) != target or sc.timestamp < at:
+            return sc
+        return replace(sc, samples=[s._replace(value=max(0.0, s.value - base[(s.name, s.labels)]))
+                                    if (s.name, s.labels) in base else s for s in sc.samples])
+    return replace(rec, scrapes=[restarted(sc) for sc in rec.scrapes])
 
 
 def _is_counter(name: str, expo: Exposition) -> bool:
