@@ -348,9 +348,10 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 def applicable(variant: str, meta: dict[str, Any], rec: Recording) -> str | None:
     """None when the variant makes sense for this recording, else why not.
 
-    A resample must leave at least 8 scrapes per target and be slower than the recording's own
-    interval; a cut must leave the expected phase at least half inside; a counter reset needs a
-    second engine replica (a restart of the only replica is an incident of its own).
+    A resample must be slower than the recording's own interval and leave at least 8 scrapes per
+    target and 4 in the expected phase (a shorter incident is below the interval's resolution);
+    a cut must leave the expected phase at least half inside; a counter reset needs a second
+    engine replica (a restart of the only replica is an incident of its own).
     """
     native = scrape_interval(rec)
     duration = rec.end - rec.start
@@ -360,6 +361,9 @@ def applicable(variant: str, meta: dict[str, Any], rec: Recording) -> str | None
             return f"not slower than the recording's own {native:g} s"
         if duration / interval < 8:
             return f"{duration:.0f} s recording would keep {duration / interval:.0f} scrapes"
+        lo, hi = _phase_span(rec, meta)
+        if hi > lo and (hi - lo) / interval < 4:
+            return f"the {hi - lo:.0f} s expected phase would keep {(hi - lo) / interval:.0f} scrapes"
     if variant.startswith("cut_"):
         lo, hi = _phase_span(rec, meta)
         keep_lo = rec.start + (0.2 * duration if variant == "cut_head_20" else 0.0)
