@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 
-@dataclass
+@dataclass(slots=True)
 class _Block:
     last_seen: float
     hits: int
@@ -117,12 +117,13 @@ class PrefixIndex:
         step = self.block_chars if isinstance(prompt, str) else self.block_tokens * 4
         hashes = _chain(data, step)
         now = self._clock()
-        blocks, window = self._blocks, self.window_s
+        window, max_replicas = self.window_s, self.max_replicas
+        get, refresh = self._blocks.get, self._blocks.move_to_end
         matched = 0
         deepest: _Block | None = None
         matching = True
         for h in hashes:            # one pass: match the leading blocks and remember every block
-            b = blocks.get(h)
+            b = get(h)
             if b is None or now - b.last_seen > window:
                 matching = False
                 self._add(h, b, now, replica)
@@ -130,16 +131,17 @@ class PrefixIndex:
             if matching:
                 matched += 1
                 deepest = b
-            blocks.move_to_end(h)
+            refresh(h)
             b.last_seen = now
             b.hits += 1
+            reps = b.replicas
             if b.hits == 2:
                 self.reseen += 1
-                if len(b.replicas) > 1:
+                if len(reps) > 1:
                     self.split += 1
-            if replica not in b.replicas and len(b.replicas) < self.max_replicas:
-                b.replicas.add(replica)
-                if len(b.replicas) == 2 and b.hits >= 2:
+            if replica not in reps and len(reps) < max_replicas:
+                reps.add(replica)
+                if len(reps) == 2 and b.hits >= 2:
                     self.split += 1
         replicas = len(deepest.replicas) if deepest else 0     # this request's replica included
         share = min(1.0, matched * step / len(data)) if data else 0.0     # by characters / token ids

@@ -1,6 +1,8 @@
 """Prefix reuse potential, SSE splitting and tenant identity: the tap's pure parts."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kvscope.agent.tap.prefix import PrefixIndex, parse_block_hashes, render_prompt
 from kvscope.agent.tap.sse import SseSplitter, classify_event, parse_usage
 from kvscope.agent.tap.tenants import OTHER, TenantLimiter, parse_tenant
@@ -102,3 +104,53 @@ def test_classify_fast_path_agrees_with_full_decoding():
     spaced = b'data: {"id": "c", "choices": [{"index": 0, "text": "a"}]}\n\n'
     empty = b'data: {"id":"c","choices":[]}\n\n'
     assert [classify_event(e).kind for e in (compact, spaced, empty)] == ["token", "token", "other"]
+
+
+class _ReferenceIndex:
+    """The index's contract written plainly: two passes (match, then remember), LRU by list."""
+
+    def __init__(self, window_s, max_blocks, block_chars):
+        self.window_s, self.max_blocks, self.block_chars = window_s, max_blocks, block_chars
+        self.blocks = {}          # hash -> [last_seen, hits, replicas]
+        self.order = []           # least recently seen first
+
+    def observe(self, prompt, replica, now):
+        hashes = parse_block_hashes(prompt, self.block_chars)
+        live = [h in self.blocks and now - self.blocks[h][0] <= self.window_s for h in hashes]
+        matched = live.index(False) if False in live else len(live)
+        for h in hashes:
+            if h in self.blocks and now - self.blocks[h][0] <= self.window_s:
+                b = self.blocks[h]
+                b[0], b[1] = now, b[1] + 1
+                if len(b[2]) < 8:
+                    b[2].add(replica)
+                self.order.remove(h)
+            else:
+                if h in self.blocks:
+                    self.order.remove(h)
+                self.blocks[h] = [now, 1, {replica}]
+            self.order.append(h)
+            while len(self.order) > self.max_blocks:
+                del self.blocks[self.order.pop(0)]
+        replicas = len(self.blocks[hashes[matched - 1]][2]) if matched and hashes[matched - 1] in self.blocks else 0
+        reseen = [b for b in self.blocks.values() if b[1] >= 2]
+        split = sum(1 for b in reseen if len(b[2]) > 1) / len(reseen) if reseen else None
+        return matched, replicas, split
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6), st.sampled_from("ab"), st.integers(0, 50)),
+                min_size=1, max_size=40))
+def test_one_pass_observe_agrees_with_the_plain_two_pass_contract(steps):
+    """Prompts share prefixes (a stem, then a variable tail), come from two replicas, at moving times."""
+    clock = Clock()
+    idx = PrefixIndex(window_s=60, max_blocks=12, block_chars=8, clock=clock)
+    ref = _ReferenceIndex(60, 12, 8)
+    stems = ["s" * 24, "s" * 16 + "t" * 8, "u" * 32, ""]
+    for stem, tail, replica, dt in steps:
+        clock.t += dt
+        prompt = stems[stem] + "x" * (8 * tail) + str(tail)
+        m = idx.observe(prompt, replica)
+        matched, replicas, split = ref.observe(prompt, replica, clock.t)
+        assert (m.matched, m.replicas, idx.split_ratio) == (matched, replicas, split)
+        assert len(idx) == len(ref.blocks)
