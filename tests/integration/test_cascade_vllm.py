@@ -57,45 +57,51 @@ async def _complete(session, base, key, words, max_tokens):
         return r.status
 
 
-async def _root_shown(scrapes, since, timeout_s=90.0, poll_s=0.2):
-    """Wait until the scrapes from index `since` on show the cascade's root (stage 1: pool full or
-    evicting); returns when it showed, or None at the timeout. Parses only these few scrapes."""
-    samples, seen, t0 = [], since, time.time()
-    while time.time() - t0 < timeout_s:
+async def _root_shown(scrapes, since, poll_s=0.2):
+    """Return the onset time once the scrapes from index `since` on show the cascade's root
+    (stage 1: pool full or evicting). Parses only these few scrapes, incrementally."""
+    samples, seen = [], since
+    while True:
         new, seen = scrapes[seen:], len(scrapes)
         samples += _canonical(new)
         report = evaluate_cascade(samples, CFG).get("vllm-0")
         if report is not None and 1 in report.onsets:
             return report.onsets[1]
         await asyncio.sleep(poll_s)
-    return None
 
 
-async def _pressure(session, base, scrapes, nonce, burst=14, wave=32):
-    """Three phases, each started by the engine's state rather than a clock:
+async def _pressure(session, base, scrapes, nonce, max_fill=64, wave=32, fill_timeout_s=90.0):
+    """Three phases, each started by the engine's state rather than by a clock:
 
     1. baseline: six requests of the same prompt shape with 8 output tokens, one at a time
        (TTFT = one 300-token prefill, nothing queued);
-    2. fill: `burst` long requests, staggered 50 ms so their prefills do not contend; they fit the
-       128-block pool at first and overflow it as they decode (preemption);
-    3. once the scrapes show the pool full, a `wave` of long requests at once: they arrive to a full
-       pool, so they wait. The pool holds about 4 requests at full length, so 32 is 8 pool-fulls of
-       work: the queue outlasts the 1 s criterion even on an idle host and a warmed server.
+    2. fill: long requests (300-word prompts, 650 output tokens) every 50 ms, so their prefills do
+       not contend, until the scrapes show the pool full (at most `max_fill`). They fit the
+       128-block pool at first and overflow it as they decode. How many it takes depends on how
+       fast this client sends and the engine serves, so the phase ends on the engine's state;
+    3. a `wave` of long requests at once: they arrive to a full pool, so they wait. The pool holds
+       about 4 requests at full length, so 32 is 8 pool-fulls of work: the queue outlasts the 1 s
+       criterion even on an idle host and a warmed server.
 
     Prompts start with a per-run nonce, so no block can come from an earlier test's prefix cache.
-    Returns the HTTP statuses and when the wave was sent.
+    Returns the HTTP statuses, when the root showed (None: not within `fill_timeout_s`) and when
+    the wave was sent.
     """
     statuses = [await _complete(session, base, f"{nonce}/warm/{i}", PROMPT_WORDS, 8) for i in range(6)]
-    since = len(scrapes)
-    tasks = []
-    for i in range(burst):
-        tasks.append(asyncio.create_task(_complete(session, base, f"{nonce}/burst/{i}", PROMPT_WORDS, LONG_OUTPUT)))
+    root = asyncio.create_task(_root_shown(scrapes, len(scrapes)))
+    tasks, t0 = [], time.time()
+    while not root.done() and time.time() - t0 < fill_timeout_s:
+        if len(tasks) < max_fill:
+            tasks.append(asyncio.create_task(
+                _complete(session, base, f"{nonce}/fill/{len(tasks)}", PROMPT_WORDS, LONG_OUTPUT)))
         await asyncio.sleep(0.05)
-    await _root_shown(scrapes, since)
+    root_t = root.result() if root.done() else None
+    root.cancel()
     wave_t = time.time()
-    tasks += [asyncio.create_task(_complete(session, base, f"{nonce}/wave/{i}", PROMPT_WORDS, LONG_OUTPUT))
-              for i in range(wave)]
-    return statuses + list(await asyncio.gather(*tasks)), wave_t
+    if root_t is not None:
+        tasks += [asyncio.create_task(_complete(session, base, f"{nonce}/wave/{i}", PROMPT_WORDS, LONG_OUTPUT))
+                  for i in range(wave)]
+    return statuses + list(await asyncio.gather(*tasks)), root_t, wave_t
 
 
 def _run_pressure(srv):
@@ -108,17 +114,17 @@ def _run_pressure(srv):
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as s:
             scraper = asyncio.create_task(_scrape_until(s, srv.metrics_url, stop, scrapes))
             await asyncio.sleep(1.0)                                   # a healthy baseline first
-            statuses, wave_t = await _pressure(s, srv.url, scrapes, secrets.token_hex(4))
+            statuses, root_t, wave_t = await _pressure(s, srv.url, scrapes, secrets.token_hex(4))
             await asyncio.sleep(0.5)
             stop.set()
             await scraper
-        return scrapes, statuses, wave_t
+        return scrapes, statuses, root_t, wave_t
 
     return asyncio.run(main())
 
 
 def test_kv_pressure_run_produces_an_ordered_cascade(vllm_small_kv):
-    scrapes, statuses, wave_t = _run_pressure(vllm_small_kv)
+    scrapes, statuses, root_t, wave_t = _run_pressure(vllm_small_kv)
     assert set(statuses) == {200}
     samples = _canonical(scrapes)
     report = evaluate_cascade(samples, CFG)["vllm-0"]
@@ -126,9 +132,10 @@ def test_kv_pressure_run_produces_an_ordered_cascade(vllm_small_kv):
     t0 = times[0]
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     print(json.dumps({STAGES[k]: round(v - t0, 2) for k, v in report.onsets.items()}),
-          f"wave {wave_t - t0:.2f}s lead {report.lead_time_s}",
+          f"fill {len(statuses) - 6 - 32 * (root_t is not None)} wave {wave_t - t0:.2f}s lead {report.lead_time_s}",
           f"scrapes {len(times)} gap median {statistics.median(gaps):.2f}s max {max(gaps):.2f}s",
           json.dumps(report.evidence))
+    assert root_t is not None, f"the pool never filled within 90 s of fill requests: {report.evidence}"
     # every stage shows: the root (KV full), eviction/preemption, a queue lasting 1 s, and TTFT
     # 3x and 250 ms over its baseline while requests queue
     assert set(report.onsets) == {1, 2, 3, 4}, (report.onsets, report.evidence)
