@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+import difflib
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import yaml
@@ -16,24 +17,42 @@ def add_param_flag(parser: argparse.ArgumentParser) -> None:
                              "(repeatable; each rule's parameters are under `params:` in rules/diagnosis/*.yaml)")
 
 
-def parse_params(items: list[str], rule_ids: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+def parse_params(items: list[str], known: Iterable[str] | Mapping[str, Iterable[str]] | None = None,
+                 ) -> dict[str, dict[str, Any]]:
     """['rule.name=value', ...] -> {rule: {name: value}}, values read as YAML scalars.
 
-    Raises ValueError on a malformed item, or on a rule id not in `rule_ids` when given.
+    `known` is the rule ids, or a mapping of rule id -> its parameter names. Raises ValueError
+    on a malformed item, on a rule id not in `known`, and (for a mapping) on a parameter the rule
+    does not have; the message suggests the closest spelling and lists what there is.
     """
     out: dict[str, dict[str, Any]] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         rule, dot, name = key.partition(".")
         if not sep or not dot or not rule or not name:
-            raise ValueError(f"--param {item!r}: expected RULE.NAME=VALUE")
+            raise ValueError(f"--param {item!r}: expected RULE.NAME=VALUE, e.g. kv_pressure_preemption.kv_full=0.85")
         try:
             value = yaml.safe_load(raw)
         except yaml.YAMLError:
             value = raw
         out.setdefault(rule, {})[name] = value
-    if rule_ids is not None:
-        unknown = sorted(set(out) - set(rule_ids))
-        if unknown:
-            raise ValueError(f"--param names unknown rule(s): {', '.join(unknown)}")
+    if known is None:
+        return out
+    ids = list(known)
+    unknown = sorted(set(out) - set(ids))
+    if unknown:
+        hints = "; ".join(f"{u}{_did_you_mean(u, ids)}" for u in unknown)
+        raise ValueError(f"--param names unknown rule(s): {hints} (rule ids: kvscope rules check, "
+                         "or the id: line of rules/diagnosis/*.yaml)")
+    if isinstance(known, Mapping):
+        for rule, values in out.items():
+            names = sorted(known[rule])
+            for name in sorted(set(values) - set(names)):
+                raise ValueError(f"--param {rule}.{name}: rule {rule} has no parameter {name!r}"
+                                 f"{_did_you_mean(name, names)}; its parameters: {', '.join(names) or 'none'}")
     return out
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""

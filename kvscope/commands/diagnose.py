@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import zlib
 from typing import Any
 
+from kvscope.commands._checks import check_http_url, check_recording, parse_seconds, parse_time, unreachable_hint
 from kvscope.commands._params import add_param_flag, parse_params
 
 HELP = """\
@@ -31,6 +33,7 @@ be read.
 EXIT_USAGE = 3
 EXIT_SOURCE = 4
 MAX_POINTS_PER_SERIES = 10_000
+EXAMPLE_URL = {"prometheus": "http://127.0.0.1:9090", "agent": "http://127.0.0.1:9464"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,10 +42,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--recording", metavar="FILE", help="OpenMetrics recording (.om or .om.gz)")
     src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible base URL, e.g. http://127.0.0.1:9090")
-    src.add_argument("--agent", metavar="URL", help="kvscope agent base URL, e.g. http://127.0.0.1:9400")
-    p.add_argument("--since", default="30m", help="live sources: window length ending now or at --end (default 30m)")
-    p.add_argument("--end", type=float, default=None, help="window end, unix seconds (default: now / end of recording)")
-    p.add_argument("--start", type=float, default=None, help="window start, unix seconds (overrides --since)")
+    src.add_argument("--agent", metavar="URL", help="kvscope agent base URL, e.g. http://127.0.0.1:9464")
+    p.add_argument("--since", default="30m", metavar="DURATION",
+                   help="live sources: window length ending now or at --end, e.g. 30m, 2h, 1800 (default 30m)")
+    p.add_argument("--end", default=None, metavar="TIME",
+                   help="window end, unix seconds or ISO 8601 UTC (default: now / end of recording)")
+    p.add_argument("--start", default=None, metavar="TIME",
+                   help="window start, unix seconds or ISO 8601 UTC (overrides --since)")
     p.add_argument("--step", default=None,
                    help="grid step, e.g. 15s (default: the recording's scrape interval, else 15s)")
     add_param_flag(p)
@@ -61,12 +67,25 @@ def run(args: argparse.Namespace) -> int:
         print("kvscope diagnose: pick a source: --recording, --prometheus or --agent (see --help)", file=sys.stderr)
         return EXIT_USAGE
     try:
-        since = parse_duration(args.since)
+        since = parse_seconds("--since", args.since)
+        args.end = None if args.end is None else parse_time("--end", args.end)
+        args.start = None if args.start is None else parse_time("--start", args.start)
+        if args.step is not None:
+            parse_duration(args.step)
+        for flag in ("prometheus", "agent"):
+            if getattr(args, flag):
+                check_http_url(f"--{flag}", getattr(args, flag), EXAMPLE_URL[flag])
         rules = read_rules(args.rules_dir)
-        params = parse_params(args.param, [r.id for r in rules])
+        params = parse_params(args.param, {r.id: r.params for r in rules})
     except (ValueError, RuleError, OSError) as exc:
         print(f"kvscope diagnose: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.recording:
+        try:
+            check_recording(args.recording)
+        except (ValueError, OSError) as exc:
+            print(f"kvscope diagnose: {exc}", file=sys.stderr)
+            return EXIT_SOURCE
     return _diagnose(args, rules, params, since)
 
 
@@ -89,7 +108,11 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         names = set().union(*(sample_names(r) for r in rules))
         frame = source.read_frame(names, start, end, step)
     except SourceError as exc:
-        print(f"kvscope diagnose: {exc}", file=sys.stderr)
+        url = args.prometheus or args.agent
+        print(f"kvscope diagnose: {unreachable_hint(str(exc), url) if url else exc}", file=sys.stderr)
+        return EXIT_SOURCE
+    except (EOFError, zlib.error) as exc:
+        print(f"kvscope diagnose: recording {args.recording} is truncated or corrupt: {exc}", file=sys.stderr)
         return EXIT_SOURCE
     except ValueError as exc:
         print(f"kvscope diagnose: {exc}", file=sys.stderr)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
+
+from kvscope.commands._checks import check_http_url, check_output_file, check_recording, parse_time, unreachable_hint
 
 HELP = """\
 Write the weekly efficiency review: output tokens per GPU-hour per model/pool, GPU utilisation and
@@ -28,7 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--recording", nargs="+", type=Path, metavar="FILE", help="one or more recordings")
     src.add_argument("--prometheus", metavar="URL", help="a Prometheus that scrapes the agent's kvscope_* series")
     src.add_argument("--store", type=Path, metavar="FILE", help="the agent's SQLite store")
-    p.add_argument("--end", help="end of the week (ISO 8601, UTC; default: now, or the recording's end)")
+    p.add_argument("--end", metavar="TIME",
+                   help="end of the week: ISO 8601 (UTC if no zone) or unix seconds (default: now, or the "
+                        "recordings' end)")
     p.add_argument("--gpu-hour-cost", type=float, default=2.5, help="$ per GPU-hour (default 2.5)")
     p.add_argument("--html", type=Path, help="write the HTML report here")
     p.add_argument("--markdown", type=Path, help="write the Markdown report here (default: print it)")
@@ -37,9 +41,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _end(args: argparse.Namespace, fallback: float) -> float:
-    if not args.end:
-        return fallback
-    return datetime.fromisoformat(args.end.replace("Z", "+00:00")).timestamp()
+    return parse_time("--end", args.end) if args.end else fallback
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Fail before any work on what can be known wrong up front. Raises ValueError (usage) or
+    FileNotFoundError (a source that is not there)."""
+    _end(args, 0.0)
+    if not args.gpu_hour_cost > 0:
+        raise ValueError(f"--gpu-hour-cost: must be > 0 ($ per GPU-hour), got {args.gpu_hour_cost:g}")
+    for flag in ("html", "markdown"):
+        if getattr(args, flag):
+            check_output_file(f"--{flag}", getattr(args, flag))
+    if args.prometheus:
+        check_http_url("--prometheus", args.prometheus)
+    if args.store and not args.store.is_file():
+        raise FileNotFoundError(f"store {args.store} does not exist (the agent's --store.path, "
+                                "default kvscope.db in its working directory)")
+    for path in args.recording or ():
+        try:
+            check_recording(path)
+        except ValueError as exc:
+            raise FileNotFoundError(str(exc)) from None
 
 
 def _load(args: argparse.Namespace):
@@ -67,16 +90,38 @@ def _load(args: argparse.Namespace):
     return read_store_series(str(args.store), end - 2 * WEEK_S, end), end, f"store {args.store}", []
 
 
+def _check_not_empty(ss, source: str, end: float) -> None:
+    """A source with none of the report's signals in the two weeks gets a message, not a crash."""
+    from kvscope.diagnoser.report import WEEK_S
+
+    if ss.first_ts() is None:
+        raise ValueError(f"{source} has no kvscope samples between {_iso(end - 2 * WEEK_S)} and {_iso(end)} "
+                         "(does it hold the agent's series? is --end right?)")
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from kvscope.diagnoser.report import build_report
     from kvscope.diagnoser.report_render import render_html, render_markdown
 
+    try:
+        check_args(args)
+    except ValueError as exc:
+        print(f"kvscope report: {exc}", file=sys.stderr)
+        return 3
+    except FileNotFoundError as exc:
+        print(f"kvscope report: {exc}", file=sys.stderr)
+        return 4
     steps = tqdm(total=4, desc="weekly report", unit="step", disable=args.no_progress, file=sys.stderr)
     try:
         steps.set_postfix_str("reading")
         ss, end, source, findings = _load(args)
+        _check_not_empty(ss, source, end)
         steps.update()
         steps.set_postfix_str("computing")
         report = build_report(ss, end, args.gpu_hour_cost, source, findings)
@@ -85,14 +130,20 @@ def run(args: argparse.Namespace) -> int:
         markdown = render_markdown(report)
         page = render_html(report) if args.html else None
         steps.update()
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError) as exc:
         steps.close()
-        print(f"kvscope report: {exc}", file=sys.stderr)
+        print(f"kvscope report: {unreachable_hint(str(exc), args.prometheus) if args.prometheus else exc}",
+              file=sys.stderr)
         return 4
-    if page is not None:
-        args.html.write_text(page)
-    if args.markdown:
-        args.markdown.write_text(markdown)
+    try:
+        if page is not None:
+            args.html.write_text(page)
+        if args.markdown:
+            args.markdown.write_text(markdown)
+    except OSError as exc:
+        steps.close()
+        print(f"kvscope report: cannot write the report: {exc}", file=sys.stderr)
+        return 4
     steps.update()
     steps.close()
     if not args.markdown:

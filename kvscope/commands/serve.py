@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 
+from kvscope.commands._checks import check_http_url, parse_listen
 from kvscope.commands._params import add_param_flag, parse_params
 
 DESCRIPTION = """\
@@ -56,12 +57,14 @@ def run(args: argparse.Namespace) -> int:
     from kvscope.diagnoser.rule import parse_duration, read_rules
 
     try:
-        host, _, port = args.listen.rpartition(":")
-        params = parse_params(args.param, [r.id for r in read_rules()])
+        listen = parse_listen("--listen", args.listen)
+        check_http_url("--prometheus", args.prometheus)
+        if args.forward_url:
+            check_http_url("--forward-url", args.forward_url, "http://127.0.0.1:8080/hook")
+        params = parse_params(args.param, {r.id: r.params for r in read_rules()})
         config = ServeConfig(prometheus_url=args.prometheus, forward_url=args.forward_url,
                              step_s=parse_duration(args.step), before_s=parse_duration(args.before),
                              max_body_bytes=args.max_body_bytes, params=params)
-        listen = (host or "127.0.0.1", int(port))
     except ValueError as exc:
         print(f"kvscope serve: {exc}", file=sys.stderr)
         return 3
@@ -69,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
     store = DiagnosisStore(args.store, max_rows=args.max_stored)
     try:
         asyncio.run(_serve(WebhookServer(config, store), *listen))
+    except OSError as exc:
+        print(f"kvscope serve: cannot listen on {args.listen}: {exc.strerror or exc}; pick another with --listen",
+              file=sys.stderr)
+        return 1
     finally:
         store.close()
     return 0

@@ -6,15 +6,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvscope.commands._checks import check_http_url, check_port_free, check_recording, parse_seconds, parse_time
+
 HELP = """\
 Start the triage UI (Streamlit) on 127.0.0.1. The triage page shows the likely cause first: what,
 where, since when, evidence charts, the levers with the exact config to change and the source
 section they come from; then competing hypotheses and a timeline. Other pages: tenants &
 fairness, cascades, efficiency, a sizing calculator, and the rule/lever catalog.
 
-  kvscope ui --recording tests/recordings/<incident>.om
+  kvscope ui --recording tests/recordings/kv-pressure-cascade.om.gz
   kvscope ui --prometheus http://127.0.0.1:9090 --since 1h
-  kvscope ui --agent http://127.0.0.1:9400
+  kvscope ui --agent http://127.0.0.1:9464
 
 Runs in the foreground; Ctrl-C stops it.
 """
@@ -27,10 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--recording", type=Path, metavar="FILE", help="an OpenMetrics recording (.om, .om.gz)")
     src.add_argument("--prometheus", metavar="URL", help="a Prometheus holding the agent's kvscope_* series")
     src.add_argument("--agent", metavar="URL", help="a running kvscope agent")
-    p.add_argument("--since", type=float, default=1800.0, metavar="SECONDS",
-                   help="window to diagnose for --prometheus/--agent (default 1800)")
-    p.add_argument("--end", type=float, default=None, metavar="UNIX_SECONDS",
-                   help="window end for --prometheus/--agent (default: now)")
+    p.add_argument("--since", default="30m", metavar="DURATION",
+                   help="window to diagnose for --prometheus/--agent: seconds or a duration (default 30m)")
+    p.add_argument("--end", default=None, metavar="TIME",
+                   help="window end for --prometheus/--agent: unix seconds or ISO 8601 UTC (default: now)")
     p.add_argument("--port", type=int, default=8501, help="port on 127.0.0.1 (default 8501)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; think before exposing)")
     p.set_defaults(func=run)
@@ -39,23 +41,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def source_of(args: argparse.Namespace):
     from kvscope.ui.data import Source
 
+    since = parse_seconds("--since", str(args.since))
+    end = None if args.end is None else parse_time("--end", str(args.end))
     if args.recording:
-        return Source("recording", str(args.recording.resolve()), args.since)
+        return Source("recording", str(args.recording.resolve()), since)
     if args.prometheus:
-        return Source("prometheus", args.prometheus, args.since, args.end)
+        return Source("prometheus", check_http_url("--prometheus", args.prometheus), since, end)
     if args.agent:
-        return Source("agent", args.agent, args.since, args.end)
+        return Source("agent", check_http_url("--agent", args.agent, "http://127.0.0.1:9464"), since, end)
     return None
 
 
 def run(args: argparse.Namespace) -> int:
     from kvscope.ui.server import TerminateRequested, UiServer, stop_on_sigterm
 
-    if args.recording and not args.recording.is_file():
-        print(f"kvscope ui: recording {args.recording} does not exist", file=sys.stderr)
-        return 4
+    try:
+        source = source_of(args)
+        if not 0 < args.port < 65536:
+            raise ValueError(f"--port: expected 1-65535, got {args.port}")
+        check_port_free("--port", args.host, args.port)
+    except ValueError as exc:
+        print(f"kvscope ui: {exc}", file=sys.stderr)
+        return 3
+    if args.recording:
+        try:
+            check_recording(args.recording)
+        except (ValueError, OSError) as exc:
+            print(f"kvscope ui: {exc}", file=sys.stderr)
+            return 4
     stop_on_sigterm()
-    server = UiServer(source_of(args), args.port, args.host).start()
+    server = UiServer(source, args.port, args.host).start()
     try:
         server.wait_healthy()
         print(f"kvscope UI: {server.url}  (Ctrl-C to stop)", flush=True)

@@ -1,0 +1,235 @@
+"""Wrong usage of the commands fails fast, with a message that names the flag and says what to do.
+
+Each case runs the real `kvscope` entry point (kvscope.cli.main) in-process; none needs a
+network service: unreachable URLs point at a port nothing listens on.
+"""
+
+from __future__ import annotations
+
+import gzip
+import socket
+from pathlib import Path
+
+import pytest
+
+from kvscope.cli import main
+from kvscope.commands._checks import check_http_url, check_recording, parse_listen, parse_seconds, parse_time
+from kvscope.commands._params import parse_params
+
+RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def not_openmetrics(tmp_path: Path) -> Path:
+    path = tmp_path / "notes.om"
+    path.write_text("hello world\nthis is not a recording\n")
+    return path
+
+
+# --- recordings that are not recordings ---------------------------------------------------
+
+def test_diagnose_names_a_file_that_is_not_openmetrics(capsys, not_openmetrics):
+    code, err = run_cli(capsys, "diagnose", "--recording", str(not_openmetrics))
+    assert code == 4
+    assert "is not OpenMetrics text" in err and "'hello world'" in err and "kvscope record" in err
+
+
+def test_diagnose_says_an_empty_recording_is_empty(capsys, tmp_path):
+    empty = tmp_path / "empty.om"
+    empty.write_bytes(b"")
+    code, err = run_cli(capsys, "diagnose", "--recording", str(empty))
+    assert code == 4 and "is empty (0 bytes)" in err
+
+
+def test_diagnose_says_a_gz_name_without_gzip_content(capsys, tmp_path):
+    fake = tmp_path / "x.om.gz"
+    fake.write_text("vllm:num_requests_running 1 1\n")
+    code, err = run_cli(capsys, "diagnose", "--recording", str(fake))
+    assert code == 4 and "not gzip-compressed" in err
+
+
+def test_diagnose_reports_a_truncated_gzip_recording_without_a_traceback(capsys, tmp_path):
+    whole = (RECORDINGS / "kv-pressure-cascade.om.gz").read_bytes()
+    cut = tmp_path / "cut.om.gz"
+    cut.write_bytes(whole[: len(whole) // 3])
+    code, err = run_cli(capsys, "diagnose", "--recording", str(cut))
+    assert code == 4 and "truncated or corrupt" in err and "Traceback" not in err
+
+
+def test_binary_file_is_called_binary(tmp_path):
+    blob = tmp_path / "blob.om"
+    blob.write_bytes(b"\x7fELF\x02\x01\x00\x00" * 8)
+    with pytest.raises(ValueError, match="is binary"):
+        check_recording(blob)
+
+
+def test_every_library_recording_passes_the_sniff():
+    paths = sorted(RECORDINGS.glob("*.om.gz"))
+    assert paths
+    for path in paths:
+        assert check_recording(path) == path
+
+
+def test_sniff_accepts_leading_free_comments_and_plain_text_samples(tmp_path):
+    plain = tmp_path / "plain.om"
+    plain.write_text("# recorded by hand\nvllm:num_requests_running{model=\"m\"} 3 1700000000\n# EOF\n")
+    gz = tmp_path / "typed.om.gz"
+    gz.write_bytes(gzip.compress(b"# TYPE up gauge\nup{job=\"e\"} 1 1700000000\n# EOF\n"))
+    assert check_recording(plain) == plain and check_recording(gz) == gz
+
+
+def test_report_refuses_a_non_openmetrics_recording_before_reading(capsys, not_openmetrics):
+    code, err = run_cli(capsys, "report", "weekly", "--recording", str(not_openmetrics), "--no-progress")
+    assert code == 4 and "is not OpenMetrics text" in err
+
+
+def test_ui_refuses_a_non_openmetrics_recording_before_starting(capsys, not_openmetrics):
+    code, err = run_cli(capsys, "ui", "--recording", str(not_openmetrics))
+    assert code == 4 and "is not OpenMetrics text" in err
+
+
+# --- URLs, durations, times ---------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [
+    ("diagnose", "--prometheus", "localhost:9090"),
+    ("diagnose", "--agent", "127.0.0.1:9464"),
+    ("ui", "--prometheus", "localhost:9090"),
+    ("serve", "--prometheus", "localhost:9090"),
+    ("report", "weekly", "--prometheus", "localhost:9090", "--no-progress"),
+])
+def test_a_url_without_scheme_is_refused_with_an_example(capsys, argv):
+    code, err = run_cli(capsys, *argv)
+    assert code == 3
+    assert f"{argv[-1] if argv[-1] != '--no-progress' else argv[-2]!r}" in err
+    assert "expected an http:// or https:// URL such as http://127.0.0.1:" in err
+
+
+def test_unreachable_prometheus_gets_a_hint(capsys):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    code, err = run_cli(capsys, "diagnose", "--prometheus", url, "--since", "5m")
+    assert code == 4
+    assert "refused" in err.lower() and f"curl -s {url}/-/ready" in err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (("diagnose", "--prometheus", "http://127.0.0.1:1", "--since", "30x"), "--since"),
+    (("diagnose", "--prometheus", "http://127.0.0.1:1", "--end", "yesterday"), "--end"),
+    (("ui", "--prometheus", "http://127.0.0.1:1", "--since", "30x"), "--since"),
+    (("report", "weekly", "--prometheus", "http://127.0.0.1:1", "--end", "yesterday"), "--end"),
+])
+def test_bad_durations_and_times_name_their_flag(capsys, argv, flag):
+    code, err = run_cli(capsys, *argv)
+    assert code == 3 and err.startswith(f"kvscope {argv[0]}: {flag}:") and "got '" in err
+
+
+def test_window_lengths_take_seconds_or_durations():
+    assert parse_seconds("--since", "1800") == parse_seconds("--since", "30m") == 1800.0
+    assert parse_seconds("--since", "1h") == 3600.0
+    with pytest.raises(ValueError, match="must be > 0"):
+        parse_seconds("--since", "0")
+
+
+def test_times_take_unix_seconds_or_iso_8601_in_utc():
+    assert parse_time("--end", "1763769600") == 1763769600.0
+    assert parse_time("--end", "2025-11-22T00:00:00Z") == 1763769600.0
+    assert parse_time("--end", "2025-11-22T00:00:00") == 1763769600.0      # no zone: UTC
+    assert parse_time("--end", "2025-11-22T01:00:00+01:00") == 1763769600.0
+
+
+def test_check_http_url_accepts_http_and_https_with_a_host():
+    assert check_http_url("--prometheus", "https://prom.example:443/") == "https://prom.example:443/"
+    with pytest.raises(ValueError, match="--prometheus"):
+        check_http_url("--prometheus", "http:///nohost")
+
+
+# --- rule parameters ----------------------------------------------------------------------
+
+def test_unknown_rule_parameter_is_refused_with_a_suggestion(capsys):
+    code, err = run_cli(capsys, "diagnose", "--recording", str(RECORDINGS / "kv-pressure-cascade.om.gz"),
+                        "--param", "kv_pressure_preemption.kvfull=0.9")
+    assert code == 3
+    assert "has no parameter 'kvfull'" in err and "did you mean kv_full?" in err
+
+
+def test_misspelt_rule_id_gets_a_suggestion():
+    with pytest.raises(ValueError, match="did you mean kv_pressure_preemption"):
+        parse_params(["kv_pressure_preemptoin.kv_full=0.9"], {"kv_pressure_preemption": {"kv_full": 0.95}})
+
+
+def test_known_parameter_passes_with_a_mapping_of_names():
+    assert parse_params(["r.a=2"], {"r": {"a": 1, "b": 2}}) == {"r": {"a": 2}}
+
+
+# --- outputs, ports, stores ---------------------------------------------------------------
+
+def test_report_checks_output_directories_before_working(capsys, tmp_path):
+    code, err = run_cli(capsys, "report", "weekly", "--recording", str(RECORDINGS / "kv-pressure-cascade.om.gz"),
+                        "--html", str(tmp_path / "missing" / "week.html"), "--no-progress")
+    assert code == 3 and "--html: directory" in err and "does not exist" in err
+
+
+def test_report_does_not_create_a_store_that_is_not_there(capsys, tmp_path):
+    store = tmp_path / "typo.sqlite"
+    code, err = run_cli(capsys, "report", "weekly", "--store", str(store), "--no-progress")
+    assert code == 4 and "does not exist" in err
+    assert not store.exists()
+
+
+def test_report_on_an_empty_store_says_there_is_no_data(capsys, tmp_path):
+    from kvscope.agent.store import SqliteStore
+
+    path = tmp_path / "kvscope.db"
+    SqliteStore(str(path), background=False).close()
+    code, err = run_cli(capsys, "report", "weekly", "--store", str(path), "--no-progress")
+    assert code == 4 and "has no kvscope samples between" in err
+
+
+def test_report_refuses_a_non_positive_gpu_hour_cost(capsys):
+    code, err = run_cli(capsys, "report", "weekly", "--prometheus", "http://127.0.0.1:1",
+                        "--gpu-hour-cost", "0", "--no-progress")
+    assert code == 3 and "--gpu-hour-cost" in err
+
+
+def test_listen_addresses_are_checked():
+    assert parse_listen("--listen", "127.0.0.1:9465") == ("127.0.0.1", 9465)
+    assert parse_listen("--listen", ":9465") == ("127.0.0.1", 9465)
+    assert parse_listen("--listen", "[::1]:9465") == ("::1", 9465)
+    for bad in ("127.0.0.1", "127.0.0.1:99999", "127.0.0.1:http"):
+        with pytest.raises(ValueError, match="--listen"):
+            parse_listen("--listen", bad)
+
+
+def test_serve_refuses_a_port_out_of_range(capsys):
+    code, err = run_cli(capsys, "serve", "--prometheus", "http://127.0.0.1:9090", "--listen", "127.0.0.1:99999")
+    assert code == 3 and "port 0-65535" in err
+
+
+def test_serve_says_when_its_port_is_taken(capsys, tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        code, err = run_cli(capsys, "serve", "--prometheus", "http://127.0.0.1:9090", "--listen",
+                            f"127.0.0.1:{port}", "--store", str(tmp_path / "d.sqlite"))
+    assert code == 1 and f"cannot listen on 127.0.0.1:{port}" in err and "--listen" in err
+
+
+def test_ui_says_when_its_port_is_taken(capsys):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        code, err = run_cli(capsys, "ui", "--recording", str(RECORDINGS / "kv-pressure-cascade.om.gz"),
+                            "--port", str(port))
+    assert code == 3 and f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
