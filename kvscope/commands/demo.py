@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,31 +50,45 @@ def default_recording(folder: Path = RECORDINGS, bundled: Path = BUNDLED) -> Pat
 
 
 def render_diagnosis(diagnosis) -> str:
-    """The diagnosis as terminal text: likely cause first, with levers and citations."""
+    """The diagnosis as terminal text: likely cause first, with levers and citations. Values carry
+    the units `kvscope diagnose` prints (ratios as %, seconds as ms/s, rates as /s)."""
+    from kvscope.diagnoser.render import fmt_duration, fmt_value
     from kvscope.ui.data import render_when
 
     f = diagnosis.likely_cause
-    lines = [f"source {diagnosis.source}: {diagnosis.rules_evaluated} rules, {len(diagnosis.findings)} findings, "
-             f"{len(diagnosis.skipped)} skipped"]
+    lines = [f"source {diagnosis.source}: {diagnosis.rules_evaluated} rules, {len(diagnosis.findings)} fired, "
+             f"{len(diagnosis.skipped)} not evaluable (missing signals; kvscope diagnose -v lists them)"]
     if f is None:
         return "\n".join(lines + ["no rule fired"])
-    where = ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet"
     lines += [f"LIKELY CAUSE [{f.severity}] {f.title} (rule {f.rule_id}, LEVERS {f.levers_md})",
-              f"  where: {where}", f"  since: {render_when(f.since)}" + ("" if f.active else
-                                                                            f" until {render_when(f.until)}"),
+              f"  where: {_where(f.where)}",
+              f"  since: {render_when(f.since)} ({_state(f)}, {fmt_duration(f.until - f.since)})",
               f"  what:  {f.summary}"]
-    lines += [f"  evidence: {e.name} = {_num(e.value)} {e.unit}  [{e.series}]" for e in f.evidence]
+    if f.cascade:
+        lead = "" if f.cascade.lead_time_s is None else \
+            f"; the root led the latency symptom by {fmt_duration(f.cascade.lead_time_s)}"
+        lines.append(f"  cascade stage {f.cascade.stage}/{f.cascade.stages_total}: {f.cascade.stage_name}{lead}")
+    for e in f.evidence:
+        bound = "" if e.threshold is None or e.op is None else \
+            f" (threshold {e.op} {fmt_value(replace(e, value=e.threshold))})"
+        lines.append(f"  evidence: {e.name} = {fmt_value(e)}{bound}  [{e.series}]")
     for lever in sorted(f.levers, key=lambda x: x.rank):
         lines.append(f"  lever {lever.rank}: {lever.id} ({lever.direction}) {lever.title}")
         lines += [f"      {c.system}: {c.change}" for c in lever.changes]
     if f.citations:
         lines.append("  sources: " + "; ".join(f.citations))
-    lines += [f"competing: {c.title} ({c.rule_id}) on {c.where}" for c in diagnosis.competing]
+    lines += [f"competing: {c.title} ({c.rule_id}) on {_where(c.where)}" for c in diagnosis.competing]
     return "\n".join(lines)
 
 
-def _num(v: float | None) -> str:
-    return "absent" if v is None else f"{v:.4g}"
+def _state(f) -> str:
+    from kvscope.ui.data import render_when
+
+    return "still active" if f.active else f"until {render_when(f.until)}"
+
+
+def _where(labels: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "whole fleet"
 
 
 def run(args: argparse.Namespace) -> int:
