@@ -52,26 +52,29 @@ class Event(NamedTuple):
     usage: dict[str, Any] | None = None
 
 
+_TOKEN, _OTHER, _DONE = Event("token"), Event("other"), Event("done")
+
+
 def classify_event(event: bytes) -> Event:
     """What one SSE event carries. Only `data:` events with a JSON object are decoded."""
     if b'"usage":{' not in event and event.startswith(b"data: {") and event.count(b"data:") == 1:
         # fast path for the common token chunk, no JSON decode: vLLM and SGLang write one compact
         # JSON object per `data:` line. Anything spelled otherwise takes the decoding path.
         if b'"choices":[{' in event:
-            return Event("token")
+            return _TOKEN
         if b'"choices":[]' in event:
-            return Event("other")
+            return _OTHER
     data = _data(event)
     if data is None:
-        return Event("other")
+        return _OTHER
     if data == b"[DONE]":
-        return Event("done")
+        return _DONE
     try:
         doc = _DECODER.decode(data)
     except msgspec.DecodeError:
-        return Event("other")
+        return _OTHER
     if not isinstance(doc, dict):
-        return Event("other")
+        return _OTHER
     usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else None
     if doc.get("choices") == [] and usage is not None:
         return Event("usage_only", usage)
@@ -79,6 +82,10 @@ def classify_event(event: bytes) -> Event:
 
 
 def _data(event: bytes) -> bytes | None:
+    """The event's data: its `data:` lines' values joined by line feeds, stripped; None if none."""
+    line = event.rstrip()
+    if line.startswith(b"data:") and b"\n" not in line and b"\r" not in line:
+        return line[5:].strip()                # one line (the usual event): no split needed
     lines = [ln[5:].lstrip(b" ") for ln in event.splitlines() if ln.startswith(b"data:")]
     return b"\n".join(lines).strip() if lines else None
 
