@@ -152,12 +152,14 @@ class SeriesEvaluator:
         return max(1, int(round(self.rule.duration(node.get(key, default)) / step)))
 
     def _rows(self, name: str, by: tuple[str, ...], extra: tuple[str, ...] = (),
-              match: dict[str, Any] | None = None) -> tuple[list, np.ndarray, np.ndarray]:
+              match: dict[str, Any] | None = None, seen: bool = False) -> tuple[list, np.ndarray, np.ndarray]:
+        """Group keys, row -> group index and the values of a block's matching rows (with `seen`,
+        the values as they were before failed scrapes made some stale)."""
         cache = self.frame.cache
-        key = ("rows", name, by, extra, repr(sorted((match or {}).items())))
+        key = ("rows", name, by, extra, repr(sorted((match or {}).items()))) + (("seen",) if seen else ())
         if cache is not None and key in cache:
             return cache[key]
-        out = self._group_rows(name, by, extra, match)
+        out = self._group_rows(name, by, extra, match, seen)
         if cache is not None:
             cache[key] = out
         return out
@@ -187,12 +189,12 @@ class SeriesEvaluator:
         return inc
 
     def _group_rows(self, name: str, by: tuple[str, ...], extra: tuple[str, ...],
-                    match: dict[str, Any] | None) -> tuple[list, np.ndarray, np.ndarray]:
+                    match: dict[str, Any] | None, seen: bool = False) -> tuple[list, np.ndarray, np.ndarray]:
         block = self.frame.block(name)
         empty = [], np.zeros(0, dtype=np.int64), np.zeros((0, len(self.frame.ts)))
         if block is None:
             return empty
-        values = block.values
+        values = block.seen if seen and block.seen is not None else block.values
         keep = None
         if match:
             allowed = {k: {str(x) for x in (v if isinstance(v, list) else [v])} for k, v in match.items()}
@@ -254,7 +256,8 @@ class SeriesEvaluator:
 
     def _form_count(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
         distinct = tuple(node.get("distinct", ["instance"]))
-        keys, inv, values = self._rows(str(node["count"]), by, distinct, match=node.get("match"))
+        # a replica whose scrape failed is still a replica: counted as the lookback sees it
+        keys, inv, values = self._rows(str(node["count"]), by, distinct, match=node.get("match"), seen=True)
         if not keys:
             return self._empty(by)
         present = grid.reduce_groups(values, inv, len(keys), "count") > 0

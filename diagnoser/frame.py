@@ -24,6 +24,9 @@ class Block:
 
     labels: list[Labels]
     values: np.ndarray
+    seen: np.ndarray | None = None
+    """The values before failed scrapes made some stale (mark_stale); None when none did. A
+    replica that failed a scrape still exists: counts of replicas read this."""
 
     def __post_init__(self) -> None:
         if self.values.ndim != 2 or self.values.shape[0] != len(self.labels):
@@ -148,7 +151,9 @@ def mark_stale(frame: Frame, down: dict[str, list[tuple[float, float]]]) -> None
     for block in frame.blocks.values():
         for i, labels in enumerate(block.labels):
             mask = masks.get(dict(labels).get("instance", ""))
-            if mask is not None:
+            if mask is not None and not np.isnan(block.values[i, mask]).all():
+                if block.seen is None:
+                    block.seen = block.values.copy()
                 block.values[i, mask] = np.nan
 
 

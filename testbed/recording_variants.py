@@ -242,11 +242,11 @@ def cut(head: float = 0.0, tail: float = 0.0) -> Callable[[Recording, dict[str, 
 
 def gap(rec: Recording, meta: dict[str, Any]) -> Recording:
     """One target down (scrapes fail: `up 0`) in the middle of the expected phase, for GAP_S or
-    less: at most 15 % of the recording and a quarter of the phase (an outage that hides the
+    less: at most 15 % of the recording and half the phase (an outage that hides the
     whole incident would change the diagnosis rightly). The target: the last engine target."""
     target = _chosen_target(rec)
     lo, hi = _phase_span(rec, meta)
-    length = min(GAP_S, 0.15 * (rec.end - rec.start), 0.25 * (hi - lo))
+    length = min(GAP_S, 0.15 * (rec.end - rec.start), 0.5 * (hi - lo))
     mid = (lo + hi) / 2
     a, b = mid - length / 2, mid + length / 2
     scrapes = [replace(sc, up=False, samples=[], duration_s=None)

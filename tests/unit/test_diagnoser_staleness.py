@@ -58,3 +58,28 @@ def test_a_recording_with_a_failed_scrape_is_read_with_staleness(tmp_path):
     values = frame.block("engine_prompt_tokens_total").values[0]
     assert np.isnan(values[10:16]).all()
     assert not np.isnan(values[:10]).any() and not np.isnan(values[16:]).any()
+
+
+def test_a_replica_whose_scrapes_fail_still_counts_as_a_replica():
+    from kvscope.diagnoser.expr import SeriesEvaluator
+    from kvscope.diagnoser.rule import parse_yaml, rule_from_doc
+    doc = parse_yaml("""
+id: count_probe
+levers_md: P2
+title: probe
+status: experimental
+severity: info
+specificity: 1
+description: counts replicas
+by: []
+series:
+  replicas: {count: engine_prompt_tokens_total}
+  rate: {rate: engine_prompt_tokens_total, range: 1m}
+when:
+  all: [{series: replicas, op: ">", value: 0}]
+""")
+    frame, up = _counter_frame((100.0, 160.0))
+    mark_stale(frame, failed_scrape_spans(up))
+    ev = SeriesEvaluator(rule_from_doc(doc, "count_probe.yaml"), frame)
+    assert ev.get("replicas").values[0, 1:].tolist() == [2.0] * 30   # an outage is not a scale-down
+    assert np.isnan(frame.block("engine_prompt_tokens_total").values[0, 10:16]).all()
