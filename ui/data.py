@@ -211,6 +211,29 @@ def evidence_charts(data: TriageData, finding: Finding) -> list[tuple[str, str, 
     return out
 
 
+def evidence_table(finding: Finding) -> pd.DataFrame:
+    """The finding's evidence as the UI shows it: value and threshold with their units the way
+    `kvscope diagnose` prints them (ratios as %, seconds as ms/s, rates as /s), absent as "absent"."""
+    from dataclasses import replace
+
+    from kvscope.diagnoser.render import fmt_value
+
+    def bound(e) -> str:   # noqa: ANN001 - Evidence
+        return "" if e.threshold is None else f"{e.op or ''} {fmt_value(replace(e, value=e.threshold))}".strip()
+
+    rows = [{"evidence": e.name, "value": fmt_value(e), "threshold": bound(e), "series": e.series}
+            for e in finding.evidence]
+    return pd.DataFrame(rows, columns=["evidence", "value", "threshold", "series"])
+
+
+def counts_caption(diagnosis: Diagnosis) -> str:
+    """'45 rules evaluated, 3 fired, 21 not evaluable (missing signals)' for the page header."""
+    text = f"{diagnosis.rules_evaluated} rules evaluated, {len(diagnosis.findings)} fired"
+    if diagnosis.skipped:
+        text += f", {len(diagnosis.skipped)} not evaluable (missing signals; listed at the bottom)"
+    return text
+
+
 def timeline(diagnosis: Diagnosis) -> pd.DataFrame:
     """One row per finding: rule, severity, place, active period; likely cause first."""
     rows = []

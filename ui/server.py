@@ -64,7 +64,7 @@ class UiServer:
         return [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
                 "--server.address", self.host, "--server.port", str(self.port),
                 "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-                "--global.developmentMode", "false"]
+                "--global.developmentMode", "false", "--client.toolbarMode", "minimal"]
 
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in (*ENV.values(), ENV_SINCE, ENV_END)}

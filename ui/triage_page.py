@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 from kvscope.diagnoser.findings import Finding
-from kvscope.ui.data import TriageData, evidence_charts, render_when, timeline
+from kvscope.ui.data import TriageData, counts_caption, evidence_charts, evidence_table, render_when, timeline
 
 SEVERITY_ICON = {"critical": ":red[CRITICAL]", "warning": ":orange[WARNING]", "info": ":blue[INFO]"}
 """Severity as coloured text (Streamlit markdown), readable without an emoji font."""
@@ -16,8 +16,12 @@ def render(data: TriageData) -> None:
     d = data.diagnosis
     st.title("kvscope triage")
     st.caption(f"{d.source} · window {render_when(d.window[0])} → {render_when(d.window[1])} · "
-               f"{d.rules_evaluated} rules evaluated, {len(d.findings)} findings, {len(d.skipped)} skipped")
-    if d.likely_cause is None:
+               f"{counts_caption(d)}")
+    if d.likely_cause is None and d.skipped:
+        st.info(f"No rule fired among the {d.rules_evaluated - len(d.skipped)} rules this source could feed; "
+                f"{len(d.skipped)} could not be evaluated because their signals are missing (see the list "
+                "at the bottom). Missing signals are unknown, not healthy.")
+    elif d.likely_cause is None:
         st.success("No rule fired in this window.")
     else:
         st.header("Likely cause")
@@ -59,10 +63,7 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
                     f"{lead}")
     if f.evidence:
         st.markdown("**Evidence**")
-        st.dataframe(pd.DataFrame([{
-            "evidence": e.name, "value": e.value, "unit": e.unit,
-            "threshold": f"{e.op or ''} {e.threshold}" if e.threshold is not None else "",
-            "series": e.series} for e in f.evidence]), hide_index=True, width="stretch")
+        st.dataframe(evidence_table(f), hide_index=True, width="stretch")
     if charts:
         for signal, unit, df in evidence_charts(data, f):
             st.markdown(f"`{signal}` ({unit}); shaded: the finding's active period")
@@ -81,7 +82,8 @@ def render_evidence_chart(df: pd.DataFrame, f: Finding) -> alt.LayerChart:
                            "until": [pd.to_datetime(f.until, unit="s", utc=True)]})
     band = alt.Chart(period).mark_rect(opacity=0.15, color="#d62728").encode(x="since:T", x2="until:T")
     lines = alt.Chart(long).mark_line().encode(
-        x=alt.X("time:T", title=None), y=alt.Y("value:Q", title=None), color=alt.Color("series:N", title=None),
+        x=alt.X("time:T", title=None), y=alt.Y("value:Q", title=None),
+        color=alt.Color("series:N", title=None, legend=alt.Legend(labelLimit=320)),
         tooltip=["time:T", "series:N", "value:Q"])
     return (band + lines).properties(height=220)
 
@@ -102,7 +104,7 @@ def render_timeline(d) -> None:
     df = timeline(d)
     chart = alt.Chart(df).mark_bar().encode(
         x=alt.X("since:T", title="time (UTC)"), x2="until:T",
-        y=alt.Y("rule:N", sort=list(df["rule"].unique()), title=None),
+        y=alt.Y("rule:N", sort=list(df["rule"].unique()), title=None, axis=alt.Axis(labelLimit=320)),
         color=alt.Color("severity:N", scale=alt.Scale(domain=["critical", "warning", "info"],
                                                       range=["#d62728", "#ff7f0e", "#1f77b4"])),
         tooltip=["rule", "title", "where", "since:T", "until:T", "active"])
