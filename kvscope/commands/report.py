@@ -99,6 +99,23 @@ def _check_not_empty(ss, source: str, end: float) -> None:
                          "(does it hold the agent's series? is --end right?)")
 
 
+def coverage_note(ss, end: float) -> str:
+    """'' when the data spans (nearly) the whole week ending at `end`; else a sentence saying what
+    span the totals cover, so a 10-minute recording's GPU cost is not read as a week's."""
+    from kvscope.diagnoser.render import fmt_duration
+    from kvscope.diagnoser.report import WEEK_S
+
+    ends = [float(p.ts.max()) for p in ss.by_name.values() if p.ts.size]
+    first = ss.first_ts()
+    if first is None or not ends:
+        return ""
+    start, last = max(first, end - WEEK_S), min(max(ends), end)
+    if last - start >= 0.9 * WEEK_S:
+        return ""
+    return (f"; the data covers only {fmt_duration(max(0.0, last - start))} of the 7 days "
+            f"({_iso(start)} to {_iso(last)}): totals are for that span, not a full week")
+
+
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -122,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         steps.set_postfix_str("reading")
         ss, end, source, findings = _load(args)
         _check_not_empty(ss, source, end)
+        source += coverage_note(ss, end)
         steps.update()
         steps.set_postfix_str("computing")
         report = build_report(ss, end, args.gpu_hour_cost, source, findings)

@@ -1,0 +1,33 @@
+"""`kvscope report weekly` says when its data covers only part of the week, so a short
+recording's totals are not read as a week's."""
+
+from __future__ import annotations
+
+from kvscope.agent.signals import Sample
+from kvscope.diagnoser.report import WEEK_S, series_set_from_samples
+
+from kvscope.commands.report import coverage_note
+
+END = 1_800_000_000.0
+LABELS = (("instance", "a"),)
+
+
+def _series(start: float, stop: float, step: float = 600.0):
+    n = int((stop - start) // step) + 1
+    return series_set_from_samples([Sample("engine_generation_tokens_total", LABELS, float(i), start + i * step)
+                                    for i in range(n)])
+
+
+def test_a_ten_minute_source_is_named_as_ten_minutes():
+    note = coverage_note(_series(END - 600, END, step=15.0), END)
+    assert "covers only 10m00s of the 7 days" in note
+    assert "not a full week" in note
+
+
+def test_a_full_week_needs_no_note():
+    assert coverage_note(_series(END - WEEK_S, END), END) == ""
+
+
+def test_only_the_part_inside_the_week_counts():
+    ss = _series(END - 3 * WEEK_S, END - WEEK_S + 3600)         # ends one hour into the week
+    assert "covers only 1h00m" in coverage_note(ss, END)
