@@ -8,6 +8,7 @@ config file.
 from __future__ import annotations
 
 import argparse
+import difflib
 from typing import Any
 
 from kvscope.agent.collectors.base import collector_option_help
@@ -99,7 +100,26 @@ def flags_of(args: argparse.Namespace) -> list[tuple[str, Any, str]]:
 def config_from_args(args: argparse.Namespace, collectors: dict[str, bool] | None) -> AgentConfig:
     """Read --config (if any), apply env and flags, validate. Raises ConfigError."""
     doc = read_config_file(args.config) if args.config else {}
-    return build_config(doc, flags=flags_of(args), known_collectors=collectors)
+    config = build_config(doc, flags=flags_of(args), known_collectors=collectors)
+    check_section_typos(doc)
+    return config
+
+
+def check_section_typos(doc: Any) -> None:
+    """Unknown top-level sections are kept for extensions, but one spelled like a known section
+    (`scrapes:`, `colectors:`) is a typo that would silently run on defaults: ConfigError."""
+    from kvscope.agent import config as agent_config
+
+    if not isinstance(doc, dict):
+        return
+    known = {"listen_address", *agent_config.SECTIONS, *agent_config._EXTENSIONS}
+    for name in doc:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.75)
+        if close:
+            raise ConfigError(f"{name}: unknown section; did you mean {close[0]}? "
+                              f"(sections: {', '.join(sorted(known))})")
 
 
 __all__ = ["ENV_HELP", "ConfigError", "add_agent_flags", "add_scrape_flags", "config_from_args", "flags_of"]

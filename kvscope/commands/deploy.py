@@ -72,8 +72,12 @@ def check_agent_config(text: str, origin: str) -> list[str]:
             importlib.import_module(module)
         except ImportError:  # an extension not in this build: its section is reported unknown
             pass
+    from kvscope.commands._flags import check_section_typos
+
     try:
-        return list(build_config(doc, environ={}, known_collectors=known_collectors()).warnings)
+        warnings = list(build_config(doc, environ={}, known_collectors=known_collectors()).warnings)
+        check_section_typos(doc)
+        return warnings
     except ConfigError as e:
         raise DeployError(f"{origin}: {e}") from e
 

@@ -233,3 +233,31 @@ def test_ui_says_when_its_port_is_taken(capsys):
         code, err = run_cli(capsys, "ui", "--recording", str(RECORDINGS / "kv-pressure-cascade.om.gz"),
                             "--port", str(port))
     assert code == 3 and f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+
+
+# --- agent / record configuration -------------------------------------------------------
+
+@pytest.mark.parametrize("text, typo, meant", [("scrapes:\n  interval_s: 5\n", "scrapes", "scrape"),
+                                               ("colectors: {nvml: false}\n", "colectors", "collectors")])
+def test_a_misspelt_config_section_stops_the_agent_instead_of_running_on_defaults(capsys, tmp_path, text, typo,
+                                                                                   meant):
+    config = tmp_path / "kvscope.yaml"
+    config.write_text(text)
+    code, err = run_cli(capsys, "record", "--config", str(config), "--duration", "1s", "--out",
+                        str(tmp_path / "x.om"))
+    assert code == 2
+    assert f"{typo}: unknown section; did you mean {meant}?" in err
+    assert not (tmp_path / "x.om").exists()
+
+
+def test_an_unrelated_unknown_section_is_still_kept_for_extensions():
+    from kvscope.commands._flags import check_section_typos
+
+    check_section_typos({"my_extension": {"a": 1}, "scrape": {}})      # no error: not a near miss
+
+
+def test_render_config_refuses_a_misspelt_section():
+    from kvscope.commands.deploy import DeployError, check_agent_config
+
+    with pytest.raises(DeployError, match="stor: unknown section; did you mean store"):
+        check_agent_config("stor: {path: x.db}\n", "agent.yaml.tmpl")
