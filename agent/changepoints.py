@@ -31,6 +31,12 @@ order); a cohort with the same names and labels (compared as whole tuples, ident
 needs no per-sample dict lookup: the changed values are found in one C-level pass and only
 those write rows. Any difference (a new, missing or reordered series, a NaN or non-float
 value, a series that moved between groups) takes the general path, which gives the same rows.
+
+Block path: a `Stamped` part (one target's scrape as family blocks, agent/stamped.py) is its own
+cohort. When the group's previous cohort was a `Stamped` with as many blocks, a block that is the
+same object as last time is skipped without reading it (same values by construction), and only
+the other blocks are compared as above. Anything else flattens the part and takes the paths
+above; tests/unit/test_changepoints.py checks that both give the same rows.
 """
 
 from __future__ import annotations
@@ -40,12 +46,15 @@ import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, groupby
+from itertools import chain, compress, groupby, islice
+from operator import is_not, itemgetter
 
 from kvscope.agent.signals import Labels, Sample
+from kvscope.agent.stamped import Parts, Stamped
 
 Key = tuple[str, Labels]
 _timestamp = operator.itemgetter(3)
+_series, _value = itemgetter(0, 1), itemgetter(2)
 Points = list[tuple[float, float]]
 
 
@@ -76,7 +85,8 @@ class ChangeEncoder:
         self._by_sid: dict[int, list] = {}     # the same lists by series id
         self._members: dict[int, set[int]] = {}   # group -> series ids in its current run
         self._group_ts: dict[int, int] = {}    # group -> its latest stamp
-        self._previous: dict[int, _Cohort] = {}   # group -> its last cohort, for the fast path
+        self._previous: dict[int, _Cohort | _Blocks] = {}   # group -> its last cohort, for the fast paths
+        self.block_cohorts = 0                 # cohorts written by the block path (for tests and benches)
 
     def reset(self) -> None:
         """Forget all state (the rows it described may not be on disk)."""
@@ -99,18 +109,30 @@ class ChangeEncoder:
 
     def encode(self, batch: Iterable[Sample], now: float, out: Encoded | None = None) -> Encoded:
         """Rows for `batch` (in any order; samples without a timestamp are stamped `now`),
-        appended to `out` (a new `Encoded` if None)."""
+        appended to `out` (a new `Encoded` if None). A `Parts` batch keeps its `Stamped` parts
+        whole (each its own cohort, read block by block) unless its timestamp is shared."""
         out = Encoded() if out is None else out
-        by_ts: dict[object, list[Sample]] = {}
+        stamped: list[Stamped] = []
+        if isinstance(batch, Parts):
+            stamped = [p for p in batch.parts if isinstance(p, Stamped)]
+            others = [p for p in batch.parts if not isinstance(p, Stamped)]
+            times = {p.timestamp for p in stamped}
+            if stamped and (None in times or len(times) != len(stamped)
+                            or not times.isdisjoint(map(_timestamp, chain.from_iterable(others)))):
+                stamped = []   # a timestamp shared with other samples: one cohort, as a flat batch
+            batch = chain.from_iterable(others) if stamped else batch.samples()
+        by_ts: dict[object, list[Sample] | Stamped] = {}
         for ts, run in groupby(batch, _timestamp):   # runs of one timestamp (a target's scrape)
             cohort = by_ts.get(ts)
             if cohort is None:
                 by_ts[ts] = list(run)
             else:
-                cohort.extend(run)
+                cohort.extend(run)   # type: ignore[union-attr]
+        for part in stamped:
+            by_ts[part.timestamp] = part
         # A cohort is the samples of one exact timestamp: targets scraped within the same
         # millisecond stay apart (each keeps its own group), though their stamps round alike.
-        cohorts: list[tuple[int, float, list[Sample]]] = []
+        cohorts: list[tuple[int, float, list[Sample] | Stamped]] = []
         for ts, samples in by_ts.items():
             try:
                 exact = float(now if ts is None else ts)   # type: ignore[arg-type]
@@ -119,7 +141,10 @@ class ChangeEncoder:
                 out.dropped["bad_value"] += len(samples)
         used: set[int] = set()
         for ts_ms, _, samples in sorted(cohorts, key=lambda c: c[:2]):
-            self._encode_cohort(ts_ms, samples, used, out)
+            if isinstance(samples, Stamped):
+                self._encode_stamped(ts_ms, samples, used, out)
+            else:
+                self._encode_cohort(ts_ms, samples, used, out)
         return out
 
     def _group_for(self, ts_ms: int, cohort: Sequence[Sample], used: set[int]) -> int:
@@ -136,11 +161,58 @@ class ChangeEncoder:
         self._next_group += 1
         return g
 
+    def _encode_stamped(self, ts_ms: int, part: Stamped, used: set[int], out: Encoded) -> None:
+        """A target's scrape as blocks: only the blocks that are not last time's objects are read."""
+        g = self._group_for(ts_ms, list(islice(chain.from_iterable(part.blocks), 8)), used)
+        used.add(g)
+        if self._encode_same_blocks(g, ts_ms, part, out):
+            return
+        self._encode_general(g, ts_ms, part.samples(), out)
+        prev = self._previous.get(g)
+        if prev is not None:   # every sample a member, in order: remember it block by block
+            states = iter(prev.states)
+            self._previous[g] = _Blocks(part.blocks, [list(islice(states, len(b))) for b in part.blocks])
+
+    def _encode_same_blocks(self, g: int, ts_ms: int, part: Stamped, out: Encoded) -> bool:
+        """`_encode_same_series` for blocks: the same blocks as the group's previous scrape, those
+        that are other objects holding the same series in the same order. Writes the rows and
+        returns True, or changes nothing and returns False."""
+        prev = self._previous.get(g)
+        if type(prev) is not _Blocks or len(prev.blocks) != len(part.blocks) or not len(part):
+            return False
+        moved: list[tuple[list, list[int], list]] = []
+        for i in compress(range(len(part.blocks)), map(is_not, part.blocks, prev.blocks)):
+            new, old = part.blocks[i], prev.blocks[i]
+            if len(new) != len(old) or list(map(_series, new)) != list(map(_series, old)):
+                return False
+            values = list(map(_value, new))
+            changed = list(compress(range(len(new)), map(operator.ne, values, map(_value, old))))
+            for j in changed:
+                v = values[j]
+                if type(v) is not float or v != v:   # NaN or a value to convert: the general path
+                    return False
+            moved.append((prev.states[i], changed, values))
+        points = out.points
+        for states, changed, values in moved:
+            for j in changed:
+                st = states[j]
+                v = st[2] = values[j]
+                points.append((st[0], ts_ms, v))
+        prev.blocks = part.blocks
+        self.block_cohorts += 1
+        self._group_ts[g] = ts_ms
+        out.stamps.append((g, ts_ms))
+        out.accepted += len(part)
+        return True
+
     def _encode_cohort(self, ts_ms: int, cohort: list[Sample], used: set[int], out: Encoded) -> None:
         g = self._group_for(ts_ms, cohort, used)
         used.add(g)
         if self._encode_same_series(g, ts_ms, cohort, out):
             return
+        self._encode_general(g, ts_ms, cohort, out)
+
+    def _encode_general(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> None:
         self._previous.pop(g, None)
         last, by_sid, group_ts = self._last, self._by_sid, self._group_ts
         members = self._members.get(g) or set()
@@ -204,7 +276,7 @@ class ChangeEncoder:
         """The fast path: the same series as the group's previous cohort, in the same order.
         Writes the rows and returns True, or changes nothing and returns False."""
         prev = self._previous.get(g)
-        if prev is None or len(cohort) != len(prev.states) or not cohort:
+        if type(prev) is not _Cohort or len(cohort) != len(prev.states) or not cohort:
             return False
         names, labels, values, _ = zip(*cohort, strict=True)
         if labels != prev.labels or names != prev.names:
@@ -224,6 +296,16 @@ class ChangeEncoder:
         out.stamps.append((g, ts_ms))
         out.accepted += len(cohort)
         return True
+
+
+class _Blocks:
+    """A group's previous scrape as blocks (a `Stamped`), with the encoder states block by block."""
+
+    __slots__ = ("blocks", "states")
+
+    def __init__(self, blocks: list[list], states: list[list[list]]) -> None:
+        self.blocks = blocks
+        self.states = states
 
 
 class _Cohort:

@@ -19,14 +19,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import chain, compress
 from operator import itemgetter
 from typing import Any
 
 from kvscope.agent import collectors as collectors_pkg
 from kvscope.agent.collectors.base import Collection, Collector, Health, registered_collectors
 from kvscope.agent.config import AgentConfig
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.agent.signals import Labels, Sample, make_labels
+from kvscope.agent.stamped import Parts, Stamped
 
 log = logging.getLogger("kvscope.agent")
 
@@ -130,50 +131,103 @@ class AgentState:
 class CounterResets:
     """Counts decreases of canonical counters per instance (an engine restart, usually).
 
-    Memory is bounded by the series present in the last cycle. When a cycle holds the same
-    series in the same order as the previous one (the usual case), the counters' values are
-    compared position by position in C-level passes, with no per-sample dict lookup.
+    Memory is bounded by the series present in the last cycle. A counter is compared with its
+    value in the previous cycle: for a part that is one target's scrape (`Parts.sources`), with
+    that target's previous part; for the other samples, by series over all of them.
+
+    Fast paths, same answers (tests/unit/test_runtime.py checks them against the definition):
+    a `Stamped` part compares only the blocks that are not the same objects as last time, by
+    position; samples in the same series order as last cycle are compared by position in C-level
+    passes, with no per-sample dict lookup.
     """
 
     def __init__(self) -> None:
-        self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._last: dict[tuple[str, Labels], float] = {}
         self._counter_names: dict[str, bool] = {}   # name -> is a counter (names are few)
         self._names: tuple[str, ...] | None = None   # the previous cycle's series, in order
-        self._labels: tuple[tuple[tuple[str, str], ...], ...] | None = None
+        self._labels: tuple[Labels, ...] | None = None
         self._idx: list[int] = []                    # positions of its counters
         self._values: list[float] = []              # and their values
+        self._sources: dict[str, Sequence[Sample]] = {}   # target -> its previous part
 
     def observe(self, samples: Iterable[Sample], into: Counter[str]) -> None:
+        resets: set[str] = set()
+        if isinstance(samples, Parts):
+            rest: list[Sample] = []
+            sources: dict[str, Sequence[Sample]] = {}
+            for part, source in zip(samples.parts, samples.sources, strict=True):
+                if source and source not in sources:
+                    sources[source] = part
+                    self._observe_source(self._sources.get(source), part, resets)
+                else:
+                    rest.extend(part)
+            self._sources = sources   # a target absent this cycle is compared afresh next time
+            samples = rest
         samples = samples if isinstance(samples, list) else list(samples)
+        self._observe_rest(samples, resets)
+        for inst in resets:
+            into[inst] += 1
+
+    # ---------------------------------------------------------------- one target's parts
+    def _observe_source(self, prev: Sequence[Sample] | None, part: Sequence[Sample], resets: set[str]) -> None:
+        if prev is None:
+            return
+        if isinstance(part, Stamped) and isinstance(prev, Stamped) and len(part.blocks) == len(prev.blocks):
+            changed = [(new, old) for new, old in zip(part.blocks, prev.blocks, strict=True) if new is not old]
+            if all(self._same_series(new, old) for new, old in changed):
+                for new, old in changed:
+                    for j in self._counter_positions(new):
+                        if new[j][2] < old[j][2]:
+                            resets.add(_instance(new[j][1]))
+                return
+        self._compare_by_key(_heads_of(prev), _heads_of(part), resets)
+
+    def _same_series(self, new: list, old: list) -> bool:
+        return len(new) == len(old) and list(map(_name_labels, new)) == list(map(_name_labels, old))
+
+    def _counter_positions(self, block: list) -> list[int]:
+        return [j for j, h in enumerate(block) if self._is_counter(h[0])]
+
+    def _compare_by_key(self, prev: Iterable[tuple], cur: Iterable[tuple], resets: set[str]) -> None:
+        last = {(h[0], h[1]): h[2] for h in prev if self._is_counter(h[0])}
+        for h in cur:
+            if self._is_counter(h[0]):
+                before = last.get((h[0], h[1]))
+                if before is not None and h[2] < before:
+                    resets.add(_instance(h[1]))
+
+    def _is_counter(self, name: str) -> bool:
+        counter = self._counter_names.get(name)
+        if counter is None:
+            if len(self._counter_names) > 100_000:
+                self._counter_names.clear()
+            counter = self._counter_names[name] = name.endswith(("_total", "_count"))
+        return counter
+
+    # ---------------------------------------------------------------- the other samples
+    def _observe_rest(self, samples: list[Sample], resets: set[str]) -> None:
         names = tuple(map(itemgetter(0), samples))
         labels = tuple(map(itemgetter(1), samples))
         values = list(map(itemgetter(2), samples))
         if names == self._names and labels == self._labels:
             cur = list(map(values.__getitem__, self._idx))
-            reset_instances = {samples[i].label("instance") or ""
-                               for i in compress(self._idx, map(operator.lt, cur, self._values))}
+            resets.update(samples[i].label("instance") or ""
+                          for i in compress(self._idx, map(operator.lt, cur, self._values)))
             self._values = cur
         else:
-            reset_instances = self._observe_by_key(samples, names, labels)
-        for inst in reset_instances:
-            into[inst] += 1
+            resets.update(self._observe_by_key(samples, names, labels))
 
     def _observe_by_key(self, samples: list[Sample], names: tuple[str, ...],
-                        labels: tuple[tuple[tuple[str, str], ...], ...]) -> set[str]:
-        seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+                        labels: tuple[Labels, ...]) -> set[str]:
+        seen: dict[tuple[str, Labels], float] = {}
         reset_instances: set[str] = set()
         idx: list[int] = []
         if self._names is not None:   # the last cycle took the fast path: its values by key
             self._last = {(self._names[i], self._labels[i]): v for i, v in zip(self._idx, self._values, strict=True)}
-        last, is_counter = self._last, self._counter_names
-        if len(is_counter) > 100_000:
-            is_counter.clear()
+        last = self._last
         for i, s in enumerate(samples):
             name = s[0]
-            counter = is_counter.get(name)
-            if counter is None:
-                counter = is_counter[name] = name.endswith(("_total", "_count"))
-            if not counter:
+            if not self._is_counter(name):
                 continue
             key = (name, s[1])
             value = s[2]
@@ -187,6 +241,20 @@ class CounterResets:
         self._names, self._labels = (names, labels) if unique else (None, None)
         self._idx, self._values = idx, [samples[i][2] for i in idx]
         return reset_instances
+
+
+_name_labels = itemgetter(0, 1)
+
+
+def _heads_of(part: Sequence[Sample]) -> Iterable[tuple]:
+    return chain.from_iterable(part.blocks) if isinstance(part, Stamped) else part
+
+
+def _instance(labels: Labels) -> str:
+    for k, v in labels:
+        if k == "instance":
+            return v
+    return ""
 
 
 def _freeze_startup_objects() -> None:
@@ -228,16 +296,17 @@ class AgentRuntime:
         """Collect once from every collector (concurrently), then derive and store."""
         t0 = time.monotonic()
         results = await asyncio.gather(*(self._collect_one(c) for c in self.collectors))
-        cycle: list[Sample] = []
+        cycle = Parts()   # the collections as they came (agent/stamped.py): no flat copy per cycle
         for collector, (collection, status) in zip(self.collectors, results, strict=True):
             self._absorb(collector.name, collection, status)
-            cycle.extend(collection.samples)
+            cycle.add(collection.samples)
         self._resets.observe(cycle, self.state.counter_resets)
         now = self.clock()
-        cycle.extend(self._target_up_samples(now))
+        cycle.add(self._target_up_samples(now))
         derived = self._derived(cycle)
         self.state.samples["derive"] = derived     # catalog signals among them are re-exported too
-        self._store(cycle + derived)
+        cycle.add(derived)
+        self._store(cycle)
         if self.store is not None and hasattr(self.store, "snapshot"):
             self.state.store_stats = self.store.snapshot()   # no disk I/O: stays on the loop
         elif self.store is not None and hasattr(self.store, "stats"):
@@ -288,7 +357,7 @@ class AgentRuntime:
                     out.append(Sample("kvscope_target_up", labels, 1.0 if h.up else 0.0, now))
         return out
 
-    def _derived(self, cycle: list[Sample]) -> list[Sample]:
+    def _derived(self, cycle: Parts) -> list[Sample]:
         out: list[Sample] = []
         for hook in self.derive:
             name = f"derive_{getattr(hook, '__name__', 'hook')}"
@@ -300,7 +369,7 @@ class AgentRuntime:
                 self.state.collector_status[name] = (False, f"exception_{type(e).__name__}", 0.0)
         return out
 
-    def _store(self, samples: list[Sample]) -> None:
+    def _store(self, samples: Parts) -> None:
         if self.store is None or not samples:
             return
         try:

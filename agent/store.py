@@ -50,6 +50,7 @@ from typing import Protocol
 
 from kvscope.agent.changepoints import ChangeEncoder, Encoded, StampIndex, fill_points
 from kvscope.agent.signals import Labels, Sample
+from kvscope.agent.stamped import Parts
 from kvscope.agent.store_retention import RetentionMixin
 
 Points = list[tuple[float, float]]
@@ -271,7 +272,7 @@ class SqliteStore(RetentionMixin):
         self.max_series = max_series
         self.busy_timeout_s = busy_timeout_s
         self.read_only = read_only
-        self._queue: deque[tuple[float, list[Sample]]] = deque()   # (time of write(), samples)
+        self._queue: deque[tuple[float, Sequence[Sample]]] = deque()   # (time of write(), samples)
         self._queued = 0
         self._qlock = threading.Lock()           # guards _queue and _stats.dropped (cheap, never I/O)
         self._wlock = threading.RLock()          # guards the writer connection
@@ -377,7 +378,7 @@ class SqliteStore(RetentionMixin):
         if self._closed or self.read_only:
             self._count_drop("closed" if self._closed else "read_only", len(samples))
             return
-        chunk = list(samples)
+        chunk = samples if isinstance(samples, Parts) else list(samples)   # a cycle's Parts keep their blocks
         if not chunk:
             return
         with self._qlock:

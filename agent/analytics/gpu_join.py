@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from itertools import compress
-from operator import itemgetter
+from itertools import chain, compress, repeat
+from operator import add, itemgetter
 from typing import Any
 
 from kvscope.agent.signals import Sample, make_labels
+from kvscope.agent.stamped import Parts, Stamped
 
 JOIN_NAME = "engine_gpu_memory_used_bytes"
 PROCESS_MEMORY = "gpu_process_memory_used_bytes"
@@ -46,6 +47,7 @@ class _JoinedNames(dict):
 
 
 _joined_name = _JoinedNames()
+_new = tuple.__new__   # a Sample from a 4-tuple without NamedTuple.__new__'s Python-level call
 
 
 @dataclass(frozen=True)
@@ -104,9 +106,8 @@ def _is_engine(s: Sample) -> bool:
 def join_engines_to_gpus(samples: Iterable[Sample], gpu_mapping: Any = None) -> list[GpuAssignment]:
     """Every (engine instance, GPU) pair the samples and the mapping establish, strongest join
     first, one assignment per pair. `samples` are the latest canonical samples of all sources."""
-    samples = samples if isinstance(samples, list) else list(samples)
-    # one C-level pass (no bytecode per sample): the joins read only these
-    joined = list(compress(samples, map(_joined_name.__getitem__, map(itemgetter(0), samples))))
+    samples = samples if isinstance(samples, list | Parts) else list(samples)
+    joined = _select_joined(samples)
     devices = _devices(joined)
     used = _device_memory(joined)
     found = [*_by_config(parse_gpu_mapping(gpu_mapping), devices, used),
@@ -115,6 +116,22 @@ def join_engines_to_gpus(samples: Iterable[Sample], gpu_mapping: Any = None) -> 
     for a in found:
         out.setdefault((a.instance, a.device.key()), a)
     return sorted(out.values(), key=lambda a: (a.instance, str(a.device.gpu), str(a.device.mig_instance)))
+
+
+def _select_joined(samples: list[Sample] | Parts) -> list[Sample]:
+    """The samples the joins read (gpu_*, engine_process_*), in order, in C-level passes (no
+    bytecode per sample). Of a cycle's `Stamped` parts only these few are stamped."""
+    if not isinstance(samples, Parts):
+        return list(compress(samples, map(_joined_name.__getitem__, map(itemgetter(0), samples))))
+    out: list[Sample] = []
+    for part in samples.parts:
+        if isinstance(part, Stamped):
+            heads = list(chain.from_iterable(part.blocks))
+            picked = compress(heads, map(_joined_name.__getitem__, map(itemgetter(0), heads)))
+            out.extend(map(_new, repeat(Sample), map(add, picked, repeat((part.timestamp,)))))
+        else:
+            out.extend(compress(part, map(_joined_name.__getitem__, map(itemgetter(0), part))))
+    return out
 
 
 def _devices(samples: list[Sample]) -> dict[tuple[str | None, ...], GpuDevice]:
@@ -207,11 +224,15 @@ def render_engine_gpu_samples(assignments: Iterable[GpuAssignment], timestamp: f
 
 def derive_engine_gpu(samples: Iterable[Sample], gpu_mapping: Any = None) -> list[Sample]:
     """The join over one collection cycle as samples, stamped with the newest sample time."""
-    samples = samples if isinstance(samples, list) else list(samples)
+    samples = samples if isinstance(samples, list | Parts) else list(samples)
     assignments = join_engines_to_gpus(samples, gpu_mapping)
     if not any(a.memory_bytes is not None for a in assignments):
         return []   # nothing to render: skip the pass over every sample's timestamp
-    stamps = set(map(itemgetter(3), samples))   # C-level pass: timestamps are few (one per target)
+    if isinstance(samples, Parts):   # a Stamped part has one timestamp: no pass over its samples
+        stamps = {p.timestamp for p in samples.parts if isinstance(p, Stamped)}
+        stamps.update(map(itemgetter(3), chain.from_iterable(p for p in samples.parts if not isinstance(p, Stamped))))
+    else:
+        stamps = set(map(itemgetter(3), samples))   # C-level pass: timestamps are few (one per target)
     stamps.discard(None)
     return render_engine_gpu_samples(assignments, max(stamps, default=None))
 

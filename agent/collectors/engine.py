@@ -32,6 +32,7 @@ from kvscope.agent.exposition import Exposition, ParseIssue, parse_exposition
 from kvscope.agent.httpclient import HttpClient
 from kvscope.agent.scrape import ScrapeError, new_session, read_exposition
 from kvscope.agent.signals import Catalog, load_catalog
+from kvscope.agent.stamped import Parts
 
 NAME = "engine"
 
@@ -107,7 +108,10 @@ class EngineCollector:
         return result
 
     async def collect(self) -> Collection:
+        """`samples` is a `Parts` (agent/stamped.py): one part per target, a `Stamped` when the
+        block memo made it (its blocks reach the store and the reset check as they are)."""
         out = Collection()
+        out.samples = Parts()   # type: ignore[assignment]
         for scrape in await self.scrape_all():
             self._normalize_into(scrape, out)
         return out
@@ -133,7 +137,10 @@ class EngineCollector:
         if norm.dropped:
             health.dropped.update(norm.dropped)
         health.series = len(norm.samples)
-        out.samples.extend(norm.samples)
+        if isinstance(out.samples, Parts):
+            out.samples.add(norm.samples, target.instance)
+        else:
+            out.samples.extend(norm.samples)
         if norm.facts:
             out.facts[target.instance] = _merge_ranks(norm.facts)
         if not norm.samples and target.engine is None:
