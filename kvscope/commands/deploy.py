@@ -7,6 +7,10 @@
   (`rules/prometheus/*.yml`, written by `kvscope rules build`) into Prometheus Operator
   `PrometheusRule` objects, one per file, so the rules Prometheus runs on a plain install and
   on Kubernetes are the same text.
+
+examples:
+  kvscope deploy prometheusrule --label release=kube-prometheus-stack -o prometheusrule.yaml
+  kvscope deploy render-config --help
 """
 
 from __future__ import annotations
@@ -190,6 +194,27 @@ def _run(func):
     return wrapped
 
 
+RENDER_CONFIG_HELP = """\
+Replace ${NAME} placeholders in TEMPLATE with environment variables, check the result is a
+configuration the agent accepts, and write it atomically to OUTPUT. An unset or empty variable,
+invalid YAML or an invalid key stops with an error naming it, and OUTPUT is left untouched.
+
+example (what the DaemonSet's init container runs):
+  NODE_IP=10.0.0.7 NODE_NAME=gpu-7 kvscope deploy render-config \\
+      --template /etc/kvscope-template/kvscope.yaml.tmpl --output /etc/kvscope/kvscope.yaml
+"""
+
+PROMETHEUSRULE_HELP = """\
+Read every Prometheus rule file in RULES_DIR and print one Prometheus Operator PrometheusRule per
+file (named kvscope-<file stem>), groups unchanged.
+
+examples:
+  kvscope deploy prometheusrule --label release=kube-prometheus-stack -o deploy/kubernetes/prometheusrule.yaml
+  kvscope deploy prometheusrule --label release=kube-prometheus-stack \\
+      -o deploy/kubernetes/prometheusrule.yaml --check      # exit 1 when stale
+"""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "deploy", help="render deployment artefacts (agent config on a node, PrometheusRule)",
@@ -198,18 +223,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     rc = sub.add_parser(
         "render-config", help="fill ${VAR} placeholders of an agent config template and validate it",
-        description="Replace ${NAME} placeholders in TEMPLATE with environment variables, check the "
-                    "result is a configuration the agent accepts, and write it atomically to OUTPUT. "
-                    "An unset or empty variable, invalid YAML or an invalid key stops with an error "
-                    "naming it, and OUTPUT is left untouched.")
+        description=RENDER_CONFIG_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     rc.add_argument("--template", required=True, help="agent configuration template (YAML with ${VAR})")
     rc.add_argument("--output", required=True, help="where to write the rendered configuration")
     rc.set_defaults(func=_run(_render_config))
 
     pr = sub.add_parser(
         "prometheusrule", help="wrap rules/prometheus/*.yml into PrometheusRule objects",
-        description="Read every Prometheus rule file in RULES_DIR and print one Prometheus Operator "
-                    "PrometheusRule per file (named kvscope-<file stem>), groups unchanged.")
+        description=PROMETHEUSRULE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     pr.add_argument("--rules-dir", default=str(RULES_DIR),
                     help="directory of generated rule files (default: %(default)s)")
     pr.add_argument("--output", "-o", default="-", help="output file, '-' for stdout (default)")

@@ -25,6 +25,15 @@ Sources (pick one):
 Windows shorter than 15 minutes (short recordings) are evaluated with every rule duration
 scaled by window / 15 min; --time-scale 1 turns that off.
 
+Examples:
+  kvscope diagnose --recording tests/recordings/kv-pressure-cascade.om.gz
+  kvscope diagnose --prometheus http://127.0.0.1:9090 --since 1h
+  kvscope diagnose --prometheus http://127.0.0.1:9090 --start 2026-11-22T07:00:00Z --end 2026-11-22T08:00:00Z
+  kvscope diagnose --agent http://127.0.0.1:9464 --since 30m --json | jq .likely_cause
+  kvscope diagnose --recording rec.om.gz --param kv_pressure_preemption.kv_full=0.85 -v
+
+Rules whose signals the source lacks are "not evaluable" (never healthy); -v lists them.
+
 Exit status: 0 nothing at warning or critical fired (info findings may be printed),
 1 the worst finding is a warning, 2 the worst is critical, 3 bad usage, 4 the source could not
 be read.

@@ -20,12 +20,27 @@ rules/diagnosis/*.yaml, and one runbook per alert:
 
 Load every file in --out with Prometheus' rule_files (see docs/alerting.md). With --check
 nothing is written; the exit status is 1 when a file on disk differs from a fresh build.
+
+examples:
+  kvscope rules build                                   # after editing catalog, rules or levers
+  kvscope rules build --check                           # CI: exit 1 when the committed files are stale
+  kvscope rules build --slo-ttft-seconds 1 --slo-target 0.995 --out /etc/prometheus/rules/kvscope
+"""
+
+RULES_HELP = """\
+Work with kvscope's rule files: the diagnosis rules in rules/diagnosis/*.yaml (what
+`kvscope diagnose`, `serve` and the UI evaluate) and the Prometheus rules generated from them.
+
+examples:
+  kvscope rules check          # validate rules/diagnosis/*.yaml; problems as file:line: message
+  kvscope rules build          # write rules/prometheus/*.yml and docs/runbooks/*.md
+  kvscope rules build --help   # SLO and output options
 """
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("rules", help="build Prometheus rules from kvscope's rule files",
-                                   description="Work with kvscope's rule files.")
+    parser = subparsers.add_parser("rules", help="check the diagnosis rules; build Prometheus rules from them",
+                                   description=RULES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
     build = sub.add_parser("build", help="generate rules/prometheus/*.yml and docs/runbooks/*.md",
                            description=BUILD_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,7 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "check", help="validate rules/diagnosis/*.yaml (signals, levers, operators, parameters)",
         description="Validate the diagnosis rules: unknown signals, levers, operators, series and "
                     "parameters, bad durations, missing test files and LEVERS.md rows without a rule. "
-                    "Problems print as file:line: message; exit 1 when there is any.")
+                    "Problems print as file:line: message; exit 1 when there is any.\n\nexamples:\n"
+                    "  kvscope rules check\n  kvscope rules check --rules-dir my-rules/   # your own rules",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     check.add_argument("--rules-dir", type=Path, default=None,
                        help="directory of rules to check (default: the shipped rules/diagnosis)")
     check.set_defaults(func=run_check)

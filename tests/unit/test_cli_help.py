@@ -1,0 +1,45 @@
+"""Every `kvscope` command's --help says what it does and shows at least one runnable example."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from kvscope.cli import build_parser
+
+EXAMPLE = re.compile(r"^\s+(?:[A-Z_]+=\S+\s+)*kvscope \S+", re.MULTILINE)
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    """'agent' -> parser, 'rules build' -> parser, ... (one level of nested actions)."""
+    out: dict[str, argparse.ArgumentParser] = {}
+    top = build_parser()
+    for action in top._subparsers._group_actions:
+        for name, parser in action.choices.items():
+            out[name] = parser
+            for sub in (a for a in parser._actions if isinstance(a, argparse._SubParsersAction)):
+                out.update({f"{name} {n}": p for n, p in sub.choices.items()})
+    return out
+
+
+COMMANDS = _commands()
+
+
+def test_all_commands_are_found():
+    assert {"agent", "diagnose", "report", "ui", "serve", "rules check", "rules build",
+            "deploy render-config", "deploy prometheusrule"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_has_a_description_and_an_example(name):
+    text = COMMANDS[name].format_help()
+    assert len((COMMANDS[name].description or "").split()) >= 8, f"{name}: --help says too little"
+    assert EXAMPLE.search(text), f"{name}: --help shows no 'kvscope ...' example"
+
+
+@pytest.mark.parametrize("name", ["diagnose", "ui"])
+def test_agent_examples_use_the_agents_port_not_dcgms(name):
+    text = COMMANDS[name].format_help()
+    assert "127.0.0.1:9464" in text and ":9400" not in text
