@@ -38,6 +38,21 @@ def unreachable_hint(message: str, url: str) -> str:
     return message
 
 
+API_PATH = {"prometheus": "/api/v1/query_range", "agent": "/api/v1/samples"}
+SERVER = {"prometheus": "Prometheus-compatible API", "agent": "kvscope agent"}
+OTHER = {"prometheus": "--agent for a kvscope agent", "agent": "--prometheus for a Prometheus"}
+
+
+def source_hint(kind: str, url: str, message: str) -> str:
+    """`message` plus what to check: reachability, or (an HTTP 4xx) whether `url` is the base URL of
+    the kind of server the flag expects."""
+    hinted = unreachable_hint(message, url)
+    if hinted == message and re.search(r"HTTP( Error)? 4\d\d", message):
+        hinted += (f"\n  is {url} the base URL of a {SERVER.get(kind, 'server')}? kvscope calls "
+                   f"{url.rstrip('/')}{API_PATH.get(kind, '')} (no /metrics path; {OTHER.get(kind, '')})")
+    return hinted
+
+
 def _head(path: Path) -> bytes:
     """The first bytes of `path`, gunzipped when it is gzip. Raises ValueError for a bad gzip."""
     with path.open("rb") as fh:

@@ -8,7 +8,7 @@ import time
 import zlib
 from typing import Any
 
-from kvscope.commands._checks import check_http_url, check_recording, parse_seconds, parse_time, unreachable_hint
+from kvscope.commands._checks import check_http_url, check_recording, parse_seconds, parse_time, source_hint
 from kvscope.commands._params import add_param_flag, parse_params
 
 HELP = """\
@@ -36,7 +36,7 @@ Rules whose signals the source lacks are "not evaluable" (never healthy); -v lis
 
 Exit status: 0 nothing at warning or critical fired (info findings may be printed),
 1 the worst finding is a warning, 2 the worst is critical, 3 bad usage, 4 the source could not
-be read.
+be read or holds none of the signals any rule reads (not an all-clear).
 """
 
 EXIT_USAGE = 3
@@ -117,8 +117,9 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         names = set().union(*(sample_names(r) for r in rules))
         frame = source.read_frame(names, start, end, step)
     except SourceError as exc:
+        kind = "prometheus" if args.prometheus else "agent" if args.agent else ""
         url = args.prometheus or args.agent
-        print(f"kvscope diagnose: {unreachable_hint(str(exc), url) if url else exc}", file=sys.stderr)
+        print(f"kvscope diagnose: {source_hint(kind, url, str(exc)) if url else exc}", file=sys.stderr)
         return EXIT_SOURCE
     except (EOFError, zlib.error) as exc:
         print(f"kvscope diagnose: recording {args.recording} is truncated or corrupt: {exc}", file=sys.stderr)
@@ -131,6 +132,13 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         print(result.to_json())
     else:
         render_diagnosis(result, verbose=args.verbose)
+    if result.rules_evaluated and len(result.skipped) == result.rules_evaluated:
+        why = "is it a recording of vLLM / SGLang / dcgm-exporter /metrics?" if args.recording else \
+            "wrong URL or window? is anything scraping the engines?"
+        print(f"kvscope diagnose: none of the {result.rules_evaluated} rules could be evaluated: "
+              f"{source.description} holds none of the signals they read in this window ({why}); "
+              "exit 4, not an all-clear. -v lists what is missing.", file=sys.stderr)
+        return EXIT_SOURCE
     return result.exit_status()
 
 

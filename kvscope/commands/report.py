@@ -8,7 +8,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kvscope.commands._checks import check_http_url, check_output_file, check_recording, parse_time, unreachable_hint
+from kvscope.commands._checks import check_http_url, check_output_file, check_recording, parse_time, source_hint
 
 HELP = """\
 Write the weekly efficiency review: output tokens per GPU-hour per model/pool, GPU utilisation and
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         steps.update()
     except (OSError, ValueError, EOFError) as exc:
         steps.close()
-        print(f"kvscope report: {unreachable_hint(str(exc), args.prometheus) if args.prometheus else exc}",
+        print(f"kvscope report: {source_hint('prometheus', args.prometheus, str(exc)) if args.prometheus else exc}",
               file=sys.stderr)
         return 4
     try:

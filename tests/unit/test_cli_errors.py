@@ -261,3 +261,26 @@ def test_render_config_refuses_a_misspelt_section():
 
     with pytest.raises(DeployError, match="stor: unknown section; did you mean store"):
         check_agent_config("stor: {path: x.db}\n", "agent.yaml.tmpl")
+
+
+# --- sources that answer but are the wrong thing ----------------------------------------
+
+def test_a_source_without_any_rule_signal_is_exit_4_not_an_all_clear(capsys, tmp_path):
+    rec = tmp_path / "node.om"
+    rec.write_text("# TYPE node_load1 gauge\n" + "".join(
+        f'node_load1{{job="node",instance="a:9100"}} 0.5 {1_700_000_000 + 15 * i}\n' for i in range(4)) + "# EOF\n")
+    code, err = run_cli(capsys, "diagnose", "--recording", str(rec))
+    assert code == 4
+    assert "none of the" in err and "could be evaluated" in err and "not an all-clear" in err
+
+
+@pytest.mark.parametrize("kind, url, called", [
+    ("prometheus", "http://h:9464", "http://h:9464/api/v1/query_range"),
+    ("agent", "http://h:9464/metrics", "http://h:9464/metrics/api/v1/samples")])
+def test_an_http_4xx_from_the_source_asks_whether_the_url_is_the_right_server(kind, url, called):
+    from kvscope.commands._checks import source_hint
+
+    text = source_hint(kind, url, f"{kind} {url}: HTTP Error 404: Not Found")
+    assert f"kvscope calls {called} (no /metrics path;" in text
+    assert ("--agent for a kvscope agent" if kind == "prometheus" else "--prometheus for a Prometheus") in text
+    assert source_hint(kind, url, "HTTP 500: boom") == "HTTP 500: boom"       # not a wrong-server sign
