@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,8 @@ def _from_recording(source: Source, step_s: float | None) -> TriageData:
         replay = RecordingSource(str(path)).replay()   # its spans sidecar too, when there is one
     except ReadError as exc:
         raise SourceError(f"recording {path} could not be read: {exc}") from exc
+    except (EOFError, zlib.error) as exc:               # a gzip cut short (recorder killed mid-write)
+        raise SourceError(f"recording {path} is truncated or corrupt: {exc}") from exc
     return triage_from_replay(source, replay, step_s)
 
 

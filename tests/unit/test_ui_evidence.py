@@ -3,11 +3,15 @@ command line the UI server runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, Skipped
-from kvscope.ui.data import Source, counts_caption, evidence_table
+from kvscope.ui.data import Source, SourceError, counts_caption, evidence_table, load_triage
 from kvscope.ui.server import UiServer
 
 T0 = 1_700_000_000.0
+RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"
 
 
 def _finding(*evidence: Evidence) -> Finding:
@@ -41,3 +45,11 @@ def test_streamlit_runs_headless_on_loopback_without_the_developer_toolbar():
     assert flags["--server.address"] == "127.0.0.1" and flags["--server.port"] == "8599"
     assert flags["--client.toolbarMode"] == "minimal"          # no "Deploy" button on an on-call page
     assert flags["--browser.gatherUsageStats"] == "false"
+
+
+def test_a_truncated_gzip_recording_is_a_source_error_not_a_traceback(tmp_path):
+    whole = (RECORDINGS / "kv-pressure-cascade.om.gz").read_bytes()
+    cut = tmp_path / "cut.om.gz"
+    cut.write_bytes(whole[: len(whole) // 3])
+    with pytest.raises(SourceError, match="truncated or corrupt"):
+        load_triage(Source("recording", str(cut)))
