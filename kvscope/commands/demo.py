@@ -8,6 +8,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from kvscope.commands._checks import check_recording
+
 REPO = Path(__file__).resolve().parents[2]
 RECORDINGS = REPO / "tests" / "recordings"
 BUNDLED = Path(__file__).resolve().parents[2] / "ui" / "recordings" / "vllm-0.32.0-cpu-kv-pressure.om.gz"
@@ -97,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
     path = args.recording or default_recording()
     if path is None:
         print(f"kvscope demo: no recording in {RECORDINGS}; pass --recording FILE", file=sys.stderr)
+        return 4
+    try:
+        check_recording(path)
+    except (ValueError, OSError) as exc:
+        print(f"kvscope demo: {exc}", file=sys.stderr)
         return 4
     print(f"kvscope demo: replaying {path}", flush=True)
     try:

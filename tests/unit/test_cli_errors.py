@@ -284,3 +284,8 @@ def test_an_http_4xx_from_the_source_asks_whether_the_url_is_the_right_server(ki
     assert f"kvscope calls {called} (no /metrics path;" in text
     assert ("--agent for a kvscope agent" if kind == "prometheus" else "--prometheus for a Prometheus") in text
     assert source_hint(kind, url, "HTTP 500: boom") == "HTTP 500: boom"       # not a wrong-server sign
+
+
+def test_demo_refuses_a_non_openmetrics_recording(capsys, not_openmetrics):
+    code, err = run_cli(capsys, "demo", "--check", "--recording", str(not_openmetrics))
+    assert code == 4 and "is not OpenMetrics text" in err
