@@ -249,6 +249,16 @@ def timeline(diagnosis: Diagnosis) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def window_text(start: float, end: float) -> str:
+    """'2026-11-22 07:25:13 → 07:27:25 UTC (2m12s)': the span numbers on a page are totals over."""
+    from kvscope.diagnoser.render import fmt_duration
+
+    first, last = render_when(start), render_when(end)
+    if first[:10] == last[:10]:
+        last = last[11:]
+    return f"{first.removesuffix(' UTC')} → {last} ({fmt_duration(end - start)})"
+
+
 def render_when(ts: float) -> str:
     """A UTC timestamp as text."""
     return pd.to_datetime(ts, unit="s", utc=True).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 from kvscope.diagnoser.report import UTILISATION_TRAP, compute_week
 from kvscope.diagnoser.report_render import POOL_COLUMNS, fmt
-from kvscope.ui.data import TriageData
+from kvscope.ui.data import TriageData, window_text
 
 
 def render(data: TriageData) -> None:
@@ -24,7 +24,8 @@ def render(data: TriageData) -> None:
     cols[1].metric("$ / 1M output tokens", fmt(f.get("usd_per_1m_tokens"), "usd"))
     cols[2].metric("Mean GPU utilisation", fmt(f.get("gpu_util"), "pct"))
     cols[3].metric("Prefill tokens saved", fmt(f.get("prefill_tokens_saved"), "count"))
-    st.caption(f"Over the source's window. Prefix-cache hit ratio {fmt(f.get('hit_ratio'), 'pct')}; "
+    st.caption(f"Over the source's window, {window_text(start, end)}. "
+               f"Prefix-cache hit ratio {fmt(f.get('hit_ratio'), 'pct')}; "
                f"output tokens {fmt(f.get('output_tokens'), 'count')}.")
     util = f.get("gpu_util")
     if util is None:

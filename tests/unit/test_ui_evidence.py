@@ -53,3 +53,10 @@ def test_a_truncated_gzip_recording_is_a_source_error_not_a_traceback(tmp_path):
     cut.write_bytes(whole[: len(whole) // 3])
     with pytest.raises(SourceError, match="truncated or corrupt"):
         load_triage(Source("recording", str(cut)))
+
+
+def test_window_text_names_the_span_totals_are_over():
+    from kvscope.ui.data import window_text
+
+    assert window_text(T0, T0 + 132) == "2023-11-14 22:13:20 → 22:15:32 UTC (2m12s)"
+    assert window_text(T0, T0 + 86_400) == "2023-11-14 22:13:20 → 2023-11-15 22:13:20 UTC (24h00m)"
