@@ -9,7 +9,7 @@ The memory-pressure cascade of seeds/002 §7.4 (Figure 7.4) runs in stages:
                          (`engine_preemptions_total`, `engine_kv_evicted_tokens_total`,
                          `kv_blocks_evicted_recomputed_total` rates > 0);
 * stage 3 `queueing`    requests queue behind their own evicted state (`engine_requests_waiting`
-                         >= queue_min in queue_samples consecutive samples);
+                         >= queue_min in queue_samples consecutive samples spanning queue_min_s);
 * stage 4 `latency`     the externally visible symptom: TTFT grows over its pre-pressure baseline
                          while requests queue, or (where a GPU signal exists) GPU utilisation
                          drops while the pool is full / evicting.
@@ -53,7 +53,11 @@ class CascadeConfig:
     kv_high_ratio: float = 0.90
     queue_min: float = 1.0           # waiting requests that count as a queue ...
     queue_samples: int = 2           # ... in this many consecutive samples (a request caught between
-    #                                  arrival and its first scheduling step is not a queue)
+    #                                  arrival and its first scheduling step is not a queue) ...
+    queue_min_s: float = 0.0         # ... spanning at least this many seconds, first to last sample,
+    #                                  like an alert's `for:` (a count of samples is a different
+    #                                  duration at every scrape interval, and scrapes of a loaded
+    #                                  server come late)
     ttft_factor: float = 2.0         # windowed mean TTFT >= factor x baseline -> symptom
     ttft_min_delta_s: float = 0.05   # ... and at least this much above baseline (noise floor)
     gpu_drop_ratio: float = 0.2      # GPU utilisation this far below its baseline -> symptom
@@ -186,8 +190,8 @@ def _stage_conditions(ser: _Series, grid: list[float], cfg: CascadeConfig,
     # An engine evicts / preempts only when an allocation found the pool exhausted, so an eviction
     # interval is itself evidence of a full pool; the sampled usage gauge can miss that instant.
     kv = [v >= cfg.kv_high_ratio or e for (_, v), e in zip(ser.kv, evict, strict=True)]
-    waiting = _sustained([v is not None and v >= cfg.queue_min for v in _at(ser.waiting, grid)],
-                         cfg.queue_samples)
+    waiting = _sustained([v is not None and v >= cfg.queue_min for v in _at(ser.waiting, grid)], grid,
+                         cfg.queue_samples, cfg.queue_min_s)
     first_high = next((t for t, ok in zip(grid, kv, strict=True) if ok), None)
     ttft_bad, ttft_base, ttft_now = _ttft_degraded(ser, grid, first_high, cfg)
     gpu_bad, gpu_base, gpu_now = _gpu_dropped(ser, grid, first_high, cfg)
@@ -206,15 +210,20 @@ def _stage_conditions(ser: _Series, grid: list[float], cfg: CascadeConfig,
     return {1: kv, 2: evict, 3: waiting, 4: latency}
 
 
-def _sustained(flags: list[bool], n: int) -> list[bool]:
-    """True from the first sample of every run of at least n consecutive True samples."""
+def _sustained(flags: list[bool], times: list[float], n: int, min_s: float = 0.0) -> list[bool]:
+    """True from the first sample of every run of at least n consecutive True samples whose last
+    sample is at least `min_s` seconds after its first."""
     out = [False] * len(flags)
-    run = 0
+    start, held = 0, False
     for i, f in enumerate(flags):
-        run = run + 1 if f else 0
-        if run >= n:
-            for j in range(i - run + 1, i + 1):
-                out[j] = True
+        if not f:
+            start, held = i + 1, False
+            continue
+        if held:
+            out[i] = True
+        elif i - start + 1 >= n and times[i] - times[start] >= min_s:
+            out[start:i + 1] = [True] * (i + 1 - start)
+            held = True
     return out
 
 

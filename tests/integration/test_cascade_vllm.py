@@ -25,9 +25,11 @@ from testbed.tiny_model import SERVED_NAME
 pytestmark = pytest.mark.vllm
 
 # On a shared 2-core CPU, batching alone moves TTFT by tens of ms: the symptom threshold is 3x the
-# pre-pressure baseline and at least 250 ms above it. Scraped every 200 ms, a queue is requests
-# waiting for 1 s (5 samples), not an arrival waiting for the next engine step.
-CFG = CascadeConfig(ttft_factor=3.0, ttft_min_delta_s=0.25, queue_samples=5)
+# pre-pressure baseline and at least 250 ms above it. A queue is requests waiting in consecutive
+# scrapes spanning 1 s, not an arrival waiting for the next engine step. By time, not by a count
+# of scrapes: a CPU-starved API server answers /metrics late (4 s apart seen at load 9), and
+# 5 scrapes then meant a 20 s queue.
+CFG = CascadeConfig(ttft_factor=3.0, ttft_min_delta_s=0.25, queue_samples=2, queue_min_s=1.0)
 PROMPT_WORDS, LONG_OUTPUT = 300, 650   # ~950 tokens = ~30 of the pool's 128 blocks at full length
 
 
@@ -123,6 +125,17 @@ def _run_pressure(srv):
     return asyncio.run(main())
 
 
+def _timeline(samples, t0) -> str:
+    """`seconds kv waiting preemptions` per scrape: the evidence a failure message carries."""
+    cols = ("engine_kv_cache_usage_ratio", "engine_requests_waiting", "engine_preemptions_total")
+    rows: dict[float, dict[str, float]] = {}
+    for s in samples:
+        if s.name in cols:
+            rows.setdefault(s.timestamp, {})[s.name] = s.value
+    return "; ".join(f"{t - t0:.1f} " + " ".join(f"{r.get(c, float('nan')):.4g}" for c in cols)
+                     for t, r in sorted(rows.items()))
+
+
 def test_kv_pressure_run_produces_an_ordered_cascade(vllm_small_kv):
     scrapes, statuses, root_t, wave_t = _run_pressure(vllm_small_kv)
     assert set(statuses) == {200}
@@ -138,7 +151,7 @@ def test_kv_pressure_run_produces_an_ordered_cascade(vllm_small_kv):
     assert root_t is not None, f"the pool never filled within 90 s of fill requests: {report.evidence}"
     # every stage shows: the root (KV full), eviction/preemption, a queue lasting 1 s, and TTFT
     # 3x and 250 ms over its baseline while requests queue
-    assert set(report.onsets) == {1, 2, 3, 4}, (report.onsets, report.evidence)
+    assert set(report.onsets) == {1, 2, 3, 4}, (report.onsets, report.evidence, _timeline(samples, t0))
     o = report.onsets
     # An onset is known only to within one scrape: the condition began somewhere in the interval
     # before the scrape that first showed it. So "the pool was full before the symptom" allows the

@@ -143,3 +143,25 @@ def test_current_stage_does_not_flap_when_evictions_pause_for_an_interval():
                + _series("engine_preemptions_total", [0, 0, 4, 4])
                + _series("engine_requests_waiting", [0, 3, 5, 7]))
     assert evaluate_cascade(samples)["e0:8000"].stage == 3
+
+
+def test_a_queue_is_sustained_by_time_not_by_how_often_it_was_scraped():
+    # the same 1.2 s of waiting scraped every 0.2 s (7 samples) and every 0.6 s (3 samples)
+    kv, fast, slow = [0.95] * 10, [0, 0, 4, 4, 4, 4, 4, 4, 4, 0], [0, 3, 3, 3, 0]
+    cfg = CascadeConfig(queue_samples=2, queue_min_s=1.0)
+    for waiting, step, onset in ((fast, 0.2, 0.4), (slow, 0.6, 0.6)):
+        samples = (_series("engine_kv_cache_usage_ratio", kv[:len(waiting)], step=step)
+                   + _series("engine_requests_waiting", waiting, step=step))
+        assert evaluate_cascade(samples, cfg)["e0:8000"].onsets[3] == onset
+    # waiting for 0.8 s at a 0.2 s cadence (5 samples) is no 1 s queue; two such blips are not one
+    blips = [0, 2, 2, 2, 2, 2, 0, 2, 2, 2, 2, 2, 0]
+    samples = (_series("engine_kv_cache_usage_ratio", [0.95] * len(blips), step=0.2)
+               + _series("engine_requests_waiting", blips, step=0.2))
+    assert 3 not in evaluate_cascade(samples, cfg)["e0:8000"].onsets
+    assert evaluate_cascade(samples, CascadeConfig(queue_samples=5))["e0:8000"].onsets[3] == 0.2
+
+
+def test_default_queue_criterion_is_two_samples_whatever_their_spacing():
+    samples = (_series("engine_kv_cache_usage_ratio", [0.95] * 4, step=0.1)
+               + _series("engine_requests_waiting", [0, 1, 1, 0], step=0.1))
+    assert evaluate_cascade(samples)["e0:8000"].onsets[3] == 0.1
