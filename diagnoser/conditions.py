@@ -39,6 +39,31 @@ class ConditionEvaluator:
         self.ev, self.by, self.keys, self.facts = ev, by, keys, facts
         self.shape = (len(keys), len(ev.frame.ts))
 
+    def bridge_outages(self, truth: np.ndarray) -> np.ndarray:
+        """`truth` with the points where a group's instance was down (its scrapes failed, see
+        frame.mark_stale) taking the value from before the outage.
+
+        Stale data is unknown, not false: a condition that held when the target went down is
+        taken to hold until it is back (and has a second scrape, which rates need), so an outage
+        inside an incident does not cut the `for` run in two, and an outage alone never makes a
+        condition true. Groups without an `instance` label are left as they are (their other
+        instances still report)."""
+        down = self.ev.frame.down
+        if not down or "instance" not in self.by:
+            return truth
+        col = self.by.index("instance")
+        rows = [(gi, down[k[col]]) for gi, k in enumerate(self.keys) if k[col] in down]
+        if not rows:
+            return truth
+        out = truth.copy()
+        steps = np.arange(truth.shape[1])
+        for gi, down_mask in rows:
+            mask = down_mask.copy()
+            mask[1:] |= down_mask[:-1]      # the first scrape back has no rate over a window yet
+            last_up = np.maximum.accumulate(np.where(mask, 0, steps))
+            out[gi, mask] = truth[gi, last_up[mask]] & ~mask[last_up[mask]]
+        return out
+
     def evaluate(self, cond: dict[str, Any]) -> Evaluated:
         left = self.ev.aligned(str(cond["series"]), self.by, self.keys)
         if "present" in cond:

@@ -209,6 +209,7 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     truth &= ce.facts_hold(list(rule.doc.get("facts") or []))[:, None]
     step = ce.ev.frame.step or 1.0
     for_steps = int(round(rule.duration(when.get("for", "0s")) / step))
+    truth = ce.bridge_outages(truth)
     runs = run_lengths(truth)
     crit = _critical(rule, ce)
     out = []
@@ -353,6 +354,7 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
     for s in stages:
         truth, done = ce.all_of(list(s.get("all") or []))
         for_steps = int(round(rule.duration(s.get("for", default_for)) / step))
+        truth = ce.bridge_outages(truth)
         evaluated.append((truth, run_lengths(truth), for_steps, done))
     fire_at = names.index(str(cas.get("fire_at", names[1] if len(names) > 1 else names[0])))
     ts = ce.ev.frame.ts

@@ -41,6 +41,8 @@ class Frame:
     blocks: dict[str, Block] = field(default_factory=dict)
     facts: dict[str, dict[str, str]] = field(default_factory=dict)   # instance -> merged facts
     cache: dict | None = field(default_factory=dict)   # series computed once, shared by rules (None = off)
+    down: dict[str, np.ndarray] = field(default_factory=dict)
+    """instance -> grid points at which its latest scrape had failed (mark_stale)."""
     profile: dict[tuple[str, ...], float] | None = None
     """When a dict: CPU seconds per rule (`("rule", id)`) and per series node (`("node", rule id,
     name, form, signal)`, inclusive of what it refers to) are added to it (bench --profile)."""
@@ -148,6 +150,7 @@ def mark_stale(frame: Frame, down: dict[str, list[tuple[float, float]]]) -> None
             masks[instance] = mask
     if not masks:
         return
+    frame.down.update(masks)
     for block in frame.blocks.values():
         for i, labels in enumerate(block.labels):
             mask = masks.get(dict(labels).get("instance", ""))

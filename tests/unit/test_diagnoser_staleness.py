@@ -83,3 +83,36 @@ when:
     ev = SeriesEvaluator(rule_from_doc(doc, "count_probe.yaml"), frame)
     assert ev.get("replicas").values[0, 1:].tolist() == [2.0] * 30   # an outage is not a scale-down
     assert np.isnan(frame.block("engine_prompt_tokens_total").values[0, 10:16]).all()
+
+
+def _rate_rule(threshold: float, for_: str):
+    from kvscope.diagnoser.rule import parse_yaml, rule_from_doc
+    doc = parse_yaml(f"""
+id: rate_probe
+levers_md: P2
+title: probe
+status: experimental
+severity: warning
+specificity: 1
+description: a counter rate above a threshold
+by: [instance]
+series:
+  rate: {{rate: engine_prompt_tokens_total, range: 1m}}
+when:
+  all: [{{series: rate, op: ">", value: {threshold}}}]
+  for: {for_}
+summary: rate
+""")
+    return rule_from_doc(doc, "rate_probe.yaml")
+
+
+def test_an_outage_inside_a_condition_does_not_cut_its_for_run():
+    from kvscope.diagnoser.engine import evaluate_rule
+    frame, up = _counter_frame((100.0, 160.0))
+    mark_stale(frame, failed_scrape_spans(up))
+    findings = evaluate_rule(_rate_rule(5.0, "4m"), frame, {})
+    # 10..300 s true with the 60 s outage bridged; the runs around it are 90 and 130 s
+    assert sorted(f.where["instance"] for f in findings) == ["a", "b"]
+    assert evaluate_rule(_rate_rule(50.0, "0s"), frame, {}) == []   # an outage alone is nothing
+    frame.down.clear()
+    assert [f.where["instance"] for f in evaluate_rule(_rate_rule(5.0, "4m"), frame, {})] == ["b"]
