@@ -180,9 +180,14 @@ class ChangeEncoder:
         prev = self._previous.get(g)
         if type(prev) is not _Blocks or len(prev.blocks) != len(part.blocks) or not len(part):
             return False
+        which = list(compress(range(len(part.blocks)), map(is_not, part.blocks, prev.blocks)))
+        if 4 * len(which) > len(part.blocks):   # most blocks changed: compare them all in one pass each
+            pairs = [(list(chain.from_iterable(part.blocks)), list(chain.from_iterable(prev.blocks)),
+                      list(chain.from_iterable(prev.states)))]
+        else:
+            pairs = [(part.blocks[i], prev.blocks[i], prev.states[i]) for i in which]
         moved: list[tuple[list, list[int], list]] = []
-        for i in compress(range(len(part.blocks)), map(is_not, part.blocks, prev.blocks)):
-            new, old = part.blocks[i], prev.blocks[i]
+        for new, old, states in pairs:
             if len(new) != len(old) or list(map(_series, new)) != list(map(_series, old)):
                 return False
             values = list(map(_value, new))
@@ -191,7 +196,7 @@ class ChangeEncoder:
                 v = values[j]
                 if type(v) is not float or v != v:   # NaN or a value to convert: the general path
                     return False
-            moved.append((prev.states[i], changed, values))
+            moved.append((states, changed, values))
         points = out.points
         for states, changed, values in moved:
             for j in changed:

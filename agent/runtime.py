@@ -143,7 +143,7 @@ class CounterResets:
 
     def __init__(self) -> None:
         self._last: dict[tuple[str, Labels], float] = {}
-        self._counter_names: dict[str, bool] = {}   # name -> is a counter (names are few)
+        self._counter = _CounterNames()              # name -> is a counter (names are few)
         self._names: tuple[str, ...] | None = None   # the previous cycle's series, in order
         self._labels: tuple[Labels, ...] | None = None
         self._idx: list[int] = []                    # positions of its counters
@@ -174,19 +174,17 @@ class CounterResets:
             return
         if isinstance(part, Stamped) and isinstance(prev, Stamped) and len(part.blocks) == len(prev.blocks):
             changed = [(new, old) for new, old in zip(part.blocks, prev.blocks, strict=True) if new is not old]
-            if all(self._same_series(new, old) for new, old in changed):
+            if 4 * len(changed) > len(part.blocks):   # most blocks changed: one pass over all of them
+                changed = [(list(chain.from_iterable(part.blocks)), list(chain.from_iterable(prev.blocks)))]
+            if all(len(new) == len(old) and list(map(_name_labels, new)) == list(map(_name_labels, old))
+                   for new, old in changed):
                 for new, old in changed:
-                    for j in self._counter_positions(new):
-                        if new[j][2] < old[j][2]:
-                            resets.add(_instance(new[j][1]))
+                    idx = list(compress(range(len(new)), map(self._counter.__getitem__, map(_name, new))))
+                    lower = compress(idx, map(operator.lt, map(_value, map(new.__getitem__, idx)),
+                                              map(_value, map(old.__getitem__, idx))))
+                    resets.update(_instance(new[j][1]) for j in lower)
                 return
         self._compare_by_key(_heads_of(prev), _heads_of(part), resets)
-
-    def _same_series(self, new: list, old: list) -> bool:
-        return len(new) == len(old) and list(map(_name_labels, new)) == list(map(_name_labels, old))
-
-    def _counter_positions(self, block: list) -> list[int]:
-        return [j for j, h in enumerate(block) if self._is_counter(h[0])]
 
     def _compare_by_key(self, prev: Iterable[tuple], cur: Iterable[tuple], resets: set[str]) -> None:
         last = {(h[0], h[1]): h[2] for h in prev if self._is_counter(h[0])}
@@ -197,12 +195,7 @@ class CounterResets:
                     resets.add(_instance(h[1]))
 
     def _is_counter(self, name: str) -> bool:
-        counter = self._counter_names.get(name)
-        if counter is None:
-            if len(self._counter_names) > 100_000:
-                self._counter_names.clear()
-            counter = self._counter_names[name] = name.endswith(("_total", "_count"))
-        return counter
+        return self._counter[name]
 
     # ---------------------------------------------------------------- the other samples
     def _observe_rest(self, samples: list[Sample], resets: set[str]) -> None:
@@ -243,7 +236,18 @@ class CounterResets:
         return reset_instances
 
 
-_name_labels = itemgetter(0, 1)
+_name_labels, _name, _value = itemgetter(0, 1), itemgetter(0), itemgetter(2)
+
+
+class _CounterNames(dict):
+    """name -> whether it is a counter series; a miss is decided once (`__missing__`), a hit is a
+    C-level lookup. Bounded: cleared past 100k names."""
+
+    def __missing__(self, name: str) -> bool:
+        if len(self) > 100_000:
+            self.clear()
+        counter = self[name] = name.endswith(("_total", "_count"))
+        return counter
 
 
 def _heads_of(part: Sequence[Sample]) -> Iterable[tuple]:
