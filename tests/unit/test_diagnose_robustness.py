@@ -37,6 +37,7 @@ CASES = [
     ("noisy-tenant-long-prompts", "gap"),                 # the only replica down mid-incident
     ("healthy-shared-prefix", "gap"),                     # an outage alone is no finding
     ("healthy-shared-prefix", "resample_5s"),
+    ("fleet-sglang-dp-split-cache", "gap"),               # a 90 s outage inside a for: 5m (scaled) run
     ("kv-pressure-cascade", "extra_labels"),
     ("spec-decode-poor-acceptance", "rename"),            # vLLM's other spellings
     ("fleet-sglang-hicache-reload-stalls", "ray_names"),  # sglang_ spelling
