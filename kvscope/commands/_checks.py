@@ -156,3 +156,14 @@ def check_port_free(flag: str, host: str, port: int) -> None:
         except OSError as exc:
             raise ValueError(f"{flag}: cannot listen on {host}:{port}: {exc.strerror or exc}; "
                              f"pick another with {flag}") from None
+
+
+def check_rules_dir(flag: str, path: str | Path | None) -> None:
+    """ValueError unless `path` (when given) is a directory holding at least one *.yaml rule."""
+    if path is None:
+        return
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"{flag}: {folder} is not a directory (the shipped rules are used when {flag} is left out)")
+    if not any(p for p in folder.glob("*.yaml") if not p.name.endswith(".test.yaml")):
+        raise ValueError(f"{flag}: no rule files (*.yaml) in {folder}")

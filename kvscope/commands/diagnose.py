@@ -8,7 +8,14 @@ import time
 import zlib
 from typing import Any
 
-from kvscope.commands._checks import check_http_url, check_recording, parse_seconds, parse_time, source_hint
+from kvscope.commands._checks import (
+    check_http_url,
+    check_recording,
+    check_rules_dir,
+    parse_seconds,
+    parse_time,
+    source_hint,
+)
 from kvscope.commands._params import add_param_flag, parse_params
 
 HELP = """\
@@ -84,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         for flag in ("prometheus", "agent"):
             if getattr(args, flag):
                 check_http_url(f"--{flag}", getattr(args, flag), EXAMPLE_URL[flag])
+        check_rules_dir("--rules-dir", args.rules_dir)
         rules = read_rules(args.rules_dir)
         params = parse_params(args.param, {r.id: r.params for r in rules})
     except (ValueError, RuleError, OSError) as exc:

@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvscope.commands._checks import check_rules_dir
+
 BUILD_HELP = """\
 Generate Prometheus recording and alerting rules from agent/engines/catalog.yaml and
 rules/diagnosis/*.yaml, and one runbook per alert:
@@ -80,6 +82,11 @@ def run_build(args: argparse.Namespace) -> int:
     if not 0 < args.slo_target < 1:
         print("kvscope rules build: --slo-target must be between 0 and 1", file=sys.stderr)
         return 3
+    try:
+        check_rules_dir("--rules-dir", args.rules_dir)
+    except ValueError as exc:
+        print(f"kvscope rules build: {exc}", file=sys.stderr)
+        return 3
     slo = SloConfig(ttft_seconds=args.slo_ttft_seconds, target=args.slo_target)
     for engine in slo.unaligned_engines():
         print(f"warning: {args.slo_ttft_seconds:g}s is not a default TTFT bucket bound of {engine}; "
@@ -107,6 +114,11 @@ def run_check(args: argparse.Namespace) -> int:
     """`kvscope rules check`: print every issue as file:line: message."""
     from kvscope.diagnoser.validate import validate_rules
 
+    try:
+        check_rules_dir("--rules-dir", args.rules_dir)
+    except ValueError as exc:
+        print(f"kvscope rules check: {exc}", file=sys.stderr)
+        return 3
     issues = validate_rules(args.rules_dir)
     for issue in issues:
         print(issue)

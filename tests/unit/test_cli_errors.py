@@ -289,3 +289,15 @@ def test_an_http_4xx_from_the_source_asks_whether_the_url_is_the_right_server(ki
 def test_demo_refuses_a_non_openmetrics_recording(capsys, not_openmetrics):
     code, err = run_cli(capsys, "demo", "--check", "--recording", str(not_openmetrics))
     assert code == 4 and "is not OpenMetrics text" in err
+
+
+@pytest.mark.parametrize("argv", [("rules", "check"), ("rules", "build", "--check"),
+                                  ("diagnose", "--prometheus", "http://127.0.0.1:1")])
+def test_a_missing_rules_dir_is_an_error_not_zero_rules(capsys, tmp_path, argv):
+    code, err = run_cli(capsys, *argv, "--rules-dir", str(tmp_path / "nope"))
+    assert code == 3 and "--rules-dir:" in err and "is not a directory" in err
+
+
+def test_a_rules_dir_without_rule_files_is_an_error(capsys, tmp_path):
+    code, err = run_cli(capsys, "rules", "check", "--rules-dir", str(tmp_path))
+    assert code == 3 and "no rule files" in err
