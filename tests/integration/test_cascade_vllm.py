@@ -59,13 +59,19 @@ async def _complete(session, base, key, words, max_tokens):
         return r.status
 
 
+# the signals of the cascade's root (stage 1): KV usage, evictions and preemptions
+ROOT_SIGNALS = frozenset({"engine_kv_cache_usage_ratio", "engine_preemptions_total",
+                          "engine_kv_evicted_tokens_total", "kv_blocks_evicted_recomputed_total"})
+
+
 async def _root_shown(scrapes, since, poll_s=0.2):
     """Return the onset time once the scrapes from index `since` on show the cascade's root
-    (stage 1: pool full or evicting). Parses only these few scrapes, incrementally."""
+    (stage 1: pool full or evicting). Parses each new scrape once and keeps only the root's
+    signals, so a check costs the loop a few ms, not a growing re-read of every sample."""
     samples, seen = [], since
     while True:
         new, seen = scrapes[seen:], len(scrapes)
-        samples += _canonical(new)
+        samples += [s for s in _canonical(new) if s.name in ROOT_SIGNALS]
         report = evaluate_cascade(samples, CFG).get("vllm-0")
         if report is not None and 1 in report.onsets:
             return report.onsets[1]
