@@ -160,6 +160,17 @@ def metric_value(text: str, name: str) -> float:
     return total
 
 
+def errors_by_reason(text: str) -> dict[str, float]:
+    """kvscope_scrape_errors_total summed by its `reason` label."""
+    out: dict[str, float] = {}
+    for ln in text.splitlines():
+        if ln.startswith("kvscope_scrape_errors_total{"):
+            m = re.search(r'reason="([^"]*)"', ln)
+            reason = m.group(1) if m else "?"
+            out[reason] = out.get(reason, 0.0) + float(ln.rsplit(" ", 1)[1])
+    return out
+
+
 def start(argv: list[str], log: Path, **kw) -> subprocess.Popen:
     with open(log, "wb") as f:
         return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, **kw)
@@ -244,15 +255,19 @@ def measure(args, agent, prom, agent_port: int, prom_port: int) -> None:
     up = metric_value(metrics, "kvscope_target_up")
     cycles = metric_value(metrics, "kvscope_cycles_total") - cycles0
     errors = metric_value(metrics, "kvscope_scrape_errors_total")
+    reasons = ", ".join(f"{r} {n:.0f}" for r, n in sorted(errors_by_reason(metrics).items()))
     agent_cpu, prom_cpu = a1 - a0, p1 - p0
+    window = f"{max(1, round(wall))}s"   # scrapes Prometheus saw fail in the window (same targets)
+    p_failed = prom_value(prom_port, f"sum(count_over_time(up[{window}])) - sum(sum_over_time(up[{window}]))")
     print(f"\n{ENGINES} vLLM + 1 dcgm target, interval {args.interval:g}s, churn {args.churn}, "
           f"agent store {args.agent_store}, "
           f"measured over {wall:.1f}s wall")
     print(f"kvscope agent : {agent_cpu:6.2f} CPU-s ({100 * agent_cpu / wall:5.1f}% of a core), "
           f"peak RSS {peak_rss_mb(agent.pid):6.1f} MB, {a_samples:,.0f} canonical samples stored, "
-          f"targets up {up:.0f}/{ENGINES + 1}, scrape errors {errors:.0f}")
+          f"targets up {up:.0f}/{ENGINES + 1}, scrape errors {errors:.0f}" + (f" ({reasons})" if reasons else ""))
     print(f"prometheus    : {prom_cpu:6.2f} CPU-s ({100 * prom_cpu / wall:5.1f}% of a core), "
-          f"peak RSS {peak_rss_mb(prom.pid):6.1f} MB, {p_samples:,.0f} raw samples appended")
+          f"peak RSS {peak_rss_mb(prom.pid):6.1f} MB, {p_samples:,.0f} raw samples appended, "
+          f"failed scrapes {p_failed if p_failed is None else round(p_failed)} (last {window})")
     print(f"per cycle: agent {1000 * agent_cpu / max(1.0, cycles):.1f} ms CPU over {cycles:.0f} cycles "
           f"(last cycle took {1000 * metric_value(metrics, 'kvscope_cycle_duration_seconds'):.1f} ms wall); "
           f"prometheus {1000 * prom_cpu / max(1.0, wall / args.interval):.1f} ms CPU per interval")
