@@ -58,6 +58,9 @@ def test_triage_page_shows_the_likely_cause(served, page):
     page.get_by_text("Likely cause", exact=True).wait_for(timeout=90_000)
     page.get_by_text(likely.title).first.wait_for(timeout=30_000)
     page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    # the script streams the page top-down and the status widget can be gone before the last
+    # element arrives: wait for the card's last line (its sources) before reading the text
+    page.get_by_text("Sources: ").first.wait_for(timeout=60_000)
     body = page.inner_text("body")
     assert likely.rule_id in body
     for citation in likely.citations[:1]:
