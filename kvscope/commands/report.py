@@ -25,7 +25,8 @@ findings. Numbers the source lacks are printed as "absent", never as zero.
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("report", help="weekly efficiency review (HTML + Markdown)", description=HELP,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("period", choices=("weekly",), help="the report to write (weekly)")
+    p.add_argument("period", choices=("weekly",), nargs="?", default="weekly",
+                   help="the report to write: weekly (the default; the only one so far)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--recording", nargs="+", type=Path, metavar="FILE", help="one or more recordings")
     src.add_argument("--prometheus", metavar="URL", help="a Prometheus that scrapes the agent's kvscope_* series")
@@ -47,6 +48,10 @@ def _end(args: argparse.Namespace, fallback: float) -> float:
 def check_args(args: argparse.Namespace) -> None:
     """Fail before any work on what can be known wrong up front. Raises ValueError (usage) or
     FileNotFoundError (a source that is not there)."""
+    if args.recording and args.recording[-1] == Path("weekly") and not Path("weekly").exists():
+        args.recording.pop()       # `report --recording a.om weekly`: nargs="+" took the period
+        if not args.recording:
+            raise ValueError("--recording: give at least one recording file")
     _end(args, 0.0)
     if not args.gpu_hour_cost > 0:
         raise ValueError(f"--gpu-hour-cost: must be > 0 ($ per GPU-hour), got {args.gpu_hour_cost:g}")

@@ -301,3 +301,12 @@ def test_a_missing_rules_dir_is_an_error_not_zero_rules(capsys, tmp_path, argv):
 def test_a_rules_dir_without_rule_files_is_an_error(capsys, tmp_path):
     code, err = run_cli(capsys, "rules", "check", "--rules-dir", str(tmp_path))
     assert code == 3 and "no rule files" in err
+
+
+def test_report_period_is_optional_and_not_taken_for_a_recording(capsys, tmp_path, not_openmetrics):
+    # `weekly` after --recording FILE... is the period, not a file; without it the period defaults
+    for argv in (("report", "--recording", str(not_openmetrics), "weekly"), ("report", "--recording",
+                                                                               str(not_openmetrics))):
+        code, err = run_cli(capsys, *argv, "--no-progress")
+        assert code == 4 and f"recording {not_openmetrics} is not OpenMetrics text" in err
+        assert "recording weekly" not in err
