@@ -141,3 +141,18 @@ def test_tenant_table_from_kvscope_tenant_series():
     assert rows.loc["tail", "hit ratio"] == pytest.approx(0.05)
     assert rows.loc["tail", "cached tok/s"] == pytest.approx(0.05 * 500 * 0.5)
     assert ui_data.tenant_table(frame_from_samples(samples[:0], T0, T0 + 600, 10)).empty
+
+
+def test_nothing_fired_but_signals_missing_is_not_shown_as_all_clear(monkeypatch, tmp_path):
+    """A source none of whose series any rule reads: the page says the rules could not be
+    evaluated instead of a green 'no rule fired'."""
+    writer = RecordingWriter(tmp_path / "node.om")
+    for i in range(10):
+        writer.add_scrape("node", "127.0.0.1:9100", T0 + 15 * i, parse_exposition(
+            "# TYPE node_load1 gauge\nnode_load1 0.5\n", openmetrics=False))
+    at = _app(monkeypatch, writer.close())
+    at.run()
+    assert not at.exception
+    assert not at.success
+    assert any("could not be evaluated because their signals are missing" in i.value for i in at.info)
+    assert any("not evaluable" in c.value for c in at.caption)
