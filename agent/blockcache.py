@@ -148,8 +148,9 @@ class BlockCache:
             return False
         for i in compress(range(len(blocks)), map(is_not, prev, blocks)):   # the blocks that changed
             a, b = prev[i], blocks[i]
-            if (len(a.samples) != len(b.samples) or a.keys != b.keys or a.canonical != b.canonical
-                    or a.timestamped or b.timestamped):
+            if (len(a.samples) != len(b.samples) or (a.keys is not b.keys and a.keys != b.keys)
+                    or (a.canonical is not b.canonical and a.canonical != b.canonical)
+                    or a.timestamped or b.timestamped):   # `is`: a re-read block shares its sets
                 return False
         return True
 

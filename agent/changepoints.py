@@ -54,7 +54,7 @@ from kvscope.agent.stamped import Parts, Stamped
 
 Key = tuple[str, Labels]
 _timestamp = operator.itemgetter(3)
-_series, _value = itemgetter(0, 1), itemgetter(2)
+_name, _labels, _value = itemgetter(0), itemgetter(1), itemgetter(2)
 Points = list[tuple[float, float]]
 
 
@@ -188,7 +188,8 @@ class ChangeEncoder:
             pairs = [(part.blocks[i], prev.blocks[i], prev.states[i]) for i in which]
         moved: list[tuple[list, list[int], list]] = []
         for new, old, states in pairs:
-            if len(new) != len(old) or list(map(_series, new)) != list(map(_series, old)):
+            if (len(new) != len(old) or list(map(_name, new)) != list(map(_name, old))
+                    or list(map(_labels, new)) != list(map(_labels, old))):
                 return False
             values = list(map(_value, new))
             changed = list(compress(range(len(new)), map(operator.ne, values, map(_value, old))))

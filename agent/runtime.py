@@ -176,8 +176,7 @@ class CounterResets:
             changed = [(new, old) for new, old in zip(part.blocks, prev.blocks, strict=True) if new is not old]
             if 4 * len(changed) > len(part.blocks):   # most blocks changed: one pass over all of them
                 changed = [(list(chain.from_iterable(part.blocks)), list(chain.from_iterable(prev.blocks)))]
-            if all(len(new) == len(old) and list(map(_name_labels, new)) == list(map(_name_labels, old))
-                   for new, old in changed):
+            if all(_same_series(new, old) for new, old in changed):
                 for new, old in changed:
                     idx = list(compress(range(len(new)), map(self._counter.__getitem__, map(_name, new))))
                     lower = compress(idx, map(operator.lt, map(_value, map(new.__getitem__, idx)),
@@ -236,7 +235,13 @@ class CounterResets:
         return reset_instances
 
 
-_name_labels, _name, _value = itemgetter(0, 1), itemgetter(0), itemgetter(2)
+_name, _labels, _value = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
+def _same_series(new: list, old: list) -> bool:
+    """The same (name, labels) at every position (C-level passes, no tuple per position)."""
+    return (len(new) == len(old) and list(map(_name, new)) == list(map(_name, old))
+            and list(map(_labels, new)) == list(map(_labels, old)))
 
 
 class _CounterNames(dict):

@@ -87,7 +87,8 @@ def test_encoder_block_guards_take_the_general_path():
     a = [("x_total", lab, 1.0), ("y", lab, 2.0)]
     b = [("z", lab, 3.0)]
     seq = [[a, b], [a, [("z", lab, 4.0)]], [a, [("z", lab, float("nan"))]], [a, [("z", lab, 5)]],
-           [a, [("z", lab, 5)]], [a, [("w", lab, 5.0)]], [a], [a, b, b], [[("x_total", lab, 0.5), ("y", lab, 2.0)], b]]
+           [a, [("z", lab, 5)]], [a, [("w", lab, 5.0)]], [a, [("w", (("instance", "b"),), 6.0)]], [a], [a, b, b],
+           [[("x_total", lab, 0.5), ("y", lab, 2.0)], b]]
     ids: dict = {}
     block_enc = ChangeEncoder(lambda n, lab: ids.setdefault((n, lab), len(ids) + 1))
     flat_enc = ChangeEncoder(lambda n, lab: ids.setdefault((n, lab), len(ids) + 1))
