@@ -1,28 +1,30 @@
-"""Correctness guard for diagnoser speed work: dump every diagnosis, compare against a dump.
+"""Correctness guard for diagnoser work: the same inputs diagnosed by two versions of the code.
 
 Diagnoses every recording of the incident library (tests/recordings/*.om.gz) and the synthetic
-fleet of bench/diagnose_scale.py at two smaller sizes, and writes their JSON (findings with
-evidence values, scores, onsets, skipped rules and reasons) to one file. `--check FILE` runs
-the same diagnoses again and exits 1, naming the first differences, unless every diagnosis is
-identical byte for byte. Take a dump before an optimisation and check it after.
+fleet of bench/diagnose_scale.py at two smaller sizes, and dumps their JSON (findings with
+evidence values, scores, onsets, skipped rules and reasons). Two dumps are compared input by
+input: each is `identical` or `differs`, and a difference is told finding by finding (rule,
+place, onset as seconds into the window, the evidence whose value moved), not as a JSON diff.
 
-    .venv/bin/python bench/diagnose_golden.py --write /tmp/golden.json
-    .venv/bin/python bench/diagnose_golden.py --check /tmp/golden.json
+    .venv/bin/python bench/diagnose_golden.py --write /tmp/golden.json   # this code's dump
+    .venv/bin/python bench/diagnose_golden.py --check /tmp/golden.json   # this code against it
+    .venv/bin/python bench/diagnose_golden.py --against 6ca33c5          # a git revision against it
 
-Rules, recordings and sources change under a shared tree too, so a dump taken an hour ago may
-differ for reasons that are not the diagnoser's. `--against REV` takes the dump with the
-engine files of diagnoser/ (ENGINE_FILES) at git revision REV and everything else from the
-working tree (in a child
-process, through a package overlay), then checks this code against it in the same run:
+`--against REV` extracts REV (`git archive`) into a temporary directory, lays it out as the
+`kvscope` package the way REV's pyproject.toml `package-dir` maps the top-level directories
+(symlinks, nothing installed), and runs this script's `--write` in a child Python with that
+package first on PYTHONPATH: REV's whole diagnoser, rules and agent code, fed the inputs of the
+working tree (recordings, and the fleet generator of bench/diagnose_scale.py). Then it
+diagnoses the same inputs with the working tree and compares. The directory is removed after.
 
-    .venv/bin/python bench/diagnose_golden.py --against 4a33186
+Exit status: 0 every input identical, 1 some differ, 2 error (bad revision, the other code
+failed to import or run, unreadable dump).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import json
 import os
 import shutil
@@ -30,118 +32,336 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tqdm import tqdm
 
-from diagnose_scale import build_frame  # noqa: E402
-from kvscope.diagnoser.engine import diagnose, sample_names  # noqa: E402
-from kvscope.diagnoser.rule import read_rules  # noqa: E402
-from kvscope.diagnoser.sources.recording import RecordingSource  # noqa: E402
-
-LIBRARY = Path(__file__).resolve().parents[1] / "tests" / "recordings"
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ROOT / "tests" / "recordings"
 FLEETS = ((50, 1.0), (120, 6.0))
 """(engines, hours) of the synthetic fleets: a short window and one with the KV-pressure episodes."""
 
+EXPECT_ENV = "KVSCOPE_GOLDEN_EXPECT"
+"""Set for the child: the directory its `kvscope.diagnoser` must be imported from."""
 
-ENGINE_FILES = ("engine.py", "expr.py", "grid.py", "conditions.py", "frame.py", "findings.py")
-"""The evaluation engine: what --against takes from the old revision (rules, sources and the
-rest of diagnoser/ come from the working tree, so only the engine differs)."""
+ROLES = ("likely_cause", "competing", "other")
+EVIDENCE_SHOWN = 6
+"""At most this many changed evidence values are printed per finding."""
 
 
-def collect_diagnoses() -> dict[str, dict]:
-    """Diagnosis JSON (as a dict) per case name: recordings first, then synthetic fleets."""
+# --- the dump --------------------------------------------------------------------------------
+
+def case_names() -> list[str]:
+    """Names of the inputs, in dump order: recordings first, then synthetic fleets."""
+    return [p.name for p in sorted(LIBRARY.glob("*.om.gz"))] + [
+        f"fleet-{engines}x{hours:g}h" for engines, hours in FLEETS]
+
+
+def collect_diagnoses(label: str) -> dict[str, dict]:
+    """Diagnosis JSON (as a dict) per input, diagnosed by whichever `kvscope` is imported."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from diagnose_scale import build_frame
+    from kvscope.diagnoser.engine import diagnose, sample_names
+    from kvscope.diagnoser.rule import read_rules
+    from kvscope.diagnoser.sources.recording import RecordingSource
+
     rules = read_rules()
     names = set().union(*(sample_names(r) for r in rules))
     out: dict[str, dict] = {}
-    for path in sorted(LIBRARY.glob("*.om.gz")):
-        source = RecordingSource(path)
-        frame = source.read_frame(names, None, None, source.natural_step())
-        out[path.name] = diagnose(frame, rules, source=source.description, workers=1).to_dict()
-    for engines, hours in FLEETS:
-        frame = build_frame(engines, hours, 15.0)
-        out[f"fleet-{engines}x{hours:g}h"] = diagnose(frame, rules, time_scale=1.0, source="bench",
-                                                      workers=1).to_dict()
+    recordings = sorted(LIBRARY.glob("*.om.gz"))
+    with tqdm(total=len(recordings) + len(FLEETS), desc=label, unit="input", file=sys.stderr) as bar:
+        for path in recordings:
+            source = RecordingSource(path)
+            frame = source.read_frame(names, None, None, source.natural_step())
+            out[path.name] = diagnose(frame, rules, source=source.description, workers=1).to_dict()
+            bar.update()
+        for engines, hours in FLEETS:
+            frame = build_frame(engines, hours, 15.0)
+            out[f"fleet-{engines}x{hours:g}h"] = diagnose(frame, rules, time_scale=1.0, source="bench",
+                                                          workers=1).to_dict()
+            bar.update()
     return out
 
 
-def compare(old: dict[str, dict], new: dict[str, dict], context: int = 3) -> list[str]:
-    """Human-readable differences between two dumps (empty when identical)."""
-    problems = []
-    for name in sorted(set(old) | set(new)):
-        if name not in new or name not in old:
-            problems.append(f"{name}: only in {'the dump' if name in old else 'this run'}")
+def check_import_root() -> str:
+    """Directory `kvscope.diagnoser` was imported from; in the child, fail unless it is REV's."""
+    import kvscope.diagnoser
+
+    where = Path(kvscope.diagnoser.__file__).resolve().parent
+    expect = os.environ.get(EXPECT_ENV)
+    if expect and not where.is_relative_to(Path(expect).resolve()):
+        raise RuntimeError(f"kvscope.diagnoser was imported from {where}, not from {expect}")
+    return str(where)
+
+
+# --- the other revision ----------------------------------------------------------------------
+
+def parse_package_dirs(pyproject: str) -> dict[str, str]:
+    """`[tool.setuptools] package-dir` of a pyproject.toml text: package name -> directory."""
+    table = tomllib.loads(pyproject).get("tool", {}).get("setuptools", {})
+    dirs = dict(table.get("package-dir", {}))
+    if "kvscope" not in dirs:
+        dirs["kvscope"] = "kvscope"
+    return dirs
+
+
+def link_packages(tree: Path, dirs: dict[str, str], overlay: Path) -> None:
+    """Make `overlay/kvscope` the package `dirs` describes, by symlinks into `tree`.
+
+    The top package links to its directory; each mapped subpackage (`kvscope.agent` ->
+    `agent`) becomes a link inside it (the tree is a throwaway copy, so it may be written).
+    """
+    for name in sorted(dirs, key=lambda n: n.count(".")):
+        target = (tree / dirs[name]).resolve()
+        if not target.is_dir():
+            raise RuntimeError(f"package-dir maps {name} to {dirs[name]!r}, which the revision lacks")
+        if name == "kvscope":
+            (overlay / "kvscope").symlink_to(target, target_is_directory=True)
             continue
-        a = json.dumps(old[name], indent=1, sort_keys=True).splitlines()
-        b = json.dumps(new[name], indent=1, sort_keys=True).splitlines()
-        if a != b:
-            diff = list(difflib.unified_diff(a, b, "dump", "now", n=context, lineterm=""))
-            problems.append(f"{name}: differs\n" + "\n".join(diff[:60]))
-    return problems
+        parent, _, leaf = name.rpartition(".")
+        link = overlay.joinpath(*parent.split(".")) / leaf
+        if link.exists():
+            raise RuntimeError(f"{name}: {link} already exists in the revision's tree")
+        link.symlink_to(target, target_is_directory=True)
 
 
 @contextlib.contextmanager
-def engine_at_revision(rev: str) -> Iterator[dict[str, str]]:
-    """Environment for a child Python that imports kvscope with `rev`'s ENGINE_FILES and the rest
-    from the working tree (a package overlay of symlinks on PYTHONPATH, ahead of the editable
-    install); removed afterwards."""
-    root = Path(__file__).resolve().parents[1]
-    tmp = Path(tempfile.mkdtemp(prefix="kvscope-engine-"))
+def revision_package(rev: str) -> Iterator[tuple[dict[str, str], Path]]:
+    """Environment for a child Python whose `kvscope` is revision `rev`, and REV's root.
+
+    Extracts the revision with `git archive` into a temporary directory (removed afterwards)
+    and builds the package layout from that revision's pyproject.toml.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix="kvscope-golden-"))
     try:
-        archive = subprocess.run(["git", "-C", str(root), "archive", rev, "diagnoser"], check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
-        pkg = tmp / "overlay" / "kvscope"
-        pkg.mkdir(parents=True)
-        for item in (root / "kvscope").iterdir():
-            if item.name != "__pycache__":
-                (pkg / item.name).symlink_to(item)
-        for sub in ("agent", "dashboards", "rules", "ui"):
-            (pkg / sub).symlink_to(root / sub)
-        (pkg / "diagnoser").mkdir()
-        for item in (root / "diagnoser").iterdir():
-            old = tmp / "diagnoser" / item.name
-            if item.name != "__pycache__":
-                (pkg / "diagnoser" / item.name).symlink_to(old if item.name in ENGINE_FILES else item)
-        yield {**os.environ, "PYTHONPATH": str(tmp / "overlay")}
+        tree, overlay = tmp / "tree", tmp / "overlay"
+        tree.mkdir()
+        overlay.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True)
+        if archive.returncode:
+            raise RuntimeError(f"git archive {rev}: {archive.stderr.decode(errors='replace').strip()}")
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+        link_packages(tree, parse_package_dirs((tree / "pyproject.toml").read_text()), overlay)
+        path = os.pathsep.join(p for p in (str(overlay), os.environ.get("PYTHONPATH", "")) if p)
+        yield {**os.environ, "PYTHONPATH": path, EXPECT_ENV: str(tree),
+               "PYTHONDONTWRITEBYTECODE": "1"}, tree
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def dump_at_revision(rev: str, out: Path) -> None:
-    """Write the dump of `rev`'s engine files with the rest of the working tree (child process)."""
-    with engine_at_revision(rev) as env:
-        subprocess.run([sys.executable, __file__, "--write", str(out)], check=True, env=env)
+    """Write `rev`'s diagnoses of the working tree's inputs to `out` (child process)."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", f"{rev}^{{commit}}"],
+                            capture_output=True, text=True)
+    if commit.returncode:
+        raise RuntimeError(f"unknown revision {rev!r}: {commit.stderr.strip()}")
+    with revision_package(rev) as (env, _tree):
+        child = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--write", str(out),
+                                "--label", commit.stdout.strip()], env=env)
+        if child.returncode:
+            raise RuntimeError(f"diagnosing with {rev} failed (exit {child.returncode}; see above)")
+
+
+# --- the comparison (pure) -------------------------------------------------------------------
+
+def parse_findings(diagnosis: dict[str, Any]) -> dict[tuple, tuple[str, dict]]:
+    """Findings of one diagnosis keyed by (rule_id, place, n): role and finding.
+
+    `n` tells apart two findings of the same rule at the same place (0 for the first).
+    """
+    out: dict[tuple, tuple[str, dict]] = {}
+    lc = diagnosis.get("likely_cause")
+    ranked = [("likely_cause", lc)] if lc else []
+    ranked += [(role, f) for role in ROLES[1:] for f in diagnosis.get(role) or ()]
+    for role, f in ranked:
+        place = tuple(sorted((f.get("where") or {}).items()))
+        n = 0
+        while (f["rule_id"], place, n) in out:
+            n += 1
+        out[f["rule_id"], place, n] = (role, f)
+    return out
+
+
+def describe_key(key: tuple, finding: dict) -> str:
+    """`P3 hit_collapse_after_scaling {instance=a:8000}` for a finding key."""
+    rule_id, place, n = key
+    where = ",".join(f"{k}={v}" for k, v in place)
+    row = finding.get("levers_md") or "?"
+    return f"{row} {rule_id} {{{where}}}" + (f" #{n + 1}" if n else "")
+
+
+def _offset(t: float | None, window_start: float) -> str:
+    return "none" if t is None else f"{t - window_start:+.1f} s"
+
+
+def _num(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def compare_evidence(old: list[dict], new: list[dict], old_start: float = 0.0,
+                     new_start: float = 0.0) -> list[str]:
+    """Evidence entries whose value (or read time, threshold) changed, added or went away.
+
+    Read times are told as seconds into each side's window.
+    """
+    a = {e["name"]: e for e in old}
+    b = {e["name"]: e for e in new}
+    lines = []
+    for name in list(a) + [n for n in b if n not in a]:
+        if name not in b:
+            lines.append(f"evidence {name}: only in old ({_num(a[name].get('value'))})")
+        elif name not in a:
+            lines.append(f"evidence {name}: only in new ({_num(b[name].get('value'))})")
+        elif a[name] != b[name]:
+            moved = [f"{k} {_num(a[name].get(k))} -> {_num(b[name].get(k))}"
+                     for k in ("value", "threshold", "unit", "series", "op")
+                     if a[name].get(k) != b[name].get(k)]
+            old_at, new_at = a[name].get("at"), b[name].get("at")
+            if old_at != new_at:
+                moved.append(f"at {_offset(old_at, old_start)} -> {_offset(new_at, new_start)}")
+            lines.append(f"evidence {name}: " + ", ".join(moved))
+    if len(lines) > EVIDENCE_SHOWN:
+        lines = lines[:EVIDENCE_SHOWN] + [f"... and {len(lines) - EVIDENCE_SHOWN} more evidence changes"]
+    return lines
+
+
+def compare_finding(old: dict, new: dict, old_role: str, new_role: str,
+                    old_start: float, new_start: float) -> list[str]:
+    """What changed in one finding present on both sides (empty when nothing did)."""
+    lines = []
+    if old_role != new_role:
+        lines.append(f"ranked {old_role} -> {new_role}")
+    for key in ("since", "until"):
+        if old.get(key) != new.get(key):
+            lines.append(f"{key} {_offset(old.get(key), old_start)} -> {_offset(new.get(key), new_start)}")
+    for key in ("active", "severity", "score", "step_s"):
+        if old.get(key) != new.get(key):
+            lines.append(f"{key} {_num(old.get(key))} -> {_num(new.get(key))}")
+    lines += compare_evidence(old.get("evidence") or [], new.get("evidence") or [], old_start, new_start)
+    shown = {"since", "until", "active", "severity", "score", "step_s", "evidence"}
+    rest = sorted(k for k in set(old) | set(new) if k not in shown and old.get(k) != new.get(k))
+    if rest:
+        lines.append("also changed: " + ", ".join(rest))
+    return lines
+
+
+def compare_diagnosis(old: dict, new: dict) -> list[str]:
+    """Readable differences between two diagnoses of the same input (empty when identical)."""
+    if old == new:
+        return []
+    old_start, new_start = (d.get("window", [0.0])[0] for d in (old, new))
+    a, b = parse_findings(old), parse_findings(new)
+    lines = []
+    for key in list(a) + [k for k in b if k not in a]:
+        if key not in b:
+            role, f = a[key]
+            lines.append(f"- only in old: {describe_key(key, f)} ({role}, since "
+                         f"{_offset(f.get('since'), old_start)})")
+        elif key not in a:
+            role, f = b[key]
+            lines.append(f"+ only in new: {describe_key(key, f)} ({role}, since "
+                         f"{_offset(f.get('since'), new_start)})")
+        else:
+            changes = compare_finding(a[key][1], b[key][1], a[key][0], b[key][0], old_start, new_start)
+            if changes:
+                lines.append(f"~ {describe_key(key, b[key][1])}:")
+                lines += [f"    {c}" for c in changes]
+    lines += _compare_skipped(old.get("skipped") or [], new.get("skipped") or [])
+    rest = sorted(k for k in set(old) | set(new)
+                  if k not in {*ROLES, "skipped"} and old.get(k) != new.get(k))
+    for k in rest:
+        lines.append(f"{k}: {_num(old.get(k))} -> {_num(new.get(k))}")
+    if not lines:   # same findings, same fields: only the order within a role moved
+        lines.append("findings reordered within competing/other")
+    return lines
+
+
+def _compare_skipped(old: list[dict], new: list[dict]) -> list[str]:
+    a = {s["rule_id"]: s.get("reason", "") for s in old}
+    b = {s["rule_id"]: s.get("reason", "") for s in new}
+    lines = [f"- skipped only in old: {r} ({a[r]})" for r in a if r not in b]
+    lines += [f"+ skipped only in new: {r} ({b[r]})" for r in b if r not in a]
+    lines += [f"~ skipped {r}: reason {a[r]!r} -> {b[r]!r}" for r in a if r in b and a[r] != b[r]]
+    return lines
+
+
+def compare(old: dict[str, dict], new: dict[str, dict]) -> dict[str, list[str]]:
+    """Per input name: its differences (an empty list = identical)."""
+    out = {}
+    for name in list(old) + [n for n in new if n not in old]:
+        if name not in new:
+            out[name] = ["input only in the old dump"]
+        elif name not in old:
+            out[name] = ["input only in the new dump"]
+        else:
+            out[name] = compare_diagnosis(old[name], new[name])
+    return out
+
+
+def render_comparison(result: dict[str, list[str]], old_label: str, new_label: str) -> str:
+    """One line per input (identical / differs), each difference indented under it, a total."""
+    lines = [f"old = {old_label}, new = {new_label}"]
+    for name, diffs in result.items():
+        lines.append(f"{name}: {'differs' if diffs else 'identical'}")
+        lines += [f"  {d}" for d in diffs]
+    differ = sum(1 for d in result.values() if d)
+    lines.append(f"{len(result)} inputs: " + (f"{differ} DIFFER" if differ else "all IDENTICAL"))
+    return "\n".join(lines)
+
+
+def count_findings(dump: dict[str, dict]) -> int:
+    """Findings in a whole dump (likely cause, competing and other of every input)."""
+    return sum(len(d.get("competing") or ()) + len(d.get("other") or ()) + (d.get("likely_cause") is not None)
+               for d in dump.values())
+
+
+# --- the command -----------------------------------------------------------------------------
+
+def run(args: argparse.Namespace) -> int:
+    """The chosen mode; raises on errors (main turns them into exit status 2)."""
+    if args.write:
+        where = check_import_root()
+        t0 = time.perf_counter()
+        dump = collect_diagnoses(args.label or "this tree")
+        Path(args.write).write_text(json.dumps(dump, indent=1, sort_keys=True))
+        print(f"wrote {len(dump)} diagnoses ({count_findings(dump)} findings) to {args.write} in "
+              f"{time.perf_counter() - t0:.1f} s (diagnoser from {where})", file=sys.stderr)
+        return 0
+    if args.against:
+        with tempfile.TemporaryDirectory(prefix="kvscope-golden-dump-") as tmp:
+            dump_at_revision(args.against, Path(tmp) / "old.json")
+            old = json.loads((Path(tmp) / "old.json").read_text())
+        old_label = f"revision {args.against}"
+    else:
+        old = json.loads(Path(args.check).read_text())
+        old_label = f"dump {args.check}"
+    t0 = time.perf_counter()
+    new = collect_diagnoses("working tree")
+    took = time.perf_counter() - t0
+    result = compare(old, new)
+    print(render_comparison(result, old_label, f"working tree ({check_import_root()})"))
+    print(f"{count_findings(old)} findings old, {count_findings(new)} new; working tree took {took:.1f} s")
+    return 1 if any(result.values()) else 0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", metavar="FILE", help="write the diagnoses of this code to FILE")
-    mode.add_argument("--check", metavar="FILE", help="compare this code's diagnoses with FILE")
-    mode.add_argument("--against", metavar="REV", help="dump with REV's engine files, then check this code")
+    mode.add_argument("--write", metavar="FILE", help="write the diagnoses of the imported kvscope to FILE")
+    mode.add_argument("--check", metavar="FILE", help="compare the working tree's diagnoses with FILE")
+    mode.add_argument("--against", metavar="REV",
+                      help="diagnose with git revision REV (extracted to a temporary directory), "
+                           "then with the working tree, and compare")
+    ap.add_argument("--label", help="progress bar label (set for the child of --against)")
     args = ap.parse_args()
-    if args.against:
-        args.check = f"/tmp/kvscope-golden-{args.against}.json"
-        dump_at_revision(args.against, Path(args.check))
-    t0 = time.perf_counter()
-    now = collect_diagnoses()
-    took = time.perf_counter() - t0
-    findings = sum(len(d["competing"]) + len(d["other"]) + (d["likely_cause"] is not None)
-                   for d in now.values())
-    if args.write:
-        Path(args.write).write_text(json.dumps(now, indent=1, sort_keys=True))
-        import kvscope.diagnoser
-        print(f"wrote {len(now)} diagnoses ({findings} findings) to {args.write} in {took:.1f} s "
-              f"(diagnoser from {Path(kvscope.diagnoser.__file__).parent})")
-        return 0
-    problems = compare(json.loads(Path(args.check).read_text()), now)
-    for p in problems:
-        print(p)
-    print(f"{len(now)} diagnoses, {findings} findings: "
-          f"{'IDENTICAL' if not problems else f'{len(problems)} DIFFER'} ({took:.1f} s)")
-    return 1 if problems else 0
+    try:
+        return run(args)
+    except (RuntimeError, OSError, ValueError, subprocess.CalledProcessError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
