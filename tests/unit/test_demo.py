@@ -6,19 +6,17 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
-from kvscope.ui.server import free_port
 from test_ui_apptest import write_kv_incident
 
 from kvscope.cli import main
 from kvscope.commands.demo import default_recording
+from testbed.procs import free_port, http_get, start_reporting_port, stop_process, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,34 +63,27 @@ def test_check_on_the_default_real_incident(capsys):
 def test_foreground_demo_serves_the_ui_and_stops_on_ctrl_c(tmp_path):
     rec = write_kv_incident(tmp_path / "kv-incident.om")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kvscope", "demo", "--recording", str(rec), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    proc, printed = _start_ui("demo", rec, port)
     try:
-        url = _wait_for_url(proc, timeout_s=90)
-        assert url == f"http://127.0.0.1:{port}"
+        assert printed == port
+        url = f"http://127.0.0.1:{port}"
         with urllib.request.urlopen(f"{url}/_stcore/health", timeout=5) as resp:
             assert resp.read() == b"ok"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
-        assert "stopped" in proc.stdout.read()
+        proc.reader.join(10)
+        assert "stopped" in "".join(proc.output_lines)
         with pytest.raises(OSError):
             urllib.request.urlopen(f"{url}/_stcore/health", timeout=2)
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-        proc.stdout.close()
+        stop_process(proc, signal.SIGKILL)
 
 
-def _wait_for_url(proc: subprocess.Popen, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            raise AssertionError(f"demo exited with {proc.returncode}")
-        if line.startswith("kvscope UI: "):
-            return line.split()[2]
-    raise AssertionError("demo printed no URL")
+def _start_ui(command: str, rec: Path, port: int):
+    """`kvscope <command>` on `port`, and the port of the URL it printed ("kvscope UI: <url>")."""
+    return start_reporting_port([sys.executable, "-m", "kvscope", command, "--recording", str(rec),
+                                 "--port", str(port)], r"^kvscope UI: http://127\.0\.0\.1:(\d+)\s",
+                                timeout_s=90, stream="stdout", cwd=REPO)
 
 
 def test_demo_script_exists_and_is_executable():
@@ -101,33 +92,19 @@ def test_demo_script_exists_and_is_executable():
     assert 'demo "$@"' in script.read_text()
 
 
-def _health_gone(url: str, timeout_s: float = 15) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"{url}/_stcore/health", timeout=1).close()
-        except OSError:
-            return True
-        time.sleep(0.3)
-    return False
-
-
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
 def test_ui_command_leaves_no_streamlit_behind(tmp_path, how):
     """`kvscope ui` stopped by SIGTERM shuts Streamlit down cleanly; killed by SIGKILL, Linux's
     parent-death signal still takes Streamlit with it (no orphan on 127.0.0.1)."""
     rec = write_kv_incident(tmp_path / "kv-incident.om")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kvscope", "ui", "--recording", str(rec), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    proc, printed = _start_ui("ui", rec, port)
     try:
-        url = _wait_for_url(proc, timeout_s=90)
+        health = f"http://127.0.0.1:{printed}/_stcore/health"
         proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
         code = proc.wait(timeout=30)
         assert code == (0 if how == "sigterm" else -signal.SIGKILL)
-        assert _health_gone(url), "Streamlit still answers after kvscope ui ended"
+        wait_until(lambda: http_get(health, timeout_s=1)[0] == 0, 15,
+                   "Streamlit to stop answering after kvscope ui ended")
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-        proc.stdout.close()
+        stop_process(proc, signal.SIGKILL)
