@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 from aiohttp import web
+from kvscope.agent.httpserve import HttpSite
 
 from testbed.loadgen import LoadSpec, percentile, run_load
 from testbed.routing import ConsistentHash, HashMod, RoundRobin, StickyTenant, make_router, stable_hash
@@ -165,18 +166,15 @@ def test_driver_stops_at_count_and_measures_stream():
         app = web.Application()
         app[SEEN] = []
         app.router.add_post("/v1/chat/completions", _fake_openai)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        site = HttpSite(app)
+        port = await site.start("127.0.0.1", 0)
         try:
             spec = LoadSpec([Tenant("a", share=3), Tenant("b")], max_requests=20, concurrency=3)
             res = await run_load(spec, [f"http://127.0.0.1:{port}"] * 2, policy="round_robin")
             bad = await run_load(LoadSpec([Tenant("a")], max_requests=2, duration_s=5),
                                  ["http://127.0.0.1:1"])
         finally:
-            await runner.cleanup()
+            await site.stop()
         return app[SEEN], res, bad
     seen, res, bad = asyncio.run(go())
     assert len(res.records) == len(seen) == 20
@@ -195,16 +193,13 @@ def test_driver_stops_at_duration():
             return web.json_response({}, status=503)
         app = web.Application()
         app.router.add_post("/v1/chat/completions", slow)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        site = HttpSite(app)
+        port = await site.start("127.0.0.1", 0)
         try:
             return await run_load(LoadSpec([Tenant("a")], max_requests=10_000, duration_s=1.0, concurrency=2),
                                   [f"http://127.0.0.1:{port}"])
         finally:
-            await runner.cleanup()
+            await site.stop()
     res = asyncio.run(go())
     assert res.wall_s < 3.0            # stops taking requests at 1 s; in-flight ones (0.3 s) finish
     assert 2 <= len(res.records) <= 10  # 2 clients x ~0.3 s per request within the 1 s bound
