@@ -9,6 +9,7 @@ import urllib.request
 
 from aiohttp import web
 from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.httpserve import HttpSite
 
 from testbed.loadgen import LoadSpec, run_load
 from testbed.tapfront import TapFront
@@ -29,19 +30,15 @@ async def _upstream(request: web.Request) -> web.StreamResponse:
 
 
 async def _drive(policy: str, route_by: str) -> tuple[float | None, list[list[str]], str]:
-    apps, runners, urls = [], [], []
-    for _ in range(2):
-        app = web.Application()
-        app[HITS] = []
-        app.router.add_post("/v1/chat/completions", _upstream)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        apps.append(app)
-        runners.append(runner)
-        urls.append(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")
+    apps, sites, urls = [], [], []
     try:
+        for _ in range(2):
+            app = web.Application()
+            app[HITS] = []
+            app.router.add_post("/v1/chat/completions", _upstream)
+            apps.append(app)
+            sites.append(HttpSite(app))
+            urls.append(f"http://127.0.0.1:{await sites[-1].start('127.0.0.1', 0)}")
         with TapFront(urls) as front:
             spec = LoadSpec([Tenant("a", system_words=200), Tenant("b", system_words=200)], max_requests=24,
                             concurrency=2, route_by=route_by)
@@ -50,8 +47,8 @@ async def _drive(policy: str, route_by: str) -> tuple[float | None, list[list[st
             text = await asyncio.to_thread(lambda: urllib.request.urlopen(front.metrics_urls[0], timeout=10).read())
             split = front.split_ratio()
     finally:
-        for runner in runners:
-            await runner.cleanup()
+        for site in sites:
+            await site.stop()
     return split, [app[HITS] for app in apps], text.decode()
 
 
