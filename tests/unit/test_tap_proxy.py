@@ -5,6 +5,7 @@ import json
 
 import aiohttp
 from aiohttp import web
+from kvscope.agent.httpserve import HttpSite
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_traceparent
 
 
@@ -49,11 +50,8 @@ class Stub:
         app = web.Application()
         app.router.add_post("/v1/completions", self.handle)
         app.router.add_get("/v1/models", self.models)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        self.site = HttpSite(app)
+        self.port = await self.site.start("127.0.0.1", 0)
 
 
 async def until(cond, timeout_s=10.0):
@@ -78,7 +76,7 @@ def run(scenario, poll=None, **cfg):
                 await until(lambda: poll(tap))
         finally:
             await tap.stop()
-            await stub.runner.cleanup()
+            await stub.site.stop()
         return out, tap, stub, spans
     return asyncio.run(main())
 
