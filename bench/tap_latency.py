@@ -46,6 +46,9 @@ import aiohttp
 import psutil
 from tqdm import tqdm
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # testbed/ (test tooling, not installed)
+from testbed.procs import LOOPBACK, ProcessGroup, free_port, wait_until  # noqa: E402
+
 STUB = r"""
 import asyncio, json, sys
 from aiohttp import web
@@ -93,20 +96,14 @@ http {{
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, timeout_s: float = 20.0) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on {port}")
+def wait_port(port: int, group: ProcessGroup, timeout_s: float = 20.0) -> None:
+    """Wait until something accepts TCP connections on 127.0.0.1:`port`; fail at once if a
+    process of `group` exits (its log tail in the message)."""
+    def accepts() -> bool:
+        with socket.create_connection((LOOPBACK, port), timeout=1.0):
+            return True
+    wait_until(accepts, timeout_s, f"a listener on port {port}", procs=group.procs, interval_s=0.1,
+               logs=group.logs)
 
 
 async def one(session: aiohttp.ClientSession, url: str, body: dict, out: list[tuple[float, float]]) -> None:
@@ -164,10 +161,6 @@ def pct(xs: list[float], q: float) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[int(q) - 1] if len(xs) > 1 else xs[0]
 
 
-def start(cmd: list[str], **kw) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, **kw)
-
-
 def proxy_cpu_s(proc: subprocess.Popen | None) -> tuple[float, float]:
     """CPU seconds (user, system) a proxy process and its children (nginx workers) used so far."""
     if proc is None:
@@ -191,57 +184,57 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds over all paths (path order rotates each round); >1 adds per-column medians")
     args = ap.parse_args(argv)
-    procs: list[subprocess.Popen] = []
     tmp = Path(tempfile.mkdtemp(prefix="kvscope-tapbench-"))
     try:
-        stub_port, tap_port, nginx_port = free_port(), free_port(), free_port()
-        procs.append(start([sys.executable, "-c", STUB, str(stub_port), str(args.chunks), str(args.chunk_gap_ms)]))
-        procs.append(start([sys.executable, "-m", "kvscope", "tap", "--upstream", f"http://127.0.0.1:{stub_port}",
-                            "--listen", f"127.0.0.1:{tap_port}"]))
-        paths = {"direct": stub_port, "tap": tap_port}
-        owner: dict[str, subprocess.Popen | None] = {"direct": None, "tap": procs[-1]}
-        if shutil.which("nginx") or Path("/usr/sbin/nginx").exists():
-            for d in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
-                (tmp / d).mkdir()
-            (tmp / "nginx.conf").write_text(NGINX_CONF.format(dir=tmp, upstream=stub_port, port=nginx_port))
-            nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-            procs.append(start([nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"]))
-            paths["nginx"] = nginx_port
-            owner["nginx"] = procs[-1]
-        for port in paths.values():
-            wait_port(port)
-        print(f"{args.requests} streams, {args.concurrency} concurrent, {args.chunks} chunks "
-              f"{args.chunk_gap_ms} ms apart (benchmark stub upstream); os.cpu_count()={os.cpu_count()}; "
-              f"load average at start {os.getloadavg()[0]:.2f}")
-        rounds = []
-        names = list(paths)
-        for r in range(args.repeat):
-            results = {}
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                u0, s0 = proxy_cpu_s(owner[name])
-                rows, dt = asyncio.run(drive(f"http://127.0.0.1:{paths[name]}", args.requests, args.concurrency, name))
-                u1, s1 = proxy_cpu_s(owner[name])
-                results[name] = (rows, dt, (u1 - u0) / max(len(rows), 1), (s1 - s0) / max(len(rows), 1))
-            rounds.append(summarize({k: results[k] for k in names}))
-            report(rounds[-1], f"round {r + 1}/{args.repeat} (load average {os.getloadavg()[0]:.2f})")
-        if args.repeat > 1:
-            report({k: tuple(statistics.median(rd[k][i] for rd in rounds) for i in range(8)) for k in names},
-                   f"median of {args.repeat} rounds")
-        inproc = asyncio.run(sequential_inproc(stub_port, args.sequential))
-        d, t = (pct(inproc[k], 50) for k in ("direct", "tap"))
-        d99, t99 = (pct(inproc[k], 99) for k in ("direct", "tap"))
-        print(f"in-process tap, {args.sequential} sequential streams (proxy work without cross-process "
-              f"scheduling): added TTFT p50 {(t - d) * 1e3:.2f} ms, p99 {(t99 - d99) * 1e3:.2f} ms (goal p99 < 1 ms)")
+        with ProcessGroup(tmp) as group:   # logs to <tmp>/<name>.log; stops and reaps all on exit
+            run_paths(args, tmp, group)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def run_paths(args: argparse.Namespace, tmp: Path, group: ProcessGroup) -> None:
+    """Start the stub, the tap and nginx in `group`, measure every path, then the in-process tap."""
+    stub_port, tap_port, nginx_port = free_port(), free_port(), free_port()
+    group.start("stub", [sys.executable, "-c", STUB, str(stub_port), str(args.chunks), str(args.chunk_gap_ms)],
+                start_new_session=True)
+    tap = group.start("tap", [sys.executable, "-m", "kvscope", "tap", "--upstream",
+                              f"http://127.0.0.1:{stub_port}", "--listen", f"127.0.0.1:{tap_port}"],
+                      start_new_session=True)
+    paths = {"direct": stub_port, "tap": tap_port}
+    owner: dict[str, subprocess.Popen | None] = {"direct": None, "tap": tap}
+    if shutil.which("nginx") or Path("/usr/sbin/nginx").exists():
+        for d in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
+            (tmp / d).mkdir()
+        (tmp / "nginx.conf").write_text(NGINX_CONF.format(dir=tmp, upstream=stub_port, port=nginx_port))
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        owner["nginx"] = group.start("nginx", [nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"),
+                                               "-g", "daemon off;"], start_new_session=True)
+        paths["nginx"] = nginx_port
+    for port in paths.values():
+        wait_port(port, group)
+    print(f"{args.requests} streams, {args.concurrency} concurrent, {args.chunks} chunks "
+          f"{args.chunk_gap_ms} ms apart (benchmark stub upstream); os.cpu_count()={os.cpu_count()}; "
+          f"load average at start {os.getloadavg()[0]:.2f}")
+    rounds = []
+    names = list(paths)
+    for r in range(args.repeat):
+        results = {}
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            u0, s0 = proxy_cpu_s(owner[name])
+            rows, dt = asyncio.run(drive(f"http://127.0.0.1:{paths[name]}", args.requests, args.concurrency, name))
+            u1, s1 = proxy_cpu_s(owner[name])
+            results[name] = (rows, dt, (u1 - u0) / max(len(rows), 1), (s1 - s0) / max(len(rows), 1))
+        rounds.append(summarize({k: results[k] for k in names}))
+        report(rounds[-1], f"round {r + 1}/{args.repeat} (load average {os.getloadavg()[0]:.2f})")
+    if args.repeat > 1:
+        report({k: tuple(statistics.median(rd[k][i] for rd in rounds) for i in range(8)) for k in names},
+               f"median of {args.repeat} rounds")
+    inproc = asyncio.run(sequential_inproc(stub_port, args.sequential))
+    d, t = (pct(inproc[k], 50) for k in ("direct", "tap"))
+    d99, t99 = (pct(inproc[k], 99) for k in ("direct", "tap"))
+    print(f"in-process tap, {args.sequential} sequential streams (proxy work without cross-process "
+          f"scheduling): added TTFT p50 {(t - d) * 1e3:.2f} ms, p99 {(t99 - d99) * 1e3:.2f} ms (goal p99 < 1 ms)")
 
 
 def summarize(results: dict) -> dict[str, tuple[float, ...]]:
