@@ -152,6 +152,14 @@ def revision_package(rev: str) -> Iterator[tuple[dict[str, str], Path]]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def engine_at_revision(rev: str) -> Iterator[dict[str, str]]:
+    """Environment for a child Python that imports `kvscope` from revision `rev` (all of it:
+    engine, rules, sources; removed afterwards). Used by bench/diagnose_scale.py --against."""
+    with revision_package(rev) as (env, _tree):
+        yield env
+
+
 def dump_at_revision(rev: str, out: Path) -> None:
     """Write `rev`'s diagnoses of the working tree's inputs to `out` (child process)."""
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", f"{rev}^{{commit}}"],
