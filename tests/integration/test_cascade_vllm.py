@@ -52,11 +52,13 @@ async def _scrape_until(session, url, stop, out, interval_s=0.2):
 
 
 async def _complete(session, base, key, words, max_tokens):
+    """(status, sent, answered): one completion; the times are the client's wall clock."""
     body = {"model": SERVED_NAME, "prompt": synthetic_text(key, words), "max_tokens": max_tokens,
             "ignore_eos": True, "temperature": 0.0}
+    t = time.time()
     async with session.post(base + "/v1/completions", json=body) as r:
         await r.read()
-        return r.status
+        return r.status, t, time.time()
 
 
 # the signals of the cascade's root (stage 1): KV usage, evictions and preemptions
@@ -92,10 +94,10 @@ async def _pressure(session, base, scrapes, nonce, max_fill=64, wave=32, fill_ti
        criterion even on an idle host and a warmed server.
 
     Prompts start with a per-run nonce, so no block can come from an earlier test's prefix cache.
-    Returns the HTTP statuses, when the root showed (None: not within `fill_timeout_s`) and when
-    the wave was sent.
+    Returns (status, sent, answered) per request, when the root showed (None: not within
+    `fill_timeout_s`) and when the wave was sent.
     """
-    statuses = [await _complete(session, base, f"{nonce}/warm/{i}", PROMPT_WORDS, 8) for i in range(6)]
+    answered = [await _complete(session, base, f"{nonce}/warm/{i}", PROMPT_WORDS, 8) for i in range(6)]
     root = asyncio.create_task(_root_shown(scrapes, len(scrapes)))
     tasks, t0 = [], time.time()
     while not root.done() and time.time() - t0 < fill_timeout_s:
@@ -109,7 +111,7 @@ async def _pressure(session, base, scrapes, nonce, max_fill=64, wave=32, fill_ti
     if root_t is not None:
         tasks += [asyncio.create_task(_complete(session, base, f"{nonce}/wave/{i}", PROMPT_WORDS, LONG_OUTPUT))
                   for i in range(wave)]
-    return statuses + list(await asyncio.gather(*tasks)), root_t, wave_t
+    return answered + list(await asyncio.gather(*tasks)), root_t, wave_t
 
 
 def _run_pressure(srv):
@@ -122,42 +124,46 @@ def _run_pressure(srv):
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as s:
             scraper = asyncio.create_task(_scrape_until(s, srv.metrics_url, stop, scrapes))
             await asyncio.sleep(1.0)                                   # a healthy baseline first
-            statuses, root_t, wave_t = await _pressure(s, srv.url, scrapes, secrets.token_hex(4))
+            requests, root_t, wave_t = await _pressure(s, srv.url, scrapes, secrets.token_hex(4))
             await asyncio.sleep(0.5)
             stop.set()
             await scraper
-        return scrapes, statuses, root_t, wave_t
+        return scrapes, requests, root_t, wave_t
 
     return asyncio.run(main())
 
 
-def _timeline(samples, t0) -> str:
-    """`seconds kv waiting preemptions` per scrape: the evidence a failure message carries."""
-    cols = ("engine_kv_cache_usage_ratio", "engine_requests_waiting", "engine_preemptions_total")
+def _timeline(samples, requests, t0) -> str:
+    """`seconds kv running waiting preemptions client-in-flight` per scrape: the evidence a failure
+    message carries (the last column: requests this client had sent and not had answered)."""
+    cols = ("engine_kv_cache_usage_ratio", "engine_requests_running", "engine_requests_waiting",
+            "engine_preemptions_total")
     rows: dict[float, dict[str, float]] = {}
     for s in samples:
         if s.name in cols:
             rows.setdefault(s.timestamp, {})[s.name] = s.value
     return "; ".join(f"{t - t0:.1f} " + " ".join(f"{r.get(c, float('nan')):.4g}" for c in cols)
-                     for t, r in sorted(rows.items()))
+                     + f" {sum(a <= t < b for _, a, b in requests)}" for t, r in sorted(rows.items()))
 
 
 def test_kv_pressure_run_produces_an_ordered_cascade(vllm_small_kv):
-    scrapes, statuses, root_t, wave_t = _run_pressure(vllm_small_kv)
-    assert set(statuses) == {200}
+    scrapes, requests, root_t, wave_t = _run_pressure(vllm_small_kv)
+    assert {status for status, _, _ in requests} == {200}
     samples = _canonical(scrapes)
     report = evaluate_cascade(samples, CFG)["vllm-0"]
     times = [t for t, _ in scrapes]
     t0 = times[0]
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     print(json.dumps({STAGES[k]: round(v - t0, 2) for k, v in report.onsets.items()}),
-          f"fill {len(statuses) - 6 - 32 * (root_t is not None)} wave {wave_t - t0:.2f}s lead {report.lead_time_s}",
+          f"fill {len(requests) - 6 - 32 * (root_t is not None)} wave {wave_t - t0:.2f}s lead {report.lead_time_s}",
           f"scrapes {len(times)} gap median {statistics.median(gaps):.2f}s max {max(gaps):.2f}s",
           json.dumps(report.evidence))
-    assert root_t is not None, f"the pool never filled within 90 s of fill requests: {report.evidence}"
+    print("timeline (s kv running waiting preemptions client-in-flight):", _timeline(samples, requests, t0))
+    assert root_t is not None, ("the pool never filled within 90 s of fill requests", report.evidence,
+                                _timeline(samples, requests, t0))
     # every stage shows: the root (KV full), eviction/preemption, a queue lasting 1 s, and TTFT
     # 3x and 250 ms over its baseline while requests queue
-    assert set(report.onsets) == {1, 2, 3, 4}, (report.onsets, report.evidence, _timeline(samples, t0))
+    assert set(report.onsets) == {1, 2, 3, 4}, (report.onsets, report.evidence, _timeline(samples, requests, t0))
     o = report.onsets
     # An onset is known only to within one scrape: the condition began somewhere in the interval
     # before the scrape that first showed it. So "the pool was full before the symptom" allows the
