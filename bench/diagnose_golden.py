@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import shutil
@@ -70,18 +71,20 @@ def collect_diagnoses(label: str) -> dict[str, dict]:
 
     rules = read_rules()
     names = set().union(*(sample_names(r) for r in rules))
+    # One thread where the engine can run rules side by side (older revisions cannot).
+    serial = {"workers": 1} if "workers" in inspect.signature(diagnose).parameters else {}
     out: dict[str, dict] = {}
     recordings = sorted(LIBRARY.glob("*.om.gz"))
     with tqdm(total=len(recordings) + len(FLEETS), desc=label, unit="input", file=sys.stderr) as bar:
         for path in recordings:
             source = RecordingSource(path)
             frame = source.read_frame(names, None, None, source.natural_step())
-            out[path.name] = diagnose(frame, rules, source=source.description, workers=1).to_dict()
+            out[path.name] = diagnose(frame, rules, source=source.description, **serial).to_dict()
             bar.update()
         for engines, hours in FLEETS:
             frame = build_frame(engines, hours, 15.0)
             out[f"fleet-{engines}x{hours:g}h"] = diagnose(frame, rules, time_scale=1.0, source="bench",
-                                                          workers=1).to_dict()
+                                                          **serial).to_dict()
             bar.update()
     return out
 
@@ -209,6 +212,25 @@ def _num(v: Any) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
+def describe_change(old: Any, new: Any, keep: int = 24) -> str:
+    """`old -> new`; two long strings (series expressions) are cut to the part that differs,
+    with `keep` characters of context on each side."""
+    if not (isinstance(old, str) and isinstance(new, str)) or max(len(old), len(new)) <= 80:
+        return f"{_num(old)} -> {_num(new)}"
+    head = 0
+    while head < min(len(old), len(new)) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    start = max(0, head - keep)
+
+    def cut(text: str) -> str:
+        end = min(len(text), len(text) - tail + keep)
+        return ("..." if start else "") + text[start:end] + ("..." if end < len(text) else "")
+    return f"{cut(old)} -> {cut(new)}"
+
+
 def compare_evidence(old: list[dict], new: list[dict], old_start: float = 0.0,
                      new_start: float = 0.0) -> list[str]:
     """Evidence entries whose value (or read time, threshold) changed, added or went away.
@@ -224,12 +246,10 @@ def compare_evidence(old: list[dict], new: list[dict], old_start: float = 0.0,
         elif name not in a:
             lines.append(f"evidence {name}: only in new ({_num(b[name].get('value'))})")
         elif a[name] != b[name]:
-            moved = [f"{k} {_num(a[name].get(k))} -> {_num(b[name].get(k))}"
-                     for k in ("value", "threshold", "unit", "series", "op")
-                     if a[name].get(k) != b[name].get(k)]
-            old_at, new_at = a[name].get("at"), b[name].get("at")
-            if old_at != new_at:
-                moved.append(f"at {_offset(old_at, old_start)} -> {_offset(new_at, new_start)}")
+            fields = ["value", "at"] + sorted((set(a[name]) | set(b[name])) - {"name", "value", "at"})
+            moved = [f"at {_offset(a[name].get(k), old_start)} -> {_offset(b[name].get(k), new_start)}"
+                     if k == "at" else f"{k} {describe_change(a[name].get(k), b[name].get(k))}"
+                     for k in fields if a[name].get(k) != b[name].get(k)]
             lines.append(f"evidence {name}: " + ", ".join(moved))
     if len(lines) > EVIDENCE_SHOWN:
         lines = lines[:EVIDENCE_SHOWN] + [f"... and {len(lines) - EVIDENCE_SHOWN} more evidence changes"]

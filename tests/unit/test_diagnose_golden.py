@@ -89,6 +89,26 @@ def test_skipped_rules_and_diagnosis_fields():
     assert "rules_evaluated: 30 -> 31" in lines
 
 
+def test_an_evidence_field_the_comparison_does_not_know_is_still_told():
+    old = [{"name": "kv", "value": 0.9, "unit": "ratio", "series": "s"}]
+    new = [dict(old[0], stat="max")]
+    assert golden.compare_evidence(old, new) == ["evidence kv: stat None -> max"]
+
+
+def test_long_series_are_cut_to_the_part_that_changed():
+    old = "(sum by (model) (rate(engine_prefix_cache_hits_tokens_total[2m]))) / " \
+          "(sum by (model) (rate(engine_prefix_cache_queries_tokens_total[2m])))"
+    new = old.replace("[2m]", "[1m]")
+    text = golden.describe_change(old, new, keep=5)
+    # from 5 characters before the first change to the end (the last change is 5 from the end)
+    assert text == "...otal[2m]))) / (sum by (model) (rate(engine_prefix_cache_queries_tokens_total[2m]))) -> " \
+                   "...otal[1m]))) / (sum by (model) (rate(engine_prefix_cache_queries_tokens_total[1m])))"
+    mid = golden.describe_change("x" * 50 + "[5m]" + "y" * 50, "x" * 50 + "[27s]" + "y" * 50, keep=3)
+    assert mid == "...xx[5m]yy... -> ...xx[27s]yy..."   # "[" and "]" are common context
+    assert golden.describe_change("a", "b") == "a -> b"
+    assert golden.describe_change(0.25, 0.5) == "0.25 -> 0.5"
+
+
 def test_evidence_changes_are_capped():
     many = [{"name": f"e{i}", "value": float(i), "unit": "", "series": "s"} for i in range(10)]
     moved = [dict(e, value=e["value"] + 1) for e in many]
