@@ -461,7 +461,7 @@ def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ..
     node = nodes[name]
     by = ", ".join(node.get("by", rule_by))
     form = node_form(node)
-    rng = str(rule.resolve(node.get("range", "1m" if form == "rate" else "10m" if form == "deriv" else "5m")))
+    rng = _range_text(rule, node.get("range", "1m" if form == "rate" else "10m" if form == "deriv" else "5m"))
 
     def ref(x: Any) -> str:
         return _promql(rule, nodes, str(x), rule_by)
@@ -500,6 +500,25 @@ def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ..
     if agg == "median":
         return f"quantile by ({by}) (0.5, {ref(node['of'])})"
     return f"{agg} by ({by}) ({ref(node['of'])})"
+
+
+def _range_text(rule: Rule, value: Any) -> str:
+    """A range as written in the rule, or, for a time-scaled rule, the scaled range actually
+    evaluated (whole seconds, at least 1s), so the printed window is the one computed."""
+    if rule.time_scale == 1.0:
+        return str(rule.resolve(value))
+    return prom_duration(rule.duration(value))
+
+
+def prom_duration(seconds: float) -> str:
+    """Seconds as a PromQL duration: 81 -> '1m21s', 3600 -> '1h', 0.2 -> '1s'."""
+    left = max(1, int(round(seconds)))
+    parts = []
+    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
+        n, left = divmod(left, size)
+        if n:
+            parts.append(f"{n}{unit}")
+    return "".join(parts)
 
 
 def _selector(match: dict[str, Any] | None) -> str:

@@ -33,6 +33,8 @@ class Evidence:
     `series` is the expression that produced it, written with canonical signal names
     (e.g. `rate(engine_preemptions_total[1m])`), so a reader can re-run it in PromQL.
     `at` is the timestamp the value was read at (None = summary over the active period).
+    `stat` is how the value was taken from the series over the finding's active period: max,
+    min, first, last or mean (None = not recorded; readers fall back to the rule's evidence list).
     """
 
     name: str
@@ -42,6 +44,7 @@ class Evidence:
     at: float | None = None
     threshold: float | None = None
     op: str | None = None
+    stat: str | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,22 @@ class Diagnosis:
         return head + self.competing + self.other
 
     @property
+    def supporting(self) -> tuple[Finding, ...]:
+        """Findings at the likely cause's place that share its mechanism (`same_mechanism`):
+        they corroborate it rather than compete with it."""
+        head = self.likely_cause
+        if head is None:
+            return ()
+        return tuple(f for f in self.competing + self.other
+                     if same_place(f.where, head.where) and same_mechanism(head, f))
+
+    @property
+    def hypotheses(self) -> tuple[Finding, ...]:
+        """Competing findings that name a different mechanism than the likely cause."""
+        support = set(id(f) for f in self.supporting)
+        return tuple(f for f in self.competing if id(f) not in support)
+
+    @property
     def worst_severity(self) -> str | None:
         sev = [f.severity for f in self.findings]
         return max(sev, key=SEVERITY_RANK.__getitem__) if sev else None
@@ -192,6 +211,31 @@ class Diagnosis:
     @classmethod
     def from_json(cls, text: str) -> Diagnosis:
         return cls.from_dict(json.loads(text))
+
+
+def same_place(a: dict[str, str], b: dict[str, str]) -> bool:
+    """True when the labels the two places share agree (a fleet-wide place matches any)."""
+    return all(a[k] == b[k] for k in set(a) & set(b))
+
+
+def same_mechanism(head: Finding, other: Finding) -> bool:
+    """Whether `other` points at the same root mechanism as `head`, from what the rules carry.
+
+    Same mechanism when the other rule's levers are a non-empty subset of the head's (pulling
+    the head's levers is the whole answer to it, e.g. the stages of a KV-pressure cascade), or
+    when both rows are in the same LEVERS.md family (K, P, L, ...) and lead with the same lever.
+    """
+    mine = [lv.id for lv in head.levers]
+    theirs = [lv.id for lv in other.levers]
+    if not mine or not theirs:
+        return False
+    if set(theirs) <= set(mine):
+        return True
+    return _family(head.levers_md) == _family(other.levers_md) != "" and mine[0] == theirs[0]
+
+
+def _family(row: str) -> str:
+    return row.rstrip("0123456789")
 
 
 def _lever_from_dict(d: dict[str, Any]) -> LeverAdvice:

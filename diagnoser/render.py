@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections import Counter
+from typing import Any
 
 from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding
 from rich.console import Console, Group
@@ -49,14 +52,97 @@ def fmt_value(ev: Evidence) -> str:
     return f"{text} {unit}".strip()
 
 
-def render_card(f: Finding, heading: str) -> Panel:
-    """One finding as a card: what, where, since when, evidence, levers, citations."""
-    where = ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "whole fleet"
+def fmt_clock(ts: float) -> str:
+    """Time of day (UTC), for values inside a window whose date the header already gives."""
+    return time.strftime("%H:%M:%S", time.gmtime(ts))
+
+
+def fmt_where(f: Finding) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet"
+
+
+@functools.lru_cache(maxsize=1)
+def _rule_docs() -> dict[str, Any]:
+    """The shipped rules' documents by id (for how each evidence value was taken and which
+    engine facts a rule conditions on); empty when the rules cannot be read."""
+    from kvscope.diagnoser.rule import RuleError, read_rules
+    try:
+        return {r.id: r.doc for r in read_rules()}
+    except (OSError, RuleError):
+        return {}
+
+
+def evidence_stat(f: Finding, ev: Evidence) -> str:
+    """How the value was taken over the finding's active period: max, min, first, last or mean.
+
+    The evidence's own `stat` when recorded, else the rule's evidence list, else inferred from
+    `at` (no timestamp = a mean)."""
+    if ev.stat:
+        return ev.stat
+    for item in (_rule_docs().get(f.rule_id) or {}).get("evidence") or []:
+        if str(item.get("name", item.get("series"))) == ev.name:
+            return str(item.get("stat", "last"))
+    if ev.at is None:
+        return "mean"
+    return "first" if ev.at == f.since else "last" if ev.at == f.until else "max"
+
+
+def render_taken(f: Finding, ev: Evidence) -> str:
+    """'peak at 07:26:47', 'mean 07:25:53-07:26:57', 'at onset 07:25:53': how a value was read."""
+    if ev.value is None:
+        return ""
+    stat = evidence_stat(f, ev)
+    if stat == "mean" or ev.at is None:
+        return f"mean {fmt_clock(f.since)}-{fmt_clock(f.until)}"
+    label = {"max": "peak at", "min": "lowest at", "first": "at onset", "last": "latest at"}.get(stat, "at")
+    return f"{label} {fmt_clock(ev.at)}"
+
+
+def fact_rows(f: Finding) -> list[tuple[str, str, str]]:
+    """The engine facts (startup configuration) a rule conditions on, as (name, value, how):
+    they held for the finding to fire."""
+    rows = []
+    for fact in (_rule_docs().get(f.rule_id) or {}).get("facts") or []:
+        op, value = str(fact.get("op", "==")), fact.get("value")
+        shown = str(value) if op == "==" else f"{op} {value}"
+        rows.append((f"engine fact {fact.get('fact')}", shown, "from the engine's startup config"))
+    return rows
+
+
+_ENGINES = ("vllm", "sglang", "dcgm", "nvml")
+
+
+def shown_evidence(f: Finding) -> list[Evidence]:
+    """The evidence rows worth printing: an absent value that is one engine's alternative
+    ("draft acceptance (SGLang)") is dropped when a sibling ("draft acceptance") has a value."""
+    present = {_base_name(e.name)[0] for e in f.evidence if e.value is not None}
+    out = []
+    for e in f.evidence:
+        base, qualifier = _base_name(e.name)
+        if e.value is None and base in present and qualifier.lower() in _ENGINES:
+            continue
+        out.append(e)
+    return out
+
+
+def _base_name(name: str) -> tuple[str, str]:
+    if name.endswith(")") and " (" in name:
+        base, _, rest = name.rpartition(" (")
+        return base, rest[:-1]
+    return name, ""
+
+
+def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = ()) -> Panel:
+    """One finding as a card: what, where, since when, evidence, levers, citations, and the
+    findings that corroborate it (same mechanism) as one-liners."""
     state = "still active" if f.active else f"until {fmt_time(f.until)}"
     head = Text.assemble((f"[{f.severity.upper()}] ", _STYLE.get(f.severity, "")), (f.title, "bold"),
                          f"  ({f.levers_md} {f.rule_id})")
-    rows: list = [head, Text(f.summary),
-                  Text(f"where: {where}    since: {fmt_time(f.since)} ({state}, {fmt_duration(f.until - f.since)})")]
+    rows: list = [head]
+    if f.summary.strip() != f.title.strip():
+        rows.append(Text(f.summary))
+    rows.append(Text(f"where: {fmt_where(f)}    since: {fmt_time(f.since)} "
+                     f"({state}, {fmt_duration(f.until - f.since)})"))
     if f.cascade:
         c = f.cascade
         lead = ""
@@ -66,7 +152,18 @@ def render_card(f: Finding, heading: str) -> Panel:
     rows.append(_evidence_table(f))
     rows.append(_lever_table(f))
     rows.append(Text("sources: " + ", ".join(f.citations), style="dim"))
+    if supporting:
+        rows.append(Text("also fired (supporting evidence, same mechanism and levers):", style="bold"))
+        rows.extend(Text("  " + render_line(g)) for g in supporting)
     return Panel(Group(*rows), title=heading, title_align="left", border_style=_STYLE.get(f.severity, ""))
+
+
+def render_line(f: Finding) -> str:
+    """One finding as one line: severity, row, title, its first evidence and how it was taken."""
+    text = f"{f.severity:8} {f.levers_md:4} {f.title}"
+    if f.summary.strip() != f.title.strip():
+        text += f": {f.summary}"
+    return text + f"  (since {fmt_clock(f.since)}, {fmt_duration(f.until - f.since)})"
 
 
 def _evidence_table(f: Finding) -> Table:
@@ -74,10 +171,13 @@ def _evidence_table(f: Finding) -> Table:
     t.add_column("evidence")
     t.add_column("value", justify="right")
     t.add_column("threshold", justify="right")
+    t.add_column("taken")
     t.add_column("series", style="dim", overflow="fold")
-    for ev in f.evidence:
+    for ev in shown_evidence(f):
         thr = "" if ev.threshold is None else f"{ev.op} {fmt_value(Evidence('', ev.threshold, ev.unit, ''))}"
-        t.add_row(ev.name, fmt_value(ev), thr, ev.series)
+        t.add_row(ev.name, fmt_value(ev), thr, render_taken(f, ev), ev.series)
+    for name, value, how in fact_rows(f):
+        t.add_row(name, value, "", how, "")
     return t
 
 
@@ -92,27 +192,75 @@ def _lever_table(f: Finding) -> Table:
     return t
 
 
+def group_repeats(findings: tuple[Finding, ...]) -> list[tuple[Finding, list[Finding]]]:
+    """Findings of one rule that differ only by instance, as (worst, all of them) in rank order:
+    the same symptom on several replicas is one line, not one per replica."""
+    groups: dict[tuple, list[Finding]] = {}
+    for f in findings:
+        rest = tuple(sorted((k, v) for k, v in f.where.items() if k != "instance"))
+        key = (f.rule_id, rest) if "instance" in f.where else (f.rule_id, rest, id(f))
+        groups.setdefault(key, []).append(f)
+    return [(members[0], members) for members in groups.values()]
+
+
+def render_not_fired(d: Diagnosis, top: int = 4) -> str:
+    """Why nothing fired: how many rules could look, and which missing signals blinded the rest."""
+    evaluable = max(0, d.rules_evaluated - len(d.skipped))
+    if not d.skipped:
+        return f"No rule fired among {evaluable} evaluable rules: nothing to act on in this window."
+    missing = Counter()
+    for s in d.skipped:
+        if s.reason.startswith("signal(s) absent:"):
+            missing.update(x.strip() for x in s.reason.split(":", 1)[1].split(","))
+    common = ", ".join(f"{name} ({n} rules)" for name, n in missing.most_common(top))
+    why = f" (missing signals: {common}{', ...' if len(missing) > top else ''})" if common else ""
+    return (f"No rule fired among {evaluable} evaluable; {len(d.skipped)} could not be evaluated{why}. "
+            "Missing signals are unknown, not healthy: -v lists every skipped rule.")
+
+
 def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool = False) -> None:
-    """Print the diagnosis: header, likely cause card, competing hypotheses, other findings."""
+    """Print the diagnosis: header, likely cause card with its supporting findings, competing
+    hypotheses (other mechanisms), other findings (repeats per replica collapsed)."""
     console = console or Console()
     start, end = d.window
-    scale = f", durations scaled x{d.time_scale:.2f}" if d.time_scale < 1 else ""
+    scale = (f"; rule durations and ranges scaled x{d.time_scale:.2f} to fit the window "
+             "(the series shown are the ranges used)") if d.time_scale < 1 else ""
     console.print(f"[bold]kvscope diagnose[/bold]  {d.source}  {fmt_time(start)} -> {fmt_time(end)} "
-                  f"({fmt_duration(end - start)}{scale}); {d.rules_evaluated} rules, "
+                  f"({fmt_duration(end - start)}){scale}; {d.rules_evaluated} rules, "
                   f"{len(d.findings)} fired, {len(d.skipped)} not evaluable")
+    supporting = d.supporting
     if d.likely_cause is None:
-        console.print("[green]No rule fired: nothing to act on in this window.[/green]")
+        console.print(render_not_fired(d), style="yellow" if d.skipped else "green")
     else:
-        console.print(render_card(d.likely_cause, "LIKELY CAUSE"))
-    for f in d.competing:
-        console.print(render_card(f, "COMPETING HYPOTHESIS"))
-    if d.other:
+        console.print(render_card(d.likely_cause, "LIKELY CAUSE", supporting))
+    for f in d.hypotheses:
+        console.print(render_card(f, "COMPETING HYPOTHESIS (different mechanism)"))
+    support = set(id(f) for f in supporting)
+    other = tuple(f for f in d.other if id(f) not in support)
+    if other:
         console.print("[bold]Other findings[/bold]")
-        for f in d.other:
-            where = ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet"
-            console.print(f"  [{_STYLE.get(f.severity, '')}]{f.severity:8}[/] {f.levers_md:4} {f.title} "
-                          f"({where}) - {f.summary}")
+        for worst, members in group_repeats(other):
+            console.print(f"  [{_STYLE.get(worst.severity, '')}]{worst.severity:8}[/] {worst.levers_md:4} "
+                          f"{worst.title} ({_where_of(members)}) - {_other_detail(worst, len(members))}")
     if verbose and d.skipped:
         console.print("[bold]Not evaluable[/bold]")
         for s in d.skipped:
             console.print(f"  {s.rule_id}: {s.reason}", style="dim")
+
+
+def _where_of(members: list[Finding]) -> str:
+    if len(members) == 1:
+        return fmt_where(members[0])
+    rest = ", ".join(f"{k}={v}" for k, v in sorted(members[0].where.items()) if k != "instance")
+    names = ", ".join(m.where["instance"] for m in members)
+    return f"{len(members)} instances: {names}" + (f"; {rest}" if rest else "")
+
+
+def _other_detail(worst: Finding, n: int) -> str:
+    """The summary, or the first evidence value when the summary only repeats the title."""
+    if worst.summary.strip() != worst.title.strip():
+        text = worst.summary
+    else:
+        ev = next((e for e in shown_evidence(worst) if e.value is not None), None)
+        text = f"{ev.name} {fmt_value(ev)} ({render_taken(worst, ev)})" if ev else "no evidence value"
+    return (f"worst ({fmt_where(worst)}): " if n > 1 else "") + text

@@ -1,0 +1,178 @@
+"""How `kvscope diagnose` presents a Diagnosis to an on-call SRE: grouping by mechanism, how each
+evidence value was taken, the windows actually used, why nothing fired, repeats per replica."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from kvscope.diagnoser.expr import prom_duration, promql
+from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, LeverAdvice, Skipped, same_mechanism
+from kvscope.diagnoser.render import (
+    fact_rows,
+    group_repeats,
+    render_diagnosis,
+    render_not_fired,
+    render_taken,
+    shown_evidence,
+)
+from kvscope.diagnoser.rule import parse_yaml, rule_from_doc
+from rich.console import Console
+
+T0 = 1_700_000_000.0
+RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"
+
+
+def _levers(*ids: str) -> tuple[LeverAdvice, ...]:
+    return tuple(LeverAdvice(id=x, rank=i, direction="set", title=x) for i, x in enumerate(ids, 1))
+
+
+def _finding(rule_id: str, row: str, levers: tuple[str, ...], where: dict[str, str] | None = None,
+             summary: str = "something measured", evidence: tuple[Evidence, ...] = ()) -> Finding:
+    return Finding(rule_id=rule_id, levers_md=row, title=f"title of {rule_id}", severity="warning",
+                   where=where if where is not None else {"instance": "replica-0"}, since=T0, until=T0 + 60,
+                   active=False, window=(T0 - 60, T0 + 120), step_s=15.0, score=1.0, summary=summary,
+                   evidence=evidence, levers=_levers(*levers))
+
+
+def _text(d: Diagnosis, verbose: bool = False) -> str:
+    console = Console(record=True, width=220, color_system=None)
+    render_diagnosis(d, console=console, verbose=verbose)
+    return console.export_text()
+
+
+KV_LEVERS = ("vllm.kv_cache_dtype", "vllm.gpu_memory_utilization", "vllm.max_num_seqs", "gateway.admission_control")
+
+
+def test_same_mechanism_is_supporting_evidence_not_a_competing_hypothesis():
+    head = _finding("kv_pressure_cascade", "K2", KV_LEVERS)
+    k3 = _finding("eviction_rate_high", "K3", KV_LEVERS[:3])
+    other_mech = _finding("itl_tail_prefill_interference", "L4", ("vllm.enable_chunked_prefill",))
+    d = Diagnosis(window=head.window, source="t", likely_cause=head, competing=(k3, other_mech), rules_evaluated=3)
+    assert same_mechanism(head, k3) and not same_mechanism(head, other_mech)
+    assert d.supporting == (k3,) and d.hypotheses == (other_mech,)
+    text = _text(d)
+    assert text.count("COMPETING HYPOTHESIS") == 1
+    assert "also fired (supporting evidence" in text
+    supporting_line = next(line for line in text.splitlines() if "title of eviction_rate_high" in line)
+    assert "K3" in supporting_line and "something measured" in supporting_line
+    assert text.count("vllm.max_num_seqs (set)") == 1   # the supporting finding is a line, not a card with levers
+
+
+def test_same_family_and_lead_lever_is_the_same_mechanism_but_a_shared_lever_alone_is_not():
+    head = _finding("fleet_util_low", "U1", ("k8s.colocation", "k8s.hpa_behavior"))
+    assert same_mechanism(head, _finding("x", "U3", ("k8s.colocation", "k8s.replicas")))
+    assert not same_mechanism(head, _finding("fleet_oversized", "U6", ("k8s.replicas", "k8s.hpa_behavior")))
+    assert not same_mechanism(head, _finding("x", "U2", ()))
+
+
+def test_supporting_needs_the_same_place():
+    head = _finding("kv_pressure_cascade", "K2", KV_LEVERS)
+    elsewhere = _finding("eviction_rate_high", "K3", KV_LEVERS[:3], where={"instance": "replica-9"})
+    d = Diagnosis(window=head.window, source="t", likely_cause=head, other=(elsewhere,), rules_evaluated=2)
+    assert d.supporting == ()
+    assert "Other findings" in _text(d)
+
+
+def test_each_value_says_how_it_was_taken():
+    ev_peak = Evidence("preemptions", 7.25, "per_second", "s", at=T0 + 42, stat="max")
+    ev_mean = Evidence("preemptions", 4.42, "per_second", "s", at=None, stat="mean")
+    ev_first = Evidence("hit", 0.3, "ratio", "s", at=T0, stat="first")
+    f = _finding("r", "K1", ("a",), evidence=(ev_peak, ev_mean, ev_first))
+    assert render_taken(f, ev_peak) == "peak at 22:14:02"
+    assert render_taken(f, ev_mean) == "mean 22:13:20-22:14:20"
+    assert render_taken(f, ev_first) == "at onset 22:13:20"
+    assert render_taken(f, replace(ev_peak, value=None)) == ""
+
+
+def test_stat_falls_back_to_the_shipped_rule_when_the_evidence_does_not_record_it():
+    f = _finding("kv_pressure_preemption", "K1", KV_LEVERS,
+                 evidence=(Evidence("KV cache usage (max)", 1.0, "ratio", "s", at=T0 + 15),
+                           Evidence("running requests", 8.5, "count", "s")))
+    assert render_taken(f, f.evidence[0]).startswith("peak at ")
+    assert render_taken(f, f.evidence[1]).startswith("mean ")
+
+
+def _rule(time_scale: float):
+    doc = parse_yaml("id: r\nby: [instance]\nseries:\n  u: {gauge: gpu_utilization_ratio, agg: avg}\n"
+                     "  u_avg: {over_time: avg, of: u, range: 1h}\n  p: {rate: engine_preemptions_total, range: 5m}\n")
+    return rule_from_doc(doc, "r.yaml").scaled(time_scale)
+
+
+def test_promql_prints_the_scaled_range_actually_evaluated():
+    assert "[5m]" in promql(_rule(1.0), "p") and "[1h:]" in promql(_rule(1.0), "u_avg")
+    assert "rate(engine_preemptions_total[27s])" in promql(_rule(0.09), "p")
+    assert "[39m20s:]" in promql(_rule(0.6555), "u_avg")
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(81, "1m21s"), (3600, "1h"), (0.2, "1s"), (3661, "1h1m1s"), (27.4, "27s")])
+def test_prom_duration(seconds, text):
+    assert prom_duration(seconds) == text
+
+
+def test_nothing_fired_says_how_many_rules_could_look_and_what_was_missing():
+    skipped = (Skipped("a", "signal(s) absent: gpu_utilization_ratio, x_total"),
+               Skipped("b", "signal(s) absent: gpu_utilization_ratio"),
+               Skipped("c", "parameter(s) not set: benchmark_ttft_p99_s"))
+    d = Diagnosis(window=(T0, T0 + 60), source="t", likely_cause=None, skipped=skipped, rules_evaluated=10)
+    line = render_not_fired(d)
+    assert "No rule fired among 7 evaluable; 3 could not be evaluated" in line
+    assert "gpu_utilization_ratio (2 rules)" in line and "x_total (1 rules)" in line
+    assert "nothing to act on" not in _text(d)
+    clean = Diagnosis(window=(T0, T0 + 60), source="t", likely_cause=None, rules_evaluated=10)
+    assert "among 10 evaluable rules" in render_not_fired(clean)
+
+
+def test_one_symptom_on_several_replicas_is_one_line_with_the_worst_first():
+    head = _finding("prefix_hits_diluted_across_replicas", "P2", ("router.routing_policy",), where={"model": "m"})
+    reps = tuple(_finding("ttft_both_degraded", "L2", ("ops.rebenchmark",), where={"instance": f"replica-{i}"},
+                          summary=f"TTFT p50 0.{i}s") for i in (5, 7, 1))
+    groups = group_repeats(reps)
+    assert len(groups) == 1 and groups[0][0] is reps[0] and len(groups[0][1]) == 3
+    d = Diagnosis(window=head.window, source="t", likely_cause=head, other=reps, rules_evaluated=4)
+    lines = [x for x in _text(d).splitlines() if "ttft_both_degraded" in x or "title of ttft" in x]
+    assert len(lines) == 1
+    assert "3 instances: replica-5, replica-7, replica-1" in lines[0] and "worst (instance=replica-5)" in lines[0]
+
+
+def test_summary_that_repeats_the_title_is_not_printed_twice_and_absent_alternatives_are_hidden():
+    evidence = (Evidence("draft acceptance", 0.2, "ratio", "s"), Evidence("draft acceptance (SGLang)", None, "ratio", "s"),
+                Evidence("hit rate (tap)", None, "ratio", "s"))
+    f = replace(_finding("spec", "L10", ("vllm.speculative_config",), evidence=evidence), summary="title of spec")
+    assert [e.name for e in shown_evidence(f)] == ["draft acceptance", "hit rate (tap)"]
+    text = _text(Diagnosis(window=f.window, source="t", likely_cause=f, rules_evaluated=1))
+    assert text.count("title of spec") == 1
+    assert "(SGLang)" not in text
+    only_sglang = replace(f, evidence=(Evidence("draft acceptance", None, "ratio", "s"),
+                                       Evidence("draft acceptance (SGLang)", None, "ratio", "s")))
+    assert len(shown_evidence(only_sglang)) == 2      # nothing present: both stay, absent is information
+
+
+def test_engine_facts_the_rule_conditions_on_are_shown():
+    f = _finding("prefix_caching_disabled", "P1", ("vllm.enable_prefix_caching",))
+    assert fact_rows(f) == [("engine fact enable_prefix_caching", "False", "from the engine's startup config")]
+    assert "engine fact enable_prefix_caching" in _text(Diagnosis(window=f.window, source="t", likely_cause=f,
+                                                                  rules_evaluated=1))
+
+
+def _diagnose(name: str) -> Diagnosis:
+    from kvscope.diagnoser.engine import diagnose, sample_names
+    from kvscope.diagnoser.rule import read_rules
+    from kvscope.diagnoser.sources.recording import RecordingSource
+    source = RecordingSource(RECORDINGS / f"{name}.om.gz")
+    rules = read_rules()
+    frame = source.read_frame(set().union(*(sample_names(r) for r in rules)), None, None, source.natural_step())
+    return diagnose(frame, rules, source=source.description, workers=1)
+
+
+def test_kv_pressure_cascade_recording_reads_as_one_cause_with_supporting_evidence():
+    d = _diagnose("kv-pressure-cascade")
+    assert d.likely_cause is not None and d.likely_cause.levers_md == "K2"
+    assert {f.levers_md for f in d.supporting} == {"K1", "K3"} and d.hypotheses == ()
+    text = _text(d)
+    assert "COMPETING HYPOTHESIS" not in text
+    assert "rule durations and ranges scaled x0.15" in text
+    assert "[1m]" not in text and "[9s]" in text            # the ranges used, not the rule's 1m
+    k2_preempt = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("preemptions"))
+    assert "peak at" in k2_preempt
