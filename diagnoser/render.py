@@ -203,17 +203,26 @@ def group_repeats(findings: tuple[Finding, ...]) -> list[tuple[Finding, list[Fin
     return [(members[0], members) for members in groups.values()]
 
 
+def missing_summary(d: Diagnosis, top: int = 4) -> str:
+    """'missing signals: gpu_utilization_ratio (7 rules), ...': the absent signals that kept the
+    most rules from being evaluated; empty when no rule was skipped for an absent signal."""
+    missing: Counter[str] = Counter()
+    for s in d.skipped:
+        if s.reason.startswith("signal(s) absent:"):
+            missing.update(x.strip() for x in s.reason.split(":", 1)[1].split(","))
+    if not missing:
+        return ""
+    common = ", ".join(f"{name} ({n} rules)" for name, n in missing.most_common(top))
+    return f"missing signals: {common}{', ...' if len(missing) > top else ''}"
+
+
 def render_not_fired(d: Diagnosis, top: int = 4) -> str:
     """Why nothing fired: how many rules could look, and which missing signals blinded the rest."""
     evaluable = max(0, d.rules_evaluated - len(d.skipped))
     if not d.skipped:
         return f"No rule fired among {evaluable} evaluable rules: nothing to act on in this window."
-    missing = Counter()
-    for s in d.skipped:
-        if s.reason.startswith("signal(s) absent:"):
-            missing.update(x.strip() for x in s.reason.split(":", 1)[1].split(","))
-    common = ", ".join(f"{name} ({n} rules)" for name, n in missing.most_common(top))
-    why = f" (missing signals: {common}{', ...' if len(missing) > top else ''})" if common else ""
+    missing = missing_summary(d, top)
+    why = f" ({missing})" if missing else ""
     return (f"No rule fired among {evaluable} evaluable; {len(d.skipped)} could not be evaluated{why}. "
             "Missing signals are unknown, not healthy: -v lists every skipped rule.")
 

@@ -6,6 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 from kvscope.diagnoser.findings import Finding
+from kvscope.diagnoser.render import missing_summary, render_line
 from kvscope.ui.data import TriageData, counts_caption, evidence_charts, evidence_table, render_when, timeline
 
 SEVERITY_ICON = {"critical": ":red[CRITICAL]", "warning": ":orange[WARNING]", "info": ":blue[INFO]"}
@@ -18,25 +19,32 @@ def render(data: TriageData) -> None:
     st.caption(f"{d.source} · window {render_when(d.window[0])} → {render_when(d.window[1])} · "
                f"{counts_caption(d)}")
     if d.likely_cause is None and d.skipped:
+        missing = missing_summary(d)
         st.info(f"No rule fired among the {d.rules_evaluated - len(d.skipped)} rules this source could feed; "
-                f"{len(d.skipped)} could not be evaluated because their signals are missing (see the list "
-                "at the bottom). Missing signals are unknown, not healthy.")
+                f"{len(d.skipped)} could not be evaluated because their signals are missing"
+                f"{f' ({missing})' if missing else ''}; the full list is at the bottom. "
+                "Missing signals are unknown, not healthy.")
     elif d.likely_cause is None:
         st.success("No rule fired in this window.")
     else:
         st.header("Likely cause")
         render_card(data, d.likely_cause, charts=True)
-    if d.competing:
+        if d.supporting:
+            st.markdown("**Also fired (supporting evidence, same mechanism and levers):**\n"
+                        + "\n".join(f"- {render_line(f)}" for f in d.supporting))
+    if d.hypotheses:
         st.header("Competing hypotheses")
-        for f in d.competing:
+        for f in d.hypotheses:
             with st.expander(f"{SEVERITY_ICON.get(f.severity, '')} {f.title} — {_where(f)}"):
                 render_card(data, f, charts=False)
     if d.findings:
         st.header("Timeline")
         render_timeline(d)
-    if d.other:
+    support = set(id(f) for f in d.supporting)
+    other = [f for f in d.other if id(f) not in support]
+    if other:
         st.header("Other findings")
-        for f in d.other:
+        for f in other:
             with st.expander(f"{SEVERITY_ICON.get(f.severity, '')} {f.title} — {_where(f)}"):
                 render_card(data, f, charts=False)
     if d.skipped:
@@ -52,7 +60,8 @@ def _where(f: Finding) -> str:
 def render_card(data: TriageData, f: Finding, charts: bool) -> None:
     """What, where, since when, evidence, levers with the config to change, citations."""
     st.subheader(f"{SEVERITY_ICON.get(f.severity, '')} {f.title}")
-    st.markdown(f"**What:** {f.summary}")
+    if f.summary.strip() != f.title.strip():
+        st.markdown(f"**What:** {f.summary}")
     state = "still active" if f.active else f"ended {render_when(f.until)}"
     st.markdown(f"**Where:** `{_where(f)}` · **Since:** {render_when(f.since)} ({state}) · "
                 f"**Severity:** {f.severity} · **Rule:** `{f.rule_id}` (LEVERS {f.levers_md})")
