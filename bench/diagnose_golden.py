@@ -9,13 +9,15 @@ place, onset as seconds into the window, the evidence whose value moved), not as
     .venv/bin/python bench/diagnose_golden.py --write /tmp/golden.json   # this code's dump
     .venv/bin/python bench/diagnose_golden.py --check /tmp/golden.json   # this code against it
     .venv/bin/python bench/diagnose_golden.py --against 6ca33c5          # a git revision against it
+    .venv/bin/python bench/diagnose_golden.py --against 6ca33c5 --new HEAD   # two commits
 
 `--against REV` extracts REV (`git archive`) into a temporary directory, lays it out as the
 `kvscope` package the way REV's pyproject.toml `package-dir` maps the top-level directories
 (symlinks, nothing installed), and runs this script's `--write` in a child Python with that
 package first on PYTHONPATH: REV's whole diagnoser, rules and agent code, fed the inputs of the
 working tree (recordings, and the fleet generator of bench/diagnose_scale.py). Then it
-diagnoses the same inputs with the working tree and compares. The directory is removed after.
+diagnoses the same inputs with the working tree (or, with `--new REV2`, with a second revision
+extracted the same way) and compares. The directories are removed after.
 
 Exit status: 0 every input identical, 1 some differ, 2 error (bad revision, the other code
 failed to import or run, unreadable dump).
@@ -204,8 +206,18 @@ def describe_key(key: tuple, finding: dict) -> str:
     return f"{row} {rule_id} {{{where}}}" + (f" #{n + 1}" if n else "")
 
 
-def _offset(t: float | None, window_start: float) -> str:
-    return "none" if t is None else f"{t - window_start:+.1f} s"
+def _offset(t: Any, window_start: float) -> str:
+    return f"{t - window_start:+.1f} s" if isinstance(t, int | float) else str(t).lower()
+
+
+class _Absent:
+    """A field one side does not have (a field added with a null is still a change)."""
+
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+ABSENT = _Absent()
 
 
 def _num(v: Any) -> str:
@@ -247,9 +259,10 @@ def compare_evidence(old: list[dict], new: list[dict], old_start: float = 0.0,
             lines.append(f"evidence {name}: only in new ({_num(b[name].get('value'))})")
         elif a[name] != b[name]:
             fields = ["value", "at"] + sorted((set(a[name]) | set(b[name])) - {"name", "value", "at"})
-            moved = [f"at {_offset(a[name].get(k), old_start)} -> {_offset(b[name].get(k), new_start)}"
-                     if k == "at" else f"{k} {describe_change(a[name].get(k), b[name].get(k))}"
-                     for k in fields if a[name].get(k) != b[name].get(k)]
+            x, y = a[name], b[name]
+            moved = [f"at {_offset(x.get(k, ABSENT), old_start)} -> {_offset(y.get(k, ABSENT), new_start)}"
+                     if k == "at" else f"{k} {describe_change(x.get(k, ABSENT), y.get(k, ABSENT))}"
+                     for k in fields if x.get(k, ABSENT) != y.get(k, ABSENT)]
             lines.append(f"evidence {name}: " + ", ".join(moved))
     if len(lines) > EVIDENCE_SHOWN:
         lines = lines[:EVIDENCE_SHOWN] + [f"... and {len(lines) - EVIDENCE_SHOWN} more evidence changes"]
@@ -270,7 +283,7 @@ def compare_finding(old: dict, new: dict, old_role: str, new_role: str,
             lines.append(f"{key} {_num(old.get(key))} -> {_num(new.get(key))}")
     lines += compare_evidence(old.get("evidence") or [], new.get("evidence") or [], old_start, new_start)
     shown = {"since", "until", "active", "severity", "score", "step_s", "evidence"}
-    rest = sorted(k for k in set(old) | set(new) if k not in shown and old.get(k) != new.get(k))
+    rest = sorted(k for k in set(old) | set(new) if k not in shown and old.get(k, ABSENT) != new.get(k, ABSENT))
     if rest:
         lines.append("also changed: " + ", ".join(rest))
     return lines
@@ -299,9 +312,9 @@ def compare_diagnosis(old: dict, new: dict) -> list[str]:
                 lines += [f"    {c}" for c in changes]
     lines += _compare_skipped(old.get("skipped") or [], new.get("skipped") or [])
     rest = sorted(k for k in set(old) | set(new)
-                  if k not in {*ROLES, "skipped"} and old.get(k) != new.get(k))
+                  if k not in {*ROLES, "skipped"} and old.get(k, ABSENT) != new.get(k, ABSENT))
     for k in rest:
-        lines.append(f"{k}: {_num(old.get(k))} -> {_num(new.get(k))}")
+        lines.append(f"{k}: {_num(old.get(k, ABSENT))} -> {_num(new.get(k, ABSENT))}")
     if not lines:   # same findings, same fields: only the order within a role moved
         lines.append("findings reordered within competing/other")
     return lines
@@ -359,21 +372,26 @@ def run(args: argparse.Namespace) -> int:
               f"{time.perf_counter() - t0:.1f} s (diagnoser from {where})", file=sys.stderr)
         return 0
     if args.against:
-        with tempfile.TemporaryDirectory(prefix="kvscope-golden-dump-") as tmp:
-            dump_at_revision(args.against, Path(tmp) / "old.json")
-            old = json.loads((Path(tmp) / "old.json").read_text())
-        old_label = f"revision {args.against}"
+        old, old_label = read_revision_dump(args.against), f"revision {args.against}"
     else:
-        old = json.loads(Path(args.check).read_text())
-        old_label = f"dump {args.check}"
+        old, old_label = json.loads(Path(args.check).read_text()), f"dump {args.check}"
     t0 = time.perf_counter()
-    new = collect_diagnoses("working tree")
+    if args.new:
+        new, new_label = read_revision_dump(args.new), f"revision {args.new}"
+    else:
+        new, new_label = collect_diagnoses("working tree"), f"working tree ({check_import_root()})"
     took = time.perf_counter() - t0
     result = compare(old, new)
-    print(render_comparison(result, old_label, f"working tree ({check_import_root()})"))
-    print(f"{count_findings(old)} findings old, {count_findings(new)} new; working tree took {took:.1f} s")
+    print(render_comparison(result, old_label, new_label))
+    print(f"{count_findings(old)} findings old, {count_findings(new)} new; the new side took {took:.1f} s")
     return 1 if any(result.values()) else 0
 
+
+def read_revision_dump(rev: str) -> dict[str, dict]:
+    """`rev`'s diagnoses of the working tree's inputs (through a child process and a temporary file)."""
+    with tempfile.TemporaryDirectory(prefix="kvscope-golden-dump-") as tmp:
+        dump_at_revision(rev, Path(tmp) / "dump.json")
+        return json.loads((Path(tmp) / "dump.json").read_text())
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -383,8 +401,13 @@ def main() -> int:
     mode.add_argument("--against", metavar="REV",
                       help="diagnose with git revision REV (extracted to a temporary directory), "
                            "then with the working tree, and compare")
+    ap.add_argument("--new", metavar="REV",
+                    help="with --against/--check: the new side is git revision REV instead of the working "
+                         "tree (compares two commits, unaffected by uncommitted edits)")
     ap.add_argument("--label", help="progress bar label (set for the child of --against)")
     args = ap.parse_args()
+    if args.new and args.write:
+        ap.error("--new compares; use it with --against or --check")
     try:
         return run(args)
     except (RuntimeError, OSError, ValueError, subprocess.CalledProcessError) as exc:

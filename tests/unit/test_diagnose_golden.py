@@ -92,7 +92,9 @@ def test_skipped_rules_and_diagnosis_fields():
 def test_an_evidence_field_the_comparison_does_not_know_is_still_told():
     old = [{"name": "kv", "value": 0.9, "unit": "ratio", "series": "s"}]
     new = [dict(old[0], stat="max")]
-    assert golden.compare_evidence(old, new) == ["evidence kv: stat None -> max"]
+    assert golden.compare_evidence(old, new) == ["evidence kv: stat (absent) -> max"]
+    added_null = [dict(old[0], stat=None)]
+    assert golden.compare_evidence(old, added_null) == ["evidence kv: stat (absent) -> None"]
 
 
 def test_long_series_are_cut_to_the_part_that_changed():
