@@ -6,6 +6,7 @@ import base64
 import html
 import io
 import math
+import re
 
 import pandas as pd
 from kvscope.diagnoser.report import UTILISATION_TRAP, WeeklyReport
@@ -76,6 +77,19 @@ def _table(df: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: st
     return rows
 
 
+def finding_where(where: dict[str, str]) -> str:
+    """Where a finding is: its labels, or "fleet" for a fleet-wide one (no labels at all)."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(where.items())) or "fleet"
+
+
+_NUMERIC = re.compile(r"^[$+-]?[\d,]*\.?\d+%?$")
+
+
+def is_numeric_cell(text: str) -> bool:
+    """Numbers (and the absent / n/a placeholders in number columns) are right-aligned in HTML."""
+    return bool(_NUMERIC.match(text)) or text in (ABSENT, "n/a")
+
+
 def _md_table(rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
@@ -96,7 +110,7 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
         out.append(("Tenants", _table(report.this.tenants, TENANT_COLUMNS, "Tenant")))
     if report.findings:
         rows = [["Severity", "Finding", "Where", "Since", "Levers"]]
-        rows += [[f.severity, f"{f.title} ({f.rule_id})", ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())),
+        rows += [[f.severity, f"{f.title} ({f.rule_id})", finding_where(f.where),
                   _when(f.since), ", ".join(lv.id for lv in f.levers[:3])] for f in report.findings]
         out.append(("Top findings", rows))
     else:
@@ -117,8 +131,12 @@ def render_markdown(report: WeeklyReport) -> str:
 
 def _html_table(rows: list[list[str]]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
+    body = "".join("<tr>" + "".join(_html_cell(c) for c in r) + "</tr>" for r in rows[1:])
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _html_cell(text: str) -> str:
+    return f'<td class="num">{html.escape(text)}</td>' if is_numeric_cell(text) else f"<td>{html.escape(text)}</td>"
 
 
 def render_plots(report: WeeklyReport) -> list[tuple[str, str]]:
@@ -177,6 +195,6 @@ def render_html(report: WeeklyReport) -> str:
         parts += [f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,{b64}"></figure>'
                   for t, b64 in plots]
     style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}td:first-child{text-align:left}")
+             "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}td.num{text-align:right}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
