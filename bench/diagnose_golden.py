@@ -4,7 +4,9 @@ Diagnoses every recording of the incident library (tests/recordings/*.om.gz) and
 fleet of bench/diagnose_scale.py at two smaller sizes, and dumps their JSON (findings with
 evidence values, scores, onsets, skipped rules and reasons). Two dumps are compared input by
 input: each is `identical` or `differs`, and a difference is told finding by finding (rule,
-place, onset as seconds into the window, the evidence whose value moved), not as a JSON diff.
+place, onset as seconds into the window, the evidence whose value moved), not as a JSON diff;
+changes only to descriptive fields (summary, levers, series text, a field a revision added) are
+counted per input (`differs in text only`) and listed with `--verbose`.
 
     .venv/bin/python bench/diagnose_golden.py --write /tmp/golden.json   # this code's dump
     .venv/bin/python bench/diagnose_golden.py --check /tmp/golden.json   # this code against it
@@ -36,6 +38,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,12 @@ EXPECT_ENV = "KVSCOPE_GOLDEN_EXPECT"
 ROLES = ("likely_cause", "competing", "other")
 EVIDENCE_SHOWN = 6
 """At most this many changed evidence values are printed per finding."""
+VERDICT_FIELDS = ("since", "until", "active", "severity", "score", "step_s", "cascade")
+"""Fields of a finding that are its verdict; the others (title, summary, levers, params, ...) describe it."""
+EVIDENCE_NUMBERS = ("value", "at", "threshold", "op")
+"""Fields of an evidence entry that are numbers of the finding; series text, unit, ... describe them."""
+TEXT_ONLY = "text only, "
+"""Start of the line that sums up changes to descriptive fields only."""
 
 
 # --- the dump --------------------------------------------------------------------------------
@@ -243,59 +252,83 @@ def describe_change(old: Any, new: Any, keep: int = 24) -> str:
     return f"{cut(old)} -> {cut(new)}"
 
 
-def compare_evidence(old: list[dict], new: list[dict], old_start: float = 0.0,
-                     new_start: float = 0.0) -> list[str]:
-    """Evidence entries whose value (or read time, threshold) changed, added or went away.
+def compare_evidence(old: list[dict], new: list[dict], old_start: float = 0.0, new_start: float = 0.0,
+                     verbose: bool = False) -> tuple[list[str], Counter]:
+    """Evidence entries whose numbers (value, read time, threshold, op) changed, added or gone.
 
-    Read times are told as seconds into each side's window.
+    Read times are told as seconds into each side's window. Other fields (the series text, unit,
+    fields a revision added) are descriptive: listed too when `verbose`, else only counted in
+    the returned tally ("evidence series": 3).
     """
     a = {e["name"]: e for e in old}
     b = {e["name"]: e for e in new}
-    lines = []
+    lines, tally = [], Counter()
     for name in list(a) + [n for n in b if n not in a]:
         if name not in b:
             lines.append(f"evidence {name}: only in old ({_num(a[name].get('value'))})")
         elif name not in a:
             lines.append(f"evidence {name}: only in new ({_num(b[name].get('value'))})")
         elif a[name] != b[name]:
-            fields = ["value", "at"] + sorted((set(a[name]) | set(b[name])) - {"name", "value", "at"})
             x, y = a[name], b[name]
-            moved = [f"at {_offset(x.get(k, ABSENT), old_start)} -> {_offset(y.get(k, ABSENT), new_start)}"
-                     if k == "at" else f"{k} {describe_change(x.get(k, ABSENT), y.get(k, ABSENT))}"
-                     for k in fields if x.get(k, ABSENT) != y.get(k, ABSENT)]
-            lines.append(f"evidence {name}: " + ", ".join(moved))
+            rest = sorted((set(x) | set(y)) - {"name", *EVIDENCE_NUMBERS})
+            numbers = [k for k in EVIDENCE_NUMBERS if x.get(k, ABSENT) != y.get(k, ABSENT)]
+            wording = [k for k in rest if x.get(k, ABSENT) != y.get(k, ABSENT)]
+            shown = numbers + (wording if verbose else [])
+            tally.update(() if verbose else (f"evidence {k}" for k in wording))
+            if shown:
+                lines.append(f"evidence {name}: " + ", ".join(
+                    f"at {_offset(x.get(k, ABSENT), old_start)} -> {_offset(y.get(k, ABSENT), new_start)}"
+                    if k == "at" else f"{k} {describe_change(x.get(k, ABSENT), y.get(k, ABSENT))}"
+                    for k in shown))
     if len(lines) > EVIDENCE_SHOWN:
         lines = lines[:EVIDENCE_SHOWN] + [f"... and {len(lines) - EVIDENCE_SHOWN} more evidence changes"]
-    return lines
+    return lines, tally
 
 
-def compare_finding(old: dict, new: dict, old_role: str, new_role: str,
-                    old_start: float, new_start: float) -> list[str]:
-    """What changed in one finding present on both sides (empty when nothing did)."""
+def compare_finding(old: dict, new: dict, old_role: str, new_role: str, old_start: float,
+                    new_start: float, verbose: bool = False) -> tuple[list[str], Counter]:
+    """What changed in one finding present on both sides: lines for its verdict (rank, onset,
+    end, severity, score, cascade, evidence numbers) and a tally of descriptive fields (summary,
+    levers, params, series text) that changed, listed as lines instead when `verbose`."""
     lines = []
     if old_role != new_role:
         lines.append(f"ranked {old_role} -> {new_role}")
-    for key in ("since", "until"):
-        if old.get(key) != new.get(key):
-            lines.append(f"{key} {_offset(old.get(key), old_start)} -> {_offset(new.get(key), new_start)}")
-    for key in ("active", "severity", "score", "step_s"):
-        if old.get(key) != new.get(key):
-            lines.append(f"{key} {_num(old.get(key))} -> {_num(new.get(key))}")
-    lines += compare_evidence(old.get("evidence") or [], new.get("evidence") or [], old_start, new_start)
-    shown = {"since", "until", "active", "severity", "score", "step_s", "evidence"}
-    rest = sorted(k for k in set(old) | set(new) if k not in shown and old.get(k, ABSENT) != new.get(k, ABSENT))
-    if rest:
+    for key in VERDICT_FIELDS:
+        a, b = old.get(key, ABSENT), new.get(key, ABSENT)
+        if a == b:
+            continue
+        if key in ("since", "until"):
+            lines.append(f"{key} {_offset(a, old_start)} -> {_offset(b, new_start)}")
+        elif isinstance(a, dict) and isinstance(b, dict):
+            lines.append(f"{key}: " + ", ".join(f"{k} {_num(a.get(k, ABSENT))} -> {_num(b.get(k, ABSENT))}"
+                                                for k in sorted(set(a) | set(b))
+                                                if a.get(k, ABSENT) != b.get(k, ABSENT)))
+        else:
+            lines.append(f"{key} {_num(a)} -> {_num(b)}")
+    ev_lines, tally = compare_evidence(old.get("evidence") or [], new.get("evidence") or [],
+                                       old_start, new_start, verbose)
+    lines += ev_lines
+    rest = sorted(k for k in set(old) | set(new)
+                  if k not in {*VERDICT_FIELDS, "evidence"} and old.get(k, ABSENT) != new.get(k, ABSENT))
+    if verbose and rest:
         lines.append("also changed: " + ", ".join(rest))
-    return lines
+    elif rest:
+        tally.update(rest)
+    return lines, tally
 
 
-def compare_diagnosis(old: dict, new: dict) -> list[str]:
-    """Readable differences between two diagnoses of the same input (empty when identical)."""
+def compare_diagnosis(old: dict, new: dict, verbose: bool = False) -> list[str]:
+    """Readable differences between two diagnoses of the same input (empty when identical).
+
+    Changes to what a finding says (onset, rank, evidence numbers, findings added or gone,
+    skipped rules) are listed finding by finding; changes only to descriptive fields are
+    summed up in one line starting with TEXT_ONLY (all listed when `verbose`).
+    """
     if old == new:
         return []
     old_start, new_start = (d.get("window", [0.0])[0] for d in (old, new))
     a, b = parse_findings(old), parse_findings(new)
-    lines = []
+    lines, tally, touched = [], Counter(), 0
     for key in list(a) + [k for k in b if k not in a]:
         if key not in b:
             role, f = a[key]
@@ -305,8 +338,11 @@ def compare_diagnosis(old: dict, new: dict) -> list[str]:
             role, f = b[key]
             lines.append(f"+ only in new: {describe_key(key, f)} ({role}, since "
                          f"{_offset(f.get('since'), new_start)})")
-        else:
-            changes = compare_finding(a[key][1], b[key][1], a[key][0], b[key][0], old_start, new_start)
+        elif a[key] != b[key]:
+            changes, wording = compare_finding(a[key][1], b[key][1], a[key][0], b[key][0],
+                                               old_start, new_start, verbose)
+            tally += wording
+            touched += bool(wording)
             if changes:
                 lines.append(f"~ {describe_key(key, b[key][1])}:")
                 lines += [f"    {c}" for c in changes]
@@ -315,6 +351,10 @@ def compare_diagnosis(old: dict, new: dict) -> list[str]:
                   if k not in {*ROLES, "skipped"} and old.get(k, ABSENT) != new.get(k, ABSENT))
     for k in rest:
         lines.append(f"{k}: {_num(old.get(k, ABSENT))} -> {_num(new.get(k, ABSENT))}")
+    if tally:
+        lines.append(f"{TEXT_ONLY}{touched} finding(s): "
+                     + ", ".join(f"{k} x{n}" for k, n in sorted(tally.items(), key=lambda kv: (-kv[1], kv[0])))
+                     + " (--verbose lists them)")
     if not lines:   # same findings, same fields: only the order within a role moved
         lines.append("findings reordered within competing/other")
     return lines
@@ -329,7 +369,7 @@ def _compare_skipped(old: list[dict], new: list[dict]) -> list[str]:
     return lines
 
 
-def compare(old: dict[str, dict], new: dict[str, dict]) -> dict[str, list[str]]:
+def compare(old: dict[str, dict], new: dict[str, dict], verbose: bool = False) -> dict[str, list[str]]:
     """Per input name: its differences (an empty list = identical)."""
     out = {}
     for name in list(old) + [n for n in new if n not in old]:
@@ -338,18 +378,29 @@ def compare(old: dict[str, dict], new: dict[str, dict]) -> dict[str, list[str]]:
         elif name not in old:
             out[name] = ["input only in the new dump"]
         else:
-            out[name] = compare_diagnosis(old[name], new[name])
+            out[name] = compare_diagnosis(old[name], new[name], verbose)
     return out
 
 
+def text_only(diffs: list[str]) -> bool:
+    """Whether an input's differences are all in descriptive fields (its findings say the same)."""
+    return bool(diffs) and all(d.startswith(TEXT_ONLY) for d in diffs)
+
+
 def render_comparison(result: dict[str, list[str]], old_label: str, new_label: str) -> str:
-    """One line per input (identical / differs), each difference indented under it, a total."""
+    """One line per input (identical / differs / differs in text only), each difference
+    indented under it, and a total."""
     lines = [f"old = {old_label}, new = {new_label}"]
     for name, diffs in result.items():
-        lines.append(f"{name}: {'differs' if diffs else 'identical'}")
+        status = "identical" if not diffs else "differs in text only" if text_only(diffs) else "differs"
+        lines.append(f"{name}: {status}")
         lines += [f"  {d}" for d in diffs]
-    differ = sum(1 for d in result.values() if d)
-    lines.append(f"{len(result)} inputs: " + (f"{differ} DIFFER" if differ else "all IDENTICAL"))
+    wording = sum(1 for d in result.values() if text_only(d))
+    findings = sum(1 for d in result.values() if d) - wording
+    same = len(result) - findings - wording
+    lines.append(f"{len(result)} inputs: " + ("all IDENTICAL" if same == len(result) else
+                                              f"{findings} DIFFER in findings, {wording} in text only, "
+                                              f"{same} identical"))
     return "\n".join(lines)
 
 
@@ -381,7 +432,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         new, new_label = collect_diagnoses("working tree"), f"working tree ({check_import_root()})"
     took = time.perf_counter() - t0
-    result = compare(old, new)
+    result = compare(old, new, args.verbose)
     print(render_comparison(result, old_label, new_label))
     print(f"{count_findings(old)} findings old, {count_findings(new)} new; the new side took {took:.1f} s")
     return 1 if any(result.values()) else 0
@@ -404,6 +455,9 @@ def main() -> int:
     ap.add_argument("--new", metavar="REV",
                     help="with --against/--check: the new side is git revision REV instead of the working "
                          "tree (compares two commits, unaffected by uncommitted edits)")
+    ap.add_argument("--verbose", action="store_true",
+                    help="list changes to descriptive fields (summary, levers, series text) finding by "
+                         "finding instead of counting them")
     ap.add_argument("--label", help="progress bar label (set for the child of --against)")
     args = ap.parse_args()
     if args.new and args.write:

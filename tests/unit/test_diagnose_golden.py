@@ -49,12 +49,37 @@ def test_onset_and_evidence_change_told_as_seconds_into_the_window():
     new["likely_cause"]["evidence"][0].update(value=0.5047, at=T0 + 87.7)
     new["likely_cause"]["summary"] = "other words"
     lines = golden.compare_diagnosis(old, new)
-    assert lines[0] == "~ P2 prefix_hits_diluted_across_replicas {model=m}:"
-    body = "\n".join(lines[1:])
-    assert "since +107.7 s -> +87.7 s" in body
-    assert "evidence fleet hit rate: value 0.48 -> 0.5047, at +107.7 s -> +87.7 s" in body
-    assert "also changed: summary" in body
-    assert "until" not in body and "score" not in body   # unchanged fields are not listed
+    assert lines == ["~ P2 prefix_hits_diluted_across_replicas {model=m}:",
+                     "    since +107.7 s -> +87.7 s",
+                     "    evidence fleet hit rate: value 0.48 -> 0.5047, at +107.7 s -> +87.7 s",
+                     "text only, 1 finding(s): summary x1 (--verbose lists them)"]
+    assert "    also changed: summary" in golden.compare_diagnosis(old, new, verbose=True)
+    result = golden.compare({"rr": old}, {"rr": new})
+    assert "rr: differs\n" in golden.render_comparison(result, "o", "n")
+
+
+def test_changes_to_descriptive_fields_only_are_counted_not_listed():
+    old = diagnosis(finding("kv_pressure_cascade", "K2", 50.0), [finding("queue_growing", "L12", 60.0)])
+    new = copy.deepcopy(old)
+    for f in (new["likely_cause"], new["other"][0]):
+        f["evidence"][0]["series"] = "hits/queries scaled"
+        f["evidence"][0]["stat"] = None
+    new["other"][0]["levers"] = [{"id": "kv-cache-dtype", "rank": 1, "direction": "set"}]
+    lines = golden.compare_diagnosis(old, new)
+    assert lines == ["text only, 2 finding(s): evidence series x2, evidence stat x2, levers x1 "
+                     "(--verbose lists them)"]
+    verbose = "\n".join(golden.compare_diagnosis(old, new, verbose=True))
+    assert "evidence fleet hit rate: series hits/queries -> hits/queries scaled, stat (absent) -> None" in verbose
+    text = golden.render_comparison({"a": lines, "b": []}, "o", "n")
+    assert "a: differs in text only" in text
+    assert text.endswith("2 inputs: 0 DIFFER in findings, 1 in text only, 1 identical")
+
+
+def test_cascade_changes_are_part_of_the_verdict():
+    old = diagnosis(finding("kv_pressure_cascade", "K2", 50.0, cascade={"stage": 2, "lead_time_s": None}))
+    new = copy.deepcopy(old)
+    new["likely_cause"]["cascade"].update(stage=3, lead_time_s=42.0)
+    assert golden.compare_diagnosis(old, new)[1] == "    cascade: lead_time_s None -> 42, stage 2 -> 3"
 
 
 def test_added_removed_and_reranked_findings():
@@ -89,12 +114,13 @@ def test_skipped_rules_and_diagnosis_fields():
     assert "rules_evaluated: 30 -> 31" in lines
 
 
-def test_an_evidence_field_the_comparison_does_not_know_is_still_told():
+def test_an_evidence_field_the_comparison_does_not_know_is_still_counted_and_told():
     old = [{"name": "kv", "value": 0.9, "unit": "ratio", "series": "s"}]
     new = [dict(old[0], stat="max")]
-    assert golden.compare_evidence(old, new) == ["evidence kv: stat (absent) -> max"]
+    assert golden.compare_evidence(old, new, verbose=True)[0] == ["evidence kv: stat (absent) -> max"]
+    assert golden.compare_evidence(old, new) == ([], {"evidence stat": 1})
     added_null = [dict(old[0], stat=None)]
-    assert golden.compare_evidence(old, added_null) == ["evidence kv: stat (absent) -> None"]
+    assert golden.compare_evidence(old, added_null, verbose=True)[0] == ["evidence kv: stat (absent) -> None"]
 
 
 def test_long_series_are_cut_to_the_part_that_changed():
@@ -114,7 +140,7 @@ def test_long_series_are_cut_to_the_part_that_changed():
 def test_evidence_changes_are_capped():
     many = [{"name": f"e{i}", "value": float(i), "unit": "", "series": "s"} for i in range(10)]
     moved = [dict(e, value=e["value"] + 1) for e in many]
-    lines = golden.compare_evidence(many, moved)
+    lines, _ = golden.compare_evidence(many, moved)
     assert len(lines) == golden.EVIDENCE_SHOWN + 1
     assert lines[-1] == f"... and {10 - golden.EVIDENCE_SHOWN} more evidence changes"
 
@@ -129,7 +155,7 @@ def test_inputs_on_one_side_only_and_the_total():
     d = diagnosis(None)
     result = golden.compare({"a": d, "b": d}, {"a": d, "c": d})
     assert result == {"a": [], "b": ["input only in the old dump"], "c": ["input only in the new dump"]}
-    assert golden.render_comparison(result, "o", "n").endswith("3 inputs: 2 DIFFER")
+    assert golden.render_comparison(result, "o", "n").endswith("3 inputs: 2 DIFFER in findings, 0 in text only, 1 identical")
 
 
 def test_package_layout_follows_package_dir(tmp_path):
