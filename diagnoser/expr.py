@@ -16,7 +16,7 @@ import numpy as np
 from kvscope.diagnoser import grid
 from kvscope.diagnoser.buckets import bucket_layout, group_buckets
 from kvscope.diagnoser.frame import Frame
-from kvscope.diagnoser.rule import Rule
+from kvscope.diagnoser.rule import Rule, parse_duration
 
 SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count", "resets")
 """Forms that read a canonical signal from the frame."""
@@ -452,19 +452,23 @@ def _quantiles(q: float, keys: list[tuple[str, ...]], summed: np.ndarray, n_by: 
     return groups, out
 
 
-def promql(rule: Rule, name: str) -> str:
-    """The named series written in PromQL (for evidence and for the Prometheus rule builder)."""
-    return _promql(rule, rule.series, name, tuple(rule.doc.get("by", ["instance"])))
+def promql(rule: Rule, name: str, step: float | None = None) -> str:
+    """The named series written in PromQL (for evidence and for the Prometheus rule builder).
+
+    Ranges are printed as evaluated: scaled by the rule's time_scale and, given the grid `step`,
+    rounded to the whole number of steps the evaluator uses (at least one)."""
+    return _promql(rule, rule.series, name, tuple(rule.doc.get("by", ["instance"])), step)
 
 
-def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ...]) -> str:
+def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ...],
+            step: float | None = None) -> str:
     node = nodes[name]
     by = ", ".join(node.get("by", rule_by))
     form = node_form(node)
-    rng = _range_text(rule, node.get("range", "1m" if form == "rate" else "10m" if form == "deriv" else "5m"))
+    rng = _range_text(rule, node.get("range", "1m" if form == "rate" else "10m" if form == "deriv" else "5m"), step)
 
     def ref(x: Any) -> str:
-        return _promql(rule, nodes, str(x), rule_by)
+        return _promql(rule, nodes, str(x), rule_by, step)
 
     sel = _selector(node.get("match"))
     if form == "gauge":
@@ -502,12 +506,16 @@ def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ..
     return f"{agg} by ({by}) ({ref(node['of'])})"
 
 
-def _range_text(rule: Rule, value: Any) -> str:
-    """A range as written in the rule, or, for a time-scaled rule, the scaled range actually
-    evaluated (whole seconds, at least 1s), so the printed window is the one computed."""
-    if rule.time_scale == 1.0:
+def _range_text(rule: Rule, value: Any, step: float | None = None) -> str:
+    """A range as written in the rule, or the range actually evaluated: scaled by the rule's
+    time_scale and, with a grid step, a whole number of steps (as `SeriesEvaluator._steps`)."""
+    seconds = rule.duration(value)
+    if step:
+        seconds = max(1, int(round(seconds / step))) * step
+    elif rule.time_scale == 1.0:
         return str(rule.resolve(value))
-    return prom_duration(rule.duration(value))
+    text = prom_duration(seconds)
+    return str(rule.resolve(value)) if parse_duration(text) == parse_duration(rule.resolve(value)) else text
 
 
 def prom_duration(seconds: float) -> str:

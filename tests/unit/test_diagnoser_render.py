@@ -106,6 +106,13 @@ def test_promql_prints_the_scaled_range_actually_evaluated():
     assert "[39m20s:]" in promql(_rule(0.6555), "u_avg")
 
 
+def test_promql_with_the_grid_step_prints_the_whole_steps_the_evaluator_uses():
+    assert "[5m]" in promql(_rule(1.0), "p", step=15.0)                     # 20 steps: as written
+    assert "rate(engine_preemptions_total[30s])" in promql(_rule(0.09), "p", step=10.0)   # 27 s -> 3 steps
+    assert "rate(engine_preemptions_total[5m1s])" in promql(_rule(1.0), "p", step=7.0)    # 42.9 -> 43 steps = 301 s
+    assert "[2s]" in promql(_rule(0.001), "p", step=2.0)                    # never below one step
+
+
 @pytest.mark.parametrize(("seconds", "text"), [(81, "1m21s"), (3600, "1h"), (0.2, "1s"), (3661, "1h1m1s"), (27.4, "27s")])
 def test_prom_duration(seconds, text):
     assert prom_duration(seconds) == text
