@@ -109,6 +109,49 @@ def fact_rows(f: Finding) -> list[tuple[str, str, str]]:
     return rows
 
 
+def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
+    """What "rising" / "fell" is measured against: each condition of the rule that compares a
+    series with its own earlier level, with the ranges as evaluated (scaled, whole grid steps)."""
+    from kvscope.diagnoser.rule import parse_duration
+
+    doc = _rule_docs().get(f.rule_id) or {}
+    names = {str(i.get("series")): str(i.get("name", i.get("series"))) for i in doc.get("evidence") or []}
+    conds = [c for block in _condition_blocks(doc) for c in block if isinstance(c, dict) and "baseline" in c]
+    out = []
+    for c in conds:
+        spec = c["baseline"]
+        try:
+            rng = _grid_seconds(parse_duration(_param(f, spec.get("range", "30m"))) * time_scale, f.step_s, 1)
+            off = _grid_seconds(parse_duration(_param(f, spec.get("offset", "10m"))) * time_scale, f.step_s, 0)
+            times = float(_param(f, c.get("times", 1.0)))
+        except (KeyError, TypeError, ValueError):
+            continue
+        factor = "" if times == 1.0 else f"{times:g} x "
+        left = names.get(str(c["series"]), str(c["series"]))
+        of = "its" if str(spec.get("of", c["series"])) == str(c["series"]) else \
+            f"the {names.get(str(spec['of']), str(spec['of']))}"
+        out.append(f"{left} {c.get('op', '')} {factor}{of} {spec.get('agg', 'avg')} over the {fmt_duration(rng)} "
+                   f"ending {fmt_duration(off)} earlier")
+    return out
+
+
+def _condition_blocks(doc: dict[str, Any]) -> list[list[Any]]:
+    when = doc.get("when") or {}
+    blocks = [list(when.get("all") or []), list(when.get("any") or [])]
+    blocks += [list(s.get("all") or []) for s in (doc.get("cascade") or {}).get("stages") or []]
+    return blocks
+
+
+def _param(f: Finding, value: Any) -> Any:
+    return f.params[value[1:]] if isinstance(value, str) and value.startswith("$") else value
+
+
+def _grid_seconds(seconds: float, step: float, least: int) -> float:
+    if not step:
+        return seconds
+    return max(least, int(round(seconds / step))) * step
+
+
 _ENGINES = ("vllm", "sglang", "dcgm", "nvml")
 
 
@@ -132,7 +175,7 @@ def _base_name(name: str) -> tuple[str, str]:
     return name, ""
 
 
-def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = ()) -> Panel:
+def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), time_scale: float = 1.0) -> Panel:
     """One finding as a card: what, where, since when, evidence, levers, citations, and the
     findings that corroborate it (same mechanism) as one-liners."""
     state = "still active" if f.active else f"until {fmt_time(f.until)}"
@@ -150,6 +193,8 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = ()) 
             lead = f"; the root led the latency symptom by {fmt_duration(c.lead_time_s)}"
         rows.append(Text(f"cascade stage {c.stage}/{c.stages_total}: {c.stage_name}{lead}", style="bold"))
     rows.append(_evidence_table(f))
+    for line in baseline_lines(f, time_scale):
+        rows.append(Text(f"compared with its earlier level: {line}", style="dim"))
     rows.append(_lever_table(f))
     rows.append(Text("sources: " + ", ".join(f.citations), style="dim"))
     if supporting:
@@ -241,9 +286,9 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
     if d.likely_cause is None:
         console.print(render_not_fired(d), style="yellow" if d.skipped else "green")
     else:
-        console.print(render_card(d.likely_cause, "LIKELY CAUSE", supporting))
+        console.print(render_card(d.likely_cause, "LIKELY CAUSE", supporting, d.time_scale))
     for f in d.hypotheses:
-        console.print(render_card(f, "COMPETING HYPOTHESIS (different mechanism)"))
+        console.print(render_card(f, "COMPETING HYPOTHESIS (different mechanism)", (), d.time_scale))
     support = set(id(f) for f in supporting)
     other = tuple(f for f in d.other if id(f) not in support)
     if other:

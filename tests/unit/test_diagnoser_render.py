@@ -10,6 +10,7 @@ import pytest
 from kvscope.diagnoser.expr import prom_duration, promql
 from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, LeverAdvice, Skipped, same_mechanism
 from kvscope.diagnoser.render import (
+    baseline_lines,
     fact_rows,
     group_repeats,
     render_diagnosis,
@@ -183,3 +184,14 @@ def test_kv_pressure_cascade_recording_reads_as_one_cause_with_supporting_eviden
     assert "[1m]" not in text and "[9s]" in text            # the ranges used, not the rule's 1m
     k2_preempt = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("preemptions"))
     assert "peak at" in k2_preempt
+
+
+def test_a_baseline_comparison_says_what_earlier_level_it_was_measured_against():
+    f = replace(_finding("hit_collapse_after_scaling", "P3", ("router.consistent_hashing",), where={"model": "m"}),
+                params={"baseline_range": "10m", "baseline_offset": "2m", "drop_factor": 0.7}, step_s=10.0)
+    assert baseline_lines(f) == ["fleet hit rate < 0.7 x its avg over the 10m00s ending 2m00s earlier"]
+    # scaled x0.79 on a 10 s grid: 474 s -> 47 steps, 94.8 s -> 9 steps, as the evaluator rounds them
+    assert baseline_lines(f, 0.79) == ["fleet hit rate < 0.7 x its avg over the 7m50s ending 1m30s earlier"]
+    text = _text(Diagnosis(window=f.window, source="t", likely_cause=f, rules_evaluated=1, time_scale=0.79))
+    assert "compared with its earlier level: fleet hit rate < 0.7 x its avg over the 7m50s" in text
+    assert baseline_lines(_finding("kv_pressure_preemption", "K1", KV_LEVERS)) == []
