@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 from kvscope.diagnoser.findings import Finding
-from kvscope.diagnoser.render import missing_summary, render_line
+from kvscope.diagnoser.render import baseline_lines, fact_rows, missing_summary, render_line
 from kvscope.ui.data import TriageData, counts_caption, evidence_charts, evidence_table, render_when, timeline
 
 SEVERITY_ICON = {"critical": ":red[CRITICAL]", "warning": ":orange[WARNING]", "info": ":blue[INFO]"}
@@ -73,6 +73,10 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
     if f.evidence:
         st.markdown("**Evidence**")
         st.dataframe(evidence_table(f), hide_index=True, width="stretch")
+    for name, value, how in fact_rows(f):
+        st.markdown(f"**{name}:** `{value}` ({how})")
+    for line in baseline_lines(f, data.diagnosis.time_scale):
+        st.caption(f"Compared with its earlier level: {line}")
     if charts:
         for signal, unit, df in evidence_charts(data, f):
             st.markdown(f"`{signal}` ({unit}); shaded: the finding's active period")

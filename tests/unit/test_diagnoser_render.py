@@ -195,3 +195,17 @@ def test_a_baseline_comparison_says_what_earlier_level_it_was_measured_against()
     text = _text(Diagnosis(window=f.window, source="t", likely_cause=f, rules_evaluated=1, time_scale=0.79))
     assert "compared with its earlier level: fleet hit rate < 0.7 x its avg over the 7m50s" in text
     assert baseline_lines(_finding("kv_pressure_preemption", "K1", KV_LEVERS)) == []
+
+
+def test_ui_triage_lists_supporting_findings_under_the_cause_not_as_competing(monkeypatch):
+    from kvscope.ui import data as ui_data
+    from streamlit.testing.v1 import AppTest
+
+    for var in ui_data.ENV.values():
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(ui_data.ENV["recording"], str(RECORDINGS / "kv-pressure-cascade.om.gz"))
+    at = AppTest.from_file(str(Path(ui_data.__file__).with_name("app.py")), default_timeout=120).run()
+    assert not at.exception
+    assert "Competing hypotheses" not in [h.value for h in at.header]
+    text = " ".join(m.value for m in at.markdown)
+    assert "Also fired (supporting evidence" in text and "K3" in text and "K1" in text
