@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import aiohttp
 from aiohttp import web
@@ -53,6 +54,15 @@ class Stub:
         self.site = HttpSite(app)
         self.port = await self.site.start("127.0.0.1", 0)
 
+    async def stop(self):
+        await self.site.stop()
+
+    @property
+    def runner(self):
+        """The older spelling `stub.runner.cleanup()`, still used by test_tap_collector.py and
+        test_tap_proxy_wire.py: the same as `stop()`."""
+        return SimpleNamespace(cleanup=self.stop)
+
 
 async def until(cond, timeout_s=10.0):
     """Wait until cond() holds (a busy machine may take a while to notice a closed socket)."""
@@ -76,7 +86,7 @@ def run(scenario, poll=None, **cfg):
                 await until(lambda: poll(tap))
         finally:
             await tap.stop()
-            await stub.site.stop()
+            await stub.stop()
         return out, tap, stub, spans
     return asyncio.run(main())
 
