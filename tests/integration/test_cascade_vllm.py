@@ -1,10 +1,11 @@
 """A real KV-pressure run against vLLM on CPU produces the 002 §7.4 cascade in order.
 
-The load is shaped by the engine's state, not by the client's clock: a pool-filling burst, then,
-once the scrapes show the pool full, a wave of requests that all arrive to it. An earlier version
+The load is shaped by the engine's state, not by the client's clock: long requests until the
+scrapes show the pool full, then a wave of requests that all arrive to it. An earlier version
 trickled arrivals every 100 ms and parsed every scrape on the client's event loop; on a loaded
-2-core host that loop fell behind (scrapes ~1.7 s apart, arrivals ~0.4 s apart), the tiny model
-served each late arrival at once, and no queue lasted 1 s (docs/requests.md §5).
+2-core host that loop fell behind (scrapes up to ~1.8 s apart, arrivals ~0.4 s apart on
+average), the warmed tiny model served each late arrival at once, and no queue lasted 1 s
+(docs/requests.md §5).
 """
 
 import asyncio
