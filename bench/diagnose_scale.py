@@ -226,8 +226,9 @@ def main() -> None:
                     help="after the timed run(s), profile one more: top rules, series nodes and functions")
     ap.add_argument("--top", type=int, default=15, help="how many entries --profile prints per table")
     ap.add_argument("--against", metavar="REV",
-                    help="also time the engine files of git revision REV (diagnose_golden.ENGINE_FILES) on "
-                         "the same workload, in a child process, and print the ratio")
+                    help="also time the diagnoser of git revision REV (the whole revision, extracted and imported "
+                         "as kvscope by diagnose_golden.engine_at_revision) on the same workload, in a "
+                         "child process, and print the ratio")
     args = ap.parse_args()
     global WORKERS
     WORKERS = args.workers

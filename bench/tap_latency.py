@@ -258,9 +258,14 @@ def report(table: dict[str, tuple[float, ...]], title: str) -> None:
         print(f"{name:<8} {p50:>12.2f} {p99:>12.2f} {a50:>10.2f} {a99:>10.2f} {rate:>10.0f} {cpu_s}")
     if "nginx" in table:
         t, n = table["tap"], table["nginx"]
-        print(f"tap / nginx: TTFT p99 {t[1] / n[1]:.2f}, p50 {t[0] / n[0]:.2f} (goal <= 1.00), streams/s "
-              f"{t[4] / n[4]:.2f} (goal >= 1.00), CPU per stream {t[5] / n[5]:.2f} (user {t[6] / n[6]:.2f}, "
-              f"sys {t[7] / n[7]:.2f}); tap added p99 {t[3]:.2f} ms (goal < 1 ms)")
+        print(f"tap / nginx: TTFT p99 {ratio(t[1], n[1])}, p50 {ratio(t[0], n[0])} (goal <= 1.00), streams/s "
+              f"{ratio(t[4], n[4])} (goal >= 1.00), CPU per stream {ratio(t[5], n[5])} (user {ratio(t[6], n[6])}, "
+              f"sys {ratio(t[7], n[7])}); tap added p99 {t[3]:.2f} ms (goal < 1 ms)")
+
+
+def ratio(a: float, b: float) -> str:
+    """a / b to two places, or 'n/a' when b is 0 (a short run where nginx used no measurable CPU)."""
+    return f"{a / b:.2f}" if b else "n/a"
 
 
 if __name__ == "__main__":
