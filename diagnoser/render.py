@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import time
 from collections import Counter
 from typing import Any
@@ -152,6 +153,33 @@ def _grid_seconds(seconds: float, step: float, least: int) -> float:
     return max(least, int(round(seconds / step))) * step
 
 
+_SECONDS_FIELD = re.compile(r"\{(\w+)(?::[^}]*)?\}s(?![/\w])")
+
+
+def render_summary(f: Finding) -> str:
+    """The finding's summary with durations written by `fmt_value`, as the evidence table writes
+    them ("226.0 ms", not "0.226s"); the engine's summary when the rule's template is unknown."""
+    doc = _rule_docs().get(f.rule_id) or {}
+    items = list(doc.get("evidence") or [])
+    template = doc.get("summary")
+    if not template or len(items) != len(f.evidence) or \
+            any(str(i.get("name", i.get("series"))) != e.name for i, e in zip(items, f.evidence, strict=True)):
+        return f.summary
+    by_series = {str(i["series"]): e for i, e in zip(items, f.evidence, strict=True)}
+
+    def seconds(m: re.Match[str]) -> str:
+        ev = by_series.get(m.group(1))
+        if ev is None or ev.unit != "seconds" or ev.value is None:
+            return m.group(0)
+        return fmt_value(ev).replace("{", "{{").replace("}", "}}")
+
+    try:
+        text = _SECONDS_FIELD.sub(seconds, str(template))
+        return text.format_map({k: e.value for k, e in by_series.items()})
+    except (KeyError, ValueError, TypeError, IndexError):
+        return f.summary
+
+
 _ENGINES = ("vllm", "sglang", "dcgm", "nvml")
 
 
@@ -183,7 +211,7 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
                          f"  ({f.levers_md} {f.rule_id})")
     rows: list = [head]
     if f.summary.strip() != f.title.strip():
-        rows.append(Text(f.summary))
+        rows.append(Text(render_summary(f)))
     rows.append(Text(f"where: {fmt_where(f)}    since: {fmt_time(f.since)} "
                      f"({state}, {fmt_duration(f.until - f.since)})"))
     if f.cascade:
@@ -207,7 +235,7 @@ def render_line(f: Finding) -> str:
     """One finding as one line: severity, row, title, its first evidence and how it was taken."""
     text = f"{f.severity:8} {f.levers_md:4} {f.title}"
     if f.summary.strip() != f.title.strip():
-        text += f": {f.summary}"
+        text += f": {render_summary(f)}"
     return text + f"  (since {fmt_clock(f.since)}, {fmt_duration(f.until - f.since)})"
 
 
@@ -313,7 +341,7 @@ def _where_of(members: list[Finding]) -> str:
 def _other_detail(worst: Finding, n: int) -> str:
     """The summary, or the first evidence value when the summary only repeats the title."""
     if worst.summary.strip() != worst.title.strip():
-        text = worst.summary
+        text = render_summary(worst)
     else:
         ev = next((e for e in shown_evidence(worst) if e.value is not None), None)
         text = f"{ev.name} {fmt_value(ev)} ({render_taken(worst, ev)})" if ev else "no evidence value"

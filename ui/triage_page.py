@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 from kvscope.diagnoser.findings import Finding
-from kvscope.diagnoser.render import baseline_lines, fact_rows, missing_summary, render_line
+from kvscope.diagnoser.render import baseline_lines, fact_rows, missing_summary, render_line, render_summary
 from kvscope.ui.data import TriageData, counts_caption, evidence_charts, evidence_table, render_when, timeline
 
 SEVERITY_ICON = {"critical": ":red[CRITICAL]", "warning": ":orange[WARNING]", "info": ":blue[INFO]"}
@@ -61,7 +61,7 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
     """What, where, since when, evidence, levers with the config to change, citations."""
     st.subheader(f"{SEVERITY_ICON.get(f.severity, '')} {f.title}")
     if f.summary.strip() != f.title.strip():
-        st.markdown(f"**What:** {f.summary}")
+        st.markdown(f"**What:** {render_summary(f)}")
     state = "still active" if f.active else f"ended {render_when(f.until)}"
     st.markdown(f"**Where:** `{_where(f)}` · **Since:** {render_when(f.since)} ({state}) · "
                 f"**Severity:** {f.severity} · **Rule:** `{f.rule_id}` (LEVERS {f.levers_md})")

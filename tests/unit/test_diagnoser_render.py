@@ -15,6 +15,7 @@ from kvscope.diagnoser.render import (
     group_repeats,
     render_diagnosis,
     render_not_fired,
+    render_summary,
     render_taken,
     shown_evidence,
 )
@@ -209,3 +210,19 @@ def test_ui_triage_lists_supporting_findings_under_the_cause_not_as_competing(mo
     assert "Competing hypotheses" not in [h.value for h in at.header]
     text = " ".join(m.value for m in at.markdown)
     assert "Also fired (supporting evidence" in text and "K3" in text and "K1" in text
+
+
+def test_summary_and_table_write_durations_with_one_formatter():
+    ev = (Evidence("mean KV transfer (engine)", 0.226, "seconds", "s"),
+          Evidence("mean kv_transfer phase (traces)", None, "seconds", "s"),
+          Evidence("mean bytes per transfer", None, "bytes", "s"))
+    f = replace(_finding("kv_transfer_slowing", "L7", ("ops.interconnect_check",), evidence=ev),
+                summary="KV transfers are slower than before (mean 0.226s)")
+    assert render_summary(f) == "KV transfers are slower than before (mean 226.0 ms)"
+    assert "226.0 ms" in _text(Diagnosis(window=f.window, source="t", likely_cause=f, rules_evaluated=1))
+    cascade = replace(_finding("kv_pressure_cascade", "K2", KV_LEVERS, evidence=(
+        Evidence("KV cache usage", 1.0, "ratio", "s"), Evidence("preemptions", 7.25, "per_second", "s"),
+        Evidence("waiting requests", 5.8, "count", "s"), Evidence("mean TTFT", 1.0706, "seconds", "s"))))
+    assert render_summary(cascade) == "KV 100% -> 7.25 preemptions/s -> 6 waiting -> TTFT 1.07 s"
+    unknown = _finding("not_a_shipped_rule", "X1", ("a",), summary="as the engine wrote it")
+    assert render_summary(unknown) == "as the engine wrote it"
