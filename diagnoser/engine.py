@@ -284,13 +284,14 @@ def _evidence(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int]
     for item in rule.doc.get("evidence") or []:
         name = str(item["series"])
         row = ce.ev.aligned(name, rule.by, ce.keys)[gi, start:end + 1]
-        value, at = _stat(row, str(item.get("stat", "last")), ts)
+        stat = str(item.get("stat", "last"))
+        value, at = _stat(row, stat, ts)
         cond = thresholds.get(name)
         out.append(Evidence(
             name=str(item.get("name", name)), value=None if value is None else round(value, 6),
-            unit=str(item.get("unit", "")), series=promql(rule, name), at=at,
+            unit=str(item.get("unit", "")), series=promql(rule, name, ce.ev.frame.step), at=at,
             threshold=_threshold(rule, cond.cond) if cond else None,
-            op=str(cond.cond["op"]) if cond else None))
+            op=str(cond.cond["op"]) if cond else None, stat=stat))
     return out
 
 

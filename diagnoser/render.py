@@ -76,8 +76,8 @@ def _rule_docs() -> dict[str, Any]:
 def evidence_stat(f: Finding, ev: Evidence) -> str:
     """How the value was taken over the finding's active period: max, min, first, last or mean.
 
-    The evidence's own `stat` when recorded, else the rule's evidence list, else inferred from
-    `at` (no timestamp = a mean)."""
+    The engine records it on every Evidence; findings serialised before it did fall back to the
+    shipped rule's evidence list, else to an inference from `at` (no timestamp = a mean)."""
     if ev.stat:
         return ev.stat
     for item in (_rule_docs().get(f.rule_id) or {}).get("evidence") or []:
