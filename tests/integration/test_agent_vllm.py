@@ -89,6 +89,7 @@ def test_small_kv_pool_under_load_raises_canonical_preemptions(vllm_small_kv):
     assert all(r.completion_tokens == 400 for r in result.records)  # preempted requests still finish
     assert after[PREEMPTIONS] - before[PREEMPTIONS] > 0
     # The gauge is sampled between engine steps and preemption frees blocks at once, so polling
-    # can miss the full pool (0.76 seen in CI); the counter above is the proof, this only checks
-    # that the canonical KV usage signal moved with the load.
-    assert peak_kv > 0.5, f"KV usage peaked at {peak_kv:.2f}; the pool was not under pressure"
+    # can miss the full pool (0.76 seen in CI; 0.20 on a CPU-starved box, where the 50 ms poll
+    # becomes seconds). The counter above is the proof of pressure; this only checks that the
+    # canonical KV usage signal moved off idle with the load (an unmapped or stuck gauge reads 0).
+    assert peak_kv > 0.1, f"KV usage peaked at {peak_kv:.2f}; the canonical gauge did not follow the load"
