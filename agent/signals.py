@@ -61,6 +61,7 @@ class Alias:
     rename: dict[str, str] = field(default_factory=dict)
     match: dict[str, tuple[str, ...]] = field(default_factory=dict)
     info_label: str | None = None
+    collapse: str | None = None     # "max": series that collapse repeat one value (see catalog.yaml)
 
 
 @dataclass(frozen=True)
@@ -166,8 +167,13 @@ def _parse_alias(signal: str, a: dict[str, Any], dialects: dict[str, Dialect], s
         raise CatalogError(f"{source}: signal {signal}: alias engine {a.get('engine')!r} "
                            f"is not a dialect ({sorted(dialects)})")
     match = {k: tuple(str(x) for x in v) for k, v in (a.get("match") or {}).items()}
+    collapse = a.get("collapse")
+    if collapse not in (None, "max"):
+        raise CatalogError(f"{source}: signal {signal}: alias {a.get('name')!r}: collapse must be 'max' "
+                           f"(series that collapse repeat one value), not {collapse!r}")
     return Alias(signal=signal, engine=a["engine"], name=str(a["name"]), scale=float(a.get("scale", 1.0)),
-                 rename=dict(a.get("rename") or {}), match=match, info_label=a.get("info_label"))
+                 rename=dict(a.get("rename") or {}), match=match, info_label=a.get("info_label"),
+                 collapse=collapse)
 
 
 def _parse_fact(f: dict[str, Any], dialects: dict[str, Dialect], source: str) -> FactSource:

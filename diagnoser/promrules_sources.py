@@ -40,6 +40,7 @@ class SourceTerm:
     matchers: tuple[tuple[str, str], ...] = ()   # (label, regex)
     renames: tuple[tuple[str, str], ...] = ()    # (upstream label, canonical label)
     scale: float = 1.0
+    collapse: str | None = None  # "max": the alias's collapsing series repeat one value
 
     def selector(self, extra: tuple[tuple[str, str], ...] = ()) -> str:
         """The vector selector, e.g. `{__name__=~"a|b",cache_source=~"device|total"}`."""
@@ -78,10 +79,11 @@ def source_terms(signal: Signal, catalog: Catalog, suffix: str = "") -> tuple[li
         dialect = catalog.dialects[alias.engine]
         renames = _renames(dialect, alias, signal)
         matchers = tuple(sorted((k, "|".join(_escape_re(v) for v in vs)) for k, vs in alias.match.items()))
-        key = (alias.engine, matchers, renames, alias.scale)
+        key = (alias.engine, matchers, renames, alias.scale, alias.collapse)
         names = wire_names(alias.name, signal.kind, suffix)
         prev = grouped.get(key)
-        grouped[key] = SourceTerm(alias.engine, (prev.names if prev else ()) + names, matchers, renames, alias.scale)
+        grouped[key] = SourceTerm(alias.engine, (prev.names if prev else ()) + names, matchers, renames,
+                                  alias.scale, alias.collapse)
     agent = SourceTerm(None, (AGENT_PREFIX + signal.name + suffix,))
     return [*grouped.values(), agent], skipped
 
@@ -112,7 +114,7 @@ def source_union(signal: Signal, catalog: Catalog, suffix: str = "") -> str:
 
     Gauges are max-ed and counters and histogram series summed over the series that collapse
     onto one canonical label set, as the normalizer does (old and new names of one engine
-    included). Bucket bounds written as integers (`le="1"`) are rewritten as `1.0` so buckets
+    included); an alias marked `collapse: max` (every rank repeats one count) is max-ed. Bucket bounds written as integers (`le="1"`) are rewritten as `1.0` so buckets
     from different client libraries line up."""
     terms, _ = source_terms(signal, catalog, suffix)
     agg = "max" if signal.kind == "gauge" else "sum"
@@ -123,7 +125,7 @@ def source_union(signal: Signal, catalog: Catalog, suffix: str = "") -> str:
         expr = relabel(term.selector(), term)
         if suffix == "_bucket":
             expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
-        parts.append(f"{agg} by ({clause}) ({expr})")
+        parts.append(f"{'max' if term.collapse == 'max' else agg} by ({clause}) ({expr})")
     return "\nor\n".join(parts)
 
 

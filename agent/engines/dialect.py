@@ -218,7 +218,7 @@ class _Mapper:
         if labels is None:
             return None, _BAD_LE, signal.kind, mode, factor
         name = signal.name + (suffix if signal.kind == "histogram" else "")
-        return name, labels, signal.kind, mode, factor
+        return name, labels, _combine_kind(alias, signal.kind), mode, factor
 
     @staticmethod
     def _add(name: str | None, labels: Labels | str, kind: str, ts: float | None, value: float | None,
@@ -252,7 +252,8 @@ class _Mapper:
         value = self._value(alias, signal.kind, suffix, raw, upstream)
         labels = self._labels(alias, signal.labels, signal.kind, suffix, upstream)
         name = None if labels is None else signal.name + (suffix if signal.kind == "histogram" else "")
-        self._add(name, "" if labels is None else labels, signal.kind, ts, value, acc, out)   # checks value, then le
+        self._add(name, "" if labels is None else labels, _combine_kind(alias, signal.kind), ts, value, acc,
+                  out)   # checks value, then le
 
     @staticmethod
     def _value(alias: Alias, kind: str, suffix: str, raw: RawSample,
@@ -300,3 +301,11 @@ class _Mapper:
         for k in keys:
             if k in upstream and not k.startswith("_"):
                 facts[k] = upstream[k]
+
+
+def _combine_kind(alias: Alias, kind: str) -> str:
+    """How `_add` combines this alias's series that collapse into one canonical series: as a
+    gauge (max) when the alias says every collapsed series repeats one value (`collapse: max`,
+    e.g. a count each TP rank reports identically), else by the signal's own kind."""
+    return "gauge" if alias.collapse == "max" else kind
+

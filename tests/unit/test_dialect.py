@@ -108,6 +108,39 @@ def test_series_that_collapse_are_summed_for_counters_and_maxed_for_gauges():
     assert one(norm, "engine_requests_waiting").value == 3.0
 
 
+def test_an_alias_marked_collapse_max_keeps_one_copy_of_a_count_every_rank_repeats():
+    """sglang:load_back_tokens_total: each TP rank reports the same count (and hybrid models add a
+    series per pool), so the ranks collapse by max; load_back_bytes is a per-rank shard: summed.
+    Both paths (first scrape, then the memoized plan) must agree."""
+    from kvscope.agent.engines.dialect import MappingMemo
+
+    text = "".join(
+        f'sglang:load_back_tokens_total{{cache_type="HiRadixCache",pool="{pool}",tp_rank="{r}",pp_rank="0"}} {v}\n'
+        for r in range(4) for pool, v in (("kv", 640), ("swa", 512)))
+    text += "".join(f'sglang:load_back_bytes_total{{cache_type="HiRadixCache",tp_rank="{r}",pp_rank="0"}} 2000\n'
+                    for r in range(4))
+    expo = parse_exposition(text)
+    memo = MappingMemo()
+    for ts in (100.0, 101.0):
+        norm = normalize(expo, "sglang", TARGET, ts, load_catalog(), memo)
+        assert one(norm, "engine_kv_offload_loaded_tokens_total").value == 640.0
+        assert one(norm, "engine_kv_offload_load_bytes_total").value == 8000.0
+
+
+def test_catalog_rejects_an_unknown_collapse_mode():
+    from importlib import resources
+
+    import pytest
+    from kvscope.agent.signals import CatalogError, parse_catalog
+
+    text = resources.files("kvscope.agent.engines").joinpath("catalog.yaml").read_text()
+    assert parse_catalog(text).signals["engine_kv_offload_loaded_tokens_total"].aliases[0].collapse == "max"
+    bad = text.replace('name: "sglang:load_back_tokens", collapse: max', 'name: "sglang:load_back_tokens", collapse: sum')
+    assert bad != text
+    with pytest.raises(CatalogError, match="collapse must be 'max'"):
+        parse_catalog(bad)
+
+
 def test_nan_and_inf_samples_are_dropped_with_a_reason():
     norm = canon('vllm:kv_cache_usage_perc{engine="0",model_name="m"} NaN\n'
                  'vllm:num_requests_waiting{engine="0",model_name="m"} +Inf\n'
