@@ -41,10 +41,14 @@ class TerminateRequested(Exception):
 
 
 def stop_on_sigterm() -> None:
-    """Turn SIGTERM into an exception so `finally: server.stop()` runs (main thread only)."""
+    """Turn SIGTERM into an exception so `finally: server.stop()` runs (main thread only), and
+    make Ctrl-C (SIGINT) raise KeyboardInterrupt even when it was inherited as ignored: a shell
+    starts background jobs with SIGINT ignored, and a foreground UI that says "Ctrl-C to stop"
+    must stop on it."""
     def handler(signum, frame):  # noqa: ARG001 - signal handler signature
         raise TerminateRequested()
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class UiServer:

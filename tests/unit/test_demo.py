@@ -60,10 +60,14 @@ def test_check_on_the_default_real_incident(capsys):
     assert row in expected
 
 
-def test_foreground_demo_serves_the_ui_and_stops_on_ctrl_c(tmp_path):
+@pytest.mark.parametrize("inherited_sigint", ["default", "ignored"])
+def test_foreground_demo_serves_the_ui_and_stops_on_ctrl_c(tmp_path, inherited_sigint):
+    """Also when started with SIGINT ignored, as a shell starts background jobs (a CI runner's
+    `make test &`): the demo says 'Ctrl-C to stop', so it must restore the handler."""
     rec = write_kv_incident(tmp_path / "kv-incident.om")
     port = free_port()
-    proc, printed = _start_ui("demo", rec, port)
+    sigint = signal.SIG_IGN if inherited_sigint == "ignored" else signal.SIG_DFL
+    proc, printed = _start_ui("demo", rec, port, preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
     try:
         assert printed == port
         url = f"http://127.0.0.1:{port}"
@@ -79,11 +83,11 @@ def test_foreground_demo_serves_the_ui_and_stops_on_ctrl_c(tmp_path):
         stop_process(proc, signal.SIGKILL)
 
 
-def _start_ui(command: str, rec: Path, port: int):
+def _start_ui(command: str, rec: Path, port: int, **popen_kw):
     """`kvscope <command>` on `port`, and the port of the URL it printed ("kvscope UI: <url>")."""
     return start_reporting_port([sys.executable, "-m", "kvscope", command, "--recording", str(rec),
                                  "--port", str(port)], r"^kvscope UI: http://127\.0\.0\.1:(\d+)\s",
-                                timeout_s=90, stream="stdout", cwd=REPO)
+                                timeout_s=90, stream="stdout", cwd=REPO, **popen_kw)
 
 
 def test_demo_script_exists_and_is_executable():
