@@ -188,7 +188,10 @@ async def run_load(spec: LoadSpec, replicas: list[str], policy: str = "round_rob
             if on_done:
                 on_done(rec)
 
-    conn = aiohttp.TCPConnector(limit=spec.concurrency)
+    # A fresh connection per request: the engine's HTTP server (uvicorn) closes idle keep-alive
+    # connections after 5 s, and a request written on one it is closing fails before any reply
+    # (a POST is not retried). Loopback connects are cheap next to a generation.
+    conn = aiohttp.TCPConnector(limit=spec.concurrency, force_close=True)
     async with aiohttp.ClientSession(connector=conn) as session:
         await asyncio.gather(*(worker(session) for _ in range(spec.concurrency)))
     return LoadResult(records, time.monotonic() - t_start)

@@ -83,9 +83,9 @@ def test_small_kv_pool_under_load_raises_canonical_preemptions(vllm_small_kv):
     # tokens; the pool has 128, so the scheduler must preempt running requests.
     tenants = [Tenant("bulk", system_words=300, prompt_words=Dist("uniform", 50, 200),
                       output_tokens=Dist("fixed", 400))]
-    spec = LoadSpec(tenants, max_requests=24, duration_s=120, concurrency=12, seed=2)
+    spec = LoadSpec(tenants, max_requests=24, duration_s=120, concurrency=12, seed=2, request_timeout_s=300)
     before, after, result, peak_kv = asyncio.run(_collect_around(vllm_small_kv, spec, watch_kv=True))
-    assert result.summary()["errors"] == 0
+    assert result.summary()["errors"] == 0, [(r.error, round(r.e2e_s, 1)) for r in result.records if not r.ok]
     assert all(r.completion_tokens == 400 for r in result.records)  # preempted requests still finish
     assert after[PREEMPTIONS] - before[PREEMPTIONS] > 0
     # The gauge is sampled between engine steps and preemption frees blocks at once, so polling
