@@ -33,7 +33,38 @@ Head = tuple[str, Labels, float]
 _new = tuple.__new__
 
 
-class Stamped(Sequence[Sample]):
+class _Flattened(Sequence[Sample]):
+    """A read-only sequence of Samples whose flat list `samples()` is built on first use and
+    answers length, iteration, indexing and equality (with a list or another such sequence)."""
+
+    __slots__ = ()
+    _len: int
+
+    def samples(self) -> list[Sample]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Sample]:
+        return iter(self.samples())
+
+    @overload
+    def __getitem__(self, i: int) -> Sample: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Sample]: ...
+    def __getitem__(self, i: int | slice) -> Sample | list[Sample]:
+        return self.samples()[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _Flattened | list):
+            return self.samples() == list(other)
+        return NotImplemented
+
+    __hash__ = None   # type: ignore[assignment]
+
+
+class Stamped(_Flattened):
     """A scrape's canonical samples: `blocks` of heads (a block object is reused while its
     family did not change), all stamped `timestamp`."""
 
@@ -52,31 +83,11 @@ class Stamped(Sequence[Sample]):
             self._flat = list(map(_new, repeat(Sample), map(add, heads, repeat((self.timestamp,)))))
         return self._flat
 
-    def __len__(self) -> int:
-        return self._len
-
-    def __iter__(self) -> Iterator[Sample]:
-        return iter(self.samples())
-
-    @overload
-    def __getitem__(self, i: int) -> Sample: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[Sample]: ...
-    def __getitem__(self, i: int | slice) -> Sample | list[Sample]:
-        return self.samples()[i]
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Stamped | list | Parts):
-            return self.samples() == list(other)
-        return NotImplemented
-
-    __hash__ = None   # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return f"Stamped({len(self.blocks)} blocks, {self._len} samples @ {self.timestamp})"
 
 
-class Parts(Sequence[Sample]):
+class Parts(_Flattened):
     """A cycle's samples as the parts they came in (Stamped or lists), in order. `sources[i]`
     names the target part i came from ("" when it is not one target's scrape)."""
 
@@ -108,26 +119,6 @@ class Parts(Sequence[Sample]):
         if self._flat is None:
             self._flat = list(chain.from_iterable(p.samples() if isinstance(p, Stamped) else p for p in self.parts))
         return self._flat
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __iter__(self) -> Iterator[Sample]:
-        return iter(self.samples())
-
-    @overload
-    def __getitem__(self, i: int) -> Sample: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[Sample]: ...
-    def __getitem__(self, i: int | slice) -> Sample | list[Sample]:
-        return self.samples()[i]
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Stamped | list | Parts):
-            return self.samples() == list(other)
-        return NotImplemented
-
-    __hash__ = None   # type: ignore[assignment]
 
     def __add__(self, other: Sequence[Sample]) -> Parts:
         return Parts([self, other])
