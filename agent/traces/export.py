@@ -35,7 +35,8 @@ def render_phase_spans(record: RequestRecord) -> list[Span]:
         return out
     cursor = pre.start_ns
     for obs in record.phases:
-        anchor = dec if obs.phase in ("kv_transfer", "decode") and obs.role in ("decode", None) else pre
+        on_decode = obs.role == "decode" or (obs.role is None and obs.phase in ("kv_transfer", "decode"))
+        anchor = dec if on_decode else pre
         if obs.phase == "kv_transfer" and record.kv_transfer_source == "gap":
             cursor = pre.end_ns
         elif anchor is dec and cursor < dec.start_ns:

@@ -17,8 +17,9 @@ Tenant, model, instance and role come from span or resource attributes (`kvscope
 trace through `traceparent`, so the tenant reaches the record.
 
 Memory is bounded: at most `max_traces` open traces and `max_spans_per_trace` spans each; a trace
-is finished `settle_s` after its last span (a lone prefill half waits up to `ttl_s` for its decode
-half) and dropped, counted, after `ttl_s` without a request span.
+is finished `settle_s` after its last span (a lone P/D half, prefill or decode, waits up to `ttl_s`
+for the other: each engine's exporter sends its batch on its own schedule) and dropped, counted,
+after `ttl_s` without a request span.
 """
 
 from __future__ import annotations
@@ -154,8 +155,8 @@ class TraceStitcher:
             return "expired" if now - tr.first_seen >= self.config.ttl_s else "open"
         if now - tr.last_seen < self.config.settle_s:
             return "open"
-        if roots == ["prefill"] and now - tr.first_seen < self.config.ttl_s:
-            return "open"    # a P/D prefill half: wait for the decode half
+        if roots in (["prefill"], ["decode"]) and now - tr.first_seen < self.config.ttl_s:
+            return "open"    # one P/D half: the other instance's exporter may send its span later
         return "done"
 
     def stitch(self, spans: list[Span]) -> list[RequestRecord]:
@@ -304,14 +305,24 @@ def _pair_pd(records: list[RequestRecord]) -> list[RequestRecord]:
 
 
 def _merge(p: RequestRecord, d: RequestRecord) -> RequestRecord:
-    phases = [o for o in p.phases if o.phase in ("queue", "prefill", "kv_transfer")]
-    phases += [o for o in d.phases if o.phase in ("kv_transfer", "decode")]
+    """One P/D request: the prefill side's queue, prefill (and transfer span), the KV transfer, then
+    the decode side's first step and decode, in that order.
+
+    The decode side's `prefill` (scheduled -> first token on the decode instance) is kept, observed
+    on the decode instance: with a connector that loads KV synchronously in the first step
+    (vLLM's ExampleConnector) that step is where the KV is read; it also computes the prompt tail
+    not covered by whole transferred blocks. Its queue time belongs to the gap (below).
+    """
+    pre_side = [o for o in p.phases if o.phase in ("queue", "prefill", "kv_transfer")]
+    transfer = [o for o in d.phases if o.phase == "kv_transfer"]
+    dec_side = [o for o in d.phases if o.phase in ("prefill", "decode")]
     source = "span" if "span" in (p.kv_transfer_source, d.kv_transfer_source) else None
     if source is None:
         d_run = d.start_ns + int((d.phase("queue") or 0.0) * 1e9)
-        phases.append(PhaseObservation("kv_transfer", max(0, d_run - p.end_ns) / 1e9, d.instance, "decode"))
+        transfer = [PhaseObservation("kv_transfer", max(0, d_run - p.end_ns) / 1e9, d.instance, "decode")]
         source = "gap"
-    phases.sort(key=lambda o: PHASES.index(o.phase))
+    phases = (sorted(pre_side, key=lambda o: PHASES.index(o.phase)) + transfer
+              + sorted(dec_side, key=lambda o: PHASES.index(o.phase)))
     ttft = None
     if d.ttft_s is not None:
         ttft = (d.start_ns - p.start_ns) / 1e9 + d.ttft_s

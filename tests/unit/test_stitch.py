@@ -79,10 +79,13 @@ def test_vllm_pd_pair_measures_the_kv_transfer_gap():
     [rec] = stitch_trace([dec, pre], cfg)
     assert rec.role == "pd" and rec.kv_transfer_source == "gap"
     assert rec.phase("kv_transfer") == pytest.approx(0.010)
-    assert rec.phase("queue") == pytest.approx(0.002) and rec.phase("prefill") == pytest.approx(0.025)
-    assert rec.phase("decode") == pytest.approx(0.080)
+    assert rec.phase("queue") == pytest.approx(0.002) and rec.phase("decode") == pytest.approx(0.080)
     assert rec.instance == "d:8000"
-    assert {(p.phase, p.instance) for p in rec.phases} >= {("prefill", "p:8000"), ("kv_transfer", "d:8000")}
+    # the decode instance's first step (scheduled -> first token) stays, observed on the decode instance
+    assert [(p.phase, p.instance, p.role, round(p.seconds, 6)) for p in rec.phases] == [
+        ("queue", "p:8000", "prefill", 0.002), ("prefill", "p:8000", "prefill", 0.025),
+        ("kv_transfer", "d:8000", "decode", 0.010), ("prefill", "d:8000", "decode", 0.001),
+        ("decode", "d:8000", "decode", 0.080)]
     assert rec.ttft_s == pytest.approx(0.042)
 
 
@@ -116,6 +119,25 @@ def test_stitcher_waits_to_settle_and_for_the_decode_half():
     assert rec.role == "pd" and len(st) == 0
 
 
+def test_a_decode_half_that_arrives_first_waits_for_its_prefill_half():
+    # two engines, two BatchSpanProcessors: the decode instance's batch can be exported first
+    clock = Clock()
+    cfg = StitchConfig(settle_s=1.0, ttl_s=10.0, service_labels={"vllm-p": {"role": "prefill"},
+                                                                   "vllm-d": {"role": "decode"}})
+    st = TraceStitcher(cfg, clock=clock)
+    st.add([llm_request("2000000000000001", 33, 90, 0.007, 0.001, 0.080, 0.009, service="vllm-d")])
+    clock.t = 4.0
+    assert st.flush() == [] and len(st) == 1
+    st.add([llm_request("1000000000000001", 0, 30, 0.002, 0.025, 0.0, 0.027, service="vllm-p")])
+    clock.t = 5.1
+    [rec] = st.flush()
+    assert rec.role == "pd" and rec.phase("kv_transfer") == pytest.approx(0.010)
+    st.add([llm_request("3000000000000001", 0, 90, 0.0, 0.001, 0.080, 0.009, service="vllm-d")])
+    clock.t = 15.2                         # no prefill half within ttl_s: the decode half alone
+    [alone] = st.flush()
+    assert alone.role == "decode" and alone.phase("kv_transfer") is None and len(st) == 0
+
+
 def test_stitcher_bounds_memory_and_counts_what_it_drops():
     clock = Clock()
     st = TraceStitcher(StitchConfig(max_traces=3, max_spans_per_trace=2, ttl_s=5.0), clock=clock)
@@ -134,9 +156,12 @@ def test_phase_spans_render_back_to_back_and_encode_to_otlp():
     dec = llm_request("2000000000000001", 33, 90, 0.007, 0.001, 0.080, 0.009, service="vllm-d")
     [rec] = stitch_trace([pre, dec], cfg)
     spans = render_phase_spans(rec)
-    assert [s.name for s in spans] == ["phase queue", "phase prefill", "phase kv_transfer", "phase decode"]
-    assert spans[0].parent_id == pre.span_id and spans[3].parent_id == dec.span_id
+    assert [s.name for s in spans] == ["phase queue", "phase prefill", "phase kv_transfer", "phase prefill",
+                                       "phase decode"]
+    assert [s.parent_id for s in spans] == [pre.span_id] * 2 + [dec.span_id] * 3
     assert spans[2].start_ns == pre.end_ns and spans[2].end_ns == pre.end_ns + 10 * MS
+    assert spans[3].start_ns == spans[2].end_ns and spans[4].start_ns == spans[3].end_ns == spans[2].end_ns + MS
+    assert len({s.span_id for s in spans}) == 5
     decoded = parse_otlp_traces(encode_spans(spans), "application/x-protobuf")
     assert [(s.name, s.attributes["kvscope.phase"]) for s in decoded] == [(s.name, s.attributes["kvscope.phase"])
                                                                           for s in spans]
