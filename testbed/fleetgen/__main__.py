@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from testbed.fleetgen.sim import SCENARIOS, generate
+from testbed.fleetgen.sim import all_scenarios, generate
 
 OUT = Path(__file__).resolve().parents[2] / "tests" / "recordings"
 
@@ -17,14 +17,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m testbed.fleetgen", description=(
         "Generate synthetic fleet recordings (P/D, 8 replicas, DCGM, SGLang DP) with the exact upstream "
         "metric names, calibrated on the real vLLM recordings (testbed/fleetgen/calibration.yaml)."))
-    ap.add_argument("names", nargs="*", help="scenarios (default: all): " + ", ".join(SCENARIOS))
+    scenarios = all_scenarios()
+    ap.add_argument("names", nargs="*", help="scenarios (default: all): " + ", ".join(scenarios))
     ap.add_argument("--out", type=Path, default=OUT, help="output directory")
     a = ap.parse_args(argv)
-    unknown = [n for n in a.names if n not in SCENARIOS]
+    unknown = [n for n in a.names if n not in scenarios]
     if unknown:
         print(f"unknown scenario(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
-    for name in tqdm(a.names or list(SCENARIOS), unit="scenario"):
+    for name in tqdm(a.names or list(scenarios), unit="scenario"):
         tqdm.write(f"wrote {generate(name, a.out)}")
     return 0
 

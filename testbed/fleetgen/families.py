@@ -17,10 +17,26 @@ VLLM_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1
 VLLM_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
 VLLM_LATENCY = (0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680)
 VLLM_NIXL_XFER = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 5)
+
+
+def vllm_request_token_bounds(max_model_len: int) -> tuple[int, ...]:
+    """vLLM's `request_tokens` family: the 1-2-5 series up to max_model_len (1, 2, 5, ..., 5000 for 8k)."""
+    out, mag = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * mag > max_model_len:
+                return tuple(out)
+            out.append(m * mag)
+        mag *= 10
+
+
 # SGLang 0.5.23
 SGL_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 SGL_ITL = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1,
            0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8)
+SGL_TOKENS = (100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000,
+              12500, 15000, 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000,
+              100_000, 200_000, 300_000, 400_000, 600_000, 800_000, 1_000_000, 1_100_000)
 SGL_KV_XFER_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 SGL_QUEUE = (0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70,
              80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800, 2000,
@@ -108,6 +124,9 @@ class VllmState:
     e2e: Histogram = field(default_factory=lambda: Histogram(VLLM_LATENCY))
     queue: Histogram = field(default_factory=lambda: Histogram(VLLM_LATENCY))
     nixl_xfer: Histogram | None = None        # set on P/D replicas (NixlConnector)
+    prompt_len: Histogram | None = None       # vllm:request_prompt_tokens (request_tokens buckets)
+    gen_len: Histogram | None = None          # vllm:request_generation_tokens
+    cache_dtype: str = "auto"
 
 
 def render_vllm(s: VllmState, text: Text | None = None) -> str:
@@ -142,9 +161,14 @@ def render_vllm(s: VllmState, text: Text | None = None) -> str:
         t.family("vllm:nixl_xfer_time_seconds", "histogram",
                  "Histogram of transfer duration for NIXL KV Cache transfers.")
         t.histogram("vllm:nixl_xfer_time_seconds", lab, s.nixl_xfer)
+    for name, help_, h in (("vllm:request_prompt_tokens", "Number of prefill tokens processed.", s.prompt_len),
+                           ("vllm:request_generation_tokens", "Number of generation tokens processed.", s.gen_len)):
+        if h is not None:
+            t.family(name, "histogram", help_)
+            t.histogram(name, lab, h)
     t.family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
     t.sample("vllm:cache_config_info", [
-        ("block_size", str(s.block_size)), ("cache_dtype", "auto"),
+        ("block_size", str(s.block_size)), ("cache_dtype", s.cache_dtype),
         ("enable_prefix_caching", str(s.prefix_caching)), ("engine", s.engine),
         ("gpu_memory_utilization", "0.9"), ("num_gpu_blocks", str(s.num_gpu_blocks))], 1.0)
     return t.render()
@@ -177,6 +201,11 @@ class SglangState:
     ttft: Histogram = field(default_factory=lambda: Histogram(SGL_TTFT))
     itl: Histogram = field(default_factory=lambda: Histogram(SGL_ITL))
     kv_xfer_ms: Histogram | None = None
+    prompt_len: Histogram | None = None         # sglang:prompt_tokens_histogram (tokenizer side)
+    gen_len: Histogram | None = None            # sglang:generation_tokens_histogram
+    queue_time: Histogram | None = None         # sglang:queue_time_seconds (scheduler side)
+    generation_tokens: float = 0.0              # sglang:generation_tokens_total
+    aborted: float | None = None                # sglang:num_aborted_requests_total
 
 
 def _sgl_sched_labels(s: SglangState) -> list[tuple[str, str]]:
@@ -208,7 +237,24 @@ def render_sglang(s: SglangState, text: Text | None = None, scheduler: bool = Tr
         t.histogram("sglang:time_to_first_token_seconds", tok + [("is_streaming", "true")], s.ttft)
         t.family("sglang:inter_token_latency_seconds", "histogram", "Histogram of inter-token latency in seconds.")
         t.histogram("sglang:inter_token_latency_seconds", tok, s.itl)
+        _render_tokenizer_extras(s, t, tok)
     return t.render()
+
+
+def _render_tokenizer_extras(s: SglangState, t: Text, tok: list[tuple[str, str]]) -> None:
+    """Length histograms, output tokens and aborts, rendered only where a scenario models them."""
+    if s.prompt_len is None:
+        return
+    t.family("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.")
+    t.sample("sglang:generation_tokens_total", tok + [("is_streaming", "true")], s.generation_tokens)
+    for name, h in (("sglang:prompt_tokens_histogram", s.prompt_len),
+                    ("sglang:generation_tokens_histogram", s.gen_len)):
+        if h is not None:
+            t.family(name, "histogram", name.split(":")[1].replace("_", " "))
+            t.histogram(name, tok, h)
+    if s.aborted is not None:
+        t.family("sglang:num_aborted_requests_total", "counter", "Number of requests aborted.")
+        t.sample("sglang:num_aborted_requests_total", tok, s.aborted)
 
 
 def _render_scheduler(s: SglangState, t: Text) -> None:
@@ -235,6 +281,9 @@ def _render_scheduler(s: SglangState, t: Text) -> None:
         t.sample("sglang:load_back_tokens_total", sorted(radix + [("pool", "kv")]), s.load_back_tokens)
         t.family("sglang:evicted_tokens_total", "counter", "Device KV slots freed by eviction.")
         t.sample("sglang:evicted_tokens_total", radix, s.evicted_tokens)
+    if s.queue_time is not None:
+        t.family("sglang:queue_time_seconds", "histogram", "Histogram of queueing time in seconds.")
+        t.histogram("sglang:queue_time_seconds", lab, s.queue_time)
     if s.kv_xfer_ms is not None:
         t.family("sglang:kv_transfer_latency_ms", "histogram", "KV transfer latency in milliseconds.")
         t.histogram("sglang:kv_transfer_latency_ms", lab, s.kv_xfer_ms)

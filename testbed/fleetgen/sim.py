@@ -357,11 +357,38 @@ SCENARIOS: dict[str, Callable[[Path, dict], dict]] = {
 }
 
 
+def blind_scenarios() -> dict[str, Callable[[Path, dict], dict]]:
+    """The blind set (blind.py, blind_healthy.py: written from the seeds, expectations set before
+    diagnosing). Imported lazily: those modules build on this one."""
+    from testbed.fleetgen.blind import (
+        scenario_decode_batch_large,
+        scenario_hpa_wrong_signal,
+        scenario_kv_too_small,
+        scenario_mixed_prompts_itl_tail,
+        scenario_output_length_drift,
+        scenario_sglang_queue_overload,
+    )
+    from testbed.fleetgen.blind_healthy import scenario_healthy_autoscaled_ramp, scenario_healthy_busy_near_knee
+    return {"blind-vllm-mixed-prompts-itl-tail": scenario_mixed_prompts_itl_tail,
+            "blind-sglang-queue-overload": scenario_sglang_queue_overload,
+            "blind-vllm-decode-batch-large": scenario_decode_batch_large,
+            "blind-vllm-kv-too-small": scenario_kv_too_small,
+            "blind-vllm-output-length-drift": scenario_output_length_drift,
+            "blind-vllm-hpa-wrong-signal": scenario_hpa_wrong_signal,
+            "blind-healthy-busy-near-knee": scenario_healthy_busy_near_knee,
+            "blind-healthy-sglang-autoscaled-ramp": scenario_healthy_autoscaled_ramp}
+
+
+def all_scenarios() -> dict[str, Callable[[Path, dict], dict]]:
+    """Every scenario `python -m testbed.fleetgen` can write: the fleet set and the blind set."""
+    return {**SCENARIOS, **blind_scenarios()}
+
+
 def generate(name: str, out_dir: Path, cal: dict | None = None) -> Path:
     """Write <name>.om.gz and <name>.yaml into out_dir; return the YAML path."""
     cal = cal or load_calibration()
     rec = out_dir / f"{name}.om.gz"
-    meta = SCENARIOS[name](rec, cal)
+    meta = all_scenarios()[name](rec, cal)
     doc = {"scenario": name, "summary": meta.pop("summary"),
            "source": "synthetic: testbed/fleetgen (exact upstream names/labels/buckets; dynamics "
                      "calibrated on the real recordings, see testbed/fleetgen/README.md)",
