@@ -7,13 +7,13 @@ no command line of its own. The triage page comes first.
 from __future__ import annotations
 
 import streamlit as st
-from kvscope.ui import catalog_page, efficiency_page, fairness_page, sizing_page, triage_page
+from kvscope.ui import cascade_page, catalog_page, efficiency_page, fairness_page, sizing_page, triage_page
 from kvscope.ui.data import SourceError, TriageData, load_triage, source_from_env
 
 PAGES = {
     "Triage": triage_page.render,
     "Tenants & fairness": fairness_page.render,
-    "Cascades": fairness_page.render_cascades,
+    "Cascades": cascade_page.render,
     "Efficiency": efficiency_page.render,
     "Sizing calculator": sizing_page.render,
     "Rules & levers": catalog_page.render,

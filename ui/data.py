@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from kvscope.agent.signals import Labels, load_catalog
+from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Labels, load_catalog
 from kvscope.diagnoser.findings import Diagnosis, Finding
 from kvscope.diagnoser.frame import Frame
 
@@ -144,13 +144,21 @@ def signals_in(expr: str, frame: Frame) -> list[str]:
     catalog = load_catalog()
     out: list[str] = []
     for token in _TOKEN.findall(expr):
-        sig = catalog.signals.get(token)
-        if sig is None or token in out:
+        sig = catalog.signals.get(token) or catalog.signals.get(_histogram_base(token))
+        if sig is None or sig.name in out:
             continue
-        names = sig.series_names()
-        if any(n in frame.blocks for n in names):
-            out.append(token)
+        if any(n in frame.blocks for n in sig.series_names()):
+            out.append(sig.name)
     return out
+
+
+def _histogram_base(token: str) -> str:
+    """'request_ttft_seconds_sum' -> 'request_ttft_seconds': evidence reads histograms through
+    their _sum/_count/_bucket series, the catalog names the histogram itself."""
+    for suffix in HISTOGRAM_SUFFIXES:
+        if token.endswith(suffix):
+            return token[: -len(suffix)]
+    return token
 
 
 def _matches(labels: Labels, where: Mapping[str, str]) -> bool:
@@ -204,29 +212,48 @@ def evidence_charts(data: TriageData, finding: Finding) -> list[tuple[str, str, 
     seen: list[str] = []
     for ev in finding.evidence:
         seen += [s for s in signals_in(ev.series, data.frame) if s not in seen]
-    catalog = load_catalog()
     out = []
     for sig in seen:
         df = signal_frame(data.frame, sig, finding.where)
         if not df.empty and df.notna().any().any():
-            unit = catalog.signals[sig].unit + ("/s" if catalog.signals[sig].kind == "counter" else "")
-            out.append((sig, unit, df))
+            out.append((sig, axis_unit(sig), df))
     return out
 
 
+_UNIT_WORDS = {"ratio": "ratio (0-1)", "count": "count", "seconds": "seconds", "tokens": "tokens",
+               "bytes": "bytes", "bytes_per_second": "bytes/s"}
+
+
+def axis_unit(signal: str) -> str:
+    """The y-axis title of a signal as `signal_frame` plots it: 'per second' for counted events,
+    'tokens/s' for token counters, 'seconds (mean per step)' for a latency histogram."""
+    sig = load_catalog().signals[signal]
+    unit = _UNIT_WORDS.get(sig.unit, sig.unit)
+    if sig.kind == "counter":
+        return "per second" if sig.unit == "count" else f"{unit}/s"
+    if sig.kind == "histogram":
+        return f"{unit} (mean per grid step)"
+    return unit
+
+
+EVIDENCE_COLUMNS = ["evidence", "value", "threshold", "taken (UTC)", "series"]
+
+
 def evidence_table(finding: Finding) -> pd.DataFrame:
-    """The finding's evidence as the UI shows it: value and threshold with their units the way
-    `kvscope diagnose` prints them (ratios as %, seconds as ms/s, rates as /s), absent as "absent"."""
+    """The finding's evidence as the UI shows it, row for row what `kvscope diagnose` prints:
+    value and threshold with their units (ratios as %, seconds as ms/s, rates as /s), absent as
+    "absent", how and when each value was taken ("peak at 07:26:47", "mean 07:25:53-07:26:57"),
+    and the series it came from. An absent engine alternative next to a present one is dropped."""
     from dataclasses import replace
 
-    from kvscope.diagnoser.render import fmt_value
+    from kvscope.diagnoser.render import fmt_value, render_taken, shown_evidence
 
     def bound(e) -> str:   # noqa: ANN001 - Evidence
         return "" if e.threshold is None else f"{e.op or ''} {fmt_value(replace(e, value=e.threshold))}".strip()
 
-    rows = [{"evidence": e.name, "value": fmt_value(e), "threshold": bound(e), "series": e.series}
-            for e in finding.evidence]
-    return pd.DataFrame(rows, columns=["evidence", "value", "threshold", "series"])
+    rows = [{"evidence": e.name, "value": fmt_value(e), "threshold": bound(e), "taken (UTC)": render_taken(finding, e),
+             "series": e.series} for e in shown_evidence(finding)]
+    return pd.DataFrame(rows, columns=EVIDENCE_COLUMNS)
 
 
 def counts_caption(diagnosis: Diagnosis) -> str:
@@ -235,6 +262,18 @@ def counts_caption(diagnosis: Diagnosis) -> str:
     if diagnosis.skipped:
         text += f", {len(diagnosis.skipped)} not evaluable (missing signals; listed at the bottom)"
     return text
+
+
+def scale_note(diagnosis: Diagnosis) -> str:
+    """Why a short recording's ranges read '[8s:]' instead of '[1m:]': rule durations were scaled
+    to fit the window (as `kvscope diagnose` says in its header); empty when they were not."""
+    if diagnosis.time_scale >= 1:
+        return ""
+    from kvscope.diagnoser.render import fmt_duration
+
+    start, end = diagnosis.window
+    return (f"This window is only {fmt_duration(end - start)}, so every rule duration and range was scaled "
+            f"×{diagnosis.time_scale:.2f} to fit it (the series shown are the ranges used).")
 
 
 def timeline(diagnosis: Diagnosis) -> pd.DataFrame:
@@ -294,3 +333,24 @@ def tenant_table(frame: Frame) -> pd.DataFrame:
     if not tenants:
         return pd.DataFrame()
     return pd.DataFrame([{"tenant": t, **{k: v.get(t) for k, v in cols.items()}} for t in tenants])
+
+
+def cascade_rows(cascades: Mapping) -> pd.DataFrame:
+    """One row per engine instance of agent.analytics.cascade reports: the deepest stage the
+    window reached (what the incident was) next to the stage at its end (whether it is over),
+    each stage's first onset by name, and the lead of the root over the latency symptom."""
+    from kvscope.agent.analytics.cascade import STAGES
+
+    def stage(n: int) -> str:
+        return f"{n} {STAGES[n]}"
+
+    rows = []
+    for inst, r in sorted(cascades.items()):
+        deepest = max(r.onsets, default=0)
+        rows.append({"instance": inst, "deepest stage reached": stage(deepest),
+                     "stage at end of window": stage(r.stage),
+                     "root led latency by": "not reached" if r.lead_time_s is None else f"{r.lead_time_s:.0f} s",
+                     "onsets (UTC)": " · ".join(f"{STAGES[n]} {render_when(t)[11:19]}"
+                                                for n, t in sorted(r.onsets.items())),
+                     "signals missing": ", ".join(r.signals_missing) or "none"})
+    return pd.DataFrame(rows)

@@ -6,8 +6,24 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 from kvscope.diagnoser.findings import Finding
-from kvscope.diagnoser.render import baseline_lines, fact_rows, missing_summary, render_line, render_summary
-from kvscope.ui.data import TriageData, counts_caption, evidence_charts, evidence_table, render_when, timeline
+from kvscope.diagnoser.render import (
+    baseline_lines,
+    fact_rows,
+    fmt_duration,
+    missing_summary,
+    render_line,
+    render_summary,
+)
+from kvscope.ui.charts import UTC, UTC_CLOCK, incident_label, render_series_chart
+from kvscope.ui.data import (
+    TriageData,
+    counts_caption,
+    evidence_charts,
+    evidence_table,
+    render_when,
+    scale_note,
+    timeline,
+)
 
 SEVERITY_ICON = {"critical": ":red[CRITICAL]", "warning": ":orange[WARNING]", "info": ":blue[INFO]"}
 """Severity as coloured text (Streamlit markdown), readable without an emoji font."""
@@ -18,6 +34,8 @@ def render(data: TriageData) -> None:
     st.title("kvscope triage")
     st.caption(f"{d.source} · window {render_when(d.window[0])} → {render_when(d.window[1])} · "
                f"{counts_caption(d)}")
+    if scale_note(d):
+        st.caption(scale_note(d))
     if d.likely_cause is None and d.skipped:
         missing = missing_summary(d)
         st.info(f"No rule fired among the {d.rules_evaluated - len(d.skipped)} rules this source could feed; "
@@ -58,29 +76,32 @@ def _where(f: Finding) -> str:
 
 
 def render_card(data: TriageData, f: Finding, charts: bool) -> None:
-    """What, where, since when, evidence, levers with the config to change, citations."""
+    """What, where, when, the first lever to pull, evidence (table and charts with the finding's
+    period shaded), every lever with the config to change, citations. The first screen answers
+    "what is wrong, where, since when, what do I change"."""
     st.subheader(f"{SEVERITY_ICON.get(f.severity, '')} {f.title}")
     if f.summary.strip() != f.title.strip():
         st.markdown(f"**What:** {render_summary(f)}")
-    state = "still active" if f.active else f"ended {render_when(f.until)}"
-    st.markdown(f"**Where:** `{_where(f)}` · **Since:** {render_when(f.since)} ({state}) · "
-                f"**Severity:** {f.severity} · **Rule:** `{f.rule_id}` (LEVERS {f.levers_md})")
+    state = "still active at the end of the window" if f.active else "ended"
+    st.markdown(f"**Where:** `{_where(f)}` · **When:** {render_when(f.since)} → {render_when(f.until)[11:]} "
+                f"({fmt_duration(f.until - f.since)}, {state}) · **Rule:** `{f.rule_id}` (LEVERS.md row {f.levers_md})")
     if f.cascade:
         c = f.cascade
-        lead = f"{c.lead_time_s:.0f} s" if c.lead_time_s is not None else "symptom not reached"
-        st.markdown(f"**Cascade:** stage {c.stage}/{c.stages_total} ({c.stage_name}); root led the symptom by "
-                    f"{lead}")
+        lead = f"the root (KV full) led the latency symptom by {c.lead_time_s:.0f} s" \
+            if c.lead_time_s is not None else "the latency symptom was not reached"
+        st.markdown(f"**Cascade:** stage {c.stage} of {c.stages_total} reached ({c.stage_name}) on the path KV full → "
+                    f"preemption → queueing → TTFT (002 §7.4); {lead}.")
+    if charts:
+        render_first_lever(f)
     if f.evidence:
-        st.markdown("**Evidence**")
+        st.markdown("**Evidence** (values over the finding's period; `taken` says how and when)")
         st.dataframe(evidence_table(f), hide_index=True, width="stretch")
     for name, value, how in fact_rows(f):
         st.markdown(f"**{name}:** `{value}` ({how})")
     for line in baseline_lines(f, data.diagnosis.time_scale):
         st.caption(f"Compared with its earlier level: {line}")
     if charts:
-        for signal, unit, df in evidence_charts(data, f):
-            st.markdown(f"`{signal}` ({unit}); shaded: the finding's active period")
-            st.altair_chart(render_evidence_chart(df, f), width="stretch")
+        render_charts(data, f)
     render_levers(f)
     if f.citations:
         st.markdown("**Sources:** " + "; ".join(f.citations))
@@ -88,17 +109,30 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
         st.caption("Could also be: " + " · ".join(f.false_positives))
 
 
-def render_evidence_chart(df: pd.DataFrame, f: Finding) -> alt.LayerChart:
-    """The series with the finding's active period shaded, so cause and timing read together."""
-    long = df.rename_axis("time").reset_index().melt("time", var_name="series", value_name="value").dropna()
-    period = pd.DataFrame({"since": [pd.to_datetime(f.since, unit="s", utc=True)],
-                           "until": [pd.to_datetime(f.until, unit="s", utc=True)]})
-    band = alt.Chart(period).mark_rect(opacity=0.15, color="#d62728").encode(x="since:T", x2="until:T")
-    lines = alt.Chart(long).mark_line().encode(
-        x=alt.X("time:T", title=None), y=alt.Y("value:Q", title=None),
-        color=alt.Color("series:N", title=None, legend=alt.Legend(labelLimit=320)),
-        tooltip=["time:T", "series:N", "value:Q"])
-    return (band + lines).properties(height=220)
+def render_first_lever(f: Finding) -> None:
+    """The top-ranked lever with its exact change per system, in a box on the first screen."""
+    if not f.levers:
+        return
+    top = min(f.levers, key=lambda x: x.rank)
+    changes = " · ".join(f"{c.system}: `{c.change}`" for c in top.changes)
+    more = len(f.levers) - 1
+    st.success(f"**Change first: {top.title or top.id}** — {changes}"
+               + (f"  \nCost: {top.cost}" if top.cost else "")
+               + (f"  \n{more} more lever{'s' if more > 1 else ''} in rank order below." if more else ""))
+
+
+def render_charts(data: TriageData, f: Finding) -> None:
+    """One chart per signal the evidence reads, two to a row, the finding's period shaded."""
+    shown = evidence_charts(data, f)
+    if not shown:
+        return
+    st.markdown(f"**Evidence over time** — shaded: the finding's period, {incident_label(f.since, f.until, f.active)} "
+                "(counters as per-second rates, histograms as the mean per grid step)")
+    for i in range(0, len(shown), 2):
+        cols = st.columns(2)
+        for col, (signal, unit, df) in zip(cols, shown[i:i + 2], strict=False):
+            col.markdown(f"`{signal}`")
+            col.altair_chart(render_series_chart(df, unit, f.since, f.until), width="stretch")
 
 
 def render_levers(f: Finding) -> None:
@@ -116,10 +150,11 @@ def render_levers(f: Finding) -> None:
 def render_timeline(d) -> None:
     df = timeline(d)
     chart = alt.Chart(df).mark_bar().encode(
-        x=alt.X("since:T", title="time (UTC)"), x2="until:T",
+        x=alt.X("since:T", title="time (UTC)", scale=UTC, axis=alt.Axis(format="%H:%M:%S")), x2="until:T",
         y=alt.Y("rule:N", sort=list(df["rule"].unique()), title=None, axis=alt.Axis(labelLimit=320)),
         color=alt.Color("severity:N", scale=alt.Scale(domain=["critical", "warning", "info"],
                                                       range=["#d62728", "#ff7f0e", "#1f77b4"])),
-        tooltip=["rule", "title", "where", "since:T", "until:T", "active"])
+        tooltip=["rule", "title", "where", alt.Tooltip("since:T", timeUnit=UTC_CLOCK, title="since (UTC)"),
+                 alt.Tooltip("until:T", timeUnit=UTC_CLOCK, title="until (UTC)"), "active"])
     st.altair_chart(chart, width="stretch")
     st.dataframe(df.drop(columns=["title"]), hide_index=True, width="stretch")

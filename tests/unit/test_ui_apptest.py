@@ -70,11 +70,29 @@ def test_triage_shows_the_likely_cause_with_evidence_and_levers(monkeypatch, kv_
     assert likely is not None and likely.levers_md.startswith("K")     # a KV-memory row of LEVERS.md
     assert likely.title in at.subheader[0].value
     text = " ".join(m.value for m in at.markdown)
-    assert "127.0.0.1:8000" in text and "Since:" in text
+    assert "127.0.0.1:8000" in text and "When:" in text
     assert "002 §7.4" in text
     for change in likely.levers[0].changes:    # the exact config change of the top lever
         assert f"{change.system}: `{change.change}`" in text
+        assert f"{change.system}: `{change.change}`" in at.success[0].value     # ... in the first-screen box
+    assert at.success[0].value.startswith(f"**Change first: {likely.levers[0].title}**")
     assert any("Timeline" == h.value for h in at.header)
+
+
+def test_evidence_charts_have_units_utc_time_and_the_period_shaded(monkeypatch, kv_incident):
+    """One chart per evidence signal, TTFT (the symptom, a histogram) included; each says its
+    unit, reads time in UTC and shades the finding's period."""
+    import json
+
+    at = _app(monkeypatch, kv_incident).run()
+    specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    evidence = [s for s in specs if "layer" in s]
+    assert [s["layer"][1]["encoding"]["y"]["title"] for s in evidence] == \
+        ["ratio (0-1)", "per second", "count", "seconds (mean per grid step)"]
+    for s in evidence:
+        band, lines = s["layer"]
+        assert band["mark"]["type"] == "rect" and lines["encoding"]["x"]["scale"] == {"type": "utc"}
+    assert any("shaded: the finding's period" in m.value for m in at.markdown)
 
 
 def test_every_data_page_renders(monkeypatch, kv_incident):
@@ -84,6 +102,8 @@ def test_every_data_page_renders(monkeypatch, kv_incident):
     assert any("no per-tenant series" in i.value for i in at.info)
     at.sidebar.radio[0].set_value("Cascades").run()
     assert not at.exception and at.title[0].value == "Memory-pressure cascades"
+    assert at.dataframe[0].value["deepest stage reached"].iloc[0] != "0 healthy"
+    assert sum("layer" in c.proto.spec for c in at.get("vega_lite_chart")) >= 3   # charts with the period shaded
     at.sidebar.radio[0].set_value("Efficiency").run()
     assert not at.exception
     metrics = {m.label: m.value for m in at.metric}

@@ -26,9 +26,18 @@ def test_evidence_values_and_thresholds_carry_readable_units():
         Evidence("preemptions", 7.25, "per_second", "rate(engine_preemptions_total[1m])", threshold=0.01, op=">"),
         Evidence("mean TTFT", 1.0706, "seconds", "ttft"),
         Evidence("bytes per transfer", None, "bytes", "kv_transfer_bytes")))
-    assert list(table.columns) == ["evidence", "value", "threshold", "series"]
+    assert list(table.columns) == ["evidence", "value", "threshold", "taken (UTC)", "series"]
     assert table["value"].tolist() == ["100.0%", "7.25 /s", "1.07 s", "absent"]
     assert table["threshold"].tolist() == [">= 90.0%", "> 0.01 /s", "", ""]
+
+
+def test_evidence_says_when_and_how_each_value_was_taken():
+    """The same 'taken' column `kvscope diagnose` prints: a peak has its time, a mean its span."""
+    table = evidence_table(_finding(
+        Evidence("KV cache usage", 1.0, "ratio", "kv", at=T0 + 20, stat="max"),
+        Evidence("mean TTFT", 1.07, "seconds", "ttft", stat="mean"),
+        Evidence("bytes per transfer", None, "bytes", "kv_transfer_bytes")))
+    assert table["taken (UTC)"].tolist() == ["peak at 22:13:40", "mean 22:13:20-22:14:20", ""]
 
 
 def test_header_says_how_many_rules_could_not_be_evaluated():
@@ -60,3 +69,56 @@ def test_window_text_names_the_span_totals_are_over():
 
     assert window_text(T0, T0 + 132) == "2023-11-14 22:13:20 → 22:15:32 UTC (2m12s)"
     assert window_text(T0, T0 + 86_400) == "2023-11-14 22:13:20 → 2023-11-15 22:13:20 UTC (24h00m)"
+
+
+def test_histogram_evidence_gets_its_chart():
+    """Evidence reads a histogram through _sum/_count (TTFT, the symptom): the chart for it must
+    not be dropped because the catalog names the histogram without the suffix."""
+    from kvscope.ui.data import axis_unit, evidence_charts, signals_in
+
+    data = load_triage(Source("recording", str(RECORDINGS / "kv-pressure-cascade.om.gz")))
+    expr = "sum(rate(request_ttft_seconds_sum[18s])) / sum(rate(request_ttft_seconds_count[18s]))"
+    assert signals_in(expr, data.frame) == ["request_ttft_seconds"]
+    likely = data.diagnosis.likely_cause
+    charts = {sig: unit for sig, unit, _ in evidence_charts(data, likely)}
+    assert charts.get("request_ttft_seconds") == "seconds (mean per grid step)"
+    assert charts.get("engine_preemptions_total") == "per second"
+    assert axis_unit("engine_kv_cache_usage_ratio") == "ratio (0-1)"
+
+
+def test_cascade_table_shows_how_far_it_went_and_whether_it_is_over():
+    from kvscope.agent.analytics.cascade import CascadeReport
+    from kvscope.ui.data import cascade_rows
+
+    over = CascadeReport("replica-0", stage=0, onsets={1: T0, 2: T0 + 2, 3: T0 + 6, 4: T0 + 12})
+    rising = CascadeReport("replica-1", stage=1, onsets={1: T0}, signals_missing=["gpu_utilization_ratio"])
+    rows = cascade_rows({"replica-1": rising, "replica-0": over}).set_index("instance")
+    assert rows.loc["replica-0", "deepest stage reached"] == "4 latency"
+    assert rows.loc["replica-0", "stage at end of window"] == "0 healthy"
+    assert rows.loc["replica-0", "root led latency by"] == "12 s"
+    assert rows.loc["replica-0", "onsets (UTC)"].startswith("kv_high 22:13:20 · evicting 22:13:22")
+    assert rows.loc["replica-1", "root led latency by"] == "not reached"
+    assert rows.loc["replica-1", "signals missing"] == "gpu_utilization_ratio"
+    assert cascade_rows({}).empty
+
+
+def test_short_windows_say_their_rule_durations_were_scaled():
+    from kvscope.ui.data import scale_note
+
+    d = Diagnosis(window=(T0, T0 + 132), source="s", likely_cause=None, time_scale=0.1467)
+    assert scale_note(d) == ("This window is only 2m12s, so every rule duration and range was scaled ×0.15 "
+                             "to fit it (the series shown are the ranges used).")
+    assert scale_note(Diagnosis(window=(T0, T0 + 3600), source="s", likely_cause=None)) == ""
+
+
+def test_charts_are_in_utc_with_the_unit_and_the_finding_period_marked():
+    import pandas as pd
+    from kvscope.ui.charts import incident_label, render_series_chart
+
+    df = pd.DataFrame({"value": [0.1, 0.9, 0.2]}, index=pd.to_datetime([T0, T0 + 30, T0 + 60], unit="s", utc=True))
+    spec = render_series_chart(df, "ratio (0-1)", T0 + 10, T0 + 40).to_dict()
+    band, lines = spec["layer"]
+    assert band["mark"]["type"] == "rect" and lines["encoding"]["y"]["title"] == "ratio (0-1)"
+    assert lines["encoding"]["x"]["scale"] == {"type": "utc"} and band["encoding"]["x"]["scale"] == {"type": "utc"}
+    assert incident_label(T0 + 10, T0 + 40, active=False) == "22:13:30 → 22:14:00 UTC"
+    assert "layer" not in render_series_chart(df, "ratio (0-1)").to_dict()
