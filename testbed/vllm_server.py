@@ -12,6 +12,7 @@ SIGTERMs the whole group, then SIGKILLs what is left after a grace period.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -71,6 +72,26 @@ class VllmConfig:
         return a + list(self.extra_args)
 
 
+def pd_configs(storage_dir: str | Path, base: VllmConfig | None = None) -> tuple[VllmConfig, VllmConfig]:
+    """A prefill/decode (P/D) pair: `base` as a KV producer and as a KV consumer of vLLM's
+    ExampleConnector, the one KV connector of vLLM 0.32 that runs without a GPU or RDMA.
+
+    The producer writes each new prompt's KV (whole blocks of all but the last prompt token) as
+    safetensors files under `storage_dir`, one folder per hash of those tokens; the consumer, asked for
+    the same prompt, finds the folder and injects the KV in its first step instead of computing it
+    (`vllm:prompt_tokens_by_source{source="external_kv_transfer"}`). Prompts need more than one block.
+    Service names get `-prefill` / `-decode` appended, so a trace receiver can tell the halves apart.
+    """
+    base = base or VllmConfig()
+    out = []
+    for role, suffix in (("kv_producer", "prefill"), ("kv_consumer", "decode")):
+        transfer = {"kv_connector": "ExampleConnector", "kv_role": role,
+                    "kv_connector_extra_config": {"shared_storage_path": str(storage_dir)}}
+        out.append(dataclasses.replace(base, service_name=f"{base.service_name}-{suffix}",
+                                       extra_args=(*base.extra_args, "--kv-transfer-config", json.dumps(transfer))))
+    return out[0], out[1]
+
+
 # exec the real command with PR_SET_PDEATHSIG = SIGTERM (it survives execve)
 _DIE_WITH_PARENT = ("import ctypes, os, signal, sys; "
                     "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0); "
@@ -105,6 +126,7 @@ class VllmServer:
         self.workdir = Path(tempfile.mkdtemp(prefix="kvs-vllm-"))
         self.log_path = self.workdir / "server.log"
         self.startup_s: float | None = None
+        self._t0 = time.monotonic()
 
     @property
     def url(self) -> str:
@@ -151,18 +173,26 @@ class VllmServer:
         """Launch and block until /health answers 200."""
         if self.proc is not None and self.proc.poll() is None:
             return self
-        t0 = time.monotonic()
+        return self.launch().wait_ready()
+
+    def launch(self) -> VllmServer:
+        """Start the process without waiting (`wait_ready()` waits), so several servers can boot at once."""
+        self._t0 = time.monotonic()
         cmd = self.command()
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== start {time.strftime('%H:%M:%S')}: {' '.join(cmd)}\n".encode())
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(),
                                          cwd=self.workdir, start_new_session=True)
+        return self
+
+    def wait_ready(self) -> VllmServer:
+        """Block until /health answers 200 (stops the server and raises VllmStartError if it never does)."""
         try:
-            self._wait_healthy(t0)
+            self._wait_healthy(self._t0)
         except BaseException:
             self.stop()
             raise
-        self.startup_s = time.monotonic() - t0
+        self.startup_s = time.monotonic() - self._t0
         return self
 
     def _wait_healthy(self, t0: float) -> None:
