@@ -212,18 +212,32 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     truth = ce.bridge_outages(truth)
     runs = run_lengths(truth)
     crit = _critical(rule, ce)
+    resolved = _critical(rule, ce, "resolved_when")
     out = []
     for gi in np.flatnonzero(truth.any(axis=1)):       # a group never true cannot fire
         gi = int(gi)
         span = latest_run(truth[gi], runs[gi], for_steps)
         if span is None:
             continue
-        out.append(_finding(rule, ce, gi, span, all_done + any_done, crit, levers, None))
+        found = _finding(rule, ce, gi, span, all_done + any_done, crit, levers, None)
+        if resolved is not None and not found.active and resolved[gi, span[0]:].any():
+            found = _resolved(rule, found)
+        out.append(found)
     return out
 
 
-def _critical(rule: Rule, ce: ConditionEvaluator) -> np.ndarray | None:
-    block = rule.doc.get("critical_when")
+def _resolved(rule: Rule, f: Finding) -> Finding:
+    """An episode that ended after its own lever was pulled (`resolved_when` held between its onset
+    and the window's end, e.g. the fleet scaled out): kept as a record at `info`, not a warning."""
+    from dataclasses import replace
+    note = (rule.doc.get("resolved_when") or {}).get("note") or "resolved"
+    drop = 100 * (SEVERITY_RANK[f.severity] - SEVERITY_RANK["info"])
+    return replace(f, severity="info", score=round(f.score - drop, 3), summary=f"{f.summary} (resolved: {note})")
+
+
+def _critical(rule: Rule, ce: ConditionEvaluator, key: str = "critical_when") -> np.ndarray | None:
+    """bool [G, T] where the rule's `critical_when` (or another such block) holds; None without one."""
+    block = rule.doc.get(key)
     if not block:
         return None
     truth, _ = ce.all_of(list(block.get("all") or []))

@@ -114,8 +114,9 @@ def source_union(signal: Signal, catalog: Catalog, suffix: str = "") -> str:
 
     Gauges are max-ed and counters and histogram series summed over the series that collapse
     onto one canonical label set, as the normalizer does (old and new names of one engine
-    included); an alias marked `collapse: max` (every rank repeats one count) is max-ed. Bucket bounds written as integers (`le="1"`) are rewritten as `1.0` so buckets
-    from different client libraries line up."""
+    included); an alias marked `collapse: max` (every rank repeats one count) is max-ed. Bucket
+    bounds written as integers (`le="1"`) are rewritten as `1.0` so buckets from different client
+    libraries line up."""
     terms, _ = source_terms(signal, catalog, suffix)
     agg = "max" if signal.kind == "gauge" else "sum"
     by = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
