@@ -40,8 +40,8 @@ def render(data: TriageData) -> None:
         cols = st.columns(2)
         for col, (signal, df) in zip(cols, shown[i:i + 2], strict=False):
             col.markdown(f"`{signal}`")
-            col.altair_chart(render_series_chart(df, axis_unit(signal), band and band.since, band and band.until),
-                             width="stretch")
+            col.altair_chart(render_series_chart(df, axis_unit(signal), band and band.since, band and band.until,
+                                                 data.frame.window), width="stretch")
 
 
 def where_text(where: dict) -> str:

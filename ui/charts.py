@@ -23,15 +23,24 @@ def incident_label(since: float, until: float, active: bool) -> str:
     return f"{first} → {render_when(until)[11:]}"
 
 
+def time_scale(window: tuple[float, float] | None) -> alt.Scale:
+    """A UTC time axis; over the whole `window` (unix seconds) when given, so charts stacked on
+    one page share their x axis and onsets can be compared by eye."""
+    if window is None:
+        return UTC
+    return alt.Scale(type="utc", domain=[window[0] * 1000.0, window[1] * 1000.0])
+
+
 def render_series_chart(df: pd.DataFrame, unit: str, since: float | None = None, until: float | None = None,
-                        height: int = 200) -> alt.LayerChart | alt.Chart:
+                        window: tuple[float, float] | None = None, height: int = 200) -> alt.LayerChart | alt.Chart:
     """Lines for each column of `df` (index: UTC time; a column may be named "value") with `unit`
     as the y-axis title, and the
     period [since, until] shaded red so cause and timing read together. The band gets a legend
-    entry ("finding active") rather than relying on a caption alone."""
+    entry ("finding active") rather than relying on a caption alone. `window` fixes the x axis."""
     long = df.rename_axis("time").reset_index().melt("time", var_name="series", value_name="reading").dropna()
     lines = alt.Chart(long).mark_line(interpolate="step-after").encode(
-        x=alt.X("time:T", title="time (UTC)", scale=UTC, axis=alt.Axis(format="%H:%M:%S", labelOverlap=True)),
+        x=alt.X("time:T", title="time (UTC)", scale=time_scale(window),
+                axis=alt.Axis(format="%H:%M:%S", labelOverlap=True)),
         y=alt.Y("reading:Q", title=unit),
         color=alt.Color("series:N", title=None, legend=alt.Legend(labelLimit=320, orient="top")),
         tooltip=[alt.Tooltip("time:T", timeUnit=UTC_CLOCK, title="time (UTC)"), "series:N",
@@ -42,7 +51,7 @@ def render_series_chart(df: pd.DataFrame, unit: str, since: float | None = None,
                            "until": [pd.to_datetime(max(until, since), unit="s", utc=True)],
                            "marks": ["finding active"]})
     band = alt.Chart(period).mark_rect(opacity=0.15).encode(
-        x=alt.X("since:T", scale=UTC), x2="until:T",
+        x=alt.X("since:T", scale=time_scale(window)), x2="until:T",
         fill=alt.Fill("marks:N", title=None, scale=alt.Scale(range=[BAND_COLOUR]),
                       legend=alt.Legend(orient="top", symbolOpacity=0.3)),
         tooltip=[alt.Tooltip("since:T", timeUnit=UTC_CLOCK, title="from (UTC)"),

@@ -14,7 +14,7 @@ from kvscope.diagnoser.render import (
     render_line,
     render_summary,
 )
-from kvscope.ui.charts import UTC, UTC_CLOCK, incident_label, render_series_chart
+from kvscope.ui.charts import UTC_CLOCK, incident_label, render_series_chart, time_scale
 from kvscope.ui.data import (
     TriageData,
     counts_caption,
@@ -132,7 +132,7 @@ def render_charts(data: TriageData, f: Finding) -> None:
         cols = st.columns(2)
         for col, (signal, unit, df) in zip(cols, shown[i:i + 2], strict=False):
             col.markdown(f"`{signal}`")
-            col.altair_chart(render_series_chart(df, unit, f.since, f.until), width="stretch")
+            col.altair_chart(render_series_chart(df, unit, f.since, f.until, data.frame.window), width="stretch")
 
 
 def render_levers(f: Finding) -> None:
@@ -150,7 +150,8 @@ def render_levers(f: Finding) -> None:
 def render_timeline(d) -> None:
     df = timeline(d)
     chart = alt.Chart(df).mark_bar().encode(
-        x=alt.X("since:T", title="time (UTC)", scale=UTC, axis=alt.Axis(format="%H:%M:%S")), x2="until:T",
+        x=alt.X("since:T", title="time (UTC)", scale=time_scale(d.window), axis=alt.Axis(format="%H:%M:%S")),
+        x2="until:T",
         y=alt.Y("rule:N", sort=list(df["rule"].unique()), title=None, axis=alt.Axis(labelLimit=320)),
         color=alt.Color("severity:N", scale=alt.Scale(domain=["critical", "warning", "info"],
                                                       range=["#d62728", "#ff7f0e", "#1f77b4"])),

@@ -91,7 +91,9 @@ def test_evidence_charts_have_units_utc_time_and_the_period_shaded(monkeypatch, 
         ["ratio (0-1)", "per second", "count", "seconds (mean per grid step)"]
     for s in evidence:
         band, lines = s["layer"]
-        assert band["mark"]["type"] == "rect" and lines["encoding"]["x"]["scale"] == {"type": "utc"}
+        assert band["mark"]["type"] == "rect" and lines["encoding"]["x"]["scale"]["type"] == "utc"
+    domains = {tuple(s["layer"][1]["encoding"]["x"]["scale"]["domain"]) for s in evidence}
+    assert len(domains) == 1, "the stacked charts must share one time axis (the whole window)"
     assert any("shaded: the finding's period" in m.value for m in at.markdown)
 
 

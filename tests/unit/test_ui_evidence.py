@@ -122,3 +122,5 @@ def test_charts_are_in_utc_with_the_unit_and_the_finding_period_marked():
     assert lines["encoding"]["x"]["scale"] == {"type": "utc"} and band["encoding"]["x"]["scale"] == {"type": "utc"}
     assert incident_label(T0 + 10, T0 + 40, active=False) == "22:13:30 → 22:14:00 UTC"
     assert "layer" not in render_series_chart(df, "ratio (0-1)").to_dict()
+    fixed = render_series_chart(df, "ratio (0-1)", T0 + 10, T0 + 40, window=(T0 - 60, T0 + 120)).to_dict()
+    assert fixed["layer"][1]["encoding"]["x"]["scale"]["domain"] == [(T0 - 60) * 1000, (T0 + 120) * 1000]
