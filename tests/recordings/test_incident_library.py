@@ -181,3 +181,91 @@ def test_spec_decode_acceptance_is_poor():
     accepted = delta(n, "engine_spec_accepted_tokens_total", "steady")
     assert drafted > 0
     assert accepted / drafted < 0.5
+
+
+# ------------------------------------------------------------------ blind set (testbed/fleetgen/blind*.py)
+def quantile(name: str, hist: str, phase: str, q: float) -> float:
+    """Upper bound of the bucket holding quantile q of a histogram over a phase (all series)."""
+    t0, t1 = _window(name, phase)
+    first: dict = {}
+    last: dict = {}
+    for s in _replay(name).samples:
+        if s.name == f"{hist}_bucket" and t0 <= s.timestamp <= t1:
+            first.setdefault(s.labels, s.value)
+            last[s.labels] = s.value
+    by_le: dict[float, float] = {}
+    for k in last:
+        le = float(dict(k)["le"])
+        by_le[le] = by_le.get(le, 0.0) + last[k] - first[k]
+    total = by_le[float("inf")]
+    assert total > 0, f"{hist} empty in {name}/{phase}"
+    return next(le for le in sorted(by_le) if by_le[le] >= q * total)
+
+
+def test_blind_yamls_name_a_likely_row_and_rows_that_must_not_fire():
+    for path in sorted(HERE.glob("blind-*.yaml")):
+        meta = yaml.safe_load(path.read_text())
+        assert meta["source"].startswith("synthetic"), path.name
+        assert meta["must_not"] and all(LEVER_ID.match(r) for r in meta["must_not"]), path.name
+        if meta["expected"] != "no warning":
+            likely = {r for e in meta["expected"] if e.get("likely") for r in e["levers"]}
+            assert likely and not likely & set(meta["must_not"]), path.name
+
+
+def test_blind_mixed_prompts_widen_the_itl_tail_not_the_median():
+    n = "blind-vllm-mixed-prompts-itl-tail"
+    assert quantile(n, "request_itl_seconds", "steady", 0.5) <= 0.025
+    assert quantile(n, "request_itl_seconds", "steady", 0.99) >= 0.25
+    assert quantile(n, "request_prompt_tokens", "steady", 0.95) >= 5 * quantile(n, "request_prompt_tokens", "steady", 0.5)
+
+
+def test_blind_sglang_queue_grows_and_clients_abort():
+    n = "blind-sglang-queue-overload"
+    assert gauge(n, "engine_requests_waiting", "normal") == 0
+    assert gauge(n, "engine_requests_waiting", "overloaded") > 50
+    assert delta(n, "engine_requests_aborted_total", "overloaded") > 0
+    assert gauge(n, "engine_kv_cache_usage_ratio", "overloaded") < 0.9
+
+
+def test_blind_decode_batch_raises_every_itl_percentile():
+    n = "blind-vllm-decode-batch-large"
+    for q in (0.5, 0.99):
+        assert quantile(n, "request_itl_seconds", "peak", q) > quantile(n, "request_itl_seconds", "evening", q)
+    assert gauge(n, "engine_requests_running", "peak", agg=min) > 2 * gauge(n, "engine_requests_running", "evening")
+    assert delta(n, "engine_preemptions_total", "peak") == 0
+
+
+def test_blind_kv_too_small_preempts_once_traffic_rises():
+    n = "blind-vllm-kv-too-small"
+    assert gauge(n, "engine_kv_cache_usage_ratio", "kv-full") >= 0.97
+    assert delta(n, "engine_preemptions_total", "kv-full") > 10 * max(1.0, delta(n, "engine_preemptions_total", "fits"))
+    assert mean_ttft(n, "kv-full") > 2 * mean_ttft(n, "fits")
+
+
+def test_blind_output_length_drifts_while_prompts_hold():
+    n = "blind-vllm-output-length-drift"
+    assert quantile(n, "request_generation_tokens", "drifting", 0.99) > quantile(
+        n, "request_generation_tokens", "steady", 0.99)
+    assert quantile(n, "request_prompt_tokens", "drifting", 0.99) == quantile(n, "request_prompt_tokens", "steady", 0.99)
+
+
+def test_blind_hpa_holds_the_replica_count_while_queues_grow():
+    n = "blind-vllm-hpa-wrong-signal"
+    t0, t1 = _window(n, "queue-ignored")
+    live = {dict(s.labels)["instance"] for s in _replay(n).samples
+            if s.name == "engine_requests_waiting" and t0 <= s.timestamp <= t1}
+    assert len(live) == 4
+    assert gauge(n, "engine_requests_waiting", "warm") == 0
+    assert gauge(n, "engine_requests_waiting", "queue-ignored", agg=lambda v: sum(v) / len(v)) > 20
+
+
+def test_blind_healthy_controls_stay_inside_their_limits():
+    n = "blind-healthy-busy-near-knee"
+    assert 0.75 < gauge(n, "engine_kv_cache_usage_ratio", "busy") < 0.9
+    assert delta(n, "engine_preemptions_total", "busy") == 0
+    assert quantile(n, "request_itl_seconds", "busy", 0.99) < 4 * quantile(n, "request_itl_seconds", "busy", 0.5)
+    ramp = "blind-healthy-sglang-autoscaled-ramp"
+    t0, t1 = _window(ramp, "ramp")
+    live = {dict(s.labels)["instance"] for s in _replay(ramp).samples
+            if s.name == "engine_requests_waiting" and t0 <= s.timestamp <= t1}
+    assert len(live) == 3 + len(_meta(ramp)["scale_up_at_s"]) > 3

@@ -204,3 +204,27 @@ def test_large_batches_of_observations_keep_count_and_mean():
     _observe_lognormal(_r.Random(0), h, 0.02, 10_000, 0.15)
     assert h.count == 10_000 and h.total / h.count == pytest.approx(0.02)
     assert h.counts[1] > h.counts[0] and h.counts[1] > h.counts[2]    # mass around the mean
+
+
+def test_blind_set_is_reproducible_and_speaks_the_real_dialects(tmp_path):
+    from testbed.fleetgen.families import vllm_request_token_bounds
+    from testbed.fleetgen.sim import blind_scenarios
+    assert vllm_request_token_bounds(8192) == (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+    for name in ("blind-vllm-kv-too-small", "blind-sglang-queue-overload"):
+        a, b = tmp_path / "a", tmp_path / "b"
+        a.mkdir(exist_ok=True)
+        b.mkdir(exist_ok=True)
+        generate(name, a, CAL)
+        generate(name, b, CAL)
+        assert gzip.decompress((a / f"{name}.om.gz").read_bytes()) == gzip.decompress((b / f"{name}.om.gz").read_bytes())
+        rep = replay_recording(a / f"{name}.om.gz")
+        engine = "vllm" if "vllm" in name else "sglang"
+        assert set(rep.engines.values()) == {engine}
+        names = {s.name for s in rep.samples}
+        assert {"request_prompt_tokens_bucket", "request_generation_tokens_bucket"} <= names
+        meta = yaml.safe_load((a / f"{name}.yaml").read_text())
+        assert meta["source"].startswith("synthetic") and meta["must_not"]
+        intervals = {round(t1 - t0) for t0, t1 in zip(sorted({s.timestamp for s in rep.samples}),
+                                                      sorted({s.timestamp for s in rep.samples})[1:], strict=False)}
+        assert intervals == {30}                              # production-like scrape interval
+    assert len(blind_scenarios()) == 8
