@@ -50,14 +50,28 @@ def page(served):
             browser.close()
 
 
+FIRST_SCREEN = {"width": 1400, "height": 900}
+"""A laptop's first screen: the cause and the change to make must be on it without scrolling."""
+
+
+def _settled(page) -> None:
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+
+
+def _on_first_screen(page, text: str) -> bool:
+    box = page.get_by_text(text).first.bounding_box()
+    return box is not None and 0 <= box["y"] and box["y"] + box["height"] <= FIRST_SCREEN["height"]
+
+
 def test_triage_page_shows_the_likely_cause(served, page):
     server, data = served
     likely = data.diagnosis.likely_cause
     assert likely is not None, "the real incident recording should produce a likely cause"
+    page.set_viewport_size(FIRST_SCREEN)
     page.goto(server.url)
     page.get_by_text("Likely cause", exact=True).wait_for(timeout=90_000)
     page.get_by_text(likely.title).first.wait_for(timeout=30_000)
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    _settled(page)
     # the script streams the page top-down and the status widget can be gone before the last
     # element arrives: wait for the card's last line (its sources) before reading the text
     page.get_by_text("Sources: ").first.wait_for(timeout=60_000)
@@ -65,15 +79,42 @@ def test_triage_page_shows_the_likely_cause(served, page):
     assert likely.rule_id in body
     for citation in likely.citations[:1]:
         assert citation in body
-    first_change = likely.levers[0].changes[0].change if likely.levers and likely.levers[0].changes else None
-    if first_change:
-        assert first_change in body
+    top = min(likely.levers, key=lambda lv: lv.rank)
+    # first screen, no scrolling: what is wrong, where, and the exact change of the top lever
+    assert _on_first_screen(page, likely.title)
+    assert _on_first_screen(page, f"Change first: {top.title}")
+    assert _on_first_screen(page, top.changes[0].change)
+    assert _on_first_screen(page, "When:")
+    # one chart per evidence signal, TTFT (the symptom) included, each with the period shaded
+    charts = page.locator('[data-testid="stVegaLiteChart"], .vega-embed')
+    charts.first.wait_for(timeout=60_000)
+    assert "request_ttft_seconds" in body
+    assert page.locator(".vega-embed").count() >= 5      # 4 evidence signals + the timeline
+    assert "shaded: the finding's period" in body
     page.locator('[data-testid="stDataFrame"] canvas').first.wait_for(timeout=60_000)
-    page.locator(".vega-embed canvas, .vega-embed svg").first.wait_for(timeout=60_000)
-    page.wait_for_timeout(2000)     # let the remaining charts paint before the screenshot
     ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-triage-first-screen.png"))
+    page.set_viewport_size({"width": 1400, "height": 3400})
+    page.wait_for_timeout(2000)     # let the charts repaint at the new size before the screenshot
     page.screenshot(path=str(ARTIFACTS / "ui-triage.png"), full_page=True)
     assert (ARTIFACTS / "ui-triage.png").stat().st_size > 20_000
+
+
+def test_cascades_page_says_how_far_the_incident_went(served, page):
+    server, data = served
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.set_viewport_size({"width": 1400, "height": 1400})
+    page.goto(server.url)
+    page.get_by_text("Likely cause", exact=True).wait_for(timeout=90_000)
+    page.locator('[data-testid="stSidebar"]').get_by_text("Cascades", exact=True).click()
+    page.get_by_text("Memory-pressure cascades").first.wait_for(timeout=60_000)
+    _settled(page)
+    cascade = next((f for f in data.diagnosis.findings if f.cascade), None)
+    if cascade is not None:
+        page.get_by_text("Shaded: the cascade finding's period").first.wait_for(timeout=60_000)
+        assert page.locator(".vega-embed").count() >= 3
+    page.wait_for_timeout(1000)
+    page.screenshot(path=str(ARTIFACTS / "ui-cascades.png"))
 
 
 def test_sizing_page_in_the_browser(served, page):
