@@ -344,3 +344,107 @@ def scenario_hpa_wrong_signal(path: Path, cal: dict, seed: int = 16) -> dict:
                          {"levers": ["L12"], "phase": "queue-ignored",
                           "why": "the queue itself: acceptable as supporting evidence"}],
             "must_not": ["U1", "U6", "K1", "K3", "P3", "P4", "U7", "L4"]}
+
+
+# ---------------------------------------------------------------------------------------- L11 (engine view)
+def scenario_long_prompt_surge(path: Path, cal: dict, seed: int = 17) -> dict:
+    """A batch-summarisation client floods 20k-token documents into the chat pool for 10 minutes
+    (chunked prefill on): prefill work swamps the scheduler, every request's TTFT climbs, and each
+    decode step carries a prefill chunk, so ITL rises too - a prefill problem, not the decode batch."""
+    rng, clock = random.Random(seed), Clock(30.0, 64)
+    reps = [new_vllm() for _ in range(4)]
+    sink = Sink(path)
+    surge0, surge1 = 24, 44
+    prefill_tok_s, chat_prompt, doc_prompt = 40_000.0, 600.0, 20_000.0
+    for i, ts in clock.times():
+        docs = 1.5 if surge0 <= i < surge1 else 0.0
+        for r, s in enumerate(reps):
+            chat = 6.0 * rng.gauss(1.0, 0.04)
+            demand = (chat * chat_prompt * 0.5 + docs * doc_prompt * 0.95) / prefill_tok_s   # prefill busy share
+            step = 0.024 + 0.016 * demand                                 # a chunk rides on every step
+            waiting = _poisson(rng, 0.3 + 12 * demand ** 3)
+            chat_ttft = 0.03 + waiting * 0.12
+            doc_ttft = doc_prompt / (prefill_tok_s * max(0.2, 1 - demand)) + waiting * 0.12
+            rps = chat + docs
+            running = chat * (chat_ttft + 200 * step) + docs * (doc_ttft + 150 * step)
+            advance_vllm(s, rng, Tick(
+                n=_poisson(rng, rps * clock.dt),
+                hit=(chat * chat_prompt * 0.5) / (chat * chat_prompt + docs * doc_prompt),
+                classes=((chat / rps, chat_prompt, chat_ttft), (docs / rps, doc_prompt, doc_ttft)),
+                out_mean=(chat * 200 + docs * 150) / rps, itl=step, itl_stalled=(0.05, step * 1.7),
+                waiting=waiting, running=running, queue_s=max(0.002, waiting * 0.12), prompt_sigma=0.35,
+                kv=(chat * (chat_ttft + 200 * step) * 700 + docs * (doc_ttft + 150 * step) * 20_000)
+                / (H100_BLOCKS * 16)))
+            sink.scrape("vllm", f"replica-{r}", ts, render_vllm(s))
+    sink.close()
+    t = clock.dt
+    return {"summary": "4 vLLM 0.33 replicas (Llama-3.1-8B, H100, chunked prefill on) serve chat at 6 req/s "
+                       "each (~600-token prompts). From minute 12 to 22 a batch-summarisation client adds 1.5 "
+                       "req/s per replica of ~20k-token documents: prompt tokens per second rise ~8x, the "
+                       "prefill share of every step rises, requests queue behind the documents and chat TTFT "
+                       "climbs several-fold; ITL rises at every percentile because each decode step now "
+                       "carries a prefill chunk. The flood stops and everything recovers.",
+            "phases": _phases(("chat", 0.0, surge0 * t), ("surge", surge0 * t, surge1 * t),
+                              ("after", surge1 * t, clock.steps * t)),
+            "expected": [{"levers": ["L11"], "phase": "surge", "likely": True,
+                          "why": "a class of long prompts pushes every request's TTFT up (004 noisy neighbours)"},
+                         {"levers": ["L12", "L14", "L5", "L2"], "phase": "surge",
+                          "why": "symptoms of the same flood (queue, longer inputs, both SLOs): acceptable behind it"}],
+            "must_not": ["L4", "L3", "K1", "K3", "P1", "L8"]}
+
+
+# ---------------------------------------------------------------------------------------- P5
+def scenario_sglang_hot_prefix_replica(path: Path, cal: dict, seed: int = 18) -> dict:
+    """Prefix-hash routing on 4 SGLang replicas: a new agent product's shared system prompt grows to
+    35 % of traffic and all of it lands on one replica (002 §7.3 hotspot)."""
+    rng, clock = random.Random(seed), Clock(30.0, 70)
+    reps = [SglangState(model="Qwen/Qwen3-32B", max_total_num_tokens=120_000, prompt_len=Histogram(SGL_TOKENS),
+                        gen_len=Histogram(SGL_TOKENS), queue_time=Histogram(SGL_QUEUE), aborted=0.0)
+            for _ in range(4)]
+    queues = [0.0] * 4
+    mu, total, prompt, out, itl, hot = 3.0, 8.0, 2500.0, 350.0, 0.035, 2
+    grow0, grow1 = 20, 40
+    sink = Sink(path)
+    for i, ts in clock.times():
+        agent = 0.35 * min(1.0, max(0.0, (i - grow0) / (grow1 - grow0)))   # share of traffic with the prefix
+        for r, s in enumerate(reps):
+            share = (1 - agent) / 4 + (agent if r == hot else 0.0)
+            arrivals = _poisson(rng, total * share * clock.dt * rng.gauss(1.0, 0.03))
+            served = min(_poisson(rng, mu * clock.dt), queues[r] + arrivals)
+            wait = queues[r] / mu
+            gave_up = round(0.35 * arrivals) if wait > 30 else 0   # client time-outs
+            queues[r] = max(0.0, queues[r] + arrivals - served - gave_up)
+            n = int(served)
+            hit = 0.4 + (0.45 * agent / share if r == hot and share else 0.0)
+            s.running = round(min(48.0, total * share * (0.3 + out * itl)))
+            s.queue = round(queues[r])
+            s.token_usage = min(0.95, s.running * (prompt * (1 - 0.5 * (r == hot)) + out / 2) / s.max_total_num_tokens)
+            s.eff_input += n * prompt
+            s.eff_device_hit += round(n * prompt * hit)
+            s.prompt_tokens += n * prompt
+            s.cached_device += round(n * prompt * hit)
+            s.generation_tokens += n * out
+            s.num_requests += n
+            s.aborted += gave_up
+            s.cache_hit_rate = round(min(0.99, rng.gauss(hit, 0.03)), 3)
+            _observe_lognormal(rng, s.prompt_len, prompt, n, 0.4)
+            _observe_lognormal(rng, s.gen_len, out, n, 0.6)
+            _observe_lognormal(rng, s.queue_time, max(0.002, wait), n, 0.5)
+            _observe_lognormal(rng, s.ttft, 0.25 + prompt * (1 - hit) / 15_000 + wait, n, 0.4)
+            _observe_lognormal(rng, s.itl, itl * (1 + 0.2 * (s.running > 40)), n * 40, 0.15)
+            sink.scrape("sglang", f"sglang-{r}", ts, render_sglang(s))
+    sink.close()
+    t = clock.dt
+    return {"summary": "4 SGLang 0.5.23 replicas (Qwen3-32B) behind prefix-hash routing at 8 req/s in all "
+                       "(~3 req/s capacity each). From minute 10 to 20 a new agent product, whose requests "
+                       "share one long system prompt, grows to 35 % of traffic; the hash sends all of it to "
+                       "sglang-2: its share rises from 25 % to ~51 % (4.1 req/s), its queue grows until "
+                       "clients time out (~30 s waits, aborts) and its hit rate is high, while the other three "
+                       "run at ~1.3 req/s with empty queues.",
+            "phases": _phases(("balanced", 0.0, grow0 * t), ("growing", grow0 * t, grow1 * t),
+                              ("hotspot", grow1 * t, clock.steps * t)),
+            "expected": [{"levers": ["P5"], "phase": "hotspot", "likely": True,
+                          "why": "one replica takes a far larger share because a popular prefix pins to it"},
+                         {"levers": ["L12"], "phase": "hotspot",
+                          "why": "the hot replica's queue: the symptom, acceptable behind P5"}],
+            "must_not": ["P2", "P3", "P1", "L4", "L3", "K1", "K3", "U8"]}

@@ -364,8 +364,10 @@ def blind_scenarios() -> dict[str, Callable[[Path, dict], dict]]:
         scenario_decode_batch_large,
         scenario_hpa_wrong_signal,
         scenario_kv_too_small,
+        scenario_long_prompt_surge,
         scenario_mixed_prompts_itl_tail,
         scenario_output_length_drift,
+        scenario_sglang_hot_prefix_replica,
         scenario_sglang_queue_overload,
     )
     from testbed.fleetgen.blind_healthy import scenario_healthy_autoscaled_ramp, scenario_healthy_busy_near_knee
@@ -375,6 +377,8 @@ def blind_scenarios() -> dict[str, Callable[[Path, dict], dict]]:
             "blind-vllm-kv-too-small": scenario_kv_too_small,
             "blind-vllm-output-length-drift": scenario_output_length_drift,
             "blind-vllm-hpa-wrong-signal": scenario_hpa_wrong_signal,
+            "blind-vllm-long-prompt-surge": scenario_long_prompt_surge,
+            "blind-sglang-hot-prefix-replica": scenario_sglang_hot_prefix_replica,
             "blind-healthy-busy-near-knee": scenario_healthy_busy_near_knee,
             "blind-healthy-sglang-autoscaled-ramp": scenario_healthy_autoscaled_ramp}
 
