@@ -3,11 +3,23 @@
 Upstream is a local *benchmark stub* (not an engine): an aiohttp server that streams an
 OpenAI-style completion as SSE (`--chunks` chunks, `--chunk-gap-ms` apart, a usage chunk when
 asked, then [DONE]), so the numbers measure proxies, not model speed. Three paths are measured
-with the same client load (`--concurrency` concurrent streams, `--requests` in total):
+with the same client load (`--requests` streams in total), in one of two shapes:
+
+* closed loop (default): `--concurrency` workers send streams back to back. Everything runs
+  saturated, so latency is mostly waiting for a CPU: a stress test of CPU per stream.
+* open loop (`--arrival poisson`): streams arrive at random at `--rate` per second (default:
+  `--concurrency` in flight on average) whatever is in flight, as users arrive at a service.
+  With engine-like pacing (`--chunks 64 --chunk-gap-ms 20`: ~50 tokens/s per stream) this is the
+  regime a proxy in front of an engine lives in.
+
+Paths:
 
 * direct   client -> stub
 * tap      client -> `kvscope tap` (the real CLI, its own process) -> stub
 * nginx    client -> nginx `proxy_pass` (proxy_buffering off, upstream keepalive) -> stub
+* relay    (`--relay-floor`) client -> a blind byte relay on the tap's event loop (uvloop), one
+           upstream connection per client connection, no parsing: what any Python proxy costs
+           before it does any work, so "tap - relay" is the tap's own work
 
 Fair by construction: one proxy process each (nginx `worker_processes 1`, master idle; the tap is
 one process on one event loop), both keep upstream connections alive, neither buffers the
@@ -25,6 +37,8 @@ process (no cross-process wakeups), one stream at a time. Every process runs on 
 on a small shared box the client, stub and proxy compete for cores, so compare within one run.
 
     .venv/bin/python bench/tap_latency.py --requests 2000 --concurrency 200 --repeat 3
+    .venv/bin/python bench/tap_latency.py --arrival poisson --chunks 64 --chunk-gap-ms 20 \
+        --requests 3000 --relay-floor --repeat 3
 """
 
 from __future__ import annotations
@@ -33,6 +47,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import socket
 import statistics
@@ -71,6 +86,44 @@ async def handle(request):
 app = web.Application()
 app.router.add_post("/v1/completions", handle)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
+"""
+
+RELAY = r"""
+import asyncio, sys
+try:
+    import uvloop
+except ImportError:
+    uvloop = None
+UPSTREAM = ("127.0.0.1", int(sys.argv[2]))
+class Up(asyncio.Protocol):
+    def __init__(self, down):
+        self.down = down
+    def connection_made(self, transport):
+        self.transport = transport
+    def data_received(self, data):
+        self.down.transport.write(data)
+    def connection_lost(self, exc):
+        self.down.transport.close()
+class Down(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport, self.up, self.early = transport, None, []
+        asyncio.get_running_loop().create_task(self.connect())
+    async def connect(self):
+        _, self.up = await asyncio.get_running_loop().create_connection(lambda: Up(self), *UPSTREAM)
+        for data in self.early:
+            self.up.transport.write(data)
+    def data_received(self, data):
+        if self.up is None:
+            self.early.append(data)
+        else:
+            self.up.transport.write(data)
+    def connection_lost(self, exc):
+        if self.up is not None:
+            self.up.transport.close()
+async def main():
+    await asyncio.get_running_loop().create_server(Down, "127.0.0.1", int(sys.argv[1]), backlog=4096)
+    await asyncio.Event().wait()
+(uvloop.run if uvloop else asyncio.run)(main())
 """
 
 NGINX_CONF = """
@@ -116,9 +169,14 @@ async def one(session: aiohttp.ClientSession, url: str, body: dict, out: list[tu
     out.append((first - t0, time.perf_counter() - t0))
 
 
+BODY = {"model": "stub", "prompt": "the cache prefix metric trace span latency " * 8, "stream": True,
+        "max_tokens": 16}
+
+
 async def drive(base: str, requests: int, concurrency: int, label: str) -> tuple[list[tuple[float, float]], float]:
-    body = {"model": "stub", "prompt": "the cache prefix metric trace span latency " * 8, "stream": True,
-            "max_tokens": 16}
+    """Closed loop: `concurrency` workers, each sends its next stream when the last one ended
+    (the proxy runs saturated: the client, stub and proxy take every CPU cycle they can get)."""
+    body = BODY
     out: list[tuple[float, float]] = []
     left = [requests]
     bar = tqdm(total=requests, desc=label, unit="req", leave=False)
@@ -136,6 +194,41 @@ async def drive(base: str, requests: int, concurrency: int, label: str) -> tuple
         dt = time.perf_counter() - t
     bar.close()
     return out, dt
+
+
+async def drive_open(base: str, requests: int, rate: float, label: str, seed: int = 7
+                     ) -> tuple[list[tuple[float, float]], float, float, int]:
+    """Open loop: streams start at Poisson arrival times (`rate` per second, the same schedule
+    for every path: `seed`), whether or not earlier ones have ended, as users arrive at a
+    service. Returns the rows, the wall time, and the mean and peak number of streams in flight."""
+    rng = random.Random(seed)
+    starts, t = [], 0.0
+    for _ in range(requests):
+        t += rng.expovariate(rate)
+        starts.append(t)
+    out: list[tuple[float, float]] = []
+    inflight, area, peak = [0], [0.0], [0]
+    bar = tqdm(total=requests, desc=label, unit="req", leave=False)
+
+    async def at(s: aiohttp.ClientSession, when: float, t0: float) -> None:
+        await asyncio.sleep(max(0.0, t0 + when - time.perf_counter()))
+        inflight[0] += 1
+        peak[0] = max(peak[0], inflight[0])
+        begin = time.perf_counter()
+        try:
+            await one(s, base + "/v1/completions", BODY, out)
+        finally:
+            inflight[0] -= 1
+            area[0] += time.perf_counter() - begin
+            bar.update()
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as s:
+        await one(s, base + "/v1/completions", BODY, [])            # warm the connection path
+        t0 = time.perf_counter()
+        await asyncio.gather(*(at(s, w, t0) for w in starts))
+        dt = time.perf_counter() - t0
+    bar.close()
+    return out, dt, area[0] / dt, peak[0]
 
 
 async def sequential_inproc(stub_port: int, n: int) -> dict[str, list[float]]:
@@ -181,6 +274,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunks", type=int, default=16, help="SSE chunks per stream (default 16)")
     ap.add_argument("--sequential", type=int, default=300, help="streams for the in-process overhead line")
     ap.add_argument("--chunk-gap-ms", type=float, default=2.0, help="stub delay between chunks (default 2)")
+    ap.add_argument("--arrival", choices=("closed", "poisson"), default="closed",
+                    help="closed: --concurrency workers back to back (saturation, the default); poisson: "
+                         "streams arrive at random at --rate per second whatever is in flight (open loop)")
+    ap.add_argument("--rate", type=float, default=None,
+                    help="poisson arrivals per second (default: --concurrency / stream duration, i.e. "
+                         "--concurrency streams in flight on average)")
+    ap.add_argument("--relay-floor", action="store_true",
+                    help="also measure 'relay': a blind byte relay on the same event loop as the tap (one "
+                         "upstream connection per client connection, no parsing): the floor of any Python proxy")
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds over all paths (path order rotates each round); >1 adds per-column medians")
     args = ap.parse_args(argv)
@@ -203,6 +305,11 @@ def run_paths(args: argparse.Namespace, tmp: Path, group: ProcessGroup) -> None:
                       start_new_session=True)
     paths = {"direct": stub_port, "tap": tap_port}
     owner: dict[str, subprocess.Popen | None] = {"direct": None, "tap": tap}
+    if args.relay_floor:
+        relay_port = free_port()
+        owner["relay"] = group.start("relay", [sys.executable, "-c", RELAY, str(relay_port), str(stub_port)],
+                                     start_new_session=True)
+        paths["relay"] = relay_port
     if shutil.which("nginx") or Path("/usr/sbin/nginx").exists():
         for d in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
             (tmp / d).mkdir()
@@ -213,7 +320,11 @@ def run_paths(args: argparse.Namespace, tmp: Path, group: ProcessGroup) -> None:
         paths["nginx"] = nginx_port
     for port in paths.values():
         wait_port(port, group)
-    print(f"{args.requests} streams, {args.concurrency} concurrent, {args.chunks} chunks "
+    if args.arrival == "poisson" and args.rate is None:
+        args.rate = args.concurrency / max(args.chunks * args.chunk_gap_ms / 1000, 1e-3)
+    load = (f"Poisson arrivals at {args.rate:.0f}/s (open loop)" if args.arrival == "poisson"
+            else f"{args.concurrency} concurrent (closed loop)")
+    print(f"{args.requests} streams, {load}, {args.chunks} chunks "
           f"{args.chunk_gap_ms} ms apart (benchmark stub upstream); os.cpu_count()={os.cpu_count()}; "
           f"load average at start {os.getloadavg()[0]:.2f}")
     rounds = []
@@ -222,7 +333,12 @@ def run_paths(args: argparse.Namespace, tmp: Path, group: ProcessGroup) -> None:
         results = {}
         for name in names[r % len(names):] + names[:r % len(names)]:
             u0, s0 = proxy_cpu_s(owner[name])
-            rows, dt = asyncio.run(drive(f"http://127.0.0.1:{paths[name]}", args.requests, args.concurrency, name))
+            url = f"http://127.0.0.1:{paths[name]}"
+            if args.arrival == "poisson":
+                rows, dt, mean_inflight, peak = asyncio.run(drive_open(url, args.requests, args.rate, name))
+                print(f"  {name}: {mean_inflight:.0f} streams in flight on average, peak {peak}")
+            else:
+                rows, dt = asyncio.run(drive(url, args.requests, args.concurrency, name))
             u1, s1 = proxy_cpu_s(owner[name])
             results[name] = (rows, dt, (u1 - u0) / max(len(rows), 1), (s1 - s0) / max(len(rows), 1))
         rounds.append(summarize({k: results[k] for k in names}))
@@ -261,6 +377,10 @@ def report(table: dict[str, tuple[float, ...]], title: str) -> None:
         print(f"tap / nginx: TTFT p99 {ratio(t[1], n[1])}, p50 {ratio(t[0], n[0])} (goal <= 1.00), streams/s "
               f"{ratio(t[4], n[4])} (goal >= 1.00), CPU per stream {ratio(t[5], n[5])} (user {ratio(t[6], n[6])}, "
               f"sys {ratio(t[7], n[7])}); tap added p99 {t[3]:.2f} ms (goal < 1 ms)")
+    if "relay" in table:
+        t, r = table["tap"], table["relay"]
+        print(f"tap / relay (the tap's own work over a blind Python relay): CPU per stream {ratio(t[5], r[5])}, "
+              f"{t[5] - r[5]:+.0f} us (user {t[6] - r[6]:+.0f}, sys {t[7] - r[7]:+.0f})")
 
 
 def ratio(a: float, b: float) -> str:
