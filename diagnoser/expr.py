@@ -391,7 +391,10 @@ class SeriesEvaluator:
 
     def _form_over_time(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
         a = self.get(str(node["of"]))
-        return Grouped(a.by, a.keys, grid.over_time(a.values, self._steps(node), str(node["over_time"])))
+        values = grid.over_time(a.values, self._steps(node), str(node["over_time"]))
+        if node.get("offset"):                  # the window ending `offset` earlier (an earlier level)
+            values = grid.shift(values, self._steps(node, key="offset"))
+        return Grouped(a.by, a.keys, values)
 
     def _form_deriv(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
         a = self.get(str(node["deriv"]))
@@ -495,7 +498,8 @@ def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ..
     if form == "scale":
         return f"({ref(node['scale'])}) * {rule.resolve(node.get('by_value', 1))}"
     if form == "over_time":
-        return f"{node['over_time']}_over_time(({ref(node['of'])})[{rng}:])"
+        off = f" offset {_range_text(rule, node['offset'], step)}" if node.get("offset") else ""
+        return f"{node['over_time']}_over_time(({ref(node['of'])})[{rng}:]{off})"
     if form == "deriv":
         return f"deriv(({ref(node['deriv'])})[{rng}:])"
     if form == "changes":

@@ -202,7 +202,8 @@ class SeriesCompiler:
         agg = str(node["over_time"])
         if agg not in ("avg", "max", "min", "sum"):
             raise NotExpressible(f"over_time {agg!r}")
-        return f"{agg}_over_time(({self.expr(str(node['of']))})[{self._range(node, '5m')}:{SUBQUERY_STEP}])"
+        off = f" offset {_duration(self.rule.resolve(node['offset']))}" if node.get("offset") else ""
+        return f"{agg}_over_time(({self.expr(str(node['of']))})[{self._range(node, '5m')}:{SUBQUERY_STEP}]{off})"
 
     def _deriv(self, node: dict[str, Any], by: str) -> str:
         return f"deriv(({self.expr(str(node['deriv']))})[{self._range(node, '10m')}:{SUBQUERY_STEP}])"

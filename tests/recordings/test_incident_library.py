@@ -269,3 +269,27 @@ def test_blind_healthy_controls_stay_inside_their_limits():
     live = {dict(s.labels)["instance"] for s in _replay(ramp).samples
             if s.name == "engine_requests_waiting" and t0 <= s.timestamp <= t1}
     assert len(live) == 3 + len(_meta(ramp)["scale_up_at_s"]) > 3
+
+
+def test_blind_surge_adds_unique_prompt_volume_without_losing_hits():
+    n = "blind-vllm-long-prompt-surge"
+    chat, surge = delta(n, "engine_prompt_tokens_total", "chat"), delta(n, "engine_prompt_tokens_total", "surge")
+    assert surge > 4 * chat                                          # same phase lengths (10 vs 12 min)
+    hits_chat = delta(n, "engine_prefix_cache_hits_tokens_total", "chat") / 12
+    hits_surge = delta(n, "engine_prefix_cache_hits_tokens_total", "surge") / 10
+    assert hits_surge == pytest.approx(hits_chat, rel=0.2)          # the hit rate falls, the hits do not
+    assert hit_rate(n, "surge") < 0.5 * hit_rate(n, "chat")
+    assert mean_ttft(n, "surge") > 3 * mean_ttft(n, "chat")
+
+
+def test_blind_hot_prefix_pins_the_queue_to_one_replica():
+    n = "blind-sglang-hot-prefix-replica"
+    t0, t1 = _window(n, "hotspot")
+    peak: dict[str, float] = {}
+    for s in _replay(n).samples:
+        if s.name == "engine_requests_waiting" and t0 <= s.timestamp <= t1:
+            inst = dict(s.labels)["instance"]
+            peak[inst] = max(peak.get(inst, 0.0), s.value)
+    hot = max(peak, key=peak.get)
+    assert hot == "sglang-2" and peak[hot] > 20 and all(v <= 3 for k, v in peak.items() if k != hot)
+    assert hit_rate(n, "hotspot", "sglang-2") > hit_rate(n, "hotspot", "sglang-0") + 0.15

@@ -54,3 +54,19 @@ def test_a_knee_the_autoscaler_answered_is_an_info_record_and_says_why():
     assert f.severity == "info" and not f.active and scaled.exit_status() == 0
     assert f.score < held.findings[0].score
     assert render_summary(f).endswith("(resolved: the fleet scaled out after the onset and the tail came back)")
+
+
+def test_itl_up_at_every_percentile_outranks_the_generic_both_slos_degrade_finding():
+    # blind-vllm-decode-batch-large (staggered scrapes): L5 (both tails up, prompts 4x outputs) came
+    # first over L4 (ITL up at every percentile as the batch grew). L5 observes no mechanism.
+    lab = '{instance="e0",model="m"}'
+    series = [{"histogram": f"request_itl_seconds{lab}", "buckets": [0.02, 0.04, 0.08, 0.16],
+               "phases": [{"steps": 25, "counts": [90, 10, 0, 0, 0]}, {"steps": 15, "counts": [0, 90, 10, 0, 0]}]},
+              {"histogram": f"request_ttft_seconds{lab}", "buckets": [0.1, 0.2, 0.4, 0.8],
+               "phases": [{"steps": 25, "counts": [95, 5, 0, 0, 0]}, {"steps": 15, "counts": [60, 30, 10, 0, 0]}]},
+              {"series": f"engine_prompt_tokens_total{lab}", "values": "0+4000x40"},
+              {"series": f"engine_generation_tokens_total{lab}", "values": "0+800x40"},
+              {"series": f"engine_requests_running{lab}", "values": "30x25 120x15"}]
+    d = diagnose(_frame(series, 40 * 60.0), _rules("itl_high_all_percentiles", "ttft_itl_conflict"), time_scale=1.0)
+    assert {f.levers_md for f in d.findings} == {"L4", "L5"}
+    assert d.likely_cause.levers_md == "L4"
