@@ -3,9 +3,7 @@
 A `Forward` writes the request to a pooled upstream connection and passes every response
 byte to the client from the upstream's read callback, with no task or queue in between. For
 an accounted SSE stream the bytes go through `SseScanner` (first token time, token gaps, usage;
-the usage-only event the tap caused is dropped). Most reads of a chunked stream are whole chunks
-of token events only: `pass_through` counts those and writes them on with the upstream's own
-chunk framing, skipping the HTTP parser and re-framing. An accounted non-streamed answer is copied
+the usage-only event the tap caused is dropped); an accounted non-streamed answer is copied
 (bounded) so its usage can be read at the end. The prefix bookkeeping runs right after the
 request went upstream, so it never delays the engine. When it is over, the exchange goes to
 `RequestTap.account` (off the critical path: the client already has its bytes).
@@ -25,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from kvscope.agent.tap.http1 import Downstream, Request, Upstream, filter_headers
-from kvscope.agent.tap.sse import SseScanner, count_token_chunks
+from kvscope.agent.tap.sse import SseScanner
 
 if TYPE_CHECKING:
     from kvscope.agent.tap.proxy import RequestTap, _Exchange
@@ -105,8 +103,6 @@ class Forward:
             if sse:
                 self.scanner = SseScanner(drop_usage=self.injected)
                 length = None if self.injected else length
-                if self.up is not None and self.up.chunked():
-                    self.up.fast = self.pass_through
             else:
                 self.copy = []
         self.conn.send_head(status, reason, filter_headers(headers), length, has_body=status not in (204, 304))
@@ -119,19 +115,6 @@ class Forward:
         elif self.copy is not None:
             self._copy(data)
         self.conn.send_body(data)
-
-    def pass_through(self, data: bytes) -> bool:
-        """Take an upstream read of whole chunks holding only whole token events (most reads of a
-        stream) as it is: count the tokens and write it on with the upstream's own chunk framing.
-        False, having done nothing, for anything else (it then takes the parser's way)."""
-        if self.over or not self.scanner.at_boundary():  # type: ignore[union-attr]
-            return False
-        n = count_token_chunks(data)
-        now = time.perf_counter()
-        if not n or not self.conn.write_framed(data):
-            return False
-        self.scanner.count_tokens(n, now)  # type: ignore[union-attr]
-        return True
 
     def _copy(self, data: bytes) -> None:
         self.copy.append(data)  # type: ignore[union-attr]

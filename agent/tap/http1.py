@@ -219,14 +219,6 @@ class Downstream(asyncio.Protocol):
             data, self._head = self._head + data, None
         self.transport.write(data)
 
-    def write_framed(self, data: bytes) -> bool:
-        """Write body bytes that are already whole chunks of HTTP/1.1 chunked framing, when this
-        response is chunked and its head is out; False (nothing written) otherwise."""
-        if not self._chunked or self._head is not None or self.transport is None or self._head_request:
-            return False
-        self.transport.write(data)
-        return True
-
     def finish(self, data: bytes = b"") -> None:
         """End the response, its last body bytes `data` in the same write as the end marker (one
         system call and one wake-up of the client instead of two); keep the connection for the next
@@ -292,10 +284,6 @@ class Upstream(asyncio.Protocol):
         self.reused = False
         self.paused = False
         self._head_only = False
-        # `fast(data) -> bool`, set by the handler once the response head is in: it may take a body
-        # read whole (True) without the parser; only for chunked bodies and whole chunks, so the
-        # parser, which then resumes at a chunk boundary, stays in step
-        self.fast: Callable[[bytes], bool] | None = None
         self._begin()
 
     def _begin(self) -> None:
@@ -304,7 +292,6 @@ class Upstream(asyncio.Protocol):
         self._reason = b""
         self._framed = False            # Content-Length or chunked: the end is known without EOF
         self.responded = False
-        self.fast = None
 
     def send(self, handler: ResponseHandler, data: bytes, head_only: bool) -> None:
         """Write a complete request; its response goes to `handler`."""
@@ -322,13 +309,8 @@ class Upstream(asyncio.Protocol):
 
     def abort(self) -> None:
         self.handler = None
-        self.fast = None
         if self.transport is not None:
             self.transport.abort()
-
-    def chunked(self) -> bool:
-        """Whether the response being read is framed with Transfer-Encoding: chunked."""
-        return any(k.lower() == b"transfer-encoding" and b"chunked" in v.lower() for k, v in self._hdrs)
 
     # ---------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -336,9 +318,6 @@ class Upstream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.reads += 1
-        fast = self.fast
-        if fast is not None and fast(data):
-            return
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserCallbackError) as e:
@@ -371,7 +350,6 @@ class Upstream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.pool.discard(self)
         self.transport = None
-        self.fast = None
         h = self.handler
         if h is None:
             return
@@ -393,7 +371,6 @@ class Upstream(asyncio.Protocol):
 
     def _fail(self, exc: BaseException) -> None:
         h, self.handler = self.handler, None
-        self.fast = None
         if self.transport is not None:
             self.transport.abort()
         if h is not None:
@@ -428,7 +405,6 @@ class Upstream(asyncio.Protocol):
             self._begin()
             return
         h, self.handler = self.handler, None
-        self.fast = None
         data = self._take_body()
         if h is None:
             return

@@ -131,7 +131,7 @@ class SseScanner:
 
     def feed(self, data: bytes, now: float) -> bytes:
         if not self._buf and data.endswith(b"\n\n") and (n := _token_events(data)):
-            # the common read: whole token events only (inlined `count_tokens`: this runs per read)
+            # the common read: whole token events only (inlined `_tokens`: this runs per read)
             if self.first_token is None:
                 self.first_token = now
             else:
@@ -150,13 +150,13 @@ class SseScanner:
             return b""
         whole, self._buf = (buf, b"") if end == len(buf) else (buf[:end], buf[end:])
         if n := _token_events(whole):
-            self.count_tokens(n, now)
+            self._tokens(n, now)
             return whole
         # the stream's tail (usage, [DONE]) or something unusual: token events before it still
         # take the fast path, the rest is classified event by event
         cut = _last_event_end(whole[:_first_special(whole)])
         if cut > 0 and (n := _token_events(whole[:cut])):
-            self.count_tokens(n, now)
+            self._tokens(n, now)
             tail = self._events(whole[cut:], now)
             return whole if len(tail) == len(whole) - cut else whole[:cut] + tail
         return self._events(whole, now)
@@ -166,13 +166,7 @@ class SseScanner:
         rest, self._buf = self._buf, b""
         return rest
 
-    def at_boundary(self) -> bool:
-        """True when no partial event is held back (the next bytes start a new event)."""
-        return not self._buf
-
-    def count_tokens(self, n: int, now: float) -> None:
-        """Record `n` token events that arrived together at `now` (what `feed` does for a read
-        of whole token events; for callers that checked that themselves: `count_token_chunks`)."""
+    def _tokens(self, n: int, now: float) -> None:
         if self.first_token is None:
             self.first_token = now
         else:
@@ -192,7 +186,7 @@ class SseScanner:
                 dropped = True
                 continue
             if e.kind == "token":
-                self.count_tokens(1, now)
+                self._tokens(1, now)
             keep.append(ev)
         return b"".join(keep) if dropped else whole
 
@@ -212,35 +206,6 @@ def _token_events(whole: bytes) -> int:
             and whole.count(b'"choices":[{') == n):
         return n
     return 0
-
-
-def count_token_chunks(data: bytes) -> int:
-    """How many token events `data` holds if it is one or more whole HTTP/1.1 chunks (hex size
-    line without extensions, none of size 0, each ending in CRLF) whose payloads are whole
-    compact token events (as `_token_events` defines them); else 0 (pure).
-
-    Lets the tap pass such a read on with the upstream's own chunk framing, without the HTTP
-    parser, re-framing or `SseScanner.feed`: the same events and the same counts, fewer steps."""
-    total, pos, size = 0, 0, len(data)
-    while pos < size:
-        i = data.find(b"\r\n", pos, pos + 18)
-        line = data[pos:i]
-        if i < 0 or not line.isalnum():
-            return 0
-        try:
-            n = int(line, 16)
-        except ValueError:
-            return 0
-        end = i + 2 + n
-        if n <= 0 or data[end:end + 2] != b"\r\n":
-            return 0
-        payload = data[i + 2:end]
-        k = _token_events(payload) if payload.endswith(b"\n\n") else 0
-        if not k:
-            return 0
-        total += k
-        pos = end + 2
-    return total
 
 
 def _first_special(whole: bytes) -> int:
