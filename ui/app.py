@@ -6,9 +6,11 @@ no command line of its own. The triage page comes first.
 
 from __future__ import annotations
 
+import os
+
 import streamlit as st
 from kvscope.ui import cascade_page, catalog_page, efficiency_page, fairness_page, sizing_page, triage_page
-from kvscope.ui.data import SourceError, TriageData, load_triage, source_from_env
+from kvscope.ui.data import Source, SourceError, TriageData, load_triage, source_from_env
 
 PAGES = {
     "Triage": triage_page.render,
@@ -21,10 +23,30 @@ PAGES = {
 NEEDS_DATA = {"Triage", "Tenants & fairness", "Cascades", "Efficiency"}
 
 
-@st.cache_resource(show_spinner="Reading the source and running the diagnoser…", max_entries=4, ttl=60)
-def _load(kind: str, location: str, since_s: float, end: float | None) -> TriageData:
+@st.cache_resource(show_spinner="Reading the recording and running the diagnoser…", max_entries=4)
+def _load_recording(location: str, stamp: tuple[int, int] | None) -> TriageData:
+    """A recording does not change while it is shown: cached until the file does (`stamp` is its
+    mtime and size), and read by the launcher's background thread when that has started it."""
+    from kvscope.ui.data import Source, take_preloaded
+    return take_preloaded(location) or load_triage(Source("recording", location))
+
+
+@st.cache_resource(show_spinner="Querying the source and running the diagnoser…", max_entries=4, ttl=60)
+def _load_live(kind: str, location: str, since_s: float, end: float | None) -> TriageData:
+    """Prometheus or an agent: the window ends now, so it is read again after 60 s."""
     from kvscope.ui.data import Source
     return load_triage(Source(kind, location, since_s, end))
+
+
+def _load(source: Source) -> TriageData:
+    if source.kind != "recording":
+        return _load_live(source.kind, source.location, source.since_s, source.end)
+    try:
+        st_ = os.stat(source.location)
+        stamp = (st_.st_mtime_ns, st_.st_size)
+    except OSError:
+        stamp = None
+    return _load_recording(source.location, stamp)
 
 
 def main() -> None:
@@ -39,7 +61,7 @@ def main() -> None:
         st.error("No source. Start the UI with `kvscope ui --recording FILE`, `--prometheus URL` or `--agent URL`.")
         return
     try:
-        data = _load(source.kind, source.location, source.since_s, source.end)
+        data = _load(source)
     except SourceError as exc:
         st.error(str(exc))
         return

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import zlib
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +77,35 @@ def load_triage(source: Source, step_s: float | None = None) -> TriageData:
     if source.kind in ("prometheus", "agent"):
         return _from_remote(source, step_s or 15.0)
     raise SourceError(f"unknown source kind {source.kind!r}; use one of {KINDS}")
+
+
+_PRELOADED: dict[str, Future] = {}
+"""Recording path -> its TriageData being read by a background thread of the UI process."""
+
+
+def start_preload(source: Source | None) -> None:
+    """Start reading and diagnosing a recording in a background thread, so the first page view
+    finds it done instead of waiting seconds (replay dominates). Live sources are not preloaded:
+    their window ends when the page asks."""
+    if source is None or source.kind != "recording" or source.location in _PRELOADED:
+        return
+    future: Future = Future()
+
+    def work() -> None:
+        try:
+            future.set_result(load_triage(source))
+        except BaseException as exc:  # noqa: BLE001 - handed to the page that asks, as load_triage would raise it
+            future.set_exception(exc)
+
+    _PRELOADED[source.location] = future
+    threading.Thread(target=work, name="kvscope-preload", daemon=True).start()
+
+
+def take_preloaded(location: str) -> TriageData | None:
+    """The preloaded recording (waiting for it if still running), once; None if none was started.
+    Raises what load_triage raised (SourceError for a bad recording)."""
+    future = _PRELOADED.pop(location, None)
+    return None if future is None else future.result()
 
 
 def grid_step(duration_s: float) -> float:

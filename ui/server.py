@@ -65,7 +65,7 @@ class UiServer:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
+        return [sys.executable, "-m", "kvscope.ui.launch", "run", str(APP), "--server.headless", "true",
                 "--server.address", self.host, "--server.port", str(self.port),
                 "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
                 "--global.developmentMode", "false", "--client.toolbarMode", "minimal"]

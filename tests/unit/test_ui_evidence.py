@@ -54,6 +54,24 @@ def test_streamlit_runs_headless_on_loopback_without_the_developer_toolbar():
     assert flags["--server.address"] == "127.0.0.1" and flags["--server.port"] == "8599"
     assert flags["--client.toolbarMode"] == "minimal"          # no "Deploy" button on an on-call page
     assert flags["--browser.gatherUsageStats"] == "false"
+    assert cmd[1:4] == ["-m", "kvscope.ui.launch", "run"]     # preloads the recording, then Streamlit's CLI
+
+
+def test_a_preloaded_recording_is_handed_over_once(tmp_path):
+    from kvscope.ui.data import start_preload, take_preloaded
+
+    path = str(RECORDINGS / "kv-pressure-cascade.om.gz")
+    start_preload(Source("recording", path))
+    start_preload(Source("prometheus", "http://127.0.0.1:9"))        # live sources are read on demand
+    data = take_preloaded(path)
+    assert data is not None and data.diagnosis.likely_cause.rule_id == "kv_pressure_cascade"
+    assert take_preloaded(path) is None                             # once; the page cache keeps it
+    assert take_preloaded("http://127.0.0.1:9") is None
+    bad = tmp_path / "empty.om"
+    bad.write_text("")
+    start_preload(Source("recording", str(bad)))
+    with pytest.raises(SourceError):                                # the page shows it as st.error
+        take_preloaded(str(bad))
 
 
 def test_a_truncated_gzip_recording_is_a_source_error_not_a_traceback(tmp_path):
