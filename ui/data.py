@@ -27,6 +27,8 @@ ENV = {"recording": "KVSCOPE_UI_RECORDING", "prometheus": "KVSCOPE_UI_PROMETHEUS
 ENV_SINCE = "KVSCOPE_UI_SINCE_S"
 ENV_END = "KVSCOPE_UI_END"
 MAX_CHART_SERIES = 8
+SPREAD_ABOVE = 4
+"""Evidence charts with more series than this show their min / mean / max instead."""
 _TOKEN = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
@@ -203,11 +205,13 @@ def _rate(values: np.ndarray, step: float) -> np.ndarray:
     return d
 
 
-def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = None) -> pd.DataFrame:
+def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = None,
+                 limit: int | None = MAX_CHART_SERIES) -> pd.DataFrame:
     """One signal on the grid as a DataFrame (index: UTC time; columns: series labels).
 
     Counters become per-second rates, histograms their windowed mean per grid step, gauges stay
-    as they are. Rows are filtered to `where` (labels a row lacks do not exclude it).
+    as they are. Rows are filtered to `where` (labels a row lacks do not exclude it); at most
+    `limit` series are kept (None: all).
     """
     sig = load_catalog().signals[signal]
     where = where or {}
@@ -229,7 +233,7 @@ def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = No
         if sig.kind == "counter":
             values = _rate(values, frame.step or 1.0)
     index = pd.to_datetime(frame.ts, unit="s", utc=True)
-    cols = {_column(lab, where): values[i] for i, lab in enumerate(labels[:MAX_CHART_SERIES])}
+    cols = {_column(lab, where): values[i] for i, lab in enumerate(labels[:limit])}
     return pd.DataFrame(cols, index=index)
 
 
@@ -245,10 +249,22 @@ def evidence_charts(data: TriageData, finding: Finding) -> list[tuple[str, str, 
         seen += [s for s in signals_in(ev.series, data.frame) if s not in seen]
     out = []
     for sig in seen:
-        df = signal_frame(data.frame, sig, finding.where)
+        df = signal_frame(data.frame, sig, finding.where, limit=None)
         if not df.empty and df.notna().any().any():
-            out.append((sig, axis_unit(sig), df))
+            out.append((sig, axis_unit(sig), spread(df)))
     return out
+
+
+def spread(df: pd.DataFrame, most: int = SPREAD_ABOVE) -> pd.DataFrame:
+    """More than `most` series (a fleet finding over 8 or 100 GPUs) become their min, mean and
+    max per step, computed over all of them: a fleet average is read off one line, not off a
+    tangle of the first eight. Up to `most` series are returned as they are."""
+    if df.shape[1] <= most:
+        return df
+    n = df.shape[1]
+    with np.errstate(all="ignore"):
+        return pd.DataFrame({f"max of {n} series": df.max(axis=1), f"mean of {n} series": df.mean(axis=1),
+                             f"min of {n} series": df.min(axis=1)}, index=df.index)
 
 
 _UNIT_WORDS = {"ratio": "ratio (0-1)", "count": "count", "seconds": "seconds", "tokens": "tokens",
@@ -312,7 +328,7 @@ def timeline(diagnosis: Diagnosis) -> pd.DataFrame:
     rows = []
     for rank, f in enumerate(diagnosis.findings):
         rows.append({"rank": rank + 1, "rule": f.rule_id, "row": f.levers_md, "severity": f.severity,
-                     "where": ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())),
+                     "where": ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet",
                      "since": pd.to_datetime(f.since, unit="s", utc=True),
                      "until": pd.to_datetime(f.until, unit="s", utc=True), "active": f.active,
                      "title": f.title})

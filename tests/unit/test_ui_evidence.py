@@ -142,3 +142,32 @@ def test_charts_are_in_utc_with_the_unit_and_the_finding_period_marked():
     assert "layer" not in render_series_chart(df, "ratio (0-1)").to_dict()
     fixed = render_series_chart(df, "ratio (0-1)", T0 + 10, T0 + 40, window=(T0 - 60, T0 + 120)).to_dict()
     assert fixed["layer"][1]["encoding"]["x"]["scale"]["domain"] == [(T0 - 60) * 1000, (T0 + 120) * 1000]
+
+
+def test_a_fleet_wide_chart_shows_min_mean_max_over_every_series():
+    import numpy as np
+    import pandas as pd
+    from kvscope.ui.data import spread
+
+    index = pd.to_datetime([T0, T0 + 15], unit="s", utc=True)
+    many = pd.DataFrame({f"gpu={i}": [i / 10, np.nan if i == 0 else 0.5] for i in range(10)}, index=index)
+    out = spread(many)
+    assert list(out.columns) == ["max of 10 series", "mean of 10 series", "min of 10 series"]
+    assert out["mean of 10 series"].tolist() == pytest.approx([0.45, 0.5])
+    assert out["max of 10 series"].iloc[0] == pytest.approx(0.9) and out["min of 10 series"].iloc[0] == 0.0
+    few = many.iloc[:, :3]
+    assert spread(few) is few
+
+
+def test_fleet_findings_chart_the_spread_of_all_gpus():
+    from kvscope.ui.data import evidence_charts
+
+    data = load_triage(Source("recording", str(RECORDINGS / "fleet-dcgm-utilization-trap.om.gz")))
+    likely = data.diagnosis.likely_cause
+    assert likely.rule_id == "fleet_util_low" and likely.where == {}
+    charts = {sig: df for sig, _, df in evidence_charts(data, likely)}
+    engine = charts["gpu_graphics_engine_active_ratio"]
+    assert list(engine.columns) == ["max of 8 series", "mean of 8 series", "min of 8 series"]
+    # the fleet mean the chart draws is the number the evidence table gives (21.9 %)
+    shown = next(e for e in likely.evidence if e.name == "average GPU utilisation")
+    assert engine["mean of 8 series"].mean() == pytest.approx(shown.value, abs=0.01)
