@@ -15,7 +15,7 @@ def render(data: TriageData) -> None:
         st.info("Efficiency numbers need the raw series (a recording); for Prometheus or the agent use "
                 "`kvscope report weekly`.")
         return
-    cost = st.number_input("$ per GPU-hour", 0.01, 1000.0, 2.5, key="gpu_hour_cost")
+    cost = st.columns(4)[0].number_input("$ per GPU-hour", 0.01, 1000.0, 2.5, key="gpu_hour_cost")
     start, end = data.frame.window
     week = compute_week(data.series, start - 1e-9, end, cost)
     f = week.fleet
@@ -28,6 +28,8 @@ def render(data: TriageData) -> None:
                f"Prefix-cache hit ratio {fmt(f.get('hit_ratio'), 'pct')}; "
                f"output tokens {fmt(f.get('output_tokens'), 'count')}.")
     util = f.get("gpu_util")
+    if util is not None:
+        st.caption(f"GPU utilisation here is {utilisation_basis(week.utilisation_signal)}.")
     if util is None:
         st.info("No GPU series in this source (no DCGM or NVML): GPU-hours, tokens per GPU-hour and cost are "
                 "absent, not zero.")
@@ -43,3 +45,13 @@ def render(data: TriageData) -> None:
             st.caption("unattributed: GPUs this source does not tie to an engine. kvscope attributes a GPU to a "
                        "pool through the agent's engine-GPU join (engine_gpu_memory_used_bytes) or a node that "
                        "runs a single pool.")
+
+
+def utilisation_basis(signal: str | None) -> str:
+    """Which utilisation the numbers use: DCGM engine activity when the source has it (what the
+    weekly report prefers), else the 'a kernel was running' duty cycle, which overstates decode."""
+    if signal == "gpu_graphics_engine_active_ratio":
+        return ("DCGM graphics-engine activity (DCGM_FI_PROF_GR_ENGINE_ACTIVE), the share of time the "
+                "compute engines were busy")
+    return ("GPU_UTIL / NVML utilisation: the share of time any kernel was running, which overstates real use "
+            "on small decode batches (no DCGM profiling metrics in this source)")

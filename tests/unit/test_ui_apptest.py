@@ -178,3 +178,15 @@ def test_nothing_fired_but_signals_missing_is_not_shown_as_all_clear(monkeypatch
     assert not at.success
     assert any("could not be evaluated because their signals are missing" in i.value for i in at.info)
     assert any("not evaluable" in c.value for c in at.caption)
+
+
+def test_efficiency_page_says_which_gpu_utilisation_it_uses(monkeypatch):
+    """Real DCGM recording of an idle decode fleet: GPU_UTIL reads ~94 %, engine activity ~22 %.
+    The page must say it uses engine activity, and flag the utilisation trap."""
+    rec = Path(__file__).resolve().parents[1] / "recordings" / "fleet-dcgm-utilization-trap.om.gz"
+    at = _app(monkeypatch, rec).run()
+    at.sidebar.radio[0].set_value("Efficiency").run()
+    assert not at.exception
+    assert {m.label: m.value for m in at.metric}["Mean GPU utilisation"] == "21.8%"
+    assert any("DCGM graphics-engine activity" in c.value for c in at.caption)
+    assert any("utilisation trap" in w.value for w in at.warning)
