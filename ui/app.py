@@ -51,6 +51,8 @@ def _load(source: Source) -> TriageData:
 
 def main() -> None:
     st.set_page_config(page_title="kvscope", layout="wide")
+    # Streamlit's default top padding (6rem) pushes the lever off a laptop's first screen
+    st.html("<style>[data-testid='stMainBlockContainer']{padding-top:2rem}</style>")
     page = st.sidebar.radio("Page", list(PAGES), key="page")
     source = source_from_env()
     st.sidebar.caption(source.describe() if source else "no source: start with kvscope ui --recording FILE")
