@@ -350,36 +350,49 @@ def render_when(ts: float) -> str:
     return pd.to_datetime(ts, unit="s", utc=True).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _latest_by(frame: Frame, name: str, label: str, rate: bool) -> dict[str, float]:
-    """label value -> latest value (or mean rate over the window) of a block, summed per label value."""
+def _per_tenant(frame: Frame, name: str, rate: bool) -> dict[tuple[str, str], float]:
+    """(tenant, instance) -> mean rate over the window (counters, summed over the pair's series)
+    or latest value (ratio gauges, averaged over the pair's series: a ratio is never summed)."""
     block = frame.block(name)
     if block is None:
         return {}
-    out: dict[str, float] = {}
     span = float(frame.ts[-1] - frame.ts[0]) or 1.0
+    found: dict[tuple[str, str], list[float]] = {}
     for labels, row in zip(block.labels, block.values, strict=True):
-        key = dict(labels).get(label)
+        have = dict(labels)
         present = row[~np.isnan(row)]
-        if key is None or present.size == 0:
+        if "tenant" not in have or present.size == 0:
             continue
         value = (max(present[-1] - present[0], 0.0) / span) if rate else float(present[-1])
-        out[key] = out.get(key, 0.0) + value
-    return out
+        found.setdefault((have["tenant"], have.get("instance", "")), []).append(value)
+    return {k: (sum(v) if rate else sum(v) / len(v)) for k, v in found.items()}
+
+
+def _natural(text: str) -> tuple:
+    """'tenant-2' before 'tenant-10'."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
+
+
+TENANT_COLUMNS = {"requests/s": ("tenant_requests_total", True), "prompt tok/s": ("tenant_prompt_tokens_total", True),
+                  "cached tok/s": ("tenant_cached_tokens_total", True),
+                  "hit ratio (latest)": ("tenant_prefix_hit_ratio", False),
+                  "lost reuse (latest)": ("tenant_lost_reuse_ratio", False)}
+"""Column -> (signal, is a counter shown as its mean rate)."""
 
 
 def tenant_table(frame: Frame) -> pd.DataFrame:
-    """Per-tenant requests/s, prompt tokens/s, hit ratio and lost reuse over the window; empty if none."""
-    cols = {
-        "requests/s": _latest_by(frame, "tenant_requests_total", "tenant", rate=True),
-        "prompt tok/s": _latest_by(frame, "tenant_prompt_tokens_total", "tenant", rate=True),
-        "cached tok/s": _latest_by(frame, "tenant_cached_tokens_total", "tenant", rate=True),
-        "hit ratio": _latest_by(frame, "tenant_prefix_hit_ratio", "tenant", rate=False),
-        "lost reuse": _latest_by(frame, "tenant_lost_reuse_ratio", "tenant", rate=False),
-    }
-    tenants = sorted({t for c in cols.values() for t in c})
-    if not tenants:
+    """Per-tenant requests/s, prompt and cached tokens/s (mean over the window), hit ratio and
+    lost reuse (latest); one row per tenant, or per tenant and instance when the source has
+    several (two taps, two routing policies): ratios of different instances are not added up.
+    Empty if the source has no tenant series."""
+    cols = {col: _per_tenant(frame, name, rate) for col, (name, rate) in TENANT_COLUMNS.items()}
+    keys = sorted({k for c in cols.values() for k in c}, key=lambda k: (_natural(k[0]), _natural(k[1])))
+    if not keys:
         return pd.DataFrame()
-    return pd.DataFrame([{"tenant": t, **{k: v.get(t) for k, v in cols.items()}} for t in tenants])
+    several = len({inst for _, inst in keys}) > 1
+    rows = [{"tenant": t, **({"instance": i} if several else {}), **{c: v.get((t, i)) for c, v in cols.items()}}
+            for t, i in keys]
+    return pd.DataFrame(rows)
 
 
 def cascade_rows(cascades: Mapping) -> pd.DataFrame:

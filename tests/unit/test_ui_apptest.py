@@ -160,9 +160,22 @@ def test_tenant_table_from_kvscope_tenant_series():
     table = ui_data.tenant_table(frame_from_samples(samples, T0, T0 + 600, 10))
     rows = table.set_index("tenant")
     assert rows.loc["acme", "requests/s"] == pytest.approx(2.0)
-    assert rows.loc["tail", "hit ratio"] == pytest.approx(0.05)
+    assert rows.loc["tail", "hit ratio (latest)"] == pytest.approx(0.05)
     assert rows.loc["tail", "cached tok/s"] == pytest.approx(0.05 * 500 * 0.5)
     assert ui_data.tenant_table(frame_from_samples(samples[:0], T0, T0 + 600, 10)).empty
+
+
+def test_tenant_ratios_of_two_instances_are_not_added_up():
+    """Real recording: two taps (round robin and sticky) each report tenant-0's hit ratio
+    (0.69 and 0.76 at the end); the table has a row per instance and no ratio above 1."""
+    rec = Path(__file__).resolve().parents[1] / "recordings" / "round-robin-vs-sticky.om.gz"
+    table = ui_data.load_triage(ui_data.Source("recording", str(rec))).frame
+    rows = ui_data.tenant_table(table)
+    assert list(rows.columns[:2]) == ["tenant", "instance"]
+    assert rows["hit ratio (latest)"].max() <= 1.0 and rows["lost reuse (latest)"].max() <= 1.0
+    t0 = rows[rows["tenant"] == "tenant-0"].set_index("instance")["hit ratio (latest)"]
+    assert t0.to_dict() == pytest.approx({"tap-0": 0.687, "tap-1": 0.756}, abs=0.001)
+    assert rows["tenant"].tolist()[:6] == ["tenant-0", "tenant-0", "tenant-1", "tenant-1", "tenant-2", "tenant-2"]
 
 
 def test_nothing_fired_but_signals_missing_is_not_shown_as_all_clear(monkeypatch, tmp_path):
