@@ -158,4 +158,7 @@ def render_timeline(d) -> None:
         tooltip=["rule", "title", "where", alt.Tooltip("since:T", timeUnit=UTC_CLOCK, title="since (UTC)"),
                  alt.Tooltip("until:T", timeUnit=UTC_CLOCK, title="until (UTC)"), "active"])
     st.altair_chart(chart, width="stretch")
-    st.dataframe(df.drop(columns=["title"]), hide_index=True, width="stretch")
+    clock = {"since": df["since"].dt.strftime("%H:%M:%S"), "until": df["until"].dt.strftime("%H:%M:%S")}
+    st.dataframe(df.drop(columns=["title"]).assign(**clock).rename(columns={"since": "since (UTC)",
+                                                                          "until": "until (UTC)"}),
+                 hide_index=True, width="stretch")
