@@ -10,7 +10,9 @@ server with max_tokens=1 and `traceparent`, then the same prompt to the decode s
 Asserted: one stitched P/D record per trace with the prefill half from the prefill server and the
 decode half from the decode server; the KV transfer phase equals the gap measured on the raw spans;
 the agent exports `kvscope_request_phase_seconds` per instance and role; and the decode server
-really loaded the KV instead of computing it (its own counters, read through kvscope's dialect).
+really loaded the KV instead of computing it (its own counters, read through kvscope's dialect),
+except for one control request whose KV ExampleConnector files under a key its consumer does not
+look up (a prompt of k * 32 + 1 tokens): that one the decode server computes in full.
 """
 
 import asyncio
@@ -34,7 +36,7 @@ from testbed.vllm_server import VllmConfig, VllmServer, free_port
 
 pytestmark = pytest.mark.vllm
 
-REQUESTS = 4
+REQUESTS = 5                  # the last one is the control (see _loaded)
 BLOCK = VllmConfig().block_size
 WORDS = "the cache prefix metric trace span latency queue model server time count value".split()
 
@@ -65,15 +67,39 @@ def _complete(srv: VllmServer, prompt: str, max_tokens: int, headers: dict[str, 
         return json.loads(r.read())["usage"]
 
 
+def _loaded(prompt_tokens: int) -> int:
+    """Prompt tokens the decode server loads through ExampleConnector instead of computing them.
+
+    The producer files a prompt's KV under a hash of its first `align_to_block_size(len)` tokens
+    ((n - 1) // B * B), the consumer looks for `align_to_block_size(len - 1)` ((n - 2) // B * B).
+    The two agree unless n = k * B + 1; then the consumer finds nothing and computes everything."""
+    stored, looked_up = (prompt_tokens - 1) // BLOCK * BLOCK, (prompt_tokens - 2) // BLOCK * BLOCK
+    return looked_up if stored == looked_up else 0
+
+
+def _prompt(srv: VllmServer, head: str, words: int, loadable: bool) -> str:
+    """`head` + at least `words` words, grown a word at a time until `_loaded` of its token count
+    is nonzero (`loadable`) or zero (the control: a prompt ExampleConnector cannot hand over)."""
+    for extra in range(4 * BLOCK):
+        prompt = head + " ".join(WORDS[j % len(WORDS)] for j in range(words + extra))
+        req = urllib.request.Request(srv.url + "/tokenize", data=json.dumps(
+            {"model": SERVED_NAME, "prompt": prompt}).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            if (_loaded(json.loads(r.read())["count"]) > 0) == loadable:
+                return prompt
+    raise AssertionError(f"no prompt of {words}+ words with loadable={loadable}")
+
+
 def _route(pre: VllmServer, dec: VllmServer, receiver_port: int) -> list[dict]:
-    """The P/D router: per request a root span, prefill (1 token) then decode, one traceparent."""
+    """The P/D router: per request a root span, prefill (1 token) then decode, one traceparent.
+    The last request is the control, a prompt whose KV the decode server cannot find."""
     provider = TracerProvider(resource=Resource.create({"service.name": "pd-router"}))
     provider.add_span_processor(SimpleSpanProcessor(
         OTLPSpanExporter(endpoint=f"http://127.0.0.1:{receiver_port}/v1/traces", timeout=5)))
     tracer, nonce, sent = provider.get_tracer("pd-router"), uuid.uuid4().hex[:8], []
     for i in range(REQUESTS):
         # the run's nonce and the index first: no KV block is shared with another request or run
-        prompt = f"{nonce} {i} " + " ".join(WORDS[(i + j) % len(WORDS)] for j in range(120 + 20 * i))
+        prompt = _prompt(pre, f"{nonce} {i} ", 120 + 20 * i, loadable=i < REQUESTS - 1)
         with tracer.start_as_current_span("pd request", attributes={"kvscope.tenant": "acme"}) as root:
             headers: dict[str, str] = {}
             inject(headers)
@@ -84,12 +110,6 @@ def _route(pre: VllmServer, dec: VllmServer, receiver_port: int) -> list[dict]:
                      "prefill": p_usage, "decode": d_usage})
     provider.shutdown()
     return sent
-
-
-def _aligned(prompt_tokens: int) -> int:
-    """Tokens ExampleConnector stores and loads: whole blocks of all but the last prompt token,
-    less one more token (its `align_to_block_size(len(prompt) - 1)`)."""
-    return (prompt_tokens - 2) // BLOCK * BLOCK
 
 
 def test_real_pd_pair_is_stitched_into_one_request_with_the_kv_transfer(vllm_pd_pair):
@@ -104,15 +124,18 @@ def test_real_pd_pair_is_stitched_into_one_request_with_the_kv_transfer(vllm_pd_
         async with running_agent(doc, only=("otlp",)) as (runtime, base):
             [rx] = runtime.collectors
             await rx.start()
+            t0 = time.monotonic()
             sent = await asyncio.to_thread(_route, pre, dec, port)
-            ours = {s["trace_id"] for s in sent}
-            deadline = time.monotonic() + 45        # each engine's BatchSpanProcessor exports every ~5 s
+            t1, ours = time.monotonic(), {s["trace_id"] for s in sent}
+            deadline = t1 + 45                      # each engine's BatchSpanProcessor exports every ~5 s
             while time.monotonic() < deadline and len([r for r in rx.recent if r.trace_id in ours]) < REQUESTS:
                 await asyncio.sleep(0.2)
             await runtime.run_cycle()
-            return rx, sent, await fetch_metrics(base)
+            return rx, sent, await fetch_metrics(base), (t1 - t0, time.monotonic() - t1)
 
-    rx, sent, (_, expo) = asyncio.run(main())
+    rx, sent, (_, expo), (route_s, wait_s) = asyncio.run(main())
+    print(f"\nP/D pair boot {pre.startup_s:.1f} / {dec.startup_s:.1f} s, {REQUESTS} requests {route_s:.1f} s, "
+          f"spans stitched {wait_s:.1f} s later")
     after = {"pre": _by_source(pre), "dec": _by_source(dec)}
     records = {}
     for r in rx.recent:
@@ -121,7 +144,7 @@ def test_real_pd_pair_is_stitched_into_one_request_with_the_kv_transfer(vllm_pd_
             records[r.trace_id] = r
     assert len(records) == REQUESTS, (f"stitched {len(records)} of {REQUESTS}; receiver {dict(rx.stats)}, "
                                       f"dropped {dict(rx.stitcher.dropped)}\n{dec.log_tail(10)}")
-    gaps = []
+    gaps, first_steps = [], []
     for s in sent:
         rec = records[s["trace_id"]]
         p_span, d_span = rec.anchors["prefill"], rec.anchors["decode"]
@@ -136,6 +159,7 @@ def test_real_pd_pair_is_stitched_into_one_request_with_the_kv_transfer(vllm_pd_
         assert d_run >= p_span.end_ns
         assert rec.phase("kv_transfer") == pytest.approx((d_run - p_span.end_ns) / 1e9, abs=1e-6)
         gaps.append(rec.phase("kv_transfer"))
+        first_steps.append(d_span.attributes["gen_ai.latency.time_in_model_prefill"])
         assert [(o.phase, o.instance, o.role) for o in rec.phases] == [
             ("queue", _instance(pre), "prefill"), ("prefill", _instance(pre), "prefill"),
             ("kv_transfer", _instance(dec), "decode"), ("prefill", _instance(dec), "decode"),
@@ -144,7 +168,8 @@ def test_real_pd_pair_is_stitched_into_one_request_with_the_kv_transfer(vllm_pd_
         assert rec.prompt_tokens == s["prefill"]["prompt_tokens"] == s["decode"]["prompt_tokens"]
         assert rec.ttft_s == pytest.approx((d_span.start_ns - p_span.start_ns) / 1e9
                                            + d_span.attributes["gen_ai.latency.time_to_first_token"])
-    print(f"\nP/D on vLLM CPU: kv_transfer gaps {[round(g * 1e3, 2) for g in gaps]} ms")
+    print(f"P/D on vLLM CPU: kv_transfer gaps {[round(g * 1e3, 1) for g in gaps]} ms, decode first step "
+          f"(KV read + prompt tail) {[round(g * 1e3, 1) for g in first_steps]} ms")
 
     # the agent exports one observation per request and phase, on the instance that ran it
     def count(phase, srv, role):
@@ -160,8 +185,12 @@ def test_real_pd_pair_is_stitched_into_one_request_with_the_kv_transfer(vllm_pd_
     # the connector's own evidence: the decode server loaded the stored KV instead of computing it
     prompts = [s["prefill"]["prompt_tokens"] for s in sent]
     delta = {side: {k: after[side].get(k, 0.0) - before[side].get(k, 0.0) for k in after[side]} for side in after}
-    assert delta["pre"]["local_compute"] == sum(prompts) and delta["pre"]["external_kv_transfer"] == 0
-    assert delta["dec"]["external_kv_transfer"] == delta["dec"]["external_hits"] == sum(map(_aligned, prompts))
-    assert delta["dec"]["local_compute"] == sum(n - _aligned(n) for n in prompts)
-    assert [s["decode"]["prompt_tokens_details"]["cached_tokens"] for s in sent] == list(map(_aligned, prompts))
-    assert [s["prefill"]["prompt_tokens_details"]["cached_tokens"] for s in sent] == [0] * REQUESTS
+    evidence = f"token deltas {delta}, prompts {prompts}, usage {[s['decode'] for s in sent]}"
+    assert [s["prefill"]["prompt_tokens_details"]["cached_tokens"] for s in sent] == [0] * REQUESTS, evidence
+    assert [s["decode"]["prompt_tokens_details"]["cached_tokens"] for s in sent] == list(map(_loaded, prompts)), \
+        evidence
+    assert delta["pre"]["local_compute"] == sum(prompts) and delta["pre"]["external_kv_transfer"] == 0, evidence
+    assert delta["dec"]["local_cache_hit"] == 0, evidence
+    assert delta["dec"]["external_kv_transfer"] == sum(map(_loaded, prompts)), evidence
+    assert delta["dec"]["external_hits"] == sum(map(_loaded, prompts)), evidence
+    assert delta["dec"]["local_compute"] == sum(n - _loaded(n) for n in prompts), evidence
