@@ -304,8 +304,9 @@ def evidence_table(finding: Finding) -> pd.DataFrame:
 
 
 def counts_caption(diagnosis: Diagnosis) -> str:
-    """'45 rules evaluated, 3 fired, 21 not evaluable (missing signals)' for the page header."""
-    text = f"{diagnosis.rules_evaluated} rules evaluated, {len(diagnosis.findings)} fired"
+    """'45 rules, 3 fired, 21 not evaluable (missing signals; ...)' for the page header, worded as
+    `kvscope diagnose` words its header (a rule that could not be evaluated was not 'evaluated')."""
+    text = f"{diagnosis.rules_evaluated} rules, {len(diagnosis.findings)} fired"
     if diagnosis.skipped:
         text += f", {len(diagnosis.skipped)} not evaluable (missing signals; listed at the bottom)"
     return text

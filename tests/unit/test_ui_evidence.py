@@ -43,9 +43,9 @@ def test_evidence_says_when_and_how_each_value_was_taken():
 def test_header_says_how_many_rules_could_not_be_evaluated():
     skipped = (Skipped("fleet_util_low", "signal(s) absent: gpu_utilization_ratio"),)
     d = Diagnosis(window=(T0, T0 + 60), source="s", likely_cause=None, skipped=skipped, rules_evaluated=45)
-    assert counts_caption(d) == "45 rules evaluated, 0 fired, 1 not evaluable (missing signals; listed at the bottom)"
+    assert counts_caption(d) == "45 rules, 0 fired, 1 not evaluable (missing signals; listed at the bottom)"
     assert counts_caption(Diagnosis(window=(T0, T0), source="s", likely_cause=None, rules_evaluated=3)) == \
-        "3 rules evaluated, 0 fired"
+        "3 rules, 0 fired"
 
 
 def test_streamlit_runs_headless_on_loopback_without_the_developer_toolbar():
