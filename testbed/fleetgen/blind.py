@@ -448,3 +448,60 @@ def scenario_sglang_hot_prefix_replica(path: Path, cal: dict, seed: int = 18) ->
                          {"levers": ["L12"], "phase": "hotspot",
                           "why": "the hot replica's queue: the symptom, acceptable behind P5"}],
             "must_not": ["P2", "P3", "P1", "L4", "L3", "K1", "K3", "U8"]}
+
+
+# ---------------------------------------------------------------------------------------- U7
+def scenario_replica_flapping(path: Path, cal: dict, seed: int = 19) -> dict:
+    """An HPA on queue depth with no scale-down stabilisation: traffic sits near the 4-replica
+    capacity, so the fleet goes 4 -> 6 -> 4 every few minutes; each new replica starts cold."""
+    rng, clock = random.Random(seed), Clock(30.0, 90)
+    reps = [new_vllm() for _ in range(6)]
+    sink = Sink(path)
+    mu, prompt, out = 6.0, 1500.0, 250.0
+    queues = [0.0] * 6
+    live, since_change, joined = 4, 0, [-99] * 6
+    for i, ts in clock.times():
+        total = 24.5 * _wiggle(rng, i, 30, 0.04)
+        avg_q = sum(queues[:live]) / live
+        since_change += 1
+        if live == 4 and avg_q >= 2 and since_change >= 2:          # scale up on queue depth at once
+            live, since_change = 6, 0
+            for r in (4, 5):
+                joined[r], queues[r] = i + 3, 0.0                     # ready after a 90 s cold start
+        elif live == 6 and avg_q < 0.5 and since_change >= 6:         # ... and down again after 3 min
+            live, since_change = 4, 0
+        ready = [r for r in range(live) if joined[r] <= i]
+        for r in ready:
+            s = reps[r]
+            warm = min(1.0, (i - joined[r] + 1) / 6) if r >= 4 else 1.0   # cache refill over ~3 min
+            hit = 0.6 * (0.15 + 0.85 * warm)
+            arrivals = _poisson(rng, total / len(ready) * clock.dt)
+            served = min(_poisson(rng, mu * clock.dt), queues[r] + arrivals)
+            wait = queues[r] / mu
+            queues[r] = max(0.0, queues[r] + arrivals - served)
+            ttft = 0.04 + prompt * (1 - hit) / 25_000 + wait
+            running = mu * (ttft + out * 0.028)
+            advance_vllm(s, rng, Tick(
+                n=int(served), classes=((1.0, prompt, ttft),), out_mean=out, hit=hit, itl=0.028,
+                waiting=queues[r], running=running, queue_s=max(0.002, wait),
+                kv=running * (prompt + out / 2) / (H100_BLOCKS * 16)))
+            sink.scrape("vllm", f"replica-{r}", ts, render_vllm(s))
+        for r in range(4, 6):
+            if r not in ready and joined[r] >= 0 and joined[r] > i - 3:
+                continue                                              # starting: not yet scraped
+            if r not in ready:
+                reps[r] = new_vllm()                                  # scaled in: next start is a new pod
+    sink.close()
+    return {"summary": "vLLM 0.33 (Llama-3.1-8B, H100) behind an HPA on queue depth with no scale-down "
+                       "stabilisation window. Traffic (~24.5 req/s) sits at the capacity of 4 replicas: the "
+                       "queue builds, the HPA adds 2 replicas (ready after a 90 s cold start, caches empty), "
+                       "the queue vanishes, and 3 minutes later it removes them again - 4 -> 6 -> 4 every "
+                       "few minutes for 45 minutes. The gateway uses consistent hashing, so only the moving "
+                       "replicas' share of prefixes is cold each time.",
+            "phases": _phases(("flapping", 0.0, clock.steps * clock.dt)),
+            "expected": [{"levers": ["U7"], "phase": "flapping", "likely": True,
+                          "why": "replica count oscillates within minutes: cooldown from the measured cold "
+                                 "start, scale down gradually (004)"},
+                         {"levers": ["P4"], "phase": "flapping",
+                          "why": "each new replica is cold: a consequence, acceptable behind U7"}],
+            "must_not": ["U8", "P3", "P2", "K1", "K3", "L4", "U1", "U6", "L3"]}

@@ -367,6 +367,7 @@ def blind_scenarios() -> dict[str, Callable[[Path, dict], dict]]:
         scenario_long_prompt_surge,
         scenario_mixed_prompts_itl_tail,
         scenario_output_length_drift,
+        scenario_replica_flapping,
         scenario_sglang_hot_prefix_replica,
         scenario_sglang_queue_overload,
     )
@@ -379,6 +380,7 @@ def blind_scenarios() -> dict[str, Callable[[Path, dict], dict]]:
             "blind-vllm-hpa-wrong-signal": scenario_hpa_wrong_signal,
             "blind-vllm-long-prompt-surge": scenario_long_prompt_surge,
             "blind-sglang-hot-prefix-replica": scenario_sglang_hot_prefix_replica,
+            "blind-vllm-replica-flapping": scenario_replica_flapping,
             "blind-healthy-busy-near-knee": scenario_healthy_busy_near_knee,
             "blind-healthy-sglang-autoscaled-ramp": scenario_healthy_autoscaled_ramp}
 
