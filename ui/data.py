@@ -199,20 +199,30 @@ def _matches(labels: Labels, where: Mapping[str, str]) -> bool:
     return all(have.get(k, v) == v for k, v in where.items())
 
 
-def _rate(values: np.ndarray, step: float) -> np.ndarray:
-    d = np.diff(values, axis=1, prepend=np.nan) / step
-    d[d < 0] = np.nan          # counter reset: no value rather than a negative rate
+def _rate(values: np.ndarray, step: float, k: int = 1) -> np.ndarray:
+    """Per-second increase over the last k grid steps (k = 1: step to step); a counter reset
+    inside the range gives no value rather than a negative rate."""
+    d = np.full(values.shape, np.nan)
+    d[:, k:] = (values[:, k:] - values[:, :-k]) / (k * step)
+    d[d < 0] = np.nan
     return d
 
 
+def _steps(frame: Frame, range_s: float | None) -> int:
+    step = frame.step or 1.0
+    return max(1, int(round((range_s or step) / step)))
+
+
 def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = None,
-                 limit: int | None = MAX_CHART_SERIES) -> pd.DataFrame:
+                 limit: int | None = MAX_CHART_SERIES, range_s: float | None = None) -> pd.DataFrame:
     """One signal on the grid as a DataFrame (index: UTC time; columns: series labels).
 
-    Counters become per-second rates, histograms their windowed mean per grid step, gauges stay
+    Counters become per-second rates, histograms their mean (sum rate over count rate), gauges stay
     as they are. Rows are filtered to `where` (labels a row lacks do not exclude it); at most
-    `limit` series are kept (None: all).
+    `limit` series are kept (None: all). Rates are over `range_s` (the evidence's own range, so
+    the chart reads what the rule read), else step to step.
     """
+    k = _steps(frame, range_s)
     sig = load_catalog().signals[signal]
     where = where or {}
     if sig.kind == "histogram":
@@ -220,7 +230,7 @@ def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = No
         if s is None or c is None:
             return pd.DataFrame()
         keep = [i for i, lab in enumerate(s.labels) if _matches(lab, where)]
-        num, den = _rate(s.values[keep], frame.step or 1.0), _rate(c.values[keep], frame.step or 1.0)
+        num, den = _rate(s.values[keep], frame.step or 1.0, k), _rate(c.values[keep], frame.step or 1.0, k)
         with np.errstate(invalid="ignore", divide="ignore"):
             values = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
         labels = [s.labels[i] for i in keep]
@@ -231,10 +241,78 @@ def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = No
         keep = [i for i, lab in enumerate(block.labels) if _matches(lab, where)]
         values, labels = block.values[keep], [block.labels[i] for i in keep]
         if sig.kind == "counter":
-            values = _rate(values, frame.step or 1.0)
+            values = _rate(values, frame.step or 1.0, k)
     index = pd.to_datetime(frame.ts, unit="s", utc=True)
     cols = {_column(lab, where): values[i] for i, lab in enumerate(labels[:limit])}
     return pd.DataFrame(cols, index=index)
+
+
+_RANGE = re.compile(r"\b([a-zA-Z_][a-zA-Z0-9_]*)(?:\{[^}]*\})?\[([0-9a-z]+)\]")
+
+
+def ranges_in(expr: str) -> dict[str, float]:
+    """signal -> the rate range in seconds an evidence expression reads it over
+    ('rate(engine_preemptions_total[8s])' -> {'engine_preemptions_total': 8.0}); a histogram's
+    _sum/_count/_bucket series count for the histogram."""
+    from kvscope.diagnoser.rule import parse_duration
+
+    out: dict[str, float] = {}
+    for m in _RANGE.finditer(expr):
+        try:
+            out.setdefault(_histogram_base(m.group(1)), parse_duration(m.group(2)))
+        except (ValueError, TypeError):
+            continue
+    return out
+
+
+_QUANTILE = re.compile(r"histogram_quantile\(\s*([0-9.]+)\s*,.*?\b([a-zA-Z_][a-zA-Z0-9_]*)_bucket\b"
+                       r"(?:\{[^}]*\})?(?:\[([0-9a-z]+)\])?")
+
+
+def quantiles_in(expr: str) -> dict[str, tuple[float, float | None]]:
+    """histogram -> (q, rate range in seconds or None) for each histogram_quantile in an
+    evidence expression: 'histogram_quantile(0.5, ... rate(request_ttft_seconds_bucket[18s]))'
+    gives {'request_ttft_seconds': (0.5, 18.0)}."""
+    from kvscope.diagnoser.rule import parse_duration
+
+    out: dict[str, tuple[float, float | None]] = {}
+    for m in _QUANTILE.finditer(expr):
+        try:
+            rng = parse_duration(m.group(3)) if m.group(3) else None
+        except (ValueError, TypeError):
+            rng = None
+        out.setdefault(m.group(2), (float(m.group(1)), rng))
+    return out
+
+
+def quantile_frame(frame: Frame, signal: str, q: float, where: Mapping[str, str] | None = None,
+                   range_s: float | None = None) -> pd.DataFrame:
+    """The q-quantile of a histogram on the grid, one column per series (its labels without
+    `le`), computed the Prometheus way (diagnoser.grid.bucket_quantile) from bucket increases
+    over `range_s` (the evidence's own rate range, so the chart reads what the rule read; one
+    grid step when None). Empty when the source has no buckets for it."""
+    from kvscope.diagnoser.grid import bucket_quantile
+
+    block = frame.block(signal + "_bucket")
+    if block is None:
+        return pd.DataFrame()
+    where = where or {}
+    groups: dict[Labels, dict[float, int]] = {}
+    for i, labels in enumerate(block.labels):
+        have = dict(labels)
+        le = have.pop("le", None)
+        if le is None or not _matches(labels, where):
+            continue
+        groups.setdefault(tuple(sorted(have.items())), {})[float(le)] = i
+    rates = _rate(block.values, frame.step or 1.0, _steps(frame, range_s))
+    cols = {}
+    for labels, by_le in list(groups.items())[:MAX_CHART_SERIES]:
+        les = sorted(by_le)
+        if les[-1] != float("inf") or len(les) < 2:
+            continue
+        planes = rates[[by_le[le] for le in les]][None, :, :]
+        cols[_column(labels, where)] = bucket_quantile(q, np.array(les), planes)[0]
+    return pd.DataFrame(cols, index=pd.to_datetime(frame.ts, unit="s", utc=True))
 
 
 def _column(labels: Labels, where: Mapping[str, str]) -> str:
@@ -247,11 +325,21 @@ def evidence_charts(data: TriageData, finding: Finding) -> list[tuple[str, str, 
     seen: list[str] = []
     for ev in finding.evidence:
         seen += [s for s in signals_in(ev.series, data.frame) if s not in seen]
+    quantiles: dict[str, tuple[float, float | None]] = {}
+    ranges: dict[str, float] = {}
+    for ev in finding.evidence:                   # the first evidence reading a signal wins
+        quantiles = {**quantiles_in(ev.series), **quantiles}
+        ranges = {**ranges_in(ev.series), **ranges}
     out = []
     for sig in seen:
-        df = signal_frame(data.frame, sig, finding.where, limit=None)
+        if sig in quantiles:          # the rule read a percentile: chart that, not the mean
+            q, rng = quantiles[sig]
+            df, unit = quantile_frame(data.frame, sig, q, finding.where, rng), axis_unit(sig, q)
+        else:
+            df = signal_frame(data.frame, sig, finding.where, limit=None, range_s=ranges.get(sig))
+            unit = axis_unit(sig)
         if not df.empty and df.notna().any().any():
-            out.append((sig, axis_unit(sig), spread(df)))
+            out.append((sig, unit, spread(df)))
     return out
 
 
@@ -271,15 +359,16 @@ _UNIT_WORDS = {"ratio": "ratio (0-1)", "count": "count", "seconds": "seconds", "
                "bytes": "bytes", "bytes_per_second": "bytes/s"}
 
 
-def axis_unit(signal: str) -> str:
-    """The y-axis title of a signal as `signal_frame` plots it: 'per second' for counted events,
-    'tokens/s' for token counters, 'seconds (mean per step)' for a latency histogram."""
+def axis_unit(signal: str, quantile: float | None = None) -> str:
+    """The y-axis title of a signal as it is plotted: 'per second' for counted events, 'tokens/s'
+    for token counters, 'seconds (mean)' for a latency histogram, 'seconds (p50)'
+    for its quantile."""
     sig = load_catalog().signals[signal]
     unit = _UNIT_WORDS.get(sig.unit, sig.unit)
     if sig.kind == "counter":
         return "per second" if sig.unit == "count" else f"{unit}/s"
     if sig.kind == "histogram":
-        return f"{unit} (mean per grid step)"
+        return f"{unit} (p{quantile * 100:g})" if quantile is not None else f"{unit} (mean)"
     return unit
 
 

@@ -127,7 +127,8 @@ def render_charts(data: TriageData, f: Finding) -> None:
     if not shown:
         return
     st.markdown(f"**Evidence over time** — shaded: the finding's period, {incident_label(f.since, f.until, f.active)} "
-                "(counters as per-second rates, histograms as the mean per grid step)")
+                "(counters as per-second rates, histograms as the mean or the percentile the rule read, each over "
+                "the rule's range, so the evidence table's numbers can be read off the lines)")
     for i in range(0, len(shown), 2):
         cols = st.columns(2)
         for col, (signal, unit, df) in zip(cols, shown[i:i + 2], strict=False):
