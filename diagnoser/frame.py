@@ -160,6 +160,59 @@ def mark_stale(frame: Frame, down: dict[str, list[tuple[float, float]]]) -> None
                 block.values[i, mask] = np.nan
 
 
+def removed_target_spans(up: Iterable[tuple[str, float, bool]],
+                         factor: float = 3.0) -> dict[str, list[tuple[float, float]]]:
+    """instance -> [from, until) spans in which the target was not scraped at all: removed from
+    service discovery (a replica scaled in), not failing.
+
+    `up` holds (instance, scrape time, succeeded) of every scrape, failed ones included. A target
+    whose next scrape is more than `factor` x its own median interval away, while other targets
+    were scraped in between (the recorder itself did not stall), is gone from one interval after
+    its last scrape until it returns (to +inf when it never does)."""
+    by: dict[str, list[float]] = defaultdict(list)
+    for instance, t, _ok in up:
+        by[instance].append(t)
+    every = np.array(sorted({t for ts in by.values() for t in ts}))
+    if len(every) < 2:
+        return {}
+    out: dict[str, list[tuple[float, float]]] = {}
+    for instance, times in by.items():
+        ts = np.array(sorted(times))
+        if len(ts) < 3:
+            continue
+        med = float(np.median(np.diff(ts)))
+        nxt = np.append(ts[1:], np.inf)
+        spans = []
+        for t1, t2 in zip(ts, nxt, strict=True):
+            if t2 - t1 <= factor * med:
+                continue
+            lo, hi = t1 + (factor - 1) * med, min(t2, every[-1] + med)
+            if ((every > lo) & (every < hi)).any():          # others were scraped meanwhile
+                spans.append((t1 + med, t2))
+        if spans:
+            out[instance] = spans
+    return out
+
+
+def mark_removed(frame: Frame, removed: dict[str, list[tuple[float, float]]]) -> None:
+    """Prometheus staleness for targets that left service discovery, in place: their series are
+    absent there, and unlike a failed scrape (mark_stale) the target no longer counts as a
+    replica either (`seen` is cleared too), as Prometheus writes stale markers when a target
+    disappears."""
+    for instance, spans in removed.items():
+        mask = np.zeros(len(frame.ts), dtype=bool)
+        for a, b in spans:
+            mask |= (frame.ts >= a) & (frame.ts < b)
+        if not mask.any():
+            continue
+        for block in frame.blocks.values():
+            for i, labels in enumerate(block.labels):
+                if dict(labels).get("instance", "") == instance:
+                    block.values[i, mask] = np.nan
+                    if block.seen is not None:
+                        block.seen[i, mask] = np.nan
+
+
 def merge_facts(per_rank: dict[str, dict[str, dict[str, str]]]) -> dict[str, dict[str, str]]:
     """instance -> dp_rank -> facts  to  instance -> facts (rank "" or the first rank wins)."""
     out: dict[str, dict[str, str]] = {}

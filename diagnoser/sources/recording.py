@@ -10,7 +10,15 @@ from __future__ import annotations
 import os
 
 from kvscope.agent.replay import add_spans, replay_recording, spans_path_for
-from kvscope.diagnoser.frame import Frame, failed_scrape_spans, frame_from_samples, mark_stale, merge_facts
+from kvscope.diagnoser.frame import (
+    Frame,
+    failed_scrape_spans,
+    frame_from_samples,
+    mark_removed,
+    mark_stale,
+    merge_facts,
+    removed_target_spans,
+)
 from kvscope.diagnoser.sources import SourceError
 
 
@@ -64,8 +72,9 @@ class RecordingSource:
         start = replay.start if start is None else start
         end = replay.end if end is None else end
         frame = frame_from_samples(replay.samples, start, end, step, names=names)
-        mark_stale(frame, failed_scrape_spans(
-            (s.label("instance") or "", s.timestamp, s.value == 1.0)
-            for s in replay.samples if s.name == "kvscope_target_up" and s.timestamp is not None))
+        up = [(s.label("instance") or "", s.timestamp, s.value == 1.0)
+              for s in replay.samples if s.name == "kvscope_target_up" and s.timestamp is not None]
+        mark_stale(frame, failed_scrape_spans(up))
+        mark_removed(frame, removed_target_spans(up))
         frame.facts = merge_facts(replay.facts)
         return frame

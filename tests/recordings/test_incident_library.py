@@ -293,3 +293,15 @@ def test_blind_hot_prefix_pins_the_queue_to_one_replica():
     hot = max(peak, key=peak.get)
     assert hot == "sglang-2" and peak[hot] > 20 and all(v <= 3 for k, v in peak.items() if k != hot)
     assert hit_rate(n, "hotspot", "sglang-2") > hit_rate(n, "hotspot", "sglang-0") + 0.15
+
+
+def test_blind_flapping_fleet_goes_up_and_down_repeatedly():
+    n = "blind-vllm-replica-flapping"
+    by_time: dict[float, set] = {}
+    for s in _replay(n).samples:
+        if s.name == "engine_requests_running":
+            by_time.setdefault(s.timestamp, set()).add(dict(s.labels)["instance"])
+    counts = [len(by_time[t]) for t in sorted(by_time)]
+    ups = sum(1 for a, b in zip(counts, counts[1:], strict=False) if b > a)
+    downs = sum(1 for a, b in zip(counts, counts[1:], strict=False) if b < a)
+    assert set(counts) == {4, 6} and ups >= 4 and downs >= 4

@@ -70,3 +70,25 @@ def test_itl_up_at_every_percentile_outranks_the_generic_both_slos_degrade_findi
     d = diagnose(_frame(series, 40 * 60.0), _rules("itl_high_all_percentiles", "ttft_itl_conflict"), time_scale=1.0)
     assert {f.levers_md for f in d.findings} == {"L4", "L5"}
     assert d.likely_cause.levers_md == "L4"
+
+
+def test_a_target_that_stops_being_scraped_is_gone_not_frozen_for_the_lookback():
+    # blind-vllm-replica-flapping: 2 of 6 replicas scaled in every few minutes. Prometheus marks a
+    # removed target's series stale at once; the recording source held them for the 5 min lookback,
+    # so the replica count never fell and U7 (oscillation) was missed.
+    import numpy as np
+    from kvscope.diagnoser.frame import mark_removed, removed_target_spans
+    up = [("a", float(t), True) for t in range(0, 600, 30)]
+    up += [("b", float(t), True) for t in range(0, 120, 30)] + [("b", float(t), True) for t in range(300, 600, 30)]
+    up += [("c", float(t), t < 200) for t in range(0, 600, 30)]      # failing, still scraped: not removed
+    spans = removed_target_spans(up)
+    assert spans == {"b": [(120.0, 300.0)]}
+    stalled = [(i, float(t), True) for i in "ab" for t in (*range(0, 300, 30), *range(600, 900, 30))]
+    assert removed_target_spans(stalled) == {}                         # the recorder itself paused: no one is gone
+    series = [{"series": f'engine_requests_running{{instance="{i}",model="m"}}', "values": "5x19"} for i in "ab"]
+    frame = _frame(series, 570.0, 30.0)
+    mark_removed(frame, spans)
+    block = next(iter(frame.blocks.values()))
+    row = [dict(lb)["instance"] for lb in block.labels].index("b")
+    gone = (frame.ts >= 120) & (frame.ts < 300)
+    assert np.isnan(block.values[row, gone]).all() and not np.isnan(block.values[row, ~gone]).any()

@@ -227,4 +227,4 @@ def test_blind_set_is_reproducible_and_speaks_the_real_dialects(tmp_path):
         intervals = {round(t1 - t0) for t0, t1 in zip(sorted({s.timestamp for s in rep.samples}),
                                                       sorted({s.timestamp for s in rep.samples})[1:], strict=False)}
         assert intervals == {30}                              # production-like scrape interval
-    assert len(blind_scenarios()) == 10
+    assert len(blind_scenarios()) == 11
