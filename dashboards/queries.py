@@ -335,12 +335,14 @@ def fleet_fairness() -> list[Query]:
 # ------------------------------------------------------------------------------ P/D phases
 
 def phase_p99_by_phase() -> Query:
-    """Stitched per-request phase p99 from traces: queue, prefill, kv_transfer, decode."""
-    return p99("request_phase_seconds", ("phase",))
+    """Stitched per-request phase p99 from traces: queue, prefill, kv_transfer, decode, per role
+    (a P/D request's decode instance has its own prefill step, where a synchronous connector
+    reads the KV: kept apart from the prefill instance's prefill)."""
+    return p99("request_phase_seconds", ("phase", "role"))
 
 
 def phase_mean_by_phase() -> Query:
-    return Query(mean("request_phase_seconds", ("phase",)), "{{phase}}", ("request_phase_seconds",))
+    return Query(mean("request_phase_seconds", ("phase", "role")), "{{phase}} {{role}}", ("request_phase_seconds",))
 
 
 def kv_transfer() -> list[Query]:
