@@ -149,8 +149,13 @@ def parse_listen(flag: str, value: str) -> tuple[str, int]:
 
 
 def check_port_free(flag: str, host: str, port: int) -> None:
-    """ValueError naming `flag` when nothing can bind host:port (another process holds it)."""
+    """ValueError naming `flag` when nothing can bind host:port (another process holds it).
+
+    Binds with SO_REUSEADDR, as the servers started afterwards do: a port that only has
+    connections of a stopped server in TIME_WAIT is free for them, so a restart within a
+    minute is not refused."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:

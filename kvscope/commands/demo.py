@@ -79,7 +79,8 @@ def render_diagnosis(diagnosis) -> str:
         lines += [f"      {c.system}: {c.change}" for c in lever.changes]
     if f.citations:
         lines.append("  sources: " + "; ".join(f.citations))
-    lines += [f"competing: {c.title} ({c.rule_id}) on {_where(c.where)}" for c in diagnosis.competing]
+    lines += [f"  also fired (same mechanism and levers): {g.title} ({g.rule_id})" for g in diagnosis.supporting]
+    lines += [f"competing: {c.title} ({c.rule_id}) on {_where(c.where)}" for c in diagnosis.hypotheses]
     return "\n".join(lines)
 
 

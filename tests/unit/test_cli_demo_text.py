@@ -37,3 +37,18 @@ def test_competing_hypotheses_show_labels_not_a_python_dict():
     text = render_diagnosis(Diagnosis(window=main.window, source="s", likely_cause=main, competing=(other,)))
     assert "competing: KV cache full and requests are being preempted (eviction_rate_high) on instance=replica-0" in text
     assert "{'instance'" not in text
+
+
+def test_findings_of_the_same_mechanism_print_as_also_fired_not_as_competing():
+    from dataclasses import replace
+
+    from kvscope.diagnoser.findings import LeverAdvice
+
+    fp8 = (LeverAdvice("fp8_kv_cache", 1, "enable"),)
+    main = replace(_finding("kv_pressure_cascade", "K2"), levers=fp8)
+    same = replace(_finding("eviction_rate_high", "K3"), levers=fp8)
+    other = replace(_finding("queue_growing", "U3"), title="Queue growing", levers=(LeverAdvice("autoscale", 1, "increase"),))
+    text = render_diagnosis(Diagnosis(window=main.window, source="s", likely_cause=main, competing=(same, other)))
+    assert "also fired (same mechanism and levers): KV cache full and requests are being preempted (eviction_rate_high)" in text
+    assert "competing: Queue growing (queue_growing) on instance=replica-0" in text
+    assert "competing: KV cache full" not in text

@@ -310,3 +310,23 @@ def test_report_period_is_optional_and_not_taken_for_a_recording(capsys, tmp_pat
         code, err = run_cli(capsys, *argv, "--no-progress")
         assert code == 4 and f"recording {not_openmetrics} is not OpenMetrics text" in err
         assert "recording weekly" not in err
+
+
+def test_a_port_held_only_by_time_wait_connections_is_free_and_a_listening_one_is_not():
+    import socket
+
+    from kvscope.commands._checks import check_port_free
+
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    cli = socket.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    with pytest.raises(ValueError, match="--port: cannot listen on 127.0.0.1"):
+        check_port_free("--port", "127.0.0.1", port)
+    conn.close()                  # the server side closes first: its end waits in TIME_WAIT
+    cli.close()
+    srv.close()
+    check_port_free("--port", "127.0.0.1", port)     # a restarted server may bind it again
