@@ -259,6 +259,55 @@ def gpu_pools(ss: SeriesSet) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class DataCoverage:
+    """Where a window actually holds data: `spans` are the stretches with samples (points no
+    further apart than the GPU-hour gap limit, see MAX_GAP_S); the rest of the window is a gap."""
+
+    start: float
+    end: float
+    spans: tuple[tuple[float, float], ...]
+
+    @property
+    def held_s(self) -> float:
+        """Seconds of data held (the spans' total length)."""
+        return float(sum(b - a for a, b in self.spans))
+
+    @property
+    def span_s(self) -> float:
+        """First sample to last sample (0 with no data)."""
+        return self.spans[-1][1] - self.spans[0][0] if self.spans else 0.0
+
+    @property
+    def gaps(self) -> list[tuple[float, float]]:
+        """Stretches of the window without data: before the first span, between spans, after the last."""
+        edges = [self.start] + [t for span in self.spans for t in span] + [self.end]
+        pairs = zip(edges[::2], edges[1::2], strict=True)
+        return [(a, b) for a, b in pairs if b > a]
+
+    @property
+    def inner_gaps(self) -> int:
+        """Gaps between the first and the last sample."""
+        return max(0, len(self.spans) - 1)
+
+
+def data_coverage(ss: SeriesSet, start: float, end: float, max_gap_s: float = MAX_GAP_S) -> DataCoverage:
+    """The spans of (start, end] that hold samples of any report signal. Consecutive sample
+    times further apart than max_gap_s, or twice the typical interval, start a new span."""
+    parts = [p.ts[_window(p, start, end)] for p in ss.by_name.values()]
+    before = [p.ts[p.ts <= start].max() for p in ss.by_name.values() if (p.ts <= start).any()]
+    inside = np.unique(np.concatenate(parts)) if parts else np.zeros(0)
+    if not inside.size:
+        return DataCoverage(start, end, ())
+    ts = np.unique(np.r_[max(before), inside]) if before else inside   # data running into the window
+    dt = np.diff(ts)
+    limit = max(max_gap_s, 2 * float(np.median(dt))) if dt.size else max_gap_s
+    breaks = np.flatnonzero(dt > limit)
+    spans = [(max(start, float(ts[a])), float(ts[b]))
+             for a, b in zip(np.r_[0, breaks + 1], np.r_[breaks, ts.size - 1], strict=True)]
+    return DataCoverage(start, end, tuple((a, b) for a, b in spans if b > start))
+
+
 @dataclass
 class WeekStats:
     """One week's numbers. `pools` is indexed by 'model / role'."""
@@ -270,6 +319,7 @@ class WeekStats:
     fleet: dict[str, float | None]
     tenants: pd.DataFrame
     daily: pd.DataFrame
+    coverage: DataCoverage
 
 
 def _window(pts: Points, start: float, end: float) -> np.ndarray:
@@ -299,7 +349,7 @@ def compute_week(ss: SeriesSet, start: float, end: float, gpu_hour_cost: float) 
                            how="outer")
     table = _derive(table, gpu_hour_cost)
     return WeekStats(start, end, utilisation_signal(ss), table, _fleet(table, gpu_hour_cost), _tenants(ss, start, end),
-                     _daily(ss, start, end))
+                     _daily(ss, start, end), data_coverage(ss, start, end))
 
 
 def _derive(pools: pd.DataFrame, cost: float) -> pd.DataFrame:

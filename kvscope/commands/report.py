@@ -105,20 +105,23 @@ def _check_not_empty(ss, source: str, end: float) -> None:
 
 
 def coverage_note(ss, end: float) -> str:
-    """'' when the data spans (nearly) the whole week ending at `end`; else a sentence saying what
-    span the totals cover, so a 10-minute recording's GPU cost is not read as a week's."""
+    """'' when the data fills (nearly) the whole week ending at `end`; else a sentence naming both
+    the data actually held and the span it is spread over, with its gaps, so a 10-minute
+    recording's GPU cost is not read as a week's, nor two recordings 9 h apart as 9 h of data."""
     from kvscope.diagnoser.render import fmt_duration
-    from kvscope.diagnoser.report import WEEK_S
+    from kvscope.diagnoser.report import WEEK_S, data_coverage
 
-    ends = [float(p.ts.max()) for p in ss.by_name.values() if p.ts.size]
-    first = ss.first_ts()
-    if first is None or not ends:
+    cov = data_coverage(ss, end - WEEK_S, end)
+    if not cov.spans or cov.held_s >= 0.9 * WEEK_S:
         return ""
-    start, last = max(first, end - WEEK_S), min(max(ends), end)
-    if last - start >= 0.9 * WEEK_S:
-        return ""
-    return (f"; the data covers only {fmt_duration(max(0.0, last - start))} of the 7 days "
-            f"({_iso(start)} to {_iso(last)}): totals are for that span, not a full week")
+    first, last = cov.spans[0][0], cov.spans[-1][1]
+    where = f"{_iso(first)} to {_iso(last)}"
+    spread = ""
+    if cov.inner_gaps:
+        where += f", {cov.inner_gaps} gap{'s' if cov.inner_gaps > 1 else ''} without data"
+        spread = f", spread across {fmt_duration(cov.span_s)}"
+    return (f"; the data covers only {fmt_duration(cov.held_s)} of the 7 days{spread} ({where}): "
+            "totals are for the data held, not a full week")
 
 
 def _iso(ts: float) -> str:

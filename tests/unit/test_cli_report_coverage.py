@@ -4,7 +4,7 @@ recording's totals are not read as a week's."""
 from __future__ import annotations
 
 from kvscope.agent.signals import Sample
-from kvscope.diagnoser.report import WEEK_S, series_set_from_samples
+from kvscope.diagnoser.report import WEEK_S, data_coverage, series_set_from_samples
 
 from kvscope.commands.report import coverage_note
 
@@ -31,3 +31,23 @@ def test_a_full_week_needs_no_note():
 def test_only_the_part_inside_the_week_counts():
     ss = _series(END - 3 * WEEK_S, END - WEEK_S + 3600)         # ends one hour into the week
     assert "covers only 1h00m" in coverage_note(ss, END)
+
+
+def test_two_recordings_nine_hours_apart_name_the_data_held_not_just_the_span():
+    """Two 6-minute recordings 9 h apart hold 12 minutes of data: the note says 12m, the 9h span
+    and the gap between them (it once said 'covers 9h00m')."""
+    early = _series(END - 9 * 3600 - 360, END - 9 * 3600, step=15.0)
+    late = _series(END - 360, END, step=15.0)
+    samples = [Sample(n, labels, v, t) for ss in (early, late) for n, labels, v, t in _points(ss)]
+    note = coverage_note(series_set_from_samples(samples), END)
+    assert "covers only 12m00s of the 7 days, spread across 9h06m" in note
+    assert "1 gap without data" in note
+    cov = data_coverage(series_set_from_samples(samples), END - WEEK_S, END)
+    assert cov.held_s == 720.0 and cov.inner_gaps == 1
+    assert cov.gaps[1] == (END - 9 * 3600, END - 360)
+
+
+def _points(ss):
+    pts = ss.of("engine_generation_tokens_total")
+    for t, v in zip(pts.ts, pts.value, strict=True):
+        yield "engine_generation_tokens_total", LABELS, float(v), float(t)
