@@ -318,8 +318,8 @@ class WeekStats:
     pools: pd.DataFrame
     fleet: dict[str, float | None]
     tenants: pd.DataFrame
-    daily: pd.DataFrame
     coverage: DataCoverage
+    timeline: pd.DataFrame
 
 
 def _window(pts: Points, start: float, end: float) -> np.ndarray:
@@ -348,8 +348,9 @@ def compute_week(ss: SeriesSet, start: float, end: float, gpu_hour_cost: float) 
         table = table.join(pd.DataFrame({"gpu_hours": hours, "gpu_util": busy / hours.where(hours > 0)}),
                            how="outer")
     table = _derive(table, gpu_hour_cost)
+    cov = data_coverage(ss, start, end)
     return WeekStats(start, end, utilisation_signal(ss), table, _fleet(table, gpu_hour_cost), _tenants(ss, start, end),
-                     _daily(ss, start, end), data_coverage(ss, start, end))
+                     cov, _timeline(ss, start, end, cov))
 
 
 def _derive(pools: pd.DataFrame, cost: float) -> pd.DataFrame:
@@ -397,29 +398,60 @@ def _tenants(ss: SeriesSet, start: float, end: float) -> pd.DataFrame:
     return df.sort_values(df.columns[0], ascending=False)
 
 
-def _by_day(pts: Points, weights: np.ndarray, start: float, end: float) -> pd.Series:
-    mask = _window(pts, start, end)
-    day0 = np.floor(start / 86400) * 86400
-    days = ((pts.ts[mask] - day0) // 86400).astype(np.int64)
-    sums = np.bincount(days, weights=weights[mask]) if days.size else np.zeros(0)
-    index = pd.to_datetime(day0 + 86400 * np.arange(sums.size), unit="s", utc=True)
-    return pd.Series(sums, index=index)
+TIMELINE_STEPS_S = (60.0, 300.0, 900.0, 3600.0)
+"""Timeline bin widths to choose from: the smallest that still gives at most TIMELINE_BINS bins
+over the data held (a 10-minute recording gets 1-minute bins, a full week 1-hour bins)."""
+TIMELINE_BINS = 200
 
 
-def _daily(ss: SeriesSet, start: float, end: float) -> pd.DataFrame:
-    parts = {}
+def timeline_step(held_s: float) -> float:
+    """The bin width for a window holding `held_s` seconds of data."""
+    return next((s for s in TIMELINE_STEPS_S if held_s / s <= TIMELINE_BINS), TIMELINE_STEPS_S[-1])
+
+
+def _bins(ts: np.ndarray, origin: float, step: float, n: int) -> np.ndarray:
+    return np.minimum((ts - origin) // step, n - 1).astype(np.int64)
+
+
+def _after_gap(pts: Points, max_gap_s: float = MAX_GAP_S) -> np.ndarray:
+    """True where a point follows its series' previous point by more than the gap limit: what
+    it adds happened somewhere in the gap, so a timeline cannot place it in time."""
+    dt = np.diff(pts.ts, prepend=np.nan)
+    typical = float(np.median(dt[~pts.first])) if (~pts.first).any() else 0.0
+    return ~pts.first & (dt > max(max_gap_s, 2 * typical))
+
+
+def _timeline(ss: SeriesSet, start: float, end: float, cov: DataCoverage) -> pd.DataFrame:
+    """Fleet numbers per time bin over the whole window (index: bin start, UTC); a bin without
+    data is NaN (absent), never zero. Rates are per second of data held in the bin."""
+    step = timeline_step(cov.held_s)
+    origin = math.floor(start / step) * step                # bins on round clock times
+    n = int(math.ceil((end - origin) / step))
+    edges = origin + step * np.arange(n + 1)
+    held = np.zeros(n)
+    for a, b in cov.spans:
+        held += np.clip(np.minimum(edges[1:], b) - np.maximum(edges[:-1], a), 0.0, None)
+    cols: dict[str, np.ndarray] = {}
     pts, inc = counter_increments(ss, "engine_generation_tokens_total")
-    if pts.sid.size:
-        parts["output_tokens"] = _by_day(pts, inc, start, end)
+    mask = _window(pts, start, end) & ~_after_gap(pts)
+    tokens = None
+    if mask.any():
+        bins = _bins(pts.ts[mask], origin, step, n)
+        tokens = np.where(np.bincount(bins, minlength=n) > 0, np.bincount(bins, weights=inc[mask], minlength=n), np.nan)
+        cols["output_tokens_per_s"] = np.where(held > 0, tokens / np.where(held > 0, held, 1), np.nan)
     gpu, dt = gauge_coverage(ss, utilisation_signal(ss))
-    if gpu.sid.size:
-        hours = _by_day(gpu, dt, start, end) / 3600
-        parts["gpu_hours"] = hours
-        parts["gpu_util"] = _by_day(gpu, dt * gpu.value, start, end) / 3600 / hours.where(hours > 0)
-    df = pd.DataFrame(parts)
-    if {"output_tokens", "gpu_hours"} <= set(df):
-        df["tokens_per_gpu_hour"] = df["output_tokens"] / df["gpu_hours"].where(df["gpu_hours"] > 0)
-    return df.dropna(how="all")
+    mask = _window(gpu, start, end) & ~_after_gap(gpu)
+    if mask.any():
+        bins = _bins(gpu.ts[mask], origin, step, n)
+        hours = np.bincount(bins, weights=dt[mask], minlength=n) / 3600
+        busy = np.bincount(bins, weights=(dt * gpu.value)[mask], minlength=n) / 3600
+        cols["gpu_util"] = np.where(hours > 0, busy / np.where(hours > 0, hours, 1), np.nan)
+        if tokens is not None:
+            cols["tokens_per_gpu_hour"] = np.where(hours > 0, tokens / np.where(hours > 0, hours, 1), np.nan)
+    index = pd.to_datetime(edges[:-1], unit="s", utc=True)
+    frame = pd.DataFrame(cols, index=index)
+    frame.attrs["step_s"] = step
+    return frame
 
 
 # ------------------------------------------------------------------------------ the report

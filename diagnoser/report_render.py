@@ -139,35 +139,100 @@ def _html_cell(text: str) -> str:
     return f'<td class="num">{html.escape(text)}</td>' if is_numeric_cell(text) else f"<td>{html.escape(text)}</td>"
 
 
-def render_plots(report: WeeklyReport) -> list[tuple[str, str]]:
-    """(title, base64 PNG) per plot: daily tokens/GPU-hour, daily GPU utilisation, tenant hit ratios."""
+TIME_PLOTS = (
+    ("tokens_per_gpu_hour", "Output tokens per GPU-hour", "output tokens / GPU-hour"),
+    ("output_tokens_per_s", "Output token throughput", "output tokens / s"),
+    ("gpu_util", "Mean GPU utilisation", "GPU utilisation (%)"),
+)
+"""(timeline column, title, y-axis label with its unit) of each time plot."""
+
+
+def render_figures(report: WeeklyReport) -> list[tuple[str, object]]:
+    """(title, matplotlib Figure) per plot. Every time plot spans the report's window on one UTC
+    axis, with the stretches that hold no data shaded (absent, not zero); ratios are in %."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    plots = []
-    daily = report.this.daily
-    for col, title, pct in (("tokens_per_gpu_hour", "Output tokens per GPU-hour, by day", False),
-                            ("output_tokens", "Output tokens, by day", False),
-                            ("gpu_util", "Mean GPU utilisation, by day", True)):
-        if col in daily and daily[col].notna().any():
-            fig, ax = plt.subplots(figsize=(7, 2.6))
-            ax.bar(daily.index.strftime("%a %d"), daily[col].to_numpy(), color="#4c72b0")
-            if pct:
-                ax.axhline(UTILISATION_TRAP, color="#d62728", linestyle="--", label="utilisation trap (40 %)")
-                ax.legend(loc="upper right")
-            ax.set_title(title)
-            plots.append((title, _png(fig, plt)))
-    tenants = report.this.tenants
+    figures = []
+    week = report.this
+    timeline = week.timeline
+    step = timeline.attrs.get("step_s", 3600.0)
+    for col, title, unit in TIME_PLOTS:
+        if col not in timeline or not timeline[col].notna().any():
+            continue
+        fig, ax = plt.subplots(figsize=(8, 2.8))
+        ax.plot(timeline.index.to_pydatetime(), timeline[col].to_numpy(), color="#4c72b0", marker="o",
+                markersize=2.5, linewidth=1.2, label=f"per {_step_name(step)}")
+        if col == "gpu_util":
+            ax.axhline(UTILISATION_TRAP, color="#d62728", linestyle="--", label="utilisation trap (40%)")
+            ax.set_ylim(0, 1.05)
+            _percent_axis(ax.yaxis)
+        else:
+            ax.set_ylim(bottom=0)
+            ax.yaxis.set_major_formatter(_count_formatter())
+        _time_axis(ax, week.start, week.end, week.coverage.gaps)
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.legend(loc="upper left", fontsize="small")
+        figures.append((title, fig))
+    tenants = week.tenants
     if "hit_ratio" in tenants and tenants["hit_ratio"].notna().any():
         top = tenants.head(15)
-        fig, ax = plt.subplots(figsize=(7, 0.3 * len(top) + 1.2))
+        fig, ax = plt.subplots(figsize=(8, 0.3 * len(top) + 1.4))
         ax.barh([str(t) for t in top.index], top["hit_ratio"].to_numpy(), color="#55a868")
         ax.set_xlim(0, 1)
+        _percent_axis(ax.xaxis)
+        ax.set_xlabel("prefix-cache hit ratio over the week (%)")
         ax.set_title("Prefix-cache hit ratio by tenant")
-        plots.append(("Prefix-cache hit ratio by tenant", _png(fig, plt)))
-    return plots
+        figures.append(("Prefix-cache hit ratio by tenant", fig))
+    return figures
+
+
+def _step_name(step: float) -> str:
+    return f"{step / 3600:g}-hour bin" if step >= 3600 else f"{step / 60:g}-minute bin"
+
+
+def _count_formatter():
+    from matplotlib.ticker import FuncFormatter
+
+    def label(v: float, _pos: int) -> str:
+        for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+            if abs(v) >= scale:
+                return f"{v / scale:g}{suffix}"
+        return f"{v:g}"
+
+    return FuncFormatter(label)
+
+
+def _percent_axis(axis) -> None:
+    from matplotlib.ticker import PercentFormatter
+
+    axis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
+
+
+def _time_axis(ax, start: float, end: float, gaps: list[tuple[float, float]]) -> None:
+    """The report window on x (UTC), the stretches without data shaded."""
+    from matplotlib import dates as mdates
+
+    def utc(ts: float):
+        return pd.to_datetime(ts, unit="s", utc=True).to_pydatetime()
+
+    for i, (a, b) in enumerate(gaps):
+        ax.axvspan(utc(a), utc(b), color="#bbbbbb", alpha=0.35, linewidth=0, label="no data" if i == 0 else None)
+    ax.set_xlim(utc(start), utc(end))
+    locator = mdates.AutoDateLocator(tz=mdates.UTC, maxticks=8)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%a %d\n%H:%M", tz=mdates.UTC))
+    ax.set_xlabel("time (UTC)")
+
+
+def render_plots(report: WeeklyReport) -> list[tuple[str, str]]:
+    """(title, base64 PNG) per plot of `render_figures`."""
+    from matplotlib import pyplot as plt
+
+    return [(title, _png(fig, plt)) for title, fig in render_figures(report)]
 
 
 def _png(fig, plt) -> str:

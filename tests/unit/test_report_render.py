@@ -1,13 +1,23 @@
-"""Weekly report rendering: where fleet-wide findings are, and how HTML table cells align."""
+"""Weekly report rendering: where fleet-wide findings are, how HTML table cells align, and the
+plots' shared UTC time axis, units, percentages and gaps."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import replace
 
+import numpy as np
+import pytest
 from kvscope.diagnoser.findings import Finding
-from kvscope.diagnoser.report import build_report, series_set_from_samples
-from kvscope.diagnoser.report_render import finding_where, is_numeric_cell, render_html, render_markdown
+from kvscope.diagnoser.report import WEEK_S, build_report, series_set_from_samples, timeline_step
+from kvscope.diagnoser.report_render import (
+    TIME_PLOTS,
+    finding_where,
+    is_numeric_cell,
+    render_figures,
+    render_html,
+    render_markdown,
+)
 
 from tests.unit.test_report import END, _fleet
 
@@ -39,3 +49,64 @@ def test_html_right_aligns_numbers_only():
     assert "td.num{text-align:right}" in page and "text-align:left" in page
     assert re.search(r'<td class="num">[\d,]+</td>', page)
     assert "<td>fleet</td>" in page and "<td>warning</td>" in page
+
+
+def _with_a_gap():
+    """The test fleet with one day of this week missing (all series)."""
+    hole = (END - 3 * 86400, END - 2 * 86400)
+    samples = [s for s in _fleet() if not hole[0] < s.timestamp < hole[1]]
+    return build_report(series_set_from_samples(samples), END, 2.0, "test"), hole
+
+
+def test_every_time_plot_spans_the_report_window_in_utc_with_units_and_percent():
+    from matplotlib import dates as mdates
+    from matplotlib import pyplot as plt
+
+    short = build_report(series_set_from_samples([s for s in _fleet() if s.timestamp > END - 3600]), END, 2.0, "t")
+    for report in (short, _with_a_gap()[0]):       # an hour of data still gets the week's axis
+        figures = render_figures(report)
+        for (title, fig), (_, _, unit) in zip(figures[:3], TIME_PLOTS, strict=True):
+            ax = fig.axes[0]
+            lo, hi = (mdates.num2date(x).timestamp() for x in ax.get_xlim())
+            assert (lo, hi) == pytest.approx((report.this.start, report.this.end), abs=1.0), title
+            assert ax.get_ylabel() == unit and ("/" in unit or "%" in unit)
+            assert ax.get_xlabel() == "time (UTC)"
+            plt.close(fig)
+    figures = render_figures(report)
+    titles = [t for t, _ in figures]
+    assert titles == [t for _, t, _ in TIME_PLOTS] + ["Prefix-cache hit ratio by tenant"]
+    util_ax = figures[2][1].axes[0]
+    util_ax.figure.canvas.draw()
+    ticks = [t.get_text() for t in util_ax.get_yticklabels() if t.get_text()]
+    assert ticks and all(t.endswith("%") for t in ticks) and "100%" in ticks
+    tenant_ax = figures[3][1].axes[0]
+    tenant_ax.figure.canvas.draw()
+    assert all(t.get_text().endswith("%") for t in tenant_ax.get_xticklabels() if t.get_text())
+    for _, fig in figures:
+        plt.close(fig)
+
+
+def test_a_gap_is_shaded_and_absent_not_zero():
+    from matplotlib import dates as mdates
+    from matplotlib import pyplot as plt
+
+    report, hole = _with_a_gap()
+    timeline = report.this.timeline
+    starts = np.array([t.timestamp() for t in timeline.index])
+    inside = (starts > hole[0] + 3600) & (starts < hole[1] - 3600)
+    assert inside.any() and timeline[inside].isna().all().all()          # absent, not zero
+    assert (timeline[~inside]["gpu_util"].dropna() > 0).all()
+    gaps = report.this.coverage.gaps
+    assert len(gaps) == 1 and hole[0] - 900 <= gaps[0][0] and gaps[0][1] <= hole[1] + 900
+    for _, fig in render_figures(report)[:3]:
+        shaded = [p for p in fig.axes[0].patches if p.get_label() == "no data"]
+        assert len(shaded) == 1
+        x0 = mdates.num2date(shaded[0].get_x()).timestamp()
+        assert x0 == pytest.approx(gaps[0][0])
+        plt.close(fig)
+
+
+def test_timeline_bins_fit_the_data_held():
+    assert timeline_step(600) == 60.0
+    assert timeline_step(WEEK_S) == 3600.0
+    assert timeline_step(2 * 86400) == 900.0
