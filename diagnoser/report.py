@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 from kvscope.agent.signals import Sample
-from kvscope.diagnoser.findings import Finding
+from kvscope.diagnoser.findings import SEVERITY_RANK, Diagnosis, Finding
 
 WEEK_S = 7 * 86400.0
 UTILISATION_TRAP = 0.4
@@ -460,13 +460,52 @@ DELTA_KEYS = ("output_tokens", "gpu_hours", "tokens_per_gpu_hour", "gpu_util", "
               "hit_ratio", "prefill_tokens_saved")
 
 
+@dataclass(frozen=True)
+class Incident:
+    """One line of the week's top findings: a finding with the findings that belong to it, grouped
+    the way `kvscope diagnose` groups them. `supporting`: findings at the likely cause's place that
+    share its mechanism (`Diagnosis.supporting`); `repeats`: the same rule on other instances
+    (`render.group_repeats`)."""
+
+    head: Finding
+    supporting: tuple[Finding, ...] = ()
+    repeats: tuple[Finding, ...] = ()
+
+    @property
+    def members(self) -> tuple[Finding, ...]:
+        return (self.head,) + self.supporting + self.repeats
+
+    @property
+    def severity(self) -> str:
+        """The worst severity among its findings."""
+        return max((f.severity for f in self.members), key=SEVERITY_RANK.__getitem__)
+
+
+def group_incidents(diagnoses: Iterable[Diagnosis]) -> list[Incident]:
+    """Each diagnosis' likely cause with its supporting findings, each competing hypothesis, and
+    the other findings with repeats across instances collapsed: the order `kvscope diagnose` prints."""
+    from kvscope.diagnoser.render import group_repeats
+
+    out: list[Incident] = []
+    for d in diagnoses:
+        supporting = d.supporting
+        if d.likely_cause is not None:
+            out.append(Incident(d.likely_cause, supporting))
+        out += [Incident(f) for f in d.hypotheses]
+        support = {id(f) for f in supporting}
+        other = tuple(f for f in d.other if id(f) not in support)
+        out += [Incident(worst, repeats=tuple(m for m in members if m is not worst))
+                for worst, members in group_repeats(other)]
+    return out
+
+
 @dataclass
 class WeeklyReport:
     this: WeekStats
     previous: WeekStats | None
     gpu_hour_cost: float
     source: str
-    findings: list[Finding] = field(default_factory=list)
+    incidents: list[Incident] = field(default_factory=list)
 
     def deltas(self) -> dict[str, float | None]:
         """Relative week-over-week change per fleet number (None when either week lacks it)."""
@@ -479,12 +518,16 @@ class WeeklyReport:
 
 
 def build_report(ss: SeriesSet, end: float, gpu_hour_cost: float, source: str,
-                 findings: Sequence[Finding] = (), top: int = 10) -> WeeklyReport:
-    """The week ending at `end` and, when the data reaches back, the week before it."""
+                 findings: Sequence[Finding] = (), top: int = 10,
+                 diagnoses: Sequence[Diagnosis] = ()) -> WeeklyReport:
+    """The week ending at `end` and, when the data reaches back, the week before it. The top
+    findings are the `top` highest-scoring incidents: `diagnoses` grouped by `group_incidents`,
+    plus loose `findings`, one incident each."""
     this = compute_week(ss, end - WEEK_S, end, gpu_hour_cost)
     first = ss.first_ts()
     previous = None
     if first is not None and first <= end - WEEK_S:
         previous = compute_week(ss, end - 2 * WEEK_S, end - WEEK_S, gpu_hour_cost)
-    ranked = sorted(findings, key=lambda f: (-f.score, -(f.until - f.since)))[:top]
+    incidents = group_incidents(diagnoses) + [Incident(f) for f in findings]
+    ranked = sorted(incidents, key=lambda i: (-i.head.score, -(i.head.until - i.head.since)))[:top]
     return WeeklyReport(this, previous, gpu_hour_cost, source, ranked)

@@ -9,7 +9,7 @@ import math
 import re
 
 import pandas as pd
-from kvscope.diagnoser.report import UTILISATION_TRAP, WeeklyReport
+from kvscope.diagnoser.report import UTILISATION_TRAP, Incident, WeeklyReport
 
 ABSENT = "absent"
 FLEET_ROWS = (
@@ -82,6 +82,25 @@ def finding_where(where: dict[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(where.items())) or "fleet"
 
 
+def incident_text(incident: Incident) -> str:
+    """The head finding, then the findings that support it (same place and mechanism)."""
+    head = incident.head
+    text = f"{head.title} ({head.rule_id})"
+    if incident.supporting:
+        text += "; supported by: " + "; ".join(f"{f.title} ({f.rule_id})" for f in incident.supporting)
+    return text
+
+
+def incident_where(incident: Incident) -> str:
+    """Where the head finding is; for a rule firing on several instances, how many and which."""
+    if not incident.repeats:
+        return finding_where(incident.head.where)
+    same = {k: v for k, v in incident.head.where.items() if k != "instance"}
+    names = ", ".join(f.where.get("instance", "?") for f in (incident.head,) + incident.repeats)
+    rest = finding_where(same) if same else ""
+    return f"{1 + len(incident.repeats)} instances: {names}" + (f"; {rest}" if rest else "")
+
+
 _NUMERIC = re.compile(r"^[$+-]?[\d,]*\.?\d+%?$")
 
 
@@ -108,10 +127,10 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
                                 "or trace receiver; vLLM has no tenant label)."]))
     else:
         out.append(("Tenants", _table(report.this.tenants, TENANT_COLUMNS, "Tenant")))
-    if report.findings:
+    if report.incidents:
         rows = [["Severity", "Finding", "Where", "Since", "Levers"]]
-        rows += [[f.severity, f"{f.title} ({f.rule_id})", finding_where(f.where),
-                  _when(f.since), ", ".join(lv.id for lv in f.levers[:3])] for f in report.findings]
+        rows += [[i.severity, incident_text(i), incident_where(i), _when(min(f.since for f in i.members)),
+                  ", ".join(lv.id for lv in i.head.levers[:3])] for i in report.incidents]
         out.append(("Top findings", rows))
     else:
         out.append(("Top findings", ["No findings this week."]))

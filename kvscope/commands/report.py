@@ -71,24 +71,24 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace):
-    """(SeriesSet, end, source text, findings)."""
+    """(SeriesSet, end, source text, diagnoses: one per recording)."""
     from kvscope.diagnoser.report import WEEK_S, read_prometheus_series, read_store_series, series_set_from_samples
 
     if args.recording:
         from kvscope.agent.replay import replay_recording
         from kvscope.ui.data import Source, SourceError, triage_from_replay
 
-        samples, findings, ends = [], [], []
+        samples, diagnoses, ends = [], [], []
         for path in args.recording:
             replay = replay_recording(path)
             samples += replay.samples
             ends.append(replay.end or 0.0)
             try:
-                findings += list(triage_from_replay(Source("recording", str(path)), replay).diagnosis.findings)
+                diagnoses.append(triage_from_replay(Source("recording", str(path)), replay).diagnosis)
             except SourceError as exc:
                 raise ValueError(str(exc)) from exc
         names = ", ".join(p.name for p in args.recording)
-        return series_set_from_samples(samples), _end(args, max(ends)), f"recordings {names}", findings
+        return series_set_from_samples(samples), _end(args, max(ends)), f"recordings {names}", diagnoses
     end = _end(args, time.time())
     if args.prometheus:
         return read_prometheus_series(args.prometheus, end - 2 * WEEK_S, end), end, args.prometheus, []
@@ -145,12 +145,12 @@ def run(args: argparse.Namespace) -> int:
     steps = tqdm(total=4, desc="weekly report", unit="step", disable=args.no_progress, file=sys.stderr)
     try:
         steps.set_postfix_str("reading")
-        ss, end, source, findings = _load(args)
+        ss, end, source, diagnoses = _load(args)
         _check_not_empty(ss, source, end)
         source += coverage_note(ss, end)
         steps.update()
         steps.set_postfix_str("computing")
-        report = build_report(ss, end, args.gpu_hour_cost, source, findings)
+        report = build_report(ss, end, args.gpu_hour_cost, source, diagnoses=diagnoses)
         steps.update()
         steps.set_postfix_str("rendering")
         markdown = render_markdown(report)

@@ -182,3 +182,27 @@ def test_real_dcgm_fleet_recording_is_in_the_utilisation_trap():
     assert fleet["gpu_util"] < 0.4
     assert fleet["gpu_hours"] == pytest.approx(len(gpus) * (replay.end - replay.start) / 3600, rel=0.05)
     assert "utilisation trap" in render_markdown(report)
+
+
+LIBRARY_CASCADE = Path(__file__).resolve().parents[1] / "recordings" / "kv-pressure-cascade.om.gz"
+
+
+def test_a_real_incident_is_one_top_finding_with_its_supporting_findings(tmp_path):
+    """On the library's KV-pressure recording the diagnoser's likely cause has supporting
+    findings; the report lists them under it, not as top findings of their own."""
+    from kvscope.agent.replay import replay_recording
+    from kvscope.ui.data import Source, triage_from_replay
+
+    from kvscope.cli import main
+
+    diagnosis = triage_from_replay(Source("recording", str(LIBRARY_CASCADE)),
+                                   replay_recording(LIBRARY_CASCADE)).diagnosis
+    assert diagnosis.likely_cause is not None and diagnosis.supporting
+    assert main(["report", "weekly", "--recording", str(LIBRARY_CASCADE), "--markdown", str(tmp_path / "w.md"),
+                 "--no-progress"]) == 0
+    md = (tmp_path / "w.md").read_text()
+    rows = [line for line in md.split("## Top findings")[1].splitlines() if line.startswith("| ")][1:]
+    head = next(r for r in rows if f"({diagnosis.likely_cause.rule_id})" in r)
+    for f in diagnosis.supporting:
+        assert f"({f.rule_id})" in head.split("supported by:")[1]
+        assert sum(f"({f.rule_id})" in r for r in rows) == 1

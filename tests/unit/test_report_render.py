@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from kvscope.diagnoser.findings import Finding
-from kvscope.diagnoser.report import WEEK_S, build_report, series_set_from_samples, timeline_step
+from kvscope.diagnoser.report import WEEK_S, Incident, build_report, series_set_from_samples, timeline_step
 from kvscope.diagnoser.report_render import (
     TIME_PLOTS,
     finding_where,
@@ -32,7 +32,7 @@ def test_a_fleet_wide_finding_says_fleet_and_a_placed_one_its_labels():
     assert finding_where({}) == "fleet"
     assert finding_where({"model": "m1", "instance": "a"}) == "instance=a, model=m1"
     report = replace(build_report(series_set_from_samples(_fleet()), END, 2.0, "test"),
-                     findings=[_finding({}), _finding({"model": "m1"})])
+                     incidents=[Incident(_finding({})), Incident(_finding({"model": "m1"}))])
     md = render_markdown(report)
     rows = [line for line in md.splitlines() if "fleet_util_low" in line]
     assert "| fleet |" in rows[0] and "| model=m1 |" in rows[1]
@@ -44,7 +44,7 @@ def test_html_right_aligns_numbers_only():
     for text in ("warning", "Fleet GPU utilisation is low (fleet_util_low)", "model=m1", "2026-11-22 07:00 UTC",
                  "k8s.colocation, k8s.replicas", "fleet"):
         assert not is_numeric_cell(text), text
-    report = replace(build_report(series_set_from_samples(_fleet()), END, 2.0, "test"), findings=[_finding({})])
+    report = replace(build_report(series_set_from_samples(_fleet()), END, 2.0, "test"), incidents=[Incident(_finding({}))])
     page = render_html(report)
     assert "td.num{text-align:right}" in page and "text-align:left" in page
     assert re.search(r'<td class="num">[\d,]+</td>', page)
@@ -110,3 +110,31 @@ def test_timeline_bins_fit_the_data_held():
     assert timeline_step(600) == 60.0
     assert timeline_step(WEEK_S) == 3600.0
     assert timeline_step(2 * 86400) == 900.0
+
+
+def _placed(rule: str, instance: str, levers: tuple[str, ...], score: float, row: str = "K2") -> Finding:
+    from kvscope.diagnoser.findings import LeverAdvice
+
+    return replace(_finding({"instance": instance}), rule_id=rule, levers_md=row, score=score,
+                   title=f"{rule} title", levers=tuple(LeverAdvice(id=lv, rank=i + 1, direction="increase")
+                                                       for i, lv in enumerate(levers)))
+
+
+def test_findings_of_one_incident_are_one_row_as_diagnose_groups_them():
+    from kvscope.diagnoser.findings import Diagnosis
+
+    cause = _placed("kv_pressure_cascade", "r0", ("kv_dtype", "gpu_mem", "max_seqs"), 9.0)
+    preempt = _placed("kv_pressure_preemption", "r0", ("kv_dtype", "gpu_mem"), 8.0)
+    eviction = replace(_placed("eviction_rate_high", "r0", ("kv_dtype",), 7.0), severity="critical")
+    queue_a = _placed("queue_high", "r1", ("replicas",), 3.0, row="Q1")
+    queue_b = _placed("queue_high", "r2", ("replicas",), 2.0, row="Q1")
+    d = Diagnosis(window=(END - 7200, END), source="t", likely_cause=cause, competing=(preempt,),
+                  other=(eviction, queue_a, queue_b))
+    report = build_report(series_set_from_samples(_fleet()), END, 2.0, "test", diagnoses=[d])
+    assert [i.head.rule_id for i in report.incidents] == ["kv_pressure_cascade", "queue_high"]
+    md = render_markdown(report)
+    rows = [line for line in md.split("## Top findings")[1].splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == 2
+    assert "supported by: kv_pressure_preemption title (kv_pressure_preemption); eviction_rate_high title" in rows[0]
+    assert rows[0].startswith("| critical |")                 # the worst severity of the incident
+    assert "| 2 instances: r1, r2 |" in rows[1]
