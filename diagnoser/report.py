@@ -308,6 +308,40 @@ def data_coverage(ss: SeriesSet, start: float, end: float, max_gap_s: float = MA
     return DataCoverage(start, end, tuple((a, b) for a, b in spans if b > start))
 
 
+def attribution_note(ss: SeriesSet) -> str:
+    """'' when every GPU series is attributed to a pool; else why some are not (which labels the
+    source lacks) and the config that fixes it. Fleet totals count those GPUs either way."""
+    gpu = ss.of(utilisation_signal(ss))
+    if not gpu.sid.size:
+        return ""
+    sids = np.unique(gpu.sid)
+    lost = sids[gpu_pools(ss)[sids] == "unattributed"]
+    if not lost.size:
+        return ""
+    uuid, node, gpu_index = ss.label("gpu_uuid"), ss.label("node"), ss.label("gpu")
+    devices = {uuid[i] or f"{node[i]}/{gpu_index[i]}" for i in lost}
+    nodes = sorted({node[i] for i in lost if node[i]})
+    names = ss.series["name"].to_numpy()
+    engine = np.array([str(n).startswith("engine_") for n in names])
+    engine_nodes = {node[i] for i in np.flatnonzero(engine) if node[i]}
+    why = []
+    if not (names == "engine_gpu_memory_used_bytes").any():
+        pods = "" if (ss.label("pod")[lost] != "").any() else "; the GPU series carry no pod/namespace labels"
+        why.append("no engine-GPU join (engine_gpu_memory_used_bytes) in the source (it comes from a "
+                   f"gpu_mapping, Kubernetes pod labels or the NVML process list{pods})")
+    if not engine_nodes:
+        why.append("the engine series carry no node label, so a node's GPUs cannot be matched to its engines")
+    elif shared := sorted(n for n in nodes if n in engine_nodes):
+        why.append(f"node(s) {', '.join(shared)} run engines of more than one pool")
+    where = f" on {', '.join(nodes)}" if nodes else ""
+    return (f"{len(devices)} GPU(s){where} are not attributed to a pool (per-pool GPU-hours, tokens per "
+            f"GPU-hour and cost are absent; fleet totals count them): {'; '.join(why)}. Fix: map GPUs to "
+            "engines with gpu_mapping: {<gpu_uuid>: <instance>} (the agent's config, or --gpu-mapping for "
+            "this report), or give each engine target its node (targets: [{url: ..., labels: {node: "
+            "<node>}}]; attributes a node's GPUs where it runs one pool), or run dcgm-exporter with "
+            "Kubernetes pod mapping and scrape engines with their pod/namespace labels.")
+
+
 @dataclass
 class WeekStats:
     """One week's numbers. `pools` is indexed by 'model / role'."""
@@ -506,6 +540,7 @@ class WeeklyReport:
     gpu_hour_cost: float
     source: str
     incidents: list[Incident] = field(default_factory=list)
+    attribution: str = ""          # why GPUs are not attributed to a pool ('' = all are)
 
     def deltas(self) -> dict[str, float | None]:
         """Relative week-over-week change per fleet number (None when either week lacks it)."""
@@ -530,4 +565,4 @@ def build_report(ss: SeriesSet, end: float, gpu_hour_cost: float, source: str,
         previous = compute_week(ss, end - 2 * WEEK_S, end - WEEK_S, gpu_hour_cost)
     incidents = group_incidents(diagnoses) + [Incident(f) for f in findings]
     ranked = sorted(incidents, key=lambda i: (-i.head.score, -(i.head.until - i.head.since)))[:top]
-    return WeeklyReport(this, previous, gpu_hour_cost, source, ranked)
+    return WeeklyReport(this, previous, gpu_hour_cost, source, ranked, attribution_note(ss))

@@ -66,6 +66,8 @@ def _trap_lines(report: WeeklyReport) -> list[str]:
     for pool in trapped:
         lines.append(f"Pool {pool} averages {pools.loc[pool, 'gpu_util']:.0%} GPU utilisation: below "
                      f"{UTILISATION_TRAP:.0%}, in the utilisation trap (002 §9.2, §9.3).")
+    if report.attribution:
+        lines.append(report.attribution)
     return lines
 
 

@@ -14,11 +14,21 @@ HELP = """\
 Write the weekly efficiency review: output tokens per GPU-hour per model/pool, GPU utilisation and
 the utilisation trap (002 §9.2), $ per 1M output tokens at --gpu-hour-cost, prefill tokens saved
 by prefix caching, per-tenant usage and hit ratio, week-over-week deltas and the week's top
-findings. Numbers the source lacks are printed as "absent", never as zero.
+findings, one row per incident (a likely cause with its supporting findings, as `kvscope diagnose`
+groups them). Numbers the source lacks are printed as "absent", never as zero. When the data
+covers part of the week, the Source line says how much data is held, over what span, with how
+many gaps. The HTML plots share the week's UTC time axis and shade the stretches without data.
 
   kvscope report weekly --recording incident.om --gpu-hour-cost 2.5 --html week.html --markdown week.md
   kvscope report weekly --prometheus http://127.0.0.1:9090 --end 2026-11-22T00:00:00Z
   kvscope report weekly --store /var/lib/kvscope/kvscope.sqlite
+  kvscope report weekly --recording fleet.om --gpu-mapping gpus.yaml   # gpus.yaml: {GPU-8f2c...: replica-0}
+
+GPU-hours are split per pool through the engine-GPU join the agent records
+(engine_gpu_memory_used_bytes: its gpu_mapping, Kubernetes pod labels, or the NVML process list),
+else through a node that runs engines of one pool. GPUs that neither places are reported as
+"unattributed", with the missing labels named; fleet totals count them either way. For
+recordings, the join is re-derived from the recorded series, and --gpu-mapping supplies the map.
 """
 
 
@@ -37,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-hour-cost", type=float, default=2.5, help="$ per GPU-hour (default 2.5)")
     p.add_argument("--html", type=Path, help="write the HTML report here")
     p.add_argument("--markdown", type=Path, help="write the Markdown report here (default: print it)")
+    p.add_argument("--gpu-mapping", type=Path, metavar="FILE",
+                   help="with --recording: YAML mapping of GPU uuid (or index) to the engine instance(s) "
+                        "on it, the agent's gpu_mapping format, to split GPU-hours per pool when the "
+                        "recording has no pod labels or NVML process list")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -58,6 +72,8 @@ def check_args(args: argparse.Namespace) -> None:
     for flag in ("html", "markdown"):
         if getattr(args, flag):
             check_output_file(f"--{flag}", getattr(args, flag))
+    if getattr(args, "gpu_mapping", None) is not None:
+        args.gpu_mapping_value = read_gpu_mapping(args)
     if args.prometheus:
         check_http_url("--prometheus", args.prometheus)
     if args.store and not args.store.is_file():
@@ -70,11 +86,35 @@ def check_args(args: argparse.Namespace) -> None:
             raise FileNotFoundError(str(exc)) from None
 
 
+def read_gpu_mapping(args: argparse.Namespace) -> dict:
+    """The --gpu-mapping file, validated the way the agent validates its gpu_mapping. Raises
+    ValueError (usage) or FileNotFoundError."""
+    import yaml
+
+    from kvscope.agent.analytics.gpu_join import parse_gpu_mapping
+
+    if not args.recording:
+        raise ValueError("--gpu-mapping: only with --recording (the agent applies its own gpu_mapping "
+                         "to what it stores and re-exports)")
+    if not args.gpu_mapping.is_file():
+        raise FileNotFoundError(f"--gpu-mapping: {args.gpu_mapping} does not exist")
+    if args.gpu_mapping.stat().st_size > 1 << 20:
+        raise ValueError(f"--gpu-mapping: {args.gpu_mapping} is over 1 MiB; expected a small YAML mapping")
+    try:
+        raw = yaml.safe_load(args.gpu_mapping.read_text())
+        parse_gpu_mapping(raw)
+    except (yaml.YAMLError, ValueError) as exc:
+        raise ValueError(f"--gpu-mapping {args.gpu_mapping}: {exc} (expected e.g. "
+                         "'GPU-8f2c...: replica-0' per line)") from None
+    return raw
+
+
 def _load(args: argparse.Namespace):
     """(SeriesSet, end, source text, diagnoses: one per recording)."""
     from kvscope.diagnoser.report import WEEK_S, read_prometheus_series, read_store_series, series_set_from_samples
 
     if args.recording:
+        from kvscope.agent.analytics.gpu_join import derive_engine_gpu
         from kvscope.agent.replay import replay_recording
         from kvscope.ui.data import Source, SourceError, triage_from_replay
 
@@ -82,6 +122,7 @@ def _load(args: argparse.Namespace):
         for path in args.recording:
             replay = replay_recording(path)
             samples += replay.samples
+            samples += derive_engine_gpu(replay.samples, getattr(args, "gpu_mapping_value", None))
             ends.append(replay.end or 0.0)
             try:
                 diagnoses.append(triage_from_replay(Source("recording", str(path)), replay).diagnosis)

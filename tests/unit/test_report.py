@@ -206,3 +206,37 @@ def test_a_real_incident_is_one_top_finding_with_its_supporting_findings(tmp_pat
     for f in diagnosis.supporting:
         assert f"({f.rule_id})" in head.split("supported by:")[1]
         assert sum(f"({f.rule_id})" in r for r in rows) == 1
+
+
+def test_unattributed_gpus_say_why_and_a_gpu_mapping_attributes_them(tmp_path, capsys):
+    """The library's DCGM fleet has GPU series without pod labels and engine series without a node:
+    no join can place its GPUs, and the report says which labels are missing and what fixes it;
+    the same recording with --gpu-mapping splits the GPU-hours onto the model's pool."""
+    from kvscope.agent.replay import replay_recording
+
+    from kvscope.cli import main
+
+    assert build_report(series_set_from_samples(_fleet()), END, 2.0, "test").attribution == ""   # node join
+    replay = replay_recording(LIBRARY_TRAP)
+    report = build_report(series_set_from_samples(replay.samples), replay.end + 1, 2.5, "library")
+    assert "8 GPU(s) on node-0, node-1 are not attributed" in report.attribution
+    assert "no pod/namespace labels" in report.attribution and "no node label" in report.attribution
+    assert "gpu_mapping" in report.attribution
+    assert report.attribution in render_markdown(report)
+
+    uuids = sorted({s.label("gpu_uuid") for s in replay.samples if s.name == "gpu_utilization_ratio"})
+    mapping = tmp_path / "gpus.yaml"
+    mapping.write_text("".join(f"{u}: replica-{i}\n" for i, u in enumerate(uuids)))
+    md_path = tmp_path / "w.md"
+    assert main(["report", "weekly", "--recording", str(LIBRARY_TRAP), "--gpu-mapping", str(mapping),
+                 "--markdown", str(md_path), "--no-progress"]) == 0
+    md = md_path.read_text()
+    assert "unattributed" not in md and "not attributed" not in md
+    row = next(line for line in md.splitlines() if line.startswith("| meta-llama/Llama-3.1-8B-Instruct / unified"))
+    gpu_hours = float(row.split("|")[3])
+    assert gpu_hours == pytest.approx(report.this.fleet["gpu_hours"], abs=0.05)
+
+    mapping.write_text("- not a mapping\n")
+    assert main(["report", "weekly", "--recording", str(LIBRARY_TRAP), "--gpu-mapping", str(mapping),
+                 "--no-progress"]) == 3
+    assert "--gpu-mapping" in capsys.readouterr().err
