@@ -331,15 +331,24 @@ def attribution_note(ss: SeriesSet) -> str:
                    f"gpu_mapping, Kubernetes pod labels or the NVML process list{pods})")
     if not engine_nodes:
         why.append("the engine series carry no node label, so a node's GPUs cannot be matched to its engines")
-    elif shared := sorted(n for n in nodes if n in engine_nodes):
-        why.append(f"node(s) {', '.join(shared)} run engines of more than one pool")
-    where = f" on {', '.join(nodes)}" if nodes else ""
+    elif shared := [n for n in nodes if n in engine_nodes]:
+        why.append(f"{_few(shared)} run engines of more than one pool, so a node does not name the pool")
+    fixes = ["map GPUs to engines with gpu_mapping: {<gpu_uuid>: <instance>} (the agent's config, or "
+             "--gpu-mapping for this report)"]
+    if not engine_nodes:
+        fixes.append("give each engine target its node (targets: [{url: ..., labels: {node: <node>}}]; "
+                     "attributes a node's GPUs where it runs one pool)")
+    fixes.append("run dcgm-exporter with Kubernetes pod mapping and scrape engines with their pod/namespace labels")
+    where = f" on {_few(nodes)}" if nodes else ""
     return (f"{len(devices)} GPU(s){where} are not attributed to a pool (per-pool GPU-hours, tokens per "
-            f"GPU-hour and cost are absent; fleet totals count them): {'; '.join(why)}. Fix: map GPUs to "
-            "engines with gpu_mapping: {<gpu_uuid>: <instance>} (the agent's config, or --gpu-mapping for "
-            "this report), or give each engine target its node (targets: [{url: ..., labels: {node: "
-            "<node>}}]; attributes a node's GPUs where it runs one pool), or run dcgm-exporter with "
-            "Kubernetes pod mapping and scrape engines with their pod/namespace labels.")
+            f"GPU-hour and cost are absent; fleet totals count them): {'; '.join(why)}. "
+            f"Fix: {', or '.join(fixes)}.")
+
+
+def _few(names: Sequence[str], shown: int = 4) -> str:
+    """'a, b, c' or 'a, b, c, d and 9 more'."""
+    head = ", ".join(names[:shown])
+    return head + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 @dataclass

@@ -240,3 +240,14 @@ def test_unattributed_gpus_say_why_and_a_gpu_mapping_attributes_them(tmp_path, c
     assert main(["report", "weekly", "--recording", str(LIBRARY_TRAP), "--gpu-mapping", str(mapping),
                  "--no-progress"]) == 3
     assert "--gpu-mapping" in capsys.readouterr().err
+
+
+def test_a_node_shared_by_two_pools_is_named_as_the_reason():
+    """Both engines on n1: its GPUs cannot be split by node, and the note does not ask for node labels."""
+    samples = [s._replace(labels=make_labels({**dict(s.labels), "node": "n1"})) if s.name.startswith("engine_")
+               else s for s in _fleet(tenants=False)]
+    report = build_report(series_set_from_samples(samples), END, 2.0, "test")
+    assert "3 GPU(s) on n1, n2 are not attributed" in report.attribution
+    assert "n1 run engines of more than one pool" in report.attribution
+    assert "labels: {node:" not in report.attribution
+    assert report.this.fleet["gpu_hours"] == pytest.approx(3 * 7 * 24, rel=0.01)     # fleet totals count them
