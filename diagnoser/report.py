@@ -480,7 +480,8 @@ def _timeline(ss: SeriesSet, start: float, end: float, cov: DataCoverage) -> pd.
     tokens = None
     if mask.any():
         bins = _bins(pts.ts[mask], origin, step, n)
-        tokens = np.where(np.bincount(bins, minlength=n) > 0, np.bincount(bins, weights=inc[mask], minlength=n), np.nan)
+        rated = np.bincount(bins, weights=(~pts.first[mask]).astype(float), minlength=n) > 0    # first points: no rate
+        tokens = np.where(rated, np.bincount(bins, weights=inc[mask], minlength=n), np.nan)
         cols["output_tokens_per_s"] = np.where(held > 0, tokens / np.where(held > 0, held, 1), np.nan)
     gpu, dt = gauge_coverage(ss, utilisation_signal(ss))
     mask = _window(gpu, start, end) & ~_after_gap(gpu)

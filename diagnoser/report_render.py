@@ -7,6 +7,7 @@ import html
 import io
 import math
 import re
+from datetime import UTC, datetime
 
 import pandas as pd
 from kvscope.diagnoser.report import UTILISATION_TRAP, Incident, WeeklyReport
@@ -183,20 +184,23 @@ def render_figures(report: WeeklyReport) -> list[tuple[str, object]]:
     for col, title, unit in TIME_PLOTS:
         if col not in timeline or not timeline[col].notna().any():
             continue
-        fig, ax = plt.subplots(figsize=(8, 2.8))
-        ax.plot(timeline.index.to_pydatetime(), timeline[col].to_numpy(), color="#4c72b0", marker="o",
-                markersize=2.5, linewidth=1.2, label=f"per {_step_name(step)}")
-        if col == "gpu_util":
-            ax.axhline(UTILISATION_TRAP, color="#d62728", linestyle="--", label="utilisation trap (40%)")
-            ax.set_ylim(0, 1.05)
-            _percent_axis(ax.yaxis)
+        cov = week.coverage
+        zoom = 0 < cov.span_s < ZOOM_BELOW * (week.end - week.start)
+        if zoom:
+            fig, (ax, zax) = plt.subplots(1, 2, figsize=(10, 2.8), sharey=True, gridspec_kw={"width_ratios": [3, 1]})
         else:
-            ax.set_ylim(bottom=0)
-            ax.yaxis.set_major_formatter(_count_formatter())
-        _time_axis(ax, week.start, week.end, week.coverage.gaps)
+            fig, ax = plt.subplots(figsize=(8, 2.8))
+        _draw_series(ax, timeline, col, step)
+        _time_axis(ax, week.start, week.end, cov.gaps)
         ax.set_ylabel(unit)
         ax.set_title(title)
         ax.legend(loc="upper left", fontsize="small")
+        if zoom:
+            _draw_series(zax, timeline, col, step)
+            pad = max(step, 0.05 * cov.span_s)
+            _time_axis(zax, cov.spans[0][0] - pad, cov.spans[-1][1] + pad, cov.gaps,
+                       fmt="%H:%M" if cov.span_s + 2 * pad > 1800 else "%H:%M:%S", ticks=(3, 7))
+            zax.set_title("zoom: the data held", fontsize="small")
         figures.append((title, fig))
     tenants = week.tenants
     if "hit_ratio" in tenants and tenants["hit_ratio"].notna().any():
@@ -209,6 +213,24 @@ def render_figures(report: WeeklyReport) -> list[tuple[str, object]]:
         ax.set_title("Prefix-cache hit ratio by tenant")
         figures.append(("Prefix-cache hit ratio by tenant", fig))
     return figures
+
+
+ZOOM_BELOW = 0.25
+"""A time plot whose data spans less than this share of the window gets a second panel zoomed
+onto the data (the first keeps the report's window)."""
+
+
+def _draw_series(ax, timeline: pd.DataFrame, col: str, step: float) -> None:
+    """One timeline column as points joined within runs of bins (NaN bins break the line)."""
+    ax.plot(timeline.index.to_pydatetime(), timeline[col].to_numpy(), color="#4c72b0", marker="o",
+            markersize=2.5, linewidth=1.2, label=f"per {_step_name(step)}")
+    if col == "gpu_util":
+        ax.axhline(UTILISATION_TRAP, color="#d62728", linestyle="--", label="utilisation trap (40%)")
+        ax.set_ylim(0, 1.05)
+        _percent_axis(ax.yaxis)
+    else:
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_formatter(_count_formatter())
 
 
 def _step_name(step: float) -> str:
@@ -233,19 +255,20 @@ def _percent_axis(axis) -> None:
     axis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
 
 
-def _time_axis(ax, start: float, end: float, gaps: list[tuple[float, float]]) -> None:
-    """The report window on x (UTC), the stretches without data shaded."""
+def _time_axis(ax, start: float, end: float, gaps: list[tuple[float, float]], fmt: str = "%a %d\n%H:%M",
+               ticks: tuple[int, int] = (5, 8)) -> None:
+    """start..end on x (UTC), the stretches without data shaded."""
     from matplotlib import dates as mdates
 
-    def utc(ts: float):
-        return pd.to_datetime(ts, unit="s", utc=True).to_pydatetime()
+    def utc(ts: float) -> datetime:
+        return datetime.fromtimestamp(ts, tz=UTC)
 
     for i, (a, b) in enumerate(gaps):
         ax.axvspan(utc(a), utc(b), color="#bbbbbb", alpha=0.35, linewidth=0, label="no data" if i == 0 else None)
     ax.set_xlim(utc(start), utc(end))
-    locator = mdates.AutoDateLocator(tz=mdates.UTC, maxticks=8)
+    locator = mdates.AutoDateLocator(tz=mdates.UTC, minticks=ticks[0], maxticks=ticks[1])
     ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%a %d\n%H:%M", tz=mdates.UTC))
+    ax.xaxis.set_major_formatter(mdates.DateFormatter(fmt, tz=mdates.UTC))
     ax.set_xlabel("time (UTC)")
 
 

@@ -138,3 +138,27 @@ def test_findings_of_one_incident_are_one_row_as_diagnose_groups_them():
     assert "supported by: kv_pressure_preemption title (kv_pressure_preemption); eviction_rate_high title" in rows[0]
     assert rows[0].startswith("| critical |")                 # the worst severity of the incident
     assert "| 2 instances: r1, r2 |" in rows[1]
+
+
+def test_a_short_real_recording_keeps_the_week_axis_and_adds_a_zoom_onto_its_data():
+    """The real vLLM CPU recording holds 2.5 minutes: the first panel still spans the week, a
+    second panel zooms onto the data (so it is readable), and rendering raises no warning."""
+    from pathlib import Path
+
+    from kvscope.agent.replay import replay_recording
+    from matplotlib import dates as mdates
+    from matplotlib import pyplot as plt
+
+    path = Path(__file__).resolve().parents[2] / "ui" / "recordings" / "vllm-0.32.0-cpu-kv-pressure.om.gz"
+    replay = replay_recording(path)
+    report = build_report(series_set_from_samples(replay.samples), replay.end, 2.5, "real")
+    figures = render_figures(report)
+    assert figures and [t for t, _ in figures][0] == "Output token throughput"
+    for _, fig in figures:
+        week_ax, zoom_ax = fig.axes
+        lo, hi = (mdates.num2date(x).timestamp() for x in week_ax.get_xlim())
+        assert (lo, hi) == pytest.approx((report.this.start, report.this.end), abs=1.0)
+        zlo, zhi = (mdates.num2date(x).timestamp() for x in zoom_ax.get_xlim())
+        assert zlo <= replay.start + 60 and zhi >= replay.end - 60 and zhi - zlo < 3600
+        fig.canvas.draw()                                 # tick placement warns at draw time
+        plt.close(fig)
