@@ -87,6 +87,32 @@ def advance_vllm(s: VllmState, rng: random.Random, t: Tick) -> None:
     _observe_lognormal(rng, s.queue, t.queue_s, t.n, 0.8)
 
 
+def new_sglang() -> SglangState:
+    """An SGLang 0.5.23 replica (Qwen3-32B) that also exports its length and queue-time histograms."""
+    return SglangState(model="Qwen/Qwen3-32B", max_total_num_tokens=120_000, prompt_len=Histogram(SGL_TOKENS),
+                       gen_len=Histogram(SGL_TOKENS), queue_time=Histogram(SGL_QUEUE), aborted=0.0)
+
+
+def advance_sglang(s: SglangState, rng: random.Random, n: int, prompt: float, out: float, hit: float,
+                   wait: float, ttft: float, itl: float, aborted: int = 0, hit_sd: float = 0.03,
+                   prompt_sd: float = 0.5) -> None:
+    """Add one interval's `n` requests, tokens, aborts and latencies to an SGLang replica's
+    cumulative series (its `running`, `queue` and `token_usage` gauges are the caller's)."""
+    s.eff_input += n * prompt
+    s.eff_device_hit += round(n * prompt * hit)
+    s.prompt_tokens += n * prompt
+    s.cached_device += round(n * prompt * hit)
+    s.generation_tokens += n * out
+    s.num_requests += n
+    s.aborted += aborted
+    s.cache_hit_rate = round(min(0.99, rng.gauss(hit, hit_sd)), 3)
+    _observe_lognormal(rng, s.prompt_len, prompt, n, prompt_sd)
+    _observe_lognormal(rng, s.gen_len, out, n, 0.6)
+    _observe_lognormal(rng, s.queue_time, max(0.002, wait), n, 0.5)
+    _observe_lognormal(rng, s.ttft, ttft, n, 0.4)
+    _observe_lognormal(rng, s.itl, itl, n * 40, 0.15)
+
+
 def _wiggle(rng: random.Random, i: int, period: int, amp: float) -> float:
     """Slow traffic wave plus noise: 1 + amp x sin + ~3 % jitter."""
     return (1 + amp * math.sin(2 * math.pi * i / period)) * rng.gauss(1.0, 0.03)
@@ -139,9 +165,7 @@ def scenario_mixed_prompts_itl_tail(path: Path, cal: dict, seed: int = 11) -> di
 def scenario_sglang_queue_overload(path: Path, cal: dict, seed: int = 12) -> dict:
     """2 SGLang replicas: the daily peak climbs past their service rate and the queue grows."""
     rng, clock = random.Random(seed), Clock(30.0, 80)
-    reps = [SglangState(model="Qwen/Qwen3-32B", max_total_num_tokens=120_000, prompt_len=Histogram(SGL_TOKENS),
-                        gen_len=Histogram(SGL_TOKENS), queue_time=Histogram(SGL_QUEUE), aborted=0.0)
-            for _ in range(2)]
+    reps = [new_sglang() for _ in range(2)]
     queues = [0.0, 0.0]
     mu, prompt, out, itl = 3.0, 1500.0, 400.0, 0.035     # per replica: 64 running x (0.35 s + 400 x 35 ms)
     ramp0, ramp1 = 10, 40
@@ -159,19 +183,8 @@ def scenario_sglang_queue_overload(path: Path, cal: dict, seed: int = 12) -> dic
             s.running = min(64.0, round(mu * (0.35 + out * itl) * min(1.0, level + queues[r])))
             s.queue = round(queues[r])
             s.token_usage = min(0.95, s.running * (prompt + out / 2) / s.max_total_num_tokens)
-            s.eff_input += n * prompt
-            s.eff_device_hit += round(n * prompt * 0.45)
-            s.prompt_tokens += n * prompt
-            s.cached_device += round(n * prompt * 0.45)
-            s.generation_tokens += n * out
-            s.num_requests += n
-            s.aborted += gave_up
-            s.cache_hit_rate = round(rng.gauss(0.45, 0.04), 3)
-            _observe_lognormal(rng, s.prompt_len, prompt, n, 0.5)
-            _observe_lognormal(rng, s.gen_len, out, n, 0.6)
-            _observe_lognormal(rng, s.queue_time, max(0.002, wait), n, 0.5)
-            _observe_lognormal(rng, s.ttft, 0.35 + wait, n, 0.4)
-            _observe_lognormal(rng, s.itl, itl, n * 40, 0.15)
+            advance_sglang(s, rng, n, prompt, out, hit=0.45, wait=wait, ttft=0.35 + wait, itl=itl,
+                           aborted=gave_up, hit_sd=0.04)
             sink.scrape("sglang", f"sglang-{r}", ts, render_sglang(s))
     sink.close()
     t = clock.dt
@@ -398,9 +411,7 @@ def scenario_sglang_hot_prefix_replica(path: Path, cal: dict, seed: int = 18) ->
     """Prefix-hash routing on 4 SGLang replicas: a new agent product's shared system prompt grows to
     35 % of traffic and all of it lands on one replica (002 §7.3 hotspot)."""
     rng, clock = random.Random(seed), Clock(30.0, 70)
-    reps = [SglangState(model="Qwen/Qwen3-32B", max_total_num_tokens=120_000, prompt_len=Histogram(SGL_TOKENS),
-                        gen_len=Histogram(SGL_TOKENS), queue_time=Histogram(SGL_QUEUE), aborted=0.0)
-            for _ in range(4)]
+    reps = [new_sglang() for _ in range(4)]
     queues = [0.0] * 4
     mu, total, prompt, out, itl, hot = 3.0, 8.0, 2500.0, 350.0, 0.035, 2
     grow0, grow1 = 20, 40
@@ -419,19 +430,9 @@ def scenario_sglang_hot_prefix_replica(path: Path, cal: dict, seed: int = 18) ->
             s.running = round(min(48.0, total * share * (0.3 + out * itl)))
             s.queue = round(queues[r])
             s.token_usage = min(0.95, s.running * (prompt * (1 - 0.5 * (r == hot)) + out / 2) / s.max_total_num_tokens)
-            s.eff_input += n * prompt
-            s.eff_device_hit += round(n * prompt * hit)
-            s.prompt_tokens += n * prompt
-            s.cached_device += round(n * prompt * hit)
-            s.generation_tokens += n * out
-            s.num_requests += n
-            s.aborted += gave_up
-            s.cache_hit_rate = round(min(0.99, rng.gauss(hit, 0.03)), 3)
-            _observe_lognormal(rng, s.prompt_len, prompt, n, 0.4)
-            _observe_lognormal(rng, s.gen_len, out, n, 0.6)
-            _observe_lognormal(rng, s.queue_time, max(0.002, wait), n, 0.5)
-            _observe_lognormal(rng, s.ttft, 0.25 + prompt * (1 - hit) / 15_000 + wait, n, 0.4)
-            _observe_lognormal(rng, s.itl, itl * (1 + 0.2 * (s.running > 40)), n * 40, 0.15)
+            advance_sglang(s, rng, n, prompt, out, hit=hit, wait=wait,
+                           ttft=0.25 + prompt * (1 - hit) / 15_000 + wait, itl=itl * (1 + 0.2 * (s.running > 40)),
+                           aborted=gave_up, prompt_sd=0.4)
             sink.scrape("sglang", f"sglang-{r}", ts, render_sglang(s))
     sink.close()
     t = clock.dt

@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from testbed.fleetgen.blind import Tick, _phases, _wiggle, advance_vllm, new_vllm
-from testbed.fleetgen.families import SGL_QUEUE, SGL_TOKENS, Histogram, SglangState, render_sglang, render_vllm
-from testbed.fleetgen.sim import Clock, Sink, _observe_lognormal, _poisson
+from testbed.fleetgen.blind import Tick, _phases, _wiggle, advance_sglang, advance_vllm, new_sglang, new_vllm
+from testbed.fleetgen.families import render_sglang, render_vllm
+from testbed.fleetgen.sim import Clock, Sink, _poisson
 
 
 def scenario_healthy_busy_near_knee(path: Path, cal: dict, seed: int = 21) -> dict:
@@ -44,9 +44,7 @@ def scenario_healthy_autoscaled_ramp(path: Path, cal: dict, seed: int = 22) -> d
     each time the per-replica queue builds; the gateway routes by consistent hashing and ramps a
     new replica's share over two minutes."""
     rng, clock = random.Random(seed), Clock(30.0, 80)
-    reps = [SglangState(model="Qwen/Qwen3-32B", max_total_num_tokens=120_000, prompt_len=Histogram(SGL_TOKENS),
-                        gen_len=Histogram(SGL_TOKENS), queue_time=Histogram(SGL_QUEUE), aborted=0.0)
-            for _ in range(6)]
+    reps = [new_sglang() for _ in range(6)]
     joined: list[int | None] = [-20, -20, -20, None, None, None]   # steps
     queues = [0.0] * 6
     mu, prompt, out, itl = 3.0, 1500.0, 400.0, 0.035
@@ -70,18 +68,8 @@ def scenario_healthy_autoscaled_ramp(path: Path, cal: dict, seed: int = 22) -> d
             s.running = round(min(64.0, per * share * (0.35 + out * itl)))
             s.queue = round(queues[r])
             s.token_usage = min(0.95, s.running * (prompt + out / 2) / s.max_total_num_tokens)
-            s.eff_input += n * prompt
-            s.eff_device_hit += round(n * prompt * hit)
-            s.prompt_tokens += n * prompt
-            s.cached_device += round(n * prompt * hit)
-            s.generation_tokens += n * out
-            s.num_requests += n
-            s.cache_hit_rate = round(rng.gauss(hit, 0.03), 3)
-            _observe_lognormal(rng, s.prompt_len, prompt, n, 0.5)
-            _observe_lognormal(rng, s.gen_len, out, n, 0.6)
-            _observe_lognormal(rng, s.queue_time, max(0.002, wait), n, 0.5)
-            _observe_lognormal(rng, s.ttft, 0.35 + prompt * (1 - hit) / 20_000 + wait, n, 0.4)
-            _observe_lognormal(rng, s.itl, itl, n * 40, 0.15)
+            advance_sglang(s, rng, n, prompt, out, hit=hit, wait=wait,
+                           ttft=0.35 + prompt * (1 - hit) / 20_000 + wait, itl=itl)
             sink.scrape("sglang", f"sglang-{r}", ts, render_sglang(s))
     sink.close()
     scale_ups = [round(j * clock.dt) for j in joined[3:] if j is not None]
