@@ -303,10 +303,16 @@ def _evidence(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int]
         cond = thresholds.get(name)
         out.append(Evidence(
             name=str(item.get("name", name)), value=None if value is None else round(value, 6),
-            unit=str(item.get("unit", "")), series=promql(rule, name, ce.ev.frame.step), at=at,
+            unit=str(item.get("unit", "")), series=promql(rule, name, ce.ev.frame.step, _held(ce.ev.frame)), at=at,
             threshold=_threshold(rule, cond.cond) if cond else None,
             op=str(cond.cond["op"]) if cond else None, stat=stat))
     return out
+
+
+def _held(frame: Frame) -> float:
+    """Seconds of data the frame's grid spans (the longest range any window can reach)."""
+    start, end = frame.window
+    return end - start
 
 
 def _threshold(rule: Rule, cond: dict[str, Any]) -> float | None:

@@ -455,23 +455,30 @@ def _quantiles(q: float, keys: list[tuple[str, ...]], summed: np.ndarray, n_by: 
     return groups, out
 
 
-def promql(rule: Rule, name: str, step: float | None = None) -> str:
+def promql(rule: Rule, name: str, step: float | None = None, held: float | None = None) -> str:
     """The named series written in PromQL (for evidence and for the Prometheus rule builder).
 
     Ranges are printed as evaluated: scaled by the rule's time_scale and, given the grid `step`,
-    rounded to the whole number of steps the evaluator uses (at least one)."""
-    return _promql(rule, rule.series, name, tuple(rule.doc.get("by", ["instance"])), step)
+    rounded to the whole number of steps the evaluator uses (at least one). Given `held`, the
+    seconds of data the window holds (last grid point minus first), a range is also clipped to
+    the data it can reach, as the evaluator's trailing windows are: at most `held`, and for an
+    `offset` window at most `held` minus the offset (never a range longer than the recording)."""
+    return _promql(rule, rule.series, name, tuple(rule.doc.get("by", ["instance"])), step, held)
 
 
 def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ...],
-            step: float | None = None) -> str:
+            step: float | None = None, held: float | None = None) -> str:
     node = nodes[name]
     by = ", ".join(node.get("by", rule_by))
     form = node_form(node)
-    rng = _range_text(rule, node.get("range", "1m" if form == "rate" else "10m" if form == "deriv" else "5m"), step)
+    reach = held
+    if held is not None and form == "over_time" and node.get("offset"):
+        reach = held - _evaluated_seconds(rule, node["offset"], step, least=1)
+    rng = _range_text(rule, node.get("range", "1m" if form == "rate" else "10m" if form == "deriv" else "5m"),
+                      step, reach)
 
     def ref(x: Any) -> str:
-        return _promql(rule, nodes, str(x), rule_by, step)
+        return _promql(rule, nodes, str(x), rule_by, step, held)
 
     sel = _selector(node.get("match"))
     if form == "gauge":
@@ -510,16 +517,26 @@ def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ..
     return f"{agg} by ({by}) ({ref(node['of'])})"
 
 
-def _range_text(rule: Rule, value: Any, step: float | None = None) -> str:
+def _range_text(rule: Rule, value: Any, step: float | None = None, reach: float | None = None) -> str:
     """A range as written in the rule, or the range actually evaluated: scaled by the rule's
-    time_scale and, with a grid step, a whole number of steps (as `SeriesEvaluator._steps`)."""
-    seconds = rule.duration(value)
-    if step:
-        seconds = max(1, int(round(seconds / step))) * step
-    elif rule.time_scale == 1.0:
+    time_scale and, with a grid step, a whole number of steps (as `SeriesEvaluator._steps`);
+    with `reach` (seconds of data a window can cover), no longer than that (at least one step)."""
+    seconds = _evaluated_seconds(rule, value, step, least=1)
+    if reach is not None and seconds > reach:
+        seconds = max(step or 1.0, reach)
+    elif not step and rule.time_scale == 1.0:
         return str(rule.resolve(value))
     text = prom_duration(seconds)
     return str(rule.resolve(value)) if parse_duration(text) == parse_duration(rule.resolve(value)) else text
+
+
+def _evaluated_seconds(rule: Rule, value: Any, step: float | None, least: int) -> float:
+    """A rule duration scaled by time_scale and, with a grid step, rounded to whole steps (at
+    least `least` of them), as the evaluator uses it."""
+    seconds = rule.duration(value)
+    if step:
+        seconds = max(least, int(round(seconds / step))) * step
+    return seconds
 
 
 def prom_duration(seconds: float) -> str:

@@ -112,7 +112,8 @@ def fact_rows(f: Finding) -> list[tuple[str, str, str]]:
 
 def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
     """What "rising" / "fell" is measured against: each condition of the rule that compares a
-    series with its own earlier level, with the ranges as evaluated (scaled, whole grid steps)."""
+    series with its own earlier level, with the ranges as evaluated (scaled, whole grid steps)
+    and clipped to the data the finding's window holds."""
     from kvscope.diagnoser.rule import parse_duration
 
     doc = _rule_docs().get(f.rule_id) or {}
@@ -131,9 +132,22 @@ def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
         left = names.get(str(c["series"]), str(c["series"]))
         of = "its" if str(spec.get("of", c["series"])) == str(c["series"]) else \
             f"the {names.get(str(spec['of']), str(spec['of']))}"
-        out.append(f"{left} {c.get('op', '')} {factor}{of} {spec.get('agg', 'avg')} over the {fmt_duration(rng)} "
-                   f"ending {fmt_duration(off)} earlier")
+        out.append(f"{left} {c.get('op', '')} {factor}{of} {spec.get('agg', 'avg')} "
+                   + _baseline_window(rng, off, f.window[1] - f.window[0]))
     return out
+
+
+def _baseline_window(rng: float, off: float, held: float) -> str:
+    """'over the 10m00s ending 2m00s earlier', clipped to the `held` seconds of data: the
+    evaluator's trailing window starts no earlier than the data, so on a short window the
+    baseline is everything held up to the offset (at most held - off), or nothing at all."""
+    if rng + off <= held:
+        return f"over the {fmt_duration(rng)} ending {fmt_duration(off)} earlier"
+    if off >= held:
+        return (f"ending {fmt_duration(off)} earlier: none held, the window is only {fmt_duration(held)} "
+                "long (the comparison cannot hold)")
+    return (f"over all data held up to {fmt_duration(off)} earlier (at most the first {fmt_duration(held - off)} "
+            f"of the {fmt_duration(held)} held; the rule's {fmt_duration(rng)} range reaches back before the data)")
 
 
 def _condition_blocks(doc: dict[str, Any]) -> list[list[Any]]:
@@ -308,7 +322,7 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
     console = console or Console()
     start, end = d.window
     scale = (f"; rule durations and ranges scaled x{d.time_scale:.2f} to fit the window "
-             "(the series shown are the ranges used)") if d.time_scale < 1 else ""
+             "(the series shown are the ranges used, none longer than the data held)") if d.time_scale < 1 else ""
     console.print(f"[bold]kvscope diagnose[/bold]  {d.source}  {fmt_time(start)} -> {fmt_time(end)} "
                   f"({fmt_duration(end - start)}){scale}; {d.rules_evaluated} rules, "
                   f"{len(d.findings)} fired, {len(d.skipped)} not evaluable")

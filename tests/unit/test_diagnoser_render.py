@@ -192,7 +192,8 @@ def test_kv_pressure_cascade_recording_reads_as_one_cause_with_supporting_eviden
 
 def test_a_baseline_comparison_says_what_earlier_level_it_was_measured_against():
     f = replace(_finding("hit_collapse_after_scaling", "P3", ("router.consistent_hashing",), where={"model": "m"}),
-                params={"baseline_range": "10m", "baseline_offset": "2m", "drop_factor": 0.7}, step_s=10.0)
+                params={"baseline_range": "10m", "baseline_offset": "2m", "drop_factor": 0.7}, step_s=10.0,
+                window=(T0 - 3600, T0 + 120))              # an hour held: the whole baseline window exists
     assert baseline_lines(f) == ["fleet hit rate < 0.7 x its avg over the 10m00s ending 2m00s earlier"]
     # scaled x0.79 on a 10 s grid: 474 s -> 47 steps, 94.8 s -> 9 steps, as the evaluator rounds them
     assert baseline_lines(f, 0.79) == ["fleet hit rate < 0.7 x its avg over the 7m50s ending 1m30s earlier"]
