@@ -32,10 +32,10 @@ def test_cascade_is_the_likely_cause_with_stage_and_lead_time():
     head = d.likely_cause
     assert head is not None and head.rule_id == "kv_pressure_cascade"
     assert head.severity == "critical" and head.where == {"instance": "e0"}
-    assert head.cascade.stage_name == "ttft_rising" and head.cascade.stage == 4
+    assert head.cascade.stage_name == "latency" and head.cascade.stage == 4
     onsets = head.cascade.onsets
-    assert onsets["kv_full"] <= onsets["evicting"] <= onsets["queueing"] <= onsets["ttft_rising"]
-    assert head.cascade.lead_time_s == onsets["ttft_rising"] - onsets["kv_full"] > 0
+    assert onsets["kv_high"] <= onsets["evicting"] <= onsets["queueing"] <= onsets["latency"]
+    assert head.cascade.lead_time_s == onsets["latency"] - onsets["kv_high"] > 0
     assert head.levers[0].id == "vllm.kv_cache_dtype"
     assert any(c.system == "vllm" and "--kv-cache-dtype fp8" in c.change for c in head.levers[0].changes)
     assert "002 §7.4" in head.citations
@@ -58,7 +58,7 @@ def test_diagnosis_round_trips_through_json():
     text = d.to_json()
     back = Diagnosis.from_json(text)
     assert back.to_json() == text
-    assert json.loads(text)["likely_cause"]["cascade"]["stage_name"] == "ttft_rising"
+    assert json.loads(text)["likely_cause"]["cascade"]["stage_name"] == "latency"
 
 
 def test_healthy_window_fires_nothing_and_reports_absent_signals_as_skipped():
