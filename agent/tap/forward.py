@@ -2,8 +2,10 @@
 
 A `Forward` writes the request to a pooled upstream connection and passes every response
 byte to the client from the upstream's read callback, with no task or queue in between. For
-an accounted SSE stream the bytes go through `SseScanner` (first token time, token gaps, usage;
-the usage-only event the tap caused is dropped); an accounted non-streamed answer is copied
+an accounted SSE stream the bytes go through the native relay when it is built and the
+response allows it (chunked both ways, head whole in one read: agent/tap/native.py), else
+through `SseScanner`; either keeps the first token time, token gaps and usage, and drops the
+usage-only event the tap caused. An accounted non-streamed answer is copied
 (bounded) so its usage can be read at the end. The prefix bookkeeping runs right after the
 request went upstream, so it never delays the engine. When it is over, the exchange goes to
 `RequestTap.account` (off the critical path: the client already has its bytes).
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from kvscope.agent.tap.http1 import Downstream, Request, Upstream, filter_headers
+from kvscope.agent.tap.native import SpecialEvents
 from kvscope.agent.tap.sse import SseScanner
 
 if TYPE_CHECKING:
@@ -37,7 +40,7 @@ class Forward:
     """Carries one request upstream and its response back (the upstream's `ResponseHandler`)."""
 
     __slots__ = ("tap", "conn", "req", "ex", "doc", "injected", "target", "wire", "up", "scanner", "copy",
-                 "copied", "retried", "over", "task")
+                 "copied", "retried", "over", "task", "events")
 
     def __init__(self, tap: RequestTap, conn: Downstream, req: Request, ex: _Exchange | None,
                  doc: dict[str, Any] | None, injected: bool, target: Any, wire: bytes) -> None:
@@ -48,6 +51,7 @@ class Forward:
         self.wire: bytes | None = wire
         self.up: Upstream | None = None
         self.scanner: SseScanner | None = None
+        self.events: SpecialEvents | None = None      # set when the native relay carries the body
         self.copy: list[bytes] | None = None
         self.copied = 0
         self.retried = False
@@ -91,13 +95,15 @@ class Forward:
         self.wire = None
         ex = self.ex
         length: int | None = None
-        sse = False
+        sse = chunked = False
         for k, v in headers:
             lk = k.lower()
             if lk == b"content-length" and v.strip().isdigit():
                 length = int(v)
             elif lk == b"content-type":
                 sse = v.lstrip().lower().startswith(b"text/event-stream")
+            elif lk == b"transfer-encoding":
+                chunked = v.lower().endswith(b"chunked")
         if ex is not None:
             ex.status = status
             if sse:
@@ -106,6 +112,20 @@ class Forward:
             else:
                 self.copy = []
         self.conn.send_head(status, reason, filter_headers(headers), length, has_body=status not in (204, 304))
+        if self.scanner is not None and chunked:
+            self._relay()
+
+    def _relay(self) -> None:
+        """Hand the body to the native relay when the extension, the upstream (head parsed alone)
+        and the client side (chunked, not HEAD, still connected) allow it."""
+        relay_type, up, conn = self.tap.relay_type, self.up, self.conn
+        if relay_type is None or up is None or not up.can_relay or not conn.chunked or conn.transport is None:
+            return
+        self.events = SpecialEvents(drop_usage=self.injected)
+        up.relay = relay_type(conn.transport.write, self.events, up.relay_end, up.relay_error,
+                              head=conn.take_head())
+        self.scanner = None
+        self.tap.stats["native_relay"] += 1
 
     def on_body(self, data: bytes) -> None:
         if self.over:
@@ -139,6 +159,22 @@ class Forward:
                 ex.first_token = ex.last_chunk = time.perf_counter()
                 if self.copy is not None:
                     ex.usage = _usage_of(self.copy)
+            if ex.status >= 500:
+                ex.outcome = f"upstream_{ex.status}"
+        self._over()
+
+    def on_relay_end(self, relay: Any, head: bytes | None, body: bytes) -> None:
+        """The native relay saw the end of the body: `body` is what is left to send (already
+        scanned), `head` the response head if no body byte has gone out yet."""
+        if self.over:
+            return
+        ex, self.up = self.ex, None
+        if head is not None:
+            self.conn.put_head(head)
+        self.conn.finish(body)
+        if ex is not None:
+            ex.first_token, ex.last_chunk, ex.gaps = relay.first_token, relay.last_token, relay.gaps()
+            ex.usage = self.events.usage if self.events is not None else None
             if ex.status >= 500:
                 ex.outcome = f"upstream_{ex.status}"
         self._over()

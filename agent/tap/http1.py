@@ -12,6 +12,11 @@ the connection is not read further meanwhile).
 `UpstreamPool` opens and reuses keep-alive connections to the engines; an `Upstream` feeds the
 response to a handler object (`on_head`, `on_body`, `on_end`, `on_fail`). Back-pressure: a
 client that reads slowly pauses the upstream it is fed from.
+
+Native relay: when a 2xx response head arrives whole in one read, only the head goes through
+llhttp; the handler may then hand the body to a `Relay` (agent/tap/native.py) by setting
+`Upstream.relay` inside `on_head`. From then on every read goes straight to the relay, which
+writes to the client itself and ends with `relay_end` (or `relay_error`).
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class ResponseHandler(Protocol):
     def on_body(self, data: bytes) -> None: ...
     def on_end(self, data: bytes) -> None: ...       # data: the last body bytes (b"" if none)
     def on_fail(self, exc: BaseException | None, responded: bool) -> None: ...
+    def on_relay_end(self, relay: Any, head: bytes | None, body: bytes) -> None: ...
 
 
 class Downstream(asyncio.Protocol):
@@ -209,6 +215,20 @@ class Downstream(asyncio.Protocol):
         out.append(b"\r\n")
         self._head = b"".join(out)
 
+    @property
+    def chunked(self) -> bool:
+        """The response started by `send_head` is sent in chunked coding."""
+        return self._chunked
+
+    def take_head(self) -> bytes | None:
+        """The response head not written yet (whoever takes it must write it first)."""
+        head, self._head = self._head, None
+        return head
+
+    def put_head(self, head: bytes) -> None:
+        """Give back a head taken with `take_head` that was not written."""
+        self._head = head
+
     def send_body(self, data: bytes) -> None:
         """Pass body bytes on now (framed as the head said)."""
         if self.transport is None or not data or self._head_request:
@@ -283,6 +303,8 @@ class Upstream(asyncio.Protocol):
         self.swept_reads = 0                  # `reads` at the sweeper's last look
         self.reused = False
         self.paused = False
+        self.relay: Any = None          # the native relay carrying the current response body, if any
+        self.can_relay = False          # True only while the head alone is being parsed
         self._head_only = False
         self._begin()
 
@@ -292,6 +314,7 @@ class Upstream(asyncio.Protocol):
         self._reason = b""
         self._framed = False            # Content-Length or chunked: the end is known without EOF
         self.responded = False
+        self._fresh = True              # no byte of the current response read yet
 
     def send(self, handler: ResponseHandler, data: bytes, head_only: bool) -> None:
         """Write a complete request; its response goes to `handler`."""
@@ -309,8 +332,50 @@ class Upstream(asyncio.Protocol):
 
     def abort(self) -> None:
         self.handler = None
+        self._drop_relay()
         if self.transport is not None:
             self.transport.abort()
+
+    def _drop_relay(self) -> None:
+        relay, self.relay = self.relay, None
+        if relay is not None:
+            relay.close()               # breaks the relay <-> connection reference cycle
+            self.parser = httptools.HttpResponseParser(self)   # the old one stopped mid-message
+
+    def relay_end(self, head: bytes | None, body: bytes) -> None:
+        """The relay saw the end of the response (called by the relay from `feed`)."""
+        relay, h, self.handler = self.relay, self.handler, None
+        keep = self.parser.should_keep_alive() and not relay.trailing
+        self._drop_relay()
+        if h is not None:
+            h.on_relay_end(relay, head, body)
+        if keep:
+            self.pool.release(self)
+        elif self.transport is not None:
+            self.transport.close()
+
+    def relay_error(self, message: str) -> None:
+        """The relay found the upstream's framing broken (called by the relay from `feed`)."""
+        self._fail(ValueError(message))
+
+    def _split_head(self, data: bytes) -> bytes | None:
+        """Parse a 2xx head that came whole at the start of this read, alone, so the handler can
+        take the body over with a relay. Returns the bytes left for llhttp (None: nothing left)."""
+        self._fresh = False
+        end = data.find(b"\r\n\r\n")
+        if end < 0 or not data.startswith(b"HTTP/1.1 2"):
+            return data
+        self.can_relay = True
+        try:
+            self.parser.feed_data(data[:end + 4])
+        finally:
+            self.can_relay = False
+        rest = data[end + 4:]
+        if self.relay is None:
+            return rest
+        if rest:
+            self.relay.feed(rest)
+        return None
 
     # ---------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -318,9 +383,21 @@ class Upstream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.reads += 1
+        relay = self.relay
         try:
+            if relay is not None:
+                relay.feed(data)              # C: decode, scan, write to the client
+                return
+            if self._fresh and self.handler is not None:
+                rest = self._split_head(data)
+                if rest is None:
+                    return
+                data = rest
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserCallbackError) as e:
+            self._fail(e)
+            return
+        except Exception as e:          # a relay callback failed: this response is lost, not the tap
             self._fail(e)
             return
         # the body bytes of this read go to the handler at once: one write to the client per
@@ -350,6 +427,7 @@ class Upstream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.pool.discard(self)
         self.transport = None
+        self._drop_relay()
         h = self.handler
         if h is None:
             return
@@ -371,6 +449,7 @@ class Upstream(asyncio.Protocol):
 
     def _fail(self, exc: BaseException) -> None:
         h, self.handler = self.handler, None
+        self._drop_relay()
         if self.transport is not None:
             self.transport.abort()
         if h is not None:

@@ -48,6 +48,7 @@ from kvscope.agent.export import canonical_families
 from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels
 from kvscope.agent.tap.forward import Forward, parse_json_object
 from kvscope.agent.tap.http1 import HOP_BY_HOP, Downstream, Request, UpstreamPool, filter_headers, render_request
+from kvscope.agent.tap.native import RELAY
 from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
 from kvscope.agent.tap.sessions import SessionTracker, Turn, parse_session_id
 from kvscope.agent.tap.sse import parse_usage
@@ -82,6 +83,7 @@ class TapConfig:
     prefix_max_blocks: int = 200_000
     block_chars: int = 64
     service_name: str = "kvscope-tap"
+    native: bool = True             # streamed answers through the C relay when it is built (native.py)
 
     def host_port(self) -> tuple[str, int]:
         host, _, port = self.listen.rpartition(":")
@@ -170,6 +172,7 @@ class RequestTap:
         self.targets = {base: parse_upstream(base) for base in config.upstreams}
         self._rr = itertools.cycle(config.upstreams)
         self.pool = UpstreamPool(connect_timeout_s=10.0)
+        self.relay_type = RELAY if config.native else None
         self.tasks: set[asyncio.Task[None]] = set()
         self._clients: set[Downstream] = set()
         self._server: asyncio.AbstractServer | None = None

@@ -11,6 +11,7 @@ import signal
 from typing import Any
 
 from kvscope.agent.tap.eventloop import loop_name, run_event_loop
+from kvscope.agent.tap.native import native_status
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_upstream
 from kvscope.agent.traces.export import SpanBatchExporter
 
@@ -123,7 +124,7 @@ async def _serve(cfg: TapConfig, otlp_endpoint: str | None) -> None:
     sender = asyncio.create_task(exporter.run()) if exporter else None
     _quiet_gc()
     print(f"kvscope tap: listening on {cfg.host_port()[0]}:{tap.port}, forwarding to {', '.join(cfg.upstreams)}"
-          f" ({loop_name()} event loop)",
+          f" ({loop_name()} event loop, {native_status() if cfg.native else 'pure-Python stream relay'})",
           flush=True)
     try:
         await stop.wait()

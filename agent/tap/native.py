@@ -1,0 +1,58 @@
+"""The tap's native forwarding loop for streamed answers, and what it needs from Python.
+
+`Relay` (agent/tap/_relay.c, built by setup.py) does the per-read work of an accounted SSE
+answer in C: it undoes the upstream's chunked coding, cuts events, counts token events, and
+writes what passes to the client, so an upstream read costs one Python call (the protocol's
+`data_received`) plus C. Everything that is not a compact token chunk (the usage chunk,
+`[DONE]`, anything unusual) comes back to Python through `SpecialEvents`, which classifies it
+exactly as the pure-Python `SseScanner` does (agent/tap/sse.py).
+
+The extension is optional: `RELAY` is None when it was not built (no compiler at install time)
+or when `KVSCOPE_TAP_NATIVE=0` is set, and the tap then runs its pure-Python path, which gives
+the client the same bytes (tests/unit/test_tap_native.py checks both against each other).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from kvscope.agent.tap.sse import classify_event
+
+try:
+    from kvscope.agent.tap._relay import Relay as _Relay
+except ImportError:          # not built: the pure-Python path serves
+    _Relay = None
+
+RELAY: Any = None if os.environ.get("KVSCOPE_TAP_NATIVE", "1") == "0" else _Relay
+PASS, TOKEN, DROP = 0, 1, 2
+
+
+def native_status() -> str:
+    """One line for the tap's startup log: which forwarding loop streams use, and why."""
+    if RELAY is not None:
+        return "native (C) stream relay"
+    if _Relay is not None:
+        return "pure-Python stream relay (KVSCOPE_TAP_NATIVE=0)"
+    return "pure-Python stream relay (the C extension kvscope.agent.tap._relay is not built)"
+
+
+class SpecialEvents:
+    """The relay's callback for every event that is not a compact token chunk.
+
+    Returns PASS, TOKEN or DROP for the event and keeps the last usage object seen (`usage`);
+    DROP only for the usage-only chunk when the tap asked for it (`drop_usage`)."""
+
+    __slots__ = ("drop_usage", "usage")
+
+    def __init__(self, drop_usage: bool) -> None:
+        self.drop_usage = drop_usage
+        self.usage: dict[str, Any] | None = None
+
+    def __call__(self, event: bytes) -> int:
+        e = classify_event(event)
+        if e.usage is not None:
+            self.usage = e.usage
+        if e.kind == "usage_only" and self.drop_usage:
+            return DROP
+        return TOKEN if e.kind == "token" else PASS
