@@ -7,6 +7,12 @@ A recording may carry a spans sidecar (`x.spans.jsonl.gz` next to `x.om.gz`: the
 spans as JSON lines). `add_spans` feeds it through the trace receiver's stitching
 (agent/traces/stitch.py) and renders what the receiver would have reported at each scrape:
 `request_phase_seconds` per instance and phase, and the `tenant_*` counters of traced tenants.
+
+Replay runs the live agent's engine<->GPU join (agent/analytics/gpu_join.py, the derive hook the
+agent applies to every collection cycle) once per scrape round, so `engine_gpu_memory_used_bytes`
+is there for the diagnoser, the UI and the report as it is on a live agent. A recording made by
+Prometheus keeps a Kubernetes target's `pod`/`namespace`/`container` on every sample of it: those
+are read back as the target's labels (the live agent adds them from its target configuration).
 """
 
 from __future__ import annotations
@@ -14,10 +20,15 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
+from typing import Any
 
+from kvscope.agent.analytics.gpu_join import derive_engine_gpu
 from kvscope.agent.engines.dialect import detect_engine, normalize
 from kvscope.agent.export import PREFIX, signal_of
 from kvscope.agent.exposition import Exposition
@@ -71,8 +82,27 @@ def parse_kvscope_samples(raw: list, target: dict[str, str], timestamp: float, c
     return out
 
 
-def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = None) -> Replay:
-    """Read a recording and normalize every scrape of every target.
+TARGET_LABELS = ("pod", "namespace", "container")
+"""Labels that, carried by every sample of a recorded target, are its target labels (Kubernetes
+service discovery puts them there); the engine<->GPU join matches engines to GPUs on them."""
+
+
+def parse_target_labels(samples: list) -> dict[str, str]:
+    """The TARGET_LABELS that have one value on every one of a target's raw samples."""
+    out: dict[str, str] = {}
+    if not samples:
+        return out
+    for key in TARGET_LABELS:
+        values = {dict(r.labels).get(key) for r in samples}
+        if len(values) == 1 and None not in values and "" not in values:
+            out[key] = values.pop()
+    return out
+
+
+def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = None,
+                     gpu_mapping: Any = None) -> Replay:
+    """Read a recording and normalize every scrape of every target, then run the engine<->GPU
+    join per scrape round (`gpu_mapping` as the agent's config option, validated there).
 
     Each target's engine is detected once from all its samples. A failed scrape contributes
     only `kvscope_target_up 0` at its time.
@@ -84,6 +114,7 @@ def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = Non
         union = Exposition(samples=[s for sc in target_scrapes for s in sc.samples[:2000]],
                            types=whole.types)
         engine = detect_engine(union, catalog)
+        target = {"job": job, "instance": instance} | parse_target_labels(union.samples)
         if engine is None and any(kvscope_signal(s.name, catalog) for s in union.samples):
             engine = KVSCOPE
         out.engines[instance] = engine
@@ -97,7 +128,7 @@ def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = Non
                                                          sc.timestamp, catalog))
                 continue
             norm = normalize(Exposition(samples=sc.samples, types=whole.types), engine,
-                             {"job": job, "instance": instance}, sc.timestamp, catalog)
+                             target, sc.timestamp, catalog)
             out.samples.extend(norm.samples)
             out.unmapped[instance] += norm.unmapped
             for rank, facts in norm.facts.items():
@@ -105,6 +136,24 @@ def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = Non
         ts = [sc.timestamp for sc in target_scrapes]
         out.start = min(ts) if out.start is None else min(out.start, min(ts))
         out.end = max(ts) if out.end is None else max(out.end, max(ts))
+    out.samples.extend(render_engine_gpu_rounds(out, gpu_mapping))
+    return out
+
+
+def render_engine_gpu_rounds(replay: Replay, gpu_mapping: Any = None) -> list[Sample]:
+    """The live agent's engine<->GPU join (`derive_engine_gpu`, its per-cycle derive hook) run on
+    each scrape round of the replay: `engine_gpu_memory_used_bytes` stamped at the round's newest
+    sample, as the agent would have exported it. Empty when no GPU series can be joined."""
+    rounds = scrape_times(replay)
+    if not rounds:
+        return []
+    cycles: list[list[Sample]] = [[] for _ in rounds]
+    for ts, run in groupby(replay.samples, key=itemgetter(3)):   # one scrape's samples share a time
+        i = bisect_right(rounds, ts) - 1 if ts is not None else -1
+        cycles[max(i, 0)].extend(run)
+    out: list[Sample] = []
+    for cycle in cycles:
+        out.extend(derive_engine_gpu(cycle, gpu_mapping))
     return out
 
 

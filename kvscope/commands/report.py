@@ -114,15 +114,13 @@ def _load(args: argparse.Namespace):
     from kvscope.diagnoser.report import WEEK_S, read_prometheus_series, read_store_series, series_set_from_samples
 
     if args.recording:
-        from kvscope.agent.analytics.gpu_join import derive_engine_gpu
         from kvscope.agent.replay import replay_recording
         from kvscope.ui.data import Source, SourceError, triage_from_replay
 
         samples, diagnoses, ends = [], [], []
         for path in args.recording:
-            replay = replay_recording(path)
+            replay = replay_recording(path, gpu_mapping=getattr(args, "gpu_mapping_value", None))   # joins GPUs
             samples += replay.samples
-            samples += derive_engine_gpu(replay.samples, getattr(args, "gpu_mapping_value", None))
             ends.append(replay.end or 0.0)
             try:
                 diagnoses.append(triage_from_replay(Source("recording", str(path)), replay).diagnosis)
