@@ -298,7 +298,14 @@ static int scan_events(Relay *self, Py_ssize_t from, double now, Py_ssize_t *end
 static PyObject *frame(Relay *self, const char *payload, Py_ssize_t n)
 {
     char hex[24];
-    int h = snprintf(hex, sizeof hex, "%zx\r\n", (size_t)n);
+    int h = 0;
+    for (int shift = 60; shift >= 0; shift -= 4) {      /* lower-case hex, no leading zeros */
+        int d = (int)(((size_t)n >> shift) & 0xf);
+        if (d || h || shift == 0)
+            hex[h++] = "0123456789abcdef"[d];
+    }
+    hex[h++] = '\r';
+    hex[h++] = '\n';
     Py_ssize_t hl = self->head ? PyBytes_GET_SIZE(self->head) : 0;
     PyObject *b = PyBytes_FromStringAndSize(NULL, hl + h + n + 2);
     if (b == NULL)
