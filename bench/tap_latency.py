@@ -23,6 +23,10 @@ Paths:
            upstream connection per client connection, no parsing: what any Python proxy costs
            before it does any work, so "tap - relay" is the tap's own work
 
+`--pin` puts every proxy on the last CPU and the client and stub on the others (one proxy is
+busy at a time), so the added latency is the proxy's own work and queueing, not its fight with
+the load generator for a core (in production a proxy does not share its core with the clients).
+
 Fair by construction: one proxy process each (nginx `worker_processes 1`, master idle; the tap is
 one process on one event loop), both keep upstream connections alive, neither buffers the
 response (nginx `proxy_buffering off`; the tap writes each upstream read on at once), both speak
@@ -48,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -128,6 +133,116 @@ async def main():
 (uvloop.run if uvloop else asyncio.run)(main())
 """
 
+LEAN_STUB = r"""
+import asyncio, sys
+import uvloop
+CHUNKS, GAP = int(sys.argv[2]), float(sys.argv[3]) / 1000
+def chunk(b):
+    return b"%x\r\n%s\r\n" % (len(b), b)
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+TOKEN = chunk(b'data: {"id":"cmpl-1","object":"text_completion","model":"stub",'
+              b'"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":null}]}\n\n')
+USAGE = chunk(b'data: {"id":"cmpl-1","choices":[],"usage":{"prompt_tokens":40,"completion_tokens":'
+              + str(CHUNKS).encode() + b',"prompt_tokens_details":{"cached_tokens":32}}}\n\n')
+END = chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+class Stub(asyncio.Protocol):
+    def connection_made(self, t):
+        self.t, self.buf, self.busy, self.timer = t, b"", False, None
+    def connection_lost(self, exc):
+        if self.timer is not None:
+            self.timer.cancel()
+    def data_received(self, data):
+        self.buf += data
+        self.next()
+    def next(self):
+        i = self.buf.find(b"\r\n\r\n")
+        if self.busy or i < 0:
+            return
+        head = self.buf[:i].lower()
+        j = head.find(b"content-length:")
+        n = int(head[j + 15:].split(b"\r\n", 1)[0]) if j >= 0 else 0
+        if len(self.buf) < i + 4 + n:
+            return
+        body, self.buf = self.buf[i + 4:i + 4 + n], self.buf[i + 4 + n:]
+        self.busy, self.left = True, CHUNKS
+        self.usage = b'"include_usage":true' in body.replace(b" ", b"")
+        self.t.write(HEAD)
+        self.tick()
+    def tick(self):
+        if self.left:
+            self.left -= 1
+            self.t.write(TOKEN)
+            self.timer = asyncio.get_running_loop().call_later(GAP, self.tick)
+            return
+        self.t.write((USAGE if self.usage else b"") + END)
+        self.busy, self.timer = False, None
+        self.next()
+async def main():
+    await asyncio.get_running_loop().create_server(Stub, "127.0.0.1", int(sys.argv[1]), backlog=4096)
+    await asyncio.Event().wait()
+uvloop.run(main())
+"""
+
+
+class LeanStream(asyncio.Protocol):
+    """One keep-alive client connection of the lean load generator: sends a request, notes when
+    the first SSE bytes arrive and when the chunked end marker does (no HTTP client library)."""
+
+    def __init__(self, idle: list[LeanStream]) -> None:
+        self.idle, self.transport, self.fut, self.tail = idle, None, None, b""
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def start(self, request: bytes, t0: float) -> asyncio.Future:
+        self.t0, self.first, self.tail, self.ok = t0, None, b"", None
+        self.fut = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return self.fut
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        if self.ok is None:
+            self.ok = data.startswith(b"HTTP/1.1 200")
+        if self.first is None and b"data:" in data:
+            self.first = now
+        tail = (self.tail + data)[-5:]
+        self.tail = tail
+        if tail == b"0\r\n\r\n" and self.fut is not None and not self.fut.done():
+            self.fut.set_result((self.first - self.t0, now - self.t0) if self.ok and self.first else None)
+            self.idle.append(self)
+
+    def connection_lost(self, exc):
+        if self.fut is not None and not self.fut.done():
+            self.fut.set_result(None)
+        if self in self.idle:
+            self.idle.remove(self)
+
+
+class LeanClient:
+    """Streams over raw keep-alive connections on the running (uv)loop: the load generator's own
+    CPU per token is a few microseconds instead of aiohttp's tens, so it adds less noise."""
+
+    def __init__(self, port: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.port, self.idle, self.failed = port, [], 0
+        self.request = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+
+    async def one(self, out: list[tuple[float, float]]) -> None:
+        t0 = time.perf_counter()
+        if self.idle:
+            conn = self.idle.pop()
+        else:
+            _, conn = await asyncio.get_running_loop().create_connection(lambda: LeanStream(self.idle),
+                                                                         LOOPBACK, self.port)
+        row = await conn.start(self.request, t0)
+        if row is None:
+            self.failed += 1
+        else:
+            out.append(row)
+
+
 NGINX_CONF = """
 worker_processes 1;
 error_log {dir}/error.log warn;
@@ -175,30 +290,46 @@ BODY = {"model": "stub", "prompt": "the cache prefix metric trace span latency "
         "max_tokens": 16}
 
 
-async def drive(base: str, requests: int, concurrency: int, label: str) -> tuple[list[tuple[float, float]], float]:
+@contextlib.asynccontextmanager
+async def client(base: str, lean: bool, limit: int):
+    """`send(out)`: one stream to `base`, its (TTFT, total) appended to out. aiohttp, or with
+    `lean` the raw keep-alive connections of `LeanClient`."""
+    if lean:
+        c = LeanClient(int(base.rsplit(":", 1)[1]), BODY)
+        yield c.one
+        for conn in c.idle:
+            conn.transport.close()
+        if c.failed:
+            print(f"  {c.failed} streams failed")
+        return
+    conn = aiohttp.TCPConnector(limit=limit)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as s:
+        yield lambda out: one(s, base + "/v1/completions", BODY, out)
+
+
+async def drive(base: str, requests: int, concurrency: int, label: str, lean: bool = False
+                ) -> tuple[list[tuple[float, float]], float]:
     """Closed loop: `concurrency` workers, each sends its next stream when the last one ended
     (the proxy runs saturated: the client, stub and proxy take every CPU cycle they can get)."""
-    body = BODY
     out: list[tuple[float, float]] = []
     left = [requests]
     bar = tqdm(total=requests, desc=label, unit="req", leave=False)
 
-    async def worker(s):
+    async def worker(send):
         while left[0] > 0:
             left[0] -= 1
-            await one(s, base + "/v1/completions", body, out)
+            await send(out)
             bar.update()
-    conn = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as s:
-        await one(s, base + "/v1/completions", body, [])            # warm the connection path
+    async with client(base, lean, concurrency) as send:
+        await send([])                                  # warm the connection path
         t = time.perf_counter()
-        await asyncio.gather(*(worker(s) for _ in range(concurrency)))
+        await asyncio.gather(*(worker(send) for _ in range(concurrency)))
         dt = time.perf_counter() - t
     bar.close()
     return out, dt
 
 
-async def drive_open(base: str, requests: int, rate: float, label: str, seed: int = 7
+async def drive_open(base: str, requests: int, rate: float, label: str, seed: int = 7, lean: bool = False
                      ) -> tuple[list[tuple[float, float]], float, float, int]:
     """Open loop: streams start at Poisson arrival times (`rate` per second, the same schedule
     for every path: `seed`), whether or not earlier ones have ended, as users arrive at a
@@ -212,22 +343,21 @@ async def drive_open(base: str, requests: int, rate: float, label: str, seed: in
     inflight, area, peak = [0], [0.0], [0]
     bar = tqdm(total=requests, desc=label, unit="req", leave=False)
 
-    async def at(s: aiohttp.ClientSession, when: float, t0: float) -> None:
+    async def at(send, when: float, t0: float) -> None:
         await asyncio.sleep(max(0.0, t0 + when - time.perf_counter()))
         inflight[0] += 1
         peak[0] = max(peak[0], inflight[0])
         begin = time.perf_counter()
         try:
-            await one(s, base + "/v1/completions", BODY, out)
+            await send(out)
         finally:
             inflight[0] -= 1
             area[0] += time.perf_counter() - begin
             bar.update()
-    conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as s:
-        await one(s, base + "/v1/completions", BODY, [])            # warm the connection path
+    async with client(base, lean, 0) as send:
+        await send([])                                  # warm the connection path
         t0 = time.perf_counter()
-        await asyncio.gather(*(at(s, w, t0) for w in starts))
+        await asyncio.gather(*(at(send, w, t0) for w in starts))
         dt = time.perf_counter() - t0
     bar.close()
     return out, dt, area[0] / dt, peak[0]
@@ -287,6 +417,12 @@ def main(argv: list[str] | None = None) -> int:
                          "upstream connection per client connection, no parsing): the floor of any Python proxy")
     ap.add_argument("--python-tap", action="store_true",
                     help="also measure 'tap-py': the tap with its native (C) stream relay off, KVSCOPE_TAP_NATIVE=0")
+    ap.add_argument("--pin", action="store_true",
+                    help="give the proxies (tap, nginx, relay) the last CPU and the client and stub the others, so "
+                         "a proxy's latency is its own work and not its fight with the load generator for a core")
+    ap.add_argument("--lean", action="store_true",
+                    help="a lean load generator: raw uvloop client connections and a raw uvloop stub instead of "
+                         "aiohttp on both ends, so the client's and stub's own CPU adds less noise to the latencies")
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds over all paths (path order rotates each round); >1 adds per-column medians")
     args = ap.parse_args(argv)
@@ -302,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_paths(args: argparse.Namespace, tmp: Path, group: ProcessGroup) -> None:
     """Start the stub, the tap and nginx in `group`, measure every path, then the in-process tap."""
     stub_port, tap_port, nginx_port = free_port(), free_port(), free_port()
-    group.start("stub", [sys.executable, "-c", STUB, str(stub_port), str(args.chunks), str(args.chunk_gap_ms)],
+    group.start("stub", [sys.executable, "-c", LEAN_STUB if args.lean else STUB, str(stub_port), str(args.chunks),
+                         str(args.chunk_gap_ms)],
                 start_new_session=True)
     tap = group.start("tap", [sys.executable, "-m", "kvscope", "tap", "--upstream",
                               f"http://127.0.0.1:{stub_port}", "--listen", f"127.0.0.1:{tap_port}"],
@@ -330,6 +467,8 @@ def run_paths(args: argparse.Namespace, tmp: Path, group: ProcessGroup) -> None:
         paths["nginx"] = nginx_port
     for port in paths.values():
         wait_port(port, group)
+    if args.pin:
+        pin(owner, group)
     if args.arrival == "poisson" and args.rate is None:
         args.rate = args.concurrency / max(args.chunks * args.chunk_gap_ms / 1000, 1e-3)
     load = (f"Poisson arrivals at {args.rate:.0f}/s (open loop)" if args.arrival == "poisson"
@@ -345,10 +484,11 @@ def run_paths(args: argparse.Namespace, tmp: Path, group: ProcessGroup) -> None:
             u0, s0 = proxy_cpu_s(owner[name])
             url = f"http://127.0.0.1:{paths[name]}"
             if args.arrival == "poisson":
-                rows, dt, mean_inflight, peak = asyncio.run(drive_open(url, args.requests, args.rate, name))
+                drive_it = drive_open(url, args.requests, args.rate, name, lean=args.lean)
+                rows, dt, mean_inflight, peak = run_loop(drive_it, args.lean)
                 print(f"  {name}: {mean_inflight:.0f} streams in flight on average, peak {peak}")
             else:
-                rows, dt = asyncio.run(drive(url, args.requests, args.concurrency, name))
+                rows, dt = run_loop(drive(url, args.requests, args.concurrency, name, lean=args.lean), args.lean)
             u1, s1 = proxy_cpu_s(owner[name])
             results[name] = (rows, dt, (u1 - u0) / max(len(rows), 1), (s1 - s0) / max(len(rows), 1))
         rounds.append(summarize({k: results[k] for k in names}))
@@ -361,6 +501,33 @@ def run_paths(args: argparse.Namespace, tmp: Path, group: ProcessGroup) -> None:
     d99, t99 = (pct(inproc[k], 99) for k in ("direct", "tap"))
     print(f"in-process tap, {args.sequential} sequential streams (proxy work without cross-process "
           f"scheduling): added TTFT p50 {(t - d) * 1e3:.2f} ms, p99 {(t99 - d99) * 1e3:.2f} ms (goal p99 < 1 ms)")
+
+
+def run_loop(main, lean: bool):
+    """The client's event loop: uvloop for the lean load generator, asyncio's otherwise (as before)."""
+    if lean:
+        import uvloop
+        return uvloop.run(main)
+    return asyncio.run(main)
+
+
+def pin(owner: dict[str, subprocess.Popen | None], group: ProcessGroup) -> None:
+    """Proxies (and nginx's workers) on the last CPU; this process (the client) and the stub on the rest."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        print("--pin: only one CPU available, not pinning")
+        return
+    proxy_cpu, rest = cpus[-1:], cpus[:-1]
+    for proc in owner.values():
+        if proc is not None:
+            p = psutil.Process(proc.pid)
+            for q in [p, *p.children(recursive=True)]:
+                q.cpu_affinity(proxy_cpu)
+    for proc in group.procs:
+        if proc.name == "stub":
+            psutil.Process(proc.pid).cpu_affinity(rest)
+    os.sched_setaffinity(0, rest)
+    print(f"pinned: proxies on CPU {proxy_cpu[0]}, client and stub on CPU {', '.join(map(str, rest))}")
 
 
 def summarize(results: dict) -> dict[str, tuple[float, ...]]:
