@@ -5,9 +5,9 @@ byte to the client from the upstream's read callback, with no task or queue in b
 an accounted SSE stream the bytes go through the native relay when it is built and the
 response allows it (chunked both ways, head whole in one read: agent/tap/native.py), else
 through `SseScanner`; either keeps the first token time, token gaps and usage, and drops the
-usage-only event the tap caused. An accounted non-streamed answer is copied
-(bounded) so its usage can be read at the end. The prefix bookkeeping runs right after the
-request went upstream, so it never delays the engine. When it is over, the exchange goes to
+usage-only event the tap caused. An accounted non-streamed answer is copied (bounded) so its
+usage can be read at the end. Naming the tenant and the prefix bookkeeping run right after the
+request went upstream, so they never delay the engine. When it is over, the exchange goes to
 `RequestTap.account` (off the critical path: the client already has its bytes).
 
 Failures: no response head from the upstream -> 502 (a reused keep-alive connection that the
@@ -45,7 +45,7 @@ class Forward:
     def __init__(self, tap: RequestTap, conn: Downstream, req: Request, ex: _Exchange | None,
                  doc: dict[str, Any] | None, injected: bool, target: Any, wire: bytes) -> None:
         self.tap, self.conn, self.req, self.ex = tap, conn, req, ex
-        self.doc = doc                # the request body, for the prefix bookkeeping after sending
+        self.doc = doc                # the request body: tenant and prefix bookkeeping after sending
         self.injected = injected
         self.target = target          # proxy._Target of the chosen upstream
         self.wire: bytes | None = wire
@@ -87,6 +87,7 @@ class Forward:
         self.up = up
         up.send(self, self.wire, head_only=self.req.method == "HEAD")  # type: ignore[arg-type]
         if self.doc is not None and self.ex is not None:
+            self.tap.identify(self.ex, self.req, self.doc)
             self.tap.observe_prefix(self.ex, self.doc)
             self.doc = None
 
@@ -228,6 +229,9 @@ class Forward:
         self.over = True
         self.wire = None
         if self.ex is not None:
+            if self.doc is not None:              # it never got upstream: still name its tenant
+                self.tap.identify(self.ex, self.req, self.doc)
+                self.doc = None
             self.tap.account(self.ex)
 
 

@@ -251,15 +251,22 @@ class RequestTap:
         Forward(self, conn, req, ex, doc, injected, target, wire).start()
 
     def _begin(self, req: Request, doc: dict[str, Any]) -> _Exchange:
-        tenant = self.tenants.label(parse_tenant(req.headers, doc, self.config.tenant_header))
+        """What the request needs before it goes upstream: its trace context and replica. Who sent
+        it (`identify`) is worked out after it went, so that work never delays the engine."""
         ctx = parse_traceparent(req.headers.get("traceparent"))
         trace_id, parent = ctx if ctx else (_hex(16), "")
-        ex = _Exchange(tenant=tenant, path=req.path, model=_str(doc.get("model")), start=time.perf_counter(),
+        ex = _Exchange(tenant="", path=req.path, model=None, start=time.perf_counter(),
                        trace_id=trace_id, span_id=_hex(8), parent_id=parent)
         ex.replica = next(self._rr)
         ex.start_ns = time.time_ns()
-        ex.session_id = parse_session_id(req.headers, doc)
         return ex
+
+    def identify(self, ex: _Exchange, req: Request, doc: dict[str, Any]) -> None:
+        """The request's tenant label, model and session id (called once the request is upstream,
+        or when it ends without having got there)."""
+        ex.tenant = self.tenants.label(parse_tenant(req.headers, doc, self.config.tenant_header))
+        ex.model = _str(doc.get("model"))
+        ex.session_id = parse_session_id(req.headers, doc)
 
     def observe_prefix(self, ex: _Exchange, doc: dict[str, Any]) -> None:
         """Reuse potential of the request's prompt, matched in arrival order (in-flight ones included),
