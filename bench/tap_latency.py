@@ -45,6 +45,8 @@ on a small shared box the client, stub and proxy compete for cores, so compare w
     .venv/bin/python bench/tap_latency.py --requests 2000 --concurrency 200 --repeat 3
     .venv/bin/python bench/tap_latency.py --arrival poisson --chunks 64 --chunk-gap-ms 20 \
         --requests 3000 --relay-floor --repeat 3
+    .venv/bin/python bench/tap_latency.py --lean --pin --arrival poisson --chunks 64 \
+        --chunk-gap-ms 20 --requests 3000 --relay-floor --python-tap --repeat 3   # the final numbers
 """
 
 from __future__ import annotations
