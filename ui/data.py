@@ -410,7 +410,8 @@ def scale_note(diagnosis: Diagnosis) -> str:
 
     start, end = diagnosis.window
     return (f"This window is only {fmt_duration(end - start)}, so every rule duration and range was scaled "
-            f"×{diagnosis.time_scale:.2f} to fit it (the series shown are the ranges used).")
+            f"×{diagnosis.time_scale:.2f} to fit it (the series shown are the ranges used, none longer than "
+            "the data held).")
 
 
 def timeline(diagnosis: Diagnosis) -> pd.DataFrame:

@@ -125,7 +125,7 @@ def test_short_windows_say_their_rule_durations_were_scaled():
 
     d = Diagnosis(window=(T0, T0 + 132), source="s", likely_cause=None, time_scale=0.1467)
     assert scale_note(d) == ("This window is only 2m12s, so every rule duration and range was scaled ×0.15 "
-                             "to fit it (the series shown are the ranges used).")
+                             "to fit it (the series shown are the ranges used, none longer than the data held).")
     assert scale_note(Diagnosis(window=(T0, T0 + 3600), source="s", likely_cause=None)) == ""
 
 
