@@ -27,6 +27,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <string.h>
 #include <time.h>
 
@@ -468,18 +469,6 @@ static PyObject *Relay_get_last(Relay *self, void *c)
     return PyFloat_FromDouble(self->last_token);
 }
 
-static PyObject *Relay_get_tokens(Relay *self, void *c)
-{
-    (void)c;
-    return PyLong_FromSsize_t(self->tokens);
-}
-
-static PyObject *Relay_get_reads(Relay *self, void *c)
-{
-    (void)c;
-    return PyLong_FromSsize_t(self->reads);
-}
-
 static PyObject *Relay_get_done(Relay *self, void *c)
 {
     (void)c;
@@ -490,12 +479,6 @@ static PyObject *Relay_get_trailing(Relay *self, void *c)
 {
     (void)c;
     return PyBool_FromLong(self->trailing);
-}
-
-static PyObject *Relay_get_pending(Relay *self, void *c)
-{
-    (void)c;
-    return PyLong_FromSsize_t(self->len);
 }
 
 static int Relay_init(Relay *self, PyObject *args, PyObject *kwds)
@@ -575,14 +558,18 @@ static PyMethodDef Relay_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef Relay_members[] = {
+    {"tokens", T_PYSSIZET, offsetof(Relay, tokens), READONLY, "token events seen"},
+    {"reads", T_PYSSIZET, offsetof(Relay, reads), READONLY, "feed() calls"},
+    {"pending", T_PYSSIZET, offsetof(Relay, len), READONLY, "bytes of a partial event held back"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyGetSetDef Relay_getset[] = {
     {"first_token", (getter)Relay_get_first, NULL, "perf_counter time of the first token read, or None", NULL},
     {"last_token", (getter)Relay_get_last, NULL, "perf_counter time of the last token read, or None", NULL},
-    {"tokens", (getter)Relay_get_tokens, NULL, "token events seen", NULL},
-    {"reads", (getter)Relay_get_reads, NULL, "feed() calls", NULL},
     {"done", (getter)Relay_get_done, NULL, "the upstream's message ended", NULL},
     {"trailing", (getter)Relay_get_trailing, NULL, "bytes followed the end of the message (do not reuse the connection)", NULL},
-    {"pending", (getter)Relay_get_pending, NULL, "bytes of a partial event held back", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -598,6 +585,7 @@ static PyTypeObject RelayType = {
     .tp_traverse = (traverseproc)Relay_traverse,
     .tp_clear = (inquiry)Relay_clear,
     .tp_methods = Relay_methods,
+    .tp_members = Relay_members,
     .tp_getset = Relay_getset,
 };
 
