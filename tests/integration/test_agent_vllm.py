@@ -28,24 +28,41 @@ def _totals(collection) -> dict[str, float]:
     return out
 
 
-async def _collect_around(srv, spec: LoadSpec, watch_kv: bool = False):
-    """Collect before, drive the load (collecting KV usage meanwhile), collect after."""
-    collector = EngineCollector(AgentConfig(targets=[Target(url=srv.metrics_url, job="vllm", instance="replica-0")]))
+async def _collect_around(srv, spec: LoadSpec, kv_polls: int = 0, min_requests: int = 0):
+    """Collect before, drive the load, collect after. With `kv_polls`, poll the engine's KV
+    usage while the load runs and keep the load going (up to `spec.max_requests`) until that many
+    polls answered and `min_requests` requests finished.
+
+    On a 2-core box the tiny model finishes a fixed load in seconds, and the engine's API server
+    shares the CPU with the engine loop and the load, so a /metrics answer can take as long as the
+    whole load: a fixed load may be polled once or twice, at its edges, where the pool is empty.
+    The poll gets its own collector with a long scrape timeout, and each poll is kept as
+    (up, reason, seconds, KV usage or None) for the failure message.
+    """
+    target = Target(url=srv.metrics_url, job="vllm", instance="replica-0")
+    collector = EngineCollector(AgentConfig(targets=[target]))
+    watcher = EngineCollector(AgentConfig(targets=[target], interval_s=60.0, timeout_s=30.0))
+    polls: list[tuple[bool, str, float, float | None]] = []
+    done: list[object] = []
+    stop = asyncio.Event()
     try:
         before = await collector.collect()
         assert [h.up for h in before.health] == [True], before.health
         assert before.engines == {"replica-0": "vllm"}
-        load = asyncio.create_task(run_load(spec, [srv.url]))
-        peak_kv = 0.0
-        while watch_kv and not load.done():
-            peak_kv = max(peak_kv, _totals(await collector.collect()).get(KV_USAGE, 0.0))
+        load = asyncio.create_task(run_load(spec, [srv.url], on_done=done.append, stop=stop))
+        while kv_polls and not load.done():
+            got = await watcher.collect()
+            h = got.health[0]
+            polls.append((h.up, h.reason, round(h.duration_s, 2), _totals(got).get(KV_USAGE)))
+            if sum(p[0] for p in polls) >= kv_polls and len(done) >= min_requests:
+                stop.set()
             await asyncio.sleep(0.05)
         result = await load
         after = await _settled(collector)
     finally:
         await collector.close()
-    return _totals(before), after, result, peak_kv
-
+        await watcher.close()
+    return _totals(before), after, result, polls
 
 async def _settled(collector, attempts: int = 25) -> dict[str, float]:
     """Collect until two consecutive scrapes agree: the engine publishes stats asynchronously."""
@@ -83,13 +100,19 @@ def test_small_kv_pool_under_load_raises_canonical_preemptions(vllm_small_kv):
     # tokens; the pool has 128, so the scheduler must preempt running requests.
     tenants = [Tenant("bulk", system_words=300, prompt_words=Dist("uniform", 50, 200),
                       output_tokens=Dist("fixed", 400))]
-    spec = LoadSpec(tenants, max_requests=24, duration_s=120, concurrency=12, seed=2, request_timeout_s=300)
-    before, after, result, peak_kv = asyncio.run(_collect_around(vllm_small_kv, spec, watch_kv=True))
+    # At least 24 requests, and on until 20 KV polls answered during the load (up to 240).
+    spec = LoadSpec(tenants, max_requests=240, duration_s=150, concurrency=12, seed=2, request_timeout_s=300)
+    before, after, result, polls = asyncio.run(_collect_around(vllm_small_kv, spec, kv_polls=20, min_requests=24))
     assert result.summary()["errors"] == 0, [(r.error, round(r.e2e_s, 1)) for r in result.records if not r.ok]
     assert all(r.completion_tokens == 400 for r in result.records)  # preempted requests still finish
     assert after[PREEMPTIONS] - before[PREEMPTIONS] > 0
-    # The gauge is sampled between engine steps and preemption frees blocks at once, so polling
-    # can miss the full pool (0.76 seen in CI; 0.20 on a CPU-starved box, where the 50 ms poll
-    # becomes seconds). The counter above is the proof of pressure; this only checks that the
-    # canonical KV usage signal moved off idle with the load (an unmapped or stuck gauge reads 0).
-    assert peak_kv > 0.1, f"KV usage peaked at {peak_kv:.2f}; the canonical gauge did not follow the load"
+    # The gauge is sampled between engine steps and preemption frees blocks at once, so polls can
+    # miss the full pool (0.76 seen in CI, 0.20 on a CPU-starved box), and they read 0 at the
+    # load's edges (a CI run whose only polls fell there read 0.00). The counter above is the proof
+    # of pressure; this checks that the canonical KV usage signal moved off idle with the load
+    # (an unmapped or stuck gauge reads 0 in every poll, or is absent).
+    answered = [p for p in polls if p[0]]
+    assert answered, f"no /metrics poll answered during the load: {polls}"
+    assert all(p[3] is not None for p in answered), f"a scrape lacked the canonical KV gauge: {polls}"
+    peak_kv = max(p[3] for p in answered)
+    assert peak_kv > 0.1, f"KV usage peaked at {peak_kv:.2f} over {len(answered)} polls: {polls}"
