@@ -2,8 +2,13 @@
 
 The format is the one `promtool tsdb create-blocks-from openmetrics` reads, so a recording can
 be loaded into a real Prometheus as well as replayed by kvscope. Samples keep their upstream
-(native) names plus the `job` and `instance` target labels, and every scrape adds `up` and
-`scrape_duration_seconds` the way Prometheus does. A failed scrape has `up 0` and nothing else.
+(native) names plus the target labels (`job`, `instance` and a target's configured labels, such
+as a Kubernetes `pod`/`namespace`/`container`), and every scrape adds `up` and
+`scrape_duration_seconds` with the target labels the way Prometheus does. A failed scrape has
+`up 0` and nothing else. A scraped label that a configured target label also names is kept as
+`exported_<name>` (Prometheus without `honor_labels`); a scraped `job`/`instance` is dropped.
+Reading a scrape back takes its `up`'s labels as the target labels and undoes both, so its
+samples carry their upstream labels again (`Scrape.labels` holds the target's).
 
 OpenMetrics wants every family's samples contiguous, so the writer spools each family to its
 own file while recording and concatenates them on close. `.gz` paths are compressed.
@@ -16,7 +21,7 @@ import os
 import shutil
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -44,6 +49,7 @@ class Scrape:
     up: bool
     samples: list[RawSample] = field(default_factory=list)
     duration_s: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)   # target labels besides job/instance
 
 
 def _open_text(path: str | os.PathLike[str], mode: str) -> IO[str]:
@@ -82,9 +88,11 @@ class RecordingWriter:
         self.samples = 0
 
     def add_scrape(self, job: str, instance: str, timestamp: float, expo: Exposition | None,
-                   duration_s: float | None = None) -> None:
-        """Append one scrape. `expo=None` records a failed scrape (`up 0`)."""
-        target = (("instance", instance), ("job", job))
+                   duration_s: float | None = None, labels: Mapping[str, str] | None = None) -> None:
+        """Append one scrape. `expo=None` records a failed scrape (`up 0`). `labels` are the
+        target's other labels (a `job`/`instance` among them is ignored): on every sample."""
+        extra = {k: v for k, v in (labels or {}).items() if k not in ("job", "instance")}
+        target = tuple(sorted({"instance": instance, "job": job, **extra}.items()))
         ts = format_value(round(timestamp, 3))
         self._write("up", "gauge", "1 if the scrape succeeded.", target, 1.0 if expo else 0.0, ts)
         if duration_s is not None:
@@ -96,8 +104,7 @@ class RecordingWriter:
             fam = om_family(raw.name, expo)
             if fam is None:
                 continue
-            labels = tuple(sorted((k, v) for k, v in raw.labels if k not in ("job", "instance")))
-            labels = tuple(sorted(labels + target))
+            labels = tuple(sorted(export_conflicts(raw.labels, extra) + target))
             self._write_sample(fam, expo.helps.get(fam[0], ""), raw.name, labels, raw.value, ts)
 
     def _write(self, family: str, kind: str, help_: str, labels: Labels, value: float, ts: str) -> None:
@@ -136,6 +143,33 @@ class RecordingWriter:
         shutil.rmtree(self._spool, ignore_errors=True)
 
 
+def export_conflicts(labels: Labels, target: Mapping[str, str]) -> Labels:
+    """A scraped sample's labels beside the target's: `job`/`instance` dropped, any other name
+    the target also has renamed `exported_<name>` (again while that name is taken), as
+    Prometheus does without `honor_labels`."""
+    out = dict(labels)
+    out.pop("job", None)
+    out.pop("instance", None)
+    for name in [k for k in out if k in target]:
+        value = out.pop(name)
+        new = "exported_" + name
+        while new in out or new in target:
+            new = "exported_" + new
+        out[new] = value
+    return tuple(out.items())
+
+
+def restore_exported(labels: Labels, target: Mapping[str, str]) -> Labels:
+    """The inverse of `export_conflicts` for one recorded sample (job/instance already split
+    off): the target's labels removed, `exported_<name>` of a target label named back."""
+    out = {k: v for k, v in labels if target.get(k) != v}
+    for name in sorted((k for k in out if k.startswith("exported_")), key=len):
+        base = name.removeprefix("exported_")
+        if base in target and base not in out:
+            out[base] = out.pop(name)
+    return tuple(sorted(out.items()))
+
+
 def _escape_help(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
@@ -155,7 +189,12 @@ def read_recording(path: str | os.PathLike[str]) -> tuple[list[Scrape], Expositi
 
 
 def group_scrapes(samples: Iterable[RawSample]) -> list[Scrape]:
-    """Group timestamped samples into scrapes by (job, instance, timestamp)."""
+    """Group timestamped samples into scrapes by (job, instance, timestamp).
+
+    A scrape's first `up` is the scrape's own: its labels besides job/instance are the target
+    labels (`Scrape.labels`), which are taken off the scrape's other samples again
+    (`restore_exported`); a `scrape_duration_seconds` with just those labels is its duration.
+    A recording without target labels reads as it always did."""
     groups: dict[tuple[str, str, float], Scrape] = {}
     for raw in samples:
         job = instance = ""
@@ -172,13 +211,28 @@ def group_scrapes(samples: Iterable[RawSample]) -> list[Scrape]:
         scrape = groups.get(key)
         if scrape is None:
             scrape = groups[key] = Scrape(job=job, instance=instance, timestamp=ts, up=True)
-        if raw.name == "up" and not rest:
-            scrape.up = raw.value == 1.0
-        elif raw.name == "scrape_duration_seconds" and not rest:
-            scrape.duration_s = raw.value
-        else:
-            scrape.samples.append(RawSample(raw.name, tuple(rest), raw.value, raw.timestamp))
+        scrape.samples.append(RawSample(raw.name, tuple(rest), raw.value, raw.timestamp))
+    for scrape in groups.values():
+        _split_scrape_series(scrape)
     return [groups[k] for k in sorted(groups)]
+
+
+def _split_scrape_series(scrape: Scrape) -> None:
+    """Take the scrape's own `up` and `scrape_duration_seconds` (and its target labels) out of
+    the samples grouped into it."""
+    up = next((i for i, r in enumerate(scrape.samples) if r.name == "up"), None)
+    if up is None:
+        return
+    own = scrape.samples.pop(up)
+    scrape.up = own.value == 1.0
+    scrape.labels = dict(own.labels)
+    dur = next((i for i, r in enumerate(scrape.samples)
+                if r.name == "scrape_duration_seconds" and r.labels == own.labels), None)
+    if dur is not None:
+        scrape.duration_s = scrape.samples.pop(dur).value
+    if scrape.labels:
+        scrape.samples = [RawSample(r.name, restore_exported(r.labels, scrape.labels), r.value, r.timestamp)
+                          for r in scrape.samples]
 
 
 def scrapes_by_target(scrapes: Iterable[Scrape]) -> Iterator[tuple[tuple[str, str], list[Scrape]]]:

@@ -13,6 +13,9 @@ agent applies to every collection cycle) once per scrape round, so `engine_gpu_m
 is there for the diagnoser, the UI and the report as it is on a live agent. A recording made by
 Prometheus keeps a Kubernetes target's `pod`/`namespace`/`container` on every sample of it: those
 are read back as the target's labels (the live agent adds them from its target configuration).
+A scrape's own target labels (on its `up`, as `kvscope record` and Prometheus write them:
+`Scrape.labels`) are its target labels too, all of them, as the live agent applies a target's
+configured labels.
 """
 
 from __future__ import annotations
@@ -114,7 +117,7 @@ def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = Non
         union = Exposition(samples=[s for sc in target_scrapes for s in sc.samples[:2000]],
                            types=whole.types)
         engine = detect_engine(union, catalog)
-        target = {"job": job, "instance": instance} | parse_target_labels(union.samples)
+        found = {"job": job, "instance": instance} | parse_target_labels(union.samples)
         if engine is None and any(kvscope_signal(s.name, catalog) for s in union.samples):
             engine = KVSCOPE
         out.engines[instance] = engine
@@ -128,7 +131,7 @@ def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = Non
                                                          sc.timestamp, catalog))
                 continue
             norm = normalize(Exposition(samples=sc.samples, types=whole.types), engine,
-                             target, sc.timestamp, catalog)
+                             found | sc.labels, sc.timestamp, catalog)
             out.samples.extend(norm.samples)
             out.unmapped[instance] += norm.unmapped
             for rank, facts in norm.facts.items():

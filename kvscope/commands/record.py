@@ -20,8 +20,10 @@ from kvscope.commands._flags import ENV_HELP, add_scrape_flags, config_from_args
 DESCRIPTION = """\
 Record what engine (vLLM, SGLang) and dcgm-exporter /metrics endpoints expose, for a
 postmortem, a test fixture or the demo. Every --interval all targets are scraped concurrently
-and written with their native metric names plus job/instance labels, with `up` and
-`scrape_duration_seconds` per scrape, exactly as Prometheus would have stored them. A failed
+and written with their native metric names plus the target labels (job, instance and a
+config target's `labels:`, such as the pod/namespace/container that the engine<->GPU join
+matches on), with `up` and `scrape_duration_seconds` per scrape, as Prometheus would have
+stored them (a scraped label that a target label also names becomes exported_<name>). A failed
 scrape is recorded as `up 0`.
 
 The output is OpenMetrics text with timestamps (gzip when the name ends in .gz). It can be
@@ -99,7 +101,7 @@ async def record(config: AgentConfig, duration_s: float, out: Path, progress: bo
         while not stop.is_set() and time.monotonic() - start < duration_s:
             for scrape in await collector.scrape_all():
                 writer.add_scrape(scrape.target.job, scrape.target.instance, scrape.timestamp,
-                                  scrape.exposition(), scrape.duration_s)
+                                  scrape.exposition(), scrape.duration_s, scrape.target.target_labels())
                 failed += scrape.text is None
             bar.n = min(duration_s, time.monotonic() - start)
             bar.set_postfix_str(f"{writer.scrapes} scrapes, {failed} failed, {writer.samples} samples")
