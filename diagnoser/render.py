@@ -113,7 +113,9 @@ def fact_rows(f: Finding) -> list[tuple[str, str, str]]:
 def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
     """What "rising" / "fell" is measured against: each condition of the rule that compares a
     series with its own earlier level, with the ranges as evaluated (scaled, whole grid steps)
-    and clipped to the data the finding's window holds."""
+    and clipped to the data the window held when the finding fired (from its onset to its end),
+    not only at the window's end: a finding early in a long recording can compare with less
+    than the rule's range."""
     from kvscope.diagnoser.rule import parse_duration
 
     doc = _rule_docs().get(f.rule_id) or {}
@@ -132,21 +134,33 @@ def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
         left = names.get(str(c["series"]), str(c["series"]))
         of = "its" if str(spec.get("of", c["series"])) == str(c["series"]) else \
             f"the {names.get(str(spec['of']), str(spec['of']))}"
+        start, end = f.window
         out.append(f"{left} {c.get('op', '')} {factor}{of} {spec.get('agg', 'avg')} "
-                   + _baseline_window(rng, off, f.window[1] - f.window[0]))
+                   + _baseline_window(rng, off, end - start, f.since - start, f.until - start))
     return out
 
 
-def _baseline_window(rng: float, off: float, held: float) -> str:
-    """'over the 10m00s ending 2m00s earlier', clipped to the `held` seconds of data: the
-    evaluator's trailing window starts no earlier than the data, so on a short window the
-    baseline is everything held up to the offset (at most held - off), or nothing at all."""
-    if rng + off <= held:
-        return f"over the {fmt_duration(rng)} ending {fmt_duration(off)} earlier"
+def _baseline_window(rng: float, off: float, held: float, onset: float | None = None,
+                     last: float | None = None) -> str:
+    """'over the 10m00s ending 2m00s earlier', clipped to the data held: the evaluator's trailing
+    window starts no earlier than the data, so a comparison made `t` seconds into the `held`
+    seconds of data averages at most `t - off` of them. `onset` and `last` are the seconds into
+    the data of the finding's first and last firing point (default: the window's end); the text
+    says when the range reached back before the data there, or that nothing was held at all."""
+    onset = held if onset is None else onset
+    last = held if last is None else max(last, onset)
     if off >= held:
         return (f"ending {fmt_duration(off)} earlier: none held, the window is only {fmt_duration(held)} "
                 "long (the comparison cannot hold)")
-    return (f"over all data held up to {fmt_duration(off)} earlier (at most the first {fmt_duration(held - off)} "
+    if rng <= onset - off:
+        return f"over the {fmt_duration(rng)} ending {fmt_duration(off)} earlier"
+    if rng <= last - off:
+        return (f"over the {fmt_duration(rng)} ending {fmt_duration(off)} earlier (at the onset only "
+                f"{fmt_duration(max(0.0, onset - off))} of it was held: the data starts later)")
+    if last <= off:
+        return (f"ending {fmt_duration(off)} earlier: none held while it fired (it ended "
+                f"{fmt_duration(last)} into the {fmt_duration(held)} held; the comparison cannot hold)")
+    return (f"over all data held up to {fmt_duration(off)} earlier (at most the first {fmt_duration(last - off)} "
             f"of the {fmt_duration(held)} held; the rule's {fmt_duration(rng)} range reaches back before the data)")
 
 
