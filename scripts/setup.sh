@@ -22,7 +22,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 stamp="$VENV/.kvscope-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ agent/tap/_relay.c -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ agent/tap/_relay.c -nt "$stamp" ] || [ agent/tap/_front.c -nt "$stamp" ]; then
   echo "setup: installing kvscope into $VENV"
   "$VENV/bin/pip" install -q -e '.[dev]' >/tmp/kvscope-pip.log 2>&1 \
     || { grep -v 'is ignored: it is neither' /tmp/kvscope-pip.log | tail -30; echo "setup: pip install failed" >&2; exit 1; }

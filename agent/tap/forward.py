@@ -42,7 +42,7 @@ class Forward:
     __slots__ = ("tap", "conn", "req", "ex", "doc", "injected", "target", "wire", "up", "scanner", "copy",
                  "copied", "retried", "over", "task", "events")
 
-    def __init__(self, tap: RequestTap, conn: Downstream, req: Request, ex: _Exchange | None,
+    def __init__(self, tap: RequestTap, conn: Downstream, req: Request | None, ex: _Exchange | None,
                  doc: dict[str, Any] | None, injected: bool, target: Any, wire: bytes) -> None:
         self.tap, self.conn, self.req, self.ex = tap, conn, req, ex
         self.doc = doc                # the request body: tenant and prefix bookkeeping after sending
@@ -85,7 +85,8 @@ class Forward:
 
     def _send(self, up: Upstream) -> None:
         self.up = up
-        up.send(self, self.wire, head_only=self.req.method == "HEAD")  # type: ignore[arg-type]
+        head_only = self.req is not None and self.req.method == "HEAD"   # None: the fast path's POST
+        up.send(self, self.wire, head_only=head_only)  # type: ignore[arg-type]
         if self.doc is not None and self.ex is not None:
             self.tap.identify(self.ex, self.req, self.doc)
             self.tap.observe_prefix(self.ex, self.doc)

@@ -74,8 +74,9 @@ class Downstream(asyncio.Protocol):
     """One client connection (server side)."""
 
     def __init__(self, on_request: Callable[[Downstream, Request], None], registry: set[Downstream],
-                 max_body: int) -> None:
+                 max_body: int, fast: Callable[[Downstream, bytes], bool] | None = None) -> None:
         self.on_request = on_request
+        self.fast = fast              # takes a whole plain request from one read, or declines (False)
         self.registry = registry
         self.max_body = max_body
         self.transport: asyncio.Transport | None = None
@@ -114,6 +115,8 @@ class Downstream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
+        if self.fast is not None and not (self.reading or self.busy or self._pending) and self.fast(self, data):
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -185,11 +188,15 @@ class Downstream(asyncio.Protocol):
 
     # ---------------------------------------------------------------- answering
     def _dispatch(self, req: Request) -> None:
-        self.busy = True
-        self._close_after = not req.keep_alive
-        self._http11 = req.http11
-        self._head_request = req.method == "HEAD"
+        self.begin(req.keep_alive, req.http11, req.method == "HEAD")
         self.on_request(self, req)
+
+    def begin(self, keep_alive: bool, http11: bool, head_request: bool) -> None:
+        """A request is being answered (from the parser, or taken whole by `fast`)."""
+        self.busy = True
+        self._close_after = not keep_alive
+        self._http11 = http11
+        self._head_request = head_request
 
     def send_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]], length: int | None,
                   has_body: bool = True) -> None:
@@ -545,6 +552,17 @@ class UpstreamPool:
                 conn.transport.abort()
         self.idle.clear()
         self.busy.clear()
+
+
+def parse_plain_request(data: bytes, head_len: int, keep_alive: bool) -> Request:
+    """The Request in `data`, a whole POST that agent/tap/_front.c vouched for (pure): request
+    line, then `name: value` lines without trailing whitespace, the blank line at head_len."""
+    lines = data[:head_len - 4].split(b"\r\n")
+    raw = []
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        raw.append((name, value.lstrip(b" \t")))
+    return Request("POST", lines[0][5:-9], raw, data[head_len:], keep_alive, True)
 
 
 def filter_headers(raw: list[tuple[bytes, bytes]], drop: frozenset[bytes] = HOP_BY_HOP) -> list[tuple[bytes, bytes]]:

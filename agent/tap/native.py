@@ -23,8 +23,16 @@ try:
     from kvscope.agent.tap._relay import Relay as _Relay
 except ImportError:          # not built: the pure-Python path serves
     _Relay = None
+try:
+    from kvscope.agent.tap._front import render as _render, seed as _seed
+except ImportError:
+    _render = _seed = None
 
-RELAY: Any = None if os.environ.get("KVSCOPE_TAP_NATIVE", "1") == "0" else _Relay
+_OFF = os.environ.get("KVSCOPE_TAP_NATIVE", "1") == "0"
+RELAY: Any = None if _OFF else _Relay
+FRONT: Any = None if _OFF else _render     # the request side for the common case (agent/tap/_front.c)
+if _seed is not None:
+    _seed(int.from_bytes(os.urandom(8), "big"))
 PASS, TOKEN, DROP = 0, 1, 2
 
 

@@ -47,8 +47,17 @@ from kvscope.agent.analytics.fairness import (
 from kvscope.agent.export import canonical_families
 from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels
 from kvscope.agent.tap.forward import Forward, parse_json_object
-from kvscope.agent.tap.http1 import HOP_BY_HOP, Downstream, Request, UpstreamPool, filter_headers, render_request
-from kvscope.agent.tap.native import RELAY
+from kvscope.agent.tap.http1 import (
+    HOP_BY_HOP,
+    MAX_HEADER_BYTES,
+    Downstream,
+    Request,
+    UpstreamPool,
+    filter_headers,
+    parse_plain_request,
+    render_request,
+)
+from kvscope.agent.tap.native import FRONT, RELAY
 from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
 from kvscope.agent.tap.sessions import SessionTracker, Turn, parse_session_id
 from kvscope.agent.tap.sse import parse_usage
@@ -171,8 +180,10 @@ class RequestTap:
         self.sessions = SessionTracker()
         self.targets = {base: parse_upstream(base) for base in config.upstreams}
         self._rr = itertools.cycle(config.upstreams)
+        self._held: str | None = None      # the replica a declined fast-path request had drawn
         self.pool = UpstreamPool(connect_timeout_s=10.0)
         self.relay_type = RELAY if config.native else None
+        self.front = FRONT if config.native else None
         self.tasks: set[asyncio.Task[None]] = set()
         self._clients: set[Downstream] = set()
         self._server: asyncio.AbstractServer | None = None
@@ -187,7 +198,8 @@ class RequestTap:
         loop = asyncio.get_running_loop()
         host, port = self.config.host_port()
         self._server = await loop.create_server(
-            lambda: Downstream(self._on_request, self._clients, self.config.max_request_bytes),
+            lambda: Downstream(self._on_request, self._clients, self.config.max_request_bytes,
+                               self._fast if self.front is not None else None),
             host, port, backlog=BACKLOG)
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.create_task(self._sweep())
@@ -246,9 +258,38 @@ class RequestTap:
             if doc.get("stream") is True and self.config.inject_usage and not _asks_usage(doc):
                 body, injected = render_with_usage(req.body, doc), True
         target = self.targets[ex.replica if ex else self.config.upstreams[0]]
-        wire = render_request(req.method, target.prefix + req.target, target.host,
-                              self._upstream_headers(req, ex), body)
+        wire = render_request(req.method, target.prefix + req.target, target.host, upstream_headers(req, ex), body)
         Forward(self, conn, req, ex, doc, injected, target, wire).start()
+
+    def _fast(self, conn: Downstream, data: bytes) -> bool:
+        """Take a whole plain request from one client read: written upstream first, by C
+        (agent/tap/_front.c), and only then parsed in Python for the accounting. False when the
+        read is anything else; the llhttp path then handles it exactly as before."""
+        replica = self._next_replica()
+        target = self.targets[replica]
+        got = self.front(data, target.prefix, target.host, self.config.inject_usage,
+                         self.config.max_request_bytes, MAX_HEADER_BYTES)
+        if got is None:
+            self._held = replica
+            return False
+        start = time.perf_counter()
+        wire, trace_id, span_id, injected, keep_alive, head_len = got
+        conn.begin(keep_alive, True, False)
+        fwd = Forward(self, conn, None, None, None, injected, target, wire)
+        fwd.start()                    # upstream now, or once a connection is open
+        req = parse_plain_request(data, head_len, keep_alive)
+        doc = parse_json_object(req.body) or {}
+        ex = _Exchange(tenant="", path=req.path, model=None, start=start, trace_id=trace_id, span_id=span_id,
+                       parent_id="", replica=replica, start_ns=time.time_ns())
+        fwd.req, fwd.ex = req, ex
+        self.identify(ex, req, doc)
+        self.observe_prefix(ex, doc)
+        self.stats["native_front"] += 1
+        return True
+
+    def _next_replica(self) -> str:
+        replica, self._held = self._held, None
+        return replica or next(self._rr)
 
     def _begin(self, req: Request, doc: dict[str, Any]) -> _Exchange:
         """What the request needs before it goes upstream: its trace context and replica. Who sent
@@ -257,7 +298,7 @@ class RequestTap:
         trace_id, parent = ctx if ctx else (_hex(16), "")
         ex = _Exchange(tenant="", path=req.path, model=None, start=time.perf_counter(),
                        trace_id=trace_id, span_id=_hex(8), parent_id=parent)
-        ex.replica = next(self._rr)
+        ex.replica = self._next_replica()
         ex.start_ns = time.time_ns()
         return ex
 
@@ -278,15 +319,6 @@ class RequestTap:
         if match is not None:
             ex.reusable_ratio = match.reusable_ratio
         ex.turn = self.sessions.begin(match, ex.session_id)      # which earlier turn this one follows
-
-    def _upstream_headers(self, req: Request, ex: _Exchange | None) -> list[tuple[bytes, bytes]]:
-        if ex is None:
-            return filter_headers(req.raw_headers, _UPSTREAM_DROP)
-        headers = filter_headers(req.raw_headers, _UPSTREAM_DROP_TRACED)
-        headers.append((b"traceparent", f"00-{ex.trace_id}-{ex.span_id}-01".encode()))
-        if ts := req.headers.get("tracestate"):
-            headers.append((b"tracestate", ts.encode("latin-1")))
-        return headers
 
     # ------------------------------------------------------------ accounting
     def account(self, ex: _Exchange) -> None:
@@ -385,6 +417,18 @@ class GapHistogram(HistogramSet):
                     row[bisect_left(bounds, v)] += 1
                     total += v
             row[-1] += total
+
+
+def upstream_headers(req: Request, ex: _Exchange | None) -> list[tuple[bytes, bytes]]:
+    """The headers a request goes upstream with (pure): the client's minus hop-by-hop ones and
+    Accept-Encoding; an accounted one carries the tap's traceparent (and the client's tracestate)."""
+    if ex is None:
+        return filter_headers(req.raw_headers, _UPSTREAM_DROP)
+    headers = filter_headers(req.raw_headers, _UPSTREAM_DROP_TRACED)
+    headers.append((b"traceparent", f"00-{ex.trace_id}-{ex.span_id}-01".encode()))
+    if ts := req.headers.get("tracestate"):
+        headers.append((b"tracestate", ts.encode("latin-1")))
+    return headers
 
 
 def _asks_usage(doc: dict[str, Any]) -> bool:

@@ -9,7 +9,7 @@ import pytest
 from kvscope.agent.analytics.fairness import evaluate_fairness
 from kvscope.agent.engines.dialect import normalize
 from kvscope.agent.exposition import parse_exposition
-from kvscope.agent.tap.native import RELAY
+from kvscope.agent.tap.native import FRONT, RELAY
 from kvscope.agent.tap.proxy import RequestTap, TapConfig
 
 from testbed.loadgen import TENANT_HEADER, LoadSpec, run_load
@@ -152,6 +152,7 @@ def test_stream_through_the_tap_is_byte_identical_to_what_the_client_would_get(v
     direct, tapped, tap, wire = asyncio.run(main())
     assert direct[0] == tapped[0] == 200
     assert tap.stats["native_relay"] == (1 if native and RELAY is not None else 0)
+    assert tap.stats["native_front"] == (1 if native and FRONT is not None else 0)   # the request went up from C
     [raw] = [http_body(bytes(r)) for r in wire.received if r]
     usage_events = [e for e in raw.split(b"\n\n") if b'"choices":[],"usage":{' in e]
     assert len(usage_events) == 1                                     # vLLM sent usage because the tap asked

@@ -17,10 +17,12 @@ from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_traceparent
 
 @pytest.fixture(autouse=True, params=["native", "python"])
 def relay_mode(request, monkeypatch):
-    """Which forwarding loop streams take: the C relay (when built) or the pure-Python scanner."""
+    """Which paths requests and streams take: the C request side and relay (when built), or the
+    pure-Python ones (llhttp parser, SseScanner)."""
     if request.param == "python":
         monkeypatch.setattr(proxy, "RELAY", None)
-    return request.param if proxy.RELAY is not None else "python"
+        monkeypatch.setattr(proxy, "FRONT", None)
+    return request.param if proxy.RELAY is not None and proxy.FRONT is not None else "python"
 
 
 def _chunk(i, text):
@@ -135,6 +137,7 @@ def test_streams_take_the_native_relay_when_it_is_built_and_plain_answers_do_not
     [(status, body), (status2, _)], tap, *_ = run(scenario, poll=lambda t: t.stats["requests"] == 2)
     assert status == status2 == 200 and body.count(b'"choices":[{') == 200 and body.endswith(b"data: [DONE]\n\n")
     assert tap.stats["native_relay"] == (1 if relay_mode == "native" else 0)
+    assert tap.stats["native_front"] == (2 if relay_mode == "native" else 0)   # both requests went up from C
     ttft = {x.name: x.value for x in tap.render_samples() if x.name.startswith("tenant_itl_seconds_count")}
     assert ttft == {"tenant_itl_seconds_count": 199}          # 200 token events, 199 gaps, either path
 
