@@ -330,13 +330,23 @@ def render_not_fired(d: Diagnosis, top: int = 4) -> str:
             "Missing signals are unknown, not healthy: -v lists every skipped rule.")
 
 
+def scale_text(d: Diagnosis) -> str:
+    """What a time-scaled window did to the rules, as the header of `kvscope diagnose` and the
+    UI's note both say it (the one wording): 'rule durations and ranges scaled x0.15 to fit the
+    window (the series shown are the ranges used, none longer than the data held)'; empty when
+    the window was not scaled."""
+    if d.time_scale >= 1:
+        return ""
+    return (f"rule durations and ranges scaled x{d.time_scale:.2f} to fit the window "
+            "(the series shown are the ranges used, none longer than the data held)")
+
+
 def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool = False) -> None:
     """Print the diagnosis: header, likely cause card with its supporting findings, competing
     hypotheses (other mechanisms), other findings (repeats per replica collapsed)."""
     console = console or Console()
     start, end = d.window
-    scale = (f"; rule durations and ranges scaled x{d.time_scale:.2f} to fit the window "
-             "(the series shown are the ranges used, none longer than the data held)") if d.time_scale < 1 else ""
+    scale = f"; {scale_text(d)}" if scale_text(d) else ""
     console.print(f"[bold]kvscope diagnose[/bold]  {d.source}  {fmt_time(start)} -> {fmt_time(end)} "
                   f"({fmt_duration(end - start)}){scale}; {d.rules_evaluated} rules, "
                   f"{len(d.findings)} fired, {len(d.skipped)} not evaluable")

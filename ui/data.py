@@ -403,15 +403,15 @@ def counts_caption(diagnosis: Diagnosis) -> str:
 
 def scale_note(diagnosis: Diagnosis) -> str:
     """Why a short recording's ranges read '[8s:]' instead of '[1m:]': rule durations were scaled
-    to fit the window (as `kvscope diagnose` says in its header); empty when they were not."""
-    if diagnosis.time_scale >= 1:
-        return ""
-    from kvscope.diagnoser.render import fmt_duration
+    to fit the window and ranges clipped to the data held, in the words of `kvscope diagnose`'s
+    header (`scale_text`, the one wording); empty when they were not scaled."""
+    from kvscope.diagnoser.render import fmt_duration, scale_text
 
+    text = scale_text(diagnosis)
+    if not text:
+        return ""
     start, end = diagnosis.window
-    return (f"This window is only {fmt_duration(end - start)}, so every rule duration and range was scaled "
-            f"×{diagnosis.time_scale:.2f} to fit it (the series shown are the ranges used, none longer than "
-            "the data held).")
+    return f"This window is only {fmt_duration(end - start)}: {text}."
 
 
 def timeline(diagnosis: Diagnosis) -> pd.DataFrame:

@@ -124,8 +124,8 @@ def test_short_windows_say_their_rule_durations_were_scaled():
     from kvscope.ui.data import scale_note
 
     d = Diagnosis(window=(T0, T0 + 132), source="s", likely_cause=None, time_scale=0.1467)
-    assert scale_note(d) == ("This window is only 2m12s, so every rule duration and range was scaled ×0.15 "
-                             "to fit it (the series shown are the ranges used, none longer than the data held).")
+    assert scale_note(d) == ("This window is only 2m12s: rule durations and ranges scaled x0.15 to fit the window "
+                             "(the series shown are the ranges used, none longer than the data held).")
     assert scale_note(Diagnosis(window=(T0, T0 + 3600), source="s", likely_cause=None)) == ""
 
 
