@@ -14,8 +14,9 @@
  *   - a header line that is not `token ":" OWS value` with a non-empty value and no trailing
  *     whitespace, a control byte in a value, more than MAX_HEADERS headers, or more than
  *     max_header_bytes of names and values (the Python path answers 431);
- *   - Transfer-Encoding, Expect, Upgrade, traceparent, tracestate, a header named "close", a
- *     second Content-Length or Connection, or a Connection other than keep-alive / close;
+ *   - Transfer-Encoding, Expect, Upgrade, Proxy-Connection, traceparent, tracestate, a header
+ *     named "close", a second Content-Length or Connection, or a Connection other than
+ *     keep-alive / close;
  *   - no Content-Length, one over max_body (the Python path answers 413), or a read that does
  *     not end exactly where the body ends (partial or pipelined);
  *   - a body that is not a JSON object this scanner can vouch for: strict RFC 8259 (UTF-8
@@ -336,10 +337,11 @@ enum { H_KEEP, H_DROP, H_LENGTH, H_CONNECTION, H_REFUSE };
 
 static int classify(Span n)
 {
+    /* llhttp reads Proxy-Connection as Connection: leave both meanings to it */
     static const char *refused[] = {"transfer-encoding", "expect", "upgrade", "traceparent", "tracestate",
-                                    "close", NULL};
+                                    "close", "proxy-connection", NULL};
     static const char *dropped[] = {"host", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-                                    "trailers", "proxy-connection", "accept-encoding", NULL};
+                                    "trailers", "accept-encoding", NULL};
     if (name_is(n, "content-length")) return H_LENGTH;
     if (name_is(n, "connection")) return H_CONNECTION;
     for (int i = 0; refused[i]; i++)
