@@ -17,8 +17,8 @@ Paths:
 * direct   client -> stub
 * tap      client -> `kvscope tap` (the real CLI, its own process) -> stub
 * nginx    client -> nginx `proxy_pass` (proxy_buffering off, upstream keepalive) -> stub
-* tap-py   (`--python-tap`) the same `kvscope tap` with its native stream relay turned off
-           (KVSCOPE_TAP_NATIVE=0): the pure-Python per-read path, the baseline of the C relay
+* tap-py   (`--python-tap`) the same `kvscope tap` with its native request side and stream relay
+           turned off (KVSCOPE_TAP_NATIVE=0): the pure-Python path, the baseline of the C modules
 * relay    (`--relay-floor`) client -> a blind byte relay on the tap's event loop (uvloop), one
            upstream connection per client connection, no parsing: what any Python proxy costs
            before it does any work, so "tap - relay" is the tap's own work
@@ -46,7 +46,9 @@ on a small shared box the client, stub and proxy compete for cores, so compare w
     .venv/bin/python bench/tap_latency.py --arrival poisson --chunks 64 --chunk-gap-ms 20 \
         --requests 3000 --relay-floor --repeat 3
     .venv/bin/python bench/tap_latency.py --lean --pin --arrival poisson --chunks 64 \
-        --chunk-gap-ms 20 --requests 3000 --relay-floor --python-tap --repeat 3   # the final numbers
+        --chunk-gap-ms 20 --requests 3000 --relay-floor --python-tap --repeat 3   # fifth round
+    .venv/bin/python bench/tap_latency.py --lean --pin --arrival poisson --chunks 64 \
+        --chunk-gap-ms 20 --prefill-ms 20 --requests 3000 --python-tap --repeat 3  # engine-like stub
 """
 
 from __future__ import annotations
@@ -76,11 +78,13 @@ from testbed.procs import LOOPBACK, ProcessGroup, free_port, wait_until  # noqa:
 STUB = r"""
 import asyncio, json, sys
 from aiohttp import web
-CHUNKS, GAP = int(sys.argv[2]), float(sys.argv[3]) / 1000
+CHUNKS, GAP, PREFILL = int(sys.argv[2]), float(sys.argv[3]) / 1000, float(sys.argv[4]) / 1000
 async def handle(request):
     body = await request.json()
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
+    if PREFILL:
+        await asyncio.sleep(PREFILL)
     for i in range(CHUNKS):
         await resp.write(b'data: {"id":"cmpl-1","object":"text_completion","model":"stub",'
                          b'"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":null}]}\n\n')
@@ -138,7 +142,7 @@ async def main():
 LEAN_STUB = r"""
 import asyncio, sys
 import uvloop
-CHUNKS, GAP = int(sys.argv[2]), float(sys.argv[3]) / 1000
+CHUNKS, GAP, PREFILL = int(sys.argv[2]), float(sys.argv[3]) / 1000, float(sys.argv[4]) / 1000
 def chunk(b):
     return b"%x\r\n%s\r\n" % (len(b), b)
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -169,7 +173,10 @@ class Stub(asyncio.Protocol):
         self.busy, self.left = True, CHUNKS
         self.usage = b'"include_usage":true' in body.replace(b" ", b"")
         self.t.write(HEAD)
-        self.tick()
+        if PREFILL:
+            self.timer = asyncio.get_running_loop().call_later(PREFILL, self.tick)
+        else:
+            self.tick()
     def tick(self):
         if self.left:
             self.left -= 1
@@ -408,6 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunks", type=int, default=16, help="SSE chunks per stream (default 16)")
     ap.add_argument("--sequential", type=int, default=300, help="streams for the in-process overhead line")
     ap.add_argument("--chunk-gap-ms", type=float, default=2.0, help="stub delay between chunks (default 2)")
+    ap.add_argument("--prefill-ms", type=float, default=0.0,
+                    help="stub delay between the response head and the first chunk (default 0: the head and "
+                         "the first chunk leave together). A real engine sends the head at once and the first "
+                         "token after prefill (vLLM: head ~3-12 ms after the request, first token 10-20 ms "
+                         "later on the CPU test bed), so a proxy handles the head off the TTFT path")
     ap.add_argument("--arrival", choices=("closed", "poisson"), default="closed",
                     help="closed: --concurrency workers back to back (saturation, the default); poisson: "
                          "streams arrive at random at --rate per second whatever is in flight (open loop)")
@@ -418,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also measure 'relay': a blind byte relay on the same event loop as the tap (one "
                          "upstream connection per client connection, no parsing): the floor of any Python proxy")
     ap.add_argument("--python-tap", action="store_true",
-                    help="also measure 'tap-py': the tap with its native (C) stream relay off, KVSCOPE_TAP_NATIVE=0")
+                    help="also measure 'tap-py': the tap with its native (C) request side and stream relay off "
+                         "(KVSCOPE_TAP_NATIVE=0)")
     ap.add_argument("--pin", action="store_true",
                     help="give the proxies (tap, nginx, relay) the last CPU and the client and stub the others, so "
                          "a proxy's latency is its own work and not its fight with the load generator for a core")
@@ -441,7 +454,7 @@ def run_paths(args: argparse.Namespace, tmp: Path, group: ProcessGroup) -> None:
     """Start the stub, the tap and nginx in `group`, measure every path, then the in-process tap."""
     stub_port, tap_port, nginx_port = free_port(), free_port(), free_port()
     group.start("stub", [sys.executable, "-c", LEAN_STUB if args.lean else STUB, str(stub_port), str(args.chunks),
-                         str(args.chunk_gap_ms)],
+                         str(args.chunk_gap_ms), str(args.prefill_ms)],
                 start_new_session=True)
     tap = group.start("tap", [sys.executable, "-m", "kvscope", "tap", "--upstream",
                               f"http://127.0.0.1:{stub_port}", "--listen", f"127.0.0.1:{tap_port}"],
@@ -558,7 +571,7 @@ def report(table: dict[str, tuple[float, ...]], title: str) -> None:
               f"sys {ratio(t[7], n[7])}); tap added p99 {t[3]:.2f} ms (goal < 1 ms)")
     if "tap-py" in table:
         t, p = table["tap"], table["tap-py"]
-        print(f"tap / tap-py (native stream relay vs pure Python): CPU per stream {ratio(t[5], p[5])} "
+        print(f"tap / tap-py (native request side and stream relay vs pure Python): CPU per stream {ratio(t[5], p[5])} "
               f"({t[5] - p[5]:+.0f} us; user {t[6] - p[6]:+.0f}), TTFT p99 {ratio(t[1], p[1])}, "
               f"p50 {ratio(t[0], p[0])}")
     if "relay" in table:

@@ -7,9 +7,15 @@ writes what passes to the client, so an upstream read costs one Python call (the
 `[DONE]`, anything unusual) comes back to Python through `SpecialEvents`, which classifies it
 exactly as the pure-Python `SseScanner` does (agent/tap/sse.py).
 
-The extension is optional: `RELAY` is None when it was not built (no compiler at install time)
-or when `KVSCOPE_TAP_NATIVE=0` is set, and the tap then runs its pure-Python path, which gives
-the client the same bytes (tests/unit/test_tap_native.py checks both against each other).
+`FRONT` (agent/tap/_front.c) is the request side of the common case: it renders one whole
+plain request for the upstream, so the tap can write it before any Python work on it, and
+declines everything else to the llhttp path (tests/unit/test_tap_front.py holds the two to the
+same bytes).
+
+The extensions are optional: `RELAY` and `FRONT` are None when they were not built (no compiler
+at install time) or when `KVSCOPE_TAP_NATIVE=0` is set, and the tap then runs its pure-Python
+path, which gives the client the same bytes (tests/unit/test_tap_native.py checks both against
+each other).
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ try:
 except ImportError:          # not built: the pure-Python path serves
     _Relay = None
 try:
-    from kvscope.agent.tap._front import render as _render, seed as _seed
+    from kvscope.agent.tap._front import render as _render
+    from kvscope.agent.tap._front import seed as _seed
 except ImportError:
     _render = _seed = None
 
@@ -37,12 +44,14 @@ PASS, TOKEN, DROP = 0, 1, 2
 
 
 def native_status() -> str:
-    """One line for the tap's startup log: which forwarding loop streams use, and why."""
-    if RELAY is not None:
-        return "native (C) stream relay"
-    if _Relay is not None:
-        return "pure-Python stream relay (KVSCOPE_TAP_NATIVE=0)"
-    return "pure-Python stream relay (the C extension kvscope.agent.tap._relay is not built)"
+    """One line for the tap's startup log: which request side and stream loop run, and why."""
+    if RELAY is not None and FRONT is not None:
+        return "native (C) request side and stream relay"
+    if _OFF:
+        return "pure-Python request side and stream relay (KVSCOPE_TAP_NATIVE=0)"
+    missing = [f"kvscope.agent.tap.{name}" for name, mod in (("_front", _render), ("_relay", _Relay)) if mod is None]
+    python = [part for part, off in (("request side", FRONT is None), ("stream relay", RELAY is None)) if off]
+    return f"pure-Python {' and '.join(python)} (C extension not built: {', '.join(missing)})"
 
 
 class SpecialEvents:

@@ -124,7 +124,7 @@ async def _serve(cfg: TapConfig, otlp_endpoint: str | None) -> None:
     sender = asyncio.create_task(exporter.run()) if exporter else None
     _quiet_gc()
     print(f"kvscope tap: listening on {cfg.host_port()[0]}:{tap.port}, forwarding to {', '.join(cfg.upstreams)}"
-          f" ({loop_name()} event loop, {native_status() if cfg.native else 'pure-Python stream relay'})",
+          f" ({loop_name()} event loop, {native_status() if cfg.native else 'pure-Python request side and relay'})",
           flush=True)
     try:
         await stop.wait()

@@ -210,4 +210,5 @@ def test_bad_arguments_are_refused():
 
 
 def test_native_status_names_the_loop_in_use():
-    assert native.native_status() in ("native (C) stream relay", "pure-Python stream relay (KVSCOPE_TAP_NATIVE=0)")
+    assert native.native_status() in ("native (C) request side and stream relay",
+                                      "pure-Python request side and stream relay (KVSCOPE_TAP_NATIVE=0)")
