@@ -80,7 +80,7 @@ def write_recording(rec: Recording, path: str | os.PathLike[str]) -> Path:
     try:
         for sc in sorted(rec.scrapes, key=lambda s: (s.timestamp, s.job, s.instance)):
             expo = Exposition(samples=sc.samples, types=rec.types, helps=rec.helps) if sc.up else None
-            writer.add_scrape(sc.job, sc.instance, sc.timestamp, expo, sc.duration_s)
+            writer.add_scrape(sc.job, sc.instance, sc.timestamp, expo, sc.duration_s, sc.labels)
     except BaseException:
         writer.abort()
         raise

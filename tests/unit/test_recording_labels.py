@@ -79,3 +79,11 @@ def test_restore_is_the_inverse_for_a_conflict():
     raw = (("gpu", "0"), ("namespace", "llm"), ("pod", "llama-0"))
     written = tuple(sorted(export_conflicts(raw, target) + tuple(target.items())))
     assert restore_exported(written, target) == raw
+
+
+def test_a_rewritten_recording_keeps_its_target_labels(tmp_path):
+    from testbed.recording_variants import read_variant_source, write_recording
+
+    src = _write(tmp_path / "r.om", DCGM, EXPORTER)
+    out = write_recording(read_variant_source(src), tmp_path / "copy.om")
+    assert read_recording_text(out) == read_recording_text(src)
