@@ -7,7 +7,9 @@ messages and the tap writes straight to the peer transport from the read callbac
 
 `Downstream` is one client connection: it parses requests (body size capped), hands each
 complete one to `on_request(conn, request)` and writes the answer (`send_head`, `send_body`,
-`finish`, `send_whole`). Requests are answered in order; a pipelined one waits its turn (and
+`finish`, `send_whole`). Between requests, a `fast` callback may take a read that holds a whole
+request before the parser sees it (the tap's native request side; `parse_plain_request` then
+builds its `Request`). Requests are answered in order; a pipelined one waits its turn (and
 the connection is not read further meanwhile).
 `UpstreamPool` opens and reuses keep-alive connections to the engines; an `Upstream` feeds the
 response to a handler object (`on_head`, `on_body`, `on_end`, `on_fail`). Back-pressure: a

@@ -16,9 +16,11 @@ Never stored: prompt or completion text, API keys. Bounded: request body size, t
 prefix index, per-series histograms. A client that disconnects closes the upstream request; an
 upstream 5xx passes through and is counted; an unreachable upstream gives the client a 502.
 
-The wire work is in http1.py (asyncio protocols, llhttp parser, keep-alive upstream pool) and
-forward.py (one request's bytes, both ways); this module owns the server's lifecycle and the
-accounting. Latency against a direct connection and nginx: bench/tap_latency.py.
+The wire work is in http1.py (asyncio protocols, llhttp parser, keep-alive upstream pool),
+forward.py (one request's bytes, both ways) and the native modules (native.py: the common
+request rendered in C and sent before any Python work on it, and the stream relay); this module
+owns the server's lifecycle, the choice between the two request paths, and the accounting.
+Latency against a direct connection and nginx: bench/tap_latency.py.
 """
 
 from __future__ import annotations
