@@ -169,7 +169,6 @@ static int json_string(Json *j, const unsigned char **start, Py_ssize_t *len, in
 
 static int json_number(Json *j)
 {
-    const unsigned char *s = j->p;
     int digits = 0, real = 0;
     if (j->p < j->end && *j->p == '-') j->p++;
     if (j->p >= j->end) return 0;
@@ -196,7 +195,6 @@ static int json_number(Json *j)
         while (j->p < j->end && *j->p >= '0' && *j->p <= '9') j->p++;
         if (j->p == e || j->p - e > 2) return 0;          /* no exponent, or one that may overflow */
     }
-    (void)s;
     return real ? digits <= 40 : digits < 100;
 }
 

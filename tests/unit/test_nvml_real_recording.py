@@ -52,6 +52,7 @@ def test_the_recorder_keeps_what_the_collector_reads():
     first = _plain(_collect(rec))
     again = _plain(_collect(FakeNvml(rec.recording)))
     assert all(s in first for s in again) and len(again) > 40
-    lost = {(name, labels.get("mig_instance")) for name, labels, _ in first if (name, labels, _) not in again}
+    lost = {(name, labels.get("mig_instance")) for name, labels, value in first
+            if (name, labels, value) not in again}
     assert lost == {(m, i) for m in ("gpu_memory_used_bytes", "gpu_memory_free_bytes", "gpu_memory_total_bytes")
                     for i in ("1", "2")} | {("gpu_memory_reserved_bytes", "1")}
