@@ -36,7 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
-from kvscope.agent.analytics.gpu_join import parse_gpu_mapping
+from kvscope.agent.derive.gpu_join import parse_gpu_mapping
 from kvscope.agent.signals import load_catalog
 
 

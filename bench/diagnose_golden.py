@@ -76,8 +76,8 @@ def collect_diagnoses(label: str) -> dict[str, dict]:
     """Diagnosis JSON (as a dict) per input, diagnosed by whichever `kvscope` is imported."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from diagnose_scale import build_frame
-    from kvscope.diagnoser.engine import diagnose, sample_names
-    from kvscope.diagnoser.rule import read_rules
+    from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
+    from kvscope.diagnoser.rulebook.rule import read_rules
     from kvscope.diagnoser.sources.recording import RecordingSource
 
     rules = read_rules()

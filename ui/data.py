@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Labels, load_catalog
+from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding
-from kvscope.diagnoser.frame import Frame
 
 KINDS = ("recording", "prometheus", "agent")
 ENV = {"recording": "KVSCOPE_UI_RECORDING", "prometheus": "KVSCOPE_UI_PROMETHEUS", "agent": "KVSCOPE_UI_AGENT"}
@@ -133,10 +133,10 @@ def _from_recording(source: Source, step_s: float | None) -> TriageData:
 
 def triage_from_replay(source: Source, replay, step_s: float | None = None) -> TriageData:
     """Diagnose an already replayed recording (agent.replay.Replay)."""
-    from kvscope.agent.analytics.cascade import evaluate_cascade
-    from kvscope.diagnoser.engine import diagnose
-    from kvscope.diagnoser.frame import frame_from_samples, merge_facts
-    from kvscope.diagnoser.report import series_set_from_samples
+    from kvscope.agent.derive.cascade import evaluate_cascade
+    from kvscope.diagnoser.evaluate.evaluator import diagnose
+    from kvscope.diagnoser.evaluate.frame import frame_from_samples, merge_facts
+    from kvscope.report.weekly import series_set_from_samples
 
     path = Path(source.location)
     if replay.start is None or replay.end is None or replay.end <= replay.start:
@@ -154,8 +154,8 @@ def _from_remote(source: Source, step_s: float) -> TriageData:
     import time
 
     from kvscope.diagnoser import sources
-    from kvscope.diagnoser.engine import diagnose, sample_names
-    from kvscope.diagnoser.rule import read_rules
+    from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
+    from kvscope.diagnoser.rulebook.rule import read_rules
     from kvscope.diagnoser.sources.agent import AgentSource
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
@@ -254,7 +254,7 @@ def ranges_in(expr: str) -> dict[str, float]:
     """signal -> the rate range in seconds an evidence expression reads it over
     ('rate(engine_preemptions_total[8s])' -> {'engine_preemptions_total': 8.0}); a histogram's
     _sum/_count/_bucket series count for the histogram."""
-    from kvscope.diagnoser.rule import parse_duration
+    from kvscope.diagnoser.rulebook.rule import parse_duration
 
     out: dict[str, float] = {}
     for m in _RANGE.finditer(expr):
@@ -273,7 +273,7 @@ def quantiles_in(expr: str) -> dict[str, tuple[float, float | None]]:
     """histogram -> (q, rate range in seconds or None) for each histogram_quantile in an
     evidence expression: 'histogram_quantile(0.5, ... rate(request_ttft_seconds_bucket[18s]))'
     gives {'request_ttft_seconds': (0.5, 18.0)}."""
-    from kvscope.diagnoser.rule import parse_duration
+    from kvscope.diagnoser.rulebook.rule import parse_duration
 
     out: dict[str, tuple[float, float | None]] = {}
     for m in _QUANTILE.finditer(expr):
@@ -291,7 +291,7 @@ def quantile_frame(frame: Frame, signal: str, q: float, where: Mapping[str, str]
     `le`), computed the Prometheus way (diagnoser.grid.bucket_quantile) from bucket increases
     over `range_s` (the evidence's own rate range, so the chart reads what the rule read; one
     grid step when None). Empty when the source has no buckets for it."""
-    from kvscope.diagnoser.grid import bucket_quantile
+    from kvscope.diagnoser.evaluate.grid import bucket_quantile
 
     block = frame.block(signal + "_bucket")
     if block is None:
@@ -490,7 +490,7 @@ def cascade_rows(cascades: Mapping) -> pd.DataFrame:
     """One row per engine instance of agent.analytics.cascade reports: the deepest stage the
     window reached (what the incident was) next to the stage at its end (whether it is over),
     each stage's first onset by name, and the lead of the root over the latency symptom."""
-    from kvscope.agent.analytics.cascade import STAGES
+    from kvscope.agent.derive.cascade import STAGES
 
     def stage(n: int) -> str:
         return f"{n} {STAGES[n]}"

@@ -17,14 +17,14 @@ import asyncio
 import time
 from typing import Any
 
-from kvscope.agent.analytics.fairness import (
+from kvscope.agent.collectors.base import Collection, Health, register_collector
+from kvscope.agent.config import ConfigError, parse_seconds, register_section
+from kvscope.agent.derive.fairness import (
     TenantUsage,
     UsageWindow,
     evaluate_fairness,
     render_fairness_samples,
 )
-from kvscope.agent.collectors.base import Collection, Health, register_collector
-from kvscope.agent.config import ConfigError, parse_seconds, register_section
 from kvscope.agent.tap.proxy import RequestTap, TapConfig
 from kvscope.agent.traces.export import SpanBatchExporter
 

@@ -40,13 +40,13 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import msgspec
-from kvscope.agent.analytics.fairness import (
+from kvscope.agent.derive.fairness import (
     FairnessReport,
     TenantUsage,
     evaluate_fairness,
     render_fairness_samples,
 )
-from kvscope.agent.export import canonical_families
+from kvscope.agent.serve.export import canonical_families
 from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels
 from kvscope.agent.tap.forward import Forward, parse_json_object
 from kvscope.agent.tap.http1 import (
@@ -368,7 +368,7 @@ class RequestTap:
             log.debug("span sink failed: %r", e)
 
     def tenant_usage(self) -> dict[str, TenantUsage]:
-        """Cumulative per-tenant usage (input to agent/analytics/fairness.py)."""
+        """Cumulative per-tenant usage (input to agent/derive/fairness.py)."""
         out: dict[str, TenantUsage] = {}
         buckets: dict[str, list[tuple[float, float]]] = {}
         for s in self.ttft.render():

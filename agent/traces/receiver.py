@@ -35,10 +35,10 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from kvscope.agent.analytics.fairness import UsageWindow, evaluate_fairness, render_fairness_samples
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import ConfigError, parse_bytes, parse_seconds, register_section
-from kvscope.agent.httpserve import HttpSite
+from kvscope.agent.derive.fairness import UsageWindow, evaluate_fairness, render_fairness_samples
+from kvscope.agent.serve.site import HttpSite
 from kvscope.agent.signals import make_labels
 from kvscope.agent.traces.export import encode_spans, render_phase_spans
 from kvscope.agent.traces.histogram import PHASE_BUCKETS, HistogramSet

@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from kvscope.agent.analytics.fairness import TenantUsage, parse_tenant_usage
+from kvscope.agent.derive.fairness import TenantUsage, parse_tenant_usage
 from kvscope.agent.signals import Sample, make_labels
 from kvscope.agent.tap.tenants import TenantLimiter
 from kvscope.agent.traces.histogram import GENAI_TTFT_BUCKETS, CounterSet, HistogramSet

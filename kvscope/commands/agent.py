@@ -9,10 +9,10 @@ import signal
 import sys
 from typing import Any
 
-from kvscope.agent.analytics.gpu_join import engine_gpu_hook
 from kvscope.agent.config import AgentConfig, ConfigError
+from kvscope.agent.derive.gpu_join import engine_gpu_hook
 from kvscope.agent.runtime import AgentRuntime, build_collectors, known_collectors
-from kvscope.agent.server import AgentServer
+from kvscope.agent.serve.server import AgentServer
 from kvscope.agent.tap.eventloop import run_event_loop
 from kvscope.commands._flags import ENV_HELP, add_agent_flags, add_scrape_flags, config_from_args
 
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
 def open_store(config: AgentConfig) -> Any:
     """SqliteStore at store.path, or an InMemoryStore when the path is empty."""
-    from kvscope.agent.store import InMemoryStore, SqliteStore
+    from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore
 
     if not config.store_path:
         return InMemoryStore(retention_s=config.retention_s)
@@ -78,7 +78,7 @@ def open_store(config: AgentConfig) -> Any:
 async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     """Run collectors and the HTTP server until SIGTERM/SIGINT. Returns the exit code."""
     log = logging.getLogger("kvscope.agent")
-    from kvscope.agent.store import StoreError
+    from kvscope.agent.store.sqlite import StoreError
 
     try:
         store = open_store(config)

@@ -1,5 +1,5 @@
 """`kvscope rules build`: write the Prometheus rule files and runbooks built from the catalog
-and the diagnosis rules (diagnoser/promrules.py)."""
+and the diagnosis rules (diagnoser/promql/rulefiles.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from kvscope.commands._checks import check_rules_dir
 
 BUILD_HELP = """\
-Generate Prometheus recording and alerting rules from agent/engines/catalog.yaml and
+Generate Prometheus recording and alerting rules from agent/dialects/catalog.yaml and
 rules/diagnosis/*.yaml, and one runbook per alert:
 
   kvscope:<signal>            canonical series from native vLLM/SGLang/DCGM names and the
@@ -76,8 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from kvscope.diagnoser.promrules import SloConfig
-    from kvscope.diagnoser.promrules_build import build_all
+    from kvscope.diagnoser.promql.build import build_all
+    from kvscope.diagnoser.promql.rulefiles import SloConfig
 
     if not 0 < args.slo_target < 1:
         print("kvscope rules build: --slo-target must be between 0 and 1", file=sys.stderr)
@@ -91,7 +91,7 @@ def run_build(args: argparse.Namespace) -> int:
     for engine in slo.unaligned_engines():
         print(f"warning: {args.slo_ttft_seconds:g}s is not a default TTFT bucket bound of {engine}; "
               f"the burn rate will be computed from the wrong bucket", file=sys.stderr)
-    from kvscope.diagnoser.rule import read_rules
+    from kvscope.diagnoser.rulebook.rule import read_rules
 
     built = build_all(slo, rules=read_rules(args.rules_dir) if args.rules_dir else None,
                       canonical=args.canonical)
@@ -112,7 +112,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     """`kvscope rules check`: print every issue as file:line: message."""
-    from kvscope.diagnoser.validate import validate_rules
+    from kvscope.diagnoser.rulebook.validate import validate_rules
 
     try:
         check_rules_dir("--rules-dir", args.rules_dir)

@@ -6,9 +6,9 @@ import urllib.request
 
 import aiohttp
 import pytest
-from kvscope.agent.analytics.fairness import evaluate_fairness
-from kvscope.agent.engines.dialect import normalize
-from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.derive.fairness import evaluate_fairness
+from kvscope.agent.dialects.dialect import normalize
+from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.tap.native import FRONT, RELAY
 from kvscope.agent.tap.proxy import RequestTap, TapConfig
 

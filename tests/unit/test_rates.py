@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from kvscope.agent.analytics.rates import deltas, increase, rate, rate_series, raw_increase, window
+from kvscope.agent.derive.rates import deltas, increase, rate, rate_series, raw_increase, window
 
 
 def test_increase_of_a_steady_counter():

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 from aiohttp import web
-from kvscope.agent.httpserve import HttpSite
+from kvscope.agent.serve.site import HttpSite
 from kvscope.agent.tap import proxy
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_traceparent
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kvscope.agent.exposition import parse_exposition
-from kvscope.agent.recording import RecordingWriter
+from kvscope.agent.recording.omfile import RecordingWriter
+from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.ui import data as ui_data
 from streamlit.testing.v1 import AppTest
 
@@ -146,7 +146,7 @@ def test_no_source_explains_how_to_start(monkeypatch):
 
 def test_tenant_table_from_kvscope_tenant_series():
     from kvscope.agent.signals import Sample, make_labels
-    from kvscope.diagnoser.frame import frame_from_samples
+    from kvscope.diagnoser.evaluate.frame import frame_from_samples
 
     samples = []
     for i in range(61):

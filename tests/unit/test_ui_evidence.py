@@ -105,7 +105,7 @@ def test_histogram_evidence_gets_its_chart():
 
 
 def test_cascade_table_shows_how_far_it_went_and_whether_it_is_over():
-    from kvscope.agent.analytics.cascade import CascadeReport
+    from kvscope.agent.derive.cascade import CascadeReport
     from kvscope.ui.data import cascade_rows
 
     over = CascadeReport("replica-0", stage=0, onsets={1: T0, 2: T0 + 2, 3: T0 + 6, 4: T0 + 12})
