@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from kvscope.agent.derive.rates import step_increases
 from kvscope.agent.signals import Sample
 from kvscope.diagnoser.findings import SEVERITY_RANK, Diagnosis, Finding
 
@@ -190,9 +191,9 @@ def counter_increments(ss: SeriesSet, name: str) -> tuple[Points, np.ndarray]:
 
 
 def _increments(pts: Points) -> tuple[Points, np.ndarray]:
-    d = np.diff(pts.value, prepend=np.nan)
-    inc = np.where(d >= 0, d, pts.value)
-    inc[pts.first] = 0.0
+    inc = np.empty_like(pts.value)
+    inc[1:] = step_increases(pts.value)
+    inc[pts.first | np.isnan(inc)] = 0.0      # a NaN reading counts nothing, before or after it
     return pts, inc
 
 

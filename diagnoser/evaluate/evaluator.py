@@ -19,7 +19,15 @@ from typing import Any
 
 import numpy as np
 from kvscope.diagnoser.evaluate.conditions import ConditionEvaluator, Evaluated, first_run, latest_run, run_lengths
-from kvscope.diagnoser.evaluate.expr import ExprError, SeriesEvaluator, node_form, node_refs, node_signal, promql
+from kvscope.diagnoser.evaluate.expr import (
+    ExprError,
+    Grouped,
+    SeriesEvaluator,
+    node_form,
+    node_refs,
+    node_signal,
+    promql,
+)
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import (
     SEVERITY_RANK,
@@ -75,6 +83,12 @@ def diagnose(frame: Frame, rules: Iterable[Rule] | None = None, levers: dict[str
             findings.extend(result)
     from dataclasses import replace
     return replace(rank(findings, frame.window, source, skipped, len(rules)), time_scale=scale)
+
+
+def evaluated_series(rule: Rule, frame: Frame, name: str, time_scale: float) -> Grouped:
+    """One named series of a rule over the frame, exactly as `diagnose` evaluated it (same
+    durations at `time_scale`): what charts of a finding's evidence read."""
+    return SeriesEvaluator(rule.scaled(time_scale), frame).get(name)
 
 
 def evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[Finding] | Skipped:
@@ -305,7 +319,7 @@ def _evidence(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int]
             name=str(item.get("name", name)), value=None if value is None else round(value, 6),
             unit=str(item.get("unit", "")), series=promql(rule, name, ce.ev.frame.step, _held(ce.ev.frame)), at=at,
             threshold=_threshold(rule, cond.cond) if cond else None,
-            op=str(cond.cond["op"]) if cond else None, stat=stat))
+            op=str(cond.cond["op"]) if cond else None, stat=stat, key=name))
     return out
 
 

@@ -88,7 +88,7 @@ def test_evidence_charts_have_units_utc_time_and_the_period_shaded(monkeypatch, 
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     evidence = [s for s in specs if "layer" in s]
     assert [s["layer"][1]["encoding"]["y"]["title"] for s in evidence] == \
-        ["ratio (0-1)", "per second", "count", "seconds (mean)"]
+        ["ratio (0-1)", "per second", "count", "seconds"]
     for s in evidence:
         band, lines = s["layer"]
         assert band["mark"]["type"] == "rect" and lines["encoding"]["x"]["scale"]["type"] == "utc"
