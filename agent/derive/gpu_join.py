@@ -18,12 +18,13 @@ dashboards and the diagnoser. Pure functions over the latest samples: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import add, itemgetter
 from typing import Any
 
+from kvscope.agent.config import parse_gpu_mapping
 from kvscope.agent.scrape.stamped import Parts, Stamped
 from kvscope.agent.signals import Sample, make_labels
 
@@ -72,22 +73,6 @@ class GpuAssignment:
     device: GpuDevice
     join: str
     memory_bytes: float | None = None
-
-
-def parse_gpu_mapping(raw: Any) -> dict[str, tuple[str, ...]]:
-    """Validate the `gpu_mapping` config value: GPU uuid or index -> instance(s).
-    Raises ValueError naming the bad entry."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"gpu_mapping: expected a mapping of GPU uuid or index to instance, got {type(raw).__name__}")
-    out: dict[str, tuple[str, ...]] = {}
-    for key, value in raw.items():
-        values = value if isinstance(value, list | tuple) else [value]
-        if not values or not all(isinstance(v, str) and v for v in values):
-            raise ValueError(f"gpu_mapping.{key}: expected an instance name or a list of them, got {value!r}")
-        out[str(key)] = tuple(values)
-    return out
 
 
 def _device(s: Sample) -> GpuDevice:

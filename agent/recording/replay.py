@@ -33,11 +33,11 @@ from typing import Any
 
 from kvscope.agent.derive.gpu_join import derive_engine_gpu
 from kvscope.agent.dialects.dialect import detect_engine, normalize
+from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.recording.omfile import read_recording, scrapes_by_target
 from kvscope.agent.scrape.exposition import Exposition
 from kvscope.agent.serve.export import PREFIX, signal_of
 from kvscope.agent.signals import Catalog, Sample, load_catalog, make_labels
-from kvscope.agent.traces.histogram import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.traces.otlp import Span
 from kvscope.agent.traces.receiver import phase_labels
 from kvscope.agent.traces.stitch import StitchConfig, stitch_trace

@@ -91,7 +91,7 @@ def read_gpu_mapping(args: argparse.Namespace) -> dict:
     ValueError (usage) or FileNotFoundError."""
     import yaml
 
-    from kvscope.agent.derive.gpu_join import parse_gpu_mapping
+    from kvscope.agent.config import parse_gpu_mapping
 
     if not args.recording:
         raise ValueError("--gpu-mapping: only with --recording (the agent applies its own gpu_mapping "
