@@ -1,4 +1,4 @@
-"""Canonical samples and the signal catalog (agent/dialects/catalog.yaml).
+"""Canonical samples and the signal catalog (agent/normalize/catalog.yaml).
 
 A sample is one point of one series: a name, a sorted tuple of labels, a value and an optional
 timestamp in seconds. Histograms are flattened the Prometheus way (`<name>_bucket{le=..}`,
@@ -24,6 +24,8 @@ COMMON_LABELS = (
 
 KINDS = ("gauge", "counter", "histogram")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+KVSCOPE_PREFIX = "kvscope_"
+"""The agent re-exports canonical signal S as `kvscope_S`; its own health series share the prefix."""
 
 
 class Sample(NamedTuple):
@@ -186,5 +188,5 @@ def _parse_fact(f: dict[str, Any], dialects: dict[str, Dialect], source: str) ->
 @lru_cache(maxsize=1)
 def load_catalog() -> Catalog:
     """The catalog shipped with the package."""
-    text = resources.files("kvscope.agent.dialects").joinpath("catalog.yaml").read_text()
+    text = resources.files("kvscope.agent.normalize").joinpath("catalog.yaml").read_text()
     return parse_catalog(text)

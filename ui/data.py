@@ -22,6 +22,7 @@ import pandas as pd
 from kvscope.agent.signals import Labels, load_catalog
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding
+from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
 
 KINDS = ("recording", "prometheus", "agent")
 ENV = {"recording": "KVSCOPE_UI_RECORDING", "prometheus": "KVSCOPE_UI_PROMETHEUS", "agent": "KVSCOPE_UI_AGENT"}
@@ -32,12 +33,8 @@ SPREAD_ABOVE = 4
 """Evidence charts with more series than this show their min / mean / max instead."""
 
 
-class SourceError(RuntimeError):
-    """The source could not be read; the message says which and why."""
-
-
 @dataclass(frozen=True)
-class Source:
+class SourceSpec:
     """Where the UI reads from: kind is recording | prometheus | agent."""
 
     kind: str
@@ -49,14 +46,14 @@ class Source:
         return f"{self.kind}: {self.location}"
 
 
-def source_from_env(env: Mapping[str, str] | None = None) -> Source | None:
+def source_from_env(env: Mapping[str, str] | None = None) -> SourceSpec | None:
     """The source `kvscope ui` passed to the Streamlit process through the environment."""
     env = os.environ if env is None else env
     since = float(env.get(ENV_SINCE, "1800"))
     end = float(env[ENV_END]) if env.get(ENV_END) else None
     for kind, var in ENV.items():
         if env.get(var):
-            return Source(kind, env[var], since, end)
+            return SourceSpec(kind, env[var], since, end)
     return None
 
 
@@ -64,7 +61,7 @@ def source_from_env(env: Mapping[str, str] | None = None) -> Source | None:
 class TriageData:
     """A diagnosis and the frame it was computed on."""
 
-    source: Source
+    source: SourceSpec
     diagnosis: Diagnosis
     frame: Frame
     engines: dict[str, str | None] = field(default_factory=dict)
@@ -72,7 +69,7 @@ class TriageData:
     series: object = None                          # diagnoser.report.SeriesSet for the efficiency page
 
 
-def load_triage(source: Source, step_s: float | None = None) -> TriageData:
+def load_triage(source: SourceSpec, step_s: float | None = None) -> TriageData:
     """Read the source and diagnose it. Raises SourceError with a readable reason."""
     if source.kind == "recording":
         return _from_recording(source, step_s)
@@ -85,7 +82,7 @@ _PRELOADED: dict[str, Future] = {}
 """Recording path -> its TriageData being read by a background thread of the UI process."""
 
 
-def start_preload(source: Source | None) -> None:
+def start_preload(source: SourceSpec | None) -> None:
     """Start reading and diagnosing a recording in a background thread, so the first page view
     finds it done instead of waiting seconds (replay dominates). Live sources are not preloaded:
     their window ends when the page asks."""
@@ -115,8 +112,7 @@ def grid_step(duration_s: float) -> float:
     return float(min(15.0, max(1.0, round(duration_s / 60.0))))
 
 
-def _from_recording(source: Source, step_s: float | None) -> TriageData:
-    from kvscope.diagnoser.sources import SourceError as ReadError
+def _from_recording(source: SourceSpec, step_s: float | None) -> TriageData:
     from kvscope.diagnoser.sources.recording import RecordingSource
 
     path = Path(source.location)
@@ -124,14 +120,14 @@ def _from_recording(source: Source, step_s: float | None) -> TriageData:
         raise SourceError(f"recording {path} does not exist")
     try:
         replay = RecordingSource(str(path)).replay()   # its spans sidecar too, when there is one
-    except ReadError as exc:
+    except SourceError as exc:
         raise SourceError(f"recording {path} could not be read: {exc}") from exc
     except (EOFError, zlib.error) as exc:               # a gzip cut short (recorder killed mid-write)
         raise SourceError(f"recording {path} is truncated or corrupt: {exc}") from exc
     return triage_from_replay(source, replay, step_s)
 
 
-def triage_from_replay(source: Source, replay, step_s: float | None = None) -> TriageData:
+def triage_from_replay(source: SourceSpec, replay, step_s: float | None = None) -> TriageData:
     """Diagnose an already replayed recording (agent.replay.Replay)."""
     from kvscope.agent.derive.cascade import evaluate_cascade
     from kvscope.diagnoser.evaluate.evaluator import diagnose
@@ -149,11 +145,10 @@ def triage_from_replay(source: Source, replay, step_s: float | None = None) -> T
                       series_set_from_samples(replay.samples))
 
 
-def _from_remote(source: Source, step_s: float) -> TriageData:
+def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
     """A live source: the last `since_s` seconds of Prometheus (kvscope:/native series) or an agent."""
     import time
 
-    from kvscope.diagnoser import sources
     from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
     from kvscope.diagnoser.rulebook.rule import read_rules
     from kvscope.diagnoser.sources.agent import AgentSource
@@ -165,7 +160,7 @@ def _from_remote(source: Source, step_s: float) -> TriageData:
     end = source.end or time.time()
     try:
         frame = reader.read_frame(names, end - source.since_s, end, step_s)
-    except (sources.SourceError, OSError, ValueError) as exc:
+    except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read: {exc}") from exc
     return TriageData(source, diagnose(frame, rules, source=reader.description), frame)
 
@@ -228,7 +223,7 @@ def evidence_series(data: TriageData, finding: Finding, key: str) -> pd.DataFram
     (`evaluated_series`), one column per group of the series' grouping that agrees with the
     finding's labels. Empty when the rule or series is unknown (a diagnosis from other rules)."""
     from kvscope.diagnoser.evaluate.evaluator import evaluated_series
-    from kvscope.diagnoser.evaluate.expr import ExprError
+    from kvscope.diagnoser.rulebook.grammar import ExprError
 
     rule = _rules_by_id().get(finding.rule_id)
     if rule is None or key not in rule.series:

@@ -11,7 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from kvscope.ui.data import ENV, ENV_END, ENV_SINCE, Source
+from kvscope.ui.data import ENV, ENV_END, ENV_SINCE, SourceSpec
 
 APP = Path(__file__).with_name("app.py")
 
@@ -54,7 +54,7 @@ def stop_on_sigterm() -> None:
 class UiServer:
     """`streamlit run ui/app.py` for one source; use as a context manager or start()/stop()."""
 
-    def __init__(self, source: Source | None, port: int = 8501, host: str = "127.0.0.1",
+    def __init__(self, source: SourceSpec | None, port: int = 8501, host: str = "127.0.0.1",
                  log_path: Path | None = None) -> None:
         self.source, self.port, self.host, self.log_path = source, port, host, log_path
         self.proc: subprocess.Popen | None = None

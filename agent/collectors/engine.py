@@ -3,7 +3,7 @@
 Overview: each `collect()` scrapes all targets concurrently (each bounded by the scrape timeout
 and the body cap), detects the dialect of each target from its metric names (or uses the
 target's `engine` override), and normalizes the exposition to canonical samples. Families whose
-text did not change since the target's previous scrape are not parsed again (agent/scrape/blockcache.py).
+text did not change since the target's previous scrape are not parsed again (agent/normalize/blockcache.py).
 
 Failure modes, each reported in the target's `Health` and never raised:
 
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import AgentConfig, Target
-from kvscope.agent.dialects.dialect import Normalized, detect_engine, normalize
-from kvscope.agent.scrape.blockcache import BlockCache
+from kvscope.agent.normalize.blockcache import BlockCache
+from kvscope.agent.normalize.dialect import Normalized, detect_engine, normalize
 from kvscope.agent.scrape.exposition import Exposition, ParseIssue, parse_exposition
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
 from kvscope.agent.scrape.httpclient import HttpClient
@@ -148,7 +148,7 @@ class EngineCollector:
 
     def _normalize(self, scrape: TargetScrape, engine: str) -> tuple[Normalized, list[ParseIssue]]:
         """Whole-payload path when the payload is already parsed (detection, recording) or
-        OpenMetrics; else the per-target block memo (agent/scrape/blockcache.py), same result."""
+        OpenMetrics; else the per-target block memo (agent/normalize/blockcache.py), same result."""
         target = scrape.target
         if scrape.parsed or scrape.openmetrics:
             expo = scrape.exposition()

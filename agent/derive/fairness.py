@@ -221,7 +221,7 @@ def _usage(tenant: str, vals: Mapping[str, float],
 
 
 def render_fairness_samples(report: FairnessReport, timestamp: float | None = None) -> list[Sample]:
-    """The kvscope-produced fairness gauges (declared in agent/dialects/catalog.yaml). Absent stays absent."""
+    """The kvscope-produced fairness gauges (declared in agent/normalize/catalog.yaml). Absent stays absent."""
     out: list[Sample] = []
     for name, t in report.tenants.items():
         lab = make_labels({"tenant": name})

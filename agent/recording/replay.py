@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.agent.derive.gpu_join import derive_engine_gpu
-from kvscope.agent.dialects.dialect import detect_engine, normalize
 from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
+from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.recording.omfile import read_recording, scrapes_by_target
 from kvscope.agent.scrape.exposition import Exposition
-from kvscope.agent.serve.export import PREFIX, signal_of
+from kvscope.agent.serve.export import KVSCOPE_PREFIX, signal_of
 from kvscope.agent.signals import Catalog, Sample, load_catalog, make_labels
 from kvscope.agent.traces.otlp import Span
 from kvscope.agent.traces.receiver import phase_labels
@@ -66,7 +66,7 @@ def kvscope_signal(name: str, catalog: Catalog) -> str | None:
     """The canonical sample name of a series kvscope serves: a kvscope-produced signal under its
     own name (the tap's `tenant_requests_total`) or any catalog signal under the agent's export
     prefix (`kvscope_engine_kv_cache_usage_ratio`); None for anything else."""
-    bare = name.removeprefix(PREFIX)
+    bare = name.removeprefix(KVSCOPE_PREFIX)
     hit = signal_of(bare, catalog)
     if hit is None:
         return None

@@ -19,15 +19,7 @@ from typing import Any
 
 import numpy as np
 from kvscope.diagnoser.evaluate.conditions import ConditionEvaluator, Evaluated, first_run, latest_run, run_lengths
-from kvscope.diagnoser.evaluate.expr import (
-    ExprError,
-    Grouped,
-    SeriesEvaluator,
-    node_form,
-    node_refs,
-    node_signal,
-    promql,
-)
+from kvscope.diagnoser.evaluate.expr import Grouped, SeriesEvaluator, promql
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import (
     SEVERITY_RANK,
@@ -37,6 +29,7 @@ from kvscope.diagnoser.findings import (
     Finding,
     Skipped,
 )
+from kvscope.diagnoser.rulebook.grammar import ExprError, node_form, node_refs, node_signal
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 

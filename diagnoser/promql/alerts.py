@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.agent.signals import Catalog, load_catalog
-from kvscope.diagnoser.evaluate.expr import CHANGES_SETTLE
-from kvscope.diagnoser.promql.signals import AGENT_PREFIX, _escape_re, name_selector, quote
+from kvscope.diagnoser.promql.signals import KVSCOPE_PREFIX, _escape_re, name_selector, quote
+from kvscope.diagnoser.rulebook.grammar import CHANGES_SETTLE
 from kvscope.diagnoser.rulebook.rule import Rule, parse_duration
 
 SUBQUERY_STEP = "15s"
@@ -315,7 +315,7 @@ class ConditionCompiler:
             raise NotExpressible(f"fact operator {op!r}")
         name, value = str(fact["fact"]), quote(str(self.rule.resolve(fact["value"])))
         matchers = [f'{name}="{value}"'] if op == "==" else [f'{name}!="{value}"', f'{name}!=""']
-        names = (AGENT_PREFIX + "engine_info", *info_gauges(self.catalog))
+        names = (KVSCOPE_PREFIX + "engine_info", *info_gauges(self.catalog))
         return f"group by (instance) ({name_selector(names, matchers)})"
 
 

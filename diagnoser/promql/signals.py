@@ -1,6 +1,6 @@
 """PromQL that reads one canonical signal from every place it can come from.
 
-A canonical signal (agent/dialects/catalog.yaml) reaches Prometheus either under its engines'
+A canonical signal (agent/normalize/catalog.yaml) reaches Prometheus either under its engines'
 own names (vLLM old and new names, SGLang, dcgm-exporter; Ray's `vllm_x` spelling too) or
 re-exported by the kvscope agent as `kvscope_<signal>`. `source_union` writes one expression
 that reads all of them, maps upstream labels to canonical ones with `label_replace`, and
@@ -22,10 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvscope.agent.signals import COMMON_LABELS, Alias, Catalog, Dialect, Signal
-
-AGENT_PREFIX = "kvscope_"
-"""The agent re-exports every canonical series as `kvscope_<series name>`."""
+from kvscope.agent.signals import COMMON_LABELS, KVSCOPE_PREFIX, Alias, Catalog, Dialect, Signal
 
 GROUP_LABELS = tuple(label for label in COMMON_LABELS if label != "job")
 """Labels a canonical series keeps. `job` is dropped: the same engine scraped directly and
@@ -84,7 +81,7 @@ def source_terms(signal: Signal, catalog: Catalog, suffix: str = "") -> tuple[li
         prev = grouped.get(key)
         grouped[key] = SourceTerm(alias.engine, (prev.names if prev else ()) + names, matchers, renames,
                                   alias.scale, alias.collapse)
-    agent = SourceTerm(None, (AGENT_PREFIX + signal.name + suffix,))
+    agent = SourceTerm(None, (KVSCOPE_PREFIX + signal.name + suffix,))
     return [*grouped.values(), agent], skipped
 
 

@@ -20,15 +20,14 @@ import urllib.request
 from collections import defaultdict
 from typing import Any
 
-from kvscope.agent.dialects.dialect import detect_engine, normalize
+from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.scrape.exposition import Exposition, RawSample
-from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Catalog, Sample, load_catalog, make_labels
+from kvscope.agent.signals import HISTOGRAM_SUFFIXES, KVSCOPE_PREFIX, Catalog, Sample, load_catalog, make_labels
 from kvscope.diagnoser.evaluate.frame import Frame, frame_from_samples, merge_facts
 from kvscope.diagnoser.sources import SourceError
 
 DEFAULT_WINDOW_S = 1800.0
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024
-KVSCOPE_PREFIX = "kvscope_"
 _TARGET_LABELS = ("job", "instance")
 
 

@@ -9,11 +9,11 @@ import signal
 import sys
 from typing import Any
 
+from kvscope.agent.api import AgentServer
 from kvscope.agent.config import AgentConfig, ConfigError
 from kvscope.agent.derive.fairness import fairness_hook
 from kvscope.agent.derive.gpu_join import engine_gpu_hook
 from kvscope.agent.runtime import AgentRuntime, build_collectors, known_collectors
-from kvscope.agent.serve.server import AgentServer
 from kvscope.agent.tap.eventloop import run_event_loop
 from kvscope.commands._flags import ENV_HELP, add_agent_flags, add_scrape_flags, config_from_args
 

@@ -16,7 +16,7 @@ the utilisation trap (002 §9.2), $ per 1M output tokens at --gpu-hour-cost, pre
 by prefix caching, per-tenant usage and hit ratio, week-over-week deltas and the week's top
 findings, one row per incident (a likely cause with its supporting findings, as `kvscope diagnose`
 groups them). Numbers the source lacks are printed as "absent", never as zero. When the data
-covers part of the week, the Source line says how much data is held, over what span, with how
+covers part of the week, the SourceSpec line says how much data is held, over what span, with how
 many gaps. The HTML plots share the week's UTC time axis and shade the stretches without data.
 
   kvscope report weekly --recording incident.om --gpu-hour-cost 2.5 --html week.html --markdown week.md
@@ -115,7 +115,7 @@ def _load(args: argparse.Namespace):
 
     if args.recording:
         from kvscope.agent.recording.replay import replay_recording
-        from kvscope.ui.data import Source, SourceError, triage_from_replay
+        from kvscope.ui.data import SourceError, SourceSpec, triage_from_replay
 
         samples, diagnoses, ends = [], [], []
         for path in args.recording:
@@ -123,7 +123,7 @@ def _load(args: argparse.Namespace):
             samples += replay.samples
             ends.append(replay.end or 0.0)
             try:
-                diagnoses.append(triage_from_replay(Source("recording", str(path)), replay).diagnosis)
+                diagnoses.append(triage_from_replay(SourceSpec("recording", str(path)), replay).diagnosis)
             except SourceError as exc:
                 raise ValueError(str(exc)) from exc
         names = ", ".join(p.name for p in args.recording)

@@ -10,7 +10,7 @@ from pathlib import Path
 from kvscope.commands._checks import check_rules_dir
 
 BUILD_HELP = """\
-Generate Prometheus recording and alerting rules from agent/dialects/catalog.yaml and
+Generate Prometheus recording and alerting rules from agent/normalize/catalog.yaml and
 rules/diagnosis/*.yaml, and one runbook per alert:
 
   kvscope:<signal>            canonical series from native vLLM/SGLang/DCGM names and the

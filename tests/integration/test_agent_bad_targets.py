@@ -17,7 +17,7 @@ import pytest
 from agentharness import fetch_metrics, fetch_text, running_agent, target_server, value
 from aiohttp import web
 from kvscope.agent.collectors.base import Collection
-from kvscope.agent.dialects.dialect import normalize
+from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.runtime import AgentState
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.serve.export import render_metrics

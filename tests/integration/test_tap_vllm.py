@@ -7,7 +7,7 @@ import urllib.request
 import aiohttp
 import pytest
 from kvscope.agent.derive.fairness import evaluate_fairness, parse_tenant_usage
-from kvscope.agent.dialects.dialect import normalize
+from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.tap.native import FRONT, RELAY
 from kvscope.agent.tap.proxy import RequestTap, TapConfig

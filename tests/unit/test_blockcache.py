@@ -6,8 +6,8 @@ import random
 from collections import Counter
 
 import pytest
-from kvscope.agent.dialects.dialect import normalize
-from kvscope.agent.scrape.blockcache import BlockCache, block_keys, block_text, split_blocks
+from kvscope.agent.normalize.blockcache import BlockCache, block_keys, block_text, split_blocks
+from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import load_catalog
 

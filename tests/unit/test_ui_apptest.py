@@ -66,7 +66,7 @@ def test_triage_shows_the_likely_cause_with_evidence_and_levers(monkeypatch, kv_
     at = _app(monkeypatch, kv_incident).run()
     assert not at.exception
     assert "Likely cause" in [h.value for h in at.header]
-    likely = ui_data.load_triage(ui_data.Source("recording", str(kv_incident))).diagnosis.likely_cause
+    likely = ui_data.load_triage(ui_data.SourceSpec("recording", str(kv_incident))).diagnosis.likely_cause
     assert likely is not None and likely.levers_md.startswith("K")     # a KV-memory row of LEVERS.md
     assert likely.title in at.subheader[0].value
     text = " ".join(m.value for m in at.markdown)
@@ -169,7 +169,7 @@ def test_tenant_ratios_of_two_instances_are_not_added_up():
     """Real recording: two taps (round robin and sticky) each report tenant-0's hit ratio
     (0.69 and 0.76 at the end); the table has a row per instance and no ratio above 1."""
     rec = Path(__file__).resolve().parents[1] / "recordings" / "round-robin-vs-sticky.om.gz"
-    table = ui_data.load_triage(ui_data.Source("recording", str(rec))).frame
+    table = ui_data.load_triage(ui_data.SourceSpec("recording", str(rec))).frame
     rows = ui_data.tenant_table(table)
     assert list(rows.columns[:2]) == ["tenant", "instance"]
     assert rows["hit ratio (latest)"].max() <= 1.0 and rows["lost reuse (latest)"].max() <= 1.0

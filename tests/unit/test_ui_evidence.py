@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, Skipped
-from kvscope.ui.data import Source, SourceError, counts_caption, evidence_table, load_triage
+from kvscope.ui.data import SourceError, SourceSpec, counts_caption, evidence_table, load_triage
 from kvscope.ui.server import UiServer
 
 T0 = 1_700_000_000.0
@@ -50,7 +50,7 @@ def test_header_says_how_many_rules_could_not_be_evaluated():
 
 
 def test_streamlit_runs_headless_on_loopback_without_the_developer_toolbar():
-    cmd = UiServer(Source("recording", "/x.om"), 8599).command()
+    cmd = UiServer(SourceSpec("recording", "/x.om"), 8599).command()
     flags = dict(zip(cmd[::1], cmd[1:], strict=False))
     assert flags["--server.address"] == "127.0.0.1" and flags["--server.port"] == "8599"
     assert flags["--client.toolbarMode"] == "minimal"          # no "Deploy" button on an on-call page
@@ -62,15 +62,15 @@ def test_a_preloaded_recording_is_handed_over_once(tmp_path):
     from kvscope.ui.data import start_preload, take_preloaded
 
     path = str(RECORDINGS / "kv-pressure-cascade.om.gz")
-    start_preload(Source("recording", path))
-    start_preload(Source("prometheus", "http://127.0.0.1:9"))        # live sources are read on demand
+    start_preload(SourceSpec("recording", path))
+    start_preload(SourceSpec("prometheus", "http://127.0.0.1:9"))        # live sources are read on demand
     data = take_preloaded(path)
     assert data is not None and data.diagnosis.likely_cause.rule_id == "kv_pressure_cascade"
     assert take_preloaded(path) is None                             # once; the page cache keeps it
     assert take_preloaded("http://127.0.0.1:9") is None
     bad = tmp_path / "empty.om"
     bad.write_text("")
-    start_preload(Source("recording", str(bad)))
+    start_preload(SourceSpec("recording", str(bad)))
     with pytest.raises(SourceError):                                # the page shows it as st.error
         take_preloaded(str(bad))
 
@@ -80,7 +80,7 @@ def test_a_truncated_gzip_recording_is_a_source_error_not_a_traceback(tmp_path):
     cut = tmp_path / "cut.om.gz"
     cut.write_bytes(whole[: len(whole) // 3])
     with pytest.raises(SourceError, match="truncated or corrupt"):
-        load_triage(Source("recording", str(cut)))
+        load_triage(SourceSpec("recording", str(cut)))
 
 
 def test_window_text_names_the_span_totals_are_over():
@@ -95,7 +95,7 @@ def test_every_evidence_series_gets_its_chart_with_the_rules_unit():
     gets a chart titled by the evidence name, in the rule's unit."""
     from kvscope.ui.data import evidence_charts
 
-    data = load_triage(Source("recording", str(RECORDINGS / "kv-pressure-cascade.om.gz")))
+    data = load_triage(SourceSpec("recording", str(RECORDINGS / "kv-pressure-cascade.om.gz")))
     likely = data.diagnosis.likely_cause
     charts = {name: unit for name, unit, _ in evidence_charts(data, likely)}
     keyed = {e.name: e.unit for e in likely.evidence if e.value is not None}
@@ -161,7 +161,7 @@ def test_a_fleet_wide_chart_shows_min_mean_max_over_every_series():
 def test_a_fleet_finding_charts_the_fleet_value_the_rule_read():
     from kvscope.ui.data import evidence_charts
 
-    data = load_triage(Source("recording", str(RECORDINGS / "fleet-dcgm-utilization-trap.om.gz")))
+    data = load_triage(SourceSpec("recording", str(RECORDINGS / "fleet-dcgm-utilization-trap.om.gz")))
     likely = data.diagnosis.likely_cause
     assert likely.rule_id == "fleet_util_low" and likely.where == {}
     charts = {name: df for name, _, df in evidence_charts(data, likely)}
@@ -179,7 +179,7 @@ def test_the_evidence_numbers_can_be_read_off_the_charts(recording):
     period its max / min / mean / first / last is the evidence value, for every evidence item."""
     from kvscope.ui.data import evidence_charts
 
-    data = load_triage(Source("recording", str(RECORDINGS / f"{recording}.om.gz")))
+    data = load_triage(SourceSpec("recording", str(RECORDINGS / f"{recording}.om.gz")))
     checked = 0
     for f in data.diagnosis.findings:
         charts = {name: df for name, _, df in evidence_charts(data, f)}

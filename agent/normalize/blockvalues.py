@@ -3,7 +3,7 @@
 Between two scrapes a counter or gauge family usually keeps every line but its value: the same
 HELP/TYPE lines, the same series in the same order. `ValueTemplate` remembers, for one parsed
 block, the text of every line up to its last space and how each canonical output is made from
-the sample values (agent/dialects/dialect.py, `linear_plan`); `apply` then takes the next text
+the sample values (agent/normalize/dialect.py, `linear_plan`); `apply` then takes the next text
 of the block at the same place and, if every line still matches, returns the new canonical
 (name, labels, value) triples with one C-level pass per step and no regex, label parsing or
 label mapping. Whenever the answer could differ from parse + normalize, `apply` returns None and

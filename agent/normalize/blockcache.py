@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_, is_not
 
-from kvscope.agent.dialects.dialect import MappingMemo, Normalized, normalize
-from kvscope.agent.scrape.blockvalues import ValueTemplate
+from kvscope.agent.normalize.blockvalues import ValueTemplate
+from kvscope.agent.normalize.dialect import MappingMemo, Normalized, normalize
 from kvscope.agent.scrape.exposition import ParseIssue, parse_exposition
 from kvscope.agent.scrape.stamped import Stamped
 from kvscope.agent.signals import Catalog, Labels, Sample
@@ -123,7 +123,7 @@ class BlockCache:
 
     def _reread_values(self, keys: list[BlockKey], ordered: list[_Block | None]) -> int:
         """Fill the misses whose block at the same place last scrape re-reads them (only values
-        moved: agent/scrape/blockvalues.py); returns how many it filled."""
+        moved: agent/normalize/blockvalues.py); returns how many it filled."""
         filled = 0
         prev = self._layout
         for i in compress(range(len(keys)), map(is_, ordered, repeat(None))):
