@@ -24,6 +24,7 @@ from kvscope.agent.engines.coverage import (
     problems,
 )
 from kvscope.agent.signals import load_catalog, parse_catalog
+
 from kvscope.cli import main
 from kvscope.commands._needed import needed_signals
 

@@ -58,9 +58,13 @@ def test_vllm_old_and_new_itl_histograms_count_each_token_gap_once(load_fixture,
         assert values(norm, "request_itl_seconds_bucket", le="0.025") == [100.0]
 
 
-def test_vllm_0_10_prefix_cache_and_kv_usage_are_not_double_counted(load_fixture):
-    """0.10.2 exports gpu_prefix_cache_* and gpu_cache_usage_perc beside their new names."""
+@pytest.mark.parametrize("comments", [True, False])
+def test_vllm_0_10_prefix_cache_and_kv_usage_are_not_double_counted(load_fixture, comments):
+    """0.10.2 exports gpu_prefix_cache_* and gpu_cache_usage_perc beside their new names (without
+    HELP lines the whole payload is one block: the precedence is resolved inside it)."""
     text = load_fixture("scrapes/vllm-0.10.2-rendered.txt")
+    if not comments:
+        text = "".join(ln + "\n" for ln in text.splitlines() if not ln.startswith("#"))
     assert "vllm:gpu_prefix_cache_queries_total" in text and "vllm:prefix_cache_queries_total" in text
     for norm in both_paths(text, "vllm"):
         assert total(norm, "engine_prefix_cache_queries_tokens_total") == 1000.0
@@ -169,3 +173,36 @@ def test_dcgm_blank_values_are_dropped_and_counted(load_fixture, blank):
     assert values(later, "gpu_memory_temperature_celsius", gpu="1") == []
     assert len(values(later, "gpu_memory_temperature_celsius")) == 1
     assert later.dropped["sentinel"] == 1
+
+
+# ------------------------------------------------------------------ the catalog fields themselves
+def test_catalog_rejects_a_fallback_with_nothing_to_prefer_and_a_part_on_a_gauge():
+    from kvscope.agent.signals import CatalogError, parse_catalog
+
+    head = "dialects:\n  x: {prefixes: [\"x:\"], detect: [\"x:\"], labels: {}}\nsignals:\n"
+    with pytest.raises(CatalogError, match="fallback but x has no other alias"):
+        parse_catalog(head + "  a_total:\n    kind: counter\n    aliases:\n"
+                             "      - {engine: x, name: \"x:old\", fallback: true}\n")
+    with pytest.raises(CatalogError, match="part reads a histogram's _sum as a counter"):
+        parse_catalog(head + "  a_ratio:\n    kind: gauge\n    aliases:\n      - {engine: x, name: \"x:h\", part: sum}\n")
+    with pytest.raises(CatalogError, match="sentinels must be numbers"):
+        parse_catalog("dialects:\n  x: {prefixes: [\"x:\"], detect: [\"x:\"], sentinels: [blank]}\n")
+
+
+def test_renamed_alerts_pair_each_current_name_with_its_fallback_names():
+    """promrules.RENAMED_SIGNALS reads 'current first, old after': the old ones are the fallbacks."""
+    from kvscope.diagnoser.promrules import RENAMED_SIGNALS
+
+    for name in RENAMED_SIGNALS:
+        by_engine: dict[str, list] = {}
+        for alias in CATALOG.signals[name].aliases:
+            by_engine.setdefault(alias.engine, []).append(alias)
+        for aliases in by_engine.values():
+            assert not aliases[0].fallback and all(a.fallback for a in aliases[1:]), name
+
+
+def test_sentinels_are_dropped_only_for_the_dialect_that_declares_them():
+    """2147483632 is a DCGM blank, but a plain number for vLLM."""
+    text = 'vllm:prompt_tokens_total{engine="0",model_name="m"} 2147483632\n'
+    for norm in both_paths(text, "vllm"):
+        assert values(norm, "engine_prompt_tokens_total") == [2147483632.0]
