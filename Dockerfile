@@ -21,6 +21,7 @@ COPY pyproject.toml setup.py README.md ./
 COPY kvscope/ kvscope/
 COPY agent/ agent/
 COPY diagnoser/ diagnoser/
+COPY report/ report/
 COPY rules/ rules/
 COPY dashboards/ dashboards/
 COPY ui/ ui/

@@ -36,7 +36,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
-from kvscope.agent.analytics.gpu_join import parse_gpu_mapping
 from kvscope.agent.signals import load_catalog
 
 
@@ -164,6 +163,23 @@ class AgentConfig:
 _UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _UNITS_B = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
             "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def parse_gpu_mapping(raw: Any) -> dict[str, tuple[str, ...]]:
+    """Validate the `gpu_mapping` config value (read by agent/derive/gpu_join.py): GPU uuid or
+    index -> instance(s).
+    Raises ValueError naming the bad entry."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"gpu_mapping: expected a mapping of GPU uuid or index to instance, got {type(raw).__name__}")
+    out: dict[str, tuple[str, ...]] = {}
+    for key, value in raw.items():
+        values = value if isinstance(value, list | tuple) else [value]
+        if not values or not all(isinstance(v, str) and v for v in values):
+            raise ValueError(f"gpu_mapping.{key}: expected an instance name or a list of them, got {value!r}")
+        out[str(key)] = tuple(values)
+    return out
 
 
 def parse_seconds(value: Any) -> float:
@@ -325,7 +341,7 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     cfg.collectors = _collectors(layers, known_collectors)
     cfg.gpu_mapping = layers.get("gpu_mapping")
     try:
-        parse_gpu_mapping(cfg.gpu_mapping)       # the join owns the format; fail at start, not per cycle
+        parse_gpu_mapping(cfg.gpu_mapping)       # fail at start, not per cycle of the join
     except ValueError as e:
         raise ConfigError(f"{e}{layers.where('gpu_mapping')}") from None
     return cfg

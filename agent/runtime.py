@@ -26,8 +26,8 @@ from typing import Any
 from kvscope.agent import collectors as collectors_pkg
 from kvscope.agent.collectors.base import Collection, Collector, Health, registered_collectors
 from kvscope.agent.config import AgentConfig
+from kvscope.agent.scrape.stamped import Parts, Stamped
 from kvscope.agent.signals import Labels, Sample, make_labels
-from kvscope.agent.stamped import Parts, Stamped
 
 log = logging.getLogger("kvscope.agent")
 
@@ -305,7 +305,7 @@ class AgentRuntime:
         """Collect once from every collector (concurrently), then derive and store."""
         t0 = time.monotonic()
         results = await asyncio.gather(*(self._collect_one(c) for c in self.collectors))
-        cycle = Parts()   # the collections as they came (agent/stamped.py): no flat copy per cycle
+        cycle = Parts()   # the collections as they came (agent/scrape/stamped.py): no flat copy per cycle
         for collector, (collection, status) in zip(self.collectors, results, strict=True):
             self._absorb(collector.name, collection, status)
             cycle.add(collection.samples)

@@ -276,7 +276,7 @@ def measure(args, agent, prom, agent_port: int, prom_port: int) -> None:
 
 
 def print_store_rows(path: Path) -> None:
-    """How the agent's SQLite store holds what it was given (change points, agent/store.py)."""
+    """How the agent's SQLite store holds what it was given (change points, agent/store/sqlite.py)."""
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
         counts = {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]   # noqa: S608 - fixed names

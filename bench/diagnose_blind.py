@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 
 import yaml
-from kvscope.diagnoser.engine import diagnose, sample_names
-from kvscope.diagnoser.rule import read_rules
+from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
+from kvscope.diagnoser.rulebook.rule import read_rules
 from kvscope.diagnoser.sources.recording import RecordingSource
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -76,9 +76,13 @@ def collect_diagnoses(label: str) -> dict[str, dict]:
     """Diagnosis JSON (as a dict) per input, diagnosed by whichever `kvscope` is imported."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from diagnose_scale import build_frame
-    from kvscope.diagnoser.engine import diagnose, sample_names
-    from kvscope.diagnoser.rule import read_rules
     from kvscope.diagnoser.sources.recording import RecordingSource
+    try:
+        from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
+        from kvscope.diagnoser.rulebook.rule import read_rules
+    except ImportError:  # a revision before the per-stage layout (diagnoser/engine.py, rule.py)
+        from kvscope.diagnoser.engine import diagnose, sample_names  # type: ignore[no-redef]
+        from kvscope.diagnoser.rule import read_rules  # type: ignore[no-redef]
 
     rules = read_rules()
     names = set().union(*(sample_names(r) for r in rules))

@@ -27,8 +27,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # for testbed; kvscope comes from the install (or an overlay)
 
-from kvscope.diagnoser.engine import diagnose, sample_names  # noqa: E402
-from kvscope.diagnoser.rule import read_rules  # noqa: E402
+from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names  # noqa: E402
+from kvscope.diagnoser.rulebook.rule import read_rules  # noqa: E402
 from kvscope.diagnoser.sources.recording import RecordingSource  # noqa: E402
 
 from testbed.recording_variants import (  # noqa: E402
@@ -100,7 +100,7 @@ def main() -> int:
         for name, verdict, detail in rows:
             if verdict == "FAIL":
                 print(f"FAIL {variant} {name}: {detail}")
-    import kvscope.diagnoser.engine as engine_module
+    import kvscope.diagnoser.evaluate.evaluator as engine_module
     print(f"\n{sum(len(r) for r in table.values())} cases, {failures} failing, "
           f"{time.perf_counter() - t0:.0f} s (diagnoser from {Path(engine_module.__file__).parent})")
     return 1 if failures else 0

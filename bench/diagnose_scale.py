@@ -8,7 +8,7 @@ and findings are built, not just skipped.
 
 Goal: under 5 s for the whole rule set. Prints the time and the ratio to the goal, and a named
 baseline measured in the same run: one series (TTFT p99 over 5 minutes, per engine, at every
-grid point) computed with the scalar per-series functions of kvscope.agent.analytics
+grid point) computed with the scalar per-series functions of kvscope.agent.derive
 (`window_quantile`, as the agent uses them) on a sample of engines and scaled to the fleet,
 against the vectorised grid path for the same series.
 
@@ -30,9 +30,15 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 from kvscope.agent.signals import make_labels  # noqa: E402
-from kvscope.diagnoser.engine import diagnose  # noqa: E402
-from kvscope.diagnoser.frame import Block, Frame, make_grid  # noqa: E402
-from kvscope.diagnoser.rule import read_rules  # noqa: E402
+
+try:
+    from kvscope.diagnoser.evaluate.evaluator import diagnose
+    from kvscope.diagnoser.evaluate.frame import Block, Frame, make_grid
+    from kvscope.diagnoser.rulebook.rule import read_rules
+except ImportError:  # a revision before the per-stage layout, run by bench/diagnose_golden.py --against
+    from kvscope.diagnoser.engine import diagnose  # type: ignore[no-redef]
+    from kvscope.diagnoser.frame import Block, Frame, make_grid  # type: ignore[no-redef]
+    from kvscope.diagnoser.rule import read_rules  # type: ignore[no-redef]
 
 GOAL_S = 5.0
 WORKERS = 1   # set by --workers; 1 measures the algorithm's own cost
@@ -160,9 +166,9 @@ def profile_run(frame: Frame, rules, top: int) -> None:
 def baseline_scalar(frame: Frame, sample: int) -> tuple[float, float, np.ndarray]:
     """(seconds per engine, vectorised seconds for all engines, scalar p99s of the sample engines):
     TTFT p99 over 5 m at every grid point, per engine."""
-    from kvscope.agent.analytics.quantiles import window_quantile
-    from kvscope.diagnoser.expr import SeriesEvaluator
-    from kvscope.diagnoser.rule import Rule, parse_yaml, rule_from_doc
+    from kvscope.agent.derive.quantiles import window_quantile
+    from kvscope.diagnoser.evaluate.expr import SeriesEvaluator
+    from kvscope.diagnoser.rulebook.rule import Rule, parse_yaml, rule_from_doc
 
     block = frame.blocks["request_ttft_seconds_bucket"]
     by_engine: dict[str, dict[float, np.ndarray]] = {}

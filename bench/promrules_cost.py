@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from kvscope.diagnoser.promrules_build import build_all
+from kvscope.diagnoser.promql.build import build_all
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))       # testbed/ (test tooling at the repo root, not installed)

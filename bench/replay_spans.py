@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from kvscope.diagnoser.engine import sample_names
-from kvscope.diagnoser.rule import read_rules
+from kvscope.diagnoser.evaluate.evaluator import sample_names
+from kvscope.diagnoser.rulebook.rule import read_rules
 from kvscope.diagnoser.sources.recording import RecordingSource
 
 LIBRARY = Path(__file__).resolve().parents[1] / "tests" / "recordings"

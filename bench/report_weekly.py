@@ -14,8 +14,8 @@ import os
 import time
 
 import numpy as np
-from kvscope.diagnoser.report import WEEK_S, build_report, series_set_from_arrays
-from kvscope.diagnoser.report_render import render_html, render_markdown
+from kvscope.report.render import render_html, render_markdown
+from kvscope.report.weekly import WEEK_S, build_report, series_set_from_arrays
 
 GOAL_S = 10.0
 STEP_S = 15.0

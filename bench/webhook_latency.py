@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
-from kvscope.diagnoser.engine import diagnose, sample_names
-from kvscope.diagnoser.rule import read_rules
+from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
+from kvscope.diagnoser.rulebook.rule import read_rules
 from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,7 +27,7 @@ from kvscope.dashboards.board import Board, Panel
 from kvscope.dashboards.queries import AGENT_PREFIX
 
 AGENT_SERIES = ("target_up", "target_status", "target_series", "scrape_duration_seconds", "engine_info")
-"""The agent's self-health families that panels may read (documented in agent/export.py)."""
+"""The agent's self-health families that panels may read (documented in agent/serve/export.py)."""
 
 BUILTINS = ("ALERTS", "ALERTS_FOR_STATE", "up")
 CANONICAL_PREFIX = "kvscope:"

@@ -1,8 +1,8 @@
 """Every PromQL query the dashboards use, each written once.
 
-Panels read the agent's canonical re-export `kvscope_<signal>` (agent/export.py), so one set of
+Panels read the agent's canonical re-export `kvscope_<signal>` (agent/serve/export.py), so one set of
 panels serves vLLM and SGLang fleets: the agent has already mapped the native names (old and new)
-and units through agent/engines/catalog.yaml. Per-instance tail latencies read the recorded
+and units through agent/dialects/catalog.yaml. Per-instance tail latencies read the recorded
 `instance:<signal>:<op>` series of rules/prometheus/kvscope-derived.yml where those exist. The
 `kvscope:<signal>` canonical recordings are not read directly: the rules generator records only
 the ones its own files use (a TSDB-cost choice), and a dashboard must not depend on that set.

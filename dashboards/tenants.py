@@ -1,7 +1,7 @@
 """Tenants & fairness: is a healthy aggregate hit ratio hiding tenants that never hit (P8)?
 
 Per-tenant series come from kvscope's request tap / trace receiver (tenant_*, top-K tenants plus
-`other`); the fleet fairness gauges from agent/analytics (docs/requests.md).
+`other`); the fleet fairness gauges from agent/derive (docs/requests.md).
 """
 
 from kvscope.dashboards import queries as q

@@ -66,7 +66,7 @@ def fmt_where(f: Finding) -> str:
 def _rule_docs() -> dict[str, Any]:
     """The shipped rules' documents by id (for how each evidence value was taken and which
     engine facts a rule conditions on); empty when the rules cannot be read."""
-    from kvscope.diagnoser.rule import RuleError, read_rules
+    from kvscope.diagnoser.rulebook.rule import RuleError, read_rules
     try:
         return {r.id: r.doc for r in read_rules()}
     except (OSError, RuleError):
@@ -116,7 +116,7 @@ def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
     and clipped to the data the window held when the finding fired (from its onset to its end),
     not only at the window's end: a finding early in a long recording can compare with less
     than the rule's range."""
-    from kvscope.diagnoser.rule import parse_duration
+    from kvscope.diagnoser.rulebook.rule import parse_duration
 
     doc = _rule_docs().get(f.rule_id) or {}
     names = {str(i.get("series")): str(i.get("name", i.get("series"))) for i in doc.get("evidence") or []}

@@ -8,7 +8,7 @@ such a recording, at the level of the raw upstream samples, and writes it next t
 original spans sidecar, so `kvscope diagnose --recording` reads it exactly as it would read one
 recorded that way. `check_diagnosis` says whether a Diagnosis still matches the scenario YAML.
 
-Renames are derived from agent/engines/catalog.yaml only: a name is replaced by another alias
+Renames are derived from agent/dialects/catalog.yaml only: a name is replaced by another alias
 of the same signal for the same engine with the same scale, label handling and filter.
 """
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kvscope.agent.exposition import Exposition, RawSample
-from kvscope.agent.recording import RecordingWriter, Scrape, om_family, read_recording
+from kvscope.agent.recording.omfile import RecordingWriter, Scrape, om_family, read_recording
+from kvscope.agent.scrape.exposition import Exposition, RawSample
 from kvscope.agent.signals import Alias, Catalog, load_catalog
 
 SHIFT_S = 86_400.0 * 3 + 17.3

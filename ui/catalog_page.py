@@ -7,8 +7,8 @@ import streamlit as st
 
 
 def render() -> None:
-    from kvscope.diagnoser.levers import load_levers
-    from kvscope.diagnoser.rule import read_rules
+    from kvscope.diagnoser.rulebook.levers import load_levers
+    from kvscope.diagnoser.rulebook.rule import read_rules
 
     st.title("Rules & levers")
     rules = read_rules()

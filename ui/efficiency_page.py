@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
-from kvscope.diagnoser.report import UTILISATION_TRAP, compute_week
-from kvscope.diagnoser.report_render import POOL_COLUMNS, fmt
+from kvscope.report.render import POOL_COLUMNS, fmt
+from kvscope.report.weekly import UTILISATION_TRAP, compute_week
 from kvscope.ui.data import TriageData, window_text
 
 

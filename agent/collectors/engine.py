@@ -3,11 +3,11 @@
 Overview: each `collect()` scrapes all targets concurrently (each bounded by the scrape timeout
 and the body cap), detects the dialect of each target from its metric names (or uses the
 target's `engine` override), and normalizes the exposition to canonical samples. Families whose
-text did not change since the target's previous scrape are not parsed again (agent/blockcache.py).
+text did not change since the target's previous scrape are not parsed again (agent/scrape/blockcache.py).
 
 Failure modes, each reported in the target's `Health` and never raised:
 
-* the scrape fails: `up=False`, reason from agent/scrape.py (`timeout`, `http_503`,
+* the scrape fails: `up=False`, reason from agent/scrape/fetch.py (`timeout`, `http_503`,
   `body_too_large`...);
 * the payload names no known engine: `up=False`, reason `unknown_engine`, no samples;
 * the engine is known but nothing in the payload maps to a canonical signal (every name unmapped,
@@ -29,15 +29,15 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from kvscope.agent.blockcache import BlockCache
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import AgentConfig, Target
-from kvscope.agent.engines.dialect import Normalized, detect_engine, normalize
-from kvscope.agent.exposition import Exposition, ParseIssue, parse_exposition
-from kvscope.agent.httpclient import HttpClient
-from kvscope.agent.scrape import ScrapeError, new_session, read_exposition
+from kvscope.agent.dialects.dialect import Normalized, detect_engine, normalize
+from kvscope.agent.scrape.blockcache import BlockCache
+from kvscope.agent.scrape.exposition import Exposition, ParseIssue, parse_exposition
+from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
+from kvscope.agent.scrape.httpclient import HttpClient
+from kvscope.agent.scrape.stamped import Parts
 from kvscope.agent.signals import Catalog, load_catalog
-from kvscope.agent.stamped import Parts
 
 NAME = "engine"
 
@@ -113,7 +113,7 @@ class EngineCollector:
         return result
 
     async def collect(self) -> Collection:
-        """`samples` is a `Parts` (agent/stamped.py): one part per target, a `Stamped` when the
+        """`samples` is a `Parts` (agent/scrape/stamped.py): one part per target, a `Stamped` when the
         block memo made it (its blocks reach the store and the reset check as they are)."""
         out = Collection()
         out.samples = Parts()   # type: ignore[assignment]
@@ -158,7 +158,7 @@ class EngineCollector:
 
     def _normalize(self, scrape: TargetScrape, engine: str) -> tuple[Normalized, list[ParseIssue]]:
         """Whole-payload path when the payload is already parsed (detection, recording) or
-        OpenMetrics; else the per-target block memo (agent/blockcache.py), same result."""
+        OpenMetrics; else the per-target block memo (agent/scrape/blockcache.py), same result."""
         target = scrape.target
         if scrape.parsed or scrape.openmetrics:
             expo = scrape.exposition()

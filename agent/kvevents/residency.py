@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvscope.agent.kvevents.events import KvEvent
+from kvscope.agent.metricsets import RESIDENCY_BUCKETS, CounterSet, HistogramSet
 from kvscope.agent.signals import Sample, make_labels
-from kvscope.agent.traces.histogram import RESIDENCY_BUCKETS, CounterSet, HistogramSet
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Where the diagnoser reads a window of canonical series from.
 
-Every source returns a `Frame` (diagnoser/frame.py): canonical series sampled on one grid with
+Every source returns a `Frame` (diagnoser/evaluate/frame.py): canonical series sampled on one grid with
 Prometheus' lookback, plus engine facts. The same data gives the same frame from each source:
 
 * `recording.RecordingSource` - an OpenMetrics recording, through agent/replay (postmortems, tests);
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from kvscope.diagnoser.frame import Frame
+from kvscope.diagnoser.evaluate.frame import Frame
 
 
 class SourceError(RuntimeError):

@@ -11,7 +11,7 @@ import urllib.request
 from typing import Any
 
 from kvscope.agent.signals import Sample, make_labels
-from kvscope.diagnoser.frame import Frame, frame_from_samples
+from kvscope.diagnoser.evaluate.frame import Frame, frame_from_samples
 from kvscope.diagnoser.sources import SourceError
 
 DEFAULT_WINDOW_S = 1800.0

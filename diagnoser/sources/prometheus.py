@@ -20,10 +20,10 @@ import urllib.request
 from collections import defaultdict
 from typing import Any
 
-from kvscope.agent.engines.dialect import detect_engine, normalize
-from kvscope.agent.exposition import Exposition, RawSample
+from kvscope.agent.dialects.dialect import detect_engine, normalize
+from kvscope.agent.scrape.exposition import Exposition, RawSample
 from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Catalog, Sample, load_catalog, make_labels
-from kvscope.diagnoser.frame import Frame, frame_from_samples, merge_facts
+from kvscope.diagnoser.evaluate.frame import Frame, frame_from_samples, merge_facts
 from kvscope.diagnoser.sources import SourceError
 
 DEFAULT_WINDOW_S = 1800.0

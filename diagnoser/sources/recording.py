@@ -1,4 +1,4 @@
-"""Diagnose from an OpenMetrics recording (agent/recording.py), replayed through the dialects.
+"""Diagnose from an OpenMetrics recording (agent/recording/omfile.py), replayed through the dialects.
 
 When the recording has a spans sidecar (`x.spans.jsonl.gz` next to `x.om.gz`), its spans are
 stitched as the agent's trace receiver would and join the frame as `request_phase_seconds` (and
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from kvscope.agent.replay import add_spans, replay_recording, spans_path_for
-from kvscope.diagnoser.frame import (
+from kvscope.agent.recording.replay import add_spans, replay_recording, spans_path_for
+from kvscope.diagnoser.evaluate.frame import (
     Frame,
     failed_scrape_spans,
     frame_from_samples,

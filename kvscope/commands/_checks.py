@@ -109,7 +109,7 @@ def check_output_file(flag: str, path: str | Path) -> Path:
 
 def parse_seconds(flag: str, value: str) -> float:
     """A window length: plain seconds (1800) or a duration (30m, 1h, 1m30s). ValueError if neither."""
-    from kvscope.diagnoser.rule import parse_duration
+    from kvscope.diagnoser.rulebook.rule import parse_duration
 
     try:
         seconds = float(value)

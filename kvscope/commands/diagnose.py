@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope.diagnoser.rule import RuleError, parse_duration, read_rules
+    from kvscope.diagnoser.rulebook.rule import RuleError, parse_duration, read_rules
 
     if not (args.recording or args.prometheus or args.agent):
         print("kvscope diagnose: pick a source: --recording, --prometheus or --agent (see --help)", file=sys.stderr)
@@ -107,9 +107,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float) -> int:
-    from kvscope.diagnoser.engine import diagnose, sample_names
+    from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
     from kvscope.diagnoser.render import render_diagnosis
-    from kvscope.diagnoser.rule import parse_duration
+    from kvscope.diagnoser.rulebook.rule import parse_duration
     from kvscope.diagnoser.sources import SourceError
 
     source = _source(args)

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from kvscope.agent.collectors.engine import EngineCollector
 from kvscope.agent.config import AgentConfig, ConfigError, parse_seconds
-from kvscope.agent.recording import RecordingWriter
+from kvscope.agent.recording.omfile import RecordingWriter
 from kvscope.commands._flags import ENV_HELP, add_scrape_flags, config_from_args
 
 DESCRIPTION = """\

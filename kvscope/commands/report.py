@@ -91,7 +91,7 @@ def read_gpu_mapping(args: argparse.Namespace) -> dict:
     ValueError (usage) or FileNotFoundError."""
     import yaml
 
-    from kvscope.agent.analytics.gpu_join import parse_gpu_mapping
+    from kvscope.agent.config import parse_gpu_mapping
 
     if not args.recording:
         raise ValueError("--gpu-mapping: only with --recording (the agent applies its own gpu_mapping "
@@ -111,10 +111,10 @@ def read_gpu_mapping(args: argparse.Namespace) -> dict:
 
 def _load(args: argparse.Namespace):
     """(SeriesSet, end, source text, diagnoses: one per recording)."""
-    from kvscope.diagnoser.report import WEEK_S, read_prometheus_series, read_store_series, series_set_from_samples
+    from kvscope.report.weekly import WEEK_S, read_prometheus_series, read_store_series, series_set_from_samples
 
     if args.recording:
-        from kvscope.agent.replay import replay_recording
+        from kvscope.agent.recording.replay import replay_recording
         from kvscope.ui.data import Source, SourceError, triage_from_replay
 
         samples, diagnoses, ends = [], [], []
@@ -136,7 +136,7 @@ def _load(args: argparse.Namespace):
 
 def _check_not_empty(ss, source: str, end: float) -> None:
     """A source with none of the report's signals in the two weeks gets a message, not a crash."""
-    from kvscope.diagnoser.report import WEEK_S
+    from kvscope.report.weekly import WEEK_S
 
     if ss.first_ts() is None:
         raise ValueError(f"{source} has no kvscope samples between {_iso(end - 2 * WEEK_S)} and {_iso(end)} "
@@ -148,7 +148,7 @@ def coverage_note(ss, end: float) -> str:
     the data actually held and the span it is spread over, with its gaps, so a 10-minute
     recording's GPU cost is not read as a week's, nor two recordings 9 h apart as 9 h of data."""
     from kvscope.diagnoser.render import fmt_duration
-    from kvscope.diagnoser.report import WEEK_S, data_coverage
+    from kvscope.report.weekly import WEEK_S, data_coverage
 
     cov = data_coverage(ss, end - WEEK_S, end)
     if not cov.spans or cov.held_s >= 0.9 * WEEK_S:
@@ -170,8 +170,8 @@ def _iso(ts: float) -> str:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from kvscope.diagnoser.report import build_report
-    from kvscope.diagnoser.report_render import render_html, render_markdown
+    from kvscope.report.render import render_html, render_markdown
+    from kvscope.report.weekly import build_report
 
     try:
         check_args(args)

@@ -52,9 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope.diagnoser.alertmanager_server import ServeConfig, WebhookServer
-    from kvscope.diagnoser.alertmanager_store import DiagnosisStore
-    from kvscope.diagnoser.rule import parse_duration, read_rules
+    from kvscope.diagnoser.alertmanager.server import ServeConfig, WebhookServer
+    from kvscope.diagnoser.alertmanager.store import DiagnosisStore
+    from kvscope.diagnoser.rulebook.rule import parse_duration, read_rules
 
     try:
         listen = parse_listen("--listen", args.listen)
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(server: object, host: str, port: int) -> None:
-    from kvscope.agent.httpserve import HttpSite
+    from kvscope.agent.serve.site import HttpSite
 
     site = HttpSite(server.app(), access_log=None)  # type: ignore[attr-defined]
     bound = await site.start(host, port)

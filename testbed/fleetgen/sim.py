@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from kvscope.agent.exposition import parse_exposition
-from kvscope.agent.recording import RecordingWriter
+from kvscope.agent.recording.omfile import RecordingWriter
+from kvscope.agent.scrape.exposition import parse_exposition
 
 from testbed.fleetgen.families import (
     SGL_KV_XFER_MS,

@@ -17,12 +17,12 @@ import pytest
 from agentharness import fetch_metrics, fetch_text, running_agent, target_server, value
 from aiohttp import web
 from kvscope.agent.collectors.base import Collection
-from kvscope.agent.engines.dialect import normalize
-from kvscope.agent.export import render_metrics
-from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.dialects.dialect import normalize
 from kvscope.agent.runtime import AgentState
+from kvscope.agent.scrape.exposition import parse_exposition
+from kvscope.agent.serve.export import render_metrics
 from kvscope.agent.signals import load_catalog
-from kvscope.agent.store import InMemoryStore
+from kvscope.agent.store.sqlite import InMemoryStore
 
 from testbed.procs import free_port
 

@@ -16,9 +16,9 @@ import time
 
 import aiohttp
 import pytest
-from kvscope.agent.analytics.cascade import STAGES, CascadeConfig, evaluate_cascade, render_cascade_samples
-from kvscope.agent.engines.dialect import normalize
-from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.derive.cascade import STAGES, CascadeConfig, evaluate_cascade, render_cascade_samples
+from kvscope.agent.dialects.dialect import normalize
+from kvscope.agent.scrape.exposition import parse_exposition
 
 from testbed.tenants import synthetic_text
 from testbed.tiny_model import SERVED_NAME

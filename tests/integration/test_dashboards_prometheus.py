@@ -17,10 +17,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from kvscope.agent.analytics.cascade import evaluate_cascade, render_cascade_samples
-from kvscope.agent.exposition import format_labels, format_value
-from kvscope.agent.recording import read_recording_text
-from kvscope.agent.replay import replay_recording
+from kvscope.agent.derive.cascade import evaluate_cascade, render_cascade_samples
+from kvscope.agent.recording.omfile import read_recording_text
+from kvscope.agent.recording.replay import replay_recording
+from kvscope.agent.scrape.exposition import format_labels, format_value
 from kvscope.agent.signals import load_catalog
 from kvscope.dashboards.lint import read_recorded_names
 from kvscope.dashboards.queries import AGENT_PREFIX, PREFIX
@@ -77,7 +77,7 @@ def _binaries() -> tuple[str, str]:
 
 def derived_cascade(samples, every: int = 5) -> list:
     """The cascade series the live agent derives each cycle, evaluated at every `every`-th scrape
-    over the samples seen so far (agent/analytics/cascade.py)."""
+    over the samples seen so far (agent/derive/cascade.py)."""
     ordered = sorted((s for s in samples if s.timestamp is not None), key=lambda s: s.timestamp)
     times = sorted({s.timestamp for s in ordered if s.name == "kvscope_target_up"})
     out, i = [], 0
@@ -294,7 +294,7 @@ def test_ui_diagnoses_the_same_cause_from_prometheus(loaded, recording):
 
 
 def test_weekly_report_from_prometheus_matches_the_recording(loaded):
-    from kvscope.diagnoser.report import build_report, read_prometheus_series, series_set_from_samples
+    from kvscope.report.weekly import build_report, read_prometheus_series, series_set_from_samples
 
     url, replay = loaded
     direct = build_report(series_set_from_samples(replay.samples), replay.end + 1, 2.5, "recording").this

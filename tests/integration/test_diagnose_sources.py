@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kvscope.agent.replay import replay_recording
-from kvscope.agent.store import InMemoryStore
-from kvscope.diagnoser.engine import diagnose, sample_names
-from kvscope.diagnoser.rule import read_rules
+from kvscope.agent.recording.replay import replay_recording
+from kvscope.agent.store.sqlite import InMemoryStore
+from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
+from kvscope.diagnoser.rulebook.rule import read_rules
 from kvscope.diagnoser.sources.agent import AgentSource
 from kvscope.diagnoser.sources.prometheus import PrometheusSource
 from kvscope.diagnoser.sources.recording import RecordingSource

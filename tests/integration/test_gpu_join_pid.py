@@ -79,11 +79,11 @@ def engine(tmp_path):
 
 
 def test_engine_is_joined_to_its_gpu_by_pid(engine):
-    from kvscope.agent.analytics.gpu_join import derive_engine_gpu
     from kvscope.agent.collectors.engine import EngineCollector
     from kvscope.agent.collectors.host import HostCollector
     from kvscope.agent.collectors.nvml import NvmlCollector
     from kvscope.agent.config import AgentConfig, Target
+    from kvscope.agent.derive.gpu_join import derive_engine_gpu
 
     port, pid = engine
     config = AgentConfig(targets=[Target(url=f"http://127.0.0.1:{port}/metrics", job="vllm", instance="engine-0")])

@@ -6,9 +6,9 @@ import urllib.request
 
 import aiohttp
 import pytest
-from kvscope.agent.engines.dialect import normalize
-from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.dialects.dialect import normalize
 from kvscope.agent.kvevents.subscriber import KvEventSource, KvEventSubscriber
+from kvscope.agent.scrape.exposition import parse_exposition
 
 from testbed.tenants import synthetic_text
 from testbed.tiny_model import SERVED_NAME

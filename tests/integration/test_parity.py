@@ -2,7 +2,7 @@
 
 For each case of each `rules/diagnosis/<id>.test.yaml` the same input series go to both sides:
 
-* Python: the engine (diagnoser/engine.py) over the window [0, eval_time]: the groups whose
+* Python: the engine (diagnoser/evaluate/evaluator.py) over the window [0, eval_time]: the groups whose
   finding is still `active` at the end (with severity), and every group that fired at all.
 * Prometheus: the case's canonical series are fed to real `promtool test rules` as the agent
   would export them (`kvscope_<signal>`), through the generated canonical recording rules and
@@ -28,14 +28,14 @@ from pathlib import Path
 import pytest
 import yaml
 from kvscope.agent.signals import load_catalog
-from kvscope.diagnoser.engine import evaluate_rule
+from kvscope.diagnoser.evaluate.evaluator import evaluate_rule
+from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, frame_from_samples
 from kvscope.diagnoser.findings import SEVERITY_RANK
-from kvscope.diagnoser.frame import DEFAULT_LOOKBACK_S, frame_from_samples
-from kvscope.diagnoser.levers import load_levers
-from kvscope.diagnoser.promrules import canonical_rules, render_rule_file
-from kvscope.diagnoser.promrules_alerts import alert_name, compile_rule
-from kvscope.diagnoser.rule import read_rule, rule_paths
-from kvscope.diagnoser.testcases import case_samples, read_test_file
+from kvscope.diagnoser.promql.alerts import alert_name, compile_rule
+from kvscope.diagnoser.promql.rulefiles import canonical_rules, render_rule_file
+from kvscope.diagnoser.rulebook.levers import load_levers
+from kvscope.diagnoser.rulebook.rule import read_rule, rule_paths
+from kvscope.diagnoser.rulebook.testcases import case_samples, read_test_file
 
 pytestmark = [
     pytest.mark.prometheus,

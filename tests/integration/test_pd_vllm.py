@@ -23,8 +23,8 @@ import uuid
 
 import pytest
 from agentharness import fetch_metrics, running_agent, value
-from kvscope.agent.engines.dialect import normalize
-from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.dialects.dialect import normalize
+from kvscope.agent.scrape.exposition import parse_exposition
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.propagate import inject
 from opentelemetry.sdk.resources import Resource

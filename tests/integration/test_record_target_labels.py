@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 from agentharness import start_target_process
-from kvscope.agent.analytics.gpu_join import JOIN_NAME, derive_engine_gpu
 from kvscope.agent.collectors.engine import EngineCollector
 from kvscope.agent.config import build_config, read_config_file
-from kvscope.agent.recording import read_recording
-from kvscope.agent.replay import replay_recording
+from kvscope.agent.derive.gpu_join import JOIN_NAME, derive_engine_gpu
+from kvscope.agent.recording.omfile import read_recording
+from kvscope.agent.recording.replay import replay_recording
 from kvscope.diagnoser.sources.recording import RecordingSource
 
 from testbed.procs import stop_process

@@ -11,12 +11,12 @@ import textwrap
 import time
 
 from kvscope.agent.signals import make_labels
-from kvscope.agent.store import SqliteStore
+from kvscope.agent.store.sqlite import SqliteStore
 
 WRITER = textwrap.dedent("""
     import sys, time
     from kvscope.agent.signals import Sample, make_labels
-    from kvscope.agent.store import SqliteStore
+    from kvscope.agent.store.sqlite import SqliteStore
 
     store = SqliteStore(sys.argv[1], flush_interval_s=0.05, batch_size=3000)
     base = time.time() - 600

@@ -7,7 +7,7 @@ import json
 import socket
 
 import pytest
-from kvscope.diagnoser.alertmanager import (
+from kvscope.diagnoser.alertmanager.payload import (
     WebhookError,
     at_place,
     diagnosis_window,
@@ -16,7 +16,7 @@ from kvscope.diagnoser.alertmanager import (
     parse_webhook,
     select_findings,
 )
-from kvscope.diagnoser.alertmanager_store import DiagnosisStore
+from kvscope.diagnoser.alertmanager.store import DiagnosisStore
 
 from kvscope.commands._params import parse_params
 
@@ -143,7 +143,7 @@ def test_unreachable_prometheus_is_recorded_on_the_row_and_the_receiver_keeps_se
     import asyncio
 
     from aiohttp.test_utils import TestClient, TestServer
-    from kvscope.diagnoser.alertmanager_server import ServeConfig, WebhookServer
+    from kvscope.diagnoser.alertmanager.server import ServeConfig, WebhookServer
 
     async def scenario() -> tuple[dict, int]:
         with socket.socket() as s:          # a port nothing listens on

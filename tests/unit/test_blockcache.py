@@ -6,9 +6,9 @@ import random
 from collections import Counter
 
 import pytest
-from kvscope.agent.blockcache import BlockCache, block_keys, block_text, split_blocks
-from kvscope.agent.engines.dialect import normalize
-from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.dialects.dialect import normalize
+from kvscope.agent.scrape.blockcache import BlockCache, block_keys, block_text, split_blocks
+from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import load_catalog
 
 CATALOG = load_catalog()

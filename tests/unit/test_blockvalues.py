@@ -1,4 +1,4 @@
-"""Value templates (agent/blockvalues.py) give exactly what parse + normalize give, or step aside.
+"""Value templates (agent/scrape/blockvalues.py) give exactly what parse + normalize give, or step aside.
 
 Each case feeds a sequence of payloads through a BlockCache and compares every scrape with the
 whole-payload general path; the `values` counter says whether the template path was taken."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from kvscope.agent.blockcache import BlockCache, split_blocks
-from kvscope.agent.blockvalues import ValueTemplate
-from kvscope.agent.engines.dialect import MappingMemo, normalize
-from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.dialects.dialect import MappingMemo, normalize
+from kvscope.agent.scrape.blockcache import BlockCache, split_blocks
+from kvscope.agent.scrape.blockvalues import ValueTemplate
+from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import load_catalog
 
 CATALOG = load_catalog()

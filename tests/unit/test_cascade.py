@@ -1,6 +1,6 @@
 """The eviction-cascade detector on hand-built canonical series (002 §7.4 stages)."""
 
-from kvscope.agent.analytics.cascade import CascadeConfig, evaluate_cascade, render_cascade_samples
+from kvscope.agent.derive.cascade import CascadeConfig, evaluate_cascade, render_cascade_samples
 from kvscope.agent.signals import Sample, make_labels
 
 INST = {"instance": "e0:8000", "engine": "vllm"}

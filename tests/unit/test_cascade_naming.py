@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvscope.agent.analytics.cascade import STAGES, evaluate_cascade
-from kvscope.agent.replay import replay_recording
-from kvscope.diagnoser.rule import read_rules
+from kvscope.agent.derive.cascade import STAGES, evaluate_cascade
+from kvscope.agent.recording.replay import replay_recording
+from kvscope.diagnoser.rulebook.rule import read_rules
 
 from tests.unit.test_diagnoser_render import _diagnose
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import random
 
 import pytest
-from kvscope.agent.analytics.quantiles import window_quantiles
-from kvscope.agent.analytics.rates import raw_increase
-from kvscope.agent.changepoints import ChangeEncoder, fill_points
+from kvscope.agent.derive.quantiles import window_quantiles
+from kvscope.agent.derive.rates import raw_increase
 from kvscope.agent.signals import Sample, make_labels
-from kvscope.agent.store import InMemoryStore, SqliteStore
+from kvscope.agent.store.changepoints import ChangeEncoder, fill_points
+from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore
 
 BASE = 1_700_000_000.0
 CYCLES = 120

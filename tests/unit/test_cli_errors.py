@@ -187,7 +187,7 @@ def test_report_does_not_create_a_store_that_is_not_there(capsys, tmp_path):
 
 
 def test_report_on_an_empty_store_says_there_is_no_data(capsys, tmp_path):
-    from kvscope.agent.store import SqliteStore
+    from kvscope.agent.store.sqlite import SqliteStore
 
     path = tmp_path / "kvscope.db"
     SqliteStore(str(path), background=False).close()

@@ -4,7 +4,7 @@ recording's totals are not read as a week's."""
 from __future__ import annotations
 
 from kvscope.agent.signals import Sample
-from kvscope.diagnoser.report import WEEK_S, data_coverage, series_set_from_samples
+from kvscope.report.weekly import WEEK_S, data_coverage, series_set_from_samples
 
 from kvscope.commands.report import coverage_note
 

@@ -3,10 +3,10 @@ each checked on a small hand-made input where the old behaviour was wrong."""
 
 from __future__ import annotations
 
-from kvscope.diagnoser.engine import diagnose
-from kvscope.diagnoser.frame import frame_from_samples
-from kvscope.diagnoser.rule import read_rule, rules_dir
-from kvscope.diagnoser.testcases import Case, case_samples
+from kvscope.diagnoser.evaluate.evaluator import diagnose
+from kvscope.diagnoser.evaluate.frame import frame_from_samples
+from kvscope.diagnoser.rulebook.rule import read_rule, rules_dir
+from kvscope.diagnoser.rulebook.testcases import Case, case_samples
 
 
 def _frame(series: list[dict], eval_time: float, interval: float = 60.0):
@@ -77,7 +77,7 @@ def test_a_target_that_stops_being_scraped_is_gone_not_frozen_for_the_lookback()
     # removed target's series stale at once; the recording source held them for the 5 min lookback,
     # so the replica count never fell and U7 (oscillation) was missed.
     import numpy as np
-    from kvscope.diagnoser.frame import mark_removed, removed_target_spans
+    from kvscope.diagnoser.evaluate.frame import mark_removed, removed_target_spans
     up = [("a", float(t), True) for t in range(0, 600, 30)]
     up += [("b", float(t), True) for t in range(0, 120, 30)] + [("b", float(t), True) for t in range(300, 600, 30)]
     up += [("c", float(t), t < 200) for t in range(0, 600, 30)]      # failing, still scraped: not removed

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from kvscope.diagnoser.engine import auto_time_scale, diagnose, sample_names
+from kvscope.diagnoser.evaluate.evaluator import auto_time_scale, diagnose, sample_names
+from kvscope.diagnoser.evaluate.frame import frame_from_samples
 from kvscope.diagnoser.findings import Diagnosis
-from kvscope.diagnoser.frame import frame_from_samples
-from kvscope.diagnoser.rule import read_rules
-from kvscope.diagnoser.testcases import Case, case_samples
+from kvscope.diagnoser.rulebook.rule import read_rules
+from kvscope.diagnoser.rulebook.testcases import Case, case_samples
 
 from kvscope.cli import main
 

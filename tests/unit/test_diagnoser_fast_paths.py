@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from kvscope.agent.signals import make_labels
-from kvscope.diagnoser import grid
-from kvscope.diagnoser.conditions import _run_lengths, run_lengths
-from kvscope.diagnoser.engine import diagnose
-from kvscope.diagnoser.expr import SeriesEvaluator, _quantiles, align
-from kvscope.diagnoser.frame import Block, Frame, make_grid
-from kvscope.diagnoser.rule import parse_yaml, read_rules, rule_from_doc
+from kvscope.diagnoser.evaluate import grid
+from kvscope.diagnoser.evaluate.conditions import _run_lengths, run_lengths
+from kvscope.diagnoser.evaluate.evaluator import diagnose
+from kvscope.diagnoser.evaluate.expr import SeriesEvaluator, _quantiles, align
+from kvscope.diagnoser.evaluate.frame import Block, Frame, make_grid
+from kvscope.diagnoser.rulebook.rule import parse_yaml, read_rules, rule_from_doc
 
 BOUNDS = [-1.0, 0.0, 0.05, 0.1, 0.5, 1.0, 2.5, 10.0, 100.0]
 
@@ -207,7 +207,7 @@ def _frame_with_bounds(bounds_per_engine: list[list[str]]) -> Frame:
     [["10", "9", "+Inf"]] * 3,                                  # string order is not bound order
 ])
 def test_uniform_bucket_layout_equals_the_general_layout(bounds, monkeypatch):
-    from kvscope.diagnoser import buckets
+    from kvscope.diagnoser.evaluate import buckets
     frame = _frame_with_bounds(bounds)
     rule = rule_from_doc(parse_yaml("id: t\nby: [instance]\nseries:\n  p: {quantile: 0.9, histogram: h, "
                                     "range: 1m}\n"), "t.yaml")
@@ -221,7 +221,7 @@ def test_uniform_bucket_layout_equals_the_general_layout(bounds, monkeypatch):
 
 
 def test_lazy_all_of_stops_once_nothing_holds_and_gives_the_same_truth():
-    from kvscope.diagnoser.conditions import ConditionEvaluator
+    from kvscope.diagnoser.evaluate.conditions import ConditionEvaluator
     frame = _bench_like_frame()
     rule = rule_from_doc(parse_yaml("id: t\nby: [instance]\nseries:\n  p: {quantile: 0.5, "
                                     "histogram: request_ttft_seconds, range: 2m}\n"), "t.yaml")

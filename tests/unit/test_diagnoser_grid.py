@@ -7,10 +7,10 @@ import math
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvscope.agent.analytics.quantiles import histogram_quantile, window_quantile
-from kvscope.agent.analytics.rates import increase
-from kvscope.diagnoser import grid
-from kvscope.diagnoser.frame import make_grid, sample_on_grid
+from kvscope.agent.derive.quantiles import histogram_quantile, window_quantile
+from kvscope.agent.derive.rates import increase
+from kvscope.diagnoser.evaluate import grid
+from kvscope.diagnoser.evaluate.frame import make_grid, sample_on_grid
 
 STEP = 15.0
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from kvscope.diagnoser.expr import prom_duration, promql
+from kvscope.diagnoser.evaluate.expr import prom_duration, promql
 from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, LeverAdvice, Skipped, same_mechanism
 from kvscope.diagnoser.render import (
     baseline_lines,
@@ -19,7 +19,7 @@ from kvscope.diagnoser.render import (
     render_taken,
     shown_evidence,
 )
-from kvscope.diagnoser.rule import parse_yaml, rule_from_doc
+from kvscope.diagnoser.rulebook.rule import parse_yaml, rule_from_doc
 from rich.console import Console
 
 T0 = 1_700_000_000.0
@@ -166,8 +166,8 @@ def test_engine_facts_the_rule_conditions_on_are_shown():
 
 
 def _diagnose(name: str) -> Diagnosis:
-    from kvscope.diagnoser.engine import diagnose, sample_names
-    from kvscope.diagnoser.rule import read_rules
+    from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
+    from kvscope.diagnoser.rulebook.rule import read_rules
     from kvscope.diagnoser.sources.recording import RecordingSource
     source = RecordingSource(RECORDINGS / f"{name}.om.gz")
     rules = read_rules()

@@ -8,10 +8,10 @@ import re
 from dataclasses import replace
 
 import pytest
-from kvscope.diagnoser.expr import promql
+from kvscope.diagnoser.evaluate.expr import promql
 from kvscope.diagnoser.findings import Finding
 from kvscope.diagnoser.render import baseline_lines
-from kvscope.diagnoser.rule import parse_duration, parse_yaml, rule_from_doc
+from kvscope.diagnoser.rulebook.rule import parse_duration, parse_yaml, rule_from_doc
 
 from tests.unit.test_diagnoser_render import T0, _diagnose, _finding
 

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 from kvscope.agent.signals import Sample, make_labels
-from kvscope.diagnoser import grid
-from kvscope.diagnoser.frame import failed_scrape_spans, frame_from_samples, mark_stale
+from kvscope.diagnoser.evaluate import grid
+from kvscope.diagnoser.evaluate.frame import failed_scrape_spans, frame_from_samples, mark_stale
 from kvscope.diagnoser.sources.recording import RecordingSource
 
 
@@ -45,8 +45,8 @@ def test_an_outage_leaves_the_rate_of_the_down_target_absent_then_right():
 
 
 def test_a_recording_with_a_failed_scrape_is_read_with_staleness(tmp_path):
-    from kvscope.agent.exposition import parse_exposition
-    from kvscope.agent.recording import RecordingWriter
+    from kvscope.agent.recording.omfile import RecordingWriter
+    from kvscope.agent.scrape.exposition import parse_exposition
     payload = "# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{{model_name=\"m\"}} {v}\n"
     writer = RecordingWriter(tmp_path / "r.om")
     for t in range(0, 301, 10):
@@ -61,8 +61,8 @@ def test_a_recording_with_a_failed_scrape_is_read_with_staleness(tmp_path):
 
 
 def test_a_replica_whose_scrapes_fail_still_counts_as_a_replica():
-    from kvscope.diagnoser.expr import SeriesEvaluator
-    from kvscope.diagnoser.rule import parse_yaml, rule_from_doc
+    from kvscope.diagnoser.evaluate.expr import SeriesEvaluator
+    from kvscope.diagnoser.rulebook.rule import parse_yaml, rule_from_doc
     doc = parse_yaml("""
 id: count_probe
 levers_md: P2
@@ -86,7 +86,7 @@ when:
 
 
 def _rate_rule(threshold: float, for_: str):
-    from kvscope.diagnoser.rule import parse_yaml, rule_from_doc
+    from kvscope.diagnoser.rulebook.rule import parse_yaml, rule_from_doc
     doc = parse_yaml(f"""
 id: rate_probe
 levers_md: P2
@@ -107,7 +107,7 @@ summary: rate
 
 
 def test_an_outage_inside_a_condition_does_not_cut_its_for_run():
-    from kvscope.diagnoser.engine import evaluate_rule
+    from kvscope.diagnoser.evaluate.evaluator import evaluate_rule
     frame, up = _counter_frame((100.0, 160.0))
     mark_stale(frame, failed_scrape_spans(up))
     findings = evaluate_rule(_rate_rule(5.0, "4m"), frame, {})

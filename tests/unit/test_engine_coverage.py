@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kvscope.agent.engines.coverage import (
+from kvscope.agent.dialects.coverage import (
     ABSENT,
     MAPS,
     MAPS_OFF,
@@ -79,7 +79,7 @@ def test_real_statuses_of_known_versions():
 def test_the_check_would_have_caught_the_sglang_cached_tokens_match():
     """Before issue 18 the alias matched cache_source in [device, total] only: every SGLang up to
     0.5.8 (no cache_source label) lost its prefix-hit signal. The check names it."""
-    text = (ROOT / "agent" / "engines" / "catalog.yaml").read_text()
+    text = (ROOT / "agent" / "dialects" / "catalog.yaml").read_text()
     old = text.replace('match: {cache_source: [device, total, ""]}', "match: {cache_source: [device, total]}")
     assert old != text
     cov = Coverage(parse_catalog(old), LISTS, MEANINGS)

@@ -2,16 +2,16 @@
 own metric classes (tests/fixtures/engine_names/README.md says how each was made).
 
 Every case is checked on both normalization paths: the whole-payload path (parse + normalize)
-and the per-target block memo (agent/blockcache.py), including a second scrape whose values
-moved (the value templates of agent/blockvalues.py), because they must give the same answer.
+and the per-target block memo (agent/scrape/blockcache.py), including a second scrape whose values
+moved (the value templates of agent/scrape/blockvalues.py), because they must give the same answer.
 """
 
 from __future__ import annotations
 
 import pytest
-from kvscope.agent.blockcache import BlockCache
-from kvscope.agent.engines.dialect import normalize
-from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.dialects.dialect import normalize
+from kvscope.agent.scrape.blockcache import BlockCache
+from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import load_catalog
 
 CATALOG = load_catalog()
@@ -191,7 +191,7 @@ def test_catalog_rejects_a_fallback_with_nothing_to_prefer_and_a_part_on_a_gauge
 
 def test_renamed_alerts_pair_each_current_name_with_its_fallback_names():
     """promrules.RENAMED_SIGNALS reads 'current first, old after': the old ones are the fallbacks."""
-    from kvscope.diagnoser.promrules import RENAMED_SIGNALS
+    from kvscope.diagnoser.promql.rulefiles import RENAMED_SIGNALS
 
     for name in RENAMED_SIGNALS:
         by_engine: dict[str, list] = {}

@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from kvscope.agent.analytics.fairness import (
+from kvscope.agent.derive.fairness import (
     FairnessConfig,
     TenantUsage,
     evaluate_fairness,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kvscope.agent.engines.dialect import detect_engine, normalize
-from kvscope.agent.exposition import parse_exposition
-from kvscope.agent.replay import replay_recording
+from kvscope.agent.dialects.dialect import detect_engine, normalize
+from kvscope.agent.recording.replay import replay_recording
+from kvscope.agent.scrape.exposition import parse_exposition
 
 from testbed.fleetgen.families import (
     Histogram,

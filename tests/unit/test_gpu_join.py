@@ -6,16 +6,16 @@ import asyncio
 import json
 
 import pytest
-from kvscope.agent.analytics.gpu_join import (
+from kvscope.agent.collectors.nvml import FakeNvml, NvmlCollector
+from kvscope.agent.derive.gpu_join import (
     engine_gpu_hook,
     gpu_map,
     join_engines_to_gpus,
     parse_gpu_mapping,
     render_engine_gpu_samples,
 )
-from kvscope.agent.collectors.nvml import FakeNvml, NvmlCollector
-from kvscope.agent.engines.dialect import detect_engine, normalize
-from kvscope.agent.exposition import parse_exposition
+from kvscope.agent.dialects.dialect import detect_engine, normalize
+from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import Sample, load_catalog, make_labels
 
 UUID0 = "GPU-5b8f2c1e-7a3d-4e9b-9c2f-1d0e6a4b8c71"

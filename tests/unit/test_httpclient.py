@@ -1,4 +1,4 @@
-"""The scrape HTTP client (agent/httpclient.py) on the wire: raw asyncio servers send exactly the
+"""The scrape HTTP client (agent/scrape/httpclient.py) on the wire: raw asyncio servers send exactly the
 bytes each case needs (keep-alive, EOF-delimited and chunked bodies, compression, bad replies)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import zlib
 from collections.abc import Callable
 
 import pytest
-from kvscope.agent.httpclient import FetchError, HttpClient
+from kvscope.agent.scrape.httpclient import FetchError, HttpClient
 
 BODY = b'vllm:num_requests_running{engine="0"} 3.0\n'
 

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 from aiohttp import web
-from kvscope.agent.httpserve import HttpSite
+from kvscope.agent.serve.site import HttpSite
 
 from testbed.loadgen import LoadSpec, percentile, run_load
 from testbed.routing import ConsistentHash, HashMod, RoundRobin, StickyTenant, make_router, stable_hash

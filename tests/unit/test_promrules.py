@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from kvscope.agent.signals import load_catalog, parse_catalog
-from kvscope.diagnoser.promrules import SloConfig, build_rule_files, slo_error_ratio
-from kvscope.diagnoser.promrules_alerts import PythonOnly, alert_name, compile_rule
-from kvscope.diagnoser.promrules_build import RUNBOOK_MARK, build_all
-from kvscope.diagnoser.promrules_sources import le_regex, source_terms, source_union, wire_names
-from kvscope.diagnoser.rule import parse_yaml, rule_from_doc
+from kvscope.diagnoser.promql.alerts import PythonOnly, alert_name, compile_rule
+from kvscope.diagnoser.promql.build import RUNBOOK_MARK, build_all
+from kvscope.diagnoser.promql.rulefiles import SloConfig, build_rule_files, slo_error_ratio
+from kvscope.diagnoser.promql.signals import le_regex, source_terms, source_union, wire_names
+from kvscope.diagnoser.rulebook.rule import parse_yaml, rule_from_doc
 
 from kvscope.cli import main
 

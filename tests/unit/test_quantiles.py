@@ -11,7 +11,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from kvscope.agent.analytics.quantiles import (
+from kvscope.agent.derive.quantiles import (
     group_buckets,
     histogram_quantile,
     parse_le,
@@ -19,7 +19,7 @@ from kvscope.agent.analytics.quantiles import (
     window_quantile,
     window_quantiles,
 )
-from kvscope.agent.analytics.rates import increase, rate
+from kvscope.agent.derive.rates import increase, rate
 from kvscope.agent.signals import make_labels
 
 INF = math.inf

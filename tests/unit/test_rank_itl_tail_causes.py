@@ -10,10 +10,10 @@ a competing hypothesis rather than being dropped.
 from __future__ import annotations
 
 import pytest
-from kvscope.diagnoser.engine import diagnose
-from kvscope.diagnoser.frame import frame_from_samples
-from kvscope.diagnoser.rule import read_rules
-from kvscope.diagnoser.testcases import Case, case_samples
+from kvscope.diagnoser.evaluate.evaluator import diagnose
+from kvscope.diagnoser.evaluate.frame import frame_from_samples
+from kvscope.diagnoser.rulebook.rule import read_rules
+from kvscope.diagnoser.rulebook.testcases import Case, case_samples
 
 RULE_IDS = ("offload_stalls_interactive", "itl_tail_prefill_interference")
 

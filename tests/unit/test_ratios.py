@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from kvscope.agent.analytics.ratios import fraction, ratio, ratios_by_key, shares
+from kvscope.agent.derive.ratios import fraction, ratio, ratios_by_key, shares
 
 
 def test_ratio_of_known_values():

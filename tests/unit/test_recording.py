@@ -1,8 +1,8 @@
 import gzip
 
-from kvscope.agent.exposition import parse_exposition
-from kvscope.agent.recording import RecordingWriter, read_recording
-from kvscope.agent.replay import replay_recording
+from kvscope.agent.recording.omfile import RecordingWriter, read_recording
+from kvscope.agent.recording.replay import replay_recording
+from kvscope.agent.scrape.exposition import parse_exposition
 
 
 def write_three_scrapes(path, text):

@@ -3,15 +3,15 @@ a scraped label they also name kept as `exported_<name>`, and both undone on rea
 
 from __future__ import annotations
 
-from kvscope.agent.exposition import parse_exposition
-from kvscope.agent.recording import (
+from kvscope.agent.recording.omfile import (
     RecordingWriter,
     export_conflicts,
     read_recording,
     read_recording_text,
     restore_exported,
 )
-from kvscope.agent.replay import replay_recording
+from kvscope.agent.recording.replay import replay_recording
+from kvscope.agent.scrape.exposition import parse_exposition
 
 T0 = 1_800_000_000.0
 DCGM = ('# TYPE DCGM_FI_DEV_FB_USED gauge\n'

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from kvscope.agent.replay import (
+from kvscope.agent.recording.replay import (
     Replay,
     parse_span_line,
     read_spans,
@@ -130,9 +130,9 @@ def test_recording_source_replays_the_real_sidecar_per_replica():
 
 
 def test_a_recorded_tap_target_replays_as_canonical_series(tmp_path):
-    from kvscope.agent.exposition import parse_exposition
-    from kvscope.agent.recording import RecordingWriter
-    from kvscope.agent.replay import replay_recording
+    from kvscope.agent.recording.omfile import RecordingWriter
+    from kvscope.agent.recording.replay import replay_recording
+    from kvscope.agent.scrape.exposition import parse_exposition
     tap = ("# TYPE kvscope_prefix_split_ratio gauge\nkvscope_prefix_split_ratio {v}\n"
            "# TYPE kvscope_tenant_requests_total counter\nkvscope_tenant_requests_total{{tenant=\"a\"}} {n}\n"
            "# TYPE kvscope_target_up gauge\nkvscope_target_up{{instance=\"x\"}} 1\n")

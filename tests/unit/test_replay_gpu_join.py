@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from kvscope.agent.analytics.gpu_join import JOIN_NAME
-from kvscope.agent.exposition import parse_exposition
-from kvscope.agent.recording import RecordingWriter
-from kvscope.agent.replay import parse_target_labels, replay_recording
+from kvscope.agent.derive.gpu_join import JOIN_NAME
+from kvscope.agent.recording.omfile import RecordingWriter
+from kvscope.agent.recording.replay import parse_target_labels, replay_recording
+from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.diagnoser.sources.recording import RecordingSource
 
 UUID0 = "GPU-2b4c8f1e-9d3a-4c57-b1e2-7f0a5d6c3e91"       # gpu 0 of the dcgm fixture

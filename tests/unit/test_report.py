@@ -5,13 +5,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from kvscope.agent.signals import Sample, make_labels
-from kvscope.diagnoser.report import (
+from kvscope.report.render import render_html, render_markdown
+from kvscope.report.weekly import (
     WEEK_S,
     build_report,
     counter_increments,
     series_set_from_samples,
 )
-from kvscope.diagnoser.report_render import render_html, render_markdown
 
 STEP = 900.0            # 15 min
 END = 1_800_000_000.0   # a Saturday-ish epoch, any value works
@@ -124,8 +124,8 @@ def test_html_embeds_plots_and_markdown_has_sections():
 
 
 def test_report_from_the_agent_sqlite_store_matches_the_samples(tmp_path):
-    from kvscope.agent.store import SqliteStore
-    from kvscope.diagnoser.report import read_store_series
+    from kvscope.agent.store.sqlite import SqliteStore
+    from kvscope.report.weekly import read_store_series
 
     samples = [s for s in _fleet() if s.timestamp > END - WEEK_S - STEP]
     store = SqliteStore(tmp_path / "kvscope.sqlite", retention_s=10 * 365 * 86400, background=False)
@@ -171,7 +171,7 @@ LIBRARY_TRAP = Path(__file__).resolve().parents[1] / "recordings" / "fleet-dcgm-
 def test_real_dcgm_fleet_recording_is_in_the_utilisation_trap():
     """On the library's DCGM fleet (GPU_UTIL ~94 %, engine activity ~22 %), the numbers come from
     the recorded series: GPU-hours = GPUs x covered time, utilisation = engine activity."""
-    from kvscope.agent.replay import replay_recording
+    from kvscope.agent.recording.replay import replay_recording
 
     replay = replay_recording(LIBRARY_TRAP)
     engine_active = [s for s in replay.samples if s.name == "gpu_graphics_engine_active_ratio"]
@@ -190,7 +190,7 @@ LIBRARY_CASCADE = Path(__file__).resolve().parents[1] / "recordings" / "kv-press
 def test_a_real_incident_is_one_top_finding_with_its_supporting_findings(tmp_path):
     """On the library's KV-pressure recording the diagnoser's likely cause has supporting
     findings; the report lists them under it, not as top findings of their own."""
-    from kvscope.agent.replay import replay_recording
+    from kvscope.agent.recording.replay import replay_recording
     from kvscope.ui.data import Source, triage_from_replay
 
     from kvscope.cli import main
@@ -212,7 +212,7 @@ def test_unattributed_gpus_say_why_and_a_gpu_mapping_attributes_them(tmp_path, c
     """The library's DCGM fleet has GPU series without pod labels and engine series without a node:
     no join can place its GPUs, and the report says which labels are missing and what fixes it;
     the same recording with --gpu-mapping splits the GPU-hours onto the model's pool."""
-    from kvscope.agent.replay import replay_recording
+    from kvscope.agent.recording.replay import replay_recording
 
     from kvscope.cli import main
 

@@ -9,8 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from kvscope.diagnoser.findings import Finding
-from kvscope.diagnoser.report import WEEK_S, Incident, build_report, series_set_from_samples, timeline_step
-from kvscope.diagnoser.report_render import (
+from kvscope.report.render import (
     TIME_PLOTS,
     finding_where,
     is_numeric_cell,
@@ -18,6 +17,7 @@ from kvscope.diagnoser.report_render import (
     render_html,
     render_markdown,
 )
+from kvscope.report.weekly import WEEK_S, Incident, build_report, series_set_from_samples, timeline_step
 
 from tests.unit.test_report import END, _fleet
 
@@ -145,7 +145,7 @@ def test_a_short_real_recording_keeps_the_week_axis_and_adds_a_zoom_onto_its_dat
     second panel zooms onto the data (so it is readable), and rendering raises no warning."""
     from pathlib import Path
 
-    from kvscope.agent.replay import replay_recording
+    from kvscope.agent.recording.replay import replay_recording
     from matplotlib import dates as mdates
     from matplotlib import pyplot as plt
 

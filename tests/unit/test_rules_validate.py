@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from kvscope.diagnoser.rule import rules_dir
-from kvscope.diagnoser.validate import LEVERS_MD_ROWS, validate_rules
+from kvscope.diagnoser.rulebook.rule import rules_dir
+from kvscope.diagnoser.rulebook.validate import LEVERS_MD_ROWS, validate_rules
 
 from kvscope.cli import main
 

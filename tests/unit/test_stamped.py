@@ -1,4 +1,4 @@
-"""Block paths of a cycle (agent/stamped.py) equal the general paths on the flattened samples:
+"""Block paths of a cycle (agent/scrape/stamped.py) equal the general paths on the flattened samples:
 the change-point encoder's rows, the counter-reset counts and the GPU join's selection.
 
 Cycles are made the way the agent makes them: real payloads (the vLLM and dcgm-exporter
@@ -11,12 +11,12 @@ import random
 from collections import Counter
 
 import pytest
-from kvscope.agent.analytics.gpu_join import _select_joined, derive_engine_gpu
-from kvscope.agent.blockcache import BlockCache
-from kvscope.agent.changepoints import ChangeEncoder, Encoded
+from kvscope.agent.derive.gpu_join import _select_joined, derive_engine_gpu
 from kvscope.agent.runtime import CounterResets
+from kvscope.agent.scrape.blockcache import BlockCache
+from kvscope.agent.scrape.stamped import Parts, Stamped
 from kvscope.agent.signals import Sample, load_catalog
-from kvscope.agent.stamped import Parts, Stamped
+from kvscope.agent.store.changepoints import ChangeEncoder, Encoded
 
 CATALOG = load_catalog()
 VLLM = "scrapes/vllm-0.32.0-cpu-after-load.txt"
@@ -164,7 +164,7 @@ def _sourced(part: Stamped) -> Parts:
 
 def test_a_store_given_parts_reads_back_what_it_reads_back_given_flat_samples(load_fixture, tmp_path):
     """End to end through SqliteStore: every stored point, queried back, is the same."""
-    from kvscope.agent.store import SqliteStore
+    from kvscope.agent.store.sqlite import SqliteStore
 
     a = SqliteStore(tmp_path / "parts.db", background=False)
     b = SqliteStore(tmp_path / "flat.db", background=False)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from kvscope.agent.signals import Sample, make_labels
-from kvscope.agent.store import InMemoryStore, SqliteStore, StoreError
+from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore, StoreError
 
 A = make_labels({"instance": "e0:8000", "engine": "vllm"})
 B = make_labels({"instance": "e1:8000", "engine": "vllm"})

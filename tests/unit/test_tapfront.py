@@ -8,8 +8,8 @@ import asyncio
 import urllib.request
 
 from aiohttp import web
-from kvscope.agent.exposition import parse_exposition
-from kvscope.agent.httpserve import HttpSite
+from kvscope.agent.scrape.exposition import parse_exposition
+from kvscope.agent.serve.site import HttpSite
 
 from testbed.loadgen import LoadSpec, run_load
 from testbed.tapfront import TapFront

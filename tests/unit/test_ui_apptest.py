@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kvscope.agent.exposition import parse_exposition
-from kvscope.agent.recording import RecordingWriter
+from kvscope.agent.recording.omfile import RecordingWriter
+from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.ui import data as ui_data
 from streamlit.testing.v1 import AppTest
 
@@ -88,7 +88,7 @@ def test_evidence_charts_have_units_utc_time_and_the_period_shaded(monkeypatch, 
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     evidence = [s for s in specs if "layer" in s]
     assert [s["layer"][1]["encoding"]["y"]["title"] for s in evidence] == \
-        ["ratio (0-1)", "per second", "count", "seconds (mean)"]
+        ["ratio (0-1)", "per second", "count", "seconds"]
     for s in evidence:
         band, lines = s["layer"]
         assert band["mark"]["type"] == "rect" and lines["encoding"]["x"]["scale"]["type"] == "utc"
@@ -146,7 +146,7 @@ def test_no_source_explains_how_to_start(monkeypatch):
 
 def test_tenant_table_from_kvscope_tenant_series():
     from kvscope.agent.signals import Sample, make_labels
-    from kvscope.diagnoser.frame import frame_from_samples
+    from kvscope.diagnoser.evaluate.frame import frame_from_samples
 
     samples = []
     for i in range(61):

@@ -1,0 +1,326 @@
+"""Eviction-cascade detector: one incident per engine instead of four unrelated alerts.
+
+The memory-pressure cascade of seeds/002 §7.4 (Figure 7.4) runs in stages:
+
+* stage 1 `kv_high`     the KV pool fills (`engine_kv_cache_usage_ratio` >= kv_high_ratio, or an
+                         eviction / preemption in the interval: engines evict only when an
+                         allocation found the pool full, and a sampled gauge can miss that instant);
+* stage 2 `evicting`    blocks are evicted / requests preempted faster than they recover
+                         (`engine_preemptions_total`, `engine_kv_evicted_tokens_total`,
+                         `kv_blocks_evicted_recomputed_total` rates > 0);
+* stage 3 `queueing`    requests queue behind their own evicted state (`engine_requests_waiting`
+                         >= queue_min in queue_samples consecutive samples spanning queue_min_s);
+* stage 4 `latency`     the externally visible symptom: TTFT grows over its pre-pressure baseline
+                         while requests queue, or (where a GPU signal exists) GPU utilisation
+                         drops while the pool is full / evicting.
+
+Stage 0 is healthy. The *current* stage is the deepest stage whose condition holds at the last
+evaluated point while the root (stage 1) holds too, so a queue alone (stage-3 condition with an
+empty KV pool) is no cascade, and evictions that pause for one interval do not make it flap.
+Each stage's *onset* is the first time its condition held in the evaluated window; the
+*lead time* is how long the root (stage 1) preceded the latency symptom (stage 4): the time an
+operator could have acted (002: "by the time your latency alerts fire, the root cause has been
+building for two stages").
+
+Pure: `evaluate_cascade(samples)` takes canonical samples with timestamps (live or replayed) and
+does no I/O. `render_cascade_samples(reports)` turns the result into `engine_cascade_*` series.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from kvscope.agent.signals import Sample, make_labels
+
+STAGES = ("healthy", "kv_high", "evicting", "queueing", "latency")
+"""Stage number -> name (002 §7.4, Figure 7.4)."""
+
+_KV = "engine_kv_cache_usage_ratio"
+_WAITING = "engine_requests_waiting"
+_GPU = "gpu_utilization_ratio"
+_EVICTION_COUNTERS = ("engine_preemptions_total", "engine_kv_evicted_tokens_total",
+                      "kv_blocks_evicted_recomputed_total")
+_TTFT = "request_ttft_seconds"
+
+
+@dataclass(frozen=True)
+class CascadeConfig:
+    """Thresholds. Defaults follow 002 §9.3: KV above 90% leaves no headroom."""
+
+    kv_high_ratio: float = 0.90
+    queue_min: float = 1.0           # waiting requests that count as a queue ...
+    queue_samples: int = 2           # ... in this many consecutive samples (a request caught between
+    #                                  arrival and its first scheduling step is not a queue) ...
+    queue_min_s: float = 0.0         # ... spanning at least this many seconds, first to last sample,
+    #                                  like an alert's `for:` (a count of samples is a different
+    #                                  duration at every scrape interval, and scrapes of a loaded
+    #                                  server come late)
+    ttft_factor: float = 2.0         # windowed mean TTFT >= factor x baseline -> symptom
+    ttft_min_delta_s: float = 0.05   # ... and at least this much above baseline (noise floor)
+    gpu_drop_ratio: float = 0.2      # GPU utilisation this far below its baseline -> symptom
+
+
+@dataclass
+class CascadeReport:
+    """The cascade state of one engine instance over the evaluated window."""
+
+    instance: str
+    stage: int = 0                                        # current stage 0..4
+    onsets: dict[int, float] = field(default_factory=dict)  # stage -> first time its condition held
+    evidence: dict[str, float | None] = field(default_factory=dict)
+    signals_missing: list[str] = field(default_factory=list)
+
+    @property
+    def stage_name(self) -> str:
+        return STAGES[self.stage]
+
+    @property
+    def lead_time_s(self) -> float | None:
+        """Seconds from the root (KV high) to the latency symptom; None until both happened."""
+        if 1 in self.onsets and 4 in self.onsets:
+            return self.onsets[4] - self.onsets[1]
+        return None
+
+    @property
+    def ordered(self) -> bool:
+        """True when the root came first: onset(1) <= onsets 2, 3, 4, and onset(3) <= onset(4).
+
+        Stage 2 is not ordered against 3 and 4: with admission control (vLLM, SGLang) arrivals
+        queue, and their TTFT grows, as soon as the pool is full, while running requests are
+        preempted only later, when they grow into it (observed on vLLM 0.32, docs/requests.md).
+        Missing stages are skipped. Ties are allowed.
+        """
+        o = self.onsets
+        pairs = [(1, 2), (1, 3), (1, 4), (3, 4)]
+        return all(o[a] <= o[b] for a, b in pairs if a in o and b in o)
+
+
+@dataclass
+class _Series:
+    """Time-ordered points of the signals one instance needs."""
+
+    kv: list[tuple[float, float]] = field(default_factory=list)
+    waiting: list[tuple[float, float]] = field(default_factory=list)
+    gpu: list[tuple[float, float]] = field(default_factory=list)
+    evictions: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    ttft_sum: list[tuple[float, float]] = field(default_factory=list)
+    ttft_count: list[tuple[float, float]] = field(default_factory=list)
+
+
+def evaluate_cascade(samples: Iterable[Sample], config: CascadeConfig | None = None) -> dict[str, CascadeReport]:
+    """Cascade report per `instance` label. Samples without a timestamp or instance are ignored.
+
+    Series of several DP ranks / models of one instance are combined (max of gauges, sum of
+    counters), because the cascade is a property of the serving process.
+    """
+    cfg = config or CascadeConfig()
+    return {inst: _evaluate_instance(inst, s, cfg) for inst, s in sorted(_group(samples).items())}
+
+
+def _group(samples: Iterable[Sample]) -> dict[str, _Series]:
+    raw: dict[str, dict[str, dict[float, float]]] = defaultdict(lambda: defaultdict(dict))
+    for s in samples:
+        inst = s.label("instance")
+        if s.timestamp is None or inst is None or s.value != s.value:
+            continue
+        series = raw[inst][s.name]
+        if s.name in (_KV, _WAITING, _GPU):
+            series[s.timestamp] = max(series.get(s.timestamp, float("-inf")), s.value)
+        elif s.name in _EVICTION_COUNTERS or s.name in (_TTFT + "_sum", _TTFT + "_count"):
+            series[s.timestamp] = series.get(s.timestamp, 0.0) + s.value
+    out: dict[str, _Series] = {}
+    for inst, by_name in raw.items():
+        ser = _Series(kv=_sorted(by_name.get(_KV)), waiting=_sorted(by_name.get(_WAITING)),
+                      gpu=_sorted(by_name.get(_GPU)), ttft_sum=_sorted(by_name.get(_TTFT + "_sum")),
+                      ttft_count=_sorted(by_name.get(_TTFT + "_count")))
+        for name in _EVICTION_COUNTERS:
+            if name in by_name:
+                ser.evictions[name] = _sorted(by_name[name])
+        out[inst] = ser
+    return out
+
+
+def _sorted(points: Mapping[float, float] | None) -> list[tuple[float, float]]:
+    return sorted(points.items()) if points else []
+
+
+def _evaluate_instance(instance: str, ser: _Series, cfg: CascadeConfig) -> CascadeReport:
+    report = CascadeReport(instance=instance)
+    report.signals_missing = _missing(ser)
+    if not ser.kv:
+        return report      # without KV usage there is no root to attribute: absent, not healthy
+    grid = [t for t, _ in ser.kv]
+    conditions = _stage_conditions(ser, grid, cfg, report)
+    for stage in range(1, 5):
+        onset = next((t for t, ok in zip(grid, conditions[stage], strict=True) if ok), None)
+        if onset is not None:
+            report.onsets[stage] = onset
+    report.stage = _current_stage(conditions)
+    return report
+
+
+def _missing(ser: _Series) -> list[str]:
+    missing = []
+    if not ser.kv:
+        missing.append(_KV)
+    if not ser.evictions:
+        missing.append("|".join(_EVICTION_COUNTERS))
+    if not ser.waiting:
+        missing.append(_WAITING)
+    if not ser.ttft_count:
+        missing.append(_TTFT)
+    if not ser.gpu:
+        missing.append(_GPU)
+    return missing
+
+
+def _current_stage(conditions: dict[int, list[bool]]) -> int:
+    """The deepest stage whose condition holds at the last sample, while the root (1) holds too."""
+    if not conditions[1] or not conditions[1][-1]:
+        return 0
+    return max(k for k in range(1, 5) if conditions[k][-1])
+
+
+def _stage_conditions(ser: _Series, grid: list[float], cfg: CascadeConfig,
+                      report: CascadeReport) -> dict[int, list[bool]]:
+    evict = _evicting(ser, grid)
+    # An engine evicts / preempts only when an allocation found the pool exhausted, so an eviction
+    # interval is itself evidence of a full pool; the sampled usage gauge can miss that instant.
+    kv = [v >= cfg.kv_high_ratio or e for (_, v), e in zip(ser.kv, evict, strict=True)]
+    waiting = _sustained([v is not None and v >= cfg.queue_min for v in _at(ser.waiting, grid)], grid,
+                         cfg.queue_samples, cfg.queue_min_s)
+    first_high = next((t for t, ok in zip(grid, kv, strict=True) if ok), None)
+    ttft_bad, ttft_base, ttft_now = _ttft_degraded(ser, grid, first_high, cfg)
+    gpu_bad, gpu_base, gpu_now = _gpu_dropped(ser, grid, first_high, cfg)
+    # The symptom counts as this cascade's stage 4 only alongside its mechanism: TTFT grows while
+    # requests queue, GPU utilisation drops while the pool is full or evicting. A TTFT rise
+    # without a queue (prefill interference, a starved host) is another problem for other rules.
+    latency = [(t and q) or (g and (k or e))
+               for t, q, g, k, e in zip(ttft_bad, waiting, gpu_bad, kv, evict, strict=True)]
+    report.evidence = {
+        "kv_usage_ratio": ser.kv[-1][1], "kv_usage_ratio_max": max(v for _, v in ser.kv),
+        "waiting_max": max((v for _, v in ser.waiting), default=None),
+        "ttft_baseline_s": ttft_base, "ttft_last_s": ttft_now,
+        "gpu_utilization_baseline_ratio": gpu_base, "gpu_utilization_last_ratio": gpu_now,
+        "evictions_window_total": _total_increase(ser),
+    }
+    return {1: kv, 2: evict, 3: waiting, 4: latency}
+
+
+def _sustained(flags: list[bool], times: list[float], n: int, min_s: float = 0.0) -> list[bool]:
+    """True from the first sample of every run of at least n consecutive True samples whose last
+    sample is at least `min_s` seconds after its first."""
+    out = [False] * len(flags)
+    start, held = 0, False
+    for i, f in enumerate(flags):
+        if not f:
+            start, held = i + 1, False
+            continue
+        if held:
+            out[i] = True
+        elif i - start + 1 >= n and times[i] - times[start] >= min_s:
+            out[start:i + 1] = [True] * (i + 1 - start)
+            held = True
+    return out
+
+
+def _at(points: list[tuple[float, float]], grid: list[float]) -> list[float | None]:
+    """Last value at or before each grid time (step interpolation); None before the first point."""
+    out: list[float | None] = []
+    i, last = 0, None
+    for t in grid:
+        while i < len(points) and points[i][0] <= t:
+            last = points[i][1]
+            i += 1
+        out.append(last)
+    return out
+
+
+def _increases(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Per-interval counter increase, counter resets handled as in PromQL `increase`."""
+    out = []
+    for (_, prev), (t, cur) in zip(points, points[1:], strict=False):
+        out.append((t, cur - prev if cur >= prev else cur))
+    return out
+
+
+def _evicting(ser: _Series, grid: list[float]) -> list[bool]:
+    """True at grid points whose preceding interval saw any eviction / preemption."""
+    hot = sorted({t for pts in ser.evictions.values() for t, inc in _increases(pts) if inc > 0})
+    out, prev_t = [], float("-inf")
+    for t in grid:
+        i = bisect_right(hot, prev_t)
+        out.append(i < len(hot) and hot[i] <= t)
+        prev_t = t
+    return out
+
+
+def _total_increase(ser: _Series) -> float | None:
+    if not ser.evictions:
+        return None
+    return sum(inc for pts in ser.evictions.values() for _, inc in _increases(pts))
+
+
+def _window_means(ser: _Series) -> list[tuple[float, float]]:
+    """Mean TTFT of the requests that finished in each scrape interval (from _sum/_count deltas)."""
+    sums = dict(_increases(ser.ttft_sum))
+    out = []
+    for t, n in _increases(ser.ttft_count):
+        if n > 0 and t in sums:
+            out.append((t, sums[t] / n))
+    return out
+
+
+def _ttft_degraded(ser: _Series, grid: list[float], first_high: float | None,
+                   cfg: CascadeConfig) -> tuple[list[bool], float | None, float | None]:
+    means = _window_means(ser)
+    base_pts = [v for t, v in means if first_high is None or t <= first_high]
+    if not means or not base_pts:
+        return [False] * len(grid), None, (means[-1][1] if means else None)
+    base = min(base_pts)
+    bad_times = [t for t, v in means if v >= base * cfg.ttft_factor and v - base >= cfg.ttft_min_delta_s]
+    return _latch(bad_times, means, grid), base, means[-1][1]
+
+
+def _latch(bad_times: list[float], means: list[tuple[float, float]], grid: list[float]) -> list[bool]:
+    """A grid point is bad when the latest TTFT window at or before it was bad."""
+    bad = set(bad_times)
+    latest = _at([(t, 1.0 if t in bad else 0.0) for t, _ in means], grid)
+    return [v == 1.0 for v in latest]
+
+
+def _gpu_dropped(ser: _Series, grid: list[float], first_high: float | None,
+                 cfg: CascadeConfig) -> tuple[list[bool], float | None, float | None]:
+    if not ser.gpu:
+        return [False] * len(grid), None, None
+    base_pts = [v for t, v in ser.gpu if first_high is None or t <= first_high]
+    if not base_pts:
+        return [False] * len(grid), None, ser.gpu[-1][1]
+    base = max(base_pts)
+    vals = _at(ser.gpu, grid)
+    bad = [v is not None and base > 0 and v <= base * (1 - cfg.gpu_drop_ratio) and first_high is not None
+           and t > first_high for t, v in zip(grid, vals, strict=True)]
+    return bad, base, ser.gpu[-1][1]
+
+
+def render_cascade_samples(reports: Mapping[str, CascadeReport], timestamp: float | None = None) -> list[Sample]:
+    """The kvscope-produced cascade series (declared in agent/dialects/catalog.yaml).
+
+    `engine_cascade_stage_code{instance}` is always present for an instance with KV usage; onset and
+    lead-time series only once the stage was reached (absent, never zero).
+    """
+    out: list[Sample] = []
+    for inst, rep in reports.items():
+        if "engine_kv_cache_usage_ratio" in rep.signals_missing:
+            continue
+        out.append(Sample("engine_cascade_stage_code", make_labels({"instance": inst}), float(rep.stage), timestamp))
+        for stage, onset in sorted(rep.onsets.items()):
+            labels = make_labels({"instance": inst, "stage": STAGES[stage]})
+            out.append(Sample("engine_cascade_stage_onset_timestamp_seconds", labels, onset, timestamp))
+        if rep.lead_time_s is not None:
+            out.append(Sample("engine_cascade_lead_seconds", make_labels({"instance": inst}),
+                              rep.lead_time_s, timestamp))
+    return out

@@ -1,0 +1,372 @@
+"""Engine dialects: map one engine's upstream series to canonical signals.
+
+Everything engine-specific is data in catalog.yaml; this module only applies it:
+name folding (`vllm_x` -> `vllm:x` under Ray, `sglang_x` -> `sglang:x`), `_total`/`_created`
+and histogram suffixes, unit scaling (histogram `le` bounds and `_sum` included), the label
+mapping, series that collapse after dropping labels, and info gauges that become facts.
+A signal the engine does not export produces no sample at all (absent, never zero).
+
+Versions differ, and three rules keep their numbers right (docs/collectors.md, "Engine versions"):
+
+* an alias marked `fallback` (an old name the engine may still export beside the new one) is read
+  only when the scrape has no sample of the same signal from the engine's other aliases: the new
+  name wins, the two are never added;
+* a dialect's `sentinels` are raw values that mean "no value" (DCGM's blank and not-supported
+  codes): dropped and counted with reason `sentinel`, like NaN is with `non_finite`;
+* a dialect's `worker_labels` name the engine behind an aggregating endpoint (sglang-router's
+  /engine_metrics adds `worker_addr`): its host:port becomes the sample's `instance`, so the
+  workers stay apart instead of being summed into the router's instance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kvscope.agent.scrape.exposition import Exposition, RawSample, format_value
+from kvscope.agent.signals import Alias, Catalog, Labels, Sample, load_catalog, signal_of
+
+_COUNTER_SUFFIX = "_total"
+_HIST_SUFFIXES = ("_bucket", "_sum", "_count")
+_FACT_SKIP_LABELS = {"engine", "model_name", "__name__"}
+_UNKNOWN_INFO = ("", "None")     # an info label with this value is not known: the alias gives nothing
+
+
+@dataclass
+class Normalized:
+    """Canonical samples and facts from one exposition of one target."""
+
+    engine: str | None
+    samples: list[Sample] = field(default_factory=list)
+    facts: dict[str, dict[str, str]] = field(default_factory=dict)  # dp_rank -> facts
+    unmapped: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    fallback: frozenset[str] = frozenset()   # signals whose samples came from fallback aliases only
+    pending: dict[tuple[str, Labels, float | None], float] = field(default_factory=dict, repr=False)
+
+
+def fold_name(name: str, catalog: Catalog) -> str:
+    """Ray-backed loggers and some SGLang builds spell `vllm:x` as `vllm_x`: fold it back."""
+    for dialect in catalog.dialects.values():
+        for prefix in dialect.prefixes:
+            if prefix.endswith(":") and name.startswith(prefix[:-1] + "_"):
+                return prefix + name[len(prefix):]
+    return name
+
+
+def detect_engine(expo: Exposition, catalog: Catalog | None = None) -> str | None:
+    """The dialect whose detection prefixes match the most sample names, or None."""
+    catalog = catalog or load_catalog()
+    votes: Counter[str] = Counter()
+    for sample in expo.samples:
+        name = fold_name(sample.name, catalog)
+        for dialect in catalog.dialects.values():
+            if name.startswith(dialect.detect):
+                votes[dialect.name] += 1
+    return votes.most_common(1)[0][0] if votes else None
+
+
+def normalize(expo: Exposition, engine: str | None, target_labels: dict[str, str],
+              timestamp: float | None = None, catalog: Catalog | None = None,
+              memo: MappingMemo | None = None) -> Normalized:
+    """Map every sample of one exposition to canonical samples of `engine`'s dialect.
+
+    `target_labels` (instance, job, node...) are added to every sample. `timestamp` is used
+    for samples that carry none (live scrapes); recorded samples keep their own. `memo` (one
+    per target, kept across scrapes) remembers how each upstream series maps, so a series seen
+    before costs a dict lookup instead of the label mapping; the result is the same.
+    """
+    catalog = catalog or load_catalog()
+    out = Normalized(engine=engine)
+    if engine is None or engine not in catalog.dialects:
+        out.unmapped = len(expo.samples)
+        return out
+    if memo is not None:
+        mapper = memo.mapper(catalog, engine, target_labels)
+    else:
+        mapper = _Mapper(catalog, engine, target_labels)
+    acc: dict[tuple[str, Labels, float | None], float] = {}
+    for raw in expo.samples:
+        mapper.map_sample(raw, timestamp, acc, out)
+    if out.pending:
+        out.fallback = resolve_fallback(acc, out.pending, catalog)
+        out.pending = {}
+    out.samples = [Sample(n, lab, v, ts) for (n, lab, ts), v in acc.items()]
+    return out
+
+
+def resolve_fallback(acc: dict, pending: dict, catalog: Catalog) -> frozenset[str]:
+    """Move fallback outputs (`pending`, same keys as `acc`: name and labels first) into `acc`
+    for the signals `acc` has no sample of; returns those signals. The rest are dropped: the
+    engine exported the signal under a preferred name in this scrape."""
+    primary = {signal_of(key[0], catalog) for key in acc}
+    kept: set[str] = set()
+    for key, value in pending.items():
+        sig = signal_of(key[0], catalog)
+        if sig not in primary:
+            acc[key] = value
+            kept.add(sig)
+    return frozenset(kept)
+
+
+_NO_MATCH = "no_match"
+_BAD_LE = "bad_le"
+
+
+class MappingMemo:
+    """How each upstream series of one target maps to canonical series, kept across scrapes.
+
+    Valid for one (catalog, engine, target labels); a change of any of them starts it afresh.
+    Bounded: past `max_series` entries it is cleared (a target with unbounded label churn only
+    loses the memo's benefit)."""
+
+    def __init__(self, max_series: int = 50_000) -> None:
+        self.max_series = max_series
+        self._mapper: _Mapper | None = None
+        self._key: tuple[int, str, tuple[tuple[str, str], ...]] | None = None
+
+    def mapper(self, catalog: Catalog, engine: str, target_labels: dict[str, str]) -> _Mapper:
+        key = (id(catalog), engine, tuple(sorted(target_labels.items())))
+        if self._mapper is None or key != self._key or self._mapper.catalog is not catalog:
+            self._mapper = _Mapper(catalog, engine, target_labels, plans={})
+            self._key = key
+        elif self._mapper.plans is not None and len(self._mapper.plans) > self.max_series:
+            self._mapper.plans.clear()
+        return self._mapper
+
+
+class _Mapper:
+    """Applies one dialect to raw samples; caches name resolution across samples."""
+
+    def __init__(self, catalog: Catalog, engine: str, target_labels: dict[str, str],
+                 plans: dict[tuple[str, Labels], list[tuple]] | None = None) -> None:
+        self.catalog = catalog
+        self.plans = plans   # (raw name, raw labels) -> per alias: (name, labels, kind, mode, factor, rank)
+        self.dialect = catalog.dialects[engine]
+        self.sentinels = self.dialect.sentinels
+        self.index = catalog.aliases_for(engine)
+        self.fact_sources = catalog.fact_sources(engine)
+        self.base = dict(target_labels)
+        self.base["engine"] = engine
+        self._resolved: dict[str, tuple[str, str, list[Alias]]] = {}
+
+    def resolve(self, raw_name: str) -> tuple[str, str, list[Alias]]:
+        """(declared name, suffix, aliases) for a raw sample name."""
+        hit = self._resolved.get(raw_name)
+        if hit is None:
+            hit = self._resolve(fold_name(raw_name, self.catalog))
+            self._resolved[raw_name] = hit
+        return hit
+
+    def _resolve(self, name: str) -> tuple[str, str, list[Alias]]:
+        if name in self.index:
+            kinds = {self.catalog.signals[a.signal].kind for a in self.index[name] if a.part is None}
+            if kinds & {"gauge", "counter"}:
+                return name, "", self.index[name]
+        if name.endswith(_COUNTER_SUFFIX) and name[: -len(_COUNTER_SUFFIX)] in self.index:
+            return name[: -len(_COUNTER_SUFFIX)], _COUNTER_SUFFIX, self.index[name[: -len(_COUNTER_SUFFIX)]]
+        for suffix in _HIST_SUFFIXES:
+            if name.endswith(suffix) and name[: -len(suffix)] in self.index:
+                return name[: -len(suffix)], suffix, self.index[name[: -len(suffix)]]
+        return name, "", []
+
+    def map_sample(self, raw: RawSample, timestamp: float | None,
+                   acc: dict[tuple[str, Labels, float | None], float], out: Normalized) -> None:
+        if raw.name.endswith("_created"):
+            return  # creation timestamps of counters: not a signal
+        declared, suffix, aliases = self.resolve(raw.name)
+        if declared in self.fact_sources:
+            self._record_fact(declared, raw, out)
+        if not aliases:
+            if declared not in self.fact_sources:
+                out.unmapped += 1
+            return
+        if self.sentinels and raw.value in self.sentinels:
+            out.dropped["sentinel"] += 1    # the engine's "no value" code, not a measurement
+            return
+        ts = raw.timestamp if raw.timestamp is not None else timestamp
+        if self.plans is None:
+            for alias in aliases:
+                self._apply(alias, suffix, raw, ts, out.pending if alias.fallback else acc, out)
+            return
+        plan = self.plans.get((raw.name, raw.labels))
+        if plan is None:
+            plan = self.plans[(raw.name, raw.labels)] = [self._plan(a, suffix, raw) for a in aliases]
+        for name, labels, kind, mode, factor, rank in plan:
+            if labels is _NO_MATCH:
+                continue
+            if mode == "info":
+                value = factor
+            elif mode == "raw":
+                value = raw.value
+            else:
+                value = raw.value * factor
+            self._add(name, labels, kind, ts, value, out.pending if rank else acc, out)
+
+    def linear_plan(self, samples: list[RawSample]) -> list[tuple[int, float, str, Labels]] | None:
+        """How `map_sample` turns these raw samples into canonical ones when only their values
+        can change: per output, in output order, (index of its raw sample, factor, name, labels),
+        its value being `samples[index].value * factor`. None when that is not the whole story:
+        a fact source, an info gauge (value from a label), a bad `le`, two outputs collapsing
+        into one series, a sample carrying its own timestamp, or no memoized plan to read."""
+        if self.plans is None:
+            return None
+        out: list[tuple[int, float, str, Labels]] = []
+        for k, raw in enumerate(samples):
+            if raw.timestamp is not None:
+                return None
+            if raw.name.endswith("_created"):
+                continue
+            declared, _, aliases = self.resolve(raw.name)
+            if declared in self.fact_sources:
+                return None
+            if not aliases:
+                continue
+            plan = self.plans.get((raw.name, raw.labels))
+            if plan is None:
+                return None
+            for name, labels, _, mode, factor, _ in plan:
+                if labels is _NO_MATCH:
+                    continue
+                if name is None or mode == "info":
+                    return None
+                out.append((k, 1.0 if mode == "raw" else factor, name, labels))
+        if len({(name, labels) for _, _, name, labels in out}) != len(out):
+            return None
+        return out
+
+    def _plan(self, alias: Alias, suffix: str, raw: RawSample) -> tuple:
+        """What `_apply` does with this series, minus the value: (name, labels, kind, mode,
+        factor, rank); name None when the alias does not match or the `le` is bad."""
+        signal = self.catalog.signals[alias.signal]
+        upstream = dict(raw.labels)
+        if not _matches(alias, suffix, upstream):
+            return None, _NO_MATCH, signal.kind, "", 0.0, alias.rank
+        if alias.info_label:
+            mode, factor = "info", self._value(alias, signal.kind, suffix, raw, upstream)
+            if factor is _UNKNOWN:
+                return None, _NO_MATCH, signal.kind, "", 0.0, alias.rank
+        elif signal.kind == "histogram" and suffix in ("_bucket", "_count"):
+            mode, factor = "raw", 1.0
+        else:
+            mode, factor = "scale", alias.scale
+        labels = self._labels(alias, signal.labels, signal.kind, suffix, upstream)
+        if labels is None:
+            return None, _BAD_LE, signal.kind, mode, factor, alias.rank
+        name = signal.name + (suffix if signal.kind == "histogram" else "")
+        return name, labels, _combine_kind(alias, signal.kind), mode, factor, alias.rank
+
+    @staticmethod
+    def _add(name: str | None, labels: Labels | str, kind: str, ts: float | None, value: float | None,
+             acc: dict[tuple[str, Labels, float | None], float], out: Normalized) -> None:
+        """Check the value, its finiteness, then the `le` label (`name` None), counting a drop by
+        reason; else accumulate into `acc` (max for gauges, sum otherwise). Both paths use it."""
+        if value is None:
+            out.dropped["bad_value"] += 1
+            return
+        if not math.isfinite(value):
+            out.dropped["non_finite"] += 1
+            return
+        if name is None:
+            out.dropped["bad_le"] += 1
+            return
+        key = (name, labels, ts)
+        prev = acc.get(key)
+        if prev is None:
+            acc[key] = value
+        elif kind == "gauge":
+            acc[key] = max(prev, value)
+        else:
+            acc[key] = prev + value
+
+    def _apply(self, alias: Alias, suffix: str, raw: RawSample, ts: float | None,
+               acc: dict[tuple[str, Labels, float | None], float], out: Normalized) -> None:
+        signal = self.catalog.signals[alias.signal]
+        upstream = dict(raw.labels)
+        if not _matches(alias, suffix, upstream):
+            return
+        value = self._value(alias, signal.kind, suffix, raw, upstream)
+        if value is _UNKNOWN:
+            return
+        labels = self._labels(alias, signal.labels, signal.kind, suffix, upstream)
+        name = None if labels is None else signal.name + (suffix if signal.kind == "histogram" else "")
+        self._add(name, "" if labels is None else labels, _combine_kind(alias, signal.kind), ts, value, acc,
+                  out)   # checks value, then le
+
+    @staticmethod
+    def _value(alias: Alias, kind: str, suffix: str, raw: RawSample,
+               upstream: dict[str, str]) -> float | None:
+        if alias.info_label:   # the product of the labels' values; unknown when one is absent
+            texts = [upstream.get(label, "") for label in alias.info_label]
+            if any(t in _UNKNOWN_INFO for t in texts):
+                return _UNKNOWN   # type: ignore[return-value]
+            try:
+                return math.prod(float(t) for t in texts) * alias.scale
+            except ValueError:
+                return None
+        if kind == "histogram" and suffix in ("_bucket", "_count"):
+            return raw.value
+        return raw.value * alias.scale
+
+    def _labels(self, alias: Alias, keep: tuple[str, ...], kind: str, suffix: str,
+                upstream: dict[str, str]) -> Labels | None:
+        labels = dict(self.base)
+        for up, canon in self.dialect.labels.items():
+            if up in upstream and upstream[up] != "":
+                labels[canon] = upstream[up]
+        for up in self.dialect.worker_labels:   # an aggregating endpoint: one instance per worker
+            if upstream.get(up):
+                labels["instance"] = worker_instance(upstream[up])
+        for up, value in upstream.items():
+            canon = alias.rename.get(up, up)
+            if canon in keep:
+                labels[canon] = value
+        if kind == "histogram" and suffix == "_bucket":
+            le = upstream.get("le")
+            if le is None:
+                return None
+            if alias.scale != 1.0:
+                try:
+                    le = format_value(float(le) * alias.scale)
+                except ValueError:
+                    return None
+            labels["le"] = le
+        return tuple(sorted(labels.items()))
+
+    def _record_fact(self, declared: str, raw: RawSample, out: Normalized) -> None:
+        source = self.fact_sources[declared]
+        upstream = dict(raw.labels)
+        rank = upstream.get("engine") or upstream.get("dp_rank") or "0"
+        facts = out.facts.setdefault(rank, {})
+        if source.fact:
+            facts[source.fact] = format_value(raw.value)
+            return
+        keys = source.labels or tuple(k for k in upstream if k not in _FACT_SKIP_LABELS)
+        for k in keys:
+            if k in upstream and not k.startswith("_"):
+                facts[k] = upstream[k]
+
+
+_UNKNOWN = float("nan")   # identity-compared marker: an info label the alias reads is not known
+
+
+def _matches(alias: Alias, suffix: str, upstream: dict[str, str]) -> bool:
+    """The alias reads this series: its `match` labels (an absent label reads as "", as in
+    Prometheus) and, for a `part: sum` alias, the histogram's `_sum` only."""
+    if alias.part is not None and suffix != "_" + alias.part:
+        return False
+    return all(upstream.get(k, "") in allowed for k, allowed in alias.match.items())
+
+
+def worker_instance(address: str) -> str:
+    """`http://10.0.0.5:8000/` -> `10.0.0.5:8000`: a worker URL as an instance, like a target's."""
+    return address.split("://", 1)[-1].split("/", 1)[0]
+
+
+def _combine_kind(alias: Alias, kind: str) -> str:
+    """How `_add` combines this alias's series that collapse into one canonical series: as a
+    gauge (max) when the alias says every collapsed series repeats one value (`collapse: max`,
+    e.g. a count each TP rank reports identically), else by the signal's own kind."""
+    return "gauge" if alias.collapse == "max" else kind
+

@@ -1,0 +1,1 @@
+"""Recordings: write/read OpenMetrics recordings and replay them as canonical samples."""

@@ -1,0 +1,296 @@
+"""Turn a recording back into canonical samples, through the same dialects as live scrapes.
+
+A target that serves kvscope's own series (the request tap's `/kvscope/metrics`, the agent's
+`/metrics` with `kvscope_` names) is read as canonical signals directly.
+
+A recording may carry a spans sidecar (`x.spans.jsonl.gz` next to `x.om.gz`: the engines' OTLP
+spans as JSON lines). `add_spans` feeds it through the trace receiver's stitching
+(agent/traces/stitch.py) and renders what the receiver would have reported at each scrape:
+`request_phase_seconds` per instance and phase, and the `tenant_*` counters of traced tenants.
+
+Replay runs the live agent's engine<->GPU join (agent/derive/gpu_join.py, the derive hook the
+agent applies to every collection cycle) once per scrape round, so `engine_gpu_memory_used_bytes`
+is there for the diagnoser, the UI and the report as it is on a live agent. A recording made by
+Prometheus keeps a Kubernetes target's `pod`/`namespace`/`container` on every sample of it: those
+are read back as the target's labels (the live agent adds them from its target configuration).
+A scrape's own target labels (on its `up`, as `kvscope record` and Prometheus write them:
+`Scrape.labels`) are its target labels too, all of them, as the live agent applies a target's
+configured labels.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from bisect import bisect_right
+from collections import Counter
+from dataclasses import dataclass, field
+from itertools import groupby
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+from kvscope.agent.derive.gpu_join import derive_engine_gpu
+from kvscope.agent.dialects.dialect import detect_engine, normalize
+from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
+from kvscope.agent.recording.omfile import read_recording, scrapes_by_target
+from kvscope.agent.scrape.exposition import Exposition
+from kvscope.agent.serve.export import PREFIX, signal_of
+from kvscope.agent.signals import Catalog, Sample, load_catalog, make_labels
+from kvscope.agent.traces.otlp import Span
+from kvscope.agent.traces.receiver import phase_labels
+from kvscope.agent.traces.stitch import StitchConfig, stitch_trace
+from kvscope.agent.traces.tenants import TenantAccounting
+
+
+@dataclass
+class Replay:
+    """Canonical series of a whole recording, plus what each target was and knew."""
+
+    samples: list[Sample] = field(default_factory=list)
+    engines: dict[str, str | None] = field(default_factory=dict)        # instance -> engine
+    facts: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # instance -> rank -> facts
+    unmapped: Counter[str] = field(default_factory=Counter)            # instance -> count
+    span_stats: Counter[str] = field(default_factory=Counter)          # spans read, requests, bad lines
+    start: float | None = None
+    end: float | None = None
+
+
+KVSCOPE = "kvscope"
+"""Engine name of a target that serves kvscope's own series (the request tap's /kvscope/metrics,
+the agent's /metrics): canonical signals, no dialect needed."""
+
+
+def kvscope_signal(name: str, catalog: Catalog) -> str | None:
+    """The canonical sample name of a series kvscope serves: a kvscope-produced signal under its
+    own name (the tap's `tenant_requests_total`) or any catalog signal under the agent's export
+    prefix (`kvscope_engine_kv_cache_usage_ratio`); None for anything else."""
+    bare = name.removeprefix(PREFIX)
+    hit = signal_of(bare, catalog)
+    if hit is None:
+        return None
+    return bare if bare != name or KVSCOPE in hit[0].producers else None
+
+
+def parse_kvscope_samples(raw: list, target: dict[str, str], timestamp: float, catalog: Catalog) -> list[Sample]:
+    """kvscope's own series of one scrape as canonical samples, with the target's job/instance."""
+    out = []
+    for r in raw:
+        name = kvscope_signal(r.name, catalog)
+        if name is None or r.value != r.value:
+            continue
+        labels = {k: v for k, v in r.labels if k not in ("job", "instance")} | target
+        out.append(Sample(name, make_labels(labels), r.value, timestamp))
+    return out
+
+
+TARGET_LABELS = ("pod", "namespace", "container")
+"""Labels that, carried by every sample of a recorded target, are its target labels (Kubernetes
+service discovery puts them there); the engine<->GPU join matches engines to GPUs on them."""
+
+
+def parse_target_labels(samples: list) -> dict[str, str]:
+    """The TARGET_LABELS that have one value on every one of a target's raw samples."""
+    out: dict[str, str] = {}
+    if not samples:
+        return out
+    for key in TARGET_LABELS:
+        values = {dict(r.labels).get(key) for r in samples}
+        if len(values) == 1 and None not in values and "" not in values:
+            out[key] = values.pop()
+    return out
+
+
+def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = None,
+                     gpu_mapping: Any = None) -> Replay:
+    """Read a recording and normalize every scrape of every target, then run the engine<->GPU
+    join per scrape round (`gpu_mapping` as the agent's config option, validated there).
+
+    Each target's engine is detected once from all its samples. A failed scrape contributes
+    only `kvscope_target_up 0` at its time.
+    """
+    catalog = catalog or load_catalog()
+    scrapes, whole = read_recording(path)
+    out = Replay()
+    for (job, instance), target_scrapes in scrapes_by_target(scrapes):
+        union = Exposition(samples=[s for sc in target_scrapes for s in sc.samples[:2000]],
+                           types=whole.types)
+        engine = detect_engine(union, catalog)
+        found = {"job": job, "instance": instance} | parse_target_labels(union.samples)
+        if engine is None and any(kvscope_signal(s.name, catalog) for s in union.samples):
+            engine = KVSCOPE
+        out.engines[instance] = engine
+        for sc in target_scrapes:
+            out.samples.append(Sample("kvscope_target_up", make_labels(
+                {"job": job, "instance": instance}), 1.0 if sc.up else 0.0, sc.timestamp))
+            if not sc.samples:
+                continue
+            if engine == KVSCOPE:
+                out.samples.extend(parse_kvscope_samples(sc.samples, {"job": job, "instance": instance},
+                                                         sc.timestamp, catalog))
+                continue
+            norm = normalize(Exposition(samples=sc.samples, types=whole.types), engine,
+                             found | sc.labels, sc.timestamp, catalog)
+            out.samples.extend(norm.samples)
+            out.unmapped[instance] += norm.unmapped
+            for rank, facts in norm.facts.items():
+                out.facts.setdefault(instance, {}).setdefault(rank, {}).update(facts)
+        ts = [sc.timestamp for sc in target_scrapes]
+        out.start = min(ts) if out.start is None else min(out.start, min(ts))
+        out.end = max(ts) if out.end is None else max(out.end, max(ts))
+    out.samples.extend(render_engine_gpu_rounds(out, gpu_mapping))
+    return out
+
+
+def render_engine_gpu_rounds(replay: Replay, gpu_mapping: Any = None) -> list[Sample]:
+    """The live agent's engine<->GPU join (`derive_engine_gpu`, its per-cycle derive hook) run on
+    each scrape round of the replay: `engine_gpu_memory_used_bytes` stamped at the round's newest
+    sample, as the agent would have exported it. Empty when no GPU series can be joined."""
+    rounds = scrape_times(replay)
+    if not rounds:
+        return []
+    cycles: list[list[Sample]] = [[] for _ in rounds]
+    for ts, run in groupby(replay.samples, key=itemgetter(3)):   # one scrape's samples share a time
+        i = bisect_right(rounds, ts) - 1 if ts is not None else -1
+        cycles[max(i, 0)].extend(run)
+    out: list[Sample] = []
+    for cycle in cycles:
+        out.extend(derive_engine_gpu(cycle, gpu_mapping))
+    return out
+
+
+# ---------------------------------------------------------------------------- spans
+SPAN_SUFFIXES = (".spans.jsonl.gz", ".spans.jsonl")
+MAX_SPAN_LINE = 1 << 20
+"""Bytes; a longer line is counted as bad and skipped (bounded memory per span)."""
+
+
+def spans_path_for(recording: str | os.PathLike[str]) -> Path | None:
+    """The spans sidecar of a recording (`x.om.gz` -> `x.spans.jsonl.gz` or `.jsonl`), if it exists."""
+    p = Path(recording)
+    stem = p.name
+    for ext in (".gz", ".om", ".txt"):
+        stem = stem.removesuffix(ext)
+    for suffix in SPAN_SUFFIXES:
+        cand = p.with_name(stem + suffix)
+        if cand.is_file():
+            return cand
+    return None
+
+
+def parse_span_line(line: str) -> Span:
+    """One JSON line of a spans sidecar (what testbed/otlp_sink.py writes) -> Span. ValueError if malformed."""
+    d = json.loads(line)
+    if not isinstance(d, dict):
+        raise ValueError("not a JSON object")
+    try:
+        return Span(trace_id=str(d["trace_id"]), span_id=str(d["span_id"]),
+                    parent_id=str(d.get("parent_span_id") or ""), name=str(d["name"]),
+                    kind=int(d.get("kind") or 0), start_ns=int(d["start_ns"]), end_ns=int(d["end_ns"]),
+                    attributes=dict(d.get("attributes") or {}), resource=dict(d.get("resource") or {}),
+                    scope=str(d.get("scope") or ""))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"missing or bad field: {exc}") from exc
+
+
+def read_spans(path: str | os.PathLike[str], max_spans: int = 2_000_000) -> tuple[list[Span], Counter[str]]:
+    """Spans of a JSON-lines sidecar (gzip by suffix). Bad lines are skipped and counted by reason;
+    reading stops after `max_spans` spans (counted once as `truncated`)."""
+    spans: list[Span] = []
+    issues: Counter[str] = Counter()
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            if len(line) > MAX_SPAN_LINE:
+                issues["line_too_long"] += 1
+                continue
+            if len(spans) >= max_spans:
+                issues["truncated"] += 1
+                break
+            try:
+                spans.append(parse_span_line(line))
+            except ValueError:
+                issues["bad_line"] += 1
+    return spans, issues
+
+
+def render_span_samples(spans: list[Span], times: list[float],
+                        service_labels: dict[str, dict[str, str]] | None = None) -> tuple[list[Sample], Counter[str]]:
+    """What the agent's trace receiver would have reported at each of `times` (unix s).
+
+    Spans are grouped per trace and stitched (agent/traces/stitch.py); a request counts from its
+    end (when the engine exports its span). At each time the cumulative `request_phase_seconds`
+    histograms and the per-tenant counters of traced tenants are rendered, as the receiver's
+    `collect()` would; nothing is rendered before the first request (absent, not zero).
+    """
+    cfg = StitchConfig(service_labels=service_labels or {})
+    traces: dict[str, list[Span]] = {}
+    for s in spans:
+        traces.setdefault(s.trace_id, []).append(s)
+    records = sorted((r for tr in traces.values() for r in stitch_trace(tr, cfg)), key=lambda r: r.end_ns)
+    phases = HistogramSet("request_phase_seconds", PHASE_BUCKETS)
+    tenants = TenantAccounting()
+    out: list[Sample] = []
+    i = 0
+    for t in sorted(times):
+        while i < len(records) and records[i].end_ns <= t * 1e9:
+            rec = records[i]
+            for obs in rec.phases:
+                phases.observe(phase_labels(rec, obs.instance, obs.role, obs.phase), obs.seconds)
+            tenants.observe(rec)
+            i += 1
+        if i:
+            out.extend(phases.render(t) + tenants.render(t))
+    stats = Counter({"traces": len(traces), "requests": len(records), "requests_rendered": i})
+    stats.update({f"tenant_{k}": v for k, v in tenants.stats.items()})
+    return out, stats
+
+
+def service_labels_from(spans: list[Span], replay: Replay) -> dict[str, dict[str, str]]:
+    """Map each span `service.name` onto a recorded target: the instance whose name equals the
+    service name or ends it after a `-` (`vllm-replica-0` -> `replica-0`), with that target's
+    `model` label when it has exactly one. Services that match no target keep their own name."""
+    models: dict[str, set[str]] = {}
+    for s in replay.samples:
+        lab = dict(s.labels)
+        if lab.get("model") and lab.get("instance"):
+            models.setdefault(lab["instance"], set()).add(lab["model"])
+    out: dict[str, dict[str, str]] = {}
+    for service in {str(s.resource.get("service.name", "")) for s in spans} - {""}:
+        hits = [inst for inst in replay.engines if service == inst or service.endswith("-" + inst)]
+        if len(hits) != 1:
+            continue
+        labels = {"instance": hits[0]}
+        if len(models.get(hits[0], ())) == 1:
+            labels["model"] = next(iter(models[hits[0]]))
+        out[service] = labels
+    return out
+
+
+def scrape_times(replay: Replay) -> list[float]:
+    """One time per scrape round: all targets' scrape times, merged when closer than half the
+    median scrape interval of a target (the targets of one recording are scraped together)."""
+    per_target: dict[str, list[float]] = {}
+    for s in replay.samples:
+        if s.name == "kvscope_target_up":
+            per_target.setdefault(dict(s.labels).get("instance", ""), []).append(s.timestamp)
+    gaps = sorted(b - a for ts in per_target.values() for a, b in zip(ts, ts[1:], strict=False) if b > a)
+    min_gap = gaps[len(gaps) // 2] / 2 if gaps else 0.0
+    out: list[float] = []
+    for t in sorted({t for ts in per_target.values() for t in ts}):
+        if not out or t - out[-1] >= min_gap:
+            out.append(t)
+    return out
+
+
+def add_spans(replay: Replay, spans_path: str | os.PathLike[str]) -> Replay:
+    """Replay a spans sidecar into `replay`: request-phase (and traced-tenant) samples at the
+    recording's scrape times, with instance/model labels joined onto the recorded targets."""
+    spans, issues = read_spans(spans_path)
+    samples, stats = render_span_samples(spans, scrape_times(replay), service_labels_from(spans, replay))
+    replay.samples.extend(samples)
+    replay.span_stats.update(stats + issues + Counter({"spans": len(spans)}))
+    return replay

@@ -1,0 +1,1 @@
+"""What the agent serves: its HTTP API, the /metrics renderer and the shared site binder."""

@@ -1,0 +1,178 @@
+"""The agent's HTTP server (aiohttp.web, same asyncio loop as the collectors).
+
+Routes (GET only; request bodies are refused, query strings are bounded):
+
+* `/metrics` — canonical series as `kvscope_<signal>` plus self-health (agent/serve/export.py),
+  text format 0.0.4. Rendered once per collection cycle and cached.
+* `/api/v1/samples?match=<regex on canonical name, anchored>&start=<unix s>&end=<unix s>` — stored
+  samples as JSON, the diagnoser's "agent" source:
+  `{"status": "success", "data": {"series": [{"name", "labels", "points": [[ts, value]...]}],
+  "truncated": false}}`. `start` defaults to `end - 3600`, `end` to now; at most
+  `MAX_POINTS` points are returned (then `truncated` is true).
+* `/api/v1/facts` — `{instance: {"engine": ..., "job": ..., "facts": {...}}}`.
+* `/api/v1/health` — collectors and targets with up/reason, cycle count.
+* `/-/ready` — 200 once the first cycle completed, 503 before; `/-/healthy` — 200.
+
+Errors are JSON `{"status": "error", "error": "..."}` with status 400 naming the parameter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from typing import Any
+
+from aiohttp import web
+from kvscope.agent.runtime import AgentRuntime
+from kvscope.agent.serve.export import CONTENT_TYPE, render_metrics
+from kvscope.agent.serve.site import HttpSite
+from kvscope.agent.signals import Catalog, load_catalog
+
+MAX_POINTS = 500_000
+"""Points one /api/v1/samples answer may carry (about 20 MB of JSON)."""
+MAX_RANGE_S = 31 * 86400
+MAX_QUERY_CHARS = 2048
+
+
+class AgentServer:
+    """Serves the state of one AgentRuntime and the samples of its store."""
+
+    def __init__(self, runtime: AgentRuntime, catalog: Catalog | None = None) -> None:
+        self.runtime = runtime
+        self.catalog = catalog or load_catalog()
+        self._cache: tuple[int, bytes] | None = None
+        self._site: HttpSite | None = None
+        self.port: int | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=4096, middlewares=[_bounded])
+        app.add_routes([
+            web.get("/metrics", self.metrics),
+            web.get("/api/v1/samples", self.samples),
+            web.get("/api/v1/facts", self.facts),
+            web.get("/api/v1/health", self.health),
+            web.get("/-/ready", self.ready),
+            web.get("/-/healthy", self.healthy),
+        ])
+        return app
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on host:port (port 0 picks a free one). Returns the bound port."""
+        self._site = HttpSite(self.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
+        self.port = await self._site.start(host, port, backlog=64)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+
+    # ---------------------------------------------------------------------------------- routes
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        state = self.runtime.state
+        if self._cache is None or self._cache[0] != state.version:
+            self._cache = (state.version, render_metrics(state, self.catalog).encode())
+        return web.Response(body=self._cache[1], headers={"Content-Type": CONTENT_TYPE})
+
+    async def samples(self, request: web.Request) -> web.Response:
+        store = self.runtime.store
+        if store is None:
+            return _error(503, "no store configured")
+        try:
+            pattern, start, end = _samples_params(request.query)
+        except ValueError as e:
+            return _error(400, str(e))
+        data = await asyncio.to_thread(_query_store, store, pattern, start, end)
+        return web.json_response({"status": "success", "data": data})
+
+    async def facts(self, request: web.Request) -> web.Response:
+        st = self.runtime.state
+        data = {inst: {"engine": st.engines.get(inst), "job": st.jobs.get(inst),
+                       "facts": st.facts.get(inst, {})} for inst in sorted(st.engines)}
+        return web.json_response({"status": "success", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        st = self.runtime.state
+        collectors = {name: {"up": up, "reason": reason, "duration_s": dur}
+                      for name, (up, reason, dur) in sorted(st.collector_status.items())}
+        targets = [{"job": st.jobs.get(h.target, h.collector), "instance": h.target, "up": h.up,
+                    "reason": h.reason or "ok", "duration_s": h.duration_s, "series": h.series,
+                    "engine": st.engines.get(h.target), "dropped": dict(h.dropped)}
+                   for hs in st.health.values() for h in hs if h.target]
+        data = {"cycles": st.cycles, "last_cycle_end": st.last_cycle_end,
+                "collectors": collectors, "targets": targets}
+        return web.json_response({"status": "success", "data": data})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        if self.runtime.state.cycles:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="first collection cycle not finished\n")
+
+    async def healthy(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+
+@web.middleware
+async def _bounded(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Refuse request bodies and oversized query strings before any handler runs."""
+    if request.content_length:
+        return _error(413, "requests must not carry a body")
+    if len(request.query_string) > MAX_QUERY_CHARS:
+        return _error(414, f"query string longer than {MAX_QUERY_CHARS} characters")
+    return await handler(request)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"status": "error", "error": message}, status=status)
+
+
+def _samples_params(query: Any) -> tuple[re.Pattern[str], float, float]:
+    """Validate match/start/end. Raises ValueError naming the parameter."""
+    raw = query.get("match")
+    if not raw:
+        raise ValueError("match: required, a regular expression on canonical names (e.g. engine_kv_.*)")
+    try:
+        pattern = re.compile(raw)
+    except re.error as e:
+        raise ValueError(f"match: not a valid regular expression: {e}") from None
+    end = _time_param(query, "end", time.time())
+    start = _time_param(query, "start", end - 3600.0)
+    if start > end:
+        raise ValueError("start: must not be after end")
+    if end - start > MAX_RANGE_S:
+        raise ValueError(f"start: range longer than {MAX_RANGE_S} s")
+    return pattern, start, end
+
+
+def _time_param(query: Any, name: str, default: float) -> float:
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}: must be unix seconds, got {raw[:40]!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: must be finite")
+    return value
+
+
+def _query_store(store: Any, pattern: re.Pattern[str], start: float, end: float) -> dict[str, Any]:
+    """Runs on a worker thread: the store is thread-safe and may block on disk."""
+    series: list[dict[str, Any]] = []
+    budget = MAX_POINTS
+    truncated = False
+    for name in sorted(n for n in store.names() if pattern.fullmatch(n)):
+        for labels, points in sorted(store.query(name, start, end).items()):
+            if not points:
+                continue
+            if len(points) > budget:
+                points, truncated = points[:budget], True
+            series.append({"name": name, "labels": dict(labels), "points": [list(p) for p in points]})
+            budget -= len(points)
+            if budget <= 0:
+                return {"series": series, "truncated": True}
+    return {"series": series, "truncated": truncated}

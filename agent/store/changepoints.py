@@ -1,0 +1,372 @@
+"""Change-point encoding of scraped series: what the SQLite store writes, and how it reads back.
+
+Between two scrapes most series of an engine keep their value (an idle histogram bucket, a
+config gauge, a counter nobody incremented). Writing a row for each of them every second is
+what a naive store spends its CPU on. This module turns a batch of samples into three kinds of
+rows, and turns those rows back into exactly the points that were written:
+
+* **stamps** `(group, ts_ms)`: one row per scrape of a *group*. A group is a set of series that
+  share their timestamps (one target's scrape; the samples the runtime stamps at the end of a
+  cycle). A batch is split into cohorts by exact timestamp; a cohort takes the group its series
+  followed last time, else a new group id. Grouping only decides how many rows are written:
+  any grouping reads back the same points.
+* **points** `(series, ts_ms, value)`: a real row where a series starts a run, and wherever its
+  value differs from its previous point. An unchanged value writes no row.
+* **marks** `(series, ts_ms, group)`: from `ts_ms` on the series is present at every stamp of
+  `group` (group > 0), or at none (group 0: the series was absent from a scrape of its group,
+  so it is stale from there on; a target that stops answering simply stops writing stamps).
+
+Reading back (`fill_points`): the real points in range, plus, for every stamp of the series'
+active group inside a run, the value of the latest real point at or before that stamp (which
+may lie before the window: the caller passes it as `carry`). The result equals the dense
+series that was written; tests/unit/test_changepoints.py checks it sample for sample, with
+counter resets, series that vanish and return, targets going down and retention.
+
+Samples older than a series' previous point are dropped (`out_of_order`), as Prometheus does;
+a second sample in the same millisecond is dropped (`duplicate`, first write wins).
+
+Fast path: a target usually sends the same series in the same order every scrape. The encoder
+keeps each group's previous cohort (names, labels, values, and the state of each series in
+order); a cohort with the same names and labels (compared as whole tuples, identity first)
+needs no per-sample dict lookup: the changed values are found in one C-level pass and only
+those write rows. Any difference (a new, missing or reordered series, a NaN or non-float
+value, a series that moved between groups) takes the general path, which gives the same rows.
+
+Block path: a `Stamped` part (one target's scrape as family blocks, agent/scrape/stamped.py) is its own
+cohort. When the group's previous cohort was a `Stamped` with as many blocks, a block that is the
+same object as last time is skipped without reading it (same values by construction), and only
+the other blocks are compared as above. Anything else flattens the part and takes the paths
+above; tests/unit/test_changepoints.py checks that both give the same rows.
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import chain, compress, groupby, islice
+from operator import is_not, itemgetter
+
+from kvscope.agent.scrape.stamped import Parts, Stamped
+from kvscope.agent.signals import Labels, Sample
+
+Key = tuple[str, Labels]
+_timestamp = operator.itemgetter(3)
+_name, _labels, _value = itemgetter(0), itemgetter(1), itemgetter(2)
+Points = list[tuple[float, float]]
+
+
+@dataclass
+class Encoded:
+    """Rows for one transaction, and the sample counts behind them."""
+
+    points: list[tuple[int, int, float]] = field(default_factory=list)    # (series id, ts_ms, value)
+    marks: list[tuple[int, int, int]] = field(default_factory=list)       # (series id, ts_ms, group)
+    stamps: list[tuple[int, int]] = field(default_factory=list)           # (group, ts_ms)
+    accepted: int = 0          # samples now queryable (points + elided)
+    dropped: Counter[str] = field(default_factory=Counter)
+
+
+class ChangeEncoder:
+    """Writer-side state: the last point of every series and the members of every group.
+
+    `series_id(name, labels)` returns the store's id of a series (creating it) or None when the
+    store refuses new series. State lives in memory only: after `reset()` (a failed commit, or a
+    fresh process on an existing file) every series starts a new run in a new group, which is
+    always correct, and costs one row per series once.
+    """
+
+    def __init__(self, series_id: Callable[[str, Labels], int | None], next_group: int = 1) -> None:
+        self._series_id = series_id
+        self._next_group = max(1, next_group)
+        self._last: dict[Key, list] = {}       # key -> [sid, last ts_ms unless in a group, value, group]
+        self._by_sid: dict[int, list] = {}     # the same lists by series id
+        self._members: dict[int, set[int]] = {}   # group -> series ids in its current run
+        self._group_ts: dict[int, int] = {}    # group -> its latest stamp
+        self._previous: dict[int, _Cohort | _Blocks] = {}   # group -> its last cohort, for the fast paths
+        self.block_cohorts = 0                 # cohorts written by the block path (for tests and benches)
+
+    def reset(self) -> None:
+        """Forget all state (the rows it described may not be on disk)."""
+        self._last.clear()
+        self._by_sid.clear()
+        self._members.clear()
+        self._group_ts.clear()
+        self._previous.clear()
+
+    def forget(self, sids: set[int]) -> None:
+        """Drop state of series the store deleted (retention pruned them)."""
+        self._previous.clear()
+        gone = [k for k, st in self._last.items() if st[0] in sids]
+        for k in gone:
+            st = self._last.pop(k)
+            del self._by_sid[st[0]]
+            members = self._members.get(st[3])
+            if members is not None:
+                members.discard(st[0])
+
+    def encode(self, batch: Iterable[Sample], now: float, out: Encoded | None = None) -> Encoded:
+        """Rows for `batch` (in any order; samples without a timestamp are stamped `now`),
+        appended to `out` (a new `Encoded` if None). A `Parts` batch keeps its `Stamped` parts
+        whole (each its own cohort, read block by block) unless its timestamp is shared."""
+        out = Encoded() if out is None else out
+        stamped: list[Stamped] = []
+        if isinstance(batch, Parts):
+            stamped = [p for p in batch.parts if isinstance(p, Stamped)]
+            others = [p for p in batch.parts if not isinstance(p, Stamped)]
+            times = {p.timestamp for p in stamped}
+            if stamped and (None in times or len(times) != len(stamped)
+                            or not times.isdisjoint(map(_timestamp, chain.from_iterable(others)))):
+                stamped = []   # a timestamp shared with other samples: one cohort, as a flat batch
+            batch = chain.from_iterable(others) if stamped else batch.samples()
+        by_ts: dict[object, list[Sample] | Stamped] = {}
+        for ts, run in groupby(batch, _timestamp):   # runs of one timestamp (a target's scrape)
+            cohort = by_ts.get(ts)
+            if cohort is None:
+                by_ts[ts] = list(run)
+            else:
+                cohort.extend(run)   # type: ignore[union-attr]
+        for part in stamped:
+            by_ts[part.timestamp] = part
+        # A cohort is the samples of one exact timestamp: targets scraped within the same
+        # millisecond stay apart (each keeps its own group), though their stamps round alike.
+        cohorts: list[tuple[int, float, list[Sample] | Stamped]] = []
+        for ts, samples in by_ts.items():
+            try:
+                exact = float(now if ts is None else ts)   # type: ignore[arg-type]
+                cohorts.append((round(exact * 1000), exact, samples))
+            except (TypeError, ValueError, OverflowError):
+                out.dropped["bad_value"] += len(samples)
+        used: set[int] = set()
+        for ts_ms, _, samples in sorted(cohorts, key=lambda c: c[:2]):
+            if isinstance(samples, Stamped):
+                self._encode_stamped(ts_ms, samples, used, out)
+            else:
+                self._encode_cohort(ts_ms, samples, used, out)
+        return out
+
+    def _group_for(self, ts_ms: int, cohort: Sequence[Sample], used: set[int]) -> int:
+        """The group this cohort's series followed last (if free and older), else a new one."""
+        last = self._last
+        for s in cohort[:8]:
+            st = last.get((s[0], s[1]))
+            if st is not None and st[3]:
+                g = st[3]
+                if g not in used and self._group_ts.get(g, -1) < ts_ms:
+                    return g
+                break
+        g = self._next_group
+        self._next_group += 1
+        return g
+
+    def _encode_stamped(self, ts_ms: int, part: Stamped, used: set[int], out: Encoded) -> None:
+        """A target's scrape as blocks: only the blocks that are not last time's objects are read."""
+        g = self._group_for(ts_ms, list(islice(chain.from_iterable(part.blocks), 8)), used)
+        used.add(g)
+        if self._encode_same_blocks(g, ts_ms, part, out):
+            return
+        self._encode_general(g, ts_ms, part.samples(), out)
+        prev = self._previous.get(g)
+        if prev is not None:   # every sample a member, in order: remember it block by block
+            states = iter(prev.states)
+            self._previous[g] = _Blocks(part.blocks, [list(islice(states, len(b))) for b in part.blocks])
+
+    def _encode_same_blocks(self, g: int, ts_ms: int, part: Stamped, out: Encoded) -> bool:
+        """`_encode_same_series` for blocks: the same blocks as the group's previous scrape, those
+        that are other objects holding the same series in the same order. Writes the rows and
+        returns True, or changes nothing and returns False."""
+        prev = self._previous.get(g)
+        if type(prev) is not _Blocks or len(prev.blocks) != len(part.blocks) or not len(part):
+            return False
+        which = list(compress(range(len(part.blocks)), map(is_not, part.blocks, prev.blocks)))
+        if 4 * len(which) > len(part.blocks):   # most blocks changed: compare them all in one pass each
+            pairs = [(list(chain.from_iterable(part.blocks)), list(chain.from_iterable(prev.blocks)),
+                      list(chain.from_iterable(prev.states)))]
+        else:
+            pairs = [(part.blocks[i], prev.blocks[i], prev.states[i]) for i in which]
+        moved: list[tuple[list, list[int], list]] = []
+        for new, old, states in pairs:
+            if (len(new) != len(old) or list(map(_name, new)) != list(map(_name, old))
+                    or list(map(_labels, new)) != list(map(_labels, old))):
+                return False
+            values = list(map(_value, new))
+            changed = list(compress(range(len(new)), map(operator.ne, values, map(_value, old))))
+            for j in changed:
+                v = values[j]
+                if type(v) is not float or v != v:   # NaN or a value to convert: the general path
+                    return False
+            moved.append((states, changed, values))
+        points = out.points
+        for states, changed, values in moved:
+            for j in changed:
+                st = states[j]
+                v = st[2] = values[j]
+                points.append((st[0], ts_ms, v))
+        prev.blocks = part.blocks
+        self.block_cohorts += 1
+        self._group_ts[g] = ts_ms
+        out.stamps.append((g, ts_ms))
+        out.accepted += len(part)
+        return True
+
+    def _encode_cohort(self, ts_ms: int, cohort: list[Sample], used: set[int], out: Encoded) -> None:
+        g = self._group_for(ts_ms, cohort, used)
+        used.add(g)
+        if self._encode_same_series(g, ts_ms, cohort, out):
+            return
+        self._encode_general(g, ts_ms, cohort, out)
+
+    def _encode_general(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> None:
+        self._previous.pop(g, None)
+        last, by_sid, group_ts = self._last, self._by_sid, self._group_ts
+        members = self._members.get(g) or set()
+        present: set[int] = set()
+        points, marks, dropped = out.points, out.marks, out.dropped
+        for s in cohort:
+            v = s[2]
+            if type(v) is not float:
+                try:
+                    v = float(v)
+                except (TypeError, ValueError):
+                    dropped["bad_value"] += 1
+                    continue
+            if v != v:   # NaN: SQLite would store NULL
+                dropped["nan"] += 1
+                continue
+            st = last.get((s[0], s[1]))
+            if st is not None and st[3] == g:
+                # the hot path: a member of this group's run (in order by construction of g)
+                sid = st[0]
+                if sid in present:
+                    dropped["duplicate"] += 1
+                    continue
+                present.add(sid)
+                if st[2] != v:
+                    st[2] = v
+                    points.append((sid, ts_ms, v))
+                continue
+            if st is None:
+                sid = self._series_id(s[0], s[1])
+                if sid is None:
+                    dropped["series_limit"] += 1
+                    continue
+                st = last[(s[0], s[1])] = by_sid[sid] = [sid, -1, v, 0]
+            previous = group_ts[st[3]] if st[3] else st[1]   # a member's last point is its group's last stamp
+            if previous >= ts_ms:
+                dropped["duplicate" if previous == ts_ms else "out_of_order"] += 1
+                continue
+            if st[3]:            # moves from another group's run
+                self._members[st[3]].discard(st[0])
+                self._previous.pop(st[3], None)
+            st[1], st[2], st[3] = previous, v, g
+            present.add(st[0])
+            points.append((st[0], ts_ms, v))
+            marks.append((st[0], ts_ms, g))
+        if members:
+            before = group_ts.get(g, -1)
+            for sid in members - present:   # absent from this scrape of its group: stale from here
+                st = by_sid[sid]
+                if st[3] == g:
+                    st[1], st[3] = before, 0
+                    marks.append((sid, ts_ms, 0))
+        self._members[g] = present
+        group_ts[g] = ts_ms
+        out.stamps.append((g, ts_ms))
+        out.accepted += len(present)
+        if len(present) == len(cohort):   # every sample a member, in order: remember for the fast path
+            self._previous[g] = _Cohort(cohort, [last[(s[0], s[1])] for s in cohort])
+
+    def _encode_same_series(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> bool:
+        """The fast path: the same series as the group's previous cohort, in the same order.
+        Writes the rows and returns True, or changes nothing and returns False."""
+        prev = self._previous.get(g)
+        if type(prev) is not _Cohort or len(cohort) != len(prev.states) or not cohort:
+            return False
+        names, labels, values, _ = zip(*cohort, strict=True)
+        if labels != prev.labels or names != prev.names:
+            return False
+        changed = list(compress(range(len(values)), map(operator.ne, values, prev.values)))
+        for i in changed:
+            v = values[i]
+            if type(v) is not float or v != v:   # NaN or a value to convert: the general path
+                return False
+        states, points = prev.states, out.points
+        for i in changed:
+            st = states[i]
+            v = st[2] = values[i]
+            points.append((st[0], ts_ms, v))
+        prev.values = values
+        self._group_ts[g] = ts_ms
+        out.stamps.append((g, ts_ms))
+        out.accepted += len(cohort)
+        return True
+
+
+class _Blocks:
+    """A group's previous scrape as blocks (a `Stamped`), with the encoder states block by block."""
+
+    __slots__ = ("blocks", "states")
+
+    def __init__(self, blocks: list[list], states: list[list[list]]) -> None:
+        self.blocks = blocks
+        self.states = states
+
+
+class _Cohort:
+    """A group's previous cohort: its series in order, their values, and their encoder states."""
+
+    __slots__ = ("labels", "names", "states", "values")
+
+    def __init__(self, cohort: list[Sample], states: list[list]) -> None:
+        self.names, self.labels, self.values, _ = zip(*cohort, strict=True)
+        self.states = states
+
+
+# ------------------------------------------------------------------------------------ read side
+
+def fill_points(real: Sequence[tuple[int, float]], carry: tuple[int, float] | None,
+                marks: Sequence[tuple[int, int]], stamps_of: Callable[[int, int, int], Sequence[int]],
+                lo: int, hi: int) -> Points:
+    """The dense points of one series in [lo, hi] (milliseconds in, seconds out).
+
+    `real`: stored points in [lo, hi], sorted; `carry`: the latest stored point before `lo`;
+    `marks`: (ts_ms, group) sorted, starting with the mark active at `lo` (if any) and ending at
+    `hi`; `stamps_of(group, a, b)`: sorted stamps of `group` in [a, b]. Without marks (a store
+    written before change-point encoding) the real points are the answer.
+    """
+    if not marks:
+        return [(t / 1000, v) for t, v in real]
+    dense: dict[int, float] = {}
+    real_ts = [t for t, _ in real]
+    for i, (m_ts, group) in enumerate(marks):
+        if not group:
+            continue
+        a = max(lo, m_ts)
+        b = min(hi, marks[i + 1][0] - 1) if i + 1 < len(marks) else hi
+        if a > b:
+            continue
+        for t in stamps_of(group, a, b):
+            j = bisect.bisect_right(real_ts, t) - 1
+            if j >= 0:
+                dense[t] = real[j][1]
+            elif carry is not None and carry[0] <= t:
+                dense[t] = carry[1]
+    for t, v in real:
+        dense[t] = v
+    return [(t / 1000, dense[t]) for t in sorted(dense)]
+
+
+class StampIndex:
+    """Stamps of each group in one query window, fetched once per group and sliced by bisect."""
+
+    def __init__(self, fetch: Callable[[int], list[int]]) -> None:
+        self._fetch = fetch
+        self._cache: dict[int, list[int]] = {}
+
+    def __call__(self, group: int, a: int, b: int) -> list[int]:
+        stamps = self._cache.get(group)
+        if stamps is None:
+            stamps = self._cache[group] = self._fetch(group)
+        return stamps[bisect.bisect_left(stamps, a):bisect.bisect_right(stamps, b)]

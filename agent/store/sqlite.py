@@ -1,0 +1,661 @@
+"""Where canonical samples live on one node: the `Store` contract, an embedded SQLite store and
+its in-memory twin.
+
+Layout (SQLite, WAL mode)::
+
+    series (id INTEGER PRIMARY KEY, name TEXT, labels TEXT /* compact JSON of the sorted pairs */,
+            UNIQUE (name, labels))
+    samples (series_id INTEGER, ts_ms INTEGER, value REAL, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID
+    stamps (group_id INTEGER, ts_ms INTEGER, PRIMARY KEY (group_id, ts_ms)) WITHOUT ROWID
+    marks (series_id INTEGER, ts_ms INTEGER, group_id INTEGER, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID
+
+`samples` holds change points only: a row where a series starts and wherever its value differs
+from its previous point; one `stamps` row per scrape of a group of series that share their
+timestamps (one target); `marks` say from when a series follows a group and when it went stale.
+`query` fills the unchanged points back in, so it returns exactly the points written (the
+encoding and its proof are in agent/store/changepoints.py). Between two 1 s scrapes of a vLLM engine
+most series do not move, so this writes a few percent of the rows a dense layout would.
+
+The tables are clustered on their primary keys, so a range query for one series is one B-tree
+range scan and no second index is needed. Timestamps are integer milliseconds (what Prometheus
+keeps): a varint of 6 bytes instead of an 8-byte double. SQLite writes integral REAL values as
+integers on disk, so counters and byte gauges cost only their varint.
+
+Writes are queued and committed in batches by one writer thread, so `write()` never waits on
+disk. The queue is bounded: when it is full the *oldest* queued samples are dropped and counted
+(reason `queue_full`); the scrape loop is never blocked. A committed batch survives a crash of
+the process (WAL, `synchronous=NORMAL`); pass `synchronous="FULL"` to survive power loss too.
+
+Retention runs on the writer thread: by age (`retention_s`) and by size (`max_bytes`, the pages
+in use). A series still running at the cut gets its carried value re-written at its first scrape
+after the cut, so what remains reads back unchanged. The file is created with
+`auto_vacuum=INCREMENTAL`; after a retention pass deleted rows, `PRAGMA incremental_vacuum` hands
+the freed pages back to the file system. A full VACUUM (which rewrites the file and needs twice
+its space) is never run automatically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from kvscope.agent.scrape.stamped import Parts
+from kvscope.agent.signals import Labels, Sample
+from kvscope.agent.store.changepoints import ChangeEncoder, Encoded, StampIndex, fill_points
+from kvscope.agent.store.retention import RetentionMixin
+
+Points = list[tuple[float, float]]
+
+DEFAULT_RETENTION_S = 7 * 86400
+DEFAULT_MAX_BYTES = 1 << 30
+DEFAULT_BATCH_SIZE = 20_000
+DEFAULT_FLUSH_INTERVAL_S = 1.0
+DEFAULT_MAX_QUEUE = 200_000
+"""Samples waiting for the writer (about 40 MiB at worst). Past it the oldest are dropped."""
+DEFAULT_MAX_SERIES = 200_000
+"""Distinct series the store accepts; samples of further new series are dropped (`series_limit`)."""
+RETENTION_CHECK_INTERVAL_S = 60.0
+WAL_SIZE_LIMIT_BYTES = 64 << 20
+
+
+class Store(Protocol):
+    """Time-series storage for canonical samples.
+
+    Implementations are thread-safe: the runtime writes from the scrape loop while the server,
+    the diagnoser and the UI query from other threads.
+    """
+
+    def write(self, samples: Sequence[Sample]) -> None:
+        """Queue samples for storage. Must not block on disk or raise for bad samples: a sample
+        that cannot be stored is dropped and counted by reason in `stats()`. A sample without a
+        timestamp is stamped with the time of the call."""
+        ...
+
+    def query(self, name: str, start: float, end: float,
+              matchers: dict[str, str] | None = None) -> dict[Labels, Points]:
+        """Points of every series named `name` whose labels equal all `matchers`, with
+        start <= ts <= end (seconds), sorted by time. A matcher value "" matches series that
+        lack the label (Prometheus semantics). Sees what `flush()` has committed."""
+        ...
+
+    def names(self) -> set[str]:
+        """Canonical sample names that have at least one series stored."""
+        ...
+
+    def flush(self) -> None:
+        """Commit everything queued so far; returns once it is durable and visible to `query`."""
+        ...
+
+    def close(self) -> None:
+        """Flush, stop background work and release files. Idempotent."""
+        ...
+
+
+@dataclass
+class StoreStats:
+    """Self-observation of a store, exported as kvscope_store_* by the runtime."""
+
+    rows: int = 0
+    series: int = 0
+    bytes: int = 0                    # on disk: database + WAL
+    used_bytes: int = 0               # pages in use (what max_bytes bounds)
+    queued: int = 0
+    written: int = 0                  # samples committed since open (queryable points)
+    unchanged: int = 0                # of those, stored without a row (value as at the previous scrape)
+    batches: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)   # samples dropped, by reason
+    errors: Counter[str] = field(default_factory=Counter)    # failed background operations
+    deleted: Counter[str] = field(default_factory=Counter)   # rows removed by retention: age | size
+    last_write_latency_s: float = 0.0
+    max_write_latency_s: float = 0.0
+    write_latency_sum_s: float = 0.0
+
+
+def _matches(labels: Labels, matchers: dict[str, str] | None) -> bool:
+    if not matchers:
+        return True
+    have = dict(labels)
+    return all(have.get(k, "") == v for k, v in matchers.items())
+
+
+DEFAULT_MAX_POINTS = 1_000_000
+"""Points an InMemoryStore keeps (roughly 150 MiB of Python objects); the oldest go first."""
+
+
+class InMemoryStore:
+    """Keeps samples in memory, with the same contract as `SqliteStore` (writes are visible at
+    once). Used by tests, replay and the agent without a store file. Bounded by age
+    (`retention_s`) and by count (`max_points`): the oldest written points go first, counted in
+    `stats().deleted` as `age` and `size`."""
+
+    def __init__(self, retention_s: float | None = None, max_points: int = DEFAULT_MAX_POINTS) -> None:
+        self._series: dict[str, dict[Labels, dict[float, float]]] = {}
+        self._order: deque[tuple[float, str, Labels]] = deque()   # write order ~ time order
+        self._lock = threading.Lock()
+        self._retention_s = retention_s
+        self._max_points = max(1, max_points)
+        self._stats = StoreStats()
+
+    def write(self, samples: Sequence[Sample]) -> None:
+        now = time.time()
+        with self._lock:
+            for s in samples:
+                self._add(s, now)
+            if self._retention_s is not None:
+                self._evict(lambda ts: ts < now - self._retention_s, "age")
+            self._evict(lambda ts: len(self._order) > self._max_points, "size")
+
+    def _add(self, s: Sample, now: float) -> None:
+        try:
+            value = float(s.value)
+            ts = float(s.timestamp) if s.timestamp is not None else now
+        except (TypeError, ValueError):
+            self._stats.dropped["bad_value"] += 1
+            return
+        if math.isnan(value):
+            self._stats.dropped["nan"] += 1
+            return
+        points = self._series.setdefault(s.name, {}).setdefault(s.labels, {})
+        key = round(ts * 1000) / 1000
+        if key in points:   # same series and millisecond: first write wins, as in SQLite
+            self._stats.dropped["duplicate"] += 1
+            return
+        points[key] = value
+        self._order.append((key, s.name, s.labels))
+        self._stats.written += 1
+
+    def _evict(self, should: Callable[[float], bool], reason: str) -> None:
+        """Remove points from the oldest written while `should(their ts)` holds."""
+        while self._order and should(self._order[0][0]):
+            ts, name, labels = self._order.popleft()
+            by_labels = self._series[name]
+            points = by_labels[labels]
+            del points[ts]
+            self._stats.deleted[reason] += 1
+            if not points:
+                del by_labels[labels]
+                if not by_labels:
+                    del self._series[name]
+
+    def query(self, name: str, start: float, end: float,
+              matchers: dict[str, str] | None = None) -> dict[Labels, Points]:
+        with self._lock:
+            out: dict[Labels, Points] = {}
+            for labels, points in self._series.get(name, {}).items():
+                if _matches(labels, matchers):
+                    sel = sorted((t, v) for t, v in points.items() if start <= t <= end)
+                    if sel:
+                        out[labels] = sel
+            return out
+
+    def names(self) -> set[str]:
+        with self._lock:
+            return set(self._series)
+
+    def label_names(self, name: str) -> set[str]:
+        """Label names used by the series of `name` (for tests of what a pipeline keeps)."""
+        with self._lock:
+            return {k for labels in self._series.get(name, {}) for k, _ in labels}
+
+    def samples(self) -> list[Sample]:
+        """Every stored point as a Sample, ordered by name, labels and time."""
+        with self._lock:
+            return [Sample(n, lab, v, t) for n in sorted(self._series)
+                    for lab, pts in sorted(self._series[n].items()) for t, v in sorted(pts.items())]
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            st = StoreStats(**{**self._stats.__dict__, "dropped": Counter(self._stats.dropped),
+                               "errors": Counter(self._stats.errors), "deleted": Counter(self._stats.deleted)})
+            st.series = sum(len(b) for b in self._series.values())
+            st.rows = len(self._order)
+            return st
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS series (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+    "labels TEXT NOT NULL, UNIQUE (name, labels))",
+    "CREATE TABLE IF NOT EXISTS samples (series_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, "
+    "value REAL NOT NULL, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS stamps (group_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, "
+    "PRIMARY KEY (group_id, ts_ms)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS marks (series_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, "
+    "group_id INTEGER NOT NULL, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID",
+)
+
+
+def _labels_json(labels: Labels) -> str:
+    return json.dumps(labels, separators=(",", ":"))
+
+
+def _labels_from_json(text: str) -> Labels:
+    return tuple((str(k), str(v)) for k, v in json.loads(text))
+
+
+class StoreError(RuntimeError):
+    """The database cannot be opened or has an unexpected schema; the message names the file."""
+
+
+class SqliteStore(RetentionMixin):
+    """Embedded SQLite store for one node (see the module docstring for layout and guarantees).
+
+    `retention_s` and `max_bytes` bound the data kept; `batch_size` caps one transaction;
+    `flush_interval_s` is the longest a queued sample waits before it is committed.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], retention_s: float = DEFAULT_RETENTION_S,
+                 max_bytes: int = DEFAULT_MAX_BYTES, batch_size: int = DEFAULT_BATCH_SIZE,
+                 flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S, max_queue: int = DEFAULT_MAX_QUEUE,
+                 max_series: int = DEFAULT_MAX_SERIES, synchronous: str = "NORMAL",
+                 background: bool = True, busy_timeout_s: float = 30.0, read_only: bool = False) -> None:
+        self.path = Path(path)
+        self.retention_s = retention_s
+        self.max_bytes = max_bytes
+        self.batch_size = max(1, batch_size)
+        self.flush_interval_s = flush_interval_s
+        self.max_queue = max(1, max_queue)
+        self.max_series = max_series
+        self.busy_timeout_s = busy_timeout_s
+        self.read_only = read_only
+        self._queue: deque[tuple[float, Sequence[Sample]]] = deque()   # (time of write(), samples)
+        self._queued = 0
+        self._qlock = threading.Lock()           # guards _queue and _stats.dropped (cheap, never I/O)
+        self._wlock = threading.RLock()          # guards the writer connection
+        self._rlock = threading.Lock()           # guards the reader connection
+        self._slock = threading.Lock()           # guards the series index
+        self._stats = StoreStats()
+        self._closed = False
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        if read_only:   # a reader beside a running agent: no writes, no checkpoints, no new file
+            self._reader = self._connect_read_only()
+            self._writer = self._reader
+            self._check_schema()
+        else:
+            self._writer = self._connect(synchronous)
+            self._init_schema()
+            self._reader = self._connect(synchronous)
+        self._ids: dict[tuple[str, Labels], int] = {}
+        self._by_name: dict[str, list[tuple[Labels, int]]] = {}
+        self._max_id = 0
+        self._load_series()
+        self._encoder = ChangeEncoder(self._series_for, self._next_group())
+        self._created: list[tuple[int, str, Labels]] | None = None
+        self._snapshot: StoreStats | None = None
+        self._row_offset: int | None = None   # rows at open, counted on first stats() (a full scan)
+        self._next_retention = 0.0
+        self._thread: threading.Thread | None = None
+        if background and not read_only:
+            self._thread = threading.Thread(target=self._run, name="kvscope-store-writer", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ setup
+    def _connect(self, synchronous: str) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                   timeout=self.busy_timeout_s)
+            # Before WAL: switching a new file to WAL writes its header, and auto_vacuum can only
+            # be chosen before that (on an existing file this is a no-op).
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            conn.execute("PRAGMA journal_mode=WAL")
+            # After a checkpoint, cut the WAL file back to this size (it otherwise stays at its
+            # largest), so max_bytes plus this bounds the disk used.
+            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
+            conn.execute(f"PRAGMA synchronous={'FULL' if synchronous.upper() == 'FULL' else 'NORMAL'}")
+            return conn
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"{self.path}: cannot open store: {exc}") from exc
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        if not self.path.is_file():
+            raise StoreError(f"{self.path}: no such store")
+        try:
+            return sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
+                                   check_same_thread=False, timeout=self.busy_timeout_s)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot open store: {exc}") from exc
+
+    def _init_schema(self) -> None:
+        try:
+            for stmt in _SCHEMA:
+                self._writer.execute(stmt)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: not a kvscope store: {exc}") from exc
+        self._check_schema()
+
+    def _check_schema(self) -> None:
+        try:
+            cols = [r[1] for r in self._writer.execute("PRAGMA table_info(samples)")]
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: not a kvscope store: {exc}") from exc
+        if cols != ["series_id", "ts_ms", "value"]:
+            raise StoreError(f"{self.path}: not a kvscope store (samples columns {cols})")
+        tables = {r[0] for r in self._writer.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        self._sparse = {"stamps", "marks"} <= tables   # False: a dense store from before change points
+
+    def _next_group(self) -> int:
+        if not self._sparse:
+            return 1
+        row = self._writer.execute("SELECT MAX(group_id) FROM stamps").fetchone()
+        return int(row[0] or 0) + 1
+
+    def _load_series(self, after_id: int = 0) -> None:
+        rows = self._writer.execute("SELECT id, name, labels FROM series WHERE id > ? ORDER BY id", (after_id,))
+        for sid, name, labels in rows.fetchall():
+            self._index(sid, name, _labels_from_json(labels))
+            self._max_id = max(self._max_id, sid)
+
+    def _refresh_series(self) -> None:
+        """A read-only store learns the series another process (the agent) created since."""
+        if not self.read_only or self._closed:
+            return
+        with self._rlock:
+            self._load_series(self._max_id)
+
+    def _index(self, sid: int, name: str, labels: Labels) -> None:
+        with self._slock:
+            self._ids[(name, labels)] = sid
+            self._by_name.setdefault(name, []).append((labels, sid))
+
+    # ------------------------------------------------------------------ write path
+    def write(self, samples: Sequence[Sample]) -> None:
+        if self._closed or self.read_only:
+            self._count_drop("closed" if self._closed else "read_only", len(samples))
+            return
+        chunk = samples if isinstance(samples, Parts) else list(samples)   # a cycle's Parts keep their blocks
+        if not chunk:
+            return
+        with self._qlock:
+            self._queue.append((time.time(), chunk))
+            self._queued += len(chunk)
+            self._trim_queue()
+            full = self._queued >= self.batch_size
+        if full:
+            self._wake.set()
+
+    def _trim_queue(self) -> None:
+        """Drop the oldest queued samples past max_queue (caller holds _qlock)."""
+        over = self._queued - self.max_queue
+        if over <= 0:
+            return
+        self._stats.dropped["queue_full"] += over
+        self._queued -= over
+        while over > 0:
+            now, head = self._queue[0]
+            if len(head) <= over:
+                self._queue.popleft()
+                over -= len(head)
+            else:
+                self._queue[0] = (now, head[over:])
+                over = 0
+
+    def _count_drop(self, reason: str, n: int) -> None:
+        with self._qlock:
+            self._stats.dropped[reason] += n
+
+    def _take(self) -> list[tuple[float, list[Sample]]]:
+        """Whole write() calls (one scrape cycle each, usually) up to batch_size samples."""
+        with self._qlock:
+            taken: list[tuple[float, list[Sample]]] = []
+            n = 0
+            while self._queue and n < self.batch_size:
+                now, chunk = self._queue[0]
+                room = self.batch_size - n
+                if len(chunk) > room:
+                    self._queue[0] = (now, chunk[room:])
+                    chunk = chunk[:room]
+                else:
+                    self._queue.popleft()
+                taken.append((now, chunk))
+                n += len(chunk)
+            self._queued -= n
+            return taken
+
+    def flush(self) -> None:
+        """Commit everything queued. On a database error (locked past the busy timeout, disk
+        full, I/O error) the batch goes back to the head of the queue, the error is counted in
+        `stats().errors`, and the next flush retries it; the queue bound still applies."""
+        if self.read_only:
+            return
+        with self._wlock:
+            while batch := self._take():
+                if not self._commit(batch):
+                    break
+
+    def _commit(self, batch: list[tuple[float, list[Sample]]]) -> bool:
+        t0 = time.perf_counter()
+        self._created = []   # series first seen in this batch: created inside its transaction
+        try:
+            self._writer.execute("BEGIN IMMEDIATE")
+            enc = Encoded()
+            for now, chunk in batch:
+                self._encoder.encode(chunk, now, enc)
+            cur = self._writer.executemany(
+                "INSERT OR IGNORE INTO samples (series_id, ts_ms, value) VALUES (?, ?, ?)", enc.points)
+            inserted = cur.rowcount if cur.rowcount >= 0 else len(enc.points)
+            self._writer.executemany(
+                "INSERT OR REPLACE INTO marks (series_id, ts_ms, group_id) VALUES (?, ?, ?)", enc.marks)
+            self._writer.executemany("INSERT OR IGNORE INTO stamps (group_id, ts_ms) VALUES (?, ?)", enc.stamps)
+            self._writer.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._undo(exc)
+            self._requeue(batch, exc)
+            return False
+        except BaseException as exc:
+            self._undo(exc)
+            raise
+        finally:
+            self._created = None
+        elapsed = time.perf_counter() - t0
+        with self._qlock:
+            st = self._stats
+            for reason, n in enc.dropped.items():
+                st.dropped[reason] += n
+            lost = len(enc.points) - inserted   # same series and millisecond already stored: first wins
+            if lost > 0:
+                st.dropped["duplicate"] += lost
+            st.rows += inserted
+            st.written += enc.accepted - max(0, lost)
+            st.unchanged += enc.accepted - len(enc.points)
+            st.batches += 1
+            st.last_write_latency_s = elapsed
+            st.max_write_latency_s = max(st.max_write_latency_s, elapsed)
+            st.write_latency_sum_s += elapsed
+        return True
+
+    def _requeue(self, batch: list[tuple[float, list[Sample]]], exc: sqlite3.Error) -> None:
+        with self._qlock:
+            self._stats.errors[type(exc).__name__] += 1
+            self._queue.extendleft(reversed(batch))
+            self._queued += sum(len(chunk) for _, chunk in batch)
+            self._trim_queue()
+
+    def _undo(self, exc: BaseException) -> None:
+        """A batch failed: roll back, forget the series its transaction created and the
+        encoder's state (it described rows that are not on disk)."""
+        self._rollback()
+        self._encoder.reset()
+        gone = {sid for sid, _, _ in self._created or ()}
+        if gone:
+            with self._slock:
+                for sid, name, labels in self._created or ():
+                    self._ids.pop((name, labels), None)
+                    self._by_name[name] = [(lab, i) for lab, i in self._by_name.get(name, []) if i != sid]
+                    if not self._by_name[name]:
+                        del self._by_name[name]
+
+    def _rollback(self) -> None:
+        try:
+            self._writer.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+    def _series_for(self, name: str, labels: Labels) -> int | None:
+        """The id of a series, created on first sight; None past max_series."""
+        sid = self._ids.get((name, labels))
+        return sid if sid is not None else self._new_series(name, labels)
+
+    def _new_series(self, name: str, labels: Labels) -> int | None:
+        if len(self._ids) >= self.max_series:
+            return None
+        text = _labels_json(labels)
+        self._writer.execute("INSERT OR IGNORE INTO series (name, labels) VALUES (?, ?)", (name, text))
+        sid = int(self._writer.execute("SELECT id FROM series WHERE name = ? AND labels = ?",
+                                       (name, text)).fetchone()[0])
+        self._index(sid, name, labels)
+        if self._created is not None:
+            self._created.append((sid, name, labels))
+        return sid
+
+    # ------------------------------------------------------------------ background
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            try:
+                self.flush()
+                if time.monotonic() >= self._next_retention:
+                    self.enforce_retention()
+                    self._next_retention = time.monotonic() + RETENTION_CHECK_INTERVAL_S
+                # file sizes and row count for snapshot(), on this thread and its connection: a
+                # long API read holding the reader never delays the writer
+                self._snapshot = self._stats_via(self._writer, self._wlock)
+            except Exception as exc:   # noqa: BLE001 - the writer thread must outlive any one failure
+                self._rollback()
+                with self._qlock:
+                    self._stats.errors[type(exc).__name__] += 1
+
+    def snapshot(self) -> StoreStats:
+        """`stats()` without touching the disk, for the scrape loop: the counters as of now, the
+        file sizes and row count as of the writer thread's last pass (at most flush_interval_s
+        old). Without a writer thread it is `stats()`."""
+        last = self._snapshot
+        if last is None:
+            return self.stats()
+        with self._qlock:
+            st = StoreStats(**{**self._stats.__dict__, "dropped": Counter(self._stats.dropped),
+                               "errors": Counter(self._stats.errors), "deleted": Counter(self._stats.deleted)})
+            st.queued = self._queued
+        with self._slock:
+            st.series = len(self._ids)
+        st.rows, st.bytes, st.used_bytes = last.rows, last.bytes, last.used_bytes
+        return st
+
+    # ------------------------------------------------------------------ read path
+    def query(self, name: str, start: float, end: float,
+              matchers: dict[str, str] | None = None) -> dict[Labels, Points]:
+        self._refresh_series()
+        with self._slock:
+            targets = [(lab, sid) for lab, sid in self._by_name.get(name, ()) if _matches(lab, matchers)]
+        out: dict[Labels, Points] = {}
+        lo, hi = round(start * 1000), round(end * 1000)
+        with self._rlock:
+            r = self._reader
+            stamps = StampIndex(lambda g: [t for (t,) in r.execute(
+                "SELECT ts_ms FROM stamps WHERE group_id = ? AND ts_ms BETWEEN ? AND ? ORDER BY ts_ms", (g, lo, hi))])
+            r.execute("BEGIN")   # one snapshot: points, marks and stamps of the same commits
+            try:
+                for labels, sid in targets:
+                    points = self._series_points(sid, lo, hi, stamps)
+                    if points:
+                        out[labels] = points
+            finally:
+                r.execute("COMMIT")
+        return out
+
+    def _series_points(self, sid: int, lo: int, hi: int, stamps: StampIndex) -> Points:
+        """Points of one series in [lo, hi] ms: stored change points plus the filled-in repeats."""
+        r = self._reader
+        real = [(t, float(v)) for t, v in r.execute(
+            "SELECT ts_ms, value FROM samples WHERE series_id = ? AND ts_ms BETWEEN ? AND ? ORDER BY ts_ms",
+            (sid, lo, hi))]
+        if not self._sparse:
+            return [(t / 1000, v) for t, v in real]
+        marks = r.execute(
+            "SELECT ts_ms, group_id FROM marks WHERE series_id = ? AND ts_ms <= ? AND ts_ms >= "
+            "COALESCE((SELECT MAX(ts_ms) FROM marks WHERE series_id = ? AND ts_ms <= ?), ?) ORDER BY ts_ms",
+            (sid, hi, sid, lo, lo)).fetchall()
+        carry = None
+        if marks and (not real or real[0][0] > lo):
+            row = r.execute("SELECT ts_ms, value FROM samples WHERE series_id = ? AND ts_ms < ? "
+                            "ORDER BY ts_ms DESC LIMIT 1", (sid, lo)).fetchone()
+            carry = (row[0], float(row[1])) if row else None
+        return fill_points(real, carry, marks, stamps, lo, hi)
+
+    def names(self) -> set[str]:
+        self._refresh_series()
+        with self._slock:
+            return {n for n, series in self._by_name.items() if series}
+
+    def stats(self) -> StoreStats:
+        """A snapshot of the counters plus the current file sizes."""
+        return self._stats_via(self._reader, self._rlock)
+
+    def _stats_via(self, conn: sqlite3.Connection, lock: threading.Lock | threading.RLock) -> StoreStats:
+        with self._qlock:
+            st = StoreStats(**{**self._stats.__dict__, "dropped": Counter(self._stats.dropped),
+                               "errors": Counter(self._stats.errors), "deleted": Counter(self._stats.deleted)})
+            st.queued = self._queued
+        with self._slock:
+            st.series = len(self._ids)
+        st.rows = self._row_count(st.rows)
+        st.bytes = sum(_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal"))
+        if not self._closed:
+            with lock:
+                page = conn.execute("PRAGMA page_size").fetchone()[0]
+                count = conn.execute("PRAGMA page_count").fetchone()[0]
+                free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+            st.used_bytes = int(page * (count - free))
+        return st
+
+    def _row_count(self, delta: int) -> int:
+        """Rows stored: the count at open (taken once, lazily) plus the inserts minus deletes since."""
+        if self._row_offset is None and not self._closed:
+            with self._wlock, self._rlock:   # no commit in flight: the count and the delta agree
+                count = self._reader.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+                with self._qlock:
+                    self._row_offset = count - self._stats.rows
+            return count
+        return (self._row_offset or 0) + delta
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.flush()
+        self._closed = True
+        with self._wlock:
+            if not self.read_only:
+                try:   # leave one compact file behind; a reader elsewhere may hold it up: then skip
+                    self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                except sqlite3.Error:
+                    pass
+                self._writer.close()
+        with self._rlock:
+            self._reader.close()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

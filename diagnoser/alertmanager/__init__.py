@@ -1,0 +1,1 @@
+"""The Alertmanager webhook: payload parsing, the receiver server, its store."""

@@ -1,0 +1,257 @@
+"""`kvscope serve`: the Alertmanager webhook receiver that attaches a diagnosis to every alert.
+
+    POST /api/v1/alerts          Alertmanager webhook (v4). 200 {"id": N} once stored; the diagnosis
+                                 runs in the background. 400 malformed, 413 over the size limit,
+                                 503 when the work queue is full (Alertmanager retries).
+    GET  /api/v1/diagnoses       newest first: id, status, alert names, likely cause per alert
+                                 (?limit=N, ?alertname=X)
+    GET  /api/v1/diagnoses/<id>  the enriched payload (alertmanager.py describes the shape)
+    GET  /-/healthy              200 while the process runs
+    GET  /metrics                the receiver's own counters (kvscope_webhook_*), Prometheus text
+
+One worker diagnoses webhooks in arrival order: for each firing alert it reads the window from
+Prometheus (diagnoser/sources/prometheus.py), runs the rule engine, keeps the findings at the alert's
+place, stores the result, and POSTs the enriched payload to `forward_url` when one is set.
+Nothing here raises into the event loop: a bad webhook is a 400, a failed diagnosis or forward
+is recorded on the stored row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from kvscope.diagnoser.alertmanager.payload import (
+    MAX_ALERTS,
+    Alert,
+    WebhookError,
+    diagnosis_window,
+    instance_places,
+    parse_alert,
+    parse_webhook,
+    select_findings,
+)
+from kvscope.diagnoser.alertmanager.store import DiagnosisStore
+from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
+from kvscope.diagnoser.rulebook.levers import Lever, load_levers
+from kvscope.diagnoser.rulebook.rule import Rule, read_rules
+from kvscope.diagnoser.sources import SourceError
+from kvscope.diagnoser.sources.prometheus import PrometheusSource
+
+log = logging.getLogger("kvscope.serve")
+
+
+@dataclass
+class ServeConfig:
+    """Settings of the webhook receiver (flags of `kvscope serve`)."""
+
+    prometheus_url: str
+    forward_url: str | None = None
+    step_s: float = 15.0              # diagnosis grid step
+    before_s: float = 1800.0          # diagnose from this long before the alert started
+    max_window_s: float = 6 * 3600.0  # never read more than this from Prometheus
+    max_body_bytes: int = 1024 * 1024
+    queue_size: int = 100
+    forward_attempts: int = 3
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)   # rule id -> overrides
+
+
+class WebhookServer:
+    """The aiohttp application and its background worker."""
+
+    def __init__(self, config: ServeConfig, store: DiagnosisStore, rules: list[Rule] | None = None,
+                 levers: dict[str, Lever] | None = None) -> None:
+        self.config, self.store = config, store
+        self.rules = rules if rules is not None else read_rules()
+        self.levers = levers if levers is not None else load_levers()
+        self.names = set().union(*(sample_names(r) for r in self.rules)) if self.rules else set()
+        self.queue: asyncio.Queue[tuple[int, dict[str, Any]]] | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self.counters: Counter[tuple[str, str]] = Counter()   # (metric, label value) -> count
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app.router.add_post("/api/v1/alerts", self.handle_alerts)
+        app.router.add_get("/api/v1/diagnoses", self.handle_list)
+        app.router.add_get("/api/v1/diagnoses/{id}", self.handle_get)
+        app.router.add_get("/-/healthy", self.handle_healthy)
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    # ---------------------------------------------------------------- lifecycle
+    async def _start(self, app: web.Application) -> None:
+        self.queue = asyncio.Queue(maxsize=self.config.queue_size)
+        for row_id, doc in self.store.pending(self.config.queue_size):   # left over from a stop
+            self.queue.put_nowait((row_id, doc))
+        self.session = aiohttp.ClientSession()
+        self._worker = asyncio.create_task(self._run_worker())
+
+    async def _stop(self, app: web.Application) -> None:
+        if self._worker:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+        if self.session:
+            await self.session.close()
+
+    # ---------------------------------------------------------------- handlers
+    async def handle_alerts(self, request: web.Request) -> web.Response:
+        response = await self._accept(request)
+        self.counters["kvscope_webhook_requests_total", str(response.status)] += 1
+        return response
+
+    async def _accept(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"body over {self.config.max_body_bytes} bytes")
+        try:
+            doc = parse_webhook(body)
+        except WebhookError as exc:
+            return _error(400, str(exc))
+        assert self.queue is not None
+        if self.queue.full():
+            return _error(503, "diagnosis queue full; retry later")
+        row_id = self.store.add(doc)
+        self.queue.put_nowait((row_id, doc))
+        return web.json_response({"id": row_id, "status": "pending"})
+
+    async def handle_list(self, request: web.Request) -> web.Response:
+        try:
+            limit = min(max(int(request.query.get("limit", "50")), 1), 500)
+        except ValueError:
+            return _error(400, "limit must be an integer")
+        return web.json_response({"diagnoses": self.store.list(limit, request.query.get("alertname"))})
+
+    async def handle_get(self, request: web.Request) -> web.Response:
+        try:
+            row = self.store.get(int(request.match_info["id"]))
+        except ValueError:
+            return _error(400, "id must be an integer")
+        return web.json_response(row) if row else _error(404, "no such diagnosis")
+
+    async def handle_healthy(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=render_metrics(self.counters, self.queue.qsize() if self.queue else 0,
+                                                self.store.count()),
+                            content_type="text/plain", charset="utf-8")
+
+    # ---------------------------------------------------------------- work
+    async def _run_worker(self) -> None:
+        assert self.queue is not None
+        while True:
+            row_id, doc = await self.queue.get()
+            try:
+                enriched = await self.enrich(doc)
+                self.store.update(row_id, enriched)
+                self.counters["kvscope_webhook_diagnoses_total", "done"] += 1
+                if self.config.forward_url:
+                    outcome = await self.forward(row_id, enriched)
+                    self.store.set_forward(row_id, outcome)
+                    self.counters["kvscope_webhook_forwards_total", outcome.split(" ")[0]] += 1
+            except Exception as exc:  # noqa: BLE001 - one bad webhook must not stop the worker
+                log.exception("diagnosis %s failed", row_id)
+                self.counters["kvscope_webhook_diagnoses_total", "error"] += 1
+                self.store.update(row_id, {**doc, "kvscope_error": f"{type(exc).__name__}: {exc}"}, "error")
+            finally:
+                self.queue.task_done()
+
+    async def enrich(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """The webhook with a `kvscope` object on every alert."""
+        now = time.time()
+        cache: dict[tuple[float, float], tuple[dict[str, Any], list[str]]] = {}
+        alerts = []
+        for i, raw in enumerate(doc["alerts"]):
+            alert = parse_alert(raw, i)
+            if i >= MAX_ALERTS:
+                alerts.append({**raw, "kvscope": {"status": "truncated"}})
+            elif alert.status == "resolved":
+                alerts.append({**raw, "kvscope": {"status": "resolved"}})
+            else:
+                alerts.append({**raw, "kvscope": await self._diagnose_alert(alert, now, cache)})
+        return {**doc, "alerts": alerts, "kvscope_version": 1}
+
+    async def _diagnose_alert(self, alert: Alert, now: float, cache: dict) -> dict[str, Any]:
+        window = diagnosis_window(alert, now, self.config.before_s, self.config.max_window_s)
+        window = (_floor(window[0], self.config.step_s), _floor(window[1], self.config.step_s))
+        if window not in cache:
+            cache[window] = await self._diagnose_window(*window)
+        diagnosis, places, errors = cache[window]
+        out = select_findings(diagnosis, alert, places)
+        return {"status": "diagnosed", "window": list(window), **out, "errors": errors}
+
+    async def _diagnose_window(self, start: float, end: float
+                               ) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[str]]:
+        """Read the window with the Prometheus source (native engine names and kvscope_* series,
+        through the same dialects as a live scrape) and run every rule over it."""
+        source = PrometheusSource(self.config.prometheus_url, timeout_s=30.0)
+        try:
+            frame = await asyncio.to_thread(source.read_frame, self.names, start, end, self.config.step_s)
+        except SourceError as exc:
+            return {"likely_cause": None, "competing": [], "other": [], "skipped": []}, {}, [str(exc)]
+        result = await asyncio.to_thread(diagnose, frame, self.rules, self.levers,
+                                         self.config.params, source.description)
+        places = instance_places([dict(lbl) for block in frame.blocks.values() for lbl in block.labels])
+        return result.to_dict(), places, []
+
+    async def forward(self, row_id: int, payload: dict[str, Any]) -> str:
+        """POST the enriched payload; returns what happened (stored on the row)."""
+        assert self.session is not None and self.config.forward_url
+        body = json.dumps({"kvscope_id": row_id, **payload})
+        last = ""
+        for attempt in range(self.config.forward_attempts):
+            try:
+                async with self.session.post(self.config.forward_url, data=body,
+                                             headers={"Content-Type": "application/json"},
+                                             timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                    if resp.status < 300:
+                        return f"ok {resp.status}"
+                    last = f"HTTP {resp.status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            await asyncio.sleep(0.5 * 2 ** attempt)
+        log.warning("forward of %s to %s failed: %s", row_id, self.config.forward_url, last)
+        return f"failed after {self.config.forward_attempts} attempts: {last}"
+
+
+_METRICS = {
+    "kvscope_webhook_requests_total": ("code", "Webhook POSTs by HTTP status answered."),
+    "kvscope_webhook_diagnoses_total": ("result", "Webhooks diagnosed (done) or failed (error)."),
+    "kvscope_webhook_forwards_total": ("result", "Enriched payloads forwarded (ok) or given up (failed)."),
+}
+
+
+def render_metrics(counters: Counter[tuple[str, str]], queued: int, stored: int) -> str:
+    """The receiver's own metrics in Prometheus text format 0.0.4."""
+    lines = []
+    for name, (label, help_) in _METRICS.items():
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} counter"]
+        lines += [f'{name}{{{label}="{value}"}} {n}' for (metric, value), n in sorted(counters.items())
+                  if metric == name]
+    lines += ["# HELP kvscope_webhook_queue_length Webhooks waiting for diagnosis.",
+              "# TYPE kvscope_webhook_queue_length gauge", f"kvscope_webhook_queue_length {queued}",
+              "# HELP kvscope_webhook_stored Diagnoses kept in the store.",
+              "# TYPE kvscope_webhook_stored gauge", f"kvscope_webhook_stored {stored}"]
+    return "\n".join(lines) + "\n"
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def _floor(t: float, step: float) -> float:
+    return float(int(t // step) * step)

@@ -1,0 +1,1 @@
+"""The numpy rule evaluator: frame on a grid, series expressions, conditions, ranking."""

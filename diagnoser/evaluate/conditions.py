@@ -1,0 +1,169 @@
+"""Conditions, `for` durations, facts and cascade stages, evaluated on grouped grid series.
+
+A condition gives a boolean per group and grid point; an absent value is never true (a missing
+signal cannot prove anything). `latest_run` finds the latest stretch of consecutive true points
+that lasted at least `for`, which is what a finding reports as `since`/`until`.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from kvscope.diagnoser.evaluate import grid
+from kvscope.diagnoser.evaluate.expr import SeriesEvaluator
+
+OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+       "==": operator.eq, "!=": operator.ne}
+RIGHT_SIDES = ("value", "than", "baseline", "present")
+BASELINE_AGGS = ("avg", "max", "min", "median")
+
+
+@dataclass
+class Evaluated:
+    """One condition over all groups: the truth, the left values and the right side."""
+
+    cond: dict[str, Any]
+    truth: np.ndarray          # bool [G, T]
+    left: np.ndarray           # float [G, T]
+    right: np.ndarray | None   # float [G, T] (None for `present`)
+
+
+class ConditionEvaluator:
+    """Evaluates conditions of one rule at the rule's grouping."""
+
+    def __init__(self, ev: SeriesEvaluator, by: tuple[str, ...], keys: list[tuple[str, ...]],
+                 facts: dict[str, dict[str, str]]) -> None:
+        self.ev, self.by, self.keys, self.facts = ev, by, keys, facts
+        self.shape = (len(keys), len(ev.frame.ts))
+
+    def bridge_outages(self, truth: np.ndarray) -> np.ndarray:
+        """`truth` with the points where a group's instance was down (its scrapes failed, see
+        frame.mark_stale) taking the value from before the outage.
+
+        Stale data is unknown, not false: a condition that held when the target went down is
+        taken to hold until it is back (and has a second scrape, which rates need), so an outage
+        inside an incident does not cut the `for` run in two, and an outage alone never makes a
+        condition true. Groups without an `instance` label are left as they are (their other
+        instances still report)."""
+        down = self.ev.frame.down
+        if not down or "instance" not in self.by:
+            return truth
+        col = self.by.index("instance")
+        rows = [(gi, down[k[col]]) for gi, k in enumerate(self.keys) if k[col] in down]
+        if not rows:
+            return truth
+        out = truth.copy()
+        steps = np.arange(truth.shape[1])
+        for gi, down_mask in rows:
+            mask = down_mask.copy()
+            mask[1:] |= down_mask[:-1]      # the first scrape back has no rate over a window yet
+            last_up = np.maximum.accumulate(np.where(mask, 0, steps))
+            out[gi, mask] = truth[gi, last_up[mask]] & ~mask[last_up[mask]]
+        return out
+
+    def evaluate(self, cond: dict[str, Any]) -> Evaluated:
+        left = self.ev.aligned(str(cond["series"]), self.by, self.keys)
+        if "present" in cond:
+            truth = ~np.isnan(left) if cond["present"] else np.isnan(left)
+            return Evaluated(cond, truth, left, None)
+        right = self._right(cond, left)
+        with np.errstate(invalid="ignore"):
+            truth = OPS[cond["op"]](left, right)
+        if cond["op"] == "!=":          # the only comparison that is true against NaN
+            truth &= ~np.isnan(left) & ~np.isnan(right)
+        return Evaluated(cond, truth, left, right)
+
+    def _right(self, cond: dict[str, Any], left: np.ndarray) -> np.ndarray:
+        resolve = self.ev.rule.resolve
+        times = float(resolve(cond.get("times", 1.0)))
+        plus = float(resolve(cond.get("plus", 0.0)))
+        if "value" in cond:
+            value = resolve(cond["value"])   # a parameter left unset (null) makes the test false
+            # one value for every group and point: a read-only broadcast, not a [G, T] array
+            return np.broadcast_to(np.float64(np.nan if value is None else float(value) * times + plus),
+                                   self.shape)
+        if "than" in cond:
+            return self.ev.aligned(str(cond["than"]), self.by, self.keys) * times + plus
+        spec = cond["baseline"]
+        step = self.ev.frame.step or 1.0
+        rule = self.ev.rule
+        k = max(1, int(round(rule.duration(spec.get("range", "30m")) / step)))
+        off = int(round(rule.duration(spec.get("offset", "10m")) / step))
+        source = left if "of" not in spec else self.ev.aligned(str(spec["of"]), self.by, self.keys)
+        base = grid.shift(grid.over_time(source, k, str(spec.get("agg", "avg"))), off)
+        return base * times + plus
+
+    def all_of(self, conds: list[dict[str, Any]], lazy: bool = False) -> tuple[np.ndarray, list[Evaluated]]:
+        """Truth of every condition together, and each condition evaluated. `lazy` stops at the
+        first condition after which nothing is true anywhere (the rest cannot change that), so
+        `done` may then be shorter than `conds`."""
+        done = []
+        truth = np.ones(self.shape, dtype=bool)
+        for c in conds:
+            done.append(self.evaluate(c))
+            truth &= done[-1].truth
+            if lazy and not truth.any():
+                break
+        return truth, done
+
+    def any_of(self, conds: list[dict[str, Any]]) -> tuple[np.ndarray, list[Evaluated]]:
+        done = [self.evaluate(c) for c in conds]
+        truth = np.zeros(self.shape, dtype=bool)
+        for e in done:
+            truth |= e.truth
+        return truth, done
+
+    def facts_hold(self, facts: list[dict[str, Any]]) -> np.ndarray:
+        """bool [G]: every fact test holds for the group's instance (unknown fact = False)."""
+        ok = np.ones(len(self.keys), dtype=bool)
+        if not facts:
+            return ok
+        pos = self.by.index("instance")
+        for gi, key in enumerate(self.keys):
+            known = self.facts.get(key[pos], {})
+            for f in facts:
+                have = known.get(str(f["fact"]))
+                want = str(self.ev.rule.resolve(f["value"]))
+                ok[gi] &= have is not None and OPS[f.get("op", "==")](have, want)
+        return ok
+
+
+def run_lengths(truth: np.ndarray) -> np.ndarray:
+    """For each point, how many consecutive true points end there (0 where false).
+
+    Only rows with a true point are computed; the others are zeros (np.zeros pages that are
+    never written cost nothing)."""
+    live = np.flatnonzero(truth.any(axis=1)) if truth.ndim == 2 else None
+    if live is not None and len(live) < truth.shape[0]:
+        out = np.zeros(truth.shape, dtype=np.int64)
+        if len(live):
+            out[live] = _run_lengths(truth[live])
+        return out
+    return _run_lengths(truth)
+
+
+def _run_lengths(truth: np.ndarray) -> np.ndarray:
+    c = np.cumsum(truth, axis=1)
+    reset = np.where(~truth, c, 0)
+    np.maximum.accumulate(reset, axis=1, out=reset)
+    return c - reset
+
+
+def latest_run(truth_row: np.ndarray, runs_row: np.ndarray, for_steps: int) -> tuple[int, int] | None:
+    """(start, end) indices of the latest run that lasted `for_steps` steps, or None."""
+    ok = np.flatnonzero(runs_row - 1 >= for_steps)
+    if not ok.size:
+        return None
+    end = int(ok[-1])
+    return end - int(runs_row[end]) + 1, end
+
+
+def first_run(truth_row: np.ndarray, runs_row: np.ndarray, for_steps: int, not_before: int) -> int | None:
+    """Start index of the first run lasting `for_steps` that starts at or after `not_before`."""
+    ends = np.flatnonzero(runs_row - 1 >= for_steps)
+    starts = ends - runs_row[ends] + 1
+    ok = starts[starts >= not_before]
+    return int(ok[0]) if ok.size else None

@@ -1,0 +1,472 @@
+"""The rule engine: evaluate diagnosis rules over a window and rank what fired.
+
+`diagnose(frame)` runs every rule (rules/diagnosis/*.yaml) over a `Frame` from any source and
+returns a `Diagnosis`: the likely cause first (what, where, since when, evidence numbers, levers
+with the config to change, citations), competing hypotheses, other findings, and the rules that
+could not be evaluated (absent signals, unset parameters). Pure: no I/O besides loading the
+shipped rules and levers when none are passed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import string
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from kvscope.diagnoser.evaluate.conditions import ConditionEvaluator, Evaluated, first_run, latest_run, run_lengths
+from kvscope.diagnoser.evaluate.expr import (
+    ExprError,
+    Grouped,
+    SeriesEvaluator,
+    node_form,
+    node_refs,
+    node_signal,
+    promql,
+)
+from kvscope.diagnoser.evaluate.frame import Frame
+from kvscope.diagnoser.findings import (
+    SEVERITY_RANK,
+    CascadeInfo,
+    Diagnosis,
+    Evidence,
+    Finding,
+    Skipped,
+)
+from kvscope.diagnoser.rulebook.levers import Lever, load_levers
+from kvscope.diagnoser.rulebook.rule import Rule, read_rules
+
+REFERENCE_WINDOW_S = 900.0
+"""Rule durations are written for windows of at least this length (15 minutes)."""
+
+
+def auto_time_scale(window_s: float) -> float:
+    """1.0 for windows of 15 minutes or more; shorter windows scale every duration down.
+
+    A recording of a two-minute incident cannot hold a `for: 5m`: its durations (for, ranges,
+    baselines) are compressed by window / 15 min, never below 1/50.
+    """
+    return max(0.02, min(1.0, window_s / REFERENCE_WINDOW_S))
+
+
+def diagnose(frame: Frame, rules: Iterable[Rule] | None = None, levers: dict[str, Lever] | None = None,
+             params: dict[str, dict[str, Any]] | None = None, source: str = "",
+             time_scale: float | None = None, workers: int | None = None) -> Diagnosis:
+    """Evaluate rules over the frame's window and rank the findings.
+
+    `params` maps rule id -> parameter overrides (thresholds, durations, benchmark values).
+    `time_scale` multiplies every rule duration; None picks `auto_time_scale(window)`.
+    `workers` threads evaluate rules side by side (numpy releases the GIL in its array work);
+    the result does not depend on it.
+    """
+    rules = list(rules) if rules is not None else read_rules()
+    levers = levers if levers is not None else load_levers()
+    start, end = frame.window
+    scale = auto_time_scale(end - start) if time_scale is None else time_scale
+    prepared = [r.with_params((params or {}).get(r.id, {})).scaled(scale) for r in rules]
+    workers = workers if workers is not None else min(4, os.cpu_count() or 1)
+    if workers > 1 and len(prepared) > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(lambda r: evaluate_rule(r, frame, levers), prepared))
+    else:
+        results = [evaluate_rule(r, frame, levers) for r in prepared]
+    findings: list[Finding] = []
+    skipped: list[Skipped] = []
+    for result in results:
+        if isinstance(result, Skipped):
+            skipped.append(result)
+        else:
+            findings.extend(result)
+    from dataclasses import replace
+    return replace(rank(findings, frame.window, source, skipped, len(rules)), time_scale=scale)
+
+
+def evaluated_series(rule: Rule, frame: Frame, name: str, time_scale: float) -> Grouped:
+    """One named series of a rule over the frame, exactly as `diagnose` evaluated it (same
+    durations at `time_scale`): what charts of a finding's evidence read."""
+    return SeriesEvaluator(rule.scaled(time_scale), frame).get(name)
+
+
+def evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[Finding] | Skipped:
+    """Findings of one rule over the frame, or why it could not be evaluated."""
+    if frame.profile is None:
+        return _evaluate_rule(rule, frame, levers)
+    t0 = time.process_time()
+    try:
+        return _evaluate_rule(rule, frame, levers)
+    finally:
+        key = ("rule", rule.id)
+        frame.profile[key] = frame.profile.get(key, 0.0) + time.process_time() - t0
+
+
+def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[Finding] | Skipped:
+    missing = rule.missing_params()
+    if missing and len(missing) == rule.nullable_params():
+        return Skipped(rule.id, f"parameter(s) not set: {', '.join(missing)}")
+    absent = required_absent(rule, frame)
+    if absent:
+        return Skipped(rule.id, f"signal(s) absent: {', '.join(sorted(absent))}")
+    ev = SeriesEvaluator(rule, frame)
+    try:
+        keys = _rule_keys(ev)
+        if not keys:
+            return Skipped(rule.id, "no series for any group")
+        ce = ConditionEvaluator(ev, rule.by, keys, frame.facts)
+        if "cascade" in rule.doc:
+            return _cascade_findings(rule, ce, levers)
+        return _findings(rule, ce, levers)
+    except (ExprError, KeyError, ValueError) as exc:
+        return Skipped(rule.id, f"evaluation error: {exc}")
+
+
+# ---------------------------------------------------------------------------- signals needed
+def signals_of_series(rule: Rule, name: str, seen: set[str] | None = None) -> set[str]:
+    """Canonical signals a named series depends on (transitively)."""
+    seen = seen if seen is not None else set()
+    if name in seen or name not in rule.series:
+        return set()
+    seen.add(name)
+    node = rule.series[name]
+    sig = node_signal(node)
+    out = {sig} if sig else set()
+    for ref in node_refs(node):
+        out |= signals_of_series(rule, ref, seen)
+    return out
+
+
+def sample_names(rule: Rule) -> set[str]:
+    """Sample names a rule reads from a source (histograms expanded to _bucket/_sum/_count)."""
+    out: set[str] = set()
+    for node in rule.series.values():
+        form, sig = node_form(node), node_signal(node)
+        if form == "quantile":
+            out.add(f"{sig}_bucket")
+        elif form == "mean":
+            out |= {f"{sig}_sum", f"{sig}_count"}
+        elif sig:
+            out.add(sig)
+    return out
+
+
+def required_absent(rule: Rule, frame: Frame) -> set[str]:
+    """Signals a rule cannot do without that the frame lacks entirely.
+
+    Every condition of `when.all` (or the root stage of a cascade) needs its signals; for a
+    rule with only `when.any`, at least one branch must be computable.
+    """
+    names = frame.names()
+
+    def absent(cond: dict[str, Any]) -> set[str]:
+        if cond.get("present") is False:
+            return set()          # a test for absence needs nothing
+        out = missing_signals(rule, str(cond["series"]), names)
+        if "than" in cond:
+            out |= missing_signals(rule, str(cond["than"]), names)
+        return out
+
+    if "cascade" in rule.doc:
+        return set().union(*(absent(c) for c in rule.doc["cascade"]["stages"][0].get("all", [])))
+    when = rule.doc.get("when") or {}
+    out = set().union(*(absent(c) for c in when.get("all") or []))
+    branches = [absent(c) for c in when.get("any") or []]
+    if branches and all(branches):
+        out |= set().union(*branches)
+    return out
+
+
+def missing_signals(rule: Rule, name: str, names: set[str], seen: frozenset[str] = frozenset()) -> set[str]:
+    """Absent signals that leave a named series without any value (coalesce needs only one side)."""
+    node = rule.series.get(name)
+    if node is None or name in seen:
+        return set()
+    sig = node_signal(node)
+    if sig:
+        return set() if names & _expansions(sig) else {sig}
+    parts = [missing_signals(rule, ref, names, seen | {name}) for ref in node_refs(node)]
+    if node_form(node) == "coalesce":
+        return set().union(*parts) if all(parts) else set()
+    return set().union(*parts)
+
+
+def _expansions(signal: str) -> set[str]:
+    return {signal, f"{signal}_bucket", f"{signal}_sum", f"{signal}_count"}
+
+
+def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
+    """Groups of the rule: every key of its rule-level series, minus keys that lack a label the
+    rule requires (`require_labels`, e.g. dp_rank for a per-rank rule)."""
+    keys: set[tuple[str, ...]] = set()
+    for name in ev.nodes:
+        if ev.by_of(name) == ev.rule.by:
+            g = ev.get(name)
+            if g.by == ev.rule.by:
+                keys.update(g.keys)
+    required = [ev.rule.by.index(label) for label in ev.rule.doc.get("require_labels") or []
+                if label in ev.rule.by]
+    return sorted(k for k in keys if all(k[i] for i in required))
+
+
+# ---------------------------------------------------------------------------- plain rules
+def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> list[Finding]:
+    when = rule.doc.get("when") or {}
+    truth, all_done = ce.all_of(list(when.get("all") or []), lazy=True)
+    if not truth.any():
+        return []                 # `all` never holds anywhere: the rest cannot make the rule fire
+    any_done: list[Evaluated] = []
+    if when.get("any"):
+        any_truth, any_done = ce.any_of(list(when["any"]))
+        truth &= any_truth
+    truth &= ce.facts_hold(list(rule.doc.get("facts") or []))[:, None]
+    step = ce.ev.frame.step or 1.0
+    for_steps = int(round(rule.duration(when.get("for", "0s")) / step))
+    truth = ce.bridge_outages(truth)
+    runs = run_lengths(truth)
+    crit = _critical(rule, ce)
+    resolved = _critical(rule, ce, "resolved_when")
+    out = []
+    for gi in np.flatnonzero(truth.any(axis=1)):       # a group never true cannot fire
+        gi = int(gi)
+        span = latest_run(truth[gi], runs[gi], for_steps)
+        if span is None:
+            continue
+        found = _finding(rule, ce, gi, span, all_done + any_done, crit, levers, None)
+        if resolved is not None and not found.active and resolved[gi, span[0]:].any():
+            found = _resolved(rule, found)
+        out.append(found)
+    return out
+
+
+def _resolved(rule: Rule, f: Finding) -> Finding:
+    """An episode that ended after its own lever was pulled (`resolved_when` held between its onset
+    and the window's end, e.g. the fleet scaled out): kept as a record at `info`, not a warning."""
+    from dataclasses import replace
+    note = (rule.doc.get("resolved_when") or {}).get("note") or "resolved"
+    drop = 100 * (SEVERITY_RANK[f.severity] - SEVERITY_RANK["info"])
+    return replace(f, severity="info", score=round(f.score - drop, 3), summary=f"{f.summary} (resolved: {note})")
+
+
+def _critical(rule: Rule, ce: ConditionEvaluator, key: str = "critical_when") -> np.ndarray | None:
+    """bool [G, T] where the rule's `critical_when` (or another such block) holds; None without one."""
+    block = rule.doc.get(key)
+    if not block:
+        return None
+    truth, _ = ce.all_of(list(block.get("all") or []))
+    if block.get("any"):
+        truth &= ce.any_of(list(block["any"]))[0]
+    return truth
+
+
+def _finding(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int], done: list[Evaluated],
+             crit: np.ndarray | None, levers: dict[str, Lever], cascade: CascadeInfo | None) -> Finding:
+    ts = ce.ev.frame.ts
+    start, end = span
+    severity = rule.severity
+    if crit is not None and crit[gi, start:end + 1].any():
+        severity = "critical"
+    if cascade is not None and cascade.stage_name in _critical_stages(rule):
+        severity = "critical"
+    evidence = _evidence(rule, ce, gi, span, done)
+    where = {k: v for k, v in zip(rule.by, ce.keys[gi], strict=True) if v}
+    spec = int(rule.doc.get("specificity", 2))
+    strength = _strength(done, gi, span)
+    base = 100 * SEVERITY_RANK[severity] + 10 * spec + strength
+    return Finding(
+        rule_id=rule.id, levers_md=str(rule.doc.get("levers_md", "")), title=rule.title, severity=severity,
+        where=where, since=float(ts[start]), until=float(ts[end]), active=end == len(ts) - 1,
+        window=ce.ev.frame.window, step_s=ce.ev.frame.step, score=round(base, 3),
+        summary=_summary(rule, evidence), evidence=tuple(evidence),
+        levers=tuple(_levers(rule, levers)), citations=tuple(rule.doc.get("citations") or ()),
+        cascade=cascade, false_positives=tuple(rule.doc.get("false_positives") or ()),
+        params={k: v for k, v in rule.params.items()}, specificity=spec)
+
+
+def _critical_stages(rule: Rule) -> set[str]:
+    cas = rule.doc.get("cascade") or {}
+    names = [s["name"] for s in cas.get("stages", [])]
+    at = cas.get("critical_at")
+    return set(names[names.index(at):]) if at in names else set()
+
+
+def _stat(values: np.ndarray, stat: str, ts: np.ndarray) -> tuple[float | None, float | None]:
+    ok = ~np.isnan(values)
+    if not ok.any():
+        return None, None
+    idx = np.flatnonzero(ok)
+    if stat == "mean":
+        return float(np.mean(values[ok])), None
+    pick = {"max": idx[np.argmax(values[ok])], "min": idx[np.argmin(values[ok])],
+            "first": idx[0], "last": idx[-1]}.get(stat, idx[-1])
+    return float(values[pick]), float(ts[pick])
+
+
+def _evidence(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int],
+              done: list[Evaluated]) -> list[Evidence]:
+    start, end = span
+    ts = ce.ev.frame.ts[start:end + 1]
+    thresholds = {str(e.cond["series"]): e for e in done if "value" in e.cond}
+    out = []
+    for item in rule.doc.get("evidence") or []:
+        name = str(item["series"])
+        row = ce.ev.aligned(name, rule.by, ce.keys)[gi, start:end + 1]
+        stat = str(item.get("stat", "last"))
+        value, at = _stat(row, stat, ts)
+        cond = thresholds.get(name)
+        out.append(Evidence(
+            name=str(item.get("name", name)), value=None if value is None else round(value, 6),
+            unit=str(item.get("unit", "")), series=promql(rule, name, ce.ev.frame.step, _held(ce.ev.frame)), at=at,
+            threshold=_threshold(rule, cond.cond) if cond else None,
+            op=str(cond.cond["op"]) if cond else None, stat=stat, key=name))
+    return out
+
+
+def _held(frame: Frame) -> float:
+    """Seconds of data the frame's grid spans (the longest range any window can reach)."""
+    start, end = frame.window
+    return end - start
+
+
+def _threshold(rule: Rule, cond: dict[str, Any]) -> float | None:
+    value = rule.resolve(cond["value"])
+    if value is None:
+        return None
+    return float(value) * float(rule.resolve(cond.get("times", 1.0))) + float(rule.resolve(cond.get("plus", 0.0)))
+
+
+def _strength(done: list[Evaluated], gi: int, span: tuple[int, int]) -> float:
+    """0-5: how far the first comparison went past its right side (a constant, another series or
+    a baseline), as |log2(mean left / mean right)| x 2.5 over the active period."""
+    for e in done:
+        if e.right is None:
+            continue
+        left = e.left[gi, span[0]:span[1] + 1]
+        right = e.right[gi, span[0]:span[1] + 1]
+        ok = ~np.isnan(left) & ~np.isnan(right)
+        if not ok.any():
+            continue
+        num, den = float(np.mean(left[ok])), float(np.mean(right[ok]))
+        if num <= 0 or den <= 0:
+            return 0.0
+        return float(min(5.0, abs(math.log2(num / den)) * 2.5))
+    return 0.0
+
+
+def _summary(rule: Rule, evidence: list[Evidence]) -> str:
+    """The rule's summary with evidence values filled in; the title when a value it names is absent."""
+    text = str(rule.doc.get("summary", rule.title))
+    values = {str(item["series"]): ev.value
+              for item, ev in zip(rule.doc.get("evidence") or [], evidence, strict=False)}
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(text) if f}
+        if any(values.get(f) is None for f in fields):
+            return rule.title
+        return text.format_map(values)
+    except (KeyError, ValueError, TypeError, IndexError):
+        return rule.title
+
+
+def _levers(rule: Rule, levers: dict[str, Lever]) -> list[Any]:
+    out = []
+    for i, ref in enumerate(rule.doc.get("levers") or [], start=1):
+        lever = levers.get(str(ref["id"]))
+        if lever is not None:
+            out.append(lever.advice(i, str(ref.get("direction", "review"))))
+    return out
+
+
+# ---------------------------------------------------------------------------- cascades
+def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> list[Finding]:
+    cas = rule.doc["cascade"]
+    stages = list(cas["stages"])
+    names = [str(s["name"]) for s in stages]
+    step = ce.ev.frame.step or 1.0
+    default_for = rule.resolve(cas.get("for", "0s"))
+    slack = int(round(rule.duration(cas.get("slack", "0s")) / step))
+    evaluated = []
+    for s in stages:
+        truth, done = ce.all_of(list(s.get("all") or []))
+        for_steps = int(round(rule.duration(s.get("for", default_for)) / step))
+        truth = ce.bridge_outages(truth)
+        evaluated.append((truth, run_lengths(truth), for_steps, done))
+    fire_at = names.index(str(cas.get("fire_at", names[1] if len(names) > 1 else names[0])))
+    ts = ce.ev.frame.ts
+    out = []
+    for gi in range(len(ce.keys)):
+        onsets = _stage_onsets(evaluated, gi, slack)
+        reached = [i for i, o in enumerate(onsets) if o is not None]
+        if not reached or reached[-1] < fire_at:
+            continue
+        last = reached[-1]
+        start = onsets[0] if onsets[0] is not None else onsets[reached[0]]
+        any_true = np.zeros(len(ts), dtype=bool)
+        for i in reached:
+            any_true |= evaluated[i][0][gi]
+        end = int(np.flatnonzero(any_true)[-1]) if any_true.any() else start
+        info = _cascade_info(cas, names, onsets, last, ts)
+        done = [e for (_, _, _, d) in evaluated for e in d]
+        out.append(_finding(rule, ce, gi, (start, max(end, start)), done, None, levers, info))
+    return out
+
+
+def _stage_onsets(evaluated: list, gi: int, slack: int) -> list[int | None]:
+    onsets: list[int | None] = []
+    not_before = 0
+    for i, (truth, runs, for_steps, _) in enumerate(evaluated):
+        if i > 0 and onsets[-1] is None:
+            onsets.append(None)
+            continue
+        onset = first_run(truth[gi], runs[gi], for_steps, not_before)
+        onsets.append(onset)
+        if onset is not None:
+            not_before = max(0, onset - slack)
+    return onsets
+
+
+def _cascade_info(cas: dict[str, Any], names: list[str], onsets: list[int | None], last: int,
+                  ts: np.ndarray) -> CascadeInfo:
+    times = {n: (float(ts[o]) if o is not None else None) for n, o in zip(names, onsets, strict=True)}
+    root, symptom = times.get(str(cas.get("root", names[0]))), times.get(str(cas.get("symptom", names[-1])))
+    lead = symptom - root if root is not None and symptom is not None else None
+    return CascadeInfo(stage=last + 1, stage_name=names[last], stages_total=len(names), onsets=times,
+                       lead_time_s=lead)
+
+
+# ---------------------------------------------------------------------------- ranking
+def rank(findings: list[Finding], window: tuple[float, float], source: str,
+         skipped: list[Skipped] | None = None, rules_evaluated: int = 0) -> Diagnosis:
+    """Order findings: likely cause first, then competing hypotheses, then the rest.
+
+    Score = 100 x severity + 10 x specificity + strength (0-5) + earliness (0-5): among
+    findings, the one whose onset came first is favoured, since a cascade's root precedes its
+    symptoms (002 §7.4).
+    """
+    if not findings:
+        return Diagnosis(window=window, source=source, likely_cause=None, skipped=tuple(skipped or ()),
+                         rules_evaluated=rules_evaluated)
+    first, last = min(f.since for f in findings), max(f.since for f in findings)
+    spread = last - first
+
+    def total(f: Finding) -> float:
+        early = 5.0 * (1 - (f.since - first) / spread) if spread > 0 else 5.0
+        return f.score + early
+
+    ordered = sorted(findings, key=lambda f: (-total(f), f.since, f.rule_id, sorted(f.where.items())))
+    ordered = [_with_score(f, total(f)) for f in ordered]
+    head = ordered[0]
+    competing = tuple(f for f in ordered[1:] if f.specificity >= 2 and _same_place(f.where, head.where)
+                      and f.rule_id != head.rule_id)
+    other = tuple(f for f in ordered[1:] if f not in competing)
+    return Diagnosis(window=window, source=source, likely_cause=head, competing=competing, other=other,
+                     skipped=tuple(skipped or ()), rules_evaluated=rules_evaluated)
+
+
+def _with_score(f: Finding, score: float) -> Finding:
+    from dataclasses import replace
+    return replace(f, score=round(score, 3))
+
+
+def _same_place(a: dict[str, str], b: dict[str, str]) -> bool:
+    return all(a[k] == b[k] for k in set(a) & set(b))

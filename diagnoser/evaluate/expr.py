@@ -1,0 +1,560 @@
+"""Evaluate a rule's named `series` expressions over a Frame, per group, on the grid.
+
+Each expression (see docs/rules.md, "Series expressions") becomes a `Grouped`: one row per
+group (label values of its `by`), one column per grid point, NaN where absent. `promql()` writes
+the same expression in PromQL, which is what evidence cites and what the Prometheus rule
+builder can start from.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from kvscope.diagnoser.evaluate import grid
+from kvscope.diagnoser.evaluate.buckets import bucket_layout, group_buckets
+from kvscope.diagnoser.evaluate.frame import Frame
+from kvscope.diagnoser.rulebook.rule import Rule, parse_duration
+
+SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count", "resets")
+"""Forms that read a canonical signal from the frame."""
+SERIES_FORMS = ("ratio", "sum", "diff", "product", "coalesce", "scale", "over_time", "deriv", "changes", "aggregate")
+"""Forms that combine other named series."""
+FORMS = SIGNAL_FORMS + SERIES_FORMS
+CHANGES_SETTLE = "1m"
+"""Default leading edge of `changes` (its `settle`): how long after a series appears its value
+is not compared yet. Targets are first scraped at different phases of their scrape interval
+(up to a minute in common setups), so a count of series rises over that long when scraping
+starts; that rise is not a scaling event. Time-scaled like every rule duration, and never less
+than one grid step."""
+
+
+class ExprError(ValueError):
+    """An expression that cannot be evaluated (bad form, unknown reference, bad grouping)."""
+
+
+@dataclass
+class Grouped:
+    """A named series evaluated per group: keys are label values of `by`, values [G, T]."""
+
+    by: tuple[str, ...]
+    keys: list[tuple[str, ...]]
+    values: np.ndarray
+
+    def empty(self) -> bool:
+        return not self.keys or bool(np.isnan(self.values).all())
+
+
+def node_form(node: dict[str, Any]) -> str:
+    """Which form an expression mapping is ('gauge', 'rate', ...)."""
+    forms = [f for f in FORMS if f in node]
+    if len(forms) != 1:
+        raise ExprError(f"expression must have exactly one of {', '.join(FORMS)}; got {sorted(node)}")
+    return forms[0]
+
+
+def node_signal(node: dict[str, Any]) -> str | None:
+    """The canonical signal an expression reads, or None for combinations."""
+    form = node_form(node)
+    if form == "quantile":
+        return str(node.get("histogram"))
+    if form in SIGNAL_FORMS:
+        return str(node[form])
+    return None
+
+
+def node_refs(node: dict[str, Any]) -> list[str]:
+    """Named series an expression refers to."""
+    form = node_form(node)
+    if form in ("ratio", "sum", "diff", "product", "coalesce"):
+        return [str(x) for x in node[form]]
+    if form == "scale":
+        return [str(node["scale"])]
+    if form in ("over_time", "aggregate"):
+        return [str(node["of"])]
+    if form in ("deriv", "changes"):
+        return [str(node[form])]
+    return []
+
+
+class SeriesEvaluator:
+    """Evaluates and caches the named series of one rule over one frame."""
+
+    def __init__(self, rule: Rule, frame: Frame) -> None:
+        self.rule, self.frame = rule, frame
+        self.nodes: dict[str, dict[str, Any]] = rule.series
+        self._cache: dict[str, Grouped] = {}
+        self._aligned: dict[tuple, tuple[list, np.ndarray]] = {}
+        self._active: set[str] = set()
+
+    def by_of(self, name: str) -> tuple[str, ...]:
+        return tuple(self.nodes[name].get("by", self.rule.by))
+
+    def get(self, name: str) -> Grouped:
+        """The named series at its own grouping."""
+        if name not in self._cache:
+            if name not in self.nodes:
+                raise ExprError(f"unknown series {name!r}")
+            if name in self._active:
+                raise ExprError(f"series {name!r} refers to itself")
+            self._active.add(name)
+            t0 = time.process_time() if self.frame.profile is not None else 0.0
+            try:
+                self._cache[name] = self._required(self._evaluate(self.nodes[name], self.by_of(name)))
+            finally:
+                self._active.discard(name)
+            if self.frame.profile is not None:
+                node = self.nodes[name]
+                key = ("node", self.rule.id, name, node_form(node), node_signal(node) or "")
+                self.frame.profile[key] = self.frame.profile.get(key, 0.0) + time.process_time() - t0
+        return self._cache[name]
+
+    def _required(self, g: Grouped) -> Grouped:
+        """Drop groups with an empty value for a label the rule requires (`require_labels`)."""
+        idx = [g.by.index(label) for label in self.rule.doc.get("require_labels") or [] if label in g.by]
+        if not idx or not g.keys:
+            return g
+        keep = [i for i, k in enumerate(g.keys) if all(k[j] for j in idx)]
+        if len(keep) == len(g.keys):
+            return g
+        return Grouped(g.by, [g.keys[i] for i in keep], g.values[keep])
+
+    def aligned(self, name: str, by: tuple[str, ...], keys: list[tuple[str, ...]]) -> np.ndarray:
+        """The named series broadcast onto groups `keys` of grouping `by` (its `by` ⊆ `by`).
+
+        Remembered per (name, by, keys list): conditions, critical tests and evidence of a rule
+        ask for the same alignments. Treat the result as read-only (it may be shared)."""
+        mkey = (name, by, id(keys))
+        hit = self._aligned.get(mkey)
+        if hit is not None and hit[0] is keys:
+            return hit[1]
+        out = align(self.get(name), by, keys)
+        self._aligned[mkey] = (keys, out)
+        return out
+
+    # ------------------------------------------------------------------ forms
+    def _evaluate(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        form = node_form(node)
+        cache = self.frame.cache
+        if form not in SIGNAL_FORMS or cache is None:
+            return getattr(self, f"_form_{form}")(node, by)
+        key = (repr(sorted((k, repr(self.rule.resolve(v))) for k, v in node.items() if k != "by")), by,
+               self.rule.time_scale)
+        if key not in cache:
+            cache[key] = getattr(self, f"_form_{form}")(node, by)
+        hit = cache[key]
+        return Grouped(hit.by, hit.keys, hit.values)
+
+    def _steps(self, node: dict[str, Any], key: str = "range", default: str = "5m") -> int:
+        step = self.frame.step or 1.0
+        return max(1, int(round(self.rule.duration(node.get(key, default)) / step)))
+
+    def _rows(self, name: str, by: tuple[str, ...], extra: tuple[str, ...] = (),
+              match: dict[str, Any] | None = None, seen: bool = False) -> tuple[list, np.ndarray, np.ndarray]:
+        """Group keys, row -> group index and the values of a block's matching rows (with `seen`,
+        the values as they were before failed scrapes made some stale)."""
+        cache = self.frame.cache
+        key = ("rows", name, by, extra, repr(sorted((match or {}).items()))) + (("seen",) if seen else ())
+        if cache is not None and key in cache:
+            return cache[key]
+        out = self._group_rows(name, by, extra, match, seen)
+        if cache is not None:
+            cache[key] = out
+        return out
+
+    def _adjusted(self, name: str, match: dict[str, Any] | None, values: np.ndarray) -> np.ndarray | None:
+        """Reset-adjusted counters of a block (cached), None when series have gaps."""
+        cache = self.frame.cache
+        key = ("adjusted", name, repr(sorted((match or {}).items())))
+        if cache is not None and key in cache:
+            return cache[key]
+        adj = grid.reset_adjusted(values)
+        if cache is not None:
+            cache[key] = adj
+        return adj
+
+    def _counter_rates(self, name: str, match: dict[str, Any] | None, values: np.ndarray, k: int,
+                       per_second: bool = True) -> np.ndarray:
+        step = self.frame.step or 1.0
+        adj = self._adjusted(name, match, values)
+        if adj is None:
+            rates = grid.counter_rate(values, k, step)
+            return rates if per_second else rates * grid.window_spans(values.shape[1], k) * step
+        inc = grid.window_increase(adj, k)
+        if per_second:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                inc /= grid.window_spans(values.shape[1], k) * step
+        return inc
+
+    def _group_rows(self, name: str, by: tuple[str, ...], extra: tuple[str, ...],
+                    match: dict[str, Any] | None, seen: bool = False) -> tuple[list, np.ndarray, np.ndarray]:
+        block = self.frame.block(name)
+        empty = [], np.zeros(0, dtype=np.int64), np.zeros((0, len(self.frame.ts)))
+        if block is None:
+            return empty
+        values = block.seen if seen and block.seen is not None else block.values
+        keep = None
+        if match:
+            allowed = {k: {str(x) for x in (v if isinstance(v, list) else [v])} for k, v in match.items()}
+            tests = [(self._label_column(name, k), ok) for k, ok in allowed.items()]
+            keep = [i for i in range(len(block.labels)) if all(col[i] in ok for col, ok in tests)]
+            if not keep:
+                return empty
+            values = values[keep]
+        cols = [self._label_column(name, k) for k in by + extra]
+        rows = list(zip(*cols, strict=True)) if cols else [()] * len(block.labels)
+        if keep is not None:
+            rows = [rows[i] for i in keep]
+        keys, inv = grid.group_index(rows)
+        return keys, inv, values
+
+    def _label_column(self, name: str, label: str) -> list[str]:
+        """One label's value for each row of a block ("" where a series lacks it), cached per
+        frame: rules group the same blocks by the same few labels."""
+        cache = self.frame.cache if self.frame.cache is not None else {}
+        labels = self.frame.blocks[name].labels
+        key = ("label_column", name, label, id(labels), len(labels))
+        if key not in cache:
+            dkey = ("label_dicts", name, id(labels), len(labels))
+            if dkey not in cache:
+                cache[dkey] = [dict(lbl) for lbl in labels]
+            cache[key] = [d.get(label, "") for d in cache[dkey]]
+        return cache[key]
+
+    def _empty(self, by: tuple[str, ...]) -> Grouped:
+        return Grouped(by, [], np.zeros((0, len(self.frame.ts))))
+
+    def _form_gauge(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        keys, inv, values = self._rows(str(node["gauge"]), by, match=node.get("match"))
+        if not keys:
+            return self._empty(by)
+        return Grouped(by, keys, grid.reduce_groups(values, inv, len(keys), node.get("agg", "sum")))
+
+    def _form_rate(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        name, match = str(node["rate"]), node.get("match")
+        keys, inv, values = self._rows(name, by, match=match)
+        if not keys:
+            return self._empty(by)
+        rates = self._counter_rates(name, match, values, self._steps(node, default="1m"))
+        return Grouped(by, keys, grid.reduce_groups(rates, inv, len(keys), "sum"))
+
+    def _form_increase(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        g = self._form_rate({"rate": node["increase"], "range": node.get("range", "5m"),
+                             "match": node.get("match")}, by)
+        g.values = g.values * self._steps(node) * (self.frame.step or 1.0)
+        return g
+
+    def _form_mean(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        name, rng = str(node["mean"]), node.get("range", "5m")
+        s = self._form_rate({"rate": name + "_sum", "range": rng, "match": node.get("match")}, by)
+        c = self._form_rate({"rate": name + "_count", "range": rng, "match": node.get("match")}, by)
+        if not s.keys or not c.keys:
+            return self._empty(by)
+        return Grouped(by, s.keys, _guarded_ratio(s.values, align(c, by, s.keys), 0.0))
+
+    def _form_count(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        distinct = tuple(node.get("distinct", ["instance"]))
+        # a replica whose scrape failed is still a replica: counted as the lookback sees it
+        keys, inv, values = self._rows(str(node["count"]), by, distinct, match=node.get("match"), seen=True)
+        if not keys:
+            return self._empty(by)
+        present = grid.reduce_groups(values, inv, len(keys), "count") > 0
+        outer, inv2 = grid.group_index([k[:len(by)] for k in keys])
+        counts = grid.reduce_groups(np.where(present, 1.0, np.nan), inv2, len(outer), "sum")
+        return Grouped(by, outer, counts)
+
+    def _form_resets(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        """Counter resets (process restarts) in the trailing range, summed over the group."""
+        keys, inv, values = self._rows(str(node["resets"]), by, match=node.get("match"))
+        if not keys:
+            return self._empty(by)
+        counts = grid.resets(values, self._steps(node, default="10m"))
+        return Grouped(by, keys, grid.reduce_groups(counts, inv, len(keys), "sum"))
+
+    def _form_quantile(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        name, match = str(node["histogram"]) + "_bucket", node.get("match")
+        keys, inv, values = self._rows(name, by, ("le",), match=match)
+        if not keys:
+            return self._empty(by)
+        k = self._steps(node)
+        q = float(self.rule.resolve(node["quantile"]))
+        adj = self._adjusted(name, match, values)
+        if adj is not None and adj.shape[1] >= 2:
+            return Grouped(by, *self._dense_quantiles(q, name, match, by, keys, inv, adj, k))
+        cache = self.frame.cache
+        ckey = ("bucket_increase", name, by, repr(sorted((match or {}).items())), k)
+        if cache is not None and ckey in cache:
+            summed, key_rows = cache[ckey]
+        else:
+            # quantiles are scale-free: increases serve as well as rates, without a division pass
+            inc = self._counter_rates(name, match, values, k, per_second=False)
+            if len(keys) == inc.shape[0]:           # one series per (group, le): no summing needed
+                summed, key_rows = inc, np.empty(len(keys), dtype=np.int64)
+                key_rows[inv] = np.arange(len(keys))
+            else:
+                summed, key_rows = grid.reduce_groups(inc, inv, len(keys), "sum"), None
+            if cache is not None:
+                cache[ckey] = (summed, key_rows)
+        return Grouped(by, *_quantiles(q, keys, summed, len(by), key_rows))
+
+    def _dense_quantiles(self, q: float, name: str, match: dict[str, Any] | None, by: tuple[str, ...],
+                         keys: list, inv: np.ndarray, adj: np.ndarray, k: int) -> tuple[list, np.ndarray]:
+        """Quantiles of gap-free bucket counters: the group's bucket counters are summed once per
+        grouping (cumulative sums, so one sum serves every range), and increases are read
+        straight from them (grid.window_quantiles). The rule's other quantiles of the same
+        histogram, range and grouping (p50 next to p99) come out of the same pass, and a
+        quantile is computed once for every grouping that puts the same rows in the same groups."""
+        cache = self.frame.cache if self.frame.cache is not None else {}
+        mkey = repr(sorted((match or {}).items()))
+        lkey = ("bucket_layout", name, by, mkey)
+        if lkey not in cache:
+            cache[lkey] = bucket_layout(keys, inv, adj, len(by))
+        groups, source, sets = cache[lkey]
+        if len(sets) == 1 and len(sets[0][1]) == len(groups):     # one bound set: no assembly
+            les, gis, rows = sets[0]
+            pkey = (name, mkey, k, rows.shape, rows.tobytes(), gis.tobytes(), id(source))
+            if ("bucket_quantile_all", q, pkey) not in cache:
+                qs = sorted({q} | self._sibling_quantiles(name, match, by, k))
+                for qq, values in zip(qs, grid.window_quantiles(qs, les, source, rows, k, gis), strict=True):
+                    cache[("bucket_quantile_all", qq, pkey)] = values
+            return groups, cache[("bucket_quantile_all", q, pkey)]
+        out = np.full((len(groups), adj.shape[1]), np.nan)
+        for les, gis, rows in sets:
+            pkey = (name, mkey, k, rows.shape, rows.tobytes(), id(source))
+            if ("bucket_quantile", q, pkey) not in cache:
+                qs = sorted({q} | self._sibling_quantiles(name, match, by, k))
+                for qq, values in zip(qs, grid.window_quantiles(qs, les, source, rows, k), strict=True):
+                    cache[("bucket_quantile", qq, pkey)] = values
+            out[gis] = cache[("bucket_quantile", q, pkey)]
+        return groups, out
+
+    def _sibling_quantiles(self, bucket_name: str, match: dict[str, Any] | None, by: tuple[str, ...],
+                           k: int) -> set[float]:
+        """Quantiles this rule asks of the same histogram, match, grouping and range."""
+        out = set()
+        for name, node in self.nodes.items():
+            if "quantile" not in node or f"{node.get('histogram')}_bucket" != bucket_name:
+                continue
+            try:
+                if node.get("match") == match and self.by_of(name) == by and self._steps(node) == k:
+                    out.add(float(self.rule.resolve(node["quantile"])))
+            except (TypeError, ValueError, KeyError):
+                continue           # a sibling that cannot be evaluated is its own node's error
+        return out
+
+    def _pair(self, node: dict[str, Any], form: str, by: tuple[str, ...]) -> tuple[list, np.ndarray, np.ndarray]:
+        a_name, b_name = (str(x) for x in node[form])
+        a, b = self.get(a_name), self.get(b_name)
+        fine = a if len(a.by) >= len(b.by) else b
+        keys = fine.keys
+        return keys, align(a, fine.by, keys), align(b, fine.by, keys)
+
+    def _form_ratio(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        keys, a, b = self._pair(node, "ratio", by)
+        min_den = float(self.rule.resolve(node.get("min_den", 0.0)))
+        return Grouped(self._fine_by(node, "ratio"), keys, _guarded_ratio(a, b, min_den))
+
+    def _form_sum(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        keys, a, b = self._pair(node, "sum", by)
+        return Grouped(self._fine_by(node, "sum"), keys, a + b)
+
+    def _form_coalesce(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        """The first series where it has a value, else the second (PromQL `A or B`)."""
+        a_name, b_name = (str(x) for x in node["coalesce"])
+        a, b = self.get(a_name), self.get(b_name)
+        if not a.keys:
+            return b
+        if not b.keys:
+            return a
+        fine = a if len(a.by) >= len(b.by) else b
+        keys = sorted(set(a.keys) | set(b.keys)) if a.by == b.by else fine.keys
+        av, bv = align(a, fine.by, keys), align(b, fine.by, keys)
+        return Grouped(fine.by, keys, np.where(np.isnan(av), bv, av))
+
+    def _form_diff(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        keys, a, b = self._pair(node, "diff", by)
+        return Grouped(self._fine_by(node, "diff"), keys, a - b)
+
+    def _form_product(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        keys, a, b = self._pair(node, "product", by)
+        return Grouped(self._fine_by(node, "product"), keys, a * b)
+
+    def _fine_by(self, node: dict[str, Any], form: str) -> tuple[str, ...]:
+        a, b = (self.get(str(x)) for x in node[form])
+        return a.by if len(a.by) >= len(b.by) else b.by
+
+    def _form_scale(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        a = self.get(str(node["scale"]))
+        return Grouped(a.by, a.keys, a.values * float(self.rule.resolve(node.get("by_value", 1.0))))
+
+    def _form_over_time(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        a = self.get(str(node["of"]))
+        values = grid.over_time(a.values, self._steps(node), str(node["over_time"]))
+        if node.get("offset"):                  # the window ending `offset` earlier (an earlier level)
+            values = grid.shift(values, self._steps(node, key="offset"))
+        return Grouped(a.by, a.keys, values)
+
+    def _form_deriv(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        a = self.get(str(node["deriv"]))
+        return Grouped(a.by, a.keys, grid.deriv(a.values, self._steps(node, default="10m"), self.frame.step or 1.0))
+
+    def _form_changes(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        a = self.get(str(node["changes"]))
+        settle = self._steps(node, key="settle", default=CHANGES_SETTLE)
+        return Grouped(a.by, a.keys, grid.changes(a.values, self._steps(node, default="15m"), settle))
+
+    def _form_aggregate(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+        a = self.get(str(node["of"]))
+        if not set(by) <= set(a.by):
+            raise ExprError(f"aggregate by {list(by)} is not a subset of {list(a.by)}")
+        if not a.keys:
+            return self._empty(by)
+        pos = [a.by.index(k) for k in by]
+        keys, inv = grid.group_index([tuple(k[i] for i in pos) for k in a.keys])
+        return Grouped(by, keys, grid.reduce_groups(a.values, inv, len(keys), str(node["aggregate"])))
+
+
+def align(g: Grouped, by: tuple[str, ...], keys: list[tuple[str, ...]]) -> np.ndarray:
+    """Rows of `g` for each key of a grouping `by` that contains g.by (missing -> NaN)."""
+    n_t = g.values.shape[1] if g.values.ndim == 2 else 0
+    if not set(g.by) <= set(by):
+        raise ExprError(f"cannot join series grouped by {list(g.by)} onto {list(by)}")
+    if g.by == by and (g.keys is keys or g.keys == keys) and g.values.shape[0] == len(keys):
+        return g.values                      # already these rows in this order (shared: read-only)
+    pos = [by.index(k) for k in g.by]
+    index = {k: i for i, k in enumerate(g.keys)}
+    rows = np.array([index.get(tuple(k[i] for i in pos), -1) for k in keys], dtype=np.int64)
+    out = np.full((len(keys), n_t), np.nan)
+    ok = rows >= 0
+    if ok.any():
+        out[ok] = g.values[rows[ok]]
+    return out
+
+
+def _guarded_ratio(num: np.ndarray, den: np.ndarray, min_den: float) -> np.ndarray:
+    """num / den, absent where den is absent, zero or below min_den (never a division by zero)."""
+    ok = ~np.isnan(den) & (den > 0) & (den >= min_den)
+    out = np.full(num.shape, np.nan)
+    np.divide(num, den, out=out, where=ok)
+    return out
+
+
+def _quantiles(q: float, keys: list[tuple[str, ...]], summed: np.ndarray, n_by: int,
+               key_rows: np.ndarray | None = None) -> tuple[list, np.ndarray]:
+    """Per group: bucket rates keyed (group..., le) -> quantile rows, one le-set at a time.
+
+    `key_rows` maps a key's index to its row in `summed` (identity when None)."""
+    groups, sets = group_buckets(keys, n_by)
+    out = np.full((len(groups), summed.shape[1]), np.nan)
+    for les, gis, rows in sets:
+        if key_rows is not None:
+            rows = key_rows[rows]
+        out[gis] = grid.bucket_quantile(q, les, summed, rows)
+    return groups, out
+
+
+def promql(rule: Rule, name: str, step: float | None = None, held: float | None = None) -> str:
+    """The named series written in PromQL (for evidence and for the Prometheus rule builder).
+
+    Ranges are printed as evaluated: scaled by the rule's time_scale and, given the grid `step`,
+    rounded to the whole number of steps the evaluator uses (at least one). Given `held`, the
+    seconds of data the window holds (last grid point minus first), a range is also clipped to
+    the data it can reach, as the evaluator's trailing windows are: at most `held`, and for an
+    `offset` window at most `held` minus the offset (never a range longer than the recording)."""
+    return _promql(rule, rule.series, name, tuple(rule.doc.get("by", ["instance"])), step, held)
+
+
+def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ...],
+            step: float | None = None, held: float | None = None) -> str:
+    node = nodes[name]
+    by = ", ".join(node.get("by", rule_by))
+    form = node_form(node)
+    reach = held
+    if held is not None and form == "over_time" and node.get("offset"):
+        reach = held - _evaluated_seconds(rule, node["offset"], step, least=1)
+    rng = _range_text(rule, node.get("range", "1m" if form == "rate" else "10m" if form == "deriv" else "5m"),
+                      step, reach)
+
+    def ref(x: Any) -> str:
+        return _promql(rule, nodes, str(x), rule_by, step, held)
+
+    sel = _selector(node.get("match"))
+    if form == "gauge":
+        return f"{node.get('agg', 'sum')} by ({by}) ({node['gauge']}{sel})"
+    if form == "rate":
+        return f"sum by ({by}) (rate({node['rate']}{sel}[{rng}]))"
+    if form == "increase":
+        return f"sum by ({by}) (increase({node['increase']}{sel}[{rng}]))"
+    if form == "quantile":
+        q = rule.resolve(node["quantile"])
+        return f"histogram_quantile({q}, sum by ({by}, le) (rate({node['histogram']}_bucket{sel}[{rng}])))"
+    if form == "mean":
+        s = node["mean"]
+        return f"sum by ({by}) (rate({s}_sum{sel}[{rng}])) / sum by ({by}) (rate({s}_count{sel}[{rng}]))"
+    if form == "resets":
+        return f"sum by ({by}) (resets({node['resets']}{sel}[{rng}]))"
+    if form == "count":
+        inner = ", ".join([b for b in [by] if b] + list(node.get("distinct", ["instance"])))
+        return f"count by ({by}) (count by ({inner}) ({node['count']}{sel}))"
+    if form in ("ratio", "sum", "diff", "product", "coalesce"):
+        op = {"ratio": "/", "sum": "+", "diff": "-", "product": "*", "coalesce": "or"}[form]
+        a, b = node[form]
+        return f"({ref(a)}) {op} ({ref(b)})"
+    if form == "scale":
+        return f"({ref(node['scale'])}) * {rule.resolve(node.get('by_value', 1))}"
+    if form == "over_time":
+        off = f" offset {_range_text(rule, node['offset'], step)}" if node.get("offset") else ""
+        return f"{node['over_time']}_over_time(({ref(node['of'])})[{rng}:]{off})"
+    if form == "deriv":
+        return f"deriv(({ref(node['deriv'])})[{rng}:])"
+    if form == "changes":
+        return f"changes(({ref(node['changes'])})[{rng}:])"
+    agg = node["aggregate"]
+    if agg == "median":
+        return f"quantile by ({by}) (0.5, {ref(node['of'])})"
+    return f"{agg} by ({by}) ({ref(node['of'])})"
+
+
+def _range_text(rule: Rule, value: Any, step: float | None = None, reach: float | None = None) -> str:
+    """A range as written in the rule, or the range actually evaluated: scaled by the rule's
+    time_scale and, with a grid step, a whole number of steps (as `SeriesEvaluator._steps`);
+    with `reach` (seconds of data a window can cover), no longer than that (at least one step)."""
+    seconds = _evaluated_seconds(rule, value, step, least=1)
+    if reach is not None and seconds > reach:
+        seconds = max(step or 1.0, reach)
+    elif not step and rule.time_scale == 1.0:
+        return str(rule.resolve(value))
+    text = prom_duration(seconds)
+    return str(rule.resolve(value)) if parse_duration(text) == parse_duration(rule.resolve(value)) else text
+
+
+def _evaluated_seconds(rule: Rule, value: Any, step: float | None, least: int) -> float:
+    """A rule duration scaled by time_scale and, with a grid step, rounded to whole steps (at
+    least `least` of them), as the evaluator uses it."""
+    seconds = rule.duration(value)
+    if step:
+        seconds = max(least, int(round(seconds / step))) * step
+    return seconds
+
+
+def prom_duration(seconds: float) -> str:
+    """Seconds as a PromQL duration: 81 -> '1m21s', 3600 -> '1h', 0.2 -> '1s'."""
+    left = max(1, int(round(seconds)))
+    parts = []
+    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
+        n, left = divmod(left, size)
+        if n:
+            parts.append(f"{n}{unit}")
+    return "".join(parts)
+
+
+def _selector(match: dict[str, Any] | None) -> str:
+    if not match:
+        return ""
+    parts = []
+    for k, v in sorted(match.items()):
+        vals = [str(x) for x in (v if isinstance(v, list) else [v])]
+        parts.append(f'{k}="{vals[0]}"' if len(vals) == 1 else f'{k}=~"{"|".join(vals)}"')
+    return "{" + ", ".join(parts) + "}"

@@ -1,0 +1,511 @@
+"""Vectorised series functions on a time grid: arrays [rows, T], NaN = absent.
+
+These are the grid twins of the scalar functions in `kvscope.agent.derive` (rates surviving
+counter resets, histogram quantiles from bucket deltas, guarded ratios) with the same
+semantics; tests/unit/test_diagnoser_grid.py checks them against each other. They exist because
+the diagnoser evaluates every rule over every group at every grid point at fleet scale
+(bench/diagnose_scale.py), where per-point Python calls would be far too slow.
+
+A trailing window of `k` steps at grid index t covers indices [t-k, t]. At the start of the data
+the window is clipped to what exists, as Prometheus does with the samples inside a range.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from kvscope.agent.derive.rates import step_increases
+
+_AGGS = ("sum", "max", "min", "avg", "median", "count")
+_CHUNK_ROWS = 256
+"""Rows per slice where a whole-block check would otherwise build a [rows, T] temporary."""
+
+
+def ffill(values: np.ndarray) -> np.ndarray:
+    """Carry the last present value forward along time (rows independent)."""
+    present = ~np.isnan(values)
+    idx = np.where(present, np.arange(values.shape[1])[None, :], 0)
+    np.maximum.accumulate(idx, axis=1, out=idx)
+    out = values[np.arange(values.shape[0])[:, None], idx]
+    out[~present & (np.cumsum(present, axis=1) == 0)] = np.nan
+    return out
+
+
+def counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
+    """Per-second rate of counters over a trailing window of k steps, resets handled.
+
+    A drop in value is a reset: the increase across it is the value after the reset. The rate is
+    the increase between the first present point in the window and t, divided by the time
+    between them (no extrapolation). NaN when t is absent or the window has one point.
+    """
+    present = ~np.isnan(values)
+    if present.all():
+        return _dense_counter_rate(values, k, step)
+    filled = ffill(values)
+    d = step_increases(filled)
+    adj = np.concatenate([np.zeros((values.shape[0], 1)), np.cumsum(np.nan_to_num(d), axis=1)], axis=1)
+    n_t = values.shape[1]
+    t_idx = np.arange(n_t)[None, :]
+    rows = np.arange(values.shape[0])[:, None]
+    # the first present point in each window (after a gap it is not the window's start)
+    nxt = np.minimum.accumulate(np.where(present, t_idx, n_t)[:, ::-1], axis=1)[:, ::-1]
+    j = np.minimum(nxt[rows, np.maximum(t_idx - k, 0)], n_t - 1)
+    span = t_idx - j
+    inc = adj[rows, np.broadcast_to(t_idx, j.shape)] - adj[rows, np.minimum(j, n_t - 1)]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = inc / (span * step)
+    rate[(span <= 0) | ~present] = np.nan
+    return rate
+
+
+def reset_adjusted(values: np.ndarray) -> np.ndarray | None:
+    """Gap-free counters with every reset undone (each series continues from where it was), or
+    None when some series has gaps (callers then take counter_rate's general path).
+
+    Computed once per block and cached by the evaluator: increases over any window are then one
+    subtraction.
+    """
+    reset = np.zeros(values.shape[0], dtype=bool)
+    for a in range(0, values.shape[0], _CHUNK_ROWS):     # small temporaries: no page-fault churn
+        part = values[a:a + _CHUNK_ROWS]
+        if np.isnan(part).any():
+            return None
+        if values.shape[1] >= 2:
+            np.any(part[:, 1:] < part[:, :-1], axis=1, out=reset[a:a + _CHUNK_ROWS])
+    if values.shape[1] < 2 or not reset.any():
+        return values
+    d = step_increases(values[reset])
+    adj = values.copy()
+    fixed = np.empty((int(reset.sum()), values.shape[1]))
+    fixed[:, 0] = values[reset][:, 0]
+    np.cumsum(d, axis=1, out=fixed[:, 1:])
+    fixed[:, 1:] += fixed[:, :1]
+    adj[reset] = fixed
+    return adj
+
+
+def window_increase(adjusted: np.ndarray, k: int) -> np.ndarray:
+    """Increase over a trailing window of k steps of reset-adjusted counters (clipped at the
+    start; NaN at the first point, which has no window)."""
+    n_t = adjusted.shape[1]
+    out = np.empty_like(adjusted)
+    if n_t < 2:
+        out[:] = np.nan
+        return out
+    k = max(1, min(k, n_t - 1))
+    np.subtract(adjusted[:, k:], adjusted[:, :-k], out=out[:, k:])
+    np.subtract(adjusted[:, :k], adjusted[:, :1], out=out[:, :k])
+    out[:, 0] = np.nan
+    return out
+
+
+def window_spans(n_t: int, k: int) -> np.ndarray:
+    """Steps covered by window_increase at each point (k, or fewer at the start)."""
+    return np.minimum(np.arange(n_t, dtype=float), float(max(1, min(k, max(n_t - 1, 1)))))
+
+
+def _dense_counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
+    """counter_rate for series without gaps: plain slicing; rows with a reset take the long way."""
+    n_t = values.shape[1]
+    k = max(1, min(k, n_t - 1)) if n_t > 1 else 1
+    out = np.empty_like(values)
+    if n_t < 2:
+        out[:] = np.nan
+        return out
+    reset = (values[:, 1:] < values[:, :-1]).any(axis=1)
+    src = values
+    if reset.any():
+        d = step_increases(values[reset])
+        adj = np.empty((int(reset.sum()), n_t))
+        adj[:, 0] = 0.0
+        np.cumsum(d, axis=1, out=adj[:, 1:])
+        src = values.copy()
+        src[reset] = adj
+    out[:, k:] = src[:, k:] - src[:, :-k]
+    out[:, k:] /= k * step
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out[:, :k] = (src[:, :k] - src[:, :1]) / (np.arange(k, dtype=float) * step)
+    out[:, 0] = np.nan
+    return out
+
+
+def group_index(keys: list[tuple[str, ...]]) -> tuple[list[tuple[str, ...]], np.ndarray]:
+    """Distinct keys (sorted) and, for each row, the index of its key."""
+    distinct = sorted(set(keys))
+    pos = {k: i for i, k in enumerate(distinct)}
+    return distinct, np.fromiter((pos[k] for k in keys), dtype=np.int64, count=len(keys))
+
+
+def reduce_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: str) -> np.ndarray:
+    """Aggregate rows into groups ignoring absent values; a group with none present is NaN."""
+    if agg not in _AGGS:
+        raise ValueError(f"unknown aggregation {agg!r}")
+    n_t = values.shape[1]
+    if values.shape[0] == 0:
+        return np.full((n_groups, n_t), np.nan)
+    if agg in ("sum", "max", "min", "avg", "median") and len(inverse) == n_groups \
+            and np.array_equal(np.sort(inverse), np.arange(n_groups)):
+        if np.array_equal(inverse, np.arange(n_groups)):
+            return values                   # already one row per group, in group order
+        out = np.empty_like(values)
+        out[inverse] = values               # one series per group: the aggregate is the series
+        return out
+    if agg in ("sum", "avg", "count") and n_groups <= 64:
+        return _reduce_by_matmul(values, inverse, n_groups, agg)
+    order = np.argsort(inverse, kind="stable")
+    sv, si = values[order], inverse[order]
+    starts = np.flatnonzero(np.r_[True, si[1:] != si[:-1]])
+    gids = si[starts]
+    present = ~np.isnan(sv)
+    counts = np.add.reduceat(present, starts, axis=0).astype(float)
+    if agg == "median":
+        ends = list(starts[1:]) + [len(sv)]
+        with _quiet_nan_warnings():
+            red = np.vstack([np.nanmedian(sv[a:b], axis=0) for a, b in zip(starts, ends, strict=True)])
+    elif agg == "count":
+        red = counts.copy()
+    elif agg == "max":
+        red = np.fmax.reduceat(sv, starts, axis=0)
+    elif agg == "min":
+        red = np.fmin.reduceat(sv, starts, axis=0)
+    else:
+        red = np.add.reduceat(_zero_nan(sv), starts, axis=0)
+        if agg == "avg":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                red = red / counts
+    if agg != "count":
+        red[counts == 0] = np.nan
+    out = np.full((n_groups, n_t), np.nan)
+    out[gids] = red
+    return out
+
+
+def sum_dense_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int) -> np.ndarray:
+    """Sum rows without absent values into groups (a group without rows is 0).
+
+    Few groups of many rows: each group's rows are summed where they lie (a strided view when
+    evenly spaced), so the block is never copied. Many small groups: sorted, then reduceat."""
+    order = np.argsort(inverse, kind="stable")
+    si = inverse[order]
+    starts = np.flatnonzero(np.r_[True, si[1:] != si[:-1]])
+    out = np.zeros((n_groups, values.shape[1]))
+    if len(starts) <= 4096:
+        ends = np.r_[starts[1:], len(si)]
+        for a, b in zip(starts, ends, strict=True):
+            np.sum(_rows_view(values, order[a:b]), axis=0, out=out[si[a]])
+        return out
+    sorted_rows = values if (order == np.arange(len(order))).all() else values[order]
+    out[si[starts]] = np.add.reduceat(sorted_rows, starts, axis=0)
+    return out
+
+
+def _reduce_by_matmul(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: str) -> np.ndarray:
+    """sum / avg / count into a few groups as one matrix product (BLAS) instead of sort + reduceat."""
+    member = np.zeros((n_groups, values.shape[0]))
+    member[inverse, np.arange(values.shape[0])] = 1.0
+    present = ~np.isnan(values)
+    counts = member @ present.astype(float)
+    if agg == "count":
+        return counts
+    out = member @ np.where(present, values, 0.0)
+    if agg == "avg":
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out /= counts
+    out[counts == 0] = np.nan
+    return out
+
+
+def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    """histogram_quantile over [groups, buckets, T] of per-bucket cumulative rates.
+
+    `les` are the sorted upper bounds (the last is +Inf). Prometheus semantics: counts forced
+    monotonic, linear interpolation inside the bucket holding the rank, the +Inf bucket
+    answered with the highest finite bound, NaN without observations. Loops over the (few)
+    buckets with whole [groups, T] planes, which keeps every numpy pass contiguous. With `rows`
+    ([groups, buckets] row numbers), `buckets` is [rows, T] and planes are gathered from it.
+    """
+    if rows is None:
+        n_b = buckets.shape[1]
+        raw = [buckets[:, b, :] for b in range(n_b)]
+    else:
+        n_b = rows.shape[1]
+        raw = [buckets[rows[:, b]] for b in range(n_b)]
+    all_absent = np.ones(raw[0].shape, dtype=bool)
+    planes = []
+    for plane in raw:
+        mask = np.isnan(plane)
+        all_absent &= mask
+        if rows is None:
+            plane = plane.copy()            # planes are modified below; gathered ones are copies already
+        if mask.any():
+            plane[mask] = 0.0
+        planes.append(plane)
+    for b in range(1, n_b):
+        np.fmax(planes[b], planes[b - 1], out=planes[b])
+    total = planes[-1]
+    rank = q * total
+    out = np.full(total.shape, np.nan)
+    found = np.zeros(total.shape, dtype=bool)
+    prev = np.zeros(total.shape)
+    for b in range(n_b):
+        hit = ~found & (planes[b] >= rank)
+        if hit.any():
+            upper = les[b]
+            if b == n_b - 1:
+                out[hit] = les[b - 1] if b >= 1 else np.nan
+            elif b == 0 and upper <= 0:
+                out[hit] = upper
+            else:
+                lower = 0.0 if b == 0 else les[b - 1]
+                below = prev[hit]
+                in_bucket = planes[b][hit] - below
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    frac = np.where(in_bucket > 0, (rank[hit] - below) / in_bucket, 0.0)
+                out[hit] = lower + (upper - lower) * frac
+            found |= hit
+        prev = planes[b]
+    out[(total <= 0) | all_absent] = np.nan
+    return out
+
+
+def window_bucket_planes(cumulative: np.ndarray, rows: np.ndarray, k: int,
+                         scratch: np.ndarray | None = None) -> np.ndarray:
+    """Per-bucket increases over a trailing window of k steps, forced monotonic: [buckets, G, T].
+
+    `cumulative` holds gap-free, reset-adjusted bucket counters (rows of a block, or their sums
+    per group); `rows` [G, buckets] picks each group's buckets in `le` order. The increases are
+    window_increase's (clipped at the start); the first point, which has no window, is 0 here
+    (bucket_quantile treats absent as 0 and answers NaN there). Built plane by plane into one
+    array: no [rows, T] temporaries, and a bucket whose rows are evenly spaced is read in place.
+    With `scratch` (a 1-D float array at least buckets x G x T long) the planes are written into
+    it instead of a new array, which saves the page faults of a fresh large allocation.
+    """
+    n_g, n_b = rows.shape
+    n_t = cumulative.shape[1]
+    k = max(1, min(k, n_t - 1))
+    size = n_b * n_g * n_t
+    planes = scratch[:size].reshape(n_b, n_g, n_t) if scratch is not None and scratch.size >= size \
+        else np.empty((n_b, n_g, n_t))
+    gathered = None
+    for b in range(n_b):
+        src = _rows_view(cumulative, rows[:, b], gathered)
+        if not np.may_share_memory(src, cumulative):
+            gathered = src                       # rows not evenly spaced: reuse the copy's memory
+        out = planes[b]
+        np.subtract(src[:, k:], src[:, :-k], out=out[:, k:])
+        np.subtract(src[:, :k], src[:, :1], out=out[:, :k])
+        if b:
+            np.maximum(out, planes[b - 1], out=out)
+    return planes
+
+
+PLANES_CHUNK_BYTES = 8 << 20
+"""Bucket planes are built for this many bytes' worth of groups at a time (window_quantiles):
+small enough to stay in cache between building the planes and reading the quantiles."""
+
+
+def window_quantiles(qs: list[float], les: np.ndarray, cumulative: np.ndarray, rows: np.ndarray,
+                     k: int, order: np.ndarray | None = None) -> list[np.ndarray]:
+    """histogram_quantile for each q of the increases over a trailing window of k steps of
+    gap-free cumulative bucket counters: one [G, T] array per q.
+
+    `rows` [G, buckets] as for window_bucket_planes; with `order` (a permutation of range(G)),
+    group i's quantiles go to output row order[i]. Groups are taken a chunk at a time, so the
+    planes of a chunk are built once, serve every q while still in cache, and the memory is
+    reused from chunk to chunk instead of one [buckets, G, T] array being faulted in.
+    """
+    n_g, n_b = rows.shape
+    n_t = cumulative.shape[1]
+    chunk = max(1, PLANES_CHUNK_BYTES // (8 * n_b * n_t))
+    outs = [np.empty((n_g, n_t)) for _ in qs]
+    scratch = np.empty(min(n_g, chunk) * n_b * n_t)
+    for a in range(0, n_g, chunk):
+        planes = window_bucket_planes(cumulative, rows[a:a + chunk], k, scratch)
+        dest = slice(a, a + chunk) if order is None else order[a:a + chunk]
+        for out, q in zip(outs, qs, strict=True):
+            out[dest] = quantile_from_planes(q, les, planes)
+    return outs
+
+
+def _rows_view(values: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """values[rows]: a strided view when the row numbers are evenly spaced, else a gathered copy
+    (into `out` when given)."""
+    if len(rows) == 1:
+        return values[rows[0]:rows[0] + 1]
+    d = int(rows[1] - rows[0])
+    if d > 0 and rows[-1] - rows[0] == d * (len(rows) - 1) and (np.diff(rows) == d).all():
+        return values[rows[0]:rows[-1] + 1:d]
+    return np.take(values, rows, axis=0, out=out)
+
+
+def quantile_from_planes(q: float, les: np.ndarray, planes: np.ndarray) -> np.ndarray:
+    """histogram_quantile over window_bucket_planes' output: [G, T], NaN without observations.
+
+    The same arithmetic as bucket_quantile, element by element (so the same values), found by
+    counting the planes below the rank (planes are monotonic) and reading the two planes around
+    it, instead of masking every plane for every bucket.
+    """
+    n_b = planes.shape[0]
+    total = planes[-1]
+    rank = q * total
+    below_rank = np.zeros(total.shape, dtype=np.uint8 if n_b < 255 else np.intp)
+    lt = np.empty(total.shape, dtype=bool)
+    for b in range(n_b):
+        np.less(planes[b], rank, out=lt)
+        if not lt.any():
+            break                    # monotonic: no higher plane is below the rank either
+        np.add(below_rank, lt, out=below_rank)
+    idx = below_rank.ravel()                 # bucket holding the rank; n_b = none does
+    n = idx.size
+    flat = planes.reshape(-1)
+    upper_b = np.minimum(idx, n_b - 1)
+    pos = upper_b.astype(np.intp)
+    pos *= n
+    pos += np.arange(n)                      # flat index of (bucket upper_b, cell)
+    in_bucket = np.take(flat, pos)           # the bucket's cumulative count, then minus below
+    pos -= n
+    below = np.take(flat, pos, mode="clip")  # the bucket under it (clipped index where none)
+    below[idx == 0] = 0.0
+    np.subtract(in_bucket, below, out=in_bucket)
+    frac = np.subtract(rank.reshape(-1), below, out=below)
+    lowers = np.concatenate([[0.0], les[:-1]])
+    widths = les - lowers
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        inside = in_bucket > 0
+        np.divide(frac, in_bucket, out=frac, where=inside)
+        frac[~inside] = 0.0
+        out = np.multiply(widths.take(upper_b), frac, out=frac)
+        np.add(lowers.take(upper_b), out, out=out)
+    if n_b >= 2 and les[0] <= 0:
+        out[idx == 0] = les[0]
+    out[idx == n_b - 1] = les[n_b - 2] if n_b >= 2 else np.nan
+    out[(idx >= n_b) | (total.reshape(-1) <= 0)] = np.nan
+    return out.reshape(total.shape)
+
+
+def window_view(values: np.ndarray, k: int) -> np.ndarray:
+    """[rows, T, k+1] trailing windows, NaN-padded before the start."""
+    pad = np.full((values.shape[0], k), np.nan)
+    return np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, values], axis=1), k + 1, axis=1)
+
+
+def over_time(values: np.ndarray, k: int, agg: str) -> np.ndarray:
+    """avg / max / min / median of each row over a trailing window of k steps (absent ignored)."""
+    if agg == "avg":
+        if np.isfinite(values).all():   # no gaps: every row's counts are the window lengths
+            c = np.minimum(np.arange(1, values.shape[1] + 1, dtype=float), float(k + 1))
+            out = _trailing_sum(values, k)
+            out /= c
+            return out
+        present = ~np.isnan(values)
+        c = _trailing_sum(present.astype(float), k)
+        s = _trailing_sum(np.nan_to_num(values), k)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = s / c
+        out[c == 0] = np.nan
+        return out
+    if agg == "max":
+        return _sliding(values, k, np.fmax)
+    if agg == "min":
+        return _sliding(values, k, np.fmin)
+    view = window_view(values, k)
+    if agg == "median":
+        with np.errstate(all="ignore"), _quiet_nan_warnings():
+            return np.nanmedian(view, axis=-1)
+    raise ValueError(f"unknown over_time aggregation {agg!r}")
+
+
+def _sliding(values: np.ndarray, k: int, pick: np.ufunc) -> np.ndarray:
+    """np.fmax / np.fmin of each trailing window of k steps, in O(log k) whole-array passes.
+
+    Windows of doubling width are built (one of width 2w = two adjacent ones of width w),
+    then each k+1 window is the pick of two windows of the largest power of two that fit,
+    one at its start and one at its end. fmax/fmin are exact and ignore NaN like a reduce over
+    the window does, so the result equals np.fmax.reduce(window_view(values, k), axis=-1).
+    """
+    width = k + 1
+    m = np.concatenate([np.full((values.shape[0], k), np.nan), values], axis=1)
+    span = 1
+    while span * 2 <= width:
+        m = pick(m[:, :-span], m[:, span:])     # m[i] now covers padded points i .. i + 2 span - 1
+        span *= 2
+    n_t = values.shape[1]
+    return pick(m[:, :n_t], m[:, width - span:width - span + n_t])
+
+
+def shift(values: np.ndarray, k: int) -> np.ndarray:
+    """The value k steps earlier (NaN before the start)."""
+    if k <= 0:
+        return values
+    out = np.full_like(values, np.nan)
+    out[:, k:] = values[:, :-k]
+    return out
+
+
+def deriv(values: np.ndarray, k: int, step: float, min_points: int = 3) -> np.ndarray:
+    """Least-squares slope per second over a trailing window of k steps."""
+    m = (~np.isnan(values)).astype(float)
+    x = np.arange(values.shape[1], dtype=float)[None, :] * m
+    y = np.nan_to_num(values)
+    n = _trailing_sum(m, k)
+    sx, sy = _trailing_sum(x, k), _trailing_sum(y, k)
+    sxx, sxy = _trailing_sum(x * x, k), _trailing_sum(x * y, k)
+    den = n * sxx - sx * sx
+    with np.errstate(invalid="ignore", divide="ignore"):
+        slope = (n * sxy - sx * sy) / den / step
+    slope[(n < min_points) | (den <= 0)] = np.nan
+    return slope
+
+
+def resets(values: np.ndarray, k: int) -> np.ndarray:
+    """How many times each counter dropped (was reset) within a trailing window of k steps."""
+    filled = ffill(values)
+    d = np.zeros_like(values)
+    diff = np.diff(filled, axis=1)
+    d[:, 1:] = (diff < 0) & ~np.isnan(diff)
+    return _trailing_sum(d, k - 1) if k > 1 else d
+
+
+def changes(values: np.ndarray, k: int, settle: int = 0) -> np.ndarray:
+    """How many times each row's value changed within a trailing window of k steps.
+
+    The first `settle` steps after a row appears (at the start of the data, or back after it was
+    absent) are its leading edge and count as absent: a count of series is still rising there
+    because scraping just began and targets are first scraped at different phases of their
+    interval, which is not a change. PromQL: `changes((X and X offset <settle>)[range:step])`.
+    """
+    if settle > 0:
+        values = np.where(np.isnan(shift(values, settle)), np.nan, values)
+    filled = ffill(values)
+    d = np.zeros_like(values)
+    d[:, 1:] = (np.diff(filled, axis=1) != 0) & ~np.isnan(np.diff(filled, axis=1))
+    out = _trailing_sum(d, k - 1) if k > 1 else d
+    out[np.isnan(values)] = np.nan
+    return out
+
+
+def _zero_nan(values: np.ndarray) -> np.ndarray:
+    """A copy with NaN (absent) as 0, for sums; cheaper than nan_to_num (no inf handling)."""
+    return np.where(np.isnan(values), 0.0, values)
+
+
+def _trailing_sum(values: np.ndarray, k: int) -> np.ndarray:
+    c = np.cumsum(values, axis=1)
+    if k + 1 >= c.shape[1]:
+        return c
+    out = np.empty_like(c)
+    out[:, :k + 1] = c[:, :k + 1]
+    np.subtract(c[:, k + 1:], c[:, :-(k + 1)], out=out[:, k + 1:])
+    return out
+
+
+class _quiet_nan_warnings:
+    """nanmedian warns on all-NaN windows; absent is a normal state here."""
+
+    def __enter__(self) -> None:
+        import warnings
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc: object) -> None:
+        self._cm.__exit__(*exc)

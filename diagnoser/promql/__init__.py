@@ -1,0 +1,1 @@
+"""PromQL generation: canonical-signal selectors, recording/alert rule files, runbooks."""

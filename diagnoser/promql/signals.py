@@ -1,0 +1,178 @@
+"""PromQL that reads one canonical signal from every place it can come from.
+
+A canonical signal (agent/dialects/catalog.yaml) reaches Prometheus either under its engines'
+own names (vLLM old and new names, SGLang, dcgm-exporter; Ray's `vllm_x` spelling too) or
+re-exported by the kvscope agent as `kvscope_<signal>`. `source_union` writes one expression
+that reads all of them, maps upstream labels to canonical ones with `label_replace`, and
+aggregates the way the Python normalizer does (gauges: max, counters and histograms: sum), so
+a query over the result means the same thing with or without the agent.
+
+Each source becomes one term; terms are joined with `or`, which keeps the first term's series
+and adds another term's only for label sets the first did not have. Native names come first,
+so an engine scraped both directly and through the agent is counted once — provided the agent
+job is scraped with `honor_labels: true`, which keeps the engine's `instance` (docs/alerting.md).
+An old name the catalog marks `fallback` is read only for instances that have none of the
+engine's current names (`old unless on (instance) current`), as the normalizer does per scrape:
+vLLM <= 0.11 exports both, and they are never added up. A dialect's `worker_labels` (an
+aggregating endpoint's per-worker label, e.g. sglang-router's `worker_addr`) becomes `instance`.
+
+What PromQL cannot express is left out and returned as skipped by `source_terms`: histograms whose
+buckets need rescaling (SGLang `kv_transfer_latency_ms`: `le` values cannot be multiplied in
+PromQL) and info-label values (`vllm:cache_config_info{kv_cache_size_tokens}`). Those signals
+still arrive through the agent's `kvscope_*` series.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvscope.agent.signals import COMMON_LABELS, Alias, Catalog, Dialect, Signal
+
+AGENT_PREFIX = "kvscope_"
+"""The agent re-exports every canonical series as `kvscope_<series name>`."""
+
+GROUP_LABELS = tuple(label for label in COMMON_LABELS if label != "job")
+"""Labels a canonical series keeps. `job` is dropped: the same engine scraped directly and
+through the agent sits in two jobs but must be one series."""
+
+@dataclass(frozen=True)
+class SourceTerm:
+    """One way a signal reaches Prometheus: a selector plus how to relabel and scale it."""
+
+    dialect: str | None          # None for the agent's kvscope_* series
+    names: tuple[str, ...]       # wire names, joined into one `__name__=~` matcher
+    matchers: tuple[tuple[str, str], ...] = ()   # (label, regex)
+    renames: tuple[tuple[str, str], ...] = ()    # (upstream label, canonical label)
+    scale: float = 1.0
+    collapse: str | None = None  # "max": the alias's collapsing series repeat one value
+    fallback: bool = False       # an old name: only where the dialect's other terms have nothing
+    workers: tuple[str, ...] = ()   # labels naming the worker behind an aggregating endpoint
+
+    def selector(self, extra: tuple[tuple[str, str], ...] = ()) -> str:
+        """The vector selector, e.g. `{__name__=~"a|b",cache_source=~"device|total"}`."""
+        parts = [f'{label}=~"{quote(regex)}"' for label, regex in (*self.matchers, *extra)]
+        return name_selector(self.names, parts)
+
+
+def name_selector(names: tuple[str, ...], matchers: list[str] | None = None) -> str:
+    """`name{m}` for one name, `{__name__=~"a|b",m}` for several."""
+    matchers = matchers or []
+    if len(names) == 1:
+        return names[0] + ("{" + ",".join(matchers) + "}" if matchers else "")
+    regex = quote("|".join(_escape_re(n) for n in names))
+    return "{" + ",".join([f'__name__=~"{regex}"', *matchers]) + "}"
+
+
+def wire_names(declared: str, kind: str, suffix: str = "", part: str | None = None) -> tuple[str, ...]:
+    """Names an upstream series has on the wire: counters gain `_total` (prometheus_client),
+    histograms `_bucket/_sum/_count`, and `vllm:x` is also spelled `vllm_x` under Ray. A
+    `part: sum` alias reads the `_sum` of histogram `declared`."""
+    if part is not None:
+        declared += "_" + part
+    elif kind == "counter" and not declared.endswith("_total"):
+        declared += "_total"
+    name = declared + suffix
+    folded = name.replace(":", "_", 1) if ":" in name else None
+    return (name, folded) if folded and folded != name else (name,)
+
+
+def source_terms(signal: Signal, catalog: Catalog, suffix: str = "") -> tuple[list[SourceTerm], list[Alias]]:
+    """Native terms (aliases with the same relabelling merged into one selector, so the sum
+    over old and new names matches the normalizer) and the agent term; plus skipped aliases."""
+    grouped: dict[tuple, SourceTerm] = {}
+    skipped: list[Alias] = []
+    for alias in signal.aliases:
+        if alias.info_label or (signal.kind == "histogram" and alias.scale != 1.0):
+            skipped.append(alias)
+            continue
+        dialect = catalog.dialects[alias.engine]
+        renames = _renames(dialect, alias, signal)
+        matchers = tuple(sorted((k, "|".join(_escape_re(v) for v in vs)) for k, vs in alias.match.items()))
+        key = (alias.engine, matchers, renames, alias.scale, alias.collapse, alias.fallback)
+        names = wire_names(alias.name, signal.kind, suffix, alias.part)
+        prev = grouped.get(key)
+        grouped[key] = SourceTerm(alias.engine, (prev.names if prev else ()) + names, matchers, renames,
+                                  alias.scale, alias.collapse, alias.fallback, dialect.worker_labels)
+    agent = SourceTerm(None, (AGENT_PREFIX + signal.name + suffix,))
+    return [*grouped.values(), agent], skipped
+
+
+def _renames(dialect: Dialect, alias: Alias, signal: Signal) -> tuple[tuple[str, str], ...]:
+    pairs = [(up, canon) for up, canon in dialect.labels.items() if up != canon]
+    pairs += [(up, canon) for up, canon in alias.rename.items() if canon in signal.labels and up != canon]
+    return tuple(pairs)
+
+
+def relabel(expr: str, term: SourceTerm) -> str:
+    """Map upstream labels to canonical ones, set `engine` to the dialect, apply the scale.
+
+    Renames run before `engine` is overwritten because vLLM's own `engine` label is the
+    data-parallel rank (→ `dp_rank`). `(.+)` leaves the target alone when the source label is
+    absent."""
+    for upstream, canonical in term.renames:
+        expr = f'label_replace({expr}, "{canonical}", "$1", "{upstream}", "(.+)")'
+    for worker in term.workers:   # http://host:port/ -> host:port, as a target's instance
+        expr = f'label_replace({expr}, "instance", "$1", "{worker}", "(?:[a-z]+://)?([^/]+).*")'
+    if term.dialect is not None:
+        expr = f'label_replace({expr}, "engine", "{term.dialect}", "__name__", ".*")'
+    if term.scale != 1.0:
+        expr = f"{expr} * {_number(term.scale)}"
+    return expr
+
+
+def source_union(signal: Signal, catalog: Catalog, suffix: str = "") -> str:
+    """The canonical series `signal.name + suffix` as one expression over every source.
+
+    Gauges are max-ed and counters and histogram series summed over the series that collapse
+    onto one canonical label set, as the normalizer does (old and new names of one engine
+    included); an alias marked `collapse: max` (every rank repeats one count) is max-ed. Bucket
+    bounds written as integers (`le="1"`) are rewritten as `1.0` so buckets from different client
+    libraries line up."""
+    terms, _ = source_terms(signal, catalog, suffix)
+    agg = "max" if signal.kind == "gauge" else "sum"
+    by = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
+    clause = ", ".join(by)
+    exprs = []
+    for term in terms:
+        expr = relabel(term.selector(), term)
+        if suffix == "_bucket":
+            expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
+        exprs.append(f"{'max' if term.collapse == 'max' else agg} by ({clause}) ({expr})")
+    parts = []
+    for term, expr in zip(terms, exprs, strict=True):
+        if term.fallback:
+            current = [e for t, e in zip(terms, exprs, strict=True) if t.dialect == term.dialect and not t.fallback]
+            expr = f"({expr}\nunless on (instance)\n(" + "\nor\n".join(current) + "))"
+        parts.append(expr)
+    return "\nor\n".join(parts)
+
+
+def canonical_by(signal: Signal, *extra: str) -> tuple[str, ...]:
+    """Grouping labels for a canonical series: the common set, the signal's own, and `extra`."""
+    return (*GROUP_LABELS, *signal.labels, *extra)
+
+
+def le_regex(bound: float) -> str:
+    """A regex matching a histogram bound however it is spelled (`1` or `1.0`), quoted for
+    use inside a PromQL string.
+
+    Client libraries format `le` differently (prometheus_client writes `1.0`, Go `1`), and
+    Prometheus 3 normalises it on ingestion, so a bucket is selected by its value."""
+    spellings = {repr(float(bound)), _number(bound)}
+    return quote("|".join(sorted(_escape_re(s) for s in spellings)))
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def quote(text: str) -> str:
+    """Escape for a double-quoted PromQL string."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _escape_re(text: str) -> str:
+    out = []
+    for ch in text:
+        out.append("\\" + ch if ch in ".+*?()[]{}|^$\\" else ch)
+    return "".join(out)

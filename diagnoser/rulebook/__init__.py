@@ -1,0 +1,1 @@
+"""Diagnosis rules as documents: schema, levers, validators and rule test cases."""

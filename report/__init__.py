@@ -1,0 +1,1 @@
+"""The weekly efficiency review (a presenter, like dashboards/ and ui/)."""

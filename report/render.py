@@ -1,0 +1,309 @@
+"""Render a WeeklyReport as Markdown or as a self-contained HTML page with embedded plots."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import re
+from datetime import UTC, datetime
+
+import pandas as pd
+from kvscope.report.weekly import UTILISATION_TRAP, Incident, WeeklyReport
+
+ABSENT = "absent"
+FLEET_ROWS = (
+    ("output_tokens", "Output tokens", "count"), ("gpu_hours", "GPU-hours", "num"),
+    ("tokens_per_gpu_hour", "Output tokens / GPU-hour", "count"), ("gpu_util", "Mean GPU utilisation", "pct"),
+    ("cost_usd", "GPU cost", "usd"), ("usd_per_1m_tokens", "$ / 1M output tokens", "usd"),
+    ("prefill_tokens_saved", "Prefill tokens saved by prefix caching", "count"),
+    ("hit_ratio", "Prefix-cache hit ratio", "pct"),
+)
+POOL_COLUMNS = {"output_tokens": ("Output tokens", "count"), "gpu_hours": ("GPU-hours", "num"),
+                "tokens_per_gpu_hour": ("Tokens / GPU-h", "count"), "gpu_util": ("GPU util", "pct"),
+                "usd_per_1m_tokens": ("$ / 1M tok", "usd"), "prefill_tokens_saved": ("Prefill saved", "count"),
+                "hit_ratio": ("Hit ratio", "pct")}
+TENANT_COLUMNS = {"requests": ("Requests", "count"), "prompt_tokens": ("Prompt tokens", "count"),
+                  "cached_tokens": ("Cached tokens", "count"), "hit_ratio": ("Hit ratio", "pct")}
+
+
+def fmt(value: float | None, kind: str) -> str:
+    """A number for a table cell; absent stays visibly absent."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ABSENT
+    if kind == "pct":
+        return f"{value:.1%}"
+    if kind == "usd":
+        return f"${value:,.2f}"
+    if kind == "count":
+        return f"{value:,.0f}"
+    return f"{value:,.1f}"
+
+
+def _delta(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1%}"
+
+
+def _when(ts: float) -> str:
+    return pd.to_datetime(ts, unit="s", utc=True).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _trap_lines(report: WeeklyReport) -> list[str]:
+    util = report.this.fleet.get("gpu_util")
+    if util is None:
+        return ["GPU utilisation is absent from this source (no DCGM/NVML series), so GPU-hours, tokens per "
+                "GPU-hour and cost per token cannot be computed."]
+    basis = ("DCGM graphics-engine activity" if report.this.utilisation_signal == "gpu_graphics_engine_active_ratio"
+             else "GPU utilisation as reported (DCGM GPU_UTIL / NVML: a kernel was running; it overstates real "
+                  "use on small decode batches)")
+    lines = [f"Mean GPU utilisation {util:.0%} ({basis}): cost per token is {1 / util:.1f}× what the same fleet "
+             "would pay fully utilised (002 §9.2)." if util > 0 else "GPUs were idle all week."]
+    if util < UTILISATION_TRAP:
+        lines.append(f"Below {UTILISATION_TRAP:.0%}: the fleet is in the utilisation trap (002 §9.3). Levers: "
+                     "scale down faster, fill idle hours with offline batch work, colocate models (002 §9.2).")
+    pools = report.this.pools
+    trapped = pools.index[pools["utilisation_trap"].fillna(False).astype(bool)] if "utilisation_trap" in pools else []
+    for pool in trapped:
+        lines.append(f"Pool {pool} averages {pools.loc[pool, 'gpu_util']:.0%} GPU utilisation: below "
+                     f"{UTILISATION_TRAP:.0%}, in the utilisation trap (002 §9.2, §9.3).")
+    if report.attribution:
+        lines.append(report.attribution)
+    return lines
+
+
+def _table(df: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: str) -> list[list[str]]:
+    head = [index_name] + [label for c, (label, _) in columns.items() if c in df]
+    rows = [head]
+    for key, row in df.iterrows():
+        rows.append([str(key)] + [fmt(row[c], kind) for c, (_, kind) in columns.items() if c in df])
+    return rows
+
+
+def finding_where(where: dict[str, str]) -> str:
+    """Where a finding is: its labels, or "fleet" for a fleet-wide one (no labels at all)."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(where.items())) or "fleet"
+
+
+def incident_text(incident: Incident) -> str:
+    """The head finding, then the findings that support it (same place and mechanism)."""
+    head = incident.head
+    text = f"{head.title} ({head.rule_id})"
+    if incident.supporting:
+        text += "; supported by: " + "; ".join(f"{f.title} ({f.rule_id})" for f in incident.supporting)
+    return text
+
+
+def incident_where(incident: Incident) -> str:
+    """Where the head finding is; for a rule firing on several instances, how many and which."""
+    if not incident.repeats:
+        return finding_where(incident.head.where)
+    same = {k: v for k, v in incident.head.where.items() if k != "instance"}
+    names = ", ".join(f.where.get("instance", "?") for f in (incident.head,) + incident.repeats)
+    rest = finding_where(same) if same else ""
+    return f"{1 + len(incident.repeats)} instances: {names}" + (f"; {rest}" if rest else "")
+
+
+_NUMERIC = re.compile(r"^[$+-]?[\d,]*\.?\d+%?$")
+
+
+def is_numeric_cell(text: str) -> bool:
+    """Numbers (and the absent / n/a placeholders in number columns) are right-aligned in HTML."""
+    return bool(_NUMERIC.match(text)) or text in (ABSENT, "n/a")
+
+
+def _md_table(rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    return out
+
+
+def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[str]]]:
+    deltas = report.deltas()
+    fleet = [["Metric", "This week", "Week over week"]]
+    fleet += [[label, fmt(report.this.fleet.get(k), kind), _delta(deltas.get(k))] for k, label, kind in FLEET_ROWS]
+    out: list[tuple[str, list[list[str]] | list[str]]] = [("Fleet", fleet), ("Utilisation", _trap_lines(report))]
+    if not report.this.pools.empty:
+        out.append(("Per model / pool", _table(report.this.pools, POOL_COLUMNS, "Pool")))
+    if report.this.tenants.empty:
+        out.append(("Tenants", ["No per-tenant series in this source (tenant_* come from kvscope's request tap "
+                                "or trace receiver; vLLM has no tenant label)."]))
+    else:
+        out.append(("Tenants", _table(report.this.tenants, TENANT_COLUMNS, "Tenant")))
+    if report.incidents:
+        rows = [["Severity", "Finding", "Where", "Since", "Levers"]]
+        rows += [[i.severity, incident_text(i), incident_where(i), _when(min(f.since for f in i.members)),
+                  ", ".join(lv.id for lv in i.head.levers[:3])] for i in report.incidents]
+        out.append(("Top findings", rows))
+    else:
+        out.append(("Top findings", ["No findings this week."]))
+    return out
+
+
+def render_markdown(report: WeeklyReport) -> str:
+    """The report as Markdown."""
+    lines = [f"# kvscope weekly efficiency review: {_when(report.this.start)} → {_when(report.this.end)}", "",
+             f"Source: {report.source}. GPU-hour price: ${report.gpu_hour_cost:,.2f}.", ""]
+    for title, body in _sections(report):
+        lines += [f"## {title}", ""]
+        lines += _md_table(body) if body and isinstance(body[0], list) else [str(x) for x in body]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _html_table(rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
+    body = "".join("<tr>" + "".join(_html_cell(c) for c in r) + "</tr>" for r in rows[1:])
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _html_cell(text: str) -> str:
+    return f'<td class="num">{html.escape(text)}</td>' if is_numeric_cell(text) else f"<td>{html.escape(text)}</td>"
+
+
+TIME_PLOTS = (
+    ("tokens_per_gpu_hour", "Output tokens per GPU-hour", "output tokens / GPU-hour"),
+    ("output_tokens_per_s", "Output token throughput", "output tokens / s"),
+    ("gpu_util", "Mean GPU utilisation", "GPU utilisation (%)"),
+)
+"""(timeline column, title, y-axis label with its unit) of each time plot."""
+
+
+def render_figures(report: WeeklyReport) -> list[tuple[str, object]]:
+    """(title, matplotlib Figure) per plot. Every time plot spans the report's window on one UTC
+    axis, with the stretches that hold no data shaded (absent, not zero); ratios are in %."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    figures = []
+    week = report.this
+    timeline = week.timeline
+    step = timeline.attrs.get("step_s", 3600.0)
+    for col, title, unit in TIME_PLOTS:
+        if col not in timeline or not timeline[col].notna().any():
+            continue
+        cov = week.coverage
+        zoom = 0 < cov.span_s < ZOOM_BELOW * (week.end - week.start)
+        if zoom:
+            fig, (ax, zax) = plt.subplots(1, 2, figsize=(10, 2.8), sharey=True, gridspec_kw={"width_ratios": [3, 1]})
+        else:
+            fig, ax = plt.subplots(figsize=(8, 2.8))
+        _draw_series(ax, timeline, col, step)
+        _time_axis(ax, week.start, week.end, cov.gaps)
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.legend(loc="upper left", fontsize="small")
+        if zoom:
+            _draw_series(zax, timeline, col, step)
+            pad = max(step, 0.05 * cov.span_s)
+            _time_axis(zax, cov.spans[0][0] - pad, cov.spans[-1][1] + pad, cov.gaps,
+                       fmt="%H:%M" if cov.span_s + 2 * pad > 1800 else "%H:%M:%S", ticks=(3, 7))
+            zax.set_title("zoom: the data held", fontsize="small")
+        figures.append((title, fig))
+    tenants = week.tenants
+    if "hit_ratio" in tenants and tenants["hit_ratio"].notna().any():
+        top = tenants.head(15)
+        fig, ax = plt.subplots(figsize=(8, 0.3 * len(top) + 1.4))
+        ax.barh([str(t) for t in top.index], top["hit_ratio"].to_numpy(), color="#55a868")
+        ax.set_xlim(0, 1)
+        _percent_axis(ax.xaxis)
+        ax.set_xlabel("prefix-cache hit ratio over the week (%)")
+        ax.set_title("Prefix-cache hit ratio by tenant")
+        figures.append(("Prefix-cache hit ratio by tenant", fig))
+    return figures
+
+
+ZOOM_BELOW = 0.25
+"""A time plot whose data spans less than this share of the window gets a second panel zoomed
+onto the data (the first keeps the report's window)."""
+
+
+def _draw_series(ax, timeline: pd.DataFrame, col: str, step: float) -> None:
+    """One timeline column as points joined within runs of bins (NaN bins break the line)."""
+    ax.plot(timeline.index.to_pydatetime(), timeline[col].to_numpy(), color="#4c72b0", marker="o",
+            markersize=2.5, linewidth=1.2, label=f"per {_step_name(step)}")
+    if col == "gpu_util":
+        ax.axhline(UTILISATION_TRAP, color="#d62728", linestyle="--", label="utilisation trap (40%)")
+        ax.set_ylim(0, 1.05)
+        _percent_axis(ax.yaxis)
+    else:
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_formatter(_count_formatter())
+
+
+def _step_name(step: float) -> str:
+    return f"{step / 3600:g}-hour bin" if step >= 3600 else f"{step / 60:g}-minute bin"
+
+
+def _count_formatter():
+    from matplotlib.ticker import FuncFormatter
+
+    def label(v: float, _pos: int) -> str:
+        for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+            if abs(v) >= scale:
+                return f"{v / scale:g}{suffix}"
+        return f"{v:g}"
+
+    return FuncFormatter(label)
+
+
+def _percent_axis(axis) -> None:
+    from matplotlib.ticker import PercentFormatter
+
+    axis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
+
+
+def _time_axis(ax, start: float, end: float, gaps: list[tuple[float, float]], fmt: str = "%a %d\n%H:%M",
+               ticks: tuple[int, int] = (5, 8)) -> None:
+    """start..end on x (UTC), the stretches without data shaded."""
+    from matplotlib import dates as mdates
+
+    def utc(ts: float) -> datetime:
+        return datetime.fromtimestamp(ts, tz=UTC)
+
+    for i, (a, b) in enumerate(gaps):
+        ax.axvspan(utc(a), utc(b), color="#bbbbbb", alpha=0.35, linewidth=0, label="no data" if i == 0 else None)
+    ax.set_xlim(utc(start), utc(end))
+    locator = mdates.AutoDateLocator(tz=mdates.UTC, minticks=ticks[0], maxticks=ticks[1])
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.DateFormatter(fmt, tz=mdates.UTC))
+    ax.set_xlabel("time (UTC)")
+
+
+def render_plots(report: WeeklyReport) -> list[tuple[str, str]]:
+    """(title, base64 PNG) per plot of `render_figures`."""
+    from matplotlib import pyplot as plt
+
+    return [(title, _png(fig, plt)) for title, fig in render_figures(report)]
+
+
+def _png(fig, plt) -> str:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def render_html(report: WeeklyReport) -> str:
+    """The report as one self-contained HTML page (plots embedded as PNG data URIs)."""
+    title = f"kvscope weekly efficiency review: {_when(report.this.start)} → {_when(report.this.end)}"
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f"<p>Source: {html.escape(report.source)}. GPU-hour price: ${report.gpu_hour_cost:,.2f}.</p>"]
+    for name, body in _sections(report):
+        parts.append(f"<h2>{html.escape(name)}</h2>")
+        if body and isinstance(body[0], list):
+            parts.append(_html_table(body))
+        else:
+            parts += [f"<p>{html.escape(str(x))}</p>" for x in body]
+    plots = render_plots(report)
+    if plots:
+        parts.append("<h2>Plots</h2>")
+        parts += [f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,{b64}"></figure>'
+                  for t, b64 in plots]
+    style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}td.num{text-align:right}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
