@@ -10,6 +10,11 @@ Failure modes, each reported in the target's `Health` and never raised:
 * the scrape fails: `up=False`, reason from agent/scrape/fetch.py (`timeout`, `http_503`,
   `body_too_large`...);
 * the payload names no known engine: `up=False`, reason `unknown_engine`, no samples;
+* the engine is known but nothing in the payload maps to a canonical signal (every name unmapped,
+  or every value dropped): `up=False`, reason `no_canonical_series`;
+* the payload is an aggregate of several engines whose series name their worker (sglang-router's
+  /engine_metrics, `worker_addr`): up, reason `aggregated_workers`, each worker's series under its
+  own instance;
 * bad lines (malformed, truncated, duplicate series) and bad values (NaN/Inf): the target stays
   up, the lines are dropped and counted by reason in `Health.dropped`.
 
@@ -137,6 +142,11 @@ class EngineCollector:
         if norm.dropped:
             health.dropped.update(norm.dropped)
         health.series = len(norm.samples)
+        if not norm.samples:
+            health.up, health.reason = False, "no_canonical_series"
+            health.errors["no_canonical_series"] += 1
+        elif _aggregated(scrape.text, self.catalog.dialects[engine].worker_labels):
+            health.reason = "aggregated_workers"
         if isinstance(out.samples, Parts):
             out.samples.add(norm.samples, target.instance)
         else:
@@ -174,6 +184,11 @@ class EngineCollector:
         if self._session is not None and self._own_session:
             await self._session.close()
         self._session = None
+
+
+def _aggregated(text: str | None, worker_labels: tuple[str, ...]) -> bool:
+    """The payload labels its series with the worker behind them (one scan, no parse)."""
+    return text is not None and any(f'{label}="' in text for label in worker_labels)
 
 
 def _merge_ranks(by_rank: dict[str, dict[str, str]]) -> dict[str, str]:

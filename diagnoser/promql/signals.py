@@ -11,6 +11,10 @@ Each source becomes one term; terms are joined with `or`, which keeps the first 
 and adds another term's only for label sets the first did not have. Native names come first,
 so an engine scraped both directly and through the agent is counted once — provided the agent
 job is scraped with `honor_labels: true`, which keeps the engine's `instance` (docs/alerting.md).
+An old name the catalog marks `fallback` is read only for instances that have none of the
+engine's current names (`old unless on (instance) current`), as the normalizer does per scrape:
+vLLM <= 0.11 exports both, and they are never added up. A dialect's `worker_labels` (an
+aggregating endpoint's per-worker label, e.g. sglang-router's `worker_addr`) becomes `instance`.
 
 What PromQL cannot express is left out and returned as skipped by `source_terms`: histograms whose
 buckets need rescaling (SGLang `kv_transfer_latency_ms`: `le` values cannot be multiplied in
@@ -38,6 +42,8 @@ class SourceTerm:
     renames: tuple[tuple[str, str], ...] = ()    # (upstream label, canonical label)
     scale: float = 1.0
     collapse: str | None = None  # "max": the alias's collapsing series repeat one value
+    fallback: bool = False       # an old name: only where the dialect's other terms have nothing
+    workers: tuple[str, ...] = ()   # labels naming the worker behind an aggregating endpoint
 
     def selector(self, extra: tuple[tuple[str, str], ...] = ()) -> str:
         """The vector selector, e.g. `{__name__=~"a|b",cache_source=~"device|total"}`."""
@@ -54,10 +60,13 @@ def name_selector(names: tuple[str, ...], matchers: list[str] | None = None) -> 
     return "{" + ",".join([f'__name__=~"{regex}"', *matchers]) + "}"
 
 
-def wire_names(declared: str, kind: str, suffix: str = "") -> tuple[str, ...]:
+def wire_names(declared: str, kind: str, suffix: str = "", part: str | None = None) -> tuple[str, ...]:
     """Names an upstream series has on the wire: counters gain `_total` (prometheus_client),
-    histograms `_bucket/_sum/_count`, and `vllm:x` is also spelled `vllm_x` under Ray."""
-    if kind == "counter" and not declared.endswith("_total"):
+    histograms `_bucket/_sum/_count`, and `vllm:x` is also spelled `vllm_x` under Ray. A
+    `part: sum` alias reads the `_sum` of histogram `declared`."""
+    if part is not None:
+        declared += "_" + part
+    elif kind == "counter" and not declared.endswith("_total"):
         declared += "_total"
     name = declared + suffix
     folded = name.replace(":", "_", 1) if ":" in name else None
@@ -76,11 +85,11 @@ def source_terms(signal: Signal, catalog: Catalog, suffix: str = "") -> tuple[li
         dialect = catalog.dialects[alias.engine]
         renames = _renames(dialect, alias, signal)
         matchers = tuple(sorted((k, "|".join(_escape_re(v) for v in vs)) for k, vs in alias.match.items()))
-        key = (alias.engine, matchers, renames, alias.scale, alias.collapse)
-        names = wire_names(alias.name, signal.kind, suffix)
+        key = (alias.engine, matchers, renames, alias.scale, alias.collapse, alias.fallback)
+        names = wire_names(alias.name, signal.kind, suffix, alias.part)
         prev = grouped.get(key)
         grouped[key] = SourceTerm(alias.engine, (prev.names if prev else ()) + names, matchers, renames,
-                                  alias.scale, alias.collapse)
+                                  alias.scale, alias.collapse, alias.fallback, dialect.worker_labels)
     agent = SourceTerm(None, (KVSCOPE_PREFIX + signal.name + suffix,))
     return [*grouped.values(), agent], skipped
 
@@ -99,6 +108,8 @@ def relabel(expr: str, term: SourceTerm) -> str:
     absent."""
     for upstream, canonical in term.renames:
         expr = f'label_replace({expr}, "{canonical}", "$1", "{upstream}", "(.+)")'
+    for worker in term.workers:   # http://host:port/ -> host:port, as a target's instance
+        expr = f'label_replace({expr}, "instance", "$1", "{worker}", "(?:[a-z]+://)?([^/]+).*")'
     if term.dialect is not None:
         expr = f'label_replace({expr}, "engine", "{term.dialect}", "__name__", ".*")'
     if term.scale != 1.0:
@@ -118,12 +129,18 @@ def source_union(signal: Signal, catalog: Catalog, suffix: str = "") -> str:
     agg = "max" if signal.kind == "gauge" else "sum"
     by = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
     clause = ", ".join(by)
-    parts = []
+    exprs = []
     for term in terms:
         expr = relabel(term.selector(), term)
         if suffix == "_bucket":
             expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
-        parts.append(f"{'max' if term.collapse == 'max' else agg} by ({clause}) ({expr})")
+        exprs.append(f"{'max' if term.collapse == 'max' else agg} by ({clause}) ({expr})")
+    parts = []
+    for term, expr in zip(terms, exprs, strict=True):
+        if term.fallback:
+            current = [e for t, e in zip(terms, exprs, strict=True) if t.dialect == term.dialect and not t.fallback]
+            expr = f"({expr}\nunless on (instance)\n(" + "\nor\n".join(current) + "))"
+        parts.append(expr)
     return "\nor\n".join(parts)
 
 
