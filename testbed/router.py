@@ -80,7 +80,8 @@ class SglangRouter:
 
     def __init__(self, workers: list[str], policy: str = "cache_aware", *,
                  version: str = ROUTER_VERSIONS[0], extra_args: tuple[str, ...] = (),
-                 startup_timeout_s: float = 60.0) -> None:
+                 startup_timeout_s: float = 60.0, port: int | None = None,
+                 metrics_port: int | None = None) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown router policy {policy!r}; choose from {', '.join(POLICIES)}")
         if version not in ROUTER_VERSIONS:
@@ -90,8 +91,8 @@ class SglangRouter:
         self.version = version
         self.extra_args = tuple(extra_args)
         self.startup_timeout_s = startup_timeout_s
-        self.port = free_port()
-        self.metrics_port = free_port()
+        self.port = port or free_port()
+        self.metrics_port = metrics_port or free_port()
         while self.metrics_port == self.port:
             self.metrics_port = free_port()
         self.workdir = Path(tempfile.mkdtemp(prefix="kvs-router-"))
@@ -154,6 +155,16 @@ class SglangRouter:
             time.sleep(0.3)
         raise RouterStartError(f"sglang-router {self.version}: no {what} after {self.startup_timeout_s:.0f} s:\n"
                                + self.log_tail())
+
+    def restart(self, policy: str | None = None, workers: list[str] | None = None) -> SglangRouter:
+        """Stop and start again on the same ports (a scrape target keeps its URL), optionally with
+        another policy or worker list: how a policy is changed (sglang-router reads it at start)."""
+        if policy is not None and policy not in POLICIES:
+            raise ValueError(f"unknown router policy {policy!r}; choose from {', '.join(POLICIES)}")
+        self.stop()
+        self.policy = policy or self.policy
+        self.workers = list(workers) if workers is not None else self.workers
+        return self.start()
 
     # ------------------------------------------------------------------ worker management
     def list_workers(self) -> list[dict]:
