@@ -93,7 +93,7 @@ async def _run_phase(phase: Phase, servers: list[VllmServer], seed: int,
         action = asyncio.create_task(asyncio.to_thread(victim.restart))
     elif phase.action and phase.action.startswith("router_"):
         kind, i = phase.action.split(":")
-        action = _router_action(kind, router, servers[int(i)])
+        action = _router_action(kind, router, servers[int(i)], router.workers[int(i)] if router else "")
     duration = phase.duration_s if action is None else 600.0
     spec = LoadSpec(list(phase.tenants), max_requests=100_000, duration_s=duration,
                     concurrency=phase.concurrency, rate_per_s=phase.rate_per_s,
@@ -119,19 +119,20 @@ async def _run_phase(phase: Phase, servers: list[VllmServer], seed: int,
             "action": phase.action, "client": _client_numbers(result)}
 
 
-def _router_action(kind: str, router: SglangRouter | None, server: VllmServer) -> asyncio.Task | None:
-    """A router action on one replica: add / remove it now (None), or remove it and restart it
-    cold (a task the phase waits for, as a `restart:` action)."""
+def _router_action(kind: str, router: SglangRouter | None, server: VllmServer, worker: str) -> asyncio.Task | None:
+    """A router action on one replica (`worker`: its URL at the router, the server's or its tap's):
+    add / remove it now (None), or remove it and restart it cold (a task the phase waits for, as a
+    `restart:` action)."""
     if router is None:
         raise ValueError(f"{kind} needs a scenario with a router")
     if kind == "router_add":
-        router.add_worker(server.url)
+        router.add_worker(worker)
         return None
     if kind == "router_remove":
-        router.remove_worker(server.url)
+        router.remove_worker(worker)
         return None
     if kind == "router_drain_restart":
-        router.remove_worker(server.url)
+        router.remove_worker(worker)
         return asyncio.create_task(asyncio.to_thread(server.restart))
     raise ValueError(f"unknown router action {kind!r}")
 
@@ -163,11 +164,15 @@ def run_scenario(sc: Scenario, out_dir: Path, tick: Callable[[], None] = lambda:
             if sc.tap_front:
                 front = TapFront([s.url for s in servers], spans_endpoint=sink.endpoint).start()
             if sc.router:
-                router = SglangRouter([s.url for s in servers], policy=sc.phases[0].router_policy or "cache_aware",
+                # with taps too, the router's workers are the taps (one per replica, as sidecars)
+                workers = front.urls if front else [s.url for s in servers]
+                router = SglangRouter(workers, policy=sc.phases[0].router_policy or "cache_aware",
                                       version=sc.router).start()
+            scraped = _metrics_gets(servers[0])
             rec = start_recorder(servers, rec_path, sc.interval_s, work, max_s=3600,
                                  taps=front.metrics_urls if front else [],
                                  router=router.metrics_url if router else None)
+            _wait_first_scrape(servers[0], scraped, rec)
             time.sleep(2 * sc.interval_s)                   # a couple of idle scrapes first
             phases = asyncio.run(_run_phases(sc, servers, tick, front.urls if front else None, router))
             time.sleep(sc.tail_s)
@@ -188,6 +193,24 @@ def run_scenario(sc: Scenario, out_dir: Path, tick: Callable[[], None] = lambda:
         for s in servers:
             s.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _metrics_gets(srv: VllmServer) -> int:
+    """How many `GET /metrics` the server has logged (its access log is in server.log)."""
+    try:
+        return srv.log_path.read_text(errors="replace").count('"GET /metrics')
+    except OSError:
+        return 0
+
+
+def _wait_first_scrape(srv: VllmServer, before: int, rec: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    """Block until the recorder has scraped `srv` once, so phase offsets are never negative: on a
+    saturated box `kvscope record` can take longer to start than the idle scrapes last."""
+    deadline = time.monotonic() + timeout_s
+    while _metrics_gets(srv) <= before:
+        if rec.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"kvscope record made no scrape of {srv.metrics_url} (exit {rec.poll()})")
+        time.sleep(0.2)
 
 
 def warm_up(servers: list[VllmServer], requests: int) -> None:
@@ -244,7 +267,7 @@ def _describe(sc: Scenario, servers: list[VllmServer], phases: list[dict], rec_p
                     "note": "one request tap per replica (testbed/tapfront.py), one shared prefix index"}}
            if sc.tap_front else {}),
         **({"router": {"job": "sglang-router", "instance": "router", "software": f"sglang-router {router.version}",
-                       "workers": {f"replica-{i}": s.url for i, s in enumerate(servers)},
+                       "workers": {f"replica-{i}": w for i, w in enumerate(router.workers)},
                        "note": "every request went to the router, which picked the replica (testbed/router.py)"}}
            if router is not None else {}),
         "phases": phases,

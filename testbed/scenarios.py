@@ -184,15 +184,24 @@ ROUTER_SCENARIOS: tuple[Scenario, ...] = (
         "falls back to the default of most balancers. Round-robin lands every tenant on both "
         "replicas, so each pool has to hold all 12 prefixes and thrashes.",
         (TIGHT, TIGHT),
-        (Phase("cache-aware", 75, ROUTER_TENANTS, rate_per_s=6.0, concurrency=4, router_policy="cache_aware"),
-         Phase("round-robin", 75, ROUTER_TENANTS, rate_per_s=6.0, concurrency=4, router_policy="round_robin")),
+        (Phase("cache-aware", 150, ROUTER_TENANTS, rate_per_s=6.0, concurrency=4, router_policy="cache_aware"),
+         Phase("round-robin", 90, ROUTER_TENANTS, rate_per_s=6.0, concurrency=4, router_policy="round_robin")),
         expected=({"levers": ["P2"], "phase": "round-robin",
                    "why": "the router says it routes round-robin; the fleet hit rate falls well below its "
                           "cache-aware level on the same traffic (002 §7.3: ~1/N)"},),
         notes="sglang-router 0.2.4 (the last release that exports its cache-aware tree's hits and "
               "misses). The router is restarted between the phases on the same ports, so its counters "
-              "reset once; the policy is the `policy` label of router_decisions_total.",
-        router="0.2.4", warm_up=2,
+              "reset once; the policy is the `policy` label of router_decisions_total. The cache-aware "
+              "phase is the longer one so that the level the round-robin phase is compared with is the "
+              "warm cache-aware level, not the first minute in which the pools fill (a first take with "
+              "75 s per phase: the hit rate took ~40 s to reach 0.72, and that fill weighed on the "
+              "earlier level). kvscope's request tap runs as a sidecar in front of each replica (the "
+              "router's workers are the taps; testbed/tapfront.py, one shared prefix index), recorded as job "
+              "kvscope-tap: without it the recording shows the policy switch and the hit-rate fall, but no "
+              "prefix seen on two replicas (takes without the tap: hit rate 0.72 -> 0.48 and 0.68 -> 0.51, "
+              "x0.67 and x0.75 of the cache-aware level, at the edge of P2's ~1/N criterion, which held in "
+              "neither take for its whole `for`).",
+        router="0.2.4", warm_up=2, tap_front=True,
     ),
     Scenario(
         "router-drain-restart-rejoin",
@@ -203,7 +212,7 @@ ROUTER_SCENARIOS: tuple[Scenario, ...] = (
         (ROOMY, ROOMY),
         (Phase("warm", 60, chat_tenants(40, alpha=0.3), rate_per_s=6.0, concurrency=4,
                router_policy="round_robin"),
-         Phase("drained", 0, chat_tenants(40, alpha=0.3), rate_per_s=4.0, concurrency=4,
+         Phase("drained", 0, chat_tenants(40, alpha=0.3), rate_per_s=2.0, concurrency=2,
                router_policy="round_robin", action="router_drain_restart:1"),
          Phase("rejoin", 60, chat_tenants(40, alpha=0.3), rate_per_s=6.0, concurrency=4,
                router_policy="round_robin", action="router_add:1")),
@@ -212,7 +221,9 @@ ROUTER_SCENARIOS: tuple[Scenario, ...] = (
                           "while replica 0 is warm (002 §7.3 cold start; the router did not ramp it in)"},),
         notes="sglang-router 0.3.2. While drained, the router's pool size is 1 and the removed worker's "
               "health series reads -1; replica 1 is restarted (its scrape target is down while it starts) "
-              "and then re-added.",
+              "and then re-added. The drained phase's load is light: vLLM on CPU pins each server's worker "
+              "to core 0, so a restart next to a busy replica 0 starves (a first take at 4 req/s took 9 "
+              "minutes to restart; P4 fired in its rejoin phase all the same).",
         router="0.3.2", warm_up=2,
     ),
 )
