@@ -221,9 +221,10 @@ ROUTER_SCENARIOS: tuple[Scenario, ...] = (
                           "while replica 0 is warm (002 §7.3 cold start; the router did not ramp it in)"},),
         notes="sglang-router 0.3.2. While drained, the router's pool size is 1 and the removed worker's "
               "health series reads -1; replica 1 is restarted (its scrape target is down while it starts) "
-              "and then re-added. The drained phase's load is light: vLLM on CPU pins each server's worker "
-              "to core 0, so a restart next to a busy replica 0 starves (a first take at 4 req/s took 9 "
-              "minutes to restart; P4 fired in its rejoin phase all the same).",
+              "and then re-added. The drained phase lasts as long as that restart: 7.4 min in this take, "
+              "on a box at load ~20 (vLLM on CPU pins each server's worker to core 0, so the restarting "
+              "server competes with the busy replica 0; a first take at twice the drained load took 9 min "
+              "and P4 fired in its rejoin phase as here).",
         router="0.3.2", warm_up=2,
     ),
 )
