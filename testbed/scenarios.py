@@ -174,12 +174,12 @@ SCENARIOS: tuple[Scenario, ...] = (
 # ------------------------------------------------------------------ behind the real SGLang router
 # (issue 16). All traffic goes to one router URL; the router picks the replica. Its /metrics is
 # recorded as job `sglang-router`, instance `router`; the YAML maps each replica to its worker URL.
-ROUTER_TENANTS = chat_tenants(12, alpha=0.6)
+ROUTER_TENANTS = chat_tenants(12, alpha=0.6, turns=1)
 ROUTER_SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "router-cache-aware-vs-round-robin",
-        "The round-robin-vs-sticky workload (two 96-block replicas, 12 tenants whose prefixes exceed "
-        "one pool) behind the real SGLang router 0.2.4: first its cache_aware policy (a prefix tree "
+        "The round-robin-vs-sticky pools (two 96-block replicas, 12 tenants whose system prompts exceed "
+        "one pool; single-turn chats) behind the real SGLang router 0.2.4: first its cache_aware policy (a prefix tree "
         "per worker), then the router is restarted with --policy round_robin, as when a deployment "
         "falls back to the default of most balancers. Round-robin lands every tenant on both "
         "replicas, so each pool has to hold all 12 prefixes and thrashes.",
@@ -200,7 +200,11 @@ ROUTER_SCENARIOS: tuple[Scenario, ...] = (
               "kvscope-tap: without it the recording shows the policy switch and the hit-rate fall, but no "
               "prefix seen on two replicas (takes without the tap: hit rate 0.72 -> 0.48 and 0.68 -> 0.51, "
               "x0.67 and x0.75 of the cache-aware level, at the edge of P2's ~1/N criterion, which held in "
-              "neither take for its whole `for`).",
+              "neither take for its whole `for`). The chats are single-turn: a take with the multi-turn "
+              "tenants of round-robin-vs-sticky and the tap in front showed a second, older condition - "
+              "55 % of follow-up turns lost their conversation from the cache-aware phase on (K5 "
+              "session_context_lost, ranked first by its earlier onset; P2 second) - which belongs to "
+              "the 96-block pools, not to the routing change this scenario is about.",
         router="0.2.4", warm_up=2, tap_front=True,
     ),
     Scenario(
