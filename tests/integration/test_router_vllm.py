@@ -42,7 +42,13 @@ async def _collect(router: SglangRouter):
 
 
 def _by(collection, name: str, label: str) -> dict[str, float]:
-    return {dict(s.labels).get(label, ""): s.value for s in collection.samples if s.name == name}
+    """Values of one canonical signal summed by one label (0.2.x counts decisions per worker too)."""
+    out: dict[str, float] = {}
+    for s in collection.samples:
+        if s.name == name:
+            key = dict(s.labels).get(label, "")
+            out[key] = out.get(key, 0.0) + s.value
+    return out
 
 
 @pytest.mark.parametrize("version,policy", [("0.3.2", "round_robin"), ("0.2.4", "cache_aware")])
