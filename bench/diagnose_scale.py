@@ -263,7 +263,7 @@ def main() -> None:
     if not args.no_baseline:
         per_engine, vector_s, _ = baseline_scalar(frame, args.baseline_sample)
         scalar_s = per_engine * args.engines
-        print(f"baseline, one series (TTFT p99 5m per engine at every step): scalar agent.analytics "
+        print(f"baseline, one series (TTFT p99 5m per engine at every step): scalar agent.derive "
               f"{scalar_s:.1f} s CPU (measured on {args.baseline_sample} engines, x{args.engines}) vs grid path "
               f"{vector_s:.3f} s CPU -> {scalar_s / max(vector_s, 1e-9):.0f}x faster, same values")
 

@@ -65,7 +65,7 @@ class TriageData:
     diagnosis: Diagnosis
     frame: Frame
     engines: dict[str, str | None] = field(default_factory=dict)
-    cascades: dict = field(default_factory=dict)   # instance -> agent.analytics.cascade.CascadeReport
+    cascades: dict = field(default_factory=dict)   # instance -> agent.derive.cascade.CascadeReport
     series: object = None                          # diagnoser.report.SeriesSet for the efficiency page
 
 
@@ -413,7 +413,7 @@ def tenant_table(frame: Frame) -> pd.DataFrame:
 
 
 def cascade_rows(cascades: Mapping) -> pd.DataFrame:
-    """One row per engine instance of agent.analytics.cascade reports: the deepest stage the
+    """One row per engine instance of agent.derive.cascade reports: the deepest stage the
     window reached (what the incident was) next to the stage at its end (whether it is over),
     each stage's first onset by name, and the lead of the root over the latency symptom."""
     from kvscope.agent.derive.cascade import STAGES

@@ -11,8 +11,8 @@ from kvscope.agent.signals import Catalog, signal_of
 def needed_signals(catalog: Catalog) -> dict[str, set[str]]:
     """signal -> where it is read ("rules", "dashboards", "prometheus")."""
     from kvscope.dashboards.registry import BOARDS
-    from kvscope.diagnoser.evaluate.expr import node_signal
     from kvscope.diagnoser.promql.rulefiles import build_rule_files
+    from kvscope.diagnoser.rulebook.grammar import node_signal
     from kvscope.diagnoser.rulebook.rule import read_rules
 
     out: dict[str, set[str]] = {}

@@ -157,7 +157,8 @@ def test_unknown_engine_maps_nothing():
 def test_catalog_signal_names_follow_the_naming_convention():
     catalog = load_catalog()
     units = ("_ratio", "_seconds", "_bytes", "_tokens", "_total", "_watts", "_celsius",
-             "_hertz", "_per_second", "_running", "_waiting", "_reason", "_code", "_preemptions")
+             "_hertz", "_per_second", "_running", "_waiting", "_reason", "_code", "_preemptions",
+             "_workers")
     for name, sig in catalog.signals.items():
         assert name.endswith(units), name
         assert sig.help, f"{name} has no help text"
