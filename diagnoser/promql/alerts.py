@@ -189,8 +189,15 @@ class SeriesCompiler:
         return (f"sum by ({by}) ({self._read(node, s + '_sum', by, 'rate', rng)})\n/\n"
                 f"(sum by ({by}) ({self._read(node, s + '_count', by, 'rate', rng)}) > 0)")
 
+    resets_bridge_s: float = 0.0
+    """Added to `resets` ranges (a prefilter): the evaluator counts a reset across a scrape gap of
+    any length (values carried), PromQL only when the sample before the gap is inside the range."""
+
     def _resets(self, node: dict[str, Any], by: str) -> str:
-        return f"sum by ({by}) ({self._read(node, node['resets'], by, 'resets', self._range(node, '10m'))})"
+        rng = self._range(node, "10m")
+        if self.resets_bridge_s:
+            rng = _duration(parse_duration(rng) + self.resets_bridge_s)
+        return f"sum by ({by}) ({self._read(node, node['resets'], by, 'resets', rng)})"
 
     def _count(self, node: dict[str, Any], by: str) -> str:
         distinct = ", ".join(str(d) for d in node.get("distinct", ["instance"]))
@@ -296,6 +303,8 @@ class ConditionCompiler:
             value = self.rule.resolve(cond["value"])
             if value is None:
                 raise NotExpressible(f"threshold {cond['value']} has no value")
+            if op is not None and float(value) == 0 and signed(self.rule, name):
+                raise NotExpressible(f"{name} can be negative; a zero threshold has no loosened form")
             scaled = float(value) * float(self.rule.resolve(cond.get("times", 1))) + \
                 float(self.rule.resolve(cond.get("plus", 0)))        # the engine's value x times + plus
             return _number(self._loose(scaled, op))
@@ -360,6 +369,27 @@ class ConditionCompiler:
         matchers = [f'{name}="{value}"'] if op == "==" else [f'{name}!="{value}"', f'{name}!=""']
         names = (AGENT_PREFIX + "engine_info", *info_gauges(self.catalog))
         return f"group by (instance) ({name_selector(names, matchers)})"
+
+
+_NONNEGATIVE = ("gauge", "rate", "increase", "quantile", "mean", "resets", "count", "changes")
+
+
+def signed(rule: Rule, name: str, seen: frozenset[str] = frozenset()) -> bool:
+    """Whether a named series can be negative (a difference, a slope, or built from one)."""
+    node = rule.series.get(name)
+    if node is None or name in seen:
+        return True
+    form = next((f for f in (*_NONNEGATIVE, "ratio", "sum", "product", "coalesce", "scale", "over_time",
+                             "aggregate", "diff", "deriv") if f in node), "diff")
+    if form in _NONNEGATIVE:
+        return False
+    if form in ("diff", "deriv"):
+        return True
+    if form == "scale" and float(rule.resolve(node.get("by_value", 1.0))) < 0:
+        return True
+    refs = [str(x) for x in node[form]] if form in ("ratio", "sum", "product", "coalesce") else \
+        [str(node["scale"])] if form == "scale" else [str(node["of"])]
+    return any(signed(rule, r, seen | {name}) for r in refs)
 
 
 def info_gauges(catalog: Catalog) -> tuple[str, ...]:

@@ -8,9 +8,11 @@ numpy evaluator's condition holds (a superset), so the findings stay the evaluat
 * every comparison is loosened by `SLACK` (x 0.75 of a `>` threshold, x 1.25 of a `<` one;
   the same for `than`/`baseline` factors), which covers the differences between PromQL's and
   the grid's arithmetic (rate extrapolation, subquery alignment, scrape jitter);
-* parts with no loosened or no PromQL form are left out, never guessed: equality tests, engine
-  facts, absence tests, `any` branches on other groupings, signals some of whose sources PromQL
-  cannot read (rescaled buckets). A rule left with nothing is a candidate everywhere (its
+* parts with no loosened or no PromQL form are left out, never guessed: equality tests, zero
+  thresholds on series that can be negative (differences, slopes), engine facts, absence tests,
+  `any` branches on other groupings, signals some of whose sources PromQL cannot read
+  (rescaled buckets); `resets` ranges reach RESETS_BRIDGE_S further back (the evaluator counts
+  a reset across a scrape gap of any length). A rule left with nothing is a candidate everywhere (its
   evidence is fetched for every engine). Cascades (kv_pressure_cascade) are prefiltered by
   their root stage, which every later stage needs first.
 
@@ -29,6 +31,8 @@ from kvscope.diagnoser.rulebook.rule import Rule
 
 SLACK = 0.25
 """Share by which each prefilter comparison is loosened."""
+RESETS_BRIDGE_S = 3600.0
+"""A counter reset is seen across a scrape gap of up to this long (a restart that took an hour)."""
 _DEFAULT_RANGE = {"rate": "1m", "increase": "5m", "quantile": "5m", "mean": "5m", "resets": "10m",
                   "over_time": "5m", "deriv": "10m", "changes": "15m"}
 
@@ -58,6 +62,7 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
     """The prefilter of a prepared rule (parameters applied, time-scaled) on a grid of `step`."""
     reach = rule_reach(rule)
     series = SeriesCompiler(rule, reader, step=step)
+    series.resets_bridge_s = RESETS_BRIDGE_S
     cc = ConditionCompiler(rule, series, catalog, slack=slack)
     all_conds, any_conds = conditions_of(rule)
     kept: list[tuple[str, tuple[str, ...]]] = []

@@ -66,6 +66,7 @@ class PushdownReport:
 
     rules: list[RuleTrace] = field(default_factory=list)
     recorded: int = 0                    # canonical series read from kvscope:* recording rules
+    young: int = 0                       # instances whose data starts within the rules' reach
     evidence_series: int = 0
     evidence_points: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
@@ -80,6 +81,10 @@ class PushdownReport:
                f"the engines' own series); {len(matched)} matched, evidence: {self.evidence_series} series, "
                f"{self.evidence_points:,} points; {int(client.stats['queries'])} queries, "
                f"{client.stats['bytes'] / 1e6:.1f} MB"]
+        if self.young:
+            out.append(f"pushdown: {self.young} instance(s) have no data from before the window's start minus "
+                       "the rules' reach; they are judged in full (windows at a series' first samples are "
+                       "clipped by the evaluator and extrapolated by PromQL, so no prefilter can stand in)")
         if everywhere:
             out.append(f"pushdown: no server-side form, evidence fetched for every engine: {', '.join(everywhere)}")
         if refused:
@@ -97,9 +102,9 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
     rules = list(rules) if rules is not None else read_rules()
     levers = levers if levers is not None else load_levers()
     catalog = catalog or load_catalog()
-    scale = auto_time_scale(end - start) if time_scale is None else time_scale
-    prepared = [r.with_params((params or {}).get(r.id, {})).scaled(scale) for r in rules]
     grid = make_grid(start, end, step)
+    scale = auto_time_scale(float(grid[-1] - grid[0])) if time_scale is None else time_scale
+    prepared = [r.with_params((params or {}).get(r.id, {})).scaled(scale) for r in rules]
     report = PushdownReport()
     t0 = time.perf_counter()
     client.say("pushdown: inventory")
@@ -120,6 +125,10 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
     t0 = time.perf_counter()
     client.say(f"pushdown: {len(todo)} rule conditions on the TSDB")
     hits = client.map(lambda item: _prefilter_hits(client, item[1], grid, step), todo)
+    young = _young_instances(client, prepared, [t for _, t in todo], start, end, catalog)
+    if young:
+        report.young = len(young)
+        hits = [_with_young(h, young) for h in hits]
     report.seconds["prefilter"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     plans = [(rule, trace, h) for (rule, trace), h in zip(todo, hits, strict=True) if h is not None]
@@ -246,6 +255,31 @@ def _no_groups(client: PromClient, rule: Rule, catalog: Catalog, recorded: set[s
     except PromError:
         return False
     return not any(s.get("values") for s in result)
+
+
+def _young_instances(client: PromClient, rules: list[Rule], traces: list[RuleTrace], start: float, end: float,
+                     catalog: Catalog) -> list[str]:
+    """Instances in the window without data at its start minus the longest reach of the rules:
+    near a series' first samples the evaluator clips its windows to what exists while PromQL
+    extrapolates, so their prefilters cannot be trusted; they are candidates for every rule."""
+    reach = max((t.prefilter.reach_s for t in traces if t.prefilter is not None), default=0.0)
+    if not traces:
+        return []
+    names = set().union(*(sample_names(r) for r in rules))
+    sel = f'{{__name__=~"{wire_pattern(names, catalog)}"}}'
+    every = set(client.label_values("instance", [sel], start - DEFAULT_LOOKBACK_S, end))
+    if not every:
+        return []
+    old = {str((s.get("metric") or {}).get("instance", ""))
+           for s in client.query(f"group by (instance) ({sel} offset {int(max(reach, 1))}s)", start)}
+    return sorted(every - old)
+
+
+def _with_young(h: Hits | None, young: list[str]) -> Hits:
+    if h is not None and h.everywhere:
+        return h
+    groups = list(h.groups) if h is not None else []
+    return Hits(groups + [{"instance": i} for i in young], 0)
 
 
 # ------------------------------------------------------------------------------ phase 2
