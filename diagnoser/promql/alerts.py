@@ -72,7 +72,7 @@ class SignalReader(Protocol):
     """How a canonical series is read (promql/signals.py: RecordedSignals, InlineSignals)."""
 
     def read(self, series: str, matchers: list[tuple[str, str, str]], fn: str | None = None,
-             rng: str | None = None) -> str: ...
+             rng: str | None = None, by: tuple[str, ...] | None = None, outer: str | None = None) -> str: ...
 
 
 class SeriesCompiler:
@@ -158,7 +158,11 @@ class SeriesCompiler:
               rng: str | None = None) -> str:
         """The canonical `series` (node `match` filter, `require_labels` guards), or `fn` of its
         range `[rng]`, as the reader writes it."""
-        return self.reader.read(series, self._matchers(node, by), fn, rng)
+        outer = "count_series" if "count" in node else str(node.get("agg", "sum")) if "gauge" in node else "sum"
+        labels = tuple(b.strip() for b in by.split(",") if b.strip())
+        if "count" in node:
+            labels += tuple(str(d) for d in node.get("distinct", ["instance"]))
+        return self.reader.read(series, self._matchers(node, by), fn, rng, by=labels, outer=outer)
 
     def _matchers(self, node: dict[str, Any], by: str) -> list[tuple[str, str, str]]:
         match = node.get("match") or {}

@@ -182,7 +182,8 @@ class RecordedSignals:
     def __init__(self, instances: list[str] | None = None) -> None:
         self.instances = instances
 
-    def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None) -> str:
+    def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None,
+             by: tuple[str, ...] | None = None, outer: str | None = None) -> str:
         extra = list(matchers) + _instance_matcher(self.instances)
         parts = _format_matchers(extra)
         sel = f"kvscope:{series}" + ("{" + ",".join(parts) + "}" if parts else "")
@@ -205,7 +206,11 @@ class InlineSignals:
                  instances: list[str] | None = None) -> None:
         self.catalog, self.recorded, self.instances = catalog, set(recorded), instances
 
-    def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None) -> str:
+    def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None,
+             by: tuple[str, ...] | None = None, outer: str | None = None) -> str:
+        """`by`/`outer`: the grouping and aggregation the caller applies next. When the sources'
+        own aggregation can be folded into it (sums of counters, max of max), only the labels
+        it needs are relabelled and kept: the same values for a fraction of the work."""
         from kvscope.diagnoser.promql.alerts import NotExpressible
 
         signal, suffix = split_series(series, self.catalog)
@@ -218,11 +223,20 @@ class InlineSignals:
         if series in self.recorded:
             return RecordedSignals(self.instances).read(series, matchers, fn, rng)
         agg = "max" if signal.kind == "gauge" else "sum"
-        by = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
-        clause = ", ".join(by)
         extra = list(matchers) + _instance_matcher(self.instances)
+        full = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
+        foldable = by is not None and (outer == agg or outer == "count_series")
+        if foldable and not any(t.collapse == "max" for t in terms):
+            needed = [b for b in full if b in set(by) | {m[0] for m in extra} | ({"le"} if suffix == "_bucket" else set())]
+        else:
+            needed = list(full)
+        clause = ", ".join(needed)
         parts = []
         for term in terms:
+            if needed != list(full):
+                keep = set(needed)
+                term = SourceTerm(term.dialect if "engine" in keep else None, term.names, term.matchers,
+                                  tuple((u, c) for u, c in term.renames if c in keep), term.scale, term.collapse)
             sel = name_selector(term.names, [*(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
                                              *_format_matchers(_upstream(extra, term))])
             expr = f"{fn}({sel}[{rng}])" if fn else sel

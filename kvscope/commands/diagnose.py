@@ -85,6 +85,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rules-dir", default=None, help="rules directory (default: the shipped rules/diagnosis)")
     p.add_argument("--pushdown", choices=("auto", "on", "off"), default="auto",
                    help="--prometheus: evaluate rule conditions in the TSDB first (see above; default auto)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="--prometheus/--agent: seconds one HTTP query may take (default 300)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or pushdown summary on stderr")
     p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON (schema: docs/rules.md)")
     p.add_argument("--verbose", "-v", action="store_true", help="also list the rules that were skipped and why")
@@ -219,7 +221,7 @@ def _source(args: argparse.Namespace) -> Any:
         from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
         progress = None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
-        return PrometheusSource(args.prometheus, client=PromClient(args.prometheus, progress=progress))
+        return PrometheusSource(args.prometheus, client=PromClient(args.prometheus, timeout_s=args.timeout, progress=progress))
     if args.recording:
         from kvscope.diagnoser.sources.recording import RecordingSource
         return RecordingSource(args.recording)
