@@ -67,6 +67,7 @@ class PushdownReport:
     rules: list[RuleTrace] = field(default_factory=list)
     recorded: int = 0                    # canonical series read from kvscope:* recording rules
     young: int = 0                       # instances whose data starts within the rules' reach
+    frame: Frame | None = None           # the evidence fetched (every rule's series where it matched)
     evidence_series: int = 0
     evidence_points: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
@@ -133,6 +134,7 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
     t0 = time.perf_counter()
     plans = [(rule, trace, h) for (rule, trace), h in zip(todo, hits, strict=True) if h is not None]
     frames = _evidence(client, plans, grid, step, catalog, report)
+    report.frame = _merged(frames, grid)
     report.seconds["evidence"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for rule, trace, _ in plans:
@@ -329,6 +331,17 @@ def _evidence(client: PromClient, plans: list[tuple[Rule, RuleTrace, Hits]], gri
             report.evidence_series += len(block.labels)
             report.evidence_points += int(np.count_nonzero(~np.isnan(block.values)))
     return frames
+
+
+def _merged(frames: dict[str, Frame], grid: np.ndarray) -> Frame:
+    """One frame of all evidence fetched (for charts): every-instance blocks win over partial ones."""
+    out = Frame(ts=grid)
+    for key in ("some", "every"):
+        frame = frames.get(key)
+        if frame is not None:
+            out.blocks.update(frame.blocks)
+            out.facts.update(frame.facts)
+    return out
 
 
 def _for(rule: Rule) -> Any:
