@@ -89,6 +89,11 @@ class SeriesCompiler:
         self.reader = reader or RecordedSignals()
         self.step = step
         self.sub = _duration(step) if step else SUBQUERY_STEP
+        self.sub_for: Any = None
+        """Optional: range seconds -> the subquery step for a subquery over that range."""
+
+    def sub_step(self, rng: str) -> str:
+        return self.sub if self.sub_for is None else self.sub_for(parse_duration(rng))
 
     def by_of(self, name: str) -> tuple[str, ...]:
         node = self._node(name)
@@ -240,10 +245,12 @@ class SeriesCompiler:
         if agg not in ("avg", "max", "min", "sum"):
             raise NotExpressible(f"over_time {agg!r}")
         off = f" offset {self.dur(node['offset'])}" if node.get("offset") else ""
-        return f"{agg}_over_time(({self.expr(str(node['of']))})[{self._range(node, '5m')}:{self.sub}]{off})"
+        rng = self._range(node, "5m")
+        return f"{agg}_over_time(({self.expr(str(node['of']))})[{rng}:{self.sub_step(rng)}]{off})"
 
     def _deriv(self, node: dict[str, Any], by: str) -> str:
-        return f"deriv(({self.expr(str(node['deriv']))})[{self._range(node, '10m')}:{self.sub}])"
+        rng = self._range(node, "10m")
+        return f"deriv(({self.expr(str(node['deriv']))})[{rng}:{self.sub_step(rng)}])"
 
     def _changes(self, node: dict[str, Any], by: str) -> str:
         # the engine's leading edge (grid.changes `settle`): a value counts only once the series
@@ -327,7 +334,7 @@ class ConditionCompiler:
             shift = f" offset {_duration(offset)}" if offset > 0 else ""
             source = str(base.get("of", name))
             join = self.series._join(name, source) if source != name else ""
-            shifted = f"{agg}_over_time(({self.series.expr(source)})[{rng}:{self.series.sub}]{shift})"
+            shifted = f"{agg}_over_time(({self.series.expr(source)})[{rng}:{self.series.sub_step(rng)}]{shift})"
             return f"{join.strip()} ({times} * {shifted} + {plus})".lstrip()
         raise NotExpressible("condition has no right side")
 

@@ -46,6 +46,7 @@ class Prefilter:
     by: tuple[str, ...]
     dropped: tuple[str, ...] = ()  # conditions left to the evaluator, with the reason
     reach_s: float = 0.0           # how far back from a grid point the rule's series read
+    step: float = 0.0              # the prefilter's query step (a multiple of the grid step)
 
 
 def conditions_of(rule: Rule) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -61,7 +62,9 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
                       slack: float = SLACK) -> Prefilter:
     """The prefilter of a prepared rule (parameters applied, time-scaled) on a grid of `step`."""
     reach = rule_reach(rule)
+    qstep = query_step(rule, step)
     series = SeriesCompiler(rule, reader, step=step)
+    series.sub_for = lambda rng_s: _duration(step if rng_s <= LONG_SUBQUERY_S else max(step, min(qstep, rng_s / 30)))
     series.resets_bridge_s = RESETS_BRIDGE_S
     cc = ConditionCompiler(rule, series, catalog, slack=slack)
     all_conds, any_conds = conditions_of(rule)
@@ -85,7 +88,7 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
     if not kept and anys and len({frozenset(b) for _, b in anys}) == 1:
         kept, anys = [("\nor\n".join(f"({e})" for e, _ in anys), anys[0][1])], []
     if not kept:
-        return Prefilter(rule.id, None, rule.by, tuple(dropped) or ("no condition has a PromQL form",), reach)
+        return Prefilter(rule.id, None, rule.by, tuple(dropped) or ("no condition has a PromQL form",), reach, qstep)
     kept.sort(key=lambda c: -len(c[1]))
     (expr, by), rest = kept[0], kept[1:]
     out = f"({expr})"
@@ -96,7 +99,30 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
         out += "\nand\n(\n" + "\nor\n".join(f"({e})" for e in same) + "\n)"
     elif anys:
         dropped.append("`any` branches on another grouping")
-    return Prefilter(rule.id, out, tuple(by), tuple(dropped), reach)
+    return Prefilter(rule.id, out, tuple(by), tuple(dropped), reach, qstep)
+
+
+MAX_QUERY_STEPS = 8
+LONG_SUBQUERY_S = 600.0
+"""Subqueries over ranges longer than this (baselines) are read at up to 1/30 of their range or the
+prefilter's query step, whichever is finer: an average over 30 points of a 30-minute baseline
+instead of 120 (the slack covers the difference); shorter ones (max over a minute) at the grid step."""
+
+
+def query_step(rule: Rule, step: float) -> float:
+    """The prefilter's query step: as coarse as the rule's `for` allows, so that a run of true
+    points long enough to fire is still sampled (at most MAX_QUERY_STEPS grid steps)."""
+    spec = rule.doc.get("cascade") or rule.doc.get("when") or {}
+    try:
+        hold = rule.duration(spec.get("for", "0s")) if isinstance(spec, dict) else 0.0
+    except (KeyError, ValueError, TypeError):
+        hold = 0.0
+    return step * max(1, min(MAX_QUERY_STEPS, int(hold // step)))
+
+
+def _duration(seconds: float) -> str:
+    from kvscope.diagnoser.promql.alerts import _duration as fmt
+    return fmt(seconds)
 
 
 def _without_absence(cond: dict[str, Any]) -> dict[str, Any]:

@@ -211,8 +211,12 @@ def _prefilter_hits(client: PromClient, trace: RuleTrace, grid: np.ndarray, step
     if pre.expr is None:
         return Hits([], 0, everywhere=True)
     try:
-        result = client.range_parts(pre.expr, float(grid[0]), float(grid[-1]), step,
-                                    series=0, what=f"prefilter {pre.rule_id}")
+        qstep = pre.step or step
+        last = float(grid[0]) + qstep * int((grid[-1] - grid[0]) // qstep)
+        result = client.range_parts(pre.expr, float(grid[0]), last, qstep, series=0,
+                                    what=f"prefilter {pre.rule_id}")
+        if last < grid[-1]:                       # the window's last grid points, at the grid step
+            result += client.query_range(pre.expr, last + step, float(grid[-1]), step)
     except PromError as exc:
         if exc.status not in (400, 422) or exc.too_many_samples:
             raise
