@@ -51,8 +51,9 @@ def running_victoria(data: Path, *extra: str, log_path: Path | None = None, read
         stop_process(proc, timeout_s=20.0)
 
 
-def prometheus_text_lines(path: Path) -> Iterator[str]:
-    """Sample lines of an OpenMetrics file (optionally .gz) with timestamps in milliseconds."""
+def prometheus_text_lines(path: Path, shift_s: float = 0.0) -> Iterator[str]:
+    """Sample lines of an OpenMetrics file (optionally .gz) with timestamps in milliseconds,
+    moved by `shift_s` (VictoriaMetrics drops samples more than a day or two in the future)."""
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt") as fh:
         for line in fh:
@@ -61,10 +62,11 @@ def prometheus_text_lines(path: Path) -> Iterator[str]:
                 continue
             m = _SAMPLE_TS.match(line)
             if m:
-                yield f"{m.group(1)}{m.group(2)} {int(round(float(m.group(3)) * 1000))}\n"
+                yield f"{m.group(1)}{m.group(2)} {int(round((float(m.group(3)) + shift_s) * 1000))}\n"
 
 
-def import_prometheus_text(url: str, path: Path, chunk_lines: int = 200_000, timeout_s: float = 600.0) -> int:
+def import_prometheus_text(url: str, path: Path, chunk_lines: int = 200_000, timeout_s: float = 600.0,
+                           shift_s: float = 0.0) -> int:
     """Post a recording to /api/v1/import/prometheus in chunks; returns the samples sent."""
     sent, buf = 0, []
 
@@ -73,7 +75,7 @@ def import_prometheus_text(url: str, path: Path, chunk_lines: int = 200_000, tim
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310
             resp.read()
 
-    for line in prometheus_text_lines(path):
+    for line in prometheus_text_lines(path, shift_s):
         buf.append(line)
         if len(buf) >= chunk_lines:
             post(buf)

@@ -81,7 +81,8 @@ class PushdownReport:
                f"evaluated in the TSDB ({self.recorded} series from kvscope:* recording rules, the rest from "
                f"the engines' own series); {len(matched)} matched, evidence: {self.evidence_series} series, "
                f"{self.evidence_points:,} points; {int(client.stats['queries'])} queries, "
-               f"{client.stats['bytes'] / 1e6:.1f} MB"]
+               f"{client.stats['bytes'] / 1e6:.1f} MB; "
+               + ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())]
         if self.young:
             out.append(f"pushdown: {self.young} instance(s) have no data from before the window's start minus "
                        "the rules' reach; they are judged in full (windows at a series' first samples are "
