@@ -170,7 +170,8 @@ def show(row: dict) -> None:
     goal = GOALS.get((row["engines"], int(row["hours"])))
     ratio = row["baseline_s"] / row["wall_s"] if row["wall_s"] else float("nan")
     line = (f"{row['tsdb']:10s} {row['engines']:5d} x {row['hours']:g} h: diagnose {row['wall_s']:6.2f} s "
-            f"(exit {row['exit']}), kvscope peak RSS {row['rss_gb']:.2f} GB, TSDB peak RSS {row['tsdb_rss_gb']:.2f} GB, "
+            f"(exit {row['exit']}), kvscope peak RSS {row['rss_gb']:.2f} GB, "
+            f"TSDB peak RSS {row['tsdb_rss_gb']:.2f} GB, "
             f"{row['findings']} findings | baseline raw fetch {row['baseline_s']:.2f} s "
             f"({row['baseline_points']:,} points, {row['baseline_mb']:.0f} MB): {ratio:.1f}x")
     if "full_wall_s" in row:

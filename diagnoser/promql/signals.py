@@ -227,7 +227,8 @@ class InlineSignals:
         full = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
         foldable = by is not None and (outer == agg or outer == "count_series")
         if foldable and not any(t.collapse == "max" for t in terms):
-            needed = [b for b in full if b in set(by) | {m[0] for m in extra} | ({"le"} if suffix == "_bucket" else set())]
+            wanted = set(by) | {m[0] for m in extra} | ({"le"} if suffix == "_bucket" else set())
+            needed = [b for b in full if b in wanted]
         else:
             needed = list(full)
         clause = ", ".join(needed)

@@ -242,10 +242,11 @@ def _no_groups(client: PromClient, rule: Rule, catalog: Catalog, recorded: set[s
     from kvscope.diagnoser.evaluate.expr import SIGNAL_FORMS, node_form
     from kvscope.diagnoser.promql.alerts import SeriesCompiler
 
-    comp = SeriesCompiler(rule, InlineSignals(catalog, recorded), step=float(grid[1] - grid[0]) if len(grid) > 1 else None)
+    step = float(grid[1] - grid[0]) if len(grid) > 1 else None
+    comp = SeriesCompiler(rule, InlineSignals(catalog, recorded), step=step)
     by = ", ".join(rule.by)
     parts = []
-    for name, node in rule.series.items():
+    for node in rule.series.values():
         if node_form(node) not in SIGNAL_FORMS or tuple(node.get("by", rule.by)) != rule.by:
             continue
         series = str(node.get("histogram", "")) + "_bucket" if node_form(node) == "quantile" else \
@@ -295,7 +296,7 @@ def _per_instance(rule: Rule, pre: Prefilter) -> bool:
     model or the fleet are read too, and every instance's evidence is fetched)."""
     if "instance" not in pre.by or "instance" not in rule.by:
         return False
-    for name, node in rule.series.items():
+    for node in rule.series.values():
         by = node.get("by", rule.by)
         if "instance" not in by:
             return False

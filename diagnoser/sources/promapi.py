@@ -107,7 +107,8 @@ class PromClient:
         data = self._call("/api/v1/query_range", {"query": expr, "start": _ts(start), "end": _ts(end),
                                                   "step": f"{step:g}"})
         if not isinstance(data, dict) or data.get("resultType") != "matrix":
-            raise PromError(f"prometheus {self.url}: range query answered {data.get('resultType') if isinstance(data, dict) else data!r}, not a matrix")
+            kind = data.get("resultType") if isinstance(data, dict) else repr(data)
+            raise PromError(f"prometheus {self.url}: range query answered {kind}, not a matrix")
         result = list(data.get("result") or [])
         with self._lock:
             self.stats["points"] += sum(len(s.get("values") or ()) for s in result)

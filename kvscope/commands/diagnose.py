@@ -125,7 +125,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float) -> int:
     from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
-    from kvscope.diagnoser.render import render_diagnosis
     from kvscope.diagnoser.rulebook.rule import parse_duration
     from kvscope.diagnoser.sources import SourceError
 
@@ -221,7 +220,8 @@ def _source(args: argparse.Namespace) -> Any:
         from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
         progress = None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
-        return PrometheusSource(args.prometheus, client=PromClient(args.prometheus, timeout_s=args.timeout, progress=progress))
+        client = PromClient(args.prometheus, timeout_s=args.timeout, progress=progress)
+        return PrometheusSource(args.prometheus, client=client)
     if args.recording:
         from kvscope.diagnoser.sources.recording import RecordingSource
         return RecordingSource(args.recording)

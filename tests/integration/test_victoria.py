@@ -78,7 +78,7 @@ def test_every_generated_rule_expression_evaluates_on_victoria(victoria):
             exprs += [(path.name, r.get("record") or r.get("alert"), r["expr"]) for r in group["rules"]]
     assert len(exprs) > 50
     answered = 0
-    for file, name, expr in exprs:
+    for _file, _name, expr in exprs:
         client.query(str(expr), end)            # raises PromError with VictoriaMetrics' own message
         answered += 1
     assert answered == len(exprs)
