@@ -90,7 +90,8 @@ class PushdownReport:
         if everywhere:
             out.append(f"pushdown: no server-side form, evidence fetched for every engine: {', '.join(everywhere)}")
         if refused:
-            out.append(f"pushdown: prefilter refused by the server, evaluated on the full fetch: {', '.join(refused)}")
+            out.append(f"pushdown: prefilter refused or timed out on the server, judged on every engine's evidence: "
+                       f"{', '.join(refused)}")
         out += [f"split: {n}" for n in client.notes]
         return out
 
@@ -219,7 +220,9 @@ def _prefilter_hits(client: PromClient, trace: RuleTrace, grid: np.ndarray, step
         if last < grid[-1]:                       # the window's last grid points, at the grid step
             result += client.query_range(pre.expr, last + step, float(grid[-1]), step)
     except PromError as exc:
-        if exc.status not in (400, 422) or exc.too_many_samples:
+        # a prefilter the server cannot run (an unsupported function, its own timeout or size
+        # limit) costs speed, not answers: the rule is judged on every engine's evidence
+        if exc.status not in (400, 422, 503, 504):
             raise
         trace.error = str(exc)
         return Hits([], 0, everywhere=True)
