@@ -159,6 +159,13 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
     names = set().union(*(sample_names(r) for r in rules))
     end = source.end or time.time()
     try:
+        if source.kind == "prometheus":     # the rules run in the TSDB; evidence where they matched
+            from kvscope.diagnoser.pushdown.run import diagnose_pushdown
+
+            diagnosis, report = diagnose_pushdown(reader.client, end - source.since_s, end, step_s, rules,
+                                                  source=reader.description, catalog=reader.catalog)
+            assert report.frame is not None
+            return TriageData(source, diagnosis, report.frame)
         frame = reader.read_frame(names, end - source.since_s, end, step_s)
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read: {exc}") from exc

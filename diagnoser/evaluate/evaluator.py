@@ -207,6 +207,7 @@ def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
 def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> list[Finding]:
     when = rule.doc.get("when") or {}
     truth, all_done = ce.all_of(list(when.get("all") or []), lazy=True)
+    _judged(truth, ce.ev.frame)
     if not truth.any():
         return []                 # `all` never holds anywhere: the rest cannot make the rule fire
     any_done: list[Evaluated] = []
@@ -231,6 +232,12 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
             found = _resolved(rule, found)
         out.append(found)
     return out
+
+
+def _judged(truth: np.ndarray, frame: Frame) -> None:
+    """No condition holds before the frame's `judged_from` (points fetched only to feed ranges)."""
+    if frame.judged_from > 0:
+        truth[:, :frame.judged_from] = False
 
 
 def _resolved(rule: Rule, f: Finding) -> Finding:
@@ -381,6 +388,7 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
     evaluated = []
     for s in stages:
         truth, done = ce.all_of(list(s.get("all") or []))
+        _judged(truth, ce.ev.frame)
         for_steps = int(round(rule.duration(s.get("for", default_for)) / step))
         truth = ce.bridge_outages(truth)
         evaluated.append((truth, run_lengths(truth), for_steps, done))

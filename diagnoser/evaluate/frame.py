@@ -43,6 +43,9 @@ class Frame:
     cache: dict | None = field(default_factory=dict)   # series computed once, shared by rules (None = off)
     down: dict[str, np.ndarray] = field(default_factory=dict)
     """instance -> grid points at which its latest scrape had failed (mark_stale)."""
+    judged_from: int = 0
+    """Grid index from which conditions are judged; earlier points only feed ranges (a frame the
+    pushdown path fetched from where a rule's prefilter first held: diagnoser/pushdown/)."""
     profile: dict[tuple[str, ...], float] | None = None
     """When a dict: CPU seconds per rule (`("rule", id)`) and per series node (`("node", rule id,
     name, form, signal)`, inclusive of what it refers to) are added to it (bench --profile)."""

@@ -173,3 +173,108 @@ def _escape_re(text: str) -> str:
     for ch in text:
         out.append("\\" + ch if ch in ".+*?()[]{}|^$\\" else ch)
     return "".join(out)
+
+
+# ------------------------------------------------------------------------------ signal readers
+# How the rule compiler (promql/alerts.py SeriesCompiler) reads a canonical series: the recorded
+# `kvscope:<series>` (alert files, a TSDB with kvscope's recording rules) or each source written
+# out inline (a TSDB holding only the engines' own series). A range function (`rate`, `increase`,
+# `resets`) is applied to each source's raw samples before relabelling, as a recording rule's
+# input would be: never to a subquery of the union.
+
+Matcher = tuple[str, str, str]
+"""(canonical label, operator `=~` or `!=`, regex or value)."""
+
+
+def _format_matchers(matchers: list[Matcher] | tuple[Matcher, ...]) -> list[str]:
+    return [f'{label}{op}"{quote(value)}"' for label, op, value in matchers]
+
+
+class RecordedSignals:
+    """Reads `kvscope:<series>`, the recording rules `kvscope rules build` writes."""
+
+    def __init__(self, instances: list[str] | None = None) -> None:
+        self.instances = instances
+
+    def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None,
+             by: tuple[str, ...] | None = None, outer: str | None = None) -> str:
+        extra = list(matchers) + _instance_matcher(self.instances)
+        parts = _format_matchers(extra)
+        sel = f"kvscope:{series}" + ("{" + ",".join(parts) + "}" if parts else "")
+        return f"{fn}({sel}[{rng}])" if fn else sel
+
+
+def _instance_matcher(instances: list[str] | None) -> list[Matcher]:
+    if instances is None:
+        return []
+    return [("instance", "=~", "|".join(_escape_re(i) for i in sorted(instances)))]
+
+
+class InlineSignals:
+    """Reads every source of a canonical series written out (`source_union` with the node's
+    matchers and range function pushed into each source); series named in `recorded` are read
+    from their `kvscope:<series>` recording instead. Raises NotExpressible (promql/alerts.py)
+    for a signal with sources PromQL cannot read (rescaled buckets, info-label values)."""
+
+    def __init__(self, catalog: Catalog, recorded: frozenset[str] | set[str] = frozenset(),
+                 instances: list[str] | None = None) -> None:
+        self.catalog, self.recorded, self.instances = catalog, set(recorded), instances
+
+    def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None,
+             by: tuple[str, ...] | None = None, outer: str | None = None) -> str:
+        """`by`/`outer`: the grouping and aggregation the caller applies next. When the sources'
+        own aggregation can be folded into it (sums of counters, max of max), only the labels
+        it needs are relabelled and kept: the same values for a fraction of the work."""
+        from kvscope.diagnoser.promql.alerts import NotExpressible
+
+        signal, suffix = split_series(series, self.catalog)
+        if signal is None:
+            raise NotExpressible(f"{series} is not a catalog signal")
+        terms, skipped = source_terms(signal, self.catalog, suffix)
+        if skipped:
+            raise NotExpressible(f"{signal.name} has sources PromQL cannot read "
+                                 f"({', '.join(sorted({a.name for a in skipped}))})")
+        if series in self.recorded:
+            return RecordedSignals(self.instances).read(series, matchers, fn, rng)
+        agg = "max" if signal.kind == "gauge" else "sum"
+        extra = list(matchers) + _instance_matcher(self.instances)
+        full = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
+        foldable = by is not None and (outer == agg or outer == "count_series")
+        if foldable and not any(t.collapse == "max" for t in terms):
+            wanted = set(by) | {m[0] for m in extra} | ({"le"} if suffix == "_bucket" else set())
+            needed = [b for b in full if b in wanted]
+        else:
+            needed = list(full)
+        clause = ", ".join(needed)
+        parts = []
+        for term in terms:
+            if needed != list(full):
+                keep = set(needed)
+                term = SourceTerm(term.dialect if "engine" in keep else None, term.names, term.matchers,
+                                  tuple((u, c) for u, c in term.renames if c in keep), term.scale, term.collapse)
+            sel = name_selector(term.names, [*(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
+                                             *_format_matchers(_upstream(extra, term))])
+            expr = f"{fn}({sel}[{rng}])" if fn else sel
+            expr = relabel(expr, term if fn != "resets" else SourceTerm(term.dialect, term.names, term.matchers,
+                                                                          term.renames))
+            if suffix == "_bucket":
+                expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
+            parts.append(f"{'max' if term.collapse == 'max' else agg} by ({clause}) ({expr})")
+        return "(" + "\nor\n".join(parts) + ")"
+
+
+def _upstream(matchers: list[Matcher], term: SourceTerm) -> list[Matcher]:
+    """Canonical-label matchers as the term's own labels (a renamed label matched upstream)."""
+    back = {canon: up for up, canon in term.renames}
+    return [(back.get(label, label), op, value) for label, op, value in matchers]
+
+
+def split_series(series: str, catalog: Catalog) -> tuple[Signal | None, str]:
+    """`request_ttft_seconds_bucket` -> (the histogram signal, "_bucket"); a signal name -> (it, "")."""
+    if series in catalog.signals:
+        return catalog.signals[series], ""
+    for suffix in ("_bucket", "_sum", "_count"):
+        base = series[: -len(suffix)]
+        if series.endswith(suffix) and base in catalog.signals:
+            return catalog.signals[base], suffix
+    return None, ""

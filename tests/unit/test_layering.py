@@ -42,7 +42,8 @@ LAYERS = {
         "rulebook": 1,
         "evaluate": 2, "render": 2,
         "sources": 3, "promql": 3,
-        "alertmanager": 4,
+        "pushdown": 4,
+        "alertmanager": 5,
     },
 }
 """Per package, each folder or module's layer: it may import only strictly lower layers (and
