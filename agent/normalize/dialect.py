@@ -234,6 +234,7 @@ class _Mapper:
         if name is None:
             out.dropped["bad_le"] += 1
             return
+        assert not isinstance(labels, str)   # a str only comes with name None
         key = (name, labels, ts)
         prev = acc.get(key)
         if prev is None:
