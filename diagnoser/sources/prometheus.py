@@ -83,7 +83,7 @@ def _error_text(exc: urllib.error.HTTPError) -> str:
 
 def native_names(names: set[str], catalog: Catalog) -> set[str]:
     """Declared upstream names (all dialects) that produce the canonical sample names."""
-    signals = {_signal_of(n, catalog) for n in names} - {None}
+    signals = {sig for n in names if (sig := _signal_of(n, catalog)) is not None}
     out = set()
     for sig in signals:
         for alias in catalog.signals[sig].aliases:
