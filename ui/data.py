@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -23,6 +24,9 @@ from kvscope.agent.signals import Labels, load_catalog
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding
 from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
+
+if TYPE_CHECKING:
+    from kvscope.report.weekly import SeriesSet
 
 KINDS = ("recording", "prometheus", "agent")
 ENV = {"recording": "KVSCOPE_UI_RECORDING", "prometheus": "KVSCOPE_UI_PROMETHEUS", "agent": "KVSCOPE_UI_AGENT"}
@@ -66,7 +70,7 @@ class TriageData:
     frame: Frame
     engines: dict[str, str | None] = field(default_factory=dict)
     cascades: dict = field(default_factory=dict)   # instance -> agent.analytics.cascade.CascadeReport
-    series: object = None                          # diagnoser.report.SeriesSet for the efficiency page
+    series: SeriesSet | None = None                # for the efficiency page
 
 
 def load_triage(source: SourceSpec, step_s: float | None = None) -> TriageData:
