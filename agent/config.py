@@ -282,7 +282,7 @@ def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
     Besides the scalar keys: `KVSCOPE_TARGETS` (comma-separated URLs, replacing the file's
     targets) and `KVSCOPE_COLLECTOR_<NAME>` (true | false).
     """
-    out = []
+    out: list[tuple[str, Any, str]] = []
     for key in KEYS:
         if key.env in environ:
             out.append((key.path, environ[key.env], key.env))

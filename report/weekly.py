@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 from kvscope.agent.derive.rates import step_increases
-from kvscope.agent.signals import Sample
+from kvscope.agent.signals import Labels, Sample
 from kvscope.diagnoser.findings import SEVERITY_RANK, Diagnosis, Finding
 
 WEEK_S = 7 * 86400.0
@@ -121,7 +121,8 @@ def series_set_from_arrays(series: Sequence[dict[str, str]], sids: np.ndarray, t
 
 def series_set_from_samples(samples: Iterable[Sample], names: Iterable[str] = SIGNALS) -> SeriesSet:
     """Columnar series from canonical samples (a replayed recording), keeping only `names`."""
-    wanted, ids = set(names), {}
+    wanted = set(names)
+    ids: dict[tuple[str, Labels], int] = {}
     series: list[dict[str, str]] = []
     sids, ts, values = [], [], []
     for s in samples:

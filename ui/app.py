@@ -7,12 +7,13 @@ no command line of its own. The triage page comes first.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import streamlit as st
 from kvscope.ui import cascade_page, catalog_page, efficiency_page, fairness_page, sizing_page, triage_page
 from kvscope.ui.data import SourceError, SourceSpec, TriageData, load_triage, source_from_env
 
-PAGES = {
+PAGES: dict[str, Callable[..., None]] = {   # render() or, for NEEDS_DATA, render(data)
     "Triage": triage_page.render,
     "Tenants & fairness": fairness_page.render,
     "Cascades": cascade_page.render,

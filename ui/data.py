@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -23,6 +24,9 @@ from kvscope.agent.signals import Labels, load_catalog
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding
 from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
+
+if TYPE_CHECKING:
+    from kvscope.report.weekly import SeriesSet
 
 KINDS = ("recording", "prometheus", "agent")
 ENV = {"recording": "KVSCOPE_UI_RECORDING", "prometheus": "KVSCOPE_UI_PROMETHEUS", "agent": "KVSCOPE_UI_AGENT"}
@@ -66,7 +70,7 @@ class TriageData:
     frame: Frame
     engines: dict[str, str | None] = field(default_factory=dict)
     cascades: dict = field(default_factory=dict)   # instance -> agent.derive.cascade.CascadeReport
-    series: object = None                          # diagnoser.report.SeriesSet for the efficiency page
+    series: SeriesSet | None = None                # for the efficiency page
 
 
 def load_triage(source: SourceSpec, step_s: float | None = None) -> TriageData:
@@ -154,7 +158,7 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
     from kvscope.diagnoser.sources.agent import AgentSource
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
-    reader = PrometheusSource(source.location) if source.kind == "prometheus" else AgentSource(source.location)
+    reader: PrometheusSource | AgentSource
     rules = read_rules()
     names = set().union(*(sample_names(r) for r in rules))
     end = source.end or time.time()
@@ -162,10 +166,12 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
         if source.kind == "prometheus":     # the rules run in the TSDB; evidence where they matched
             from kvscope.diagnoser.pushdown.run import diagnose_pushdown
 
+            reader = PrometheusSource(source.location)
             diagnosis, report = diagnose_pushdown(reader.client, end - source.since_s, end, step_s, rules,
                                                   source=reader.description, catalog=reader.catalog)
             assert report.frame is not None
             return TriageData(source, diagnosis, report.frame)
+        reader = AgentSource(source.location)
         frame = reader.read_frame(names, end - source.since_s, end, step_s)
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read: {exc}") from exc

@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import TextIO
 
 from kvscope.ui.data import ENV, ENV_END, ENV_SINCE, SourceSpec
 
@@ -58,7 +59,7 @@ class UiServer:
                  log_path: Path | None = None) -> None:
         self.source, self.port, self.host, self.log_path = source, port, host, log_path
         self.proc: subprocess.Popen | None = None
-        self._log = None
+        self._log: TextIO | None = None
 
     @property
     def url(self) -> str:
@@ -80,7 +81,7 @@ class UiServer:
         return env
 
     def start(self) -> UiServer:
-        out = subprocess.DEVNULL
+        out: int | TextIO = subprocess.DEVNULL
         if self.log_path is not None:
             self._log = out = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT,

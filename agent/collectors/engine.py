@@ -134,7 +134,9 @@ class EngineCollector:
         if engine is None:
             health.up, health.reason = False, "unknown_engine"
             health.errors["unknown_engine"] += 1
-            health.dropped.update(i.reason for i in scrape.exposition().issues)
+            expo = scrape.exposition()
+            assert expo is not None   # the scrape has text (checked above)
+            health.dropped.update(i.reason for i in expo.issues)
             return
         norm, issues = self._normalize(scrape, engine)
         if issues:
@@ -167,6 +169,7 @@ class EngineCollector:
         cache = self._caches.get(target.instance)
         if cache is None:
             cache = self._caches[target.instance] = BlockCache(self.catalog)
+        assert scrape.text is not None   # the caller returned early for a failed scrape
         return cache.normalize(scrape.text, engine, target.target_labels(), scrape.timestamp)
 
     def _engine_of(self, target: Target, scrape: TargetScrape) -> str | None:
@@ -175,7 +178,9 @@ class EngineCollector:
         engine = self._engines.get(target.instance)
         if engine is None:
             self._caches.pop(target.instance, None)
-            engine = detect_engine(scrape.exposition(), self.catalog)
+            expo = scrape.exposition()
+            assert expo is not None   # the caller returned early for a failed scrape
+            engine = detect_engine(expo, self.catalog)
             if engine is not None:
                 self._engines[target.instance] = engine
         return engine

@@ -139,7 +139,7 @@ def _by_config(mapping: dict[str, tuple[str, ...]], devices: dict[tuple[str | No
     return out
 
 
-def _by_kubernetes(joined: list[Sample], samples: list[Sample],
+def _by_kubernetes(joined: list[Sample], samples: Iterable[Sample],
                    used: dict[tuple[str | None, ...], float]) -> list[GpuAssignment]:
     gpu_pods = [s for s in joined if _is_gpu(s) and s.label("pod") and s.label("namespace")]
     if not gpu_pods:   # dcgm-exporter outside Kubernetes mode: nothing to join, skip the engine scan
@@ -222,12 +222,12 @@ def derive_engine_gpu(samples: Iterable[Sample], gpu_mapping: Any = None) -> lis
     return render_engine_gpu_samples(assignments, max(stamps, default=None))
 
 
-def engine_gpu_hook(gpu_mapping: Any = None) -> Callable[[list[Sample]], list[Sample]]:
+def engine_gpu_hook(gpu_mapping: Any = None) -> Callable[[Iterable[Sample]], list[Sample]]:
     """A derive hook for the agent runtime (`AgentRuntime(derive=[engine_gpu_hook(cfg.gpu_mapping)])`).
     The mapping is validated here, so a bad one fails at start with a message naming the entry."""
     parse_gpu_mapping(gpu_mapping)
 
-    def engine_gpu(cycle: list[Sample]) -> list[Sample]:
+    def engine_gpu(cycle: Iterable[Sample]) -> list[Sample]:
         return derive_engine_gpu(cycle, gpu_mapping)
 
     return engine_gpu

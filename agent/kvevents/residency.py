@@ -104,7 +104,7 @@ class ResidencyTracker:
             self._evicted[key] = (ev.ts, res.uses)
             self._bound(self._evicted, "evicted_overflow")
 
-    def _bound(self, table: OrderedDict, reason: str) -> None:  # type: ignore[type-arg]
+    def _bound(self, table: OrderedDict, reason: str) -> None:
         while len(table) > self.max_blocks:
             table.popitem(last=False)
             self.stats[reason] += 1

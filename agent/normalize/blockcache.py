@@ -250,7 +250,7 @@ def block_keys(text: str) -> list[BlockKey]:
 
 def block_text(key: BlockKey) -> str:
     """The text of the block a `block_keys` key stands for."""
-    if type(key) is str:
+    if isinstance(key, str):
         return "# HELP " + key + "\n"
     tag, part = key
     if tag == "first":

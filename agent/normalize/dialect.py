@@ -271,7 +271,9 @@ class _Mapper:
         if name is None:
             out.dropped["bad_le"] += 1
             return
-        key = (name, labels, ts)
+        # labels is a str (a drop reason) only together with name None, handled above; no
+        # runtime check on this per-sample path
+        key: tuple[str, Labels, float | None] = (name, labels, ts)  # type: ignore[assignment]
         prev = acc.get(key)
         if prev is None:
             acc[key] = value
@@ -300,7 +302,7 @@ class _Mapper:
         if alias.info_label:   # the product of the labels' values; unknown when one is absent
             texts = [upstream.get(label, "") for label in alias.info_label]
             if any(t in _UNKNOWN_INFO for t in texts):
-                return _UNKNOWN   # type: ignore[return-value]
+                return _UNKNOWN
             try:
                 return math.prod(float(t) for t in texts) * alias.scale
             except ValueError:

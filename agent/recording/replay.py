@@ -97,8 +97,8 @@ def parse_target_labels(samples: list) -> dict[str, str]:
         return out
     for key in TARGET_LABELS:
         values = {dict(r.labels).get(key) for r in samples}
-        if len(values) == 1 and None not in values and "" not in values:
-            out[key] = values.pop()
+        if len(values) == 1 and (value := values.pop()) is not None and value != "":
+            out[key] = value
     return out
 
 
@@ -276,6 +276,7 @@ def scrape_times(replay: Replay) -> list[float]:
     per_target: dict[str, list[float]] = {}
     for s in replay.samples:
         if s.name == "kvscope_target_up":
+            assert s.timestamp is not None   # replay_recording stamps each one with its scrape time
             per_target.setdefault(dict(s.labels).get("instance", ""), []).append(s.timestamp)
     gaps = sorted(b - a for ts in per_target.values() for a, b in zip(ts, ts[1:], strict=False) if b > a)
     min_gap = gaps[len(gaps) // 2] / 2 if gaps else 0.0

@@ -271,6 +271,7 @@ class RequestTap:
         read is anything else; the llhttp path then handles it exactly as before."""
         replica = self._next_replica()
         target = self.targets[replica]
+        assert self.front is not None   # _fast is handed out only with the C front loaded
         got = self.front(data, target.prefix, target.host, self.config.inject_usage,
                          self.config.max_request_bytes, MAX_HEADER_BYTES)
         if got is None:

@@ -222,8 +222,7 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     crit = _critical(rule, ce)
     resolved = _critical(rule, ce, "resolved_when")
     out = []
-    for gi in np.flatnonzero(truth.any(axis=1)):       # a group never true cannot fire
-        gi = int(gi)
+    for gi in map(int, np.flatnonzero(truth.any(axis=1))):       # a group never true cannot fire
         span = latest_run(truth[gi], runs[gi], for_steps)
         if span is None:
             continue
@@ -402,6 +401,7 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
             continue
         last = reached[-1]
         start = onsets[0] if onsets[0] is not None else onsets[reached[0]]
+        assert start is not None   # `reached` lists the stages with an onset
         any_true = np.zeros(len(ts), dtype=bool)
         for i in reached:
             any_true |= evaluated[i][0][gi]

@@ -150,7 +150,7 @@ class SeriesEvaluator:
     def _group_rows(self, name: str, by: tuple[str, ...], extra: tuple[str, ...],
                     match: dict[str, Any] | None, seen: bool = False) -> tuple[list, np.ndarray, np.ndarray]:
         block = self.frame.block(name)
-        empty = [], np.zeros(0, dtype=np.int64), np.zeros((0, len(self.frame.ts)))
+        empty: tuple[list, np.ndarray, np.ndarray] = [], np.zeros(0, dtype=np.int64), np.zeros((0, len(self.frame.ts)))
         if block is None:
             return empty
         values = block.seen if seen and block.seen is not None else block.values
@@ -163,7 +163,7 @@ class SeriesEvaluator:
                 return empty
             values = values[keep]
         cols = [self._label_column(name, k) for k in by + extra]
-        rows = list(zip(*cols, strict=True)) if cols else [()] * len(block.labels)
+        rows: list[tuple[str, ...]] = list(zip(*cols, strict=True)) if cols else [()] * len(block.labels)
         if keep is not None:
             rows = [rows[i] for i in keep]
         keys, inv = grid.group_index(rows)
@@ -273,7 +273,7 @@ class SeriesEvaluator:
         groups, source, sets = cache[lkey]
         if len(sets) == 1 and len(sets[0][1]) == len(groups):     # one bound set: no assembly
             les, gis, rows = sets[0]
-            pkey = (name, mkey, k, rows.shape, rows.tobytes(), gis.tobytes(), id(source))
+            pkey: tuple[Any, ...] = (name, mkey, k, rows.shape, rows.tobytes(), gis.tobytes(), id(source))
             if ("bucket_quantile_all", q, pkey) not in cache:
                 qs = sorted({q} | self._sibling_quantiles(name, match, by, k))
                 for qq, values in zip(qs, grid.window_quantiles(qs, les, source, rows, k, gis), strict=True):

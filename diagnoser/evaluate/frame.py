@@ -156,11 +156,11 @@ def mark_stale(frame: Frame, down: dict[str, list[tuple[float, float]]]) -> None
     frame.down.update(masks)
     for block in frame.blocks.values():
         for i, labels in enumerate(block.labels):
-            mask = masks.get(dict(labels).get("instance", ""))
-            if mask is not None and not np.isnan(block.values[i, mask]).all():
+            gone = masks.get(dict(labels).get("instance", ""))
+            if gone is not None and not np.isnan(block.values[i, gone]).all():
                 if block.seen is None:
                     block.seen = block.values.copy()
-                block.values[i, mask] = np.nan
+                block.values[i, gone] = np.nan
 
 
 def removed_target_spans(up: Iterable[tuple[str, float, bool]],

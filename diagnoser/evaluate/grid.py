@@ -12,6 +12,8 @@ the window is clipped to what exists, as Prometheus does with the samples inside
 
 from __future__ import annotations
 
+from types import TracebackType
+
 import numpy as np
 from kvscope.agent.derive.rates import step_increases
 
@@ -507,5 +509,6 @@ class _quiet_nan_warnings:
         self._cm.__enter__()
         warnings.simplefilter("ignore", RuntimeWarning)
 
-    def __exit__(self, *exc: object) -> None:
-        self._cm.__exit__(*exc)
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._cm.__exit__(kind, exc, tb)

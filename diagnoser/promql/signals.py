@@ -241,7 +241,7 @@ class InlineSignals:
         full = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
         foldable = by is not None and (outer == agg or outer == "count_series")
         if foldable and not any(t.collapse == "max" for t in terms):
-            wanted = set(by) | {m[0] for m in extra} | ({"le"} if suffix == "_bucket" else set())
+            wanted = set(by or ()) | {m[0] for m in extra} | ({"le"} if suffix == "_bucket" else set())
             needed = [b for b in full if b in wanted]
         else:
             needed = list(full)

@@ -93,7 +93,7 @@ def _batches(instances: list[str] | None) -> list[list[str] | None]:
 
 def native_names(names: set[str], catalog: Catalog) -> set[str]:
     """Declared upstream names (all dialects) that produce the canonical sample names."""
-    signals = {_signal_of(n, catalog) for n in names} - {None}
+    signals = {sig for n in names if (sig := _signal_of(n, catalog)) is not None}
     out = set()
     for sig in signals:
         for alias in catalog.signals[sig].aliases:
@@ -194,7 +194,8 @@ def _map_target(job: str, instance: str, metrics: list[dict[str, str]], values: 
     engine = detect_engine(votes, catalog)
     if engine is None or engine not in catalog.dialects:
         return
-    mapper = _Mapper(catalog, engine, {"job": job, "instance": instance}, plans={})
+    plans: dict[tuple[str, Labels], list[tuple]] = {}
+    mapper = _Mapper(catalog, engine, {"job": job, "instance": instance}, plans=plans)
     out = Normalized(engine=engine)
     sentinels = np.array(sorted(mapper.sentinels or ()), dtype=float)
     fallback: dict[tuple[str, Labels], list] = {}
@@ -204,7 +205,7 @@ def _map_target(job: str, instance: str, metrics: list[dict[str, str]], values: 
         mapper.map_sample(raw, None, {}, out)
         if sentinels.size:
             row = np.where(np.isin(row, sentinels), np.nan, row)    # "no value" codes, as the normalizer drops them
-        for name, labels, kind, mode, factor, rank in mapper.plans.get((raw.name, raw.labels)) or ():
+        for name, labels, kind, mode, factor, rank in plans.get((raw.name, raw.labels)) or ():
             if name is None or not isinstance(labels, tuple):
                 continue
             if mode == "info":
