@@ -62,6 +62,7 @@ class Alias:
     match: dict[str, tuple[str, ...]] = field(default_factory=dict)
     info_label: str | None = None
     collapse: str | None = None     # "max": series that collapse repeat one value (see catalog.yaml)
+    adds: bool = False              # a part of a sum with the engine's other aliases (see catalog.yaml)
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,10 @@ def _parse_signal(name: str, d: dict[str, Any], dialects: dict[str, Dialect], so
     if kind == "counter" and not name.endswith("_total"):
         raise CatalogError(f"{source}: signal {name}: counters must end in _total")
     aliases = tuple(_parse_alias(name, a, dialects, source) for a in d.get("aliases") or [])
+    for a in aliases:
+        if a.adds and kind != "counter":
+            raise CatalogError(f"{source}: signal {name}: alias {a.name!r}: adds is for counters only "
+                               f"(parts of one count are summed), not a {kind}")
     return Signal(name=name, kind=kind, unit=str(d.get("unit", "")), help=str(d.get("help", "")).strip(),
                   labels=tuple(d.get("labels") or ()), producers=tuple(d.get("producers") or ()),
                   aliases=aliases)
@@ -171,9 +176,12 @@ def _parse_alias(signal: str, a: dict[str, Any], dialects: dict[str, Dialect], s
     if collapse not in (None, "max"):
         raise CatalogError(f"{source}: signal {signal}: alias {a.get('name')!r}: collapse must be 'max' "
                            f"(series that collapse repeat one value), not {collapse!r}")
+    adds = a.get("adds", False)
+    if not isinstance(adds, bool):
+        raise CatalogError(f"{source}: signal {signal}: alias {a.get('name')!r}: adds must be true or false")
     return Alias(signal=signal, engine=a["engine"], name=str(a["name"]), scale=float(a.get("scale", 1.0)),
                  rename=dict(a.get("rename") or {}), match=match, info_label=a.get("info_label"),
-                 collapse=collapse)
+                 collapse=collapse, adds=adds)
 
 
 def _parse_fact(f: dict[str, Any], dialects: dict[str, Dialect], source: str) -> FactSource:

@@ -285,7 +285,8 @@ def renamed_alerts(catalog: Catalog) -> list[dict[str, Any]]:
         signal = catalog.signals[name]
         by_engine: dict[str, list[str]] = {}
         for alias in signal.aliases:
-            by_engine.setdefault(alias.engine, []).append(alias.name)
+            if not alias.adds:          # a part of a sum (catalog `adds`) is no older spelling
+                by_engine.setdefault(alias.engine, []).append(alias.name)
         for engine, names in by_engine.items():
             current, *old = names
             for old_name in old:

@@ -26,6 +26,7 @@ class Phase:
     replicas: tuple[int, ...] | None = None      # which replicas get traffic (None: all)
     action: str | None = None                    # "restart:<i>" runs while this phase's load goes on
     alongside: tuple[Phase, ...] = ()            # independent loads run at the same time (own rate/clients)
+    timeout_s: float = 120.0                     # client-side limit per request (an overload needs more)
 
 
 @dataclass(frozen=True)

@@ -66,9 +66,9 @@ def test_wire_names_add_total_to_counters_and_the_ray_spelling():
 def test_kv_usage_reads_new_and_old_vllm_names_sglang_and_the_agent_from_the_catalog():
     expr = source_union(load_catalog().signals["engine_kv_cache_usage_ratio"], load_catalog())
     for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
-                 "kvscope_engine_kv_cache_usage_ratio"):
+                 "llamacpp:kv_cache_usage_ratio", "kvscope_engine_kv_cache_usage_ratio"):
         assert name in expr
-    assert expr.count("\nor\n") == 2   # vllm (both names in one selector), sglang, agent
+    assert expr.count("\nor\n") == 3   # vllm (both names in one selector), sglang, llamacpp, agent
 
 
 def test_a_catalog_rename_changes_the_generated_rules():
