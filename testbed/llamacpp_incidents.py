@@ -48,7 +48,7 @@ class LlamaScenario:
 # the server is its arrival rate times a known amount of decode work.
 STEADY_CHAT = chat_tenants(3, system_words=128, turns=2, out=48)
 LONG_ANSWERS = (Tenant("bulk", system_words=64, prompt_words=Dist("uniform", 20, 60),
-                       output_tokens=Dist("fixed", 192)),)
+                       output_tokens=Dist("fixed", 1536)),)
 
 SCENARIOS: tuple[LlamaScenario, ...] = (
     LlamaScenario(
@@ -61,10 +61,10 @@ SCENARIOS: tuple[LlamaScenario, ...] = (
     ),
     LlamaScenario(
         "llamacpp-saturated",
-        "One llama-server with 2 slots. A light baseline, then open-loop arrivals of 192-token answers "
+        "One llama-server with 2 slots. A light baseline, then open-loop arrivals of 1536-token answers "
         "at about 1.5x what two slots can serve, for 7 minutes: every slot stays busy and the deferred "
         "queue grows for as long as the overload lasts (then drains once arrivals stop).",
-        (LlamaCppConfig(parallel=2, ctx_size=2048),),
+        (LlamaCppConfig(parallel=2, ctx_size=4096),),
         (Phase("baseline", 60, LONG_ANSWERS, rate_per_s=0.1, concurrency=4),
          Phase("overload", 420, LONG_ANSWERS, rate_per_s=0.0, concurrency=400, timeout_s=1800.0)),
         expected=({"levers": ["L12"], "phase": "overload",
