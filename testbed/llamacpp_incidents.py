@@ -28,6 +28,7 @@ from testbed.scenarios import Phase, chat_tenants
 from testbed.tenants import Dist, Tenant
 
 STARTUP_TIMEOUT_S = 300.0
+RECORDER_START_S = 15.0     # `kvscope record` takes seconds to start on a loaded box (4 s were seen)
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def run_scenario(sc: LlamaScenario, out_dir: Path, tick: Callable[[], None] = la
             measured = measure_service_rate(servers[0], phases_in[-1].tenants, sc.replicas[0].parallel)
             phases_in = [_with_rate(p, round(1.5 * measured, 3)) if p.rate_per_s == 0.0 else p for p in phases_in]
         rec = start_recorder(servers, rec_path, sc.interval_s, work, max_s=3600, job="llamacpp")
-        time.sleep(2 * sc.interval_s)
+        time.sleep(max(2 * sc.interval_s, RECORDER_START_S))  # the recorder's first scrapes come first
         phases = asyncio.run(_run_phases(phases_in, servers, sc.seed, tick))
         time.sleep(sc.tail_s)
         stop_recorder(rec, work)
