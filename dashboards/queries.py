@@ -117,8 +117,10 @@ RECORDED_SELECTOR = 'model=~"$model", instance=~"$instance"'
 
 
 def recorded(name: str, agg: str = "max", by: tuple[str, ...] = ("instance",)) -> Query:
-    """A series recorded by rules/prometheus/kvscope-derived.yml, e.g. instance:request_ttft_seconds:p99_5m."""
-    return Query(f"{agg}{_by(by)} ({name}{{{RECORDED_SELECTOR}}})", "{{" + "}} {{".join(by) + "}}", (name,))
+    """A series recorded by rules/prometheus/kvscope-derived.yml, e.g. instance:request_ttft_seconds:p99_5m.
+    It reads the canonical signal in the name's middle too: an engine without it leaves the panel empty."""
+    signal = name.split(":")[1]
+    return Query(f"{agg}{_by(by)} ({name}{{{RECORDED_SELECTOR}}})", "{{" + "}} {{".join(by) + "}}", (name, signal))
 
 
 def phase_means(by: tuple[str, ...] = ()) -> list[Query]:

@@ -41,8 +41,8 @@ STARTUP_TIMEOUT_S = 600.0   # generous: the recorder runs on shared, sometimes s
 
 
 def _record_config(servers: list[VllmServer], path: Path, taps: list[str] = (),
-                   router: str | None = None) -> None:
-    targets = [{"url": s.metrics_url, "job": "vllm", "labels": {"instance": f"replica-{i}"}}
+                   router: str | None = None, job: str = "vllm") -> None:
+    targets = [{"url": s.metrics_url, "job": job, "labels": {"instance": f"replica-{i}"}}
                for i, s in enumerate(servers)]
     targets += [{"url": u, "job": "kvscope-tap", "labels": {"instance": f"tap-{i}"}} for i, u in enumerate(taps)]
     if router is not None:
@@ -51,10 +51,11 @@ def _record_config(servers: list[VllmServer], path: Path, taps: list[str] = (),
 
 
 def start_recorder(servers: list[VllmServer], out: Path, interval_s: float, workdir: Path,
-                   max_s: float, taps: list[str] = (), router: str | None = None) -> subprocess.Popen:
-    """`kvscope record` for all replicas (and tap / router metrics URLs) until SIGINT (or `max_s`)."""
+                   max_s: float, taps: list[str] = (), router: str | None = None,
+                   job: str = "vllm") -> subprocess.Popen:
+    """`kvscope record` for all replicas (job `job`; and tap / router metrics URLs) until SIGINT (or `max_s`)."""
     cfg = workdir / "record.yaml"
-    _record_config(servers, cfg, taps, router)
+    _record_config(servers, cfg, taps, router, job)
     cmd = [str(KVSCOPE), "record", "--config", str(cfg), "--duration", f"{int(max_s)}s",
            "--interval", f"{interval_s}s", "--out", str(out), "--no-progress"]
     with open(workdir / "record.log", "wb") as log:
@@ -97,7 +98,7 @@ async def _run_phase(phase: Phase, servers: list[VllmServer], seed: int,
     duration = phase.duration_s if action is None else 600.0
     spec = LoadSpec(list(phase.tenants), max_requests=100_000, duration_s=duration,
                     concurrency=phase.concurrency, rate_per_s=phase.rate_per_s,
-                    route_by=phase.route_by, seed=seed)
+                    route_by=phase.route_by, seed=seed, request_timeout_s=phase.timeout_s)
     start = time.time()
     loads = [asyncio.create_task(run_load(spec, urls, phase.policy, on_done=lambda r: tick(), stop=stop))]
     for j, side in enumerate(phase.alongside):

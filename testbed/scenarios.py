@@ -31,6 +31,7 @@ class Phase:
     # router, restart it cold; the phase lasts as long as the restart, as "restart:<i>" does).
     router_policy: str | None = None
     alongside: tuple[Phase, ...] = ()            # independent loads run at the same time (own rate/clients)
+    timeout_s: float = 120.0                     # client-side limit per request (an overload needs more)
 
 
 @dataclass(frozen=True)

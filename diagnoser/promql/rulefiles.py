@@ -274,22 +274,22 @@ def _seconds(duration: str) -> int:
 
 RENAMED_SIGNALS = ("engine_kv_cache_usage_ratio", "engine_prefix_cache_queries_tokens_total",
                    "engine_prefix_cache_hits_tokens_total", "request_itl_seconds")
-"""Signals whose engine renamed its metric: the catalog lists the current name first and the
-old one after it (for these, and only these, the extra aliases are renames, not alternatives)."""
+"""Signals whose engine renamed its metric (the old name is the alias marked `fallback`)."""
 
 
 def renamed_alerts(catalog: Catalog) -> list[dict[str, Any]]:
-    """One alert per rename: an instance exports the old name but not the current one."""
+    """One alert per rename: an instance exports the old name (an alias marked `fallback`) but not
+    the current one (the engine's first alias without it). Other aliases of one engine are parts
+    of the same quantity (llama.cpp's computed and reused prompt tokens), not renames."""
     rules = []
     for name in RENAMED_SIGNALS:
         signal = catalog.signals[name]
-        by_engine: dict[str, list[str]] = {}
-        for alias in signal.aliases:
-            by_engine.setdefault(alias.engine, []).append(alias.name)
-        for engine, names in by_engine.items():
-            current, *old = names
-            for old_name in old:
-                rules.append(_renamed_alert(signal, engine, current, old_name))
+        engines = dict.fromkeys(a.engine for a in signal.aliases)
+        for engine in engines:
+            current = [a.name for a in signal.aliases if a.engine == engine and not a.fallback]
+            for old in (a.name for a in signal.aliases if a.engine == engine and a.fallback):
+                if current:
+                    rules.append(_renamed_alert(signal, engine, current[0], old))
     return rules
 
 

@@ -229,6 +229,32 @@ def test_router_drain_removes_the_worker_and_rejoin_brings_it_back_cold():
     assert cold < 0.75 * warm, (cold, warm)
 
 
+# ------------------------------------------------------------------ real llama.cpp scenarios: evidence
+def mean_gauge(name: str, signal: str, phase: str) -> float:
+    return gauge(name, signal, phase, agg=lambda v: sum(v) / len(v))
+
+
+def test_llamacpp_healthy_serves_inside_its_slots_and_reuses_prefixes():
+    n = "llamacpp-healthy"
+    assert _replay(n).engines == {"replica-0": "llamacpp"}
+    assert mean_gauge(n, "engine_requests_waiting", "steady") < 0.5
+    assert gauge(n, "engine_requests_running", "steady") <= 4
+    assert delta(n, "engine_generation_tokens_total", "steady") > 0
+    assert hit_rate(n, "steady") > 0.3                   # tenants' system prompts reused from the slots
+
+
+def test_llamacpp_saturated_fills_both_slots_and_the_queue_grows():
+    n = "llamacpp-saturated"
+    assert gauge(n, "engine_requests_waiting", "baseline") <= 1
+    assert gauge(n, "engine_requests_running", "overload") == 2           # every slot busy
+    assert gauge(n, "engine_requests_waiting", "overload") >= 20
+    assert mean_gauge(n, "engine_requests_waiting", "overload") > 5 * max(
+        0.1, mean_gauge(n, "engine_requests_waiting", "baseline"))
+    names = {s.name for s in _replay(n).samples}
+    assert not names & {"engine_requests_finished_total", "request_ttft_seconds_count",
+                        "engine_kv_cache_usage_ratio"}                    # absent, not zero
+
+
 # ------------------------------------------------------------------ blind set (testbed/fleetgen/blind*.py)
 def quantile(name: str, hist: str, phase: str, q: float) -> float:
     """Upper bound of the bucket holding quantile q of a histogram over a phase (all series)."""
