@@ -18,8 +18,6 @@ request waits in the server's task queue (`llamacpp:requests_deferred`) until a 
 from __future__ import annotations
 
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.llamacpp_env import ensure_tiny_gguf, llama_server_binary
-from testbed.procs import free_port, http_get
+from testbed.procs import ServerProcess, free_port, http_get
 from testbed.tiny_model import SERVED_NAME
-from testbed.vllm_server import _DIE_WITH_PARENT, _group_alive, _signal_group
+from testbed.vllm_server import _DIE_WITH_PARENT
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ class LlamaCppStartError(RuntimeError):
     """The server died or never became healthy; the message carries the log tail."""
 
 
-class LlamaCppServer:
+class LlamaCppServer(ServerProcess):
     """One llama-server process group. Reusable: `start()` / `stop()` / `restart()`."""
 
     def __init__(self, config: LlamaCppConfig | None = None, *, port: int | None = None,
@@ -133,41 +131,6 @@ class LlamaCppServer:
         raise LlamaCppStartError(f"llama-server not healthy after {self.startup_timeout_s:.0f} s:\n"
                                  + self.log_tail())
 
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM the process group, SIGKILL it after `grace_s`. Idempotent."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        _signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        _signal_group(proc.pid, signal.SIGKILL)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        deadline = time.monotonic() + 5
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-
     def restart(self) -> LlamaCppServer:
         self.stop()
         return self.start()
-
-    def close(self) -> None:
-        self.stop()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> LlamaCppServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

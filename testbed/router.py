@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -40,7 +38,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from testbed.procs import free_port
+from testbed.procs import ServerProcess, free_port, http_get
 
 ROUTER_VERSIONS = ("0.3.2", "0.2.4")
 """Installed by scripts/install-sglang-router.sh; the first is the newest (`smg_*` metrics)."""
@@ -75,7 +73,7 @@ def installed_versions() -> list[str]:
     return [v for v in ROUTER_VERSIONS if (home / v / "sglang_router").is_dir()]
 
 
-class SglangRouter:
+class SglangRouter(ServerProcess):
     """One router process. `start()` waits until it answers and has every worker registered."""
 
     def __init__(self, workers: list[str], policy: str = "cache_aware", *,
@@ -133,7 +131,7 @@ class SglangRouter:
                                          stdin=subprocess.DEVNULL)
         try:
             self._wait(lambda: len(self.healthy_workers()) >= len(self.workers), "every worker registered")
-            self._wait(lambda: _get(self.metrics_url)[0] == 200, "its /metrics")
+            self._wait(lambda: http_get(self.metrics_url)[0] == 200, "its /metrics")
         except BaseException:
             self.stop()
             raise
@@ -169,7 +167,7 @@ class SglangRouter:
     # ------------------------------------------------------------------ worker management
     def list_workers(self) -> list[dict]:
         """The router's worker list (`GET /workers`): [{"url", "healthy", "id"}]."""
-        status, body = _get(self.url + "/workers")
+        status, body = http_get(self.url + "/workers")
         if status != 200:
             return []
         return [{"url": w["url"], "healthy": bool(w.get("is_healthy")), "id": w.get("id")}
@@ -202,50 +200,12 @@ class SglangRouter:
     # ------------------------------------------------------------------ lifecycle
     def scrape(self) -> str:
         """The router's /metrics body now."""
-        status, body = _get(self.metrics_url)
+        status, body = http_get(self.metrics_url)
         if status != 200:
             raise RuntimeError(f"router /metrics answered {status}")
         return body.decode()
 
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
 
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM the process group, SIGKILL it after `grace_s`. Idempotent."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        _signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        _signal_group(proc.pid, signal.SIGKILL)   # anything the group left behind
-
-    def close(self) -> None:
-        self.stop()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> SglangRouter:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        with e:
-            return e.code, e.read()
-    except OSError:
-        return 0, b""
 
 
 def _request(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0) -> bytes:
@@ -257,10 +217,3 @@ def _request(method: str, url: str, body: dict | None = None, timeout_s: float =
     except urllib.error.HTTPError as e:
         with e:
             raise RuntimeError(f"{method} {url} answered {e.code}: {e.read()[:300]!r}") from None
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
