@@ -23,6 +23,7 @@ class Phase:
     concurrency: int = 4
     policy: str = "round_robin"
     route_by: str = "session"
+    arrivals: str = "poisson"                    # open loop: poisson | steady (fixed gaps)
     replicas: tuple[int, ...] | None = None      # which replicas get traffic (None: all)
     action: str | None = None                    # "restart:<i>" runs while this phase's load goes on
     alongside: tuple[Phase, ...] = ()            # independent loads run at the same time (own rate/clients)
@@ -41,6 +42,8 @@ class Scenario:
     tap_front: bool = False                      # traffic through kvscope's request tap (recorded too)
     warm_up: int = 0                             # direct requests per replica before recording starts
     seed: int = 0
+    otlp: bool = True                            # False: no OTLP spans (engine /metrics only)
+    must_not: tuple[str, ...] = ()               # LEVERS.md rows that would be a wrong diagnosis
     extra: dict = field(default_factory=dict)
 
 
@@ -162,6 +165,83 @@ SCENARIOS: tuple[Scenario, ...] = (
         expected=({"levers": ["L10"], "phase": "steady",
                    "why": "accepted / draft tokens far below 0.5"},),
     ),
+)
+
+
+# ---------------------------------------------------------------- engine /metrics only (issue 15)
+# How most fleets run: each replica's /metrics scraped, no request tap, no OTLP, no KV events, vLLM's
+# default metric flags (no --kv-cache-metrics). 16 tenants with ~400-word system prompts; each
+# replica's pool (160 blocks x 32 = 5120 tokens) holds 8 tenants' prompts with room for the running
+# requests, not all 16 (~6.6k tokens). Sticky-by-tenant routing gives each replica 16/N tenants;
+# round-robin gives every replica all 16, so each pool must hold the whole fleet's prefixes.
+# Expected verdicts are written here, before any of these recordings is diagnosed.
+ENGINE_ONLY = VllmConfig(num_gpu_blocks=160, max_num_seqs=16, kv_cache_metrics=False)
+ROOMY_ENGINE_ONLY = VllmConfig(num_gpu_blocks=512, max_num_seqs=32, kv_cache_metrics=False)
+PREFIX_HEAVY = chat_tenants(16, system_words=400, alpha=0.5, turns=1, out=32)
+LITTLE_SHARING = tuple(Tenant(f"tenant-{i}", system_words=6, share=s, turns=1,
+                              prompt_words=Dist("lognormal", 300, 0.3, 120, 700),
+                              output_tokens=Dist("lognormal", 32, 0.4, 8, 160))
+                       for i, s in enumerate(power_law_shares(16, 0.5)))
+ROUTING_MUST_NOT = ("P3", "P4", "P5", "P6", "P8", "K1", "K3")
+"""Rows a content-blind balancer on a steady fleet does not show: no scaling event, no restart,
+no hot replica, no DP ranks, no tenant data, no preemption at these rates."""
+QUIET_MUST_NOT = ("P1", "P2", "P3", "P4", "P5", "K1", "K3", "K6")
+_MO_NOTE = ("Engine /metrics only: no request tap, no OTLP spans, no KV events, vLLM's default metric "
+            "flags. The expected verdict was written in testbed/scenarios.py before the recording was "
+            "diagnosed.")
+
+
+def _engine_only(name: str, summary: str, replicas: int, policy: str, arrivals: str, expected: tuple,
+                 must_not: tuple[str, ...], rate: float = 4.0, cfg: VllmConfig = ENGINE_ONLY,
+                 tenants: tuple[Tenant, ...] = PREFIX_HEAVY, concurrency: int = 4,
+                 duration_s: float = 150) -> Scenario:
+    phase = "round-robin" if policy == "round_robin" else "sticky"
+    return Scenario(
+        name, summary, (cfg,) * replicas,
+        (Phase(phase, duration_s, tenants, rate_per_s=rate, concurrency=concurrency, policy=policy,
+               route_by="tenant", arrivals=arrivals),),
+        expected=tuple({**e, "phase": phase} for e in expected), notes=_MO_NOTE, warm_up=2,
+        otlp=False, must_not=must_not)
+
+
+_P2_LIKELY = ({"levers": ["P2"], "likely": True,
+               "why": "content-blind routing: every replica must cache all 16 tenants' prompts, so most "
+                      "requests miss a prefix another replica holds (002 §7.3, 003)"},
+              {"levers": ["P1", "K6"],
+               "why": "the same lost reuse read as a cache budget problem: acceptable behind P2"})
+
+SCENARIOS += (
+    _engine_only("metrics-only-round-robin-2-steady",
+                 "2 replicas behind round-robin, 16 prefix-heavy tenants (~400-word system prompts), steady "
+                 "arrivals at 4 req/s; engine /metrics only. Each pool holds about half the tenants' prompts.",
+                 2, "round_robin", "steady", _P2_LIKELY, ROUTING_MUST_NOT),
+    _engine_only("metrics-only-sticky-2-steady",
+                 "The twin of metrics-only-round-robin-2-steady with sticky-by-tenant routing: each replica serves 8 "
+                 "tenants whose prompts fit its pool; high hit rate.",
+                 2, "sticky_tenant", "steady", (), QUIET_MUST_NOT),
+    _engine_only("metrics-only-round-robin-2-poisson",
+                 "metrics-only-round-robin-2-steady with Poisson arrivals (bursty gaps, same mean rate).",
+                 2, "round_robin", "poisson", _P2_LIKELY, ROUTING_MUST_NOT),
+    _engine_only("metrics-only-sticky-2-poisson",
+                 "metrics-only-sticky-2-steady with Poisson arrivals.",
+                 2, "sticky_tenant", "poisson", (), QUIET_MUST_NOT),
+    _engine_only("metrics-only-round-robin-4-poisson",
+                 "4 replicas behind round-robin, the same 16 tenants and per-replica pools, Poisson arrivals at "
+                 "4 req/s: every replica sees every tenant a quarter as often.",
+                 4, "round_robin", "poisson", _P2_LIKELY, ROUTING_MUST_NOT),
+    _engine_only("metrics-only-sticky-4-poisson",
+                 "The 4-replica twin with sticky-by-tenant routing: 4 tenants per replica.",
+                 4, "sticky_tenant", "poisson", (), QUIET_MUST_NOT),
+    _engine_only("metrics-only-healthy-busy-sticky",
+                 "A healthy busy fleet: 2 replicas with roomy pools (512 blocks), sticky by tenant, the 16 "
+                 "prefix-heavy tenants at 8 req/s from up to 8 clients; high hit rate, no preemption.",
+                 2, "sticky_tenant", "poisson", (), QUIET_MUST_NOT, rate=8.0, cfg=ROOMY_ENGINE_ONLY,
+                 concurrency=8),
+    _engine_only("metrics-only-little-sharing-round-robin",
+                 "2 replicas behind round-robin serving 16 tenants whose prompts share almost nothing (a "
+                 "6-word system prompt, ~300-word unique user messages): the hit rate is low because there "
+                 "is nothing to reuse, not because of routing.",
+                 2, "round_robin", "poisson", (), QUIET_MUST_NOT),
 )
 
 
