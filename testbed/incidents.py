@@ -53,8 +53,23 @@ def start_recorder(servers: list[VllmServer], out: Path, interval_s: float, work
     _record_config(servers, cfg, taps)
     cmd = [str(KVSCOPE), "record", "--config", str(cfg), "--duration", f"{int(max_s)}s",
            "--interval", f"{interval_s}s", "--out", str(out), "--no-progress"]
+    env = {**os.environ, "TMPDIR": str(workdir)}      # its spool lands here: see wait_first_scrape
     with open(workdir / "record.log", "wb") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def wait_first_scrape(proc: subprocess.Popen, workdir: Path, timeout_s: float = 120.0) -> None:
+    """Block until the recorder wrote its first scrape (its spool's first family file exists), so
+    the first phase does not start before the recording does (a loaded box can take seconds to
+    start `kvscope record`)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("kvscope record exited early: " + (workdir / "record.log").read_text()[-2000:])
+        if any(workdir.glob("kvscope-rec-*/0.om")):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"kvscope record wrote no scrape in {timeout_s:.0f} s")
 
 
 def stop_recorder(proc: subprocess.Popen, workdir: Path) -> None:
@@ -134,6 +149,7 @@ def run_scenario(sc: Scenario, out_dir: Path, tick: Callable[[], None] = lambda:
                 front = TapFront([s.url for s in servers], spans_endpoint=sink.endpoint).start()
             rec = start_recorder(servers, rec_path, sc.interval_s, work, max_s=3600,
                                  taps=front.metrics_urls if front else [])
+            wait_first_scrape(rec, work)
             time.sleep(2 * sc.interval_s)                   # a couple of idle scrapes first
             phases = asyncio.run(_run_phases(sc, servers, tick, front.urls if front else None))
             time.sleep(sc.tail_s)

@@ -170,12 +170,15 @@ SCENARIOS: tuple[Scenario, ...] = (
 
 # ---------------------------------------------------------------- engine /metrics only (issue 15)
 # How most fleets run: each replica's /metrics scraped, no request tap, no OTLP, no KV events, vLLM's
-# default metric flags (no --kv-cache-metrics). 16 tenants with ~400-word system prompts; each
-# replica's pool (160 blocks x 32 = 5120 tokens) holds 8 tenants' prompts with room for the running
-# requests, not all 16 (~6.6k tokens). Sticky-by-tenant routing gives each replica 16/N tenants;
-# round-robin gives every replica all 16, so each pool must hold the whole fleet's prefixes.
+# default metric flags (no --kv-cache-metrics). 16 tenants with ~400-word system prompts (12 full
+# 32-token blocks each, 192 blocks for all 16). The fleet is sized as prefix-affinity routing
+# assumes: its KV pools together hold every tenant's prompt once, each replica's pool its 16/N
+# tenants plus the running requests (2 x 128 or 4 x 72 blocks), not all 16. Sticky-by-tenant
+# routing gives each replica 16/N tenants; round-robin gives every replica all 16.
 # Expected verdicts are written here, before any of these recordings is diagnosed.
-ENGINE_ONLY = VllmConfig(num_gpu_blocks=160, max_num_seqs=16, kv_cache_metrics=False)
+POOL_2 = VllmConfig(num_gpu_blocks=128, max_num_seqs=16, kv_cache_metrics=False)
+POOL_4 = VllmConfig(num_gpu_blocks=72, max_num_seqs=16, kv_cache_metrics=False)
+ROOMIER_2 = VllmConfig(num_gpu_blocks=160, max_num_seqs=16, kv_cache_metrics=False)
 ROOMY_ENGINE_ONLY = VllmConfig(num_gpu_blocks=512, max_num_seqs=32, kv_cache_metrics=False)
 PREFIX_HEAVY = chat_tenants(16, system_words=400, alpha=0.5, turns=1, out=32)
 LITTLE_SHARING = tuple(Tenant(f"tenant-{i}", system_words=6, share=s, turns=1,
@@ -192,8 +195,8 @@ _MO_NOTE = ("Engine /metrics only: no request tap, no OTLP spans, no KV events, 
 
 
 def _engine_only(name: str, summary: str, replicas: int, policy: str, arrivals: str, expected: tuple,
-                 must_not: tuple[str, ...], rate: float = 4.0, cfg: VllmConfig = ENGINE_ONLY,
-                 tenants: tuple[Tenant, ...] = PREFIX_HEAVY, concurrency: int = 4,
+                 must_not: tuple[str, ...], rate: float = 3.0, cfg: VllmConfig = POOL_2,
+                 tenants: tuple[Tenant, ...] = PREFIX_HEAVY, concurrency: int = 6,
                  duration_s: float = 150) -> Scenario:
     phase = "round-robin" if policy == "round_robin" else "sticky"
     return Scenario(
@@ -213,11 +216,12 @@ _P2_LIKELY = ({"levers": ["P2"], "likely": True,
 SCENARIOS += (
     _engine_only("metrics-only-round-robin-2-steady",
                  "2 replicas behind round-robin, 16 prefix-heavy tenants (~400-word system prompts), steady "
-                 "arrivals at 4 req/s; engine /metrics only. Each pool holds about half the tenants' prompts.",
+                 "arrivals at 3 req/s; engine /metrics only. Each 128-block pool holds about half the "
+                 "tenants' prompts.",
                  2, "round_robin", "steady", _P2_LIKELY, ROUTING_MUST_NOT),
     _engine_only("metrics-only-sticky-2-steady",
-                 "The twin of metrics-only-round-robin-2-steady with sticky-by-tenant routing: each replica serves 8 "
-                 "tenants whose prompts fit its pool; high hit rate.",
+                 "The twin of metrics-only-round-robin-2-steady with sticky-by-tenant routing: each replica "
+                 "serves 8 tenants whose prompts fit its pool; high hit rate.",
                  2, "sticky_tenant", "steady", (), QUIET_MUST_NOT),
     _engine_only("metrics-only-round-robin-2-poisson",
                  "metrics-only-round-robin-2-steady with Poisson arrivals (bursty gaps, same mean rate).",
@@ -226,22 +230,32 @@ SCENARIOS += (
                  "metrics-only-sticky-2-steady with Poisson arrivals.",
                  2, "sticky_tenant", "poisson", (), QUIET_MUST_NOT),
     _engine_only("metrics-only-round-robin-4-poisson",
-                 "4 replicas behind round-robin, the same 16 tenants and per-replica pools, Poisson arrivals at "
-                 "4 req/s: every replica sees every tenant a quarter as often.",
-                 4, "round_robin", "poisson", _P2_LIKELY, ROUTING_MUST_NOT),
+                 "4 replicas behind round-robin, the same 16 tenants, 72-block pools (a quarter of the "
+                 "prompts each), Poisson arrivals at 3 req/s: every replica sees every tenant.",
+                 4, "round_robin", "poisson", _P2_LIKELY, ROUTING_MUST_NOT, cfg=POOL_4),
     _engine_only("metrics-only-sticky-4-poisson",
-                 "The 4-replica twin with sticky-by-tenant routing: 4 tenants per replica.",
-                 4, "sticky_tenant", "poisson", (), QUIET_MUST_NOT),
+                 "The 4-replica twin with sticky-by-tenant routing: 4 tenants per replica, whose prompts fit.",
+                 4, "sticky_tenant", "poisson", (), QUIET_MUST_NOT, cfg=POOL_4),
     _engine_only("metrics-only-healthy-busy-sticky",
                  "A healthy busy fleet: 2 replicas with roomy pools (512 blocks), sticky by tenant, the 16 "
-                 "prefix-heavy tenants at 8 req/s from up to 8 clients; high hit rate, no preemption.",
-                 2, "sticky_tenant", "poisson", (), QUIET_MUST_NOT, rate=8.0, cfg=ROOMY_ENGINE_ONLY,
+                 "prefix-heavy tenants at 6 req/s from up to 8 clients; high hit rate, no preemption.",
+                 2, "sticky_tenant", "poisson", (), QUIET_MUST_NOT, rate=6.0, cfg=ROOMY_ENGINE_ONLY,
                  concurrency=8),
     _engine_only("metrics-only-little-sharing-round-robin",
                  "2 replicas behind round-robin serving 16 tenants whose prompts share almost nothing (a "
                  "6-word system prompt, ~300-word unique user messages): the hit rate is low because there "
                  "is nothing to reuse, not because of routing.",
                  2, "round_robin", "poisson", (), QUIET_MUST_NOT),
+    # The pilot pair (recorded first, before the pools above were sized): 160-block pools hold 12 of
+    # the 16 prompts, so round-robin loses only part of the reuse.
+    _engine_only("metrics-only-round-robin-2-roomier",
+                 "Pilot: 2 replicas behind round-robin with 160-block pools (12 of the 16 tenants' prompts "
+                 "fit each), steady arrivals asked at 4 req/s from 4 clients; engine /metrics only.",
+                 2, "round_robin", "steady", _P2_LIKELY, ROUTING_MUST_NOT, rate=4.0, cfg=ROOMIER_2,
+                 concurrency=4),
+    _engine_only("metrics-only-sticky-2-roomier",
+                 "Pilot: the sticky-by-tenant twin of metrics-only-round-robin-2-roomier.",
+                 2, "sticky_tenant", "steady", (), QUIET_MUST_NOT, rate=4.0, cfg=ROOMIER_2, concurrency=4),
 )
 
 

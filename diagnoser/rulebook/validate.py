@@ -17,7 +17,7 @@ from typing import Any
 from kvscope.agent.signals import Catalog, load_catalog
 from kvscope.diagnoser.evaluate.conditions import BASELINE_AGGS, OPS, RIGHT_SIDES
 from kvscope.diagnoser.evaluate.expr import FORMS, SIGNAL_FORMS, ExprError, node_form, node_refs
-from kvscope.diagnoser.findings import SEVERITIES
+from kvscope.diagnoser.findings import CONFIDENCES, SEVERITIES
 from kvscope.diagnoser.rulebook.levers import DIRECTIONS, Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import LineDict, Rule, RuleError, parse_duration, read_rule, rule_paths
 
@@ -276,6 +276,40 @@ def check_facts(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
         yield _issue(rule, rule.doc, "facts need 'instance' in by", "facts")
 
 
+def check_confidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
+    """`confidence` is a known level; a moderate one says what would confirm it (`confirm`) and
+    names the rules that read the same mechanism directly (`defers_to`, checked set-wide)."""
+    doc = rule.doc
+    level = doc.get("confidence", "high")
+    if level not in CONFIDENCES:
+        yield _issue(rule, doc, f"confidence {level!r} is not one of {list(CONFIDENCES)}", "confidence")
+    defers = doc.get("defers_to")
+    if defers is not None and not (isinstance(defers, list) and all(isinstance(x, str) for x in defers)):
+        yield _issue(rule, doc, "defers_to must be a list of rule ids", "defers_to")
+    if level != "high":
+        if not str(doc.get("confirm") or "").strip():
+            yield _issue(rule, doc, f"a {level}-confidence rule needs 'confirm': what evidence would confirm it",
+                         "confidence")
+        if not defers:
+            yield _issue(rule, doc, f"a {level}-confidence rule needs 'defers_to': the rules that read the "
+                         "same mechanism from direct evidence", "confidence")
+    elif doc.get("confirm") or defers:
+        yield _issue(rule, doc, "'confirm' and 'defers_to' belong to a rule with confidence below high",
+                     "confirm" if doc.get("confirm") else "defers_to")
+
+
+def _check_deferrals(rules: dict[str, Rule]) -> Iterable[RuleIssue]:
+    """Every `defers_to` names another rule of the set, at high confidence."""
+    for rule in rules.values():
+        for rid in rule.doc.get("defers_to") or []:
+            target = rules.get(str(rid))
+            if target is None or target.id == rule.id:
+                yield _issue(rule, rule.doc, f"defers_to names {rid!r}, which is not another rule", "defers_to")
+            elif target.doc.get("confidence", "high") != "high":
+                yield _issue(rule, rule.doc, f"defers_to names {rid!r}, which is not a high-confidence rule",
+                             "defers_to")
+
+
 def check_test_file(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
     """Every rule ships <rule_id>.test.yaml next to it."""
     if not Path(rule.path).with_name(f"{rule.id}.test.yaml").exists():
@@ -283,7 +317,8 @@ def check_test_file(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
 
 
 VALIDATORS: tuple[Validator, ...] = (check_header, check_params, check_series, check_conditions,
-                                     check_levers, check_evidence, check_facts, check_test_file)
+                                     check_levers, check_evidence, check_facts, check_confidence,
+                                     check_test_file)
 
 
 def validate_rule(rule: Rule, ctx: Context | None = None) -> list[RuleIssue]:
@@ -298,6 +333,7 @@ def validate_rules(directory: str | Path | None = None, ctx: Context | None = No
     issues: list[RuleIssue] = []
     rows: set[str] = set()
     paths = rule_paths(directory)
+    rules: dict[str, Rule] = {}
     for path in paths:
         try:
             rule = read_rule(path)
@@ -305,7 +341,9 @@ def validate_rules(directory: str | Path | None = None, ctx: Context | None = No
             issues.append(RuleIssue(exc.path or str(path), exc.line or 1, exc.message))
             continue
         rows.add(str(rule.doc.get("levers_md")))
+        rules[rule.id] = rule
         issues.extend(validate_rule(rule, ctx))
+    issues.extend(_check_deferrals(rules))
     if directory is None:
         for row in LEVERS_MD_ROWS:
             if row not in rows:

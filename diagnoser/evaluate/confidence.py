@@ -1,0 +1,56 @@
+"""Findings from indirect evidence yield to rules that read the same mechanism directly.
+
+A rule with `confidence: moderate` infers its mechanism (routing read from engine hit rates
+alone); it names the rules that judge the same mechanism from direct evidence in `defers_to`
+(the request tap's prefix split, KV events). After every rule ran:
+
+* no deferred-to rule could look (each was skipped: its signals are absent) -> the finding stands,
+  at moderate confidence, saying what would confirm it;
+* a deferred-to rule fired at the same place -> the finding stands as supporting evidence of the
+  direct one (`findings.same_mechanism`) and is ranked below it;
+* a deferred-to rule was evaluated and did not fire there -> the direct evidence overrules it: the
+  finding is dropped and the rule is listed with the reason (`OVERRULED`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from kvscope.diagnoser.findings import Finding, Skipped, same_place
+
+OVERRULED = "overruled:"
+"""Prefix of the reason a rule's findings were dropped for (a Skipped that was evaluated)."""
+BELOW = 10.0
+"""A deferring finding's score stays this far below the direct finding it folds into: more than
+the earliness bonus (0-5) ranking adds, so the direct reading always leads."""
+
+
+def settle(findings: list[Finding], skipped: list[Skipped],
+           evaluated: Iterable[str]) -> tuple[list[Finding], list[Skipped]]:
+    """Apply `defers_to` to one run's findings. `evaluated`: ids of the rules that could look
+    (not skipped). Returns the findings kept and the skipped list with overruled rules added."""
+    could_look = set(evaluated)
+    kept: list[Finding] = []
+    overruled: dict[str, list[str]] = {}
+    for f in findings:
+        direct = [rid for rid in f.defers_to if rid in could_look]
+        if not direct:
+            kept.append(f)
+            continue
+        fired = [g for g in findings if g.rule_id in direct and same_place(g.where, f.where)]
+        if fired:
+            ceiling = min(g.score for g in fired) - BELOW
+            kept.append(replace(f, score=min(f.score, round(ceiling, 3))))
+        else:
+            overruled.setdefault(f.rule_id, direct)
+    notes = [Skipped(rid, f"{OVERRULED} {', '.join(direct)} read the same mechanism from direct evidence "
+                          "and did not fire there") for rid, direct in overruled.items()
+             if not any(f.rule_id == rid for f in kept)]
+    return kept, list(skipped) + notes
+
+
+def not_evaluable(skipped: Iterable[Skipped]) -> list[Skipped]:
+    """The skipped rules that could not look (absent signals, unset parameters), without the
+    ones that looked and were overruled by direct evidence."""
+    return [s for s in skipped if not s.reason.startswith(OVERRULED)]
