@@ -171,7 +171,7 @@ SCENARIOS: tuple[Scenario, ...] = (
 # ---------------------------------------------------------------- engine /metrics only (issue 15)
 # How most fleets run: each replica's /metrics scraped, no request tap, no OTLP, no KV events, vLLM's
 # default metric flags (no --kv-cache-metrics). 16 tenants with ~400-word system prompts (12 full
-# 32-token blocks each, 192 blocks for all 16). The fleet is sized as prefix-affinity routing
+# 32-token blocks each, 192 blocks for all 16) and periodic traffic (equal shares). The fleet is sized as prefix-affinity routing
 # assumes: its KV pools together hold every tenant's prompt once, each replica's pool its 16/N
 # tenants plus the running requests (2 x 128 or 4 x 72 blocks), not all 16. Sticky-by-tenant
 # routing gives each replica 16/N tenants; round-robin gives every replica all 16.
@@ -180,7 +180,8 @@ POOL_2 = VllmConfig(num_gpu_blocks=128, max_num_seqs=16, kv_cache_metrics=False)
 POOL_4 = VllmConfig(num_gpu_blocks=72, max_num_seqs=16, kv_cache_metrics=False)
 ROOMIER_2 = VllmConfig(num_gpu_blocks=160, max_num_seqs=16, kv_cache_metrics=False)
 ROOMY_ENGINE_ONLY = VllmConfig(num_gpu_blocks=512, max_num_seqs=32, kv_cache_metrics=False)
-PREFIX_HEAVY = chat_tenants(16, system_words=400, alpha=0.5, turns=1, out=32)
+PREFIX_HEAVY = chat_tenants(16, system_words=400, alpha=0.0, turns=1, out=32)   # periodic: equal shares
+SKEWED = chat_tenants(16, system_words=400, alpha=0.5, turns=1, out=32)         # a mild power law
 LITTLE_SHARING = tuple(Tenant(f"tenant-{i}", system_words=6, share=s, turns=1,
                               prompt_words=Dist("lognormal", 300, 0.3, 120, 700),
                               output_tokens=Dist("lognormal", 32, 0.4, 8, 160))
@@ -246,6 +247,15 @@ SCENARIOS += (
                  "6-word system prompt, ~300-word unique user messages): the hit rate is low because there "
                  "is nothing to reuse, not because of routing.",
                  2, "round_robin", "poisson", (), QUIET_MUST_NOT),
+    # Recorded before the tenant mix above was made periodic (equal shares): a mild power law keeps
+    # the busiest tenants' prompts cached on every replica, so round-robin loses less.
+    _engine_only("metrics-only-round-robin-2-skewed",
+                 "2 replicas behind round-robin, 128-block pools, 16 prefix-heavy tenants with power-law "
+                 "shares (alpha 0.5), steady arrivals at 3 req/s; engine /metrics only.",
+                 2, "round_robin", "steady", _P2_LIKELY, ROUTING_MUST_NOT, tenants=SKEWED),
+    _engine_only("metrics-only-sticky-2-skewed",
+                 "The sticky-by-tenant twin of metrics-only-round-robin-2-skewed.",
+                 2, "sticky_tenant", "steady", (), QUIET_MUST_NOT, tenants=SKEWED),
     # The pilot pair (recorded first, before the pools above were sized): 160-block pools hold 12 of
     # the 16 prompts, so round-robin loses only part of the reuse.
     _engine_only("metrics-only-round-robin-2-roomier",
