@@ -171,8 +171,8 @@ SCENARIOS: tuple[Scenario, ...] = (
 # ---------------------------------------------------------------- engine /metrics only (issue 15)
 # How most fleets run: each replica's /metrics scraped, no request tap, no OTLP, no KV events, vLLM's
 # default metric flags (no --kv-cache-metrics). 16 tenants with ~400-word system prompts (12 full
-# 32-token blocks each, 192 blocks for all 16) and periodic traffic (equal shares). The fleet is sized as prefix-affinity routing
-# assumes: its KV pools together hold every tenant's prompt once, each replica's pool its 16/N
+# 32-token blocks each, 192 blocks for all 16) and periodic traffic (equal shares). The fleet is
+# sized as prefix-affinity routing assumes: its KV pools together hold every tenant's prompt once, each replica's pool its 16/N
 # tenants plus the running requests (2 x 128 or 4 x 72 blocks), not all 16. Sticky-by-tenant
 # routing gives each replica 16/N tenants; round-robin gives every replica all 16.
 # Expected verdicts are written here, before any of these recordings is diagnosed.
