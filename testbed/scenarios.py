@@ -173,8 +173,9 @@ SCENARIOS: tuple[Scenario, ...] = (
 # default metric flags (no --kv-cache-metrics). 16 tenants with ~400-word system prompts (12 full
 # 32-token blocks each, 192 blocks for all 16) and periodic traffic (equal shares). The fleet is
 # sized as prefix-affinity routing assumes: its KV pools together hold every tenant's prompt once,
-# each replica's pool its 16/N tenants plus the running requests (2 x 128 or 4 x 72 blocks), not all 16. Sticky-by-tenant
-# routing gives each replica 16/N tenants; round-robin gives every replica all 16.
+# each replica's pool its 16/N tenants plus the running requests (2 x 128 or 4 x 72 blocks), not
+# all 16. Sticky-by-tenant routing gives each replica 16/N tenants; round-robin gives every
+# replica all 16.
 # Expected verdicts are written here, before any of these recordings is diagnosed.
 POOL_2 = VllmConfig(num_gpu_blocks=128, max_num_seqs=16, kv_cache_metrics=False)
 POOL_4 = VllmConfig(num_gpu_blocks=72, max_num_seqs=16, kv_cache_metrics=False)
