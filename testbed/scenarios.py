@@ -247,7 +247,7 @@ SCENARIOS += (
                  "2 replicas behind round-robin serving 16 tenants whose prompts share almost nothing (a "
                  "6-word system prompt, ~300-word unique user messages): the hit rate is low because there "
                  "is nothing to reuse, not because of routing.",
-                 2, "round_robin", "poisson", (), QUIET_MUST_NOT),
+                 2, "round_robin", "poisson", (), QUIET_MUST_NOT, tenants=LITTLE_SHARING),
     # Recorded before the tenant mix above was made periodic (equal shares): a mild power law keeps
     # the busiest tenants' prompts cached on every replica, so round-robin loses less.
     _engine_only("metrics-only-round-robin-2-skewed",
