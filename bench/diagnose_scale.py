@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import sys
 import time
 
 # One BLAS thread: the few matrix products (group sums) are small, and on a shared machine idle
@@ -30,6 +31,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 from kvscope.agent.signals import make_labels  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from testbed.fleetgen.capture_fleet import lognormal_cdf  # noqa: E402
 
 try:
     from kvscope.diagnoser.evaluate.evaluator import diagnose
@@ -67,11 +71,8 @@ def histogram(rng, name: str, labels: list[dict[str, str]], les: list[float], t:
     edges = np.array(les + [np.inf])
     per_step = rng.poisson(8, size=(n, t)).astype(float)
     shift = np.where(stressed, 3.0, 1.0)
-    # share of observations at or below each bound, per engine and step: lognormal,
-    # with the normal CDF approximated by a logistic (max error ~1%), plenty for load generation
-    with np.errstate(divide="ignore"):
-        z = (np.log(edges[None, :, None]) - np.log(scale * shift[:, None, :])) / sigma
-    cdf = 1.0 / (1.0 + np.exp(-1.702 * np.clip(z, -30, 30)))
+    # share of observations at or below each bound, per engine and step (testbed.fleetgen)
+    cdf = lognormal_cdf(edges[None, :, None], scale * shift[:, None, :], sigma)
     cdf[:, -1, :] = 1.0
     counts = np.cumsum(per_step[:, None, :] * cdf, axis=2)
     rows, vals = [], []
@@ -263,7 +264,7 @@ def main() -> None:
     if not args.no_baseline:
         per_engine, vector_s, _ = baseline_scalar(frame, args.baseline_sample)
         scalar_s = per_engine * args.engines
-        print(f"baseline, one series (TTFT p99 5m per engine at every step): scalar agent.analytics "
+        print(f"baseline, one series (TTFT p99 5m per engine at every step): scalar agent.derive "
               f"{scalar_s:.1f} s CPU (measured on {args.baseline_sample} engines, x{args.engines}) vs grid path "
               f"{vector_s:.3f} s CPU -> {scalar_s / max(vector_s, 1e-9):.0f}x faster, same values")
 

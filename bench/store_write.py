@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvscope.agent.dialects.dialect import detect_engine, normalize
+from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import Sample
 from kvscope.agent.store.sqlite import SqliteStore

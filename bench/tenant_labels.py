@@ -1,4 +1,4 @@
-"""Tenant labelling cost per request: traffic-ranked top-K (agent/tap/tenants.py) vs first come.
+"""Tenant labelling cost per request: traffic-ranked top-K (agent/tenants.py) vs first come.
 
 The tap labels every request it measures. Measured in one run, on the same request stream:
 
@@ -21,7 +21,7 @@ import argparse
 import random
 import time
 
-from kvscope.agent.tap.tenants import OTHER, TenantLimiter
+from kvscope.agent.tenants import OTHER, TenantLimiter
 
 
 class FirstCome:

@@ -23,7 +23,7 @@ from grafanalib.core import (
     TimeSeries,
 )
 from kvscope.dashboards import style
-from kvscope.dashboards.queries import AGENT_PREFIX, Query
+from kvscope.dashboards.queries import KVSCOPE_PREFIX, Query
 
 KINDS = ("timeseries", "stat", "table")
 
@@ -59,7 +59,7 @@ def exported_name(signal: str) -> str:
     level:signal:op series, or Prometheus' own (up, ALERTS)."""
     if signal in ("ALERTS", "up") or ":" in signal:
         return signal
-    return AGENT_PREFIX + signal
+    return KVSCOPE_PREFIX + signal
 
 
 @dataclass(frozen=True)

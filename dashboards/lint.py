@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Catalog, load_catalog
 from kvscope.dashboards.board import Board, Panel
-from kvscope.dashboards.queries import AGENT_PREFIX
+from kvscope.dashboards.queries import KVSCOPE_PREFIX
 
 AGENT_SERIES = ("target_up", "target_status", "target_series", "scrape_duration_seconds", "engine_info")
 """The agent's self-health families that panels may read (documented in agent/serve/export.py)."""
@@ -80,9 +80,9 @@ class QueryLinter:
             return self._catalog_kind(name[len(CANONICAL_PREFIX):]) if name in self.recorded else None
         if name in self.recorded:
             return "recorded"
-        if not name.startswith(AGENT_PREFIX):
+        if not name.startswith(KVSCOPE_PREFIX):
             return None
-        base = name[len(AGENT_PREFIX):]
+        base = name[len(KVSCOPE_PREFIX):]
         return "gauge" if base in AGENT_SERIES else self._catalog_kind(base)
 
     def _catalog_kind(self, base: str) -> str | None:

@@ -2,7 +2,7 @@
 
 Panels read the agent's canonical re-export `kvscope_<signal>` (agent/serve/export.py), so one set of
 panels serves vLLM and SGLang fleets: the agent has already mapped the native names (old and new)
-and units through agent/dialects/catalog.yaml. Per-instance tail latencies read the recorded
+and units through agent/normalize/catalog.yaml. Per-instance tail latencies read the recorded
 `instance:<signal>:<op>` series of rules/prometheus/kvscope-derived.yml where those exist. The
 `kvscope:<signal>` canonical recordings are not read directly: the rules generator records only
 the ones its own files use (a TSDB-cost choice), and a dashboard must not depend on that set.
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PREFIX = "kvscope_"
-AGENT_PREFIX = "kvscope_"
+from kvscope.agent.signals import KVSCOPE_PREFIX
+
 W = "$__rate_interval"
 RANGE = "$__range"
 SELECTOR = 'job=~"$job", namespace=~"$namespace", model=~"$model", instance=~"$instance"'
@@ -43,7 +43,7 @@ class Query:
 
 def series(signal: str, suffix: str = "") -> str:
     """The exported sample name of a canonical signal."""
-    return f"{PREFIX}{signal}{suffix}"
+    return f"{KVSCOPE_PREFIX}{signal}{suffix}"
 
 
 def _sel(extra: str = "") -> str:
@@ -117,8 +117,10 @@ RECORDED_SELECTOR = 'model=~"$model", instance=~"$instance"'
 
 
 def recorded(name: str, agg: str = "max", by: tuple[str, ...] = ("instance",)) -> Query:
-    """A series recorded by rules/prometheus/kvscope-derived.yml, e.g. instance:request_ttft_seconds:p99_5m."""
-    return Query(f"{agg}{_by(by)} ({name}{{{RECORDED_SELECTOR}}})", "{{" + "}} {{".join(by) + "}}", (name,))
+    """A series recorded by rules/prometheus/kvscope-derived.yml, e.g. instance:request_ttft_seconds:p99_5m.
+    It reads the canonical signal in the name's middle too: an engine without it leaves the panel empty."""
+    signal = name.split(":")[1]
+    return Query(f"{agg}{_by(by)} ({name}{{{RECORDED_SELECTOR}}})", "{{" + "}} {{".join(by) + "}}", (name, signal))
 
 
 def phase_means(by: tuple[str, ...] = ()) -> list[Query]:
@@ -214,7 +216,7 @@ def preemptions(by: tuple[str, ...] = ()) -> Query:
 def targets_down() -> Query:
     """Targets whose last scrape failed: the agent's (kvscope_target_up) plus Prometheus' own (up)."""
     sel = '{job=~"$job", instance=~"$instance"}'
-    return Query(f"(count ({AGENT_PREFIX}target_up{sel} == 0) or vector(0)) + (count (up{sel} == 0) or vector(0))",
+    return Query(f"(count ({KVSCOPE_PREFIX}target_up{sel} == 0) or vector(0)) + (count (up{sel} == 0) or vector(0))",
                  "targets down", ("target_up", "up"))
 
 

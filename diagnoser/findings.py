@@ -41,6 +41,8 @@ class Evidence:
     `at` is the timestamp the value was read at (None = summary over the active period).
     `stat` is how the value was taken from the series over the finding's active period: max,
     min, first, last or mean (None = not recorded; readers fall back to the rule's evidence list).
+    `key` is the rule's name for that series (its `series:` entry), so a reader can ask the
+    evaluator for the very values the rule read (`evaluate.evaluator.evaluated_series`).
     """
 
     name: str
@@ -51,6 +53,7 @@ class Evidence:
     threshold: float | None = None
     op: str | None = None
     stat: str | None = None
+    key: str | None = None
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,7 @@ def render_figures(report: WeeklyReport) -> list[tuple[str, object]]:
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    figures = []
+    figures: list[tuple[str, object]] = []
     week = report.this
     timeline = week.timeline
     step = timeline.attrs.get("step_s", 3600.0)

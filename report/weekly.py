@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from kvscope.agent.signals import Sample
+from kvscope.agent.derive.rates import step_increases
+from kvscope.agent.signals import Labels, Sample
 from kvscope.diagnoser.findings import SEVERITY_RANK, Diagnosis, Finding
 
 WEEK_S = 7 * 86400.0
@@ -120,7 +121,8 @@ def series_set_from_arrays(series: Sequence[dict[str, str]], sids: np.ndarray, t
 
 def series_set_from_samples(samples: Iterable[Sample], names: Iterable[str] = SIGNALS) -> SeriesSet:
     """Columnar series from canonical samples (a replayed recording), keeping only `names`."""
-    wanted, ids = set(names), {}
+    wanted = set(names)
+    ids: dict[tuple[str, Labels], int] = {}
     series: list[dict[str, str]] = []
     sids, ts, values = [], [], []
     for s in samples:
@@ -151,31 +153,81 @@ def read_store_series(path: str, start: float, end: float) -> SeriesSet:
     return series_set_from_samples(samples)
 
 
-def read_prometheus_series(url: str, start: float, end: float, timeout_s: float = 30.0) -> SeriesSet:
-    """The report's signals from Prometheus: the canonical recorded `kvscope:<signal>` series
-    (rules/prometheus/kvscope-canonical.yml), else the agent's `kvscope_<signal>` re-export."""
-    step = max(15.0, math.ceil((end - start) / 10_000))      # Prometheus caps 11,000 points per series
-    samples: list[Sample] = []
+PROMETHEUS_STEP_S = 900.0
+"""Resolution of the report's Prometheus reads over two weeks: each point is the server-side
+`increase` (counters) or `avg_over_time` (gauges) of the 15 minutes before it, so 14 days are 1,344
+points per series whatever the scrape interval (the timeline's finest bins over a week are 1 h)."""
+
+
+def read_prometheus_series(url: str, start: float, end: float, timeout_s: float = 120.0,
+                           step: float | None = None, client=None) -> SeriesSet:  # noqa: ANN001
+    """The report's signals from a Prometheus-compatible TSDB, aggregated server-side at `step`.
+
+    Per signal, the first source that has it: the canonical recorded `kvscope:<signal>`
+    (rules/prometheus/kvscope-canonical.yml), the agent's `kvscope_<signal>` re-export, or the
+    engines' own series read through the catalog (`InlineSignals`: every upstream name, relabelled
+    to canonical labels). Counters come back as cumulative sums of per-step increases (resets
+    handled by the server), gauges as per-step means."""
+    from kvscope.agent.signals import load_catalog
+    from kvscope.diagnoser.promql.signals import InlineSignals
+    from kvscope.diagnoser.sources.promapi import PromClient, matrix_on_grid
+
+    client = client or PromClient(url, timeout_s=timeout_s)
+    catalog = load_catalog()
+    if step is None:        # 15 min over two weeks, finer (down to 15 s) over a shorter span
+        step = float(min(PROMETHEUS_STEP_S, max(15.0, math.ceil((end - start) / 1344 / 15) * 15)))
+    start = math.floor(start / step) * step
+    n = int((end - start) // step) + 1
+    grid = start + step * np.arange(n)
+    rng = f"{int(step)}s"
+    inline = InlineSignals(catalog)
+    series: list[dict[str, str]] = []
+    sids, times, values = [], [], []
     for name in SIGNALS:
-        result = _query_range(url, f"kvscope:{name}", start, end, step, timeout_s) or \
-            _query_range(url, f"kvscope_{name}", start, end, step, timeout_s)
-        for res in result:
-            labels = tuple(sorted((k, v) for k, v in res["metric"].items() if k != "__name__"))
-            samples += [Sample(name, labels, float(v), float(t)) for t, v in res["values"]]
-    return series_set_from_samples(samples)
+        fn = "increase" if name in COUNTERS else "avg_over_time"
+        result: list[dict] = []
+        for sel in (f"kvscope:{name}", f"kvscope_{name}", None):
+            if sel is None:
+                try:
+                    expr = inline.read(name, [], fn, rng)
+                except Exception:  # noqa: BLE001 - a signal PromQL cannot read from its sources
+                    break
+            else:
+                expr = f"{fn}({sel}[{rng}])"
+            result = client.range_parts(expr, float(grid[0]), float(grid[-1]), step, what=f"report {name}")
+            if result:
+                break
+        metrics, rows = matrix_on_grid(result, float(grid[0]), step, n)
+        for metric, row in zip(metrics, rows, strict=True):
+            ok = ~np.isnan(row)
+            if not ok.any():
+                continue
+            vals = row[ok]
+            ts = grid[ok]
+            if name in COUNTERS:           # cumulative from increases, from 0 one step before the first
+                vals = np.r_[0.0, np.cumsum(vals)]
+                ts = np.r_[ts[0] - step, ts]
+            labels = {k: v for k, v in metric.items() if k not in ("__name__", "job")}
+            sids.append(np.full(ts.size, len(series), dtype=np.int32))
+            series.append({"name": name, **labels})
+            times.append(ts)
+            values.append(vals)
+    if not series:
+        return series_set_from_arrays([{"name": ""}], np.zeros(0, np.int32), np.zeros(0), np.zeros(0))
+    return series_set_from_arrays(series, np.concatenate(sids), np.concatenate(times), np.concatenate(values))
 
 
-def _query_range(url: str, query: str, start: float, end: float, step: float, timeout_s: float) -> list[dict]:
-    import json
-    import urllib.parse
-    import urllib.request
+def prometheus_diagnoses(url: str, start: float, end: float, step: float = 300.0, client=None,  # noqa: ANN001
+                         timeout_s: float = 300.0) -> list[Diagnosis]:
+    """The week's findings from the TSDB itself: the pushdown diagnosis (diagnoser/pushdown/) over
+    [start, end] on a `step` grid (5 minutes by default: rule ranges shorter than a step are read
+    over one step)."""
+    from kvscope.diagnoser.pushdown.run import diagnose_pushdown
+    from kvscope.diagnoser.sources.promapi import PromClient
 
-    qs = urllib.parse.urlencode({"query": query, "start": start, "end": end, "step": step})
-    with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query_range?{qs}", timeout=timeout_s) as resp:
-        body = json.loads(resp.read(64 << 20))
-    if body.get("status") != "success":
-        raise ValueError(f"Prometheus query {query} failed: {body.get('error')}")
-    return body["data"]["result"]
+    client = client or PromClient(url, timeout_s=timeout_s)
+    diagnosis, _ = diagnose_pushdown(client, start, end, step, source=f"prometheus:{url}", time_scale=1.0)
+    return [diagnosis]
 
 
 # ------------------------------------------------------------------------------ maths
@@ -190,9 +242,9 @@ def counter_increments(ss: SeriesSet, name: str) -> tuple[Points, np.ndarray]:
 
 
 def _increments(pts: Points) -> tuple[Points, np.ndarray]:
-    d = np.diff(pts.value, prepend=np.nan)
-    inc = np.where(d >= 0, d, pts.value)
-    inc[pts.first] = 0.0
+    inc = np.empty_like(pts.value)
+    inc[1:] = step_increases(pts.value)
+    inc[pts.first | np.isnan(inc)] = 0.0      # a NaN reading counts nothing, before or after it
     return pts, inc
 
 

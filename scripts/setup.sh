@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Install what kvscope and its tests need on a fresh Debian machine (idempotent):
-#   Debian packages: prometheus + promtool, alertmanager + amtool, chromium (UI tests), nginx (tap bench), systemd (systemd-analyze checks the unit)
+#   Debian packages: prometheus + promtool, victoria-metrics (single-node, 1.79), alertmanager + amtool, chromium (UI tests), nginx (tap bench), systemd (systemd-analyze checks the unit)
 #   .venv with kvscope and its pinned dependencies (pip install -e '.[dev]'; builds the tap's C relay in place)
 # Environment: VENV (default .venv), KVSCOPE_SKIP_APT=1 to skip the Debian step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-APT_PKGS="prometheus prometheus-alertmanager chromium chromium-driver nginx systemd"
+APT_PKGS="prometheus victoria-metrics prometheus-alertmanager chromium chromium-driver nginx systemd"
 
 if [ "${KVSCOPE_SKIP_APT:-0}" != 1 ] && ! dpkg -s $APT_PKGS >/dev/null 2>&1; then
   echo "setup: installing Debian packages: $APT_PKGS"

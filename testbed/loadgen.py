@@ -175,23 +175,31 @@ async def run_load(spec: LoadSpec, replicas: list[str], policy: str = "round_rob
     next_arrival = [t_start]
     stop = stop or asyncio.Event()
 
-    def take() -> tuple[Request, int] | None:
+    def take() -> tuple[Request, int, float | None] | None:
         if len(records) >= spec.max_requests or time.monotonic() >= deadline or stop.is_set():
             return None
+        arrival = None
+        if spec.rate_per_s:
+            # An idle worker claims the next arrival time; one that falls after the deadline is
+            # never sent (sending it at the deadline would release every idle worker's claim at
+            # once: a burst of up to `concurrency` requests the arrival process never asked for).
+            next_arrival[0] += _gap(spec, arrivals)
+            if next_arrival[0] >= deadline:
+                return None
+            arrival = next_arrival[0]
         req = sampler.next_request()
         rec = RequestRecord(req.tenant, req.session, req.turn, router.route(req.route_key(spec.route_by)),
                             time.time())
         records.append(rec)
-        return req, len(records) - 1
+        return req, len(records) - 1, arrival
 
     async def worker(session: aiohttp.ClientSession) -> None:
         while (item := take()) is not None:
-            req, i = item
-            if spec.rate_per_s:
-                next_arrival[0] += _gap(spec, arrivals)
-                delay = next_arrival[0] - time.monotonic()
+            req, i, arrival = item
+            if arrival is not None:
+                delay = arrival - time.monotonic()
                 if delay > 0:
-                    await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                    await asyncio.sleep(delay)
                 records[i].start = time.time()
             rec = records[i]
             await send(session, replicas[rec.replica], req, rec, spec.request_timeout_s)

@@ -17,7 +17,9 @@ with the log tail in the message.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -249,3 +251,68 @@ def start_reporting_port(argv: list[str], pattern: str, timeout_s: float = 60.0,
         stop_process(proc, signal.SIGKILL)
         raise ProcessExited(f"{argv[:4]} did not report its port:\n{''.join(seen)[-2000:]}")
     return proc, found[0]
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group still exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Signal a whole process group; a group that is gone is not an error."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class ServerProcess:
+    """What the test bed's real servers (vLLM, llama.cpp, the SGLang router) share: a process
+    started in its own group (`self.proc`), a log file (`self.log_path`), a private work dir
+    (`self.workdir`), and stopping the whole group. Subclasses define `start()`."""
+
+    proc: subprocess.Popen | None
+    log_path: Path
+    workdir: Path
+    stop_grace_s: float = 10.0
+
+    def start(self) -> ServerProcess:
+        raise NotImplementedError   # each server knows how it starts and when it is ready
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM the process group, SIGKILL what is left after the grace period (children such
+        as vLLM's EngineCore may outlive the parent), wait until the group is gone. Idempotent."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        signal_group(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=self.stop_grace_s if grace_s is None else grace_s)
+        signal_group(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        deadline = time.monotonic() + 5
+        while group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self):  # noqa: ANN204 - the subclass
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

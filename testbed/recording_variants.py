@@ -8,7 +8,7 @@ such a recording, at the level of the raw upstream samples, and writes it next t
 original spans sidecar, so `kvscope diagnose --recording` reads it exactly as it would read one
 recorded that way. `check_diagnosis` says whether a Diagnosis still matches the scenario YAML.
 
-Renames are derived from agent/dialects/catalog.yaml only: a name is replaced by another alias
+Renames are derived from agent/normalize/catalog.yaml only: a name is replaced by another alias
 of the same signal for the same engine with the same scale, label handling and filter.
 """
 

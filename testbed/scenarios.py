@@ -26,7 +26,13 @@ class Phase:
     arrivals: str = "poisson"                    # open loop: poisson | steady (fixed gaps)
     replicas: tuple[int, ...] | None = None      # which replicas get traffic (None: all)
     action: str | None = None                    # "restart:<i>" runs while this phase's load goes on
+    # With a router in front (Scenario.router): the policy this phase runs under (the router is
+    # restarted on the same ports when it changes), and router actions at the phase's start:
+    # "router_remove:<i>", "router_add:<i>", "router_drain_restart:<i>" (remove replica i from the
+    # router, restart it cold; the phase lasts as long as the restart, as "restart:<i>" does).
+    router_policy: str | None = None
     alongside: tuple[Phase, ...] = ()            # independent loads run at the same time (own rate/clients)
+    timeout_s: float = 120.0                     # client-side limit per request (an overload needs more)
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class Scenario:
     interval_s: float = 2.0
     tail_s: float = 6.0                          # keep recording after the last phase
     tap_front: bool = False                      # traffic through kvscope's request tap (recorded too)
+    router: str | None = None                    # sglang-router version in front (testbed/router.py)
     warm_up: int = 0                             # direct requests per replica before recording starts
     seed: int = 0
     otlp: bool = True                            # False: no OTLP spans (engine /metrics only)
@@ -268,6 +275,69 @@ SCENARIOS += (
                  "Pilot: the sticky-by-tenant twin of metrics-only-round-robin-2-roomier.",
                  2, "sticky_tenant", "steady", (), QUIET_MUST_NOT, rate=4.0, cfg=ROOMIER_2, concurrency=4),
 )
+
+# ------------------------------------------------------------------ behind the real SGLang router
+# (issue 16). All traffic goes to one router URL; the router picks the replica. Its /metrics is
+# recorded as job `sglang-router`, instance `router`; the YAML maps each replica to its worker URL.
+ROUTER_TENANTS = chat_tenants(12, alpha=0.6, turns=1)
+ROUTER_SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        "router-cache-aware-vs-round-robin",
+        "The round-robin-vs-sticky pools (two 96-block replicas, 12 tenants whose system prompts exceed "
+        "one pool; single-turn chats) behind the real SGLang router 0.2.4: first its cache_aware policy (a prefix tree "
+        "per worker), then the router is restarted with --policy round_robin, as when a deployment "
+        "falls back to the default of most balancers. Round-robin lands every tenant on both "
+        "replicas, so each pool has to hold all 12 prefixes and thrashes.",
+        (TIGHT, TIGHT),
+        (Phase("cache-aware", 150, ROUTER_TENANTS, rate_per_s=6.0, concurrency=4, router_policy="cache_aware"),
+         Phase("round-robin", 90, ROUTER_TENANTS, rate_per_s=6.0, concurrency=4, router_policy="round_robin")),
+        expected=({"levers": ["P2"], "phase": "round-robin",
+                   "why": "the router says it routes round-robin; the fleet hit rate falls well below its "
+                          "cache-aware level on the same traffic (002 §7.3: ~1/N)"},),
+        notes="sglang-router 0.2.4 (the last release that exports its cache-aware tree's hits and "
+              "misses). The router is restarted between the phases on the same ports, so its counters "
+              "reset once; the policy is the `policy` label of router_decisions_total. The cache-aware "
+              "phase is the longer one so that the level the round-robin phase is compared with is the "
+              "warm cache-aware level, not the first minute in which the pools fill (a first take with "
+              "75 s per phase: the hit rate took ~40 s to reach 0.72, and that fill weighed on the "
+              "earlier level). kvscope's request tap runs as a sidecar in front of each replica (the "
+              "router's workers are the taps; testbed/tapfront.py, one shared prefix index), recorded as job "
+              "kvscope-tap: without it the recording shows the policy switch and the hit-rate fall, but no "
+              "prefix seen on two replicas (takes without the tap: hit rate 0.72 -> 0.48 and 0.68 -> 0.51, "
+              "x0.67 and x0.75 of the cache-aware level, at the edge of P2's ~1/N criterion, which held in "
+              "neither take for its whole `for`). The chats are single-turn: a take with the multi-turn "
+              "tenants of round-robin-vs-sticky and the tap in front showed a second, older condition - "
+              "55 % of follow-up turns lost their conversation from the cache-aware phase on (K5 "
+              "session_context_lost, ranked first by its earlier onset; P2 second) - which belongs to "
+              "the 96-block pools, not to the routing change this scenario is about.",
+        router="0.2.4", warm_up=2, tap_front=True,
+    ),
+    Scenario(
+        "router-drain-restart-rejoin",
+        "Two roomy replicas behind the real SGLang router 0.3.2 (round_robin), 40 tenants. Replica 1 is "
+        "removed from the router through its API (DELETE /workers/<id>), restarted while out of the "
+        "pool (maintenance), and added back (POST /workers): it rejoins with an empty prefix cache next "
+        "to a warm replica, and round-robin gives it half the traffic at once.",
+        (ROOMY, ROOMY),
+        (Phase("warm", 60, chat_tenants(40, alpha=0.3), rate_per_s=6.0, concurrency=4,
+               router_policy="round_robin"),
+         Phase("drained", 0, chat_tenants(40, alpha=0.3), rate_per_s=2.0, concurrency=2,
+               router_policy="round_robin", action="router_drain_restart:1"),
+         Phase("rejoin", 60, chat_tenants(40, alpha=0.3), rate_per_s=6.0, concurrency=4,
+               router_policy="round_robin", action="router_add:1")),
+        expected=({"levers": ["P4"], "phase": "rejoin",
+                   "why": "the restarted replica takes half the traffic at once with near-zero hits "
+                          "while replica 0 is warm (002 §7.3 cold start; the router did not ramp it in)"},),
+        notes="sglang-router 0.3.2. While drained, the router's pool size is 1 and the removed worker's "
+              "health series reads -1; replica 1 is restarted (its scrape target is down while it starts) "
+              "and then re-added. The drained phase lasts as long as that restart: 7.4 min in this take, "
+              "on a box at load ~20 (vLLM on CPU pins each server's worker to core 0, so the restarting "
+              "server competes with the busy replica 0; a first take at twice the drained load took 9 min "
+              "and P4 fired in its rejoin phase as here).",
+        router="0.3.2", warm_up=2,
+    ),
+)
+SCENARIOS = SCENARIOS + ROUTER_SCENARIOS
 
 
 def by_name(name: str) -> Scenario:

@@ -23,8 +23,10 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from kvscope.agent.tap.proxy import RequestTap, TapConfig
+from kvscope.agent.tap.proxy import TapConfig
 from kvscope.agent.traces.export import SpanBatchExporter
+
+from kvscope.commands.tap import build_tap
 
 
 class TapFront:
@@ -36,9 +38,9 @@ class TapFront:
             raise ValueError("need at least one upstream")
         self.exporter = SpanBatchExporter(spans_endpoint) if spans_endpoint else None
         sink = self.exporter.add if self.exporter else None
-        self.taps = [RequestTap(TapConfig(upstreams=(u,), listen="127.0.0.1:0", tenant_header=tenant_header,
-                                          prefix_window_s=prefix_window_s, service_name=f"kvscope-tap-{i}"),
-                                span_sink=sink)
+        self.taps = [build_tap(TapConfig(upstreams=(u,), listen="127.0.0.1:0", tenant_header=tenant_header,
+                                         prefix_window_s=prefix_window_s, service_name=f"kvscope-tap-{i}"),
+                               span_sink=sink)
                      for i, u in enumerate(upstreams)]
         for tap in self.taps[1:]:
             tap.prefixes = self.taps[0].prefixes        # one fleet-wide index

@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -27,6 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed.procs import ServerProcess
 from testbed.tiny_model import SERVED_NAME, ensure_tiny_model
 from testbed.vllm_env import vllm_python
 
@@ -109,8 +108,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class VllmServer:
+class VllmServer(ServerProcess):
     """One vLLM server process group. Reusable: `start()` / `stop()` / `restart()`."""
+
+    stop_grace_s = 15.0
 
     def __init__(self, config: VllmConfig | None = None, *, port: int | None = None,
                  model: Path | None = None, startup_timeout_s: float | None = None,
@@ -210,59 +211,9 @@ class VllmServer:
             time.sleep(0.5)
         raise VllmStartError(f"vLLM not healthy after {self.startup_timeout_s:.0f} s:\n" + self.log_tail())
 
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM the process group, SIGKILL it after `grace_s`. Idempotent."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        _signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        _signal_group(proc.pid, signal.SIGKILL)  # children (EngineCore, Worker) may outlive the parent
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        deadline = time.monotonic() + 5
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-
     def restart(self) -> VllmServer:
         """Stop and start again on the same port: the prefix cache comes back cold."""
         self.stop()
         return self.start()
 
-    def close(self) -> None:
-        self.stop()
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> VllmServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -34,3 +34,9 @@ def pytest_addoption(parser):
 def update_golden(request) -> bool:
     """True when pytest runs with --update-golden."""
     return bool(request.config.getoption("--update-golden"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The llama.cpp tests run last: `make test` builds llama-server in the background while the
+    rest of the suite runs, and these tests wait for that build (testbed/llamacpp_env.py)."""
+    items.sort(key=lambda item: item.get_closest_marker("llamacpp") is not None)

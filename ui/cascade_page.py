@@ -25,6 +25,7 @@ def render(data: TriageData) -> None:
                    "0 healthy means it is over.")
     findings = [f for f in data.diagnosis.findings if f.cascade]
     for f in findings:
+        assert f.cascade is not None   # kept above for having one
         where = ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet"
         lead = "not reached" if f.cascade.lead_time_s is None else f"{f.cascade.lead_time_s:.0f} s"
         st.markdown(f"**{f.title}** on `{where}`: stage {f.cascade.stage} of {f.cascade.stages_total} "
@@ -40,8 +41,8 @@ def render(data: TriageData) -> None:
         cols = st.columns(2)
         for col, (signal, df) in zip(cols, shown[i:i + 2], strict=False):
             col.markdown(f"`{signal}`")
-            col.altair_chart(render_series_chart(df, axis_unit(signal), band and band.since, band and band.until,
-                                                 data.frame.window), width="stretch")
+            col.altair_chart(render_series_chart(df, axis_unit(signal), band.since if band else None,
+                                                 band.until if band else None, data.frame.window), width="stretch")
 
 
 def where_text(where: dict) -> str:

@@ -5,6 +5,8 @@ Pure Altair (no Streamlit), so the chart a page shows can be checked as a spec i
 
 from __future__ import annotations
 
+from typing import Final
+
 import altair as alt
 import pandas as pd
 from kvscope.ui.data import render_when
@@ -12,7 +14,7 @@ from kvscope.ui.data import render_when
 BAND_COLOUR = "#d62728"
 UTC = alt.Scale(type="utc")
 """Vega-Lite shows times in the browser's zone unless told otherwise; the page says UTC, so must the axis."""
-UTC_CLOCK = "utchoursminutesseconds"
+UTC_CLOCK: Final = "utchoursminutesseconds"   # Final: typed as the literal altair expects
 
 
 def incident_label(since: float, until: float, active: bool) -> str:

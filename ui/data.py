@@ -7,6 +7,7 @@ charts show the very numbers the rules saw. Everything here is plain data and te
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -15,12 +16,17 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Labels, load_catalog
+from kvscope.agent.signals import Labels, load_catalog
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding
+from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
+
+if TYPE_CHECKING:
+    from kvscope.report.weekly import SeriesSet
 
 KINDS = ("recording", "prometheus", "agent")
 ENV = {"recording": "KVSCOPE_UI_RECORDING", "prometheus": "KVSCOPE_UI_PROMETHEUS", "agent": "KVSCOPE_UI_AGENT"}
@@ -29,15 +35,10 @@ ENV_END = "KVSCOPE_UI_END"
 MAX_CHART_SERIES = 8
 SPREAD_ABOVE = 4
 """Evidence charts with more series than this show their min / mean / max instead."""
-_TOKEN = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-
-
-class SourceError(RuntimeError):
-    """The source could not be read; the message says which and why."""
 
 
 @dataclass(frozen=True)
-class Source:
+class SourceSpec:
     """Where the UI reads from: kind is recording | prometheus | agent."""
 
     kind: str
@@ -49,14 +50,14 @@ class Source:
         return f"{self.kind}: {self.location}"
 
 
-def source_from_env(env: Mapping[str, str] | None = None) -> Source | None:
+def source_from_env(env: Mapping[str, str] | None = None) -> SourceSpec | None:
     """The source `kvscope ui` passed to the Streamlit process through the environment."""
     env = os.environ if env is None else env
     since = float(env.get(ENV_SINCE, "1800"))
     end = float(env[ENV_END]) if env.get(ENV_END) else None
     for kind, var in ENV.items():
         if env.get(var):
-            return Source(kind, env[var], since, end)
+            return SourceSpec(kind, env[var], since, end)
     return None
 
 
@@ -64,15 +65,15 @@ def source_from_env(env: Mapping[str, str] | None = None) -> Source | None:
 class TriageData:
     """A diagnosis and the frame it was computed on."""
 
-    source: Source
+    source: SourceSpec
     diagnosis: Diagnosis
     frame: Frame
     engines: dict[str, str | None] = field(default_factory=dict)
-    cascades: dict = field(default_factory=dict)   # instance -> agent.analytics.cascade.CascadeReport
-    series: object = None                          # diagnoser.report.SeriesSet for the efficiency page
+    cascades: dict = field(default_factory=dict)   # instance -> agent.derive.cascade.CascadeReport
+    series: SeriesSet | None = None                # for the efficiency page
 
 
-def load_triage(source: Source, step_s: float | None = None) -> TriageData:
+def load_triage(source: SourceSpec, step_s: float | None = None) -> TriageData:
     """Read the source and diagnose it. Raises SourceError with a readable reason."""
     if source.kind == "recording":
         return _from_recording(source, step_s)
@@ -85,7 +86,7 @@ _PRELOADED: dict[str, Future] = {}
 """Recording path -> its TriageData being read by a background thread of the UI process."""
 
 
-def start_preload(source: Source | None) -> None:
+def start_preload(source: SourceSpec | None) -> None:
     """Start reading and diagnosing a recording in a background thread, so the first page view
     finds it done instead of waiting seconds (replay dominates). Live sources are not preloaded:
     their window ends when the page asks."""
@@ -115,8 +116,7 @@ def grid_step(duration_s: float) -> float:
     return float(min(15.0, max(1.0, round(duration_s / 60.0))))
 
 
-def _from_recording(source: Source, step_s: float | None) -> TriageData:
-    from kvscope.diagnoser.sources import SourceError as ReadError
+def _from_recording(source: SourceSpec, step_s: float | None) -> TriageData:
     from kvscope.diagnoser.sources.recording import RecordingSource
 
     path = Path(source.location)
@@ -124,14 +124,14 @@ def _from_recording(source: Source, step_s: float | None) -> TriageData:
         raise SourceError(f"recording {path} does not exist")
     try:
         replay = RecordingSource(str(path)).replay()   # its spans sidecar too, when there is one
-    except ReadError as exc:
+    except SourceError as exc:
         raise SourceError(f"recording {path} could not be read: {exc}") from exc
     except (EOFError, zlib.error) as exc:               # a gzip cut short (recorder killed mid-write)
         raise SourceError(f"recording {path} is truncated or corrupt: {exc}") from exc
     return triage_from_replay(source, replay, step_s)
 
 
-def triage_from_replay(source: Source, replay, step_s: float | None = None) -> TriageData:
+def triage_from_replay(source: SourceSpec, replay, step_s: float | None = None) -> TriageData:
     """Diagnose an already replayed recording (agent.replay.Replay)."""
     from kvscope.agent.derive.cascade import evaluate_cascade
     from kvscope.diagnoser.evaluate.evaluator import diagnose
@@ -149,63 +149,40 @@ def triage_from_replay(source: Source, replay, step_s: float | None = None) -> T
                       series_set_from_samples(replay.samples))
 
 
-def _from_remote(source: Source, step_s: float) -> TriageData:
+def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
     """A live source: the last `since_s` seconds of Prometheus (kvscope:/native series) or an agent."""
     import time
 
-    from kvscope.diagnoser import sources
     from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
     from kvscope.diagnoser.rulebook.rule import read_rules
     from kvscope.diagnoser.sources.agent import AgentSource
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
-    reader = PrometheusSource(source.location) if source.kind == "prometheus" else AgentSource(source.location)
+    reader: PrometheusSource | AgentSource
     rules = read_rules()
     names = set().union(*(sample_names(r) for r in rules))
     end = source.end or time.time()
     try:
+        if source.kind == "prometheus":     # the rules run in the TSDB; evidence where they matched
+            from kvscope.diagnoser.pushdown.run import diagnose_pushdown
+
+            reader = PrometheusSource(source.location)
+            diagnosis, report = diagnose_pushdown(reader.client, end - source.since_s, end, step_s, rules,
+                                                  source=reader.description, catalog=reader.catalog)
+            assert report.frame is not None
+            return TriageData(source, diagnosis, report.frame)
+        reader = AgentSource(source.location)
         frame = reader.read_frame(names, end - source.since_s, end, step_s)
-    except (sources.SourceError, OSError, ValueError) as exc:
+    except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read: {exc}") from exc
     return TriageData(source, diagnose(frame, rules, source=reader.description), frame)
 
 
 # ------------------------------------------------------------------------------ evidence series
 
-def signals_in(expr: str, frame: Frame) -> list[str]:
-    """Canonical signals an evidence expression reads that this frame holds, in order."""
-    catalog = load_catalog()
-    out: list[str] = []
-    for token in _TOKEN.findall(expr):
-        sig = catalog.signals.get(token) or catalog.signals.get(_histogram_base(token))
-        if sig is None or sig.name in out:
-            continue
-        if any(n in frame.blocks for n in sig.series_names()):
-            out.append(sig.name)
-    return out
-
-
-def _histogram_base(token: str) -> str:
-    """'request_ttft_seconds_sum' -> 'request_ttft_seconds': evidence reads histograms through
-    their _sum/_count/_bucket series, the catalog names the histogram itself."""
-    for suffix in HISTOGRAM_SUFFIXES:
-        if token.endswith(suffix):
-            return token[: -len(suffix)]
-    return token
-
-
 def _matches(labels: Labels, where: Mapping[str, str]) -> bool:
     have = dict(labels)
     return all(have.get(k, v) == v for k, v in where.items())
-
-
-def _rate(values: np.ndarray, step: float, k: int = 1) -> np.ndarray:
-    """Per-second increase over the last k grid steps (k = 1: step to step); a counter reset
-    inside the range gives no value rather than a negative rate."""
-    d = np.full(values.shape, np.nan)
-    d[:, k:] = (values[:, k:] - values[:, :-k]) / (k * step)
-    d[d < 0] = np.nan
-    return d
 
 
 def _steps(frame: Frame, range_s: float | None) -> int:
@@ -218,11 +195,13 @@ def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = No
     """One signal on the grid as a DataFrame (index: UTC time; columns: series labels).
 
     Counters become per-second rates, histograms their mean (sum rate over count rate), gauges stay
-    as they are. Rows are filtered to `where` (labels a row lacks do not exclude it); at most
-    `limit` series are kept (None: all). Rates are over `range_s` (the evidence's own range, so
-    the chart reads what the rule read), else step to step.
+    as they are; rates are the evaluator's (`grid.counter_rate`: resets handled, gaps bridged) over
+    `range_s`, else step to step. Rows are filtered to `where` (labels a row lacks do not exclude
+    it); at most `limit` series are kept (None: all).
     """
-    k = _steps(frame, range_s)
+    from kvscope.diagnoser.evaluate.grid import counter_rate
+
+    k, step = _steps(frame, range_s), frame.step or 1.0
     sig = load_catalog().signals[signal]
     where = where or {}
     if sig.kind == "histogram":
@@ -230,7 +209,7 @@ def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = No
         if s is None or c is None:
             return pd.DataFrame()
         keep = [i for i, lab in enumerate(s.labels) if _matches(lab, where)]
-        num, den = _rate(s.values[keep], frame.step or 1.0, k), _rate(c.values[keep], frame.step or 1.0, k)
+        num, den = counter_rate(s.values[keep], k, step), counter_rate(c.values[keep], k, step)
         with np.errstate(invalid="ignore", divide="ignore"):
             values = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
         labels = [s.labels[i] for i in keep]
@@ -241,78 +220,10 @@ def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = No
         keep = [i for i, lab in enumerate(block.labels) if _matches(lab, where)]
         values, labels = block.values[keep], [block.labels[i] for i in keep]
         if sig.kind == "counter":
-            values = _rate(values, frame.step or 1.0, k)
+            values = counter_rate(values, k, step)
     index = pd.to_datetime(frame.ts, unit="s", utc=True)
     cols = {_column(lab, where): values[i] for i, lab in enumerate(labels[:limit])}
     return pd.DataFrame(cols, index=index)
-
-
-_RANGE = re.compile(r"\b([a-zA-Z_][a-zA-Z0-9_]*)(?:\{[^}]*\})?\[([0-9a-z]+)\]")
-
-
-def ranges_in(expr: str) -> dict[str, float]:
-    """signal -> the rate range in seconds an evidence expression reads it over
-    ('rate(engine_preemptions_total[8s])' -> {'engine_preemptions_total': 8.0}); a histogram's
-    _sum/_count/_bucket series count for the histogram."""
-    from kvscope.diagnoser.rulebook.rule import parse_duration
-
-    out: dict[str, float] = {}
-    for m in _RANGE.finditer(expr):
-        try:
-            out.setdefault(_histogram_base(m.group(1)), parse_duration(m.group(2)))
-        except (ValueError, TypeError):
-            continue
-    return out
-
-
-_QUANTILE = re.compile(r"histogram_quantile\(\s*([0-9.]+)\s*,.*?\b([a-zA-Z_][a-zA-Z0-9_]*)_bucket\b"
-                       r"(?:\{[^}]*\})?(?:\[([0-9a-z]+)\])?")
-
-
-def quantiles_in(expr: str) -> dict[str, tuple[float, float | None]]:
-    """histogram -> (q, rate range in seconds or None) for each histogram_quantile in an
-    evidence expression: 'histogram_quantile(0.5, ... rate(request_ttft_seconds_bucket[18s]))'
-    gives {'request_ttft_seconds': (0.5, 18.0)}."""
-    from kvscope.diagnoser.rulebook.rule import parse_duration
-
-    out: dict[str, tuple[float, float | None]] = {}
-    for m in _QUANTILE.finditer(expr):
-        try:
-            rng = parse_duration(m.group(3)) if m.group(3) else None
-        except (ValueError, TypeError):
-            rng = None
-        out.setdefault(m.group(2), (float(m.group(1)), rng))
-    return out
-
-
-def quantile_frame(frame: Frame, signal: str, q: float, where: Mapping[str, str] | None = None,
-                   range_s: float | None = None) -> pd.DataFrame:
-    """The q-quantile of a histogram on the grid, one column per series (its labels without
-    `le`), computed the Prometheus way (diagnoser.grid.bucket_quantile) from bucket increases
-    over `range_s` (the evidence's own rate range, so the chart reads what the rule read; one
-    grid step when None). Empty when the source has no buckets for it."""
-    from kvscope.diagnoser.evaluate.grid import bucket_quantile
-
-    block = frame.block(signal + "_bucket")
-    if block is None:
-        return pd.DataFrame()
-    where = where or {}
-    groups: dict[Labels, dict[float, int]] = {}
-    for i, labels in enumerate(block.labels):
-        have = dict(labels)
-        le = have.pop("le", None)
-        if le is None or not _matches(labels, where):
-            continue
-        groups.setdefault(tuple(sorted(have.items())), {})[float(le)] = i
-    rates = _rate(block.values, frame.step or 1.0, _steps(frame, range_s))
-    cols = {}
-    for labels, by_le in list(groups.items())[:MAX_CHART_SERIES]:
-        les = sorted(by_le)
-        if les[-1] != float("inf") or len(les) < 2:
-            continue
-        planes = rates[[by_le[le] for le in les]][None, :, :]
-        cols[_column(labels, where)] = bucket_quantile(q, np.array(les), planes)[0]
-    return pd.DataFrame(cols, index=pd.to_datetime(frame.ts, unit="s", utc=True))
 
 
 def _column(labels: Labels, where: Mapping[str, str]) -> str:
@@ -320,26 +231,45 @@ def _column(labels: Labels, where: Mapping[str, str]) -> str:
     return ", ".join(shown) or "value"
 
 
+def evidence_series(data: TriageData, finding: Finding, key: str) -> pd.DataFrame:
+    """The rule's own series `key` on the grid, at the finding's place: the evaluator's values
+    (`evaluated_series`), one column per group of the series' grouping that agrees with the
+    finding's labels. Empty when the rule or series is unknown (a diagnosis from other rules)."""
+    from kvscope.diagnoser.evaluate.evaluator import evaluated_series
+    from kvscope.diagnoser.rulebook.grammar import ExprError
+
+    rule = _rules_by_id().get(finding.rule_id)
+    if rule is None or key not in rule.series:
+        return pd.DataFrame()
+    try:
+        g = evaluated_series(rule, data.frame, key, data.diagnosis.time_scale or 1.0)
+    except (ExprError, KeyError, ValueError):
+        return pd.DataFrame()
+    where = finding.where or {}
+    rows = [i for i, k in enumerate(g.keys) if _matches(tuple(zip(g.by, k, strict=True)), where)]
+    cols = {_column(tuple(zip(g.by, g.keys[i], strict=True)), where): g.values[i] for i in rows}
+    return pd.DataFrame(cols, index=pd.to_datetime(data.frame.ts, unit="s", utc=True))
+
+
+@functools.cache
+def _rules_by_id() -> dict:
+    from kvscope.diagnoser.rulebook.rule import read_rules
+
+    return {r.id: r for r in read_rules()}
+
+
 def evidence_charts(data: TriageData, finding: Finding) -> list[tuple[str, str, pd.DataFrame]]:
-    """(signal, unit, series) for each signal the finding's evidence reads, filtered to its place."""
-    seen: list[str] = []
+    """(evidence name, axis unit, series) per series the finding's evidence reads, in evidence
+    order: the evaluator's own values for the rule's series at the finding's place, so each
+    evidence number (max, mean, first... over the finding's period) is read off its chart."""
+    out, seen = [], set()
     for ev in finding.evidence:
-        seen += [s for s in signals_in(ev.series, data.frame) if s not in seen]
-    quantiles: dict[str, tuple[float, float | None]] = {}
-    ranges: dict[str, float] = {}
-    for ev in finding.evidence:                   # the first evidence reading a signal wins
-        quantiles = {**quantiles_in(ev.series), **quantiles}
-        ranges = {**ranges_in(ev.series), **ranges}
-    out = []
-    for sig in seen:
-        if sig in quantiles:          # the rule read a percentile: chart that, not the mean
-            q, rng = quantiles[sig]
-            df, unit = quantile_frame(data.frame, sig, q, finding.where, rng), axis_unit(sig, q)
-        else:
-            df = signal_frame(data.frame, sig, finding.where, limit=None, range_s=ranges.get(sig))
-            unit = axis_unit(sig)
+        if not ev.key or ev.key in seen:
+            continue
+        seen.add(ev.key)
+        df = evidence_series(data, finding, ev.key)
         if not df.empty and df.notna().any().any():
-            out.append((sig, unit, spread(df)))
+            out.append((ev.name, evidence_unit(ev.unit), spread(df)))
     return out
 
 
@@ -357,6 +287,15 @@ def spread(df: pd.DataFrame, most: int = SPREAD_ABOVE) -> pd.DataFrame:
 
 _UNIT_WORDS = {"ratio": "ratio (0-1)", "count": "count", "seconds": "seconds", "tokens": "tokens",
                "bytes": "bytes", "bytes_per_second": "bytes/s"}
+
+
+_EVIDENCE_UNITS = {"ratio": "ratio (0-1)", "per_second": "per second", "tokens_per_second": "tokens/s",
+                   "bytes_per_second": "bytes/s", "duration": "seconds"}
+
+
+def evidence_unit(unit: str) -> str:
+    """The y-axis title for an evidence unit of a rule ('per_second' -> 'per second')."""
+    return _EVIDENCE_UNITS.get(unit, unit.replace("_", " ") or "value")
 
 
 def axis_unit(signal: str, quantile: float | None = None) -> str:
@@ -487,7 +426,7 @@ def tenant_table(frame: Frame) -> pd.DataFrame:
 
 
 def cascade_rows(cascades: Mapping) -> pd.DataFrame:
-    """One row per engine instance of agent.analytics.cascade reports: the deepest stage the
+    """One row per engine instance of agent.derive.cascade reports: the deepest stage the
     window reached (what the incident was) next to the stage at its end (whether it is over),
     each stage's first onset by name, and the lead of the root over the latency symptom."""
     from kvscope.agent.derive.cascade import STAGES

@@ -10,8 +10,9 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import TextIO
 
-from kvscope.ui.data import ENV, ENV_END, ENV_SINCE, Source
+from kvscope.ui.data import ENV, ENV_END, ENV_SINCE, SourceSpec
 
 APP = Path(__file__).with_name("app.py")
 
@@ -54,11 +55,11 @@ def stop_on_sigterm() -> None:
 class UiServer:
     """`streamlit run ui/app.py` for one source; use as a context manager or start()/stop()."""
 
-    def __init__(self, source: Source | None, port: int = 8501, host: str = "127.0.0.1",
+    def __init__(self, source: SourceSpec | None, port: int = 8501, host: str = "127.0.0.1",
                  log_path: Path | None = None) -> None:
         self.source, self.port, self.host, self.log_path = source, port, host, log_path
         self.proc: subprocess.Popen | None = None
-        self._log = None
+        self._log: TextIO | None = None
 
     @property
     def url(self) -> str:
@@ -80,7 +81,7 @@ class UiServer:
         return env
 
     def start(self) -> UiServer:
-        out = subprocess.DEVNULL
+        out: int | TextIO = subprocess.DEVNULL
         if self.log_path is not None:
             self._log = out = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT,

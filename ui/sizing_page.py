@@ -30,7 +30,7 @@ def memory_section() -> None:
     kv_heads = c[1].number_input("KV heads (not attention heads)", 1, 256, 8, key="kv_heads")
     head_dim = c[2].number_input("Head dim", 1, 1024, 128, key="head_dim")
     headroom = c[3].slider("Headroom", 0.0, 1.0, 0.3, 0.05, key="headroom")
-    c = st.columns(3)
+    c = st.columns(3)   # type: ignore[assignment]  # streamlit types columns(n) as an n-tuple
     context = c[0].number_input("P95 context (tokens)", 1, 2_000_000, 8000, key="context")
     concurrency = c[1].number_input("Peak concurrency", 1, 100_000, 50, key="concurrency")
     activations_gb = c[2].number_input("Activations (GB)", 0.0, 1000.0, 0.0, key="activations_gb")

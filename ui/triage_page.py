@@ -122,17 +122,17 @@ def render_first_lever(f: Finding) -> None:
 
 
 def render_charts(data: TriageData, f: Finding) -> None:
-    """One chart per signal the evidence reads, two to a row, the finding's period shaded."""
+    """One chart per series the evidence reads (the rule's own values), two to a row, the period shaded."""
     shown = evidence_charts(data, f)
     if not shown:
         return
     st.markdown(f"**Evidence over time** — shaded: the finding's period, {incident_label(f.since, f.until, f.active)} "
-                "(counters as per-second rates, histograms as the mean or the percentile the rule read, each over "
-                "the rule's range, so the evidence table's numbers can be read off the lines)")
+                "(each line is the series the rule itself evaluated, at this place, so the evidence table's numbers "
+                "can be read off the lines)")
     for i in range(0, len(shown), 2):
         cols = st.columns(2)
-        for col, (signal, unit, df) in zip(cols, shown[i:i + 2], strict=False):
-            col.markdown(f"`{signal}`")
+        for col, (name, unit, df) in zip(cols, shown[i:i + 2], strict=False):
+            col.markdown(f"**{name}**")
             col.altair_chart(render_series_chart(df, unit, f.since, f.until, data.frame.window), width="stretch")
 
 

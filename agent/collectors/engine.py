@@ -3,13 +3,18 @@
 Overview: each `collect()` scrapes all targets concurrently (each bounded by the scrape timeout
 and the body cap), detects the dialect of each target from its metric names (or uses the
 target's `engine` override), and normalizes the exposition to canonical samples. Families whose
-text did not change since the target's previous scrape are not parsed again (agent/scrape/blockcache.py).
+text did not change since the target's previous scrape are not parsed again (agent/normalize/blockcache.py).
 
 Failure modes, each reported in the target's `Health` and never raised:
 
 * the scrape fails: `up=False`, reason from agent/scrape/fetch.py (`timeout`, `http_503`,
   `body_too_large`...);
 * the payload names no known engine: `up=False`, reason `unknown_engine`, no samples;
+* the engine is known but nothing in the payload maps to a canonical signal (every name unmapped,
+  or every value dropped): `up=False`, reason `no_canonical_series`;
+* the payload is an aggregate of several engines whose series name their worker (sglang-router's
+  /engine_metrics, `worker_addr`): up, reason `aggregated_workers`, each worker's series under its
+  own instance;
 * bad lines (malformed, truncated, duplicate series) and bad values (NaN/Inf): the target stays
   up, the lines are dropped and counted by reason in `Health.dropped`.
 
@@ -26,8 +31,8 @@ from dataclasses import dataclass, field
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import AgentConfig, Target
-from kvscope.agent.dialects.dialect import Normalized, detect_engine, normalize
-from kvscope.agent.scrape.blockcache import BlockCache
+from kvscope.agent.normalize.blockcache import BlockCache
+from kvscope.agent.normalize.dialect import Normalized, detect_engine, normalize
 from kvscope.agent.scrape.exposition import Exposition, ParseIssue, parse_exposition
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
 from kvscope.agent.scrape.httpclient import HttpClient
@@ -129,7 +134,9 @@ class EngineCollector:
         if engine is None:
             health.up, health.reason = False, "unknown_engine"
             health.errors["unknown_engine"] += 1
-            health.dropped.update(i.reason for i in scrape.exposition().issues)
+            expo = scrape.exposition()
+            assert expo is not None   # the scrape has text (checked above)
+            health.dropped.update(i.reason for i in expo.issues)
             return
         norm, issues = self._normalize(scrape, engine)
         if issues:
@@ -137,6 +144,11 @@ class EngineCollector:
         if norm.dropped:
             health.dropped.update(norm.dropped)
         health.series = len(norm.samples)
+        if not norm.samples:
+            health.up, health.reason = False, "no_canonical_series"
+            health.errors["no_canonical_series"] += 1
+        elif _aggregated(scrape.text, self.catalog.dialects[engine].worker_labels):
+            health.reason = "aggregated_workers"
         if isinstance(out.samples, Parts):
             out.samples.add(norm.samples, target.instance)
         else:
@@ -148,7 +160,7 @@ class EngineCollector:
 
     def _normalize(self, scrape: TargetScrape, engine: str) -> tuple[Normalized, list[ParseIssue]]:
         """Whole-payload path when the payload is already parsed (detection, recording) or
-        OpenMetrics; else the per-target block memo (agent/scrape/blockcache.py), same result."""
+        OpenMetrics; else the per-target block memo (agent/normalize/blockcache.py), same result."""
         target = scrape.target
         if scrape.parsed or scrape.openmetrics:
             expo = scrape.exposition()
@@ -157,6 +169,7 @@ class EngineCollector:
         cache = self._caches.get(target.instance)
         if cache is None:
             cache = self._caches[target.instance] = BlockCache(self.catalog)
+        assert scrape.text is not None   # the caller returned early for a failed scrape
         return cache.normalize(scrape.text, engine, target.target_labels(), scrape.timestamp)
 
     def _engine_of(self, target: Target, scrape: TargetScrape) -> str | None:
@@ -165,7 +178,9 @@ class EngineCollector:
         engine = self._engines.get(target.instance)
         if engine is None:
             self._caches.pop(target.instance, None)
-            engine = detect_engine(scrape.exposition(), self.catalog)
+            expo = scrape.exposition()
+            assert expo is not None   # the caller returned early for a failed scrape
+            engine = detect_engine(expo, self.catalog)
             if engine is not None:
                 self._engines[target.instance] = engine
         return engine
@@ -174,6 +189,11 @@ class EngineCollector:
         if self._session is not None and self._own_session:
             await self._session.close()
         self._session = None
+
+
+def _aggregated(text: str | None, worker_labels: tuple[str, ...]) -> bool:
+    """The payload labels its series with the worker behind them (one scan, no parse)."""
+    return text is not None and any(f'{label}="' in text for label in worker_labels)
 
 
 def _merge_ranks(by_rank: dict[str, dict[str, str]]) -> dict[str, str]:

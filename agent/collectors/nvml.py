@@ -267,6 +267,7 @@ class NvmlCollector:
 
     def _device_values(self, r: _Reader, h: Any) -> Iterator[tuple[str, float | None]]:
         nv = self._nvml
+        assert nv is not None   # devices are read only once the bindings are loaded
         util = r.get("nvmlDeviceGetUtilizationRates", h)
         if util is not None:
             yield "gpu_utilization_ratio", util.gpu / 100.0
@@ -392,6 +393,7 @@ class NvmlCollector:
         if self._ready:
             if not self._running:   # a hung read may still be using the GPM buffers: leave them
                 self._forget_devices(_Reader(self._nvml))
+            assert self._nvml is not None   # _ready is set only after the bindings loaded
             try:
                 self._nvml.nvmlShutdown()
             except Exception:   # noqa: BLE001 - shutting down a broken driver must not fail close()

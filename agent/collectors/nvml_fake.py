@@ -56,10 +56,12 @@ class FakeNvml:
             raise AttributeError(name)   # a call the recording cannot answer: as if the bindings lacked it
         return real                      # constants, structures and exception classes
 
-    def _error(self, name: str) -> Exception:
-        code = getattr(self._real, "NVML_ERROR_" + "".join("_" + c if c.isupper() else c.upper()
+    def _code(self, name: str) -> int:
+        return getattr(self._real, "NVML_ERROR_" + "".join("_" + c if c.isupper() else c.upper()
                                                           for c in name).lstrip("_"))
-        return self._real.NVMLError(code)
+
+    def _error(self, name: str) -> Exception:
+        return self._real.NVMLError(self._code(name))
 
     def _answer(self, value: Any) -> Any:
         if isinstance(value, dict) and set(value) == {"error"}:
@@ -210,7 +212,7 @@ class FakeNvml:
     def _fill_metric(self, metric: Any, value: Any) -> None:
         if value is None or isinstance(value, dict):
             error = "NotSupported" if value is None else value["error"]
-            metric.nvmlReturn = self._error(error).value
+            metric.nvmlReturn = self._code(error)
         else:
             metric.nvmlReturn, metric.value = self._real.NVML_SUCCESS, float(value)
 

@@ -307,7 +307,7 @@ def _gpu_dropped(ser: _Series, grid: list[float], first_high: float | None,
 
 
 def render_cascade_samples(reports: Mapping[str, CascadeReport], timestamp: float | None = None) -> list[Sample]:
-    """The kvscope-produced cascade series (declared in agent/dialects/catalog.yaml).
+    """The kvscope-produced cascade series (declared in agent/normalize/catalog.yaml).
 
     `engine_cascade_stage_code{instance}` is always present for an instance with KV usage; onset and
     lead-time series only once the stage was reached (absent, never zero).

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+from kvscope.agent.scrape.stamped import Parts, Stamped
 from kvscope.agent.signals import Sample, make_labels
 
 # Canonical series read per tenant: kvscope-produced first, then engine series with a tenant label.
@@ -31,6 +33,7 @@ _PROMPT = ("tenant_prompt_tokens_total", "engine_prompt_tokens_total")
 _CACHED = ("tenant_cached_tokens_total", "engine_prefix_cache_hits_tokens_total")
 _REUSABLE = ("tenant_reusable_tokens_total",)
 _TTFT_BUCKETS = ("tenant_ttft_seconds_bucket", "request_ttft_seconds_bucket")
+_USAGE_NAMES = frozenset(_REQUESTS + _PROMPT + _CACHED + _REUSABLE + _TTFT_BUCKETS)
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,7 @@ def _usage(tenant: str, vals: Mapping[str, float],
 
 
 def render_fairness_samples(report: FairnessReport, timestamp: float | None = None) -> list[Sample]:
-    """The kvscope-produced fairness gauges (declared in agent/dialects/catalog.yaml). Absent stays absent."""
+    """The kvscope-produced fairness gauges (declared in agent/normalize/catalog.yaml). Absent stays absent."""
     out: list[Sample] = []
     for name, t in report.tenants.items():
         lab = make_labels({"tenant": name})
@@ -255,3 +258,42 @@ class UsageWindow:
             base = snap
         self._snapshots.append((now, current))
         return {t: u.minus(base[t]) if t in base else u for t, u in current.items()}
+
+
+def render_fairness_json(report: FairnessReport) -> dict[str, Any]:
+    """A fairness report as plain JSON (None stays null: absent, not zero)."""
+    return {"aggregate_hit_ratio": report.aggregate_hit_ratio, "jain_index": report.jain_index,
+            "cold_tenant_ratio": report.cold_tenant_ratio, "tail_gap_ratio": report.tail_gap_ratio,
+            "worst_tenant": report.worst_tenant,
+            "tenants": {name: dict(t.__dict__) for name, t in report.tenants.items()}}
+
+
+def fairness_since_start(samples: list[Sample]) -> list[Sample]:
+    """Fairness gauges from cumulative tenant series, over everything since they started (the
+    standalone tap's /kvscope/metrics)."""
+    return render_fairness_samples(evaluate_fairness(parse_tenant_usage(samples)))
+
+
+def fairness_json_since_start(samples: list[Sample]) -> dict[str, Any]:
+    """The standalone tap's /kvscope/fairness answer."""
+    return render_fairness_json(evaluate_fairness(parse_tenant_usage(samples)))
+
+
+def fairness_hook(window_s: float = 300.0) -> Callable[[Iterable[Sample]], list[Sample]]:
+    """A derive hook for the agent runtime: fleet fairness gauges over the last `window_s` from
+    the `tenant_*` counters kvscope's own sources (the tap, the OTLP receiver) produced this
+    cycle. Engine targets' scrapes (`Stamped` parts) are not read: their tenant labels, where an
+    engine has them, are not kvscope's accounting, and skipping them keeps the hook off the
+    per-sample path."""
+    window = UsageWindow(window_s)
+
+    def fairness(cycle: Iterable[Sample]) -> list[Sample]:
+        parts = cycle.parts if isinstance(cycle, Parts) else [cycle]
+        own = [s for p in parts if not isinstance(p, Stamped) for s in p if s.name in _USAGE_NAMES]
+        if not own:
+            return []
+        now = max((s.timestamp for s in own if s.timestamp is not None), default=None)
+        usage = window.update(now if now is not None else 0.0, parse_tenant_usage(own))
+        return render_fairness_samples(evaluate_fairness(usage), now)
+
+    return fairness

@@ -18,12 +18,13 @@ dashboards and the diagnoser. Pure functions over the latest samples: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import add, itemgetter
 from typing import Any
 
+from kvscope.agent.config import parse_gpu_mapping
 from kvscope.agent.scrape.stamped import Parts, Stamped
 from kvscope.agent.signals import Sample, make_labels
 
@@ -72,22 +73,6 @@ class GpuAssignment:
     device: GpuDevice
     join: str
     memory_bytes: float | None = None
-
-
-def parse_gpu_mapping(raw: Any) -> dict[str, tuple[str, ...]]:
-    """Validate the `gpu_mapping` config value: GPU uuid or index -> instance(s).
-    Raises ValueError naming the bad entry."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"gpu_mapping: expected a mapping of GPU uuid or index to instance, got {type(raw).__name__}")
-    out: dict[str, tuple[str, ...]] = {}
-    for key, value in raw.items():
-        values = value if isinstance(value, list | tuple) else [value]
-        if not values or not all(isinstance(v, str) and v for v in values):
-            raise ValueError(f"gpu_mapping.{key}: expected an instance name or a list of them, got {value!r}")
-        out[str(key)] = tuple(values)
-    return out
 
 
 def _device(s: Sample) -> GpuDevice:
@@ -154,7 +139,7 @@ def _by_config(mapping: dict[str, tuple[str, ...]], devices: dict[tuple[str | No
     return out
 
 
-def _by_kubernetes(joined: list[Sample], samples: list[Sample],
+def _by_kubernetes(joined: list[Sample], samples: Iterable[Sample],
                    used: dict[tuple[str | None, ...], float]) -> list[GpuAssignment]:
     gpu_pods = [s for s in joined if _is_gpu(s) and s.label("pod") and s.label("namespace")]
     if not gpu_pods:   # dcgm-exporter outside Kubernetes mode: nothing to join, skip the engine scan
@@ -237,12 +222,12 @@ def derive_engine_gpu(samples: Iterable[Sample], gpu_mapping: Any = None) -> lis
     return render_engine_gpu_samples(assignments, max(stamps, default=None))
 
 
-def engine_gpu_hook(gpu_mapping: Any = None) -> Callable[[list[Sample]], list[Sample]]:
+def engine_gpu_hook(gpu_mapping: Any = None) -> Callable[[Iterable[Sample]], list[Sample]]:
     """A derive hook for the agent runtime (`AgentRuntime(derive=[engine_gpu_hook(cfg.gpu_mapping)])`).
     The mapping is validated here, so a bad one fails at start with a message naming the entry."""
     parse_gpu_mapping(gpu_mapping)
 
-    def engine_gpu(cycle: list[Sample]) -> list[Sample]:
+    def engine_gpu(cycle: Iterable[Sample]) -> list[Sample]:
         return derive_engine_gpu(cycle, gpu_mapping)
 
     return engine_gpu

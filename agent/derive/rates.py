@@ -11,6 +11,8 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
+import numpy as np
+
 Points = Sequence[tuple[float, float]]
 
 
@@ -20,6 +22,16 @@ def deltas(points: Points) -> list[tuple[float, float]]:
     for (_, prev), (ts, cur) in zip(points, points[1:], strict=False):
         out.append((ts, cur - prev if cur >= prev else cur))
     return out
+
+
+def step_increases(values: np.ndarray) -> np.ndarray:
+    """`deltas` for arrays: the increase from each value to the next along the last axis, a drop
+    counted as a reset (the increase is the value after it). One element shorter than `values`;
+    NaN where either value is NaN. Every counter reading in kvscope (the rule grid, the weekly
+    report, the UI) takes its increases from here."""
+    d = np.diff(values, axis=-1)
+    np.copyto(d, values[..., 1:], where=d < 0)
+    return d
 
 
 def raw_increase(points: Points) -> float | None:

@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvscope.agent.kvevents.events import KvEvent
+from kvscope.agent.metricsets import RESIDENCY_BUCKETS, CounterSet, HistogramSet
 from kvscope.agent.signals import Sample, make_labels
-from kvscope.agent.traces.histogram import RESIDENCY_BUCKETS, CounterSet, HistogramSet
 
 
 @dataclass
@@ -104,7 +104,7 @@ class ResidencyTracker:
             self._evicted[key] = (ev.ts, res.uses)
             self._bound(self._evicted, "evicted_overflow")
 
-    def _bound(self, table: OrderedDict, reason: str) -> None:  # type: ignore[type-arg]
+    def _bound(self, table: OrderedDict, reason: str) -> None:
         while len(table) > self.max_blocks:
             table.popitem(last=False)
             self.stats[reason] += 1

@@ -104,8 +104,8 @@ class RecordingWriter:
             fam = om_family(raw.name, expo)
             if fam is None:
                 continue
-            labels = tuple(sorted(export_conflicts(raw.labels, extra) + target))
-            self._write_sample(fam, expo.helps.get(fam[0], ""), raw.name, labels, raw.value, ts)
+            own = tuple(sorted(export_conflicts(raw.labels, extra) + target))
+            self._write_sample(fam, expo.helps.get(fam[0], ""), raw.name, own, raw.value, ts)
 
     def _write(self, family: str, kind: str, help_: str, labels: Labels, value: float, ts: str) -> None:
         self._write_sample((family, kind), help_, family, labels, value, ts)

@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.agent.derive.gpu_join import derive_engine_gpu
-from kvscope.agent.dialects.dialect import detect_engine, normalize
+from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
+from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.recording.omfile import read_recording, scrapes_by_target
 from kvscope.agent.scrape.exposition import Exposition
-from kvscope.agent.serve.export import PREFIX, signal_of
+from kvscope.agent.serve.export import KVSCOPE_PREFIX, signal_of
 from kvscope.agent.signals import Catalog, Sample, load_catalog, make_labels
-from kvscope.agent.traces.histogram import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.traces.otlp import Span
 from kvscope.agent.traces.receiver import phase_labels
 from kvscope.agent.traces.stitch import StitchConfig, stitch_trace
@@ -66,7 +66,7 @@ def kvscope_signal(name: str, catalog: Catalog) -> str | None:
     """The canonical sample name of a series kvscope serves: a kvscope-produced signal under its
     own name (the tap's `tenant_requests_total`) or any catalog signal under the agent's export
     prefix (`kvscope_engine_kv_cache_usage_ratio`); None for anything else."""
-    bare = name.removeprefix(PREFIX)
+    bare = name.removeprefix(KVSCOPE_PREFIX)
     hit = signal_of(bare, catalog)
     if hit is None:
         return None
@@ -97,8 +97,8 @@ def parse_target_labels(samples: list) -> dict[str, str]:
         return out
     for key in TARGET_LABELS:
         values = {dict(r.labels).get(key) for r in samples}
-        if len(values) == 1 and None not in values and "" not in values:
-            out[key] = values.pop()
+        if len(values) == 1 and (value := values.pop()) is not None and value != "":
+            out[key] = value
     return out
 
 
@@ -276,6 +276,7 @@ def scrape_times(replay: Replay) -> list[float]:
     per_target: dict[str, list[float]] = {}
     for s in replay.samples:
         if s.name == "kvscope_target_up":
+            assert s.timestamp is not None   # replay_recording stamps each one with its scrape time
             per_target.setdefault(dict(s.labels).get("instance", ""), []).append(s.timestamp)
     gaps = sorted(b - a for ts in per_target.values() for a, b in zip(ts, ts[1:], strict=False) if b > a)
     min_gap = gaps[len(gaps) // 2] / 2 if gaps else 0.0

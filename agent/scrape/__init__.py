@@ -1,1 +1,2 @@
-"""Scrape path: fetch a target's /metrics, parse the exposition, memo by family block."""
+"""Scrape path: the keep-alive HTTP client, fetching a target's /metrics within bounds, parsing
+the exposition, and the per-scrape carrier of canonical blocks (Stamped/Parts)."""

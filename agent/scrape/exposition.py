@@ -3,7 +3,7 @@
 Pure text -> data, no I/O. Bad lines never raise: each becomes a `ParseIssue` with its line
 number and reason, and parsing goes on, so one malformed series cannot hide the rest of an
 engine's metrics. Upstream names are kept exactly as exposed; mapping to canonical signals is
-the engine dialects' job (agent/dialects/dialect.py).
+the engine dialects' job (agent/normalize/dialect.py).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def parse_exposition(text: str, openmetrics: bool | None = None,
 
     `label_cache` (label body text -> parsed labels, None when malformed) may be kept by the
     caller across payloads of one target, so that label sets seen before are not parsed again;
-    the caller bounds it (agent/scrape/blockcache.py clears it past 20k entries).
+    the caller bounds it (agent/normalize/blockcache.py clears it past 20k entries).
 
     OpenMetrics timestamps are seconds; text-format timestamps are milliseconds. Both come
     out in seconds. A payload that does not end in a newline (text) or lacks `# EOF`

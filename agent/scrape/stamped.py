@@ -1,6 +1,6 @@
 """One target's canonical samples as family blocks with one timestamp, and a cycle as parts.
 
-Between two 1 s scrapes most family blocks of an engine are unchanged (agent/scrape/blockcache.py
+Between two 1 s scrapes most family blocks of an engine are unchanged (agent/normalize/blockcache.py
 hands back the very same block object). `Stamped` keeps a scrape that way: the blocks of
 (name, labels, value) triples, one timestamp for all of them, and the target it came from. It
 is a read-only `Sequence[Sample]`: whoever iterates or indexes it gets ordinary `Sample`s

@@ -29,9 +29,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvscope.agent.scrape.exposition import format_labels, format_value
-from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Catalog, Labels, Sample, Signal
+from kvscope.agent.signals import HISTOGRAM_SUFFIXES, KVSCOPE_PREFIX, Catalog, Labels, Sample, Signal
 
-PREFIX = "kvscope_"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
@@ -96,7 +95,7 @@ def canonical_families(samples: Iterable[Sample], catalog: Catalog) -> list[Fami
     out = []
     for name in sorted(grouped):
         sig = signals[name]
-        fam = Family(PREFIX + name, sig.kind, sig.help or name)
+        fam = Family(KVSCOPE_PREFIX + name, sig.kind, sig.help or name)
         rows = grouped[name]
         for suffix, labels in _ordered(rows, sig.kind):
             fam.add(labels, rows[(suffix, labels)], suffix)

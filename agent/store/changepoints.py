@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from itertools import chain, compress, groupby, islice
 from operator import is_not, itemgetter
 
-from kvscope.agent.scrape.stamped import Parts, Stamped
+from kvscope.agent.scrape.stamped import Head, Parts, Stamped
 from kvscope.agent.signals import Labels, Sample
 
 Key = tuple[str, Labels]
@@ -147,7 +147,7 @@ class ChangeEncoder:
                 self._encode_cohort(ts_ms, samples, used, out)
         return out
 
-    def _group_for(self, ts_ms: int, cohort: Sequence[Sample], used: set[int]) -> int:
+    def _group_for(self, ts_ms: int, cohort: Sequence[Sample | Head], used: set[int]) -> int:
         """The group this cohort's series followed last (if free and older), else a new one."""
         last = self._last
         for s in cohort[:8]:

@@ -150,8 +150,8 @@ class InMemoryStore:
         with self._lock:
             for s in samples:
                 self._add(s, now)
-            if self._retention_s is not None:
-                self._evict(lambda ts: ts < now - self._retention_s, "age")
+            if (retention_s := self._retention_s) is not None:
+                self._evict(lambda ts: ts < now - retention_s, "age")
             self._evict(lambda ts: len(self._order) > self._max_points, "size")
 
     def _add(self, s: Sample, now: float) -> None:
@@ -409,10 +409,10 @@ class SqliteStore(RetentionMixin):
         with self._qlock:
             self._stats.dropped[reason] += n
 
-    def _take(self) -> list[tuple[float, list[Sample]]]:
+    def _take(self) -> list[tuple[float, Sequence[Sample]]]:
         """Whole write() calls (one scrape cycle each, usually) up to batch_size samples."""
         with self._qlock:
-            taken: list[tuple[float, list[Sample]]] = []
+            taken: list[tuple[float, Sequence[Sample]]] = []
             n = 0
             while self._queue and n < self.batch_size:
                 now, chunk = self._queue[0]
@@ -438,7 +438,7 @@ class SqliteStore(RetentionMixin):
                 if not self._commit(batch):
                     break
 
-    def _commit(self, batch: list[tuple[float, list[Sample]]]) -> bool:
+    def _commit(self, batch: list[tuple[float, Sequence[Sample]]]) -> bool:
         t0 = time.perf_counter()
         self._created = []   # series first seen in this batch: created inside its transaction
         try:
@@ -479,7 +479,7 @@ class SqliteStore(RetentionMixin):
             st.write_latency_sum_s += elapsed
         return True
 
-    def _requeue(self, batch: list[tuple[float, list[Sample]]], exc: sqlite3.Error) -> None:
+    def _requeue(self, batch: list[tuple[float, Sequence[Sample]]], exc: sqlite3.Error) -> None:
         with self._qlock:
             self._stats.errors[type(exc).__name__] += 1
             self._queue.extendleft(reversed(batch))

@@ -7,8 +7,9 @@
       max_tenants: 50
       otlp_endpoint: http://127.0.0.1:4318/v1/traces   # optional: the tap's spans
 
-Each collection returns the tenant counters and histograms (cumulative) plus the fairness
-gauges over the last `fairness_window_s` (default 300 s, from the cumulative snapshots).
+Each collection returns the tenant counters and histograms (cumulative); the fairness gauges
+over the last `fairness_window_s` (default 300 s) are the runtime's derive hook
+(agent/derive/fairness.py `fairness_hook`), which reads these counters.
 """
 
 from __future__ import annotations
@@ -19,12 +20,6 @@ from typing import Any
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import ConfigError, parse_seconds, register_section
-from kvscope.agent.derive.fairness import (
-    TenantUsage,
-    UsageWindow,
-    evaluate_fairness,
-    render_fairness_samples,
-)
 from kvscope.agent.tap.proxy import RequestTap, TapConfig
 from kvscope.agent.traces.export import SpanBatchExporter
 
@@ -73,7 +68,6 @@ class TapCollector:
         self.exporter = SpanBatchExporter(section["otlp_endpoint"]) if section and section["otlp_endpoint"] else None
         self.tap = RequestTap(section["tap"], span_sink=self.exporter.add if self.exporter else None) \
             if section else None
-        self._usage_window = UsageWindow(section["fairness_window_s"] if section else 300.0)
         self._sender: asyncio.Task[None] | None = None
 
     async def collect(self) -> Collection:
@@ -89,14 +83,8 @@ class TapCollector:
             return Collection(health=[health])
         now = time.time()
         samples = self.tap.render_samples(now)
-        samples += render_fairness_samples(evaluate_fairness(self._window(now)), now)
         health.series = len(samples)
         return Collection(samples=samples, health=[health])
-
-    def _window(self, now: float) -> dict[str, TenantUsage]:
-        """Usage over the last fairness_window_s: current totals minus the oldest snapshot in the window."""
-        assert self.tap is not None
-        return self._usage_window.update(now, self.tap.tenant_usage())
 
     async def close(self) -> None:
         if self.tap is not None:

@@ -87,7 +87,7 @@ class Forward:
         self.up = up
         head_only = self.req is not None and self.req.method == "HEAD"   # None: the fast path's POST
         up.send(self, self.wire, head_only=head_only)  # type: ignore[arg-type]
-        if self.doc is not None and self.ex is not None:
+        if self.doc is not None and self.ex is not None and self.req is not None:   # all None on the fast path
             self.tap.identify(self.ex, self.req, self.doc)
             self.tap.observe_prefix(self.ex, self.doc)
             self.doc = None
@@ -230,7 +230,7 @@ class Forward:
         self.over = True
         self.wire = None
         if self.ex is not None:
-            if self.doc is not None:              # it never got upstream: still name its tenant
+            if self.doc is not None and self.req is not None:   # it never got upstream: still name its tenant
                 self.tap.identify(self.ex, self.req, self.doc)
                 self.doc = None
             self.tap.account(self.ex)

@@ -34,18 +34,13 @@ import random
 import time
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import msgspec
-from kvscope.agent.derive.fairness import (
-    FairnessReport,
-    TenantUsage,
-    evaluate_fairness,
-    render_fairness_samples,
-)
+from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
 from kvscope.agent.serve.export import canonical_families
 from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels
 from kvscope.agent.tap.forward import Forward, parse_json_object
@@ -63,8 +58,7 @@ from kvscope.agent.tap.native import FRONT, RELAY
 from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
 from kvscope.agent.tap.sessions import SessionTracker, Turn, parse_session_id
 from kvscope.agent.tap.sse import parse_usage
-from kvscope.agent.tap.tenants import TenantLimiter, parse_tenant
-from kvscope.agent.traces.histogram import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
+from kvscope.agent.tenants import TenantLimiter, parse_tenant
 from kvscope.agent.traces.otlp import Span
 
 log = logging.getLogger("kvscope.tap")
@@ -165,9 +159,16 @@ def parse_upstream(base: str) -> _Target:
 class RequestTap:
     """The proxy server plus its per-tenant accounting. `start()`/`stop()`; `render_samples()`."""
 
-    def __init__(self, config: TapConfig, span_sink: Callable[[list[Span]], None] | None = None) -> None:
+    def __init__(self, config: TapConfig, span_sink: Callable[[list[Span]], None] | None = None,
+                 derive: Callable[[list[Sample]], list[Sample]] | None = None,
+                 json_pages: Mapping[str, Callable[[list[Sample]], Any]] | None = None) -> None:
+        """`derive` adds series computed from the tap's own to its /kvscope/metrics page, and
+        `json_pages` serves path -> JSON of the tap's series (the standalone `kvscope tap` wires
+        fairness into both; in the agent the runtime's derive hooks do that instead)."""
         self.config = config
         self.span_sink = span_sink
+        self.derive = derive
+        self.json_pages = dict(json_pages or {})
         self.tenants = TenantLimiter(config.max_tenants)
         self.prefixes = PrefixIndex(window_s=config.prefix_window_s, max_blocks=config.prefix_max_blocks,
                                     block_chars=config.block_chars)
@@ -240,7 +241,8 @@ class RequestTap:
     def render_metrics_text(self) -> str:
         """The tap's series in Prometheus text format (names as in the catalog, no prefix)."""
         out: list[str] = []
-        samples = self.render_samples() + render_fairness_samples(evaluate_fairness(self.tenant_usage()))
+        samples = self.render_samples()
+        samples += self.derive(samples) if self.derive else []
         for fam in canonical_families(samples, load_catalog()):
             fam.render(out)
         return "".join(out)
@@ -250,8 +252,8 @@ class RequestTap:
         if req.method == "GET" and req.path == "/kvscope/metrics":
             conn.send_whole(200, self.render_metrics_text().encode(), b"text/plain; version=0.0.4; charset=utf-8")
             return
-        if req.method == "GET" and req.path == "/kvscope/fairness":
-            conn.send_whole(200, json.dumps(render_fairness_json(evaluate_fairness(self.tenant_usage()))).encode())
+        if req.method == "GET" and req.path in self.json_pages:
+            conn.send_whole(200, json.dumps(self.json_pages[req.path](self.render_samples())).encode())
             return
         doc = parse_json_object(req.body) if req.method == "POST" and req.path in ACCOUNTED_PATHS else None
         ex, body, injected = None, req.body, False
@@ -269,6 +271,7 @@ class RequestTap:
         read is anything else; the llhttp path then handles it exactly as before."""
         replica = self._next_replica()
         target = self.targets[replica]
+        assert self.front is not None   # _fast is handed out only with the C front loaded
         got = self.front(data, target.prefix, target.host, self.config.inject_usage,
                          self.config.max_request_bytes, MAX_HEADER_BYTES)
         if got is None:
@@ -367,23 +370,6 @@ class RequestTap:
             self.stats["span_sink_error"] += 1
             log.debug("span sink failed: %r", e)
 
-    def tenant_usage(self) -> dict[str, TenantUsage]:
-        """Cumulative per-tenant usage (input to agent/derive/fairness.py)."""
-        out: dict[str, TenantUsage] = {}
-        buckets: dict[str, list[tuple[float, float]]] = {}
-        for s in self.ttft.render():
-            if s.name == "tenant_ttft_seconds_bucket":
-                le = s.label("le") or "+Inf"
-                buckets.setdefault(s.label("tenant") or "", []).append((float(le), s.value))
-        for s in self.requests.render():
-            t = s.label("tenant") or ""
-            lab = s.labels
-            out[t] = TenantUsage(tenant=t, requests=s.value, prompt_tokens=self.prompt_tokens.value(lab) or 0.0,
-                                 cached_tokens=self.cached_tokens.value(lab),
-                                 reusable_tokens=self.reusable_tokens.value(lab),
-                                 ttft_buckets=sorted(buckets.get(t, [])))
-        return out
-
     def render_samples(self, timestamp: float | None = None) -> list[Sample]:
         """Every tap series: tenant counters, TTFT/ITL histograms, prefix split ratio, session turns."""
         out: list[Sample] = []
@@ -455,9 +441,3 @@ def render_with_usage(body: bytes, doc: dict[str, Any]) -> bytes:
                                                           "include_usage": True}})
 
 
-def render_fairness_json(report: FairnessReport) -> dict[str, Any]:
-    """A fairness report as plain JSON (None stays null: absent, not zero)."""
-    return {"aggregate_hit_ratio": report.aggregate_hit_ratio, "jain_index": report.jain_index,
-            "cold_tenant_ratio": report.cold_tenant_ratio, "tail_gap_ratio": report.tail_gap_ratio,
-            "worst_tenant": report.worst_tenant,
-            "tenants": {name: dict(t.__dict__) for name, t in report.tenants.items()}}

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
+from kvscope.agent.metricsets import CounterSet
 from kvscope.agent.signals import Sample, make_labels
 from kvscope.agent.tap.prefix import PrefixMatch
-from kvscope.agent.traces.histogram import CounterSet
 
 SESSION_HEADER = "X-Session-ID"
 

@@ -18,7 +18,7 @@ Config (agent YAML, section `otlp`; the agent builds the receiver when the secti
       ttl_s: 30                       # incomplete traces are dropped after this
       max_traces: 10000
       max_tenants: 50                 # tenant labels (traffic-ranked top-K + `other`)
-      fairness_window_s: 300          # fleet fairness gauges (only when the agent runs no tap)
+      fairness_window_s: 300          # window of the fleet fairness gauges (the tap's section wins)
       service_labels:                 # for engines that cannot set kvscope.* attributes
         vllm-prefill-0: {instance: "10.0.0.5:8000", role: prefill, model: llama-3-8b}
 """
@@ -37,11 +37,10 @@ import aiohttp
 from aiohttp import web
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import ConfigError, parse_bytes, parse_seconds, register_section
-from kvscope.agent.derive.fairness import UsageWindow, evaluate_fairness, render_fairness_samples
+from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.serve.site import HttpSite
 from kvscope.agent.signals import make_labels
 from kvscope.agent.traces.export import encode_spans, render_phase_spans
-from kvscope.agent.traces.histogram import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.traces.otlp import JSON, OtlpDecodeError, decompress, parse_otlp_traces
 from kvscope.agent.traces.stitch import RequestRecord, StitchConfig, TraceStitcher
 from kvscope.agent.traces.tenants import TenantAccounting
@@ -126,19 +125,16 @@ class OtlpTraceReceiver:
     name = "otlp"
 
     def __init__(self, config: Any = None, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.fairness = True          # fleet fairness gauges from traced tenants (off when a tap owns them)
         if isinstance(config, OtlpConfig) or config is None:
             self.config: OtlpConfig | None = config or OtlpConfig()
         else:
             extensions = getattr(config, "extensions", {})
             section = extensions.get("otlp")
             self.config = section if isinstance(section, OtlpConfig) or section is None else parse_otlp_config(section)
-            self.fairness = extensions.get("tap") is None
         cfg = self.config or OtlpConfig()
         self.stitcher = TraceStitcher(cfg.stitch, clock=clock)
         self.phases = HistogramSet("request_phase_seconds", PHASE_BUCKETS)
         self.tenants = TenantAccounting(cfg.max_tenants)
-        self._usage_window = UsageWindow(cfg.fairness_window_s)
         self.recent: deque[RequestRecord] = deque(maxlen=cfg.recent_records)
         self.listeners: list[Callable[[RequestRecord], None]] = []
         self.stats: Counter[str] = Counter()      # cumulative: spans, requests, bad payloads, drops
@@ -264,8 +260,8 @@ class OtlpTraceReceiver:
                                   {"Content-Type": "application/x-protobuf"})
 
     async def collect(self) -> Collection:
-        """Phase histograms and tenant counters (cumulative), fairness gauges over `fairness_window_s`
-        (unless the agent's tap reports them), and the receiver's health since the last collection."""
+        """Phase histograms and tenant counters (cumulative; the fairness gauges over them are the
+        runtime's derive hook), and the receiver's health since the last collection."""
         if self.config is None:
             return Collection()
         t0 = time.perf_counter()
@@ -277,9 +273,6 @@ class OtlpTraceReceiver:
         self._emit(self.stitcher.flush())
         now = time.time()
         samples = self.phases.render(now) + self.tenants.render(now)
-        if self.fairness and self.tenants.stats["accounted"]:
-            usage = self._usage_window.update(now, self.tenants.usage())
-            samples += render_fairness_samples(evaluate_fairness(usage), now)
         totals = self.stats + Counter({f"trace_{k}": v for k, v in self.stitcher.dropped.items()})
         delta = totals - self._reported
         self._reported = Counter(totals)

@@ -27,10 +27,9 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from kvscope.agent.derive.fairness import TenantUsage, parse_tenant_usage
+from kvscope.agent.metricsets import GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
 from kvscope.agent.signals import Sample, make_labels
-from kvscope.agent.tap.tenants import TenantLimiter
-from kvscope.agent.traces.histogram import GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
+from kvscope.agent.tenants import TenantLimiter
 from kvscope.agent.traces.stitch import RequestRecord
 
 TAP_SCOPE = "kvscope.tap"
@@ -78,6 +77,3 @@ class TenantAccounting:
                 out.extend(fam.render(timestamp))
             return out
 
-    def usage(self) -> dict[str, TenantUsage]:
-        """Cumulative per-tenant usage (summed over instances), the input of analytics/fairness.py."""
-        return parse_tenant_usage(self.render())

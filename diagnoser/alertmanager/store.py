@@ -6,6 +6,7 @@ payload as JSON, and where forwarding stands. `:memory:` gives the in-memory twi
 
 from __future__ import annotations
 
+import builtins
 import json
 import sqlite3
 import threading
@@ -72,7 +73,7 @@ class DiagnosisStore:
             rows = self._db.execute(query + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [_row(r, full=False) for r in rows]
 
-    def pending(self, limit: int) -> list[tuple[int, dict[str, Any]]]:
+    def pending(self, limit: int) -> builtins.list[tuple[int, dict[str, Any]]]:   # `list` is a method here
         """Oldest webhooks still waiting for a diagnosis (e.g. the process stopped mid-queue)."""
         with self._lock:
             rows = self._db.execute("SELECT id, payload FROM diagnoses WHERE status = 'pending' "

@@ -33,12 +33,12 @@ def bucket_layout(keys: list[tuple[str, ...]], inv: np.ndarray, adj: np.ndarray,
         return groups, source, [(np.array(les), order, rows[order])]
     groups, key_sets = group_buckets(keys, n_by)
     sets = []
-    for les, gis, idx in key_sets:
+    for bounds, gis, idx in key_sets:
         rows = key_rows[idx]
         # groups in the order of their rows: a bucket's rows are then usually evenly spaced
         # (le-major or group-major blocks alike), so planes read them in place
         order = np.argsort(rows[:, 0], kind="stable")
-        sets.append((les, gis[order], rows[order]))
+        sets.append((bounds, gis[order], rows[order]))
     return groups, source, sets
 
 

@@ -7,18 +7,13 @@ that lasted at least `for`, which is what a finding reports as `since`/`until`.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from kvscope.diagnoser.evaluate import grid
 from kvscope.diagnoser.evaluate.expr import SeriesEvaluator
-
-OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
-       "==": operator.eq, "!=": operator.ne}
-RIGHT_SIDES = ("value", "than", "baseline", "present")
-BASELINE_AGGS = ("avg", "max", "min", "median")
+from kvscope.diagnoser.rulebook.grammar import OPS
 
 
 @dataclass

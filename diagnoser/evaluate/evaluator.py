@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from kvscope.diagnoser.evaluate.conditions import ConditionEvaluator, Evaluated, first_run, latest_run, run_lengths
 from kvscope.diagnoser.evaluate.confidence import settle
-from kvscope.diagnoser.evaluate.expr import ExprError, SeriesEvaluator, node_form, node_refs, node_signal, promql
+from kvscope.diagnoser.evaluate.expr import Grouped, SeriesEvaluator, promql
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import (
     SEVERITY_RANK,
@@ -30,6 +30,7 @@ from kvscope.diagnoser.findings import (
     Finding,
     Skipped,
 )
+from kvscope.diagnoser.rulebook.grammar import ExprError, node_form, node_refs, node_signal
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 
@@ -78,6 +79,12 @@ def diagnose(frame: Frame, rules: Iterable[Rule] | None = None, levers: dict[str
     findings, skipped = settle(findings, skipped, evaluated)
     from dataclasses import replace
     return replace(rank(findings, frame.window, source, skipped, len(rules)), time_scale=scale)
+
+
+def evaluated_series(rule: Rule, frame: Frame, name: str, time_scale: float) -> Grouped:
+    """One named series of a rule over the frame, exactly as `diagnose` evaluated it (same
+    durations at `time_scale`): what charts of a finding's evidence read."""
+    return SeriesEvaluator(rule.scaled(time_scale), frame).get(name)
 
 
 def evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[Finding] | Skipped:
@@ -203,6 +210,7 @@ def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
 def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> list[Finding]:
     when = rule.doc.get("when") or {}
     truth, all_done = ce.all_of(list(when.get("all") or []), lazy=True)
+    _judged(truth, ce.ev.frame)
     if not truth.any():
         return []                 # `all` never holds anywhere: the rest cannot make the rule fire
     any_done: list[Evaluated] = []
@@ -217,8 +225,7 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     crit = _critical(rule, ce)
     resolved = _critical(rule, ce, "resolved_when")
     out = []
-    for gi in np.flatnonzero(truth.any(axis=1)):       # a group never true cannot fire
-        gi = int(gi)
+    for gi in map(int, np.flatnonzero(truth.any(axis=1))):       # a group never true cannot fire
         span = latest_run(truth[gi], runs[gi], for_steps)
         if span is None:
             continue
@@ -227,6 +234,12 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
             found = _resolved(rule, found)
         out.append(found)
     return out
+
+
+def _judged(truth: np.ndarray, frame: Frame) -> None:
+    """No condition holds before the frame's `judged_from` (points fetched only to feed ranges)."""
+    if frame.judged_from > 0:
+        truth[:, :frame.judged_from] = False
 
 
 def _resolved(rule: Rule, f: Finding) -> Finding:
@@ -310,7 +323,7 @@ def _evidence(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int]
             name=str(item.get("name", name)), value=None if value is None else round(value, 6),
             unit=str(item.get("unit", "")), series=promql(rule, name, ce.ev.frame.step, _held(ce.ev.frame)), at=at,
             threshold=_threshold(rule, cond.cond) if cond else None,
-            op=str(cond.cond["op"]) if cond else None, stat=stat))
+            op=str(cond.cond["op"]) if cond else None, stat=stat, key=name))
     return out
 
 
@@ -379,6 +392,7 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
     evaluated = []
     for s in stages:
         truth, done = ce.all_of(list(s.get("all") or []))
+        _judged(truth, ce.ev.frame)
         for_steps = int(round(rule.duration(s.get("for", default_for)) / step))
         truth = ce.bridge_outages(truth)
         evaluated.append((truth, run_lengths(truth), for_steps, done))
@@ -392,6 +406,7 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
             continue
         last = reached[-1]
         start = onsets[0] if onsets[0] is not None else onsets[reached[0]]
+        assert start is not None   # `reached` lists the stages with an onset
         any_true = np.zeros(len(ts), dtype=bool)
         for i in reached:
             any_true |= evaluated[i][0][gi]

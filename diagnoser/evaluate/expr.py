@@ -16,23 +16,14 @@ import numpy as np
 from kvscope.diagnoser.evaluate import grid
 from kvscope.diagnoser.evaluate.buckets import bucket_layout, group_buckets
 from kvscope.diagnoser.evaluate.frame import Frame
+from kvscope.diagnoser.rulebook.grammar import (
+    CHANGES_SETTLE,
+    SIGNAL_FORMS,
+    ExprError,
+    node_form,
+    node_signal,
+)
 from kvscope.diagnoser.rulebook.rule import Rule, parse_duration
-
-SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count", "resets")
-"""Forms that read a canonical signal from the frame."""
-SERIES_FORMS = ("ratio", "sum", "diff", "product", "coalesce", "scale", "over_time", "deriv", "changes", "aggregate")
-"""Forms that combine other named series."""
-FORMS = SIGNAL_FORMS + SERIES_FORMS
-CHANGES_SETTLE = "1m"
-"""Default leading edge of `changes` (its `settle`): how long after a series appears its value
-is not compared yet. Targets are first scraped at different phases of their scrape interval
-(up to a minute in common setups), so a count of series rises over that long when scraping
-starts; that rise is not a scaling event. Time-scaled like every rule duration, and never less
-than one grid step."""
-
-
-class ExprError(ValueError):
-    """An expression that cannot be evaluated (bad form, unknown reference, bad grouping)."""
 
 
 @dataclass
@@ -45,38 +36,6 @@ class Grouped:
 
     def empty(self) -> bool:
         return not self.keys or bool(np.isnan(self.values).all())
-
-
-def node_form(node: dict[str, Any]) -> str:
-    """Which form an expression mapping is ('gauge', 'rate', ...)."""
-    forms = [f for f in FORMS if f in node]
-    if len(forms) != 1:
-        raise ExprError(f"expression must have exactly one of {', '.join(FORMS)}; got {sorted(node)}")
-    return forms[0]
-
-
-def node_signal(node: dict[str, Any]) -> str | None:
-    """The canonical signal an expression reads, or None for combinations."""
-    form = node_form(node)
-    if form == "quantile":
-        return str(node.get("histogram"))
-    if form in SIGNAL_FORMS:
-        return str(node[form])
-    return None
-
-
-def node_refs(node: dict[str, Any]) -> list[str]:
-    """Named series an expression refers to."""
-    form = node_form(node)
-    if form in ("ratio", "sum", "diff", "product", "coalesce"):
-        return [str(x) for x in node[form]]
-    if form == "scale":
-        return [str(node["scale"])]
-    if form in ("over_time", "aggregate"):
-        return [str(node["of"])]
-    if form in ("deriv", "changes"):
-        return [str(node[form])]
-    return []
 
 
 class SeriesEvaluator:
@@ -191,7 +150,7 @@ class SeriesEvaluator:
     def _group_rows(self, name: str, by: tuple[str, ...], extra: tuple[str, ...],
                     match: dict[str, Any] | None, seen: bool = False) -> tuple[list, np.ndarray, np.ndarray]:
         block = self.frame.block(name)
-        empty = [], np.zeros(0, dtype=np.int64), np.zeros((0, len(self.frame.ts)))
+        empty: tuple[list, np.ndarray, np.ndarray] = [], np.zeros(0, dtype=np.int64), np.zeros((0, len(self.frame.ts)))
         if block is None:
             return empty
         values = block.seen if seen and block.seen is not None else block.values
@@ -204,7 +163,7 @@ class SeriesEvaluator:
                 return empty
             values = values[keep]
         cols = [self._label_column(name, k) for k in by + extra]
-        rows = list(zip(*cols, strict=True)) if cols else [()] * len(block.labels)
+        rows: list[tuple[str, ...]] = list(zip(*cols, strict=True)) if cols else [()] * len(block.labels)
         if keep is not None:
             rows = [rows[i] for i in keep]
         keys, inv = grid.group_index(rows)
@@ -314,7 +273,7 @@ class SeriesEvaluator:
         groups, source, sets = cache[lkey]
         if len(sets) == 1 and len(sets[0][1]) == len(groups):     # one bound set: no assembly
             les, gis, rows = sets[0]
-            pkey = (name, mkey, k, rows.shape, rows.tobytes(), gis.tobytes(), id(source))
+            pkey: tuple[Any, ...] = (name, mkey, k, rows.shape, rows.tobytes(), gis.tobytes(), id(source))
             if ("bucket_quantile_all", q, pkey) not in cache:
                 qs = sorted({q} | self._sibling_quantiles(name, match, by, k))
                 for qq, values in zip(qs, grid.window_quantiles(qs, les, source, rows, k, gis), strict=True):

@@ -43,6 +43,9 @@ class Frame:
     cache: dict | None = field(default_factory=dict)   # series computed once, shared by rules (None = off)
     down: dict[str, np.ndarray] = field(default_factory=dict)
     """instance -> grid points at which its latest scrape had failed (mark_stale)."""
+    judged_from: int = 0
+    """Grid index from which conditions are judged; earlier points only feed ranges (a frame the
+    pushdown path fetched from where a rule's prefilter first held: diagnoser/pushdown/)."""
     profile: dict[tuple[str, ...], float] | None = None
     """When a dict: CPU seconds per rule (`("rule", id)`) and per series node (`("node", rule id,
     name, form, signal)`, inclusive of what it refers to) are added to it (bench --profile)."""
@@ -153,11 +156,11 @@ def mark_stale(frame: Frame, down: dict[str, list[tuple[float, float]]]) -> None
     frame.down.update(masks)
     for block in frame.blocks.values():
         for i, labels in enumerate(block.labels):
-            mask = masks.get(dict(labels).get("instance", ""))
-            if mask is not None and not np.isnan(block.values[i, mask]).all():
+            gone = masks.get(dict(labels).get("instance", ""))
+            if gone is not None and not np.isnan(block.values[i, gone]).all():
                 if block.seen is None:
                     block.seen = block.values.copy()
-                block.values[i, mask] = np.nan
+                block.values[i, gone] = np.nan
 
 
 def removed_target_spans(up: Iterable[tuple[str, float, bool]],

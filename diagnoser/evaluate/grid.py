@@ -12,7 +12,10 @@ the window is clipped to what exists, as Prometheus does with the samples inside
 
 from __future__ import annotations
 
+from types import TracebackType
+
 import numpy as np
+from kvscope.agent.derive.rates import step_increases
 
 _AGGS = ("sum", "max", "min", "avg", "median", "count")
 _CHUNK_ROWS = 256
@@ -40,8 +43,7 @@ def counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
     if present.all():
         return _dense_counter_rate(values, k, step)
     filled = ffill(values)
-    d = np.diff(filled, axis=1)
-    d = np.where(d < 0, filled[:, 1:], d)
+    d = step_increases(filled)
     adj = np.concatenate([np.zeros((values.shape[0], 1)), np.cumsum(np.nan_to_num(d), axis=1)], axis=1)
     n_t = values.shape[1]
     t_idx = np.arange(n_t)[None, :]
@@ -73,8 +75,7 @@ def reset_adjusted(values: np.ndarray) -> np.ndarray | None:
             np.any(part[:, 1:] < part[:, :-1], axis=1, out=reset[a:a + _CHUNK_ROWS])
     if values.shape[1] < 2 or not reset.any():
         return values
-    d = np.diff(values[reset], axis=1)
-    np.copyto(d, values[reset][:, 1:], where=d < 0)
+    d = step_increases(values[reset])
     adj = values.copy()
     fixed = np.empty((int(reset.sum()), values.shape[1]))
     fixed[:, 0] = values[reset][:, 0]
@@ -115,8 +116,7 @@ def _dense_counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
     reset = (values[:, 1:] < values[:, :-1]).any(axis=1)
     src = values
     if reset.any():
-        d = np.diff(values[reset], axis=1)
-        np.copyto(d, values[reset][:, 1:], where=d < 0)
+        d = step_increases(values[reset])
         adj = np.empty((int(reset.sum()), n_t))
         adj[:, 0] = 0.0
         np.cumsum(d, axis=1, out=adj[:, 1:])
@@ -509,5 +509,6 @@ class _quiet_nan_warnings:
         self._cm.__enter__()
         warnings.simplefilter("ignore", RuntimeWarning)
 
-    def __exit__(self, *exc: object) -> None:
-        self._cm.__exit__(*exc)
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._cm.__exit__(kind, exc, tb)

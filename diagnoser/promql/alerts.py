@@ -15,11 +15,11 @@ lists them in its header.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from kvscope.agent.signals import Catalog, load_catalog
-from kvscope.diagnoser.evaluate.expr import CHANGES_SETTLE
-from kvscope.diagnoser.promql.signals import AGENT_PREFIX, _escape_re, name_selector, quote
+from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, load_catalog
+from kvscope.diagnoser.promql.signals import RecordedSignals, _escape_re, name_selector, quote
+from kvscope.diagnoser.rulebook.grammar import CHANGES_SETTLE
 from kvscope.diagnoser.rulebook.rule import Rule, parse_duration
 
 SUBQUERY_STEP = "15s"
@@ -68,13 +68,32 @@ def _number(value: Any) -> str:
     return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
 
 
+class SignalReader(Protocol):
+    """How a canonical series is read (promql/signals.py: RecordedSignals, InlineSignals)."""
+
+    def read(self, series: str, matchers: list[tuple[str, str, str]], fn: str | None = None,
+             rng: str | None = None, by: tuple[str, ...] | None = None, outer: str | None = None) -> str: ...
+
+
 class SeriesCompiler:
     """PromQL for the named series of one rule; each result is grouped by the series' `by`."""
 
-    def __init__(self, rule: Rule) -> None:
+    def __init__(self, rule: Rule, reader: SignalReader | None = None, step: float | None = None) -> None:
+        """`reader` writes how a canonical signal is read (default: the recorded `kvscope:<series>`;
+        `InlineSignals` reads the engines' own series). `step`: ranges, offsets and subquery
+        steps as the evaluator uses them on a grid of that step (time-scaled, whole steps); None
+        writes the rule's durations as they are (the alert files)."""
         self.rule = rule
         self.nodes: dict[str, dict[str, Any]] = rule.series
         self.rule_by = rule.by
+        self.reader = reader or RecordedSignals()
+        self.step = step
+        self.sub = _duration(step) if step else SUBQUERY_STEP
+        self.sub_for: Any = None
+        """Optional: range seconds -> the subquery step for a subquery over that range."""
+
+    def sub_step(self, rng: str) -> str:
+        return self.sub if self.sub_for is None else self.sub_for(parse_duration(rng))
 
     def by_of(self, name: str) -> tuple[str, ...]:
         node = self._node(name)
@@ -117,7 +136,16 @@ class SeriesCompiler:
         return [str(node["of"])] if "of" in node else []
 
     def _range(self, node: dict[str, Any], default: str) -> str:
-        return _duration(self.rule.resolve(node.get("range", default)))
+        return self.dur(node.get("range", default))
+
+    def dur(self, value: Any, least: int = 1) -> str:
+        """A rule duration as PromQL: as written, or (with a step) scaled and in whole steps."""
+        if self.step is None and self.rule.time_scale == 1.0:
+            return _duration(self.rule.resolve(value))
+        seconds = self.rule.duration(value)
+        if self.step:
+            seconds = max(least, int(round(seconds / self.step))) * self.step
+        return _duration(seconds)
 
     def _join(self, a: str, b: str) -> str:
         """Binary-operator modifier joining series b onto series a (b coarser or equal)."""
@@ -131,44 +159,58 @@ class SeriesCompiler:
         raise NotExpressible(f"series {a!r} and {b!r} share no grouping")
 
     # ---------------------------------------------------------------- signal forms
-    def _sel(self, node: dict[str, Any], series: str, by: str) -> str:
-        """`kvscope:<series>` with the node's `match` label filter (absent label = ""), and
-        `label!=""` for each `require_labels` label the series is grouped by (the engine drops
-        groups without it)."""
+    def _read(self, node: dict[str, Any], series: str, by: str, fn: str | None = None,
+              rng: str | None = None) -> str:
+        """The canonical `series` (node `match` filter, `require_labels` guards), or `fn` of its
+        range `[rng]`, as the reader writes it."""
+        outer = "count_series" if "count" in node else str(node.get("agg", "sum")) if "gauge" in node else "sum"
+        labels = tuple(b.strip() for b in by.split(",") if b.strip())
+        if "count" in node:
+            labels += tuple(str(d) for d in node.get("distinct", ["instance"]))
+        return self.reader.read(series, self._matchers(node, by), fn, rng, by=labels, outer=outer)
+
+    def _matchers(self, node: dict[str, Any], by: str) -> list[tuple[str, str, str]]:
         match = node.get("match") or {}
-        parts = []
+        out = []
         for label, allowed in sorted(match.items()):
             values = allowed if isinstance(allowed, list) else [allowed]
-            parts.append(f'{label}=~"{quote("|".join(_escape_re(str(v)) for v in values))}"')
+            out.append((label, "=~", "|".join(_escape_re(str(v)) for v in values)))
         grouped = {b.strip() for b in by.split(",")}
-        parts += [f'{label}!=""' for label in self.rule.doc.get("require_labels") or [] if label in grouped]
-        return f"kvscope:{series}" + ("{" + ",".join(parts) + "}" if parts else "")
+        out += [(label, "!=", "") for label in self.rule.doc.get("require_labels") or [] if label in grouped]
+        return out
 
     def _gauge(self, node: dict[str, Any], by: str) -> str:
-        return f"{node.get('agg', 'sum')} by ({by}) ({self._sel(node, node['gauge'], by)})"
+        return f"{node.get('agg', 'sum')} by ({by}) ({self._read(node, node['gauge'], by)})"
 
     def _rate(self, node: dict[str, Any], by: str) -> str:
-        return f"sum by ({by}) (rate({self._sel(node, node['rate'], by)}[{self._range(node, '1m')}]))"
+        return f"sum by ({by}) ({self._read(node, node['rate'], by, 'rate', self._range(node, '1m'))})"
 
     def _increase(self, node: dict[str, Any], by: str) -> str:
-        return f"sum by ({by}) (increase({self._sel(node, node['increase'], by)}[{self._range(node, '5m')}]))"
+        return f"sum by ({by}) ({self._read(node, node['increase'], by, 'increase', self._range(node, '5m'))})"
 
     def _quantile(self, node: dict[str, Any], by: str) -> str:
         q = _number(self.rule.resolve(node["quantile"]))
-        rng, sel = self._range(node, "5m"), self._sel(node, str(node["histogram"]) + "_bucket", by)
-        return f"histogram_quantile({q}, sum by ({_plus(by, 'le')}) (rate({sel}[{rng}])))"
+        rates = self._read(node, str(node["histogram"]) + "_bucket", _plus(by, "le"), "rate", self._range(node, "5m"))
+        return f"histogram_quantile({q}, sum by ({_plus(by, 'le')}) ({rates}))"
 
     def _mean(self, node: dict[str, Any], by: str) -> str:
         s, rng = str(node["mean"]), self._range(node, "5m")
-        return (f"sum by ({by}) (rate({self._sel(node, s + '_sum', by)}[{rng}]))\n/\n"
-                f"(sum by ({by}) (rate({self._sel(node, s + '_count', by)}[{rng}])) > 0)")
+        return (f"sum by ({by}) ({self._read(node, s + '_sum', by, 'rate', rng)})\n/\n"
+                f"(sum by ({by}) ({self._read(node, s + '_count', by, 'rate', rng)}) > 0)")
+
+    resets_bridge_s: float = 0.0
+    """Added to `resets` ranges (a prefilter): the evaluator counts a reset across a scrape gap of
+    any length (values carried), PromQL only when the sample before the gap is inside the range."""
 
     def _resets(self, node: dict[str, Any], by: str) -> str:
-        return f"sum by ({by}) (resets({self._sel(node, node['resets'], by)}[{self._range(node, '10m')}]))"
+        rng = self._range(node, "10m")
+        if self.resets_bridge_s:
+            rng = _duration(parse_duration(rng) + self.resets_bridge_s)
+        return f"sum by ({by}) ({self._read(node, node['resets'], by, 'resets', rng)})"
 
     def _count(self, node: dict[str, Any], by: str) -> str:
         distinct = ", ".join(str(d) for d in node.get("distinct", ["instance"]))
-        return f"count by ({by}) (count by ({_plus(by, distinct)}) ({self._sel(node, node['count'], by)}))"
+        return f"count by ({by}) (count by ({_plus(by, distinct)}) ({self._read(node, node['count'], by)}))"
 
     # ---------------------------------------------------------------- combinations
     def _ratio(self, node: dict[str, Any], by: str) -> str:
@@ -202,19 +244,21 @@ class SeriesCompiler:
         agg = str(node["over_time"])
         if agg not in ("avg", "max", "min", "sum"):
             raise NotExpressible(f"over_time {agg!r}")
-        off = f" offset {_duration(self.rule.resolve(node['offset']))}" if node.get("offset") else ""
-        return f"{agg}_over_time(({self.expr(str(node['of']))})[{self._range(node, '5m')}:{SUBQUERY_STEP}]{off})"
+        off = f" offset {self.dur(node['offset'])}" if node.get("offset") else ""
+        rng = self._range(node, "5m")
+        return f"{agg}_over_time(({self.expr(str(node['of']))})[{rng}:{self.sub_step(rng)}]{off})"
 
     def _deriv(self, node: dict[str, Any], by: str) -> str:
-        return f"deriv(({self.expr(str(node['deriv']))})[{self._range(node, '10m')}:{SUBQUERY_STEP}])"
+        rng = self._range(node, "10m")
+        return f"deriv(({self.expr(str(node['deriv']))})[{rng}:{self.sub_step(rng)}])"
 
     def _changes(self, node: dict[str, Any], by: str) -> str:
         # the engine's leading edge (grid.changes `settle`): a value counts only once the series
         # also existed `settle` earlier
         inner = self.expr(str(node["changes"]))
-        settle = _duration(self.rule.resolve(node.get("settle", CHANGES_SETTLE)))
-        earlier = f"last_over_time(({inner})[{SUBQUERY_STEP}:{SUBQUERY_STEP}] offset {settle})"
-        return f"changes((({inner})\nand\n{earlier})[{self._range(node, '15m')}:{SUBQUERY_STEP}])"
+        settle = self.dur(node.get("settle", CHANGES_SETTLE))
+        earlier = f"last_over_time(({inner})[{self.sub}:{self.sub}] offset {settle})"
+        return f"changes((({inner})\nand\n{earlier})[{self._range(node, '15m')}:{self.sub}])"
 
     def _aggregate(self, node: dict[str, Any], by: str) -> str:
         agg, inner = str(node["aggregate"]), self.expr(str(node["of"]))
@@ -228,9 +272,14 @@ class SeriesCompiler:
 class ConditionCompiler:
     """PromQL for `when` conditions; every condition keeps the labels of its left series."""
 
-    def __init__(self, rule: Rule, series: SeriesCompiler, catalog: Catalog | None = None) -> None:
+    def __init__(self, rule: Rule, series: SeriesCompiler, catalog: Catalog | None = None,
+                 slack: float = 0.0) -> None:
+        """`slack` > 0 loosens every comparison by that share of its right side (a prefilter
+        that must hold wherever the exact condition does: diagnoser/pushdown/), and refuses
+        equality tests, which no slack loosens."""
         self.rule, self.series = rule, series
         self.catalog = catalog or load_catalog()
+        self.slack = slack
 
     def condition(self, cond: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
         """(expression, its grouping)."""
@@ -247,16 +296,29 @@ class ConditionCompiler:
         op = str(cond.get("op"))
         if op not in _OPS:
             raise NotExpressible(f"operator {op!r}")
+        if self.slack and op in ("==", "!="):
+            raise NotExpressible(f"equality test {op} has no loosened form")
         return f"({left}) {op} {self._right(cond, name)}", by
 
+    def _loose(self, x: float, op: str | None) -> float:
+        """x moved by the slack in the direction that makes `left op x` hold more often."""
+        if not self.slack or op is None:
+            return x
+        return x - self.slack * abs(x) if op in (">", ">=") else x + self.slack * abs(x)
+
     def _right(self, cond: dict[str, Any], name: str) -> str:
-        times = _number(self.rule.resolve(cond.get("times", 1)))
-        plus = _number(self.rule.resolve(cond.get("plus", 0)))
+        op = str(cond.get("op")) if self.slack else None
+        times = _number(self._loose(float(self.rule.resolve(cond.get("times", 1))), op))
+        plus = _number(self._loose(float(self.rule.resolve(cond.get("plus", 0))), op))
         if "value" in cond:
             value = self.rule.resolve(cond["value"])
             if value is None:
                 raise NotExpressible(f"threshold {cond['value']} has no value")
-            return _number(value)
+            if op is not None and float(value) == 0 and signed(self.rule, name):
+                raise NotExpressible(f"{name} can be negative; a zero threshold has no loosened form")
+            scaled = float(value) * float(self.rule.resolve(cond.get("times", 1))) + \
+                float(self.rule.resolve(cond.get("plus", 0)))        # the engine's value x times + plus
+            return _number(self._loose(scaled, op))
         if "than" in cond:
             other = str(cond["than"])
             join = self.series._join(name, other)
@@ -266,12 +328,13 @@ class ConditionCompiler:
             agg = str(base.get("agg", "avg"))
             if agg not in ("avg", "max", "min", "sum"):
                 raise NotExpressible(f"baseline agg {agg!r}")
-            rng = _duration(self.rule.resolve(base.get("range", "30m")))
-            offset = parse_duration(self.rule.resolve(base.get("offset", "10m")))
+            rng = self.series.dur(base.get("range", "30m"))
+            offset = parse_duration(self.series.dur(base.get("offset", "10m"), least=0)) \
+                if parse_duration(self.rule.resolve(base.get("offset", "10m"))) > 0 else 0.0
             shift = f" offset {_duration(offset)}" if offset > 0 else ""
             source = str(base.get("of", name))
             join = self.series._join(name, source) if source != name else ""
-            shifted = f"{agg}_over_time(({self.series.expr(source)})[{rng}:{SUBQUERY_STEP}]{shift})"
+            shifted = f"{agg}_over_time(({self.series.expr(source)})[{rng}:{self.series.sub_step(rng)}]{shift})"
             return f"{join.strip()} ({times} * {shifted} + {plus})".lstrip()
         raise NotExpressible("condition has no right side")
 
@@ -315,8 +378,29 @@ class ConditionCompiler:
             raise NotExpressible(f"fact operator {op!r}")
         name, value = str(fact["fact"]), quote(str(self.rule.resolve(fact["value"])))
         matchers = [f'{name}="{value}"'] if op == "==" else [f'{name}!="{value}"', f'{name}!=""']
-        names = (AGENT_PREFIX + "engine_info", *info_gauges(self.catalog))
+        names = (KVSCOPE_PREFIX + "engine_info", *info_gauges(self.catalog))
         return f"group by (instance) ({name_selector(names, matchers)})"
+
+
+_NONNEGATIVE = ("gauge", "rate", "increase", "quantile", "mean", "resets", "count", "changes")
+
+
+def signed(rule: Rule, name: str, seen: frozenset[str] = frozenset()) -> bool:
+    """Whether a named series can be negative (a difference, a slope, or built from one)."""
+    node = rule.series.get(name)
+    if node is None or name in seen:
+        return True
+    form = next((f for f in (*_NONNEGATIVE, "ratio", "sum", "product", "coalesce", "scale", "over_time",
+                             "aggregate", "diff", "deriv") if f in node), "diff")
+    if form in _NONNEGATIVE:
+        return False
+    if form in ("diff", "deriv"):
+        return True
+    if form == "scale" and float(rule.resolve(node.get("by_value", 1.0))) < 0:
+        return True
+    refs = [str(x) for x in node[form]] if form in ("ratio", "sum", "product", "coalesce") else \
+        [str(node["scale"])] if form == "scale" else [str(node["of"])]
+    return any(signed(rule, r, seen | {name}) for r in refs)
 
 
 def info_gauges(catalog: Catalog) -> tuple[str, ...]:

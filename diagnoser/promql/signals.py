@@ -1,6 +1,6 @@
 """PromQL that reads one canonical signal from every place it can come from.
 
-A canonical signal (agent/dialects/catalog.yaml) reaches Prometheus either under its engines'
+A canonical signal (agent/normalize/catalog.yaml) reaches Prometheus either under its engines'
 own names (vLLM old and new names, SGLang, dcgm-exporter; Ray's `vllm_x` spelling too) or
 re-exported by the kvscope agent as `kvscope_<signal>`. `source_union` writes one expression
 that reads all of them, maps upstream labels to canonical ones with `label_replace`, and
@@ -11,6 +11,10 @@ Each source becomes one term; terms are joined with `or`, which keeps the first 
 and adds another term's only for label sets the first did not have. Native names come first,
 so an engine scraped both directly and through the agent is counted once — provided the agent
 job is scraped with `honor_labels: true`, which keeps the engine's `instance` (docs/alerting.md).
+An old name the catalog marks `fallback` is read only for instances that have none of the
+engine's current names (`old unless on (instance) current`), as the normalizer does per scrape:
+vLLM <= 0.11 exports both, and they are never added up. A dialect's `worker_labels` (an
+aggregating endpoint's per-worker label, e.g. sglang-router's `worker_addr`) becomes `instance`.
 
 What PromQL cannot express is left out and returned as skipped by `source_terms`: histograms whose
 buckets need rescaling (SGLang `kv_transfer_latency_ms`: `le` values cannot be multiplied in
@@ -22,10 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvscope.agent.signals import COMMON_LABELS, Alias, Catalog, Dialect, Signal
-
-AGENT_PREFIX = "kvscope_"
-"""The agent re-exports every canonical series as `kvscope_<series name>`."""
+from kvscope.agent.signals import COMMON_LABELS, KVSCOPE_PREFIX, Alias, Catalog, Dialect, Signal
 
 GROUP_LABELS = tuple(label for label in COMMON_LABELS if label != "job")
 """Labels a canonical series keeps. `job` is dropped: the same engine scraped directly and
@@ -41,6 +42,8 @@ class SourceTerm:
     renames: tuple[tuple[str, str], ...] = ()    # (upstream label, canonical label)
     scale: float = 1.0
     collapse: str | None = None  # "max": the alias's collapsing series repeat one value
+    fallback: bool = False       # an old name: only where the dialect's other terms have nothing
+    workers: tuple[str, ...] = ()   # labels naming the worker behind an aggregating endpoint
 
     def selector(self, extra: tuple[tuple[str, str], ...] = ()) -> str:
         """The vector selector, e.g. `{__name__=~"a|b",cache_source=~"device|total"}`."""
@@ -57,10 +60,13 @@ def name_selector(names: tuple[str, ...], matchers: list[str] | None = None) -> 
     return "{" + ",".join([f'__name__=~"{regex}"', *matchers]) + "}"
 
 
-def wire_names(declared: str, kind: str, suffix: str = "") -> tuple[str, ...]:
+def wire_names(declared: str, kind: str, suffix: str = "", part: str | None = None) -> tuple[str, ...]:
     """Names an upstream series has on the wire: counters gain `_total` (prometheus_client),
-    histograms `_bucket/_sum/_count`, and `vllm:x` is also spelled `vllm_x` under Ray."""
-    if kind == "counter" and not declared.endswith("_total"):
+    histograms `_bucket/_sum/_count`, and `vllm:x` is also spelled `vllm_x` under Ray. A
+    `part: sum` alias reads the `_sum` of histogram `declared`."""
+    if part is not None:
+        declared += "_" + part
+    elif kind == "counter" and not declared.endswith("_total"):
         declared += "_total"
     name = declared + suffix
     folded = name.replace(":", "_", 1) if ":" in name else None
@@ -79,12 +85,12 @@ def source_terms(signal: Signal, catalog: Catalog, suffix: str = "") -> tuple[li
         dialect = catalog.dialects[alias.engine]
         renames = _renames(dialect, alias, signal)
         matchers = tuple(sorted((k, "|".join(_escape_re(v) for v in vs)) for k, vs in alias.match.items()))
-        key = (alias.engine, matchers, renames, alias.scale, alias.collapse)
-        names = wire_names(alias.name, signal.kind, suffix)
+        key = (alias.engine, matchers, renames, alias.scale, alias.collapse, alias.fallback)
+        names = wire_names(alias.name, signal.kind, suffix, alias.part)
         prev = grouped.get(key)
         grouped[key] = SourceTerm(alias.engine, (prev.names if prev else ()) + names, matchers, renames,
-                                  alias.scale, alias.collapse)
-    agent = SourceTerm(None, (AGENT_PREFIX + signal.name + suffix,))
+                                  alias.scale, alias.collapse, alias.fallback, dialect.worker_labels)
+    agent = SourceTerm(None, (KVSCOPE_PREFIX + signal.name + suffix,))
     return [*grouped.values(), agent], skipped
 
 
@@ -102,6 +108,8 @@ def relabel(expr: str, term: SourceTerm) -> str:
     absent."""
     for upstream, canonical in term.renames:
         expr = f'label_replace({expr}, "{canonical}", "$1", "{upstream}", "(.+)")'
+    for worker in term.workers:   # http://host:port/ -> host:port, as a target's instance
+        expr = f'label_replace({expr}, "instance", "$1", "{worker}", "(?:[a-z]+://)?([^/]+).*")'
     if term.dialect is not None:
         expr = f'label_replace({expr}, "engine", "{term.dialect}", "__name__", ".*")'
     if term.scale != 1.0:
@@ -121,12 +129,18 @@ def source_union(signal: Signal, catalog: Catalog, suffix: str = "") -> str:
     agg = "max" if signal.kind == "gauge" else "sum"
     by = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
     clause = ", ".join(by)
-    parts = []
+    exprs = []
     for term in terms:
         expr = relabel(term.selector(), term)
         if suffix == "_bucket":
             expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
-        parts.append(f"{'max' if term.collapse == 'max' else agg} by ({clause}) ({expr})")
+        exprs.append(f"{'max' if term.collapse == 'max' else agg} by ({clause}) ({expr})")
+    parts = []
+    for term, expr in zip(terms, exprs, strict=True):
+        if term.fallback:
+            current = [e for t, e in zip(terms, exprs, strict=True) if t.dialect == term.dialect and not t.fallback]
+            expr = f"({expr}\nunless on (instance)\n(" + "\nor\n".join(current) + "))"
+        parts.append(expr)
     return "\nor\n".join(parts)
 
 
@@ -159,3 +173,108 @@ def _escape_re(text: str) -> str:
     for ch in text:
         out.append("\\" + ch if ch in ".+*?()[]{}|^$\\" else ch)
     return "".join(out)
+
+
+# ------------------------------------------------------------------------------ signal readers
+# How the rule compiler (promql/alerts.py SeriesCompiler) reads a canonical series: the recorded
+# `kvscope:<series>` (alert files, a TSDB with kvscope's recording rules) or each source written
+# out inline (a TSDB holding only the engines' own series). A range function (`rate`, `increase`,
+# `resets`) is applied to each source's raw samples before relabelling, as a recording rule's
+# input would be: never to a subquery of the union.
+
+Matcher = tuple[str, str, str]
+"""(canonical label, operator `=~` or `!=`, regex or value)."""
+
+
+def _format_matchers(matchers: list[Matcher] | tuple[Matcher, ...]) -> list[str]:
+    return [f'{label}{op}"{quote(value)}"' for label, op, value in matchers]
+
+
+class RecordedSignals:
+    """Reads `kvscope:<series>`, the recording rules `kvscope rules build` writes."""
+
+    def __init__(self, instances: list[str] | None = None) -> None:
+        self.instances = instances
+
+    def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None,
+             by: tuple[str, ...] | None = None, outer: str | None = None) -> str:
+        extra = list(matchers) + _instance_matcher(self.instances)
+        parts = _format_matchers(extra)
+        sel = f"kvscope:{series}" + ("{" + ",".join(parts) + "}" if parts else "")
+        return f"{fn}({sel}[{rng}])" if fn else sel
+
+
+def _instance_matcher(instances: list[str] | None) -> list[Matcher]:
+    if instances is None:
+        return []
+    return [("instance", "=~", "|".join(_escape_re(i) for i in sorted(instances)))]
+
+
+class InlineSignals:
+    """Reads every source of a canonical series written out (`source_union` with the node's
+    matchers and range function pushed into each source); series named in `recorded` are read
+    from their `kvscope:<series>` recording instead. Raises NotExpressible (promql/alerts.py)
+    for a signal with sources PromQL cannot read (rescaled buckets, info-label values)."""
+
+    def __init__(self, catalog: Catalog, recorded: frozenset[str] | set[str] = frozenset(),
+                 instances: list[str] | None = None) -> None:
+        self.catalog, self.recorded, self.instances = catalog, set(recorded), instances
+
+    def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None,
+             by: tuple[str, ...] | None = None, outer: str | None = None) -> str:
+        """`by`/`outer`: the grouping and aggregation the caller applies next. When the sources'
+        own aggregation can be folded into it (sums of counters, max of max), only the labels
+        it needs are relabelled and kept: the same values for a fraction of the work."""
+        from kvscope.diagnoser.promql.alerts import NotExpressible
+
+        signal, suffix = split_series(series, self.catalog)
+        if signal is None:
+            raise NotExpressible(f"{series} is not a catalog signal")
+        terms, skipped = source_terms(signal, self.catalog, suffix)
+        if skipped:
+            raise NotExpressible(f"{signal.name} has sources PromQL cannot read "
+                                 f"({', '.join(sorted({a.name for a in skipped}))})")
+        if series in self.recorded:
+            return RecordedSignals(self.instances).read(series, matchers, fn, rng)
+        agg = "max" if signal.kind == "gauge" else "sum"
+        extra = list(matchers) + _instance_matcher(self.instances)
+        full = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
+        foldable = by is not None and (outer == agg or outer == "count_series")
+        if foldable and not any(t.collapse == "max" for t in terms):
+            wanted = set(by or ()) | {m[0] for m in extra} | ({"le"} if suffix == "_bucket" else set())
+            needed = [b for b in full if b in wanted]
+        else:
+            needed = list(full)
+        clause = ", ".join(needed)
+        parts = []
+        for term in terms:
+            if needed != list(full):
+                keep = set(needed)
+                term = SourceTerm(term.dialect if "engine" in keep else None, term.names, term.matchers,
+                                  tuple((u, c) for u, c in term.renames if c in keep), term.scale, term.collapse)
+            sel = name_selector(term.names, [*(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
+                                             *_format_matchers(_upstream(extra, term))])
+            expr = f"{fn}({sel}[{rng}])" if fn else sel
+            expr = relabel(expr, term if fn != "resets" else SourceTerm(term.dialect, term.names, term.matchers,
+                                                                          term.renames))
+            if suffix == "_bucket":
+                expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
+            parts.append(f"{'max' if term.collapse == 'max' else agg} by ({clause}) ({expr})")
+        return "(" + "\nor\n".join(parts) + ")"
+
+
+def _upstream(matchers: list[Matcher], term: SourceTerm) -> list[Matcher]:
+    """Canonical-label matchers as the term's own labels (a renamed label matched upstream)."""
+    back = {canon: up for up, canon in term.renames}
+    return [(back.get(label, label), op, value) for label, op, value in matchers]
+
+
+def split_series(series: str, catalog: Catalog) -> tuple[Signal | None, str]:
+    """`request_ttft_seconds_bucket` -> (the histogram signal, "_bucket"); a signal name -> (it, "")."""
+    if series in catalog.signals:
+        return catalog.signals[series], ""
+    for suffix in ("_bucket", "_sum", "_count"):
+        base = series[: -len(suffix)]
+        if series.endswith(suffix) and base in catalog.signals:
+            return catalog.signals[base], suffix
+    return None, ""

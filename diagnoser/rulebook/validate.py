@@ -15,9 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.agent.signals import Catalog, load_catalog
-from kvscope.diagnoser.evaluate.conditions import BASELINE_AGGS, OPS, RIGHT_SIDES
-from kvscope.diagnoser.evaluate.expr import FORMS, SIGNAL_FORMS, ExprError, node_form, node_refs
 from kvscope.diagnoser.findings import CONFIDENCES, SEVERITIES
+from kvscope.diagnoser.rulebook.grammar import (
+    BASELINE_AGGS,
+    FORMS,
+    OPS,
+    RIGHT_SIDES,
+    SIGNAL_FORMS,
+    ExprError,
+    node_form,
+    node_refs,
+)
 from kvscope.diagnoser.rulebook.levers import DIRECTIONS, Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import LineDict, Rule, RuleError, parse_duration, read_rule, rule_paths
 
@@ -147,7 +155,7 @@ def _check_node(rule: Rule, name: str, node: dict, form: str, known: set[str], s
             if sig + "_bucket" not in known and form == "quantile" or sig + "_sum" not in known and form == "mean":
                 yield _issue(rule, node, f"series {name!r}: {sig!r} is not a histogram in the catalog")
         elif sig not in known:
-            yield _issue(rule, node, f"series {name!r}: unknown signal {sig!r} (not in agent/dialects/catalog.yaml)")
+            yield _issue(rule, node, f"series {name!r}: unknown signal {sig!r} (not in agent/normalize/catalog.yaml)")
     for ref in node_refs(node):
         if ref not in series:
             yield _issue(rule, node, f"series {name!r}: refers to unknown series {ref!r}")

@@ -1,90 +1,99 @@
 """Diagnose from a Prometheus-compatible HTTP API (Prometheus, Thanos, Mimir, VictoriaMetrics).
 
-One range query (`/api/v1/query_range`, POST) per window fetches the native engine series the
+The full fetch: range queries (`/api/v1/query_range`, through `promapi.PromClient`, split in
+time and by instance batches within the server's limits) fetch the native engine series the
 rules need, by every upstream name the catalog knows (old and new vLLM names, Ray's `vllm_`
 spelling, SGLang, DCGM), plus the agent's re-exported `kvscope_<signal>` series. Native series
 go through the same dialects as live scrapes and recordings, one detection per scrape target;
 `kvscope_*` series are already canonical. Range queries answer on the grid start + k x step
 with Prometheus' 5-minute lookback, which is the Frame's own sampling rule, so a recording and
 the same recording loaded into Prometheus give the same frame.
+
+The dialect's label mapping runs once per series, not per point: each upstream series' mapping
+(canonical name, labels, scale, how collapsing series combine) is planned once and applied to
+its whole row of values (`frame_from_matrix`).
+
+`kvscope diagnose --prometheus` uses this path for small fleets and windows (and with
+`--no-pushdown`); for fleets it evaluates rule conditions in the TSDB first
+(diagnoser/pushdown/) and fetches through here only the engines and spans where a rule fired.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections import defaultdict
 from typing import Any
 
-from kvscope.agent.dialects.dialect import detect_engine, normalize
+import numpy as np
+from kvscope.agent.normalize.dialect import Normalized, _Mapper, detect_engine
 from kvscope.agent.scrape.exposition import Exposition, RawSample
-from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Catalog, Sample, load_catalog, make_labels
-from kvscope.diagnoser.evaluate.frame import Frame, frame_from_samples, merge_facts
-from kvscope.diagnoser.sources import SourceError
+from kvscope.agent.signals import (
+    HISTOGRAM_SUFFIXES,
+    KVSCOPE_PREFIX,
+    Catalog,
+    Labels,
+    load_catalog,
+    make_labels,
+    signal_of,
+)
+from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid, merge_facts
+from kvscope.diagnoser.sources.promapi import PromClient, matrix_on_grid
 
 DEFAULT_WINDOW_S = 1800.0
-MAX_RESPONSE_BYTES = 256 * 1024 * 1024
-KVSCOPE_PREFIX = "kvscope_"
 _TARGET_LABELS = ("job", "instance")
+INSTANCE_BATCH = 25
+"""Instances per query when a fetch is restricted to some instances (`instance=~"a|b|..."`)."""
 
 
 class PrometheusSource:
     """Range queries against one Prometheus-compatible base URL."""
 
-    def __init__(self, url: str, timeout_s: float = 60.0, catalog: Catalog | None = None) -> None:
-        self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
+    def __init__(self, url: str, timeout_s: float = 60.0, catalog: Catalog | None = None,
+                 client: PromClient | None = None) -> None:
+        self.client = client or PromClient(url, timeout_s=timeout_s)
+        self.url = self.client.url
         self.catalog = catalog or load_catalog()
         self.description = f"prometheus:{self.url}"
 
     def read_frame(self, names: set[str], start: float | None, end: float | None, step: float) -> Frame:
         end = time.time() if end is None else end
         start = end - DEFAULT_WINDOW_S if start is None else start
-        query = selector_for(names, self.catalog)
-        result = self._query_range(query, start, end, step)
-        samples, facts = parse_matrix(result, self.catalog)
-        frame = frame_from_samples(samples, start, end, step, names=names)
-        frame.facts = facts
-        return frame
-
-    def _query_range(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        body = urllib.parse.urlencode({"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                                       "step": f"{step:g}"}).encode()
-        req = urllib.request.Request(self.url + "/api/v1/query_range", data=body, method="POST",
-                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
-                raw = resp.read(MAX_RESPONSE_BYTES + 1)
-        except urllib.error.HTTPError as exc:
-            raise SourceError(f"prometheus {self.url}: HTTP {exc.code}: {_error_text(exc)}") from exc
-        except (urllib.error.URLError, OSError) as exc:
-            raise SourceError(f"prometheus {self.url}: {exc}") from exc
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise SourceError(f"prometheus {self.url}: answer larger than {MAX_RESPONSE_BYTES} bytes; "
-                              "narrow the window or raise --step")
-        try:
-            doc = json.loads(raw)
-        except ValueError as exc:
-            raise SourceError(f"prometheus {self.url}: not JSON ({exc})") from exc
-        if doc.get("status") != "success" or (doc.get("data") or {}).get("resultType") != "matrix":
-            raise SourceError(f"prometheus {self.url}: {doc.get('error', 'unexpected answer')}")
-        return list(doc["data"]["result"])
+        return fetch_frame(self.client, names, start, end, step, catalog=self.catalog)
 
 
-def _error_text(exc: urllib.error.HTTPError) -> str:
-    try:
-        return str(json.loads(exc.read(65536)).get("error", exc.reason))
-    except (ValueError, OSError):
-        return str(exc.reason)
+def fetch_frame(client: PromClient, names: set[str], start: float, end: float, step: float,
+                instances: list[str] | None = None, fetch_from: float | None = None,
+                catalog: Catalog | None = None) -> Frame:
+    """The canonical series `names` on the grid [start, end] by `step`.
+
+    `instances` restricts the fetch to those scrape targets (batched `instance=~` matchers);
+    `fetch_from` (a grid time) leaves the grid points before it absent (NaN): the grid stays the
+    whole window's, only the data is fetched from there on."""
+    catalog = catalog or load_catalog()
+    grid = make_grid(start, end, step)
+    first = start if fetch_from is None else max(start, grid[int(np.searchsorted(grid, fetch_from - 1e-6))]
+                                                  if fetch_from <= end else end)
+    selectors = [selector_for(names, catalog, batch) for batch in _batches(instances)]
+    what = f"raw series of {len(instances)} instance(s)" if instances is not None else "raw series"
+    n_series = 0 if instances is None else len(instances) * max(1, len(names)) * 4
+    results: list[list[dict[str, Any]]] = client.map(
+        lambda sel: client.range_parts(sel, first, end, step, series=n_series, what=what), selectors)
+    offset = int(round((first - start) / step))
+    return frame_from_matrix([s for part in results for s in part], start, end, step, names, catalog,
+                             offset=offset)
+
+
+def _batches(instances: list[str] | None) -> list[list[str] | None]:
+    if instances is None:
+        return [None]
+    ordered = sorted(set(instances))
+    return [ordered[i:i + INSTANCE_BATCH] for i in range(0, len(ordered), INSTANCE_BATCH)]
 
 
 def native_names(names: set[str], catalog: Catalog) -> set[str]:
     """Declared upstream names (all dialects) that produce the canonical sample names."""
-    signals = {_signal_of(n, catalog) for n in names} - {None}
+    signals = {sig for n in names if (sig := _signal_of(n, catalog)) is not None}
     out = set()
     for sig in signals:
         for alias in catalog.signals[sig].aliases:
@@ -103,8 +112,9 @@ def _signal_of(sample_name: str, catalog: Catalog) -> str | None:
     return None
 
 
-def selector_for(names: set[str], catalog: Catalog) -> str:
-    """One `{__name__=~"..."}` selector for every native and kvscope_* name needed."""
+def selector_for(names: set[str], catalog: Catalog, instances: list[str] | None = None) -> str:
+    """One `{__name__=~"..."}` selector for every native and kvscope_* name needed (restricted
+    to `instances` when given)."""
     alternatives = set()
     for declared in native_names(names, catalog):
         base = re.escape(declared)
@@ -114,42 +124,150 @@ def selector_for(names: set[str], catalog: Catalog) -> str:
     native = "|".join(sorted(alternatives))
     suffix = "(_total|_bucket|_sum|_count)?"
     kv = "|".join(sorted(re.escape(KVSCOPE_PREFIX + n) for n in names))
-    return f'{{__name__=~"(({native}){suffix})|({kv})"}}'
+    inst = ""
+    if instances is not None:
+        inst = ',instance=~"' + "|".join(_quote(re.escape(i)) for i in instances) + '"'
+    return f'{{__name__=~"(({_quote(native)}){suffix})|({_quote(kv)})"{inst}}}'
 
 
-def parse_matrix(result: list[dict[str, Any]], catalog: Catalog | None = None
-                 ) -> tuple[list[Sample], dict[str, dict[str, str]]]:
-    """A range-query matrix -> canonical samples (native series normalized per target and step)."""
+def _quote(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+# ------------------------------------------------------------------------------ matrix -> frame
+
+def frame_from_matrix(result: list[dict[str, Any]], start: float, end: float, step: float,
+                      names: set[str] | None = None, catalog: Catalog | None = None,
+                      lookback_s: float = DEFAULT_LOOKBACK_S, offset: int = 0) -> Frame:
+    """A range-query matrix on the grid [start, end] by `step` -> a Frame of canonical series.
+
+    Native series are mapped per scrape target through its dialect, one plan per upstream series
+    applied to the whole row (collapsing series combined as the normalizer does: max for gauges,
+    sum otherwise, over the series present at each step). A point the answer lacks takes the
+    series' previous point within the lookback, as a recording's samples are put on the grid.
+    `offset`: the matrix starts at grid index `offset` (earlier points are absent)."""
     catalog = catalog or load_catalog()
-    canonical: list[Sample] = []
-    per_target: dict[tuple[str, str], dict[float, list[RawSample]]] = defaultdict(lambda: defaultdict(list))
-    for series in result:
-        metric = dict(series.get("metric") or {})
+    grid = make_grid(start, end, step)
+    n = len(grid)
+    metrics, values = matrix_on_grid(result, grid[min(offset, n - 1)], step, n - offset)
+    if offset:
+        values = np.concatenate([np.full((values.shape[0], offset), np.nan), values], axis=1)
+    rows: dict[tuple[str, Labels], list] = {}
+    per_target: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, metric in enumerate(metrics):
         name = metric.pop("__name__", "")
         if name.startswith(KVSCOPE_PREFIX):
-            canonical.extend(_kvscope_samples(name[len(KVSCOPE_PREFIX):], metric, series.get("values") or []))
+            for label in _TARGET_LABELS:
+                if f"exported_{label}" in metric:
+                    metric[label] = metric.pop(f"exported_{label}")
+            _combine(rows, name[len(KVSCOPE_PREFIX):], make_labels(metric), "sum", values[i])
             continue
-        target = (metric.pop("job", ""), metric.pop("instance", ""))
-        labels = make_labels(metric)
-        for ts, value in series.get("values") or []:
-            per_target[target][float(ts)].append(RawSample(name, labels, float(value), None))
+        metric["__name__"] = name
+        per_target[(metric.get("job", ""), metric.get("instance", ""))].append(i)
     facts: dict[str, dict[str, dict[str, str]]] = {}
-    for (job, instance), steps in per_target.items():
-        union = Exposition(samples=[s for pts in steps.values() for s in pts[:2000]][:20000])
-        engine = detect_engine(union, catalog)
-        for ts, raw in sorted(steps.items()):
-            norm = normalize(Exposition(samples=raw), engine, {"job": job, "instance": instance}, ts, catalog)
-            canonical.extend(norm.samples)
-            for rank, f in norm.facts.items():
-                facts.setdefault(instance, {}).setdefault(rank, {}).update(f)
-    return canonical, merge_facts(facts)
+    for (job, instance), idx in per_target.items():
+        _map_target(job, instance, [metrics[i] for i in idx], values[idx], catalog, rows, facts)
+    limit = _carry_steps(step, lookback_s)
+    blocks: dict[str, tuple[list[Labels], list[np.ndarray]]] = defaultdict(lambda: ([], []))
+    for (name, labels), (_kind, row) in sorted(rows.items()):
+        if names is not None and name not in names:
+            continue
+        labels_list, vals = blocks[name]
+        labels_list.append(labels)
+        vals.append(_carry(row, limit))
+    frame = Frame(ts=grid, blocks={k: Block(lab, np.vstack(v)) for k, (lab, v) in blocks.items()})
+    frame.facts = merge_facts(facts)
+    return frame
 
 
-def _kvscope_samples(name: str, metric: dict[str, str], values: list) -> list[Sample]:
-    """The agent's re-export: already canonical. Prometheus renames a clashing target label to
-    exported_<label>; the engine's own instance/job win back."""
-    for label in _TARGET_LABELS:
-        if f"exported_{label}" in metric:
-            metric[label] = metric.pop(f"exported_{label}")
-    labels = make_labels(metric)
-    return [Sample(name, labels, float(v), float(ts)) for ts, v in values]
+def _map_target(job: str, instance: str, metrics: list[dict[str, str]], values: np.ndarray, catalog: Catalog,
+                rows: dict, facts: dict) -> None:
+    """One target's native series through its dialect, a plan per series."""
+    raws = []
+    for metric, row in zip(metrics, values, strict=True):
+        labels = make_labels({k: v for k, v in metric.items() if k not in ("__name__", "job", "instance")})
+        present = np.flatnonzero(~np.isnan(row))
+        raws.append((RawSample(metric["__name__"], labels, float(row[present[-1]]) if present.size else 0.0, None),
+                     int(present.size)))
+    mine: dict[tuple[str, Labels], list] = {}
+    votes = Exposition(samples=[r for r, count in raws for _ in range(min(count, 1))])
+    engine = detect_engine(votes, catalog)
+    if engine is None or engine not in catalog.dialects:
+        return
+    plans: dict[tuple[str, Labels], list[tuple]] = {}
+    mapper = _Mapper(catalog, engine, {"job": job, "instance": instance}, plans=plans)
+    out = Normalized(engine=engine)
+    sentinels = np.array(sorted(mapper.sentinels or ()), dtype=float)
+    fallback: dict[tuple[str, Labels], list] = {}
+    for (raw, count), row in zip(raws, values, strict=True):
+        if not count:
+            continue
+        mapper.map_sample(raw, None, {}, out)
+        if sentinels.size:
+            row = np.where(np.isin(row, sentinels), np.nan, row)    # "no value" codes, as the normalizer drops them
+        for name, labels, kind, mode, factor, rank in plans.get((raw.name, raw.labels)) or ():
+            if name is None or not isinstance(labels, tuple):
+                continue
+            if mode == "info":
+                if factor is None or not np.isfinite(factor):
+                    continue
+                vals = np.where(np.isnan(row), np.nan, factor)
+            else:
+                vals = row if mode == "raw" else row * factor
+            _combine(fallback if rank else mine, name, labels, "max" if kind == "gauge" else "sum", vals)
+    _settle_fallbacks(mine, fallback, catalog)
+    for key, (how, vals) in mine.items():
+        _combine(rows, *key, how, vals)
+    for rank, f in out.facts.items():
+        facts.setdefault(instance, {}).setdefault(rank, {}).update(f)
+
+
+def _settle_fallbacks(rows: dict, fallback: dict, catalog: Catalog) -> None:
+    """A fallback alias (an older name) counts only at the steps where the target has no
+    sample of the same signal under a preferred name (agent/normalize/dialect.py
+    `resolve_fallback`, per scrape there, per grid step here): never both added up."""
+    if not fallback:
+        return
+    present: dict[str | None, np.ndarray] = {}
+    for (name, _labels), (_how, vals) in rows.items():
+        sig = signal_of(name, catalog)
+        have = ~np.isnan(vals)
+        present[sig] = present[sig] | have if sig in present else have
+    for (name, labels), (how, vals) in fallback.items():
+        shadow = present.get(signal_of(name, catalog))
+        _combine(rows, name, labels, how, vals if shadow is None else np.where(shadow, np.nan, vals))
+
+
+def _combine(rows: dict, name: str, labels: Labels, how: str, vals: np.ndarray) -> None:
+    vals = np.where(np.isfinite(vals), vals, np.nan)        # NaN / Inf samples are dropped
+    key = (name, labels)
+    have = rows.get(key)
+    if have is None:
+        rows[key] = [how, vals]
+        return
+    prev = have[1]
+    if how == "max":
+        have[1] = np.fmax(prev, vals)
+    else:
+        both = np.isnan(prev) & np.isnan(vals)
+        summed = np.nan_to_num(prev) + np.nan_to_num(vals)
+        summed[both] = np.nan
+        have[1] = summed
+
+
+def _carry_steps(step: float, lookback_s: float) -> int:
+    """How many grid steps a point is carried: while (t - t_point) < lookback."""
+    return max(0, int(np.ceil(lookback_s / step - 1e-9)) - 1)
+
+
+def _carry(row: np.ndarray, limit: int) -> np.ndarray:
+    """Points the answer lacks filled from the previous point at most `limit` steps back."""
+    present = ~np.isnan(row)
+    if present.all() or not present.any() or limit <= 0:
+        return row
+    k = np.arange(row.size)
+    last = np.maximum.accumulate(np.where(present, k, -1))
+    ok = (last >= 0) & (k - last <= limit)
+    out = np.full(row.shape, np.nan)
+    out[ok] = row[last[ok]]
+    return out

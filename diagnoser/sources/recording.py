@@ -20,6 +20,7 @@ from kvscope.diagnoser.evaluate.frame import (
     removed_target_spans,
 )
 from kvscope.diagnoser.sources import SourceError
+from kvscope.diagnoser.sources.vanished import mark_vanished
 
 
 class RecordingSource:
@@ -75,6 +76,7 @@ class RecordingSource:
         up = [(s.label("instance") or "", s.timestamp, s.value == 1.0)
               for s in replay.samples if s.name == "kvscope_target_up" and s.timestamp is not None]
         mark_stale(frame, failed_scrape_spans(up))
+        mark_vanished(frame, replay.samples, up)
         mark_removed(frame, removed_target_spans(up))
         frame.facts = merge_facts(replay.facts)
         return frame

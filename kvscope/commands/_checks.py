@@ -47,7 +47,7 @@ def source_hint(kind: str, url: str, message: str) -> str:
     """`message` plus what to check: reachability, or (an HTTP 4xx) whether `url` is the base URL of
     the kind of server the flag expects."""
     hinted = unreachable_hint(message, url)
-    if hinted == message and re.search(r"HTTP( Error)? 4\d\d", message):
+    if hinted == message and re.search(r"HTTP( Error)? 40[45]", message) and "base URL" not in message:
         hinted += (f"\n  is {url} the base URL of a {SERVER.get(kind, 'server')}? kvscope calls "
                    f"{url.rstrip('/')}{API_PATH.get(kind, '')} (no /metrics path; {OTHER.get(kind, '')})")
     return hinted

@@ -42,7 +42,7 @@ def add_scrape_flags(parser: argparse.ArgumentParser) -> None:
                              "(replaces the config file's targets)")
     parser.add_argument("--job", default="engine", metavar="NAME",
                         help="job label of the --target URLs (default: engine)")
-    parser.add_argument("--engine", choices=("vllm", "sglang", "dcgm"), default=None,
+    parser.add_argument("--engine", choices=("vllm", "sglang", "dcgm", "llamacpp"), default=None,
                         help="force the dialect of the --target URLs instead of detecting it")
     for flag, dest, _, help_ in _SCALAR_FLAGS:
         parser.add_argument(flag, dest=dest, metavar="VALUE", help=help_)

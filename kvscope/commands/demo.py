@@ -95,7 +95,7 @@ def _where(labels: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope.ui.data import Source, SourceError, load_triage
+    from kvscope.ui.data import SourceError, SourceSpec, load_triage
 
     path = args.recording or default_recording()
     if path is None:
@@ -108,14 +108,14 @@ def run(args: argparse.Namespace) -> int:
         return 4
     print(f"kvscope demo: replaying {path}", flush=True)
     try:
-        data = load_triage(Source("recording", str(Path(path).resolve())))
+        data = load_triage(SourceSpec("recording", str(Path(path).resolve())))
     except SourceError as exc:
         print(f"kvscope demo: {exc}", file=sys.stderr)
         return 4
     print(render_diagnosis(data.diagnosis), flush=True)
     if args.check:
         return 0 if data.diagnosis.likely_cause is not None else 1
-    return serve(Source("recording", str(Path(path).resolve())), args.port)
+    return serve(SourceSpec("recording", str(Path(path).resolve())), args.port)
 
 
 def serve(source, port: int) -> int:

@@ -32,6 +32,19 @@ Sources (pick one):
 Windows shorter than 15 minutes (short recordings) are evaluated with every rule duration
 scaled by window / 15 min; --time-scale 1 turns that off.
 
+Prometheus: two evaluation paths, the same findings.
+  --pushdown on    each rule's condition runs in the TSDB as one PromQL range query (loosened so
+                   it holds wherever the rule can fire; recording rules kvscope:* are read where
+                   the TSDB has them, else the engines' own series); evidence is then fetched only
+                   for the engines and the spans where a condition held, and the rules judge it.
+  --pushdown off   every raw series of every engine is fetched and judged here (small fleets).
+  --pushdown auto  (default) on when engines x grid points exceed 50,000 (~200 engine-hours at 15 s,
+                   ~10M raw points: below that the full fetch measured faster on Prometheus 2.42).
+Queries stay within Prometheus' limits: at most 11,000 points per series and, by estimate, half of
+the default --query.max-samples (50M); longer ranges are cut in time and instance lists into
+batches of 25, run 4 at a time, and a part the server still refuses for its size is halved and
+retried. What was split is printed on stderr ("split: ..."), with a pushdown summary.
+
 Examples:
   kvscope diagnose --recording tests/recordings/kv-pressure-cascade.om.gz
   kvscope diagnose --prometheus http://127.0.0.1:9090 --since 1h
@@ -71,6 +84,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--time-scale", type=float, default=None,
                    help="multiply every rule duration by this (default: auto for windows under 15 min)")
     p.add_argument("--rules-dir", default=None, help="rules directory (default: the shipped rules/diagnosis)")
+    p.add_argument("--pushdown", choices=("auto", "on", "off"), default="auto",
+                   help="--prometheus: evaluate rule conditions in the TSDB first (see above; default auto)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="--prometheus/--agent: seconds one HTTP query may take (default 300)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress or pushdown summary on stderr")
     p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON (schema: docs/rules.md)")
     p.add_argument("--verbose", "-v", action="store_true", help="also list the rules that were skipped and why")
     p.set_defaults(func=run)
@@ -108,7 +126,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float) -> int:
     from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
-    from kvscope.diagnoser.render import render_diagnosis
     from kvscope.diagnoser.rulebook.rule import parse_duration
     from kvscope.diagnoser.sources import SourceError
 
@@ -120,10 +137,15 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         if start is None and not args.recording:
             end = time.time() if end is None else end
             start = end - since
-        if start is not None and end is not None and (end - start) / step > MAX_POINTS_PER_SERIES:
+        if start is not None and end is not None and not args.prometheus \
+                and (end - start) / step > MAX_POINTS_PER_SERIES:
             step = (end - start) / MAX_POINTS_PER_SERIES     # Prometheus refuses > 11,000 points per series
+        if args.prometheus and _use_pushdown(args, source, rules, start, end, step):
+            result = _pushdown(args, source, rules, params, start, end, step)
+            return _finish(args, source, result)
         names = set().union(*(sample_names(r) for r in rules))
         frame = source.read_frame(names, start, end, step)
+        _print_notes(args, source)
     except SourceError as exc:
         kind = "prometheus" if args.prometheus else "agent" if args.agent else ""
         url = args.prometheus or args.agent
@@ -136,6 +158,49 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         print(f"kvscope diagnose: {exc}", file=sys.stderr)
         return EXIT_USAGE
     result = diagnose(frame, rules, params=params, source=source.description, time_scale=args.time_scale)
+    return _finish(args, source, result)
+
+
+PUSHDOWN_AUTO_ENGINE_STEPS = 50_000
+"""--pushdown auto: the pushdown path from this many engines x grid points on."""
+
+
+def _use_pushdown(args: argparse.Namespace, source: Any, rules: list, start: float, end: float,
+                  step: float) -> bool:
+    if args.pushdown != "auto":
+        return args.pushdown == "on"
+    from kvscope.diagnoser.evaluate.evaluator import sample_names
+    from kvscope.diagnoser.pushdown.run import wire_pattern
+
+    names = set().union(*(sample_names(r) for r in rules))
+    engines = source.client.label_values("instance", [f'{{__name__=~"{wire_pattern(names, source.catalog)}"}}'],
+                                         start, end)
+    return len(engines) * ((end - start) / step + 1) > PUSHDOWN_AUTO_ENGINE_STEPS
+
+
+def _pushdown(args: argparse.Namespace, source: Any, rules: list, params: dict, start: float, end: float,
+              step: float) -> Any:
+    from kvscope.diagnoser.pushdown.run import diagnose_pushdown
+
+    result, report = diagnose_pushdown(source.client, start, end, step, rules, params=params,
+                                       time_scale=args.time_scale, source=source.description,
+                                       catalog=source.catalog)
+    if not args.quiet:
+        for line in report.summary(source.client):
+            print(line, file=sys.stderr)
+    return result
+
+
+def _print_notes(args: argparse.Namespace, source: Any) -> None:
+    client = getattr(source, "client", None)
+    if client is not None and not args.quiet:
+        for note in client.notes:
+            print(f"split: {note}", file=sys.stderr)
+
+
+def _finish(args: argparse.Namespace, source: Any, result: Any) -> int:
+    from kvscope.diagnoser.render import render_diagnosis
+
     if args.json:
         print(result.to_json())
     else:
@@ -151,6 +216,13 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
 
 
 def _source(args: argparse.Namespace) -> Any:
+    if args.prometheus:
+        from kvscope.diagnoser.sources.promapi import PromClient
+        from kvscope.diagnoser.sources.prometheus import PrometheusSource
+
+        progress = None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
+        client = PromClient(args.prometheus, timeout_s=args.timeout, progress=progress)
+        return PrometheusSource(args.prometheus, client=client)
     if args.recording:
         from kvscope.diagnoser.sources.recording import RecordingSource
         return RecordingSource(args.recording)

@@ -16,11 +16,16 @@ the utilisation trap (002 §9.2), $ per 1M output tokens at --gpu-hour-cost, pre
 by prefix caching, per-tenant usage and hit ratio, week-over-week deltas and the week's top
 findings, one row per incident (a likely cause with its supporting findings, as `kvscope diagnose`
 groups them). Numbers the source lacks are printed as "absent", never as zero. When the data
-covers part of the week, the Source line says how much data is held, over what span, with how
+covers part of the week, the SourceSpec line says how much data is held, over what span, with how
 many gaps. The HTML plots share the week's UTC time axis and shade the stretches without data.
 
   kvscope report weekly --recording incident.om --gpu-hour-cost 2.5 --html week.html --markdown week.md
   kvscope report weekly --prometheus http://127.0.0.1:9090 --end 2026-11-22T00:00:00Z
+
+With --prometheus the report reads kvscope's recording rules (kvscope:*), the agent's kvscope_*
+series, or the engines' own series, whichever the TSDB has, as 15-minute server-side increases
+and means (a week is 672 points per series), and runs the diagnosis rules in the TSDB over the
+week (5-minute step) for its top findings.
   kvscope report weekly --store /var/lib/kvscope/kvscope.sqlite
   kvscope report weekly --recording fleet.om --gpu-mapping gpus.yaml   # gpus.yaml: {GPU-8f2c...: replica-0}
 
@@ -39,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the report to write: weekly (the default; the only one so far)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--recording", nargs="+", type=Path, metavar="FILE", help="one or more recordings")
-    src.add_argument("--prometheus", metavar="URL", help="a Prometheus that scrapes the agent's kvscope_* series")
+    src.add_argument("--prometheus", metavar="URL", help="a Prometheus-compatible TSDB holding the engines' or the "
+                                                         "agent's series")
     src.add_argument("--store", type=Path, metavar="FILE", help="the agent's SQLite store")
     p.add_argument("--end", metavar="TIME",
                    help="end of the week: ISO 8601 (UTC if no zone) or unix seconds (default: now, or the "
@@ -52,6 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "on it, the agent's gpu_mapping format, to split GPU-hours per pool when the "
                         "recording has no pod labels or NVML process list")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-diagnose", action="store_true",
+                   help="--prometheus: skip the week's diagnosis (by default the rules run in the TSDB over the "
+                        "week at a 5-minute step, kvscope diagnose's pushdown path)")
     p.set_defaults(func=run)
 
 
@@ -91,7 +100,7 @@ def read_gpu_mapping(args: argparse.Namespace) -> dict:
     ValueError (usage) or FileNotFoundError."""
     import yaml
 
-    from kvscope.agent.derive.gpu_join import parse_gpu_mapping
+    from kvscope.agent.config import parse_gpu_mapping
 
     if not args.recording:
         raise ValueError("--gpu-mapping: only with --recording (the agent applies its own gpu_mapping "
@@ -115,7 +124,7 @@ def _load(args: argparse.Namespace):
 
     if args.recording:
         from kvscope.agent.recording.replay import replay_recording
-        from kvscope.ui.data import Source, SourceError, triage_from_replay
+        from kvscope.ui.data import SourceError, SourceSpec, triage_from_replay
 
         samples, diagnoses, ends = [], [], []
         for path in args.recording:
@@ -123,14 +132,23 @@ def _load(args: argparse.Namespace):
             samples += replay.samples
             ends.append(replay.end or 0.0)
             try:
-                diagnoses.append(triage_from_replay(Source("recording", str(path)), replay).diagnosis)
+                diagnoses.append(triage_from_replay(SourceSpec("recording", str(path)), replay).diagnosis)
             except SourceError as exc:
                 raise ValueError(str(exc)) from exc
         names = ", ".join(p.name for p in args.recording)
         return series_set_from_samples(samples), _end(args, max(ends)), f"recordings {names}", diagnoses
     end = _end(args, time.time())
     if args.prometheus:
-        return read_prometheus_series(args.prometheus, end - 2 * WEEK_S, end), end, args.prometheus, []
+        from kvscope.diagnoser.sources.promapi import PromClient
+        from kvscope.report.weekly import prometheus_diagnoses
+
+        client = PromClient(args.prometheus, timeout_s=300.0)
+        ss = read_prometheus_series(args.prometheus, end - 2 * WEEK_S, end, client=client)
+        diagnoses = [] if args.no_diagnose else prometheus_diagnoses(args.prometheus, end - WEEK_S, end,
+                                                                     client=client)
+        for note in client.notes:
+            print(f"split: {note}", file=sys.stderr)
+        return ss, end, args.prometheus, diagnoses
     return read_store_series(str(args.store), end - 2 * WEEK_S, end), end, f"store {args.store}", []
 
 
@@ -170,6 +188,7 @@ def _iso(ts: float) -> str:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from kvscope.diagnoser.sources import SourceError
     from kvscope.report.render import render_html, render_markdown
     from kvscope.report.weekly import build_report
 
@@ -195,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         markdown = render_markdown(report)
         page = render_html(report) if args.html else None
         steps.update()
-    except (OSError, ValueError, EOFError) as exc:
+    except (OSError, ValueError, EOFError, SourceError) as exc:
         steps.close()
         print(f"kvscope report: {source_hint('prometheus', args.prometheus, str(exc)) if args.prometheus else exc}",
               file=sys.stderr)

@@ -8,12 +8,15 @@ import contextlib
 import gc
 import logging
 import signal
+from collections.abc import Callable
 from typing import Any
 
+from kvscope.agent.derive.fairness import fairness_json_since_start, fairness_since_start
 from kvscope.agent.tap.eventloop import loop_name, run_event_loop
 from kvscope.agent.tap.native import native_status
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_upstream
 from kvscope.agent.traces.export import SpanBatchExporter
+from kvscope.agent.traces.otlp import Span
 
 DESCRIPTION = """\
 Put kvscope between clients (or a router) and an OpenAI-compatible engine (vLLM, SGLang).
@@ -113,9 +116,16 @@ def _quiet_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
+def build_tap(cfg: TapConfig, span_sink: Callable[[list[Span]], None] | None = None) -> RequestTap:
+    """The standalone tap: its /kvscope/metrics adds the fairness gauges since start, and
+    /kvscope/fairness answers them as JSON (inside the agent, the runtime derives them)."""
+    return RequestTap(cfg, span_sink=span_sink, derive=fairness_since_start,
+                      json_pages={"/kvscope/fairness": fairness_json_since_start})
+
+
 async def _serve(cfg: TapConfig, otlp_endpoint: str | None) -> None:
     exporter = SpanBatchExporter(otlp_endpoint) if otlp_endpoint else None
-    tap = RequestTap(cfg, span_sink=exporter.add if exporter else None)
+    tap = build_tap(cfg, span_sink=exporter.add if exporter else None)
     await tap.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

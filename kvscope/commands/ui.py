@@ -46,16 +46,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def source_of(args: argparse.Namespace):
-    from kvscope.ui.data import Source
+    from kvscope.ui.data import SourceSpec
 
     since = parse_seconds("--since", str(args.since))
     end = None if args.end is None else parse_time("--end", str(args.end))
     if args.recording:
-        return Source("recording", str(args.recording.resolve()), since)
+        return SourceSpec("recording", str(args.recording.resolve()), since)
     if args.prometheus:
-        return Source("prometheus", check_http_url("--prometheus", args.prometheus), since, end)
+        return SourceSpec("prometheus", check_http_url("--prometheus", args.prometheus), since, end)
     if args.agent:
-        return Source("agent", check_http_url("--agent", args.agent, "http://127.0.0.1:9464"), since, end)
+        return SourceSpec("agent", check_http_url("--agent", args.agent, "http://127.0.0.1:9464"), since, end)
     return None
 
 

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from kvscope.ui.data import Source, load_triage
+from kvscope.ui.data import SourceSpec, load_triage
 from kvscope.ui.server import UiServer, free_port
 
 from kvscope.commands.demo import default_recording
@@ -31,7 +31,7 @@ def served(tmp_path_factory):
     recording = Path(os.environ["KVSCOPE_TEST_RECORDING"]) if os.environ.get("KVSCOPE_TEST_RECORDING") \
         else default_recording()
     assert recording is not None, "tests/recordings/ holds no recording"
-    source = Source("recording", str(recording))
+    source = SourceSpec("recording", str(recording))
     server = UiServer(source, free_port(), log_path=tmp_path_factory.mktemp("ui") / "streamlit.log")
     with server:
         server.wait_healthy(90)

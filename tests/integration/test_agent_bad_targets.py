@@ -17,7 +17,7 @@ import pytest
 from agentharness import fetch_metrics, fetch_text, running_agent, target_server, value
 from aiohttp import web
 from kvscope.agent.collectors.base import Collection
-from kvscope.agent.dialects.dialect import normalize
+from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.runtime import AgentState
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.serve.export import render_metrics
@@ -30,6 +30,11 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes"
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "agent-e2e.prom"
 VLLM = (FIXTURES / "vllm-0.32.0-cpu-after-load.txt").read_text()
 DCGM = (FIXTURES / "dcgm-exporter-4.5.3-constructed-2gpu.txt").read_text()
+# sglang-router 0.3.2's /engine_metrics in front of two stub workers serving VLLM (real router)
+ROUTER = (FIXTURES / "sglang-router-0.3.2-engine_metrics-2x-vllm-0.32.txt").read_text()
+ROUTER_WORKERS = ("127.0.0.1:57947", "127.0.0.1:52251")
+# a vLLM payload whose every family is one the catalog does not map (real lines of the capture)
+UNMAPPED = "".join(ln + "\n" for ln in VLLM.splitlines() if ln.startswith(("vllm:request_params_n", "# HELP vllm:request_params_n", "# TYPE vllm:request_params_n")))
 RUNNING = 'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 0.0\n'
 WAITING = 'vllm:num_requests_waiting{engine="0",model_name="tiny-llama"} 0.0\n'
 KV_USAGE = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.0\n'
@@ -97,6 +102,8 @@ SCENARIOS = {
     "reset": resetting(),
     "unknown": text("# TYPE node_load1 gauge\nnode_load1 0.52\n"),
     "dcgm": text(DCGM),
+    "unmapped": text(UNMAPPED),
+    "router": text(ROUTER),
 }
 
 
@@ -128,6 +135,7 @@ def bad_run():
     ("nonfinite", 1, "ok"), ("duplicate", 1, "ok"), ("reset", 1, "ok"), ("dcgm", 1, "ok"),
     ("huge", 0, "body_too_large"), ("hang", 0, "timeout"), ("unavailable", 0, "http_503"),
     ("unknown", 0, "unknown_engine"), ("down", 0, "connection_refused"),
+    ("unmapped", 0, "no_canonical_series"), ("router", 1, "aggregated_workers"),
 ])
 def test_agent_metrics_say_why_each_target_is_down(bad_run, instance, up, reason):
     _, expo, _, _ = bad_run
@@ -158,6 +166,18 @@ def test_good_data_of_lossy_targets_is_kept_and_bad_values_are_absent_not_zero(b
     assert value(expo, "kvscope_gpu_memory_used_bytes", instance="dcgm", gpu="1") == 76463 * 2**20
     good = value(expo, "kvscope_target_series", instance="good")
     assert good > 300 and value(expo, "kvscope_target_series", instance="truncated") < good
+
+
+def test_a_routers_engine_metrics_stay_one_series_set_per_worker(bad_run):
+    """sglang-router's /engine_metrics labels each worker's series with worker_addr: the agent
+    keeps the workers apart (instance = the worker's host:port) instead of summing their
+    counters into the router's instance; both workers served the same capture."""
+    _, expo, _, _ = bad_run
+    for worker in ROUTER_WORKERS:
+        assert value(expo, "kvscope_engine_prefix_cache_queries_tokens_total", instance=worker) == 16028.0
+        assert value(expo, "kvscope_engine_requests_running", instance=worker) == 0.0
+    assert value(expo, "kvscope_engine_prefix_cache_queries_tokens_total", instance="router") is None
+    assert value(expo, "kvscope_target_series", instance="router") > 600
 
 
 def test_agent_counts_a_counter_reset_once(bad_run):

@@ -17,7 +17,7 @@ import time
 import aiohttp
 import pytest
 from kvscope.agent.derive.cascade import STAGES, CascadeConfig, evaluate_cascade, render_cascade_samples
-from kvscope.agent.dialects.dialect import normalize
+from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 
 from testbed.tenants import synthetic_text

@@ -21,9 +21,8 @@ from kvscope.agent.derive.cascade import evaluate_cascade, render_cascade_sample
 from kvscope.agent.recording.omfile import read_recording_text
 from kvscope.agent.recording.replay import replay_recording
 from kvscope.agent.scrape.exposition import format_labels, format_value
-from kvscope.agent.signals import load_catalog
+from kvscope.agent.signals import KVSCOPE_PREFIX, load_catalog
 from kvscope.dashboards.lint import read_recorded_names
-from kvscope.dashboards.queries import AGENT_PREFIX, PREFIX
 from kvscope.dashboards.registry import BOARDS
 
 from kvscope.commands.demo import BUNDLED, RECORDINGS
@@ -94,7 +93,7 @@ def render_backfill(samples) -> str:
     for s in samples:
         if s.timestamp is None:
             continue
-        name = s.name if s.name.startswith(AGENT_PREFIX) else AGENT_PREFIX + s.name
+        name = s.name if s.name.startswith(KVSCOPE_PREFIX) else KVSCOPE_PREFIX + s.name
         by_name[name].append(f"{name}{format_labels(s.labels)} {format_value(s.value)} {s.timestamp:.3f}\n")
     return "".join("".join(lines) for lines in by_name.values()) + "# EOF\n"
 
@@ -190,7 +189,7 @@ def measured_idle(url: str, replay, signal: str) -> bool:
     sig = load_catalog().signals.get(signal)
     if sig is None or sig.kind == "gauge":
         return False
-    name = PREFIX + signal + ("_count" if sig.kind == "histogram" else "")
+    name = KVSCOPE_PREFIX + signal + ("_count" if sig.kind == "histogram" else "")
     expr = f"sum(increase({name}[{max(60, int(replay.end - replay.start) + 10)}s]))"
     result = query_range(url, expr, replay.end, replay.end)
     return not result or all(float(v) == 0 for r in result for _, v in r["values"])
@@ -259,7 +258,7 @@ def test_declared_absent_signals_really_are_absent(loaded):
 def test_declared_idle_signals_really_never_move(loaded):
     url, replay = loaded
     for signal in DECLARED_IDLE:
-        expr = f"sum(increase({PREFIX}{signal}[{max(60, int(replay.end - replay.start))}s]))"
+        expr = f"sum(increase({KVSCOPE_PREFIX}{signal}[{max(60, int(replay.end - replay.start))}s]))"
         result = query_range(url, expr, replay.end, replay.end)
         assert result and all(float(v) == 0 for s in result for _, v in s["values"]), signal
 
@@ -283,11 +282,11 @@ def test_core_panels_show_the_incident(loaded):
 def test_ui_diagnoses_the_same_cause_from_prometheus(loaded, recording):
     """The UI's Prometheus path (kvscope.diagnoser.sources over kvscope: series) and its recording
     path agree on the likely cause of the same incident."""
-    from kvscope.ui.data import Source, load_triage
+    from kvscope.ui.data import SourceSpec, load_triage
 
     url, replay = loaded
-    from_rec = load_triage(Source("recording", str(recording))).diagnosis
-    from_prom = load_triage(Source("prometheus", url, replay.end - replay.start, replay.end)).diagnosis
+    from_rec = load_triage(SourceSpec("recording", str(recording))).diagnosis
+    from_prom = load_triage(SourceSpec("prometheus", url, replay.end - replay.start, replay.end)).diagnosis
     assert from_rec.likely_cause is not None and from_prom.likely_cause is not None
     assert from_prom.likely_cause.rule_id in {f.rule_id for f in from_rec.findings}
     assert from_rec.likely_cause.rule_id in {f.rule_id for f in from_prom.findings}

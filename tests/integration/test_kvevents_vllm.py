@@ -6,8 +6,8 @@ import urllib.request
 
 import aiohttp
 import pytest
-from kvscope.agent.dialects.dialect import normalize
 from kvscope.agent.kvevents.subscriber import KvEventSource, KvEventSubscriber
+from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 
 from testbed.tenants import synthetic_text

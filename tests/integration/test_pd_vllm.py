@@ -23,7 +23,7 @@ import uuid
 
 import pytest
 from agentharness import fetch_metrics, running_agent, value
-from kvscope.agent.dialects.dialect import normalize
+from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.propagate import inject

@@ -6,8 +6,8 @@ import urllib.request
 
 import aiohttp
 import pytest
-from kvscope.agent.derive.fairness import evaluate_fairness
-from kvscope.agent.dialects.dialect import normalize
+from kvscope.agent.derive.fairness import evaluate_fairness, parse_tenant_usage
+from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.tap.native import FRONT, RELAY
 from kvscope.agent.tap.proxy import RequestTap, TapConfig
@@ -187,7 +187,7 @@ def test_fairness_proof_long_tail_tenant_is_cold_and_tap_totals_match_the_engine
     assert all(r.ok for r in result.records), [r.error for r in result.records if not r.ok][:5]
     after = engine_counters(vllm_small_kv.metrics_url)
 
-    usage = tap.tenant_usage()
+    usage = parse_tenant_usage(tap.render_samples())
     assert set(usage) == {"hot-0", "hot-1", "hot-2", "tail"}
     delta_prompt = after[("engine_prompt_tokens_total", None)] - before[("engine_prompt_tokens_total", None)]
     delta_cached = (after[("engine_prompt_tokens_by_source_total", "local_cache_hit")]

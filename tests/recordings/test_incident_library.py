@@ -223,6 +223,77 @@ def test_little_sharing_has_little_to_hit_and_the_busy_sticky_fleet_hits_most():
     assert hit_rate("metrics-only-little-sharing-round-robin", "round-robin") < 0.1
     assert hit_rate("metrics-only-healthy-busy-sticky", "sticky") > 0.7
 
+# ------------------------------------------------------------------ behind the real sglang-router
+def router_series(name: str, signal: str, phase: str) -> dict:
+    """Per label set of one router signal: (first, last) value inside a phase."""
+    t0, t1 = _window(name, phase)
+    out: dict = {}
+    for s in _replay(name).samples:
+        if s.name == signal and dict(s.labels).get("instance") == "router" and t0 <= s.timestamp <= t1:
+            out.setdefault(s.labels, [s.value, s.value])[1] = s.value
+    return out
+
+
+def test_router_policy_switch_lowers_the_hit_rate():
+    n = "router-cache-aware-vs-round-robin"
+    # the router says which policy routed each phase (label of router_decisions_total)
+    for phase, policy in (("cache-aware", "cache_aware"), ("round-robin", "round_robin")):
+        policies = {dict(k)["policy"] for k, (a, b) in router_series(n, "router_decisions_total", phase).items()
+                    if b > a}
+        assert policies == {policy}, (phase, policies)
+    assert hit_rate(n, "round-robin") < 0.8 * hit_rate(n, "cache-aware")
+    # 0.2.4's cache-aware tree matched most requests; it exports no tree counters under round_robin
+    hits = sum(b - a for a, b in router_series(n, "router_cache_hits_total", "cache-aware").values())
+    misses = sum(b - a for a, b in router_series(n, "router_cache_misses_total", "cache-aware").values())
+    assert hits > 2 * misses
+    # every request went through the router: its per-worker counts equal what the engines finished
+    routed = sum(b - a for a, b in router_series(n, "router_worker_requests_total", "round-robin").values())
+    assert routed == pytest.approx(delta(n, "engine_requests_finished_total", "round-robin"), rel=0.1)
+
+
+def test_router_drain_removes_the_worker_and_rejoin_brings_it_back_cold():
+    n = "router-drain-restart-rejoin"
+    workers = _meta(n)["router"]["workers"]
+    pool = {p: [v for (a, b) in router_series(n, "router_workers", p).values() for v in (a, b)]
+            for p in ("warm", "drained", "rejoin")}
+    assert max(pool["warm"]) == 2 and min(pool["drained"]) == 1 and pool["rejoin"][-1] == 2
+    health = router_series(n, "router_worker_health_code", "drained")
+    removed = next(v for k, v in health.items() if dict(k)["worker"] == workers["replica-1"])
+    assert removed[1] == -1                                  # 0.3.x marks a removed worker -1
+    # while drained the router sent replica-1 nothing
+    drained = router_series(n, "router_worker_requests_total", "drained")
+    assert all(b == a for k, (a, b) in drained.items() if dict(k)["worker"] == workers["replica-1"])
+    rejoin = next(p for p in _meta(n)["phases"] if p["name"] == "rejoin")["start_s"]
+    cold = hit_rate_between(n, rejoin - 2, rejoin + 10, "replica-1")
+    warm = hit_rate_between(n, rejoin - 2, rejoin + 10, "replica-0")
+    assert cold < 0.75 * warm, (cold, warm)
+
+
+# ------------------------------------------------------------------ real llama.cpp scenarios: evidence
+def mean_gauge(name: str, signal: str, phase: str) -> float:
+    return gauge(name, signal, phase, agg=lambda v: sum(v) / len(v))
+
+
+def test_llamacpp_healthy_serves_inside_its_slots_and_reuses_prefixes():
+    n = "llamacpp-healthy"
+    assert _replay(n).engines == {"replica-0": "llamacpp"}
+    assert mean_gauge(n, "engine_requests_waiting", "steady") < 0.5
+    assert gauge(n, "engine_requests_running", "steady") <= 4
+    assert delta(n, "engine_generation_tokens_total", "steady") > 0
+    assert hit_rate(n, "steady") > 0.3                   # tenants' system prompts reused from the slots
+
+
+def test_llamacpp_saturated_fills_both_slots_and_the_queue_grows():
+    n = "llamacpp-saturated"
+    assert gauge(n, "engine_requests_waiting", "baseline") <= 1
+    assert gauge(n, "engine_requests_running", "overload") == 2           # every slot busy
+    assert gauge(n, "engine_requests_waiting", "overload") >= 20
+    assert mean_gauge(n, "engine_requests_waiting", "overload") > 5 * max(
+        0.1, mean_gauge(n, "engine_requests_waiting", "baseline"))
+    names = {s.name for s in _replay(n).samples}
+    assert not names & {"engine_requests_finished_total", "request_ttft_seconds_count",
+                        "engine_kv_cache_usage_ratio"}                    # absent, not zero
+
 
 # ------------------------------------------------------------------ blind set (testbed/fleetgen/blind*.py)
 def quantile(name: str, hist: str, phase: str, q: float) -> float:

@@ -6,8 +6,8 @@ import random
 from collections import Counter
 
 import pytest
-from kvscope.agent.dialects.dialect import normalize
-from kvscope.agent.scrape.blockcache import BlockCache, block_keys, block_text, split_blocks
+from kvscope.agent.normalize.blockcache import BlockCache, block_keys, block_text, split_blocks
+from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import load_catalog
 
@@ -116,7 +116,9 @@ def test_a_layout_change_between_scrapes_is_checked_again(load_fixture):
     assert cache.whole == 1   # the scrape with the duplicate only
 
 
-def test_old_and_new_names_of_one_gauge_in_two_families_collapse_to_the_max():
+def test_old_and_new_names_of_one_gauge_in_two_families_keep_the_new_name():
+    """vLLM <= 0.11 exports gpu_cache_usage_perc beside kv_cache_usage_perc: the old name is a
+    `fallback` alias, so the new one wins (it once took the max of the two)."""
     text = ("# HELP vllm:kv_cache_usage_perc new name\n# TYPE vllm:kv_cache_usage_perc gauge\n"
             'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
             "# HELP vllm:gpu_cache_usage_perc old name\n# TYPE vllm:gpu_cache_usage_perc gauge\n"
@@ -125,7 +127,7 @@ def test_old_and_new_names_of_one_gauge_in_two_families_collapse_to_the_max():
     for ts in (1.0, 2.0):
         got = cache.normalize(text, "vllm", LABELS, ts)
         assert_same(got, whole(text, ts))
-        assert [s.value for s in got[0].samples] == [0.5]
+        assert [s.value for s in got[0].samples] == [0.25]
 
 
 @pytest.mark.parametrize("text", [

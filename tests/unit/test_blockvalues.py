@@ -1,4 +1,4 @@
-"""Value templates (agent/scrape/blockvalues.py) give exactly what parse + normalize give, or step aside.
+"""Value templates (agent/normalize/blockvalues.py) give exactly what parse + normalize give, or step aside.
 
 Each case feeds a sequence of payloads through a BlockCache and compares every scrape with the
 whole-payload general path; the `values` counter says whether the template path was taken."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from kvscope.agent.dialects.dialect import MappingMemo, normalize
-from kvscope.agent.scrape.blockcache import BlockCache, split_blocks
-from kvscope.agent.scrape.blockvalues import ValueTemplate
+from kvscope.agent.normalize.blockcache import BlockCache, split_blocks
+from kvscope.agent.normalize.blockvalues import ValueTemplate
+from kvscope.agent.normalize.dialect import MappingMemo, normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import load_catalog
 

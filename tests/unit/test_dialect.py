@@ -1,4 +1,4 @@
-from kvscope.agent.dialects.dialect import detect_engine, fold_name, normalize
+from kvscope.agent.normalize.dialect import detect_engine, fold_name, normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import load_catalog
 
@@ -112,7 +112,7 @@ def test_an_alias_marked_collapse_max_keeps_one_copy_of_a_count_every_rank_repea
     """sglang:load_back_tokens_total: each TP rank reports the same count (and hybrid models add a
     series per pool), so the ranks collapse by max; load_back_bytes is a per-rank shard: summed.
     Both paths (first scrape, then the memoized plan) must agree."""
-    from kvscope.agent.dialects.dialect import MappingMemo
+    from kvscope.agent.normalize.dialect import MappingMemo
 
     text = "".join(
         f'sglang:load_back_tokens_total{{cache_type="HiRadixCache",pool="{pool}",tp_rank="{r}",pp_rank="0"}} {v}\n'
@@ -133,7 +133,7 @@ def test_catalog_rejects_an_unknown_collapse_mode():
     import pytest
     from kvscope.agent.signals import CatalogError, parse_catalog
 
-    text = resources.files("kvscope.agent.dialects").joinpath("catalog.yaml").read_text()
+    text = resources.files("kvscope.agent.normalize").joinpath("catalog.yaml").read_text()
     assert parse_catalog(text).signals["engine_kv_offload_loaded_tokens_total"].aliases[0].collapse == "max"
     bad = text.replace('name: "sglang:load_back_tokens", collapse: max', 'name: "sglang:load_back_tokens", collapse: sum')
     assert bad != text
@@ -157,18 +157,19 @@ def test_unknown_engine_maps_nothing():
 def test_catalog_signal_names_follow_the_naming_convention():
     catalog = load_catalog()
     units = ("_ratio", "_seconds", "_bytes", "_tokens", "_total", "_watts", "_celsius",
-             "_hertz", "_per_second", "_running", "_waiting", "_reason", "_code", "_preemptions")
+             "_hertz", "_per_second", "_running", "_waiting", "_reason", "_code", "_preemptions",
+             "_workers")
     for name, sig in catalog.signals.items():
         assert name.endswith(units), name
         assert sig.help, f"{name} has no help text"
 
 
 def test_mapping_memo_gives_the_same_result_scrape_after_scrape(load_fixture):
-    """The per-target memo of how each upstream series maps (agent/scrape/blockcache.py keeps one per
+    """The per-target memo of how each upstream series maps (agent/normalize/blockcache.py keeps one per
     target) changes nothing: values move, bad values and bad `le` come and go, labels change."""
     import random
 
-    from kvscope.agent.dialects.dialect import MappingMemo
+    from kvscope.agent.normalize.dialect import MappingMemo
 
     catalog = load_catalog()
     lines = (load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt") + load_fixture(

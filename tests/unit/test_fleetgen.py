@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kvscope.agent.dialects.dialect import detect_engine, normalize
+from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.recording.replay import replay_recording
 from kvscope.agent.scrape.exposition import parse_exposition
 

@@ -14,7 +14,7 @@ from kvscope.agent.derive.gpu_join import (
     parse_gpu_mapping,
     render_engine_gpu_samples,
 )
-from kvscope.agent.dialects.dialect import detect_engine, normalize
+from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import Sample, load_catalog, make_labels
 

@@ -215,3 +215,32 @@ def test_open_loop_gaps_are_fixed_when_steady_and_exponential_when_poisson():
     assert abs(statistics.fmean(gaps) - 0.25) < 0.02 and statistics.pstdev(gaps) > 0.2   # exponential: sd = mean
     with pytest.raises(ValueError, match="unknown arrival process"):
         _gap(LoadSpec([Tenant("a")], rate_per_s=4.0, arrivals="bursty"), rng)
+
+def test_open_loop_sends_no_burst_at_the_deadline():
+    # 40 idle clients, 2 arrivals/s for 1.5 s, every request slow: idle clients each claim a future
+    # arrival; the claims that fall after the deadline must be dropped, not all sent at the deadline.
+    async def go():
+        async def slow(request):
+            await asyncio.sleep(2.0)
+            return web.json_response({}, status=503)
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", slow)
+        site = HttpSite(app)
+        port = await site.start("127.0.0.1", 0)
+        try:
+            return await run_load(LoadSpec([Tenant("a")], max_requests=10_000, duration_s=1.5, concurrency=40,
+                                           rate_per_s=2.0, seed=7), [f"http://127.0.0.1:{port}"])
+        finally:
+            await site.stop()
+    res = asyncio.run(go())
+    expected = sum(1 for t in _arrival_times(2.0, 7) if t < 1.5)
+    assert len(res.records) == expected < 10
+
+
+def _arrival_times(rate: float, seed: int, n: int = 50) -> list[float]:
+    import random
+    rng, t, out = random.Random(seed + 1), 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out

@@ -66,9 +66,23 @@ def test_wire_names_add_total_to_counters_and_the_ray_spelling():
 def test_kv_usage_reads_new_and_old_vllm_names_sglang_and_the_agent_from_the_catalog():
     expr = source_union(load_catalog().signals["engine_kv_cache_usage_ratio"], load_catalog())
     for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
-                 "kvscope_engine_kv_cache_usage_ratio"):
+                 "llamacpp:kv_cache_usage_ratio", "kvscope_engine_kv_cache_usage_ratio"):
         assert name in expr
-    assert expr.count("\nor\n") == 2   # vllm (both names in one selector), sglang, agent
+    # vllm's current name, its old name only where the instance has no current one, sglang, llamacpp, agent
+    assert expr.count("\nor\n") == 4
+    old = expr.split("\nor\n")[1]
+    assert old.startswith("(max by") and "vllm:gpu_cache_usage_perc" in old
+    assert "\nunless on (instance)\n(max by" in old and "vllm:kv_cache_usage_perc" in old.split("unless")[1]
+
+
+def test_a_part_sum_alias_reads_the_histograms_sum_series():
+    assert wire_names("sglang:num_retractions", "counter", part="sum") == \
+        ("sglang:num_retractions_sum", "sglang_num_retractions_sum")
+
+
+def test_worker_labels_become_the_instance_in_promql():
+    expr = source_union(load_catalog().signals["engine_requests_running"], load_catalog())
+    assert '"instance", "$1", "worker_addr", "(?:[a-z]+://)?([^/]+).*"' in expr
 
 
 def test_a_catalog_rename_changes_the_generated_rules():

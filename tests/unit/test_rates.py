@@ -99,3 +99,31 @@ def test_counter_starting_inside_the_window_follows_prometheus_3_zero_clamp():
     # half an interval (7.5 s) back, not the 15 s back to zero that Prometheus 2.42 extends
     # by (promtool 2.42 answers 40.4 here), plus 7 s forward to the window end
     assert increase(pts, 7.0, 307.0) == 36.0 * ((180 + 7.5 + 7) / 180)
+
+
+@given(st.lists(st.floats(min_value=0, max_value=1e9, allow_nan=False), min_size=1, max_size=40))
+def test_the_array_form_is_the_scalar_rule(values):
+    """One reset rule: `step_increases` (grid, weekly report, UI) equals `deltas` (agent)."""
+    import numpy as np
+    from kvscope.agent.derive.rates import step_increases
+
+    pts = [(float(i), v) for i, v in enumerate(values)]
+    assert step_increases(np.array(values)).tolist() == [d for _, d in deltas(pts)]
+
+
+def test_a_chart_reads_a_counter_reset_as_the_rule_does():
+    """At an engine restart the UI's counter chart gives the rule's rate (the value after the
+    reset), not a gap: both come from grid.counter_rate."""
+    import numpy as np
+    from kvscope.agent.signals import make_labels
+    from kvscope.diagnoser.evaluate.frame import Block, Frame, make_grid
+    from kvscope.diagnoser.evaluate.grid import counter_rate
+    from kvscope.ui.data import signal_frame
+
+    grid = make_grid(0.0, 150.0, 15.0)
+    values = np.array([[0, 15, 30, 45, 3, 18, 33, 48, 63, 78, 93]], dtype=float)
+    labels = [make_labels({"instance": "a", "job": "vllm"})]
+    frame = Frame(ts=grid, blocks={"engine_preemptions_total": Block(labels, values)})
+    chart = signal_frame(frame, "engine_preemptions_total")
+    assert chart.iloc[4, 0] == 3 / 15                 # the reset step: the value after it
+    assert np.allclose(chart.iloc[:, 0].to_numpy()[1:], counter_rate(values, 1, 15.0)[0, 1:])

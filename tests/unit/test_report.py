@@ -191,11 +191,11 @@ def test_a_real_incident_is_one_top_finding_with_its_supporting_findings(tmp_pat
     """On the library's KV-pressure recording the diagnoser's likely cause has supporting
     findings; the report lists them under it, not as top findings of their own."""
     from kvscope.agent.recording.replay import replay_recording
-    from kvscope.ui.data import Source, triage_from_replay
+    from kvscope.ui.data import SourceSpec, triage_from_replay
 
     from kvscope.cli import main
 
-    diagnosis = triage_from_replay(Source("recording", str(LIBRARY_CASCADE)),
+    diagnosis = triage_from_replay(SourceSpec("recording", str(LIBRARY_CASCADE)),
                                    replay_recording(LIBRARY_CASCADE)).diagnosis
     assert diagnosis.likely_cause is not None and diagnosis.supporting
     assert main(["report", "weekly", "--recording", str(LIBRARY_CASCADE), "--markdown", str(tmp_path / "w.md"),

@@ -12,8 +12,8 @@ from collections import Counter
 
 import pytest
 from kvscope.agent.derive.gpu_join import _select_joined, derive_engine_gpu
+from kvscope.agent.normalize.blockcache import BlockCache
 from kvscope.agent.runtime import CounterResets
-from kvscope.agent.scrape.blockcache import BlockCache
 from kvscope.agent.scrape.stamped import Parts, Stamped
 from kvscope.agent.signals import Sample, load_catalog
 from kvscope.agent.store.changepoints import ChangeEncoder, Encoded

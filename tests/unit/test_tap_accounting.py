@@ -3,9 +3,9 @@
 import math
 import random
 
+from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, HistogramSet
 from kvscope.agent.signals import make_labels
 from kvscope.agent.tap.proxy import GapHistogram
-from kvscope.agent.traces.histogram import GENAI_TPOT_BUCKETS, HistogramSet
 
 
 def test_observe_all_renders_exactly_what_observe_per_gap_renders():

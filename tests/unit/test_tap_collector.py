@@ -1,4 +1,4 @@
-"""The tap as an agent collector: config section, lazy start, series and windowed fairness."""
+"""The tap as an agent collector: config section, lazy start, its series, and the fairness derive hook over them."""
 
 import asyncio
 import types
@@ -6,6 +6,7 @@ import types
 import aiohttp
 import pytest
 from kvscope.agent.config import ConfigError
+from kvscope.agent.derive.fairness import fairness_hook
 from kvscope.agent.tap.collector import TapCollector, parse_tap_config
 
 from tests.unit.test_tap_proxy import Stub
@@ -46,7 +47,9 @@ def test_collector_serves_and_reports_tenant_and_fairness_series():
 
     first, second = asyncio.run(main())
     assert first.health[0].up
-    by = {(s.name, s.label("tenant")): s.value for s in second.samples}
+    hook = fairness_hook(300.0)      # what the agent runtime runs over each cycle
+    derived = hook(first.samples) + hook(second.samples)
+    by = {(s.name, s.label("tenant")): s.value for s in second.samples + derived}
     assert by[("tenant_requests_total", "acme")] == 6
     assert by[("tenant_prefix_hit_ratio", "acme")] == pytest.approx(8 / 12)
     assert ("fleet_tenant_hit_jain_ratio", None) in by

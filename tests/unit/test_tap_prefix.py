@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvscope.agent.tap.prefix import PrefixIndex, parse_block_hashes, render_prompt
 from kvscope.agent.tap.sse import SseSplitter, classify_event, parse_usage
-from kvscope.agent.tap.tenants import OTHER, TenantLimiter, parse_tenant
+from kvscope.agent.tenants import OTHER, TenantLimiter, parse_tenant
 
 
 class Clock:

@@ -10,9 +10,12 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 from aiohttp import web
+from kvscope.agent.derive.fairness import parse_tenant_usage
 from kvscope.agent.serve.site import HttpSite
 from kvscope.agent.tap import proxy
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_traceparent
+
+from kvscope.commands.tap import build_tap
 
 
 @pytest.fixture(autouse=True, params=["native", "python"])
@@ -91,8 +94,8 @@ def run(scenario, poll=None, **cfg):
         stub = Stub()
         await stub.start()
         spans = []
-        tap = RequestTap(TapConfig(upstreams=(f"http://127.0.0.1:{stub.port}",), listen="127.0.0.1:0", **cfg),
-                         span_sink=spans.extend)
+        tap = build_tap(TapConfig(upstreams=(f"http://127.0.0.1:{stub.port}",), listen="127.0.0.1:0", **cfg),
+                        span_sink=spans.extend)
         await tap.start()
         try:
             async with aiohttp.ClientSession() as s:
@@ -216,6 +219,6 @@ def test_tenant_cardinality_is_bounded_and_fairness_input_is_built():
             await _raw(s, tap, {"model": "m", "prompt": "p" * 200, "user": f"u{i}"})
 
     _, tap, *_ = run(scenario, max_tenants=2)
-    usage = tap.tenant_usage()
+    usage = parse_tenant_usage(tap.render_samples())
     assert set(usage) == {"u0", "u1", "other"} and usage["other"].requests == 3
     assert usage["u1"].reusable_tokens == 12             # same prompt as u0: every full block already seen

@@ -2,7 +2,7 @@
 
 import random
 
-from kvscope.agent.tap.tenants import OTHER, TenantLimiter
+from kvscope.agent.tenants import OTHER, TenantLimiter
 
 
 class Clock:

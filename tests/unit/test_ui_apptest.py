@@ -66,7 +66,7 @@ def test_triage_shows_the_likely_cause_with_evidence_and_levers(monkeypatch, kv_
     at = _app(monkeypatch, kv_incident).run()
     assert not at.exception
     assert "Likely cause" in [h.value for h in at.header]
-    likely = ui_data.load_triage(ui_data.Source("recording", str(kv_incident))).diagnosis.likely_cause
+    likely = ui_data.load_triage(ui_data.SourceSpec("recording", str(kv_incident))).diagnosis.likely_cause
     assert likely is not None and likely.levers_md.startswith("K")     # a KV-memory row of LEVERS.md
     assert likely.title in at.subheader[0].value
     text = " ".join(m.value for m in at.markdown)
@@ -88,7 +88,7 @@ def test_evidence_charts_have_units_utc_time_and_the_period_shaded(monkeypatch, 
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     evidence = [s for s in specs if "layer" in s]
     assert [s["layer"][1]["encoding"]["y"]["title"] for s in evidence] == \
-        ["ratio (0-1)", "per second", "count", "seconds (mean)"]
+        ["ratio (0-1)", "per second", "count", "seconds"]
     for s in evidence:
         band, lines = s["layer"]
         assert band["mark"]["type"] == "rect" and lines["encoding"]["x"]["scale"]["type"] == "utc"
@@ -169,7 +169,7 @@ def test_tenant_ratios_of_two_instances_are_not_added_up():
     """Real recording: two taps (round robin and sticky) each report tenant-0's hit ratio
     (0.69 and 0.76 at the end); the table has a row per instance and no ratio above 1."""
     rec = Path(__file__).resolve().parents[1] / "recordings" / "round-robin-vs-sticky.om.gz"
-    table = ui_data.load_triage(ui_data.Source("recording", str(rec))).frame
+    table = ui_data.load_triage(ui_data.SourceSpec("recording", str(rec))).frame
     rows = ui_data.tenant_table(table)
     assert list(rows.columns[:2]) == ["tenant", "instance"]
     assert rows["hit ratio (latest)"].max() <= 1.0 and rows["lost reuse (latest)"].max() <= 1.0

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, Skipped
-from kvscope.ui.data import Source, SourceError, counts_caption, evidence_table, load_triage
+from kvscope.ui.data import SourceError, SourceSpec, counts_caption, evidence_table, load_triage
 from kvscope.ui.server import UiServer
 
 T0 = 1_700_000_000.0
@@ -49,7 +50,7 @@ def test_header_says_how_many_rules_could_not_be_evaluated():
 
 
 def test_streamlit_runs_headless_on_loopback_without_the_developer_toolbar():
-    cmd = UiServer(Source("recording", "/x.om"), 8599).command()
+    cmd = UiServer(SourceSpec("recording", "/x.om"), 8599).command()
     flags = dict(zip(cmd[::1], cmd[1:], strict=False))
     assert flags["--server.address"] == "127.0.0.1" and flags["--server.port"] == "8599"
     assert flags["--client.toolbarMode"] == "minimal"          # no "Deploy" button on an on-call page
@@ -61,15 +62,15 @@ def test_a_preloaded_recording_is_handed_over_once(tmp_path):
     from kvscope.ui.data import start_preload, take_preloaded
 
     path = str(RECORDINGS / "kv-pressure-cascade.om.gz")
-    start_preload(Source("recording", path))
-    start_preload(Source("prometheus", "http://127.0.0.1:9"))        # live sources are read on demand
+    start_preload(SourceSpec("recording", path))
+    start_preload(SourceSpec("prometheus", "http://127.0.0.1:9"))        # live sources are read on demand
     data = take_preloaded(path)
     assert data is not None and data.diagnosis.likely_cause.rule_id == "kv_pressure_cascade"
     assert take_preloaded(path) is None                             # once; the page cache keeps it
     assert take_preloaded("http://127.0.0.1:9") is None
     bad = tmp_path / "empty.om"
     bad.write_text("")
-    start_preload(Source("recording", str(bad)))
+    start_preload(SourceSpec("recording", str(bad)))
     with pytest.raises(SourceError):                                # the page shows it as st.error
         take_preloaded(str(bad))
 
@@ -79,7 +80,7 @@ def test_a_truncated_gzip_recording_is_a_source_error_not_a_traceback(tmp_path):
     cut = tmp_path / "cut.om.gz"
     cut.write_bytes(whole[: len(whole) // 3])
     with pytest.raises(SourceError, match="truncated or corrupt"):
-        load_triage(Source("recording", str(cut)))
+        load_triage(SourceSpec("recording", str(cut)))
 
 
 def test_window_text_names_the_span_totals_are_over():
@@ -89,19 +90,17 @@ def test_window_text_names_the_span_totals_are_over():
     assert window_text(T0, T0 + 86_400) == "2023-11-14 22:13:20 → 2023-11-15 22:13:20 UTC (24h00m)"
 
 
-def test_histogram_evidence_gets_its_chart():
-    """Evidence reads a histogram through _sum/_count (TTFT, the symptom): the chart for it must
-    not be dropped because the catalog names the histogram without the suffix."""
-    from kvscope.ui.data import axis_unit, evidence_charts, signals_in
+def test_every_evidence_series_gets_its_chart_with_the_rules_unit():
+    """Evidence that reads a histogram (TTFT mean, the symptom), a counter rate and a gauge: each
+    gets a chart titled by the evidence name, in the rule's unit."""
+    from kvscope.ui.data import evidence_charts
 
-    data = load_triage(Source("recording", str(RECORDINGS / "kv-pressure-cascade.om.gz")))
-    expr = "sum(rate(request_ttft_seconds_sum[18s])) / sum(rate(request_ttft_seconds_count[18s]))"
-    assert signals_in(expr, data.frame) == ["request_ttft_seconds"]
+    data = load_triage(SourceSpec("recording", str(RECORDINGS / "kv-pressure-cascade.om.gz")))
     likely = data.diagnosis.likely_cause
-    charts = {sig: unit for sig, unit, _ in evidence_charts(data, likely)}
-    assert charts.get("request_ttft_seconds") == "seconds (mean)"
-    assert charts.get("engine_preemptions_total") == "per second"
-    assert axis_unit("engine_kv_cache_usage_ratio") == "ratio (0-1)"
+    charts = {name: unit for name, unit, _ in evidence_charts(data, likely)}
+    keyed = {e.name: e.unit for e in likely.evidence if e.value is not None}
+    assert set(charts) == set(keyed) and len(charts) >= 3, (charts, keyed)
+    assert "per second" in charts.values() and "ratio (0-1)" in charts.values()
 
 
 def test_cascade_table_shows_how_far_it_went_and_whether_it_is_over():
@@ -159,50 +158,38 @@ def test_a_fleet_wide_chart_shows_min_mean_max_over_every_series():
     assert spread(few) is few
 
 
-def test_fleet_findings_chart_the_spread_of_all_gpus():
+def test_a_fleet_finding_charts_the_fleet_value_the_rule_read():
     from kvscope.ui.data import evidence_charts
 
-    data = load_triage(Source("recording", str(RECORDINGS / "fleet-dcgm-utilization-trap.om.gz")))
+    data = load_triage(SourceSpec("recording", str(RECORDINGS / "fleet-dcgm-utilization-trap.om.gz")))
     likely = data.diagnosis.likely_cause
     assert likely.rule_id == "fleet_util_low" and likely.where == {}
-    charts = {sig: df for sig, _, df in evidence_charts(data, likely)}
-    engine = charts["gpu_graphics_engine_active_ratio"]
-    assert list(engine.columns) == ["max of 8 series", "mean of 8 series", "min of 8 series"]
-    # the fleet mean the chart draws is the number the evidence table gives (21.9 %)
+    charts = {name: df for name, _, df in evidence_charts(data, likely)}
     shown = next(e for e in likely.evidence if e.name == "average GPU utilisation")
-    assert engine["mean of 8 series"].mean() == pytest.approx(shown.value, abs=0.01)
+    line = charts["average GPU utilisation"]
+    assert list(line.columns) == ["value"]          # one fleet-wide series, as the rule grouped it
+    period = slice(pd.to_datetime(likely.since, unit="s", utc=True), pd.to_datetime(likely.until, unit="s", utc=True))
+    assert line.loc[period].iloc[:, 0].mean() == pytest.approx(shown.value, rel=1e-6)
 
 
-@pytest.mark.parametrize("recording", ["noisy-tenant-long-prompts", "kv-pressure-cascade"])
+@pytest.mark.parametrize("recording", ["noisy-tenant-long-prompts", "kv-pressure-cascade", "round-robin-vs-sticky",
+                                       "replica-restart-cold-cache"])
 def test_the_evidence_numbers_can_be_read_off_the_charts(recording):
-    """Real vLLM recordings: each chart reads its signal the way the rule did (the percentile,
-    the rate range), so over the finding's period the chart's peak or mean is the evidence
-    value: 944 tokens p90, 323.9 ms p50, 18,532 tokens/s; 7.25 preemptions/s, 1.07 s mean TTFT."""
-    import pandas as pd
-    from kvscope.ui.data import evidence_charts, signals_in
+    """Real vLLM recordings: each chart is the series the rule evaluated, so over the finding's
+    period its max / min / mean / first / last is the evidence value, for every evidence item."""
+    from kvscope.ui.data import evidence_charts
 
-    data = load_triage(Source("recording", str(RECORDINGS / f"{recording}.om.gz")))
-    f = data.diagnosis.likely_cause
-    charts = {sig: df for sig, _, df in evidence_charts(data, f)}
-    period = slice(pd.to_datetime(f.since, unit="s", utc=True), pd.to_datetime(f.until, unit="s", utc=True))
+    data = load_triage(SourceSpec("recording", str(RECORDINGS / f"{recording}.om.gz")))
     checked = 0
-    for ev in f.evidence:
-        sigs = signals_in(ev.series, data.frame)
-        if ev.value is None or len(sigs) != 1 or "over_time" in ev.series or ev.stat not in ("max", "mean"):
-            continue
-        line = charts[sigs[0]].loc[period].iloc[:, 0]
-        read = line.max() if ev.stat == "max" else line.mean()
-        assert read == pytest.approx(ev.value, rel=0.01), (ev.name, ev.series)
-        checked += 1
-    assert checked >= 2
-
-
-def test_percentile_and_range_are_parsed_from_the_evidence_series():
-    from kvscope.ui.data import quantiles_in, ranges_in
-
-    expr = "histogram_quantile(0.9, sum by (instance, le) (rate(request_prompt_tokens_bucket[18s])))"
-    assert quantiles_in(expr) == {"request_prompt_tokens": (0.9, 18.0)}
-    assert ranges_in(expr) == {"request_prompt_tokens": 18.0}
-    assert ranges_in("sum(rate(request_ttft_seconds_sum[1m30s])) / sum(rate(request_ttft_seconds_count[1m30s]))") \
-        == {"request_ttft_seconds": 90.0}
-    assert quantiles_in("max_over_time((max by (instance) (engine_kv_cache_usage_ratio))[8s:])") == {}
+    for f in data.diagnosis.findings:
+        charts = {name: df for name, _, df in evidence_charts(data, f)}
+        period = slice(pd.to_datetime(f.since, unit="s", utc=True), pd.to_datetime(f.until, unit="s", utc=True))
+        for ev in f.evidence:
+            if ev.value is None or ev.name not in charts:
+                continue
+            line = charts[ev.name].loc[period].iloc[:, 0].dropna()
+            read = {"max": line.max, "min": line.min, "mean": line.mean, "first": lambda s=line: s.iloc[0],
+                    "last": lambda s=line: s.iloc[-1]}[ev.stat or "last"]()
+            assert read == pytest.approx(ev.value, rel=1e-5, abs=1e-6), (f.rule_id, ev.name, ev.stat)
+            checked += 1
+    assert checked >= 3

@@ -3,15 +3,15 @@
 Between two scrapes a counter or gauge family usually keeps every line but its value: the same
 HELP/TYPE lines, the same series in the same order. `ValueTemplate` remembers, for one parsed
 block, the text of every line up to its last space and how each canonical output is made from
-the sample values (agent/dialects/dialect.py, `linear_plan`); `apply` then takes the next text
+the sample values (agent/normalize/dialect.py, `linear_plan`); `apply` then takes the next text
 of the block at the same place and, if every line still matches, returns the new canonical
 (name, labels, value) triples with one C-level pass per step and no regex, label parsing or
 label mapping. Whenever the answer could differ from parse + normalize, `apply` returns None and
 the caller takes the general path:
 
 * any line other than a sample value differs (comments, names, labels, line count);
-* a new value does not parse as a float, or an output is not finite (the dialect drops those
-  and counts them);
+* a new value does not parse as a float, or an output is not finite, or a value is one of the
+  dialect's sentinels (the dialect drops those and counts them);
 * the template was never built: the block had parse issues, drops, facts, timestamps, an `#`
   in a sample line (an exemplar would hide the value), a collapse, or an info gauge.
 
@@ -34,10 +34,10 @@ _rpartition = str.rpartition
 class ValueTemplate:
     """The fixed part of one family block and the map from its sample values to its outputs."""
 
-    __slots__ = ("factors", "fixed", "fixed_lines", "keys", "labels", "names", "samples", "sources")
+    __slots__ = ("factors", "fixed", "fixed_lines", "keys", "labels", "names", "samples", "sentinels", "sources")
 
     def __init__(self, keys: list[str], fixed: list[int], fixed_lines: list[str], samples: list[int],
-                 plan: list[tuple[int, float, str, Labels]]) -> None:
+                 plan: list[tuple[int, float, str, Labels]], sentinels: frozenset[float] = frozenset()) -> None:
         self.keys = keys                  # every line up to its last space ("" when it has none)
         self.fixed = fixed                # lines that are not samples: they must match whole
         self.fixed_lines = fixed_lines
@@ -46,10 +46,12 @@ class ValueTemplate:
         self.factors = [f for _, f, _, _ in plan]
         self.names = [n for _, _, n, _ in plan]
         self.labels = [lab for _, _, _, lab in plan]
+        self.sentinels = sentinels        # raw values the dialect drops as "no value"
 
     @classmethod
     def build(cls, text: str, expo: Exposition, plan: list[tuple[int, float, str, Labels]] | None,
-              heads: list[tuple[str, Labels, float]]) -> ValueTemplate | None:
+              heads: list[tuple[str, Labels, float]],
+              sentinels: frozenset[float] = frozenset()) -> ValueTemplate | None:
         """A template for `text`, whose parse is `expo` and canonical output `heads` (in order),
         or None when the block does not qualify (see the module docstring)."""
         if plan is None or expo.issues or not expo.complete or expo.openmetrics:
@@ -65,7 +67,7 @@ class ValueTemplate:
                 return None
         sample_set = set(samples)
         fixed = [i for i in range(len(lines)) if i not in sample_set]
-        tpl = cls(list(map(_key, parts)), fixed, [lines[i] for i in fixed], samples, plan)
+        tpl = cls(list(map(_key, parts)), fixed, [lines[i] for i in fixed], samples, plan, sentinels)
         if tpl.outputs([raw.value for raw in expo.samples]) != heads:
             return None   # the plan does not reproduce the general path: never use it
         return tpl
@@ -86,7 +88,10 @@ class ValueTemplate:
         return self.outputs(values)
 
     def outputs(self, values: list[float]) -> list[tuple[str, Labels, float]] | None:
-        """(name, labels, value) per output from the samples' values; None if one is not finite."""
+        """(name, labels, value) per output from the samples' values; None if one is not finite
+        or a sentinel."""
+        if self.sentinels and not self.sentinels.isdisjoint(values):
+            return None
         out = list(map(mul, map(values.__getitem__, self.sources), self.factors))
         if not math.isfinite(sum(out)):   # NaN or ±Inf among them (or an overflow): general path
             return None

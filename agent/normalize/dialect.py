@@ -5,6 +5,17 @@ name folding (`vllm_x` -> `vllm:x` under Ray, `sglang_x` -> `sglang:x`), `_total
 and histogram suffixes, unit scaling (histogram `le` bounds and `_sum` included), the label
 mapping, series that collapse after dropping labels, and info gauges that become facts.
 A signal the engine does not export produces no sample at all (absent, never zero).
+
+Versions differ, and three rules keep their numbers right (docs/collectors.md, "Engine versions"):
+
+* an alias marked `fallback` (an old name the engine may still export beside the new one) is read
+  only when the scrape has no sample of the same signal from the engine's other aliases: the new
+  name wins, the two are never added;
+* a dialect's `sentinels` are raw values that mean "no value" (DCGM's blank and not-supported
+  codes): dropped and counted with reason `sentinel`, like NaN is with `non_finite`;
+* a dialect's `worker_labels` name the engine behind an aggregating endpoint (sglang-router's
+  /engine_metrics adds `worker_addr`): its host:port becomes the sample's `instance`, so the
+  workers stay apart instead of being summed into the router's instance.
 """
 
 from __future__ import annotations
@@ -14,11 +25,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from kvscope.agent.scrape.exposition import Exposition, RawSample, format_value
-from kvscope.agent.signals import Alias, Catalog, Labels, Sample, load_catalog
+from kvscope.agent.signals import Alias, Catalog, Labels, Sample, load_catalog, signal_of
 
 _COUNTER_SUFFIX = "_total"
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 _FACT_SKIP_LABELS = {"engine", "model_name", "__name__"}
+_UNKNOWN_INFO = ("", "None")     # an info label with this value is not known: the alias gives nothing
 
 
 @dataclass
@@ -30,6 +42,8 @@ class Normalized:
     facts: dict[str, dict[str, str]] = field(default_factory=dict)  # dp_rank -> facts
     unmapped: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
+    fallback: frozenset[str] = frozenset()   # signals whose samples came from fallback aliases only
+    pending: dict[tuple[str, Labels, float | None], float] = field(default_factory=dict, repr=False)
 
 
 def fold_name(name: str, catalog: Catalog) -> str:
@@ -75,8 +89,25 @@ def normalize(expo: Exposition, engine: str | None, target_labels: dict[str, str
     acc: dict[tuple[str, Labels, float | None], float] = {}
     for raw in expo.samples:
         mapper.map_sample(raw, timestamp, acc, out)
+    if out.pending:
+        out.fallback = resolve_fallback(acc, out.pending, catalog)
+        out.pending = {}
     out.samples = [Sample(n, lab, v, ts) for (n, lab, ts), v in acc.items()]
     return out
+
+
+def resolve_fallback(acc: dict, pending: dict, catalog: Catalog) -> frozenset[str]:
+    """Move fallback outputs (`pending`, same keys as `acc`: name and labels first) into `acc`
+    for the signals `acc` has no sample of; returns those signals. The rest are dropped: the
+    engine exported the signal under a preferred name in this scrape."""
+    primary = {signal_of(key[0], catalog) for key in acc}
+    kept: set[str] = set()
+    for key, value in pending.items():
+        sig = signal_of(key[0], catalog)
+        if sig not in primary:
+            acc[key] = value
+            kept.add(sig)
+    return frozenset(kept)
 
 
 _NO_MATCH = "no_match"
@@ -111,8 +142,9 @@ class _Mapper:
     def __init__(self, catalog: Catalog, engine: str, target_labels: dict[str, str],
                  plans: dict[tuple[str, Labels], list[tuple]] | None = None) -> None:
         self.catalog = catalog
-        self.plans = plans   # (raw name, raw labels) -> per alias: (name, labels, kind, mode, factor)
+        self.plans = plans   # (raw name, raw labels) -> per alias: (name, labels, kind, mode, factor, rank)
         self.dialect = catalog.dialects[engine]
+        self.sentinels = self.dialect.sentinels
         self.index = catalog.aliases_for(engine)
         self.fact_sources = catalog.fact_sources(engine)
         self.base = dict(target_labels)
@@ -129,7 +161,7 @@ class _Mapper:
 
     def _resolve(self, name: str) -> tuple[str, str, list[Alias]]:
         if name in self.index:
-            kinds = {self.catalog.signals[a.signal].kind for a in self.index[name]}
+            kinds = {self.catalog.signals[a.signal].kind for a in self.index[name] if a.part is None}
             if kinds & {"gauge", "counter"}:
                 return name, "", self.index[name]
         if name.endswith(_COUNTER_SUFFIX) and name[: -len(_COUNTER_SUFFIX)] in self.index:
@@ -150,15 +182,18 @@ class _Mapper:
             if declared not in self.fact_sources:
                 out.unmapped += 1
             return
+        if self.sentinels and raw.value in self.sentinels:
+            out.dropped["sentinel"] += 1    # the engine's "no value" code, not a measurement
+            return
         ts = raw.timestamp if raw.timestamp is not None else timestamp
         if self.plans is None:
             for alias in aliases:
-                self._apply(alias, suffix, raw, ts, acc, out)
+                self._apply(alias, suffix, raw, ts, out.pending if alias.fallback else acc, out)
             return
         plan = self.plans.get((raw.name, raw.labels))
         if plan is None:
             plan = self.plans[(raw.name, raw.labels)] = [self._plan(a, suffix, raw) for a in aliases]
-        for name, labels, kind, mode, factor in plan:
+        for name, labels, kind, mode, factor, rank in plan:
             if labels is _NO_MATCH:
                 continue
             if mode == "info":
@@ -167,7 +202,7 @@ class _Mapper:
                 value = raw.value
             else:
                 value = raw.value * factor
-            self._add(name, labels, kind, ts, value, acc, out)
+            self._add(name, labels, kind, ts, value, out.pending if rank else acc, out)
 
     def linear_plan(self, samples: list[RawSample]) -> list[tuple[int, float, str, Labels]] | None:
         """How `map_sample` turns these raw samples into canonical ones when only their values
@@ -191,7 +226,7 @@ class _Mapper:
             plan = self.plans.get((raw.name, raw.labels))
             if plan is None:
                 return None
-            for name, labels, _, mode, factor in plan:
+            for name, labels, _, mode, factor, _ in plan:
                 if labels is _NO_MATCH:
                     continue
                 if name is None or mode == "info":
@@ -203,22 +238,24 @@ class _Mapper:
 
     def _plan(self, alias: Alias, suffix: str, raw: RawSample) -> tuple:
         """What `_apply` does with this series, minus the value: (name, labels, kind, mode,
-        factor); name None when the alias does not match or the `le` is bad."""
+        factor, rank); name None when the alias does not match or the `le` is bad."""
         signal = self.catalog.signals[alias.signal]
         upstream = dict(raw.labels)
-        if any(upstream.get(k) not in allowed for k, allowed in alias.match.items()):
-            return None, _NO_MATCH, signal.kind, "", 0.0
-        if alias.info_label is not None:
+        if not _matches(alias, suffix, upstream):
+            return None, _NO_MATCH, signal.kind, "", 0.0, alias.rank
+        if alias.info_label:
             mode, factor = "info", self._value(alias, signal.kind, suffix, raw, upstream)
+            if factor is _UNKNOWN:
+                return None, _NO_MATCH, signal.kind, "", 0.0, alias.rank
         elif signal.kind == "histogram" and suffix in ("_bucket", "_count"):
             mode, factor = "raw", 1.0
         else:
             mode, factor = "scale", alias.scale
         labels = self._labels(alias, signal.labels, signal.kind, suffix, upstream)
         if labels is None:
-            return None, _BAD_LE, signal.kind, mode, factor
+            return None, _BAD_LE, signal.kind, mode, factor, alias.rank
         name = signal.name + (suffix if signal.kind == "histogram" else "")
-        return name, labels, _combine_kind(alias, signal.kind), mode, factor
+        return name, labels, _combine_kind(alias, signal.kind), mode, factor, alias.rank
 
     @staticmethod
     def _add(name: str | None, labels: Labels | str, kind: str, ts: float | None, value: float | None,
@@ -234,7 +271,9 @@ class _Mapper:
         if name is None:
             out.dropped["bad_le"] += 1
             return
-        key = (name, labels, ts)
+        # labels is a str (a drop reason) only together with name None, handled above; no
+        # runtime check on this per-sample path
+        key: tuple[str, Labels, float | None] = (name, labels, ts)  # type: ignore[assignment]
         prev = acc.get(key)
         if prev is None:
             acc[key] = value
@@ -247,9 +286,11 @@ class _Mapper:
                acc: dict[tuple[str, Labels, float | None], float], out: Normalized) -> None:
         signal = self.catalog.signals[alias.signal]
         upstream = dict(raw.labels)
-        if any(upstream.get(k) not in allowed for k, allowed in alias.match.items()):
+        if not _matches(alias, suffix, upstream):
             return
         value = self._value(alias, signal.kind, suffix, raw, upstream)
+        if value is _UNKNOWN:
+            return
         labels = self._labels(alias, signal.labels, signal.kind, suffix, upstream)
         name = None if labels is None else signal.name + (suffix if signal.kind == "histogram" else "")
         self._add(name, "" if labels is None else labels, _combine_kind(alias, signal.kind), ts, value, acc,
@@ -258,9 +299,12 @@ class _Mapper:
     @staticmethod
     def _value(alias: Alias, kind: str, suffix: str, raw: RawSample,
                upstream: dict[str, str]) -> float | None:
-        if alias.info_label is not None:
+        if alias.info_label:   # the product of the labels' values; unknown when one is absent
+            texts = [upstream.get(label, "") for label in alias.info_label]
+            if any(t in _UNKNOWN_INFO for t in texts):
+                return _UNKNOWN
             try:
-                return float(upstream.get(alias.info_label, "nan")) * alias.scale
+                return math.prod(float(t) for t in texts) * alias.scale
             except ValueError:
                 return None
         if kind == "histogram" and suffix in ("_bucket", "_count"):
@@ -273,6 +317,9 @@ class _Mapper:
         for up, canon in self.dialect.labels.items():
             if up in upstream and upstream[up] != "":
                 labels[canon] = upstream[up]
+        for up in self.dialect.worker_labels:   # an aggregating endpoint: one instance per worker
+            if upstream.get(up):
+                labels["instance"] = worker_instance(upstream[up])
         for up, value in upstream.items():
             canon = alias.rename.get(up, up)
             if canon in keep:
@@ -301,6 +348,22 @@ class _Mapper:
         for k in keys:
             if k in upstream and not k.startswith("_"):
                 facts[k] = upstream[k]
+
+
+_UNKNOWN = float("nan")   # identity-compared marker: an info label the alias reads is not known
+
+
+def _matches(alias: Alias, suffix: str, upstream: dict[str, str]) -> bool:
+    """The alias reads this series: its `match` labels (an absent label reads as "", as in
+    Prometheus) and, for a `part: sum` alias, the histogram's `_sum` only."""
+    if alias.part is not None and suffix != "_" + alias.part:
+        return False
+    return all(upstream.get(k, "") in allowed for k, allowed in alias.match.items())
+
+
+def worker_instance(address: str) -> str:
+    """`http://10.0.0.5:8000/` -> `10.0.0.5:8000`: a worker URL as an instance, like a target's."""
+    return address.split("://", 1)[-1].split("/", 1)[0]
 
 
 def _combine_kind(alias: Alias, kind: str) -> str:

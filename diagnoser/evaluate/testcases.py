@@ -169,7 +169,8 @@ def check_case(rule: Rule, case: Case, interval: float, levers: dict[str, Lever]
         if sev and got[key].severity != sev:
             problems.append(f"{dict(key)}: severity {got[key].severity}, expected {sev}")
         stage = want[key].get("stage")
-        if stage and (got[key].cascade is None or got[key].cascade.stage_name != stage):
-            problems.append(f"{dict(key)}: cascade stage {got[key].cascade and got[key].cascade.stage_name}, "
+        cascade = got[key].cascade
+        if stage and (cascade is None or cascade.stage_name != stage):
+            problems.append(f"{dict(key)}: cascade stage {cascade and cascade.stage_name}, "
                             f"expected {stage}")
     return problems

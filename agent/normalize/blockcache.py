@@ -11,7 +11,9 @@ same object as last scrape and costs its consumers nothing per sample.
 The result equals `parse_exposition` + `normalize` on the whole payload:
 
 * blocks are combined the way the dialect collapses series: gauges take the max, counters and
-  histograms are summed (this only matters when two upstream names map to one signal);
+  histograms are summed (this only matters when two upstream names map to one signal), and a
+  signal that one block has under a preferred name is dropped from the blocks that have it only
+  under a `fallback` (old) name, as the dialect does within one payload;
 * anything the block split could get wrong takes the whole-payload path instead: OpenMetrics,
   an incomplete payload, a series that appears in two blocks (duplicates are detected across
   the whole payload), a payload larger than `max_cached_bytes` (the memo would double it);
@@ -30,15 +32,16 @@ from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_, is_not
 
-from kvscope.agent.dialects.dialect import MappingMemo, Normalized, normalize
-from kvscope.agent.scrape.blockvalues import ValueTemplate
+from kvscope.agent.normalize.blockvalues import ValueTemplate
+from kvscope.agent.normalize.dialect import MappingMemo, Normalized, normalize
 from kvscope.agent.scrape.exposition import ParseIssue, parse_exposition
 from kvscope.agent.scrape.stamped import Stamped
-from kvscope.agent.signals import Catalog, Labels, Sample
+from kvscope.agent.signals import Catalog, Labels, Sample, signal_of
 
 _HIST = ("_bucket", "_sum", "_count")
 MAX_LABEL_CACHE = 20_000
-_facts, _dropped, _unmapped, _issues, _heads = map(attrgetter, ("facts", "dropped", "unmapped", "issues", "samples"))
+_facts, _dropped, _unmapped, _issues, _heads, _fallback = map(
+    attrgetter, ("facts", "dropped", "unmapped", "issues", "samples", "fallback"))
 
 
 @dataclass(eq=False)   # compared by identity only (list.count(None) would call a generated __eq__)
@@ -52,11 +55,20 @@ class _Block:
     timestamped: bool = False          # a sample carried its own timestamp: take the whole-payload path
     canonical: frozenset[tuple[str, Labels]] = frozenset()   # output series, to spot collapses
     template: ValueTemplate | None = None   # re-reads the block's next text when only values moved
+    fallback: frozenset[str] = frozenset()  # signals this block has only under a fallback (old) name
+    signals: frozenset[str] = frozenset()   # signals of its outputs
 
     def with_values(self, heads: list[tuple[str, Labels, float]]) -> _Block:
         """The same block with new values (what `template.apply` gave for its next text)."""
         return _Block(heads, self.facts, self.dropped, self.issues, self.unmapped, self.keys,
-                      self.timestamped, self.canonical, self.template)
+                      self.timestamped, self.canonical, self.template, self.fallback, self.signals)
+
+    def without(self, signals: frozenset[str], catalog: Catalog) -> _Block:
+        """The block minus the outputs of `signals` (another block has them under a preferred name)."""
+        heads = [h for h in self.samples if signal_of(h[0], catalog) not in signals]
+        canonical = frozenset(k for k in self.canonical if signal_of(k[0], catalog) not in signals)
+        return _Block(heads, self.facts, self.dropped, self.issues, self.unmapped, self.keys,
+                      self.timestamped, canonical, None, self.fallback - signals, self.signals - signals)
 
 
 class BlockCache:
@@ -110,20 +122,31 @@ class BlockCache:
                         self.hits += 1
                     ordered[i] = hit
         blocks: list[_Block] = ordered   # type: ignore[assignment]  # every None was filled
-        if not self._same_layout(blocks):
+        same = self._same_layout(blocks)
+        self._layout = blocks
+        self._blocks = dict(zip(keys, blocks, strict=True))
+        blocks = self._shadow(blocks)
+        if not same:
             self._layout_whole = _needs_whole_path(blocks)
             self._layout_disjoint = _disjoint_outputs(blocks)
-        self._layout = blocks
         if self._layout_whole:
             self._blocks = {}
             self._layout = []
             return self._whole(text, engine, target_labels, timestamp)
-        self._blocks = dict(zip(keys, blocks, strict=True))
         return self._combine(blocks, engine, timestamp)
+
+    def _shadow(self, blocks: list[_Block]) -> list[_Block]:
+        """Drop what blocks hold only under a fallback name of a signal another block holds under
+        a preferred one (vLLM <= 0.11 exports old and new names in separate families)."""
+        if not any(map(_fallback, blocks)):
+            return blocks
+        preferred = set().union(*(b.signals - b.fallback for b in blocks))
+        return [b.without(b.fallback & preferred, self.catalog) if b.fallback & preferred else b
+                for b in blocks]
 
     def _reread_values(self, keys: list[BlockKey], ordered: list[_Block | None]) -> int:
         """Fill the misses whose block at the same place last scrape re-reads them (only values
-        moved: agent/scrape/blockvalues.py); returns how many it filled."""
+        moved: agent/normalize/blockvalues.py); returns how many it filled."""
         filled = 0
         prev = self._layout
         for i in compress(range(len(keys)), map(is_, ordered, repeat(None))):
@@ -168,11 +191,13 @@ class BlockCache:
         canonical = frozenset((s.name, s.labels) for s in norm.samples)
         heads = [(s[0], s[1], s[2]) for s in norm.samples]
         template = None
+        mapper = self.memo.mapper(self.catalog, engine, labels)
         if not (norm.facts or norm.dropped or timestamped):
-            plan = self.memo.mapper(self.catalog, engine, labels).linear_plan(expo.samples)
-            template = ValueTemplate.build(block, expo, plan, heads)
+            template = ValueTemplate.build(block, expo, mapper.linear_plan(expo.samples), heads,
+                                           mapper.sentinels)
+        signals = frozenset(signal_of(name, self.catalog) for name, _ in canonical)
         return _Block(heads, norm.facts, norm.dropped, expo.issues, norm.unmapped, keys, timestamped, canonical,
-                      template)
+                      template, norm.fallback, signals)
 
     def _combine(self, blocks: list[_Block], engine: str,
                  timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
@@ -225,7 +250,7 @@ def block_keys(text: str) -> list[BlockKey]:
 
 def block_text(key: BlockKey) -> str:
     """The text of the block a `block_keys` key stands for."""
-    if type(key) is str:
+    if isinstance(key, str):
         return "# HELP " + key + "\n"
     tag, part = key
     if tag == "first":

@@ -1,0 +1,269 @@
+"""Which canonical signals each engine version gives kvscope, from name lists of the engines' own
+releases (tests/fixtures/engine_names/*.yaml) and the catalog.
+
+For one signal, one engine and one version the status is:
+
+* `maps`: a catalog alias of the engine's dialect names a metric the version exports, with a
+  kind and labels the alias can read (`maps (off)` when the exporter ships it disabled);
+* `unmapped`: the version exports a metric for the signal but no alias reads it: a name the
+  meanings list (meanings.yaml: upstream name -> signal, judged by hand) ties to the signal and the
+  catalog lacks, or an alias whose name is there but whose kind or `match` labels do not fit;
+* `renamed`: an alias name the engine exported in an earlier listed version is gone, and nothing
+  else gives the signal;
+* `absent`: the version exports nothing for it (kvscope reports the signal absent, never zero).
+
+Nothing here reads kvscope's rules or dashboards: which signals to check is the caller's input
+(`kvscope rules coverage` passes the ones the diagnosis rules, dashboards and generated Prometheus
+rules read).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kvscope.agent.signals import Alias, Catalog, Signal
+
+MAPS, MAPS_OFF, UNMAPPED, RENAMED, ABSENT = "maps", "maps (off)", "unmapped", "renamed", "absent"
+PROBLEMS = (UNMAPPED, RENAMED)
+GPU_DIALECTS = ("dcgm",)   # GPU exporters: their domain is the gpu_* signals, an engine's the rest
+
+
+@dataclass(frozen=True)
+class UpstreamName:
+    """One metric of one engine release: declared name, kind, label names (None: not known)."""
+
+    name: str
+    kind: str
+    labels: tuple[str, ...] | None
+    enabled: bool = True
+
+
+@dataclass
+class NameList:
+    """One engine release's metric names (one tests/fixtures/engine_names/*.yaml file)."""
+
+    engine: str
+    dialect: str | None
+    version: str
+    source: dict[str, str]
+    names: dict[str, UpstreamName] = field(default_factory=dict)   # declared name -> entry
+    path: str = ""
+    role: str = "engine"   # engine | gpu | router | gateway (what its series describe)
+
+    @property
+    def key(self) -> str:
+        return f"{self.engine} {self.version}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """The status of one signal for one engine release, and why."""
+
+    status: str
+    detail: str = ""
+
+
+def declared(name: str, kind: str) -> str:
+    """The catalog's spelling of an upstream name: counters without `_total`."""
+    return name[: -len("_total")] if kind == "counter" and name.endswith("_total") else name
+
+
+def load_name_list(path: Path) -> NameList:
+    """Read one name-list file; raises ValueError naming the file when it is malformed."""
+    doc = yaml.safe_load(path.read_text()) or {}
+    try:
+        dialect = doc.get("dialect")
+        role = str(doc.get("role") or ("gpu" if dialect in GPU_DIALECTS else "engine"))
+        out = NameList(engine=str(doc["engine"]), dialect=dialect, version=str(doc["version"]),
+                       source=dict(doc.get("source") or {}), path=str(path), role=role)
+        for entry in doc.get("names") or []:
+            kind = str(entry["type"])
+            labels = entry.get("labels")
+            name = declared(str(entry["name"]), kind)
+            out.names[name] = UpstreamName(name, kind, None if labels is None else tuple(labels),
+                                           bool(entry.get("enabled", True)))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a name list ({exc})") from None
+    return out
+
+
+def load_name_lists(directory: Path) -> list[NameList]:
+    """Every name list of a directory (meanings.yaml and allow.yaml are not name lists)."""
+    return [load_name_list(p) for p in sorted(directory.glob("*.yaml"))
+            if p.name not in ("meanings.yaml", "allow.yaml")]
+
+
+def load_meanings(path: Path) -> dict[str, dict[str, str]]:
+    """engine -> {upstream name (declared) -> canonical signal}."""
+    doc = yaml.safe_load(path.read_text()) or {}
+    return {str(engine): {str(k): str(v) for k, v in (names or {}).items()} for engine, names in doc.items()}
+
+
+def version_key(version: str) -> tuple:
+    """Sort key: numeric parts compared as numbers (0.5.23 after 0.5.8)."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"[.\-+]", version))
+
+
+class Coverage:
+    """Statuses of signals over name lists, for one catalog and one meanings list."""
+
+    def __init__(self, catalog: Catalog, lists: list[NameList], meanings: dict[str, dict[str, str]]) -> None:
+        self.catalog = catalog
+        self.lists = sorted(lists, key=lambda nl: (nl.engine, version_key(nl.version)))
+        self.meanings = meanings
+
+    def cell(self, signal: str, nl: NameList) -> Cell:
+        """The status of `signal` for one release."""
+        sig = self.catalog.signals[signal]
+        aliases = [a for a in sig.aliases if nl.dialect is not None and a.engine == nl.dialect]
+        readable, problems = [], []
+        for alias in aliases:
+            why = _unreadable(alias, sig, nl)
+            if why is None:
+                readable.append(alias)
+            elif why:
+                problems.append(why)
+        meant = sorted(n for n, s in self.meanings.get(nl.engine, {}).items() if s == signal and n in nl.names)
+        if readable:
+            off = all(not nl.names[a.name].enabled for a in readable)
+            return Cell(MAPS_OFF if off else MAPS, ", ".join(sorted({a.name for a in readable})))
+        missing = [n for n in meant if n not in {a.name for a in aliases}]
+        if problems or missing:
+            detail = "; ".join(problems + [f"{n} has no alias" for n in missing])
+            if nl.dialect is not None and nl.dialect not in self.catalog.dialects:
+                detail = f"no {nl.dialect} dialect in the catalog: {detail}"
+            return Cell(UNMAPPED, detail)
+        gone = self._gone(aliases, nl)
+        if gone:
+            return Cell(RENAMED, f"{', '.join(gone)} no longer exported")
+        return Cell(ABSENT)
+
+    def _gone(self, aliases: list[Alias], nl: NameList) -> list[str]:
+        """Alias names an earlier release of the same engine exported and this one does not."""
+        earlier = [o for o in self.lists if o.engine == nl.engine and version_key(o.version) < version_key(nl.version)]
+        return sorted({a.name for a in aliases if a.name not in nl.names and any(a.name in o.names for o in earlier)})
+
+    def relevant(self, signal: str, nl: NameList) -> bool:
+        """The signal is in the release's domain: a GPU exporter's signals for dcgm-exporter, the
+        engine signals for an engine, a router or a gateway (what it "lacks" is counted there)."""
+        gpu = any(a.engine in GPU_DIALECTS for a in self.catalog.signals[signal].aliases)
+        return gpu == (nl.dialect in GPU_DIALECTS)
+
+    def table(self, signals: list[str]) -> dict[str, dict[str, Cell]]:
+        """signal -> release key -> cell."""
+        return {s: {nl.key: self.cell(s, nl) for nl in self.lists} for s in signals}
+
+
+def _unreadable(alias: Alias, sig: Signal, nl: NameList) -> str | None:
+    """None when the alias reads this release's metric; "" when the release lacks the name;
+    else why the name is there but cannot be read."""
+    up = nl.names.get(alias.name)
+    if up is None:
+        return ""
+    want = "histogram" if alias.part else sig.kind
+    if up.kind not in (want, "unknown") and not (want == "gauge" and up.kind == "info"):
+        return f"{alias.name} is a {up.kind}, the alias reads a {want}"
+    if up.labels is not None:
+        for label, allowed in alias.match.items():
+            if label not in up.labels and "" not in allowed:
+                return f"{alias.name} has no {label} label (the alias matches {label}={'|'.join(allowed)})"
+        missing = [label for label in alias.info_label if label not in up.labels]
+        if missing:
+            return f"{alias.name} has no {', '.join(missing)} label"
+    return None
+
+
+# ------------------------------------------------------------------ allow-list
+@dataclass(frozen=True)
+class Allowed:
+    """An unmapped or renamed status accepted on purpose, with the reason."""
+
+    engine: str
+    signal: str          # "*" for every signal
+    status: str
+    reason: str
+    versions: tuple[str, ...] = ()   # empty: every version
+
+    def covers(self, engine: str, version: str, signal: str, status: str) -> bool:
+        return (self.engine == engine and self.status == status and self.signal in ("*", signal)
+                and (not self.versions or version in self.versions))
+
+
+def load_allowed(path: Path) -> list[Allowed]:
+    doc = yaml.safe_load(path.read_text()) or []
+    out = []
+    for entry in doc:
+        if not entry.get("reason"):
+            raise ValueError(f"{path}: every allowed entry needs a reason: {entry}")
+        out.append(Allowed(str(entry["engine"]), str(entry.get("signal", "*")), str(entry["status"]),
+                           str(entry["reason"]).strip(), tuple(str(v) for v in entry.get("versions") or ())))
+    return out
+
+
+def problems(cov: Coverage, signals: list[str], allowed: list[Allowed]) -> tuple[list[str], list[Allowed]]:
+    """Unmapped and renamed cells no allow-list entry covers, and allow-list entries that cover
+    nothing any more (stale)."""
+    used: set[Allowed] = set()
+    bad = []
+    for signal, row in cov.table(signals).items():
+        for nl in cov.lists:
+            cell = row[nl.key]
+            if cell.status not in PROBLEMS:
+                continue
+            hit = [a for a in allowed if a.covers(nl.engine, nl.version, signal, cell.status)]
+            used.update(hit)
+            if not hit:
+                bad.append(f"{nl.key}: {signal} {cell.status}: {cell.detail}")
+    return bad, [a for a in allowed if a not in used]
+
+
+# ------------------------------------------------------------------ rendering
+_SHORT = {MAPS: "maps", MAPS_OFF: "off", UNMAPPED: "UNMAPPED", RENAMED: "RENAMED", ABSENT: "-"}
+
+
+def render_markdown(cov: Coverage, signals: list[str], allowed: list[Allowed], header: str = "") -> str:
+    """The per-engine, per-version table (signals x releases) and, per release, what it lacks."""
+    table = cov.table(signals)
+    keys = [nl.key for nl in cov.lists]
+    out = [header] if header else []
+    out += ["| signal | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for signal in signals:
+        out.append(f"| `{signal}` | " + " | ".join(_SHORT[table[signal][k].status] for k in keys) + " |")
+    out += ["", "`maps`: a catalog alias reads it; `off`: it maps, but the exporter ships it disabled; "
+            "`-`: the release exports nothing for it (absent); `UNMAPPED` / `RENAMED`: see below.", ""]
+    out += ["## What each release lacks that kvscope reads", ""]
+    for nl in cov.lists:
+        src = f"{nl.source.get('repo', '')} {nl.source.get('ref', '')}; `{Path(nl.path).name}`"
+        if nl.role in ("router", "gateway"):
+            out.append(f"* **{nl.key}** ({src}): a {nl.role}; its series describe the {nl.role}, and kvscope "
+                       "reads the engines behind it under their own names (nothing of theirs is lacking here).")
+            continue
+        domain = [s for s in signals if cov.relevant(s, nl)]
+        absent = [s for s in domain if table[s][nl.key].status == ABSENT]
+        mapped = sum(table[s][nl.key].status in (MAPS, MAPS_OFF) for s in domain)
+        kind = "GPU" if nl.role == "gpu" else "engine"
+        lacking = ", ".join(f"`{s}`" for s in absent) or "none"
+        out.append(f"* **{nl.key}** ({src}): {mapped} of the {len(domain)} {kind} signals map. Absent: {lacking}.")
+    issues = [(nl, s, table[s][nl.key]) for nl in cov.lists for s in signals if table[s][nl.key].status in PROBLEMS]
+    if issues:
+        out += ["", "## Unmapped and renamed, and why that is accepted", ""]
+        for nl, s, cell in issues:
+            why = next((a.reason for a in allowed if a.covers(nl.engine, nl.version, s, cell.status)), "NOT ALLOWED")
+            out.append(f"* {nl.key}, `{s}` {cell.status}: {cell.detail}. {why}")
+    return "\n".join(out) + "\n"
+
+
+def summary(cov: Coverage, signals: list[str]) -> dict[str, Any]:
+    """Counts per release: {key: {status: n}} (for a terse CLI line or a test message)."""
+    table = cov.table(signals)
+    out: dict[str, Any] = {}
+    for nl in cov.lists:
+        counts: dict[str, int] = {}
+        for s in signals:
+            counts[table[s][nl.key].status] = counts.get(table[s][nl.key].status, 0) + 1
+        out[nl.key] = counts
+    return out

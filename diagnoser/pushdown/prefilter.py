@@ -1,0 +1,180 @@
+"""Each rule's prefilter: its conditions as one PromQL range query, loosened to a superset.
+
+The prefilter is written by the same compiler as `kvscope rules build`'s alerts
+(diagnoser/promql/alerts.py) with three differences, all of which make it hold wherever the
+numpy evaluator's condition holds (a superset), so the findings stay the evaluator's own:
+
+* no `for`: a group is a candidate from its first matching step on;
+* every comparison is loosened by `SLACK` (x 0.75 of a `>` threshold, x 1.25 of a `<` one;
+  the same for `than`/`baseline` factors), which covers the differences between PromQL's and
+  the grid's arithmetic (rate extrapolation, subquery alignment, scrape jitter);
+* parts with no loosened or no PromQL form are left out, never guessed: equality tests, zero
+  thresholds on series that can be negative (differences, slopes), engine facts, absence tests,
+  `any` branches on other groupings, signals some of whose sources PromQL cannot read
+  (rescaled buckets); `resets` ranges reach RESETS_BRIDGE_S further back (the evaluator counts
+  a reset across a scrape gap of any length). A rule left with nothing is a candidate everywhere (its
+  evidence is fetched for every engine). Cascades (kv_pressure_cascade) are prefiltered by
+  their root stage, which every later stage needs first.
+
+Ranges are the evaluator's (time-scaled, whole grid steps), subqueries run at the grid step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvscope.agent.signals import Catalog
+from kvscope.diagnoser.promql.alerts import ConditionCompiler, NotExpressible, SeriesCompiler, SignalReader
+from kvscope.diagnoser.rulebook.grammar import CHANGES_SETTLE, node_form, node_refs
+from kvscope.diagnoser.rulebook.rule import Rule
+
+SLACK = 0.25
+"""Share by which each prefilter comparison is loosened."""
+RESETS_BRIDGE_S = 3600.0
+"""A counter reset is seen across a scrape gap of up to this long (a restart that took an hour)."""
+_DEFAULT_RANGE = {"rate": "1m", "increase": "5m", "quantile": "5m", "mean": "5m", "resets": "10m",
+                  "over_time": "5m", "deriv": "10m", "changes": "15m"}
+
+
+@dataclass(frozen=True)
+class Prefilter:
+    """One rule's server-side condition, the grouping of its answer and what was left out."""
+
+    rule_id: str
+    expr: str | None               # None: no server-side form; every group is a candidate
+    by: tuple[str, ...]
+    dropped: tuple[str, ...] = ()  # conditions left to the evaluator, with the reason
+    reach_s: float = 0.0           # how far back from a grid point the rule's series read
+    step: float = 0.0              # the prefilter's query step (a multiple of the grid step)
+
+
+def conditions_of(rule: Rule) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(`all` conditions, `any` conditions) the prefilter is built from (a cascade's root stage)."""
+    if "cascade" in rule.doc:
+        stages = rule.doc["cascade"].get("stages") or [{}]
+        return list(stages[0].get("all") or []), []
+    when = rule.doc.get("when") or {}
+    return list(when.get("all") or []), list(when.get("any") or [])
+
+
+def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: float,
+                      slack: float = SLACK) -> Prefilter:
+    """The prefilter of a prepared rule (parameters applied, time-scaled) on a grid of `step`."""
+    reach = rule_reach(rule)
+    qstep = query_step(rule, step)
+    series = SeriesCompiler(rule, reader, step=step)
+    series.sub_for = lambda rng_s: _duration(step if rng_s <= LONG_SUBQUERY_S else max(step, min(qstep, rng_s / 30)))
+    series.resets_bridge_s = RESETS_BRIDGE_S
+    cc = ConditionCompiler(rule, series, catalog, slack=slack)
+    all_conds, any_conds = conditions_of(rule)
+    kept: list[tuple[str, tuple[str, ...]]] = []
+    dropped: list[str] = []
+    for cond in all_conds:
+        try:
+            kept.append(cc.condition(_without_absence(cond)))
+        except (NotExpressible, KeyError, ValueError, TypeError) as exc:
+            dropped.append(f"{_describe(cond)}: {exc}")
+    anys = []
+    for cond in any_conds:
+        try:
+            anys.append(cc.condition(_without_absence(cond)))
+        except (NotExpressible, KeyError, ValueError, TypeError) as exc:
+            dropped.append(f"any-branch {_describe(cond)}: {exc}")
+            anys = []
+            break
+    if rule.doc.get("facts"):
+        dropped.append("engine facts (checked by the evaluator)")
+    if not kept and anys and len({frozenset(b) for _, b in anys}) == 1:
+        kept, anys = [("\nor\n".join(f"({e})" for e, _ in anys), anys[0][1])], []
+    if not kept:
+        return Prefilter(rule.id, None, rule.by, tuple(dropped) or ("no condition has a PromQL form",), reach, qstep)
+    kept.sort(key=lambda c: -len(c[1]))
+    (expr, by), rest = kept[0], kept[1:]
+    out = f"({expr})"
+    for e, b in rest:
+        out += f"\nand{_on(by, b)}\n({e})"
+    same = [e for e, b in anys if set(b) == set(by)]
+    if anys and len(same) == len(anys):
+        out += "\nand\n(\n" + "\nor\n".join(f"({e})" for e in same) + "\n)"
+    elif anys:
+        dropped.append("`any` branches on another grouping")
+    return Prefilter(rule.id, out, tuple(by), tuple(dropped), reach, qstep)
+
+
+MAX_QUERY_STEPS = 8
+LONG_SUBQUERY_S = 600.0
+"""Subqueries over ranges longer than this (baselines) are read at up to 1/30 of their range or the
+prefilter's query step, whichever is finer: an average over 30 points of a 30-minute baseline
+instead of 120 (the slack covers the difference); shorter ones (max over a minute) at the grid step."""
+
+
+def query_step(rule: Rule, step: float) -> float:
+    """The prefilter's query step: as coarse as the rule's `for` allows, so that a run of true
+    points long enough to fire is still sampled (at most MAX_QUERY_STEPS grid steps)."""
+    spec = rule.doc.get("cascade") or rule.doc.get("when") or {}
+    try:
+        hold = rule.duration(spec.get("for", "0s")) if isinstance(spec, dict) else 0.0
+    except (KeyError, ValueError, TypeError):
+        hold = 0.0
+    return step * max(1, min(MAX_QUERY_STEPS, int(hold // step)))
+
+
+def _duration(seconds: float) -> str:
+    from kvscope.diagnoser.promql.alerts import _duration as fmt
+    return fmt(seconds)
+
+
+def _without_absence(cond: dict[str, Any]) -> dict[str, Any]:
+    if cond.get("present") is False:
+        raise NotExpressible("an absence test")
+    return cond
+
+
+def _on(by: tuple[str, ...], other: tuple[str, ...]) -> str:
+    return "" if set(other) == set(by) else f" on ({', '.join(other)})"
+
+
+def _describe(cond: dict[str, Any]) -> str:
+    if "fact" in cond:
+        return f"fact {cond['fact']}"
+    return f"{cond.get('series')} {cond.get('op', 'present')} {cond.get('value', cond.get('than', 'baseline'))}"
+
+
+def rule_reach(rule: Rule) -> float:
+    """Seconds before a grid point that any of the rule's series or baselines read (ranges,
+    offsets, settles, nested), plus one range-query lookback-free margin of nothing: the
+    frame's own lookback is the TSDB's, applied when the data is fetched."""
+    memo: dict[str, float] = {}
+
+    def reach(name: str, seen: frozenset[str] = frozenset()) -> float:
+        if name in memo:
+            return memo[name]
+        node = rule.series.get(name)
+        if node is None or name in seen:
+            return 0.0
+        form = node_form(node)
+        own = rule.duration(node["range"]) if "range" in node else (
+            rule.duration(_DEFAULT_RANGE[form]) if form in _DEFAULT_RANGE else 0.0)
+        if node.get("offset"):
+            own += rule.duration(node["offset"])
+        if form == "changes":
+            own += rule.duration(node.get("settle", CHANGES_SETTLE))
+        memo[name] = own + max((reach(r, seen | {name}) for r in node_refs(node)), default=0.0)
+        return memo[name]
+
+    out = max((reach(n) for n in rule.series), default=0.0)
+    for cond in _every_condition(rule):
+        base = cond.get("baseline")
+        if isinstance(base, dict):
+            src = str(base.get("of", cond.get("series")))
+            out = max(out, rule.duration(base.get("range", "30m")) + rule.duration(base.get("offset", "10m"))
+                      + reach(src))
+    return out
+
+
+def _every_condition(rule: Rule) -> list[dict[str, Any]]:
+    doc = rule.doc
+    blocks = [doc.get("when") or {}, doc.get("critical_when") or {}, doc.get("resolved_when") or {}]
+    blocks += list((doc.get("cascade") or {}).get("stages") or [])
+    return [c for b in blocks for key in ("all", "any") for c in (b.get(key) or []) if isinstance(c, dict)]

@@ -1,0 +1,64 @@
+"""The rule language: which expression forms a rule's `series` may use, what each reads or refers
+to, and the operators and right-hand sides of its conditions (docs/rules.md). The validator
+checks rules against it; the evaluator (diagnoser/evaluate/) and the PromQL compiler
+(diagnoser/promql/) implement it.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count", "resets")
+"""Forms that read a canonical signal from the frame."""
+SERIES_FORMS = ("ratio", "sum", "diff", "product", "coalesce", "scale", "over_time", "deriv", "changes", "aggregate")
+"""Forms that combine other named series."""
+FORMS = SIGNAL_FORMS + SERIES_FORMS
+CHANGES_SETTLE = "1m"
+"""Default leading edge of `changes` (its `settle`): how long after a series appears its value
+is not compared yet. Targets are first scraped at different phases of their scrape interval
+(up to a minute in common setups), so a count of series rises over that long when scraping
+starts; that rise is not a scaling event. Time-scaled like every rule duration, and never less
+than one grid step."""
+
+
+class ExprError(ValueError):
+    """An expression that cannot be evaluated (bad form, unknown reference, bad grouping)."""
+
+
+def node_form(node: dict[str, Any]) -> str:
+    """Which form an expression mapping is ('gauge', 'rate', ...)."""
+    forms = [f for f in FORMS if f in node]
+    if len(forms) != 1:
+        raise ExprError(f"expression must have exactly one of {', '.join(FORMS)}; got {sorted(node)}")
+    return forms[0]
+
+
+def node_signal(node: dict[str, Any]) -> str | None:
+    """The canonical signal an expression reads, or None for combinations."""
+    form = node_form(node)
+    if form == "quantile":
+        return str(node.get("histogram"))
+    if form in SIGNAL_FORMS:
+        return str(node[form])
+    return None
+
+
+def node_refs(node: dict[str, Any]) -> list[str]:
+    """Named series an expression refers to."""
+    form = node_form(node)
+    if form in ("ratio", "sum", "diff", "product", "coalesce"):
+        return [str(x) for x in node[form]]
+    if form == "scale":
+        return [str(node["scale"])]
+    if form in ("over_time", "aggregate"):
+        return [str(node["of"])]
+    if form in ("deriv", "changes"):
+        return [str(node[form])]
+    return []
+
+
+OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+       "==": operator.eq, "!=": operator.ne}
+RIGHT_SIDES = ("value", "than", "baseline", "present")
+BASELINE_AGGS = ("avg", "max", "min", "median")

@@ -1,0 +1,281 @@
+"""The one client of the Prometheus HTTP query API (Prometheus, Thanos, Mimir, VictoriaMetrics).
+
+Every reader of a Prometheus-compatible TSDB goes through `PromClient`: `kvscope diagnose
+--prometheus` (both evaluation paths), the Alertmanager webhook, `kvscope report weekly
+--prometheus` and the UI. It owns:
+
+* **limits**: a range query never asks for more than `max_points` (11,000: Prometheus refuses
+  more points per series) steps, and a query whose estimated load (series x steps) is over
+  `max_samples` (Prometheus' default `--query.max-samples` is 50M) is split in time before it is
+  sent; a 422 "would load too many samples" that still comes back is split in halves and
+  retried. Every split is recorded in `notes`, which the commands print.
+* **concurrency**: split parts run on at most `concurrency` threads (default 4).
+* **errors**: `PromError` (a SourceError) says what happened: unreachable, not a Prometheus API
+  (404 and non-JSON answers), a query the server rejected (400/422 with Prometheus' own error
+  text, and for a sample limit which knob to turn), an overloaded or timed-out server (503).
+* **answers as arrays**: `matrix_on_grid` turns a matrix into one float row per series on the
+  query grid (NaN where the answer has no point), without per-point Python objects.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from kvscope.diagnoser.sources import SourceError
+
+MAX_POINTS = 11_000
+"""Prometheus refuses a range query with more points per series than this."""
+MAX_SAMPLES = 50_000_000
+"""Prometheus' default --query.max-samples: samples one query may hold in memory at once."""
+SAMPLE_BUDGET = 0.5
+"""Share of max_samples a query is planned to load (the estimate is rough: ranges and lookback)."""
+MAX_RESPONSE_BYTES = 512 * 1024 * 1024
+CONCURRENCY = 4
+MAX_BISECT = 6
+"""How many times a rejected (422 too many samples) range is halved before giving up."""
+
+
+class PromError(SourceError):
+    """A Prometheus API call that failed; `status` is the HTTP status (0: no answer)."""
+
+    def __init__(self, message: str, status: int = 0, too_many_samples: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.too_many_samples = too_many_samples
+
+
+@dataclass
+class PromClient:
+    """Queries against one Prometheus-compatible base URL (thread-safe)."""
+
+    url: str
+    timeout_s: float = 60.0
+    max_points: int = MAX_POINTS
+    max_samples: int = MAX_SAMPLES
+    concurrency: int = CONCURRENCY
+    progress: Callable[[str], None] | None = None
+    notes: list[str] = field(default_factory=list)
+    stats: dict[str, float] = field(default_factory=lambda: {"queries": 0, "bytes": 0, "points": 0, "seconds": 0.0})
+
+    def __post_init__(self) -> None:
+        self.url = self.url.rstrip("/")
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- raw calls
+    def _call(self, path: str, params: dict[str, str] | list[tuple[str, str]]) -> Any:
+        body = urllib.parse.urlencode(params).encode()
+        req = urllib.request.Request(self.url + path, data=body, method="POST",
+                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+        t0 = time.perf_counter()
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
+                raw = resp.read(MAX_RESPONSE_BYTES + 1)
+        except urllib.error.HTTPError as exc:
+            raise http_error(self.url, exc) from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise PromError(f"prometheus {self.url}: cannot connect: {getattr(exc, 'reason', exc)}") from exc
+        if len(raw) > MAX_RESPONSE_BYTES:
+            raise PromError(f"prometheus {self.url}: answer larger than {MAX_RESPONSE_BYTES} bytes; "
+                            "narrow the window or raise --step")
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise PromError(f"prometheus {self.url}{path}: the answer is not JSON ({exc}); is {self.url} the "
+                            "base URL of a Prometheus-compatible API?") from exc
+        with self._lock:
+            self.stats["queries"] += 1
+            self.stats["bytes"] += len(raw)
+            self.stats["seconds"] += time.perf_counter() - t0
+        if not isinstance(doc, dict) or doc.get("status") != "success":
+            err = doc.get("error", "unexpected answer") if isinstance(doc, dict) else "unexpected answer"
+            raise PromError(f"prometheus {self.url}: {err}")
+        return doc.get("data")
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """One range query as sent (no splitting): the matrix."""
+        data = self._call("/api/v1/query_range", {"query": expr, "start": _ts(start), "end": _ts(end),
+                                                  "step": f"{step:g}"})
+        if not isinstance(data, dict) or data.get("resultType") != "matrix":
+            kind = data.get("resultType") if isinstance(data, dict) else repr(data)
+            raise PromError(f"prometheus {self.url}: range query answered {kind}, not a matrix")
+        result = list(data.get("result") or [])
+        with self._lock:
+            self.stats["points"] += sum(len(s.get("values") or ()) for s in result)
+        return result
+
+    def query(self, expr: str, at: float) -> list[dict[str, Any]]:
+        """Instant query at `at`: the vector."""
+        data = self._call("/api/v1/query", {"query": expr, "time": _ts(at)})
+        return list((data or {}).get("result") or [])
+
+    def label_values(self, label: str, matchers: Iterable[str], start: float, end: float) -> list[str]:
+        """Values of `label` over series matching any of `matchers` in [start, end] (the index
+        only, no samples are read)."""
+        params = [("match[]", m) for m in matchers] + [("start", _ts(start)), ("end", _ts(end))]
+        path = f"/api/v1/label/{urllib.parse.quote(label)}/values"
+        try:
+            data = self._call(path, params)
+        except PromError as exc:
+            if exc.status != 405:
+                raise
+            qs = urllib.parse.urlencode(params)           # servers that only take GET here
+            data = self._get(f"{path}?{qs}")
+        return [str(v) for v in data or []]
+
+    def _get(self, path_qs: str) -> Any:
+        try:
+            with urllib.request.urlopen(self.url + path_qs, timeout=self.timeout_s) as resp:  # noqa: S310
+                doc = json.loads(resp.read(MAX_RESPONSE_BYTES))
+        except urllib.error.HTTPError as exc:
+            raise http_error(self.url, exc) from exc
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise PromError(f"prometheus {self.url}: {exc}") from exc
+        return doc.get("data") if isinstance(doc, dict) else None
+
+    # ---------------------------------------------------------------- bounded range queries
+    def plan_chunks(self, start: float, end: float, step: float, series: int = 0,
+                    reach_s: float = 0.0, what: str = "") -> list[tuple[float, float]]:
+        """[start, end] cut on the grid into parts of at most max_points steps whose estimated
+        load, `series` x (steps + reach / step), stays under the sample budget."""
+        steps = int(math.floor((end - start) / step + 1e-9)) + 1
+        per_part = self.max_points
+        if series > 0:
+            budget = self.max_samples * SAMPLE_BUDGET
+            per_part = min(per_part, max(1, int(budget // series - reach_s / step)))
+        n_parts = max(1, math.ceil(steps / per_part))
+        if n_parts > 1:
+            self.note(f"{what or 'query'}: {steps} steps cut into {n_parts} time ranges "
+                      f"(at most {self.max_points} points per series, ~{series} series each "
+                      f"under {int(self.max_samples * SAMPLE_BUDGET):,} samples)")
+        size = math.ceil(steps / n_parts)
+        out = []
+        for k in range(0, steps, size):
+            a = start + k * step
+            b = start + min(steps - 1, k + size - 1) * step
+            out.append((a, b))
+        return out
+
+    def range_parts(self, expr: str, start: float, end: float, step: float, series: int = 0,
+                    reach_s: float = 0.0, what: str = "") -> list[dict[str, Any]]:
+        """A range query of any length: split by plan_chunks, parts run concurrently, a part the
+        server rejects for its sample limit halved and retried; the answers' series merged."""
+        chunks = self.plan_chunks(start, end, step, series, reach_s, what)
+        return merge_matrices(self.map(lambda c: self._bisecting(expr, c[0], c[1], step, what, 0), chunks))
+
+    def _bisecting(self, expr: str, start: float, end: float, step: float, what: str,
+                   depth: int) -> list[dict[str, Any]]:
+        try:
+            return self.query_range(expr, start, end, step)
+        except PromError as exc:
+            steps = int(round((end - start) / step)) + 1
+            if not exc.too_many_samples or steps < 2 or depth >= MAX_BISECT:
+                raise
+            mid = start + (steps // 2) * step
+            self.note(f"{what or 'query'}: the server refused {steps} steps (too many samples); split in two")
+            return merge_matrices([self._bisecting(expr, start, mid - step, step, what, depth + 1),
+                                   self._bisecting(expr, mid, end, step, what, depth + 1)])
+
+    def map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        """fn over items on at most `concurrency` threads, results in order."""
+        if len(items) <= 1 or self.concurrency <= 1:
+            return [fn(x) for x in items]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
+            return list(pool.map(fn, items))
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            if text not in self.notes:
+                self.notes.append(text)
+
+    def say(self, text: str) -> None:
+        """Progress for long fetches (stderr in the commands)."""
+        if self.progress is not None:
+            self.progress(text)
+
+
+def http_error(url: str, exc: urllib.error.HTTPError) -> PromError:
+    """What an HTTP error status means for a query, in words."""
+    text = _error_text(exc)
+    code = exc.code
+    if code == 404:
+        return PromError(f"prometheus {url}: HTTP 404 ({text}); is {url} the base URL of a Prometheus-compatible "
+                         "API (the part before /api/v1)?", code)
+    low = text.lower()
+    if "too many samples" in low or "max-samples" in low or "maxsamplesperquery" in low.replace("_", "") \
+            or "exceeded maximum resolution" in low or "too many points" in low or "maxpointsperseries" in low:
+        return PromError(f"prometheus {url}: HTTP {code}: the server refused the query for its size: {text}. "
+                         "Raise --step, narrow the window, or raise the server's limit (Prometheus "
+                         "--query.max-samples, VictoriaMetrics -search.maxSamplesPerQuery / "
+                         "-search.maxPointsPerTimeseries)", code, too_many_samples=True)
+    if code in (400, 422):
+        return PromError(f"prometheus {url}: HTTP {code}: the server rejected the query: {text}", code)
+    if code == 503 or code == 504:
+        return PromError(f"prometheus {url}: HTTP {code}: the server is overloaded or the query timed out: {text} "
+                         "(narrow the window, raise --step, or the server's --query.timeout)", code)
+    if code in (401, 403):
+        return PromError(f"prometheus {url}: HTTP {code}: not authorised ({text})", code)
+    return PromError(f"prometheus {url}: HTTP {code}: {text}", code)
+
+
+def _error_text(exc: urllib.error.HTTPError) -> str:
+    try:
+        raw = exc.read(65536)
+    except OSError:
+        return str(exc.reason)
+    try:
+        doc = json.loads(raw)
+        return str(doc.get("error", exc.reason)) if isinstance(doc, dict) else str(exc.reason)
+    except ValueError:
+        text = raw.decode("utf-8", "replace").strip()
+        return text[:500] or str(exc.reason)
+
+
+def _ts(t: float) -> str:
+    return f"{t:.3f}"
+
+
+def merge_matrices(parts: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Matrices of consecutive time ranges -> one: the values of a series concatenated in order."""
+    parts = list(parts)
+    if len(parts) == 1:
+        return parts[0]
+    out: dict[tuple, dict[str, Any]] = {}
+    for part in parts:
+        for series in part:
+            metric = series.get("metric") or {}
+            key = tuple(sorted(metric.items()))
+            have = out.get(key)
+            if have is None:
+                out[key] = {"metric": metric, "values": list(series.get("values") or [])}
+            else:
+                have["values"].extend(series.get("values") or [])
+    return list(out.values())
+
+
+def matrix_on_grid(result: list[dict[str, Any]], start: float, step: float, n: int
+                   ) -> tuple[list[dict[str, str]], np.ndarray]:
+    """(label dicts, values [series, n]) of a matrix on the grid start + k x step; NaN where a
+    series has no point. Non-numeric values ("NaN", "+Inf") stay as floats (NaN / inf)."""
+    metrics = [dict(s.get("metric") or {}) for s in result]
+    out = np.full((len(result), n), np.nan)
+    for i, series in enumerate(result):
+        values = series.get("values")
+        if not values:
+            continue
+        arr = np.array(values, dtype=object)
+        ts = arr[:, 0].astype(float)
+        idx = np.rint((ts - start) / step).astype(np.int64)
+        ok = (idx >= 0) & (idx < n)
+        out[i, idx[ok]] = arr[ok, 1].astype(float)
+    return metrics, out

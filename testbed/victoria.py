@@ -1,0 +1,89 @@
+"""A real VictoriaMetrics (Debian `victoria-metrics` 1.79) for tests and benches.
+
+`running_victoria()` starts single-node VictoriaMetrics on a free 127.0.0.1 port with an empty
+data directory, waits for `/health`, and always stops it. `import_prometheus_text()` loads a
+recording: OpenMetrics (timestamps in seconds, what `kvscope record` and promtool use) is
+rewritten to the Prometheus text format with millisecond timestamps and posted to
+`/api/v1/import/prometheus`, then `/internal/force_flush` makes it searchable at once.
+
+Flags: `-search.maxLookback=5m` gives Prometheus' fixed 5-minute lookback (VictoriaMetrics
+otherwise derives it from the sample interval), `-search.latencyOffset=0s` serves the newest
+points, `-search.disableCache` keeps benchmarks honest, `-retentionPeriod=100y` keeps old test data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import re
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+from testbed.procs import LOOPBACK, LoggedProcess, free_port, stop_process, wait_http
+
+_SAMPLE_TS = re.compile(r"^(\S.*\s)(\S+)\s+([0-9]+(?:\.[0-9]+)?)$")
+
+
+class Victoria(NamedTuple):
+    url: str
+    port: int
+    proc: LoggedProcess
+
+
+def victoria_argv(data: Path, port: int, *extra: str, binary: str = "victoria-metrics") -> list[str]:
+    return [binary, f"-storageDataPath={data}", f"-httpListenAddr={LOOPBACK}:{port}", "-retentionPeriod=100y",
+            "-search.maxLookback=5m", "-search.latencyOffset=0s", "-search.disableCache", *extra]
+
+
+@contextlib.contextmanager
+def running_victoria(data: Path, *extra: str, log_path: Path | None = None, ready_timeout_s: float = 60.0,
+                     binary: str = "victoria-metrics") -> Iterator[Victoria]:
+    """Start VictoriaMetrics on a free port, yield it once /health answers, stop it whatever happens."""
+    port = free_port()
+    proc = LoggedProcess(victoria_argv(data, port, *extra, binary=binary), log_path, name="victoria-metrics")
+    url = f"http://{LOOPBACK}:{port}"
+    try:
+        wait_http(url + "/health", ready_timeout_s, procs=(proc,))
+        yield Victoria(url, port, proc)
+    finally:
+        stop_process(proc, timeout_s=20.0)
+
+
+def prometheus_text_lines(path: Path, shift_s: float = 0.0) -> Iterator[str]:
+    """Sample lines of an OpenMetrics file (optionally .gz) with timestamps in milliseconds,
+    moved by `shift_s` (VictoriaMetrics drops samples more than a day or two in the future)."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as fh:
+        for line in fh:
+            line = line.rstrip("\n")
+            if not line or line.startswith("#"):
+                continue
+            m = _SAMPLE_TS.match(line)
+            if m:
+                yield f"{m.group(1)}{m.group(2)} {int(round((float(m.group(3)) + shift_s) * 1000))}\n"
+
+
+def import_prometheus_text(url: str, path: Path, chunk_lines: int = 200_000, timeout_s: float = 600.0,
+                           shift_s: float = 0.0) -> int:
+    """Post a recording to /api/v1/import/prometheus in chunks; returns the samples sent."""
+    sent, buf = 0, []
+
+    def post(lines: list[str]) -> None:
+        req = urllib.request.Request(url + "/api/v1/import/prometheus", data="".join(lines).encode(), method="POST")
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310
+            resp.read()
+
+    for line in prometheus_text_lines(path, shift_s):
+        buf.append(line)
+        if len(buf) >= chunk_lines:
+            post(buf)
+            sent += len(buf)
+            buf = []
+    if buf:
+        post(buf)
+        sent += len(buf)
+    with urllib.request.urlopen(url + "/internal/force_flush", timeout=timeout_s) as resp:  # noqa: S310
+        resp.read()
+    return sent

@@ -1,0 +1,141 @@
+"""The pushdown path (diagnoser/pushdown/) gives the full fetch's diagnosis, on real Prometheus.
+
+* Golden: every recording of the incident library, backfilled into a real Prometheus 2.42 with
+  promtool, is diagnosed through both Prometheus paths (`fetch_frame` + `diagnose`, and
+  `diagnose_pushdown`); the Diagnosis JSON must be identical. (Recordings are minutes long, so
+  every instance is younger than the rules' reach and judged in full: this checks the evidence
+  fetch, the per-rule frames and the judged_from bookkeeping, not the prefilters.)
+* Prefilter superset: for every rule's test cases (rules/diagnosis/*.test.yaml), the rule's
+  prefilter, compiled as the pushdown compiles it and run by real `promtool test rules` over the
+  canonical recording rules, must hold for every group the numpy evaluator fires for (judged
+  after the rule's reach, where the pushdown trusts prefilters).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from kvscope.agent.signals import load_catalog
+from kvscope.diagnoser.evaluate.evaluator import diagnose, evaluate_rule, sample_names
+from kvscope.diagnoser.evaluate.frame import frame_from_samples
+from kvscope.diagnoser.evaluate.testcases import case_samples, read_test_file
+from kvscope.diagnoser.promql.rulefiles import canonical_rules, render_rule_file
+from kvscope.diagnoser.promql.signals import RecordedSignals
+from kvscope.diagnoser.pushdown.prefilter import compile_prefilter
+from kvscope.diagnoser.pushdown.run import diagnose_pushdown
+from kvscope.diagnoser.rulebook.levers import load_levers
+from kvscope.diagnoser.rulebook.rule import read_rule, read_rules, rule_paths
+from kvscope.diagnoser.sources.promapi import PromClient
+from kvscope.diagnoser.sources.prometheus import fetch_frame
+from kvscope.diagnoser.sources.recording import RecordingSource
+
+from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, missing_binaries, running_prometheus
+
+RECORDINGS = sorted((Path(__file__).resolve().parent.parent / "recordings").glob("*.om.gz"))
+pytestmark = [pytest.mark.prometheus,
+              pytest.mark.skipif(missing_binaries("prometheus", "promtool") is not None,
+                                 reason=str(missing_binaries("prometheus", "promtool")))]
+
+
+@pytest.mark.parametrize("recording", RECORDINGS, ids=[p.name[:-6] for p in RECORDINGS])
+def test_pushdown_gives_the_full_fetch_diagnosis_on_every_recording(recording, tmp_path):
+    plain = tmp_path / "rec.om"
+    with gzip.open(recording, "rb") as src, plain.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    backfill_openmetrics(plain, tmp_path / "data")
+    source = RecordingSource(plain, spans=False)
+    replay = source.replay()
+    start, end, step = float(math.ceil(replay.start)), float(math.floor(replay.end)), source.natural_step()
+    (tmp_path / "prometheus.yml").write_text(EMPTY_CONFIG)
+    rules = read_rules()
+    names = set().union(*(sample_names(r) for r in rules))
+    with running_prometheus(tmp_path / "prometheus.yml", tmp_path / "data", "--storage.tsdb.retention.time=100y",
+                            log_path=tmp_path / "prometheus.log") as prom:
+        full = diagnose(fetch_frame(PromClient(prom.url), names, start, end, step), rules, source="prometheus")
+        pushed, report = diagnose_pushdown(PromClient(prom.url), start, end, step, rules, source="prometheus")
+    assert json.loads(pushed.to_json()) == json.loads(full.to_json())
+    assert report.rules, "no rule reached the prefilter stage"
+
+
+# ------------------------------------------------------------------------------ prefilters
+def _cases():
+    out = []
+    for path in rule_paths():
+        test_path = path.with_name(path.stem + ".test.yaml")
+        if not test_path.exists():
+            continue
+        tf = read_test_file(test_path)
+        out += [pytest.param(path, tf, case, id=f"{path.stem}::{case.name}") for case in tf.cases if case.expect]
+    return out
+
+
+def _promtool_series(samples, interval: float) -> list[dict[str, str]]:
+    series: dict[tuple, dict[int, float]] = {}
+    for s in samples:
+        series.setdefault((s.name, s.labels), {})[round(s.timestamp / interval)] = s.value
+    out = []
+    for (name, labels), points in sorted(series.items()):
+        body = ",".join(f'{k}="{v}"' for k, v in labels)
+        values = " ".join(repr(float(points[i])) if i in points else "_" for i in range(max(points) + 1))
+        out.append({"series": f"kvscope_{name}{{{body}}}", "values": values})
+    return out
+
+
+@pytest.mark.parametrize(("rule_path", "test_file", "case"), _cases())
+def test_prefilter_holds_wherever_the_evaluator_fires(rule_path, test_file, case, tmp_path):
+    catalog = load_catalog()
+    rule = read_rule(rule_path).with_params(case.params)
+    interval = test_file.interval
+    pre = compile_prefilter(rule, RecordedSignals(), catalog, interval)
+    if pre.expr is None:
+        pytest.skip(f"no server-side form ({'; '.join(pre.dropped)}): evidence is fetched everywhere")
+    judged = int(math.ceil(pre.reach_s / interval))
+    if judged * interval >= case.eval_time:
+        pytest.skip("the case is shorter than the rule's reach: its groups are judged in full")
+    samples = case_samples(case, interval)
+    frame = frame_from_samples(samples, 0.0, case.eval_time, interval)
+    frame.facts, frame.judged_from = case.facts, judged
+    fired = evaluate_rule(rule, frame, load_levers())
+    if not isinstance(fired, list) or not fired:
+        pytest.skip("the evaluator fires nothing after the rule's reach in this case")
+    want = {tuple(f.where.get(k, "") for k in pre.by) for f in fired}
+    used = set(re.findall(r"kvscope:[a-zA-Z0-9_]+", pre.expr))
+    recording = [r for r in canonical_rules(catalog) if r["record"] in used]
+    alert = {"alert": "Prefilter", "expr": pre.expr}
+    (tmp_path / "rules.yml").write_text(render_rule_file([{"name": "g", "rules": recording + [alert]}], ""))
+    window = f"{int(case.eval_time - judged * interval)}s"
+    firing = 'ALERTS{alertname="Prefilter"}'
+    test = {"rule_files": ["rules.yml"], "evaluation_interval": f"{int(interval)}s",
+            "tests": [{"interval": f"{int(interval)}s", "input_series": _promtool_series(samples, interval),
+                       "promql_expr_test": [{"expr": f"group by ({', '.join(pre.by) or 'alertname'}) "
+                                                     f"(max_over_time({firing}[{window}]))",
+                                             "eval_time": f"{int(case.eval_time)}s", "exp_samples": []}]}]}
+    (tmp_path / "case.test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    proc = subprocess.run(["promtool", "test", "rules", "case.test.yml"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    got: set[tuple] = set()
+    if proc.returncode != 0:
+        assert "got:" in out, out
+        for labels in re.findall(r"\{([^}]*)\}", out.split("got:", 1)[1]):
+            pairs = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels))
+            got.add(tuple(pairs.get(k, "") for k in pre.by))
+    assert want <= got, (f"{test_file.path}:{case.line}: the evaluator fires for {sorted(want)} after "
+                         f"{judged} steps, the prefilter only for {sorted(got)}\n{pre.expr}\n{out[-3000:]}")
+
+
+def test_every_rule_compiles_a_prefilter_or_says_why_not():
+    catalog = load_catalog()
+    for rule in read_rules():
+        pre = compile_prefilter(rule, RecordedSignals(), catalog, 15.0)
+        assert pre.expr is not None or pre.dropped, rule.id
+        assert np.isfinite(pre.reach_s) and pre.reach_s >= 0

@@ -1,0 +1,57 @@
+"""The one Prometheus client's own logic: error messages, time splitting, merging (no server)."""
+
+from __future__ import annotations
+
+import io
+import urllib.error
+
+import numpy as np
+import pytest
+from kvscope.diagnoser.sources.promapi import PromClient, PromError, http_error, matrix_on_grid, merge_matrices
+
+
+def _http(code: int, body: bytes) -> urllib.error.HTTPError:
+    return urllib.error.HTTPError("http://p/api/v1/query_range", code, "x", {}, io.BytesIO(body))  # type: ignore[arg-type]
+
+
+def test_a_sample_limit_is_reported_as_what_it_is_not_as_a_wrong_url():
+    err = http_error("http://p", _http(422, b'{"status":"error","errorType":"execution","error":'
+                                            b'"query processing would load too many samples into memory in query execution"}'))
+    assert err.too_many_samples and err.status == 422
+    assert "too many samples" in str(err) and "--query.max-samples" in str(err) and "base URL" not in str(err)
+    assert "base URL" in str(http_error("http://p", _http(404, b"404 page not found")))
+    assert "overloaded or the query timed out" in str(http_error("http://p", _http(503, b'{"error":"query timed out"}')))
+    assert "rejected the query: parse error" in str(http_error("http://p", _http(400, b'{"error":"parse error"}')))
+
+
+def test_long_ranges_are_cut_under_the_points_limit_and_the_sample_budget():
+    client = PromClient("http://p")
+    chunks = client.plan_chunks(0, 40_000 * 15, 15)
+    assert len(chunks) == 4 and chunks[0][0] == 0 and chunks[-1][1] == 40_000 * 15
+    assert all((b - a) / 15 + 1 <= 11_000 for a, b in chunks)
+    assert all(b2 - a2 >= 0 and a2 == b1 + 15 for (_, b1), (a2, b2) in zip(chunks, chunks[1:], strict=False))
+    assert len(client.plan_chunks(0, 3600, 15, series=300_000)) > 1 and client.notes
+
+
+def test_a_refused_range_is_halved_and_the_parts_merged():
+    class Stub(PromClient):
+        def query_range(self, expr, start, end, step):  # noqa: ANN001, ANN201
+            if (end - start) / step + 1 > 3:
+                raise PromError("too many samples", 422, too_many_samples=True)
+            return [{"metric": {"a": "1"}, "values": [[t, "1"] for t in np.arange(start, end + step, step)]}]
+
+    out = Stub("http://p", concurrency=1).range_parts("x", 0, 150, 15)
+    assert [v[0] for v in out[0]["values"]] == list(np.arange(0, 165, 15))
+
+
+def test_matrix_on_grid_places_points_by_time_and_leaves_the_rest_absent():
+    metrics, values = matrix_on_grid([{"metric": {"__name__": "m"}, "values": [[30, "2"], [0, "NaN"]]}], 0, 15, 4)
+    assert metrics == [{"__name__": "m"}]
+    assert np.isnan(values[0, 0]) and np.isnan(values[0, 1]) and values[0, 2] == 2 and np.isnan(values[0, 3])
+    merged = merge_matrices([[{"metric": {"a": "1"}, "values": [[0, "1"]]}], [{"metric": {"a": "1"}, "values": [[15, "2"]]}]])
+    assert merged == [{"metric": {"a": "1"}, "values": [[0, "1"], [15, "2"]]}]
+
+
+def test_an_unreachable_server_says_so():
+    with pytest.raises(PromError, match="cannot connect"):
+        PromClient("http://127.0.0.1:9", timeout_s=2).query("up", 0)
