@@ -13,6 +13,7 @@ The JSON layout is versioned by `SCHEMA_VERSION`; add fields, never rename them.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -224,6 +225,17 @@ class Diagnosis:
     @classmethod
     def from_json(cls, text: str) -> Diagnosis:
         return cls.from_dict(json.loads(text))
+
+
+OVERRULED = "overruled:"
+"""Start of a Skipped reason for a rule that looked but was overruled by direct evidence
+(`evaluate/confidence.py`): it was evaluated, so it is not among the rules that could not look."""
+
+
+def not_evaluable(skipped: Iterable[Skipped]) -> list[Skipped]:
+    """The skipped rules that could not look (absent signals, unset parameters), without the
+    ones that looked and were overruled by direct evidence."""
+    return [s for s in skipped if not s.reason.startswith(OVERRULED)]
 
 
 def same_place(a: dict[str, str], b: dict[str, str]) -> bool:

@@ -8,8 +8,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from kvscope.diagnoser.evaluate.confidence import not_evaluable
-from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding
+from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, not_evaluable
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from kvscope.diagnoser.findings import Finding, Skipped, same_place
+from kvscope.diagnoser.findings import OVERRULED, Finding, Skipped, not_evaluable, same_place
 
-OVERRULED = "overruled:"
-"""Prefix of the reason a rule's findings were dropped for (a Skipped that was evaluated)."""
+__all__ = ["BELOW", "OVERRULED", "not_evaluable", "settle"]
+
 BELOW = 10.0
 """A deferring finding's score stays this far below the direct finding it folds into: more than
 the earliness bonus (0-5) ranking adds, so the direct reading always leads."""
@@ -48,9 +48,3 @@ def settle(findings: list[Finding], skipped: list[Skipped],
                           "and did not fire there") for rid, direct in overruled.items()
              if not any(f.rule_id == rid for f in kept)]
     return kept, list(skipped) + notes
-
-
-def not_evaluable(skipped: Iterable[Skipped]) -> list[Skipped]:
-    """The skipped rules that could not look (absent signals, unset parameters), without the
-    ones that looked and were overruled by direct evidence."""
-    return [s for s in skipped if not s.reason.startswith(OVERRULED)]
