@@ -76,7 +76,10 @@ def diagnose(frame: Frame, rules: Iterable[Rule] | None = None, levers: dict[str
         else:
             findings.extend(result)
     evaluated = [r.id for r, res in zip(prepared, results, strict=True) if not isinstance(res, Skipped)]
-    findings, skipped = settle(findings, skipped, evaluated)
+    names = frame.names()
+    direct_present = {r.id: any(names & _expansions(str(sig)) for sig in r.doc.get("direct_evidence") or ())
+                      for r in prepared if r.doc.get("defers_to")}
+    findings, skipped = settle(findings, skipped, evaluated, direct_present)
     from dataclasses import replace
     return replace(rank(findings, frame.window, source, skipped, len(rules)), time_scale=scale)
 

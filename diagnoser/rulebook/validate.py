@@ -285,8 +285,9 @@ def check_facts(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
 
 
 def check_confidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
-    """`confidence` is a known level; a moderate one says what would confirm it (`confirm`) and
-    names the rules that read the same mechanism directly (`defers_to`, checked set-wide)."""
+    """`confidence` is a known level; a moderate one says what would confirm it (`confirm`), names
+    the rules that read the same mechanism directly (`defers_to`, checked set-wide) and the
+    signals that are that direct evidence (`direct_evidence`)."""
     doc = rule.doc
     level = doc.get("confidence", "high")
     if level not in CONFIDENCES:
@@ -294,16 +295,27 @@ def check_confidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
     defers = doc.get("defers_to")
     if defers is not None and not (isinstance(defers, list) and all(isinstance(x, str) for x in defers)):
         yield _issue(rule, doc, "defers_to must be a list of rule ids", "defers_to")
+    direct = doc.get("direct_evidence")
+    if direct is not None and not (isinstance(direct, list) and direct and all(isinstance(x, str) for x in direct)):
+        yield _issue(rule, doc, "direct_evidence must be a non-empty list of signals", "direct_evidence")
+    elif direct:
+        known = ctx.known_series()
+        for sig in direct:
+            if sig not in known:
+                yield _issue(rule, doc, f"direct_evidence: unknown signal {sig!r}", "direct_evidence")
     if level != "high":
+        if not direct:
+            yield _issue(rule, doc, f"a {level}-confidence rule needs 'direct_evidence': the signals with which "
+                         "the defers_to rules read the mechanism directly", "confidence")
         if not str(doc.get("confirm") or "").strip():
             yield _issue(rule, doc, f"a {level}-confidence rule needs 'confirm': what evidence would confirm it",
                          "confidence")
         if not defers:
             yield _issue(rule, doc, f"a {level}-confidence rule needs 'defers_to': the rules that read the "
                          "same mechanism from direct evidence", "confidence")
-    elif doc.get("confirm") or defers:
-        yield _issue(rule, doc, "'confirm' and 'defers_to' belong to a rule with confidence below high",
-                     "confirm" if doc.get("confirm") else "defers_to")
+    elif doc.get("confirm") or defers or direct:
+        yield _issue(rule, doc, "'confirm', 'defers_to' and 'direct_evidence' belong to a rule with "
+                     "confidence below high", "confirm" if doc.get("confirm") else "defers_to")
 
 
 def _check_deferrals(rules: dict[str, Rule]) -> Iterable[RuleIssue]:

@@ -42,14 +42,15 @@ def _inferred(score: float = 125.0, where: dict[str, str] | None = None) -> Find
 
 
 def test_stands_at_moderate_confidence_where_the_direct_rule_could_not_look():
-    kept, skipped = settle([_inferred()], [Skipped(DIRECT, "signal(s) absent: prefix_split_ratio")], [INFERRED])
+    kept, skipped = settle([_inferred()], [Skipped(DIRECT, "signal(s) absent: prefix_split_ratio")], [INFERRED],
+                           {INFERRED: False})
     assert [f.rule_id for f in kept] == [INFERRED] and kept[0].confidence == "moderate"
     assert not_evaluable(skipped) == skipped
 
 
 def test_folds_into_the_direct_finding_and_ranks_below_it_even_when_it_scored_higher():
     direct = _finding(DIRECT, 131.0, specificity=3)
-    kept, skipped = settle([_inferred(score=134.9), direct], [], [INFERRED, DIRECT])
+    kept, skipped = settle([_inferred(score=134.9), direct], [], [INFERRED, DIRECT], {INFERRED: True})
     assert {f.rule_id for f in kept} == {INFERRED, DIRECT} and not skipped
     inferred = next(f for f in kept if f.rule_id == INFERRED)
     assert inferred.score <= direct.score - 10      # beyond the 0-5 earliness bonus of ranking
@@ -59,8 +60,8 @@ def test_folds_into_the_direct_finding_and_ranks_below_it_even_when_it_scored_hi
     assert same_mechanism(d.likely_cause, inferred)
 
 
-def test_overruled_where_the_direct_rule_looked_and_did_not_fire():
-    kept, skipped = settle([_inferred()], [], [INFERRED, DIRECT])
+def test_overruled_where_the_direct_rule_looked_at_its_evidence_and_did_not_fire():
+    kept, skipped = settle([_inferred()], [], [INFERRED, DIRECT], {INFERRED: True})
     assert kept == []
     assert len(skipped) == 1 and skipped[0].rule_id == INFERRED and skipped[0].reason.startswith(OVERRULED)
     assert DIRECT in skipped[0].reason and not_evaluable(skipped) == []
@@ -71,8 +72,15 @@ def test_overruled_where_the_direct_rule_looked_and_did_not_fire():
 
 def test_a_direct_finding_elsewhere_does_not_hold_it_up():
     direct = _finding(DIRECT, 131.0, where={"model": "other"}, specificity=3)
-    kept, skipped = settle([_inferred(), direct], [], [INFERRED, DIRECT])
+    kept, skipped = settle([_inferred(), direct], [], [INFERRED, DIRECT], {INFERRED: True})
     assert [f.rule_id for f in kept] == [DIRECT] and skipped[0].rule_id == INFERRED
+
+
+def test_stands_where_the_direct_rule_judged_without_the_direct_evidence():
+    """The direct rule could run on another branch (a router's policy counters) while the tap,
+    the evidence this inference yields to, was absent: its silence does not contradict it."""
+    kept, skipped = settle([_inferred()], [], [INFERRED, DIRECT], {INFERRED: False})
+    assert [f.rule_id for f in kept] == [INFERRED] and skipped == []
 
 
 def test_the_card_and_the_line_say_how_sure_and_what_would_confirm():
@@ -98,6 +106,9 @@ def test_confidence_round_trips_through_json():
     ("defers_to: [prefix_hits_diluted_across_replicas]", "defers_to: [no_such_rule]", "not another rule"),
     ("defers_to: [prefix_hits_diluted_across_replicas]", "defers_to: [routing_ignores_cache_locality]",
      "not another rule"),
+    ("direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total]", "direct_evidence: [split_ratio]",
+     "unknown signal 'split_ratio'"),
+    ("direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total]\n", "", "needs 'direct_evidence'"),
 ])
 def test_validation_of_confidence_fields(tmp_path, old, new, message):
     for rid in (DIRECT, INFERRED):
