@@ -21,12 +21,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from kvscope.diagnoser.findings import OVERRULED, Finding, Skipped, not_evaluable, same_place
+from kvscope.diagnoser.rulebook.rule import Rule
 
-__all__ = ["BELOW", "OVERRULED", "not_evaluable", "settle"]
+__all__ = ["BELOW", "OVERRULED", "direct_present", "not_evaluable", "settle"]
 
 BELOW = 10.0
 """A deferring finding's score stays this far below the direct finding it folds into: more than
 the earliness bonus (0-5) ranking adds, so the direct reading always leads."""
+
+
+def direct_present(rules: Iterable[Rule], names: set[str]) -> dict[str, bool]:
+    """Per rule with `defers_to`: whether any of its `direct_evidence` signals (or the signal's
+    histogram series) has samples in the window, `names` being the sample names present."""
+    def seen(sig: str) -> bool:
+        return bool(names & {sig, f"{sig}_bucket", f"{sig}_sum", f"{sig}_count"})
+    return {r.id: any(seen(str(sig)) for sig in r.doc.get("direct_evidence") or ())
+            for r in rules if r.doc.get("defers_to")}
 
 
 def settle(findings: list[Finding], skipped: list[Skipped], evaluated: Iterable[str],

@@ -15,11 +15,12 @@ import string
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from kvscope.diagnoser.evaluate.conditions import ConditionEvaluator, Evaluated, first_run, latest_run, run_lengths
-from kvscope.diagnoser.evaluate.confidence import settle
+from kvscope.diagnoser.evaluate.confidence import direct_present, settle
 from kvscope.diagnoser.evaluate.expr import Grouped, SeriesEvaluator, promql
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import (
@@ -76,11 +77,7 @@ def diagnose(frame: Frame, rules: Iterable[Rule] | None = None, levers: dict[str
         else:
             findings.extend(result)
     evaluated = [r.id for r, res in zip(prepared, results, strict=True) if not isinstance(res, Skipped)]
-    names = frame.names()
-    direct_present = {r.id: any(names & _expansions(str(sig)) for sig in r.doc.get("direct_evidence") or ())
-                      for r in prepared if r.doc.get("defers_to")}
-    findings, skipped = settle(findings, skipped, evaluated, direct_present)
-    from dataclasses import replace
+    findings, skipped = settle(findings, skipped, evaluated, direct_present(prepared, frame.names()))
     return replace(rank(findings, frame.window, source, skipped, len(rules)), time_scale=scale)
 
 

@@ -304,7 +304,7 @@ def check_confidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
             if sig not in known:
                 yield _issue(rule, doc, f"direct_evidence: unknown signal {sig!r}", "direct_evidence")
     if level != "high":
-        if not direct:
+        if direct is None:
             yield _issue(rule, doc, f"a {level}-confidence rule needs 'direct_evidence': the signals with which "
                          "the defers_to rules read the mechanism directly", "confidence")
         if not str(doc.get("confirm") or "").strip():
@@ -321,7 +321,8 @@ def check_confidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
 def _check_deferrals(rules: dict[str, Rule]) -> Iterable[RuleIssue]:
     """Every `defers_to` names another rule of the set, at high confidence."""
     for rule in rules.values():
-        for rid in rule.doc.get("defers_to") or []:
+        defers = rule.doc.get("defers_to")
+        for rid in defers if isinstance(defers, list) else []:
             target = rules.get(str(rid))
             if target is None or target.id == rule.id:
                 yield _issue(rule, rule.doc, f"defers_to names {rid!r}, which is not another rule", "defers_to")

@@ -109,9 +109,17 @@ def test_confidence_round_trips_through_json():
     ("direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total]", "direct_evidence: [split_ratio]",
      "unknown signal 'split_ratio'"),
     ("direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total]\n", "", "needs 'direct_evidence'"),
+    ("defers_to: [prefix_hits_diluted_across_replicas]", "defers_to: prefix_hits_diluted_across_replicas",
+     "defers_to must be a list of rule ids"),
+    ("direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total]", "direct_evidence: []",
+     "direct_evidence must be a non-empty list"),
+    ("confidence: moderate\n", "confidence: high\n", "belong to a rule with confidence below high"),
+    ("defers_to: [prefix_hits_diluted_across_replicas]", "defers_to: [prefix_hit_low_shared_prefixes_seen]",
+     "not a high-confidence rule"),
 ])
 def test_validation_of_confidence_fields(tmp_path, old, new, message):
-    for rid in (DIRECT, INFERRED):
+    """Each bad value of a confidence field is one problem, at the line of its key."""
+    for rid in (DIRECT, INFERRED, "prefix_hit_low_shared_prefixes_seen", "prefix_hit_low_with_reuse"):
         for suffix in (".yaml", ".test.yaml"):
             text = (rules_dir() / f"{rid}{suffix}").read_text()
             if rid == INFERRED and suffix == ".yaml":
@@ -119,7 +127,12 @@ def test_validation_of_confidence_fields(tmp_path, old, new, message):
                 text = text.replace(old, new)
             (tmp_path / f"{rid}{suffix}").write_text(text)
     msgs = [str(i) for i in validate_rules(tmp_path)]
-    assert any(message in m for m in msgs), msgs
+    assert len(msgs) == 1 and message in msgs[0], msgs
+    path, line, _ = msgs[0].split(":", 2)
+    assert path.endswith(f"{INFERRED}.yaml")
+    lines = (tmp_path / f"{INFERRED}.yaml").read_text().splitlines()
+    key = lines[int(line) - 1].split(":")[0]
+    assert key in ("confidence", "confirm", "confirmation", "defers_to", "direct_evidence"), lines[int(line) - 1]
 
 
 # ---------------------------------------------------------------------------- on a real recording
