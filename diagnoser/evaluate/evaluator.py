@@ -234,9 +234,12 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
 
 
 def _judged(truth: np.ndarray, frame: Frame) -> None:
-    """No condition holds before the frame's `judged_from` (points fetched only to feed ranges)."""
+    """No condition holds before the frame's `judged_from` (points fetched only to feed ranges)
+    or after its `judged_to` (points not fetched)."""
     if frame.judged_from > 0:
         truth[:, :frame.judged_from] = False
+    if frame.judged_to is not None:
+        truth[:, frame.judged_to + 1:] = False
 
 
 def _resolved(rule: Rule, f: Finding) -> Finding:

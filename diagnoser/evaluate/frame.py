@@ -46,6 +46,9 @@ class Frame:
     judged_from: int = 0
     """Grid index from which conditions are judged; earlier points only feed ranges (a frame the
     pushdown path fetched from where a rule's prefilter first held: diagnoser/pushdown/)."""
+    judged_to: int | None = None
+    """Grid index after which conditions are not judged (None: to the end; the pushdown path's
+    frames end after the last stretch where a rule's prefilter says it can fire)."""
     profile: dict[tuple[str, ...], float] | None = None
     """When a dict: CPU seconds per rule (`("rule", id)`) and per series node (`("node", rule id,
     name, form, signal)`, inclusive of what it refers to) are added to it (bench --profile)."""

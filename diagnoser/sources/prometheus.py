@@ -64,24 +64,31 @@ class PrometheusSource:
 
 def fetch_frame(client: PromClient, names: set[str], start: float, end: float, step: float,
                 instances: list[str] | None = None, fetch_from: float | None = None,
-                catalog: Catalog | None = None) -> Frame:
+                catalog: Catalog | None = None, fetch_to: float | None = None) -> Frame:
     """The canonical series `names` on the grid [start, end] by `step`.
 
     `instances` restricts the fetch to those scrape targets (batched `instance=~` matchers);
-    `fetch_from` (a grid time) leaves the grid points before it absent (NaN): the grid stays the
-    whole window's, only the data is fetched from there on."""
+    `fetch_from` and `fetch_to` (grid times) leave the grid points before and after them absent
+    (NaN): the grid stays the whole window's, only the data is fetched between them."""
     catalog = catalog or load_catalog()
     grid = make_grid(start, end, step)
     first = start if fetch_from is None else max(start, grid[int(np.searchsorted(grid, fetch_from - 1e-6))]
                                                   if fetch_from <= end else end)
+    last = end if fetch_to is None else float(grid[max(0, int(np.searchsorted(grid, fetch_to + 1e-6)) - 1)])
+    last = max(first, last)
     selectors = [selector_for(names, catalog, batch) for batch in _batches(instances)]
     what = f"raw series of {len(instances)} instance(s)" if instances is not None else "raw series"
     n_series = 0 if instances is None else len(instances) * max(1, len(names)) * 4
     results: list[list[dict[str, Any]]] = client.map(
-        lambda sel: client.range_parts(sel, first, end, step, series=n_series, what=what), selectors)
+        lambda sel: client.range_parts(sel, first, last, step, series=n_series, what=what), selectors)
     offset = int(round((first - start) / step))
-    return frame_from_matrix([s for part in results for s in part], start, end, step, names, catalog,
-                             offset=offset)
+    frame = frame_from_matrix([s for part in results for s in part], start, end, step, names, catalog,
+                              offset=offset)
+    if last < end:                                  # nothing was fetched after `last`: absent, not carried
+        until = int(round((last - start) / step)) + 1
+        for block in frame.blocks.values():
+            block.values[:, until:] = np.nan
+    return frame
 
 
 def _batches(instances: list[str] | None) -> list[list[str] | None]:
