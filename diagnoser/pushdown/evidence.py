@@ -78,7 +78,7 @@ def leaf_names(node: dict[str, Any]) -> set[str]:
 
 
 def rule_needs(client: PromClient, rule: Rule, pre: Prefilter, hits: Hits, grid: np.ndarray, step: float,
-               catalog: Catalog, recorded: set[str]) -> tuple[list[Need], tuple[int, int]]:
+               catalog: Catalog, reader: InlineSignals) -> tuple[list[Need], tuple[int, int]]:
     """What the rule's candidates need, and the span judged."""
     first, last = judge_span(rule, hits, len(grid), step)
     fetch_first = max(0, first - _steps(pre.reach_s, step) - 1)
@@ -89,14 +89,13 @@ def rule_needs(client: PromClient, rule: Rule, pre: Prefilter, hits: Hits, grid:
         names = frozenset(leaf_names(node))
         by = tuple(node.get("by", rule.by))
         instances = None if hits.everywhere else _instances_for(client, rule, node, by, hits, grid, fetch_first,
-                                                                 last, catalog, recorded)
+                                                                 last, reader)
         needs.append(Need(names, instances, fetch_first, last))
     return needs, (first, last)
 
 
 def _instances_for(client: PromClient, rule: Rule, node: dict[str, Any], by: tuple[str, ...], hits: Hits,
-                   grid: np.ndarray, first: int, last: int, catalog: Catalog,
-                   recorded: set[str]) -> frozenset[str] | None:
+                   grid: np.ndarray, first: int, last: int, reader: InlineSignals) -> frozenset[str] | None:
     """Instances whose series of this leaf a candidate group reads: the candidates' own when the
     leaf is grouped by instance, those serving the candidates' values of the leaf's other labels
     (a model's replicas) when the candidates pin them, else every instance (None)."""
@@ -106,18 +105,18 @@ def _instances_for(client: PromClient, rule: Rule, node: dict[str, Any], by: tup
     if not pinned:
         return None
     values = {label: sorted({g.labels[label] for g in hits.groups}) for label in pinned}
-    return resolve_instances(client, sorted(leaf_names(node))[0], values, grid, first, last, catalog, recorded)
+    return resolve_instances(client, sorted(leaf_names(node))[0], values, grid, first, last, reader)
 
 
 def resolve_instances(client: PromClient, series: str, values: dict[str, list[str]], grid: np.ndarray,
-                      first: int, last: int, catalog: Catalog, recorded: set[str]) -> frozenset[str] | None:
+                      first: int, last: int, reader: InlineSignals) -> frozenset[str] | None:
     """Instances with a series of the canonical `series` whose labels take one of `values` in
     the span (one instant query over a subquery of the span); None when PromQL cannot say."""
     matchers = [(label, "=~", "|".join(_escape_re(v) for v in vs)) for label, vs in sorted(values.items())]
     if series.endswith("_bucket"):
         series = series[: -len("_bucket")] + "_count"       # one series per histogram is enough
     try:
-        sel = InlineSignals(catalog, recorded).read(series, matchers, by=("instance",), outer="count_series")
+        sel = reader.read(series, matchers, by=("instance",), outer="count_series")
     except (NotExpressible, KeyError, ValueError):
         return None
     step = float(grid[1] - grid[0]) if len(grid) > 1 else RESOLVE_STEP_S
@@ -163,8 +162,8 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
             if have is not None and have[0] <= nd.first and have[1] >= nd.last:
                 continue
             for inst in nd.instances:
-                span = per_instance.setdefault(inst, {}).setdefault(name, [nd.first, nd.last])
-                span[0], span[1] = min(span[0], nd.first), max(span[1], nd.last)
+                have_span = per_instance.setdefault(inst, {}).setdefault(name, [nd.first, nd.last])
+                have_span[0], have_span[1] = min(have_span[0], nd.first), max(have_span[1], nd.last)
     batches: dict[tuple[frozenset[str], int, int], list[str]] = {}
     for inst, spans in per_instance.items():
         lo, hi = min(s[0] for s in spans.values()), max(s[1] for s in spans.values())

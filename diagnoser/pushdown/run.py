@@ -42,7 +42,7 @@ from kvscope.diagnoser.findings import Diagnosis, Finding, Skipped
 from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown.candidates import Group, Hits, query_prefilter
 from kvscope.diagnoser.pushdown.evidence import Need, fetch_needs, keep_findings, rule_frame, rule_needs
-from kvscope.diagnoser.pushdown.prefilter import SLACK, Prefilter, compile_prefilter
+from kvscope.diagnoser.pushdown.prefilter import SLACK, Prefilter, compile_prefilter, rule_reach
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources.promapi import PromClient, PromError
@@ -120,8 +120,9 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
     report = PushdownReport()
     t0 = time.perf_counter()
     client.say("pushdown: inventory")
-    present, recorded = inventory(client, prepared, start, end, catalog)
+    present, recorded, wire = inventory(client, prepared, start, end, catalog)
     report.recorded = len(recorded)
+    reader = InlineSignals(catalog, recorded, present=wire)
     report.seconds["inventory"] = time.perf_counter() - t0
     shell = Frame(ts=grid, blocks={n: Block([], np.zeros((0, len(grid)))) for n in present})
     results: dict[str, list[Finding] | Skipped] = {}
@@ -131,7 +132,7 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
         if skipped is not None:
             results[rule.id] = skipped
             continue
-        trace = RuleTrace(rule.id, compile_prefilter(rule, InlineSignals(catalog, recorded), catalog, step, slack))
+        trace = RuleTrace(rule.id, compile_prefilter(rule, reader, catalog, step, slack))
         report.rules.append(trace)
         todo.append((rule, trace))
     t0 = time.perf_counter()
@@ -146,7 +147,7 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
     report.seconds["prefilter"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     plans = [(rule, trace, h) for (rule, trace), h in zip(todo, hits, strict=True) if h.everywhere or h.groups]
-    needs = client.map(lambda item: _needs(client, item, grid, step, catalog, recorded), plans)
+    needs = client.map(lambda item: _needs(client, item, grid, step, catalog, reader), plans)
     fetched = fetch_needs(client, [nd for rule_needs_, _ in needs for nd in rule_needs_], grid, step, catalog)
     report.frame = fetched.frame
     report.evidence_series, report.evidence_points = fetched.series, fetched.points
@@ -157,12 +158,12 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
         res = evaluate_rule(rule, rule_frame(fetched, rule_needs_, grid, span), levers)
         if isinstance(res, Skipped) and res.reason == NO_GROUPS and not h.everywhere:
             # the candidates' rows were empty: whether other instances have groups decides
-            state = _has_groups(client, rule, catalog, recorded, grid)
+            state = _has_groups(client, rule, reader, grid)
             res = [] if state else res if state is False else _judged_in_full(client, rule, grid, step, catalog,
                                                                                 levers)
         results[rule.id] = res if isinstance(res, Skipped) else keep_findings(res, rule, h)
     quiet = [(rule, trace) for rule, trace in todo if rule.id not in results]
-    states = client.map(lambda item: _has_groups(client, item[0], catalog, recorded, grid), quiet)
+    states = client.map(lambda item: _has_groups(client, item[0], reader, grid), quiet)
     for (rule, _trace), state in zip(quiet, states, strict=True):
         results[rule.id] = [] if state else Skipped(rule.id, NO_GROUPS) if state is False else \
             _judged_in_full(client, rule, grid, step, catalog, levers)
@@ -181,17 +182,20 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
 
 # ------------------------------------------------------------------------------ phase 0
 def inventory(client: PromClient, rules: list[Rule], start: float, end: float,
-              catalog: Catalog) -> tuple[set[str], set[str]]:
+              catalog: Catalog) -> tuple[set[str], set[str], set[str]]:
     """(canonical sample names with any series in the window, canonical series with a kvscope:*
-    recording rule), from the TSDB's index."""
+    recording rule, the wire names present from the window's start minus the rules' reach), from
+    the TSDB's index."""
     names = set().union(*(sample_names(r) for r in rules))
     pattern = wire_pattern(names, catalog)
+    reach = max((rule_reach(r) for r in rules), default=0.0)
     raw = set(client.label_values("__name__", [f'{{__name__=~"{pattern}"}}'],
-                                  start - DEFAULT_LOOKBACK_S, end))
-    present = {n for n in names if any(re.fullmatch(wire_pattern({n}, catalog), r) for r in raw)}
+                                  start - reach - DEFAULT_LOOKBACK_S, end))
+    window = set(client.label_values("__name__", [f'{{__name__=~"{pattern}"}}'], start - DEFAULT_LOOKBACK_S, end))
+    present = {n for n in names if any(re.fullmatch(wire_pattern({n}, catalog), r) for r in window)}
     rec = client.label_values("__name__", ['{__name__=~"kvscope:.+"}'], start - DEFAULT_LOOKBACK_S, end)
     recorded = {r[len("kvscope:"):] for r in rec} & names
-    return present, recorded
+    return present, recorded, raw
 
 
 def wire_pattern(names: set[str], catalog: Catalog) -> str:
@@ -227,8 +231,7 @@ def _hits(client: PromClient, trace: RuleTrace, grid: np.ndarray, step: float) -
     return hits
 
 
-def _has_groups(client: PromClient, rule: Rule, catalog: Catalog, recorded: set[str],
-                grid: np.ndarray) -> bool | None:
+def _has_groups(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.ndarray) -> bool | None:
     """Whether any of the rule's own-grouping signal series has a series in the window (else the
     evaluator skips the rule as "no series for any group"): one coarse range query. None when
     PromQL cannot tell (a leaf it cannot read, and the others have none)."""
@@ -236,7 +239,7 @@ def _has_groups(client: PromClient, rule: Rule, catalog: Catalog, recorded: set[
     from kvscope.diagnoser.rulebook.grammar import SIGNAL_FORMS, node_form
 
     step = float(grid[1] - grid[0]) if len(grid) > 1 else None
-    comp = SeriesCompiler(rule, InlineSignals(catalog, recorded), step=step)
+    comp = SeriesCompiler(rule, reader, step=step)
     by = ", ".join(rule.by)
     parts = []
     unreadable = False
@@ -298,11 +301,11 @@ def _with_young(h: Hits, young: list[str], n: int, all_young: bool) -> Hits:
 
 # ------------------------------------------------------------------------------ phase 2
 def _needs(client: PromClient, item: tuple[Rule, RuleTrace, Hits], grid: np.ndarray, step: float,
-           catalog: Catalog, recorded: set[str]) -> tuple[list[Need], tuple[int, int]]:
+           catalog: Catalog, reader: InlineSignals) -> tuple[list[Need], tuple[int, int]]:
     rule, trace, hits = item
     assert trace.prefilter is not None
-    needs, span = rule_needs(client, rule, trace.prefilter, hits, grid, step, catalog, recorded)
+    needs, span = rule_needs(client, rule, trace.prefilter, hits, grid, step, catalog, reader)
     trace.judged_from, trace.judged_to = float(grid[span[0]]), float(grid[span[1]])
     sets = [nd.instances for nd in needs]
-    trace.instances = None if any(s is None for s in sets) else len(frozenset().union(*sets)) if sets else 0
+    trace.instances = None if any(s is None for s in sets) else len(set().union(*(s or () for s in sets)))
     return needs, span
