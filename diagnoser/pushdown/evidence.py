@@ -4,18 +4,19 @@ A rule reads its signals through leaf series (`gauge`, `rate`, `quantile`, ...),
 its own labels. For a candidate group, a leaf grouped by `instance` needs only that instance's
 series; a leaf grouped by `model` (peers: replicas of the model, its queue share) needs every
 instance serving the candidates' models, and only that leaf's signal; a leaf grouped by nothing
-(the fleet) needs every instance's. So evidence is planned per leaf (`rule_needs`), and only
-what some candidate needs is fetched (`fetch_needs`): every-instance needs in one fetch,
-instance needs batched by instances that need the same names over the same span.
+(the fleet) needs every instance's. So evidence is planned per leaf and candidate (`rule_needs`),
+and only what some candidate needs is fetched (`fetch_needs`): every-instance needs in one fetch,
+instance needs batched by instances that need the same names over the same (rounded) span.
 
-The span: from the first grid point judged minus the rule's reach (ranges, offsets, baselines)
-to the last grid point judged (`judge_span`): the stretches where the rule's runs can lie
-(candidates.py) widened by SAFETY_S on both sides; to the window's end for cascades (later stages
-may start after the root's stretch) and rules with `resolved_when` (read from the onset on).
+Spans, per candidate group: conditions are judged over the stretch where the rule can fire
+(candidates.py) widened by SAFETY_S on both sides (`judged_spans`), to the window's end for
+cascades (later stages may start after the root's stretch); data is fetched from the first
+point judged minus the rule's reach (ranges, offsets, baselines), to the last point judged, or
+to the window's end for the leaves `resolved_when` reads (it is read from a finding's onset on).
 
-The rule is then evaluated on a frame of its own rows (`rule_frame`), and its findings are kept
-only for candidate groups (`keep_findings`): a peer fetched for a model-level leaf is not judged
-on data fetched for someone else.
+The rule is then evaluated on a frame of its own rows (`rule_frame`) whose `judged` stretches are
+the candidates': a peer fetched for a model-level leaf, or a group outside its stretches, is not
+judged on data fetched for someone else.
 """
 
 from __future__ import annotations
@@ -26,23 +27,24 @@ from typing import Any
 
 import numpy as np
 from kvscope.agent.signals import Catalog
-from kvscope.diagnoser.evaluate.frame import Block, Frame
-from kvscope.diagnoser.findings import Finding
+from kvscope.diagnoser.evaluate.frame import Block, Frame, JudgedSpans
 from kvscope.diagnoser.promql.alerts import NotExpressible
 from kvscope.diagnoser.promql.signals import InlineSignals, _escape_re
-from kvscope.diagnoser.pushdown.candidates import Hits
+from kvscope.diagnoser.pushdown.candidates import Group, Hits
 from kvscope.diagnoser.pushdown.prefilter import Prefilter
-from kvscope.diagnoser.rulebook.grammar import SIGNAL_FORMS, node_form, node_signal
+from kvscope.diagnoser.rulebook.grammar import SIGNAL_FORMS, node_form, node_refs, node_signal
 from kvscope.diagnoser.rulebook.rule import Rule
 from kvscope.diagnoser.sources.promapi import PromClient, PromError
 from kvscope.diagnoser.sources.prometheus import fetch_frame
 
 SAFETY_S = 300.0
-"""Conditions are judged from this long before the first stretch where a rule can fire, and this
-long after the last one."""
+"""Conditions are judged from this long before a candidate's stretch to this long after it."""
 RESOLVE_STEP_S = 300.0
 """Step of the subquery that lists the instances of a model (at most the 5-minute lookback, so
 no series present in the span is missed)."""
+SPAN_QUANTUM_S = 1200.0
+"""Fetch spans are rounded out to multiples of this, so that instances with nearly the same
+stretches are fetched together."""
 
 
 @dataclass(frozen=True)
@@ -56,15 +58,13 @@ class Need:
     last: int
 
 
-def judge_span(rule: Rule, hits: Hits, n: int, step: float) -> tuple[int, int]:
-    """(first, last) grid index at which the rule's conditions are judged."""
-    if hits.everywhere or not hits.groups:
-        return 0, n - 1
+def judged_spans(rule: Rule, hits: Hits, n: int, step: float) -> list[tuple[Group, int, int]]:
+    """Per candidate group, the (first, last) grid index at which it is judged."""
+    if hits.everywhere:
+        return [(Group({}, 0, n - 1), 0, n - 1)]
     margin = _steps(SAFETY_S, step)
-    first = max(0, hits.first - margin)
-    open_end = "cascade" in rule.doc or bool(rule.doc.get("resolved_when"))
-    last = n - 1 if open_end else min(n - 1, hits.last + margin)
-    return first, last
+    open_end = "cascade" in rule.doc
+    return [(g, max(0, g.first - margin), n - 1 if open_end else min(n - 1, g.last + margin)) for g in hits.groups]
 
 
 def leaf_names(node: dict[str, Any]) -> set[str]:
@@ -77,35 +77,57 @@ def leaf_names(node: dict[str, Any]) -> set[str]:
     return {str(sig)}
 
 
+def resolved_leaves(rule: Rule) -> set[str]:
+    """Named series `resolved_when` reads (directly or through others): read to the window's end."""
+    todo = []
+    for cond in ((rule.doc.get("resolved_when") or {}).get("all") or []) + \
+            ((rule.doc.get("resolved_when") or {}).get("any") or []):
+        todo += [str(cond.get("series"))] + ([str(cond["than"])] if "than" in cond else [])
+        base = cond.get("baseline")
+        if isinstance(base, dict) and base.get("of"):
+            todo.append(str(base["of"]))
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in rule.series:
+            continue
+        seen.add(name)
+        todo += node_refs(rule.series[name])
+    return seen
+
+
 def rule_needs(client: PromClient, rule: Rule, pre: Prefilter, hits: Hits, grid: np.ndarray, step: float,
-               catalog: Catalog, reader: InlineSignals) -> tuple[list[Need], tuple[int, int]]:
-    """What the rule's candidates need, and the span judged."""
-    first, last = judge_span(rule, hits, len(grid), step)
-    fetch_first = max(0, first - _steps(pre.reach_s, step) - 1)
+               reader: InlineSignals) -> tuple[list[Need], JudgedSpans | None]:
+    """What the rule's candidates need, and where each is judged (None: everywhere)."""
+    n = len(grid)
+    spans = judged_spans(rule, hits, n, step)
+    reach = _steps(pre.reach_s, step) + 1
+    to_end = resolved_leaves(rule)
     needs = []
-    for node in rule.series.values():
+    for name, node in rule.series.items():
         if node_form(node) not in SIGNAL_FORMS:
             continue
         names = frozenset(leaf_names(node))
         by = tuple(node.get("by", rule.by))
-        instances = None if hits.everywhere else _instances_for(client, rule, node, by, hits, grid, fetch_first,
-                                                                 last, reader)
-        needs.append(Need(names, instances, fetch_first, last))
-    return needs, (first, last)
-
-
-def _instances_for(client: PromClient, rule: Rule, node: dict[str, Any], by: tuple[str, ...], hits: Hits,
-                   grid: np.ndarray, first: int, last: int, reader: InlineSignals) -> frozenset[str] | None:
-    """Instances whose series of this leaf a candidate group reads: the candidates' own when the
-    leaf is grouped by instance, those serving the candidates' values of the leaf's other labels
-    (a model's replicas) when the candidates pin them, else every instance (None)."""
-    pinned = [label for label in by if label in rule.by and all(label in g.labels for g in hits.groups)]
-    if "instance" in pinned:
-        return frozenset(g.labels["instance"] for g in hits.groups)
-    if not pinned:
-        return None
-    values = {label: sorted({g.labels[label] for g in hits.groups}) for label in pinned}
-    return resolve_instances(client, sorted(leaf_names(node))[0], values, grid, first, last, reader)
+        first = max(0, min(lo for _, lo, _ in spans) - reach)
+        last = n - 1 if name in to_end else max(hi for _, _, hi in spans)
+        if hits.everywhere:
+            needs.append(Need(names, None, first, last))
+            continue
+        pinned = [label for label in by if label in rule.by and all(label in g.labels for g in hits.groups)]
+        if "instance" in pinned:         # each candidate's own series, around its own stretch
+            for g, lo, hi in spans:
+                needs.append(Need(names, frozenset({g.labels["instance"]}), max(0, lo - reach),
+                                  n - 1 if name in to_end else hi))
+            continue
+        instances = None
+        if pinned:
+            values = {label: sorted({g.labels[label] for g in hits.groups}) for label in pinned}
+            instances = resolve_instances(client, sorted(names)[0], values, grid, first, last, reader)
+        needs.append(Need(names, instances, first, last))
+    judged = None if hits.everywhere else JudgedSpans(tuple(
+        (tuple(sorted((k, v) for k, v in g.labels.items() if k in rule.by)), lo, hi) for g, lo, hi in spans))
+    return needs, judged
 
 
 def resolve_instances(client: PromClient, series: str, values: dict[str, list[str]], grid: np.ndarray,
@@ -165,9 +187,14 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
                 have_span = per_instance.setdefault(inst, {}).setdefault(name, [nd.first, nd.last])
                 have_span[0], have_span[1] = min(have_span[0], nd.first), max(have_span[1], nd.last)
     batches: dict[tuple[frozenset[str], int, int], list[str]] = {}
+    quantum = max(1, int(round(SPAN_QUANTUM_S / step)))
     for inst, spans in per_instance.items():
-        lo, hi = min(s[0] for s in spans.values()), max(s[1] for s in spans.values())
-        batches.setdefault((frozenset(spans), lo, hi), []).append(inst)
+        by_span: dict[tuple[int, int], set[str]] = {}
+        for name, (lo, hi) in spans.items():
+            rounded = (lo // quantum * quantum, min(len(grid) - 1, (hi // quantum + 1) * quantum - 1))
+            by_span.setdefault(rounded, set()).add(name)
+        for (lo, hi), names in by_span.items():
+            batches.setdefault((frozenset(names), lo, hi), []).append(inst)
     plans += [(names, sorted(insts), lo, hi) for (names, lo, hi), insts in sorted(batches.items(), key=str)]
     out = Fetched(Frame(ts=grid))
     for names, instances, lo, hi in plans:
@@ -208,8 +235,8 @@ def _absorb(out: Fetched, frame: Frame) -> None:
         out.frame.facts.setdefault(inst, {}).update(facts)
 
 
-def rule_frame(fetched: Fetched, rule_needs_: list[Need], grid: np.ndarray, span: tuple[int, int]) -> Frame:
-    """The rule's own frame: the rows of its needs, its judged span."""
+def rule_frame(fetched: Fetched, rule_needs_: list[Need], grid: np.ndarray, judged: JudgedSpans | None) -> Frame:
+    """The rule's own frame: the rows of its needs, judged where its candidates can fire."""
     wanted: dict[str, set[str] | None] = {}
     for nd in rule_needs_:
         for name in nd.names:
@@ -233,16 +260,7 @@ def rule_frame(fetched: Fetched, rule_needs_: list[Need], grid: np.ndarray, span
         if rows:
             blocks[name] = Block([block.labels[i] for i in rows], block.values[rows])
     facts = {k: v for k, v in fetched.frame.facts.items() if instances is None or k in instances}
-    return Frame(ts=grid, blocks=blocks, facts=facts, judged_from=span[0],
-                 judged_to=None if span[1] >= len(grid) - 1 else span[1])
-
-
-def keep_findings(findings: list[Finding], rule: Rule, hits: Hits) -> list[Finding]:
-    """Findings at candidate groups only (compared on the labels the rule groups by)."""
-    if hits.everywhere:
-        return findings
-    wanted = [{k: v for k, v in g.labels.items() if k in rule.by} for g in hits.groups]
-    return [f for f in findings if any(all(f.where.get(k, "") == v for k, v in w.items()) for w in wanted)]
+    return Frame(ts=grid, blocks=blocks, facts=facts, judged=judged)
 
 
 def _steps(seconds: float, step: float) -> int:

@@ -37,11 +37,11 @@ from kvscope.diagnoser.evaluate.evaluator import (
     required_absent,
     sample_names,
 )
-from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid
+from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, JudgedSpans, make_grid
 from kvscope.diagnoser.findings import Diagnosis, Finding, Skipped
 from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown.candidates import Group, Hits, query_prefilter
-from kvscope.diagnoser.pushdown.evidence import Need, fetch_needs, keep_findings, rule_frame, rule_needs
+from kvscope.diagnoser.pushdown.evidence import Need, fetch_needs, rule_frame, rule_needs
 from kvscope.diagnoser.pushdown.prefilter import SLACK, Prefilter, compile_prefilter, rule_reach
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
@@ -62,6 +62,7 @@ class RuleTrace:
     instances: int | None = None         # instances whose evidence the rule read (None: every one)
     judged_from: float | None = None     # first grid time judged
     judged_to: float | None = None       # last grid time judged
+    judged_points: int = 0               # grid points judged, summed over candidates
     error: str = ""                      # a prefilter the server refused (evaluated in full)
 
 
@@ -147,21 +148,21 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
     report.seconds["prefilter"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     plans = [(rule, trace, h) for (rule, trace), h in zip(todo, hits, strict=True) if h.everywhere or h.groups]
-    needs = client.map(lambda item: _needs(client, item, grid, step, catalog, reader), plans)
+    needs = client.map(lambda item: _needs(client, item, grid, step, reader), plans)
     fetched = fetch_needs(client, [nd for rule_needs_, _ in needs for nd in rule_needs_], grid, step, catalog)
     report.frame = fetched.frame
     report.evidence_series, report.evidence_points = fetched.series, fetched.points
     report.evidence_fetches = fetched.fetches
     report.seconds["evidence"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    for (rule, _trace, h), (rule_needs_, span) in zip(plans, needs, strict=True):
-        res = evaluate_rule(rule, rule_frame(fetched, rule_needs_, grid, span), levers)
+    for (rule, _trace, h), (rule_needs_, judged) in zip(plans, needs, strict=True):
+        res = evaluate_rule(rule, rule_frame(fetched, rule_needs_, grid, judged), levers)
         if isinstance(res, Skipped) and res.reason == NO_GROUPS and not h.everywhere:
             # the candidates' rows were empty: whether other instances have groups decides
             state = _has_groups(client, rule, reader, grid)
             res = [] if state else res if state is False else _judged_in_full(client, rule, grid, step, catalog,
                                                                                 levers)
-        results[rule.id] = res if isinstance(res, Skipped) else keep_findings(res, rule, h)
+        results[rule.id] = res
     quiet = [(rule, trace) for rule, trace in todo if rule.id not in results]
     states = client.map(lambda item: _has_groups(client, item[0], reader, grid), quiet)
     for (rule, _trace), state in zip(quiet, states, strict=True):
@@ -301,11 +302,13 @@ def _with_young(h: Hits, young: list[str], n: int, all_young: bool) -> Hits:
 
 # ------------------------------------------------------------------------------ phase 2
 def _needs(client: PromClient, item: tuple[Rule, RuleTrace, Hits], grid: np.ndarray, step: float,
-           catalog: Catalog, reader: InlineSignals) -> tuple[list[Need], tuple[int, int]]:
+           reader: InlineSignals) -> tuple[list[Need], JudgedSpans | None]:
     rule, trace, hits = item
     assert trace.prefilter is not None
-    needs, span = rule_needs(client, rule, trace.prefilter, hits, grid, step, catalog, reader)
-    trace.judged_from, trace.judged_to = float(grid[span[0]]), float(grid[span[1]])
+    needs, judged = rule_needs(client, rule, trace.prefilter, hits, grid, step, reader)
+    spans = [(0, len(grid) - 1)] if judged is None else [(lo, hi) for _, lo, hi in judged.spans]
+    trace.judged_from, trace.judged_to = float(grid[min(s[0] for s in spans)]), float(grid[max(s[1] for s in spans)])
+    trace.judged_points = sum(hi - lo + 1 for lo, hi in spans)
     sets = [nd.instances for nd in needs]
     trace.instances = None if any(s is None for s in sets) else len(set().union(*(s or () for s in sets)))
-    return needs, span
+    return needs, judged
