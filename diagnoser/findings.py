@@ -13,6 +13,7 @@ The JSON layout is versioned by `SCHEMA_VERSION`; add fields, never rename them.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,6 +25,12 @@ users are or will soon be affected. critical: users are affected now (SLO at ris
 state); act now. See docs/rules.md."""
 
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+CONFIDENCES = ("moderate", "high")
+"""How directly a rule's signals show its mechanism. high: the signals show the mechanism itself
+(the default). moderate: the mechanism is inferred from indirect evidence (e.g. routing read from
+engine hit rates alone); the finding says what would confirm it, and a rule that judges the same
+mechanism from direct evidence overrules it where it could look (docs/rules.md, "Confidence")."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,9 @@ class Finding:
     false_positives: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)   # the parameter values used
     specificity: int = 2                 # 1 generic symptom .. 3 names a mechanism (rule field)
+    confidence: str = "high"             # one of CONFIDENCES (rule field)
+    confirm: str = ""                    # what would confirm a moderate-confidence finding
+    defers_to: tuple[str, ...] = ()      # rules that judge the same mechanism from direct evidence
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -123,6 +133,7 @@ class Finding:
         d["levers"] = tuple(_lever_from_dict(x) for x in d.get("levers", ()))
         d["citations"] = tuple(d.get("citations", ()))
         d["false_positives"] = tuple(d.get("false_positives", ()))
+        d["defers_to"] = tuple(d.get("defers_to", ()))
         if d.get("cascade"):
             d["cascade"] = CascadeInfo(**d["cascade"])
         return cls(**d)
@@ -216,6 +227,17 @@ class Diagnosis:
         return cls.from_dict(json.loads(text))
 
 
+OVERRULED = "overruled:"
+"""Start of a Skipped reason for a rule that looked but was overruled by direct evidence
+(`evaluate/confidence.py`): it was evaluated, so it is not among the rules that could not look."""
+
+
+def not_evaluable(skipped: Iterable[Skipped]) -> list[Skipped]:
+    """The skipped rules that could not look (absent signals, unset parameters), without the
+    ones that looked and were overruled by direct evidence."""
+    return [s for s in skipped if not s.reason.startswith(OVERRULED)]
+
+
 def same_place(a: dict[str, str], b: dict[str, str]) -> bool:
     """True when the labels the two places share agree (a fleet-wide place matches any)."""
     return all(a[k] == b[k] for k in set(a) & set(b))
@@ -224,10 +246,14 @@ def same_place(a: dict[str, str], b: dict[str, str]) -> bool:
 def same_mechanism(head: Finding, other: Finding) -> bool:
     """Whether `other` points at the same root mechanism as `head`, from what the rules carry.
 
-    Same mechanism when the other rule's levers are a non-empty subset of the head's (pulling
-    the head's levers is the whole answer to it, e.g. the stages of a KV-pressure cascade), or
-    when both rows are in the same LEVERS.md family (K, P, L, ...) and lead with the same lever.
+    Same mechanism when one rule defers to the other (`defers_to`: the weaker reading of a
+    mechanism from indirect evidence folds into the rule that reads it directly), when the other
+    rule's levers are a non-empty subset of the head's (pulling the head's levers is the whole
+    answer to it, e.g. the stages of a KV-pressure cascade), or when both rows are in the same
+    LEVERS.md family (K, P, L, ...) and lead with the same lever.
     """
+    if head.rule_id in other.defers_to or other.rule_id in head.defers_to:
+        return True
     mine = [lv.id for lv in head.levers]
     theirs = [lv.id for lv in other.levers]
     if not mine or not theirs:

@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding
+from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, not_evaluable
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -240,6 +240,8 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
     head = Text.assemble((f"[{f.severity.upper()}] ", _STYLE.get(f.severity, "")), (f.title, "bold"),
                          f"  ({f.levers_md} {f.rule_id})")
     rows: list = [head]
+    if f.confidence != "high":
+        rows.append(Text(confidence_text(f), style="bold"))
     if f.summary.strip() != f.title.strip():
         rows.append(Text(render_summary(f)))
     rows.append(Text(f"where: {fmt_where(f)}    since: {fmt_time(f.since)} "
@@ -261,9 +263,20 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
     return Panel(Group(*rows), title=heading, title_align="left", border_style=_STYLE.get(f.severity, ""))
 
 
+def confidence_text(f: Finding) -> str:
+    """'likely, moderate confidence (inferred from indirect evidence): the request tap ... would
+    confirm'; empty for a high-confidence finding (its signals show the mechanism itself)."""
+    if f.confidence == "high":
+        return ""
+    confirm = f": {f.confirm.strip()}" if f.confirm.strip() else ""
+    return f"likely, {f.confidence} confidence (inferred from indirect evidence){confirm}"
+
+
 def render_line(f: Finding) -> str:
     """One finding as one line: severity, row, title, its first evidence and how it was taken."""
     text = f"{f.severity:8} {f.levers_md:4} {f.title}"
+    if f.confidence != "high":
+        text += f" [{f.confidence} confidence]"
     if f.summary.strip() != f.title.strip():
         text += f": {render_summary(f)}"
     return text + f"  (since {fmt_clock(f.since)}, {fmt_duration(f.until - f.since)})"
@@ -321,12 +334,15 @@ def missing_summary(d: Diagnosis, top: int = 4) -> str:
 
 def render_not_fired(d: Diagnosis, top: int = 4) -> str:
     """Why nothing fired: how many rules could look, and which missing signals blinded the rest."""
-    evaluable = max(0, d.rules_evaluated - len(d.skipped))
-    if not d.skipped:
-        return f"No rule fired among {evaluable} evaluable rules: nothing to act on in this window."
+    blind = not_evaluable(d.skipped)
+    evaluable = max(0, d.rules_evaluated - len(blind))
+    overruled = len(d.skipped) - len(blind)
+    also = f" ({overruled} overruled by direct evidence)" if overruled else ""
+    if not blind:
+        return f"No rule fired among {evaluable} evaluable rules{also}: nothing to act on in this window."
     missing = missing_summary(d, top)
     why = f" ({missing})" if missing else ""
-    return (f"No rule fired among {evaluable} evaluable; {len(d.skipped)} could not be evaluated{why}. "
+    return (f"No rule fired among {evaluable} evaluable{also}; {len(blind)} could not be evaluated{why}. "
             "Missing signals are unknown, not healthy: -v lists every skipped rule.")
 
 
@@ -349,7 +365,8 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
     scale = f"; {scale_text(d)}" if scale_text(d) else ""
     console.print(f"[bold]kvscope diagnose[/bold]  {d.source}  {fmt_time(start)} -> {fmt_time(end)} "
                   f"({fmt_duration(end - start)}){scale}; {d.rules_evaluated} rules, "
-                  f"{len(d.findings)} fired, {len(d.skipped)} not evaluable")
+                  f"{len(d.findings)} fired, {len(not_evaluable(d.skipped))} not evaluable"
+                  + _overruled_text(d))
     supporting = d.supporting
     if d.likely_cause is None:
         console.print(render_not_fired(d), style="yellow" if d.skipped else "green")
@@ -368,6 +385,11 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
         console.print("[bold]Not evaluable[/bold]")
         for s in d.skipped:
             console.print(f"  {s.rule_id}: {s.reason}", style="dim")
+
+
+def _overruled_text(d: Diagnosis) -> str:
+    n = len(d.skipped) - len(not_evaluable(d.skipped))
+    return f", {n} overruled by direct evidence" if n else ""
 
 
 def _where_of(members: list[Finding]) -> str:

@@ -98,13 +98,14 @@ async def _run_phase(phase: Phase, servers: list[VllmServer], seed: int,
     duration = phase.duration_s if action is None else 600.0
     spec = LoadSpec(list(phase.tenants), max_requests=100_000, duration_s=duration,
                     concurrency=phase.concurrency, rate_per_s=phase.rate_per_s,
-                    route_by=phase.route_by, seed=seed, request_timeout_s=phase.timeout_s)
+                    arrivals=phase.arrivals, route_by=phase.route_by, seed=seed,
+                    request_timeout_s=phase.timeout_s)
     start = time.time()
     loads = [asyncio.create_task(run_load(spec, urls, phase.policy, on_done=lambda r: tick(), stop=stop))]
     for j, side in enumerate(phase.alongside):
         side_spec = LoadSpec(list(side.tenants), max_requests=100_000, duration_s=duration,
                              concurrency=side.concurrency, rate_per_s=side.rate_per_s,
-                             route_by=side.route_by, seed=seed * 100 + j + 1)
+                             arrivals=side.arrivals, route_by=side.route_by, seed=seed * 100 + j + 1)
         loads.append(asyncio.create_task(run_load(side_spec, urls, side.policy, on_done=lambda r: tick(),
                                                   stop=stop)))
     if action is not None:
@@ -116,7 +117,8 @@ async def _run_phase(phase: Phase, servers: list[VllmServer], seed: int,
     routing = f"sglang-router {router.policy}" if router is not None else phase.policy
     return {"name": phase.name, "start_unix": start, "end_unix": end, "routing": routing,
             "route_by": phase.route_by, "replicas": [f"replica-{i}" for i in chosen],
-            "rate_per_s": phase.rate_per_s, "concurrency": phase.concurrency,
+            "rate_per_s": phase.rate_per_s, "arrivals": phase.arrivals if phase.rate_per_s else "closed loop",
+            "concurrency": phase.concurrency,
             "action": phase.action, "client": _client_numbers(result)}
 
 
@@ -157,7 +159,8 @@ def run_scenario(sc: Scenario, out_dir: Path, tick: Callable[[], None] = lambda:
     try:
         with OtlpSink(spans_raw) as sink:
             for i, cfg in enumerate(sc.replicas):
-                cfg = _with_tracing(cfg, sink.endpoint, f"vllm-replica-{i}")
+                if sc.otlp:
+                    cfg = _with_tracing(cfg, sink.endpoint, f"vllm-replica-{i}")
                 servers.append(VllmServer(cfg, startup_timeout_s=STARTUP_TIMEOUT_S).launch())
             for srv in servers:                              # booted at once, as vllm_pd_pair does
                 srv.wait_ready()
@@ -273,6 +276,7 @@ def _describe(sc: Scenario, servers: list[VllmServer], phases: list[dict], rec_p
            if router is not None else {}),
         "phases": phases,
         "expected": [dict(e) for e in sc.expected] or "no warning",
+        **({"must_not": list(sc.must_not)} if sc.must_not else {}),
         "notes": sc.notes or None,
         **({"warm_up_requests_per_replica": sc.warm_up} if sc.warm_up else {}),
         "regenerate": f"scripts/record-incidents.py --only {sc.name}",

@@ -40,7 +40,8 @@ class LoadSpec:
     max_requests: int = 100
     duration_s: float = 60.0
     concurrency: int = 4
-    rate_per_s: float | None = None      # open-loop Poisson arrivals; None = closed loop
+    rate_per_s: float | None = None      # open-loop arrivals per second; None = closed loop
+    arrivals: str = "poisson"            # open loop: "poisson" (exponential gaps) | "steady" (fixed gaps)
     route_by: str = "session"            # key for hashing routers: tenant | session | prefix
     request_timeout_s: float = 120.0
     seed: int = 0
@@ -141,6 +142,15 @@ async def send(session: aiohttp.ClientSession, base_url: str, req: Request, rec:
         rec.e2e_s = time.monotonic() - t0
 
 
+def _gap(spec: LoadSpec, rng: random.Random) -> float:
+    """Seconds to the next open-loop arrival: exponential (Poisson process) or fixed (steady)."""
+    if spec.arrivals == "steady":
+        return 1.0 / spec.rate_per_s
+    if spec.arrivals != "poisson":
+        raise ValueError(f"unknown arrival process {spec.arrivals!r}; choose poisson or steady")
+    return rng.expovariate(spec.rate_per_s)
+
+
 def _read_usage(usage: dict | None, rec: RequestRecord) -> None:
     if not usage:
         return
@@ -173,7 +183,7 @@ async def run_load(spec: LoadSpec, replicas: list[str], policy: str = "round_rob
             # An idle worker claims the next arrival time; one that falls after the deadline is
             # never sent (sending it at the deadline would release every idle worker's claim at
             # once: a burst of up to `concurrency` requests the arrival process never asked for).
-            next_arrival[0] += arrivals.expovariate(spec.rate_per_s)
+            next_arrival[0] += _gap(spec, arrivals)
             if next_arrival[0] >= deadline:
                 return None
             arrival = next_arrival[0]

@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 LOOPBACK = "127.0.0.1"
 
@@ -47,6 +47,24 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+T = TypeVar("T")
+PORT_CLASH = re.compile(r"address already in use", re.IGNORECASE)
+
+
+def retry_port_clash(start: Callable[[], T], cleanup: Callable[[], None], attempts: int = 3) -> T:
+    """`start()` (which picks ports with free_port and starts servers on them), again with
+    `cleanup()` between tries when a server exited because another process took its port first
+    (free_port can only say a port was free a moment ago)."""
+    for attempt in range(attempts):
+        try:
+            return start()
+        except ProcessExited as exc:
+            if attempt == attempts - 1 or not PORT_CLASH.search(str(exc)):
+                raise
+            cleanup()
+    raise AssertionError("unreachable")
 
 
 def read_tail(path: Path | None, chars: int = 3000) -> str:

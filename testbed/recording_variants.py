@@ -65,6 +65,7 @@ class Variant:
     description: str
     apply: Callable[[Recording, dict[str, Any]], Recording]
     shift_spans_s: float = 0.0
+    keeps_spans: bool = True             # False: the variant is written without its spans sidecar
 
 
 # ---------------------------------------------------------------------------- reading / writing
@@ -95,7 +96,10 @@ def write_variant(src: str | os.PathLike[str], variant: Variant, meta: dict[str,
     stem = Path(src).name.removesuffix(".gz").removesuffix(".om")
     out = out_dir / f"{stem}.om"
     write_recording(variant.apply(read_variant_source(src), meta), out)
-    if spans:
+    sidecar = out_dir / f"{stem}.spans.jsonl.gz"
+    if not variant.keeps_spans and (sidecar.exists() or sidecar.is_symlink()):
+        sidecar.unlink()
+    if spans and variant.keeps_spans:
         write_spans(spans, out_dir / f"{stem}.spans.jsonl.gz", variant.shift_spans_s)
     return out
 
@@ -279,6 +283,22 @@ def counter_reset(rec: Recording, meta: dict[str, Any]) -> Recording:
     return replace(rec, scrapes=[restarted(sc) for sc in rec.scrapes])
 
 
+def metrics_only(rec: Recording, meta: dict[str, Any]) -> Recording:
+    """Only what the engines (and exporters such as dcgm-exporter) serve on their own /metrics:
+    every target that serves kvscope's own series (the request tap's `/kvscope/metrics`, an
+    agent's `/metrics` with KV-event series) is dropped. The variant is written without the
+    spans sidecar (no OTLP), so the recording is what a fleet without kvscope's sidecars has."""
+    drop = set(kvscope_targets(rec))
+    return replace(rec, scrapes=[sc for sc in rec.scrapes if (sc.job, sc.instance) not in drop])
+
+
+def kvscope_targets(rec: Recording) -> list[tuple[str, str]]:
+    """Targets that serve kvscope's own series (`kvscope_<signal>`: request tap, agent)."""
+    found = {(sc.job, sc.instance) for sc in rec.scrapes
+             if any(x.name.startswith("kvscope_") for x in sc.samples)}
+    return sorted(found)
+
+
 def _is_counter(name: str, expo: Exposition) -> bool:
     fam = om_family(name, expo)
     if fam is None:
@@ -342,6 +362,8 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("cut_tail_10", "ends 10 % earlier", cut(tail=0.1)),
     Variant("gap", "one target down for 2 min (15 % of a short recording) mid-incident", gap),
     Variant("counter_reset", "one replica's counters restart mid-recording", counter_reset),
+    Variant("metrics_only", "engine /metrics only: no request tap or agent targets, no spans (no OTLP)",
+            metrics_only, keeps_spans=False),
 )}
 
 
@@ -373,6 +395,8 @@ def applicable(variant: str, meta: dict[str, Any], rec: Recording) -> str | None
             return "the expected phase would be mostly cut away"
     if variant == "counter_reset" and len(engine_targets(rec)) < 2:
         return "one engine replica only"
+    if variant == "metrics_only" and not meta.get("spans") and not kvscope_targets(rec):
+        return "already engine metrics only"
     return None
 
 

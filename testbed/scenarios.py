@@ -23,6 +23,7 @@ class Phase:
     concurrency: int = 4
     policy: str = "round_robin"
     route_by: str = "session"
+    arrivals: str = "poisson"                    # open loop: poisson | steady (fixed gaps)
     replicas: tuple[int, ...] | None = None      # which replicas get traffic (None: all)
     action: str | None = None                    # "restart:<i>" runs while this phase's load goes on
     # With a router in front (Scenario.router): the policy this phase runs under (the router is
@@ -48,6 +49,8 @@ class Scenario:
     router: str | None = None                    # sglang-router version in front (testbed/router.py)
     warm_up: int = 0                             # direct requests per replica before recording starts
     seed: int = 0
+    otlp: bool = True                            # False: no OTLP spans (engine /metrics only)
+    must_not: tuple[str, ...] = ()               # LEVERS.md rows that would be a wrong diagnosis
     extra: dict = field(default_factory=dict)
 
 
@@ -171,6 +174,107 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
 )
 
+
+# ---------------------------------------------------------------- engine /metrics only (issue 15)
+# How most fleets run: each replica's /metrics scraped, no request tap, no OTLP, no KV events, vLLM's
+# default metric flags (no --kv-cache-metrics). 16 tenants with ~400-word system prompts (12 full
+# 32-token blocks each, 192 blocks for all 16) and periodic traffic (equal shares). The fleet is
+# sized as prefix-affinity routing assumes: its KV pools together hold every tenant's prompt once,
+# each replica's pool its 16/N tenants plus the running requests (2 x 128 or 4 x 72 blocks), not
+# all 16. Sticky-by-tenant routing gives each replica 16/N tenants; round-robin gives every
+# replica all 16.
+# Expected verdicts are written here, before any of these recordings is diagnosed.
+POOL_2 = VllmConfig(num_gpu_blocks=128, max_num_seqs=16, kv_cache_metrics=False)
+POOL_4 = VllmConfig(num_gpu_blocks=72, max_num_seqs=16, kv_cache_metrics=False)
+ROOMIER_2 = VllmConfig(num_gpu_blocks=160, max_num_seqs=16, kv_cache_metrics=False)
+ROOMY_ENGINE_ONLY = VllmConfig(num_gpu_blocks=512, max_num_seqs=32, kv_cache_metrics=False)
+PREFIX_HEAVY = chat_tenants(16, system_words=400, alpha=0.0, turns=1, out=32)   # periodic: equal shares
+SKEWED = chat_tenants(16, system_words=400, alpha=0.5, turns=1, out=32)         # a mild power law
+LITTLE_SHARING = tuple(Tenant(f"tenant-{i}", system_words=6, share=s, turns=1,
+                              prompt_words=Dist("lognormal", 300, 0.3, 120, 700),
+                              output_tokens=Dist("lognormal", 32, 0.4, 8, 160))
+                       for i, s in enumerate(power_law_shares(16, 0.5)))
+ROUTING_MUST_NOT = ("P3", "P4", "P5", "P6", "P8", "K1", "K3")
+"""Rows a content-blind balancer on a steady fleet does not show: no scaling event, no restart,
+no hot replica, no DP ranks, no tenant data, no preemption at these rates."""
+QUIET_MUST_NOT = ("P1", "P2", "P3", "P4", "P5", "K1", "K3", "K6")
+_MO_NOTE = ("Engine /metrics only: no request tap, no OTLP spans, no KV events, vLLM's default metric "
+            "flags. The expected verdict was written in testbed/scenarios.py before the recording was "
+            "diagnosed.")
+
+
+def _engine_only(name: str, summary: str, replicas: int, policy: str, arrivals: str, expected: tuple,
+                 must_not: tuple[str, ...], rate: float = 3.0, cfg: VllmConfig = POOL_2,
+                 tenants: tuple[Tenant, ...] = PREFIX_HEAVY, concurrency: int = 6,
+                 duration_s: float = 150) -> Scenario:
+    phase = "round-robin" if policy == "round_robin" else "sticky"
+    return Scenario(
+        name, summary, (cfg,) * replicas,
+        (Phase(phase, duration_s, tenants, rate_per_s=rate, concurrency=concurrency, policy=policy,
+               route_by="tenant", arrivals=arrivals),),
+        expected=tuple({**e, "phase": phase} for e in expected), notes=_MO_NOTE, warm_up=2,
+        otlp=False, must_not=must_not)
+
+
+_P2_LIKELY = ({"levers": ["P2"], "likely": True,
+               "why": "content-blind routing: every replica must cache all 16 tenants' prompts, so most "
+                      "requests miss a prefix another replica holds (002 §7.3, 003)"},
+              {"levers": ["P1", "K6"],
+               "why": "the same lost reuse read as a cache budget problem: acceptable behind P2"})
+
+SCENARIOS += (
+    _engine_only("metrics-only-round-robin-2-steady",
+                 "2 replicas behind round-robin, 16 prefix-heavy tenants (~400-word system prompts), steady "
+                 "arrivals at 3 req/s; engine /metrics only. Each 128-block pool holds about half the "
+                 "tenants' prompts.",
+                 2, "round_robin", "steady", _P2_LIKELY, ROUTING_MUST_NOT),
+    _engine_only("metrics-only-sticky-2-steady",
+                 "The twin of metrics-only-round-robin-2-steady with sticky-by-tenant routing: each replica "
+                 "serves 8 tenants whose prompts fit its pool; high hit rate.",
+                 2, "sticky_tenant", "steady", (), QUIET_MUST_NOT),
+    _engine_only("metrics-only-round-robin-2-poisson",
+                 "metrics-only-round-robin-2-steady with Poisson arrivals (bursty gaps, same mean rate).",
+                 2, "round_robin", "poisson", _P2_LIKELY, ROUTING_MUST_NOT),
+    _engine_only("metrics-only-sticky-2-poisson",
+                 "metrics-only-sticky-2-steady with Poisson arrivals.",
+                 2, "sticky_tenant", "poisson", (), QUIET_MUST_NOT),
+    _engine_only("metrics-only-round-robin-4-poisson",
+                 "4 replicas behind round-robin, the same 16 tenants, 72-block pools (a quarter of the "
+                 "prompts each), Poisson arrivals at 3 req/s: every replica sees every tenant.",
+                 4, "round_robin", "poisson", _P2_LIKELY, ROUTING_MUST_NOT, cfg=POOL_4),
+    _engine_only("metrics-only-sticky-4-poisson",
+                 "The 4-replica twin with sticky-by-tenant routing: 4 tenants per replica, whose prompts fit.",
+                 4, "sticky_tenant", "poisson", (), QUIET_MUST_NOT, cfg=POOL_4),
+    _engine_only("metrics-only-healthy-busy-sticky",
+                 "A healthy busy fleet: 2 replicas with roomy pools (512 blocks), sticky by tenant, the 16 "
+                 "prefix-heavy tenants at 6 req/s from up to 8 clients; high hit rate, no preemption.",
+                 2, "sticky_tenant", "poisson", (), QUIET_MUST_NOT, rate=6.0, cfg=ROOMY_ENGINE_ONLY,
+                 concurrency=8),
+    _engine_only("metrics-only-little-sharing-round-robin",
+                 "2 replicas behind round-robin serving 16 tenants whose prompts share almost nothing (a "
+                 "6-word system prompt, ~300-word unique user messages): the hit rate is low because there "
+                 "is nothing to reuse, not because of routing.",
+                 2, "round_robin", "poisson", (), QUIET_MUST_NOT, tenants=LITTLE_SHARING),
+    # Recorded before the tenant mix above was made periodic (equal shares): a mild power law keeps
+    # the busiest tenants' prompts cached on every replica, so round-robin loses less.
+    _engine_only("metrics-only-round-robin-2-skewed",
+                 "2 replicas behind round-robin, 128-block pools, 16 prefix-heavy tenants with power-law "
+                 "shares (alpha 0.5), steady arrivals at 3 req/s; engine /metrics only.",
+                 2, "round_robin", "steady", _P2_LIKELY, ROUTING_MUST_NOT, tenants=SKEWED),
+    _engine_only("metrics-only-sticky-2-skewed",
+                 "The sticky-by-tenant twin of metrics-only-round-robin-2-skewed.",
+                 2, "sticky_tenant", "steady", (), QUIET_MUST_NOT, tenants=SKEWED),
+    # The pilot pair (recorded first, before the pools above were sized): 160-block pools hold 12 of
+    # the 16 prompts, so round-robin loses only part of the reuse.
+    _engine_only("metrics-only-round-robin-2-roomier",
+                 "Pilot: 2 replicas behind round-robin with 160-block pools (12 of the 16 tenants' prompts "
+                 "fit each), steady arrivals asked at 4 req/s from 4 clients; engine /metrics only.",
+                 2, "round_robin", "steady", _P2_LIKELY, ROUTING_MUST_NOT, rate=4.0, cfg=ROOMIER_2,
+                 concurrency=4),
+    _engine_only("metrics-only-sticky-2-roomier",
+                 "Pilot: the sticky-by-tenant twin of metrics-only-round-robin-2-roomier.",
+                 2, "sticky_tenant", "steady", (), QUIET_MUST_NOT, rate=4.0, cfg=ROOMIER_2, concurrency=4),
+)
 
 # ------------------------------------------------------------------ behind the real SGLang router
 # (issue 16). All traffic goes to one router URL; the router picks the replica. Its /metrics is

@@ -15,10 +15,12 @@ import string
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from kvscope.diagnoser.evaluate.conditions import ConditionEvaluator, Evaluated, first_run, latest_run, run_lengths
+from kvscope.diagnoser.evaluate.confidence import direct_present, settle
 from kvscope.diagnoser.evaluate.expr import Grouped, SeriesEvaluator, promql
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import (
@@ -74,7 +76,8 @@ def diagnose(frame: Frame, rules: Iterable[Rule] | None = None, levers: dict[str
             skipped.append(result)
         else:
             findings.extend(result)
-    from dataclasses import replace
+    evaluated = [r.id for r, res in zip(prepared, results, strict=True) if not isinstance(res, Skipped)]
+    findings, skipped = settle(findings, skipped, evaluated, direct_present(prepared, frame.names()))
     return replace(rank(findings, frame.window, source, skipped, len(rules)), time_scale=scale)
 
 
@@ -284,7 +287,9 @@ def _finding(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int],
         summary=_summary(rule, evidence), evidence=tuple(evidence),
         levers=tuple(_levers(rule, levers)), citations=tuple(rule.doc.get("citations") or ()),
         cascade=cascade, false_positives=tuple(rule.doc.get("false_positives") or ()),
-        params={k: v for k, v in rule.params.items()}, specificity=spec)
+        params={k: v for k, v in rule.params.items()}, specificity=spec,
+        confidence=str(rule.doc.get("confidence", "high")), confirm=str(rule.doc.get("confirm", "")),
+        defers_to=tuple(str(x) for x in rule.doc.get("defers_to") or ()))
 
 
 def _critical_stages(rule: Rule) -> set[str]:

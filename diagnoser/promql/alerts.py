@@ -438,6 +438,8 @@ def _alert(rule: Rule, expr: str, severity: str, when: dict[str, Any], runbook_b
     alert["labels"] = {"severity": severity, "rule_id": rule.id}
     if rule.doc.get("levers_md"):
         alert["labels"]["levers_md"] = str(rule.doc["levers_md"])
+    if rule.doc.get("confidence", "high") != "high":     # inferred: Alertmanager can inhibit it with
+        alert["labels"]["confidence"] = str(rule.doc["confidence"])   # the defers_to rules' alerts
     levers = ", ".join(str(lv.get("id")) for lv in rule.doc.get("levers") or [] if isinstance(lv, dict))
     alert["annotations"] = {
         "summary": f"{rule.title} on {where} (value {{{{ $value | humanize }}}})",

@@ -56,7 +56,11 @@ def render_runbook(rule: Rule, expr: str | None) -> str:
     alert = f"`{alert_name(rule.id)}`" if expr else "none (Python-only: `kvscope diagnose` reports it)"
     out += [f"* Rule: `rules/diagnosis/{rule.id}.yaml` ({doc.get('levers_md', '-')} in LEVERS.md)",
             f"* Prometheus alert: {alert}",
-            f"* Severity: {rule.severity}; grouped by {', '.join(rule.by) or 'the whole fleet'}", ""]
+            f"* Severity: {rule.severity}; grouped by {', '.join(rule.by) or 'the whole fleet'}"]
+    if doc.get("confidence", "high") != "high":
+        out += [f"* Confidence: {doc['confidence']} (inferred from indirect evidence): {doc.get('confirm', '')}; "
+                f"defers to {', '.join(f'`{d}`' for d in doc.get('defers_to') or [])} where that can look"]
+    out += [""]
     out += ["## What it means", "", " ".join(str(doc.get("description", "")).split()), ""]
     out += _thresholds(rule)
     out += _levers(doc.get("levers") or [])

@@ -13,7 +13,9 @@
    batched and split by the client (promapi.py).
 4. **Evaluate**: the numpy evaluator runs each such rule over its own rows, judging conditions only
    inside those stretches; the grid is the whole window's, so `since`, `active`, evidence and
-   scores are the full path's. Findings are kept at candidate groups.
+   scores are the full path's. Findings are kept at candidate groups; moderate-confidence findings
+   then fold into or yield to the direct rules they defer to (evaluate/confidence.py), as in
+   `diagnose()`.
 
 Findings equal the full fetch's as long as each prefilter holds wherever the evaluator's condition
 does (tests/integration/test_pushdown.py checks it on every recording of the incident library and
@@ -30,6 +32,7 @@ from typing import Any
 
 import numpy as np
 from kvscope.agent.signals import Catalog, load_catalog
+from kvscope.diagnoser.evaluate.confidence import direct_present, settle
 from kvscope.diagnoser.evaluate.evaluator import (
     auto_time_scale,
     evaluate_rule,
@@ -177,6 +180,8 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
             skipped_list.append(res)
         else:
             findings.extend(res)
+    evaluated = [rid for rid, res in results.items() if not isinstance(res, Skipped)]
+    findings, skipped_list = settle(findings, skipped_list, evaluated, direct_present(prepared, present))
     window = (float(grid[0]), float(grid[-1]))
     return replace(rank(findings, window, source, skipped_list, len(rules)), time_scale=scale), report
 

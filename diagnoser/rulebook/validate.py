@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.agent.signals import Catalog, load_catalog
-from kvscope.diagnoser.findings import SEVERITIES
+from kvscope.diagnoser.findings import CONFIDENCES, SEVERITIES
 from kvscope.diagnoser.rulebook.grammar import (
     BASELINE_AGGS,
     FORMS,
@@ -284,6 +284,53 @@ def check_facts(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
         yield _issue(rule, rule.doc, "facts need 'instance' in by", "facts")
 
 
+def check_confidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
+    """`confidence` is a known level; a moderate one says what would confirm it (`confirm`), names
+    the rules that read the same mechanism directly (`defers_to`, checked set-wide) and the
+    signals that are that direct evidence (`direct_evidence`)."""
+    doc = rule.doc
+    level = doc.get("confidence", "high")
+    if level not in CONFIDENCES:
+        yield _issue(rule, doc, f"confidence {level!r} is not one of {list(CONFIDENCES)}", "confidence")
+    defers = doc.get("defers_to")
+    if defers is not None and not (isinstance(defers, list) and all(isinstance(x, str) for x in defers)):
+        yield _issue(rule, doc, "defers_to must be a list of rule ids", "defers_to")
+    direct = doc.get("direct_evidence")
+    if direct is not None and not (isinstance(direct, list) and direct and all(isinstance(x, str) for x in direct)):
+        yield _issue(rule, doc, "direct_evidence must be a non-empty list of signals", "direct_evidence")
+    elif direct:
+        known = ctx.known_series()
+        for sig in direct:
+            if sig not in known:
+                yield _issue(rule, doc, f"direct_evidence: unknown signal {sig!r}", "direct_evidence")
+    if level != "high":
+        if direct is None:
+            yield _issue(rule, doc, f"a {level}-confidence rule needs 'direct_evidence': the signals with which "
+                         "the defers_to rules read the mechanism directly", "confidence")
+        if not str(doc.get("confirm") or "").strip():
+            yield _issue(rule, doc, f"a {level}-confidence rule needs 'confirm': what evidence would confirm it",
+                         "confidence")
+        if not defers:
+            yield _issue(rule, doc, f"a {level}-confidence rule needs 'defers_to': the rules that read the "
+                         "same mechanism from direct evidence", "confidence")
+    elif doc.get("confirm") or defers or direct:
+        yield _issue(rule, doc, "'confirm', 'defers_to' and 'direct_evidence' belong to a rule with "
+                     "confidence below high", "confirm" if doc.get("confirm") else "defers_to")
+
+
+def _check_deferrals(rules: dict[str, Rule]) -> Iterable[RuleIssue]:
+    """Every `defers_to` names another rule of the set, at high confidence."""
+    for rule in rules.values():
+        defers = rule.doc.get("defers_to")
+        for rid in defers if isinstance(defers, list) else []:
+            target = rules.get(str(rid))
+            if target is None or target.id == rule.id:
+                yield _issue(rule, rule.doc, f"defers_to names {rid!r}, which is not another rule", "defers_to")
+            elif target.doc.get("confidence", "high") != "high":
+                yield _issue(rule, rule.doc, f"defers_to names {rid!r}, which is not a high-confidence rule",
+                             "defers_to")
+
+
 def check_test_file(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
     """Every rule ships <rule_id>.test.yaml next to it."""
     if not Path(rule.path).with_name(f"{rule.id}.test.yaml").exists():
@@ -291,7 +338,8 @@ def check_test_file(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
 
 
 VALIDATORS: tuple[Validator, ...] = (check_header, check_params, check_series, check_conditions,
-                                     check_levers, check_evidence, check_facts, check_test_file)
+                                     check_levers, check_evidence, check_facts, check_confidence,
+                                     check_test_file)
 
 
 def validate_rule(rule: Rule, ctx: Context | None = None) -> list[RuleIssue]:
@@ -306,6 +354,7 @@ def validate_rules(directory: str | Path | None = None, ctx: Context | None = No
     issues: list[RuleIssue] = []
     rows: set[str] = set()
     paths = rule_paths(directory)
+    rules: dict[str, Rule] = {}
     for path in paths:
         try:
             rule = read_rule(path)
@@ -313,7 +362,9 @@ def validate_rules(directory: str | Path | None = None, ctx: Context | None = No
             issues.append(RuleIssue(exc.path or str(path), exc.line or 1, exc.message))
             continue
         rows.add(str(rule.doc.get("levers_md")))
+        rules[rule.id] = rule
         issues.extend(validate_rule(rule, ctx))
+    issues.extend(_check_deferrals(rules))
     if directory is None:
         for row in LEVERS_MD_ROWS:
             if row not in rows:

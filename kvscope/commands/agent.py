@@ -11,8 +11,7 @@ from typing import Any
 
 from kvscope.agent.api import AgentServer
 from kvscope.agent.config import AgentConfig, ConfigError
-from kvscope.agent.derive.fairness import fairness_hook
-from kvscope.agent.derive.gpu_join import engine_gpu_hook
+from kvscope.agent.derive.hooks import derive_hooks
 from kvscope.agent.runtime import AgentRuntime, build_collectors, known_collectors
 from kvscope.agent.tap.eventloop import run_event_loop
 from kvscope.commands._flags import ENV_HELP, add_agent_flags, add_scrape_flags, config_from_args
@@ -76,15 +75,6 @@ def open_store(config: AgentConfig) -> Any:
     return SqliteStore(config.store_path, retention_s=config.retention_s, max_bytes=config.store_max_bytes)
 
 
-def fairness_window_s(config: AgentConfig) -> float:
-    """The fairness gauges' window: the `tap` section's `fairness_window_s`, else the `otlp`
-    section's (both default to 300 s)."""
-    tap, otlp = config.extensions.get("tap"), config.extensions.get("otlp")
-    if isinstance(tap, dict) and "fairness_window_s" in tap:
-        return float(tap["fairness_window_s"])
-    return float(getattr(otlp, "fairness_window_s", 300.0))
-
-
 async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     """Run collectors and the HTTP server until SIGTERM/SIGINT. Returns the exit code."""
     log = logging.getLogger("kvscope.agent")
@@ -95,8 +85,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     except (StoreError, OSError) as e:
         log.error("store: %s", e)
         return 1
-    derive = [engine_gpu_hook(config.gpu_mapping), fairness_hook(fairness_window_s(config))]
-    runtime = AgentRuntime(config, build_collectors(config), store, derive=derive, freeze_gc=True)
+    runtime = AgentRuntime(config, build_collectors(config), store, derive=derive_hooks(config), freeze_gc=True)
     server = AgentServer(runtime)
     host, port = config.listen_host_port
     try:

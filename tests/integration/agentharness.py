@@ -16,6 +16,7 @@ import aiohttp
 from aiohttp import web
 from kvscope.agent.api import AgentServer
 from kvscope.agent.config import build_config
+from kvscope.agent.derive.hooks import derive_hooks
 from kvscope.agent.runtime import AgentRuntime, build_collectors
 from kvscope.agent.scrape.exposition import Exposition, parse_exposition
 from kvscope.agent.serve.site import HttpSite
@@ -46,12 +47,13 @@ async def running_agent(doc: dict, store=None, collectors=None,
 
     Cycles are driven by the test (`await runtime.run_cycle()`), so assertions see a known
     number of scrapes. Collectors come from the registry, limited to the names in `only`
-    (host and GPU readings would make the output machine-dependent), unless given.
+    (host and GPU readings would make the output machine-dependent), unless given. The derive
+    hooks are the agent's own (agent/derive/hooks.py).
     """
     config = build_config(doc, environ={}, flags=[])
     if collectors is None:
         collectors = [c for c in build_collectors(config) if c.name in only]
-    runtime = AgentRuntime(config, collectors, store)
+    runtime = AgentRuntime(config, collectors, store, derive=derive_hooks(config))
     server = AgentServer(runtime)
     port = await server.start("127.0.0.1", 0)
     try:

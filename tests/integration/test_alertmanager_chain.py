@@ -32,7 +32,7 @@ from kvscope.diagnoser.rulebook.rule import read_rule, rules_dir
 
 from testbed.alertmanager import alertmanager_argv
 from testbed.httpstub import serving
-from testbed.procs import ProcessGroup, free_port, wait_http
+from testbed.procs import ProcessGroup, free_port, retry_port_clash, wait_http
 from testbed.prometheus import missing_binaries, prometheus_argv
 
 RULE_ID = "kv_pressure_preemption"
@@ -106,24 +106,29 @@ def _write_configs(tmp: Path, target_port: int, am_port: int, serve_port: int) -
     }))
 
 
+def _start_chain(tmp, target_port: int, sink_port: int, procs: ProcessGroup) -> dict:
+    prom_port, am_port, serve_port = free_port(), free_port(), free_port()
+    _write_configs(tmp, target_port, am_port, serve_port)
+    serve = procs.start("serve", [
+        sys.executable, "-m", "kvscope.cli", "serve", "--prometheus", f"http://127.0.0.1:{prom_port}",
+        "--listen", f"127.0.0.1:{serve_port}", "--forward-url", f"http://127.0.0.1:{sink_port}/",
+        "--store", str(tmp / "diagnoses.sqlite"), "--step", "1s", "--before", "2m",
+        "--param", f"{RULE_ID}.for=5s"])
+    am = procs.start("alertmanager", alertmanager_argv(tmp / "alertmanager.yml", tmp / "am", am_port))
+    prom = procs.start("prometheus", prometheus_argv(tmp / "prometheus.yml", tmp / "tsdb", prom_port,
+                                                     "--rules.alert.resend-delay=1s"))
+    for proc, url in ((serve, f"http://127.0.0.1:{serve_port}/-/healthy"),
+                      (am, f"http://127.0.0.1:{am_port}/-/ready"), (prom, f"http://127.0.0.1:{prom_port}/-/ready")):
+        wait_http(url, 30, procs=(proc,), request_timeout_s=1, interval_s=0.2)
+    return {"serve": f"http://127.0.0.1:{serve_port}", "tmp": tmp, "procs": procs}
+
+
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("chain")
-    prom_port, am_port, serve_port = free_port(), free_port(), free_port()
     with serving(_Target) as target, serving(_Sink) as sink, ProcessGroup(tmp) as procs:
-        _write_configs(tmp, target.server_address[1], am_port, serve_port)
-        serve = procs.start("serve", [
-            sys.executable, "-m", "kvscope.cli", "serve", "--prometheus", f"http://127.0.0.1:{prom_port}",
-            "--listen", f"127.0.0.1:{serve_port}", "--forward-url", f"http://127.0.0.1:{sink.server_address[1]}/",
-            "--store", str(tmp / "diagnoses.sqlite"), "--step", "1s", "--before", "2m",
-            "--param", f"{RULE_ID}.for=5s"])
-        am = procs.start("alertmanager", alertmanager_argv(tmp / "alertmanager.yml", tmp / "am", am_port))
-        prom = procs.start("prometheus", prometheus_argv(tmp / "prometheus.yml", tmp / "tsdb", prom_port,
-                                                         "--rules.alert.resend-delay=1s"))
-        for proc, url in ((serve, f"http://127.0.0.1:{serve_port}/-/healthy"),
-                          (am, f"http://127.0.0.1:{am_port}/-/ready"), (prom, f"http://127.0.0.1:{prom_port}/-/ready")):
-            wait_http(url, 30, procs=(proc,), request_timeout_s=1, interval_s=0.2)
-        yield {"serve": f"http://127.0.0.1:{serve_port}", "tmp": tmp, "procs": procs}
+        yield retry_port_clash(lambda: _start_chain(tmp, target.server_address[1], sink.server_address[1], procs),
+                               cleanup=procs.stop_all)
 
 
 def _post(url: str, body: bytes) -> tuple[int, dict]:

@@ -183,6 +183,46 @@ def test_spec_decode_acceptance_is_poor():
     assert accepted / drafted < 0.5
 
 
+# ------------------------------------------------------------------ engine /metrics only (issue 15)
+ENGINE_ONLY = sorted(p.stem for p in HERE.glob("metrics-only-*.yaml"))
+TWINS = [(n, n.replace("-round-robin-", "-sticky-")) for n in ENGINE_ONLY
+         if "-round-robin-" in n and n.replace("-round-robin-", "-sticky-") in ENGINE_ONLY]
+
+
+def _phase(name: str) -> str:
+    return _meta(name)["phases"][0]["name"]
+
+
+@pytest.mark.parametrize("name", ENGINE_ONLY)
+def test_engine_only_recordings_hold_the_engines_metrics_and_nothing_else(name):
+    meta = _meta(name)
+    assert meta["spans"] is None and not meta.get("tap")
+    for replica in meta["replicas"]:
+        flags = replica["flags"]
+        assert "--kv-cache-metrics" not in flags and "--otlp-traces-endpoint" not in flags
+        assert "--kv-events-config" not in flags
+    assert set(_replay(name).engines.values()) == {"vllm"}
+    assert delta(name, "engine_preemptions_total", _phase(name)) == 0     # no K1/K3 here
+
+
+def test_the_engine_only_set_has_its_twins():
+    assert len(TWINS) >= 5 and "metrics-only-healthy-busy-sticky" in ENGINE_ONLY
+    assert "metrics-only-little-sharing-round-robin" in ENGINE_ONLY
+
+
+@pytest.mark.parametrize(("rr", "sticky"), TWINS)
+def test_round_robin_hits_less_than_its_sticky_twin_on_the_same_workload(rr, sticky):
+    lost = hit_rate(rr, "round-robin") / hit_rate(sticky, "sticky")
+    assert lost < 0.85, (rr, lost)
+    per_request = [delta(n, "engine_prompt_tokens_total", _phase(n)) / delta(n, "request_prompt_tokens_count", _phase(n))
+                   for n in (rr, sticky)]
+    assert per_request[0] == pytest.approx(per_request[1], rel=0.1)   # the same prompts
+
+
+def test_little_sharing_has_little_to_hit_and_the_busy_sticky_fleet_hits_most():
+    assert hit_rate("metrics-only-little-sharing-round-robin", "round-robin") < 0.1
+    assert hit_rate("metrics-only-healthy-busy-sticky", "sticky") > 0.7
+
 # ------------------------------------------------------------------ behind the real sglang-router
 def router_series(name: str, signal: str, phase: str) -> dict:
     """Per label set of one router signal: (first, last) value inside a phase."""

@@ -45,6 +45,7 @@ CASES = [
     ("fleet-pd-kv-transfer-rising", "counter_reset"),     # a decode server restarts its counters
     ("fleet-pd-kv-transfer-rising", "cut_tail_10"),
     ("prefix-caching-disabled", "cut_head_20"),
+    ("kv-pressure-cascade", "metrics_only"),             # spans dropped: K1-K3 need none of them
 ]
 
 
@@ -143,3 +144,19 @@ def test_cut_keeps_the_middle(fleet):
     cut = VARIANTS["cut_head_20"].apply(rec, meta)
     assert cut.start - rec.start == pytest.approx(0.2 * (rec.end - rec.start), abs=scrape_interval(rec))
     assert cut.end == rec.end
+
+
+def test_metrics_only_drops_the_tap_targets_and_the_spans(tmp_path):
+    meta = yaml.safe_load((LIBRARY / "round-robin-vs-sticky.yaml").read_text())
+    src = LIBRARY / meta["recording"]
+    rec = read_variant_source(src)
+    assert {job for job, _ in rec.targets()} == {"vllm", "kvscope-tap"}
+    only = VARIANTS["metrics_only"].apply(rec, meta)
+    assert {job for job, _ in only.targets()} == {"vllm"}
+    assert not any(s.name.startswith("kvscope_") for sc in only.scrapes for s in sc.samples)
+    assert len(only.scrapes) == sum(1 for sc in rec.scrapes if sc.job == "vllm")
+    out = write_variant(src, VARIANTS["metrics_only"], meta, tmp_path, LIBRARY / meta["spans"])
+    assert not list(tmp_path.glob("*.spans.jsonl.gz")) and out.exists()
+    fleet_meta = yaml.safe_load((LIBRARY / "fleet-8-replicas-round-robin.yaml").read_text())
+    assert applicable("metrics_only", fleet_meta, read_variant_source(LIBRARY / fleet_meta["recording"])) \
+        == "already engine metrics only"

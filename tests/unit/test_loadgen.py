@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import statistics
 from collections import Counter
 
 import pytest
 from aiohttp import web
 from kvscope.agent.serve.site import HttpSite
 
-from testbed.loadgen import LoadSpec, percentile, run_load
+from testbed.loadgen import LoadSpec, _gap, percentile, run_load
 from testbed.routing import ConsistentHash, HashMod, RoundRobin, StickyTenant, make_router, stable_hash
 from testbed.tenants import Dist, Tenant, TenantSampler, power_law_shares, synthetic_text
 
@@ -205,6 +206,15 @@ def test_driver_stops_at_duration():
     assert 2 <= len(res.records) <= 10  # 2 clients x ~0.3 s per request within the 1 s bound
     assert {r.error for r in res.records} == {"http_503"}
 
+
+def test_open_loop_gaps_are_fixed_when_steady_and_exponential_when_poisson():
+    spec = LoadSpec([Tenant("a")], rate_per_s=4.0, arrivals="steady")
+    rng = random.Random(0)
+    assert {_gap(spec, rng) for _ in range(50)} == {0.25}
+    gaps = [_gap(LoadSpec([Tenant("a")], rate_per_s=4.0), rng) for _ in range(4000)]
+    assert abs(statistics.fmean(gaps) - 0.25) < 0.02 and statistics.pstdev(gaps) > 0.2   # exponential: sd = mean
+    with pytest.raises(ValueError, match="unknown arrival process"):
+        _gap(LoadSpec([Tenant("a")], rate_per_s=4.0, arrivals="bursty"), rng)
 
 def test_open_loop_sends_no_burst_at_the_deadline():
     # 40 idle clients, 2 arrivals/s for 1.5 s, every request slow: idle clients each claim a future

@@ -14,8 +14,10 @@ from testbed.procs import (
     ProcessExited,
     ProcessGroup,
     WaitTimeout,
+    check_alive,
     free_port,
     http_get,
+    retry_port_clash,
     running,
     start_reporting_port,
     stop_process,
@@ -100,3 +102,32 @@ def test_static_body_handler_serves_the_body_and_404s_other_paths():
         assert http_get(base + "/metrics") == (200, b"x 1\n")
         assert http_get(base + "/other")[0] == 404
     assert http_get(base + "/metrics", timeout_s=2) == (0, b"")
+
+
+def test_retry_port_clash_starts_again_only_when_a_port_was_taken(tmp_path):
+    """A real clash: a server told to bind a port another socket holds exits 'in use'; the
+    retry picks a fresh port. Any other exit is not retried."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = [taken.getsockname()[1]]
+        cleanups = []
+
+        def start():
+            port = ports[-1]
+            ports.append(free_port())      # the next try's port
+            with ProcessGroup(tmp_path) as procs:
+                proc = procs.start("http", [PY, "-m", "http.server", "--bind", "127.0.0.1", str(port)])
+                if port == ports[0]:
+                    proc.wait(10)
+                check_alive([proc])
+            return port
+
+        assert retry_port_clash(start, cleanup=lambda: cleanups.append(1)) != ports[0]
+        assert cleanups == [1]
+
+    def broken():
+        raise ProcessExited("engine exited with 1: no model")
+
+    with pytest.raises(ProcessExited, match="no model"):
+        retry_port_clash(broken, cleanup=lambda: pytest.fail("not a port clash: no retry"))

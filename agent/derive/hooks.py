@@ -1,0 +1,31 @@
+"""The derive hooks the agent runs over every cycle's samples, built from its config.
+
+One list for `kvscope agent` and for anything else that runs an AgentRuntime the same way
+(the integration harness), so a hook added here runs everywhere the agent does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from kvscope.agent.config import AgentConfig
+from kvscope.agent.derive.fairness import fairness_hook
+from kvscope.agent.derive.gpu_join import engine_gpu_hook
+from kvscope.agent.signals import Sample
+
+Hook = Callable[[Sequence[Sample]], Iterable[Sample]]
+"""A derive hook: the cycle's samples in, the derived samples out (agent/runtime.py DeriveHook)."""
+
+
+def fairness_window_s(config: AgentConfig) -> float:
+    """The fairness gauges' window: the `tap` section's `fairness_window_s`, else the `otlp`
+    section's (both default to 300 s)."""
+    tap, otlp = config.extensions.get("tap"), config.extensions.get("otlp")
+    if isinstance(tap, dict) and "fairness_window_s" in tap:
+        return float(tap["fairness_window_s"])
+    return float(getattr(otlp, "fairness_window_s", 300.0))
+
+
+def derive_hooks(config: AgentConfig) -> list[Hook]:
+    """The engine↔GPU join and the per-tenant fairness gauges, in that order."""
+    return [engine_gpu_hook(config.gpu_mapping), fairness_hook(fairness_window_s(config))]

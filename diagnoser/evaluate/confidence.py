@@ -1,0 +1,64 @@
+"""Findings from indirect evidence yield to rules that read the same mechanism directly.
+
+A rule with `confidence: moderate` infers its mechanism (routing read from engine hit rates
+alone); it names the rules that judge the same mechanism from direct evidence in `defers_to`,
+and the signals that are that evidence in `direct_evidence` (the request tap's prefix split and
+reuse potential, KV events). After every rule ran:
+
+* a deferred-to rule fired at the same place -> the finding stands as supporting evidence of the
+  direct one (`findings.same_mechanism`) and is ranked below it;
+* otherwise, a deferred-to rule was evaluated while the direct evidence was in the window -> it
+  looked at the mechanism itself and did not see it: the finding is dropped and the rule is
+  listed with the reason (`OVERRULED`);
+* otherwise (no direct evidence: the deferred-to rule was skipped, or judged only from other
+  branches, such as a router's policy) -> the finding stands, at moderate confidence, saying what
+  would confirm it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from kvscope.diagnoser.findings import OVERRULED, Finding, Skipped, not_evaluable, same_place
+from kvscope.diagnoser.rulebook.rule import Rule
+
+__all__ = ["BELOW", "OVERRULED", "direct_present", "not_evaluable", "settle"]
+
+BELOW = 10.0
+"""A deferring finding's score stays this far below the direct finding it folds into: more than
+the earliness bonus (0-5) ranking adds, so the direct reading always leads."""
+
+
+def direct_present(rules: Iterable[Rule], names: set[str]) -> dict[str, bool]:
+    """Per rule with `defers_to`: whether any of its `direct_evidence` signals (or the signal's
+    histogram series) has samples in the window, `names` being the sample names present."""
+    def seen(sig: str) -> bool:
+        return bool(names & {sig, f"{sig}_bucket", f"{sig}_sum", f"{sig}_count"})
+    return {r.id: any(seen(str(sig)) for sig in r.doc.get("direct_evidence") or ())
+            for r in rules if r.doc.get("defers_to")}
+
+
+def settle(findings: list[Finding], skipped: list[Skipped], evaluated: Iterable[str],
+           direct_present: Mapping[str, bool]) -> tuple[list[Finding], list[Skipped]]:
+    """Apply `defers_to` to one run's findings. `evaluated`: ids of the rules that could look
+    (not skipped); `direct_present`: per deferring rule, whether any of its `direct_evidence`
+    signals is in the window. Returns the findings kept and the skipped list with overruled
+    rules added."""
+    could_look = set(evaluated)
+    kept: list[Finding] = []
+    overruled: dict[str, list[str]] = {}
+    for f in findings:
+        direct = [rid for rid in f.defers_to if rid in could_look]
+        fired = [g for g in findings if g.rule_id in direct and same_place(g.where, f.where)]
+        if fired:
+            ceiling = min(g.score for g in fired) - BELOW
+            kept.append(replace(f, score=min(f.score, round(ceiling, 3))))
+        elif direct and direct_present.get(f.rule_id, False):
+            overruled.setdefault(f.rule_id, direct)
+        else:
+            kept.append(f)
+    notes = [Skipped(rid, f"{OVERRULED} {', '.join(direct)} read the same mechanism from direct evidence "
+                          "and did not fire there") for rid, direct in overruled.items()
+             if not any(f.rule_id == rid for f in kept)]
+    return kept, list(skipped) + notes
