@@ -193,8 +193,8 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
         for name, (lo, hi) in spans.items():
             rounded = (lo // quantum * quantum, min(len(grid) - 1, (hi // quantum + 1) * quantum - 1))
             by_span.setdefault(rounded, set()).add(name)
-        for (lo, hi), names in by_span.items():
-            batches.setdefault((frozenset(names), lo, hi), []).append(inst)
+        for (lo, hi), span_names in by_span.items():
+            batches.setdefault((frozenset(span_names), lo, hi), []).append(inst)
     plans += [(names, sorted(insts), lo, hi) for (names, lo, hi), insts in sorted(batches.items(), key=str)]
     out = Fetched(Frame(ts=grid))
     for names, instances, lo, hi in plans:
