@@ -159,7 +159,7 @@ def signal_of(series_name: str, catalog: Catalog) -> str:
 
 def parse_catalog(text: str, source: str = "catalog.yaml") -> Catalog:
     """Parse and validate catalog YAML text. Raises CatalogError naming the bad entry."""
-    doc = yaml.safe_load(text) or {}
+    doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}  # noqa: S506 - safe
     dialects = {n: _parse_dialect(n, d) for n, d in (doc.get("dialects") or {}).items()}
     signals = {n: _parse_signal(n, d, dialects, source) for n, d in (doc.get("signals") or {}).items()}
     facts = tuple(_parse_fact(f, dialects, source) for f in doc.get("facts") or [])

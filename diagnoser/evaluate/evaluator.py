@@ -210,7 +210,7 @@ def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
 def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> list[Finding]:
     when = rule.doc.get("when") or {}
     truth, all_done = ce.all_of(list(when.get("all") or []), lazy=True)
-    _judged(truth, ce.ev.frame)
+    _judged(truth, ce)
     if not truth.any():
         return []                 # `all` never holds anywhere: the rest cannot make the rule fire
     any_done: list[Evaluated] = []
@@ -236,10 +236,14 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     return out
 
 
-def _judged(truth: np.ndarray, frame: Frame) -> None:
-    """No condition holds before the frame's `judged_from` (points fetched only to feed ranges)."""
+def _judged(truth: np.ndarray, ce: ConditionEvaluator) -> None:
+    """No condition holds before the frame's `judged_from` (points fetched only to feed ranges),
+    nor outside its `judged` stretches."""
+    frame = ce.ev.frame
     if frame.judged_from > 0:
         truth[:, :frame.judged_from] = False
+    if frame.judged is not None:
+        truth &= frame.judged.mask(ce.by, ce.keys, truth.shape[1])
 
 
 def _resolved(rule: Rule, f: Finding) -> Finding:
@@ -392,7 +396,7 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
     evaluated = []
     for s in stages:
         truth, done = ce.all_of(list(s.get("all") or []))
-        _judged(truth, ce.ev.frame)
+        _judged(truth, ce)
         for_steps = int(round(rule.duration(s.get("for", default_for)) / step))
         truth = ce.bridge_outages(truth)
         evaluated.append((truth, run_lengths(truth), for_steps, done))

@@ -33,6 +33,32 @@ class Block:
             raise ValueError("Block values must be [len(labels), T]")
 
 
+@dataclass(frozen=True)
+class JudgedSpans:
+    """Grid stretches at which a rule's conditions are judged, each for the groups whose labels
+    match (compared on the labels the rule groups by; a stretch naming none of them is every
+    group's). Groups no stretch matches are not judged at all."""
+
+    spans: tuple[tuple[tuple[tuple[str, str], ...], int, int], ...]   # (labels, first, last)
+
+    def mask(self, by: tuple[str, ...], keys: list[tuple[str, ...]], n: int) -> np.ndarray:
+        """bool [len(keys), n]: where each group is judged."""
+        out = np.zeros((len(keys), n), dtype=bool)
+        pos = {label: i for i, label in enumerate(by)}
+        index: dict[tuple, list[int]] = defaultdict(list)
+        for gi, key in enumerate(keys):
+            index[key].append(gi)
+        for labels, first, last in self.spans:
+            wanted = [(pos[k], v) for k, v in labels if k in pos]
+            if len(wanted) == len(by):                  # the whole key: a dict lookup
+                key = tuple(v for _, v in sorted(wanted))
+                rows = index.get(key, [])
+            else:
+                rows = [gi for gi, key in enumerate(keys) if all(key[i] == v for i, v in wanted)]
+            out[rows, max(0, first):last + 1] = True
+        return out
+
+
 @dataclass
 class Frame:
     """Canonical series of one window on a common grid, plus engine facts per instance."""
@@ -46,6 +72,9 @@ class Frame:
     judged_from: int = 0
     """Grid index from which conditions are judged; earlier points only feed ranges (a frame the
     pushdown path fetched from where a rule's prefilter first held: diagnoser/pushdown/)."""
+    judged: JudgedSpans | None = None
+    """Where conditions are judged, per group (None: everywhere from `judged_from`): the pushdown
+    path fetches each candidate's data only around the stretches where it can fire."""
     profile: dict[tuple[str, ...], float] | None = None
     """When a dict: CPU seconds per rule (`("rule", id)`) and per series node (`("node", rule id,
     name, form, signal)`, inclusive of what it refers to) are added to it (bench --profile)."""

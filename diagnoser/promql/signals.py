@@ -217,8 +217,12 @@ class InlineSignals:
     for a signal with sources PromQL cannot read (rescaled buckets, info-label values)."""
 
     def __init__(self, catalog: Catalog, recorded: frozenset[str] | set[str] = frozenset(),
-                 instances: list[str] | None = None) -> None:
+                 instances: list[str] | None = None, present: frozenset[str] | set[str] | None = None) -> None:
+        """`present`: the wire names the TSDB has in the span queried (None: not known). A source
+        none of whose names is present adds nothing to the union and is left out: the same
+        series, without the TSDB evaluating ranges and relabelling over empty selectors."""
         self.catalog, self.recorded, self.instances = catalog, set(recorded), instances
+        self.present = None if present is None else frozenset(present)
 
     def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None,
              by: tuple[str, ...] | None = None, outer: str | None = None) -> str:
@@ -236,6 +240,8 @@ class InlineSignals:
                                  f"({', '.join(sorted({a.name for a in skipped}))})")
         if series in self.recorded:
             return RecordedSignals(self.instances).read(series, matchers, fn, rng)
+        if self.present is not None:
+            terms = [t for t in terms if self.present.intersection(t.names)] or terms[:1]
         agg = "max" if signal.kind == "gauge" else "sum"
         extra = list(matchers) + _instance_matcher(self.instances)
         full = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)

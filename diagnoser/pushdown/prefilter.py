@@ -47,6 +47,7 @@ class Prefilter:
     dropped: tuple[str, ...] = ()  # conditions left to the evaluator, with the reason
     reach_s: float = 0.0           # how far back from a grid point the rule's series read
     step: float = 0.0              # the prefilter's query step (a multiple of the grid step)
+    hold_steps: int = 0            # the rule's `for` in grid steps (a cascade: its root stage's)
 
 
 def conditions_of(rule: Rule) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -62,9 +63,11 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
                       slack: float = SLACK) -> Prefilter:
     """The prefilter of a prepared rule (parameters applied, time-scaled) on a grid of `step`."""
     reach = rule_reach(rule)
+    hold = hold_steps(rule, step)
     qstep = query_step(rule, step)
     series = SeriesCompiler(rule, reader, step=step)
-    series.sub_for = lambda rng_s: _duration(step if rng_s <= LONG_SUBQUERY_S else max(step, min(qstep, rng_s / 30)))
+    coarse = step * max(1, min(MAX_QUERY_STEPS, hold))
+    series.sub_for = lambda rng_s: _duration(step if rng_s <= LONG_SUBQUERY_S else max(step, min(coarse, rng_s / 30)))
     series.resets_bridge_s = RESETS_BRIDGE_S
     cc = ConditionCompiler(rule, series, catalog, slack=slack)
     all_conds, any_conds = conditions_of(rule)
@@ -88,7 +91,8 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
     if not kept and anys and len({frozenset(b) for _, b in anys}) == 1:
         kept, anys = [("\nor\n".join(f"({e})" for e, _ in anys), anys[0][1])], []
     if not kept:
-        return Prefilter(rule.id, None, rule.by, tuple(dropped) or ("no condition has a PromQL form",), reach, qstep)
+        return Prefilter(rule.id, None, rule.by, tuple(dropped) or ("no condition has a PromQL form",), reach, qstep,
+                         hold)
     kept.sort(key=lambda c: -len(c[1]))
     (expr, by), rest = kept[0], kept[1:]
     out = f"({expr})"
@@ -99,25 +103,41 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
         out += "\nand\n(\n" + "\nor\n".join(f"({e})" for e in same) + "\n)"
     elif anys:
         dropped.append("`any` branches on another grouping")
-    return Prefilter(rule.id, out, tuple(by), tuple(dropped), reach, qstep)
+    return Prefilter(rule.id, out, tuple(by), tuple(dropped), reach, qstep, hold)
 
 
 MAX_QUERY_STEPS = 8
 LONG_SUBQUERY_S = 600.0
 """Subqueries over ranges longer than this (baselines) are read at up to 1/30 of their range or the
-prefilter's query step, whichever is finer: an average over 30 points of a 30-minute baseline
+rule's `for` (at most MAX_QUERY_STEPS grid steps), whichever is finer: an average over 30 points of a 30-minute baseline
 instead of 120 (the slack covers the difference); shorter ones (max over a minute) at the grid step."""
 
 
-def query_step(rule: Rule, step: float) -> float:
-    """The prefilter's query step: as coarse as the rule's `for` allows, so that a run of true
-    points long enough to fire is still sampled (at most MAX_QUERY_STEPS grid steps)."""
-    spec = rule.doc.get("cascade") or rule.doc.get("when") or {}
+def hold_steps(rule: Rule, step: float) -> int:
+    """The rule's `for` in grid steps, as the evaluator rounds it (a cascade: its root stage's own
+    `for`, else the cascade's); 0 when it cannot be read."""
     try:
-        hold = rule.duration(spec.get("for", "0s")) if isinstance(spec, dict) else 0.0
-    except (KeyError, ValueError, TypeError):
-        hold = 0.0
-    return step * max(1, min(MAX_QUERY_STEPS, int(hold // step)))
+        if "cascade" in rule.doc:
+            cas = rule.doc["cascade"] or {}
+            stages = cas.get("stages") or [{}]
+            hold = rule.duration(stages[0].get("for", cas.get("for", "0s")))
+        else:
+            hold = rule.duration((rule.doc.get("when") or {}).get("for", "0s"))
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return 0
+    return max(0, int(round(hold / step)))
+
+
+CONSECUTIVE = 3
+"""A run of true points long enough to fire holds at least this many consecutive prefilter steps
+(where the rule's `for` allows): isolated matches are dropped by the client (candidates.py)."""
+
+
+def query_step(rule: Rule, step: float) -> float:
+    """The prefilter's query step: a run of hold + 1 true grid points (what `for` asks) spans at
+    least CONSECUTIVE query steps, at most MAX_QUERY_STEPS grid steps each."""
+    k = (hold_steps(rule, step) + 1) // CONSECUTIVE
+    return step * max(1, min(MAX_QUERY_STEPS, k))
 
 
 def _duration(seconds: float) -> str:

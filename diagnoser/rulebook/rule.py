@@ -38,8 +38,8 @@ class LineDict(dict):
         return self.key_lines.get(key, self.line)
 
 
-class _LineLoader(yaml.SafeLoader):
-    pass
+class _LineLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """The safe loader (libyaml's when PyYAML has it: ~10x faster on the 45 rule files)."""
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> LineDict:

@@ -64,24 +64,75 @@ class PrometheusSource:
 
 def fetch_frame(client: PromClient, names: set[str], start: float, end: float, step: float,
                 instances: list[str] | None = None, fetch_from: float | None = None,
-                catalog: Catalog | None = None) -> Frame:
+                catalog: Catalog | None = None, fetch_to: float | None = None) -> Frame:
     """The canonical series `names` on the grid [start, end] by `step`.
 
     `instances` restricts the fetch to those scrape targets (batched `instance=~` matchers);
-    `fetch_from` (a grid time) leaves the grid points before it absent (NaN): the grid stays the
-    whole window's, only the data is fetched from there on."""
+    `fetch_from` and `fetch_to` (grid times) leave the grid points before and after them absent
+    (NaN): the grid stays the whole window's, only the data is fetched between them. A fetch of
+    every instance that would answer more than BATCH_POINTS points is cut into instance batches
+    too (plus one query for series without an `instance`), each batch turned into rows as it
+    arrives, so the client never holds more than a few batches' answers."""
     catalog = catalog or load_catalog()
     grid = make_grid(start, end, step)
     first = start if fetch_from is None else max(start, grid[int(np.searchsorted(grid, fetch_from - 1e-6))]
                                                   if fetch_from <= end else end)
-    selectors = [selector_for(names, catalog, batch) for batch in _batches(instances)]
-    what = f"raw series of {len(instances)} instance(s)" if instances is not None else "raw series"
-    n_series = 0 if instances is None else len(instances) * max(1, len(names)) * 4
-    results: list[list[dict[str, Any]]] = client.map(
-        lambda sel: client.range_parts(sel, first, end, step, series=n_series, what=what), selectors)
+    last = end if fetch_to is None else float(grid[max(0, int(np.searchsorted(grid, fetch_to + 1e-6)) - 1)])
+    last = max(first, last)
+    batched = instances
+    if instances is None:
+        batched = _every_instance_if_large(client, names, catalog, first, last, step)
+    selectors = [selector_for(names, catalog, batch) for batch in _batches(batched)]
+    if instances is None and batched is not None:
+        selectors.append(selector_for(names, catalog, no_instance=True))
+    what = f"raw series of {len(batched)} instance(s)" if batched is not None else "raw series"
+    n_series = 0 if batched is None else min(len(batched), INSTANCE_BATCH) * max(1, len(names)) * 4
     offset = int(round((first - start) / step))
-    return frame_from_matrix([s for part in results for s in part], start, end, step, names, catalog,
-                             offset=offset)
+
+    def one(sel: str) -> Frame:
+        result = client.range_parts(sel, first, last, step, series=n_series, what=what)
+        return frame_from_matrix(result, start, end, step, names, catalog, offset=offset)
+
+    frame = _concat_frames(client.map(one, selectors), grid)
+    if last < end:                                  # nothing was fetched after `last`: absent, not carried
+        until = int(round((last - start) / step)) + 1
+        for block in frame.blocks.values():
+            block.values[:, until:] = np.nan
+    return frame
+
+
+BATCH_POINTS = 4_000_000
+"""A fetch of every instance expected to answer more points than this is cut into instance batches."""
+
+
+def _every_instance_if_large(client: PromClient, names: set[str], catalog: Catalog, first: float, last: float,
+                             step: float) -> list[str] | None:
+    """Every instance with a needed series (the index only), when fetching all at once would
+    answer more than BATCH_POINTS points (about 4 series per name and instance); else None."""
+    steps = int((last - first) // step) + 1
+    sel = selector_for(names, catalog)
+    every = client.label_values("instance", [sel], first - DEFAULT_LOOKBACK_S, last)
+    if len(every) <= INSTANCE_BATCH or len(every) * 4 * max(1, len(names)) * steps <= BATCH_POINTS:
+        return None
+    client.note(f"raw series of every instance: {len(every)} instances x {steps} steps fetched in batches of "
+                f"{INSTANCE_BATCH}")
+    return sorted(every)
+
+
+def _concat_frames(frames: list[Frame], grid: np.ndarray) -> Frame:
+    """Frames of disjoint scrape targets -> one, rows in label order (as one answer would give)."""
+    if len(frames) == 1:
+        return frames[0]
+    out = Frame(ts=grid)
+    parts: dict[str, list[tuple[Labels, np.ndarray]]] = defaultdict(list)
+    for frame in frames:
+        for name, block in frame.blocks.items():
+            parts[name].extend(zip(block.labels, block.values, strict=True))
+        out.facts.update(frame.facts)
+    for name, rows in parts.items():
+        rows.sort(key=lambda r: r[0])
+        out.blocks[name] = Block([r[0] for r in rows], np.vstack([r[1] for r in rows]))
+    return out
 
 
 def _batches(instances: list[str] | None) -> list[list[str] | None]:
@@ -112,9 +163,10 @@ def _signal_of(sample_name: str, catalog: Catalog) -> str | None:
     return None
 
 
-def selector_for(names: set[str], catalog: Catalog, instances: list[str] | None = None) -> str:
+def selector_for(names: set[str], catalog: Catalog, instances: list[str] | None = None,
+                 no_instance: bool = False) -> str:
     """One `{__name__=~"..."}` selector for every native and kvscope_* name needed (restricted
-    to `instances` when given)."""
+    to `instances` when given, to series without an `instance` with `no_instance`)."""
     alternatives = set()
     for declared in native_names(names, catalog):
         base = re.escape(declared)
@@ -124,7 +176,7 @@ def selector_for(names: set[str], catalog: Catalog, instances: list[str] | None 
     native = "|".join(sorted(alternatives))
     suffix = "(_total|_bucket|_sum|_count)?"
     kv = "|".join(sorted(re.escape(KVSCOPE_PREFIX + n) for n in names))
-    inst = ""
+    inst = ',instance=""' if no_instance else ""
     if instances is not None:
         inst = ',instance=~"' + "|".join(_quote(re.escape(i)) for i in instances) + '"'
     return f'{{__name__=~"(({_quote(native)}){suffix})|({_quote(kv)})"{inst}}}'

@@ -1,9 +1,11 @@
 """A fleet of vLLM engines replicated from the real vLLM 0.32 /metrics capture, for fleet benches.
 
-`write_capture_fleet` writes N engines x T of the capture's series that kvscope reads (every series
+`CaptureFleet` generates N engines x T of the capture's series that kvscope reads (every series
 whose name the catalog maps, plus `vllm:cache_config_info`), with the capture's own names, label
 sets and bucket layouts, one engine per `instance`, four models. It is vectorised over engines and
-time (numpy), so hundreds of engines over hours are written in minutes:
+time (numpy) and produced in time chunks (counters and histograms carry their totals from one
+chunk to the next, each chunk draws from its own seeded generator), so a week of a hundred engines
+never sits in memory at once:
 
 * load: each engine a steady request rate with noise; a tenth of the engines (the "incident"
   engines) go through a KV-pressure episode from 55 % to 75 % of the window: KV usage at 97-99 %,
@@ -14,18 +16,26 @@ time (numpy), so hundreds of engines over hours are written in minutes:
 * gauges: KV usage, running and waiting requests as above; the other gauges keep their captured
   value.
 
-Output: OpenMetrics with timestamps (promtool `tsdb create-blocks-from openmetrics`), or the
-Prometheus text format with millisecond timestamps (VictoriaMetrics `/api/v1/import/prometheus`).
+Output: `write_capture_fleet` writes OpenMetrics with timestamps (promtool `tsdb
+create-blocks-from openmetrics`; the whole fleet is gathered per family, so for sizes that fit in
+memory); `import_capture_fleet` streams it into VictoriaMetrics as JSON lines
+(`/api/v1/import`, one line per series and chunk), without a file, for weeks and big fleets.
+Both give the same samples for the same arguments.
 """
 
 from __future__ import annotations
 
 import re
+import threading
+import urllib.request
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Queue
 from typing import IO
 
+import msgspec
 import numpy as np
 
 CAPTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "scrapes" / "vllm-0.32.0-cpu-after-load.txt"
@@ -94,113 +104,216 @@ def _engine_labels(i: int) -> dict[str, str]:
     return {"instance": f"10.{i // 62500}.{i // 250 % 250}.{i % 250}:8000", "job": "vllm"}
 
 
+def _series_labels(labels: dict[str, str], e: int) -> dict[str, str]:
+    lab = {**labels, **_engine_labels(e)}
+    if "enable_prefix_caching" in lab:
+        lab["enable_prefix_caching"] = "True"          # a tuned fleet
+    if "model_name" in lab:
+        lab["model_name"] = f"model-{e % MODELS}"
+    return lab
+
+
+CHUNK_STEPS = 1440
+"""Scrapes per generated chunk (6 h at 15 s)."""
+
+
+class CaptureFleet:
+    """The fleet's samples in [start, end] every `interval`, produced chunk by chunk."""
+
+    def __init__(self, engines: int, start: float, end: float, interval: float = 15.0, seed: int = 7,
+                 chunk_steps: int = CHUNK_STEPS) -> None:
+        self.engines, self.interval, self.seed, self.chunk_steps = engines, interval, seed, chunk_steps
+        self.ts = np.arange(start, end + 1e-9, interval)
+        n_t = len(self.ts)
+        rng = np.random.default_rng(seed)
+        self.hot = np.sort(rng.choice(engines, size=max(1, engines // 10), replace=False))
+        self.episode = (int(EPISODE[0] * n_t), int(EPISODE[1] * n_t))
+        self.families = read_capture()
+        self._state: dict[tuple, np.ndarray] = {}
+
+    def info(self) -> dict:
+        """Incident instances, episode, samples and steps (what the benches print)."""
+        a, b = self.episode
+        per_step = sum(len(f.series) for f in self.families) * self.engines
+        return {"incident_instances": [_engine_labels(int(e))["instance"] for e in self.hot],
+                "episode": [float(self.ts[a]), float(self.ts[min(b, len(self.ts) - 1)])],
+                "samples": per_step * len(self.ts), "steps": len(self.ts)}
+
+    def chunks(self) -> Iterator[tuple[np.ndarray, list[tuple[Family, list[np.ndarray]]]]]:
+        """(timestamps, [(family, one array per series: [engines, n] or [n])]) per chunk, in order."""
+        self._state = {}
+        for c, c0 in enumerate(range(0, len(self.ts), self.chunk_steps)):
+            c1 = min(len(self.ts), c0 + self.chunk_steps)
+            rng = np.random.default_rng([self.seed, c])
+            stressed = np.zeros((self.engines, c1 - c0), dtype=bool)
+            a, b = max(self.episode[0], c0), min(self.episode[1], c1)
+            if a < b:
+                stressed[np.ix_(self.hot, np.arange(a - c0, b - c0))] = True
+            load = np.clip(1.0 + 0.15 * rng.standard_normal((self.engines, c1 - c0)), 0.2, None)
+            load[stressed] *= 1.6
+            yield self.ts[c0:c1], [(fam, self._family(fam, rng, load, stressed)) for fam in self.families]
+
+    def _carry(self, key: tuple, inc: np.ndarray) -> np.ndarray:
+        """Running sums of `inc` [E, n] along time, continued from the previous chunk's."""
+        prev = self._state.get(key)
+        out = np.cumsum(inc, axis=1)
+        if prev is not None:
+            out += prev[:, None]
+        self._state[key] = out[:, -1].copy()
+        return out
+
+    def _family(self, fam: Family, rng: np.random.Generator, load: np.ndarray,
+                stressed: np.ndarray) -> list[np.ndarray]:
+        n_e, n_t = load.shape
+        if fam.kind == "histogram":
+            return self._histogram(fam, rng, load, stressed)
+        out = []
+        for name, labels, value in fam.series:
+            key = (name, tuple(sorted(labels.items())))
+            if fam.kind == "info":
+                out.append(np.full(n_t, value))
+            elif fam.kind == "counter" or name.endswith("_total"):
+                if "preemption" in name:
+                    inc = np.where(stressed, rng.poisson(2.0, size=(n_e, n_t)), 0).astype(float)
+                else:
+                    inc = load * max(value, 1.0) / 600.0 * self.interval
+                out.append(value + np.floor(self._carry(key, inc)))
+            elif "kv_cache_usage" in name:
+                kv = np.clip(0.35 + 0.08 * rng.standard_normal((n_e, n_t)), 0.0, 0.85)
+                kv[stressed] = 0.97 + 0.02 * rng.random(int(stressed.sum()))
+                out.append(kv)
+            elif name.endswith("num_requests_running"):
+                out.append(rng.poisson(8.0, size=(n_e, n_t)) + np.where(stressed, 16.0, 0.0))
+            elif name.endswith("num_requests_waiting"):
+                ramp = self._carry(key, stressed.astype(float)) * 0.05
+                out.append(rng.poisson(0.2, size=(n_e, n_t)) + np.where(stressed, 2.0 + ramp, 0.0))
+            else:
+                out.append(np.full(n_t, value))
+        return out
+
+    def _histogram(self, fam: Family, rng: np.random.Generator, load: np.ndarray,
+                   stressed: np.ndarray) -> list[np.ndarray]:
+        """Bucket, _sum and _count rows with the capture's bucket shape; stressed engines observe
+        latency families 3x slower."""
+        by_labels: dict[tuple, dict] = defaultdict(dict)
+        for name, labels, value in fam.series:
+            key = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+            if name.endswith("_bucket"):
+                le = labels["le"]
+                by_labels[key][float("inf") if le == "+Inf" else float(le)] = value
+            else:
+                by_labels[key][name[len(fam.name):]] = value
+        latency = fam.name.endswith("_seconds")
+        rows: dict[tuple, dict] = {}
+        for key, got in by_labels.items():
+            les = sorted(k for k in got if isinstance(k, float))
+            counts = np.array([got[le] for le in les])
+            total = max(counts[-1], 1.0)
+            mean = got.get("_sum", 0.0) / total if counts[-1] > 0 else 0.1
+            finite = np.array([le for le in les if np.isfinite(le)])
+            # a healthy engine's observations: lognormal around the capture's mean (the CPU capture's
+            # own spread is a tiny model's, wide enough to trip tail rules on every engine)
+            cdf = np.r_[lognormal_cdf(finite, max(mean, 1e-6), SIGMA), 1.0]
+            slow = np.r_[lognormal_cdf(finite, max(mean, 1e-6) * STRESS_FACTOR, SIGMA), 1.0] if latency else cdf
+            obs = rng.poisson(np.maximum(load, 0.0) * 2.0 * self.interval / 15.0).astype(float)     # [E, T]
+            cum = {}
+            for j, le in enumerate(les):
+                per = obs * np.where(stressed, slow[j], cdf[j]) if latency else obs * cdf[j]
+                cum[le] = got[le] + np.floor(self._carry((fam.name, key, le), per))   # whole counts, monotone
+            slow_sum = obs * mean * np.where(stressed & latency, 3.0, 1.0)
+            rows[key] = {"les": les, "cum": cum, "_count": cum[les[-1]],
+                         "_sum": got.get("_sum", 0.0) + self._carry((fam.name, key, "_sum"), slow_sum)}
+        out = []
+        for name, labels, _ in fam.series:
+            key = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+            if name.endswith("_bucket"):
+                le = labels["le"]
+                out.append(rows[key]["cum"][float("inf") if le == "+Inf" else float(le)])
+            else:
+                out.append(rows[key][name[len(fam.name):]])
+        return out
+
+
 def write_capture_fleet(out: IO[str], engines: int, start: float, end: float, interval: float = 15.0,
-                        seed: int = 7, millis: bool = False, openmetrics: bool = True) -> dict:
-    """Write the fleet's samples in [start, end] every `interval`; returns what was written
-    (incident engines, episode, samples)."""
-    rng = np.random.default_rng(seed)
-    ts = np.arange(start, end + 1e-9, interval)
-    n_t = len(ts)
-    hot = np.sort(rng.choice(engines, size=max(1, engines // 10), replace=False))
-    stressed = np.zeros((engines, n_t), dtype=bool)
-    a, b = int(EPISODE[0] * n_t), int(EPISODE[1] * n_t)
-    stressed[hot, a:b] = True
-    load = np.clip(1.0 + 0.15 * rng.standard_normal((engines, n_t)), 0.2, None)
-    load[stressed] *= 1.6
-    stamp = [f"{int(round(t * 1000))}" if millis else f"{t:.3f}" for t in ts]
-    samples = 0
-    for fam in read_capture():
-        if openmetrics:
-            out.write(f"# TYPE {fam.name} {'gauge' if fam.kind == 'info' else fam.kind}\n")
-        values = _family_values(fam, rng, load, stressed, interval)
-        for e in range(engines):
-            target = _engine_labels(e)
-            for (name, labels, _), row in zip(fam.series, values, strict=True):
-                lab = {**labels, **target}
-                if "enable_prefix_caching" in lab:
-                    lab["enable_prefix_caching"] = "True"          # a tuned fleet
-                if "model_name" in lab:
-                    lab["model_name"] = f"model-{e % MODELS}"
+                        seed: int = 7) -> dict:
+    """Write the fleet as OpenMetrics with timestamps (each family once, gathered over every
+    chunk); returns `CaptureFleet.info()`."""
+    fleet = CaptureFleet(engines, start, end, interval, seed)
+    gathered: list[list[list[np.ndarray]]] = [[[] for _ in fam.series] for fam in fleet.families]
+    stamps = []
+    for ts, fams in fleet.chunks():
+        stamps.append(ts)
+        for f, (_fam, arrays) in enumerate(fams):
+            for i, arr in enumerate(arrays):
+                gathered[f][i].append(arr)
+    stamp = [f"{t:.3f}" for t in np.concatenate(stamps)]
+    for fam, series in zip(fleet.families, gathered, strict=True):
+        out.write(f"# TYPE {fam.name} {'gauge' if fam.kind == 'info' else fam.kind}\n")
+        for (name, labels, _), parts in zip(fam.series, series, strict=True):
+            row = np.concatenate(parts, axis=-1)
+            for e in range(engines):
+                lab = _series_labels(labels, e)
                 prefix = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(lab.items())) + "} "
                 vals = row[e] if row.ndim == 2 else row
                 out.write("".join(f"{prefix}{v:.12g} {s}\n" for v, s in zip(vals.tolist(), stamp, strict=True)))
-                samples += n_t
-    if openmetrics:
-        out.write("# EOF\n")
-    return {"incident_instances": [_engine_labels(int(e))["instance"] for e in hot],
-            "episode": [float(ts[a]), float(ts[min(b, n_t - 1)])], "samples": samples, "steps": n_t}
+    out.write("# EOF\n")
+    return fleet.info()
 
 
-def _family_values(fam: Family, rng: np.random.Generator, load: np.ndarray, stressed: np.ndarray,
-                   interval: float) -> list[np.ndarray]:
-    """One array per series of the family: [engines, T] (or [T] / a scalar row when constant)."""
-    n_e, n_t = load.shape
-    if fam.kind == "histogram":
-        return _histogram(fam, rng, load, stressed, interval)
-    out = []
-    for name, _labels, value in fam.series:
-        if fam.kind == "info":
-            out.append(np.full(n_t, value))
-        elif fam.kind == "counter" or name.endswith("_total"):
-            if "preemption" in name:
-                inc = np.where(stressed, rng.poisson(2.0, size=(n_e, n_t)), 0).astype(float)
-            else:
-                inc = load * max(value, 1.0) / 600.0 * interval
-            out.append(value + np.floor(np.cumsum(inc, axis=1)))
-        elif "kv_cache_usage" in name:
-            kv = np.clip(0.35 + 0.08 * rng.standard_normal((n_e, n_t)), 0.0, 0.85)
-            kv[stressed] = 0.97 + 0.02 * rng.random(int(stressed.sum()))
-            out.append(kv)
-        elif name.endswith("num_requests_running"):
-            out.append(rng.poisson(8.0, size=(n_e, n_t)) + np.where(stressed, 16.0, 0.0))
-        elif name.endswith("num_requests_waiting"):
-            ramp = np.cumsum(stressed, axis=1) * 0.05
-            out.append(rng.poisson(0.2, size=(n_e, n_t)) + np.where(stressed, 2.0 + ramp, 0.0))
-        else:
-            out.append(np.full(n_t, value))
-    return out
+IMPORT_BATCH_BYTES = 64 << 20
 
 
-def _histogram(fam: Family, rng: np.random.Generator, load: np.ndarray, stressed: np.ndarray,
-               interval: float) -> list[np.ndarray]:
-    """Bucket, _sum and _count rows with the capture's bucket shape; stressed engines observe
-    latency families 3x slower."""
-    n_e, n_t = load.shape
-    by_labels: dict[tuple, dict] = defaultdict(dict)
-    for name, labels, value in fam.series:
-        key = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
-        if name.endswith("_bucket"):
-            le = labels["le"]
-            by_labels[key][float("inf") if le == "+Inf" else float(le)] = value
-        else:
-            by_labels[key][name[len(fam.name):]] = value
-    latency = fam.name.endswith("_seconds")
-    rows: dict[tuple, dict] = {}
-    for key, got in by_labels.items():
-        les = sorted(k for k in got if isinstance(k, float))
-        counts = np.array([got[le] for le in les])
-        total = max(counts[-1], 1.0)
-        mean = got.get("_sum", 0.0) / total if counts[-1] > 0 else 0.1
-        finite = np.array([le for le in les if np.isfinite(le)])
-        # a healthy engine's observations: lognormal around the capture's mean (the CPU capture's
-        # own spread is a tiny model's, wide enough to trip tail rules on every engine)
-        cdf = np.r_[lognormal_cdf(finite, max(mean, 1e-6), SIGMA), 1.0]
-        slow = np.r_[lognormal_cdf(finite, max(mean, 1e-6) * STRESS_FACTOR, SIGMA), 1.0] if latency else cdf
-        obs = rng.poisson(np.maximum(load, 0.0) * 2.0 * interval / 15.0).astype(float)     # [E, T]
-        cum = {}
-        for j, le in enumerate(les):
-            per = obs * np.where(stressed, slow[j], cdf[j]) if latency else obs * cdf[j]
-            cum[le] = got[le] + np.floor(np.cumsum(per, axis=1))      # whole counts, monotone in t and le
-        rows[key] = {"les": les, "cum": cum,
-                     "_count": cum[les[-1]],
-                     "_sum": got.get("_sum", 0.0) + np.cumsum(obs * mean * np.where(stressed & latency, 3.0, 1.0),
-                                                              axis=1)}
-    out = []
-    for name, labels, _ in fam.series:
-        key = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
-        if name.endswith("_bucket"):
-            le = labels["le"]
-            out.append(rows[key]["cum"][float("inf") if le == "+Inf" else float(le)])
-        else:
-            out.append(rows[key][name[len(fam.name):]])
-    return out
+def import_capture_fleet(url: str, engines: int, start: float, end: float, interval: float = 15.0,
+                         seed: int = 7, shift_s: float = 0.0, timeout_s: float = 1800.0) -> dict:
+    """Stream the fleet into VictoriaMetrics' `/api/v1/import` (JSON lines: metric, values,
+    millisecond timestamps), timestamps moved by `shift_s`; generation and posting overlap (one
+    posting thread). Returns `CaptureFleet.info()`."""
+    fleet = CaptureFleet(engines, start, end, interval, seed)
+    enc = msgspec.json.Encoder()
+    todo: Queue[bytes | None] = Queue(maxsize=2)
+    failed: list[BaseException] = []
+
+    def post() -> None:
+        while (body := todo.get()) is not None:
+            if failed:
+                continue
+            try:
+                req = urllib.request.Request(url + "/api/v1/import", data=body, method="POST")
+                with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310
+                    resp.read()
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+                failed.append(exc)
+
+    poster = threading.Thread(target=post, daemon=True)
+    poster.start()
+    prefixes = [[[enc.encode({"__name__": name, **_series_labels(labels, e)}) for e in range(engines)]
+                 for name, labels, _ in fam.series] for fam in fleet.families]
+    buf: list[bytes] = []
+    size = 0
+    try:
+        for ts, fams in fleet.chunks():
+            stamps = b',"timestamps":' + enc.encode(np.rint((ts + shift_s) * 1000).astype(np.int64).tolist()) + b"}\n"
+            for (_fam, arrays), pre in zip(fams, prefixes, strict=True):
+                for arr, names in zip(arrays, pre, strict=True):
+                    shared = None if arr.ndim == 2 else enc.encode(arr.tolist())
+                    rows = arr.tolist() if arr.ndim == 2 else None
+                    for e in range(engines):
+                        values = shared if rows is None else enc.encode(rows[e])
+                        line = b'{"metric":' + names[e] + b',"values":' + values + stamps
+                        buf.append(line)
+                        size += len(line)
+                    if size >= IMPORT_BATCH_BYTES:
+                        todo.put(b"".join(buf))
+                        buf, size = [], 0
+                    if failed:
+                        raise failed[0]
+        if buf:
+            todo.put(b"".join(buf))
+    finally:
+        todo.put(None)
+        poster.join()
+    if failed:
+        raise failed[0]
+    with urllib.request.urlopen(url + "/internal/force_flush", timeout=timeout_s) as resp:  # noqa: S310
+        resp.read()
+    return fleet.info()

@@ -1,0 +1,267 @@
+"""The evidence a rule's candidates need: which raw series, of which instances, over which span.
+
+A rule reads its signals through leaf series (`gauge`, `rate`, `quantile`, ...), each grouped by
+its own labels. For a candidate group, a leaf grouped by `instance` needs only that instance's
+series; a leaf grouped by `model` (peers: replicas of the model, its queue share) needs every
+instance serving the candidates' models, and only that leaf's signal; a leaf grouped by nothing
+(the fleet) needs every instance's. So evidence is planned per leaf and candidate (`rule_needs`),
+and only what some candidate needs is fetched (`fetch_needs`): every-instance needs in one fetch,
+instance needs batched by instances that need the same names over the same (rounded) span.
+
+Spans, per candidate group: conditions are judged over the stretch where the rule can fire
+(candidates.py) widened by SAFETY_S on both sides (`judged_spans`), to the window's end for
+cascades (later stages may start after the root's stretch); data is fetched from the first
+point judged minus the rule's reach (ranges, offsets, baselines), to the last point judged, or
+to the window's end for the leaves `resolved_when` reads (it is read from a finding's onset on).
+
+The rule is then evaluated on a frame of its own rows (`rule_frame`) whose `judged` stretches are
+the candidates': a peer fetched for a model-level leaf, or a group outside its stretches, is not
+judged on data fetched for someone else.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from kvscope.agent.signals import Catalog
+from kvscope.diagnoser.evaluate.frame import Block, Frame, JudgedSpans
+from kvscope.diagnoser.promql.alerts import NotExpressible
+from kvscope.diagnoser.promql.signals import InlineSignals, _escape_re
+from kvscope.diagnoser.pushdown.candidates import Group, Hits
+from kvscope.diagnoser.pushdown.prefilter import Prefilter
+from kvscope.diagnoser.rulebook.grammar import SIGNAL_FORMS, node_form, node_refs, node_signal
+from kvscope.diagnoser.rulebook.rule import Rule
+from kvscope.diagnoser.sources.promapi import PromClient, PromError
+from kvscope.diagnoser.sources.prometheus import fetch_frame
+
+SAFETY_S = 300.0
+"""Conditions are judged from this long before a candidate's stretch to this long after it."""
+RESOLVE_STEP_S = 300.0
+"""Step of the subquery that lists the instances of a model (at most the 5-minute lookback, so
+no series present in the span is missed)."""
+SPAN_QUANTUM_S = 1200.0
+"""Fetch spans are rounded out to multiples of this, so that instances with nearly the same
+stretches are fetched together."""
+
+
+@dataclass(frozen=True)
+class Need:
+    """Raw series one rule needs: sample names, of which instances (None: every one), from grid
+    index `first` to `last`."""
+
+    names: frozenset[str]
+    instances: frozenset[str] | None
+    first: int
+    last: int
+
+
+def judged_spans(rule: Rule, hits: Hits, n: int, step: float) -> list[tuple[Group, int, int]]:
+    """Per candidate group, the (first, last) grid index at which it is judged."""
+    if hits.everywhere:
+        return [(Group({}, 0, n - 1), 0, n - 1)]
+    margin = _steps(SAFETY_S, step)
+    open_end = "cascade" in rule.doc
+    return [(g, max(0, g.first - margin), n - 1 if open_end else min(n - 1, g.last + margin)) for g in hits.groups]
+
+
+def leaf_names(node: dict[str, Any]) -> set[str]:
+    """Sample names one leaf series reads (a histogram's buckets, a mean's sum and count)."""
+    form, sig = node_form(node), node_signal(node)
+    if form == "quantile":
+        return {f"{sig}_bucket"}
+    if form == "mean":
+        return {f"{sig}_sum", f"{sig}_count"}
+    return {str(sig)}
+
+
+def resolved_leaves(rule: Rule) -> set[str]:
+    """Named series `resolved_when` reads (directly or through others): read to the window's end."""
+    todo = []
+    for cond in ((rule.doc.get("resolved_when") or {}).get("all") or []) + \
+            ((rule.doc.get("resolved_when") or {}).get("any") or []):
+        todo += [str(cond.get("series"))] + ([str(cond["than"])] if "than" in cond else [])
+        base = cond.get("baseline")
+        if isinstance(base, dict) and base.get("of"):
+            todo.append(str(base["of"]))
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in rule.series:
+            continue
+        seen.add(name)
+        todo += node_refs(rule.series[name])
+    return seen
+
+
+def rule_needs(client: PromClient, rule: Rule, pre: Prefilter, hits: Hits, grid: np.ndarray, step: float,
+               reader: InlineSignals) -> tuple[list[Need], JudgedSpans | None]:
+    """What the rule's candidates need, and where each is judged (None: everywhere)."""
+    n = len(grid)
+    spans = judged_spans(rule, hits, n, step)
+    reach = _steps(pre.reach_s, step) + 1
+    to_end = resolved_leaves(rule)
+    needs = []
+    for name, node in rule.series.items():
+        if node_form(node) not in SIGNAL_FORMS:
+            continue
+        names = frozenset(leaf_names(node))
+        by = tuple(node.get("by", rule.by))
+        first = max(0, min(lo for _, lo, _ in spans) - reach)
+        last = n - 1 if name in to_end else max(hi for _, _, hi in spans)
+        if hits.everywhere:
+            needs.append(Need(names, None, first, last))
+            continue
+        pinned = [label for label in by if label in rule.by and all(label in g.labels for g in hits.groups)]
+        if "instance" in pinned:         # each candidate's own series, around its own stretch
+            for g, lo, hi in spans:
+                needs.append(Need(names, frozenset({g.labels["instance"]}), max(0, lo - reach),
+                                  n - 1 if name in to_end else hi))
+            continue
+        instances = None
+        if pinned:
+            values = {label: sorted({g.labels[label] for g in hits.groups}) for label in pinned}
+            instances = resolve_instances(client, sorted(names)[0], values, grid, first, last, reader)
+        needs.append(Need(names, instances, first, last))
+    judged = None if hits.everywhere else JudgedSpans(tuple(
+        (tuple(sorted((k, v) for k, v in g.labels.items() if k in rule.by)), lo, hi) for g, lo, hi in spans))
+    return needs, judged
+
+
+def resolve_instances(client: PromClient, series: str, values: dict[str, list[str]], grid: np.ndarray,
+                      first: int, last: int, reader: InlineSignals) -> frozenset[str] | None:
+    """Instances with a series of the canonical `series` whose labels take one of `values` in
+    the span (one instant query over a subquery of the span); None when PromQL cannot say."""
+    matchers = [(label, "=~", "|".join(_escape_re(v) for v in vs)) for label, vs in sorted(values.items())]
+    if series.endswith("_bucket"):
+        series = series[: -len("_bucket")] + "_count"       # one series per histogram is enough
+    try:
+        sel = reader.read(series, matchers, by=("instance",), outer="count_series")
+    except (NotExpressible, KeyError, ValueError):
+        return None
+    step = float(grid[1] - grid[0]) if len(grid) > 1 else RESOLVE_STEP_S
+    span = float(grid[last] - grid[first]) + step
+    sub = max(step, min(RESOLVE_STEP_S, span))
+    expr = f"group by (instance) (count_over_time(({sel})[{int(np.ceil(span))}s:{int(sub)}s]))"
+    try:
+        answer = client.query(expr, float(grid[last]))
+    except PromError:
+        return None
+    return frozenset(str((s.get("metric") or {}).get("instance", "")) for s in answer)
+
+
+# ------------------------------------------------------------------------------ fetching
+@dataclass
+class Fetched:
+    """Evidence fetched for all rules: one block per sample name, rows unique by labels."""
+
+    frame: Frame
+    series: int = 0
+    points: int = 0
+    fetches: int = 0
+
+
+def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: float,
+                catalog: Catalog) -> Fetched:
+    """Every need fetched once: the every-instance needs together, the others batched by
+    instances needing the same names over the same span."""
+    every = [nd for nd in needs if nd.instances is None]
+    plans: list[tuple[frozenset[str], list[str] | None, int, int]] = []
+    covered: dict[str, tuple[int, int]] = {}
+    if every:
+        names = frozenset().union(*(nd.names for nd in every))
+        span = (min(nd.first for nd in every), max(nd.last for nd in every))
+        plans.append((names, None, *span))
+        covered = {name: span for name in names}
+    per_instance: dict[str, dict[str, list[int]]] = {}
+    for nd in needs:
+        if nd.instances is None:
+            continue
+        for name in nd.names:
+            have = covered.get(name)
+            if have is not None and have[0] <= nd.first and have[1] >= nd.last:
+                continue
+            for inst in nd.instances:
+                have_span = per_instance.setdefault(inst, {}).setdefault(name, [nd.first, nd.last])
+                have_span[0], have_span[1] = min(have_span[0], nd.first), max(have_span[1], nd.last)
+    batches: dict[tuple[frozenset[str], int, int], list[str]] = {}
+    quantum = max(1, int(round(SPAN_QUANTUM_S / step)))
+    for inst, spans in per_instance.items():
+        by_span: dict[tuple[int, int], set[str]] = {}
+        for name, (lo, hi) in spans.items():
+            rounded = (lo // quantum * quantum, min(len(grid) - 1, (hi // quantum + 1) * quantum - 1))
+            by_span.setdefault(rounded, set()).add(name)
+        for (lo, hi), span_names in by_span.items():
+            batches.setdefault((frozenset(span_names), lo, hi), []).append(inst)
+    plans += [(names, sorted(insts), lo, hi) for (names, lo, hi), insts in sorted(batches.items(), key=str)]
+    out = Fetched(Frame(ts=grid))
+    for names, instances, lo, hi in plans:
+        who = "every instance" if instances is None else f"{len(instances)} instance(s)"
+        client.say(f"pushdown: evidence, {len(names)} series names for {who}, "
+                   f"{time.strftime('%H:%M', time.gmtime(float(grid[lo])))}-"
+                   f"{time.strftime('%H:%M', time.gmtime(float(grid[hi])))}")
+        frame = fetch_frame(client, set(names), float(grid[0]), float(grid[-1]), step, instances=instances,
+                            fetch_from=float(grid[lo]), fetch_to=float(grid[hi]), catalog=catalog)
+        _absorb(out, frame)
+        out.fetches += 1
+    for block in out.frame.blocks.values():
+        out.series += len(block.labels)
+        out.points += int(np.count_nonzero(~np.isnan(block.values)))
+    return out
+
+
+def _absorb(out: Fetched, frame: Frame) -> None:
+    """Add a fetched frame's rows; a row fetched twice (other spans) keeps every point either had."""
+    for name, block in frame.blocks.items():
+        have = out.frame.blocks.get(name)
+        if have is None:
+            out.frame.blocks[name] = block
+            continue
+        index = {lab: i for i, lab in enumerate(have.labels)}
+        new_rows = []
+        for i, lab in enumerate(block.labels):
+            j = index.get(lab)
+            if j is None:
+                new_rows.append(i)
+                continue
+            row = have.values[j]
+            np.copyto(row, block.values[i], where=np.isnan(row))
+        if new_rows:
+            out.frame.blocks[name] = Block(have.labels + [block.labels[i] for i in new_rows],
+                                           np.vstack([have.values, block.values[new_rows]]))
+    for inst, facts in frame.facts.items():
+        out.frame.facts.setdefault(inst, {}).update(facts)
+
+
+def rule_frame(fetched: Fetched, rule_needs_: list[Need], grid: np.ndarray, judged: JudgedSpans | None) -> Frame:
+    """The rule's own frame: the rows of its needs, judged where its candidates can fire."""
+    wanted: dict[str, set[str] | None] = {}
+    for nd in rule_needs_:
+        for name in nd.names:
+            if name in wanted and wanted[name] is None:
+                continue
+            wanted[name] = None if nd.instances is None else (wanted.get(name) or set()) | set(nd.instances)
+    blocks = {}
+    instances: set[str] | None = set()
+    for name, keep in wanted.items():
+        block = fetched.frame.blocks.get(name)
+        if keep is None:
+            instances = None
+        elif instances is not None:
+            instances |= keep
+        if block is None:
+            continue
+        if keep is None:
+            blocks[name] = block
+            continue
+        rows = [i for i, lab in enumerate(block.labels) if dict(lab).get("instance", "") in keep]
+        if rows:
+            blocks[name] = Block([block.labels[i] for i in rows], block.values[rows])
+    facts = {k: v for k, v in fetched.frame.facts.items() if instances is None or k in instances}
+    return Frame(ts=grid, blocks=blocks, facts=facts, judged=judged)
+
+
+def _steps(seconds: float, step: float) -> int:
+    return int(np.ceil(seconds / step - 1e-9))
