@@ -8,6 +8,7 @@ builder can start from.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,8 @@ import numpy as np
 from kvscope.diagnoser.evaluate import grid
 from kvscope.diagnoser.evaluate.buckets import bucket_layout, group_buckets
 from kvscope.diagnoser.evaluate.frame import Frame
+from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler
+from kvscope.diagnoser.promql.signals import CanonicalSignals
 from kvscope.diagnoser.rulebook.grammar import (
     CHANGES_SETTLE,
     SIGNAL_FORMS,
@@ -23,7 +26,7 @@ from kvscope.diagnoser.rulebook.grammar import (
     node_form,
     node_signal,
 )
-from kvscope.diagnoser.rulebook.rule import Rule, parse_duration
+from kvscope.diagnoser.rulebook.rule import Rule
 
 
 @dataclass
@@ -415,105 +418,19 @@ def _quantiles(q: float, keys: list[tuple[str, ...]], summed: np.ndarray, n_by: 
 
 
 def promql(rule: Rule, name: str, step: float | None = None, held: float | None = None) -> str:
-    """The named series written in PromQL (for evidence and for the Prometheus rule builder).
+    """The named series written in PromQL, as evidence shows it: the rule compiler's own text
+    (diagnoser/promql/series.py, the one writer the alert files and the pushdown use) over the
+    canonical names, on one line.
 
     Ranges are printed as evaluated: scaled by the rule's time_scale and, given the grid `step`,
     rounded to the whole number of steps the evaluator uses (at least one). Given `held`, the
     seconds of data the window holds (last grid point minus first), a range is also clipped to
     the data it can reach, as the evaluator's trailing windows are: at most `held`, and for an
-    `offset` window at most `held` minus the offset (never a range longer than the recording)."""
-    return _promql(rule, rule.series, name, tuple(rule.doc.get("by", ["instance"])), step, held)
+    `offset` window at most `held` minus the offset (never a range longer than the recording).
+    A series PromQL cannot write says so instead."""
+    try:
+        text = SeriesCompiler(rule, CanonicalSignals(), step=step, held=held).expr(name)
+    except NotExpressible as exc:
+        return f"{name} (no PromQL form: {exc})"
+    return re.sub(r"\s*\n\s*", " ", text)
 
-
-def _promql(rule: Rule, nodes: dict[str, Any], name: str, rule_by: tuple[str, ...],
-            step: float | None = None, held: float | None = None) -> str:
-    node = nodes[name]
-    by = ", ".join(node.get("by", rule_by))
-    form = node_form(node)
-    reach = held
-    if held is not None and form == "over_time" and node.get("offset"):
-        reach = held - _evaluated_seconds(rule, node["offset"], step, least=1)
-    rng = _range_text(rule, node.get("range", "1m" if form == "rate" else "10m" if form == "deriv" else "5m"),
-                      step, reach)
-
-    def ref(x: Any) -> str:
-        return _promql(rule, nodes, str(x), rule_by, step, held)
-
-    sel = _selector(node.get("match"))
-    if form == "gauge":
-        return f"{node.get('agg', 'sum')} by ({by}) ({node['gauge']}{sel})"
-    if form == "rate":
-        return f"sum by ({by}) (rate({node['rate']}{sel}[{rng}]))"
-    if form == "increase":
-        return f"sum by ({by}) (increase({node['increase']}{sel}[{rng}]))"
-    if form == "quantile":
-        q = rule.resolve(node["quantile"])
-        return f"histogram_quantile({q}, sum by ({by}, le) (rate({node['histogram']}_bucket{sel}[{rng}])))"
-    if form == "mean":
-        s = node["mean"]
-        return f"sum by ({by}) (rate({s}_sum{sel}[{rng}])) / sum by ({by}) (rate({s}_count{sel}[{rng}]))"
-    if form == "resets":
-        return f"sum by ({by}) (resets({node['resets']}{sel}[{rng}]))"
-    if form == "count":
-        inner = ", ".join([b for b in [by] if b] + list(node.get("distinct", ["instance"])))
-        return f"count by ({by}) (count by ({inner}) ({node['count']}{sel}))"
-    if form in ("ratio", "sum", "diff", "product", "coalesce"):
-        op = {"ratio": "/", "sum": "+", "diff": "-", "product": "*", "coalesce": "or"}[form]
-        a, b = node[form]
-        return f"({ref(a)}) {op} ({ref(b)})"
-    if form == "scale":
-        return f"({ref(node['scale'])}) * {rule.resolve(node.get('by_value', 1))}"
-    if form == "over_time":
-        off = f" offset {_range_text(rule, node['offset'], step)}" if node.get("offset") else ""
-        return f"{node['over_time']}_over_time(({ref(node['of'])})[{rng}:]{off})"
-    if form == "deriv":
-        return f"deriv(({ref(node['deriv'])})[{rng}:])"
-    if form == "changes":
-        return f"changes(({ref(node['changes'])})[{rng}:])"
-    agg = node["aggregate"]
-    if agg == "median":
-        return f"quantile by ({by}) (0.5, {ref(node['of'])})"
-    return f"{agg} by ({by}) ({ref(node['of'])})"
-
-
-def _range_text(rule: Rule, value: Any, step: float | None = None, reach: float | None = None) -> str:
-    """A range as written in the rule, or the range actually evaluated: scaled by the rule's
-    time_scale and, with a grid step, a whole number of steps (as `SeriesEvaluator._steps`);
-    with `reach` (seconds of data a window can cover), no longer than that (at least one step)."""
-    seconds = _evaluated_seconds(rule, value, step, least=1)
-    if reach is not None and seconds > reach:
-        seconds = max(step or 1.0, reach)
-    elif not step and rule.time_scale == 1.0:
-        return str(rule.resolve(value))
-    text = prom_duration(seconds)
-    return str(rule.resolve(value)) if parse_duration(text) == parse_duration(rule.resolve(value)) else text
-
-
-def _evaluated_seconds(rule: Rule, value: Any, step: float | None, least: int) -> float:
-    """A rule duration scaled by time_scale and, with a grid step, rounded to whole steps (at
-    least `least` of them), as the evaluator uses it."""
-    seconds = rule.duration(value)
-    if step:
-        seconds = max(least, int(round(seconds / step))) * step
-    return seconds
-
-
-def prom_duration(seconds: float) -> str:
-    """Seconds as a PromQL duration: 81 -> '1m21s', 3600 -> '1h', 0.2 -> '1s'."""
-    left = max(1, int(round(seconds)))
-    parts = []
-    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
-        n, left = divmod(left, size)
-        if n:
-            parts.append(f"{n}{unit}")
-    return "".join(parts)
-
-
-def _selector(match: dict[str, Any] | None) -> str:
-    if not match:
-        return ""
-    parts = []
-    for k, v in sorted(match.items()):
-        vals = [str(x) for x in (v if isinstance(v, list) else [v])]
-        parts.append(f'{k}="{vals[0]}"' if len(vals) == 1 else f'{k}=~"{"|".join(vals)}"')
-    return "{" + ", ".join(parts) + "}"

@@ -176,7 +176,7 @@ def _escape_re(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------ signal readers
-# How the rule compiler (promql/alerts.py SeriesCompiler) reads a canonical series: the recorded
+# How the rule compiler (promql/series.py SeriesCompiler) reads a canonical series: the recorded
 # `kvscope:<series>` (alert files, a TSDB with kvscope's recording rules) or each source written
 # out inline (a TSDB holding only the engines' own series). A range function (`rate`, `increase`,
 # `resets`) is applied to each source's raw samples before relabelling, as a recording rule's
@@ -204,6 +204,18 @@ class RecordedSignals:
         return f"{fn}({sel}[{rng}])" if fn else sel
 
 
+class CanonicalSignals:
+    """Reads each canonical series by its own name (`engine_preemptions_total`), as a finding's
+    evidence shows what the rule computed: the form is the alert files', the names the catalog's
+    canonical ones (`kvscope rules build` records each as `kvscope:<name>`)."""
+
+    def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None,
+             by: tuple[str, ...] | None = None, outer: str | None = None) -> str:
+        parts = _format_matchers(matchers)
+        sel = series + ("{" + ",".join(parts) + "}" if parts else "")
+        return f"{fn}({sel}[{rng}])" if fn else sel
+
+
 def _instance_matcher(instances: list[str] | None) -> list[Matcher]:
     if instances is None:
         return []
@@ -213,7 +225,7 @@ def _instance_matcher(instances: list[str] | None) -> list[Matcher]:
 class InlineSignals:
     """Reads every source of a canonical series written out (`source_union` with the node's
     matchers and range function pushed into each source); series named in `recorded` are read
-    from their `kvscope:<series>` recording instead. Raises NotExpressible (promql/alerts.py)
+    from their `kvscope:<series>` recording instead. Raises NotExpressible (promql/series.py)
     for a signal with sources PromQL cannot read (rescaled buckets, info-label values)."""
 
     def __init__(self, catalog: Catalog, recorded: frozenset[str] | set[str] = frozenset(),
@@ -229,7 +241,7 @@ class InlineSignals:
         """`by`/`outer`: the grouping and aggregation the caller applies next. When the sources'
         own aggregation can be folded into it (sums of counters, max of max), only the labels
         it needs are relabelled and kept: the same values for a fraction of the work."""
-        from kvscope.diagnoser.promql.alerts import NotExpressible
+        from kvscope.diagnoser.promql.series import NotExpressible
 
         signal, suffix = split_series(series, self.catalog)
         if signal is None:

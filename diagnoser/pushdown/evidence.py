@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from kvscope.agent.signals import Catalog
 from kvscope.diagnoser.evaluate.frame import Block, Frame, JudgedSpans
-from kvscope.diagnoser.promql.alerts import NotExpressible
+from kvscope.diagnoser.promql.series import NotExpressible
 from kvscope.diagnoser.promql.signals import InlineSignals, _escape_re
 from kvscope.diagnoser.pushdown.candidates import Group, Hits
 from kvscope.diagnoser.pushdown.prefilter import Prefilter

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.agent.signals import Catalog
-from kvscope.diagnoser.promql.alerts import ConditionCompiler, NotExpressible, SeriesCompiler, SignalReader
+from kvscope.diagnoser.promql.alerts import ConditionCompiler
+from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, SignalReader
 from kvscope.diagnoser.rulebook.grammar import CHANGES_SETTLE, node_form, node_refs
 from kvscope.diagnoser.rulebook.rule import Rule
 
@@ -141,7 +142,7 @@ def query_step(rule: Rule, step: float) -> float:
 
 
 def _duration(seconds: float) -> str:
-    from kvscope.diagnoser.promql.alerts import _duration as fmt
+    from kvscope.diagnoser.promql.series import _duration as fmt
     return fmt(seconds)
 
 

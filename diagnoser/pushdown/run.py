@@ -241,7 +241,7 @@ def _has_groups(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.
     """Whether any of the rule's own-grouping signal series has a series in the window (else the
     evaluator skips the rule as "no series for any group"): one coarse range query. None when
     PromQL cannot tell (a leaf it cannot read, and the others have none)."""
-    from kvscope.diagnoser.promql.alerts import SeriesCompiler
+    from kvscope.diagnoser.promql.series import SeriesCompiler
     from kvscope.diagnoser.rulebook.grammar import SIGNAL_FORMS, node_form
 
     step = float(grid[1] - grid[0]) if len(grid) > 1 else None

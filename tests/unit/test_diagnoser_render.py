@@ -7,8 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from kvscope.diagnoser.evaluate.expr import prom_duration, promql
+from kvscope.diagnoser.evaluate.expr import promql
 from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, LeverAdvice, Skipped, same_mechanism
+from kvscope.diagnoser.promql.series import SeriesCompiler, _duration
 from kvscope.diagnoser.render import (
     baseline_lines,
     fact_rows,
@@ -103,9 +104,9 @@ def _rule(time_scale: float):
 
 
 def test_promql_prints_the_scaled_range_actually_evaluated():
-    assert "[5m]" in promql(_rule(1.0), "p") and "[1h:]" in promql(_rule(1.0), "u_avg")
+    assert "[5m]" in promql(_rule(1.0), "p") and "[1h:15s]" in promql(_rule(1.0), "u_avg")
     assert "rate(engine_preemptions_total[27s])" in promql(_rule(0.09), "p")
-    assert "[39m20s:]" in promql(_rule(0.6555), "u_avg")
+    assert "[39m19s800ms:15s]" in promql(_rule(0.6555), "u_avg")            # no grid: exact, as scaled
 
 
 def test_promql_with_the_grid_step_prints_the_whole_steps_the_evaluator_uses():
@@ -115,9 +116,19 @@ def test_promql_with_the_grid_step_prints_the_whole_steps_the_evaluator_uses():
     assert "[2s]" in promql(_rule(0.001), "p", step=2.0)                    # never below one step
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(81, "1m21s"), (3600, "1h"), (0.2, "1s"), (3661, "1h1m1s"), (27.4, "27s")])
-def test_prom_duration(seconds, text):
-    assert prom_duration(seconds) == text
+def test_evidence_promql_is_the_rule_compilers_text_over_canonical_names():
+    """One writer: the evidence text is what promql/series.py writes for the alert files, with
+    the canonical names in place of the recorded `kvscope:` series, on one line."""
+    rule = _rule(1.0)
+    recorded = " ".join(SeriesCompiler(rule).expr("u_avg").split())
+    assert promql(rule, "u_avg") == recorded.replace("kvscope:", "")
+    assert promql(rule, "u_avg") == "avg_over_time((avg by (instance) (gpu_utilization_ratio))[1h:15s])"
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(81, "1m21s"), (3600, "1h"), (0.2, "200ms"), (2359.8, "39m19s800ms"),
+                                               (120, "2m")])
+def test_durations_are_exact(seconds, text):
+    assert _duration(seconds) == text
 
 
 def test_nothing_fired_says_how_many_rules_could_look_and_what_was_missing():

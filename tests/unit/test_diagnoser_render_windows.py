@@ -32,8 +32,8 @@ def _hit_collapse(window: tuple[float, float]) -> Finding:
 
 def test_a_range_is_clipped_to_the_data_held():
     # a 9m50s window scales 1h by x0.6555 to 39m20s; the evaluator's window reaches back 9m50s at most
-    assert "[39m20s:]" in promql(_rule(0.6555), "u_avg", step=10.0)            # no window given: as scaled
-    assert "[9m50s:]" in promql(_rule(0.6555), "u_avg", step=10.0, held=590.0)
+    assert "[39m20s:10s]" in promql(_rule(0.6555), "u_avg", step=10.0)            # no window given: as scaled
+    assert "[9m50s:10s]" in promql(_rule(0.6555), "u_avg", step=10.0, held=590.0)
     assert "rate(engine_preemptions_total[2m])" in promql(_rule(1.0), "p", step=10.0, held=120.0)
     assert "rate(engine_preemptions_total[5m])" in promql(_rule(1.0), "p", step=10.0, held=3600.0)
 
@@ -41,9 +41,9 @@ def test_a_range_is_clipped_to_the_data_held():
 def test_an_offset_range_is_clipped_to_the_data_held_before_the_offset():
     # x0.15 on a 2 s grid: 15m -> 136 s, 5m -> 44 s; 132 s held leave 88 s before the offset
     text = promql(_rule(0.15), "u_before", step=2.0, held=132.0)
-    assert "[1m28s:] offset 44s" in text
-    assert "[15m:] offset 5m" in promql(_rule(1.0), "u_before", step=10.0, held=7200.0)
-    assert "[2s:] offset 44s" in promql(_rule(0.15), "u_before", step=2.0, held=30.0)   # never below a step
+    assert "[1m28s:2s] offset 44s" in text
+    assert "[15m:10s] offset 5m" in promql(_rule(1.0), "u_before", step=10.0, held=7200.0)
+    assert "[2s:2s] offset 44s" in promql(_rule(0.15), "u_before", step=2.0, held=30.0)   # never below a step
 
 
 def test_a_baseline_longer_than_the_window_says_it_is_clipped():
@@ -104,7 +104,7 @@ def test_no_evidence_series_range_is_longer_than_the_recording(name):
     d = _diagnose(name)
     held = d.window[1] - d.window[0]
     findings = [f for f in (d.likely_cause, *d.competing, *d.other) if f is not None]
-    ranges = [m for f in findings for ev in f.evidence for m in re.findall(r"\[(\w+?):?\]", ev.series)]
+    ranges = [m for f in findings for ev in f.evidence for m in re.findall(r"\[(\w+?)(?::\w+)?\]", ev.series)]
     assert ranges, "the recording's findings print no ranges"
     too_long = sorted({r for r in ranges if parse_duration(r) > held + 1e-6})
     assert too_long == [], f"{name}: ranges {too_long} exceed the {held:.0f} s held"

@@ -40,10 +40,11 @@ LAYERS = {
     "diagnoser": {
         "findings": 0, "sizing": 0,
         "rulebook": 1,
-        "evaluate": 2, "render": 2,
-        "sources": 3, "promql": 3,
-        "pushdown": 4,
-        "alertmanager": 5,
+        "promql": 2,
+        "evaluate": 3, "render": 3,
+        "sources": 4,
+        "pushdown": 5,
+        "alertmanager": 6,
     },
 }
 """Per package, each folder or module's layer: it may import only strictly lower layers (and
