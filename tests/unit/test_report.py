@@ -251,3 +251,19 @@ def test_a_node_shared_by_two_pools_is_named_as_the_reason():
     assert "n1 run engines of more than one pool" in report.attribution
     assert "labels: {node:" not in report.attribution
     assert report.this.fleet["gpu_hours"] == pytest.approx(3 * 7 * 24, rel=0.01)     # fleet totals count them
+
+
+def test_a_llamacpp_fleet_gets_its_tokens_and_cache_and_says_what_it_lacks(tmp_path):
+    """The real llama.cpp recording: tokens and the prompt cache come from llama.cpp's own
+    counters; it exports no GPU series, so GPU-hours and cost are absent, never 0."""
+    from kvscope.cli import main
+
+    rec = LIBRARY_CASCADE.parent / "llamacpp-saturated.om.gz"
+    assert main(["report", "weekly", "--recording", str(rec), "--markdown", str(tmp_path / "w.md"),
+                 "--no-progress"]) == 0
+    md = (tmp_path / "w.md").read_text()
+    fleet = {row.split("|")[1].strip(): row.split("|")[2].strip()
+             for row in md.split("## Fleet")[1].split("##")[0].splitlines() if row.startswith("| ")}
+    assert int(fleet["Output tokens"].replace(",", "")) > 0
+    assert fleet["GPU-hours"] == "absent" and fleet["GPU cost"] == "absent"
+    assert "GPU utilisation is absent from this source" in md
