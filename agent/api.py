@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from aiohttp import web
+
 from kvscope.agent.runtime import AgentRuntime
 from kvscope.agent.serve.export import CONTENT_TYPE, render_metrics
 from kvscope.agent.serve.site import HttpSite

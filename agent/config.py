@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
+
 from kvscope.agent.signals import load_catalog
 
 

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import yaml
+
 from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
 from kvscope.diagnoser.rulebook.rule import read_rules
 from kvscope.diagnoser.sources.recording import RecordingSource

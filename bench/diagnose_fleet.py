@@ -52,7 +52,6 @@ from kvscope.agent.signals import load_catalog  # noqa: E402
 from kvscope.diagnoser.evaluate.evaluator import sample_names  # noqa: E402
 from kvscope.diagnoser.rulebook.rule import read_rules  # noqa: E402
 from kvscope.diagnoser.sources.prometheus import selector_for  # noqa: E402
-
 from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, running_prometheus  # noqa: E402
 from testbed.victoria import running_victoria  # noqa: E402
 

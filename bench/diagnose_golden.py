@@ -76,6 +76,7 @@ def collect_diagnoses(label: str) -> dict[str, dict]:
     """Diagnosis JSON (as a dict) per input, diagnosed by whichever `kvscope` is imported."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from diagnose_scale import build_frame
+
     from kvscope.diagnoser.sources.recording import RecordingSource
     try:
         from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names

@@ -29,9 +29,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # for testbed; kvscope comes from the install
 
-from kvscope.diagnoser.rulebook.rule import read_rules  # noqa: E402
-
 from bench.diagnose_robustness import diagnose_path  # noqa: E402
+from kvscope.diagnoser.rulebook.rule import read_rules  # noqa: E402
 from testbed.recording_variants import VARIANTS, applicable, read_variant_source, write_variant  # noqa: E402
 
 LIBRARY = ROOT / "tests" / "recordings"

@@ -30,7 +30,6 @@ sys.path.append(str(ROOT))  # for testbed; kvscope comes from the install (or an
 from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names  # noqa: E402
 from kvscope.diagnoser.rulebook.rule import read_rules  # noqa: E402
 from kvscope.diagnoser.sources.recording import RecordingSource  # noqa: E402
-
 from testbed.recording_variants import (  # noqa: E402
     VARIANTS,
     applicable,

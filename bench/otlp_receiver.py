@@ -35,12 +35,13 @@ import sys
 import time
 
 from google.protobuf.json_format import MessageToDict
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from tqdm import tqdm
+
 from kvscope.agent.traces.export import encode_spans
 from kvscope.agent.traces.otlp import Span, parse_otlp_traces
 from kvscope.agent.traces.receiver import OtlpTraceReceiver
 from kvscope.agent.traces.stitch import StitchConfig
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from tqdm import tqdm
 
 RESOURCE = {"service.name": "vllm", "vllm.instrumenting_module_name": "vllm.llm_engine", "vllm.process_id": "31468",
             "telemetry.sdk.language": "python", "telemetry.sdk.name": "opentelemetry",

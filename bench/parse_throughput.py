@@ -15,8 +15,9 @@ import statistics
 import time
 from pathlib import Path
 
-from kvscope.agent.scrape.exposition import parse_exposition
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvscope.agent.scrape.exposition import parse_exposition
 
 CAPTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/scrapes/vllm-0.32.0-cpu-after-load.txt"
 

@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+
 from kvscope.diagnoser.promql.build import build_all
 
 ROOT = Path(__file__).resolve().parents[1]

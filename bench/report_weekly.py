@@ -14,6 +14,7 @@ import os
 import time
 
 import numpy as np
+
 from kvscope.report.render import render_html, render_markdown
 from kvscope.report.weekly import WEEK_S, build_report, series_set_from_arrays
 

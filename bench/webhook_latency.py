@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
+
 from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
 from kvscope.diagnoser.rulebook.rule import read_rules
 from kvscope.diagnoser.sources.prometheus import PrometheusSource

@@ -22,6 +22,7 @@ from grafanalib.core import (
     Time,
     TimeSeries,
 )
+
 from kvscope.dashboards import style
 from kvscope.dashboards.queries import KVSCOPE_PREFIX, Query
 

@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
+
 from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Catalog, load_catalog
 from kvscope.dashboards.board import Board, Panel
 from kvscope.dashboards.queries import KVSCOPE_PREFIX

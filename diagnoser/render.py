@@ -8,11 +8,12 @@ import time
 from collections import Counter
 from typing import Any
 
-from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, not_evaluable
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
+from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, not_evaluable
 
 _STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
 

@@ -10,6 +10,7 @@ import re
 from datetime import UTC, datetime
 
 import pandas as pd
+
 from kvscope.report.weekly import UTILISATION_TRAP, Incident, WeeklyReport
 
 ABSENT = "absent"

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
 from kvscope.agent.derive.rates import step_increases
 from kvscope.agent.signals import Labels, Sample
 from kvscope.diagnoser.findings import SEVERITY_RANK, Diagnosis, Finding

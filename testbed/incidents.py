@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
-from kvscope.agent.recording.omfile import read_recording
 
+from kvscope.agent.recording.omfile import read_recording
 from testbed.loadgen import LoadResult, LoadSpec, run_load
 from testbed.otlp_sink import OtlpSink
 from testbed.router import SglangRouter

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from kvscope.agent.recording.omfile import read_recording
 
+from kvscope.agent.recording.omfile import read_recording
 from testbed.incidents import _run_phase, start_recorder, stop_recorder, warm_up
 from testbed.llamacpp_env import LLAMACPP_BIN_VERSION
 from testbed.llamacpp_server import LlamaCppConfig, LlamaCppServer

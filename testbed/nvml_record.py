@@ -131,6 +131,7 @@ class RecordingNvml:
 def record(out: Path, samples_out: Path | None, comment: str) -> int:
     """Two collections through the recorder; the recording and the second one's samples."""
     import pynvml
+
     from kvscope.agent.collectors.nvml import NvmlCollector
 
     rec = RecordingNvml(pynvml)

@@ -25,7 +25,6 @@ import threading
 
 from kvscope.agent.tap.proxy import TapConfig
 from kvscope.agent.traces.export import SpanBatchExporter
-
 from kvscope.commands.tap import build_tap
 
 

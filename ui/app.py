@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 
 import streamlit as st
+
 from kvscope.ui import cascade_page, catalog_page, efficiency_page, fairness_page, sizing_page, triage_page
 from kvscope.ui.data import SourceError, SourceSpec, TriageData, load_triage, source_from_env
 

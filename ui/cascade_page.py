@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import streamlit as st
+
 from kvscope.ui.charts import incident_label, render_series_chart
 from kvscope.ui.data import TriageData, axis_unit, cascade_rows, signal_frame
 

@@ -9,6 +9,7 @@ from typing import Final
 
 import altair as alt
 import pandas as pd
+
 from kvscope.ui.data import render_when
 
 BAND_COLOUR = "#d62728"

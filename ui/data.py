@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+
 from kvscope.agent.signals import Labels, load_catalog
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding

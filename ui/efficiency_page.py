@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
+
 from kvscope.report.render import POOL_COLUMNS, fmt
 from kvscope.report.weekly import UTILISATION_TRAP, compute_week
 from kvscope.ui.data import TriageData, window_text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
+
 from kvscope.diagnoser.render import render_summary
 from kvscope.ui.data import TriageData, render_when, tenant_table
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import streamlit as st
+
 from kvscope.diagnoser import sizing
 
 GB = 1e9

@@ -5,6 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 import streamlit as st
+
 from kvscope.diagnoser.findings import Finding
 from kvscope.diagnoser.render import (
     baseline_lines,

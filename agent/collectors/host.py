@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psutil
+
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.signals import Sample, make_labels
 

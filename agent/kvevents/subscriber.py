@@ -23,6 +23,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import ConfigError, register_section
 from kvscope.agent.kvevents.events import KvEventError, parse_kv_batch, parse_seq

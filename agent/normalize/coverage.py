@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from kvscope.agent.signals import Alias, Catalog, Signal
 
 MAPS, MAPS_OFF, UNMAPPED, RENAMED, ABSENT = "maps", "maps (off)", "unmapped", "renamed", "absent"

@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+
 from kvscope.agent.tap.http1 import Downstream, Request, Upstream, filter_headers
 from kvscope.agent.tap.native import SpecialEvents
 from kvscope.agent.tap.sse import SseScanner

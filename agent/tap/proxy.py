@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import msgspec
+
 from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
 from kvscope.agent.serve.export import canonical_families
 from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels

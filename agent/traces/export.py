@@ -13,10 +13,11 @@ import hashlib
 from typing import Any
 
 import aiohttp
-from kvscope.agent.traces.otlp import Span
-from kvscope.agent.traces.stitch import RequestRecord
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from kvscope.agent.traces.otlp import Span
+from kvscope.agent.traces.stitch import RequestRecord
 
 SCOPE = "kvscope.traces.stitch"
 _INTERNAL = 1

@@ -35,6 +35,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import ConfigError, parse_bytes, parse_seconds, register_section
 from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
@@ -44,7 +46,6 @@ from kvscope.agent.traces.export import encode_spans, render_phase_spans
 from kvscope.agent.traces.otlp import JSON, OtlpDecodeError, decompress, parse_otlp_traces
 from kvscope.agent.traces.stitch import RequestRecord, StitchConfig, TraceStitcher
 from kvscope.agent.traces.tenants import TenantAccounting
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 log = logging.getLogger("kvscope.traces")
 

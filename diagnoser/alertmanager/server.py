@@ -28,6 +28,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
 from kvscope.diagnoser.alertmanager.payload import (
     MAX_ALERTS,
     Alert,

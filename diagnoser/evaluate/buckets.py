@@ -8,6 +8,7 @@ need, per group, the row of each bucket in bound order, and the bucket counters 
 from __future__ import annotations
 
 import numpy as np
+
 from kvscope.diagnoser.evaluate import grid
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from kvscope.diagnoser.evaluate import grid
 from kvscope.diagnoser.evaluate.expr import SeriesEvaluator
 from kvscope.diagnoser.rulebook.grammar import OPS

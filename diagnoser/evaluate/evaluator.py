@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+
 from kvscope.diagnoser.evaluate.conditions import ConditionEvaluator, Evaluated, first_run, latest_run, run_lengths
 from kvscope.diagnoser.evaluate.confidence import direct_present, settle
 from kvscope.diagnoser.evaluate.expr import Grouped, SeriesEvaluator, promql

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from kvscope.diagnoser.evaluate import grid
 from kvscope.diagnoser.evaluate.buckets import bucket_layout, group_buckets
 from kvscope.diagnoser.evaluate.frame import Frame

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from kvscope.agent.signals import Labels, Sample
 
 DEFAULT_LOOKBACK_S = 300.0

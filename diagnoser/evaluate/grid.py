@@ -15,6 +15,7 @@ from __future__ import annotations
 from types import TracebackType
 
 import numpy as np
+
 from kvscope.agent.derive.rates import step_increases
 
 _AGGS = ("sum", "max", "min", "avg", "median", "count")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from kvscope.agent.signals import Sample, make_labels
 from kvscope.diagnoser.evaluate.evaluator import evaluate_rule
 from kvscope.diagnoser.evaluate.frame import frame_from_samples

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+
 from kvscope.agent.signals import Catalog, Signal, load_catalog
 from kvscope.diagnoser.promql.signals import (
     KVSCOPE_PREFIX,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from kvscope.diagnoser.pushdown.prefilter import Prefilter
 from kvscope.diagnoser.sources.promapi import PromClient, PromError
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from kvscope.agent.signals import Catalog
 from kvscope.diagnoser.evaluate.frame import Block, Frame, JudgedSpans
 from kvscope.diagnoser.promql.series import NotExpressible

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+
 from kvscope.agent.signals import Catalog, load_catalog
 from kvscope.diagnoser.evaluate.confidence import direct_present, settle
 from kvscope.diagnoser.evaluate.evaluator import (

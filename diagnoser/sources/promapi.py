@@ -35,6 +35,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+
 from kvscope.diagnoser.sources import SourceError
 
 MAX_POINTS = 11_000

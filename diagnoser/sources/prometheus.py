@@ -26,6 +26,7 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
+
 from kvscope.agent.normalize.dialect import Normalized, _Mapper, detect_engine
 from kvscope.agent.scrape.exposition import Exposition, RawSample
 from kvscope.agent.signals import (

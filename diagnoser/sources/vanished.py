@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 import numpy as np
+
 from kvscope.agent.signals import Labels, Sample
 from kvscope.diagnoser.evaluate.frame import Frame
 

@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import yaml
+
 from kvscope.agent.recording.omfile import read_recording, scrapes_by_target
 
 LIBRARY = Path(__file__).resolve().parents[2] / "tests" / "recordings"

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
 from kvscope.agent.recording.omfile import RecordingWriter
 from kvscope.agent.scrape.exposition import parse_exposition
-
 from testbed.fleetgen.families import (
     SGL_KV_XFER_MS,
     GpuState,

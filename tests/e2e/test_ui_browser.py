@@ -11,10 +11,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from kvscope.ui.data import SourceSpec, evidence_charts, load_triage
-from kvscope.ui.server import UiServer, free_port
 
 from kvscope.commands.demo import default_recording
+from kvscope.ui.data import SourceSpec, evidence_charts, load_triage
+from kvscope.ui.server import UiServer, free_port
 
 pytestmark = pytest.mark.browser
 

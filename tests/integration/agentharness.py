@@ -14,13 +14,13 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+
 from kvscope.agent.api import AgentServer
 from kvscope.agent.config import build_config
 from kvscope.agent.derive.hooks import derive_hooks
 from kvscope.agent.runtime import AgentRuntime, build_collectors
 from kvscope.agent.scrape.exposition import Exposition, parse_exposition
 from kvscope.agent.serve.site import HttpSite
-
 from testbed.procs import start_reporting_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

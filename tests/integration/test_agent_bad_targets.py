@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from agentharness import fetch_metrics, fetch_text, running_agent, target_server, value
 from aiohttp import web
+
 from kvscope.agent.collectors.base import Collection
 from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.runtime import AgentState
@@ -23,7 +24,6 @@ from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.serve.export import render_metrics
 from kvscope.agent.signals import load_catalog
 from kvscope.agent.store.sqlite import InMemoryStore
-
 from testbed.procs import free_port
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from agentharness import start_agent_process, start_target_process
-from kvscope.agent.recording.omfile import read_recording, read_recording_text
 
+from kvscope.agent.recording.omfile import read_recording, read_recording_text
 from testbed.procs import http_get, stop_process, wait_until
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes" / "vllm-0.32.0-cpu-after-load.txt"

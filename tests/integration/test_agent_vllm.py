@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from kvscope.agent.collectors.engine import EngineCollector
 from kvscope.agent.config import AgentConfig, Target
-
 from testbed.loadgen import LoadSpec, run_load
 from testbed.tenants import Dist, Tenant
 

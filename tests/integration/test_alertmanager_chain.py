@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kvscope.agent.signals import load_catalog
 from kvscope.diagnoser.promql.alerts import compile_rule
 from kvscope.diagnoser.promql.rulefiles import canonical_rules, render_rule_file
 from kvscope.diagnoser.rulebook.rule import read_rule, rules_dir
-
 from testbed.alertmanager import alertmanager_argv
 from testbed.httpstub import serving
 from testbed.procs import ProcessGroup, free_port, retry_port_clash, wait_http

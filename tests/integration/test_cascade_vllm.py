@@ -16,10 +16,10 @@ import time
 
 import aiohttp
 import pytest
+
 from kvscope.agent.derive.cascade import STAGES, CascadeConfig, evaluate_cascade, render_cascade_samples
 from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition
-
 from testbed.tenants import synthetic_text
 from testbed.tiny_model import SERVED_NAME
 

@@ -17,15 +17,15 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+
 from kvscope.agent.derive.cascade import evaluate_cascade, render_cascade_samples
 from kvscope.agent.recording.omfile import read_recording_text
 from kvscope.agent.recording.replay import replay_recording
 from kvscope.agent.scrape.exposition import format_labels, format_value
 from kvscope.agent.signals import KVSCOPE_PREFIX, load_catalog
+from kvscope.commands.demo import BUNDLED, RECORDINGS
 from kvscope.dashboards.lint import read_recorded_names
 from kvscope.dashboards.registry import BOARDS
-
-from kvscope.commands.demo import BUNDLED, RECORDINGS
 from testbed.prometheus import EMPTY_CONFIG, running_prometheus
 from testbed.prometheus import query_range as prometheus_query_range
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from kvscope.agent.recording.replay import replay_recording
 from kvscope.agent.store.sqlite import InMemoryStore
 from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
@@ -21,7 +22,6 @@ from kvscope.diagnoser.rulebook.rule import read_rules
 from kvscope.diagnoser.sources.agent import AgentSource
 from kvscope.diagnoser.sources.prometheus import PrometheusSource
 from kvscope.diagnoser.sources.recording import RecordingSource
-
 from testbed.procs import free_port
 from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, running_prometheus
 

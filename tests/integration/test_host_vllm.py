@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+
 from kvscope.agent.collectors.host import HostCollector
 
 pytestmark = pytest.mark.vllm

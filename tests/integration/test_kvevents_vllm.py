@@ -6,10 +6,10 @@ import urllib.request
 
 import aiohttp
 import pytest
+
 from kvscope.agent.kvevents.subscriber import KvEventSource, KvEventSubscriber
 from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition
-
 from testbed.tenants import synthetic_text
 from testbed.tiny_model import SERVED_NAME
 

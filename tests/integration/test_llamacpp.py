@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from kvscope.agent.collectors.engine import EngineCollector
 from kvscope.agent.config import AgentConfig, Target
-
 from testbed.llamacpp_env import ensure_tiny_gguf, llamacpp_unavailable_reason
 from testbed.llamacpp_server import LlamaCppConfig, LlamaCppServer
 from testbed.loadgen import LoadSpec, run_load

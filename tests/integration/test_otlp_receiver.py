@@ -6,14 +6,15 @@ import json
 import time
 
 import aiohttp
-from kvscope.agent.traces.receiver import OtlpConfig, OtlpTraceReceiver, parse_otlp_config
-from kvscope.agent.traces.stitch import StitchConfig
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
+
+from kvscope.agent.traces.receiver import OtlpConfig, OtlpTraceReceiver, parse_otlp_config
+from kvscope.agent.traces.stitch import StitchConfig
 
 VLLM_ATTRS = {"gen_ai.latency.time_to_first_token": 0.016, "gen_ai.latency.e2e": 0.062,
               "gen_ai.latency.time_in_queue": 0.004, "gen_ai.latency.time_in_model_prefill": 0.010,
@@ -152,9 +153,10 @@ def test_config_section_validation_names_the_key():
 
 
 def test_spans_over_the_per_trace_limit_get_an_otlp_partial_success():
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
     from kvscope.agent.traces.export import encode_spans
     from kvscope.agent.traces.otlp import Span
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
     spans = [Span("0af7651916cd43dd8448eb211c80319c", f"{i + 1:016x}", "", "x", 1, 1, 2, {}, {}) for i in range(5)]
 
     async def body(rx):

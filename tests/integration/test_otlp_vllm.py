@@ -10,10 +10,10 @@ import time
 
 import aiohttp
 import pytest
+
 from kvscope.agent.tap.proxy import RequestTap, TapConfig
 from kvscope.agent.traces.receiver import OtlpConfig, OtlpTraceReceiver
 from kvscope.agent.traces.stitch import StitchConfig
-
 from testbed.tiny_model import SERVED_NAME
 from testbed.vllm_server import VllmConfig, free_port
 

@@ -23,14 +23,14 @@ import uuid
 
 import pytest
 from agentharness import fetch_metrics, running_agent, value
-from kvscope.agent.normalize.dialect import normalize
-from kvscope.agent.scrape.exposition import parse_exposition
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.propagate import inject
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from kvscope.agent.normalize.dialect import normalize
+from kvscope.agent.scrape.exposition import parse_exposition
 from testbed.tiny_model import SERVED_NAME
 from testbed.vllm_server import VllmConfig, VllmServer, free_port
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+
 from kvscope.agent.signals import load_catalog
 from kvscope.diagnoser.evaluate.evaluator import diagnose, evaluate_rule, sample_names
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
@@ -37,7 +38,6 @@ from kvscope.diagnoser.rulebook.rule import read_rule, read_rules, rule_paths
 from kvscope.diagnoser.sources.promapi import PromClient
 from kvscope.diagnoser.sources.prometheus import fetch_frame
 from kvscope.diagnoser.sources.recording import RecordingSource
-
 from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, missing_binaries, running_prometheus
 
 RECORDINGS = sorted((Path(__file__).resolve().parent.parent / "recordings").glob("*.om.gz"))

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 from agentharness import start_target_process
+
 from kvscope.agent.collectors.engine import EngineCollector
 from kvscope.agent.config import build_config, read_config_file
 from kvscope.agent.derive.gpu_join import JOIN_NAME, derive_engine_gpu
 from kvscope.agent.recording.omfile import read_recording
 from kvscope.agent.recording.replay import replay_recording
 from kvscope.diagnoser.sources.recording import RecordingSource
-
 from testbed.procs import stop_process
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes"

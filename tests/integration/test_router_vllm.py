@@ -12,9 +12,9 @@ import asyncio
 import urllib.request
 
 import pytest
+
 from kvscope.agent.collectors.engine import EngineCollector
 from kvscope.agent.config import AgentConfig, Target
-
 from testbed.loadgen import LoadSpec, run_load
 from testbed.router import SglangRouter, router_unavailable_reason
 from testbed.tenants import Dist, Tenant

@@ -10,9 +10,9 @@ import asyncio
 
 import aiohttp
 import pytest
+
 from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
 from kvscope.agent.tap.sessions import SessionTracker
-
 from testbed.fixtures import SMALL_KV
 from testbed.tenants import synthetic_text
 from testbed.tiny_model import SERVED_NAME

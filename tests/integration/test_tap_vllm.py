@@ -6,12 +6,12 @@ import urllib.request
 
 import aiohttp
 import pytest
+
 from kvscope.agent.derive.fairness import evaluate_fairness, parse_tenant_usage
 from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.tap.native import FRONT, RELAY
 from kvscope.agent.tap.proxy import RequestTap, TapConfig
-
 from testbed.loadgen import TENANT_HEADER, LoadSpec, run_load
 from testbed.tenants import Dist, Tenant
 from testbed.tiny_model import SERVED_NAME

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+
 from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
 from kvscope.diagnoser.pushdown.run import diagnose_pushdown
 from kvscope.diagnoser.rulebook.rule import read_rules
 from kvscope.diagnoser.sources.promapi import PromClient
 from kvscope.diagnoser.sources.prometheus import fetch_frame
 from kvscope.diagnoser.sources.recording import RecordingSource
-
 from testbed.prometheus import missing_binaries
 from testbed.victoria import import_prometheus_text, running_victoria
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kvscope.agent.recording.replay import replay_recording
 
 HERE = Path(__file__).resolve().parent

@@ -7,6 +7,8 @@ import json
 import socket
 
 import pytest
+
+from kvscope.commands._params import parse_params
 from kvscope.diagnoser.alertmanager.payload import (
     WebhookError,
     at_place,
@@ -17,8 +19,6 @@ from kvscope.diagnoser.alertmanager.payload import (
     select_findings,
 )
 from kvscope.diagnoser.alertmanager.store import DiagnosisStore
-
-from kvscope.commands._params import parse_params
 
 # Shape of a real Alertmanager 0.25 webhook (../shared/research/toolchain-probe.md).
 WEBHOOK = {
@@ -143,6 +143,7 @@ def test_unreachable_prometheus_is_recorded_on_the_row_and_the_receiver_keeps_se
     import asyncio
 
     from aiohttp.test_utils import TestClient, TestServer
+
     from kvscope.diagnoser.alertmanager.server import ServeConfig, WebhookServer
 
     async def scenario() -> tuple[dict, int]:

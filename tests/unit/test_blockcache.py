@@ -6,6 +6,7 @@ import random
 from collections import Counter
 
 import pytest
+
 from kvscope.agent.normalize.blockcache import BlockCache, block_keys, block_text, split_blocks
 from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition

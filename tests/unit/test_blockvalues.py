@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from kvscope.agent.normalize.blockcache import BlockCache, split_blocks
 from kvscope.agent.normalize.blockvalues import ValueTemplate
 from kvscope.agent.normalize.dialect import MappingMemo, normalize

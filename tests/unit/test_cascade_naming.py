@@ -10,7 +10,6 @@ from pathlib import Path
 from kvscope.agent.derive.cascade import STAGES, evaluate_cascade
 from kvscope.agent.recording.replay import replay_recording
 from kvscope.diagnoser.rulebook.rule import read_rules
-
 from tests.unit.test_diagnoser_render import _diagnose
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from kvscope.agent.derive.quantiles import window_quantiles
 from kvscope.agent.derive.rates import raw_increase
 from kvscope.agent.signals import Sample, make_labels

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding
-
 from kvscope.commands.demo import render_diagnosis
+from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding
 
 T0 = 1_700_000_000.0
 

@@ -4,9 +4,8 @@ recording's totals are not read as a week's."""
 from __future__ import annotations
 
 from kvscope.agent.signals import Sample
-from kvscope.report.weekly import WEEK_S, data_coverage, series_set_from_samples
-
 from kvscope.commands.report import coverage_note
+from kvscope.report.weekly import WEEK_S, data_coverage, series_set_from_samples
 
 END = 1_800_000_000.0
 LABELS = (("instance", "a"),)

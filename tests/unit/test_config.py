@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+from kvscope import cli
 from kvscope.agent.config import (
     ConfigError,
     build_config,
@@ -11,8 +13,6 @@ from kvscope.agent.config import (
     read_config_file,
     register_section,
 )
-
-from kvscope import cli
 
 KNOWN = {"engine": True, "nvml": True, "host": True}
 
@@ -141,7 +141,6 @@ def test_collector_option_flags_reach_the_collector_config():
     import argparse
 
     from kvscope.agent.runtime import known_collectors
-
     from kvscope.commands._flags import add_agent_flags, add_scrape_flags, config_from_args
 
     known = known_collectors()

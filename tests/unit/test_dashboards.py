@@ -3,14 +3,14 @@
 import json
 
 import pytest
+
+from kvscope.cli import main
+from kvscope.commands.dashboards import DEFAULT_OUT
 from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row, render_json
 from kvscope.dashboards.build import build_dashboards, check_golden
 from kvscope.dashboards.lint import QueryLinter, lint_board, lint_boards, read_recorded_names
 from kvscope.dashboards.registry import BOARDS, file_name
-
-from kvscope.cli import main
-from kvscope.commands.dashboards import DEFAULT_OUT
 
 SEL = '{model=~"$model"}'
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kvscope.agent.config import KEYS, build_config
 
+from kvscope.agent.config import KEYS, build_config
 from kvscope.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]

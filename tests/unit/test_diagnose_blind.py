@@ -77,6 +77,7 @@ def test_a_target_that_stops_being_scraped_is_gone_not_frozen_for_the_lookback()
     # removed target's series stale at once; the recording source held them for the 5 min lookback,
     # so the replica count never fell and U7 (oscillation) was missed.
     import numpy as np
+
     from kvscope.diagnoser.evaluate.frame import mark_removed, removed_target_spans
     up = [("a", float(t), True) for t in range(0, 600, 30)]
     up += [("b", float(t), True) for t in range(0, 120, 30)] + [("b", float(t), True) for t in range(300, 600, 30)]

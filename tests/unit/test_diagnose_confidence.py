@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
+
 from kvscope.diagnoser.evaluate.confidence import OVERRULED, not_evaluable, settle
 from kvscope.diagnoser.evaluate.evaluator import diagnose, rank, sample_names
 from kvscope.diagnoser.findings import Diagnosis, Finding, LeverAdvice, Skipped, same_mechanism
@@ -19,8 +21,6 @@ from kvscope.diagnoser.render import confidence_text, render_diagnosis, render_l
 from kvscope.diagnoser.rulebook.rule import read_rules, rules_dir
 from kvscope.diagnoser.rulebook.validate import validate_rules
 from kvscope.diagnoser.sources.recording import RecordingSource
-from rich.console import Console
-
 from testbed.recording_variants import VARIANTS, write_variant
 
 T0 = 1_700_000_000.0

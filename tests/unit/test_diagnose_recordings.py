@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
 from kvscope.diagnoser.rulebook.rule import read_rules
 from kvscope.diagnoser.sources.recording import RecordingSource

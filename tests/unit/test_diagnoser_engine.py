@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 
+from kvscope.cli import main
 from kvscope.diagnoser.evaluate.evaluator import auto_time_scale, diagnose, sample_names
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
 from kvscope.diagnoser.evaluate.testcases import Case, case_samples
 from kvscope.diagnoser.findings import Diagnosis
 from kvscope.diagnoser.rulebook.rule import read_rules
-
-from kvscope.cli import main
 
 CASCADE_INPUT = [
     {"series": 'engine_kv_cache_usage_ratio{instance="e0"}', "values": "0.5x23 0.95x33"},

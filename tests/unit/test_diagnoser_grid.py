@@ -7,6 +7,7 @@ import math
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvscope.agent.derive.quantiles import histogram_quantile, window_quantile
 from kvscope.agent.derive.rates import increase
 from kvscope.diagnoser.evaluate import grid

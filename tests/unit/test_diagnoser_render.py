@@ -7,6 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+
 from kvscope.diagnoser.evaluate.expr import promql
 from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, LeverAdvice, Skipped, same_mechanism
 from kvscope.diagnoser.promql.series import SeriesCompiler, _duration
@@ -21,7 +23,6 @@ from kvscope.diagnoser.render import (
     shown_evidence,
 )
 from kvscope.diagnoser.rulebook.rule import parse_yaml, rule_from_doc
-from rich.console import Console
 
 T0 = 1_700_000_000.0
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"
@@ -214,8 +215,9 @@ def test_a_baseline_comparison_says_what_earlier_level_it_was_measured_against()
 
 
 def test_ui_triage_lists_supporting_findings_under_the_cause_not_as_competing(monkeypatch):
-    from kvscope.ui import data as ui_data
     from streamlit.testing.v1 import AppTest
+
+    from kvscope.ui import data as ui_data
 
     for var in ui_data.ENV.values():
         monkeypatch.delenv(var, raising=False)

@@ -8,11 +8,11 @@ import re
 from dataclasses import replace
 
 import pytest
+
 from kvscope.diagnoser.evaluate.expr import promql
 from kvscope.diagnoser.findings import Finding
 from kvscope.diagnoser.render import baseline_lines
 from kvscope.diagnoser.rulebook.rule import parse_duration, parse_yaml, rule_from_doc
-
 from tests.unit.test_diagnoser_render import T0, _diagnose, _finding
 
 _RULE = ("id: r\nby: [instance]\nseries:\n  u: {gauge: gpu_utilization_ratio, agg: avg}\n"

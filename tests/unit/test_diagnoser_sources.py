@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from kvscope.agent.signals import load_catalog
 from kvscope.diagnoser.sources.agent import parse_facts_answer, parse_samples_answer
 from kvscope.diagnoser.sources.prometheus import frame_from_matrix, native_names, selector_for

@@ -131,6 +131,7 @@ def test_catalog_rejects_an_unknown_collapse_mode():
     from importlib import resources
 
     import pytest
+
     from kvscope.agent.signals import CatalogError, parse_catalog
 
     text = resources.files("kvscope.agent.normalize").joinpath("catalog.yaml").read_text()

@@ -5,6 +5,7 @@ more clients than slots. Expected values are read from the raw exposition, never
 from __future__ import annotations
 
 import pytest
+
 from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import load_catalog

@@ -5,6 +5,7 @@ Captured from the real router (0.3.2 and 0.2.4, PyPI sglang-router) in front of 
 A is http://127.0.0.1:54613, worker B http://127.0.0.1:44795."""
 
 import pytest
+
 from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 

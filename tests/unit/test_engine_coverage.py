@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from kvscope.agent.normalize.coverage import (
     ABSENT,
     MAPS,
@@ -24,7 +25,6 @@ from kvscope.agent.normalize.coverage import (
     problems,
 )
 from kvscope.agent.signals import load_catalog, parse_catalog
-
 from kvscope.cli import main
 from kvscope.commands._needed import needed_signals
 

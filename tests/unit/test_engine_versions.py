@@ -9,6 +9,7 @@ moved (the value templates of agent/normalize/blockvalues.py), because they must
 from __future__ import annotations
 
 import pytest
+
 from kvscope.agent.normalize.blockcache import BlockCache
 from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition

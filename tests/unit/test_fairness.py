@@ -3,6 +3,7 @@
 import math
 
 import pytest
+
 from kvscope.agent.derive.fairness import (
     FairnessConfig,
     TenantUsage,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.recording.replay import replay_recording
 from kvscope.agent.scrape.exposition import parse_exposition
-
 from testbed.fleetgen.families import (
     Histogram,
     SglangState,

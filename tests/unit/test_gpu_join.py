@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import pytest
+
 from kvscope.agent.collectors.nvml import FakeNvml, NvmlCollector
 from kvscope.agent.derive.gpu_join import (
     engine_gpu_hook,

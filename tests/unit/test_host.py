@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+
 from kvscope.agent.collectors.base import registered_collectors
 from kvscope.agent.collectors.host import (
     EngineProcess,

@@ -9,6 +9,7 @@ import zlib
 from collections.abc import Callable
 
 import pytest
+
 from kvscope.agent.scrape.httpclient import FetchError, HttpClient
 
 BODY = b'vllm:num_requests_running{engine="0"} 3.0\n'

@@ -9,6 +9,7 @@ import socket
 import aiohttp
 import pytest
 from aiohttp import web
+
 from kvscope.agent.serve.site import HttpSite
 from kvscope.agent.traces.receiver import OtlpConfig, OtlpTraceReceiver
 

@@ -6,6 +6,7 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
+
 from kvscope.agent.kvevents.events import KvEventError, parse_kv_batch, parse_seq
 from kvscope.agent.kvevents.residency import ResidencyTracker
 from kvscope.agent.kvevents.subscriber import KvEventSource, KvEventSubscriber, parse_kv_events_config

@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 from aiohttp import web
-from kvscope.agent.serve.site import HttpSite
 
+from kvscope.agent.serve.site import HttpSite
 from testbed.loadgen import LoadSpec, _gap, percentile, run_load
 from testbed.routing import ConsistentHash, HashMod, RoundRobin, StickyTenant, make_router, stable_hash
 from testbed.tenants import Dist, Tenant, TenantSampler, power_law_shares, synthetic_text

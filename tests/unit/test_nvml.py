@@ -9,6 +9,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+
 from kvscope.agent.collectors.base import registered_collectors
 from kvscope.agent.collectors.nvml import FakeNvml, NvmlCollector, parse_mig_profile
 from kvscope.agent.signals import load_catalog

@@ -7,6 +7,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+
 from kvscope.agent.collectors.nvml import CLOCK_EVENT_REASONS, NvmlCollector, clock_event_bits
 from kvscope.agent.collectors.nvml_fake import FakeNvml
 

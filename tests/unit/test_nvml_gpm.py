@@ -10,6 +10,7 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
+
 from kvscope.agent.collectors.gpm import GPM_METRICS, GpmSampler
 from kvscope.agent.collectors.nvml import NvmlCollector
 from kvscope.agent.collectors.nvml_fake import FakeNvml

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 from kvscope.agent.collectors.nvml import FakeNvml, NvmlCollector
-
 from testbed.nvml_record import RecordingNvml, watch_gpm
 
 NVML = Path(__file__).parent.parent / "fixtures" / "nvml"

@@ -4,10 +4,11 @@ import gzip
 import json
 
 import pytest
-from kvscope.agent.traces.export import encode_spans
-from kvscope.agent.traces.otlp import OtlpDecodeError, Span, decompress, parse_otlp_traces
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from kvscope.agent.traces.export import encode_spans
+from kvscope.agent.traces.otlp import OtlpDecodeError, Span, decompress, parse_otlp_traces
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 

@@ -7,6 +7,7 @@ import urllib.error
 
 import numpy as np
 import pytest
+
 from kvscope.diagnoser.sources.promapi import PromClient, PromError, http_error, matrix_on_grid, merge_matrices
 
 

@@ -7,14 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
+
 from kvscope.agent.signals import load_catalog, parse_catalog
+from kvscope.cli import main
 from kvscope.diagnoser.promql.alerts import PythonOnly, alert_name, compile_rule
 from kvscope.diagnoser.promql.build import RUNBOOK_MARK, build_all
 from kvscope.diagnoser.promql.rulefiles import SloConfig, build_rule_files, slo_error_ratio
 from kvscope.diagnoser.promql.signals import le_regex, source_terms, source_union, wire_names
 from kvscope.diagnoser.rulebook.rule import parse_yaml, rule_from_doc
-
-from kvscope.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

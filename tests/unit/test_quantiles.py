@@ -11,6 +11,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kvscope.agent.derive.quantiles import (
     group_buckets,
     histogram_quantile,

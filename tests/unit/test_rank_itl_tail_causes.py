@@ -10,6 +10,7 @@ a competing hypothesis rather than being dropped.
 from __future__ import annotations
 
 import pytest
+
 from kvscope.diagnoser.evaluate.evaluator import diagnose
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
 from kvscope.diagnoser.evaluate.testcases import Case, case_samples

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kvscope.agent.derive.rates import deltas, increase, rate, rate_series, raw_increase, window
 
 
@@ -105,6 +106,7 @@ def test_counter_starting_inside_the_window_follows_prometheus_3_zero_clamp():
 def test_the_array_form_is_the_scalar_rule(values):
     """One reset rule: `step_increases` (grid, weekly report, UI) equals `deltas` (agent)."""
     import numpy as np
+
     from kvscope.agent.derive.rates import step_increases
 
     pts = [(float(i), v) for i, v in enumerate(values)]
@@ -115,6 +117,7 @@ def test_a_chart_reads_a_counter_reset_as_the_rule_does():
     """At an engine restart the UI's counter chart gives the rule's rate (the value after the
     reset), not a gap: both come from grid.counter_rate."""
     import numpy as np
+
     from kvscope.agent.signals import make_labels
     from kvscope.diagnoser.evaluate.frame import Block, Frame, make_grid
     from kvscope.diagnoser.evaluate.grid import counter_rate

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kvscope.agent.derive.ratios import fraction, ratio, ratios_by_key, shares
 
 

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from kvscope.agent.recording.replay import (
     Replay,
     parse_span_line,

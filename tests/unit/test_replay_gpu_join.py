@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from kvscope.agent.derive.gpu_join import JOIN_NAME
 from kvscope.agent.recording.omfile import RecordingWriter
 from kvscope.agent.recording.replay import parse_target_labels, replay_recording

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from kvscope.agent.signals import Sample, make_labels
 from kvscope.report.render import render_html, render_markdown
 from kvscope.report.weekly import (
@@ -191,9 +192,8 @@ def test_a_real_incident_is_one_top_finding_with_its_supporting_findings(tmp_pat
     """On the library's KV-pressure recording the diagnoser's likely cause has supporting
     findings; the report lists them under it, not as top findings of their own."""
     from kvscope.agent.recording.replay import replay_recording
-    from kvscope.ui.data import SourceSpec, triage_from_replay
-
     from kvscope.cli import main
+    from kvscope.ui.data import SourceSpec, triage_from_replay
 
     diagnosis = triage_from_replay(SourceSpec("recording", str(LIBRARY_CASCADE)),
                                    replay_recording(LIBRARY_CASCADE)).diagnosis
@@ -213,7 +213,6 @@ def test_unattributed_gpus_say_why_and_a_gpu_mapping_attributes_them(tmp_path, c
     no join can place its GPUs, and the report says which labels are missing and what fixes it;
     the same recording with --gpu-mapping splits the GPU-hours onto the model's pool."""
     from kvscope.agent.recording.replay import replay_recording
-
     from kvscope.cli import main
 
     assert build_report(series_set_from_samples(_fleet()), END, 2.0, "test").attribution == ""   # node join

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+
 from kvscope.diagnoser.findings import Finding
 from kvscope.report.render import (
     TIME_PLOTS,
@@ -18,7 +19,6 @@ from kvscope.report.render import (
     render_markdown,
 )
 from kvscope.report.weekly import WEEK_S, Incident, build_report, series_set_from_samples, timeline_step
-
 from tests.unit.test_report import END, _fleet
 
 
@@ -145,9 +145,10 @@ def test_a_short_real_recording_keeps_the_week_axis_and_adds_a_zoom_onto_its_dat
     second panel zooms onto the data (so it is readable), and rendering raises no warning."""
     from pathlib import Path
 
-    from kvscope.agent.recording.replay import replay_recording
     from matplotlib import dates as mdates
     from matplotlib import pyplot as plt
+
+    from kvscope.agent.recording.replay import replay_recording
 
     path = Path(__file__).resolve().parents[2] / "ui" / "recordings" / "vllm-0.32.0-cpu-kv-pressure.om.gz"
     replay = replay_recording(path)

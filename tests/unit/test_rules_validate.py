@@ -5,10 +5,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from kvscope.cli import main
 from kvscope.diagnoser.rulebook.rule import rules_dir
 from kvscope.diagnoser.rulebook.validate import LEVERS_MD_ROWS, validate_rules
-
-from kvscope.cli import main
 
 GOOD = rules_dir() / "kv_pressure_preemption.yaml"
 

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from aiohttp import web
+
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
 
 BODY = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 3.0\n"

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+
 from kvscope.diagnoser import sizing
 
 LLAMA3_70B = {"layers": 80, "kv_heads": 8, "head_dim": 128}

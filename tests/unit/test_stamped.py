@@ -11,6 +11,7 @@ import random
 from collections import Counter
 
 import pytest
+
 from kvscope.agent.derive.gpu_join import _select_joined, derive_engine_gpu
 from kvscope.agent.normalize.blockcache import BlockCache
 from kvscope.agent.runtime import CounterResets

@@ -1,6 +1,7 @@
 """Span stitching on spans shaped like the real vLLM / SGLang ones (engine-metrics.md §1.8, §2.7)."""
 
 import pytest
+
 from kvscope.agent.traces.export import encode_spans, render_phase_spans
 from kvscope.agent.traces.otlp import Span, parse_otlp_traces
 from kvscope.agent.traces.stitch import StitchConfig, TraceStitcher, stitch_trace

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+
 from kvscope.agent.signals import Sample, make_labels
 from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore, StoreError
 

@@ -5,10 +5,10 @@ import types
 
 import aiohttp
 import pytest
+
 from kvscope.agent.config import ConfigError
 from kvscope.agent.derive.fairness import fairness_hook
 from kvscope.agent.tap.collector import TapCollector, parse_tap_config
-
 from tests.unit.test_tap_proxy import Stub
 
 

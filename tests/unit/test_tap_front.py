@@ -18,6 +18,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvscope.agent.tap import native
 from kvscope.agent.tap.forward import parse_json_object
 from kvscope.agent.tap.http1 import MAX_HEADER_BYTES, Downstream, Request, parse_plain_request, render_request

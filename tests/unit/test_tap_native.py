@@ -12,6 +12,7 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvscope.agent.tap import native
 from kvscope.agent.tap.native import SpecialEvents
 from kvscope.agent.tap.sse import SseScanner

@@ -3,6 +3,7 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvscope.agent.tap.prefix import PrefixIndex, parse_block_hashes, render_prompt
 from kvscope.agent.tap.sse import SseSplitter, classify_event, parse_usage
 from kvscope.agent.tenants import OTHER, TenantLimiter, parse_tenant

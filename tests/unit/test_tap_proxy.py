@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 from aiohttp import web
+
 from kvscope.agent.derive.fairness import parse_tenant_usage
 from kvscope.agent.serve.site import HttpSite
 from kvscope.agent.tap import proxy
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_traceparent
-
 from kvscope.commands.tap import build_tap
 
 

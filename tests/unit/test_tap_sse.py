@@ -4,6 +4,7 @@ import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvscope.agent.tap.sse import SseScanner
 
 

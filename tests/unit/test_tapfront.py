@@ -8,9 +8,9 @@ import asyncio
 import urllib.request
 
 from aiohttp import web
+
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.serve.site import HttpSite
-
 from testbed.loadgen import LoadSpec, run_load
 from testbed.tapfront import TapFront
 from testbed.tenants import Tenant

@@ -1,6 +1,7 @@
 """Per-tenant accounting of stitched trace records (agent/traces/tenants.py) and its config keys."""
 
 import pytest
+
 from kvscope.agent.config import ConfigError
 from kvscope.agent.derive.fairness import parse_tenant_usage
 from kvscope.agent.traces.receiver import parse_otlp_config

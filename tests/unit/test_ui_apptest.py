@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from streamlit.testing.v1 import AppTest
+
 from kvscope.agent.recording.omfile import RecordingWriter
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.ui import data as ui_data
-from streamlit.testing.v1 import AppTest
 
 APP = str(Path(ui_data.__file__).with_name("app.py"))
 T0 = 1_790_000_000.0

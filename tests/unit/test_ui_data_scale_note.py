@@ -3,10 +3,10 @@ same function (`scale_text`): one wording for the scaling and the clipping to th
 
 from __future__ import annotations
 
-from kvscope.diagnoser.render import render_diagnosis, scale_text
-from kvscope.ui.data import scale_note
 from rich.console import Console
 
+from kvscope.diagnoser.render import render_diagnosis, scale_text
+from kvscope.ui.data import scale_note
 from tests.unit.test_diagnoser_render import _diagnose
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
 from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, Skipped
 from kvscope.ui.data import SourceError, SourceSpec, counts_caption, evidence_table, load_triage
 from kvscope.ui.server import UiServer
@@ -130,6 +131,7 @@ def test_short_windows_say_their_rule_durations_were_scaled():
 
 def test_charts_are_in_utc_with_the_unit_and_the_finding_period_marked():
     import pandas as pd
+
     from kvscope.ui.charts import incident_label, render_series_chart
 
     df = pd.DataFrame({"value": [0.1, 0.9, 0.2]}, index=pd.to_datetime([T0, T0 + 30, T0 + 60], unit="s", utc=True))
@@ -146,6 +148,7 @@ def test_charts_are_in_utc_with_the_unit_and_the_finding_period_marked():
 def test_a_fleet_wide_chart_shows_min_mean_max_over_every_series():
     import numpy as np
     import pandas as pd
+
     from kvscope.ui.data import spread
 
     index = pd.to_datetime([T0, T0 + 15], unit="s", utc=True)
