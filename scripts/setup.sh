@@ -17,9 +17,9 @@ if [ "${KVSCOPE_SKIP_APT:-0}" != 1 ] && ! dpkg -s $APT_PKGS >/dev/null 2>&1; the
     || { tail -30 /tmp/kvscope-apt.log; echo "setup: apt-get install failed" >&2; exit 1; }
 fi
 
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "setup: creating $VENV"
-  python3 -m venv "$VENV"
+if [ ! -x "$VENV/bin/python" ] || [ ! -x "$VENV/bin/pip" ]; then
+  echo "setup: creating $VENV"   # again from scratch when an interrupted setup left it without pip
+  python3 -m venv --clear "$VENV"
 fi
 stamp="$VENV/.kvscope-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ agent/tap/_relay.c -nt "$stamp" ] || [ agent/tap/_front.c -nt "$stamp" ]; then
