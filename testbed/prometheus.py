@@ -24,6 +24,20 @@ EMPTY_CONFIG = "global: {scrape_interval: 15s}\nscrape_configs: []\n"
 """A config that scrapes nothing: Prometheus only serves the TSDB it is started on."""
 
 
+def promtool_input_series(samples: Iterable, interval: float) -> list[dict[str, str]]:
+    """Canonical samples -> promtool `input_series` (one value per `interval`, `_` where a
+    series has none), named as the agent exports them (`kvscope_<name>`)."""
+    series: dict[tuple, dict[int, float]] = {}
+    for s in samples:
+        series.setdefault((s.name, s.labels), {})[round(s.timestamp / interval)] = s.value
+    out = []
+    for (name, labels), points in sorted(series.items()):
+        body = ",".join(f'{k}="{v}"' for k, v in labels)
+        values = " ".join(repr(float(points[i])) if i in points else "_" for i in range(max(points) + 1))
+        out.append({"series": f"kvscope_{name}{{{body}}}", "values": values})
+    return out
+
+
 def missing_binaries(*names: str) -> str | None:
     """Why a test must skip (the binaries not on PATH), or None when all are installed."""
     absent = [n for n in names if shutil.which(n) is None]

@@ -37,6 +37,7 @@ from kvscope.diagnoser.promql.alerts import alert_name, compile_rule
 from kvscope.diagnoser.promql.rulefiles import canonical_rules, render_rule_file
 from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import read_rule, rule_paths
+from testbed.prometheus import promtool_input_series
 
 pytestmark = [
     pytest.mark.prometheus,
@@ -53,23 +54,6 @@ def _cases():
             continue
         tf = read_test_file(test_path)
         out += [pytest.param(path, tf, case, id=f"{rule.id}::{case.name}") for case in tf.cases]
-    return out
-
-
-def _fmt(value: float) -> str:
-    return repr(float(value))
-
-
-def promtool_input_series(samples, interval: float) -> list[dict[str, str]]:
-    """Canonical samples -> promtool input series named as the agent exports them."""
-    series: dict[tuple, dict[int, float]] = {}
-    for s in samples:
-        series.setdefault((s.name, s.labels), {})[round(s.timestamp / interval)] = s.value
-    out = []
-    for (name, labels), points in sorted(series.items()):
-        body = ",".join(f'{k}="{v}"' for k, v in labels)
-        values = " ".join(_fmt(points[i]) if i in points else "_" for i in range(max(points) + 1))
-        out.append({"series": f"kvscope_{name}{{{body}}}", "values": values})
     return out
 
 

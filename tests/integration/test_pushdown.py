@@ -38,7 +38,13 @@ from kvscope.diagnoser.rulebook.rule import read_rule, read_rules, rule_paths
 from kvscope.diagnoser.sources.promapi import PromClient
 from kvscope.diagnoser.sources.prometheus import fetch_frame
 from kvscope.diagnoser.sources.recording import RecordingSource
-from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, missing_binaries, running_prometheus
+from testbed.prometheus import (
+    EMPTY_CONFIG,
+    backfill_openmetrics,
+    missing_binaries,
+    promtool_input_series,
+    running_prometheus,
+)
 
 RECORDINGS = sorted((Path(__file__).resolve().parent.parent / "recordings").glob("*.om.gz"))
 pytestmark = [pytest.mark.prometheus,
@@ -78,18 +84,6 @@ def _cases():
     return out
 
 
-def _promtool_series(samples, interval: float) -> list[dict[str, str]]:
-    series: dict[tuple, dict[int, float]] = {}
-    for s in samples:
-        series.setdefault((s.name, s.labels), {})[round(s.timestamp / interval)] = s.value
-    out = []
-    for (name, labels), points in sorted(series.items()):
-        body = ",".join(f'{k}="{v}"' for k, v in labels)
-        values = " ".join(repr(float(points[i])) if i in points else "_" for i in range(max(points) + 1))
-        out.append({"series": f"kvscope_{name}{{{body}}}", "values": values})
-    return out
-
-
 @pytest.mark.parametrize(("rule_path", "test_file", "case"), _cases())
 def test_prefilter_holds_wherever_the_evaluator_fires(rule_path, test_file, case, tmp_path):
     catalog = load_catalog()
@@ -115,7 +109,7 @@ def test_prefilter_holds_wherever_the_evaluator_fires(rule_path, test_file, case
     window = f"{int(case.eval_time - judged * interval)}s"
     firing = 'ALERTS{alertname="Prefilter"}'
     test = {"rule_files": ["rules.yml"], "evaluation_interval": f"{int(interval)}s",
-            "tests": [{"interval": f"{int(interval)}s", "input_series": _promtool_series(samples, interval),
+            "tests": [{"interval": f"{int(interval)}s", "input_series": promtool_input_series(samples, interval),
                        "promql_expr_test": [{"expr": f"group by ({', '.join(pre.by) or 'alertname'}) "
                                                      f"(max_over_time({firing}[{window}]))",
                                              "eval_time": f"{int(case.eval_time)}s", "exp_samples": []}]}]}
