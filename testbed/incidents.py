@@ -248,14 +248,21 @@ def _compress(src: Path, dst: Path) -> Path | None:
     return dst
 
 
-def _describe(sc: Scenario, servers: list[VllmServer], phases: list[dict], rec_path: Path,
-              spans: Path | None, span_count: int, router: SglangRouter | None = None) -> dict:
+def recording_span(rec_path: Path, phases: list[dict]) -> tuple[float, float]:
+    """(first, last) scrape time of the recording; each phase's `start_unix`/`end_unix` become
+    `start_s`/`end_s`, seconds from the first scrape."""
     scrapes, _ = read_recording(rec_path)
     t0 = min(s.timestamp for s in scrapes)
     t1 = max(s.timestamp for s in scrapes)
     for p in phases:
         p["start_s"] = round(p.pop("start_unix") - t0, 1)
         p["end_s"] = round(p.pop("end_unix") - t0, 1)
+    return t0, t1
+
+
+def _describe(sc: Scenario, servers: list[VllmServer], phases: list[dict], rec_path: Path,
+              spans: Path | None, span_count: int, router: SglangRouter | None = None) -> dict:
+    t0, t1 = recording_span(rec_path, phases)
     return {
         "scenario": sc.name,
         "summary": sc.summary,

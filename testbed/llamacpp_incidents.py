@@ -20,8 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from kvscope.agent.recording.omfile import read_recording
-from testbed.incidents import _run_phase, start_recorder, stop_recorder, warm_up
+from testbed.incidents import _run_phase, recording_span, start_recorder, stop_recorder, warm_up
 from testbed.llamacpp_env import LLAMACPP_BIN_VERSION
 from testbed.llamacpp_server import LlamaCppConfig, LlamaCppServer
 from testbed.scenarios import Phase, chat_tenants
@@ -140,12 +139,7 @@ async def _run_phases(phases: list[Phase], servers: list[LlamaCppServer], seed: 
 
 def _describe(sc: LlamaScenario, servers: list[LlamaCppServer], phases: list[dict], rec_path: Path,
               measured_rate: float | None) -> dict:
-    scrapes, _ = read_recording(rec_path)
-    t0 = min(s.timestamp for s in scrapes)
-    t1 = max(s.timestamp for s in scrapes)
-    for p in phases:
-        p["start_s"] = round(p.pop("start_unix") - t0, 1)
-        p["end_s"] = round(p.pop("end_unix") - t0, 1)
+    t0, t1 = recording_span(rec_path, phases)
     return {
         "scenario": sc.name,
         "summary": sc.summary,
