@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -69,9 +68,7 @@ class LlamaCppServer(ServerProcess):
         # A start takes ~1 s on an idle box; KVSCOPE_LLAMACPP_STARTUP_TIMEOUT raises the limit.
         self.startup_timeout_s = startup_timeout_s or float(os.environ.get("KVSCOPE_LLAMACPP_STARTUP_TIMEOUT", 120))
         self.binary = binary or llama_server_binary()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.workdir = Path(tempfile.mkdtemp(prefix="kvs-llamacpp-"))
-        self.log_path = self.workdir / "server.log"
+        super().__init__("llamacpp")
         self.startup_s: float | None = None
 
     @property

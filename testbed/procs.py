@@ -23,6 +23,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -299,6 +300,12 @@ class ServerProcess:
     log_path: Path
     workdir: Path
     stop_grace_s: float = 10.0
+
+    def __init__(self, name: str, log_name: str = "server.log") -> None:
+        """No process yet; a fresh work dir `kvs-<name>-*` holding the log `log_name`."""
+        self.proc = None
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"kvs-{name}-"))
+        self.log_path = self.workdir / log_name
 
     def start(self) -> ServerProcess:
         raise NotImplementedError   # each server knows how it starts and when it is ready

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -93,9 +92,7 @@ class SglangRouter(ServerProcess):
         self.metrics_port = metrics_port or free_port()
         while self.metrics_port == self.port:
             self.metrics_port = free_port()
-        self.workdir = Path(tempfile.mkdtemp(prefix="kvs-router-"))
-        self.log_path = self.workdir / "router.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__("router", "router.log")
         self.startup_s: float | None = None
 
     @property

@@ -17,7 +17,6 @@ import json
 import os
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.error
@@ -123,9 +122,7 @@ class VllmServer(ServerProcess):
         # raises it for saturated machines.
         self.startup_timeout_s = startup_timeout_s or float(os.environ.get("KVSCOPE_VLLM_STARTUP_TIMEOUT", 180))
         self.python = python or vllm_python()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.workdir = Path(tempfile.mkdtemp(prefix="kvs-vllm-"))
-        self.log_path = self.workdir / "server.log"
+        super().__init__("vllm")
         self.startup_s: float | None = None
         self._t0 = time.monotonic()
 
