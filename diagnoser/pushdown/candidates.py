@@ -16,6 +16,7 @@ that held at isolated steps (noise) is not a candidate, and its evidence is not 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,18 +63,103 @@ def query_prefilter(client: PromClient, pre: Prefilter, grid: np.ndarray, step: 
         return Hits(everywhere=True)
     qstep = pre.step or step
     k = max(1, int(round(qstep / step)))
-    n_coarse = int((len(grid) - 1) // k)          # coarse points at grid indices 0, k, ..., n_coarse * k
-    last = float(grid[n_coarse * k])
+    coarse_end = int((len(grid) - 1) // k) * k    # coarse points at grid indices 0, k, ..., coarse_end
+    what = f"prefilter {pre.rule_id}"
     try:
-        result = client.range_parts(pre.expr, float(grid[0]), last, qstep, series=0,
-                                    what=f"prefilter {pre.rule_id}")
-        if n_coarse * k < len(grid) - 1:          # the window's last points, at the grid step
-            result += client.query_range(pre.expr, float(grid[n_coarse * k + 1]), float(grid[-1]), step)
+        result = staged_answer(client, pre, grid, step, k, coarse_end) if len(pre.parts) > 1 else None
+        if result is None:
+            result = lattice_query(client, pre.expr, grid, step, k, coarse_end, 0, len(grid) - 1, what)
     except PromError as exc:
         if exc.status not in (400, 422, 503, 504):
             raise
         return Hits(everywhere=True, error=str(exc))
-    return read_answer(result, grid, k, n_coarse * k, pre.hold_steps)
+    return read_answer(result, grid, k, coarse_end, pre.hold_steps)
+
+
+def lattice_query(client: PromClient, expr: str, grid: np.ndarray, step: float, k: int, coarse_end: int,
+                  lo: int, hi: int, what: str) -> list[dict[str, Any]]:
+    """`expr` at the queried grid points between indices lo and hi: every k-th up to coarse_end
+    (one range query at k steps, split by the client where it must), then the window's last
+    points at the grid step."""
+    result: list[dict[str, Any]] = []
+    first, last = -(-lo // k) * k, min(hi, coarse_end) // k * k
+    if first <= last:
+        result = client.range_parts(expr, float(grid[first]), float(grid[last]), step * k, series=0, what=what)
+    if hi > coarse_end:
+        result += client.query_range(expr, float(grid[max(lo, coarse_end + 1)]), float(grid[hi]), step)
+    return result
+
+
+def part_cost(expr: str) -> int:
+    """A rough price of one conjunct on the TSDB, to run the cheap ones first: raw selectors, a
+    histogram's (all its buckets) nine times more, each subquery (the inner expression again at
+    its own step) ten."""
+    selectors = expr.count("{__name__") + len(re.findall(r"\bkvscope:\w+", expr))
+    return selectors + 9 * expr.count("_bucket") + 10 * len(re.findall(r"\[\d+[a-z]*(?:\d+[a-z]*)*:\d", expr))
+
+
+def staged_answer(client: PromClient, pre: Prefilter, grid: np.ndarray, step: float, k: int,
+                  coarse_end: int) -> list[dict[str, Any]] | None:
+    """The answer of `pre.expr`, a conjunction `p0 and [on (...)] p1 and ...`, computed as the
+    server would, from its conjuncts run one at a time, cheapest first: a grid point where one
+    conjunct has no series has none in the conjunction, so each next conjunct is queried only
+    between the first and last points every earlier one held at, and none once that is empty
+    (a rule whose cheap condition never held costs one cheap query). The client then does the
+    `and`: the first conjunct's series at the points where each other one has a series with the
+    same labels (its `on` labels where it has a grouping of its own). None when an answer came
+    back at times that were not asked for (a server that moves steps): then the one joined
+    query runs instead."""
+    n = len(grid)
+    known = queried_mask(n, k, coarse_end)
+    alive = known.copy()
+    answers: dict[int, list[dict[str, Any]]] = {}
+    for i in sorted(range(len(pre.parts)), key=lambda j: part_cost(pre.parts[j][0])):
+        at = np.flatnonzero(alive)
+        if not at.size:
+            return []
+        answers[i] = lattice_query(client, pre.parts[i][0], grid, step, k, coarse_end, int(at[0]), int(at[-1]),
+                                   f"prefilter {pre.rule_id}")
+        rows = _rows(answers[i], grid, known, None)
+        if rows is None:
+            return None
+        alive &= np.logical_or.reduce(list(rows.values())) if rows else np.zeros(n, dtype=bool)
+    by = set(pre.parts[0][1])
+    masks = [_rows(answers[j], grid, known, None if set(b) == by else b) for j, (_, b) in
+             enumerate(pre.parts) if j]
+    out = []
+    for key, held in (_rows(answers[0], grid, known, None) or {}).items():
+        mask = held & alive
+        for j, other in enumerate(masks, start=1):
+            on = None if set(pre.parts[j][1]) == by else pre.parts[j][1]
+            mask &= (other or {}).get(_key(dict(key), on), np.zeros(n, dtype=bool))
+        if mask.any():
+            out.append({"metric": dict(key), "values": [[float(grid[i]), "1"] for i in np.flatnonzero(mask)]})
+    return out
+
+
+def _key(labels: dict[str, Any], on: tuple[str, ...] | None) -> tuple[tuple[str, str], ...]:
+    """What `and` matches series on: every label but the name, or the `on` labels ("" if absent)."""
+    if on is None:
+        return tuple(sorted((str(a), str(b)) for a, b in labels.items() if a != "__name__"))
+    return tuple((a, str(labels.get(a, ""))) for a in on)
+
+
+def _rows(result: list[dict[str, Any]], grid: np.ndarray, known: np.ndarray,
+          on: tuple[str, ...] | None) -> dict[tuple[tuple[str, str], ...], np.ndarray] | None:
+    """bool [n] per matching key: the grid points where a series of the answer has a value; None
+    when a value is at a time that was not queried."""
+    out: dict[tuple[tuple[str, str], ...], np.ndarray] = {}
+    for series in result:
+        values = series.get("values") or []
+        if not values:
+            continue
+        ts = np.array([float(v[0]) for v in values])
+        idx = np.clip(np.searchsorted(grid, ts - 1e-6), 0, len(grid) - 1)
+        if not (np.all(np.abs(grid[idx] - ts) < 1e-3) and known[idx].all()):
+            return None
+        row = out.setdefault(_key(series.get("metric") or {}, on), np.zeros(len(grid), dtype=bool))
+        row[idx] = True
+    return out
 
 
 def queried_mask(n: int, k: int, coarse_end: int) -> np.ndarray:

@@ -49,6 +49,9 @@ class Prefilter:
     reach_s: float = 0.0           # how far back from a grid point the rule's series read
     step: float = 0.0              # the prefilter's query step (a multiple of the grid step)
     hold_steps: int = 0            # the rule's `for` in grid steps (a cascade: its root stage's)
+    parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """The conjuncts of `expr` with their groupings, the first one's labels the answer's: run one
+    by one (candidates.py, `staged_answer`), cheapest first, and intersected by the client."""
 
 
 def conditions_of(rule: Rule) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -96,15 +99,14 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
                          hold)
     kept.sort(key=lambda c: -len(c[1]))
     (expr, by), rest = kept[0], kept[1:]
-    out = f"({expr})"
-    for e, b in rest:
-        out += f"\nand{_on(by, b)}\n({e})"
+    parts = [(expr, tuple(by))] + [(e, tuple(b)) for e, b in rest]
     same = [e for e, b in anys if set(b) == set(by)]
     if anys and len(same) == len(anys):
-        out += "\nand\n(\n" + "\nor\n".join(f"({e})" for e in same) + "\n)"
+        parts.append(("\n" + "\nor\n".join(f"({e})" for e in same) + "\n", tuple(by)))
     elif anys:
         dropped.append("`any` branches on another grouping")
-    return Prefilter(rule.id, out, tuple(by), tuple(dropped), reach, qstep, hold)
+    out = f"({parts[0][0]})" + "".join(f"\nand{_on(by, b)}\n({e})" for e, b in parts[1:])
+    return Prefilter(rule.id, out, tuple(by), tuple(dropped), reach, qstep, hold, tuple(parts))
 
 
 MAX_QUERY_STEPS = 8

@@ -163,12 +163,12 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
         res = evaluate_rule(rule, rule_frame(fetched, rule_needs_, grid, judged), levers)
         if isinstance(res, Skipped) and res.reason == NO_GROUPS and not h.everywhere:
             # the candidates' rows were empty: whether other instances have groups decides
-            state = _has_groups(client, rule, reader, grid)
+            state = _has_groups(client, rule, reader, grid, present)
             res = [] if state else res if state is False else _judged_in_full(client, rule, grid, step, catalog,
                                                                                 levers)
         results[rule.id] = res
     quiet = [(rule, trace) for rule, trace in todo if rule.id not in results]
-    states = client.map(lambda item: _has_groups(client, item[0], reader, grid), quiet)
+    states = client.map(lambda item: _has_groups(client, item[0], reader, grid, present), quiet)
     for (rule, _trace), state in zip(quiet, states, strict=True):
         results[rule.id] = [] if state else Skipped(rule.id, NO_GROUPS) if state is False else \
             _judged_in_full(client, rule, grid, step, catalog, levers)
@@ -238,10 +238,13 @@ def _hits(client: PromClient, trace: RuleTrace, grid: np.ndarray, step: float) -
     return hits
 
 
-def _has_groups(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.ndarray) -> bool | None:
+def _has_groups(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.ndarray,
+                present: set[str]) -> bool | None:
     """Whether any of the rule's own-grouping signal series has a series in the window (else the
     evaluator skips the rule as "no series for any group"): one coarse range query. None when
-    PromQL cannot tell (a leaf it cannot read, and the others have none)."""
+    PromQL cannot tell (a leaf it cannot read whose samples the index has, and the others have
+    none). A leaf whose samples are not in the window at all (`present`, from the index) has no
+    group whether PromQL can read it or not."""
     from kvscope.diagnoser.promql.series import SeriesCompiler
     from kvscope.diagnoser.rulebook.grammar import SIGNAL_FORMS, node_form
 
@@ -255,15 +258,22 @@ def _has_groups(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.
             continue
         series = str(node.get("histogram", "")) + "_bucket" if node_form(node) == "quantile" else \
             str(node["mean"]) + "_count" if node_form(node) == "mean" else str(node[node_form(node)])
+        if series not in present:
+            continue
         try:
             parts.append(f"count({comp._read(node, series, by)})")
         except Exception:  # noqa: BLE001 - a leaf PromQL cannot read
             unreadable = True
     if not parts:
         return None
+    expr = " or ".join(dict.fromkeys(parts))
     coarse = max(float(grid[1] - grid[0]) if len(grid) > 1 else 1.0, min(DEFAULT_LOOKBACK_S, (grid[-1] - grid[0]) / 20))
     try:
-        result = client.range_parts(" or ".join(parts), float(grid[0]), float(grid[-1]), coarse, what="groups")
+        # a live fleet has series at the window's last point: one instant query reads minutes of
+        # samples where the range query reads the whole window's
+        if any(s.get("value") for s in client.query(expr, float(grid[-1]))):
+            return True
+        result = client.range_parts(expr, float(grid[0]), float(grid[-1]), coarse, what="groups")
     except PromError:
         return None
     if any(s.get("values") for s in result):

@@ -1,0 +1,113 @@
+"""The staged prefilter (pushdown/candidates.py): conjuncts run cheapest first, the `and` done by
+the client, must answer what the one joined query answers. The TSDB here is a table of canned
+answers (the real-TSDB proof is tests/integration/test_pushdown.py); this checks the client's
+own logic: label matching, `on` groupings, early exit and the time range of later conjuncts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kvscope.diagnoser.pushdown.candidates import part_cost, query_prefilter, staged_answer
+from kvscope.diagnoser.pushdown.prefilter import Prefilter
+
+BUCKETS = '{__name__=~"ttft_bucket"}'
+CHEAP = 'max by (instance) ({__name__=~"waiting"}) >= 1'
+COSTLY = f'histogram_quantile(0.99, sum by (instance, le) (rate({BUCKETS}[2m]))) >= 2'
+MODEL = 'count by (model) ({__name__=~"waiting"}) >= 2'
+
+
+class TableTSDB:
+    """Answers each expression from a table {expr: [(labels, times where it holds)]}, on the
+    queried lattice only, and records what was asked."""
+
+    def __init__(self, table: dict[str, list[tuple[dict[str, str], set[float]]]], shift: float = 0.0) -> None:
+        self.table, self.shift = table, shift
+        self.calls: list[tuple[str, float, float, float]] = []
+
+    def range_parts(self, expr: str, start: float, end: float, step: float, series: int = 0,
+                    what: str = "") -> list[dict[str, Any]]:
+        return self.query_range(expr, start, end, step)
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        self.calls.append((expr, start, end, step))
+        out = []
+        for labels, times in self.table.get(expr, []):
+            at = sorted(t for t in times if start <= t <= end and abs((t - start) / step - round((t - start) / step)) < 1e-9)
+            if at:
+                out.append({"metric": dict(labels), "values": [[t + self.shift, "1"] for t in at]})
+        return out
+
+
+def _pre(*parts: tuple[str, tuple[str, ...]]) -> Prefilter:
+    by = parts[0][1]
+    expr = f"({parts[0][0]})" + "".join(f"\nand{'' if set(b) == set(by) else ' on (' + ', '.join(b) + ')'}\n({e})"
+                                        for e, b in parts[1:])
+    return Prefilter("r", expr, by, step=15.0, hold_steps=0, parts=tuple(parts))
+
+
+GRID = 1000.0 + 15.0 * np.arange(40)
+T = [float(t) for t in GRID]
+
+
+def test_conjuncts_run_cheapest_first_and_intersect_on_labels() -> None:
+    db = TableTSDB({
+        COSTLY: [({"instance": "a"}, set(T[5:20])), ({"instance": "b"}, set(T[0:40]))],
+        CHEAP: [({"instance": "a"}, set(T[10:30])), ({"instance": "c"}, set(T[0:40]))],
+    })
+    pre = _pre((COSTLY, ("instance",)), (CHEAP, ("instance",)))
+    got = staged_answer(db, pre, GRID, 15.0, 1, len(GRID) - 1)
+    assert [c[0] for c in db.calls] == [CHEAP, COSTLY]
+    # the joined query: a where both hold (10..19); b has no cheap series, c no costly one
+    assert got == [{"metric": {"instance": "a"}, "values": [[t, "1"] for t in T[10:20]]}]
+
+
+def test_on_grouping_matches_the_other_conjuncts_labels_only() -> None:
+    db = TableTSDB({
+        COSTLY: [({"instance": "a", "model": "m1"}, set(T[0:40])), ({"instance": "b", "model": "m2"}, set(T[0:40]))],
+        MODEL: [({"model": "m1"}, set(T[0:5]))],
+    })
+    pre = _pre((COSTLY, ("instance", "model")), (MODEL, ("model",)))
+    got = staged_answer(db, pre, GRID, 15.0, 1, len(GRID) - 1)
+    assert got == [{"metric": {"instance": "a", "model": "m1"}, "values": [[t, "1"] for t in T[0:5]]}]
+
+
+def test_an_empty_cheap_conjunct_spares_the_costly_one() -> None:
+    db = TableTSDB({COSTLY: [({"instance": "a"}, set(T))], CHEAP: []})
+    pre = _pre((COSTLY, ("instance",)), (CHEAP, ("instance",)))
+    assert staged_answer(db, pre, GRID, 15.0, 1, len(GRID) - 1) == []
+    assert [c[0] for c in db.calls] == [CHEAP]
+
+
+def test_later_conjuncts_are_queried_only_where_earlier_ones_held() -> None:
+    db = TableTSDB({COSTLY: [({"instance": "a"}, set(T))], CHEAP: [({"instance": "a"}, set(T[12:18]))]})
+    pre = _pre((COSTLY, ("instance",)), (CHEAP, ("instance",)))
+    staged_answer(db, pre, GRID, 15.0, 1, len(GRID) - 1)
+    costly = [c for c in db.calls if c[0] == COSTLY]
+    assert costly == [(COSTLY, T[12], T[17], 15.0)]
+
+
+def test_coarse_lattice_and_tail_as_the_joined_query_asks() -> None:
+    """k = 4: coarse points at indices 0, 4, ..., 36, then 37..39 at the grid step; a later
+    conjunct's range starts on the lattice."""
+    db = TableTSDB({COSTLY: [({"instance": "a"}, set(T))], CHEAP: [({"instance": "a"}, {T[9], T[12], T[38]})]})
+    pre = _pre((COSTLY, ("instance",)), (CHEAP, ("instance",)))
+    got = staged_answer(db, pre, GRID, 15.0, 4, 36)
+    assert got == [{"metric": {"instance": "a"}, "values": [[T[12], "1"], [T[38], "1"]]}]
+    costly = [c[1:] for c in db.calls if c[0] == COSTLY]
+    assert costly == [(T[12], T[36], 60.0), (T[37], T[38], 15.0)]
+
+
+def test_an_answer_off_the_queried_steps_falls_back_to_the_joined_query() -> None:
+    pre = _pre((COSTLY, ("instance",)), (CHEAP, ("instance",)))
+    moved = TableTSDB({COSTLY: [({"instance": "a"}, set(T))], CHEAP: [({"instance": "a"}, set(T))],
+                       pre.expr: [({"instance": "a"}, set(T))]}, shift=7.0)
+    assert staged_answer(moved, pre, GRID, 15.0, 1, len(GRID) - 1) is None
+    hits = query_prefilter(moved, pre, GRID, 15.0)   # the joined expression is what answers
+    assert moved.calls[-1][0] == pre.expr and hits.matched == 1
+
+
+def test_part_cost_orders_gauges_before_histograms_before_subqueries() -> None:
+    sub = f"avg_over_time(({COSTLY})[15m:30s] offset 5m)"
+    assert part_cost(CHEAP) < part_cost(COSTLY) < part_cost(sub)
