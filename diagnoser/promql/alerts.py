@@ -71,6 +71,23 @@ class ConditionCompiler:
             raise NotExpressible(f"equality test {op} has no loosened form")
         return f"({left}) {op} {self._right(cond, name)}", by
 
+    def chained(self, conds: list[dict[str, Any]]) -> tuple[str, tuple[str, ...]]:
+        """Comparisons of one series, all of which must hold, as one chain
+        `((left) op1 right1) op2 right2`: a comparison keeps the left side's value and labels, so
+        the chain equals `cond1 and cond2` and computes the series once."""
+        names = {str(c.get("series")) for c in conds}
+        if len(names) != 1 or any("op" not in c or "present" in c or "fact" in c for c in conds):
+            raise ValueError("a chain is comparisons of one series")
+        out, by = self.condition(conds[0])
+        for cond in conds[1:]:
+            op = str(cond.get("op"))
+            if op not in _OPS:
+                raise NotExpressible(f"operator {op!r}")
+            if self.slack and op in ("==", "!="):
+                raise NotExpressible(f"equality test {op} has no loosened form")
+            out = f"({out}) {op} {self._right(cond, str(cond['series']))}"
+        return out, by
+
     def _loose(self, x: float, op: str | None) -> float:
         """x moved by the slack in the direction that makes `left op x` hold more often."""
         if not self.slack or op is None:

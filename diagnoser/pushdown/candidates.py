@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S
 from kvscope.diagnoser.pushdown.prefilter import Prefilter
 from kvscope.diagnoser.sources.promapi import PromClient, PromError
 
@@ -66,6 +67,9 @@ def query_prefilter(client: PromClient, pre: Prefilter, grid: np.ndarray, step: 
     coarse_end = int((len(grid) - 1) // k) * k    # coarse points at grid indices 0, k, ..., coarse_end
     what = f"prefilter {pre.rule_id}"
     try:
+        allowed = fact_instances(client, pre, grid)
+        if allowed is not None and not allowed:
+            return Hits()
         result = staged_answer(client, pre, grid, step, k, coarse_end) if len(pre.parts) > 1 else None
         if result is None:
             result = lattice_query(client, pre.expr, grid, step, k, coarse_end, 0, len(grid) - 1, what)
@@ -73,7 +77,26 @@ def query_prefilter(client: PromClient, pre: Prefilter, grid: np.ndarray, step: 
         if exc.status not in (400, 422, 503, 504):
             raise
         return Hits(everywhere=True, error=str(exc))
+    if allowed is not None:
+        result = [r for r in result if str((r.get("metric") or {}).get("instance", "")) in allowed]
     return read_answer(result, grid, k, coarse_end, pre.hold_steps)
+
+
+def fact_instances(client: PromClient, pre: Prefilter, grid: np.ndarray) -> set[str] | None:
+    """The instances with an info series for each of the rule's fact tests anywhere in the
+    window (one instant query at its end over the whole window and the lookback); None: no
+    fact test, or the server refused the query (then facts are left to the evaluator)."""
+    if not pre.facts:
+        return None
+    span = f"{int(float(grid[-1] - grid[0]) + DEFAULT_LOOKBACK_S) + 1}s"
+    expr = "\nand on (instance)\n".join(f"group by (instance) (last_over_time({sel}[{span}]))" for sel in pre.facts)
+    try:
+        answer = client.query(expr, float(grid[-1]))
+    except PromError as exc:
+        if exc.status not in (400, 422, 503, 504):
+            raise
+        return None
+    return {str((r.get("metric") or {}).get("instance", "")) for r in answer}
 
 
 def lattice_query(client: PromClient, expr: str, grid: np.ndarray, step: float, k: int, coarse_end: int,

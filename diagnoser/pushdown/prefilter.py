@@ -21,6 +21,7 @@ Ranges are the evaluator's (time-scaled, whole grid steps), subqueries run at th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,9 @@ class Prefilter:
     parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """The conjuncts of `expr` with their groupings, the first one's labels the answer's: run one
     by one (candidates.py, `staged_answer`), cheapest first, and intersected by the client."""
+    facts: tuple[str, ...] = ()
+    """Selectors of the info gauges that carry the rule's `fact == value` tests: only engines
+    with such a series anywhere in the window can be candidates (candidates.py, `fact_instances`)."""
 
 
 def conditions_of(rule: Rule) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -76,12 +80,16 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
     cc = ConditionCompiler(rule, series, catalog, slack=slack)
     all_conds, any_conds = conditions_of(rule)
     kept: list[tuple[str, tuple[str, ...]]] = []
+    compiled: list[dict[str, Any]] = []
     dropped: list[str] = []
     for cond in all_conds:
         try:
             kept.append(cc.condition(_without_absence(cond)))
         except (NotExpressible, KeyError, ValueError, TypeError) as exc:
             dropped.append(f"{_describe(cond)}: {exc}")
+        else:
+            compiled.append(cond)
+    kept = _chain_same_series(cc, compiled, kept)
     anys = []
     for cond in any_conds:
         try:
@@ -90,13 +98,13 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
             dropped.append(f"any-branch {_describe(cond)}: {exc}")
             anys = []
             break
-    if rule.doc.get("facts"):
-        dropped.append("engine facts (checked by the evaluator)")
+    facts, unread = fact_selectors(rule, catalog)
+    dropped += unread
     if not kept and anys and len({frozenset(b) for _, b in anys}) == 1:
         kept, anys = [("\nor\n".join(f"({e})" for e, _ in anys), anys[0][1])], []
     if not kept:
         return Prefilter(rule.id, None, rule.by, tuple(dropped) or ("no condition has a PromQL form",), reach, qstep,
-                         hold)
+                         hold, facts=facts)
     kept.sort(key=lambda c: -len(c[1]))
     (expr, by), rest = kept[0], kept[1:]
     parts = [(expr, tuple(by))] + [(e, tuple(b)) for e, b in rest]
@@ -106,8 +114,58 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
     elif anys:
         dropped.append("`any` branches on another grouping")
     out = f"({parts[0][0]})" + "".join(f"\nand{_on(by, b)}\n({e})" for e, b in parts[1:])
-    return Prefilter(rule.id, out, tuple(by), tuple(dropped), reach, qstep, hold, tuple(parts))
+    return Prefilter(rule.id, out, tuple(by), tuple(dropped), reach, qstep, hold, tuple(parts), facts)
 
+
+def _chain_same_series(cc: ConditionCompiler, conds: list[dict[str, Any]],
+                       kept: list[tuple[str, tuple[str, ...]]]) -> list[tuple[str, tuple[str, ...]]]:
+    """Compiled `all` conditions with those comparing the same series (e.g. a spread above a
+    floor and above its baseline) merged into one chain, so the TSDB computes the series once."""
+    by_series: dict[str, list[int]] = {}
+    for i, cond in enumerate(conds):
+        if "op" in cond and "series" in cond:
+            by_series.setdefault(str(cond["series"]), []).append(i)
+    out, merged = [], set()
+    for i, part in enumerate(kept):
+        if i in merged:
+            continue
+        same = by_series.get(str(conds[i].get("series")), [i]) if "op" in conds[i] else [i]
+        if len(same) > 1:
+            try:
+                part = cc.chained([conds[j] for j in same])
+                merged.update(same)
+            except (NotExpressible, KeyError, ValueError, TypeError):
+                pass
+        out.append(part)
+    return out
+
+
+def fact_selectors(rule: Rule, catalog: Catalog) -> tuple[tuple[str, ...], list[str]]:
+    """(one selector per `fact == value` test whose fact only info-gauge labels carry, the tests
+    left to the evaluator with the reason). The evaluator reads a fact from the labels of an
+    engine's info gauges anywhere in the window (an unknown fact fails), so an engine without such
+    a series carrying that label value cannot fire. Tests on facts a static gauge's value carries,
+    and other operators, are left out (a superset). Only for rules grouped by instance."""
+    tests = list(rule.doc.get("facts") or [])
+    if not tests:
+        return (), []
+    if "instance" not in rule.by:
+        return (), ["engine facts (checked by the evaluator)"]
+    out, left = [], []
+    for test in tests:
+        name = str(test.get("fact"))
+        static = any(f.fact == name for f in catalog.facts)
+        info = sorted({n for f in catalog.facts if f.fact is None and (not f.labels or name in f.labels)
+                       for n in (f.name, f.name.replace(":", "_", 1))})
+        if test.get("op", "==") != "==" or static or not info or not _LABEL.fullmatch(name):
+            left.append(f"fact {name}: checked by the evaluator")
+            continue
+        value = re.escape(str(rule.resolve(test["value"]))).replace("\\", "\\\\").replace('"', '\\"')
+        out.append(f'{{__name__=~"{"|".join(re.escape(n) for n in info)}",{name}=~"(?i){value}"}}')
+    return tuple(out), left
+
+
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 MAX_QUERY_STEPS = 8
 LONG_SUBQUERY_S = 600.0

@@ -111,3 +111,29 @@ def test_an_answer_off_the_queried_steps_falls_back_to_the_joined_query() -> Non
 def test_part_cost_orders_gauges_before_histograms_before_subqueries() -> None:
     sub = f"avg_over_time(({COSTLY})[15m:30s] offset 5m)"
     assert part_cost(CHEAP) < part_cost(COSTLY) < part_cost(sub)
+
+
+def test_fact_tests_become_info_gauge_selectors_and_filter_the_answer() -> None:
+    from kvscope.agent.signals import load_catalog
+    from kvscope.diagnoser.promql.signals import RecordedSignals
+    from kvscope.diagnoser.pushdown.prefilter import compile_prefilter
+    from kvscope.diagnoser.rulebook.rule import read_rules
+
+    rule = next(r for r in read_rules() if r.id == "prefix_caching_disabled")
+    pre = compile_prefilter(rule, RecordedSignals(), load_catalog(), 15.0)
+    assert pre.facts and "vllm:cache_config_info" in pre.facts[0] and 'enable_prefix_caching=~"(?i)False"' in pre.facts[0]
+    assert not any("fact" in d for d in pre.dropped)
+
+    class WithInfo(TableTSDB):
+        def __init__(self, table: dict, instances: list[str]) -> None:
+            super().__init__(table)
+            self.instances = instances
+
+        def query(self, expr: str, at: float) -> list[dict[str, Any]]:
+            assert "last_over_time(" in expr and f"[{int(T[-1] - T[0]) + 300 + 1}s]" in expr
+            return [{"metric": {"instance": i}, "value": [at, "1"]} for i in self.instances]
+
+    answer = {pre.expr: [({"instance": "a"}, set(T)), ({"instance": "b"}, set(T))]}
+    assert [g.labels for g in query_prefilter(WithInfo(answer, ["b"]), pre, GRID, 15.0).groups] == [{"instance": "b"}]
+    nobody = WithInfo(answer, [])
+    assert query_prefilter(nobody, pre, GRID, 15.0).groups == [] and nobody.calls == []
