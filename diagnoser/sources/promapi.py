@@ -95,6 +95,7 @@ class PromClient:
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
         self._lock = threading.Lock()
+        self._flavor: str | None = None
 
     # ---------------------------------------------------------------- raw calls
     def _call(self, path: str, params: dict[str, str] | list[tuple[str, str]], matrix: bool = False) -> Any:
@@ -163,6 +164,22 @@ class PromClient:
             qs = urllib.parse.urlencode(params)           # servers that only take GET here
             data = self._get(f"{path}?{qs}")
         return [str(v) for v in data or []]
+
+    def flavor(self) -> str:
+        """"victoriametrics" when the server is VictoriaMetrics (it marks every answer with an
+        X-Server-Hostname header), else "prometheus" (Prometheus and the servers that speak its
+        API: Thanos, Mimir), also when the server cannot tell. Asked once."""
+        if self._flavor is None:
+            try:
+                with urllib.request.urlopen(self.url + "/api/v1/status/buildinfo",  # noqa: S310
+                                            timeout=min(self.timeout_s, 10.0)) as resp:
+                    vm = resp.headers.get("X-Server-Hostname") is not None
+            except urllib.error.HTTPError as exc:
+                vm = exc.headers.get("X-Server-Hostname") is not None if exc.headers else False
+            except (urllib.error.URLError, OSError):
+                vm = False
+            self._flavor = "victoriametrics" if vm else "prometheus"
+        return self._flavor
 
     def _get(self, path_qs: str) -> Any:
         try:

@@ -33,13 +33,15 @@ Windows shorter than 15 minutes (short recordings) are evaluated with every rule
 scaled by window / 15 min; --time-scale 1 turns that off.
 
 Prometheus: two evaluation paths, the same findings.
-  --pushdown on    each rule's condition runs in the TSDB as one PromQL range query (loosened so
-                   it holds wherever the rule can fire; recording rules kvscope:* are read where
-                   the TSDB has them, else the engines' own series); evidence is then fetched only
-                   for the engines and the spans where a condition held, and the rules judge it.
+  --pushdown on    each rule's condition runs in the TSDB as PromQL range queries (loosened so
+                   it holds wherever the rule can fire; its conjuncts cheapest first, the next
+                   only where the earlier held; recording rules kvscope:* are read where the TSDB
+                   has them, else the engines' own series); evidence is then fetched only for the
+                   engines and the spans where a condition held, and the rules judge it.
   --pushdown off   every raw series of every engine is fetched and judged here (small fleets).
-  --pushdown auto  (default) on when engines x grid points exceed 50,000 (~200 engine-hours at 15 s,
-                   ~10M raw points: below that the full fetch measured faster on Prometheus 2.42).
+  --pushdown auto  (default) on from 12,000 engines x grid points on VictoriaMetrics (50 engines
+                   x 1 h at 15 s), from 50,000 on Prometheus and other servers (~200 engine-hours:
+                   below that the full fetch measured faster on Prometheus 2.42).
 Queries stay within Prometheus' limits: at most 11,000 points per series and, by estimate, half of
 the default --query.max-samples (50M); longer ranges are cut in time and instance lists into
 batches of 25, run 4 at a time, and a part the server still refuses for its size is halved and
@@ -161,8 +163,11 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
     return _finish(args, source, result)
 
 
-PUSHDOWN_AUTO_ENGINE_STEPS = 50_000
-"""--pushdown auto: the pushdown path from this many engines x grid points on."""
+PUSHDOWN_AUTO_ENGINE_STEPS = {"prometheus": 50_000, "victoriametrics": 12_000}
+"""--pushdown auto: the pushdown path from this many engines x grid points on, per server
+(bench/diagnose_fleet.py --compare: on Prometheus 2.42 the full fetch was faster at 100 engines x
+1 h, 24,100; on VictoriaMetrics 1.79 the pushdown was faster at every size measured, from 50
+engines x 1 h, 12,050, on)."""
 
 
 def _use_pushdown(args: argparse.Namespace, source: Any, rules: list, start: float, end: float,
@@ -175,7 +180,7 @@ def _use_pushdown(args: argparse.Namespace, source: Any, rules: list, start: flo
     names = set().union(*(sample_names(r) for r in rules))
     engines = source.client.label_values("instance", [f'{{__name__=~"{wire_pattern(names, source.catalog)}"}}'],
                                          start, end)
-    return len(engines) * ((end - start) / step + 1) > PUSHDOWN_AUTO_ENGINE_STEPS
+    return len(engines) * ((end - start) / step + 1) >= PUSHDOWN_AUTO_ENGINE_STEPS[source.client.flavor()]
 
 
 def _pushdown(args: argparse.Namespace, source: Any, rules: list, params: dict, start: float, end: float,

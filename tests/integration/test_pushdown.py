@@ -68,6 +68,8 @@ def test_pushdown_gives_the_full_fetch_diagnosis_on_every_recording(recording, t
                             log_path=tmp_path / "prometheus.log") as prom:
         full = diagnose(fetch_frame(PromClient(prom.url), names, start, end, step), rules, source="prometheus")
         pushed, report = diagnose_pushdown(PromClient(prom.url), start, end, step, rules, source="prometheus")
+        flavor = PromClient(prom.url).flavor()
+    assert flavor == "prometheus"
     assert json.loads(pushed.to_json()) == json.loads(full.to_json())
     assert report.rules, "no rule reached the prefilter stage"
 
