@@ -10,6 +10,9 @@ are what the answer says, and only stretches of hold + 1 points with no queried 
 hold a run that fires. A group without such a stretch cannot fire; for the others the stretches
 bound where the evaluator's runs can lie (`Group.first`, `Group.last`).
 
+A prefilter of several conjuncts is run one conjunct at a time, cheapest first, each only over
+the span where the earlier ones held (`staged_answer`); the client does the `and`.
+
 `query_step` picks k so that such a run spans at least CONSECUTIVE queried points: a condition
 that held at isolated steps (noise) is not a candidate, and its evidence is not fetched.
 """

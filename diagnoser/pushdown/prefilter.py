@@ -1,4 +1,5 @@
-"""Each rule's prefilter: its conditions as one PromQL range query, loosened to a superset.
+"""Each rule's prefilter: its conditions as PromQL, loosened to a superset (one expression, and
+its conjuncts apart, which candidates.py runs cheapest first).
 
 The prefilter is written by the same compiler as `kvscope rules build`'s alerts
 (diagnoser/promql/alerts.py) with three differences, all of which make it hold wherever the

@@ -3,9 +3,10 @@
 1. **Inventory** (index only, no samples): which upstream and `kvscope_*` names exist in the
    window (rules whose signals are all absent are skipped exactly as the evaluator skips them)
    and which `kvscope:<series>` recording rules the TSDB has (read instead of the inline union).
-2. **Prefilter** (prefilter.py): one range query per rule at a step its `for` allows; the answer
-   holds only the groups and steps where the loosened condition held. The client keeps the
-   groups with a stretch long enough for the rule's `for` (candidates.py).
+2. **Prefilter** (prefilter.py): the rule's loosened condition at a step its `for` allows, its
+   conjuncts run cheapest first, each only where the earlier ones held, the `and` done by the
+   client; the answer holds only the groups and steps where the condition held. The client keeps
+   the groups with a stretch long enough for the rule's `for` (candidates.py).
 3. **Evidence** (evidence.py): for the rules with candidates, the raw series their leaves read,
    per leaf: the candidates' own instances, their models' replicas for model-level leaves, every
    instance only for fleet-level leaves; over the stretches where they can fire, widened by a
