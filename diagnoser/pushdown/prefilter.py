@@ -29,6 +29,7 @@ from typing import Any
 from kvscope.agent.signals import Catalog
 from kvscope.diagnoser.promql.alerts import ConditionCompiler
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, SignalReader
+from kvscope.diagnoser.promql.signals import wire_names
 from kvscope.diagnoser.rulebook.grammar import CHANGES_SETTLE, node_form, node_refs
 from kvscope.diagnoser.rulebook.rule import Rule
 
@@ -157,7 +158,7 @@ def fact_selectors(rule: Rule, catalog: Catalog) -> tuple[tuple[str, ...], list[
         name = str(test.get("fact"))
         static = any(f.fact == name for f in catalog.facts)
         info = sorted({n for f in catalog.facts if f.fact is None and (not f.labels or name in f.labels)
-                       for n in (f.name, f.name.replace(":", "_", 1))})
+                       for n in wire_names(f.name, "gauge")})
         if test.get("op", "==") != "==" or static or not info or not _LABEL.fullmatch(name):
             left.append(f"fact {name}: checked by the evaluator")
             continue
