@@ -9,7 +9,9 @@ TSDBs (say which one each number is from):
 * VictoriaMetrics 1.79 (Debian `victoria-metrics`), every size: the fleet is streamed into
   `/api/v1/import` as JSON lines, 120 days earlier than the Prometheus copy (VictoriaMetrics
   refuses samples far in the future). Its data directories are kept under $KVSCOPE_BENCH_CACHE
-  (/tmp/kvscope-bench-fleet2) between runs.
+  (/tmp/kvscope-bench-fleet2) between runs. It runs as it ships, with its rollup cache on, and
+  the cache is emptied before every timed command, so that no command reuses another's work
+  (`--vm-cache off`: `-search.disableCache`, what rounds 1-3 measured).
 * Prometheus 2.42 (Debian), the sizes of --prometheus: the fleet written as OpenMetrics and
   backfilled with `promtool tsdb create-blocks-from openmetrics` (much slower to build).
 * With --recording-rules, a copy of each with kvscope's canonical recording rules
@@ -24,7 +26,8 @@ every engine in one `query_range`, cut only where 11k points per series forces i
 json module as round 1's client did: HTTP + JSON only, the floor of what the old path cost), and
 with --compare the full fetch (`--pushdown off`), whose whole Diagnosis (findings, onsets,
 evidence, scores, skipped rules) must equal the pushdown's. The load average is printed with
-every number: the box is shared.
+every number: the box is shared. `--repeat N` times the pushdown N times and reports the median
+(and the range): this box's speed changes by up to 2x within the hour.
 
     .venv/bin/python bench/diagnose_fleet.py --sizes 50x1,100x1,200x1,200x6 --compare
     .venv/bin/python bench/diagnose_fleet.py --sizes 100x1 --prometheus 100x1 --recording-rules
@@ -44,6 +47,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +58,7 @@ from kvscope.diagnoser.evaluate.evaluator import sample_names  # noqa: E402
 from kvscope.diagnoser.rulebook.rule import read_rules  # noqa: E402
 from kvscope.diagnoser.sources.prometheus import selector_for  # noqa: E402
 from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, running_prometheus  # noqa: E402
-from testbed.victoria import running_victoria  # noqa: E402
+from testbed.victoria import reset_cache, running_victoria  # noqa: E402
 
 CACHE = Path(os.environ.get("KVSCOPE_BENCH_CACHE", "/tmp/kvscope-bench-fleet2"))
 WINDOW_END = 1_800_000_000.0 + 8 * 3600
@@ -264,23 +268,35 @@ def baseline_fetch(url: str, start: float, end: float, engines: int) -> dict:
             "baseline_batched": batched}
 
 
-def bench(tsdb: str, engines: int, hours: float, url: str, pid: int, compare: bool, shift_s: float) -> dict:
+def bench(tsdb: str, engines: int, hours: float, url: str, pid: int, compare: bool, shift_s: float,
+          fresh: Callable[[], None], repeat: int = 1) -> dict:
+    """One TSDB and size: the pushdown (`repeat` times, the median run kept), the baseline, and
+    with `compare` the full fetch. `fresh()` runs before each timed command (empties a cache)."""
     _, start, end = span(hours, shift_s)
     argv = [KVSCOPE, "diagnose", "--prometheus", url, "--start", f"{start:.0f}", "--end", f"{end:.0f}", "--json"]
     row: dict = {"tsdb": tsdb, "engines": engines, "hours": hours, "load_before": load()}
-    print(f"  {tsdb} {size_name(engines, hours)}: kvscope diagnose --pushdown on (load {load():.1f}) ...", flush=True)
-    got = run_child(argv + ["--pushdown", "on"])
+    runs = []
+    for i in range(max(1, repeat)):
+        print(f"  {tsdb} {size_name(engines, hours)}: kvscope diagnose --pushdown on "
+              f"({i + 1}/{max(1, repeat)}, load {load():.1f}) ...", flush=True)
+        fresh()
+        runs.append(run_child(argv + ["--pushdown", "on"]))
+    walls = [r["wall_s"] for r in runs]
+    got = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
     pushed = diagnosis(got["out"])
-    row.update(wall_s=got["wall_s"], rss_gb=got["rss_gb"], cpu_s=got["cpu_s"], exit=got["exit"],
+    row.update(wall_s=got["wall_s"], walls=walls, rss_gb=got["rss_gb"], cpu_s=got["cpu_s"], exit=got["exit"],
                findings=n_findings(pushed), **pushdown_summary(got["err"]))
+    row["same_each_run"] = all(diagnosis(r["out"]) == pushed for r in runs)
     if pushed is None:
         print("    | " + "\n    | ".join(got["err"].strip().splitlines()[-6:]))
     row["load_after"] = load()
     print(f"  {tsdb} {size_name(engines, hours)}: baseline raw fetch (load {load():.1f}) ...", flush=True)
+    fresh()
     row.update(baseline_fetch(url, start, end, engines))
     if compare:
         print(f"  {tsdb} {size_name(engines, hours)}: kvscope diagnose --pushdown off (load {load():.1f}) ...",
               flush=True)
+        fresh()
         full = run_child(argv + ["--pushdown", "off"])
         full_d = diagnosis(full["out"])
         row.update(full_wall_s=full["wall_s"], full_rss_gb=full["rss_gb"], full_cpu_s=full["cpu_s"],
@@ -300,7 +316,10 @@ BATCHED_NOTE = ", in batches of 25 engines: the one answer was over the old 256 
 def show(row: dict) -> str:
     name = size_name(row["engines"], row["hours"])
     ratio = row["baseline_s"] / row["wall_s"] if row["wall_s"] else float("nan")
-    line = (f"{row['tsdb']:24s} {name:>9s}: diagnose {row['wall_s']:6.2f} s (exit {row['exit']}, "
+    walls = row.get("walls") or [row["wall_s"]]
+    spread = (f" (median of {len(walls)}: {min(walls):.2f}-{max(walls):.2f} s, same diagnosis each run: "
+              f"{row.get('same_each_run')})" if len(walls) > 1 else "")
+    line = (f"{row['tsdb']:24s} {name:>9s}: diagnose {row['wall_s']:6.2f} s{spread} (exit {row['exit']}, "
             f"{row['findings']} findings), client {row['cpu_s']:.2f} CPU-s, peak RSS {row['rss_gb']:.2f} GB; "
             f"prefilter {row.get('prefilter_s', float('nan')):.1f} s, "
             f"evidence {row.get('evidence_s', float('nan')):.1f} s "
@@ -344,14 +363,16 @@ def growth(rows: list[dict]) -> None:
                   f"{len(mine)} sizes) -> 1000 x 6 h: {icpt + slope * 6000:.2f} {unit}")
 
 
-def weekly(engines: int, hours: float, rules: bool) -> dict:
+def weekly(engines: int, hours: float, rules: bool, cache: bool) -> dict:
     """`kvscope report weekly --prometheus` over the fleet's last 7 days, on VictoriaMetrics."""
     data = vm_dataset(engines, hours, rules)
     _, _, end = span(hours, VM_SHIFT_S)
     out = CACHE / "weekly.md"
-    with running_victoria(data, "-search.maxQueryDuration=30m", log_path=data.parent / "vm.log") as vm:
+    with running_victoria(data, "-search.maxQueryDuration=30m", log_path=data.parent / "vm.log", cache=cache) as vm:
         print(f"  weekly report {size_name(engines, hours)} (load {load():.1f}) ...", flush=True)
         l0 = load()
+        if cache:
+            reset_cache(vm.url)
         got = run_child([KVSCOPE, "report", "weekly", "--prometheus", vm.url, "--end", f"{end:.0f}",
                          "--no-progress", "--markdown", str(out)])
         row = {"engines": engines, "hours": hours, "wall_s": got["wall_s"], "rss_gb": got["rss_gb"],
@@ -360,7 +381,8 @@ def weekly(engines: int, hours: float, rules: bool) -> dict:
     row["findings_section"] = "No findings" not in text and "finding" in text.lower()
     if got["exit"] != 0:
         print("    | " + "\n    | ".join(got["err"].strip().splitlines()[-6:]))
-    print(f"weekly report {size_name(engines, hours)} on VictoriaMetrics{' (recording rules)' if rules else ''}: "
+    print(f"weekly report {size_name(engines, hours)} on VictoriaMetrics{' (recording rules)' if rules else ''}"
+          f" (rollup cache {'on, emptied first' if cache else 'off'}): "
           f"{row['wall_s']:.1f} s (exit {row['exit']}), client peak RSS {row['rss_gb']:.2f} GB, "
           f"{row['cpu_s']:.1f} CPU-s, TSDB peak RSS {row['tsdb_rss_gb']:.2f} GB; goal < {WEEKLY_GOAL_S:g} s: "
           f"{row['wall_s'] / WEEKLY_GOAL_S:.2f}x of it | load {l0:.1f}-{load():.1f}", flush=True)
@@ -384,19 +406,28 @@ def main() -> None:
                     help="also each TSDB with kvscope's canonical recording rules evaluated over the span")
     ap.add_argument("--compare", action="store_true", help="also the full fetch; the whole diagnosis must be equal")
     ap.add_argument("--weekly", default="", help="engines x hours for `kvscope report weekly` (e.g. 100x168)")
+    ap.add_argument("--vm-cache", choices=("on", "off"), default="on",
+                    help="VictoriaMetrics' rollup cache: on as it ships, emptied before every timed command "
+                         "(default), or off (-search.disableCache)")
+    ap.add_argument("--repeat", type=int, default=1, help="time the pushdown this many times, report the median")
     args = ap.parse_args()
+    cache = args.vm_cache == "on"
     for binary in ("victoria-metrics", "prometheus", "promtool", "vmalert", "/usr/bin/time"):
         if shutil.which(binary) is None:
             sys.exit(f"{binary} not installed (scripts/setup.sh)")
-    print(f"load average {load():.1f} on {os.cpu_count()} cores; kvscope from {ROOT}", flush=True)
+    print(f"load average {load():.1f} on {os.cpu_count()} cores; kvscope from {ROOT}; VictoriaMetrics' rollup "
+          f"cache {'on (emptied before every timed command)' if cache else 'off'}", flush=True)
     rows: list[dict] = []
     variants = [False, True] if args.recording_rules else [False]
     for engines, hours in parse_sizes(args.sizes):
         for rules in variants:
             data = vm_dataset(engines, hours, rules)
-            tsdb = "victoria-metrics" + (" +rules" if rules else "")
-            with running_victoria(data, "-search.maxQueryDuration=30m", log_path=data.parent / "vm.log") as vm:
-                rows.append(bench(tsdb, engines, hours, vm.url, vm.proc.pid, args.compare, VM_SHIFT_S))
+            tsdb = "victoria-metrics" + (" +rules" if rules else "") + ("" if cache else " nocache")
+            with running_victoria(data, "-search.maxQueryDuration=30m", log_path=data.parent / "vm.log",
+                                  cache=cache) as vm:
+                fresh = (lambda url=vm.url: reset_cache(url)) if cache else (lambda: None)
+                rows.append(bench(tsdb, engines, hours, vm.url, vm.proc.pid, args.compare, VM_SHIFT_S, fresh,
+                                  args.repeat))
             print(show(rows[-1]), flush=True)
     for engines, hours in parse_sizes(args.prometheus):
         for rules in variants:
@@ -404,9 +435,10 @@ def main() -> None:
             tsdb = "prometheus" + (" +rules" if rules else "")
             with running_prometheus(_config(data.parent), data, "--storage.tsdb.retention.time=100y",
                                     "--query.timeout=10m", log_path=data.parent / "prometheus.log") as prom:
-                rows.append(bench(tsdb, engines, hours, prom.url, prom.proc.pid, args.compare, 0.0))
+                rows.append(bench(tsdb, engines, hours, prom.url, prom.proc.pid, args.compare, 0.0,
+                                  lambda: None, args.repeat))
             print(show(rows[-1]), flush=True)
-    weekly_rows = [weekly(e, h, False) for e, h in parse_sizes(args.weekly)]
+    weekly_rows = [weekly(e, h, False, cache) for e, h in parse_sizes(args.weekly)]
     print("\nsummary:")
     for row in rows:
         print(show(row))

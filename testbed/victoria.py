@@ -8,7 +8,8 @@ rewritten to the Prometheus text format with millisecond timestamps and posted t
 
 Flags: `-search.maxLookback=5m` gives Prometheus' fixed 5-minute lookback (VictoriaMetrics
 otherwise derives it from the sample interval), `-search.latencyOffset=0s` serves the newest
-points, `-search.disableCache` keeps benchmarks honest, `-retentionPeriod=100y` keeps old test data.
+points, `-search.disableCache` (unless `cache=True`) keeps runs independent of each other,
+`-retentionPeriod=100y` keeps old test data.
 """
 
 from __future__ import annotations
@@ -32,23 +33,34 @@ class Victoria(NamedTuple):
     proc: LoggedProcess
 
 
-def victoria_argv(data: Path, port: int, *extra: str, binary: str = "victoria-metrics") -> list[str]:
+def victoria_argv(data: Path, port: int, *extra: str, binary: str = "victoria-metrics",
+                  cache: bool = False) -> list[str]:
     return [binary, f"-storageDataPath={data}", f"-httpListenAddr={LOOPBACK}:{port}", "-retentionPeriod=100y",
-            "-search.maxLookback=5m", "-search.latencyOffset=0s", "-search.disableCache", *extra]
+            "-search.maxLookback=5m", "-search.latencyOffset=0s", *([] if cache else ["-search.disableCache"]),
+            *extra]
 
 
 @contextlib.contextmanager
 def running_victoria(data: Path, *extra: str, log_path: Path | None = None, ready_timeout_s: float = 60.0,
-                     binary: str = "victoria-metrics") -> Iterator[Victoria]:
-    """Start VictoriaMetrics on a free port, yield it once /health answers, stop it whatever happens."""
+                     binary: str = "victoria-metrics", cache: bool = False) -> Iterator[Victoria]:
+    """Start VictoriaMetrics on a free port, yield it once /health answers, stop it whatever happens.
+    `cache`: keep its rollup cache on (its default; it moves range queries' starts to multiples
+    of their step, and `reset_cache` empties it)."""
     port = free_port()
-    proc = LoggedProcess(victoria_argv(data, port, *extra, binary=binary), log_path, name="victoria-metrics")
+    proc = LoggedProcess(victoria_argv(data, port, *extra, binary=binary, cache=cache), log_path,
+                         name="victoria-metrics")
     url = f"http://{LOOPBACK}:{port}"
     try:
         wait_http(url + "/health", ready_timeout_s, procs=(proc,))
         yield Victoria(url, port, proc)
     finally:
         stop_process(proc, timeout_s=20.0)
+
+
+def reset_cache(url: str) -> None:
+    """Empty VictoriaMetrics' rollup cache (so that a command cannot reuse an earlier one's work)."""
+    with urllib.request.urlopen(url + "/internal/resetRollupResultCache", timeout=30) as resp:  # noqa: S310
+        resp.read()
 
 
 def prometheus_text_lines(path: Path, shift_s: float = 0.0) -> Iterator[str]:

@@ -49,6 +49,7 @@ class Hits:
     everywhere: bool = False
     error: str = ""                  # why the server could not answer (then everywhere)
     matched: int = 0                 # groups in the answer (candidates or not)
+    moved: bool = False              # answered at times not asked for: candidates widened
 
     @property
     def first(self) -> int:
@@ -67,22 +68,35 @@ def query_prefilter(client: PromClient, pre: Prefilter, grid: np.ndarray, step: 
         return Hits(everywhere=True)
     qstep = pre.step or step
     k = max(1, int(round(qstep / step)))
-    coarse_end = int((len(grid) - 1) // k) * k    # coarse points at grid indices 0, k, ..., coarse_end
+    head = lattice_head(grid, qstep, k)            # coarse points at grid indices head, head + k, ..., coarse_end
+    coarse_end = head + int((len(grid) - 1 - head) // k) * k
     what = f"prefilter {pre.rule_id}"
     try:
         allowed = fact_instances(client, pre, grid)
         if allowed is not None and not allowed:
             return Hits()
-        result = staged_answer(client, pre, grid, step, k, coarse_end) if len(pre.parts) > 1 else None
+        result = staged_answer(client, pre, grid, step, k, coarse_end, head) if len(pre.parts) > 1 else None
         if result is None:
-            result = lattice_query(client, pre.expr, grid, step, k, coarse_end, 0, len(grid) - 1, what)
+            result = lattice_query(client, pre.expr, grid, step, k, coarse_end, 0, len(grid) - 1, what, head)
     except PromError as exc:
         if exc.status not in (400, 422, 503, 504):
             raise
         return Hits(everywhere=True, error=str(exc))
     if allowed is not None:
         result = [r for r in result if str((r.get("metric") or {}).get("instance", "")) in allowed]
-    return read_answer(result, grid, k, coarse_end, pre.hold_steps)
+    return read_answer(result, grid, k, coarse_end, pre.hold_steps, head)
+
+
+def lattice_head(grid: np.ndarray, qstep: float, k: int) -> int:
+    """The first of the grid's first k points at a multiple of the query step (0 if none): coarse
+    queries whose start is a multiple of their step are answered at the times asked by servers
+    that align steps for their caches (VictoriaMetrics' rollup cache, query frontends), and
+    their parts are cached across queries."""
+    for i in range(min(k, len(grid))):
+        t = float(grid[i]) / qstep
+        if abs(t - round(t)) < 1e-9:
+            return i
+    return 0
 
 
 def fact_instances(client: PromClient, pre: Prefilter, grid: np.ndarray) -> set[str] | None:
@@ -103,14 +117,17 @@ def fact_instances(client: PromClient, pre: Prefilter, grid: np.ndarray) -> set[
 
 
 def lattice_query(client: PromClient, expr: str, grid: np.ndarray, step: float, k: int, coarse_end: int,
-                  lo: int, hi: int, what: str) -> list[dict[str, Any]]:
-    """`expr` at the queried grid points between indices lo and hi: every k-th up to coarse_end
-    (one range query at k steps, split by the client where it must), then the window's last
-    points at the grid step."""
+                  lo: int, hi: int, what: str, head: int = 0) -> list[dict[str, Any]]:
+    """`expr` at the queried grid points between indices lo and hi: the window's first `head`
+    points at the grid step, then every k-th up to coarse_end (one range query at k steps,
+    split by the client where it must), then the window's last points at the grid step."""
     result: list[dict[str, Any]] = []
-    first, last = -(-lo // k) * k, min(hi, coarse_end) // k * k
-    if first <= last:
-        result = client.range_parts(expr, float(grid[first]), float(grid[last]), step * k, series=0, what=what)
+    if lo < head:
+        result += client.query_range(expr, float(grid[lo]), float(grid[min(hi, head - 1)]), step)
+    first = head + -(-(max(lo, head) - head) // k) * k
+    last = head + (min(hi, coarse_end) - head) // k * k
+    if first <= last and hi >= head:
+        result += client.range_parts(expr, float(grid[first]), float(grid[last]), step * k, series=0, what=what)
     if hi > coarse_end:
         result += client.query_range(expr, float(grid[max(lo, coarse_end + 1)]), float(grid[hi]), step)
     return result
@@ -125,7 +142,7 @@ def part_cost(expr: str) -> int:
 
 
 def staged_answer(client: PromClient, pre: Prefilter, grid: np.ndarray, step: float, k: int,
-                  coarse_end: int) -> list[dict[str, Any]] | None:
+                  coarse_end: int, head: int = 0) -> list[dict[str, Any]] | None:
     """The answer of `pre.expr`, a conjunction `p0 and [on (...)] p1 and ...`, computed as the
     server would, from its conjuncts run one at a time, cheapest first: a grid point where one
     conjunct has no series has none in the conjunction, so each next conjunct is queried only
@@ -136,7 +153,7 @@ def staged_answer(client: PromClient, pre: Prefilter, grid: np.ndarray, step: fl
     back at times that were not asked for (a server that moves steps): then the one joined
     query runs instead."""
     n = len(grid)
-    known = queried_mask(n, k, coarse_end)
+    known = queried_mask(n, k, coarse_end, head)
     alive = known.copy()
     answers: dict[int, list[dict[str, Any]]] = {}
     for i in sorted(range(len(pre.parts)), key=lambda j: part_cost(pre.parts[j][0])):
@@ -144,7 +161,7 @@ def staged_answer(client: PromClient, pre: Prefilter, grid: np.ndarray, step: fl
         if not at.size:
             return []
         answers[i] = lattice_query(client, pre.parts[i][0], grid, step, k, coarse_end, int(at[0]), int(at[-1]),
-                                   f"prefilter {pre.rule_id}")
+                                   f"prefilter {pre.rule_id}", head)
         rows = _rows(answers[i], grid, known, None)
         if rows is None:
             return None
@@ -188,23 +205,25 @@ def _rows(result: list[dict[str, Any]], grid: np.ndarray, known: np.ndarray,
     return out
 
 
-def queried_mask(n: int, k: int, coarse_end: int) -> np.ndarray:
-    """bool [n]: the grid points a prefilter queried (every k-th up to coarse_end, then all)."""
+def queried_mask(n: int, k: int, coarse_end: int, head: int = 0) -> np.ndarray:
+    """bool [n]: the grid points a prefilter queried (the first `head`, every k-th from there up
+    to coarse_end, then all)."""
     known = np.zeros(n, dtype=bool)
-    known[0:coarse_end + 1:k] = True
+    known[:head] = True
+    known[head:coarse_end + 1:k] = True
     known[coarse_end + 1:] = True
     return known
 
 
 def read_answer(result: list[dict[str, Any]], grid: np.ndarray, k: int, coarse_end: int,
-                hold: int) -> Hits:
+                hold: int, head: int = 0) -> Hits:
     """Candidate groups of a prefilter answer (series of (time, value) where it held).
 
     An answer at times the query did not ask for (a server that moved the steps) says nothing
     about the steps in between: then each matched group is a candidate from a query step before
     its first point to a query step after its last."""
     n = len(grid)
-    known = queried_mask(n, k, coarse_end)
+    known = queried_mask(n, k, coarse_end, head)
     rows: dict[tuple[tuple[str, str], ...], np.ndarray] = {}
     aligned = True
     for series in result:
@@ -226,7 +245,7 @@ def read_answer(result: list[dict[str, Any]], grid: np.ndarray, k: int, coarse_e
             span = (max(0, int(at[0]) - k), min(n - 1, int(at[-1]) + k)) if at.size else None
         if span is not None:
             groups.append(Group(dict(key), *span))
-    return Hits(groups, matched=len(rows))
+    return Hits(groups, matched=len(rows), moved=not aligned)
 
 
 def candidate_span(held: np.ndarray, known: np.ndarray, hold: int) -> tuple[int, int] | None:

@@ -69,6 +69,7 @@ class RuleTrace:
     judged_to: float | None = None       # last grid time judged
     judged_points: int = 0               # grid points judged, summed over candidates
     error: str = ""                      # a prefilter the server refused (evaluated in full)
+    moved: bool = False                  # the server answered at other times (candidates widened)
 
 
 @dataclass
@@ -104,6 +105,11 @@ class PushdownReport:
                        "clipped by the evaluator and extrapolated by PromQL, so no prefilter can stand in)")
         if everywhere:
             out.append(f"pushdown: no server-side form, evidence fetched for every engine: {', '.join(everywhere)}")
+        moved = [t.rule_id for t in self.rules if t.moved]
+        if moved:
+            out.append(f"pushdown: the TSDB answered prefilters at other times than asked (a cache or query "
+                       f"frontend that aligns steps), their candidates were widened by one query step: "
+                       f"{', '.join(moved)}")
         if refused:
             out.append(f"pushdown: prefilter refused or timed out on the server, judged on every engine's evidence: "
                        f"{', '.join(refused)}")
@@ -234,6 +240,7 @@ def _hits(client: PromClient, trace: RuleTrace, grid: np.ndarray, step: float) -
     assert trace.prefilter is not None
     hits = query_prefilter(client, trace.prefilter, grid, step)
     trace.error = hits.error
+    trace.moved = hits.moved
     trace.matched = hits.matched
     trace.groups = len(hits.groups)
     return hits
@@ -313,8 +320,8 @@ def _with_young(h: Hits, young: list[str], n: int, all_young: bool) -> Hits:
     """Young instances are candidates of every rule over the whole window (when every instance
     is young, the rule is judged everywhere, as the full path does)."""
     if h.everywhere or all_young:
-        return Hits(everywhere=True, error=h.error, matched=h.matched)
-    return Hits(list(h.groups) + [Group({"instance": i}, 0, n - 1) for i in young], matched=h.matched)
+        return Hits(everywhere=True, error=h.error, matched=h.matched, moved=h.moved)
+    return Hits(list(h.groups) + [Group({"instance": i}, 0, n - 1) for i in young], matched=h.matched, moved=h.moved)
 
 
 # ------------------------------------------------------------------------------ phase 2

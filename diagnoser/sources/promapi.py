@@ -13,6 +13,8 @@ Every reader of a Prometheus-compatible TSDB goes through `PromClient`: `kvscope
 * **errors**: `PromError` (a SourceError) says what happened: unreachable, not a Prometheus API
   (404 and non-JSON answers), a query the server rejected (400/422 with Prometheus' own error
   text, and for a sample limit which knob to turn), an overloaded or timed-out server (503).
+* **answers at the times asked**: VictoriaMetrics' rollup cache moves a range query's start to a
+  multiple of its step; a query that starts elsewhere is sent with `nocache=1` (`query_range`).
 * **answers as arrays**: range-query answers are decoded by msgspec into typed (time, value)
   pairs of floats (the JSON module's objects and strings are what the old path spent its time
   on); `matrix_on_grid` turns a matrix into one float row per series on the query grid (NaN
@@ -135,9 +137,16 @@ class PromClient:
         return doc.get("data")
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        """One range query as sent (no splitting): the matrix."""
-        data = self._call("/api/v1/query_range", {"query": expr, "start": _ts(start), "end": _ts(end),
-                                                  "step": f"{step:g}"}, matrix=True)
+        """One range query as sent (no splitting): the matrix, at start + k x step.
+
+        VictoriaMetrics with its rollup cache on (its default) moves the start of a range query
+        of 50 steps or more down to a multiple of the step, so that the answer can be cached: a
+        query that starts elsewhere is sent with `nocache=1`, so that it is answered at the times
+        asked, as the Prometheus API says (and is not cached)."""
+        params = {"query": expr, "start": _ts(start), "end": _ts(end), "step": f"{step:g}"}
+        if not on_step(start, step) and self.flavor() == "victoriametrics":
+            params["nocache"] = "1"
+        data = self._call("/api/v1/query_range", params, matrix=True)
         if not isinstance(data, dict) or data.get("resultType") != "matrix":
             kind = data.get("resultType") if isinstance(data, dict) else repr(data)
             raise PromError(f"prometheus {self.url}: range query answered {kind}, not a matrix")
@@ -303,6 +312,12 @@ def _error_text(exc: urllib.error.HTTPError) -> str:
 
 def _ts(t: float) -> str:
     return f"{t:.3f}"
+
+
+def on_step(t: float, step: float) -> bool:
+    """Whether t (seconds) is a multiple of step, to the millisecond the API speaks."""
+    ms = round(step * 1000)
+    return ms <= 0 or round(t * 1000) % ms == 0
 
 
 def merge_matrices(parts: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:

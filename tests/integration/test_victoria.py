@@ -70,6 +70,39 @@ def test_full_fetch_and_pushdown_from_victoria_match_the_recording(victoria):
     assert PromClient(victoria).flavor() == "victoriametrics"    # --pushdown auto's lower threshold
 
 
+@pytest.fixture(scope="module")
+def cached_victoria(tmp_path_factory):
+    """VictoriaMetrics as it ships: its rollup cache on."""
+    tmp = tmp_path_factory.mktemp("vm-cache")
+    with running_victoria(tmp / "data", log_path=tmp / "vm.log", cache=True) as vm:
+        assert import_prometheus_text(vm.url, RECORDING) > 10_000
+        yield vm.url
+
+
+@pytest.mark.parametrize("shift_s", [0.0, 1.0])
+def test_victoria_with_its_rollup_cache_answers_at_the_times_asked(cached_victoria, shift_s):
+    """With its cache on, VictoriaMetrics moves the start of a range query of 50 steps or more to a
+    multiple of the step (the recording's window is 66 steps of 2 s). Shifted by 1 s, the window
+    starts between multiples: the client's queries must still be answered at the grid's times
+    (full fetch equal to the recording's frame) and no prefilter's candidates be widened."""
+    source, start, end, step = _window()
+    start += shift_s
+    rules = read_rules()
+    names = set().union(*(sample_names(r) for r in rules))
+    rec = source.read_frame(names, start, end, step)
+    vm = fetch_frame(PromClient(cached_victoria), names, start, end, step)
+    for name, block in rec.blocks.items():
+        other = vm.blocks[name]
+        ia = np.argsort([str(x) for x in block.labels])
+        ib = np.argsort([str(x) for x in other.labels])
+        np.testing.assert_allclose(block.values[ia], other.values[ib], rtol=1e-9, equal_nan=True, err_msg=name)
+    full = diagnose(vm, rules, source="vm")
+    assert full.to_json() == diagnose(rec, rules, source="vm").to_json()
+    pushed, report = diagnose_pushdown(PromClient(cached_victoria), start, end, step, rules, source="vm")
+    assert pushed.to_json() == full.to_json()
+    assert not [t.rule_id for t in report.rules if t.moved], "prefilters answered at times not asked"
+
+
 def test_every_generated_rule_expression_evaluates_on_victoria(victoria):
     _, start, end, _ = _window()
     client = PromClient(victoria)

@@ -8,7 +8,7 @@ import urllib.error
 import numpy as np
 import pytest
 
-from kvscope.diagnoser.sources.promapi import PromClient, PromError, http_error, matrix_on_grid, merge_matrices
+from kvscope.diagnoser.sources.promapi import PromClient, PromError, http_error, matrix_on_grid, merge_matrices, on_step
 
 
 def _http(code: int, body: bytes) -> urllib.error.HTTPError:
@@ -56,3 +56,20 @@ def test_matrix_on_grid_places_points_by_time_and_leaves_the_rest_absent():
 def test_an_unreachable_server_says_so():
     with pytest.raises(PromError, match="cannot connect"):
         PromClient("http://127.0.0.1:9", timeout_s=2).query("up", 0)
+
+
+def test_only_victoriametrics_queries_off_its_step_lattice_ask_it_not_to_cache():
+    sent: list[dict] = []
+
+    class Stub(PromClient):
+        def _call(self, path, params, matrix=False):  # noqa: ANN001, ANN201
+            sent.append(dict(params))
+            return {"resultType": "matrix", "result": []}
+
+    assert on_step(1789639200, 15) and on_step(1789639200.0, 105) is False and on_step(0.5, 0.25)
+    for flavor in ("victoriametrics", "prometheus"):
+        client = Stub("http://p")
+        client._flavor = flavor
+        client.query_range("up", 1789639200, 1789642800, 15)       # on the lattice: cacheable
+        client.query_range("up", 1789639207, 1789642807, 15)       # off it
+    assert ["nocache" in p for p in sent] == [False, True, False, False]

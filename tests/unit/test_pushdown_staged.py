@@ -137,3 +137,19 @@ def test_fact_tests_become_info_gauge_selectors_and_filter_the_answer() -> None:
     assert [g.labels for g in query_prefilter(WithInfo(answer, ["b"]), pre, GRID, 15.0).groups] == [{"instance": "b"}]
     nobody = WithInfo(answer, [])
     assert query_prefilter(nobody, pre, GRID, 15.0).groups == [] and nobody.calls == []
+
+
+def test_coarse_queries_start_at_a_multiple_of_their_step() -> None:
+    """Servers that align steps for their caches answer a query whose start is a multiple of its
+    step at the times asked: the lattice starts at the first such grid point, the points before
+    it are asked at the grid step."""
+    from kvscope.diagnoser.pushdown.candidates import lattice_head, lattice_query, queried_mask
+
+    grid = 1005.0 + 15.0 * np.arange(40)                      # 1020 = 17 x 60 is grid[1]
+    assert lattice_head(grid, 60.0, 4) == 1 and lattice_head(GRID, 60.0, 4) == 0
+    known = queried_mask(40, 4, 37, head=1)
+    assert list(np.flatnonzero(known)) == [0, 1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 38, 39]
+    db = TableTSDB({CHEAP: [({"instance": "a"}, {float(t) for t in grid})]})
+    got = lattice_query(db, CHEAP, grid, 15.0, 4, 37, 0, 39, "x", head=1)
+    assert [c[1:] for c in db.calls] == [(grid[0], grid[0], 15.0), (grid[1], grid[37], 60.0), (grid[38], grid[39], 15.0)]
+    assert sorted(v[0] for s in got for v in s["values"]) == [float(grid[i]) for i in np.flatnonzero(known)]
