@@ -163,6 +163,8 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
     rules = read_rules()
     names = set().union(*(sample_names(r) for r in rules))
     end = source.end or time.time()
+    if source.kind == "prometheus" and not source.end:
+        end = end // step_s * step_s        # on the step's lattice, as `diagnose --prometheus` asks
     try:
         if source.kind == "prometheus":     # the rules run in the TSDB; evidence where they matched
             from kvscope.diagnoser.pushdown.run import diagnose_pushdown

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 import zlib
@@ -77,7 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--since", default="30m", metavar="DURATION",
                    help="live sources: window length ending now or at --end, e.g. 30m, 2h, 1800 (default 30m)")
     p.add_argument("--end", default=None, metavar="TIME",
-                   help="window end, unix seconds or ISO 8601 UTC (default: now / end of recording)")
+                   help="window end, unix seconds or ISO 8601 UTC (default: now / end of recording; with "
+                        "--prometheus, now rounded down to a multiple of --step, as Grafana asks, so that "
+                        "caching TSDBs answer at the times asked)")
     p.add_argument("--start", default=None, metavar="TIME",
                    help="window start, unix seconds or ISO 8601 UTC (overrides --since)")
     p.add_argument("--step", default=None,
@@ -137,6 +140,10 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         end = args.end
         start = args.start
         if start is None and not args.recording:
+            if end is None and args.prometheus:
+                # now, on the step's lattice (as Grafana asks): TSDBs that align queries for their
+                # caches (VictoriaMetrics, query frontends) then answer at the times asked, cached
+                end = math.floor(time.time() / step) * step
             end = time.time() if end is None else end
             start = end - since
         if start is not None and end is not None and not args.prometheus \
