@@ -11,7 +11,10 @@ hold a run that fires. A group without such a stretch cannot fire; for the other
 bound where the evaluator's runs can lie (`Group.first`, `Group.last`).
 
 A prefilter of several conjuncts is run one conjunct at a time, cheapest first, each only over
-the span where the earlier ones held (`staged_answer`); the client does the `and`.
+the span where the earlier ones held (`staged_answer`); the client does the `and`. Candidates of
+a coarse answer are then re-read at the grid step over the span where they can fire (`refined`):
+a group whose answer has no run of hold + 1 grid points there is dropped before its evidence
+(for a model's group, every replica's series) is fetched.
 
 `query_step` picks k so that such a run spans at least CONSECUTIVE queried points: a condition
 that held at isolated steps (noise) is not a candidate, and its evidence is not fetched.
@@ -50,6 +53,7 @@ class Hits:
     error: str = ""                  # why the server could not answer (then everywhere)
     matched: int = 0                 # groups in the answer (candidates or not)
     moved: bool = False              # answered at times not asked for: candidates widened
+    coarse: int | None = None        # candidates at the query step, before re-reading at the grid step
 
     @property
     def first(self) -> int:
@@ -84,7 +88,39 @@ def query_prefilter(client: PromClient, pre: Prefilter, grid: np.ndarray, step: 
         return Hits(everywhere=True, error=str(exc))
     if allowed is not None:
         result = [r for r in result if str((r.get("metric") or {}).get("instance", "")) in allowed]
-    return read_answer(result, grid, k, coarse_end, pre.hold_steps, head)
+    hits = read_answer(result, grid, k, coarse_end, pre.hold_steps, head)
+    return refined(client, pre, grid, step, hits) if k > 1 and hits.groups and not hits.moved else hits
+
+
+def refined(client: PromClient, pre: Prefilter, grid: np.ndarray, step: float, hits: Hits) -> Hits:
+    """Coarse candidates re-read at the grid step, over the span where they can fire only: a
+    group is kept where its answer holds at hold + 1 consecutive grid points (the coarse answer
+    leaves the points between its steps open, so noise that held at a few query steps makes a
+    candidate, and its evidence, often its model's every replica, is fetched). The same
+    expression at the same times gives the same values, so this only narrows; a refused or
+    moved answer keeps the coarse candidates."""
+    lo, hi = hits.first, hits.last
+    sub = grid[lo:hi + 1]
+    n = len(sub)
+    try:
+        result = staged_answer(client, pre, sub, step, 1, n - 1) if len(pre.parts) > 1 else None
+        if result is None:
+            result = lattice_query(client, pre.expr or "", sub, step, 1, n - 1, 0, n - 1,
+                                   f"prefilter {pre.rule_id} at the grid step")
+    except PromError:
+        return hits
+    fine = read_answer(result, sub, 1, n - 1, pre.hold_steps)
+    if fine.moved:
+        return hits
+    spans = {_key(g.labels, None): g for g in fine.groups}
+    out = []
+    for g in hits.groups:
+        f = spans.get(_key(g.labels, None))
+        if f is None:
+            continue                     # no stretch of hold + 1 grid points: it cannot fire
+        first, last = max(g.first, f.first + lo), min(g.last, f.last + lo)
+        out.append(Group(g.labels, first, last) if first <= last else g)
+    return Hits(out, matched=hits.matched, coarse=len(hits.groups))
 
 
 def lattice_head(grid: np.ndarray, qstep: float, k: int) -> int:

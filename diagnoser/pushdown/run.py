@@ -70,6 +70,7 @@ class RuleTrace:
     judged_points: int = 0               # grid points judged, summed over candidates
     error: str = ""                      # a prefilter the server refused (evaluated in full)
     moved: bool = False                  # the server answered at other times (candidates widened)
+    coarse: int | None = None            # candidates at the query step, when re-read at the grid step
 
 
 @dataclass
@@ -92,10 +93,13 @@ class PushdownReport:
         everywhere = [t.rule_id for t in self.rules if t.prefilter is not None and t.prefilter.expr is None]
         refused = [t.rule_id for t in self.rules if t.error]
         matched = sum(1 for t in self.rules if t.matched)
+        reread = [t for t in self.rules if t.coarse is not None]
+        narrowed = (f" (re-read at the grid step: {sum(t.coarse or 0 for t in reread)} coarse candidate groups of "
+                    f"{len(reread)} rule(s) -> {sum(t.groups for t in reread)})" if reread else "")
         out = [f"pushdown: {sum(1 for t in self.rules if t.prefilter and t.prefilter.expr)} rule conditions "
                f"evaluated in the TSDB ({self.recorded} series from kvscope:* recording rules, the rest from "
                f"the engines' own series); {matched} matched, {len(candidates)} with a stretch long enough to "
-               f"fire; evidence: {self.evidence_series} series, {self.evidence_points:,} points in "
+               f"fire{narrowed}; evidence: {self.evidence_series} series, {self.evidence_points:,} points in "
                f"{self.evidence_fetches} fetch(es); {int(client.stats['queries'])} queries, "
                f"{client.stats['bytes'] / 1e6:.1f} MB; "
                + ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())]
@@ -241,6 +245,7 @@ def _hits(client: PromClient, trace: RuleTrace, grid: np.ndarray, step: float) -
     hits = query_prefilter(client, trace.prefilter, grid, step)
     trace.error = hits.error
     trace.moved = hits.moved
+    trace.coarse = hits.coarse
     trace.matched = hits.matched
     trace.groups = len(hits.groups)
     return hits
@@ -320,8 +325,9 @@ def _with_young(h: Hits, young: list[str], n: int, all_young: bool) -> Hits:
     """Young instances are candidates of every rule over the whole window (when every instance
     is young, the rule is judged everywhere, as the full path does)."""
     if h.everywhere or all_young:
-        return Hits(everywhere=True, error=h.error, matched=h.matched, moved=h.moved)
-    return Hits(list(h.groups) + [Group({"instance": i}, 0, n - 1) for i in young], matched=h.matched, moved=h.moved)
+        return Hits(everywhere=True, error=h.error, matched=h.matched, moved=h.moved, coarse=h.coarse)
+    return Hits(list(h.groups) + [Group({"instance": i}, 0, n - 1) for i in young], matched=h.matched,
+                moved=h.moved, coarse=h.coarse)
 
 
 # ------------------------------------------------------------------------------ phase 2

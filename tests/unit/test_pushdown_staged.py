@@ -153,3 +153,20 @@ def test_coarse_queries_start_at_a_multiple_of_their_step() -> None:
     got = lattice_query(db, CHEAP, grid, 15.0, 4, 37, 0, 39, "x", head=1)
     assert [c[1:] for c in db.calls] == [(grid[0], grid[0], 15.0), (grid[1], grid[37], 60.0), (grid[38], grid[39], 15.0)]
     assert sorted(v[0] for s in got for v in s["values"]) == [float(grid[i]) for i in np.flatnonzero(known)]
+
+
+def test_coarse_candidates_are_reread_at_the_grid_step_where_they_can_fire() -> None:
+    """k = 4, hold 4 (a run of 5 grid points fires): `a` holds over 12 grid points, `b` only at
+    the three query steps 8, 12, 16. Both are coarse candidates (the points between query steps
+    are open); re-read at the grid step over their span, only `a` has a run, and its span is
+    where it held."""
+    expr = CHEAP
+    db = TableTSDB({expr: [({"instance": "a"}, set(T[8:20])), ({"instance": "b"}, {T[8], T[12], T[16]})]})
+    pre = Prefilter("r", expr, ("instance",), step=60.0, hold_steps=4, parts=((expr, ("instance",)),))
+    hits = query_prefilter(db, pre, GRID, 15.0)
+    assert [(g.labels, g.first, g.last) for g in hits.groups] == [({"instance": "a"}, 8, 19)]
+    assert hits.coarse == 2 and hits.matched == 2
+    assert [c[1:] for c in db.calls][-1] == (T[5], T[19], 15.0)      # the candidates' span, at the grid step
+    fine = Prefilter("r", expr, ("instance",), step=15.0, hold_steps=4, parts=((expr, ("instance",)),))
+    calls = len(db.calls)
+    assert query_prefilter(db, fine, GRID, 15.0).coarse is None and len(db.calls) == calls + 1
