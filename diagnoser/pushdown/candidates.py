@@ -12,9 +12,9 @@ bound where the evaluator's runs can lie (`Group.first`, `Group.last`).
 
 A prefilter of several conjuncts is run one conjunct at a time, cheapest first, each only over
 the span where the earlier ones held (`staged_answer`); the client does the `and`. Candidates of
-a coarse answer are then re-read at the grid step over the span where they can fire (`refined`):
-a group whose answer has no run of hold + 1 grid points there is dropped before its evidence
-(for a model's group, every replica's series) is fetched.
+a coarse answer grouped by model or by nothing are then re-read at the grid step over the span
+where they can fire (`refined`): a group whose answer has no run of hold + 1 grid points there
+is dropped before its evidence, every replica's series, is fetched.
 
 `query_step` picks k so that such a run spans at least CONSECUTIVE queried points: a condition
 that held at isolated steps (noise) is not a candidate, and its evidence is not fetched.
@@ -89,16 +89,19 @@ def query_prefilter(client: PromClient, pre: Prefilter, grid: np.ndarray, step: 
     if allowed is not None:
         result = [r for r in result if str((r.get("metric") or {}).get("instance", "")) in allowed]
     hits = read_answer(result, grid, k, coarse_end, pre.hold_steps, head)
-    return refined(client, pre, grid, step, hits) if k > 1 and hits.groups and not hits.moved else hits
+    peers = any("instance" not in g.labels for g in hits.groups)
+    return refined(client, pre, grid, step, hits) if k > 1 and peers and not hits.moved else hits
 
 
 def refined(client: PromClient, pre: Prefilter, grid: np.ndarray, step: float, hits: Hits) -> Hits:
     """Coarse candidates re-read at the grid step, over the span where they can fire only: a
     group is kept where its answer holds at hold + 1 consecutive grid points (the coarse answer
     leaves the points between its steps open, so noise that held at a few query steps makes a
-    candidate, and its evidence, often its model's every replica, is fetched). The same
-    expression at the same times gives the same values, so this only narrows; a refused or
-    moved answer keeps the coarse candidates."""
+    candidate). Asked for groups of models or of the fleet, whose evidence is every replica's
+    series, as large as this fleet-wide query; an instance's group fetches its own series only,
+    less than the query would cost (measured: bench/diagnose_fleet.py). The same expression at
+    the same times gives the same values, so this only narrows; a refused or moved answer keeps
+    the coarse candidates."""
     lo, hi = hits.first, hits.last
     sub = grid[lo:hi + 1]
     n = len(sub)

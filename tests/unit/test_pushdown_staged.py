@@ -156,17 +156,21 @@ def test_coarse_queries_start_at_a_multiple_of_their_step() -> None:
 
 
 def test_coarse_candidates_are_reread_at_the_grid_step_where_they_can_fire() -> None:
-    """k = 4, hold 4 (a run of 5 grid points fires): `a` holds over 12 grid points, `b` only at
-    the three query steps 8, 12, 16. Both are coarse candidates (the points between query steps
-    are open); re-read at the grid step over their span, only `a` has a run, and its span is
-    where it held."""
-    expr = CHEAP
-    db = TableTSDB({expr: [({"instance": "a"}, set(T[8:20])), ({"instance": "b"}, {T[8], T[12], T[16]})]})
-    pre = Prefilter("r", expr, ("instance",), step=60.0, hold_steps=4, parts=((expr, ("instance",)),))
+    """k = 4, hold 4 (a run of 5 grid points fires), grouped by model (evidence: every replica):
+    `m1` holds over 12 grid points, `m2` only at the three query steps 8, 12, 16. Both are coarse
+    candidates (the points between query steps are open); re-read at the grid step over their
+    span, only `m1` has a run, and its span is where it held. Groups of one instance (evidence:
+    its own series) and answers already at the grid step are not re-read."""
+    db = TableTSDB({MODEL: [({"model": "m1"}, set(T[8:20])), ({"model": "m2"}, {T[8], T[12], T[16]})]})
+    pre = Prefilter("r", MODEL, ("model",), step=60.0, hold_steps=4, parts=((MODEL, ("model",)),))
     hits = query_prefilter(db, pre, GRID, 15.0)
-    assert [(g.labels, g.first, g.last) for g in hits.groups] == [({"instance": "a"}, 8, 19)]
+    assert [(g.labels, g.first, g.last) for g in hits.groups] == [({"model": "m1"}, 8, 19)]
     assert hits.coarse == 2 and hits.matched == 2
     assert [c[1:] for c in db.calls][-1] == (T[5], T[19], 15.0)      # the candidates' span, at the grid step
-    fine = Prefilter("r", expr, ("instance",), step=15.0, hold_steps=4, parts=((expr, ("instance",)),))
+    fine = Prefilter("r", MODEL, ("model",), step=15.0, hold_steps=4, parts=((MODEL, ("model",)),))
     calls = len(db.calls)
     assert query_prefilter(db, fine, GRID, 15.0).coarse is None and len(db.calls) == calls + 1
+    own = TableTSDB({CHEAP: [({"instance": "a"}, {T[8], T[12], T[16]})]})
+    pre = Prefilter("r", CHEAP, ("instance",), step=60.0, hold_steps=4, parts=((CHEAP, ("instance",)),))
+    assert [g.labels for g in query_prefilter(own, pre, GRID, 15.0).groups] == [{"instance": "a"}]
+    assert len(own.calls) == 2                                       # the coarse lattice and its tail
