@@ -41,8 +41,11 @@ Prometheus: two evaluation paths, the same findings.
                    engines and the spans where a condition held, and the rules judge it.
   --pushdown off   every raw series of every engine is fetched and judged here (small fleets).
   --pushdown auto  (default) on from 12,000 engines x grid points on VictoriaMetrics (50 engines
-                   x 1 h at 15 s), from 50,000 on Prometheus and other servers (~200 engine-hours:
-                   below that the full fetch measured faster on Prometheus 2.42).
+                   x 1 h at 15 s), from 50,000 on Prometheus and other servers (~200 engine-hours,
+                   where the full fetch needs ~1 GB here). On Prometheus 2.42 the full fetch was
+                   faster at every size measured, at memory that grows with the fleet (200 engines
+                   x 6 h: 57 s and 4.9 GB, against 203 s and 0.19 GB): --pushdown off where the
+                   machine has the memory.
 Queries stay within Prometheus' limits: at most 11,000 points per series and, by estimate, half of
 the default --query.max-samples (50M); longer ranges are cut in time and instance lists into
 batches of 25, run 4 at a time, and a part the server still refuses for its size is halved and
@@ -172,9 +175,10 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
 
 PUSHDOWN_AUTO_ENGINE_STEPS = {"prometheus": 50_000, "victoriametrics": 12_000}
 """--pushdown auto: the pushdown path from this many engines x grid points on, per server
-(bench/diagnose_fleet.py --compare: on Prometheus 2.42 the full fetch was faster at 100 engines x
-1 h, 24,100; on VictoriaMetrics 1.79 the pushdown was faster at every size measured, from 50
-engines x 1 h, 12,050, on)."""
+(bench/diagnose_fleet.py --compare: on VictoriaMetrics 1.79 the pushdown was faster at every size
+measured, from 50 engines x 1 h, 12,050, on; on Prometheus 2.42 the full fetch was faster at
+every size measured, 100 x 1 h and 200 x 6 h, but its memory grows with engines x window, ~1 GB
+at this threshold and 4.9 GB at 200 x 6 h, while the pushdown's stays with what fired)."""
 
 
 def _use_pushdown(args: argparse.Namespace, source: Any, rules: list, start: float, end: float,
