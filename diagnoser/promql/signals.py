@@ -269,12 +269,13 @@ class InlineSignals:
             if needed != list(full):
                 keep = set(needed)
                 term = SourceTerm(term.dialect if "engine" in keep else None, term.names, term.matchers,
-                                  tuple((u, c) for u, c in term.renames if c in keep), term.scale, term.collapse)
+                                  tuple((u, c) for u, c in term.renames if c in keep), term.scale, term.collapse,
+                                  workers=term.workers if "instance" in keep else ())
             sel = name_selector(term.names, [*(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
                                              *_format_matchers(_upstream(extra, term))])
             expr = f"{fn}({sel}[{rng}])" if fn else sel
             expr = relabel(expr, term if fn != "resets" else SourceTerm(term.dialect, term.names, term.matchers,
-                                                                          term.renames))
+                                                                          term.renames, workers=term.workers))
             if suffix == "_bucket":
                 expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
             parts.append(f"{'max' if term.collapse == 'max' else agg} by ({clause}) ({expr})")

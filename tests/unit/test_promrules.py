@@ -85,6 +85,19 @@ def test_worker_labels_become_the_instance_in_promql():
     assert '"instance", "$1", "worker_addr", "(?:[a-z]+://)?([^/]+).*"' in expr
 
 
+def test_the_pushdowns_folded_reads_keep_the_worker_as_the_instance():
+    """Series scraped through sglang-router's /engine_metrics name their worker in worker_addr:
+    the pushdown's reads (InlineSignals), also the ones that relabel only the labels the caller
+    keeps and the `resets` form, must group by that worker, as the normalizer and the rule files do."""
+    from kvscope.diagnoser.promql.signals import InlineSignals
+
+    reader = InlineSignals(load_catalog())
+    worker = '"instance", "$1", "worker_addr", "(?:[a-z]+://)?([^/]+).*"'
+    for fn, outer in (("rate", "sum"), ("resets", "sum"), ("increase", None)):
+        expr = reader.read("engine_preemptions_total", [], fn=fn, rng="1m", by=("instance",), outer=outer)
+        assert worker in expr, (fn, outer)
+
+
 def test_a_catalog_rename_changes_the_generated_rules():
     text = """
 dialects:
