@@ -143,11 +143,10 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         end = args.end
         start = args.start
         if start is None and not args.recording:
-            if end is None and args.prometheus:
-                # now, on the step's lattice (as Grafana asks): TSDBs that align queries for their
-                # caches (VictoriaMetrics, query frontends) then answer at the times asked, cached
-                end = math.floor(time.time() / step) * step
-            end = time.time() if end is None else end
+            if end is None:
+                # with --prometheus, now on the step's lattice (as Grafana asks): TSDBs that align
+                # queries for their caches (VictoriaMetrics, query frontends) answer at the times asked
+                end = math.floor(time.time() / step) * step if args.prometheus else time.time()
             start = end - since
         if start is not None and end is not None and not args.prometheus \
                 and (end - start) / step > MAX_POINTS_PER_SERIES:
