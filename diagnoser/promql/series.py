@@ -43,6 +43,20 @@ def _plus(by: str, labels: str) -> str:
     return ", ".join(out)
 
 
+IDENTITY_AGGS = frozenset({"sum", "max", "min", "avg"})
+"""Aggregations that return a vector of one series per label set unchanged when grouped by
+exactly its labels."""
+
+
+def _aggregate(agg: str, by: str, inner: str) -> str:
+    """`agg by (by) (inner)`, or `inner` itself where the reader already aggregated it by exactly
+    those labels (promql/signals.py `Aggregated`)."""
+    labels = frozenset(b.strip() for b in by.split(",") if b.strip())
+    if agg in IDENTITY_AGGS and getattr(inner, "labels", None) == labels:
+        return str(inner)
+    return f"{agg} by ({by}) ({inner})"
+
+
 def _number(value: Any) -> str:
     x = float(value)
     return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
@@ -169,23 +183,23 @@ class SeriesCompiler:
         return out
 
     def _gauge(self, node: dict[str, Any], by: str) -> str:
-        return f"{node.get('agg', 'sum')} by ({by}) ({self._read(node, node['gauge'], by)})"
+        return _aggregate(str(node.get("agg", "sum")), by, self._read(node, node["gauge"], by))
 
     def _rate(self, node: dict[str, Any], by: str) -> str:
-        return f"sum by ({by}) ({self._read(node, node['rate'], by, 'rate', self._range(node, '1m'))})"
+        return _aggregate("sum", by, self._read(node, node["rate"], by, "rate", self._range(node, "1m")))
 
     def _increase(self, node: dict[str, Any], by: str) -> str:
-        return f"sum by ({by}) ({self._read(node, node['increase'], by, 'increase', self._range(node, '5m'))})"
+        return _aggregate("sum", by, self._read(node, node["increase"], by, "increase", self._range(node, "5m")))
 
     def _quantile(self, node: dict[str, Any], by: str) -> str:
         q = _number(self.rule.resolve(node["quantile"]))
         rates = self._read(node, str(node["histogram"]) + "_bucket", _plus(by, "le"), "rate", self._range(node, "5m"))
-        return f"histogram_quantile({q}, sum by ({_plus(by, 'le')}) ({rates}))"
+        return f"histogram_quantile({q}, {_aggregate('sum', _plus(by, 'le'), rates)})"
 
     def _mean(self, node: dict[str, Any], by: str) -> str:
         s, rng = str(node["mean"]), self._range(node, "5m")
-        return (f"sum by ({by}) ({self._read(node, s + '_sum', by, 'rate', rng)})\n/\n"
-                f"(sum by ({by}) ({self._read(node, s + '_count', by, 'rate', rng)}) > 0)")
+        return (f"{_aggregate('sum', by, self._read(node, s + '_sum', by, 'rate', rng))}\n/\n"
+                f"({_aggregate('sum', by, self._read(node, s + '_count', by, 'rate', rng))} > 0)")
 
     resets_bridge_s: float = 0.0
     """Added to `resets` ranges (a prefilter): the evaluator counts a reset across a scrape gap of
@@ -195,7 +209,7 @@ class SeriesCompiler:
         rng = self._range(node, "10m")
         if self.resets_bridge_s:
             rng = _duration(parse_duration(rng) + self.resets_bridge_s)
-        return f"sum by ({by}) ({self._read(node, node['resets'], by, 'resets', rng)})"
+        return _aggregate("sum", by, self._read(node, node["resets"], by, "resets", rng))
 
     def _count(self, node: dict[str, Any], by: str) -> str:
         distinct = ", ".join(str(d) for d in node.get("distinct", ["instance"]))

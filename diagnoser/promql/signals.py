@@ -24,7 +24,7 @@ still arrive through the agent's `kvscope_*` series.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvscope.agent.signals import COMMON_LABELS, KVSCOPE_PREFIX, Alias, Catalog, Dialect, Signal
 
@@ -182,6 +182,20 @@ def _escape_re(text: str) -> str:
 # `resets`) is applied to each source's raw samples before relabelling, as a recording rule's
 # input would be: never to a subquery of the union.
 
+class Aggregated(str):
+    """A read its reader has already aggregated by exactly the labels `labels`, one series per
+    label set (InlineSignals: each source summed or max-ed by the caller's grouping, joined with
+    `or`). A caller's `sum`/`max`/`min`/`avg by` over the same labels returns it unchanged, and
+    is left out (promql/series.py): Prometheus would aggregate every series again at every step."""
+
+    labels: frozenset[str]
+
+    def __new__(cls, text: str, labels: list[str] | tuple[str, ...]) -> Aggregated:
+        out = super().__new__(cls, text)
+        out.labels = frozenset(labels)
+        return out
+
+
 Matcher = tuple[str, str, str]
 """(canonical label, operator `=~` or `!=`, regex or value)."""
 
@@ -229,12 +243,20 @@ class InlineSignals:
     for a signal with sources PromQL cannot read (rescaled buckets, info-label values)."""
 
     def __init__(self, catalog: Catalog, recorded: frozenset[str] | set[str] = frozenset(),
-                 instances: list[str] | None = None, present: frozenset[str] | set[str] | None = None) -> None:
+                 instances: list[str] | None = None, present: frozenset[str] | set[str] | None = None,
+                 carried: frozenset[str] | set[str] | None = None, integer_le: bool = True) -> None:
         """`present`: the wire names the TSDB has in the span queried (None: not known). A source
         none of whose names is present adds nothing to the union and is left out: the same
-        series, without the TSDB evaluating ranges and relabelling over empty selectors."""
+        series, without the TSDB evaluating ranges and relabelling over empty selectors.
+        `carried`: the label names those series carry in the span (None: not known), and
+        `integer_le`: whether any bucket bound is spelled as an integer. A relabel that reads a
+        label no series carries (`worker_addr` without sglang-router), or that rewrites integer
+        bounds where there are none, changes nothing and is left out: Prometheus evaluates each
+        `label_replace` on every raw series at every step, and the sum after it is the same."""
         self.catalog, self.recorded, self.instances = catalog, set(recorded), instances
         self.present = None if present is None else frozenset(present)
+        self.carried = None if carried is None else frozenset(carried)
+        self.integer_le = integer_le
 
     def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None,
              by: tuple[str, ...] | None = None, outer: str | None = None) -> str:
@@ -271,15 +293,23 @@ class InlineSignals:
                 term = SourceTerm(term.dialect if "engine" in keep else None, term.names, term.matchers,
                                   tuple((u, c) for u, c in term.renames if c in keep), term.scale, term.collapse,
                                   workers=term.workers if "instance" in keep else ())
+            term = self._carried(term)
             sel = name_selector(term.names, [*(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
                                              *_format_matchers(_upstream(extra, term))])
             expr = f"{fn}({sel}[{rng}])" if fn else sel
             expr = relabel(expr, term if fn != "resets" else SourceTerm(term.dialect, term.names, term.matchers,
                                                                           term.renames, workers=term.workers))
-            if suffix == "_bucket":
+            if suffix == "_bucket" and self.integer_le:
                 expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
             parts.append(f"{'max' if term.collapse == 'max' else agg} by ({clause}) ({expr})")
-        return "(" + "\nor\n".join(parts) + ")"
+        return Aggregated("(" + "\nor\n".join(parts) + ")", needed)
+
+    def _carried(self, term: SourceTerm) -> SourceTerm:
+        """The term without the renames and worker relabels of labels no series carries."""
+        if self.carried is None:
+            return term
+        return replace(term, renames=tuple((u, c) for u, c in term.renames if u in self.carried),
+                       workers=tuple(w for w in term.workers if w in self.carried))
 
 
 def _upstream(matchers: list[Matcher], term: SourceTerm) -> list[Matcher]:

@@ -1,8 +1,10 @@
 """Diagnose a fleet in a Prometheus-compatible TSDB without pulling the fleet into the client.
 
 1. **Inventory** (index only, no samples): which upstream and `kvscope_*` names exist in the
-   window (rules whose signals are all absent are skipped exactly as the evaluator skips them)
-   and which `kvscope:<series>` recording rules the TSDB has (read instead of the inline union).
+   window (rules whose signals are all absent are skipped exactly as the evaluator skips them),
+   which `kvscope:<series>` recording rules the TSDB has (read instead of the inline union), and
+   which labels the upstream series carry (a relabel of a label none carries is left out of the
+   PromQL: promql/signals.py InlineSignals).
 2. **Prefilter** (prefilter.py): the rule's loosened condition at a step its `for` allows, its
    conjuncts run cheapest first, each only where the earlier ones held, the `and` done by the
    client; the answer holds only the groups and steps where the condition held. The client keeps
@@ -138,7 +140,7 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
     client.say("pushdown: inventory")
     present, recorded, wire = inventory(client, prepared, start, end, catalog)
     report.recorded = len(recorded)
-    reader = InlineSignals(catalog, recorded, present=wire)
+    reader = lean_reader(client, prepared, start, end, catalog, recorded, wire)
     report.seconds["inventory"] = time.perf_counter() - t0
     shell = Frame(ts=grid, blocks={n: Block([], np.zeros((0, len(grid)))) for n in present})
     results: dict[str, list[Finding] | Skipped] = {}
@@ -214,6 +216,32 @@ def inventory(client: PromClient, rules: list[Rule], start: float, end: float,
     rec = client.label_values("__name__", ['{__name__=~"kvscope:.+"}'], start - DEFAULT_LOOKBACK_S, end)
     recorded = {r[len("kvscope:"):] for r in rec} & names
     return present, recorded, raw
+
+
+def lean_reader(client: PromClient, rules: list[Rule], start: float, end: float, catalog: Catalog,
+                recorded: set[str], wire: set[str]) -> InlineSignals:
+    """How the prefilters read each signal: the `kvscope:*` recordings the TSDB has, the sources
+    whose wire names it has (`wire`), relabelling only the labels those series carry."""
+    reach = max((rule_reach(r) for r in rules), default=0.0)
+    carried, integer_le = wire_labels(client, wire, start - reach - DEFAULT_LOOKBACK_S, end)
+    return InlineSignals(catalog, recorded, present=wire, carried=carried, integer_le=integer_le)
+
+
+def wire_labels(client: PromClient, wire: set[str], start: float, end: float) -> tuple[set[str] | None, bool]:
+    """(the label names the upstream series `wire` carry in [start, end], whether any bucket
+    bound is spelled as an integer), from the index; (None, True), which leaves every relabel
+    in, when the server cannot say."""
+    native = sorted(n for n in wire if not n.startswith(KVSCOPE_PREFIX))
+    if not native:
+        return set(), False
+    names = "|".join(re.escape(n) for n in native)
+    buckets = "|".join(re.escape(n) for n in native if n.endswith("_bucket"))
+    try:
+        carried = set(client.label_names([f'{{__name__=~"{names}"}}'], start, end))
+        bounds = client.label_values("le", [f'{{__name__=~"{buckets}"}}'], start, end) if buckets else []
+    except PromError:
+        return None, True
+    return carried, any(re.fullmatch(r"[0-9]+", b) for b in bounds)
 
 
 def wire_pattern(names: set[str], catalog: Catalog) -> str:

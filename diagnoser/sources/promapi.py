@@ -163,8 +163,15 @@ class PromClient:
     def label_values(self, label: str, matchers: Iterable[str], start: float, end: float) -> list[str]:
         """Values of `label` over series matching any of `matchers` in [start, end] (the index
         only, no samples are read)."""
+        return self._index(f"/api/v1/label/{urllib.parse.quote(label)}/values", matchers, start, end)
+
+    def label_names(self, matchers: Iterable[str], start: float, end: float) -> list[str]:
+        """Names of the labels that series matching any of `matchers` carry in [start, end] (the
+        index only)."""
+        return self._index("/api/v1/labels", matchers, start, end)
+
+    def _index(self, path: str, matchers: Iterable[str], start: float, end: float) -> list[str]:
         params = [("match[]", m) for m in matchers] + [("start", _ts(start)), ("end", _ts(end))]
-        path = f"/api/v1/label/{urllib.parse.quote(label)}/values"
         try:
             data = self._call(path, params)
         except PromError as exc:

@@ -26,13 +26,13 @@ import pytest
 import yaml
 
 from kvscope.agent.signals import load_catalog
-from kvscope.diagnoser.evaluate.evaluator import diagnose, evaluate_rule, sample_names
+from kvscope.diagnoser.evaluate.evaluator import auto_time_scale, diagnose, evaluate_rule, sample_names
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
 from kvscope.diagnoser.evaluate.testcases import case_samples, read_test_file
 from kvscope.diagnoser.promql.rulefiles import canonical_rules, render_rule_file
-from kvscope.diagnoser.promql.signals import RecordedSignals
+from kvscope.diagnoser.promql.signals import InlineSignals, RecordedSignals
 from kvscope.diagnoser.pushdown.prefilter import compile_prefilter
-from kvscope.diagnoser.pushdown.run import diagnose_pushdown
+from kvscope.diagnoser.pushdown.run import diagnose_pushdown, inventory, lean_reader
 from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import read_rule, read_rules, rule_paths
 from kvscope.diagnoser.sources.promapi import PromClient
@@ -72,6 +72,84 @@ def test_pushdown_gives_the_full_fetch_diagnosis_on_every_recording(recording, t
     assert flavor == "prometheus"
     assert json.loads(pushed.to_json()) == json.loads(full.to_json())
     assert report.rules, "no rule reached the prefilter stage"
+
+
+# ------------------------------------------------------------------------------ lean PromQL
+LEAN = [("blind-vllm-mixed-prompts-itl-tail", False), ("fleet-sglang-dp-split-cache", False),
+        ("router-cache-aware-vs-round-robin", False), ("blind-vllm-long-prompt-surge", True)]
+"""vLLM (`model_name`, `engine` = dp rank), SGLang with data-parallel ranks, sglang-router in
+front of vLLM; True: whole bucket bounds rewritten as integers (`le="1"`, as Go clients and
+Prometheus 3 spell them), which keeps the bound rewrite in."""
+
+
+class _WrittenOut:
+    """A reader whose reads the compiler cannot see as aggregated: every `sum by` written out."""
+
+    def __init__(self, reader: InlineSignals) -> None:
+        self.reader = reader
+
+    def read(self, *args, **kwargs) -> str:
+        return str(self.reader.read(*args, **kwargs))
+
+
+def _answer(result: list[dict]) -> dict[tuple, list[tuple[float, float]]]:
+    return {tuple(sorted(s["metric"].items())): [(float(t), float(v)) for t, v in s["values"]] for s in result}
+
+
+def _same_answer(got: dict, want: dict) -> bool:
+    if got.keys() != want.keys():
+        return False
+    for key, points in got.items():
+        other = want[key]
+        if [t for t, _ in points] != [t for t, _ in other]:
+            return False
+        a, b = np.array([v for _, v in points]), np.array([v for _, v in other])
+        if not np.allclose(a, b, rtol=1e-9, atol=0.0, equal_nan=True):
+            return False
+    return True
+
+
+@pytest.mark.parametrize(("name", "integer_bounds"), LEAN, ids=[n for n, _ in LEAN])
+def test_the_pushdowns_lean_promql_answers_what_every_relabel_written_out_answers(name, integer_bounds, tmp_path):
+    """The prefilters as the pushdown writes them leave out each relabel of a label no series
+    carries (the inventory asks the index which labels those are), the bound rewrite where no
+    bound is an integer, and each aggregation of a read already aggregated by the same labels.
+    On a real Prometheus, every rule's prefilter must answer exactly what the same prefilter with
+    every relabel and aggregation written out answers."""
+    plain = tmp_path / "rec.om"
+    text = gzip.decompress(RECORDINGS[0].with_name(name + ".om.gz").read_bytes()).decode()
+    if integer_bounds:
+        text = re.sub(r'le="([0-9]+)\.0"', r'le="\1"', text)
+    plain.write_text(text)
+    backfill_openmetrics(plain, tmp_path / "data")
+    source = RecordingSource(plain, spans=False)
+    replay = source.replay()
+    start, end, step = float(math.ceil(replay.start)), float(math.floor(replay.end)), source.natural_step()
+    (tmp_path / "prometheus.yml").write_text(EMPTY_CONFIG)
+    catalog = load_catalog()
+    scale = auto_time_scale(end - start)
+    rules = [r.scaled(scale) for r in read_rules()]
+    compared, lean_labels = 0, 0
+    with running_prometheus(tmp_path / "prometheus.yml", tmp_path / "data", "--storage.tsdb.retention.time=100y",
+                            log_path=tmp_path / "prometheus.log") as prom:
+        client = PromClient(prom.url)
+        _, recorded, wire = inventory(client, rules, start, end, catalog)
+        lean = lean_reader(client, rules, start, end, catalog, recorded, wire)
+        full = _WrittenOut(InlineSignals(catalog, recorded, present=wire))
+        assert lean.carried is not None and "instance" in lean.carried
+        assert "worker_addr" not in lean.carried
+        assert lean.integer_le == integer_bounds
+        for rule in rules:
+            a, b = compile_prefilter(rule, lean, catalog, step), compile_prefilter(rule, full, catalog, step)
+            assert (a.expr is None) == (b.expr is None), rule.id
+            if a.expr is None or a.expr == b.expr:
+                continue
+            lean_labels += a.expr.count("label_replace") < b.expr.count("label_replace")
+            got, want = client.query_range(a.expr, start, end, step), client.query_range(b.expr, start, end, step)
+            assert _same_answer(_answer(got), _answer(want)), f"{rule.id}\n{a.expr}\n---\n{b.expr}"
+            compared += 1
+    assert compared >= 5, compared
+    assert lean_labels >= 1, "no prefilter left a relabel out"
 
 
 # ------------------------------------------------------------------------------ prefilters

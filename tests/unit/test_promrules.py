@@ -98,6 +98,47 @@ def test_the_pushdowns_folded_reads_keep_the_worker_as_the_instance():
         assert worker in expr, (fn, outer)
 
 
+def test_the_pushdown_leaves_out_relabels_of_labels_no_series_carries():
+    """A relabel that reads a label no series carries changes nothing; Prometheus would still
+    evaluate it on every raw series at every step. Unknown labels keep every relabel."""
+    from kvscope.diagnoser.promql.signals import InlineSignals
+
+    catalog = load_catalog()
+    worker, model = '"worker_addr"', '"model", "$1", "model_name"'
+    bound = '"le", "$1.0", "le", "([0-9]+)"'
+    args = ("request_ttft_seconds_bucket", [], "rate", "1m")
+    every = InlineSignals(catalog).read(*args, by=("instance", "model", "le"), outer="sum")
+    assert worker in every and model in every and bound in every
+    lean = InlineSignals(catalog, carried={"instance", "model_name", "le"}, integer_le=False)
+    expr = lean.read(*args, by=("instance", "model", "le"), outer="sum")
+    assert worker not in expr and bound not in expr and model in expr
+    bare = InlineSignals(catalog, carried={"instance", "le"}, integer_le=True).read(*args, by=("instance", "model", "le"),
+                                                                                  outer="sum")
+    assert model not in bare and bound in bare
+
+
+def test_the_compiler_leaves_out_an_aggregation_the_read_already_did():
+    """`sum by (instance, le)` of a read summed by (instance, le) returns it unchanged: the
+    compiler writes it once. A read it cannot see aggregated (the recordings) keeps it."""
+    from kvscope.diagnoser.promql.series import SeriesCompiler
+    from kvscope.diagnoser.promql.signals import InlineSignals, RecordedSignals
+    from kvscope.diagnoser.rulebook.rule import Rule, parse_yaml
+
+    rule = Rule("t", "", parse_yaml("""
+by: [instance]
+series:
+  p99: {quantile: 0.99, histogram: request_ttft_seconds}
+  waiting: {gauge: engine_requests_waiting, agg: sum}
+"""))
+    inline = SeriesCompiler(rule, InlineSignals(load_catalog())).expr("p99")
+    assert inline.count("sum by (instance, le)") == inline.count("\nor\n") + 1
+    assert inline.startswith("histogram_quantile(0.99, (sum by (instance, le)")
+    recorded = SeriesCompiler(rule, RecordedSignals()).expr("p99")
+    assert recorded.startswith("histogram_quantile(0.99, sum by (instance, le) (rate(kvscope:request_ttft_seconds_bucket")
+    gauge = SeriesCompiler(rule, InlineSignals(load_catalog())).expr("waiting")
+    assert gauge.startswith("sum by (instance) ((max by (instance, engine")
+
+
 def test_a_catalog_rename_changes_the_generated_rules():
     text = """
 dialects:
