@@ -193,6 +193,13 @@ class SeriesCompiler:
 
     def _quantile(self, node: dict[str, Any], by: str) -> str:
         q = _number(self.rule.resolve(node["quantile"]))
+        own = getattr(self.reader, "quantile", None)   # InlineSignals: each raw histogram's own, where one per group
+        if own is not None:
+            labels = tuple(b.strip() for b in by.split(",") if b.strip())
+            expr = own(str(node["histogram"]) + "_bucket", self._matchers(node, _plus(by, "le")), q,
+                       self._range(node, "5m"), labels)
+            if expr is not None:
+                return str(expr)
         rates = self._read(node, str(node["histogram"]) + "_bucket", _plus(by, "le"), "rate", self._range(node, "5m"))
         return f"histogram_quantile({q}, {_aggregate('sum', _plus(by, 'le'), rates)})"
 

@@ -221,10 +221,25 @@ def inventory(client: PromClient, rules: list[Rule], start: float, end: float,
 def lean_reader(client: PromClient, rules: list[Rule], start: float, end: float, catalog: Catalog,
                 recorded: set[str], wire: set[str]) -> InlineSignals:
     """How the prefilters read each signal: the `kvscope:*` recordings the TSDB has, the sources
-    whose wire names it has (`wire`), relabelling only the labels those series carry."""
+    whose wire names it has (`wire`), relabelling only the labels those series carry, a histogram's
+    quantile per raw histogram where each group has one (the +Inf buckets' label sets)."""
     reach = max((rule_reach(r) for r in rules), default=0.0)
-    carried, integer_le = wire_labels(client, wire, start - reach - DEFAULT_LOOKBACK_S, end)
-    return InlineSignals(catalog, recorded, present=wire, carried=carried, integer_le=integer_le)
+    first = start - reach - DEFAULT_LOOKBACK_S
+    carried, integer_le = wire_labels(client, wire, first, end)
+    return InlineSignals(catalog, recorded, present=wire, carried=carried, integer_le=integer_le,
+                         histograms=histogram_series(client, wire, first, end))
+
+
+def histogram_series(client: PromClient, wire: set[str], start: float, end: float) -> list[dict[str, str]] | None:
+    """The label sets of the histograms in [start, end], one per histogram: the index's
+    `le="+Inf"` bucket series (None when the server cannot say)."""
+    buckets = sorted(n for n in wire if n.endswith("_bucket"))
+    if not buckets:
+        return []
+    try:
+        return client.series([f'{{__name__=~"{"|".join(re.escape(n) for n in buckets)}",le="+Inf"}}'], start, end)
+    except PromError:
+        return None
 
 
 def wire_labels(client: PromClient, wire: set[str], start: float, end: float) -> tuple[set[str] | None, bool]:

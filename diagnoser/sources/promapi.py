@@ -170,7 +170,17 @@ class PromClient:
         index only)."""
         return self._index("/api/v1/labels", matchers, start, end)
 
+    def series(self, matchers: Iterable[str], start: float, end: float) -> list[dict[str, str]]:
+        """The label sets of the series matching any of `matchers` in [start, end] (the index
+        only)."""
+        return [{str(k): str(v) for k, v in labels.items()} for labels in self._index_data("/api/v1/series", matchers,
+                                                                                            start, end)
+                if isinstance(labels, dict)]
+
     def _index(self, path: str, matchers: Iterable[str], start: float, end: float) -> list[str]:
+        return [str(v) for v in self._index_data(path, matchers, start, end)]
+
+    def _index_data(self, path: str, matchers: Iterable[str], start: float, end: float) -> list[Any]:
         params = [("match[]", m) for m in matchers] + [("start", _ts(start)), ("end", _ts(end))]
         try:
             data = self._call(path, params)
@@ -179,7 +189,7 @@ class PromClient:
                 raise
             qs = urllib.parse.urlencode(params)           # servers that only take GET here
             data = self._get(f"{path}?{qs}")
-        return [str(v) for v in data or []]
+        return list(data or [])
 
     def flavor(self) -> str:
         """"victoriametrics" when the server is VictoriaMetrics (it marks every answer with an

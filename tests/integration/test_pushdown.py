@@ -113,7 +113,10 @@ def _same_answer(got: dict, want: dict) -> bool:
 def test_the_pushdowns_lean_promql_answers_what_every_relabel_written_out_answers(name, integer_bounds, tmp_path):
     """The prefilters as the pushdown writes them leave out each relabel of a label no series
     carries (the inventory asks the index which labels those are), the bound rewrite where no
-    bound is an integer, and each aggregation of a read already aggregated by the same labels.
+    bound is an integer, and each aggregation of a read already aggregated by the same labels;
+    a quantile is each raw histogram's own where every group holds one (the index's +Inf
+    buckets), else the sum of the group's buckets (SGLang's data-parallel ranks, the agent's
+    per-tenant histograms of several engines).
     On a real Prometheus, every rule's prefilter must answer exactly what the same prefilter with
     every relabel and aggregation written out answers."""
     plain = tmp_path / "rec.om"
@@ -129,7 +132,7 @@ def test_the_pushdowns_lean_promql_answers_what_every_relabel_written_out_answer
     catalog = load_catalog()
     scale = auto_time_scale(end - start)
     rules = [r.scaled(scale) for r in read_rules()]
-    compared, lean_labels = 0, 0
+    compared, lean_labels, own_quantiles = 0, 0, 0
     with running_prometheus(tmp_path / "prometheus.yml", tmp_path / "data", "--storage.tsdb.retention.time=100y",
                             log_path=tmp_path / "prometheus.log") as prom:
         client = PromClient(prom.url)
@@ -145,11 +148,14 @@ def test_the_pushdowns_lean_promql_answers_what_every_relabel_written_out_answer
             if a.expr is None or a.expr == b.expr:
                 continue
             lean_labels += a.expr.count("label_replace") < b.expr.count("label_replace")
+            own_quantiles += bool(re.search(r"histogram_quantile\([0-9.e-]+, rate\(", a.expr))
             got, want = client.query_range(a.expr, start, end, step), client.query_range(b.expr, start, end, step)
             assert _same_answer(_answer(got), _answer(want)), f"{rule.id}\n{a.expr}\n---\n{b.expr}"
             compared += 1
     assert compared >= 5, compared
     assert lean_labels >= 1, "no prefilter left a relabel out"
+    if name.startswith("blind-vllm"):       # one histogram per engine: quantiles per raw histogram
+        assert own_quantiles >= 1, "no prefilter took each raw histogram's own quantile"
 
 
 # ------------------------------------------------------------------------------ prefilters

@@ -139,6 +139,33 @@ series:
     assert gauge.startswith("sum by (instance) ((max by (instance, engine")
 
 
+def test_a_quantile_per_raw_histogram_only_where_each_group_holds_one():
+    """histogram_quantile of each raw histogram equals the quantile of the group's summed buckets
+    only where the group has one histogram: two data-parallel ranks or two spellings of one
+    engine's histogram in a group need the sum; an unknown index never takes the shortcut."""
+    from kvscope.diagnoser.promql.signals import InlineSignals
+
+    catalog = load_catalog()
+    name = "vllm:time_to_first_token_seconds_bucket"
+
+    def reader(*histograms: dict[str, str]) -> InlineSignals:
+        return InlineSignals(catalog, present={name}, carried={"instance", "model_name", "engine", "le"},
+                             integer_le=False, histograms=[{"__name__": name, "le": "+Inf", **h} for h in histograms])
+
+    def quantile(r: InlineSignals, by: tuple[str, ...] = ("instance", "model")) -> str | None:
+        return r.quantile("request_ttft_seconds_bucket", [], "0.99", "2m", by)
+
+    a = {"instance": "a:8000", "model_name": "m", "engine": "0"}
+    b = {"instance": "b:8000", "model_name": "m", "engine": "0"}
+    expr = quantile(reader(a, b))
+    assert expr is not None and expr.startswith("max by (instance, model) (label_replace(histogram_quantile(0.99, rate(")
+    assert quantile(reader(a, {**a, "engine": "1"})) is None                 # two ranks of one engine
+    assert quantile(reader(a, b), ("model",)) is None                        # two engines of one model
+    assert quantile(reader(a, {**a, "__name__": "vllm_time_to_first_token_seconds_bucket"})) is None
+    assert quantile(reader()) is None                                        # none known
+    assert quantile(InlineSignals(catalog, present={name})) is None          # index not asked
+
+
 def test_a_catalog_rename_changes_the_generated_rules():
     text = """
 dialects:
