@@ -302,13 +302,34 @@ class InlineSignals:
             term = self._carried(term)
             sel = name_selector(term.names, [*(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
                                              *_format_matchers(_upstream(extra, term))])
+            op = "max" if term.collapse == "max" else agg
             expr = f"{fn}({sel}[{rng}])" if fn else sel
+            inner = self._first(term, needed, fn, suffix)
+            if inner is not None:
+                expr = f"{op} by ({', '.join(inner)}) ({expr})"
             expr = relabel(expr, term if fn != "resets" else SourceTerm(term.dialect, term.names, term.matchers,
                                                                           term.renames, workers=term.workers))
             if suffix == "_bucket" and self.integer_le:
                 expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
-            parts.append(f"{'max' if term.collapse == 'max' else agg} by ({clause}) ({expr})")
+            parts.append(f"{op} by ({clause}) ({expr})")
         return Aggregated("(" + "\nor\n".join(parts) + ")", needed)
+
+    def _first(self, term: SourceTerm, needed: list[str], fn: str | None, suffix: str) -> list[str] | None:
+        """The labels to aggregate a source by before relabelling it, where that is the same and
+        cheaper: a read over many engines (no `instance` kept) is summed (or max-ed) down to the
+        groups first, and only those are relabelled (Prometheus relabels every raw series at every
+        step). The labels: the kept ones, the renames' sources, not `engine` where the dialect
+        overwrites it. None where the relabel could merge two groups (a rename's target some
+        series carry themselves, integer bounds rewritten) or nothing is relabelled."""
+        if self.carried is None or "instance" in needed or fn == "resets" or (suffix == "_bucket" and self.integer_le):
+            return None
+        if not term.renames and term.dialect is None:
+            return None
+        if any(c in self.carried for _, c in term.renames):
+            return None
+        sources = [u for u, _ in term.renames]
+        labels = [b for b in needed if not (b == "engine" and term.dialect is not None and b not in sources)]
+        return labels + [u for u in sources if u not in labels]
 
     def quantile(self, series: str, matchers: list[Matcher], q: str, rng: str, by: tuple[str, ...]) -> str | None:
         """`histogram_quantile(q, sum by (by, le) (rate(<series>[rng])))` written as each raw
