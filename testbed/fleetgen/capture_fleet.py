@@ -121,14 +121,16 @@ class CaptureFleet:
     """The fleet's samples in [start, end] every `interval`, produced chunk by chunk."""
 
     def __init__(self, engines: int, start: float, end: float, interval: float = 15.0, seed: int = 7,
-                 chunk_steps: int = CHUNK_STEPS) -> None:
+                 chunk_steps: int = CHUNK_STEPS, capture: Path = CAPTURE) -> None:
+        """`capture`: the /metrics text replicated (default the vLLM 0.32 one; e.g. sglang-router's
+        /engine_metrics, whose series name their worker in `worker_addr`)."""
         self.engines, self.interval, self.seed, self.chunk_steps = engines, interval, seed, chunk_steps
         self.ts = np.arange(start, end + 1e-9, interval)
         n_t = len(self.ts)
         rng = np.random.default_rng(seed)
         self.hot = np.sort(rng.choice(engines, size=max(1, engines // 10), replace=False))
         self.episode = (int(EPISODE[0] * n_t), int(EPISODE[1] * n_t))
-        self.families = read_capture()
+        self.families = read_capture(capture)
         self._state: dict[tuple, np.ndarray] = {}
 
     def info(self) -> dict:
@@ -235,10 +237,10 @@ class CaptureFleet:
 
 
 def write_capture_fleet(out: IO[str], engines: int, start: float, end: float, interval: float = 15.0,
-                        seed: int = 7) -> dict:
+                        seed: int = 7, capture: Path = CAPTURE) -> dict:
     """Write the fleet as OpenMetrics with timestamps (each family once, gathered over every
     chunk); returns `CaptureFleet.info()`."""
-    fleet = CaptureFleet(engines, start, end, interval, seed)
+    fleet = CaptureFleet(engines, start, end, interval, seed, capture=capture)
     gathered: list[list[list[np.ndarray]]] = [[[] for _ in fam.series] for fam in fleet.families]
     stamps = []
     for ts, fams in fleet.chunks():

@@ -38,6 +38,7 @@ from kvscope.diagnoser.rulebook.rule import read_rule, read_rules, rule_paths
 from kvscope.diagnoser.sources.promapi import PromClient
 from kvscope.diagnoser.sources.prometheus import fetch_frame
 from kvscope.diagnoser.sources.recording import RecordingSource
+from testbed.fleetgen.capture_fleet import write_capture_fleet
 from testbed.prometheus import (
     EMPTY_CONFIG,
     backfill_openmetrics,
@@ -75,11 +76,17 @@ def test_pushdown_gives_the_full_fetch_diagnosis_on_every_recording(recording, t
 
 
 # ------------------------------------------------------------------------------ lean PromQL
+ROUTER_CAPTURE = Path(__file__).resolve().parent.parent / "fixtures" / "scrapes" / \
+    "sglang-router-0.3.2-engine_metrics-2x-vllm-0.32.txt"
 LEAN = [("blind-vllm-mixed-prompts-itl-tail", False), ("fleet-sglang-dp-split-cache", False),
-        ("router-cache-aware-vs-round-robin", False), ("blind-vllm-long-prompt-surge", True)]
+        ("router-cache-aware-vs-round-robin", False), ("blind-vllm-long-prompt-surge", True),
+        ("router-engine-metrics", True)]
 """vLLM (`model_name`, `engine` = dp rank), SGLang with data-parallel ranks, sglang-router in
 front of vLLM; True: whole bucket bounds rewritten as integers (`le="1"`, as Go clients and
-Prometheus 3 spell them), which keeps the bound rewrite in."""
+Prometheus 3 spell them), which keeps the bound rewrite in. `router-engine-metrics`: the real
+capture of sglang-router 0.3.2's /engine_metrics over two vLLM 0.32 workers (every series names
+its worker in `worker_addr`, and whole bucket bounds are spelled as integers), replicated over
+40 minutes (testbed/fleetgen/capture_fleet.py)."""
 
 
 class _WrittenOut:
@@ -120,14 +127,20 @@ def test_the_pushdowns_lean_promql_answers_what_every_relabel_written_out_answer
     On a real Prometheus, every rule's prefilter must answer exactly what the same prefilter with
     every relabel and aggregation written out answers."""
     plain = tmp_path / "rec.om"
-    text = gzip.decompress(RECORDINGS[0].with_name(name + ".om.gz").read_bytes()).decode()
-    if integer_bounds:
-        text = re.sub(r'le="([0-9]+)\.0"', r'le="\1"', text)
-    plain.write_text(text)
-    backfill_openmetrics(plain, tmp_path / "data")
-    source = RecordingSource(plain, spans=False)
-    replay = source.replay()
-    start, end, step = float(math.ceil(replay.start)), float(math.floor(replay.end)), source.natural_step()
+    if name == "router-engine-metrics":
+        start, end, step = 1_795_000_000.0, 1_795_002_400.0, 15.0
+        with plain.open("w") as out:
+            write_capture_fleet(out, 1, start - 1200, end, capture=ROUTER_CAPTURE)
+        backfill_openmetrics(plain, tmp_path / "data")
+    else:
+        text = gzip.decompress(RECORDINGS[0].with_name(name + ".om.gz").read_bytes()).decode()
+        if integer_bounds:
+            text = re.sub(r'le="([0-9]+)\.0"', r'le="\1"', text)
+        plain.write_text(text)
+        backfill_openmetrics(plain, tmp_path / "data")
+        source = RecordingSource(plain, spans=False)
+        replay = source.replay()
+        start, end, step = float(math.ceil(replay.start)), float(math.floor(replay.end)), source.natural_step()
     (tmp_path / "prometheus.yml").write_text(EMPTY_CONFIG)
     catalog = load_catalog()
     scale = auto_time_scale(end - start)
@@ -140,7 +153,7 @@ def test_the_pushdowns_lean_promql_answers_what_every_relabel_written_out_answer
         lean = lean_reader(client, rules, start, end, catalog, recorded, wire)
         full = _WrittenOut(InlineSignals(catalog, recorded, present=wire))
         assert lean.carried is not None and "instance" in lean.carried
-        assert "worker_addr" not in lean.carried
+        assert ("worker_addr" in lean.carried) == (name == "router-engine-metrics")
         assert lean.integer_le == integer_bounds
         for rule in rules:
             a, b = compile_prefilter(rule, lean, catalog, step), compile_prefilter(rule, full, catalog, step)
@@ -152,9 +165,19 @@ def test_the_pushdowns_lean_promql_answers_what_every_relabel_written_out_answer
             got, want = client.query_range(a.expr, start, end, step), client.query_range(b.expr, start, end, step)
             assert _same_answer(_answer(got), _answer(want)), f"{rule.id}\n{a.expr}\n---\n{b.expr}"
             compared += 1
+        if name == "router-engine-metrics":     # the pushdown groups by the worker, as the full fetch
+            names = set().union(*(sample_names(r) for r in rules))
+            frame = fetch_frame(client, names, start, end, step)
+            assert {dict(lab).get("instance") for block in frame.blocks.values() for lab in block.labels} == \
+                {"127.0.0.1:57947", "127.0.0.1:52251"}
+            pushed, report = diagnose_pushdown(PromClient(prom.url), start, end, step, rules, time_scale=scale,
+                                               source="prometheus")
+            assert pushed.to_json() == diagnose(frame, rules, source="prometheus").to_json()
+            assert report.rules and {w for f in pushed.findings for w in [f.where.get("instance")] if w} <= \
+                {"127.0.0.1:57947", "127.0.0.1:52251"}
     assert compared >= 5, compared
     assert lean_labels >= 1, "no prefilter left a relabel out"
-    if name.startswith("blind-vllm"):       # one histogram per engine: quantiles per raw histogram
+    if name.startswith("blind-vllm") or name == "router-engine-metrics":   # one histogram per engine
         assert own_quantiles >= 1, "no prefilter took each raw histogram's own quantile"
 
 

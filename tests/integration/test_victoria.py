@@ -67,7 +67,7 @@ def test_full_fetch_and_pushdown_from_victoria_match_the_recording(victoria):
     pushed, report = diagnose_pushdown(PromClient(victoria), start, end, step, rules, source="vm")
     assert pushed.to_json() == full.to_json()
     assert not [t.rule_id for t in report.rules if t.error], "VictoriaMetrics refused a prefilter"
-    assert PromClient(victoria).flavor() == "victoriametrics"    # --pushdown auto's lower threshold
+    assert PromClient(victoria).flavor() == "victoriametrics"    # off-lattice queries are sent nocache=1
 
 
 @pytest.fixture(scope="module")

@@ -139,6 +139,25 @@ series:
     assert gauge.startswith("sum by (instance) ((max by (instance, engine")
 
 
+def test_reads_over_many_engines_sum_before_relabelling_where_no_groups_can_merge():
+    """Summed down to the model's groups first, only those are relabelled; not for a read that
+    keeps the instance (nothing to reduce), nor where some series carry the rename's target
+    themselves (two groups could become one label set)."""
+    from kvscope.diagnoser.promql.signals import InlineSignals
+
+    catalog = load_catalog()
+
+    def read(carried: set[str], by: tuple[str, ...]) -> str:
+        return InlineSignals(catalog, carried=carried, integer_le=False).read(
+            "request_ttft_seconds_bucket", [], "rate", "1m", by=by, outer="sum")
+
+    first = "(sum by (model, le, model_name) (rate("
+    assert first in read({"instance", "model_name", "le"}, ("model", "le"))
+    assert first not in read({"instance", "model_name", "model", "le"}, ("model", "le"))
+    per_engine = read({"instance", "model_name", "le"}, ("instance", "model", "le"))
+    assert "model_name) (rate(" not in per_engine and "(label_replace(rate(" in per_engine
+
+
 def test_a_quantile_per_raw_histogram_only_where_each_group_holds_one():
     """histogram_quantile of each raw histogram equals the quantile of the group's summed buckets
     only where the group has one histogram: two data-parallel ranks or two spellings of one
