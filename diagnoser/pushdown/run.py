@@ -47,7 +47,7 @@ from kvscope.diagnoser.evaluate.evaluator import (
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, JudgedSpans, make_grid
 from kvscope.diagnoser.findings import Diagnosis, Finding, Skipped
 from kvscope.diagnoser.promql.signals import InlineSignals
-from kvscope.diagnoser.pushdown.candidates import Group, Hits, query_prefilter
+from kvscope.diagnoser.pushdown.candidates import Group, Hits, part_cost, query_prefilter
 from kvscope.diagnoser.pushdown.evidence import Need, fetch_needs, rule_frame, rule_needs
 from kvscope.diagnoser.pushdown.prefilter import SLACK, Prefilter, compile_prefilter, rule_reach
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
@@ -156,7 +156,7 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
     t0 = time.perf_counter()
     client.say(f"pushdown: {len(todo)} rule conditions on the TSDB")
     q0 = client.stats["queries"]
-    hits = client.map(lambda item: _hits(client, item[1], grid, step), todo)
+    hits = _longest_first(client, todo, lambda item: _hits(client, item[1], grid, step))
     young, every = _young_instances(client, prepared, [t for _, t in todo], start, end, catalog)
     report.prefilter_queries = int(client.stats["queries"] - q0)
     if young:
@@ -283,6 +283,21 @@ def _skip(rule: Rule, shell: Frame) -> Skipped | None:
 
 
 # ------------------------------------------------------------------------------ phase 1
+def _longest_first(client: PromClient, todo: list[tuple[Rule, RuleTrace]], fn: Any) -> list[Hits]:
+    """fn over the rules' prefilters, the costliest started first (part_cost per query step), so
+    that the last to finish is not a long one started last; the answers in `todo`'s order."""
+    def cost(i: int) -> float:
+        pre = todo[i][1].prefilter
+        return 0.0 if pre is None or pre.expr is None else part_cost(pre.expr) / max(pre.step, 1e-9)
+
+    order = sorted(range(len(todo)), key=cost, reverse=True)
+    answers = client.map(fn, [todo[i] for i in order])
+    out: list[Hits] = [Hits()] * len(todo)
+    for i, answer in zip(order, answers, strict=True):
+        out[i] = answer
+    return out
+
+
 def _hits(client: PromClient, trace: RuleTrace, grid: np.ndarray, step: float) -> Hits:
     assert trace.prefilter is not None
     hits = query_prefilter(client, trace.prefilter, grid, step)
