@@ -43,7 +43,7 @@ Prometheus: two evaluation paths, the same findings.
   --pushdown auto  (default) on from 12,000 engines x grid points (50 engines x 1 h at 15 s),
                    where the two paths took the same time on Prometheus 2.42 and the pushdown
                    was faster on VictoriaMetrics 1.79; above it the pushdown was faster on both at
-                   every size measured (Prometheus, 200 engines x 6 h: 31 s and 0.19 GB against
+                   every size measured (Prometheus, 200 engines x 6 h: 29 s and 0.19 GB against
                    46 s and 4.9 GB), and its memory grows with what fired, not with the fleet.
 Queries stay within Prometheus' limits: at most 11,000 points per series and, by estimate, half of
 the default --query.max-samples (50M); longer ranges are cut in time and instance lists into
