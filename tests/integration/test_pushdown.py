@@ -116,6 +116,39 @@ def _same_answer(got: dict, want: dict) -> bool:
     return True
 
 
+def _backfilled(name: str, integer_bounds: bool, tmp_path: Path) -> tuple[float, float, float]:
+    """Backfill the data set `name` into tmp_path/data (with prometheus.yml beside it); its
+    window and step."""
+    plain = tmp_path / "rec.om"
+    (tmp_path / "prometheus.yml").write_text(EMPTY_CONFIG)
+    if name == "router-engine-metrics":
+        start, end = 1_795_000_000.0, 1_795_002_400.0
+        with plain.open("w") as out:
+            write_capture_fleet(out, 1, start - 1200, end, capture=ROUTER_CAPTURE)
+        backfill_openmetrics(plain, tmp_path / "data")
+        return start, end, 15.0
+    text = gzip.decompress(RECORDINGS[0].with_name(name + ".om.gz").read_bytes()).decode()
+    if integer_bounds:
+        text = re.sub(r'le="([0-9]+)\.0"', r'le="\1"', text)
+    plain.write_text(text)
+    backfill_openmetrics(plain, tmp_path / "data")
+    source = RecordingSource(plain, spans=False)
+    replay = source.replay()
+    return float(math.ceil(replay.start)), float(math.floor(replay.end)), source.natural_step()
+
+
+def _assert_grouped_by_worker(url: str, rules: list, start: float, end: float, step: float, scale: float) -> None:
+    """Behind sglang-router, the full fetch and the pushdown group by the worker, not the router,
+    and give the same Diagnosis."""
+    workers = {"127.0.0.1:57947", "127.0.0.1:52251"}
+    frame = fetch_frame(PromClient(url), set().union(*(sample_names(r) for r in rules)), start, end, step)
+    assert {dict(lab).get("instance") for block in frame.blocks.values() for lab in block.labels} == workers
+    pushed, report = diagnose_pushdown(PromClient(url), start, end, step, rules, time_scale=scale, source="prometheus")
+    assert pushed.to_json() == diagnose(frame, rules, source="prometheus").to_json()
+    assert report.rules and pushed.findings
+    assert {f.where.get("instance") for f in pushed.findings} - {None} <= workers
+
+
 @pytest.mark.parametrize(("name", "integer_bounds"), LEAN, ids=[n for n, _ in LEAN])
 def test_the_pushdowns_lean_promql_answers_what_every_relabel_written_out_answers(name, integer_bounds, tmp_path):
     """The prefilters as the pushdown writes them leave out each relabel of a label no series
@@ -126,22 +159,7 @@ def test_the_pushdowns_lean_promql_answers_what_every_relabel_written_out_answer
     per-tenant histograms of several engines).
     On a real Prometheus, every rule's prefilter must answer exactly what the same prefilter with
     every relabel and aggregation written out answers."""
-    plain = tmp_path / "rec.om"
-    if name == "router-engine-metrics":
-        start, end, step = 1_795_000_000.0, 1_795_002_400.0, 15.0
-        with plain.open("w") as out:
-            write_capture_fleet(out, 1, start - 1200, end, capture=ROUTER_CAPTURE)
-        backfill_openmetrics(plain, tmp_path / "data")
-    else:
-        text = gzip.decompress(RECORDINGS[0].with_name(name + ".om.gz").read_bytes()).decode()
-        if integer_bounds:
-            text = re.sub(r'le="([0-9]+)\.0"', r'le="\1"', text)
-        plain.write_text(text)
-        backfill_openmetrics(plain, tmp_path / "data")
-        source = RecordingSource(plain, spans=False)
-        replay = source.replay()
-        start, end, step = float(math.ceil(replay.start)), float(math.floor(replay.end)), source.natural_step()
-    (tmp_path / "prometheus.yml").write_text(EMPTY_CONFIG)
+    start, end, step = _backfilled(name, integer_bounds, tmp_path)
     catalog = load_catalog()
     scale = auto_time_scale(end - start)
     rules = [r.scaled(scale) for r in read_rules()]
@@ -165,16 +183,8 @@ def test_the_pushdowns_lean_promql_answers_what_every_relabel_written_out_answer
             got, want = client.query_range(a.expr, start, end, step), client.query_range(b.expr, start, end, step)
             assert _same_answer(_answer(got), _answer(want)), f"{rule.id}\n{a.expr}\n---\n{b.expr}"
             compared += 1
-        if name == "router-engine-metrics":     # the pushdown groups by the worker, as the full fetch
-            names = set().union(*(sample_names(r) for r in rules))
-            frame = fetch_frame(client, names, start, end, step)
-            assert {dict(lab).get("instance") for block in frame.blocks.values() for lab in block.labels} == \
-                {"127.0.0.1:57947", "127.0.0.1:52251"}
-            pushed, report = diagnose_pushdown(PromClient(prom.url), start, end, step, rules, time_scale=scale,
-                                               source="prometheus")
-            assert pushed.to_json() == diagnose(frame, rules, source="prometheus").to_json()
-            assert report.rules and {w for f in pushed.findings for w in [f.where.get("instance")] if w} <= \
-                {"127.0.0.1:57947", "127.0.0.1:52251"}
+        if name == "router-engine-metrics":
+            _assert_grouped_by_worker(prom.url, rules, start, end, step, scale)
     assert compared >= 5, compared
     assert lean_labels >= 1, "no prefilter left a relabel out"
     if name.startswith("blind-vllm") or name == "router-engine-metrics":   # one histogram per engine
