@@ -101,6 +101,18 @@ def _renames(dialect: Dialect, alias: Alias, signal: Signal) -> tuple[tuple[str,
     return tuple(pairs)
 
 
+WORKER_REGEX = "(?:[a-z]+://)?([^/]+).*"
+"""A worker label's value (`http://host:port/`) -> host:port, as a target's instance."""
+
+
+def kept(term: SourceTerm, keep: set[str]) -> SourceTerm:
+    """The term relabelling only the canonical labels in `keep` (a caller that aggregates the
+    others away): renames to kept labels, `engine` and the worker's `instance` only if kept."""
+    return replace(term, dialect=term.dialect if "engine" in keep else None,
+                   renames=tuple((u, c) for u, c in term.renames if c in keep),
+                   workers=term.workers if "instance" in keep else ())
+
+
 def relabel(expr: str, term: SourceTerm) -> str:
     """Map upstream labels to canonical ones, set `engine` to the dialect, apply the scale.
 
@@ -109,8 +121,8 @@ def relabel(expr: str, term: SourceTerm) -> str:
     absent."""
     for upstream, canonical in term.renames:
         expr = f'label_replace({expr}, "{canonical}", "$1", "{upstream}", "(.+)")'
-    for worker in term.workers:   # http://host:port/ -> host:port, as a target's instance
-        expr = f'label_replace({expr}, "instance", "$1", "{worker}", "(?:[a-z]+://)?([^/]+).*")'
+    for worker in term.workers:
+        expr = f'label_replace({expr}, "instance", "$1", "{worker}", "{WORKER_REGEX}")'
     if term.dialect is not None:
         expr = f'label_replace({expr}, "engine", "{term.dialect}", "__name__", ".*")'
     if term.scale != 1.0:
@@ -295,10 +307,7 @@ class InlineSignals:
         parts = []
         for term in terms:
             if needed != list(full):
-                keep = set(needed)
-                term = SourceTerm(term.dialect if "engine" in keep else None, term.names, term.matchers,
-                                  tuple((u, c) for u, c in term.renames if c in keep), term.scale, term.collapse,
-                                  workers=term.workers if "instance" in keep else ())
+                term = kept(term, set(needed))
             term = self._carried(term)
             sel = name_selector(term.names, [*(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
                                              *_format_matchers(_upstream(extra, term))])
@@ -348,10 +357,7 @@ class InlineSignals:
             terms = [t for t in terms if self.present.intersection(t.names)]
         if skipped or len(terms) != 1 or terms[0].collapse or terms[0].fallback or terms[0].scale != 1.0:
             return None
-        term, keep = terms[0], set(by) | {m[0] for m in matchers}
-        term = self._carried(SourceTerm(term.dialect if "engine" in keep else None, term.names, term.matchers,
-                                        tuple((u, c) for u, c in term.renames if c in keep),
-                                        workers=term.workers if "instance" in keep else ()))
+        term = self._carried(kept(terms[0], set(by) | {m[0] for m in matchers}))
         upstream = [*((label, "=~", regex) for label, regex in term.matchers), *_upstream(list(matchers), term)]
         key = (term, tuple(upstream), by)
         if key not in self._one_each:
@@ -404,7 +410,7 @@ def relabelled(labels: dict[str, str], term: SourceTerm) -> dict[str, str]:
         if out.get(upstream):
             out[canonical] = out[upstream]
     for worker in term.workers:
-        found = re.fullmatch(r"(?:[a-z]+://)?([^/]+).*", out.get(worker, ""))
+        found = re.fullmatch(WORKER_REGEX, out.get(worker, ""))
         if found:
             out["instance"] = found.group(1)
     if term.dialect is not None:

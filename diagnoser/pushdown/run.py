@@ -237,7 +237,7 @@ def histogram_series(client: PromClient, wire: set[str], start: float, end: floa
     if not buckets:
         return []
     try:
-        return client.series([f'{{__name__=~"{"|".join(re.escape(n) for n in buckets)}",le="+Inf"}}'], start, end)
+        return client.series([_names(buckets, 'le="+Inf"')], start, end)
     except PromError:
         return None
 
@@ -249,14 +249,18 @@ def wire_labels(client: PromClient, wire: set[str], start: float, end: float) ->
     native = sorted(n for n in wire if not n.startswith(KVSCOPE_PREFIX))
     if not native:
         return set(), False
-    names = "|".join(re.escape(n) for n in native)
-    buckets = "|".join(re.escape(n) for n in native if n.endswith("_bucket"))
+    buckets = [n for n in native if n.endswith("_bucket")]
     try:
-        carried = set(client.label_names([f'{{__name__=~"{names}"}}'], start, end))
-        bounds = client.label_values("le", [f'{{__name__=~"{buckets}"}}'], start, end) if buckets else []
+        carried = set(client.label_names([_names(native)], start, end))
+        bounds = client.label_values("le", [_names(buckets)], start, end) if buckets else []
     except PromError:
         return None, True
     return carried, any(re.fullmatch(r"[0-9]+", b) for b in bounds)
+
+
+def _names(names: Iterable[str], *matchers: str) -> str:
+    """A selector of the series named `names` (and `matchers`)."""
+    return "{" + ",".join([f'__name__=~"{"|".join(re.escape(n) for n in names)}"', *matchers]) + "}"
 
 
 def wire_pattern(names: set[str], catalog: Catalog) -> str:
