@@ -24,6 +24,7 @@ still arrive through the agent's `kvscope_*` series.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, replace
 
@@ -223,6 +224,10 @@ class RecordedSignals:
     def __init__(self, instances: list[str] | None = None) -> None:
         self.instances = instances
 
+    def only(self, instances: frozenset[str] | set[str]) -> RecordedSignals:
+        """The same reader with every selector narrowed to `instances`."""
+        return RecordedSignals(sorted(instances))
+
     def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None,
              by: tuple[str, ...] | None = None, outer: str | None = None) -> str:
         extra = list(matchers) + _instance_matcher(self.instances)
@@ -349,8 +354,7 @@ class InlineSignals:
         2.42, measured). None where that does not hold or is not known (two data-parallel ranks
         or two spellings of one histogram in a group, several sources): the caller writes the sum."""
         signal, suffix = split_series(series, self.catalog)
-        if self.histograms is None or self.instances is not None or series in self.recorded \
-                or signal is None or suffix != "_bucket":
+        if self.histograms is None or series in self.recorded or signal is None or suffix != "_bucket":
             return None
         terms, skipped = source_terms(signal, self.catalog, suffix)
         if self.present is not None:
@@ -364,8 +368,15 @@ class InlineSignals:
             self._one_each[key] = one_per_group(self.histograms, term, upstream, by)
         if not self._one_each[key]:
             return None
-        sel = name_selector(term.names, _format_matchers(upstream))
+        only = _upstream(_instance_matcher(self.instances), term)     # a subset of the groups: still one each
+        sel = name_selector(term.names, _format_matchers(upstream + only))
         return f"max by ({', '.join(by)}) ({relabel(f'histogram_quantile({q}, rate({sel}[{rng}]))', term)})"
+
+    def only(self, instances: frozenset[str] | set[str]) -> InlineSignals:
+        """The same reader with every selector narrowed to `instances` (what it learnt shared)."""
+        out = copy.copy(self)
+        out.instances = sorted(instances)
+        return out
 
     def _carried(self, term: SourceTerm) -> SourceTerm:
         """The term without the renames and worker relabels of labels no series carries."""

@@ -11,7 +11,9 @@ hold a run that fires. A group without such a stretch cannot fire; for the other
 bound where the evaluator's runs can lie (`Group.first`, `Group.last`).
 
 A prefilter of several conjuncts is run one conjunct at a time, cheapest first, each only over
-the span where the earlier ones held (`staged_answer`); the client does the `and`. Candidates of
+the span where the earlier ones held (`staged_answer`) and, where none of its aggregations
+reaches across instances, for the instances they held for (`Narrowing`); the client does the
+`and`. Candidates of
 a coarse answer grouped by model or by nothing are then re-read at the grid step over the span
 where they can fire (`refined`): a group whose answer has no run of hold + 1 grid points there
 is dropped before its evidence, every replica's series, is fetched.
@@ -23,7 +25,7 @@ that held at isolated steps (noise) is not a candidate, and its evidence is not 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -54,6 +56,7 @@ class Hits:
     matched: int = 0                 # groups in the answer (candidates or not)
     moved: bool = False              # answered at times not asked for: candidates widened
     coarse: int | None = None        # candidates at the query step, before re-reading at the grid step
+    narrowed: int = 0                # conjunct queries narrowed to the instances earlier ones held for
 
     @property
     def first(self) -> int:
@@ -79,7 +82,8 @@ def query_prefilter(client: PromClient, pre: Prefilter, grid: np.ndarray, step: 
         allowed = fact_instances(client, pre, grid)
         if allowed is not None and not allowed:
             return Hits()
-        result = staged_answer(client, pre, grid, step, k, coarse_end, head) if len(pre.parts) > 1 else None
+        narrowing = Narrowing(pre)
+        result = staged_answer(client, pre, grid, step, k, coarse_end, head, narrowing) if len(pre.parts) > 1 else None
         if result is None:
             result = lattice_query(client, pre.expr, grid, step, k, coarse_end, 0, len(grid) - 1, what, head)
     except PromError as exc:
@@ -89,6 +93,7 @@ def query_prefilter(client: PromClient, pre: Prefilter, grid: np.ndarray, step: 
     if allowed is not None:
         result = [r for r in result if str((r.get("metric") or {}).get("instance", "")) in allowed]
     hits = read_answer(result, grid, k, coarse_end, pre.hold_steps, head)
+    hits.narrowed = narrowing.count
     peers = any("instance" not in g.labels for g in hits.groups)
     return refined(client, pre, grid, step, hits) if k > 1 and peers and not hits.moved else hits
 
@@ -123,7 +128,7 @@ def refined(client: PromClient, pre: Prefilter, grid: np.ndarray, step: float, h
             continue                     # no stretch of hold + 1 grid points: it cannot fire
         first, last = max(g.first, f.first + lo), min(g.last, f.last + lo)
         out.append(Group(g.labels, first, last) if first <= last else g)
-    return Hits(out, matched=hits.matched, coarse=len(hits.groups))
+    return Hits(out, matched=hits.matched, coarse=len(hits.groups), narrowed=hits.narrowed)
 
 
 def lattice_head(grid: np.ndarray, qstep: float, k: int) -> int:
@@ -181,12 +186,13 @@ def part_cost(expr: str) -> int:
 
 
 def staged_answer(client: PromClient, pre: Prefilter, grid: np.ndarray, step: float, k: int,
-                  coarse_end: int, head: int = 0) -> list[dict[str, Any]] | None:
+                  coarse_end: int, head: int = 0, narrow: Narrowing | None = None) -> list[dict[str, Any]] | None:
     """The answer of `pre.expr`, a conjunction `p0 and [on (...)] p1 and ...`, computed as the
     server would, from its conjuncts run one at a time, cheapest first: a grid point where one
     conjunct has no series has none in the conjunction, so each next conjunct is queried only
     between the first and last points every earlier one held at, and none once that is empty
-    (a rule whose cheap condition never held costs one cheap query). The client then does the
+    (a rule whose cheap condition never held costs one cheap query), and for the instances
+    every earlier one held for where it can be (`Narrowing`). The client then does the
     `and`: the first conjunct's series at the points where each other one has a series with the
     same labels (its `on` labels where it has a grouping of its own). None when an answer came
     back at times that were not asked for (a server that moves steps): then the one joined
@@ -195,16 +201,18 @@ def staged_answer(client: PromClient, pre: Prefilter, grid: np.ndarray, step: fl
     known = queried_mask(n, k, coarse_end, head)
     alive = known.copy()
     answers: dict[int, list[dict[str, Any]]] = {}
+    narrow = narrow or Narrowing(pre)
     for i in sorted(range(len(pre.parts)), key=lambda j: part_cost(pre.parts[j][0])):
         at = np.flatnonzero(alive)
         if not at.size:
             return []
-        answers[i] = lattice_query(client, pre.parts[i][0], grid, step, k, coarse_end, int(at[0]), int(at[-1]),
+        answers[i] = lattice_query(client, narrow.expr(i), grid, step, k, coarse_end, int(at[0]), int(at[-1]),
                                    f"prefilter {pre.rule_id}", head)
         rows = _rows(answers[i], grid, known, None)
         if rows is None:
             return None
         alive &= np.logical_or.reduce(list(rows.values())) if rows else np.zeros(n, dtype=bool)
+        narrow.held(i, rows)
     by = set(pre.parts[0][1])
     masks = [_rows(answers[j], grid, known, None if set(b) == by else b) for j, (_, b) in
              enumerate(pre.parts) if j]
@@ -217,6 +225,76 @@ def staged_answer(client: PromClient, pre: Prefilter, grid: np.ndarray, step: fl
         if mask.any():
             out.append({"metric": dict(key), "values": [[float(grid[i]), "1"] for i in np.flatnonzero(mask)]})
     return out
+
+
+NARROW_SHARE = 0.5
+"""A later conjunct is narrowed to the instances left when they are at most this share of the
+most instances one earlier answer held."""
+
+
+class Narrowing:
+    """The instances a staged prefilter can still match, and its next conjuncts' queries narrowed
+    to them: a conjunct grouped by instance that has no series for an instance has none in the
+    `and` either, so a later conjunct whose every aggregation keeps `instance` (`per_instance`)
+    is asked for the instances every earlier such conjunct held for only (the same series for
+    those, none for the rest). Asked only when that is at most NARROW_SHARE of the instances
+    some answer held: a fleet where the cheap conjuncts held nearly everywhere pays nothing for
+    it (a regex of every instance in every selector)."""
+
+    def __init__(self, pre: Prefilter) -> None:
+        self.pre = pre
+        self.instances: frozenset[str] | None = None
+        self.seen = 0                   # the most instances one answer held
+        self.parts: tuple[str, ...] | None = None
+        self.asked: frozenset[str] | None = None
+        self.count = 0                  # queries narrowed
+
+    def expr(self, i: int) -> str:
+        """Conjunct i's query: narrowed to the instances left, where it can be and that is fewer."""
+        own = self.pre.parts[i][0]
+        left = self.instances
+        if left is None or self.pre.narrowed is None or len(left) > NARROW_SHARE * self.seen \
+                or not self._narrowable(i):
+            return own
+        if self.asked != left:
+            self.parts, self.asked = self.pre.narrowed(left), left
+        if self.parts is None:
+            return own
+        self.count += 1
+        return self.parts[i]
+
+    def held(self, i: int, rows: dict[tuple[tuple[str, str], ...], np.ndarray]) -> None:
+        """Take conjunct i's answer (`_rows` keyed by all labels): the instances it held for."""
+        if "instance" not in self.pre.parts[i][1]:
+            return
+        got = {dict(key).get("instance") for key in rows}
+        if None in got or "" in got:
+            self.pre, self.instances = replace(self.pre, narrowed=None), None     # labels not as grouped: stop
+            return
+        self.seen = max(self.seen, len(got))
+        self.instances = frozenset(str(g) for g in got) if self.instances is None \
+            else self.instances & frozenset(str(g) for g in got)
+
+    def _narrowable(self, i: int) -> bool:
+        return "instance" in self.pre.parts[i][1] and per_instance(self.pre.parts[i][0])
+
+
+_AGGREGATION = re.compile(r"\b(sum|min|max|avg|group|stddev|stdvar|count|count_values|bottomk|topk|quantile|limitk)"
+                          r"\s*(?:(by|without)\s*\(([^)]*)\))?\s*\(")
+
+
+def per_instance(expr: str) -> bool:
+    """Whether each of `expr`'s series depends on one instance's series only, so narrowing its
+    selectors to some instances gives the same series for them: every aggregation keeps
+    `instance` (`by` it, or `without` not it), and no function writes or reads that label or
+    leaves vector land (label_replace/label_join of it, scalar, vector, absent)."""
+    if '"instance"' in expr or re.search(r"\b(scalar|vector|absent|absent_over_time)\s*\(", expr):
+        return False
+    for m in _AGGREGATION.finditer(expr):
+        labels = {x.strip() for x in (m.group(3) or "").split(",")}
+        if m.group(2) is None or (m.group(2) == "by") != ("instance" in labels):
+            return False
+    return True
 
 
 def _key(labels: dict[str, Any], on: tuple[str, ...] | None) -> tuple[tuple[str, str], ...]:

@@ -23,7 +23,8 @@ Ranges are the evaluator's (time-scaled, whole grid steps), subqueries run at th
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvscope.agent.signals import Catalog
@@ -58,6 +59,8 @@ class Prefilter:
     facts: tuple[str, ...] = ()
     """Selectors of the info gauges that carry the rule's `fact == value` tests: only engines
     with such a series anywhere in the window can be candidates (candidates.py, `fact_instances`)."""
+    narrowed: Callable[[frozenset[str]], tuple[str, ...] | None] | None = field(default=None, compare=False)
+    """`parts` with every selector narrowed to the given instances (None: the reader cannot)."""
 
 
 def conditions_of(rule: Rule) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -70,8 +73,9 @@ def conditions_of(rule: Rule) -> tuple[list[dict[str, Any]], list[dict[str, Any]
 
 
 def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: float,
-                      slack: float = SLACK) -> Prefilter:
-    """The prefilter of a prepared rule (parameters applied, time-scaled) on a grid of `step`."""
+                      slack: float = SLACK, narrow: bool = True) -> Prefilter:
+    """The prefilter of a prepared rule (parameters applied, time-scaled) on a grid of `step`;
+    `narrow`: give it `narrowed` where the reader can narrow its selectors (`only`)."""
     reach = rule_reach(rule)
     hold = hold_steps(rule, step)
     qstep = query_step(rule, step)
@@ -116,7 +120,22 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
     elif anys:
         dropped.append("`any` branches on another grouping")
     out = f"({parts[0][0]})" + "".join(f"\nand{_on(by, b)}\n({e})" for e, b in parts[1:])
-    return Prefilter(rule.id, out, tuple(by), tuple(dropped), reach, qstep, hold, tuple(parts), facts)
+    narrowed = _narrower(rule, reader, catalog, step, slack, len(parts)) if narrow else None
+    return Prefilter(rule.id, out, tuple(by), tuple(dropped), reach, qstep, hold, tuple(parts), facts, narrowed)
+
+
+def _narrower(rule: Rule, reader: SignalReader, catalog: Catalog, step: float, slack: float,
+              n: int) -> Callable[[frozenset[str]], tuple[str, ...] | None] | None:
+    """The rule's prefilter parts recompiled with a reader whose selectors match only the given
+    instances; None where the reader cannot narrow (no `only`)."""
+    only = getattr(reader, "only", None)
+    if only is None:
+        return None
+
+    def narrowed(instances: frozenset[str]) -> tuple[str, ...] | None:
+        again = compile_prefilter(rule, only(instances), catalog, step, slack, narrow=False)
+        return tuple(e for e, _ in again.parts) if len(again.parts) == n else None
+    return narrowed
 
 
 def _chain_same_series(cc: ConditionCompiler, conds: list[dict[str, Any]],

@@ -73,6 +73,7 @@ class RuleTrace:
     error: str = ""                      # a prefilter the server refused (evaluated in full)
     moved: bool = False                  # the server answered at other times (candidates widened)
     coarse: int | None = None            # candidates at the query step, when re-read at the grid step
+    narrowed: int = 0                    # conjunct queries narrowed to the instances earlier ones held for
 
 
 @dataclass
@@ -98,6 +99,8 @@ class PushdownReport:
         reread = [t for t in self.rules if t.coarse is not None]
         narrowed = (f" (re-read at the grid step: {sum(t.coarse or 0 for t in reread)} coarse candidate groups of "
                     f"{len(reread)} rule(s) -> {sum(t.groups for t in reread)})" if reread else "")
+        fewer = sum(t.narrowed for t in self.rules)
+        narrowed += f"; {fewer} conjunct queries narrowed to the instances earlier ones held for" if fewer else ""
         out = [f"pushdown: {sum(1 for t in self.rules if t.prefilter and t.prefilter.expr)} rule conditions "
                f"evaluated in the TSDB ({self.recorded} series from kvscope:* recording rules, the rest from "
                f"the engines' own series); {matched} matched, {len(candidates)} with a stretch long enough to "
@@ -308,6 +311,7 @@ def _hits(client: PromClient, trace: RuleTrace, grid: np.ndarray, step: float) -
     trace.error = hits.error
     trace.moved = hits.moved
     trace.coarse = hits.coarse
+    trace.narrowed = hits.narrowed
     trace.matched = hits.matched
     trace.groups = len(hits.groups)
     return hits
@@ -387,9 +391,8 @@ def _with_young(h: Hits, young: list[str], n: int, all_young: bool) -> Hits:
     """Young instances are candidates of every rule over the whole window (when every instance
     is young, the rule is judged everywhere, as the full path does)."""
     if h.everywhere or all_young:
-        return Hits(everywhere=True, error=h.error, matched=h.matched, moved=h.moved, coarse=h.coarse)
-    return Hits(list(h.groups) + [Group({"instance": i}, 0, n - 1) for i in young], matched=h.matched,
-                moved=h.moved, coarse=h.coarse)
+        return replace(h, groups=[], everywhere=True)
+    return replace(h, groups=list(h.groups) + [Group({"instance": i}, 0, n - 1) for i in young])
 
 
 # ------------------------------------------------------------------------------ phase 2

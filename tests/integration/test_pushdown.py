@@ -19,6 +19,7 @@ import math
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from kvscope.diagnoser.evaluate.frame import frame_from_samples
 from kvscope.diagnoser.evaluate.testcases import case_samples, read_test_file
 from kvscope.diagnoser.promql.rulefiles import canonical_rules, render_rule_file
 from kvscope.diagnoser.promql.signals import InlineSignals, RecordedSignals
+from kvscope.diagnoser.pushdown.candidates import query_prefilter
 from kvscope.diagnoser.pushdown.prefilter import compile_prefilter
 from kvscope.diagnoser.pushdown.run import diagnose_pushdown, inventory, lean_reader
 from kvscope.diagnoser.rulebook.levers import load_levers
@@ -125,6 +127,12 @@ def _backfilled(name: str, integer_bounds: bool, tmp_path: Path) -> tuple[float,
         start, end = 1_795_000_000.0, 1_795_002_400.0
         with plain.open("w") as out:
             write_capture_fleet(out, 1, start - 1200, end, capture=ROUTER_CAPTURE)
+        backfill_openmetrics(plain, tmp_path / "data")
+        return start, end, 15.0
+    if name == "capture-fleet-20":
+        start, end = 1_795_000_000.0, 1_795_003_600.0
+        with plain.open("w") as out:
+            write_capture_fleet(out, 20, start - 1800, end)
         backfill_openmetrics(plain, tmp_path / "data")
         return start, end, 15.0
     text = gzip.decompress(RECORDINGS[0].with_name(name + ".om.gz").read_bytes()).decode()
@@ -252,3 +260,37 @@ def test_every_rule_compiles_a_prefilter_or_says_why_not():
         pre = compile_prefilter(rule, RecordedSignals(), catalog, 15.0)
         assert pre.expr is not None or pre.dropped, rule.id
         assert np.isfinite(pre.reach_s) and pre.reach_s >= 0
+
+
+NARROWED = ["fleet-dcgm-utilization-trap", "capture-fleet-20"]
+"""Fleets where a cheap conjunct holds for some instances only: the recording of ten engines, and
+20 engines of the real vLLM capture, two in an incident (testbed/fleetgen/capture_fleet.py)."""
+
+
+@pytest.mark.parametrize("name", NARROWED)
+def test_conjuncts_asked_for_fewer_instances_find_the_same_candidates(name, tmp_path):
+    """A conjunct whose every aggregation keeps `instance` is asked only for the instances every
+    earlier conjunct held for (candidates.py, `Narrowing`). On a real Prometheus, every rule's
+    candidates must be the ones the same conjuncts asked for the whole fleet give, and some
+    conjunct over the recordings must have been narrowed."""
+    start, end, step = _backfilled(name, False, tmp_path)
+    catalog = load_catalog()
+    scale = auto_time_scale(end - start)
+    rules = [r.scaled(scale) for r in read_rules()]
+    grid = np.arange(start, end + step / 2, step)
+    narrowed = 0
+    with running_prometheus(tmp_path / "prometheus.yml", tmp_path / "data", "--storage.tsdb.retention.time=100y",
+                            log_path=tmp_path / "prometheus.log") as prom:
+        client = PromClient(prom.url)
+        _, recorded, wire = inventory(client, rules, start, end, catalog)
+        reader = lean_reader(client, rules, start, end, catalog, recorded, wire)
+        for rule in rules:
+            pre = compile_prefilter(rule, reader, catalog, step)
+            if pre.expr is None or len(pre.parts) < 2:
+                continue
+            hits = query_prefilter(client, pre, grid, step)
+            whole = query_prefilter(client, replace(pre, narrowed=None), grid, step)
+            assert whole.narrowed == 0
+            assert (hits.groups, hits.everywhere, hits.error) == (whole.groups, whole.everywhere, whole.error), rule.id
+            narrowed += hits.narrowed
+    assert narrowed >= 1, "no conjunct was asked for fewer instances"

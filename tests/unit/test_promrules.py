@@ -183,6 +183,9 @@ def test_a_quantile_per_raw_histogram_only_where_each_group_holds_one():
     assert quantile(reader(a, {**a, "__name__": "vllm_time_to_first_token_seconds_bucket"})) is None
     assert quantile(reader()) is None                                        # none known
     assert quantile(InlineSignals(catalog, present={name})) is None          # index not asked
+    narrowed = quantile(reader(a, b).only({"a:8000"}))                       # a subset: still one each
+    assert narrowed is not None and 'instance=~"a:8000"' in narrowed and narrowed.replace(
+        ',instance=~"a:8000"', "").replace('{instance=~"a:8000"}', "") == expr
 
 
 def test_a_catalog_rename_changes_the_generated_rules():

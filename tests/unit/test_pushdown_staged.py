@@ -5,6 +5,7 @@ own logic: label matching, `on` groupings, early exit and the time range of late
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ BUCKETS = '{__name__=~"ttft_bucket"}'
 CHEAP = 'max by (instance) ({__name__=~"waiting"}) >= 1'
 COSTLY = f'histogram_quantile(0.99, sum by (instance, le) (rate({BUCKETS}[2m]))) >= 2'
 MODEL = 'count by (model) ({__name__=~"waiting"}) >= 2'
+MIDDLE = 'max by (instance) ({__name__=~"running"}) >= 0.5 * max by (instance) ({__name__=~"limit"})'
 
 
 class TableTSDB:
@@ -174,3 +176,56 @@ def test_coarse_candidates_are_reread_at_the_grid_step_where_they_can_fire() -> 
     pre = Prefilter("r", CHEAP, ("instance",), step=60.0, hold_steps=4, parts=((CHEAP, ("instance",)),))
     assert [g.labels for g in query_prefilter(own, pre, GRID, 15.0).groups] == [{"instance": "a"}]
     assert len(own.calls) == 2                                       # the coarse lattice and its tail
+
+
+def _narrowable(pre: Prefilter) -> tuple[Prefilter, list[frozenset[str]]]:
+    """(`pre` with a `narrowed` that writes each part as `part|instances`, the instance sets it
+    was asked for)."""
+    asked: list[frozenset[str]] = []
+
+    def narrowed(instances: frozenset[str]) -> tuple[str, ...]:
+        asked.append(instances)
+        return tuple(e + "|" + ",".join(sorted(instances)) for e, _ in pre.parts)
+    return replace(pre, narrowed=narrowed), asked
+
+
+def test_later_conjuncts_are_asked_for_the_instances_earlier_ones_held_for() -> None:
+    db = TableTSDB({
+        CHEAP: [({"instance": i}, set(T[0:40])) for i in ("a", "b", "c", "d")] + [({"instance": "e"}, set())],
+        MIDDLE: [({"instance": "a"}, set(T[0:20])), ({"instance": "b"}, set(T[5:10]))],
+        f"{COSTLY}|a,b": [({"instance": "a"}, set(T[8:12]))],
+    })
+    pre, asked = _narrowable(_pre((COSTLY, ("instance",)), (CHEAP, ("instance",)), (MIDDLE, ("instance",))))
+    got = staged_answer(db, pre, GRID, 15.0, 1, len(GRID) - 1)
+    # cheap held for a, b, c, d (no narrowing: as many as any answer held); middle for a, b only
+    # (half of those): the costly conjunct is asked for a and b, and the answer is the joined query's
+    assert [c[0] for c in db.calls] == [CHEAP, MIDDLE, f"{COSTLY}|a,b"]
+    assert asked == [frozenset({"a", "b"})]
+    assert got == [{"metric": {"instance": "a"}, "values": [[t, "1"] for t in T[8:12]]}]
+
+
+def test_conjuncts_that_aggregate_over_instances_are_never_narrowed() -> None:
+    peers = f'max by (instance) ({BUCKETS}) > 2 * on () group_left avg(max by (instance) ({BUCKETS}))'
+    db = TableTSDB({
+        CHEAP: [({"instance": i}, set(T)) for i in ("a", "b")],
+        MIDDLE: [({"instance": "a"}, set(T))],
+        peers: [({"instance": "a"}, set(T[0:3]))],
+    })
+    pre, _ = _narrowable(_pre((peers, ("instance",)), (CHEAP, ("instance",)), (MIDDLE, ("instance",))))
+    got = staged_answer(db, pre, GRID, 15.0, 1, len(GRID) - 1)
+    assert [c[0] for c in db.calls] == [CHEAP, MIDDLE, peers]
+    assert got == [{"metric": {"instance": "a"}, "values": [[t, "1"] for t in T[0:3]]}]
+
+
+def test_per_instance_reads_every_aggregation_and_relabel() -> None:
+    from kvscope.diagnoser.pushdown.candidates import per_instance
+
+    assert per_instance(COSTLY) and per_instance(CHEAP)
+    assert per_instance('max_over_time((sum by (instance, model) (x))[2m:15s]) >= 1')
+    assert per_instance('sum without (le) (rate(x[1m])) > 1')
+    assert per_instance('histogram_quantile(0.5, rate(x[2m])) / count_over_time(y[5m]) > 1')
+    assert not per_instance(MODEL)
+    assert not per_instance('sum(rate(x[1m])) > 1')
+    assert not per_instance('sum without (instance) (x) > 1')
+    assert not per_instance('max by (instance) (label_replace(x, "instance", "$1", "worker_addr", "(.+)")) > 1')
+    assert not per_instance('max by (instance) (x) > scalar(avg(x))')
