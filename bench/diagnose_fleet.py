@@ -14,6 +14,8 @@ TSDBs (say which one each number is from):
   (`--vm-cache off`: `-search.disableCache`, what rounds 1-3 measured).
 * Prometheus 2.42 (Debian), the sizes of --prometheus: the fleet written as OpenMetrics and
   backfilled with `promtool tsdb create-blocks-from openmetrics` (much slower to build).
+* With --recorded-quantiles, a copy of each --prometheus size with kvscope's recorded quantiles
+  (rules/prometheus/kvscope-quantiles.yml, diagnoser/promql/quantiles.py) backfilled the same way.
 * With --recording-rules, a copy of each with kvscope's canonical recording rules
   (rules/prometheus/kvscope-canonical.yml) evaluated over the whole span: `promtool tsdb
   create-blocks-from rules` for Prometheus (which evaluates rules only live), `vmalert
@@ -31,6 +33,7 @@ every number: the box is shared. `--repeat N` times the pushdown N times and rep
 
     .venv/bin/python bench/diagnose_fleet.py --sizes 50x1,100x1,200x1,200x6 --compare
     .venv/bin/python bench/diagnose_fleet.py --sizes 100x1 --prometheus 100x1 --recording-rules
+    .venv/bin/python bench/diagnose_fleet.py --sizes "" --prometheus 200x6 --recorded-quantiles --compare
     .venv/bin/python bench/diagnose_fleet.py --sizes 1000x6 --weekly 100x168
 """
 
@@ -69,6 +72,7 @@ WEEKLY_GOAL_S = 30.0
 VM_SHIFT_S = -120 * 86400.0
 """VictoriaMetrics refuses samples far in the future: its copy of the fleet is 120 days earlier."""
 CANONICAL_RULES = ROOT / "rules" / "prometheus" / "kvscope-canonical.yml"
+QUANTILE_RULES = ROOT / "rules" / "prometheus" / "kvscope-quantiles.yml"
 KVSCOPE = str(ROOT / ".venv" / "bin" / "kvscope")
 OLD_MAX_RESPONSE = 256 * 1024 * 1024
 """The old client refused answers over this size ("narrow the window or raise --step")."""
@@ -129,8 +133,10 @@ def vmalert_replay(url: str, start: float, end: float, log: Path) -> None:
     urllib.request.urlopen(url + "/internal/force_flush", timeout=600).read()  # noqa: S310
 
 
-def prom_dataset(engines: int, hours: float, rules: bool = False) -> Path:
-    """A Prometheus data directory holding the fleet (OpenMetrics + promtool backfill, kept)."""
+def prom_dataset(engines: int, hours: float, rules: bool = False, quantiles: bool = False) -> Path:
+    """A Prometheus data directory holding the fleet (OpenMetrics + promtool backfill, kept); with
+    `rules` a copy with the canonical recording rules backfilled, with `quantiles` one with the
+    recorded quantiles (rules/prometheus/kvscope-quantiles.yml)."""
     from testbed.fleetgen.capture_fleet import write_capture_fleet
 
     d = CACHE / "prom" / size_name(engines, hours)
@@ -154,9 +160,10 @@ def prom_dataset(engines: int, hours: float, rules: bool = False) -> Path:
           f"{info['generate_s']:.0f} s, promtool backfill {info['backfill_s']:.0f} s "
           f"({info['samples'] / info['backfill_s'] / 1e6:.2f} M samples/s, load {info['backfill_load'][0]:.1f}-"
           f"{info['backfill_load'][1]:.1f})", flush=True)
-    if not rules:
+    if not rules and not quantiles:
         return d / "data"
-    rd = d / "with-rules"
+    rule_file = QUANTILE_RULES if quantiles else CANONICAL_RULES
+    rd = d / ("with-quantiles" if quantiles else "with-rules")
     if not (rd / "meta.json").exists():
         shutil.rmtree(rd, ignore_errors=True)
         shutil.copytree(d / "data", rd / "data")
@@ -165,13 +172,13 @@ def prom_dataset(engines: int, hours: float, rules: bool = False) -> Path:
         with running_prometheus(_config(d), d / "data", "--storage.tsdb.retention.time=100y") as prom:
             res = subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(first)}",
                                   f"--end={int(end)}", f"--url={prom.url}", f"--output-dir={rd / 'blocks'}",
-                                  "--eval-interval=15s", str(CANONICAL_RULES)],
+                                  "--eval-interval=15s", str(rule_file)],
                                  capture_output=True, text=True, timeout=7200)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         for block in (rd / "blocks").iterdir():
             shutil.move(str(block), rd / "data" / block.name)
         (rd / "meta.json").write_text(json.dumps({"rules_s": time.perf_counter() - t0}))
-    print(f"  + canonical recording rules backfilled with promtool in "
+    print(f"  + {'recorded quantiles' if quantiles else 'canonical recording rules'} backfilled with promtool in "
           f"{json.loads((rd / 'meta.json').read_text())['rules_s']:.0f} s", flush=True)
     return rd / "data"
 
@@ -404,6 +411,9 @@ def main() -> None:
     ap.add_argument("--prometheus", default="", help="these sizes also on Prometheus 2.42 (promtool backfill)")
     ap.add_argument("--recording-rules", action="store_true",
                     help="also each TSDB with kvscope's canonical recording rules evaluated over the span")
+    ap.add_argument("--recorded-quantiles", action="store_true",
+                    help="also each --prometheus size with kvscope's recorded quantiles (kvscope-quantiles.yml) "
+                         "backfilled over the span")
     ap.add_argument("--compare", action="store_true", help="also the full fetch; the whole diagnosis must be equal")
     ap.add_argument("--weekly", default="", help="engines x hours for `kvscope report weekly` (e.g. 100x168)")
     ap.add_argument("--vm-cache", choices=("on", "off"), default="on",
@@ -429,10 +439,11 @@ def main() -> None:
                 rows.append(bench(tsdb, engines, hours, vm.url, vm.proc.pid, args.compare, VM_SHIFT_S, fresh,
                                   args.repeat))
             print(show(rows[-1]), flush=True)
+    prom_variants = [(r, False) for r in variants] + ([(False, True)] if args.recorded_quantiles else [])
     for engines, hours in parse_sizes(args.prometheus):
-        for rules in variants:
-            data = prom_dataset(engines, hours, rules)
-            tsdb = "prometheus" + (" +rules" if rules else "")
+        for rules, quantiles in prom_variants:
+            data = prom_dataset(engines, hours, rules, quantiles)
+            tsdb = "prometheus" + (" +rules" if rules else "") + (" +quantiles" if quantiles else "")
             with running_prometheus(_config(data.parent), data, "--storage.tsdb.retention.time=100y",
                                     "--query.timeout=10m", log_path=data.parent / "prometheus.log") as prom:
                 rows.append(bench(tsdb, engines, hours, prom.url, prom.proc.pid, args.compare, 0.0,

@@ -248,6 +248,16 @@ class CanonicalSignals:
         return f"{fn}({sel}[{rng}])" if fn else sel
 
 
+QUANTILE_BY = "kvscope_by"
+"""The label naming a recorded quantile's grouping (one record name serves every grouping)."""
+
+
+def quantile_key(histogram: str, q: str, rng: str, by: tuple[str, ...]) -> tuple[str, str, str]:
+    """(record name `kvscope:<histogram>:quantile_<range>`, its `quantile` label, its
+    `kvscope_by` label) of one recorded quantile (promql/quantiles.py writes the rules)."""
+    return f"kvscope:{histogram}:quantile_{rng}", q, ",".join(by)
+
+
 def _instance_matcher(instances: list[str] | None) -> list[Matcher]:
     if instances is None:
         return []
@@ -263,7 +273,8 @@ class InlineSignals:
     def __init__(self, catalog: Catalog, recorded: frozenset[str] | set[str] = frozenset(),
                  instances: list[str] | None = None, present: frozenset[str] | set[str] | None = None,
                  carried: frozenset[str] | set[str] | None = None, integer_le: bool = True,
-                 histograms: list[dict[str, str]] | None = None) -> None:
+                 histograms: list[dict[str, str]] | None = None,
+                 quantiles: frozenset[tuple[str, str, str]] | None = None) -> None:
         """`present`: the wire names the TSDB has in the span queried (None: not known). A source
         none of whose names is present adds nothing to the union and is left out: the same
         series, without the TSDB evaluating ranges and relabelling over empty selectors.
@@ -273,12 +284,14 @@ class InlineSignals:
         bounds where there are none, changes nothing and is left out: Prometheus evaluates each
         `label_replace` on every raw series at every step, and the sum after it is the same.
         `histograms`: the label sets of the histograms' `le="+Inf"` bucket series in the span
-        (None: not known), one per raw histogram (`quantile`)."""
+        (None: not known), one per raw histogram (`quantile`). `quantiles`: the recorded
+        quantiles (`quantile_key`) the TSDB has over the span queried (`recorded_quantile`)."""
         self.catalog, self.recorded, self.instances = catalog, set(recorded), instances
         self.present = None if present is None else frozenset(present)
         self.carried = None if carried is None else frozenset(carried)
         self.integer_le = integer_le
         self.histograms = histograms
+        self.quantiles = quantiles or frozenset()
         self._one_each: dict[tuple, bool] = {}
 
     def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None,
@@ -371,6 +384,17 @@ class InlineSignals:
         only = _upstream(_instance_matcher(self.instances), term)     # a subset of the groups: still one each
         sel = name_selector(term.names, _format_matchers(upstream + only))
         return f"max by ({', '.join(by)}) ({relabel(f'histogram_quantile({q}, rate({sel}[{rng}]))', term)})"
+
+    def recorded_quantile(self, histogram: str, q: str, rng: str, by: tuple[str, ...]) -> str | None:
+        """The quantile read from its recording rule (promql/quantiles.py), where the TSDB has it:
+        `max by (by) (kvscope:<histogram>:quantile_<range>{quantile="q", kvscope_by="by"})`, one
+        series per group (the `max` drops the record's own labels). None where it has not."""
+        key = quantile_key(histogram, q, rng, by)
+        if key not in self.quantiles:
+            return None
+        matchers = [f'quantile="{q}"', f'{QUANTILE_BY}="{key[2]}"',
+                    *_format_matchers(_instance_matcher(self.instances))]
+        return f"max by ({', '.join(by)}) ({key[0]}{{{','.join(matchers)}}})"
 
     def only(self, instances: frozenset[str] | set[str]) -> InlineSignals:
         """The same reader with every selector narrowed to `instances` (what it learnt shared)."""

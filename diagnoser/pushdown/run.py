@@ -46,7 +46,7 @@ from kvscope.diagnoser.evaluate.evaluator import (
 )
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, JudgedSpans, make_grid
 from kvscope.diagnoser.findings import Diagnosis, Finding, Skipped
-from kvscope.diagnoser.promql.signals import InlineSignals
+from kvscope.diagnoser.promql.signals import QUANTILE_BY, InlineSignals
 from kvscope.diagnoser.pushdown.candidates import Group, Hits, part_cost, query_prefilter
 from kvscope.diagnoser.pushdown.evidence import Need, fetch_needs, rule_frame, rule_needs
 from kvscope.diagnoser.pushdown.prefilter import SLACK, Prefilter, compile_prefilter, rule_reach
@@ -82,6 +82,7 @@ class PushdownReport:
 
     rules: list[RuleTrace] = field(default_factory=list)
     recorded: int = 0                    # canonical series read from kvscope:* recording rules
+    quantiles: int = 0                   # recorded quantiles the TSDB has (promql/quantiles.py)
     young: int = 0                       # instances whose data starts within the rules' reach
     frame: Frame | None = None           # the evidence fetched (every rule's series where it matched)
     evidence_series: int = 0
@@ -102,9 +103,10 @@ class PushdownReport:
         fewer = sum(t.narrowed for t in self.rules)
         narrowed += f"; {fewer} conjunct queries narrowed to the instances earlier ones held for" if fewer else ""
         out = [f"pushdown: {sum(1 for t in self.rules if t.prefilter and t.prefilter.expr)} rule conditions "
-               f"evaluated in the TSDB ({self.recorded} series from kvscope:* recording rules, the rest from "
-               f"the engines' own series); {matched} matched, {len(candidates)} with a stretch long enough to "
-               f"fire{narrowed}; evidence: {self.evidence_series} series, {self.evidence_points:,} points in "
+               f"evaluated in the TSDB ({self.recorded} series from kvscope:* recording rules, "
+               f"{self.quantiles} recorded quantiles, the rest from the engines' own series); {matched} matched, "
+               f"{len(candidates)} with a stretch long enough to fire{narrowed}; evidence: "
+               f"{self.evidence_series} series, {self.evidence_points:,} points in "
                f"{self.evidence_fetches} fetch(es); {int(client.stats['queries'])} queries, "
                f"{client.stats['bytes'] / 1e6:.1f} MB; "
                + ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())]
@@ -144,6 +146,7 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
     present, recorded, wire = inventory(client, prepared, start, end, catalog)
     report.recorded = len(recorded)
     reader = lean_reader(client, prepared, start, end, catalog, recorded, wire)
+    report.quantiles = len(reader.quantiles)
     report.seconds["inventory"] = time.perf_counter() - t0
     shell = Frame(ts=grid, blocks={n: Block([], np.zeros((0, len(grid)))) for n in present})
     results: dict[str, list[Finding] | Skipped] = {}
@@ -230,7 +233,31 @@ def lean_reader(client: PromClient, rules: list[Rule], start: float, end: float,
     first = start - reach - DEFAULT_LOOKBACK_S
     carried, integer_le = wire_labels(client, wire, first, end)
     return InlineSignals(catalog, recorded, present=wire, carried=carried, integer_le=integer_le,
-                         histograms=histogram_series(client, wire, first, end))
+                         histograms=histogram_series(client, wire, first, end),
+                         quantiles=recorded_quantiles(client, rules, wire, start, end))
+
+
+def recorded_quantiles(client: PromClient, rules: list[Rule], wire: set[str], start: float,
+                       end: float) -> frozenset[tuple[str, str, str]]:
+    """The recorded quantiles (promql/quantiles.py: name, `quantile`, `kvscope_by`) that cover the
+    window and the reach of the rules that read quantiles: present at the window's end and at its
+    start minus that reach (at its start, where the engines' buckets begin after that). Records
+    installed later than the data they stand for are not read. Empty when the server cannot say."""
+    reach = max((rule_reach(r) for r in rules if any("quantile" in n for n in r.series.values())), default=0.0)
+    buckets = sorted(n for n in wire if n.endswith("_bucket"))
+    try:
+        early = start - reach
+        if not buckets or not client.query(f"count({_names(buckets)})", early):
+            early = start                        # the engines' buckets begin later: so may the records
+        return frozenset(_quantile_keys(client, end) & _quantile_keys(client, early))
+    except PromError:
+        return frozenset()
+
+
+def _quantile_keys(client: PromClient, at: float) -> set[tuple[str, str, str]]:
+    expr = f'count by (__name__, quantile, {QUANTILE_BY}) ({{__name__=~"kvscope:.+:quantile_.+"}})'
+    return {(str(m.get("__name__", "")), str(m.get("quantile", "")), str(m.get(QUANTILE_BY, "")))
+            for m in ((r.get("metric") or {}) for r in client.query(expr, at))}
 
 
 def histogram_series(client: PromClient, wire: set[str], start: float, end: float) -> list[dict[str, str]] | None:

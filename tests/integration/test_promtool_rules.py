@@ -26,7 +26,7 @@ def _promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
 def test_generated_rule_files_exist():
     names = {p.name for p in RULE_FILES}
     assert {"kvscope-canonical.yml", "kvscope-derived.yml", "kvscope-slo.yml", "kvscope-absent.yml",
-            "kvscope-alerts.yml"} <= names
+            "kvscope-alerts.yml", "kvscope-quantiles.yml"} <= names
 
 
 @pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)

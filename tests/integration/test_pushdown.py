@@ -294,3 +294,39 @@ def test_conjuncts_asked_for_fewer_instances_find_the_same_candidates(name, tmp_
             assert (hits.groups, hits.everywhere, hits.error) == (whole.groups, whole.everywhere, whole.error), rule.id
             narrowed += hits.narrowed
     assert narrowed >= 1, "no conjunct was asked for fewer instances"
+
+
+QUANTILE_RULES = Path(__file__).resolve().parents[2] / "rules" / "prometheus" / "kvscope-quantiles.yml"
+
+
+def test_recorded_quantiles_give_the_full_fetch_diagnosis(tmp_path):
+    """`kvscope rules build`'s recorded quantiles (kvscope-quantiles.yml), backfilled over the
+    fleet with `promtool tsdb create-blocks-from rules` as a Prometheus evaluating them would hold
+    them: the prefilters read them instead of every bucket series, and the pushdown's Diagnosis
+    stays the full fetch's. 20 engines of the real vLLM capture, two in an incident."""
+    start, end, step = _backfilled("capture-fleet-20", False, tmp_path)
+    config, data = tmp_path / "prometheus.yml", tmp_path / "data"
+    with running_prometheus(config, data, "--storage.tsdb.retention.time=100y") as prom:
+        made = subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(start - 1800)}",
+                               f"--end={int(end)}", f"--url={prom.url}", f"--output-dir={tmp_path / 'blocks'}",
+                               "--eval-interval=15s", "--quiet", str(QUANTILE_RULES)],
+                              capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+    for block in (tmp_path / "blocks").iterdir():
+        block.rename(data / block.name)
+    rules = read_rules()
+    catalog = load_catalog()
+    with running_prometheus(config, data, "--storage.tsdb.retention.time=100y",
+                            log_path=tmp_path / "prometheus.log") as prom:
+        client = PromClient(prom.url)
+        full = diagnose(fetch_frame(client, set().union(*(sample_names(r) for r in rules)), start, end, step),
+                        rules, source="prometheus")
+        pushed, report = diagnose_pushdown(client, start, end, step, rules, source="prometheus")
+        _, recorded, wire = inventory(client, rules, start, end, catalog)
+        reader = lean_reader(client, rules, start, end, catalog, recorded, wire)
+        knee = compile_prefilter(next(r for r in rules if r.id == "ttft_knee"), reader, catalog, step)
+    assert report.quantiles >= 20, report.quantiles
+    assert knee.expr is not None and "kvscope:request_ttft_seconds:quantile_2m" in knee.expr
+    assert "_bucket" not in knee.expr
+    assert json.loads(pushed.to_json()) == json.loads(full.to_json())
+    assert pushed.findings

@@ -356,3 +356,28 @@ when:
     assert "\nor\n" in expr                                                          # coalesce
     assert "max_over_time((max by (instance, dp_rank) (kvscope:engine_requests_running" in expr
     assert "[20m:15s] offset 10m)" in expr                                           # the engine's default offset
+
+
+def test_each_quantile_the_rules_read_is_recorded_once_with_its_grouping():
+    """kvscope-quantiles.yml: one record per histogram, quantile, range and grouping, its
+    expression the node's own; a reader that knows the TSDB has one reads it instead."""
+    from kvscope.diagnoser.promql.quantiles import quantile_rules
+    from kvscope.diagnoser.promql.series import SeriesCompiler
+    from kvscope.diagnoser.promql.signals import InlineSignals, quantile_key
+    from kvscope.diagnoser.rulebook.rule import read_rules
+
+    rules = quantile_rules(read_rules(), load_catalog())
+    keys = [(r["record"], r["labels"]["quantile"], r["labels"]["kvscope_by"]) for r in rules]
+    assert len(keys) == len(set(keys)) and keys == sorted(keys)
+    assert ("kvscope:request_ttft_seconds:quantile_2m", "0.99", "instance,model") in keys   # ttft_knee's p99
+    knee = next(r for r in read_rules() if r.id == "ttft_knee")
+    p99 = next(r for r in rules if (r["record"], r["labels"]["quantile"], r["labels"]["kvscope_by"]) ==
+               ("kvscope:request_ttft_seconds:quantile_2m", "0.99", "instance,model"))
+    assert p99["expr"] == SeriesCompiler(knee, InlineSignals(load_catalog())).expr("p99")
+    key = quantile_key("request_ttft_seconds", "0.99", "2m", ("instance", "model"))
+    reader = InlineSignals(load_catalog(), quantiles=frozenset({key}))
+    assert SeriesCompiler(knee, reader).expr("p99") == (
+        'max by (instance, model) (kvscope:request_ttft_seconds:quantile_2m{quantile="0.99",'
+        'kvscope_by="instance,model"})')
+    assert "_bucket" in SeriesCompiler(knee, reader).expr("p50")             # not recorded: inline
+    assert 'instance=~"a:1"' in SeriesCompiler(knee, reader.only({"a:1"})).expr("p99")

@@ -1,0 +1,64 @@
+"""Recorded quantiles: each histogram quantile the diagnosis rules read, as a recording rule.
+
+Prometheus evaluates every part of a query on every series at every step and shares nothing
+between queries, so a fleet-wide prefilter (diagnoser/pushdown/) that names a quantile computes
+the rate of every bucket series of every engine again, each time it names it (a baseline's
+subquery: at every inner step too). `kvscope rules build` writes one recording rule per distinct
+quantile node of the shipped rules (`kvscope-quantiles.yml`), keyed by what its value depends
+on: histogram, quantile, range and grouping, at time scale 1 and the rule's default parameters.
+
+    kvscope:<histogram>:quantile_<range>{quantile="0.99", kvscope_by="instance,model"}
+
+The expression is the node's own, over the engines' own series with every source written out
+(not over `kvscope:*` canonical records), so that it holds the same values as the inline
+PromQL and `promtool tsdb create-blocks-from rules` can backfill it. A node with label
+matchers (`match`, `require_labels`) is not recorded. The pushdown reads a record where the
+TSDB has it over the whole window and its reach (`InlineSignals.recorded_quantile`); other
+ranges (longer windows scale them) and other parameters read inline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvscope.agent.signals import Catalog
+from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _number
+from kvscope.diagnoser.promql.signals import QUANTILE_BY, InlineSignals, quantile_key
+from kvscope.diagnoser.rulebook.rule import Rule
+
+
+def quantile_rules(rules: list[Rule], catalog: Catalog) -> list[dict[str, Any]]:
+    """One recording rule per distinct quantile the rules read (first rule's expression wins; the
+    same key gives the same series), in key order."""
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for rule in rules:
+        if rule.missing_params():
+            continue
+        compiler = SeriesCompiler(rule, InlineSignals(catalog))
+        for name, node in rule.series.items():
+            if "quantile" not in node or node.get("match"):
+                continue
+            by = compiler.by_of(name)
+            if compiler._matchers(node, ", ".join(by)):
+                continue
+            q = _number(rule.resolve(node["quantile"]))
+            key = quantile_key(str(node["histogram"]), q, compiler._range(node, "5m"), by)
+            if key in out:
+                continue
+            try:
+                expr = compiler.expr(name)
+            except (NotExpressible, KeyError, ValueError):
+                continue
+            out[key] = {"record": key[0], "expr": expr, "labels": {"quantile": q, QUANTILE_BY: key[2]}}
+    return [out[k] for k in sorted(out)]
+
+
+QUANTILE_INTERVAL = "15s"
+"""The records' evaluation interval: a record read at a grid point holds the value of at most
+one interval earlier (the prefilters' slack covers that at a 15 s grid)."""
+
+
+def quantile_file(rules: list[Rule], catalog: Catalog) -> tuple[str, list[dict[str, Any]]]:
+    """(file name, rule groups) of `kvscope-quantiles.yml`."""
+    return "kvscope-quantiles.yml", [{"name": "kvscope-quantiles", "interval": QUANTILE_INTERVAL,
+                                      "rules": quantile_rules(rules, catalog)}]
