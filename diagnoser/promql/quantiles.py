@@ -36,7 +36,7 @@ def quantile_rules(rules: list[Rule], catalog: Catalog) -> list[dict[str, Any]]:
             continue
         compiler = SeriesCompiler(rule, InlineSignals(catalog))
         for name, node in rule.series.items():
-            if "quantile" not in node or node.get("match"):
+            if "quantile" not in node:
                 continue
             by = compiler.by_of(name)
             if compiler._matchers(node, ", ".join(by)):

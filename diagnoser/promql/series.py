@@ -194,7 +194,7 @@ class SeriesCompiler:
     def _quantile(self, node: dict[str, Any], by: str) -> str:
         q = _number(self.rule.resolve(node["quantile"]))
         recorded = getattr(self.reader, "recorded_quantile", None)    # InlineSignals: its recording rule
-        if recorded is not None and not node.get("match") and not self._matchers(node, by):
+        if recorded is not None and not self._matchers(node, by):    # `match` is among the matchers
             expr = recorded(str(node["histogram"]), q, self._range(node, "5m"),
                             tuple(b.strip() for b in by.split(",") if b.strip()))
             if expr is not None:

@@ -271,9 +271,9 @@ class Narrowing:
         if None in got or "" in got:
             self.pre, self.instances = replace(self.pre, narrowed=None), None     # labels not as grouped: stop
             return
-        self.seen = max(self.seen, len(got))
-        self.instances = frozenset(str(g) for g in got) if self.instances is None \
-            else self.instances & frozenset(str(g) for g in got)
+        held = frozenset(str(g) for g in got)
+        self.seen = max(self.seen, len(held))
+        self.instances = held if self.instances is None else self.instances & held
 
     def _narrowable(self, i: int) -> bool:
         return "instance" in self.pre.parts[i][1] and per_instance(self.pre.parts[i][0])

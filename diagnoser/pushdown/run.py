@@ -246,10 +246,13 @@ def recorded_quantiles(client: PromClient, rules: list[Rule], wire: set[str], st
     reach = max((rule_reach(r) for r in rules if any("quantile" in n for n in r.series.values())), default=0.0)
     buckets = sorted(n for n in wire if n.endswith("_bucket"))
     try:
+        at_end = _quantile_keys(client, end)
+        if not at_end:                           # no records: nothing more to ask
+            return frozenset()
         early = start - reach
         if not buckets or not client.query(f"count({_names(buckets)})", early):
             early = start                        # the engines' buckets begin later: so may the records
-        return frozenset(_quantile_keys(client, end) & _quantile_keys(client, early))
+        return frozenset(at_end & _quantile_keys(client, early))
     except PromError:
         return frozenset()
 
