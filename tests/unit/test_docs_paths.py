@@ -3,7 +3,8 @@
 A path is a backticked span, or a bare word ending in a file extension, that starts with a
 top-level folder (`agent/...py`, `diagnoser/pushdown/`, `tests/recordings/kv-*`). A `*` or a
 `<placeholder>` is a glob that must match something; a name without its extension
-(`tests/recordings/kv-pressure-cascade`) must match a file with one. A cited section is
+(`tests/recordings/kv-pressure-cascade`) must match a file with one. A backticked bare module
+name (`stitch.py`) must be a file somewhere in the repository. A cited section is
 `docs/x.md, "Heading"` in a document, a module or a config: the document must have that heading.
 """
 
@@ -19,6 +20,9 @@ TOPS = "agent|bench|dashboards|deploy|diagnoser|docs|kvscope|report|rules|script
 PATH = re.compile(rf"(?<![\w/.:~-])(?:{TOPS})/[\w./*<>|-]*[\w/*>]")
 BARE = re.compile(rf"(?<![\w/.:~-])(?:{TOPS})/[\w./-]*\.(?:py|md|ya?ml|json|txt|sh|toml|gz|c)\b")
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+FILE_NAME = re.compile(r"^[\w-]+\.(?:py|c)$")
+UPSTREAM_FILES = {"scheduler.py", "example_connector.py"}
+"""File names the documents cite from upstream projects (vLLM), not from this repository."""
 SECTION = re.compile(r"((?:docs|deploy)/[\w/-]+\.md)[,:]? (?:section )?[\"'“]([^\"'”\n]{3,80})[\"'”]")
 
 
@@ -29,6 +33,15 @@ def named_paths(text: str) -> set[str]:
     found = {m for span in spans for m in PATH.findall(span)}
     found |= set(BARE.findall(re.sub(r"`[^`]+`", " ", text)))
     return found
+
+
+def named_files(text: str) -> set[str]:
+    """Backticked bare module names (`stitch.py`, `_relay.c`) outside fenced blocks."""
+    return {span for span in re.findall(r"`([^`]+)`", FENCE.sub("", text)) if FILE_NAME.match(span)}
+
+
+def _repo_file_names(root: Path = ROOT) -> set[str]:
+    return {p.name for top in TOPS.split("|") for p in (root / top).rglob("*") if ".venv" not in p.parts}
 
 
 def exists(path: str, root: Path = ROOT) -> bool:
@@ -51,13 +64,22 @@ def cites(title: str, found: set[str]) -> bool:
 
 
 def _documents() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    readmes = [p for p in sorted(ROOT.glob("*/README.md")) if p.parent.name != ".venv"]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *readmes, ROOT / "tests/recordings/README.md"]
 
 
-@pytest.mark.parametrize("doc", _documents(), ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", _documents(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_named_path_exists(doc):
     stale = sorted(p for p in named_paths(doc.read_text()) if not exists(p))
     assert not stale, f"{doc.relative_to(ROOT)} names paths that do not exist: {stale}"
+
+
+@pytest.mark.parametrize("doc", _documents(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_named_module_exists_somewhere(doc):
+    """A bare module name must be some file of the repository (a renamed or deleted module left in
+    prose), unless it is an upstream project's file."""
+    stale = sorted(named_files(doc.read_text()) - _repo_file_names() - UPSTREAM_FILES)
+    assert not stale, f"{doc.relative_to(ROOT)} names modules that exist nowhere: {stale}"
 
 
 def _citing_files() -> list[Path]:
@@ -90,8 +112,9 @@ def test_the_checks_report_what_is_not_there(tmp_path):
     )
     named = named_paths(text)
     assert "agent/in_fence.py" not in named and "docs/a.md" not in named
-    assert sorted(p for p in named if not exists(p, tmp_path)) == [
-        "agent/bare_gone.py", "agent/gone.py", "tests/x-*"]
+    assert sorted(p for p in named if not exists(p, tmp_path)) == ["agent/bare_gone.py", "agent/gone.py", "tests/x-*"]
+    assert named_files("`stitch.py`, `_relay.c`, `a b.py`, `x.yaml`") == {"stitch.py", "_relay.c"}
+    assert "real.py" in _repo_file_names(tmp_path) and "gone.py" not in _repo_file_names(tmp_path)
     doc = tmp_path / "d.md"
     doc.write_text("# Title\n\n## Layout\n")
     assert cites("Layout", headings(doc)) and not cites("Data flow", headings(doc))
