@@ -11,6 +11,7 @@ name (`stitch.py`) must be a file somewhere in the repository. A cited section i
 from __future__ import annotations
 
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,7 @@ def named_files(text: str) -> set[str]:
     return {span for span in re.findall(r"`([^`]+)`", FENCE.sub("", text)) if FILE_NAME.match(span)}
 
 
+@cache
 def _repo_file_names(root: Path = ROOT) -> set[str]:
     return {p.name for top in TOPS.split("|") for p in (root / top).rglob("*") if ".venv" not in p.parts}
 
