@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib.util
 import io
 import json
 import os
@@ -32,7 +33,7 @@ import yaml
 
 from kvscope.agent.collectors.engine import EngineCollector
 from kvscope.agent.config import build_config
-from kvscope.agent.recording.omfile import RecordingWriter, read_recording, scrapes_by_target
+from kvscope.agent.recording.omfile import RecordingWriter, read_recording, read_recording_text, scrapes_by_target
 from kvscope.agent.scrape.exposition import Exposition
 from kvscope.cli import main as kvscope_main
 
@@ -66,8 +67,10 @@ def served():
 
 
 def _targets(base: str) -> list[dict]:
-    return [{"url": f"{base}/{name}", "job": "outside", "labels": {"instance": Path(name).stem}}
-            for name in EXPECTED["bodies"]]
+    return [
+        {"url": f"{base}/{name}", "job": "outside", "labels": {"instance": Path(name).stem}}
+        for name in EXPECTED["bodies"]
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +78,28 @@ def recorded(served, tmp_path_factory) -> dict[str, Path]:
     """One real `kvscope record` of every served body (10 s at 2 s), split into one recording per body."""
     tmp = tmp_path_factory.mktemp("outside")
     config = tmp / "kvscope.yaml"
-    config.write_text(json.dumps({"targets": _targets(served)}))   # JSON is YAML
+    config.write_text(json.dumps({"targets": _targets(served)}))  # JSON is YAML
     whole = tmp / "all.om.gz"
-    res = subprocess.run([sys.executable, "-m", "kvscope", "record", "--config", str(config), "--duration", "10s",
-                          "--interval", "2s", "--no-progress", "--out", str(whole)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvscope",
+            "record",
+            "--config",
+            str(config),
+            "--duration",
+            "10s",
+            "--interval",
+            "2s",
+            "--no-progress",
+            "--out",
+            str(whole),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     scrapes, expo = read_recording(whole)
     parts = {}
@@ -95,12 +115,14 @@ def recorded(served, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def health(served) -> dict[str, object]:
     """What the live agent's collector makes of each served body: instance -> Health."""
+
     async def once():
         collector = EngineCollector(build_config({"targets": _targets(served)}))
         try:
             return (await collector.collect()).health
         finally:
             await collector.close()
+
     return {h.target: h for h in asyncio.run(once())}
 
 
@@ -110,7 +132,7 @@ def _diagnose(*args: str) -> tuple[int, dict | None, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = kvscope_main(["diagnose", *args, "--json", "--quiet"])
-        except SystemExit as e:          # argparse: an unknown option
+        except SystemExit as e:  # argparse: an unknown option
             code = e.code if isinstance(e.code, int) else 3
     text = out.getvalue()
     return code, (json.loads(text) if text.strip() else None), err.getvalue()
@@ -131,8 +153,16 @@ def _first(diag: dict | None) -> str:
     return f"{f['levers_md']} {f['rule_id']} ({f['severity']})"
 
 
-def _judge(kind: str, name: str, want: dict, code: int, diag: dict | None, err: str,
-           extra: str = "", problems: list[str] | None = None) -> None:
+def _judge(
+    kind: str,
+    name: str,
+    want: dict,
+    code: int,
+    diag: dict | None,
+    err: str,
+    extra: str = "",
+    problems: list[str] | None = None,
+) -> None:
     """Assert one case against its expectation and note the result for the report."""
     problems = list(problems or [])
     actual = _first(diag) if diag is not None else f"exit {code}: {err.strip().splitlines()[-1] if err.strip() else ''}"
@@ -144,10 +174,15 @@ def _judge(kind: str, name: str, want: dict, code: int, diag: dict | None, err: 
         if "first_lever" in want and (first is None or first["levers_md"] not in str(want["first_lever"]).split("|")):
             problems.append(f"expected {want['first_lever']} first, got {actual}")
         if want.get("quiet") and loud:
-            problems.append("expected quiet, got " + "; ".join(
-                f"{f['levers_md']} {f['rule_id']} ({f['severity']}): {f['summary']}" for f in loud))
-    RESULTS[f"{kind}/{name}"] = {"expected": _want(want), "actual": actual + extra,
-                                 "pass": "FAIL" if problems else "pass"}
+            problems.append(
+                "expected quiet, got "
+                + "; ".join(f"{f['levers_md']} {f['rule_id']} ({f['severity']}): {f['summary']}" for f in loud)
+            )
+    RESULTS[f"{kind}/{name}"] = {
+        "expected": _want(want),
+        "actual": actual + extra,
+        "pass": "FAIL" if problems else "pass",
+    }
     assert not problems, f"{name}: " + " | ".join(problems)
 
 
@@ -169,7 +204,9 @@ def _report():
     if path:
         lines = ["| case | expected | actual first finding | result |", "|---|---|---|---|"]
         for case, r in sorted(RESULTS.items()):
-            lines.append(f"| {case} | {r['expected']} | {r['actual']} | {r['pass'] if r['pass'] == 'pass' else 'FAIL'} |")
+            lines.append(
+                f"| {case} | {r['expected']} | {r['actual']} | {r['pass'] if r['pass'] == 'pass' else 'FAIL'} |"
+            )
         with open(path, "a", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
 
@@ -199,3 +236,31 @@ def test_log(name):
 def test_incident(name):
     code, diag, err = _diagnose("--recording", str(HERE / "incidents" / name))
     _judge("incidents", name, EXPECTED["incidents"][name], code, diag, err)
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(f"outside_{name}", HERE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_item_has_an_expectation_and_a_readme_row():
+    readme = (HERE / "README.md").read_text()
+    for kind in ("bodies", "logs", "incidents"):
+        files = {p.name for p in (HERE / kind).iterdir()}
+        assert files == set(EXPECTED[kind]), f"{kind}: files and expected.yaml differ: {files ^ set(EXPECTED[kind])}"
+        assert not [f for f in files if f"| {f} |" not in readme], f"{kind}: files without a README row"
+
+
+def test_rendered_bodies_are_what_render_bodies_makes():
+    rendered = _module("render_bodies").rendered()
+    assert rendered and all((HERE / "bodies" / name).read_text() == text for name, text in rendered.items())
+
+
+def test_incidents_are_what_build_incidents_makes(tmp_path):
+    builder = _module("build_incidents")
+    for name in builder.INCIDENTS:
+        made = builder.build(name, tmp_path)
+        assert read_recording_text(made) == read_recording_text(HERE / "incidents" / f"{name}.om.gz"), name
