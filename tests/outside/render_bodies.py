@@ -616,6 +616,78 @@ def dynamo_worker() -> str:
     return b.text() + engine
 
 
+def vllm_v0_04() -> str:
+    """vLLM's V0 Metrics class as stored at vllm-project/vllm@00c33e81 (vllm/engine/metrics.py, the 0.4 line):
+    its names, label names and buckets; request token buckets from build_1_2_5_buckets(4096)."""
+    b = Body()
+    m = {"model_name": "Qwen/Qwen3-8B"}
+    info = {
+        "block_size": "16",
+        "cache_dtype": "auto",
+        "enable_prefix_caching": "False",
+        "gpu_memory_utilization": "0.9",
+        "num_cpu_blocks": "2048",
+        "num_gpu_blocks": "27648",
+        "num_gpu_blocks_override": "None",
+        "sliding_window": "None",
+        "swap_space_bytes": "4294967296",
+    }
+    b.family("vllm:cache_config_info", "gauge", "information of cache_config", [(info, 1.0)])
+    for name, help_, v in (
+        ("num_requests_running", "Number of requests currently running on GPU.", 14),
+        ("num_requests_waiting", "Number of requests waiting to be processed.", 0),
+        ("num_requests_swapped", "Number of requests swapped to CPU.", 0),
+        ("gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", 0.42),
+        ("cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.", 0.0),
+    ):
+        b.family(f"vllm:{name}", "gauge", help_, [(m, v)])
+    b.family("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", [(m, 0)])
+    b.family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", [(m, 3.2e6)])
+    b.family("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", [(m, 6.4e5)])
+    b.histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        [m],
+        [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0],
+        0.12,
+        3500,
+    )
+    b.histogram(
+        "vllm:time_per_output_token_seconds",
+        "Histogram of time per output token in seconds.",
+        [m],
+        [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5],
+        0.025,
+        630000,
+    )
+    b.histogram(
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of end to end request latency in seconds.",
+        [m],
+        [1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0],
+        4.0,
+        3500,
+    )
+    tok = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]
+    b.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", [m], tok, 900, 3500)
+    b.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", [m], tok, 180, 3500)
+    b.histogram(
+        "vllm:request_params_best_of", "Histogram of the best_of request parameter.", [m], [1, 2, 5, 10, 20], 1, 3500
+    )
+    b.histogram("vllm:request_params_n", "Histogram of the n request parameter.", [m], [1, 2, 5, 10, 20], 1, 3500)
+    b.family(
+        "vllm:request_success_total",
+        "counter",
+        "Count of successfully processed requests.",
+        [({**m, "finished_reason": "stop"}, 3100), ({**m, "finished_reason": "length"}, 400)],
+    )
+    b.family("vllm:avg_prompt_throughput_toks_per_s", "gauge", "Average prefill throughput in tokens/s.", [(m, 1800.0)])
+    b.family(
+        "vllm:avg_generation_throughput_toks_per_s", "gauge", "Average generation throughput in tokens/s.", [(m, 360.0)]
+    )
+    return b.text()
+
+
 def dcgm(version_csv: str) -> str:
     """dcgm-exporter's default counters (etc/default-counters.csv at the tag), two healthy H100s."""
     b = Body()
@@ -710,8 +782,16 @@ def rendered() -> dict[str, str]:
         "dynamo-frontend-rendered.txt": dynamo_frontend(),
         "dynamo-worker-vllm-rendered.txt": dynamo_worker(),
     }
-    csv = HERE / "sources" / "dcgm-exporter-4.5.3-4.8.2-default-counters.csv"
-    bodies["dcgm-exporter-4.5.3-4.8.2-rendered.txt"] = dcgm(csv.read_text())
+    for tag in ("4.5.3-4.8.2", "3.3.9-3.6.1"):
+        csv = HERE / "sources" / f"dcgm-exporter-{tag}-default-counters.csv"
+        bodies[f"dcgm-exporter-{tag}-rendered.txt"] = dcgm(csv.read_text())
+    bodies["vllm-0.4-v0-rendered.txt"] = vllm_v0_04()
+    bodies["vllm-0.33.0-specdec-rendered.txt"] = vllm(
+        "vllm-0.33.0.yaml",
+        spec=True,
+        skip=r"kv_offload|nixl|mooncake|hf3fs|umbp|simple_kv|hisparse|diffusion|rl_weight|sleep|websocket|tool_call",
+    )
+    bodies["sglang-0.5.23-eagle-rendered.txt"] = sglang("sglang-0.5.23.yaml", spec=True)
     return bodies
 
 
