@@ -392,8 +392,10 @@ def lmcache() -> str:
 
 
 def tgi() -> str:
-    """TGI's router metrics (docs/source/reference/metrics.md and router/src/server.rs, metrics-exporter-prometheus:
-    histograms without configured buckets render as summaries)."""
+    """TGI's router metrics (docs/source/reference/metrics.md; router/src/server.rs for the buckets it sets with
+    metrics-exporter-prometheus: a 1.5x geometric series from 0.00015 s for every *duration, max_input_tokens/100
+    and max_total_tokens/100 steps for the token histograms, here with 4095 / 4096). tgi_batch_next_size (1024
+    one-wide buckets) is left out to keep the body small."""
     b = Body()
     b.family("tgi_batch_current_max_tokens", "gauge", "tgi_batch_current_max_tokens", [({}, 16000)])
     b.family("tgi_batch_current_size", "gauge", "tgi_batch_current_size", [({}, 12)])
@@ -412,20 +414,22 @@ def tgi() -> str:
         "tgi_batch_inference_success",
         [({"method": "prefill"}, 3500), ({"method": "decode"}, 610000)],
     )
+    durations = [round(0.0001 * 1.5 ** (i + 1), 10) for i in range(35)]
     for name, t in (
         ("tgi_request_duration", 4.0),
         ("tgi_request_queue_duration", 0.02),
         ("tgi_request_inference_duration", 3.9),
         ("tgi_request_mean_time_per_token_duration", 0.022),
         ("tgi_request_validation_duration", 0.0004),
-        ("tgi_request_input_length", 900),
-        ("tgi_request_generated_tokens", 180),
-        ("tgi_request_max_new_tokens", 1024),
-        ("tgi_batch_next_size", 12),
     ):
-        b.summary(name, name, {}, t, 3500)
+        b.histogram(name, name, [{}], durations, t, 3500)
     for m, t in (("prefill", 0.09), ("decode", 0.021)):
-        b.summary("tgi_batch_forward_duration", "tgi_batch_forward_duration", {"method": m}, t, 3500)
+        b.histogram("tgi_batch_forward_duration", "tgi_batch_forward_duration", [{"method": m}], durations, t, 3500)
+    b.histogram(
+        "tgi_request_input_length", "tgi_request_input_length", [{}], [40.95 * (x + 1) for x in range(100)], 900, 3500
+    )
+    for name, t in (("tgi_request_generated_tokens", 180), ("tgi_request_max_new_tokens", 1024)):
+        b.histogram(name, name, [{}], [40.96 * (x + 1) for x in range(100)], t, 3500)
     return b.text()
 
 
