@@ -17,6 +17,7 @@ time). Parsing is str.find/partition/split only: linear in the line, no regular 
 from __future__ import annotations
 
 import calendar
+import datetime
 from typing import NamedTuple
 
 MAX_LINE = 16384
@@ -59,11 +60,15 @@ class Line(NamedTuple):
     source: str
     fields: dict[str, float]
     unknown: tuple[str, ...] = ()
+    missing: str = ""          # what the line's own time lacked and `day` supplied: year | date
 
 
-def parse_line(line: str, year: int) -> Line | str:
+def parse_line(line: str, day: datetime.date) -> Line | str:
     """A recognised line, or why not (other, too_long, no_timestamp, bad_value, tp_rank_copy).
-    `year`: for vLLM's own `MM-DD HH:MM:SS` time, which has none."""
+    `day`: supplies the year of vLLM's own `MM-DD HH:MM:SS` time and the date of SGLang's
+    `HH:MM:SS` (releases before its log format carried the date)."""
+
+
     if len(line) > MAX_LINE:
         return "too_long"
     source = ""
@@ -82,11 +87,11 @@ def parse_line(line: str, year: int) -> Line | str:
                          ("total_num_cumulative_preemption=", "preempt")):
         i = line.find(marker)
         if i >= 0:
-            return _vllm(line, i, kind, kube_ts, source, year)
+            return _vllm(line, i, kind, kube_ts, source, day.year)
     for marker, kind in (("Prefill batch", "prefill"), ("Decode batch", "decode"), ("#retracted_reqs: ", "retract")):
         i = line.find(marker)
         if i >= 0 and (kind != "retract" or any(line.find(w) >= 0 for w in SGLANG_RETRACT)):
-            return _sglang(line, i, kind, kube_ts, source)
+            return _sglang(line, i, kind, kube_ts, source, day)
     return "other"
 
 
@@ -98,6 +103,7 @@ def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year
             ts = _time(year, head[k][:2], head[k][3:], head[k + 1])
     if ts is None:
         return "no_timestamp"
+    missing = "" if kube_ts is not None else "year"
     rank = head[-1][:-1] if len(head) > 1 and head[-2] == "Engine" and head[-1][:-1].isdigit() else ""
     rank = str(int(rank)) if rank else ""
     body = line[i:].rstrip()
@@ -105,35 +111,41 @@ def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year
         value = _value(body[len("Prefix cache hit rate: GPU: "):].partition(",")[0])
         if value is None:
             return "bad_value"
-        return Line("vllm", kind, ts, rank, source, {"prefix_hit": value * 0.01} if value >= 0 else {})
+        return Line("vllm", kind, ts, rank, source, {"prefix_hit": value * 0.01} if value >= 0 else {},
+                                                missing=missing)
     if kind == "preempt":
         value = _value(body[len("total_num_cumulative_preemption="):])
-        return "bad_value" if value is None else Line("vllm", kind, ts, rank, source, {"preempt_total": value})
+        return "bad_value" if value is None else Line("vllm", kind, ts, rank, source,
+                                                                   {"preempt_total": value}, missing=missing)
     fields, unknown = _fields(body.removesuffix(".").split(", "), VLLM_FIELDS)
     if isinstance(fields, str):
         return fields
     if "kv_cpu" in fields and "swapped" not in fields:   # V1 names the KV cache's own device
         fields.setdefault("kv", fields["kv_cpu"])
-    return Line("vllm", kind, ts, rank, source, fields, unknown)
+    return Line("vllm", kind, ts, rank, source, fields, unknown, missing)
 
 
-def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str) -> Line | str:
-    ts, rank = kube_ts, ""
+def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, day: datetime.date) -> Line | str:
+    ts, rank, missing = kube_ts, "", ""
     open_, close = line.find("["), line.find("]")
     if 0 <= open_ < close < i:
         inside = line[open_ + 1:close]
-        for tag in inside[19:].split():
+        dated = len(inside) >= 19 and inside[4] == "-" and inside[10] == " "
+        for tag in inside[19 if dated else 8:].split():
             if tag.startswith("TP") and tag[2:] != "0":
                 return "tp_rank_copy"     # every TP rank of one scheduler logs the same stats
             if tag.startswith("DP") and tag[2:].isdigit():
                 rank = str(int(tag[2:]))
-        if ts is None and len(inside) >= 19 and inside[4] == "-" and inside[10] == " ":
+        if ts is None and dated:
             ts = _time(_year(inside[:4]), inside[5:7], inside[8:10], inside[11:19])
+        elif ts is None:
+            ts, missing = _time(day.year, str(day.month), str(day.day), inside[:8]), "date"
     if ts is None:
         return "no_timestamp"
     if kind == "retract":
         value = _value(line[i + len("#retracted_reqs: "):].partition(",")[0])
-        return "bad_value" if value is None else Line("sglang", kind, ts, rank, source, {"retracted": value})
+        return "bad_value" if value is None else Line("sglang", kind, ts, rank, source, {"retracted": value},
+                                                                   missing=missing)
     body = line[i + len("Prefill batch"):].rstrip()
     parts = []
     if body.startswith("(mixed "):               # Prefill batch(mixed #running-req: N). ...
@@ -148,7 +160,7 @@ def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str) ->
         return fields
     if "kv" not in fields and ("kv_full" in fields or "kv_swa" in fields):
         fields["kv"] = max(fields.get("kv_full", 0.0), fields.get("kv_swa", 0.0))   # SGLang's own token_usage
-    return Line("sglang", kind, ts, rank, source, fields, unknown)
+    return Line("sglang", kind, ts, rank, source, fields, unknown, missing)
 
 
 Known = dict[str, tuple[str, float] | None]

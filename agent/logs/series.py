@@ -13,8 +13,9 @@ logged, it gets the values a scrape at that time would have read:
            line's gen throughput over the time since the previous Decode line (SGLang's own gap).
            engine_preemptions_total: vLLM V1's `Preemptions: N` per interval (a release that prints
            it prints it whenever N > 0), vLLM V0's total_num_cumulative_preemption (logged every
-           50th preemption: a lower bound, in steps of 50), SGLang's #retracted_reqs (every
-           retraction is logged).
+           50th preemption: a lower bound, in steps of 50), SGLang's #retracted_reqs (each
+           retraction is logged). Only where the stream shows one: a log (or excerpt) without any
+           cannot tell "none happened" from "not included", so the counter stays absent.
 A signal no line of the stream carries is absent, never zero; counters start at 0 at the
 stream's first line (a vLLM V0 preemption count only where its first warning is the first
 preemption, else at that warning).
@@ -22,6 +23,7 @@ preemption, else at that warning).
 
 from __future__ import annotations
 
+import datetime
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -38,6 +40,9 @@ GAUGES = {"running": "engine_requests_running", "waiting": "engine_requests_wait
 COUNTERS = {"prompt": "engine_prompt_tokens_total", "gen": "engine_generation_tokens_total",
             "queries": "engine_prefix_cache_queries_tokens_total",
             "hits": "engine_prefix_cache_hits_tokens_total", "preempt": "engine_preemptions_total"}
+ROLL = {"year": (183 * 86400, lambda d: d.replace(year=d.year + 1, day=min(d.day, 28))),
+        "date": (43200, lambda d: d + datetime.timedelta(days=1))}
+"""What a line's own time lacks -> (how far back it must fall to roll over, the next day to try)."""
 HELP = {
     "engine_prompt_tokens_total": "From engine log lines: vLLM's logged prompt tokens/s integrated over "
                                   "the interval between stats lines; SGLang: #new-token + #cached-token.",
@@ -91,20 +96,21 @@ def iter_lines(stream: IO[bytes], summary: LogSummary) -> Iterable[str]:
         yield chunk.decode("utf-8", "replace").rstrip("\r\n")
 
 
-def read_log(stream: IO[bytes], instance: str, job: str = "kvscope-log", model: str | None = None,
-             year: int | None = None) -> LogRead:
-    """Parse a whole log. `year`: for vLLM lines without a kubectl timestamp (default: this year,
-    UTC; a line earlier than the previous one by over half a year moves to the next year)."""
-    import time
+def read_log(stream: IO[bytes], instance: str, job: str = "engine", model: str | None = None,
+             day: datetime.date | None = None) -> LogRead:
+    """Parse a whole log. `day`: the date of lines whose own time lacks it (vLLM's MM-DD has no
+    year, SGLang before its dated format has only HH:MM:SS; default: today, UTC). A line earlier
+    than the newest one by over half a year (vLLM) or half a day (SGLang) moves on a year / day."""
     summary = LogSummary()
-    year = year or time.gmtime().tm_year
+    day = day or datetime.datetime.now(datetime.UTC).date()
     streams: dict[tuple[str, str, str], list[Line]] = defaultdict(list)
     kept, newest = 0, 0.0
     for text in iter_lines(stream, summary):
-        got = parse_line(text, year)
-        if isinstance(got, Line) and got.ts < newest - 183 * 86400 \
-                and isinstance(again := parse_line(text, year + 1), Line):   # vLLM's time has no year
-            year, got = year + 1, again
+        got = parse_line(text, day)
+        if isinstance(got, Line) and got.missing and got.ts < newest - ROLL[got.missing][0]:
+            ahead = ROLL[got.missing][1](day)
+            if isinstance(again := parse_line(text, ahead), Line):
+                day, got = ahead, again
         if isinstance(got, str):
             summary.skipped[got] += 1
             continue
@@ -147,7 +153,7 @@ def _snapshots(lines: list[Line], summary: LogSummary) -> list[tuple[float, dict
         counters |= {"prompt": 0.0} | ({"queries": 0.0, "hits": 0.0} if "cached" in keys else {})
     if "decode" in kinds and "gen_tps" in keys:
         counters["gen"] = 0.0
-    if lines[0].engine == "sglang" or next((ln.fields["preempt_total"] for ln in lines
+    if "retract" in kinds or next((ln.fields["preempt_total"] for ln in lines
                                              if ln.kind == "preempt"), None) == 1:
         counters["preempt"] = 0.0
     gauges: dict[str, float] = {}

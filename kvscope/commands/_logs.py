@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import gzip
 import os
 import sys
@@ -29,10 +30,18 @@ def add_log_flags(parser: argparse.ArgumentParser, job: bool = True) -> None:
                        help="instance label of the log's engine (default: the file name; `kubectl logs "
                             "--prefix` lines name their pod)")
     group.add_argument("--model", metavar="NAME", help="model label (default: none)")
-    group.add_argument("--year", type=int, metavar="YYYY",
-                       help="year of vLLM's own MM-DD timestamps (default: this year, UTC)")
+    group.add_argument("--date", type=_date, metavar="YYYY-MM-DD",
+                       help="date of lines whose time lacks it: the year of vLLM's MM-DD, the day of older "
+                            "SGLang's HH:MM:SS (default: today, UTC; a later line that goes back rolls on)")
     if job:
         group.add_argument("--job", default="engine", metavar="NAME", help="job label (default engine)")
+
+
+def _date(text: str) -> datetime.date:
+    try:
+        return datetime.date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date YYYY-MM-DD: {text!r}") from None
 
 
 def read_log_arg(args: argparse.Namespace) -> Any:
@@ -42,7 +51,7 @@ def read_log_arg(args: argparse.Namespace) -> Any:
     name = "stdin" if args.log == "-" else os.path.basename(args.log)
     instance = args.instance or name.removesuffix(".gz").removesuffix(".log").removesuffix(".txt") or "log"
     if args.log == "-":
-        read = read_log(sys.stdin.buffer, instance, args.job, args.model, args.year)
+        read = read_log(sys.stdin.buffer, instance, args.job, args.model, args.date)
     else:
         if os.path.isdir(args.log):
             raise ValueError(f"log {args.log} is a directory")
@@ -50,7 +59,7 @@ def read_log_arg(args: argparse.Namespace) -> Any:
             gz = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
             stream = gzip.GzipFile(fileobj=raw) if gz else raw
-            read = read_log(stream, instance, args.job, args.model, args.year)  # type: ignore[arg-type]
+            read = read_log(stream, instance, args.job, args.model, args.date)  # type: ignore[arg-type]
     if not read.scrapes:
         raise ValueError(f"log {args.log} holds no vLLM or SGLang stats lines ({read.summary.text()})")
     return read
