@@ -146,7 +146,7 @@ def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, da
         value = _value(line[i + len("#retracted_reqs: "):].partition(",")[0])
         return "bad_value" if value is None else Line("sglang", kind, ts, rank, source, {"retracted": value},
                                                                    missing=missing)
-    body = line[i + len("Prefill batch"):].rstrip()
+    body = line[i + len("Prefill batch"):].rstrip(" ,")     # newer releases end with `, `
     parts = []
     if body.startswith("(mixed "):               # Prefill batch(mixed #running-req: N). ...
         end = body.find(")")
