@@ -2,7 +2,8 @@
 
 Recognised (each format and its release range: docs/logs.md):
   vLLM stats    `... INFO MM-DD HH:MM:SS ... [Engine NNN: ]Avg prompt throughput: X tokens/s, ...`
-                (V0 vllm/engine/metrics.py; V1 vllm/v1/metrics/loggers.py)
+                (V0 vllm/engine/metrics.py; V1 vllm/v1/metrics/loggers.py; V1 in 0.7.0 printed only
+                `...] Running: N reqs, Waiting: M reqs`)
   vLLM V0       `Prefix cache hit rate: GPU: X%, CPU: Y%` (a line of its own after the stats line)
   vLLM V0       `... is preempted by ... total_num_cumulative_preemption=N` (every 50th preemption)
   SGLang        `[YYYY-MM-DD HH:MM:SS( DPn)( TPn)] Prefill batch. #new-seq: ..` / `Decode batch. ..`
@@ -83,11 +84,11 @@ def parse_line(line: str, day: datetime.date) -> Line | str:
         kube_ts = rfc3339(stamp)
         if kube_ts is None:
             return "no_timestamp"
-    for marker, kind in (("Avg prompt throughput: ", "stats"), ("Prefix cache hit rate: GPU: ", "prefix"),
-                         ("total_num_cumulative_preemption=", "preempt")):
+    for marker, kind in (("Avg prompt throughput: ", "stats"), ("] Running: ", "stats"),   # V1 in 0.7.0
+                         ("Prefix cache hit rate: GPU: ", "prefix"), ("total_num_cumulative_preemption=", "preempt")):
         i = line.find(marker)
         if i >= 0:
-            return _vllm(line, i, kind, kube_ts, source, day.year)
+            return _vllm(line, i + 2 * (marker[0] == "]"), kind, kube_ts, source, day.year)
     for marker, kind in (("Prefill batch", "prefill"), ("Decode batch", "decode"), ("#retracted_reqs: ", "retract")):
         i = line.find(marker)
         if i >= 0 and (kind != "retract" or any(line.find(w) >= 0 for w in SGLANG_RETRACT)):

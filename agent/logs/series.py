@@ -148,7 +148,8 @@ def _snapshots(lines: list[Line], summary: LogSummary) -> list[tuple[float, dict
     cap = statistics.median(gaps) if len(gaps) >= 2 else float("inf")
     counters: dict[str, float] = {}
     if "stats" in kinds:
-        counters |= {"prompt": 0.0, "gen": 0.0} | ({"preempt": 0.0} if "preempt_n" in keys else {})
+        counters |= {k: 0.0 for k, f in (("prompt", "prompt_tps"), ("gen", "gen_tps"), ("preempt", "preempt_n"))
+                     if f in keys}
     if "prefill" in kinds and "new" in keys:
         counters |= {"prompt": 0.0} | ({"queries": 0.0, "hits": 0.0} if "cached" in keys else {})
     if "decode" in kinds and "gen_tps" in keys:
@@ -169,8 +170,9 @@ def _snapshots(lines: list[Line], summary: LogSummary) -> list[tuple[float, dict
         last[ln.kind] = ln.ts
         if ln.kind == "stats":
             dt = min(dt, cap)
-            counters["prompt"] += f.get("prompt_tps", 0.0) * dt
-            counters["gen"] += f.get("gen_tps", 0.0) * dt
+            for key, field_ in (("prompt", "prompt_tps"), ("gen", "gen_tps")):
+                if key in counters:
+                    counters[key] += f.get(field_, 0.0) * dt
             if "preempt" in counters:
                 counters["preempt"] += f.get("preempt_n", 0.0)
         elif ln.kind == "preempt":

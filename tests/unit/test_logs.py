@@ -133,6 +133,13 @@ def test_vllm_year_rolls_over_at_new_year():
         datetime.datetime(2026, 1, 1, 0, 0, 5, tzinfo=datetime.UTC).timestamp()]
 
 
+def test_vllm_070_v1_line_has_only_running_and_waiting():
+    """vLLM 0.7.0's V1 logger printed `Running: %d reqs, Waiting: %d reqs ` and nothing else."""
+    read = read_log(io.BytesIO(b"INFO 01-27 10:00:00 loggers.py:37] Running: 3 reqs, Waiting: 1 reqs \n"), "e", day=DAY)
+    assert {s.name: s.value for s in read.scrapes[0][2]} == {"engine_requests_running": 3.0,
+                                                             "engine_requests_waiting": 1.0}   # no token counters
+
+
 def test_kubectl_prefix_names_the_instance():
     text = ("[pod/vllm-1/vllm] INFO 05-01 10:00:00 [loggers.py:1] Engine 000: Avg prompt throughput: 1.0 tokens/s, "
             "Running: 3 reqs\n[pod/vllm-2/vllm] INFO 05-01 10:00:00 [loggers.py:1] Engine 000: Avg prompt "
