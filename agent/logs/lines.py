@@ -9,7 +9,8 @@ Recognised (each format and its release range: docs/logs.md):
   SGLang        `[YYYY-MM-DD HH:MM:SS( DPn)( TPn)] Prefill batch. #new-seq: ..` / `Decode batch. ..`
                 (`.` or `,` after `batch`, an optional ` [iter]`; managers/scheduler*.py)
   SGLang        `KV cache pool is full. Retract requests. #retracted_reqs: N, ..` (older releases:
-                `Decode out of memory happened. #retracted_reqs: N, ..`)
+                `Decode out of memory happened. #retracted_reqs: N, ..`; 0.2.0 had no time in its lines:
+                only `kubectl logs --timestamps` output of it can be read)
 A `kubectl logs` prefix is read first: `--prefix` (`[pod/NAME/CONTAINER] `, NAME becomes the
 instance) and `--timestamps` (RFC 3339, then used instead of the engine's own second-resolution
 time). Parsing is str.find/partition/split only: linear in the line, no regular expressions.
@@ -45,9 +46,11 @@ SGLANG_FIELDS: dict[str, tuple[str, float] | None] = {
                      "cuda graph", "cpu graph", "accept len", "accept rate", "cache hit rate",
                      "#inflight-req", "#unbootstrapped-req", "#transferring-req", "#prealloc-req",
                      "#transfer-req", "#retracted-req", "pre-allocated usage",
-                     "input throughput (token/s)", "#grammar-queue-req")),
+                     "input throughput (token/s)", "#pending-token", "#replay-token", "#bootstrap-req",
+                     "#optimistic-req", "cap len", "block accept len", "#host-receive-req")),
 }
-SGLANG_RETRACT = ("KV cache pool is full. Retract requests.", "Decode out of memory happened.")
+SGLANG_RETRACT = ("KV cache pool is full. Retract requests.", "Decode out of memory happened.",
+                  "decode out of memory happened,")   # seen in 0.4.10-0.5.23 / 0.2.15-0.4.6 / 0.2.0
 
 
 class Line(NamedTuple):

@@ -140,6 +140,24 @@ def test_vllm_070_v1_line_has_only_running_and_waiting():
                                                              "engine_requests_waiting": 1.0}   # no token counters
 
 
+def test_sglang_020_lines_carry_no_time_but_kubectl_gives_one():
+    line = ("2026-01-02T03:04:05Z [gpu_id=0] Decode batch. #running-req: 4, #token: 900, token usage: 0.50, "
+            "gen throughput (token/s): 12.00, #queue-req: 1")
+    got = parse_line(line, DAY)
+    assert isinstance(got, Line) and got.ts == rfc3339("2026-01-02T03:04:05Z")
+    assert got.fields == {"running": 4, "kv": 0.5, "gen_tps": 12.0, "waiting": 1}
+    assert parse_line(line.partition(" ")[2], DAY) == "no_timestamp"
+    retract = parse_line("2026-01-02T03:04:06Z decode out of memory happened, #retracted_reqs: 3, #new_token_ratio: "
+                         "0.4000 -> 0.6000", DAY)
+    assert isinstance(retract, Line) and retract.fields == {"retracted": 3}
+
+
+def test_vllm_aggregated_engines_are_one_stream_without_a_rank():
+    got = parse_line("INFO 05-01 10:00:00 [loggers.py:1] 2 Engines Aggregated: Avg prompt throughput: 1.0 tokens/s, "
+                     "Running: 9 reqs", DAY)
+    assert isinstance(got, Line) and got.rank == "" and got.fields["running"] == 9
+
+
 def test_kubectl_prefix_names_the_instance():
     text = ("[pod/vllm-1/vllm] INFO 05-01 10:00:00 [loggers.py:1] Engine 000: Avg prompt throughput: 1.0 tokens/s, "
             "Running: 3 reqs\n[pod/vllm-2/vllm] INFO 05-01 10:00:00 [loggers.py:1] Engine 000: Avg prompt "
