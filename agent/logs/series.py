@@ -11,8 +11,8 @@ logged, it gets the values a scrape at that time would have read:
            tokens are the sum of each Prefill line's #new-token + #cached-token (exact; also
            engine_prefix_cache_queries/hits_tokens_total), generation tokens integrate the Decode
            line's gen throughput over the time since the previous Decode line (SGLang's own gap).
-           engine_preemptions_total: vLLM V1's `Preemptions: N` per interval (a release that prints
-           it prints it whenever N > 0), vLLM V0's total_num_cumulative_preemption (logged every
+           engine_preemptions_total: vLLM V1's `Preemptions: N` per interval (0.12-0.33 build it but
+           reset N before printing it, so in practice V1 logs have none), vLLM V0's total_num_cumulative_preemption (logged every
            50th preemption: a lower bound, in steps of 50), SGLang's #retracted_reqs (each
            retraction is logged). Only where the stream shows one: a log (or excerpt) without any
            cannot tell "none happened" from "not included", so the counter stays absent.

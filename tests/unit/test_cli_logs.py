@@ -44,8 +44,7 @@ def test_diagnose_log_equals_diagnose_recording_of_record_log(capsys, tmp_path: 
     assert findings(from_log)                              # the comparison is not of two empty results
 
 
-@pytest.mark.parametrize("name", ["vllm-0.6-v0-kv-pressure.log", "sglang-0.4-kv-pressure.log",
-                                  "vllm-0.32-v1-preemptions.log"])
+@pytest.mark.parametrize("name", ["vllm-0.6-v0-kv-pressure.log", "sglang-0.4-kv-pressure.log"])
 def test_kv_pressure_log_with_preemptions_names_kv_pressure_first(capsys, name: str):
     code, result, _ = diagnose(capsys, "--log", str(LOGS / name), "--date", "2026-11-24")
     assert code == 1 and result["likely_cause"]["rule_id"] in KV_PRESSURE, findings(result)
