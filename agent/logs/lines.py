@@ -108,8 +108,7 @@ def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year
     if ts is None:
         return "no_timestamp"
     missing = "" if kube_ts is not None else "year"
-    rank = head[-1][:-1] if len(head) > 1 and head[-2] == "Engine" and head[-1][:-1].isdigit() else ""
-    rank = str(int(rank)) if rank else ""
+    rank = _rank(head[-1][:-1]) if len(head) > 1 and head[-2] == "Engine" else ""
     body = line[i:].rstrip()
     if kind == "prefix":
         value = _value(body[len("Prefix cache hit rate: GPU: "):].partition(",")[0])
@@ -138,8 +137,8 @@ def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, da
         for tag in inside[19 if dated else 8:].split():
             if tag.startswith("TP") and tag[2:] != "0":
                 return "tp_rank_copy"     # every TP rank of one scheduler logs the same stats
-            if tag.startswith("DP") and tag[2:].isdigit():
-                rank = str(int(tag[2:]))
+            if tag.startswith("DP"):
+                rank = _rank(tag[2:])
         if ts is None and dated:
             ts = _time(_year(inside[:4]), inside[5:7], inside[8:10], inside[11:19])
         elif ts is None:
@@ -201,6 +200,11 @@ def _value(raw: str) -> float | None:
     if not token or len(token) > MAX_VALUE or not (digits.isdigit() and digits.isascii()):
         return None
     return float(token)
+
+
+def _rank(digits: str) -> str:
+    """`007` -> `7`; '' for anything but a short decimal number (no int() of outside text)."""
+    return (digits.lstrip("0") or "0") if digits.isdigit() and digits.isascii() and len(digits) <= 6 else ""
 
 
 def _int(text: str, lo: int, hi: int) -> int:

@@ -11,9 +11,10 @@ logged, it gets the values a scrape at that time would have read:
            tokens are the sum of each Prefill line's #new-token + #cached-token (exact; also
            engine_prefix_cache_queries/hits_tokens_total), generation tokens integrate the Decode
            line's gen throughput over the time since the previous Decode line (SGLang's own gap).
-           engine_preemptions_total: vLLM V1's `Preemptions: N` per interval (0.12-0.33 build it but
-           reset N before printing it, so in practice V1 logs have none), vLLM V0's total_num_cumulative_preemption (logged every
-           50th preemption: a lower bound, in steps of 50), SGLang's #retracted_reqs (each
+           engine_preemptions_total: vLLM V1's `Preemptions: N` per interval (0.12-0.33 build it
+           but reset N before printing it, so in practice V1 logs have none), vLLM V0's
+           total_num_cumulative_preemption (logged every 50th preemption: a lower bound, in
+           steps of 50), SGLang's #retracted_reqs (each
            retraction is logged). Only where the stream shows one: a log (or excerpt) without any
            cannot tell "none happened" from "not included", so the counter stays absent.
 A signal no line of the stream carries is absent, never zero; counters start at 0 at the
@@ -35,6 +36,8 @@ from kvscope.agent.signals import Sample, make_labels
 
 MAX_RECORDS = 2_000_000
 """Recognised lines kept per read; the rest are counted (over_limit), not parsed."""
+MAX_UNKNOWN = 64
+"""Distinct unknown field names counted by name (outside text: bounded)."""
 GAUGES = {"running": "engine_requests_running", "waiting": "engine_requests_waiting",
           "kv": "engine_kv_cache_usage_ratio", "prefix_hit": "engine_prefix_cache_hit_ratio"}
 COUNTERS = {"prompt": "engine_prompt_tokens_total", "gen": "engine_generation_tokens_total",
@@ -119,7 +122,9 @@ def read_log(stream: IO[bytes], instance: str, job: str = "engine", model: str |
             continue
         kept, newest = kept + 1, max(newest, got.ts)
         summary.formats[_format(got)] += 1
-        summary.unknown_fields.update(got.unknown)
+        for name in got.unknown:        # at most MAX_UNKNOWN names kept, the rest counted together
+            summary.unknown_fields[name if name in summary.unknown_fields
+                                   or len(summary.unknown_fields) < MAX_UNKNOWN else "(others)"] += 1
         streams[(got.source or instance, got.engine, got.rank)].append(got)
     by_time: dict[tuple[str, float], list[Sample]] = defaultdict(list)
     for (inst, engine, rank), lines in streams.items():

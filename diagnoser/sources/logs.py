@@ -15,4 +15,7 @@ class LogSource(RecordingSource):
         super().__init__(name, spans=False)
         self.description = f"log:{name}"
         self.summary = read.summary
-        self._replay = log_replay(read)
+        self._log = log_replay(read)
+
+    def _load(self):  # noqa: ANN202 - Replay
+        return self._log
