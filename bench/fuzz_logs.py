@@ -30,7 +30,8 @@ DICTIONARY = {"engine-log": [t.encode() for t in (
     "#new-token: ", "#cached-token: ", "token usage: ", "swa token usage: ", "gen throughput (token/s): ",
     "#retracted_reqs: ", "KV cache pool is full. Retract requests. ", "Decode out of memory happened. ",
     "total_num_cumulative_preemption=", "2026-06-01T12:00:00.123456789Z ", "2026-06-01T12:00:00+02:00 ",
-    "[pod/vllm-0/vllm] ", "-1", "1e308", "99999999999999999999", "\u0661", "\n", "\r\n", "\x00", ", ", ": ")]}
+    "[pod/vllm-0/vllm] ", "-1", "1e308", "99999999999999999999", "\u0661", "\n", "\r\n", "\x00", ", ", ": ",
+    "Engine " + "9" * 5000 + ": ", " DP" + "9" * 5000)]}
 
 
 def parse_engine_log(data: bytes) -> object:
