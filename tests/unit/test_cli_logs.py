@@ -81,6 +81,9 @@ def test_a_log_without_stats_lines_is_an_error(capsys, tmp_path: Path):
     assert "cannot read log" in capsys.readouterr().err
     assert main(["record", "--log", str(path), "-o", str(tmp_path / "x.om.gz")]) == 2
     assert not (tmp_path / "x.om.gz").exists()
+    capsys.readouterr()
+    assert main(["record", "--target", "http://127.0.0.1:1/metrics", "-o", str(tmp_path / "y.om")]) == 2
+    assert "--duration is required (or give --log FILE)" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
