@@ -71,8 +71,6 @@ def parse_line(line: str, day: datetime.date) -> Line | str:
     """A recognised line, or why not (other, too_long, no_timestamp, bad_value, tp_rank_copy).
     `day`: supplies the year of vLLM's own `MM-DD HH:MM:SS` time and the date of SGLang's
     `HH:MM:SS` (releases before its log format carried the date)."""
-
-
     if len(line) > MAX_LINE:
         return "too_long"
     source = ""
@@ -149,12 +147,11 @@ def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, da
         value = _value(line[i + len("#retracted_reqs: "):].partition(",")[0])
         return "bad_value" if value is None else Line("sglang", kind, ts, rank, source, {"retracted": value},
                                                                    missing=missing)
-    body = line[i + len("Prefill batch"):].rstrip(" ,")     # newer releases end with `, `
+    body = line[i:].partition("batch")[2].rstrip(" ,")     # newer releases end with `, `
     parts = []
     if body.startswith("(mixed "):               # Prefill batch(mixed #running-req: N). ...
-        end = body.find(")")
-        parts.append(body[7:end])
-        body = body[end + 1:]
+        mixed, _, body = body[7:].partition(")")
+        parts.append(mixed)
     body = body.lstrip(" .,")
     if body.startswith("["):                     # SGLANG_LOG_FORWARD_ITERS: `Decode batch [N], ...`
         body = body[body.find("]") + 1:].lstrip(" ,")

@@ -165,6 +165,12 @@ def test_sglang_020_lines_carry_no_time_but_kubectl_gives_one():
     assert isinstance(retract, Line) and retract.fields == {"retracted": 3}
 
 
+def test_sglang_mixed_prefill_header_carries_the_running_count():
+    got = parse_line("[10:00:00 TP0] Prefill batch(mixed #running-req: 3). #new-seq: 1, #new-token: 5, "
+                     "#cached-token: 0, cache hit rate: 0.00%, #queue-req: 2", DAY)
+    assert isinstance(got, Line) and got.fields == {"running": 3, "new": 5, "cached": 0, "waiting": 2}
+
+
 def test_vllm_aggregated_engines_are_one_stream_without_a_rank():
     got = parse_line("INFO 05-01 10:00:00 [loggers.py:1] 2 Engines Aggregated: Avg prompt throughput: 1.0 tokens/s, "
                      "Running: 9 reqs", DAY)
