@@ -34,8 +34,8 @@ from typing import IO
 from kvscope.agent.logs.lines import MAX_LINE, Line, parse_line
 from kvscope.agent.signals import Sample, make_labels
 
-MAX_RECORDS = 2_000_000
-"""Recognised lines kept per read; the rest are counted (over_limit), not parsed."""
+MAX_RECORDS = 500_000
+"""Recognised lines kept per read (about 1.7 KiB of samples each); the rest are counted (over_limit)."""
 MAX_UNKNOWN = 64
 """Distinct unknown field names counted by name (outside text: bounded)."""
 GAUGES = {"running": "engine_requests_running", "waiting": "engine_requests_waiting",
