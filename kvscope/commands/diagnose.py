@@ -17,6 +17,7 @@ from kvscope.commands._checks import (
     parse_time,
     source_hint,
 )
+from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._params import add_param_flag, parse_params
 
 HELP = """\
@@ -27,6 +28,7 @@ router, and the source-document citation), then competing hypotheses and other f
 
 Sources (pick one):
   --recording FILE.om[.gz]   an OpenMetrics recording (postmortem, tests, demo); its whole span
+  --log FILE                 an engine log (vLLM / SGLang stats lines, - for stdin); its whole span
   --prometheus URL --since 30m   range queries against Prometheus / Thanos / Mimir / VictoriaMetrics
   --agent URL --since 30m        a kvscope agent's /api/v1/samples
 
@@ -55,15 +57,18 @@ Examples:
   kvscope diagnose --prometheus http://127.0.0.1:9090 --since 1h
   kvscope diagnose --prometheus http://127.0.0.1:9090 --start 2026-11-22T07:00:00Z --end 2026-11-22T08:00:00Z
   kvscope diagnose --agent http://127.0.0.1:9464 --since 30m --json | jq .likely_cause
+  kubectl logs deploy/vllm --timestamps | kvscope diagnose --log - --instance vllm-0
   kvscope diagnose --recording rec.om.gz --param kv_pressure_preemption.kv_full=0.85 -v
 
 Rules whose signals the source lacks are "not evaluable" (never healthy); -v lists them.
 
+{log_help}
 Exit status: 0 nothing at warning or critical fired (info findings may be printed),
 1 the worst finding is a warning, 2 the worst is critical, 3 bad usage, 4 the source could not
 be read or holds none of the signals any rule reads (not an all-clear).
 """
 
+HELP = HELP.format(log_help=LOG_HELP)
 EXIT_USAGE = 3
 EXIT_SOURCE = 4
 MAX_POINTS_PER_SERIES = 10_000
@@ -77,6 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--recording", metavar="FILE", help="OpenMetrics recording (.om or .om.gz)")
     src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible base URL, e.g. http://127.0.0.1:9090")
     src.add_argument("--agent", metavar="URL", help="kvscope agent base URL, e.g. http://127.0.0.1:9464")
+    src.add_argument("--log", metavar="FILE", help="engine log: vLLM / SGLang stats lines (- for stdin; see below)")
     p.add_argument("--since", default="30m", metavar="DURATION",
                    help="live sources: window length ending now or at --end, e.g. 30m, 2h, 1800 (default 30m)")
     p.add_argument("--end", default=None, metavar="TIME",
@@ -98,14 +104,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or pushdown summary on stderr")
     p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON (schema: docs/rules.md)")
     p.add_argument("--verbose", "-v", action="store_true", help="also list the rules that were skipped and why")
+    add_log_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from kvscope.diagnoser.rulebook.rule import RuleError, parse_duration, read_rules
 
-    if not (args.recording or args.prometheus or args.agent):
-        print("kvscope diagnose: pick a source: --recording, --prometheus or --agent (see --help)", file=sys.stderr)
+    if not (args.recording or args.prometheus or args.agent or args.log):
+        print("kvscope diagnose: pick a source: --recording, --log, --prometheus or --agent (see --help)",
+              file=sys.stderr)
         return EXIT_USAGE
     try:
         since = parse_seconds("--since", args.since)
@@ -128,6 +136,12 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, OSError) as exc:
             print(f"kvscope diagnose: {exc}", file=sys.stderr)
             return EXIT_SOURCE
+    if args.log:
+        try:
+            args.log_read = read_log_arg(args)
+        except (ValueError, OSError, EOFError, zlib.error) as exc:
+            print(f"kvscope diagnose: cannot read log {args.log}: {exc}", file=sys.stderr)
+            return EXIT_SOURCE
     return _diagnose(args, rules, params, since)
 
 
@@ -141,7 +155,7 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         step = parse_duration(args.step) if args.step else _default_step(source)
         end = args.end
         start = args.start
-        if start is None and not args.recording:
+        if start is None and not (args.recording or args.log):
             if end is None:
                 # with --prometheus, now on the step's lattice (as Grafana asks): TSDBs that align
                 # queries for their caches (VictoriaMetrics, query frontends) answer at the times asked
@@ -205,6 +219,8 @@ def _pushdown(args: argparse.Namespace, source: Any, rules: list, params: dict, 
 
 
 def _print_notes(args: argparse.Namespace, source: Any) -> None:
+    if getattr(source, "summary", None) is not None and not args.quiet:
+        print(source.summary.text(), file=sys.stderr)
     client = getattr(source, "client", None)
     if client is not None and not args.quiet:
         for note in client.notes:
@@ -220,6 +236,7 @@ def _finish(args: argparse.Namespace, source: Any, result: Any) -> int:
         render_diagnosis(result, verbose=args.verbose)
     if result.rules_evaluated and len(result.skipped) == result.rules_evaluated:
         why = "is it a recording of vLLM / SGLang / dcgm-exporter /metrics?" if args.recording else \
+            "which engine signals the log lines carry: docs/logs.md" if args.log else \
             "wrong URL or window? is anything scraping the engines?"
         print(f"kvscope diagnose: none of the {result.rules_evaluated} rules could be evaluated: "
               f"{source.description} holds none of the signals they read in this window ({why}); "
@@ -239,6 +256,9 @@ def _source(args: argparse.Namespace) -> Any:
     if args.recording:
         from kvscope.diagnoser.sources.recording import RecordingSource
         return RecordingSource(args.recording)
+    if args.log:
+        from kvscope.diagnoser.sources.logs import LogSource
+        return LogSource(args.log_read, "stdin" if args.log == "-" else args.log)
     if args.prometheus:
         from kvscope.diagnoser.sources.prometheus import PrometheusSource
         return PrometheusSource(args.prometheus)

@@ -16,6 +16,7 @@ from kvscope.agent.collectors.engine import EngineCollector
 from kvscope.agent.config import AgentConfig, ConfigError, parse_seconds
 from kvscope.agent.recording.omfile import RecordingWriter
 from kvscope.commands._flags import ENV_HELP, add_scrape_flags, config_from_args
+from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 
 DESCRIPTION = """\
 Record what engine (vLLM, SGLang) and dcgm-exporter /metrics endpoints expose, for a
@@ -30,12 +31,19 @@ The output is OpenMetrics text with timestamps (gzip when the name ends in .gz).
 replayed by kvscope (diagnose, report) or loaded into Prometheus with
 `promtool tsdb create-blocks-from openmetrics FILE DIR`. Ctrl-C (or SIGTERM) stops early and
 still writes a complete, valid file.
-"""
 
+With --log FILE, no scraping: the engine log's stats lines are written as the recording a scrape
+at each line's time would have given (kvscope's canonical series, `kvscope_<signal>`, with `up`
+per line time), for `diagnose --recording`, the UI and the webhook.
+
+{log_help}"""
+
+DESCRIPTION = DESCRIPTION.format(log_help=LOG_HELP)
 EXAMPLES = """\
 examples:
   kvscope record --target http://127.0.0.1:8000/metrics --duration 10m --out incident.om.gz
   kvscope record --config kvscope.yaml --duration 2m --interval 1s --out load-test.om
+  kubectl logs pod/vllm-0 --timestamps | kvscope record --log - --instance vllm-0 -o incident.om.gz
 """
 
 
@@ -45,18 +53,26 @@ def register(subparsers: Any) -> None:
         description=DESCRIPTION, epilog=EXAMPLES + "\n" + ENV_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_scrape_flags(parser)
-    parser.add_argument("--duration", required=True, metavar="DURATION",
-                        help="how long to record: seconds or a duration (30s, 10m, 1h)")
+    parser.add_argument("--duration", metavar="DURATION",
+                        help="how long to record: seconds or a duration (30s, 10m, 1h); required unless --log")
     parser.add_argument("--interval", metavar="DURATION",
                         help="time between scrapes (default: the config's scrape interval, 15s); "
                              "same as --scrape.interval")
-    parser.add_argument("--out", required=True, metavar="FILE",
+    parser.add_argument("--out", "-o", required=True, metavar="FILE",
                         help="recording to write (.om, or .om.gz for gzip)")
     parser.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
+    parser.add_argument("--log", metavar="FILE", help="write the recording of an engine log instead of "
+                                                      "scraping (- for stdin; see above)")
+    add_log_flags(parser, job=False)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.log:
+        return _record_log(args)
+    if args.duration is None:
+        print("kvscope record: --duration is required (or give --log FILE)", file=sys.stderr)
+        return 2
     if args.interval is not None:
         args.scrape_interval = args.interval
     try:
@@ -81,6 +97,26 @@ def run(args: argparse.Namespace) -> int:
         return 2
     summary = asyncio.run(record(config, duration_s, out, progress=not args.no_progress))
     print(summary, file=sys.stderr)
+    return 0
+
+
+def _record_log(args: argparse.Namespace) -> int:
+    import zlib
+
+    from kvscope.agent.recording.fromlog import write_log_recording
+
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        print(f"kvscope record: --out: directory {out.parent} does not exist", file=sys.stderr)
+        return 2
+    try:
+        read = read_log_arg(args)
+    except (ValueError, OSError, EOFError, zlib.error) as exc:
+        print(f"kvscope record: cannot read log {args.log}: {exc}", file=sys.stderr)
+        return 2
+    path = write_log_recording(read, out)
+    samples = sum(len(s) for _, _, s in read.scrapes)
+    print(f"{read.summary.text()}\nwrote {path} ({len(read.scrapes)} scrapes, {samples} samples)", file=sys.stderr)
     return 0
 
 

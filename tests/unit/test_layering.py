@@ -29,7 +29,7 @@ LAYERS = {
         "signals": 0,
         "config": 1, "metricsets": 1, "tenants": 1, "scrape": 1,
         "serve": 2, "normalize": 2,
-        "collectors": 3,
+        "collectors": 3, "logs": 3,
         "traces": 4, "kvevents": 4, "store": 4,
         "tap": 5,
         "derive": 6,

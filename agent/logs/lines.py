@@ -1,0 +1,249 @@
+"""One engine log line -> the stats it carries, or the reason it carries none.
+
+Recognised (each format and its release range: docs/logs.md):
+  vLLM stats    `... INFO MM-DD HH:MM:SS ... [Engine NNN: ]Avg prompt throughput: X tokens/s, ...`
+                (V0 vllm/engine/metrics.py; V1 vllm/v1/metrics/loggers.py; V1 in 0.7.0 printed only
+                `...] Running: N reqs, Waiting: M reqs`)
+  vLLM V0       `Prefix cache hit rate: GPU: X%, CPU: Y%` (a line of its own after the stats line)
+  vLLM V0       `... is preempted by ... total_num_cumulative_preemption=N` (every 50th preemption)
+  SGLang        `[YYYY-MM-DD HH:MM:SS( DPn)( TPn)] Prefill batch. #new-seq: ..` / `Decode batch. ..`
+                (`.` or `,` after `batch`, an optional ` [iter]`; managers/scheduler*.py)
+  SGLang        `KV cache pool is full. Retract requests. #retracted_reqs: N, ..` (older releases:
+                `Decode out of memory happened. #retracted_reqs: N, ..`; 0.2.0 had no time in its lines:
+                only `kubectl logs --timestamps` output of it can be read)
+A `kubectl logs` prefix is read first: `--prefix` (`[pod/NAME/CONTAINER] `, NAME becomes the
+instance) and `--timestamps` (RFC 3339, then used instead of the engine's own second-resolution
+time). Parsing is str.find/partition/split only: linear in the line, no regular expressions.
+"""
+
+from __future__ import annotations
+
+import calendar
+import datetime
+from typing import NamedTuple
+
+MAX_LINE = 16384
+"""Characters; a longer line is skipped (reason too_long), never parsed."""
+MAX_VALUE = 32
+"""Characters of one field value; a longer one is a bad_value."""
+
+# upstream field name -> (internal key, scale); None: known, read by nothing here
+VLLM_FIELDS: dict[str, tuple[str, float] | None] = {
+    "Avg prompt throughput": ("prompt_tps", 1.0), "Avg generation throughput": ("gen_tps", 1.0),
+    "Running": ("running", 1.0), "Waiting": ("waiting", 1.0), "Pending": ("waiting", 1.0),
+    "Swapped": ("swapped", 1.0), "Preemptions": ("preempt_n", 1.0),
+    "GPU KV cache usage": ("kv", 0.01), "CPU KV cache usage": ("kv_cpu", 0.01),
+    "XPU KV cache usage": ("kv", 0.01), "TPU KV cache usage": ("kv", 0.01),
+    "Prefix cache hit rate": ("prefix_hit", 0.01),
+    "Deferred": None, "KV fetch": None, "Corrupted": None, "External prefix cache hit rate": None,
+    "MM cache hit rate": None,
+}
+SGLANG_FIELDS: dict[str, tuple[str, float] | None] = {
+    "#new-token": ("new", 1.0), "#cached-token": ("cached", 1.0), "#running-req": ("running", 1.0),
+    "#queue-req": ("waiting", 1.0), "token usage": ("kv", 1.0), "full token usage": ("kv_full", 1.0),
+    "swa token usage": ("kv_swa", 1.0), "gen throughput (token/s)": ("gen_tps", 1.0),
+    **dict.fromkeys(("#new-seq", "#token", "#full token", "#swa token", "mamba num", "mamba usage",
+                     "cuda graph", "cpu graph", "accept len", "accept rate", "cache hit rate",
+                     "#inflight-req", "#unbootstrapped-req", "#transferring-req", "#prealloc-req",
+                     "#transfer-req", "#retracted-req", "pre-allocated usage",
+                     "input throughput (token/s)", "#pending-token", "#replay-token", "#bootstrap-req",
+                     "#optimistic-req", "cap len", "block accept len", "#host-receive-req")),
+}
+SGLANG_RETRACT = ("KV cache pool is full. Retract requests.", "Decode out of memory happened.",
+                  "decode out of memory happened,")   # seen in 0.4.10-0.5.23 / 0.2.15-0.4.6 / 0.2.0
+
+
+class Line(NamedTuple):
+    """The stats of one recognised line. `kind`: stats (vLLM), prefix, preempt (vLLM V0),
+    prefill, decode, retract (SGLang). `source`: the pod of a `kubectl logs --prefix` header."""
+
+    engine: str
+    kind: str
+    ts: float
+    rank: str
+    source: str
+    fields: dict[str, float]
+    unknown: tuple[str, ...] = ()
+    missing: str = ""          # what the line's own time lacked and `day` supplied: year | date
+
+
+def parse_line(line: str, day: datetime.date) -> Line | str:
+    """A recognised line, or why not (other, too_long, no_timestamp, bad_value, tp_rank_copy).
+    `day`: supplies the year of vLLM's own `MM-DD HH:MM:SS` time and the date of SGLang's
+    `HH:MM:SS` (releases before its log format carried the date)."""
+    if len(line) > MAX_LINE:
+        return "too_long"
+    source = ""
+    if line.startswith("[pod/"):
+        end = line.find("] ")
+        if end < 0:
+            return "other"
+        source, line = line[5:end].partition("/")[0], line[end + 2:]
+    kube_ts = None
+    if len(line) > 20 and line[4] == "-" and line[10] == "T":
+        stamp, _, line = line.partition(" ")
+        kube_ts = rfc3339(stamp)
+        if kube_ts is None:
+            return "no_timestamp"
+    for marker, kind in (("Avg prompt throughput: ", "stats"), ("] Running: ", "stats"),   # V1 in 0.7.0
+                         ("Prefix cache hit rate: GPU: ", "prefix"), ("total_num_cumulative_preemption=", "preempt")):
+        i = line.find(marker)
+        if i >= 0:
+            return _vllm(line, i + 2 * (marker[0] == "]"), kind, kube_ts, source, day.year)
+    for marker, kind in (("Prefill batch", "prefill"), ("Decode batch", "decode"), ("#retracted_reqs: ", "retract")):
+        i = line.find(marker)
+        if i >= 0 and (kind != "retract" or any(line.find(w) >= 0 for w in SGLANG_RETRACT)):
+            return _sglang(line, i, kind, kube_ts, source, day)
+    return "other"
+
+
+def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year: int) -> Line | str:
+    head = line[:i].split()
+    ts = kube_ts
+    for k in range(len(head) - 1):
+        if ts is None and len(head[k]) == 5 and head[k][2] == "-" and len(head[k + 1]) == 8:
+            ts = _time(year, head[k][:2], head[k][3:], head[k + 1])
+    if ts is None:
+        return "no_timestamp"
+    missing = "" if kube_ts is not None else "year"
+    rank = _rank(head[-1][:-1]) if len(head) > 1 and head[-2] == "Engine" else ""
+    body = line[i:].rstrip()
+    if kind == "prefix":
+        value = _value(body[len("Prefix cache hit rate: GPU: "):].partition(",")[0])
+        if value is None:
+            return "bad_value"
+        return Line("vllm", kind, ts, rank, source, {"prefix_hit": value * 0.01} if value >= 0 else {},
+                                                missing=missing)
+    if kind == "preempt":
+        value = _value(body[len("total_num_cumulative_preemption="):])
+        return "bad_value" if value is None else Line("vllm", kind, ts, rank, source,
+                                                                   {"preempt_total": value}, missing=missing)
+    fields, unknown = _fields(body.removesuffix(".").split(", "), VLLM_FIELDS)
+    if isinstance(fields, str):
+        return fields
+    if "kv_cpu" in fields and "swapped" not in fields:   # V1 names the KV cache's own device
+        fields.setdefault("kv", fields["kv_cpu"])
+    return Line("vllm", kind, ts, rank, source, fields, unknown, missing)
+
+
+def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, day: datetime.date) -> Line | str:
+    ts, rank, missing = kube_ts, "", ""
+    open_, close = line.find("["), line.find("]")
+    if 0 <= open_ < close < i:
+        inside = line[open_ + 1:close]
+        dated = len(inside) >= 19 and inside[4] == "-" and inside[10] == " "
+        for tag in inside[19 if dated else 8:].split():
+            if tag.startswith("TP") and tag[2:] != "0":
+                return "tp_rank_copy"     # every TP rank of one scheduler logs the same stats
+            if tag.startswith("DP"):
+                rank = _rank(tag[2:])
+        if ts is None and dated:
+            ts = _time(_year(inside[:4]), inside[5:7], inside[8:10], inside[11:19])
+        elif ts is None:
+            ts, missing = _time(day.year, str(day.month), str(day.day), inside[:8]), "date"
+    if ts is None:
+        return "no_timestamp"
+    if kind == "retract":
+        value = _value(line[i + len("#retracted_reqs: "):].partition(",")[0])
+        return "bad_value" if value is None else Line("sglang", kind, ts, rank, source, {"retracted": value},
+                                                                   missing=missing)
+    body = line[i:].partition("batch")[2].rstrip(" ,")     # newer releases end with `, `
+    parts = []
+    if body.startswith("(mixed "):               # Prefill batch(mixed #running-req: N). ...
+        mixed, _, body = body[7:].partition(")")
+        parts.append(mixed)
+    body = body.lstrip(" .,")
+    if body.startswith("["):                     # SGLANG_LOG_FORWARD_ITERS: `Decode batch [N], ...`
+        body = body[body.find("]") + 1:].lstrip(" ,")
+    fields, unknown = _fields(parts + body.split(", "), SGLANG_FIELDS)
+    if isinstance(fields, str):
+        return fields
+    if "kv" not in fields and ("kv_full" in fields or "kv_swa" in fields):
+        fields["kv"] = max(fields.get("kv_full", 0.0), fields.get("kv_swa", 0.0))   # SGLang's own token_usage
+    return Line("sglang", kind, ts, rank, source, fields, unknown, missing)
+
+
+Known = dict[str, tuple[str, float] | None]
+
+
+def _fields(parts: list[str], known: Known) -> tuple[dict[str, float] | str, tuple[str, ...]]:
+    fields: dict[str, float] = {}
+    unknown = []
+    for part in parts:
+        key, sep, raw = part.partition(": ")
+        key = key.strip()
+        if not sep:
+            continue                             # a continuation (`KV fetch: a, b in progress`) or ''
+        if key not in known:
+            unknown.append(key[:40])
+            continue
+        target = known[key]
+        if target is None:
+            continue
+        value = _value(raw)
+        if value is None or (value < 0 and target[0] != "prefix_hit"):
+            return "bad_value", ()
+        if value >= 0:
+            fields[target[0]] = value * target[1]
+    if not fields:
+        return "no_fields", ()
+    return fields, tuple(unknown)
+
+
+def _value(raw: str) -> float | None:
+    """The leading number of `12.5 tokens/s`, `80.0%`, `3 reqs`; None if there is none."""
+    token = raw.strip().partition(" ")[0].removesuffix(".").removesuffix("%")
+    digits = token.lstrip("-").replace(".", "", 1)
+    if not token or len(token) > MAX_VALUE or not (digits.isdigit() and digits.isascii()):
+        return None
+    return float(token)
+
+
+def _rank(digits: str) -> str:
+    """`007` -> `7`; '' for anything but a short decimal number (no int() of outside text)."""
+    return (digits.lstrip("0") or "0") if digits.isdigit() and digits.isascii() and len(digits) <= 6 else ""
+
+
+def _int(text: str, lo: int, hi: int) -> int:
+    if not (text.isdigit() and text.isascii()) or not lo <= int(text) <= hi:
+        raise ValueError(text)
+    return int(text)
+
+
+def _time(year: int | None, month: str, day: str, hms: str) -> float | None:
+    """Unix seconds of a UTC wall-clock time, None if any part is malformed."""
+    if year is None:
+        return None
+    try:
+        h, m, s = hms.split(":") if hms.count(":") == 2 else ("x", "", "")
+        return float(calendar.timegm((year, _int(month, 1, 12), _int(day, 1, 31), _int(h, 0, 23),
+                                      _int(m, 0, 59), _int(s, 0, 60), 0, 0, 0)))
+    except ValueError:
+        return None
+
+
+def rfc3339(stamp: str) -> float | None:
+    """Unix seconds of `2026-11-24T08:00:01.123456789Z` (or a `+hh:mm` offset), None if malformed."""
+    if len(stamp) < 20 or len(stamp) > 40 or stamp[10] != "T":
+        return None
+    rest = stamp[19:]
+    frac = 0.0
+    if rest.startswith("."):
+        digits = rest[1:].rstrip("Z").partition("+")[0].partition("-")[0]
+        if not digits.isdigit() or not digits.isascii():
+            return None
+        frac, rest = float("0." + digits[:9]), rest[1 + len(digits):]
+    offset = 0
+    if rest[:1] in ("+", "-") and len(rest) == 6 and rest[3] == ":":
+        try:
+            offset = (_int(rest[1:3], 0, 23) * 3600 + _int(rest[4:6], 0, 59) * 60) * (1 if rest[0] == "+" else -1)
+        except ValueError:
+            return None
+    elif rest != "Z":
+        return None
+    base = _time(_year(stamp[:4]), stamp[5:7], stamp[8:10], stamp[11:19])
+    return None if base is None or stamp[4] != "-" or stamp[7] != "-" else base + frac - offset
+
+
+def _year(text: str) -> int | None:
+    return int(text) if text.isdigit() and text.isascii() and 1970 <= int(text) <= 9999 else None

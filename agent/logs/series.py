@@ -1,0 +1,204 @@
+"""Recognised log lines -> canonical samples, one snapshot per engine and log time.
+
+An engine (a stream) is one (instance, engine, DP rank). At each time one of its lines was
+logged, it gets the values a scrape at that time would have read:
+  gauges   engine_requests_running, engine_requests_waiting (vLLM V0 `Pending`),
+           engine_kv_cache_usage_ratio, engine_prefix_cache_hit_ratio (the rate the engine logs)
+  counters engine_prompt_tokens_total, engine_generation_tokens_total: vLLM logs tokens/s
+           averaged since its previous stats call, integrated here over the time since the
+           previous stats line, at most the stream's median gap (vLLM logs an idle interval at
+           debug level, so a longer gap holds idle time the rate does not cover). SGLang: prompt
+           tokens are the sum of each Prefill line's #new-token + #cached-token (exact; also
+           engine_prefix_cache_queries/hits_tokens_total), generation tokens integrate the Decode
+           line's gen throughput over the time since the previous Decode line (SGLang's own gap).
+           engine_preemptions_total: vLLM V1's `Preemptions: N` per interval (0.12-0.33 build it
+           but reset N before printing it, so in practice V1 logs have none), vLLM V0's
+           total_num_cumulative_preemption (logged every 50th preemption: a lower bound, in
+           steps of 50), SGLang's #retracted_reqs (each
+           retraction is logged). Only where the stream shows one: a log (or excerpt) without any
+           cannot tell "none happened" from "not included", so the counter stays absent.
+A signal no line of the stream carries is absent, never zero; counters start at 0 at the
+stream's first line (a vLLM V0 preemption count only where its first warning is the first
+preemption, else at that warning).
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import IO
+
+from kvscope.agent.logs.lines import MAX_LINE, Line, parse_line
+from kvscope.agent.signals import Sample, make_labels
+
+MAX_RECORDS = 500_000
+"""Recognised lines kept per read (about 1.7 KiB of samples each); the rest are counted (over_limit)."""
+MAX_UNKNOWN = 64
+"""Distinct unknown field names counted by name (outside text: bounded)."""
+GAUGES = {"running": "engine_requests_running", "waiting": "engine_requests_waiting",
+          "kv": "engine_kv_cache_usage_ratio", "prefix_hit": "engine_prefix_cache_hit_ratio"}
+COUNTERS = {"prompt": "engine_prompt_tokens_total", "gen": "engine_generation_tokens_total",
+            "queries": "engine_prefix_cache_queries_tokens_total",
+            "hits": "engine_prefix_cache_hits_tokens_total", "preempt": "engine_preemptions_total"}
+ROLL = {"year": (183 * 86400, lambda d: d.replace(year=d.year + 1, day=min(d.day, 28))),
+        "date": (43200, lambda d: d + datetime.timedelta(days=1))}
+"""What a line's own time lacks -> (how far back it must fall to roll over, the next day to try)."""
+HELP = {
+    "engine_prompt_tokens_total": "From engine log lines: vLLM's logged prompt tokens/s integrated over "
+                                  "the interval between stats lines; SGLang: #new-token + #cached-token.",
+    "engine_generation_tokens_total": "From engine log lines: the logged generation tokens/s integrated "
+                                      "over the interval between stats lines.",
+}
+
+
+@dataclass
+class LogSummary:
+    """What a read saw: lines, recognised lines by format, skipped lines by reason."""
+
+    lines: int = 0
+    formats: Counter[str] = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)
+    unknown_fields: Counter[str] = field(default_factory=Counter)
+
+    def text(self) -> str:
+        seen = ", ".join(f"{n} {k}" for k, n in sorted(self.formats.items())) or "none"
+        out = f"log: {self.lines} lines read; recognised: {seen}"
+        other = self.skipped.get("other", 0)
+        out += f"; {other} other lines (not engine stats)"
+        bad = {k: n for k, n in self.skipped.items() if k != "other"}
+        if bad:
+            out += "; skipped: " + ", ".join(f"{n} {k}" for k, n in sorted(bad.items()))
+        if self.unknown_fields:
+            out += "; unknown fields (ignored): " + ", ".join(
+                f"{k!r} x{n}" for k, n in self.unknown_fields.most_common(8))
+        return out
+
+
+@dataclass
+class LogRead:
+    """The canonical series of a log: `scrapes` as (instance, time, samples), time-ordered per instance."""
+
+    job: str
+    scrapes: list[tuple[str, float, list[Sample]]]
+    summary: LogSummary
+
+
+def iter_lines(stream: IO[bytes], summary: LogSummary) -> Iterable[str]:
+    """Decoded lines of a binary stream, each at most MAX_LINE characters (longer: too_long, skipped)."""
+    limit = MAX_LINE * 4 + 1
+    while chunk := stream.readline(limit):
+        summary.lines += 1
+        if len(chunk) == limit and not chunk.endswith(b"\n"):
+            while (more := stream.readline(limit)) and not more.endswith(b"\n"):
+                pass
+            summary.skipped["too_long"] += 1
+            continue
+        yield chunk.decode("utf-8", "replace").rstrip("\r\n")
+
+
+def read_log(stream: IO[bytes], instance: str, job: str = "engine", model: str | None = None,
+             day: datetime.date | None = None) -> LogRead:
+    """Parse a whole log. `day`: the date of lines whose own time lacks it (vLLM's MM-DD has no
+    year, SGLang before its dated format has only HH:MM:SS; default: today, UTC). A line earlier
+    than the newest one by over half a year (vLLM) or half a day (SGLang) moves on a year / day."""
+    summary = LogSummary()
+    day = day or datetime.datetime.now(datetime.UTC).date()
+    streams: dict[tuple[str, str, str], list[Line]] = defaultdict(list)
+    kept, newest = 0, 0.0
+    for text in iter_lines(stream, summary):
+        got = parse_line(text, day)
+        if isinstance(got, Line) and got.missing and got.ts < newest - ROLL[got.missing][0]:
+            ahead = ROLL[got.missing][1](day)
+            if isinstance(again := parse_line(text, ahead), Line):
+                day, got = ahead, again
+        if isinstance(got, str):
+            summary.skipped[got] += 1
+            continue
+        if kept >= MAX_RECORDS:
+            summary.skipped["over_limit"] += 1
+            continue
+        kept, newest = kept + 1, max(newest, got.ts)
+        summary.formats[_format(got)] += 1
+        for name in got.unknown:        # at most MAX_UNKNOWN names kept, the rest counted together
+            summary.unknown_fields[name if name in summary.unknown_fields
+                                   or len(summary.unknown_fields) < MAX_UNKNOWN else "(others)"] += 1
+        streams[(got.source or instance, got.engine, got.rank)].append(got)
+    by_time: dict[tuple[str, float], list[Sample]] = defaultdict(list)
+    for (inst, engine, rank), lines in streams.items():
+        base = {"instance": inst, "job": job, "engine": engine} | ({"model": model} if model else {}) \
+            | ({"dp_rank": rank} if rank else {})
+        for ts, values in _snapshots(lines, summary):
+            by_time[(inst, ts)].extend(Sample(n, make_labels(base), v, ts) for n, v in values.items())
+    scrapes = [(inst, ts, samples) for (inst, ts), samples in sorted(by_time.items())]
+    return LogRead(job=job, scrapes=scrapes, summary=summary)
+
+
+def _format(line: Line) -> str:
+    if line.engine == "sglang":
+        return "SGLang " + ("retraction warnings" if line.kind == "retract" else f"{line.kind} lines")
+    if line.kind == "stats":
+        return "vLLM V0 stats lines" if "swapped" in line.fields else "vLLM V1 stats lines"
+    return "vLLM V0 preemption warnings" if line.kind == "preempt" else "vLLM V0 prefix-cache lines"
+
+
+def _snapshots(lines: list[Line], summary: LogSummary) -> list[tuple[float, dict[str, float]]]:
+    """Per log time of one stream, the gauges and counters a scrape then would have read."""
+    kinds = {ln.kind for ln in lines}
+    keys = set().union(*(ln.fields for ln in lines))
+    stats_ts = [ln.ts for ln in lines if ln.kind == "stats"]
+    gaps = [b - a for a, b in zip(stats_ts, stats_ts[1:], strict=False) if b > a]
+    cap = statistics.median(gaps) if len(gaps) >= 2 else float("inf")
+    counters: dict[str, float] = {}
+    if "stats" in kinds:
+        counters |= {k: 0.0 for k, f in (("prompt", "prompt_tps"), ("gen", "gen_tps"), ("preempt", "preempt_n"))
+                     if f in keys}
+    if "prefill" in kinds and "new" in keys:
+        counters |= {"prompt": 0.0} | ({"queries": 0.0, "hits": 0.0} if "cached" in keys else {})
+    if "decode" in kinds and "gen_tps" in keys:
+        counters["gen"] = 0.0
+    if "retract" in kinds or next((ln.fields["preempt_total"] for ln in lines
+                                             if ln.kind == "preempt"), None) == 1:
+        counters["preempt"] = 0.0
+    gauges: dict[str, float] = {}
+    last: dict[str, float] = {}              # kind -> time of the previous line of that kind
+    out: list[tuple[float, dict[str, float]]] = []
+    for ln in lines:
+        if out and ln.ts < out[-1][0]:
+            summary.skipped["out_of_order"] += 1
+            continue
+        f = ln.fields
+        gauges.update((k, f[k]) for k in GAUGES if k in f)
+        dt = ln.ts - last[ln.kind] if ln.kind in last else 0.0
+        last[ln.kind] = ln.ts
+        if ln.kind == "stats":
+            dt = min(dt, cap)
+            for key, field_ in (("prompt", "prompt_tps"), ("gen", "gen_tps")):
+                if key in counters:
+                    counters[key] += f.get(field_, 0.0) * dt
+            if "preempt" in counters:
+                counters["preempt"] += f.get("preempt_n", 0.0)
+        elif ln.kind == "preempt":
+            counters["preempt"] = max(counters.get("preempt", 0.0), f["preempt_total"])
+        elif ln.kind == "prefill" and "new" in f:
+            counters["prompt"] += f["new"] + f.get("cached", 0.0)
+            if "queries" in counters:
+                counters["queries"] += f["new"] + f.get("cached", 0.0)
+                counters["hits"] += f.get("cached", 0.0)
+            if f["new"] + f.get("cached", 0.0) > 0 and "cached" in f:
+                gauges["prefix_hit"] = f["cached"] / (f["new"] + f["cached"])
+        elif ln.kind == "decode" and "gen" in counters:
+            counters["gen"] += f.get("gen_tps", 0.0) * dt
+        elif ln.kind == "retract":
+            counters["preempt"] += f["retracted"]
+        values = {GAUGES[k]: v for k, v in gauges.items()} | {COUNTERS[k]: v for k, v in counters.items()}
+        ts = round(ln.ts, 3)
+        if not values:
+            continue
+        if out and out[-1][0] == ts:
+            out[-1] = (ts, values)             # one snapshot per time: the last line's values
+        else:
+            out.append((ts, values))
+    return out
