@@ -7,8 +7,6 @@ down, slow, malformed or missing is reported in `Health` and the agent keeps goi
 
 from __future__ import annotations
 
-import logging
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,15 +80,3 @@ def collector_option_help() -> dict[str, dict[str, str]]:
 def registered_collectors() -> dict[str, tuple[CollectorFactory, bool]]:
     """name -> (factory taking the agent config, enabled by default)."""
     return dict(_REGISTRY)
-
-
-_LAST_WARNED: dict[str, float] = {}
-
-
-def warn_every(log: logging.Logger, key: str, msg: str, *args: Any, interval_s: float = 60.0) -> None:
-    """`log.warning` at most once per `interval_s` per `key` (a bad input repeated every second
-    is logged once a minute; the counters say how many there were)."""
-    now = time.monotonic()
-    if now - _LAST_WARNED.get(key, -interval_s) >= interval_s:
-        _LAST_WARNED[key] = now
-        log.warning(msg, *args)

@@ -24,10 +24,11 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from kvscope.agent.collectors.base import Collection, Health, register_collector, warn_every
+from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import ConfigError, register_section
 from kvscope.agent.kvevents.events import KvEventError, parse_kv_batch, parse_seq
 from kvscope.agent.kvevents.residency import ResidencyTracker
+from kvscope.agent.ratelog import warn_every
 
 log = logging.getLogger("kvscope.kvevents")
 
