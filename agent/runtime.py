@@ -320,6 +320,8 @@ class AgentRuntime:
             self.state.store_stats = self.store.snapshot()   # no disk I/O: stays on the loop
         elif self.store is not None and hasattr(self.store, "stats"):
             self.state.store_stats = await asyncio.to_thread(self.store.stats)
+        if (failing := getattr(self.state.store_stats, "failing", False)) is not False:
+            self.state.collector_status["store"] = (not failing, f"write_{failing}" if failing else "ok", 0.0)
         self.state.cycles += 1
         self.state.last_cycle_s = time.monotonic() - t0
         self.state.last_cycle_end = now
