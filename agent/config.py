@@ -31,7 +31,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from itertools import accumulate
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -262,19 +262,65 @@ class Layers:
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load the YAML file (safe_load). Raises ConfigError for unreadable or non-mapping files."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        text = raw.decode("utf-8")
     except OSError as e:
         raise ConfigError(f"--config {path}: cannot read: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--config {path}: not UTF-8 text: {e}") from e
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"--config {path}: larger than {MAX_CONFIG_BYTES} bytes; not an agent config")
+    if max(accumulate(map(_FLOW.__getitem__, re.sub(r"[^\[\]{}]", "", text))), default=0) > MAX_CONFIG_DEPTH:
+        # before the parser: PyYAML's scanner is quadratic in flow nesting ([[[[...)
+        raise ConfigError(f"--config {path}: brackets nested deeper than {MAX_CONFIG_DEPTH} levels")
     try:
+        _check_yaml_shape(yaml.compose(text, Loader=yaml.SafeLoader), f"--config {path}")
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"--config {path}: not valid YAML: {e}") from e
+    except RecursionError:
+        raise ConfigError(f"--config {path}: nested too deeply to be an agent config") from None
     if doc is None:
         return {}
     if not isinstance(doc, dict):
         raise ConfigError(f"--config {path}: the top level must be a mapping of sections, "
                           f"got {type(doc).__name__}")
     return doc
+
+
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_NODES = 100_000
+"""Values a config may expand to once its YAML aliases are followed (alias bombs stop here)."""
+MAX_CONFIG_DEPTH = 50
+_FLOW = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _check_yaml_shape(root: yaml.Node | None, where: str) -> None:
+    """Refuse a recursive alias, an alias bomb or deep nesting before anything is built from the
+    document: the message names the key path and its line."""
+    budget = MAX_CONFIG_NODES
+    todo: list[tuple[yaml.Node, str, tuple[int, ...]]] = [(root, "", ())] if root is not None else []
+    while todo:
+        node, key, above = todo.pop()
+        at = f"{where}: line {node.start_mark.line + 1}: {_short(key) or 'top level'}"
+        if id(node) in above:
+            raise ConfigError(f"{at}: a YAML alias refers to a value that contains it (recursive alias)")
+        budget -= 1
+        if budget < 0:
+            raise ConfigError(f"{at}: the document expands to more than {MAX_CONFIG_NODES} values "
+                              "once its aliases are followed (an alias bomb?)")
+        if len(above) > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{at}: nested deeper than {MAX_CONFIG_DEPTH} levels")
+        inner = (*above, id(node))
+        if isinstance(node, yaml.MappingNode):
+            todo += [(v, f"{key}.{k.value}" if key else str(k.value), inner) for k, v in node.value]
+        elif isinstance(node, yaml.SequenceNode):
+            todo += [(v, f"{key}[{i}]", inner) for i, v in enumerate(node.value)]
+
+
+def _short(key: str) -> str:
+    return key if len(key) <= 80 else key[:40] + "..." + key[-37:]
 
 
 def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
