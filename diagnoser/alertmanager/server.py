@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sqlite3
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -109,7 +110,11 @@ class WebhookServer:
 
     # ---------------------------------------------------------------- handlers
     async def handle_alerts(self, request: web.Request) -> web.Response:
-        response = await self._accept(request)
+        try:
+            response = await self._accept(request)
+        except Exception:  # noqa: BLE001 - answered and counted like any other request
+            log.exception("webhook request failed")
+            response = _error(500, "internal error; see the receiver's log")
         self.counters["kvscope_webhook_requests_total", str(response.status)] += 1
         return response
 
@@ -147,8 +152,11 @@ class WebhookServer:
         return web.Response(text="ok\n")
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=render_metrics(self.counters, self.queue.qsize() if self.queue else 0,
-                                                self.store.count()),
+        try:
+            stored: int | None = self.store.count()
+        except sqlite3.Error:   # a broken store: the counters still answer, the gauge is absent
+            stored = None
+        return web.Response(text=render_metrics(self.counters, self.queue.qsize() if self.queue else 0, stored),
                             content_type="text/plain", charset="utf-8")
 
     # ---------------------------------------------------------------- work
@@ -236,7 +244,7 @@ _METRICS = {
 }
 
 
-def render_metrics(counters: Counter[tuple[str, str]], queued: int, stored: int) -> str:
+def render_metrics(counters: Counter[tuple[str, str]], queued: int, stored: int | None) -> str:
     """The receiver's own metrics in Prometheus text format 0.0.4."""
     lines = []
     for name, (label, help_) in _METRICS.items():
@@ -244,9 +252,10 @@ def render_metrics(counters: Counter[tuple[str, str]], queued: int, stored: int)
         lines += [f'{name}{{{label}="{value}"}} {n}' for (metric, value), n in sorted(counters.items())
                   if metric == name]
     lines += ["# HELP kvscope_webhook_queue_length Webhooks waiting for diagnosis.",
-              "# TYPE kvscope_webhook_queue_length gauge", f"kvscope_webhook_queue_length {queued}",
-              "# HELP kvscope_webhook_stored Diagnoses kept in the store.",
-              "# TYPE kvscope_webhook_stored gauge", f"kvscope_webhook_stored {stored}"]
+              "# TYPE kvscope_webhook_queue_length gauge", f"kvscope_webhook_queue_length {queued}"]
+    if stored is not None:
+        lines += ["# HELP kvscope_webhook_stored Diagnoses kept in the store.",
+                  "# TYPE kvscope_webhook_stored gauge", f"kvscope_webhook_stored {stored}"]
     return "\n".join(lines) + "\n"
 
 
