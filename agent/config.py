@@ -264,28 +264,34 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
-        text = raw.decode("utf-8")
     except OSError as e:
         raise ConfigError(f"--config {path}: cannot read: {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"--config {path}: not UTF-8 text: {e}") from e
+    return parse_config_yaml(raw, f"--config {path}")
+
+
+def parse_config_yaml(raw: bytes, where: str) -> dict[str, Any]:
+    """The config document in `raw` (bounded: size, nesting, aliases followed); ConfigError
+    naming `where`, the key and its line otherwise."""
     if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"--config {path}: larger than {MAX_CONFIG_BYTES} bytes; not an agent config")
+        raise ConfigError(f"{where}: larger than {MAX_CONFIG_BYTES} bytes; not an agent config")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 text: {e}") from e
     if max(accumulate(map(_FLOW.__getitem__, re.sub(r"[^\[\]{}]", "", text))), default=0) > MAX_CONFIG_DEPTH:
         # before the parser: PyYAML's scanner is quadratic in flow nesting ([[[[...)
-        raise ConfigError(f"--config {path}: brackets nested deeper than {MAX_CONFIG_DEPTH} levels")
+        raise ConfigError(f"{where}: brackets nested deeper than {MAX_CONFIG_DEPTH} levels")
     try:
-        _check_yaml_shape(yaml.compose(text, Loader=yaml.SafeLoader), f"--config {path}")
+        _check_yaml_shape(yaml.compose(text, Loader=yaml.SafeLoader), where)
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"--config {path}: not valid YAML: {e}") from e
+        raise ConfigError(f"{where}: not valid YAML: {e}") from e
     except RecursionError:
-        raise ConfigError(f"--config {path}: nested too deeply to be an agent config") from None
+        raise ConfigError(f"{where}: nested too deeply to be an agent config") from None
     if doc is None:
         return {}
     if not isinstance(doc, dict):
-        raise ConfigError(f"--config {path}: the top level must be a mapping of sections, "
-                          f"got {type(doc).__name__}")
+        raise ConfigError(f"{where}: the top level must be a mapping of sections, got {type(doc).__name__}")
     return doc
 
 
@@ -481,7 +487,10 @@ def _target(i: int, item: Any, where: str) -> Target:
         if k not in _TARGET_KEYS:
             raise ConfigError(f"{key}.{k}: unknown key (allowed: {', '.join(_TARGET_KEYS)}){where}")
     url = item.get("url")
-    parts = urlsplit(str(url)) if isinstance(url, str) else None
+    try:
+        parts = urlsplit(url) if isinstance(url, str) else None
+    except ValueError:   # "Invalid IPv6 URL": an unbalanced [ in the host
+        parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{key}.url: must be an http:// or https:// URL with a host, got {_show(url)}{where}")
     try:

@@ -245,3 +245,9 @@ def test_agent_command_rejects_an_unknown_collector_flag_value(tmp_path, capsys)
     path.write_text("collectors: {nosuch: true}\n")
     assert cli.main(["agent", "--config", str(path)]) == 2
     assert "collectors.nosuch: unknown collector" in capsys.readouterr().err
+
+
+def test_a_target_url_with_an_unbalanced_ipv6_bracket_is_a_config_error():
+    """Found by bench/fuzz_inputs.py: urlsplit raised ValueError('Invalid IPv6 URL') out of the config."""
+    with pytest.raises(ConfigError, match=r"targets\[0\].url: must be an http"):
+        build_config({"targets": [{"url": "http://[::1:8000/metrics"}]}, environ={})
