@@ -177,7 +177,7 @@ class OtlpTraceReceiver:
         for t in self._tasks:
             try:
                 await t
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, Exception):   # noqa: BLE001 - a dead loop was reported in collect()
                 pass
         self._tasks.clear()
         if self._site is not None:

@@ -210,3 +210,36 @@ def test_nested_json_and_protobuf_at_any_depth_are_400_and_the_receiver_keeps_se
     assert [s for s, _ in answers] == [400] * 5, answers
     assert all("nested deeper than 64" in t for _, t in answers[:4]) and "protobuf" in answers[4][1]
     assert rx.stats["requests"] == 1 and coll.health[0].up and coll.health[0].errors["bad_payload"] == 5
+
+
+def test_a_stitching_error_is_a_counted_500_and_a_dead_flush_loop_shows_in_health():
+    """Our own guard logic, with the stitcher made to fail once (a fake for that one call): the
+    request gets a 500, `internal_<error>` is counted in health, the next export is stitched; a
+    flush loop that ended shows the receiver down with the reason."""
+    async def body(rx):
+        real_add, calls = rx.stitcher.add, []
+
+        def failing_once(spans):
+            calls.append(1)
+            if len(calls) == 1:
+                raise KeyError("stitcher bug")
+            return real_add(spans)
+
+        rx.stitcher.add = failing_once
+        async with aiohttp.ClientSession() as s:
+            first = await s.post(f"http://127.0.0.1:{rx.port}/v1/traces", data=b"",
+                                 headers={"Content-Type": "application/x-protobuf"})
+        await asyncio.to_thread(_sdk_export, rx.port, Compression.NoCompression, 1)
+        await until(lambda: rx.stats["requests"] >= 1)
+        up = await rx.collect()
+        rx._tasks[0].cancel()                                  # the flush loop ends with an error:
+        rx._tasks[0] = asyncio.create_task(_boom())
+        await asyncio.sleep(0.05)
+        return first.status, up, await rx.collect()
+
+    async def _boom():
+        raise RuntimeError("flush loop bug")
+
+    status, up, down = asyncio.run(_with_receiver(OtlpConfig(listen="127.0.0.1:0", stitch=FAST), body))
+    assert status == 500 and up.health[0].up and up.health[0].errors["internal_KeyError"] == 1
+    assert not down.health[0].up and down.health[0].reason == "loop_RuntimeError"
