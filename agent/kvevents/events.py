@@ -65,6 +65,8 @@ def parse_kv_batch(payload: bytes, bad: Counter[str] | None = None) -> list[KvEv
         doc = _DECODER.decode(payload)
     except (msgspec.DecodeError, ValueError, TypeError) as e:   # UnicodeDecodeError is a ValueError
         raise KvEventError(f"not msgpack: {e}", "not_msgpack") from e
+    except RecursionError:   # msgspec's own depth limit (found by bench/fuzz_inputs.py)
+        raise KvEventError("msgpack nested too deeply for a KV event batch", "bad_batch") from None
     if not isinstance(doc, list) or len(doc) < 2 or not isinstance(doc[1], list):
         raise KvEventError("KV event batch must be an array [ts, events, dp_rank]")
     ts = float(doc[0]) if isinstance(doc[0], (int, float)) and math.isfinite(doc[0]) else 0.0

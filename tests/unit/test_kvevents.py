@@ -215,3 +215,10 @@ def test_a_dead_subscriber_loop_shows_in_health(tmp_path):
     up, down = asyncio.run(main())
     assert up.up and up.reason == ""
     assert not down.up and down.reason.startswith("loop_")
+
+
+def test_deeply_nested_msgpack_is_a_bad_batch():
+    """Found by bench/fuzz_inputs.py: msgspec raised RecursionError, outside KvEventError."""
+    with pytest.raises(KvEventError) as e:
+        parse_kv_batch(b"\x93\xcb" + b"\x00" * 8 + b"\x91" * 100_000)
+    assert e.value.reason == "bad_batch"
