@@ -143,7 +143,10 @@ def triage_from_replay(source: SourceSpec, replay, step_s: float | None = None) 
     if replay.start is None or replay.end is None or replay.end <= replay.start:
         raise SourceError(f"recording {path} holds fewer than two scrapes")
     step = step_s or grid_step(replay.end - replay.start)
-    frame = frame_from_samples(replay.samples, replay.start, replay.end, step)
+    try:
+        frame = frame_from_samples(replay.samples, replay.start, replay.end, step)
+    except ValueError as exc:    # over the grid's bounds (diagnoser/evaluate/frame.py)
+        raise SourceError(f"recording {path}: {exc}") from exc
     frame.facts = merge_facts(replay.facts)
     diagnosis = diagnose(frame, source=f"recording:{path.name}")
     return TriageData(source, diagnosis, frame, dict(replay.engines), evaluate_cascade(replay.samples),
