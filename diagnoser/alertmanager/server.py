@@ -6,7 +6,7 @@
     GET  /api/v1/diagnoses       newest first: id, status, alert names, likely cause per alert
                                  (?limit=N, ?alertname=X)
     GET  /api/v1/diagnoses/<id>  the enriched payload (alertmanager.py describes the shape)
-    GET  /-/healthy              200 while the process runs
+    GET  /-/healthy              200 while the process and its diagnosis worker run, else 503
     GET  /metrics                the receiver's own counters (kvscope_webhook_*), Prometheus text
 
 One worker diagnoses webhooks in arrival order: for each firing alert it reads the window from
@@ -103,7 +103,7 @@ class WebhookServer:
             self._worker.cancel()
             try:
                 await self._worker
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, Exception):   # noqa: BLE001 - a dead worker was shown in /-/healthy
                 pass
         if self.session:
             await self.session.close()
@@ -149,6 +149,8 @@ class WebhookServer:
         return web.json_response(row) if row else _error(404, "no such diagnosis")
 
     async def handle_healthy(self, request: web.Request) -> web.Response:
+        if self._worker is not None and self._worker.done():
+            return web.Response(status=503, text="the diagnosis worker stopped; see the log\n")
         return web.Response(text="ok\n")
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
@@ -175,7 +177,10 @@ class WebhookServer:
             except Exception as exc:  # noqa: BLE001 - one bad webhook must not stop the worker
                 log.exception("diagnosis %s failed", row_id)
                 self.counters["kvscope_webhook_diagnoses_total", "error"] += 1
-                self.store.update(row_id, {**doc, "kvscope_error": f"{type(exc).__name__}: {exc}"}, "error")
+                try:
+                    self.store.update(row_id, {**doc, "kvscope_error": f"{type(exc).__name__}: {exc}"}, "error")
+                except sqlite3.Error:
+                    log.exception("diagnosis %s: its error could not be stored", row_id)
             finally:
                 self.queue.task_done()
 

@@ -194,9 +194,18 @@ def test_nested_json_at_any_depth_is_a_400_and_every_answer_is_counted():
             server.store._db.close()                          # the store fails from now on
             broken = await client.post("/api/v1/alerts", data=_body(WEBHOOK))
             metrics = await (await client.get("/metrics")).text()
-        return answers, ok, broken.status, metrics
+            for _ in range(100):                              # the accepted one failed to store: the worker goes on
+                if server.counters["kvscope_webhook_diagnoses_total", "error"]:
+                    break
+                await asyncio.sleep(0.05)
+            healthy = [(await client.get("/-/healthy")).status]
+            server._worker.cancel()                           # a worker that ended shows in /-/healthy
+            await asyncio.sleep(0.05)
+            healthy.append((await client.get("/-/healthy")).status)
+        return answers, ok, broken.status, metrics, healthy
 
-    answers, ok, broken, metrics = asyncio.run(scenario())
+    answers, ok, broken, metrics, healthy = asyncio.run(scenario())
+    assert healthy == [200, 503]
     assert [s for s, _ in answers] == [400, 400, 400] and all("nested deeper than 64" in e for _, e in answers)
     assert ok == 200 and broken == 500
     assert 'kvscope_webhook_requests_total{code="400"} 3' in metrics
