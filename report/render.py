@@ -116,7 +116,7 @@ def is_numeric_cell(text: str) -> bool:
 _MD_SPECIAL = re.compile(r"([\\`\[\]|])")
 
 
-def md_escape(text: str) -> str:
+def md_escape(text: object) -> str:
     """Text as literal Markdown: line breaks become spaces (no heading or row of its own), HTML is
     escaped, and so are pipes, backticks, brackets and backslashes (a label value stays one table
     cell and makes no code span or link)."""
