@@ -31,7 +31,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from itertools import accumulate
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -262,19 +262,71 @@ class Layers:
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load the YAML file (safe_load). Raises ConfigError for unreadable or non-mapping files."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"--config {path}: cannot read: {e.strerror or e}") from e
+    return parse_config_yaml(raw, f"--config {path}")
+
+
+def parse_config_yaml(raw: bytes, where: str) -> dict[str, Any]:
+    """The config document in `raw` (bounded: size, nesting, aliases followed); ConfigError
+    naming `where`, the key and its line otherwise."""
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{where}: larger than {MAX_CONFIG_BYTES} bytes; not an agent config")
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 text: {e}") from e
+    if max(accumulate(map(_FLOW.__getitem__, re.sub(r"[^\[\]{}]", "", text))), default=0) > MAX_CONFIG_DEPTH:
+        # before the parser: PyYAML's scanner is quadratic in flow nesting ([[[[...)
+        raise ConfigError(f"{where}: brackets nested deeper than {MAX_CONFIG_DEPTH} levels")
+    try:
+        _check_yaml_shape(yaml.compose(text, Loader=yaml.SafeLoader), where)
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"--config {path}: not valid YAML: {e}") from e
+        raise ConfigError(f"{where}: not valid YAML: {e}") from e
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply to be an agent config") from None
     if doc is None:
         return {}
     if not isinstance(doc, dict):
-        raise ConfigError(f"--config {path}: the top level must be a mapping of sections, "
-                          f"got {type(doc).__name__}")
+        raise ConfigError(f"{where}: the top level must be a mapping of sections, got {type(doc).__name__}")
     return doc
+
+
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_NODES = 100_000
+"""Values a config may expand to once its YAML aliases are followed (alias bombs stop here)."""
+MAX_CONFIG_DEPTH = 50
+_FLOW = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _check_yaml_shape(root: yaml.Node | None, where: str) -> None:
+    """Refuse a recursive alias, an alias bomb or deep nesting before anything is built from the
+    document: the message names the key path and its line."""
+    budget = MAX_CONFIG_NODES
+    todo: list[tuple[yaml.Node, str, tuple[int, ...]]] = [(root, "", ())] if root is not None else []
+    while todo:
+        node, key, above = todo.pop()
+        at = f"{where}: line {node.start_mark.line + 1}: {_short(key) or 'top level'}"
+        if id(node) in above:
+            raise ConfigError(f"{at}: a YAML alias refers to a value that contains it (recursive alias)")
+        budget -= 1
+        if budget < 0:
+            raise ConfigError(f"{at}: the document expands to more than {MAX_CONFIG_NODES} values "
+                              "once its aliases are followed (an alias bomb?)")
+        if len(above) > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{at}: nested deeper than {MAX_CONFIG_DEPTH} levels")
+        inner = (*above, id(node))
+        if isinstance(node, yaml.MappingNode):
+            todo += [(v, f"{key}.{k.value}" if key else str(k.value), inner) for k, v in node.value]
+        elif isinstance(node, yaml.SequenceNode):
+            todo += [(v, f"{key}[{i}]", inner) for i, v in enumerate(node.value)]
+
+
+def _short(key: str) -> str:
+    return key if len(key) <= 80 else key[:40] + "..." + key[-37:]
 
 
 def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
@@ -435,7 +487,10 @@ def _target(i: int, item: Any, where: str) -> Target:
         if k not in _TARGET_KEYS:
             raise ConfigError(f"{key}.{k}: unknown key (allowed: {', '.join(_TARGET_KEYS)}){where}")
     url = item.get("url")
-    parts = urlsplit(str(url)) if isinstance(url, str) else None
+    try:
+        parts = urlsplit(url) if isinstance(url, str) else None
+    except ValueError:   # "Invalid IPv6 URL": an unbalanced [ in the host
+        parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{key}.url: must be an http:// or https:// URL with a host, got {_show(url)}{where}")
     try:

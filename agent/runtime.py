@@ -3,7 +3,8 @@ state that the agent's HTTP server exposes.
 
 One asyncio loop runs collection and serving. A collector that raises, hangs or cannot even be
 built never stops the loop: it is reported down with a reason (`exception_ValueError`,
-`collect_timeout`, `init_ImportError`...) in `kvscope_collector_status` and the others go on.
+`collect_timeout`, `init_ImportError`...) in `kvscope_collector_status` and the others go on. A
+cycle that raises anyway is reported as collector `cycle` (`exception_<error>`) and the next runs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from kvscope.agent import collectors as collectors_pkg
 from kvscope.agent.collectors.base import Collection, Collector, Health, registered_collectors
 from kvscope.agent.config import AgentConfig
+from kvscope.agent.ratelog import warn_every
 from kvscope.agent.scrape.stamped import Parts, Stamped
 from kvscope.agent.signals import Labels, Sample, make_labels
 
@@ -320,6 +322,8 @@ class AgentRuntime:
             self.state.store_stats = self.store.snapshot()   # no disk I/O: stays on the loop
         elif self.store is not None and hasattr(self.store, "stats"):
             self.state.store_stats = await asyncio.to_thread(self.store.stats)
+        if (failing := getattr(self.state.store_stats, "failing", False)) is not False:
+            self.state.collector_status["store"] = (not failing, f"write_{failing}" if failing else "ok", 0.0)
         self.state.cycles += 1
         self.state.last_cycle_s = time.monotonic() - t0
         self.state.last_cycle_end = now
@@ -392,7 +396,14 @@ class AgentRuntime:
         interval = self.config.interval_s
         next_tick = time.monotonic()
         while not self._stop.is_set():
-            await self.run_cycle()
+            try:
+                await self.run_cycle()
+                if "cycle" in self.state.collector_status:
+                    self.state.collector_status["cycle"] = (True, "ok", 0.0)
+            except Exception as e:  # noqa: BLE001 - a bug in one cycle must not stop the agent
+                warn_every(log, f"cycle:{type(e).__name__}", "collection cycle failed: %r; the next runs on time", e)
+                self.state.collector_status["cycle"] = (False, f"exception_{type(e).__name__}", 0.0)
+                self.state.version += 1
             if self.state.cycles == 1 and self.freeze_gc:
                 _freeze_startup_objects()
             next_tick += interval

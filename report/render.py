@@ -113,9 +113,19 @@ def is_numeric_cell(text: str) -> bool:
     return bool(_NUMERIC.match(text)) or text in (ABSENT, "n/a")
 
 
+_MD_SPECIAL = re.compile(r"([\\`\[\]|])")
+
+
+def md_escape(text: object) -> str:
+    """Text as literal Markdown: line breaks become spaces (no heading or row of its own), HTML is
+    escaped, and so are pipes, backticks, brackets and backslashes (a label value stays one table
+    cell and makes no code span or link)."""
+    return _MD_SPECIAL.sub(r"\\\1", html.escape(" ".join(str(text).splitlines()), quote=False))
+
+
 def _md_table(rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    out = ["| " + " | ".join(map(md_escape, rows[0])) + " |", "|" + "---|" * len(rows[0])]
+    out += ["| " + " | ".join(map(md_escape, r)) + " |" for r in rows[1:]]
     return out
 
 
@@ -144,10 +154,10 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
 def render_markdown(report: WeeklyReport) -> str:
     """The report as Markdown."""
     lines = [f"# kvscope weekly efficiency review: {_when(report.this.start)} → {_when(report.this.end)}", "",
-             f"Source: {report.source}. GPU-hour price: ${report.gpu_hour_cost:,.2f}.", ""]
+             f"Source: {md_escape(report.source)}. GPU-hour price: ${report.gpu_hour_cost:,.2f}.", ""]
     for title, body in _sections(report):
         lines += [f"## {title}", ""]
-        lines += _md_table(body) if body and isinstance(body[0], list) else [str(x) for x in body]
+        lines += _md_table(body) if body and isinstance(body[0], list) else [md_escape(x) for x in body]
         lines.append("")
     return "\n".join(lines)
 

@@ -72,6 +72,7 @@ class TriageData:
     engines: dict[str, str | None] = field(default_factory=dict)
     cascades: dict = field(default_factory=dict)   # instance -> agent.derive.cascade.CascadeReport
     series: SeriesSet | None = None                # for the efficiency page
+    notes: list[str] = field(default_factory=list)  # what reading the source left out, and why
 
 
 def load_triage(source: SourceSpec, step_s: float | None = None) -> TriageData:
@@ -143,11 +144,14 @@ def triage_from_replay(source: SourceSpec, replay, step_s: float | None = None) 
     if replay.start is None or replay.end is None or replay.end <= replay.start:
         raise SourceError(f"recording {path} holds fewer than two scrapes")
     step = step_s or grid_step(replay.end - replay.start)
-    frame = frame_from_samples(replay.samples, replay.start, replay.end, step)
+    try:
+        frame = frame_from_samples(replay.samples, replay.start, replay.end, step)
+    except ValueError as exc:    # over the grid's bounds (diagnoser/evaluate/frame.py)
+        raise SourceError(f"recording {path}: {exc}") from exc
     frame.facts = merge_facts(replay.facts)
     diagnosis = diagnose(frame, source=f"recording:{path.name}")
     return TriageData(source, diagnosis, frame, dict(replay.engines), evaluate_cascade(replay.samples),
-                      series_set_from_samples(replay.samples))
+                      series_set_from_samples(replay.samples), list(replay.notes))
 
 
 def _from_remote(source: SourceSpec, step_s: float) -> TriageData:

@@ -37,6 +37,8 @@ def render(data: TriageData) -> None:
                f"{counts_caption(d)}")
     if scale_note(d):
         st.caption(scale_note(d))
+    for note in data.notes:
+        st.warning(note)
     if d.likely_cause is None and d.skipped:
         missing = missing_summary(d)
         st.info(f"No rule fired among the {d.rules_evaluated - len(d.skipped)} rules this source could feed; "

@@ -26,6 +26,7 @@ for a recorder hooked on the running agent.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import AgentConfig, Target
 from kvscope.agent.normalize.blockcache import BlockCache
 from kvscope.agent.normalize.dialect import Normalized, detect_engine, normalize
+from kvscope.agent.ratelog import warn_every
 from kvscope.agent.scrape.exposition import Exposition, ParseIssue, parse_exposition
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
 from kvscope.agent.scrape.httpclient import HttpClient
@@ -40,6 +42,7 @@ from kvscope.agent.scrape.stamped import Parts
 from kvscope.agent.signals import Catalog, load_catalog
 
 NAME = "engine"
+log = logging.getLogger("kvscope.engine")
 
 
 @dataclass
@@ -118,8 +121,23 @@ class EngineCollector:
         out = Collection()
         out.samples = Parts()   # type: ignore[assignment]
         for scrape in await self.scrape_all():
-            self._normalize_into(scrape, out)
+            try:
+                self._normalize_into(scrape, out)
+            except Exception as e:  # noqa: BLE001 - one target's payload must not cost the other targets
+                self._failed(scrape.target.instance, e, out)
         return out
+
+    def _failed(self, instance: str, e: Exception, out: Collection) -> None:
+        """A bug reading one target's payload: that target is down with reason `parse_<error>`,
+        counted, logged (rate-limited); its block memo is dropped; the other targets go on."""
+        self._caches.pop(instance, None)
+        reason = f"parse_{type(e).__name__}"
+        health = next((h for h in reversed(out.health) if h.target == instance), None)
+        if health is None:
+            out.health.append(health := Health(collector=NAME, target=instance))
+        health.up, health.reason = False, reason
+        health.errors[reason] += 1
+        warn_every(log, f"engine:{reason}", "reading the payload of %s failed: %r; target reported down", instance, e)
 
     def _normalize_into(self, scrape: TargetScrape, out: Collection) -> None:
         target = scrape.target

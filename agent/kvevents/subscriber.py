@@ -28,6 +28,7 @@ from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import ConfigError, register_section
 from kvscope.agent.kvevents.events import KvEventError, parse_kv_batch, parse_seq
 from kvscope.agent.kvevents.residency import ResidencyTracker
+from kvscope.agent.ratelog import warn_every
 
 log = logging.getLogger("kvscope.kvevents")
 
@@ -63,7 +64,8 @@ class KvEventSubscriber:
                  context: zmq.asyncio.Context | None = None) -> None:
         self.source = source
         self.tracker = tracker or ResidencyTracker(source.instance)
-        self.stats: Counter[str] = Counter()
+        self.stats: Counter[str] = Counter()     # batches, events, missed_batches
+        self.errors: Counter[str] = Counter()    # bad messages and events by reason
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
@@ -85,7 +87,7 @@ class KvEventSubscriber:
             self._task.cancel()
             try:
                 await self._task
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, Exception):   # noqa: BLE001 - a dead loop's error is in `dead`
                 pass
             self._task = None
         if self._sock is not None:
@@ -95,33 +97,46 @@ class KvEventSubscriber:
     async def _loop(self) -> None:
         assert self._sock is not None
         while True:
-            frames = await self._sock.recv_multipart()
-            self.handle(frames)
+            frames = await self._sock.recv_multipart()   # a socket error ends the loop: `dead` says why
+            try:
+                self.handle(frames)
+            except Exception as e:  # noqa: BLE001 - a bug on one message must not lose the later ones
+                self._bad(f"exception_{type(e).__name__}", e)
+
+    @property
+    def dead(self) -> str | None:
+        """Why the receive loop ended (`loop_<exception>`), or None while it runs."""
+        t = self._task
+        if t is None or not t.done() or t.cancelled():
+            return None
+        return f"loop_{type(t.exception()).__name__}"
 
     def handle(self, frames: list[bytes]) -> None:
-        """One multipart message: [topic, seq, payload] (or [seq, payload] without topic)."""
+        """One multipart message: [topic, seq, payload] (or [seq, payload] without topic).
+        A bad message or event is counted in `errors` by reason, never raised."""
         try:
             if len(frames) not in (2, 3):
-                raise KvEventError(f"{len(frames)} frames, want [topic, seq, payload]")
+                raise KvEventError(f"{len(frames)} frames, want [topic, seq, payload]", "bad_frames")
             seq = parse_seq(frames[-2])
         except KvEventError as e:
-            self._bad(e)
+            self._bad(e.reason, e)
             return
         if self._last_seq is not None and seq > self._last_seq + 1:
             self.stats["missed_batches"] += seq - self._last_seq - 1
         self._last_seq = seq                 # received, even if its payload turns out bad
         try:
-            events = parse_kv_batch(frames[-1])
+            events = parse_kv_batch(frames[-1], self.errors)
         except KvEventError as e:
-            self._bad(e)
+            self._bad(e.reason, e)
             return
         self.stats["batches"] += 1
         self.stats["events"] += len(events)
         self.tracker.apply(events)
 
-    def _bad(self, e: Exception) -> None:
-        self.stats["bad_message"] += 1
-        log.debug("bad KV event message from %s: %s", self.source.endpoint, e)
+    def _bad(self, reason: str, e: Exception) -> None:
+        self.errors[reason] += 1
+        warn_every(log, f"kvevents:{reason}", "bad KV event message from %s (%s): %s",
+                   self.source.endpoint, reason, e)
 
 
 @register_collector("kv_events", default_enabled=True)
@@ -142,10 +157,12 @@ class KvEventsCollector:
         for sub in self.subscribers:
             await sub.start()
             health = Health(collector=self.name, target=sub.source.instance)
-            totals = sub.stats + sub.tracker.stats
+            if dead := sub.dead:
+                health.up, health.reason = False, dead
+            totals = sub.stats + sub.tracker.stats + sub.errors
             delta = totals - self._reported.get(sub.source.endpoint, Counter())
             self._reported[sub.source.endpoint] = Counter(totals)
-            health.errors.update({k: v for k, v in delta.items() if k in ("bad_message", "missed_batches")})
+            health.errors.update({k: v for k, v in delta.items() if k in sub.errors or k == "missed_batches"})
             health.dropped.update({k: v for k, v in delta.items() if k.endswith("_overflow")})
             samples = sub.tracker.render_samples(time.time())
             health.series = len(samples)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from kvscope.agent.recording.timespan import drop_time_outliers
 from kvscope.agent.scrape.exposition import (
     Exposition,
     RawSample,
@@ -182,9 +183,12 @@ def read_recording_text(path: str | os.PathLike[str]) -> str:
 def read_recording(path: str | os.PathLike[str]) -> tuple[list[Scrape], Exposition]:
     """All scrapes in a recording, ordered by (job, instance, timestamp).
 
-    Also returns the parsed exposition (types, helps, parse issues) of the whole file.
+    Also returns the parsed exposition (types, helps, parse issues) of the whole file. Samples
+    timestamped far from the rest are dropped and reported there (agent/recording/timespan.py).
     """
-    expo = parse_exposition(read_recording_text(path), openmetrics=True)
+    text = read_recording_text(path)
+    expo = parse_exposition(text, openmetrics=True)
+    drop_time_outliers(expo, text, path)
     return group_scrapes(expo.samples), expo
 
 

@@ -53,6 +53,7 @@ class Replay:
     facts: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # instance -> rank -> facts
     unmapped: Counter[str] = field(default_factory=Counter)            # instance -> count
     span_stats: Counter[str] = field(default_factory=Counter)          # spans read, requests, bad lines
+    notes: list[str] = field(default_factory=list)                     # what reading left out, and why
     start: float | None = None
     end: float | None = None
 
@@ -112,7 +113,7 @@ def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = Non
     """
     catalog = catalog or load_catalog()
     scrapes, whole = read_recording(path)
-    out = Replay()
+    out = Replay(notes=[i.text for i in whole.issues if i.reason == "timestamp_outlier"])
     for (job, instance), target_scrapes in scrapes_by_target(scrapes):
         union = Exposition(samples=[s for sc in target_scrapes for s in sc.samples[:2000]],
                            types=whole.types)

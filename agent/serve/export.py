@@ -18,6 +18,8 @@ Self-health families (all prefixed `kvscope_`):
     engine_info{job,instance,engine,<facts>}      1; facts such as block_size, cache_dtype,
                                                   enable_prefix_caching
     cycle_duration_seconds, cycles_total, store_* (from the store's stats)
+    store_write_errors_total{reason}              failed store writes (disk_full, io_error, corrupt...);
+                                                  while they fail, collector_up{collector="store"} is 0
 """
 
 from __future__ import annotations
@@ -216,7 +218,11 @@ def _store_families(stats: Any) -> list[Family]:
     dropped = Family("kvscope_store_samples_dropped_total", "counter", "Samples the store dropped, by reason.")
     for reason, n in sorted(getattr(stats, "dropped", {}).items()):
         dropped.add({"reason": reason}, float(n))
-    return fams + [dropped]
+    errors = Family("kvscope_store_write_errors_total", "counter",
+                    "Failed store writes and retention passes by reason (disk_full, io_error, corrupt, busy...).")
+    for reason, n in sorted(getattr(stats, "errors", {}).items()):
+        errors.add({"reason": reason}, float(n))
+    return fams + [dropped, errors]
 
 
 def render_metrics(state: Any, catalog: Catalog) -> str:

@@ -37,6 +37,7 @@ its space) is never run automatically.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sqlite3
@@ -48,12 +49,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from kvscope.agent.ratelog import warn_every
 from kvscope.agent.scrape.stamped import Parts
 from kvscope.agent.signals import Labels, Sample
 from kvscope.agent.store.changepoints import ChangeEncoder, Encoded, StampIndex, fill_points
 from kvscope.agent.store.retention import RetentionMixin
 
 Points = list[tuple[float, float]]
+log = logging.getLogger("kvscope.store")
 
 DEFAULT_RETENTION_S = 7 * 86400
 DEFAULT_MAX_BYTES = 1 << 30
@@ -113,7 +116,8 @@ class StoreStats:
     unchanged: int = 0                # of those, stored without a row (value as at the previous scrape)
     batches: int = 0
     dropped: Counter[str] = field(default_factory=Counter)   # samples dropped, by reason
-    errors: Counter[str] = field(default_factory=Counter)    # failed background operations
+    errors: Counter[str] = field(default_factory=Counter)    # failed writes / retention passes, by reason
+    failing: str | None = None        # reason while the latest write failed (disk_full...), None once one succeeds
     deleted: Counter[str] = field(default_factory=Counter)   # rows removed by retention: age | size
     last_write_latency_s: float = 0.0
     max_write_latency_s: float = 0.0
@@ -247,8 +251,24 @@ def _labels_from_json(text: str) -> Labels:
     return tuple((str(k), str(v)) for k, v in json.loads(text))
 
 
-class StoreError(RuntimeError):
+_REASONS = {"SQLITE_FULL": "disk_full", "SQLITE_CORRUPT": "corrupt", "SQLITE_NOTADB": "corrupt",
+            "SQLITE_BUSY": "busy", "SQLITE_LOCKED": "busy", "SQLITE_READONLY": "read_only",
+            "SQLITE_CANTOPEN": "cant_open", "SQLITE_IOERR": "io_error"}
+
+
+def error_reason(exc: BaseException) -> str:
+    """A stable token for a store failure: disk_full, io_error, corrupt, busy, read_only... or the
+    exception's type name when SQLite gives no error code."""
+    base = "_".join((getattr(exc, "sqlite_errorname", "") or "").split("_")[:2])   # SQLITE_IOERR_WRITE -> SQLITE_IOERR
+    return _REASONS.get(base) or base.lower().removeprefix("sqlite_") or type(exc).__name__
+
+
+class StoreError(OSError):
     """The database cannot be opened or has an unexpected schema; the message names the file."""
+
+
+DAMAGED = ("; the file is damaged or is not a kvscope store: move it aside (or delete it) and "
+           "start again, a new store is created")
 
 
 class SqliteStore(RetentionMixin):
@@ -282,19 +302,22 @@ class SqliteStore(RetentionMixin):
         self._closed = False
         self._wake = threading.Event()
         self._stop = threading.Event()
-        if read_only:   # a reader beside a running agent: no writes, no checkpoints, no new file
-            self._reader = self._connect_read_only()
-            self._writer = self._reader
-            self._check_schema()
-        else:
-            self._writer = self._connect(synchronous)
-            self._init_schema()
-            self._reader = self._connect(synchronous)
         self._ids: dict[tuple[str, Labels], int] = {}
         self._by_name: dict[str, list[tuple[Labels, int]]] = {}
         self._max_id = 0
-        self._load_series()
-        self._encoder = ChangeEncoder(self._series_for, self._next_group())
+        try:
+            if read_only:   # a reader beside a running agent: no writes, no checkpoints, no new file
+                self._reader = self._connect_read_only()
+                self._writer = self._reader
+                self._check_schema()
+            else:
+                self._writer = self._connect(synchronous)
+                self._init_schema()
+                self._reader = self._connect(synchronous)
+            self._load_series()
+            self._encoder = ChangeEncoder(self._series_for, self._next_group())
+        except sqlite3.DatabaseError as exc:   # a damaged file: pages the first reads touch
+            raise StoreError(f"{self.path}: {exc}{DAMAGED}") from exc
         self._created: list[tuple[int, str, Labels]] | None = None
         self._snapshot: StoreStats | None = None
         self._row_offset: int | None = None   # rows at open, counted on first stats() (a full scan)
@@ -320,7 +343,8 @@ class SqliteStore(RetentionMixin):
             conn.execute(f"PRAGMA synchronous={'FULL' if synchronous.upper() == 'FULL' else 'NORMAL'}")
             return conn
         except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"{self.path}: cannot open store: {exc}") from exc
+            raise StoreError(f"{self.path}: cannot open store: {exc}"
+                             f"{DAMAGED if isinstance(exc, sqlite3.DatabaseError) else ''}") from exc
 
     def _connect_read_only(self) -> sqlite3.Connection:
         if not self.path.is_file():
@@ -471,6 +495,7 @@ class SqliteStore(RetentionMixin):
             if lost > 0:
                 st.dropped["duplicate"] += lost
             st.rows += inserted
+            st.failing = None
             st.written += enc.accepted - max(0, lost)
             st.unchanged += enc.accepted - len(enc.points)
             st.batches += 1
@@ -481,10 +506,10 @@ class SqliteStore(RetentionMixin):
 
     def _requeue(self, batch: list[tuple[float, Sequence[Sample]]], exc: sqlite3.Error) -> None:
         with self._qlock:
-            self._stats.errors[type(exc).__name__] += 1
             self._queue.extendleft(reversed(batch))
             self._queued += sum(len(chunk) for _, chunk in batch)
             self._trim_queue()
+        self._failed(exc)
 
     def _undo(self, exc: BaseException) -> None:
         """A batch failed: roll back, forget the series its transaction created and the
@@ -538,8 +563,17 @@ class SqliteStore(RetentionMixin):
                 self._snapshot = self._stats_via(self._writer, self._wlock)
             except Exception as exc:   # noqa: BLE001 - the writer thread must outlive any one failure
                 self._rollback()
-                with self._qlock:
-                    self._stats.errors[type(exc).__name__] += 1
+                self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        """Count a failed write or retention pass by reason, mark the store failing, log (rate-limited)."""
+        reason = error_reason(exc)
+        with self._qlock:
+            self._stats.errors[reason] += 1
+            self._stats.failing = reason
+            queued = self._queued
+        warn_every(log, f"store:{reason}", "store %s: writes failing (%s: %s); %d samples queued for retry "
+                   "(the oldest are dropped past %d)", self.path, reason, exc, queued, self.max_queue)
 
     def snapshot(self) -> StoreStats:
         """`stats()` without touching the disk, for the scrape loop: the counters as of now, the
@@ -555,6 +589,8 @@ class SqliteStore(RetentionMixin):
         with self._slock:
             st.series = len(self._ids)
         st.rows, st.bytes, st.used_bytes = last.rows, last.bytes, last.used_bytes
+        if self._thread is not None and not self._thread.is_alive() and not self._closed:
+            st.failing = "writer_dead"
         return st
 
     # ------------------------------------------------------------------ read path

@@ -8,13 +8,14 @@ raises `OtlpDecodeError`, which the receiver answers with HTTP 400.
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from kvscope.agent.serve.jsonbody import loads_bounded
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -102,8 +103,8 @@ def _pb_value(v: Any) -> Any:
 
 def _from_json(body: bytes) -> Iterator[Span]:
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+        doc = loads_bounded(body)
+    except ValueError as e:   # UnicodeDecodeError is one
         raise OtlpDecodeError(f"not JSON: {e}") from e
     if not isinstance(doc, dict):
         raise OtlpDecodeError("OTLP/JSON body must be an object with resourceSpans")

@@ -40,6 +40,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import ConfigError, parse_bytes, parse_seconds, register_section
 from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
+from kvscope.agent.ratelog import warn_every
 from kvscope.agent.serve.site import HttpSite
 from kvscope.agent.signals import make_labels
 from kvscope.agent.traces.export import encode_spans, render_phase_spans
@@ -176,7 +177,7 @@ class OtlpTraceReceiver:
         for t in self._tasks:
             try:
                 await t
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, Exception):   # noqa: BLE001 - a dead loop was reported in collect()
                 pass
         self._tasks.clear()
         if self._site is not None:
@@ -203,7 +204,8 @@ class OtlpTraceReceiver:
             return web.Response(status=400, text=str(e))
         self.stats["spans"] += len(spans)
         limited = self.stitcher.dropped["span_limit"]
-        self._emit(self.stitcher.add(spans))
+        if not self._guard(lambda: self._emit(self.stitcher.add(spans))):
+            return web.Response(status=500, text="internal error stitching these spans; counted, see the agent log")
         rejected = self.stitcher.dropped["span_limit"] - limited
         if self.config.forward_url:
             headers = {"Content-Type": ctype}
@@ -228,14 +230,25 @@ class OtlpTraceReceiver:
                 async with self._session.post(url, data=body, headers=headers) as resp:
                     await resp.read()
                     self.stats["forwarded" if resp.status < 300 else f"forward_http_{resp.status}"] += 1
-            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
                 self.stats[f"forward_{type(e).__name__}"] += 1
 
     async def _flush_loop(self) -> None:
         assert self.config is not None
         while True:
             await asyncio.sleep(self.config.flush_interval_s)
-            self._emit(self.stitcher.flush())
+            self._guard(lambda: self._emit(self.stitcher.flush()))
+
+    def _guard(self, step: Callable[[], None]) -> bool:
+        """Run one step of handling; a bug on one input is counted (`internal_<error>`), logged
+        (rate-limited) and survived. Returns whether it succeeded."""
+        try:
+            step()
+            return True
+        except Exception as e:  # noqa: BLE001 - one bad trace must not stop the receiver
+            self.stats[f"internal_{type(e).__name__}"] += 1
+            warn_every(log, f"otlp:{type(e).__name__}", "OTLP receiver: %r while stitching; counted", e)
+            return False
 
     # ------------------------------------------------------------ records
     def ingest(self, spans: list) -> list[RequestRecord]:
@@ -271,14 +284,16 @@ class OtlpTraceReceiver:
             await self.start()
         except OSError as e:
             health.up, health.reason = False, f"bind_{e.errno}"
-        self._emit(self.stitcher.flush())
+        self._guard(lambda: self._emit(self.stitcher.flush()))
+        if dead := next((t for t in self._tasks if t.done() and not t.cancelled()), None):
+            health.up, health.reason = False, f"loop_{type(dead.exception()).__name__}"
         now = time.time()
         samples = self.phases.render(now) + self.tenants.render(now)
         totals = self.stats + Counter({f"trace_{k}": v for k, v in self.stitcher.dropped.items()})
         delta = totals - self._reported
         self._reported = Counter(totals)
-        health.errors.update({k: v for k, v in delta.items() if k == "bad_payload" or k.startswith("forward_")
-                              and k != "forwarded"})
+        health.errors.update({k: v for k, v in delta.items() if k == "bad_payload" or k.startswith("internal_")
+                              or k.startswith("forward_") and k != "forwarded"})
         health.dropped.update({k: v for k, v in delta.items() if k.startswith("trace_")})
         health.series, health.duration_s = len(samples), time.perf_counter() - t0
         return Collection(samples=samples, health=[health])

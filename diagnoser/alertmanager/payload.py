@@ -18,10 +18,11 @@ Findings use the JSON layout of diagnoser/findings.py (`Finding.to_dict`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from kvscope.agent.serve.jsonbody import loads_bounded
 
 WEBHOOK_VERSION = "4"
 MAX_ALERTS = 50
@@ -70,8 +71,8 @@ def parse_time(text: Any) -> float | None:
 def parse_webhook(body: bytes) -> dict[str, Any]:
     """Validate a webhook body; returns the decoded document. Raises WebhookError."""
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        doc = loads_bounded(body)
+    except ValueError as exc:   # UnicodeDecodeError is one
         raise WebhookError(f"body is not JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise WebhookError("body must be a JSON object")

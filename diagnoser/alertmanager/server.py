@@ -6,7 +6,7 @@
     GET  /api/v1/diagnoses       newest first: id, status, alert names, likely cause per alert
                                  (?limit=N, ?alertname=X)
     GET  /api/v1/diagnoses/<id>  the enriched payload (alertmanager.py describes the shape)
-    GET  /-/healthy              200 while the process runs
+    GET  /-/healthy              200 while the process and its diagnosis worker run, else 503
     GET  /metrics                the receiver's own counters (kvscope_webhook_*), Prometheus text
 
 One worker diagnoses webhooks in arrival order: for each firing alert it reads the window from
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sqlite3
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -102,14 +103,18 @@ class WebhookServer:
             self._worker.cancel()
             try:
                 await self._worker
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, Exception):   # noqa: BLE001 - a dead worker was shown in /-/healthy
                 pass
         if self.session:
             await self.session.close()
 
     # ---------------------------------------------------------------- handlers
     async def handle_alerts(self, request: web.Request) -> web.Response:
-        response = await self._accept(request)
+        try:
+            response = await self._accept(request)
+        except Exception:  # noqa: BLE001 - answered and counted like any other request
+            log.exception("webhook request failed")
+            response = _error(500, "internal error; see the receiver's log")
         self.counters["kvscope_webhook_requests_total", str(response.status)] += 1
         return response
 
@@ -144,11 +149,16 @@ class WebhookServer:
         return web.json_response(row) if row else _error(404, "no such diagnosis")
 
     async def handle_healthy(self, request: web.Request) -> web.Response:
+        if self._worker is not None and self._worker.done():
+            return web.Response(status=503, text="the diagnosis worker stopped; see the log\n")
         return web.Response(text="ok\n")
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=render_metrics(self.counters, self.queue.qsize() if self.queue else 0,
-                                                self.store.count()),
+        try:
+            stored: int | None = self.store.count()
+        except sqlite3.Error:   # a broken store: the counters still answer, the gauge is absent
+            stored = None
+        return web.Response(text=render_metrics(self.counters, self.queue.qsize() if self.queue else 0, stored),
                             content_type="text/plain", charset="utf-8")
 
     # ---------------------------------------------------------------- work
@@ -167,7 +177,10 @@ class WebhookServer:
             except Exception as exc:  # noqa: BLE001 - one bad webhook must not stop the worker
                 log.exception("diagnosis %s failed", row_id)
                 self.counters["kvscope_webhook_diagnoses_total", "error"] += 1
-                self.store.update(row_id, {**doc, "kvscope_error": f"{type(exc).__name__}: {exc}"}, "error")
+                try:
+                    self.store.update(row_id, {**doc, "kvscope_error": f"{type(exc).__name__}: {exc}"}, "error")
+                except sqlite3.Error:
+                    log.exception("diagnosis %s: its error could not be stored", row_id)
             finally:
                 self.queue.task_done()
 
@@ -236,7 +249,7 @@ _METRICS = {
 }
 
 
-def render_metrics(counters: Counter[tuple[str, str]], queued: int, stored: int) -> str:
+def render_metrics(counters: Counter[tuple[str, str]], queued: int, stored: int | None) -> str:
     """The receiver's own metrics in Prometheus text format 0.0.4."""
     lines = []
     for name, (label, help_) in _METRICS.items():
@@ -244,9 +257,10 @@ def render_metrics(counters: Counter[tuple[str, str]], queued: int, stored: int)
         lines += [f'{name}{{{label}="{value}"}} {n}' for (metric, value), n in sorted(counters.items())
                   if metric == name]
     lines += ["# HELP kvscope_webhook_queue_length Webhooks waiting for diagnosis.",
-              "# TYPE kvscope_webhook_queue_length gauge", f"kvscope_webhook_queue_length {queued}",
-              "# HELP kvscope_webhook_stored Diagnoses kept in the store.",
-              "# TYPE kvscope_webhook_stored gauge", f"kvscope_webhook_stored {stored}"]
+              "# TYPE kvscope_webhook_queue_length gauge", f"kvscope_webhook_queue_length {queued}"]
+    if stored is not None:
+        lines += ["# HELP kvscope_webhook_stored Diagnoses kept in the store.",
+                  "# TYPE kvscope_webhook_stored gauge", f"kvscope_webhook_stored {stored}"]
     return "\n".join(lines) + "\n"
 
 

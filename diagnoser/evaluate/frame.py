@@ -8,6 +8,8 @@ A series with no sample in the lookback is NaN there: absent, never zero.
 
 from __future__ import annotations
 
+import math
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -95,12 +97,26 @@ class Frame:
         return self.blocks.get(name)
 
 
+MAX_GRID_POINTS = 1_000_000
+"""Grid points one evaluation may have (a week at a 1 s step is 604,800)."""
+MAX_FRAME_CELLS = 100_000_000
+"""Series x grid points of one frame (800 MB of float64): checked before the frame is built."""
+
+
 def make_grid(start: float, end: float, step: float) -> np.ndarray:
-    """Grid points from start to end inclusive (end is kept when it falls on the grid)."""
-    if step <= 0 or end < start:
+    """Grid points from start to end inclusive (end is kept when it falls on the grid).
+    ValueError for a bad window or one longer than MAX_GRID_POINTS, before any allocation."""
+    if not (step > 0 and math.isfinite(start) and math.isfinite(end)) or end < start:
         raise ValueError(f"bad grid: start={start} end={end} step={step}")
     n = int(np.floor((end - start) / step + 1e-9)) + 1
+    if n > MAX_GRID_POINTS:
+        raise ValueError(f"the window {_iso(start)} to {_iso(end)} at a {step:g} s step is {n:,} grid points "
+                         f"(at most {MAX_GRID_POINTS:,}): pass --start/--end for a shorter window or a larger --step")
     return start + step * np.arange(n, dtype=float)
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) if -1e11 < t < 1e11 else f"{t:g}"
 
 
 def sample_on_grid(times: np.ndarray, values: np.ndarray, grid: np.ndarray,
@@ -130,6 +146,9 @@ def frame_from_samples(samples: Iterable[Sample], start: float, end: float, step
         if s.timestamp > end or s.timestamp <= start - lookback_s:
             continue
         points[(s.name, s.labels)].append((s.timestamp, s.value))
+    if len(points) * len(grid) > MAX_FRAME_CELLS:
+        raise ValueError(f"{len(points):,} series x {len(grid):,} grid points is more than {MAX_FRAME_CELLS:,} "
+                         "values: pass --start/--end for a shorter window or a larger --step")
     rows: dict[str, tuple[list[Labels], list[np.ndarray]]] = defaultdict(lambda: ([], []))
     for (name, labels), pts in sorted(points.items()):
         arr = np.array(sorted(pts), dtype=float)

@@ -53,6 +53,11 @@ class RecordingSource:
             self._replay = replay
         return self._replay
 
+    @property
+    def notes(self) -> list[str]:
+        """What reading the recording left out, and why (timestamps far from the rest)."""
+        return self._replay.notes if self._replay is not None else []
+
     def replay(self):  # noqa: ANN201 - agent.replay.Replay
         """The replayed recording (canonical samples, engines, facts, span statistics), read once."""
         return self._load()

@@ -225,6 +225,8 @@ def _print_notes(args: argparse.Namespace, source: Any) -> None:
     if client is not None and not args.quiet:
         for note in client.notes:
             print(f"split: {note}", file=sys.stderr)
+    for note in getattr(source, "notes", ()):   # what a recording's reader left out: always said
+        print(f"kvscope diagnose: {note}", file=sys.stderr)
 
 
 def _finish(args: argparse.Namespace, source: Any, result: Any) -> int:

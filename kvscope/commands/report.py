@@ -131,6 +131,8 @@ def _load(args: argparse.Namespace):
             replay = replay_recording(path, gpu_mapping=getattr(args, "gpu_mapping_value", None))   # joins GPUs
             samples += replay.samples
             ends.append(replay.end or 0.0)
+            for note in replay.notes:
+                print(f"kvscope report: {note}", file=sys.stderr)
             try:
                 diagnoses.append(triage_from_replay(SourceSpec("recording", str(path)), replay).diagnosis)
             except SourceError as exc:

@@ -2,6 +2,7 @@
 
 import asyncio
 import gzip
+import io
 import json
 import time
 
@@ -169,3 +170,76 @@ def test_spans_over_the_per_trace_limit_get_an_otlp_partial_success():
     status, resp = asyncio.run(_with_receiver(cfg, body))
     assert status == 200 and resp.partial_success.rejected_spans == 2
     assert "limit" in resp.partial_success.error_message
+
+
+def test_nested_json_and_protobuf_at_any_depth_are_400_and_the_receiver_keeps_serving():
+    """Nesting in the body (100, 10k, 1M levels) and in a valid OTLP attribute (arrayValue in
+    arrayValue, 300 levels; protobuf AnyValue, 200 levels) is a 400 naming the limit, never a 500."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    def attr_json(depth: int) -> bytes:
+        value = {"stringValue": "x"}
+        for _ in range(depth):
+            value = {"arrayValue": {"values": [value]}}
+        span = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "s", "attributes": [{"key": "k", "value": value}]}
+        return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+
+    def attr_proto(depth: int) -> bytes:
+        req = ExportTraceServiceRequest()
+        value = req.resource_spans.add().scope_spans.add().spans.add().attributes.add().value
+        for _ in range(depth):
+            value = value.array_value.values.add()
+        value.string_value = "x"
+        return req.SerializeToString()
+
+    bodies = [(b"[" * d + b"]" * d, "application/json") for d in (100, 10_000, 1_000_000)]
+    bodies += [(attr_json(300), "application/json"), (attr_proto(200), "application/x-protobuf")]
+
+    async def body(rx):
+        url = f"http://127.0.0.1:{rx.port}/v1/traces"
+        async with aiohttp.ClientSession() as s:
+            answers = []
+            for data, ctype in bodies:
+                async with s.post(url, data=io.BytesIO(data), headers={"Content-Type": ctype}) as r:
+                    answers.append((r.status, await r.text()))
+        await asyncio.to_thread(_sdk_export, rx.port, Compression.NoCompression, 1)
+        await until(lambda: rx.stats["requests"] >= 1)
+        return answers, await rx.collect(), rx
+
+    answers, coll, rx = asyncio.run(_with_receiver(OtlpConfig(listen="127.0.0.1:0", stitch=FAST), body))
+    assert [s for s, _ in answers] == [400] * 5, answers
+    assert all("nested deeper than 64" in t for _, t in answers[:4]) and "protobuf" in answers[4][1]
+    assert rx.stats["requests"] == 1 and coll.health[0].up and coll.health[0].errors["bad_payload"] == 5
+
+
+def test_a_stitching_error_is_a_counted_500_and_a_dead_flush_loop_shows_in_health():
+    """Our own guard logic, with the stitcher made to fail once (a fake for that one call): the
+    request gets a 500, `internal_<error>` is counted in health, the next export is stitched; a
+    flush loop that ended shows the receiver down with the reason."""
+    async def body(rx):
+        real_add, calls = rx.stitcher.add, []
+
+        def failing_once(spans):
+            calls.append(1)
+            if len(calls) == 1:
+                raise KeyError("stitcher bug")
+            return real_add(spans)
+
+        rx.stitcher.add = failing_once
+        async with aiohttp.ClientSession() as s:
+            first = await s.post(f"http://127.0.0.1:{rx.port}/v1/traces", data=b"",
+                                 headers={"Content-Type": "application/x-protobuf"})
+        await asyncio.to_thread(_sdk_export, rx.port, Compression.NoCompression, 1)
+        await until(lambda: rx.stats["requests"] >= 1)
+        up = await rx.collect()
+        rx._tasks[0].cancel()                                  # the flush loop ends with an error:
+        rx._tasks[0] = asyncio.create_task(_boom())
+        await asyncio.sleep(0.05)
+        return first.status, up, await rx.collect()
+
+    async def _boom():
+        raise RuntimeError("flush loop bug")
+
+    status, up, down = asyncio.run(_with_receiver(OtlpConfig(listen="127.0.0.1:0", stitch=FAST), body))
+    assert status == 500 and up.health[0].up and up.health[0].errors["internal_KeyError"] == 1
+    assert not down.health[0].up and down.health[0].reason == "loop_RuntimeError"

@@ -166,3 +166,47 @@ def test_unreachable_prometheus_is_recorded_on_the_row_and_the_receiver_keeps_se
     ks = row["payload"]["alerts"][0]["kvscope"]
     assert row["status"] == "done" and healthy == 200
     assert ks["matched"] is None and ks["errors"] and "prometheus" in ks["errors"][0]
+
+
+def test_nested_json_at_any_depth_is_a_400_and_every_answer_is_counted():
+    """Through real HTTP against the real receiver: nesting at 100, 10k and 500k levels is a 400
+    naming the limit (it was a 500 with a traceback); an internal error (its store gone) is a 500
+    that the request counter counts too; the receiver keeps serving."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from kvscope.diagnoser.alertmanager.server import ServeConfig, WebhookServer
+
+    def nested(depth: int) -> bytes:
+        return json.dumps({**WEBHOOK, "commonLabels": "PLACEHOLDER"}).encode().replace(
+            b'"PLACEHOLDER"', b"[" * depth + b"]" * depth)
+
+    async def scenario():
+        server = WebhookServer(ServeConfig(prometheus_url="http://127.0.0.1:9", max_body_bytes=2 << 20),
+                               DiagnosisStore(":memory:"), rules=[])
+        async with TestClient(TestServer(server.app())) as client:
+            answers = []
+            for depth in (100, 10_000, 500_000):
+                resp = await client.post("/api/v1/alerts", data=nested(depth))
+                answers.append((resp.status, (await resp.json())["error"]))
+            ok = (await client.post("/api/v1/alerts", data=_body(WEBHOOK))).status
+            server.store._db.close()                          # the store fails from now on
+            broken = await client.post("/api/v1/alerts", data=_body(WEBHOOK))
+            metrics = await (await client.get("/metrics")).text()
+            for _ in range(100):                              # the accepted one failed to store: the worker goes on
+                if server.counters["kvscope_webhook_diagnoses_total", "error"]:
+                    break
+                await asyncio.sleep(0.05)
+            healthy = [(await client.get("/-/healthy")).status]
+            server._worker.cancel()                           # a worker that ended shows in /-/healthy
+            await asyncio.sleep(0.05)
+            healthy.append((await client.get("/-/healthy")).status)
+        return answers, ok, broken.status, metrics, healthy
+
+    answers, ok, broken, metrics, healthy = asyncio.run(scenario())
+    assert healthy == [200, 503]
+    assert [s for s, _ in answers] == [400, 400, 400] and all("nested deeper than 64" in e for _, e in answers)
+    assert ok == 200 and broken == 500
+    assert 'kvscope_webhook_requests_total{code="400"} 3' in metrics
+    assert 'kvscope_webhook_requests_total{code="500"} 1' in metrics

@@ -207,6 +207,30 @@ def test_yaml_tags_are_not_executed(tmp_path):
         read_config_file(path)
 
 
+BOMB = "\n".join(["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+                 + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]) + "\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("scrape:\n  interval_s: 5\nx: &a [1, *a]\n", r"line 3: x\[1\]: .*recursive alias"),
+    ("scrape: &s\n  labels: {loop: *s}\n", r"line 1: scrape.labels.loop: .*recursive alias"),
+    (BOMB, r"expands to more than 100000 values .*alias bomb"),
+    ("a: " + "[" * 100_000 + "]" * 100_000 + "\n", "brackets nested deeper than 50 levels"),
+    ("a:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, 60)), "nested deeper than 50 levels"),
+])
+def test_recursive_aliases_alias_bombs_and_deep_nesting_are_clean_errors(tmp_path, text, message):
+    path = tmp_path / "kvscope.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        read_config_file(path)
+
+
+def test_yaml_anchors_and_merge_keys_still_work(tmp_path):
+    path = tmp_path / "kvscope.yaml"
+    path.write_text("base: &b {interval_s: 5}\nscrape:\n  <<: *b\n  timeout_s: 2\n")
+    assert read_config_file(path)["scrape"] == {"interval_s": 5, "timeout_s": 2}
+
+
 def test_agent_command_stops_at_start_on_a_bad_config(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("KVSCOPE_SCRAPE_TIMEOUT_S", raising=False)
     path = tmp_path / "kvscope.yaml"
@@ -221,3 +245,9 @@ def test_agent_command_rejects_an_unknown_collector_flag_value(tmp_path, capsys)
     path.write_text("collectors: {nosuch: true}\n")
     assert cli.main(["agent", "--config", str(path)]) == 2
     assert "collectors.nosuch: unknown collector" in capsys.readouterr().err
+
+
+def test_a_target_url_with_an_unbalanced_ipv6_bracket_is_a_config_error():
+    """Found by bench/fuzz_inputs.py: urlsplit raised ValueError('Invalid IPv6 URL') out of the config."""
+    with pytest.raises(ConfigError, match=r"targets\[0\].url: must be an http"):
+        build_config({"targets": [{"url": "http://[::1:8000/metrics"}]}, environ={})

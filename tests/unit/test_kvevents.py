@@ -1,6 +1,7 @@
 """KV events: decoding (map- and array-encoded), residency / churn / hot-eviction logic, ZMQ wiring."""
 
 import asyncio
+from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -9,7 +10,12 @@ import zmq.asyncio
 
 from kvscope.agent.kvevents.events import KvEventError, parse_kv_batch, parse_seq
 from kvscope.agent.kvevents.residency import ResidencyTracker
-from kvscope.agent.kvevents.subscriber import KvEventSource, KvEventSubscriber, parse_kv_events_config
+from kvscope.agent.kvevents.subscriber import (
+    KvEventsCollector,
+    KvEventSource,
+    KvEventSubscriber,
+    parse_kv_events_config,
+)
 
 ENC = msgspec.msgpack.Encoder()
 H1, H2, H3 = 9639650443363922608, 10089782939432059628, 17415555505625026712
@@ -132,5 +138,87 @@ def test_subscriber_over_ipc_counts_events_gaps_and_bad_messages(tmp_path):
         return sub
 
     sub = asyncio.run(main())
-    assert sub.stats["missed_batches"] == 2 and sub.stats["bad_message"] == 1
+    assert sub.stats["missed_batches"] == 2 and sub.errors == {"not_msgpack": 1}
     assert _values(sub.tracker)[("kv_blocks_removed_total", None)] == 1
+
+
+def _collector(sub):
+    coll = KvEventsCollector(SimpleNamespace(extensions={"kv_events": [sub.source]}))
+    coll.subscribers = [sub]
+    return coll
+
+
+def test_subscriber_survives_bad_batches_between_good_ones_and_counts_them(tmp_path):
+    """Real msgpack over a real ZMQ PUB socket: 120 good blocks in 40 batches, with a bad batch
+    after every good one (invalid UTF-8, a list-valued block hash, not msgpack, wrong frame count,
+    a bad sequence frame). Every good block is counted; every bad item is counted by reason."""
+    endpoint = f"ipc://{tmp_path}/kv.sock"
+    bad_utf8 = batch(1.0, stored(H1)).replace(b"GPU", b"G\xffU")
+    list_hash = batch(1.0, stored(H1), {**stored(H2), "block_hashes": [[1, 2], 3]})   # H1 kept, the other not
+    bads = [[b"kv", None, bad_utf8], [b"kv", None, list_hash], [b"kv", None, b"\xc1junk"],
+            [b"kv", b"x", b"y", b"z"], [b"kv", b"\x01", batch(1.0)]]
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        pub = ctx.socket(zmq.PUB)
+        pub.bind(endpoint)
+        sub = KvEventSubscriber(KvEventSource(endpoint, "e0:8000", "kv"), context=ctx)
+        await sub.start()
+        seq = 0
+        try:
+            for _ in range(500):                                  # slow joiner: wait until connected
+                await pub.send_multipart([b"kv", (seq := seq + 1).to_bytes(8, "big"), batch(0.0)])
+                await asyncio.sleep(0.02)
+                if sub.stats["batches"]:
+                    break
+            for i in range(40):
+                hashes = [1000 + 3 * i + j for j in range(3)]
+                await pub.send_multipart([b"kv", (seq := seq + 1).to_bytes(8, "big"), batch(10.0 + i, stored(*hashes))])
+                frames = bads[i % len(bads)]
+                if frames[1] is None:
+                    frames = [frames[0], (seq := seq + 1).to_bytes(8, "big"), frames[2]]
+                await pub.send_multipart(frames)
+            await pub.send_multipart([b"kv", (seq := seq + 1).to_bytes(8, "big"), batch(99.0)])
+            for _ in range(500):
+                if sub._last_seq == seq:
+                    break
+                await asyncio.sleep(0.01)
+            health = (await _collector(sub).collect()).health[0]
+        finally:
+            await sub.stop()
+            pub.close(linger=0)
+            ctx.term()
+        return sub, health
+
+    sub, health = asyncio.run(main())
+    # 120 good blocks + the good H1 of each of the 8 list-hash batches
+    assert _values(sub.tracker)[("kv_blocks_stored_total", None)] == 120 + 8
+    assert sub.errors == {"not_msgpack": 8 + 8, "bad_event": 8, "bad_frames": 8, "bad_seq": 8}
+    assert health.up and health.errors == sub.errors
+
+
+def test_a_dead_subscriber_loop_shows_in_health(tmp_path):
+    async def main():
+        ctx = zmq.asyncio.Context()
+        sub = KvEventSubscriber(KvEventSource(f"ipc://{tmp_path}/kv.sock", "e0:8000"), context=ctx)
+        coll = _collector(sub)
+        up = (await coll.collect()).health[0]
+        sub._task.cancel()
+        sub._sock.close(linger=0)                                 # the receive loop's socket fails:
+        sub._task = asyncio.create_task(sub._loop())              # recv raises ZMQError, the loop ends
+        await asyncio.sleep(0.1)
+        down = (await coll.collect()).health[0]
+        await sub.stop()
+        ctx.term()
+        return up, down
+
+    up, down = asyncio.run(main())
+    assert up.up and up.reason == ""
+    assert not down.up and down.reason.startswith("loop_")
+
+
+def test_deeply_nested_msgpack_is_a_bad_batch():
+    """Found by bench/fuzz_inputs.py: msgspec raised RecursionError, outside KvEventError."""
+    with pytest.raises(KvEventError) as e:
+        parse_kv_batch(b"\x93\xcb" + b"\x00" * 8 + b"\x91" * 100_000)
+    assert e.value.reason == "bad_batch"

@@ -26,7 +26,7 @@ TOP_ALLOWED = {
 
 LAYERS = {
     "agent": {
-        "signals": 0,
+        "signals": 0, "ratelog": 0,
         "config": 1, "metricsets": 1, "tenants": 1, "scrape": 1,
         "serve": 2, "normalize": 2,
         "collectors": 3, "logs": 3,

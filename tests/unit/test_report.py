@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kvscope.agent.signals import Sample, make_labels
-from kvscope.report.render import render_html, render_markdown
+from kvscope.report.render import md_escape, render_html, render_markdown
 from kvscope.report.weekly import (
     WEEK_S,
     build_report,
@@ -221,7 +221,7 @@ def test_unattributed_gpus_say_why_and_a_gpu_mapping_attributes_them(tmp_path, c
     assert "8 GPU(s) on node-0, node-1 are not attributed" in report.attribution
     assert "no pod/namespace labels" in report.attribution and "no node label" in report.attribution
     assert "gpu_mapping" in report.attribution
-    assert report.attribution in render_markdown(report)
+    assert md_escape(report.attribution) in render_markdown(report)
 
     uuids = sorted({s.label("gpu_uuid") for s in replay.samples if s.name == "gpu_utilization_ratio"})
     mapping = tmp_path / "gpus.yaml"
@@ -266,3 +266,30 @@ def test_a_llamacpp_fleet_gets_its_tokens_and_cache_and_says_what_it_lacks(tmp_p
     assert int(fleet["Output tokens"].replace(",", "")) > 0
     assert fleet["GPU-hours"] == "absent" and fleet["GPU cost"] == "absent"
     assert "GPU utilisation is absent from this source" in md
+
+
+HOSTILE_MODEL = "evil|model`code` [x](http://e.example) <img src=x onerror=alert(1)>\n# Owned *bold* _it_"
+HOSTILE_TENANT = "t|en`ant[1]<b>\r\n| injected | row |"
+
+
+def _relabel(samples: list[Sample], key: str, old: str, new: str) -> list[Sample]:
+    return [Sample(s.name, make_labels({**dict(s.labels), key: new}), s.value, s.timestamp)
+            if dict(s.labels).get(key) == old else s for s in samples]
+
+
+def test_markdown_escapes_hostile_model_and_tenant_labels():
+    samples = _relabel(_relabel(_fleet(), "model", "m1", HOSTILE_MODEL), "tenant", "acme", HOSTILE_TENANT)
+    md = render_markdown(build_report(series_set_from_samples(samples), END, 2.0, "test|`src`"))
+    lines = md.splitlines()
+
+    def cells(line: str) -> int:   # table cells: pipes not escaped by a backslash
+        return len([i for i, c in enumerate(line) if c == "|" and (i == 0 or line[i - 1] != "\\")]) - 1
+
+    for table in ("| Pool |", "| Tenant |"):
+        head = lines.index(next(ln for ln in lines if ln.startswith(table)))
+        body = lines[head + 2:lines.index("", head)]
+        assert body and all(cells(row) == cells(lines[head]) for row in body), body
+    assert "<img" not in md and "<b>" not in md and "[x](" not in md
+    assert "# Owned" not in lines and not any(ln.startswith("| injected") for ln in lines)
+    assert r"evil\|model\`code\` \[x\](http://e.example) &lt;img src=x onerror=alert(1)&gt; # Owned *bold* _it_" in md
+    assert r"t\|en\`ant\[1\]&lt;b&gt; \| injected \| row \|" in md and r"test\|\`src\`" in md

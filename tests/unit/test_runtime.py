@@ -111,6 +111,35 @@ def test_run_keeps_the_cadence_and_stops_promptly():
     assert 3 <= static.calls <= 6       # 0.9 s at 0.2 s: ticks at 0, 0.2, ... 0.8 (slack for a busy CI box)
 
 
+def test_a_cycle_that_raises_is_reported_and_the_loop_goes_on():
+    """A collector bug that breaks the cycle itself (a counter whose value turns into text makes
+    the reset check compare str with float): the cycle is reported down, the next ones run."""
+    values = iter([1.0, "x", 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])
+
+    class Flaky(StaticCollector):
+        async def collect(self) -> Collection:
+            self.calls += 1
+            return Collection(samples=[Sample("engine_x_total", GPU, next(values), time.time())],
+                              health=[Health(collector=self.name)])
+
+    rt = AgentRuntime(config(0.1), [Flaky()], InMemoryStore())
+    seen = []
+
+    async def main():
+        task = asyncio.create_task(rt.run())
+        for _ in range(60):
+            await asyncio.sleep(0.02)
+            seen.append(rt.state.collector_status.get("cycle"))
+            if rt.state.cycles >= 3:
+                break
+        rt.stop()
+        await task
+
+    asyncio.run(main())
+    assert (False, "exception_TypeError", 0.0) in seen and rt.state.cycles >= 3
+    assert rt.state.collector_status["cycle"] == (True, "ok", 0.0)
+
+
 def test_counter_resets_count_once_per_instance_and_scrape():
     resets = CounterResets()
     into: Counter[str] = Counter()

@@ -196,3 +196,44 @@ def test_a_prometheus_client_server_answers_in_text_format():
     payload = scrape(negotiated)
     assert payload.openmetrics is False
     assert "vllm:prompt_tokens_total 7.0" in payload.text and "# EOF" not in payload.text
+
+
+def test_a_payload_the_reader_fails_on_costs_only_its_own_target():
+    """Two real HTTP targets serving a real vLLM payload; reading target b's payload raises (a
+    reader bug, forced here by a subclass): a stays up with its series, b is down with reason
+    parse_<error>, counted; before, the whole collection raised and both were lost every cycle."""
+    from pathlib import Path
+
+    from kvscope.agent.collectors.engine import EngineCollector
+    from kvscope.agent.config import build_config
+
+    body = (Path(__file__).parents[1] / "fixtures" / "scrapes" / "vllm-0.11.0-rendered.txt").read_text()
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(text=body)
+
+    async def main():
+        (ra, url_a), (rb, url_b) = await _serve(handler), await _serve(handler)
+
+        class Broken(EngineCollector):
+            def _normalize(self, scrape, engine):
+                if scrape.target.url == url_b:
+                    raise IndexError("reader bug on this payload")
+                return super()._normalize(scrape, engine)
+
+        try:
+            coll = Broken(build_config({"targets": [{"url": url_a}, {"url": url_b}]}, environ={}))
+            try:
+                return await coll.collect(), coll.config.targets
+            finally:
+                await coll.close()
+        finally:
+            await ra.cleanup()
+            await rb.cleanup()
+
+    out, (a, b) = asyncio.run(main())
+    health = {h.target: h for h in out.health}
+    assert health[a.instance].up and health[a.instance].series > 0
+    assert {s.label("instance") for s in out.samples} == {a.instance}
+    assert not health[b.instance].up and health[b.instance].reason == "parse_IndexError"
+    assert health[b.instance].errors == {"parse_IndexError": 1}

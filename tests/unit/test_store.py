@@ -218,7 +218,7 @@ def test_locked_database_keeps_the_batch_queued_and_retries(tmp_path):
     s.write([Sample("x", A, float(i), 100.0 + i) for i in range(5)])
     s.flush()
     st = s.stats()
-    assert st.errors["OperationalError"] >= 1 and st.queued == 5 and not st.dropped
+    assert st.errors["busy"] >= 1 and st.failing == "busy" and st.queued == 5 and not st.dropped
     other.execute("ROLLBACK")
     other.close()
     s.flush()

@@ -1,0 +1,32 @@
+"""JSON request bodies with a bounded nesting depth (OTLP/JSON, the Alertmanager webhook).
+
+`json.loads` recurses once per level and raises RecursionError deep down (a 500 with a traceback
+if let through); the code that walks a decoded body recurses too. `loads_bounded` turns both
+into a ValueError naming the limit: the decoder's own limit while decoding, then one iterative
+walk over the containers (linear in their number) before any other code sees the document.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+MAX_JSON_DEPTH = 64
+"""Nesting levels a body may have: OTLP/JSON needs about 10 plus nested attribute values, an
+Alertmanager webhook 4."""
+
+
+def loads_bounded(body: bytes | str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Decode JSON; ValueError (also for bad JSON or UTF-8) when nested deeper than `max_depth`."""
+    try:
+        doc = json.loads(body)
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {max_depth} levels") from None
+    stack = [(doc, 1)] if isinstance(doc, (dict, list)) else []
+    while stack:
+        value, depth = stack.pop()
+        if depth > max_depth:
+            raise ValueError(f"JSON nested deeper than {max_depth} levels")
+        items = value.values() if isinstance(value, dict) else value
+        stack.extend((v, depth + 1) for v in items if isinstance(v, (dict, list)))
+    return doc
