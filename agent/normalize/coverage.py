@@ -53,7 +53,7 @@ class NameList:
     source: dict[str, str]
     names: dict[str, UpstreamName] = field(default_factory=dict)   # declared name -> entry
     path: str = ""
-    role: str = "engine"   # engine | gpu | router | gateway (what its series describe)
+    role: str = "engine"   # engine | gpu | router | gateway | tier (what its series describe)
 
     @property
     def key(self) -> str:
@@ -239,7 +239,7 @@ def render_markdown(cov: Coverage, signals: list[str], allowed: list[Allowed], h
     out += ["## What each release lacks that kvscope reads", ""]
     for nl in cov.lists:
         src = f"{nl.source.get('repo', '')} {nl.source.get('ref', '')}; `{Path(nl.path).name}`"
-        if nl.role in ("router", "gateway"):
+        if nl.role in ("router", "gateway", "tier"):
             out.append(f"* **{nl.key}** ({src}): a {nl.role}; its series describe the {nl.role}, and kvscope "
                        "reads the engines behind it under their own names (nothing of theirs is lacking here).")
             continue
