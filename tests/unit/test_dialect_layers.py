@@ -192,3 +192,10 @@ def test_an_alias_of_the_wrong_kind_is_reported_not_dropped_silently(load_fixtur
     cached, _ = BlockCache(load_catalog()).normalize(text, "sglang", TARGET, 100.0)
     assert cached.dropped["kind_mismatch"] == 2
     assert canon(load_fixture, "sglang-0.5.23-hicache-pd-rendered.txt").dropped["kind_mismatch"] == 0
+
+
+def test_sglang_preempted_prompt_tokens_the_recompute_tax(load_fixture):
+    n = canon(load_fixture, "sglang-0.5.8-rendered.txt")
+    assert by(n, "engine_preempted_prompt_tokens_total", "model") == {"tiny": 0}   # exported 0, present
+    assert not [s for s in canon(load_fixture, "vllm-0.11.0-rendered.txt").samples
+                if s.name == "engine_preempted_prompt_tokens_total"]                # vLLM: absent, never 0
