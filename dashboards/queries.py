@@ -256,7 +256,7 @@ def router_locality() -> list[Query]:
     """What the router did with prefixes: mean prefix match at routing (llm-d, Dynamo) and the share of
     decisions kept on the prefix's worker (SMG policy branches)."""
     kept = sum_rate("router_policy_branch_total", ("policy",),
-                    extra='branch=~"ring_hit|target_worker_hit|routing_key_hit"')
+                    extra='branch=~"ring_hit|target_worker_hit|routing_key_hit|tree_match"')
     return [Query(mean("router_prefix_match_ratio", ("instance",)), "prefix match {{instance}}",
                   ("router_prefix_match_ratio",)),
             Query(guard(kept, sum_rate("router_policy_branch_total", ("policy",))), "kept on prefix worker {{policy}}",

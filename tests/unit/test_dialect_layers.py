@@ -199,3 +199,16 @@ def test_sglang_preempted_prompt_tokens_the_recompute_tax(load_fixture):
     assert by(n, "engine_preempted_prompt_tokens_total", "model") == {"tiny": 0}   # exported 0, present
     assert not [s for s in canon(load_fixture, "vllm-0.11.0-rendered.txt").samples
                 if s.name == "engine_preempted_prompt_tokens_total"]                # vLLM: absent, never 0
+
+
+def test_smg_1_13_real_capture_cache_aware(load_fixture):
+    """The real SMG 1.13.0 binary (PyPI smg) routing 40 requests with 4 shared prefixes (cache_aware)."""
+    n = canon(load_fixture, "smg-1.13.0-cache_aware-loaded.txt")
+    assert n.engine == "sglang_router"
+    assert by(n, "router_policy_branch_total", "branch") == {"tree_match": 36, "expected_wait_fallback": 4}
+    assert {dict(s.labels)["policy"] for s in n.samples if s.name == "router_policy_branch_total"} == {"cache_aware"}
+    assert val(n, "router_prefix_match_ratio_count") == 40
+    assert val(n, "router_prefix_match_ratio_sum") == pytest.approx(35.971, abs=0.001)
+    assert val(n, "router_prefix_match_ratio_bucket", le="0.9") == 4
+    assert val(n, "gateway_requests_total") == 40
+    assert by(n, "router_decisions_total", "policy") == {"cache_aware": 40}
