@@ -212,3 +212,29 @@ def test_smg_1_13_real_capture_cache_aware(load_fixture):
     assert val(n, "router_prefix_match_ratio_bucket", le="0.9") == 4
     assert val(n, "gateway_requests_total") == 40
     assert by(n, "router_decisions_total", "policy") == {"cache_aware": 40}
+
+
+def test_smg_1_13_kv_event_feed_health(load_fixture):
+    n = canon(load_fixture, "smg-1.13.0-kv-events-rendered.txt")
+    assert by(n, "router_kv_events_total", "status") == {"applied": 1300, "stale": 3}
+    # missed batches, the unrecovered gap (not the replayed ones), the resync; no panics
+    assert by(n, "router_kv_event_errors_total", "reason") == {
+        "missed_batches": 12, "unrecovered_cleared": 1, "publisher_restart": 1, "panic": 0}
+
+
+def test_catalog_rejects_a_set_label_the_signal_does_not_keep():
+    from kvscope.agent.signals import CatalogError, parse_catalog
+    text = """
+dialects:
+  x: {prefixes: ["x:"], detect: ["x:"], labels: {}}
+signals:
+  router_policy_branch_total:
+    kind: counter
+    unit: count
+    labels: [branch]
+    aliases:
+      - {engine: x, name: "x:branch", set: {policy: p}}
+"""
+    with pytest.raises(CatalogError, match="sets a label the signal does not keep"):
+        parse_catalog(text)
+    assert parse_catalog(text.replace("labels: [branch]", "labels: [branch, policy]"))
