@@ -66,6 +66,7 @@ class Alias:
     collapse: str | None = None     # "max": series that collapse repeat one value (see catalog.yaml)
     fallback: bool = False          # an old name: read only when the scrape has none of the others
     part: str | None = None         # "sum": a counter read from the `_sum` of histogram `name`
+    set: dict[str, str] = field(default_factory=dict)   # constant labels every sample of the alias gets
 
     @property
     def rank(self) -> int:
@@ -102,6 +103,7 @@ class Dialect:
     labels: dict[str, str]
     sentinels: frozenset[float] = frozenset()   # raw values that mean "no value" (dropped, counted)
     worker_labels: tuple[str, ...] = ()         # labels naming the engine behind an aggregating endpoint
+    companions: tuple[str, ...] = ()            # dialects whose series ride along in this one's payload
 
 
 @dataclass(frozen=True)
@@ -140,9 +142,10 @@ class Catalog:
 @lru_cache(maxsize=8)
 def _alias_index(catalog: Catalog, engine: str) -> dict[str, list[Alias]]:
     index: dict[str, list[Alias]] = {}
+    engines = {engine, *catalog.dialects[engine].companions} if engine in catalog.dialects else {engine}
     for sig in catalog.signals.values():
         for alias in sig.aliases:
-            if alias.engine == engine:
+            if alias.engine in engines:
                 index.setdefault(alias.name, []).append(alias)
     return index
 
@@ -173,7 +176,8 @@ def _parse_dialect(name: str, d: dict[str, Any]) -> Dialect:
         raise CatalogError(f"catalog: dialect {name}: sentinels must be numbers, got {d.get('sentinels')!r}") from None
     return Dialect(name=name, prefixes=tuple(d.get("prefixes", ())),
                    detect=tuple(d.get("detect", ())), labels=dict(d.get("labels") or {}),
-                   sentinels=sentinels, worker_labels=tuple(d.get("worker_labels") or ()))
+                   sentinels=sentinels, worker_labels=tuple(d.get("worker_labels") or ()),
+                   companions=tuple(d.get("companions") or ()))
 
 
 def _parse_signal(name: str, d: dict[str, Any], dialects: dict[str, Dialect], source: str) -> Signal:
@@ -183,7 +187,10 @@ def _parse_signal(name: str, d: dict[str, Any], dialects: dict[str, Dialect], so
     if kind == "counter" and not name.endswith("_total"):
         raise CatalogError(f"{source}: signal {name}: counters must end in _total")
     aliases = tuple(_parse_alias(name, a, dialects, source) for a in d.get("aliases") or [])
+    labels = tuple(d.get("labels") or ())
     for alias in aliases:
+        if set(alias.set) - set(labels) - set(COMMON_LABELS):
+            raise CatalogError(f"{source}: signal {name}: alias {alias.name!r} sets a label the signal does not keep")
         if alias.part is not None and kind != "counter":
             raise CatalogError(f"{source}: signal {name}: alias {alias.name!r}: part reads a histogram's _sum "
                                f"as a counter; {name} is a {kind}")
@@ -191,7 +198,7 @@ def _parse_signal(name: str, d: dict[str, Any], dialects: dict[str, Dialect], so
             raise CatalogError(f"{source}: signal {name}: alias {alias.name!r} is a fallback but {alias.engine} "
                                f"has no other alias to prefer")
     return Signal(name=name, kind=kind, unit=str(d.get("unit", "")), help=str(d.get("help", "")).strip(),
-                  labels=tuple(d.get("labels") or ()), producers=tuple(d.get("producers") or ()),
+                  labels=labels, producers=tuple(d.get("producers") or ()),
                   aliases=aliases)
 
 
@@ -211,7 +218,8 @@ def _parse_alias(signal: str, a: dict[str, Any], dialects: dict[str, Dialect], s
     info_label = () if info is None else (str(info),) if isinstance(info, str) else tuple(str(x) for x in info)
     return Alias(signal=signal, engine=a["engine"], name=str(a["name"]), scale=float(a.get("scale", 1.0)),
                  rename=dict(a.get("rename") or {}), match=match, info_label=info_label,
-                 collapse=collapse, fallback=bool(a.get("fallback", False)), part=part)
+                 collapse=collapse, fallback=bool(a.get("fallback", False)), part=part,
+                 set={str(k): str(v) for k, v in (a.get("set") or {}).items()})
 
 
 def _parse_fact(f: dict[str, Any], dialects: dict[str, Dialect], source: str) -> FactSource:

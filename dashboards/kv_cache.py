@@ -17,9 +17,14 @@ PREFIX = Row("Prefix cache", (
     Panel("Hit ratio per engine and DP rank", "Token-weighted local prefix hit ratio. DP ranks are separate "
           "cache domains (000): a spread between ranks means sessions land on several ranks (P6).",
           (q.prefix_hit_ratio(("instance", "dp_rank")),), "ratio", palette="hit_ratio"),
-    Panel("Hit ratio by tier", "Local (device) vs external (KV connector / offload) tier hit ratios, plus the "
-          "host-memory tier usage where SGLang HiCache reports it.",
-          (q.prefix_hit_ratio(), q.external_hit_ratio(), q.host_tier_usage()), "ratio", palette="hit_ratio"),
+    Panel("Hit ratio by tier", "Local (device) vs external (KV connector / offload) tier hit ratios, LMCache's "
+          "own lookup hit ratio, plus the host-memory tier usage where SGLang HiCache reports it.",
+          (q.prefix_hit_ratio(), q.external_hit_ratio(), q.tier_hit_ratio(), q.host_tier_usage()), "ratio",
+          palette="hit_ratio"),
+    Panel("Router prefix locality", "Where a router exports it: the mean share of a request's prefix found on "
+          "the worker it was routed to (llm-d EPP, Dynamo KV router) and the share of decisions kept on the "
+          "prefix's worker (SMG policy branches). A fall means locality given away (R1).",
+          tuple(q.router_locality()), "ratio", palette="hit_ratio"),
     Panel("Prompt tokens by source", "Where prompt tokens came from: computed locally, local cache hit, or "
           "external KV transfer.", (q.prompt_tokens_by_source(),), "tokens_per_s", stack=True),
 ))

@@ -245,6 +245,24 @@ def host_tier_usage(by: tuple[str, ...] = ("instance",)) -> Query:
                  ("engine_kv_host_used_tokens", "engine_kv_host_capacity_tokens"))
 
 
+def tier_hit_ratio() -> Query:
+    """Hit ratio of each KV tier beyond the device that counts its lookups (LMCache)."""
+    num = sum_rate("kv_tier_hit_tokens_total", ("tier",))
+    den = sum_rate("kv_tier_lookup_tokens_total", ("tier",))
+    return Query(guard(num, den), "tier {{tier}}", ("kv_tier_hit_tokens_total", "kv_tier_lookup_tokens_total"))
+
+
+def router_locality() -> list[Query]:
+    """What the router did with prefixes: mean prefix match at routing (llm-d, Dynamo) and the share of
+    decisions kept on the prefix's worker (SMG policy branches)."""
+    kept = sum_rate("router_policy_branch_total", ("policy",),
+                    extra='branch=~"ring_hit|target_worker_hit|routing_key_hit|tree_match"')
+    return [Query(mean("router_prefix_match_ratio", ("instance",)), "prefix match {{instance}}",
+                  ("router_prefix_match_ratio",)),
+            Query(guard(kept, sum_rate("router_policy_branch_total", ("policy",))), "kept on prefix worker {{policy}}",
+                  ("router_policy_branch_total",))]
+
+
 def prompt_tokens_by_source() -> Query:
     return Query(sum_rate("engine_prompt_tokens_by_source_total", ("source",)), "{{source}}",
                  ("engine_prompt_tokens_by_source_total",))

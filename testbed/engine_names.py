@@ -298,7 +298,8 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--repo", default="NVIDIA/dcgm-exporter" if cmd is dc else None, required=cmd is not dc)
         cmd.add_argument("--ref", required=True)
         cmd.add_argument("--via", default="")
-        cmd.add_argument("--role", default=None, help="router | gateway (what its series describe); default engine")
+        cmd.add_argument("--role", default=None,
+                         help="router | gateway | tier (what its series describe); default engine")
     return p
 
 

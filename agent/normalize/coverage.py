@@ -53,7 +53,7 @@ class NameList:
     source: dict[str, str]
     names: dict[str, UpstreamName] = field(default_factory=dict)   # declared name -> entry
     path: str = ""
-    role: str = "engine"   # engine | gpu | router | gateway (what its series describe)
+    role: str = "engine"   # engine | gpu | router | gateway | tier (what its series describe)
 
     @property
     def key(self) -> str:
@@ -116,6 +116,7 @@ class Coverage:
         self.catalog = catalog
         self.lists = sorted(lists, key=lambda nl: (nl.engine, version_key(nl.version)))
         self.meanings = meanings
+        self._routers = {nl.dialect for nl in lists if nl.role in ("router", "gateway", "tier")}
 
     def cell(self, signal: str, nl: NameList) -> Cell:
         """The status of `signal` for one release."""
@@ -150,9 +151,10 @@ class Coverage:
 
     def relevant(self, signal: str, nl: NameList) -> bool:
         """The signal is in the release's domain: a GPU exporter's signals for dcgm-exporter, the
-        engine signals for an engine, a router or a gateway (what it "lacks" is counted there)."""
-        gpu = any(a.engine in GPU_DIALECTS for a in self.catalog.signals[signal].aliases)
-        return gpu == (nl.dialect in GPU_DIALECTS)
+        engine signals for an engine (not those only routers, gateways or tiers export)."""
+        dialects = {a.engine for a in self.catalog.signals[signal].aliases}
+        gpu = bool(dialects & set(GPU_DIALECTS))
+        return gpu == (nl.dialect in GPU_DIALECTS) and (gpu or not dialects <= self._routers)
 
     def table(self, signals: list[str]) -> dict[str, dict[str, Cell]]:
         """signal -> release key -> cell."""
@@ -239,7 +241,7 @@ def render_markdown(cov: Coverage, signals: list[str], allowed: list[Allowed], h
     out += ["## What each release lacks that kvscope reads", ""]
     for nl in cov.lists:
         src = f"{nl.source.get('repo', '')} {nl.source.get('ref', '')}; `{Path(nl.path).name}`"
-        if nl.role in ("router", "gateway"):
+        if nl.role in ("router", "gateway", "tier"):
             out.append(f"* **{nl.key}** ({src}): a {nl.role}; its series describe the {nl.role}, and kvscope "
                        "reads the engines behind it under their own names (nothing of theirs is lacking here).")
             continue

@@ -56,7 +56,8 @@ def fold_name(name: str, catalog: Catalog) -> str:
 
 
 def detect_engine(expo: Exposition, catalog: Catalog | None = None) -> str | None:
-    """The dialect whose detection prefixes match the most sample names, or None."""
+    """The dialect whose detection prefixes match the most sample names, or None. A dialect that is
+    another voted dialect's companion (its series ride along in that one's payload) never wins."""
     catalog = catalog or load_catalog()
     votes: Counter[str] = Counter()
     for sample in expo.samples:
@@ -64,6 +65,8 @@ def detect_engine(expo: Exposition, catalog: Catalog | None = None) -> str | Non
         for dialect in catalog.dialects.values():
             if name.startswith(dialect.detect):
                 votes[dialect.name] += 1
+    riders = {c for d in votes for c in catalog.dialects[d].companions}   # LMCache inside vLLM: vLLM's payload
+    votes = Counter({d: n for d, n in votes.items() if d not in riders}) or votes
     return votes.most_common(1)[0][0] if votes else None
 
 
@@ -111,6 +114,7 @@ def resolve_fallback(acc: dict, pending: dict, catalog: Catalog) -> frozenset[st
 
 
 _NO_MATCH = "no_match"
+_KIND_MISMATCH = "<kind>"   # resolve(): the name is an alias's, its kind is not
 _BAD_LE = "bad_le"
 
 
@@ -164,6 +168,7 @@ class _Mapper:
             kinds = {self.catalog.signals[a.signal].kind for a in self.index[name] if a.part is None}
             if kinds & {"gauge", "counter"}:
                 return name, "", self.index[name]
+            return name, _KIND_MISMATCH, []   # a bare series where the aliases read a histogram
         if name.endswith(_COUNTER_SUFFIX) and name[: -len(_COUNTER_SUFFIX)] in self.index:
             return name[: -len(_COUNTER_SUFFIX)], _COUNTER_SUFFIX, self.index[name[: -len(_COUNTER_SUFFIX)]]
         for suffix in _HIST_SUFFIXES:
@@ -179,7 +184,9 @@ class _Mapper:
         if declared in self.fact_sources:
             self._record_fact(declared, raw, out)
         if not aliases:
-            if declared not in self.fact_sources:
+            if suffix == _KIND_MISMATCH:
+                out.dropped["kind_mismatch"] += 1   # e.g. SGLang <= 0.5.8's gauge of a later histogram
+            elif declared not in self.fact_sources:
                 out.unmapped += 1
             return
         if self.sentinels and raw.value in self.sentinels:
@@ -324,6 +331,7 @@ class _Mapper:
             canon = alias.rename.get(up, up)
             if canon in keep:
                 labels[canon] = value
+        labels.update(alias.set)
         if kind == "histogram" and suffix == "_bucket":
             le = upstream.get("le")
             if le is None:

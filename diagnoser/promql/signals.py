@@ -46,6 +46,7 @@ class SourceTerm:
     collapse: str | None = None  # "max": the alias's collapsing series repeat one value
     fallback: bool = False       # an old name: only where the dialect's other terms have nothing
     workers: tuple[str, ...] = ()   # labels naming the worker behind an aggregating endpoint
+    sets: tuple[tuple[str, str], ...] = ()   # (label, value): constant labels the alias adds
 
     def selector(self, extra: tuple[tuple[str, str], ...] = ()) -> str:
         """The vector selector, e.g. `{__name__=~"a|b",cache_source=~"device|total"}`."""
@@ -87,11 +88,12 @@ def source_terms(signal: Signal, catalog: Catalog, suffix: str = "") -> tuple[li
         dialect = catalog.dialects[alias.engine]
         renames = _renames(dialect, alias, signal)
         matchers = tuple(sorted((k, "|".join(_escape_re(v) for v in vs)) for k, vs in alias.match.items()))
-        key = (alias.engine, matchers, renames, alias.scale, alias.collapse, alias.fallback)
+        sets = tuple(sorted(alias.set.items()))
+        key = (alias.engine, matchers, renames, alias.scale, alias.collapse, alias.fallback, sets)
         names = wire_names(alias.name, signal.kind, suffix, alias.part)
         prev = grouped.get(key)
         grouped[key] = SourceTerm(alias.engine, (prev.names if prev else ()) + names, matchers, renames,
-                                  alias.scale, alias.collapse, alias.fallback, dialect.worker_labels)
+                                  alias.scale, alias.collapse, alias.fallback, dialect.worker_labels, sets)
     agent = SourceTerm(None, (KVSCOPE_PREFIX + signal.name + suffix,))
     return [*grouped.values(), agent], skipped
 
@@ -111,6 +113,7 @@ def kept(term: SourceTerm, keep: set[str]) -> SourceTerm:
     others away): renames to kept labels, `engine` and the worker's `instance` only if kept."""
     return replace(term, dialect=term.dialect if "engine" in keep else None,
                    renames=tuple((u, c) for u, c in term.renames if c in keep),
+                   sets=tuple((k, v) for k, v in term.sets if k in keep),
                    workers=term.workers if "instance" in keep else ())
 
 
@@ -122,6 +125,8 @@ def relabel(expr: str, term: SourceTerm) -> str:
     absent."""
     for upstream, canonical in term.renames:
         expr = f'label_replace({expr}, "{canonical}", "$1", "{upstream}", "(.+)")'
+    for label, value in term.sets:
+        expr = f'label_replace({expr}, "{label}", "{quote(value)}", "", "")'
     for worker in term.workers:
         expr = f'label_replace({expr}, "instance", "$1", "{worker}", "{WORKER_REGEX}")'
     if term.dialect is not None:

@@ -32,6 +32,8 @@ from kvscope.diagnoser.rulebook.rule import LineDict, Rule, RuleError, parse_dur
 LEVERS_MD_ROWS = tuple([f"P{i}" for i in range(1, 10)] + [f"K{i}" for i in range(1, 9)]
                        + [f"L{i}" for i in range(1, 15)] + [f"U{i}" for i in range(1, 12)])
 """The 42 symptom rows of LEVERS.md; every one needs at least one rule."""
+BEYOND_ROWS = tuple(f"R{i}" for i in range(1, 8))
+"""LEVERS.md "Beyond the documents" rows (issue 27): a rule may name one; none is required yet."""
 
 AGGS = ("sum", "max", "min", "avg")
 GROUP_AGGS = ("sum", "max", "min", "avg", "median", "count")
@@ -83,7 +85,7 @@ def check_header(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
             yield _issue(rule, doc, f"missing {key!r}")
     if doc.get("severity") and doc["severity"] not in SEVERITIES:
         yield _issue(rule, doc, f"severity {doc['severity']!r} is not one of {list(SEVERITIES)}", "severity")
-    if doc.get("levers_md") and doc["levers_md"] not in LEVERS_MD_ROWS:
+    if doc.get("levers_md") and doc["levers_md"] not in LEVERS_MD_ROWS + BEYOND_ROWS:
         yield _issue(rule, doc, f"levers_md {doc['levers_md']!r} is not a LEVERS.md row", "levers_md")
     if not ("when" in doc) ^ ("cascade" in doc):
         yield _issue(rule, doc, "a rule needs exactly one of 'when' or 'cascade'")

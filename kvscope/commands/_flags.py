@@ -13,6 +13,7 @@ from typing import Any
 
 from kvscope.agent.collectors.base import collector_option_help
 from kvscope.agent.config import AgentConfig, ConfigError, build_config, describe_keys, read_config_file
+from kvscope.agent.signals import load_catalog
 
 ENV_HELP = f"""\
 configuration precedence: flag > KVSCOPE_* environment variable > --config file > default.
@@ -42,7 +43,7 @@ def add_scrape_flags(parser: argparse.ArgumentParser) -> None:
                              "(replaces the config file's targets)")
     parser.add_argument("--job", default="engine", metavar="NAME",
                         help="job label of the --target URLs (default: engine)")
-    parser.add_argument("--engine", choices=("vllm", "sglang", "dcgm", "llamacpp"), default=None,
+    parser.add_argument("--engine", choices=sorted(load_catalog().dialects), default=None,
                         help="force the dialect of the --target URLs instead of detecting it")
     for flag, dest, _, help_ in _SCALAR_FLAGS:
         parser.add_argument(flag, dest=dest, metavar="VALUE", help=help_)

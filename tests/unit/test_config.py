@@ -73,7 +73,7 @@ def test_default_timeout_follows_a_short_interval():
     ({"collectors": {"nvlm": True}}, "collectors.nvlm: unknown collector (known: engine, host, nvml)"),
     ({"collectors": {"nvml": "maybe"}}, 'collectors.nvml: must be true or false (or a mapping with enabled), got "maybe"'),
     ({"targets": [{"url": "localhost:8000"}]}, 'targets[0].url: must be an http:// or https:// URL with a host, got "localhost:8000"'),
-    ({"targets": [{"url": "http://a:1/metrics", "engine": "tgi"}]}, 'targets[0].engine: must be one of dcgm, llamacpp, sglang, sglang_router, vllm (or absent to detect), got "tgi"'),
+    ({"targets": [{"url": "http://a:1/metrics", "engine": "trtllm"}]}, 'targets[0].engine: must be one of dcgm, dynamo, epp, llamacpp, lmcache, sglang, sglang_router, tgi, vllm (or absent to detect), got "trtllm"'),
     ({"targets": [{"url": "http://a:1/metrics", "port": 1}]}, "targets[0].port: unknown key (allowed: url, job, engine, labels)"),
     ({"targets": [{"url": "http://a:1/metrics", "labels": {"bad-name": "x"}}]}, 'targets[0].labels: "bad-name" is not a valid label name'),
     ({"targets": [{"url": "http://a:1/metrics", "labels": {"job": "x"}}]}, "targets[0].labels.job: set it with targets[0].job instead"),
