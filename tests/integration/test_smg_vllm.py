@@ -93,12 +93,12 @@ def _run_policy(policy: str, servers, tmp: Path) -> Run:
     with SmgGateway([s.url for s in servers], policy=policy) as gw:
         config = tmp / f"{policy}.yaml"
         config.write_text(json.dumps({"targets": [   # JSON is YAML
-            {"url": gw.metrics_url, "job": "smg", "instance": "smg"},
-            *({"url": s.metrics_url, "job": "vllm", "instance": f"vllm-{i}"} for i, s in enumerate(servers))]}))
+            {"url": gw.metrics_url, "job": "smg"}, *({"url": s.metrics_url, "job": "vllm"} for s in servers)]}))
         out = tmp / f"smg-{policy}.om.gz"
         rec = _record(config, out)
         try:
-            time.sleep(2)            # a first scrape before the load
+            time.sleep(2)
+            assert rec.poll() is None, rec.communicate()[1][-2000:]            # a first scrape before the load
             spec = LoadSpec(_tenants(policy), max_requests=REQUESTS, duration_s=60, concurrency=2,
                             rate_per_s=1.5, arrivals="steady", seed=5)
             result = asyncio.run(run_load(spec, [gw.url]))
@@ -158,6 +158,8 @@ def test_smg_serves_vllm_and_is_recorded(smg_runs):
         assert has_branches == (policy == "cache_aware"), policy
 
     rr, ca = smg_runs["round_robin"], smg_runs["cache_aware"]
+    print({p: {"served": sorted(r.served.values()), "engine_hit_rate": round(r.engine_hit_rate, 3)}
+           for p, r in smg_runs.items()})
     assert sorted(rr.served.values()) == EXPECTED["round_robin"]["requests_per_worker"]
     assert not _samples(rr.body, "smg_cache_aware_policy_branch_total")
     assert not _samples(rr.body, "smg_cache_aware_match_ratio_count")
