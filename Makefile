@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-vllm setup-router setup-llamacpp demo check typecheck test lint rules
+.PHONY: setup setup-vllm setup-router setup-smg setup-dynamo setup-llamacpp demo check typecheck test lint rules
 setup:
 	@bash scripts/setup.sh
 
@@ -13,6 +13,14 @@ setup-vllm: setup
 # Real SGLang router (sglang-router 0.3.2 and 0.2.4) for the router tests, cached outside the repo.
 setup-router: setup
 	@if [ -x scripts/install-sglang-router.sh ]; then bash scripts/install-sglang-router.sh; fi
+
+# Real SMG gateway (PyPI smg 1.13.0) for the SMG tests, cached outside the repo.
+setup-smg: setup
+	@if [ -x scripts/install-smg.sh ]; then bash scripts/install-smg.sh; fi
+
+# Real NVIDIA Dynamo (ai-dynamo 1.6.1: frontend, KV router, CPU mocker engines) for the Dynamo tests.
+setup-dynamo: setup
+	@if [ -x scripts/install-dynamo.sh ]; then bash scripts/install-dynamo.sh; fi
 
 demo: setup
 	@bash scripts/demo.sh
@@ -33,7 +41,7 @@ typecheck: setup
 
 # The whole suite: `make check` first, then everything that needs real engines and servers. A cold
 # llama.cpp build runs in the background meanwhile; its tests run last and wait for it.
-test: setup setup-vllm setup-router
+test: setup setup-vllm setup-router setup-smg setup-dynamo
 	@if [ -x scripts/install-llamacpp.sh ]; then bash scripts/install-llamacpp.sh --background; fi
 	$(MAKE) --no-print-directory check
 	$(PY) -m pytest -q -rs tests --ignore=tests/unit

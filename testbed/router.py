@@ -73,16 +73,23 @@ def installed_versions() -> list[str]:
 
 
 class SglangRouter(ServerProcess):
-    """One router process. `start()` waits until it answers and has every worker registered."""
+    """One router process. `start()` waits until it answers and has every worker registered.
+
+    testbed/smg.py's SmgGateway is the same process model with another binary: it overrides the
+    class constants, `command()`, `unavailable_reason()` and `env()`."""
+
+    NAME = "sglang-router"
+    POLICIES: tuple[str, ...] = POLICIES
+    VERSIONS: tuple[str, ...] = ROUTER_VERSIONS
 
     def __init__(self, workers: list[str], policy: str = "cache_aware", *,
                  version: str = ROUTER_VERSIONS[0], extra_args: tuple[str, ...] = (),
                  startup_timeout_s: float = 60.0, port: int | None = None,
                  metrics_port: int | None = None) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown router policy {policy!r}; choose from {', '.join(POLICIES)}")
-        if version not in ROUTER_VERSIONS:
-            raise ValueError(f"unknown router version {version!r}; installed by the script: {ROUTER_VERSIONS}")
+        if policy not in self.POLICIES:
+            raise ValueError(f"unknown router policy {policy!r}; choose from {', '.join(self.POLICIES)}")
+        if version not in self.VERSIONS:
+            raise ValueError(f"unknown {self.NAME} version {version!r}; installed by the script: {self.VERSIONS}")
         self.workers = list(workers)
         self.policy = policy
         self.version = version
@@ -111,14 +118,21 @@ class SglangRouter(ServerProcess):
                 "--policy", self.policy, "--log-level", "info", "--worker-urls", *self.workers,
                 *self.extra_args]
 
+    def unavailable_reason(self) -> str | None:
+        """None when this router can start here; otherwise why not."""
+        return router_unavailable_reason(self.version)
+
+    def env(self) -> dict[str, str]:
+        """Environment the router needs on top of ours."""
+        return {"PYTHONPATH": str(router_home() / self.version)}
+
     def start(self) -> SglangRouter:
         """Launch and block until the router answers and lists every worker (RouterStartError if not)."""
-        reason = router_unavailable_reason(self.version)
+        reason = self.unavailable_reason()
         if reason:
             raise RouterStartError(reason)
         t0 = time.monotonic()
-        env = dict(os.environ, PYTHONPATH=str(router_home() / self.version), PYTHONUNBUFFERED="1",
-                   NO_COLOR="1", RUST_LOG_STYLE="never")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", NO_COLOR="1", RUST_LOG_STYLE="never", **self.env())
         env.pop("VIRTUAL_ENV", None)
         cmd = self.command()
         with open(self.log_path, "ab") as log:
@@ -140,7 +154,7 @@ class SglangRouter(ServerProcess):
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RouterStartError(f"sglang-router {self.version} exited with {self.proc.returncode} "
+                raise RouterStartError(f"{self.NAME} {self.version} exited with {self.proc.returncode} "
                                        f"waiting for {what}:\n{self.log_tail()}")
             try:
                 if check():
@@ -148,14 +162,14 @@ class SglangRouter(ServerProcess):
             except OSError:
                 pass
             time.sleep(0.3)
-        raise RouterStartError(f"sglang-router {self.version}: no {what} after {self.startup_timeout_s:.0f} s:\n"
+        raise RouterStartError(f"{self.NAME} {self.version}: no {what} after {self.startup_timeout_s:.0f} s:\n"
                                + self.log_tail())
 
     def restart(self, policy: str | None = None, workers: list[str] | None = None) -> SglangRouter:
         """Stop and start again on the same ports (a scrape target keeps its URL), optionally with
         another policy or worker list: how a policy is changed (sglang-router reads it at start)."""
-        if policy is not None and policy not in POLICIES:
-            raise ValueError(f"unknown router policy {policy!r}; choose from {', '.join(POLICIES)}")
+        if policy is not None and policy not in self.POLICIES:
+            raise ValueError(f"unknown router policy {policy!r}; choose from {', '.join(self.POLICIES)}")
         self.stop()
         self.policy = policy or self.policy
         self.workers = list(workers) if workers is not None else self.workers
