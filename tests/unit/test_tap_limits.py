@@ -1,12 +1,14 @@
 """The tap's connection limits with real sockets against the real tap (issue 25): the request
 head timeout counts the whole head however slowly its bytes trickle in, the request timeout the
 whole request, the idle timeout a keep-alive connection from the end of its last answer, and a
-connection over `max_connections` gets a prompt 503."""
+connection over `max_connections` gets a prompt 503. Each runs on asyncio's loop and on uvloop
+(the standalone `kvscope tap` runs on uvloop, whose transports are not asyncio's classes)."""
 
 import asyncio
 import time
 
 import pytest
+import uvloop
 
 from kvscope.agent.config import ConfigError
 from kvscope.agent.tap.collector import parse_tap_config
@@ -18,7 +20,12 @@ REQUEST = b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: applicatio
     len(BODY), BODY)
 
 
-def with_tap(scenario, **cfg):
+@pytest.fixture(params=["asyncio", "uvloop"])
+def loop(request):
+    return request.param
+
+
+def with_tap(scenario, loop, **cfg):
     async def main():
         stub = Stub()
         await stub.start()
@@ -29,7 +36,8 @@ def with_tap(scenario, **cfg):
         finally:
             await tap.stop()
             await stub.stop()
-    return asyncio.run(main())
+    # a broken limit fails the test, never hangs it
+    return (uvloop.run if loop == "uvloop" else asyncio.run)(asyncio.wait_for(main(), 30))
 
 
 async def read_until_closed(reader, timeout_s):
@@ -59,7 +67,7 @@ async def trickle(writer, data, every_s):
         pass
 
 
-def test_a_head_that_trickles_in_byte_by_byte_is_cut_at_the_header_timeout():
+def test_a_head_that_trickles_in_byte_by_byte_is_cut_at_the_header_timeout(loop):
     async def scenario(tap):
         reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
         t0 = time.monotonic()
@@ -69,13 +77,13 @@ def test_a_head_that_trickles_in_byte_by_byte_is_cut_at_the_header_timeout():
         writer.close()
         return got, time.monotonic() - t0
 
-    (got, elapsed), tap = with_tap(scenario, header_timeout_s=0.6)
+    (got, elapsed), tap = with_tap(scenario, loop, header_timeout_s=0.6)
     assert got.startswith(b"HTTP/1.1 408 ") and b"request not received in time (head)" in got
     assert 0.6 <= elapsed < 2.0
     assert tap.stats["client_timeout_head"] == 1
 
 
-def test_a_connection_that_sends_nothing_is_closed_silently_at_the_header_timeout():
+def test_a_connection_that_sends_nothing_is_closed_silently_at_the_header_timeout(loop):
     async def scenario(tap):
         reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
         t0 = time.monotonic()
@@ -83,11 +91,11 @@ def test_a_connection_that_sends_nothing_is_closed_silently_at_the_header_timeou
         writer.close()
         return got, time.monotonic() - t0
 
-    (got, elapsed), _ = with_tap(scenario, header_timeout_s=0.5)
+    (got, elapsed), _ = with_tap(scenario, loop, header_timeout_s=0.5)
     assert got == b"" and 0.5 <= elapsed < 2.0
 
 
-def test_a_body_that_trickles_in_is_cut_at_the_request_timeout():
+def test_a_body_that_trickles_in_is_cut_at_the_request_timeout(loop):
     async def scenario(tap):
         reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
         head, body = REQUEST.split(b"\r\n\r\n")
@@ -99,13 +107,13 @@ def test_a_body_that_trickles_in_is_cut_at_the_request_timeout():
         writer.close()
         return got, time.monotonic() - t0
 
-    (got, elapsed), tap = with_tap(scenario, header_timeout_s=0.3, request_timeout_s=1.0)
+    (got, elapsed), tap = with_tap(scenario, loop, header_timeout_s=0.3, request_timeout_s=1.0)
     assert got.startswith(b"HTTP/1.1 408 ") and b"(body)" in got
     assert 1.0 <= elapsed < 2.5
     assert tap.stats["client_timeout_body"] == 1
 
 
-def test_keep_alive_idle_time_counts_from_the_end_of_the_last_answer():
+def test_keep_alive_idle_time_counts_from_the_end_of_the_last_answer(loop):
     """A stream longer than the idle timeout leaves the connection usable after it; left idle, it
     is closed once the idle timeout has passed since that answer ended."""
     long = b'{"model":"m","prompt":"long","stream":true}'
@@ -125,14 +133,14 @@ def test_keep_alive_idle_time_counts_from_the_end_of_the_last_answer():
         writer.close()
         return streamed, head, body, rest, time.monotonic() - t1
 
-    (streamed, head, body, rest, idle), tap = with_tap(scenario, idle_timeout_s=0.4)
+    (streamed, head, body, rest, idle), tap = with_tap(scenario, loop, idle_timeout_s=0.4)
     assert streamed > 0.4                                   # longer than the idle timeout
     assert head.startswith(b"HTTP/1.1 200 ") and b'"usage"' in body
     assert rest == b"" and 0.4 <= idle < 2.0
     assert tap.stats["client_timeout_idle"] == 1
 
 
-def test_a_connection_over_the_cap_gets_503_at_once_and_the_others_are_served():
+def test_a_connection_over_the_cap_gets_503_at_once_and_the_others_are_served(loop):
     async def scenario(tap):
         held = [await asyncio.open_connection("127.0.0.1", tap.port) for _ in range(3)]
         await until(lambda: len(tap._clients) == 3)
@@ -155,7 +163,7 @@ def test_a_connection_over_the_cap_gets_503_at_once_and_the_others_are_served():
             writer.close()
         return refused, refused_s, served
 
-    (refused, refused_s, served), tap = with_tap(scenario, max_connections=3)
+    (refused, refused_s, served), tap = with_tap(scenario, loop, max_connections=3)
     head, _, body = refused.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in head and b"Connection: close" in head
     assert b"max_connections" in body and refused_s < 1.0
