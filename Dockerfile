@@ -12,12 +12,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-# A C compiler for the tap's native stream relay (agent/tap/_relay.c); only in this stage.
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev \
-    && rm -rf /var/lib/apt/lists/*
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY kvscope/ kvscope/
 COPY agent/ agent/
 COPY diagnoser/ diagnoser/

@@ -17,8 +17,6 @@ Paths:
 * direct   client -> stub
 * tap      client -> `kvscope tap` (the real CLI, its own process) -> stub
 * nginx    client -> nginx `proxy_pass` (proxy_buffering off, upstream keepalive) -> stub
-* tap-py   (`--python-tap`) the same `kvscope tap` with its native request side and stream relay
-           turned off (KVSCOPE_TAP_NATIVE=0): the pure-Python path, the baseline of the C modules
 * relay    (`--relay-floor`) client -> a blind byte relay on the tap's event loop (uvloop), one
            upstream connection per client connection, no parsing: what any Python proxy costs
            before it does any work, so "tap - relay" is the tap's own work
@@ -46,9 +44,7 @@ on a small shared box the client, stub and proxy compete for cores, so compare w
     .venv/bin/python bench/tap_latency.py --arrival poisson --chunks 64 --chunk-gap-ms 20 \
         --requests 3000 --relay-floor --repeat 3
     .venv/bin/python bench/tap_latency.py --lean --pin --arrival poisson --chunks 64 \
-        --chunk-gap-ms 20 --requests 3000 --relay-floor --python-tap --repeat 3   # fifth round
-    .venv/bin/python bench/tap_latency.py --lean --pin --arrival poisson --chunks 64 \
-        --chunk-gap-ms 20 --prefill-ms 20 --requests 3000 --python-tap --repeat 3  # engine-like stub
+        --chunk-gap-ms 20 --prefill-ms 20 --requests 3000 --repeat 3  # engine-like stub
 """
 
 from __future__ import annotations
@@ -429,9 +425,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--relay-floor", action="store_true",
                     help="also measure 'relay': a blind byte relay on the same event loop as the tap (one "
                          "upstream connection per client connection, no parsing): the floor of any Python proxy")
-    ap.add_argument("--python-tap", action="store_true",
-                    help="also measure 'tap-py': the tap with its native (C) request side and stream relay off "
-                         "(KVSCOPE_TAP_NATIVE=0)")
     ap.add_argument("--pin", action="store_true",
                     help="give the proxies (tap, nginx, relay) the last CPU and the client and stub the others, so "
                          "a proxy's latency is its own work and not its fight with the load generator for a core")
@@ -461,12 +454,6 @@ def run_paths(args: argparse.Namespace, tmp: Path, group: ProcessGroup) -> None:
                       start_new_session=True)
     paths = {"direct": stub_port, "tap": tap_port}
     owner: dict[str, subprocess.Popen | None] = {"direct": None, "tap": tap}
-    if args.python_tap:
-        py_port = free_port()
-        owner["tap-py"] = group.start("tap-py", [sys.executable, "-m", "kvscope", "tap", "--upstream",
-                                                 f"http://127.0.0.1:{stub_port}", "--listen", f"127.0.0.1:{py_port}"],
-                                      start_new_session=True, env={**os.environ, "KVSCOPE_TAP_NATIVE": "0"})
-        paths["tap-py"] = py_port
     if args.relay_floor:
         relay_port = free_port()
         owner["relay"] = group.start("relay", [sys.executable, "-c", RELAY, str(relay_port), str(stub_port)],
@@ -514,8 +501,11 @@ def run_paths(args: argparse.Namespace, tmp: Path, group: ProcessGroup) -> None:
     inproc = asyncio.run(sequential_inproc(stub_port, args.sequential))
     d, t = (pct(inproc[k], 50) for k in ("direct", "tap"))
     d99, t99 = (pct(inproc[k], 99) for k in ("direct", "tap"))
+    pairs = [(b - a) * 1e3 for a, b in zip(inproc["direct"], inproc["tap"], strict=True)]
     print(f"in-process tap, {args.sequential} sequential streams (proxy work without cross-process "
-          f"scheduling): added TTFT p50 {(t - d) * 1e3:.2f} ms, p99 {(t99 - d99) * 1e3:.2f} ms (goal p99 < 1 ms)")
+          f"scheduling): added TTFT p50 {(t - d) * 1e3:.2f} ms, p99 {(t99 - d99) * 1e3:.2f} ms (goal p99 < 1 ms); "
+          f"per pair (tap minus the direct stream just before it) p50 {pct(pairs, 50):.2f} ms, "
+          f"p99 {pct(pairs, 99):.2f} ms")
 
 
 def run_loop(main, lean: bool):
@@ -569,11 +559,6 @@ def report(table: dict[str, tuple[float, ...]], title: str) -> None:
         print(f"tap / nginx: TTFT p99 {ratio(t[1], n[1])}, p50 {ratio(t[0], n[0])} (goal <= 1.00), streams/s "
               f"{ratio(t[4], n[4])} (goal >= 1.00), CPU per stream {ratio(t[5], n[5])} (user {ratio(t[6], n[6])}, "
               f"sys {ratio(t[7], n[7])}); tap added p99 {t[3]:.2f} ms (goal < 1 ms)")
-    if "tap-py" in table:
-        t, p = table["tap"], table["tap-py"]
-        print(f"tap / tap-py (native request side and stream relay vs pure Python): CPU per stream {ratio(t[5], p[5])} "
-              f"({t[5] - p[5]:+.0f} us; user {t[6] - p[6]:+.0f}), TTFT p99 {ratio(t[1], p[1])}, "
-              f"p50 {ratio(t[0], p[0])}")
     if "relay" in table:
         t, r = table["tap"], table["relay"]
         print(f"tap / relay (the tap's own work over a blind Python relay): CPU per stream {ratio(t[5], r[5])}, "

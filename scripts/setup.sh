@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what kvscope and its tests need on a fresh Debian machine (idempotent):
 #   Debian packages: prometheus + promtool, victoria-metrics (single-node, 1.79), alertmanager + amtool, chromium (UI tests), nginx (tap bench), systemd (systemd-analyze checks the unit)
-#   .venv with kvscope and its pinned dependencies (pip install -e '.[dev]'; builds the tap's C relay in place)
+#   .venv with kvscope and its pinned dependencies (pip install -e '.[dev]')
 # Environment: VENV (default .venv), KVSCOPE_SKIP_APT=1 to skip the Debian step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -x "$VENV/bin/pip" ]; then
   python3 -m venv --clear "$VENV"
 fi
 stamp="$VENV/.kvscope-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ agent/tap/_relay.c -nt "$stamp" ] || [ agent/tap/_front.c -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing kvscope into $VENV"
   "$VENV/bin/pip" install -q -e '.[dev]' >/tmp/kvscope-pip.log 2>&1 \
     || { grep -v 'is ignored: it is neither' /tmp/kvscope-pip.log | tail -30; echo "setup: pip install failed" >&2; exit 1; }

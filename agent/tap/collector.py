@@ -5,6 +5,10 @@
       listen: 127.0.0.1:8001
       tenant_header: X-Tenant
       max_tenants: 50
+      max_connections: 1024                 # client connections; more are answered 503
+      header_timeout_s: 10                  # request head whole within this
+      request_timeout_s: 60                 # whole request within this
+      idle_timeout_s: 75                    # keep-alive connection without a request
       otlp_endpoint: http://127.0.0.1:4318/v1/traces   # optional: the tap's spans
 
 Each collection returns the tenant counters and histograms (cumulative); the fairness gauges
@@ -23,8 +27,9 @@ from kvscope.agent.config import ConfigError, parse_seconds, register_section
 from kvscope.agent.tap.proxy import RequestTap, TapConfig
 from kvscope.agent.traces.export import SpanBatchExporter
 
+_LIMITS = ("header_timeout_s", "request_timeout_s", "idle_timeout_s")
 _KEYS = {"upstreams", "listen", "tenant_header", "max_tenants", "inject_usage", "block_chars",
-         "prefix_window_s", "otlp_endpoint", "fairness_window_s"}
+         "prefix_window_s", "otlp_endpoint", "fairness_window_s", "max_connections", *_LIMITS}
 
 
 def parse_tap_config(raw: Any) -> dict[str, Any]:
@@ -38,11 +43,16 @@ def parse_tap_config(raw: Any) -> dict[str, Any]:
         ups = [ups]
     if not ups or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in ups):
         raise ConfigError("tap.upstreams: needs one or more http(s):// base URLs")
-    cfg = TapConfig(upstreams=tuple(ups), listen=str(raw.get("listen", "127.0.0.1:8001")),
-                    tenant_header=raw.get("tenant_header", "X-Tenant") or None,
-                    max_tenants=int(raw.get("max_tenants", 50)), inject_usage=bool(raw.get("inject_usage", True)),
-                    block_chars=int(raw.get("block_chars", 64)),
-                    prefix_window_s=parse_seconds(raw.get("prefix_window_s", 900)))
+    try:
+        cfg = TapConfig(upstreams=tuple(ups), listen=str(raw.get("listen", "127.0.0.1:8001")),
+                        tenant_header=raw.get("tenant_header", "X-Tenant") or None,
+                        max_tenants=int(raw.get("max_tenants", 50)), inject_usage=bool(raw.get("inject_usage", True)),
+                        block_chars=int(raw.get("block_chars", 64)),
+                        prefix_window_s=parse_seconds(raw.get("prefix_window_s", 900)),
+                        max_connections=int(raw.get("max_connections", TapConfig.max_connections)),
+                        **{k: parse_seconds(raw[k]) for k in _LIMITS if k in raw})  # type: ignore[arg-type]
+    except ValueError as e:
+        raise ConfigError(f"tap: {e}") from e
     try:
         cfg.host_port()
     except ValueError as e:

@@ -2,13 +2,12 @@
 
 A `Forward` writes the request to a pooled upstream connection and passes every response
 byte to the client from the upstream's read callback, with no task or queue in between. For
-an accounted SSE stream the bytes go through the native relay when it is built and the
-response allows it (chunked both ways, head whole in one read: agent/tap/native.py), else
-through `SseScanner`; either keeps the first token time, token gaps and usage, and drops the
-usage-only event the tap caused. An accounted non-streamed answer is copied (bounded) so its
-usage can be read at the end. Naming the tenant and the prefix bookkeeping run right after the
-request went upstream, so they never delay the engine. When it is over, the exchange goes to
-`RequestTap.account` (off the critical path: the client already has its bytes).
+an accounted SSE stream the bytes go through `SseScanner`, which keeps the first token time,
+token gaps and usage, and drops the usage-only event the tap caused. An accounted non-streamed
+answer is copied (bounded) so its usage can be read at the end. Naming the tenant and the
+prefix bookkeeping run right after the request went upstream, so they never delay the engine.
+When it is over, the exchange goes to `RequestTap.account` (off the critical path: the client
+already has its bytes).
 
 Failures: no response head from the upstream -> 502 (a reused keep-alive connection that the
 engine had closed is retried once on a new one, as nginx does); the upstream breaks
@@ -26,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from kvscope.agent.tap.http1 import Downstream, Request, Upstream, filter_headers
-from kvscope.agent.tap.native import SpecialEvents
 from kvscope.agent.tap.sse import SseScanner
 
 if TYPE_CHECKING:
@@ -41,9 +39,9 @@ class Forward:
     """Carries one request upstream and its response back (the upstream's `ResponseHandler`)."""
 
     __slots__ = ("tap", "conn", "req", "ex", "doc", "injected", "target", "wire", "up", "scanner", "copy",
-                 "copied", "retried", "over", "task", "events")
+                 "copied", "retried", "over", "task")
 
-    def __init__(self, tap: RequestTap, conn: Downstream, req: Request | None, ex: _Exchange | None,
+    def __init__(self, tap: RequestTap, conn: Downstream, req: Request, ex: _Exchange | None,
                  doc: dict[str, Any] | None, injected: bool, target: Any, wire: bytes) -> None:
         self.tap, self.conn, self.req, self.ex = tap, conn, req, ex
         self.doc = doc                # the request body: tenant and prefix bookkeeping after sending
@@ -52,7 +50,6 @@ class Forward:
         self.wire: bytes | None = wire
         self.up: Upstream | None = None
         self.scanner: SseScanner | None = None
-        self.events: SpecialEvents | None = None      # set when the native relay carries the body
         self.copy: list[bytes] | None = None
         self.copied = 0
         self.retried = False
@@ -86,9 +83,8 @@ class Forward:
 
     def _send(self, up: Upstream) -> None:
         self.up = up
-        head_only = self.req is not None and self.req.method == "HEAD"   # None: the fast path's POST
-        up.send(self, self.wire, head_only=head_only)  # type: ignore[arg-type]
-        if self.doc is not None and self.ex is not None and self.req is not None:   # all None on the fast path
+        up.send(self, self.wire, head_only=self.req.method == "HEAD")  # type: ignore[arg-type]
+        if self.doc is not None and self.ex is not None:
             self.tap.identify(self.ex, self.req, self.doc)
             self.tap.observe_prefix(self.ex, self.doc)
             self.doc = None
@@ -98,15 +94,13 @@ class Forward:
         self.wire = None
         ex = self.ex
         length: int | None = None
-        sse = chunked = False
+        sse = False
         for k, v in headers:
             lk = k.lower()
             if lk == b"content-length" and v.strip().isdigit():
                 length = int(v)
             elif lk == b"content-type":
                 sse = v.lstrip().lower().startswith(b"text/event-stream")
-            elif lk == b"transfer-encoding":
-                chunked = v.lower().endswith(b"chunked")
         if ex is not None:
             ex.status = status
             if sse:
@@ -115,20 +109,6 @@ class Forward:
             else:
                 self.copy = []
         self.conn.send_head(status, reason, filter_headers(headers), length, has_body=status not in (204, 304))
-        if self.scanner is not None and chunked:
-            self._relay()
-
-    def _relay(self) -> None:
-        """Hand the body to the native relay when the extension, the upstream (head parsed alone)
-        and the client side (chunked, not HEAD, still connected) allow it."""
-        relay_type, up, conn = self.tap.relay_type, self.up, self.conn
-        if relay_type is None or up is None or not up.can_relay or not conn.chunked or conn.transport is None:
-            return
-        self.events = SpecialEvents(drop_usage=self.injected)
-        up.relay = relay_type(conn.transport.write, self.events, up.relay_end, up.relay_error,
-                              head=conn.take_head())
-        self.scanner = None
-        self.tap.stats["native_relay"] += 1
 
     def on_body(self, data: bytes) -> None:
         if self.over:
@@ -162,22 +142,6 @@ class Forward:
                 ex.first_token = ex.last_chunk = time.perf_counter()
                 if self.copy is not None:
                     ex.usage = _usage_of(self.copy)
-            if ex.status >= 500:
-                ex.outcome = f"upstream_{ex.status}"
-        self._over()
-
-    def on_relay_end(self, relay: Any, head: bytes | None, body: bytes) -> None:
-        """The native relay saw the end of the body: `body` is what is left to send (already
-        scanned), `head` the response head if no body byte has gone out yet."""
-        if self.over:
-            return
-        ex, self.up = self.ex, None
-        if head is not None:
-            self.conn.put_head(head)
-        self.conn.finish(body)
-        if ex is not None:
-            ex.first_token, ex.last_chunk, ex.gaps = relay.first_token, relay.last_token, relay.gaps()
-            ex.usage = self.events.usage if self.events is not None else None
             if ex.status >= 500:
                 ex.outcome = f"upstream_{ex.status}"
         self._over()
@@ -231,7 +195,7 @@ class Forward:
         self.over = True
         self.wire = None
         if self.ex is not None:
-            if self.doc is not None and self.req is not None:   # it never got upstream: still name its tenant
+            if self.doc is not None:     # it never got upstream: still name its tenant
                 self.tap.identify(self.ex, self.req, self.doc)
                 self.doc = None
             self.tap.account(self.ex)

@@ -7,18 +7,14 @@ messages and the tap writes straight to the peer transport from the read callbac
 
 `Downstream` is one client connection: it parses requests (body size capped), hands each
 complete one to `on_request(conn, request)` and writes the answer (`send_head`, `send_body`,
-`finish`, `send_whole`). Between requests, a `fast` callback may take a read that holds a whole
-request before the parser sees it (the tap's native request side; `parse_plain_request` then
-builds its `Request`). Requests are answered in order; a pipelined one waits its turn (and
+`finish`, `send_whole`). Its `phase` and `since` tell the owner's sweeper which timeout
+applies: "head" (a request head is due: since the connection opened or since the first byte of a
+later request), "body" (since the head began) or "idle" (since the last response ended); while
+a response is being written (`busy`) none does. Requests are answered in order; a pipelined one waits its turn (and
 the connection is not read further meanwhile).
 `UpstreamPool` opens and reuses keep-alive connections to the engines; an `Upstream` feeds the
 response to a handler object (`on_head`, `on_body`, `on_end`, `on_fail`). Back-pressure: a
 client that reads slowly pauses the upstream it is fed from.
-
-Native relay: when a 2xx response head arrives whole in one read, only the head goes through
-llhttp; the handler may then hand the body to a `Relay` (agent/tap/native.py) by setting
-`Upstream.relay` inside `on_head`. From then on every read goes straight to the relay, which
-writes to the client itself and ends with `relay_end` (or `relay_error`).
 """
 
 from __future__ import annotations
@@ -33,6 +29,7 @@ from typing import Any, Protocol
 import httptools
 
 MAX_HEADER_BYTES = 64 << 10
+LINGER_S = 1.0          # after an error answer, what the client still sends is read and dropped this long at most
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
                         b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect",
                         b"proxy-connection"})
@@ -69,22 +66,20 @@ class ResponseHandler(Protocol):
     def on_body(self, data: bytes) -> None: ...
     def on_end(self, data: bytes) -> None: ...       # data: the last body bytes (b"" if none)
     def on_fail(self, exc: BaseException | None, responded: bool) -> None: ...
-    def on_relay_end(self, relay: Any, head: bytes | None, body: bytes) -> None: ...
 
 
 class Downstream(asyncio.Protocol):
     """One client connection (server side)."""
 
     def __init__(self, on_request: Callable[[Downstream, Request], None], registry: set[Downstream],
-                 max_body: int, fast: Callable[[Downstream, bytes], bool] | None = None) -> None:
+                 max_body: int) -> None:
         self.on_request = on_request
-        self.fast = fast              # takes a whole plain request from one read, or declines (False)
         self.registry = registry
         self.max_body = max_body
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
-        self.last_active = time.monotonic()
-        self.reading = False          # a request is partly received
+        self.phase = "head"           # "head", "body" or "idle": what the connection waits for
+        self.since = time.monotonic()  # when that wait began (see the module docstring)
         self.busy = False             # a response is being written
         self.on_lost: Callable[[], None] | None = None      # set by whoever answers the current request
         self.on_drain: Callable[[bool], None] | None = None  # called with False on pause, True on resume
@@ -93,6 +88,7 @@ class Downstream(asyncio.Protocol):
         self._head: bytes | None = None
         self._chunked = False
         self._close_after = False
+        self._discard = False         # lingering after an error answer: reads are dropped
 
     def _reset(self) -> None:
         self._url = b""
@@ -100,6 +96,7 @@ class Downstream(asyncio.Protocol):
         self._hsize = 0
         self._body: list[bytes] = []
         self._bsize = 0
+        self._began = False           # a byte of the current request has arrived
         self._error: tuple[int, str] | None = None
 
     # ---------------------------------------------------------------- asyncio.Protocol
@@ -116,8 +113,7 @@ class Downstream(asyncio.Protocol):
             cb()
 
     def data_received(self, data: bytes) -> None:
-        self.last_active = time.monotonic()
-        if self.fast is not None and not (self.reading or self.busy or self._pending) and self.fast(self, data):
+        if self._discard:
             return
         try:
             self.parser.feed_data(data)
@@ -146,7 +142,9 @@ class Downstream(asyncio.Protocol):
 
     # ---------------------------------------------------------------- httptools callbacks
     def on_message_begin(self) -> None:
-        self.reading = True
+        self._began = True
+        if self.phase == "idle":      # a fresh connection's head timer runs from the accept
+            self.phase, self.since = "head", time.monotonic()
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -160,6 +158,7 @@ class Downstream(asyncio.Protocol):
         self._hdrs.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self.phase = "body"
         for k, v in self._hdrs:
             lk = k.lower()
             if lk == b"content-length" and v.strip().isdigit() and int(v) > self.max_body:
@@ -180,7 +179,7 @@ class Downstream(asyncio.Protocol):
         req = Request(p.get_method().decode("latin-1"), self._url, self._hdrs, b"".join(self._body),
                       p.should_keep_alive(), p.get_http_version() == "1.1")
         self._reset()
-        self.reading = False
+        self.phase = "idle"
         if self.busy or self._pending:
             self._pending.append(req)         # pipelined: read no further until its turn
             if self.transport is not None:
@@ -194,7 +193,7 @@ class Downstream(asyncio.Protocol):
         self.on_request(self, req)
 
     def begin(self, keep_alive: bool, http11: bool, head_request: bool) -> None:
-        """A request is being answered (from the parser, or taken whole by `fast`)."""
+        """A request is being answered."""
         self.busy = True
         self._close_after = not keep_alive
         self._http11 = http11
@@ -223,20 +222,6 @@ class Downstream(asyncio.Protocol):
             out.append(b"Connection: close\r\n")
         out.append(b"\r\n")
         self._head = b"".join(out)
-
-    @property
-    def chunked(self) -> bool:
-        """The response started by `send_head` is sent in chunked coding."""
-        return self._chunked
-
-    def take_head(self) -> bytes | None:
-        """The response head not written yet (whoever takes it must write it first)."""
-        head, self._head = self._head, None
-        return head
-
-    def put_head(self, head: bytes) -> None:
-        """Give back a head taken with `take_head` that was not written."""
-        self._head = head
 
     def send_body(self, data: bytes) -> None:
         """Pass body bytes on now (framed as the head said)."""
@@ -267,7 +252,11 @@ class Downstream(asyncio.Protocol):
             tail, self._head = self._head + tail, None
         if tail:
             tr.write(tail)
-        if self._close_after:
+        self.since = time.monotonic()   # the idle (or the next head's) timer starts now
+        if self._close_after and self._error is not None:
+            linger(tr)
+            self._discard = True
+        elif self._close_after:
             tr.close()
         elif self._error is not None:
             self._reject()
@@ -283,11 +272,23 @@ class Downstream(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def send_whole(self, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
+    def send_whole(self, status: int, body: bytes, content_type: bytes = b"application/json",
+                   headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         """A complete response with a body the tap made itself."""
-        self.send_head(status, b"", [(b"Content-Type", content_type)], len(body))
+        self.send_head(status, b"", [(b"Content-Type", content_type), *headers], len(body))
         self.send_body(body)
         self.finish()
+
+    def time_out(self) -> None:
+        """The request did not arrive in time: 408 when part of it came, else just close."""
+        if self.transport is None or self.busy:
+            return
+        if not self._began:
+            self.transport.close()
+            return
+        self._error = (408, f"request not received in time ({self.phase})")
+        self.transport.pause_reading()
+        self._reject()
 
     def _reject(self) -> None:
         status, message = self._error or (400, "bad request")
@@ -295,7 +296,7 @@ class Downstream(asyncio.Protocol):
         self._close_after = True
         self._http11 = True
         self._head_request = False
-        self.send_whole(status, b'{"error":{"message":"kvscope tap: %s","type":"invalid_request"}}' % message.encode())
+        self.send_whole(status, error_body(message))
 
 
 class Upstream(asyncio.Protocol):
@@ -312,8 +313,6 @@ class Upstream(asyncio.Protocol):
         self.swept_reads = 0                  # `reads` at the sweeper's last look
         self.reused = False
         self.paused = False
-        self.relay: Any = None          # the native relay carrying the current response body, if any
-        self.can_relay = False          # True only while the head alone is being parsed
         self._head_only = False
         self._begin()
 
@@ -323,7 +322,6 @@ class Upstream(asyncio.Protocol):
         self._reason = b""
         self._framed = False            # Content-Length or chunked: the end is known without EOF
         self.responded = False
-        self._fresh = True              # no byte of the current response read yet
 
     def send(self, handler: ResponseHandler, data: bytes, head_only: bool) -> None:
         """Write a complete request; its response goes to `handler`."""
@@ -341,50 +339,8 @@ class Upstream(asyncio.Protocol):
 
     def abort(self) -> None:
         self.handler = None
-        self._drop_relay()
         if self.transport is not None:
             self.transport.abort()
-
-    def _drop_relay(self) -> None:
-        relay, self.relay = self.relay, None
-        if relay is not None:
-            relay.close()               # breaks the relay <-> connection reference cycle
-            self.parser = httptools.HttpResponseParser(self)   # the old one stopped mid-message
-
-    def relay_end(self, head: bytes | None, body: bytes) -> None:
-        """The relay saw the end of the response (called by the relay from `feed`)."""
-        relay, h, self.handler = self.relay, self.handler, None
-        keep = self.parser.should_keep_alive() and not relay.trailing
-        self._drop_relay()
-        if h is not None:
-            h.on_relay_end(relay, head, body)
-        if keep:
-            self.pool.release(self)
-        elif self.transport is not None:
-            self.transport.close()
-
-    def relay_error(self, message: str) -> None:
-        """The relay found the upstream's framing broken (called by the relay from `feed`)."""
-        self._fail(ValueError(message))
-
-    def _split_head(self, data: bytes) -> bytes | None:
-        """Parse a 2xx head that came whole at the start of this read, alone, so the handler can
-        take the body over with a relay. Returns the bytes left for llhttp (None: nothing left)."""
-        self._fresh = False
-        end = data.find(b"\r\n\r\n")
-        if end < 0 or not data.startswith(b"HTTP/1.1 2"):
-            return data
-        self.can_relay = True
-        try:
-            self.parser.feed_data(data[:end + 4])
-        finally:
-            self.can_relay = False
-        rest = data[end + 4:]
-        if self.relay is None:
-            return rest
-        if rest:
-            self.relay.feed(rest)
-        return None
 
     # ---------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -392,30 +348,15 @@ class Upstream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.reads += 1
-        relay = self.relay
         try:
-            if relay is not None:
-                relay.feed(data)              # C: decode, scan, write to the client
-                return
-            if self._fresh and self.handler is not None:
-                rest = self._split_head(data)
-                if rest is None:
-                    return
-                data = rest
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserCallbackError) as e:
             self._fail(e)
             return
-        except Exception as e:          # a relay callback failed: this response is lost, not the tap
-            self._fail(e)
-            return
         # the body bytes of this read go to the handler at once: one write to the client per
         # upstream read, however many chunks of the upstream's framing it held
-        body = self._body
-        if body and self.handler is not None:
-            data = body[0] if len(body) == 1 else b"".join(body)
-            body.clear()
-            self.handler.on_body(data)
+        if self._body and self.handler is not None:
+            self.handler.on_body(self._take_body())
 
     def _take_body(self) -> bytes:
         body = self._body
@@ -436,7 +377,6 @@ class Upstream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.pool.discard(self)
         self.transport = None
-        self._drop_relay()
         h = self.handler
         if h is None:
             return
@@ -458,7 +398,6 @@ class Upstream(asyncio.Protocol):
 
     def _fail(self, exc: BaseException) -> None:
         h, self.handler = self.handler, None
-        self._drop_relay()
         if self.transport is not None:
             self.transport.abort()
         if h is not None:
@@ -556,17 +495,6 @@ class UpstreamPool:
         self.busy.clear()
 
 
-def parse_plain_request(data: bytes, head_len: int, keep_alive: bool) -> Request:
-    """The Request in `data`, a whole POST that agent/tap/_front.c vouched for (pure): request
-    line, then `name: value` lines without trailing whitespace, the blank line at head_len."""
-    lines = data[:head_len - 4].split(b"\r\n")
-    raw = []
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        raw.append((name, value.lstrip(b" \t")))
-    return Request("POST", lines[0][5:-9], raw, data[head_len:], keep_alive, True)
-
-
 def filter_headers(raw: list[tuple[bytes, bytes]], drop: frozenset[bytes] = HOP_BY_HOP) -> list[tuple[bytes, bytes]]:
     """Headers minus `drop` (lower-case names) and those the Connection header names (pure)."""
     out = []
@@ -593,6 +521,21 @@ def render_request(method: str, target: bytes, host: bytes, headers: list[tuple[
     out.append(b"\r\n")
     out.append(body)
     return b"".join(out)
+
+
+def linger(tr: asyncio.Transport) -> None:
+    """Close after an error answer without resetting the connection under the client while it is
+    still sending (a reset can destroy the answer before the client reads it): end our side, read
+    on (the caller drops what comes), close at the client's end or after `LINGER_S`."""
+    if tr.can_write_eof():
+        tr.write_eof()
+    tr.resume_reading()
+    asyncio.get_running_loop().call_later(LINGER_S, tr.close)
+
+
+def error_body(message: str, kind: str = "invalid_request") -> bytes:
+    """An OpenAI-style JSON error body naming the tap."""
+    return b'{"error":{"message":"kvscope tap: %s","type":"%s"}}' % (message.encode(), kind.encode())
 
 
 def _reason(status: int) -> bytes:

@@ -16,21 +16,22 @@ Never stored: prompt or completion text, API keys. Bounded: request body size, t
 prefix index, per-series histograms. A client that disconnects closes the upstream request; an
 upstream 5xx passes through and is counted; an unreachable upstream gives the client a 502.
 
-The wire work is in http1.py (asyncio protocols, llhttp parser, keep-alive upstream pool),
-forward.py (one request's bytes, both ways) and the native modules (native.py: the common
-request rendered in C and sent before any Python work on it, and the stream relay); this module
-owns the server's lifecycle, the choice between the two request paths, and the accounting.
-Latency against a direct connection and nginx: bench/tap_latency.py.
+The wire work is in http1.py (asyncio protocols, llhttp parser, keep-alive upstream pool) and
+forward.py (one request's bytes, both ways); this module owns the server's lifecycle, its
+connection limits and the accounting. Latency against a direct connection and nginx:
+bench/tap_latency.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
 import os
 import random
+import resource
 import time
 from bisect import bisect_left
 from collections import Counter
@@ -47,15 +48,14 @@ from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels
 from kvscope.agent.tap.forward import Forward, parse_json_object
 from kvscope.agent.tap.http1 import (
     HOP_BY_HOP,
-    MAX_HEADER_BYTES,
     Downstream,
     Request,
     UpstreamPool,
+    error_body,
     filter_headers,
-    parse_plain_request,
+    linger,
     render_request,
 )
-from kvscope.agent.tap.native import FRONT, RELAY
 from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
 from kvscope.agent.tap.sessions import SessionTracker, Turn, parse_session_id
 from kvscope.agent.tap.sse import parse_usage
@@ -69,9 +69,7 @@ ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")
 _UPSTREAM_DROP = HOP_BY_HOP | {b"accept-encoding"}     # the tap reads the body: ask for it uncompressed
 _UPSTREAM_DROP_TRACED = _UPSTREAM_DROP | {b"traceparent", b"tracestate"}
 BACKLOG = 2048                  # a burst of new client connections must not overflow the accept queue
-SWEEP_S = 1.0
-CLIENT_READ_TIMEOUT_S = 60.0    # a request that stops arriving midway
-CLIENT_IDLE_TIMEOUT_S = 75.0    # a keep-alive client connection with nothing to do
+SWEEP_S = 1.0                   # at most; shorter when a configured timeout is short
 
 
 @dataclass(frozen=True)
@@ -89,7 +87,15 @@ class TapConfig:
     prefix_max_blocks: int = 200_000
     block_chars: int = 64
     service_name: str = "kvscope-tap"
-    native: bool = True             # streamed answers through the C relay when it is built (native.py)
+    max_connections: int = 1024     # client connections; more are answered 503 at once (docs/requests.md)
+    header_timeout_s: float = 10.0  # a request head must arrive whole within this (from accept / first byte)
+    request_timeout_s: float = 60.0  # ... and its body with it, counted from the head's start
+    idle_timeout_s: float = 75.0    # a keep-alive connection with no request is closed after this
+
+    def __post_init__(self) -> None:
+        limits = (self.header_timeout_s, self.request_timeout_s, self.idle_timeout_s, self.max_connections)
+        if not all(v > 0 for v in limits):
+            raise ValueError("max_connections, header/request/idle timeouts must be positive")
 
     def host_port(self) -> tuple[str, int]:
         host, _, port = self.listen.rpartition(":")
@@ -184,15 +190,13 @@ class RequestTap:
         self.sessions = SessionTracker()
         self.targets = {base: parse_upstream(base) for base in config.upstreams}
         self._rr = itertools.cycle(config.upstreams)
-        self._held: str | None = None      # the replica a declined fast-path request had drawn
         self.pool = UpstreamPool(connect_timeout_s=10.0)
-        self.relay_type = RELAY if config.native else None
-        self.front = FRONT if config.native else None
         self.tasks: set[asyncio.Task[None]] = set()
         self._clients: set[Downstream] = set()
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.port: int | None = None
+        self.max_connections = config.max_connections
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -201,10 +205,8 @@ class RequestTap:
             return
         loop = asyncio.get_running_loop()
         host, port = self.config.host_port()
-        self._server = await loop.create_server(
-            lambda: Downstream(self._on_request, self._clients, self.config.max_request_bytes,
-                               self._fast if self.front is not None else None),
-            host, port, backlog=BACKLOG)
+        self.max_connections = connection_cap(self.config.max_connections)
+        self._server = await loop.create_server(self._accept, host, port, backlog=BACKLOG)
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.create_task(self._sweep())
         log.info("tap listening on %s:%s -> %s", host, self.port, ", ".join(self.config.upstreams))
@@ -225,18 +227,32 @@ class RequestTap:
         await asyncio.sleep(0)          # let the aborted transports report connection_lost
         self._server = self._sweeper = None
 
+    def _accept(self) -> asyncio.Protocol:
+        """A new client connection: served, or over `max_connections` answered 503 and closed."""
+        if len(self._clients) < self.max_connections:
+            return Downstream(self._on_request, self._clients, self.config.max_request_bytes)
+        self.stats["connections_refused"] += 1
+        if self.stats["connections_refused"] in (1, 10, 100) or self.stats["connections_refused"] % 1000 == 0:
+            log.warning("tap: %d client connections open (max_connections); %d refused with 503 so far",
+                        len(self._clients), self.stats["connections_refused"])
+        return Refused()
+
     async def _sweep(self) -> None:
-        """Time out silent upstreams (read timeout) and idle or stalled client connections."""
+        """Time out silent upstreams (read timeout) and client connections: a request head that
+        does not arrive whole in `header_timeout_s` (however slowly its bytes trickle), a request
+        not whole in `request_timeout_s`, a keep-alive connection idle for `idle_timeout_s`."""
+        cfg = self.config
+        limits = {"head": cfg.header_timeout_s, "body": cfg.request_timeout_s, "idle": cfg.idle_timeout_s}
         while True:
-            await asyncio.sleep(SWEEP_S)
+            await asyncio.sleep(min(SWEEP_S, min(limits.values()) / 4))
             now = time.monotonic()
             for up in list(self.pool.busy):
-                if up.handler is not None and now - up.active_since(now) > self.config.read_timeout_s:
+                if up.handler is not None and now - up.active_since(now) > cfg.read_timeout_s:
                     up.fail_timeout()
             for conn in list(self._clients):
-                limit = CLIENT_READ_TIMEOUT_S if conn.reading else CLIENT_IDLE_TIMEOUT_S
-                if not conn.busy and now - conn.last_active > limit and conn.transport is not None:
-                    conn.transport.close()
+                if not conn.busy and now - conn.since > limits[conn.phase]:
+                    self.stats[f"client_timeout_{conn.phase}"] += 1
+                    conn.time_out()
 
     # ------------------------------------------------------------ the tap's own endpoints
     def render_metrics_text(self) -> str:
@@ -266,37 +282,6 @@ class RequestTap:
         wire = render_request(req.method, target.prefix + req.target, target.host, upstream_headers(req, ex), body)
         Forward(self, conn, req, ex, doc, injected, target, wire).start()
 
-    def _fast(self, conn: Downstream, data: bytes) -> bool:
-        """Take a whole plain request from one client read: written upstream first, by C
-        (agent/tap/_front.c), and only then parsed in Python for the accounting. False when the
-        read is anything else; the llhttp path then handles it exactly as before."""
-        replica = self._next_replica()
-        target = self.targets[replica]
-        assert self.front is not None   # _fast is handed out only with the C front loaded
-        got = self.front(data, target.prefix, target.host, self.config.inject_usage,
-                         self.config.max_request_bytes, MAX_HEADER_BYTES)
-        if got is None:
-            self._held = replica
-            return False
-        start = time.perf_counter()
-        wire, trace_id, span_id, injected, keep_alive, head_len = got
-        conn.begin(keep_alive, True, False)
-        fwd = Forward(self, conn, None, None, None, injected, target, wire)
-        fwd.start()                    # upstream now, or once a connection is open
-        req = parse_plain_request(data, head_len, keep_alive)
-        doc = parse_json_object(req.body) or {}
-        ex = _Exchange(tenant="", path=req.path, model=None, start=start, trace_id=trace_id, span_id=span_id,
-                       parent_id="", replica=replica, start_ns=time.time_ns())
-        fwd.req, fwd.ex = req, ex
-        self.identify(ex, req, doc)
-        self.observe_prefix(ex, doc)
-        self.stats["native_front"] += 1
-        return True
-
-    def _next_replica(self) -> str:
-        replica, self._held = self._held, None
-        return replica or next(self._rr)
-
     def _begin(self, req: Request, doc: dict[str, Any]) -> _Exchange:
         """What the request needs before it goes upstream: its trace context and replica. Who sent
         it (`identify`) is worked out after it went, so that work never delays the engine."""
@@ -304,7 +289,7 @@ class RequestTap:
         trace_id, parent = ctx if ctx else (_hex(16), "")
         ex = _Exchange(tenant="", path=req.path, model=None, start=time.perf_counter(),
                        trace_id=trace_id, span_id=_hex(8), parent_id=parent)
-        ex.replica = self._next_replica()
+        ex.replica = next(self._rr)
         ex.start_ns = time.time_ns()
         return ex
 
@@ -380,6 +365,42 @@ class RequestTap:
             out.append(Sample("prefix_split_ratio", (), split, timestamp))
         out.extend(self.sessions.render(timestamp))
         return out
+
+
+class Refused(asyncio.Protocol):
+    """A connection over the tap's cap: 503 with Retry-After at once, then closed (`linger`)."""
+
+    BODY = error_body("too many connections to the tap (max_connections)", "service_unavailable")
+    ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+              b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(self.ANSWER)  # type: ignore[attr-defined]
+        linger(transport)  # type: ignore[arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        return False                  # the client is done too: close
+
+
+def connection_cap(wanted: int) -> int:
+    """`wanted` client connections, or fewer if the process may not open the file descriptors
+    they need (two each while a request is upstream, plus a margin): the soft RLIMIT_NOFILE is
+    raised toward the hard limit first, as Go's runtime does."""
+    need = 2 * wanted + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    if soft != resource.RLIM_INFINITY and soft < need:
+        cap = max(1, (soft - 256) // 2)
+        log.warning("tap: open-file limit %d allows %d client connections, not max_connections=%d", soft, cap, wanted)
+        return cap
+    return wanted
 
 
 class GapHistogram(HistogramSet):

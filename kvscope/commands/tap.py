@@ -13,7 +13,6 @@ from typing import Any
 
 from kvscope.agent.derive.fairness import fairness_json_since_start, fairness_since_start
 from kvscope.agent.tap.eventloop import loop_name, run_event_loop
-from kvscope.agent.tap.native import native_status
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_upstream
 from kvscope.agent.traces.export import SpanBatchExporter
 from kvscope.agent.traces.otlp import Span
@@ -74,13 +73,25 @@ def register(subparsers: Any) -> None:
                    help="prompt block size for reuse hashing, in characters (about N/4 tokens; default 64)")
     p.add_argument("--prefix-window", type=float, default=900.0, metavar="SECONDS",
                    help="a prompt block counts as reusable if seen within this many seconds (default 900)")
+    p.add_argument("--max-connections", type=int, default=TapConfig.max_connections, metavar="N",
+                   help="client connections at most; a new one over it is answered 503 with Retry-After "
+                        f"and closed (default {TapConfig.max_connections})")
+    p.add_argument("--header-timeout", type=float, default=TapConfig.header_timeout_s, metavar="SECONDS",
+                   help="a request head must arrive whole within this, however slowly its bytes come "
+                        f"(default {TapConfig.header_timeout_s:g})")
+    p.add_argument("--request-timeout", type=float, default=TapConfig.request_timeout_s, metavar="SECONDS",
+                   help=f"the whole request (head and body) within this (default {TapConfig.request_timeout_s:g})")
+    p.add_argument("--idle-timeout", type=float, default=TapConfig.idle_timeout_s, metavar="SECONDS",
+                   help=f"close a keep-alive client connection idle this long (default {TapConfig.idle_timeout_s:g})")
     p.set_defaults(func=run)
 
 
 def config_from_args(args: argparse.Namespace) -> TapConfig:
     return TapConfig(upstreams=tuple(args.upstream), listen=args.listen, tenant_header=args.tenant_header or None,
                      inject_usage=not args.no_inject_usage, max_tenants=args.max_tenants,
-                     block_chars=args.block_chars, prefix_window_s=args.prefix_window)
+                     block_chars=args.block_chars, prefix_window_s=args.prefix_window,
+                     max_connections=args.max_connections, header_timeout_s=args.header_timeout,
+                     request_timeout_s=args.request_timeout, idle_timeout_s=args.idle_timeout)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,7 +145,7 @@ async def _serve(cfg: TapConfig, otlp_endpoint: str | None) -> None:
     sender = asyncio.create_task(exporter.run()) if exporter else None
     _quiet_gc()
     print(f"kvscope tap: listening on {cfg.host_port()[0]}:{tap.port}, forwarding to {', '.join(cfg.upstreams)}"
-          f" ({loop_name()} event loop, {native_status() if cfg.native else 'pure-Python request side and relay'})",
+          f" ({loop_name()} event loop)",
           flush=True)
     try:
         await stop.wait()

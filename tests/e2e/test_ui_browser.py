@@ -7,7 +7,6 @@ Screenshots go to artifacts/ (gitignored) for a human to look at.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from kvscope.commands.demo import default_recording
 from kvscope.ui.data import SourceSpec, evidence_charts, load_triage
 from kvscope.ui.server import UiServer, free_port
+from testbed.prometheus import require_binaries
 
 pytestmark = pytest.mark.browser
 
@@ -26,8 +26,8 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    if not Path(CHROMIUM).exists() or shutil.which("chromium") is None:
-        pytest.skip("Debian chromium not installed (scripts/setup.sh installs it)")
+    require_binaries("chromium")
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing (Debian chromium; scripts/setup.sh installs it)"
     recording = Path(os.environ["KVSCOPE_TEST_RECORDING"]) if os.environ.get("KVSCOPE_TEST_RECORDING") \
         else default_recording()
     assert recording is not None, "tests/recordings/ holds no recording"

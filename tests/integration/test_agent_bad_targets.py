@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from kvscope.agent.serve.export import render_metrics
 from kvscope.agent.signals import load_catalog
 from kvscope.agent.store.sqlite import InMemoryStore
 from testbed.procs import free_port
+from testbed.prometheus import require_binaries
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes"
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "agent-e2e.prom"
@@ -208,9 +208,7 @@ def test_agent_metrics_with_bad_targets_pass_promtool(bad_run, tmp_path):
 
 
 def assert_promtool_clean(body: str) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (scripts/setup.sh installs the Debian package)")
+    [promtool] = require_binaries("promtool")
     res = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), res.stdout + res.stderr
 

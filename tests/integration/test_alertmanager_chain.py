@@ -33,15 +33,14 @@ from kvscope.diagnoser.rulebook.rule import read_rule, rules_dir
 from testbed.alertmanager import alertmanager_argv
 from testbed.httpstub import serving
 from testbed.procs import ProcessGroup, free_port, retry_port_clash, wait_http
-from testbed.prometheus import missing_binaries, prometheus_argv
+from testbed.prometheus import prometheus_argv
 
 RULE_ID = "kv_pressure_preemption"
 OVERRIDE = {"for": "5s"}
 
 pytestmark = [
     pytest.mark.prometheus,
-    pytest.mark.skipif(missing_binaries("prometheus", "prometheus-alertmanager") is not None,
-                       reason=missing_binaries("prometheus", "prometheus-alertmanager") or ""),
+    pytest.mark.needs("prometheus", "prometheus-alertmanager"),
 ]
 
 

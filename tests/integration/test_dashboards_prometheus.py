@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 from collections import defaultdict
 from pathlib import Path
@@ -26,7 +25,7 @@ from kvscope.agent.signals import KVSCOPE_PREFIX, load_catalog
 from kvscope.commands.demo import BUNDLED, RECORDINGS
 from kvscope.dashboards.lint import read_recorded_names
 from kvscope.dashboards.registry import BOARDS
-from testbed.prometheus import EMPTY_CONFIG, running_prometheus
+from testbed.prometheus import EMPTY_CONFIG, require_binaries, running_prometheus
 from testbed.prometheus import query_range as prometheus_query_range
 
 pytestmark = pytest.mark.prometheus
@@ -68,9 +67,7 @@ DECLARED_IDLE = {
 
 
 def _binaries() -> tuple[str, str]:
-    prom, tool = shutil.which("prometheus"), shutil.which("promtool")
-    if not prom or not tool:
-        pytest.skip("prometheus/promtool not installed (scripts/setup.sh installs the Debian packages)")
+    prom, tool = require_binaries("prometheus", "promtool")
     return prom, tool
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import yaml
 
 from testbed.httpstub import serving, static_body_handler
 from testbed.procs import LoggedProcess, free_port, stop_process, wait_http
+from testbed.prometheus import require_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -38,9 +38,7 @@ mkdir "$RW/config" "$RW/state" "$RW/tmp"
 
 @pytest.fixture(scope="module")
 def sandbox_ok():
-    for tool in ("unshare", "setpriv", "mount"):
-        if not shutil.which(tool):
-            pytest.skip(f"{tool} (util-linux) is not installed")
+    require_binaries("unshare", "setpriv", "mount")     # util-linux
     probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
                             "mount -o remount,ro,bind / && ! touch /.kvscope-probe 2>/dev/null"],
                            capture_output=True, text=True, timeout=30)

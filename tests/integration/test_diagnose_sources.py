@@ -23,7 +23,7 @@ from kvscope.diagnoser.sources.agent import AgentSource
 from kvscope.diagnoser.sources.prometheus import PrometheusSource
 from kvscope.diagnoser.sources.recording import RecordingSource
 from testbed.procs import free_port
-from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, running_prometheus
+from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, require_binaries, running_prometheus
 
 RECORDING = Path(__file__).resolve().parent.parent / "recordings" / "healthy-shared-prefix.om.gz"
 PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
@@ -60,8 +60,7 @@ def plain_recording(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def prometheus_url(plain_recording, tmp_path_factory):
-    if PROMETHEUS is None or PROMTOOL is None:
-        pytest.skip("prometheus/promtool not installed (scripts/setup.sh installs the Debian packages)")
+    require_binaries("prometheus", "promtool")
     tmp = tmp_path_factory.mktemp("prom")
     backfill_openmetrics(plain_recording, tmp / "data", timeout_s=300, binary=PROMTOOL)
     (tmp / "prometheus.yml").write_text(EMPTY_CONFIG)

@@ -19,9 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pynvml  # a declared dependency (nvidia-ml-py)
 import pytest
-
-pynvml = pytest.importorskip("pynvml")
 
 
 def _gpu_with_torch() -> bool:

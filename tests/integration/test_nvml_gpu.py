@@ -21,9 +21,8 @@ import subprocess
 import sys
 import time
 
+import pynvml  # a declared dependency (nvidia-ml-py)
 import pytest
-
-pynvml = pytest.importorskip("pynvml")
 
 
 def _driver_answers() -> bool:

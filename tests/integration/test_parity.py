@@ -21,7 +21,6 @@ also checks that every generated alert fires and stays quiet where the rule says
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from testbed.prometheus import promtool_input_series
 
 pytestmark = [
     pytest.mark.prometheus,
-    pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (scripts/setup.sh installs it)"),
+    pytest.mark.needs("promtool"),
 ]
 
 

@@ -4,7 +4,6 @@ and the generated recording rules turn its native names into canonical series.""
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.request
 from pathlib import Path
 
@@ -20,7 +19,7 @@ PROMPT = "You are a careful assistant for the kvscope test suite. " * 20   # sha
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.prometheus,
-    pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed (scripts/setup.sh)"),
+    pytest.mark.needs("prometheus"),
 ]
 
 

@@ -3,7 +3,6 @@ in rules/tests/ passes `promtool test rules` (real promtool from Debian's promet
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,7 +14,7 @@ TEST_FILES = sorted((ROOT / "rules" / "tests").glob("*.test.yml"))
 
 pytestmark = [
     pytest.mark.prometheus,
-    pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (scripts/setup.sh installs it)"),
+    pytest.mark.needs("promtool"),
 ]
 
 

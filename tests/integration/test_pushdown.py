@@ -19,6 +19,7 @@ import math
 import re
 import shutil
 import subprocess
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,15 +45,12 @@ from testbed.fleetgen.capture_fleet import write_capture_fleet
 from testbed.prometheus import (
     EMPTY_CONFIG,
     backfill_openmetrics,
-    missing_binaries,
     promtool_input_series,
     running_prometheus,
 )
 
 RECORDINGS = sorted((Path(__file__).resolve().parent.parent / "recordings").glob("*.om.gz"))
-pytestmark = [pytest.mark.prometheus,
-              pytest.mark.skipif(missing_binaries("prometheus", "promtool") is not None,
-                                 reason=str(missing_binaries("prometheus", "promtool")))]
+pytestmark = [pytest.mark.prometheus, pytest.mark.needs("prometheus", "promtool")]
 
 
 @pytest.mark.parametrize("recording", RECORDINGS, ids=[p.name[:-6] for p in RECORDINGS])
@@ -200,34 +198,62 @@ def test_the_pushdowns_lean_promql_answers_what_every_relabel_written_out_answer
 
 
 # ------------------------------------------------------------------------------ prefilters
-def _cases():
-    out = []
+def _judged_cases():
+    """Every rule test case that expects a finding, with what the prefilter comparison needs or,
+    where the case cannot be compared, why: (param, why). Worked out once, at collection, so each
+    parametrized case compares something and the count of those that do is itself checked."""
+    catalog, levers, out = load_catalog(), load_levers(), []
     for path in rule_paths():
         test_path = path.with_name(path.stem + ".test.yaml")
         if not test_path.exists():
             continue
         tf = read_test_file(test_path)
-        out += [pytest.param(path, tf, case, id=f"{path.stem}::{case.name}") for case in tf.cases if case.expect]
+        for case in tf.cases:
+            if not case.expect:
+                continue
+            rule = read_rule(path).with_params(case.params)
+            pre = compile_prefilter(rule, RecordedSignals(), catalog, tf.interval)
+            judged = int(math.ceil(pre.reach_s / tf.interval)) if pre.expr is not None else 0
+            fired = None
+            if pre.expr is None:
+                why = "no server-side form"
+            elif judged * tf.interval >= case.eval_time:
+                why = "shorter than the rule's reach"
+            else:
+                frame = frame_from_samples(case_samples(case, tf.interval), 0.0, case.eval_time, tf.interval)
+                frame.facts, frame.judged_from = case.facts, judged
+                fired = evaluate_rule(rule, frame, levers)
+                why = None if isinstance(fired, list) and fired else "fires nothing after the reach"
+            out.append((pytest.param(path, tf, case, pre, judged, fired, id=f"{path.stem}::{case.name}"), why))
     return out
 
 
-@pytest.mark.parametrize(("rule_path", "test_file", "case"), _cases())
-def test_prefilter_holds_wherever_the_evaluator_fires(rule_path, test_file, case, tmp_path):
+JUDGED = _judged_cases()
+COMPARED = [p for p, why in JUDGED if why is None]
+UNCOMPARED_RULES = {"gpu_pegged_ttft_rising", "hot_prefix_churn", "itl_high_all_percentiles", "kv_pressure_cascade",
+                    "kv_transfer_slowing", "long_prompt_surge", "noisy_neighbour", "pd_short_prompts",
+                    "prod_vs_benchmark", "queue_growing", "replica_hotspot", "restarted_replica_cold",
+                    "router_worker_hotspot", "scaling_wrong_signal", "ttft_both_degraded", "ttft_high_low_load",
+                    "ttft_itl_conflict", "ttft_knee"}
+"""Rules none of whose test cases reaches the comparison (every case shorter than the rule's reach,
+or firing only within it): a gap to close with longer cases; the set may only shrink."""
+
+
+def test_the_prefilter_comparison_covers_what_it_did():
+    """41 of 72 cases (30 of 48 rules) were compared when this was written: a change that makes
+    the prefilter lose its server-side form or the evaluator stop firing after the reach shows
+    here instead of as silently skipped cases."""
+    assert len(COMPARED) >= 41, sorted(Counter(why for _, why in JUDGED).items())
+    compared_rules = {p.values[0].stem for p in COMPARED}
+    all_rules = {p.values[0].stem for p, _ in JUDGED}
+    assert all_rules - compared_rules <= UNCOMPARED_RULES, sorted(all_rules - compared_rules - UNCOMPARED_RULES)
+
+
+@pytest.mark.parametrize(("rule_path", "test_file", "case", "pre", "judged", "fired"), COMPARED)
+def test_prefilter_holds_wherever_the_evaluator_fires(rule_path, test_file, case, pre, judged, fired, tmp_path):
     catalog = load_catalog()
-    rule = read_rule(rule_path).with_params(case.params)
     interval = test_file.interval
-    pre = compile_prefilter(rule, RecordedSignals(), catalog, interval)
-    if pre.expr is None:
-        pytest.skip(f"no server-side form ({'; '.join(pre.dropped)}): evidence is fetched everywhere")
-    judged = int(math.ceil(pre.reach_s / interval))
-    if judged * interval >= case.eval_time:
-        pytest.skip("the case is shorter than the rule's reach: its groups are judged in full")
     samples = case_samples(case, interval)
-    frame = frame_from_samples(samples, 0.0, case.eval_time, interval)
-    frame.facts, frame.judged_from = case.facts, judged
-    fired = evaluate_rule(rule, frame, load_levers())
-    if not isinstance(fired, list) or not fired:
-        pytest.skip("the evaluator fires nothing after the rule's reach in this case")
     want = {tuple(f.where.get(k, "") for k in pre.by) for f in fired}
     used = set(re.findall(r"kvscope:[a-zA-Z0-9_]+", pre.expr))
     recording = [r for r in canonical_rules(catalog) if r["record"] in used]

@@ -152,7 +152,7 @@ def test_old_record_output_has_no_target_labels_and_no_join(targets, tmp_path):
 
 
 @pytest.mark.prometheus
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (scripts/setup.sh installs the Debian package)")
+@pytest.mark.needs("promtool")
 def test_recording_with_target_labels_loads_into_prometheus(targets, tmp_path):
     vllm, dcgm = targets
     out = tmp_path / "k8s.om"

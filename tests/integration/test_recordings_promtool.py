@@ -21,7 +21,7 @@ def test_library_is_not_empty():
     assert len(RECORDINGS) >= 7, [p.name for p in RECORDINGS]
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (scripts/setup.sh installs the Debian package)")
+@pytest.mark.needs("promtool")
 @pytest.mark.parametrize("recording", RECORDINGS, ids=[p.name for p in RECORDINGS])
 def test_recording_backfills_into_prometheus_tsdb(recording: Path, tmp_path: Path):
     plain = tmp_path / recording.name.removesuffix(".gz")

@@ -25,13 +25,11 @@ from kvscope.diagnoser.rulebook.rule import read_rules
 from kvscope.diagnoser.sources.promapi import PromClient
 from kvscope.diagnoser.sources.prometheus import fetch_frame
 from kvscope.diagnoser.sources.recording import RecordingSource
-from testbed.prometheus import missing_binaries
 from testbed.victoria import import_prometheus_text, running_victoria
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDING = ROOT / "tests" / "recordings" / "kv-pressure-cascade.om.gz"
-pytestmark = pytest.mark.skipif(missing_binaries("victoria-metrics") is not None,
-                                reason=str(missing_binaries("victoria-metrics")))
+pytestmark = pytest.mark.needs("victoria-metrics")
 
 
 @pytest.fixture(scope="module")

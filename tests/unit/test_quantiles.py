@@ -151,7 +151,7 @@ def _ours(values: list[list[float]], q: float) -> float | None:
 
 
 @pytest.mark.prometheus
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (scripts/setup.sh installs it)")
+@pytest.mark.needs("promtool")
 def test_window_quantile_and_rate_agree_with_prometheus(tmp_path):
     rng = random.Random(7)
     cases = {"steady": _series(rng, 22), "reset": _series(rng, 22, reset_at=12)}

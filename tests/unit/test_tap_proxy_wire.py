@@ -12,7 +12,7 @@ import pytest
 from kvscope.agent.tap import eventloop
 from kvscope.agent.tap.http1 import filter_headers
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_upstream, render_with_usage
-from tests.unit.test_tap_proxy import Stub, _raw, relay_mode, run, until  # noqa: F401 (relay_mode: autouse)
+from tests.unit.test_tap_proxy import Stub, _raw, run, until
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 

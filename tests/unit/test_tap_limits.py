@@ -1,0 +1,181 @@
+"""The tap's connection limits with real sockets against the real tap (issue 25): the request
+head timeout counts the whole head however slowly its bytes trickle in, the request timeout the
+whole request, the idle timeout a keep-alive connection from the end of its last answer, and a
+connection over `max_connections` gets a prompt 503. Each runs on asyncio's loop and on uvloop
+(the standalone `kvscope tap` runs on uvloop, whose transports are not asyncio's classes)."""
+
+import asyncio
+import time
+
+import pytest
+import uvloop
+
+from kvscope.agent.config import ConfigError
+from kvscope.agent.tap.collector import parse_tap_config
+from kvscope.agent.tap.proxy import RequestTap, TapConfig
+from tests.unit.test_tap_proxy import Stub, until
+
+BODY = b'{"model":"m","prompt":"hello"}'
+REQUEST = b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+    len(BODY), BODY)
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def loop(request):
+    return request.param
+
+
+def with_tap(scenario, loop, **cfg):
+    async def main():
+        stub = Stub()
+        await stub.start()
+        tap = RequestTap(TapConfig(upstreams=(f"http://127.0.0.1:{stub.port}",), listen="127.0.0.1:0", **cfg))
+        await tap.start()
+        try:
+            return await scenario(tap), tap
+        finally:
+            await tap.stop()
+            await stub.stop()
+    # a broken limit fails the test, never hangs it
+    return (uvloop.run if loop == "uvloop" else asyncio.run)(asyncio.wait_for(main(), 30))
+
+
+async def read_until_closed(reader, timeout_s):
+    """Everything the tap sends until it closes the connection (TimeoutError if it does not)."""
+    out = b""
+    async with asyncio.timeout(timeout_s):
+        while chunk := await reader.read(65536):
+            out += chunk
+    return out
+
+
+async def answer(reader):
+    """One whole Content-Length answer: (head, body)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    return head, await reader.readexactly(length)
+
+
+async def trickle(writer, data, every_s):
+    """Send `data` one byte at a time, `every_s` apart, until done or the tap closes."""
+    try:
+        for i in range(len(data)):
+            writer.write(data[i:i + 1])
+            await writer.drain()
+            await asyncio.sleep(every_s)
+    except ConnectionError:
+        pass
+
+
+def test_a_head_that_trickles_in_byte_by_byte_is_cut_at_the_header_timeout(loop):
+    async def scenario(tap):
+        reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
+        t0 = time.monotonic()
+        sender = asyncio.create_task(trickle(writer, REQUEST, 0.05))     # ~6 s for the whole head
+        got = await read_until_closed(reader, 5.0)
+        sender.cancel()
+        writer.close()
+        return got, time.monotonic() - t0
+
+    (got, elapsed), tap = with_tap(scenario, loop, header_timeout_s=0.6)
+    assert got.startswith(b"HTTP/1.1 408 ") and b"request not received in time (head)" in got
+    assert 0.6 <= elapsed < 2.0
+    assert tap.stats["client_timeout_head"] == 1
+
+
+def test_a_connection_that_sends_nothing_is_closed_silently_at_the_header_timeout(loop):
+    async def scenario(tap):
+        reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
+        t0 = time.monotonic()
+        got = await read_until_closed(reader, 5.0)
+        writer.close()
+        return got, time.monotonic() - t0
+
+    (got, elapsed), _ = with_tap(scenario, loop, header_timeout_s=0.5)
+    assert got == b"" and 0.5 <= elapsed < 2.0
+
+
+def test_a_body_that_trickles_in_is_cut_at_the_request_timeout(loop):
+    async def scenario(tap):
+        reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
+        head, body = REQUEST.split(b"\r\n\r\n")
+        writer.write(head + b"\r\n\r\n")
+        t0 = time.monotonic()
+        sender = asyncio.create_task(trickle(writer, body, 0.05))
+        got = await read_until_closed(reader, 5.0)
+        sender.cancel()
+        writer.close()
+        return got, time.monotonic() - t0
+
+    (got, elapsed), tap = with_tap(scenario, loop, header_timeout_s=0.3, request_timeout_s=1.0)
+    assert got.startswith(b"HTTP/1.1 408 ") and b"(body)" in got
+    assert 1.0 <= elapsed < 2.5
+    assert tap.stats["client_timeout_body"] == 1
+
+
+def test_keep_alive_idle_time_counts_from_the_end_of_the_last_answer(loop):
+    """A stream longer than the idle timeout leaves the connection usable after it; left idle, it
+    is closed once the idle timeout has passed since that answer ended."""
+    long = b'{"model":"m","prompt":"long","stream":true}'
+    stream_req = REQUEST.replace(b"%d\r\n\r\n%s" % (len(BODY), BODY), b"%d\r\n\r\n%s" % (len(long), long))
+
+    async def scenario(tap):
+        reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
+        t0 = time.monotonic()
+        writer.write(stream_req)
+        await reader.readuntil(b"0\r\n\r\n")                 # the chunked stream's end
+        streamed = time.monotonic() - t0
+        await asyncio.sleep(0.2)
+        writer.write(REQUEST)                               # the same connection, after the long stream
+        head, body = await answer(reader)
+        t1 = time.monotonic()
+        rest = await read_until_closed(reader, 5.0)
+        writer.close()
+        return streamed, head, body, rest, time.monotonic() - t1
+
+    (streamed, head, body, rest, idle), tap = with_tap(scenario, loop, idle_timeout_s=0.4)
+    assert streamed > 0.4                                   # longer than the idle timeout
+    assert head.startswith(b"HTTP/1.1 200 ") and b'"usage"' in body
+    assert rest == b"" and 0.4 <= idle < 2.0
+    assert tap.stats["client_timeout_idle"] == 1
+
+
+def test_a_connection_over_the_cap_gets_503_at_once_and_the_others_are_served(loop):
+    async def scenario(tap):
+        held = [await asyncio.open_connection("127.0.0.1", tap.port) for _ in range(3)]
+        await until(lambda: len(tap._clients) == 3)
+        reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
+        t0 = time.monotonic()
+        writer.write(REQUEST)
+        refused = await read_until_closed(reader, 3.0)
+        refused_s = time.monotonic() - t0
+        writer.close()
+        served = []
+        for r, w in held:                                   # the three inside the cap still work
+            w.write(REQUEST)
+            served.append((await answer(r))[0])
+        held[0][1].close()
+        await until(lambda: len(tap._clients) == 2)
+        r, w = await asyncio.open_connection("127.0.0.1", tap.port)
+        w.write(REQUEST)
+        served.append((await answer(r))[0])                 # room again: served
+        for writer in [w, *(x for _, x in held[1:])]:
+            writer.close()
+        return refused, refused_s, served
+
+    (refused, refused_s, served), tap = with_tap(scenario, loop, max_connections=3)
+    head, _, body = refused.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in head and b"Connection: close" in head
+    assert b"max_connections" in body and refused_s < 1.0
+    assert [h.split(b"\r\n")[0] for h in served] == [b"HTTP/1.1 200 OK"] * 4
+    assert tap.stats["connections_refused"] == 1
+
+
+def test_limits_are_configurable_and_checked():
+    cfg = parse_tap_config({"upstreams": "http://e:8000", "max_connections": 10, "header_timeout_s": "5s",
+                            "request_timeout_s": "2m", "idle_timeout_s": 30})["tap"]
+    assert (cfg.max_connections, cfg.header_timeout_s, cfg.request_timeout_s, cfg.idle_timeout_s) == (10, 5, 120, 30)
+    assert TapConfig().max_connections == 1024 and TapConfig().header_timeout_s == 10
+    for bad in ({"max_connections": 0}, {"header_timeout_s": 0}, {"idle_timeout_s": "-1"}):
+        with pytest.raises(ConfigError):
+            parse_tap_config({"upstreams": "http://e:8000", **bad})
