@@ -52,7 +52,7 @@ def test_parse_exposition_skips_bad_lines_and_keeps_the_rest():
     assert [s.name for s in expo.samples] == ["good", "dup", "after"]
     reasons = sorted(i.reason for i in expo.issues)
     assert reasons == ["bad_type", "bad_value", "duplicate_series", "malformed_labels",
-                       "malformed_line", "malformed_line"]
+                       "malformed_labels", "malformed_line"]
 
 
 def test_truncated_text_payload_drops_the_cut_line():
