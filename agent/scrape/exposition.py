@@ -277,7 +277,7 @@ def _sample(line: str, lineno: int, grammar: tuple[re.Pattern[str], ...], out: E
         return None
     timestamp = None
     if raw_ts is not None:
-        timestamp = float(raw_ts) if out.openmetrics else int(raw_ts) * 0.001
+        timestamp = float(raw_ts) if out.openmetrics else int(raw_ts) / 1000
         if not math.isfinite(timestamp):
             _issue(out, lineno, "bad_timestamp", line)
             return None
