@@ -9,6 +9,11 @@ Failure modes, each reported in the target's `Health` and never raised:
 
 * the scrape fails: `up=False`, reason from agent/scrape/fetch.py (`timeout`, `http_503`,
   `body_too_large`...);
+* the payload breaks one of the target's limits (Prometheus' `sample_limit`, `label_limit`,
+  `label_name_length_limit`, `label_value_length_limit`: `Target.limits`) or is not parsed
+  within what is left of the scrape timeout: `up=False`, reason `sample_limit_exceeded`,
+  `label_limit_exceeded`, ..., `parse_timeout`, no samples (the parse stops there, so the work
+  per body is bounded);
 * the payload names no known engine: `up=False`, reason `unknown_engine`, no samples;
 * the engine is known but nothing in the payload maps to a canonical signal (every name unmapped,
   or every value dropped): `up=False`, reason `no_canonical_series`;
@@ -33,7 +38,7 @@ from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import AgentConfig, Target
 from kvscope.agent.normalize.blockcache import BlockCache
 from kvscope.agent.normalize.dialect import Normalized, detect_engine, normalize
-from kvscope.agent.scrape.exposition import Exposition, ParseIssue, parse_exposition
+from kvscope.agent.scrape.exposition import FATAL, Exposition, ParseIssue, parse_exposition
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
 from kvscope.agent.scrape.httpclient import HttpClient
 from kvscope.agent.scrape.stamped import Parts
@@ -60,10 +65,12 @@ class TargetScrape:
         """True once `exposition()` has parsed the whole payload."""
         return self._expo is not None
 
-    def exposition(self) -> Exposition | None:
-        """The whole payload parsed (once), with native names; None when the scrape failed."""
+    def exposition(self, deadline: float | None = None) -> Exposition | None:
+        """The whole payload parsed (once) under the target's limits, with native names; None
+        when the scrape failed."""
         if self.text is not None and self._expo is None:
-            self._expo = parse_exposition(self.text, openmetrics=True if self.openmetrics else None)
+            self._expo = parse_exposition(self.text, openmetrics=True if self.openmetrics else None,
+                                          limits=self.target.limits, deadline=deadline)
         return self._expo
 
 
@@ -125,20 +132,26 @@ class EngineCollector:
         target = scrape.target
         health = Health(collector=NAME, target=target.instance, duration_s=scrape.duration_s)
         out.health.append(health)
-        if scrape.text is None:
-            health.up, health.reason = False, scrape.reason
-            health.errors[scrape.reason] += 1
+        deadline = time.monotonic() + max(0.1, self.config.timeout_s - scrape.duration_s)
+        over = scrape.exposition(deadline) if _over_sample_limit(scrape) else None   # stops past the limit
+        if reason := scrape.reason if scrape.text is None else _failed(over.issues if over else None):
+            health.up, health.reason = False, reason
+            health.errors[reason] += 1
             return
-        engine = self._engine_of(target, scrape)
+        engine = self._engine_of(target, scrape, deadline)
         out.engines[target.instance] = engine
         if engine is None:
             health.up, health.reason = False, "unknown_engine"
             health.errors["unknown_engine"] += 1
-            expo = scrape.exposition()
+            expo = scrape.exposition(deadline)
             assert expo is not None   # the scrape has text (checked above)
             health.dropped.update(i.reason for i in expo.issues)
             return
-        norm, issues = self._normalize(scrape, engine)
+        norm, issues = self._normalize(scrape, engine, deadline)
+        if reason := _failed(issues):
+            health.up, health.reason = False, reason
+            health.errors[reason] += 1
+            return
         if issues:
             health.dropped.update(i.reason for i in issues)
         if norm.dropped:
@@ -158,27 +171,27 @@ class EngineCollector:
         if not norm.samples and target.engine is None:
             self._engines.pop(target.instance, None)  # detect again next time
 
-    def _normalize(self, scrape: TargetScrape, engine: str) -> tuple[Normalized, list[ParseIssue]]:
+    def _normalize(self, scrape: TargetScrape, engine: str, deadline: float) -> tuple[Normalized, list[ParseIssue]]:
         """Whole-payload path when the payload is already parsed (detection, recording) or
         OpenMetrics; else the per-target block memo (agent/normalize/blockcache.py), same result."""
         target = scrape.target
         if scrape.parsed or scrape.openmetrics:
-            expo = scrape.exposition()
+            expo = scrape.exposition(deadline)
             assert expo is not None
             return normalize(expo, engine, target.target_labels(), scrape.timestamp, self.catalog), expo.issues
         cache = self._caches.get(target.instance)
         if cache is None:
-            cache = self._caches[target.instance] = BlockCache(self.catalog)
+            cache = self._caches[target.instance] = BlockCache(self.catalog, limits=target.limits)
         assert scrape.text is not None   # the caller returned early for a failed scrape
-        return cache.normalize(scrape.text, engine, target.target_labels(), scrape.timestamp)
+        return cache.normalize(scrape.text, engine, target.target_labels(), scrape.timestamp, deadline)
 
-    def _engine_of(self, target: Target, scrape: TargetScrape) -> str | None:
+    def _engine_of(self, target: Target, scrape: TargetScrape, deadline: float) -> str | None:
         if target.engine is not None:
             return target.engine
         engine = self._engines.get(target.instance)
         if engine is None:
             self._caches.pop(target.instance, None)
-            expo = scrape.exposition()
+            expo = scrape.exposition(deadline)
             assert expo is not None   # the caller returned early for a failed scrape
             engine = detect_engine(expo, self.catalog)
             if engine is not None:
@@ -189,6 +202,18 @@ class EngineCollector:
         if self._session is not None and self._own_session:
             await self._session.close()
         self._session = None
+
+
+def _over_sample_limit(scrape: TargetScrape) -> bool:
+    """Whether the payload may hold more samples than its target's sample_limit: its lines that
+    are not comments bound its samples from above (one C-level count; a parse only past it)."""
+    text, limit = scrape.text or "", scrape.target.limits.sample_limit
+    return 0 < limit < text.count("\n") + 1 - text.count("\n#") - text.startswith("#")
+
+
+def _failed(issues: list[ParseIssue] | None) -> str:
+    """The reason a scrape fails whole (a limit, the parse deadline), or ""."""
+    return next((i.reason for i in issues or () if i.reason in FATAL), "")
 
 
 def _aggregated(text: str | None, worker_labels: tuple[str, ...]) -> bool:

@@ -34,8 +34,10 @@ MAX_LABELS = 256
 MAX_VALUE = 1 << 14
 LIMIT_REASONS = ("sample_limit_exceeded", "label_limit_exceeded", "label_name_length_limit_exceeded",
                  "label_value_length_limit_exceeded")
-_FLOAT = r"[+-]?+(?:(?:[0-9]++(?:\.[0-9]*+)?+|\.[0-9]++)(?:[eE][+-]?+[0-9]++)?+|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?+|[nN][aA][nN])"
+FATAL = (*LIMIT_REASONS, "parse_timeout")
+"""Issues that fail a scrape whole (agent/collectors/engine.py), as Prometheus fails one past a limit."""
 _OM_TS = r"[+-]?+(?:[0-9]++(?:\.[0-9]*+)?+|\.[0-9]++)(?:[eE][+-]?+[0-9]++)?+"
+_FLOAT = rf"(?:{_OM_TS}|[+-]?+[iI][nN][fF](?:[iI][nN][iI][tT][yY])?+|[nN][aA][nN])"
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*+"
 
 
@@ -210,7 +212,8 @@ def _comment(line: str, lineno: int, out: Exposition) -> bool:
             return True
         m = _OM_META.fullmatch(line)
         if m is None:
-            return _issue(out, lineno, "bad_metadata", line) or False
+            _issue(out, lineno, "bad_metadata", line)
+            return False
         kind, name, text = m.groups()
         name = _unquote(name)
         if kind == "TYPE" and name not in out.types and text in TYPES and text != "untyped":
@@ -267,8 +270,8 @@ def _sample(line: str, lineno: int, grammar: tuple[re.Pattern[str], ...], out: E
         labels = cache.get(body, "") if name is not None else _labels(body, True, grammar, limits)
         if labels == "":
             labels = cache[body] = _labels(body, False, grammar, limits)
-        if labels.__class__ is str:
-            _issue(out, lineno, labels, line)  # type: ignore[arg-type]
+        if isinstance(labels, str):
+            _issue(out, lineno, labels, line)
             return None
         if name is None:
             name, labels = labels[0][1], labels[1:]
@@ -315,7 +318,7 @@ def _labels(body: str, wants_name: bool, grammar: tuple[re.Pattern[str], ...], l
     pairs.sort()
     if any(pairs[i][0] == pairs[i + 1][0] for i in range(len(pairs) - 1)):
         return "malformed_labels"
-    return (("__name__", name), *pairs) if wants_name else tuple(pairs)
+    return (("__name__", name or ""), *pairs) if wants_name else tuple(pairs)
 
 
 def _exemplar_ok(text: str, grammar: tuple[re.Pattern[str], ...], limits: Limits) -> bool:
@@ -323,7 +326,7 @@ def _exemplar_ok(text: str, grammar: tuple[re.Pattern[str], ...], limits: Limits
     if m is None:
         return False
     labels = _labels(m.group(1), False, grammar, limits)
-    return labels.__class__ is not str and sum(len(k) + len(v) for k, v in labels) <= 128
+    return not isinstance(labels, str) and sum(len(k) + len(v) for k, v in labels) <= 128
 
 
 def _diagnose(line: str, grammar: tuple[re.Pattern[str], ...]) -> str:

@@ -13,6 +13,7 @@ from kvscope.agent.config import (
     read_config_file,
     register_section,
 )
+from kvscope.agent.scrape.exposition import Limits
 
 KNOWN = {"engine": True, "nvml": True, "host": True}
 
@@ -66,7 +67,8 @@ def test_default_timeout_follows_a_short_interval():
 
 
 @pytest.mark.parametrize("doc, message", [
-    ({"scrape": {"intervall_s": 5}}, "scrape.intervall_s: unknown key (allowed: interval_s, max_body_bytes, timeout_s)"),
+    ({"scrape": {"intervall_s": 5}}, "scrape.intervall_s: unknown key (allowed: interval_s, label_limit, "
+     "label_name_length_limit, label_value_length_limit, max_body_bytes, sample_limit, timeout_s)"),
     ({"scrape": {"max_body_bytes": "lots"}}, 'scrape.max_body_bytes: must be a size >= 1024 bytes (e.g. 16MiB), got "lots"'),
     ({"scrape": 5}, "scrape: must be a mapping, got 5"),
     ({"listen_address": "9464"}, 'listen_address: must be host:port (e.g. 127.0.0.1:9464), got "9464"'),
@@ -74,7 +76,8 @@ def test_default_timeout_follows_a_short_interval():
     ({"collectors": {"nvml": "maybe"}}, 'collectors.nvml: must be true or false (or a mapping with enabled), got "maybe"'),
     ({"targets": [{"url": "localhost:8000"}]}, 'targets[0].url: must be an http:// or https:// URL with a host, got "localhost:8000"'),
     ({"targets": [{"url": "http://a:1/metrics", "engine": "tgi"}]}, 'targets[0].engine: must be one of dcgm, llamacpp, sglang, sglang_router, vllm (or absent to detect), got "tgi"'),
-    ({"targets": [{"url": "http://a:1/metrics", "port": 1}]}, "targets[0].port: unknown key (allowed: url, job, engine, labels)"),
+    ({"targets": [{"url": "http://a:1/metrics", "port": 1}]}, "targets[0].port: unknown key (allowed: url, job, engine, labels, "
+     "sample_limit, label_limit, label_name_length_limit, label_value_length_limit)"),
     ({"targets": [{"url": "http://a:1/metrics", "labels": {"bad-name": "x"}}]}, 'targets[0].labels: "bad-name" is not a valid label name'),
     ({"targets": [{"url": "http://a:1/metrics", "labels": {"job": "x"}}]}, "targets[0].labels.job: set it with targets[0].job instead"),
     ({"gpu_mapping": {"GPU-1": 3}}, "gpu_mapping.GPU-1: expected an instance name or a list of them, got 3"),
@@ -221,3 +224,19 @@ def test_agent_command_rejects_an_unknown_collector_flag_value(tmp_path, capsys)
     path.write_text("collectors: {nosuch: true}\n")
     assert cli.main(["agent", "--config", str(path)]) == 2
     assert "collectors.nosuch: unknown collector" in capsys.readouterr().err
+
+
+def test_limits_default_bounded_and_set_per_target():
+    """scrape.* limits (Prometheus' names, 0 = none) reach every target; a target's own key wins;
+    env and bad values follow the other keys' conventions."""
+    cfg = build_config({"targets": [{"url": "http://a:1/metrics"},
+                                    {"url": "http://b:1/metrics", "sample_limit": 0, "label_limit": 30}]})
+    assert cfg.targets[0].limits == Limits(sample_limit=50_000)
+    assert cfg.targets[1].limits == Limits(sample_limit=0, label_limit=30)
+    cfg = build_config({"scrape": {"sample_limit": 10}, "targets": ["http://a:1/metrics"]},
+                       environ={"KVSCOPE_SCRAPE_LABEL_VALUE_LENGTH_LIMIT": "100"})
+    assert cfg.targets[0].limits == Limits(sample_limit=10, label_value_length_limit=100)
+    with pytest.raises(ConfigError, match=r"scrape.sample_limit: must be an integer >= 0"):
+        build_config({"scrape": {"sample_limit": -1}})
+    with pytest.raises(ConfigError, match=r"targets\[0\].label_limit: must be an integer >= 0"):
+        build_config({"targets": [{"url": "http://a:1/metrics", "label_limit": "x"}]})
