@@ -133,12 +133,15 @@ class EngineCollector:
         health = Health(collector=NAME, target=target.instance, duration_s=scrape.duration_s)
         out.health.append(health)
         deadline = time.monotonic() + max(0.1, self.config.timeout_s - scrape.duration_s)
-        over = scrape.exposition(deadline) if _over_sample_limit(scrape) else None   # stops past the limit
-        if reason := scrape.reason if scrape.text is None else _failed(over.issues if over else None):
+        engine = None
+        if scrape.text is not None:
+            if _over_sample_limit(scrape):
+                scrape.exposition(deadline)   # stops at the first sample past the limit
+            engine = self._engine_of(target, scrape, deadline) if not self._failed(scrape) else None
+        if reason := scrape.reason or self._failed(scrape):
             health.up, health.reason = False, reason
             health.errors[reason] += 1
             return
-        engine = self._engine_of(target, scrape, deadline)
         out.engines[target.instance] = engine
         if engine is None:
             health.up, health.reason = False, "unknown_engine"
@@ -170,6 +173,11 @@ class EngineCollector:
             out.facts[target.instance] = _merge_ranks(norm.facts)
         if not norm.samples and target.engine is None:
             self._engines.pop(target.instance, None)  # detect again next time
+
+    @staticmethod
+    def _failed(scrape: TargetScrape) -> str:
+        """The reason a parsed payload fails its scrape whole (a limit, the deadline), or ""."""
+        return _failed(scrape._expo.issues) if scrape._expo is not None else ""
 
     def _normalize(self, scrape: TargetScrape, engine: str, deadline: float) -> tuple[Normalized, list[ParseIssue]]:
         """Whole-payload path when the payload is already parsed (detection, recording) or
