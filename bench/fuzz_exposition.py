@@ -8,7 +8,8 @@
 
 Neither parser has an error type: any exception is a crash. Seeds: the scrape fixtures, the
 shared reference capture, the OpenMetrics peer cases and records of the test recordings
-(decompressed, cut at line boundaries), each cut to ~3 KiB at a line boundary (a few families). The block-memo path runs on one input in 8.
+(decompressed, cut at line boundaries), each cut to ~3 KiB at a line boundary (a few families).
+The block-memo path runs on one input in 8.
 """
 
 from __future__ import annotations
