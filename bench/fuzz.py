@@ -87,38 +87,34 @@ def save(target: str, kind: str, data: bytes, note: str = "") -> Path:
     return path
 
 
+KINDS = ("inputs", "crashes", "hangs", "memory")
+
+
 def worker(name: str, start: int, stop: int, seed: int, time_s: float, memory_mib: int,
-           current, started, results) -> None:
-    """Run inputs start..stop-1 of one target; report counts and failures on `results`."""
+           current, started, stats) -> None:
+    """Run inputs start..stop-1 of one target; counts go to the shared `stats` (KINDS order) and
+    failing inputs straight to disk, so a kill loses nothing."""
     parse, seeds_fn, tokens = load_targets()[name]
     seeds = [s[:MAX_INPUT] for s in seeds_fn()]
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     with open("/proc/self/statm") as f:
         vm = int(f.read().split()[0]) * resource.getpagesize()
     resource.setrlimit(resource.RLIMIT_AS, (vm + (memory_mib << 20), hard))
-    counts = {"inputs": 0, "crashes": 0, "hangs": 0, "memory": 0}
-    failures: list[tuple[str, int, str]] = []
-    last = time.monotonic()
     for i in range(start, stop):
         data = make_input(seed, i, seeds, tokens)
         current.value, started.value = i, time.monotonic()
         try:
             parse(data)
         except MemoryError:
-            counts["memory"] += 1
-            failures.append(("memory", i, ""))
+            stats[3] += 1
+            save(name, "memory", data)
         except Exception:   # noqa: BLE001 - anything the parser lets escape is the finding
-            counts["crashes"] += 1
-            failures.append(("crash", i, traceback.format_exc(limit=6)))
-        if time.monotonic() - started.value > time_s:
-            counts["hangs"] += 1
-            failures.append(("hang", i, f"took {time.monotonic() - started.value:.2f}s"))
-        counts["inputs"] += 1
-        if time.monotonic() - last > 1.0 or i == stop - 1:
-            results.put((dict(counts), failures))
-            counts = dict.fromkeys(counts, 0)
-            failures = []
-            last = time.monotonic()
+            stats[1] += 1
+            save(name, "crash", data, traceback.format_exc(limit=6))
+        if (took := time.monotonic() - started.value) > time_s:
+            stats[2] += 1
+            save(name, "hang", data, f"took {took:.2f}s")
+        stats[0] += 1
     started.value = 0.0
 
 
@@ -127,47 +123,35 @@ def run_target(name: str, n: int, seed: int, time_s: float, memory_mib: int) -> 
     _, seeds_fn, tokens = load_targets()[name]
     seeds = [s[:MAX_INPUT] for s in seeds_fn()]
     ctx = mp.get_context("fork")
-    totals = {"inputs": 0, "crashes": 0, "hangs": 0, "memory": 0}
+    done = dict.fromkeys(KINDS, 0)     # workers that ended
     t0, shown, start = time.monotonic(), 0.0, 0
-
-    def drain(results) -> None:
-        while not results.empty():
-            counts, failures = results.get()
-            for k, v in counts.items():
-                totals[k] += v
-            for kind, i, note in failures:
-                save(name, kind, make_input(seed, i, seeds, tokens), note)
-
-    def lost(kind: str, i: int, note: str) -> int:
-        totals["hangs" if kind == "hang" else "crashes"] += 1
-        totals["inputs"] += 1
-        save(name, kind, make_input(seed, i, seeds, tokens), note)
-        return i + 1
-
     while start < n:
-        current, started, results = ctx.Value("q", start), ctx.Value("d", 0.0), ctx.Queue()
-        proc = ctx.Process(target=worker, args=(name, start, n, seed, time_s, memory_mib, current, started, results))
+        current, started = ctx.Value("q", start, lock=False), ctx.Value("d", 0.0, lock=False)
+        stats = ctx.Array("q", len(KINDS), lock=False)
+        proc = ctx.Process(target=worker, args=(name, start, n, seed, time_s, memory_mib, current, started, stats))
         proc.start()
         while proc.is_alive():
-            drain(results)
             began = started.value
             if began and time.monotonic() - began > time_s * 2 + 1:   # stuck: kill, record, go on
                 proc.kill()
                 break
             if time.monotonic() - shown > 5:
                 shown = time.monotonic()
-                print(f"  {name}: {_line(totals, t0)}", flush=True)
+                print(f"  {name}: {_line({k: done[k] + stats[j] for j, k in enumerate(KINDS)}, t0)}", flush=True)
             time.sleep(0.05)
         proc.join()
-        drain(results)
-        if proc.exitcode == 0:
-            start = n
-        elif proc.exitcode == -9:
-            start = lost("hang", current.value, f"killed after {time_s * 2 + 1:.1f}s on one input")
-        else:   # the worker died on an input (a signal, an error outside the parser's call)
-            start = lost("crash", current.value, f"worker exit code {proc.exitcode}")
-    print(f"{name}: {_line(totals, t0)}", flush=True)
-    return totals
+        for j, k in enumerate(KINDS):
+            done[k] += stats[j]
+        start = n
+        if proc.exitcode != 0:   # killed on a stuck input, or died on one (a signal, an error outside the call)
+            kind = "hang" if proc.exitcode == -9 else "crash"
+            done["hangs" if kind == "hang" else "crashes"] += 1
+            done["inputs"] += 1
+            save(name, kind, make_input(seed, current.value, seeds, tokens),
+                 f"killed after {time_s * 2 + 1:.1f}s" if kind == "hang" else f"worker exit code {proc.exitcode}")
+            start = current.value + 1
+    print(f"{name}: {_line(done, t0)}", flush=True)
+    return done
 
 
 def _line(t: dict[str, int], t0: float) -> str:
