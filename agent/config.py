@@ -30,17 +30,17 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
 
-from kvscope.agent.scrape.exposition import NO_LIMITS, Limits
 from kvscope.agent.signals import load_catalog
 
-LIMIT_KEYS = tuple(f.name for f in fields(Limits))
+LIMIT_KEYS = ("sample_limit", "label_limit", "label_name_length_limit", "label_value_length_limit")
+"""Prometheus' per-target limits (agent/scrape/exposition.py `Limits`), under `scrape:` or per target."""
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key and what is allowed."""
@@ -126,7 +126,7 @@ class Target:
     instance: str
     engine: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
-    limits: Limits = NO_LIMITS    # scrape.* limits, overridden by the target's own keys
+    limits: tuple[tuple[str, int], ...] = ()       # every LIMIT_KEYS: scrape.*, overridden by the target's
     limits_set: tuple[tuple[str, int], ...] = ()   # the limits the target's own keys set
 
     def target_labels(self) -> dict[str, str]:
@@ -359,9 +359,8 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     cfg.retention_s = _number(layers, "store.retention_s", parse_seconds, lambda v: v > 0, "a number > 0")
     cfg.store_max_bytes = int(_number(layers, "store.max_bytes", parse_bytes,
                                       lambda v: v >= 1 << 20, "a size >= 1MiB"))
-    limits = Limits(*(int(_number(layers, f"scrape.{name}", parse_count, lambda v: v >= 0, _COUNT))
-                      for name in LIMIT_KEYS))
-    cfg.targets = [replace(t, limits=replace(limits, **dict(t.limits_set))) for t in _targets(layers)]
+    limits = {n: int(_number(layers, f"scrape.{n}", parse_count, lambda v: v >= 0, _COUNT)) for n in LIMIT_KEYS}
+    cfg.targets = [replace(t, limits=tuple({**limits, **dict(t.limits_set)}.items())) for t in _targets(layers)]
     cfg.collectors = _collectors(layers, known_collectors)
     cfg.gpu_mapping = layers.get("gpu_mapping")
     try:

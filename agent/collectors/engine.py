@@ -38,7 +38,7 @@ from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import AgentConfig, Target
 from kvscope.agent.normalize.blockcache import BlockCache
 from kvscope.agent.normalize.dialect import Normalized, detect_engine, normalize
-from kvscope.agent.scrape.exposition import FATAL, Exposition, ParseIssue, parse_exposition
+from kvscope.agent.scrape.exposition import FATAL, Exposition, Limits, ParseIssue, parse_exposition
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
 from kvscope.agent.scrape.httpclient import HttpClient
 from kvscope.agent.scrape.stamped import Parts
@@ -70,7 +70,7 @@ class TargetScrape:
         when the scrape failed."""
         if self.text is not None and self._expo is None:
             self._expo = parse_exposition(self.text, openmetrics=True if self.openmetrics else None,
-                                          limits=self.target.limits, deadline=deadline)
+                                          limits=limits_of(self.target), deadline=deadline)
         return self._expo
 
 
@@ -189,7 +189,7 @@ class EngineCollector:
             return normalize(expo, engine, target.target_labels(), scrape.timestamp, self.catalog), expo.issues
         cache = self._caches.get(target.instance)
         if cache is None:
-            cache = self._caches[target.instance] = BlockCache(self.catalog, limits=target.limits)
+            cache = self._caches[target.instance] = BlockCache(self.catalog, limits=limits_of(target))
         assert scrape.text is not None   # the caller returned early for a failed scrape
         return cache.normalize(scrape.text, engine, target.target_labels(), scrape.timestamp, deadline)
 
@@ -212,10 +212,15 @@ class EngineCollector:
         self._session = None
 
 
+def limits_of(target: Target) -> Limits:
+    """The target's configured limits (agent/config.py LIMIT_KEYS) for the parser."""
+    return Limits(**dict(target.limits))
+
+
 def _over_sample_limit(scrape: TargetScrape) -> bool:
     """Whether the payload may hold more samples than its target's sample_limit: its lines that
     are not comments bound its samples from above (one C-level count; a parse only past it)."""
-    text, limit = scrape.text or "", scrape.target.limits.sample_limit
+    text, limit = scrape.text or "", dict(scrape.target.limits).get("sample_limit", 0)
     return 0 < limit < text.count("\n") + 1 - text.count("\n#") - text.startswith("#")
 
 

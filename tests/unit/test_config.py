@@ -13,7 +13,6 @@ from kvscope.agent.config import (
     read_config_file,
     register_section,
 )
-from kvscope.agent.scrape.exposition import Limits
 
 KNOWN = {"engine": True, "nvml": True, "host": True}
 
@@ -231,11 +230,12 @@ def test_limits_default_bounded_and_set_per_target():
     env and bad values follow the other keys' conventions."""
     cfg = build_config({"targets": [{"url": "http://a:1/metrics"},
                                     {"url": "http://b:1/metrics", "sample_limit": 0, "label_limit": 30}]})
-    assert cfg.targets[0].limits == Limits(sample_limit=50_000)
-    assert cfg.targets[1].limits == Limits(sample_limit=0, label_limit=30)
+    zero = dict.fromkeys(("sample_limit", "label_limit", "label_name_length_limit", "label_value_length_limit"), 0)
+    assert dict(cfg.targets[0].limits) == {**zero, "sample_limit": 50_000}
+    assert dict(cfg.targets[1].limits) == {**zero, "label_limit": 30}
     cfg = build_config({"scrape": {"sample_limit": 10}, "targets": ["http://a:1/metrics"]},
                        environ={"KVSCOPE_SCRAPE_LABEL_VALUE_LENGTH_LIMIT": "100"})
-    assert cfg.targets[0].limits == Limits(sample_limit=10, label_value_length_limit=100)
+    assert dict(cfg.targets[0].limits) == {**zero, "sample_limit": 10, "label_value_length_limit": 100}
     with pytest.raises(ConfigError, match=r"scrape.sample_limit: must be an integer >= 0"):
         build_config({"scrape": {"sample_limit": -1}})
     with pytest.raises(ConfigError, match=r"targets\[0\].label_limit: must be an integer >= 0"):
