@@ -280,7 +280,8 @@ def _sample(line: str, lineno: int, grammar: tuple[re.Pattern[str], ...], out: E
         return None
     timestamp = None
     if raw_ts is not None:
-        timestamp = float(raw_ts) if out.openmetrics else int(raw_ts) / 1000
+        # text: int64 milliseconds (more digits would overflow the division or int()'s digit cap)
+        timestamp = float(raw_ts) if out.openmetrics else int(raw_ts) / 1000 if len(raw_ts) < 20 else math.inf
         if not math.isfinite(timestamp):
             _issue(out, lineno, "bad_timestamp", line)
             return None

@@ -158,6 +158,8 @@ def test_timestamps_are_integer_ms_in_text_and_seconds_in_openmetrics():
     text = parse_exposition("m 1 2.72\nm 2 1700000000123\n")
     assert [i.reason for i in text.issues] == ["bad_timestamp"]
     assert text.samples == [RawSample("m", (), 2.0, 1_700_000_000.123)]
+    huge = parse_exposition("m 1 " + "9" * 400 + "\nm 2 " + "9" * 5000 + "\n")   # fuzz: OverflowError before
+    assert [i.reason for i in huge.issues] == ["bad_timestamp"] * 2
     om = parse_exposition("m 1 2.72\n# EOF\n")
     assert om.issues == [] and om.samples[0].timestamp == 2.72
 
