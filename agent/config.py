@@ -30,7 +30,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,6 +39,8 @@ import yaml
 
 from kvscope.agent.signals import load_catalog
 
+LIMIT_KEYS = ("sample_limit", "label_limit", "label_name_length_limit", "label_value_length_limit")
+"""Prometheus' per-target limits (agent/scrape/exposition.py `Limits`), under `scrape:` or per target."""
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key and what is allowed."""
@@ -50,7 +52,7 @@ class Key:
 
     path: str                  # dotted path in the YAML file, e.g. "scrape.timeout_s"
     default: Any
-    kind: str                  # "seconds" | "bytes" | "address" | "path"
+    kind: str                  # "seconds" | "bytes" | "address" | "path" | "count"
     doc: str
 
     @property
@@ -72,6 +74,16 @@ KEYS: tuple[Key, ...] = (
     Key("scrape.max_body_bytes", 16 << 20, "bytes",
         "Largest /metrics body read from one target (decompressed). Past it the scrape fails "
         "with reason body_too_large, so a runaway label cardinality cannot exhaust memory."),
+    Key("scrape.sample_limit", 50_000, "count",
+        "Most samples one scrape of one target may hold (Prometheus' sample_limit; 0 = no limit). "
+        "Past it the scrape fails whole (up 0, reason sample_limit_exceeded): kvscope holds every "
+        "series in memory, so the default is bounded, 5x a large multi-engine node (~10k)."),
+    Key("scrape.label_limit", 0, "count",
+        "Most labels on one exposed sample (0 = no limit); past it the scrape fails (label_limit_exceeded)."),
+    Key("scrape.label_name_length_limit", 0, "count",
+        "Longest label name (0 = no limit); past it the scrape fails (label_name_length_limit_exceeded)."),
+    Key("scrape.label_value_length_limit", 0, "count",
+        "Longest label value (0 = no limit); past it the scrape fails (label_value_length_limit_exceeded)."),
     Key("store.path", "kvscope.db", "path",
         "SQLite file for history. The empty string keeps history in memory only."),
     Key("store.retention_s", 7 * 86400.0, "seconds", "Samples older than this are deleted."),
@@ -114,6 +126,8 @@ class Target:
     instance: str
     engine: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
+    limits: tuple[tuple[str, int], ...] = ()       # every LIMIT_KEYS: scrape.*, overridden by the target's
+    limits_set: tuple[tuple[str, int], ...] = ()   # the limits the target's own keys set
 
     def target_labels(self) -> dict[str, str]:
         """Labels added to every sample of this target: job, instance and the configured ones."""
@@ -207,6 +221,13 @@ def parse_bytes(value: Any) -> int:
     if m is None:
         raise ValueError("not a size")
     return int(float(m.group(1)) * _UNITS_B[(m.group(2) or "").lower()])
+
+
+def parse_count(value: Any) -> int:
+    """A non-negative integer (a limit: 0 = none)."""
+    if isinstance(value, bool) or not str(value).strip().isdecimal() or not str(value).strip().isascii():
+        raise ValueError("not a count")
+    return int(str(value).strip())
 
 
 def parse_bool(value: Any) -> bool:
@@ -390,7 +411,8 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     cfg.retention_s = _number(layers, "store.retention_s", parse_seconds, lambda v: v > 0, "a number > 0")
     cfg.store_max_bytes = int(_number(layers, "store.max_bytes", parse_bytes,
                                       lambda v: v >= 1 << 20, "a size >= 1MiB"))
-    cfg.targets = _targets(layers)
+    limits = {n: int(_number(layers, f"scrape.{n}", parse_count, lambda v: v >= 0, _COUNT)) for n in LIMIT_KEYS}
+    cfg.targets = [replace(t, limits=tuple({**limits, **dict(t.limits_set)}.items())) for t in _targets(layers)]
     cfg.collectors = _collectors(layers, known_collectors)
     cfg.gpu_mapping = layers.get("gpu_mapping")
     try:
@@ -474,7 +496,8 @@ def _targets(layers: Layers) -> list[Target]:
     return out
 
 
-_TARGET_KEYS = ("url", "job", "engine", "labels")
+_TARGET_KEYS = ("url", "job", "engine", "labels", *LIMIT_KEYS)
+_COUNT = "an integer >= 0 (0 = no limit)"
 
 
 def _target(i: int, item: Any, where: str) -> Target:
@@ -508,7 +531,13 @@ def _target(i: int, item: Any, where: str) -> Target:
     labels = _target_labels(key, item.get("labels") or {}, where)
     instance = dict(labels).pop("instance", None) or parts.netloc.rpartition("@")[2]
     labels = tuple((k, v) for k, v in labels if k != "instance")
-    return Target(url=str(url), job=job, instance=instance, engine=engine, labels=labels)
+    own = []
+    for name in (n for n in LIMIT_KEYS if n in item):
+        try:
+            own.append((name, parse_count(item[name])))
+        except ValueError:
+            raise ConfigError(f"{key}.{name}: must be {_COUNT}, got {_show(item[name])}{where}") from None
+    return Target(url=str(url), job=job, instance=instance, engine=engine, labels=labels, limits_set=tuple(own))
 
 
 def _target_labels(key: str, raw: Any, where: str) -> tuple[tuple[str, str], ...]:

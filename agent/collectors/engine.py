@@ -9,6 +9,11 @@ Failure modes, each reported in the target's `Health` and never raised:
 
 * the scrape fails: `up=False`, reason from agent/scrape/fetch.py (`timeout`, `http_503`,
   `body_too_large`...);
+* the payload breaks one of the target's limits (Prometheus' `sample_limit`, `label_limit`,
+  `label_name_length_limit`, `label_value_length_limit`: `Target.limits`) or is not parsed
+  within what is left of the scrape timeout: `up=False`, reason `sample_limit_exceeded`,
+  `label_limit_exceeded`, ..., `parse_timeout`, no samples (the parse stops there, so the work
+  per body is bounded);
 * the payload names no known engine: `up=False`, reason `unknown_engine`, no samples;
 * the engine is known but nothing in the payload maps to a canonical signal (every name unmapped,
   or every value dropped): `up=False`, reason `no_canonical_series`;
@@ -35,7 +40,7 @@ from kvscope.agent.config import AgentConfig, Target
 from kvscope.agent.normalize.blockcache import BlockCache
 from kvscope.agent.normalize.dialect import Normalized, detect_engine, normalize
 from kvscope.agent.ratelog import warn_every
-from kvscope.agent.scrape.exposition import Exposition, ParseIssue, parse_exposition
+from kvscope.agent.scrape.exposition import FATAL, Exposition, Limits, ParseIssue, parse_exposition
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
 from kvscope.agent.scrape.httpclient import HttpClient
 from kvscope.agent.scrape.stamped import Parts
@@ -63,10 +68,12 @@ class TargetScrape:
         """True once `exposition()` has parsed the whole payload."""
         return self._expo is not None
 
-    def exposition(self) -> Exposition | None:
-        """The whole payload parsed (once), with native names; None when the scrape failed."""
+    def exposition(self, deadline: float | None = None) -> Exposition | None:
+        """The whole payload parsed (once) under the target's limits, with native names; None
+        when the scrape failed."""
         if self.text is not None and self._expo is None:
-            self._expo = parse_exposition(self.text, openmetrics=True if self.openmetrics else None)
+            self._expo = parse_exposition(self.text, openmetrics=True if self.openmetrics else None,
+                                          limits=limits_of(self.target), deadline=deadline)
         return self._expo
 
 
@@ -143,20 +150,29 @@ class EngineCollector:
         target = scrape.target
         health = Health(collector=NAME, target=target.instance, duration_s=scrape.duration_s)
         out.health.append(health)
-        if scrape.text is None:
-            health.up, health.reason = False, scrape.reason
-            health.errors[scrape.reason] += 1
+        deadline = time.monotonic() + max(0.1, self.config.timeout_s - scrape.duration_s)
+        engine = None
+        if scrape.text is not None:
+            if _over_sample_limit(scrape):
+                scrape.exposition(deadline)   # stops at the first sample past the limit
+            engine = self._engine_of(target, scrape, deadline) if not self._failed(scrape) else None
+        if reason := scrape.reason or self._failed(scrape):
+            health.up, health.reason = False, reason
+            health.errors[reason] += 1
             return
-        engine = self._engine_of(target, scrape)
         out.engines[target.instance] = engine
         if engine is None:
             health.up, health.reason = False, "unknown_engine"
             health.errors["unknown_engine"] += 1
-            expo = scrape.exposition()
+            expo = scrape.exposition(deadline)
             assert expo is not None   # the scrape has text (checked above)
             health.dropped.update(i.reason for i in expo.issues)
             return
-        norm, issues = self._normalize(scrape, engine)
+        norm, issues = self._normalize(scrape, engine, deadline)
+        if reason := _failed(issues):
+            health.up, health.reason = False, reason
+            health.errors[reason] += 1
+            return
         if issues:
             health.dropped.update(i.reason for i in issues)
         if norm.dropped:
@@ -176,27 +192,32 @@ class EngineCollector:
         if not norm.samples and target.engine is None:
             self._engines.pop(target.instance, None)  # detect again next time
 
-    def _normalize(self, scrape: TargetScrape, engine: str) -> tuple[Normalized, list[ParseIssue]]:
+    @staticmethod
+    def _failed(scrape: TargetScrape) -> str:
+        """The reason a parsed payload fails its scrape whole (a limit, the deadline), or ""."""
+        return _failed(scrape._expo.issues) if scrape._expo is not None else ""
+
+    def _normalize(self, scrape: TargetScrape, engine: str, deadline: float) -> tuple[Normalized, list[ParseIssue]]:
         """Whole-payload path when the payload is already parsed (detection, recording) or
         OpenMetrics; else the per-target block memo (agent/normalize/blockcache.py), same result."""
         target = scrape.target
         if scrape.parsed or scrape.openmetrics:
-            expo = scrape.exposition()
+            expo = scrape.exposition(deadline)
             assert expo is not None
             return normalize(expo, engine, target.target_labels(), scrape.timestamp, self.catalog), expo.issues
         cache = self._caches.get(target.instance)
         if cache is None:
-            cache = self._caches[target.instance] = BlockCache(self.catalog)
+            cache = self._caches[target.instance] = BlockCache(self.catalog, limits=limits_of(target))
         assert scrape.text is not None   # the caller returned early for a failed scrape
-        return cache.normalize(scrape.text, engine, target.target_labels(), scrape.timestamp)
+        return cache.normalize(scrape.text, engine, target.target_labels(), scrape.timestamp, deadline)
 
-    def _engine_of(self, target: Target, scrape: TargetScrape) -> str | None:
+    def _engine_of(self, target: Target, scrape: TargetScrape, deadline: float) -> str | None:
         if target.engine is not None:
             return target.engine
         engine = self._engines.get(target.instance)
         if engine is None:
             self._caches.pop(target.instance, None)
-            expo = scrape.exposition()
+            expo = scrape.exposition(deadline)
             assert expo is not None   # the caller returned early for a failed scrape
             engine = detect_engine(expo, self.catalog)
             if engine is not None:
@@ -207,6 +228,23 @@ class EngineCollector:
         if self._session is not None and self._own_session:
             await self._session.close()
         self._session = None
+
+
+def limits_of(target: Target) -> Limits:
+    """The target's configured limits (agent/config.py LIMIT_KEYS) for the parser."""
+    return Limits(**dict(target.limits))
+
+
+def _over_sample_limit(scrape: TargetScrape) -> bool:
+    """Whether the payload may hold more samples than its target's sample_limit: its lines that
+    are not comments bound its samples from above (one C-level count; a parse only past it)."""
+    text, limit = scrape.text or "", dict(scrape.target.limits).get("sample_limit", 0)
+    return 0 < limit < text.count("\n") + 1 - text.count("\n#") - text.startswith("#")
+
+
+def _failed(issues: list[ParseIssue] | None) -> str:
+    """The reason a scrape fails whole (a limit, the parse deadline), or ""."""
+    return next((i.reason for i in issues or () if i.reason in FATAL), "")
 
 
 def _aggregated(text: str | None, worker_labels: tuple[str, ...]) -> bool:

@@ -27,14 +27,15 @@ Parse issues keep their reason but their line numbers are relative to their bloc
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_, is_not
 
 from kvscope.agent.normalize.blockvalues import ValueTemplate
 from kvscope.agent.normalize.dialect import MappingMemo, Normalized, normalize
-from kvscope.agent.scrape.exposition import ParseIssue, parse_exposition
+from kvscope.agent.scrape.exposition import NO_LIMITS, Limits, ParseIssue, parse_exposition
 from kvscope.agent.scrape.stamped import Stamped
 from kvscope.agent.signals import Catalog, Labels, Sample, signal_of
 
@@ -75,15 +76,17 @@ class BlockCache:
     """Memo of one target's previous payload, by family block."""
 
     def __init__(self, catalog: Catalog, max_cached_bytes: int = 4 << 20, max_miss_fraction: float = 0.3,
-                 refresh_every: int = 16) -> None:
+                 refresh_every: int = 16, limits: Limits = NO_LIMITS) -> None:
         self.catalog = catalog
+        self.limits = replace(limits, sample_limit=0)
+        self._deadline: float | None = None   # the label limits; the caller counts samples
         self.max_cached_bytes = max_cached_bytes
         self.max_miss_fraction = max_miss_fraction
         self.refresh_every = refresh_every
         self._blocks: dict[BlockKey, _Block] = {}
         self._skipped = 0
         self.memo = MappingMemo()   # label mapping of each upstream series, for both paths
-        self._label_cache: dict[str, Labels | None] = {}   # label body text -> parsed labels
+        self._label_cache: dict[str, Labels | str] = {}   # label body text -> parsed labels
         # The previous scrape's block layout (series per block) and what it implied, so that a
         # scrape whose blocks hold the same series (values moved) skips the cross-block checks.
         self._layout: list[_Block] = []
@@ -95,8 +98,10 @@ class BlockCache:
         self.values = 0   # changed blocks re-read by their value template
 
     def normalize(self, text: str, engine: str, target_labels: dict[str, str],
-                  timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
-        """Canonical samples of `text` for `engine`, and the parse issues of the payload."""
+                  timestamp: float, deadline: float | None = None) -> tuple[Normalized, list[ParseIssue]]:
+        """Canonical samples of `text` for `engine`, and the parse issues of the payload. Past
+        `deadline` (time.monotonic) the blocks left are not parsed: one parse_timeout issue."""
+        self._deadline = deadline
         if len(text) > self.max_cached_bytes or not text.endswith("\n") or text.rstrip().endswith("# EOF"):
             return self._whole(text, engine, target_labels, timestamp)
         keys = block_keys(text)
@@ -116,6 +121,9 @@ class BlockCache:
                     key = keys[i]
                     hit = made.get(key)
                     if hit is None:
+                        if self._deadline is not None and time.monotonic() > self._deadline:
+                            self._blocks, self._layout = {}, []
+                            return Normalized(engine=engine), [ParseIssue(0, "parse_timeout", "")]
                         self.misses += 1
                         hit = made[key] = self._normalize_block(block_text(key), engine, target_labels)
                     else:
@@ -159,7 +167,7 @@ class BlockCache:
         self.values += filled
         return filled
 
-    def _labels_memo(self) -> dict[str, Labels | None]:
+    def _labels_memo(self) -> dict[str, Labels | str]:
         if len(self._label_cache) > MAX_LABEL_CACHE:
             self._label_cache.clear()
         return self._label_cache
@@ -180,11 +188,11 @@ class BlockCache:
     def _whole(self, text: str, engine: str, labels: dict[str, str],
                timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
         self.whole += 1
-        expo = parse_exposition(text, label_cache=self._labels_memo())
+        expo = parse_exposition(text, label_cache=self._labels_memo(), limits=self.limits, deadline=self._deadline)
         return normalize(expo, engine, labels, timestamp, self.catalog, self.memo), expo.issues
 
     def _normalize_block(self, block: str, engine: str, labels: dict[str, str]) -> _Block:
-        expo = parse_exposition(block, openmetrics=False, label_cache=self._labels_memo())
+        expo = parse_exposition(block, openmetrics=False, label_cache=self._labels_memo(), limits=self.limits)
         norm = normalize(expo, engine, labels, None, self.catalog, self.memo)
         keys = {(s.name, s.labels) for s in expo.samples}
         timestamped = any(s.timestamp is not None for s in expo.samples)

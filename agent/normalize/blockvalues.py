@@ -24,7 +24,7 @@ import math
 from itertools import repeat
 from operator import itemgetter, mul
 
-from kvscope.agent.scrape.exposition import Exposition
+from kvscope.agent.scrape.exposition import Exposition, parse_values
 from kvscope.agent.signals import Labels
 
 _key, _tail = itemgetter(0), itemgetter(2)
@@ -63,7 +63,7 @@ class ValueTemplate:
             return None
         for i, raw in zip(samples, expo.samples, strict=True):
             key, _, tail = parts[i]
-            if not key or "#" in lines[i] or raw.timestamp is not None or _float(tail) != raw.value:
+            if not key or "#" in lines[i] or raw.timestamp is not None or parse_values([tail]) != [raw.value]:
                 return None
         sample_set = set(samples)
         fixed = [i for i in range(len(lines)) if i not in sample_set]
@@ -81,11 +81,8 @@ class ValueTemplate:
         if list(map(lines.__getitem__, self.fixed)) != self.fixed_lines:
             return None
         tails = list(map(_tail, parts))
-        try:
-            values = list(map(float, map(tails.__getitem__, self.samples)))
-        except ValueError:
-            return None
-        return self.outputs(values)
+        values = parse_values(list(map(tails.__getitem__, self.samples)))
+        return None if values is None else self.outputs(values)
 
     def outputs(self, values: list[float]) -> list[tuple[str, Labels, float]] | None:
         """(name, labels, value) per output from the samples' values; None if one is not finite
@@ -96,10 +93,3 @@ class ValueTemplate:
         if not math.isfinite(sum(out)):   # NaN or ±Inf among them (or an overflow): general path
             return None
         return list(zip(self.names, self.labels, out, strict=True))
-
-
-def _float(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None

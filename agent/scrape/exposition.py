@@ -3,31 +3,67 @@
 Pure text -> data, no I/O. Bad lines never raise: each becomes a `ParseIssue` with its line
 number and reason, and parsing goes on, so one malformed series cannot hide the rest of an
 engine's metrics. Upstream names are kept exactly as exposed; mapping to canonical signals is
-the engine dialects' job (agent/normalize/dialect.py).
+the engine dialects' job (agent/normalize/dialect.py). Prometheus 3 quoted UTF-8 names are read
+(`{"my.metric","label.x"="v"} 1`).
+
+Linear time on any input: every regex below is possessive (`*+`, `?+`), so none can backtrack,
+and each line is matched once (a second, diagnosing pass runs only on a line that failed). Bounds
+per line: `MAX_LINE` characters, `MAX_LABELS` labels, `MAX_VALUE` characters per label value (the
+line is dropped with reason line_too_long / too_many_labels / label_value_too_long). `Limits`
+holds a target's Prometheus limits; exceeding one stops the parse with a `*_exceeded` issue (the
+collector fails the scrape, as Prometheus does). A `deadline` (time.monotonic) stops the parse
+with reason parse_timeout.
+
+Numbers are read as Prometheus does: values `[+-]` decimal/exponent, `Inf`, `NaN` (ASCII digits
+only; no `_`, hex or base prefixes); text-format timestamps are integer milliseconds,
+OpenMetrics timestamps decimal seconds. OpenMetrics lines take single spaces, no blank lines.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kvscope.agent.signals import Labels
 
-_SAMPLE = re.compile(
-    r"([a-zA-Z_:][a-zA-Z0-9_:]*)"          # metric name
-    r"(?:\{(.*)\})?"                        # label body (greedy: values may contain '}')
-    r"[ \t]+([^ \t]+)"                      # value
-    r"(?:[ \t]+([^ \t#]+))?[ \t]*$"         # optional timestamp
-)
-_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*,?')
-_LABELS_FULL = re.compile(r'(?:[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*"[ \t]*,?)*[ \t]*')
-_MISSING: Labels = (("", ""),)  # sentinel: not in the label cache yet
-_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-_UNESCAPE = re.compile(r'\\[\\"n]')
+MAX_LINE = 1 << 16
+MAX_LABELS = 256
+MAX_VALUE = 1 << 14
+LIMIT_REASONS = ("sample_limit_exceeded", "label_limit_exceeded", "label_name_length_limit_exceeded",
+                 "label_value_length_limit_exceeded")
+FATAL = (*LIMIT_REASONS, "parse_timeout")
+"""Issues that fail a scrape whole (agent/collectors/engine.py), as Prometheus fails one past a limit."""
+_OM_TS = r"[+-]?+(?:[0-9]++(?:\.[0-9]*+)?+|\.[0-9]++)(?:[eE][+-]?+[0-9]++)?+"
+_FLOAT = rf"(?:{_OM_TS}|[+-]?+[iI][nN][fF](?:[iI][nN][iI][tT][yY])?+|[nN][aA][nN])"
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*+"
+
+
+def _grammar(om: bool) -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+    """(line, label item, exemplar) regexes. A line's groups: name, separator, label body, value,
+    timestamp, exemplar. OpenMetrics keeps unknown escapes as they are and wants single spaces."""
+    qs = r'"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"' if om else r'"[^"\\\n]*+(?:\\[\\"n][^"\\\n]*+)*+"'
+    item = rf"[ \t]*+(?:[a-zA-Z_][a-zA-Z0-9_]*+|{qs})[ \t]*+(?:=[ \t]*+{qs}[ \t]*+)?+"
+    body = rf"\{{(?:{item}(?:,{item})*+{'' if om else ',?+'})?+[ \t]*+\}}"
+    if om:
+        line = rf"({_NAME})?+()({body})?+ ({_FLOAT})(?: ({_OM_TS}))?+(?: (#.*))?+"
+    else:
+        line = rf"[ \t]*+({_NAME})?+([ \t]*+)({body})?+[ \t]*+({_FLOAT})(?:[ \t]++([+-]?+[0-9]++))?+[ \t]*+(#.*)?+\r?+"
+    item_groups = rf"[ \t]*+(?:([a-zA-Z_][a-zA-Z0-9_]*+)|({qs}))[ \t]*+(?:=[ \t]*+({qs})[ \t]*+)?+"
+    exemplar = rf"# ({body}) ({_FLOAT})(?: ({_OM_TS}))?+"
+    return re.compile(line, re.S), re.compile(item_groups), re.compile(exemplar, re.S)
+
+
+_TEXT, _OM = _grammar(False), _grammar(True)
+_VALUE = re.compile(_FLOAT)
+_VALUES = re.compile(rf"{_FLOAT}\r?+(?:\n{_FLOAT}\r?+)*+")
+_OM_META = re.compile(r"# (TYPE|HELP|UNIT) ([^ \t\n]++) (.*)", re.S)
+_UNESCAPE = re.compile(r"\\(.)")
 TYPES = ("counter", "gauge", "histogram", "summary", "untyped", "unknown", "info",
          "stateset", "gaugehistogram")
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 
 
 class RawSample(NamedTuple):
@@ -48,6 +84,20 @@ class ParseIssue:
     text: str
 
 
+@dataclass(frozen=True)
+class Limits:
+    """A target's limits, Prometheus' names and meaning (0 = no limit). The label limits count
+    the labels a sample is exposed with (the target's own labels are not counted)."""
+
+    sample_limit: int = 0
+    label_limit: int = 0
+    label_name_length_limit: int = 0
+    label_value_length_limit: int = 0
+
+
+NO_LIMITS = Limits()
+
+
 @dataclass
 class Exposition:
     """Everything parsed out of one payload."""
@@ -55,6 +105,7 @@ class Exposition:
     samples: list[RawSample] = field(default_factory=list)
     types: dict[str, str] = field(default_factory=dict)
     helps: dict[str, str] = field(default_factory=dict)
+    units: dict[str, str] = field(default_factory=dict)
     issues: list[ParseIssue] = field(default_factory=list)
     openmetrics: bool = False
     complete: bool = True
@@ -73,146 +124,225 @@ class Exposition:
 
 
 def parse_exposition(text: str, openmetrics: bool | None = None,
-                     label_cache: dict[str, Labels | None] | None = None) -> Exposition:
+                     label_cache: dict[str, Labels | str] | None = None,
+                     limits: Limits = NO_LIMITS, deadline: float | None = None) -> Exposition:
     """Parse one exposition. `openmetrics=None` detects the format from a trailing `# EOF`.
 
-    `label_cache` (label body text -> parsed labels, None when malformed) may be kept by the
-    caller across payloads of one target, so that label sets seen before are not parsed again;
-    the caller bounds it (agent/normalize/blockcache.py clears it past 20k entries).
+    `label_cache` (label body text -> parsed labels, or the reason they are refused) may be kept
+    by the caller across payloads of one target with the same `limits`, so that label sets seen
+    before are not parsed again; the caller bounds it (agent/normalize/blockcache.py clears it
+    past 20k entries).
 
     OpenMetrics timestamps are seconds; text-format timestamps are milliseconds. Both come
-    out in seconds. A payload that does not end in a newline (text) or lacks `# EOF`
-    (OpenMetrics) is marked incomplete and its last, possibly cut, line is dropped.
+    out in seconds. A payload whose last line does not end in a newline (text) or that lacks
+    `# EOF` (OpenMetrics) is marked incomplete and its last, possibly cut, line is dropped.
     """
     stripped = text.rstrip()
     if openmetrics is None:
         openmetrics = stripped.endswith("# EOF")
     out = Exposition(openmetrics=openmetrics)
     lines = text.split("\n")
-    if openmetrics:
-        if not stripped.endswith("# EOF"):
-            out.complete = False
-            _drop_last(lines, out)
-    elif text and not text.endswith("\n"):
-        out.complete = False
-        _drop_last(lines, out)
-    ts_scale = 1.0 if openmetrics else 0.001
+    if openmetrics and not stripped.endswith("# EOF"):
+        while lines and not lines[-1].strip():
+            lines.pop()
+        _cut(lines, out)
+    elif not openmetrics and lines[-1].strip(" \t"):
+        _cut(lines, out)
+    grammar = _OM if openmetrics else _TEXT
     seen: set[tuple[str, Labels, float | None]] = set()
-    if label_cache is None:
-        label_cache = {}
+    cache: dict[str, Labels | str] = {} if label_cache is None else label_cache
     append = out.samples.append
     for lineno, line in enumerate(lines, 1):
-        if not line or line[0] == "#" or line.isspace():
-            if line and line[0] == "#":
-                _parse_comment(line, lineno, out)
+        c = line[:1]
+        if c == "#" or c in " \t" and (not line.strip(" \t") or line.lstrip(" \t")[0] == "#"):
+            if not openmetrics:
+                if line.lstrip(" \t")[:1] == "#":
+                    _comment(line.lstrip(" \t"), lineno, out)
+            elif c != "#":
+                _issue(out, lineno, "blank_line" if not line.strip(" \t") else "bad_metadata", line)
+            elif _comment(line, lineno, out):
+                if any(map(str.strip, lines[lineno:])):
+                    _issue(out, lineno, "text_after_eof", line)
+                break
             continue
-        sample = _parse_sample(line, lineno, ts_scale, out, label_cache)
+        if lineno & 1023 == 0 and deadline is not None and time.monotonic() > deadline:
+            _issue(out, lineno, "parse_timeout", line)
+            out.complete = False
+            break
+        sample = _sample(line, lineno, grammar, out, cache, limits)
         if sample is None:
+            if out.issues[-1].reason in LIMIT_REASONS:
+                break
             continue
         key = (sample[0], sample[1], sample[3])
         if key in seen:
-            out.issues.append(ParseIssue(lineno, "duplicate_series", line[:200]))
+            _issue(out, lineno, "duplicate_series", line)
             continue
         seen.add(key)
         append(sample)
+        if len(seen) > limits.sample_limit > 0:
+            _issue(out, lineno, "sample_limit_exceeded", line)
+            break
     return out
 
 
-def _drop_last(lines: list[str], out: Exposition) -> None:
-    while lines and not lines[-1].strip():
-        lines.pop()
+def parse_values(texts: list[str]) -> list[float] | None:
+    """Sample value spellings (a CRLF line's `\\r` allowed) -> floats, or None if one is not a
+    value; one C-level pass (agent/normalize/blockvalues.py re-reads values with it)."""
+    if texts and _VALUES.fullmatch("\n".join(texts)) is None:
+        return None
+    return list(map(float, texts))
+
+
+def _issue(out: Exposition, lineno: int, reason: str, line: str) -> None:
+    out.issues.append(ParseIssue(lineno, reason, line[:200]))
+
+
+def _cut(lines: list[str], out: Exposition) -> None:
+    out.complete = False
     if lines:
-        out.issues.append(ParseIssue(len(lines), "truncated", lines[-1][:200]))
-        lines.pop()
+        _issue(out, len(lines), "truncated", lines.pop())
 
 
-def _parse_comment(line: str, lineno: int, out: Exposition) -> None:
+def _comment(line: str, lineno: int, out: Exposition) -> bool:
+    """Read a HELP/TYPE(/UNIT) line into `out`; True for OpenMetrics' `# EOF`. Text format lets
+    any other comment through; OpenMetrics has no free comments and single spaces only."""
+    if out.openmetrics:
+        if line == "# EOF":
+            return True
+        m = _OM_META.fullmatch(line)
+        if m is None:
+            _issue(out, lineno, "bad_metadata", line)
+            return False
+        kind, name, text = m.groups()
+        name = _unquote(name)
+        if kind == "TYPE" and name not in out.types and text in TYPES and text != "untyped":
+            out.types[name] = text
+        elif kind == "HELP" and name not in out.helps:
+            out.helps[name] = text
+        elif kind != "UNIT" or name in out.units or (text and not name.endswith("_" + text)) \
+                or out.types.get(name) in ("info", "stateset") or text != text.strip():
+            _issue(out, lineno, "bad_metadata", line)
+        else:
+            out.units[name] = text
+        return False
     parts = line.split(None, 3)
     if len(parts) < 3 or parts[1] not in ("TYPE", "HELP"):
-        return  # free-form comment or "# EOF"
-    if parts[1] == "TYPE":
-        kind = parts[3].strip() if len(parts) > 3 else ""
-        if kind not in TYPES:
-            out.issues.append(ParseIssue(lineno, "bad_type", line[:200]))
-            return
-        out.types[parts[2]] = kind
+        return False  # a free-form comment
+    if parts[1] == "HELP":
+        out.helps[_unquote(parts[2])] = parts[3] if len(parts) > 3 else ""
+        return False
+    kind = parts[3].strip() if len(parts) > 3 else ""
+    kind = "gaugehistogram" if kind == "gauge_histogram" else kind
+    if kind in TYPES:
+        out.types[_unquote(parts[2])] = kind
     else:
-        out.helps[parts[2]] = parts[3] if len(parts) > 3 else ""
+        _issue(out, lineno, "bad_type", line)
+    return False
 
 
-def _parse_sample(line: str, lineno: int, ts_scale: float, out: Exposition,
-                  label_cache: dict[str, Labels | None]) -> RawSample | None:
-    if " # " in line:  # OpenMetrics exemplar: ignore it
-        line = line.split(" # ", 1)[0]
-    m = _SAMPLE.match(line)
+def _unquote(name: str) -> str:
+    """A quoted string's text; an escape other than \\\\, \\" and \\n stays as it is (only
+    OpenMetrics lets one through)."""
+    return _UNESCAPE.sub(_unescape, name[1:-1]) if name[:1] == '"' else name
+
+
+def _unescape(m: re.Match[str]) -> str:
+    return _ESCAPES.get(m.group(1)) or m.group(0)
+
+
+def _sample(line: str, lineno: int, grammar: tuple[re.Pattern[str], ...], out: Exposition,
+            cache: dict[str, Labels | str], limits: Limits) -> RawSample | None:
+    if len(line) > MAX_LINE:
+        _issue(out, lineno, "line_too_long", line)
+        return None
+    m = grammar[0].fullmatch(line)
     if m is None:
-        out.issues.append(ParseIssue(lineno, "malformed_line", line[:200]))
+        _issue(out, lineno, _diagnose(line, grammar), line)
         return None
-    name, body, raw_value, raw_ts = m.groups()
-    if body:
-        labels = label_cache.get(body, _MISSING)
-        if labels is _MISSING:
-            labels = label_cache[body] = _parse_labels(body)
-    else:
-        labels = ()
-    if labels is None:
-        out.issues.append(ParseIssue(lineno, "malformed_labels", line[:200]))
-        return None
-    try:
-        value = float(raw_value)
-        timestamp = float(raw_ts) * ts_scale if raw_ts is not None else None
-    except ValueError:
-        out.issues.append(ParseIssue(lineno, "bad_value", line[:200]))
-        return None
-    if timestamp is not None and not math.isfinite(timestamp):
-        out.issues.append(ParseIssue(lineno, "bad_timestamp", line[:200]))
-        return None
-    return RawSample(name, labels, value, timestamp)
-
-
-_IDENT = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_known_keys: set[str] = set()
-
-
-def _parse_labels(body: str) -> Labels | None:
-    """Label body -> sorted pairs, or None when malformed.
-
-    Fast path: without a backslash no value can contain `",`, so splitting on it is exact.
-    """
-    if "\\" in body:
-        return _parse_labels_slow(body)
-    b = body.rstrip()
-    if b.endswith(","):
-        b = b[:-1].rstrip()
-    if not b.endswith('"'):
-        return None if b.strip() else ()
-    pairs = []
-    for seg in b[:-1].split('",'):
-        key, sep, value = seg.partition('="')
-        key = key.strip()
-        if not sep or '"' in value or key not in _known_keys:
-            if not sep or '"' in value or _IDENT.fullmatch(key) is None:
-                return _parse_labels_slow(body)
-            if len(_known_keys) < 4096:
-                _known_keys.add(key)
-        pairs.append((key, value))
-    if len(pairs) > 1:
-        pairs.sort()
-        if any(pairs[i][0] == pairs[i + 1][0] for i in range(len(pairs) - 1)):
+    name, sep, body, raw_value, raw_ts, exemplar = m.groups()
+    if body is None:
+        if name is None or (sep == "" and grammar is _TEXT):
+            _issue(out, lineno, "malformed_line", line)
             return None
-    return tuple(pairs)
+        labels: Labels | str = ()
+    else:
+        labels = cache.get(body, "") if name is not None else _labels(body, True, grammar, limits)
+        if labels == "":
+            labels = cache[body] = _labels(body, False, grammar, limits)
+        if isinstance(labels, str):
+            _issue(out, lineno, labels, line)
+            return None
+        if name is None:
+            name, labels = labels[0][1], labels[1:]
+    if exemplar is not None and not _exemplar_ok(exemplar, grammar, limits):
+        _issue(out, lineno, "bad_exemplar", line)
+        return None
+    timestamp = None
+    if raw_ts is not None:
+        # text: int64 milliseconds (more digits would overflow the division or int()'s digit cap)
+        timestamp = float(raw_ts) if out.openmetrics else int(raw_ts) / 1000 if len(raw_ts) < 20 else math.inf
+        if not math.isfinite(timestamp):
+            _issue(out, lineno, "bad_timestamp", line)
+            return None
+    return RawSample(name, labels, float(raw_value), timestamp)  # type: ignore[arg-type]
 
 
-def _parse_labels_slow(body: str) -> Labels | None:
-    if _LABELS_FULL.fullmatch(body) is None:
-        return None
-    pairs = _LABEL.findall(body)
-    if "\\" in body:
-        pairs = [(k, _UNESCAPE.sub(lambda m: _ESCAPES[m.group(0)], v)) for k, v in pairs]
-    names = [k for k, _ in pairs]
-    if len(set(names)) != len(names):
-        return None
-    return tuple(sorted(pairs))
+def _labels(body: str, wants_name: bool, grammar: tuple[re.Pattern[str], ...], limits: Limits) -> Labels | str:
+    """A validated label body -> sorted pairs (with ("__name__", name) first when the metric
+    name was inside the braces), or the reason it is refused."""
+    pairs = []
+    name = None
+    for ident, qkey, qvalue in grammar[1].findall(body, 1, len(body) - 1):
+        if not qvalue:
+            if ident or name is not None or not wants_name or len(qkey) < 3:
+                return "malformed_labels"
+            name = _unquote(qkey)
+            continue
+        key = ident or _unquote(qkey)
+        if not key or key == "__name__":
+            return "malformed_labels"
+        value = _unquote(qvalue) if "\\" in qvalue else qvalue[1:-1]
+        if len(value) > MAX_VALUE:
+            return "label_value_too_long"
+        if len(key) > limits.label_name_length_limit > 0:
+            return "label_name_length_limit_exceeded"
+        if len(value) > limits.label_value_length_limit > 0:
+            return "label_value_length_limit_exceeded"
+        pairs.append((key, value))
+    if wants_name and name is None:
+        return "malformed_line"
+    if len(pairs) > MAX_LABELS:
+        return "too_many_labels"
+    if len(pairs) > limits.label_limit > 0:
+        return "label_limit_exceeded"
+    pairs.sort()
+    if any(pairs[i][0] == pairs[i + 1][0] for i in range(len(pairs) - 1)):
+        return "malformed_labels"
+    return (("__name__", name or ""), *pairs) if wants_name else tuple(pairs)
+
+
+def _exemplar_ok(text: str, grammar: tuple[re.Pattern[str], ...], limits: Limits) -> bool:
+    m = grammar[2].fullmatch(text)
+    if m is None:
+        return False
+    labels = _labels(m.group(1), False, grammar, limits)
+    return not isinstance(labels, str) and sum(len(k) + len(v) for k, v in labels) <= 128
+
+
+def _diagnose(line: str, grammar: tuple[re.Pattern[str], ...]) -> str:
+    """Why a sample line did not match (only bad lines pay for this)."""
+    rest = line.lstrip(" \t")
+    head = re.match(rf"({_NAME})?+[ \t]*+", rest)
+    rest = rest[head.end():] if head else rest
+    if rest[:1] == "{":
+        return "malformed_labels"
+    fields = rest.split("#", 1)[0].split()
+    if not fields or len(fields) > 2 or (head and not head.group(1)):
+        return "malformed_line"
+    if not _VALUE.fullmatch(fields[0]):
+        return "bad_value"
+    return "bad_timestamp" if len(fields) == 2 else "malformed_line"
 
 
 def escape_label_value(value: str) -> str:

@@ -32,6 +32,9 @@ _SCALAR_FLAGS = (
      "time one target may take, connect and body included (must be < interval)"),
     ("--scrape.max-body-bytes", "scrape_max_body", "scrape.max_body_bytes",
      "largest /metrics body read from one target (e.g. 16MiB); past it: body_too_large"),
+    *((f"--scrape.{n.replace('_', '-')}", f"scrape_{n}", f"scrape.{n}",
+       f"Prometheus' {n} per target (0 = none); past it the scrape fails: {n}_exceeded")
+      for n in ("sample_limit", "label_limit", "label_name_length_limit", "label_value_length_limit")),
 )
 
 

@@ -104,11 +104,15 @@ SCENARIOS = {
     "dcgm": text(DCGM),
     "unmapped": text(UNMAPPED),
     "router": text(ROUTER),
+    # 60k series of one family behind a real capture: past the default sample_limit (50k)
+    "many_series": text(VLLM + "".join(f'vllm:lora_requests_info{{id="{i}"}} 1\n' for i in range(60_000))),
+    "label_limit": text(VLLM),   # served whole; its target sets label_limit 2 (histograms carry 3)
 }
 
 
 def agent_doc(base: str, down_port: int) -> dict:
     targets = [{"url": f"{base}/{name}", "job": name, "labels": {"instance": name}} for name in SCENARIOS]
+    targets[list(SCENARIOS).index("label_limit")]["label_limit"] = 2
     targets.append({"url": f"http://127.0.0.1:{down_port}/metrics", "job": "down", "labels": {"instance": "down"}})
     # timeout well above the slow target's 0.2 s, so a busy CI box does not turn it into a timeout
     return {"scrape": {"interval_s": 3, "timeout_s": 2}, "targets": targets}
@@ -136,6 +140,7 @@ def bad_run():
     ("huge", 0, "body_too_large"), ("hang", 0, "timeout"), ("unavailable", 0, "http_503"),
     ("unknown", 0, "unknown_engine"), ("down", 0, "connection_refused"),
     ("unmapped", 0, "no_canonical_series"), ("router", 1, "aggregated_workers"),
+    ("many_series", 0, "sample_limit_exceeded"), ("label_limit", 0, "label_limit_exceeded"),
 ])
 def test_agent_metrics_say_why_each_target_is_down(bad_run, instance, up, reason):
     _, expo, _, _ = bad_run

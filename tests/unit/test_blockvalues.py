@@ -51,7 +51,7 @@ def test_random_value_moves_are_re_read_exactly(load_fixture, fixture, engine):
     """Every value moves (dcgm: scaled units, so a dropped factor shows), spellings included."""
     lines = load_fixture(fixture).splitlines()
     rng = random.Random(3)
-    spell = [lambda v: repr(v), lambda v: f"{v:.3e}", lambda v: str(int(v)), lambda v: f"{int(v):_}",
+    spell = [lambda v: repr(v), lambda v: f"{v:.3e}", lambda v: str(int(v)), lambda v: f"{v:.6E}",
              lambda v: f"+{v}", lambda v: f"{v}\r"]
     texts = []
     for _ in range(8):

@@ -66,7 +66,8 @@ def test_default_timeout_follows_a_short_interval():
 
 
 @pytest.mark.parametrize("doc, message", [
-    ({"scrape": {"intervall_s": 5}}, "scrape.intervall_s: unknown key (allowed: interval_s, max_body_bytes, timeout_s)"),
+    ({"scrape": {"intervall_s": 5}}, "scrape.intervall_s: unknown key (allowed: interval_s, label_limit, "
+     "label_name_length_limit, label_value_length_limit, max_body_bytes, sample_limit, timeout_s)"),
     ({"scrape": {"max_body_bytes": "lots"}}, 'scrape.max_body_bytes: must be a size >= 1024 bytes (e.g. 16MiB), got "lots"'),
     ({"scrape": 5}, "scrape: must be a mapping, got 5"),
     ({"listen_address": "9464"}, 'listen_address: must be host:port (e.g. 127.0.0.1:9464), got "9464"'),
@@ -74,7 +75,8 @@ def test_default_timeout_follows_a_short_interval():
     ({"collectors": {"nvml": "maybe"}}, 'collectors.nvml: must be true or false (or a mapping with enabled), got "maybe"'),
     ({"targets": [{"url": "localhost:8000"}]}, 'targets[0].url: must be an http:// or https:// URL with a host, got "localhost:8000"'),
     ({"targets": [{"url": "http://a:1/metrics", "engine": "trtllm"}]}, 'targets[0].engine: must be one of dcgm, dynamo, epp, llamacpp, lmcache, sglang, sglang_router, tgi, vllm (or absent to detect), got "trtllm"'),
-    ({"targets": [{"url": "http://a:1/metrics", "port": 1}]}, "targets[0].port: unknown key (allowed: url, job, engine, labels)"),
+    ({"targets": [{"url": "http://a:1/metrics", "port": 1}]}, "targets[0].port: unknown key (allowed: url, job, engine, labels, "
+     "sample_limit, label_limit, label_name_length_limit, label_value_length_limit)"),
     ({"targets": [{"url": "http://a:1/metrics", "labels": {"bad-name": "x"}}]}, 'targets[0].labels: "bad-name" is not a valid label name'),
     ({"targets": [{"url": "http://a:1/metrics", "labels": {"job": "x"}}]}, "targets[0].labels.job: set it with targets[0].job instead"),
     ({"gpu_mapping": {"GPU-1": 3}}, "gpu_mapping.GPU-1: expected an instance name or a list of them, got 3"),
@@ -251,3 +253,20 @@ def test_a_target_url_with_an_unbalanced_ipv6_bracket_is_a_config_error():
     """Found by bench/fuzz_inputs.py: urlsplit raised ValueError('Invalid IPv6 URL') out of the config."""
     with pytest.raises(ConfigError, match=r"targets\[0\].url: must be an http"):
         build_config({"targets": [{"url": "http://[::1:8000/metrics"}]}, environ={})
+
+
+def test_limits_default_bounded_and_set_per_target():
+    """scrape.* limits (Prometheus' names, 0 = none) reach every target; a target's own key wins;
+    env and bad values follow the other keys' conventions."""
+    cfg = build_config({"targets": [{"url": "http://a:1/metrics"},
+                                    {"url": "http://b:1/metrics", "sample_limit": 0, "label_limit": 30}]})
+    zero = dict.fromkeys(("sample_limit", "label_limit", "label_name_length_limit", "label_value_length_limit"), 0)
+    assert dict(cfg.targets[0].limits) == {**zero, "sample_limit": 50_000}
+    assert dict(cfg.targets[1].limits) == {**zero, "label_limit": 30}
+    cfg = build_config({"scrape": {"sample_limit": 10}, "targets": ["http://a:1/metrics"]},
+                       environ={"KVSCOPE_SCRAPE_LABEL_VALUE_LENGTH_LIMIT": "100"})
+    assert dict(cfg.targets[0].limits) == {**zero, "sample_limit": 10, "label_value_length_limit": 100}
+    with pytest.raises(ConfigError, match=r"scrape.sample_limit: must be an integer >= 0"):
+        build_config({"scrape": {"sample_limit": -1}})
+    with pytest.raises(ConfigError, match=r"targets\[0\].label_limit: must be an integer >= 0"):
+        build_config({"targets": [{"url": "http://a:1/metrics", "label_limit": "x"}]})

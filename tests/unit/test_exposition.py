@@ -1,6 +1,17 @@
 import math
+import time
 
-from kvscope.agent.scrape.exposition import format_labels, format_value, parse_exposition
+import pytest
+
+from kvscope.agent.scrape.exposition import (
+    MAX_LABELS,
+    MAX_VALUE,
+    Limits,
+    RawSample,
+    format_labels,
+    format_value,
+    parse_exposition,
+)
 
 
 def value_of(expo, name, **labels):
@@ -52,7 +63,7 @@ def test_parse_exposition_skips_bad_lines_and_keeps_the_rest():
     assert [s.name for s in expo.samples] == ["good", "dup", "after"]
     reasons = sorted(i.reason for i in expo.issues)
     assert reasons == ["bad_type", "bad_value", "duplicate_series", "malformed_labels",
-                       "malformed_line", "malformed_line"]
+                       "malformed_labels", "malformed_line"]
 
 
 def test_truncated_text_payload_drops_the_cut_line():
@@ -97,3 +108,104 @@ def test_a_label_cache_kept_across_payloads_changes_nothing(load_fixture):
         assert [(x.line, x.reason) for x in got.issues] == [(x.line, x.reason) for x in want.issues]
         assert [x.reason for x in got.issues] == ["malformed_labels"]
     assert cache
+
+
+def _pathological(size: int) -> str:
+    """Label pairs with two spaces and no comma between them, then a pair with no name: the
+    shape on which the old label regex backtracked exponentially (122 bytes: 13 s)."""
+    return "m{" + 'a="b"  ' * (size // 7) + '="b"} 1\n'
+
+
+def test_a_pathological_label_body_parses_in_linear_time():
+    start = time.perf_counter()
+    expo = parse_exposition(_pathological(115))
+    assert time.perf_counter() - start < 0.1
+    assert [i.reason for i in expo.issues] == ["malformed_labels"]
+    took = {}
+    for size in (12_500, 25_000, 50_000):
+        line = _pathological(size)
+        start = time.perf_counter()
+        for _ in range(20):
+            expo = parse_exposition(line)
+        took[size] = (time.perf_counter() - start) / 20
+        assert [i.reason for i in expo.issues] == ["malformed_labels"]
+    assert took[50_000] < 0.1
+    assert took[50_000] < 16 * took[12_500] + 0.002   # linear: ~4x; quadratic would be 16x
+
+
+def test_a_100kb_line_and_a_100kb_body_of_bad_lines_are_bounded():
+    start = time.perf_counter()
+    long = parse_exposition(_pathological(100_000))
+    body = parse_exposition(_pathological(1_000) * 100)
+    assert time.perf_counter() - start < 1.0
+    assert [i.reason for i in long.issues] == ["line_too_long"]
+    assert len(body.issues) == 100 and not body.samples
+
+
+def test_a_label_value_holding_a_hash_is_not_an_exemplar():
+    for om in (False, True):
+        expo = parse_exposition('a_total{foo="x # y"} 1 # {t="1"} 2\n' + ("# EOF\n" if om else ""))
+        assert expo.issues == [] and expo.samples == [RawSample("a_total", (("foo", "x # y"),), 1.0)]
+
+
+@pytest.mark.parametrize("line", ["foo 1_2", "foo \u0663", "foo 0x1", "foo 1e", "foo infinit", "foo 1.2.3"])
+def test_a_value_that_is_not_a_prometheus_number_is_refused(line):
+    expo = parse_exposition(line + "\n")
+    assert expo.samples == [] and [i.reason for i in expo.issues] == ["bad_value"]
+
+
+def test_timestamps_are_integer_ms_in_text_and_seconds_in_openmetrics():
+    text = parse_exposition("m 1 2.72\nm 2 1700000000123\n")
+    assert [i.reason for i in text.issues] == ["bad_timestamp"]
+    assert text.samples == [RawSample("m", (), 2.0, 1_700_000_000.123)]
+    huge = parse_exposition("m 1 " + "9" * 400 + "\nm 2 " + "9" * 5000 + "\n")   # fuzz: OverflowError before
+    assert [i.reason for i in huge.issues] == ["bad_timestamp"] * 2
+    om = parse_exposition("m 1 2.72\n# EOF\n")
+    assert om.issues == [] and om.samples[0].timestamp == 2.72
+
+
+def test_valid_lines_the_old_parser_dropped_are_read():
+    text = (
+        '  indented{a="1"} 1\n'
+        'spaced {a="1"} 2\n'
+        'glued{a="1"}-Inf\n'
+        '{"my.metric",a="b"} 3\n'
+        'my_metric{"label.with.dots"="v"} 4\n'
+        '\t# TYPE x gauge\n'
+    )
+    expo = parse_exposition(text)
+    assert expo.issues == []
+    assert [(s.name, s.labels, s.value) for s in expo.samples] == [
+        ("indented", (("a", "1"),), 1.0), ("spaced", (("a", "1"),), 2.0), ("glued", (("a", "1"),), -math.inf),
+        ("my.metric", (("a", "b"),), 3.0), ("my_metric", (("label.with.dots", "v"),), 4.0)]
+    assert expo.types == {"x": "gauge"}
+
+
+def test_hard_bounds_per_line():
+    many = "m{" + ",".join(f'l{i}="v"' for i in range(MAX_LABELS + 1)) + "} 1\n"
+    long_value = 'm{a="' + "x" * (MAX_VALUE + 1) + '"} 1\n'
+    expo = parse_exposition(many + long_value + "ok 1\n")
+    assert [i.reason for i in expo.issues] == ["too_many_labels", "label_value_too_long"]
+    assert [s.name for s in expo.samples] == ["ok"]
+
+
+def test_limits_stop_the_parse_with_their_reason():
+    body = "".join(f'm{{a="{i}",b="x"}} 1\n' for i in range(10))
+    for limits, reason in ((Limits(sample_limit=5), "sample_limit_exceeded"),
+                           (Limits(label_limit=1), "label_limit_exceeded"),
+                           (Limits(label_name_length_limit=0, label_value_length_limit=0), None),
+                           (Limits(label_value_length_limit=1, sample_limit=100), None),
+                           (Limits(label_name_length_limit=1), None)):
+        expo = parse_exposition(body, limits=limits)
+        assert [i.reason for i in expo.issues] == ([reason] if reason else []), limits
+    long = parse_exposition('m{abc="long"} 1\n', limits=Limits(label_name_length_limit=2, label_value_length_limit=3))
+    assert [i.reason for i in long.issues] == ["label_name_length_limit_exceeded"]
+    assert [i.reason for i in parse_exposition('m{a="long"} 1\n', limits=Limits(label_value_length_limit=3)).issues] \
+        == ["label_value_length_limit_exceeded"]
+    assert len(parse_exposition(body, limits=Limits(sample_limit=5)).samples) == 6   # stopped at the first over
+
+
+def test_a_parse_past_its_deadline_stops_with_a_reason():
+    expo = parse_exposition("".join(f"m{i} 1\n" for i in range(5000)), deadline=time.monotonic() - 1)
+    assert [i.reason for i in expo.issues] == ["parse_timeout"] and not expo.complete
+    assert len(expo.samples) < 1024
