@@ -122,12 +122,21 @@ def _json_spans(doc: dict[str, Any]) -> Iterator[Span]:
             for s in ss.get("spans") or []:
                 yield Span(_hex_id(s.get("traceId"), 16), _hex_id(s.get("spanId"), 8),
                            _hex_id(s.get("parentSpanId"), 8, allow_empty=True), str(s.get("name", "")),
-                           _kind(s.get("kind", 0)), int(s.get("startTimeUnixNano", 0)),
-                           int(s.get("endTimeUnixNano", 0)), _json_attrs(s.get("attributes")), resource, scope)
+                           _kind(s.get("kind", 0)), _int(s.get("startTimeUnixNano", 0), 0, 2**64 - 1),
+                           _int(s.get("endTimeUnixNano", 0), 0, 2**64 - 1), _json_attrs(s.get("attributes")), resource, scope)
 
 
 _KINDS = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2, "SPAN_KIND_CLIENT": 3,
           "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}
+
+
+def _int(v: Any, lo: int, hi: int) -> int:
+    """A JSON integer within its protobuf type's range (fixed64 times, int64 values), as the
+    protobuf decoder would have it; a ValueError (a 400) otherwise."""
+    n = int(v)
+    if not lo <= n <= hi:
+        raise ValueError(f"integer {n} out of range [{lo}, {hi}]")
+    return n
 
 
 def _kind(k: Any) -> int:
@@ -152,7 +161,7 @@ def _json_value(v: dict[str, Any]) -> Any:
     if "stringValue" in v:
         return v["stringValue"]
     if "intValue" in v:
-        return int(v["intValue"])
+        return _int(v["intValue"], -(2**63), 2**63 - 1)
     if "doubleValue" in v:
         return float(v["doubleValue"])
     if "boolValue" in v:

@@ -73,6 +73,11 @@ def test_json_decodes_camel_case_string_ints_and_upper_hex():
     (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "abc", "spanId": "00"}]}]}]}).encode(),
      "application/json", "hex"),
     (b"x", "text/plain", "content-type"),
+    # found by bench/fuzz.py: a 400-digit time reached the stitcher and overflowed float()
+    (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "ab" * 16, "spanId": "cd" * 8,
+                                                                "startTimeUnixNano": "9" * 400}]}]}]}).encode(),
+     "application/json", "out of range"),
+    (json.dumps(_json_body()).replace('"384"', '"' + "1" * 30 + '"').encode(), "application/json", "out of range"),
 ])
 def test_malformed_payloads_raise_a_decode_error_with_the_reason(body, ctype, why):
     with pytest.raises(OtlpDecodeError, match=why):
