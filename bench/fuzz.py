@@ -1,4 +1,4 @@
-"""Fuzz bench (issue 25; contract in the notes): mutate real inputs and run every parser on them
+"""Fuzz bench (issue 25): mutate real inputs and run every parser on them
 with a time and a memory bound per input.
 
     .venv/bin/python bench/fuzz.py [--inputs N] [--target NAME ...] [--seed S]

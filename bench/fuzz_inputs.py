@@ -1,4 +1,4 @@
-"""Fuzz targets for the agent's and the webhook's inputs (bench/fuzz.py runs them; /work/notes/FUZZ.md).
+"""Fuzz targets for the agent's and the webhook's inputs (bench/fuzz.py runs them).
 
 Each target runs what the product runs on one body and catches only that path's documented
 clean errors; anything else escaping is a crash:
