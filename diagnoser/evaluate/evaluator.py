@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from kvscope.diagnoser.evaluate.conditions import ConditionEvaluator, Evaluated, first_run, latest_run, run_lengths
-from kvscope.diagnoser.evaluate.confidence import direct_present, settle
+from kvscope.diagnoser.evaluate.confidence import before_symptom, direct_present, settle
 from kvscope.diagnoser.evaluate.expr import Grouped, SeriesEvaluator, promql
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import (
@@ -81,6 +81,7 @@ def diagnose(frame: Frame, rules: Iterable[Rule] | None = None, levers: dict[str
             findings.extend(result)
     evaluated = [r.id for r, res in zip(prepared, results, strict=True) if not isinstance(res, Skipped)]
     findings, skipped = settle(findings, skipped, evaluated, direct_present(prepared, frame.names()))
+    findings = before_symptom(findings)
     return replace(rank(findings, frame.window, source, skipped, len(rules)), time_scale=scale)
 
 
@@ -254,12 +255,16 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     runs = run_lengths(truth)
     crit = _critical(rule, ce)
     resolved = _critical(rule, ce, "resolved_when")
+    # `moderate_unless`: the branch that observes the mechanism; a finding without it is inferred
+    direct = ce.all_of([rule.doc["moderate_unless"]])[0] if rule.doc.get("moderate_unless") else None
     out = []
     for gi in map(int, np.flatnonzero(truth.any(axis=1))):       # a group never true cannot fire
         span = latest_run(truth[gi], runs[gi], for_steps)
         if span is None:
             continue
         found = _finding(rule, ce, gi, span, all_done + any_done, crit, levers, None)
+        if direct is not None and not direct[gi, span[0]:span[1] + 1].any():
+            found = replace(found, confidence="moderate")
         if resolved is not None and not found.active and resolved[gi, span[0]:].any():
             found = _resolved(rule, found)
         out.append(found)
@@ -426,6 +431,9 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
     evaluated = []
     for s in stages:
         truth, done = ce.all_of(list(s.get("all") or []))
+        if s.get("any"):
+            any_truth, any_done = ce.any_of(list(s["any"]))
+            truth, done = truth & any_truth, done + any_done
         _judged(truth, ce)
         for_steps = int(round(rule.duration(s.get("for", default_for)) / step))
         truth = ce.bridge_outages(truth)

@@ -199,7 +199,8 @@ def _check_cycles(rule: Rule, series: dict) -> Iterable[RuleIssue]:
 
 def _conditions(rule: Rule) -> Iterable[dict]:
     doc = rule.doc
-    blocks = [doc.get("when") or {}, doc.get("critical_when") or {}, doc.get("resolved_when") or {}]
+    blocks = [doc.get("when") or {}, doc.get("critical_when") or {}, doc.get("resolved_when") or {},
+              {"all": [doc["moderate_unless"]]} if doc.get("moderate_unless") else {}]
     blocks += list((doc.get("cascade") or {}).get("stages") or [])
     for block in blocks:
         for key in ("all", "any"):
@@ -313,8 +314,8 @@ def check_confidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
         if not defers:
             yield _issue(rule, doc, f"a {level}-confidence rule needs 'defers_to': the rules that read the "
                          "same mechanism from direct evidence", "confidence")
-    elif doc.get("confirm") or defers or direct:
-        yield _issue(rule, doc, "'confirm', 'defers_to' and 'direct_evidence' belong to a rule with "
+    elif defers or direct or (doc.get("confirm") and not doc.get("moderate_unless")):
+        yield _issue(rule, doc, "'defers_to' and 'direct_evidence' (and 'confirm', unless moderate_unless) belong to a rule with "
                      "confidence below high", "confirm" if doc.get("confirm") else "defers_to")
 
 
