@@ -127,6 +127,16 @@ def _param_refs(obj: Any, parent: Any = None, key: str | None = None) -> Iterabl
             yield parent, key, m.group(1)
 
 
+def _read_at_rule_level(rule: Rule) -> set[str]:
+    """Series that conditions, evidence or a `mechanism` read at the rule's grouping (a series
+    grouped finer than the rule, e.g. per replica in a per-model rule, may only feed aggregates)."""
+    doc = rule.doc
+    names = {str(c.get("series")) for c in _conditions(rule) if isinstance(c, dict)}
+    names |= {str(c.get("than")) for c in _conditions(rule) if isinstance(c, dict) and "than" in c}
+    names |= {str(e.get("series")) for e in doc.get("evidence") or [] if isinstance(e, dict)}
+    return names | ({str(doc["mechanism"].get("series"))} if isinstance(doc.get("mechanism"), dict) else set())
+
+
 def check_series(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
     """Every series has one known form, reads known signals, refers to existing series, no cycles."""
     series = rule.doc.get("series") or {}
@@ -142,9 +152,9 @@ def check_series(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
             yield _issue(rule, node, f"series {name!r}: needs exactly one of {', '.join(FORMS)}")
             continue
         yield from _check_node(rule, name, node, form, known, series)
-        if not set(node.get("by", rule.by)) <= by:
-            yield _issue(rule, node, f"series {name!r}: by {node['by']} is not a subset of the rule's by {rule.by}",
-                         "by")
+        if not set(node.get("by", rule.by)) <= by and name in _read_at_rule_level(rule):
+            yield _issue(rule, node, f"series {name!r}: by {node['by']} is finer than the rule's by {rule.by}; "
+                         "only an aggregate may read it", "by")
     yield from _check_cycles(rule, series)
 
 

@@ -40,3 +40,39 @@ def test_k2_leads_once_latency_moved(name):
     d = diagnose_case(name)
     assert d.likely_cause is not None and d.likely_cause.rule_id == "kv_pressure_cascade"
     assert d.likely_cause.severity == "critical" and d.likely_cause.cascade.stage_name == "latency"
+
+
+# ------------------------------------------------------------ recordings without the counter
+def _drop_preemption_counters(rec, meta):
+    from dataclasses import replace
+    keep = lambda name: "preemption" not in name and "retract" not in name  # noqa: E731
+    return replace(rec, scrapes=[replace(sc, samples=[x for x in sc.samples if keep(x.name)]) for sc in rec.scrapes])
+
+
+@pytest.mark.parametrize("scenario", ["kv-pressure-cascade", "blind-vllm-kv-too-small"])
+def test_kv_pressure_recordings_without_a_preemption_counter_still_name_kv_pressure(scenario, tmp_path):
+    """The library's KV-pressure incidents with every preemption / retraction series removed
+    (an engine that exports none, or a log without the warnings): KV pressure is still the
+    likely cause, inferred from the queues at moderate confidence, and no growing queue (L12)."""
+    import yaml
+
+    from kvscope.diagnoser.evaluate.evaluator import sample_names
+    from kvscope.diagnoser.rulebook.rule import read_rules
+    from kvscope.diagnoser.sources.recording import RecordingSource
+    from testbed.recording_variants import Variant, write_variant
+
+    library = Path(__file__).resolve().parents[1] / "recordings"
+    meta = yaml.safe_load((library / f"{scenario}.yaml").read_text())
+    variant = Variant("no_preemption_counter", "preemption counters removed", _drop_preemption_counters,
+                      keeps_spans=False)
+    out = write_variant(library / meta["recording"], variant, meta, tmp_path / scenario, None)
+    source = RecordingSource(out)
+    rules = read_rules()
+    frame = source.read_frame(set().union(*(sample_names(r) for r in rules)), None, None, source.natural_step())
+    assert "engine_preemptions_total" not in frame.names()
+    d = diagnose(frame, rules, source=str(out))
+    assert d.likely_cause is not None and d.likely_cause.levers_md in ("K1", "K2"), \
+        [(f.levers_md, f.rule_id) for f in d.findings]
+    k1 = [f for f in d.findings if f.rule_id == "kv_pressure_preemption"]
+    assert k1 and all(f.confidence == "moderate" for f in k1)
+    assert "queue_growing" not in {f.rule_id for f in d.findings}
