@@ -325,8 +325,9 @@ def check_confidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
             yield _issue(rule, doc, f"a {level}-confidence rule needs 'defers_to': the rules that read the "
                          "same mechanism from direct evidence", "confidence")
     elif defers or direct or (doc.get("confirm") and not doc.get("moderate_unless")):
-        yield _issue(rule, doc, "'defers_to' and 'direct_evidence' (and 'confirm', unless moderate_unless) belong to a rule with "
-                     "confidence below high", "confirm" if doc.get("confirm") else "defers_to")
+        yield _issue(rule, doc, "'confirm', 'defers_to' and 'direct_evidence' belong to a rule with confidence "
+                     "below high ('confirm' also to one with moderate_unless)",
+                     "confirm" if doc.get("confirm") else "defers_to")
 
 
 def _check_deferrals(rules: dict[str, Rule]) -> Iterable[RuleIssue]:
