@@ -232,10 +232,18 @@ OVERRULED = "overruled:"
 (`evaluate/confidence.py`): it was evaluated, so it is not among the rules that could not look."""
 
 
+MECHANISM_OFF = "mechanism off:"
+"""Start of a Skipped reason for a rule whose mechanism (speculation, a KV tier, P/D) the source
+shows is not running: it looked, and there is nothing to judge."""
+MECHANISM_UNKNOWN = "mechanism unknown:"
+"""Start of a Skipped reason for a rule that cannot tell whether its mechanism runs: not evaluable."""
+
+
 def not_evaluable(skipped: Iterable[Skipped]) -> list[Skipped]:
-    """The skipped rules that could not look (absent signals, unset parameters), without the
-    ones that looked and were overruled by direct evidence."""
-    return [s for s in skipped if not s.reason.startswith(OVERRULED)]
+    """The skipped rules that could not look (absent signals, unset parameters, a mechanism not
+    known to run), without the ones that looked and were overruled by direct evidence or found
+    their mechanism off."""
+    return [s for s in skipped if not s.reason.startswith((OVERRULED, MECHANISM_OFF))]
 
 
 def same_place(a: dict[str, str], b: dict[str, str]) -> bool:

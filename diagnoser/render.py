@@ -13,7 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, not_evaluable
+from kvscope.diagnoser.findings import MECHANISM_OFF, Diagnosis, Evidence, Finding, not_evaluable
 
 _STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
 
@@ -337,8 +337,8 @@ def render_not_fired(d: Diagnosis, top: int = 4) -> str:
     """Why nothing fired: how many rules could look, and which missing signals blinded the rest."""
     blind = not_evaluable(d.skipped)
     evaluable = max(0, d.rules_evaluated - len(blind))
-    overruled = len(d.skipped) - len(blind)
-    also = f" ({overruled} overruled by direct evidence)" if overruled else ""
+    also = _overruled_text(d).replace(",", ";").lstrip("; ")
+    also = f" ({also})" if also else ""
     if not blind:
         return f"No rule fired among {evaluable} evaluable rules{also}: nothing to act on in this window."
     missing = missing_summary(d, top)
@@ -389,8 +389,9 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
 
 
 def _overruled_text(d: Diagnosis) -> str:
-    n = len(d.skipped) - len(not_evaluable(d.skipped))
-    return f", {n} overruled by direct evidence" if n else ""
+    off = sum(s.reason.startswith(MECHANISM_OFF) for s in d.skipped)
+    n = len(d.skipped) - len(not_evaluable(d.skipped)) - off
+    return (f", {n} overruled by direct evidence" if n else "") + (f", {off} with the mechanism off" if off else "")
 
 
 def _where_of(members: list[Finding]) -> str:

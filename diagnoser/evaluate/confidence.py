@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from kvscope.diagnoser.findings import OVERRULED, Finding, Skipped, not_evaluable, same_place
+from kvscope.diagnoser.findings import OVERRULED, Finding, Skipped, not_evaluable, same_mechanism, same_place
 from kvscope.diagnoser.rulebook.rule import Rule
 
-__all__ = ["BELOW", "OVERRULED", "direct_present", "not_evaluable", "settle"]
+__all__ = ["BELOW", "OVERRULED", "before_symptom", "direct_present", "not_evaluable", "settle"]
 
 BELOW = 10.0
 """A deferring finding's score stays this far below the direct finding it folds into: more than
@@ -62,3 +62,18 @@ def settle(findings: list[Finding], skipped: list[Skipped], evaluated: Iterable[
                           "and did not fire there") for rid, direct in overruled.items()
              if not any(f.rule_id == rid for f in kept)]
     return kept, list(skipped) + notes
+
+
+def before_symptom(findings: list[Finding]) -> list[Finding]:
+    """A cascade that has not reached its symptom stage (K2 before TTFT moved) ranks below a
+    finding of the same mechanism at the same place (K1, K3): that finding already names the
+    stage reached, and 002 §7.4 acts there, before the latency the cascade is named for. Once the
+    symptom stage is reached the cascade is the fuller account (and critical), and leads."""
+    out = []
+    for f in findings:
+        peers = [g for g in findings if f.cascade is not None and f.cascade.lead_time_s is None
+                 and g.cascade is None and same_place(g.where, f.where) and same_mechanism(f, g)]
+        if peers:
+            f = replace(f, score=min(f.score, round(min(g.score for g in peers) - BELOW, 3)))
+        out.append(f)
+    return out

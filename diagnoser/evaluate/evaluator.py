@@ -21,10 +21,12 @@ from typing import Any
 import numpy as np
 
 from kvscope.diagnoser.evaluate.conditions import ConditionEvaluator, Evaluated, first_run, latest_run, run_lengths
-from kvscope.diagnoser.evaluate.confidence import direct_present, settle
+from kvscope.diagnoser.evaluate.confidence import before_symptom, direct_present, settle
 from kvscope.diagnoser.evaluate.expr import Grouped, SeriesEvaluator, promql
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import (
+    MECHANISM_OFF,
+    MECHANISM_UNKNOWN,
     SEVERITY_RANK,
     CascadeInfo,
     Diagnosis,
@@ -79,6 +81,7 @@ def diagnose(frame: Frame, rules: Iterable[Rule] | None = None, levers: dict[str
             findings.extend(result)
     evaluated = [r.id for r, res in zip(prepared, results, strict=True) if not isinstance(res, Skipped)]
     findings, skipped = settle(findings, skipped, evaluated, direct_present(prepared, frame.names()))
+    findings = before_symptom(findings)
     return replace(rank(findings, frame.window, source, skipped, len(rules)), time_scale=scale)
 
 
@@ -104,11 +107,14 @@ def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[F
     missing = rule.missing_params()
     if missing and len(missing) == rule.nullable_params():
         return Skipped(rule.id, f"parameter(s) not set: {', '.join(missing)}")
-    absent = required_absent(rule, frame)
-    if absent:
-        return Skipped(rule.id, f"signal(s) absent: {', '.join(sorted(absent))}")
     ev = SeriesEvaluator(rule, frame)
     try:
+        off = mechanism_off(rule, ev, frame.facts)
+        if off is not None:
+            return off
+        absent = required_absent(rule, frame)
+        if absent:
+            return Skipped(rule.id, f"signal(s) absent: {', '.join(sorted(absent))}")
         keys = _rule_keys(ev)
         if not keys:
             return Skipped(rule.id, "no series for any group")
@@ -118,6 +124,30 @@ def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[F
         return _findings(rule, ce, levers)
     except (ExprError, KeyError, ValueError) as exc:
         return Skipped(rule.id, f"evaluation error: {exc}")
+
+
+# ---------------------------------------------------------------------------- mechanism on?
+def mechanism_off(rule: Rule, ev: SeriesEvaluator, facts: dict[str, dict[str, str]]) -> Skipped | None:
+    """Why a rule cannot judge its mechanism here, or None when it can.
+
+    `mechanism: {name, series, how}` names the feature the rule judges (speculation, a KV tier, P/D)
+    and a series that is above 0 where it runs (`Rule.when` makes that a condition of every
+    point): engines export zeros for features that are off (SGLang's acceptance rate
+    without speculation), and a zero is no evidence about a feature that does not run. Present
+    and never above 0 anywhere = off; absent = unknown (not evaluable). A rule's `facts` that no
+    instance exports make the rule unknown too (a fact the engine does not export is no answer).
+    """
+    wanted = {str(f["fact"]) for f in rule.doc.get("facts") or ()}
+    if wanted and not any(wanted <= set(known) for known in facts.values()):
+        return Skipped(rule.id, f"{MECHANISM_UNKNOWN} engine fact(s) {', '.join(sorted(wanted))} not exported")
+    mech = rule.doc.get("mechanism")
+    if not mech:
+        return None
+    values = ev.get(str(mech["series"])).values
+    if (values > 0).any():
+        return None
+    state = MECHANISM_OFF if (~np.isnan(values)).any() else MECHANISM_UNKNOWN
+    return Skipped(rule.id, f"{state} {mech['name']} ({mech['how']})")
 
 
 # ---------------------------------------------------------------------------- signals needed
@@ -209,7 +239,7 @@ def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
 
 # ---------------------------------------------------------------------------- plain rules
 def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> list[Finding]:
-    when = rule.doc.get("when") or {}
+    when = rule.when
     truth, all_done = ce.all_of(list(when.get("all") or []), lazy=True)
     _judged(truth, ce)
     if not truth.any():
@@ -225,12 +255,16 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     runs = run_lengths(truth)
     crit = _critical(rule, ce)
     resolved = _critical(rule, ce, "resolved_when")
+    # `moderate_unless`: the branch that observes the mechanism; a finding without it is inferred
+    direct = ce.all_of([rule.doc["moderate_unless"]])[0] if rule.doc.get("moderate_unless") else None
     out = []
     for gi in map(int, np.flatnonzero(truth.any(axis=1))):       # a group never true cannot fire
         span = latest_run(truth[gi], runs[gi], for_steps)
         if span is None:
             continue
         found = _finding(rule, ce, gi, span, all_done + any_done, crit, levers, None)
+        if direct is not None and not direct[gi, span[0]:span[1] + 1].any():
+            found = replace(found, confidence="moderate")
         if resolved is not None and not found.active and resolved[gi, span[0]:].any():
             found = _resolved(rule, found)
         out.append(found)
@@ -397,6 +431,9 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
     evaluated = []
     for s in stages:
         truth, done = ce.all_of(list(s.get("all") or []))
+        if s.get("any"):
+            any_truth, any_done = ce.any_of(list(s["any"]))
+            truth, done = truth & any_truth, done + any_done
         _judged(truth, ce)
         for_steps = int(round(rule.duration(s.get("for", default_for)) / step))
         truth = ce.bridge_outages(truth)

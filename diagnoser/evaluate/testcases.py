@@ -166,9 +166,10 @@ def check_case(rule: Rule, case: Case, interval: float, levers: dict[str, Lever]
     for key in sorted(set(got) - set(want)):
         problems.append(f"unexpected finding for {dict(key)}: {got[key].summary}")
     for key in sorted(set(got) & set(want)):
-        sev = want[key].get("severity")
-        if sev and got[key].severity != sev:
-            problems.append(f"{dict(key)}: severity {got[key].severity}, expected {sev}")
+        for field in ("severity", "confidence"):
+            exp = want[key].get(field)
+            if exp and getattr(got[key], field) != exp:
+                problems.append(f"{dict(key)}: {field} {getattr(got[key], field)}, expected {exp}")
         stage = want[key].get("stage")
         cascade = got[key].cascade
         if stage and (cascade is None or cascade.stage_name != stage):

@@ -207,7 +207,7 @@ def compile_rule(rule: Rule, runbook_base: str = RUNBOOK_BASE) -> list[dict[str,
     try:
         series = SeriesCompiler(rule)
         conds = ConditionCompiler(rule, series)
-        when = doc.get("when") or {}
+        when = rule.when
         expr = conds.combine(when, doc.get("facts"))
         critical = conds.combine(doc["critical_when"]) if doc.get("critical_when") else None
     except (NotExpressible, KeyError, ValueError) as exc:

@@ -103,6 +103,16 @@ class Rule:
     def series(self) -> dict[str, Any]:
         return dict(self.doc.get("series") or {})
 
+    @property
+    def when(self) -> dict[str, Any]:
+        """`when`, with the rule's `mechanism` series above 0 added to `all`: a rule judges only
+        where the feature it reads runs (docs/rules.md "Is the mechanism on?")."""
+        when = dict(self.doc.get("when") or {})
+        mech = self.doc.get("mechanism")
+        if mech:
+            when["all"] = [*(when.get("all") or []), {"series": str(mech["series"]), "op": ">", "value": 0}]
+        return when
+
     def with_params(self, overrides: dict[str, Any]) -> Rule:
         """The same rule with some parameter values replaced (unknown names are ignored)."""
         merged = dict(self.params)

@@ -129,6 +129,16 @@ def _param_refs(obj: Any, parent: Any = None, key: str | None = None) -> Iterabl
             yield parent, key, m.group(1)
 
 
+def _read_at_rule_level(rule: Rule) -> set[str]:
+    """Series that conditions, evidence or a `mechanism` read at the rule's grouping (a series
+    grouped finer than the rule, e.g. per replica in a per-model rule, may only feed aggregates)."""
+    doc = rule.doc
+    names = {str(c.get("series")) for c in _conditions(rule) if isinstance(c, dict)}
+    names |= {str(c.get("than")) for c in _conditions(rule) if isinstance(c, dict) and "than" in c}
+    names |= {str(e.get("series")) for e in doc.get("evidence") or [] if isinstance(e, dict)}
+    return names | ({str(doc["mechanism"].get("series"))} if isinstance(doc.get("mechanism"), dict) else set())
+
+
 def check_series(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
     """Every series has one known form, reads known signals, refers to existing series, no cycles."""
     series = rule.doc.get("series") or {}
@@ -144,9 +154,9 @@ def check_series(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
             yield _issue(rule, node, f"series {name!r}: needs exactly one of {', '.join(FORMS)}")
             continue
         yield from _check_node(rule, name, node, form, known, series)
-        if not set(node.get("by", rule.by)) <= by:
-            yield _issue(rule, node, f"series {name!r}: by {node['by']} is not a subset of the rule's by {rule.by}",
-                         "by")
+        if not set(node.get("by", rule.by)) <= by and name in _read_at_rule_level(rule):
+            yield _issue(rule, node, f"series {name!r}: by {node['by']} is finer than the rule's by {rule.by}; "
+                         "only an aggregate may read it", "by")
     yield from _check_cycles(rule, series)
 
 
@@ -201,7 +211,8 @@ def _check_cycles(rule: Rule, series: dict) -> Iterable[RuleIssue]:
 
 def _conditions(rule: Rule) -> Iterable[dict]:
     doc = rule.doc
-    blocks = [doc.get("when") or {}, doc.get("critical_when") or {}, doc.get("resolved_when") or {}]
+    blocks = [doc.get("when") or {}, doc.get("critical_when") or {}, doc.get("resolved_when") or {},
+              {"all": [doc["moderate_unless"]]} if doc.get("moderate_unless") else {}]
     blocks += list((doc.get("cascade") or {}).get("stages") or [])
     for block in blocks:
         for key in ("all", "any"):
@@ -315,9 +326,10 @@ def check_confidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
         if not defers:
             yield _issue(rule, doc, f"a {level}-confidence rule needs 'defers_to': the rules that read the "
                          "same mechanism from direct evidence", "confidence")
-    elif doc.get("confirm") or defers or direct:
-        yield _issue(rule, doc, "'confirm', 'defers_to' and 'direct_evidence' belong to a rule with "
-                     "confidence below high", "confirm" if doc.get("confirm") else "defers_to")
+    elif defers or direct or (doc.get("confirm") and not doc.get("moderate_unless")):
+        yield _issue(rule, doc, "'confirm', 'defers_to' and 'direct_evidence' belong to a rule with confidence "
+                     "below high ('confirm' also to one with moderate_unless)",
+                     "confirm" if doc.get("confirm") else "defers_to")
 
 
 def _check_deferrals(rules: dict[str, Rule]) -> Iterable[RuleIssue]:
