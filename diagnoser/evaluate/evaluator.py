@@ -253,7 +253,7 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     for_steps = int(round(rule.duration(when.get("for", "0s")) / step))
     truth = ce.bridge_outages(truth)
     runs = run_lengths(truth)
-    crit = _critical(rule, ce)
+    crit, warn = _critical(rule, ce), _critical(rule, ce, "warning_when")
     resolved = _critical(rule, ce, "resolved_when")
     # `moderate_unless`: the branch that observes the mechanism; a finding without it is inferred
     direct = ce.all_of([rule.doc["moderate_unless"]])[0] if rule.doc.get("moderate_unless") else None
@@ -262,7 +262,7 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
         span = latest_run(truth[gi], runs[gi], for_steps)
         if span is None:
             continue
-        found = _finding(rule, ce, gi, span, all_done + any_done, crit, levers, None)
+        found = _finding(rule, ce, gi, span, all_done + any_done, crit, levers, None, warn)
         if direct is not None and not direct[gi, span[0]:span[1] + 1].any():
             found = replace(found, confidence="moderate")
         if resolved is not None and not found.active and resolved[gi, span[0]:].any():
@@ -291,7 +291,7 @@ def _resolved(rule: Rule, f: Finding) -> Finding:
 
 
 def _critical(rule: Rule, ce: ConditionEvaluator, key: str = "critical_when") -> np.ndarray | None:
-    """bool [G, T] where the rule's `critical_when` (or another such block) holds; None without one."""
+    """bool [G, T] where the rule's `critical_when` (or `warning_when`, `resolved_when`) holds; None without one."""
     block = rule.doc.get(key)
     if not block:
         return None
@@ -302,10 +302,13 @@ def _critical(rule: Rule, ce: ConditionEvaluator, key: str = "critical_when") ->
 
 
 def _finding(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int], done: list[Evaluated],
-             crit: np.ndarray | None, levers: dict[str, Lever], cascade: CascadeInfo | None) -> Finding:
+             crit: np.ndarray | None, levers: dict[str, Lever], cascade: CascadeInfo | None,
+             warn: np.ndarray | None = None) -> Finding:
     ts = ce.ev.frame.ts
     start, end = span
     severity = rule.severity
+    if warn is not None and severity == "info" and warn[gi, start:end + 1].any():
+        severity = "warning"
     if crit is not None and crit[gi, start:end + 1].any():
         severity = "critical"
     if cascade is not None and cascade.stage_name in _critical_stages(rule):

@@ -6,7 +6,7 @@ checks it). Each canonical signal `S` is read from the recorded `kvscope:S` seri
 (promrules.py), which exist whether the engines are scraped directly or through the agent.
 
 A rule becomes `Llm<CamelCaseId>` with labels `severity`, `rule_id`, `levers_md`; a rule with
-`critical_when` gets a second rule of the same name with `severity: critical`. Rules that
+`warning_when` / `critical_when` gets a further rule of the same name with that severity. Rules that
 PromQL cannot express are returned as `PythonOnly` with the reason (cascades, a parameter
 without a default, absence tests, a condition on a coarser series only); the generated file
 lists them in its header.
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, load_catalog
+from kvscope.diagnoser.findings import SEVERITY_RANK
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _duration, _number
 from kvscope.diagnoser.promql.signals import name_selector, quote
 from kvscope.diagnoser.rulebook.rule import Rule, parse_duration
@@ -209,13 +210,12 @@ def compile_rule(rule: Rule, runbook_base: str = RUNBOOK_BASE) -> list[dict[str,
         conds = ConditionCompiler(rule, series)
         when = rule.when
         expr = conds.combine(when, doc.get("facts"))
-        critical = conds.combine(doc["critical_when"]) if doc.get("critical_when") else None
+        raised = [(sev, conds.combine(doc[f"{sev}_when"])) for sev in ("warning", "critical")
+                  if doc.get(f"{sev}_when") and SEVERITY_RANK[sev] > SEVERITY_RANK[rule.severity]]
     except (NotExpressible, KeyError, ValueError) as exc:
         return PythonOnly(rule.id, str(exc) or type(exc).__name__)
-    base = _alert(rule, expr, rule.severity, when, runbook_base)
-    if critical is None or rule.severity == "critical":
-        return [base]
-    return [base, _alert(rule, f"{expr}\nand\n{critical}", "critical", when, runbook_base)]
+    return [_alert(rule, expr, rule.severity, when, runbook_base)] + [
+        _alert(rule, f"{expr}\nand\n{cond}", sev, when, runbook_base) for sev, cond in raised]
 
 
 def _alert(rule: Rule, expr: str, severity: str, when: dict[str, Any], runbook_base: str) -> dict[str, Any]:

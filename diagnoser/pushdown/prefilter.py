@@ -277,6 +277,6 @@ def rule_reach(rule: Rule) -> float:
 
 def _every_condition(rule: Rule) -> list[dict[str, Any]]:
     doc = rule.doc
-    blocks = [doc.get("when") or {}, doc.get("critical_when") or {}, doc.get("resolved_when") or {}]
+    blocks = [doc.get(k) or {} for k in ("when", "warning_when", "critical_when", "resolved_when")]
     blocks += list((doc.get("cascade") or {}).get("stages") or [])
     return [c for b in blocks for key in ("all", "any") for c in (b.get(key) or []) if isinstance(c, dict)]

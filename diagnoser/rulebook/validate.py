@@ -211,8 +211,8 @@ def _check_cycles(rule: Rule, series: dict) -> Iterable[RuleIssue]:
 
 def _conditions(rule: Rule) -> Iterable[dict]:
     doc = rule.doc
-    blocks = [doc.get("when") or {}, doc.get("critical_when") or {}, doc.get("resolved_when") or {},
-              {"all": [doc["moderate_unless"]]} if doc.get("moderate_unless") else {}]
+    blocks = [doc.get(k) or {} for k in ("when", "warning_when", "critical_when", "resolved_when")]
+    blocks += [{"all": [doc["moderate_unless"]]}] if doc.get("moderate_unless") else []
     blocks += list((doc.get("cascade") or {}).get("stages") or [])
     for block in blocks:
         for key in ("all", "any"):

@@ -11,7 +11,7 @@ prefix (the cached prefix on the chosen worker equals the best worker's, no non-
 selections, a mean predicted hit rate above one half), and the engines report more cached prompt
 tokens per request than under round robin, which makes no KV-router decisions (measured: the
 selected/best prefix counters are absent there, the hit-rate histogram is exported with count 0).
-(R1 router_gave_locality_away reads kv_selected vs kv_best only after the `dialects` merge.)
+R1 router_gave_locality_away reads kv_selected vs kv_best (its chosen-vs-best reading): evaluated, quiet.
 
 KVSCOPE_DYNAMO_CAPTURE=1 also writes the loaded bodies to tests/fixtures/scrapes/dynamo-1.6.1-*.txt.
 """
@@ -135,3 +135,28 @@ def test_dynamo_kv_router_keeps_prefixes_and_round_robin_does_not(runs):
             assert len(mine) >= RECORD_S - 2 and all(s.up for s in mine), (path.name, job)
         assert any(r.name == "dynamo_frontend_requests_total" for s in scrapes if s.job == "dynamo-frontend"
                    for r in s.samples)
+
+
+def _r1(recording: Path, *params: str) -> dict | None:
+    """R1's finding on a recording (None when quiet), with `params` overridden."""
+    args = [a for p in params for a in ("--param", f"router_gave_locality_away.{p}")]
+    res = subprocess.run([sys.executable, "-m", "kvscope", "diagnose", "--recording", str(recording), "--json", *args],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode in (0, 1, 2), res.stderr[-2000:]
+    report = json.loads(res.stdout)
+    assert not [s for s in report["skipped"] if "router_gave_locality_away" in json.dumps(s)]
+    found = ([report["likely_cause"]] if report["likely_cause"] else []) + report["competing"] + report["other"]
+    return next((f for f in found if f["rule_id"] == "router_gave_locality_away"), None)
+
+
+def test_dynamo_kv_router_r1_evaluated_and_quiet(runs):
+    """R1's chosen-vs-best reading on the kv-mode recording (the router kept every tenant on its best
+    worker, expected above): evaluated and quiet. The 12 requests come in a burst shorter than the
+    time-scaled `for`, so `for` is set to 0 to judge the share itself, not the burst's length."""
+    _, kv_file = runs["kv"]
+    assert _r1(kv_file) is None
+    assert _r1(kv_file, "for=0s") is None
+    # the reading is there: with no threshold it reports the share the router gave away, none
+    finding = _r1(kv_file, "for=0s", "max_lost_share=0")
+    assert finding is not None
+    assert {e["key"]: e["value"] for e in finding["evidence"]}["cached_share"] == 0.0

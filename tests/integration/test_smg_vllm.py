@@ -7,8 +7,8 @@ scrapes SMG and both engines every second. The expected verdicts were written fi
 test_smg_vllm.expected.yaml. What this branch checks: SMG served every request through both
 engines, its per-worker counts equal what each engine finished, the recording holds SMG's scrapes,
 and its cache-aware counters exist only under cache_aware and say it kept tenants on their prefix's
-worker (which the engines' own prefix-cache hit rates confirm). The R1 verdicts need the
-`dialects` branch (SMG cache-aware dialect + rule router_gave_locality_away).
+worker (which the engines' own prefix-cache hit rates confirm), and R1 fires on the round-robin
+recording (policy reading: load-only policy, engines reuse prefixes) and not on the cache-aware one.
 
 KVSCOPE_SMG_CAPTURE=1 also writes each policy's loaded /metrics body to
 tests/fixtures/scrapes/smg-<version>-<policy>-2x-vllm-0.32-loaded.txt (how the committed captures were made).
@@ -173,8 +173,6 @@ def test_smg_serves_vllm_and_is_recorded(smg_runs):
     assert ca.engine_hit_rate > rr.engine_hit_rate, (ca.engine_hit_rate, rr.engine_hit_rate)
 
 
-@pytest.mark.skip(reason="needs the SMG cache-aware dialect and rule R1 router_gave_locality_away "
-                         "(branch `dialects`); the lead removes this mark at merge")
 def test_smg_r1_verdicts(smg_runs):
     """R1 fires on the round-robin recording and stays quiet on the cache-aware one (expected.yaml)."""
     for policy, run in smg_runs.items():

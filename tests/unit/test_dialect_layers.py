@@ -82,6 +82,28 @@ def test_dynamo_frontend_and_kv_router(load_fixture):
     assert by(n, "router_kv_events_total", "status") == {"ok": 780, "block_not_found": 20}
 
 
+def test_dynamo_kv_router_selected_vs_best_cached_prefix_real_capture(load_fixture):
+    """Real ai-dynamo 1.6.1 frontends over 2 CPU mockers (docs/testbed-gateways.md): in kv mode
+    every request went to the best worker (6048 = 6048, 0 passed over); round-robin has no pair."""
+    kv = canon(load_fixture, "dynamo-1.6.1-frontend-kv-mocker-loaded.txt")
+    assert val(kv, "router_selected_cached_prefix_tokens_total", model="tiny-llama") == 6048
+    assert val(kv, "router_best_cached_prefix_tokens_total", model="tiny-llama") == 6048
+    assert val(kv, "router_non_max_overlap_selections_total", role="prefill") == 0
+    assert val(kv, "router_prefix_match_ratio_count") == 12
+    rr = canon(load_fixture, "dynamo-1.6.1-frontend-round_robin-mocker-loaded.txt")
+    names = {s.name for s in rr.samples}
+    assert not names & {"router_selected_cached_prefix_tokens_total", "router_best_cached_prefix_tokens_total"}
+
+
+def test_smg_round_robin_declares_its_load_only_policy_real_capture(load_fixture):
+    """Real SMG 1.13.0 round_robin in front of 2 vLLM engines: no branch or match families, only
+    the policy label of its decisions and its pool size say how it routed (R1's policy reading)."""
+    n = canon(load_fixture, "smg-1.13.0-round_robin-2x-vllm-0.32-loaded.txt")
+    assert by(n, "router_decisions_total", "policy") == {"round_robin": 16}
+    assert val(n, "router_workers", model="tiny-llama") == 2
+    assert not {s.name for s in n.samples} & {"router_policy_branch_total", "router_prefix_match_ratio_count"}
+
+
 def test_smg_policy_branches_say_where_locality_was_given_away(load_fixture):
     n = canon(load_fixture, "smg-1.9.0-rendered.txt")
     assert by(n, "router_policy_branch_total", "branch") == {
