@@ -131,10 +131,10 @@ class EngineCollector:
             try:
                 self._normalize_into(scrape, out)
             except Exception as e:  # noqa: BLE001 - one target's payload must not cost the other targets
-                self._failed(scrape.target.instance, e, out)
+                self._reader_failed(scrape.target.instance, e, out)
         return out
 
-    def _failed(self, instance: str, e: Exception, out: Collection) -> None:
+    def _reader_failed(self, instance: str, e: Exception, out: Collection) -> None:
         """A bug reading one target's payload: that target is down with reason `parse_<error>`,
         counted, logged (rate-limited); its block memo is dropped; the other targets go on."""
         self._caches.pop(instance, None)

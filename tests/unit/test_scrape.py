@@ -216,10 +216,10 @@ def test_a_payload_the_reader_fails_on_costs_only_its_own_target():
         (ra, url_a), (rb, url_b) = await _serve(handler), await _serve(handler)
 
         class Broken(EngineCollector):
-            def _normalize(self, scrape, engine):
+            def _normalize(self, scrape, engine, deadline):
                 if scrape.target.url == url_b:
                     raise IndexError("reader bug on this payload")
-                return super()._normalize(scrape, engine)
+                return super()._normalize(scrape, engine, deadline)
 
         try:
             coll = Broken(build_config({"targets": [{"url": url_a}, {"url": url_b}]}, environ={}))
