@@ -307,6 +307,8 @@ def parse_config_yaml(raw: bytes, where: str) -> dict[str, Any]:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: not valid YAML: {e}") from e
+    except ValueError as e:   # a scalar PyYAML cannot convert, e.g. an integer past 4300 digits
+        raise ConfigError(f"{where}: a value cannot be read: {e}") from e
     except RecursionError:
         raise ConfigError(f"{where}: nested too deeply to be an agent config") from None
     if doc is None:
@@ -451,8 +453,8 @@ def _number(layers: Layers, path: str, parse: Callable[[Any], float], ok: Callab
             allowed: str) -> float:
     raw = _value(layers, path)
     try:
-        value = parse(raw)
-    except (ValueError, TypeError):
+        value = float(parse(raw))
+    except (ValueError, TypeError, OverflowError):   # OverflowError: float() of a huge integer
         value = math.nan
     if math.isnan(value) or math.isinf(value) or not ok(value):
         raise ConfigError(f"{path}: must be {allowed}, got {_show(raw)}{layers.where(path)}")

@@ -110,7 +110,7 @@ def _from_json(body: bytes) -> Iterator[Span]:
         raise OtlpDecodeError("OTLP/JSON body must be an object with resourceSpans")
     try:
         yield from _json_spans(doc)
-    except (TypeError, ValueError, AttributeError, KeyError) as e:
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as e:
         raise OtlpDecodeError(f"malformed OTLP/JSON: {type(e).__name__}: {e}") from e
 
 
@@ -133,7 +133,10 @@ _KINDS = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER
 def _int(v: Any, lo: int, hi: int) -> int:
     """A JSON integer within its protobuf type's range (fixed64 times, int64 values), as the
     protobuf decoder would have it; a ValueError (a 400) otherwise."""
-    n = int(v)
+    try:
+        n = int(v)
+    except OverflowError as e:   # a JSON number beyond float range reads as inf
+        raise ValueError(f"integer {v!r} out of range") from e
     if not lo <= n <= hi:
         raise ValueError(f"integer {n} out of range [{lo}, {hi}]")
     return n

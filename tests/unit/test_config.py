@@ -9,6 +9,7 @@ from kvscope.agent.config import (
     ConfigError,
     build_config,
     parse_bytes,
+    parse_config_yaml,
     parse_seconds,
     read_config_file,
     register_section,
@@ -270,3 +271,15 @@ def test_limits_default_bounded_and_set_per_target():
         build_config({"scrape": {"sample_limit": -1}})
     with pytest.raises(ConfigError, match=r"targets\[0\].label_limit: must be an integer >= 0"):
         build_config({"targets": [{"url": "http://a:1/metrics", "label_limit": "x"}]})
+
+
+@pytest.mark.parametrize("text", [
+    "scrape:\n  interval_s: " + "9" * 400 + "\n",      # float() of a huge int overflowed
+    "scrape:\n  max_body_bytes: " + "9" * 400 + "\n",
+    "scrape:\n  interval_s: 1e999\n",
+    "scrape:\n  interval_s: " + "1" * 5000 + "\n",     # PyYAML's int() past 4300 digits raised ValueError
+])
+def test_huge_numbers_are_config_errors(text):
+    """Found by bench/fuzz.py (config-yaml): each escaped as OverflowError or ValueError."""
+    with pytest.raises(ConfigError):
+        build_config(parse_config_yaml(text.encode(), "kvscope.yaml"), environ={})
