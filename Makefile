@@ -30,9 +30,10 @@ demo: setup
 setup-llamacpp: setup
 	@if [ -x scripts/install-llamacpp.sh ]; then bash scripts/install-llamacpp.sh; fi
 
-# Fast checks, no engine installs: ruff, mypy over the package as it installs, the unit tests.
+# Fast checks, no engine installs: ruff (lint and format), mypy over the package as it installs, the unit tests.
 check: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) scripts/typecheck.py
 	$(PY) -m pytest -q -x tests/unit
 
@@ -48,6 +49,7 @@ test: setup setup-vllm setup-router setup-smg setup-dynamo
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # Rebuild rules/prometheus/*.yml and docs/runbooks/ after changing the catalog, the diagnosis
 # rules or the levers (tests/unit/test_promrules.py fails while they are stale).

@@ -49,14 +49,16 @@ class AgentServer:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=4096, middlewares=[_bounded])
-        app.add_routes([
-            web.get("/metrics", self.metrics),
-            web.get("/api/v1/samples", self.samples),
-            web.get("/api/v1/facts", self.facts),
-            web.get("/api/v1/health", self.health),
-            web.get("/-/ready", self.ready),
-            web.get("/-/healthy", self.healthy),
-        ])
+        app.add_routes(
+            [
+                web.get("/metrics", self.metrics),
+                web.get("/api/v1/samples", self.samples),
+                web.get("/api/v1/facts", self.facts),
+                web.get("/api/v1/health", self.health),
+                web.get("/-/ready", self.ready),
+                web.get("/-/healthy", self.healthy),
+            ]
+        )
         return app
 
     async def start(self, host: str, port: int) -> int:
@@ -91,20 +93,34 @@ class AgentServer:
 
     async def facts(self, request: web.Request) -> web.Response:
         st = self.runtime.state
-        data = {inst: {"engine": st.engines.get(inst), "job": st.jobs.get(inst),
-                       "facts": st.facts.get(inst, {})} for inst in sorted(st.engines)}
+        data = {
+            inst: {"engine": st.engines.get(inst), "job": st.jobs.get(inst), "facts": st.facts.get(inst, {})}
+            for inst in sorted(st.engines)
+        }
         return web.json_response({"status": "success", "data": data})
 
     async def health(self, request: web.Request) -> web.Response:
         st = self.runtime.state
-        collectors = {name: {"up": up, "reason": reason, "duration_s": dur}
-                      for name, (up, reason, dur) in sorted(st.collector_status.items())}
-        targets = [{"job": st.jobs.get(h.target, h.collector), "instance": h.target, "up": h.up,
-                    "reason": h.reason or "ok", "duration_s": h.duration_s, "series": h.series,
-                    "engine": st.engines.get(h.target), "dropped": dict(h.dropped)}
-                   for hs in st.health.values() for h in hs if h.target]
-        data = {"cycles": st.cycles, "last_cycle_end": st.last_cycle_end,
-                "collectors": collectors, "targets": targets}
+        collectors = {
+            name: {"up": up, "reason": reason, "duration_s": dur}
+            for name, (up, reason, dur) in sorted(st.collector_status.items())
+        }
+        targets = [
+            {
+                "job": st.jobs.get(h.target, h.collector),
+                "instance": h.target,
+                "up": h.up,
+                "reason": h.reason or "ok",
+                "duration_s": h.duration_s,
+                "series": h.series,
+                "engine": st.engines.get(h.target),
+                "dropped": dict(h.dropped),
+            }
+            for hs in st.health.values()
+            for h in hs
+            if h.target
+        ]
+        data = {"cycles": st.cycles, "last_cycle_end": st.last_cycle_end, "collectors": collectors, "targets": targets}
         return web.json_response({"status": "success", "data": data})
 
     async def ready(self, request: web.Request) -> web.Response:

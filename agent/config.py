@@ -42,6 +42,7 @@ from kvscope.agent.signals import load_catalog
 LIMIT_KEYS = ("sample_limit", "label_limit", "label_name_length_limit", "label_value_length_limit")
 """Prometheus' per-target limits (agent/scrape/exposition.py `Limits`), under `scrape:` or per target."""
 
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key and what is allowed."""
 
@@ -50,9 +51,9 @@ class ConfigError(ValueError):
 class Key:
     """One scalar configuration key: where it lives, its default, its type and its meaning."""
 
-    path: str                  # dotted path in the YAML file, e.g. "scrape.timeout_s"
+    path: str  # dotted path in the YAML file, e.g. "scrape.timeout_s"
     default: Any
-    kind: str                  # "seconds" | "bytes" | "address" | "path" | "count"
+    kind: str  # "seconds" | "bytes" | "address" | "path" | "count"
     doc: str
 
     @property
@@ -62,33 +63,65 @@ class Key:
 
 
 KEYS: tuple[Key, ...] = (
-    Key("listen_address", "127.0.0.1:9464", "address",
+    Key(
+        "listen_address",
+        "127.0.0.1:9464",
+        "address",
         "host:port of the agent's own HTTP server (/metrics, /api/v1/*). Loopback by default: "
-        "exposing it beyond the node is an explicit choice. Port 0 picks a free port (logged)."),
-    Key("scrape.interval_s", 15.0, "seconds",
-        "Seconds between two scrapes of every target and two runs of every collector."),
-    Key("scrape.timeout_s", 5.0, "seconds",
+        "exposing it beyond the node is an explicit choice. Port 0 picks a free port (logged).",
+    ),
+    Key(
+        "scrape.interval_s",
+        15.0,
+        "seconds",
+        "Seconds between two scrapes of every target and two runs of every collector.",
+    ),
+    Key(
+        "scrape.timeout_s",
+        5.0,
+        "seconds",
         "Seconds one target may take, connect and body included; must be < interval (when "
         "unset: min(5, 0.8 x interval)). Keep it well below the interval: one slow engine must "
-        "not delay the rest, and a timeout is itself evidence."),
-    Key("scrape.max_body_bytes", 16 << 20, "bytes",
+        "not delay the rest, and a timeout is itself evidence.",
+    ),
+    Key(
+        "scrape.max_body_bytes",
+        16 << 20,
+        "bytes",
         "Largest /metrics body read from one target (decompressed). Past it the scrape fails "
-        "with reason body_too_large, so a runaway label cardinality cannot exhaust memory."),
-    Key("scrape.sample_limit", 50_000, "count",
+        "with reason body_too_large, so a runaway label cardinality cannot exhaust memory.",
+    ),
+    Key(
+        "scrape.sample_limit",
+        50_000,
+        "count",
         "Most samples one scrape of one target may hold (Prometheus' sample_limit; 0 = no limit). "
         "Past it the scrape fails whole (up 0, reason sample_limit_exceeded): kvscope holds every "
-        "series in memory, so the default is bounded, 5x a large multi-engine node (~10k)."),
-    Key("scrape.label_limit", 0, "count",
-        "Most labels on one exposed sample (0 = no limit); past it the scrape fails (label_limit_exceeded)."),
-    Key("scrape.label_name_length_limit", 0, "count",
-        "Longest label name (0 = no limit); past it the scrape fails (label_name_length_limit_exceeded)."),
-    Key("scrape.label_value_length_limit", 0, "count",
-        "Longest label value (0 = no limit); past it the scrape fails (label_value_length_limit_exceeded)."),
-    Key("store.path", "kvscope.db", "path",
-        "SQLite file for history. The empty string keeps history in memory only."),
+        "series in memory, so the default is bounded, 5x a large multi-engine node (~10k).",
+    ),
+    Key(
+        "scrape.label_limit",
+        0,
+        "count",
+        "Most labels on one exposed sample (0 = no limit); past it the scrape fails (label_limit_exceeded).",
+    ),
+    Key(
+        "scrape.label_name_length_limit",
+        0,
+        "count",
+        "Longest label name (0 = no limit); past it the scrape fails (label_name_length_limit_exceeded).",
+    ),
+    Key(
+        "scrape.label_value_length_limit",
+        0,
+        "count",
+        "Longest label value (0 = no limit); past it the scrape fails (label_value_length_limit_exceeded).",
+    ),
+    Key("store.path", "kvscope.db", "path", "SQLite file for history. The empty string keeps history in memory only."),
     Key("store.retention_s", 7 * 86400.0, "seconds", "Samples older than this are deleted."),
-    Key("store.max_bytes", 1 << 30, "bytes",
-        "Size bound of the store; the oldest samples go first when it is reached."),
+    Key(
+        "store.max_bytes", 1 << 30, "bytes", "Size bound of the store; the oldest samples go first when it is reached."
+    ),
 )
 KEY_BY_PATH = {k.path: k for k in KEYS}
 
@@ -126,8 +159,8 @@ class Target:
     instance: str
     engine: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
-    limits: tuple[tuple[str, int], ...] = ()       # every LIMIT_KEYS: scrape.*, overridden by the target's
-    limits_set: tuple[tuple[str, int], ...] = ()   # the limits the target's own keys set
+    limits: tuple[tuple[str, int], ...] = ()  # every LIMIT_KEYS: scrape.*, overridden by the target's
+    limits_set: tuple[tuple[str, int], ...] = ()  # the limits the target's own keys set
 
     def target_labels(self) -> dict[str, str]:
         """Labels added to every sample of this target: job, instance and the configured ones."""
@@ -176,8 +209,7 @@ class AgentConfig:
 # ------------------------------------------------------------------------------------------- values
 
 _UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_UNITS_B = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
-            "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_UNITS_B = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 
 
 def parse_gpu_mapping(raw: Any) -> dict[str, tuple[str, ...]]:
@@ -243,6 +275,7 @@ def parse_bool(value: Any) -> bool:
 
 # ------------------------------------------------------------------------------------------- layers
 
+
 @dataclass
 class Layers:
     """The raw merged document plus where each overridden value came from."""
@@ -261,8 +294,12 @@ class Layers:
                 keep = {"enabled": child} if depth == 1 and parents[0] == "collectors" and child is not None else {}
                 child = node[p] = keep
             node = child
-        if len(parents) == 1 and parents[0] == "collectors" and isinstance(node.get(leaf), dict) \
-                and not isinstance(value, dict):
+        if (
+            len(parents) == 1
+            and parents[0] == "collectors"
+            and isinstance(node.get(leaf), dict)
+            and not isinstance(value, dict)
+        ):
             node[leaf]["enabled"] = value
         else:
             node[leaf] = value
@@ -307,7 +344,7 @@ def parse_config_yaml(raw: bytes, where: str) -> dict[str, Any]:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: not valid YAML: {e}") from e
-    except ValueError as e:   # a scalar PyYAML cannot convert, e.g. an integer past 4300 digits
+    except ValueError as e:  # a scalar PyYAML cannot convert, e.g. an integer past 4300 digits
         raise ConfigError(f"{where}: a value cannot be read: {e}") from e
     except RecursionError:
         raise ConfigError(f"{where}: nested too deeply to be an agent config") from None
@@ -337,8 +374,10 @@ def _check_yaml_shape(root: yaml.Node | None, where: str) -> None:
             raise ConfigError(f"{at}: a YAML alias refers to a value that contains it (recursive alias)")
         budget -= 1
         if budget < 0:
-            raise ConfigError(f"{at}: the document expands to more than {MAX_CONFIG_NODES} values "
-                              "once its aliases are followed (an alias bomb?)")
+            raise ConfigError(
+                f"{at}: the document expands to more than {MAX_CONFIG_NODES} values "
+                "once its aliases are followed (an alias bomb?)"
+            )
         if len(above) > MAX_CONFIG_DEPTH:
             raise ConfigError(f"{at}: nested deeper than {MAX_CONFIG_DEPTH} levels")
         inner = (*above, id(node))
@@ -367,14 +406,17 @@ def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
         out.append(("targets", [{"url": u} for u in urls], "KVSCOPE_TARGETS"))
     for name, value in environ.items():
         if name.startswith("KVSCOPE_COLLECTOR_"):
-            coll = name[len("KVSCOPE_COLLECTOR_"):].lower()
+            coll = name[len("KVSCOPE_COLLECTOR_") :].lower()
             out.append((f"collectors.{coll}", value, name))
     return out
 
 
-def build_config(file_doc: dict[str, Any] | None = None, environ: Mapping[str, str] | None = None,
-                 flags: list[tuple[str, Any, str]] | None = None,
-                 known_collectors: Mapping[str, bool] | None = None) -> AgentConfig:
+def build_config(
+    file_doc: dict[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: list[tuple[str, Any, str]] | None = None,
+    known_collectors: Mapping[str, bool] | None = None,
+) -> AgentConfig:
     """Merge defaults < file < env < flags and validate. Raises ConfigError.
 
     `flags` are (path, value, flag spelling) triples produced by the command line.
@@ -398,6 +440,7 @@ def _deep_copy(doc: Any) -> Any:
 
 # --------------------------------------------------------------------------------------- validation
 
+
 def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> AgentConfig:
     cfg = AgentConfig()
     _check_sections(layers, cfg)
@@ -405,20 +448,25 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     cfg.interval_s = _number(layers, "scrape.interval_s", parse_seconds, lambda v: v > 0, "a number > 0")
     if layers.get("scrape.timeout_s") is None:  # like Prometheus: the default never exceeds the interval
         layers.set("scrape.timeout_s", min(5.0, 0.8 * cfg.interval_s), "default, 0.8 x interval")
-    cfg.timeout_s = _number(layers, "scrape.timeout_s", parse_seconds,
-                            lambda v: 0 < v < cfg.interval_s, "a number > 0 and < scrape.interval_s")
-    cfg.max_body_bytes = int(_number(layers, "scrape.max_body_bytes", parse_bytes,
-                                     lambda v: v >= 1024, "a size >= 1024 bytes (e.g. 16MiB)"))
+    cfg.timeout_s = _number(
+        layers,
+        "scrape.timeout_s",
+        parse_seconds,
+        lambda v: 0 < v < cfg.interval_s,
+        "a number > 0 and < scrape.interval_s",
+    )
+    cfg.max_body_bytes = int(
+        _number(layers, "scrape.max_body_bytes", parse_bytes, lambda v: v >= 1024, "a size >= 1024 bytes (e.g. 16MiB)")
+    )
     cfg.store_path = str(_value(layers, "store.path") or "")
     cfg.retention_s = _number(layers, "store.retention_s", parse_seconds, lambda v: v > 0, "a number > 0")
-    cfg.store_max_bytes = int(_number(layers, "store.max_bytes", parse_bytes,
-                                      lambda v: v >= 1 << 20, "a size >= 1MiB"))
+    cfg.store_max_bytes = int(_number(layers, "store.max_bytes", parse_bytes, lambda v: v >= 1 << 20, "a size >= 1MiB"))
     limits = {n: int(_number(layers, f"scrape.{n}", parse_count, lambda v: v >= 0, _COUNT)) for n in LIMIT_KEYS}
     cfg.targets = [replace(t, limits=tuple({**limits, **dict(t.limits_set)}.items())) for t in _targets(layers)]
     cfg.collectors = _collectors(layers, known_collectors)
     cfg.gpu_mapping = layers.get("gpu_mapping")
     try:
-        parse_gpu_mapping(cfg.gpu_mapping)       # fail at start, not per cycle of the join
+        parse_gpu_mapping(cfg.gpu_mapping)  # fail at start, not per cycle of the join
     except ValueError as e:
         raise ConfigError(f"{e}{layers.where('gpu_mapping')}") from None
     return cfg
@@ -433,8 +481,9 @@ def _check_sections(layers: Layers, cfg: AgentConfig) -> None:
             cfg.extensions[name] = validate(value) if validate else value
         else:
             cfg.extensions[name] = value
-            cfg.warnings.append(f"{name}: unknown section, kept for extensions "
-                                f"(declared: listen_address, {', '.join(SECTIONS)})")
+            cfg.warnings.append(
+                f"{name}: unknown section, kept for extensions (declared: listen_address, {', '.join(SECTIONS)})"
+            )
     for section in ("scrape", "store"):
         body = layers.get(section, {})
         if not isinstance(body, dict):
@@ -449,12 +498,13 @@ def _value(layers: Layers, path: str) -> Any:
     return layers.get(path, KEY_BY_PATH[path].default)
 
 
-def _number(layers: Layers, path: str, parse: Callable[[Any], float], ok: Callable[[float], bool],
-            allowed: str) -> float:
+def _number(
+    layers: Layers, path: str, parse: Callable[[Any], float], ok: Callable[[float], bool], allowed: str
+) -> float:
     raw = _value(layers, path)
     try:
         value = float(parse(raw))
-    except (ValueError, TypeError, OverflowError):   # OverflowError: float() of a huge integer
+    except (ValueError, TypeError, OverflowError):  # OverflowError: float() of a huge integer
         value = math.nan
     if math.isnan(value) or math.isinf(value) or not ok(value):
         raise ConfigError(f"{path}: must be {allowed}, got {_show(raw)}{layers.where(path)}")
@@ -469,15 +519,16 @@ def _address(layers: Layers) -> str:
     raw = _value(layers, "listen_address")
     text = str(raw)
     host, sep, port = text.rpartition(":")
-    problem = "" if sep and port.isdigit() and 0 <= int(port) < 65536 else "port"   # 0: any free port
+    problem = "" if sep and port.isdigit() and 0 <= int(port) < 65536 else "port"  # 0: any free port
     if not problem:
         try:
             ipaddress.ip_address(host.strip("[]"))
         except ValueError:
             problem = "" if re.fullmatch(r"[A-Za-z0-9.-]+", host) else "host"
     if problem:
-        raise ConfigError(f"listen_address: must be host:port (e.g. 127.0.0.1:9464), "
-                          f"got {_show(raw)}{layers.where('listen_address')}")
+        raise ConfigError(
+            f"listen_address: must be host:port (e.g. 127.0.0.1:9464), got {_show(raw)}{layers.where('listen_address')}"
+        )
     return text
 
 
@@ -492,8 +543,10 @@ def _targets(layers: Layers) -> list[Target]:
     seen: dict[str, int] = {}  # instance identifies one serving process: health, facts, recordings
     for i, t in enumerate(out):
         if t.instance in seen:
-            raise ConfigError(f"targets[{i}]: instance {t.instance!r} repeats targets[{seen[t.instance]}]; "
-                              f"set labels.instance on one of them{where}")
+            raise ConfigError(
+                f"targets[{i}]: instance {t.instance!r} repeats targets[{seen[t.instance]}]; "
+                f"set labels.instance on one of them{where}"
+            )
         seen[t.instance] = i
     return out
 
@@ -514,7 +567,7 @@ def _target(i: int, item: Any, where: str) -> Target:
     url = item.get("url")
     try:
         parts = urlsplit(url) if isinstance(url, str) else None
-    except ValueError:   # "Invalid IPv6 URL": an unbalanced [ in the host
+    except ValueError:  # "Invalid IPv6 URL": an unbalanced [ in the host
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{key}.url: must be an http:// or https:// URL with a host, got {_show(url)}{where}")
@@ -528,8 +581,9 @@ def _target(i: int, item: Any, where: str) -> Target:
     engine = item.get("engine")
     dialects = sorted(load_catalog().dialects)
     if engine is not None and engine not in dialects:
-        raise ConfigError(f"{key}.engine: must be one of {', '.join(dialects)} (or absent to detect), "
-                          f"got {_show(engine)}{where}")
+        raise ConfigError(
+            f"{key}.engine: must be one of {', '.join(dialects)} (or absent to detect), got {_show(engine)}{where}"
+        )
     labels = _target_labels(key, item.get("labels") or {}, where)
     instance = dict(labels).pop("instance", None) or parts.netloc.rpartition("@")[2]
     labels = tuple((k, v) for k, v in labels if k != "instance")
@@ -579,8 +633,9 @@ def _collector(path: str, value: Any, where: str) -> CollectorConfig:
     try:
         return CollectorConfig(enabled=parse_bool(value), options=options)
     except ValueError:
-        raise ConfigError(f"{path}: must be true or false (or a mapping with enabled), "
-                          f"got {_show(value)}{where}") from None
+        raise ConfigError(
+            f"{path}: must be true or false (or a mapping with enabled), got {_show(value)}{where}"
+        ) from None
 
 
 def describe_keys() -> str:

@@ -35,8 +35,8 @@ class HistogramSet:
         self.name = name
         self.bounds = tuple(sorted(buckets))
         self.max_series = max_series
-        self.dropped = 0                      # observations refused because max_series was reached
-        self._series: dict[Labels, list[float]] = {}   # labels -> [b0..bn, +Inf, sum]
+        self.dropped = 0  # observations refused because max_series was reached
+        self._series: dict[Labels, list[float]] = {}  # labels -> [b0..bn, +Inf, sum]
         self._lock = threading.Lock()
 
     def observe(self, labels: Labels, value: float) -> None:

@@ -41,8 +41,8 @@ GC_YOUNG_THRESHOLD = 10_000
 """Net allocations between two collections of the youngest generation once the agent runs."""
 
 EXTENSION_MODULES = (
-    "kvscope.agent.traces.receiver",     # collector "otlp" + config section `otlp`
-    "kvscope.agent.tap.collector",       # collector "tap" + config section `tap`
+    "kvscope.agent.traces.receiver",  # collector "otlp" + config section `otlp`
+    "kvscope.agent.tap.collector",  # collector "tap" + config section `tap`
     "kvscope.agent.kvevents.subscriber",  # collector "kv_events" + config section `kv_events`
 )
 """Collectors that live beside their own subsystem rather than in agent/collectors/."""
@@ -56,8 +56,11 @@ def load_collector_modules() -> dict[str, str]:
 
     Returns module -> error for modules that failed to import (reported, never fatal).
     """
-    names = [f"kvscope.agent.collectors.{info.name}" for info in pkgutil.iter_modules(collectors_pkg.__path__)
-             if info.name != "base" and not info.name.startswith("_")]
+    names = [
+        f"kvscope.agent.collectors.{info.name}"
+        for info in pkgutil.iter_modules(collectors_pkg.__path__)
+        if info.name != "base" and not info.name.startswith("_")
+    ]
     for module in (*names, *EXTENSION_MODULES):
         short = module.rsplit(".", 1)[-1] if module.startswith("kvscope.agent.collectors.") else module
         if short in _MODULE_ERRORS:
@@ -111,19 +114,19 @@ def build_collectors(config: AgentConfig) -> list[Collector]:
 class AgentState:
     """Latest view of everything collected; the server renders /metrics and the API from it."""
 
-    samples: dict[str, list[Sample]] = field(default_factory=dict)      # collector -> samples
-    health: dict[str, list[Health]] = field(default_factory=dict)       # collector -> health
+    samples: dict[str, list[Sample]] = field(default_factory=dict)  # collector -> samples
+    health: dict[str, list[Health]] = field(default_factory=dict)  # collector -> health
     collector_status: dict[str, tuple[bool, str, float]] = field(default_factory=dict)  # up, reason, s
-    facts: dict[str, dict[str, str]] = field(default_factory=dict)      # instance -> facts
-    engines: dict[str, str | None] = field(default_factory=dict)        # instance -> engine
-    jobs: dict[str, str] = field(default_factory=dict)                  # instance -> job
+    facts: dict[str, dict[str, str]] = field(default_factory=dict)  # instance -> facts
+    engines: dict[str, str | None] = field(default_factory=dict)  # instance -> engine
+    jobs: dict[str, str] = field(default_factory=dict)  # instance -> job
     scrape_errors: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (job, inst, reason)
-    dropped: Counter[tuple[str, str, str]] = field(default_factory=Counter)        # (coll, inst, reason)
-    counter_resets: Counter[str] = field(default_factory=Counter)       # instance -> resets seen
+    dropped: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (coll, inst, reason)
+    counter_resets: Counter[str] = field(default_factory=Counter)  # instance -> resets seen
     cycles: int = 0
     last_cycle_s: float = 0.0
     last_cycle_end: float | None = None
-    store_stats: Any = None                                             # StoreStats after the cycle
+    store_stats: Any = None  # StoreStats after the cycle
     version: int = 0
 
     def canonical_samples(self) -> list[Sample]:
@@ -145,12 +148,12 @@ class CounterResets:
 
     def __init__(self) -> None:
         self._last: dict[tuple[str, Labels], float] = {}
-        self._counter = _CounterNames()              # name -> is a counter (names are few)
-        self._names: tuple[str, ...] | None = None   # the previous cycle's series, in order
+        self._counter = _CounterNames()  # name -> is a counter (names are few)
+        self._names: tuple[str, ...] | None = None  # the previous cycle's series, in order
         self._labels: tuple[Labels, ...] | None = None
-        self._idx: list[int] = []                    # positions of its counters
-        self._values: list[float] = []              # and their values
-        self._sources: dict[str, Sequence[Sample]] = {}   # target -> its previous part
+        self._idx: list[int] = []  # positions of its counters
+        self._values: list[float] = []  # and their values
+        self._sources: dict[str, Sequence[Sample]] = {}  # target -> its previous part
 
     def observe(self, samples: Iterable[Sample], into: Counter[str]) -> None:
         resets: set[str] = set()
@@ -163,7 +166,7 @@ class CounterResets:
                     self._observe_source(self._sources.get(source), part, resets)
                 else:
                     rest.extend(part)
-            self._sources = sources   # a target absent this cycle is compared afresh next time
+            self._sources = sources  # a target absent this cycle is compared afresh next time
             samples = rest
         samples = samples if isinstance(samples, list) else list(samples)
         self._observe_rest(samples, resets)
@@ -176,13 +179,17 @@ class CounterResets:
             return
         if isinstance(part, Stamped) and isinstance(prev, Stamped) and len(part.blocks) == len(prev.blocks):
             changed = [(new, old) for new, old in zip(part.blocks, prev.blocks, strict=True) if new is not old]
-            if 4 * len(changed) > len(part.blocks):   # most blocks changed: one pass over all of them
+            if 4 * len(changed) > len(part.blocks):  # most blocks changed: one pass over all of them
                 changed = [(list(chain.from_iterable(part.blocks)), list(chain.from_iterable(prev.blocks)))]
             if all(_same_series(new, old) for new, old in changed):
                 for new, old in changed:
                     idx = list(compress(range(len(new)), map(self._counter.__getitem__, map(_name, new))))
-                    lower = compress(idx, map(operator.lt, map(_value, map(new.__getitem__, idx)),
-                                              map(_value, map(old.__getitem__, idx))))
+                    lower = compress(
+                        idx,
+                        map(
+                            operator.lt, map(_value, map(new.__getitem__, idx)), map(_value, map(old.__getitem__, idx))
+                        ),
+                    )
                     resets.update(_instance(new[j][1]) for j in lower)
                 return
         self._compare_by_key(_heads_of(prev), _heads_of(part), resets)
@@ -205,18 +212,18 @@ class CounterResets:
         values = list(map(itemgetter(2), samples))
         if names == self._names and labels == self._labels:
             cur = list(map(values.__getitem__, self._idx))
-            resets.update(samples[i].label("instance") or ""
-                          for i in compress(self._idx, map(operator.lt, cur, self._values)))
+            resets.update(
+                samples[i].label("instance") or "" for i in compress(self._idx, map(operator.lt, cur, self._values))
+            )
             self._values = cur
         else:
             resets.update(self._observe_by_key(samples, names, labels))
 
-    def _observe_by_key(self, samples: list[Sample], names: tuple[str, ...],
-                        labels: tuple[Labels, ...]) -> set[str]:
+    def _observe_by_key(self, samples: list[Sample], names: tuple[str, ...], labels: tuple[Labels, ...]) -> set[str]:
         seen: dict[tuple[str, Labels], float] = {}
         reset_instances: set[str] = set()
         idx: list[int] = []
-        if self._names is not None and self._labels is not None:   # last cycle's fast path: its values by key
+        if self._names is not None and self._labels is not None:  # last cycle's fast path: its values by key
             self._last = {(self._names[i], self._labels[i]): v for i, v in zip(self._idx, self._values, strict=True)}
         last = self._last
         for i, s in enumerate(samples):
@@ -231,7 +238,7 @@ class CounterResets:
             seen[key] = value
             idx.append(i)
         self._last = seen
-        unique = len(seen) == len(idx)   # a series twice in one cycle: keep comparing by key
+        unique = len(seen) == len(idx)  # a series twice in one cycle: keep comparing by key
         self._names, self._labels = (names, labels) if unique else (None, None)
         self._idx, self._values = idx, [samples[i][2] for i in idx]
         return reset_instances
@@ -242,8 +249,11 @@ _name, _labels, _value = itemgetter(0), itemgetter(1), itemgetter(2)
 
 def _same_series(new: list, old: list) -> bool:
     """The same (name, labels) at every position (C-level passes, no tuple per position)."""
-    return (len(new) == len(old) and list(map(_name, new)) == list(map(_name, old))
-            and list(map(_labels, new)) == list(map(_labels, old)))
+    return (
+        len(new) == len(old)
+        and list(map(_name, new)) == list(map(_name, old))
+        and list(map(_labels, new)) == list(map(_labels, old))
+    )
 
 
 class _CounterNames(dict):
@@ -287,9 +297,15 @@ def _freeze_startup_objects() -> None:
 class AgentRuntime:
     """Runs collectors on a fixed cadence, feeds derive hooks and the store, keeps `state`."""
 
-    def __init__(self, config: AgentConfig, collectors: Sequence[Collector], store: Any,
-                 derive: Sequence[DeriveHook] = (), clock: Callable[[], float] = time.time,
-                 freeze_gc: bool = False) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        collectors: Sequence[Collector],
+        store: Any,
+        derive: Sequence[DeriveHook] = (),
+        clock: Callable[[], float] = time.time,
+        freeze_gc: bool = False,
+    ) -> None:
         """`freeze_gc`: after the first cycle, freeze the process's objects and raise the young GC
         threshold (`_freeze_startup_objects`). Process-wide, so only the `kvscope agent` process
         asks for it; a runtime embedded in another program (or a test run) leaves GC alone."""
@@ -307,7 +323,7 @@ class AgentRuntime:
         """Collect once from every collector (concurrently), then derive and store."""
         t0 = time.monotonic()
         results = await asyncio.gather(*(self._collect_one(c) for c in self.collectors))
-        cycle = Parts()   # the collections as they came (agent/scrape/stamped.py): no flat copy per cycle
+        cycle = Parts()  # the collections as they came (agent/scrape/stamped.py): no flat copy per cycle
         for collector, (collection, status) in zip(self.collectors, results, strict=True):
             self._absorb(collector.name, collection, status)
             cycle.add(collection.samples)
@@ -315,11 +331,11 @@ class AgentRuntime:
         now = self.clock()
         cycle.add(self._target_up_samples(now))
         derived = self._derived(cycle)
-        self.state.samples["derive"] = derived     # catalog signals among them are re-exported too
+        self.state.samples["derive"] = derived  # catalog signals among them are re-exported too
         cycle.add(derived)
         self._store(cycle)
         if self.store is not None and hasattr(self.store, "snapshot"):
-            self.state.store_stats = self.store.snapshot()   # no disk I/O: stays on the loop
+            self.state.store_stats = self.store.snapshot()  # no disk I/O: stays on the loop
         elif self.store is not None and hasattr(self.store, "stats"):
             self.state.store_stats = await asyncio.to_thread(self.store.stats)
         if (failing := getattr(self.state.store_stats, "failing", False)) is not False:
@@ -365,8 +381,7 @@ class AgentRuntime:
         for healths in self.state.health.values():
             for h in healths:
                 if h.target:
-                    labels = make_labels({"job": self.state.jobs.get(h.target, h.collector),
-                                          "instance": h.target})
+                    labels = make_labels({"job": self.state.jobs.get(h.target, h.collector), "instance": h.target})
                     out.append(Sample("kvscope_target_up", labels, 1.0 if h.up else 0.0, now))
         return out
 

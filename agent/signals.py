@@ -17,8 +17,22 @@ import yaml
 Labels = tuple[tuple[str, str], ...]
 
 COMMON_LABELS = (
-    "instance", "job", "engine", "model", "dp_rank", "role", "tenant", "node",
-    "gpu", "gpu_uuid", "gpu_model", "pod", "namespace", "container", "mig_instance", "mig_profile",
+    "instance",
+    "job",
+    "engine",
+    "model",
+    "dp_rank",
+    "role",
+    "tenant",
+    "node",
+    "gpu",
+    "gpu_uuid",
+    "gpu_model",
+    "pod",
+    "namespace",
+    "container",
+    "mig_instance",
+    "mig_profile",
 )
 """Labels every canonical signal may carry (see docs/architecture.md, 'Canonical labels')."""
 
@@ -62,11 +76,11 @@ class Alias:
     scale: float = 1.0
     rename: dict[str, str] = field(default_factory=dict)
     match: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    info_label: tuple[str, ...] = ()   # value = product of these labels of an info gauge
-    collapse: str | None = None     # "max": series that collapse repeat one value (see catalog.yaml)
-    fallback: bool = False          # an old name: read only when the scrape has none of the others
-    part: str | None = None         # "sum": a counter read from the `_sum` of histogram `name`
-    set: dict[str, str] = field(default_factory=dict)   # constant labels every sample of the alias gets
+    info_label: tuple[str, ...] = ()  # value = product of these labels of an info gauge
+    collapse: str | None = None  # "max": series that collapse repeat one value (see catalog.yaml)
+    fallback: bool = False  # an old name: read only when the scrape has none of the others
+    part: str | None = None  # "sum": a counter read from the `_sum` of histogram `name`
+    set: dict[str, str] = field(default_factory=dict)  # constant labels every sample of the alias gets
 
     @property
     def rank(self) -> int:
@@ -101,9 +115,9 @@ class Dialect:
     prefixes: tuple[str, ...]
     detect: tuple[str, ...]
     labels: dict[str, str]
-    sentinels: frozenset[float] = frozenset()   # raw values that mean "no value" (dropped, counted)
-    worker_labels: tuple[str, ...] = ()         # labels naming the engine behind an aggregating endpoint
-    companions: tuple[str, ...] = ()            # dialects whose series ride along in this one's payload
+    sentinels: frozenset[float] = frozenset()  # raw values that mean "no value" (dropped, counted)
+    worker_labels: tuple[str, ...] = ()  # labels naming the engine behind an aggregating endpoint
+    companions: tuple[str, ...] = ()  # dialects whose series ride along in this one's payload
 
 
 @dataclass(frozen=True)
@@ -174,10 +188,15 @@ def _parse_dialect(name: str, d: dict[str, Any]) -> Dialect:
         sentinels = frozenset(float(v) for v in d.get("sentinels") or ())
     except (TypeError, ValueError):
         raise CatalogError(f"catalog: dialect {name}: sentinels must be numbers, got {d.get('sentinels')!r}") from None
-    return Dialect(name=name, prefixes=tuple(d.get("prefixes", ())),
-                   detect=tuple(d.get("detect", ())), labels=dict(d.get("labels") or {}),
-                   sentinels=sentinels, worker_labels=tuple(d.get("worker_labels") or ()),
-                   companions=tuple(d.get("companions") or ()))
+    return Dialect(
+        name=name,
+        prefixes=tuple(d.get("prefixes", ())),
+        detect=tuple(d.get("detect", ())),
+        labels=dict(d.get("labels") or {}),
+        sentinels=sentinels,
+        worker_labels=tuple(d.get("worker_labels") or ()),
+        companions=tuple(d.get("companions") or ()),
+    )
 
 
 def _parse_signal(name: str, d: dict[str, Any], dialects: dict[str, Dialect], source: str) -> Signal:
@@ -192,41 +211,62 @@ def _parse_signal(name: str, d: dict[str, Any], dialects: dict[str, Dialect], so
         if set(alias.set) - set(labels) - set(COMMON_LABELS):
             raise CatalogError(f"{source}: signal {name}: alias {alias.name!r} sets a label the signal does not keep")
         if alias.part is not None and kind != "counter":
-            raise CatalogError(f"{source}: signal {name}: alias {alias.name!r}: part reads a histogram's _sum "
-                               f"as a counter; {name} is a {kind}")
+            raise CatalogError(
+                f"{source}: signal {name}: alias {alias.name!r}: part reads a histogram's _sum "
+                f"as a counter; {name} is a {kind}"
+            )
         if alias.fallback and not any(a.engine == alias.engine and not a.fallback for a in aliases):
-            raise CatalogError(f"{source}: signal {name}: alias {alias.name!r} is a fallback but {alias.engine} "
-                               f"has no other alias to prefer")
-    return Signal(name=name, kind=kind, unit=str(d.get("unit", "")), help=str(d.get("help", "")).strip(),
-                  labels=labels, producers=tuple(d.get("producers") or ()),
-                  aliases=aliases)
+            raise CatalogError(
+                f"{source}: signal {name}: alias {alias.name!r} is a fallback but {alias.engine} "
+                f"has no other alias to prefer"
+            )
+    return Signal(
+        name=name,
+        kind=kind,
+        unit=str(d.get("unit", "")),
+        help=str(d.get("help", "")).strip(),
+        labels=labels,
+        producers=tuple(d.get("producers") or ()),
+        aliases=aliases,
+    )
 
 
 def _parse_alias(signal: str, a: dict[str, Any], dialects: dict[str, Dialect], source: str) -> Alias:
     if a.get("engine") not in dialects:
-        raise CatalogError(f"{source}: signal {signal}: alias engine {a.get('engine')!r} "
-                           f"is not a dialect ({sorted(dialects)})")
+        raise CatalogError(
+            f"{source}: signal {signal}: alias engine {a.get('engine')!r} is not a dialect ({sorted(dialects)})"
+        )
     match = {k: tuple(str(x) for x in v) for k, v in (a.get("match") or {}).items()}
     collapse = a.get("collapse")
     if collapse not in (None, "max"):
-        raise CatalogError(f"{source}: signal {signal}: alias {a.get('name')!r}: collapse must be 'max' "
-                           f"(series that collapse repeat one value), not {collapse!r}")
+        raise CatalogError(
+            f"{source}: signal {signal}: alias {a.get('name')!r}: collapse must be 'max' "
+            f"(series that collapse repeat one value), not {collapse!r}"
+        )
     part = a.get("part")
     if part not in (None, "sum"):
         raise CatalogError(f"{source}: signal {signal}: alias {a.get('name')!r}: part must be 'sum', not {part!r}")
     info = a.get("info_label")
     info_label = () if info is None else (str(info),) if isinstance(info, str) else tuple(str(x) for x in info)
-    return Alias(signal=signal, engine=a["engine"], name=str(a["name"]), scale=float(a.get("scale", 1.0)),
-                 rename=dict(a.get("rename") or {}), match=match, info_label=info_label,
-                 collapse=collapse, fallback=bool(a.get("fallback", False)), part=part,
-                 set={str(k): str(v) for k, v in (a.get("set") or {}).items()})
+    return Alias(
+        signal=signal,
+        engine=a["engine"],
+        name=str(a["name"]),
+        scale=float(a.get("scale", 1.0)),
+        rename=dict(a.get("rename") or {}),
+        match=match,
+        info_label=info_label,
+        collapse=collapse,
+        fallback=bool(a.get("fallback", False)),
+        part=part,
+        set={str(k): str(v) for k, v in (a.get("set") or {}).items()},
+    )
 
 
 def _parse_fact(f: dict[str, Any], dialects: dict[str, Dialect], source: str) -> FactSource:
     if f.get("engine") not in dialects:
         raise CatalogError(f"{source}: fact {f.get('name')}: unknown engine {f.get('engine')!r}")
-    return FactSource(engine=f["engine"], name=str(f["name"]), fact=f.get("fact"),
-                      labels=tuple(f.get("labels") or ()))
+    return FactSource(engine=f["engine"], name=str(f["name"]), fact=f.get("fact"), labels=tuple(f.get("labels") or ()))
 
 
 @lru_cache(maxsize=1)

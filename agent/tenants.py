@@ -63,9 +63,17 @@ class TenantLimiter:
     (at most `max_labels`), whatever number of distinct ids arrives.
     """
 
-    def __init__(self, max_tenants: int = 50, *, half_life_s: float = 300.0, sketch_size: int | None = None,
-                 promote_ratio: float = 1.25, min_promote: float = 1.5, max_labels: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_tenants: int = 50,
+        *,
+        half_life_s: float = 300.0,
+        sketch_size: int | None = None,
+        promote_ratio: float = 1.25,
+        min_promote: float = 1.5,
+        max_labels: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_tenants = max_tenants
         self.sketch_size = sketch_size if sketch_size is not None else max(64, 4 * max_tenants)
         self.promote_ratio = promote_ratio
@@ -74,13 +82,13 @@ class TenantLimiter:
         self._rate = math.log(2) / half_life_s
         self._clock = clock
         self._t0 = clock()
-        self._tracked: dict[str, float] = {}                 # tenant -> forward-decayed count
-        self._sketch: dict[str, list[float]] = {}            # tenant -> [estimate, error]
-        self._floor = 0.0                                    # largest estimate pruned from the sketch
-        self._labelled: set[str] = set()                     # every tenant that ever had a label
-        self._low: tuple[str, float] | None = None           # cached smallest tracked (tenant, count)
+        self._tracked: dict[str, float] = {}  # tenant -> forward-decayed count
+        self._sketch: dict[str, list[float]] = {}  # tenant -> [estimate, error]
+        self._floor = 0.0  # largest estimate pruned from the sketch
+        self._labelled: set[str] = set()  # every tenant that ever had a label
+        self._low: tuple[str, float] | None = None  # cached smallest tracked (tenant, count)
         self._lock = threading.Lock()
-        self.folded = 0           # requests counted as `other`
+        self.folded = 0  # requests counted as `other`
         self.stats: Counter[str] = Counter()
 
     def label(self, tenant: str) -> str:
@@ -90,7 +98,7 @@ class TenantLimiter:
             if tenant in self._tracked:
                 self._tracked[tenant] += w
                 if self._low is not None and self._low[0] == tenant:
-                    self._low = None         # counts only grow: only the smallest one moving changes the min
+                    self._low = None  # counts only grow: only the smallest one moving changes the min
                 return tenant
             if len(self._tracked) < self.max_tenants and self._may_label(tenant):
                 est, _ = self._sketch.pop(tenant, (0.0, 0.0))
@@ -99,7 +107,7 @@ class TenantLimiter:
             est, err = self._count_other(tenant, w)
             if self._tracked and self._may_label(tenant):
                 low, low_count = self._smallest()
-                sure = est - err                     # requests it certainly sent (decayed)
+                sure = est - err  # requests it certainly sent (decayed)
                 if sure > self.promote_ratio * low_count and sure >= self.min_promote * w:
                     self._demote(low, low_count)
                     del self._sketch[tenant]

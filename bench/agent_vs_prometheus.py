@@ -91,8 +91,11 @@ async def serve_targets(ports: list[int], churn: str) -> None:
 
     runners = []
     for i, port in enumerate(ports):
-        src = MovingExposition(DCGM.read_text(), _DCGM_MOVES, churn) if i == ENGINES else \
-            MovingExposition(VLLM.read_text(), _VLLM_MOVES, churn)
+        src = (
+            MovingExposition(DCGM.read_text(), _DCGM_MOVES, churn)
+            if i == ENGINES
+            else MovingExposition(VLLM.read_text(), _VLLM_MOVES, churn)
+        )
 
         async def handler(request, src=src):
             return web.Response(body=src.render(), content_type="text/plain", charset="utf-8")
@@ -127,7 +130,7 @@ def get(url: str) -> bytes | None:
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK     # utime, stime (all threads)
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (all threads)
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -179,11 +182,13 @@ def start(argv: list[str], log: Path, **kw) -> subprocess.Popen:
 def agent_config(tmp: Path, urls: list[str], port: int, interval: float, store: str) -> Path:
     from kvscope.agent.runtime import known_collectors
 
-    lines = [f"listen_address: 127.0.0.1:{port}",
-             f"scrape: {{interval_s: {interval}, timeout_s: {interval * 0.8}}}",
-             f"store: {{path: '{tmp / 'kvscope.db' if store == 'sqlite' else ''}'}}",
-             "collectors: {" + ", ".join(f"{c}: {str(c == 'engine').lower()}" for c in known_collectors()) + "}",
-             "targets:"]
+    lines = [
+        f"listen_address: 127.0.0.1:{port}",
+        f"scrape: {{interval_s: {interval}, timeout_s: {interval * 0.8}}}",
+        f"store: {{path: '{tmp / 'kvscope.db' if store == 'sqlite' else ''}'}}",
+        "collectors: {" + ", ".join(f"{c}: {str(c == 'engine').lower()}" for c in known_collectors()) + "}",
+        "targets:",
+    ]
     for i, url in enumerate(urls):
         job = "dcgm" if i == ENGINES else "vllm"
         lines.append(f"  - {{url: '{url}', job: {job}}}")
@@ -195,10 +200,12 @@ def agent_config(tmp: Path, urls: list[str], port: int, interval: float, store: 
 def prometheus_config(tmp: Path, urls: list[str], interval: float) -> Path:
     hosts = [u.split("/")[2] for u in urls]
     path = tmp / "prometheus.yml"
-    path.write_text(f"global: {{scrape_interval: {round(interval * 1000)}ms, "
-                    f"scrape_timeout: {round(interval * 800)}ms}}\n"
-                    "scrape_configs:\n  - job_name: engines\n"
-                    f"    static_configs: [{{targets: {json.dumps(hosts)}}}]\n")
+    path.write_text(
+        f"global: {{scrape_interval: {round(interval * 1000)}ms, "
+        f"scrape_timeout: {round(interval * 800)}ms}}\n"
+        "scrape_configs:\n  - job_name: engines\n"
+        f"    static_configs: [{{targets: {json.dumps(hosts)}}}]\n"
+    )
     return path
 
 
@@ -210,19 +217,29 @@ def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as d:
         tmp = Path(d)
         ports = free_ports(ENGINES + 3)
-        target_ports, agent_port, prom_port = ports[:ENGINES + 1], ports[-2], ports[-1]
+        target_ports, agent_port, prom_port = ports[: ENGINES + 1], ports[-2], ports[-1]
         urls = [f"http://127.0.0.1:{p}/metrics" for p in target_ports]
         try:
-            procs.append(start([sys.executable, __file__, "--churn", args.churn,
-                                "--serve", ",".join(map(str, target_ports))],
-                               tmp / "targets.log"))
+            procs.append(
+                start(
+                    [sys.executable, __file__, "--churn", args.churn, "--serve", ",".join(map(str, target_ports))],
+                    tmp / "targets.log",
+                )
+            )
             wait_for(lambda: all(get(u) for u in urls), 30, "target server")
             config = agent_config(tmp, urls, agent_port, args.interval, args.agent_store)
             agent = start([sys.executable, "-m", "kvscope", "agent", "--config", str(config)], tmp / "agent.log")
             procs.append(agent)
-            prom = start([prometheus, f"--config.file={prometheus_config(tmp, urls, args.interval)}",
-                          f"--storage.tsdb.path={tmp / 'prom'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
-                         tmp / "prometheus.log", cwd=tmp)
+            prom = start(
+                [
+                    prometheus,
+                    f"--config.file={prometheus_config(tmp, urls, args.interval)}",
+                    f"--storage.tsdb.path={tmp / 'prom'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                ],
+                tmp / "prometheus.log",
+                cwd=tmp,
+            )
             procs.append(prom)
             wait_for(lambda: get(f"http://127.0.0.1:{agent_port}/-/ready"), 60, "agent ready")
             wait_for(lambda: prom_value(prom_port, "sum(up)") == ENGINES + 1, 60, "prometheus scraping all targets")
@@ -240,7 +257,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def measure(args, agent, prom, agent_port: int, prom_port: int) -> None:
-    appended = "prometheus_tsdb_head_samples_appended_total"   # read from Prometheus's own /metrics
+    appended = "prometheus_tsdb_head_samples_appended_total"  # read from Prometheus's own /metrics
     p_samples0 = metric_value((get(f"http://127.0.0.1:{prom_port}/metrics") or b"").decode(), appended)
     metrics0 = (get(f"http://127.0.0.1:{agent_port}/metrics") or b"").decode()
     a_samples0 = metric_value(metrics0, "kvscope_store_samples_written_total")
@@ -257,20 +274,28 @@ def measure(args, agent, prom, agent_port: int, prom_port: int) -> None:
     errors = metric_value(metrics, "kvscope_scrape_errors_total")
     reasons = ", ".join(f"{r} {n:.0f}" for r, n in sorted(errors_by_reason(metrics).items()))
     agent_cpu, prom_cpu = a1 - a0, p1 - p0
-    window = f"{max(1, round(wall))}s"   # scrapes Prometheus saw fail in the window (same targets)
+    window = f"{max(1, round(wall))}s"  # scrapes Prometheus saw fail in the window (same targets)
     p_failed = prom_value(prom_port, f"sum(count_over_time(up[{window}])) - sum(sum_over_time(up[{window}]))")
-    print(f"\n{ENGINES} vLLM + 1 dcgm target, interval {args.interval:g}s, churn {args.churn}, "
-          f"agent store {args.agent_store}, "
-          f"measured over {wall:.1f}s wall")
-    print(f"kvscope agent : {agent_cpu:6.2f} CPU-s ({100 * agent_cpu / wall:5.1f}% of a core), "
-          f"peak RSS {peak_rss_mb(agent.pid):6.1f} MB, {a_samples:,.0f} canonical samples stored, "
-          f"targets up {up:.0f}/{ENGINES + 1}, scrape errors {errors:.0f}" + (f" ({reasons})" if reasons else ""))
-    print(f"prometheus    : {prom_cpu:6.2f} CPU-s ({100 * prom_cpu / wall:5.1f}% of a core), "
-          f"peak RSS {peak_rss_mb(prom.pid):6.1f} MB, {p_samples:,.0f} raw samples appended, "
-          f"failed scrapes {p_failed if p_failed is None else round(p_failed)} (last {window})")
-    print(f"per cycle: agent {1000 * agent_cpu / max(1.0, cycles):.1f} ms CPU over {cycles:.0f} cycles "
-          f"(last cycle took {1000 * metric_value(metrics, 'kvscope_cycle_duration_seconds'):.1f} ms wall); "
-          f"prometheus {1000 * prom_cpu / max(1.0, wall / args.interval):.1f} ms CPU per interval")
+    print(
+        f"\n{ENGINES} vLLM + 1 dcgm target, interval {args.interval:g}s, churn {args.churn}, "
+        f"agent store {args.agent_store}, "
+        f"measured over {wall:.1f}s wall"
+    )
+    print(
+        f"kvscope agent : {agent_cpu:6.2f} CPU-s ({100 * agent_cpu / wall:5.1f}% of a core), "
+        f"peak RSS {peak_rss_mb(agent.pid):6.1f} MB, {a_samples:,.0f} canonical samples stored, "
+        f"targets up {up:.0f}/{ENGINES + 1}, scrape errors {errors:.0f}" + (f" ({reasons})" if reasons else "")
+    )
+    print(
+        f"prometheus    : {prom_cpu:6.2f} CPU-s ({100 * prom_cpu / wall:5.1f}% of a core), "
+        f"peak RSS {peak_rss_mb(prom.pid):6.1f} MB, {p_samples:,.0f} raw samples appended, "
+        f"failed scrapes {p_failed if p_failed is None else round(p_failed)} (last {window})"
+    )
+    print(
+        f"per cycle: agent {1000 * agent_cpu / max(1.0, cycles):.1f} ms CPU over {cycles:.0f} cycles "
+        f"(last cycle took {1000 * metric_value(metrics, 'kvscope_cycle_duration_seconds'):.1f} ms wall); "
+        f"prometheus {1000 * prom_cpu / max(1.0, wall / args.interval):.1f} ms CPU per interval"
+    )
     print(f"CPU ratio agent / prometheus: {agent_cpu / prom_cpu:.2f}  (goal <= 1.0)")
     print(f"agent peak RSS: {peak_rss_mb(agent.pid):.1f} MB  (goal < 100 MB)")
 
@@ -279,27 +304,39 @@ def print_store_rows(path: Path) -> None:
     """How the agent's SQLite store holds what it was given (change points, agent/store/sqlite.py)."""
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
-        counts = {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]   # noqa: S608 - fixed names
-                  for t in ("samples", "stamps", "marks")}
+        counts = {
+            t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]  # noqa: S608 - fixed names
+            for t in ("samples", "stamps", "marks")
+        }
     except sqlite3.Error as e:
         print(f"agent store: cannot read {path}: {e}")
         return
     finally:
         conn.close()
-    print(f"agent store rows (whole run): {counts['samples']:,} change points, {counts['stamps']:,} scrape "
-          f"stamps, {counts['marks']:,} run marks")
+    print(
+        f"agent store rows (whole run): {counts['samples']:,} change points, {counts['stamps']:,} scrape "
+        f"stamps, {counts['marks']:,} run marks"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=60.0, help="seconds measured (default 60)")
     ap.add_argument("--interval", type=float, default=1.0, help="scrape interval of both, seconds (default 1)")
-    ap.add_argument("--churn", choices=("few", "all"), default="few",
-                    help="few: 7 vLLM and 3 dcgm values move per scrape (default); all: every value moves")
-    ap.add_argument("--agent-store", choices=("sqlite", "memory"), default="sqlite",
-                    help="the agent's history: SQLite file (default, as deployed) or in memory, to "
-                         "separate the store's share of the CPU")
-    ap.add_argument("--serve", help=argparse.SUPPRESS)   # internal: run the target server process
+    ap.add_argument(
+        "--churn",
+        choices=("few", "all"),
+        default="few",
+        help="few: 7 vLLM and 3 dcgm values move per scrape (default); all: every value moves",
+    )
+    ap.add_argument(
+        "--agent-store",
+        choices=("sqlite", "memory"),
+        default="sqlite",
+        help="the agent's history: SQLite file (default, as deployed) or in memory, to "
+        "separate the store's share of the CPU",
+    )
+    ap.add_argument("--serve", help=argparse.SUPPRESS)  # internal: run the target server process
     args = ap.parse_args()
     if args.serve:
         asyncio.run(serve_targets([int(p) for p in args.serve.split(",")], args.churn))

@@ -66,10 +66,12 @@ TEXT_ONLY = "text only, "
 
 # --- the dump --------------------------------------------------------------------------------
 
+
 def case_names() -> list[str]:
     """Names of the inputs, in dump order: recordings first, then synthetic fleets."""
     return [p.name for p in sorted(LIBRARY.glob("*.om.gz"))] + [
-        f"fleet-{engines}x{hours:g}h" for engines, hours in FLEETS]
+        f"fleet-{engines}x{hours:g}h" for engines, hours in FLEETS
+    ]
 
 
 def collect_diagnoses(label: str) -> dict[str, dict]:
@@ -78,6 +80,7 @@ def collect_diagnoses(label: str) -> dict[str, dict]:
     from diagnose_scale import build_frame
 
     from kvscope.diagnoser.sources.recording import RecordingSource
+
     try:
         from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
         from kvscope.diagnoser.rulebook.rule import read_rules
@@ -99,8 +102,9 @@ def collect_diagnoses(label: str) -> dict[str, dict]:
             bar.update()
         for engines, hours in FLEETS:
             frame = build_frame(engines, hours, 15.0)
-            out[f"fleet-{engines}x{hours:g}h"] = diagnose(frame, rules, time_scale=1.0, source="bench",
-                                                          **serial).to_dict()
+            out[f"fleet-{engines}x{hours:g}h"] = diagnose(
+                frame, rules, time_scale=1.0, source="bench", **serial
+            ).to_dict()
             bar.update()
     return out
 
@@ -117,6 +121,7 @@ def check_import_root() -> str:
 
 
 # --- the other revision ----------------------------------------------------------------------
+
 
 def parse_package_dirs(pyproject: str) -> dict[str, str]:
     """`[tool.setuptools] package-dir` of a pyproject.toml text: package name -> directory."""
@@ -165,8 +170,7 @@ def revision_package(rev: str) -> Iterator[tuple[dict[str, str], Path]]:
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
         link_packages(tree, parse_package_dirs((tree / "pyproject.toml").read_text()), overlay)
         path = os.pathsep.join(p for p in (str(overlay), os.environ.get("PYTHONPATH", "")) if p)
-        yield {**os.environ, "PYTHONPATH": path, EXPECT_ENV: str(tree),
-               "PYTHONDONTWRITEBYTECODE": "1"}, tree
+        yield {**os.environ, "PYTHONPATH": path, EXPECT_ENV: str(tree), "PYTHONDONTWRITEBYTECODE": "1"}, tree
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -181,18 +185,22 @@ def engine_at_revision(rev: str) -> Iterator[dict[str, str]]:
 
 def dump_at_revision(rev: str, out: Path) -> None:
     """Write `rev`'s diagnoses of the working tree's inputs to `out` (child process)."""
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", f"{rev}^{{commit}}"],
-                            capture_output=True, text=True)
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", f"{rev}^{{commit}}"], capture_output=True, text=True
+    )
     if commit.returncode:
         raise RuntimeError(f"unknown revision {rev!r}: {commit.stderr.strip()}")
     with revision_package(rev) as (env, _tree):
-        child = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--write", str(out),
-                                "--label", commit.stdout.strip()], env=env)
+        child = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--write", str(out), "--label", commit.stdout.strip()],
+            env=env,
+        )
         if child.returncode:
             raise RuntimeError(f"diagnosing with {rev} failed (exit {child.returncode}; see above)")
 
 
 # --- the comparison (pure) -------------------------------------------------------------------
+
 
 def parse_findings(diagnosis: dict[str, Any]) -> dict[tuple, tuple[str, dict]]:
     """Findings of one diagnosis keyed by (rule_id, place, n): role and finding.
@@ -254,11 +262,13 @@ def describe_change(old: Any, new: Any, keep: int = 24) -> str:
     def cut(text: str) -> str:
         end = min(len(text), len(text) - tail + keep)
         return ("..." if start else "") + text[start:end] + ("..." if end < len(text) else "")
+
     return f"{cut(old)} -> {cut(new)}"
 
 
-def compare_evidence(old: list[dict], new: list[dict], old_start: float = 0.0, new_start: float = 0.0,
-                     verbose: bool = False) -> tuple[list[str], Counter]:
+def compare_evidence(
+    old: list[dict], new: list[dict], old_start: float = 0.0, new_start: float = 0.0, verbose: bool = False
+) -> tuple[list[str], Counter]:
     """Evidence entries whose numbers (value, read time, threshold, op) changed, added or gone.
 
     Read times are told as seconds into each side's window. Other fields (the series text, unit,
@@ -281,17 +291,23 @@ def compare_evidence(old: list[dict], new: list[dict], old_start: float = 0.0, n
             shown = numbers + (wording if verbose else [])
             tally.update(() if verbose else (f"evidence {k}" for k in wording))
             if shown:
-                lines.append(f"evidence {name}: " + ", ".join(
-                    f"at {_offset(x.get(k, ABSENT), old_start)} -> {_offset(y.get(k, ABSENT), new_start)}"
-                    if k == "at" else f"{k} {describe_change(x.get(k, ABSENT), y.get(k, ABSENT))}"
-                    for k in shown))
+                lines.append(
+                    f"evidence {name}: "
+                    + ", ".join(
+                        f"at {_offset(x.get(k, ABSENT), old_start)} -> {_offset(y.get(k, ABSENT), new_start)}"
+                        if k == "at"
+                        else f"{k} {describe_change(x.get(k, ABSENT), y.get(k, ABSENT))}"
+                        for k in shown
+                    )
+                )
     if len(lines) > EVIDENCE_SHOWN:
         lines = lines[:EVIDENCE_SHOWN] + [f"... and {len(lines) - EVIDENCE_SHOWN} more evidence changes"]
     return lines, tally
 
 
-def compare_finding(old: dict, new: dict, old_role: str, new_role: str, old_start: float,
-                    new_start: float, verbose: bool = False) -> tuple[list[str], Counter]:
+def compare_finding(
+    old: dict, new: dict, old_role: str, new_role: str, old_start: float, new_start: float, verbose: bool = False
+) -> tuple[list[str], Counter]:
     """What changed in one finding present on both sides: lines for its verdict (rank, onset,
     end, severity, score, cascade, evidence numbers) and a tally of descriptive fields (summary,
     levers, params, series text) that changed, listed as lines instead when `verbose`."""
@@ -305,16 +321,25 @@ def compare_finding(old: dict, new: dict, old_role: str, new_role: str, old_star
         if key in ("since", "until"):
             lines.append(f"{key} {_offset(a, old_start)} -> {_offset(b, new_start)}")
         elif isinstance(a, dict) and isinstance(b, dict):
-            lines.append(f"{key}: " + ", ".join(f"{k} {_num(a.get(k, ABSENT))} -> {_num(b.get(k, ABSENT))}"
-                                                for k in sorted(set(a) | set(b))
-                                                if a.get(k, ABSENT) != b.get(k, ABSENT)))
+            lines.append(
+                f"{key}: "
+                + ", ".join(
+                    f"{k} {_num(a.get(k, ABSENT))} -> {_num(b.get(k, ABSENT))}"
+                    for k in sorted(set(a) | set(b))
+                    if a.get(k, ABSENT) != b.get(k, ABSENT)
+                )
+            )
         else:
             lines.append(f"{key} {_num(a)} -> {_num(b)}")
-    ev_lines, tally = compare_evidence(old.get("evidence") or [], new.get("evidence") or [],
-                                       old_start, new_start, verbose)
+    ev_lines, tally = compare_evidence(
+        old.get("evidence") or [], new.get("evidence") or [], old_start, new_start, verbose
+    )
     lines += ev_lines
-    rest = sorted(k for k in set(old) | set(new)
-                  if k not in {*VERDICT_FIELDS, "evidence"} and old.get(k, ABSENT) != new.get(k, ABSENT))
+    rest = sorted(
+        k
+        for k in set(old) | set(new)
+        if k not in {*VERDICT_FIELDS, "evidence"} and old.get(k, ABSENT) != new.get(k, ABSENT)
+    )
     if verbose and rest:
         lines.append("also changed: " + ", ".join(rest))
     elif rest:
@@ -337,30 +362,32 @@ def compare_diagnosis(old: dict, new: dict, verbose: bool = False) -> list[str]:
     for key in list(a) + [k for k in b if k not in a]:
         if key not in b:
             role, f = a[key]
-            lines.append(f"- only in old: {describe_key(key, f)} ({role}, since "
-                         f"{_offset(f.get('since'), old_start)})")
+            lines.append(f"- only in old: {describe_key(key, f)} ({role}, since {_offset(f.get('since'), old_start)})")
         elif key not in a:
             role, f = b[key]
-            lines.append(f"+ only in new: {describe_key(key, f)} ({role}, since "
-                         f"{_offset(f.get('since'), new_start)})")
+            lines.append(f"+ only in new: {describe_key(key, f)} ({role}, since {_offset(f.get('since'), new_start)})")
         elif a[key] != b[key]:
-            changes, wording = compare_finding(a[key][1], b[key][1], a[key][0], b[key][0],
-                                               old_start, new_start, verbose)
+            changes, wording = compare_finding(
+                a[key][1], b[key][1], a[key][0], b[key][0], old_start, new_start, verbose
+            )
             tally += wording
             touched += bool(wording)
             if changes:
                 lines.append(f"~ {describe_key(key, b[key][1])}:")
                 lines += [f"    {c}" for c in changes]
     lines += _compare_skipped(old.get("skipped") or [], new.get("skipped") or [])
-    rest = sorted(k for k in set(old) | set(new)
-                  if k not in {*ROLES, "skipped"} and old.get(k, ABSENT) != new.get(k, ABSENT))
+    rest = sorted(
+        k for k in set(old) | set(new) if k not in {*ROLES, "skipped"} and old.get(k, ABSENT) != new.get(k, ABSENT)
+    )
     for k in rest:
         lines.append(f"{k}: {_num(old.get(k, ABSENT))} -> {_num(new.get(k, ABSENT))}")
     if tally:
-        lines.append(f"{TEXT_ONLY}{touched} finding(s): "
-                     + ", ".join(f"{k} x{n}" for k, n in sorted(tally.items(), key=lambda kv: (-kv[1], kv[0])))
-                     + " (--verbose lists them)")
-    if not lines:   # same findings, same fields: only the order within a role moved
+        lines.append(
+            f"{TEXT_ONLY}{touched} finding(s): "
+            + ", ".join(f"{k} x{n}" for k, n in sorted(tally.items(), key=lambda kv: (-kv[1], kv[0])))
+            + " (--verbose lists them)"
+        )
+    if not lines:  # same findings, same fields: only the order within a role moved
         lines.append("findings reordered within competing/other")
     return lines
 
@@ -403,19 +430,27 @@ def render_comparison(result: dict[str, list[str]], old_label: str, new_label: s
     wording = sum(1 for d in result.values() if text_only(d))
     findings = sum(1 for d in result.values() if d) - wording
     same = len(result) - findings - wording
-    lines.append(f"{len(result)} inputs: " + ("all IDENTICAL" if same == len(result) else
-                                              f"{findings} DIFFER in findings, {wording} in text only, "
-                                              f"{same} identical"))
+    lines.append(
+        f"{len(result)} inputs: "
+        + (
+            "all IDENTICAL"
+            if same == len(result)
+            else f"{findings} DIFFER in findings, {wording} in text only, {same} identical"
+        )
+    )
     return "\n".join(lines)
 
 
 def count_findings(dump: dict[str, dict]) -> int:
     """Findings in a whole dump (likely cause, competing and other of every input)."""
-    return sum(len(d.get("competing") or ()) + len(d.get("other") or ()) + (d.get("likely_cause") is not None)
-               for d in dump.values())
+    return sum(
+        len(d.get("competing") or ()) + len(d.get("other") or ()) + (d.get("likely_cause") is not None)
+        for d in dump.values()
+    )
 
 
 # --- the command -----------------------------------------------------------------------------
+
 
 def run(args: argparse.Namespace) -> int:
     """The chosen mode; raises on errors (main turns them into exit status 2)."""
@@ -424,8 +459,11 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         dump = collect_diagnoses(args.label or "this tree")
         Path(args.write).write_text(json.dumps(dump, indent=1, sort_keys=True))
-        print(f"wrote {len(dump)} diagnoses ({count_findings(dump)} findings) to {args.write} in "
-              f"{time.perf_counter() - t0:.1f} s (diagnoser from {where})", file=sys.stderr)
+        print(
+            f"wrote {len(dump)} diagnoses ({count_findings(dump)} findings) to {args.write} in "
+            f"{time.perf_counter() - t0:.1f} s (diagnoser from {where})",
+            file=sys.stderr,
+        )
         return 0
     if args.against:
         old, old_label = read_revision_dump(args.against), f"revision {args.against}"
@@ -449,20 +487,30 @@ def read_revision_dump(rev: str) -> dict[str, dict]:
         dump_at_revision(rev, Path(tmp) / "dump.json")
         return json.loads((Path(tmp) / "dump.json").read_text())
 
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", metavar="FILE", help="write the diagnoses of the imported kvscope to FILE")
     mode.add_argument("--check", metavar="FILE", help="compare the working tree's diagnoses with FILE")
-    mode.add_argument("--against", metavar="REV",
-                      help="diagnose with git revision REV (extracted to a temporary directory), "
-                           "then with the working tree, and compare")
-    ap.add_argument("--new", metavar="REV",
-                    help="with --against/--check: the new side is git revision REV instead of the working "
-                         "tree (compares two commits, unaffected by uncommitted edits)")
-    ap.add_argument("--verbose", action="store_true",
-                    help="list changes to descriptive fields (summary, levers, series text) finding by "
-                         "finding instead of counting them")
+    mode.add_argument(
+        "--against",
+        metavar="REV",
+        help="diagnose with git revision REV (extracted to a temporary directory), "
+        "then with the working tree, and compare",
+    )
+    ap.add_argument(
+        "--new",
+        metavar="REV",
+        help="with --against/--check: the new side is git revision REV instead of the working "
+        "tree (compares two commits, unaffected by uncommitted edits)",
+    )
+    ap.add_argument(
+        "--verbose",
+        action="store_true",
+        help="list changes to descriptive fields (summary, levers, series text) finding by "
+        "finding instead of counting them",
+    )
     ap.add_argument("--label", help="progress bar label (set for the child of --against)")
     args = ap.parse_args()
     if args.new and args.write:

@@ -38,7 +38,8 @@ KNOWN_MISSES = {
     "router-cache-aware-vs-round-robin": (
         "mild dilution: round-robin keeps 0.52-0.69 of hits against 0.85 cache-aware (x0.65-0.8, N = 2), "
         "above 001's 50% line; without the tap the router branch's ~1/N test does not hold for its `for` "
-        "either (the recording's own notes)"),
+        "either (the recording's own notes)"
+    ),
 }
 """Recordings whose likely cause is known to need the sidecars (kept visible, not failed)."""
 
@@ -99,12 +100,16 @@ def main() -> int:
                 verdict = f"known miss with engine metrics only: {KNOWN_MISSES[path.stem]}"
             bad += verdict.startswith(("WARNS", "DIFFERENT"))
             expected = meta.get("expected")
-            exp = "no warning" if expected in (None, [], "no warning") else \
-                "/".join(sorted({r for e in expected for r in e["levers"]}))
+            exp = (
+                "no warning"
+                if expected in (None, [], "no warning")
+                else "/".join(sorted({r for e in expected for r in e["levers"]}))
+            )
             rows.append((path.stem, exp, cause(full), f"{cause(only)} {note}".strip(), verdict))
             print(f"  {path.stem:42s} {verdict}", file=sys.stderr, flush=True)
-    print("\n| recording | expected | likely cause, everything recorded | likely cause, engine /metrics only "
-          "| verdict |")
+    print(
+        "\n| recording | expected | likely cause, everything recorded | likely cause, engine /metrics only | verdict |"
+    )
     print("|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")
@@ -114,10 +119,12 @@ def main() -> int:
     healthy = sum(r[1] == "no warning" for r in rows)
     missed = sum(r[4] == "missed both ways" for r in rows)
     known = sum(r[4].startswith("known miss") for r in rows)
-    print(f"\n{len(rows)} recordings: {same} of {len(rows) - healthy} incidents keep their likely cause with engine "
-          f"metrics only ({lower} at lower confidence, {missed} missed with and without); {quiet} of {healthy} "
-          f"healthy recordings stay quiet; {known} known to need the sidecars; {bad} changed otherwise; "
-          f"{time.perf_counter() - t0:.0f} s")
+    print(
+        f"\n{len(rows)} recordings: {same} of {len(rows) - healthy} incidents keep their likely cause with engine "
+        f"metrics only ({lower} at lower confidence, {missed} missed with and without); {quiet} of {healthy} "
+        f"healthy recordings stay quiet; {known} known to need the sidecars; {bad} changed otherwise; "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
     return 1 if bad else 0
 
 

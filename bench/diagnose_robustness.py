@@ -100,8 +100,11 @@ def main() -> int:
             if verdict == "FAIL":
                 print(f"FAIL {variant} {name}: {detail}")
     import kvscope.diagnoser.evaluate.evaluator as engine_module
-    print(f"\n{sum(len(r) for r in table.values())} cases, {failures} failing, "
-          f"{time.perf_counter() - t0:.0f} s (diagnoser from {Path(engine_module.__file__).parent})")
+
+    print(
+        f"\n{sum(len(r) for r in table.values())} cases, {failures} failing, "
+        f"{time.perf_counter() - t0:.0f} s (diagnoser from {Path(engine_module.__file__).parent})"
+    )
     return 1 if failures else 0
 
 

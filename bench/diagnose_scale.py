@@ -46,27 +46,87 @@ except ImportError:  # a revision before the per-stage layout, run by bench/diag
     from kvscope.diagnoser.rule import read_rules  # type: ignore[no-redef]
 
 GOAL_S = 5.0
-WORKERS = 1   # set by --workers; 1 measures the algorithm's own cost
+WORKERS = 1  # set by --workers; 1 measures the algorithm's own cost
 # vLLM 0.33 default buckets (reference/engine-metrics.md §1.4), +Inf appended.
-TTFT_LE = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-           20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+TTFT_LE = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+]
 ITL_LE = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
-LATENCY_LE = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-              480.0, 960.0, 1920.0, 7680.0]
+LATENCY_LE = [
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+]
 TOKENS_LE = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
 
 
 def engine_labels(n: int) -> list[dict[str, str]]:
-    return [{"instance": f"10.0.{i // 250}.{i % 250}:8000", "job": "vllm", "engine": "vllm",
-             "model": f"model-{i % 4}", "dp_rank": "0"} for i in range(n)]
+    return [
+        {
+            "instance": f"10.0.{i // 250}.{i % 250}:8000",
+            "job": "vllm",
+            "engine": "vllm",
+            "model": f"model-{i % 4}",
+            "dp_rank": "0",
+        }
+        for i in range(n)
+    ]
 
 
 def counter(rng: np.random.Generator, n: int, t: int, mean: float) -> np.ndarray:
     return np.cumsum(rng.poisson(mean, size=(n, t)).astype(float), axis=1)
 
 
-def histogram(rng, name: str, labels: list[dict[str, str]], les: list[float], t: int, scale: float,
-              stressed: np.ndarray, blocks: dict[str, Block], sigma: float = 0.5) -> None:
+def histogram(
+    rng,
+    name: str,
+    labels: list[dict[str, str]],
+    les: list[float],
+    t: int,
+    scale: float,
+    stressed: np.ndarray,
+    blocks: dict[str, Block],
+    sigma: float = 0.5,
+) -> None:
     """Cumulative bucket counters: observations ~ lognormal around `scale`, 3x slower when stressed."""
     n = len(labels)
     edges = np.array(les + [np.inf])
@@ -97,7 +157,7 @@ def build_frame(engines: int, hours: float, step: float, seed: int = 7) -> Frame
     hot = rng.choice(engines, size=engines // 10, replace=False)
     start = rng.integers(t // 4, t // 2, size=len(hot))
     for e, s in zip(hot, start, strict=True):
-        stressed[e, s:s + t // 6] = True
+        stressed[e, s : s + t // 6] = True
     blocks: dict[str, Block] = {}
     kv = np.clip(0.5 + 0.1 * rng.standard_normal((engines, t)), 0, 1)
     kv[stressed] = 0.97
@@ -119,8 +179,9 @@ def build_frame(engines: int, hours: float, step: float, seed: int = 7) -> Frame
     histogram(rng, "request_prompt_tokens", labels, TOKENS_LE, t, 800, np.zeros_like(stressed), blocks)
     histogram(rng, "request_generation_tokens", labels, TOKENS_LE, t, 200, np.zeros_like(stressed), blocks)
     histogram(rng, "request_prefill_computed_tokens", labels, TOKENS_LE, t, 250, np.zeros_like(stressed), blocks)
-    gpu = [make_labels({"instance": d["instance"].replace(":8000", ":9400"), "gpu": "0", "job": "dcgm"})
-           for d in labels]
+    gpu = [
+        make_labels({"instance": d["instance"].replace(":8000", ":9400"), "gpu": "0", "job": "dcgm"}) for d in labels
+    ]
     util = np.clip(0.7 + 0.1 * rng.standard_normal((engines, t)), 0, 1)
     blocks["gpu_utilization_ratio"] = Block(gpu, util)
     blocks["gpu_memory_used_bytes"] = Block(gpu, np.full((engines, t), 70e9))
@@ -147,6 +208,7 @@ def profile_run(frame: Frame, rules, top: int) -> None:
     the rule that asks first pays."""
     import cProfile
     import pstats
+
     frame.cache, frame.profile = {}, {}
     prof = cProfile.Profile()
     prof.enable()
@@ -185,13 +247,15 @@ def baseline_scalar(frame: Frame, sample: int) -> tuple[float, float, np.ndarray
     for e, inst in enumerate(engines):
         for t in range(1, len(frame.ts)):
             j = max(0, t - k)
-            window = {le: list(zip(frame.ts[j:t + 1], row[j:t + 1], strict=True))
-                      for le, row in by_engine[inst].items()}
+            window = {
+                le: list(zip(frame.ts[j : t + 1], row[j : t + 1], strict=True)) for le, row in by_engine[inst].items()
+            }
             q = window_quantile(0.99, window)
             scalar[e, t] = np.nan if q is None else q
     per_engine = (time.process_time() - t0) / len(engines)
-    doc = parse_yaml("id: b\nby: [instance]\nseries:\n"
-                     "  p99: {quantile: 0.99, histogram: request_ttft_seconds, range: 5m}\n")
+    doc = parse_yaml(
+        "id: b\nby: [instance]\nseries:\n  p99: {quantile: 0.99, histogram: request_ttft_seconds, range: 5m}\n"
+    )
     rule: Rule = rule_from_doc(doc, "b.yaml")
     frame.cache = None
     t0 = time.process_time()
@@ -208,11 +272,25 @@ def time_revision(rev: str, args: argparse.Namespace) -> list[float]:
     import re
     import subprocess
     import sys
+
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from diagnose_golden import engine_at_revision
-    cmd = [sys.executable, os.path.abspath(__file__), "--no-baseline", "--engines", str(args.engines),
-           "--hours", str(args.hours), "--step", str(args.step), "--workers", str(args.workers),
-           "--repeat", str(args.repeat)]
+
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--no-baseline",
+        "--engines",
+        str(args.engines),
+        "--hours",
+        str(args.hours),
+        "--step",
+        str(args.step),
+        "--workers",
+        str(args.workers),
+        "--repeat",
+        str(args.repeat),
+    ]
     with engine_at_revision(rev) as env:
         out = subprocess.run(cmd, check=True, env=env, capture_output=True, text=True).stdout
     lines = [x for x in out.splitlines() if x.startswith("diagnose")]
@@ -230,13 +308,19 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="threads evaluating rules side by side (default 1)")
     ap.add_argument("--baseline-sample", type=int, default=3, help="engines timed with the scalar functions")
     ap.add_argument("--repeat", type=int, default=1, help="time diagnose this many times (fresh cache each)")
-    ap.add_argument("--profile", action="store_true",
-                    help="after the timed run(s), profile one more: top rules, series nodes and functions")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed run(s), profile one more: top rules, series nodes and functions",
+    )
     ap.add_argument("--top", type=int, default=15, help="how many entries --profile prints per table")
-    ap.add_argument("--against", metavar="REV",
-                    help="also time the diagnoser of git revision REV (the whole revision, extracted and imported "
-                         "as kvscope by diagnose_golden.engine_at_revision) on the same workload, in a "
-                         "child process, and print the ratio")
+    ap.add_argument(
+        "--against",
+        metavar="REV",
+        help="also time the diagnoser of git revision REV (the whole revision, extracted and imported "
+        "as kvscope by diagnose_golden.engine_at_revision) on the same workload, in a "
+        "child process, and print the ratio",
+    )
     args = ap.parse_args()
     global WORKERS
     WORKERS = args.workers
@@ -244,30 +328,38 @@ def main() -> None:
     frame = build_frame(args.engines, args.hours, args.step)
     points = sum(b.values.size for b in frame.blocks.values())
     series = sum(len(b.labels) for b in frame.blocks.values())
-    print(f"frame: {args.engines} engines x {args.hours:g} h at {args.step:g} s = {len(frame.ts)} steps, "
-          f"{series:,} series, {points / 1e6:.1f} M points (built in {time.perf_counter() - t0:.1f} s)")
+    print(
+        f"frame: {args.engines} engines x {args.hours:g} h at {args.step:g} s = {len(frame.ts)} steps, "
+        f"{series:,} series, {points / 1e6:.1f} M points (built in {time.perf_counter() - t0:.1f} s)"
+    )
     rules = read_rules()
     cpus = []
     for _ in range(max(1, args.repeat)):
         took, cpu, sys_s, fired = run(frame, rules, cache=True)
         cpus.append(cpu)
-        print(f"diagnose ({len(rules)} rules, {WORKERS} thread(s)): {took:.2f} s wall, {cpu:.2f} s CPU "
-              f"({sys_s:.2f} s system), "
-              f"{fired} findings; goal {GOAL_S:.0f} s -> {took / GOAL_S:.2f}x of the goal "
-              f"({'met' if took < GOAL_S else 'NOT met'})")
+        print(
+            f"diagnose ({len(rules)} rules, {WORKERS} thread(s)): {took:.2f} s wall, {cpu:.2f} s CPU "
+            f"({sys_s:.2f} s system), "
+            f"{fired} findings; goal {GOAL_S:.0f} s -> {took / GOAL_S:.2f}x of the goal "
+            f"({'met' if took < GOAL_S else 'NOT met'})"
+        )
     if args.profile:
         profile_run(frame, rules, args.top)
     if args.against:
         old_cpus = time_revision(args.against, args)
         for i, (old_cpu, new_cpu) in enumerate(zip(old_cpus, cpus, strict=False), start=1):
-            print(f"run {i}: engine at {args.against} {old_cpu:.2f} s CPU vs this engine {new_cpu:.2f} s CPU "
-                  f"-> {old_cpu / max(new_cpu, 1e-9):.1f}x faster")
+            print(
+                f"run {i}: engine at {args.against} {old_cpu:.2f} s CPU vs this engine {new_cpu:.2f} s CPU "
+                f"-> {old_cpu / max(new_cpu, 1e-9):.1f}x faster"
+            )
     if not args.no_baseline:
         per_engine, vector_s, _ = baseline_scalar(frame, args.baseline_sample)
         scalar_s = per_engine * args.engines
-        print(f"baseline, one series (TTFT p99 5m per engine at every step): scalar agent.derive "
-              f"{scalar_s:.1f} s CPU (measured on {args.baseline_sample} engines, x{args.engines}) vs grid path "
-              f"{vector_s:.3f} s CPU -> {scalar_s / max(vector_s, 1e-9):.0f}x faster, same values")
+        print(
+            f"baseline, one series (TTFT p99 5m per engine at every step): scalar agent.derive "
+            f"{scalar_s:.1f} s CPU (measured on {args.baseline_sample} engines, x{args.engines}) vs grid path "
+            f"{vector_s:.3f} s CPU -> {scalar_s / max(vector_s, 1e-9):.0f}x faster, same values"
+        )
 
 
 if __name__ == "__main__":

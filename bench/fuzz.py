@@ -33,8 +33,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts" / "fuzz"
 MAX_INPUT = 32 << 10
-_GENERIC = [b"\n", b" ", b"\t", b"\x00", b"\xff", b"\\", b'"', b"{", b"}", b",", b"=", b"#", b"-1", b"0",
-            b"1e308", b"NaN", b"+Inf", b"\xc3\xa9", b"\xf0\x9f\x98\x80"]
+_GENERIC = [
+    b"\n",
+    b" ",
+    b"\t",
+    b"\x00",
+    b"\xff",
+    b"\\",
+    b'"',
+    b"{",
+    b"}",
+    b",",
+    b"=",
+    b"#",
+    b"-1",
+    b"0",
+    b"1e308",
+    b"NaN",
+    b"+Inf",
+    b"\xc3\xa9",
+    b"\xf0\x9f\x98\x80",
+]
 
 
 def load_targets() -> dict[str, tuple]:
@@ -55,22 +74,22 @@ def mutate(rng: random.Random, seeds: list[bytes], tokens: list[bytes]) -> bytes
     data = bytearray(rng.choice(seeds))
     if rng.random() < 0.1:
         other = rng.choice(seeds)
-        data = data[: rng.randint(0, len(data))] + other[rng.randint(0, len(other)):]
+        data = data[: rng.randint(0, len(data))] + other[rng.randint(0, len(other)) :]
     words = tokens + _GENERIC
     for _ in range(rng.randint(1, 8)):
         op, at = rng.random(), rng.randint(0, len(data))
-        if op < 0.3 and data:                       # flip bits / set a byte
+        if op < 0.3 and data:  # flip bits / set a byte
             data[min(at, len(data) - 1)] = rng.randrange(256)
-        elif op < 0.5:                              # insert a token
+        elif op < 0.5:  # insert a token
             data[at:at] = rng.choice(words)
-        elif op < 0.7 and data:                     # delete a span
-            del data[at: at + rng.randint(1, 64)]
-        elif op < 0.85 and data:                    # repeat a span (pathological lengths)
-            span = bytes(data[at: at + rng.randint(1, 32)]) or b"a"
-            data[at:at] = span * min(2 ** rng.randint(1, 10), MAX_INPUT // len(span))   # log-uniform
-        else:                                       # copy a span elsewhere
+        elif op < 0.7 and data:  # delete a span
+            del data[at : at + rng.randint(1, 64)]
+        elif op < 0.85 and data:  # repeat a span (pathological lengths)
+            span = bytes(data[at : at + rng.randint(1, 32)]) or b"a"
+            data[at:at] = span * min(2 ** rng.randint(1, 10), MAX_INPUT // len(span))  # log-uniform
+        else:  # copy a span elsewhere
             src = rng.randint(0, len(data))
-            data[at:at] = data[src: src + rng.randint(1, 256)]
+            data[at:at] = data[src : src + rng.randint(1, 256)]
     return bytes(data[:MAX_INPUT])
 
 
@@ -91,8 +110,9 @@ def save(target: str, kind: str, data: bytes, note: str = "") -> Path:
 KINDS = ("inputs", "crashes", "hangs", "memory")
 
 
-def worker(name: str, start: int, stop: int, seed: int, time_s: float, memory_mib: int,
-           current, started, stats) -> None:
+def worker(
+    name: str, start: int, stop: int, seed: int, time_s: float, memory_mib: int, current, started, stats
+) -> None:
     """Run inputs start..stop-1 of one target; counts go to the shared `stats` (KINDS order) and
     failing inputs straight to disk, so a kill loses nothing."""
     parse, seeds_fn, tokens = load_targets()[name]
@@ -110,10 +130,10 @@ def worker(name: str, start: int, stop: int, seed: int, time_s: float, memory_mi
         except MemoryError:
             stats[3] += 1
             save(name, "memory", data)
-        except Exception:   # noqa: BLE001 - anything the parser lets escape is the finding
+        except Exception:  # noqa: BLE001 - anything the parser lets escape is the finding
             stats[1] += 1
             save(name, "crash", data, traceback.format_exc(limit=6))
-        if (took := time.process_time() - cpu) > time_s:   # CPU time: a busy machine is no hang
+        if (took := time.process_time() - cpu) > time_s:  # CPU time: a busy machine is no hang
             stats[2] += 1
             save(name, "hang", data, f"took {took:.2f}s of CPU")
         stats[0] += 1
@@ -125,7 +145,7 @@ def run_target(name: str, n: int, seed: int, time_s: float, memory_mib: int) -> 
     _, seeds_fn, tokens = load_targets()[name]
     seeds = [s[:MAX_INPUT] for s in seeds_fn()]
     ctx = mp.get_context("fork")
-    done = dict.fromkeys(KINDS, 0)     # workers that ended
+    done = dict.fromkeys(KINDS, 0)  # workers that ended
     t0, shown, start = time.monotonic(), 0.0, 0
     while start < n:
         current, started = ctx.Value("q", start, lock=False), ctx.Value("d", 0.0, lock=False)
@@ -134,7 +154,7 @@ def run_target(name: str, n: int, seed: int, time_s: float, memory_mib: int) -> 
         proc.start()
         while proc.is_alive():
             began = started.value
-            if began and time.monotonic() - began > time_s * 2 + 1:   # stuck: kill, record, go on
+            if began and time.monotonic() - began > time_s * 2 + 1:  # stuck: kill, record, go on
                 proc.kill()
                 break
             if time.monotonic() - shown > 5:
@@ -145,12 +165,16 @@ def run_target(name: str, n: int, seed: int, time_s: float, memory_mib: int) -> 
         for j, k in enumerate(KINDS):
             done[k] += stats[j]
         start = n
-        if proc.exitcode != 0:   # killed on a stuck input, or died on one (a signal, an error outside the call)
+        if proc.exitcode != 0:  # killed on a stuck input, or died on one (a signal, an error outside the call)
             kind = "hang" if proc.exitcode == -9 else "crash"
             done["hangs" if kind == "hang" else "crashes"] += 1
             done["inputs"] += 1
-            save(name, kind, make_input(seed, current.value, seeds, tokens),
-                 f"killed after {time_s * 2 + 1:.1f}s" if kind == "hang" else f"worker exit code {proc.exitcode}")
+            save(
+                name,
+                kind,
+                make_input(seed, current.value, seeds, tokens),
+                f"killed after {time_s * 2 + 1:.1f}s" if kind == "hang" else f"worker exit code {proc.exitcode}",
+            )
             start = current.value + 1
     print(f"{name}: {_line(done, t0)}", flush=True)
     return done
@@ -158,8 +182,10 @@ def run_target(name: str, n: int, seed: int, time_s: float, memory_mib: int) -> 
 
 def _line(t: dict[str, int], t0: float) -> str:
     rate = t["inputs"] / max(time.monotonic() - t0, 1e-9)
-    return (f"inputs {t['inputs']:,}  crashes {t['crashes']}  hangs {t['hangs']}  "
-            f"over-memory {t['memory']}  {rate:,.0f} inputs/s")
+    return (
+        f"inputs {t['inputs']:,}  crashes {t['crashes']}  hangs {t['hangs']}  "
+        f"over-memory {t['memory']}  {rate:,.0f} inputs/s"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

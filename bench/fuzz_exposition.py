@@ -24,13 +24,40 @@ from kvscope.agent.signals import load_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "reference"
-CAP = 3 << 10   # a few families per seed keeps ~1M inputs within minutes
+CAP = 3 << 10  # a few families per seed keeps ~1M inputs within minutes
 _CATALOG = load_catalog()
 _LIMITS = Limits(sample_limit=5000, label_limit=64, label_name_length_limit=256, label_value_length_limit=4096)
-TOKENS = [b"# TYPE ", b"# HELP ", b"# UNIT ", b"# EOF\n", b" counter\n", b" histogram\n", b"_bucket{le=\"",
-          b"_total", b"{", b"}", b'="', b'",', b"\\n", b'\\"', b"\\\\", b" # {trace_id=\"", b"+Inf", b"-Inf",
-          b"NaN", b"1e-3", b"1_0", b"0x1p3", b"\xd9\xa3", b" 1700000000000", b" 1700000000.5", b'{"a.b"',
-          b"  ", b"\t", b"\r\n"]
+TOKENS = [
+    b"# TYPE ",
+    b"# HELP ",
+    b"# UNIT ",
+    b"# EOF\n",
+    b" counter\n",
+    b" histogram\n",
+    b'_bucket{le="',
+    b"_total",
+    b"{",
+    b"}",
+    b'="',
+    b'",',
+    b"\\n",
+    b'\\"',
+    b"\\\\",
+    b' # {trace_id="',
+    b"+Inf",
+    b"-Inf",
+    b"NaN",
+    b"1e-3",
+    b"1_0",
+    b"0x1p3",
+    b"\xd9\xa3",
+    b" 1700000000000",
+    b" 1700000000.5",
+    b'{"a.b"',
+    b"  ",
+    b"\t",
+    b"\r\n",
+]
 
 
 def _cut(data: bytes, size: int = CAP) -> bytes:
@@ -56,7 +83,7 @@ def _om_seeds() -> list[bytes]:
 def fuzz_exposition(data: bytes) -> object:
     text = data.decode("utf-8", "replace")
     expo = parse_exposition(text, limits=_LIMITS)
-    if len(data) % 8 == 0:   # 1 in 8: the memo, then its value templates on a second pass
+    if len(data) % 8 == 0:  # 1 in 8: the memo, then its value templates on a second pass
         cache = BlockCache(_CATALOG, limits=_LIMITS)
         for ts in (1.0, 2.0):
             cache.normalize(text, "vllm", {"job": "j", "instance": "i"}, ts)

@@ -39,7 +39,7 @@ from kvscope.diagnoser.alertmanager.payload import WebhookError, diagnosis_windo
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 SPANS = ROOT / "tests" / "recordings" / "healthy-shared-prefix.spans.jsonl.gz"
-load_collector_modules()   # the config sections of otlp / tap / kv_events register on import
+load_collector_modules()  # the config sections of otlp / tap / kv_events register on import
 
 
 # ------------------------------------------------------------------------------------ OTLP
@@ -79,13 +79,30 @@ def _json_value(v: Any) -> dict[str, Any]:
 
 def _json_body(spans: list[dict[str, Any]]) -> bytes:
     """OTLP/JSON (hex ids, 64-bit integers as strings) of spans sharing a resource."""
-    attrs = lambda d: [{"key": k, "value": _json_value(v)} for k, v in d.items()]   # noqa: E731
-    out = [{"traceId": s["trace_id"], "spanId": s["span_id"], "parentSpanId": s.get("parent_span_id") or "",
-            "name": s["name"], "kind": s.get("kind", 0), "startTimeUnixNano": str(s["start_ns"]),
-            "endTimeUnixNano": str(s["end_ns"]), "attributes": attrs(s.get("attributes") or {})} for s in spans]
-    return json.dumps({"resourceSpans": [{"resource": {"attributes": attrs(spans[0].get("resource") or {})},
-                                          "scopeSpans": [{"scope": {"name": spans[0].get("scope", "")},
-                                                          "spans": out}]}]}).encode()
+    attrs = lambda d: [{"key": k, "value": _json_value(v)} for k, v in d.items()]  # noqa: E731
+    out = [
+        {
+            "traceId": s["trace_id"],
+            "spanId": s["span_id"],
+            "parentSpanId": s.get("parent_span_id") or "",
+            "name": s["name"],
+            "kind": s.get("kind", 0),
+            "startTimeUnixNano": str(s["start_ns"]),
+            "endTimeUnixNano": str(s["end_ns"]),
+            "attributes": attrs(s.get("attributes") or {}),
+        }
+        for s in spans
+    ]
+    return json.dumps(
+        {
+            "resourceSpans": [
+                {
+                    "resource": {"attributes": attrs(spans[0].get("resource") or {})},
+                    "scopeSpans": [{"scope": {"name": spans[0].get("scope", "")}, "spans": out}],
+                }
+            ]
+        }
+    ).encode()
 
 
 def _protobuf_body(spans: list[dict[str, Any]]) -> bytes:
@@ -93,7 +110,7 @@ def _protobuf_body(spans: list[dict[str, Any]]) -> bytes:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     doc = json.loads(_json_body(spans))
-    for rs in doc["resourceSpans"]:      # protobuf JSON mapping: ids are base64, not hex
+    for rs in doc["resourceSpans"]:  # protobuf JSON mapping: ids are base64, not hex
         for s in rs["scopeSpans"][0]["spans"]:
             for key in ("traceId", "spanId", "parentSpanId"):
                 s[key] = __import__("base64").b64encode(bytes.fromhex(s[key])).decode()
@@ -113,9 +130,16 @@ def _sdk_bodies() -> list[bytes]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("fuzz-seed")
     with tracer.start_as_current_span("POST /v1/chat/completions", attributes={"kvscope.tenant": "t0"}):
-        with tracer.start_as_current_span("llm_request", attributes={
-                "gen_ai.latency.time_to_first_token": 0.016, "gen_ai.latency.e2e": 0.062,
-                "gen_ai.usage.prompt_tokens": 9, "gen_ai.request.id": "chatcmpl-1", "tags": ["a", "b"]}):
+        with tracer.start_as_current_span(
+            "llm_request",
+            attributes={
+                "gen_ai.latency.time_to_first_token": 0.016,
+                "gen_ai.latency.e2e": 0.062,
+                "gen_ai.usage.prompt_tokens": 9,
+                "gen_ai.request.id": "chatcmpl-1",
+                "tags": ["a", "b"],
+            },
+        ):
             pass
     provider.shutdown()
     return [encode_spans(exporter.get_finished_spans()).SerializeToString()]
@@ -145,8 +169,7 @@ def parse_webhook_json(data: bytes) -> object:
     from kvscope.diagnoser.alertmanager.payload import parse_alert
 
     alerts = [parse_alert(raw, i) for i, raw in enumerate(doc["alerts"])]
-    return [diagnosis_window(a, 1.8e9, 1800.0, 6 * 3600.0) for a in alerts], instance_places(
-        [a.labels for a in alerts])
+    return [diagnosis_window(a, 1.8e9, 1800.0, 6 * 3600.0) for a in alerts], instance_places([a.labels for a in alerts])
 
 
 def seeds_webhook_json() -> list[bytes]:
@@ -154,10 +177,25 @@ def seeds_webhook_json() -> list[bytes]:
     block = re.search(r"Webhook JSON \(Alertmanager 0\.25.*?```json\n(.*?)```", text, re.S)
     assert block, "the captured Alertmanager webhook is no longer in toolchain-probe.md"
     real = json.loads(block.group(1))
-    resolved = {**real, "status": "resolved", "alerts": [{**real["alerts"][0], "status": "resolved",
-                                                          "endsAt": "2026-11-22T05:17:47.169Z"}]}
-    placed = {**real, "alerts": [{**real["alerts"][0], "labels": {
-        **real["alerts"][0]["labels"], "instance": "10.0.0.5:8000", "model": "llama", "rule_id": "kv_pressure"}}]}
+    resolved = {
+        **real,
+        "status": "resolved",
+        "alerts": [{**real["alerts"][0], "status": "resolved", "endsAt": "2026-11-22T05:17:47.169Z"}],
+    }
+    placed = {
+        **real,
+        "alerts": [
+            {
+                **real["alerts"][0],
+                "labels": {
+                    **real["alerts"][0]["labels"],
+                    "instance": "10.0.0.5:8000",
+                    "model": "llama",
+                    "rule_id": "kv_pressure",
+                },
+            }
+        ],
+    }
     return [json.dumps(d).encode() for d in (real, resolved, placed)]
 
 
@@ -177,15 +215,22 @@ def seeds_kv_events_msgpack() -> list[bytes]:
     text = (SHARED / "research" / "vllm-cpu-probe.md").read_text()
     line = next(ln for ln in text.splitlines() if ln.startswith('{"topic": "kv"') and "BlockStored" in ln)
     captured = json.loads(line)
-    ev = {k: [x for x in v if not (isinstance(x, str) and x.startswith("..."))] if isinstance(v, list) else v
-          for k, v in captured["event"].items()}   # the probe elided long lists ("...9 more")
+    ev = {
+        k: [x for x in v if not (isinstance(x, str) and x.startswith("..."))] if isinstance(v, list) else v
+        for k, v in captured["event"].items()
+    }  # the probe elided long lists ("...9 more")
     hashes = ev["block_hashes"]
     removed = {"type": "BlockRemoved", "block_hashes": hashes[:2], "medium": "GPU", "group_idx": 0}
     array = ["BlockStored", hashes, None, ev["token_ids"], ev["block_size"], None, "GPU"]
     enc = msgspec.msgpack.encode
     ts, dp = captured["ts"], captured["dp_rank"]
-    return [enc([ts, [ev], dp]), enc([ts, [ev, removed], dp]), enc([ts, [{"type": "AllBlocksCleared"}], dp]),
-            enc([ts, [array, ["BlockRemoved", hashes[:1]]]]), enc([ts + 1, [ev, removed, ev], dp])]
+    return [
+        enc([ts, [ev], dp]),
+        enc([ts, [ev, removed], dp]),
+        enc([ts, [{"type": "AllBlocksCleared"}], dp]),
+        enc([ts, [array, ["BlockRemoved", hashes[:1]]]]),
+        enc([ts + 1, [ev, removed, ev], dp]),
+    ]
 
 
 # ------------------------------------------------------------------------------------ config
@@ -202,8 +247,10 @@ def seeds_config_yaml() -> list[bytes]:
     out = [(ROOT / "deploy" / "systemd" / "kvscope.yaml").read_bytes()]
     configmap = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "agent-configmap.yaml").read_text())
     out += [v.encode() for v in (configmap.get("data") or {}).values() if isinstance(v, str)]
-    out.append(b"scrape: &s {interval_s: 5, timeout_s: 2}\notlp: {listen: '127.0.0.1:0'}\n"
-               b"kv_events:\n  - {endpoint: 'ipc:///tmp/kv.sock', instance: 'e0:8000', topic: kv}\n")
+    out.append(
+        b"scrape: &s {interval_s: 5, timeout_s: 2}\notlp: {listen: '127.0.0.1:0'}\n"
+        b"kv_events:\n  - {endpoint: 'ipc:///tmp/kv.sock', instance: 'e0:8000', topic: kv}\n"
+    )
     return out
 
 

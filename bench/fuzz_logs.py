@@ -15,17 +15,63 @@ from kvscope.agent.logs.series import read_log
 
 LOGS = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "logs"
 DAY = datetime.date(2026, 11, 24)
-DICTIONARY = {"engine-log": [t.encode() for t in (
-    "Avg prompt throughput: ", " tokens/s, ", "Avg generation throughput: ", "Running: ", " reqs, ", "Waiting: ",
-    "Swapped: ", "Pending: ", "Preemptions: ", "GPU KV cache usage: ", "CPU KV cache usage: ", "%", "%.",
-    "Prefix cache hit rate: ", "Prefix cache hit rate: GPU: ", "Engine 000: ", "INFO 11-24 08:00:00 ",
-    "(APIServer pid=1) ", "[loggers.py:1] ", "[2025-01-01 00:00:00 DP0 TP0] ", "[23:59:59 TP1] ", "Prefill batch. ",
-    "Decode batch, ", "Prefill batch(mixed #running-req: 3). ", " [12], ", "#running-req: ", "#queue-req: ",
-    "#new-token: ", "#cached-token: ", "token usage: ", "swa token usage: ", "gen throughput (token/s): ",
-    "#retracted_reqs: ", "KV cache pool is full. Retract requests. ", "Decode out of memory happened. ",
-    "total_num_cumulative_preemption=", "2026-06-01T12:00:00.123456789Z ", "2026-06-01T12:00:00+02:00 ",
-    "[pod/vllm-0/vllm] ", "-1", "1e308", "99999999999999999999", "\u0661", "\n", "\r\n", "\x00", ", ", ": ",
-    "Engine " + "9" * 5000 + ": ", " DP" + "9" * 5000)]}
+DICTIONARY = {
+    "engine-log": [
+        t.encode()
+        for t in (
+            "Avg prompt throughput: ",
+            " tokens/s, ",
+            "Avg generation throughput: ",
+            "Running: ",
+            " reqs, ",
+            "Waiting: ",
+            "Swapped: ",
+            "Pending: ",
+            "Preemptions: ",
+            "GPU KV cache usage: ",
+            "CPU KV cache usage: ",
+            "%",
+            "%.",
+            "Prefix cache hit rate: ",
+            "Prefix cache hit rate: GPU: ",
+            "Engine 000: ",
+            "INFO 11-24 08:00:00 ",
+            "(APIServer pid=1) ",
+            "[loggers.py:1] ",
+            "[2025-01-01 00:00:00 DP0 TP0] ",
+            "[23:59:59 TP1] ",
+            "Prefill batch. ",
+            "Decode batch, ",
+            "Prefill batch(mixed #running-req: 3). ",
+            " [12], ",
+            "#running-req: ",
+            "#queue-req: ",
+            "#new-token: ",
+            "#cached-token: ",
+            "token usage: ",
+            "swa token usage: ",
+            "gen throughput (token/s): ",
+            "#retracted_reqs: ",
+            "KV cache pool is full. Retract requests. ",
+            "Decode out of memory happened. ",
+            "total_num_cumulative_preemption=",
+            "2026-06-01T12:00:00.123456789Z ",
+            "2026-06-01T12:00:00+02:00 ",
+            "[pod/vllm-0/vllm] ",
+            "-1",
+            "1e308",
+            "99999999999999999999",
+            "\u0661",
+            "\n",
+            "\r\n",
+            "\x00",
+            ", ",
+            ": ",
+            "Engine " + "9" * 5000 + ": ",
+            " DP" + "9" * 5000,
+        )
+    ]
+}
 
 
 def parse_engine_log(data: bytes) -> object:

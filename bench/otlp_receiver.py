@@ -43,9 +43,14 @@ from kvscope.agent.traces.otlp import Span, parse_otlp_traces
 from kvscope.agent.traces.receiver import OtlpTraceReceiver
 from kvscope.agent.traces.stitch import StitchConfig
 
-RESOURCE = {"service.name": "vllm", "vllm.instrumenting_module_name": "vllm.llm_engine", "vllm.process_id": "31468",
-            "telemetry.sdk.language": "python", "telemetry.sdk.name": "opentelemetry",
-            "telemetry.sdk.version": "1.45.2"}
+RESOURCE = {
+    "service.name": "vllm",
+    "vllm.instrumenting_module_name": "vllm.llm_engine",
+    "vllm.process_id": "31468",
+    "telemetry.sdk.language": "python",
+    "telemetry.sdk.name": "opentelemetry",
+    "telemetry.sdk.version": "1.45.2",
+}
 
 
 def build_bodies(n_bodies: int, spans_per_body: int = 512) -> list[bytes]:
@@ -57,17 +62,46 @@ def build_bodies(n_bodies: int, spans_per_body: int = 512) -> list[bytes]:
         for _ in range(spans_per_body // 2):
             tid, root, child = f"{k:032x}", f"{2 * k + 1:016x}", f"{2 * k + 2:016x}"
             start = t0 + k * 1_000_000
-            spans.append(Span(tid, root, "", "POST /v1/chat/completions", 2, start, start + 70_000_000,
-                              {"kvscope.tenant": f"t{k % 7}", "http.response.status_code": 200},
-                              {"service.name": "kvscope-tap"}))
-            spans.append(Span(tid, child, root, "llm_request", 2, start + 1_000_000, start + 63_000_000, {
-                "gen_ai.latency.time_to_first_token": 0.016, "gen_ai.latency.e2e": 0.062,
-                "gen_ai.latency.time_in_queue": 3.4e-05, "gen_ai.usage.prompt_tokens": 9,
-                "gen_ai.usage.completion_tokens": 16, "gen_ai.latency.time_in_model_prefill": 0.0101,
-                "gen_ai.latency.time_in_model_decode": 0.0464, "gen_ai.latency.time_in_model_inference": 0.0566,
-                "gen_ai.request.id": f"chatcmpl-{k:016x}", "gen_ai.request.top_p": 1.0,
-                "gen_ai.request.max_tokens": 16, "gen_ai.request.temperature": 1.0, "gen_ai.request.n": 1},
-                RESOURCE))
+            spans.append(
+                Span(
+                    tid,
+                    root,
+                    "",
+                    "POST /v1/chat/completions",
+                    2,
+                    start,
+                    start + 70_000_000,
+                    {"kvscope.tenant": f"t{k % 7}", "http.response.status_code": 200},
+                    {"service.name": "kvscope-tap"},
+                )
+            )
+            spans.append(
+                Span(
+                    tid,
+                    child,
+                    root,
+                    "llm_request",
+                    2,
+                    start + 1_000_000,
+                    start + 63_000_000,
+                    {
+                        "gen_ai.latency.time_to_first_token": 0.016,
+                        "gen_ai.latency.e2e": 0.062,
+                        "gen_ai.latency.time_in_queue": 3.4e-05,
+                        "gen_ai.usage.prompt_tokens": 9,
+                        "gen_ai.usage.completion_tokens": 16,
+                        "gen_ai.latency.time_in_model_prefill": 0.0101,
+                        "gen_ai.latency.time_in_model_decode": 0.0464,
+                        "gen_ai.latency.time_in_model_inference": 0.0566,
+                        "gen_ai.request.id": f"chatcmpl-{k:016x}",
+                        "gen_ai.request.top_p": 1.0,
+                        "gen_ai.request.max_tokens": 16,
+                        "gen_ai.request.temperature": 1.0,
+                        "gen_ai.request.n": 1,
+                    },
+                    RESOURCE,
+                )
+            )
             k += 1
         bodies.append(encode_spans(spans))
     return bodies
@@ -109,6 +143,7 @@ def run_pipeline(bodies: list[bytes]) -> int:
 
 def stitch_config():
     from kvscope.agent.traces.receiver import OtlpConfig
+
     return OtlpConfig(listen="127.0.0.1:0", stitch=StitchConfig(max_traces=100_000, settle_s=0.0))
 
 
@@ -147,6 +182,7 @@ asyncio.run(main())
 
 async def post_all(port: int, bodies: list[bytes], concurrency: int) -> float:
     import aiohttp
+
     url = f"http://127.0.0.1:{port}/v1/traces"
     queue = list(bodies)
     bar = tqdm(total=len(bodies), desc="http", unit="body", leave=False)
@@ -158,6 +194,7 @@ async def post_all(port: int, bodies: list[bytes], concurrency: int) -> float:
                 assert r.status == 200, r.status
                 await r.read()
             bar.update()
+
     async with aiohttp.ClientSession() as s:
         t = time.perf_counter()
         await asyncio.gather(*(worker(s) for _ in range(concurrency)))
@@ -168,8 +205,9 @@ async def post_all(port: int, bodies: list[bytes], concurrency: int) -> float:
 
 def run_http(bodies: list[bytes], concurrency: int) -> tuple[float, str]:
     pin = ["taskset", "-c", "0"] if shutil.which("taskset") and os.cpu_count() and os.cpu_count() > 1 else []
-    proc = subprocess.Popen([*pin, sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [*pin, sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         port = int(proc.stdout.readline())
         cpu0 = cpu_seconds(proc.pid)
@@ -177,7 +215,7 @@ def run_http(bodies: list[bytes], concurrency: int) -> tuple[float, str]:
         proc.stdin.write("\n")
         proc.stdin.flush()
         spans, requests = proc.stdout.readline().split()
-        cpu = cpu_seconds(proc.pid) - cpu0            # receive + stitch of everything, stop included
+        cpu = cpu_seconds(proc.pid) - cpu0  # receive + stitch of everything, stop included
         assert int(spans) == sum(len(parse_otlp_traces(b, "application/x-protobuf")) for b in bodies)
         where = "receiver pinned to core 0" if pin else "not pinned (no taskset)"
         return int(spans) / cpu, f"{where}; wall-clock rate {int(spans) / dt:,.0f} spans/s"
@@ -196,10 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     bodies = build_bodies(args.bodies)
     print(f"payload: {len(bodies)} bodies x 512 spans, {sum(map(len, bodies)) / len(bodies) / 1024:.0f} KiB/body")
     results = {}
-    variants = [("baseline", run_baseline), ("to_dict", run_todict), ("decode", run_decode),
-                ("pipeline", run_pipeline)]
-    for name, fn in tqdm(variants,
-                         desc="in-process", leave=False):
+    variants = [("baseline", run_baseline), ("to_dict", run_todict), ("decode", run_decode), ("pipeline", run_pipeline)]
+    for name, fn in tqdm(variants, desc="in-process", leave=False):
         results[name] = timed(fn, bodies, args.repeat)
     note = ""
     if args.http:

@@ -37,15 +37,16 @@ def build_exposition(target_series: int) -> tuple[str, int]:
     per_copy = sum(1 for f in families.values() for ln in f if not ln.startswith("#"))
     copies = max(1, target_series // per_copy)
     out = list(header)
-    seen: set[str] = set()   # info gauges carry no model label: keep each distinct line once
+    seen: set[str] = set()  # info gauges carry no model label: keep each distinct line once
     for fam in families.values():
         out.extend(ln for ln in fam if ln.startswith("#"))
         for i in range(copies):
             rank, model = str(i % 8), f"model-{i}"
             for ln in fam:
                 if not ln.startswith("#"):
-                    new = (ln.replace('engine="0"', f'engine="{rank}"')
-                             .replace('model_name="tiny-llama"', f'model_name="{model}"'))
+                    new = ln.replace('engine="0"', f'engine="{rank}"').replace(
+                        'model_name="tiny-llama"', f'model_name="{model}"'
+                    )
                     if new not in seen:
                         seen.add(new)
                         out.append(new)

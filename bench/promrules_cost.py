@@ -31,7 +31,7 @@ import yaml
 from kvscope.diagnoser.promql.build import build_all
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))       # testbed/ (test tooling at the repo root, not installed)
+sys.path.insert(0, str(ROOT))  # testbed/ (test tooling at the repo root, not installed)
 from testbed.httpstub import serving, static_body_handler  # noqa: E402
 from testbed.procs import free_port, running  # noqa: E402
 from testbed.prometheus import prometheus_argv  # noqa: E402
@@ -62,21 +62,32 @@ def _per_group(port: int) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, text, re.M)}
 
 
-def run(name: str, rule_files: list[Path], engines: int, seconds: float, interval: int, tmp: Path,
-        target_port: int) -> dict[str, float]:
+def run(
+    name: str, rule_files: list[Path], engines: int, seconds: float, interval: int, tmp: Path, target_port: int
+) -> dict[str, float]:
     port = free_port()
     work = tmp / name
     work.mkdir()
-    targets = [{"targets": [f"127.0.0.1:{target_port}"],
-                "labels": {"__metrics_path__": f"/e/{i}", "instance": f"engine-{i}:8000"}} for i in range(engines)]
-    (work / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": f"{interval}s", "evaluation_interval": f"{interval}s"},
-        "rule_files": [str(p) for p in rule_files],
-        "scrape_configs": [{"job_name": "vllm", "static_configs": targets}],
-    }))
-    with running(prometheus_argv(work / "prometheus.yml", work / "tsdb", port), work / "prometheus.log",
-                 stop_timeout_s=30):
-        time.sleep(seconds / 2)                        # warm-up: targets scraped, rules evaluated
+    targets = [
+        {
+            "targets": [f"127.0.0.1:{target_port}"],
+            "labels": {"__metrics_path__": f"/e/{i}", "instance": f"engine-{i}:8000"},
+        }
+        for i in range(engines)
+    ]
+    (work / "prometheus.yml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": f"{interval}s", "evaluation_interval": f"{interval}s"},
+                "rule_files": [str(p) for p in rule_files],
+                "scrape_configs": [{"job_name": "vllm", "static_configs": targets}],
+            }
+        )
+    )
+    with running(
+        prometheus_argv(work / "prometheus.yml", work / "tsdb", port), work / "prometheus.log", stop_timeout_s=30
+    ):
+        time.sleep(seconds / 2)  # warm-up: targets scraped, rules evaluated
         cpu0, t0 = _own_metric(port, "process_cpu_seconds_total"), time.time()
         time.sleep(seconds / 2)
         cpu1, t1 = _own_metric(port, "process_cpu_seconds_total"), time.time()
@@ -96,22 +107,32 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--interval", type=int, default=5)
     args = ap.parse_args()
-    with (serving(static_body_handler(CAPTURE.read_bytes())) as server,
-          tempfile.TemporaryDirectory(prefix="kvscope-promrules-") as d):
+    with (
+        serving(static_body_handler(CAPTURE.read_bytes())) as server,
+        tempfile.TemporaryDirectory(prefix="kvscope-promrules-") as d,
+    ):
         tmp = Path(d)
         configs = {"baseline": [], "all": _build(tmp, "all"), "used": _build(tmp, "used")}
-        results = {name: run(name, files, args.engines, args.seconds, args.interval, tmp,
-                             server.server_address[1]) for name, files in configs.items()}
+        results = {
+            name: run(name, files, args.engines, args.seconds, args.interval, tmp, server.server_address[1])
+            for name, files in configs.items()
+        }
     base = results["baseline"]
-    print(f"{args.engines} vLLM engines (real 0.32 capture), scrape + eval every {args.interval}s, "
-          f"Prometheus 2.42, {args.seconds:g}s per run")
-    print(f"{'config':<10} {'rules':>6} {'head series':>12} {'x baseline':>10} {'rule eval/cycle':>16} "
-          f"{'% of interval':>13} {'CPU s/s':>8} {'x baseline':>10}")
+    print(
+        f"{args.engines} vLLM engines (real 0.32 capture), scrape + eval every {args.interval}s, "
+        f"Prometheus 2.42, {args.seconds:g}s per run"
+    )
+    print(
+        f"{'config':<10} {'rules':>6} {'head series':>12} {'x baseline':>10} {'rule eval/cycle':>16} "
+        f"{'% of interval':>13} {'CPU s/s':>8} {'x baseline':>10}"
+    )
     for name, r in results.items():
         ratio = r["head_series"] / base["head_series"]
-        print(f"{name:<10} {r['rules']:>6.0f} {r['head_series']:>12.0f} {ratio:>10.2f} "
-              f"{r['rule_eval_s'] * 1000:>13.1f} ms {100 * r['rule_eval_s'] / args.interval:>12.2f}% "
-              f"{r['cpu_per_s']:>8.3f} {r['cpu_per_s'] / max(base['cpu_per_s'], 1e-9):>10.2f}")
+        print(
+            f"{name:<10} {r['rules']:>6.0f} {r['head_series']:>12.0f} {ratio:>10.2f} "
+            f"{r['rule_eval_s'] * 1000:>13.1f} ms {100 * r['rule_eval_s'] / args.interval:>12.2f}% "
+            f"{r['cpu_per_s']:>8.3f} {r['cpu_per_s'] / max(base['cpu_per_s'], 1e-9):>10.2f}"
+        )
     for name, r in results.items():
         if r["groups"]:
             print(f"  {name}: " + ", ".join(f"{g} {v * 1000:.0f} ms" for g, v in sorted(r["groups"].items())))

@@ -37,9 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per variant; the best is kept")
     a = ap.parse_args(argv)
     names = set().union(*(sample_names(r) for r in read_rules())) | {
-        "request_phase_seconds_bucket", "request_phase_seconds_sum", "request_phase_seconds_count"}
-    recordings = sorted(p for p in LIBRARY.glob("*.om.gz")
-                        if p.with_name(p.name.replace(".om.gz", ".spans.jsonl.gz")).exists())
+        "request_phase_seconds_bucket",
+        "request_phase_seconds_sum",
+        "request_phase_seconds_count",
+    }
+    recordings = sorted(
+        p for p in LIBRARY.glob("*.om.gz") if p.with_name(p.name.replace(".om.gz", ".spans.jsonl.gz")).exists()
+    )
     print(f"{'recording':34s} {'spans':>6s} {'metrics only s':>15s} {'with spans s':>13s} {'ratio':>6s}")
     total = [0.0, 0.0]
     for path in recordings:

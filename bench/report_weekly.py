@@ -21,8 +21,12 @@ from kvscope.report.weekly import WEEK_S, build_report, series_set_from_arrays
 GOAL_S = 10.0
 STEP_S = 15.0
 GPUS, TP, TENANTS = 100, 4, 20
-COUNTERS = ("engine_generation_tokens_total", "engine_prompt_tokens_total",
-            "engine_prefix_cache_hits_tokens_total", "engine_prefix_cache_queries_tokens_total")
+COUNTERS = (
+    "engine_generation_tokens_total",
+    "engine_prompt_tokens_total",
+    "engine_prefix_cache_hits_tokens_total",
+    "engine_prefix_cache_queries_tokens_total",
+)
 
 
 def make_fleet(end: float, rng: np.random.Generator):
@@ -49,8 +53,11 @@ def make_fleet(end: float, rng: np.random.Generator):
             add({"name": "gpu_utilization_ratio", **gpu}, np.clip(diurnal + rng.normal(0, 0.05, ts.size), 0, 1))
     for t in range(TENANTS):
         share = rng.uniform(0.2, 2.0)
-        for name, per in (("tenant_requests_total", 1), ("tenant_prompt_tokens_total", 900),
-                          ("tenant_cached_tokens_total", 900 * rng.uniform(0, 0.8))):
+        for name, per in (
+            ("tenant_requests_total", 1),
+            ("tenant_prompt_tokens_total", 900),
+            ("tenant_cached_tokens_total", 900 * rng.uniform(0, 0.8)),
+        ):
             add({"name": name, "tenant": f"tenant-{t:02d}"}, np.cumsum(share * per * diurnal))
     return series, np.concatenate(sids), np.concatenate(times), np.concatenate(values)
 
@@ -70,13 +77,19 @@ def main() -> None:
     print(f"build series set {t1 - t0:6.2f} s")
     print(f"compute          {t2 - t1:6.2f} s")
     print(f"render md + html {t3 - t2:6.2f} s  ({len(md):,} + {len(page):,} bytes)")
-    print(f"total            {total:6.2f} s   goal {GOAL_S:.0f} s   ratio to goal {total / GOAL_S:.2f} "
-          f"({'within' if total <= GOAL_S else 'OVER'} goal)")
-    print(f"cpu time         {c3 - c0:6.2f} s   (this process; wall time also counts other load: "
-          f"{os.getloadavg()[0]:.1f} load average now)")
+    print(
+        f"total            {total:6.2f} s   goal {GOAL_S:.0f} s   ratio to goal {total / GOAL_S:.2f} "
+        f"({'within' if total <= GOAL_S else 'OVER'} goal)"
+    )
+    print(
+        f"cpu time         {c3 - c0:6.2f} s   (this process; wall time also counts other load: "
+        f"{os.getloadavg()[0]:.1f} load average now)"
+    )
     fleet = report.this.fleet
-    print(f"check: GPU-hours {fleet['gpu_hours']:,.0f} (expected ~{GPUS * 168:,}), "
-          f"tokens/GPU-h {fleet['tokens_per_gpu_hour']:,.0f}, util {fleet['gpu_util']:.2f}")
+    print(
+        f"check: GPU-hours {fleet['gpu_hours']:,.0f} (expected ~{GPUS * 168:,}), "
+        f"tokens/GPU-h {fleet['tokens_per_gpu_hour']:,.0f}, util {fleet['gpu_util']:.2f}"
+    )
 
 
 if __name__ == "__main__":

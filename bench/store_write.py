@@ -45,9 +45,9 @@ def scrape(template: list[Sample], second: int, rng: random.Random) -> list[Samp
         for s in template:
             labels = tuple(inst if k == "instance" else (k, v) for k, v in s.labels)
             if s.name.endswith(("_total", "_count", "_sum", "_bucket")):
-                value = s.value + second * (1 + target)          # counters climb
+                value = s.value + second * (1 + target)  # counters climb
             else:
-                value = round(s.value + rng.random() * 10, 2)   # gauges move
+                value = round(s.value + rng.random() * 10, 2)  # gauges move
             out.append(Sample(s.name, labels, value, ts))
     return out
 
@@ -57,7 +57,7 @@ def bench_store(path: Path, seconds: int, template: list[Sample]) -> dict[str, f
     # without letting the bounded queue absorb (or drop) a burst.
     store = SqliteStore(path, retention_s=1e12, background=False)
     rng = random.Random(1)
-    loads = [scrape(template, i, rng) for i in range(seconds)]   # built before the clock starts
+    loads = [scrape(template, i, rng) for i in range(seconds)]  # built before the clock starts
     t0 = time.perf_counter()
     for batch in tqdm(loads, desc="SqliteStore", unit="scrape-s", disable=not sys.stderr.isatty()):
         store.write(batch)
@@ -67,8 +67,14 @@ def bench_store(path: Path, seconds: int, template: list[Sample]) -> dict[str, f
     store.close()
     written = sum(len(b) for b in loads)
     assert st.written == written and not st.dropped, (st.written, written, st.dropped)
-    return {"samples": written, "seconds": elapsed, "samples_per_s": written / elapsed, "rows": st.rows,
-            "bytes_per_sample": _file_bytes(path) / written, "max_batch_latency_s": st.max_write_latency_s}
+    return {
+        "samples": written,
+        "seconds": elapsed,
+        "samples_per_s": written / elapsed,
+        "rows": st.rows,
+        "bytes_per_sample": _file_bytes(path) / written,
+        "max_batch_latency_s": st.max_write_latency_s,
+    }
 
 
 def bench_naive(path: Path, seconds: int, template: list[Sample], budget_s: float, wal: bool) -> dict[str, float]:
@@ -92,8 +98,12 @@ def bench_naive(path: Path, seconds: int, template: list[Sample], budget_s: floa
         break
     elapsed = time.perf_counter() - t0
     conn.close()
-    return {"samples": written, "seconds": elapsed, "samples_per_s": written / elapsed,
-            "bytes_per_sample": _file_bytes(path) / max(1, written)}
+    return {
+        "samples": written,
+        "seconds": elapsed,
+        "samples_per_s": written / elapsed,
+        "bytes_per_sample": _file_bytes(path) / max(1, written),
+    }
 
 
 def _file_bytes(path: Path) -> int:
@@ -103,30 +113,42 @@ def _file_bytes(path: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=int, default=300, help="simulated seconds of 9-target 1 s scrapes (default 300)")
-    ap.add_argument("--baseline-budget-s", type=float, default=20.0,
-                    help="wall-clock cap for each naive baseline (default 20)")
+    ap.add_argument(
+        "--baseline-budget-s", type=float, default=20.0, help="wall-clock cap for each naive baseline (default 20)"
+    )
     args = ap.parse_args(argv)
     template = build_template()
-    print(f"load: {TARGETS} targets x {len(template)} series (real vLLM 0.32 capture) = "
-          f"{TARGETS * len(template)} samples per 1 s scrape, {args.seconds} simulated seconds")
+    print(
+        f"load: {TARGETS} targets x {len(template)} series (real vLLM 0.32 capture) = "
+        f"{TARGETS * len(template)} samples per 1 s scrape, {args.seconds} simulated seconds"
+    )
     with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as tmp:
         ours = bench_store(Path(tmp) / "store.db", args.seconds, template)
         naive = bench_naive(Path(tmp) / "naive.db", args.seconds, template, args.baseline_budget_s, wal=False)
         naive_wal = bench_naive(Path(tmp) / "naive-wal.db", args.seconds, template, args.baseline_budget_s, wal=True)
-    rows = [("SqliteStore (batched, WAL)", ours), ("baseline: naive autocommit", naive),
-            ("naive autocommit, WAL", naive_wal)]
+    rows = [
+        ("SqliteStore (batched, WAL)", ours),
+        ("baseline: naive autocommit", naive),
+        ("naive autocommit, WAL", naive_wal),
+    ]
     print(f"{'store':30} {'samples':>10} {'samples/s':>12} {'bytes/sample':>13}")
     for name, r in rows:
         print(f"{name:30} {r['samples']:>10.0f} {r['samples_per_s']:>12.0f} {r['bytes_per_sample']:>13.1f}")
     per_scrape = TARGETS * len(template)
-    print(f"SqliteStore stored {ours['samples']:.0f} samples as {ours['rows']:.0f} change-point rows "
-          f"(every value of this load moves on every scrape; unchanged values cost no row)")
-    print(f"SqliteStore headroom: {ours['samples_per_s'] / per_scrape:.0f}x the 1 s scrape load; "
-          f"largest batch commit {ours['max_batch_latency_s'] * 1000:.1f} ms")
-    print(f"ratio vs baseline: throughput {ours['samples_per_s'] / naive['samples_per_s']:.1f}x, "
-          f"bytes/sample {naive['bytes_per_sample'] / ours['bytes_per_sample']:.1f}x smaller "
-          f"(vs naive WAL: {ours['samples_per_s'] / naive_wal['samples_per_s']:.1f}x, "
-          f"{naive_wal['bytes_per_sample'] / ours['bytes_per_sample']:.1f}x)")
+    print(
+        f"SqliteStore stored {ours['samples']:.0f} samples as {ours['rows']:.0f} change-point rows "
+        f"(every value of this load moves on every scrape; unchanged values cost no row)"
+    )
+    print(
+        f"SqliteStore headroom: {ours['samples_per_s'] / per_scrape:.0f}x the 1 s scrape load; "
+        f"largest batch commit {ours['max_batch_latency_s'] * 1000:.1f} ms"
+    )
+    print(
+        f"ratio vs baseline: throughput {ours['samples_per_s'] / naive['samples_per_s']:.1f}x, "
+        f"bytes/sample {naive['bytes_per_sample'] / ours['bytes_per_sample']:.1f}x smaller "
+        f"(vs naive WAL: {ours['samples_per_s'] / naive_wal['samples_per_s']:.1f}x, "
+        f"{naive_wal['bytes_per_sample'] / ours['bytes_per_sample']:.1f}x)"
+    )
     return 0
 
 

@@ -231,16 +231,19 @@ class LeanClient:
     def __init__(self, port: int, body: dict) -> None:
         data = json.dumps(body).encode()
         self.port, self.idle, self.failed = port, [], 0
-        self.request = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+        self.request = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+        )
 
     async def one(self, out: list[tuple[float, float]]) -> None:
         t0 = time.perf_counter()
         if self.idle:
             conn = self.idle.pop()
         else:
-            _, conn = await asyncio.get_running_loop().create_connection(lambda: LeanStream(self.idle),
-                                                                         LOOPBACK, self.port)
+            _, conn = await asyncio.get_running_loop().create_connection(
+                lambda: LeanStream(self.idle), LOOPBACK, self.port
+            )
         row = await conn.start(self.request, t0)
         if row is None:
             self.failed += 1
@@ -274,11 +277,12 @@ http {{
 def wait_port(port: int, group: ProcessGroup, timeout_s: float = 20.0) -> None:
     """Wait until something accepts TCP connections on 127.0.0.1:`port`; fail at once if a
     process of `group` exits (its log tail in the message)."""
+
     def accepts() -> bool:
         with socket.create_connection((LOOPBACK, port), timeout=1.0):
             return True
-    wait_until(accepts, timeout_s, f"a listener on port {port}", procs=group.procs, interval_s=0.1,
-               logs=group.logs)
+
+    wait_until(accepts, timeout_s, f"a listener on port {port}", procs=group.procs, interval_s=0.1, logs=group.logs)
 
 
 async def one(session: aiohttp.ClientSession, url: str, body: dict, out: list[tuple[float, float]]) -> None:
@@ -291,8 +295,7 @@ async def one(session: aiohttp.ClientSession, url: str, body: dict, out: list[tu
     out.append((first - t0, time.perf_counter() - t0))
 
 
-BODY = {"model": "stub", "prompt": "the cache prefix metric trace span latency " * 8, "stream": True,
-        "max_tokens": 16}
+BODY = {"model": "stub", "prompt": "the cache prefix metric trace span latency " * 8, "stream": True, "max_tokens": 16}
 
 
 @contextlib.asynccontextmanager
@@ -312,8 +315,9 @@ async def client(base: str, lean: bool, limit: int):
         yield lambda out: one(s, base + "/v1/completions", BODY, out)
 
 
-async def drive(base: str, requests: int, concurrency: int, label: str, lean: bool = False
-                ) -> tuple[list[tuple[float, float]], float]:
+async def drive(
+    base: str, requests: int, concurrency: int, label: str, lean: bool = False
+) -> tuple[list[tuple[float, float]], float]:
     """Closed loop: `concurrency` workers, each sends its next stream when the last one ended
     (the proxy runs saturated: the client, stub and proxy take every CPU cycle they can get)."""
     out: list[tuple[float, float]] = []
@@ -325,8 +329,9 @@ async def drive(base: str, requests: int, concurrency: int, label: str, lean: bo
             left[0] -= 1
             await send(out)
             bar.update()
+
     async with client(base, lean, concurrency) as send:
-        await send([])                                  # warm the connection path
+        await send([])  # warm the connection path
         t = time.perf_counter()
         await asyncio.gather(*(worker(send) for _ in range(concurrency)))
         dt = time.perf_counter() - t
@@ -334,8 +339,9 @@ async def drive(base: str, requests: int, concurrency: int, label: str, lean: bo
     return out, dt
 
 
-async def drive_open(base: str, requests: int, rate: float, label: str, seed: int = 7, lean: bool = False
-                     ) -> tuple[list[tuple[float, float]], float, float, int]:
+async def drive_open(
+    base: str, requests: int, rate: float, label: str, seed: int = 7, lean: bool = False
+) -> tuple[list[tuple[float, float]], float, float, int]:
     """Open loop: streams start at Poisson arrival times (`rate` per second, the same schedule
     for every path: `seed`), whether or not earlier ones have ended, as users arrive at a
     service. Returns the rows, the wall time, and the mean and peak number of streams in flight."""
@@ -359,8 +365,9 @@ async def drive_open(base: str, requests: int, rate: float, label: str, seed: in
             inflight[0] -= 1
             area[0] += time.perf_counter() - begin
             bar.update()
+
     async with client(base, lean, 0) as send:
-        await send([])                                  # warm the connection path
+        await send([])  # warm the connection path
         t0 = time.perf_counter()
         await asyncio.gather(*(at(send, w, t0) for w in starts))
         dt = time.perf_counter() - t0
@@ -371,6 +378,7 @@ async def drive_open(base: str, requests: int, rate: float, label: str, seed: in
 async def sequential_inproc(stub_port: int, n: int) -> dict[str, list[float]]:
     """TTFT direct vs through a RequestTap running in this process, one stream at a time."""
     from kvscope.agent.tap.proxy import RequestTap, TapConfig
+
     tap = RequestTap(TapConfig(upstreams=(f"http://127.0.0.1:{stub_port}",), listen="127.0.0.1:0"))
     await tap.start()
     body = {"model": "stub", "prompt": "the cache prefix metric trace span latency " * 8, "stream": True}
@@ -411,32 +419,57 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunks", type=int, default=16, help="SSE chunks per stream (default 16)")
     ap.add_argument("--sequential", type=int, default=300, help="streams for the in-process overhead line")
     ap.add_argument("--chunk-gap-ms", type=float, default=2.0, help="stub delay between chunks (default 2)")
-    ap.add_argument("--prefill-ms", type=float, default=0.0,
-                    help="stub delay between the response head and the first chunk (default 0: the head and "
-                         "the first chunk leave together). A real engine sends the head at once and the first "
-                         "token after prefill (vLLM: head ~3-12 ms after the request, first token 10-20 ms "
-                         "later on the CPU test bed), so a proxy handles the head off the TTFT path")
-    ap.add_argument("--arrival", choices=("closed", "poisson"), default="closed",
-                    help="closed: --concurrency workers back to back (saturation, the default); poisson: "
-                         "streams arrive at random at --rate per second whatever is in flight (open loop)")
-    ap.add_argument("--rate", type=float, default=None,
-                    help="poisson arrivals per second (default: --concurrency / stream duration, i.e. "
-                         "--concurrency streams in flight on average)")
-    ap.add_argument("--relay-floor", action="store_true",
-                    help="also measure 'relay': a blind byte relay on the same event loop as the tap (one "
-                         "upstream connection per client connection, no parsing): the floor of any Python proxy")
-    ap.add_argument("--pin", action="store_true",
-                    help="give the proxies (tap, nginx, relay) the last CPU and the client and stub the others, so "
-                         "a proxy's latency is its own work and not its fight with the load generator for a core")
-    ap.add_argument("--lean", action="store_true",
-                    help="a lean load generator: raw uvloop client connections and a raw uvloop stub instead of "
-                         "aiohttp on both ends, so the client's and stub's own CPU adds less noise to the latencies")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="rounds over all paths (path order rotates each round); >1 adds per-column medians")
+    ap.add_argument(
+        "--prefill-ms",
+        type=float,
+        default=0.0,
+        help="stub delay between the response head and the first chunk (default 0: the head and "
+        "the first chunk leave together). A real engine sends the head at once and the first "
+        "token after prefill (vLLM: head ~3-12 ms after the request, first token 10-20 ms "
+        "later on the CPU test bed), so a proxy handles the head off the TTFT path",
+    )
+    ap.add_argument(
+        "--arrival",
+        choices=("closed", "poisson"),
+        default="closed",
+        help="closed: --concurrency workers back to back (saturation, the default); poisson: "
+        "streams arrive at random at --rate per second whatever is in flight (open loop)",
+    )
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="poisson arrivals per second (default: --concurrency / stream duration, i.e. "
+        "--concurrency streams in flight on average)",
+    )
+    ap.add_argument(
+        "--relay-floor",
+        action="store_true",
+        help="also measure 'relay': a blind byte relay on the same event loop as the tap (one "
+        "upstream connection per client connection, no parsing): the floor of any Python proxy",
+    )
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="give the proxies (tap, nginx, relay) the last CPU and the client and stub the others, so "
+        "a proxy's latency is its own work and not its fight with the load generator for a core",
+    )
+    ap.add_argument(
+        "--lean",
+        action="store_true",
+        help="a lean load generator: raw uvloop client connections and a raw uvloop stub instead of "
+        "aiohttp on both ends, so the client's and stub's own CPU adds less noise to the latencies",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds over all paths (path order rotates each round); >1 adds per-column medians",
+    )
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="kvscope-tapbench-"))
     try:
-        with ProcessGroup(tmp) as group:   # logs to <tmp>/<name>.log; stops and reaps all on exit
+        with ProcessGroup(tmp) as group:  # logs to <tmp>/<name>.log; stops and reaps all on exit
             run_paths(args, tmp, group)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -446,26 +479,49 @@ def main(argv: list[str] | None = None) -> int:
 def run_paths(args: argparse.Namespace, tmp: Path, group: ProcessGroup) -> None:
     """Start the stub, the tap and nginx in `group`, measure every path, then the in-process tap."""
     stub_port, tap_port, nginx_port = free_port(), free_port(), free_port()
-    group.start("stub", [sys.executable, "-c", LEAN_STUB if args.lean else STUB, str(stub_port), str(args.chunks),
-                         str(args.chunk_gap_ms), str(args.prefill_ms)],
-                start_new_session=True)
-    tap = group.start("tap", [sys.executable, "-m", "kvscope", "tap", "--upstream",
-                              f"http://127.0.0.1:{stub_port}", "--listen", f"127.0.0.1:{tap_port}"],
-                      start_new_session=True)
+    group.start(
+        "stub",
+        [
+            sys.executable,
+            "-c",
+            LEAN_STUB if args.lean else STUB,
+            str(stub_port),
+            str(args.chunks),
+            str(args.chunk_gap_ms),
+            str(args.prefill_ms),
+        ],
+        start_new_session=True,
+    )
+    tap = group.start(
+        "tap",
+        [
+            sys.executable,
+            "-m",
+            "kvscope",
+            "tap",
+            "--upstream",
+            f"http://127.0.0.1:{stub_port}",
+            "--listen",
+            f"127.0.0.1:{tap_port}",
+        ],
+        start_new_session=True,
+    )
     paths = {"direct": stub_port, "tap": tap_port}
     owner: dict[str, subprocess.Popen | None] = {"direct": None, "tap": tap}
     if args.relay_floor:
         relay_port = free_port()
-        owner["relay"] = group.start("relay", [sys.executable, "-c", RELAY, str(relay_port), str(stub_port)],
-                                     start_new_session=True)
+        owner["relay"] = group.start(
+            "relay", [sys.executable, "-c", RELAY, str(relay_port), str(stub_port)], start_new_session=True
+        )
         paths["relay"] = relay_port
     if shutil.which("nginx") or Path("/usr/sbin/nginx").exists():
         for d in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
             (tmp / d).mkdir()
         (tmp / "nginx.conf").write_text(NGINX_CONF.format(dir=tmp, upstream=stub_port, port=nginx_port))
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-        owner["nginx"] = group.start("nginx", [nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"),
-                                               "-g", "daemon off;"], start_new_session=True)
+        owner["nginx"] = group.start(
+            "nginx", [nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"], start_new_session=True
+        )
         paths["nginx"] = nginx_port
     for port in paths.values():
         wait_port(port, group)
@@ -473,16 +529,21 @@ def run_paths(args: argparse.Namespace, tmp: Path, group: ProcessGroup) -> None:
         pin(owner, group)
     if args.arrival == "poisson" and args.rate is None:
         args.rate = args.concurrency / max(args.chunks * args.chunk_gap_ms / 1000, 1e-3)
-    load = (f"Poisson arrivals at {args.rate:.0f}/s (open loop)" if args.arrival == "poisson"
-            else f"{args.concurrency} concurrent (closed loop)")
-    print(f"{args.requests} streams, {load}, {args.chunks} chunks "
-          f"{args.chunk_gap_ms} ms apart (benchmark stub upstream); os.cpu_count()={os.cpu_count()}; "
-          f"load average at start {os.getloadavg()[0]:.2f}")
+    load = (
+        f"Poisson arrivals at {args.rate:.0f}/s (open loop)"
+        if args.arrival == "poisson"
+        else f"{args.concurrency} concurrent (closed loop)"
+    )
+    print(
+        f"{args.requests} streams, {load}, {args.chunks} chunks "
+        f"{args.chunk_gap_ms} ms apart (benchmark stub upstream); os.cpu_count()={os.cpu_count()}; "
+        f"load average at start {os.getloadavg()[0]:.2f}"
+    )
     rounds = []
     names = list(paths)
     for r in range(args.repeat):
         results = {}
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             u0, s0 = proxy_cpu_s(owner[name])
             url = f"http://127.0.0.1:{paths[name]}"
             if args.arrival == "poisson":
@@ -496,22 +557,27 @@ def run_paths(args: argparse.Namespace, tmp: Path, group: ProcessGroup) -> None:
         rounds.append(summarize({k: results[k] for k in names}))
         report(rounds[-1], f"round {r + 1}/{args.repeat} (load average {os.getloadavg()[0]:.2f})")
     if args.repeat > 1:
-        report({k: tuple(statistics.median(rd[k][i] for rd in rounds) for i in range(8)) for k in names},
-               f"median of {args.repeat} rounds")
+        report(
+            {k: tuple(statistics.median(rd[k][i] for rd in rounds) for i in range(8)) for k in names},
+            f"median of {args.repeat} rounds",
+        )
     inproc = asyncio.run(sequential_inproc(stub_port, args.sequential))
     d, t = (pct(inproc[k], 50) for k in ("direct", "tap"))
     d99, t99 = (pct(inproc[k], 99) for k in ("direct", "tap"))
     pairs = [(b - a) * 1e3 for a, b in zip(inproc["direct"], inproc["tap"], strict=True)]
-    print(f"in-process tap, {args.sequential} sequential streams (proxy work without cross-process "
-          f"scheduling): added TTFT p50 {(t - d) * 1e3:.2f} ms, p99 {(t99 - d99) * 1e3:.2f} ms (goal p99 < 1 ms); "
-          f"per pair (tap minus the direct stream just before it) p50 {pct(pairs, 50):.2f} ms, "
-          f"p99 {pct(pairs, 99):.2f} ms")
+    print(
+        f"in-process tap, {args.sequential} sequential streams (proxy work without cross-process "
+        f"scheduling): added TTFT p50 {(t - d) * 1e3:.2f} ms, p99 {(t99 - d99) * 1e3:.2f} ms (goal p99 < 1 ms); "
+        f"per pair (tap minus the direct stream just before it) p50 {pct(pairs, 50):.2f} ms, "
+        f"p99 {pct(pairs, 99):.2f} ms"
+    )
 
 
 def run_loop(main, lean: bool):
     """The client's event loop: uvloop for the lean load generator, asyncio's otherwise (as before)."""
     if lean:
         import uvloop
+
         return uvloop.run(main)
     return asyncio.run(main)
 
@@ -542,27 +608,41 @@ def summarize(results: dict) -> dict[str, tuple[float, ...]]:
     out = {}
     for name, (rows, dt, user, system) in results.items():
         p50, p99 = (pct([t for t, _ in rows], q) for q in (50, 99))
-        out[name] = (p50 * 1e3, p99 * 1e3, (p50 - d50) * 1e3, (p99 - d99) * 1e3, len(rows) / dt,
-                     (user + system) * 1e6, user * 1e6, system * 1e6)
+        out[name] = (
+            p50 * 1e3,
+            p99 * 1e3,
+            (p50 - d50) * 1e3,
+            (p99 - d99) * 1e3,
+            len(rows) / dt,
+            (user + system) * 1e6,
+            user * 1e6,
+            system * 1e6,
+        )
     return out
 
 
 def report(table: dict[str, tuple[float, ...]], title: str) -> None:
     print(title)
-    print(f"{'path':<8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'added p50':>10} {'added p99':>10} {'streams/s':>10}"
-          f" {'proxy CPU us/stream':>20} {'(user / sys)':>13}")
+    print(
+        f"{'path':<8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'added p50':>10} {'added p99':>10} {'streams/s':>10}"
+        f" {'proxy CPU us/stream':>20} {'(user / sys)':>13}"
+    )
     for name, (p50, p99, a50, a99, rate, cpu, user, system) in table.items():
         cpu_s = f"{cpu:>20.0f} {f'{user:.0f} / {system:.0f}':>13}" if name != "direct" else f"{'-':>20}"
         print(f"{name:<8} {p50:>12.2f} {p99:>12.2f} {a50:>10.2f} {a99:>10.2f} {rate:>10.0f} {cpu_s}")
     if "nginx" in table:
         t, n = table["tap"], table["nginx"]
-        print(f"tap / nginx: TTFT p99 {ratio(t[1], n[1])}, p50 {ratio(t[0], n[0])} (goal <= 1.00), streams/s "
-              f"{ratio(t[4], n[4])} (goal >= 1.00), CPU per stream {ratio(t[5], n[5])} (user {ratio(t[6], n[6])}, "
-              f"sys {ratio(t[7], n[7])}); tap added p99 {t[3]:.2f} ms (goal < 1 ms)")
+        print(
+            f"tap / nginx: TTFT p99 {ratio(t[1], n[1])}, p50 {ratio(t[0], n[0])} (goal <= 1.00), streams/s "
+            f"{ratio(t[4], n[4])} (goal >= 1.00), CPU per stream {ratio(t[5], n[5])} (user {ratio(t[6], n[6])}, "
+            f"sys {ratio(t[7], n[7])}); tap added p99 {t[3]:.2f} ms (goal < 1 ms)"
+        )
     if "relay" in table:
         t, r = table["tap"], table["relay"]
-        print(f"tap / relay (the tap's own work over a blind Python relay): CPU per stream {ratio(t[5], r[5])}, "
-              f"{t[5] - r[5]:+.0f} us (user {t[6] - r[6]:+.0f}, sys {t[7] - r[7]:+.0f})")
+        print(
+            f"tap / relay (the tap's own work over a blind Python relay): CPU per stream {ratio(t[5], r[5])}, "
+            f"{t[5] - r[5]:+.0f} us (user {t[6] - r[6]:+.0f}, sys {t[7] - r[7]:+.0f})"
+        )
 
 
 def ratio(a: float, b: float) -> str:

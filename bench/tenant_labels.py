@@ -41,7 +41,7 @@ class FirstCome:
 
 def build_stream(n: int, tenants: int, random_share: float, seed: int) -> tuple[list[str], set[str]]:
     rng = random.Random(seed)
-    names = [f"t{i:04d}" for i in range(tenants)]             # t0000 is the biggest
+    names = [f"t{i:04d}" for i in range(tenants)]  # t0000 is the biggest
     weights = [1.0 / (i + 1) ** 1.1 for i in range(tenants)]
     out = []
     for k in range(n):
@@ -79,8 +79,10 @@ def main() -> None:
     ns, kept = measure(ranked, stream, top)
     print(f"requests {len(stream):,}  tenants {args.tenants}  random ids {args.random_share:.0%}  K={args.max_tenants}")
     print(f"baseline first-come   {base_ns:8.0f} ns/request   top-10 requests labelled (2nd half) {base_kept:6.1%}")
-    print(f"ranked   TenantLimiter {ns:7.0f} ns/request   top-10 requests labelled (2nd half) {kept:6.1%}"
-          f"   ratio {ns / base_ns:.1f}x   entries held {len(ranked)}   promotions {ranked.stats['promoted']}")
+    print(
+        f"ranked   TenantLimiter {ns:7.0f} ns/request   top-10 requests labelled (2nd half) {kept:6.1%}"
+        f"   ratio {ns / base_ns:.1f}x   entries held {len(ranked)}   promotions {ranked.stats['promoted']}"
+    )
 
 
 if __name__ == "__main__":

@@ -96,18 +96,31 @@ def render_board(board: Board) -> Dashboard:
     for row in board.rows:
         laid, y_after = _layout(row.panels, y + 1, next_id)
         if row.collapsed:
-            panels.append(RowPanel(title=row.title, collapsed=True, panels=laid, id=next(next_id),
-                                   gridPos=GridPos(h=1, w=24, x=0, y=y)))
+            panels.append(
+                RowPanel(
+                    title=row.title, collapsed=True, panels=laid, id=next(next_id), gridPos=GridPos(h=1, w=24, x=0, y=y)
+                )
+            )
         else:
-            panels.append(RowPanel(title=row.title, collapsed=False, id=next(next_id),
-                                   gridPos=GridPos(h=1, w=24, x=0, y=y)))
+            panels.append(
+                RowPanel(title=row.title, collapsed=False, id=next(next_id), gridPos=GridPos(h=1, w=24, x=0, y=y))
+            )
             panels.extend(laid)
         y = y_after
     return Dashboard(
-        title=board.title, uid=board.uid, description=board.description, panels=panels,
-        tags=[style.TAG, *board.tags], timezone="utc", refresh="30s", time=Time("now-1h", "now"),
-        graphTooltip=1, links=style.dashboard_links(), editable=True,
-        templating=Templating(list=board.variables()))
+        title=board.title,
+        uid=board.uid,
+        description=board.description,
+        panels=panels,
+        tags=[style.TAG, *board.tags],
+        timezone="utc",
+        refresh="30s",
+        time=Time("now-1h", "now"),
+        graphTooltip=1,
+        links=style.dashboard_links(),
+        editable=True,
+        templating=Templating(list=board.variables()),
+    )
 
 
 def _layout(specs: tuple[Panel, ...], y: int, next_id) -> tuple[list, int]:
@@ -122,29 +135,57 @@ def _layout(specs: tuple[Panel, ...], y: int, next_id) -> tuple[list, int]:
 
 
 def _targets(spec: Panel) -> list[Target]:
-    return [Target(expr=q.expr, legendFormat=q.legend, refId=chr(ord("A") + i), instant=q.instant,
-                   datasource=style.DATASOURCE, format="table" if spec.kind == "table" else "time_series")
-            for i, q in enumerate(spec.queries)]
+    return [
+        Target(
+            expr=q.expr,
+            legendFormat=q.legend,
+            refId=chr(ord("A") + i),
+            instant=q.instant,
+            datasource=style.DATASOURCE,
+            format="table" if spec.kind == "table" else "time_series",
+        )
+        for i, q in enumerate(spec.queries)
+    ]
 
 
 def _render_panel(spec: Panel, pos: GridPos, pid: int):
     if spec.kind not in KINDS:
         raise ValueError(f"panel {spec.title!r}: kind {spec.kind!r} not in {KINDS}")
-    common = dict(title=spec.title, description=spec.full_description(), dataSource=style.DATASOURCE,
-                  targets=_targets(spec), gridPos=pos, id=pid, links=list(spec.links))
+    common = dict(
+        title=spec.title,
+        description=spec.full_description(),
+        dataSource=style.DATASOURCE,
+        targets=_targets(spec),
+        gridPos=pos,
+        id=pid,
+        links=list(spec.links),
+    )
     unit = style.UNITS[spec.unit]
     steps = style.thresholds(spec.palette)
     if spec.kind == "stat":
-        return Stat(**common, format=unit, reduceCalc="lastNotNull", graphMode="area", thresholds=steps,
-                    noValue="absent", mappings=[{"type": "special", "options": {
-                        "match": "nan", "result": {"text": "No traffic"}}}])
+        return Stat(
+            **common,
+            format=unit,
+            reduceCalc="lastNotNull",
+            graphMode="area",
+            thresholds=steps,
+            noValue="absent",
+            mappings=[{"type": "special", "options": {"match": "nan", "result": {"text": "No traffic"}}}],
+        )
     if spec.kind == "table":
         return Table(**common, unit=unit, transformations=[{"id": "merge", "options": {}}])
-    return TimeSeries(**common, unit=unit, thresholds=steps, legendDisplayMode="table",
-                      legendPlacement="bottom", legendCalcs=["mean", "max", "lastNotNull"],
-                      stacking={"mode": "normal" if spec.stack else "none", "group": "A"},
-                      thresholdsStyleMode="off" if spec.palette == "none" else "line", fillOpacity=10 if
-                      spec.stack else 0, tooltipMode="multi")
+    return TimeSeries(
+        **common,
+        unit=unit,
+        thresholds=steps,
+        legendDisplayMode="table",
+        legendPlacement="bottom",
+        legendCalcs=["mean", "max", "lastNotNull"],
+        stacking={"mode": "normal" if spec.stack else "none", "group": "A"},
+        thresholdsStyleMode="off" if spec.palette == "none" else "line",
+        fillOpacity=10 if spec.stack else 0,
+        tooltipMode="multi",
+    )
 
 
 def render_json(board: Board) -> str:

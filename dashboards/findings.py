@@ -6,13 +6,31 @@ from kvscope.dashboards.style import ui_link
 
 UID = "kvscope-findings"
 
-ACTIVE = Row("Findings", (
-    Panel("Firing now", "kvscope diagnosis rules exported as Prometheus alerts (Llm* names), firing now. "
-          "Open the triage UI for the likely cause, evidence, levers and citations.", (q.firing_alerts(),),
-          "count", "table", width=24, links=(ui_link("", "Triage UI"),)),
-    Panel("Findings over time", "Firing kvscope alerts per rule over the time range.", (q.alert_history(),),
-          "count", stack=True, width=24, links=(ui_link("", "Triage UI"),)),
-))
+ACTIVE = Row(
+    "Findings",
+    (
+        Panel(
+            "Firing now",
+            "kvscope diagnosis rules exported as Prometheus alerts (Llm* names), firing now. "
+            "Open the triage UI for the likely cause, evidence, levers and citations.",
+            (q.firing_alerts(),),
+            "count",
+            "table",
+            width=24,
+            links=(ui_link("", "Triage UI"),),
+        ),
+        Panel(
+            "Findings over time",
+            "Firing kvscope alerts per rule over the time range.",
+            (q.alert_history(),),
+            "count",
+            stack=True,
+            width=24,
+            links=(ui_link("", "Triage UI"),),
+        ),
+    ),
+)
 
-BOARD = Board(UID, "kvscope / Active findings", "Diagnosis findings firing now, with links to the triage UI.",
-              (ACTIVE,))
+BOARD = Board(
+    UID, "kvscope / Active findings", "Diagnosis findings firing now, with links to the triage UI.", (ACTIVE,)
+)

@@ -10,63 +10,183 @@ from kvscope.dashboards.style import drilldown
 
 UID = "kvscope-fleet"
 
-TILES = Row("At a glance", (
-    Panel("Requests / s", "Finished requests per second across the selection.", (q.request_rate(),),
-          "reqps", "stat", width=3),
-    Panel("Output tok/s", "Generated tokens per second across the selection.", (q.token_rates()[1],),
-          "tokens_per_s", "stat", width=3),
-    Panel("TTFT p99", "99th percentile time to first token over the window.",
-          (q.p99("request_ttft_seconds"),), "seconds", "stat", width=3),
-    Panel("ITL p99", "99th percentile inter-token latency over the window.", (q.p99("request_itl_seconds"),),
-          "seconds", "stat", width=3),
-    Panel("TTFT SLO attainment", "Share of requests whose TTFT was under the $ttft_slo bucket.",
-          (q.slo_attainment("request_ttft_seconds", "ttft_slo"),), "ratio", "stat", "slo", width=3),
-    Panel("KV cache (fullest engine)", "Highest KV pool usage of any engine (0-1). 002 §9.3 target 75-90 %.",
-          (q.kv_usage_spread()[0],), "ratio", "stat", "kv_usage", width=3,
-          links=(drilldown("kvscope-kv", "KV cache & prefix"),)),
-    Panel("Prefix hit ratio", "Token-weighted local prefix-cache hit ratio over the window.",
-          (q.prefix_hit_ratio(),), "ratio", "stat", "hit_ratio", width=3,
-          links=(drilldown("kvscope-kv", "KV cache & prefix"),)),
-    Panel("Targets down", "Scrape targets whose last scrape failed (kvscope_target_up == 0).",
-          (q.targets_down(),), "count", "stat", "down", width=3),
-))
+TILES = Row(
+    "At a glance",
+    (
+        Panel(
+            "Requests / s",
+            "Finished requests per second across the selection.",
+            (q.request_rate(),),
+            "reqps",
+            "stat",
+            width=3,
+        ),
+        Panel(
+            "Output tok/s",
+            "Generated tokens per second across the selection.",
+            (q.token_rates()[1],),
+            "tokens_per_s",
+            "stat",
+            width=3,
+        ),
+        Panel(
+            "TTFT p99",
+            "99th percentile time to first token over the window.",
+            (q.p99("request_ttft_seconds"),),
+            "seconds",
+            "stat",
+            width=3,
+        ),
+        Panel(
+            "ITL p99",
+            "99th percentile inter-token latency over the window.",
+            (q.p99("request_itl_seconds"),),
+            "seconds",
+            "stat",
+            width=3,
+        ),
+        Panel(
+            "TTFT SLO attainment",
+            "Share of requests whose TTFT was under the $ttft_slo bucket.",
+            (q.slo_attainment("request_ttft_seconds", "ttft_slo"),),
+            "ratio",
+            "stat",
+            "slo",
+            width=3,
+        ),
+        Panel(
+            "KV cache (fullest engine)",
+            "Highest KV pool usage of any engine (0-1). 002 §9.3 target 75-90 %.",
+            (q.kv_usage_spread()[0],),
+            "ratio",
+            "stat",
+            "kv_usage",
+            width=3,
+            links=(drilldown("kvscope-kv", "KV cache & prefix"),),
+        ),
+        Panel(
+            "Prefix hit ratio",
+            "Token-weighted local prefix-cache hit ratio over the window.",
+            (q.prefix_hit_ratio(),),
+            "ratio",
+            "stat",
+            "hit_ratio",
+            width=3,
+            links=(drilldown("kvscope-kv", "KV cache & prefix"),),
+        ),
+        Panel(
+            "Targets down",
+            "Scrape targets whose last scrape failed (kvscope_target_up == 0).",
+            (q.targets_down(),),
+            "count",
+            "stat",
+            "down",
+            width=3,
+        ),
+    ),
+)
 
-LATENCY = Row("Latency", (
-    Panel("Time to first token", "TTFT p50, p99 and windowed mean (rate(_sum)/rate(_count)).", tuple(q.ttft()),
-          "seconds", links=(drilldown("kvscope-phases", "Request phases"),)),
-    Panel("Inter-token latency", "ITL p50, p99 and mean. SGLang and older vLLM call this TPOT.",
-          tuple(q.itl()), "seconds"),
-    Panel("End-to-end latency", "Request E2E p50, p99 and mean.", tuple(q.e2e()), "seconds"),
-    Panel("ITL SLO attainment", "Share of inter-token gaps under the $itl_slo bucket.",
-          (q.slo_attainment("request_itl_seconds", "itl_slo"),), "ratio", palette="slo", width=8),
-    Panel("TTFT p99 per instance (recorded)", "Per-instance TTFT p99 over 5 minutes from kvscope's recording "
-          "rules (rules/prometheus/kvscope-derived.yml): cheap to query over long ranges, and the series "
-          "the SLO alerts read. Needs the rules loaded in Prometheus.",
-          (q.recorded("instance:request_ttft_seconds:p99_5m"),), "seconds", width=8),
-    Panel("Mean time per request phase", "Queue, prefill and decode means, stacked: where E2E time goes.",
-          tuple(q.phase_means()), "seconds", stack=True, width=8,
-          links=(drilldown("kvscope-phases", "Request phases"),)),
-))
+LATENCY = Row(
+    "Latency",
+    (
+        Panel(
+            "Time to first token",
+            "TTFT p50, p99 and windowed mean (rate(_sum)/rate(_count)).",
+            tuple(q.ttft()),
+            "seconds",
+            links=(drilldown("kvscope-phases", "Request phases"),),
+        ),
+        Panel(
+            "Inter-token latency",
+            "ITL p50, p99 and mean. SGLang and older vLLM call this TPOT.",
+            tuple(q.itl()),
+            "seconds",
+        ),
+        Panel("End-to-end latency", "Request E2E p50, p99 and mean.", tuple(q.e2e()), "seconds"),
+        Panel(
+            "ITL SLO attainment",
+            "Share of inter-token gaps under the $itl_slo bucket.",
+            (q.slo_attainment("request_itl_seconds", "itl_slo"),),
+            "ratio",
+            palette="slo",
+            width=8,
+        ),
+        Panel(
+            "TTFT p99 per instance (recorded)",
+            "Per-instance TTFT p99 over 5 minutes from kvscope's recording "
+            "rules (rules/prometheus/kvscope-derived.yml): cheap to query over long ranges, and the series "
+            "the SLO alerts read. Needs the rules loaded in Prometheus.",
+            (q.recorded("instance:request_ttft_seconds:p99_5m"),),
+            "seconds",
+            width=8,
+        ),
+        Panel(
+            "Mean time per request phase",
+            "Queue, prefill and decode means, stacked: where E2E time goes.",
+            tuple(q.phase_means()),
+            "seconds",
+            stack=True,
+            width=8,
+            links=(drilldown("kvscope-phases", "Request phases"),),
+        ),
+    ),
+)
 
-THROUGHPUT = Row("Throughput", (
-    Panel("Token throughput by model", "Input and output tokens per second per model.",
-          tuple(q.token_rates(("model",))), "tokens_per_s"),
-    Panel("Finished requests by reason", "Finished requests per second by finish reason (stop, length, abort...).",
-          (q.finish_reasons(),), "reqps", stack=True),
-    Panel("Tokens per GPU-hour", "Output tokens per GPU-hour: 002 §9.3's core efficiency number. Absent "
-          "without a GPU collector (DCGM or NVML).", (q.tokens_per_gpu_hour(),), "tokens_per_gpu_hour",
-          links=(drilldown("kvscope-efficiency", "Efficiency & cost"),)),
-))
+THROUGHPUT = Row(
+    "Throughput",
+    (
+        Panel(
+            "Token throughput by model",
+            "Input and output tokens per second per model.",
+            tuple(q.token_rates(("model",))),
+            "tokens_per_s",
+        ),
+        Panel(
+            "Finished requests by reason",
+            "Finished requests per second by finish reason (stop, length, abort...).",
+            (q.finish_reasons(),),
+            "reqps",
+            stack=True,
+        ),
+        Panel(
+            "Tokens per GPU-hour",
+            "Output tokens per GPU-hour: 002 §9.3's core efficiency number. Absent "
+            "without a GPU collector (DCGM or NVML).",
+            (q.tokens_per_gpu_hour(),),
+            "tokens_per_gpu_hour",
+            links=(drilldown("kvscope-efficiency", "Efficiency & cost"),),
+        ),
+    ),
+)
 
-SATURATION = Row("Saturation", (
-    Panel("Scheduler queue", "Running and waiting requests summed over engines.", tuple(q.running_waiting()),
-          "count"),
-    Panel("KV cache usage", "Max, average and min KV pool usage across engines: a wide spread is a "
-          "load-balance problem.", tuple(q.kv_usage_spread()), "ratio", palette="kv_usage"),
-    Panel("Preemptions / s", "Requests preempted (KV evicted and recomputed) per second.", (q.preemptions(),),
-          "per_s", palette="rate_bad", links=(drilldown("kvscope-kv", "KV cache & prefix"),)),
-))
+SATURATION = Row(
+    "Saturation",
+    (
+        Panel(
+            "Scheduler queue", "Running and waiting requests summed over engines.", tuple(q.running_waiting()), "count"
+        ),
+        Panel(
+            "KV cache usage",
+            "Max, average and min KV pool usage across engines: a wide spread is a load-balance problem.",
+            tuple(q.kv_usage_spread()),
+            "ratio",
+            palette="kv_usage",
+        ),
+        Panel(
+            "Preemptions / s",
+            "Requests preempted (KV evicted and recomputed) per second.",
+            (q.preemptions(),),
+            "per_s",
+            palette="rate_bad",
+            links=(drilldown("kvscope-kv", "KV cache & prefix"),),
+        ),
+    ),
+)
 
-BOARD = Board(UID, "kvscope / Fleet overview",
-              "Latency SLOs, throughput, saturation and efficiency across vLLM and SGLang engines.",
-              (TILES, LATENCY, THROUGHPUT, SATURATION), slo_vars=True)
+BOARD = Board(
+    UID,
+    "kvscope / Fleet overview",
+    "Latency SLOs, throughput, saturation and efficiency across vLLM and SGLang engines.",
+    (TILES, LATENCY, THROUGHPUT, SATURATION),
+    slo_vars=True,
+)

@@ -5,54 +5,132 @@ from kvscope.dashboards.board import Board, Panel, Row
 
 UID = "kvscope-kv"
 
-POOL = Row("KV pool", (
-    Panel("KV usage per engine and DP rank", "Device KV pool usage (0-1) per instance and data-parallel rank. "
-          "vLLM counts evictable prefix blocks as free; SGLang reports used/total.",
-          (q.kv_usage(("instance", "dp_rank")),), "ratio", palette="kv_usage", width=12),
-    Panel("KV capacity", "Tokens each engine's device KV pool can hold (from vLLM cache_config_info or "
-          "SGLang max_total_num_tokens).", (q.kv_capacity(),), "tokens", width=12),
-))
+POOL = Row(
+    "KV pool",
+    (
+        Panel(
+            "KV usage per engine and DP rank",
+            "Device KV pool usage (0-1) per instance and data-parallel rank. "
+            "vLLM counts evictable prefix blocks as free; SGLang reports used/total.",
+            (q.kv_usage(("instance", "dp_rank")),),
+            "ratio",
+            palette="kv_usage",
+            width=12,
+        ),
+        Panel(
+            "KV capacity",
+            "Tokens each engine's device KV pool can hold (from vLLM cache_config_info or "
+            "SGLang max_total_num_tokens).",
+            (q.kv_capacity(),),
+            "tokens",
+            width=12,
+        ),
+    ),
+)
 
-PREFIX = Row("Prefix cache", (
-    Panel("Hit ratio per engine and DP rank", "Token-weighted local prefix hit ratio. DP ranks are separate "
-          "cache domains (000): a spread between ranks means sessions land on several ranks (P6).",
-          (q.prefix_hit_ratio(("instance", "dp_rank")),), "ratio", palette="hit_ratio"),
-    Panel("Hit ratio by tier", "Local (device) vs external (KV connector / offload) tier hit ratios, LMCache's "
-          "own lookup hit ratio, plus the host-memory tier usage where SGLang HiCache reports it.",
-          (q.prefix_hit_ratio(), q.external_hit_ratio(), q.tier_hit_ratio(), q.host_tier_usage()), "ratio",
-          palette="hit_ratio"),
-    Panel("Router prefix locality", "Where a router exports it: the mean share of a request's prefix found on "
-          "the worker it was routed to (llm-d EPP, Dynamo KV router) and the share of decisions kept on the "
-          "prefix's worker (SMG policy branches). A fall means locality given away (R1).",
-          tuple(q.router_locality()), "ratio", palette="hit_ratio"),
-    Panel("Prompt tokens by source", "Where prompt tokens came from: computed locally, local cache hit, or "
-          "external KV transfer.", (q.prompt_tokens_by_source(),), "tokens_per_s", stack=True),
-))
+PREFIX = Row(
+    "Prefix cache",
+    (
+        Panel(
+            "Hit ratio per engine and DP rank",
+            "Token-weighted local prefix hit ratio. DP ranks are separate "
+            "cache domains (000): a spread between ranks means sessions land on several ranks (P6).",
+            (q.prefix_hit_ratio(("instance", "dp_rank")),),
+            "ratio",
+            palette="hit_ratio",
+        ),
+        Panel(
+            "Hit ratio by tier",
+            "Local (device) vs external (KV connector / offload) tier hit ratios, LMCache's "
+            "own lookup hit ratio, plus the host-memory tier usage where SGLang HiCache reports it.",
+            (q.prefix_hit_ratio(), q.external_hit_ratio(), q.tier_hit_ratio(), q.host_tier_usage()),
+            "ratio",
+            palette="hit_ratio",
+        ),
+        Panel(
+            "Router prefix locality",
+            "Where a router exports it: the mean share of a request's prefix found on "
+            "the worker it was routed to (llm-d EPP, Dynamo KV router) and the share of decisions kept on the "
+            "prefix's worker (SMG policy branches). A fall means locality given away (R1).",
+            tuple(q.router_locality()),
+            "ratio",
+            palette="hit_ratio",
+        ),
+        Panel(
+            "Prompt tokens by source",
+            "Where prompt tokens came from: computed locally, local cache hit, or external KV transfer.",
+            (q.prompt_tokens_by_source(),),
+            "tokens_per_s",
+            stack=True,
+        ),
+    ),
+)
 
-EVICTION = Row("Eviction & preemption", (
-    Panel("Preemptions / s per engine", "Preemptions per second per instance. 002 §9.3: eviction above 5 % of "
-          "active requests is a warning, above 20 % degraded.", (q.preemptions(("instance",)),), "per_s",
-          palette="rate_bad"),
-    Panel("Evicted KV tokens / s", "KV tokens evicted per second (SGLang), per instance.",
-          (q.evicted_tokens(),), "tokens_per_s"),
-    Panel("Block residency", "Median KV block lifetime, idle time before eviction and reuse gap (vLLM KV "
-          "residency histograms, sampled). A reuse gap near the idle-before-evict time means reused blocks "
-          "are evicted just before they are needed (K4).", tuple(q.residency()), "seconds"),
-))
+EVICTION = Row(
+    "Eviction & preemption",
+    (
+        Panel(
+            "Preemptions / s per engine",
+            "Preemptions per second per instance. 002 §9.3: eviction above 5 % of "
+            "active requests is a warning, above 20 % degraded.",
+            (q.preemptions(("instance",)),),
+            "per_s",
+            palette="rate_bad",
+        ),
+        Panel(
+            "Evicted KV tokens / s",
+            "KV tokens evicted per second (SGLang), per instance.",
+            (q.evicted_tokens(),),
+            "tokens_per_s",
+        ),
+        Panel(
+            "Block residency",
+            "Median KV block lifetime, idle time before eviction and reuse gap (vLLM KV "
+            "residency histograms, sampled). A reuse gap near the idle-before-evict time means reused blocks "
+            "are evicted just before they are needed (K4).",
+            tuple(q.residency()),
+            "seconds",
+        ),
+    ),
+)
 
-CASCADE = Row("Memory-pressure cascade & KV events", (
-    Panel("Cascade stage", "Cascade stage per engine (002 §7.4): 0 healthy, 1 KV high, 2 evicting / "
-          "preempting, 3 queueing, 4 latency symptom. Act at stage 2, before latency alerts.",
-          (q.cascade_stage(),), "stage", palette="none"),
-    Panel("Cascade lead time", "Seconds the root (KV high) preceded the latency symptom.", (q.cascade_lead(),),
-          "seconds"),
-    Panel("KV block churn", "Blocks removed per second by medium, blocks evicted and then recomputed, and "
-          "hot (reused) blocks evicted: the LRU failure of K4 (from the engines' KV events).",
-          tuple(q.kv_event_rates()), "per_s"),
-    Panel("Block residency (KV events)", "Stored-to-removed time of every KV block, p50 and p99.",
-          tuple(q.block_residency_events()), "seconds"),
-))
+CASCADE = Row(
+    "Memory-pressure cascade & KV events",
+    (
+        Panel(
+            "Cascade stage",
+            "Cascade stage per engine (002 §7.4): 0 healthy, 1 KV high, 2 evicting / "
+            "preempting, 3 queueing, 4 latency symptom. Act at stage 2, before latency alerts.",
+            (q.cascade_stage(),),
+            "stage",
+            palette="none",
+        ),
+        Panel(
+            "Cascade lead time",
+            "Seconds the root (KV high) preceded the latency symptom.",
+            (q.cascade_lead(),),
+            "seconds",
+        ),
+        Panel(
+            "KV block churn",
+            "Blocks removed per second by medium, blocks evicted and then recomputed, and "
+            "hot (reused) blocks evicted: the LRU failure of K4 (from the engines' KV events).",
+            tuple(q.kv_event_rates()),
+            "per_s",
+        ),
+        Panel(
+            "Block residency (KV events)",
+            "Stored-to-removed time of every KV block, p50 and p99.",
+            tuple(q.block_residency_events()),
+            "seconds",
+        ),
+    ),
+)
 
-BOARD = Board(UID, "kvscope / KV cache & prefix",
-              "KV pool usage, prefix-cache effectiveness per replica, DP rank and tier, evictions, "
-              "preemptions and block residency.", (POOL, PREFIX, EVICTION, CASCADE))
+BOARD = Board(
+    UID,
+    "kvscope / KV cache & prefix",
+    "KV pool usage, prefix-cache effectiveness per replica, DP rank and tier, evictions, "
+    "preemptions and block residency.",
+    (POOL, PREFIX, EVICTION, CASCADE),
+)

@@ -78,12 +78,12 @@ class QueryLinter:
         if name in BUILTINS:
             return "builtin"
         if name.startswith(CANONICAL_PREFIX):
-            return self._catalog_kind(name[len(CANONICAL_PREFIX):]) if name in self.recorded else None
+            return self._catalog_kind(name[len(CANONICAL_PREFIX) :]) if name in self.recorded else None
         if name in self.recorded:
             return "recorded"
         if not name.startswith(KVSCOPE_PREFIX):
             return None
-        base = name[len(KVSCOPE_PREFIX):]
+        base = name[len(KVSCOPE_PREFIX) :]
         return "gauge" if base in AGENT_SERIES else self._catalog_kind(base)
 
     def _catalog_kind(self, base: str) -> str | None:
@@ -119,7 +119,7 @@ class QueryLinter:
     def _quantiles(body: str) -> list[tuple[str, str]]:
         out = []
         for m in re.finditer(r"histogram_quantile\(", body):
-            arg = body[m.end():]
+            arg = body[m.end() :]
             by = re.match(r"\s*[\d.$a-z_]+\s*,\s*sum\s+by\s*\(([^)]*)\)\s*\(\s*rate\([a-zA-Z_:0-9]+_bucket", arg)
             if not by or "le" not in [x.strip() for x in by.group(1).split(",")]:
                 out.append(("quantile-without-sum-by-le", arg[:80]))
@@ -131,7 +131,7 @@ class QueryLinter:
         for i, ch in enumerate(body):
             if ch != "/":
                 continue
-            rest = body[i + 1:].lstrip()
+            rest = body[i + 1 :].lstrip()
             if re.match(r"[\d.]+", rest) or _guarded(rest):
                 continue
             out.append(("unguarded-division", rest[:60]))
@@ -188,9 +188,11 @@ def _lint_panel(panel: Panel, linter: QueryLinter) -> list[tuple[str, str]]:
 
 def _is_latency(panel: Panel, catalog: Catalog) -> bool:
     sigs = [catalog.signals.get(s) for s in panel.signals()]
-    return bool(sigs) and all(s is not None and s.kind == "histogram" and s.unit == "seconds" for s in sigs) \
-        and all("_bytes" not in q.expr and ("histogram_quantile" in q.expr or "_sum" in q.expr)
-                for q in panel.queries)
+    return (
+        bool(sigs)
+        and all(s is not None and s.kind == "histogram" and s.unit == "seconds" for s in sigs)
+        and all("_bytes" not in q.expr and ("histogram_quantile" in q.expr or "_sum" in q.expr) for q in panel.queries)
+    )
 
 
 def lint_boards(boards, linter: QueryLinter | None = None) -> list[LintIssue]:

@@ -59,8 +59,7 @@ def sum_rate(signal: str, by: tuple[str, ...] = (), suffix: str = "", extra: str
     return f"sum{_by(by)} (rate({series(signal, suffix)}{_sel(extra)}[{w}]))"
 
 
-def sum_increase(signal: str, by: tuple[str, ...] = (), suffix: str = "", extra: str = "",
-                 w: str = RANGE) -> str:
+def sum_increase(signal: str, by: tuple[str, ...] = (), suffix: str = "", extra: str = "", w: str = RANGE) -> str:
     """sum by (...) (increase(...[w])): a count over the dashboard's time range."""
     return f"sum{_by(by)} (increase({series(signal, suffix)}{_sel(extra)}[{w}]))"
 
@@ -88,12 +87,15 @@ def gauge(signal: str, agg: str = "sum", by: tuple[str, ...] = (), extra: str = 
 def latency(signal: str, by: tuple[str, ...] = (), extra: str = "", what: str = "") -> list[Query]:
     """p50, p99 and the mean of a seconds histogram."""
     tag = "{{" + "}} {{".join(by) + "}} " if by else ""
-    return [Query(quantile(0.5, signal, by, extra), f"{tag}p50{what}", (signal,)),
-            Query(quantile(0.99, signal, by, extra), f"{tag}p99{what}", (signal,)),
-            Query(mean(signal, by, extra), f"{tag}mean{what}", (signal,))]
+    return [
+        Query(quantile(0.5, signal, by, extra), f"{tag}p50{what}", (signal,)),
+        Query(quantile(0.99, signal, by, extra), f"{tag}p99{what}", (signal,)),
+        Query(mean(signal, by, extra), f"{tag}mean{what}", (signal,)),
+    ]
 
 
 # ------------------------------------------------------------------------------ request latency
+
 
 def ttft() -> list[Query]:
     return latency("request_ttft_seconds")
@@ -126,34 +128,43 @@ def recorded(name: str, agg: str = "max", by: tuple[str, ...] = ("instance",)) -
 def phase_means(by: tuple[str, ...] = ()) -> list[Query]:
     """Mean time per request phase (queue, prefill, decode): stacked, they add up to E2E."""
     tag = "{{" + "}} {{".join(by) + "}} " if by else ""
-    return [Query(mean(f"request_{p}_seconds", by), f"{tag}{p}", (f"request_{p}_seconds",))
-            for p in ("queue", "prefill", "decode")]
+    return [
+        Query(mean(f"request_{p}_seconds", by), f"{tag}{p}", (f"request_{p}_seconds",))
+        for p in ("queue", "prefill", "decode")
+    ]
 
 
 def slo_attainment(signal: str, var: str) -> Query:
     """Share of requests under the SLO bucket chosen in `$var` (a histogram bucket bound)."""
     le = f'le=~"${var}(\\\\.0)?"'
-    return Query(guard(sum_rate(signal, (), "_bucket", le), sum_rate(signal, (), "_count")),
-                 f"share under ${var} s", (signal,))
+    return Query(
+        guard(sum_rate(signal, (), "_bucket", le), sum_rate(signal, (), "_count")), f"share under ${var} s", (signal,)
+    )
 
 
 # ------------------------------------------------------------------------------ throughput
 
+
 def request_rate(by: tuple[str, ...] = ()) -> Query:
-    return Query(sum_rate("engine_requests_finished_total", by), "{{" + "}} {{".join(by) + "}}" if by else "req/s",
-                 ("engine_requests_finished_total",))
+    return Query(
+        sum_rate("engine_requests_finished_total", by),
+        "{{" + "}} {{".join(by) + "}}" if by else "req/s",
+        ("engine_requests_finished_total",),
+    )
 
 
 def token_rates(by: tuple[str, ...] = ()) -> list[Query]:
     tag = "{{" + "}} {{".join(by) + "}} " if by else ""
-    return [Query(sum_rate("engine_prompt_tokens_total", by), f"{tag}input", ("engine_prompt_tokens_total",)),
-            Query(sum_rate("engine_generation_tokens_total", by), f"{tag}output",
-                  ("engine_generation_tokens_total",))]
+    return [
+        Query(sum_rate("engine_prompt_tokens_total", by), f"{tag}input", ("engine_prompt_tokens_total",)),
+        Query(sum_rate("engine_generation_tokens_total", by), f"{tag}output", ("engine_generation_tokens_total",)),
+    ]
 
 
 def finish_reasons() -> Query:
-    return Query(sum_rate("engine_requests_finished_total", ("reason",)), "{{reason}}",
-                 ("engine_requests_finished_total",))
+    return Query(
+        sum_rate("engine_requests_finished_total", ("reason",)), "{{reason}}", ("engine_requests_finished_total",)
+    )
 
 
 def gpu_count() -> str:
@@ -165,8 +176,11 @@ def tokens_per_gpu_hour(by: tuple[str, ...] = ()) -> Query:
     """Output tokens per GPU-hour (002 §9.3's core efficiency number)."""
     num = f"{sum_rate('engine_generation_tokens_total', by)} * 3600"
     den = f"count{_by(by)} ({series('gpu_utilization_ratio')}{_sel()})"
-    return Query(guard(num, den), "{{" + "}} {{".join(by) + "}}" if by else "tokens / GPU-hour",
-                 ("engine_generation_tokens_total", "gpu_utilization_ratio"))
+    return Query(
+        guard(num, den),
+        "{{" + "}} {{".join(by) + "}}" if by else "tokens / GPU-hour",
+        ("engine_generation_tokens_total", "gpu_utilization_ratio"),
+    )
 
 
 def tokens_per_gpu_hour_by_engine() -> Query:
@@ -186,63 +200,89 @@ def cost_per_million_tokens() -> Query:
 
 def joules_per_token() -> Query:
     num = f"sum (rate({series('gpu_energy_joules_total')}{_sel()}[{W}]))"
-    return Query(guard(num, sum_rate("engine_generation_tokens_total")), "J / output token",
-                 ("gpu_energy_joules_total", "engine_generation_tokens_total"))
+    return Query(
+        guard(num, sum_rate("engine_generation_tokens_total")),
+        "J / output token",
+        ("gpu_energy_joules_total", "engine_generation_tokens_total"),
+    )
 
 
 # ------------------------------------------------------------------------------ saturation
 
+
 def running_waiting(by: tuple[str, ...] = ()) -> list[Query]:
     tag = "{{" + "}} {{".join(by) + "}} " if by else ""
-    return [Query(gauge("engine_requests_running", "sum", by), f"{tag}running", ("engine_requests_running",)),
-            Query(gauge("engine_requests_waiting", "sum", by), f"{tag}waiting", ("engine_requests_waiting",))]
+    return [
+        Query(gauge("engine_requests_running", "sum", by), f"{tag}running", ("engine_requests_running",)),
+        Query(gauge("engine_requests_waiting", "sum", by), f"{tag}waiting", ("engine_requests_waiting",)),
+    ]
 
 
 def kv_usage_spread() -> list[Query]:
-    return [Query(gauge("engine_kv_cache_usage_ratio", agg), agg, ("engine_kv_cache_usage_ratio",))
-            for agg in ("max", "avg", "min")]
+    return [
+        Query(gauge("engine_kv_cache_usage_ratio", agg), agg, ("engine_kv_cache_usage_ratio",))
+        for agg in ("max", "avg", "min")
+    ]
 
 
 def kv_usage(by: tuple[str, ...]) -> Query:
-    return Query(gauge("engine_kv_cache_usage_ratio", "max", by), "{{" + "}} rank {{".join(by) + "}}",
-                 ("engine_kv_cache_usage_ratio",))
+    return Query(
+        gauge("engine_kv_cache_usage_ratio", "max", by),
+        "{{" + "}} rank {{".join(by) + "}}",
+        ("engine_kv_cache_usage_ratio",),
+    )
 
 
 def preemptions(by: tuple[str, ...] = ()) -> Query:
-    return Query(sum_rate("engine_preemptions_total", by), "{{" + "}} {{".join(by) + "}}" if by else "preemptions/s",
-                 ("engine_preemptions_total",))
+    return Query(
+        sum_rate("engine_preemptions_total", by),
+        "{{" + "}} {{".join(by) + "}}" if by else "preemptions/s",
+        ("engine_preemptions_total",),
+    )
 
 
 def targets_down() -> Query:
     """Targets whose last scrape failed: the agent's (kvscope_target_up) plus Prometheus' own (up)."""
     sel = '{job=~"$job", instance=~"$instance"}'
-    return Query(f"(count ({KVSCOPE_PREFIX}target_up{sel} == 0) or vector(0)) + (count (up{sel} == 0) or vector(0))",
-                 "targets down", ("target_up", "up"))
+    return Query(
+        f"(count ({KVSCOPE_PREFIX}target_up{sel} == 0) or vector(0)) + (count (up{sel} == 0) or vector(0))",
+        "targets down",
+        ("target_up", "up"),
+    )
 
 
 # ------------------------------------------------------------------------------ prefix cache & KV
+
 
 def prefix_hit_ratio(by: tuple[str, ...] = (), extra: str = "") -> Query:
     """Token-weighted local prefix-cache hit ratio over the window."""
     num = sum_rate("engine_prefix_cache_hits_tokens_total", by, extra=extra)
     den = sum_rate("engine_prefix_cache_queries_tokens_total", by, extra=extra)
-    return Query(guard(num, den), "{{" + "}} {{".join(by) + "}}" if by else "hit ratio",
-                 ("engine_prefix_cache_hits_tokens_total", "engine_prefix_cache_queries_tokens_total"))
+    return Query(
+        guard(num, den),
+        "{{" + "}} {{".join(by) + "}}" if by else "hit ratio",
+        ("engine_prefix_cache_hits_tokens_total", "engine_prefix_cache_queries_tokens_total"),
+    )
 
 
 def external_hit_ratio(by: tuple[str, ...] = ()) -> Query:
     num = sum_rate("engine_external_prefix_cache_hits_tokens_total", by)
     den = sum_rate("engine_external_prefix_cache_queries_tokens_total", by)
-    return Query(guard(num, den), "external {{" + "}} {{".join(by) + "}}" if by else "external tier",
-                 ("engine_external_prefix_cache_hits_tokens_total",
-                  "engine_external_prefix_cache_queries_tokens_total"))
+    return Query(
+        guard(num, den),
+        "external {{" + "}} {{".join(by) + "}}" if by else "external tier",
+        ("engine_external_prefix_cache_hits_tokens_total", "engine_external_prefix_cache_queries_tokens_total"),
+    )
 
 
 def host_tier_usage(by: tuple[str, ...] = ("instance",)) -> Query:
     num = gauge("engine_kv_host_used_tokens", "sum", by)
     den = gauge("engine_kv_host_capacity_tokens", "sum", by)
-    return Query(guard(num, den), "host tier {{" + "}} {{".join(by) + "}}",
-                 ("engine_kv_host_used_tokens", "engine_kv_host_capacity_tokens"))
+    return Query(
+        guard(num, den),
+        "host tier {{" + "}} {{".join(by) + "}}",
+        ("engine_kv_host_used_tokens", "engine_kv_host_capacity_tokens"),
+    )
 
 
 def tier_hit_ratio() -> Query:
@@ -255,67 +295,103 @@ def tier_hit_ratio() -> Query:
 def router_locality() -> list[Query]:
     """What the router did with prefixes: mean prefix match at routing (llm-d, Dynamo) and the share of
     decisions kept on the prefix's worker (SMG policy branches)."""
-    kept = sum_rate("router_policy_branch_total", ("policy",),
-                    extra='branch=~"ring_hit|target_worker_hit|routing_key_hit|tree_match"')
-    return [Query(mean("router_prefix_match_ratio", ("instance",)), "prefix match {{instance}}",
-                  ("router_prefix_match_ratio",)),
-            Query(guard(kept, sum_rate("router_policy_branch_total", ("policy",))), "kept on prefix worker {{policy}}",
-                  ("router_policy_branch_total",))]
+    kept = sum_rate(
+        "router_policy_branch_total",
+        ("policy",),
+        extra='branch=~"ring_hit|target_worker_hit|routing_key_hit|tree_match"',
+    )
+    return [
+        Query(
+            mean("router_prefix_match_ratio", ("instance",)),
+            "prefix match {{instance}}",
+            ("router_prefix_match_ratio",),
+        ),
+        Query(
+            guard(kept, sum_rate("router_policy_branch_total", ("policy",))),
+            "kept on prefix worker {{policy}}",
+            ("router_policy_branch_total",),
+        ),
+    ]
 
 
 def prompt_tokens_by_source() -> Query:
-    return Query(sum_rate("engine_prompt_tokens_by_source_total", ("source",)), "{{source}}",
-                 ("engine_prompt_tokens_by_source_total",))
+    return Query(
+        sum_rate("engine_prompt_tokens_by_source_total", ("source",)),
+        "{{source}}",
+        ("engine_prompt_tokens_by_source_total",),
+    )
 
 
 def prefill_tokens_saved() -> Query:
     """Prompt tokens per second not recomputed thanks to the local prefix cache."""
-    return Query(sum_rate("engine_prefix_cache_hits_tokens_total"), "prefill tokens saved / s",
-                 ("engine_prefix_cache_hits_tokens_total",))
+    return Query(
+        sum_rate("engine_prefix_cache_hits_tokens_total"),
+        "prefill tokens saved / s",
+        ("engine_prefix_cache_hits_tokens_total",),
+    )
 
 
 def evicted_tokens(by: tuple[str, ...] = ("instance",)) -> Query:
-    return Query(sum_rate("engine_kv_evicted_tokens_total", by), "{{" + "}} {{".join(by) + "}}",
-                 ("engine_kv_evicted_tokens_total",))
+    return Query(
+        sum_rate("engine_kv_evicted_tokens_total", by),
+        "{{" + "}} {{".join(by) + "}}",
+        ("engine_kv_evicted_tokens_total",),
+    )
 
 
 def residency() -> list[Query]:
     """Block lifetime, idle time before eviction and reuse gap (vLLM KV residency histograms)."""
-    return [Query(quantile(0.5, s), f"{label} p50", (s,)) for s, label in (
-        ("kv_block_lifetime_seconds", "lifetime"),
-        ("kv_block_idle_before_evict_seconds", "idle before evict"),
-        ("kv_block_reuse_gap_seconds", "reuse gap"))]
+    return [
+        Query(quantile(0.5, s), f"{label} p50", (s,))
+        for s, label in (
+            ("kv_block_lifetime_seconds", "lifetime"),
+            ("kv_block_idle_before_evict_seconds", "idle before evict"),
+            ("kv_block_reuse_gap_seconds", "reuse gap"),
+        )
+    ]
 
 
 def kv_capacity(by: tuple[str, ...] = ("instance",)) -> Query:
-    return Query(gauge("engine_kv_capacity_tokens", "max", by), "{{" + "}} {{".join(by) + "}}",
-                 ("engine_kv_capacity_tokens",))
+    return Query(
+        gauge("engine_kv_capacity_tokens", "max", by), "{{" + "}} {{".join(by) + "}}", ("engine_kv_capacity_tokens",)
+    )
 
 
 def cascade_stage() -> Query:
     """Memory-pressure cascade stage per engine (002 §7.4): 0 healthy .. 4 latency symptom."""
-    return Query(gauge("engine_cascade_stage_code", "max", ("instance", "dp_rank")), "{{instance}} rank {{dp_rank}}",
-                 ("engine_cascade_stage_code",))
+    return Query(
+        gauge("engine_cascade_stage_code", "max", ("instance", "dp_rank")),
+        "{{instance}} rank {{dp_rank}}",
+        ("engine_cascade_stage_code",),
+    )
 
 
 def cascade_lead() -> Query:
     """How long the root (KV high) preceded the latency symptom: the time an operator had to act."""
-    return Query(gauge("engine_cascade_lead_seconds", "max", ("instance",)), "{{instance}}",
-                 ("engine_cascade_lead_seconds",))
+    return Query(
+        gauge("engine_cascade_lead_seconds", "max", ("instance",)), "{{instance}}", ("engine_cascade_lead_seconds",)
+    )
 
 
 def kv_event_rates() -> list[Query]:
     """Block churn from the engines' KV events: removed, evicted-then-recomputed, hot blocks evicted."""
-    return [Query(sum_rate("kv_blocks_removed_total", ("medium",)), "removed {{medium}}", ("kv_blocks_removed_total",)),
-            Query(sum_rate("kv_blocks_evicted_recomputed_total"), "evicted then recomputed",
-                  ("kv_blocks_evicted_recomputed_total",)),
-            Query(sum_rate("kv_hot_blocks_evicted_total"), "hot blocks evicted", ("kv_hot_blocks_evicted_total",))]
+    return [
+        Query(sum_rate("kv_blocks_removed_total", ("medium",)), "removed {{medium}}", ("kv_blocks_removed_total",)),
+        Query(
+            sum_rate("kv_blocks_evicted_recomputed_total"),
+            "evicted then recomputed",
+            ("kv_blocks_evicted_recomputed_total",),
+        ),
+        Query(sum_rate("kv_hot_blocks_evicted_total"), "hot blocks evicted", ("kv_hot_blocks_evicted_total",)),
+    ]
 
 
 def block_residency_events() -> list[Query]:
     """Stored-to-removed time of every block (from KV events, not sampled)."""
-    return [Query(quantile(0.5, "kv_block_residency_seconds"), "p50", ("kv_block_residency_seconds",)),
-            Query(quantile(0.99, "kv_block_residency_seconds"), "p99", ("kv_block_residency_seconds",))]
+    return [
+        Query(quantile(0.5, "kv_block_residency_seconds"), "p50", ("kv_block_residency_seconds",)),
+        Query(quantile(0.99, "kv_block_residency_seconds"), "p99", ("kv_block_residency_seconds",)),
+    ]
 
 
 def prefix_split() -> Query:
@@ -323,6 +399,7 @@ def prefix_split() -> Query:
 
 
 # ------------------------------------------------------------------------------ tenants
+
 
 def tenant_rate(signal: str) -> Query:
     """Per-tenant rate of a kvscope tenant counter (top-K tenants + `other`)."""
@@ -345,14 +422,19 @@ def tenant_ttft_p99() -> Query:
 
 
 def fleet_fairness() -> list[Query]:
-    return [Query(gauge("fleet_tenant_hit_jain_ratio", "min"), "Jain index (1 = even)",
-                  ("fleet_tenant_hit_jain_ratio",)),
-            Query(gauge("fleet_cold_tenant_ratio", "max"), "cold tenants", ("fleet_cold_tenant_ratio",)),
-            Query(gauge("fleet_tenant_hit_ratio_tail_gap_ratio", "max"), "aggregate - worst tenant",
-                  ("fleet_tenant_hit_ratio_tail_gap_ratio",))]
+    return [
+        Query(gauge("fleet_tenant_hit_jain_ratio", "min"), "Jain index (1 = even)", ("fleet_tenant_hit_jain_ratio",)),
+        Query(gauge("fleet_cold_tenant_ratio", "max"), "cold tenants", ("fleet_cold_tenant_ratio",)),
+        Query(
+            gauge("fleet_tenant_hit_ratio_tail_gap_ratio", "max"),
+            "aggregate - worst tenant",
+            ("fleet_tenant_hit_ratio_tail_gap_ratio",),
+        ),
+    ]
 
 
 # ------------------------------------------------------------------------------ P/D phases
+
 
 def phase_p99_by_phase() -> Query:
     """Stitched per-request phase p99 from traces: queue, prefill, kv_transfer, decode, per role
@@ -366,8 +448,10 @@ def phase_mean_by_phase() -> Query:
 
 
 def kv_transfer() -> list[Query]:
-    return [p99("kv_transfer_seconds", ("role",)),
-            Query(mean("kv_transfer_seconds", ("role",)), "{{role}} mean", ("kv_transfer_seconds",))]
+    return [
+        p99("kv_transfer_seconds", ("role",)),
+        Query(mean("kv_transfer_seconds", ("role",)), "{{role}} mean", ("kv_transfer_seconds",)),
+    ]
 
 
 def kv_transfer_bandwidth() -> Query:
@@ -379,6 +463,7 @@ def kv_transfer_failures() -> Query:
 
 
 # ------------------------------------------------------------------------------ GPU and host
+
 
 def gpu_gauge(signal: str, agg: str = "avg") -> Query:
     return Query(gauge(signal, agg, ("node", "gpu")), "{{node}} gpu {{gpu}}", (signal,))
@@ -399,11 +484,16 @@ def tokens_per_sm_active() -> Query:
 
 def kv_vs_hbm() -> list[Query]:
     """KV pressure next to HBM used, per node: are the engines' pools and the GPUs' memory in step."""
-    return [Query(gauge("engine_kv_cache_usage_ratio", "max", ("node",)), "{{node}} KV used",
-                  ("engine_kv_cache_usage_ratio",)),
-            Query(guard(gauge("gpu_memory_used_bytes", "sum", ("node",)),
-                        gauge("gpu_memory_total_bytes", "sum", ("node",))), "{{node}} HBM used",
-                  ("gpu_memory_used_bytes", "gpu_memory_total_bytes"))]
+    return [
+        Query(
+            gauge("engine_kv_cache_usage_ratio", "max", ("node",)), "{{node}} KV used", ("engine_kv_cache_usage_ratio",)
+        ),
+        Query(
+            guard(gauge("gpu_memory_used_bytes", "sum", ("node",)), gauge("gpu_memory_total_bytes", "sum", ("node",))),
+            "{{node}} HBM used",
+            ("gpu_memory_used_bytes", "gpu_memory_total_bytes"),
+        ),
+    ]
 
 
 def host_cpu() -> Query:
@@ -411,31 +501,46 @@ def host_cpu() -> Query:
 
 
 def host_memory_ratio() -> Query:
-    return Query(guard(gauge("host_memory_used_bytes", "sum", ("node",)),
-                       gauge("host_memory_total_bytes", "sum", ("node",))), "{{node}}",
-                 ("host_memory_used_bytes", "host_memory_total_bytes"))
+    return Query(
+        guard(gauge("host_memory_used_bytes", "sum", ("node",)), gauge("host_memory_total_bytes", "sum", ("node",))),
+        "{{node}}",
+        ("host_memory_used_bytes", "host_memory_total_bytes"),
+    )
 
 
 def engine_rss() -> Query:
-    return Query(gauge("engine_process_resident_memory_bytes", "sum", ("instance", "process")),
-                 "{{instance}} {{process}}", ("engine_process_resident_memory_bytes",))
+    return Query(
+        gauge("engine_process_resident_memory_bytes", "sum", ("instance", "process")),
+        "{{instance}} {{process}}",
+        ("engine_process_resident_memory_bytes",),
+    )
 
 
 def engine_cpu() -> Query:
-    return Query(sum_rate("engine_process_cpu_seconds_total", ("instance", "process")), "{{instance}} {{process}}",
-                 ("engine_process_cpu_seconds_total",))
+    return Query(
+        sum_rate("engine_process_cpu_seconds_total", ("instance", "process")),
+        "{{instance}} {{process}}",
+        ("engine_process_cpu_seconds_total",),
+    )
 
 
 # ------------------------------------------------------------------------------ findings
 
+
 def firing_alerts() -> Query:
     """kvscope's diagnosis rules exported as Prometheus alerts (rules/prometheus/), firing now."""
-    return Query('sum by (alertname, severity, instance, model) '
-                 f'(ALERTS{{alertstate="firing", alertname=~"Llm.*", {SELECTOR}}})',
-                 "{{alertname}} {{instance}}", ("ALERTS",), instant=True)
+    return Query(
+        "sum by (alertname, severity, instance, model) "
+        f'(ALERTS{{alertstate="firing", alertname=~"Llm.*", {SELECTOR}}})',
+        "{{alertname}} {{instance}}",
+        ("ALERTS",),
+        instant=True,
+    )
 
 
 def alert_history() -> Query:
-    return Query(f'sum by (alertname) (ALERTS{{alertstate="firing", alertname=~"Llm.*", {SELECTOR}}})',
-                 "{{alertname}}",
-                 ("ALERTS",))
+    return Query(
+        f'sum by (alertname) (ALERTS{{alertstate="firing", alertname=~"Llm.*", {SELECTOR}}})',
+        "{{alertname}}",
+        ("ALERTS",),
+    )

@@ -5,35 +5,84 @@ from kvscope.dashboards.board import Board, Panel, Row
 
 UID = "kvscope-phases"
 
-PHASES = Row("Phases", (
-    Panel("Mean phase time by role", "Mean queue, prefill and decode time per role (prefill | decode | "
-          "unified). Under P/D, per-instance TTFT looks low while client TTFT is high (vLLM #22454).",
-          tuple(q.phase_means(("role",))), "seconds", stack=True, width=12),
-    Panel("Queue time", "Time requests wait before scheduling: p50, p99, mean.",
-          tuple(q.latency("request_queue_seconds")), "seconds", width=12),
-    Panel("Prefill time", "Prefill phase p50, p99, mean.", tuple(q.latency("request_prefill_seconds")),
-          "seconds"),
-    Panel("Decode time", "Decode phase p50, p99, mean.", tuple(q.latency("request_decode_seconds")), "seconds"),
-    Panel("TTFT p99 by role", "99th percentile TTFT per role.", (q.p99("request_ttft_seconds", ("role",)),),
-          "seconds"),
-))
+PHASES = Row(
+    "Phases",
+    (
+        Panel(
+            "Mean phase time by role",
+            "Mean queue, prefill and decode time per role (prefill | decode | "
+            "unified). Under P/D, per-instance TTFT looks low while client TTFT is high (vLLM #22454).",
+            tuple(q.phase_means(("role",))),
+            "seconds",
+            stack=True,
+            width=12,
+        ),
+        Panel(
+            "Queue time",
+            "Time requests wait before scheduling: p50, p99, mean.",
+            tuple(q.latency("request_queue_seconds")),
+            "seconds",
+            width=12,
+        ),
+        Panel("Prefill time", "Prefill phase p50, p99, mean.", tuple(q.latency("request_prefill_seconds")), "seconds"),
+        Panel("Decode time", "Decode phase p50, p99, mean.", tuple(q.latency("request_decode_seconds")), "seconds"),
+        Panel(
+            "TTFT p99 by role", "99th percentile TTFT per role.", (q.p99("request_ttft_seconds", ("role",)),), "seconds"
+        ),
+    ),
+)
 
-TRACED = Row("Stitched from traces", (
-    Panel("Phase p99 (traces)", "Per-request phase p99 stitched from OTLP traces across P/D hops: queue, "
-          "prefill, kv_transfer, decode. kv_transfer is measured, not inferred.", (q.phase_p99_by_phase(),),
-          "seconds", width=12),
-    Panel("Phase mean (traces)", "Mean per-request phase time from traces, stacked.", (q.phase_mean_by_phase(),),
-          "seconds", stack=True, width=12),
-))
+TRACED = Row(
+    "Stitched from traces",
+    (
+        Panel(
+            "Phase p99 (traces)",
+            "Per-request phase p99 stitched from OTLP traces across P/D hops: queue, "
+            "prefill, kv_transfer, decode. kv_transfer is measured, not inferred.",
+            (q.phase_p99_by_phase(),),
+            "seconds",
+            width=12,
+        ),
+        Panel(
+            "Phase mean (traces)",
+            "Mean per-request phase time from traces, stacked.",
+            (q.phase_mean_by_phase(),),
+            "seconds",
+            stack=True,
+            width=12,
+        ),
+    ),
+)
 
-TRANSFER = Row("KV transfer (P/D)", (
-    Panel("KV transfer time", "Prefill-to-decode KV transfer p99 and mean per role (NIXL / Mooncake).",
-          tuple(q.kv_transfer()), "seconds"),
-    Panel("KV transfer bandwidth", "Bytes moved per second between pools.", (q.kv_transfer_bandwidth(),),
-          "bytes_per_s"),
-    Panel("KV transfer failures / s", "Failed KV transfers per second.", (q.kv_transfer_failures(),), "per_s",
-          palette="rate_bad"),
-), collapsed=True)
+TRANSFER = Row(
+    "KV transfer (P/D)",
+    (
+        Panel(
+            "KV transfer time",
+            "Prefill-to-decode KV transfer p99 and mean per role (NIXL / Mooncake).",
+            tuple(q.kv_transfer()),
+            "seconds",
+        ),
+        Panel(
+            "KV transfer bandwidth",
+            "Bytes moved per second between pools.",
+            (q.kv_transfer_bandwidth(),),
+            "bytes_per_s",
+        ),
+        Panel(
+            "KV transfer failures / s",
+            "Failed KV transfers per second.",
+            (q.kv_transfer_failures(),),
+            "per_s",
+            palette="rate_bad",
+        ),
+    ),
+    collapsed=True,
+)
 
-BOARD = Board(UID, "kvscope / Request phases (P/D)",
-              "Queue, prefill, decode and KV transfer time, split by prefill/decode role.", (PHASES, TRACED, TRANSFER))
+BOARD = Board(
+    UID,
+    "kvscope / Request phases (P/D)",
+    "Queue, prefill, decode and KV transfer time, split by prefill/decode role.",
+    (PHASES, TRACED, TRANSFER),
+)

@@ -27,10 +27,22 @@ PALETTES: dict[str, list[tuple[str, float | None]]] = {
 }
 
 UNITS = {
-    "seconds": "s", "ratio": "percentunit", "tokens_per_s": "suffix: tok/s", "tokens": "suffix: tok",
-    "reqps": "reqps", "per_s": "suffix: /s", "bytes": "bytes", "bytes_per_s": "Bps", "count": "short",
-    "watts": "watt", "celsius": "celsius", "currency": "currencyUSD", "joules": "suffix: J",
-    "tokens_per_gpu_hour": "suffix: tok/GPU-h", "stage": "short", "cores": "short",
+    "seconds": "s",
+    "ratio": "percentunit",
+    "tokens_per_s": "suffix: tok/s",
+    "tokens": "suffix: tok",
+    "reqps": "reqps",
+    "per_s": "suffix: /s",
+    "bytes": "bytes",
+    "bytes_per_s": "Bps",
+    "count": "short",
+    "watts": "watt",
+    "celsius": "celsius",
+    "currency": "currencyUSD",
+    "joules": "suffix: J",
+    "tokens_per_gpu_hour": "suffix: tok/GPU-h",
+    "stage": "short",
+    "cores": "short",
 }
 """Grafana unit ids by meaning. Panels name a meaning, never a raw Grafana unit."""
 
@@ -42,9 +54,19 @@ def thresholds(palette: str) -> list[dict]:
 
 def _query_var(name: str, label: str, metric: str, chained: str = "") -> Template:
     sel = "{" + chained + "}" if chained else ""
-    return Template(name=name, label=label, dataSource=DATASOURCE, type="query",
-                    query=f"label_values({metric}{sel}, {name})", includeAll=True, multi=True,
-                    allValue=".*", refresh=2, sort=1, default="$__all")
+    return Template(
+        name=name,
+        label=label,
+        dataSource=DATASOURCE,
+        type="query",
+        query=f"label_values({metric}{sel}, {name})",
+        includeAll=True,
+        multi=True,
+        allValue=".*",
+        refresh=2,
+        sort=1,
+        default="$__all",
+    )
 
 
 def variables(tenant: bool = False, slo: bool = False, cost: bool = False) -> list[Template]:
@@ -52,8 +74,7 @@ def variables(tenant: bool = False, slo: bool = False, cost: bool = False) -> li
     anchor = "kvscope_target_up"
     engine_metric = "kvscope_engine_requests_running"
     out = [
-        Template(name="datasource", label="Data source", query="prometheus", type="datasource",
-                 default="Prometheus"),
+        Template(name="datasource", label="Data source", query="prometheus", type="datasource", default="Prometheus"),
         _query_var("job", "Job", anchor),
         _query_var("namespace", "Namespace", engine_metric, 'job=~"$job"'),
         _query_var("model", "Model", engine_metric, 'job=~"$job", namespace=~"$namespace"'),
@@ -64,13 +85,18 @@ def variables(tenant: bool = False, slo: bool = False, cost: bool = False) -> li
     if slo:
         # Must be histogram bucket bounds (vLLM's TTFT/TPOT buckets); queries match "1" and "1.0".
         out.append(_custom("ttft_slo", "TTFT SLO (s)", ["0.1", "0.25", "0.5", "1", "2.5", "5", "10"], "1"))
-        out.append(_custom("itl_slo", "ITL SLO (s)", ["0.025", "0.05", "0.075", "0.1", "0.15", "0.2", "0.3",
-                                                       "0.4", "0.5"], "0.1"))
+        out.append(
+            _custom(
+                "itl_slo", "ITL SLO (s)", ["0.025", "0.05", "0.075", "0.1", "0.15", "0.2", "0.3", "0.4", "0.5"], "0.1"
+            )
+        )
     if cost:
-        out.append(Template(name="gpu_hour_cost", label="$ / GPU-hour", type="textbox", query="2.50",
-                            default="2.50"))
-    out.append(Template(name="ui_url", label="kvscope UI", type="constant", query=UI_URL_DEFAULT,
-                        default=UI_URL_DEFAULT, hide=2))
+        out.append(Template(name="gpu_hour_cost", label="$ / GPU-hour", type="textbox", query="2.50", default="2.50"))
+    out.append(
+        Template(
+            name="ui_url", label="kvscope UI", type="constant", query=UI_URL_DEFAULT, default=UI_URL_DEFAULT, hide=2
+        )
+    )
     return out
 
 
@@ -80,10 +106,10 @@ def _custom(name: str, label: str, values: list[str], default: str) -> Template:
 
 def dashboard_links() -> list[DashboardLink]:
     """The kvscope dashboards as a dropdown that keeps time range and variables."""
-    return [DashboardLink(title="kvscope", type="dashboards", tags=[TAG], asDropdown=True,
-                          includeVars=True, keepTime=True),
-            DashboardLink(title="Triage UI", type="link", uri="${ui_url}", targetBlank=True,
-                          icon="external link")]
+    return [
+        DashboardLink(title="kvscope", type="dashboards", tags=[TAG], asDropdown=True, includeVars=True, keepTime=True),
+        DashboardLink(title="Triage UI", type="link", uri="${ui_url}", targetBlank=True, icon="external link"),
+    ]
 
 
 def drilldown(uid: str, title: str) -> dict:

@@ -10,27 +10,79 @@ from kvscope.dashboards.style import ui_link
 
 UID = "kvscope-tenants"
 
-FLEET = Row("Fairness", (
-    Panel("Tenant fairness", "Traffic-weighted Jain index of tenant hit ratios (1 = even), the share of cold "
-          "tenants (hit < 0.3 with reuse potential >= 0.5) and how far the worst tenant sits below the "
-          "aggregate. 001: the aggregate can look healthy while long-tail tenants almost never hit.",
-          tuple(q.fleet_fairness()), "ratio", width=12, links=(ui_link("Tenants", "Tenants in the UI"),)),
-    Panel("Prefix split across replicas", "Share of re-seen prompt prefixes served by more than one replica "
-          "or DP rank: one prefix, several cache domains (000, 003).", (q.prefix_split(),), "ratio", width=12),
-))
+FLEET = Row(
+    "Fairness",
+    (
+        Panel(
+            "Tenant fairness",
+            "Traffic-weighted Jain index of tenant hit ratios (1 = even), the share of cold "
+            "tenants (hit < 0.3 with reuse potential >= 0.5) and how far the worst tenant sits below the "
+            "aggregate. 001: the aggregate can look healthy while long-tail tenants almost never hit.",
+            tuple(q.fleet_fairness()),
+            "ratio",
+            width=12,
+            links=(ui_link("Tenants", "Tenants in the UI"),),
+        ),
+        Panel(
+            "Prefix split across replicas",
+            "Share of re-seen prompt prefixes served by more than one replica "
+            "or DP rank: one prefix, several cache domains (000, 003).",
+            (q.prefix_split(),),
+            "ratio",
+            width=12,
+        ),
+    ),
+)
 
-USAGE = Row("Per-tenant usage and cache", (
-    Panel("Requests / s by tenant", "Requests per second per tenant.", (q.tenant_rate("tenant_requests_total"),),
-          "reqps", stack=True, width=12),
-    Panel("Prompt tokens / s by tenant", "Prompt tokens per second per tenant (usage.prompt_tokens).",
-          (q.tenant_rate("tenant_prompt_tokens_total"),), "tokens_per_s", stack=True, width=12),
-    Panel("Cache hit ratio by tenant", "Cached / prompt tokens per tenant over the panel window.",
-          (q.tenant_cache_hit_ratio(),), "ratio", palette="hit_ratio", width=8),
-    Panel("Lost reuse by tenant", "Reuse the cache did not deliver: max(0, reusable - cached) / prompt tokens.",
-          (q.tenant_gauge("tenant_lost_reuse_ratio"),), "ratio", width=8),
-    Panel("Client TTFT p99 by tenant", "99th percentile client-side TTFT per tenant (request tap, network "
-          "included): unfair caching shows up here first.", (q.tenant_ttft_p99(),), "seconds", width=8),
-))
+USAGE = Row(
+    "Per-tenant usage and cache",
+    (
+        Panel(
+            "Requests / s by tenant",
+            "Requests per second per tenant.",
+            (q.tenant_rate("tenant_requests_total"),),
+            "reqps",
+            stack=True,
+            width=12,
+        ),
+        Panel(
+            "Prompt tokens / s by tenant",
+            "Prompt tokens per second per tenant (usage.prompt_tokens).",
+            (q.tenant_rate("tenant_prompt_tokens_total"),),
+            "tokens_per_s",
+            stack=True,
+            width=12,
+        ),
+        Panel(
+            "Cache hit ratio by tenant",
+            "Cached / prompt tokens per tenant over the panel window.",
+            (q.tenant_cache_hit_ratio(),),
+            "ratio",
+            palette="hit_ratio",
+            width=8,
+        ),
+        Panel(
+            "Lost reuse by tenant",
+            "Reuse the cache did not deliver: max(0, reusable - cached) / prompt tokens.",
+            (q.tenant_gauge("tenant_lost_reuse_ratio"),),
+            "ratio",
+            width=8,
+        ),
+        Panel(
+            "Client TTFT p99 by tenant",
+            "99th percentile client-side TTFT per tenant (request tap, network "
+            "included): unfair caching shows up here first.",
+            (q.tenant_ttft_p99(),),
+            "seconds",
+            width=8,
+        ),
+    ),
+)
 
-BOARD = Board(UID, "kvscope / Tenants & fairness",
-              "Per-tenant usage, prefix hit ratio, lost reuse and tail latency.", (FLEET, USAGE), tenant_var=True)
+BOARD = Board(
+    UID,
+    "kvscope / Tenants & fairness",
+    "Per-tenant usage, prefix hit ratio, lost reuse and tail latency.",
+    (FLEET, USAGE),
+    tenant_var=True,
+)

@@ -68,26 +68,44 @@ def free_port() -> int:
 
 
 def agent_command(work: Path, targets: list[tuple[str, int]], interval: float, port: int) -> list[str]:
-    cfg = {"scrape": {"interval_s": interval, "timeout_s": min(5.0, interval / 2)},
-           "targets": [{"url": f"http://127.0.0.1:{p}/metrics", "job": job,
-                        **({"engine": "dcgm"} if job == "dcgm" else {})} for job, p in targets],
-           "store": {"path": str(work / "kvscope.db")}}
+    cfg = {
+        "scrape": {"interval_s": interval, "timeout_s": min(5.0, interval / 2)},
+        "targets": [
+            {"url": f"http://127.0.0.1:{p}/metrics", "job": job, **({"engine": "dcgm"} if job == "dcgm" else {})}
+            for job, p in targets
+        ],
+        "store": {"path": str(work / "kvscope.db")},
+    }
     (work / "kvscope.yaml").write_text(yaml.safe_dump(cfg))
     kvscope = str(Path(sys.executable).with_name("kvscope"))
-    return [kvscope, "agent", f"--config={work / 'kvscope.yaml'}", f"--web.listen-address=127.0.0.1:{port}",
-            "--log-level=warning"]
+    return [
+        kvscope,
+        "agent",
+        f"--config={work / 'kvscope.yaml'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log-level=warning",
+    ]
 
 
 def prometheus_command(work: Path, targets: list[tuple[str, int]], interval: float, port: int) -> list[str]:
     jobs: dict[str, list[str]] = {}
     for job, p in targets:
         jobs.setdefault(job, []).append(f"127.0.0.1:{p}")
-    cfg = {"global": {"scrape_interval": f"{round(interval * 1000)}ms",
-                      "scrape_timeout": f"{round(min(5.0, interval / 2) * 1000)}ms"},
-           "scrape_configs": [{"job_name": j, "static_configs": [{"targets": t}]} for j, t in jobs.items()]}
+    cfg = {
+        "global": {
+            "scrape_interval": f"{round(interval * 1000)}ms",
+            "scrape_timeout": f"{round(min(5.0, interval / 2) * 1000)}ms",
+        },
+        "scrape_configs": [{"job_name": j, "static_configs": [{"targets": t}]} for j, t in jobs.items()],
+    }
     (work / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-    return [shutil.which("prometheus") or "prometheus", f"--config.file={work / 'prometheus.yml'}",
-            f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    return [
+        shutil.which("prometheus") or "prometheus",
+        f"--config.file={work / 'prometheus.yml'}",
+        f"--storage.tsdb.path={work / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
@@ -154,8 +172,12 @@ def measure(name: str, argv: list[str], base_url: str, warmup_s: float, seconds:
                 time.sleep(0.5)
         wall = time.monotonic() - t0
         cpu = cpu_seconds(ps) - cpu0
-        return {"targets_up": targets_up(name, base_url), "cpu_cores": cpu / wall, "rss_peak_mib": max(rss) / 2**20,
-                "rss_mean_mib": sum(rss) / len(rss) / 2**20}
+        return {
+            "targets_up": targets_up(name, base_url),
+            "cpu_cores": cpu / wall,
+            "rss_peak_mib": max(rss) / 2**20,
+            "rss_mean_mib": sum(rss) / len(rss) / 2**20,
+        }
     finally:
         proc.terminate()
         try:
@@ -181,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             work = Path(tmp) / name
             work.mkdir()
             port = free_port()
-            results[name] = measure(name, build(work, targets, args.interval, port),
-                                    f"http://127.0.0.1:{port}", args.warmup, args.seconds)
+            results[name] = measure(
+                name, build(work, targets, args.interval, port), f"http://127.0.0.1:{port}", args.warmup, args.seconds
+            )
     for server, _ in servers:
         server.shutdown()
 
@@ -191,14 +214,26 @@ def main(argv: list[str] | None = None) -> int:
         if r["targets_up"] != len(targets):
             print(f"void run: {name} reports {r['targets_up']} of {len(targets)} targets up", file=sys.stderr)
             return 1
-    print(f"targets: {args.engines} vLLM + 1 dcgm-exporter, interval {args.interval:g}s, "
-          f"window {args.seconds:g}s after {args.warmup:g}s warm-up")
+    print(
+        f"targets: {args.engines} vLLM + 1 dcgm-exporter, interval {args.interval:g}s, "
+        f"window {args.seconds:g}s after {args.warmup:g}s warm-up"
+    )
     print(f"{'':<24}{'kvscope agent':>15}{'prometheus':>15}{'ratio':>9}")
-    for key, label in (("cpu_cores", "CPU (cores)"), ("rss_mean_mib", "RSS mean (MiB)"),
-                       ("rss_peak_mib", "RSS peak (MiB)")):
+    for key, label in (
+        ("cpu_cores", "CPU (cores)"),
+        ("rss_mean_mib", "RSS mean (MiB)"),
+        ("rss_peak_mib", "RSS peak (MiB)"),
+    ):
         print(f"{label:<24}{a[key]:>15.3f}{b[key]:>15.3f}{a[key] / b[key]:>8.2f}x")
-    print(json.dumps({"engines": args.engines, "interval_s": args.interval, **{
-        f"{n}_{k}": round(v, 4) for n, r in results.items() for k, v in r.items()}}))
+    print(
+        json.dumps(
+            {
+                "engines": args.engines,
+                "interval_s": args.interval,
+                **{f"{n}_{k}": round(v, 4) for n, r in results.items() for k, v in r.items()},
+            }
+        )
+    )
     return 0
 
 

@@ -61,8 +61,8 @@ class Evidence:
 class EngineChange:
     """How to pull one lever on one system: the flag/key and the value or direction."""
 
-    system: str          # vllm | sglang | router | gateway | k8s | ops
-    change: str          # e.g. "--kv-cache-dtype fp8"
+    system: str  # vllm | sglang | router | gateway | k8s | ops
+    change: str  # e.g. "--kv-cache-dtype fp8"
     note: str = ""
 
 
@@ -72,7 +72,7 @@ class LeverAdvice:
 
     id: str
     rank: int
-    direction: str       # increase | decrease | enable | disable | set | review
+    direction: str  # increase | decrease | enable | disable | set | review
     title: str = ""
     changes: tuple[EngineChange, ...] = ()
     cost: str = ""
@@ -83,11 +83,11 @@ class LeverAdvice:
 class CascadeInfo:
     """For cascade rules (K2): the stage reached and how long the root led the symptom."""
 
-    stage: int                           # 1-based index of the last stage reached
+    stage: int  # 1-based index of the last stage reached
     stage_name: str
     stages_total: int
-    onsets: dict[str, float | None]      # stage name -> onset timestamp (None = not reached)
-    lead_time_s: float | None            # symptom onset - root onset, None if symptom not reached
+    onsets: dict[str, float | None]  # stage name -> onset timestamp (None = not reached)
+    lead_time_s: float | None  # symptom onset - root onset, None if symptom not reached
 
 
 @dataclass(frozen=True)
@@ -95,27 +95,27 @@ class Finding:
     """One rule that fired for one place during one window."""
 
     rule_id: str
-    levers_md: str                       # the LEVERS.md row (K2, P1, ...)
+    levers_md: str  # the LEVERS.md row (K2, P1, ...)
     title: str
-    severity: str                        # one of SEVERITIES
-    where: dict[str, str]                # labels that locate it: instance, model, tenant, ...
-    since: float                         # onset of the active period (unix seconds)
-    until: float                         # end of the active period (== window end if still active)
-    active: bool                         # still firing at the end of the window
-    window: tuple[float, float]          # the evaluated window (start, end)
-    step_s: float                        # grid step the series were evaluated on
-    score: float                         # ranking score (severity, strength, duration, root-ness)
-    summary: str                         # one line, numbers filled in
+    severity: str  # one of SEVERITIES
+    where: dict[str, str]  # labels that locate it: instance, model, tenant, ...
+    since: float  # onset of the active period (unix seconds)
+    until: float  # end of the active period (== window end if still active)
+    active: bool  # still firing at the end of the window
+    window: tuple[float, float]  # the evaluated window (start, end)
+    step_s: float  # grid step the series were evaluated on
+    score: float  # ranking score (severity, strength, duration, root-ness)
+    summary: str  # one line, numbers filled in
     evidence: tuple[Evidence, ...] = ()
     levers: tuple[LeverAdvice, ...] = ()
-    citations: tuple[str, ...] = ()      # "002 §7.4" style: seed file prefix + section
+    citations: tuple[str, ...] = ()  # "002 §7.4" style: seed file prefix + section
     cascade: CascadeInfo | None = None
     false_positives: tuple[str, ...] = ()
-    params: dict[str, Any] = field(default_factory=dict)   # the parameter values used
-    specificity: int = 2                 # 1 generic symptom .. 3 names a mechanism (rule field)
-    confidence: str = "high"             # one of CONFIDENCES (rule field)
-    confirm: str = ""                    # what would confirm a moderate-confidence finding
-    defers_to: tuple[str, ...] = ()      # rules that judge the same mechanism from direct evidence
+    params: dict[str, Any] = field(default_factory=dict)  # the parameter values used
+    specificity: int = 2  # 1 generic symptom .. 3 names a mechanism (rule field)
+    confidence: str = "high"  # one of CONFIDENCES (rule field)
+    confirm: str = ""  # what would confirm a moderate-confidence finding
+    defers_to: tuple[str, ...] = ()  # rules that judge the same mechanism from direct evidence
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -152,13 +152,13 @@ class Diagnosis:
     """The ranked result of one diagnoser run over one window."""
 
     window: tuple[float, float]
-    source: str                               # e.g. "recording:vllm-kv.om", "prometheus:http://..."
+    source: str  # e.g. "recording:vllm-kv.om", "prometheus:http://..."
     likely_cause: Finding | None
-    competing: tuple[Finding, ...] = ()       # other plausible root causes of the same symptom
-    other: tuple[Finding, ...] = ()           # everything else that fired
+    competing: tuple[Finding, ...] = ()  # other plausible root causes of the same symptom
+    other: tuple[Finding, ...] = ()  # everything else that fired
     skipped: tuple[Skipped, ...] = ()
     rules_evaluated: int = 0
-    time_scale: float = 1.0                   # rule durations were multiplied by this (short windows)
+    time_scale: float = 1.0  # rule durations were multiplied by this (short windows)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -174,8 +174,9 @@ class Diagnosis:
         head = self.likely_cause
         if head is None:
             return ()
-        return tuple(f for f in self.competing + self.other
-                     if same_place(f.where, head.where) and same_mechanism(head, f))
+        return tuple(
+            f for f in self.competing + self.other if same_place(f.where, head.where) and same_mechanism(head, f)
+        )
 
     @property
     def hypotheses(self) -> tuple[Finding, ...]:
@@ -212,7 +213,8 @@ class Diagnosis:
     def from_dict(cls, d: dict[str, Any]) -> Diagnosis:
         lc = d.get("likely_cause")
         return cls(
-            window=tuple(d["window"]), source=d["source"],
+            window=tuple(d["window"]),
+            source=d["source"],
             likely_cause=Finding.from_dict(lc) if lc else None,
             competing=tuple(Finding.from_dict(x) for x in d.get("competing", ())),
             other=tuple(Finding.from_dict(x) for x in d.get("other", ())),

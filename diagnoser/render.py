@@ -68,6 +68,7 @@ def _rule_docs() -> dict[str, Any]:
     """The shipped rules' documents by id (for how each evidence value was taken and which
     engine facts a rule conditions on); empty when the rules cannot be read."""
     from kvscope.diagnoser.rulebook.rule import RuleError, read_rules
+
     try:
         return {r.id: r.doc for r in read_rules()}
     except (OSError, RuleError):
@@ -133,16 +134,20 @@ def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
             continue
         factor = "" if times == 1.0 else f"{times:g} x "
         left = names.get(str(c["series"]), str(c["series"]))
-        of = "its" if str(spec.get("of", c["series"])) == str(c["series"]) else \
-            f"the {names.get(str(spec['of']), str(spec['of']))}"
+        of = (
+            "its"
+            if str(spec.get("of", c["series"])) == str(c["series"])
+            else f"the {names.get(str(spec['of']), str(spec['of']))}"
+        )
         start, end = f.window
-        out.append(f"{left} {c.get('op', '')} {factor}{of} {spec.get('agg', 'avg')} "
-                   + _baseline_window(rng, off, end - start, f.since - start, f.until - start))
+        out.append(
+            f"{left} {c.get('op', '')} {factor}{of} {spec.get('agg', 'avg')} "
+            + _baseline_window(rng, off, end - start, f.since - start, f.until - start)
+        )
     return out
 
 
-def _baseline_window(rng: float, off: float, held: float, onset: float | None = None,
-                     last: float | None = None) -> str:
+def _baseline_window(rng: float, off: float, held: float, onset: float | None = None, last: float | None = None) -> str:
     """'over the 10m00s ending 2m00s earlier', clipped to the data held: the evaluator's trailing
     window starts no earlier than the data, so a comparison made `t` seconds into the `held`
     seconds of data averages at most `t - off` of them. `onset` and `last` are the seconds into
@@ -151,18 +156,26 @@ def _baseline_window(rng: float, off: float, held: float, onset: float | None = 
     onset = held if onset is None else onset
     last = held if last is None else max(last, onset)
     if off >= held:
-        return (f"ending {fmt_duration(off)} earlier: none held, the window is only {fmt_duration(held)} "
-                "long (the comparison cannot hold)")
+        return (
+            f"ending {fmt_duration(off)} earlier: none held, the window is only {fmt_duration(held)} "
+            "long (the comparison cannot hold)"
+        )
     if rng <= onset - off:
         return f"over the {fmt_duration(rng)} ending {fmt_duration(off)} earlier"
     if rng <= last - off:
-        return (f"over the {fmt_duration(rng)} ending {fmt_duration(off)} earlier (at the onset only "
-                f"{fmt_duration(max(0.0, onset - off))} of it was held: the data starts later)")
+        return (
+            f"over the {fmt_duration(rng)} ending {fmt_duration(off)} earlier (at the onset only "
+            f"{fmt_duration(max(0.0, onset - off))} of it was held: the data starts later)"
+        )
     if last <= off:
-        return (f"ending {fmt_duration(off)} earlier: none held while it fired (it ended "
-                f"{fmt_duration(last)} into the {fmt_duration(held)} held; the comparison cannot hold)")
-    return (f"over all data held up to {fmt_duration(off)} earlier (at most the first {fmt_duration(last - off)} "
-            f"of the {fmt_duration(held)} held; the rule's {fmt_duration(rng)} range reaches back before the data)")
+        return (
+            f"ending {fmt_duration(off)} earlier: none held while it fired (it ended "
+            f"{fmt_duration(last)} into the {fmt_duration(held)} held; the comparison cannot hold)"
+        )
+    return (
+        f"over all data held up to {fmt_duration(off)} earlier (at most the first {fmt_duration(last - off)} "
+        f"of the {fmt_duration(held)} held; the rule's {fmt_duration(rng)} range reaches back before the data)"
+    )
 
 
 def _condition_blocks(doc: dict[str, Any]) -> list[list[Any]]:
@@ -191,8 +204,11 @@ def render_summary(f: Finding) -> str:
     doc = _rule_docs().get(f.rule_id) or {}
     items = list(doc.get("evidence") or [])
     template = doc.get("summary")
-    if not template or len(items) != len(f.evidence) or \
-            any(str(i.get("name", i.get("series"))) != e.name for i, e in zip(items, f.evidence, strict=True)):
+    if (
+        not template
+        or len(items) != len(f.evidence)
+        or any(str(i.get("name", i.get("series"))) != e.name for i, e in zip(items, f.evidence, strict=True))
+    ):
         return f.summary
     by_series = {str(i["series"]): e for i, e in zip(items, f.evidence, strict=True)}
 
@@ -202,7 +218,7 @@ def render_summary(f: Finding) -> str:
             return m.group(0)
         return fmt_value(ev).replace("{", "{{").replace("}", "}}")
 
-    cut = f.summary.find(" (resolved: ")          # the engine's note on an episode already resolved
+    cut = f.summary.find(" (resolved: ")  # the engine's note on an episode already resolved
     tail = f.summary[cut:] if cut >= 0 else ""
     try:
         text = _SECONDS_FIELD.sub(seconds, str(template))
@@ -238,15 +254,17 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
     """One finding as a card: what, where, since when, evidence, levers, citations, and the
     findings that corroborate it (same mechanism) as one-liners."""
     state = "still active" if f.active else f"until {fmt_time(f.until)}"
-    head = Text.assemble((f"[{f.severity.upper()}] ", _STYLE.get(f.severity, "")), (f.title, "bold"),
-                         f"  ({f.levers_md} {f.rule_id})")
+    head = Text.assemble(
+        (f"[{f.severity.upper()}] ", _STYLE.get(f.severity, "")), (f.title, "bold"), f"  ({f.levers_md} {f.rule_id})"
+    )
     rows: list = [head]
     if f.confidence != "high":
         rows.append(Text(confidence_text(f), style="bold"))
     if f.summary.strip() != f.title.strip():
         rows.append(Text(render_summary(f)))
-    rows.append(Text(f"where: {fmt_where(f)}    since: {fmt_time(f.since)} "
-                     f"({state}, {fmt_duration(f.until - f.since)})"))
+    rows.append(
+        Text(f"where: {fmt_where(f)}    since: {fmt_time(f.since)} ({state}, {fmt_duration(f.until - f.since)})")
+    )
     if f.cascade:
         c = f.cascade
         lead = ""
@@ -343,8 +361,10 @@ def render_not_fired(d: Diagnosis, top: int = 4) -> str:
         return f"No rule fired among {evaluable} evaluable rules{also}: nothing to act on in this window."
     missing = missing_summary(d, top)
     why = f" ({missing})" if missing else ""
-    return (f"No rule fired among {evaluable} evaluable{also}; {len(blind)} could not be evaluated{why}. "
-            "Missing signals are unknown, not healthy: -v lists every skipped rule.")
+    return (
+        f"No rule fired among {evaluable} evaluable{also}; {len(blind)} could not be evaluated{why}. "
+        "Missing signals are unknown, not healthy: -v lists every skipped rule."
+    )
 
 
 def scale_text(d: Diagnosis) -> str:
@@ -354,8 +374,10 @@ def scale_text(d: Diagnosis) -> str:
     the window was not scaled."""
     if d.time_scale >= 1:
         return ""
-    return (f"rule durations and ranges scaled x{d.time_scale:.2f} to fit the window "
-            "(the series shown are the ranges used, none longer than the data held)")
+    return (
+        f"rule durations and ranges scaled x{d.time_scale:.2f} to fit the window "
+        "(the series shown are the ranges used, none longer than the data held)"
+    )
 
 
 def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool = False) -> None:
@@ -364,10 +386,11 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
     console = console or Console()
     start, end = d.window
     scale = f"; {scale_text(d)}" if scale_text(d) else ""
-    console.print(f"[bold]kvscope diagnose[/bold]  {d.source}  {fmt_time(start)} -> {fmt_time(end)} "
-                  f"({fmt_duration(end - start)}){scale}; {d.rules_evaluated} rules, "
-                  f"{len(d.findings)} fired, {len(not_evaluable(d.skipped))} not evaluable"
-                  + _overruled_text(d))
+    console.print(
+        f"[bold]kvscope diagnose[/bold]  {d.source}  {fmt_time(start)} -> {fmt_time(end)} "
+        f"({fmt_duration(end - start)}){scale}; {d.rules_evaluated} rules, "
+        f"{len(d.findings)} fired, {len(not_evaluable(d.skipped))} not evaluable" + _overruled_text(d)
+    )
     supporting = d.supporting
     if d.likely_cause is None:
         console.print(render_not_fired(d), style="yellow" if d.skipped else "green")
@@ -380,8 +403,10 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
     if other:
         console.print("[bold]Other findings[/bold]")
         for worst, members in group_repeats(other):
-            console.print(f"  [{_STYLE.get(worst.severity, '')}]{worst.severity:8}[/] {worst.levers_md:4} "
-                          f"{worst.title} ({_where_of(members)}) - {_other_detail(worst, len(members))}")
+            console.print(
+                f"  [{_STYLE.get(worst.severity, '')}]{worst.severity:8}[/] {worst.levers_md:4} "
+                f"{worst.title} ({_where_of(members)}) - {_other_detail(worst, len(members))}"
+            )
     if verbose and d.skipped:
         console.print("[bold]Not evaluable[/bold]")
         for s in d.skipped:

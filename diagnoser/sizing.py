@@ -68,8 +68,7 @@ class MemoryBudget:
 
     @property
     def total_bytes(self) -> float:
-        return (self.weights_bytes + self.kv_bytes + self.activations_bytes
-                + self.overhead_bytes + self.adapters_bytes)
+        return self.weights_bytes + self.kv_bytes + self.activations_bytes + self.overhead_bytes + self.adapters_bytes
 
     @property
     def min_gpus(self) -> int:
@@ -82,16 +81,31 @@ class MemoryBudget:
         return math.ceil(self.total_bytes * (1.0 + self.headroom) / self.gpu_memory_bytes)
 
 
-def memory_budget(*, weights: float, kv_per_token: float, context_tokens: int, concurrency: int,
-                  gpu_memory: float, activations: float = 0.0, overhead: float | None = None,
-                  adapters: int = 0, adapter_bytes: float = 0.0, headroom: float = 0.3) -> MemoryBudget:
+def memory_budget(
+    *,
+    weights: float,
+    kv_per_token: float,
+    context_tokens: int,
+    concurrency: int,
+    gpu_memory: float,
+    activations: float = 0.0,
+    overhead: float | None = None,
+    adapters: int = 0,
+    adapter_bytes: float = 0.0,
+    headroom: float = 0.3,
+) -> MemoryBudget:
     """Memory needed at peak concurrency (002 §2.2, §2.4-2.6).
 
     `overhead` defaults to 5 % of `gpu_memory` (the low end of 002 §2.4's 5-10 % of VRAM)
     per GPU that weights + KV alone would need.
     """
-    _positive(weights=weights, kv_per_token=kv_per_token, context_tokens=context_tokens,
-              concurrency=concurrency, gpu_memory=gpu_memory)
+    _positive(
+        weights=weights,
+        kv_per_token=kv_per_token,
+        context_tokens=context_tokens,
+        concurrency=concurrency,
+        gpu_memory=gpu_memory,
+    )
     if not 0 <= headroom <= 2:
         raise SizingError(f"headroom must be between 0 and 2, got {headroom!r}")
     kv = kv_per_token * context_tokens * concurrency
@@ -121,15 +135,28 @@ class FleetSize:
         return self.little_gap <= LITTLE_GAP_LIMIT
 
 
-def fleet_size(*, peak_rps: float, usable_rps_per_instance: float, tp_degree: int,
-               safety_factor: float, c_max: float, avg_latency_s: float) -> FleetSize:
+def fleet_size(
+    *,
+    peak_rps: float,
+    usable_rps_per_instance: float,
+    tp_degree: int,
+    safety_factor: float,
+    c_max: float,
+    avg_latency_s: float,
+) -> FleetSize:
     """instances = ceil(peak / usable); GPUs = instances × TP × safety; Little's Law check.
 
     `usable_rps_per_instance` is the throughput measured at C_max (where TTFT p99 meets the
     SLO). The Little's Law ceiling is C_max / average latency; the gap is ceiling / usable.
     """
-    _positive(peak_rps=peak_rps, usable_rps_per_instance=usable_rps_per_instance, tp_degree=tp_degree,
-              safety_factor=safety_factor, c_max=c_max, avg_latency_s=avg_latency_s)
+    _positive(
+        peak_rps=peak_rps,
+        usable_rps_per_instance=usable_rps_per_instance,
+        tp_degree=tp_degree,
+        safety_factor=safety_factor,
+        c_max=c_max,
+        avg_latency_s=avg_latency_s,
+    )
     instances = math.ceil(peak_rps / usable_rps_per_instance)
     gpus = math.ceil(round(instances * tp_degree * safety_factor, 9))
     ceiling = c_max / avg_latency_s
@@ -171,14 +198,26 @@ class PdRatio:
         return f"1:{1 / self.ratio:.1f}"
 
 
-def pd_ratio(*, peak_rps: float, avg_input_tokens: float, prefill_tokens_per_s_per_gpu: float,
-             avg_output_tokens: float, decode_tokens_per_s_per_gpu: float) -> PdRatio:
+def pd_ratio(
+    *,
+    peak_rps: float,
+    avg_input_tokens: float,
+    prefill_tokens_per_s_per_gpu: float,
+    avg_output_tokens: float,
+    decode_tokens_per_s_per_gpu: float,
+) -> PdRatio:
     """(peak × input / prefill throughput) ÷ (peak × output / decode throughput)."""
-    _positive(peak_rps=peak_rps, avg_input_tokens=avg_input_tokens,
-              prefill_tokens_per_s_per_gpu=prefill_tokens_per_s_per_gpu,
-              avg_output_tokens=avg_output_tokens, decode_tokens_per_s_per_gpu=decode_tokens_per_s_per_gpu)
-    return PdRatio(peak_rps * avg_input_tokens / prefill_tokens_per_s_per_gpu,
-                   peak_rps * avg_output_tokens / decode_tokens_per_s_per_gpu)
+    _positive(
+        peak_rps=peak_rps,
+        avg_input_tokens=avg_input_tokens,
+        prefill_tokens_per_s_per_gpu=prefill_tokens_per_s_per_gpu,
+        avg_output_tokens=avg_output_tokens,
+        decode_tokens_per_s_per_gpu=decode_tokens_per_s_per_gpu,
+    )
+    return PdRatio(
+        peak_rps * avg_input_tokens / prefill_tokens_per_s_per_gpu,
+        peak_rps * avg_output_tokens / decode_tokens_per_s_per_gpu,
+    )
 
 
 def kv_transfer_seconds(*, kv_bytes: float, bandwidth_bytes_per_s: float) -> float:

@@ -15,18 +15,30 @@ from kvscope.report.weekly import UTILISATION_TRAP, Incident, WeeklyReport
 
 ABSENT = "absent"
 FLEET_ROWS = (
-    ("output_tokens", "Output tokens", "count"), ("gpu_hours", "GPU-hours", "num"),
-    ("tokens_per_gpu_hour", "Output tokens / GPU-hour", "count"), ("gpu_util", "Mean GPU utilisation", "pct"),
-    ("cost_usd", "GPU cost", "usd"), ("usd_per_1m_tokens", "$ / 1M output tokens", "usd"),
+    ("output_tokens", "Output tokens", "count"),
+    ("gpu_hours", "GPU-hours", "num"),
+    ("tokens_per_gpu_hour", "Output tokens / GPU-hour", "count"),
+    ("gpu_util", "Mean GPU utilisation", "pct"),
+    ("cost_usd", "GPU cost", "usd"),
+    ("usd_per_1m_tokens", "$ / 1M output tokens", "usd"),
     ("prefill_tokens_saved", "Prefill tokens saved by prefix caching", "count"),
     ("hit_ratio", "Prefix-cache hit ratio", "pct"),
 )
-POOL_COLUMNS = {"output_tokens": ("Output tokens", "count"), "gpu_hours": ("GPU-hours", "num"),
-                "tokens_per_gpu_hour": ("Tokens / GPU-h", "count"), "gpu_util": ("GPU util", "pct"),
-                "usd_per_1m_tokens": ("$ / 1M tok", "usd"), "prefill_tokens_saved": ("Prefill saved", "count"),
-                "hit_ratio": ("Hit ratio", "pct")}
-TENANT_COLUMNS = {"requests": ("Requests", "count"), "prompt_tokens": ("Prompt tokens", "count"),
-                  "cached_tokens": ("Cached tokens", "count"), "hit_ratio": ("Hit ratio", "pct")}
+POOL_COLUMNS = {
+    "output_tokens": ("Output tokens", "count"),
+    "gpu_hours": ("GPU-hours", "num"),
+    "tokens_per_gpu_hour": ("Tokens / GPU-h", "count"),
+    "gpu_util": ("GPU util", "pct"),
+    "usd_per_1m_tokens": ("$ / 1M tok", "usd"),
+    "prefill_tokens_saved": ("Prefill saved", "count"),
+    "hit_ratio": ("Hit ratio", "pct"),
+}
+TENANT_COLUMNS = {
+    "requests": ("Requests", "count"),
+    "prompt_tokens": ("Prompt tokens", "count"),
+    "cached_tokens": ("Cached tokens", "count"),
+    "hit_ratio": ("Hit ratio", "pct"),
+}
 
 
 def fmt(value: float | None, kind: str) -> str:
@@ -53,21 +65,34 @@ def _when(ts: float) -> str:
 def _trap_lines(report: WeeklyReport) -> list[str]:
     util = report.this.fleet.get("gpu_util")
     if util is None:
-        return ["GPU utilisation is absent from this source (no DCGM/NVML series), so GPU-hours, tokens per "
-                "GPU-hour and cost per token cannot be computed."]
-    basis = ("DCGM graphics-engine activity" if report.this.utilisation_signal == "gpu_graphics_engine_active_ratio"
-             else "GPU utilisation as reported (DCGM GPU_UTIL / NVML: a kernel was running; it overstates real "
-                  "use on small decode batches)")
-    lines = [f"Mean GPU utilisation {util:.0%} ({basis}): cost per token is {1 / util:.1f}× what the same fleet "
-             "would pay fully utilised (002 §9.2)." if util > 0 else "GPUs were idle all week."]
+        return [
+            "GPU utilisation is absent from this source (no DCGM/NVML series), so GPU-hours, tokens per "
+            "GPU-hour and cost per token cannot be computed."
+        ]
+    basis = (
+        "DCGM graphics-engine activity"
+        if report.this.utilisation_signal == "gpu_graphics_engine_active_ratio"
+        else "GPU utilisation as reported (DCGM GPU_UTIL / NVML: a kernel was running; it overstates real "
+        "use on small decode batches)"
+    )
+    lines = [
+        f"Mean GPU utilisation {util:.0%} ({basis}): cost per token is {1 / util:.1f}× what the same fleet "
+        "would pay fully utilised (002 §9.2)."
+        if util > 0
+        else "GPUs were idle all week."
+    ]
     if util < UTILISATION_TRAP:
-        lines.append(f"Below {UTILISATION_TRAP:.0%}: the fleet is in the utilisation trap (002 §9.3). Levers: "
-                     "scale down faster, fill idle hours with offline batch work, colocate models (002 §9.2).")
+        lines.append(
+            f"Below {UTILISATION_TRAP:.0%}: the fleet is in the utilisation trap (002 §9.3). Levers: "
+            "scale down faster, fill idle hours with offline batch work, colocate models (002 §9.2)."
+        )
     pools = report.this.pools
     trapped = pools.index[pools["utilisation_trap"].fillna(False).astype(bool)] if "utilisation_trap" in pools else []
     for pool in trapped:
-        lines.append(f"Pool {pool} averages {pools.loc[pool, 'gpu_util']:.0%} GPU utilisation: below "
-                     f"{UTILISATION_TRAP:.0%}, in the utilisation trap (002 §9.2, §9.3).")
+        lines.append(
+            f"Pool {pool} averages {pools.loc[pool, 'gpu_util']:.0%} GPU utilisation: below "
+            f"{UTILISATION_TRAP:.0%}, in the utilisation trap (002 §9.2, §9.3)."
+        )
     if report.attribution:
         lines.append(report.attribution)
     return lines
@@ -137,14 +162,29 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
     if not report.this.pools.empty:
         out.append(("Per model / pool", _table(report.this.pools, POOL_COLUMNS, "Pool")))
     if report.this.tenants.empty:
-        out.append(("Tenants", ["No per-tenant series in this source (tenant_* come from kvscope's request tap "
-                                "or trace receiver; vLLM has no tenant label)."]))
+        out.append(
+            (
+                "Tenants",
+                [
+                    "No per-tenant series in this source (tenant_* come from kvscope's request tap "
+                    "or trace receiver; vLLM has no tenant label)."
+                ],
+            )
+        )
     else:
         out.append(("Tenants", _table(report.this.tenants, TENANT_COLUMNS, "Tenant")))
     if report.incidents:
         rows = [["Severity", "Finding", "Where", "Since", "Levers"]]
-        rows += [[i.severity, incident_text(i), incident_where(i), _when(min(f.since for f in i.members)),
-                  ", ".join(lv.id for lv in i.head.levers[:3])] for i in report.incidents]
+        rows += [
+            [
+                i.severity,
+                incident_text(i),
+                incident_where(i),
+                _when(min(f.since for f in i.members)),
+                ", ".join(lv.id for lv in i.head.levers[:3]),
+            ]
+            for i in report.incidents
+        ]
         out.append(("Top findings", rows))
     else:
         out.append(("Top findings", ["No findings this week."]))
@@ -153,8 +193,12 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
 
 def render_markdown(report: WeeklyReport) -> str:
     """The report as Markdown."""
-    lines = [f"# kvscope weekly efficiency review: {_when(report.this.start)} → {_when(report.this.end)}", "",
-             f"Source: {md_escape(report.source)}. GPU-hour price: ${report.gpu_hour_cost:,.2f}.", ""]
+    lines = [
+        f"# kvscope weekly efficiency review: {_when(report.this.start)} → {_when(report.this.end)}",
+        "",
+        f"Source: {md_escape(report.source)}. GPU-hour price: ${report.gpu_hour_cost:,.2f}.",
+        "",
+    ]
     for title, body in _sections(report):
         lines += [f"## {title}", ""]
         lines += _md_table(body) if body and isinstance(body[0], list) else [md_escape(x) for x in body]
@@ -209,8 +253,14 @@ def render_figures(report: WeeklyReport) -> list[tuple[str, object]]:
         if zoom:
             _draw_series(zax, timeline, col, step)
             pad = max(step, 0.05 * cov.span_s)
-            _time_axis(zax, cov.spans[0][0] - pad, cov.spans[-1][1] + pad, cov.gaps,
-                       fmt="%H:%M" if cov.span_s + 2 * pad > 1800 else "%H:%M:%S", ticks=(3, 7))
+            _time_axis(
+                zax,
+                cov.spans[0][0] - pad,
+                cov.spans[-1][1] + pad,
+                cov.gaps,
+                fmt="%H:%M" if cov.span_s + 2 * pad > 1800 else "%H:%M:%S",
+                ticks=(3, 7),
+            )
             zax.set_title("zoom: the data held", fontsize="small")
         figures.append((title, fig))
     tenants = week.tenants
@@ -233,8 +283,15 @@ onto the data (the first keeps the report's window)."""
 
 def _draw_series(ax, timeline: pd.DataFrame, col: str, step: float) -> None:
     """One timeline column as points joined within runs of bins (NaN bins break the line)."""
-    ax.plot(timeline.index.to_pydatetime(), timeline[col].to_numpy(), color="#4c72b0", marker="o",
-            markersize=2.5, linewidth=1.2, label=f"per {_step_name(step)}")
+    ax.plot(
+        timeline.index.to_pydatetime(),
+        timeline[col].to_numpy(),
+        color="#4c72b0",
+        marker="o",
+        markersize=2.5,
+        linewidth=1.2,
+        label=f"per {_step_name(step)}",
+    )
     if col == "gpu_util":
         ax.axhline(UTILISATION_TRAP, color="#d62728", linestyle="--", label="utilisation trap (40%)")
         ax.set_ylim(0, 1.05)
@@ -266,8 +323,14 @@ def _percent_axis(axis) -> None:
     axis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
 
 
-def _time_axis(ax, start: float, end: float, gaps: list[tuple[float, float]], fmt: str = "%a %d\n%H:%M",
-               ticks: tuple[int, int] = (5, 8)) -> None:
+def _time_axis(
+    ax,
+    start: float,
+    end: float,
+    gaps: list[tuple[float, float]],
+    fmt: str = "%a %d\n%H:%M",
+    ticks: tuple[int, int] = (5, 8),
+) -> None:
     """start..end on x (UTC), the stretches without data shaded."""
     from matplotlib import dates as mdates
 
@@ -301,8 +364,10 @@ def _png(fig, plt) -> str:
 def render_html(report: WeeklyReport) -> str:
     """The report as one self-contained HTML page (plots embedded as PNG data URIs)."""
     title = f"kvscope weekly efficiency review: {_when(report.this.start)} → {_when(report.this.end)}"
-    parts = [f"<h1>{html.escape(title)}</h1>",
-             f"<p>Source: {html.escape(report.source)}. GPU-hour price: ${report.gpu_hour_cost:,.2f}.</p>"]
+    parts = [
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>Source: {html.escape(report.source)}. GPU-hour price: ${report.gpu_hour_cost:,.2f}.</p>",
+    ]
     for name, body in _sections(report):
         parts.append(f"<h2>{html.escape(name)}</h2>")
         if body and isinstance(body[0], list):
@@ -312,9 +377,14 @@ def render_html(report: WeeklyReport) -> str:
     plots = render_plots(report)
     if plots:
         parts.append("<h2>Plots</h2>")
-        parts += [f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,{b64}"></figure>'
-                  for t, b64 in plots]
-    style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}td.num{text-align:right}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
+        parts += [
+            f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,{b64}"></figure>' for t, b64 in plots
+        ]
+    style = (
+        "body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}td.num{text-align:right}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n"
+    )

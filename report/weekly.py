@@ -35,11 +35,22 @@ MAX_GAP_S = 300.0
 """A GPU sample covers the time since the previous one, at most this long or twice the typical
 sampling interval, whichever is larger (a gap in the data is not a GPU-hour)."""
 
-COUNTERS = ("engine_generation_tokens_total", "engine_prompt_tokens_total", "engine_prefix_cache_hits_tokens_total",
-            "engine_prefix_cache_queries_tokens_total", "engine_requests_finished_total",
-            "tenant_requests_total", "tenant_prompt_tokens_total", "tenant_cached_tokens_total")
-GAUGES = ("gpu_utilization_ratio", "gpu_graphics_engine_active_ratio", "engine_gpu_memory_used_bytes",
-          "engine_requests_running")
+COUNTERS = (
+    "engine_generation_tokens_total",
+    "engine_prompt_tokens_total",
+    "engine_prefix_cache_hits_tokens_total",
+    "engine_prefix_cache_queries_tokens_total",
+    "engine_requests_finished_total",
+    "tenant_requests_total",
+    "tenant_prompt_tokens_total",
+    "tenant_cached_tokens_total",
+)
+GAUGES = (
+    "gpu_utilization_ratio",
+    "gpu_graphics_engine_active_ratio",
+    "engine_gpu_memory_used_bytes",
+    "engine_requests_running",
+)
 UTILISATION_SIGNALS = ("gpu_graphics_engine_active_ratio", "gpu_utilization_ratio")
 """Utilisation, best first. DCGM's GPU_UTIL (gpu_utilization_ratio) only says *a* kernel was
 running in the sample period, so a GPU idling on a tiny decode batch reads ~94 %; where DCGM
@@ -49,6 +60,7 @@ SIGNALS = COUNTERS + GAUGES
 
 
 # ------------------------------------------------------------------------------ columnar series
+
 
 @dataclass
 class Points:
@@ -71,7 +83,7 @@ class SeriesSet:
 
     series: pd.DataFrame
     by_name: dict[str, Points]
-    memo: dict = field(default_factory=dict)     # per-name increments / coverage, computed once
+    memo: dict = field(default_factory=dict)  # per-name increments / coverage, computed once
 
     def label(self, label: str, default: str = "") -> np.ndarray:
         """The value of `label` per sid (default where the series lacks it), as an object array."""
@@ -89,8 +101,9 @@ class SeriesSet:
         return min(firsts) if firsts else None
 
 
-def series_set_from_arrays(series: Sequence[dict[str, str]], sids: np.ndarray, ts: np.ndarray,
-                           values: np.ndarray) -> SeriesSet:
+def series_set_from_arrays(
+    series: Sequence[dict[str, str]], sids: np.ndarray, ts: np.ndarray, values: np.ndarray
+) -> SeriesSet:
     """Build from a list of label dicts (each with 'name') and parallel point arrays.
 
     Points already in time order per series (what stores and Prometheus return) need only a
@@ -107,11 +120,11 @@ def series_set_from_arrays(series: Sequence[dict[str, str]], sids: np.ndarray, t
         order = np.lexsort((ts, sids))
         sids, ts, values = sids[order], ts[order], values[order]
     codes, uniques = pd.factorize(frame["name"]) if "name" in frame else (np.zeros(0, int), [])
-    bounds = np.searchsorted(sids, np.arange(len(frame) + 1))       # sid k's points: bounds[k]:bounds[k+1]
+    bounds = np.searchsorted(sids, np.arange(len(frame) + 1))  # sid k's points: bounds[k]:bounds[k+1]
     by_name = {}
     for code, name in enumerate(uniques):
         members = np.flatnonzero(codes == code)
-        if members.size and np.all(np.diff(members) == 1):           # contiguous sids: one slice
+        if members.size and np.all(np.diff(members) == 1):  # contiguous sids: one slice
             sl = slice(bounds[members[0]], bounds[members[-1] + 1])
             by_name[str(name)] = Points(sids[sl], ts[sl], values[sl])
         else:
@@ -137,8 +150,12 @@ def series_set_from_samples(samples: Iterable[Sample], names: Iterable[str] = SI
         sids.append(sid)
         ts.append(s.timestamp)
         values.append(s.value)
-    return series_set_from_arrays(series or [{"name": ""}], np.array(sids, dtype=np.int32),
-                                  np.array(ts, dtype=float), np.array(values, dtype=float))
+    return series_set_from_arrays(
+        series or [{"name": ""}],
+        np.array(sids, dtype=np.int32),
+        np.array(ts, dtype=float),
+        np.array(values, dtype=float),
+    )
 
 
 def read_store_series(path: str, start: float, end: float) -> SeriesSet:
@@ -147,8 +164,12 @@ def read_store_series(path: str, start: float, end: float) -> SeriesSet:
 
     store = SqliteStore(path, background=False)
     try:
-        samples = [Sample(name, labels, v, t) for name in sorted(store.names() & set(SIGNALS))
-                   for labels, points in store.query(name, start, end).items() for t, v in points]
+        samples = [
+            Sample(name, labels, v, t)
+            for name in sorted(store.names() & set(SIGNALS))
+            for labels, points in store.query(name, start, end).items()
+            for t, v in points
+        ]
     finally:
         store.close()
     return series_set_from_samples(samples)
@@ -160,8 +181,9 @@ PROMETHEUS_STEP_S = 900.0
 points per series whatever the scrape interval (the timeline's finest bins over a week are 1 h)."""
 
 
-def read_prometheus_series(url: str, start: float, end: float, timeout_s: float = 120.0,
-                           step: float | None = None, client=None) -> SeriesSet:  # noqa: ANN001
+def read_prometheus_series(
+    url: str, start: float, end: float, timeout_s: float = 120.0, step: float | None = None, client=None
+) -> SeriesSet:  # noqa: ANN001
     """The report's signals from a Prometheus-compatible TSDB, aggregated server-side at `step`.
 
     Per signal, the first source that has it: the canonical recorded `kvscope:<signal>`
@@ -175,7 +197,7 @@ def read_prometheus_series(url: str, start: float, end: float, timeout_s: float 
 
     client = client or PromClient(url, timeout_s=timeout_s)
     catalog = load_catalog()
-    if step is None:        # 15 min over two weeks, finer (down to 15 s) over a shorter span
+    if step is None:  # 15 min over two weeks, finer (down to 15 s) over a shorter span
         step = float(min(PROMETHEUS_STEP_S, max(15.0, math.ceil((end - start) / 1344 / 15) * 15)))
     start = math.floor(start / step) * step
     n = int((end - start) // step) + 1
@@ -205,7 +227,7 @@ def read_prometheus_series(url: str, start: float, end: float, timeout_s: float 
                 continue
             vals = row[ok]
             ts = grid[ok]
-            if name in COUNTERS:           # cumulative from increases, from 0 one step before the first
+            if name in COUNTERS:  # cumulative from increases, from 0 one step before the first
                 vals = np.r_[0.0, np.cumsum(vals)]
                 ts = np.r_[ts[0] - step, ts]
             labels = {k: v for k, v in metric.items() if k not in ("__name__", "job")}
@@ -218,8 +240,14 @@ def read_prometheus_series(url: str, start: float, end: float, timeout_s: float 
     return series_set_from_arrays(series, np.concatenate(sids), np.concatenate(times), np.concatenate(values))
 
 
-def prometheus_diagnoses(url: str, start: float, end: float, step: float = 300.0, client=None,  # noqa: ANN001
-                         timeout_s: float = 300.0) -> list[Diagnosis]:
+def prometheus_diagnoses(
+    url: str,
+    start: float,
+    end: float,
+    step: float = 300.0,
+    client=None,  # noqa: ANN001
+    timeout_s: float = 300.0,
+) -> list[Diagnosis]:
     """The week's findings from the TSDB itself: the pushdown diagnosis (diagnoser/pushdown/) over
     [start, end] on a `step` grid (5 minutes by default: rule ranges shorter than a step are read
     over one step)."""
@@ -233,6 +261,7 @@ def prometheus_diagnoses(url: str, start: float, end: float, step: float = 300.0
 
 # ------------------------------------------------------------------------------ maths
 
+
 def counter_increments(ss: SeriesSet, name: str) -> tuple[Points, np.ndarray]:
     """(points, inc): the increase since the previous point of the same series, resets handled
     the Prometheus way (a drop means the counter restarted from zero)."""
@@ -245,7 +274,7 @@ def counter_increments(ss: SeriesSet, name: str) -> tuple[Points, np.ndarray]:
 def _increments(pts: Points) -> tuple[Points, np.ndarray]:
     inc = np.empty_like(pts.value)
     inc[1:] = step_increases(pts.value)
-    inc[pts.first | np.isnan(inc)] = 0.0      # a NaN reading counts nothing, before or after it
+    inc[pts.first | np.isnan(inc)] = 0.0  # a NaN reading counts nothing, before or after it
     return pts, inc
 
 
@@ -352,12 +381,14 @@ def data_coverage(ss: SeriesSet, start: float, end: float, max_gap_s: float = MA
     inside = np.unique(np.concatenate(parts)) if parts else np.zeros(0)
     if not inside.size:
         return DataCoverage(start, end, ())
-    ts = np.unique(np.r_[max(before), inside]) if before else inside   # data running into the window
+    ts = np.unique(np.r_[max(before), inside]) if before else inside  # data running into the window
     dt = np.diff(ts)
     limit = max(max_gap_s, 2 * float(np.median(dt))) if dt.size else max_gap_s
     breaks = np.flatnonzero(dt > limit)
-    spans = [(max(start, float(ts[a])), float(ts[b]))
-             for a, b in zip(np.r_[0, breaks + 1], np.r_[breaks, ts.size - 1], strict=True)]
+    spans = [
+        (max(start, float(ts[a])), float(ts[b]))
+        for a, b in zip(np.r_[0, breaks + 1], np.r_[breaks, ts.size - 1], strict=True)
+    ]
     return DataCoverage(start, end, tuple((a, b) for a, b in spans if b > start))
 
 
@@ -380,22 +411,30 @@ def attribution_note(ss: SeriesSet) -> str:
     why = []
     if not (names == "engine_gpu_memory_used_bytes").any():
         pods = "" if (ss.label("pod")[lost] != "").any() else "; the GPU series carry no pod/namespace labels"
-        why.append("no engine-GPU join (engine_gpu_memory_used_bytes) in the source (it comes from a "
-                   f"gpu_mapping, Kubernetes pod labels or the NVML process list{pods})")
+        why.append(
+            "no engine-GPU join (engine_gpu_memory_used_bytes) in the source (it comes from a "
+            f"gpu_mapping, Kubernetes pod labels or the NVML process list{pods})"
+        )
     if not engine_nodes:
         why.append("the engine series carry no node label, so a node's GPUs cannot be matched to its engines")
     elif shared := [n for n in nodes if n in engine_nodes]:
         why.append(f"{_few(shared)} run engines of more than one pool, so a node does not name the pool")
-    fixes = ["map GPUs to engines with gpu_mapping: {<gpu_uuid>: <instance>} (the agent's config, or "
-             "--gpu-mapping for this report)"]
+    fixes = [
+        "map GPUs to engines with gpu_mapping: {<gpu_uuid>: <instance>} (the agent's config, or "
+        "--gpu-mapping for this report)"
+    ]
     if not engine_nodes:
-        fixes.append("give each engine target its node (targets: [{url: ..., labels: {node: <node>}}]; "
-                     "attributes a node's GPUs where it runs one pool)")
+        fixes.append(
+            "give each engine target its node (targets: [{url: ..., labels: {node: <node>}}]; "
+            "attributes a node's GPUs where it runs one pool)"
+        )
     fixes.append("run dcgm-exporter with Kubernetes pod mapping and scrape engines with their pod/namespace labels")
     where = f" on {_few(nodes)}" if nodes else ""
-    return (f"{len(devices)} GPU(s){where} are not attributed to a pool (per-pool GPU-hours, tokens per "
-            f"GPU-hour and cost are absent; fleet totals count them): {'; '.join(why)}. "
-            f"Fix: {', or '.join(fixes)}.")
+    return (
+        f"{len(devices)} GPU(s){where} are not attributed to a pool (per-pool GPU-hours, tokens per "
+        f"GPU-hour and cost are absent; fleet totals count them): {'; '.join(why)}. "
+        f"Fix: {', or '.join(fixes)}."
+    )
 
 
 def _few(names: Sequence[str], shown: int = 4) -> str:
@@ -432,26 +471,41 @@ def _counter_by(ss: SeriesSet, name: str, keys: np.ndarray, start: float, end: f
 def compute_week(ss: SeriesSet, start: float, end: float, gpu_hour_cost: float) -> WeekStats:
     """All the week's numbers over (start, end]."""
     keys = pools(ss)
-    table = pd.DataFrame({col: _counter_by(ss, name, keys, start, end) for col, name in (
-        ("output_tokens", "engine_generation_tokens_total"), ("prompt_tokens", "engine_prompt_tokens_total"),
-        ("prefill_tokens_saved", "engine_prefix_cache_hits_tokens_total"),
-        ("prefix_queries", "engine_prefix_cache_queries_tokens_total"))})
+    table = pd.DataFrame(
+        {
+            col: _counter_by(ss, name, keys, start, end)
+            for col, name in (
+                ("output_tokens", "engine_generation_tokens_total"),
+                ("prompt_tokens", "engine_prompt_tokens_total"),
+                ("prefill_tokens_saved", "engine_prefix_cache_hits_tokens_total"),
+                ("prefix_queries", "engine_prefix_cache_queries_tokens_total"),
+            )
+        }
+    )
     gpu, dt = gauge_coverage(ss, utilisation_signal(ss))
     if gpu.sid.size:
         mask, sids, gkeys = _window(gpu, start, end), np.unique(gpu.sid), gpu_pools(ss)
         hours = _group(gkeys, _per_sid(ss, gpu, dt, mask), sids) / 3600
         busy = _group(gkeys, _per_sid(ss, gpu, dt * gpu.value, mask), sids) / 3600
-        table = table.join(pd.DataFrame({"gpu_hours": hours, "gpu_util": busy / hours.where(hours > 0)}),
-                           how="outer")
+        table = table.join(pd.DataFrame({"gpu_hours": hours, "gpu_util": busy / hours.where(hours > 0)}), how="outer")
     table = _derive(table, gpu_hour_cost)
     cov = data_coverage(ss, start, end)
-    return WeekStats(start, end, utilisation_signal(ss), table, _fleet(table, gpu_hour_cost), _tenants(ss, start, end),
-                     cov, _timeline(ss, start, end, cov))
+    return WeekStats(
+        start,
+        end,
+        utilisation_signal(ss),
+        table,
+        _fleet(table, gpu_hour_cost),
+        _tenants(ss, start, end),
+        cov,
+        _timeline(ss, start, end, cov),
+    )
 
 
 def _derive(pools: pd.DataFrame, cost: float) -> pd.DataFrame:
-    pools = pools.reindex(columns=["output_tokens", "prompt_tokens", "prefill_tokens_saved", "prefix_queries",
-                                   "gpu_hours", "gpu_util"])
+    pools = pools.reindex(
+        columns=["output_tokens", "prompt_tokens", "prefill_tokens_saved", "prefix_queries", "gpu_hours", "gpu_util"]
+    )
     hours = pools["gpu_hours"].where(pools["gpu_hours"] > 0)
     out_tok = pools["output_tokens"].where(pools["output_tokens"] > 0)
     pools["tokens_per_gpu_hour"] = pools["output_tokens"] / hours
@@ -467,8 +521,9 @@ def _fleet(pools: pd.DataFrame, cost: float) -> dict[str, float | None]:
         s = pools[col].dropna()
         return float(s.sum()) if not s.empty else None
 
-    out = {k: total(k) for k in ("output_tokens", "prompt_tokens", "prefill_tokens_saved", "prefix_queries",
-                                 "gpu_hours")}
+    out = {
+        k: total(k) for k in ("output_tokens", "prompt_tokens", "prefill_tokens_saved", "prefix_queries", "gpu_hours")
+    }
     hours, tokens = out["gpu_hours"], out["output_tokens"]
     busy = (pools["gpu_hours"] * pools["gpu_util"]).dropna()
     out["gpu_util"] = float(busy.sum() / hours) if hours and not busy.empty else None
@@ -482,9 +537,14 @@ def _fleet(pools: pd.DataFrame, cost: float) -> dict[str, float | None]:
 
 def _tenants(ss: SeriesSet, start: float, end: float) -> pd.DataFrame:
     keys = ss.label("tenant", "unknown")
-    cols = {col: _counter_by(ss, name, keys, start, end) for name, col in (
-        ("tenant_requests_total", "requests"), ("tenant_prompt_tokens_total", "prompt_tokens"),
-        ("tenant_cached_tokens_total", "cached_tokens"))}
+    cols = {
+        col: _counter_by(ss, name, keys, start, end)
+        for name, col in (
+            ("tenant_requests_total", "requests"),
+            ("tenant_prompt_tokens_total", "prompt_tokens"),
+            ("tenant_cached_tokens_total", "cached_tokens"),
+        )
+    }
     cols = {k: v for k, v in cols.items() if v is not None}
     if not cols:
         return pd.DataFrame()
@@ -521,7 +581,7 @@ def _timeline(ss: SeriesSet, start: float, end: float, cov: DataCoverage) -> pd.
     """Fleet numbers per time bin over the whole window (index: bin start, UTC); a bin without
     data is NaN (absent), never zero. Rates are per second of data held in the bin."""
     step = timeline_step(cov.held_s)
-    origin = math.floor(start / step) * step                # bins on round clock times
+    origin = math.floor(start / step) * step  # bins on round clock times
     n = int(math.ceil((end - origin) / step))
     edges = origin + step * np.arange(n + 1)
     held = np.zeros(n)
@@ -533,7 +593,7 @@ def _timeline(ss: SeriesSet, start: float, end: float, cov: DataCoverage) -> pd.
     tokens = None
     if mask.any():
         bins = _bins(pts.ts[mask], origin, step, n)
-        rated = np.bincount(bins, weights=(~pts.first[mask]).astype(float), minlength=n) > 0    # first points: no rate
+        rated = np.bincount(bins, weights=(~pts.first[mask]).astype(float), minlength=n) > 0  # first points: no rate
         tokens = np.where(rated, np.bincount(bins, weights=inc[mask], minlength=n), np.nan)
         cols["output_tokens_per_s"] = np.where(held > 0, tokens / np.where(held > 0, held, 1), np.nan)
     gpu, dt = gauge_coverage(ss, utilisation_signal(ss))
@@ -553,8 +613,15 @@ def _timeline(ss: SeriesSet, start: float, end: float, cov: DataCoverage) -> pd.
 
 # ------------------------------------------------------------------------------ the report
 
-DELTA_KEYS = ("output_tokens", "gpu_hours", "tokens_per_gpu_hour", "gpu_util", "usd_per_1m_tokens",
-              "hit_ratio", "prefill_tokens_saved")
+DELTA_KEYS = (
+    "output_tokens",
+    "gpu_hours",
+    "tokens_per_gpu_hour",
+    "gpu_util",
+    "usd_per_1m_tokens",
+    "hit_ratio",
+    "prefill_tokens_saved",
+)
 
 
 @dataclass(frozen=True)
@@ -591,8 +658,10 @@ def group_incidents(diagnoses: Iterable[Diagnosis]) -> list[Incident]:
         out += [Incident(f) for f in d.hypotheses]
         support = {id(f) for f in supporting}
         other = tuple(f for f in d.other if id(f) not in support)
-        out += [Incident(worst, repeats=tuple(m for m in members if m is not worst))
-                for worst, members in group_repeats(other)]
+        out += [
+            Incident(worst, repeats=tuple(m for m in members if m is not worst))
+            for worst, members in group_repeats(other)
+        ]
     return out
 
 
@@ -603,7 +672,7 @@ class WeeklyReport:
     gpu_hour_cost: float
     source: str
     incidents: list[Incident] = field(default_factory=list)
-    attribution: str = ""          # why GPUs are not attributed to a pool ('' = all are)
+    attribution: str = ""  # why GPUs are not attributed to a pool ('' = all are)
 
     def deltas(self) -> dict[str, float | None]:
         """Relative week-over-week change per fleet number (None when either week lacks it)."""
@@ -615,9 +684,15 @@ class WeeklyReport:
         return out
 
 
-def build_report(ss: SeriesSet, end: float, gpu_hour_cost: float, source: str,
-                 findings: Sequence[Finding] = (), top: int = 10,
-                 diagnoses: Sequence[Diagnosis] = ()) -> WeeklyReport:
+def build_report(
+    ss: SeriesSet,
+    end: float,
+    gpu_hour_cost: float,
+    source: str,
+    findings: Sequence[Finding] = (),
+    top: int = 10,
+    diagnoses: Sequence[Diagnosis] = (),
+) -> WeeklyReport:
     """The week ending at `end` and, when the data reaches back, the week before it. The top
     findings are the `top` highest-scoring incidents: `diagnoses` grouped by `group_incidents`,
     plus loose `findings`, one incident each."""

@@ -32,18 +32,26 @@ from testbed.llamacpp_env import llamacpp_unavailable_reason  # noqa: E402
 from testbed.vllm_env import vllm_unavailable_reason  # noqa: E402
 
 ENGINES = {  # engine -> (scenarios, by_name, run_scenario, unavailable_reason)
-    "vllm": (vllm_scenarios.SCENARIOS, vllm_scenarios.by_name, vllm_incidents.run_scenario,
-             vllm_unavailable_reason),
-    "llamacpp": (llamacpp_incidents.SCENARIOS, llamacpp_incidents.by_name, llamacpp_incidents.run_scenario,
-                 llamacpp_unavailable_reason),
+    "vllm": (vllm_scenarios.SCENARIOS, vllm_scenarios.by_name, vllm_incidents.run_scenario, vllm_unavailable_reason),
+    "llamacpp": (
+        llamacpp_incidents.SCENARIOS,
+        llamacpp_incidents.by_name,
+        llamacpp_incidents.run_scenario,
+        llamacpp_unavailable_reason,
+    ),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", choices=sorted(ENGINES), default="vllm", help="which engine's scenarios")
-    ap.add_argument("--only", nargs="+", metavar="NAME", help="scenarios to run (default: all of the engine's); "
-                    "known: " + ", ".join(s.name for e in ENGINES.values() for s in e[0]))
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        help="scenarios to run (default: all of the engine's); "
+        "known: " + ", ".join(s.name for e in ENGINES.values() for s in e[0]),
+    )
     ap.add_argument("--out", type=Path, default=REPO / "tests" / "recordings", help="output directory")
     ap.add_argument("--list", action="store_true", help="list scenarios and exit")
     a = ap.parse_args(argv)

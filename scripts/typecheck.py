@@ -46,15 +46,23 @@ def repo_path(line: str, prefixes: dict[str, str]) -> str:
     """'kvscope/agent/x.py:3: error' -> 'agent/x.py:3: error' (longest prefix first)."""
     for tree_prefix in sorted(prefixes, key=len, reverse=True):
         if line.startswith(tree_prefix):
-            return prefixes[tree_prefix] + line[len(tree_prefix):]
+            return prefixes[tree_prefix] + line[len(tree_prefix) :]
     return line
 
 
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kvscope-typecheck-") as tmp:
         prefixes = lay_out(Path(tmp), package_dirs())
-        cmd = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "-p", "kvscope",
-               *sys.argv[1:]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "-p",
+            "kvscope",
+            *sys.argv[1:],
+        ]
         proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, env={**os.environ, "MYPYPATH": tmp})
         for line in (proc.stdout + proc.stderr).splitlines():
             print(repo_path(line, prefixes))

@@ -18,13 +18,22 @@ READY_PATH = "/-/ready"
 
 def alertmanager_argv(config: Path, storage: Path, port: int, binary: str = BINARY) -> list[str]:
     """Alertmanager with `config`, its state under `storage`, the API on 127.0.0.1:`port`."""
-    return [binary, f"--config.file={config}", f"--storage.path={storage}",
-            f"--web.listen-address={LOOPBACK}:{port}", "--cluster.listen-address="]
+    return [
+        binary,
+        f"--config.file={config}",
+        f"--storage.path={storage}",
+        f"--web.listen-address={LOOPBACK}:{port}",
+        "--cluster.listen-address=",
+    ]
 
 
 def post_alerts(url: str, alerts: list[dict], timeout_s: float = 5.0) -> int:
     """POST alerts to `/api/v2/alerts` (what Prometheus does); returns the HTTP status."""
-    req = urllib.request.Request(f"{url}/api/v2/alerts", data=json.dumps(alerts).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+        f"{url}/api/v2/alerts",
+        data=json.dumps(alerts).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         return resp.status

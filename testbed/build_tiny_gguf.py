@@ -36,7 +36,7 @@ def _tokenizer_tables(seed: int) -> tuple[list[str], list[int], list[str]]:
     if "" in tokens:
         raise RuntimeError("the trained vocabulary has gaps in its ids")
     special = set(SPECIAL)
-    types = [3 if t in special else 1 for t in tokens]          # 3 = control, 1 = normal
+    types = [3 if t in special else 1 for t in tokens]  # 3 = control, 1 = normal
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
     return tokens, types, merges
 
@@ -57,15 +57,17 @@ def _weights(n_vocab: int, seed: int) -> list[tuple[str, object]]:
     out = [("token_embd.weight", mat(n_vocab, N_EMBD))]
     for i in range(N_LAYER):
         b = f"blk.{i}."
-        out += [(b + "attn_norm.weight", ones(N_EMBD)),
-                (b + "attn_q.weight", mat(N_EMBD, N_EMBD)),
-                (b + "attn_k.weight", mat(N_HEAD_KV * head_dim, N_EMBD)),
-                (b + "attn_v.weight", mat(N_HEAD_KV * head_dim, N_EMBD)),
-                (b + "attn_output.weight", mat(N_EMBD, N_EMBD)),
-                (b + "ffn_norm.weight", ones(N_EMBD)),
-                (b + "ffn_gate.weight", mat(N_FF, N_EMBD)),
-                (b + "ffn_up.weight", mat(N_FF, N_EMBD)),
-                (b + "ffn_down.weight", mat(N_EMBD, N_FF))]
+        out += [
+            (b + "attn_norm.weight", ones(N_EMBD)),
+            (b + "attn_q.weight", mat(N_EMBD, N_EMBD)),
+            (b + "attn_k.weight", mat(N_HEAD_KV * head_dim, N_EMBD)),
+            (b + "attn_v.weight", mat(N_HEAD_KV * head_dim, N_EMBD)),
+            (b + "attn_output.weight", mat(N_EMBD, N_EMBD)),
+            (b + "ffn_norm.weight", ones(N_EMBD)),
+            (b + "ffn_gate.weight", mat(N_FF, N_EMBD)),
+            (b + "ffn_up.weight", mat(N_FF, N_EMBD)),
+            (b + "ffn_down.weight", mat(N_EMBD, N_FF)),
+        ]
     out += [("output_norm.weight", ones(N_EMBD)), ("output.weight", mat(n_vocab, N_EMBD))]
     return out
 
@@ -106,8 +108,13 @@ def build(out: Path, seed: int = 0) -> dict:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return {"out": str(out), "vocab": len(tokens), "merges": len(merges),
-            "params": int(sum(a.size for _, a in tensors)), "bytes": out.stat().st_size}
+    return {
+        "out": str(out),
+        "vocab": len(tokens),
+        "merges": len(merges),
+        "params": int(sum(a.size for _, a in tensors)),
+        "bytes": out.stat().st_size,
+    }
 
 
 if __name__ == "__main__":

@@ -34,9 +34,15 @@ def train_tokenizer(rng: random.Random):
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(sentences, trainers.BpeTrainer(
-        vocab_size=1024, special_tokens=SPECIAL, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        sentences,
+        trainers.BpeTrainer(
+            vocab_size=1024,
+            special_tokens=SPECIAL,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     return tok
 
@@ -50,18 +56,33 @@ def build(out: Path, seed: int = 0) -> dict:
     torch.manual_seed(seed)
     tok = train_tokenizer(random.Random(seed))
     hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-        pad_token="<pad>", additional_special_tokens=SPECIAL[4:])
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        additional_special_tokens=SPECIAL[4:],
+    )
     hf_tok.chat_template = CHAT_TEMPLATE
     hf_tok.model_max_length = 2048
     hf_tok.save_pretrained(out)
     vocab = tok.get_vocab_size()
     cfg = LlamaConfig(
-        vocab_size=(vocab + 63) // 64 * 64, hidden_size=128, intermediate_size=256,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0,
-        bos_token_id=hf_tok.bos_token_id, eos_token_id=hf_tok.eos_token_id,
-        pad_token_id=hf_tok.pad_token_id, tie_word_embeddings=False, torch_dtype="bfloat16")
+        vocab_size=(vocab + 63) // 64 * 64,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        bos_token_id=hf_tok.bos_token_id,
+        eos_token_id=hf_tok.eos_token_id,
+        pad_token_id=hf_tok.pad_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
     return {"out": str(out), "vocab": vocab, "params": sum(p.numel() for p in model.parameters())}

@@ -48,8 +48,10 @@ def dynamo_unavailable_reason() -> str | None:
     """None when Dynamo is installed and stamped; otherwise why not (a skip reason)."""
     home = dynamo_home()
     if not (home / ".kvscope-dynamo-stamp").is_file() or not (home / "venv" / "bin" / "python").exists():
-        return (f"real Dynamo not installed at {home}: run scripts/install-dynamo.sh "
-                "(make setup-dynamo does it; `make test` depends on it)")
+        return (
+            f"real Dynamo not installed at {home}: run scripts/install-dynamo.sh "
+            "(make setup-dynamo does it; `make test` depends on it)"
+        )
     return None
 
 
@@ -68,8 +70,9 @@ def _i16_port() -> int:
 class DynamoFleet:
     """One mocker process (N simulated workers) and one frontend, stopped together."""
 
-    def __init__(self, model_dir: Path, router_mode: str = "kv", workers: int = 2,
-                 startup_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, model_dir: Path, router_mode: str = "kv", workers: int = 2, startup_timeout_s: float = 120.0
+    ) -> None:
         self.model_dir = model_dir
         self.router_mode = router_mode
         self.workers = workers
@@ -90,9 +93,17 @@ class DynamoFleet:
 
     def _env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "VIRTUAL_ENV"))}
-        env.update(DYN_FILE_KV=str(self.workdir / "discovery"), DYN_DISCOVERY_BACKEND="file",
-                   DYN_REQUEST_PLANE="tcp", DYN_EVENT_PLANE="zmq", HF_HUB_OFFLINE="1",
-                   TRANSFORMERS_OFFLINE="1", NO_COLOR="1", PYTHONUNBUFFERED="1", **extra)
+        env.update(
+            DYN_FILE_KV=str(self.workdir / "discovery"),
+            DYN_DISCOVERY_BACKEND="file",
+            DYN_REQUEST_PLANE="tcp",
+            DYN_EVENT_PLANE="zmq",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            NO_COLOR="1",
+            PYTHONUNBUFFERED="1",
+            **extra,
+        )
         return env
 
     def _python(self) -> str:
@@ -104,12 +115,28 @@ class DynamoFleet:
         if reason:
             raise RuntimeError(reason)
         try:
-            self.procs.start("mocker", [
-                self._python(), "-m", "dynamo.mocker", "--model-path", str(self.model_dir),
-                "--model-name", MODEL_NAME, "--num-workers", str(self.workers), "--block-size", "16",
-                "--num-gpu-blocks-override", "256", "--enable-prefix-caching"],
+            self.procs.start(
+                "mocker",
+                [
+                    self._python(),
+                    "-m",
+                    "dynamo.mocker",
+                    "--model-path",
+                    str(self.model_dir),
+                    "--model-name",
+                    MODEL_NAME,
+                    "--num-workers",
+                    str(self.workers),
+                    "--block-size",
+                    "16",
+                    "--num-gpu-blocks-override",
+                    "256",
+                    "--enable-prefix-caching",
+                ],
                 env=self._env(DYN_SYSTEM_ENABLED="true", DYN_SYSTEM_PORT=str(self.system_port)),
-                cwd=self.workdir, start_new_session=True)
+                cwd=self.workdir,
+                start_new_session=True,
+            )
             self._start_frontend()
             self._wait(lambda: http_get(self.metrics_urls["mocker"])[0] == 200, "the mocker's /metrics")
         except BaseException:
@@ -119,10 +146,25 @@ class DynamoFleet:
 
     def _start_frontend(self) -> None:
         self._frontends += 1
-        self.procs.start(f"frontend-{self._frontends}", [
-            self._python(), "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(self.port),
-            "--router-mode", self.router_mode, "--discovery-backend", "file"],
-            env=self._env(), cwd=self.workdir, start_new_session=True)
+        self.procs.start(
+            f"frontend-{self._frontends}",
+            [
+                self._python(),
+                "-m",
+                "dynamo.frontend",
+                "--http-host",
+                "127.0.0.1",
+                "--http-port",
+                str(self.port),
+                "--router-mode",
+                self.router_mode,
+                "--discovery-backend",
+                "file",
+            ],
+            env=self._env(),
+            cwd=self.workdir,
+            start_new_session=True,
+        )
         self._wait(lambda: MODEL_NAME.encode() in http_get(self.url + "/v1/models")[1], "the model served")
 
     def restart_frontend(self, router_mode: str) -> DynamoFleet:
@@ -136,11 +178,12 @@ class DynamoFleet:
         return self
 
     def _wait(self, check, what: str) -> None:
-        wait_until(check, self.startup_timeout_s, what, procs=self.procs.procs, interval_s=0.5,
-                   logs=lambda: self.procs.logs())
+        wait_until(
+            check, self.startup_timeout_s, what, procs=self.procs.procs, interval_s=0.5, logs=lambda: self.procs.logs()
+        )
 
     def close(self) -> None:
-        for proc in self.procs.procs:     # each runs in its own group: take its children along
+        for proc in self.procs.procs:  # each runs in its own group: take its children along
             signal_group(proc.pid, signal.SIGTERM)
         self.procs.stop_all()
         shutil.rmtree(self.workdir, ignore_errors=True)

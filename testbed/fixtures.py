@@ -60,7 +60,7 @@ def vllm_pool() -> Iterator[ServerPool]:
     """The session's server pool (the test fails when vLLM is not installed: `make test` installs it)."""
     reason = vllm_unavailable_reason()
     if reason:
-        pytest.fail(reason, pytrace=False)   # `make test` installs it: missing is a broken install
+        pytest.fail(reason, pytrace=False)  # `make test` installs it: missing is a broken install
     ensure_tiny_model()
     pool = ServerPool()
     yield pool
@@ -106,7 +106,7 @@ def vllm_pd_pair(vllm_pool: ServerPool) -> Iterator[Callable[..., tuple[VllmServ
         stores.append(tempfile.mkdtemp(prefix="kvs-pd-kv-"))
         pair = [VllmServer(c) for c in pd_configs(stores[-1], base)]
         started.extend(pair)
-        for srv in pair:               # launched from this thread (see VllmServer.command)
+        for srv in pair:  # launched from this thread (see VllmServer.command)
             srv.launch()
         for srv in pair:
             srv.wait_ready()

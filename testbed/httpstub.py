@@ -39,8 +39,9 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[ThreadingHTTPServ
         stop_thread_server(server)
 
 
-def static_body_handler(body: bytes, only_path: str | None = None,
-                        content_type: str = EXPOSITION_TYPE) -> type[BaseHTTPRequestHandler]:
+def static_body_handler(
+    body: bytes, only_path: str | None = None, content_type: str = EXPOSITION_TYPE
+) -> type[BaseHTTPRequestHandler]:
     """A handler answering every GET with `body` (or only GET `only_path`; 404 elsewhere)."""
 
     class StaticBody(BaseHTTPRequestHandler):

@@ -37,27 +37,47 @@ from testbed.vllm_server import VllmConfig, VllmServer
 
 REPO = Path(__file__).resolve().parent.parent
 KVSCOPE = Path(sys.executable).with_name("kvscope")
-STARTUP_TIMEOUT_S = 600.0   # generous: the recorder runs on shared, sometimes saturated boxes
+STARTUP_TIMEOUT_S = 600.0  # generous: the recorder runs on shared, sometimes saturated boxes
 
 
-def _record_config(servers: list[VllmServer], path: Path, taps: list[str] = (),
-                   router: str | None = None, job: str = "vllm") -> None:
-    targets = [{"url": s.metrics_url, "job": job, "labels": {"instance": f"replica-{i}"}}
-               for i, s in enumerate(servers)]
+def _record_config(
+    servers: list[VllmServer], path: Path, taps: list[str] = (), router: str | None = None, job: str = "vllm"
+) -> None:
+    targets = [
+        {"url": s.metrics_url, "job": job, "labels": {"instance": f"replica-{i}"}} for i, s in enumerate(servers)
+    ]
     targets += [{"url": u, "job": "kvscope-tap", "labels": {"instance": f"tap-{i}"}} for i, u in enumerate(taps)]
     if router is not None:
         targets.append({"url": router, "job": "sglang-router", "labels": {"instance": "router"}})
     path.write_text(yaml.safe_dump({"targets": targets}))
 
 
-def start_recorder(servers: list[VllmServer], out: Path, interval_s: float, workdir: Path,
-                   max_s: float, taps: list[str] = (), router: str | None = None,
-                   job: str = "vllm") -> subprocess.Popen:
+def start_recorder(
+    servers: list[VllmServer],
+    out: Path,
+    interval_s: float,
+    workdir: Path,
+    max_s: float,
+    taps: list[str] = (),
+    router: str | None = None,
+    job: str = "vllm",
+) -> subprocess.Popen:
     """`kvscope record` for all replicas (job `job`; and tap / router metrics URLs) until SIGINT (or `max_s`)."""
     cfg = workdir / "record.yaml"
     _record_config(servers, cfg, taps, router, job)
-    cmd = [str(KVSCOPE), "record", "--config", str(cfg), "--duration", f"{int(max_s)}s",
-           "--interval", f"{interval_s}s", "--out", str(out), "--no-progress"]
+    cmd = [
+        str(KVSCOPE),
+        "record",
+        "--config",
+        str(cfg),
+        "--duration",
+        f"{int(max_s)}s",
+        "--interval",
+        f"{interval_s}s",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     with open(workdir / "record.log", "wb") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
@@ -71,13 +91,17 @@ def stop_recorder(proc: subprocess.Popen, workdir: Path) -> None:
         proc.kill()
         raise RuntimeError("kvscope record did not stop on SIGTERM") from e
     if proc.returncode not in (0, 130, 143, -signal.SIGTERM):
-        raise RuntimeError(f"kvscope record exited {proc.returncode}: "
-                           + (workdir / "record.log").read_text()[-2000:])
+        raise RuntimeError(f"kvscope record exited {proc.returncode}: " + (workdir / "record.log").read_text()[-2000:])
 
 
-async def _run_phase(phase: Phase, servers: list[VllmServer], seed: int,
-                     tick: Callable[[], None], front: list[str] | None = None,
-                     router: SglangRouter | None = None) -> dict:
+async def _run_phase(
+    phase: Phase,
+    servers: list[VllmServer],
+    seed: int,
+    tick: Callable[[], None],
+    front: list[str] | None = None,
+    router: SglangRouter | None = None,
+) -> dict:
     """Drive one phase (and its action). Returns wall-clock bounds and client-side numbers.
     `front`: per replica, the URL to send its traffic to (its tap) instead of the server's.
     `router`: every request goes to the router, which picks the replica (testbed/router.py)."""
@@ -96,18 +120,31 @@ async def _run_phase(phase: Phase, servers: list[VllmServer], seed: int,
         kind, i = phase.action.split(":")
         action = _router_action(kind, router, servers[int(i)], router.workers[int(i)] if router else "")
     duration = phase.duration_s if action is None else 600.0
-    spec = LoadSpec(list(phase.tenants), max_requests=100_000, duration_s=duration,
-                    concurrency=phase.concurrency, rate_per_s=phase.rate_per_s,
-                    arrivals=phase.arrivals, route_by=phase.route_by, seed=seed,
-                    request_timeout_s=phase.timeout_s)
+    spec = LoadSpec(
+        list(phase.tenants),
+        max_requests=100_000,
+        duration_s=duration,
+        concurrency=phase.concurrency,
+        rate_per_s=phase.rate_per_s,
+        arrivals=phase.arrivals,
+        route_by=phase.route_by,
+        seed=seed,
+        request_timeout_s=phase.timeout_s,
+    )
     start = time.time()
     loads = [asyncio.create_task(run_load(spec, urls, phase.policy, on_done=lambda r: tick(), stop=stop))]
     for j, side in enumerate(phase.alongside):
-        side_spec = LoadSpec(list(side.tenants), max_requests=100_000, duration_s=duration,
-                             concurrency=side.concurrency, rate_per_s=side.rate_per_s,
-                             arrivals=side.arrivals, route_by=side.route_by, seed=seed * 100 + j + 1)
-        loads.append(asyncio.create_task(run_load(side_spec, urls, side.policy, on_done=lambda r: tick(),
-                                                  stop=stop)))
+        side_spec = LoadSpec(
+            list(side.tenants),
+            max_requests=100_000,
+            duration_s=duration,
+            concurrency=side.concurrency,
+            rate_per_s=side.rate_per_s,
+            arrivals=side.arrivals,
+            route_by=side.route_by,
+            seed=seed * 100 + j + 1,
+        )
+        loads.append(asyncio.create_task(run_load(side_spec, urls, side.policy, on_done=lambda r: tick(), stop=stop)))
     if action is not None:
         await action
         stop.set()
@@ -115,11 +152,19 @@ async def _run_phase(phase: Phase, servers: list[VllmServer], seed: int,
     result = LoadResult([r for res in results for r in res.records], max(res.wall_s for res in results))
     end = time.time()
     routing = f"sglang-router {router.policy}" if router is not None else phase.policy
-    return {"name": phase.name, "start_unix": start, "end_unix": end, "routing": routing,
-            "route_by": phase.route_by, "replicas": [f"replica-{i}" for i in chosen],
-            "rate_per_s": phase.rate_per_s, "arrivals": phase.arrivals if phase.rate_per_s else "closed loop",
-            "concurrency": phase.concurrency,
-            "action": phase.action, "client": _client_numbers(result)}
+    return {
+        "name": phase.name,
+        "start_unix": start,
+        "end_unix": end,
+        "routing": routing,
+        "route_by": phase.route_by,
+        "replicas": [f"replica-{i}" for i in chosen],
+        "rate_per_s": phase.rate_per_s,
+        "arrivals": phase.arrivals if phase.rate_per_s else "closed loop",
+        "concurrency": phase.concurrency,
+        "action": phase.action,
+        "client": _client_numbers(result),
+    }
 
 
 def _router_action(kind: str, router: SglangRouter | None, server: VllmServer, worker: str) -> asyncio.Task | None:
@@ -143,8 +188,8 @@ def _router_action(kind: str, router: SglangRouter | None, server: VllmServer, w
 def _client_numbers(result) -> dict:
     def clean(d: dict) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items() if v is not None}
-    return {"all": clean(result.summary()),
-            "tenants": {t: clean(s) for t, s in result.by_tenant().items()}}
+
+    return {"all": clean(result.summary()), "tenants": {t: clean(s) for t, s in result.by_tenant().items()}}
 
 
 def run_scenario(sc: Scenario, out_dir: Path, tick: Callable[[], None] = lambda: None) -> Path:
@@ -162,7 +207,7 @@ def run_scenario(sc: Scenario, out_dir: Path, tick: Callable[[], None] = lambda:
                 if sc.otlp:
                     cfg = _with_tracing(cfg, sink.endpoint, f"vllm-replica-{i}")
                 servers.append(VllmServer(cfg, startup_timeout_s=STARTUP_TIMEOUT_S).launch())
-            for srv in servers:                              # booted at once, as vllm_pd_pair does
+            for srv in servers:  # booted at once, as vllm_pd_pair does
                 srv.wait_ready()
             warm_up(servers, sc.warm_up)
             if sc.tap_front:
@@ -170,20 +215,27 @@ def run_scenario(sc: Scenario, out_dir: Path, tick: Callable[[], None] = lambda:
             if sc.router:
                 # with taps too, the router's workers are the taps (one per replica, as sidecars)
                 workers = front.urls if front else [s.url for s in servers]
-                router = SglangRouter(workers, policy=sc.phases[0].router_policy or "cache_aware",
-                                      version=sc.router).start()
+                router = SglangRouter(
+                    workers, policy=sc.phases[0].router_policy or "cache_aware", version=sc.router
+                ).start()
             scraped = _metrics_gets(servers[0])
-            rec = start_recorder(servers, rec_path, sc.interval_s, work, max_s=3600,
-                                 taps=front.metrics_urls if front else [],
-                                 router=router.metrics_url if router else None)
+            rec = start_recorder(
+                servers,
+                rec_path,
+                sc.interval_s,
+                work,
+                max_s=3600,
+                taps=front.metrics_urls if front else [],
+                router=router.metrics_url if router else None,
+            )
             _wait_first_scrape(servers[0], scraped, rec)
-            time.sleep(2 * sc.interval_s)                   # a couple of idle scrapes first
+            time.sleep(2 * sc.interval_s)  # a couple of idle scrapes first
             phases = asyncio.run(_run_phases(sc, servers, tick, front.urls if front else None, router))
             time.sleep(sc.tail_s)
             stop_recorder(rec, work)
             if front is not None:
                 front.close()
-            time.sleep(1.0)                                  # let the exporters flush their last batch
+            time.sleep(1.0)  # let the exporters flush their last batch
         spans = _compress(spans_raw, out_dir / f"{sc.name}.spans.jsonl.gz")
         meta = _describe(sc, servers, phases, rec_path, spans, sink.spans, router)
         yaml_path = out_dir / f"{sc.name}.yaml"
@@ -224,19 +276,22 @@ def warm_up(servers: list[VllmServer], requests: int) -> None:
     body = json.dumps({"model": "tiny-llama", "prompt": "warm up", "max_tokens": 4}).encode()
     for srv in servers:
         for _ in range(requests):
-            req = urllib.request.Request(srv.url + "/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                srv.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(req, timeout=120) as r:
                 r.read()
 
 
-async def _run_phases(sc: Scenario, servers: list[VllmServer], tick, front: list[str] | None = None,
-                      router: SglangRouter | None = None) -> list[dict]:
+async def _run_phases(
+    sc: Scenario, servers: list[VllmServer], tick, front: list[str] | None = None, router: SglangRouter | None = None
+) -> list[dict]:
     return [await _run_phase(p, servers, sc.seed + i, tick, front, router) for i, p in enumerate(sc.phases)]
 
 
 def _with_tracing(cfg: VllmConfig, endpoint: str, service: str) -> VllmConfig:
     from dataclasses import replace
+
     return replace(cfg, otlp_endpoint=endpoint, service_name=service)
 
 
@@ -260,8 +315,15 @@ def recording_span(rec_path: Path, phases: list[dict]) -> tuple[float, float]:
     return t0, t1
 
 
-def _describe(sc: Scenario, servers: list[VllmServer], phases: list[dict], rec_path: Path,
-              spans: Path | None, span_count: int, router: SglangRouter | None = None) -> dict:
+def _describe(
+    sc: Scenario,
+    servers: list[VllmServer],
+    phases: list[dict],
+    rec_path: Path,
+    spans: Path | None,
+    span_count: int,
+    router: SglangRouter | None = None,
+) -> dict:
     t0, t1 = recording_span(rec_path, phases)
     return {
         "scenario": sc.name,
@@ -274,13 +336,30 @@ def _describe(sc: Scenario, servers: list[VllmServer], phases: list[dict], rec_p
         "duration_s": round(t1 - t0, 1),
         "scrape_interval_s": sc.interval_s,
         "replicas": [{"instance": f"replica-{i}", "flags": s.config.args()} for i, s in enumerate(servers)],
-        **({"tap": {"job": "kvscope-tap", "instances": [f"tap-{i}" for i in range(len(servers))],
-                    "note": "one request tap per replica (testbed/tapfront.py), one shared prefix index"}}
-           if sc.tap_front else {}),
-        **({"router": {"job": "sglang-router", "instance": "router", "software": f"sglang-router {router.version}",
-                       "workers": {f"replica-{i}": w for i, w in enumerate(router.workers)},
-                       "note": "every request went to the router, which picked the replica (testbed/router.py)"}}
-           if router is not None else {}),
+        **(
+            {
+                "tap": {
+                    "job": "kvscope-tap",
+                    "instances": [f"tap-{i}" for i in range(len(servers))],
+                    "note": "one request tap per replica (testbed/tapfront.py), one shared prefix index",
+                }
+            }
+            if sc.tap_front
+            else {}
+        ),
+        **(
+            {
+                "router": {
+                    "job": "sglang-router",
+                    "instance": "router",
+                    "software": f"sglang-router {router.version}",
+                    "workers": {f"replica-{i}": w for i, w in enumerate(router.workers)},
+                    "note": "every request went to the router, which picked the replica (testbed/router.py)",
+                }
+            }
+            if router is not None
+            else {}
+        ),
         "phases": phases,
         "expected": [dict(e) for e in sc.expected] or "no warning",
         **({"must_not": list(sc.must_not)} if sc.must_not else {}),

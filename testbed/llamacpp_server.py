@@ -35,20 +35,34 @@ from testbed.vllm_server import _DIE_WITH_PARENT
 class LlamaCppConfig:
     """llama-server flags. Defaults: 4 slots sharing a 4096-token context (1024 per slot)."""
 
-    parallel: int = 4                 # -np: slots, i.e. requests decoded at once
-    ctx_size: int = 4096              # -c: total KV context; each slot gets ctx_size / parallel
-    threads: int = 1                  # -t: CPU threads for generation (the box has 2 shared cores)
-    batch_size: int = 512             # -b: logical batch (prompt tokens per decode call, at most)
-    prompt_cache: bool = True         # --cache-prompt (reuse a slot's common prefix) vs --no-cache-prompt
-    cache_ram_mib: int = 0            # --cache-ram: host-memory prompt cache (0 = off)
+    parallel: int = 4  # -np: slots, i.e. requests decoded at once
+    ctx_size: int = 4096  # -c: total KV context; each slot gets ctx_size / parallel
+    threads: int = 1  # -t: CPU threads for generation (the box has 2 shared cores)
+    batch_size: int = 512  # -b: logical batch (prompt tokens per decode call, at most)
+    prompt_cache: bool = True  # --cache-prompt (reuse a slot's common prefix) vs --no-cache-prompt
+    cache_ram_mib: int = 0  # --cache-ram: host-memory prompt cache (0 = off)
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     def args(self) -> list[str]:
         """The command-line flags this config stands for (model, host and port excluded)."""
-        a = ["--alias", SERVED_NAME, "--metrics", "--slots", "--no-webui",
-             "-np", str(self.parallel), "-c", str(self.ctx_size), "-t", str(self.threads),
-             "-b", str(self.batch_size), "--cache-ram", str(self.cache_ram_mib),
-             "--cache-prompt" if self.prompt_cache else "--no-cache-prompt"]
+        a = [
+            "--alias",
+            SERVED_NAME,
+            "--metrics",
+            "--slots",
+            "--no-webui",
+            "-np",
+            str(self.parallel),
+            "-c",
+            str(self.ctx_size),
+            "-t",
+            str(self.threads),
+            "-b",
+            str(self.batch_size),
+            "--cache-ram",
+            str(self.cache_ram_mib),
+            "--cache-prompt" if self.prompt_cache else "--no-cache-prompt",
+        ]
         return a + list(self.extra_args)
 
 
@@ -59,9 +73,15 @@ class LlamaCppStartError(RuntimeError):
 class LlamaCppServer(ServerProcess):
     """One llama-server process group. Reusable: `start()` / `stop()` / `restart()`."""
 
-    def __init__(self, config: LlamaCppConfig | None = None, *, port: int | None = None,
-                 model: Path | None = None, startup_timeout_s: float | None = None,
-                 binary: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: LlamaCppConfig | None = None,
+        *,
+        port: int | None = None,
+        model: Path | None = None,
+        startup_timeout_s: float | None = None,
+        binary: Path | None = None,
+    ) -> None:
         self.config = config or LlamaCppConfig()
         self.port = port or free_port()
         self.model = model
@@ -84,14 +104,18 @@ class LlamaCppServer(ServerProcess):
         for d in (home, tmp):
             d.mkdir(exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_", "HF_"))}
-        env.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), TMPDIR=str(tmp),
-                   LLAMA_CACHE=str(home / ".cache" / "llama.cpp"), HF_HUB_OFFLINE="1")
+        env.update(
+            HOME=str(home),
+            XDG_CACHE_HOME=str(home / ".cache"),
+            TMPDIR=str(tmp),
+            LLAMA_CACHE=str(home / ".cache" / "llama.cpp"),
+            HF_HUB_OFFLINE="1",
+        )
         return env
 
     def command(self) -> list[str]:
         model = self.model or ensure_tiny_gguf()
-        cmd = [str(self.binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-               *self.config.args()]
+        cmd = [str(self.binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port), *self.config.args()]
         if threading.current_thread() is threading.main_thread():
             # Dies with the test process (PR_SET_PDEATHSIG follows the creating thread; see vllm_server).
             cmd = [sys.executable, "-c", _DIE_WITH_PARENT, *cmd]
@@ -105,8 +129,15 @@ class LlamaCppServer(ServerProcess):
         cmd = self.command()
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== start {time.strftime('%H:%M:%S')}: {' '.join(cmd)}\n".encode())
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=self._env(), cwd=self.workdir, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._env(),
+                cwd=self.workdir,
+                start_new_session=True,
+            )
         try:
             self._wait_healthy(t0)
         except BaseException:
@@ -119,14 +150,14 @@ class LlamaCppServer(ServerProcess):
         assert self.proc is not None
         while time.monotonic() - t0 < self.startup_timeout_s:
             if self.proc.poll() is not None:
-                raise LlamaCppStartError(f"llama-server exited with {self.proc.returncode} during startup:\n"
-                                         + self.log_tail())
+                raise LlamaCppStartError(
+                    f"llama-server exited with {self.proc.returncode} during startup:\n" + self.log_tail()
+                )
             status, _ = http_get(self.url + "/health", timeout_s=2.0)
             if status == 200:
                 return
             time.sleep(0.2)
-        raise LlamaCppStartError(f"llama-server not healthy after {self.startup_timeout_s:.0f} s:\n"
-                                 + self.log_tail())
+        raise LlamaCppStartError(f"llama-server not healthy after {self.startup_timeout_s:.0f} s:\n" + self.log_tail())
 
     def restart(self) -> LlamaCppServer:
         self.stop()

@@ -40,9 +40,9 @@ class LoadSpec:
     max_requests: int = 100
     duration_s: float = 60.0
     concurrency: int = 4
-    rate_per_s: float | None = None      # open-loop arrivals per second; None = closed loop
-    arrivals: str = "poisson"            # open loop: "poisson" (exponential gaps) | "steady" (fixed gaps)
-    route_by: str = "session"            # key for hashing routers: tenant | session | prefix
+    rate_per_s: float | None = None  # open-loop arrivals per second; None = closed loop
+    arrivals: str = "poisson"  # open loop: "poisson" (exponential gaps) | "steady" (fixed gaps)
+    route_by: str = "session"  # key for hashing routers: tenant | session | prefix
     request_timeout_s: float = 120.0
     seed: int = 0
 
@@ -55,7 +55,7 @@ class RequestRecord:
     session: str
     turn: int
     replica: int
-    start: float                         # wall clock
+    start: float  # wall clock
     ok: bool = False
     error: str = ""
     ttft_s: float | None = None
@@ -96,28 +96,42 @@ def summarize(records: list[RequestRecord]) -> dict[str, float]:
     itl = [g for r in ok for g in r.itl_s]
     prompt = sum(r.prompt_tokens or 0 for r in ok)
     cached = sum(r.cached_tokens or 0 for r in ok if r.cached_tokens is not None)
-    return {"requests": len(records), "errors": len(records) - len(ok),
-            "ttft_p50_s": percentile(ttft, 50), "ttft_p95_s": percentile(ttft, 95),
-            "itl_mean_s": statistics.fmean(itl) if itl else None,
-            "cached_ratio": cached / prompt if prompt else None}
+    return {
+        "requests": len(records),
+        "errors": len(records) - len(ok),
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p95_s": percentile(ttft, 95),
+        "itl_mean_s": statistics.fmean(itl) if itl else None,
+        "cached_ratio": cached / prompt if prompt else None,
+    }
 
 
 def build_body(req: Request) -> dict:
     """The chat-completions body for one planned request."""
-    return {"model": MODEL, "messages": req.messages, "max_tokens": req.max_tokens,
-            "stream": True, "stream_options": {"include_usage": True},
-            "ignore_eos": True, "temperature": req.temperature}
+    return {
+        "model": MODEL,
+        "messages": req.messages,
+        "max_tokens": req.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        "temperature": req.temperature,
+    }
 
 
-async def send(session: aiohttp.ClientSession, base_url: str, req: Request, rec: RequestRecord,
-               timeout_s: float) -> None:
+async def send(
+    session: aiohttp.ClientSession, base_url: str, req: Request, rec: RequestRecord, timeout_s: float
+) -> None:
     """Stream one request, filling `rec` in place. Never raises for server/network errors."""
     t0 = time.monotonic()
     last = None
     try:
-        async with session.post(f"{base_url}/v1/chat/completions", json=build_body(req),
-                                headers={TENANT_HEADER: req.tenant},
-                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with session.post(
+            f"{base_url}/v1/chat/completions",
+            json=build_body(req),
+            headers={TENANT_HEADER: req.tenant},
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
             if resp.status != 200:
                 rec.error = f"http_{resp.status}"
                 await resp.read()
@@ -160,8 +174,9 @@ def _read_usage(usage: dict | None, rec: RequestRecord) -> None:
     rec.cached_tokens = details.get("cached_tokens")
 
 
-async def run_load(spec: LoadSpec, replicas: list[str], policy: str = "round_robin",
-                   on_done=None, stop: asyncio.Event | None = None) -> LoadResult:
+async def run_load(
+    spec: LoadSpec, replicas: list[str], policy: str = "round_robin", on_done=None, stop: asyncio.Event | None = None
+) -> LoadResult:
     """Drive `spec` against `replicas` (base URLs) with a routing policy.
 
     `on_done(record)` is called after each request (progress bars); `stop` ends the run early.
@@ -188,8 +203,7 @@ async def run_load(spec: LoadSpec, replicas: list[str], policy: str = "round_rob
                 return None
             arrival = next_arrival[0]
         req = sampler.next_request()
-        rec = RequestRecord(req.tenant, req.session, req.turn, router.route(req.route_key(spec.route_by)),
-                            time.time())
+        rec = RequestRecord(req.tenant, req.session, req.turn, router.route(req.route_key(spec.route_by)), time.time())
         records.append(rec)
         return req, len(records) - 1, arrival
 
@@ -217,15 +231,24 @@ async def run_load(spec: LoadSpec, replicas: list[str], policy: str = "round_rob
 
 def default_tenants(n: int, alpha: float = 1.2, system_words: int = 256, turns: int = 3) -> list[Tenant]:
     """n tenants with power-law shares, each its own system prompt, multi-turn sessions."""
-    return [Tenant(f"tenant-{i}", system_words=system_words, share=s, turns=turns,
-                   prompt_words=Dist("lognormal", 32, 0.5, 4, 256),
-                   output_tokens=Dist("lognormal", 32, 0.5, 4, 128))
-            for i, s in enumerate(power_law_shares(n, alpha))]
+    return [
+        Tenant(
+            f"tenant-{i}",
+            system_words=system_words,
+            share=s,
+            turns=turns,
+            prompt_words=Dist("lognormal", 32, 0.5, 4, 256),
+            output_tokens=Dist("lognormal", 32, 0.5, 4, 128),
+        )
+        for i, s in enumerate(power_law_shares(n, alpha))
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Drive tenant traffic at OpenAI-compatible servers and print "
-                                 "client-side TTFT/ITL and cached-token ratios per tenant (no text is logged).")
+    ap = argparse.ArgumentParser(
+        description="Drive tenant traffic at OpenAI-compatible servers and print "
+        "client-side TTFT/ITL and cached-token ratios per tenant (no text is logged)."
+    )
     ap.add_argument("urls", nargs="+", help="replica base URLs, e.g. http://127.0.0.1:8000")
     ap.add_argument("--tenants", type=int, default=4, help="number of tenants (power-law shares)")
     ap.add_argument("--alpha", type=float, default=1.2, help="power-law exponent of tenant shares")
@@ -242,8 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         for r in result.records:
             print(json.dumps(asdict(r)))
-    print(json.dumps({"wall_s": round(result.wall_s, 2), "all": result.summary(),
-                      "tenants": result.by_tenant()}, indent=1), file=sys.stderr)
+    print(
+        json.dumps(
+            {"wall_s": round(result.wall_s, 2), "all": result.summary(), "tenants": result.by_tenant()}, indent=1
+        ),
+        file=sys.stderr,
+    )
     return 0
 
 

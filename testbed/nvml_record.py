@@ -23,16 +23,22 @@ from typing import Any
 
 # call name -> (recording key, how the call's extra argument sub-keys it)
 _SIMPLE = {
-    "nvmlDeviceGetUUID": "uuid", "nvmlDeviceGetName": "name", "nvmlDeviceGetPowerUsage": "power_mw",
-    "nvmlDeviceGetEnforcedPowerLimit": "power_limit_mw", "nvmlDeviceGetTotalEnergyConsumption": "energy_mj",
+    "nvmlDeviceGetUUID": "uuid",
+    "nvmlDeviceGetName": "name",
+    "nvmlDeviceGetPowerUsage": "power_mw",
+    "nvmlDeviceGetEnforcedPowerLimit": "power_limit_mw",
+    "nvmlDeviceGetTotalEnergyConsumption": "energy_mj",
     "nvmlDeviceGetCurrentClocksEventReasons": "clocks_event_reasons",
     "nvmlDeviceGetSupportedClocksEventReasons": "supported_clocks_event_reasons",
     "nvmlDeviceGetCurrentClocksThrottleReasons": "clocks_throttle_reasons",
     "nvmlDeviceGetSupportedClocksThrottleReasons": "supported_clocks_throttle_reasons",
     "nvmlDeviceGetMaxMigDeviceCount": "max_mig_devices",
 }
-_KEYED = {"nvmlDeviceGetTemperatureV": "temperature_c", "nvmlDeviceGetClockInfo": "clocks_mhz",
-          "nvmlDeviceGetPcieThroughput": "pcie_kb_s"}
+_KEYED = {
+    "nvmlDeviceGetTemperatureV": "temperature_c",
+    "nvmlDeviceGetClockInfo": "clocks_mhz",
+    "nvmlDeviceGetPcieThroughput": "pcie_kb_s",
+}
 
 
 def _address(pointer: Any) -> Any:
@@ -56,12 +62,13 @@ class RecordingNvml:
     def __init__(self, real: Any) -> None:
         self._real = real
         self.recording: dict[str, Any] = {"devices": []}
-        self._index: dict[Any, int] = {}          # handle address -> device index
+        self._index: dict[Any, int] = {}  # handle address -> device index
 
     def __getattr__(self, name: str) -> Any:
         real = getattr(self._real, name)
         if not (name.startswith("nvml") and callable(real)):
             return real
+
         def call(*args: Any, **kwargs: Any) -> Any:
             try:
                 value = real(*args, **kwargs)
@@ -70,6 +77,7 @@ class RecordingNvml:
                 raise
             self._keep(name, args, kwargs, value)
             return value
+
         return call
 
     def _device(self, handle: Any) -> dict[str, Any] | None:
@@ -102,9 +110,18 @@ class RecordingNvml:
         elif name == "nvmlDeviceGetFieldValues":
             self._fields(dev, args[1], value)
         elif name == "nvmlDeviceGetComputeRunningProcesses":
-            dev["processes"] = value if err else [
-                {k: getattr(p, k) for k in ("pid", "usedGpuMemory", "gpuInstanceId", "computeInstanceId")
-                 if getattr(p, k, None) is not None} for p in value]
+            dev["processes"] = (
+                value
+                if err
+                else [
+                    {
+                        k: getattr(p, k)
+                        for k in ("pid", "usedGpuMemory", "gpuInstanceId", "computeInstanceId")
+                        if getattr(p, k, None) is not None
+                    }
+                    for p in value
+                ]
+            )
         elif name == "nvmlDeviceGetMigMode":
             dev["mig_mode"] = value if err else list(value)
         elif name == "nvmlGpmQueryDeviceSupport":
@@ -165,7 +182,7 @@ def watch_gpm(rec: RecordingNvml, pynvml: Any) -> None:
     def gpm_metrics_get(request: Any) -> Any:
         answer = metrics_get(request)
         handle = owner.get(_address(request.sample2)) or owner.get(_address(request.sample1))
-        rec.keep_gpm(handle, answer.metrics[:answer.numMetrics])
+        rec.keep_gpm(handle, answer.metrics[: answer.numMetrics])
         return answer
 
     rec.__dict__["nvmlGpmSampleGet"] = gpm_sample_get

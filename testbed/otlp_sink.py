@@ -45,12 +45,21 @@ def parse_spans(body: bytes) -> list[dict]:
         resource = _attrs(rs.resource.attributes)
         for ss in rs.scope_spans:
             for sp in ss.spans:
-                out.append({
-                    "resource": resource, "scope": ss.scope.name, "name": sp.name, "kind": sp.kind,
-                    "trace_id": sp.trace_id.hex(), "span_id": sp.span_id.hex(),
-                    "parent_span_id": sp.parent_span_id.hex(), "start_ns": sp.start_time_unix_nano,
-                    "end_ns": sp.end_time_unix_nano, "attributes": _attrs(sp.attributes),
-                    "status": {"code": sp.status.code, "message": sp.status.message}})
+                out.append(
+                    {
+                        "resource": resource,
+                        "scope": ss.scope.name,
+                        "name": sp.name,
+                        "kind": sp.kind,
+                        "trace_id": sp.trace_id.hex(),
+                        "span_id": sp.span_id.hex(),
+                        "parent_span_id": sp.parent_span_id.hex(),
+                        "start_ns": sp.start_time_unix_nano,
+                        "end_ns": sp.end_time_unix_nano,
+                        "attributes": _attrs(sp.attributes),
+                        "status": {"code": sp.status.code, "message": sp.status.message},
+                    }
+                )
     return out
 
 

@@ -82,8 +82,7 @@ class LoggedProcess(subprocess.Popen):
     own descriptor, so nothing leaks when a test forgets the file.
     """
 
-    def __init__(self, argv: list[str], log_path: Path | None = None, name: str | None = None,
-                 **popen_kw: Any) -> None:
+    def __init__(self, argv: list[str], log_path: Path | None = None, name: str | None = None, **popen_kw: Any) -> None:
         self.name = name or Path(argv[0]).name
         self.log_path = log_path
         popen_kw.setdefault("stdin", subprocess.DEVNULL)
@@ -110,9 +109,15 @@ def check_alive(procs: Iterable[subprocess.Popen]) -> None:
             raise ProcessExited(_describe_exit(proc))
 
 
-def wait_until(check: Callable[[], Any], timeout_s: float, what: str, *,
-               procs: Iterable[subprocess.Popen] = (), interval_s: float = 0.3,
-               logs: Callable[[], str] | str = "") -> Any:
+def wait_until(
+    check: Callable[[], Any],
+    timeout_s: float,
+    what: str,
+    *,
+    procs: Iterable[subprocess.Popen] = (),
+    interval_s: float = 0.3,
+    logs: Callable[[], str] | str = "",
+) -> Any:
     """Poll `check()` until it returns something truthy, and return that.
 
     An OSError from `check` (connection refused, timeout) counts as "not yet". Any of `procs`
@@ -132,8 +137,9 @@ def wait_until(check: Callable[[], Any], timeout_s: float, what: str, *,
             last = e
         if time.monotonic() >= deadline:
             extra = logs() if callable(logs) else logs
-            raise WaitTimeout(f"timed out after {timeout_s:g}s waiting for {what}; last: {last!r}"
-                              + (f"\n{extra}" if extra else ""))
+            raise WaitTimeout(
+                f"timed out after {timeout_s:g}s waiting for {what}; last: {last!r}" + (f"\n{extra}" if extra else "")
+            )
         time.sleep(interval_s)
 
 
@@ -149,15 +155,29 @@ def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
         return 0, b""
 
 
-def wait_http(url: str, timeout_s: float, *, procs: Iterable[subprocess.Popen] = (),
-              request_timeout_s: float = 2.0, interval_s: float = 0.3) -> bytes:
+def wait_http(
+    url: str,
+    timeout_s: float,
+    *,
+    procs: Iterable[subprocess.Popen] = (),
+    request_timeout_s: float = 2.0,
+    interval_s: float = 0.3,
+) -> bytes:
     """Wait until GET `url` answers 200 and return its body; fail early if any of `procs` exits."""
     procs = list(procs)
+
     def answered() -> tuple[bytes] | None:
         status, body = http_get(url, request_timeout_s)
         return (body,) if status == 200 else None
-    return wait_until(answered, timeout_s, f"200 from {url}", procs=procs, interval_s=interval_s,
-                      logs=lambda: "\n".join(p.log_tail() for p in procs if isinstance(p, LoggedProcess)))[0]
+
+    return wait_until(
+        answered,
+        timeout_s,
+        f"200 from {url}",
+        procs=procs,
+        interval_s=interval_s,
+        logs=lambda: "\n".join(p.log_tail() for p in procs if isinstance(p, LoggedProcess)),
+    )[0]
 
 
 def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
@@ -180,9 +200,15 @@ def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: f
 
 
 @contextlib.contextmanager
-def running(argv: list[str], log_path: Path | None = None, *, ready_url: str | None = None,
-            ready_timeout_s: float = 60.0, stop_timeout_s: float = 20.0,
-            **popen_kw: Any) -> Iterator[LoggedProcess]:
+def running(
+    argv: list[str],
+    log_path: Path | None = None,
+    *,
+    ready_url: str | None = None,
+    ready_timeout_s: float = 60.0,
+    stop_timeout_s: float = 20.0,
+    **popen_kw: Any,
+) -> Iterator[LoggedProcess]:
     """Start `argv` (output to `log_path`), wait for `ready_url` to answer 200 if given, yield the
     process; on exit, whatever happened, stop and reap it."""
     proc = LoggedProcess(argv, log_path, **popen_kw)
@@ -237,8 +263,9 @@ class ProcessGroup:
         self.stop_all()
 
 
-def start_reporting_port(argv: list[str], pattern: str, timeout_s: float = 60.0,
-                         stream: str = "stderr", **popen_kw: Any) -> tuple[subprocess.Popen, int]:
+def start_reporting_port(
+    argv: list[str], pattern: str, timeout_s: float = 60.0, stream: str = "stderr", **popen_kw: Any
+) -> tuple[subprocess.Popen, int]:
     """Start a server told to bind port 0 and read the port it got from its output.
 
     `pattern` is a regex with one group, the port, matched line by line on `stream` ("stderr",
@@ -246,8 +273,11 @@ def start_reporting_port(argv: list[str], pattern: str, timeout_s: float = 60.0,
     never blocks on a full pipe; the lines it read are `proc.output_lines`. Fails (after killing
     the process) if no port shows within `timeout_s`.
     """
-    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if stream == "stdout" else \
-        {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
+    pipes = (
+        {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+        if stream == "stdout"
+        else {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
+    )
     proc = subprocess.Popen(argv, text=True, **pipes, **popen_kw)
     out = proc.stdout if stream == "stdout" else proc.stderr
     found: list[int] = []
@@ -260,9 +290,9 @@ def start_reporting_port(argv: list[str], pattern: str, timeout_s: float = 60.0,
             if m and not found:
                 found.append(int(m.group(1)))
 
-    proc.reader = threading.Thread(target=read, daemon=True)    # type: ignore[attr-defined]
-    proc.reader.start()                                         # type: ignore[attr-defined]
-    proc.output_lines = seen                                    # type: ignore[attr-defined]
+    proc.reader = threading.Thread(target=read, daemon=True)  # type: ignore[attr-defined]
+    proc.reader.start()  # type: ignore[attr-defined]
+    proc.output_lines = seen  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout_s
     while not found and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -308,7 +338,7 @@ class ServerProcess:
         self.log_path = self.workdir / log_name
 
     def start(self) -> ServerProcess:
-        raise NotImplementedError   # each server knows how it starts and when it is ready
+        raise NotImplementedError  # each server knows how it starts and when it is ready
 
     def log_tail(self, lines: int = 40) -> str:
         try:

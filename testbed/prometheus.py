@@ -59,8 +59,13 @@ def require_binaries(*names: str) -> list[str]:
 
 def prometheus_argv(config: Path, data: Path, port: int, *extra: str, binary: str = "prometheus") -> list[str]:
     """`prometheus` serving `data` with `config` on 127.0.0.1:`port`."""
-    return [binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
-            f"--web.listen-address={LOOPBACK}:{port}", *extra]
+    return [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={data}",
+        f"--web.listen-address={LOOPBACK}:{port}",
+        *extra,
+    ]
 
 
 class Prometheus(NamedTuple):
@@ -72,9 +77,16 @@ class Prometheus(NamedTuple):
 
 
 @contextlib.contextmanager
-def running_prometheus(config: Path, data: Path, *extra: str, log_path: Path | None = None,
-                       ready_timeout_s: float = 60.0, stop_timeout_s: float = 20.0, binary: str = "prometheus",
-                       **popen_kw: object) -> Iterator[Prometheus]:
+def running_prometheus(
+    config: Path,
+    data: Path,
+    *extra: str,
+    log_path: Path | None = None,
+    ready_timeout_s: float = 60.0,
+    stop_timeout_s: float = 20.0,
+    binary: str = "prometheus",
+    **popen_kw: object,
+) -> Iterator[Prometheus]:
     """Start Prometheus on a free 127.0.0.1 port, wait until `/-/ready` answers 200 (failing with
     its log if it exits first), yield it, and stop it whatever happens."""
     port = free_port()
@@ -107,14 +119,19 @@ def query_range(url: str, expr: str, start: float, end: float, step: float, time
     return body["data"]["result"]
 
 
-def wait_query(url: str, expr: str, timeout_s: float, *, procs: Iterable[subprocess.Popen] = (),
-               interval_s: float = 0.5) -> list[dict]:
+def wait_query(
+    url: str, expr: str, timeout_s: float, *, procs: Iterable[subprocess.Popen] = (), interval_s: float = 0.5
+) -> list[dict]:
     """Poll an instant query until it returns a non-empty result, and return that."""
     return wait_until(lambda: query(url, expr), timeout_s, expr, procs=procs, interval_s=interval_s)
 
 
 def backfill_openmetrics(source: Path, out_dir: Path, timeout_s: float = 300.0, binary: str = "promtool") -> None:
     """`promtool tsdb create-blocks-from openmetrics SOURCE OUT_DIR`; fails with promtool's output."""
-    res = subprocess.run([binary, "tsdb", "create-blocks-from", "openmetrics", str(source), str(out_dir)],
-                         capture_output=True, text=True, timeout=timeout_s)
+    res = subprocess.run(
+        [binary, "tsdb", "create-blocks-from", "openmetrics", str(source), str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     assert res.returncode == 0, f"promtool backfill of {source.name} failed:\n{(res.stdout + res.stderr)[-2000:]}"

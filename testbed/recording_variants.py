@@ -65,7 +65,7 @@ class Variant:
     description: str
     apply: Callable[[Recording, dict[str, Any]], Recording]
     shift_spans_s: float = 0.0
-    keeps_spans: bool = True             # False: the variant is written without its spans sidecar
+    keeps_spans: bool = True  # False: the variant is written without its spans sidecar
 
 
 # ---------------------------------------------------------------------------- reading / writing
@@ -88,8 +88,13 @@ def write_recording(rec: Recording, path: str | os.PathLike[str]) -> Path:
     return writer.close()
 
 
-def write_variant(src: str | os.PathLike[str], variant: Variant, meta: dict[str, Any],
-                  out_dir: str | os.PathLike[str], spans: str | os.PathLike[str] | None = None) -> Path:
+def write_variant(
+    src: str | os.PathLike[str],
+    variant: Variant,
+    meta: dict[str, Any],
+    out_dir: str | os.PathLike[str],
+    spans: str | os.PathLike[str] | None = None,
+) -> Path:
     """Rewrite recording `src` with `variant` into `out_dir` (plus its spans sidecar); returns the path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -126,6 +131,7 @@ def write_spans(src: str | os.PathLike[str], dest: Path, shift_s: float) -> None
 # ---------------------------------------------------------------------------- transforms
 def resample(interval_s: float) -> Callable[[Recording, dict[str, Any]], Recording]:
     """Keep, per target, the first scrape of every `interval_s` slot: a slower scrape interval."""
+
     def apply(rec: Recording, meta: dict[str, Any]) -> Recording:
         t0 = rec.start
         seen: set[tuple[str, str, int]] = set()
@@ -136,6 +142,7 @@ def resample(interval_s: float) -> Callable[[Recording, dict[str, Any]], Recordi
                 seen.add(slot)
                 kept.append(sc)
         return replace(rec, scrapes=kept)
+
     return apply
 
 
@@ -193,12 +200,14 @@ def _rename_families(rec: Recording, families: dict[str, str]) -> Recording:
         if hit is None:
             fam = om_family(name, expo)
             base = fam[0] if fam else name
-            hit = families[base] + name[len(base):] if base in families and name.startswith(base) else name
+            hit = families[base] + name[len(base) :] if base in families and name.startswith(base) else name
             cache[name] = hit
         return hit
 
-    scrapes = [replace(sc, samples=[RawSample(new_name(s.name), s.labels, s.value, s.timestamp)
-                                    for s in sc.samples]) for sc in rec.scrapes]
+    scrapes = [
+        replace(sc, samples=[RawSample(new_name(s.name), s.labels, s.value, s.timestamp) for s in sc.samples])
+        for sc in rec.scrapes
+    ]
     types = {families.get(f, f): t for f, t in rec.types.items()}
     helps = {families.get(f, f): h for f, h in rec.helps.items()}
     return Recording(scrapes, types, helps)
@@ -206,18 +215,25 @@ def _rename_families(rec: Recording, families: dict[str, str]) -> Recording:
 
 def extra_labels(rec: Recording, meta: dict[str, Any]) -> Recording:
     """Add Kubernetes target labels (pod, namespace, container) to every sample that lacks them."""
+
     def relabel(s: RawSample) -> RawSample:
         have = {k for k, _ in s.labels}
         add = tuple((k, v) for k, v in EXTRA_LABELS.items() if k not in have)
         return RawSample(s.name, tuple(sorted(s.labels + add)), s.value, s.timestamp)
+
     return replace(rec, scrapes=[replace(sc, samples=[relabel(s) for s in sc.samples]) for sc in rec.scrapes])
 
 
 def shift_time(rec: Recording, meta: dict[str, Any]) -> Recording:
     """Every timestamp moved by SHIFT_S (a recorder whose clock is off by days)."""
-    scrapes = [replace(sc, timestamp=sc.timestamp + SHIFT_S,
-                       samples=[s._replace(timestamp=None if s.timestamp is None else s.timestamp + SHIFT_S)
-                                for s in sc.samples]) for sc in rec.scrapes]
+    scrapes = [
+        replace(
+            sc,
+            timestamp=sc.timestamp + SHIFT_S,
+            samples=[s._replace(timestamp=None if s.timestamp is None else s.timestamp + SHIFT_S) for s in sc.samples],
+        )
+        for sc in rec.scrapes
+    ]
     return replace(rec, scrapes=scrapes)
 
 
@@ -229,18 +245,24 @@ def stagger_targets(rec: Recording, meta: dict[str, Any]) -> Recording:
     scrapes = []
     for sc in rec.scrapes:
         d = offsets[(sc.job, sc.instance)]
-        scrapes.append(replace(sc, timestamp=sc.timestamp + d,
-                               samples=[s._replace(timestamp=None if s.timestamp is None else s.timestamp + d)
-                                        for s in sc.samples]))
+        scrapes.append(
+            replace(
+                sc,
+                timestamp=sc.timestamp + d,
+                samples=[s._replace(timestamp=None if s.timestamp is None else s.timestamp + d) for s in sc.samples],
+            )
+        )
     return replace(rec, scrapes=scrapes)
 
 
 def cut(head: float = 0.0, tail: float = 0.0) -> Callable[[Recording, dict[str, Any]], Recording]:
     """Drop the first `head` and the last `tail` fraction of the recording's duration."""
+
     def apply(rec: Recording, meta: dict[str, Any]) -> Recording:
         t0, t1 = rec.start, rec.end
         lo, hi = t0 + head * (t1 - t0), t1 - tail * (t1 - t0)
         return replace(rec, scrapes=[sc for sc in rec.scrapes if lo <= sc.timestamp <= hi])
+
     return apply
 
 
@@ -253,8 +275,12 @@ def gap(rec: Recording, meta: dict[str, Any]) -> Recording:
     length = min(GAP_S, 0.15 * (rec.end - rec.start), 0.5 * (hi - lo))
     mid = (lo + hi) / 2
     a, b = mid - length / 2, mid + length / 2
-    scrapes = [replace(sc, up=False, samples=[], duration_s=None)
-               if (sc.job, sc.instance) == target and a <= sc.timestamp < b else sc for sc in rec.scrapes]
+    scrapes = [
+        replace(sc, up=False, samples=[], duration_s=None)
+        if (sc.job, sc.instance) == target and a <= sc.timestamp < b
+        else sc
+        for sc in rec.scrapes
+    ]
     return replace(rec, scrapes=scrapes)
 
 
@@ -278,8 +304,14 @@ def counter_reset(rec: Recording, meta: dict[str, Any]) -> Recording:
     def restarted(sc: Scrape) -> Scrape:
         if (sc.job, sc.instance) != target or sc.timestamp < at:
             return sc
-        return replace(sc, samples=[s._replace(value=max(0.0, s.value - base[(s.name, s.labels)]))
-                                    if (s.name, s.labels) in base else s for s in sc.samples])
+        return replace(
+            sc,
+            samples=[
+                s._replace(value=max(0.0, s.value - base[(s.name, s.labels)])) if (s.name, s.labels) in base else s
+                for s in sc.samples
+            ],
+        )
+
     return replace(rec, scrapes=[restarted(sc) for sc in rec.scrapes])
 
 
@@ -294,8 +326,7 @@ def metrics_only(rec: Recording, meta: dict[str, Any]) -> Recording:
 
 def kvscope_targets(rec: Recording) -> list[tuple[str, str]]:
     """Targets that serve kvscope's own series (`kvscope_<signal>`: request tap, agent)."""
-    found = {(sc.job, sc.instance) for sc in rec.scrapes
-             if any(x.name.startswith("kvscope_") for x in sc.samples)}
+    found = {(sc.job, sc.instance) for sc in rec.scrapes if any(x.name.startswith("kvscope_") for x in sc.samples)}
     return sorted(found)
 
 
@@ -311,9 +342,15 @@ def _is_counter(name: str, expo: Exposition) -> bool:
 
 def _chosen_target(rec: Recording) -> tuple[str, str]:
     """The target a one-target change applies to: the last one serving engine series."""
-    engine = [t for t in rec.targets() if any(
-        s.samples and any(x.name.startswith(("vllm", "sglang")) for x in s.samples[:50])
-        for s in rec.scrapes if (s.job, s.instance) == t)]
+    engine = [
+        t
+        for t in rec.targets()
+        if any(
+            s.samples and any(x.name.startswith(("vllm", "sglang")) for x in s.samples[:50])
+            for s in rec.scrapes
+            if (s.job, s.instance) == t
+        )
+    ]
     return (engine or rec.targets())[-1]
 
 
@@ -321,8 +358,12 @@ def engine_targets(rec: Recording) -> list[tuple[str, str]]:
     """Targets that serve vLLM or SGLang series."""
     out = []
     for t in rec.targets():
-        if any(x.name.startswith(("vllm", "sglang")) for s in rec.scrapes
-               if (s.job, s.instance) == t for x in s.samples[:50]):
+        if any(
+            x.name.startswith(("vllm", "sglang"))
+            for s in rec.scrapes
+            if (s.job, s.instance) == t
+            for x in s.samples[:50]
+        ):
             out.append(t)
     return out
 
@@ -346,25 +387,33 @@ def scrape_interval(rec: Recording) -> float:
     return gaps[len(gaps) // 2] if gaps else 15.0
 
 
-VARIANTS: dict[str, Variant] = {v.name: v for v in (
-    Variant("resample_5s", "scraped every 5 s", resample(5.0)),
-    Variant("resample_10s", "scraped every 10 s", resample(10.0)),
-    Variant("resample_15s", "scraped every 15 s", resample(15.0)),
-    Variant("resample_30s", "scraped every 30 s", resample(30.0)),
-    Variant("resample_60s", "scraped every 60 s", resample(60.0)),
-    Variant("rename", "the other accepted upstream spelling of each metric (catalog aliases)",
-            rename_to_alternative),
-    Variant("ray_names", "vllm_/sglang_ spelling (Ray, some SGLang builds)", ray_spelling),
-    Variant("extra_labels", "pod/namespace/container labels on every sample", extra_labels),
-    Variant("shift", f"every timestamp +{SHIFT_S:.1f} s", shift_time, shift_spans_s=SHIFT_S),
-    Variant("stagger", "targets scraped at different phases of the interval", stagger_targets),
-    Variant("cut_head_20", "starts 20 % later (mid-incident)", cut(head=0.2)),
-    Variant("cut_tail_10", "ends 10 % earlier", cut(tail=0.1)),
-    Variant("gap", "one target down for 2 min (15 % of a short recording) mid-incident", gap),
-    Variant("counter_reset", "one replica's counters restart mid-recording", counter_reset),
-    Variant("metrics_only", "engine /metrics only: no request tap or agent targets, no spans (no OTLP)",
-            metrics_only, keeps_spans=False),
-)}
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("resample_5s", "scraped every 5 s", resample(5.0)),
+        Variant("resample_10s", "scraped every 10 s", resample(10.0)),
+        Variant("resample_15s", "scraped every 15 s", resample(15.0)),
+        Variant("resample_30s", "scraped every 30 s", resample(30.0)),
+        Variant("resample_60s", "scraped every 60 s", resample(60.0)),
+        Variant(
+            "rename", "the other accepted upstream spelling of each metric (catalog aliases)", rename_to_alternative
+        ),
+        Variant("ray_names", "vllm_/sglang_ spelling (Ray, some SGLang builds)", ray_spelling),
+        Variant("extra_labels", "pod/namespace/container labels on every sample", extra_labels),
+        Variant("shift", f"every timestamp +{SHIFT_S:.1f} s", shift_time, shift_spans_s=SHIFT_S),
+        Variant("stagger", "targets scraped at different phases of the interval", stagger_targets),
+        Variant("cut_head_20", "starts 20 % later (mid-incident)", cut(head=0.2)),
+        Variant("cut_tail_10", "ends 10 % earlier", cut(tail=0.1)),
+        Variant("gap", "one target down for 2 min (15 % of a short recording) mid-incident", gap),
+        Variant("counter_reset", "one replica's counters restart mid-recording", counter_reset),
+        Variant(
+            "metrics_only",
+            "engine /metrics only: no request tap or agent targets, no spans (no OTLP)",
+            metrics_only,
+            keeps_spans=False,
+        ),
+    )
+}
 
 
 def applicable(variant: str, meta: dict[str, Any], rec: Recording) -> str | None:
@@ -420,6 +469,8 @@ def check_diagnosis(meta: dict[str, Any], diagnosis: Any, rules: list[Any]) -> s
             return None
         return f"expected {sorted(rows)} not found; findings {found}"
     if diagnosis.likely_cause.levers_md not in rows:
-        return (f"likely cause {diagnosis.likely_cause.levers_md} {diagnosis.likely_cause.rule_id}, "
-                f"expected one of {sorted(rows)}; findings {found}")
+        return (
+            f"likely cause {diagnosis.likely_cause.levers_md} {diagnosis.likely_cause.rule_id}, "
+            f"expected one of {sorted(rows)}; findings {found}"
+        )
     return None

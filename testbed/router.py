@@ -60,8 +60,10 @@ def router_unavailable_reason(version: str = ROUTER_VERSIONS[0]) -> str | None:
     """None when that version is installed and stamped; otherwise why not (the test that needs it fails with it)."""
     home = router_home()
     if not (home / ".kvscope-router-stamp").is_file() or not (home / "venv" / "bin" / "python").exists():
-        return (f"real sglang-router not installed at {home}: run scripts/install-sglang-router.sh "
-                "(make setup-router does it; `make test` depends on it)")
+        return (
+            f"real sglang-router not installed at {home}: run scripts/install-sglang-router.sh "
+            "(make setup-router does it; `make test` depends on it)"
+        )
     if not (home / version / "sglang_router").is_dir():
         return f"sglang-router {version} is not installed under {home} (installed: {installed_versions()})"
     return None
@@ -82,10 +84,17 @@ class SglangRouter(ServerProcess):
     POLICIES: tuple[str, ...] = POLICIES
     VERSIONS: tuple[str, ...] = ROUTER_VERSIONS
 
-    def __init__(self, workers: list[str], policy: str = "cache_aware", *,
-                 version: str = ROUTER_VERSIONS[0], extra_args: tuple[str, ...] = (),
-                 startup_timeout_s: float = 60.0, port: int | None = None,
-                 metrics_port: int | None = None) -> None:
+    def __init__(
+        self,
+        workers: list[str],
+        policy: str = "cache_aware",
+        *,
+        version: str = ROUTER_VERSIONS[0],
+        extra_args: tuple[str, ...] = (),
+        startup_timeout_s: float = 60.0,
+        port: int | None = None,
+        metrics_port: int | None = None,
+    ) -> None:
         if policy not in self.POLICIES:
             raise ValueError(f"unknown router policy {policy!r}; choose from {', '.join(self.POLICIES)}")
         if version not in self.VERSIONS:
@@ -112,11 +121,26 @@ class SglangRouter(ServerProcess):
 
     def command(self) -> list[str]:
         home = router_home()
-        return [str(home / "venv" / "bin" / "python"), "-m", "sglang_router.launch_router",
-                "--host", "127.0.0.1", "--port", str(self.port),
-                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
-                "--policy", self.policy, "--log-level", "info", "--worker-urls", *self.workers,
-                *self.extra_args]
+        return [
+            str(home / "venv" / "bin" / "python"),
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(self.metrics_port),
+            "--policy",
+            self.policy,
+            "--log-level",
+            "info",
+            "--worker-urls",
+            *self.workers,
+            *self.extra_args,
+        ]
 
     def unavailable_reason(self) -> str | None:
         """None when this router can start here; otherwise why not."""
@@ -137,9 +161,15 @@ class SglangRouter(ServerProcess):
         cmd = self.command()
         with open(self.log_path, "ab") as log:
             log.write(f"=== start {time.strftime('%H:%M:%S')}: {' '.join(cmd)}\n".encode())
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         cwd=self.workdir, start_new_session=True,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.workdir,
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+            )
         try:
             self._wait(lambda: len(self.healthy_workers()) >= len(self.workers), "every worker registered")
             self._wait(lambda: http_get(self.metrics_url)[0] == 200, "its /metrics")
@@ -154,16 +184,19 @@ class SglangRouter(ServerProcess):
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RouterStartError(f"{self.NAME} {self.version} exited with {self.proc.returncode} "
-                                       f"waiting for {what}:\n{self.log_tail()}")
+                raise RouterStartError(
+                    f"{self.NAME} {self.version} exited with {self.proc.returncode} "
+                    f"waiting for {what}:\n{self.log_tail()}"
+                )
             try:
                 if check():
                     return
             except OSError:
                 pass
             time.sleep(0.3)
-        raise RouterStartError(f"{self.NAME} {self.version}: no {what} after {self.startup_timeout_s:.0f} s:\n"
-                               + self.log_tail())
+        raise RouterStartError(
+            f"{self.NAME} {self.version}: no {what} after {self.startup_timeout_s:.0f} s:\n" + self.log_tail()
+        )
 
     def restart(self, policy: str | None = None, workers: list[str] | None = None) -> SglangRouter:
         """Stop and start again on the same ports (a scrape target keeps its URL), optionally with
@@ -181,8 +214,10 @@ class SglangRouter(ServerProcess):
         status, body = http_get(self.url + "/workers")
         if status != 200:
             return []
-        return [{"url": w["url"], "healthy": bool(w.get("is_healthy")), "id": w.get("id")}
-                for w in json.loads(body).get("workers", [])]
+        return [
+            {"url": w["url"], "healthy": bool(w.get("is_healthy")), "id": w.get("id")}
+            for w in json.loads(body).get("workers", [])
+        ]
 
     def healthy_workers(self) -> list[str]:
         return [w["url"] for w in self.list_workers() if w["healthy"]]
@@ -215,8 +250,6 @@ class SglangRouter(ServerProcess):
         if status != 200:
             raise RuntimeError(f"router /metrics answered {status}")
         return body.decode()
-
-
 
 
 def _request(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0) -> bytes:

@@ -82,8 +82,12 @@ class StickyTenant(Router):
 
 def make_router(policy: str, n: int) -> Router:
     """Build a router by policy name (one of POLICIES)."""
-    classes = {"round_robin": RoundRobin, "hash_mod": HashMod,
-               "consistent_hash": ConsistentHash, "sticky_tenant": StickyTenant}
+    classes = {
+        "round_robin": RoundRobin,
+        "hash_mod": HashMod,
+        "consistent_hash": ConsistentHash,
+        "sticky_tenant": StickyTenant,
+    }
     if policy not in classes:
         raise ValueError(f"unknown routing policy {policy!r}; choose from {', '.join(POLICIES)}")
     return classes[policy](n)

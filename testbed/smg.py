@@ -39,8 +39,10 @@ def smg_unavailable_reason() -> str | None:
     """None when SMG is installed and stamped; otherwise why not (a skip reason)."""
     home = smg_home()
     if not (home / ".kvscope-smg-stamp").is_file() or not (home / "venv" / "bin" / "smg").exists():
-        return (f"real SMG not installed at {home}: run scripts/install-smg.sh "
-                "(make setup-smg does it; `make test` depends on it)")
+        return (
+            f"real SMG not installed at {home}: run scripts/install-smg.sh "
+            "(make setup-smg does it; `make test` depends on it)"
+        )
     return None
 
 
@@ -55,11 +57,25 @@ class SmgGateway(SglangRouter):
         super().__init__(workers, policy, version=SMG_VERSION, **kw)
 
     def command(self) -> list[str]:
-        return [str(smg_home() / "venv" / "bin" / "smg"), "launch",
-                "--host", "127.0.0.1", "--port", str(self.port),
-                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
-                "--policy", self.policy, "--log-level", "info", "--worker-urls", *self.workers,
-                *self.extra_args]
+        return [
+            str(smg_home() / "venv" / "bin" / "smg"),
+            "launch",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(self.metrics_port),
+            "--policy",
+            self.policy,
+            "--log-level",
+            "info",
+            "--worker-urls",
+            *self.workers,
+            *self.extra_args,
+        ]
 
     def unavailable_reason(self) -> str | None:
         return smg_unavailable_reason()

@@ -31,18 +31,32 @@ from kvscope.commands.tap import build_tap
 class TapFront:
     """Taps in front of `upstreams` (one each), one shared prefix index, on a background loop."""
 
-    def __init__(self, upstreams: list[str], tenant_header: str = "X-Tenant-Id",
-                 prefix_window_s: float = 900.0, spans_endpoint: str | None = None) -> None:
+    def __init__(
+        self,
+        upstreams: list[str],
+        tenant_header: str = "X-Tenant-Id",
+        prefix_window_s: float = 900.0,
+        spans_endpoint: str | None = None,
+    ) -> None:
         if not upstreams:
             raise ValueError("need at least one upstream")
         self.exporter = SpanBatchExporter(spans_endpoint) if spans_endpoint else None
         sink = self.exporter.add if self.exporter else None
-        self.taps = [build_tap(TapConfig(upstreams=(u,), listen="127.0.0.1:0", tenant_header=tenant_header,
-                                         prefix_window_s=prefix_window_s, service_name=f"kvscope-tap-{i}"),
-                               span_sink=sink)
-                     for i, u in enumerate(upstreams)]
+        self.taps = [
+            build_tap(
+                TapConfig(
+                    upstreams=(u,),
+                    listen="127.0.0.1:0",
+                    tenant_header=tenant_header,
+                    prefix_window_s=prefix_window_s,
+                    service_name=f"kvscope-tap-{i}",
+                ),
+                span_sink=sink,
+            )
+            for i, u in enumerate(upstreams)
+        ]
         for tap in self.taps[1:]:
-            tap.prefixes = self.taps[0].prefixes        # one fleet-wide index
+            tap.prefixes = self.taps[0].prefixes  # one fleet-wide index
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tapfront", daemon=True)
         self._sender: asyncio.Task[None] | None = None

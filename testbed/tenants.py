@@ -22,8 +22,8 @@ class Dist:
     """A length distribution: `fixed`, `uniform` [lo, hi] or `lognormal` (median, sigma), clipped."""
 
     kind: str = "fixed"
-    a: float = 64.0          # fixed value | uniform lo | lognormal median
-    b: float = 0.0           # uniform hi | lognormal sigma
+    a: float = 64.0  # fixed value | uniform lo | lognormal median
+    b: float = 0.0  # uniform hi | lognormal sigma
     lo: int = 1
     hi: int = 4096
 
@@ -44,12 +44,12 @@ class Tenant:
     """One tenant: its own system prompt (the shared prefix), traffic share and lengths."""
 
     name: str
-    system_words: int = 256                  # length of the tenant's shared system prompt
-    share: float = 1.0                       # relative traffic weight
-    prompt_words: Dist = Dist("fixed", 32)   # user message per turn
+    system_words: int = 256  # length of the tenant's shared system prompt
+    share: float = 1.0  # relative traffic weight
+    prompt_words: Dist = Dist("fixed", 32)  # user message per turn
     output_tokens: Dist = Dist("fixed", 32)  # max_tokens (with ignore_eos: the exact length)
-    turns: int = 1                           # turns per session (>1: growing prefixes)
-    reply_words: int = 24                    # synthetic assistant turn carried into the next turn
+    turns: int = 1  # turns per session (>1: growing prefixes)
+    reply_words: int = 24  # synthetic assistant turn carried into the next turn
     temperature: float = 0.0
 
 
@@ -57,7 +57,7 @@ def power_law_shares(n: int, alpha: float = 1.2) -> list[float]:
     """Zipf-like traffic shares for n tenants (rank 1 heaviest), summing to 1."""
     if n <= 0:
         raise ValueError("n must be positive")
-    w = [1.0 / (rank ** alpha) for rank in range(1, n + 1)]
+    w = [1.0 / (rank**alpha) for rank in range(1, n + 1)]
     total = sum(w)
     return [x / total for x in w]
 
@@ -123,7 +123,8 @@ class TenantSampler:
         if t.turns > 1 and sessions and (len(sessions) >= self.open_sessions or self.rng.random() < 0.5):
             s = self.rng.choice(sessions)
             s.messages = s.messages + [
-                {"role": "assistant", "content": synthetic_text(f"{s.id}/a{s.turn}", t.reply_words)}]
+                {"role": "assistant", "content": synthetic_text(f"{s.id}/a{s.turn}", t.reply_words)}
+            ]
             s.turn += 1
         else:
             sid = f"s{next(self._counter)}"
@@ -134,5 +135,4 @@ class TenantSampler:
         s.messages = s.messages + [{"role": "user", "content": synthetic_text(f"{s.id}/u{s.turn}", words)}]
         if s.turn + 1 >= t.turns and s in sessions:
             sessions.remove(s)
-        return Request(t.name, s.id, s.turn, list(s.messages), t.output_tokens.sample(self.rng), words,
-                       t.temperature)
+        return Request(t.name, s.id, s.turn, list(s.messages), t.output_tokens.sample(self.rng), words, t.temperature)

@@ -32,8 +32,9 @@ def ensure_tiny_model(python: Path | None = None, root: Path | None = None) -> P
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     try:
-        proc = subprocess.run([str(python or vllm_python()), str(BUILDER), str(work / "m")],
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [str(python or vllm_python()), str(BUILDER), str(work / "m")], capture_output=True, text=True, timeout=300
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"tiny model build failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
         try:

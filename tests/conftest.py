@@ -27,8 +27,12 @@ def load_fixture():
 
 
 def pytest_addoption(parser):
-    parser.addoption("--update-golden", action="store_true", default=False,
-                     help="rewrite golden files (tests/golden/) from the current output; review the diff")
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="rewrite golden files (tests/golden/) from the current output; review the diff",
+    )
 
 
 @pytest.fixture

@@ -7,43 +7,62 @@ import streamlit as st
 from kvscope.ui.charts import incident_label, render_series_chart
 from kvscope.ui.data import TriageData, axis_unit, cascade_rows, signal_frame
 
-CASCADE_SIGNALS = ("engine_kv_cache_usage_ratio", "engine_preemptions_total", "engine_requests_waiting",
-                   "request_ttft_seconds")
+CASCADE_SIGNALS = (
+    "engine_kv_cache_usage_ratio",
+    "engine_preemptions_total",
+    "engine_requests_waiting",
+    "request_ttft_seconds",
+)
 """The cascade's stages in order: KV full, preemption, queueing, TTFT."""
 
 
 def render(data: TriageData) -> None:
     st.title("Memory-pressure cascades")
-    st.caption("002 §7.4: KV cache full (stage 1) → evictions/preemptions (2) → queue grows (3) → TTFT grows (4), "
-               "and GPU utilisation drops. Act at stage 2, before the latency alerts fire.")
+    st.caption(
+        "002 §7.4: KV cache full (stage 1) → evictions/preemptions (2) → queue grows (3) → TTFT grows (4), "
+        "and GPU utilisation drops. Act at stage 2, before the latency alerts fire."
+    )
     table = cascade_rows(data.cascades)
     if table.empty:
-        st.info("No cascade state for this source: it is computed from a recording's raw samples (KV usage, "
-                "preemptions, waiting requests, TTFT per instance); live sources show the cascade findings only.")
+        st.info(
+            "No cascade state for this source: it is computed from a recording's raw samples (KV usage, "
+            "preemptions, waiting requests, TTFT per instance); live sources show the cascade findings only."
+        )
     else:
         st.dataframe(table, hide_index=True, width="stretch")
-        st.caption("Deepest stage reached: how far the incident went in this window. Stage at end of window: "
-                   "0 healthy means it is over.")
+        st.caption(
+            "Deepest stage reached: how far the incident went in this window. Stage at end of window: "
+            "0 healthy means it is over."
+        )
     findings = [f for f in data.diagnosis.findings if f.cascade]
     for f in findings:
-        assert f.cascade is not None   # kept above for having one
+        assert f.cascade is not None  # kept above for having one
         where = ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet"
         lead = "not reached" if f.cascade.lead_time_s is None else f"{f.cascade.lead_time_s:.0f} s"
-        st.markdown(f"**{f.title}** on `{where}`: stage {f.cascade.stage} of {f.cascade.stages_total} "
-                    f"({f.cascade.stage_name}), {incident_label(f.since, f.until, f.active)}; the root led the "
-                    f"latency symptom by {lead}")
+        st.markdown(
+            f"**{f.title}** on `{where}`: stage {f.cascade.stage} of {f.cascade.stages_total} "
+            f"({f.cascade.stage_name}), {incident_label(f.since, f.until, f.active)}; the root led the "
+            f"latency symptom by {lead}"
+        )
     band = findings[0] if findings else None
-    shown = [(s, signal_frame(data.frame, s, band.where if band else None)) for s in CASCADE_SIGNALS
-             if any(n.startswith(s) for n in data.frame.blocks)]
+    shown = [
+        (s, signal_frame(data.frame, s, band.where if band else None))
+        for s in CASCADE_SIGNALS
+        if any(n.startswith(s) for n in data.frame.blocks)
+    ]
     shown = [(s, df) for s, df in shown if not df.empty and df.notna().any().any()]
     if band is not None and shown:
         st.caption(f"Shaded: the cascade finding's period on `{where_text(band.where)}`.")
     for i in range(0, len(shown), 2):
         cols = st.columns(2)
-        for col, (signal, df) in zip(cols, shown[i:i + 2], strict=False):
+        for col, (signal, df) in zip(cols, shown[i : i + 2], strict=False):
             col.markdown(f"`{signal}`")
-            col.altair_chart(render_series_chart(df, axis_unit(signal), band.since if band else None,
-                                                 band.until if band else None, data.frame.window), width="stretch")
+            col.altair_chart(
+                render_series_chart(
+                    df, axis_unit(signal), band.since if band else None, band.until if band else None, data.frame.window
+                ),
+                width="stretch",
+            )
 
 
 def where_text(where: dict) -> str:

@@ -13,13 +13,39 @@ def render() -> None:
     st.title("Rules & levers")
     rules = read_rules()
     st.header(f"Diagnosis rules ({len(rules)})")
-    st.dataframe(pd.DataFrame([{
-        "rule": r.id, "LEVERS row": r.doc.get("levers_md", ""), "title": r.title, "severity": r.severity,
-        "by": ", ".join(r.by), "citations": "; ".join(map(str, r.doc.get("citations") or ()))} for r in rules]),
-        hide_index=True, width="stretch")
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "rule": r.id,
+                    "LEVERS row": r.doc.get("levers_md", ""),
+                    "title": r.title,
+                    "severity": r.severity,
+                    "by": ", ".join(r.by),
+                    "citations": "; ".join(map(str, r.doc.get("citations") or ())),
+                }
+                for r in rules
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
     levers = load_levers()
     st.header(f"Levers ({len(levers)})")
-    st.dataframe(pd.DataFrame([{
-        "lever": lv.id, "title": lv.title, "changes": lv.changes, "cost": lv.cost,
-        "how": "\n".join(f"{k}: {v}" for k, v in lv.how.items()), "citations": "; ".join(lv.citations)}
-        for lv in levers.values()]), hide_index=True, width="stretch")
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "lever": lv.id,
+                    "title": lv.title,
+                    "changes": lv.changes,
+                    "cost": lv.cost,
+                    "how": "\n".join(f"{k}: {v}" for k, v in lv.how.items()),
+                    "citations": "; ".join(lv.citations),
+                }
+                for lv in levers.values()
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )

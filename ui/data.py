@@ -45,7 +45,7 @@ class SourceSpec:
     kind: str
     location: str
     since_s: float = 1800.0
-    end: float | None = None     # live sources: window end (unix seconds); None = now
+    end: float | None = None  # live sources: window end (unix seconds); None = now
 
     def describe(self) -> str:
         return f"{self.kind}: {self.location}"
@@ -70,8 +70,8 @@ class TriageData:
     diagnosis: Diagnosis
     frame: Frame
     engines: dict[str, str | None] = field(default_factory=dict)
-    cascades: dict = field(default_factory=dict)   # instance -> agent.derive.cascade.CascadeReport
-    series: SeriesSet | None = None                # for the efficiency page
+    cascades: dict = field(default_factory=dict)  # instance -> agent.derive.cascade.CascadeReport
+    series: SeriesSet | None = None  # for the efficiency page
     notes: list[str] = field(default_factory=list)  # what reading the source left out, and why
 
 
@@ -125,10 +125,10 @@ def _from_recording(source: SourceSpec, step_s: float | None) -> TriageData:
     if not path.is_file():
         raise SourceError(f"recording {path} does not exist")
     try:
-        replay = RecordingSource(str(path)).replay()   # its spans sidecar too, when there is one
+        replay = RecordingSource(str(path)).replay()  # its spans sidecar too, when there is one
     except SourceError as exc:
         raise SourceError(f"recording {path} could not be read: {exc}") from exc
-    except (EOFError, zlib.error) as exc:               # a gzip cut short (recorder killed mid-write)
+    except (EOFError, zlib.error) as exc:  # a gzip cut short (recorder killed mid-write)
         raise SourceError(f"recording {path} is truncated or corrupt: {exc}") from exc
     return triage_from_replay(source, replay, step_s)
 
@@ -146,12 +146,19 @@ def triage_from_replay(source: SourceSpec, replay, step_s: float | None = None) 
     step = step_s or grid_step(replay.end - replay.start)
     try:
         frame = frame_from_samples(replay.samples, replay.start, replay.end, step)
-    except ValueError as exc:    # over the grid's bounds (diagnoser/evaluate/frame.py)
+    except ValueError as exc:  # over the grid's bounds (diagnoser/evaluate/frame.py)
         raise SourceError(f"recording {path}: {exc}") from exc
     frame.facts = merge_facts(replay.facts)
     diagnosis = diagnose(frame, source=f"recording:{path.name}")
-    return TriageData(source, diagnosis, frame, dict(replay.engines), evaluate_cascade(replay.samples),
-                      series_set_from_samples(replay.samples), list(replay.notes))
+    return TriageData(
+        source,
+        diagnosis,
+        frame,
+        dict(replay.engines),
+        evaluate_cascade(replay.samples),
+        series_set_from_samples(replay.samples),
+        list(replay.notes),
+    )
 
 
 def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
@@ -168,14 +175,21 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
     names = set().union(*(sample_names(r) for r in rules))
     end = source.end or time.time()
     if source.kind == "prometheus" and not source.end:
-        end = end // step_s * step_s        # on the step's lattice, as `diagnose --prometheus` asks
+        end = end // step_s * step_s  # on the step's lattice, as `diagnose --prometheus` asks
     try:
-        if source.kind == "prometheus":     # the rules run in the TSDB; evidence where they matched
+        if source.kind == "prometheus":  # the rules run in the TSDB; evidence where they matched
             from kvscope.diagnoser.pushdown.run import diagnose_pushdown
 
             reader = PrometheusSource(source.location)
-            diagnosis, report = diagnose_pushdown(reader.client, end - source.since_s, end, step_s, rules,
-                                                  source=reader.description, catalog=reader.catalog)
+            diagnosis, report = diagnose_pushdown(
+                reader.client,
+                end - source.since_s,
+                end,
+                step_s,
+                rules,
+                source=reader.description,
+                catalog=reader.catalog,
+            )
             assert report.frame is not None
             return TriageData(source, diagnosis, report.frame)
         reader = AgentSource(source.location)
@@ -187,6 +201,7 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
 
 # ------------------------------------------------------------------------------ evidence series
 
+
 def _matches(labels: Labels, where: Mapping[str, str]) -> bool:
     have = dict(labels)
     return all(have.get(k, v) == v for k, v in where.items())
@@ -197,8 +212,13 @@ def _steps(frame: Frame, range_s: float | None) -> int:
     return max(1, int(round((range_s or step) / step)))
 
 
-def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = None,
-                 limit: int | None = MAX_CHART_SERIES, range_s: float | None = None) -> pd.DataFrame:
+def signal_frame(
+    frame: Frame,
+    signal: str,
+    where: Mapping[str, str] | None = None,
+    limit: int | None = MAX_CHART_SERIES,
+    range_s: float | None = None,
+) -> pd.DataFrame:
     """One signal on the grid as a DataFrame (index: UTC time; columns: series labels).
 
     Counters become per-second rates, histograms their mean (sum rate over count rate), gauges stay
@@ -288,16 +308,33 @@ def spread(df: pd.DataFrame, most: int = SPREAD_ABOVE) -> pd.DataFrame:
         return df
     n = df.shape[1]
     with np.errstate(all="ignore"):
-        return pd.DataFrame({f"max of {n} series": df.max(axis=1), f"mean of {n} series": df.mean(axis=1),
-                             f"min of {n} series": df.min(axis=1)}, index=df.index)
+        return pd.DataFrame(
+            {
+                f"max of {n} series": df.max(axis=1),
+                f"mean of {n} series": df.mean(axis=1),
+                f"min of {n} series": df.min(axis=1),
+            },
+            index=df.index,
+        )
 
 
-_UNIT_WORDS = {"ratio": "ratio (0-1)", "count": "count", "seconds": "seconds", "tokens": "tokens",
-               "bytes": "bytes", "bytes_per_second": "bytes/s"}
+_UNIT_WORDS = {
+    "ratio": "ratio (0-1)",
+    "count": "count",
+    "seconds": "seconds",
+    "tokens": "tokens",
+    "bytes": "bytes",
+    "bytes_per_second": "bytes/s",
+}
 
 
-_EVIDENCE_UNITS = {"ratio": "ratio (0-1)", "per_second": "per second", "tokens_per_second": "tokens/s",
-                   "bytes_per_second": "bytes/s", "duration": "seconds"}
+_EVIDENCE_UNITS = {
+    "ratio": "ratio (0-1)",
+    "per_second": "per second",
+    "tokens_per_second": "tokens/s",
+    "bytes_per_second": "bytes/s",
+    "duration": "seconds",
+}
 
 
 def evidence_unit(unit: str) -> str:
@@ -330,11 +367,19 @@ def evidence_table(finding: Finding) -> pd.DataFrame:
 
     from kvscope.diagnoser.render import fmt_value, render_taken, shown_evidence
 
-    def bound(e) -> str:   # noqa: ANN001 - Evidence
+    def bound(e) -> str:  # noqa: ANN001 - Evidence
         return "" if e.threshold is None else f"{e.op or ''} {fmt_value(replace(e, value=e.threshold))}".strip()
 
-    rows = [{"evidence": e.name, "value": fmt_value(e), "threshold": bound(e), "taken (UTC)": render_taken(finding, e),
-             "series": e.series} for e in shown_evidence(finding)]
+    rows = [
+        {
+            "evidence": e.name,
+            "value": fmt_value(e),
+            "threshold": bound(e),
+            "taken (UTC)": render_taken(finding, e),
+            "series": e.series,
+        }
+        for e in shown_evidence(finding)
+    ]
     return pd.DataFrame(rows, columns=EVIDENCE_COLUMNS)
 
 
@@ -364,11 +409,19 @@ def timeline(diagnosis: Diagnosis) -> pd.DataFrame:
     """One row per finding: rule, severity, place, active period; likely cause first."""
     rows = []
     for rank, f in enumerate(diagnosis.findings):
-        rows.append({"rank": rank + 1, "rule": f.rule_id, "row": f.levers_md, "severity": f.severity,
-                     "where": ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet",
-                     "since": pd.to_datetime(f.since, unit="s", utc=True),
-                     "until": pd.to_datetime(f.until, unit="s", utc=True), "active": f.active,
-                     "title": f.title})
+        rows.append(
+            {
+                "rank": rank + 1,
+                "rule": f.rule_id,
+                "row": f.levers_md,
+                "severity": f.severity,
+                "where": ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet",
+                "since": pd.to_datetime(f.since, unit="s", utc=True),
+                "until": pd.to_datetime(f.until, unit="s", utc=True),
+                "active": f.active,
+                "title": f.title,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -410,10 +463,13 @@ def _natural(text: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
 
 
-TENANT_COLUMNS = {"requests/s": ("tenant_requests_total", True), "prompt tok/s": ("tenant_prompt_tokens_total", True),
-                  "cached tok/s": ("tenant_cached_tokens_total", True),
-                  "hit ratio (latest)": ("tenant_prefix_hit_ratio", False),
-                  "lost reuse (latest)": ("tenant_lost_reuse_ratio", False)}
+TENANT_COLUMNS = {
+    "requests/s": ("tenant_requests_total", True),
+    "prompt tok/s": ("tenant_prompt_tokens_total", True),
+    "cached tok/s": ("tenant_cached_tokens_total", True),
+    "hit ratio (latest)": ("tenant_prefix_hit_ratio", False),
+    "lost reuse (latest)": ("tenant_lost_reuse_ratio", False),
+}
 """Column -> (signal, is a counter shown as its mean rate)."""
 
 
@@ -427,8 +483,10 @@ def tenant_table(frame: Frame) -> pd.DataFrame:
     if not keys:
         return pd.DataFrame()
     several = len({inst for _, inst in keys}) > 1
-    rows = [{"tenant": t, **({"instance": i} if several else {}), **{c: v.get((t, i)) for c, v in cols.items()}}
-            for t, i in keys]
+    rows = [
+        {"tenant": t, **({"instance": i} if several else {}), **{c: v.get((t, i)) for c, v in cols.items()}}
+        for t, i in keys
+    ]
     return pd.DataFrame(rows)
 
 
@@ -444,10 +502,14 @@ def cascade_rows(cascades: Mapping) -> pd.DataFrame:
     rows = []
     for inst, r in sorted(cascades.items()):
         deepest = max(r.onsets, default=0)
-        rows.append({"instance": inst, "deepest stage reached": stage(deepest),
-                     "stage at end of window": stage(r.stage),
-                     "root led latency by": "not reached" if r.lead_time_s is None else f"{r.lead_time_s:.0f} s",
-                     "onsets (UTC)": " · ".join(f"{STAGES[n]} {render_when(t)[11:19]}"
-                                                for n, t in sorted(r.onsets.items())),
-                     "signals missing": ", ".join(r.signals_missing) or "none"})
+        rows.append(
+            {
+                "instance": inst,
+                "deepest stage reached": stage(deepest),
+                "stage at end of window": stage(r.stage),
+                "root led latency by": "not reached" if r.lead_time_s is None else f"{r.lead_time_s:.0f} s",
+                "onsets (UTC)": " · ".join(f"{STAGES[n]} {render_when(t)[11:19]}" for n, t in sorted(r.onsets.items())),
+                "signals missing": ", ".join(r.signals_missing) or "none",
+            }
+        )
     return pd.DataFrame(rows)

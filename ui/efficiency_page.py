@@ -13,8 +13,10 @@ from kvscope.ui.data import TriageData, window_text
 def render(data: TriageData) -> None:
     st.title("Efficiency")
     if data.series is None:
-        st.info("Efficiency numbers need the raw series (a recording); for Prometheus or the agent use "
-                "`kvscope report weekly`.")
+        st.info(
+            "Efficiency numbers need the raw series (a recording); for Prometheus or the agent use "
+            "`kvscope report weekly`."
+        )
         return
     cost = st.columns(4)[0].number_input("$ per GPU-hour", 0.01, 1000.0, 2.5, key="gpu_hour_cost")
     start, end = data.frame.window
@@ -25,34 +27,51 @@ def render(data: TriageData) -> None:
     cols[1].metric("$ / 1M output tokens", fmt(f.get("usd_per_1m_tokens"), "usd"))
     cols[2].metric("Mean GPU utilisation", fmt(f.get("gpu_util"), "pct"))
     cols[3].metric("Prefill tokens saved", fmt(f.get("prefill_tokens_saved"), "count"))
-    st.caption(f"Over the source's window, {window_text(start, end)}. "
-               f"Prefix-cache hit ratio {fmt(f.get('hit_ratio'), 'pct')}; "
-               f"output tokens {fmt(f.get('output_tokens'), 'count')}.")
+    st.caption(
+        f"Over the source's window, {window_text(start, end)}. "
+        f"Prefix-cache hit ratio {fmt(f.get('hit_ratio'), 'pct')}; "
+        f"output tokens {fmt(f.get('output_tokens'), 'count')}."
+    )
     util = f.get("gpu_util")
     if util is not None:
         st.caption(f"GPU utilisation here is {utilisation_basis(week.utilisation_signal)}.")
     if util is None:
-        st.info("No GPU series in this source (no DCGM or NVML): GPU-hours, tokens per GPU-hour and cost are "
-                "absent, not zero.")
+        st.info(
+            "No GPU series in this source (no DCGM or NVML): GPU-hours, tokens per GPU-hour and cost are "
+            "absent, not zero."
+        )
     elif util < UTILISATION_TRAP:
-        st.warning(f"Mean GPU utilisation {util:.0%} is below {UTILISATION_TRAP:.0%}: the utilisation trap "
-                   f"(002 §9.2). Cost per token is {1 / util:.1f}× the fully utilised cost.")
+        st.warning(
+            f"Mean GPU utilisation {util:.0%} is below {UTILISATION_TRAP:.0%}: the utilisation trap "
+            f"(002 §9.2). Cost per token is {1 / util:.1f}× the fully utilised cost."
+        )
     if not week.pools.empty:
-        shown = pd.DataFrame({label: [fmt(v, kind) for v in week.pools[col]]
-                              for col, (label, kind) in POOL_COLUMNS.items() if col in week.pools},
-                             index=week.pools.index)
+        shown = pd.DataFrame(
+            {
+                label: [fmt(v, kind) for v in week.pools[col]]
+                for col, (label, kind) in POOL_COLUMNS.items()
+                if col in week.pools
+            },
+            index=week.pools.index,
+        )
         st.dataframe(shown, width="stretch")
         if "unattributed" in week.pools.index:
-            st.caption("unattributed: GPUs this source does not tie to an engine. kvscope attributes a GPU to a "
-                       "pool through the agent's engine-GPU join (engine_gpu_memory_used_bytes) or a node that "
-                       "runs a single pool.")
+            st.caption(
+                "unattributed: GPUs this source does not tie to an engine. kvscope attributes a GPU to a "
+                "pool through the agent's engine-GPU join (engine_gpu_memory_used_bytes) or a node that "
+                "runs a single pool."
+            )
 
 
 def utilisation_basis(signal: str | None) -> str:
     """Which utilisation the numbers use: DCGM engine activity when the source has it (what the
     weekly report prefers), else the 'a kernel was running' duty cycle, which overstates decode."""
     if signal == "gpu_graphics_engine_active_ratio":
-        return ("DCGM graphics-engine activity (DCGM_FI_PROF_GR_ENGINE_ACTIVE), the share of time the "
-                "compute engines were busy")
-    return ("GPU_UTIL / NVML utilisation: the share of time any kernel was running, which overstates real use "
-            "on small decode batches (no DCGM profiling metrics in this source)")
+        return (
+            "DCGM graphics-engine activity (DCGM_FI_PROF_GR_ENGINE_ACTIVE), the share of time the "
+            "compute engines were busy"
+        )
+    return (
+        "GPU_UTIL / NVML utilisation: the share of time any kernel was running, which overstates real use "
+        "on small decode batches (no DCGM profiling metrics in this source)"
+    )

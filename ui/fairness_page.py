@@ -8,16 +8,25 @@ import streamlit as st
 from kvscope.diagnoser.render import render_summary
 from kvscope.ui.data import TriageData, render_when, tenant_table
 
-TENANT_SIGNALS = ("tenant_requests_total", "tenant_prompt_tokens_total", "tenant_cached_tokens_total",
-                  "tenant_prefix_hit_ratio", "tenant_lost_reuse_ratio")
-FLEET_GAUGES = {"fleet_tenant_hit_jain_ratio": "Jain index of tenant hit ratios (1 = even)",
-                "fleet_cold_tenant_ratio": "Share of cold tenants",
-                "fleet_tenant_hit_ratio_tail_gap_ratio": "Aggregate minus worst tenant hit ratio"}
+TENANT_SIGNALS = (
+    "tenant_requests_total",
+    "tenant_prompt_tokens_total",
+    "tenant_cached_tokens_total",
+    "tenant_prefix_hit_ratio",
+    "tenant_lost_reuse_ratio",
+)
+FLEET_GAUGES = {
+    "fleet_tenant_hit_jain_ratio": "Jain index of tenant hit ratios (1 = even)",
+    "fleet_cold_tenant_ratio": "Share of cold tenants",
+    "fleet_tenant_hit_ratio_tail_gap_ratio": "Aggregate minus worst tenant hit ratio",
+}
 
 
-FLEET_FORMAT = {"fleet_tenant_hit_jain_ratio": lambda v: f"{v:.2f}",
-                "fleet_cold_tenant_ratio": lambda v: f"{v:.0%}",
-                "fleet_tenant_hit_ratio_tail_gap_ratio": lambda v: f"{v * 100:.0f} pp"}
+FLEET_FORMAT = {
+    "fleet_tenant_hit_jain_ratio": lambda v: f"{v:.2f}",
+    "fleet_cold_tenant_ratio": lambda v: f"{v:.0%}",
+    "fleet_tenant_hit_ratio_tail_gap_ratio": lambda v: f"{v * 100:.0f} pp",
+}
 """The Jain index is a number in (0, 1]; a share is a percent; a gap of two ratios is percentage points."""
 
 
@@ -25,23 +34,34 @@ def render(data: TriageData) -> None:
     st.title("Tenants & fairness")
     table = tenant_table(data.frame)
     if table.empty:
-        st.info("This source has no per-tenant series. vLLM exports no tenant label; kvscope's request tap or "
-                "trace receiver produces tenant_* series (docs/requests.md), SGLang does with "
-                "--tokenizer-metrics-allowed-custom-labels tenant.")
+        st.info(
+            "This source has no per-tenant series. vLLM exports no tenant label; kvscope's request tap or "
+            "trace receiver produces tenant_* series (docs/requests.md), SGLang does with "
+            "--tokenizer-metrics-allowed-custom-labels tenant."
+        )
     else:
         cols = st.columns(len(FLEET_GAUGES))
         for col, (name, label) in zip(cols, FLEET_GAUGES.items(), strict=True):
             latest = _latest(data, name)
             col.metric(label, "absent" if latest is None else FLEET_FORMAT[name](latest))
         pct = st.column_config.NumberColumn(format="percent")
-        st.dataframe(table, hide_index=True, width="stretch", column_config={
-            "requests/s": st.column_config.NumberColumn(format="%.2f"),
-            "prompt tok/s": st.column_config.NumberColumn(format="%.0f"),
-            "cached tok/s": st.column_config.NumberColumn(format="%.0f"),
-            "hit ratio (latest)": pct, "lost reuse (latest)": pct})
-        st.caption("Rates are means over the window; hit ratio = cached / prompt tokens and lost reuse = reusable "
-                   "prefix tokens the cache did not deliver / prompt tokens, both over the fairness window at its "
-                   "end. A tenant served by several instances has a row per instance.")
+        st.dataframe(
+            table,
+            hide_index=True,
+            width="stretch",
+            column_config={
+                "requests/s": st.column_config.NumberColumn(format="%.2f"),
+                "prompt tok/s": st.column_config.NumberColumn(format="%.0f"),
+                "cached tok/s": st.column_config.NumberColumn(format="%.0f"),
+                "hit ratio (latest)": pct,
+                "lost reuse (latest)": pct,
+            },
+        )
+        st.caption(
+            "Rates are means over the window; hit ratio = cached / prompt tokens and lost reuse = reusable "
+            "prefix tokens the cache did not deliver / prompt tokens, both over the fairness window at its "
+            "end. A tenant served by several instances has a row per instance."
+        )
     findings = [f for f in data.diagnosis.findings if "tenant" in f.where or f.levers_md.startswith("P8")]
     if findings:
         st.header("Tenant findings")

@@ -32,9 +32,9 @@ def _die_with_parent() -> None:
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass   # no prctl (e.g. a libc without it): SIGTERM handling in kvscope still stops the UI
+        pass  # no prctl (e.g. a libc without it): SIGTERM handling in kvscope still stops the UI
 
 
 class TerminateRequested(Exception):
@@ -46,8 +46,10 @@ def stop_on_sigterm() -> None:
     make Ctrl-C (SIGINT) raise KeyboardInterrupt even when it was inherited as ignored: a shell
     starts background jobs with SIGINT ignored, and a foreground UI that says "Ctrl-C to stop"
     must stop on it."""
+
     def handler(signum, frame):  # noqa: ARG001 - signal handler signature
         raise TerminateRequested()
+
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -55,8 +57,9 @@ def stop_on_sigterm() -> None:
 class UiServer:
     """`streamlit run ui/app.py` for one source; use as a context manager or start()/stop()."""
 
-    def __init__(self, source: SourceSpec | None, port: int = 8501, host: str = "127.0.0.1",
-                 log_path: Path | None = None) -> None:
+    def __init__(
+        self, source: SourceSpec | None, port: int = 8501, host: str = "127.0.0.1", log_path: Path | None = None
+    ) -> None:
         self.source, self.port, self.host, self.log_path = source, port, host, log_path
         self.proc: subprocess.Popen | None = None
         self._log: TextIO | None = None
@@ -66,10 +69,27 @@ class UiServer:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "kvscope.ui.launch", "run", str(APP), "--server.headless", "true",
-                "--server.address", self.host, "--server.port", str(self.port),
-                "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-                "--global.developmentMode", "false", "--client.toolbarMode", "minimal"]
+        return [
+            sys.executable,
+            "-m",
+            "kvscope.ui.launch",
+            "run",
+            str(APP),
+            "--server.headless",
+            "true",
+            "--server.address",
+            self.host,
+            "--server.port",
+            str(self.port),
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+            "--global.developmentMode",
+            "false",
+            "--client.toolbarMode",
+            "minimal",
+        ]
 
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in (*ENV.values(), ENV_SINCE, ENV_END)}
@@ -84,8 +104,14 @@ class UiServer:
         out: int | TextIO = subprocess.DEVNULL
         if self.log_path is not None:
             self._log = out = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            self.command(),
+            env=self.environment(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         return self
 
     def wait_healthy(self, timeout_s: float = 60.0) -> None:

@@ -11,8 +11,10 @@ GB = 1e9
 
 def render() -> None:
     st.title("Sizing calculator")
-    st.caption("Pure arithmetic from 002 §2, §6.5, §8.3 and §9.4. KV bytes per token is computed from first "
-               "principles (2 × layers × KV heads × head dim × bytes), not from the documents' rounded figures.")
+    st.caption(
+        "Pure arithmetic from 002 §2, §6.5, §8.3 and §9.4. KV bytes per token is computed from first "
+        "principles (2 × layers × KV heads × head dim × bytes), not from the documents' rounded figures."
+    )
     memory_section()
     fleet_section()
     queue_section()
@@ -31,16 +33,21 @@ def memory_section() -> None:
     kv_heads = c[1].number_input("KV heads (not attention heads)", 1, 256, 8, key="kv_heads")
     head_dim = c[2].number_input("Head dim", 1, 1024, 128, key="head_dim")
     headroom = c[3].slider("Headroom", 0.0, 1.0, 0.3, 0.05, key="headroom")
-    c = st.columns(3)   # type: ignore[assignment]  # streamlit types columns(n) as an n-tuple
+    c = st.columns(3)  # type: ignore[assignment]  # streamlit types columns(n) as an n-tuple
     context = c[0].number_input("P95 context (tokens)", 1, 2_000_000, 8000, key="context")
     concurrency = c[1].number_input("Peak concurrency", 1, 100_000, 50, key="concurrency")
     activations_gb = c[2].number_input("Activations (GB)", 0.0, 1000.0, 0.0, key="activations_gb")
     try:
         kv = sizing.kv_bytes_per_token(layers, kv_heads, head_dim, sizing.dtype_bytes(kvdtype))
         budget = sizing.memory_budget(
-            weights=sizing.weights_bytes(params_b * 1e9, sizing.dtype_bytes(wdtype)), kv_per_token=kv,
-            context_tokens=context, concurrency=concurrency, gpu_memory=gpu_gb * GB,
-            activations=activations_gb * GB, headroom=headroom)
+            weights=sizing.weights_bytes(params_b * 1e9, sizing.dtype_bytes(wdtype)),
+            kv_per_token=kv,
+            context_tokens=context,
+            concurrency=concurrency,
+            gpu_memory=gpu_gb * GB,
+            activations=activations_gb * GB,
+            headroom=headroom,
+        )
     except sizing.SizingError as exc:
         st.error(str(exc))
         return
@@ -49,10 +56,12 @@ def memory_section() -> None:
     m[1].metric("Total memory", f"{budget.total_bytes / GB:,.1f} GB")
     m[2].metric("Minimum GPUs", budget.min_gpus)
     m[3].metric("With headroom", budget.recommended_gpus)
-    st.caption(f"2 × {layers} × {kv_heads} × {head_dim} × {sizing.dtype_bytes(kvdtype):g} B = {kv:,.0f} B/token. "
-               f"Weights {budget.weights_bytes / GB:,.1f} GB + KV {budget.kv_bytes / GB:,.1f} GB + activations "
-               f"{budget.activations_bytes / GB:,.1f} GB + overhead {budget.overhead_bytes / GB:,.1f} GB "
-               "(5 % of VRAM per GPU, 002 §2.4).")
+    st.caption(
+        f"2 × {layers} × {kv_heads} × {head_dim} × {sizing.dtype_bytes(kvdtype):g} B = {kv:,.0f} B/token. "
+        f"Weights {budget.weights_bytes / GB:,.1f} GB + KV {budget.kv_bytes / GB:,.1f} GB + activations "
+        f"{budget.activations_bytes / GB:,.1f} GB + overhead {budget.overhead_bytes / GB:,.1f} GB "
+        "(5 % of VRAM per GPU, 002 §2.4)."
+    )
 
 
 def fleet_section() -> None:
@@ -64,18 +73,30 @@ def fleet_section() -> None:
     safety = c[3].number_input("Safety factor", 1.0, 3.0, 1.3, key="safety")
     c_max = c[4].number_input("C_max (concurrency at SLO)", 1.0, 1e5, 48.0, key="c_max")
     latency = c[5].number_input("Average latency (s)", 0.001, 3600.0, 2.0, key="latency")
-    fleet = sizing.fleet_size(peak_rps=peak, usable_rps_per_instance=usable, tp_degree=tp, safety_factor=safety,
-                              c_max=c_max, avg_latency_s=latency)
+    fleet = sizing.fleet_size(
+        peak_rps=peak,
+        usable_rps_per_instance=usable,
+        tp_degree=tp,
+        safety_factor=safety,
+        c_max=c_max,
+        avg_latency_s=latency,
+    )
     m = st.columns(3)
     m[0].metric("Instances", fleet.instances)
     m[1].metric("GPUs", fleet.total_gpus)
-    m[2].metric("Little's Law ceiling", f"{fleet.little_ceiling_rps:,.1f} RPS", f"gap {fleet.little_gap:.2f}×",
-                delta_color="off")
+    m[2].metric(
+        "Little's Law ceiling",
+        f"{fleet.little_ceiling_rps:,.1f} RPS",
+        f"gap {fleet.little_gap:.2f}×",
+        delta_color="off",
+    )
     if fleet.benchmark_trustworthy:
         st.success(f"Gap {fleet.little_gap:.2f}× ≤ 2×: the benchmark reflects production conditions.")
     else:
-        st.warning(f"Gap {fleet.little_gap:.2f}× > 2×: the benchmark inputs do not match production "
-                   "(prompt lengths or arrival pattern). Fix the benchmark before sizing.")
+        st.warning(
+            f"Gap {fleet.little_gap:.2f}× > 2×: the benchmark inputs do not match production "
+            "(prompt lengths or arrival pattern). Fix the benchmark before sizing."
+        )
 
 
 def queue_section() -> None:
@@ -96,8 +117,13 @@ def pd_section() -> None:
     ptp = c[2].number_input("Prefill tok/s/GPU", 1.0, 1e8, 20000.0, key="ptp")
     osl = c[3].number_input("Avg output tokens", 1.0, 1e7, 200.0, key="osl")
     dtp = c[4].number_input("Decode tok/s/GPU", 1.0, 1e8, 250.0, key="dtp")
-    pd_ = sizing.pd_ratio(peak_rps=rps, avg_input_tokens=isl, prefill_tokens_per_s_per_gpu=ptp,
-                          avg_output_tokens=osl, decode_tokens_per_s_per_gpu=dtp)
+    pd_ = sizing.pd_ratio(
+        peak_rps=rps,
+        avg_input_tokens=isl,
+        prefill_tokens_per_s_per_gpu=ptp,
+        avg_output_tokens=osl,
+        decode_tokens_per_s_per_gpu=dtp,
+    )
     m = st.columns(3)
     m[0].metric("P:D ratio", pd_.render_ratio())
     m[1].metric("Prefill GPUs", f"{pd_.prefill_gpus:,.1f}")

@@ -33,26 +33,29 @@ SEVERITY_ICON = {"critical": ":red[CRITICAL]", "warning": ":orange[WARNING]", "i
 def render(data: TriageData) -> None:
     d = data.diagnosis
     st.title("kvscope triage")
-    st.caption(f"{d.source} · window {render_when(d.window[0])} → {render_when(d.window[1])} · "
-               f"{counts_caption(d)}")
+    st.caption(f"{d.source} · window {render_when(d.window[0])} → {render_when(d.window[1])} · {counts_caption(d)}")
     if scale_note(d):
         st.caption(scale_note(d))
     for note in data.notes:
         st.warning(note)
     if d.likely_cause is None and d.skipped:
         missing = missing_summary(d)
-        st.info(f"No rule fired among the {d.rules_evaluated - len(d.skipped)} rules this source could feed; "
-                f"{len(d.skipped)} could not be evaluated because their signals are missing"
-                f"{f' ({missing})' if missing else ''}; the full list is at the bottom. "
-                "Missing signals are unknown, not healthy.")
+        st.info(
+            f"No rule fired among the {d.rules_evaluated - len(d.skipped)} rules this source could feed; "
+            f"{len(d.skipped)} could not be evaluated because their signals are missing"
+            f"{f' ({missing})' if missing else ''}; the full list is at the bottom. "
+            "Missing signals are unknown, not healthy."
+        )
     elif d.likely_cause is None:
         st.success("No rule fired in this window.")
     else:
         st.header("Likely cause")
         render_card(data, d.likely_cause, charts=True)
         if d.supporting:
-            st.markdown("**Also fired (supporting evidence, same mechanism and levers):**\n"
-                        + "\n".join(f"- {render_line(f)}" for f in d.supporting))
+            st.markdown(
+                "**Also fired (supporting evidence, same mechanism and levers):**\n"
+                + "\n".join(f"- {render_line(f)}" for f in d.supporting)
+            )
     if d.hypotheses:
         st.header("Competing hypotheses")
         for f in d.hypotheses:
@@ -70,8 +73,11 @@ def render(data: TriageData) -> None:
                 render_card(data, f, charts=False)
     if d.skipped:
         with st.expander(f"Rules not evaluated ({len(d.skipped)})"):
-            st.dataframe(pd.DataFrame([{"rule": s.rule_id, "why": s.reason} for s in d.skipped]),
-                         hide_index=True, width="stretch")
+            st.dataframe(
+                pd.DataFrame([{"rule": s.rule_id, "why": s.reason} for s in d.skipped]),
+                hide_index=True,
+                width="stretch",
+            )
 
 
 def _where(f: Finding) -> str:
@@ -86,14 +92,21 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
     if f.summary.strip() != f.title.strip():
         st.markdown(f"**What:** {render_summary(f)}")
     state = "still active at the end of the window" if f.active else "ended"
-    st.markdown(f"**Where:** `{_where(f)}` · **When:** {render_when(f.since)} → {render_when(f.until)[11:]} "
-                f"({fmt_duration(f.until - f.since)}, {state}) · **Rule:** `{f.rule_id}` (LEVERS.md row {f.levers_md})")
+    st.markdown(
+        f"**Where:** `{_where(f)}` · **When:** {render_when(f.since)} → {render_when(f.until)[11:]} "
+        f"({fmt_duration(f.until - f.since)}, {state}) · **Rule:** `{f.rule_id}` (LEVERS.md row {f.levers_md})"
+    )
     if f.cascade:
         c = f.cascade
-        lead = f"the root (KV full) led the latency symptom by {c.lead_time_s:.0f} s" \
-            if c.lead_time_s is not None else "the latency symptom was not reached"
-        st.markdown(f"**Cascade:** stage {c.stage} of {c.stages_total} reached ({c.stage_name}) on the path KV full → "
-                    f"preemption → queueing → TTFT (002 §7.4); {lead}.")
+        lead = (
+            f"the root (KV full) led the latency symptom by {c.lead_time_s:.0f} s"
+            if c.lead_time_s is not None
+            else "the latency symptom was not reached"
+        )
+        st.markdown(
+            f"**Cascade:** stage {c.stage} of {c.stages_total} reached ({c.stage_name}) on the path KV full → "
+            f"preemption → queueing → TTFT (002 §7.4); {lead}."
+        )
     if charts:
         render_first_lever(f)
     if f.evidence:
@@ -119,9 +132,11 @@ def render_first_lever(f: Finding) -> None:
     top = min(f.levers, key=lambda x: x.rank)
     changes = " · ".join(f"{c.system}: `{c.change}`" for c in top.changes)
     more = len(f.levers) - 1
-    st.success(f"**Change first: {top.title or top.id}** — {changes}"
-               + (f"  \nCost: {top.cost}" if top.cost else "")
-               + (f"  \n{more} more lever{'s' if more > 1 else ''} in rank order below." if more else ""))
+    st.success(
+        f"**Change first: {top.title or top.id}** — {changes}"
+        + (f"  \nCost: {top.cost}" if top.cost else "")
+        + (f"  \n{more} more lever{'s' if more > 1 else ''} in rank order below." if more else "")
+    )
 
 
 def render_charts(data: TriageData, f: Finding) -> None:
@@ -129,12 +144,14 @@ def render_charts(data: TriageData, f: Finding) -> None:
     shown = evidence_charts(data, f)
     if not shown:
         return
-    st.markdown(f"**Evidence over time** — shaded: the finding's period, {incident_label(f.since, f.until, f.active)} "
-                "(each line is the series the rule itself evaluated, at this place, so the evidence table's numbers "
-                "can be read off the lines)")
+    st.markdown(
+        f"**Evidence over time** — shaded: the finding's period, {incident_label(f.since, f.until, f.active)} "
+        "(each line is the series the rule itself evaluated, at this place, so the evidence table's numbers "
+        "can be read off the lines)"
+    )
     for i in range(0, len(shown), 2):
         cols = st.columns(2)
-        for col, (name, unit, df) in zip(cols, shown[i:i + 2], strict=False):
+        for col, (name, unit, df) in zip(cols, shown[i : i + 2], strict=False):
             col.markdown(f"**{name}**")
             col.altair_chart(render_series_chart(df, unit, f.since, f.until, data.frame.window), width="stretch")
 
@@ -144,8 +161,10 @@ def render_levers(f: Finding) -> None:
         return
     st.markdown("**Levers**")
     for lever in sorted(f.levers, key=lambda x: x.rank):
-        st.markdown(f"{lever.rank}. **{lever.title or lever.id}** (`{lever.id}`, {lever.direction})"
-                    + (f" — cost: {lever.cost}" if lever.cost else ""))
+        st.markdown(
+            f"{lever.rank}. **{lever.title or lever.id}** (`{lever.id}`, {lever.direction})"
+            + (f" — cost: {lever.cost}" if lever.cost else "")
+        )
         st.markdown("\n".join(f"- {c.system}: `{c.change}`" for c in lever.changes))
         if lever.citations:
             st.caption("Cited: " + "; ".join(lever.citations))
@@ -153,16 +172,31 @@ def render_levers(f: Finding) -> None:
 
 def render_timeline(d) -> None:
     df = timeline(d)
-    chart = alt.Chart(df).mark_bar().encode(
-        x=alt.X("since:T", title="time (UTC)", scale=time_scale(d.window), axis=alt.Axis(format="%H:%M:%S")),
-        x2="until:T",
-        y=alt.Y("rule:N", sort=list(df["rule"].unique()), title=None, axis=alt.Axis(labelLimit=320)),
-        color=alt.Color("severity:N", scale=alt.Scale(domain=["critical", "warning", "info"],
-                                                      range=["#d62728", "#ff7f0e", "#1f77b4"])),
-        tooltip=["rule", "title", "where", alt.Tooltip("since:T", timeUnit=UTC_CLOCK, title="since (UTC)"),
-                 alt.Tooltip("until:T", timeUnit=UTC_CLOCK, title="until (UTC)"), "active"])
+    chart = (
+        alt.Chart(df)
+        .mark_bar()
+        .encode(
+            x=alt.X("since:T", title="time (UTC)", scale=time_scale(d.window), axis=alt.Axis(format="%H:%M:%S")),
+            x2="until:T",
+            y=alt.Y("rule:N", sort=list(df["rule"].unique()), title=None, axis=alt.Axis(labelLimit=320)),
+            color=alt.Color(
+                "severity:N",
+                scale=alt.Scale(domain=["critical", "warning", "info"], range=["#d62728", "#ff7f0e", "#1f77b4"]),
+            ),
+            tooltip=[
+                "rule",
+                "title",
+                "where",
+                alt.Tooltip("since:T", timeUnit=UTC_CLOCK, title="since (UTC)"),
+                alt.Tooltip("until:T", timeUnit=UTC_CLOCK, title="until (UTC)"),
+                "active",
+            ],
+        )
+    )
     st.altair_chart(chart, width="stretch")
     clock = {"since": df["since"].dt.strftime("%H:%M:%S"), "until": df["until"].dt.strftime("%H:%M:%S")}
-    st.dataframe(df.drop(columns=["title"]).assign(**clock).rename(columns={"since": "since (UTC)",
-                                                                          "until": "until (UTC)"}),
-                 hide_index=True, width="stretch")
+    st.dataframe(
+        df.drop(columns=["title"]).assign(**clock).rename(columns={"since": "since (UTC)", "until": "until (UTC)"}),
+        hide_index=True,
+        width="stretch",
+    )

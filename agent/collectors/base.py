@@ -20,13 +20,13 @@ class Health:
     """Self-observation of one collector (or one target of a collector) for one collection."""
 
     collector: str
-    target: str = ""                 # instance for scraping collectors, "" otherwise
+    target: str = ""  # instance for scraping collectors, "" otherwise
     up: bool = True
-    reason: str = ""                 # why not up: a stable token (timeout, http_503, NVMLError_LibraryNotFound)
+    reason: str = ""  # why not up: a stable token (timeout, http_503, NVMLError_LibraryNotFound)
     duration_s: float = 0.0
-    errors: Counter[str] = field(default_factory=Counter)    # errors by reason this collection
-    dropped: Counter[str] = field(default_factory=Counter)   # samples dropped by reason
-    series: int = 0                  # canonical series produced
+    errors: Counter[str] = field(default_factory=Counter)  # errors by reason this collection
+    dropped: Counter[str] = field(default_factory=Counter)  # samples dropped by reason
+    series: int = 0  # canonical series produced
 
 
 @dataclass
@@ -35,8 +35,8 @@ class Collection:
 
     samples: list[Sample] = field(default_factory=list)
     health: list[Health] = field(default_factory=list)
-    facts: dict[str, dict[str, str]] = field(default_factory=dict)   # instance -> facts
-    engines: dict[str, str | None] = field(default_factory=dict)     # instance -> detected engine
+    facts: dict[str, dict[str, str]] = field(default_factory=dict)  # instance -> facts
+    engines: dict[str, str | None] = field(default_factory=dict)  # instance -> detected engine
 
 
 class Collector(Protocol):
@@ -73,8 +73,11 @@ def collector_option_help() -> dict[str, dict[str, str]]:
     A help text starting with "list:" marks an option that takes several values (the flag is
     repeated); the others take one value, which the collector parses itself.
     """
-    return {name: dict(getattr(factory, "OPTIONS", {}))
-            for name, (factory, _) in _REGISTRY.items() if getattr(factory, "OPTIONS", None)}
+    return {
+        name: dict(getattr(factory, "OPTIONS", {}))
+        for name, (factory, _) in _REGISTRY.items()
+        if getattr(factory, "OPTIONS", None)
+    }
 
 
 def registered_collectors() -> dict[str, tuple[CollectorFactory, bool]]:

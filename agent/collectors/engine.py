@@ -55,11 +55,11 @@ class TargetScrape:
     """What one scrape of one target gave: the payload, or why there is none."""
 
     target: Target
-    timestamp: float                  # wall clock at scrape start (what Prometheus stamps)
+    timestamp: float  # wall clock at scrape start (what Prometheus stamps)
     duration_s: float
-    text: str | None = None           # None when the scrape failed
-    openmetrics: bool = False         # the server answered application/openmetrics-text
-    reason: str = ""                  # failure reason token; "" when it succeeded
+    text: str | None = None  # None when the scrape failed
+    openmetrics: bool = False  # the server answered application/openmetrics-text
+    reason: str = ""  # failure reason token; "" when it succeeded
     size_bytes: int = 0
     _expo: Exposition | None = field(default=None, repr=False)
 
@@ -72,21 +72,30 @@ class TargetScrape:
         """The whole payload parsed (once) under the target's limits, with native names; None
         when the scrape failed."""
         if self.text is not None and self._expo is None:
-            self._expo = parse_exposition(self.text, openmetrics=True if self.openmetrics else None,
-                                          limits=limits_of(self.target), deadline=deadline)
+            self._expo = parse_exposition(
+                self.text,
+                openmetrics=True if self.openmetrics else None,
+                limits=limits_of(self.target),
+                deadline=deadline,
+            )
         return self._expo
 
 
-async def scrape_target(session: HttpClient, target: Target, timeout_s: float,
-                        max_bytes: int) -> TargetScrape:
+async def scrape_target(session: HttpClient, target: Target, timeout_s: float, max_bytes: int) -> TargetScrape:
     """Scrape one target. Never raises for a target problem."""
     ts, t0 = time.time(), time.monotonic()
     try:
         payload = await read_exposition(session, target.url, timeout_s, max_bytes)
     except ScrapeError as e:
         return TargetScrape(target, ts, time.monotonic() - t0, reason=e.reason)
-    return TargetScrape(target, ts, time.monotonic() - t0, text=payload.text,
-                        openmetrics=payload.openmetrics, size_bytes=payload.size_bytes)
+    return TargetScrape(
+        target,
+        ts,
+        time.monotonic() - t0,
+        text=payload.text,
+        openmetrics=payload.openmetrics,
+        size_bytes=payload.size_bytes,
+    )
 
 
 @register_collector(NAME, default_enabled=True)
@@ -95,17 +104,22 @@ class EngineCollector:
 
     name = NAME
 
-    def __init__(self, config: AgentConfig, catalog: Catalog | None = None,
-                 session: HttpClient | None = None, max_concurrency: int = 32) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        catalog: Catalog | None = None,
+        session: HttpClient | None = None,
+        max_concurrency: int = 32,
+    ) -> None:
         self.config = config
         self.catalog = catalog or load_catalog()
         self._session = session
         self._own_session = session is None
         self._limit = asyncio.Semaphore(max_concurrency)
-        self._engines: dict[str, str | None] = {}     # instance -> detected engine (cached)
-        self._caches: dict[str, BlockCache] = {}      # instance -> memo of the previous payload
-        self.keep_last = False    # set by a recorder hooked on the runtime; off: a 16 MiB payload
-        self.last_scrapes: dict[str, TargetScrape] = {}   # is not kept alive between cycles
+        self._engines: dict[str, str | None] = {}  # instance -> detected engine (cached)
+        self._caches: dict[str, BlockCache] = {}  # instance -> memo of the previous payload
+        self.keep_last = False  # set by a recorder hooked on the runtime; off: a 16 MiB payload
+        self.last_scrapes: dict[str, TargetScrape] = {}  # is not kept alive between cycles
 
     async def scrape_all(self) -> list[TargetScrape]:
         """Scrape every target concurrently; one result per target, in config order."""
@@ -116,8 +130,7 @@ class EngineCollector:
     async def _scrape_one(self, target: Target) -> TargetScrape:
         async with self._limit:
             assert self._session is not None
-            result = await scrape_target(self._session, target, self.config.timeout_s,
-                                         self.config.max_body_bytes)
+            result = await scrape_target(self._session, target, self.config.timeout_s, self.config.max_body_bytes)
         if self.keep_last:
             self.last_scrapes[target.instance] = result
         return result
@@ -126,7 +139,7 @@ class EngineCollector:
         """`samples` is a `Parts` (agent/scrape/stamped.py): one part per target, a `Stamped` when the
         block memo made it (its blocks reach the store and the reset check as they are)."""
         out = Collection()
-        out.samples = Parts()   # type: ignore[assignment]
+        out.samples = Parts()  # type: ignore[assignment]
         for scrape in await self.scrape_all():
             try:
                 self._normalize_into(scrape, out)
@@ -154,7 +167,7 @@ class EngineCollector:
         engine = None
         if scrape.text is not None:
             if _over_sample_limit(scrape):
-                scrape.exposition(deadline)   # stops at the first sample past the limit
+                scrape.exposition(deadline)  # stops at the first sample past the limit
             engine = self._engine_of(target, scrape, deadline) if not self._failed(scrape) else None
         if reason := scrape.reason or self._failed(scrape):
             health.up, health.reason = False, reason
@@ -165,7 +178,7 @@ class EngineCollector:
             health.up, health.reason = False, "unknown_engine"
             health.errors["unknown_engine"] += 1
             expo = scrape.exposition(deadline)
-            assert expo is not None   # the scrape has text (checked above)
+            assert expo is not None  # the scrape has text (checked above)
             health.dropped.update(i.reason for i in expo.issues)
             return
         norm, issues = self._normalize(scrape, engine, deadline)
@@ -208,7 +221,7 @@ class EngineCollector:
         cache = self._caches.get(target.instance)
         if cache is None:
             cache = self._caches[target.instance] = BlockCache(self.catalog, limits=limits_of(target))
-        assert scrape.text is not None   # the caller returned early for a failed scrape
+        assert scrape.text is not None  # the caller returned early for a failed scrape
         return cache.normalize(scrape.text, engine, target.target_labels(), scrape.timestamp, deadline)
 
     def _engine_of(self, target: Target, scrape: TargetScrape, deadline: float) -> str | None:
@@ -218,7 +231,7 @@ class EngineCollector:
         if engine is None:
             self._caches.pop(target.instance, None)
             expo = scrape.exposition(deadline)
-            assert expo is not None   # the caller returned early for a failed scrape
+            assert expo is not None  # the caller returned early for a failed scrape
             engine = detect_engine(expo, self.catalog)
             if engine is not None:
                 self._engines[target.instance] = engine

@@ -24,33 +24,40 @@ from kvscope.agent.signals import Sample, make_labels
 
 # canonical signal <- NVML_GPM_METRIC_* constant (percent 0..100 in NVML, ratio 0..1 here)
 GPM_METRICS = (
-    ("gpu_graphics_engine_active_ratio", "NVML_GPM_METRIC_GRAPHICS_UTIL"),   # DCGM_FI_PROF_GR_ENGINE_ACTIVE
-    ("gpu_sm_active_ratio", "NVML_GPM_METRIC_SM_UTIL"),                      # DCGM_FI_PROF_SM_ACTIVE
-    ("gpu_sm_occupancy_ratio", "NVML_GPM_METRIC_SM_OCCUPANCY"),              # DCGM_FI_PROF_SM_OCCUPANCY
-    ("gpu_tensor_active_ratio", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),          # DCGM_FI_PROF_PIPE_TENSOR_ACTIVE
-    ("gpu_dram_active_ratio", "NVML_GPM_METRIC_DRAM_BW_UTIL"),               # DCGM_FI_PROF_DRAM_ACTIVE
-    ("gpu_fp16_pipe_active_ratio", "NVML_GPM_METRIC_FP16_UTIL"),             # DCGM_FI_PROF_PIPE_FP16_ACTIVE
-    ("gpu_fp32_pipe_active_ratio", "NVML_GPM_METRIC_FP32_UTIL"),             # DCGM_FI_PROF_PIPE_FP32_ACTIVE
-    ("gpu_fp64_pipe_active_ratio", "NVML_GPM_METRIC_FP64_UTIL"),             # DCGM_FI_PROF_PIPE_FP64_ACTIVE
+    ("gpu_graphics_engine_active_ratio", "NVML_GPM_METRIC_GRAPHICS_UTIL"),  # DCGM_FI_PROF_GR_ENGINE_ACTIVE
+    ("gpu_sm_active_ratio", "NVML_GPM_METRIC_SM_UTIL"),  # DCGM_FI_PROF_SM_ACTIVE
+    ("gpu_sm_occupancy_ratio", "NVML_GPM_METRIC_SM_OCCUPANCY"),  # DCGM_FI_PROF_SM_OCCUPANCY
+    ("gpu_tensor_active_ratio", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),  # DCGM_FI_PROF_PIPE_TENSOR_ACTIVE
+    ("gpu_dram_active_ratio", "NVML_GPM_METRIC_DRAM_BW_UTIL"),  # DCGM_FI_PROF_DRAM_ACTIVE
+    ("gpu_fp16_pipe_active_ratio", "NVML_GPM_METRIC_FP16_UTIL"),  # DCGM_FI_PROF_PIPE_FP16_ACTIVE
+    ("gpu_fp32_pipe_active_ratio", "NVML_GPM_METRIC_FP32_UTIL"),  # DCGM_FI_PROF_PIPE_FP32_ACTIVE
+    ("gpu_fp64_pipe_active_ratio", "NVML_GPM_METRIC_FP64_UTIL"),  # DCGM_FI_PROF_PIPE_FP64_ACTIVE
 )
 
 # Why GPM is off for a GPU (the value of the `gpm.gpu<N>` fact).
-BINDINGS_WITHOUT_GPM = "off: bindings_without_gpm"   # nvidia-ml-py older than the GPM calls
-DRIVER_WITHOUT_GPM = "off: driver_without_gpm"       # nvmlGpmQueryDeviceSupport not supported / not found
-DEVICE_WITHOUT_GPM = "off: device_without_gpm"       # isSupportedDevice == 0 (pre-Hopper)
-MIG_ENABLED = "off: mig_enabled"                     # per-instance GPM (nvmlGpmMigSampleGet) is not read
+BINDINGS_WITHOUT_GPM = "off: bindings_without_gpm"  # nvidia-ml-py older than the GPM calls
+DRIVER_WITHOUT_GPM = "off: driver_without_gpm"  # nvmlGpmQueryDeviceSupport not supported / not found
+DEVICE_WITHOUT_GPM = "off: device_without_gpm"  # isSupportedDevice == 0 (pre-Hopper)
+MIG_ENABLED = "off: mig_enabled"  # per-instance GPM (nvmlGpmMigSampleGet) is not read
 ON = "on"
-_NEEDED = ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleFree", "nvmlGpmSampleGet",
-           "nvmlGpmMetricsGet", "c_nvmlGpmMetricsGet_t", "NVML_GPM_METRICS_GET_VERSION")
+_NEEDED = (
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleFree",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMetricsGet",
+    "c_nvmlGpmMetricsGet_t",
+    "NVML_GPM_METRICS_GET_VERSION",
+)
 
 
 @dataclass
 class _Device:
     """GPM state of one GPU: its support verdict and, when on, its two sample buffers."""
 
-    status: str | None = None                       # None: not asked yet (or the answer was an error)
-    uuid: str | None = None                         # a different GPU at the same index starts over
-    buffers: list[Any] = field(default_factory=list)   # [previous, current] once allocated
+    status: str | None = None  # None: not asked yet (or the answer was an error)
+    uuid: str | None = None  # a different GPU at the same index starts over
+    buffers: list[Any] = field(default_factory=list)  # [previous, current] once allocated
     have_previous: bool = False
 
 
@@ -67,8 +74,9 @@ class GpmSampler:
         """GPU key -> "on" or "off: <why>", for the GPUs asked so far."""
         return {key: dev.status for key, dev in self._devices.items() if dev.status is not None}
 
-    def read(self, r: Any, key: str, handle: Any, labels: dict[str, str], now: float,
-             mig_enabled: bool) -> Iterator[Sample]:
+    def read(
+        self, r: Any, key: str, handle: Any, labels: dict[str, str], now: float, mig_enabled: bool
+    ) -> Iterator[Sample]:
         """Take this collection's sample of one GPU; yield the metrics since its previous one."""
         dev = self._devices.setdefault(key, _Device())
         if dev.uuid != labels.get("gpu_uuid"):
@@ -84,7 +92,7 @@ class GpmSampler:
             return
         previous, current = dev.buffers
         if r.get("nvmlGpmSampleGet", handle, current) is None:
-            return                    # the previous sample stays valid; the next pair spans the gap
+            return  # the previous sample stays valid; the next pair spans the gap
         if dev.have_previous:
             yield from self._metrics_between(r, previous, current, labels, now)
         dev.buffers.reverse()
@@ -95,7 +103,7 @@ class GpmSampler:
             return BINDINGS_WITHOUT_GPM
         seen = sum(r.errors.values())
         support = r.get("nvmlGpmQueryDeviceSupport", handle)
-        if support is None:           # an error: ask again next collection; unsupported: remember
+        if support is None:  # an error: ask again next collection; unsupported: remember
             return None if sum(r.errors.values()) > seen else DRIVER_WITHOUT_GPM
         return ON if getattr(support, "isSupportedDevice", 0) else DEVICE_WITHOUT_GPM
 
@@ -103,12 +111,11 @@ class GpmSampler:
         while len(dev.buffers) < 2:
             buffer = r.get("nvmlGpmSampleAlloc")
             if buffer is None:
-                return False          # counted by the reader; what was allocated is kept for next time
+                return False  # counted by the reader; what was allocated is kept for next time
             dev.buffers.append(buffer)
         return True
 
-    def _metrics_between(self, r: Any, first: Any, second: Any, labels: dict[str, str],
-                         now: float) -> Iterator[Sample]:
+    def _metrics_between(self, r: Any, first: Any, second: Any, labels: dict[str, str], now: float) -> Iterator[Sample]:
         nv = self._nvml
         request = nv.c_nvmlGpmMetricsGet_t()
         request.version = nv.NVML_GPM_METRICS_GET_VERSION

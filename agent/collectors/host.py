@@ -28,10 +28,13 @@ from kvscope.agent.signals import Sample, make_labels
 
 NAME = "host"
 DEFAULT_PATTERNS = (
-    r"(^|/)vllm\s+serve\b", r"-m\s+vllm\.entrypoints\b",      # vLLM API server (CLI or module)
-    r"^VLLM::", r"^ray::RayWorkerWrapper",                      # vLLM EngineCore/Worker titles, Ray workers
-    r"-m\s+sglang\.launch_server\b", r"(^|/)sglang\s+serve\b",  # SGLang server
-    r"^sglang::",                                               # SGLang scheduler/detokenizer titles
+    r"(^|/)vllm\s+serve\b",
+    r"-m\s+vllm\.entrypoints\b",  # vLLM API server (CLI or module)
+    r"^VLLM::",
+    r"^ray::RayWorkerWrapper",  # vLLM EngineCore/Worker titles, Ray workers
+    r"-m\s+sglang\.launch_server\b",
+    r"(^|/)sglang\s+serve\b",  # SGLang server
+    r"^sglang::",  # SGLang scheduler/detokenizer titles
 )
 """Regular expressions searched in each process's command line (joined by spaces). They name
 the serving commands and process titles, not any path containing "vllm": a helper process run
@@ -164,7 +167,7 @@ class HostCollector:
         yield Sample("host_memory_total_bytes", self._labels(), float(mem.total), now)
         try:
             nics = psutil.net_io_counters(pernic=True)
-        except OSError as exc:   # /proc/net/dev unreadable (sandboxes)
+        except OSError as exc:  # /proc/net/dev unreadable (sandboxes)
             health.errors[f"net_{type(exc).__name__}"] += 1
             nics = {}
         for dev, io in sorted(nics.items()):
@@ -202,7 +205,7 @@ class HostCollector:
                 with proc.oneshot():
                     cpu, mem = proc.cpu_times(), proc.memory_info()
             except (psutil.NoSuchProcess, psutil.AccessDenied) as exc:
-                health.errors[f"process_{type(exc).__name__}"] += 1   # exited or not ours: skip it
+                health.errors[f"process_{type(exc).__name__}"] += 1  # exited or not ours: skip it
                 continue
             extra = {"pid": str(eng.pid), "process": eng.name}
             if eng.pid in instances:

@@ -30,11 +30,11 @@ from kvscope.agent.signals import Sample, make_labels
 NAME = "nvml"
 RETRY_S = 60.0
 KIB = 1024.0
-FI_MEMORY_TEMP = 82               # NVML_FI_DEV_MEMORY_TEMP, HBM temperature in C
-FI_NVLINK_LINK_COUNT = 91         # NVML_FI_DEV_NVLINK_LINK_COUNT
-FI_NVLINK_DATA_TX = 138           # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, cumulative KiB per link
-FI_NVLINK_DATA_RX = 139           # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
-NO_INSTANCE = 0xFFFFFFFF          # gpuInstanceId of a process outside any MIG instance
+FI_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP, HBM temperature in C
+FI_NVLINK_LINK_COUNT = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
+FI_NVLINK_DATA_TX = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, cumulative KiB per link
+FI_NVLINK_DATA_RX = 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId of a process outside any MIG instance
 # `reason` label <- suffix of the bit constants nvmlClocksEventReason* (current bindings)
 # or, in older bindings, nvmlClocksThrottleReason*; the bit values are read from the bindings.
 CLOCK_EVENT_REASONS = (
@@ -69,16 +69,19 @@ class _Reader:
 
     def get(self, fn: str, *args: Any, **kwargs: Any) -> Any | None:
         func = getattr(self.nvml, fn, None)
-        if func is None:                       # bindings older than the call
+        if func is None:  # bindings older than the call
             return None
         try:
             return func(*args, **kwargs)
         except self.nvml.NVMLError as exc:
-            if exc.value not in (self.nvml.NVML_ERROR_NOT_SUPPORTED, self.nvml.NVML_ERROR_NOT_FOUND,
-                                 self.nvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+            if exc.value not in (
+                self.nvml.NVML_ERROR_NOT_SUPPORTED,
+                self.nvml.NVML_ERROR_NOT_FOUND,
+                self.nvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+            ):
                 self.errors[type(exc).__name__] += 1
             return None
-        except Exception as exc:   # noqa: BLE001 - a binding bug costs one reading, not the collection
+        except Exception as exc:  # noqa: BLE001 - a binding bug costs one reading, not the collection
             self.errors[type(exc).__name__] += 1
             return None
 
@@ -119,10 +122,15 @@ def field_value(nvml: Any, fv: Any) -> float | None:
     """The number inside one nvmlFieldValue_t, or None when NVML returned an error for it."""
     if fv.nvmlReturn != nvml.NVML_SUCCESS:
         return None
-    member = {nvml.NVML_VALUE_TYPE_DOUBLE: "dVal", nvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-              nvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-              nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", nvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-              getattr(nvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT", 6): "usVal"}.get(fv.valueType)
+    member = {
+        nvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+        nvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+        nvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+        nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+        nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+        nvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+        getattr(nvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT", 6): "usVal",
+    }.get(fv.valueType)
     return None if member is None else float(getattr(fv.value, member))
 
 
@@ -140,8 +148,7 @@ class NvmlCollector:
         "retry_s": "seconds between NVML initialisation attempts while it is unavailable",
     }
 
-    def __init__(self, config: Any = None, nvml: Any | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: Any = None, nvml: Any | None = None, clock: Callable[[], float] = time.time) -> None:
         opts = config.collector_options(NAME) if hasattr(config, "collector_options") else {}
         self.node = str(opts.get("node") or socket.gethostname())
         self.retry_s = float(opts.get("retry_s", RETRY_S))
@@ -151,7 +158,7 @@ class NvmlCollector:
         self._down_reason = ""
         self._next_init = 0.0
         self._nvlink_prev: dict[tuple[str, str], tuple[float, float]] = {}
-        self._supported_reasons: dict[str, int | None] = {}   # gpu uuid (or index) -> mask, None: all
+        self._supported_reasons: dict[str, int | None] = {}  # gpu uuid (or index) -> mask, None: all
         self._gpm: GpmSampler | None = None
         self._running = False
 
@@ -181,11 +188,11 @@ class NvmlCollector:
         else:
             reader = _Reader(self._nvml)
             count = reader.get("nvmlDeviceGetCount")
-            if count is None:   # the driver went away under us: report it and initialise again
+            if count is None:  # the driver went away under us: report it and initialise again
                 health.up = False
                 health.reason = next(iter(reader.errors), "device_count_unavailable")
                 self._ready, self._down_reason = False, health.reason
-                self._forget_devices(_Reader(self._nvml))   # its errors would hide the reason
+                self._forget_devices(_Reader(self._nvml))  # its errors would hide the reason
             else:
                 out.samples = list(self._read_all(reader, count))
                 out.facts["nvml"] = self._facts(reader)
@@ -208,7 +215,7 @@ class NvmlCollector:
         except ImportError:
             self._down_reason = "bindings_missing"
             return False
-        except Exception as exc:   # noqa: BLE001 - any failure to start NVML means "down", with its class
+        except Exception as exc:  # noqa: BLE001 - any failure to start NVML means "down", with its class
             self._down_reason = type(exc).__name__
             return False
         self._ready, self._down_reason = True, ""
@@ -267,7 +274,7 @@ class NvmlCollector:
 
     def _device_values(self, r: _Reader, h: Any) -> Iterator[tuple[str, float | None]]:
         nv = self._nvml
-        assert nv is not None   # devices are read only once the bindings are loaded
+        assert nv is not None  # devices are read only once the bindings are loaded
         util = r.get("nvmlDeviceGetUtilizationRates", h)
         if util is not None:
             yield "gpu_utilization_ratio", util.gpu / 100.0
@@ -284,14 +291,16 @@ class NvmlCollector:
         for sig, clock in (("gpu_sm_clock_hertz", nv.NVML_CLOCK_SM), ("gpu_memory_clock_hertz", nv.NVML_CLOCK_MEM)):
             mhz = r.get("nvmlDeviceGetClockInfo", h, clock)
             yield sig, None if mhz is None else mhz * 1e6
-        for sig, counter in (("gpu_pcie_transmit_bytes_per_second", nv.NVML_PCIE_UTIL_TX_BYTES),
-                             ("gpu_pcie_receive_bytes_per_second", nv.NVML_PCIE_UTIL_RX_BYTES)):
+        for sig, counter in (
+            ("gpu_pcie_transmit_bytes_per_second", nv.NVML_PCIE_UTIL_TX_BYTES),
+            ("gpu_pcie_receive_bytes_per_second", nv.NVML_PCIE_UTIL_RX_BYTES),
+        ):
             kbs = r.get("nvmlDeviceGetPcieThroughput", h, counter)
             yield sig, None if kbs is None else kbs * KIB
 
     def _memory(self, r: _Reader, h: Any) -> Iterator[tuple[str, float | None]]:
         mem = r.get("nvmlDeviceGetMemoryInfo", h, version=getattr(self._nvml, "nvmlMemory_v2", None))
-        if mem is None:   # v2 is missing on older drivers: fall back to v1 (no `reserved`)
+        if mem is None:  # v2 is missing on older drivers: fall back to v1 (no `reserved`)
             mem = r.get("nvmlDeviceGetMemoryInfo", h)
         if mem is None:
             return
@@ -319,7 +328,7 @@ class NvmlCollector:
             seen = sum(r.errors.values())
             mask = r.first(SUPPORTED_REASONS, h)
             if mask is None and sum(r.errors.values()) > seen:
-                return None               # an error: assume all, and ask again next collection
+                return None  # an error: assume all, and ask again next collection
             self._supported_reasons[gpu] = mask
         return self._supported_reasons[gpu]
 
@@ -340,8 +349,10 @@ class NvmlCollector:
             v = field_value(self._nvml, fv)
             if v is not None:
                 totals[fid] = totals.get(fid, 0.0) + v * KIB
-        for fid, sig in ((FI_NVLINK_DATA_TX, "gpu_nvlink_transmit_bytes_per_second"),
-                         (FI_NVLINK_DATA_RX, "gpu_nvlink_receive_bytes_per_second")):
+        for fid, sig in (
+            (FI_NVLINK_DATA_TX, "gpu_nvlink_transmit_bytes_per_second"),
+            (FI_NVLINK_DATA_RX, "gpu_nvlink_receive_bytes_per_second"),
+        ):
             if fid in totals:
                 rate = self._rate((labels["gpu"], sig), totals[fid], now)
                 if rate is not None:
@@ -352,7 +363,7 @@ class NvmlCollector:
         self._nvlink_prev[key] = (now, total)
         if prev is None or now <= prev[0]:
             return None
-        delta = total - prev[1] if total >= prev[1] else total   # a reset counts from zero
+        delta = total - prev[1] if total >= prev[1] else total  # a reset counts from zero
         return delta / (now - prev[0])
 
     def _mig_enabled(self, r: _Reader, h: Any) -> bool | None:
@@ -362,7 +373,7 @@ class NvmlCollector:
     def _processes(self, r: _Reader, h: Any, labels: dict[str, str], now: float, mig: bool) -> Iterator[Sample]:
         for proc in r.get("nvmlDeviceGetComputeRunningProcesses", h) or []:
             used = getattr(proc, "usedGpuMemory", None)
-            if used is None:   # not available (e.g. WDDM, or no permission to see it)
+            if used is None:  # not available (e.g. WDDM, or no permission to see it)
                 continue
             plabels = {**labels, "pid": str(proc.pid)}
             gi = getattr(proc, "gpuInstanceId", NO_INSTANCE)
@@ -373,7 +384,7 @@ class NvmlCollector:
     def _mig_devices(self, r: _Reader, h: Any, labels: dict[str, str], now: float) -> Iterator[Sample]:
         for i in range(r.get("nvmlDeviceGetMaxMigDeviceCount", h) or 0):
             mig = r.get("nvmlDeviceGetMigDeviceHandleByIndex", h, i)
-            if mig is None:   # empty slot (NVML_ERROR_NOT_FOUND)
+            if mig is None:  # empty slot (NVML_ERROR_NOT_FOUND)
                 continue
             gi = r.get("nvmlDeviceGetGpuInstanceId", mig)
             mlabels = {**labels, "mig_instance": str(gi if gi is not None else i)}
@@ -385,17 +396,17 @@ class NvmlCollector:
             for sig, value in self._memory(r, mig):
                 if value is not None:
                     yield Sample(sig, base, float(value), now)
-            util = r.get("nvmlDeviceGetUtilizationRates", mig)   # commonly unsupported on MIG
+            util = r.get("nvmlDeviceGetUtilizationRates", mig)  # commonly unsupported on MIG
             if util is not None:
                 yield Sample("gpu_utilization_ratio", base, util.gpu / 100.0, now)
 
     async def close(self) -> None:
         if self._ready:
-            if not self._running:   # a hung read may still be using the GPM buffers: leave them
+            if not self._running:  # a hung read may still be using the GPM buffers: leave them
                 self._forget_devices(_Reader(self._nvml))
-            assert self._nvml is not None   # _ready is set only after the bindings loaded
+            assert self._nvml is not None  # _ready is set only after the bindings loaded
             try:
                 self._nvml.nvmlShutdown()
-            except Exception:   # noqa: BLE001 - shutting down a broken driver must not fail close()
+            except Exception:  # noqa: BLE001 - shutting down a broken driver must not fail close()
                 pass
             self._ready = False

@@ -36,7 +36,7 @@ class FakeNvml:
         self._real = pynvml
         self._rec = recording
         self.calls: Counter[str] = Counter()
-        self.gpm_samples: dict[int, dict[str, Any]] = {}   # address -> {"buffer", "device", "seq"}
+        self.gpm_samples: dict[int, dict[str, Any]] = {}  # address -> {"buffer", "device", "seq"}
         self._seq = 0
 
     @classmethod
@@ -50,15 +50,17 @@ class FakeNvml:
             def call(*args: Any, **kwargs: Any) -> Any:
                 self.calls[name] += 1
                 return method(*args, **kwargs)
+
             return call
         real = getattr(self._real, name)
         if name.startswith("nvml") and callable(real):
-            raise AttributeError(name)   # a call the recording cannot answer: as if the bindings lacked it
-        return real                      # constants, structures and exception classes
+            raise AttributeError(name)  # a call the recording cannot answer: as if the bindings lacked it
+        return real  # constants, structures and exception classes
 
     def _code(self, name: str) -> int:
-        return getattr(self._real, "NVML_ERROR_" + "".join("_" + c if c.isupper() else c.upper()
-                                                          for c in name).lstrip("_"))
+        return getattr(
+            self._real, "NVML_ERROR_" + "".join("_" + c if c.isupper() else c.upper() for c in name).lstrip("_")
+        )
 
     def _error(self, name: str) -> Exception:
         return self._real.NVMLError(self._code(name))
@@ -148,8 +150,11 @@ class FakeNvml:
         if isinstance(raw, dict):
             code = self._real.NVML_ERROR_NOT_SUPPORTED
             return SimpleNamespace(nvmlReturn=code, valueType=0, value=SimpleNamespace())
-        return SimpleNamespace(nvmlReturn=0, valueType=self._real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
-                               value=SimpleNamespace(ullVal=int(raw)))
+        return SimpleNamespace(
+            nvmlReturn=0,
+            valueType=self._real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+            value=SimpleNamespace(ullVal=int(raw)),
+        )
 
     def _nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[SimpleNamespace]:
         return [SimpleNamespace(**p) for p in self._get(h, "processes")]
@@ -199,8 +204,13 @@ class FakeNvml:
             raise self._error("ArgumentVersionMismatch")
         first = self.gpm_samples[self._live(request.sample1)]
         second = self.gpm_samples[self._live(request.sample2)]
-        if first is second or first["seq"] is None or second["seq"] is None \
-                or first["device"] != second["device"] or first["seq"] >= second["seq"]:
+        if (
+            first is second
+            or first["seq"] is None
+            or second["seq"] is None
+            or first["device"] != second["device"]
+            or first["seq"] >= second["seq"]
+        ):
             raise self._error("InvalidArgument")
         if not 0 < request.numMetrics <= self._real.NVML_GPM_METRIC_MAX:
             raise self._error("InvalidArgument")
@@ -220,7 +230,7 @@ class FakeNvml:
         """The address of a sample this fake allocated and has not freed, else InvalidArgument."""
         try:
             address = ctypes.addressof(sample.contents)
-        except (ValueError, AttributeError, TypeError):   # NULL pointer or not a sample at all
+        except (ValueError, AttributeError, TypeError):  # NULL pointer or not a sample at all
             raise self._error("InvalidArgument") from None
         if address not in self.gpm_samples:
             raise self._error("InvalidArgument")

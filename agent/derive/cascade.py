@@ -41,8 +41,11 @@ STAGES = ("healthy", "kv_high", "evicting", "queueing", "latency")
 _KV = "engine_kv_cache_usage_ratio"
 _WAITING = "engine_requests_waiting"
 _GPU = "gpu_utilization_ratio"
-_EVICTION_COUNTERS = ("engine_preemptions_total", "engine_kv_evicted_tokens_total",
-                      "kv_blocks_evicted_recomputed_total")
+_EVICTION_COUNTERS = (
+    "engine_preemptions_total",
+    "engine_kv_evicted_tokens_total",
+    "kv_blocks_evicted_recomputed_total",
+)
 _TTFT = "request_ttft_seconds"
 
 
@@ -51,16 +54,16 @@ class CascadeConfig:
     """Thresholds. Defaults follow 002 §9.3: KV above 90% leaves no headroom."""
 
     kv_high_ratio: float = 0.90
-    queue_min: float = 1.0           # waiting requests that count as a queue ...
-    queue_samples: int = 2           # ... in this many consecutive samples (a request caught between
+    queue_min: float = 1.0  # waiting requests that count as a queue ...
+    queue_samples: int = 2  # ... in this many consecutive samples (a request caught between
     #                                  arrival and its first scheduling step is not a queue) ...
-    queue_min_s: float = 0.0         # ... spanning at least this many seconds, first to last sample,
+    queue_min_s: float = 0.0  # ... spanning at least this many seconds, first to last sample,
     #                                  like an alert's `for:` (a count of samples is a different
     #                                  duration at every scrape interval, and scrapes of a loaded
     #                                  server come late)
-    ttft_factor: float = 2.0         # windowed mean TTFT >= factor x baseline -> symptom
-    ttft_min_delta_s: float = 0.05   # ... and at least this much above baseline (noise floor)
-    gpu_drop_ratio: float = 0.2      # GPU utilisation this far below its baseline -> symptom
+    ttft_factor: float = 2.0  # windowed mean TTFT >= factor x baseline -> symptom
+    ttft_min_delta_s: float = 0.05  # ... and at least this much above baseline (noise floor)
+    gpu_drop_ratio: float = 0.2  # GPU utilisation this far below its baseline -> symptom
 
 
 @dataclass
@@ -68,7 +71,7 @@ class CascadeReport:
     """The cascade state of one engine instance over the evaluated window."""
 
     instance: str
-    stage: int = 0                                        # current stage 0..4
+    stage: int = 0  # current stage 0..4
     onsets: dict[int, float] = field(default_factory=dict)  # stage -> first time its condition held
     evidence: dict[str, float | None] = field(default_factory=dict)
     signals_missing: list[str] = field(default_factory=list)
@@ -133,9 +136,13 @@ def _group(samples: Iterable[Sample]) -> dict[str, _Series]:
             series[s.timestamp] = series.get(s.timestamp, 0.0) + s.value
     out: dict[str, _Series] = {}
     for inst, by_name in raw.items():
-        ser = _Series(kv=_sorted(by_name.get(_KV)), waiting=_sorted(by_name.get(_WAITING)),
-                      gpu=_sorted(by_name.get(_GPU)), ttft_sum=_sorted(by_name.get(_TTFT + "_sum")),
-                      ttft_count=_sorted(by_name.get(_TTFT + "_count")))
+        ser = _Series(
+            kv=_sorted(by_name.get(_KV)),
+            waiting=_sorted(by_name.get(_WAITING)),
+            gpu=_sorted(by_name.get(_GPU)),
+            ttft_sum=_sorted(by_name.get(_TTFT + "_sum")),
+            ttft_count=_sorted(by_name.get(_TTFT + "_count")),
+        )
         for name in _EVICTION_COUNTERS:
             if name in by_name:
                 ser.evictions[name] = _sorted(by_name[name])
@@ -151,7 +158,7 @@ def _evaluate_instance(instance: str, ser: _Series, cfg: CascadeConfig) -> Casca
     report = CascadeReport(instance=instance)
     report.signals_missing = _missing(ser)
     if not ser.kv:
-        return report      # without KV usage there is no root to attribute: absent, not healthy
+        return report  # without KV usage there is no root to attribute: absent, not healthy
     grid = [t for t, _ in ser.kv]
     conditions = _stage_conditions(ser, grid, cfg, report)
     for stage in range(1, 5):
@@ -184,27 +191,33 @@ def _current_stage(conditions: dict[int, list[bool]]) -> int:
     return max(k for k in range(1, 5) if conditions[k][-1])
 
 
-def _stage_conditions(ser: _Series, grid: list[float], cfg: CascadeConfig,
-                      report: CascadeReport) -> dict[int, list[bool]]:
+def _stage_conditions(
+    ser: _Series, grid: list[float], cfg: CascadeConfig, report: CascadeReport
+) -> dict[int, list[bool]]:
     evict = _evicting(ser, grid)
     # An engine evicts / preempts only when an allocation found the pool exhausted, so an eviction
     # interval is itself evidence of a full pool; the sampled usage gauge can miss that instant.
     kv = [v >= cfg.kv_high_ratio or e for (_, v), e in zip(ser.kv, evict, strict=True)]
-    waiting = _sustained([v is not None and v >= cfg.queue_min for v in _at(ser.waiting, grid)], grid,
-                         cfg.queue_samples, cfg.queue_min_s)
+    waiting = _sustained(
+        [v is not None and v >= cfg.queue_min for v in _at(ser.waiting, grid)], grid, cfg.queue_samples, cfg.queue_min_s
+    )
     first_high = next((t for t, ok in zip(grid, kv, strict=True) if ok), None)
     ttft_bad, ttft_base, ttft_now = _ttft_degraded(ser, grid, first_high, cfg)
     gpu_bad, gpu_base, gpu_now = _gpu_dropped(ser, grid, first_high, cfg)
     # The symptom counts as this cascade's stage 4 only alongside its mechanism: TTFT grows while
     # requests queue, GPU utilisation drops while the pool is full or evicting. A TTFT rise
     # without a queue (prefill interference, a starved host) is another problem for other rules.
-    latency = [(t and q) or (g and (k or e))
-               for t, q, g, k, e in zip(ttft_bad, waiting, gpu_bad, kv, evict, strict=True)]
+    latency = [
+        (t and q) or (g and (k or e)) for t, q, g, k, e in zip(ttft_bad, waiting, gpu_bad, kv, evict, strict=True)
+    ]
     report.evidence = {
-        "kv_usage_ratio": ser.kv[-1][1], "kv_usage_ratio_max": max(v for _, v in ser.kv),
+        "kv_usage_ratio": ser.kv[-1][1],
+        "kv_usage_ratio_max": max(v for _, v in ser.kv),
         "waiting_max": max((v for _, v in ser.waiting), default=None),
-        "ttft_baseline_s": ttft_base, "ttft_last_s": ttft_now,
-        "gpu_utilization_baseline_ratio": gpu_base, "gpu_utilization_last_ratio": gpu_now,
+        "ttft_baseline_s": ttft_base,
+        "ttft_last_s": ttft_now,
+        "gpu_utilization_baseline_ratio": gpu_base,
+        "gpu_utilization_last_ratio": gpu_now,
         "evictions_window_total": _total_increase(ser),
     }
     return {1: kv, 2: evict, 3: waiting, 4: latency}
@@ -222,7 +235,7 @@ def _sustained(flags: list[bool], times: list[float], n: int, min_s: float = 0.0
         if held:
             out[i] = True
         elif i - start + 1 >= n and times[i] - times[start] >= min_s:
-            out[start:i + 1] = [True] * (i + 1 - start)
+            out[start : i + 1] = [True] * (i + 1 - start)
             held = True
     return out
 
@@ -274,8 +287,9 @@ def _window_means(ser: _Series) -> list[tuple[float, float]]:
     return out
 
 
-def _ttft_degraded(ser: _Series, grid: list[float], first_high: float | None,
-                   cfg: CascadeConfig) -> tuple[list[bool], float | None, float | None]:
+def _ttft_degraded(
+    ser: _Series, grid: list[float], first_high: float | None, cfg: CascadeConfig
+) -> tuple[list[bool], float | None, float | None]:
     means = _window_means(ser)
     base_pts = [v for t, v in means if first_high is None or t <= first_high]
     if not means or not base_pts:
@@ -292,8 +306,9 @@ def _latch(bad_times: list[float], means: list[tuple[float, float]], grid: list[
     return [v == 1.0 for v in latest]
 
 
-def _gpu_dropped(ser: _Series, grid: list[float], first_high: float | None,
-                 cfg: CascadeConfig) -> tuple[list[bool], float | None, float | None]:
+def _gpu_dropped(
+    ser: _Series, grid: list[float], first_high: float | None, cfg: CascadeConfig
+) -> tuple[list[bool], float | None, float | None]:
     if not ser.gpu:
         return [False] * len(grid), None, None
     base_pts = [v for t, v in ser.gpu if first_high is None or t <= first_high]
@@ -301,8 +316,14 @@ def _gpu_dropped(ser: _Series, grid: list[float], first_high: float | None,
         return [False] * len(grid), None, ser.gpu[-1][1]
     base = max(base_pts)
     vals = _at(ser.gpu, grid)
-    bad = [v is not None and base > 0 and v <= base * (1 - cfg.gpu_drop_ratio) and first_high is not None
-           and t > first_high for t, v in zip(grid, vals, strict=True)]
+    bad = [
+        v is not None
+        and base > 0
+        and v <= base * (1 - cfg.gpu_drop_ratio)
+        and first_high is not None
+        and t > first_high
+        for t, v in zip(grid, vals, strict=True)
+    ]
     return bad, base, ser.gpu[-1][1]
 
 
@@ -321,6 +342,7 @@ def render_cascade_samples(reports: Mapping[str, CascadeReport], timestamp: floa
             labels = make_labels({"instance": inst, "stage": STAGES[stage]})
             out.append(Sample("engine_cascade_stage_onset_timestamp_seconds", labels, onset, timestamp))
         if rep.lead_time_s is not None:
-            out.append(Sample("engine_cascade_lead_seconds", make_labels({"instance": inst}),
-                              rep.lead_time_s, timestamp))
+            out.append(
+                Sample("engine_cascade_lead_seconds", make_labels({"instance": inst}), rep.lead_time_s, timestamp)
+            )
     return out

@@ -40,9 +40,9 @@ _USAGE_NAMES = frozenset(_REQUESTS + _PROMPT + _CACHED + _REUSABLE + _TTFT_BUCKE
 class FairnessConfig:
     """Thresholds. 002 §9.3: a hit rate below 30% on a workload with known reuse is a misconfiguration."""
 
-    cold_hit_max: float = 0.30        # a tenant below this hit ratio ...
+    cold_hit_max: float = 0.30  # a tenant below this hit ratio ...
     cold_potential_min: float = 0.50  # ... while at least this share of its prompts was reusable is cold
-    min_requests: int = 5             # tenants with fewer requests are reported but not judged
+    min_requests: int = 5  # tenants with fewer requests are reported but not judged
 
 
 @dataclass
@@ -54,22 +54,28 @@ class TenantUsage:
     prompt_tokens: float = 0.0
     cached_tokens: float | None = None
     reusable_tokens: float | None = None
-    ttft_s: list[float] = field(default_factory=list)                   # raw observations, or ...
+    ttft_s: list[float] = field(default_factory=list)  # raw observations, or ...
     ttft_buckets: list[tuple[float, float]] = field(default_factory=list)  # ... cumulative (le, count)
 
     def minus(self, before: TenantUsage) -> TenantUsage:
         """The usage between two cumulative snapshots (counter resets: take the newer total)."""
+
         def d(a: float | None, b: float | None) -> float | None:
             if a is None:
                 return None
             return a - b if b is not None and a >= b else a
+
         buckets = dict(before.ttft_buckets)
-        return replace(self, requests=d(self.requests, before.requests) or 0.0,
-                       prompt_tokens=d(self.prompt_tokens, before.prompt_tokens) or 0.0,
-                       cached_tokens=d(self.cached_tokens, before.cached_tokens),
-                       reusable_tokens=d(self.reusable_tokens, before.reusable_tokens),
-                       ttft_buckets=[(le, c - buckets.get(le, 0.0) if c >= buckets.get(le, 0.0) else c)
-                                     for le, c in self.ttft_buckets])
+        return replace(
+            self,
+            requests=d(self.requests, before.requests) or 0.0,
+            prompt_tokens=d(self.prompt_tokens, before.prompt_tokens) or 0.0,
+            cached_tokens=d(self.cached_tokens, before.cached_tokens),
+            reusable_tokens=d(self.reusable_tokens, before.reusable_tokens),
+            ttft_buckets=[
+                (le, c - buckets.get(le, 0.0) if c >= buckets.get(le, 0.0) else c) for le, c in self.ttft_buckets
+            ],
+        )
 
 
 @dataclass(frozen=True)
@@ -83,17 +89,17 @@ class TenantFairness:
     lost_reuse_ratio: float | None
     ttft_p50_s: float | None
     ttft_p99_s: float | None
-    judged: bool          # enough requests to count in the fleet figures
-    cold: bool | None     # None when the reuse potential is unknown
+    judged: bool  # enough requests to count in the fleet figures
+    cold: bool | None  # None when the reuse potential is unknown
 
 
 @dataclass(frozen=True)
 class FairnessReport:
     tenants: dict[str, TenantFairness]
     aggregate_hit_ratio: float | None
-    jain_index: float | None            # 1 = every tenant gets the same hit ratio
-    cold_tenant_ratio: float | None     # cold tenants / judged tenants with a known potential
-    tail_gap_ratio: float | None        # aggregate hit ratio - worst judged tenant's hit ratio
+    jain_index: float | None  # 1 = every tenant gets the same hit ratio
+    cold_tenant_ratio: float | None  # cold tenants / judged tenants with a known potential
+    tail_gap_ratio: float | None  # aggregate hit ratio - worst judged tenant's hit ratio
     worst_tenant: str | None
 
 
@@ -129,10 +135,19 @@ def _tenant(u: TenantUsage, cfg: FairnessConfig) -> TenantFairness:
     if hit is not None and potential is not None:
         cold = hit < cfg.cold_hit_max and potential >= cfg.cold_potential_min
     p50, p99 = _ttft_quantiles(u)
-    return TenantFairness(tenant=u.tenant, requests=u.requests, prompt_tokens=u.prompt_tokens,
-                          cached_tokens=u.cached_tokens, hit_ratio=hit, reuse_potential_ratio=potential,
-                          lost_reuse_ratio=lost, ttft_p50_s=p50, ttft_p99_s=p99,
-                          judged=u.requests >= cfg.min_requests, cold=cold)
+    return TenantFairness(
+        tenant=u.tenant,
+        requests=u.requests,
+        prompt_tokens=u.prompt_tokens,
+        cached_tokens=u.cached_tokens,
+        hit_ratio=hit,
+        reuse_potential_ratio=potential,
+        lost_reuse_ratio=lost,
+        ttft_p50_s=p50,
+        ttft_p99_s=p99,
+        judged=u.requests >= cfg.min_requests,
+        cold=cold,
+    )
 
 
 def _aggregate_hit(usage: Iterable[TenantUsage]) -> float | None:
@@ -212,12 +227,18 @@ def _first(vals: Mapping[str, float], names: Sequence[str]) -> float | None:
     return next((vals[n] for n in names if n in vals), None)
 
 
-def _usage(tenant: str, vals: Mapping[str, float],
-           buckets: Mapping[tuple[str, str], dict[float, float]]) -> TenantUsage:
+def _usage(
+    tenant: str, vals: Mapping[str, float], buckets: Mapping[tuple[str, str], dict[float, float]]
+) -> TenantUsage:
     b = next((buckets[(tenant, n)] for n in _TTFT_BUCKETS if (tenant, n) in buckets), {})
-    return TenantUsage(tenant=tenant, requests=_first(vals, _REQUESTS) or 0.0,
-                       prompt_tokens=_first(vals, _PROMPT) or 0.0, cached_tokens=_first(vals, _CACHED),
-                       reusable_tokens=_first(vals, _REUSABLE), ttft_buckets=sorted(b.items()))
+    return TenantUsage(
+        tenant=tenant,
+        requests=_first(vals, _REQUESTS) or 0.0,
+        prompt_tokens=_first(vals, _PROMPT) or 0.0,
+        cached_tokens=_first(vals, _CACHED),
+        reusable_tokens=_first(vals, _REUSABLE),
+        ttft_buckets=sorted(b.items()),
+    )
 
 
 def render_fairness_samples(report: FairnessReport, timestamp: float | None = None) -> list[Sample]:
@@ -225,14 +246,18 @@ def render_fairness_samples(report: FairnessReport, timestamp: float | None = No
     out: list[Sample] = []
     for name, t in report.tenants.items():
         lab = make_labels({"tenant": name})
-        for series, v in (("tenant_prefix_hit_ratio", t.hit_ratio),
-                          ("tenant_reuse_potential_ratio", t.reuse_potential_ratio),
-                          ("tenant_lost_reuse_ratio", t.lost_reuse_ratio)):
+        for series, v in (
+            ("tenant_prefix_hit_ratio", t.hit_ratio),
+            ("tenant_reuse_potential_ratio", t.reuse_potential_ratio),
+            ("tenant_lost_reuse_ratio", t.lost_reuse_ratio),
+        ):
             if v is not None:
                 out.append(Sample(series, lab, v, timestamp))
-    for series, v in (("fleet_tenant_hit_jain_ratio", report.jain_index),
-                      ("fleet_cold_tenant_ratio", report.cold_tenant_ratio),
-                      ("fleet_tenant_hit_ratio_tail_gap_ratio", report.tail_gap_ratio)):
+    for series, v in (
+        ("fleet_tenant_hit_jain_ratio", report.jain_index),
+        ("fleet_cold_tenant_ratio", report.cold_tenant_ratio),
+        ("fleet_tenant_hit_ratio_tail_gap_ratio", report.tail_gap_ratio),
+    ):
         if v is not None:
             out.append(Sample(series, (), v, timestamp))
     return out
@@ -262,10 +287,14 @@ class UsageWindow:
 
 def render_fairness_json(report: FairnessReport) -> dict[str, Any]:
     """A fairness report as plain JSON (None stays null: absent, not zero)."""
-    return {"aggregate_hit_ratio": report.aggregate_hit_ratio, "jain_index": report.jain_index,
-            "cold_tenant_ratio": report.cold_tenant_ratio, "tail_gap_ratio": report.tail_gap_ratio,
-            "worst_tenant": report.worst_tenant,
-            "tenants": {name: dict(t.__dict__) for name, t in report.tenants.items()}}
+    return {
+        "aggregate_hit_ratio": report.aggregate_hit_ratio,
+        "jain_index": report.jain_index,
+        "cold_tenant_ratio": report.cold_tenant_ratio,
+        "tail_gap_ratio": report.tail_gap_ratio,
+        "worst_tenant": report.worst_tenant,
+        "tenants": {name: dict(t.__dict__) for name, t in report.tenants.items()},
+    }
 
 
 def fairness_since_start(samples: list[Sample]) -> list[Sample]:

@@ -33,7 +33,7 @@ PROCESS_MEMORY = "gpu_process_memory_used_bytes"
 GPU_MEMORY = "gpu_memory_used_bytes"
 ENGINE_PROCESS_PREFIX = "engine_process_"
 JOIN_ORDER = ("config", "kubernetes", "pid")
-_JOIN_PREFIXES = ("gpu_", ENGINE_PROCESS_PREFIX)   # every series the joins read, but the engines' pods
+_JOIN_PREFIXES = ("gpu_", ENGINE_PROCESS_PREFIX)  # every series the joins read, but the engines' pods
 
 
 class _JoinedNames(dict):
@@ -48,7 +48,7 @@ class _JoinedNames(dict):
 
 
 _joined_name = _JoinedNames()
-_new = tuple.__new__   # a Sample from a 4-tuple without NamedTuple.__new__'s Python-level call
+_new = tuple.__new__  # a Sample from a 4-tuple without NamedTuple.__new__'s Python-level call
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,11 @@ def join_engines_to_gpus(samples: Iterable[Sample], gpu_mapping: Any = None) -> 
     joined = _select_joined(samples)
     devices = _devices(joined)
     used = _device_memory(joined)
-    found = [*_by_config(parse_gpu_mapping(gpu_mapping), devices, used),
-             *_by_kubernetes(joined, samples, used), *_by_pid(joined)]
+    found = [
+        *_by_config(parse_gpu_mapping(gpu_mapping), devices, used),
+        *_by_kubernetes(joined, samples, used),
+        *_by_pid(joined),
+    ]
     out: dict[tuple[str, tuple[str | None, ...]], GpuAssignment] = {}
     for a in found:
         out.setdefault((a.instance, a.device.key()), a)
@@ -127,22 +130,26 @@ def _device_memory(samples: list[Sample]) -> dict[tuple[str | None, ...], float]
     return {_device(s).key(): s.value for s in samples if s.name == GPU_MEMORY and _is_gpu(s)}
 
 
-def _by_config(mapping: dict[str, tuple[str, ...]], devices: dict[tuple[str | None, ...], GpuDevice],
-               used: dict[tuple[str | None, ...], float]) -> list[GpuAssignment]:
+def _by_config(
+    mapping: dict[str, tuple[str, ...]],
+    devices: dict[tuple[str | None, ...], GpuDevice],
+    used: dict[tuple[str | None, ...], float],
+) -> list[GpuAssignment]:
     out: list[GpuAssignment] = []
     whole_gpus = [d for d in devices.values() if d.mig_instance is None]
     for key, instances in mapping.items():
         dev = next((d for d in whole_gpus if key in (d.gpu_uuid, d.gpu)), None)
-        if dev is None:   # not seen (yet): keep what the operator said
+        if dev is None:  # not seen (yet): keep what the operator said
             dev = GpuDevice(gpu=None, gpu_uuid=key) if not key.isdigit() else GpuDevice(gpu=key, gpu_uuid=None)
         out.extend(GpuAssignment(i, dev, "config", used.get(dev.key())) for i in instances)
     return out
 
 
-def _by_kubernetes(joined: list[Sample], samples: Iterable[Sample],
-                   used: dict[tuple[str | None, ...], float]) -> list[GpuAssignment]:
+def _by_kubernetes(
+    joined: list[Sample], samples: Iterable[Sample], used: dict[tuple[str | None, ...], float]
+) -> list[GpuAssignment]:
     gpu_pods = [s for s in joined if _is_gpu(s) and s.label("pod") and s.label("namespace")]
-    if not gpu_pods:   # dcgm-exporter outside Kubernetes mode: nothing to join, skip the engine scan
+    if not gpu_pods:  # dcgm-exporter outside Kubernetes mode: nothing to join, skip the engine scan
         return []
     pods: dict[tuple[str, str], list[tuple[str, str | None]]] = {}
     for s in samples:
@@ -200,10 +207,22 @@ def render_engine_gpu_samples(assignments: Iterable[GpuAssignment], timestamp: f
     for a in assignments:
         if a.memory_bytes is None:
             continue
-        labels = {"instance": a.instance, "join": a.join, "gpu": a.device.gpu, "gpu_uuid": a.device.gpu_uuid,
-                  "node": a.device.node, "mig_instance": a.device.mig_instance}
-        out.append(Sample(JOIN_NAME, make_labels({k: v for k, v in labels.items() if v is not None}),
-                          float(a.memory_bytes), timestamp))
+        labels = {
+            "instance": a.instance,
+            "join": a.join,
+            "gpu": a.device.gpu,
+            "gpu_uuid": a.device.gpu_uuid,
+            "node": a.device.node,
+            "mig_instance": a.device.mig_instance,
+        }
+        out.append(
+            Sample(
+                JOIN_NAME,
+                make_labels({k: v for k, v in labels.items() if v is not None}),
+                float(a.memory_bytes),
+                timestamp,
+            )
+        )
     return out
 
 
@@ -212,12 +231,12 @@ def derive_engine_gpu(samples: Iterable[Sample], gpu_mapping: Any = None) -> lis
     samples = samples if isinstance(samples, list | Parts) else list(samples)
     assignments = join_engines_to_gpus(samples, gpu_mapping)
     if not any(a.memory_bytes is not None for a in assignments):
-        return []   # nothing to render: skip the pass over every sample's timestamp
-    if isinstance(samples, Parts):   # a Stamped part has one timestamp: no pass over its samples
+        return []  # nothing to render: skip the pass over every sample's timestamp
+    if isinstance(samples, Parts):  # a Stamped part has one timestamp: no pass over its samples
         stamps = {p.timestamp for p in samples.parts if isinstance(p, Stamped)}
         stamps.update(map(itemgetter(3), chain.from_iterable(p for p in samples.parts if not isinstance(p, Stamped))))
     else:
-        stamps = set(map(itemgetter(3), samples))   # C-level pass: timestamps are few (one per target)
+        stamps = set(map(itemgetter(3), samples))  # C-level pass: timestamps are few (one per target)
     stamps.discard(None)
     return render_engine_gpu_samples(assignments, max(stamps, default=None))
 

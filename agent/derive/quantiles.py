@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from kvscope.agent.derive.rates import Points, increase, rate
 from kvscope.agent.signals import Labels
 
-Bucket = tuple[float, float]   # (upper bound `le`, cumulative count)
+Bucket = tuple[float, float]  # (upper bound `le`, cumulative count)
 
 
 def parse_le(text: str) -> float | None:
@@ -84,8 +84,9 @@ def group_buckets(series: Mapping[Labels, Points]) -> dict[Labels, dict[float, P
     return out
 
 
-def bucket_increases(buckets: Mapping[float, Points], start: float | None = None,
-                     end: float | None = None) -> list[Bucket] | None:
+def bucket_increases(
+    buckets: Mapping[float, Points], start: float | None = None, end: float | None = None
+) -> list[Bucket] | None:
     """(le, increase over the points given) for one histogram; None if any bucket has fewer than
     two points (the window cannot say how many observations fell in it). With the window's
     `start`/`end` the increases are extrapolated as Prometheus' `rate()` does (see rates.py)."""
@@ -100,22 +101,25 @@ def bucket_increases(buckets: Mapping[float, Points], start: float | None = None
     return out
 
 
-def window_quantile(q: float, buckets: Mapping[float, Points], start: float | None = None,
-                    end: float | None = None) -> float | None:
+def window_quantile(
+    q: float, buckets: Mapping[float, Points], start: float | None = None, end: float | None = None
+) -> float | None:
     """The q-quantile of the observations made during the window the points cover. Given the
     window bounds it equals Prometheus' `histogram_quantile(q, rate(<name>_bucket[window]))`."""
     increases = bucket_increases(buckets, start, end)
     return None if increases is None else histogram_quantile(q, increases)
 
 
-def window_quantiles(q: float, series: Mapping[Labels, Points], start: float | None = None,
-                     end: float | None = None) -> dict[Labels, float | None]:
+def window_quantiles(
+    q: float, series: Mapping[Labels, Points], start: float | None = None, end: float | None = None
+) -> dict[Labels, float | None]:
     """`window_quantile` for every histogram in a `<name>_bucket` query result."""
     return {labels: window_quantile(q, buckets, start, end) for labels, buckets in group_buckets(series).items()}
 
 
-def window_mean(sum_points: Points, count_points: Points, start: float | None = None,
-                end: float | None = None) -> float | None:
+def window_mean(
+    sum_points: Points, count_points: Points, start: float | None = None, end: float | None = None
+) -> float | None:
     """Mean observation in the window: increase of `_sum` over increase of `_count`.
     None when nothing was observed or either series has fewer than two points."""
     total, count = increase(sum_points, start, end), increase(count_points, start, end)

@@ -83,7 +83,7 @@ def _extrapolation(points: Points, raw: float, start: float, end: float) -> floa
     to_end = max(0.0, end - last_ts)
     extend_start = to_start if to_start < threshold else avg_interval / 2
     extend_end = to_end if to_end < threshold else avg_interval / 2
-    if raw > 0 and first_v >= 0:   # never extrapolate the counter below zero
+    if raw > 0 and first_v >= 0:  # never extrapolate the counter below zero
         extend_start = min(extend_start, sampled * (first_v / raw))
     return (sampled + extend_start + extend_end) / sampled
 
@@ -106,7 +106,7 @@ def rate(points: Points, start: float | None = None, end: float | None = None) -
 def window(points: Points, start: float, end: float) -> list[tuple[float, float]]:
     """The points with start <= ts <= end (points sorted by time, as everywhere here)."""
     times = [t for t, _ in points]
-    return list(points[bisect_left(times, start):bisect_right(times, end)])
+    return list(points[bisect_left(times, start) : bisect_right(times, end)])
 
 
 def rate_series(points: Points, window_s: float, step_s: float | None = None) -> list[tuple[float, float | None]]:
@@ -118,8 +118,8 @@ def rate_series(points: Points, window_s: float, step_s: float | None = None) ->
     stamps = [t for t, _ in points]
     times = stamps if step_s is None else _steps(points[0][0], points[-1][0], step_s)
     out: list[tuple[float, float | None]] = []
-    for t in times:   # each window found by bisection: O(n log n) over a long history
-        sel = points[bisect_left(stamps, t - window_s):bisect_right(stamps, t)]
+    for t in times:  # each window found by bisection: O(n log n) over a long history
+        sel = points[bisect_left(stamps, t - window_s) : bisect_right(stamps, t)]
         out.append((t, rate(sel, t - window_s, t)))
     return out
 

@@ -36,8 +36,9 @@ def fraction(part: float | None, whole: float | None) -> float | None:
     return None if value is None else min(1.0, max(0.0, value))
 
 
-def ratios_by_key(numerators: Mapping[K, float | None],
-                  denominators: Mapping[K, float | None]) -> dict[K, float | None]:
+def ratios_by_key(
+    numerators: Mapping[K, float | None], denominators: Mapping[K, float | None]
+) -> dict[K, float | None]:
     """`ratio` per key of the denominators; a key without a numerator gives None."""
     return {k: ratio(numerators.get(k), d) for k, d in denominators.items()}
 

@@ -36,7 +36,7 @@ class KvEventError(ValueError):
 class KvEvent(NamedTuple):
     """One block event. `block_hashes` are ints or bytes exactly as published (never token ids)."""
 
-    kind: str                        # stored | removed | cleared
+    kind: str  # stored | removed | cleared
     ts: float
     dp_rank: int | None
     block_hashes: tuple[Any, ...]
@@ -63,9 +63,9 @@ def parse_kv_batch(payload: bytes, bad: Counter[str] | None = None) -> list[KvEv
     under `bad_event`; the batch's other events are kept."""
     try:
         doc = _DECODER.decode(payload)
-    except (msgspec.DecodeError, ValueError, TypeError) as e:   # UnicodeDecodeError is a ValueError
+    except (msgspec.DecodeError, ValueError, TypeError) as e:  # UnicodeDecodeError is a ValueError
         raise KvEventError(f"not msgpack: {e}", "not_msgpack") from e
-    except RecursionError:   # msgspec's own depth limit (found by bench/fuzz_inputs.py)
+    except RecursionError:  # msgspec's own depth limit (found by bench/fuzz_inputs.py)
         raise KvEventError("msgpack nested too deeply for a KV event batch", "bad_batch") from None
     if not isinstance(doc, list) or len(doc) < 2 or not isinstance(doc[1], list):
         raise KvEventError("KV event batch must be an array [ts, events, dp_rank]")
@@ -106,8 +106,15 @@ def _event(raw: Any, ts: float, dp: int | None) -> KvEvent | None:
         raise KvEventError(f"{tag}: block hashes must be ints, bytes or strings")
     session = f.get("session_id")
     medium = f.get("medium")
-    return KvEvent(kind, ts, dp, tuple(hashes), medium if isinstance(medium, str) else None,
-                   str(session) if isinstance(session, (str, int)) else None, parent)
+    return KvEvent(
+        kind,
+        ts,
+        dp,
+        tuple(hashes),
+        medium if isinstance(medium, str) else None,
+        str(session) if isinstance(session, (str, int)) else None,
+        parent,
+    )
 
 
 _HASH_TYPES = (int, bytes, str)

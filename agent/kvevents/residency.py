@@ -27,14 +27,20 @@ from kvscope.agent.signals import Sample, make_labels
 @dataclass
 class _Resident:
     stored_ts: float
-    uses: int          # reuses + recomputations seen for this hash
+    uses: int  # reuses + recomputations seen for this hash
 
 
 class ResidencyTracker:
     """Consumes KV events of one engine instance and keeps the churn / residency series."""
 
-    def __init__(self, instance: str, churn_window_s: float = 300.0, hot_min_uses: int = 2,
-                 max_blocks: int = 200_000, max_sessions: int = 1000) -> None:
+    def __init__(
+        self,
+        instance: str,
+        churn_window_s: float = 300.0,
+        hot_min_uses: int = 2,
+        max_blocks: int = 200_000,
+        max_sessions: int = 1000,
+    ) -> None:
         self.instance = instance
         self.churn_window_s, self.hot_min_uses = churn_window_s, hot_min_uses
         self.max_blocks, self.max_sessions = max_blocks, max_sessions
@@ -71,12 +77,12 @@ class ResidencyTracker:
     def _stored(self, ev: KvEvent) -> None:
         self.stored.inc(self._labels(ev.dp_rank, ev.medium), len(ev.block_hashes))
         base = self._labels(ev.dp_rank)
-        self.recomputed.inc(base, 0)        # the source supports them: present at 0, not absent
+        self.recomputed.inc(base, 0)  # the source supports them: present at 0, not absent
         self.hot_evicted.inc(base, 0)
         for h in ev.block_hashes:
             key = (ev.dp_rank, h)
             res = self._resident.get(key)
-            if res is not None:             # reuse report (kv_cache_report_mode=full)
+            if res is not None:  # reuse report (kv_cache_report_mode=full)
                 res.uses += 1
                 self._resident.move_to_end(key)
                 continue
@@ -84,8 +90,9 @@ class ResidencyTracker:
             if (gone := self._evicted.pop(key, None)) is not None and ev.ts - gone[0] <= self.churn_window_s:
                 uses = gone[1] + 1
                 self.recomputed.inc(base)
-                if ev.session_id and (ev.session_id in self.session_recomputed
-                                      or len(self.session_recomputed) < self.max_sessions):
+                if ev.session_id and (
+                    ev.session_id in self.session_recomputed or len(self.session_recomputed) < self.max_sessions
+                ):
                     self.session_recomputed[ev.session_id] += 1
             self._resident[key] = _Resident(ev.ts, uses)
             self._bound(self._resident, "resident_overflow")
@@ -96,7 +103,7 @@ class ResidencyTracker:
             key = (ev.dp_rank, h)
             res = self._resident.pop(key, None)
             if res is None:
-                self.stats["removed_unknown"] += 1     # stored before we subscribed
+                self.stats["removed_unknown"] += 1  # stored before we subscribed
                 continue
             self.residency.observe(self._labels(ev.dp_rank), max(0.0, ev.ts - res.stored_ts))
             if res.uses >= self.hot_min_uses:

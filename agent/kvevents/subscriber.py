@@ -60,12 +60,13 @@ register_section("kv_events", parse_kv_events_config)
 class KvEventSubscriber:
     """Subscribes to one publisher and feeds a ResidencyTracker. `start()` / `stop()`."""
 
-    def __init__(self, source: KvEventSource, tracker: ResidencyTracker | None = None,
-                 context: zmq.asyncio.Context | None = None) -> None:
+    def __init__(
+        self, source: KvEventSource, tracker: ResidencyTracker | None = None, context: zmq.asyncio.Context | None = None
+    ) -> None:
         self.source = source
         self.tracker = tracker or ResidencyTracker(source.instance)
-        self.stats: Counter[str] = Counter()     # batches, events, missed_batches
-        self.errors: Counter[str] = Counter()    # bad messages and events by reason
+        self.stats: Counter[str] = Counter()  # batches, events, missed_batches
+        self.errors: Counter[str] = Counter()  # bad messages and events by reason
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
@@ -87,7 +88,7 @@ class KvEventSubscriber:
             self._task.cancel()
             try:
                 await self._task
-            except (asyncio.CancelledError, Exception):   # noqa: BLE001 - a dead loop's error is in `dead`
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - a dead loop's error is in `dead`
                 pass
             self._task = None
         if self._sock is not None:
@@ -97,7 +98,7 @@ class KvEventSubscriber:
     async def _loop(self) -> None:
         assert self._sock is not None
         while True:
-            frames = await self._sock.recv_multipart()   # a socket error ends the loop: `dead` says why
+            frames = await self._sock.recv_multipart()  # a socket error ends the loop: `dead` says why
             try:
                 self.handle(frames)
             except Exception as e:  # noqa: BLE001 - a bug on one message must not lose the later ones
@@ -123,7 +124,7 @@ class KvEventSubscriber:
             return
         if self._last_seq is not None and seq > self._last_seq + 1:
             self.stats["missed_batches"] += seq - self._last_seq - 1
-        self._last_seq = seq                 # received, even if its payload turns out bad
+        self._last_seq = seq  # received, even if its payload turns out bad
         try:
             events = parse_kv_batch(frames[-1], self.errors)
         except KvEventError as e:
@@ -135,8 +136,7 @@ class KvEventSubscriber:
 
     def _bad(self, reason: str, e: Exception) -> None:
         self.errors[reason] += 1
-        warn_every(log, f"kvevents:{reason}", "bad KV event message from %s (%s): %s",
-                   self.source.endpoint, reason, e)
+        warn_every(log, f"kvevents:{reason}", "bad KV event message from %s (%s): %s", self.source.endpoint, reason, e)
 
 
 @register_collector("kv_events", default_enabled=True)
@@ -147,8 +147,11 @@ class KvEventsCollector:
 
     def __init__(self, config: Any = None) -> None:
         section = getattr(config, "extensions", {}).get("kv_events") if config is not None else None
-        sources = section if section is None or isinstance(section, list) and all(
-            isinstance(s, KvEventSource) for s in section) else parse_kv_events_config(section)
+        sources = (
+            section
+            if section is None or isinstance(section, list) and all(isinstance(s, KvEventSource) for s in section)
+            else parse_kv_events_config(section)
+        )
         self.subscribers = [KvEventSubscriber(s) for s in sources or []]
         self._reported: dict[str, Counter[str]] = {}
 

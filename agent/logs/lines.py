@@ -29,28 +29,69 @@ MAX_VALUE = 32
 
 # upstream field name -> (internal key, scale); None: known, read by nothing here
 VLLM_FIELDS: dict[str, tuple[str, float] | None] = {
-    "Avg prompt throughput": ("prompt_tps", 1.0), "Avg generation throughput": ("gen_tps", 1.0),
-    "Running": ("running", 1.0), "Waiting": ("waiting", 1.0), "Pending": ("waiting", 1.0),
-    "Swapped": ("swapped", 1.0), "Preemptions": ("preempt_n", 1.0),
-    "GPU KV cache usage": ("kv", 0.01), "CPU KV cache usage": ("kv_cpu", 0.01),
-    "XPU KV cache usage": ("kv", 0.01), "TPU KV cache usage": ("kv", 0.01),
+    "Avg prompt throughput": ("prompt_tps", 1.0),
+    "Avg generation throughput": ("gen_tps", 1.0),
+    "Running": ("running", 1.0),
+    "Waiting": ("waiting", 1.0),
+    "Pending": ("waiting", 1.0),
+    "Swapped": ("swapped", 1.0),
+    "Preemptions": ("preempt_n", 1.0),
+    "GPU KV cache usage": ("kv", 0.01),
+    "CPU KV cache usage": ("kv_cpu", 0.01),
+    "XPU KV cache usage": ("kv", 0.01),
+    "TPU KV cache usage": ("kv", 0.01),
     "Prefix cache hit rate": ("prefix_hit", 0.01),
-    "Deferred": None, "KV fetch": None, "Corrupted": None, "External prefix cache hit rate": None,
+    "Deferred": None,
+    "KV fetch": None,
+    "Corrupted": None,
+    "External prefix cache hit rate": None,
     "MM cache hit rate": None,
 }
 SGLANG_FIELDS: dict[str, tuple[str, float] | None] = {
-    "#new-token": ("new", 1.0), "#cached-token": ("cached", 1.0), "#running-req": ("running", 1.0),
-    "#queue-req": ("waiting", 1.0), "token usage": ("kv", 1.0), "full token usage": ("kv_full", 1.0),
-    "swa token usage": ("kv_swa", 1.0), "gen throughput (token/s)": ("gen_tps", 1.0),
-    **dict.fromkeys(("#new-seq", "#token", "#full token", "#swa token", "mamba num", "mamba usage",
-                     "cuda graph", "cpu graph", "accept len", "accept rate", "cache hit rate",
-                     "#inflight-req", "#unbootstrapped-req", "#transferring-req", "#prealloc-req",
-                     "#transfer-req", "#retracted-req", "pre-allocated usage",
-                     "input throughput (token/s)", "#pending-token", "#replay-token", "#bootstrap-req",
-                     "#optimistic-req", "cap len", "block accept len", "#host-receive-req")),
+    "#new-token": ("new", 1.0),
+    "#cached-token": ("cached", 1.0),
+    "#running-req": ("running", 1.0),
+    "#queue-req": ("waiting", 1.0),
+    "token usage": ("kv", 1.0),
+    "full token usage": ("kv_full", 1.0),
+    "swa token usage": ("kv_swa", 1.0),
+    "gen throughput (token/s)": ("gen_tps", 1.0),
+    **dict.fromkeys(
+        (
+            "#new-seq",
+            "#token",
+            "#full token",
+            "#swa token",
+            "mamba num",
+            "mamba usage",
+            "cuda graph",
+            "cpu graph",
+            "accept len",
+            "accept rate",
+            "cache hit rate",
+            "#inflight-req",
+            "#unbootstrapped-req",
+            "#transferring-req",
+            "#prealloc-req",
+            "#transfer-req",
+            "#retracted-req",
+            "pre-allocated usage",
+            "input throughput (token/s)",
+            "#pending-token",
+            "#replay-token",
+            "#bootstrap-req",
+            "#optimistic-req",
+            "cap len",
+            "block accept len",
+            "#host-receive-req",
+        )
+    ),
 }
-SGLANG_RETRACT = ("KV cache pool is full. Retract requests.", "Decode out of memory happened.",
-                  "decode out of memory happened,")   # seen in 0.4.10-0.5.23 / 0.2.15-0.4.6 / 0.2.0
+SGLANG_RETRACT = (
+    "KV cache pool is full. Retract requests.",
+    "Decode out of memory happened.",
+    "decode out of memory happened,",
+)  # seen in 0.4.10-0.5.23 / 0.2.15-0.4.6 / 0.2.0
 
 
 class Line(NamedTuple):
@@ -64,7 +105,7 @@ class Line(NamedTuple):
     source: str
     fields: dict[str, float]
     unknown: tuple[str, ...] = ()
-    missing: str = ""          # what the line's own time lacked and `day` supplied: year | date
+    missing: str = ""  # what the line's own time lacked and `day` supplied: year | date
 
 
 def parse_line(line: str, day: datetime.date) -> Line | str:
@@ -78,15 +119,19 @@ def parse_line(line: str, day: datetime.date) -> Line | str:
         end = line.find("] ")
         if end < 0:
             return "other"
-        source, line = line[5:end].partition("/")[0], line[end + 2:]
+        source, line = line[5:end].partition("/")[0], line[end + 2 :]
     kube_ts = None
     if len(line) > 20 and line[4] == "-" and line[10] == "T":
         stamp, _, line = line.partition(" ")
         kube_ts = rfc3339(stamp)
         if kube_ts is None:
             return "no_timestamp"
-    for marker, kind in (("Avg prompt throughput: ", "stats"), ("] Running: ", "stats"),   # V1 in 0.7.0
-                         ("Prefix cache hit rate: GPU: ", "prefix"), ("total_num_cumulative_preemption=", "preempt")):
+    for marker, kind in (
+        ("Avg prompt throughput: ", "stats"),
+        ("] Running: ", "stats"),  # V1 in 0.7.0
+        ("Prefix cache hit rate: GPU: ", "prefix"),
+        ("total_num_cumulative_preemption=", "preempt"),
+    ):
         i = line.find(marker)
         if i >= 0:
             return _vllm(line, i + 2 * (marker[0] == "]"), kind, kube_ts, source, day.year)
@@ -109,19 +154,21 @@ def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year
     rank = _rank(head[-1][:-1]) if len(head) > 1 and head[-2] == "Engine" else ""
     body = line[i:].rstrip()
     if kind == "prefix":
-        value = _value(body[len("Prefix cache hit rate: GPU: "):].partition(",")[0])
+        value = _value(body[len("Prefix cache hit rate: GPU: ") :].partition(",")[0])
         if value is None:
             return "bad_value"
-        return Line("vllm", kind, ts, rank, source, {"prefix_hit": value * 0.01} if value >= 0 else {},
-                                                missing=missing)
+        return Line("vllm", kind, ts, rank, source, {"prefix_hit": value * 0.01} if value >= 0 else {}, missing=missing)
     if kind == "preempt":
-        value = _value(body[len("total_num_cumulative_preemption="):])
-        return "bad_value" if value is None else Line("vllm", kind, ts, rank, source,
-                                                                   {"preempt_total": value}, missing=missing)
+        value = _value(body[len("total_num_cumulative_preemption=") :])
+        return (
+            "bad_value"
+            if value is None
+            else Line("vllm", kind, ts, rank, source, {"preempt_total": value}, missing=missing)
+        )
     fields, unknown = _fields(body.removesuffix(".").split(", "), VLLM_FIELDS)
     if isinstance(fields, str):
         return fields
-    if "kv_cpu" in fields and "swapped" not in fields:   # V1 names the KV cache's own device
+    if "kv_cpu" in fields and "swapped" not in fields:  # V1 names the KV cache's own device
         fields.setdefault("kv", fields["kv_cpu"])
     return Line("vllm", kind, ts, rank, source, fields, unknown, missing)
 
@@ -130,11 +177,11 @@ def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, da
     ts, rank, missing = kube_ts, "", ""
     open_, close = line.find("["), line.find("]")
     if 0 <= open_ < close < i:
-        inside = line[open_ + 1:close]
+        inside = line[open_ + 1 : close]
         dated = len(inside) >= 19 and inside[4] == "-" and inside[10] == " "
-        for tag in inside[19 if dated else 8:].split():
+        for tag in inside[19 if dated else 8 :].split():
             if tag.startswith("TP") and tag[2:] != "0":
-                return "tp_rank_copy"     # every TP rank of one scheduler logs the same stats
+                return "tp_rank_copy"  # every TP rank of one scheduler logs the same stats
             if tag.startswith("DP"):
                 rank = _rank(tag[2:])
         if ts is None and dated:
@@ -144,22 +191,25 @@ def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, da
     if ts is None:
         return "no_timestamp"
     if kind == "retract":
-        value = _value(line[i + len("#retracted_reqs: "):].partition(",")[0])
-        return "bad_value" if value is None else Line("sglang", kind, ts, rank, source, {"retracted": value},
-                                                                   missing=missing)
-    body = line[i:].partition("batch")[2].rstrip(" ,")     # newer releases end with `, `
+        value = _value(line[i + len("#retracted_reqs: ") :].partition(",")[0])
+        return (
+            "bad_value"
+            if value is None
+            else Line("sglang", kind, ts, rank, source, {"retracted": value}, missing=missing)
+        )
+    body = line[i:].partition("batch")[2].rstrip(" ,")  # newer releases end with `, `
     parts = []
-    if body.startswith("(mixed "):               # Prefill batch(mixed #running-req: N). ...
+    if body.startswith("(mixed "):  # Prefill batch(mixed #running-req: N). ...
         mixed, _, body = body[7:].partition(")")
         parts.append(mixed)
     body = body.lstrip(" .,")
-    if body.startswith("["):                     # SGLANG_LOG_FORWARD_ITERS: `Decode batch [N], ...`
-        body = body[body.find("]") + 1:].lstrip(" ,")
+    if body.startswith("["):  # SGLANG_LOG_FORWARD_ITERS: `Decode batch [N], ...`
+        body = body[body.find("]") + 1 :].lstrip(" ,")
     fields, unknown = _fields(parts + body.split(", "), SGLANG_FIELDS)
     if isinstance(fields, str):
         return fields
     if "kv" not in fields and ("kv_full" in fields or "kv_swa" in fields):
-        fields["kv"] = max(fields.get("kv_full", 0.0), fields.get("kv_swa", 0.0))   # SGLang's own token_usage
+        fields["kv"] = max(fields.get("kv_full", 0.0), fields.get("kv_swa", 0.0))  # SGLang's own token_usage
     return Line("sglang", kind, ts, rank, source, fields, unknown, missing)
 
 
@@ -173,7 +223,7 @@ def _fields(parts: list[str], known: Known) -> tuple[dict[str, float] | str, tup
         key, sep, raw = part.partition(": ")
         key = key.strip()
         if not sep:
-            continue                             # a continuation (`KV fetch: a, b in progress`) or ''
+            continue  # a continuation (`KV fetch: a, b in progress`) or ''
         if key not in known:
             unknown.append(key[:40])
             continue
@@ -216,8 +266,11 @@ def _time(year: int | None, month: str, day: str, hms: str) -> float | None:
         return None
     try:
         h, m, s = hms.split(":") if hms.count(":") == 2 else ("x", "", "")
-        return float(calendar.timegm((year, _int(month, 1, 12), _int(day, 1, 31), _int(h, 0, 23),
-                                      _int(m, 0, 59), _int(s, 0, 60), 0, 0, 0)))
+        return float(
+            calendar.timegm(
+                (year, _int(month, 1, 12), _int(day, 1, 31), _int(h, 0, 23), _int(m, 0, 59), _int(s, 0, 60), 0, 0, 0)
+            )
+        )
     except ValueError:
         return None
 
@@ -232,7 +285,7 @@ def rfc3339(stamp: str) -> float | None:
         digits = rest[1:].rstrip("Z").partition("+")[0].partition("-")[0]
         if not digits.isdigit() or not digits.isascii():
             return None
-        frac, rest = float("0." + digits[:9]), rest[1 + len(digits):]
+        frac, rest = float("0." + digits[:9]), rest[1 + len(digits) :]
     offset = 0
     if rest[:1] in ("+", "-") and len(rest) == 6 and rest[3] == ":":
         try:

@@ -38,19 +38,29 @@ MAX_RECORDS = 500_000
 """Recognised lines kept per read (about 1.7 KiB of samples each); the rest are counted (over_limit)."""
 MAX_UNKNOWN = 64
 """Distinct unknown field names counted by name (outside text: bounded)."""
-GAUGES = {"running": "engine_requests_running", "waiting": "engine_requests_waiting",
-          "kv": "engine_kv_cache_usage_ratio", "prefix_hit": "engine_prefix_cache_hit_ratio"}
-COUNTERS = {"prompt": "engine_prompt_tokens_total", "gen": "engine_generation_tokens_total",
-            "queries": "engine_prefix_cache_queries_tokens_total",
-            "hits": "engine_prefix_cache_hits_tokens_total", "preempt": "engine_preemptions_total"}
-ROLL = {"year": (183 * 86400, lambda d: d.replace(year=d.year + 1, day=min(d.day, 28))),
-        "date": (43200, lambda d: d + datetime.timedelta(days=1))}
+GAUGES = {
+    "running": "engine_requests_running",
+    "waiting": "engine_requests_waiting",
+    "kv": "engine_kv_cache_usage_ratio",
+    "prefix_hit": "engine_prefix_cache_hit_ratio",
+}
+COUNTERS = {
+    "prompt": "engine_prompt_tokens_total",
+    "gen": "engine_generation_tokens_total",
+    "queries": "engine_prefix_cache_queries_tokens_total",
+    "hits": "engine_prefix_cache_hits_tokens_total",
+    "preempt": "engine_preemptions_total",
+}
+ROLL = {
+    "year": (183 * 86400, lambda d: d.replace(year=d.year + 1, day=min(d.day, 28))),
+    "date": (43200, lambda d: d + datetime.timedelta(days=1)),
+}
 """What a line's own time lacks -> (how far back it must fall to roll over, the next day to try)."""
 HELP = {
     "engine_prompt_tokens_total": "From engine log lines: vLLM's logged prompt tokens/s integrated over "
-                                  "the interval between stats lines; SGLang: #new-token + #cached-token.",
+    "the interval between stats lines; SGLang: #new-token + #cached-token.",
     "engine_generation_tokens_total": "From engine log lines: the logged generation tokens/s integrated "
-                                      "over the interval between stats lines.",
+    "over the interval between stats lines.",
 }
 
 
@@ -73,7 +83,8 @@ class LogSummary:
             out += "; skipped: " + ", ".join(f"{n} {k}" for k, n in sorted(bad.items()))
         if self.unknown_fields:
             out += "; unknown fields (ignored): " + ", ".join(
-                f"{k!r} x{n}" for k, n in self.unknown_fields.most_common(8))
+                f"{k!r} x{n}" for k, n in self.unknown_fields.most_common(8)
+            )
         return out
 
 
@@ -99,8 +110,9 @@ def iter_lines(stream: IO[bytes], summary: LogSummary) -> Iterable[str]:
         yield chunk.decode("utf-8", "replace").rstrip("\r\n")
 
 
-def read_log(stream: IO[bytes], instance: str, job: str = "engine", model: str | None = None,
-             day: datetime.date | None = None) -> LogRead:
+def read_log(
+    stream: IO[bytes], instance: str, job: str = "engine", model: str | None = None, day: datetime.date | None = None
+) -> LogRead:
     """Parse a whole log. `day`: the date of lines whose own time lacks it (vLLM's MM-DD has no
     year, SGLang before its dated format has only HH:MM:SS; default: today, UTC). A line earlier
     than the newest one by over half a year (vLLM) or half a day (SGLang) moves on a year / day."""
@@ -122,14 +134,18 @@ def read_log(stream: IO[bytes], instance: str, job: str = "engine", model: str |
             continue
         kept, newest = kept + 1, max(newest, got.ts)
         summary.formats[_format(got)] += 1
-        for name in got.unknown:        # at most MAX_UNKNOWN names kept, the rest counted together
-            summary.unknown_fields[name if name in summary.unknown_fields
-                                   or len(summary.unknown_fields) < MAX_UNKNOWN else "(others)"] += 1
+        for name in got.unknown:  # at most MAX_UNKNOWN names kept, the rest counted together
+            summary.unknown_fields[
+                name if name in summary.unknown_fields or len(summary.unknown_fields) < MAX_UNKNOWN else "(others)"
+            ] += 1
         streams[(got.source or instance, got.engine, got.rank)].append(got)
     by_time: dict[tuple[str, float], list[Sample]] = defaultdict(list)
     for (inst, engine, rank), lines in streams.items():
-        base = {"instance": inst, "job": job, "engine": engine} | ({"model": model} if model else {}) \
+        base = (
+            {"instance": inst, "job": job, "engine": engine}
+            | ({"model": model} if model else {})
             | ({"dp_rank": rank} if rank else {})
+        )
         for ts, values in _snapshots(lines, summary):
             by_time[(inst, ts)].extend(Sample(n, make_labels(base), v, ts) for n, v in values.items())
     scrapes = [(inst, ts, samples) for (inst, ts), samples in sorted(by_time.items())]
@@ -153,17 +169,17 @@ def _snapshots(lines: list[Line], summary: LogSummary) -> list[tuple[float, dict
     cap = statistics.median(gaps) if len(gaps) >= 2 else float("inf")
     counters: dict[str, float] = {}
     if "stats" in kinds:
-        counters |= {k: 0.0 for k, f in (("prompt", "prompt_tps"), ("gen", "gen_tps"), ("preempt", "preempt_n"))
-                     if f in keys}
+        counters |= {
+            k: 0.0 for k, f in (("prompt", "prompt_tps"), ("gen", "gen_tps"), ("preempt", "preempt_n")) if f in keys
+        }
     if "prefill" in kinds and "new" in keys:
         counters |= {"prompt": 0.0} | ({"queries": 0.0, "hits": 0.0} if "cached" in keys else {})
     if "decode" in kinds and "gen_tps" in keys:
         counters["gen"] = 0.0
-    if "retract" in kinds or next((ln.fields["preempt_total"] for ln in lines
-                                             if ln.kind == "preempt"), None) == 1:
+    if "retract" in kinds or next((ln.fields["preempt_total"] for ln in lines if ln.kind == "preempt"), None) == 1:
         counters["preempt"] = 0.0
     gauges: dict[str, float] = {}
-    last: dict[str, float] = {}              # kind -> time of the previous line of that kind
+    last: dict[str, float] = {}  # kind -> time of the previous line of that kind
     out: list[tuple[float, dict[str, float]]] = []
     for ln in lines:
         if out and ln.ts < out[-1][0]:
@@ -198,7 +214,7 @@ def _snapshots(lines: list[Line], summary: LogSummary) -> list[tuple[float, dict
         if not values:
             continue
         if out and out[-1][0] == ts:
-            out[-1] = (ts, values)             # one snapshot per time: the last line's values
+            out[-1] = (ts, values)  # one snapshot per time: the last line's values
         else:
             out.append((ts, values))
     return out

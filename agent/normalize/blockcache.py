@@ -42,51 +42,80 @@ from kvscope.agent.signals import Catalog, Labels, Sample, signal_of
 _HIST = ("_bucket", "_sum", "_count")
 MAX_LABEL_CACHE = 20_000
 _facts, _dropped, _unmapped, _issues, _heads, _fallback = map(
-    attrgetter, ("facts", "dropped", "unmapped", "issues", "samples", "fallback"))
+    attrgetter, ("facts", "dropped", "unmapped", "issues", "samples", "fallback")
+)
 
 
-@dataclass(eq=False)   # compared by identity only (list.count(None) would call a generated __eq__)
+@dataclass(eq=False)  # compared by identity only (list.count(None) would call a generated __eq__)
 class _Block:
-    samples: list[tuple[str, Labels, float]]   # canonical (name, labels, value), stamped per scrape
+    samples: list[tuple[str, Labels, float]]  # canonical (name, labels, value), stamped per scrape
     facts: dict[str, dict[str, str]]
     dropped: Counter[str]
     issues: list[ParseIssue]
     unmapped: int
-    keys: set[tuple[str, Labels]] = field(default_factory=set)   # parsed series, for duplicate checks
-    timestamped: bool = False          # a sample carried its own timestamp: take the whole-payload path
-    canonical: frozenset[tuple[str, Labels]] = frozenset()   # output series, to spot collapses
-    template: ValueTemplate | None = None   # re-reads the block's next text when only values moved
+    keys: set[tuple[str, Labels]] = field(default_factory=set)  # parsed series, for duplicate checks
+    timestamped: bool = False  # a sample carried its own timestamp: take the whole-payload path
+    canonical: frozenset[tuple[str, Labels]] = frozenset()  # output series, to spot collapses
+    template: ValueTemplate | None = None  # re-reads the block's next text when only values moved
     fallback: frozenset[str] = frozenset()  # signals this block has only under a fallback (old) name
-    signals: frozenset[str] = frozenset()   # signals of its outputs
+    signals: frozenset[str] = frozenset()  # signals of its outputs
 
     def with_values(self, heads: list[tuple[str, Labels, float]]) -> _Block:
         """The same block with new values (what `template.apply` gave for its next text)."""
-        return _Block(heads, self.facts, self.dropped, self.issues, self.unmapped, self.keys,
-                      self.timestamped, self.canonical, self.template, self.fallback, self.signals)
+        return _Block(
+            heads,
+            self.facts,
+            self.dropped,
+            self.issues,
+            self.unmapped,
+            self.keys,
+            self.timestamped,
+            self.canonical,
+            self.template,
+            self.fallback,
+            self.signals,
+        )
 
     def without(self, signals: frozenset[str], catalog: Catalog) -> _Block:
         """The block minus the outputs of `signals` (another block has them under a preferred name)."""
         heads = [h for h in self.samples if signal_of(h[0], catalog) not in signals]
         canonical = frozenset(k for k in self.canonical if signal_of(k[0], catalog) not in signals)
-        return _Block(heads, self.facts, self.dropped, self.issues, self.unmapped, self.keys,
-                      self.timestamped, canonical, None, self.fallback - signals, self.signals - signals)
+        return _Block(
+            heads,
+            self.facts,
+            self.dropped,
+            self.issues,
+            self.unmapped,
+            self.keys,
+            self.timestamped,
+            canonical,
+            None,
+            self.fallback - signals,
+            self.signals - signals,
+        )
 
 
 class BlockCache:
     """Memo of one target's previous payload, by family block."""
 
-    def __init__(self, catalog: Catalog, max_cached_bytes: int = 4 << 20, max_miss_fraction: float = 0.3,
-                 refresh_every: int = 16, limits: Limits = NO_LIMITS) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        max_cached_bytes: int = 4 << 20,
+        max_miss_fraction: float = 0.3,
+        refresh_every: int = 16,
+        limits: Limits = NO_LIMITS,
+    ) -> None:
         self.catalog = catalog
         self.limits = replace(limits, sample_limit=0)
-        self._deadline: float | None = None   # the label limits; the caller counts samples
+        self._deadline: float | None = None  # the label limits; the caller counts samples
         self.max_cached_bytes = max_cached_bytes
         self.max_miss_fraction = max_miss_fraction
         self.refresh_every = refresh_every
         self._blocks: dict[BlockKey, _Block] = {}
         self._skipped = 0
-        self.memo = MappingMemo()   # label mapping of each upstream series, for both paths
-        self._label_cache: dict[str, Labels | str] = {}   # label body text -> parsed labels
+        self.memo = MappingMemo()  # label mapping of each upstream series, for both paths
+        self._label_cache: dict[str, Labels | str] = {}  # label body text -> parsed labels
         # The previous scrape's block layout (series per block) and what it implied, so that a
         # scrape whose blocks hold the same series (values moved) skips the cross-block checks.
         self._layout: list[_Block] = []
@@ -95,22 +124,23 @@ class BlockCache:
         self.hits = 0
         self.misses = 0
         self.whole = 0
-        self.values = 0   # changed blocks re-read by their value template
+        self.values = 0  # changed blocks re-read by their value template
 
-    def normalize(self, text: str, engine: str, target_labels: dict[str, str],
-                  timestamp: float, deadline: float | None = None) -> tuple[Normalized, list[ParseIssue]]:
+    def normalize(
+        self, text: str, engine: str, target_labels: dict[str, str], timestamp: float, deadline: float | None = None
+    ) -> tuple[Normalized, list[ParseIssue]]:
         """Canonical samples of `text` for `engine`, and the parse issues of the payload. Past
         `deadline` (time.monotonic) the blocks left are not parsed: one parse_timeout issue."""
         self._deadline = deadline
         if len(text) > self.max_cached_bytes or not text.endswith("\n") or text.rstrip().endswith("# EOF"):
             return self._whole(text, engine, target_labels, timestamp)
         keys = block_keys(text)
-        ordered: list[_Block | None] = list(map(self._blocks.get, keys))   # one C-level pass of lookups
+        ordered: list[_Block | None] = list(map(self._blocks.get, keys))  # one C-level pass of lookups
         changed = ordered.count(None)
         if changed and len(self._layout) == len(keys):
             changed -= self._reread_values(keys, ordered)
         if self._blocks and changed > self.max_miss_fraction * len(keys) and self._skipped < self.refresh_every:
-            self._skipped += 1    # most families changed: one whole parse is cheaper than many small ones
+            self._skipped += 1  # most families changed: one whole parse is cheaper than many small ones
             return self._whole(text, engine, target_labels, timestamp)
         self._skipped = 0
         self.hits += len(keys) - changed
@@ -129,7 +159,7 @@ class BlockCache:
                     else:
                         self.hits += 1
                     ordered[i] = hit
-        blocks: list[_Block] = ordered   # type: ignore[assignment]  # every None was filled
+        blocks: list[_Block] = ordered  # type: ignore[assignment]  # every None was filled
         same = self._same_layout(blocks)
         self._layout = blocks
         self._blocks = dict(zip(keys, blocks, strict=True))
@@ -149,8 +179,7 @@ class BlockCache:
         if not any(map(_fallback, blocks)):
             return blocks
         preferred = set().union(*(b.signals - b.fallback for b in blocks))
-        return [b.without(b.fallback & preferred, self.catalog) if b.fallback & preferred else b
-                for b in blocks]
+        return [b.without(b.fallback & preferred, self.catalog) if b.fallback & preferred else b for b in blocks]
 
     def _reread_values(self, keys: list[BlockKey], ordered: list[_Block | None]) -> int:
         """Fill the misses whose block at the same place last scrape re-reads them (only values
@@ -177,16 +206,21 @@ class BlockCache:
         prev = self._layout
         if len(prev) != len(blocks):
             return False
-        for i in compress(range(len(blocks)), map(is_not, prev, blocks)):   # the blocks that changed
+        for i in compress(range(len(blocks)), map(is_not, prev, blocks)):  # the blocks that changed
             a, b = prev[i], blocks[i]
-            if (len(a.samples) != len(b.samples) or (a.keys is not b.keys and a.keys != b.keys)
-                    or (a.canonical is not b.canonical and a.canonical != b.canonical)
-                    or a.timestamped or b.timestamped):   # `is`: a re-read block shares its sets
+            if (
+                len(a.samples) != len(b.samples)
+                or (a.keys is not b.keys and a.keys != b.keys)
+                or (a.canonical is not b.canonical and a.canonical != b.canonical)
+                or a.timestamped
+                or b.timestamped
+            ):  # `is`: a re-read block shares its sets
                 return False
         return True
 
-    def _whole(self, text: str, engine: str, labels: dict[str, str],
-               timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
+    def _whole(
+        self, text: str, engine: str, labels: dict[str, str], timestamp: float
+    ) -> tuple[Normalized, list[ParseIssue]]:
         self.whole += 1
         expo = parse_exposition(text, label_cache=self._labels_memo(), limits=self.limits, deadline=self._deadline)
         return normalize(expo, engine, labels, timestamp, self.catalog, self.memo), expo.issues
@@ -201,14 +235,23 @@ class BlockCache:
         template = None
         mapper = self.memo.mapper(self.catalog, engine, labels)
         if not (norm.facts or norm.dropped or timestamped):
-            template = ValueTemplate.build(block, expo, mapper.linear_plan(expo.samples), heads,
-                                           mapper.sentinels)
+            template = ValueTemplate.build(block, expo, mapper.linear_plan(expo.samples), heads, mapper.sentinels)
         signals = frozenset(signal_of(name, self.catalog) for name, _ in canonical)
-        return _Block(heads, norm.facts, norm.dropped, expo.issues, norm.unmapped, keys, timestamped, canonical,
-                      template, norm.fallback, signals)
+        return _Block(
+            heads,
+            norm.facts,
+            norm.dropped,
+            expo.issues,
+            norm.unmapped,
+            keys,
+            timestamped,
+            canonical,
+            template,
+            norm.fallback,
+            signals,
+        )
 
-    def _combine(self, blocks: list[_Block], engine: str,
-                 timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
+    def _combine(self, blocks: list[_Block], engine: str, timestamp: float) -> tuple[Normalized, list[ParseIssue]]:
         out = Normalized(engine=engine)
         # a hundred blocks per target, few with facts or drops: select those in C-level passes
         for b in compress(blocks, map(_facts, blocks)):
@@ -218,8 +261,8 @@ class BlockCache:
             out.dropped.update(b.dropped)
         out.unmapped = sum(map(_unmapped, blocks))
         issues = list(chain.from_iterable(map(_issues, blocks)))
-        if self._layout_disjoint:   # no series in two blocks: the blocks as they are, one stamp for all
-            out.samples = Stamped(list(map(_heads, blocks)), timestamp)   # type: ignore[assignment]
+        if self._layout_disjoint:  # no series in two blocks: the blocks as they are, one stamp for all
+            out.samples = Stamped(list(map(_heads, blocks)), timestamp)  # type: ignore[assignment]
         else:
             out.samples = self._collapse_all(blocks, timestamp)
         return out, issues
@@ -248,11 +291,11 @@ of the payload is made), ("first" | "last" | "whole", its text) for the others."
 
 def block_keys(text: str) -> list[BlockKey]:
     """The memo keys of `text`'s blocks, in order; `block_text(key)` is the block (as in `split_blocks`)."""
-    parts: list[BlockKey] = text.split("\n# HELP ")   # type: ignore[assignment]
+    parts: list[BlockKey] = text.split("\n# HELP ")  # type: ignore[assignment]
     if len(parts) == 1:
         return [("whole", text)] if text else []
-    parts[0] = ("first", parts[0])        # type: ignore[assignment]
-    parts[-1] = ("last", parts[-1])       # type: ignore[assignment]
+    parts[0] = ("first", parts[0])  # type: ignore[assignment]
+    parts[-1] = ("last", parts[-1])  # type: ignore[assignment]
     return parts
 
 
@@ -273,7 +316,7 @@ def split_blocks(text: str) -> list[str]:
     way the dialect collapses series); cutting at HELP lines makes a chunk one family, so a
     family that did not change is one cache hit.
     """
-    parts = text.split("\n# HELP ")          # a plain split is several times faster than a regex
+    parts = text.split("\n# HELP ")  # a plain split is several times faster than a regex
     if len(parts) == 1:
         return [text] if text else []
     blocks = [parts[0] + "\n"]

@@ -36,22 +36,34 @@ class ValueTemplate:
 
     __slots__ = ("factors", "fixed", "fixed_lines", "keys", "labels", "names", "samples", "sentinels", "sources")
 
-    def __init__(self, keys: list[str], fixed: list[int], fixed_lines: list[str], samples: list[int],
-                 plan: list[tuple[int, float, str, Labels]], sentinels: frozenset[float] = frozenset()) -> None:
-        self.keys = keys                  # every line up to its last space ("" when it has none)
-        self.fixed = fixed                # lines that are not samples: they must match whole
+    def __init__(
+        self,
+        keys: list[str],
+        fixed: list[int],
+        fixed_lines: list[str],
+        samples: list[int],
+        plan: list[tuple[int, float, str, Labels]],
+        sentinels: frozenset[float] = frozenset(),
+    ) -> None:
+        self.keys = keys  # every line up to its last space ("" when it has none)
+        self.fixed = fixed  # lines that are not samples: they must match whole
         self.fixed_lines = fixed_lines
-        self.samples = samples            # line index of each sample, in order
-        self.sources = [k for k, _, _, _ in plan]    # per output: which sample's value
+        self.samples = samples  # line index of each sample, in order
+        self.sources = [k for k, _, _, _ in plan]  # per output: which sample's value
         self.factors = [f for _, f, _, _ in plan]
         self.names = [n for _, _, n, _ in plan]
         self.labels = [lab for _, _, _, lab in plan]
-        self.sentinels = sentinels        # raw values the dialect drops as "no value"
+        self.sentinels = sentinels  # raw values the dialect drops as "no value"
 
     @classmethod
-    def build(cls, text: str, expo: Exposition, plan: list[tuple[int, float, str, Labels]] | None,
-              heads: list[tuple[str, Labels, float]],
-              sentinels: frozenset[float] = frozenset()) -> ValueTemplate | None:
+    def build(
+        cls,
+        text: str,
+        expo: Exposition,
+        plan: list[tuple[int, float, str, Labels]] | None,
+        heads: list[tuple[str, Labels, float]],
+        sentinels: frozenset[float] = frozenset(),
+    ) -> ValueTemplate | None:
         """A template for `text`, whose parse is `expo` and canonical output `heads` (in order),
         or None when the block does not qualify (see the module docstring)."""
         if plan is None or expo.issues or not expo.complete or expo.openmetrics:
@@ -69,7 +81,7 @@ class ValueTemplate:
         fixed = [i for i in range(len(lines)) if i not in sample_set]
         tpl = cls(list(map(_key, parts)), fixed, [lines[i] for i in fixed], samples, plan, sentinels)
         if tpl.outputs([raw.value for raw in expo.samples]) != heads:
-            return None   # the plan does not reproduce the general path: never use it
+            return None  # the plan does not reproduce the general path: never use it
         return tpl
 
     def apply(self, text: str) -> list[tuple[str, Labels, float]] | None:
@@ -90,6 +102,6 @@ class ValueTemplate:
         if self.sentinels and not self.sentinels.isdisjoint(values):
             return None
         out = list(map(mul, map(values.__getitem__, self.sources), self.factors))
-        if not math.isfinite(sum(out)):   # NaN or ±Inf among them (or an overflow): general path
+        if not math.isfinite(sum(out)):  # NaN or ±Inf among them (or an overflow): general path
             return None
         return list(zip(self.names, self.labels, out, strict=True))

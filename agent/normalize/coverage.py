@@ -30,7 +30,7 @@ from kvscope.agent.signals import Alias, Catalog, Signal
 
 MAPS, MAPS_OFF, UNMAPPED, RENAMED, ABSENT = "maps", "maps (off)", "unmapped", "renamed", "absent"
 PROBLEMS = (UNMAPPED, RENAMED)
-GPU_DIALECTS = ("dcgm",)   # GPU exporters: their domain is the gpu_* signals, an engine's the rest
+GPU_DIALECTS = ("dcgm",)  # GPU exporters: their domain is the gpu_* signals, an engine's the rest
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,9 @@ class NameList:
     dialect: str | None
     version: str
     source: dict[str, str]
-    names: dict[str, UpstreamName] = field(default_factory=dict)   # declared name -> entry
+    names: dict[str, UpstreamName] = field(default_factory=dict)  # declared name -> entry
     path: str = ""
-    role: str = "engine"   # engine | gpu | router | gateway | tier (what its series describe)
+    role: str = "engine"  # engine | gpu | router | gateway | tier (what its series describe)
 
     @property
     def key(self) -> str:
@@ -79,14 +79,21 @@ def load_name_list(path: Path) -> NameList:
     try:
         dialect = doc.get("dialect")
         role = str(doc.get("role") or ("gpu" if dialect in GPU_DIALECTS else "engine"))
-        out = NameList(engine=str(doc["engine"]), dialect=dialect, version=str(doc["version"]),
-                       source=dict(doc.get("source") or {}), path=str(path), role=role)
+        out = NameList(
+            engine=str(doc["engine"]),
+            dialect=dialect,
+            version=str(doc["version"]),
+            source=dict(doc.get("source") or {}),
+            path=str(path),
+            role=role,
+        )
         for entry in doc.get("names") or []:
             kind = str(entry["type"])
             labels = entry.get("labels")
             name = declared(str(entry["name"]), kind)
-            out.names[name] = UpstreamName(name, kind, None if labels is None else tuple(labels),
-                                           bool(entry.get("enabled", True)))
+            out.names[name] = UpstreamName(
+                name, kind, None if labels is None else tuple(labels), bool(entry.get("enabled", True))
+            )
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a name list ({exc})") from None
     return out
@@ -94,8 +101,9 @@ def load_name_list(path: Path) -> NameList:
 
 def load_name_lists(directory: Path) -> list[NameList]:
     """Every name list of a directory (meanings.yaml and allow.yaml are not name lists)."""
-    return [load_name_list(p) for p in sorted(directory.glob("*.yaml"))
-            if p.name not in ("meanings.yaml", "allow.yaml")]
+    return [
+        load_name_list(p) for p in sorted(directory.glob("*.yaml")) if p.name not in ("meanings.yaml", "allow.yaml")
+    ]
 
 
 def load_meanings(path: Path) -> dict[str, dict[str, str]]:
@@ -186,14 +194,18 @@ class Allowed:
     """An unmapped or renamed status accepted on purpose, with the reason."""
 
     engine: str
-    signal: str          # "*" for every signal
+    signal: str  # "*" for every signal
     status: str
     reason: str
-    versions: tuple[str, ...] = ()   # empty: every version
+    versions: tuple[str, ...] = ()  # empty: every version
 
     def covers(self, engine: str, version: str, signal: str, status: str) -> bool:
-        return (self.engine == engine and self.status == status and self.signal in ("*", signal)
-                and (not self.versions or version in self.versions))
+        return (
+            self.engine == engine
+            and self.status == status
+            and self.signal in ("*", signal)
+            and (not self.versions or version in self.versions)
+        )
 
 
 def load_allowed(path: Path) -> list[Allowed]:
@@ -202,8 +214,15 @@ def load_allowed(path: Path) -> list[Allowed]:
     for entry in doc:
         if not entry.get("reason"):
             raise ValueError(f"{path}: every allowed entry needs a reason: {entry}")
-        out.append(Allowed(str(entry["engine"]), str(entry.get("signal", "*")), str(entry["status"]),
-                           str(entry["reason"]).strip(), tuple(str(v) for v in entry.get("versions") or ())))
+        out.append(
+            Allowed(
+                str(entry["engine"]),
+                str(entry.get("signal", "*")),
+                str(entry["status"]),
+                str(entry["reason"]).strip(),
+                tuple(str(v) for v in entry.get("versions") or ()),
+            )
+        )
     return out
 
 
@@ -236,14 +255,20 @@ def render_markdown(cov: Coverage, signals: list[str], allowed: list[Allowed], h
     out += ["| signal | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
     for signal in signals:
         out.append(f"| `{signal}` | " + " | ".join(_SHORT[table[signal][k].status] for k in keys) + " |")
-    out += ["", "`maps`: a catalog alias reads it; `off`: it maps, but the exporter ships it disabled; "
-            "`-`: the release exports nothing for it (absent); `UNMAPPED` / `RENAMED`: see below.", ""]
+    out += [
+        "",
+        "`maps`: a catalog alias reads it; `off`: it maps, but the exporter ships it disabled; "
+        "`-`: the release exports nothing for it (absent); `UNMAPPED` / `RENAMED`: see below.",
+        "",
+    ]
     out += ["## What each release lacks that kvscope reads", ""]
     for nl in cov.lists:
         src = f"{nl.source.get('repo', '')} {nl.source.get('ref', '')}; `{Path(nl.path).name}`"
         if nl.role in ("router", "gateway", "tier"):
-            out.append(f"* **{nl.key}** ({src}): a {nl.role}; its series describe the {nl.role}, and kvscope "
-                       "reads the engines behind it under their own names (nothing of theirs is lacking here).")
+            out.append(
+                f"* **{nl.key}** ({src}): a {nl.role}; its series describe the {nl.role}, and kvscope "
+                "reads the engines behind it under their own names (nothing of theirs is lacking here)."
+            )
             continue
         domain = [s for s in signals if cov.relevant(s, nl)]
         absent = [s for s in domain if table[s][nl.key].status == ABSENT]

@@ -30,7 +30,7 @@ from kvscope.agent.signals import Alias, Catalog, Labels, Sample, load_catalog, 
 _COUNTER_SUFFIX = "_total"
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 _FACT_SKIP_LABELS = {"engine", "model_name", "__name__"}
-_UNKNOWN_INFO = ("", "None")     # an info label with this value is not known: the alias gives nothing
+_UNKNOWN_INFO = ("", "None")  # an info label with this value is not known: the alias gives nothing
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Normalized:
     facts: dict[str, dict[str, str]] = field(default_factory=dict)  # dp_rank -> facts
     unmapped: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
-    fallback: frozenset[str] = frozenset()   # signals whose samples came from fallback aliases only
+    fallback: frozenset[str] = frozenset()  # signals whose samples came from fallback aliases only
     pending: dict[tuple[str, Labels, float | None], float] = field(default_factory=dict, repr=False)
 
 
@@ -51,7 +51,7 @@ def fold_name(name: str, catalog: Catalog) -> str:
     for dialect in catalog.dialects.values():
         for prefix in dialect.prefixes:
             if prefix.endswith(":") and name.startswith(prefix[:-1] + "_"):
-                return prefix + name[len(prefix):]
+                return prefix + name[len(prefix) :]
     return name
 
 
@@ -65,14 +65,19 @@ def detect_engine(expo: Exposition, catalog: Catalog | None = None) -> str | Non
         for dialect in catalog.dialects.values():
             if name.startswith(dialect.detect):
                 votes[dialect.name] += 1
-    riders = {c for d in votes for c in catalog.dialects[d].companions}   # LMCache inside vLLM: vLLM's payload
+    riders = {c for d in votes for c in catalog.dialects[d].companions}  # LMCache inside vLLM: vLLM's payload
     votes = Counter({d: n for d, n in votes.items() if d not in riders}) or votes
     return votes.most_common(1)[0][0] if votes else None
 
 
-def normalize(expo: Exposition, engine: str | None, target_labels: dict[str, str],
-              timestamp: float | None = None, catalog: Catalog | None = None,
-              memo: MappingMemo | None = None) -> Normalized:
+def normalize(
+    expo: Exposition,
+    engine: str | None,
+    target_labels: dict[str, str],
+    timestamp: float | None = None,
+    catalog: Catalog | None = None,
+    memo: MappingMemo | None = None,
+) -> Normalized:
     """Map every sample of one exposition to canonical samples of `engine`'s dialect.
 
     `target_labels` (instance, job, node...) are added to every sample. `timestamp` is used
@@ -114,7 +119,7 @@ def resolve_fallback(acc: dict, pending: dict, catalog: Catalog) -> frozenset[st
 
 
 _NO_MATCH = "no_match"
-_KIND_MISMATCH = "<kind>"   # resolve(): the name is an alias's, its kind is not
+_KIND_MISMATCH = "<kind>"  # resolve(): the name is an alias's, its kind is not
 _BAD_LE = "bad_le"
 
 
@@ -143,10 +148,15 @@ class MappingMemo:
 class _Mapper:
     """Applies one dialect to raw samples; caches name resolution across samples."""
 
-    def __init__(self, catalog: Catalog, engine: str, target_labels: dict[str, str],
-                 plans: dict[tuple[str, Labels], list[tuple]] | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        engine: str,
+        target_labels: dict[str, str],
+        plans: dict[tuple[str, Labels], list[tuple]] | None = None,
+    ) -> None:
         self.catalog = catalog
-        self.plans = plans   # (raw name, raw labels) -> per alias: (name, labels, kind, mode, factor, rank)
+        self.plans = plans  # (raw name, raw labels) -> per alias: (name, labels, kind, mode, factor, rank)
         self.dialect = catalog.dialects[engine]
         self.sentinels = self.dialect.sentinels
         self.index = catalog.aliases_for(engine)
@@ -168,7 +178,7 @@ class _Mapper:
             kinds = {self.catalog.signals[a.signal].kind for a in self.index[name] if a.part is None}
             if kinds & {"gauge", "counter"}:
                 return name, "", self.index[name]
-            return name, _KIND_MISMATCH, []   # a bare series where the aliases read a histogram
+            return name, _KIND_MISMATCH, []  # a bare series where the aliases read a histogram
         if name.endswith(_COUNTER_SUFFIX) and name[: -len(_COUNTER_SUFFIX)] in self.index:
             return name[: -len(_COUNTER_SUFFIX)], _COUNTER_SUFFIX, self.index[name[: -len(_COUNTER_SUFFIX)]]
         for suffix in _HIST_SUFFIXES:
@@ -176,8 +186,13 @@ class _Mapper:
                 return name[: -len(suffix)], suffix, self.index[name[: -len(suffix)]]
         return name, "", []
 
-    def map_sample(self, raw: RawSample, timestamp: float | None,
-                   acc: dict[tuple[str, Labels, float | None], float], out: Normalized) -> None:
+    def map_sample(
+        self,
+        raw: RawSample,
+        timestamp: float | None,
+        acc: dict[tuple[str, Labels, float | None], float],
+        out: Normalized,
+    ) -> None:
         if raw.name.endswith("_created"):
             return  # creation timestamps of counters: not a signal
         declared, suffix, aliases = self.resolve(raw.name)
@@ -185,12 +200,12 @@ class _Mapper:
             self._record_fact(declared, raw, out)
         if not aliases:
             if suffix == _KIND_MISMATCH:
-                out.dropped["kind_mismatch"] += 1   # e.g. SGLang <= 0.5.8's gauge of a later histogram
+                out.dropped["kind_mismatch"] += 1  # e.g. SGLang <= 0.5.8's gauge of a later histogram
             elif declared not in self.fact_sources:
                 out.unmapped += 1
             return
         if self.sentinels and raw.value in self.sentinels:
-            out.dropped["sentinel"] += 1    # the engine's "no value" code, not a measurement
+            out.dropped["sentinel"] += 1  # the engine's "no value" code, not a measurement
             return
         ts = raw.timestamp if raw.timestamp is not None else timestamp
         if self.plans is None:
@@ -265,8 +280,15 @@ class _Mapper:
         return name, labels, _combine_kind(alias, signal.kind), mode, factor, alias.rank
 
     @staticmethod
-    def _add(name: str | None, labels: Labels | str, kind: str, ts: float | None, value: float | None,
-             acc: dict[tuple[str, Labels, float | None], float], out: Normalized) -> None:
+    def _add(
+        name: str | None,
+        labels: Labels | str,
+        kind: str,
+        ts: float | None,
+        value: float | None,
+        acc: dict[tuple[str, Labels, float | None], float],
+        out: Normalized,
+    ) -> None:
         """Check the value, its finiteness, then the `le` label (`name` None), counting a drop by
         reason; else accumulate into `acc` (max for gauges, sum otherwise). Both paths use it."""
         if value is None:
@@ -289,8 +311,15 @@ class _Mapper:
         else:
             acc[key] = prev + value
 
-    def _apply(self, alias: Alias, suffix: str, raw: RawSample, ts: float | None,
-               acc: dict[tuple[str, Labels, float | None], float], out: Normalized) -> None:
+    def _apply(
+        self,
+        alias: Alias,
+        suffix: str,
+        raw: RawSample,
+        ts: float | None,
+        acc: dict[tuple[str, Labels, float | None], float],
+        out: Normalized,
+    ) -> None:
         signal = self.catalog.signals[alias.signal]
         upstream = dict(raw.labels)
         if not _matches(alias, suffix, upstream):
@@ -300,13 +329,13 @@ class _Mapper:
             return
         labels = self._labels(alias, signal.labels, signal.kind, suffix, upstream)
         name = None if labels is None else signal.name + (suffix if signal.kind == "histogram" else "")
-        self._add(name, "" if labels is None else labels, _combine_kind(alias, signal.kind), ts, value, acc,
-                  out)   # checks value, then le
+        self._add(
+            name, "" if labels is None else labels, _combine_kind(alias, signal.kind), ts, value, acc, out
+        )  # checks value, then le
 
     @staticmethod
-    def _value(alias: Alias, kind: str, suffix: str, raw: RawSample,
-               upstream: dict[str, str]) -> float | None:
-        if alias.info_label:   # the product of the labels' values; unknown when one is absent
+    def _value(alias: Alias, kind: str, suffix: str, raw: RawSample, upstream: dict[str, str]) -> float | None:
+        if alias.info_label:  # the product of the labels' values; unknown when one is absent
             texts = [upstream.get(label, "") for label in alias.info_label]
             if any(t in _UNKNOWN_INFO for t in texts):
                 return _UNKNOWN
@@ -318,13 +347,14 @@ class _Mapper:
             return raw.value
         return raw.value * alias.scale
 
-    def _labels(self, alias: Alias, keep: tuple[str, ...], kind: str, suffix: str,
-                upstream: dict[str, str]) -> Labels | None:
+    def _labels(
+        self, alias: Alias, keep: tuple[str, ...], kind: str, suffix: str, upstream: dict[str, str]
+    ) -> Labels | None:
         labels = dict(self.base)
         for up, canon in self.dialect.labels.items():
             if up in upstream and upstream[up] != "":
                 labels[canon] = upstream[up]
-        for up in self.dialect.worker_labels:   # an aggregating endpoint: one instance per worker
+        for up in self.dialect.worker_labels:  # an aggregating endpoint: one instance per worker
             if upstream.get(up):
                 labels["instance"] = worker_instance(upstream[up])
         for up, value in upstream.items():
@@ -358,7 +388,7 @@ class _Mapper:
                 facts[k] = upstream[k]
 
 
-_UNKNOWN = float("nan")   # identity-compared marker: an info label the alias reads is not known
+_UNKNOWN = float("nan")  # identity-compared marker: an info label the alias reads is not known
 
 
 def _matches(alias: Alias, suffix: str, upstream: dict[str, str]) -> bool:
@@ -379,4 +409,3 @@ def _combine_kind(alias: Alias, kind: str) -> str:
     gauge (max) when the alias says every collapsed series repeats one value (`collapse: max`,
     e.g. a count each TP rank reports identically), else by the signal's own kind."""
     return "gauge" if alias.collapse == "max" else kind
-

@@ -33,12 +33,21 @@ def write_log_recording(read: LogRead, path: str | os.PathLike[str]) -> Path:
     writer = RecordingWriter(path)
     try:
         for instance, ts, samples in read.scrapes:
-            expo = Exposition(samples=[RawSample(KVSCOPE_PREFIX + s.name, tuple(
-                (k, v) for k, v in s.labels if k not in ("job", "instance")), s.value) for s in samples])
+            expo = Exposition(
+                samples=[
+                    RawSample(
+                        KVSCOPE_PREFIX + s.name,
+                        tuple((k, v) for k, v in s.labels if k not in ("job", "instance")),
+                        s.value,
+                    )
+                    for s in samples
+                ]
+            )
             for s in samples:
                 expo.types[KVSCOPE_PREFIX + s.name] = catalog.signals[s.name].kind
                 expo.helps[KVSCOPE_PREFIX + s.name.removesuffix("_total")] = HELP.get(
-                    s.name, catalog.signals[s.name].help)
+                    s.name, catalog.signals[s.name].help
+                )
             writer.add_scrape(read.job, instance, ts, expo)
     except BaseException:
         writer.abort()

@@ -36,8 +36,7 @@ from kvscope.agent.scrape.exposition import (
 )
 from kvscope.agent.signals import Labels
 
-_OM_TYPES = {"counter", "gauge", "histogram", "summary", "info", "stateset",
-             "gaugehistogram", "unknown"}
+_OM_TYPES = {"counter", "gauge", "histogram", "summary", "info", "stateset", "gaugehistogram", "unknown"}
 
 
 @dataclass
@@ -50,7 +49,7 @@ class Scrape:
     up: bool
     samples: list[RawSample] = field(default_factory=list)
     duration_s: float | None = None
-    labels: dict[str, str] = field(default_factory=dict)   # target labels besides job/instance
+    labels: dict[str, str] = field(default_factory=dict)  # target labels besides job/instance
 
 
 def _open_text(path: str | os.PathLike[str], mode: str) -> IO[str]:
@@ -88,8 +87,15 @@ class RecordingWriter:
         self.scrapes = 0
         self.samples = 0
 
-    def add_scrape(self, job: str, instance: str, timestamp: float, expo: Exposition | None,
-                   duration_s: float | None = None, labels: Mapping[str, str] | None = None) -> None:
+    def add_scrape(
+        self,
+        job: str,
+        instance: str,
+        timestamp: float,
+        expo: Exposition | None,
+        duration_s: float | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
         """Append one scrape. `expo=None` records a failed scrape (`up 0`). `labels` are the
         target's other labels (a `job`/`instance` among them is ignored): on every sample."""
         extra = {k: v for k, v in (labels or {}).items() if k not in ("job", "instance")}
@@ -111,8 +117,7 @@ class RecordingWriter:
     def _write(self, family: str, kind: str, help_: str, labels: Labels, value: float, ts: str) -> None:
         self._write_sample((family, kind), help_, family, labels, value, ts)
 
-    def _write_sample(self, fam: tuple[str, str], help_: str, name: str, labels: Labels,
-                      value: float, ts: str) -> None:
+    def _write_sample(self, fam: tuple[str, str], help_: str, name: str, labels: Labels, value: float, ts: str) -> None:
         family, kind = fam
         f = self._files.get(family)
         if f is None:
@@ -230,13 +235,16 @@ def _split_scrape_series(scrape: Scrape) -> None:
     own = scrape.samples.pop(up)
     scrape.up = own.value == 1.0
     scrape.labels = dict(own.labels)
-    dur = next((i for i, r in enumerate(scrape.samples)
-                if r.name == "scrape_duration_seconds" and r.labels == own.labels), None)
+    dur = next(
+        (i for i, r in enumerate(scrape.samples) if r.name == "scrape_duration_seconds" and r.labels == own.labels),
+        None,
+    )
     if dur is not None:
         scrape.duration_s = scrape.samples.pop(dur).value
     if scrape.labels:
-        scrape.samples = [RawSample(r.name, restore_exported(r.labels, scrape.labels), r.value, r.timestamp)
-                          for r in scrape.samples]
+        scrape.samples = [
+            RawSample(r.name, restore_exported(r.labels, scrape.labels), r.value, r.timestamp) for r in scrape.samples
+        ]
 
 
 def scrapes_by_target(scrapes: Iterable[Scrape]) -> Iterator[tuple[tuple[str, str], list[Scrape]]]:

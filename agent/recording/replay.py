@@ -49,11 +49,11 @@ class Replay:
     """Canonical series of a whole recording, plus what each target was and knew."""
 
     samples: list[Sample] = field(default_factory=list)
-    engines: dict[str, str | None] = field(default_factory=dict)        # instance -> engine
+    engines: dict[str, str | None] = field(default_factory=dict)  # instance -> engine
     facts: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # instance -> rank -> facts
-    unmapped: Counter[str] = field(default_factory=Counter)            # instance -> count
-    span_stats: Counter[str] = field(default_factory=Counter)          # spans read, requests, bad lines
-    notes: list[str] = field(default_factory=list)                     # what reading left out, and why
+    unmapped: Counter[str] = field(default_factory=Counter)  # instance -> count
+    span_stats: Counter[str] = field(default_factory=Counter)  # spans read, requests, bad lines
+    notes: list[str] = field(default_factory=list)  # what reading left out, and why
     start: float | None = None
     end: float | None = None
 
@@ -103,8 +103,7 @@ def parse_target_labels(samples: list) -> dict[str, str]:
     return out
 
 
-def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = None,
-                     gpu_mapping: Any = None) -> Replay:
+def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = None, gpu_mapping: Any = None) -> Replay:
     """Read a recording and normalize every scrape of every target, then run the engine<->GPU
     join per scrape round (`gpu_mapping` as the agent's config option, validated there).
 
@@ -115,24 +114,31 @@ def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = Non
     scrapes, whole = read_recording(path)
     out = Replay(notes=[i.text for i in whole.issues if i.reason == "timestamp_outlier"])
     for (job, instance), target_scrapes in scrapes_by_target(scrapes):
-        union = Exposition(samples=[s for sc in target_scrapes for s in sc.samples[:2000]],
-                           types=whole.types)
+        union = Exposition(samples=[s for sc in target_scrapes for s in sc.samples[:2000]], types=whole.types)
         engine = detect_engine(union, catalog)
         found = {"job": job, "instance": instance} | parse_target_labels(union.samples)
         if engine is None and any(kvscope_signal(s.name, catalog) for s in union.samples):
             engine = KVSCOPE
         out.engines[instance] = engine
         for sc in target_scrapes:
-            out.samples.append(Sample("kvscope_target_up", make_labels(
-                {"job": job, "instance": instance}), 1.0 if sc.up else 0.0, sc.timestamp))
+            out.samples.append(
+                Sample(
+                    "kvscope_target_up",
+                    make_labels({"job": job, "instance": instance}),
+                    1.0 if sc.up else 0.0,
+                    sc.timestamp,
+                )
+            )
             if not sc.samples:
                 continue
             if engine == KVSCOPE:
-                out.samples.extend(parse_kvscope_samples(sc.samples, {"job": job, "instance": instance},
-                                                         sc.timestamp, catalog))
+                out.samples.extend(
+                    parse_kvscope_samples(sc.samples, {"job": job, "instance": instance}, sc.timestamp, catalog)
+                )
                 continue
-            norm = normalize(Exposition(samples=sc.samples, types=whole.types), engine,
-                             found | sc.labels, sc.timestamp, catalog)
+            norm = normalize(
+                Exposition(samples=sc.samples, types=whole.types), engine, found | sc.labels, sc.timestamp, catalog
+            )
             out.samples.extend(norm.samples)
             out.unmapped[instance] += norm.unmapped
             for rank, facts in norm.facts.items():
@@ -152,7 +158,7 @@ def render_engine_gpu_rounds(replay: Replay, gpu_mapping: Any = None) -> list[Sa
     if not rounds:
         return []
     cycles: list[list[Sample]] = [[] for _ in rounds]
-    for ts, run in groupby(replay.samples, key=itemgetter(3)):   # one scrape's samples share a time
+    for ts, run in groupby(replay.samples, key=itemgetter(3)):  # one scrape's samples share a time
         i = bisect_right(rounds, ts) - 1 if ts is not None else -1
         cycles[max(i, 0)].extend(run)
     out: list[Sample] = []
@@ -186,11 +192,18 @@ def parse_span_line(line: str) -> Span:
     if not isinstance(d, dict):
         raise ValueError("not a JSON object")
     try:
-        return Span(trace_id=str(d["trace_id"]), span_id=str(d["span_id"]),
-                    parent_id=str(d.get("parent_span_id") or ""), name=str(d["name"]),
-                    kind=int(d.get("kind") or 0), start_ns=int(d["start_ns"]), end_ns=int(d["end_ns"]),
-                    attributes=dict(d.get("attributes") or {}), resource=dict(d.get("resource") or {}),
-                    scope=str(d.get("scope") or ""))
+        return Span(
+            trace_id=str(d["trace_id"]),
+            span_id=str(d["span_id"]),
+            parent_id=str(d.get("parent_span_id") or ""),
+            name=str(d["name"]),
+            kind=int(d.get("kind") or 0),
+            start_ns=int(d["start_ns"]),
+            end_ns=int(d["end_ns"]),
+            attributes=dict(d.get("attributes") or {}),
+            resource=dict(d.get("resource") or {}),
+            scope=str(d.get("scope") or ""),
+        )
     except (KeyError, TypeError) as exc:
         raise ValueError(f"missing or bad field: {exc}") from exc
 
@@ -218,8 +231,9 @@ def read_spans(path: str | os.PathLike[str], max_spans: int = 2_000_000) -> tupl
     return spans, issues
 
 
-def render_span_samples(spans: list[Span], times: list[float],
-                        service_labels: dict[str, dict[str, str]] | None = None) -> tuple[list[Sample], Counter[str]]:
+def render_span_samples(
+    spans: list[Span], times: list[float], service_labels: dict[str, dict[str, str]] | None = None
+) -> tuple[list[Sample], Counter[str]]:
     """What the agent's trace receiver would have reported at each of `times` (unix s).
 
     Spans are grouped per trace and stitched (agent/traces/stitch.py); a request counts from its
@@ -277,7 +291,7 @@ def scrape_times(replay: Replay) -> list[float]:
     per_target: dict[str, list[float]] = {}
     for s in replay.samples:
         if s.name == "kvscope_target_up":
-            assert s.timestamp is not None   # replay_recording stamps each one with its scrape time
+            assert s.timestamp is not None  # replay_recording stamps each one with its scrape time
             per_target.setdefault(dict(s.labels).get("instance", ""), []).append(s.timestamp)
     gaps = sorted(b - a for ts in per_target.values() for a, b in zip(ts, ts[1:], strict=False) if b > a)
     min_gap = gaps[len(gaps) // 2] / 2 if gaps else 0.0

@@ -27,8 +27,9 @@ def drop_time_outliers(expo: Exposition, text: str, path: str | os.PathLike[str]
     """Remove the outlying samples from `expo.samples` and say so in `expo.issues`."""
     if not expo.samples:
         return
-    ts = np.fromiter((math.nan if s.timestamp is None else s.timestamp for s in expo.samples),
-                     dtype=float, count=len(expo.samples))
+    ts = np.fromiter(
+        (math.nan if s.timestamp is None else s.timestamp for s in expo.samples), dtype=float, count=len(expo.samples)
+    )
     if np.isnan(ts).all():
         return
     median = float(np.nanmedian(ts))
@@ -42,10 +43,18 @@ def drop_time_outliers(expo: Exposition, text: str, path: str | os.PathLike[str]
     lines = _lines_of(text, {t for t in first if t is not None})
     where = f"{path}:{lines[0]}" if lines else str(path)
     shown = ", ".join(_iso(t) if t is not None else "no timestamp" for t in first)
-    expo.issues.append(ParseIssue(lines[0] if lines else 0, "timestamp_outlier", (
-        f"{where}: dropped {n} sample(s) timestamped more than {MAX_SPREAD_S / 86400:g} days from the "
-        f"recording's median time {_iso(median)} ({shown}{', ...' if n > 3 else ''}"
-        f"{'; lines ' + ', '.join(map(str, lines)) if len(lines) > 1 else ''}); the rest of the recording is read")))
+    expo.issues.append(
+        ParseIssue(
+            lines[0] if lines else 0,
+            "timestamp_outlier",
+            (
+                f"{where}: dropped {n} sample(s) timestamped more than {MAX_SPREAD_S / 86400:g} days from the "
+                f"recording's median time {_iso(median)} ({shown}{', ...' if n > 3 else ''}"
+                f"{'; lines ' + ', '.join(map(str, lines)) if len(lines) > 1 else ''}); "
+                "the rest of the recording is read"
+            ),
+        )
+    )
 
 
 def _lines_of(text: str, wanted: set[float], limit: int = 3) -> list[int]:

@@ -32,8 +32,12 @@ from kvscope.agent.signals import Labels
 MAX_LINE = 1 << 16
 MAX_LABELS = 256
 MAX_VALUE = 1 << 14
-LIMIT_REASONS = ("sample_limit_exceeded", "label_limit_exceeded", "label_name_length_limit_exceeded",
-                 "label_value_length_limit_exceeded")
+LIMIT_REASONS = (
+    "sample_limit_exceeded",
+    "label_limit_exceeded",
+    "label_name_length_limit_exceeded",
+    "label_value_length_limit_exceeded",
+)
 FATAL = (*LIMIT_REASONS, "parse_timeout")
 """Issues that fail a scrape whole (agent/collectors/engine.py), as Prometheus fails one past a limit."""
 _OM_TS = r"[+-]?+(?:[0-9]++(?:\.[0-9]*+)?+|\.[0-9]++)(?:[eE][+-]?+[0-9]++)?+"
@@ -61,8 +65,7 @@ _VALUE = re.compile(_FLOAT)
 _VALUES = re.compile(rf"{_FLOAT}\r?+(?:\n{_FLOAT}\r?+)*+")
 _OM_META = re.compile(r"# (TYPE|HELP|UNIT) ([^ \t\n]++) (.*)", re.S)
 _UNESCAPE = re.compile(r"\\(.)")
-TYPES = ("counter", "gauge", "histogram", "summary", "untyped", "unknown", "info",
-         "stateset", "gaugehistogram")
+TYPES = ("counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset", "gaugehistogram")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 
 
@@ -123,9 +126,13 @@ class Exposition:
         return None
 
 
-def parse_exposition(text: str, openmetrics: bool | None = None,
-                     label_cache: dict[str, Labels | str] | None = None,
-                     limits: Limits = NO_LIMITS, deadline: float | None = None) -> Exposition:
+def parse_exposition(
+    text: str,
+    openmetrics: bool | None = None,
+    label_cache: dict[str, Labels | str] | None = None,
+    limits: Limits = NO_LIMITS,
+    deadline: float | None = None,
+) -> Exposition:
     """Parse one exposition. `openmetrics=None` detects the format from a trailing `# EOF`.
 
     `label_cache` (label body text -> parsed labels, or the reason they are refused) may be kept
@@ -220,8 +227,13 @@ def _comment(line: str, lineno: int, out: Exposition) -> bool:
             out.types[name] = text
         elif kind == "HELP" and name not in out.helps:
             out.helps[name] = text
-        elif kind != "UNIT" or name in out.units or (text and not name.endswith("_" + text)) \
-                or out.types.get(name) in ("info", "stateset") or text != text.strip():
+        elif (
+            kind != "UNIT"
+            or name in out.units
+            or (text and not name.endswith("_" + text))
+            or out.types.get(name) in ("info", "stateset")
+            or text != text.strip()
+        ):
             _issue(out, lineno, "bad_metadata", line)
         else:
             out.units[name] = text
@@ -251,8 +263,14 @@ def _unescape(m: re.Match[str]) -> str:
     return _ESCAPES.get(m.group(1)) or m.group(0)
 
 
-def _sample(line: str, lineno: int, grammar: tuple[re.Pattern[str], ...], out: Exposition,
-            cache: dict[str, Labels | str], limits: Limits) -> RawSample | None:
+def _sample(
+    line: str,
+    lineno: int,
+    grammar: tuple[re.Pattern[str], ...],
+    out: Exposition,
+    cache: dict[str, Labels | str],
+    limits: Limits,
+) -> RawSample | None:
     if len(line) > MAX_LINE:
         _issue(out, lineno, "line_too_long", line)
         return None
@@ -334,7 +352,7 @@ def _diagnose(line: str, grammar: tuple[re.Pattern[str], ...]) -> str:
     """Why a sample line did not match (only bad lines pay for this)."""
     rest = line.lstrip(" \t")
     head = re.match(rf"({_NAME})?+[ \t]*+", rest)
-    rest = rest[head.end():] if head else rest
+    rest = rest[head.end() :] if head else rest
     if rest[:1] == "{":
         return "malformed_labels"
     fields = rest.split("#", 1)[0].split()

@@ -42,7 +42,7 @@ class Payload:
     """One successfully read /metrics body."""
 
     text: str
-    openmetrics: bool          # the server said application/openmetrics-text
+    openmetrics: bool  # the server said application/openmetrics-text
     size_bytes: int
     duration_s: float
 
@@ -58,14 +58,18 @@ async def read_exposition(session: HttpClient, url: str, timeout_s: float, max_b
         raise ScrapeError("timeout", f"no complete response within {timeout_s:g}s") from None
     except FetchError as e:
         raise ScrapeError(e.reason, e.detail) from None
-    except OSError as e:   # a write on a connection the peer reset
+    except OSError as e:  # a write on a connection the peer reset
         raise ScrapeError("server_disconnected", str(e)[:200]) from None
     try:
         text = reply.body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ScrapeError("decode_error", f"not UTF-8 at byte {e.start}") from None
-    return Payload(text=text, openmetrics=reply.content_type.startswith("application/openmetrics-text"),
-                   size_bytes=len(reply.body), duration_s=time.monotonic() - start)
+    return Payload(
+        text=text,
+        openmetrics=reply.content_type.startswith("application/openmetrics-text"),
+        size_bytes=len(reply.body),
+        duration_s=time.monotonic() - start,
+    )
 
 
 def new_session() -> HttpClient:

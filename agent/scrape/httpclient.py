@@ -68,20 +68,20 @@ class _Conn(asyncio.Protocol):
         self.size = 0
         self.inflate: zlib._Decompress | None = None
         self.chunked = False
-        self.error: FetchError | None = None   # raised inside a parser callback
+        self.error: FetchError | None = None  # raised inside a parser callback
         self.head_bytes = 0
         self.in_headers = True
         self.reusable = False
 
     # -- transport callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport   # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.waiter is not None and not self.waiter.done():
             if self.got_bytes and not self.in_headers and self.length is None and not self.chunked:
-                self._complete()   # a body delimited by the end of the connection
+                self._complete()  # a body delimited by the end of the connection
             else:
                 reason = "payload_error" if self.got_bytes and not self.in_headers else "server_disconnected"
                 self._fail(FetchError(reason, "connection closed before the reply was complete"))
@@ -89,14 +89,14 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
         if self.waiter is None or self.waiter.done():
-            self.abort()   # bytes nobody asked for: this connection is out of step
+            self.abort()  # bytes nobody asked for: this connection is out of step
             return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as e:   # a callback's FetchError arrives wrapped in it
+        except httptools.HttpParserError as e:  # a callback's FetchError arrives wrapped in it
             self._fail(self.error or FetchError("http_protocol_error", str(e)[:200]))
             return
-        if self.in_headers:   # still no end of the header block
+        if self.in_headers:  # still no end of the header block
             self.head_bytes += len(data)
             if self.head_bytes > MAX_HEADER_BYTES:
                 self._fail(FetchError("http_protocol_error", "reply headers over 64 KiB"))
@@ -231,7 +231,7 @@ class HttpClient:
         try:
             reply = await conn.request(request, max_bytes)
         except BaseException:
-            conn.abort()   # timeout, cancellation or failure: the connection's state is unknown
+            conn.abort()  # timeout, cancellation or failure: the connection's state is unknown
             raise
         finally:
             self._busy.discard(conn)
@@ -264,8 +264,12 @@ class HttpClient:
         port = port or (443 if parts.scheme == "https" else 80)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         host_header = parts.netloc.rsplit("@", 1)[-1]
-        lines = [f"GET {target} HTTP/1.1", f"Host: {host_header}", f"User-Agent: {self.user_agent}",
-                 "Accept-Encoding: gzip"]
+        lines = [
+            f"GET {target} HTTP/1.1",
+            f"Host: {host_header}",
+            f"User-Agent: {self.user_agent}",
+            "Accept-Encoding: gzip",
+        ]
         lines.extend(f"{k}: {v}" for k, v in headers)
         if any(c <= " " or c == "\x7f" for c in target + host_header):
             raise FetchError("invalid_url", f"space or control character in {url[:200]!r}")

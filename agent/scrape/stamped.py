@@ -61,7 +61,7 @@ class _Flattened(Sequence[Sample]):
             return self.samples() == list(other)
         return NotImplemented
 
-    __hash__ = None   # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]
 
 
 class Stamped(_Flattened):

@@ -36,7 +36,7 @@ from kvscope.agent.signals import HISTOGRAM_SUFFIXES, KVSCOPE_PREFIX, Catalog, L
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
-Line = tuple[str, Labels, float]   # (sample name, labels, value)
+Line = tuple[str, Labels, float]  # (sample name, labels, value)
 
 
 class Family:
@@ -65,6 +65,7 @@ def _escape_help(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------- canonical series
+
 
 def signal_of(name: str, catalog: Catalog) -> tuple[Signal, str] | None:
     """(signal, histogram suffix or "") for a canonical sample name, or None if not canonical."""
@@ -126,6 +127,7 @@ def _histogram_key(row: tuple[str, Labels]) -> tuple[Labels, int, float]:
 
 # ---------------------------------------------------------------------------------- self-health
 
+
 def health_families(state: Any, store_stats: Any = None) -> list[Family]:
     """Self-health families from an AgentState (agent/runtime.py)."""
     fams = _target_families(state) + _collector_families(state) + [_engine_info(state)]
@@ -137,8 +139,11 @@ def health_families(state: Any, store_stats: Any = None) -> list[Family]:
 
 def _target_families(state: Any) -> list[Family]:
     up = Family("kvscope_target_up", "gauge", "1 if the last scrape of the target gave usable samples.")
-    status = Family("kvscope_target_status", "gauge",
-                    "Always 1; reason is ok or why the target is down (timeout, http_503, unknown_engine...).")
+    status = Family(
+        "kvscope_target_status",
+        "gauge",
+        "Always 1; reason is ok or why the target is down (timeout, http_503, unknown_engine...).",
+    )
     series = Family("kvscope_target_series", "gauge", "Canonical series produced by the last scrape.")
     dur = Family("kvscope_scrape_duration_seconds", "gauge", "Duration of the last scrape of the target.")
     for healths in state.health.values():
@@ -155,8 +160,7 @@ def _target_families(state: Any) -> list[Family]:
 
 def _collector_families(state: Any) -> list[Family]:
     up = Family("kvscope_collector_up", "gauge", "1 if the collector's last run succeeded.")
-    status = Family("kvscope_collector_status", "gauge",
-                    "Always 1; reason is ok or why the collector is down.")
+    status = Family("kvscope_collector_status", "gauge", "Always 1; reason is ok or why the collector is down.")
     dur = Family("kvscope_collector_duration_seconds", "gauge", "Duration of the collector's last run.")
     for name in sorted(state.collector_status):
         ok, reason, seconds = state.collector_status[name]
@@ -167,15 +171,16 @@ def _collector_families(state: Any) -> list[Family]:
 
 
 def _engine_info(state: Any) -> Family:
-    fam = Family("kvscope_engine_info", "gauge",
-                 "Always 1; labels carry the engine's dialect and configuration facts.")
+    fam = Family("kvscope_engine_info", "gauge", "Always 1; labels carry the engine's dialect and configuration facts.")
     for inst in sorted(state.engines):
         engine = state.engines[inst]
         if engine is None:
             continue
-        labels = {k: v for k, v in state.facts.get(inst, {}).items()
-                  if _LABEL_NAME.fullmatch(k) and not k.startswith("_")
-                  and k not in ("job", "instance", "engine")}
+        labels = {
+            k: v
+            for k, v in state.facts.get(inst, {}).items()
+            if _LABEL_NAME.fullmatch(k) and not k.startswith("_") and k not in ("job", "instance", "engine")
+        }
         labels.update(job=state.jobs.get(inst, ""), instance=inst, engine=engine)
         fam.add(labels, 1.0)
     return fam
@@ -185,12 +190,18 @@ def _counter_families(state: Any) -> list[Family]:
     errors = Family("kvscope_scrape_errors_total", "counter", "Failed scrapes by reason since the agent started.")
     for (job, inst, reason), n in sorted(state.scrape_errors.items()):
         errors.add({"job": job, "instance": inst, "reason": reason}, float(n))
-    dropped = Family("kvscope_samples_dropped_total", "counter",
-                     "Lines or samples dropped by reason (truncated, duplicate_series, non_finite...).")
+    dropped = Family(
+        "kvscope_samples_dropped_total",
+        "counter",
+        "Lines or samples dropped by reason (truncated, duplicate_series, non_finite...).",
+    )
     for (coll, inst, reason), n in sorted(state.dropped.items()):
         dropped.add({"collector": coll, "instance": inst, "reason": reason}, float(n))
-    resets = Family("kvscope_target_resets_total", "counter",
-                    "Scrapes in which a counter of the target decreased (usually an engine restart).")
+    resets = Family(
+        "kvscope_target_resets_total",
+        "counter",
+        "Scrapes in which a counter of the target decreased (usually an engine restart).",
+    )
     for inst, n in sorted(state.counter_resets.items()):
         resets.add({"job": state.jobs.get(inst, ""), "instance": inst}, float(n))
     return [errors, dropped, resets]
@@ -208,18 +219,22 @@ def _cycle_families(state: Any) -> list[Family]:
 def _store_families(stats: Any) -> list[Family]:
     fams = []
     for attr, name, kind, help_ in (
-            ("series", "kvscope_store_series", "gauge", "Series in the local store."),
-            ("bytes", "kvscope_store_size_bytes", "gauge", "Size of the local store on disk."),
-            ("queued", "kvscope_store_queued_samples", "gauge", "Samples waiting for the store writer."),
-            ("written", "kvscope_store_samples_written_total", "counter", "Samples committed to the store.")):
+        ("series", "kvscope_store_series", "gauge", "Series in the local store."),
+        ("bytes", "kvscope_store_size_bytes", "gauge", "Size of the local store on disk."),
+        ("queued", "kvscope_store_queued_samples", "gauge", "Samples waiting for the store writer."),
+        ("written", "kvscope_store_samples_written_total", "counter", "Samples committed to the store."),
+    ):
         fam = Family(name, kind, help_)
         fam.add({}, float(getattr(stats, attr, 0) or 0))
         fams.append(fam)
     dropped = Family("kvscope_store_samples_dropped_total", "counter", "Samples the store dropped, by reason.")
     for reason, n in sorted(getattr(stats, "dropped", {}).items()):
         dropped.add({"reason": reason}, float(n))
-    errors = Family("kvscope_store_write_errors_total", "counter",
-                    "Failed store writes and retention passes by reason (disk_full, io_error, corrupt, busy...).")
+    errors = Family(
+        "kvscope_store_write_errors_total",
+        "counter",
+        "Failed store writes and retention passes by reason (disk_full, io_error, corrupt, busy...).",
+    )
     for reason, n in sorted(getattr(stats, "errors", {}).items()):
         errors.add({"reason": reason}, float(n))
     return fams + [dropped, errors]

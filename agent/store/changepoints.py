@@ -62,10 +62,10 @@ Points = list[tuple[float, float]]
 class Encoded:
     """Rows for one transaction, and the sample counts behind them."""
 
-    points: list[tuple[int, int, float]] = field(default_factory=list)    # (series id, ts_ms, value)
-    marks: list[tuple[int, int, int]] = field(default_factory=list)       # (series id, ts_ms, group)
-    stamps: list[tuple[int, int]] = field(default_factory=list)           # (group, ts_ms)
-    accepted: int = 0          # samples now queryable (points + elided)
+    points: list[tuple[int, int, float]] = field(default_factory=list)  # (series id, ts_ms, value)
+    marks: list[tuple[int, int, int]] = field(default_factory=list)  # (series id, ts_ms, group)
+    stamps: list[tuple[int, int]] = field(default_factory=list)  # (group, ts_ms)
+    accepted: int = 0  # samples now queryable (points + elided)
     dropped: Counter[str] = field(default_factory=Counter)
 
 
@@ -81,12 +81,12 @@ class ChangeEncoder:
     def __init__(self, series_id: Callable[[str, Labels], int | None], next_group: int = 1) -> None:
         self._series_id = series_id
         self._next_group = max(1, next_group)
-        self._last: dict[Key, list] = {}       # key -> [sid, last ts_ms unless in a group, value, group]
-        self._by_sid: dict[int, list] = {}     # the same lists by series id
-        self._members: dict[int, set[int]] = {}   # group -> series ids in its current run
-        self._group_ts: dict[int, int] = {}    # group -> its latest stamp
-        self._previous: dict[int, _Cohort | _Blocks] = {}   # group -> its last cohort, for the fast paths
-        self.block_cohorts = 0                 # cohorts written by the block path (for tests and benches)
+        self._last: dict[Key, list] = {}  # key -> [sid, last ts_ms unless in a group, value, group]
+        self._by_sid: dict[int, list] = {}  # the same lists by series id
+        self._members: dict[int, set[int]] = {}  # group -> series ids in its current run
+        self._group_ts: dict[int, int] = {}  # group -> its latest stamp
+        self._previous: dict[int, _Cohort | _Blocks] = {}  # group -> its last cohort, for the fast paths
+        self.block_cohorts = 0  # cohorts written by the block path (for tests and benches)
 
     def reset(self) -> None:
         """Forget all state (the rows it described may not be on disk)."""
@@ -117,17 +117,20 @@ class ChangeEncoder:
             stamped = [p for p in batch.parts if isinstance(p, Stamped)]
             others = [p for p in batch.parts if not isinstance(p, Stamped)]
             times = {p.timestamp for p in stamped}
-            if stamped and (None in times or len(times) != len(stamped)
-                            or not times.isdisjoint(map(_timestamp, chain.from_iterable(others)))):
-                stamped = []   # a timestamp shared with other samples: one cohort, as a flat batch
+            if stamped and (
+                None in times
+                or len(times) != len(stamped)
+                or not times.isdisjoint(map(_timestamp, chain.from_iterable(others)))
+            ):
+                stamped = []  # a timestamp shared with other samples: one cohort, as a flat batch
             batch = chain.from_iterable(others) if stamped else batch.samples()
         by_ts: dict[object, list[Sample] | Stamped] = {}
-        for ts, run in groupby(batch, _timestamp):   # runs of one timestamp (a target's scrape)
+        for ts, run in groupby(batch, _timestamp):  # runs of one timestamp (a target's scrape)
             cohort = by_ts.get(ts)
             if cohort is None:
                 by_ts[ts] = list(run)
             else:
-                cohort.extend(run)   # type: ignore[union-attr]
+                cohort.extend(run)  # type: ignore[union-attr]
         for part in stamped:
             by_ts[part.timestamp] = part
         # A cohort is the samples of one exact timestamp: targets scraped within the same
@@ -135,7 +138,7 @@ class ChangeEncoder:
         cohorts: list[tuple[int, float, list[Sample] | Stamped]] = []
         for ts, samples in by_ts.items():
             try:
-                exact = float(now if ts is None else ts)   # type: ignore[arg-type]
+                exact = float(now if ts is None else ts)  # type: ignore[arg-type]
                 cohorts.append((round(exact * 1000), exact, samples))
             except (TypeError, ValueError, OverflowError):
                 out.dropped["bad_value"] += len(samples)
@@ -169,7 +172,7 @@ class ChangeEncoder:
             return
         self._encode_general(g, ts_ms, part.samples(), out)
         prev = self._previous.get(g)
-        if prev is not None:   # every sample a member, in order: remember it block by block
+        if prev is not None:  # every sample a member, in order: remember it block by block
             states = iter(prev.states)
             self._previous[g] = _Blocks(part.blocks, [list(islice(states, len(b))) for b in part.blocks])
 
@@ -181,21 +184,29 @@ class ChangeEncoder:
         if type(prev) is not _Blocks or len(prev.blocks) != len(part.blocks) or not len(part):
             return False
         which = list(compress(range(len(part.blocks)), map(is_not, part.blocks, prev.blocks)))
-        if 4 * len(which) > len(part.blocks):   # most blocks changed: compare them all in one pass each
-            pairs = [(list(chain.from_iterable(part.blocks)), list(chain.from_iterable(prev.blocks)),
-                      list(chain.from_iterable(prev.states)))]
+        if 4 * len(which) > len(part.blocks):  # most blocks changed: compare them all in one pass each
+            pairs = [
+                (
+                    list(chain.from_iterable(part.blocks)),
+                    list(chain.from_iterable(prev.blocks)),
+                    list(chain.from_iterable(prev.states)),
+                )
+            ]
         else:
             pairs = [(part.blocks[i], prev.blocks[i], prev.states[i]) for i in which]
         moved: list[tuple[list, list[int], list]] = []
         for new, old, states in pairs:
-            if (len(new) != len(old) or list(map(_name, new)) != list(map(_name, old))
-                    or list(map(_labels, new)) != list(map(_labels, old))):
+            if (
+                len(new) != len(old)
+                or list(map(_name, new)) != list(map(_name, old))
+                or list(map(_labels, new)) != list(map(_labels, old))
+            ):
                 return False
             values = list(map(_value, new))
             changed = list(compress(range(len(new)), map(operator.ne, values, map(_value, old))))
             for j in changed:
                 v = values[j]
-                if type(v) is not float or v != v:   # NaN or a value to convert: the general path
+                if type(v) is not float or v != v:  # NaN or a value to convert: the general path
                     return False
             moved.append((states, changed, values))
         points = out.points
@@ -232,7 +243,7 @@ class ChangeEncoder:
                 except (TypeError, ValueError):
                     dropped["bad_value"] += 1
                     continue
-            if v != v:   # NaN: SQLite would store NULL
+            if v != v:  # NaN: SQLite would store NULL
                 dropped["nan"] += 1
                 continue
             st = last.get((s[0], s[1]))
@@ -253,11 +264,11 @@ class ChangeEncoder:
                     dropped["series_limit"] += 1
                     continue
                 st = last[(s[0], s[1])] = by_sid[sid] = [sid, -1, v, 0]
-            previous = group_ts[st[3]] if st[3] else st[1]   # a member's last point is its group's last stamp
+            previous = group_ts[st[3]] if st[3] else st[1]  # a member's last point is its group's last stamp
             if previous >= ts_ms:
                 dropped["duplicate" if previous == ts_ms else "out_of_order"] += 1
                 continue
-            if st[3]:            # moves from another group's run
+            if st[3]:  # moves from another group's run
                 self._members[st[3]].discard(st[0])
                 self._previous.pop(st[3], None)
             st[1], st[2], st[3] = previous, v, g
@@ -266,7 +277,7 @@ class ChangeEncoder:
             marks.append((st[0], ts_ms, g))
         if members:
             before = group_ts.get(g, -1)
-            for sid in members - present:   # absent from this scrape of its group: stale from here
+            for sid in members - present:  # absent from this scrape of its group: stale from here
                 st = by_sid[sid]
                 if st[3] == g:
                     st[1], st[3] = before, 0
@@ -275,7 +286,7 @@ class ChangeEncoder:
         group_ts[g] = ts_ms
         out.stamps.append((g, ts_ms))
         out.accepted += len(present)
-        if len(present) == len(cohort):   # every sample a member, in order: remember for the fast path
+        if len(present) == len(cohort):  # every sample a member, in order: remember for the fast path
             self._previous[g] = _Cohort(cohort, [last[(s[0], s[1])] for s in cohort])
 
     def _encode_same_series(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> bool:
@@ -290,7 +301,7 @@ class ChangeEncoder:
         changed = list(compress(range(len(values)), map(operator.ne, values, prev.values)))
         for i in changed:
             v = values[i]
-            if type(v) is not float or v != v:   # NaN or a value to convert: the general path
+            if type(v) is not float or v != v:  # NaN or a value to convert: the general path
                 return False
         states, points = prev.states, out.points
         for i in changed:
@@ -326,9 +337,15 @@ class _Cohort:
 
 # ------------------------------------------------------------------------------------ read side
 
-def fill_points(real: Sequence[tuple[int, float]], carry: tuple[int, float] | None,
-                marks: Sequence[tuple[int, int]], stamps_of: Callable[[int, int, int], Sequence[int]],
-                lo: int, hi: int) -> Points:
+
+def fill_points(
+    real: Sequence[tuple[int, float]],
+    carry: tuple[int, float] | None,
+    marks: Sequence[tuple[int, int]],
+    stamps_of: Callable[[int, int, int], Sequence[int]],
+    lo: int,
+    hi: int,
+) -> Points:
     """The dense points of one series in [lo, hi] (milliseconds in, seconds out).
 
     `real`: stored points in [lo, hi], sorted; `carry`: the latest stored point before `lo`;
@@ -369,4 +386,4 @@ class StampIndex:
         stamps = self._cache.get(group)
         if stamps is None:
             stamps = self._cache[group] = self._fetch(group)
-        return stamps[bisect.bisect_left(stamps, a):bisect.bisect_right(stamps, b)]
+        return stamps[bisect.bisect_left(stamps, a) : bisect.bisect_right(stamps, b)]

@@ -50,7 +50,7 @@ class RetentionMixin:
         now = time.time() if now is None else now
         with self._wlock:
             deleted = self._delete_before(now - self.retention_s, "age")
-            for _ in range(8):   # each pass removes the oldest slice sized from the overshoot
+            for _ in range(8):  # each pass removes the oldest slice sized from the overshoot
                 used = self._used_bytes()
                 if used <= self.max_bytes:
                     break
@@ -65,8 +65,12 @@ class RetentionMixin:
     def _prune_series(self) -> None:
         """Forget series left without samples (engines and pods come and go), so that churn
         does not use up max_series."""
-        empty = [r[0] for r in self._writer.execute(
-            "SELECT id FROM series WHERE NOT EXISTS (SELECT 1 FROM samples WHERE series_id = series.id)")]
+        empty = [
+            r[0]
+            for r in self._writer.execute(
+                "SELECT id FROM series WHERE NOT EXISTS (SELECT 1 FROM samples WHERE series_id = series.id)"
+            )
+        ]
         if not empty:
             return
         self._writer.executemany("DELETE FROM series WHERE id = ?", [(i,) for i in empty])
@@ -76,8 +80,11 @@ class RetentionMixin:
         self._encoder.forget(gone)
         with self._slock:
             self._ids = {k: v for k, v in self._ids.items() if v not in gone}
-            self._by_name = {n: kept for n, lst in self._by_name.items()
-                             if (kept := [(lab, sid) for lab, sid in lst if sid not in gone])}
+            self._by_name = {
+                n: kept
+                for n, lst in self._by_name.items()
+                if (kept := [(lab, sid) for lab, sid in lst if sid not in gone])
+            }
 
     def _series_ids(self) -> list[int]:
         with self._slock:
@@ -95,8 +102,9 @@ class RetentionMixin:
             n = max(0, cur.rowcount)
             if self._sparse:
                 self._writer.executemany("DELETE FROM marks WHERE series_id = ? AND ts_ms < ?", params)
-                self._writer.executemany("DELETE FROM stamps WHERE group_id = ? AND ts_ms < ?",
-                                         [(g, cutoff) for g in self._groups()])
+                self._writer.executemany(
+                    "DELETE FROM stamps WHERE group_id = ? AND ts_ms < ?", [(g, cutoff) for g in self._groups()]
+                )
             self._writer.execute("COMMIT")
         except sqlite3.Error:
             self._rollback()
@@ -116,8 +124,12 @@ class RetentionMixin:
         return out
 
     def _has_stamps_before(self, cutoff: int) -> bool:
-        return any(self._writer.execute("SELECT 1 FROM stamps WHERE group_id = ? AND ts_ms < ? LIMIT 1",
-                                        (g, cutoff)).fetchone() for g in self._groups())
+        return any(
+            self._writer.execute(
+                "SELECT 1 FROM stamps WHERE group_id = ? AND ts_ms < ? LIMIT 1", (g, cutoff)
+            ).fetchone()
+            for g in self._groups()
+        )
 
     def _reanchor(self, cutoff: int) -> int:
         """Before rows older than `cutoff` go: a series whose run crosses the cut gets its carried
@@ -126,20 +138,25 @@ class RetentionMixin:
         w = self._writer
         points, marks = [], []
         for sid in self._series_ids():
-            mark = w.execute("SELECT ts_ms, group_id FROM marks WHERE series_id = ? AND ts_ms <= ? "
-                             "ORDER BY ts_ms DESC LIMIT 1", (sid, cutoff)).fetchone()
+            mark = w.execute(
+                "SELECT ts_ms, group_id FROM marks WHERE series_id = ? AND ts_ms <= ? ORDER BY ts_ms DESC LIMIT 1",
+                (sid, cutoff),
+            ).fetchone()
             if mark is None or not mark[1] or mark[0] == cutoff:
                 continue
-            first = w.execute("SELECT MIN(ts_ms) FROM stamps WHERE group_id = ? AND ts_ms >= ?",
-                              (mark[1], cutoff)).fetchone()[0]
+            first = w.execute(
+                "SELECT MIN(ts_ms) FROM stamps WHERE group_id = ? AND ts_ms >= ?", (mark[1], cutoff)
+            ).fetchone()[0]
             if first is None:
                 continue
-            later = w.execute("SELECT 1 FROM marks WHERE series_id = ? AND ts_ms > ? AND ts_ms <= ? LIMIT 1",
-                              (sid, cutoff, first)).fetchone()
+            later = w.execute(
+                "SELECT 1 FROM marks WHERE series_id = ? AND ts_ms > ? AND ts_ms <= ? LIMIT 1", (sid, cutoff, first)
+            ).fetchone()
             if later is not None:
                 continue
-            carried = w.execute("SELECT value FROM samples WHERE series_id = ? AND ts_ms <= ? "
-                                "ORDER BY ts_ms DESC LIMIT 1", (sid, first)).fetchone()
+            carried = w.execute(
+                "SELECT value FROM samples WHERE series_id = ? AND ts_ms <= ? ORDER BY ts_ms DESC LIMIT 1", (sid, first)
+            ).fetchone()
             if carried is None:
                 continue
             points.append((sid, first, carried[0]))
@@ -162,7 +179,8 @@ class RetentionMixin:
         hi: int | None = None
         for sid in self._series_ids():
             a, b = self._writer.execute(
-                "SELECT MIN(ts_ms), MAX(ts_ms) FROM samples WHERE series_id = ?", (sid,)).fetchone()
+                "SELECT MIN(ts_ms), MAX(ts_ms) FROM samples WHERE series_id = ?", (sid,)
+            ).fetchone()
             if a is not None:
                 lo = a if lo is None else min(lo, a)
                 hi = b if hi is None else max(hi, b)
@@ -173,4 +191,3 @@ class RetentionMixin:
         count = self._writer.execute("PRAGMA page_count").fetchone()[0]
         free = self._writer.execute("PRAGMA freelist_count").fetchone()[0]
         return int(page * (count - free))
-

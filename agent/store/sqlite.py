@@ -83,8 +83,9 @@ class Store(Protocol):
         timestamp is stamped with the time of the call."""
         ...
 
-    def query(self, name: str, start: float, end: float,
-              matchers: dict[str, str] | None = None) -> dict[Labels, Points]:
+    def query(
+        self, name: str, start: float, end: float, matchers: dict[str, str] | None = None
+    ) -> dict[Labels, Points]:
         """Points of every series named `name` whose labels equal all `matchers`, with
         start <= ts <= end (seconds), sorted by time. A matcher value "" matches series that
         lack the label (Prometheus semantics). Sees what `flush()` has committed."""
@@ -109,16 +110,16 @@ class StoreStats:
 
     rows: int = 0
     series: int = 0
-    bytes: int = 0                    # on disk: database + WAL
-    used_bytes: int = 0               # pages in use (what max_bytes bounds)
+    bytes: int = 0  # on disk: database + WAL
+    used_bytes: int = 0  # pages in use (what max_bytes bounds)
     queued: int = 0
-    written: int = 0                  # samples committed since open (queryable points)
-    unchanged: int = 0                # of those, stored without a row (value as at the previous scrape)
+    written: int = 0  # samples committed since open (queryable points)
+    unchanged: int = 0  # of those, stored without a row (value as at the previous scrape)
     batches: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)   # samples dropped, by reason
-    errors: Counter[str] = field(default_factory=Counter)    # failed writes / retention passes, by reason
-    failing: str | None = None        # reason while the latest write failed (disk_full...), None once one succeeds
-    deleted: Counter[str] = field(default_factory=Counter)   # rows removed by retention: age | size
+    dropped: Counter[str] = field(default_factory=Counter)  # samples dropped, by reason
+    errors: Counter[str] = field(default_factory=Counter)  # failed writes / retention passes, by reason
+    failing: str | None = None  # reason while the latest write failed (disk_full...), None once one succeeds
+    deleted: Counter[str] = field(default_factory=Counter)  # rows removed by retention: age | size
     last_write_latency_s: float = 0.0
     max_write_latency_s: float = 0.0
     write_latency_sum_s: float = 0.0
@@ -143,7 +144,7 @@ class InMemoryStore:
 
     def __init__(self, retention_s: float | None = None, max_points: int = DEFAULT_MAX_POINTS) -> None:
         self._series: dict[str, dict[Labels, dict[float, float]]] = {}
-        self._order: deque[tuple[float, str, Labels]] = deque()   # write order ~ time order
+        self._order: deque[tuple[float, str, Labels]] = deque()  # write order ~ time order
         self._lock = threading.Lock()
         self._retention_s = retention_s
         self._max_points = max(1, max_points)
@@ -170,7 +171,7 @@ class InMemoryStore:
             return
         points = self._series.setdefault(s.name, {}).setdefault(s.labels, {})
         key = round(ts * 1000) / 1000
-        if key in points:   # same series and millisecond: first write wins, as in SQLite
+        if key in points:  # same series and millisecond: first write wins, as in SQLite
             self._stats.dropped["duplicate"] += 1
             return
         points[key] = value
@@ -190,8 +191,9 @@ class InMemoryStore:
                 if not by_labels:
                     del self._series[name]
 
-    def query(self, name: str, start: float, end: float,
-              matchers: dict[str, str] | None = None) -> dict[Labels, Points]:
+    def query(
+        self, name: str, start: float, end: float, matchers: dict[str, str] | None = None
+    ) -> dict[Labels, Points]:
         with self._lock:
             out: dict[Labels, Points] = {}
             for labels, points in self._series.get(name, {}).items():
@@ -213,13 +215,23 @@ class InMemoryStore:
     def samples(self) -> list[Sample]:
         """Every stored point as a Sample, ordered by name, labels and time."""
         with self._lock:
-            return [Sample(n, lab, v, t) for n in sorted(self._series)
-                    for lab, pts in sorted(self._series[n].items()) for t, v in sorted(pts.items())]
+            return [
+                Sample(n, lab, v, t)
+                for n in sorted(self._series)
+                for lab, pts in sorted(self._series[n].items())
+                for t, v in sorted(pts.items())
+            ]
 
     def stats(self) -> StoreStats:
         with self._lock:
-            st = StoreStats(**{**self._stats.__dict__, "dropped": Counter(self._stats.dropped),
-                               "errors": Counter(self._stats.errors), "deleted": Counter(self._stats.deleted)})
+            st = StoreStats(
+                **{
+                    **self._stats.__dict__,
+                    "dropped": Counter(self._stats.dropped),
+                    "errors": Counter(self._stats.errors),
+                    "deleted": Counter(self._stats.deleted),
+                }
+            )
             st.series = sum(len(b) for b in self._series.values())
             st.rows = len(self._order)
             return st
@@ -251,15 +263,22 @@ def _labels_from_json(text: str) -> Labels:
     return tuple((str(k), str(v)) for k, v in json.loads(text))
 
 
-_REASONS = {"SQLITE_FULL": "disk_full", "SQLITE_CORRUPT": "corrupt", "SQLITE_NOTADB": "corrupt",
-            "SQLITE_BUSY": "busy", "SQLITE_LOCKED": "busy", "SQLITE_READONLY": "read_only",
-            "SQLITE_CANTOPEN": "cant_open", "SQLITE_IOERR": "io_error"}
+_REASONS = {
+    "SQLITE_FULL": "disk_full",
+    "SQLITE_CORRUPT": "corrupt",
+    "SQLITE_NOTADB": "corrupt",
+    "SQLITE_BUSY": "busy",
+    "SQLITE_LOCKED": "busy",
+    "SQLITE_READONLY": "read_only",
+    "SQLITE_CANTOPEN": "cant_open",
+    "SQLITE_IOERR": "io_error",
+}
 
 
 def error_reason(exc: BaseException) -> str:
     """A stable token for a store failure: disk_full, io_error, corrupt, busy, read_only... or the
     exception's type name when SQLite gives no error code."""
-    base = "_".join((getattr(exc, "sqlite_errorname", "") or "").split("_")[:2])   # SQLITE_IOERR_WRITE -> SQLITE_IOERR
+    base = "_".join((getattr(exc, "sqlite_errorname", "") or "").split("_")[:2])  # SQLITE_IOERR_WRITE -> SQLITE_IOERR
     return _REASONS.get(base) or base.lower().removeprefix("sqlite_") or type(exc).__name__
 
 
@@ -267,8 +286,10 @@ class StoreError(OSError):
     """The database cannot be opened or has an unexpected schema; the message names the file."""
 
 
-DAMAGED = ("; the file is damaged or is not a kvscope store: move it aside (or delete it) and "
-           "start again, a new store is created")
+DAMAGED = (
+    "; the file is damaged or is not a kvscope store: move it aside (or delete it) and "
+    "start again, a new store is created"
+)
 
 
 class SqliteStore(RetentionMixin):
@@ -278,11 +299,20 @@ class SqliteStore(RetentionMixin):
     `flush_interval_s` is the longest a queued sample waits before it is committed.
     """
 
-    def __init__(self, path: str | os.PathLike[str], retention_s: float = DEFAULT_RETENTION_S,
-                 max_bytes: int = DEFAULT_MAX_BYTES, batch_size: int = DEFAULT_BATCH_SIZE,
-                 flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S, max_queue: int = DEFAULT_MAX_QUEUE,
-                 max_series: int = DEFAULT_MAX_SERIES, synchronous: str = "NORMAL",
-                 background: bool = True, busy_timeout_s: float = 30.0, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        retention_s: float = DEFAULT_RETENTION_S,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        max_series: int = DEFAULT_MAX_SERIES,
+        synchronous: str = "NORMAL",
+        background: bool = True,
+        busy_timeout_s: float = 30.0,
+        read_only: bool = False,
+    ) -> None:
         self.path = Path(path)
         self.retention_s = retention_s
         self.max_bytes = max_bytes
@@ -292,12 +322,12 @@ class SqliteStore(RetentionMixin):
         self.max_series = max_series
         self.busy_timeout_s = busy_timeout_s
         self.read_only = read_only
-        self._queue: deque[tuple[float, Sequence[Sample]]] = deque()   # (time of write(), samples)
+        self._queue: deque[tuple[float, Sequence[Sample]]] = deque()  # (time of write(), samples)
         self._queued = 0
-        self._qlock = threading.Lock()           # guards _queue and _stats.dropped (cheap, never I/O)
-        self._wlock = threading.RLock()          # guards the writer connection
-        self._rlock = threading.Lock()           # guards the reader connection
-        self._slock = threading.Lock()           # guards the series index
+        self._qlock = threading.Lock()  # guards _queue and _stats.dropped (cheap, never I/O)
+        self._wlock = threading.RLock()  # guards the writer connection
+        self._rlock = threading.Lock()  # guards the reader connection
+        self._slock = threading.Lock()  # guards the series index
         self._stats = StoreStats()
         self._closed = False
         self._wake = threading.Event()
@@ -306,7 +336,7 @@ class SqliteStore(RetentionMixin):
         self._by_name: dict[str, list[tuple[Labels, int]]] = {}
         self._max_id = 0
         try:
-            if read_only:   # a reader beside a running agent: no writes, no checkpoints, no new file
+            if read_only:  # a reader beside a running agent: no writes, no checkpoints, no new file
                 self._reader = self._connect_read_only()
                 self._writer = self._reader
                 self._check_schema()
@@ -316,11 +346,11 @@ class SqliteStore(RetentionMixin):
                 self._reader = self._connect(synchronous)
             self._load_series()
             self._encoder = ChangeEncoder(self._series_for, self._next_group())
-        except sqlite3.DatabaseError as exc:   # a damaged file: pages the first reads touch
+        except sqlite3.DatabaseError as exc:  # a damaged file: pages the first reads touch
             raise StoreError(f"{self.path}: {exc}{DAMAGED}") from exc
         self._created: list[tuple[int, str, Labels]] | None = None
         self._snapshot: StoreStats | None = None
-        self._row_offset: int | None = None   # rows at open, counted on first stats() (a full scan)
+        self._row_offset: int | None = None  # rows at open, counted on first stats() (a full scan)
         self._next_retention = 0.0
         self._thread: threading.Thread | None = None
         if background and not read_only:
@@ -331,8 +361,9 @@ class SqliteStore(RetentionMixin):
     def _connect(self, synchronous: str) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                                   timeout=self.busy_timeout_s)
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s
+            )
             # Before WAL: switching a new file to WAL writes its header, and auto_vacuum can only
             # be chosen before that (on an existing file this is a no-op).
             conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
@@ -343,15 +374,21 @@ class SqliteStore(RetentionMixin):
             conn.execute(f"PRAGMA synchronous={'FULL' if synchronous.upper() == 'FULL' else 'NORMAL'}")
             return conn
         except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"{self.path}: cannot open store: {exc}"
-                             f"{DAMAGED if isinstance(exc, sqlite3.DatabaseError) else ''}") from exc
+            raise StoreError(
+                f"{self.path}: cannot open store: {exc}{DAMAGED if isinstance(exc, sqlite3.DatabaseError) else ''}"
+            ) from exc
 
     def _connect_read_only(self) -> sqlite3.Connection:
         if not self.path.is_file():
             raise StoreError(f"{self.path}: no such store")
         try:
-            return sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
-                                   check_same_thread=False, timeout=self.busy_timeout_s)
+            return sqlite3.connect(
+                f"{self.path.resolve().as_uri()}?mode=ro",
+                uri=True,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self.busy_timeout_s,
+            )
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot open store: {exc}") from exc
 
@@ -371,7 +408,7 @@ class SqliteStore(RetentionMixin):
         if cols != ["series_id", "ts_ms", "value"]:
             raise StoreError(f"{self.path}: not a kvscope store (samples columns {cols})")
         tables = {r[0] for r in self._writer.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        self._sparse = {"stamps", "marks"} <= tables   # False: a dense store from before change points
+        self._sparse = {"stamps", "marks"} <= tables  # False: a dense store from before change points
 
     def _next_group(self) -> int:
         if not self._sparse:
@@ -402,7 +439,7 @@ class SqliteStore(RetentionMixin):
         if self._closed or self.read_only:
             self._count_drop("closed" if self._closed else "read_only", len(samples))
             return
-        chunk = samples if isinstance(samples, Parts) else list(samples)   # a cycle's Parts keep their blocks
+        chunk = samples if isinstance(samples, Parts) else list(samples)  # a cycle's Parts keep their blocks
         if not chunk:
             return
         with self._qlock:
@@ -464,17 +501,19 @@ class SqliteStore(RetentionMixin):
 
     def _commit(self, batch: list[tuple[float, Sequence[Sample]]]) -> bool:
         t0 = time.perf_counter()
-        self._created = []   # series first seen in this batch: created inside its transaction
+        self._created = []  # series first seen in this batch: created inside its transaction
         try:
             self._writer.execute("BEGIN IMMEDIATE")
             enc = Encoded()
             for now, chunk in batch:
                 self._encoder.encode(chunk, now, enc)
             cur = self._writer.executemany(
-                "INSERT OR IGNORE INTO samples (series_id, ts_ms, value) VALUES (?, ?, ?)", enc.points)
+                "INSERT OR IGNORE INTO samples (series_id, ts_ms, value) VALUES (?, ?, ?)", enc.points
+            )
             inserted = cur.rowcount if cur.rowcount >= 0 else len(enc.points)
             self._writer.executemany(
-                "INSERT OR REPLACE INTO marks (series_id, ts_ms, group_id) VALUES (?, ?, ?)", enc.marks)
+                "INSERT OR REPLACE INTO marks (series_id, ts_ms, group_id) VALUES (?, ?, ?)", enc.marks
+            )
             self._writer.executemany("INSERT OR IGNORE INTO stamps (group_id, ts_ms) VALUES (?, ?)", enc.stamps)
             self._writer.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -491,7 +530,7 @@ class SqliteStore(RetentionMixin):
             st = self._stats
             for reason, n in enc.dropped.items():
                 st.dropped[reason] += n
-            lost = len(enc.points) - inserted   # same series and millisecond already stored: first wins
+            lost = len(enc.points) - inserted  # same series and millisecond already stored: first wins
             if lost > 0:
                 st.dropped["duplicate"] += lost
             st.rows += inserted
@@ -541,8 +580,9 @@ class SqliteStore(RetentionMixin):
             return None
         text = _labels_json(labels)
         self._writer.execute("INSERT OR IGNORE INTO series (name, labels) VALUES (?, ?)", (name, text))
-        sid = int(self._writer.execute("SELECT id FROM series WHERE name = ? AND labels = ?",
-                                       (name, text)).fetchone()[0])
+        sid = int(
+            self._writer.execute("SELECT id FROM series WHERE name = ? AND labels = ?", (name, text)).fetchone()[0]
+        )
         self._index(sid, name, labels)
         if self._created is not None:
             self._created.append((sid, name, labels))
@@ -561,7 +601,7 @@ class SqliteStore(RetentionMixin):
                 # file sizes and row count for snapshot(), on this thread and its connection: a
                 # long API read holding the reader never delays the writer
                 self._snapshot = self._stats_via(self._writer, self._wlock)
-            except Exception as exc:   # noqa: BLE001 - the writer thread must outlive any one failure
+            except Exception as exc:  # noqa: BLE001 - the writer thread must outlive any one failure
                 self._rollback()
                 self._failed(exc)
 
@@ -572,8 +612,16 @@ class SqliteStore(RetentionMixin):
             self._stats.errors[reason] += 1
             self._stats.failing = reason
             queued = self._queued
-        warn_every(log, f"store:{reason}", "store %s: writes failing (%s: %s); %d samples queued for retry "
-                   "(the oldest are dropped past %d)", self.path, reason, exc, queued, self.max_queue)
+        warn_every(
+            log,
+            f"store:{reason}",
+            "store %s: writes failing (%s: %s); %d samples queued for retry (the oldest are dropped past %d)",
+            self.path,
+            reason,
+            exc,
+            queued,
+            self.max_queue,
+        )
 
     def snapshot(self) -> StoreStats:
         """`stats()` without touching the disk, for the scrape loop: the counters as of now, the
@@ -583,8 +631,14 @@ class SqliteStore(RetentionMixin):
         if last is None:
             return self.stats()
         with self._qlock:
-            st = StoreStats(**{**self._stats.__dict__, "dropped": Counter(self._stats.dropped),
-                               "errors": Counter(self._stats.errors), "deleted": Counter(self._stats.deleted)})
+            st = StoreStats(
+                **{
+                    **self._stats.__dict__,
+                    "dropped": Counter(self._stats.dropped),
+                    "errors": Counter(self._stats.errors),
+                    "deleted": Counter(self._stats.deleted),
+                }
+            )
             st.queued = self._queued
         with self._slock:
             st.series = len(self._ids)
@@ -594,8 +648,9 @@ class SqliteStore(RetentionMixin):
         return st
 
     # ------------------------------------------------------------------ read path
-    def query(self, name: str, start: float, end: float,
-              matchers: dict[str, str] | None = None) -> dict[Labels, Points]:
+    def query(
+        self, name: str, start: float, end: float, matchers: dict[str, str] | None = None
+    ) -> dict[Labels, Points]:
         self._refresh_series()
         with self._slock:
             targets = [(lab, sid) for lab, sid in self._by_name.get(name, ()) if _matches(lab, matchers)]
@@ -603,9 +658,16 @@ class SqliteStore(RetentionMixin):
         lo, hi = round(start * 1000), round(end * 1000)
         with self._rlock:
             r = self._reader
-            stamps = StampIndex(lambda g: [t for (t,) in r.execute(
-                "SELECT ts_ms FROM stamps WHERE group_id = ? AND ts_ms BETWEEN ? AND ? ORDER BY ts_ms", (g, lo, hi))])
-            r.execute("BEGIN")   # one snapshot: points, marks and stamps of the same commits
+            stamps = StampIndex(
+                lambda g: [
+                    t
+                    for (t,) in r.execute(
+                        "SELECT ts_ms FROM stamps WHERE group_id = ? AND ts_ms BETWEEN ? AND ? ORDER BY ts_ms",
+                        (g, lo, hi),
+                    )
+                ]
+            )
+            r.execute("BEGIN")  # one snapshot: points, marks and stamps of the same commits
             try:
                 for labels, sid in targets:
                     points = self._series_points(sid, lo, hi, stamps)
@@ -618,19 +680,26 @@ class SqliteStore(RetentionMixin):
     def _series_points(self, sid: int, lo: int, hi: int, stamps: StampIndex) -> Points:
         """Points of one series in [lo, hi] ms: stored change points plus the filled-in repeats."""
         r = self._reader
-        real = [(t, float(v)) for t, v in r.execute(
-            "SELECT ts_ms, value FROM samples WHERE series_id = ? AND ts_ms BETWEEN ? AND ? ORDER BY ts_ms",
-            (sid, lo, hi))]
+        real = [
+            (t, float(v))
+            for t, v in r.execute(
+                "SELECT ts_ms, value FROM samples WHERE series_id = ? AND ts_ms BETWEEN ? AND ? ORDER BY ts_ms",
+                (sid, lo, hi),
+            )
+        ]
         if not self._sparse:
             return [(t / 1000, v) for t, v in real]
         marks = r.execute(
             "SELECT ts_ms, group_id FROM marks WHERE series_id = ? AND ts_ms <= ? AND ts_ms >= "
             "COALESCE((SELECT MAX(ts_ms) FROM marks WHERE series_id = ? AND ts_ms <= ?), ?) ORDER BY ts_ms",
-            (sid, hi, sid, lo, lo)).fetchall()
+            (sid, hi, sid, lo, lo),
+        ).fetchall()
         carry = None
         if marks and (not real or real[0][0] > lo):
-            row = r.execute("SELECT ts_ms, value FROM samples WHERE series_id = ? AND ts_ms < ? "
-                            "ORDER BY ts_ms DESC LIMIT 1", (sid, lo)).fetchone()
+            row = r.execute(
+                "SELECT ts_ms, value FROM samples WHERE series_id = ? AND ts_ms < ? ORDER BY ts_ms DESC LIMIT 1",
+                (sid, lo),
+            ).fetchone()
             carry = (row[0], float(row[1])) if row else None
         return fill_points(real, carry, marks, stamps, lo, hi)
 
@@ -645,8 +714,14 @@ class SqliteStore(RetentionMixin):
 
     def _stats_via(self, conn: sqlite3.Connection, lock: threading.Lock | threading.RLock) -> StoreStats:
         with self._qlock:
-            st = StoreStats(**{**self._stats.__dict__, "dropped": Counter(self._stats.dropped),
-                               "errors": Counter(self._stats.errors), "deleted": Counter(self._stats.deleted)})
+            st = StoreStats(
+                **{
+                    **self._stats.__dict__,
+                    "dropped": Counter(self._stats.dropped),
+                    "errors": Counter(self._stats.errors),
+                    "deleted": Counter(self._stats.deleted),
+                }
+            )
             st.queued = self._queued
         with self._slock:
             st.series = len(self._ids)
@@ -663,7 +738,7 @@ class SqliteStore(RetentionMixin):
     def _row_count(self, delta: int) -> int:
         """Rows stored: the count at open (taken once, lazily) plus the inserts minus deletes since."""
         if self._row_offset is None and not self._closed:
-            with self._wlock, self._rlock:   # no commit in flight: the count and the delta agree
+            with self._wlock, self._rlock:  # no commit in flight: the count and the delta agree
                 count = self._reader.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
                 with self._qlock:
                     self._row_offset = count - self._stats.rows
@@ -681,7 +756,7 @@ class SqliteStore(RetentionMixin):
         self._closed = True
         with self._wlock:
             if not self.read_only:
-                try:   # leave one compact file behind; a reader elsewhere may hold it up: then skip
+                try:  # leave one compact file behind; a reader elsewhere may hold it up: then skip
                     self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 except sqlite3.Error:
                     pass

@@ -28,8 +28,19 @@ from kvscope.agent.tap.proxy import RequestTap, TapConfig
 from kvscope.agent.traces.export import SpanBatchExporter
 
 _LIMITS = ("header_timeout_s", "request_timeout_s", "idle_timeout_s")
-_KEYS = {"upstreams", "listen", "tenant_header", "max_tenants", "inject_usage", "block_chars",
-         "prefix_window_s", "otlp_endpoint", "fairness_window_s", "max_connections", *_LIMITS}
+_KEYS = {
+    "upstreams",
+    "listen",
+    "tenant_header",
+    "max_tenants",
+    "inject_usage",
+    "block_chars",
+    "prefix_window_s",
+    "otlp_endpoint",
+    "fairness_window_s",
+    "max_connections",
+    *_LIMITS,
+}
 
 
 def parse_tap_config(raw: Any) -> dict[str, Any]:
@@ -44,21 +55,28 @@ def parse_tap_config(raw: Any) -> dict[str, Any]:
     if not ups or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in ups):
         raise ConfigError("tap.upstreams: needs one or more http(s):// base URLs")
     try:
-        cfg = TapConfig(upstreams=tuple(ups), listen=str(raw.get("listen", "127.0.0.1:8001")),
-                        tenant_header=raw.get("tenant_header", "X-Tenant") or None,
-                        max_tenants=int(raw.get("max_tenants", 50)), inject_usage=bool(raw.get("inject_usage", True)),
-                        block_chars=int(raw.get("block_chars", 64)),
-                        prefix_window_s=parse_seconds(raw.get("prefix_window_s", 900)),
-                        max_connections=int(raw.get("max_connections", TapConfig.max_connections)),
-                        **{k: parse_seconds(raw[k]) for k in _LIMITS if k in raw})  # type: ignore[arg-type]
+        cfg = TapConfig(
+            upstreams=tuple(ups),
+            listen=str(raw.get("listen", "127.0.0.1:8001")),
+            tenant_header=raw.get("tenant_header", "X-Tenant") or None,
+            max_tenants=int(raw.get("max_tenants", 50)),
+            inject_usage=bool(raw.get("inject_usage", True)),
+            block_chars=int(raw.get("block_chars", 64)),
+            prefix_window_s=parse_seconds(raw.get("prefix_window_s", 900)),
+            max_connections=int(raw.get("max_connections", TapConfig.max_connections)),
+            **{k: parse_seconds(raw[k]) for k in _LIMITS if k in raw},
+        )  # type: ignore[arg-type]
     except ValueError as e:
         raise ConfigError(f"tap: {e}") from e
     try:
         cfg.host_port()
     except ValueError as e:
         raise ConfigError(f"tap.listen: must be host:port, got {cfg.listen!r}") from e
-    return {"tap": cfg, "otlp_endpoint": raw.get("otlp_endpoint"),
-            "fairness_window_s": parse_seconds(raw.get("fairness_window_s", 300))}
+    return {
+        "tap": cfg,
+        "otlp_endpoint": raw.get("otlp_endpoint"),
+        "fairness_window_s": parse_seconds(raw.get("fairness_window_s", 300)),
+    }
 
 
 register_section("tap", parse_tap_config)
@@ -76,8 +94,9 @@ class TapCollector:
             section = parse_tap_config(section)
         self.section = section
         self.exporter = SpanBatchExporter(section["otlp_endpoint"]) if section and section["otlp_endpoint"] else None
-        self.tap = RequestTap(section["tap"], span_sink=self.exporter.add if self.exporter else None) \
-            if section else None
+        self.tap = (
+            RequestTap(section["tap"], span_sink=self.exporter.add if self.exporter else None) if section else None
+        )
         self._sender: asyncio.Task[None] | None = None
 
     async def collect(self) -> Collection:

@@ -32,21 +32,45 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvscope.tap")
 _DECODER = msgspec.json.Decoder()
-MAX_COPY_BYTES = 16 << 20           # an accounted non-streamed answer is read for usage up to this size
+MAX_COPY_BYTES = 16 << 20  # an accounted non-streamed answer is read for usage up to this size
 
 
 class Forward:
     """Carries one request upstream and its response back (the upstream's `ResponseHandler`)."""
 
-    __slots__ = ("tap", "conn", "req", "ex", "doc", "injected", "target", "wire", "up", "scanner", "copy",
-                 "copied", "retried", "over", "task")
+    __slots__ = (
+        "tap",
+        "conn",
+        "req",
+        "ex",
+        "doc",
+        "injected",
+        "target",
+        "wire",
+        "up",
+        "scanner",
+        "copy",
+        "copied",
+        "retried",
+        "over",
+        "task",
+    )
 
-    def __init__(self, tap: RequestTap, conn: Downstream, req: Request, ex: _Exchange | None,
-                 doc: dict[str, Any] | None, injected: bool, target: Any, wire: bytes) -> None:
+    def __init__(
+        self,
+        tap: RequestTap,
+        conn: Downstream,
+        req: Request,
+        ex: _Exchange | None,
+        doc: dict[str, Any] | None,
+        injected: bool,
+        target: Any,
+        wire: bytes,
+    ) -> None:
         self.tap, self.conn, self.req, self.ex = tap, conn, req, ex
-        self.doc = doc                # the request body: tenant and prefix bookkeeping after sending
+        self.doc = doc  # the request body: tenant and prefix bookkeeping after sending
         self.injected = injected
-        self.target = target          # proxy._Target of the chosen upstream
+        self.target = target  # proxy._Target of the chosen upstream
         self.wire: bytes | None = wire
         self.up: Upstream | None = None
         self.scanner: SseScanner | None = None
@@ -76,7 +100,7 @@ class Forward:
         except (OSError, TimeoutError) as e:
             self.on_fail(e, False)
             return
-        if self.over:                 # the client left while we connected
+        if self.over:  # the client left while we connected
             self.tap.pool.release(up)
             return
         self._send(up)
@@ -133,7 +157,7 @@ class Forward:
             data = (self.scanner.feed(data, time.perf_counter()) if data else b"") + self.scanner.rest()
         elif self.copy is not None and data:
             self._copy(data)
-        self.conn.finish(data)      # the last bytes and the end of the response in one write
+        self.conn.finish(data)  # the last bytes and the end of the response in one write
         if ex is not None:
             if self.scanner is not None:
                 s = self.scanner
@@ -150,9 +174,15 @@ class Forward:
         if self.over:
             return
         up, self.up = self.up, None
-        if (not responded and up is not None and up.reused and not self.retried and self.wire is not None
-                and not isinstance(exc, TimeoutError)):
-            self.retried = True       # the engine closed an idle keep-alive connection: once more, fresh
+        if (
+            not responded
+            and up is not None
+            and up.reused
+            and not self.retried
+            and self.wire is not None
+            and not isinstance(exc, TimeoutError)
+        ):
+            self.retried = True  # the engine closed an idle keep-alive connection: once more, fresh
             self._connect_later()
             return
         name = type(exc).__name__ if exc is not None else "closed"
@@ -160,8 +190,10 @@ class Forward:
             self.tap.stats[f"upstream_{name}"] += 1
             self._outcome("upstream_unreachable")
             host, port, _ = self.target.key
-            body = (b'{"error":{"message":"kvscope tap: upstream %s:%d unreachable","type":"bad_gateway"}}'
-                    % (host.encode(), port))
+            body = b'{"error":{"message":"kvscope tap: upstream %s:%d unreachable","type":"bad_gateway"}}' % (
+                host.encode(),
+                port,
+            )
             self.conn.send_whole(502, body)
         else:
             # upstream died mid-stream: cut the client connection too rather than end the stream cleanly
@@ -176,7 +208,7 @@ class Forward:
             return
         self._outcome("client_disconnect")
         if self.up is not None:
-            self.up.abort()           # closes the upstream request; the connection is not reused
+            self.up.abort()  # closes the upstream request; the connection is not reused
         if self.task is not None:
             self.task.cancel()
         self._over()
@@ -195,7 +227,7 @@ class Forward:
         self.over = True
         self.wire = None
         if self.ex is not None:
-            if self.doc is not None:     # it never got upstream: still name its tenant
+            if self.doc is not None:  # it never got upstream: still name its tenant
                 self.tap.identify(self.ex, self.req, self.doc)
                 self.doc = None
             self.tap.account(self.ex)

@@ -29,10 +29,23 @@ from typing import Any, Protocol
 import httptools
 
 MAX_HEADER_BYTES = 64 << 10
-LINGER_S = 1.0          # after an error answer, what the client still sends is read and dropped this long at most
-HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-                        b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect",
-                        b"proxy-connection"})
+LINGER_S = 1.0  # after an error answer, what the client still sends is read and dropped this long at most
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        b"expect",
+        b"proxy-connection",
+    }
+)
 
 
 class Headers(dict):
@@ -47,10 +60,17 @@ class Request:
 
     __slots__ = ("method", "target", "path", "headers", "raw_headers", "body", "keep_alive", "http11")
 
-    def __init__(self, method: str, target: bytes, raw_headers: list[tuple[bytes, bytes]], body: bytes,
-                 keep_alive: bool, http11: bool) -> None:
+    def __init__(
+        self,
+        method: str,
+        target: bytes,
+        raw_headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        keep_alive: bool,
+        http11: bool,
+    ) -> None:
         self.method = method
-        self.target = target                       # as sent: path and query, raw
+        self.target = target  # as sent: path and query, raw
         self.path = target.split(b"?", 1)[0].decode("latin-1")
         self.raw_headers = raw_headers
         self.headers = Headers({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers})
@@ -64,31 +84,32 @@ class ResponseHandler(Protocol):
 
     def on_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None: ...
     def on_body(self, data: bytes) -> None: ...
-    def on_end(self, data: bytes) -> None: ...       # data: the last body bytes (b"" if none)
+    def on_end(self, data: bytes) -> None: ...  # data: the last body bytes (b"" if none)
     def on_fail(self, exc: BaseException | None, responded: bool) -> None: ...
 
 
 class Downstream(asyncio.Protocol):
     """One client connection (server side)."""
 
-    def __init__(self, on_request: Callable[[Downstream, Request], None], registry: set[Downstream],
-                 max_body: int) -> None:
+    def __init__(
+        self, on_request: Callable[[Downstream, Request], None], registry: set[Downstream], max_body: int
+    ) -> None:
         self.on_request = on_request
         self.registry = registry
         self.max_body = max_body
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
-        self.phase = "head"           # "head", "body" or "idle": what the connection waits for
+        self.phase = "head"  # "head", "body" or "idle": what the connection waits for
         self.since = time.monotonic()  # when that wait began (see the module docstring)
-        self.busy = False             # a response is being written
-        self.on_lost: Callable[[], None] | None = None      # set by whoever answers the current request
+        self.busy = False  # a response is being written
+        self.on_lost: Callable[[], None] | None = None  # set by whoever answers the current request
         self.on_drain: Callable[[bool], None] | None = None  # called with False on pause, True on resume
         self._pending: deque[Request] = deque()
         self._reset()
         self._head: bytes | None = None
         self._chunked = False
         self._close_after = False
-        self._discard = False         # lingering after an error answer: reads are dropped
+        self._discard = False  # lingering after an error answer: reads are dropped
 
     def _reset(self) -> None:
         self._url = b""
@@ -96,7 +117,7 @@ class Downstream(asyncio.Protocol):
         self._hsize = 0
         self._body: list[bytes] = []
         self._bsize = 0
-        self._began = False           # a byte of the current request has arrived
+        self._began = False  # a byte of the current request has arrived
         self._error: tuple[int, str] | None = None
 
     # ---------------------------------------------------------------- asyncio.Protocol
@@ -118,7 +139,7 @@ class Downstream(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            if self.busy:                     # the request went upstream without its Upgrade: no switch
+            if self.busy:  # the request went upstream without its Upgrade: no switch
                 self._close_after = True
                 if self.transport is not None:
                     self.transport.pause_reading()
@@ -143,7 +164,7 @@ class Downstream(asyncio.Protocol):
     # ---------------------------------------------------------------- httptools callbacks
     def on_message_begin(self) -> None:
         self._began = True
-        if self.phase == "idle":      # a fresh connection's head timer runs from the accept
+        if self.phase == "idle":  # a fresh connection's head timer runs from the accept
             self.phase, self.since = "head", time.monotonic()
 
     def on_url(self, url: bytes) -> None:
@@ -176,12 +197,18 @@ class Downstream(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         p = self.parser
-        req = Request(p.get_method().decode("latin-1"), self._url, self._hdrs, b"".join(self._body),
-                      p.should_keep_alive(), p.get_http_version() == "1.1")
+        req = Request(
+            p.get_method().decode("latin-1"),
+            self._url,
+            self._hdrs,
+            b"".join(self._body),
+            p.should_keep_alive(),
+            p.get_http_version() == "1.1",
+        )
         self._reset()
         self.phase = "idle"
         if self.busy or self._pending:
-            self._pending.append(req)         # pipelined: read no further until its turn
+            self._pending.append(req)  # pipelined: read no further until its turn
             if self.transport is not None:
                 self.transport.pause_reading()
             return
@@ -199,8 +226,9 @@ class Downstream(asyncio.Protocol):
         self._http11 = http11
         self._head_request = head_request
 
-    def send_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]], length: int | None,
-                  has_body: bool = True) -> None:
+    def send_head(
+        self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]], length: int | None, has_body: bool = True
+    ) -> None:
         """Start the response; it goes out with the first body bytes (or at `finish`).
 
         `length` None means the body length is unknown: chunked for HTTP/1.1 clients, else the
@@ -252,7 +280,7 @@ class Downstream(asyncio.Protocol):
             tail, self._head = self._head + tail, None
         if tail:
             tr.write(tail)
-        self.since = time.monotonic()   # the idle (or the next head's) timer starts now
+        self.since = time.monotonic()  # the idle (or the next head's) timer starts now
         if self._close_after and self._error is not None:
             linger(tr)
             self._discard = True
@@ -272,8 +300,13 @@ class Downstream(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def send_whole(self, status: int, body: bytes, content_type: bytes = b"application/json",
-                   headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    def send_whole(
+        self,
+        status: int,
+        body: bytes,
+        content_type: bytes = b"application/json",
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
         """A complete response with a body the tap made itself."""
         self.send_head(status, b"", [(b"Content-Type", content_type), *headers], len(body))
         self.send_body(body)
@@ -308,19 +341,19 @@ class Upstream(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.handler: ResponseHandler | None = None
-        self.last_active = time.monotonic()   # set per request; the sweeper advances it while `reads` moves
-        self.reads = 0                        # reads so far (cheaper per read than a clock call)
-        self.swept_reads = 0                  # `reads` at the sweeper's last look
+        self.last_active = time.monotonic()  # set per request; the sweeper advances it while `reads` moves
+        self.reads = 0  # reads so far (cheaper per read than a clock call)
+        self.swept_reads = 0  # `reads` at the sweeper's last look
         self.reused = False
         self.paused = False
         self._head_only = False
         self._begin()
 
     def _begin(self) -> None:
-        self._body: list[bytes] = []    # body pieces of the current read, passed on together
+        self._body: list[bytes] = []  # body pieces of the current read, passed on together
         self._hdrs: list[tuple[bytes, bytes]] = []
         self._reason = b""
-        self._framed = False            # Content-Length or chunked: the end is known without EOF
+        self._framed = False  # Content-Length or chunked: the end is known without EOF
         self.responded = False
 
     def send(self, handler: ResponseHandler, data: bytes, head_only: bool) -> None:
@@ -383,7 +416,7 @@ class Upstream(asyncio.Protocol):
         data = self._take_body()
         if self.responded and not self._framed and exc is None:
             self.handler = None
-            h.on_end(data)                # a response delimited by closing the connection
+            h.on_end(data)  # a response delimited by closing the connection
             return
         if data:
             h.on_body(data)
@@ -420,7 +453,7 @@ class Upstream(asyncio.Protocol):
                 self._framed = True
         self.responded = True
         self.handler.on_head(status, self._reason, self._hdrs)
-        if self._head_only:             # a HEAD response has no body whatever its headers say
+        if self._head_only:  # a HEAD response has no body whatever its headers say
             self._framed = True
             self.on_message_complete(head_only=True)
 
@@ -465,9 +498,10 @@ class UpstreamPool:
     async def connect(self, key: tuple[str, int, bool]) -> Upstream:
         """A new connection to key (raises OSError / TimeoutError when it cannot be had)."""
         loop = asyncio.get_running_loop()
-        _, conn = await asyncio.wait_for(loop.create_connection(lambda: Upstream(self, key), key[0], key[1],
-                                                                   ssl=True if key[2] else None),
-                                         self.connect_timeout_s)
+        _, conn = await asyncio.wait_for(
+            loop.create_connection(lambda: Upstream(self, key), key[0], key[1], ssl=True if key[2] else None),
+            self.connect_timeout_s,
+        )
         self.busy.add(conn)
         return conn
 

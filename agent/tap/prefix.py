@@ -36,12 +36,12 @@ class _Block:
 class PrefixMatch(NamedTuple):
     """The reuse estimate of one prompt."""
 
-    blocks: int            # blocks in the prompt
-    matched: int           # leading blocks already seen within the window
+    blocks: int  # blocks in the prompt
+    matched: int  # leading blocks already seen within the window
     reusable_ratio: float  # matched share of the prompt (by characters / token ids)
-    replicas: int          # distinct replicas that served the deepest matched block (0 if none)
-    hashes: tuple[int, ...] = ()     # the prompt's chained block hashes (64-bit ints, no text)
-    full_blocks: int = 0             # how many of them are full blocks (the rest: a partial tail)
+    replicas: int  # distinct replicas that served the deepest matched block (0 if none)
+    hashes: tuple[int, ...] = ()  # the prompt's chained block hashes (64-bit ints, no text)
+    full_blocks: int = 0  # how many of them are full blocks (the rest: a partial tail)
 
 
 def render_prompt(body: dict[str, Any]) -> str | list[int] | None:
@@ -64,7 +64,7 @@ def render_prompt(body: dict[str, Any]) -> str | list[int] | None:
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        return prompt[0]       # batched prompts: the first stands for the request
+        return prompt[0]  # batched prompts: the first stands for the request
     return None
 
 
@@ -91,7 +91,7 @@ def _prompt_bytes(prompt: str | Sequence[int]) -> bytes:
 def _chain(data: bytes, step: int) -> list[int]:
     out, prev = [], 0
     for i in range(0, len(data), step):
-        prev = hash((prev, data[i:i + step]))
+        prev = hash((prev, data[i : i + step]))
         out.append(prev)
     return out
 
@@ -99,14 +99,21 @@ def _chain(data: bytes, step: int) -> list[int]:
 class PrefixIndex:
     """Recently seen prefix blocks, fleet-wide (prefix caches ignore tenants unless salted)."""
 
-    def __init__(self, window_s: float = 900.0, max_blocks: int = 200_000, max_replicas: int = 8,
-                 block_chars: int = 64, block_tokens: int = 16, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        window_s: float = 900.0,
+        max_blocks: int = 200_000,
+        max_replicas: int = 8,
+        block_chars: int = 64,
+        block_tokens: int = 16,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.window_s, self.max_blocks, self.max_replicas = window_s, max_blocks, max_replicas
         self.block_chars, self.block_tokens = block_chars, block_tokens
         self._clock = clock
         self._blocks: OrderedDict[int, _Block] = OrderedDict()
-        self.reseen = 0     # remembered blocks seen at least twice
-        self.split = 0      # ... of which served by more than one replica
+        self.reseen = 0  # remembered blocks seen at least twice
+        self.split = 0  # ... of which served by more than one replica
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -122,7 +129,7 @@ class PrefixIndex:
         matched = 0
         deepest: _Block | None = None
         matching = True
-        for h in hashes:            # one pass: match the leading blocks and remember every block
+        for h in hashes:  # one pass: match the leading blocks and remember every block
             b = get(h)
             if b is None or now - b.last_seen > window:
                 matching = False
@@ -143,8 +150,8 @@ class PrefixIndex:
                 reps.add(replica)
                 if len(reps) == 2 and b.hits >= 2:
                     self.split += 1
-        replicas = len(deepest.replicas) if deepest else 0     # this request's replica included
-        share = min(1.0, matched * step / len(data)) if data else 0.0     # by characters / token ids
+        replicas = len(deepest.replicas) if deepest else 0  # this request's replica included
+        share = min(1.0, matched * step / len(data)) if data else 0.0  # by characters / token ids
         return PrefixMatch(len(hashes), matched, share, replicas, tuple(hashes), len(data) // step)
 
     def _add(self, h: int, stale: _Block | None, now: float, replica: str) -> None:
@@ -166,4 +173,3 @@ class PrefixIndex:
     def split_ratio(self) -> float | None:
         """Share of re-seen blocks served by more than one replica; None before any reuse."""
         return self.split / self.reseen if self.reseen else None
-

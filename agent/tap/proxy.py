@@ -66,10 +66,10 @@ log = logging.getLogger("kvscope.tap")
 _RANDOM = random.Random(int.from_bytes(os.urandom(16), "big"))
 
 ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")
-_UPSTREAM_DROP = HOP_BY_HOP | {b"accept-encoding"}     # the tap reads the body: ask for it uncompressed
+_UPSTREAM_DROP = HOP_BY_HOP | {b"accept-encoding"}  # the tap reads the body: ask for it uncompressed
 _UPSTREAM_DROP_TRACED = _UPSTREAM_DROP | {b"traceparent", b"tracestate"}
-BACKLOG = 2048                  # a burst of new client connections must not overflow the accept queue
-SWEEP_S = 1.0                   # at most; shorter when a configured timeout is short
+BACKLOG = 2048  # a burst of new client connections must not overflow the accept queue
+SWEEP_S = 1.0  # at most; shorter when a configured timeout is short
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,10 @@ class TapConfig:
     prefix_max_blocks: int = 200_000
     block_chars: int = 64
     service_name: str = "kvscope-tap"
-    max_connections: int = 1024     # client connections; more are answered 503 at once (docs/requests.md)
+    max_connections: int = 1024  # client connections; more are answered 503 at once (docs/requests.md)
     header_timeout_s: float = 10.0  # a request head must arrive whole within this (from accept / first byte)
     request_timeout_s: float = 60.0  # ... and its body with it, counted from the head's start
-    idle_timeout_s: float = 75.0    # a keep-alive connection with no request is closed after this
+    idle_timeout_s: float = 75.0  # a keep-alive connection with no request is closed after this
 
     def __post_init__(self) -> None:
         limits = (self.header_timeout_s, self.request_timeout_s, self.idle_timeout_s, self.max_connections)
@@ -148,9 +148,9 @@ def parse_traceparent(value: str | None) -> tuple[str, str] | None:
 class _Target(NamedTuple):
     """One upstream base URL, ready for the wire."""
 
-    key: tuple[str, int, bool]     # host, port, TLS
-    host: bytes                    # Host header value
-    prefix: bytes                  # path prefix of the base URL ('' usually)
+    key: tuple[str, int, bool]  # host, port, TLS
+    host: bytes  # Host header value
+    prefix: bytes  # path prefix of the base URL ('' usually)
 
 
 def parse_upstream(base: str) -> _Target:
@@ -166,9 +166,13 @@ def parse_upstream(base: str) -> _Target:
 class RequestTap:
     """The proxy server plus its per-tenant accounting. `start()`/`stop()`; `render_samples()`."""
 
-    def __init__(self, config: TapConfig, span_sink: Callable[[list[Span]], None] | None = None,
-                 derive: Callable[[list[Sample]], list[Sample]] | None = None,
-                 json_pages: Mapping[str, Callable[[list[Sample]], Any]] | None = None) -> None:
+    def __init__(
+        self,
+        config: TapConfig,
+        span_sink: Callable[[list[Span]], None] | None = None,
+        derive: Callable[[list[Sample]], list[Sample]] | None = None,
+        json_pages: Mapping[str, Callable[[list[Sample]], Any]] | None = None,
+    ) -> None:
         """`derive` adds series computed from the tap's own to its /kvscope/metrics page, and
         `json_pages` serves path -> JSON of the tap's series (the standalone `kvscope tap` wires
         fairness into both; in the agent the runtime's derive hooks do that instead)."""
@@ -177,15 +181,16 @@ class RequestTap:
         self.derive = derive
         self.json_pages = dict(json_pages or {})
         self.tenants = TenantLimiter(config.max_tenants)
-        self.prefixes = PrefixIndex(window_s=config.prefix_window_s, max_blocks=config.prefix_max_blocks,
-                                    block_chars=config.block_chars)
+        self.prefixes = PrefixIndex(
+            window_s=config.prefix_window_s, max_blocks=config.prefix_max_blocks, block_chars=config.block_chars
+        )
         self.requests = CounterSet("tenant_requests_total")
         self.prompt_tokens = CounterSet("tenant_prompt_tokens_total")
         self.cached_tokens = CounterSet("tenant_cached_tokens_total")
         self.reusable_tokens = CounterSet("tenant_reusable_tokens_total")
         self.ttft = HistogramSet("tenant_ttft_seconds", GENAI_TTFT_BUCKETS)
         self.itl = GapHistogram("tenant_itl_seconds", GENAI_TPOT_BUCKETS)
-        self._labels: dict[str, Labels] = {}     # tenant label -> its label set (as many as TenantLimiter hands out)
+        self._labels: dict[str, Labels] = {}  # tenant label -> its label set (as many as TenantLimiter hands out)
         self.stats: Counter[str] = Counter()
         self.sessions = SessionTracker()
         self.targets = {base: parse_upstream(base) for base in config.upstreams}
@@ -224,7 +229,7 @@ class RequestTap:
                 conn.transport.abort()
         self.pool.close()
         await self._server.wait_closed()
-        await asyncio.sleep(0)          # let the aborted transports report connection_lost
+        await asyncio.sleep(0)  # let the aborted transports report connection_lost
         self._server = self._sweeper = None
 
     def _accept(self) -> asyncio.Protocol:
@@ -233,8 +238,11 @@ class RequestTap:
             return Downstream(self._on_request, self._clients, self.config.max_request_bytes)
         self.stats["connections_refused"] += 1
         if self.stats["connections_refused"] in (1, 10, 100) or self.stats["connections_refused"] % 1000 == 0:
-            log.warning("tap: %d client connections open (max_connections); %d refused with 503 so far",
-                        len(self._clients), self.stats["connections_refused"])
+            log.warning(
+                "tap: %d client connections open (max_connections); %d refused with 503 so far",
+                len(self._clients),
+                self.stats["connections_refused"],
+            )
         return Refused()
 
     async def _sweep(self) -> None:
@@ -287,8 +295,15 @@ class RequestTap:
         it (`identify`) is worked out after it went, so that work never delays the engine."""
         ctx = parse_traceparent(req.headers.get("traceparent"))
         trace_id, parent = ctx if ctx else (_hex(16), "")
-        ex = _Exchange(tenant="", path=req.path, model=None, start=time.perf_counter(),
-                       trace_id=trace_id, span_id=_hex(8), parent_id=parent)
+        ex = _Exchange(
+            tenant="",
+            path=req.path,
+            model=None,
+            start=time.perf_counter(),
+            trace_id=trace_id,
+            span_id=_hex(8),
+            parent_id=parent,
+        )
         ex.replica = next(self._rr)
         ex.start_ns = time.time_ns()
         return ex
@@ -309,7 +324,7 @@ class RequestTap:
         match = self.prefixes.observe(prompt, ex.replica) if prompt else None
         if match is not None:
             ex.reusable_ratio = match.reusable_ratio
-        ex.turn = self.sessions.begin(match, ex.session_id)      # which earlier turn this one follows
+        ex.turn = self.sessions.begin(match, ex.session_id)  # which earlier turn this one follows
 
     # ------------------------------------------------------------ accounting
     def account(self, ex: _Exchange) -> None:
@@ -336,20 +351,40 @@ class RequestTap:
         if self.span_sink is not None:
             self._emit_span(ex, prompt_tokens, completion_tokens, cached)
 
-    def _emit_span(self, ex: _Exchange, prompt_tokens: int | None, completion_tokens: int | None,
-                   cached: int | None) -> None:
+    def _emit_span(
+        self, ex: _Exchange, prompt_tokens: int | None, completion_tokens: int | None, cached: int | None
+    ) -> None:
         end_ns = ex.start_ns + int((time.perf_counter() - ex.start) * 1e9)
-        attrs: dict[str, Any] = {"kvscope.tenant": ex.tenant, "http.request.method": "POST",
-                                 "url.path": ex.path, "http.response.status_code": ex.status,
-                                 "kvscope.replica": ex.replica, "kvscope.outcome": ex.outcome}
-        for k, v in (("gen_ai.request.model", ex.model), ("gen_ai.usage.prompt_tokens", prompt_tokens),
-                     ("gen_ai.usage.completion_tokens", completion_tokens), ("gen_ai.usage.cached_tokens", cached),
-                     ("kvscope.reusable_ratio", ex.reusable_ratio),
-                     ("kvscope.ttft_s", ex.first_token - ex.start if ex.first_token else None)):
+        attrs: dict[str, Any] = {
+            "kvscope.tenant": ex.tenant,
+            "http.request.method": "POST",
+            "url.path": ex.path,
+            "http.response.status_code": ex.status,
+            "kvscope.replica": ex.replica,
+            "kvscope.outcome": ex.outcome,
+        }
+        for k, v in (
+            ("gen_ai.request.model", ex.model),
+            ("gen_ai.usage.prompt_tokens", prompt_tokens),
+            ("gen_ai.usage.completion_tokens", completion_tokens),
+            ("gen_ai.usage.cached_tokens", cached),
+            ("kvscope.reusable_ratio", ex.reusable_ratio),
+            ("kvscope.ttft_s", ex.first_token - ex.start if ex.first_token else None),
+        ):
             if v is not None:
                 attrs[k] = v
-        span = Span(ex.trace_id, ex.span_id, ex.parent_id, f"POST {ex.path}", 2, ex.start_ns, end_ns, attrs,
-                    {"service.name": self.config.service_name}, "kvscope.tap")
+        span = Span(
+            ex.trace_id,
+            ex.span_id,
+            ex.parent_id,
+            f"POST {ex.path}",
+            2,
+            ex.start_ns,
+            end_ns,
+            attrs,
+            {"service.name": self.config.service_name},
+            "kvscope.tap",
+        )
         try:
             self.span_sink([span])  # type: ignore[misc]
         except Exception as e:  # a broken sink must not break proxying
@@ -371,8 +406,10 @@ class Refused(asyncio.Protocol):
     """A connection over the tap's cap: 503 with Retry-After at once, then closed (`linger`)."""
 
     BODY = error_body("too many connections to the tap (max_connections)", "service_unavailable")
-    ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-              b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
+    ANSWER = (
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
+    )
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.write(self.ANSWER)  # type: ignore[attr-defined]
@@ -382,7 +419,7 @@ class Refused(asyncio.Protocol):
         pass
 
     def eof_received(self) -> bool:
-        return False                  # the client is done too: close
+        return False  # the client is done too: close
 
 
 def connection_cap(wanted: int) -> int:
@@ -418,12 +455,12 @@ class GapHistogram(HistogramSet):
                 row = self._series[labels] = [0.0] * (len(self.bounds) + 2)
             bounds = self.bounds
             zeros = values.count(0.0)
-            row[0] += zeros                   # 0 s is below every bound (bounds are positive)
+            row[0] += zeros  # 0 s is below every bound (bounds are positive)
             if zeros == len(values):
                 return
             total = 0.0
             for v in values:
-                if v > 0:                     # NaN and negative values are refused, as in `observe`
+                if v > 0:  # NaN and negative values are refused, as in `observe`
                     row[bisect_left(bounds, v)] += 1
                     total += v
             row[-1] += total
@@ -459,7 +496,6 @@ def render_with_usage(body: bytes, doc: dict[str, Any]) -> bytes:
     if "stream_options" not in doc and raw.endswith(b"}") and len(doc) > 0:
         return raw[:-1] + b',"stream_options":{"include_usage":true}}'
     opts = doc.get("stream_options")
-    return msgspec.json.encode({**doc, "stream_options": {**(opts if isinstance(opts, dict) else {}),
-                                                          "include_usage": True}})
-
-
+    return msgspec.json.encode(
+        {**doc, "stream_options": {**(opts if isinstance(opts, dict) else {}), "include_usage": True}}
+    )

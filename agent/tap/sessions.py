@@ -49,29 +49,30 @@ SESSION_HEADER = "X-Session-ID"
 
 @dataclass
 class _Session:
-    prompt_tokens: int      # the last finished turn's prompt tokens
-    turns: int              # turns seen so far
+    prompt_tokens: int  # the last finished turn's prompt tokens
+    turns: int  # turns seen so far
     last_seen: float
 
 
 class Turn(NamedTuple):
     """What `begin` learned about one request; pass it to `finish`."""
 
-    key: int | bytes | None          # where it will be remembered: chain block hash (int) or session
-                                     # id digest (bytes, never equal to an int); None: not chained
-    previous: _Session | None        # the turn it follows, if any
-    via: str                         # id | chain | none
+    key: int | bytes | None  # where it will be remembered: chain block hash (int) or session
+    # id digest (bytes, never equal to an int); None: not chained
+    previous: _Session | None  # the turn it follows, if any
+    via: str  # id | chain | none
 
 
 class TurnVerdict(NamedTuple):
     """How `finish` judged a turn."""
 
     follow_up: bool
-    missed: bool | None              # None: not a follow-up, or cached tokens unknown
+    missed: bool | None  # None: not a follow-up, or cached tokens unknown
 
 
-def parse_session_id(headers: Mapping[str, str], body: Mapping[str, Any] | None,
-                     header: str | None = SESSION_HEADER) -> str | None:
+def parse_session_id(
+    headers: Mapping[str, str], body: Mapping[str, Any] | None, header: str | None = SESSION_HEADER
+) -> str | None:
     """The caller's session id: the configured header, else the body's `session_id` (pure)."""
     if header and (v := headers.get(header)):
         return v.strip() or None
@@ -84,9 +85,14 @@ def parse_session_id(headers: Mapping[str, str], body: Mapping[str, Any] | None,
 class SessionTracker:
     """Links turns of one conversation and counts follow-up turns that lost their cached context."""
 
-    def __init__(self, *, window_s: float = 1800.0,
-                 max_sessions: int = 20_000, slack_tokens: int = 32,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        window_s: float = 1800.0,
+        max_sessions: int = 20_000,
+        slack_tokens: int = 32,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.window_s, self.max_sessions, self.slack_tokens = window_s, max_sessions, slack_tokens
         self._clock = clock
         self._sessions: OrderedDict[int | bytes, _Session] = OrderedDict()
@@ -112,11 +118,11 @@ class SessionTracker:
             # the deepest earlier turn whose last full block this prompt contains, with more after
             # it: block hashes that are session keys, found deepest first by a C-level filter
             # (a long prompt with no earlier turn costs one pass, not a lookup per block in Python)
-            earlier = reversed(match.hashes[:match.full_blocks - 1])
+            earlier = reversed(match.hashes[: match.full_blocks - 1])
             for h in filter(self._sessions.__contains__, earlier):
                 prev = self._live(h, now)
                 if prev is not None:
-                    self._sessions.pop(h)          # the chain moves on to this turn
+                    self._sessions.pop(h)  # the chain moves on to this turn
                     return Turn(last, prev, "chain")
             return Turn(last, None, "chain")
 
@@ -126,8 +132,9 @@ class SessionTracker:
             return None
         return s
 
-    def finish(self, turn: Turn | None, tenant: str, upstream: str, prompt_tokens: int | None,
-               cached_tokens: int | None) -> TurnVerdict:
+    def finish(
+        self, turn: Turn | None, tenant: str, upstream: str, prompt_tokens: int | None, cached_tokens: int | None
+    ) -> TurnVerdict:
         """Judge a finished turn and remember it as the latest of its session."""
         if turn is None or turn.key is None:
             return TurnVerdict(False, None)

@@ -34,7 +34,7 @@ class SseSplitter:
             out.append(buf[start:end])
             start = end
         self._buf = buf[start:]
-        if len(self._buf) > self.max_event_bytes:     # not SSE after all: stop holding it back
+        if len(self._buf) > self.max_event_bytes:  # not SSE after all: stop holding it back
             out.append(self._buf)
             self._buf = b""
         return out
@@ -48,7 +48,7 @@ class SseSplitter:
 class Event(NamedTuple):
     """What one SSE event carries."""
 
-    kind: str                          # token | usage_only | done | other
+    kind: str  # token | usage_only | done | other
     usage: dict[str, Any] | None = None
 
 
@@ -85,7 +85,7 @@ def _data(event: bytes) -> bytes | None:
     """The event's data: its `data:` lines' values joined by line feeds, stripped; None if none."""
     line = event.rstrip()
     if line.startswith(b"data:") and b"\n" not in line and b"\r" not in line:
-        return line[5:].strip()                # one line (the usual event): no split needed
+        return line[5:].strip()  # one line (the usual event): no split needed
     lines = [ln[5:].lstrip(b" ") for ln in event.splitlines() if ln.startswith(b"data:")]
     return b"\n".join(lines).strip() if lines else None
 
@@ -144,7 +144,7 @@ class SseScanner:
         end = _last_event_end(buf)
         if end < 0:
             self._buf = buf
-            if len(buf) > self.max_event_bytes:      # not SSE after all: stop holding it back
+            if len(buf) > self.max_event_bytes:  # not SSE after all: stop holding it back
                 self._buf = b""
                 return buf
             return b""
@@ -154,7 +154,7 @@ class SseScanner:
             return whole
         # the stream's tail (usage, [DONE]) or something unusual: token events before it still
         # take the fast path, the rest is classified event by event
-        cut = _last_event_end(whole[:_first_special(whole)])
+        cut = _last_event_end(whole[: _first_special(whole)])
         if cut > 0 and (n := _token_events(whole[:cut])):
             self._tokens(n, now)
             tail = self._events(whole[cut:], now)
@@ -202,8 +202,7 @@ def _token_events(whole: bytes) -> int:
     if b'"usage"' in whole:
         return 0
     n = whole.count(b"data:")
-    if (n and whole.startswith(b"data:") and whole.count(b"\n\ndata:") == n - 1
-            and whole.count(b'"choices":[{') == n):
+    if n and whole.startswith(b"data:") and whole.count(b"\n\ndata:") == n - 1 and whole.count(b'"choices":[{') == n:
         return n
     return 0
 

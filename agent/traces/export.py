@@ -50,8 +50,20 @@ def render_phase_spans(record: RequestRecord) -> list[Span]:
             attrs["kvscope.kv_transfer.source"] = record.kv_transfer_source
         if record.tenant:
             attrs["kvscope.tenant"] = record.tenant
-        out.append(Span(record.trace_id, _span_id(record.trace_id, anchor.span_id, obs.phase), anchor.span_id,
-                        f"phase {obs.phase}", _INTERNAL, cursor, end, attrs, anchor.resource, SCOPE))
+        out.append(
+            Span(
+                record.trace_id,
+                _span_id(record.trace_id, anchor.span_id, obs.phase),
+                anchor.span_id,
+                f"phase {obs.phase}",
+                _INTERNAL,
+                cursor,
+                end,
+                attrs,
+                anchor.resource,
+                SCOPE,
+            )
+        )
         cursor = end
     return out
 
@@ -87,8 +99,14 @@ def _add_scope(rs: Any, scope: str, members: list[Span]) -> None:
     ss = rs.scope_spans.add()
     ss.scope.name = scope
     for s in members:
-        p = ss.spans.add(trace_id=bytes.fromhex(s.trace_id), span_id=bytes.fromhex(s.span_id), name=s.name,
-                         kind=s.kind, start_time_unix_nano=s.start_ns, end_time_unix_nano=s.end_ns)
+        p = ss.spans.add(
+            trace_id=bytes.fromhex(s.trace_id),
+            span_id=bytes.fromhex(s.span_id),
+            name=s.name,
+            kind=s.kind,
+            start_time_unix_nano=s.start_ns,
+            end_time_unix_nano=s.end_ns,
+        )
         if s.parent_id:
             p.parent_span_id = bytes.fromhex(s.parent_id)
         p.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in s.attributes.items())
@@ -108,7 +126,7 @@ class SpanBatchExporter:
 
     def add(self, spans: list[Span]) -> None:
         room = self.max_buffer - len(self._buf)
-        self._buf.extend(spans[:max(0, room)])
+        self._buf.extend(spans[: max(0, room)])
         self.dropped += max(0, len(spans) - max(0, room))
 
     async def run(self) -> None:
@@ -125,8 +143,9 @@ class SpanBatchExporter:
         if not batch:
             return
         try:
-            async with session.post(self.url, data=encode_spans(batch),
-                                    headers={"Content-Type": "application/x-protobuf"}) as r:
+            async with session.post(
+                self.url, data=encode_spans(batch), headers={"Content-Type": "application/x-protobuf"}
+            ) as r:
                 await r.read()
                 if r.status >= 300:
                     self.failed += len(batch)

@@ -30,7 +30,7 @@ class Span(NamedTuple):
 
     trace_id: str
     span_id: str
-    parent_id: str              # "" for a root span
+    parent_id: str  # "" for a root span
     name: str
     kind: int
     start_ns: int
@@ -51,7 +51,7 @@ def decompress(body: bytes, encoding: str, max_bytes: int) -> bytes:
         return body
     if enc not in ("gzip", "deflate"):
         raise OtlpDecodeError(f"unsupported content-encoding {encoding!r}")
-    d = zlib.decompressobj(wbits=47 if enc == "gzip" else 15)   # 47: gzip or zlib header
+    d = zlib.decompressobj(wbits=47 if enc == "gzip" else 15)  # 47: gzip or zlib header
     try:
         out = d.decompress(body, max_bytes + 1)
     except zlib.error as e:
@@ -73,6 +73,7 @@ def parse_otlp_traces(body: bytes, content_type: str) -> list[Span]:
 
 # ---------------------------------------------------------------- protobuf
 
+
 def _from_protobuf(body: bytes) -> Iterator[Span]:
     try:
         req = ExportTraceServiceRequest.FromString(body)
@@ -83,9 +84,18 @@ def _from_protobuf(body: bytes) -> Iterator[Span]:
         for ss in rs.scope_spans:
             scope = ss.scope.name
             for s in ss.spans:
-                yield Span(s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(), s.name, s.kind,
-                           s.start_time_unix_nano, s.end_time_unix_nano,
-                           {kv.key: _pb_value(kv.value) for kv in s.attributes}, resource, scope)
+                yield Span(
+                    s.trace_id.hex(),
+                    s.span_id.hex(),
+                    s.parent_span_id.hex(),
+                    s.name,
+                    s.kind,
+                    s.start_time_unix_nano,
+                    s.end_time_unix_nano,
+                    {kv.key: _pb_value(kv.value) for kv in s.attributes},
+                    resource,
+                    scope,
+                )
 
 
 def _pb_value(v: Any) -> Any:
@@ -101,10 +111,11 @@ def _pb_value(v: Any) -> Any:
 
 # ---------------------------------------------------------------- JSON
 
+
 def _from_json(body: bytes) -> Iterator[Span]:
     try:
         doc = loads_bounded(body)
-    except ValueError as e:   # UnicodeDecodeError is one
+    except ValueError as e:  # UnicodeDecodeError is one
         raise OtlpDecodeError(f"not JSON: {e}") from e
     if not isinstance(doc, dict):
         raise OtlpDecodeError("OTLP/JSON body must be an object with resourceSpans")
@@ -120,14 +131,28 @@ def _json_spans(doc: dict[str, Any]) -> Iterator[Span]:
         for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or []:
             scope = (ss.get("scope") or ss.get("instrumentationLibrary") or {}).get("name", "")
             for s in ss.get("spans") or []:
-                yield Span(_hex_id(s.get("traceId"), 16), _hex_id(s.get("spanId"), 8),
-                           _hex_id(s.get("parentSpanId"), 8, allow_empty=True), str(s.get("name", "")),
-                           _kind(s.get("kind", 0)), _int(s.get("startTimeUnixNano", 0), 0, 2**64 - 1),
-                           _int(s.get("endTimeUnixNano", 0), 0, 2**64 - 1), _json_attrs(s.get("attributes")), resource, scope)
+                yield Span(
+                    _hex_id(s.get("traceId"), 16),
+                    _hex_id(s.get("spanId"), 8),
+                    _hex_id(s.get("parentSpanId"), 8, allow_empty=True),
+                    str(s.get("name", "")),
+                    _kind(s.get("kind", 0)),
+                    _int(s.get("startTimeUnixNano", 0), 0, 2**64 - 1),
+                    _int(s.get("endTimeUnixNano", 0), 0, 2**64 - 1),
+                    _json_attrs(s.get("attributes")),
+                    resource,
+                    scope,
+                )
 
 
-_KINDS = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2, "SPAN_KIND_CLIENT": 3,
-          "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}
+_KINDS = {
+    "SPAN_KIND_UNSPECIFIED": 0,
+    "SPAN_KIND_INTERNAL": 1,
+    "SPAN_KIND_SERVER": 2,
+    "SPAN_KIND_CLIENT": 3,
+    "SPAN_KIND_PRODUCER": 4,
+    "SPAN_KIND_CONSUMER": 5,
+}
 
 
 def _int(v: Any, lo: int, hi: int) -> int:
@@ -135,7 +160,7 @@ def _int(v: Any, lo: int, hi: int) -> int:
     protobuf decoder would have it; a ValueError (a 400) otherwise."""
     try:
         n = int(v)
-    except OverflowError as e:   # a JSON number beyond float range reads as inf
+    except OverflowError as e:  # a JSON number beyond float range reads as inf
         raise ValueError(f"integer {v!r} out of range") from e
     if not lo <= n <= hi:
         raise ValueError(f"integer {n} out of range [{lo}, {hi}]")

@@ -77,8 +77,20 @@ def parse_otlp_config(raw: Any) -> OtlpConfig:
     raw = raw or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"otlp: must be a mapping, got {raw!r}")
-    known = {"listen", "max_body_bytes", "forward_url", "stitched_url", "forward_timeout_s", "settle_s",
-             "ttl_s", "max_traces", "max_spans_per_trace", "service_labels", "max_tenants", "fairness_window_s"}
+    known = {
+        "listen",
+        "max_body_bytes",
+        "forward_url",
+        "stitched_url",
+        "forward_timeout_s",
+        "settle_s",
+        "ttl_s",
+        "max_traces",
+        "max_spans_per_trace",
+        "service_labels",
+        "max_tenants",
+        "fairness_window_s",
+    }
     if unknown := sorted(set(raw) - known):
         raise ConfigError(f"otlp: unknown keys {unknown}; allowed: {sorted(known)}")
     listen = str(raw.get("listen", "127.0.0.1:4318"))
@@ -87,15 +99,23 @@ def parse_otlp_config(raw: Any) -> OtlpConfig:
     labels = raw.get("service_labels") or {}
     if not isinstance(labels, dict) or not all(isinstance(v, dict) for v in labels.values()):
         raise ConfigError("otlp.service_labels: must map service.name -> {label: value}")
-    stitch = StitchConfig(max_traces=int(raw.get("max_traces", 10_000)),
-                          max_spans_per_trace=int(raw.get("max_spans_per_trace", 512)),
-                          settle_s=parse_seconds(raw.get("settle_s", 1.0)), ttl_s=parse_seconds(raw.get("ttl_s", 30.0)),
-                          service_labels={str(k): {str(a): str(b) for a, b in v.items()} for k, v in labels.items()})
-    return OtlpConfig(listen=listen, max_body_bytes=parse_bytes(raw.get("max_body_bytes", 8 << 20)),
-                      forward_url=raw.get("forward_url"), stitched_url=raw.get("stitched_url"),
-                      forward_timeout_s=parse_seconds(raw.get("forward_timeout_s", 5.0)), stitch=stitch,
-                      max_tenants=_positive_int(raw.get("max_tenants", 50), "otlp.max_tenants"),
-                      fairness_window_s=parse_seconds(raw.get("fairness_window_s", 300)))
+    stitch = StitchConfig(
+        max_traces=int(raw.get("max_traces", 10_000)),
+        max_spans_per_trace=int(raw.get("max_spans_per_trace", 512)),
+        settle_s=parse_seconds(raw.get("settle_s", 1.0)),
+        ttl_s=parse_seconds(raw.get("ttl_s", 30.0)),
+        service_labels={str(k): {str(a): str(b) for a, b in v.items()} for k, v in labels.items()},
+    )
+    return OtlpConfig(
+        listen=listen,
+        max_body_bytes=parse_bytes(raw.get("max_body_bytes", 8 << 20)),
+        forward_url=raw.get("forward_url"),
+        stitched_url=raw.get("stitched_url"),
+        forward_timeout_s=parse_seconds(raw.get("forward_timeout_s", 5.0)),
+        stitch=stitch,
+        max_tenants=_positive_int(raw.get("max_tenants", 50), "otlp.max_tenants"),
+        fairness_window_s=parse_seconds(raw.get("fairness_window_s", 300)),
+    )
 
 
 def _positive_int(v: Any, key: str) -> int:
@@ -139,7 +159,7 @@ class OtlpTraceReceiver:
         self.tenants = TenantAccounting(cfg.max_tenants)
         self.recent: deque[RequestRecord] = deque(maxlen=cfg.recent_records)
         self.listeners: list[Callable[[RequestRecord], None]] = []
-        self.stats: Counter[str] = Counter()      # cumulative: spans, requests, bad payloads, drops
+        self.stats: Counter[str] = Counter()  # cumulative: spans, requests, bad payloads, drops
         self._reported: Counter[str] = Counter()
         self._site: HttpSite | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -177,7 +197,7 @@ class OtlpTraceReceiver:
         for t in self._tasks:
             try:
                 await t
-            except (asyncio.CancelledError, Exception):   # noqa: BLE001 - a dead loop was reported in collect()
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - a dead loop was reported in collect()
                 pass
         self._tasks.clear()
         if self._site is not None:
@@ -270,8 +290,9 @@ class OtlpTraceReceiver:
             if self.config and self.config.stitched_url:
                 spans = render_phase_spans(rec)
                 if spans:
-                    self._enqueue(self.config.stitched_url, encode_spans(spans),
-                                  {"Content-Type": "application/x-protobuf"})
+                    self._enqueue(
+                        self.config.stitched_url, encode_spans(spans), {"Content-Type": "application/x-protobuf"}
+                    )
 
     async def collect(self) -> Collection:
         """Phase histograms and tenant counters (cumulative; the fairness gauges over them are the
@@ -292,8 +313,13 @@ class OtlpTraceReceiver:
         totals = self.stats + Counter({f"trace_{k}": v for k, v in self.stitcher.dropped.items()})
         delta = totals - self._reported
         self._reported = Counter(totals)
-        health.errors.update({k: v for k, v in delta.items() if k == "bad_payload" or k.startswith("internal_")
-                              or k.startswith("forward_") and k != "forwarded"})
+        health.errors.update(
+            {
+                k: v
+                for k, v in delta.items()
+                if k == "bad_payload" or k.startswith("internal_") or k.startswith("forward_") and k != "forwarded"
+            }
+        )
         health.dropped.update({k: v for k, v in delta.items() if k.startswith("trace_")})
         health.series, health.duration_s = len(samples), time.perf_counter() - t0
         return Collection(samples=samples, health=[health])

@@ -70,22 +70,22 @@ class RequestRecord:
 
     trace_id: str
     request_id: str | None
-    engine: str                              # vllm | sglang
+    engine: str  # vllm | sglang
     start_ns: int
     end_ns: int
     phases: list[PhaseObservation]
     tenant: str | None = None
     model: str | None = None
-    instance: str | None = None              # the instance that produced the output (decode side for P/D)
-    role: str | None = None                  # prefill | decode | unified | pd
+    instance: str | None = None  # the instance that produced the output (decode side for P/D)
+    role: str | None = None  # prefill | decode | unified | pd
     ttft_s: float | None = None
     e2e_s: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
-    kv_transfer_source: str | None = None    # span | gap | None
-    tapped: bool = False                     # the trace holds the request tap's span (scope kvscope.tap)
-    anchors: dict[str, Span] = field(default_factory=dict)   # role -> engine span (for re-export)
+    kv_transfer_source: str | None = None  # span | gap | None
+    tapped: bool = False  # the trace holds the request tap's span (scope kvscope.tap)
+    anchors: dict[str, Span] = field(default_factory=dict)  # role -> engine span (for re-export)
 
     def phase(self, name: str) -> float | None:
         vals = [p.seconds for p in self.phases if p.phase == name]
@@ -107,7 +107,7 @@ class TraceStitcher:
         self.config = config or StitchConfig()
         self._clock = clock
         self._traces: OrderedDict[str, _Trace] = OrderedDict()
-        self.dropped: Counter[str] = Counter()   # traces/spans dropped by reason
+        self.dropped: Counter[str] = Counter()  # traces/spans dropped by reason
 
     def __len__(self) -> int:
         return len(self._traces)
@@ -156,7 +156,7 @@ class TraceStitcher:
         if now - tr.last_seen < self.config.settle_s:
             return "open"
         if roots in (["prefill"], ["decode"]) and now - tr.first_seen < self.config.ttl_s:
-            return "open"    # one P/D half: the other instance's exporter may send its span later
+            return "open"  # one P/D half: the other instance's exporter may send its span later
         return "done"
 
     def stitch(self, spans: list[Span]) -> list[RequestRecord]:
@@ -222,7 +222,7 @@ def _slices_of(root: Span, spans: list[Span], by_id: dict[str, Span]) -> list[Sp
 def _stage_class(name: str) -> str | None:
     n = name.strip().lower()
     if "(" in n or "[" in n:
-        return None                      # per-thread container span, not a stage
+        return None  # per-thread container span, not a stage
     if "transfer" in n or "bootstrap" in n:
         return "kv_transfer"
     if "waiting" in n or n.endswith("_queue"):
@@ -234,8 +234,11 @@ def _stage_class(name: str) -> str | None:
     return None
 
 
-_LATENCY_ATTRS = {"queue": "gen_ai.latency.time_in_queue", "prefill": "gen_ai.latency.time_in_model_prefill",
-                  "decode": "gen_ai.latency.time_in_model_decode"}
+_LATENCY_ATTRS = {
+    "queue": "gen_ai.latency.time_in_queue",
+    "prefill": "gen_ai.latency.time_in_model_prefill",
+    "decode": "gen_ai.latency.time_in_model_decode",
+}
 
 
 def _num(v: Any) -> float | None:
@@ -266,16 +269,24 @@ def _single(s: Span, slices: list[Span], cfg: StitchConfig) -> RequestRecord:
     model = _attr(s, _MODEL_KEYS) or _configured(s, cfg, "model")
     tenant = _configured(s, cfg, "tenant")
     return RequestRecord(
-        trace_id=s.trace_id, request_id=_str(s.attributes.get("gen_ai.request.id") or s.attributes.get("rid")),
-        engine="vllm" if s.name == "llm_request" else "sglang", start_ns=s.start_ns, end_ns=s.end_ns,
+        trace_id=s.trace_id,
+        request_id=_str(s.attributes.get("gen_ai.request.id") or s.attributes.get("rid")),
+        engine="vllm" if s.name == "llm_request" else "sglang",
+        start_ns=s.start_ns,
+        end_ns=s.end_ns,
         phases=[PhaseObservation(p, sums[p], instance, role) for p in PHASES if p in sums],
-        tenant=tenant, model=_str(model), instance=instance, role=role,
+        tenant=tenant,
+        model=_str(model),
+        instance=instance,
+        role=role,
         ttft_s=_num(s.attributes.get("gen_ai.latency.time_to_first_token")),
         e2e_s=_num(s.attributes.get("gen_ai.latency.e2e")) or s.duration_s,
         prompt_tokens=_int(s.attributes.get("gen_ai.usage.prompt_tokens")),
         completion_tokens=_int(s.attributes.get("gen_ai.usage.completion_tokens")),
         cached_tokens=_int(s.attributes.get("gen_ai.usage.cached_tokens")),
-        kv_transfer_source="span" if explicit_transfer else None, anchors={role: s})
+        kv_transfer_source="span" if explicit_transfer else None,
+        anchors={role: s},
+    )
 
 
 def _str(v: Any) -> str | None:
@@ -321,17 +332,30 @@ def _merge(p: RequestRecord, d: RequestRecord) -> RequestRecord:
         d_run = d.start_ns + int((d.phase("queue") or 0.0) * 1e9)
         transfer = [PhaseObservation("kv_transfer", max(0, d_run - p.end_ns) / 1e9, d.instance, "decode")]
         source = "gap"
-    phases = (sorted(pre_side, key=lambda o: PHASES.index(o.phase)) + transfer
-              + sorted(dec_side, key=lambda o: PHASES.index(o.phase)))
+    phases = (
+        sorted(pre_side, key=lambda o: PHASES.index(o.phase))
+        + transfer
+        + sorted(dec_side, key=lambda o: PHASES.index(o.phase))
+    )
     ttft = None
     if d.ttft_s is not None:
         ttft = (d.start_ns - p.start_ns) / 1e9 + d.ttft_s
     return RequestRecord(
-        trace_id=p.trace_id, request_id=d.request_id or p.request_id, engine=d.engine,
-        start_ns=min(p.start_ns, d.start_ns), end_ns=max(p.end_ns, d.end_ns), phases=phases,
-        tenant=p.tenant or d.tenant, model=d.model or p.model, instance=d.instance, role="pd",
-        ttft_s=ttft, e2e_s=(max(p.end_ns, d.end_ns) - min(p.start_ns, d.start_ns)) / 1e9,
+        trace_id=p.trace_id,
+        request_id=d.request_id or p.request_id,
+        engine=d.engine,
+        start_ns=min(p.start_ns, d.start_ns),
+        end_ns=max(p.end_ns, d.end_ns),
+        phases=phases,
+        tenant=p.tenant or d.tenant,
+        model=d.model or p.model,
+        instance=d.instance,
+        role="pd",
+        ttft_s=ttft,
+        e2e_s=(max(p.end_ns, d.end_ns) - min(p.start_ns, d.start_ns)) / 1e9,
         prompt_tokens=p.prompt_tokens if p.prompt_tokens is not None else d.prompt_tokens,
         completion_tokens=d.completion_tokens,
         cached_tokens=p.cached_tokens if p.cached_tokens is not None else d.cached_tokens,
-        kv_transfer_source=source, anchors={**p.anchors, **d.anchors})
+        kv_transfer_source=source,
+        anchors={**p.anchors, **d.anchors},
+    )

@@ -56,8 +56,9 @@ class TenantAccounting:
         if record.tapped:
             self.stats["counted_by_tap"] += 1
             return False
-        lab = make_labels({"tenant": self.limiter.label(record.tenant)}
-                          | ({"instance": record.instance} if record.instance else {}))
+        lab = make_labels(
+            {"tenant": self.limiter.label(record.tenant)} | ({"instance": record.instance} if record.instance else {})
+        )
         with self._lock:
             self.requests.inc(lab)
             if record.prompt_tokens is not None:
@@ -76,4 +77,3 @@ class TenantAccounting:
             for fam in (self.requests, self.prompt_tokens, self.cached_tokens, self.ttft):
                 out.extend(fam.render(timestamp))
             return out
-

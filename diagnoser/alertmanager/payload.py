@@ -72,7 +72,7 @@ def parse_webhook(body: bytes) -> dict[str, Any]:
     """Validate a webhook body; returns the decoded document. Raises WebhookError."""
     try:
         doc = loads_bounded(body)
-    except ValueError as exc:   # UnicodeDecodeError is one
+    except ValueError as exc:  # UnicodeDecodeError is one
         raise WebhookError(f"body is not JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise WebhookError("body must be a JSON object")
@@ -101,9 +101,15 @@ def parse_alert(raw: Any, index: int = 0) -> Alert:
     starts = parse_time(raw.get("startsAt"))
     if starts is None:
         raise WebhookError(f"alerts[{index}].startsAt is missing")
-    return Alert(status=status, labels=dict(labels), annotations={str(k): str(v) for k, v in annotations.items()},
-                 starts_at=starts, ends_at=parse_time(raw.get("endsAt")),
-                 fingerprint=str(raw.get("fingerprint", "")), raw=raw)
+    return Alert(
+        status=status,
+        labels=dict(labels),
+        annotations={str(k): str(v) for k, v in annotations.items()},
+        starts_at=starts,
+        ends_at=parse_time(raw.get("endsAt")),
+        fingerprint=str(raw.get("fingerprint", "")),
+        raw=raw,
+    )
 
 
 def diagnosis_window(alert: Alert, now: float, before_s: float, max_s: float) -> tuple[float, float]:
@@ -129,12 +135,14 @@ def instance_places(label_sets: list[dict[str, str]]) -> dict[str, dict[str, str
             per = seen.setdefault(labels["instance"], {})
             for key in PLACE_LABELS:
                 per.setdefault(key, set()).add(labels.get(key, ""))
-    return {inst: {k: next(iter(v)) for k, v in per.items() if len(v) == 1 and "" not in v}
-            for inst, per in seen.items()}
+    return {
+        inst: {k: next(iter(v)) for k, v in per.items() if len(v) == 1 and "" not in v} for inst, per in seen.items()
+    }
 
 
-def select_findings(diagnosis: dict[str, Any], alert: Alert,
-                    places: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+def select_findings(
+    diagnosis: dict[str, Any], alert: Alert, places: dict[str, dict[str, str]] | None = None
+) -> dict[str, Any]:
     """From a `Diagnosis.to_dict()`: the findings at the alert's place, best first, and the one
     from the alert's own rule. `places` (from `instance_places`) completes an alert that names
     only its instance, so a per-model finding of another model is not attached to it."""
@@ -144,5 +152,10 @@ def select_findings(diagnosis: dict[str, Any], alert: Alert,
     here = [f for f in ranked if f and at_place(f.get("where", {}), place)]
     rule_id = alert.labels.get("rule_id")
     matched = next((f for f in here if rule_id and f.get("rule_id") == rule_id), None)
-    return {"rule_id": rule_id, "matched": matched, "likely_cause": here[0] if here else None,
-            "findings": here, "skipped": len(diagnosis.get("skipped", []))}
+    return {
+        "rule_id": rule_id,
+        "matched": matched,
+        "likely_cause": here[0] if here else None,
+        "findings": here,
+        "skipped": len(diagnosis.get("skipped", [])),
+    }

@@ -56,20 +56,25 @@ class ServeConfig:
 
     prometheus_url: str
     forward_url: str | None = None
-    step_s: float = 15.0              # diagnosis grid step
-    before_s: float = 1800.0          # diagnose from this long before the alert started
+    step_s: float = 15.0  # diagnosis grid step
+    before_s: float = 1800.0  # diagnose from this long before the alert started
     max_window_s: float = 6 * 3600.0  # never read more than this from Prometheus
     max_body_bytes: int = 1024 * 1024
     queue_size: int = 100
     forward_attempts: int = 3
-    params: dict[str, dict[str, Any]] = field(default_factory=dict)   # rule id -> overrides
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)  # rule id -> overrides
 
 
 class WebhookServer:
     """The aiohttp application and its background worker."""
 
-    def __init__(self, config: ServeConfig, store: DiagnosisStore, rules: list[Rule] | None = None,
-                 levers: dict[str, Lever] | None = None) -> None:
+    def __init__(
+        self,
+        config: ServeConfig,
+        store: DiagnosisStore,
+        rules: list[Rule] | None = None,
+        levers: dict[str, Lever] | None = None,
+    ) -> None:
         self.config, self.store = config, store
         self.rules = rules if rules is not None else read_rules()
         self.levers = levers if levers is not None else load_levers()
@@ -77,7 +82,7 @@ class WebhookServer:
         self.queue: asyncio.Queue[tuple[int, dict[str, Any]]] | None = None
         self.session: aiohttp.ClientSession | None = None
         self._worker: asyncio.Task[None] | None = None
-        self.counters: Counter[tuple[str, str]] = Counter()   # (metric, label value) -> count
+        self.counters: Counter[tuple[str, str]] = Counter()  # (metric, label value) -> count
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
@@ -93,7 +98,7 @@ class WebhookServer:
     # ---------------------------------------------------------------- lifecycle
     async def _start(self, app: web.Application) -> None:
         self.queue = asyncio.Queue(maxsize=self.config.queue_size)
-        for row_id, doc in self.store.pending(self.config.queue_size):   # left over from a stop
+        for row_id, doc in self.store.pending(self.config.queue_size):  # left over from a stop
             self.queue.put_nowait((row_id, doc))
         self.session = aiohttp.ClientSession()
         self._worker = asyncio.create_task(self._run_worker())
@@ -103,7 +108,7 @@ class WebhookServer:
             self._worker.cancel()
             try:
                 await self._worker
-            except (asyncio.CancelledError, Exception):   # noqa: BLE001 - a dead worker was shown in /-/healthy
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - a dead worker was shown in /-/healthy
                 pass
         if self.session:
             await self.session.close()
@@ -156,10 +161,13 @@ class WebhookServer:
     async def handle_metrics(self, request: web.Request) -> web.Response:
         try:
             stored: int | None = self.store.count()
-        except sqlite3.Error:   # a broken store: the counters still answer, the gauge is absent
+        except sqlite3.Error:  # a broken store: the counters still answer, the gauge is absent
             stored = None
-        return web.Response(text=render_metrics(self.counters, self.queue.qsize() if self.queue else 0, stored),
-                            content_type="text/plain", charset="utf-8")
+        return web.Response(
+            text=render_metrics(self.counters, self.queue.qsize() if self.queue else 0, stored),
+            content_type="text/plain",
+            charset="utf-8",
+        )
 
     # ---------------------------------------------------------------- work
     async def _run_worker(self) -> None:
@@ -208,8 +216,9 @@ class WebhookServer:
         out = select_findings(diagnosis, alert, places)
         return {"status": "diagnosed", "window": list(window), **out, "errors": errors}
 
-    async def _diagnose_window(self, start: float, end: float
-                               ) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[str]]:
+    async def _diagnose_window(
+        self, start: float, end: float
+    ) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[str]]:
         """Read the window with the Prometheus source (native engine names and kvscope_* series,
         through the same dialects as a live scrape) and run every rule over it."""
         source = PrometheusSource(self.config.prometheus_url, timeout_s=30.0)
@@ -217,8 +226,9 @@ class WebhookServer:
             frame = await asyncio.to_thread(source.read_frame, self.names, start, end, self.config.step_s)
         except SourceError as exc:
             return {"likely_cause": None, "competing": [], "other": [], "skipped": []}, {}, [str(exc)]
-        result = await asyncio.to_thread(diagnose, frame, self.rules, self.levers,
-                                         self.config.params, source.description)
+        result = await asyncio.to_thread(
+            diagnose, frame, self.rules, self.levers, self.config.params, source.description
+        )
         places = instance_places([dict(lbl) for block in frame.blocks.values() for lbl in block.labels])
         return result.to_dict(), places, []
 
@@ -229,15 +239,18 @@ class WebhookServer:
         last = ""
         for attempt in range(self.config.forward_attempts):
             try:
-                async with self.session.post(self.config.forward_url, data=body,
-                                             headers={"Content-Type": "application/json"},
-                                             timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                async with self.session.post(
+                    self.config.forward_url,
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                    timeout=aiohttp.ClientTimeout(total=10),
+                ) as resp:
                     if resp.status < 300:
                         return f"ok {resp.status}"
                     last = f"HTTP {resp.status}"
             except (aiohttp.ClientError, TimeoutError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
-            await asyncio.sleep(0.5 * 2 ** attempt)
+            await asyncio.sleep(0.5 * 2**attempt)
         log.warning("forward of %s to %s failed: %s", row_id, self.config.forward_url, last)
         return f"failed after {self.config.forward_attempts} attempts: {last}"
 
@@ -254,13 +267,20 @@ def render_metrics(counters: Counter[tuple[str, str]], queued: int, stored: int 
     lines = []
     for name, (label, help_) in _METRICS.items():
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} counter"]
-        lines += [f'{name}{{{label}="{value}"}} {n}' for (metric, value), n in sorted(counters.items())
-                  if metric == name]
-    lines += ["# HELP kvscope_webhook_queue_length Webhooks waiting for diagnosis.",
-              "# TYPE kvscope_webhook_queue_length gauge", f"kvscope_webhook_queue_length {queued}"]
+        lines += [
+            f'{name}{{{label}="{value}"}} {n}' for (metric, value), n in sorted(counters.items()) if metric == name
+        ]
+    lines += [
+        "# HELP kvscope_webhook_queue_length Webhooks waiting for diagnosis.",
+        "# TYPE kvscope_webhook_queue_length gauge",
+        f"kvscope_webhook_queue_length {queued}",
+    ]
     if stored is not None:
-        lines += ["# HELP kvscope_webhook_stored Diagnoses kept in the store.",
-                  "# TYPE kvscope_webhook_stored gauge", f"kvscope_webhook_stored {stored}"]
+        lines += [
+            "# HELP kvscope_webhook_stored Diagnoses kept in the store.",
+            "# TYPE kvscope_webhook_stored gauge",
+            f"kvscope_webhook_stored {stored}",
+        ]
     return "\n".join(lines) + "\n"
 
 

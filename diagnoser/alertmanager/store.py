@@ -42,15 +42,17 @@ class DiagnosisStore:
         with self._lock:
             cur = self._db.execute(
                 "INSERT INTO diagnoses (received_at, status, alertnames, payload) VALUES (?, 'pending', ?, ?)",
-                (time.time(), names, json.dumps(payload)))
+                (time.time(), names, json.dumps(payload)),
+            )
             row_id = int(cur.lastrowid or 0)
             self._db.execute("DELETE FROM diagnoses WHERE id <= ?", (row_id - self.max_rows,))
         return row_id
 
     def update(self, row_id: int, payload: dict[str, Any], status: str = "done") -> None:
         with self._lock:
-            self._db.execute("UPDATE diagnoses SET payload = ?, status = ? WHERE id = ?",
-                             (json.dumps(payload), status, row_id))
+            self._db.execute(
+                "UPDATE diagnoses SET payload = ?, status = ? WHERE id = ?", (json.dumps(payload), status, row_id)
+            )
 
     def set_forward(self, row_id: int, forward: str) -> None:
         with self._lock:
@@ -58,8 +60,9 @@ class DiagnosisStore:
 
     def get(self, row_id: int) -> dict[str, Any] | None:
         with self._lock:
-            row = self._db.execute("SELECT id, received_at, status, alertnames, payload, forward "
-                                   "FROM diagnoses WHERE id = ?", (row_id,)).fetchone()
+            row = self._db.execute(
+                "SELECT id, received_at, status, alertnames, payload, forward FROM diagnoses WHERE id = ?", (row_id,)
+            ).fetchone()
         return _row(row, full=True) if row else None
 
     def list(self, limit: int = 50, alertname: str | None = None) -> list[dict[str, Any]]:
@@ -73,11 +76,12 @@ class DiagnosisStore:
             rows = self._db.execute(query + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [_row(r, full=False) for r in rows]
 
-    def pending(self, limit: int) -> builtins.list[tuple[int, dict[str, Any]]]:   # `list` is a method here
+    def pending(self, limit: int) -> builtins.list[tuple[int, dict[str, Any]]]:  # `list` is a method here
         """Oldest webhooks still waiting for a diagnosis (e.g. the process stopped mid-queue)."""
         with self._lock:
-            rows = self._db.execute("SELECT id, payload FROM diagnoses WHERE status = 'pending' "
-                                    "ORDER BY id LIMIT ?", (limit,)).fetchall()
+            rows = self._db.execute(
+                "SELECT id, payload FROM diagnoses WHERE status = 'pending' ORDER BY id LIMIT ?", (limit,)
+            ).fetchall()
         return [(int(r[0]), json.loads(r[1])) for r in rows]
 
     def count(self) -> int:
@@ -91,8 +95,13 @@ class DiagnosisStore:
 
 def _row(row: tuple, full: bool) -> dict[str, Any]:
     row_id, received, status, names, payload, forward = row
-    out: dict[str, Any] = {"id": row_id, "received_at": received, "status": status,
-                           "alertnames": [n for n in names.split(",") if n], "forward": forward}
+    out: dict[str, Any] = {
+        "id": row_id,
+        "received_at": received,
+        "status": status,
+        "alertnames": [n for n in names.split(",") if n],
+        "forward": forward,
+    }
     doc = json.loads(payload)
     if full:
         out["payload"] = doc
@@ -104,5 +113,9 @@ def _row(row: tuple, full: bool) -> dict[str, Any]:
 def _brief(alert: dict[str, Any]) -> dict[str, Any]:
     ks = alert.get("kvscope") or {}
     cause = ks.get("likely_cause") or {}
-    return {"alertname": alert.get("labels", {}).get("alertname"), "status": alert.get("status"),
-            "likely_cause": cause.get("rule_id"), "summary": cause.get("summary")}
+    return {
+        "alertname": alert.get("labels", {}).get("alertname"),
+        "status": alert.get("status"),
+        "likely_cause": cause.get("rule_id"),
+        "summary": cause.get("summary"),
+    }

@@ -12,8 +12,9 @@ import numpy as np
 from kvscope.diagnoser.evaluate import grid
 
 
-def bucket_layout(keys: list[tuple[str, ...]], inv: np.ndarray, adj: np.ndarray, n_by: int
-                  ) -> tuple[list, np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+def bucket_layout(
+    keys: list[tuple[str, ...]], inv: np.ndarray, adj: np.ndarray, n_by: int
+) -> tuple[list, np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """(groups, cumulative bucket counters per key, [(les, group indices, rows [G, buckets])]).
 
     With one series per (group, le) key the counters are the block's own rows; otherwise the
@@ -43,8 +44,9 @@ def bucket_layout(keys: list[tuple[str, ...]], inv: np.ndarray, adj: np.ndarray,
     return groups, source, sets
 
 
-def group_buckets(keys: list[tuple[str, ...]], n_by: int
-                  ) -> tuple[list[tuple[str, ...]], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+def group_buckets(
+    keys: list[tuple[str, ...]], n_by: int
+) -> tuple[list[tuple[str, ...]], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """Bucket keys `(group..., le)` -> (sorted groups, [(bounds, group indices, key indices
     [G, buckets] in bound order)]), one entry per distinct bound set. Keys whose `le` is not a
     number are ignored; groups with fewer than two bounds or no +Inf bound are in no set."""
@@ -61,13 +63,15 @@ def group_buckets(keys: list[tuple[str, ...]], n_by: int
         les = tuple(sorted(le for le, _ in by_group[g]))
         if len(les) >= 2 and np.isinf(les[-1]):
             by_les.setdefault(les, []).append(gi)
-    return groups, [(np.array(les), np.array(gis), np.array([[i for _, i in sorted(by_group[groups[gi]])]
-                                                            for gi in gis]))
-                    for les, gis in by_les.items()]
+    return groups, [
+        (np.array(les), np.array(gis), np.array([[i for _, i in sorted(by_group[groups[gi]])] for gi in gis]))
+        for les, gis in by_les.items()
+    ]
 
 
-def uniform_buckets(keys: list[tuple[str, ...]], n_by: int
-                    ) -> tuple[list[tuple[str, ...]], tuple[float, ...], np.ndarray] | None:
+def uniform_buckets(
+    keys: list[tuple[str, ...]], n_by: int
+) -> tuple[list[tuple[str, ...]], tuple[float, ...], np.ndarray] | None:
     """The common case of bucket_layout without a Python sort per group: every group has the
     same bounds. (groups, sorted bounds, key indices [G, buckets] in bound order), or None.
 

@@ -22,16 +22,17 @@ class Evaluated:
     """One condition over all groups: the truth, the left values and the right side."""
 
     cond: dict[str, Any]
-    truth: np.ndarray          # bool [G, T]
-    left: np.ndarray           # float [G, T]
-    right: np.ndarray | None   # float [G, T] (None for `present`)
+    truth: np.ndarray  # bool [G, T]
+    left: np.ndarray  # float [G, T]
+    right: np.ndarray | None  # float [G, T] (None for `present`)
 
 
 class ConditionEvaluator:
     """Evaluates conditions of one rule at the rule's grouping."""
 
-    def __init__(self, ev: SeriesEvaluator, by: tuple[str, ...], keys: list[tuple[str, ...]],
-                 facts: dict[str, dict[str, str]]) -> None:
+    def __init__(
+        self, ev: SeriesEvaluator, by: tuple[str, ...], keys: list[tuple[str, ...]], facts: dict[str, dict[str, str]]
+    ) -> None:
         self.ev, self.by, self.keys, self.facts = ev, by, keys, facts
         self.shape = (len(keys), len(ev.frame.ts))
 
@@ -55,7 +56,7 @@ class ConditionEvaluator:
         steps = np.arange(truth.shape[1])
         for gi, down_mask in rows:
             mask = down_mask.copy()
-            mask[1:] |= down_mask[:-1]      # the first scrape back has no rate over a window yet
+            mask[1:] |= down_mask[:-1]  # the first scrape back has no rate over a window yet
             last_up = np.maximum.accumulate(np.where(mask, 0, steps))
             out[gi, mask] = truth[gi, last_up[mask]] & ~mask[last_up[mask]]
         return out
@@ -68,7 +69,7 @@ class ConditionEvaluator:
         right = self._right(cond, left)
         with np.errstate(invalid="ignore"):
             truth = OPS[cond["op"]](left, right)
-        if cond["op"] == "!=":          # the only comparison that is true against NaN
+        if cond["op"] == "!=":  # the only comparison that is true against NaN
             truth &= ~np.isnan(left) & ~np.isnan(right)
         return Evaluated(cond, truth, left, right)
 
@@ -77,10 +78,9 @@ class ConditionEvaluator:
         times = float(resolve(cond.get("times", 1.0)))
         plus = float(resolve(cond.get("plus", 0.0)))
         if "value" in cond:
-            value = resolve(cond["value"])   # a parameter left unset (null) makes the test false
+            value = resolve(cond["value"])  # a parameter left unset (null) makes the test false
             # one value for every group and point: a read-only broadcast, not a [G, T] array
-            return np.broadcast_to(np.float64(np.nan if value is None else float(value) * times + plus),
-                                   self.shape)
+            return np.broadcast_to(np.float64(np.nan if value is None else float(value) * times + plus), self.shape)
         if "than" in cond:
             return self.ev.aligned(str(cond["than"]), self.by, self.keys) * times + plus
         spec = cond["baseline"]

@@ -33,14 +33,18 @@ the earliness bonus (0-5) ranking adds, so the direct reading always leads."""
 def direct_present(rules: Iterable[Rule], names: set[str]) -> dict[str, bool]:
     """Per rule with `defers_to`: whether any of its `direct_evidence` signals (or the signal's
     histogram series) has samples in the window, `names` being the sample names present."""
+
     def seen(sig: str) -> bool:
         return bool(names & {sig, f"{sig}_bucket", f"{sig}_sum", f"{sig}_count"})
-    return {r.id: any(seen(str(sig)) for sig in r.doc.get("direct_evidence") or ())
-            for r in rules if r.doc.get("defers_to")}
+
+    return {
+        r.id: any(seen(str(sig)) for sig in r.doc.get("direct_evidence") or ()) for r in rules if r.doc.get("defers_to")
+    }
 
 
-def settle(findings: list[Finding], skipped: list[Skipped], evaluated: Iterable[str],
-           direct_present: Mapping[str, bool]) -> tuple[list[Finding], list[Skipped]]:
+def settle(
+    findings: list[Finding], skipped: list[Skipped], evaluated: Iterable[str], direct_present: Mapping[str, bool]
+) -> tuple[list[Finding], list[Skipped]]:
     """Apply `defers_to` to one run's findings. `evaluated`: ids of the rules that could look
     (not skipped); `direct_present`: per deferring rule, whether any of its `direct_evidence`
     signals is in the window. Returns the findings kept and the skipped list with overruled
@@ -58,9 +62,13 @@ def settle(findings: list[Finding], skipped: list[Skipped], evaluated: Iterable[
             overruled.setdefault(f.rule_id, direct)
         else:
             kept.append(f)
-    notes = [Skipped(rid, f"{OVERRULED} {', '.join(direct)} read the same mechanism from direct evidence "
-                          "and did not fire there") for rid, direct in overruled.items()
-             if not any(f.rule_id == rid for f in kept)]
+    notes = [
+        Skipped(
+            rid, f"{OVERRULED} {', '.join(direct)} read the same mechanism from direct evidence and did not fire there"
+        )
+        for rid, direct in overruled.items()
+        if not any(f.rule_id == rid for f in kept)
+    ]
     return kept, list(skipped) + notes
 
 
@@ -71,8 +79,15 @@ def before_symptom(findings: list[Finding]) -> list[Finding]:
     symptom stage is reached the cascade is the fuller account (and critical), and leads."""
     out = []
     for f in findings:
-        peers = [g for g in findings if f.cascade is not None and f.cascade.lead_time_s is None
-                 and g.cascade is None and same_place(g.where, f.where) and same_mechanism(f, g)]
+        peers = [
+            g
+            for g in findings
+            if f.cascade is not None
+            and f.cascade.lead_time_s is None
+            and g.cascade is None
+            and same_place(g.where, f.where)
+            and same_mechanism(f, g)
+        ]
         if peers:
             f = replace(f, score=min(f.score, round(min(g.score for g in peers) - BELOW, 3)))
         out.append(f)

@@ -51,9 +51,15 @@ def auto_time_scale(window_s: float) -> float:
     return max(0.02, min(1.0, window_s / REFERENCE_WINDOW_S))
 
 
-def diagnose(frame: Frame, rules: Iterable[Rule] | None = None, levers: dict[str, Lever] | None = None,
-             params: dict[str, dict[str, Any]] | None = None, source: str = "",
-             time_scale: float | None = None, workers: int | None = None) -> Diagnosis:
+def diagnose(
+    frame: Frame,
+    rules: Iterable[Rule] | None = None,
+    levers: dict[str, Lever] | None = None,
+    params: dict[str, dict[str, Any]] | None = None,
+    source: str = "",
+    time_scale: float | None = None,
+    workers: int | None = None,
+) -> Diagnosis:
     """Evaluate rules over the frame's window and rank the findings.
 
     `params` maps rule id -> parameter overrides (thresholds, durations, benchmark values).
@@ -189,7 +195,7 @@ def required_absent(rule: Rule, frame: Frame) -> set[str]:
 
     def absent(cond: dict[str, Any]) -> set[str]:
         if cond.get("present") is False:
-            return set()          # a test for absence needs nothing
+            return set()  # a test for absence needs nothing
         out = missing_signals(rule, str(cond["series"]), names)
         if "than" in cond:
             out |= missing_signals(rule, str(cond["than"]), names)
@@ -232,8 +238,7 @@ def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
             g = ev.get(name)
             if g.by == ev.rule.by:
                 keys.update(g.keys)
-    required = [ev.rule.by.index(label) for label in ev.rule.doc.get("require_labels") or []
-                if label in ev.rule.by]
+    required = [ev.rule.by.index(label) for label in ev.rule.doc.get("require_labels") or [] if label in ev.rule.by]
     return sorted(k for k in keys if all(k[i] for i in required))
 
 
@@ -243,7 +248,7 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     truth, all_done = ce.all_of(list(when.get("all") or []), lazy=True)
     _judged(truth, ce)
     if not truth.any():
-        return []                 # `all` never holds anywhere: the rest cannot make the rule fire
+        return []  # `all` never holds anywhere: the rest cannot make the rule fire
     any_done: list[Evaluated] = []
     if when.get("any"):
         any_truth, any_done = ce.any_of(list(when["any"]))
@@ -258,14 +263,14 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     # `moderate_unless`: the branch that observes the mechanism; a finding without it is inferred
     direct = ce.all_of([rule.doc["moderate_unless"]])[0] if rule.doc.get("moderate_unless") else None
     out = []
-    for gi in map(int, np.flatnonzero(truth.any(axis=1))):       # a group never true cannot fire
+    for gi in map(int, np.flatnonzero(truth.any(axis=1))):  # a group never true cannot fire
         span = latest_run(truth[gi], runs[gi], for_steps)
         if span is None:
             continue
         found = _finding(rule, ce, gi, span, all_done + any_done, crit, levers, None, warn)
-        if direct is not None and not direct[gi, span[0]:span[1] + 1].any():
+        if direct is not None and not direct[gi, span[0] : span[1] + 1].any():
             found = replace(found, confidence="moderate")
-        if resolved is not None and not found.active and resolved[gi, span[0]:].any():
+        if resolved is not None and not found.active and resolved[gi, span[0] :].any():
             found = _resolved(rule, found)
         out.append(found)
     return out
@@ -276,7 +281,7 @@ def _judged(truth: np.ndarray, ce: ConditionEvaluator) -> None:
     nor outside its `judged` stretches."""
     frame = ce.ev.frame
     if frame.judged_from > 0:
-        truth[:, :frame.judged_from] = False
+        truth[:, : frame.judged_from] = False
     if frame.judged is not None:
         truth &= frame.judged.mask(ce.by, ce.keys, truth.shape[1])
 
@@ -285,6 +290,7 @@ def _resolved(rule: Rule, f: Finding) -> Finding:
     """An episode that ended after its own lever was pulled (`resolved_when` held between its onset
     and the window's end, e.g. the fleet scaled out): kept as a record at `info`, not a warning."""
     from dataclasses import replace
+
     note = (rule.doc.get("resolved_when") or {}).get("note") or "resolved"
     drop = 100 * (SEVERITY_RANK[f.severity] - SEVERITY_RANK["info"])
     return replace(f, severity="info", score=round(f.score - drop, 3), summary=f"{f.summary} (resolved: {note})")
@@ -301,15 +307,23 @@ def _critical(rule: Rule, ce: ConditionEvaluator, key: str = "critical_when") ->
     return truth
 
 
-def _finding(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int], done: list[Evaluated],
-             crit: np.ndarray | None, levers: dict[str, Lever], cascade: CascadeInfo | None,
-             warn: np.ndarray | None = None) -> Finding:
+def _finding(
+    rule: Rule,
+    ce: ConditionEvaluator,
+    gi: int,
+    span: tuple[int, int],
+    done: list[Evaluated],
+    crit: np.ndarray | None,
+    levers: dict[str, Lever],
+    cascade: CascadeInfo | None,
+    warn: np.ndarray | None = None,
+) -> Finding:
     ts = ce.ev.frame.ts
     start, end = span
     severity = rule.severity
-    if warn is not None and severity == "info" and warn[gi, start:end + 1].any():
+    if warn is not None and severity == "info" and warn[gi, start : end + 1].any():
         severity = "warning"
-    if crit is not None and crit[gi, start:end + 1].any():
+    if crit is not None and crit[gi, start : end + 1].any():
         severity = "critical"
     if cascade is not None and cascade.stage_name in _critical_stages(rule):
         severity = "critical"
@@ -319,22 +333,36 @@ def _finding(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int],
     strength = _strength(done, gi, span)
     base = 100 * SEVERITY_RANK[severity] + 10 * spec + strength
     return Finding(
-        rule_id=rule.id, levers_md=str(rule.doc.get("levers_md", "")), title=rule.title, severity=severity,
-        where=where, since=float(ts[start]), until=float(ts[end]), active=end == len(ts) - 1,
-        window=ce.ev.frame.window, step_s=ce.ev.frame.step, score=round(base, 3),
-        summary=_summary(rule, evidence), evidence=tuple(evidence),
-        levers=tuple(_levers(rule, levers)), citations=tuple(rule.doc.get("citations") or ()),
-        cascade=cascade, false_positives=tuple(rule.doc.get("false_positives") or ()),
-        params={k: v for k, v in rule.params.items()}, specificity=spec,
-        confidence=str(rule.doc.get("confidence", "high")), confirm=str(rule.doc.get("confirm", "")),
-        defers_to=tuple(str(x) for x in rule.doc.get("defers_to") or ()))
+        rule_id=rule.id,
+        levers_md=str(rule.doc.get("levers_md", "")),
+        title=rule.title,
+        severity=severity,
+        where=where,
+        since=float(ts[start]),
+        until=float(ts[end]),
+        active=end == len(ts) - 1,
+        window=ce.ev.frame.window,
+        step_s=ce.ev.frame.step,
+        score=round(base, 3),
+        summary=_summary(rule, evidence),
+        evidence=tuple(evidence),
+        levers=tuple(_levers(rule, levers)),
+        citations=tuple(rule.doc.get("citations") or ()),
+        cascade=cascade,
+        false_positives=tuple(rule.doc.get("false_positives") or ()),
+        params={k: v for k, v in rule.params.items()},
+        specificity=spec,
+        confidence=str(rule.doc.get("confidence", "high")),
+        confirm=str(rule.doc.get("confirm", "")),
+        defers_to=tuple(str(x) for x in rule.doc.get("defers_to") or ()),
+    )
 
 
 def _critical_stages(rule: Rule) -> set[str]:
     cas = rule.doc.get("cascade") or {}
     names = [s["name"] for s in cas.get("stages", [])]
     at = cas.get("critical_at")
-    return set(names[names.index(at):]) if at in names else set()
+    return set(names[names.index(at) :]) if at in names else set()
 
 
 def _stat(values: np.ndarray, stat: str, ts: np.ndarray) -> tuple[float | None, float | None]:
@@ -344,28 +372,38 @@ def _stat(values: np.ndarray, stat: str, ts: np.ndarray) -> tuple[float | None, 
     idx = np.flatnonzero(ok)
     if stat == "mean":
         return float(np.mean(values[ok])), None
-    pick = {"max": idx[np.argmax(values[ok])], "min": idx[np.argmin(values[ok])],
-            "first": idx[0], "last": idx[-1]}.get(stat, idx[-1])
+    pick = {"max": idx[np.argmax(values[ok])], "min": idx[np.argmin(values[ok])], "first": idx[0], "last": idx[-1]}.get(
+        stat, idx[-1]
+    )
     return float(values[pick]), float(ts[pick])
 
 
-def _evidence(rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int],
-              done: list[Evaluated]) -> list[Evidence]:
+def _evidence(
+    rule: Rule, ce: ConditionEvaluator, gi: int, span: tuple[int, int], done: list[Evaluated]
+) -> list[Evidence]:
     start, end = span
-    ts = ce.ev.frame.ts[start:end + 1]
+    ts = ce.ev.frame.ts[start : end + 1]
     thresholds = {str(e.cond["series"]): e for e in done if "value" in e.cond}
     out = []
     for item in rule.doc.get("evidence") or []:
         name = str(item["series"])
-        row = ce.ev.aligned(name, rule.by, ce.keys)[gi, start:end + 1]
+        row = ce.ev.aligned(name, rule.by, ce.keys)[gi, start : end + 1]
         stat = str(item.get("stat", "last"))
         value, at = _stat(row, stat, ts)
         cond = thresholds.get(name)
-        out.append(Evidence(
-            name=str(item.get("name", name)), value=None if value is None else round(value, 6),
-            unit=str(item.get("unit", "")), series=promql(rule, name, ce.ev.frame.step, _held(ce.ev.frame)), at=at,
-            threshold=_threshold(rule, cond.cond) if cond else None,
-            op=str(cond.cond["op"]) if cond else None, stat=stat, key=name))
+        out.append(
+            Evidence(
+                name=str(item.get("name", name)),
+                value=None if value is None else round(value, 6),
+                unit=str(item.get("unit", "")),
+                series=promql(rule, name, ce.ev.frame.step, _held(ce.ev.frame)),
+                at=at,
+                threshold=_threshold(rule, cond.cond) if cond else None,
+                op=str(cond.cond["op"]) if cond else None,
+                stat=stat,
+                key=name,
+            )
+        )
     return out
 
 
@@ -388,8 +426,8 @@ def _strength(done: list[Evaluated], gi: int, span: tuple[int, int]) -> float:
     for e in done:
         if e.right is None:
             continue
-        left = e.left[gi, span[0]:span[1] + 1]
-        right = e.right[gi, span[0]:span[1] + 1]
+        left = e.left[gi, span[0] : span[1] + 1]
+        right = e.right[gi, span[0] : span[1] + 1]
         ok = ~np.isnan(left) & ~np.isnan(right)
         if not ok.any():
             continue
@@ -403,8 +441,7 @@ def _strength(done: list[Evaluated], gi: int, span: tuple[int, int]) -> float:
 def _summary(rule: Rule, evidence: list[Evidence]) -> str:
     """The rule's summary with evidence values filled in; the title when a value it names is absent."""
     text = str(rule.doc.get("summary", rule.title))
-    values = {str(item["series"]): ev.value
-              for item, ev in zip(rule.doc.get("evidence") or [], evidence, strict=False)}
+    values = {str(item["series"]): ev.value for item, ev in zip(rule.doc.get("evidence") or [], evidence, strict=False)}
     try:
         fields = {f for _, f, _, _ in string.Formatter().parse(text) if f}
         if any(values.get(f) is None for f in fields):
@@ -451,7 +488,7 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
             continue
         last = reached[-1]
         start = onsets[0] if onsets[0] is not None else onsets[reached[0]]
-        assert start is not None   # `reached` lists the stages with an onset
+        assert start is not None  # `reached` lists the stages with an onset
         any_true = np.zeros(len(ts), dtype=bool)
         for i in reached:
             any_true |= evaluated[i][0][gi]
@@ -476,18 +513,23 @@ def _stage_onsets(evaluated: list, gi: int, slack: int) -> list[int | None]:
     return onsets
 
 
-def _cascade_info(cas: dict[str, Any], names: list[str], onsets: list[int | None], last: int,
-                  ts: np.ndarray) -> CascadeInfo:
+def _cascade_info(
+    cas: dict[str, Any], names: list[str], onsets: list[int | None], last: int, ts: np.ndarray
+) -> CascadeInfo:
     times = {n: (float(ts[o]) if o is not None else None) for n, o in zip(names, onsets, strict=True)}
     root, symptom = times.get(str(cas.get("root", names[0]))), times.get(str(cas.get("symptom", names[-1])))
     lead = symptom - root if root is not None and symptom is not None else None
-    return CascadeInfo(stage=last + 1, stage_name=names[last], stages_total=len(names), onsets=times,
-                       lead_time_s=lead)
+    return CascadeInfo(stage=last + 1, stage_name=names[last], stages_total=len(names), onsets=times, lead_time_s=lead)
 
 
 # ---------------------------------------------------------------------------- ranking
-def rank(findings: list[Finding], window: tuple[float, float], source: str,
-         skipped: list[Skipped] | None = None, rules_evaluated: int = 0) -> Diagnosis:
+def rank(
+    findings: list[Finding],
+    window: tuple[float, float],
+    source: str,
+    skipped: list[Skipped] | None = None,
+    rules_evaluated: int = 0,
+) -> Diagnosis:
     """Order findings: likely cause first, then competing hypotheses, then the rest.
 
     Score = 100 x severity + 10 x specificity + strength (0-5) + earliness (0-5): among
@@ -495,8 +537,13 @@ def rank(findings: list[Finding], window: tuple[float, float], source: str,
     symptoms (002 §7.4).
     """
     if not findings:
-        return Diagnosis(window=window, source=source, likely_cause=None, skipped=tuple(skipped or ()),
-                         rules_evaluated=rules_evaluated)
+        return Diagnosis(
+            window=window,
+            source=source,
+            likely_cause=None,
+            skipped=tuple(skipped or ()),
+            rules_evaluated=rules_evaluated,
+        )
     first, last = min(f.since for f in findings), max(f.since for f in findings)
     spread = last - first
 
@@ -507,15 +554,24 @@ def rank(findings: list[Finding], window: tuple[float, float], source: str,
     ordered = sorted(findings, key=lambda f: (-total(f), f.since, f.rule_id, sorted(f.where.items())))
     ordered = [_with_score(f, total(f)) for f in ordered]
     head = ordered[0]
-    competing = tuple(f for f in ordered[1:] if f.specificity >= 2 and _same_place(f.where, head.where)
-                      and f.rule_id != head.rule_id)
+    competing = tuple(
+        f for f in ordered[1:] if f.specificity >= 2 and _same_place(f.where, head.where) and f.rule_id != head.rule_id
+    )
     other = tuple(f for f in ordered[1:] if f not in competing)
-    return Diagnosis(window=window, source=source, likely_cause=head, competing=competing, other=other,
-                     skipped=tuple(skipped or ()), rules_evaluated=rules_evaluated)
+    return Diagnosis(
+        window=window,
+        source=source,
+        likely_cause=head,
+        competing=competing,
+        other=other,
+        skipped=tuple(skipped or ()),
+        rules_evaluated=rules_evaluated,
+    )
 
 
 def _with_score(f: Finding, score: float) -> Finding:
     from dataclasses import replace
+
     return replace(f, score=round(score, 3))
 
 

@@ -103,8 +103,11 @@ class SeriesEvaluator:
         cache = self.frame.cache
         if form not in SIGNAL_FORMS or cache is None:
             return getattr(self, f"_form_{form}")(node, by)
-        key = (repr(sorted((k, repr(self.rule.resolve(v))) for k, v in node.items() if k != "by")), by,
-               self.rule.time_scale)
+        key = (
+            repr(sorted((k, repr(self.rule.resolve(v))) for k, v in node.items() if k != "by")),
+            by,
+            self.rule.time_scale,
+        )
         if key not in cache:
             cache[key] = getattr(self, f"_form_{form}")(node, by)
         hit = cache[key]
@@ -114,8 +117,14 @@ class SeriesEvaluator:
         step = self.frame.step or 1.0
         return max(1, int(round(self.rule.duration(node.get(key, default)) / step)))
 
-    def _rows(self, name: str, by: tuple[str, ...], extra: tuple[str, ...] = (),
-              match: dict[str, Any] | None = None, seen: bool = False) -> tuple[list, np.ndarray, np.ndarray]:
+    def _rows(
+        self,
+        name: str,
+        by: tuple[str, ...],
+        extra: tuple[str, ...] = (),
+        match: dict[str, Any] | None = None,
+        seen: bool = False,
+    ) -> tuple[list, np.ndarray, np.ndarray]:
         """Group keys, row -> group index and the values of a block's matching rows (with `seen`,
         the values as they were before failed scrapes made some stale)."""
         cache = self.frame.cache
@@ -138,8 +147,9 @@ class SeriesEvaluator:
             cache[key] = adj
         return adj
 
-    def _counter_rates(self, name: str, match: dict[str, Any] | None, values: np.ndarray, k: int,
-                       per_second: bool = True) -> np.ndarray:
+    def _counter_rates(
+        self, name: str, match: dict[str, Any] | None, values: np.ndarray, k: int, per_second: bool = True
+    ) -> np.ndarray:
         step = self.frame.step or 1.0
         adj = self._adjusted(name, match, values)
         if adj is None:
@@ -151,8 +161,9 @@ class SeriesEvaluator:
                 inc /= grid.window_spans(values.shape[1], k) * step
         return inc
 
-    def _group_rows(self, name: str, by: tuple[str, ...], extra: tuple[str, ...],
-                    match: dict[str, Any] | None, seen: bool = False) -> tuple[list, np.ndarray, np.ndarray]:
+    def _group_rows(
+        self, name: str, by: tuple[str, ...], extra: tuple[str, ...], match: dict[str, Any] | None, seen: bool = False
+    ) -> tuple[list, np.ndarray, np.ndarray]:
         block = self.frame.block(name)
         empty: tuple[list, np.ndarray, np.ndarray] = [], np.zeros(0, dtype=np.int64), np.zeros((0, len(self.frame.ts)))
         if block is None:
@@ -204,8 +215,9 @@ class SeriesEvaluator:
         return Grouped(by, keys, grid.reduce_groups(rates, inv, len(keys), "sum"))
 
     def _form_increase(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        g = self._form_rate({"rate": node["increase"], "range": node.get("range", "5m"),
-                             "match": node.get("match")}, by)
+        g = self._form_rate(
+            {"rate": node["increase"], "range": node.get("range", "5m"), "match": node.get("match")}, by
+        )
         g.values = g.values * self._steps(node) * (self.frame.step or 1.0)
         return g
 
@@ -224,7 +236,7 @@ class SeriesEvaluator:
         if not keys:
             return self._empty(by)
         present = grid.reduce_groups(values, inv, len(keys), "count") > 0
-        outer, inv2 = grid.group_index([k[:len(by)] for k in keys])
+        outer, inv2 = grid.group_index([k[: len(by)] for k in keys])
         counts = grid.reduce_groups(np.where(present, 1.0, np.nan), inv2, len(outer), "sum")
         return Grouped(by, outer, counts)
 
@@ -253,7 +265,7 @@ class SeriesEvaluator:
         else:
             # quantiles are scale-free: increases serve as well as rates, without a division pass
             inc = self._counter_rates(name, match, values, k, per_second=False)
-            if len(keys) == inc.shape[0]:           # one series per (group, le): no summing needed
+            if len(keys) == inc.shape[0]:  # one series per (group, le): no summing needed
                 summed, key_rows = inc, np.empty(len(keys), dtype=np.int64)
                 key_rows[inv] = np.arange(len(keys))
             else:
@@ -262,8 +274,17 @@ class SeriesEvaluator:
                 cache[ckey] = (summed, key_rows)
         return Grouped(by, *_quantiles(q, keys, summed, len(by), key_rows))
 
-    def _dense_quantiles(self, q: float, name: str, match: dict[str, Any] | None, by: tuple[str, ...],
-                         keys: list, inv: np.ndarray, adj: np.ndarray, k: int) -> tuple[list, np.ndarray]:
+    def _dense_quantiles(
+        self,
+        q: float,
+        name: str,
+        match: dict[str, Any] | None,
+        by: tuple[str, ...],
+        keys: list,
+        inv: np.ndarray,
+        adj: np.ndarray,
+        k: int,
+    ) -> tuple[list, np.ndarray]:
         """Quantiles of gap-free bucket counters: the group's bucket counters are summed once per
         grouping (cumulative sums, so one sum serves every range), and increases are read
         straight from them (grid.window_quantiles). The rule's other quantiles of the same
@@ -275,7 +296,7 @@ class SeriesEvaluator:
         if lkey not in cache:
             cache[lkey] = bucket_layout(keys, inv, adj, len(by))
         groups, source, sets = cache[lkey]
-        if len(sets) == 1 and len(sets[0][1]) == len(groups):     # one bound set: no assembly
+        if len(sets) == 1 and len(sets[0][1]) == len(groups):  # one bound set: no assembly
             les, gis, rows = sets[0]
             pkey: tuple[Any, ...] = (name, mkey, k, rows.shape, rows.tobytes(), gis.tobytes(), id(source))
             if ("bucket_quantile_all", q, pkey) not in cache:
@@ -293,8 +314,9 @@ class SeriesEvaluator:
             out[gis] = cache[("bucket_quantile", q, pkey)]
         return groups, out
 
-    def _sibling_quantiles(self, bucket_name: str, match: dict[str, Any] | None, by: tuple[str, ...],
-                           k: int) -> set[float]:
+    def _sibling_quantiles(
+        self, bucket_name: str, match: dict[str, Any] | None, by: tuple[str, ...], k: int
+    ) -> set[float]:
         """Quantiles this rule asks of the same histogram, match, grouping and range."""
         out = set()
         for name, node in self.nodes.items():
@@ -304,7 +326,7 @@ class SeriesEvaluator:
                 if node.get("match") == match and self.by_of(name) == by and self._steps(node) == k:
                     out.add(float(self.rule.resolve(node["quantile"])))
             except (TypeError, ValueError, KeyError):
-                continue           # a sibling that cannot be evaluated is its own node's error
+                continue  # a sibling that cannot be evaluated is its own node's error
         return out
 
     def _pair(self, node: dict[str, Any], form: str, by: tuple[str, ...]) -> tuple[list, np.ndarray, np.ndarray]:
@@ -355,7 +377,7 @@ class SeriesEvaluator:
     def _form_over_time(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
         a = self.get(str(node["of"]))
         values = grid.over_time(a.values, self._steps(node), str(node["over_time"]))
-        if node.get("offset"):                  # the window ending `offset` earlier (an earlier level)
+        if node.get("offset"):  # the window ending `offset` earlier (an earlier level)
             values = grid.shift(values, self._steps(node, key="offset"))
         return Grouped(a.by, a.keys, values)
 
@@ -385,7 +407,7 @@ def align(g: Grouped, by: tuple[str, ...], keys: list[tuple[str, ...]]) -> np.nd
     if not set(g.by) <= set(by):
         raise ExprError(f"cannot join series grouped by {list(g.by)} onto {list(by)}")
     if g.by == by and (g.keys is keys or g.keys == keys) and g.values.shape[0] == len(keys):
-        return g.values                      # already these rows in this order (shared: read-only)
+        return g.values  # already these rows in this order (shared: read-only)
     pos = [by.index(k) for k in g.by]
     index = {k: i for i, k in enumerate(g.keys)}
     rows = np.array([index.get(tuple(k[i] for i in pos), -1) for k in keys], dtype=np.int64)
@@ -404,8 +426,9 @@ def _guarded_ratio(num: np.ndarray, den: np.ndarray, min_den: float) -> np.ndarr
     return out
 
 
-def _quantiles(q: float, keys: list[tuple[str, ...]], summed: np.ndarray, n_by: int,
-               key_rows: np.ndarray | None = None) -> tuple[list, np.ndarray]:
+def _quantiles(
+    q: float, keys: list[tuple[str, ...]], summed: np.ndarray, n_by: int, key_rows: np.ndarray | None = None
+) -> tuple[list, np.ndarray]:
     """Per group: bucket rates keyed (group..., le) -> quantile rows, one le-set at a time.
 
     `key_rows` maps a key's index to its row in `summed` (identity when None)."""
@@ -434,4 +457,3 @@ def promql(rule: Rule, name: str, step: float | None = None, held: float | None 
     except NotExpressible as exc:
         return f"{name} (no PromQL form: {exc})"
     return re.sub(r"\s*\n\s*", " ", text)
-

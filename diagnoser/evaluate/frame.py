@@ -42,7 +42,7 @@ class JudgedSpans:
     match (compared on the labels the rule groups by; a stretch naming none of them is every
     group's). Groups no stretch matches are not judged at all."""
 
-    spans: tuple[tuple[tuple[tuple[str, str], ...], int, int], ...]   # (labels, first, last)
+    spans: tuple[tuple[tuple[tuple[str, str], ...], int, int], ...]  # (labels, first, last)
 
     def mask(self, by: tuple[str, ...], keys: list[tuple[str, ...]], n: int) -> np.ndarray:
         """bool [len(keys), n]: where each group is judged."""
@@ -53,12 +53,12 @@ class JudgedSpans:
             index[key].append(gi)
         for labels, first, last in self.spans:
             wanted = [(pos[k], v) for k, v in labels if k in pos]
-            if len(wanted) == len(by):                  # the whole key: a dict lookup
+            if len(wanted) == len(by):  # the whole key: a dict lookup
                 key = tuple(v for _, v in sorted(wanted))
                 rows = index.get(key, [])
             else:
                 rows = [gi for gi, key in enumerate(keys) if all(key[i] == v for i, v in wanted)]
-            out[rows, max(0, first):last + 1] = True
+            out[rows, max(0, first) : last + 1] = True
         return out
 
 
@@ -66,10 +66,10 @@ class JudgedSpans:
 class Frame:
     """Canonical series of one window on a common grid, plus engine facts per instance."""
 
-    ts: np.ndarray                                   # grid timestamps [T]
+    ts: np.ndarray  # grid timestamps [T]
     blocks: dict[str, Block] = field(default_factory=dict)
-    facts: dict[str, dict[str, str]] = field(default_factory=dict)   # instance -> merged facts
-    cache: dict | None = field(default_factory=dict)   # series computed once, shared by rules (None = off)
+    facts: dict[str, dict[str, str]] = field(default_factory=dict)  # instance -> merged facts
+    cache: dict | None = field(default_factory=dict)  # series computed once, shared by rules (None = off)
     down: dict[str, np.ndarray] = field(default_factory=dict)
     """instance -> grid points at which its latest scrape had failed (mark_stale)."""
     judged_from: int = 0
@@ -110,8 +110,10 @@ def make_grid(start: float, end: float, step: float) -> np.ndarray:
         raise ValueError(f"bad grid: start={start} end={end} step={step}")
     n = int(np.floor((end - start) / step + 1e-9)) + 1
     if n > MAX_GRID_POINTS:
-        raise ValueError(f"the window {_iso(start)} to {_iso(end)} at a {step:g} s step is {n:,} grid points "
-                         f"(at most {MAX_GRID_POINTS:,}): pass --start/--end for a shorter window or a larger --step")
+        raise ValueError(
+            f"the window {_iso(start)} to {_iso(end)} at a {step:g} s step is {n:,} grid points "
+            f"(at most {MAX_GRID_POINTS:,}): pass --start/--end for a shorter window or a larger --step"
+        )
     return start + step * np.arange(n, dtype=float)
 
 
@@ -119,8 +121,9 @@ def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) if -1e11 < t < 1e11 else f"{t:g}"
 
 
-def sample_on_grid(times: np.ndarray, values: np.ndarray, grid: np.ndarray,
-                   lookback_s: float = DEFAULT_LOOKBACK_S) -> np.ndarray:
+def sample_on_grid(
+    times: np.ndarray, values: np.ndarray, grid: np.ndarray, lookback_s: float = DEFAULT_LOOKBACK_S
+) -> np.ndarray:
     """Latest value at or before each grid point within the lookback; NaN where none."""
     idx = np.searchsorted(times, grid, side="right") - 1
     out = np.full(grid.shape, np.nan)
@@ -130,9 +133,14 @@ def sample_on_grid(times: np.ndarray, values: np.ndarray, grid: np.ndarray,
     return out
 
 
-def frame_from_samples(samples: Iterable[Sample], start: float, end: float, step: float,
-                       lookback_s: float = DEFAULT_LOOKBACK_S,
-                       names: set[str] | None = None) -> Frame:
+def frame_from_samples(
+    samples: Iterable[Sample],
+    start: float,
+    end: float,
+    step: float,
+    lookback_s: float = DEFAULT_LOOKBACK_S,
+    names: set[str] | None = None,
+) -> Frame:
     """Group timestamped canonical samples into series and sample them on the grid.
 
     `names` limits the frame to the sample names the rules read. Samples without a timestamp
@@ -147,8 +155,10 @@ def frame_from_samples(samples: Iterable[Sample], start: float, end: float, step
             continue
         points[(s.name, s.labels)].append((s.timestamp, s.value))
     if len(points) * len(grid) > MAX_FRAME_CELLS:
-        raise ValueError(f"{len(points):,} series x {len(grid):,} grid points is more than {MAX_FRAME_CELLS:,} "
-                         "values: pass --start/--end for a shorter window or a larger --step")
+        raise ValueError(
+            f"{len(points):,} series x {len(grid):,} grid points is more than {MAX_FRAME_CELLS:,} "
+            "values: pass --start/--end for a shorter window or a larger --step"
+        )
     rows: dict[str, tuple[list[Labels], list[np.ndarray]]] = defaultdict(lambda: ([], []))
     for (name, labels), pts in sorted(points.items()):
         arr = np.array(sorted(pts), dtype=float)
@@ -212,8 +222,9 @@ def mark_stale(frame: Frame, down: dict[str, list[tuple[float, float]]]) -> None
                 block.values[i, gone] = np.nan
 
 
-def removed_target_spans(up: Iterable[tuple[str, float, bool]],
-                         factor: float = 3.0) -> dict[str, list[tuple[float, float]]]:
+def removed_target_spans(
+    up: Iterable[tuple[str, float, bool]], factor: float = 3.0
+) -> dict[str, list[tuple[float, float]]]:
     """instance -> [from, until) spans in which the target was not scraped at all: removed from
     service discovery (a replica scaled in), not failing.
 
@@ -239,7 +250,7 @@ def removed_target_spans(up: Iterable[tuple[str, float, bool]],
             if t2 - t1 <= factor * med:
                 continue
             lo, hi = t1 + (factor - 1) * med, min(t2, every[-1] + med)
-            if ((every > lo) & (every < hi)).any():          # others were scraped meanwhile
+            if ((every > lo) & (every < hi)).any():  # others were scraped meanwhile
                 spans.append((t1 + med, t2))
         if spans:
             out[instance] = spans

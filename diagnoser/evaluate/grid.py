@@ -68,12 +68,12 @@ def reset_adjusted(values: np.ndarray) -> np.ndarray | None:
     subtraction.
     """
     reset = np.zeros(values.shape[0], dtype=bool)
-    for a in range(0, values.shape[0], _CHUNK_ROWS):     # small temporaries: no page-fault churn
-        part = values[a:a + _CHUNK_ROWS]
+    for a in range(0, values.shape[0], _CHUNK_ROWS):  # small temporaries: no page-fault churn
+        part = values[a : a + _CHUNK_ROWS]
         if np.isnan(part).any():
             return None
         if values.shape[1] >= 2:
-            np.any(part[:, 1:] < part[:, :-1], axis=1, out=reset[a:a + _CHUNK_ROWS])
+            np.any(part[:, 1:] < part[:, :-1], axis=1, out=reset[a : a + _CHUNK_ROWS])
     if values.shape[1] < 2 or not reset.any():
         return values
     d = step_increases(values[reset])
@@ -145,12 +145,15 @@ def reduce_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: s
     n_t = values.shape[1]
     if values.shape[0] == 0:
         return np.full((n_groups, n_t), np.nan)
-    if agg in ("sum", "max", "min", "avg", "median") and len(inverse) == n_groups \
-            and np.array_equal(np.sort(inverse), np.arange(n_groups)):
+    if (
+        agg in ("sum", "max", "min", "avg", "median")
+        and len(inverse) == n_groups
+        and np.array_equal(np.sort(inverse), np.arange(n_groups))
+    ):
         if np.array_equal(inverse, np.arange(n_groups)):
-            return values                   # already one row per group, in group order
+            return values  # already one row per group, in group order
         out = np.empty_like(values)
-        out[inverse] = values               # one series per group: the aggregate is the series
+        out[inverse] = values  # one series per group: the aggregate is the series
         return out
     if agg in ("sum", "avg", "count") and n_groups <= 64:
         return _reduce_by_matmul(values, inverse, n_groups, agg)
@@ -238,7 +241,7 @@ def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray, rows: np.nda
         mask = np.isnan(plane)
         all_absent &= mask
         if rows is None:
-            plane = plane.copy()            # planes are modified below; gathered ones are copies already
+            plane = plane.copy()  # planes are modified below; gathered ones are copies already
         if mask.any():
             plane[mask] = 0.0
         planes.append(plane)
@@ -270,8 +273,9 @@ def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray, rows: np.nda
     return out
 
 
-def window_bucket_planes(cumulative: np.ndarray, rows: np.ndarray, k: int,
-                         scratch: np.ndarray | None = None) -> np.ndarray:
+def window_bucket_planes(
+    cumulative: np.ndarray, rows: np.ndarray, k: int, scratch: np.ndarray | None = None
+) -> np.ndarray:
     """Per-bucket increases over a trailing window of k steps, forced monotonic: [buckets, G, T].
 
     `cumulative` holds gap-free, reset-adjusted bucket counters (rows of a block, or their sums
@@ -286,13 +290,16 @@ def window_bucket_planes(cumulative: np.ndarray, rows: np.ndarray, k: int,
     n_t = cumulative.shape[1]
     k = max(1, min(k, n_t - 1))
     size = n_b * n_g * n_t
-    planes = scratch[:size].reshape(n_b, n_g, n_t) if scratch is not None and scratch.size >= size \
+    planes = (
+        scratch[:size].reshape(n_b, n_g, n_t)
+        if scratch is not None and scratch.size >= size
         else np.empty((n_b, n_g, n_t))
+    )
     gathered = None
     for b in range(n_b):
         src = _rows_view(cumulative, rows[:, b], gathered)
         if not np.may_share_memory(src, cumulative):
-            gathered = src                       # rows not evenly spaced: reuse the copy's memory
+            gathered = src  # rows not evenly spaced: reuse the copy's memory
         out = planes[b]
         np.subtract(src[:, k:], src[:, :-k], out=out[:, k:])
         np.subtract(src[:, :k], src[:, :1], out=out[:, :k])
@@ -306,8 +313,9 @@ PLANES_CHUNK_BYTES = 8 << 20
 small enough to stay in cache between building the planes and reading the quantiles."""
 
 
-def window_quantiles(qs: list[float], les: np.ndarray, cumulative: np.ndarray, rows: np.ndarray,
-                     k: int, order: np.ndarray | None = None) -> list[np.ndarray]:
+def window_quantiles(
+    qs: list[float], les: np.ndarray, cumulative: np.ndarray, rows: np.ndarray, k: int, order: np.ndarray | None = None
+) -> list[np.ndarray]:
     """histogram_quantile for each q of the increases over a trailing window of k steps of
     gap-free cumulative bucket counters: one [G, T] array per q.
 
@@ -322,8 +330,8 @@ def window_quantiles(qs: list[float], les: np.ndarray, cumulative: np.ndarray, r
     outs = [np.empty((n_g, n_t)) for _ in qs]
     scratch = np.empty(min(n_g, chunk) * n_b * n_t)
     for a in range(0, n_g, chunk):
-        planes = window_bucket_planes(cumulative, rows[a:a + chunk], k, scratch)
-        dest = slice(a, a + chunk) if order is None else order[a:a + chunk]
+        planes = window_bucket_planes(cumulative, rows[a : a + chunk], k, scratch)
+        dest = slice(a, a + chunk) if order is None else order[a : a + chunk]
         for out, q in zip(outs, qs, strict=True):
             out[dest] = quantile_from_planes(q, les, planes)
     return outs
@@ -333,10 +341,10 @@ def _rows_view(values: np.ndarray, rows: np.ndarray, out: np.ndarray | None = No
     """values[rows]: a strided view when the row numbers are evenly spaced, else a gathered copy
     (into `out` when given)."""
     if len(rows) == 1:
-        return values[rows[0]:rows[0] + 1]
+        return values[rows[0] : rows[0] + 1]
     d = int(rows[1] - rows[0])
     if d > 0 and rows[-1] - rows[0] == d * (len(rows) - 1) and (np.diff(rows) == d).all():
-        return values[rows[0]:rows[-1] + 1:d]
+        return values[rows[0] : rows[-1] + 1 : d]
     return np.take(values, rows, axis=0, out=out)
 
 
@@ -355,16 +363,16 @@ def quantile_from_planes(q: float, les: np.ndarray, planes: np.ndarray) -> np.nd
     for b in range(n_b):
         np.less(planes[b], rank, out=lt)
         if not lt.any():
-            break                    # monotonic: no higher plane is below the rank either
+            break  # monotonic: no higher plane is below the rank either
         np.add(below_rank, lt, out=below_rank)
-    idx = below_rank.ravel()                 # bucket holding the rank; n_b = none does
+    idx = below_rank.ravel()  # bucket holding the rank; n_b = none does
     n = idx.size
     flat = planes.reshape(-1)
     upper_b = np.minimum(idx, n_b - 1)
     pos = upper_b.astype(np.intp)
     pos *= n
-    pos += np.arange(n)                      # flat index of (bucket upper_b, cell)
-    in_bucket = np.take(flat, pos)           # the bucket's cumulative count, then minus below
+    pos += np.arange(n)  # flat index of (bucket upper_b, cell)
+    in_bucket = np.take(flat, pos)  # the bucket's cumulative count, then minus below
     pos -= n
     below = np.take(flat, pos, mode="clip")  # the bucket under it (clipped index where none)
     below[idx == 0] = 0.0
@@ -394,7 +402,7 @@ def window_view(values: np.ndarray, k: int) -> np.ndarray:
 def over_time(values: np.ndarray, k: int, agg: str) -> np.ndarray:
     """avg / max / min / median of each row over a trailing window of k steps (absent ignored)."""
     if agg == "avg":
-        if np.isfinite(values).all():   # no gaps: every row's counts are the window lengths
+        if np.isfinite(values).all():  # no gaps: every row's counts are the window lengths
             c = np.minimum(np.arange(1, values.shape[1] + 1, dtype=float), float(k + 1))
             out = _trailing_sum(values, k)
             out /= c
@@ -429,10 +437,10 @@ def _sliding(values: np.ndarray, k: int, pick: np.ufunc) -> np.ndarray:
     m = np.concatenate([np.full((values.shape[0], k), np.nan), values], axis=1)
     span = 1
     while span * 2 <= width:
-        m = pick(m[:, :-span], m[:, span:])     # m[i] now covers padded points i .. i + 2 span - 1
+        m = pick(m[:, :-span], m[:, span:])  # m[i] now covers padded points i .. i + 2 span - 1
         span *= 2
     n_t = values.shape[1]
-    return pick(m[:, :n_t], m[:, width - span:width - span + n_t])
+    return pick(m[:, :n_t], m[:, width - span : width - span + n_t])
 
 
 def shift(values: np.ndarray, k: int) -> np.ndarray:
@@ -496,8 +504,8 @@ def _trailing_sum(values: np.ndarray, k: int) -> np.ndarray:
     if k + 1 >= c.shape[1]:
         return c
     out = np.empty_like(c)
-    out[:, :k + 1] = c[:, :k + 1]
-    np.subtract(c[:, k + 1:], c[:, :-(k + 1)], out=out[:, k + 1:])
+    out[:, : k + 1] = c[:, : k + 1]
+    np.subtract(c[:, k + 1 :], c[:, : -(k + 1)], out=out[:, k + 1 :])
     return out
 
 
@@ -506,10 +514,10 @@ class _quiet_nan_warnings:
 
     def __enter__(self) -> None:
         import warnings
+
         self._cm = warnings.catch_warnings()
         self._cm.__enter__()
         warnings.simplefilter("ignore", RuntimeWarning)
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._cm.__exit__(kind, exc, tb)

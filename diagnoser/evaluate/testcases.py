@@ -86,13 +86,21 @@ class TestFile:
 def read_test_file(path: str | Path) -> TestFile:
     p = Path(path)
     doc = parse_yaml(p.read_text(encoding="utf-8"), str(p))
-    cases = [Case(name=str(c["name"]), input_series=list(c["input_series"]),
-                  eval_time=parse_duration(c["eval_time"]), expect=list(c.get("expect") or []),
-                  params=dict(c.get("params") or {}), line=c.line,
-                  facts={str(k): {str(a): str(b) for a, b in v.items()} for k, v in (c.get("facts") or {}).items()})
-             for c in doc["cases"]]
-    return TestFile(rule=str(doc["rule"]), interval=parse_duration(doc.get("interval", "15s")),
-                    cases=cases, path=str(p))
+    cases = [
+        Case(
+            name=str(c["name"]),
+            input_series=list(c["input_series"]),
+            eval_time=parse_duration(c["eval_time"]),
+            expect=list(c.get("expect") or []),
+            params=dict(c.get("params") or {}),
+            line=c.line,
+            facts={str(k): {str(a): str(b) for a, b in v.items()} for k, v in (c.get("facts") or {}).items()},
+        )
+        for c in doc["cases"]
+    ]
+    return TestFile(
+        rule=str(doc["rule"]), interval=parse_duration(doc.get("interval", "15s")), cases=cases, path=str(p)
+    )
 
 
 def histogram_samples(item: dict[str, Any], interval: float) -> list[Sample]:
@@ -152,8 +160,9 @@ def run_case(rule: Rule, case: Case, interval: float, levers: dict[str, Lever]) 
     return evaluate_rule(rule.with_params(case.params), frame, levers)
 
 
-def check_case(rule: Rule, case: Case, interval: float, levers: dict[str, Lever],
-               facts: dict[str, dict[str, str]] | None = None) -> list[str]:
+def check_case(
+    rule: Rule, case: Case, interval: float, levers: dict[str, Lever], facts: dict[str, dict[str, str]] | None = None
+) -> list[str]:
     """Problems with one case (empty = pass): fired groups must equal `expect`."""
     result = run_case(rule, case, interval, levers)
     if isinstance(result, Skipped):
@@ -173,6 +182,5 @@ def check_case(rule: Rule, case: Case, interval: float, levers: dict[str, Lever]
         stage = want[key].get("stage")
         cascade = got[key].cascade
         if stage and (cascade is None or cascade.stage_name != stage):
-            problems.append(f"{dict(key)}: cascade stage {cascade and cascade.stage_name}, "
-                            f"expected {stage}")
+            problems.append(f"{dict(key)}: cascade stage {cascade and cascade.stage_name}, expected {stage}")
     return problems

@@ -44,8 +44,7 @@ def alert_name(rule_id: str) -> str:
 class ConditionCompiler:
     """PromQL for `when` conditions; every condition keeps the labels of its left series."""
 
-    def __init__(self, rule: Rule, series: SeriesCompiler, catalog: Catalog | None = None,
-                 slack: float = 0.0) -> None:
+    def __init__(self, rule: Rule, series: SeriesCompiler, catalog: Catalog | None = None, slack: float = 0.0) -> None:
         """`slack` > 0 loosens every comparison by that share of its right side (a prefilter
         that must hold wherever the exact condition does: diagnoser/pushdown/), and refuses
         equality tests, which no slack loosens."""
@@ -105,8 +104,9 @@ class ConditionCompiler:
                 raise NotExpressible(f"threshold {cond['value']} has no value")
             if op is not None and float(value) == 0 and signed(self.rule, name):
                 raise NotExpressible(f"{name} can be negative; a zero threshold has no loosened form")
-            scaled = float(value) * float(self.rule.resolve(cond.get("times", 1))) + \
-                float(self.rule.resolve(cond.get("plus", 0)))        # the engine's value x times + plus
+            scaled = float(value) * float(self.rule.resolve(cond.get("times", 1))) + float(
+                self.rule.resolve(cond.get("plus", 0))
+            )  # the engine's value x times + plus
             return _number(self._loose(scaled, op))
         if "than" in cond:
             other = str(cond["than"])
@@ -118,8 +118,11 @@ class ConditionCompiler:
             if agg not in ("avg", "max", "min", "sum"):
                 raise NotExpressible(f"baseline agg {agg!r}")
             rng = self.series.dur(base.get("range", "30m"))
-            offset = parse_duration(self.series.dur(base.get("offset", "10m"), least=0)) \
-                if parse_duration(self.rule.resolve(base.get("offset", "10m"))) > 0 else 0.0
+            offset = (
+                parse_duration(self.series.dur(base.get("offset", "10m"), least=0))
+                if parse_duration(self.rule.resolve(base.get("offset", "10m"))) > 0
+                else 0.0
+            )
             shift = f" offset {_duration(offset)}" if offset > 0 else ""
             source = str(base.get("of", name))
             join = self.series._join(name, source) if source != name else ""
@@ -145,10 +148,12 @@ class ConditionCompiler:
         for expr, by in rest:
             out += f"\nand{self._on(by)}\n({expr})"
         if anys:
-            ref = self.series.expr(str((block.get("all") or [])[0]["series"])) if any(
-                set(b) != set(first_by) for _, b in anys) else ""
-            terms = [f"({e})" if set(b) == set(first_by) else f"(({ref})\nand{self._on(b)}\n({e}))"
-                     for e, b in anys]
+            ref = (
+                self.series.expr(str((block.get("all") or [])[0]["series"]))
+                if any(set(b) != set(first_by) for _, b in anys)
+                else ""
+            )
+            terms = [f"({e})" if set(b) == set(first_by) else f"(({ref})\nand{self._on(b)}\n({e}))" for e, b in anys]
             out += "\nand\n(\n" + "\nor\n".join(terms) + "\n)"
         for fact in facts or []:
             out += f"\nand on (instance)\n{self.fact(fact)}"
@@ -179,16 +184,38 @@ def signed(rule: Rule, name: str, seen: frozenset[str] = frozenset()) -> bool:
     node = rule.series.get(name)
     if node is None or name in seen:
         return True
-    form = next((f for f in (*_NONNEGATIVE, "ratio", "sum", "product", "coalesce", "scale", "over_time",
-                             "aggregate", "diff", "deriv") if f in node), "diff")
+    form = next(
+        (
+            f
+            for f in (
+                *_NONNEGATIVE,
+                "ratio",
+                "sum",
+                "product",
+                "coalesce",
+                "scale",
+                "over_time",
+                "aggregate",
+                "diff",
+                "deriv",
+            )
+            if f in node
+        ),
+        "diff",
+    )
     if form in _NONNEGATIVE:
         return False
     if form in ("diff", "deriv"):
         return True
     if form == "scale" and float(rule.resolve(node.get("by_value", 1.0))) < 0:
         return True
-    refs = [str(x) for x in node[form]] if form in ("ratio", "sum", "product", "coalesce") else \
-        [str(node["scale"])] if form == "scale" else [str(node["of"])]
+    refs = (
+        [str(x) for x in node[form]]
+        if form in ("ratio", "sum", "product", "coalesce")
+        else [str(node["scale"])]
+        if form == "scale"
+        else [str(node["of"])]
+    )
     return any(signed(rule, r, seen | {name}) for r in refs)
 
 
@@ -210,12 +237,16 @@ def compile_rule(rule: Rule, runbook_base: str = RUNBOOK_BASE) -> list[dict[str,
         conds = ConditionCompiler(rule, series)
         when = rule.when
         expr = conds.combine(when, doc.get("facts"))
-        raised = [(sev, conds.combine(doc[f"{sev}_when"])) for sev in ("warning", "critical")
-                  if doc.get(f"{sev}_when") and SEVERITY_RANK[sev] > SEVERITY_RANK[rule.severity]]
+        raised = [
+            (sev, conds.combine(doc[f"{sev}_when"]))
+            for sev in ("warning", "critical")
+            if doc.get(f"{sev}_when") and SEVERITY_RANK[sev] > SEVERITY_RANK[rule.severity]
+        ]
     except (NotExpressible, KeyError, ValueError) as exc:
         return PythonOnly(rule.id, str(exc) or type(exc).__name__)
     return [_alert(rule, expr, rule.severity, when, runbook_base)] + [
-        _alert(rule, f"{expr}\nand\n{cond}", sev, when, runbook_base) for sev, cond in raised]
+        _alert(rule, f"{expr}\nand\n{cond}", sev, when, runbook_base) for sev, cond in raised
+    ]
 
 
 def _alert(rule: Rule, expr: str, severity: str, when: dict[str, Any], runbook_base: str) -> dict[str, Any]:
@@ -226,13 +257,13 @@ def _alert(rule: Rule, expr: str, severity: str, when: dict[str, Any], runbook_b
     alert["labels"] = {"severity": severity, "rule_id": rule.id}
     if rule.doc.get("levers_md"):
         alert["labels"]["levers_md"] = str(rule.doc["levers_md"])
-    if rule.doc.get("confidence", "high") != "high":     # inferred: Alertmanager can inhibit it with
-        alert["labels"]["confidence"] = str(rule.doc["confidence"])   # the defers_to rules' alerts
+    if rule.doc.get("confidence", "high") != "high":  # inferred: Alertmanager can inhibit it with
+        alert["labels"]["confidence"] = str(rule.doc["confidence"])  # the defers_to rules' alerts
     levers = ", ".join(str(lv.get("id")) for lv in rule.doc.get("levers") or [] if isinstance(lv, dict))
     alert["annotations"] = {
         "summary": f"{rule.title} on {where} (value {{{{ $value | humanize }}}})",
         "description": " ".join(str(rule.doc.get("description", "")).split())
-                       + (f" Levers: {levers}." if levers else ""),
+        + (f" Levers: {levers}." if levers else ""),
         "runbook_url": f"{runbook_base}{rule.id}.md",
     }
     return alert

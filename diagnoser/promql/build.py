@@ -28,8 +28,12 @@ class Built:
     python_only: list[PythonOnly] = field(default_factory=list)
 
 
-def build_all(slo: SloConfig | None = None, rules: list[Rule] | None = None,
-              runbook_base: str = RUNBOOK_BASE, canonical: str = "used") -> Built:
+def build_all(
+    slo: SloConfig | None = None,
+    rules: list[Rule] | None = None,
+    runbook_base: str = RUNBOOK_BASE,
+    canonical: str = "used",
+) -> Built:
     """Compile the shipped (or given) diagnosis rules and build every file."""
     rules = read_rules() if rules is None else rules
     alerts, python_only = compile_rules(rules, runbook_base)
@@ -37,21 +41,28 @@ def build_all(slo: SloConfig | None = None, rules: list[Rule] | None = None,
     groups = [{"name": "kvscope-diagnosis", "rules": alerts}]
     files = build_rule_files(slo=slo, alert_groups=(groups, note), canonical=canonical)
     name, quantiles = quantile_file(rules, load_catalog())
-    files[name] = render_rule_file(quantiles, HEADER.format(
-        extra=" and rules/diagnosis/*.yaml", what="Each histogram quantile the diagnosis rules read, recorded: "
-        "fleet diagnosis (kvscope diagnose --prometheus) reads these instead of every bucket series "
-        "(diagnoser/promql/quantiles.py)."))
+    files[name] = render_rule_file(
+        quantiles,
+        HEADER.format(
+            extra=" and rules/diagnosis/*.yaml",
+            what="Each histogram quantile the diagnosis rules read, recorded: "
+            "fleet diagnosis (kvscope diagnose --prometheus) reads these instead of every bucket series "
+            "(diagnoser/promql/quantiles.py).",
+        ),
+    )
     files = dict(sorted(files.items()))
     exprs: dict[str, str] = {}
-    for alert in alerts:   # the first (base-severity) rule of each alert
+    for alert in alerts:  # the first (base-severity) rule of each alert
         exprs.setdefault(alert["labels"]["rule_id"], str(alert["expr"]))
     runbooks = {f"{r.id}.md": render_runbook(r, exprs.get(r.id)) for r in rules}
     return Built(files, runbooks, python_only)
 
 
 def _alerts_note(rules: list[Rule], python_only: list[PythonOnly]) -> str:
-    lines = [f"One alert per diagnosis rule with a PromQL form ({len(rules) - len(python_only)} of {len(rules)});",
-             "thresholds, `for` and grouping are the rule's defaults. Python-only rules (run `kvscope diagnose`):"]
+    lines = [
+        f"One alert per diagnosis rule with a PromQL form ({len(rules) - len(python_only)} of {len(rules)});",
+        "thresholds, `for` and grouping are the rule's defaults. Python-only rules (run `kvscope diagnose`):",
+    ]
     lines += [f"  {p.rule_id}: {p.reason}" for p in python_only] or ["  (none)"]
     return "\n# ".join(lines)
 
@@ -62,12 +73,16 @@ def render_runbook(rule: Rule, expr: str | None) -> str:
     doc = rule.doc
     out = [RUNBOOK_MARK.format(id=rule.id), "", f"# {rule.title}", ""]
     alert = f"`{alert_name(rule.id)}`" if expr else "none (Python-only: `kvscope diagnose` reports it)"
-    out += [f"* Rule: `rules/diagnosis/{rule.id}.yaml` ({doc.get('levers_md', '-')} in LEVERS.md)",
-            f"* Prometheus alert: {alert}",
-            f"* Severity: {rule.severity}; grouped by {', '.join(rule.by) or 'the whole fleet'}"]
+    out += [
+        f"* Rule: `rules/diagnosis/{rule.id}.yaml` ({doc.get('levers_md', '-')} in LEVERS.md)",
+        f"* Prometheus alert: {alert}",
+        f"* Severity: {rule.severity}; grouped by {', '.join(rule.by) or 'the whole fleet'}",
+    ]
     if doc.get("confidence", "high") != "high":
-        out += [f"* Confidence: {doc['confidence']} (inferred from indirect evidence): {doc.get('confirm', '')}; "
-                f"defers to {', '.join(f'`{d}`' for d in doc.get('defers_to') or [])} where that can look"]
+        out += [
+            f"* Confidence: {doc['confidence']} (inferred from indirect evidence): {doc.get('confirm', '')}; "
+            f"defers to {', '.join(f'`{d}`' for d in doc.get('defers_to') or [])} where that can look"
+        ]
     out += [""]
     out += ["## What it means", "", " ".join(str(doc.get("description", "")).split()), ""]
     out += _thresholds(rule)
@@ -75,12 +90,23 @@ def render_runbook(rule: Rule, expr: str | None) -> str:
     fps = doc.get("false_positives") or []
     if fps:
         out += ["## When it is not the problem", "", *[f"* {fp}" for fp in fps], ""]
-    out += ["## Confirm", "", "```sh",
-            "kvscope diagnose --prometheus http://prometheus:9090 --since 1h   # evidence, ranked levers",
-            "```", ""]
+    out += [
+        "## Confirm",
+        "",
+        "```sh",
+        "kvscope diagnose --prometheus http://prometheus:9090 --since 1h   # evidence, ranked levers",
+        "```",
+        "",
+    ]
     if expr:
-        out += ["The alert's condition, to graph in Prometheus (canonical `kvscope:*` series):", "",
-                "```promql", expr, "```", ""]
+        out += [
+            "The alert's condition, to graph in Prometheus (canonical `kvscope:*` series):",
+            "",
+            "```promql",
+            expr,
+            "```",
+            "",
+        ]
     cites = doc.get("citations") or []
     if cites:
         out += ["## Sources", "", ", ".join(str(c) for c in cites), ""]
@@ -104,6 +130,7 @@ def _levers(levers: list[Any]) -> list[str]:
         return []
     try:
         from kvscope.diagnoser.rulebook.levers import load_levers
+
         table = load_levers()
     except (OSError, ValueError):
         table = {}
@@ -114,6 +141,6 @@ def _levers(levers: list[Any]) -> list[str]:
         title = f" — {known.title}" if known else ""
         direction = lv.get("direction", "") if isinstance(lv, dict) else ""
         out.append(f"{i}. `{lid}` ({direction}){title}")
-        for system, change in (known.how.items() if known else ()):
+        for system, change in known.how.items() if known else ():
             out.append(f"   * {system}: `{change}`")
     return out + [""]

@@ -60,5 +60,6 @@ one interval earlier (the prefilters' slack covers that at a 15 s grid)."""
 
 def quantile_file(rules: list[Rule], catalog: Catalog) -> tuple[str, list[dict[str, Any]]]:
     """(file name, rule groups) of `kvscope-quantiles.yml`."""
-    return "kvscope-quantiles.yml", [{"name": "kvscope-quantiles", "interval": QUANTILE_INTERVAL,
-                                      "rules": quantile_rules(rules, catalog)}]
+    return "kvscope-quantiles.yml", [
+        {"name": "kvscope-quantiles", "interval": QUANTILE_INTERVAL, "rules": quantile_rules(rules, catalog)}
+    ]

@@ -53,8 +53,30 @@ MODEL_BY = ("model", "engine")
 """Labels of `model:` series. `engine` stays: vLLM and SGLang use different bucket bounds, and
 summing buckets of different layouts by `le` would break the cumulative counts a quantile needs."""
 
-VLLM_TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5,
-                    7.5, 10, 20, 40, 80, 160, 640, 2560)
+VLLM_TTFT_BOUNDS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1,
+    2.5,
+    5,
+    7.5,
+    10,
+    20,
+    40,
+    80,
+    160,
+    640,
+    2560,
+)
 SGLANG_TTFT_BOUNDS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 """Default TTFT bucket bounds (../shared/reference/engine-metrics.md, vLLM 0.33 and SGLang
 0.5.23). The SLO threshold must be one of them on every engine, or the burn rate counts
@@ -68,14 +90,17 @@ class SloConfig:
     ttft_seconds: float = 1.0
     target: float = 0.99
     windows: tuple[tuple[str, str, float, str], ...] = (
-        ("1h", "5m", 14.4, "critical"),   # 2 % of a 30-day budget in 1 h: page
-        ("6h", "30m", 6.0, "warning"),    # 5 % of the budget in 6 h: ticket
+        ("1h", "5m", 14.4, "critical"),  # 2 % of a 30-day budget in 1 h: page
+        ("6h", "30m", 6.0, "warning"),  # 5 % of the budget in 6 h: ticket
     )
 
     def unaligned_engines(self) -> list[str]:
         """Engines whose default TTFT buckets have no bound at the threshold."""
-        return [name for name, bounds in (("vllm", VLLM_TTFT_BOUNDS), ("sglang", SGLANG_TTFT_BOUNDS))
-                if not any(abs(b - self.ttft_seconds) < 1e-9 for b in bounds)]
+        return [
+            name
+            for name, bounds in (("vllm", VLLM_TTFT_BOUNDS), ("sglang", SGLANG_TTFT_BOUNDS))
+            if not any(abs(b - self.ttft_seconds) < 1e-9 for b in bounds)
+        ]
 
 
 class _Block(str):
@@ -154,8 +179,7 @@ def counter_rate(signal: str, level: tuple[str, ...], window: str = "5m") -> str
 
 
 def quantile(histogram: str, q: float, level: tuple[str, ...], window: str = "5m") -> str:
-    return (f"histogram_quantile({q}, sum by ({_by((*level, 'le'))}) "
-            f"(rate(kvscope:{histogram}_bucket[{window}])))")
+    return f"histogram_quantile({q}, sum by ({_by((*level, 'le'))}) (rate(kvscope:{histogram}_bucket[{window}])))"
 
 
 def guarded_ratio(num: str, den: str) -> str:
@@ -174,27 +198,42 @@ def derived_rules() -> list[dict[str, Any]]:
         n = _level_name(level)
         if level == INSTANCE_BY:
             rules += [
-                record(f"{n}:engine_kv_cache_usage_ratio:max5m",
-                       gauge_over_time("engine_kv_cache_usage_ratio", "max", level)),
+                record(
+                    f"{n}:engine_kv_cache_usage_ratio:max5m",
+                    gauge_over_time("engine_kv_cache_usage_ratio", "max", level),
+                ),
                 record(f"{n}:engine_requests_waiting:avg5m", gauge_over_time("engine_requests_waiting", "avg", level)),
                 record(f"{n}:engine_requests_running:avg5m", gauge_over_time("engine_requests_running", "avg", level)),
             ]
         rules += [
-            record(f"{n}:engine_prefix_cache_hit_ratio:rate5m", guarded_ratio(
-                counter_rate("engine_prefix_cache_hits_tokens_total", level),
-                counter_rate("engine_prefix_cache_queries_tokens_total", level))),
+            record(
+                f"{n}:engine_prefix_cache_hit_ratio:rate5m",
+                guarded_ratio(
+                    counter_rate("engine_prefix_cache_hits_tokens_total", level),
+                    counter_rate("engine_prefix_cache_queries_tokens_total", level),
+                ),
+            ),
             record(f"{n}:engine_preemptions:rate5m", counter_rate("engine_preemptions_total", level)),
             record(f"{n}:engine_prompt_tokens:rate5m", counter_rate("engine_prompt_tokens_total", level)),
             record(f"{n}:engine_generation_tokens:rate5m", counter_rate("engine_generation_tokens_total", level)),
         ]
-        for hist, qs in (("request_ttft_seconds", (0.5, 0.9, 0.99)), ("request_itl_seconds", (0.5, 0.99)),
-                         ("request_e2e_seconds", (0.99,)), ("request_queue_seconds", (0.99,))):
+        for hist, qs in (
+            ("request_ttft_seconds", (0.5, 0.9, 0.99)),
+            ("request_itl_seconds", (0.5, 0.99)),
+            ("request_e2e_seconds", (0.99,)),
+            ("request_queue_seconds", (0.99,)),
+        ):
             rules += [record(f"{n}:{hist}:p{round(q * 100)}_5m", quantile(hist, q, level)) for q in qs]
     # One GPU can be reported twice (dcgm-exporter and the agent's NVML collector, two instances):
     # the outer max keeps one reading instead of adding them.
-    rules += [record(f"gpu:{signal}:{op}5m", f"max by ({_by(GPU_BY)}) ({op}_over_time(kvscope:{signal}[5m]))")
-              for signal, op in (("gpu_utilization_ratio", "avg"), ("gpu_memory_used_bytes", "max"),
-                                 ("gpu_power_watts", "avg"))]
+    rules += [
+        record(f"gpu:{signal}:{op}5m", f"max by ({_by(GPU_BY)}) ({op}_over_time(kvscope:{signal}[5m]))")
+        for signal, op in (
+            ("gpu_utilization_ratio", "avg"),
+            ("gpu_memory_used_bytes", "max"),
+            ("gpu_power_watts", "avg"),
+        )
+    ]
     return rules
 
 
@@ -218,23 +257,28 @@ def slo_rules(slo: SloConfig) -> list[dict[str, Any]]:
     budget = round(1 - slo.target, 10)
     for long_w, short_w, burn, severity in slo.windows:
         limit = round(burn * budget, 10)
-        rules.append({
-            "alert": "LlmTtftSloBurnRate",
-            "expr": (f"{_slo_record(long_w)} > {limit}\nand\n{_slo_record(short_w)} > {limit}"),
-            "for": "2m" if severity == "critical" else "15m",
-            "labels": {"severity": severity, "slo": "ttft", "window": f"{long_w}/{short_w}"},
-            "annotations": {
-                "summary": (f"TTFT SLO burning {burn}x budget on {{{{ $labels.instance }}}} "
-                            f"({long_w} and {short_w} windows)"),
-                "description": (
-                    f"{{{{ $value | humanizePercentage }}}} of requests on {{{{ $labels.instance }}}} "
-                    f"({{{{ $labels.model }}}}) took longer than {slo.ttft_seconds:g}s to the first token "
-                    f"over the last {long_w}, and more than {limit:.4g} over the last {short_w}; the SLO "
-                    f"allows {budget:.4g} ({slo.target:.4g} within {slo.ttft_seconds:g}s). At this rate a "
-                    f"30-day error budget lasts {30 / burn:.3g} days."),
-                "runbook_url": "docs/runbooks/ttft_slo_burn.md",
-            },
-        })
+        rules.append(
+            {
+                "alert": "LlmTtftSloBurnRate",
+                "expr": (f"{_slo_record(long_w)} > {limit}\nand\n{_slo_record(short_w)} > {limit}"),
+                "for": "2m" if severity == "critical" else "15m",
+                "labels": {"severity": severity, "slo": "ttft", "window": f"{long_w}/{short_w}"},
+                "annotations": {
+                    "summary": (
+                        f"TTFT SLO burning {burn}x budget on {{{{ $labels.instance }}}} "
+                        f"({long_w} and {short_w} windows)"
+                    ),
+                    "description": (
+                        f"{{{{ $value | humanizePercentage }}}} of requests on {{{{ $labels.instance }}}} "
+                        f"({{{{ $labels.model }}}}) took longer than {slo.ttft_seconds:g}s to the first token "
+                        f"over the last {long_w}, and more than {limit:.4g} over the last {short_w}; the SLO "
+                        f"allows {budget:.4g} ({slo.target:.4g} within {slo.ttft_seconds:g}s). At this rate a "
+                        f"30-day error budget lasts {30 / burn:.3g} days."
+                    ),
+                    "runbook_url": "docs/runbooks/ttft_slo_burn.md",
+                },
+            }
+        )
     return [*rules, slo_bucket_alert(slo)]
 
 
@@ -244,19 +288,23 @@ def slo_bucket_alert(slo: SloConfig) -> dict[str, Any]:
     bucket, by = "kvscope:request_ttft_seconds_bucket", _by(INSTANCE_BY)
     return {
         "alert": "LlmTtftSloBucketMissing",
-        "expr": (f'sum by ({by}) (rate({bucket}{{le="+Inf"}}[30m])) > 0\n'
-                 f"unless on ({by})\n"
-                 f'sum by ({by}) (rate({bucket}{{le=~"{le_regex(slo.ttft_seconds)}"}}[30m]))'),
+        "expr": (
+            f'sum by ({by}) (rate({bucket}{{le="+Inf"}}[30m])) > 0\n'
+            f"unless on ({by})\n"
+            f'sum by ({by}) (rate({bucket}{{le=~"{le_regex(slo.ttft_seconds)}"}}[30m]))'
+        ),
         "for": "30m",
         "labels": {"severity": "warning", "slo": "ttft"},
         "annotations": {
-            "summary": (f"TTFT histogram of {{{{ $labels.instance }}}} has no bucket at the "
-                        f"{slo.ttft_seconds:g}s SLO bound"),
+            "summary": (
+                f"TTFT histogram of {{{{ $labels.instance }}}} has no bucket at the {slo.ttft_seconds:g}s SLO bound"
+            ),
             "description": (
                 f"{{{{ $labels.instance }}}} ({{{{ $labels.engine }}}}) serves requests but its TTFT histogram has "
                 f"no le={slo.ttft_seconds:g} bucket, so the TTFT SLO burn-rate alerts cannot see it. Rebuild the "
                 f"rules with a bound the engine has (kvscope rules build --slo-ttft-seconds), or add the bound "
-                f"to the engine's buckets (SGLang --bucket-time-to-first-token, vLLM --custom-histogram-buckets)."),
+                f"to the engine's buckets (SGLang --bucket-time-to-first-token, vLLM --custom-histogram-buckets)."
+            ),
             "runbook_url": "docs/runbooks/ttft_slo_burn.md",
         },
     }
@@ -273,8 +321,12 @@ def _seconds(duration: str) -> int:
 # ---------------------------------------------------------------- absent / renamed
 
 
-RENAMED_SIGNALS = ("engine_kv_cache_usage_ratio", "engine_prefix_cache_queries_tokens_total",
-                   "engine_prefix_cache_hits_tokens_total", "request_itl_seconds")
+RENAMED_SIGNALS = (
+    "engine_kv_cache_usage_ratio",
+    "engine_prefix_cache_queries_tokens_total",
+    "engine_prefix_cache_hits_tokens_total",
+    "request_itl_seconds",
+)
 """Signals whose engine renamed its metric (the old name is the alias marked `fallback`)."""
 
 
@@ -300,8 +352,9 @@ def _renamed_alert(signal: Signal, engine: str, current: str, old: str) -> dict[
     old_sel = name_selector(wire_names(old, signal.kind, suffix))
     return {
         "alert": "LlmEngineMetricRenamed",
-        "expr": (f"group by (instance, job) ({old_sel})\n"
-                 f"unless on (instance, job)\ngroup by (instance, job) ({new_sel})"),
+        "expr": (
+            f"group by (instance, job) ({old_sel})\nunless on (instance, job)\ngroup by (instance, job) ({new_sel})"
+        ),
         "for": "10m",
         "labels": {"severity": "info", "signal": signal.name, "engine": engine},
         "annotations": {
@@ -310,7 +363,8 @@ def _renamed_alert(signal: Signal, engine: str, current: str, old: str) -> dict[
                 f"This {engine} build still uses the old metric name {old} (canonical signal {signal.name}). "
                 f"kvscope's recording rules read both names, but dashboards or alerts written against "
                 f"{current} show nothing for this instance. Upgrade the engine or query the "
-                f"kvscope:{signal.name} series."),
+                f"kvscope:{signal.name} series."
+            ),
             "runbook_url": "docs/runbooks/engine_metrics_absent.md",
         },
     }
@@ -331,16 +385,19 @@ def absent_alerts() -> list[dict[str, Any]]:
                     "No vLLM or SGLang engine and no kvscope agent reports the running-request gauge. "
                     "Either no engine is scraped (check the scrape config and targets), the "
                     "kvscope rule files are not loaded, or the engines renamed their metrics. "
-                    "Every kvscope alert is blind until this is fixed."),
+                    "Every kvscope alert is blind until this is fixed."
+                ),
                 "runbook_url": "docs/runbooks/engine_metrics_absent.md",
             },
         },
         {
             "alert": "LlmEngineMetricsVanished",
-            "expr": (f"group by (instance, engine) ({probe} offset 15m)\n"
-                     f"unless on (instance, engine)\ngroup by (instance, engine) ({probe})\n"
-                     f"and on (instance)\n"
-                     f"(max by (instance) (up) == 1 or max by (instance) ({KVSCOPE_PREFIX}target_up) == 1)"),
+            "expr": (
+                f"group by (instance, engine) ({probe} offset 15m)\n"
+                f"unless on (instance, engine)\ngroup by (instance, engine) ({probe})\n"
+                f"and on (instance)\n"
+                f"(max by (instance) (up) == 1 or max by (instance) ({KVSCOPE_PREFIX}target_up) == 1)"
+            ),
             "for": "5m",
             "labels": {"severity": "warning"},
             "annotations": {
@@ -350,7 +407,8 @@ def absent_alerts() -> list[dict[str, Any]]:
                     "ago and its scrape target is still up (Prometheus' or the kvscope agent's), but the "
                     "metrics are gone: an upgrade that "
                     "renamed them, metrics disabled (vLLM --disable-log-stats, SGLang without "
-                    "--enable-metrics), or a different process now answers on that port."),
+                    "--enable-metrics), or a different process now answers on that port."
+                ),
                 "runbook_url": "docs/runbooks/engine_metrics_absent.md",
             },
         },
@@ -360,9 +418,12 @@ def absent_alerts() -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- files
 
 
-def build_rule_files(catalog: Catalog | None = None, slo: SloConfig | None = None,
-                     alert_groups: tuple[list[dict[str, Any]], str] | None = None,
-                     canonical: str = "used") -> dict[str, str]:
+def build_rule_files(
+    catalog: Catalog | None = None,
+    slo: SloConfig | None = None,
+    alert_groups: tuple[list[dict[str, Any]], str] | None = None,
+    canonical: str = "used",
+) -> dict[str, str]:
     """{file name: YAML text} for every generated rule file. `alert_groups` is the compiled
     diagnosis alerts and their header note (promrules_alerts.py); None leaves that file out.
 
@@ -375,18 +436,21 @@ def build_rule_files(catalog: Catalog | None = None, slo: SloConfig | None = Non
     files = {
         "kvscope-derived.yml": render_rule_file(
             [{"name": "kvscope-derived", "rules": derived_rules()}],
-            HEADER.format(extra="", what="Per-instance and per-model aggregates (level:signal:operation).")),
+            HEADER.format(extra="", what="Per-instance and per-model aggregates (level:signal:operation)."),
+        ),
         "kvscope-slo.yml": render_rule_file(
-            [{"name": "kvscope-slo", "rules": slo_rules(slo)}],
-            HEADER.format(extra="", what=_slo_note(slo))),
+            [{"name": "kvscope-slo", "rules": slo_rules(slo)}], HEADER.format(extra="", what=_slo_note(slo))
+        ),
         "kvscope-absent.yml": render_rule_file(
             [{"name": "kvscope-absent", "rules": absent_alerts() + renamed_alerts(catalog)}],
-            HEADER.format(extra="", what="Engine metrics that are absent, vanished, or exported under an old name.")),
+            HEADER.format(extra="", what="Engine metrics that are absent, vanished, or exported under an old name."),
+        ),
     }
     if alert_groups is not None:
         groups, note = alert_groups
         files["kvscope-alerts.yml"] = render_rule_file(
-            groups, HEADER.format(extra=" and rules/diagnosis/*.yaml", what=note))
+            groups, HEADER.format(extra=" and rules/diagnosis/*.yaml", what=note)
+        )
     rules = canonical_rules(catalog)
     if canonical == "used":
         used = set(re.findall(r"kvscope:[A-Za-z0-9_]+", "\n".join(files.values())))
@@ -394,17 +458,22 @@ def build_rule_files(catalog: Catalog | None = None, slo: SloConfig | None = Non
     elif canonical != "all":
         raise ValueError(f"canonical must be 'used' or 'all', not {canonical!r}")
     skipped = "\n# ".join(["Sources PromQL cannot read:", *skipped_sources(catalog)])
-    what = (f"Canonical series kvscope:<signal> from native engine names and the agent's kvscope_* series "
-            f"({'the ones the other kvscope files read' if canonical == 'used' else 'every catalog signal'}; "
-            f"kvscope rules build --canonical all records all).\n# " + skipped)
+    what = (
+        f"Canonical series kvscope:<signal> from native engine names and the agent's kvscope_* series "
+        f"({'the ones the other kvscope files read' if canonical == 'used' else 'every catalog signal'}; "
+        f"kvscope rules build --canonical all records all).\n# " + skipped
+    )
     files["kvscope-canonical.yml"] = render_rule_file(
-        [{"name": "kvscope-canonical", "rules": rules}], HEADER.format(extra="", what=what))
+        [{"name": "kvscope-canonical", "rules": rules}], HEADER.format(extra="", what=what)
+    )
     return dict(sorted(files.items()))
 
 
 def _slo_note(slo: SloConfig) -> str:
-    note = (f"TTFT SLO: {slo.target:.4g} of requests within {slo.ttft_seconds:g}s; multi-window burn-rate alerts. "
-            f"The bound must equal a histogram bucket bound on every engine (docs/alerting.md).")
+    note = (
+        f"TTFT SLO: {slo.target:.4g} of requests within {slo.ttft_seconds:g}s; multi-window burn-rate alerts. "
+        f"The bound must equal a histogram bucket bound on every engine (docs/alerting.md)."
+    )
     unaligned = slo.unaligned_engines()
     if unaligned:
         note += f"\n# WARNING: {slo.ttft_seconds:g}s is not a default TTFT bucket bound of {', '.join(unaligned)}."

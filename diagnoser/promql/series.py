@@ -20,9 +20,9 @@ from kvscope.diagnoser.rulebook.rule import Rule, parse_duration
 SUBQUERY_STEP = "15s"
 """Resolution of `[range:step]` subqueries: the engine's default grid step (docs/rules.md)."""
 
+
 class NotExpressible(Exception):
     """The rule (or one of its parts) has no faithful PromQL form; str() says why."""
-
 
 
 def _duration(value: Any) -> str:
@@ -65,15 +65,23 @@ def _number(value: Any) -> str:
 class SignalReader(Protocol):
     """How a canonical series is read (promql/signals.py: RecordedSignals, InlineSignals)."""
 
-    def read(self, series: str, matchers: list[tuple[str, str, str]], fn: str | None = None,
-             rng: str | None = None, by: tuple[str, ...] | None = None, outer: str | None = None) -> str: ...
+    def read(
+        self,
+        series: str,
+        matchers: list[tuple[str, str, str]],
+        fn: str | None = None,
+        rng: str | None = None,
+        by: tuple[str, ...] | None = None,
+        outer: str | None = None,
+    ) -> str: ...
 
 
 class SeriesCompiler:
     """PromQL for the named series of one rule; each result is grouped by the series' `by`."""
 
-    def __init__(self, rule: Rule, reader: SignalReader | None = None, step: float | None = None,
-                 held: float | None = None) -> None:
+    def __init__(
+        self, rule: Rule, reader: SignalReader | None = None, step: float | None = None, held: float | None = None
+    ) -> None:
         """`reader` writes how a canonical signal is read (default: the recorded `kvscope:<series>`;
         `InlineSignals` reads the engines' own series). `step`: ranges, offsets and subquery
         steps as the evaluator uses them on a grid of that step (time-scaled, whole steps); None
@@ -117,8 +125,25 @@ class SeriesCompiler:
 
     @staticmethod
     def _form(node: dict[str, Any]) -> str:
-        for form in ("gauge", "rate", "increase", "quantile", "mean", "count", "resets", "ratio", "sum", "diff",
-                     "product", "coalesce", "scale", "over_time", "deriv", "changes", "aggregate"):
+        for form in (
+            "gauge",
+            "rate",
+            "increase",
+            "quantile",
+            "mean",
+            "count",
+            "resets",
+            "ratio",
+            "sum",
+            "diff",
+            "product",
+            "coalesce",
+            "scale",
+            "over_time",
+            "deriv",
+            "changes",
+            "aggregate",
+        ):
             if form in node:
                 return form
         raise NotExpressible(f"unknown series form {sorted(node)}")
@@ -162,8 +187,7 @@ class SeriesCompiler:
         raise NotExpressible(f"series {a!r} and {b!r} share no grouping")
 
     # ---------------------------------------------------------------- signal forms
-    def _read(self, node: dict[str, Any], series: str, by: str, fn: str | None = None,
-              rng: str | None = None) -> str:
+    def _read(self, node: dict[str, Any], series: str, by: str, fn: str | None = None, rng: str | None = None) -> str:
         """The canonical `series` (node `match` filter, `require_labels` guards), or `fn` of its
         range `[rng]`, as the reader writes it."""
         outer = "count_series" if "count" in node else str(node.get("agg", "sum")) if "gauge" in node else "sum"
@@ -193,17 +217,23 @@ class SeriesCompiler:
 
     def _quantile(self, node: dict[str, Any], by: str) -> str:
         q = _number(self.rule.resolve(node["quantile"]))
-        recorded = getattr(self.reader, "recorded_quantile", None)    # InlineSignals: its recording rule
-        if recorded is not None and not self._matchers(node, by):    # `match` is among the matchers
-            expr = recorded(str(node["histogram"]), q, self._range(node, "5m"),
-                            tuple(b.strip() for b in by.split(",") if b.strip()))
+        recorded = getattr(self.reader, "recorded_quantile", None)  # InlineSignals: its recording rule
+        if recorded is not None and not self._matchers(node, by):  # `match` is among the matchers
+            expr = recorded(
+                str(node["histogram"]), q, self._range(node, "5m"), tuple(b.strip() for b in by.split(",") if b.strip())
+            )
             if expr is not None:
                 return str(expr)
-        own = getattr(self.reader, "quantile", None)   # InlineSignals: each raw histogram's own, where one per group
+        own = getattr(self.reader, "quantile", None)  # InlineSignals: each raw histogram's own, where one per group
         if own is not None:
             labels = tuple(b.strip() for b in by.split(",") if b.strip())
-            expr = own(str(node["histogram"]) + "_bucket", self._matchers(node, _plus(by, "le")), q,
-                       self._range(node, "5m"), labels)
+            expr = own(
+                str(node["histogram"]) + "_bucket",
+                self._matchers(node, _plus(by, "le")),
+                q,
+                self._range(node, "5m"),
+                labels,
+            )
             if expr is not None:
                 return str(expr)
         rates = self._read(node, str(node["histogram"]) + "_bucket", _plus(by, "le"), "rate", self._range(node, "5m"))
@@ -211,8 +241,10 @@ class SeriesCompiler:
 
     def _mean(self, node: dict[str, Any], by: str) -> str:
         s, rng = str(node["mean"]), self._range(node, "5m")
-        return (f"{_aggregate('sum', by, self._read(node, s + '_sum', by, 'rate', rng))}\n/\n"
-                f"({_aggregate('sum', by, self._read(node, s + '_count', by, 'rate', rng))} > 0)")
+        return (
+            f"{_aggregate('sum', by, self._read(node, s + '_sum', by, 'rate', rng))}\n/\n"
+            f"({_aggregate('sum', by, self._read(node, s + '_count', by, 'rate', rng))} > 0)"
+        )
 
     resets_bridge_s: float = 0.0
     """Added to `resets` ranges (a prefilter): the evaluator counts a reset across a scrape gap of

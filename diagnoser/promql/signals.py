@@ -34,19 +34,20 @@ GROUP_LABELS = tuple(label for label in COMMON_LABELS if label != "job")
 """Labels a canonical series keeps. `job` is dropped: the same engine scraped directly and
 through the agent sits in two jobs but must be one series."""
 
+
 @dataclass(frozen=True)
 class SourceTerm:
     """One way a signal reaches Prometheus: a selector plus how to relabel and scale it."""
 
-    dialect: str | None          # None for the agent's kvscope_* series
-    names: tuple[str, ...]       # wire names, joined into one `__name__=~` matcher
-    matchers: tuple[tuple[str, str], ...] = ()   # (label, regex)
-    renames: tuple[tuple[str, str], ...] = ()    # (upstream label, canonical label)
+    dialect: str | None  # None for the agent's kvscope_* series
+    names: tuple[str, ...]  # wire names, joined into one `__name__=~` matcher
+    matchers: tuple[tuple[str, str], ...] = ()  # (label, regex)
+    renames: tuple[tuple[str, str], ...] = ()  # (upstream label, canonical label)
     scale: float = 1.0
     collapse: str | None = None  # "max": the alias's collapsing series repeat one value
-    fallback: bool = False       # an old name: only where the dialect's other terms have nothing
-    workers: tuple[str, ...] = ()   # labels naming the worker behind an aggregating endpoint
-    sets: tuple[tuple[str, str], ...] = ()   # (label, value): constant labels the alias adds
+    fallback: bool = False  # an old name: only where the dialect's other terms have nothing
+    workers: tuple[str, ...] = ()  # labels naming the worker behind an aggregating endpoint
+    sets: tuple[tuple[str, str], ...] = ()  # (label, value): constant labels the alias adds
 
     def selector(self, extra: tuple[tuple[str, str], ...] = ()) -> str:
         """The vector selector, e.g. `{__name__=~"a|b",cache_source=~"device|total"}`."""
@@ -92,8 +93,17 @@ def source_terms(signal: Signal, catalog: Catalog, suffix: str = "") -> tuple[li
         key = (alias.engine, matchers, renames, alias.scale, alias.collapse, alias.fallback, sets)
         names = wire_names(alias.name, signal.kind, suffix, alias.part)
         prev = grouped.get(key)
-        grouped[key] = SourceTerm(alias.engine, (prev.names if prev else ()) + names, matchers, renames,
-                                  alias.scale, alias.collapse, alias.fallback, dialect.worker_labels, sets)
+        grouped[key] = SourceTerm(
+            alias.engine,
+            (prev.names if prev else ()) + names,
+            matchers,
+            renames,
+            alias.scale,
+            alias.collapse,
+            alias.fallback,
+            dialect.worker_labels,
+            sets,
+        )
     agent = SourceTerm(None, (KVSCOPE_PREFIX + signal.name + suffix,))
     return [*grouped.values(), agent], skipped
 
@@ -111,10 +121,13 @@ WORKER_REGEX = "(?:[a-z]+://)?([^/]+).*"
 def kept(term: SourceTerm, keep: set[str]) -> SourceTerm:
     """The term relabelling only the canonical labels in `keep` (a caller that aggregates the
     others away): renames to kept labels, `engine` and the worker's `instance` only if kept."""
-    return replace(term, dialect=term.dialect if "engine" in keep else None,
-                   renames=tuple((u, c) for u, c in term.renames if c in keep),
-                   sets=tuple((k, v) for k, v in term.sets if k in keep),
-                   workers=term.workers if "instance" in keep else ())
+    return replace(
+        term,
+        dialect=term.dialect if "engine" in keep else None,
+        renames=tuple((u, c) for u, c in term.renames if c in keep),
+        sets=tuple((k, v) for k, v in term.sets if k in keep),
+        workers=term.workers if "instance" in keep else (),
+    )
 
 
 def relabel(expr: str, term: SourceTerm) -> str:
@@ -201,6 +214,7 @@ def _escape_re(text: str) -> str:
 # `resets`) is applied to each source's raw samples before relabelling, as a recording rule's
 # input would be: never to a subquery of the union.
 
+
 class Aggregated(str):
     """A read its reader has already aggregated by exactly the labels `labels`, one series per
     label set (InlineSignals: each source summed or max-ed by the caller's grouping, joined with
@@ -233,8 +247,15 @@ class RecordedSignals:
         """The same reader with every selector narrowed to `instances`."""
         return RecordedSignals(sorted(instances))
 
-    def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None,
-             by: tuple[str, ...] | None = None, outer: str | None = None) -> str:
+    def read(
+        self,
+        series: str,
+        matchers: list[Matcher],
+        fn: str | None = None,
+        rng: str | None = None,
+        by: tuple[str, ...] | None = None,
+        outer: str | None = None,
+    ) -> str:
         extra = list(matchers) + _instance_matcher(self.instances)
         parts = _format_matchers(extra)
         sel = f"kvscope:{series}" + ("{" + ",".join(parts) + "}" if parts else "")
@@ -246,8 +267,15 @@ class CanonicalSignals:
     evidence shows what the rule computed: the form is the alert files', the names the catalog's
     canonical ones (`kvscope rules build` records each as `kvscope:<name>`)."""
 
-    def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None,
-             by: tuple[str, ...] | None = None, outer: str | None = None) -> str:
+    def read(
+        self,
+        series: str,
+        matchers: list[Matcher],
+        fn: str | None = None,
+        rng: str | None = None,
+        by: tuple[str, ...] | None = None,
+        outer: str | None = None,
+    ) -> str:
         parts = _format_matchers(matchers)
         sel = series + ("{" + ",".join(parts) + "}" if parts else "")
         return f"{fn}({sel}[{rng}])" if fn else sel
@@ -275,11 +303,17 @@ class InlineSignals:
     from their `kvscope:<series>` recording instead. Raises NotExpressible (promql/series.py)
     for a signal with sources PromQL cannot read (rescaled buckets, info-label values)."""
 
-    def __init__(self, catalog: Catalog, recorded: frozenset[str] | set[str] = frozenset(),
-                 instances: list[str] | None = None, present: frozenset[str] | set[str] | None = None,
-                 carried: frozenset[str] | set[str] | None = None, integer_le: bool = True,
-                 histograms: list[dict[str, str]] | None = None,
-                 quantiles: frozenset[tuple[str, str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        recorded: frozenset[str] | set[str] = frozenset(),
+        instances: list[str] | None = None,
+        present: frozenset[str] | set[str] | None = None,
+        carried: frozenset[str] | set[str] | None = None,
+        integer_le: bool = True,
+        histograms: list[dict[str, str]] | None = None,
+        quantiles: frozenset[tuple[str, str, str]] | None = None,
+    ) -> None:
         """`present`: the wire names the TSDB has in the span queried (None: not known). A source
         none of whose names is present adds nothing to the union and is left out: the same
         series, without the TSDB evaluating ranges and relabelling over empty selectors.
@@ -299,8 +333,15 @@ class InlineSignals:
         self.quantiles = quantiles or frozenset()
         self._one_each: dict[tuple, bool] = {}
 
-    def read(self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None,
-             by: tuple[str, ...] | None = None, outer: str | None = None) -> str:
+    def read(
+        self,
+        series: str,
+        matchers: list[Matcher],
+        fn: str | None = None,
+        rng: str | None = None,
+        by: tuple[str, ...] | None = None,
+        outer: str | None = None,
+    ) -> str:
         """`by`/`outer`: the grouping and aggregation the caller applies next. When the sources'
         own aggregation can be folded into it (sums of counters, max of max), only the labels
         it needs are relabelled and kept: the same values for a fraction of the work."""
@@ -311,8 +352,9 @@ class InlineSignals:
             raise NotExpressible(f"{series} is not a catalog signal")
         terms, skipped = source_terms(signal, self.catalog, suffix)
         if skipped:
-            raise NotExpressible(f"{signal.name} has sources PromQL cannot read "
-                                 f"({', '.join(sorted({a.name for a in skipped}))})")
+            raise NotExpressible(
+                f"{signal.name} has sources PromQL cannot read ({', '.join(sorted({a.name for a in skipped}))})"
+            )
         if series in self.recorded:
             return RecordedSignals(self.instances).read(series, matchers, fn, rng)
         if self.present is not None:
@@ -332,15 +374,24 @@ class InlineSignals:
             if needed != list(full):
                 term = kept(term, set(needed))
             term = self._carried(term)
-            sel = name_selector(term.names, [*(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
-                                             *_format_matchers(_upstream(extra, term))])
+            sel = name_selector(
+                term.names,
+                [
+                    *(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
+                    *_format_matchers(_upstream(extra, term)),
+                ],
+            )
             op = "max" if term.collapse == "max" else agg
             expr = f"{fn}({sel}[{rng}])" if fn else sel
             inner = self._first(term, needed, fn, suffix)
             if inner is not None:
                 expr = f"{op} by ({', '.join(inner)}) ({expr})"
-            expr = relabel(expr, term if fn != "resets" else SourceTerm(term.dialect, term.names, term.matchers,
-                                                                          term.renames, workers=term.workers))
+            expr = relabel(
+                expr,
+                term
+                if fn != "resets"
+                else SourceTerm(term.dialect, term.names, term.matchers, term.renames, workers=term.workers),
+            )
             if suffix == "_bucket" and self.integer_le:
                 expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
             parts.append(f"{op} by ({clause}) ({expr})")
@@ -386,7 +437,7 @@ class InlineSignals:
             self._one_each[key] = one_per_group(self.histograms, term, upstream, by)
         if not self._one_each[key]:
             return None
-        only = _upstream(_instance_matcher(self.instances), term)     # a subset of the groups: still one each
+        only = _upstream(_instance_matcher(self.instances), term)  # a subset of the groups: still one each
         sel = name_selector(term.names, _format_matchers(upstream + only))
         return f"max by ({', '.join(by)}) ({relabel(f'histogram_quantile({q}, rate({sel}[{rng}]))', term)})"
 
@@ -397,8 +448,11 @@ class InlineSignals:
         key = quantile_key(histogram, q, rng, by)
         if key not in self.quantiles:
             return None
-        matchers = [f'quantile="{q}"', f'{QUANTILE_BY}="{key[2]}"',
-                    *_format_matchers(_instance_matcher(self.instances))]
+        matchers = [
+            f'quantile="{q}"',
+            f'{QUANTILE_BY}="{key[2]}"',
+            *_format_matchers(_instance_matcher(self.instances)),
+        ]
         return f"max by ({', '.join(by)}) ({key[0]}{{{','.join(matchers)}}})"
 
     def only(self, instances: frozenset[str] | set[str]) -> InlineSignals:
@@ -411,12 +465,16 @@ class InlineSignals:
         """The term without the renames and worker relabels of labels no series carries."""
         if self.carried is None:
             return term
-        return replace(term, renames=tuple((u, c) for u, c in term.renames if u in self.carried),
-                       workers=tuple(w for w in term.workers if w in self.carried))
+        return replace(
+            term,
+            renames=tuple((u, c) for u, c in term.renames if u in self.carried),
+            workers=tuple(w for w in term.workers if w in self.carried),
+        )
 
 
-def one_per_group(histograms: list[dict[str, str]], term: SourceTerm, matchers: list[Matcher],
-                  by: tuple[str, ...]) -> bool:
+def one_per_group(
+    histograms: list[dict[str, str]], term: SourceTerm, matchers: list[Matcher], by: tuple[str, ...]
+) -> bool:
     """Whether the raw histograms of `term` (their +Inf bucket series' labels) that `matchers`
     select fall into distinct groups of `by` once relabelled as `relabel(..., term)` does; False
     when `histograms` has none of them (not known)."""

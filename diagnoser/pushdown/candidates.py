@@ -52,11 +52,11 @@ class Hits:
 
     groups: list[Group] = field(default_factory=list)
     everywhere: bool = False
-    error: str = ""                  # why the server could not answer (then everywhere)
-    matched: int = 0                 # groups in the answer (candidates or not)
-    moved: bool = False              # answered at times not asked for: candidates widened
-    coarse: int | None = None        # candidates at the query step, before re-reading at the grid step
-    narrowed: int = 0                # conjunct queries narrowed to the instances earlier ones held for
+    error: str = ""  # why the server could not answer (then everywhere)
+    matched: int = 0  # groups in the answer (candidates or not)
+    moved: bool = False  # answered at times not asked for: candidates widened
+    coarse: int | None = None  # candidates at the query step, before re-reading at the grid step
+    narrowed: int = 0  # conjunct queries narrowed to the instances earlier ones held for
 
     @property
     def first(self) -> int:
@@ -75,7 +75,7 @@ def query_prefilter(client: PromClient, pre: Prefilter, grid: np.ndarray, step: 
         return Hits(everywhere=True)
     qstep = pre.step or step
     k = max(1, int(round(qstep / step)))
-    head = lattice_head(grid, qstep, k)            # coarse points at grid indices head, head + k, ..., coarse_end
+    head = lattice_head(grid, qstep, k)  # coarse points at grid indices head, head + k, ..., coarse_end
     coarse_end = head + int((len(grid) - 1 - head) // k) * k
     what = f"prefilter {pre.rule_id}"
     try:
@@ -108,13 +108,14 @@ def refined(client: PromClient, pre: Prefilter, grid: np.ndarray, step: float, h
     the same times gives the same values, so this only narrows; a refused or moved answer keeps
     the coarse candidates."""
     lo, hi = hits.first, hits.last
-    sub = grid[lo:hi + 1]
+    sub = grid[lo : hi + 1]
     n = len(sub)
     try:
         result = staged_answer(client, pre, sub, step, 1, n - 1) if len(pre.parts) > 1 else None
         if result is None:
-            result = lattice_query(client, pre.expr or "", sub, step, 1, n - 1, 0, n - 1,
-                                   f"prefilter {pre.rule_id} at the grid step")
+            result = lattice_query(
+                client, pre.expr or "", sub, step, 1, n - 1, 0, n - 1, f"prefilter {pre.rule_id} at the grid step"
+            )
     except PromError:
         return hits
     fine = read_answer(result, sub, 1, n - 1, pre.hold_steps)
@@ -125,7 +126,7 @@ def refined(client: PromClient, pre: Prefilter, grid: np.ndarray, step: float, h
     for g in hits.groups:
         f = spans.get(_key(g.labels, None))
         if f is None:
-            continue                     # no stretch of hold + 1 grid points: it cannot fire
+            continue  # no stretch of hold + 1 grid points: it cannot fire
         first, last = max(g.first, f.first + lo), min(g.last, f.last + lo)
         out.append(Group(g.labels, first, last) if first <= last else g)
     return Hits(out, matched=hits.matched, coarse=len(hits.groups), narrowed=hits.narrowed)
@@ -160,8 +161,18 @@ def fact_instances(client: PromClient, pre: Prefilter, grid: np.ndarray) -> set[
     return {str((r.get("metric") or {}).get("instance", "")) for r in answer}
 
 
-def lattice_query(client: PromClient, expr: str, grid: np.ndarray, step: float, k: int, coarse_end: int,
-                  lo: int, hi: int, what: str, head: int = 0) -> list[dict[str, Any]]:
+def lattice_query(
+    client: PromClient,
+    expr: str,
+    grid: np.ndarray,
+    step: float,
+    k: int,
+    coarse_end: int,
+    lo: int,
+    hi: int,
+    what: str,
+    head: int = 0,
+) -> list[dict[str, Any]]:
     """`expr` at the queried grid points between indices lo and hi: the window's first `head`
     points at the grid step, then every k-th up to coarse_end (one range query at k steps,
     split by the client where it must), then the window's last points at the grid step."""
@@ -185,8 +196,16 @@ def part_cost(expr: str) -> int:
     return selectors + 9 * expr.count("_bucket") + 10 * len(re.findall(r"\[\d+[a-z]*(?:\d+[a-z]*)*:\d", expr))
 
 
-def staged_answer(client: PromClient, pre: Prefilter, grid: np.ndarray, step: float, k: int,
-                  coarse_end: int, head: int = 0, narrow: Narrowing | None = None) -> list[dict[str, Any]] | None:
+def staged_answer(
+    client: PromClient,
+    pre: Prefilter,
+    grid: np.ndarray,
+    step: float,
+    k: int,
+    coarse_end: int,
+    head: int = 0,
+    narrow: Narrowing | None = None,
+) -> list[dict[str, Any]] | None:
     """The answer of `pre.expr`, a conjunction `p0 and [on (...)] p1 and ...`, computed as the
     server would, from its conjuncts run one at a time, cheapest first: a grid point where one
     conjunct has no series has none in the conjunction, so each next conjunct is queried only
@@ -206,16 +225,16 @@ def staged_answer(client: PromClient, pre: Prefilter, grid: np.ndarray, step: fl
         at = np.flatnonzero(alive)
         if not at.size:
             return []
-        answers[i] = lattice_query(client, narrow.expr(i), grid, step, k, coarse_end, int(at[0]), int(at[-1]),
-                                   f"prefilter {pre.rule_id}", head)
+        answers[i] = lattice_query(
+            client, narrow.expr(i), grid, step, k, coarse_end, int(at[0]), int(at[-1]), f"prefilter {pre.rule_id}", head
+        )
         rows = _rows(answers[i], grid, known, None)
         if rows is None:
             return None
         alive &= np.logical_or.reduce(list(rows.values())) if rows else np.zeros(n, dtype=bool)
         narrow.held(i, rows)
     by = set(pre.parts[0][1])
-    masks = [_rows(answers[j], grid, known, None if set(b) == by else b) for j, (_, b) in
-             enumerate(pre.parts) if j]
+    masks = [_rows(answers[j], grid, known, None if set(b) == by else b) for j, (_, b) in enumerate(pre.parts) if j]
     out = []
     for key, held in (_rows(answers[0], grid, known, None) or {}).items():
         mask = held & alive
@@ -244,17 +263,16 @@ class Narrowing:
     def __init__(self, pre: Prefilter) -> None:
         self.pre = pre
         self.instances: frozenset[str] | None = None
-        self.seen = 0                   # the most instances one answer held
+        self.seen = 0  # the most instances one answer held
         self.parts: tuple[str, ...] | None = None
         self.asked: frozenset[str] | None = None
-        self.count = 0                  # queries narrowed
+        self.count = 0  # queries narrowed
 
     def expr(self, i: int) -> str:
         """Conjunct i's query: narrowed to the instances left, where it can be and that is fewer."""
         own = self.pre.parts[i][0]
         left = self.instances
-        if left is None or self.pre.narrowed is None or len(left) > NARROW_SHARE * self.seen \
-                or not self._narrowable(i):
+        if left is None or self.pre.narrowed is None or len(left) > NARROW_SHARE * self.seen or not self._narrowable(i):
             return own
         if self.asked != left:
             self.parts, self.asked = self.pre.narrowed(left), left
@@ -269,7 +287,7 @@ class Narrowing:
             return
         got = {dict(key).get("instance") for key in rows}
         if None in got or "" in got:
-            self.pre, self.instances = replace(self.pre, narrowed=None), None     # labels not as grouped: stop
+            self.pre, self.instances = replace(self.pre, narrowed=None), None  # labels not as grouped: stop
             return
         held = frozenset(str(g) for g in got)
         self.seen = max(self.seen, len(held))
@@ -279,8 +297,10 @@ class Narrowing:
         return "instance" in self.pre.parts[i][1] and per_instance(self.pre.parts[i][0])
 
 
-_AGGREGATION = re.compile(r"\b(sum|min|max|avg|group|stddev|stdvar|count|count_values|bottomk|topk|quantile|limitk)"
-                          r"\s*(?:(by|without)\s*\(([^)]*)\))?\s*\(")
+_AGGREGATION = re.compile(
+    r"\b(sum|min|max|avg|group|stddev|stdvar|count|count_values|bottomk|topk|quantile|limitk)"
+    r"\s*(?:(by|without)\s*\(([^)]*)\))?\s*\("
+)
 
 
 def per_instance(expr: str) -> bool:
@@ -304,8 +324,9 @@ def _key(labels: dict[str, Any], on: tuple[str, ...] | None) -> tuple[tuple[str,
     return tuple((a, str(labels.get(a, ""))) for a in on)
 
 
-def _rows(result: list[dict[str, Any]], grid: np.ndarray, known: np.ndarray,
-          on: tuple[str, ...] | None) -> dict[tuple[tuple[str, str], ...], np.ndarray] | None:
+def _rows(
+    result: list[dict[str, Any]], grid: np.ndarray, known: np.ndarray, on: tuple[str, ...] | None
+) -> dict[tuple[tuple[str, str], ...], np.ndarray] | None:
     """bool [n] per matching key: the grid points where a series of the answer has a value; None
     when a value is at a time that was not queried."""
     out: dict[tuple[tuple[str, str], ...], np.ndarray] = {}
@@ -327,13 +348,14 @@ def queried_mask(n: int, k: int, coarse_end: int, head: int = 0) -> np.ndarray:
     to coarse_end, then all)."""
     known = np.zeros(n, dtype=bool)
     known[:head] = True
-    known[head:coarse_end + 1:k] = True
-    known[coarse_end + 1:] = True
+    known[head : coarse_end + 1 : k] = True
+    known[coarse_end + 1 :] = True
     return known
 
 
-def read_answer(result: list[dict[str, Any]], grid: np.ndarray, k: int, coarse_end: int,
-                hold: int, head: int = 0) -> Hits:
+def read_answer(
+    result: list[dict[str, Any]], grid: np.ndarray, k: int, coarse_end: int, hold: int, head: int = 0
+) -> Hits:
     """Candidate groups of a prefilter answer (series of (time, value) where it held).
 
     An answer at times the query did not ask for (a server that moved the steps) says nothing
@@ -374,7 +396,7 @@ def candidate_span(held: np.ndarray, known: np.ndarray, hold: int) -> tuple[int,
     c = np.cumsum(open_)
     reset = np.where(~open_, c, 0)
     np.maximum.accumulate(reset, out=reset)
-    runs = c - reset                               # consecutive open points ending at each index
+    runs = c - reset  # consecutive open points ending at each index
     ends = np.flatnonzero(runs >= hold + 1)
     if not ends.size:
         return None

@@ -81,8 +81,9 @@ def leaf_names(node: dict[str, Any]) -> set[str]:
 def resolved_leaves(rule: Rule) -> set[str]:
     """Named series `resolved_when` reads (directly or through others): read to the window's end."""
     todo = []
-    for cond in ((rule.doc.get("resolved_when") or {}).get("all") or []) + \
-            ((rule.doc.get("resolved_when") or {}).get("any") or []):
+    for cond in ((rule.doc.get("resolved_when") or {}).get("all") or []) + (
+        (rule.doc.get("resolved_when") or {}).get("any") or []
+    ):
         todo += [str(cond.get("series"))] + ([str(cond["than"])] if "than" in cond else [])
         base = cond.get("baseline")
         if isinstance(base, dict) and base.get("of"):
@@ -97,8 +98,9 @@ def resolved_leaves(rule: Rule) -> set[str]:
     return seen
 
 
-def rule_needs(client: PromClient, rule: Rule, pre: Prefilter, hits: Hits, grid: np.ndarray, step: float,
-               reader: InlineSignals) -> tuple[list[Need], JudgedSpans | None]:
+def rule_needs(
+    client: PromClient, rule: Rule, pre: Prefilter, hits: Hits, grid: np.ndarray, step: float, reader: InlineSignals
+) -> tuple[list[Need], JudgedSpans | None]:
     """What the rule's candidates need, and where each is judged (None: everywhere)."""
     n = len(grid)
     spans = judged_spans(rule, hits, n, step)
@@ -116,28 +118,41 @@ def rule_needs(client: PromClient, rule: Rule, pre: Prefilter, hits: Hits, grid:
             needs.append(Need(names, None, first, last))
             continue
         pinned = [label for label in by if label in rule.by and all(label in g.labels for g in hits.groups)]
-        if "instance" in pinned:         # each candidate's own series, around its own stretch
+        if "instance" in pinned:  # each candidate's own series, around its own stretch
             for g, lo, hi in spans:
-                needs.append(Need(names, frozenset({g.labels["instance"]}), max(0, lo - reach),
-                                  n - 1 if name in to_end else hi))
+                needs.append(
+                    Need(names, frozenset({g.labels["instance"]}), max(0, lo - reach), n - 1 if name in to_end else hi)
+                )
             continue
         instances = None
         if pinned:
             values = {label: sorted({g.labels[label] for g in hits.groups}) for label in pinned}
             instances = resolve_instances(client, sorted(names)[0], values, grid, first, last, reader)
         needs.append(Need(names, instances, first, last))
-    judged = None if hits.everywhere else JudgedSpans(tuple(
-        (tuple(sorted((k, v) for k, v in g.labels.items() if k in rule.by)), lo, hi) for g, lo, hi in spans))
+    judged = (
+        None
+        if hits.everywhere
+        else JudgedSpans(
+            tuple((tuple(sorted((k, v) for k, v in g.labels.items() if k in rule.by)), lo, hi) for g, lo, hi in spans)
+        )
+    )
     return needs, judged
 
 
-def resolve_instances(client: PromClient, series: str, values: dict[str, list[str]], grid: np.ndarray,
-                      first: int, last: int, reader: InlineSignals) -> frozenset[str] | None:
+def resolve_instances(
+    client: PromClient,
+    series: str,
+    values: dict[str, list[str]],
+    grid: np.ndarray,
+    first: int,
+    last: int,
+    reader: InlineSignals,
+) -> frozenset[str] | None:
     """Instances with a series of the canonical `series` whose labels take one of `values` in
     the span (one instant query over a subquery of the span); None when PromQL cannot say."""
     matchers = [(label, "=~", "|".join(_escape_re(v) for v in vs)) for label, vs in sorted(values.items())]
     if series.endswith("_bucket"):
-        series = series[: -len("_bucket")] + "_count"       # one series per histogram is enough
+        series = series[: -len("_bucket")] + "_count"  # one series per histogram is enough
     try:
         sel = reader.read(series, matchers, by=("instance",), outer="count_series")
     except (NotExpressible, KeyError, ValueError):
@@ -164,8 +179,7 @@ class Fetched:
     fetches: int = 0
 
 
-def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: float,
-                catalog: Catalog) -> Fetched:
+def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: float, catalog: Catalog) -> Fetched:
     """Every need fetched once: the every-instance needs together, the others batched by
     instances needing the same names over the same span."""
     every = [nd for nd in needs if nd.instances is None]
@@ -200,11 +214,22 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
     out = Fetched(Frame(ts=grid))
     for names, instances, lo, hi in plans:
         who = "every instance" if instances is None else f"{len(instances)} instance(s)"
-        client.say(f"pushdown: evidence, {len(names)} series names for {who}, "
-                   f"{time.strftime('%H:%M', time.gmtime(float(grid[lo])))}-"
-                   f"{time.strftime('%H:%M', time.gmtime(float(grid[hi])))}")
-        frame = fetch_frame(client, set(names), float(grid[0]), float(grid[-1]), step, instances=instances,
-                            fetch_from=float(grid[lo]), fetch_to=float(grid[hi]), catalog=catalog)
+        client.say(
+            f"pushdown: evidence, {len(names)} series names for {who}, "
+            f"{time.strftime('%H:%M', time.gmtime(float(grid[lo])))}-"
+            f"{time.strftime('%H:%M', time.gmtime(float(grid[hi])))}"
+        )
+        frame = fetch_frame(
+            client,
+            set(names),
+            float(grid[0]),
+            float(grid[-1]),
+            step,
+            instances=instances,
+            fetch_from=float(grid[lo]),
+            fetch_to=float(grid[hi]),
+            catalog=catalog,
+        )
         _absorb(out, frame)
         out.fetches += 1
     for block in out.frame.blocks.values():
@@ -230,8 +255,9 @@ def _absorb(out: Fetched, frame: Frame) -> None:
             row = have.values[j]
             np.copyto(row, block.values[i], where=np.isnan(row))
         if new_rows:
-            out.frame.blocks[name] = Block(have.labels + [block.labels[i] for i in new_rows],
-                                           np.vstack([have.values, block.values[new_rows]]))
+            out.frame.blocks[name] = Block(
+                have.labels + [block.labels[i] for i in new_rows], np.vstack([have.values, block.values[new_rows]])
+            )
     for inst, facts in frame.facts.items():
         out.frame.facts.setdefault(inst, {}).update(facts)
 

@@ -38,8 +38,16 @@ SLACK = 0.25
 """Share by which each prefilter comparison is loosened."""
 RESETS_BRIDGE_S = 3600.0
 """A counter reset is seen across a scrape gap of up to this long (a restart that took an hour)."""
-_DEFAULT_RANGE = {"rate": "1m", "increase": "5m", "quantile": "5m", "mean": "5m", "resets": "10m",
-                  "over_time": "5m", "deriv": "10m", "changes": "15m"}
+_DEFAULT_RANGE = {
+    "rate": "1m",
+    "increase": "5m",
+    "quantile": "5m",
+    "mean": "5m",
+    "resets": "10m",
+    "over_time": "5m",
+    "deriv": "10m",
+    "changes": "15m",
+}
 
 
 @dataclass(frozen=True)
@@ -47,12 +55,12 @@ class Prefilter:
     """One rule's server-side condition, the grouping of its answer and what was left out."""
 
     rule_id: str
-    expr: str | None               # None: no server-side form; every group is a candidate
+    expr: str | None  # None: no server-side form; every group is a candidate
     by: tuple[str, ...]
     dropped: tuple[str, ...] = ()  # conditions left to the evaluator, with the reason
-    reach_s: float = 0.0           # how far back from a grid point the rule's series read
-    step: float = 0.0              # the prefilter's query step (a multiple of the grid step)
-    hold_steps: int = 0            # the rule's `for` in grid steps (a cascade: its root stage's)
+    reach_s: float = 0.0  # how far back from a grid point the rule's series read
+    step: float = 0.0  # the prefilter's query step (a multiple of the grid step)
+    hold_steps: int = 0  # the rule's `for` in grid steps (a cascade: its root stage's)
     parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """The conjuncts of `expr` with their groupings, the first one's labels the answer's: run one
     by one (candidates.py, `staged_answer`), cheapest first, and intersected by the client."""
@@ -72,8 +80,9 @@ def conditions_of(rule: Rule) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     return list(when.get("all") or []), list(when.get("any") or [])
 
 
-def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: float,
-                      slack: float = SLACK, narrow: bool = True) -> Prefilter:
+def compile_prefilter(
+    rule: Rule, reader: SignalReader, catalog: Catalog, step: float, slack: float = SLACK, narrow: bool = True
+) -> Prefilter:
     """The prefilter of a prepared rule (parameters applied, time-scaled) on a grid of `step`;
     `narrow`: give it `narrowed` where the reader can narrow its selectors (`only`)."""
     reach = rule_reach(rule)
@@ -109,8 +118,16 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
     if not kept and anys and len({frozenset(b) for _, b in anys}) == 1:
         kept, anys = [("\nor\n".join(f"({e})" for e, _ in anys), anys[0][1])], []
     if not kept:
-        return Prefilter(rule.id, None, rule.by, tuple(dropped) or ("no condition has a PromQL form",), reach, qstep,
-                         hold, facts=facts)
+        return Prefilter(
+            rule.id,
+            None,
+            rule.by,
+            tuple(dropped) or ("no condition has a PromQL form",),
+            reach,
+            qstep,
+            hold,
+            facts=facts,
+        )
     kept.sort(key=lambda c: -len(c[1]))
     (expr, by), rest = kept[0], kept[1:]
     parts = [(expr, tuple(by))] + [(e, tuple(b)) for e, b in rest]
@@ -124,8 +141,9 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
     return Prefilter(rule.id, out, tuple(by), tuple(dropped), reach, qstep, hold, tuple(parts), facts, narrowed)
 
 
-def _narrower(rule: Rule, reader: SignalReader, catalog: Catalog, step: float, slack: float,
-              n: int) -> Callable[[frozenset[str]], tuple[str, ...] | None] | None:
+def _narrower(
+    rule: Rule, reader: SignalReader, catalog: Catalog, step: float, slack: float, n: int
+) -> Callable[[frozenset[str]], tuple[str, ...] | None] | None:
     """The rule's prefilter parts recompiled with a reader whose selectors match only the given
     instances; None where the reader cannot narrow (no `only`)."""
     only = getattr(reader, "only", None)
@@ -135,11 +153,13 @@ def _narrower(rule: Rule, reader: SignalReader, catalog: Catalog, step: float, s
     def narrowed(instances: frozenset[str]) -> tuple[str, ...] | None:
         again = compile_prefilter(rule, only(instances), catalog, step, slack, narrow=False)
         return tuple(e for e, _ in again.parts) if len(again.parts) == n else None
+
     return narrowed
 
 
-def _chain_same_series(cc: ConditionCompiler, conds: list[dict[str, Any]],
-                       kept: list[tuple[str, tuple[str, ...]]]) -> list[tuple[str, tuple[str, ...]]]:
+def _chain_same_series(
+    cc: ConditionCompiler, conds: list[dict[str, Any]], kept: list[tuple[str, tuple[str, ...]]]
+) -> list[tuple[str, tuple[str, ...]]]:
     """Compiled `all` conditions with those comparing the same series (e.g. a spread above a
     floor and above its baseline) merged into one chain, so the TSDB computes the series once."""
     by_series: dict[str, list[int]] = {}
@@ -176,8 +196,14 @@ def fact_selectors(rule: Rule, catalog: Catalog) -> tuple[tuple[str, ...], list[
     for test in tests:
         name = str(test.get("fact"))
         static = any(f.fact == name for f in catalog.facts)
-        info = sorted({n for f in catalog.facts if f.fact is None and (not f.labels or name in f.labels)
-                       for n in wire_names(f.name, "gauge")})
+        info = sorted(
+            {
+                n
+                for f in catalog.facts
+                if f.fact is None and (not f.labels or name in f.labels)
+                for n in wire_names(f.name, "gauge")
+            }
+        )
         if test.get("op", "==") != "==" or static or not info or not _LABEL.fullmatch(name):
             left.append(f"fact {name}: checked by the evaluator")
             continue
@@ -224,6 +250,7 @@ def query_step(rule: Rule, step: float) -> float:
 
 def _duration(seconds: float) -> str:
     from kvscope.diagnoser.promql.series import _duration as fmt
+
     return fmt(seconds)
 
 
@@ -256,8 +283,11 @@ def rule_reach(rule: Rule) -> float:
         if node is None or name in seen:
             return 0.0
         form = node_form(node)
-        own = rule.duration(node["range"]) if "range" in node else (
-            rule.duration(_DEFAULT_RANGE[form]) if form in _DEFAULT_RANGE else 0.0)
+        own = (
+            rule.duration(node["range"])
+            if "range" in node
+            else (rule.duration(_DEFAULT_RANGE[form]) if form in _DEFAULT_RANGE else 0.0)
+        )
         if node.get("offset"):
             own += rule.duration(node["offset"])
         if form == "changes":
@@ -270,8 +300,9 @@ def rule_reach(rule: Rule) -> float:
         base = cond.get("baseline")
         if isinstance(base, dict):
             src = str(base.get("of", cond.get("series")))
-            out = max(out, rule.duration(base.get("range", "30m")) + rule.duration(base.get("offset", "10m"))
-                      + reach(src))
+            out = max(
+                out, rule.duration(base.get("range", "30m")) + rule.duration(base.get("offset", "10m")) + reach(src)
+            )
     return out
 
 

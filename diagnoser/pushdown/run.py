@@ -64,16 +64,16 @@ class RuleTrace:
 
     rule_id: str
     prefilter: Prefilter | None = None
-    matched: int = 0                     # groups in the prefilter's answer
-    groups: int = 0                      # candidates: groups with a stretch long enough to fire
-    instances: int | None = None         # instances whose evidence the rule read (None: every one)
-    judged_from: float | None = None     # first grid time judged
-    judged_to: float | None = None       # last grid time judged
-    judged_points: int = 0               # grid points judged, summed over candidates
-    error: str = ""                      # a prefilter the server refused (evaluated in full)
-    moved: bool = False                  # the server answered at other times (candidates widened)
-    coarse: int | None = None            # candidates at the query step, when re-read at the grid step
-    narrowed: int = 0                    # conjunct queries narrowed to the instances earlier ones held for
+    matched: int = 0  # groups in the prefilter's answer
+    groups: int = 0  # candidates: groups with a stretch long enough to fire
+    instances: int | None = None  # instances whose evidence the rule read (None: every one)
+    judged_from: float | None = None  # first grid time judged
+    judged_to: float | None = None  # last grid time judged
+    judged_points: int = 0  # grid points judged, summed over candidates
+    error: str = ""  # a prefilter the server refused (evaluated in full)
+    moved: bool = False  # the server answered at other times (candidates widened)
+    coarse: int | None = None  # candidates at the query step, when re-read at the grid step
+    narrowed: int = 0  # conjunct queries narrowed to the instances earlier ones held for
 
 
 @dataclass
@@ -81,10 +81,10 @@ class PushdownReport:
     """The phases' cost and what was split."""
 
     rules: list[RuleTrace] = field(default_factory=list)
-    recorded: int = 0                    # canonical series read from kvscope:* recording rules
-    quantiles: int = 0                   # recorded quantiles the TSDB has (promql/quantiles.py)
-    young: int = 0                       # instances whose data starts within the rules' reach
-    frame: Frame | None = None           # the evidence fetched (every rule's series where it matched)
+    recorded: int = 0  # canonical series read from kvscope:* recording rules
+    quantiles: int = 0  # recorded quantiles the TSDB has (promql/quantiles.py)
+    young: int = 0  # instances whose data starts within the rules' reach
+    frame: Frame | None = None  # the evidence fetched (every rule's series where it matched)
     evidence_series: int = 0
     evidence_points: int = 0
     evidence_fetches: int = 0
@@ -98,41 +98,60 @@ class PushdownReport:
         refused = [t.rule_id for t in self.rules if t.error]
         matched = sum(1 for t in self.rules if t.matched)
         reread = [t for t in self.rules if t.coarse is not None]
-        narrowed = (f" (re-read at the grid step: {sum(t.coarse or 0 for t in reread)} coarse candidate groups of "
-                    f"{len(reread)} rule(s) -> {sum(t.groups for t in reread)})" if reread else "")
+        narrowed = (
+            f" (re-read at the grid step: {sum(t.coarse or 0 for t in reread)} coarse candidate groups of "
+            f"{len(reread)} rule(s) -> {sum(t.groups for t in reread)})"
+            if reread
+            else ""
+        )
         fewer = sum(t.narrowed for t in self.rules)
         narrowed += f"; {fewer} conjunct queries narrowed to the instances earlier ones held for" if fewer else ""
-        out = [f"pushdown: {sum(1 for t in self.rules if t.prefilter and t.prefilter.expr)} rule conditions "
-               f"evaluated in the TSDB ({self.recorded} series from kvscope:* recording rules, "
-               f"{self.quantiles} recorded quantiles, the rest from the engines' own series); {matched} matched, "
-               f"{len(candidates)} with a stretch long enough to fire{narrowed}; evidence: "
-               f"{self.evidence_series} series, {self.evidence_points:,} points in "
-               f"{self.evidence_fetches} fetch(es); {int(client.stats['queries'])} queries, "
-               f"{client.stats['bytes'] / 1e6:.1f} MB; "
-               + ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())]
+        out = [
+            f"pushdown: {sum(1 for t in self.rules if t.prefilter and t.prefilter.expr)} rule conditions "
+            f"evaluated in the TSDB ({self.recorded} series from kvscope:* recording rules, "
+            f"{self.quantiles} recorded quantiles, the rest from the engines' own series); {matched} matched, "
+            f"{len(candidates)} with a stretch long enough to fire{narrowed}; evidence: "
+            f"{self.evidence_series} series, {self.evidence_points:,} points in "
+            f"{self.evidence_fetches} fetch(es); {int(client.stats['queries'])} queries, "
+            f"{client.stats['bytes'] / 1e6:.1f} MB; " + ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
+        ]
         if self.young:
-            out.append(f"pushdown: {self.young} instance(s) have no data from before the window's start minus "
-                       "the rules' reach; they are judged in full (windows at a series' first samples are "
-                       "clipped by the evaluator and extrapolated by PromQL, so no prefilter can stand in)")
+            out.append(
+                f"pushdown: {self.young} instance(s) have no data from before the window's start minus "
+                "the rules' reach; they are judged in full (windows at a series' first samples are "
+                "clipped by the evaluator and extrapolated by PromQL, so no prefilter can stand in)"
+            )
         if everywhere:
             out.append(f"pushdown: no server-side form, evidence fetched for every engine: {', '.join(everywhere)}")
         moved = [t.rule_id for t in self.rules if t.moved]
         if moved:
-            out.append(f"pushdown: the TSDB answered prefilters at other times than asked (a cache or query "
-                       f"frontend that aligns steps), their candidates were widened by one query step: "
-                       f"{', '.join(moved)}")
+            out.append(
+                f"pushdown: the TSDB answered prefilters at other times than asked (a cache or query "
+                f"frontend that aligns steps), their candidates were widened by one query step: "
+                f"{', '.join(moved)}"
+            )
         if refused:
-            out.append(f"pushdown: prefilter refused or timed out on the server, judged on every engine's evidence: "
-                       f"{', '.join(refused)}")
+            out.append(
+                f"pushdown: prefilter refused or timed out on the server, judged on every engine's evidence: "
+                f"{', '.join(refused)}"
+            )
         out += [f"split: {n}" for n in client.notes]
         return out
 
 
-def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
-                      rules: Iterable[Rule] | None = None, params: dict[str, dict[str, Any]] | None = None,
-                      time_scale: float | None = None, levers: dict[str, Lever] | None = None,
-                      source: str = "", catalog: Catalog | None = None,
-                      slack: float = SLACK) -> tuple[Diagnosis, PushdownReport]:
+def diagnose_pushdown(
+    client: PromClient,
+    start: float,
+    end: float,
+    step: float,
+    rules: Iterable[Rule] | None = None,
+    params: dict[str, dict[str, Any]] | None = None,
+    time_scale: float | None = None,
+    levers: dict[str, Lever] | None = None,
+    source: str = "",
+    catalog: Catalog | None = None,
+    slack: float = SLACK,
+) -> tuple[Diagnosis, PushdownReport]:
     """The Diagnosis `diagnose()` would give on the full window, with the TSDB doing the filtering."""
     rules = list(rules) if rules is not None else read_rules()
     levers = levers if levers is not None else load_levers()
@@ -183,14 +202,18 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
         if isinstance(res, Skipped) and res.reason == NO_GROUPS and not h.everywhere:
             # the candidates' rows were empty: whether other instances have groups decides
             state = _has_groups(client, rule, reader, grid, present)
-            res = [] if state else res if state is False else _judged_in_full(client, rule, grid, step, catalog,
-                                                                                levers)
+            res = [] if state else res if state is False else _judged_in_full(client, rule, grid, step, catalog, levers)
         results[rule.id] = res
     quiet = [(rule, trace) for rule, trace in todo if rule.id not in results]
     states = client.map(lambda item: _has_groups(client, item[0], reader, grid, present), quiet)
     for (rule, _trace), state in zip(quiet, states, strict=True):
-        results[rule.id] = [] if state else Skipped(rule.id, NO_GROUPS) if state is False else \
-            _judged_in_full(client, rule, grid, step, catalog, levers)
+        results[rule.id] = (
+            []
+            if state
+            else Skipped(rule.id, NO_GROUPS)
+            if state is False
+            else _judged_in_full(client, rule, grid, step, catalog, levers)
+        )
     report.seconds["evaluate"] = time.perf_counter() - t0
     findings: list[Finding] = []
     skipped_list: list[Skipped] = []
@@ -207,38 +230,52 @@ def diagnose_pushdown(client: PromClient, start: float, end: float, step: float,
 
 
 # ------------------------------------------------------------------------------ phase 0
-def inventory(client: PromClient, rules: list[Rule], start: float, end: float,
-              catalog: Catalog) -> tuple[set[str], set[str], set[str]]:
+def inventory(
+    client: PromClient, rules: list[Rule], start: float, end: float, catalog: Catalog
+) -> tuple[set[str], set[str], set[str]]:
     """(canonical sample names with any series in the window, canonical series with a kvscope:*
     recording rule, the wire names present from the window's start minus the rules' reach), from
     the TSDB's index."""
     names = set().union(*(sample_names(r) for r in rules))
     pattern = wire_pattern(names, catalog)
     reach = max((rule_reach(r) for r in rules), default=0.0)
-    raw = set(client.label_values("__name__", [f'{{__name__=~"{pattern}"}}'],
-                                  start - reach - DEFAULT_LOOKBACK_S, end))
+    raw = set(client.label_values("__name__", [f'{{__name__=~"{pattern}"}}'], start - reach - DEFAULT_LOOKBACK_S, end))
     window = set(client.label_values("__name__", [f'{{__name__=~"{pattern}"}}'], start - DEFAULT_LOOKBACK_S, end))
     present = {n for n in names if any(re.fullmatch(wire_pattern({n}, catalog), r) for r in window)}
     rec = client.label_values("__name__", ['{__name__=~"kvscope:.+"}'], start - DEFAULT_LOOKBACK_S, end)
-    recorded = {r[len("kvscope:"):] for r in rec} & names
+    recorded = {r[len("kvscope:") :] for r in rec} & names
     return present, recorded, raw
 
 
-def lean_reader(client: PromClient, rules: list[Rule], start: float, end: float, catalog: Catalog,
-                recorded: set[str], wire: set[str]) -> InlineSignals:
+def lean_reader(
+    client: PromClient,
+    rules: list[Rule],
+    start: float,
+    end: float,
+    catalog: Catalog,
+    recorded: set[str],
+    wire: set[str],
+) -> InlineSignals:
     """How the prefilters read each signal: the `kvscope:*` recordings the TSDB has, the sources
     whose wire names it has (`wire`), relabelling only the labels those series carry, a histogram's
     quantile per raw histogram where each group has one (the +Inf buckets' label sets)."""
     reach = max((rule_reach(r) for r in rules), default=0.0)
     first = start - reach - DEFAULT_LOOKBACK_S
     carried, integer_le = wire_labels(client, wire, first, end)
-    return InlineSignals(catalog, recorded, present=wire, carried=carried, integer_le=integer_le,
-                         histograms=histogram_series(client, wire, first, end),
-                         quantiles=recorded_quantiles(client, rules, wire, start, end))
+    return InlineSignals(
+        catalog,
+        recorded,
+        present=wire,
+        carried=carried,
+        integer_le=integer_le,
+        histograms=histogram_series(client, wire, first, end),
+        quantiles=recorded_quantiles(client, rules, wire, start, end),
+    )
 
 
-def recorded_quantiles(client: PromClient, rules: list[Rule], wire: set[str], start: float,
-                       end: float) -> frozenset[tuple[str, str, str]]:
+def recorded_quantiles(
+    client: PromClient, rules: list[Rule], wire: set[str], start: float, end: float
+) -> frozenset[tuple[str, str, str]]:
     """The recorded quantiles (promql/quantiles.py: name, `quantile`, `kvscope_by`) that cover the
     window and the reach of the rules that read quantiles: present at the window's end and at its
     start minus that reach (at its start, where the engines' buckets begin after that). Records
@@ -247,11 +284,11 @@ def recorded_quantiles(client: PromClient, rules: list[Rule], wire: set[str], st
     buckets = sorted(n for n in wire if n.endswith("_bucket"))
     try:
         at_end = _quantile_keys(client, end)
-        if not at_end:                           # no records: nothing more to ask
+        if not at_end:  # no records: nothing more to ask
             return frozenset()
         early = start - reach
         if not buckets or not client.query(f"count({_names(buckets)})", early):
-            early = start                        # the engines' buckets begin later: so may the records
+            early = start  # the engines' buckets begin later: so may the records
         return frozenset(at_end & _quantile_keys(client, early))
     except PromError:
         return frozenset()
@@ -259,8 +296,10 @@ def recorded_quantiles(client: PromClient, rules: list[Rule], wire: set[str], st
 
 def _quantile_keys(client: PromClient, at: float) -> set[tuple[str, str, str]]:
     expr = f'count by (__name__, quantile, {QUANTILE_BY}) ({{__name__=~"kvscope:.+:quantile_.+"}})'
-    return {(str(m.get("__name__", "")), str(m.get("quantile", "")), str(m.get(QUANTILE_BY, "")))
-            for m in ((r.get("metric") or {}) for r in client.query(expr, at))}
+    return {
+        (str(m.get("__name__", "")), str(m.get("quantile", "")), str(m.get(QUANTILE_BY, "")))
+        for m in ((r.get("metric") or {}) for r in client.query(expr, at))
+    }
 
 
 def histogram_series(client: PromClient, wire: set[str], start: float, end: float) -> list[dict[str, str]] | None:
@@ -323,6 +362,7 @@ def _skip(rule: Rule, shell: Frame) -> Skipped | None:
 def _longest_first(client: PromClient, todo: list[tuple[Rule, RuleTrace]], fn: Any) -> list[Hits]:
     """fn over the rules' prefilters, the costliest started first (part_cost per query step), so
     that the last to finish is not a long one started last; the answers in `todo`'s order."""
+
     def cost(i: int) -> float:
         pre = todo[i][1].prefilter
         return 0.0 if pre is None or pre.expr is None else part_cost(pre.expr) / max(pre.step, 1e-9)
@@ -347,8 +387,9 @@ def _hits(client: PromClient, trace: RuleTrace, grid: np.ndarray, step: float) -
     return hits
 
 
-def _has_groups(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.ndarray,
-                present: set[str]) -> bool | None:
+def _has_groups(
+    client: PromClient, rule: Rule, reader: InlineSignals, grid: np.ndarray, present: set[str]
+) -> bool | None:
     """Whether any of the rule's own-grouping signal series has a series in the window (else the
     evaluator skips the rule as "no series for any group"): one coarse range query. None when
     PromQL cannot tell (a leaf it cannot read whose samples the index has, and the others have
@@ -365,8 +406,13 @@ def _has_groups(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.
     for node in rule.series.values():
         if node_form(node) not in SIGNAL_FORMS or tuple(node.get("by", rule.by)) != rule.by:
             continue
-        series = str(node.get("histogram", "")) + "_bucket" if node_form(node) == "quantile" else \
-            str(node["mean"]) + "_count" if node_form(node) == "mean" else str(node[node_form(node)])
+        series = (
+            str(node.get("histogram", "")) + "_bucket"
+            if node_form(node) == "quantile"
+            else str(node["mean"]) + "_count"
+            if node_form(node) == "mean"
+            else str(node[node_form(node)])
+        )
         if series not in present:
             continue
         try:
@@ -390,16 +436,18 @@ def _has_groups(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.
     return None if unreadable else False
 
 
-def _judged_in_full(client: PromClient, rule: Rule, grid: np.ndarray, step: float, catalog: Catalog,
-                    levers: dict[str, Lever]) -> list[Finding] | Skipped:
+def _judged_in_full(
+    client: PromClient, rule: Rule, grid: np.ndarray, step: float, catalog: Catalog, levers: dict[str, Lever]
+) -> list[Finding] | Skipped:
     """The rule on every instance's series over the whole window (what the full path does)."""
     client.say(f"pushdown: {rule.id}: judged on every instance's series (PromQL cannot tell whether it has groups)")
     frame = fetch_frame(client, sample_names(rule), float(grid[0]), float(grid[-1]), step, catalog=catalog)
     return evaluate_rule(rule, frame, levers)
 
 
-def _young_instances(client: PromClient, rules: list[Rule], traces: list[RuleTrace], start: float, end: float,
-                     catalog: Catalog) -> tuple[list[str], set[str]]:
+def _young_instances(
+    client: PromClient, rules: list[Rule], traces: list[RuleTrace], start: float, end: float, catalog: Catalog
+) -> tuple[list[str], set[str]]:
     """(instances in the window without data at its start minus the longest reach of the rules,
     every instance in the window): near a series' first samples the evaluator clips its windows
     to what exists while PromQL extrapolates, so their prefilters cannot be trusted; they are
@@ -412,8 +460,10 @@ def _young_instances(client: PromClient, rules: list[Rule], traces: list[RuleTra
     every = set(client.label_values("instance", [sel], start - DEFAULT_LOOKBACK_S, end))
     if not every:
         return [], every
-    old = {str((s.get("metric") or {}).get("instance", ""))
-           for s in client.query(f"group by (instance) ({sel} offset {int(max(reach, 1))}s)", start)}
+    old = {
+        str((s.get("metric") or {}).get("instance", ""))
+        for s in client.query(f"group by (instance) ({sel} offset {int(max(reach, 1))}s)", start)
+    }
     return sorted(every - old), every
 
 
@@ -426,8 +476,9 @@ def _with_young(h: Hits, young: list[str], n: int, all_young: bool) -> Hits:
 
 
 # ------------------------------------------------------------------------------ phase 2
-def _needs(client: PromClient, item: tuple[Rule, RuleTrace, Hits], grid: np.ndarray, step: float,
-           reader: InlineSignals) -> tuple[list[Need], JudgedSpans | None]:
+def _needs(
+    client: PromClient, item: tuple[Rule, RuleTrace, Hits], grid: np.ndarray, step: float, reader: InlineSignals
+) -> tuple[list[Need], JudgedSpans | None]:
     rule, trace, hits = item
     assert trace.prefilter is not None
     needs, judged = rule_needs(client, rule, trace.prefilter, hits, grid, step, reader)

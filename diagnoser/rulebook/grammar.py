@@ -58,7 +58,6 @@ def node_refs(node: dict[str, Any]) -> list[str]:
     return []
 
 
-OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
-       "==": operator.eq, "!=": operator.ne}
+OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
 RIGHT_SIDES = ("value", "than", "baseline", "present")
 BASELINE_AGGS = ("avg", "max", "min", "median")

@@ -34,9 +34,14 @@ class Lever:
     def advice(self, rank: int, direction: str) -> LeverAdvice:
         """This lever as ranked advice on a finding."""
         return LeverAdvice(
-            id=self.id, rank=rank, direction=direction, title=self.title, cost=self.cost,
+            id=self.id,
+            rank=rank,
+            direction=direction,
+            title=self.title,
+            cost=self.cost,
             changes=tuple(EngineChange(system=s, change=c) for s, c in self.how.items()),
-            citations=self.citations)
+            citations=self.citations,
+        )
 
 
 def parse_levers(text: str, path: str = "rules/levers.yaml") -> dict[str, Lever]:
@@ -59,9 +64,15 @@ def _parse_lever(lid: str, spec: Any, line: int, path: str) -> Lever:
         raise RuleError(f"lever {lid}: unknown system(s) {unknown} in 'how' (use {list(SYSTEMS)})", path, line)
     if not how or not spec.get("citations"):
         raise RuleError(f"lever {lid}: needs 'how' and 'citations'", path, line)
-    return Lever(id=lid, title=str(spec.get("title", lid)), changes=str(spec.get("changes", "")).strip(),
-                 cost=str(spec.get("cost", "")).strip(), how={k: str(v) for k, v in how.items()},
-                 citations=tuple(spec["citations"]), line=line)
+    return Lever(
+        id=lid,
+        title=str(spec.get("title", lid)),
+        changes=str(spec.get("changes", "")).strip(),
+        cost=str(spec.get("cost", "")).strip(),
+        how={k: str(v) for k, v in how.items()},
+        citations=tuple(spec["citations"]),
+        line=line,
+    )
 
 
 @lru_cache(maxsize=1)

@@ -63,8 +63,7 @@ def parse_yaml(text: str, path: str = "") -> Any:
         return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        raise RuleError(f"YAML error: {getattr(exc, 'problem', exc)}", path,
-                        mark.line + 1 if mark else None) from exc
+        raise RuleError(f"YAML error: {getattr(exc, 'problem', exc)}", path, mark.line + 1 if mark else None) from exc
 
 
 def parse_duration(value: Any) -> float:
@@ -84,8 +83,8 @@ class Rule:
     id: str
     path: str
     doc: LineDict
-    params: dict[str, Any] = field(default_factory=dict)   # resolved parameter values
-    time_scale: float = 1.0          # every duration is multiplied by this (short recordings)
+    params: dict[str, Any] = field(default_factory=dict)  # resolved parameter values
+    time_scale: float = 1.0  # every duration is multiplied by this (short recordings)
 
     @property
     def title(self) -> str:
@@ -135,8 +134,11 @@ class Rule:
 
     def nullable_params(self) -> int:
         """How many parameters default to null (values the user must supply, e.g. benchmarks)."""
-        return sum(1 for spec in (self.doc.get("params") or {}).values()
-                   if isinstance(spec, dict) and spec.get("default") is None)
+        return sum(
+            1
+            for spec in (self.doc.get("params") or {}).values()
+            if isinstance(spec, dict) and spec.get("default") is None
+        )
 
     def missing_params(self) -> list[str]:
         """Parameters without a value (default null): the rule cannot run until they are set."""

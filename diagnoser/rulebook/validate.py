@@ -29,8 +29,12 @@ from kvscope.diagnoser.rulebook.grammar import (
 from kvscope.diagnoser.rulebook.levers import DIRECTIONS, Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import LineDict, Rule, RuleError, parse_duration, read_rule, rule_paths
 
-LEVERS_MD_ROWS = tuple([f"P{i}" for i in range(1, 10)] + [f"K{i}" for i in range(1, 9)]
-                       + [f"L{i}" for i in range(1, 15)] + [f"U{i}" for i in range(1, 12)])
+LEVERS_MD_ROWS = tuple(
+    [f"P{i}" for i in range(1, 10)]
+    + [f"K{i}" for i in range(1, 9)]
+    + [f"L{i}" for i in range(1, 15)]
+    + [f"U{i}" for i in range(1, 12)]
+)
 """The 42 symptom rows of LEVERS.md; every one needs at least one rule."""
 BEYOND_ROWS = tuple(f"R{i}" for i in range(1, 8))
 """LEVERS.md "Beyond the documents" rows (issue 27): a rule may name one; none is required yet."""
@@ -155,8 +159,13 @@ def check_series(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
             continue
         yield from _check_node(rule, name, node, form, known, series)
         if not set(node.get("by", rule.by)) <= by and name in _read_at_rule_level(rule):
-            yield _issue(rule, node, f"series {name!r}: by {node['by']} is finer than the rule's by {rule.by}; "
-                         "only an aggregate may read it", "by")
+            yield _issue(
+                rule,
+                node,
+                f"series {name!r}: by {node['by']} is finer than the rule's by {rule.by}; "
+                "only an aggregate may read it",
+                "by",
+            )
     yield from _check_cycles(rule, series)
 
 
@@ -318,18 +327,33 @@ def check_confidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
                 yield _issue(rule, doc, f"direct_evidence: unknown signal {sig!r}", "direct_evidence")
     if level != "high":
         if direct is None:
-            yield _issue(rule, doc, f"a {level}-confidence rule needs 'direct_evidence': the signals with which "
-                         "the defers_to rules read the mechanism directly", "confidence")
+            yield _issue(
+                rule,
+                doc,
+                f"a {level}-confidence rule needs 'direct_evidence': the signals with which "
+                "the defers_to rules read the mechanism directly",
+                "confidence",
+            )
         if not str(doc.get("confirm") or "").strip():
-            yield _issue(rule, doc, f"a {level}-confidence rule needs 'confirm': what evidence would confirm it",
-                         "confidence")
+            yield _issue(
+                rule, doc, f"a {level}-confidence rule needs 'confirm': what evidence would confirm it", "confidence"
+            )
         if not defers:
-            yield _issue(rule, doc, f"a {level}-confidence rule needs 'defers_to': the rules that read the "
-                         "same mechanism from direct evidence", "confidence")
+            yield _issue(
+                rule,
+                doc,
+                f"a {level}-confidence rule needs 'defers_to': the rules that read the "
+                "same mechanism from direct evidence",
+                "confidence",
+            )
     elif defers or direct or (doc.get("confirm") and not doc.get("moderate_unless")):
-        yield _issue(rule, doc, "'confirm', 'defers_to' and 'direct_evidence' belong to a rule with confidence "
-                     "below high ('confirm' also to one with moderate_unless)",
-                     "confirm" if doc.get("confirm") else "defers_to")
+        yield _issue(
+            rule,
+            doc,
+            "'confirm', 'defers_to' and 'direct_evidence' belong to a rule with confidence "
+            "below high ('confirm' also to one with moderate_unless)",
+            "confirm" if doc.get("confirm") else "defers_to",
+        )
 
 
 def _check_deferrals(rules: dict[str, Rule]) -> Iterable[RuleIssue]:
@@ -341,8 +365,9 @@ def _check_deferrals(rules: dict[str, Rule]) -> Iterable[RuleIssue]:
             if target is None or target.id == rule.id:
                 yield _issue(rule, rule.doc, f"defers_to names {rid!r}, which is not another rule", "defers_to")
             elif target.doc.get("confidence", "high") != "high":
-                yield _issue(rule, rule.doc, f"defers_to names {rid!r}, which is not a high-confidence rule",
-                             "defers_to")
+                yield _issue(
+                    rule, rule.doc, f"defers_to names {rid!r}, which is not a high-confidence rule", "defers_to"
+                )
 
 
 def check_test_file(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
@@ -351,9 +376,17 @@ def check_test_file(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
         yield _issue(rule, rule.doc, f"missing test file {rule.id}.test.yaml")
 
 
-VALIDATORS: tuple[Validator, ...] = (check_header, check_params, check_series, check_conditions,
-                                     check_levers, check_evidence, check_facts, check_confidence,
-                                     check_test_file)
+VALIDATORS: tuple[Validator, ...] = (
+    check_header,
+    check_params,
+    check_series,
+    check_conditions,
+    check_levers,
+    check_evidence,
+    check_facts,
+    check_confidence,
+    check_test_file,
+)
 
 
 def validate_rule(rule: Rule, ctx: Context | None = None) -> list[RuleIssue]:
@@ -382,6 +415,9 @@ def validate_rules(directory: str | Path | None = None, ctx: Context | None = No
     if directory is None:
         for row in LEVERS_MD_ROWS:
             if row not in rows:
-                issues.append(RuleIssue(str(paths[0].parent if paths else "rules/diagnosis"), 0,
-                                        f"no rule for LEVERS.md row {row}"))
+                issues.append(
+                    RuleIssue(
+                        str(paths[0].parent if paths else "rules/diagnosis"), 0, f"no rule for LEVERS.md row {row}"
+                    )
+                )
     return issues

@@ -102,8 +102,9 @@ class PromClient:
     # ---------------------------------------------------------------- raw calls
     def _call(self, path: str, params: dict[str, str] | list[tuple[str, str]], matrix: bool = False) -> Any:
         body = urllib.parse.urlencode(params).encode()
-        req = urllib.request.Request(self.url + path, data=body, method="POST",
-                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+        req = urllib.request.Request(
+            self.url + path, data=body, method="POST", headers={"Content-Type": "application/x-www-form-urlencoded"}
+        )
         t0 = time.perf_counter()
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
@@ -113,8 +114,10 @@ class PromClient:
         except (urllib.error.URLError, OSError) as exc:
             raise PromError(f"prometheus {self.url}: cannot connect: {getattr(exc, 'reason', exc)}") from exc
         if len(raw) > MAX_RESPONSE_BYTES:
-            raise PromError(f"prometheus {self.url}: answer larger than {MAX_RESPONSE_BYTES} bytes; "
-                            "narrow the window or raise --step")
+            raise PromError(
+                f"prometheus {self.url}: answer larger than {MAX_RESPONSE_BYTES} bytes; "
+                "narrow the window or raise --step"
+            )
         typed = _typed_matrix(raw) if matrix else None
         if typed is not None:
             with self._lock:
@@ -125,8 +128,10 @@ class PromClient:
         try:
             doc = json.loads(raw)
         except ValueError as exc:
-            raise PromError(f"prometheus {self.url}{path}: the answer is not JSON ({exc}); is {self.url} the "
-                            "base URL of a Prometheus-compatible API?") from exc
+            raise PromError(
+                f"prometheus {self.url}{path}: the answer is not JSON ({exc}); is {self.url} the "
+                "base URL of a Prometheus-compatible API?"
+            ) from exc
         with self._lock:
             self.stats["queries"] += 1
             self.stats["bytes"] += len(raw)
@@ -173,9 +178,11 @@ class PromClient:
     def series(self, matchers: Iterable[str], start: float, end: float) -> list[dict[str, str]]:
         """The label sets of the series matching any of `matchers` in [start, end] (the index
         only)."""
-        return [{str(k): str(v) for k, v in labels.items()} for labels in self._index_data("/api/v1/series", matchers,
-                                                                                            start, end)
-                if isinstance(labels, dict)]
+        return [
+            {str(k): str(v) for k, v in labels.items()}
+            for labels in self._index_data("/api/v1/series", matchers, start, end)
+            if isinstance(labels, dict)
+        ]
 
     def _index(self, path: str, matchers: Iterable[str], start: float, end: float) -> list[str]:
         return [str(v) for v in self._index_data(path, matchers, start, end)]
@@ -187,18 +194,20 @@ class PromClient:
         except PromError as exc:
             if exc.status != 405:
                 raise
-            qs = urllib.parse.urlencode(params)           # servers that only take GET here
+            qs = urllib.parse.urlencode(params)  # servers that only take GET here
             data = self._get(f"{path}?{qs}")
         return list(data or [])
 
     def flavor(self) -> str:
-        """"victoriametrics" when the server is VictoriaMetrics (it marks every answer with an
+        """ "victoriametrics" when the server is VictoriaMetrics (it marks every answer with an
         X-Server-Hostname header), else "prometheus" (Prometheus and the servers that speak its
         API: Thanos, Mimir), also when the server cannot tell. Asked once."""
         if self._flavor is None:
             try:
-                with urllib.request.urlopen(self.url + "/api/v1/status/buildinfo",  # noqa: S310
-                                            timeout=min(self.timeout_s, 10.0)) as resp:
+                with urllib.request.urlopen(
+                    self.url + "/api/v1/status/buildinfo",  # noqa: S310
+                    timeout=min(self.timeout_s, 10.0),
+                ) as resp:
                     vm = resp.headers.get("X-Server-Hostname") is not None
             except urllib.error.HTTPError as exc:
                 vm = exc.headers.get("X-Server-Hostname") is not None if exc.headers else False
@@ -218,8 +227,9 @@ class PromClient:
         return doc.get("data") if isinstance(doc, dict) else None
 
     # ---------------------------------------------------------------- bounded range queries
-    def plan_chunks(self, start: float, end: float, step: float, series: int = 0,
-                    reach_s: float = 0.0, what: str = "") -> list[tuple[float, float]]:
+    def plan_chunks(
+        self, start: float, end: float, step: float, series: int = 0, reach_s: float = 0.0, what: str = ""
+    ) -> list[tuple[float, float]]:
         """[start, end] cut on the grid into parts of at most max_points steps whose estimated
         load, `series` x (steps + reach / step), stays under the sample budget."""
         steps = int(math.floor((end - start) / step + 1e-9)) + 1
@@ -229,9 +239,11 @@ class PromClient:
             per_part = min(per_part, max(1, int(budget // series - reach_s / step)))
         n_parts = max(1, math.ceil(steps / per_part))
         if n_parts > 1:
-            self.note(f"{what or 'query'}: {steps} steps cut into {n_parts} time ranges "
-                      f"(at most {self.max_points} points per series, ~{series} series each "
-                      f"under {int(self.max_samples * SAMPLE_BUDGET):,} samples)")
+            self.note(
+                f"{what or 'query'}: {steps} steps cut into {n_parts} time ranges "
+                f"(at most {self.max_points} points per series, ~{series} series each "
+                f"under {int(self.max_samples * SAMPLE_BUDGET):,} samples)"
+            )
         size = math.ceil(steps / n_parts)
         out = []
         for k in range(0, steps, size):
@@ -240,15 +252,17 @@ class PromClient:
             out.append((a, b))
         return out
 
-    def range_parts(self, expr: str, start: float, end: float, step: float, series: int = 0,
-                    reach_s: float = 0.0, what: str = "") -> list[dict[str, Any]]:
+    def range_parts(
+        self, expr: str, start: float, end: float, step: float, series: int = 0, reach_s: float = 0.0, what: str = ""
+    ) -> list[dict[str, Any]]:
         """A range query of any length: split by plan_chunks, parts run concurrently, a part the
         server rejects for its sample limit halved and retried; the answers' series merged."""
         chunks = self.plan_chunks(start, end, step, series, reach_s, what)
         return merge_matrices(self.map(lambda c: self._bisecting(expr, c[0], c[1], step, what, 0), chunks))
 
-    def _bisecting(self, expr: str, start: float, end: float, step: float, what: str,
-                   depth: int) -> list[dict[str, Any]]:
+    def _bisecting(
+        self, expr: str, start: float, end: float, step: float, what: str, depth: int
+    ) -> list[dict[str, Any]]:
         try:
             return self.query_range(expr, start, end, step)
         except PromError as exc:
@@ -257,8 +271,12 @@ class PromClient:
                 raise
             mid = start + (steps // 2) * step
             self.note(f"{what or 'query'}: the server refused {steps} steps (too many samples); split in two")
-            return merge_matrices([self._bisecting(expr, start, mid - step, step, what, depth + 1),
-                                   self._bisecting(expr, mid, end, step, what, depth + 1)])
+            return merge_matrices(
+                [
+                    self._bisecting(expr, start, mid - step, step, what, depth + 1),
+                    self._bisecting(expr, mid, end, step, what, depth + 1),
+                ]
+            )
 
     def map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
         """fn over items on at most `concurrency` threads, results in order."""
@@ -295,20 +313,36 @@ def http_error(url: str, exc: urllib.error.HTTPError) -> PromError:
     text = _error_text(exc)
     code = exc.code
     if code == 404:
-        return PromError(f"prometheus {url}: HTTP 404 ({text}); is {url} the base URL of a Prometheus-compatible "
-                         "API (the part before /api/v1)?", code)
+        return PromError(
+            f"prometheus {url}: HTTP 404 ({text}); is {url} the base URL of a Prometheus-compatible "
+            "API (the part before /api/v1)?",
+            code,
+        )
     low = text.lower()
-    if "too many samples" in low or "max-samples" in low or "maxsamplesperquery" in low.replace("_", "") \
-            or "exceeded maximum resolution" in low or "too many points" in low or "maxpointsperseries" in low:
-        return PromError(f"prometheus {url}: HTTP {code}: the server refused the query for its size: {text}. "
-                         "Raise --step, narrow the window, or raise the server's limit (Prometheus "
-                         "--query.max-samples, VictoriaMetrics -search.maxSamplesPerQuery / "
-                         "-search.maxPointsPerTimeseries)", code, too_many_samples=True)
+    if (
+        "too many samples" in low
+        or "max-samples" in low
+        or "maxsamplesperquery" in low.replace("_", "")
+        or "exceeded maximum resolution" in low
+        or "too many points" in low
+        or "maxpointsperseries" in low
+    ):
+        return PromError(
+            f"prometheus {url}: HTTP {code}: the server refused the query for its size: {text}. "
+            "Raise --step, narrow the window, or raise the server's limit (Prometheus "
+            "--query.max-samples, VictoriaMetrics -search.maxSamplesPerQuery / "
+            "-search.maxPointsPerTimeseries)",
+            code,
+            too_many_samples=True,
+        )
     if code in (400, 422):
         return PromError(f"prometheus {url}: HTTP {code}: the server rejected the query: {text}", code)
     if code == 503 or code == 504:
-        return PromError(f"prometheus {url}: HTTP {code}: the server is overloaded or the query timed out: {text} "
-                         "(narrow the window, raise --step, or the server's --query.timeout)", code)
+        return PromError(
+            f"prometheus {url}: HTTP {code}: the server is overloaded or the query timed out: {text} "
+            "(narrow the window, raise --step, or the server's --query.timeout)",
+            code,
+        )
     if code in (401, 403):
         return PromError(f"prometheus {url}: HTTP {code}: not authorised ({text})", code)
     return PromError(f"prometheus {url}: HTTP {code}: {text}", code)
@@ -355,8 +389,9 @@ def merge_matrices(parts: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]
     return list(out.values())
 
 
-def matrix_on_grid(result: list[dict[str, Any]], start: float, step: float, n: int
-                   ) -> tuple[list[dict[str, str]], np.ndarray]:
+def matrix_on_grid(
+    result: list[dict[str, Any]], start: float, step: float, n: int
+) -> tuple[list[dict[str, str]], np.ndarray]:
     """(label dicts, values [series, n]) of a matrix on the grid start + k x step; NaN where a
     series has no point. Non-numeric values ("NaN", "+Inf") stay as floats (NaN / inf)."""
     metrics = [dict(s.get("metric") or {}) for s in result]
@@ -365,7 +400,7 @@ def matrix_on_grid(result: list[dict[str, Any]], start: float, step: float, n: i
         values = series.get("values")
         if not values:
             continue
-        arr = np.array(values, dtype=float)      # float pairs, or [t, "1.5"] text (numpy parses it)
+        arr = np.array(values, dtype=float)  # float pairs, or [t, "1.5"] text (numpy parses it)
         idx = np.rint((arr[:, 0] - start) / step).astype(np.int64)
         ok = (idx >= 0) & (idx < n)
         out[i, idx[ok]] = arr[ok, 1]

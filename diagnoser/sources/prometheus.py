@@ -50,8 +50,9 @@ INSTANCE_BATCH = 25
 class PrometheusSource:
     """Range queries against one Prometheus-compatible base URL."""
 
-    def __init__(self, url: str, timeout_s: float = 60.0, catalog: Catalog | None = None,
-                 client: PromClient | None = None) -> None:
+    def __init__(
+        self, url: str, timeout_s: float = 60.0, catalog: Catalog | None = None, client: PromClient | None = None
+    ) -> None:
         self.client = client or PromClient(url, timeout_s=timeout_s)
         self.url = self.client.url
         self.catalog = catalog or load_catalog()
@@ -63,9 +64,17 @@ class PrometheusSource:
         return fetch_frame(self.client, names, start, end, step, catalog=self.catalog)
 
 
-def fetch_frame(client: PromClient, names: set[str], start: float, end: float, step: float,
-                instances: list[str] | None = None, fetch_from: float | None = None,
-                catalog: Catalog | None = None, fetch_to: float | None = None) -> Frame:
+def fetch_frame(
+    client: PromClient,
+    names: set[str],
+    start: float,
+    end: float,
+    step: float,
+    instances: list[str] | None = None,
+    fetch_from: float | None = None,
+    catalog: Catalog | None = None,
+    fetch_to: float | None = None,
+) -> Frame:
     """The canonical series `names` on the grid [start, end] by `step`.
 
     `instances` restricts the fetch to those scrape targets (batched `instance=~` matchers);
@@ -76,8 +85,11 @@ def fetch_frame(client: PromClient, names: set[str], start: float, end: float, s
     arrives, so the client never holds more than a few batches' answers."""
     catalog = catalog or load_catalog()
     grid = make_grid(start, end, step)
-    first = start if fetch_from is None else max(start, grid[int(np.searchsorted(grid, fetch_from - 1e-6))]
-                                                  if fetch_from <= end else end)
+    first = (
+        start
+        if fetch_from is None
+        else max(start, grid[int(np.searchsorted(grid, fetch_from - 1e-6))] if fetch_from <= end else end)
+    )
     last = end if fetch_to is None else float(grid[max(0, int(np.searchsorted(grid, fetch_to + 1e-6)) - 1)])
     last = max(first, last)
     batched = instances
@@ -95,7 +107,7 @@ def fetch_frame(client: PromClient, names: set[str], start: float, end: float, s
         return frame_from_matrix(result, start, end, step, names, catalog, offset=offset)
 
     frame = _concat_frames(client.map(one, selectors), grid)
-    if last < end:                                  # nothing was fetched after `last`: absent, not carried
+    if last < end:  # nothing was fetched after `last`: absent, not carried
         until = int(round((last - start) / step)) + 1
         for block in frame.blocks.values():
             block.values[:, until:] = np.nan
@@ -106,8 +118,9 @@ BATCH_POINTS = 4_000_000
 """A fetch of every instance expected to answer more points than this is cut into instance batches."""
 
 
-def _every_instance_if_large(client: PromClient, names: set[str], catalog: Catalog, first: float, last: float,
-                             step: float) -> list[str] | None:
+def _every_instance_if_large(
+    client: PromClient, names: set[str], catalog: Catalog, first: float, last: float, step: float
+) -> list[str] | None:
     """Every instance with a needed series (the index only), when fetching all at once would
     answer more than BATCH_POINTS points (about 4 series per name and instance); else None."""
     steps = int((last - first) // step) + 1
@@ -115,8 +128,9 @@ def _every_instance_if_large(client: PromClient, names: set[str], catalog: Catal
     every = client.label_values("instance", [sel], first - DEFAULT_LOOKBACK_S, last)
     if len(every) <= INSTANCE_BATCH or len(every) * 4 * max(1, len(names)) * steps <= BATCH_POINTS:
         return None
-    client.note(f"raw series of every instance: {len(every)} instances x {steps} steps fetched in batches of "
-                f"{INSTANCE_BATCH}")
+    client.note(
+        f"raw series of every instance: {len(every)} instances x {steps} steps fetched in batches of {INSTANCE_BATCH}"
+    )
     return sorted(every)
 
 
@@ -140,7 +154,7 @@ def _batches(instances: list[str] | None) -> list[list[str] | None]:
     if instances is None:
         return [None]
     ordered = sorted(set(instances))
-    return [ordered[i:i + INSTANCE_BATCH] for i in range(0, len(ordered), INSTANCE_BATCH)]
+    return [ordered[i : i + INSTANCE_BATCH] for i in range(0, len(ordered), INSTANCE_BATCH)]
 
 
 def native_names(names: set[str], catalog: Catalog) -> set[str]:
@@ -164,15 +178,16 @@ def _signal_of(sample_name: str, catalog: Catalog) -> str | None:
     return None
 
 
-def selector_for(names: set[str], catalog: Catalog, instances: list[str] | None = None,
-                 no_instance: bool = False) -> str:
+def selector_for(
+    names: set[str], catalog: Catalog, instances: list[str] | None = None, no_instance: bool = False
+) -> str:
     """One `{__name__=~"..."}` selector for every native and kvscope_* name needed (restricted
     to `instances` when given, to series without an `instance` with `no_instance`)."""
     alternatives = set()
     for declared in native_names(names, catalog):
         base = re.escape(declared)
         alternatives.add(base)
-        if ":" in declared:                                   # Ray / some builds spell vllm:x as vllm_x
+        if ":" in declared:  # Ray / some builds spell vllm:x as vllm_x
             alternatives.add(re.escape(declared.replace(":", "_", 1)))
     native = "|".join(sorted(alternatives))
     suffix = "(_total|_bucket|_sum|_count)?"
@@ -189,9 +204,17 @@ def _quote(text: str) -> str:
 
 # ------------------------------------------------------------------------------ matrix -> frame
 
-def frame_from_matrix(result: list[dict[str, Any]], start: float, end: float, step: float,
-                      names: set[str] | None = None, catalog: Catalog | None = None,
-                      lookback_s: float = DEFAULT_LOOKBACK_S, offset: int = 0) -> Frame:
+
+def frame_from_matrix(
+    result: list[dict[str, Any]],
+    start: float,
+    end: float,
+    step: float,
+    names: set[str] | None = None,
+    catalog: Catalog | None = None,
+    lookback_s: float = DEFAULT_LOOKBACK_S,
+    offset: int = 0,
+) -> Frame:
     """A range-query matrix on the grid [start, end] by `step` -> a Frame of canonical series.
 
     Native series are mapped per scrape target through its dialect, one plan per upstream series
@@ -213,7 +236,7 @@ def frame_from_matrix(result: list[dict[str, Any]], start: float, end: float, st
             for label in _TARGET_LABELS:
                 if f"exported_{label}" in metric:
                     metric[label] = metric.pop(f"exported_{label}")
-            _combine(rows, name[len(KVSCOPE_PREFIX):], make_labels(metric), "sum", values[i])
+            _combine(rows, name[len(KVSCOPE_PREFIX) :], make_labels(metric), "sum", values[i])
             continue
         metric["__name__"] = name
         per_target[(metric.get("job", ""), metric.get("instance", ""))].append(i)
@@ -233,15 +256,26 @@ def frame_from_matrix(result: list[dict[str, Any]], start: float, end: float, st
     return frame
 
 
-def _map_target(job: str, instance: str, metrics: list[dict[str, str]], values: np.ndarray, catalog: Catalog,
-                rows: dict, facts: dict) -> None:
+def _map_target(
+    job: str,
+    instance: str,
+    metrics: list[dict[str, str]],
+    values: np.ndarray,
+    catalog: Catalog,
+    rows: dict,
+    facts: dict,
+) -> None:
     """One target's native series through its dialect, a plan per series."""
     raws = []
     for metric, row in zip(metrics, values, strict=True):
         labels = make_labels({k: v for k, v in metric.items() if k not in ("__name__", "job", "instance")})
         present = np.flatnonzero(~np.isnan(row))
-        raws.append((RawSample(metric["__name__"], labels, float(row[present[-1]]) if present.size else 0.0, None),
-                     int(present.size)))
+        raws.append(
+            (
+                RawSample(metric["__name__"], labels, float(row[present[-1]]) if present.size else 0.0, None),
+                int(present.size),
+            )
+        )
     mine: dict[tuple[str, Labels], list] = {}
     votes = Exposition(samples=[r for r, count in raws for _ in range(min(count, 1))])
     engine = detect_engine(votes, catalog)
@@ -257,7 +291,7 @@ def _map_target(job: str, instance: str, metrics: list[dict[str, str]], values: 
             continue
         mapper.map_sample(raw, None, {}, out)
         if sentinels.size:
-            row = np.where(np.isin(row, sentinels), np.nan, row)    # "no value" codes, as the normalizer drops them
+            row = np.where(np.isin(row, sentinels), np.nan, row)  # "no value" codes, as the normalizer drops them
         for name, labels, kind, mode, factor, rank in plans.get((raw.name, raw.labels)) or ():
             if name is None or not isinstance(labels, tuple):
                 continue
@@ -292,7 +326,7 @@ def _settle_fallbacks(rows: dict, fallback: dict, catalog: Catalog) -> None:
 
 
 def _combine(rows: dict, name: str, labels: Labels, how: str, vals: np.ndarray) -> None:
-    vals = np.where(np.isfinite(vals), vals, np.nan)        # NaN / Inf samples are dropped
+    vals = np.where(np.isfinite(vals), vals, np.nan)  # NaN / Inf samples are dropped
     key = (name, labels)
     have = rows.get(key)
     if have is None:

@@ -65,6 +65,7 @@ class RecordingSource:
     def natural_step(self) -> float:
         """The recording's scrape interval (median gap between scrapes), at least 1 s."""
         import numpy as np
+
         replay = self._load()
         ts = sorted({s.timestamp for s in replay.samples if s.name == "kvscope_target_up"})
         if len(ts) < 2:
@@ -78,8 +79,11 @@ class RecordingSource:
         start = replay.start if start is None else start
         end = replay.end if end is None else end
         frame = frame_from_samples(replay.samples, start, end, step, names=names)
-        up = [(s.label("instance") or "", s.timestamp, s.value == 1.0)
-              for s in replay.samples if s.name == "kvscope_target_up" and s.timestamp is not None]
+        up = [
+            (s.label("instance") or "", s.timestamp, s.value == 1.0)
+            for s in replay.samples
+            if s.name == "kvscope_target_up" and s.timestamp is not None
+        ]
         mark_stale(frame, failed_scrape_spans(up))
         mark_vanished(frame, replay.samples, up)
         mark_removed(frame, removed_target_spans(up))

@@ -32,8 +32,18 @@ def check_http_url(flag: str, value: str, example: str = "http://127.0.0.1:9090"
 def unreachable_hint(message: str, url: str) -> str:
     """`message` plus what to check when it reads as a network failure reaching `url`."""
     lowered = message.lower()
-    if any(word in lowered for word in ("refused", "urlopen error", "timed out", "name or service",
-                                         "no route", "unreachable", "cannot connect")):
+    if any(
+        word in lowered
+        for word in (
+            "refused",
+            "urlopen error",
+            "timed out",
+            "name or service",
+            "no route",
+            "unreachable",
+            "cannot connect",
+        )
+    ):
         return f"{message}\n  is it running and reachable from here? try: curl -s {url.rstrip('/')}/-/ready"
     return message
 
@@ -48,8 +58,10 @@ def source_hint(kind: str, url: str, message: str) -> str:
     the kind of server the flag expects."""
     hinted = unreachable_hint(message, url)
     if hinted == message and re.search(r"HTTP( Error)? 40[45]", message) and "base URL" not in message:
-        hinted += (f"\n  is {url} the base URL of a {SERVER.get(kind, 'server')}? kvscope calls "
-                   f"{url.rstrip('/')}{API_PATH.get(kind, '')} (no /metrics path; {OTHER.get(kind, '')})")
+        hinted += (
+            f"\n  is {url} the base URL of a {SERVER.get(kind, 'server')}? kvscope calls "
+            f"{url.rstrip('/')}{API_PATH.get(kind, '')} (no /metrics path; {OTHER.get(kind, '')})"
+        )
     return hinted
 
 
@@ -79,21 +91,26 @@ def check_recording(path: str | Path) -> Path:
     if not path.is_file():
         raise ValueError(f"recording {path} is not a file")
     if path.stat().st_size == 0:
-        raise ValueError(f"recording {path} is empty (0 bytes); record one with: "
-                         "kvscope record --target URL --duration 10m --out FILE.om.gz")
+        raise ValueError(
+            f"recording {path} is empty (0 bytes); record one with: "
+            "kvscope record --target URL --duration 10m --out FILE.om.gz"
+        )
     head = _head(path)
     text = head.decode("utf-8", errors="replace")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     # free comments may precede the data; the first other line must be a descriptor or a sample
-    first = next((line for line in lines if not line.startswith("#") or _DESCRIPTOR.match(line)),
-                 lines[0] if lines else "")
+    first = next(
+        (line for line in lines if not line.startswith("#") or _DESCRIPTOR.match(line)), lines[0] if lines else ""
+    )
     if "\x00" in text:
         raise ValueError(f"recording {path} is binary, not OpenMetrics text (make one with kvscope record)")
     if not (_DESCRIPTOR.match(first) or _SAMPLE_LINE.match(first)):
         shown = first[:60].encode("ascii", "backslashreplace").decode()
-        raise ValueError(f"recording {path} is not OpenMetrics text: found {shown!r} "
-                         "(expected '# TYPE ...' or 'metric{labels} value timestamp'; "
-                         "make one with kvscope record)")
+        raise ValueError(
+            f"recording {path} is not OpenMetrics text: found {shown!r} "
+            "(expected '# TYPE ...' or 'metric{labels} value timestamp'; "
+            "make one with kvscope record)"
+        )
     return path
 
 
@@ -117,8 +134,7 @@ def parse_seconds(flag: str, value: str) -> float:
         try:
             seconds = parse_duration(value)
         except ValueError:
-            raise ValueError(f"{flag}: expected seconds or a duration such as 30m, 1h, 1m30s, "
-                             f"got {value!r}") from None
+            raise ValueError(f"{flag}: expected seconds or a duration such as 30m, 1h, 1m30s, got {value!r}") from None
     if not seconds > 0:
         raise ValueError(f"{flag}: must be > 0, got {value!r}")
     return seconds
@@ -133,8 +149,9 @@ def parse_time(flag: str, value: str) -> float:
     try:
         moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise ValueError(f"{flag}: expected unix seconds or ISO 8601 such as 2026-11-22T00:00:00Z, "
-                         f"got {value!r}") from None
+        raise ValueError(
+            f"{flag}: expected unix seconds or ISO 8601 such as 2026-11-22T00:00:00Z, got {value!r}"
+        ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
@@ -159,8 +176,9 @@ def check_port_free(flag: str, host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError as exc:
-            raise ValueError(f"{flag}: cannot listen on {host}:{port}: {exc.strerror or exc}; "
-                             f"pick another with {flag}") from None
+            raise ValueError(
+                f"{flag}: cannot listen on {host}:{port}: {exc.strerror or exc}; pick another with {flag}"
+            ) from None
 
 
 def check_rules_dir(flag: str, path: str | Path | None) -> None:

@@ -26,28 +26,55 @@ keys (YAML path, environment variable, default):
 
 # (flag, dest, config path, help)
 _SCALAR_FLAGS = (
-    ("--scrape.interval", "scrape_interval", "scrape.interval_s",
-     "time between scrapes: seconds or a duration (500ms, 15s, 1m)"),
-    ("--scrape.timeout", "scrape_timeout", "scrape.timeout_s",
-     "time one target may take, connect and body included (must be < interval)"),
-    ("--scrape.max-body-bytes", "scrape_max_body", "scrape.max_body_bytes",
-     "largest /metrics body read from one target (e.g. 16MiB); past it: body_too_large"),
-    *((f"--scrape.{n.replace('_', '-')}", f"scrape_{n}", f"scrape.{n}",
-       f"Prometheus' {n} per target (0 = none); past it the scrape fails: {n}_exceeded")
-      for n in ("sample_limit", "label_limit", "label_name_length_limit", "label_value_length_limit")),
+    (
+        "--scrape.interval",
+        "scrape_interval",
+        "scrape.interval_s",
+        "time between scrapes: seconds or a duration (500ms, 15s, 1m)",
+    ),
+    (
+        "--scrape.timeout",
+        "scrape_timeout",
+        "scrape.timeout_s",
+        "time one target may take, connect and body included (must be < interval)",
+    ),
+    (
+        "--scrape.max-body-bytes",
+        "scrape_max_body",
+        "scrape.max_body_bytes",
+        "largest /metrics body read from one target (e.g. 16MiB); past it: body_too_large",
+    ),
+    *(
+        (
+            f"--scrape.{n.replace('_', '-')}",
+            f"scrape_{n}",
+            f"scrape.{n}",
+            f"Prometheus' {n} per target (0 = none); past it the scrape fails: {n}_exceeded",
+        )
+        for n in ("sample_limit", "label_limit", "label_name_length_limit", "label_value_length_limit")
+    ),
 )
 
 
 def add_scrape_flags(parser: argparse.ArgumentParser) -> None:
     """--config, --target, --job and the scrape.* flags."""
     parser.add_argument("--config", metavar="FILE", help="YAML config file (see README, 'Run the agent')")
-    parser.add_argument("--target", action="append", metavar="URL", default=None,
-                        help="engine or dcgm-exporter /metrics URL to scrape; repeat for several "
-                             "(replaces the config file's targets)")
-    parser.add_argument("--job", default="engine", metavar="NAME",
-                        help="job label of the --target URLs (default: engine)")
-    parser.add_argument("--engine", choices=sorted(load_catalog().dialects), default=None,
-                        help="force the dialect of the --target URLs instead of detecting it")
+    parser.add_argument(
+        "--target",
+        action="append",
+        metavar="URL",
+        default=None,
+        help="engine or dcgm-exporter /metrics URL to scrape; repeat for several (replaces the config file's targets)",
+    )
+    parser.add_argument(
+        "--job", default="engine", metavar="NAME", help="job label of the --target URLs (default: engine)"
+    )
+    parser.add_argument(
+        "--engine",
+        choices=sorted(load_catalog().dialects),
+        default=None,
+        help="force the dialect of the --target URLs instead of detecting it",
+    )
     for flag, dest, _, help_ in _SCALAR_FLAGS:
         parser.add_argument(flag, dest=dest, metavar="VALUE", help=help_)
 
@@ -57,23 +84,41 @@ _OPTION_DEST = "collector_option__"
 
 def add_agent_flags(parser: argparse.ArgumentParser, collectors: dict[str, bool]) -> None:
     """--web.listen-address, --store.* and --[no-]collector.<name> for every registered collector."""
-    parser.add_argument("--web.listen-address", dest="listen_address", metavar="HOST:PORT",
-                        help="where the agent serves /metrics and /api/v1 (default 127.0.0.1:9464)")
-    parser.add_argument("--store.path", dest="store_path", metavar="FILE",
-                        help="SQLite history file (default kvscope.db); '' keeps history in memory")
-    parser.add_argument("--store.retention", dest="store_retention", metavar="DURATION",
-                        help="keep samples this long (default 7d)")
+    parser.add_argument(
+        "--web.listen-address",
+        dest="listen_address",
+        metavar="HOST:PORT",
+        help="where the agent serves /metrics and /api/v1 (default 127.0.0.1:9464)",
+    )
+    parser.add_argument(
+        "--store.path",
+        dest="store_path",
+        metavar="FILE",
+        help="SQLite history file (default kvscope.db); '' keeps history in memory",
+    )
+    parser.add_argument(
+        "--store.retention", dest="store_retention", metavar="DURATION", help="keep samples this long (default 7d)"
+    )
     for name in sorted(collectors):
         default = "enabled" if collectors[name] else "disabled"
-        parser.add_argument(f"--collector.{name}", dest=f"collector_{name}",
-                            action=argparse.BooleanOptionalAction, default=None,
-                            help=f"run the {name} collector ({default} by default)")
+        parser.add_argument(
+            f"--collector.{name}",
+            dest=f"collector_{name}",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=f"run the {name} collector ({default} by default)",
+        )
     for name, options in sorted(collector_option_help().items()):
         for option, text in sorted(options.items()):
             many = text.startswith("list:")
-            parser.add_argument(f"--collector.{name}.{option}", dest=f"{_OPTION_DEST}{name}__{option}",
-                                metavar="VALUE", action="append" if many else "store", default=None,
-                                help=text.removeprefix("list:").strip() + (" (repeatable)" if many else ""))
+            parser.add_argument(
+                f"--collector.{name}.{option}",
+                dest=f"{_OPTION_DEST}{name}__{option}",
+                metavar="VALUE",
+                action="append" if many else "store",
+                default=None,
+                help=text.removeprefix("list:").strip() + (" (repeatable)" if many else ""),
+            )
 
 
 def flags_of(args: argparse.Namespace) -> list[tuple[str, Any, str]]:
@@ -83,20 +128,21 @@ def flags_of(args: argparse.Namespace) -> list[tuple[str, Any, str]]:
         if getattr(args, dest, None) is not None:
             out.append((path, getattr(args, dest), flag))
     if getattr(args, "target", None):
-        targets = [{"url": u, "job": args.job, **({"engine": args.engine} if args.engine else {})}
-                   for u in args.target]
+        targets = [{"url": u, "job": args.job, **({"engine": args.engine} if args.engine else {})} for u in args.target]
         out.append(("targets", targets, "--target"))
-    for attr, path, flag in (("listen_address", "listen_address", "--web.listen-address"),
-                             ("store_path", "store.path", "--store.path"),
-                             ("store_retention", "store.retention_s", "--store.retention")):
+    for attr, path, flag in (
+        ("listen_address", "listen_address", "--web.listen-address"),
+        ("store_path", "store.path", "--store.path"),
+        ("store_retention", "store.retention_s", "--store.retention"),
+    ):
         if getattr(args, attr, None) is not None:
             out.append((path, getattr(args, attr), flag))
     for key, value in vars(args).items():
         if key.startswith(_OPTION_DEST) and value is not None:
-            name, option = key[len(_OPTION_DEST):].split("__", 1)
+            name, option = key[len(_OPTION_DEST) :].split("__", 1)
             out.append((f"collectors.{name}.{option}", value, f"--collector.{name}.{option}"))
         elif key.startswith("collector_") and value is not None:
-            name = key[len("collector_"):]
+            name = key[len("collector_") :]
             out.append((f"collectors.{name}", value, f"--{'' if value else 'no-'}collector.{name}"))
     return out
 
@@ -122,8 +168,9 @@ def check_section_typos(doc: Any) -> None:
             continue
         close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.75)
         if close:
-            raise ConfigError(f"{name}: unknown section; did you mean {close[0]}? "
-                              f"(sections: {', '.join(sorted(known))})")
+            raise ConfigError(
+                f"{name}: unknown section; did you mean {close[0]}? (sections: {', '.join(sorted(known))})"
+            )
 
 
 __all__ = ["ENV_HELP", "ConfigError", "add_agent_flags", "add_scrape_flags", "config_from_args", "flags_of"]

@@ -26,13 +26,20 @@ docs/logs.md.
 def add_log_flags(parser: argparse.ArgumentParser, job: bool = True) -> None:
     """--instance, --model, --year (and --job) for a --log source."""
     group = parser.add_argument_group("engine logs (--log)")
-    group.add_argument("--instance", metavar="NAME",
-                       help="instance label of the log's engine (default: the file name; `kubectl logs "
-                            "--prefix` lines name their pod)")
+    group.add_argument(
+        "--instance",
+        metavar="NAME",
+        help="instance label of the log's engine (default: the file name; `kubectl logs "
+        "--prefix` lines name their pod)",
+    )
     group.add_argument("--model", metavar="NAME", help="model label (default: none)")
-    group.add_argument("--date", type=_date, metavar="YYYY-MM-DD",
-                       help="date of lines whose time lacks it: the year of vLLM's MM-DD, the day of older "
-                            "SGLang's HH:MM:SS (default: today, UTC; a later line that goes back rolls on)")
+    group.add_argument(
+        "--date",
+        type=_date,
+        metavar="YYYY-MM-DD",
+        help="date of lines whose time lacks it: the year of vLLM's MM-DD, the day of older "
+        "SGLang's HH:MM:SS (default: today, UTC; a later line that goes back rolls on)",
+    )
     if job:
         group.add_argument("--job", default="engine", metavar="NAME", help="job label (default engine)")
 

@@ -12,13 +12,20 @@ import yaml
 
 def add_param_flag(parser: argparse.ArgumentParser) -> None:
     """Add the repeatable --param flag."""
-    parser.add_argument("--param", action="append", default=[], metavar="RULE.NAME=VALUE",
-                        help="override a rule parameter, e.g. kv_pressure_preemption.kv_full=0.85 "
-                             "(repeatable; each rule's parameters are under `params:` in rules/diagnosis/*.yaml)")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="RULE.NAME=VALUE",
+        help="override a rule parameter, e.g. kv_pressure_preemption.kv_full=0.85 "
+        "(repeatable; each rule's parameters are under `params:` in rules/diagnosis/*.yaml)",
+    )
 
 
-def parse_params(items: list[str], known: Iterable[str] | Mapping[str, Iterable[str]] | None = None,
-                 ) -> dict[str, dict[str, Any]]:
+def parse_params(
+    items: list[str],
+    known: Iterable[str] | Mapping[str, Iterable[str]] | None = None,
+) -> dict[str, dict[str, Any]]:
     """['rule.name=value', ...] -> {rule: {name: value}}, values read as YAML scalars.
 
     `known` is the rule ids, or a mapping of rule id -> its parameter names. Raises ValueError
@@ -42,14 +49,18 @@ def parse_params(items: list[str], known: Iterable[str] | Mapping[str, Iterable[
     unknown = sorted(set(out) - set(ids))
     if unknown:
         hints = "; ".join(f"{u}{_did_you_mean(u, ids)}" for u in unknown)
-        raise ValueError(f"--param names unknown rule(s): {hints} (rule ids: kvscope rules check, "
-                         "or the id: line of rules/diagnosis/*.yaml)")
+        raise ValueError(
+            f"--param names unknown rule(s): {hints} (rule ids: kvscope rules check, "
+            "or the id: line of rules/diagnosis/*.yaml)"
+        )
     if isinstance(known, Mapping):
         for rule, values in out.items():
             names = sorted(known[rule])
             for name in sorted(set(values) - set(names)):
-                raise ValueError(f"--param {rule}.{name}: rule {rule} has no parameter {name!r}"
-                                 f"{_did_you_mean(name, names)}; its parameters: {', '.join(names) or 'none'}")
+                raise ValueError(
+                    f"--param {rule}.{name}: rule {rule} has no parameter {name!r}"
+                    f"{_did_you_mean(name, names)}; its parameters: {', '.join(names) or 'none'}"
+                )
     return out
 
 

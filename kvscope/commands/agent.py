@@ -43,19 +43,24 @@ examples:
 def register(subparsers: Any) -> None:
     collectors = known_collectors()
     parser = subparsers.add_parser(
-        "agent", help="run the per-node agent (scrape, store, serve /metrics)",
-        description=DESCRIPTION, epilog=EXAMPLES + "\n" + ENV_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "agent",
+        help="run the per-node agent (scrape, store, serve /metrics)",
+        description=DESCRIPTION,
+        epilog=EXAMPLES + "\n" + ENV_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_scrape_flags(parser)
     add_agent_flags(parser, collectors)
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
-                        help="log verbosity on stderr")
+    parser.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning", "error"), help="log verbosity on stderr"
+    )
     parser.set_defaults(func=run, known_collectors=collectors)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         config = config_from_args(args, args.known_collectors)
     except ConfigError as e:
@@ -63,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for warning in config.warnings:
         logging.getLogger("kvscope.agent").warning("config: %s", warning)
-    return run_event_loop(serve(config))   # uvloop when installed: less CPU per scrape and request
+    return run_event_loop(serve(config))  # uvloop when installed: less CPU per scrape and request
 
 
 def open_store(config: AgentConfig) -> Any:
@@ -97,8 +102,13 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runtime.stop)
-    log.info("listening on http://%s:%d/metrics; %d target(s), collectors: %s", host, bound,
-             len(config.targets), ", ".join(c.name for c in runtime.collectors))
+    log.info(
+        "listening on http://%s:%d/metrics; %d target(s), collectors: %s",
+        host,
+        bound,
+        len(config.targets),
+        ", ".join(c.name for c in runtime.collectors),
+    )
     if ready is not None:
         ready.set()
     try:

@@ -21,14 +21,23 @@ DEFAULT_OUT = Path(__file__).resolve().parents[2] / "dashboards" / "build"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("dashboards", help="build and lint the Grafana dashboards",
-                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=("build", "lint"), help="build: generate JSON (checks staleness); "
-                   "lint: check the queries only")
-    p.add_argument("--out", type=Path, default=None,
-                   help="write the JSON here instead of checking dashboards/build/")
-    p.add_argument("--update-golden", action="store_true",
-                   help="rewrite dashboards/build/*.json instead of failing when they are stale")
+    p = subparsers.add_parser(
+        "dashboards",
+        help="build and lint the Grafana dashboards",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "action",
+        choices=("build", "lint"),
+        help="build: generate JSON (checks staleness); lint: check the queries only",
+    )
+    p.add_argument("--out", type=Path, default=None, help="write the JSON here instead of checking dashboards/build/")
+    p.add_argument(
+        "--update-golden",
+        action="store_true",
+        help="rewrite dashboards/build/*.json instead of failing when they are stale",
+    )
     p.set_defaults(func=run)
 
 

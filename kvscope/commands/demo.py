@@ -29,21 +29,37 @@ cause, and serve the triage UI on 127.0.0.1. Ctrl-C stops it.
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("demo", help="replay a real incident through the diagnoser and the UI",
-                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recording", type=Path, help="recording to replay (default: a KV-pressure incident from "
-                   "tests/recordings/, else ui/recordings/vllm-0.32.0-cpu-kv-pressure.om.gz)")
+    p = subparsers.add_parser(
+        "demo",
+        help="replay a real incident through the diagnoser and the UI",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--recording",
+        type=Path,
+        help="recording to replay (default: a KV-pressure incident from "
+        "tests/recordings/, else ui/recordings/vllm-0.32.0-cpu-kv-pressure.om.gz)",
+    )
     p.add_argument("--port", type=int, default=8501, help="UI port on 127.0.0.1 (default 8501; a free one if taken)")
-    p.add_argument("--check", "--once", action="store_true", dest="check",
-                   help="print the diagnosis and exit without starting the UI")
+    p.add_argument(
+        "--check",
+        "--once",
+        action="store_true",
+        dest="check",
+        help="print the diagnosis and exit without starting the UI",
+    )
     p.set_defaults(func=run)
 
 
 def default_recording(folder: Path = RECORDINGS, bundled: Path = BUNDLED) -> Path | None:
     """The incident to show: a KV-pressure recording from the incident library if there is
     one (never a healthy baseline), else the recording bundled with the UI."""
-    found = sorted(p for p in folder.glob("*.om*") if p.is_file() and not p.name.startswith("healthy")) \
-        if folder.is_dir() else []
+    found = (
+        sorted(p for p in folder.glob("*.om*") if p.is_file() and not p.name.startswith("healthy"))
+        if folder.is_dir()
+        else []
+    )
     for word in PREFERRED:
         for path in found:
             if word in path.name:
@@ -58,21 +74,31 @@ def render_diagnosis(diagnosis) -> str:
     from kvscope.ui.data import render_when
 
     f = diagnosis.likely_cause
-    lines = [f"source {diagnosis.source}: {diagnosis.rules_evaluated} rules, {len(diagnosis.findings)} fired, "
-             f"{len(diagnosis.skipped)} not evaluable (missing signals; kvscope diagnose -v lists them)"]
+    lines = [
+        f"source {diagnosis.source}: {diagnosis.rules_evaluated} rules, {len(diagnosis.findings)} fired, "
+        f"{len(diagnosis.skipped)} not evaluable (missing signals; kvscope diagnose -v lists them)"
+    ]
     if f is None:
         return "\n".join(lines + ["no rule fired"])
-    lines += [f"LIKELY CAUSE [{f.severity}] {f.title} (rule {f.rule_id}, LEVERS {f.levers_md})",
-              f"  where: {_where(f.where)}",
-              f"  since: {render_when(f.since)} ({_state(f)}, {fmt_duration(f.until - f.since)})",
-              f"  what:  {f.summary}"]
+    lines += [
+        f"LIKELY CAUSE [{f.severity}] {f.title} (rule {f.rule_id}, LEVERS {f.levers_md})",
+        f"  where: {_where(f.where)}",
+        f"  since: {render_when(f.since)} ({_state(f)}, {fmt_duration(f.until - f.since)})",
+        f"  what:  {f.summary}",
+    ]
     if f.cascade:
-        lead = "" if f.cascade.lead_time_s is None else \
-            f"; the root led the latency symptom by {fmt_duration(f.cascade.lead_time_s)}"
+        lead = (
+            ""
+            if f.cascade.lead_time_s is None
+            else f"; the root led the latency symptom by {fmt_duration(f.cascade.lead_time_s)}"
+        )
         lines.append(f"  cascade stage {f.cascade.stage}/{f.cascade.stages_total}: {f.cascade.stage_name}{lead}")
     for e in f.evidence:
-        bound = "" if e.threshold is None or e.op is None else \
-            f" (threshold {e.op} {fmt_value(replace(e, value=e.threshold))})"
+        bound = (
+            ""
+            if e.threshold is None or e.op is None
+            else f" (threshold {e.op} {fmt_value(replace(e, value=e.threshold))})"
+        )
         lines.append(f"  evidence: {e.name} = {fmt_value(e)}{bound}  [{e.series}]")
     for lever in sorted(f.levers, key=lambda x: x.rank):
         lines.append(f"  lever {lever.rank}: {lever.id} ({lever.direction}) {lever.title}")

@@ -76,31 +76,58 @@ EXAMPLE_URL = {"prometheus": "http://127.0.0.1:9090", "agent": "http://127.0.0.1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("diagnose", help="find why latency moved and which lever fixes it",
-                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "diagnose",
+        help="find why latency moved and which lever fixes it",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--recording", metavar="FILE", help="OpenMetrics recording (.om or .om.gz)")
     src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible base URL, e.g. http://127.0.0.1:9090")
     src.add_argument("--agent", metavar="URL", help="kvscope agent base URL, e.g. http://127.0.0.1:9464")
     src.add_argument("--log", metavar="FILE", help="engine log: vLLM / SGLang stats lines (- for stdin; see below)")
-    p.add_argument("--since", default="30m", metavar="DURATION",
-                   help="live sources: window length ending now or at --end, e.g. 30m, 2h, 1800 (default 30m)")
-    p.add_argument("--end", default=None, metavar="TIME",
-                   help="window end, unix seconds or ISO 8601 UTC (default: now / end of recording; with "
-                        "--prometheus, now rounded down to a multiple of --step, as Grafana asks, so that "
-                        "caching TSDBs answer at the times asked)")
-    p.add_argument("--start", default=None, metavar="TIME",
-                   help="window start, unix seconds or ISO 8601 UTC (overrides --since)")
-    p.add_argument("--step", default=None,
-                   help="grid step, e.g. 15s (default: the recording's scrape interval, else 15s)")
+    p.add_argument(
+        "--since",
+        default="30m",
+        metavar="DURATION",
+        help="live sources: window length ending now or at --end, e.g. 30m, 2h, 1800 (default 30m)",
+    )
+    p.add_argument(
+        "--end",
+        default=None,
+        metavar="TIME",
+        help="window end, unix seconds or ISO 8601 UTC (default: now / end of recording; with "
+        "--prometheus, now rounded down to a multiple of --step, as Grafana asks, so that "
+        "caching TSDBs answer at the times asked)",
+    )
+    p.add_argument(
+        "--start", default=None, metavar="TIME", help="window start, unix seconds or ISO 8601 UTC (overrides --since)"
+    )
+    p.add_argument(
+        "--step", default=None, help="grid step, e.g. 15s (default: the recording's scrape interval, else 15s)"
+    )
     add_param_flag(p)
-    p.add_argument("--time-scale", type=float, default=None,
-                   help="multiply every rule duration by this (default: auto for windows under 15 min)")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="multiply every rule duration by this (default: auto for windows under 15 min)",
+    )
     p.add_argument("--rules-dir", default=None, help="rules directory (default: the shipped rules/diagnosis)")
-    p.add_argument("--pushdown", choices=("auto", "on", "off"), default="auto",
-                   help="--prometheus: evaluate rule conditions in the TSDB first (see above; default auto)")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="--prometheus/--agent: seconds one HTTP query may take (default 300)")
+    p.add_argument(
+        "--pushdown",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="--prometheus: evaluate rule conditions in the TSDB first (see above; default auto)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="--prometheus/--agent: seconds one HTTP query may take (default 300)",
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or pushdown summary on stderr")
     p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON (schema: docs/rules.md)")
     p.add_argument("--verbose", "-v", action="store_true", help="also list the rules that were skipped and why")
@@ -112,8 +139,9 @@ def run(args: argparse.Namespace) -> int:
     from kvscope.diagnoser.rulebook.rule import RuleError, parse_duration, read_rules
 
     if not (args.recording or args.prometheus or args.agent or args.log):
-        print("kvscope diagnose: pick a source: --recording, --log, --prometheus or --agent (see --help)",
-              file=sys.stderr)
+        print(
+            "kvscope diagnose: pick a source: --recording, --log, --prometheus or --agent (see --help)", file=sys.stderr
+        )
         return EXIT_USAGE
     try:
         since = parse_seconds("--since", args.since)
@@ -161,9 +189,13 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
                 # queries for their caches (VictoriaMetrics, query frontends) answer at the times asked
                 end = math.floor(time.time() / step) * step if args.prometheus else time.time()
             start = end - since
-        if start is not None and end is not None and not args.prometheus \
-                and (end - start) / step > MAX_POINTS_PER_SERIES:
-            step = (end - start) / MAX_POINTS_PER_SERIES     # Prometheus refuses > 11,000 points per series
+        if (
+            start is not None
+            and end is not None
+            and not args.prometheus
+            and (end - start) / step > MAX_POINTS_PER_SERIES
+        ):
+            step = (end - start) / MAX_POINTS_PER_SERIES  # Prometheus refuses > 11,000 points per series
         if args.prometheus and _use_pushdown(args, source, rules, start, end, step):
             result = _pushdown(args, source, rules, params, start, end, step)
             return _finish(args, source, result)
@@ -192,26 +224,35 @@ and 3.02 s, and the pushdown was faster on VictoriaMetrics 1.79; at 100 x 1 h an
 was faster on both, and the full fetch's memory grows with engines x window, 4.9 GB at 200 x 6 h)."""
 
 
-def _use_pushdown(args: argparse.Namespace, source: Any, rules: list, start: float, end: float,
-                  step: float) -> bool:
+def _use_pushdown(args: argparse.Namespace, source: Any, rules: list, start: float, end: float, step: float) -> bool:
     if args.pushdown != "auto":
         return args.pushdown == "on"
     from kvscope.diagnoser.evaluate.evaluator import sample_names
     from kvscope.diagnoser.pushdown.run import wire_pattern
 
     names = set().union(*(sample_names(r) for r in rules))
-    engines = source.client.label_values("instance", [f'{{__name__=~"{wire_pattern(names, source.catalog)}"}}'],
-                                         start, end)
+    engines = source.client.label_values(
+        "instance", [f'{{__name__=~"{wire_pattern(names, source.catalog)}"}}'], start, end
+    )
     return len(engines) * ((end - start) / step + 1) >= PUSHDOWN_AUTO_ENGINE_STEPS
 
 
-def _pushdown(args: argparse.Namespace, source: Any, rules: list, params: dict, start: float, end: float,
-              step: float) -> Any:
+def _pushdown(
+    args: argparse.Namespace, source: Any, rules: list, params: dict, start: float, end: float, step: float
+) -> Any:
     from kvscope.diagnoser.pushdown.run import diagnose_pushdown
 
-    result, report = diagnose_pushdown(source.client, start, end, step, rules, params=params,
-                                       time_scale=args.time_scale, source=source.description,
-                                       catalog=source.catalog)
+    result, report = diagnose_pushdown(
+        source.client,
+        start,
+        end,
+        step,
+        rules,
+        params=params,
+        time_scale=args.time_scale,
+        source=source.description,
+        catalog=source.catalog,
+    )
     if not args.quiet:
         for line in report.summary(source.client):
             print(line, file=sys.stderr)
@@ -225,7 +266,7 @@ def _print_notes(args: argparse.Namespace, source: Any) -> None:
     if client is not None and not args.quiet:
         for note in client.notes:
             print(f"split: {note}", file=sys.stderr)
-    for note in getattr(source, "notes", ()):   # what a recording's reader left out: always said
+    for note in getattr(source, "notes", ()):  # what a recording's reader left out: always said
         print(f"kvscope diagnose: {note}", file=sys.stderr)
 
 
@@ -237,12 +278,19 @@ def _finish(args: argparse.Namespace, source: Any, result: Any) -> int:
     else:
         render_diagnosis(result, verbose=args.verbose)
     if result.rules_evaluated and len(result.skipped) == result.rules_evaluated:
-        why = "is it a recording of vLLM / SGLang / dcgm-exporter /metrics?" if args.recording else \
-            "which engine signals the log lines carry: docs/logs.md" if args.log else \
-            "wrong URL or window? is anything scraping the engines?"
-        print(f"kvscope diagnose: none of the {result.rules_evaluated} rules could be evaluated: "
-              f"{source.description} holds none of the signals they read in this window ({why}); "
-              "exit 4, not an all-clear. -v lists what is missing.", file=sys.stderr)
+        why = (
+            "is it a recording of vLLM / SGLang / dcgm-exporter /metrics?"
+            if args.recording
+            else "which engine signals the log lines carry: docs/logs.md"
+            if args.log
+            else "wrong URL or window? is anything scraping the engines?"
+        )
+        print(
+            f"kvscope diagnose: none of the {result.rules_evaluated} rules could be evaluated: "
+            f"{source.description} holds none of the signals they read in this window ({why}); "
+            "exit 4, not an all-clear. -v lists what is missing.",
+            file=sys.stderr,
+        )
         return EXIT_SOURCE
     return result.exit_status()
 
@@ -257,14 +305,18 @@ def _source(args: argparse.Namespace) -> Any:
         return PrometheusSource(args.prometheus, client=client)
     if args.recording:
         from kvscope.diagnoser.sources.recording import RecordingSource
+
         return RecordingSource(args.recording)
     if args.log:
         from kvscope.diagnoser.sources.logs import LogSource
+
         return LogSource(args.log_read, "stdin" if args.log == "-" else args.log)
     if args.prometheus:
         from kvscope.diagnoser.sources.prometheus import PrometheusSource
+
         return PrometheusSource(args.prometheus)
     from kvscope.diagnoser.sources.agent import AgentSource
+
     return AgentSource(args.agent)
 
 

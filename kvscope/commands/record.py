@@ -49,20 +49,32 @@ examples:
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "record", help="record engine /metrics to an OpenMetrics file (promtool-compatible)",
-        description=DESCRIPTION, epilog=EXAMPLES + "\n" + ENV_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "record",
+        help="record engine /metrics to an OpenMetrics file (promtool-compatible)",
+        description=DESCRIPTION,
+        epilog=EXAMPLES + "\n" + ENV_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_scrape_flags(parser)
-    parser.add_argument("--duration", metavar="DURATION",
-                        help="how long to record: seconds or a duration (30s, 10m, 1h); required unless --log")
-    parser.add_argument("--interval", metavar="DURATION",
-                        help="time between scrapes (default: the config's scrape interval, 15s); "
-                             "same as --scrape.interval")
-    parser.add_argument("--out", "-o", required=True, metavar="FILE",
-                        help="recording to write (.om, or .om.gz for gzip)")
+    parser.add_argument(
+        "--duration",
+        metavar="DURATION",
+        help="how long to record: seconds or a duration (30s, 10m, 1h); required unless --log",
+    )
+    parser.add_argument(
+        "--interval",
+        metavar="DURATION",
+        help="time between scrapes (default: the config's scrape interval, 15s); same as --scrape.interval",
+    )
+    parser.add_argument(
+        "--out", "-o", required=True, metavar="FILE", help="recording to write (.om, or .om.gz for gzip)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
-    parser.add_argument("--log", metavar="FILE", help="write the recording of an engine log instead of "
-                                                      "scraping (- for stdin; see above)")
+    parser.add_argument(
+        "--log",
+        metavar="FILE",
+        help="write the recording of an engine log instead of scraping (- for stdin; see above)",
+    )
     add_log_flags(parser, job=False)
     parser.set_defaults(func=run)
 
@@ -80,8 +92,10 @@ def run(args: argparse.Namespace) -> int:
         if duration_s <= 0:
             raise ValueError
     except ValueError:
-        print(f"kvscope record: --duration: must be a positive duration (30s, 10m), got {args.duration!r}",
-              file=sys.stderr)
+        print(
+            f"kvscope record: --duration: must be a positive duration (30s, 10m), got {args.duration!r}",
+            file=sys.stderr,
+        )
         return 2
     try:
         config = config_from_args(args, None)
@@ -129,15 +143,27 @@ async def record(config: AgentConfig, duration_s: float, out: Path, progress: bo
     collector = EngineCollector(config)
     writer = RecordingWriter(out)
     failed = 0
-    bar = tqdm(total=round(duration_s), unit="s", disable=not progress, file=sys.stderr,
-               desc=f"recording {len(config.targets)} target(s)", bar_format="{l_bar}{bar}| {n:.0f}/{total}s{postfix}")
+    bar = tqdm(
+        total=round(duration_s),
+        unit="s",
+        disable=not progress,
+        file=sys.stderr,
+        desc=f"recording {len(config.targets)} target(s)",
+        bar_format="{l_bar}{bar}| {n:.0f}/{total}s{postfix}",
+    )
     start = time.monotonic()
     next_tick = start
     try:
         while not stop.is_set() and time.monotonic() - start < duration_s:
             for scrape in await collector.scrape_all():
-                writer.add_scrape(scrape.target.job, scrape.target.instance, scrape.timestamp,
-                                  scrape.exposition(), scrape.duration_s, scrape.target.target_labels())
+                writer.add_scrape(
+                    scrape.target.job,
+                    scrape.target.instance,
+                    scrape.timestamp,
+                    scrape.exposition(),
+                    scrape.duration_s,
+                    scrape.target.target_labels(),
+                )
                 failed += scrape.text is None
             bar.n = min(duration_s, time.monotonic() - start)
             bar.set_postfix_str(f"{writer.scrapes} scrapes, {failed} failed, {writer.samples} samples")
@@ -160,5 +186,7 @@ async def record(config: AgentConfig, duration_s: float, out: Path, progress: bo
         await collector.close()
     path = writer.close()
     how = "stopped early" if stop.is_set() else "done"
-    return (f"{how}: wrote {path} ({writer.scrapes} scrapes of {len(config.targets)} target(s), "
-            f"{failed} failed, {writer.samples} samples)")
+    return (
+        f"{how}: wrote {path} ({writer.scrapes} scrapes of {len(config.targets)} target(s), "
+        f"{failed} failed, {writer.samples} samples)"
+    )

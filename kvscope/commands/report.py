@@ -38,29 +38,48 @@ recordings, the join is re-derived from the recorded series, and --gpu-mapping s
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("report", help="weekly efficiency review (HTML + Markdown)", description=HELP,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("period", choices=("weekly",), nargs="?", default="weekly",
-                   help="the report to write: weekly (the default; the only one so far)")
+    p = subparsers.add_parser(
+        "report",
+        help="weekly efficiency review (HTML + Markdown)",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "period",
+        choices=("weekly",),
+        nargs="?",
+        default="weekly",
+        help="the report to write: weekly (the default; the only one so far)",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--recording", nargs="+", type=Path, metavar="FILE", help="one or more recordings")
-    src.add_argument("--prometheus", metavar="URL", help="a Prometheus-compatible TSDB holding the engines' or the "
-                                                         "agent's series")
+    src.add_argument(
+        "--prometheus", metavar="URL", help="a Prometheus-compatible TSDB holding the engines' or the agent's series"
+    )
     src.add_argument("--store", type=Path, metavar="FILE", help="the agent's SQLite store")
-    p.add_argument("--end", metavar="TIME",
-                   help="end of the week: ISO 8601 (UTC if no zone) or unix seconds (default: now, or the "
-                        "recordings' end)")
+    p.add_argument(
+        "--end",
+        metavar="TIME",
+        help="end of the week: ISO 8601 (UTC if no zone) or unix seconds (default: now, or the recordings' end)",
+    )
     p.add_argument("--gpu-hour-cost", type=float, default=2.5, help="$ per GPU-hour (default 2.5)")
     p.add_argument("--html", type=Path, help="write the HTML report here")
     p.add_argument("--markdown", type=Path, help="write the Markdown report here (default: print it)")
-    p.add_argument("--gpu-mapping", type=Path, metavar="FILE",
-                   help="with --recording: YAML mapping of GPU uuid (or index) to the engine instance(s) "
-                        "on it, the agent's gpu_mapping format, to split GPU-hours per pool when the "
-                        "recording has no pod labels or NVML process list")
+    p.add_argument(
+        "--gpu-mapping",
+        type=Path,
+        metavar="FILE",
+        help="with --recording: YAML mapping of GPU uuid (or index) to the engine instance(s) "
+        "on it, the agent's gpu_mapping format, to split GPU-hours per pool when the "
+        "recording has no pod labels or NVML process list",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--no-diagnose", action="store_true",
-                   help="--prometheus: skip the week's diagnosis (by default the rules run in the TSDB over the "
-                        "week at a 5-minute step, kvscope diagnose's pushdown path)")
+    p.add_argument(
+        "--no-diagnose",
+        action="store_true",
+        help="--prometheus: skip the week's diagnosis (by default the rules run in the TSDB over the "
+        "week at a 5-minute step, kvscope diagnose's pushdown path)",
+    )
     p.set_defaults(func=run)
 
 
@@ -72,7 +91,7 @@ def check_args(args: argparse.Namespace) -> None:
     """Fail before any work on what can be known wrong up front. Raises ValueError (usage) or
     FileNotFoundError (a source that is not there)."""
     if args.recording and args.recording[-1] == Path("weekly") and not Path("weekly").exists():
-        args.recording.pop()       # `report --recording a.om weekly`: nargs="+" took the period
+        args.recording.pop()  # `report --recording a.om weekly`: nargs="+" took the period
         if not args.recording:
             raise ValueError("--recording: give at least one recording file")
     _end(args, 0.0)
@@ -86,8 +105,9 @@ def check_args(args: argparse.Namespace) -> None:
     if args.prometheus:
         check_http_url("--prometheus", args.prometheus)
     if args.store and not args.store.is_file():
-        raise FileNotFoundError(f"store {args.store} does not exist (the agent's --store.path, "
-                                "default kvscope.db in its working directory)")
+        raise FileNotFoundError(
+            f"store {args.store} does not exist (the agent's --store.path, default kvscope.db in its working directory)"
+        )
     for path in args.recording or ():
         try:
             check_recording(path)
@@ -103,8 +123,10 @@ def read_gpu_mapping(args: argparse.Namespace) -> dict:
     from kvscope.agent.config import parse_gpu_mapping
 
     if not args.recording:
-        raise ValueError("--gpu-mapping: only with --recording (the agent applies its own gpu_mapping "
-                         "to what it stores and re-exports)")
+        raise ValueError(
+            "--gpu-mapping: only with --recording (the agent applies its own gpu_mapping "
+            "to what it stores and re-exports)"
+        )
     if not args.gpu_mapping.is_file():
         raise FileNotFoundError(f"--gpu-mapping: {args.gpu_mapping} does not exist")
     if args.gpu_mapping.stat().st_size > 1 << 20:
@@ -113,8 +135,9 @@ def read_gpu_mapping(args: argparse.Namespace) -> dict:
         raw = yaml.safe_load(args.gpu_mapping.read_text())
         parse_gpu_mapping(raw)
     except (yaml.YAMLError, ValueError) as exc:
-        raise ValueError(f"--gpu-mapping {args.gpu_mapping}: {exc} (expected e.g. "
-                         "'GPU-8f2c...: replica-0' per line)") from None
+        raise ValueError(
+            f"--gpu-mapping {args.gpu_mapping}: {exc} (expected e.g. 'GPU-8f2c...: replica-0' per line)"
+        ) from None
     return raw
 
 
@@ -128,7 +151,7 @@ def _load(args: argparse.Namespace):
 
         samples, diagnoses, ends = [], [], []
         for path in args.recording:
-            replay = replay_recording(path, gpu_mapping=getattr(args, "gpu_mapping_value", None))   # joins GPUs
+            replay = replay_recording(path, gpu_mapping=getattr(args, "gpu_mapping_value", None))  # joins GPUs
             samples += replay.samples
             ends.append(replay.end or 0.0)
             for note in replay.notes:
@@ -146,8 +169,7 @@ def _load(args: argparse.Namespace):
 
         client = PromClient(args.prometheus, timeout_s=300.0)
         ss = read_prometheus_series(args.prometheus, end - 2 * WEEK_S, end, client=client)
-        diagnoses = [] if args.no_diagnose else prometheus_diagnoses(args.prometheus, end - WEEK_S, end,
-                                                                     client=client)
+        diagnoses = [] if args.no_diagnose else prometheus_diagnoses(args.prometheus, end - WEEK_S, end, client=client)
         for note in client.notes:
             print(f"split: {note}", file=sys.stderr)
         return ss, end, args.prometheus, diagnoses
@@ -159,8 +181,10 @@ def _check_not_empty(ss, source: str, end: float) -> None:
     from kvscope.report.weekly import WEEK_S
 
     if ss.first_ts() is None:
-        raise ValueError(f"{source} has no kvscope samples between {_iso(end - 2 * WEEK_S)} and {_iso(end)} "
-                         "(does it hold the agent's series? is --end right?)")
+        raise ValueError(
+            f"{source} has no kvscope samples between {_iso(end - 2 * WEEK_S)} and {_iso(end)} "
+            "(does it hold the agent's series? is --end right?)"
+        )
 
 
 def coverage_note(ss, end: float) -> str:
@@ -179,8 +203,10 @@ def coverage_note(ss, end: float) -> str:
     if cov.inner_gaps:
         where += f", {cov.inner_gaps} gap{'s' if cov.inner_gaps > 1 else ''} without data"
         spread = f", spread across {fmt_duration(cov.span_s)}"
-    return (f"; the data covers only {fmt_duration(cov.held_s)} of the 7 days{spread} ({where}): "
-            "totals are for the data held, not a full week")
+    return (
+        f"; the data covers only {fmt_duration(cov.held_s)} of the 7 days{spread} ({where}): "
+        "totals are for the data held, not a full week"
+    )
 
 
 def _iso(ts: float) -> str:
@@ -218,8 +244,10 @@ def run(args: argparse.Namespace) -> int:
         steps.update()
     except (OSError, ValueError, EOFError, SourceError) as exc:
         steps.close()
-        print(f"kvscope report: {source_hint('prometheus', args.prometheus, str(exc)) if args.prometheus else exc}",
-              file=sys.stderr)
+        print(
+            f"kvscope report: {source_hint('prometheus', args.prometheus, str(exc)) if args.prometheus else exc}",
+            file=sys.stderr,
+        )
         return 4
     try:
         if page is not None:

@@ -55,43 +55,84 @@ examples:
 """
 
 
-
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("rules", help="check the diagnosis rules; build Prometheus rules from them",
-                                   description=RULES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "rules",
+        help="check the diagnosis rules; build Prometheus rules from them",
+        description=RULES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
-    build = sub.add_parser("build", help="generate rules/prometheus/*.yml and docs/runbooks/*.md",
-                           description=BUILD_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    build.add_argument("--out", type=Path, default=Path("rules/prometheus"),
-                       help="directory for the *.yml rule files (default: %(default)s)")
-    build.add_argument("--runbooks", type=Path, default=Path("docs/runbooks"),
-                       help="directory for the generated runbooks (default: %(default)s)")
-    build.add_argument("--rules-dir", type=Path, default=None,
-                       help="diagnosis rules to compile (default: the shipped rules/diagnosis)")
-    build.add_argument("--slo-ttft-seconds", type=float, default=1.0,
-                       help="TTFT SLO bound in seconds; must be a histogram bucket bound (default: %(default)s)")
-    build.add_argument("--slo-target", type=float, default=0.99,
-                       help="share of requests that must meet the TTFT bound (default: %(default)s)")
-    build.add_argument("--canonical", choices=("used", "all"), default="used",
-                       help="record only the kvscope:* series the generated rules read (default), or every "
-                            "catalog signal (for dashboards written against kvscope:*)")
-    build.add_argument("--check", action="store_true",
-                       help="write nothing; exit 1 if the files on disk are stale")
+    build = sub.add_parser(
+        "build",
+        help="generate rules/prometheus/*.yml and docs/runbooks/*.md",
+        description=BUILD_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    build.add_argument(
+        "--out",
+        type=Path,
+        default=Path("rules/prometheus"),
+        help="directory for the *.yml rule files (default: %(default)s)",
+    )
+    build.add_argument(
+        "--runbooks",
+        type=Path,
+        default=Path("docs/runbooks"),
+        help="directory for the generated runbooks (default: %(default)s)",
+    )
+    build.add_argument(
+        "--rules-dir", type=Path, default=None, help="diagnosis rules to compile (default: the shipped rules/diagnosis)"
+    )
+    build.add_argument(
+        "--slo-ttft-seconds",
+        type=float,
+        default=1.0,
+        help="TTFT SLO bound in seconds; must be a histogram bucket bound (default: %(default)s)",
+    )
+    build.add_argument(
+        "--slo-target",
+        type=float,
+        default=0.99,
+        help="share of requests that must meet the TTFT bound (default: %(default)s)",
+    )
+    build.add_argument(
+        "--canonical",
+        choices=("used", "all"),
+        default="used",
+        help="record only the kvscope:* series the generated rules read (default), or every "
+        "catalog signal (for dashboards written against kvscope:*)",
+    )
+    build.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files on disk are stale")
     build.set_defaults(func=run_build)
     check = sub.add_parser(
-        "check", help="validate rules/diagnosis/*.yaml (signals, levers, operators, parameters)",
+        "check",
+        help="validate rules/diagnosis/*.yaml (signals, levers, operators, parameters)",
         description="Validate the diagnosis rules: unknown signals, levers, operators, series and "
-                    "parameters, bad durations, missing test files and LEVERS.md rows without a rule. "
-                    "Problems print as file:line: message; exit 1 when there is any.\n\nexamples:\n"
-                    "  kvscope rules check\n  kvscope rules check --rules-dir my-rules/   # your own rules",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    check.add_argument("--rules-dir", type=Path, default=None,
-                       help="directory of rules to check (default: the shipped rules/diagnosis)")
+        "parameters, bad durations, missing test files and LEVERS.md rows without a rule. "
+        "Problems print as file:line: message; exit 1 when there is any.\n\nexamples:\n"
+        "  kvscope rules check\n  kvscope rules check --rules-dir my-rules/   # your own rules",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument(
+        "--rules-dir",
+        type=Path,
+        default=None,
+        help="directory of rules to check (default: the shipped rules/diagnosis)",
+    )
     check.set_defaults(func=run_check)
-    cov = sub.add_parser("coverage", help="which engine versions give the signals kvscope reads",
-                         description=COVERAGE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cov.add_argument("--names", type=Path, default=Path("tests/fixtures/engine_names"),
-                     help="directory of engine name lists, meanings.yaml and allow.yaml (default: %(default)s)")
+    cov = sub.add_parser(
+        "coverage",
+        help="which engine versions give the signals kvscope reads",
+        description=COVERAGE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cov.add_argument(
+        "--names",
+        type=Path,
+        default=Path("tests/fixtures/engine_names"),
+        help="directory of engine name lists, meanings.yaml and allow.yaml (default: %(default)s)",
+    )
     cov.add_argument("--allow", type=Path, default=None, help="allow-list (default: NAMES/allow.yaml)")
     out = cov.add_mutually_exclusive_group()
     out.add_argument("--write", type=Path, default=None, help="write the table (Markdown) to this file")
@@ -114,12 +155,14 @@ def run_build(args: argparse.Namespace) -> int:
         return 3
     slo = SloConfig(ttft_seconds=args.slo_ttft_seconds, target=args.slo_target)
     for engine in slo.unaligned_engines():
-        print(f"warning: {args.slo_ttft_seconds:g}s is not a default TTFT bucket bound of {engine}; "
-              f"the burn rate will be computed from the wrong bucket", file=sys.stderr)
+        print(
+            f"warning: {args.slo_ttft_seconds:g}s is not a default TTFT bucket bound of {engine}; "
+            f"the burn rate will be computed from the wrong bucket",
+            file=sys.stderr,
+        )
     from kvscope.diagnoser.rulebook.rule import read_rules
 
-    built = build_all(slo, rules=read_rules(args.rules_dir) if args.rules_dir else None,
-                      canonical=args.canonical)
+    built = build_all(slo, rules=read_rules(args.rules_dir) if args.rules_dir else None, canonical=args.canonical)
     outputs = {args.out / name: text for name, text in built.rule_files.items()}
     outputs |= {args.runbooks / name: text for name, text in built.runbooks.items()}
     stale = [p for p, text in outputs.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
@@ -130,8 +173,7 @@ def run_build(args: argparse.Namespace) -> int:
     for path in stale:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(outputs[path], encoding="utf-8")
-    print(f"kvscope rules build: {len(outputs)} files, {len(stale)} updated "
-          f"({args.out}/, {args.runbooks}/)")
+    print(f"kvscope rules build: {len(outputs)} files, {len(stale)} updated ({args.out}/, {args.runbooks}/)")
     return 0
 
 
@@ -176,8 +218,11 @@ def run_coverage(args: argparse.Namespace) -> int:
 
     names: Path = args.names
     if not names.is_dir():
-        print(f"kvscope rules coverage: --names {names}: not a directory (run from the repository root, "
-              f"or pass --names tests/fixtures/engine_names)", file=sys.stderr)
+        print(
+            f"kvscope rules coverage: --names {names}: not a directory (run from the repository root, "
+            f"or pass --names tests/fixtures/engine_names)",
+            file=sys.stderr,
+        )
         return 3
     try:
         catalog = load_catalog()

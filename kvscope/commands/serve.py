@@ -31,22 +31,40 @@ example:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("serve", help="Alertmanager webhook that attaches a diagnosis to alerts",
-                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "serve",
+        help="Alertmanager webhook that attaches a diagnosis to alerts",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus HTTP API base URL")
-    p.add_argument("--listen", default="127.0.0.1:9465", metavar="HOST:PORT",
-                   help="address to serve on (default: %(default)s)")
+    p.add_argument(
+        "--listen", default="127.0.0.1:9465", metavar="HOST:PORT", help="address to serve on (default: %(default)s)"
+    )
     p.add_argument("--forward-url", metavar="URL", help="POST every enriched payload here")
-    p.add_argument("--store", default="kvscope-diagnoses.sqlite", metavar="FILE",
-                   help="SQLite file for diagnoses (default: %(default)s; ':memory:' keeps none)")
-    p.add_argument("--max-stored", type=int, default=1000, metavar="N",
-                   help="keep the newest N webhooks (default: %(default)s)")
-    p.add_argument("--step", default="15s", metavar="DURATION",
-                   help="diagnosis grid step (default: %(default)s)")
-    p.add_argument("--before", default="30m", metavar="DURATION",
-                   help="diagnose from this long before the alert started (default: %(default)s)")
-    p.add_argument("--max-body-bytes", type=int, default=1024 * 1024, metavar="N",
-                   help="largest webhook body accepted; larger gets 413 (default: %(default)s)")
+    p.add_argument(
+        "--store",
+        default="kvscope-diagnoses.sqlite",
+        metavar="FILE",
+        help="SQLite file for diagnoses (default: %(default)s; ':memory:' keeps none)",
+    )
+    p.add_argument(
+        "--max-stored", type=int, default=1000, metavar="N", help="keep the newest N webhooks (default: %(default)s)"
+    )
+    p.add_argument("--step", default="15s", metavar="DURATION", help="diagnosis grid step (default: %(default)s)")
+    p.add_argument(
+        "--before",
+        default="30m",
+        metavar="DURATION",
+        help="diagnose from this long before the alert started (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=1024 * 1024,
+        metavar="N",
+        help="largest webhook body accepted; larger gets 413 (default: %(default)s)",
+    )
     add_param_flag(p)
     p.set_defaults(func=run)
 
@@ -62,9 +80,14 @@ def run(args: argparse.Namespace) -> int:
         if args.forward_url:
             check_http_url("--forward-url", args.forward_url, "http://127.0.0.1:8080/hook")
         params = parse_params(args.param, {r.id: r.params for r in read_rules()})
-        config = ServeConfig(prometheus_url=args.prometheus, forward_url=args.forward_url,
-                             step_s=parse_duration(args.step), before_s=parse_duration(args.before),
-                             max_body_bytes=args.max_body_bytes, params=params)
+        config = ServeConfig(
+            prometheus_url=args.prometheus,
+            forward_url=args.forward_url,
+            step_s=parse_duration(args.step),
+            before_s=parse_duration(args.before),
+            max_body_bytes=args.max_body_bytes,
+            params=params,
+        )
     except ValueError as exc:
         print(f"kvscope serve: {exc}", file=sys.stderr)
         return 3
@@ -73,8 +96,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(_serve(WebhookServer(config, store), *listen))
     except OSError as exc:
-        print(f"kvscope serve: cannot listen on {args.listen}: {exc.strerror or exc}; pick another with --listen",
-              file=sys.stderr)
+        print(
+            f"kvscope serve: cannot listen on {args.listen}: {exc.strerror or exc}; pick another with --listen",
+            file=sys.stderr,
+        )
         return 1
     finally:
         store.close()

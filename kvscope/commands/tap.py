@@ -53,45 +53,111 @@ examples:
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("tap", help="per-tenant measuring reverse proxy for OpenAI-compatible engines",
-                              description=DESCRIPTION, epilog=EXAMPLES,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--upstream", action="append", required=True, metavar="URL",
-                   help="engine base URL, e.g. http://127.0.0.1:8000 (repeat for round-robin over replicas)")
-    p.add_argument("--listen", default="127.0.0.1:8001", metavar="HOST:PORT",
-                   help="where clients connect (default 127.0.0.1:8001; loopback unless you choose otherwise)")
-    p.add_argument("--tenant-header", default="X-Tenant", metavar="NAME",
-                   help="request header naming the tenant (default X-Tenant; '' to use only `user` / key hash)")
-    p.add_argument("--max-tenants", type=int, default=50, metavar="N",
-                   help="busiest tenants with their own label; the rest are counted as `other` (default 50)")
-    p.add_argument("--no-inject-usage", action="store_true",
-                   help="never add stream_options.include_usage upstream (streams that did not ask for "
-                        "usage then give no token counts)")
-    p.add_argument("--otlp-endpoint", metavar="URL",
-                   help="send the tap's spans (OTLP/HTTP protobuf) here, e.g. http://127.0.0.1:4318/v1/traces")
-    p.add_argument("--block-chars", type=int, default=64, metavar="N",
-                   help="prompt block size for reuse hashing, in characters (about N/4 tokens; default 64)")
-    p.add_argument("--prefix-window", type=float, default=900.0, metavar="SECONDS",
-                   help="a prompt block counts as reusable if seen within this many seconds (default 900)")
-    p.add_argument("--max-connections", type=int, default=TapConfig.max_connections, metavar="N",
-                   help="client connections at most; a new one over it is answered 503 with Retry-After "
-                        f"and closed (default {TapConfig.max_connections})")
-    p.add_argument("--header-timeout", type=float, default=TapConfig.header_timeout_s, metavar="SECONDS",
-                   help="a request head must arrive whole within this, however slowly its bytes come "
-                        f"(default {TapConfig.header_timeout_s:g})")
-    p.add_argument("--request-timeout", type=float, default=TapConfig.request_timeout_s, metavar="SECONDS",
-                   help=f"the whole request (head and body) within this (default {TapConfig.request_timeout_s:g})")
-    p.add_argument("--idle-timeout", type=float, default=TapConfig.idle_timeout_s, metavar="SECONDS",
-                   help=f"close a keep-alive client connection idle this long (default {TapConfig.idle_timeout_s:g})")
+    p = subparsers.add_parser(
+        "tap",
+        help="per-tenant measuring reverse proxy for OpenAI-compatible engines",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--upstream",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="engine base URL, e.g. http://127.0.0.1:8000 (repeat for round-robin over replicas)",
+    )
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:8001",
+        metavar="HOST:PORT",
+        help="where clients connect (default 127.0.0.1:8001; loopback unless you choose otherwise)",
+    )
+    p.add_argument(
+        "--tenant-header",
+        default="X-Tenant",
+        metavar="NAME",
+        help="request header naming the tenant (default X-Tenant; '' to use only `user` / key hash)",
+    )
+    p.add_argument(
+        "--max-tenants",
+        type=int,
+        default=50,
+        metavar="N",
+        help="busiest tenants with their own label; the rest are counted as `other` (default 50)",
+    )
+    p.add_argument(
+        "--no-inject-usage",
+        action="store_true",
+        help="never add stream_options.include_usage upstream (streams that did not ask for "
+        "usage then give no token counts)",
+    )
+    p.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="send the tap's spans (OTLP/HTTP protobuf) here, e.g. http://127.0.0.1:4318/v1/traces",
+    )
+    p.add_argument(
+        "--block-chars",
+        type=int,
+        default=64,
+        metavar="N",
+        help="prompt block size for reuse hashing, in characters (about N/4 tokens; default 64)",
+    )
+    p.add_argument(
+        "--prefix-window",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="a prompt block counts as reusable if seen within this many seconds (default 900)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=TapConfig.max_connections,
+        metavar="N",
+        help="client connections at most; a new one over it is answered 503 with Retry-After "
+        f"and closed (default {TapConfig.max_connections})",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=TapConfig.header_timeout_s,
+        metavar="SECONDS",
+        help="a request head must arrive whole within this, however slowly its bytes come "
+        f"(default {TapConfig.header_timeout_s:g})",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=TapConfig.request_timeout_s,
+        metavar="SECONDS",
+        help=f"the whole request (head and body) within this (default {TapConfig.request_timeout_s:g})",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=TapConfig.idle_timeout_s,
+        metavar="SECONDS",
+        help=f"close a keep-alive client connection idle this long (default {TapConfig.idle_timeout_s:g})",
+    )
     p.set_defaults(func=run)
 
 
 def config_from_args(args: argparse.Namespace) -> TapConfig:
-    return TapConfig(upstreams=tuple(args.upstream), listen=args.listen, tenant_header=args.tenant_header or None,
-                     inject_usage=not args.no_inject_usage, max_tenants=args.max_tenants,
-                     block_chars=args.block_chars, prefix_window_s=args.prefix_window,
-                     max_connections=args.max_connections, header_timeout_s=args.header_timeout,
-                     request_timeout_s=args.request_timeout, idle_timeout_s=args.idle_timeout)
+    return TapConfig(
+        upstreams=tuple(args.upstream),
+        listen=args.listen,
+        tenant_header=args.tenant_header or None,
+        inject_usage=not args.no_inject_usage,
+        max_tenants=args.max_tenants,
+        block_chars=args.block_chars,
+        prefix_window_s=args.prefix_window,
+        max_connections=args.max_connections,
+        header_timeout_s=args.header_timeout,
+        request_timeout_s=args.request_timeout,
+        idle_timeout_s=args.idle_timeout,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,8 +196,12 @@ def _quiet_gc() -> None:
 def build_tap(cfg: TapConfig, span_sink: Callable[[list[Span]], None] | None = None) -> RequestTap:
     """The standalone tap: its /kvscope/metrics adds the fairness gauges since start, and
     /kvscope/fairness answers them as JSON (inside the agent, the runtime derives them)."""
-    return RequestTap(cfg, span_sink=span_sink, derive=fairness_since_start,
-                      json_pages={"/kvscope/fairness": fairness_json_since_start})
+    return RequestTap(
+        cfg,
+        span_sink=span_sink,
+        derive=fairness_since_start,
+        json_pages={"/kvscope/fairness": fairness_json_since_start},
+    )
 
 
 async def _serve(cfg: TapConfig, otlp_endpoint: str | None) -> None:
@@ -144,9 +214,11 @@ async def _serve(cfg: TapConfig, otlp_endpoint: str | None) -> None:
         loop.add_signal_handler(sig, stop.set)
     sender = asyncio.create_task(exporter.run()) if exporter else None
     _quiet_gc()
-    print(f"kvscope tap: listening on {cfg.host_port()[0]}:{tap.port}, forwarding to {', '.join(cfg.upstreams)}"
-          f" ({loop_name()} event loop)",
-          flush=True)
+    print(
+        f"kvscope tap: listening on {cfg.host_port()[0]}:{tap.port}, forwarding to {', '.join(cfg.upstreams)}"
+        f" ({loop_name()} event loop)",
+        flush=True,
+    )
     try:
         await stop.wait()
     finally:

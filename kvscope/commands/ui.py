@@ -30,16 +30,28 @@ Runs in the foreground; Ctrl-C stops it.
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("ui", help="start the triage UI (Streamlit, 127.0.0.1)", description=HELP,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "ui",
+        help="start the triage UI (Streamlit, 127.0.0.1)",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--recording", type=Path, metavar="FILE", help="an OpenMetrics recording (.om, .om.gz)")
     src.add_argument("--prometheus", metavar="URL", help="a Prometheus holding the agent's kvscope_* series")
     src.add_argument("--agent", metavar="URL", help="a running kvscope agent")
-    p.add_argument("--since", default="30m", metavar="DURATION",
-                   help="window to diagnose for --prometheus/--agent: seconds or a duration (default 30m)")
-    p.add_argument("--end", default=None, metavar="TIME",
-                   help="window end for --prometheus/--agent: unix seconds or ISO 8601 UTC (default: now)")
+    p.add_argument(
+        "--since",
+        default="30m",
+        metavar="DURATION",
+        help="window to diagnose for --prometheus/--agent: seconds or a duration (default 30m)",
+    )
+    p.add_argument(
+        "--end",
+        default=None,
+        metavar="TIME",
+        help="window end for --prometheus/--agent: unix seconds or ISO 8601 UTC (default: now)",
+    )
     p.add_argument("--port", type=int, default=8501, help="port on 127.0.0.1 (default 8501)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; think before exposing)")
     p.set_defaults(func=run)

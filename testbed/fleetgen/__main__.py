@@ -14,9 +14,13 @@ OUT = Path(__file__).resolve().parents[2] / "tests" / "recordings"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m testbed.fleetgen", description=(
-        "Generate synthetic fleet recordings (P/D, 8 replicas, DCGM, SGLang DP) with the exact upstream "
-        "metric names, calibrated on the real vLLM recordings (testbed/fleetgen/calibration.yaml)."))
+    ap = argparse.ArgumentParser(
+        prog="python -m testbed.fleetgen",
+        description=(
+            "Generate synthetic fleet recordings (P/D, 8 replicas, DCGM, SGLang DP) with the exact upstream "
+            "metric names, calibrated on the real vLLM recordings (testbed/fleetgen/calibration.yaml)."
+        ),
+    )
     scenarios = all_scenarios()
     ap.add_argument("names", nargs="*", help="scenarios (default: all): " + ", ".join(scenarios))
     ap.add_argument("--out", type=Path, default=OUT, help="output directory")

@@ -50,9 +50,11 @@ def _deltas(rows, name):
 def ttft_vs_queue(rows) -> dict:
     """Linear fit of TTFT ratio (to the idle median) against waiting requests."""
     points = []
-    for (_, d_sum, a, b), (_, d_cnt, _, _) in zip(_deltas(rows, "vllm:time_to_first_token_seconds_sum"),
-                                                  _deltas(rows, "vllm:time_to_first_token_seconds_count"),
-                                                  strict=True):
+    for (_, d_sum, a, b), (_, d_cnt, _, _) in zip(
+        _deltas(rows, "vllm:time_to_first_token_seconds_sum"),
+        _deltas(rows, "vllm:time_to_first_token_seconds_count"),
+        strict=True,
+    ):
         if d_cnt > 0:
             waiting = (a.get("vllm:num_requests_waiting", 0) + b.get("vllm:num_requests_waiting", 0)) / 2
             points.append((waiting, d_sum / d_cnt))
@@ -61,8 +63,13 @@ def ttft_vs_queue(rows) -> dict:
     xs = [w for w, _ in points]
     ys = [t / base for _, t in points]
     slope, intercept = statistics.linear_regression(xs, ys) if len(set(xs)) > 1 else (0.0, 1.0)
-    return {"idle_ttft_s": round(base, 4), "ratio_per_waiting_request": round(slope, 3),
-            "intercept": round(intercept, 3), "intervals": len(points), "max_waiting": max(xs)}
+    return {
+        "idle_ttft_s": round(base, 4),
+        "ratio_per_waiting_request": round(slope, 3),
+        "intercept": round(intercept, 3),
+        "intervals": len(points),
+        "max_waiting": max(xs),
+    }
 
 
 def preemption_onset(rows) -> dict:
@@ -82,11 +89,14 @@ def preemption_onset(rows) -> dict:
     def share(sel):
         chosen = [d for u, d in events if sel(u)]
         return round(sum(d > 0 for d in chosen) / len(chosen), 3) if chosen else None
-    return {"kv_usage_median_when_preempting": round(statistics.median(preempting), 3),
-            "kv_usage_p10_when_preempting": round(preempting[len(preempting) // 10], 3),
-            "preempting_share_usage_ge_0_9": share(lambda u: u >= 0.9),
-            "preempting_share_usage_lt_0_5": share(lambda u: u < 0.5),
-            "preemptions_per_preempting_interval": round(statistics.fmean(d for _, d in events if d > 0), 2)}
+
+    return {
+        "kv_usage_median_when_preempting": round(statistics.median(preempting), 3),
+        "kv_usage_p10_when_preempting": round(preempting[len(preempting) // 10], 3),
+        "preempting_share_usage_ge_0_9": share(lambda u: u >= 0.9),
+        "preempting_share_usage_lt_0_5": share(lambda u: u < 0.5),
+        "preemptions_per_preempting_interval": round(statistics.fmean(d for _, d in events if d > 0), 2),
+    }
 
 
 def hit_rate(rows, t0: float, t1: float) -> float | None:
@@ -129,17 +139,23 @@ def cold_start() -> dict:
     for i in range(2, len(times)):
         if (hit_rate(cold, times[i - 2], times[i]) or 0.0) >= 0.9 * warm:
             secs = times[i] - start
-            return {"warm_hit_rate": round(warm, 3), "seconds_to_90pct_of_warm": round(secs, 1),
-                    "requests_per_prefix_to_90pct": round(secs * per_prefix_rps, 2)}
-    return {"warm_hit_rate": round(warm, 3), "seconds_to_90pct_of_warm": None,
-            "requests_per_prefix_to_90pct": None}
+            return {
+                "warm_hit_rate": round(warm, 3),
+                "seconds_to_90pct_of_warm": round(secs, 1),
+                "requests_per_prefix_to_90pct": round(secs * per_prefix_rps, 2),
+            }
+    return {"warm_hit_rate": round(warm, 3), "seconds_to_90pct_of_warm": None, "requests_per_prefix_to_90pct": None}
 
 
 def calibrate() -> dict:
     pressure = read_series(LIBRARY / "kv-pressure-cascade.om.gz")["replica-0"]
-    return {"source": "tests/recordings (real vLLM 0.32 on CPU); regenerate: python -m testbed.fleetgen.calibrate",
-            "ttft_vs_queue": ttft_vs_queue(pressure), "preemption": preemption_onset(pressure),
-            "routing_2_replicas": routing_ratio(), "cold_start": cold_start()}
+    return {
+        "source": "tests/recordings (real vLLM 0.32 on CPU); regenerate: python -m testbed.fleetgen.calibrate",
+        "ttft_vs_queue": ttft_vs_queue(pressure),
+        "preemption": preemption_onset(pressure),
+        "routing_2_replicas": routing_ratio(),
+        "cold_start": cold_start(),
+    }
 
 
 if __name__ == "__main__":

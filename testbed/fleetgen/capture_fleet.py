@@ -51,8 +51,8 @@ class Family:
     """One metric family of the capture: kind and its series (label dicts, captured values)."""
 
     name: str
-    kind: str                           # gauge | counter | histogram | info
-    series: list[tuple[str, dict[str, str], float]]   # (sample name, labels, value)
+    kind: str  # gauge | counter | histogram | info
+    series: list[tuple[str, dict[str, str], float]]  # (sample name, labels, value)
 
 
 def read_capture(path: Path = CAPTURE) -> list[Family]:
@@ -63,6 +63,7 @@ def read_capture(path: Path = CAPTURE) -> list[Family]:
 
     catalog_names = set().union(*(sample_names(r) for r in read_rules()))
     from kvscope.agent.signals import load_catalog
+
     wanted = re.compile(wire_pattern(catalog_names, load_catalog()))
     types: dict[str, str] = {}
     fams: dict[str, Family] = {}
@@ -107,7 +108,7 @@ def _engine_labels(i: int) -> dict[str, str]:
 def _series_labels(labels: dict[str, str], e: int) -> dict[str, str]:
     lab = {**labels, **_engine_labels(e)}
     if "enable_prefix_caching" in lab:
-        lab["enable_prefix_caching"] = "True"          # a tuned fleet
+        lab["enable_prefix_caching"] = "True"  # a tuned fleet
     if "model_name" in lab:
         lab["model_name"] = f"model-{e % MODELS}"
     return lab
@@ -120,8 +121,16 @@ CHUNK_STEPS = 1440
 class CaptureFleet:
     """The fleet's samples in [start, end] every `interval`, produced chunk by chunk."""
 
-    def __init__(self, engines: int, start: float, end: float, interval: float = 15.0, seed: int = 7,
-                 chunk_steps: int = CHUNK_STEPS, capture: Path = CAPTURE) -> None:
+    def __init__(
+        self,
+        engines: int,
+        start: float,
+        end: float,
+        interval: float = 15.0,
+        seed: int = 7,
+        chunk_steps: int = CHUNK_STEPS,
+        capture: Path = CAPTURE,
+    ) -> None:
         """`capture`: the /metrics text replicated (default the vLLM 0.32 one; e.g. sglang-router's
         /engine_metrics, whose series name their worker in `worker_addr`)."""
         self.engines, self.interval, self.seed, self.chunk_steps = engines, interval, seed, chunk_steps
@@ -137,9 +146,12 @@ class CaptureFleet:
         """Incident instances, episode, samples and steps (what the benches print)."""
         a, b = self.episode
         per_step = sum(len(f.series) for f in self.families) * self.engines
-        return {"incident_instances": [_engine_labels(int(e))["instance"] for e in self.hot],
-                "episode": [float(self.ts[a]), float(self.ts[min(b, len(self.ts) - 1)])],
-                "samples": per_step * len(self.ts), "steps": len(self.ts)}
+        return {
+            "incident_instances": [_engine_labels(int(e))["instance"] for e in self.hot],
+            "episode": [float(self.ts[a]), float(self.ts[min(b, len(self.ts) - 1)])],
+            "samples": per_step * len(self.ts),
+            "steps": len(self.ts),
+        }
 
     def chunks(self) -> Iterator[tuple[np.ndarray, list[tuple[Family, list[np.ndarray]]]]]:
         """(timestamps, [(family, one array per series: [engines, n] or [n])]) per chunk, in order."""
@@ -164,8 +176,9 @@ class CaptureFleet:
         self._state[key] = out[:, -1].copy()
         return out
 
-    def _family(self, fam: Family, rng: np.random.Generator, load: np.ndarray,
-                stressed: np.ndarray) -> list[np.ndarray]:
+    def _family(
+        self, fam: Family, rng: np.random.Generator, load: np.ndarray, stressed: np.ndarray
+    ) -> list[np.ndarray]:
         n_e, n_t = load.shape
         if fam.kind == "histogram":
             return self._histogram(fam, rng, load, stressed)
@@ -193,8 +206,9 @@ class CaptureFleet:
                 out.append(np.full(n_t, value))
         return out
 
-    def _histogram(self, fam: Family, rng: np.random.Generator, load: np.ndarray,
-                   stressed: np.ndarray) -> list[np.ndarray]:
+    def _histogram(
+        self, fam: Family, rng: np.random.Generator, load: np.ndarray, stressed: np.ndarray
+    ) -> list[np.ndarray]:
         """Bucket, _sum and _count rows with the capture's bucket shape; stressed engines observe
         latency families 3x slower."""
         by_labels: dict[tuple, dict] = defaultdict(dict)
@@ -204,7 +218,7 @@ class CaptureFleet:
                 le = labels["le"]
                 by_labels[key][float("inf") if le == "+Inf" else float(le)] = value
             else:
-                by_labels[key][name[len(fam.name):]] = value
+                by_labels[key][name[len(fam.name) :]] = value
         latency = fam.name.endswith("_seconds")
         rows: dict[tuple, dict] = {}
         for key, got in by_labels.items():
@@ -217,14 +231,18 @@ class CaptureFleet:
             # own spread is a tiny model's, wide enough to trip tail rules on every engine)
             cdf = np.r_[lognormal_cdf(finite, max(mean, 1e-6), SIGMA), 1.0]
             slow = np.r_[lognormal_cdf(finite, max(mean, 1e-6) * STRESS_FACTOR, SIGMA), 1.0] if latency else cdf
-            obs = rng.poisson(np.maximum(load, 0.0) * 2.0 * self.interval / 15.0).astype(float)     # [E, T]
+            obs = rng.poisson(np.maximum(load, 0.0) * 2.0 * self.interval / 15.0).astype(float)  # [E, T]
             cum = {}
             for j, le in enumerate(les):
                 per = obs * np.where(stressed, slow[j], cdf[j]) if latency else obs * cdf[j]
-                cum[le] = got[le] + np.floor(self._carry((fam.name, key, le), per))   # whole counts, monotone
+                cum[le] = got[le] + np.floor(self._carry((fam.name, key, le), per))  # whole counts, monotone
             slow_sum = obs * mean * np.where(stressed & latency, 3.0, 1.0)
-            rows[key] = {"les": les, "cum": cum, "_count": cum[les[-1]],
-                         "_sum": got.get("_sum", 0.0) + self._carry((fam.name, key, "_sum"), slow_sum)}
+            rows[key] = {
+                "les": les,
+                "cum": cum,
+                "_count": cum[les[-1]],
+                "_sum": got.get("_sum", 0.0) + self._carry((fam.name, key, "_sum"), slow_sum),
+            }
         out = []
         for name, labels, _ in fam.series:
             key = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
@@ -232,12 +250,13 @@ class CaptureFleet:
                 le = labels["le"]
                 out.append(rows[key]["cum"][float("inf") if le == "+Inf" else float(le)])
             else:
-                out.append(rows[key][name[len(fam.name):]])
+                out.append(rows[key][name[len(fam.name) :]])
         return out
 
 
-def write_capture_fleet(out: IO[str], engines: int, start: float, end: float, interval: float = 15.0,
-                        seed: int = 7, capture: Path = CAPTURE) -> dict:
+def write_capture_fleet(
+    out: IO[str], engines: int, start: float, end: float, interval: float = 15.0, seed: int = 7, capture: Path = CAPTURE
+) -> dict:
     """Write the fleet as OpenMetrics with timestamps (each family once, gathered over every
     chunk); returns `CaptureFleet.info()`."""
     fleet = CaptureFleet(engines, start, end, interval, seed, capture=capture)
@@ -265,8 +284,16 @@ def write_capture_fleet(out: IO[str], engines: int, start: float, end: float, in
 IMPORT_BATCH_BYTES = 64 << 20
 
 
-def import_capture_fleet(url: str, engines: int, start: float, end: float, interval: float = 15.0,
-                         seed: int = 7, shift_s: float = 0.0, timeout_s: float = 1800.0) -> dict:
+def import_capture_fleet(
+    url: str,
+    engines: int,
+    start: float,
+    end: float,
+    interval: float = 15.0,
+    seed: int = 7,
+    shift_s: float = 0.0,
+    timeout_s: float = 1800.0,
+) -> dict:
     """Stream the fleet into VictoriaMetrics' `/api/v1/import` (JSON lines: metric, values,
     millisecond timestamps), timestamps moved by `shift_s`; generation and posting overlap (one
     posting thread). Returns `CaptureFleet.info()`."""
@@ -288,8 +315,13 @@ def import_capture_fleet(url: str, engines: int, start: float, end: float, inter
 
     poster = threading.Thread(target=post, daemon=True)
     poster.start()
-    prefixes = [[[enc.encode({"__name__": name, **_series_labels(labels, e)}) for e in range(engines)]
-                 for name, labels, _ in fam.series] for fam in fleet.families]
+    prefixes = [
+        [
+            [enc.encode({"__name__": name, **_series_labels(labels, e)}) for e in range(engines)]
+            for name, labels, _ in fam.series
+        ]
+        for fam in fleet.families
+    ]
     buf: list[bytes] = []
     size = 0
     try:

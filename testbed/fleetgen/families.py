@@ -12,8 +12,30 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 # vLLM 0.33 default bucket families (vllm/v1/metrics/buckets.py)
-VLLM_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10,
-             20, 40, 80, 160, 640, 2560)
+VLLM_TTFT = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1,
+    2.5,
+    5,
+    7.5,
+    10,
+    20,
+    40,
+    80,
+    160,
+    640,
+    2560,
+)
 VLLM_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
 VLLM_LATENCY = (0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680)
 VLLM_NIXL_XFER = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 5)
@@ -32,15 +54,111 @@ def vllm_request_token_bounds(max_model_len: int) -> tuple[int, ...]:
 
 # SGLang 0.5.23
 SGL_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
-SGL_ITL = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1,
-           0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8)
-SGL_TOKENS = (100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000,
-              12500, 15000, 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000,
-              100_000, 200_000, 300_000, 400_000, 600_000, 800_000, 1_000_000, 1_100_000)
+SGL_ITL = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.035,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1,
+    2,
+    4,
+    6,
+    8,
+)
+SGL_TOKENS = (
+    100,
+    300,
+    500,
+    700,
+    1000,
+    1500,
+    2000,
+    3000,
+    4000,
+    5000,
+    6000,
+    7000,
+    8000,
+    9000,
+    10000,
+    12500,
+    15000,
+    17500,
+    20000,
+    22500,
+    25000,
+    27500,
+    30000,
+    35000,
+    40000,
+    60000,
+    80000,
+    100_000,
+    200_000,
+    300_000,
+    400_000,
+    600_000,
+    800_000,
+    1_000_000,
+    1_100_000,
+)
 SGL_KV_XFER_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
-SGL_QUEUE = (0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70,
-             80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800, 2000,
-             2500, 3000)
+SGL_QUEUE = (
+    0,
+    0.001,
+    0.005,
+    0.01,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1,
+    2,
+    3,
+    4,
+    5,
+    10,
+    15,
+    20,
+    30,
+    40,
+    50,
+    60,
+    70,
+    80,
+    90,
+    100,
+    200,
+    300,
+    400,
+    500,
+    600,
+    700,
+    800,
+    900,
+    1000,
+    1200,
+    1400,
+    1600,
+    1800,
+    2000,
+    2500,
+    3000,
+)
 
 
 @dataclass
@@ -48,7 +166,7 @@ class Histogram:
     """A cumulative histogram with fixed upper bounds (+Inf implied)."""
 
     bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)   # per bucket (non-cumulative), last = +Inf
+    counts: list[int] = field(default_factory=list)  # per bucket (non-cumulative), last = +Inf
     total: float = 0.0
 
     def __post_init__(self) -> None:
@@ -123,9 +241,9 @@ class VllmState:
     itl: Histogram = field(default_factory=lambda: Histogram(VLLM_ITL))
     e2e: Histogram = field(default_factory=lambda: Histogram(VLLM_LATENCY))
     queue: Histogram = field(default_factory=lambda: Histogram(VLLM_LATENCY))
-    nixl_xfer: Histogram | None = None        # set on P/D replicas (NixlConnector)
-    prompt_len: Histogram | None = None       # vllm:request_prompt_tokens (request_tokens buckets)
-    gen_len: Histogram | None = None          # vllm:request_generation_tokens
+    nixl_xfer: Histogram | None = None  # set on P/D replicas (NixlConnector)
+    prompt_len: Histogram | None = None  # vllm:request_prompt_tokens (request_tokens buckets)
+    gen_len: Histogram | None = None  # vllm:request_generation_tokens
     cache_dtype: str = "auto"
 
 
@@ -133,44 +251,61 @@ def render_vllm(s: VllmState, text: Text | None = None) -> str:
     """vLLM 0.33 /metrics for one engine (counters with `_total`, as prometheus_client writes)."""
     t = text or Text()
     lab = [("engine", s.engine), ("model_name", s.model)]
-    gauges = (("vllm:num_requests_running", "Number of requests in model execution batches.", s.running),
-              ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.waiting),
-              ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage))
+    gauges = (
+        ("vllm:num_requests_running", "Number of requests in model execution batches.", s.running),
+        ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.waiting),
+        ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage),
+    )
     for name, help_, v in gauges:
         t.family(name, "gauge", help_)
         t.sample(name, lab, v)
-    counters = (("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", s.queries),
-                ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", s.hits),
-                ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", s.preemptions),
-                ("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens),
-                ("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens))
+    counters = (
+        ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", s.queries),
+        ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", s.hits),
+        ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", s.preemptions),
+        ("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens),
+        ("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens),
+    )
     for name, help_, v in counters:
         t.family(f"{name}_total", "counter", help_)
         t.sample(f"{name}_total", lab, v)
     t.family("vllm:request_success_total", "counter", "Count of successfully processed requests.")
     t.sample("vllm:request_success_total", lab + [("finished_reason", "length")], 0.0)
     t.sample("vllm:request_success_total", lab + [("finished_reason", "stop")], s.success)
-    hists = (("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", s.ttft),
-             ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", s.itl),
-             ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", s.e2e),
-             ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", s.queue))
+    hists = (
+        ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", s.ttft),
+        ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", s.itl),
+        ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", s.e2e),
+        ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", s.queue),
+    )
     for name, help_, h in hists:
         t.family(name, "histogram", help_)
         t.histogram(name, lab, h)
     if s.nixl_xfer is not None:
-        t.family("vllm:nixl_xfer_time_seconds", "histogram",
-                 "Histogram of transfer duration for NIXL KV Cache transfers.")
+        t.family(
+            "vllm:nixl_xfer_time_seconds", "histogram", "Histogram of transfer duration for NIXL KV Cache transfers."
+        )
         t.histogram("vllm:nixl_xfer_time_seconds", lab, s.nixl_xfer)
-    for name, help_, h in (("vllm:request_prompt_tokens", "Number of prefill tokens processed.", s.prompt_len),
-                           ("vllm:request_generation_tokens", "Number of generation tokens processed.", s.gen_len)):
+    for name, help_, h in (
+        ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", s.prompt_len),
+        ("vllm:request_generation_tokens", "Number of generation tokens processed.", s.gen_len),
+    ):
         if h is not None:
             t.family(name, "histogram", help_)
             t.histogram(name, lab, h)
     t.family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
-    t.sample("vllm:cache_config_info", [
-        ("block_size", str(s.block_size)), ("cache_dtype", s.cache_dtype),
-        ("enable_prefix_caching", str(s.prefix_caching)), ("engine", s.engine),
-        ("gpu_memory_utilization", "0.9"), ("num_gpu_blocks", str(s.num_gpu_blocks))], 1.0)
+    t.sample(
+        "vllm:cache_config_info",
+        [
+            ("block_size", str(s.block_size)),
+            ("cache_dtype", s.cache_dtype),
+            ("enable_prefix_caching", str(s.prefix_caching)),
+            ("engine", s.engine),
+            ("gpu_memory_utilization", "0.9"),
+            ("num_gpu_blocks", str(s.num_gpu_blocks)),
+        ],
+        1.0,
+    )
     return t.render()
 
 
@@ -179,14 +314,14 @@ class SglangState:
     """Cumulative state of one SGLang 0.5.23 scheduler (+ its tokenizer-side metrics)."""
 
     model: str = "Qwen/Qwen3-32B"
-    engine_type: str = "unified"        # unified | prefill | decode
+    engine_type: str = "unified"  # unified | prefill | decode
     dp_rank: str | None = None
     running: float = 0.0
     queue: float = 0.0
     token_usage: float = 0.0
     max_total_num_tokens: int = 400_000
-    cache_hit_rate: float = 0.0         # last prefill batch only, as upstream
-    eff_input: float = 0.0              # prefill_effective_tokens_total{mode=input}
+    cache_hit_rate: float = 0.0  # last prefill batch only, as upstream
+    eff_input: float = 0.0  # prefill_effective_tokens_total{mode=input}
     eff_device_hit: float = 0.0
     eff_host_hit: float = 0.0
     retracted: float = 0.0
@@ -194,30 +329,34 @@ class SglangState:
     hicache_host_total: float | None = None
     load_back_tokens: float = 0.0
     evicted_tokens: float = 0.0
-    prompt_tokens: float = 0.0          # tokenizer side, finished requests
+    prompt_tokens: float = 0.0  # tokenizer side, finished requests
     cached_device: float = 0.0
     cached_host: float = 0.0
     num_requests: float = 0.0
     ttft: Histogram = field(default_factory=lambda: Histogram(SGL_TTFT))
     itl: Histogram = field(default_factory=lambda: Histogram(SGL_ITL))
     kv_xfer_ms: Histogram | None = None
-    prompt_len: Histogram | None = None         # sglang:prompt_tokens_histogram (tokenizer side)
-    gen_len: Histogram | None = None            # sglang:generation_tokens_histogram
-    queue_time: Histogram | None = None         # sglang:queue_time_seconds (scheduler side)
-    generation_tokens: float = 0.0              # sglang:generation_tokens_total
-    aborted: float | None = None                # sglang:num_aborted_requests_total
+    prompt_len: Histogram | None = None  # sglang:prompt_tokens_histogram (tokenizer side)
+    gen_len: Histogram | None = None  # sglang:generation_tokens_histogram
+    queue_time: Histogram | None = None  # sglang:queue_time_seconds (scheduler side)
+    generation_tokens: float = 0.0  # sglang:generation_tokens_total
+    aborted: float | None = None  # sglang:num_aborted_requests_total
 
 
 def _sgl_sched_labels(s: SglangState) -> list[tuple[str, str]]:
-    lab = [("engine_type", s.engine_type), ("model_name", s.model), ("moe_ep_rank", "0"),
-           ("pp_rank", "0"), ("tp_rank", "0")]
+    lab = [
+        ("engine_type", s.engine_type),
+        ("model_name", s.model),
+        ("moe_ep_rank", "0"),
+        ("pp_rank", "0"),
+        ("tp_rank", "0"),
+    ]
     if s.dp_rank is not None:
         lab.append(("dp_rank", s.dp_rank))
     return sorted(lab)
 
 
-def render_sglang(s: SglangState, text: Text | None = None, scheduler: bool = True,
-                  tokenizer: bool = True) -> str:
+def render_sglang(s: SglangState, text: Text | None = None, scheduler: bool = True, tokenizer: bool = True) -> str:
     """SGLang 0.5.23 /metrics: one scheduler (DP rank) and/or the tokenizer-side histograms
     (one tokenizer process per server, so DP ranks share it: render it once)."""
     t = text or Text()
@@ -226,8 +365,10 @@ def render_sglang(s: SglangState, text: Text | None = None, scheduler: bool = Tr
     if tokenizer:
         tok = [("engine_type", s.engine_type), ("model_name", s.model)]
         stream = tok + [("is_streaming", "true")]
-        for name, help_, v in (("sglang:prompt_tokens_total", "Number of prefill tokens processed.", s.prompt_tokens),
-                               ("sglang:num_requests_total", "Number of requests processed.", s.num_requests)):
+        for name, help_, v in (
+            ("sglang:prompt_tokens_total", "Number of prefill tokens processed.", s.prompt_tokens),
+            ("sglang:num_requests_total", "Number of requests processed.", s.num_requests),
+        ):
             t.family(name, "counter", help_)
             t.sample(name, stream, v)
         t.family("sglang:cached_tokens_total", "counter", "Number of cached prompt tokens by source.")
@@ -247,8 +388,10 @@ def _render_tokenizer_extras(s: SglangState, t: Text, tok: list[tuple[str, str]]
         return
     t.family("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.")
     t.sample("sglang:generation_tokens_total", tok + [("is_streaming", "true")], s.generation_tokens)
-    for name, h in (("sglang:prompt_tokens_histogram", s.prompt_len),
-                    ("sglang:generation_tokens_histogram", s.gen_len)):
+    for name, h in (
+        ("sglang:prompt_tokens_histogram", s.prompt_len),
+        ("sglang:generation_tokens_histogram", s.gen_len),
+    ):
         if h is not None:
             t.family(name, "histogram", name.split(":")[1].replace("_", " "))
             t.histogram(name, tok, h)
@@ -259,9 +402,14 @@ def _render_tokenizer_extras(s: SglangState, t: Text, tok: list[tuple[str, str]]
 
 def _render_scheduler(s: SglangState, t: Text) -> None:
     lab = _sgl_sched_labels(s)
-    for name, v in (("sglang:num_running_reqs", s.running), ("sglang:num_queue_reqs", s.queue),
-                    ("sglang:token_usage", round(s.token_usage, 2)), ("sglang:cache_hit_rate", s.cache_hit_rate),
-                    ("sglang:max_total_num_tokens", s.max_total_num_tokens), ("sglang:page_size", 1)):
+    for name, v in (
+        ("sglang:num_running_reqs", s.running),
+        ("sglang:num_queue_reqs", s.queue),
+        ("sglang:token_usage", round(s.token_usage, 2)),
+        ("sglang:cache_hit_rate", s.cache_hit_rate),
+        ("sglang:max_total_num_tokens", s.max_total_num_tokens),
+        ("sglang:page_size", 1),
+    ):
         t.family(name, "gauge", name.split(":")[1].replace("_", " "))
         t.sample(name, lab, v)
     t.family("sglang:prefill_effective_tokens_total", "counter", "Prefill tokens by mode, retractions removed.")
@@ -270,8 +418,10 @@ def _render_scheduler(s: SglangState, t: Text) -> None:
     t.family("sglang:num_retracted_requests_total", "counter", "Total retracted requests.")
     t.sample("sglang:num_retracted_requests_total", lab, s.retracted)
     if s.hicache_host_total is not None:
-        for name, v in (("sglang:hicache_host_used_tokens", s.hicache_host_used or 0.0),
-                        ("sglang:hicache_host_total_tokens", s.hicache_host_total)):
+        for name, v in (
+            ("sglang:hicache_host_used_tokens", s.hicache_host_used or 0.0),
+            ("sglang:hicache_host_total_tokens", s.hicache_host_total),
+        ):
             t.family(name, "gauge", name.split(":")[1].replace("_", " "))
             t.sample(name, lab, v)
         radix = [("cache_type", "HiRadixCache"), ("pp_rank", "0"), ("tp_rank", "0")]
@@ -297,8 +447,8 @@ class GpuState:
     uuid: str
     hostname: str
     model_name: str = "NVIDIA H100 80GB HBM3"
-    util_pct: float = 0.0              # DCGM_FI_DEV_GPU_UTIL: any kernel running
-    gr_active: float = 0.0             # DCGM_FI_PROF_GR_ENGINE_ACTIVE ratio
+    util_pct: float = 0.0  # DCGM_FI_DEV_GPU_UTIL: any kernel running
+    gr_active: float = 0.0  # DCGM_FI_PROF_GR_ENGINE_ACTIVE ratio
     tensor_active: float = 0.0
     dram_active: float = 0.0
     fb_used_mib: float = 0.0
@@ -312,24 +462,50 @@ class GpuState:
 def render_dcgm(gpus: list[GpuState], driver: str = "570.124.06") -> str:
     """dcgm-exporter default-counters exposition for the GPUs of one node."""
     t = Text()
+
     def labels(g: GpuState) -> list[tuple[str, str]]:
-        return [("gpu", str(g.gpu)), ("UUID", g.uuid), ("pci_bus_id", f"00000000:{0x18 + g.gpu * 0x10:02X}:00.0"),
-                ("device", f"nvidia{g.gpu}"), ("modelName", g.model_name), ("Hostname", g.hostname),
-                ("DCGM_FI_DRIVER_VERSION", driver)]
-    rows = (("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", lambda g: g.sm_clock_mhz),
-            ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda g: g.temp_c),
-            ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", lambda g: g.power_w),
-            ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
-             "Total energy consumption since boot (in mJ).", lambda g: g.energy_mj),
-            ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda g: g.util_pct),
-            ("DCGM_FI_DEV_FB_FREE", "gauge", "Frame buffer memory free (in MB).", lambda g: g.fb_free_mib),
-            ("DCGM_FI_DEV_FB_USED", "gauge", "Frame buffer memory used (in MB).", lambda g: g.fb_used_mib),
-            ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
-             lambda g: g.gr_active),
-            ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
-             lambda g: g.tensor_active),
-            ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is active.",
-             lambda g: g.dram_active))
+        return [
+            ("gpu", str(g.gpu)),
+            ("UUID", g.uuid),
+            ("pci_bus_id", f"00000000:{0x18 + g.gpu * 0x10:02X}:00.0"),
+            ("device", f"nvidia{g.gpu}"),
+            ("modelName", g.model_name),
+            ("Hostname", g.hostname),
+            ("DCGM_FI_DRIVER_VERSION", driver),
+        ]
+
+    rows = (
+        ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", lambda g: g.sm_clock_mhz),
+        ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda g: g.temp_c),
+        ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", lambda g: g.power_w),
+        (
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+            "counter",
+            "Total energy consumption since boot (in mJ).",
+            lambda g: g.energy_mj,
+        ),
+        ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda g: g.util_pct),
+        ("DCGM_FI_DEV_FB_FREE", "gauge", "Frame buffer memory free (in MB).", lambda g: g.fb_free_mib),
+        ("DCGM_FI_DEV_FB_USED", "gauge", "Frame buffer memory used (in MB).", lambda g: g.fb_used_mib),
+        (
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "gauge",
+            "Ratio of time the graphics engine is active.",
+            lambda g: g.gr_active,
+        ),
+        (
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "gauge",
+            "Ratio of cycles the tensor (HMMA) pipe is active.",
+            lambda g: g.tensor_active,
+        ),
+        (
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+            "gauge",
+            "Ratio of cycles the device memory interface is active.",
+            lambda g: g.dram_active,
+        ),
+    )
     for name, kind, help_, get in rows:
         t.family(name, kind, help_)
         for g in gpus:

@@ -19,8 +19,15 @@ from testbed.prometheus import require_binaries
 pytestmark = pytest.mark.browser
 
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
 
@@ -28,8 +35,9 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 def served(tmp_path_factory):
     require_binaries("chromium")
     assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing (Debian chromium; scripts/setup.sh installs it)"
-    recording = Path(os.environ["KVSCOPE_TEST_RECORDING"]) if os.environ.get("KVSCOPE_TEST_RECORDING") \
-        else default_recording()
+    recording = (
+        Path(os.environ["KVSCOPE_TEST_RECORDING"]) if os.environ.get("KVSCOPE_TEST_RECORDING") else default_recording()
+    )
     assert recording is not None, "tests/recordings/ holds no recording"
     source = SourceSpec("recording", str(recording))
     server = UiServer(source, free_port(), log_path=tmp_path_factory.mktemp("ui") / "streamlit.log")
@@ -89,16 +97,16 @@ def test_triage_page_shows_the_likely_cause(served, page):
     charts = page.locator('[data-testid="stVegaLiteChart"], .vega-embed')
     charts.first.wait_for(timeout=60_000)
     shown = [name for name, _, _ in evidence_charts(data, likely)]
-    assert any("TTFT" in name for name in shown), shown    # the symptom is charted with the cause
+    assert any("TTFT" in name for name in shown), shown  # the symptom is charted with the cause
     for name in shown:
         assert name in body
-    assert page.locator(".vega-embed").count() >= len(shown) + 1      # the evidence charts + the timeline
+    assert page.locator(".vega-embed").count() >= len(shown) + 1  # the evidence charts + the timeline
     assert "shaded: the finding's period" in body
     page.locator('[data-testid="stDataFrame"] canvas').first.wait_for(timeout=60_000)
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "ui-triage-first-screen.png"))
     page.set_viewport_size({"width": 1400, "height": 3400})
-    page.wait_for_timeout(2000)     # let the charts repaint at the new size before the screenshot
+    page.wait_for_timeout(2000)  # let the charts repaint at the new size before the screenshot
     page.screenshot(path=str(ARTIFACTS / "ui-triage.png"), full_page=True)
     assert (ARTIFACTS / "ui-triage.png").stat().st_size > 20_000
 

@@ -41,8 +41,9 @@ async def target_server(routes: dict[str, Handler]) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def running_agent(doc: dict, store=None, collectors=None,
-                        only: tuple[str, ...] = ("engine",)) -> AsyncIterator[tuple[AgentRuntime, str]]:
+async def running_agent(
+    doc: dict, store=None, collectors=None, only: tuple[str, ...] = ("engine",)
+) -> AsyncIterator[tuple[AgentRuntime, str]]:
     """An AgentRuntime plus its AgentServer on a free port; yields (runtime, base URL).
 
     Cycles are driven by the test (`await runtime.run_cycle()`), so assertions see a known
@@ -76,19 +77,23 @@ async def fetch_metrics(base: str) -> tuple[str, Exposition]:
 
 def value(expo: Exposition, name: str, **labels: str) -> float | None:
     """The value of the one sample named `name` whose labels include `labels`, or None."""
-    hits = [s.value for s in expo.samples
-            if s.name == name and all(dict(s.labels).get(k) == v for k, v in labels.items())]
+    hits = [
+        s.value for s in expo.samples if s.name == name and all(dict(s.labels).get(k) == v for k, v in labels.items())
+    ]
     assert len(hits) <= 1, f"{name}{labels} matches {len(hits)} samples"
     return hits[0] if hits else None
 
 
 # ------------------------------------------------------------------------------ real processes
 
+
 def start_target_process(root: Path) -> tuple[subprocess.Popen, str]:
     """`python -m http.server` on a free port serving `root`; returns (process, base URL)."""
     proc, port = start_reporting_port(
         [sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", str(root)],
-        r"port (\d+)", stream="stdout")
+        r"port (\d+)",
+        stream="stdout",
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -98,5 +103,6 @@ def start_agent_process(args: list[str]) -> tuple[subprocess.Popen, str]:
     Stop it with `testbed.procs.stop_process`; its stderr lines are `proc.output_lines`."""
     proc, port = start_reporting_port(
         [sys.executable, "-m", "kvscope", "agent", *args, "--web.listen-address", "127.0.0.1:0"],
-        r"listening on http://127\.0\.0\.1:(\d+)/metrics")
+        r"listening on http://127\.0\.0\.1:(\d+)/metrics",
+    )
     return proc, f"http://127.0.0.1:{port}"

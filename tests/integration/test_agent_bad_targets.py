@@ -34,7 +34,11 @@ DCGM = (FIXTURES / "dcgm-exporter-4.5.3-constructed-2gpu.txt").read_text()
 ROUTER = (FIXTURES / "sglang-router-0.3.2-engine_metrics-2x-vllm-0.32.txt").read_text()
 ROUTER_WORKERS = ("127.0.0.1:57947", "127.0.0.1:52251")
 # a vLLM payload whose every family is one the catalog does not map (real lines of the capture)
-UNMAPPED = "".join(ln + "\n" for ln in VLLM.splitlines() if ln.startswith(("vllm:request_params_n", "# HELP vllm:request_params_n", "# TYPE vllm:request_params_n")))
+UNMAPPED = "".join(
+    ln + "\n"
+    for ln in VLLM.splitlines()
+    if ln.startswith(("vllm:request_params_n", "# HELP vllm:request_params_n", "# TYPE vllm:request_params_n"))
+)
 RUNNING = 'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 0.0\n'
 WAITING = 'vllm:num_requests_waiting{engine="0",model_name="tiny-llama"} 0.0\n'
 KV_USAGE = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.0\n'
@@ -45,6 +49,7 @@ assert all(line in VLLM for line in (RUNNING, WAITING, KV_USAGE, QUERIES)), "fix
 def text(body: str):
     async def handler(request):
         return web.Response(text=body, content_type="text/plain")
+
     return handler
 
 
@@ -84,16 +89,17 @@ def resetting():
         calls["n"] += 1
         body = VLLM if calls["n"] == 1 else VLLM.replace(QUERIES, QUERIES.replace("16028.0", "12.0"))
         return web.Response(text=body)
+
     return handler
 
 
 SCENARIOS = {
     "good": text(VLLM),
-    "malformed": text(VLLM.replace(RUNNING, RUNNING + "this is not a metric\n"
-                                   'vllm:num_requests_waiting{engine=0} 3\n')),
+    "malformed": text(VLLM.replace(RUNNING, RUNNING + "this is not a metric\nvllm:num_requests_waiting{engine=0} 3\n")),
     "truncated": text(VLLM[: len(VLLM) // 2].rstrip("\n")[:-3]),
-    "nonfinite": text(VLLM.replace(KV_USAGE, KV_USAGE.replace("0.0", "NaN"))
-                      .replace(WAITING, WAITING.replace("0.0", "+Inf"))),
+    "nonfinite": text(
+        VLLM.replace(KV_USAGE, KV_USAGE.replace("0.0", "NaN")).replace(WAITING, WAITING.replace("0.0", "+Inf"))
+    ),
     "duplicate": text(VLLM + RUNNING),
     "huge": huge,
     "slow": slow,
@@ -106,7 +112,7 @@ SCENARIOS = {
     "router": text(ROUTER),
     # 60k series of one family behind a real capture: past the default sample_limit (50k)
     "many_series": text(VLLM + "".join(f'vllm:lora_requests_info{{id="{i}"}} 1\n' for i in range(60_000))),
-    "label_limit": text(VLLM),   # served whole; its target sets label_limit 2 (histograms carry 3)
+    "label_limit": text(VLLM),  # served whole; its target sets label_limit 2 (histograms carry 3)
 }
 
 
@@ -134,14 +140,28 @@ def bad_run():
     return asyncio.run(bad_targets_run())
 
 
-@pytest.mark.parametrize("instance, up, reason", [
-    ("good", 1, "ok"), ("slow", 1, "ok"), ("malformed", 1, "ok"), ("truncated", 1, "ok"),
-    ("nonfinite", 1, "ok"), ("duplicate", 1, "ok"), ("reset", 1, "ok"), ("dcgm", 1, "ok"),
-    ("huge", 0, "body_too_large"), ("hang", 0, "timeout"), ("unavailable", 0, "http_503"),
-    ("unknown", 0, "unknown_engine"), ("down", 0, "connection_refused"),
-    ("unmapped", 0, "no_canonical_series"), ("router", 1, "aggregated_workers"),
-    ("many_series", 0, "sample_limit_exceeded"), ("label_limit", 0, "label_limit_exceeded"),
-])
+@pytest.mark.parametrize(
+    "instance, up, reason",
+    [
+        ("good", 1, "ok"),
+        ("slow", 1, "ok"),
+        ("malformed", 1, "ok"),
+        ("truncated", 1, "ok"),
+        ("nonfinite", 1, "ok"),
+        ("duplicate", 1, "ok"),
+        ("reset", 1, "ok"),
+        ("dcgm", 1, "ok"),
+        ("huge", 0, "body_too_large"),
+        ("hang", 0, "timeout"),
+        ("unavailable", 0, "http_503"),
+        ("unknown", 0, "unknown_engine"),
+        ("down", 0, "connection_refused"),
+        ("unmapped", 0, "no_canonical_series"),
+        ("router", 1, "aggregated_workers"),
+        ("many_series", 0, "sample_limit_exceeded"),
+        ("label_limit", 0, "label_limit_exceeded"),
+    ],
+)
 def test_agent_metrics_say_why_each_target_is_down(bad_run, instance, up, reason):
     _, expo, _, _ = bad_run
     assert value(expo, "kvscope_target_up", instance=instance) == up
@@ -151,10 +171,16 @@ def test_agent_metrics_say_why_each_target_is_down(bad_run, instance, up, reason
         assert value(expo, "kvscope_target_series", instance=instance) == 0
 
 
-@pytest.mark.parametrize("instance, reason, count", [
-    ("malformed", "malformed_line", 2), ("malformed", "malformed_labels", 2),
-    ("truncated", "truncated", 2), ("nonfinite", "non_finite", 4), ("duplicate", "duplicate_series", 2),
-])
+@pytest.mark.parametrize(
+    "instance, reason, count",
+    [
+        ("malformed", "malformed_line", 2),
+        ("malformed", "malformed_labels", 2),
+        ("truncated", "truncated", 2),
+        ("nonfinite", "non_finite", 4),
+        ("duplicate", "duplicate_series", 2),
+    ],
+)
 def test_agent_counts_dropped_lines_by_reason(bad_run, instance, reason, count):
     _, expo, _, _ = bad_run
     assert value(expo, "kvscope_samples_dropped_total", instance=instance, reason=reason) == count
@@ -196,8 +222,12 @@ def test_agent_reports_engine_facts_and_stays_ready(bad_run):
     _, expo, health, ready = bad_run
     info = [dict(s.labels) for s in expo.samples if s.name == "kvscope_engine_info"]
     good = next(i for i in info if i["instance"] == "good")
-    assert (good["engine"], good["block_size"], good["enable_prefix_caching"], good["cache_dtype"]) == \
-        ("vllm", "32", "True", "auto")
+    assert (good["engine"], good["block_size"], good["enable_prefix_caching"], good["cache_dtype"]) == (
+        "vllm",
+        "32",
+        "True",
+        "auto",
+    )
     assert {i["instance"]: i["engine"] for i in info}["dcgm"] == "dcgm"
     assert value(expo, "kvscope_collector_up", collector="engine") == 1
     assert ready.startswith("ready")
@@ -220,6 +250,7 @@ def assert_promtool_clean(body: str) -> None:
 
 # ------------------------------------------------------------------------------ collector crash
 
+
 class ExplodingCollector:
     name = "exploding"
 
@@ -236,6 +267,7 @@ def test_a_collector_that_raises_is_reported_and_the_others_go_on():
             doc = {"targets": [{"url": base + "/metrics", "labels": {"instance": "good"}}]}
             from kvscope.agent.collectors.engine import EngineCollector
             from kvscope.agent.config import build_config
+
             collectors = [ExplodingCollector(), EngineCollector(build_config(doc, environ={}))]
             async with running_agent(doc, collectors=collectors) as (rt, url):
                 await rt.run_cycle()
@@ -251,6 +283,7 @@ def test_a_collector_that_raises_is_reported_and_the_others_go_on():
 
 # ------------------------------------------------------------------------------------ round trip
 
+
 def test_canonical_samples_round_trip_through_agent_metrics():
     catalog = load_catalog()
     state = AgentState()
@@ -259,14 +292,18 @@ def test_canonical_samples_round_trip_through_agent_metrics():
     state.samples = {"engine": vllm.samples + dcgm.samples}
     back = parse_exposition(render_metrics(state, catalog))
     assert not back.issues
-    got = {(s.name.removeprefix("kvscope_"), s.labels, s.value) for s in back.samples
-           if s.name.removeprefix("kvscope_") in catalog.series_names()}
+    got = {
+        (s.name.removeprefix("kvscope_"), s.labels, s.value)
+        for s in back.samples
+        if s.name.removeprefix("kvscope_") in catalog.series_names()
+    }
     want = {(s.name, s.labels, s.value) for s in state.samples["engine"]}
     assert len(want) > 300
     assert got == want
 
 
 # ---------------------------------------------------------------------------------- golden file
+
 
 def _mask_durations(body: str) -> str:
     """Durations vary run to run; everything else in the e2e output is deterministic."""
@@ -281,10 +318,12 @@ def _mask_durations(body: str) -> str:
 async def golden_run() -> str:
     routes = {"/vllm": text(VLLM), "/dcgm": text(DCGM)}
     async with target_server(routes) as base:
-        doc = {"targets": [
-            {"url": base + "/vllm", "job": "vllm", "labels": {"instance": "vllm-0:8000", "node": "gpu-node-1"}},
-            {"url": base + "/dcgm", "job": "dcgm", "labels": {"instance": "gpu-node-1:9400"}},
-        ]}
+        doc = {
+            "targets": [
+                {"url": base + "/vllm", "job": "vllm", "labels": {"instance": "vllm-0:8000", "node": "gpu-node-1"}},
+                {"url": base + "/dcgm", "job": "dcgm", "labels": {"instance": "gpu-node-1:9400"}},
+            ]
+        }
         async with running_agent(doc) as (rt, url):
             await rt.run_cycle()
             body, _ = await fetch_metrics(url)
@@ -310,6 +349,7 @@ def test_golden_agent_metrics_pass_promtool_check_metrics():
 
 
 # ------------------------------------------------------------------------------------- JSON API
+
 
 def test_samples_api_serves_stored_canonical_samples_and_rejects_bad_requests():
     async def main():

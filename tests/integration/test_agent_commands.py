@@ -45,23 +45,35 @@ def target(tmp_path):
 
 def test_agent_process_serves_stores_and_stops_cleanly_on_sigterm(target, tmp_path):
     db = tmp_path / "kvscope.db"
-    proc, base = start_agent_process(["--target", target, "--job", "vllm", "--scrape.interval", "1s",
-                                      "--store.path", str(db), "--no-collector.nvml", "--no-collector.host"])
+    proc, base = start_agent_process(
+        [
+            "--target",
+            target,
+            "--job",
+            "vllm",
+            "--scrape.interval",
+            "1s",
+            "--store.path",
+            str(db),
+            "--no-collector.nvml",
+            "--no-collector.host",
+        ]
+    )
     try:
         wait_for(lambda: get(base + "/-/ready"), 30, "agent ready")
 
-        def healthy_after_three_cycles():   # a loaded CI box may time a scrape out now and then
+        def healthy_after_three_cycles():  # a loaded CI box may time a scrape out now and then
             data = json.loads(get(base + "/api/v1/health") or b'{"data": {"cycles": 0}}')["data"]
             return data["cycles"] >= 3 and [t["reason"] for t in data["targets"]] == ["ok"] and data
 
         health = wait_for(healthy_after_three_cycles, 60, "three cycles with the target up")
-        assert set(health["collectors"]) == {"engine", "derive_engine_gpu", "derive_fairness"}   # the hooks run too
+        assert set(health["collectors"]) == {"engine", "derive_engine_gpu", "derive_fairness"}  # the hooks run too
     finally:
         rc = stop_process(proc, signal.SIGTERM)
     err = "".join(proc.output_lines)
     assert rc == 0, err
     assert "stopped after" in err
-    with sqlite3.connect(db) as conn:                      # the store was flushed on the way out
+    with sqlite3.connect(db) as conn:  # the store was flushed on the way out
         names = {r[0] for r in conn.execute("SELECT name FROM series")}
     assert {"engine_kv_cache_usage_ratio", "kvscope_target_up"} <= names
 
@@ -82,9 +94,12 @@ def test_agent_refuses_a_port_in_use(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        res = subprocess.run([sys.executable, "-m", "kvscope", "agent", "--store.path", "",
-                              "--web.listen-address", f"127.0.0.1:{port}"],
-                             capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [sys.executable, "-m", "kvscope", "agent", "--store.path", "", "--web.listen-address", f"127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert res.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in res.stderr
 
@@ -92,20 +107,52 @@ def test_agent_refuses_a_port_in_use(tmp_path):
 def test_agent_stops_at_start_when_the_store_cannot_be_opened(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    res = subprocess.run([sys.executable, "-m", "kvscope", "agent", "--store.path", str(blocker / "kvscope.db"),
-                          "--web.listen-address", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvscope",
+            "agent",
+            "--store.path",
+            str(blocker / "kvscope.db"),
+            "--web.listen-address",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 1
     assert "store:" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_record_stops_on_ctrl_c_and_leaves_a_valid_file(target, tmp_path):
     out = tmp_path / "incident.om.gz"
-    spool = tmp_path / "spool"      # the writer spools under TMPDIR: watch it to know scrapes happened
+    spool = tmp_path / "spool"  # the writer spools under TMPDIR: watch it to know scrapes happened
     spool.mkdir()
     env = {**os.environ, "TMPDIR": str(spool)}
-    proc = subprocess.Popen([sys.executable, "-m", "kvscope", "record", "--target", target, "--job", "vllm",
-                             "--duration", "10m", "--interval", "500ms", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvscope",
+            "record",
+            "--target",
+            target,
+            "--job",
+            "vllm",
+            "--duration",
+            "10m",
+            "--interval",
+            "500ms",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         wait_for(lambda: sum(f.stat().st_size for f in spool.rglob("*.om")) > 150_000, 60, "two scrapes spooled")
     finally:
@@ -122,11 +169,29 @@ def test_record_stops_on_ctrl_c_and_leaves_a_valid_file(target, tmp_path):
 
 
 def test_record_rejects_a_bad_duration_and_missing_targets(tmp_path):
-    bad = subprocess.run([sys.executable, "-m", "kvscope", "record", "--target", "http://127.0.0.1:1/metrics",
-                          "--duration", "soon", "--out", str(tmp_path / "x.om")],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvscope",
+            "record",
+            "--target",
+            "http://127.0.0.1:1/metrics",
+            "--duration",
+            "soon",
+            "--out",
+            str(tmp_path / "x.om"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "--duration: must be a positive duration" in bad.stderr
-    none = subprocess.run([sys.executable, "-m", "kvscope", "record", "--duration", "1s", "--out",
-                           str(tmp_path / "x.om")], capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin"})
+    none = subprocess.run(
+        [sys.executable, "-m", "kvscope", "record", "--duration", "1s", "--out", str(tmp_path / "x.om")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert none.returncode == 2 and "no targets" in none.stderr

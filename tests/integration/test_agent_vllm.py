@@ -64,6 +64,7 @@ async def _collect_around(srv, spec: LoadSpec, kv_polls: int = 0, min_requests: 
         await watcher.close()
     return _totals(before), after, result, polls
 
+
 async def _settled(collector, attempts: int = 25) -> dict[str, float]:
     """Collect until two consecutive scrapes agree: the engine publishes stats asynchronously."""
     prev = _totals(await collector.collect())
@@ -88,8 +89,8 @@ def test_shared_prefixes_raise_canonical_prefix_cache_hits(vllm_small_kv):
     client_cached = sum(r.cached_tokens for r in result.records)
     client_prompt = sum(r.prompt_tokens for r in result.records)
     assert hits > 0
-    assert queries == client_prompt        # every prompt token was looked up once
-    assert hits == client_cached           # and the counter agrees with per-request usage
+    assert queries == client_prompt  # every prompt token was looked up once
+    assert hits == client_cached  # and the counter agrees with per-request usage
     # only each tenant's first request misses its system prompt: most tokens must hit
     assert hits / queries > 0.5
     assert after.get(PREEMPTIONS, 0.0) - before.get(PREEMPTIONS, 0.0) == 0
@@ -98,8 +99,9 @@ def test_shared_prefixes_raise_canonical_prefix_cache_hits(vllm_small_kv):
 def test_small_kv_pool_under_load_raises_canonical_preemptions(vllm_small_kv):
     # 12 concurrent requests of ~300-500 prompt + 400 output tokens want ~250 blocks of 32
     # tokens; the pool has 128, so the scheduler must preempt running requests.
-    tenants = [Tenant("bulk", system_words=300, prompt_words=Dist("uniform", 50, 200),
-                      output_tokens=Dist("fixed", 400))]
+    tenants = [
+        Tenant("bulk", system_words=300, prompt_words=Dist("uniform", 50, 200), output_tokens=Dist("fixed", 400))
+    ]
     # At least 24 requests, and on until 20 KV polls answered during the load (up to 240).
     spec = LoadSpec(tenants, max_requests=240, duration_s=150, concurrency=12, seed=2, request_timeout_s=300)
     before, after, result, polls = asyncio.run(_collect_around(vllm_small_kv, spec, kv_polls=20, min_requests=24))

@@ -88,36 +88,79 @@ def _write_configs(tmp: Path, target_port: int, am_port: int, serve_port: int) -
     rule = read_rule(rules_dir() / f"{RULE_ID}.yaml").with_params(OVERRIDE)
     alerts = compile_rule(rule)
     assert isinstance(alerts, list)
-    (tmp / "rules.yml").write_text(render_rule_file(
-        [{"name": "canonical", "rules": canonical_rules(load_catalog())},
-         {"name": "alerts", "rules": alerts}], ""))
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(tmp / "rules.yml")],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-        "scrape_configs": [{"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}],
-    }))
-    (tmp / "alertmanager.yml").write_text(yaml.safe_dump({
-        "route": {"receiver": "kvscope", "group_by": ["alertname", "instance"], "group_wait": "1s",
-                  "group_interval": "1s", "repeat_interval": "1h"},
-        "receivers": [{"name": "kvscope", "webhook_configs": [
-            {"url": f"http://127.0.0.1:{serve_port}/api/v1/alerts", "send_resolved": True}]}],
-    }))
+    (tmp / "rules.yml").write_text(
+        render_rule_file(
+            [{"name": "canonical", "rules": canonical_rules(load_catalog())}, {"name": "alerts", "rules": alerts}], ""
+        )
+    )
+    (tmp / "prometheus.yml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(tmp / "rules.yml")],
+                "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+                "scrape_configs": [{"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}],
+            }
+        )
+    )
+    (tmp / "alertmanager.yml").write_text(
+        yaml.safe_dump(
+            {
+                "route": {
+                    "receiver": "kvscope",
+                    "group_by": ["alertname", "instance"],
+                    "group_wait": "1s",
+                    "group_interval": "1s",
+                    "repeat_interval": "1h",
+                },
+                "receivers": [
+                    {
+                        "name": "kvscope",
+                        "webhook_configs": [
+                            {"url": f"http://127.0.0.1:{serve_port}/api/v1/alerts", "send_resolved": True}
+                        ],
+                    }
+                ],
+            }
+        )
+    )
 
 
 def _start_chain(tmp, target_port: int, sink_port: int, procs: ProcessGroup) -> dict:
     prom_port, am_port, serve_port = free_port(), free_port(), free_port()
     _write_configs(tmp, target_port, am_port, serve_port)
-    serve = procs.start("serve", [
-        sys.executable, "-m", "kvscope.cli", "serve", "--prometheus", f"http://127.0.0.1:{prom_port}",
-        "--listen", f"127.0.0.1:{serve_port}", "--forward-url", f"http://127.0.0.1:{sink_port}/",
-        "--store", str(tmp / "diagnoses.sqlite"), "--step", "1s", "--before", "2m",
-        "--param", f"{RULE_ID}.for=5s"])
+    serve = procs.start(
+        "serve",
+        [
+            sys.executable,
+            "-m",
+            "kvscope.cli",
+            "serve",
+            "--prometheus",
+            f"http://127.0.0.1:{prom_port}",
+            "--listen",
+            f"127.0.0.1:{serve_port}",
+            "--forward-url",
+            f"http://127.0.0.1:{sink_port}/",
+            "--store",
+            str(tmp / "diagnoses.sqlite"),
+            "--step",
+            "1s",
+            "--before",
+            "2m",
+            "--param",
+            f"{RULE_ID}.for=5s",
+        ],
+    )
     am = procs.start("alertmanager", alertmanager_argv(tmp / "alertmanager.yml", tmp / "am", am_port))
-    prom = procs.start("prometheus", prometheus_argv(tmp / "prometheus.yml", tmp / "tsdb", prom_port,
-                                                     "--rules.alert.resend-delay=1s"))
-    for proc, url in ((serve, f"http://127.0.0.1:{serve_port}/-/healthy"),
-                      (am, f"http://127.0.0.1:{am_port}/-/ready"), (prom, f"http://127.0.0.1:{prom_port}/-/ready")):
+    prom = procs.start(
+        "prometheus", prometheus_argv(tmp / "prometheus.yml", tmp / "tsdb", prom_port, "--rules.alert.resend-delay=1s")
+    )
+    for proc, url in (
+        (serve, f"http://127.0.0.1:{serve_port}/-/healthy"),
+        (am, f"http://127.0.0.1:{am_port}/-/ready"),
+        (prom, f"http://127.0.0.1:{prom_port}/-/ready"),
+    ):
         wait_http(url, 30, procs=(proc,), request_timeout_s=1, interval_s=0.2)
     return {"serve": f"http://127.0.0.1:{serve_port}", "tmp": tmp, "procs": procs}
 
@@ -126,8 +169,9 @@ def _start_chain(tmp, target_port: int, sink_port: int, procs: ProcessGroup) -> 
 def chain(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("chain")
     with serving(_Target) as target, serving(_Sink) as sink, ProcessGroup(tmp) as procs:
-        yield retry_port_clash(lambda: _start_chain(tmp, target.server_address[1], sink.server_address[1], procs),
-                               cleanup=procs.stop_all)
+        yield retry_port_clash(
+            lambda: _start_chain(tmp, target.server_address[1], sink.server_address[1], procs), cleanup=procs.stop_all
+        )
 
 
 def _post(url: str, body: bytes) -> tuple[int, dict]:

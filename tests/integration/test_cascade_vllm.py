@@ -31,8 +31,8 @@ pytestmark = pytest.mark.vllm
 # of scrapes: a CPU-starved API server answers /metrics late (4 s apart seen at load 9), and
 # 5 scrapes then meant a 20 s queue.
 CFG = CascadeConfig(ttft_factor=3.0, ttft_min_delta_s=0.25, queue_samples=2, queue_min_s=1.0)
-BLIND_S = 3.0   # a scrape gap after the wave longer than this (nominal 0.2 s) leaves the queue unobservable
-PROMPT_WORDS, LONG_OUTPUT = 300, 650   # ~950 tokens = ~30 of the pool's 128 blocks at full length
+BLIND_S = 3.0  # a scrape gap after the wave longer than this (nominal 0.2 s) leaves the queue unobservable
+PROMPT_WORDS, LONG_OUTPUT = 300, 650  # ~950 tokens = ~30 of the pool's 128 blocks at full length
 
 
 def _canonical(scrapes: list[tuple[float, str]]) -> list:
@@ -55,8 +55,13 @@ async def _scrape_until(session, url, stop, out, interval_s=0.2):
 
 async def _complete(session, base, key, words, max_tokens):
     """(status, sent, answered): one completion; the times are the client's wall clock."""
-    body = {"model": SERVED_NAME, "prompt": synthetic_text(key, words), "max_tokens": max_tokens,
-            "ignore_eos": True, "temperature": 0.0}
+    body = {
+        "model": SERVED_NAME,
+        "prompt": synthetic_text(key, words),
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
     t = time.time()
     async with session.post(base + "/v1/completions", json=body) as r:
         await r.read()
@@ -64,8 +69,14 @@ async def _complete(session, base, key, words, max_tokens):
 
 
 # the signals of the cascade's root (stage 1): KV usage, evictions and preemptions
-ROOT_SIGNALS = frozenset({"engine_kv_cache_usage_ratio", "engine_preemptions_total",
-                          "engine_kv_evicted_tokens_total", "kv_blocks_evicted_recomputed_total"})
+ROOT_SIGNALS = frozenset(
+    {
+        "engine_kv_cache_usage_ratio",
+        "engine_preemptions_total",
+        "engine_kv_evicted_tokens_total",
+        "kv_blocks_evicted_recomputed_total",
+    }
+)
 
 
 async def _root_shown(scrapes, since, poll_s=0.2):
@@ -107,15 +118,18 @@ async def _pressure(session, base, scrapes, nonce, fill_batch=4, max_fill=64, wa
     tasks, t0 = [], time.time()
     while not root.done() and time.time() - t0 < fill_timeout_s:
         for _ in range(min(fill_batch, max_fill - len(tasks))):
-            tasks.append(asyncio.create_task(
-                _complete(session, base, f"{nonce}/fill/{len(tasks)}", PROMPT_WORDS, LONG_OUTPUT)))
+            tasks.append(
+                asyncio.create_task(_complete(session, base, f"{nonce}/fill/{len(tasks)}", PROMPT_WORDS, LONG_OUTPUT))
+            )
         await asyncio.sleep(0.2)
     root_t = root.result() if root.done() else None
     root.cancel()
     wave_t = time.time()
     if root_t is not None:
-        tasks += [asyncio.create_task(_complete(session, base, f"{nonce}/wave/{i}", PROMPT_WORDS, LONG_OUTPUT))
-                  for i in range(wave)]
+        tasks += [
+            asyncio.create_task(_complete(session, base, f"{nonce}/wave/{i}", PROMPT_WORDS, LONG_OUTPUT))
+            for i in range(wave)
+        ]
     return answered + list(await asyncio.gather(*tasks)), root_t, wave_t
 
 
@@ -128,7 +142,7 @@ def _run_pressure(srv):
         connector = aiohttp.TCPConnector(force_close=True)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as s:
             scraper = asyncio.create_task(_scrape_until(s, srv.metrics_url, stop, scrapes))
-            await asyncio.sleep(1.0)                                   # a healthy baseline first
+            await asyncio.sleep(1.0)  # a healthy baseline first
             requests, root_t, wave_t = await _pressure(s, srv.url, scrapes, secrets.token_hex(4))
             await asyncio.sleep(0.5)
             stop.set()
@@ -141,14 +155,22 @@ def _run_pressure(srv):
 def _timeline(samples, requests, t0) -> str:
     """`seconds kv running waiting preemptions client-in-flight` per scrape: the evidence a failure
     message carries (the last column: requests this client had sent and not had answered)."""
-    cols = ("engine_kv_cache_usage_ratio", "engine_requests_running", "engine_requests_waiting",
-            "engine_preemptions_total")
+    cols = (
+        "engine_kv_cache_usage_ratio",
+        "engine_requests_running",
+        "engine_requests_waiting",
+        "engine_preemptions_total",
+    )
     rows: dict[float, dict[str, float]] = {}
     for s in samples:
         if s.name in cols:
             rows.setdefault(s.timestamp, {})[s.name] = s.value
-    return "; ".join(f"{t - t0:.1f} " + " ".join(f"{r.get(c, float('nan')):.4g}" for c in cols)
-                     + f" {sum(a <= t < b for _, a, b in requests)}" for t, r in sorted(rows.items()))
+    return "; ".join(
+        f"{t - t0:.1f} "
+        + " ".join(f"{r.get(c, float('nan')):.4g}" for c in cols)
+        + f" {sum(a <= t < b for _, a, b in requests)}"
+        for t, r in sorted(rows.items())
+    )
 
 
 def test_kv_pressure_run_produces_an_ordered_cascade(vllm_small_kv):
@@ -159,25 +181,35 @@ def test_kv_pressure_run_produces_an_ordered_cascade(vllm_small_kv):
     times = [t for t, _ in scrapes]
     t0 = times[0]
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    print(json.dumps({STAGES[k]: round(v - t0, 2) for k, v in report.onsets.items()}),
-          f"fill {len(requests) - 6 - 32 * (root_t is not None)} wave {wave_t - t0:.2f}s lead {report.lead_time_s}",
-          f"scrapes {len(times)} gap median {statistics.median(gaps):.2f}s max {max(gaps):.2f}s",
-          json.dumps(report.evidence))
+    print(
+        json.dumps({STAGES[k]: round(v - t0, 2) for k, v in report.onsets.items()}),
+        f"fill {len(requests) - 6 - 32 * (root_t is not None)} wave {wave_t - t0:.2f}s lead {report.lead_time_s}",
+        f"scrapes {len(times)} gap median {statistics.median(gaps):.2f}s max {max(gaps):.2f}s",
+        json.dumps(report.evidence),
+    )
     print("timeline (s kv running waiting preemptions client-in-flight):", _timeline(samples, requests, t0))
-    assert root_t is not None, ("the pool never filled within 180 s of fill requests", report.evidence,
-                                _timeline(samples, requests, t0))
+    assert root_t is not None, (
+        "the pool never filled within 180 s of fill requests",
+        report.evidence,
+        _timeline(samples, requests, t0),
+    )
     after_wave = [b - a for a, b in zip(times, times[1:], strict=False) if b >= wave_t]
     blind_s = max(after_wave, default=0.0)
     assert {1, 2} <= set(report.onsets) and report.onsets[1] <= report.onsets[2], (
-        report.onsets, report.evidence, _timeline(samples, requests, t0))
+        report.onsets,
+        report.evidence,
+        _timeline(samples, requests, t0),
+    )
     if not {3, 4} <= set(report.onsets) and blind_s > BLIND_S:
         # The engine's own /metrics went unanswered for seconds while the wave arrived: its API
         # server shares the 2 cores with the engine core and the client, and answers scrapes only
         # between tokenizing dozens of long prompts. A queue that came and went inside such a gap
         # cannot be seen by any scraper; that is a harness limit on this box, not a detector
         # verdict. Reported with the numbers; the root and eviction stages were asserted just above.
-        pytest.xfail(f"/metrics unanswered for {blind_s:.1f} s after the wave (> {BLIND_S} s): "
-                     f"stages seen {sorted(report.onsets)}; {_timeline(samples, requests, t0)}")
+        pytest.xfail(
+            f"/metrics unanswered for {blind_s:.1f} s after the wave (> {BLIND_S} s): "
+            f"stages seen {sorted(report.onsets)}; {_timeline(samples, requests, t0)}"
+        )
     # every stage shows: the root (KV full), eviction/preemption, a queue lasting 1 s, and TTFT
     # 3x and 250 ms over its baseline while requests queue
     assert set(report.onsets) == {1, 2, 3, 4}, (report.onsets, report.evidence, _timeline(samples, requests, t0))
@@ -187,14 +219,17 @@ def test_kv_pressure_run_produces_an_ordered_cascade(vllm_small_kv):
     # KV onset to trail by at most the interval that ended at it (on a loaded box scrapes come
     # late: the real interval, not the nominal 200 ms).
     tol = o[1] - max((t for t in times if t < o[1]), default=o[1])
-    assert o[1] <= o[2]                   # evicting implies a full pool: never before the root
-    assert o[1] <= o[3] + tol             # a full pool is what makes arrivals wait ...
-    assert o[1] <= o[4] + tol             # ... and the root precedes the symptom
-    assert o[3] <= o[4]                   # the symptom counts only while requests queue
-    assert o[1] <= wave_t                 # the wave was sent once the scrapes showed the root
+    assert o[1] <= o[2]  # evicting implies a full pool: never before the root
+    assert o[1] <= o[3] + tol  # a full pool is what makes arrivals wait ...
+    assert o[1] <= o[4] + tol  # ... and the root precedes the symptom
+    assert o[3] <= o[4]  # the symptom counts only while requests queue
+    assert o[1] <= wave_t  # the wave was sent once the scrapes showed the root
     assert report.evidence["evictions_window_total"] > 0
     assert report.evidence["ttft_last_s"] is not None
-    assert "gpu_utilization_ratio" in report.signals_missing          # CPU engine: symptom from TTFT alone
+    assert "gpu_utilization_ratio" in report.signals_missing  # CPU engine: symptom from TTFT alone
     names = {s.name for s in render_cascade_samples({"vllm-0": report})}
-    assert names == {"engine_cascade_stage_code", "engine_cascade_stage_onset_timestamp_seconds",
-                     "engine_cascade_lead_seconds"}
+    assert names == {
+        "engine_cascade_stage_code",
+        "engine_cascade_stage_onset_timestamp_seconds",
+        "engine_cascade_lead_seconds",
+    }

@@ -31,27 +31,62 @@ from testbed.prometheus import query_range as prometheus_query_range
 pytestmark = pytest.mark.prometheus
 
 NO_GPU = "CPU-only recording: no DCGM or NVML, so no GPU series"
-KVSCOPE_LIVE = "produced live by a kvscope component (request tap, trace receiver, KV-event subscriber or fairness "\
+KVSCOPE_LIVE = (
+    "produced live by a kvscope component (request tap, trace receiver, KV-event subscriber or fairness "
     "analytics), not by the engine's /metrics that a recording holds"
+)
 DECLARED_ABSENT = {
-    **{s: NO_GPU for s in ("gpu_utilization_ratio", "gpu_sm_active_ratio", "gpu_memory_used_bytes",
-                           "gpu_memory_total_bytes", "gpu_power_watts", "gpu_temperature_celsius", "gpu_xid_last_code",
-                           "gpu_energy_joules_total", "engine_gpu_memory_used_bytes",
-                           "gpu_graphics_engine_active_ratio")},
-    **{s: "host collector series are produced by the live agent, not by the engine's /metrics"
-       for s in ("host_cpu_utilization_ratio", "host_memory_used_bytes", "host_memory_total_bytes",
-                 "engine_process_resident_memory_bytes", "engine_process_cpu_seconds_total")},
-    **{s: KVSCOPE_LIVE for s in (
-        "tenant_requests_total", "tenant_prompt_tokens_total", "tenant_cached_tokens_total", "tenant_ttft_seconds",
-        "tenant_lost_reuse_ratio", "fleet_tenant_hit_jain_ratio", "fleet_cold_tenant_ratio",
-        "fleet_tenant_hit_ratio_tail_gap_ratio", "prefix_split_ratio", "request_phase_seconds",
-        "kv_blocks_removed_total", "kv_blocks_evicted_recomputed_total", "kv_hot_blocks_evicted_total",
-        "kv_block_residency_seconds")},
+    **{
+        s: NO_GPU
+        for s in (
+            "gpu_utilization_ratio",
+            "gpu_sm_active_ratio",
+            "gpu_memory_used_bytes",
+            "gpu_memory_total_bytes",
+            "gpu_power_watts",
+            "gpu_temperature_celsius",
+            "gpu_xid_last_code",
+            "gpu_energy_joules_total",
+            "engine_gpu_memory_used_bytes",
+            "gpu_graphics_engine_active_ratio",
+        )
+    },
+    **{
+        s: "host collector series are produced by the live agent, not by the engine's /metrics"
+        for s in (
+            "host_cpu_utilization_ratio",
+            "host_memory_used_bytes",
+            "host_memory_total_bytes",
+            "engine_process_resident_memory_bytes",
+            "engine_process_cpu_seconds_total",
+        )
+    },
+    **{
+        s: KVSCOPE_LIVE
+        for s in (
+            "tenant_requests_total",
+            "tenant_prompt_tokens_total",
+            "tenant_cached_tokens_total",
+            "tenant_ttft_seconds",
+            "tenant_lost_reuse_ratio",
+            "fleet_tenant_hit_jain_ratio",
+            "fleet_cold_tenant_ratio",
+            "fleet_tenant_hit_ratio_tail_gap_ratio",
+            "prefix_split_ratio",
+            "request_phase_seconds",
+            "kv_blocks_removed_total",
+            "kv_blocks_evicted_recomputed_total",
+            "kv_hot_blocks_evicted_total",
+            "kv_block_residency_seconds",
+        )
+    },
     "engine_kv_evicted_tokens_total": "SGLang-only counter; vLLM exports preemptions instead",
     "engine_kv_host_used_tokens": "SGLang HiCache host tier; vLLM has no host-tier usage gauge",
     "engine_kv_host_capacity_tokens": "SGLang HiCache host tier",
-    **{s: "single unified vLLM server: no prefill/decode KV transfer (no NIXL/Mooncake connector)"
-       for s in ("kv_transfer_seconds", "kv_transfer_bytes", "kv_transfer_failures_total")},
+    **{
+        s: "single unified vLLM server: no prefill/decode KV transfer (no NIXL/Mooncake connector)"
+        for s in ("kv_transfer_seconds", "kv_transfer_bytes", "kv_transfer_failures_total")
+    },
     "ALERTS": "alerts exist only while Prometheus evaluates alert rules live; backfilled history has none",
 }
 CONDITIONAL = {
@@ -114,8 +149,13 @@ evaluates a rule file only against data already in the TSDB."""
 def _prometheus(prom: str, work: Path):
     """A real Prometheus serving `work/data` (nothing scraped); its log is `work/prometheus.log`."""
     (work / "prometheus.yml").write_text(EMPTY_CONFIG)
-    return running_prometheus(work / "prometheus.yml", work / "data", "--storage.tsdb.retention.time=100y",
-                              log_path=work / "prometheus.log", binary=prom)
+    return running_prometheus(
+        work / "prometheus.yml",
+        work / "data",
+        "--storage.tsdb.retention.time=100y",
+        log_path=work / "prometheus.log",
+        binary=prom,
+    )
 
 
 @contextlib.contextmanager
@@ -135,15 +175,34 @@ def serve_recording(path: Path, work: Path):
     (work / "native.om").write_text(read_recording_text(path))
     (work / "agent.om").write_text(render_backfill(replay.samples))
     for name in ("native.om", "agent.om"):
-        subprocess.run([tool, "tsdb", "create-blocks-from", "openmetrics", str(work / name), str(work / "data")],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [tool, "tsdb", "create-blocks-from", "openmetrics", str(work / name), str(work / "data")],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
     start, end = int(replay.start) - 1, int(replay.end) + 2
     for rule_file in RULE_PASSES:
         out = work / f"rules-{rule_file}"
         with _prometheus(prom, work) as server:
-            subprocess.run([tool, "tsdb", "create-blocks-from", "rules", f"--start={start}", f"--end={end}",
-                            f"--url={server.url}", f"--output-dir={out}", "--eval-interval=2s", "--quiet",
-                            str(RULES / rule_file)], check=True, capture_output=True, timeout=300)
+            subprocess.run(
+                [
+                    tool,
+                    "tsdb",
+                    "create-blocks-from",
+                    "rules",
+                    f"--start={start}",
+                    f"--end={end}",
+                    f"--url={server.url}",
+                    f"--output-dir={out}",
+                    "--eval-interval=2s",
+                    "--quiet",
+                    str(RULES / rule_file),
+                ],
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
         for block in out.iterdir():
             if block.is_dir():
                 block.rename(work / "data" / block.name)
@@ -159,8 +218,13 @@ def loaded(tmp_path_factory, recording):
 
 def substitute(expr: str, start: float, end: float) -> str:
     """Grafana's variables as a dashboard user with everything selected would send them."""
-    values = {"$__rate_interval": "1m", "$__range": f"{max(60, int(end - start))}s", "$ttft_slo": "1",
-              "$itl_slo": "0.1", "$gpu_hour_cost": "2.5"}
+    values = {
+        "$__rate_interval": "1m",
+        "$__range": f"{max(60, int(end - start))}s",
+        "$ttft_slo": "1",
+        "$itl_slo": "0.1",
+        "$gpu_hour_cost": "2.5",
+    }
     for var in ("$job", "$namespace", "$model", "$instance", "$tenant"):
         values[var] = ".*"
     for k in sorted(values, key=len, reverse=True):
@@ -192,8 +256,7 @@ def measured_idle(url: str, replay, signal: str) -> bool:
     return not result or all(float(v) == 0 for r in result for _, v in r["values"])
 
 
-def silent_panels(url: str, replay, strict: bool = True,
-                  explained: list[str] | None = None) -> tuple[int, list[str]]:
+def silent_panels(url: str, replay, strict: bool = True, explained: list[str] | None = None) -> tuple[int, list[str]]:
     """(queries run, queries with no data that nothing explains).
 
     strict (the bundled incident): an empty query must read a signal of DECLARED_ABSENT or
@@ -213,8 +276,11 @@ def silent_panels(url: str, replay, strict: bool = True,
                 absent = [s for s in q.signals if s not in present]
                 if strict:
                     lacking = absent + [s for s in q.signals if s in DECLARED_IDLE]
-                    undeclared = [s for s in lacking if s not in DECLARED_ABSENT and s not in DECLARED_IDLE
-                                  and s not in CONDITIONAL]
+                    undeclared = [
+                        s
+                        for s in lacking
+                        if s not in DECLARED_ABSENT and s not in DECLARED_IDLE and s not in CONDITIONAL
+                    ]
                 else:
                     idle = [] if absent else [s for s in q.signals if measured_idle(url, replay, s)]
                     lacking, undeclared = absent + idle, []
@@ -240,7 +306,8 @@ def test_library_recordings_show_data_or_declared_absence(path, tmp_path):
         ran, silent = silent_panels(url, replay, strict=False, explained=explained)
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / f"dashboard-absences-{path.name.split('.')[0]}.txt").write_text(
-        f"{path.name}: {ran} panel queries, {len(explained)} empty with a reason\n" + "\n".join(explained) + "\n")
+        f"{path.name}: {ran} panel queries, {len(explained)} empty with a reason\n" + "\n".join(explained) + "\n"
+    )
     assert ran > 60
     assert silent == [], f"{path.name}: panels silently empty:\n" + "\n".join(silent)
 
@@ -249,7 +316,7 @@ def test_declared_absent_signals_really_are_absent(loaded):
     _, replay = loaded
     present = _present(replay)
     assert sorted(s for s in DECLARED_ABSENT if s in present) == []
-    assert sorted(s for s in CONDITIONAL if s not in present) == []     # the incident reaches them
+    assert sorted(s for s in CONDITIONAL if s not in present) == []  # the incident reaches them
 
 
 def test_declared_idle_signals_really_never_move(loaded):
@@ -294,10 +361,11 @@ def test_weekly_report_from_prometheus_matches_the_recording(loaded):
 
     url, replay = loaded
     direct = build_report(series_set_from_samples(replay.samples), replay.end + 1, 2.5, "recording").this
-    via_prom = build_report(read_prometheus_series(url, replay.start, replay.end + 1), replay.end + 1, 2.5,
-                            "prometheus").this
+    via_prom = build_report(
+        read_prometheus_series(url, replay.start, replay.end + 1), replay.end + 1, 2.5, "prometheus"
+    ).this
     tokens = direct.fleet["output_tokens"]
     assert tokens and tokens > 0
     assert via_prom.fleet["output_tokens"] == pytest.approx(tokens, rel=0.05)
     assert via_prom.fleet["hit_ratio"] == pytest.approx(direct.fleet["hit_ratio"], abs=0.02)
-    assert via_prom.fleet["gpu_hours"] is None          # no GPU in the recording: absent through both paths
+    assert via_prom.fleet["gpu_hours"] is None  # no GPU in the recording: absent through both paths

@@ -35,13 +35,18 @@ def _build_copies() -> list[str]:
 
 def _ignored(rel: str, patterns: list[str]) -> bool:
     parts = rel.split("/")
-    return any(fnmatch.fnmatch(rel, p.removeprefix("**/")) or any(fnmatch.fnmatch(x, p.removeprefix("**/"))
-                                                                    for x in parts) for p in patterns)
+    return any(
+        fnmatch.fnmatch(rel, p.removeprefix("**/")) or any(fnmatch.fnmatch(x, p.removeprefix("**/")) for x in parts)
+        for p in patterns
+    )
 
 
 def _copy_context(dest: Path) -> None:
-    patterns = [x.strip().rstrip("/") for x in (ROOT / ".dockerignore").read_text().splitlines()
-                if x.strip() and not x.startswith("#")]
+    patterns = [
+        x.strip().rstrip("/")
+        for x in (ROOT / ".dockerignore").read_text().splitlines()
+        if x.strip() and not x.startswith("#")
+    ]
     for src in _build_copies():
         src_path = ROOT / src.rstrip("/")
         files = [src_path] if src_path.is_file() else [p for p in src_path.rglob("*") if p.is_file()]
@@ -57,8 +62,13 @@ def wheel_root(tmp_path_factory) -> Path:
     ctx = tmp_path_factory.mktemp("context")
     _copy_context(ctx)
     out = tmp_path_factory.mktemp("wheel")
-    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", ".", "-w", str(out)],
-                         cwd=ctx, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", ".", "-w", str(out)],
+        cwd=ctx,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     (whl,) = out.glob("kvscope-*.whl")
     root = out / "unpacked"
@@ -70,8 +80,9 @@ def _python(root: Path, args: list[str], **env: str) -> subprocess.CompletedProc
     """`python -S ...` with the wheel first and the venv's dependencies after it; -S skips
     .pth files, so the checkout's editable install cannot answer instead."""
     environ = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{SITE_PACKAGES}", **env}
-    return subprocess.run([sys.executable, "-S", *args], capture_output=True, text=True,
-                          env=environ, timeout=120, cwd=root)
+    return subprocess.run(
+        [sys.executable, "-S", *args], capture_output=True, text=True, env=environ, timeout=120, cwd=root
+    )
 
 
 def _run_from_wheel(root: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
@@ -81,8 +92,9 @@ def _run_from_wheel(root: Path, args: list[str], **env: str) -> subprocess.Compl
 def test_the_wheel_carries_the_package_data(wheel_root):
     pkg = wheel_root / "kvscope"
     assert (pkg / "agent" / "normalize" / "catalog.yaml").is_file()
-    assert sorted(p.name for p in (pkg / "rules" / "prometheus").glob("*.yml")) == \
-        sorted(p.name for p in (ROOT / "rules" / "prometheus").glob("*.yml"))
+    assert sorted(p.name for p in (pkg / "rules" / "prometheus").glob("*.yml")) == sorted(
+        p.name for p in (ROOT / "rules" / "prometheus").glob("*.yml")
+    )
     res = _python(wheel_root, ["-c", "import kvscope.rules as r; print(r.__file__)"])
     assert res.returncode == 0 and res.stdout.strip() == str(pkg / "rules" / "__init__.py"), res.stdout + res.stderr
 
@@ -101,8 +113,12 @@ def test_init_container_renders_the_configmap_from_the_wheel(wheel_root, tmp_pat
     template = tmp_path / "kvscope.yaml.tmpl"
     template.write_text(cm["data"]["kvscope.yaml.tmpl"])
     out = tmp_path / "etc" / "kvscope.yaml"
-    res = _run_from_wheel(wheel_root, ["deploy", "render-config", "--template", str(template), "--output", str(out)],
-                          NODE_IP="10.0.0.9", NODE_NAME="gpu-node-9")
+    res = _run_from_wheel(
+        wheel_root,
+        ["deploy", "render-config", "--template", str(template), "--output", str(out)],
+        NODE_IP="10.0.0.9",
+        NODE_NAME="gpu-node-9",
+    )
     assert res.returncode == 0, res.stderr
     assert "warning" not in res.stderr
     assert "http://10.0.0.9:9400/metrics" in out.read_text()

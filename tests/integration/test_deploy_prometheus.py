@@ -60,9 +60,11 @@ def engine_port():
 
 # ---------------------------------------------------------------------------- static checks
 
+
 def test_promtool_accepts_the_prometheus_config_and_its_rule_files():
-    res = subprocess.run([_binary("promtool"), "check", "config", str(PROM_CONFIG)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [_binary("promtool"), "check", "config", str(PROM_CONFIG)], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     files = sorted((ROOT / "rules" / "prometheus").glob("*.yml"))
     assert f"SUCCESS: {len(files)} rule files found" in res.stdout, res.stdout
@@ -71,8 +73,9 @@ def test_promtool_accepts_the_prometheus_config_and_its_rule_files():
 
 
 def test_amtool_accepts_the_alertmanager_config():
-    res = subprocess.run([_binary("amtool"), "check-config", str(AM_CONFIG)], capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        [_binary("amtool"), "check-config", str(AM_CONFIG)], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr
 
 
@@ -96,6 +99,7 @@ def test_every_generated_alert_routes_to_the_kvscope_webhook():
 
 # ---------------------------------------------------------------------------- live Prometheus
 
+
 def _prometheus_config(tmp_path: Path, ports: dict[str, int]) -> Path:
     """The shipped config with every target on a test port, 1 s intervals and absolute rule paths."""
     cfg = yaml.safe_load(PROM_CONFIG.read_text())
@@ -118,31 +122,53 @@ def _query(port: int, expr: str) -> list[dict]:
 def test_prometheus_from_the_deploy_config_scrapes_a_real_agent(tmp_path, processes, engine_port):
     prometheus = _binary("prometheus")
     agent_port, prom_port = free_port(), free_port()
-    agent = processes.start("agent", [
-        str(KVSCOPE), "agent", "--target", f"http://127.0.0.1:{engine_port}/metrics", "--job", "vllm",
-        "--scrape.interval", "2s", "--web.listen-address", f"127.0.0.1:{agent_port}", "--store.path", ""])
+    agent = processes.start(
+        "agent",
+        [
+            str(KVSCOPE),
+            "agent",
+            "--target",
+            f"http://127.0.0.1:{engine_port}/metrics",
+            "--job",
+            "vllm",
+            "--scrape.interval",
+            "2s",
+            "--web.listen-address",
+            f"127.0.0.1:{agent_port}",
+            "--store.path",
+            "",
+        ],
+    )
     config = _prometheus_config(tmp_path, {"kvscope-agent": agent_port, "vllm": engine_port})
     prom = processes.start("prometheus", prometheus_argv(config, tmp_path / "tsdb", prom_port, binary=prometheus))
     procs = (agent, prom)
     wait_http(f"http://127.0.0.1:{prom_port}/-/ready", 180, procs=procs)
 
-    up = _wait_for("up{job='kvscope-agent'} == 1",
-                   lambda: _query(prom_port, 'up{job="kvscope-agent"} == 1'), 180, procs)
+    up = _wait_for(
+        "up{job='kvscope-agent'} == 1", lambda: _query(prom_port, 'up{job="kvscope-agent"} == 1'), 180, procs
+    )
     assert up[0]["metric"]["instance"] == f"127.0.0.1:{agent_port}"
-    kv = _wait_for("kvscope_engine_kv_cache_usage_ratio",
-                   lambda: _query(prom_port, "kvscope_engine_kv_cache_usage_ratio"), 120, procs)
+    kv = _wait_for(
+        "kvscope_engine_kv_cache_usage_ratio",
+        lambda: _query(prom_port, "kvscope_engine_kv_cache_usage_ratio"),
+        120,
+        procs,
+    )
     # honor_labels: the agent's series keep the engine's job/instance, not the agent's
     assert {(s["metric"]["job"], s["metric"]["instance"]) for s in kv} == {("vllm", f"127.0.0.1:{engine_port}")}
-    _wait_for("kvscope_target_up{job='vllm'} == 1",
-              lambda: _query(prom_port, 'kvscope_target_up{job="vllm"} == 1'), 120, procs)
+    _wait_for(
+        "kvscope_target_up{job='vllm'} == 1",
+        lambda: _query(prom_port, 'kvscope_target_up{job="vllm"} == 1'),
+        120,
+        procs,
+    )
     # the engine job scrapes vLLM directly; a job with nothing listening is down, not missing
     _wait_for("up{job='vllm'} == 1", lambda: _query(prom_port, 'up{job="vllm"} == 1'), 120, procs)
     dcgm = _wait_for("up{job='dcgm'}", lambda: _query(prom_port, 'up{job="dcgm"}'), 120, procs)
     assert [s["value"][1] for s in dcgm] == ["0"]
 
     groups = get_json(f"http://127.0.0.1:{prom_port}/api/v1/rules")["data"]["groups"]
-    expected = sum(len(yaml.safe_load(p.read_text())["groups"])
-                   for p in (ROOT / "rules" / "prometheus").glob("*.yml"))
+    expected = sum(len(yaml.safe_load(p.read_text())["groups"]) for p in (ROOT / "rules" / "prometheus").glob("*.yml"))
     assert len(groups) == expected
     broken = [r["name"] for g in groups for r in g["rules"] if r.get("health") == "err"]
     assert not broken, broken
@@ -150,13 +176,21 @@ def test_prometheus_from_the_deploy_config_scrapes_a_real_agent(tmp_path, proces
 
 # ---------------------------------------------------------------------------- live Alertmanager
 
+
 def test_alertmanager_from_the_deploy_config_delivers_llm_alerts_to_kvscope_serve(tmp_path, processes):
     am = _binary("prometheus-alertmanager")
     hook_port, am_port = free_port(), free_port()
     # The real webhook; no Prometheus behind it here, so diagnoses come back without a cause.
-    serve = processes.start("serve", [
-        str(KVSCOPE), "serve", f"--prometheus=http://127.0.0.1:{free_port()}",
-        f"--listen=127.0.0.1:{hook_port}", "--store=:memory:"])
+    serve = processes.start(
+        "serve",
+        [
+            str(KVSCOPE),
+            "serve",
+            f"--prometheus=http://127.0.0.1:{free_port()}",
+            f"--listen=127.0.0.1:{hook_port}",
+            "--store=:memory:",
+        ],
+    )
     cfg = yaml.safe_load(AM_CONFIG.read_text())
     hook = next(r for r in cfg["receivers"] if r["name"] == "kvscope")["webhook_configs"][0]
     shipped = urllib.parse.urlsplit(hook["url"])
@@ -167,12 +201,13 @@ def test_alertmanager_from_the_deploy_config_delivers_llm_alerts_to_kvscope_serv
     proc = processes.start("alertmanager", alertmanager_argv(tmp_path / "am.yml", tmp_path / "am", am_port, binary=am))
     wait_http(f"http://127.0.0.1:{am_port}/-/ready", 180, procs=(proc, serve))
 
-    alerts = [{"labels": {"alertname": "LlmKvCachePressure", "job": "vllm", "instance": "e1"}},
-              {"labels": {"alertname": "NodeDiskFull", "instance": "n1"}}]
+    alerts = [
+        {"labels": {"alertname": "LlmKvCachePressure", "job": "vllm", "instance": "e1"}},
+        {"labels": {"alertname": "NodeDiskFull", "instance": "n1"}},
+    ]
     assert post_alerts(f"http://127.0.0.1:{am_port}", alerts) == 200
     diagnoses_url = f"http://127.0.0.1:{hook_port}/api/v1/diagnoses"
-    got = _wait_for("a diagnosis at kvscope serve",
-                    lambda: get_json(diagnoses_url)["diagnoses"], 120, (proc, serve))
+    got = _wait_for("a diagnosis at kvscope serve", lambda: get_json(diagnoses_url)["diagnoses"], 120, (proc, serve))
     time.sleep(1.0)  # anything else that would (wrongly) arrive
     got = get_json(diagnoses_url)["diagnoses"]
     assert [d["alertnames"] for d in got] == [["LlmKvCachePressure"]]

@@ -38,10 +38,21 @@ mkdir "$RW/config" "$RW/state" "$RW/tmp"
 
 @pytest.fixture(scope="module")
 def sandbox_ok():
-    require_binaries("unshare", "setpriv", "mount")     # util-linux
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                            "mount -o remount,ro,bind / && ! touch /.kvscope-probe 2>/dev/null"],
-                           capture_output=True, text=True, timeout=30)
+    require_binaries("unshare", "setpriv", "mount")  # util-linux
+    probe = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -o remount,ro,bind / && ! touch /.kvscope-probe 2>/dev/null",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if probe.returncode != 0:
         pytest.skip(f"cannot make a read-only mount namespace here (needs root/CAP_SYS_ADMIN): {probe.stderr}")
 
@@ -53,8 +64,7 @@ def _without_ui_extras(tmp_path: Path) -> dict[str, str]:
     modules = sorted(re.split(r"[=<>\[ ]", req)[0].replace("-", "_").lower() for req in extras)
     hook = tmp_path / "agent-image-site"
     hook.mkdir(exist_ok=True)
-    (hook / "sitecustomize.py").write_text(
-        "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in modules))
+    (hook / "sitecustomize.py").write_text("import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in modules))
     return {"PYTHONPATH": str(hook)}
 
 
@@ -67,8 +77,9 @@ def _sandboxed(rw: Path, shell: str, env: dict[str, str], log: Path) -> LoggedPr
     prefix = "setpriv --no-new-privs --inh-caps=-all --bounding-set=-all --"
     script = SANDBOX + shell.replace("@DROP@", prefix)
     environ = {"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "RW": str(rw), **env}
-    return LoggedProcess(["unshare", "-m", "--propagation", "private", "bash", "-c", script], log,
-                         name=log.stem, env=environ)
+    return LoggedProcess(
+        ["unshare", "-m", "--propagation", "private", "bash", "-c", script], log, name=log.stem, env=environ
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -112,48 +123,72 @@ def test_agent_pod_runs_read_only_without_capabilities(sandbox_ok, tmp_path, eng
     cm = yaml.safe_load((K8S / "agent-configmap.yaml").read_text())["data"]["kvscope.yaml.tmpl"]
     port, otlp = free_port(), free_port()
     # test ports instead of the node's well-known ones; everything else as shipped
-    cm = (cm.replace("${NODE_IP}:8000", f"${{NODE_IP}}:{engine_port}")
-            .replace("${NODE_IP}:30000", f"${{NODE_IP}}:{free_port()}")
-            .replace("${NODE_IP}:9400", f"${{NODE_IP}}:{free_port()}")
-            .replace("listen: 0.0.0.0:4318", f"listen: 127.0.0.1:{otlp}"))
+    cm = (
+        cm.replace("${NODE_IP}:8000", f"${{NODE_IP}}:{engine_port}")
+        .replace("${NODE_IP}:30000", f"${{NODE_IP}}:{free_port()}")
+        .replace("${NODE_IP}:9400", f"${{NODE_IP}}:{free_port()}")
+        .replace("listen: 0.0.0.0:4318", f"listen: 127.0.0.1:{otlp}")
+    )
     template = tmp_path / "configmap" / "kvscope.yaml.tmpl"
     template.parent.mkdir()
     template.write_text(cm)
     c = _containers("agent-daemonset.yaml")
-    paths = {"/etc/kvscope-template": str(template.parent), "/etc/kvscope": f"{rw}/config",
-             "0.0.0.0:9464": f"127.0.0.1:{port}"}
+    paths = {
+        "/etc/kvscope-template": str(template.parent),
+        "/etc/kvscope": f"{rw}/config",
+        "0.0.0.0:9464": f"127.0.0.1:{port}",
+    }
     init = _shell(c["render-config"]["command"], paths)
     agent = _shell(c["agent"]["command"] + c["agent"]["args"], paths)
     log = tmp_path / "agent.log"
-    proc = _sandboxed(rw, f"@DROP@ {init}\nexec @DROP@ {agent}\n", {
-        "NODE_IP": "127.0.0.1", "NODE_NAME": "gpu-node-test",
-        # the image's HOME and the pod's /tmp are emptyDirs; the store path is the ConfigMap's
-        # directory (/var/lib/kvscope) moved onto this sandbox's tmpfs
-        "HOME": f"{rw}/state", "TMPDIR": f"{rw}/tmp", "KVSCOPE_STORE_PATH": f"{rw}/state/kvscope.db",
-        **_image_env(c["agent"], tmp_path)}, log)
+    proc = _sandboxed(
+        rw,
+        f"@DROP@ {init}\nexec @DROP@ {agent}\n",
+        {
+            "NODE_IP": "127.0.0.1",
+            "NODE_NAME": "gpu-node-test",
+            # the image's HOME and the pod's /tmp are emptyDirs; the store path is the ConfigMap's
+            # directory (/var/lib/kvscope) moved onto this sandbox's tmpfs
+            "HOME": f"{rw}/state",
+            "TMPDIR": f"{rw}/tmp",
+            "KVSCOPE_STORE_PATH": f"{rw}/state/kvscope.db",
+            **_image_env(c["agent"], tmp_path),
+        },
+        log,
+    )
     try:
         _wait_http(f"http://127.0.0.1:{port}/-/ready", proc)
         deadline = time.monotonic() + 120
         while True:
             metrics = _wait_http(f"http://127.0.0.1:{port}/metrics", proc).decode()
-            up = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                  if line.startswith("kvscope_target_up{")}
-            written = [float(x.rsplit(" ", 1)[1]) for x in metrics.splitlines()
-                       if x.startswith("kvscope_store_samples_written_total")]
+            up = {
+                line.split(" ")[0]: float(line.rsplit(" ", 1)[1])
+                for line in metrics.splitlines()
+                if line.startswith("kvscope_target_up{")
+            }
+            written = [
+                float(x.rsplit(" ", 1)[1])
+                for x in metrics.splitlines()
+                if x.startswith("kvscope_store_samples_written_total")
+            ]
             scrape_up = {k: v for k, v in up.items() if 'job="otlp"' not in k}
             if (sum(scrape_up.values()) == 1 and written and written[0] > 0) or time.monotonic() > deadline:
                 break
             time.sleep(1)
-        assert len(scrape_up) == 3 and sum(scrape_up.values()) == 1, up   # the stub up, the two absent ports down
+        assert len(scrape_up) == 3 and sum(scrape_up.values()) == 1, up  # the stub up, the two absent ports down
         assert [k for k, v in scrape_up.items() if v == 1][0].count(f":{engine_port}") == 1
         # the ConfigMap's otlp section starts the receiver, and it accepts an OTLP/HTTP export
         assert up.get(f'kvscope_target_up{{instance="127.0.0.1:{otlp}",job="otlp"}}') == 1, up
-        req = urllib.request.Request(f"http://127.0.0.1:{otlp}/v1/traces", data=b"", method="POST",
-                                     headers={"Content-Type": "application/x-protobuf"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{otlp}/v1/traces",
+            data=b"",
+            method="POST",
+            headers={"Content-Type": "application/x-protobuf"},
+        )
         with urllib.request.urlopen(req, timeout=10) as resp:  # an empty ExportTraceServiceRequest
             assert resp.status == 200
         assert written and written[0] > 0, "the store must write on its emptyDir"
-        assert 'node="gpu-node-test"' in metrics                        # from the init container's rendering
+        assert 'node="gpu-node-test"' in metrics  # from the init container's rendering
         health = json.loads(_wait_http(f"http://127.0.0.1:{port}/api/v1/health", proc))
         assert health
     finally:
@@ -166,20 +201,27 @@ def test_console_pod_runs_read_only_without_capabilities(sandbox_ok, tmp_path):
     rw.mkdir()
     c = _containers("console-deployment.yaml")
     hook, ui = free_port(), free_port()
-    replace = {"0.0.0.0:9465": f"127.0.0.1:{hook}", "--host=0.0.0.0": "--host=127.0.0.1",
-               "--port=8501": f"--port={ui}", "$(PROMETHEUS_URL)": f"http://127.0.0.1:{free_port()}",
-               "/var/lib/kvscope/": f"{rw}/state/"}
+    replace = {
+        "0.0.0.0:9465": f"127.0.0.1:{hook}",
+        "--host=0.0.0.0": "--host=127.0.0.1",
+        "--port=8501": f"--port={ui}",
+        "$(PROMETHEUS_URL)": f"http://127.0.0.1:{free_port()}",
+        "/var/lib/kvscope/": f"{rw}/state/",
+    }
     procs = []
     try:
-        for name, url in (("webhook", f"http://127.0.0.1:{hook}/api/v1/diagnoses"),
-                          ("ui", f"http://127.0.0.1:{ui}/_stcore/health")):
+        for name, url in (
+            ("webhook", f"http://127.0.0.1:{hook}/api/v1/diagnoses"),
+            ("ui", f"http://127.0.0.1:{ui}/_stcore/health"),
+        ):
             env = {e["name"]: e["value"] for e in c[name].get("env", []) if "value" in e}
             env = {k: v.replace("/tmp", f"{rw}/tmp") for k, v in env.items() if k != "PROMETHEUS_URL"}
             env.setdefault("HOME", f"{rw}/state")  # the image's HOME is a volume too
             log = tmp_path / f"{name}.log"
             argv = _shell(c[name]["command"] + c[name]["args"], replace)
-            proc = _sandboxed(rw, f"exec @DROP@ {argv}\n",
-                              {"TMPDIR": f"{rw}/tmp", **env, **_image_env(c[name], tmp_path)}, log)
+            proc = _sandboxed(
+                rw, f"exec @DROP@ {argv}\n", {"TMPDIR": f"{rw}/tmp", **env, **_image_env(c[name], tmp_path)}, log
+            )
             procs.append((proc, log))
             body = _wait_http(url, proc)
             assert body.strip() in (b"ok",) or json.loads(body)["diagnoses"] == []
@@ -201,8 +243,10 @@ def test_the_sandbox_is_what_it_claims(sandbox_ok, tmp_path):
     rw.mkdir()
     log = tmp_path / "probe.log"
     probe = tmp_path / "outside"
-    shell = (f"@DROP@ sh -c 'grep CapEff /proc/self/status; grep NoNewPrivs /proc/self/status; "
-             f"touch {rw}/state/inside && echo inside-ok; touch {probe} || echo outside-refused'\n")
+    shell = (
+        f"@DROP@ sh -c 'grep CapEff /proc/self/status; grep NoNewPrivs /proc/self/status; "
+        f"touch {rw}/state/inside && echo inside-ok; touch {probe} || echo outside-refused'\n"
+    )
     proc = _sandboxed(rw, shell, {}, log)
     proc.wait(timeout=30)
     out = log.read_text()

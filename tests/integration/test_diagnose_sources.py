@@ -46,8 +46,9 @@ def assert_same_frame(a, b):
         assert sorted(block.labels) == sorted(other.labels), name
         order_a = np.argsort([str(x) for x in block.labels])
         order_b = np.argsort([str(x) for x in other.labels])
-        np.testing.assert_allclose(block.values[order_a], other.values[order_b], rtol=1e-9, equal_nan=True,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            block.values[order_a], other.values[order_b], rtol=1e-9, equal_nan=True, err_msg=name
+        )
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +65,13 @@ def prometheus_url(plain_recording, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prom")
     backfill_openmetrics(plain_recording, tmp / "data", timeout_s=300, binary=PROMTOOL)
     (tmp / "prometheus.yml").write_text(EMPTY_CONFIG)
-    with running_prometheus(tmp / "prometheus.yml", tmp / "data", "--storage.tsdb.retention.time=100y",
-                            log_path=tmp / "prometheus.log", binary=PROMETHEUS) as prom:
+    with running_prometheus(
+        tmp / "prometheus.yml",
+        tmp / "data",
+        "--storage.tsdb.retention.time=100y",
+        log_path=tmp / "prometheus.log",
+        binary=PROMETHEUS,
+    ) as prom:
         yield prom.url
 
 
@@ -109,5 +115,6 @@ def test_prometheus_source_reports_a_clear_error_when_unreachable():
     from kvscope.diagnoser.sources import SourceError
 
     with pytest.raises(SourceError, match="prometheus http://127.0.0.1"):
-        PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout_s=2).read_frame({"engine_requests_waiting"},
-                                                                                     0, 60, 15)
+        PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout_s=2).read_frame(
+            {"engine_requests_waiting"}, 0, 60, 15
+        )

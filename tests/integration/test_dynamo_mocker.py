@@ -41,8 +41,13 @@ RECORD_S = 6
 
 def _chat(url: str, tenant: str, i: int) -> int:
     system = f"tenant {tenant} " + "shared words here " * 60
-    body = json.dumps({"model": MODEL_NAME, "max_tokens": 4, "messages": [
-        {"role": "system", "content": system}, {"role": "user", "content": f"q {i}"}]}).encode()
+    body = json.dumps(
+        {
+            "model": MODEL_NAME,
+            "max_tokens": 4,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"q {i}"}],
+        }
+    ).encode()
     req = urllib.request.Request(url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         return r.status
@@ -54,11 +59,30 @@ def _values(body: str, name: str) -> list[float]:
 
 def _run(fleet: DynamoFleet, mode: str, tmp: Path) -> tuple[dict[str, str], Path]:
     config = tmp / f"{mode}.yaml"
-    config.write_text(json.dumps({"targets": [{"url": u, "job": f"dynamo-{n}"} for n, u in fleet.metrics_urls.items()]}))
+    config.write_text(
+        json.dumps({"targets": [{"url": u, "job": f"dynamo-{n}"} for n, u in fleet.metrics_urls.items()]})
+    )
     out = tmp / f"dynamo-{mode}.om.gz"
-    rec = subprocess.Popen([sys.executable, "-m", "kvscope", "record", "--config", str(config), "--duration",
-                            f"{RECORD_S}s", "--interval", "1s", "--no-progress", "--out", str(out)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rec = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvscope",
+            "record",
+            "--config",
+            str(config),
+            "--duration",
+            f"{RECORD_S}s",
+            "--interval",
+            "1s",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(1.5)
         assert rec.poll() is None, rec.communicate()[1][-2000:]
@@ -77,19 +101,23 @@ def _run(fleet: DynamoFleet, mode: str, tmp: Path) -> tuple[dict[str, str], Path
 
 
 def _capture(mode: str, bodies: dict[str, str]) -> None:
-    how = (f"# Captured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by tests/integration/test_dynamo_mocker.py "
-           f"(KVSCOPE_DYNAMO_CAPTURE=1): real ai-dynamo {DYNAMO_VERSION} on CPU (scripts/install-dynamo.sh), no etcd/NATS "
-           "(file discovery, tcp request plane, zmq event plane); `python -m dynamo.mocker --num-workers 2 --block-size 16 "
-           "--num-gpu-blocks-override 256 --enable-prefix-caching` (tiny-llama tokenizer)")
+    how = (
+        f"# Captured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by tests/integration/test_dynamo_mocker.py "
+        f"(KVSCOPE_DYNAMO_CAPTURE=1): real ai-dynamo {DYNAMO_VERSION} on CPU (scripts/install-dynamo.sh), no etcd/NATS "
+        "(file discovery, tcp request plane, zmq event plane); `python -m dynamo.mocker --num-workers 2 --block-size 16 "
+        "--num-gpu-blocks-override 256 --enable-prefix-caching` (tiny-llama tokenizer)"
+    )
     load = f"after {TENANTS * PER_TENANT} chat requests ({TENANTS} tenants x {PER_TENANT}, ~180-word system prompt each, max_tokens 4)"
     slug = "kv" if mode == "kv" else "round_robin"
     (FIXTURES / f"dynamo-{DYNAMO_VERSION}-frontend-{slug}-mocker-loaded.txt").write_text(
         f"{how}; `python -m dynamo.frontend --router-mode {mode}`: GET the frontend's /metrics {load}. Unedited below.\n"
-        + bodies["frontend"])
-    if mode != "kv":   # the mocker's body after both runs
+        + bodies["frontend"]
+    )
+    if mode != "kv":  # the mocker's body after both runs
         (FIXTURES / f"dynamo-{DYNAMO_VERSION}-mocker-2workers-loaded.txt").write_text(
             f"{how}: GET the mocker's system /metrics (DYN_SYSTEM_PORT) after both frontend runs (kv, then "
-            f"round-robin), {2 * TENANTS * PER_TENANT} requests. Unedited below.\n" + bodies["mocker"])
+            f"round-robin), {2 * TENANTS * PER_TENANT} requests. Unedited below.\n" + bodies["mocker"]
+        )
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +126,10 @@ def runs(tmp_path_factory):
     if reason:
         pytest.skip(reason)
     model = cache_root() / "models" / f"tiny-llama-{model_key()}"
-    if not (model / "tokenizer.json").is_file():   # the mocker needs only its tokenizer and config
+    if not (model / "tokenizer.json").is_file():  # the mocker needs only its tokenizer and config
         if vllm_unavailable_reason():
             pytest.skip(f"the tiny model is not built at {model} and cannot be: {vllm_unavailable_reason()}")
-        model = ensure_tiny_model()                  # built with the vLLM venv's torch
+        model = ensure_tiny_model()  # built with the vLLM venv's torch
     tmp = tmp_path_factory.mktemp("dynamo")
     with DynamoFleet(model, router_mode="kv", workers=2) as fleet:
         kv = _run(fleet, "kv", tmp)
@@ -116,14 +144,16 @@ def test_dynamo_kv_router_keeps_prefixes_and_round_robin_does_not(runs):
     kv, rr = kv_bodies["frontend"], rr_bodies["frontend"]
     selected = sum(_values(kv, "dynamo_component_router_kv_selected_cached_prefix_tokens_total"))
     best = sum(_values(kv, "dynamo_component_router_kv_best_eligible_cached_prefix_tokens_total"))
-    assert selected > 0 and selected == best                       # every request went to the best worker
+    assert selected > 0 and selected == best  # every request went to the best worker
     assert sum(_values(kv, "dynamo_component_router_non_max_overlap_selections_total")) == 0
     assert sum(_values(kv, "dynamo_component_router_kv_hit_rate_count")) == n
     assert sum(_values(kv, "dynamo_component_router_kv_hit_rate_sum")) / n > 0.5
     assert not _values(rr, "dynamo_component_router_kv_selected_cached_prefix_tokens_total")
-    assert sum(_values(rr, "dynamo_component_router_kv_hit_rate_count")) == 0   # exported, never observed
-    cached = {m: sum(_values(b, "dynamo_frontend_cached_tokens_sum")) / sum(_values(b, "dynamo_frontend_cached_tokens_count"))
-              for m, b in (("kv", kv), ("round-robin", rr))}
+    assert sum(_values(rr, "dynamo_component_router_kv_hit_rate_count")) == 0  # exported, never observed
+    cached = {
+        m: sum(_values(b, "dynamo_frontend_cached_tokens_sum")) / sum(_values(b, "dynamo_frontend_cached_tokens_count"))
+        for m, b in (("kv", kv), ("round-robin", rr))
+    }
     assert cached["kv"] > cached["round-robin"], cached
     print({"cached_tokens_per_request": cached, "kv_selected": selected, "kv_best": best})
 
@@ -133,15 +163,20 @@ def test_dynamo_kv_router_keeps_prefixes_and_round_robin_does_not(runs):
         for job in ("dynamo-frontend", "dynamo-mocker"):
             mine = [s for s in scrapes if s.job == job]
             assert len(mine) >= RECORD_S - 2 and all(s.up for s in mine), (path.name, job)
-        assert any(r.name == "dynamo_frontend_requests_total" for s in scrapes if s.job == "dynamo-frontend"
-                   for r in s.samples)
+        assert any(
+            r.name == "dynamo_frontend_requests_total" for s in scrapes if s.job == "dynamo-frontend" for r in s.samples
+        )
 
 
 def _r1(recording: Path, *params: str) -> dict | None:
     """R1's finding on a recording (None when quiet), with `params` overridden."""
     args = [a for p in params for a in ("--param", f"router_gave_locality_away.{p}")]
-    res = subprocess.run([sys.executable, "-m", "kvscope", "diagnose", "--recording", str(recording), "--json", *args],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "kvscope", "diagnose", "--recording", str(recording), "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode in (0, 1, 2), res.stderr[-2000:]
     report = json.loads(res.stdout)
     assert not [s for s in report["skipped"] if "router_gave_locality_away" in json.dumps(s)]

@@ -36,7 +36,7 @@ def _gpu_with_torch() -> bool:
 pytestmark = pytest.mark.skipif(not _gpu_with_torch(), reason="no NVIDIA driver or GPU (or no PyTorch) here")
 
 CAPTURE = Path(__file__).parent.parent / "fixtures" / "scrapes" / "vllm-0.32.0-cpu-after-load.txt"
-STAND_IN = '''
+STAND_IN = """
 import http.server, sys, torch
 body = open(sys.argv[sys.argv.index("--capture") + 1], "rb").read()
 held = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
@@ -52,7 +52,7 @@ class Metrics(http.server.BaseHTTPRequestHandler):
 server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Metrics)
 print("ready", flush=True)
 server.serve_forever()
-'''
+"""
 
 
 @pytest.fixture
@@ -66,8 +66,12 @@ def engine(tmp_path):
         (d / "__init__.py").write_text("")
     (pkg / "api_server.py").write_text(STAND_IN)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", str(port),
-                             "--capture", str(CAPTURE)], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", str(port), "--capture", str(CAPTURE)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         yield port, proc.pid
@@ -97,13 +101,15 @@ def test_engine_is_joined_to_its_gpu_by_pid(engine):
     collections = asyncio.run(collect())
     assert all(h.up for c in collections for h in c.health), [h for c in collections for h in c.health]
     samples = [s for c in collections for s in c.samples]
-    procs = {dict(s.labels)["pid"]: dict(s.labels).get("instance") for s in samples
-             if s.name.startswith("engine_process_")}
+    procs = {
+        dict(s.labels)["pid"]: dict(s.labels).get("instance") for s in samples if s.name.startswith("engine_process_")
+    }
     assert procs.get(str(pid)) == "engine-0", procs
     held = [s.value for s in samples if s.name == "gpu_process_memory_used_bytes" and dict(s.labels)["pid"] == str(pid)]
     assert held and held[0] >= 1 << 30
 
     joined = [s for s in derive_engine_gpu(samples) if s.name == "engine_gpu_memory_used_bytes"]
     print("joined:", [(dict(s.labels), s.value) for s in joined])
-    assert [(dict(s.labels)["instance"], dict(s.labels)["join"], dict(s.labels)["gpu"], s.value) for s in joined] == \
-        [("engine-0", "pid", "0", held[0])]
+    assert [(dict(s.labels)["instance"], dict(s.labels)["join"], dict(s.labels)["gpu"], s.value) for s in joined] == [
+        ("engine-0", "pid", "0", held[0])
+    ]

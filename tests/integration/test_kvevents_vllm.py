@@ -33,8 +33,13 @@ def _totals(sub) -> dict[str, float]:
 
 
 async def _complete(session, base, key, words, max_tokens):
-    body = {"model": SERVED_NAME, "prompt": synthetic_text(key, words), "max_tokens": max_tokens,
-            "ignore_eos": True, "temperature": 0.0}
+    body = {
+        "model": SERVED_NAME,
+        "prompt": synthetic_text(key, words),
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
     async with session.post(base + "/v1/completions", json=body) as r:
         await r.read()
         return r.status
@@ -61,11 +66,12 @@ def test_vllm_kv_events_give_residency_churn_and_match_the_engines_eviction_coun
                 removed_before = _totals(sub).get("kv_blocks_removed_total", 0.0)
                 statuses = [await _complete(s, vllm_small_kv.url, "sysprompt", 600, 4) for _ in range(3)]
                 # flood the 128-block pool: the shared prompt's blocks are evicted ...
-                statuses += await asyncio.gather(*[_complete(s, vllm_small_kv.url, f"flood/{i}", 300, 300)
-                                                   for i in range(16)])
+                statuses += await asyncio.gather(
+                    *[_complete(s, vllm_small_kv.url, f"flood/{i}", 300, 300) for i in range(16)]
+                )
                 # ... and the next request for it recomputes them (same chained block hashes)
                 statuses += [await _complete(s, vllm_small_kv.url, "sysprompt", 600, 4)]
-            await asyncio.sleep(2.0)                               # events and stats are published per step
+            await asyncio.sleep(2.0)  # events and stats are published per step
         finally:
             await sub.stop()
         return sub, statuses, before, removed_before, evictions_sampled_by_engine(vllm_small_kv.metrics_url)
@@ -81,5 +87,5 @@ def test_vllm_kv_events_give_residency_churn_and_match_the_engines_eviction_coun
     removed = v["kv_blocks_removed_total"] - removed_before
     assert 0.85 * (after - before) <= removed <= 1.05 * (after - before)
     assert v["kv_block_residency_seconds_count"] > 0
-    assert v["kv_blocks_evicted_recomputed_total"] >= 18           # the 600-token prompt: ~19 blocks again
-    assert "kv_hot_blocks_evicted_total" in v                      # present (0 is a real value here)
+    assert v["kv_blocks_evicted_recomputed_total"] >= 18  # the 600-token prompt: ~19 blocks again
+    assert "kv_hot_blocks_evicted_total" in v  # present (0 is a real value here)

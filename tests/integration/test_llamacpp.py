@@ -23,13 +23,32 @@ PROMPT = "engine_prompt_tokens_total"
 GENERATED = "engine_generation_tokens_total"
 HITS = "engine_prefix_cache_hits_tokens_total"
 QUERIES = "engine_prefix_cache_queries_tokens_total"
-MAPPED = {"engine_requests_running", "engine_requests_waiting", PROMPT, GENERATED, HITS, QUERIES,
-          "engine_spec_drafts_total", "engine_spec_draft_tokens_total", "engine_spec_accepted_tokens_total"}
+MAPPED = {
+    "engine_requests_running",
+    "engine_requests_waiting",
+    PROMPT,
+    GENERATED,
+    HITS,
+    QUERIES,
+    "engine_spec_drafts_total",
+    "engine_spec_draft_tokens_total",
+    "engine_spec_accepted_tokens_total",
+}
 # What the diagnoser reads that this llama.cpp build does not export (docs/collectors.md).
-ABSENT = {"engine_kv_cache_usage_ratio", "engine_kv_capacity_tokens", "engine_requests_finished_total",
-          "engine_requests_aborted_total", "engine_preemptions_total", "engine_admission_rejections_total",
-          "request_ttft_seconds_count", "request_itl_seconds_count", "request_e2e_seconds_count",
-          "request_queue_seconds_count", "request_prompt_tokens_count", "request_generation_tokens_count"}
+ABSENT = {
+    "engine_kv_cache_usage_ratio",
+    "engine_kv_capacity_tokens",
+    "engine_requests_finished_total",
+    "engine_requests_aborted_total",
+    "engine_preemptions_total",
+    "engine_admission_rejections_total",
+    "request_ttft_seconds_count",
+    "request_itl_seconds_count",
+    "request_e2e_seconds_count",
+    "request_queue_seconds_count",
+    "request_prompt_tokens_count",
+    "request_generation_tokens_count",
+}
 SLOTS = 2
 
 
@@ -37,7 +56,7 @@ SLOTS = 2
 def llama_server():
     reason = llamacpp_unavailable_reason()
     if reason:
-        pytest.fail(reason, pytrace=False)   # `make test` installs it: missing is a broken install
+        pytest.fail(reason, pytrace=False)  # `make test` installs it: missing is a broken install
     ensure_tiny_gguf()
     with LlamaCppServer(LlamaCppConfig(parallel=SLOTS, ctx_size=2048)) as srv:
         yield srv
@@ -90,8 +109,17 @@ async def _settled(srv: LlamaCppServer, keys: tuple[str, ...], attempts: int = 2
 def test_token_counters_match_the_servers_own_usage(llama_server):
     # Two tenants with their own 150-word system prompts, two turns each: the second turn and the
     # tenant's later sessions reuse a slot's cached prefix.
-    tenants = [Tenant(f"t{i}", system_words=150, share=1.0, turns=2, prompt_words=Dist("fixed", 20),
-                      output_tokens=Dist("fixed", 24)) for i in range(2)]
+    tenants = [
+        Tenant(
+            f"t{i}",
+            system_words=150,
+            share=1.0,
+            turns=2,
+            prompt_words=Dist("fixed", 20),
+            output_tokens=Dist("fixed", 24),
+        )
+        for i in range(2)
+    ]
     spec = LoadSpec(tenants, max_requests=16, duration_s=120, concurrency=SLOTS, seed=3)
 
     async def run():
@@ -107,10 +135,10 @@ def test_token_counters_match_the_servers_own_usage(llama_server):
     d = {k: after[k] - before[k] for k in (PROMPT, GENERATED, HITS, QUERIES)}
     assert d[GENERATED] == sum(r.completion_tokens for r in ok) == 16 * 24
     assert d[PROMPT] == sum(r.prompt_tokens for r in ok)
-    assert d[QUERIES] == d[PROMPT]                      # computed + reused, as the catalog sums them
-    assert 0 < d[HITS] < d[QUERIES]                     # the shared system prompts were reused
+    assert d[QUERIES] == d[PROMPT]  # computed + reused, as the catalog sums them
+    assert 0 < d[HITS] < d[QUERIES]  # the shared system prompts were reused
     reported = [r.cached_tokens for r in ok if r.cached_tokens is not None]
-    if reported:                                        # the server's per-request usage, when it reports it
+    if reported:  # the server's per-request usage, when it reports it
         assert d[HITS] == sum(reported)
 
 
@@ -139,5 +167,5 @@ def test_more_clients_than_slots_fill_every_slot_and_defer_the_rest(llama_server
     assert all(r.ok for r in result.records), [r.error for r in result.records if not r.ok]
     assert seen, "no scrape answered while the load ran"
     assert max(r for r, _ in seen) == SLOTS, seen
-    assert max(w for _, w in seen) >= 1, seen           # the clients beyond the slots wait as deferred tasks
+    assert max(w for _, w in seen) >= 1, seen  # the clients beyond the slots wait as deferred tasks
     assert max(w for _, w in seen) <= clients - SLOTS, seen

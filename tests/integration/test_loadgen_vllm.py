@@ -50,11 +50,12 @@ def test_round_robin_and_sticky_routing_land_where_the_engines_say(vllm_replicas
         assert delta[i]["vllm:prefix_cache_hits_total"] == sum(r.cached_tokens for r in mine)
     assert all(r.ttft_s and r.ttft_s > 0 and r.e2e_s >= r.ttft_s for r in result.records)
 
-    result, delta = _drive(replicas, LoadSpec(tenants, max_requests=12, concurrency=3, seed=5,
-                                              route_by="tenant"), "sticky_tenant")
+    result, delta = _drive(
+        replicas, LoadSpec(tenants, max_requests=12, concurrency=3, seed=5, route_by="tenant"), "sticky_tenant"
+    )
     owner = {r.tenant: r.replica for r in result.records}
-    assert all(r.replica == owner[r.tenant] for r in result.records)   # a tenant never moves
-    assert sorted(owner.values()) == [0, 1]                            # two tenants, two replicas
+    assert all(r.replica == owner[r.tenant] for r in result.records)  # a tenant never moves
+    assert sorted(owner.values()) == [0, 1]  # two tenants, two replicas
     for i in (0, 1):
         assert delta[i]["vllm:request_success_total"] == sum(r.replica == i for r in result.records)
     # warm, sticky tenants: every request after the first per tenant reuses the system prompt

@@ -23,7 +23,7 @@ def test_log_of_a_real_kv_pressure_run_matches_its_scrapes(vllm_small_kv):
     start = os.path.getsize(srv.log_path)
     scrapes, requests, root_t, _ = _run_pressure(srv)
     assert root_t is not None and {s for s, _, _ in requests} == {200}
-    time.sleep(12)            # the stats interval holding the end of the run is logged (10 s in 0.32)
+    time.sleep(12)  # the stats interval holding the end of the run is logged (10 s in 0.32)
     with urllib.request.urlopen(srv.metrics_url, timeout=30) as r:
         scrapes.append((time.time(), r.read().decode()))
     with open(srv.log_path, "rb") as f:
@@ -57,7 +57,7 @@ def test_log_of_a_real_kv_pressure_run_matches_its_scrapes(vllm_small_kv):
     t0, t1 = logged["engine_generation_tokens_total"][0][0], logged["engine_generation_tokens_total"][-1][0]
     gen = scraped["engine_generation_tokens_total"]
 
-    def at(t: float) -> float:          # the log's time is truncated to the second
+    def at(t: float) -> float:  # the log's time is truncated to the second
         return max((v for ts, v in gen if ts <= t + 1), default=gen[0][1])
 
     truth = at(t1) - at(t0)

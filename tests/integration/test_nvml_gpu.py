@@ -56,7 +56,7 @@ def busy_gpu():
     proc = subprocess.Popen([sys.executable, "-c", LOAD, "20"], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
-        time.sleep(2.0)                       # let utilisation and GPM windows fill
+        time.sleep(2.0)  # let utilisation and GPM windows fill
         yield proc
     finally:
         proc.kill()
@@ -69,8 +69,12 @@ def _by(samples, name):
 
 
 def _smi(query: str) -> list[list[str]]:
-    out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [[v.strip() for v in line.split(",")] for line in out.strip().splitlines()]
 
 
@@ -101,7 +105,7 @@ def test_collector_reads_a_real_gpu_as_nvml_and_nvidia_smi_do(busy_gpu):
     for i, h in enumerate(handles):
         mem = pynvml.nvmlDeviceGetMemoryInfo(h)
         assert total[str(i)] == mem.total
-        assert abs(used[str(i)] - mem.used) <= 0.02 * mem.total       # read a moment apart
+        assert abs(used[str(i)] - mem.used) <= 0.02 * mem.total  # read a moment apart
     if shutil.which("nvidia-smi"):
         for i, (mib,) in enumerate(_smi("memory.total")):
             assert abs(total[str(i)] / 2**20 - float(mib)) <= 0.01 * float(mib) + 1
@@ -124,10 +128,14 @@ def test_collector_reads_a_real_gpu_as_nvml_and_nvidia_smi_do(busy_gpu):
         assert sm_active["0"] > 0.3, sm_active
         assert _by(samples, "gpu_tensor_active_ratio")["0"] > 0.0
     else:
-        assert "0" not in sm_active                                   # absent, never 0
-    listed = {str(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handles[0])
-              if p.usedGpuMemory is not None}
-    procs = {dict(s.labels)["pid"] for s in samples
-             if s.name == "gpu_process_memory_used_bytes" and dict(s.labels)["gpu"] == "0"}
+        assert "0" not in sm_active  # absent, never 0
+    listed = {
+        str(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handles[0]) if p.usedGpuMemory is not None
+    }
+    procs = {
+        dict(s.labels)["pid"]
+        for s in samples
+        if s.name == "gpu_process_memory_used_bytes" and dict(s.labels)["gpu"] == "0"
+    }
     print("load pid", busy_gpu.pid, "NVML lists", sorted(listed), "collector", sorted(procs))
     assert procs == listed

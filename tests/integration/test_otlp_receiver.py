@@ -17,10 +17,16 @@ from opentelemetry.trace import SpanKind
 from kvscope.agent.traces.receiver import OtlpConfig, OtlpTraceReceiver, parse_otlp_config
 from kvscope.agent.traces.stitch import StitchConfig
 
-VLLM_ATTRS = {"gen_ai.latency.time_to_first_token": 0.016, "gen_ai.latency.e2e": 0.062,
-              "gen_ai.latency.time_in_queue": 0.004, "gen_ai.latency.time_in_model_prefill": 0.010,
-              "gen_ai.latency.time_in_model_decode": 0.046, "gen_ai.usage.prompt_tokens": 9,
-              "gen_ai.usage.completion_tokens": 16, "gen_ai.request.id": "chatcmpl-1"}
+VLLM_ATTRS = {
+    "gen_ai.latency.time_to_first_token": 0.016,
+    "gen_ai.latency.e2e": 0.062,
+    "gen_ai.latency.time_in_queue": 0.004,
+    "gen_ai.latency.time_in_model_prefill": 0.010,
+    "gen_ai.latency.time_in_model_decode": 0.046,
+    "gen_ai.usage.prompt_tokens": 9,
+    "gen_ai.usage.completion_tokens": 16,
+    "gen_ai.request.id": "chatcmpl-1",
+}
 
 
 def _sdk_export(port: int, compression: Compression = Compression.NoCompression, n: int = 3) -> None:
@@ -30,8 +36,9 @@ def _sdk_export(port: int, compression: Compression = Compression.NoCompression,
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("test")
     for i in range(n):
-        with tracer.start_as_current_span("POST /v1/chat/completions", kind=SpanKind.SERVER,
-                                          attributes={"kvscope.tenant": f"t{i % 2}"}):
+        with tracer.start_as_current_span(
+            "POST /v1/chat/completions", kind=SpanKind.SERVER, attributes={"kvscope.tenant": f"t{i % 2}"}
+        ):
             with tracer.start_as_current_span("llm_request", kind=SpanKind.SERVER, attributes=VLLM_ATTRS):
                 time.sleep(0.001)
     provider.shutdown()
@@ -82,33 +89,57 @@ def test_malformed_payloads_get_400_and_the_receiver_keeps_serving():
             r1 = await s.post(url, data=b"\x0a\xff\xff garbage", headers={"Content-Type": "application/x-protobuf"})
             r2 = await s.post(url, data=b"{oops", headers={"Content-Type": "application/json"})
             r3 = await s.post(url, data=b"x" * 5000, headers={"Content-Type": "application/x-protobuf"})
-            r4 = await s.post(url, data=gzip.compress(b"\0" * 8000), headers={"Content-Type": "application/x-protobuf",
-                                                                            "Content-Encoding": "gzip"})
+            r4 = await s.post(
+                url,
+                data=gzip.compress(b"\0" * 8000),
+                headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"},
+            )
             statuses = [r1.status, r2.status, r3.status, r4.status]
         await asyncio.to_thread(_sdk_export, rx.port, Compression.NoCompression, 1)
         await until(lambda: rx.stats["requests"] >= 1)
         return statuses, await rx.collect(), rx
 
-    statuses, coll, rx = asyncio.run(_with_receiver(OtlpConfig(listen="127.0.0.1:0", max_body_bytes=4096,
-                                                               stitch=FAST), body))
+    statuses, coll, rx = asyncio.run(
+        _with_receiver(OtlpConfig(listen="127.0.0.1:0", max_body_bytes=4096, stitch=FAST), body)
+    )
     assert statuses == [400, 400, 413, 400]
-    assert rx.stats["requests"] == 1                      # still serving after the bad ones
+    assert rx.stats["requests"] == 1  # still serving after the bad ones
     assert coll.health[0].errors["bad_payload"] == 3
 
 
 def test_json_export_is_accepted_and_answered_in_json():
-    doc = {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "sg"}}]},
-                              "scopeSpans": [{"spans": [{
-                                  "traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331",
-                                  "name": "Req 1a2b3c4d", "kind": 2, "startTimeUnixNano": "1000000000",
-                                  "endTimeUnixNano": "1100000000",
-                                  "attributes": [{"key": "gen_ai.latency.time_in_model_prefill",
-                                                  "value": {"doubleValue": 0.02}}]}]}]}]}
+    doc = {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "sg"}}]},
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {
+                                "traceId": "0af7651916cd43dd8448eb211c80319c",
+                                "spanId": "b7ad6b7169203331",
+                                "name": "Req 1a2b3c4d",
+                                "kind": 2,
+                                "startTimeUnixNano": "1000000000",
+                                "endTimeUnixNano": "1100000000",
+                                "attributes": [
+                                    {"key": "gen_ai.latency.time_in_model_prefill", "value": {"doubleValue": 0.02}}
+                                ],
+                            }
+                        ]
+                    }
+                ],
+            }
+        ]
+    }
 
     async def body(rx):
         async with aiohttp.ClientSession() as s:
-            r = await s.post(f"http://127.0.0.1:{rx.port}/v1/traces", data=json.dumps(doc),
-                             headers={"Content-Type": "application/json"})
+            r = await s.post(
+                f"http://127.0.0.1:{rx.port}/v1/traces",
+                data=json.dumps(doc),
+                headers={"Content-Type": "application/json"},
+            )
             text = await r.text()
         await until(lambda: len(rx.recent) >= 1)
         await rx.collect()
@@ -121,8 +152,12 @@ def test_json_export_is_accepted_and_answered_in_json():
 
 def test_pass_through_forwards_the_original_bytes_and_stitched_phase_spans():
     async def body(sink):
-        cfg = OtlpConfig(listen="127.0.0.1:0", stitch=FAST, forward_url=f"http://127.0.0.1:{sink.port}/v1/traces",
-                         stitched_url=f"http://127.0.0.1:{sink.port}/v1/traces")
+        cfg = OtlpConfig(
+            listen="127.0.0.1:0",
+            stitch=FAST,
+            forward_url=f"http://127.0.0.1:{sink.port}/v1/traces",
+            stitched_url=f"http://127.0.0.1:{sink.port}/v1/traces",
+        )
         rx = OtlpTraceReceiver(cfg)
         await rx.start()
         try:
@@ -136,15 +171,24 @@ def test_pass_through_forwards_the_original_bytes_and_stitched_phase_spans():
     rx_stats, sink_stats, _ = asyncio.run(_with_receiver(sink_cfg, body))
     # SimpleSpanProcessor exports span by span: 4 raw gzip bodies forwarded as received + 2 stitched requests
     assert rx_stats["forwarded"] == 4 + 2
-    assert sink_stats["spans"] == 4 + 2 * 3          # 4 original spans + 3 phase spans per request
+    assert sink_stats["spans"] == 4 + 2 * 3  # 4 original spans + 3 phase spans per request
 
 
 def test_config_section_validation_names_the_key():
-    cfg = parse_otlp_config({"listen": "127.0.0.1:4319", "max_body_bytes": "1MiB", "ttl_s": 10,
-                             "service_labels": {"vllm-p": {"role": "prefill"}}})
+    cfg = parse_otlp_config(
+        {
+            "listen": "127.0.0.1:4319",
+            "max_body_bytes": "1MiB",
+            "ttl_s": 10,
+            "service_labels": {"vllm-p": {"role": "prefill"}},
+        }
+    )
     assert cfg.max_body_bytes == 1 << 20 and cfg.stitch.ttl_s == 10
-    for bad, key in (({"listen": "nope"}, "otlp.listen"), ({"lisen": "x"}, "unknown keys"),
-                     ({"service_labels": ["a"]}, "otlp.service_labels")):
+    for bad, key in (
+        ({"listen": "nope"}, "otlp.listen"),
+        ({"lisen": "x"}, "unknown keys"),
+        ({"service_labels": ["a"]}, "otlp.service_labels"),
+    ):
         try:
             parse_otlp_config(bad)
         except ValueError as e:
@@ -158,12 +202,16 @@ def test_spans_over_the_per_trace_limit_get_an_otlp_partial_success():
 
     from kvscope.agent.traces.export import encode_spans
     from kvscope.agent.traces.otlp import Span
+
     spans = [Span("0af7651916cd43dd8448eb211c80319c", f"{i + 1:016x}", "", "x", 1, 1, 2, {}, {}) for i in range(5)]
 
     async def body(rx):
         async with aiohttp.ClientSession() as s:
-            r = await s.post(f"http://127.0.0.1:{rx.port}/v1/traces", data=encode_spans(spans),
-                             headers={"Content-Type": "application/x-protobuf"})
+            r = await s.post(
+                f"http://127.0.0.1:{rx.port}/v1/traces",
+                data=encode_spans(spans),
+                headers={"Content-Type": "application/x-protobuf"},
+            )
             return r.status, ExportTraceServiceResponse.FromString(await r.read())
 
     cfg = OtlpConfig(listen="127.0.0.1:0", stitch=StitchConfig(max_spans_per_trace=3))
@@ -216,6 +264,7 @@ def test_a_stitching_error_is_a_counted_500_and_a_dead_flush_loop_shows_in_healt
     """Our own guard logic, with the stitcher made to fail once (a fake for that one call): the
     request gets a 500, `internal_<error>` is counted in health, the next export is stitched; a
     flush loop that ended shows the receiver down with the reason."""
+
     async def body(rx):
         real_add, calls = rx.stitcher.add, []
 
@@ -227,12 +276,13 @@ def test_a_stitching_error_is_a_counted_500_and_a_dead_flush_loop_shows_in_healt
 
         rx.stitcher.add = failing_once
         async with aiohttp.ClientSession() as s:
-            first = await s.post(f"http://127.0.0.1:{rx.port}/v1/traces", data=b"",
-                                 headers={"Content-Type": "application/x-protobuf"})
+            first = await s.post(
+                f"http://127.0.0.1:{rx.port}/v1/traces", data=b"", headers={"Content-Type": "application/x-protobuf"}
+            )
         await asyncio.to_thread(_sdk_export, rx.port, Compression.NoCompression, 1)
         await until(lambda: rx.stats["requests"] >= 1)
         up = await rx.collect()
-        rx._tasks[0].cancel()                                  # the flush loop ends with an error:
+        rx._tasks[0].cancel()  # the flush loop ends with an error:
         rx._tasks[0] = asyncio.create_task(_boom())
         await asyncio.sleep(0.05)
         return first.status, up, await rx.collect()

@@ -55,16 +55,23 @@ def test_vllm_llm_request_spans_are_stitched_with_the_taps_tenant(receiver, vllm
     bg.run(tap.start())
 
     async def send(tenant, i, stream):
-        body = {"model": SERVED_NAME, "max_tokens": 12, "ignore_eos": True, "stream": stream,
-                "messages": [{"role": "user", "content": f"the cache prefix metric trace {i}"}]}
-        async with aiohttp.ClientSession() as s, s.post(f"http://127.0.0.1:{tap.port}/v1/chat/completions",
-                                                         json=body, headers={"X-Tenant": tenant}) as r:
+        body = {
+            "model": SERVED_NAME,
+            "max_tokens": 12,
+            "ignore_eos": True,
+            "stream": stream,
+            "messages": [{"role": "user", "content": f"the cache prefix metric trace {i}"}],
+        }
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"http://127.0.0.1:{tap.port}/v1/chat/completions", json=body, headers={"X-Tenant": tenant}) as r,
+        ):
             await r.read()
             return r.status
 
     try:
         statuses = [bg.run(send(t, i, i % 2 == 0)) for i, t in enumerate(["acme", "acme", "globex", "initech"])]
-        deadline = time.time() + 30                     # vLLM's BatchSpanProcessor exports every ~5 s
+        deadline = time.time() + 30  # vLLM's BatchSpanProcessor exports every ~5 s
         while time.time() < deadline and sum(r.engine == "vllm" for r in list(rx.recent)) < 4:
             time.sleep(0.5)
     finally:

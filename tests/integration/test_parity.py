@@ -97,28 +97,37 @@ def _prometheus_firing(rule, case, interval, tmp_path: Path) -> tuple[set, set, 
     test = {
         "rule_files": ["rules.yml"],
         "evaluation_interval": f"{int(interval)}s",
-        "tests": [{
-            "interval": f"{int(interval)}s",
-            "input_series": promtool_input_series(case_samples(case, interval), interval)
-            + _fact_series(case.facts, steps),
-            "promql_expr_test": [
-                {"expr": f"group by ({', '.join(('alertname', 'severity', *rule.by))}) ({firing})",
-                 "eval_time": at, "exp_samples": []},
-                {"expr": f"group by ({', '.join(('alertname', *rule.by))}) (max_over_time({firing}[{at}]))",
-                 "eval_time": at, "exp_samples": []},
-            ],
-        }],
+        "tests": [
+            {
+                "interval": f"{int(interval)}s",
+                "input_series": promtool_input_series(case_samples(case, interval), interval)
+                + _fact_series(case.facts, steps),
+                "promql_expr_test": [
+                    {
+                        "expr": f"group by ({', '.join(('alertname', 'severity', *rule.by))}) ({firing})",
+                        "eval_time": at,
+                        "exp_samples": [],
+                    },
+                    {
+                        "expr": f"group by ({', '.join(('alertname', *rule.by))}) (max_over_time({firing}[{at}]))",
+                        "eval_time": at,
+                        "exp_samples": [],
+                    },
+                ],
+            }
+        ],
     }
     (tmp_path / "case.test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
-    proc = subprocess.run(["promtool", "test", "rules", "case.test.yml"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["promtool", "test", "rules", "case.test.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     out = proc.stdout + proc.stderr
     if proc.returncode == 0:
         return set(), set(), out
     assert "got:" in out, f"promtool failed without a result:\n{out}"
     severity: dict[tuple, str] = {}
     ever: set[tuple] = set()
-    for block in re.split(r"\n\s*expr: ", out)[1:]:    # one block per failed expression
+    for block in re.split(r"\n\s*expr: ", out)[1:]:  # one block per failed expression
         for pairs in _got_label_sets(block):
             where = tuple(sorted((k, pairs.get(k, "")) for k in rule.by))
             if "max_over_time" in block.split("\n", 1)[0]:
@@ -131,8 +140,10 @@ def _prometheus_firing(rule, case, interval, tmp_path: Path) -> tuple[set, set, 
 
 def _got_label_sets(block: str) -> list[dict[str, str]]:
     got = block.split("got:", 1)[1] if "got:" in block else ""
-    return [dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels))
-            for labels in re.findall(r"\{([^}]*)\}", got)]
+    return [
+        dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels))
+        for labels in re.findall(r"\{([^}]*)\}", got)
+    ]
 
 
 @pytest.mark.parametrize(("rule_path", "test_file", "case"), _cases())
@@ -144,9 +155,12 @@ def test_python_and_prometheus_agree(rule_path, test_file, case, tmp_path):
     where = f"{test_file.path}:{case.line}"
     if case.expect and not on_the_edge:
         assert py_ever, f"{where}: must-fire case does not fire in Python"
-    assert prom_end == py_end, f"{where}: at eval_time Python fires {sorted(py_end)}, Prometheus {sorted(prom_end)}\n{log}"
-    assert prom_ever == py_ever, (f"{where}: over the window Python fired for {sorted(py_ever)}, "
-                                  f"Prometheus for {sorted(prom_ever)}\n{log}")
+    assert prom_end == py_end, (
+        f"{where}: at eval_time Python fires {sorted(py_end)}, Prometheus {sorted(prom_end)}\n{log}"
+    )
+    assert prom_ever == py_ever, (
+        f"{where}: over the window Python fired for {sorted(py_ever)}, Prometheus for {sorted(prom_ever)}\n{log}"
+    )
 
 
 def test_parity_covers_a_firing_and_a_quiet_case_for_every_alert():

@@ -36,7 +36,7 @@ from testbed.vllm_server import VllmConfig, VllmServer, free_port
 
 pytestmark = pytest.mark.vllm
 
-REQUESTS = 5                  # the last one is the control (see _loaded)
+REQUESTS = 5  # the last one is the control (see _loaded)
 BLOCK = VllmConfig().block_size
 WORDS = "the cache prefix metric trace span latency queue model server time count value".split()
 
@@ -60,8 +60,11 @@ def _by_source(srv: VllmServer) -> dict[str, float]:
 
 def _complete(srv: VllmServer, prompt: str, max_tokens: int, headers: dict[str, str]) -> dict:
     body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
-    req = urllib.request.Request(srv.url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", **headers})
+    req = urllib.request.Request(
+        srv.url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **headers},
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         assert r.status == 200
         return json.loads(r.read())["usage"]
@@ -82,8 +85,11 @@ def _prompt(srv: VllmServer, head: str, words: int, loadable: bool) -> str:
     is nonzero (`loadable`) or zero (the control: a prompt ExampleConnector cannot hand over)."""
     for extra in range(4 * BLOCK):
         prompt = head + " ".join(WORDS[j % len(WORDS)] for j in range(words + extra))
-        req = urllib.request.Request(srv.url + "/tokenize", data=json.dumps(
-            {"model": SERVED_NAME, "prompt": prompt}).encode(), headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            srv.url + "/tokenize",
+            data=json.dumps({"model": SERVED_NAME, "prompt": prompt}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=30) as r:
             if (_loaded(json.loads(r.read())["count"]) > 0) == loadable:
                 return prompt
@@ -94,8 +100,9 @@ def _route(pre: VllmServer, dec: VllmServer, receiver_port: int) -> list[dict]:
     """The P/D router: per request a root span, prefill (1 token) then decode, one traceparent.
     The last request is the control, a prompt whose KV the decode server cannot find."""
     provider = TracerProvider(resource=Resource.create({"service.name": "pd-router"}))
-    provider.add_span_processor(SimpleSpanProcessor(
-        OTLPSpanExporter(endpoint=f"http://127.0.0.1:{receiver_port}/v1/traces", timeout=5)))
+    provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{receiver_port}/v1/traces", timeout=5))
+    )
     tracer, nonce, sent = provider.get_tracer("pd-router"), uuid.uuid4().hex[:8], []
     for i in range(REQUESTS):
         # the run's nonce and the index first: no KV block is shared with another request or run
@@ -106,8 +113,9 @@ def _route(pre: VllmServer, dec: VllmServer, receiver_port: int) -> list[dict]:
             p_usage = _complete(pre, prompt, 1, headers)
             d_usage = _complete(dec, prompt, 8, headers)
         ctx = root.get_span_context()
-        sent.append({"trace_id": f"{ctx.trace_id:032x}", "root": f"{ctx.span_id:016x}",
-                     "prefill": p_usage, "decode": d_usage})
+        sent.append(
+            {"trace_id": f"{ctx.trace_id:032x}", "root": f"{ctx.span_id:016x}", "prefill": p_usage, "decode": d_usage}
+        )
     provider.shutdown()
     return sent
 
@@ -115,8 +123,10 @@ def _route(pre: VllmServer, dec: VllmServer, receiver_port: int) -> list[dict]:
 def test_real_pd_pair_is_stitched_into_one_request_with_the_kv_transfer(vllm_pd_pair):
     port = free_port()
     pre, dec = vllm_pd_pair(VllmConfig(otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces"))
-    labels = {pre.config.service_name: {"role": "prefill", "instance": _instance(pre)},
-              dec.config.service_name: {"role": "decode", "instance": _instance(dec)}}
+    labels = {
+        pre.config.service_name: {"role": "prefill", "instance": _instance(pre)},
+        dec.config.service_name: {"role": "decode", "instance": _instance(dec)},
+    }
     doc = {"otlp": {"listen": f"127.0.0.1:{port}", "settle_s": 0.5, "ttl_s": 60, "service_labels": labels}}
     before = {"pre": _by_source(pre), "dec": _by_source(dec)}
 
@@ -127,23 +137,27 @@ def test_real_pd_pair_is_stitched_into_one_request_with_the_kv_transfer(vllm_pd_
             t0 = time.monotonic()
             sent = await asyncio.to_thread(_route, pre, dec, port)
             t1, ours = time.monotonic(), {s["trace_id"] for s in sent}
-            deadline = t1 + 45                      # each engine's BatchSpanProcessor exports every ~5 s
+            deadline = t1 + 45  # each engine's BatchSpanProcessor exports every ~5 s
             while time.monotonic() < deadline and len([r for r in rx.recent if r.trace_id in ours]) < REQUESTS:
                 await asyncio.sleep(0.2)
             await runtime.run_cycle()
             return rx, sent, await fetch_metrics(base), (t1 - t0, time.monotonic() - t1)
 
     rx, sent, (_, expo), (route_s, wait_s) = asyncio.run(main())
-    print(f"\nP/D pair boot {pre.startup_s:.1f} / {dec.startup_s:.1f} s, {REQUESTS} requests {route_s:.1f} s, "
-          f"spans stitched {wait_s:.1f} s later")
+    print(
+        f"\nP/D pair boot {pre.startup_s:.1f} / {dec.startup_s:.1f} s, {REQUESTS} requests {route_s:.1f} s, "
+        f"spans stitched {wait_s:.1f} s later"
+    )
     after = {"pre": _by_source(pre), "dec": _by_source(dec)}
     records = {}
     for r in rx.recent:
         if r.trace_id in {s["trace_id"] for s in sent}:
             assert r.trace_id not in records, f"trace {r.trace_id} stitched twice"
             records[r.trace_id] = r
-    assert len(records) == REQUESTS, (f"stitched {len(records)} of {REQUESTS}; receiver {dict(rx.stats)}, "
-                                      f"dropped {dict(rx.stitcher.dropped)}\n{dec.log_tail(10)}")
+    assert len(records) == REQUESTS, (
+        f"stitched {len(records)} of {REQUESTS}; receiver {dict(rx.stats)}, "
+        f"dropped {dict(rx.stitcher.dropped)}\n{dec.log_tail(10)}"
+    )
     gaps, first_steps = [], []
     for s in sent:
         rec = records[s["trace_id"]]
@@ -151,8 +165,8 @@ def test_real_pd_pair_is_stitched_into_one_request_with_the_kv_transfer(vllm_pd_
         assert rec.role == "pd" and rec.engine == "vllm" and rec.tenant == "acme"
         assert p_span.resource["service.name"] == pre.config.service_name
         assert d_span.resource["service.name"] == dec.config.service_name
-        assert p_span.parent_id == d_span.parent_id == s["root"]          # both joined the router's trace
-        assert p_span.end_ns <= d_span.start_ns                           # the router waited for the prefill
+        assert p_span.parent_id == d_span.parent_id == s["root"]  # both joined the router's trace
+        assert p_span.end_ns <= d_span.start_ns  # the router waited for the prefill
         # KV transfer = the gap on the raw spans: decode arrival + its queue time - prefill end
         d_run = d_span.start_ns + int(d_span.attributes["gen_ai.latency.time_in_queue"] * 1e9)
         assert rec.kv_transfer_source == "gap"
@@ -161,25 +175,37 @@ def test_real_pd_pair_is_stitched_into_one_request_with_the_kv_transfer(vllm_pd_
         gaps.append(rec.phase("kv_transfer"))
         first_steps.append(d_span.attributes["gen_ai.latency.time_in_model_prefill"])
         assert [(o.phase, o.instance, o.role) for o in rec.phases] == [
-            ("queue", _instance(pre), "prefill"), ("prefill", _instance(pre), "prefill"),
-            ("kv_transfer", _instance(dec), "decode"), ("prefill", _instance(dec), "decode"),
-            ("decode", _instance(dec), "decode")]
+            ("queue", _instance(pre), "prefill"),
+            ("prefill", _instance(pre), "prefill"),
+            ("kv_transfer", _instance(dec), "decode"),
+            ("prefill", _instance(dec), "decode"),
+            ("decode", _instance(dec), "decode"),
+        ]
         assert rec.instance == _instance(dec) and rec.completion_tokens == s["decode"]["completion_tokens"] == 8
         assert rec.prompt_tokens == s["prefill"]["prompt_tokens"] == s["decode"]["prompt_tokens"]
-        assert rec.ttft_s == pytest.approx((d_span.start_ns - p_span.start_ns) / 1e9
-                                           + d_span.attributes["gen_ai.latency.time_to_first_token"])
-    print(f"P/D on vLLM CPU: kv_transfer gaps {[round(g * 1e3, 1) for g in gaps]} ms, decode first step "
-          f"(KV read + prompt tail) {[round(g * 1e3, 1) for g in first_steps]} ms")
+        assert rec.ttft_s == pytest.approx(
+            (d_span.start_ns - p_span.start_ns) / 1e9 + d_span.attributes["gen_ai.latency.time_to_first_token"]
+        )
+    print(
+        f"P/D on vLLM CPU: kv_transfer gaps {[round(g * 1e3, 1) for g in gaps]} ms, decode first step "
+        f"(KV read + prompt tail) {[round(g * 1e3, 1) for g in first_steps]} ms"
+    )
 
     # the agent exports one observation per request and phase, on the instance that ran it
     def count(phase, srv, role):
         return value(expo, "kvscope_request_phase_seconds_count", phase=phase, instance=_instance(srv), role=role)
 
-    for phase, srv, role in (("queue", pre, "prefill"), ("prefill", pre, "prefill"), ("kv_transfer", dec, "decode"),
-                             ("prefill", dec, "decode"), ("decode", dec, "decode")):
+    for phase, srv, role in (
+        ("queue", pre, "prefill"),
+        ("prefill", pre, "prefill"),
+        ("kv_transfer", dec, "decode"),
+        ("prefill", dec, "decode"),
+        ("decode", dec, "decode"),
+    ):
         assert count(phase, srv, role) == REQUESTS, (phase, role)
-    kv_sum = value(expo, "kvscope_request_phase_seconds_sum", phase="kv_transfer", instance=_instance(dec),
-                   role="decode")
+    kv_sum = value(
+        expo, "kvscope_request_phase_seconds_sum", phase="kv_transfer", instance=_instance(dec), role="decode"
+    )
     assert kv_sum == pytest.approx(sum(gaps), abs=1e-6)
 
     # the connector's own evidence: the decode server loaded the stored KV instead of computing it
@@ -187,8 +213,9 @@ def test_real_pd_pair_is_stitched_into_one_request_with_the_kv_transfer(vllm_pd_
     delta = {side: {k: after[side].get(k, 0.0) - before[side].get(k, 0.0) for k in after[side]} for side in after}
     evidence = f"token deltas {delta}, prompts {prompts}, usage {[s['decode'] for s in sent]}"
     assert [s["prefill"]["prompt_tokens_details"]["cached_tokens"] for s in sent] == [0] * REQUESTS, evidence
-    assert [s["decode"]["prompt_tokens_details"]["cached_tokens"] for s in sent] == list(map(_loaded, prompts)), \
+    assert [s["decode"]["prompt_tokens_details"]["cached_tokens"] for s in sent] == list(map(_loaded, prompts)), (
         evidence
+    )
     assert delta["pre"]["local_compute"] == sum(prompts) and delta["pre"]["external_kv_transfer"] == 0, evidence
     assert delta["dec"]["local_cache_hit"] == 0, evidence
     assert delta["dec"]["external_kv_transfer"] == sum(map(_loaded, prompts)), evidence

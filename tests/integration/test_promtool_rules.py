@@ -24,8 +24,14 @@ def _promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
 
 def test_generated_rule_files_exist():
     names = {p.name for p in RULE_FILES}
-    assert {"kvscope-canonical.yml", "kvscope-derived.yml", "kvscope-slo.yml", "kvscope-absent.yml",
-            "kvscope-alerts.yml", "kvscope-quantiles.yml"} <= names
+    assert {
+        "kvscope-canonical.yml",
+        "kvscope-derived.yml",
+        "kvscope-slo.yml",
+        "kvscope-absent.yml",
+        "kvscope-alerts.yml",
+        "kvscope-quantiles.yml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)

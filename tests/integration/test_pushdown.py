@@ -65,8 +65,12 @@ def test_pushdown_gives_the_full_fetch_diagnosis_on_every_recording(recording, t
     (tmp_path / "prometheus.yml").write_text(EMPTY_CONFIG)
     rules = read_rules()
     names = set().union(*(sample_names(r) for r in rules))
-    with running_prometheus(tmp_path / "prometheus.yml", tmp_path / "data", "--storage.tsdb.retention.time=100y",
-                            log_path=tmp_path / "prometheus.log") as prom:
+    with running_prometheus(
+        tmp_path / "prometheus.yml",
+        tmp_path / "data",
+        "--storage.tsdb.retention.time=100y",
+        log_path=tmp_path / "prometheus.log",
+    ) as prom:
         full = diagnose(fetch_frame(PromClient(prom.url), names, start, end, step), rules, source="prometheus")
         pushed, report = diagnose_pushdown(PromClient(prom.url), start, end, step, rules, source="prometheus")
         flavor = PromClient(prom.url).flavor()
@@ -76,11 +80,19 @@ def test_pushdown_gives_the_full_fetch_diagnosis_on_every_recording(recording, t
 
 
 # ------------------------------------------------------------------------------ lean PromQL
-ROUTER_CAPTURE = Path(__file__).resolve().parent.parent / "fixtures" / "scrapes" / \
-    "sglang-router-0.3.2-engine_metrics-2x-vllm-0.32.txt"
-LEAN = [("blind-vllm-mixed-prompts-itl-tail", False), ("fleet-sglang-dp-split-cache", False),
-        ("router-cache-aware-vs-round-robin", False), ("blind-vllm-long-prompt-surge", True),
-        ("router-engine-metrics", True)]
+ROUTER_CAPTURE = (
+    Path(__file__).resolve().parent.parent
+    / "fixtures"
+    / "scrapes"
+    / "sglang-router-0.3.2-engine_metrics-2x-vllm-0.32.txt"
+)
+LEAN = [
+    ("blind-vllm-mixed-prompts-itl-tail", False),
+    ("fleet-sglang-dp-split-cache", False),
+    ("router-cache-aware-vs-round-robin", False),
+    ("blind-vllm-long-prompt-surge", True),
+    ("router-engine-metrics", True),
+]
 """vLLM (`model_name`, `engine` = dp rank), SGLang with data-parallel ranks, sglang-router in
 front of vLLM; True: whole bucket bounds rewritten as integers (`le="1"`, as Go clients and
 Prometheus 3 spell them), which keeps the bound rewrite in. `router-engine-metrics`: the real
@@ -170,8 +182,12 @@ def test_the_pushdowns_lean_promql_answers_what_every_relabel_written_out_answer
     scale = auto_time_scale(end - start)
     rules = [r.scaled(scale) for r in read_rules()]
     compared, lean_labels, own_quantiles = 0, 0, 0
-    with running_prometheus(tmp_path / "prometheus.yml", tmp_path / "data", "--storage.tsdb.retention.time=100y",
-                            log_path=tmp_path / "prometheus.log") as prom:
+    with running_prometheus(
+        tmp_path / "prometheus.yml",
+        tmp_path / "data",
+        "--storage.tsdb.retention.time=100y",
+        log_path=tmp_path / "prometheus.log",
+    ) as prom:
         client = PromClient(prom.url)
         _, recorded, wire = inventory(client, rules, start, end, catalog)
         lean = lean_reader(client, rules, start, end, catalog, recorded, wire)
@@ -193,7 +209,7 @@ def test_the_pushdowns_lean_promql_answers_what_every_relabel_written_out_answer
             _assert_grouped_by_worker(prom.url, rules, start, end, step, scale)
     assert compared >= 5, compared
     assert lean_labels >= 1, "no prefilter left a relabel out"
-    if name.startswith("blind-vllm") or name == "router-engine-metrics":   # one histogram per engine
+    if name.startswith("blind-vllm") or name == "router-engine-metrics":  # one histogram per engine
         assert own_quantiles >= 1, "no prefilter took each raw histogram's own quantile"
 
 
@@ -230,11 +246,26 @@ def _judged_cases():
 
 JUDGED = _judged_cases()
 COMPARED = [p for p, why in JUDGED if why is None]
-UNCOMPARED_RULES = {"gpu_pegged_ttft_rising", "hot_prefix_churn", "itl_high_all_percentiles", "kv_pressure_cascade",
-                    "kv_transfer_slowing", "long_prompt_surge", "noisy_neighbour", "pd_short_prompts",
-                    "prod_vs_benchmark", "queue_growing", "replica_hotspot", "restarted_replica_cold",
-                    "router_worker_hotspot", "scaling_wrong_signal", "ttft_both_degraded", "ttft_high_low_load",
-                    "ttft_itl_conflict", "ttft_knee"}
+UNCOMPARED_RULES = {
+    "gpu_pegged_ttft_rising",
+    "hot_prefix_churn",
+    "itl_high_all_percentiles",
+    "kv_pressure_cascade",
+    "kv_transfer_slowing",
+    "long_prompt_surge",
+    "noisy_neighbour",
+    "pd_short_prompts",
+    "prod_vs_benchmark",
+    "queue_growing",
+    "replica_hotspot",
+    "restarted_replica_cold",
+    "router_worker_hotspot",
+    "scaling_wrong_signal",
+    "ttft_both_degraded",
+    "ttft_high_low_load",
+    "ttft_itl_conflict",
+    "ttft_knee",
+}
 """Rules none of whose test cases reaches the comparison (every case shorter than the rule's reach,
 or firing only within it): a gap to close with longer cases; the set may only shrink."""
 
@@ -261,14 +292,27 @@ def test_prefilter_holds_wherever_the_evaluator_fires(rule_path, test_file, case
     (tmp_path / "rules.yml").write_text(render_rule_file([{"name": "g", "rules": recording + [alert]}], ""))
     window = f"{int(case.eval_time - judged * interval)}s"
     firing = 'ALERTS{alertname="Prefilter"}'
-    test = {"rule_files": ["rules.yml"], "evaluation_interval": f"{int(interval)}s",
-            "tests": [{"interval": f"{int(interval)}s", "input_series": promtool_input_series(samples, interval),
-                       "promql_expr_test": [{"expr": f"group by ({', '.join(pre.by) or 'alertname'}) "
-                                                     f"(max_over_time({firing}[{window}]))",
-                                             "eval_time": f"{int(case.eval_time)}s", "exp_samples": []}]}]}
+    test = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": f"{int(interval)}s",
+        "tests": [
+            {
+                "interval": f"{int(interval)}s",
+                "input_series": promtool_input_series(samples, interval),
+                "promql_expr_test": [
+                    {
+                        "expr": f"group by ({', '.join(pre.by) or 'alertname'}) (max_over_time({firing}[{window}]))",
+                        "eval_time": f"{int(case.eval_time)}s",
+                        "exp_samples": [],
+                    }
+                ],
+            }
+        ],
+    }
     (tmp_path / "case.test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
-    proc = subprocess.run(["promtool", "test", "rules", "case.test.yml"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        ["promtool", "test", "rules", "case.test.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     out = proc.stdout + proc.stderr
     got: set[tuple] = set()
     if proc.returncode != 0:
@@ -276,8 +320,10 @@ def test_prefilter_holds_wherever_the_evaluator_fires(rule_path, test_file, case
         for labels in re.findall(r"\{([^}]*)\}", out.split("got:", 1)[1]):
             pairs = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels))
             got.add(tuple(pairs.get(k, "") for k in pre.by))
-    assert want <= got, (f"{test_file.path}:{case.line}: the evaluator fires for {sorted(want)} after "
-                         f"{judged} steps, the prefilter only for {sorted(got)}\n{pre.expr}\n{out[-3000:]}")
+    assert want <= got, (
+        f"{test_file.path}:{case.line}: the evaluator fires for {sorted(want)} after "
+        f"{judged} steps, the prefilter only for {sorted(got)}\n{pre.expr}\n{out[-3000:]}"
+    )
 
 
 def test_every_rule_compiles_a_prefilter_or_says_why_not():
@@ -305,8 +351,12 @@ def test_conjuncts_asked_for_fewer_instances_find_the_same_candidates(name, tmp_
     rules = [r.scaled(scale) for r in read_rules()]
     grid = np.arange(start, end + step / 2, step)
     narrowed = 0
-    with running_prometheus(tmp_path / "prometheus.yml", tmp_path / "data", "--storage.tsdb.retention.time=100y",
-                            log_path=tmp_path / "prometheus.log") as prom:
+    with running_prometheus(
+        tmp_path / "prometheus.yml",
+        tmp_path / "data",
+        "--storage.tsdb.retention.time=100y",
+        log_path=tmp_path / "prometheus.log",
+    ) as prom:
         client = PromClient(prom.url)
         _, recorded, wire = inventory(client, rules, start, end, catalog)
         reader = lean_reader(client, rules, start, end, catalog, recorded, wire)
@@ -333,20 +383,38 @@ def test_recorded_quantiles_give_the_full_fetch_diagnosis(tmp_path):
     start, end, step = _backfilled("capture-fleet-20", False, tmp_path)
     config, data = tmp_path / "prometheus.yml", tmp_path / "data"
     with running_prometheus(config, data, "--storage.tsdb.retention.time=100y") as prom:
-        made = subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(start - 1800)}",
-                               f"--end={int(end)}", f"--url={prom.url}", f"--output-dir={tmp_path / 'blocks'}",
-                               "--eval-interval=15s", "--quiet", str(QUANTILE_RULES)],
-                              capture_output=True, text=True, timeout=600)
+        made = subprocess.run(
+            [
+                "promtool",
+                "tsdb",
+                "create-blocks-from",
+                "rules",
+                f"--start={int(start - 1800)}",
+                f"--end={int(end)}",
+                f"--url={prom.url}",
+                f"--output-dir={tmp_path / 'blocks'}",
+                "--eval-interval=15s",
+                "--quiet",
+                str(QUANTILE_RULES),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
     for block in (tmp_path / "blocks").iterdir():
         block.rename(data / block.name)
     rules = read_rules()
     catalog = load_catalog()
-    with running_prometheus(config, data, "--storage.tsdb.retention.time=100y",
-                            log_path=tmp_path / "prometheus.log") as prom:
+    with running_prometheus(
+        config, data, "--storage.tsdb.retention.time=100y", log_path=tmp_path / "prometheus.log"
+    ) as prom:
         client = PromClient(prom.url)
-        full = diagnose(fetch_frame(client, set().union(*(sample_names(r) for r in rules)), start, end, step),
-                        rules, source="prometheus")
+        full = diagnose(
+            fetch_frame(client, set().union(*(sample_names(r) for r in rules)), start, end, step),
+            rules,
+            source="prometheus",
+        )
         pushed, report = diagnose_pushdown(client, start, end, step, rules, source="prometheus")
         _, recorded, wire = inventory(client, rules, start, end, catalog)
         reader = lean_reader(client, rules, start, end, catalog, recorded, wire)

@@ -30,7 +30,7 @@ from kvscope.diagnoser.sources.recording import RecordingSource
 from testbed.procs import stop_process
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes"
-UUID0 = "GPU-2b4c8f1e-9d3a-4c57-b1e2-7f0a5d6c3e91"        # gpu 0 of the dcgm fixture
+UUID0 = "GPU-2b4c8f1e-9d3a-4c57-b1e2-7f0a5d6c3e91"  # gpu 0 of the dcgm fixture
 ENGINE_POD = {"pod": "llama-0", "namespace": "llm", "container": "vllm"}
 EXPORTER_POD = {"pod": "dcgm-exporter-x7k2p", "namespace": "gpu-operator"}
 PROMTOOL = shutil.which("promtool")
@@ -39,16 +39,23 @@ PROMTOOL = shutil.which("promtool")
 def _kubernetes_dcgm(text: str) -> str:
     """The dcgm fixture with gpu 0 labelled with the engine's pod (dcgm-exporter --kubernetes)."""
     pod = ",".join(f'{k}="{v}"' for k, v in ENGINE_POD.items())
-    return "\n".join(line.replace("}", f",{pod}}}", 1) if line.startswith("DCGM_") and 'gpu="0"' in line
-                     else line for line in text.splitlines()) + "\n"
+    return (
+        "\n".join(
+            line.replace("}", f",{pod}}}", 1) if line.startswith("DCGM_") and 'gpu="0"' in line else line
+            for line in text.splitlines()
+        )
+        + "\n"
+    )
 
 
 @pytest.fixture
 def targets(tmp_path):
     """(vLLM URL, dcgm-exporter URL), each served by its own process."""
     procs, urls = [], []
-    for name, body in (("vllm", (FIXTURES / "vllm-0.32.0-cpu-after-load.txt").read_text()),
-                       ("dcgm", _kubernetes_dcgm((FIXTURES / "dcgm-exporter-4.5.3-constructed-2gpu.txt").read_text()))):
+    for name, body in (
+        ("vllm", (FIXTURES / "vllm-0.32.0-cpu-after-load.txt").read_text()),
+        ("dcgm", _kubernetes_dcgm((FIXTURES / "dcgm-exporter-4.5.3-constructed-2gpu.txt").read_text())),
+    ):
         root = tmp_path / name
         root.mkdir()
         (root / "metrics").write_text(body)
@@ -69,16 +76,40 @@ def targets(tmp_path):
 
 def _config(tmp_path: Path, vllm: str, dcgm: str) -> Path:
     path = tmp_path / "kvscope.yaml"
-    path.write_text(json.dumps({"targets": [   # JSON is YAML
-        {"url": vllm, "job": "vllm", "labels": ENGINE_POD},
-        {"url": dcgm, "job": "dcgm", "engine": "dcgm", "labels": EXPORTER_POD}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "targets": [  # JSON is YAML
+                    {"url": vllm, "job": "vllm", "labels": ENGINE_POD},
+                    {"url": dcgm, "job": "dcgm", "engine": "dcgm", "labels": EXPORTER_POD},
+                ]
+            }
+        )
+    )
     return path
 
 
 def _record(config: Path, out: Path) -> None:
-    res = subprocess.run([sys.executable, "-m", "kvscope", "record", "--config", str(config), "--duration", "4s",
-                          "--interval", "1s", "--no-progress", "--out", str(out)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvscope",
+            "record",
+            "--config",
+            str(config),
+            "--duration",
+            "4s",
+            "--interval",
+            "1s",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
 
 
@@ -93,29 +124,36 @@ def test_record_keeps_target_labels_and_replay_joins_engine_to_gpu(targets, tmp_
     by_job = {s.job: s for s in scrapes if s.up}
     assert by_job["vllm"].labels == ENGINE_POD and by_job["dcgm"].labels == EXPORTER_POD
     gpu0 = next(r for r in by_job["dcgm"].samples if r.name == "DCGM_FI_DEV_FB_USED" and dict(r.labels)["gpu"] == "0")
-    assert {k: dict(gpu0.labels)[k] for k in ENGINE_POD} == ENGINE_POD      # the GPU's own pod read back
+    assert {k: dict(gpu0.labels)[k] for k in ENGINE_POD} == ENGINE_POD  # the GPU's own pod read back
 
     replay = replay_recording(out)
     joined = [s for s in replay.samples if s.name == JOIN_NAME]
-    ups = {job: [s.up for s in scrapes if s.job == job] for job in ("vllm", "dcgm")}   # one scrape each a round
+    ups = {job: [s.up for s in scrapes if s.job == job] for job in ("vllm", "dcgm")}  # one scrape each a round
     both_up = sum(a and b for a, b in zip(ups["vllm"], ups["dcgm"], strict=False))
-    assert both_up >= 1 and len(joined) == both_up                    # one per round both targets answered
-    fb_used_mib = float(dict((dict(r.labels)["gpu"], r.value) for r in by_job["dcgm"].samples
-                             if r.name == "DCGM_FI_DEV_FB_USED")["0"])
+    assert both_up >= 1 and len(joined) == both_up  # one per round both targets answered
+    fb_used_mib = float(
+        dict((dict(r.labels)["gpu"], r.value) for r in by_job["dcgm"].samples if r.name == "DCGM_FI_DEV_FB_USED")["0"]
+    )
     assert {(s.label("instance"), s.label("gpu_uuid"), s.label("join"), s.value) for s in joined} == {
-        (vllm.split("/")[2], UUID0, "kubernetes", fb_used_mib * 1048576)}
+        (vllm.split("/")[2], UUID0, "kubernetes", fb_used_mib * 1048576)
+    }
 
-    live = _collect_live(config)                    # what the live agent makes of the same targets
+    live = _collect_live(config)  # what the live agent makes of the same targets
     assert _label_sets(replay.samples) == _label_sets(live)
     assert [(s.label("instance"), s.label("gpu_uuid"), s.value) for s in derive_engine_gpu(live)] == [
-        (s.label("instance"), s.label("gpu_uuid"), s.value) for s in joined[:1]]
+        (s.label("instance"), s.label("gpu_uuid"), s.value) for s in joined[:1]
+    ]
 
-    source = RecordingSource(out)                    # what diagnose and the UI read from the file
+    source = RecordingSource(out)  # what diagnose and the UI read from the file
     block = source.read_frame({JOIN_NAME}, None, None, source.natural_step()).block(JOIN_NAME)
     assert block is not None and block.values.shape[0] == 1
     assert {v for v in block.values[0] if v == v} == {fb_used_mib * 1048576}
-    diag = subprocess.run([sys.executable, "-m", "kvscope", "diagnose", "--recording", str(out), "--json"],
-                          capture_output=True, text=True, timeout=300)
+    diag = subprocess.run(
+        [sys.executable, "-m", "kvscope", "diagnose", "--recording", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert diag.returncode in (0, 1, 2), diag.stderr[-2000:]
     assert json.loads(diag.stdout)["source"] == f"recording:{out.name}"
 
@@ -127,6 +165,7 @@ def _collect_live(config: Path) -> list:
             return list((await collector.collect()).samples)
         finally:
             await collector.close()
+
     return asyncio.run(once())
 
 
@@ -140,9 +179,28 @@ def test_old_record_output_has_no_target_labels_and_no_join(targets, tmp_path):
     wrote before it kept them) replays without the join: absent, not zero."""
     vllm, dcgm = targets
     out = tmp_path / "plain.om.gz"
-    res = subprocess.run([sys.executable, "-m", "kvscope", "record", "--target", vllm, "--target", dcgm,
-                          "--duration", "2s", "--interval", "1s", "--no-progress", "--out", str(out)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvscope",
+            "record",
+            "--target",
+            vllm,
+            "--target",
+            dcgm,
+            "--duration",
+            "2s",
+            "--interval",
+            "1s",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     scrapes, _ = read_recording(out)
     assert scrapes and all(s.labels == {} for s in scrapes)
@@ -158,15 +216,19 @@ def test_recording_with_target_labels_loads_into_prometheus(targets, tmp_path):
     out = tmp_path / "k8s.om"
     _record(_config(tmp_path, vllm, dcgm), out)
     data = tmp_path / "data"
-    made = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(out), str(data)],
-                          capture_output=True, text=True, timeout=300)
+    made = subprocess.run(
+        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(out), str(data)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert made.returncode == 0, made.stderr[-2000:]
-    (data / "wal").mkdir(exist_ok=True)             # dump opens the TSDB, which wants a WAL directory
+    (data / "wal").mkdir(exist_ok=True)  # dump opens the TSDB, which wants a WAL directory
     dump = subprocess.run([PROMTOOL, "tsdb", "dump", str(data)], capture_output=True, text=True, timeout=300)
     assert dump.returncode == 0, dump.stderr[-2000:]
     series = {line.rsplit(" ", 2)[0] for line in dump.stdout.splitlines()}
     up = {s for s in series if s.startswith('{__name__="up"')}
     assert any('job="vllm"' in s and 'pod="llama-0"' in s and 'namespace="llm"' in s for s in up), up
-    gpu0 = [s for s in series if 'DCGM_FI_DEV_FB_USED' in s and 'gpu="0"' in s]
+    gpu0 = [s for s in series if "DCGM_FI_DEV_FB_USED" in s and 'gpu="0"' in s]
     assert gpu0 and all('exported_pod="llama-0"' in s and 'pod="dcgm-exporter-x7k2p"' in s for s in gpu0), gpu0
-    assert not any(re.search(r'exported_exported_', s) for s in series)
+    assert not any(re.search(r"exported_exported_", s) for s in series)

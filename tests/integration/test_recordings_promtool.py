@@ -28,8 +28,12 @@ def test_recording_backfills_into_prometheus_tsdb(recording: Path, tmp_path: Pat
     with gzip.open(recording, "rb") as src, open(plain, "wb") as dst:
         shutil.copyfileobj(src, dst)
     data = tmp_path / "data"
-    made = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(plain), str(data)],
-                          capture_output=True, text=True, timeout=300)
+    made = subprocess.run(
+        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(plain), str(data)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert made.returncode == 0, made.stderr[-2000:]
     listed = subprocess.run([PROMTOOL, "tsdb", "list", str(data)], capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0, listed.stderr

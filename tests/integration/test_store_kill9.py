@@ -43,7 +43,7 @@ def test_every_flushed_sample_survives_kill_9(tmp_path):
             assert line, "writer exited early"
             _, n, b = line.split()
             committed, base = int(n), float(b)
-        os.kill(proc.pid, signal.SIGKILL)   # mid-stream: the writer keeps writing until killed
+        os.kill(proc.pid, signal.SIGKILL)  # mid-stream: the writer keeps writing until killed
     finally:
         proc.kill()
         proc.wait(timeout=10)

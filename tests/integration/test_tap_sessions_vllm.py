@@ -21,7 +21,7 @@ from testbed.vllm_server import VllmConfig
 pytestmark = pytest.mark.vllm
 
 SESSIONS, TURNS = 16, 4
-LARGE_KV = VllmConfig(num_gpu_blocks=2048)       # 65,536 KV tokens: every conversation stays resident
+LARGE_KV = VllmConfig(num_gpu_blocks=2048)  # 65,536 KV tokens: every conversation stays resident
 
 
 async def _conversations(base: str) -> tuple[SessionTracker, list[tuple[int, int]]]:
@@ -33,8 +33,13 @@ async def _conversations(base: str) -> tuple[SessionTracker, list[tuple[int, int
         for turn in range(TURNS):
             for s in range(SESSIONS):
                 history[s].append({"role": "user", "content": synthetic_text(f"user/{s}/{turn}", 110)})
-                body = {"model": SERVED_NAME, "messages": history[s], "max_tokens": 24, "temperature": 0.0,
-                        "ignore_eos": True}
+                body = {
+                    "model": SERVED_NAME,
+                    "messages": history[s],
+                    "max_tokens": 24,
+                    "temperature": 0.0,
+                    "ignore_eos": True,
+                }
                 t = tracker.begin(index.observe(render_prompt(body), base))
                 async with http.post(base + "/v1/chat/completions", json=body) as r:
                     assert r.status == 200, await r.text()
@@ -60,7 +65,7 @@ def test_turn_misses_rise_when_the_kv_pool_is_too_small(vllm_server_factory):
     print({k: {"turns": t, "misses": m, "max_prompt_tokens": p} for k, (t, m, p) in results.items()})
     follow_ups = SESSIONS * (TURNS - 1)
     (small_turns, small_misses, small_max), (large_turns, large_misses, _) = results["small"], results["large"]
-    assert small_turns == large_turns == follow_ups          # every follow-up linked by prefix chain alone
-    assert small_max * SESSIONS > SMALL_KV.num_gpu_blocks * SMALL_KV.block_size   # the contexts do not fit
-    assert large_misses == 0                                 # a pool that holds every conversation: no miss
-    assert small_misses >= follow_ups // 2                   # too small: most follow-ups recompute
+    assert small_turns == large_turns == follow_ups  # every follow-up linked by prefix chain alone
+    assert small_max * SESSIONS > SMALL_KV.num_gpu_blocks * SMALL_KV.block_size  # the contexts do not fit
+    assert large_misses == 0  # a pool that holds every conversation: no miss
+    assert small_misses >= follow_ups // 2  # too small: most follow-ups recompute

@@ -39,6 +39,7 @@ def _with_tap(upstream: str, scenario, **cfg):
                 return await scenario(s, f"http://127.0.0.1:{tap.port}"), tap
         finally:
             await tap.stop()
+
     return asyncio.run(main())
 
 
@@ -77,10 +78,11 @@ class WireRecorder:
                     await w.drain()
             finally:
                 w.close()
+
         try:
             await asyncio.gather(pipe(cr, uw, None), pipe(ur, cw, buf), return_exceptions=True)
         except asyncio.CancelledError:
-            pass                                   # stop(): the keep-alive connection is cut
+            pass  # stop(): the keep-alive connection is cut
 
     async def stop(self):
         self.server.close()
@@ -102,7 +104,7 @@ def http_body(response: bytes) -> bytes:
         if size == 0:
             break
         out += rest[:size]
-        rest = rest[size + 2:]
+        rest = rest[size + 2 :]
     return bytes(out)
 
 
@@ -116,10 +118,13 @@ def _content(stream: bytes) -> str:
     return "".join(out)
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "the cache prefix metric trace"}]}),
-    ("/v1/completions", {"prompt": "the cache prefix metric trace span latency"}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "the cache prefix metric trace"}]}),
+        ("/v1/completions", {"prompt": "the cache prefix metric trace span latency"}),
+    ],
+)
 def test_stream_through_the_tap_is_byte_identical_to_what_the_client_would_get(vllm_small_kv, path, body):
     """The client did not ask for usage; the tap asks vLLM for it and strips exactly that chunk.
 
@@ -127,8 +132,15 @@ def test_stream_through_the_tap_is_byte_identical_to_what_the_client_would_get(v
     need not frame alike. The proof records the bytes vLLM put on the wire to the tap (a TCP
     relay) and shows client bytes == those bytes minus the one usage-only event; a direct run
     then shows the same text and no usage chunk."""
-    req = {"model": SERVED_NAME, "max_tokens": 24, "temperature": 0.0, "ignore_eos": True, "stream": True,
-           "request_id": "kvscope-byte-test", **body}
+    req = {
+        "model": SERVED_NAME,
+        "max_tokens": 24,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "request_id": "kvscope-byte-test",
+        **body,
+    }
     port = int(vllm_small_kv.url.rsplit(":", 1)[1])
 
     async def main():
@@ -149,7 +161,7 @@ def test_stream_through_the_tap_is_byte_identical_to_what_the_client_would_get(v
     assert direct[0] == tapped[0] == 200
     [raw] = [http_body(bytes(r)) for r in wire.received if r]
     usage_events = [e for e in raw.split(b"\n\n") if b'"choices":[],"usage":{' in e]
-    assert len(usage_events) == 1                                     # vLLM sent usage because the tap asked
+    assert len(usage_events) == 1  # vLLM sent usage because the tap asked
     assert tapped[1] == raw.replace(usage_events[0] + b"\n\n", b"")  # ... and only that event was removed
     assert b'"usage"' not in direct[1] and b'"usage"' not in tapped[1]
     assert _content(tapped[1]) == _content(direct[1])
@@ -167,10 +179,15 @@ def test_fairness_proof_long_tail_tenant_is_cold_and_tap_totals_match_the_engine
     tenants' prefixes and evicts the rare one's: a healthy aggregate hit ratio hiding a cold
     tenant (seeds/001). The tap's per-tenant sums must equal the engine's own counters.
     """
-    tenants = [Tenant(f"hot-{i}", system_words=600, share=0.3, prompt_words=Dist("fixed", 300),
-                      output_tokens=Dist("fixed", 16)) for i in range(3)]
-    tenants.append(Tenant("tail", system_words=600, share=0.1, prompt_words=Dist("fixed", 300),
-                          output_tokens=Dist("fixed", 16)))
+    tenants = [
+        Tenant(
+            f"hot-{i}", system_words=600, share=0.3, prompt_words=Dist("fixed", 300), output_tokens=Dist("fixed", 16)
+        )
+        for i in range(3)
+    ]
+    tenants.append(
+        Tenant("tail", system_words=600, share=0.1, prompt_words=Dist("fixed", 300), output_tokens=Dist("fixed", 16))
+    )
     spec = LoadSpec(tenants=tenants, max_requests=160, duration_s=240, concurrency=2, seed=3)
     before = engine_counters(vllm_small_kv.metrics_url)
 
@@ -184,19 +201,32 @@ def test_fairness_proof_long_tail_tenant_is_cold_and_tap_totals_match_the_engine
     usage = parse_tenant_usage(tap.render_samples())
     assert set(usage) == {"hot-0", "hot-1", "hot-2", "tail"}
     delta_prompt = after[("engine_prompt_tokens_total", None)] - before[("engine_prompt_tokens_total", None)]
-    delta_cached = (after[("engine_prompt_tokens_by_source_total", "local_cache_hit")]
-                    - before[("engine_prompt_tokens_by_source_total", "local_cache_hit")])
+    delta_cached = (
+        after[("engine_prompt_tokens_by_source_total", "local_cache_hit")]
+        - before[("engine_prompt_tokens_by_source_total", "local_cache_hit")]
+    )
     assert sum(u.prompt_tokens for u in usage.values()) == delta_prompt
     assert sum(u.cached_tokens or 0 for u in usage.values()) == delta_cached
 
     rep = evaluate_fairness(usage)
     tail = rep.tenants["tail"]
-    print(json.dumps({"aggregate": rep.aggregate_hit_ratio, "jain": rep.jain_index, "gap": rep.tail_gap_ratio,
-                      "tenants": {k: [t.requests, t.hit_ratio, t.reuse_potential_ratio, t.lost_reuse_ratio]
-                                  for k, t in rep.tenants.items()}}, indent=1))
+    print(
+        json.dumps(
+            {
+                "aggregate": rep.aggregate_hit_ratio,
+                "jain": rep.jain_index,
+                "gap": rep.tail_gap_ratio,
+                "tenants": {
+                    k: [t.requests, t.hit_ratio, t.reuse_potential_ratio, t.lost_reuse_ratio]
+                    for k, t in rep.tenants.items()
+                },
+            },
+            indent=1,
+        )
+    )
     hot = [t for k, t in rep.tenants.items() if k != "tail"]
-    assert rep.aggregate_hit_ratio > 0.5                              # "the cache is working" ...
-    assert rep.worst_tenant == "tail"                                 # ... except for the long tail:
-    assert tail.hit_ratio < rep.aggregate_hit_ratio - 0.15            # measurable unfairness,
-    assert tail.reuse_potential_ratio > 0.5                           # although its prompts repeat,
+    assert rep.aggregate_hit_ratio > 0.5  # "the cache is working" ...
+    assert rep.worst_tenant == "tail"  # ... except for the long tail:
+    assert tail.hit_ratio < rep.aggregate_hit_ratio - 0.15  # measurable unfairness,
+    assert tail.reuse_potential_ratio > 0.5  # although its prompts repeat,
     assert tail.lost_reuse_ratio > max(0.15, 2 * max(t.lost_reuse_ratio for t in hot))  # the reuse is lost

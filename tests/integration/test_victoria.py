@@ -65,7 +65,7 @@ def test_full_fetch_and_pushdown_from_victoria_match_the_recording(victoria):
     pushed, report = diagnose_pushdown(PromClient(victoria), start, end, step, rules, source="vm")
     assert pushed.to_json() == full.to_json()
     assert not [t.rule_id for t in report.rules if t.error], "VictoriaMetrics refused a prefilter"
-    assert PromClient(victoria).flavor() == "victoriametrics"    # off-lattice queries are sent nocache=1
+    assert PromClient(victoria).flavor() == "victoriametrics"  # off-lattice queries are sent nocache=1
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_every_generated_rule_expression_evaluates_on_victoria(victoria):
     assert len(exprs) > 50
     answered = 0
     for _file, _name, expr in exprs:
-        client.query(str(expr), end)            # raises PromError with VictoriaMetrics' own message
+        client.query(str(expr), end)  # raises PromError with VictoriaMetrics' own message
         answered += 1
     assert answered == len(exprs)
     canonical = [e for f, n, e in exprs if f == "kvscope-canonical.yml" and n == "kvscope:engine_kv_cache_usage_ratio"]

@@ -70,8 +70,11 @@ def hit_rate_between(name: str, start_s: float, end_s: float, instance: str) -> 
     first: dict = {}
     last: dict = {}
     for s in _replay(name).samples:
-        if s.name.startswith("engine_prefix_cache_") and dict(s.labels).get("instance") == instance \
-                and t0 + start_s <= s.timestamp <= t0 + end_s:
+        if (
+            s.name.startswith("engine_prefix_cache_")
+            and dict(s.labels).get("instance") == instance
+            and t0 + start_s <= s.timestamp <= t0 + end_s
+        ):
             first.setdefault(s.name, s.value)
             last[s.name] = s.value
     q = last["engine_prefix_cache_queries_tokens_total"] - first["engine_prefix_cache_queries_tokens_total"]
@@ -140,18 +143,22 @@ def test_round_robin_thrashes_where_sticky_hits():
 
 def test_the_tap_sees_prefixes_split_only_after_the_switch_to_round_robin():
     n = "round-robin-vs-sticky"
-    assert gauge(n, "prefix_split_ratio", "sticky") < 0.1          # each tenant on one replica
-    assert gauge(n, "prefix_split_ratio", "round-robin") > 0.3     # the same prefixes on both
+    assert gauge(n, "prefix_split_ratio", "sticky") < 0.1  # each tenant on one replica
+    assert gauge(n, "prefix_split_ratio", "round-robin") > 0.3  # the same prefixes on both
     # every request passed the tap: its per-tenant request count equals what the engines finished
     assert delta(n, "tenant_requests_total", "round-robin") == pytest.approx(
-        delta(n, "engine_requests_finished_total", "round-robin"), rel=0.1)
+        delta(n, "engine_requests_finished_total", "round-robin"), rel=0.1
+    )
 
 
 def test_restarted_replica_is_cold_next_to_a_warm_one():
     n = "replica-restart-cold-cache"
     t0, t1 = _window(n, "restart")
-    up = [(s.timestamp, s.value) for s in _replay(n).samples
-          if s.name == "kvscope_target_up" and dict(s.labels)["instance"] == "replica-1"]
+    up = [
+        (s.timestamp, s.value)
+        for s in _replay(n).samples
+        if s.name == "kvscope_target_up" and dict(s.labels)["instance"] == "replica-1"
+    ]
     inside = [v for t, v in up if t0 + 5 <= t <= t1 - 5]
     outside = [v for t, v in up if not t0 - 5 <= t <= t1 + 5]
     # the target is down while it restarts; elsewhere only the odd scrape timed out (a saturated box)
@@ -186,8 +193,11 @@ def test_spec_decode_acceptance_is_poor():
 
 # ------------------------------------------------------------------ engine /metrics only (issue 15)
 ENGINE_ONLY = sorted(p.stem for p in HERE.glob("metrics-only-*.yaml"))
-TWINS = [(n, n.replace("-round-robin-", "-sticky-")) for n in ENGINE_ONLY
-         if "-round-robin-" in n and n.replace("-round-robin-", "-sticky-") in ENGINE_ONLY]
+TWINS = [
+    (n, n.replace("-round-robin-", "-sticky-"))
+    for n in ENGINE_ONLY
+    if "-round-robin-" in n and n.replace("-round-robin-", "-sticky-") in ENGINE_ONLY
+]
 
 
 def _phase(name: str) -> str:
@@ -203,7 +213,7 @@ def test_engine_only_recordings_hold_the_engines_metrics_and_nothing_else(name):
         assert "--kv-cache-metrics" not in flags and "--otlp-traces-endpoint" not in flags
         assert "--kv-events-config" not in flags
     assert set(_replay(name).engines.values()) == {"vllm"}
-    assert delta(name, "engine_preemptions_total", _phase(name)) == 0     # no K1/K3 here
+    assert delta(name, "engine_preemptions_total", _phase(name)) == 0  # no K1/K3 here
 
 
 def test_the_engine_only_set_has_its_twins():
@@ -215,14 +225,17 @@ def test_the_engine_only_set_has_its_twins():
 def test_round_robin_hits_less_than_its_sticky_twin_on_the_same_workload(rr, sticky):
     lost = hit_rate(rr, "round-robin") / hit_rate(sticky, "sticky")
     assert lost < 0.85, (rr, lost)
-    per_request = [delta(n, "engine_prompt_tokens_total", _phase(n)) / delta(n, "request_prompt_tokens_count", _phase(n))
-                   for n in (rr, sticky)]
-    assert per_request[0] == pytest.approx(per_request[1], rel=0.1)   # the same prompts
+    per_request = [
+        delta(n, "engine_prompt_tokens_total", _phase(n)) / delta(n, "request_prompt_tokens_count", _phase(n))
+        for n in (rr, sticky)
+    ]
+    assert per_request[0] == pytest.approx(per_request[1], rel=0.1)  # the same prompts
 
 
 def test_little_sharing_has_little_to_hit_and_the_busy_sticky_fleet_hits_most():
     assert hit_rate("metrics-only-little-sharing-round-robin", "round-robin") < 0.1
     assert hit_rate("metrics-only-healthy-busy-sticky", "sticky") > 0.7
+
 
 # ------------------------------------------------------------------ behind the real sglang-router
 def router_series(name: str, signal: str, phase: str) -> dict:
@@ -239,8 +252,9 @@ def test_router_policy_switch_lowers_the_hit_rate():
     n = "router-cache-aware-vs-round-robin"
     # the router says which policy routed each phase (label of router_decisions_total)
     for phase, policy in (("cache-aware", "cache_aware"), ("round-robin", "round_robin")):
-        policies = {dict(k)["policy"] for k, (a, b) in router_series(n, "router_decisions_total", phase).items()
-                    if b > a}
+        policies = {
+            dict(k)["policy"] for k, (a, b) in router_series(n, "router_decisions_total", phase).items() if b > a
+        }
         assert policies == {policy}, (phase, policies)
     assert hit_rate(n, "round-robin") < 0.8 * hit_rate(n, "cache-aware")
     # 0.2.4's cache-aware tree matched most requests; it exports no tree counters under round_robin
@@ -255,12 +269,14 @@ def test_router_policy_switch_lowers_the_hit_rate():
 def test_router_drain_removes_the_worker_and_rejoin_brings_it_back_cold():
     n = "router-drain-restart-rejoin"
     workers = _meta(n)["router"]["workers"]
-    pool = {p: [v for (a, b) in router_series(n, "router_workers", p).values() for v in (a, b)]
-            for p in ("warm", "drained", "rejoin")}
+    pool = {
+        p: [v for (a, b) in router_series(n, "router_workers", p).values() for v in (a, b)]
+        for p in ("warm", "drained", "rejoin")
+    }
     assert max(pool["warm"]) == 2 and min(pool["drained"]) == 1 and pool["rejoin"][-1] == 2
     health = router_series(n, "router_worker_health_code", "drained")
     removed = next(v for k, v in health.items() if dict(k)["worker"] == workers["replica-1"])
-    assert removed[1] == -1                                  # 0.3.x marks a removed worker -1
+    assert removed[1] == -1  # 0.3.x marks a removed worker -1
     # while drained the router sent replica-1 nothing
     drained = router_series(n, "router_worker_requests_total", "drained")
     assert all(b == a for k, (a, b) in drained.items() if dict(k)["worker"] == workers["replica-1"])
@@ -281,19 +297,23 @@ def test_llamacpp_healthy_serves_inside_its_slots_and_reuses_prefixes():
     assert mean_gauge(n, "engine_requests_waiting", "steady") < 0.5
     assert gauge(n, "engine_requests_running", "steady") <= 4
     assert delta(n, "engine_generation_tokens_total", "steady") > 0
-    assert hit_rate(n, "steady") > 0.3                   # tenants' system prompts reused from the slots
+    assert hit_rate(n, "steady") > 0.3  # tenants' system prompts reused from the slots
 
 
 def test_llamacpp_saturated_fills_both_slots_and_the_queue_grows():
     n = "llamacpp-saturated"
     assert gauge(n, "engine_requests_waiting", "baseline") <= 1
-    assert gauge(n, "engine_requests_running", "overload") == 2           # every slot busy
+    assert gauge(n, "engine_requests_running", "overload") == 2  # every slot busy
     assert gauge(n, "engine_requests_waiting", "overload") >= 20
     assert mean_gauge(n, "engine_requests_waiting", "overload") > 5 * max(
-        0.1, mean_gauge(n, "engine_requests_waiting", "baseline"))
+        0.1, mean_gauge(n, "engine_requests_waiting", "baseline")
+    )
     names = {s.name for s in _replay(n).samples}
-    assert not names & {"engine_requests_finished_total", "request_ttft_seconds_count",
-                        "engine_kv_cache_usage_ratio"}                    # absent, not zero
+    assert not names & {
+        "engine_requests_finished_total",
+        "request_ttft_seconds_count",
+        "engine_kv_cache_usage_ratio",
+    }  # absent, not zero
 
 
 # ------------------------------------------------------------------ blind set (testbed/fleetgen/blind*.py)
@@ -329,7 +349,9 @@ def test_blind_mixed_prompts_widen_the_itl_tail_not_the_median():
     n = "blind-vllm-mixed-prompts-itl-tail"
     assert quantile(n, "request_itl_seconds", "steady", 0.5) <= 0.025
     assert quantile(n, "request_itl_seconds", "steady", 0.99) >= 0.25
-    assert quantile(n, "request_prompt_tokens", "steady", 0.95) >= 5 * quantile(n, "request_prompt_tokens", "steady", 0.5)
+    assert quantile(n, "request_prompt_tokens", "steady", 0.95) >= 5 * quantile(
+        n, "request_prompt_tokens", "steady", 0.5
+    )
 
 
 def test_blind_sglang_queue_grows_and_clients_abort():
@@ -358,15 +380,21 @@ def test_blind_kv_too_small_preempts_once_traffic_rises():
 def test_blind_output_length_drifts_while_prompts_hold():
     n = "blind-vllm-output-length-drift"
     assert quantile(n, "request_generation_tokens", "drifting", 0.99) > quantile(
-        n, "request_generation_tokens", "steady", 0.99)
-    assert quantile(n, "request_prompt_tokens", "drifting", 0.99) == quantile(n, "request_prompt_tokens", "steady", 0.99)
+        n, "request_generation_tokens", "steady", 0.99
+    )
+    assert quantile(n, "request_prompt_tokens", "drifting", 0.99) == quantile(
+        n, "request_prompt_tokens", "steady", 0.99
+    )
 
 
 def test_blind_hpa_holds_the_replica_count_while_queues_grow():
     n = "blind-vllm-hpa-wrong-signal"
     t0, t1 = _window(n, "queue-ignored")
-    live = {dict(s.labels)["instance"] for s in _replay(n).samples
-            if s.name == "engine_requests_waiting" and t0 <= s.timestamp <= t1}
+    live = {
+        dict(s.labels)["instance"]
+        for s in _replay(n).samples
+        if s.name == "engine_requests_waiting" and t0 <= s.timestamp <= t1
+    }
     assert len(live) == 4
     assert gauge(n, "engine_requests_waiting", "warm") == 0
     assert gauge(n, "engine_requests_waiting", "queue-ignored", agg=lambda v: sum(v) / len(v)) > 20
@@ -379,18 +407,21 @@ def test_blind_healthy_controls_stay_inside_their_limits():
     assert quantile(n, "request_itl_seconds", "busy", 0.99) < 4 * quantile(n, "request_itl_seconds", "busy", 0.5)
     ramp = "blind-healthy-sglang-autoscaled-ramp"
     t0, t1 = _window(ramp, "ramp")
-    live = {dict(s.labels)["instance"] for s in _replay(ramp).samples
-            if s.name == "engine_requests_waiting" and t0 <= s.timestamp <= t1}
+    live = {
+        dict(s.labels)["instance"]
+        for s in _replay(ramp).samples
+        if s.name == "engine_requests_waiting" and t0 <= s.timestamp <= t1
+    }
     assert len(live) == 3 + len(_meta(ramp)["scale_up_at_s"]) > 3
 
 
 def test_blind_surge_adds_unique_prompt_volume_without_losing_hits():
     n = "blind-vllm-long-prompt-surge"
     chat, surge = delta(n, "engine_prompt_tokens_total", "chat"), delta(n, "engine_prompt_tokens_total", "surge")
-    assert surge > 4 * chat                                          # same phase lengths (10 vs 12 min)
+    assert surge > 4 * chat  # same phase lengths (10 vs 12 min)
     hits_chat = delta(n, "engine_prefix_cache_hits_tokens_total", "chat") / 12
     hits_surge = delta(n, "engine_prefix_cache_hits_tokens_total", "surge") / 10
-    assert hits_surge == pytest.approx(hits_chat, rel=0.2)          # the hit rate falls, the hits do not
+    assert hits_surge == pytest.approx(hits_chat, rel=0.2)  # the hit rate falls, the hits do not
     assert hit_rate(n, "surge") < 0.5 * hit_rate(n, "chat")
     assert mean_ttft(n, "surge") > 3 * mean_ttft(n, "chat")
 

@@ -22,17 +22,32 @@ from kvscope.diagnoser.alertmanager.store import DiagnosisStore
 
 # Shape of a real Alertmanager 0.25 webhook (../shared/research/toolchain-probe.md).
 WEBHOOK = {
-    "receiver": "kvscope", "status": "firing", "version": "4", "groupKey": "{}:{alertname=\"X\"}",
-    "truncatedAlerts": 0, "externalURL": "http://127.0.0.1:9093",
-    "groupLabels": {"alertname": "LlmKvPressurePreemption"}, "commonLabels": {}, "commonAnnotations": {},
-    "alerts": [{
-        "status": "firing",
-        "labels": {"alertname": "LlmKvPressurePreemption", "instance": "e0:8000", "rule_id": "kv_pressure_preemption",
-                   "severity": "warning", "job": "vllm"},
-        "annotations": {"summary": "KV cache full"},
-        "startsAt": "2026-11-22T05:07:47.169Z", "endsAt": "0001-01-01T00:00:00Z",
-        "generatorURL": "http://127.0.0.1:9090/graph", "fingerprint": "8e9b249c8f3b53af",
-    }],
+    "receiver": "kvscope",
+    "status": "firing",
+    "version": "4",
+    "groupKey": '{}:{alertname="X"}',
+    "truncatedAlerts": 0,
+    "externalURL": "http://127.0.0.1:9093",
+    "groupLabels": {"alertname": "LlmKvPressurePreemption"},
+    "commonLabels": {},
+    "commonAnnotations": {},
+    "alerts": [
+        {
+            "status": "firing",
+            "labels": {
+                "alertname": "LlmKvPressurePreemption",
+                "instance": "e0:8000",
+                "rule_id": "kv_pressure_preemption",
+                "severity": "warning",
+                "job": "vllm",
+            },
+            "annotations": {"summary": "KV cache full"},
+            "startsAt": "2026-11-22T05:07:47.169Z",
+            "endsAt": "0001-01-01T00:00:00Z",
+            "generatorURL": "http://127.0.0.1:9090/graph",
+            "fingerprint": "8e9b249c8f3b53af",
+        }
+    ],
 }
 
 
@@ -45,19 +60,22 @@ def test_parse_webhook_accepts_an_alertmanager_v4_payload():
     alert = parse_alert(doc["alerts"][0])
     assert alert.name == "LlmKvPressurePreemption"
     assert alert.starts_at == pytest.approx(1795324067.169)
-    assert alert.ends_at is None                      # the zero time means "still firing"
-    assert alert.place() == {"instance": "e0:8000"}   # job, severity, rule_id do not locate a finding
+    assert alert.ends_at is None  # the zero time means "still firing"
+    assert alert.place() == {"instance": "e0:8000"}  # job, severity, rule_id do not locate a finding
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    (b"{oops", "not JSON"),
-    (b"[]", "JSON object"),
-    (_body({**WEBHOOK, "version": "3"}), "version"),
-    (_body({**WEBHOOK, "alerts": []}), "non-empty"),
-    (_body({**WEBHOOK, "alerts": [{**WEBHOOK["alerts"][0], "labels": {"a": 1}}]}), "labels"),
-    (_body({**WEBHOOK, "alerts": [{**WEBHOOK["alerts"][0], "status": "odd"}]}), "status"),
-    (_body({**WEBHOOK, "alerts": [{**WEBHOOK["alerts"][0], "startsAt": "yesterday"}]}), "timestamp"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{oops", "not JSON"),
+        (b"[]", "JSON object"),
+        (_body({**WEBHOOK, "version": "3"}), "version"),
+        (_body({**WEBHOOK, "alerts": []}), "non-empty"),
+        (_body({**WEBHOOK, "alerts": [{**WEBHOOK["alerts"][0], "labels": {"a": 1}}]}), "labels"),
+        (_body({**WEBHOOK, "alerts": [{**WEBHOOK["alerts"][0], "status": "odd"}]}), "status"),
+        (_body({**WEBHOOK, "alerts": [{**WEBHOOK["alerts"][0], "startsAt": "yesterday"}]}), "timestamp"),
+    ],
+)
 def test_parse_webhook_rejects_malformed_bodies_with_a_reason(body, message):
     with pytest.raises(WebhookError, match=message):
         parse_webhook(body)
@@ -79,8 +97,10 @@ def test_select_findings_keeps_the_alerts_place_and_matches_its_rule():
     diagnosis = {
         "likely_cause": _finding("queue_growing", {"instance": "e0:8000"}, 300),
         "competing": [_finding("kv_pressure_preemption", {"instance": "e0:8000"}, 250)],
-        "other": [_finding("kv_pressure_preemption", {"instance": "e1:8000"}, 240),
-                  _finding("fleet_oversized", {}, 100)],
+        "other": [
+            _finding("kv_pressure_preemption", {"instance": "e1:8000"}, 240),
+            _finding("fleet_oversized", {}, 100),
+        ],
         "skipped": [{"rule_id": "x", "reason": "absent"}],
     }
     out = select_findings(diagnosis, parse_alert(WEBHOOK["alerts"][0]))
@@ -91,12 +111,18 @@ def test_select_findings_keeps_the_alerts_place_and_matches_its_rule():
 
 
 def test_an_instance_alert_gets_its_model_so_other_models_findings_stay_out():
-    places = instance_places([{"instance": "e0:8000", "model": "llama", "dp_rank": "0"},
-                              {"instance": "e0:8000", "model": "llama", "dp_rank": "1"},
-                              {"instance": "e1:8000", "model": "qwen"}])
-    assert places["e0:8000"] == {"instance": "e0:8000", "model": "llama"}   # dp_rank differs: not a place
-    diagnosis = {"likely_cause": _finding("cold_replica", {"model": "qwen"}, 300),
-                 "other": [_finding("hit_collapse_after_scaling", {"model": "llama"}, 200)]}
+    places = instance_places(
+        [
+            {"instance": "e0:8000", "model": "llama", "dp_rank": "0"},
+            {"instance": "e0:8000", "model": "llama", "dp_rank": "1"},
+            {"instance": "e1:8000", "model": "qwen"},
+        ]
+    )
+    assert places["e0:8000"] == {"instance": "e0:8000", "model": "llama"}  # dp_rank differs: not a place
+    diagnosis = {
+        "likely_cause": _finding("cold_replica", {"model": "qwen"}, 300),
+        "other": [_finding("hit_collapse_after_scaling", {"model": "llama"}, 200)],
+    }
     out = select_findings(diagnosis, parse_alert(WEBHOOK["alerts"][0]), places)
     assert [f["rule_id"] for f in out["findings"]] == ["hit_collapse_after_scaling"]
 
@@ -112,8 +138,18 @@ def test_store_is_bounded_and_lists_newest_first():
     assert store.count() == 3
     assert store.get(ids[0]) is None
     assert [d["id"] for d in store.list()] == ids[:1:-1]
-    store.update(ids[-1], {**WEBHOOK, "alerts": [{**WEBHOOK["alerts"][0], "kvscope": {
-        "likely_cause": {"rule_id": "kv_pressure_preemption", "summary": "KV at 97%"}}}]})
+    store.update(
+        ids[-1],
+        {
+            **WEBHOOK,
+            "alerts": [
+                {
+                    **WEBHOOK["alerts"][0],
+                    "kvscope": {"likely_cause": {"rule_id": "kv_pressure_preemption", "summary": "KV at 97%"}},
+                }
+            ],
+        },
+    )
     assert store.list(1)[0]["summary"][0]["likely_cause"] == "kv_pressure_preemption"
     assert store.get(ids[-1])["status"] == "done"
     assert store.list(alertname="LlmKvPressurePreemption") and not store.list(alertname="Other")
@@ -132,7 +168,8 @@ def test_pending_webhooks_survive_a_restart(tmp_path):
 
 def test_parse_params_reads_rule_dot_name_pairs():
     assert parse_params(["kv_pressure_preemption.for=5s", "kv_pressure_preemption.kv_full=0.95"]) == {
-        "kv_pressure_preemption": {"for": "5s", "kv_full": 0.95}}
+        "kv_pressure_preemption": {"for": "5s", "kv_full": 0.95}
+    }
     with pytest.raises(ValueError, match="RULE.NAME=VALUE"):
         parse_params(["kv_full=0.9"])
     with pytest.raises(ValueError, match="unknown rule.*kv_pressure_preemptoin"):
@@ -147,7 +184,7 @@ def test_unreachable_prometheus_is_recorded_on_the_row_and_the_receiver_keeps_se
     from kvscope.diagnoser.alertmanager.server import ServeConfig, WebhookServer
 
     async def scenario() -> tuple[dict, int]:
-        with socket.socket() as s:          # a port nothing listens on
+        with socket.socket() as s:  # a port nothing listens on
             s.bind(("127.0.0.1", 0))
             dead = f"http://127.0.0.1:{s.getsockname()[1]}"
         server = WebhookServer(ServeConfig(prometheus_url=dead), DiagnosisStore(":memory:"))
@@ -179,27 +216,33 @@ def test_nested_json_at_any_depth_is_a_400_and_every_answer_is_counted():
     from kvscope.diagnoser.alertmanager.server import ServeConfig, WebhookServer
 
     def nested(depth: int) -> bytes:
-        return json.dumps({**WEBHOOK, "commonLabels": "PLACEHOLDER"}).encode().replace(
-            b'"PLACEHOLDER"', b"[" * depth + b"]" * depth)
+        return (
+            json.dumps({**WEBHOOK, "commonLabels": "PLACEHOLDER"})
+            .encode()
+            .replace(b'"PLACEHOLDER"', b"[" * depth + b"]" * depth)
+        )
 
     async def scenario():
-        server = WebhookServer(ServeConfig(prometheus_url="http://127.0.0.1:9", max_body_bytes=2 << 20),
-                               DiagnosisStore(":memory:"), rules=[])
+        server = WebhookServer(
+            ServeConfig(prometheus_url="http://127.0.0.1:9", max_body_bytes=2 << 20),
+            DiagnosisStore(":memory:"),
+            rules=[],
+        )
         async with TestClient(TestServer(server.app())) as client:
             answers = []
             for depth in (100, 10_000, 500_000):
                 resp = await client.post("/api/v1/alerts", data=nested(depth))
                 answers.append((resp.status, (await resp.json())["error"]))
             ok = (await client.post("/api/v1/alerts", data=_body(WEBHOOK))).status
-            server.store._db.close()                          # the store fails from now on
+            server.store._db.close()  # the store fails from now on
             broken = await client.post("/api/v1/alerts", data=_body(WEBHOOK))
             metrics = await (await client.get("/metrics")).text()
-            for _ in range(100):                              # the accepted one failed to store: the worker goes on
+            for _ in range(100):  # the accepted one failed to store: the worker goes on
                 if server.counters["kvscope_webhook_diagnoses_total", "error"]:
                     break
                 await asyncio.sleep(0.05)
             healthy = [(await client.get("/-/healthy")).status]
-            server._worker.cancel()                           # a worker that ended shows in /-/healthy
+            server._worker.cancel()  # a worker that ended shows in /-/healthy
             await asyncio.sleep(0.05)
             healthy.append((await client.get("/-/healthy")).status)
         return answers, ok, broken.status, metrics, healthy

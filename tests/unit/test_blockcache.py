@@ -48,9 +48,9 @@ def test_block_path_equals_whole_path_over_many_scrapes(load_fixture, fraction):
         text = perturb(lines, rng, fraction)
         assert_same(cache.normalize(text, "vllm", LABELS, 100.0 + i), whole(text, 100.0 + i))
     if fraction == 0.0:
-        assert cache.misses == len(split_blocks(text))   # only the first scrape parsed anything
+        assert cache.misses == len(split_blocks(text))  # only the first scrape parsed anything
     elif fraction == 0.02:
-        assert cache.hits > 2 * cache.misses             # unchanged families were not parsed again
+        assert cache.hits > 2 * cache.misses  # unchanged families were not parsed again
 
 
 def test_heavy_value_churn_is_re_read_by_the_value_templates(load_fixture):
@@ -61,13 +61,13 @@ def test_heavy_value_churn_is_re_read_by_the_value_templates(load_fixture):
         text = perturb(lines, rng, 1.0)
         assert_same(cache.normalize(text, "vllm", LABELS, float(i)), whole(text, float(i)))
     assert cache.whole == 0
-    assert cache.values > 5 * len(split_blocks(text))   # nearly every family, every scrape after the first
+    assert cache.values > 5 * len(split_blocks(text))  # nearly every family, every scrape after the first
 
 
 def test_heavy_label_churn_takes_the_whole_path_and_refreshes_the_memo_now_and_then(load_fixture):
     text = load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt")
     cache = BlockCache(CATALOG, refresh_every=4)
-    for i in range(11):   # every series gets a new model name: no block and no template matches
+    for i in range(11):  # every series gets a new model name: no block and no template matches
         cache.normalize(text.replace('model_name="', f'model_name="m{i}-'), "vllm", LABELS, float(i))
     # first scrape fills the memo; then 4 whole, 1 block refresh, 4 whole, 1 refresh
     assert cache.whole == 8
@@ -98,32 +98,43 @@ def test_a_layout_change_between_scrapes_is_checked_again(load_fixture):
     they hold (a duplicate appears, a second name of one signal appears) must be checked anew."""
     head = "# HELP vllm:num_requests_running r\n# TYPE vllm:num_requests_running gauge\n"
     run = 'vllm:num_requests_running{engine="0",model_name="m"} %s\n'
-    kv = ("# HELP vllm:kv_cache_usage_perc k\n# TYPE vllm:kv_cache_usage_perc gauge\n"
-          'vllm:kv_cache_usage_perc{engine="0",model_name="m"} %s\n')
-    old = ("# HELP vllm:gpu_cache_usage_perc old\n# TYPE vllm:gpu_cache_usage_perc gauge\n"
-           'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} %s\n')
+    kv = (
+        "# HELP vllm:kv_cache_usage_perc k\n# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} %s\n'
+    )
+    old = (
+        "# HELP vllm:gpu_cache_usage_perc old\n# TYPE vllm:gpu_cache_usage_perc gauge\n"
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} %s\n'
+    )
     # many unchanged families around them, so that the block path (not the whole one) is taken
-    rest = "".join(b for b in split_blocks(load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt"))
-                   if "num_requests_running" not in b and "cache_usage_perc" not in b)
-    scrapes = [head + run % 1 + kv % 0.1 + old % 0.2,
-               head + run % 2 + kv % 0.3 + old % 0.2,                                 # values move
-               head + run % 3 + kv % 0.3 + old.replace("gpu_cache_usage_perc{", "num_requests_running{") % 4,
-               head + run % 4 + kv % 0.6 + old % 0.5,                                 # clean again
-               head + run % 4 + kv % 0.6 + (old % 0.5).replace('model_name="m"', 'model_name="n"')]
+    rest = "".join(
+        b
+        for b in split_blocks(load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt"))
+        if "num_requests_running" not in b and "cache_usage_perc" not in b
+    )
+    scrapes = [
+        head + run % 1 + kv % 0.1 + old % 0.2,
+        head + run % 2 + kv % 0.3 + old % 0.2,  # values move
+        head + run % 3 + kv % 0.3 + old.replace("gpu_cache_usage_perc{", "num_requests_running{") % 4,
+        head + run % 4 + kv % 0.6 + old % 0.5,  # clean again
+        head + run % 4 + kv % 0.6 + (old % 0.5).replace('model_name="m"', 'model_name="n"'),
+    ]
     cache = BlockCache(CATALOG)
     for i, text in enumerate(scrapes):
         text += rest
         assert_same(cache.normalize(text, "vllm", LABELS, float(i)), whole(text, float(i)))
-    assert cache.whole == 1   # the scrape with the duplicate only
+    assert cache.whole == 1  # the scrape with the duplicate only
 
 
 def test_old_and_new_names_of_one_gauge_in_two_families_keep_the_new_name():
     """vLLM <= 0.11 exports gpu_cache_usage_perc beside kv_cache_usage_perc: the old name is a
     `fallback` alias, so the new one wins (it once took the max of the two)."""
-    text = ("# HELP vllm:kv_cache_usage_perc new name\n# TYPE vllm:kv_cache_usage_perc gauge\n"
-            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
-            "# HELP vllm:gpu_cache_usage_perc old name\n# TYPE vllm:gpu_cache_usage_perc gauge\n"
-            'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5\n')
+    text = (
+        "# HELP vllm:kv_cache_usage_perc new name\n# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+        "# HELP vllm:gpu_cache_usage_perc old name\n# TYPE vllm:gpu_cache_usage_perc gauge\n"
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+    )
     cache = BlockCache(CATALOG)
     for ts in (1.0, 2.0):
         got = cache.normalize(text, "vllm", LABELS, ts)
@@ -131,12 +142,15 @@ def test_old_and_new_names_of_one_gauge_in_two_families_keep_the_new_name():
         assert [s.value for s in got[0].samples] == [0.25]
 
 
-@pytest.mark.parametrize("text", [
-    "# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine=\"0\"} 3 1700000000000\n",
-    "# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine=\"0\"} NaN\n",
-    "# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine=\"0\"} 3",   # truncated
-    "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 3\n# EOF\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine="0"} 3 1700000000000\n',
+        '# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine="0"} NaN\n',
+        '# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine="0"} 3',  # truncated
+        '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 3\n# EOF\n',
+    ],
+)
 def test_edge_payloads_match_the_whole_path(text):
     cache = BlockCache(CATALOG)
     for ts in (1.0, 2.0):
@@ -153,8 +167,17 @@ def test_split_blocks_keeps_every_line_once(load_fixture):
     assert len(blocks) > 50
 
 
-@pytest.mark.parametrize("text", ["", "a 1\n", "# HELP a x\na 1\n", "# HELP a x\na 1\n\n# HELP b y\nb 2\n",
-                                  "x 1\n# HELP # HELP a\n# HELP a x\na 1\n", "# HELP a\n# HELP a\n# HELP a\n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "a 1\n",
+        "# HELP a x\na 1\n",
+        "# HELP a x\na 1\n\n# HELP b y\nb 2\n",
+        "x 1\n# HELP # HELP a\n# HELP a x\na 1\n",
+        "# HELP a\n# HELP a\n# HELP a\n",
+    ],
+)
 def test_block_keys_stand_for_the_split_blocks(text, load_fixture):
     """Memo keys (no copy of the payload for middle blocks) give back exactly split_blocks' texts,
     and a key never stands for two different texts (first/last/whole blocks are tagged)."""

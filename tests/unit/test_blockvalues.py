@@ -19,10 +19,14 @@ CATALOG = load_catalog()
 LABELS = {"job": "x", "instance": "a:1"}
 VLLM = "scrapes/vllm-0.32.0-cpu-after-load.txt"
 DCGM = "scrapes/dcgm-exporter-4.5.3-constructed-2gpu.txt"
-RUN = ("# HELP vllm:num_requests_running r\n# TYPE vllm:num_requests_running gauge\n"
-       'vllm:num_requests_running{engine="0",model_name="m"} %s\n')
-UTIL = ("# HELP DCGM_FI_DEV_GPU_UTIL u\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
-        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1",modelName="H100"} %s\n')
+RUN = (
+    "# HELP vllm:num_requests_running r\n# TYPE vllm:num_requests_running gauge\n"
+    'vllm:num_requests_running{engine="0",model_name="m"} %s\n'
+)
+UTIL = (
+    "# HELP DCGM_FI_DEV_GPU_UTIL u\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+    'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1",modelName="H100"} %s\n'
+)
 
 
 def whole(text: str, engine: str, ts: float):
@@ -51,8 +55,14 @@ def test_random_value_moves_are_re_read_exactly(load_fixture, fixture, engine):
     """Every value moves (dcgm: scaled units, so a dropped factor shows), spellings included."""
     lines = load_fixture(fixture).splitlines()
     rng = random.Random(3)
-    spell = [lambda v: repr(v), lambda v: f"{v:.3e}", lambda v: str(int(v)), lambda v: f"{v:.6E}",
-             lambda v: f"+{v}", lambda v: f"{v}\r"]
+    spell = [
+        lambda v: repr(v),
+        lambda v: f"{v:.3e}",
+        lambda v: str(int(v)),
+        lambda v: f"{v:.6E}",
+        lambda v: f"+{v}",
+        lambda v: f"{v}\r",
+    ]
     texts = []
     for _ in range(8):
         out = []
@@ -68,8 +78,25 @@ def test_random_value_moves_are_re_read_exactly(load_fixture, fixture, engine):
     assert cache.whole == 0
 
 
-@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "1e400", "0x10", "", "1.5.2", "\t7", "7\t", "7\t8",
-                                   "-0.0", "1_0", "7 1700000000000", "7 # {a=\"b\"} 1"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "NaN",
+        "+Inf",
+        "-Inf",
+        "1e400",
+        "0x10",
+        "",
+        "1.5.2",
+        "\t7",
+        "7\t",
+        "7\t8",
+        "-0.0",
+        "1_0",
+        "7 1700000000000",
+        '7 # {a="b"} 1',
+    ],
+)
 def test_odd_new_values_match_the_general_path(load_fixture, value):
     texts = with_rest(load_fixture(VLLM), "num_requests_running", RUN % 1, RUN % 2, RUN % value, RUN % 3)
     run(BlockCache(CATALOG), texts)
@@ -81,31 +108,40 @@ def test_an_overflowing_scale_factor_steps_aside(load_fixture):
     run(BlockCache(CATALOG), texts, "dcgm")
 
 
-@pytest.mark.parametrize("edit", [
-    lambda b: b.replace("# TYPE", " # TYPE"),                    # a comment becomes a bad sample line
-    lambda b: b.replace("gauge", "gauges"),                       # bad_type
-    lambda b: "#c\n" + b,
-    lambda b: b.replace("# HELP vllm:num_requests_running r", "# HELP vllm:num_requests_running s"),
-    lambda b: b.replace('model_name="m"', 'model_name="n"'),
-    lambda b: b.replace('engine="0"', 'engine="0" '),
-    lambda b: b + "\n",
-    lambda b: b + "  \n",
-    lambda b: b.replace("\nvllm:", "\n\nvllm:"),
-    lambda b: b + 'vllm:num_requests_running{engine="1",model_name="m"} 2\n',
-    lambda b: b + 'vllm:num_requests_running{engine="0",model_name="m"} 2\n',   # a duplicate
-    lambda b: b.replace("running{", "running {"),
-    lambda b: b.replace("} ", "}\t"),
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda b: b.replace("# TYPE", " # TYPE"),  # a comment becomes a bad sample line
+        lambda b: b.replace("gauge", "gauges"),  # bad_type
+        lambda b: "#c\n" + b,
+        lambda b: b.replace("# HELP vllm:num_requests_running r", "# HELP vllm:num_requests_running s"),
+        lambda b: b.replace('model_name="m"', 'model_name="n"'),
+        lambda b: b.replace('engine="0"', 'engine="0" '),
+        lambda b: b + "\n",
+        lambda b: b + "  \n",
+        lambda b: b.replace("\nvllm:", "\n\nvllm:"),
+        lambda b: b + 'vllm:num_requests_running{engine="1",model_name="m"} 2\n',
+        lambda b: b + 'vllm:num_requests_running{engine="0",model_name="m"} 2\n',  # a duplicate
+        lambda b: b.replace("running{", "running {"),
+        lambda b: b.replace("} ", "}\t"),
+    ],
+)
 def test_any_other_edit_matches_the_general_path(load_fixture, edit):
     texts = with_rest(load_fixture(VLLM), "num_requests_running", RUN % 1, RUN % 2, edit(RUN % 3), RUN % 4)
     cache = BlockCache(CATALOG)
     run(cache, texts)
-    assert cache.values >= 1   # scrape 1 was re-read by the template
+    assert cache.values >= 1  # scrape 1 was re-read by the template
 
 
 def test_a_comment_without_spaces_must_stay_a_comment(load_fixture):
-    texts = with_rest(load_fixture(VLLM), "num_requests_running", "#c\n" + RUN % 1, "#c\n" + RUN % 2,
-                      " #c\n" + RUN % 3, "#c\n" + RUN % 4)
+    texts = with_rest(
+        load_fixture(VLLM),
+        "num_requests_running",
+        "#c\n" + RUN % 1,
+        "#c\n" + RUN % 2,
+        " #c\n" + RUN % 3,
+        "#c\n" + RUN % 4,
+    )
     run(BlockCache(CATALOG), texts)
 
 
@@ -128,9 +164,11 @@ def templates_of(text: str, engine: str = "vllm") -> list[ValueTemplate | None]:
 
 
 def test_blocks_that_do_not_qualify_get_no_template(load_fixture):
-    collapse = ("# HELP vllm:num_requests_running r\n"   # two series that differ only in a dropped label
-                'vllm:num_requests_running{engine="0",model_name="m",x="1"} 1\n'
-                'vllm:num_requests_running{engine="0",model_name="m",x="2"} 2\n')
+    collapse = (
+        "# HELP vllm:num_requests_running r\n"  # two series that differ only in a dropped label
+        'vllm:num_requests_running{engine="0",model_name="m",x="1"} 1\n'
+        'vllm:num_requests_running{engine="0",model_name="m",x="2"} 2\n'
+    )
     exemplar = '# HELP vllm:num_requests_running r\nvllm:num_requests_running{engine="0"} 1 # {a="b"} 1\n'
     stamped = '# HELP vllm:num_requests_running r\nvllm:num_requests_running{engine="0"} 1 1700000000000\n'
     bad = '# HELP vllm:num_requests_running r\nvllm:num_requests_running{engine="0"} x\n'

@@ -25,10 +25,12 @@ def _ttft(means_per_step, n_per_step=10):
 
 def _cascade_run():
     # t = 0, 5, ..., 45.  KV fills at t=10, evictions from t=20, queue from t=25, TTFT x4 from t=35.
-    return (_series("engine_kv_cache_usage_ratio", [0.3, 0.6, 0.92, 0.97, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
-            + _series("engine_preemptions_total", [0, 0, 0, 0, 2, 6, 12, 20, 30, 41])
-            + _series("engine_requests_waiting", [0, 0, 0, 0, 0, 3, 8, 12, 15, 15])
-            + _ttft([0.05, 0.05, 0.05, 0.06, 0.07, 0.08, 0.09, 0.25, 0.4, 0.5]))
+    return (
+        _series("engine_kv_cache_usage_ratio", [0.3, 0.6, 0.92, 0.97, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+        + _series("engine_preemptions_total", [0, 0, 0, 0, 2, 6, 12, 20, 30, 41])
+        + _series("engine_requests_waiting", [0, 0, 0, 0, 0, 3, 8, 12, 15, 15])
+        + _ttft([0.05, 0.05, 0.05, 0.06, 0.07, 0.08, 0.09, 0.25, 0.4, 0.5])
+    )
 
 
 def test_full_cascade_reaches_stage_4_with_ordered_onsets_and_lead_time():
@@ -43,39 +45,46 @@ def test_full_cascade_reaches_stage_4_with_ordered_onsets_and_lead_time():
 
 
 def test_queue_without_kv_pressure_is_not_a_cascade():
-    samples = (_series("engine_kv_cache_usage_ratio", [0.2] * 6)
-               + _series("engine_preemptions_total", [0] * 6)
-               + _series("engine_requests_waiting", [0, 5, 9, 9, 9, 9])
-               + _ttft([0.05, 0.05, 0.3, 0.4, 0.5, 0.5]))
+    samples = (
+        _series("engine_kv_cache_usage_ratio", [0.2] * 6)
+        + _series("engine_preemptions_total", [0] * 6)
+        + _series("engine_requests_waiting", [0, 5, 9, 9, 9, 9])
+        + _ttft([0.05, 0.05, 0.3, 0.4, 0.5, 0.5])
+    )
     rep = evaluate_cascade(samples)["e0:8000"]
     assert rep.stage == 0
     assert 1 not in rep.onsets and 3 in rep.onsets
 
 
 def test_stage_stops_at_evicting_while_latency_is_still_healthy():
-    samples = (_series("engine_kv_cache_usage_ratio", [0.5, 0.95, 0.99, 0.99])
-               + _series("engine_preemptions_total", [0, 0, 1, 3])
-               + _series("engine_requests_waiting", [0, 0, 0, 0])
-               + _ttft([0.05, 0.05, 0.05, 0.06]))
+    samples = (
+        _series("engine_kv_cache_usage_ratio", [0.5, 0.95, 0.99, 0.99])
+        + _series("engine_preemptions_total", [0, 0, 1, 3])
+        + _series("engine_requests_waiting", [0, 0, 0, 0])
+        + _ttft([0.05, 0.05, 0.05, 0.06])
+    )
     rep = evaluate_cascade(samples)["e0:8000"]
     assert rep.stage == 2
     assert rep.lead_time_s is None
 
 
 def test_counter_reset_is_not_read_as_negative_or_missed():
-    samples = (_series("engine_kv_cache_usage_ratio", [0.95, 0.95, 0.95])
-               + _series("engine_preemptions_total", [10, 2, 2]))
+    samples = _series("engine_kv_cache_usage_ratio", [0.95, 0.95, 0.95]) + _series(
+        "engine_preemptions_total", [10, 2, 2]
+    )
     rep = evaluate_cascade(samples)["e0:8000"]
-    assert rep.onsets[2] == 5.0            # restart then 2 preemptions: evicting at t=5
-    assert rep.stage == 1                 # no eviction in the last interval
+    assert rep.onsets[2] == 5.0  # restart then 2 preemptions: evicting at t=5
+    assert rep.stage == 1  # no eviction in the last interval
 
 
 def test_gpu_utilisation_drop_counts_as_the_latency_symptom():
     gpu_labels = {"instance": "e0:8000", "gpu": "0"}
-    samples = (_series("engine_kv_cache_usage_ratio", [0.5, 0.95, 0.99, 0.99, 0.99])
-               + _series("engine_preemptions_total", [0, 0, 2, 5, 9])
-               + _series("engine_requests_waiting", [0, 0, 0, 4, 6])
-               + _series("gpu_utilization_ratio", [0.8, 0.8, 0.75, 0.5, 0.4], gpu_labels))
+    samples = (
+        _series("engine_kv_cache_usage_ratio", [0.5, 0.95, 0.99, 0.99, 0.99])
+        + _series("engine_preemptions_total", [0, 0, 2, 5, 9])
+        + _series("engine_requests_waiting", [0, 0, 0, 4, 6])
+        + _series("gpu_utilization_ratio", [0.8, 0.8, 0.75, 0.5, 0.4], gpu_labels)
+    )
     rep = evaluate_cascade(samples)["e0:8000"]
     assert rep.stage == 4 and rep.onsets[4] == 15.0
     assert rep.evidence["gpu_utilization_baseline_ratio"] == 0.8
@@ -106,42 +115,51 @@ def test_thresholds_are_configurable():
 def test_dp_ranks_of_one_instance_are_combined():
     a = {"instance": "e0:8000", "dp_rank": "0"}
     b = {"instance": "e0:8000", "dp_rank": "1"}
-    samples = (_series("engine_kv_cache_usage_ratio", [0.2, 0.2], a)
-               + _series("engine_kv_cache_usage_ratio", [0.2, 0.96], b)
-               + _series("engine_preemptions_total", [0, 0], a) + _series("engine_preemptions_total", [0, 3], b))
+    samples = (
+        _series("engine_kv_cache_usage_ratio", [0.2, 0.2], a)
+        + _series("engine_kv_cache_usage_ratio", [0.2, 0.96], b)
+        + _series("engine_preemptions_total", [0, 0], a)
+        + _series("engine_preemptions_total", [0, 3], b)
+    )
     rep = evaluate_cascade(samples)["e0:8000"]
     assert rep.stage == 2
 
 
 def test_an_eviction_is_evidence_of_a_full_pool_even_when_the_sampled_gauge_missed_it():
-    samples = (_series("engine_kv_cache_usage_ratio", [0.5, 0.7, 0.8, 0.75])
-               + _series("engine_preemptions_total", [0, 0, 3, 3]))
+    samples = _series("engine_kv_cache_usage_ratio", [0.5, 0.7, 0.8, 0.75]) + _series(
+        "engine_preemptions_total", [0, 0, 3, 3]
+    )
     rep = evaluate_cascade(samples)["e0:8000"]
     assert rep.onsets == {1: 10.0, 2: 10.0}
-    assert rep.stage == 0                 # usage 0.75 and no eviction in the last interval
+    assert rep.stage == 0  # usage 0.75 and no eviction in the last interval
 
 
 def test_a_request_caught_waiting_for_one_sample_is_not_a_queue():
-    samples = (_series("engine_kv_cache_usage_ratio", [0.5, 0.6, 0.95, 0.97, 0.97])
-               + _series("engine_requests_waiting", [0, 1, 0, 2, 3]))
+    samples = _series("engine_kv_cache_usage_ratio", [0.5, 0.6, 0.95, 0.97, 0.97]) + _series(
+        "engine_requests_waiting", [0, 1, 0, 2, 3]
+    )
     rep = evaluate_cascade(samples)["e0:8000"]
-    assert rep.onsets[3] == 15.0          # the blip at t=5 is ignored; the queue starts at t=15
+    assert rep.onsets[3] == 15.0  # the blip at t=5 is ignored; the queue starts at t=15
     assert evaluate_cascade(samples, CascadeConfig(queue_samples=1))["e0:8000"].onsets[3] == 5.0
 
 
 def test_ttft_rise_without_a_queue_is_not_the_cascade_symptom():
-    samples = (_series("engine_kv_cache_usage_ratio", [0.3, 0.4, 0.5, 0.95, 0.97, 0.97])
-               + _series("engine_preemptions_total", [0, 0, 0, 0, 2, 4])
-               + _series("engine_requests_waiting", [0, 0, 0, 0, 3, 5])
-               + _ttft([0.05, 0.05, 0.5, 0.5, 0.6, 0.7]))   # slow from t=10: starved host, no queue yet
+    samples = (
+        _series("engine_kv_cache_usage_ratio", [0.3, 0.4, 0.5, 0.95, 0.97, 0.97])
+        + _series("engine_preemptions_total", [0, 0, 0, 0, 2, 4])
+        + _series("engine_requests_waiting", [0, 0, 0, 0, 3, 5])
+        + _ttft([0.05, 0.05, 0.5, 0.5, 0.6, 0.7])
+    )  # slow from t=10: starved host, no queue yet
     rep = evaluate_cascade(samples)["e0:8000"]
-    assert rep.onsets[4] == 20.0 and rep.ordered          # counted once the queue exists
+    assert rep.onsets[4] == 20.0 and rep.ordered  # counted once the queue exists
 
 
 def test_current_stage_does_not_flap_when_evictions_pause_for_an_interval():
-    samples = (_series("engine_kv_cache_usage_ratio", [0.5, 0.95, 0.99, 0.99])
-               + _series("engine_preemptions_total", [0, 0, 4, 4])
-               + _series("engine_requests_waiting", [0, 3, 5, 7]))
+    samples = (
+        _series("engine_kv_cache_usage_ratio", [0.5, 0.95, 0.99, 0.99])
+        + _series("engine_preemptions_total", [0, 0, 4, 4])
+        + _series("engine_requests_waiting", [0, 3, 5, 7])
+    )
     assert evaluate_cascade(samples)["e0:8000"].stage == 3
 
 
@@ -150,18 +168,21 @@ def test_a_queue_is_sustained_by_time_not_by_how_often_it_was_scraped():
     kv, fast, slow = [0.95] * 10, [0, 0, 4, 4, 4, 4, 4, 4, 4, 0], [0, 3, 3, 3, 0]
     cfg = CascadeConfig(queue_samples=2, queue_min_s=1.0)
     for waiting, step, onset in ((fast, 0.2, 0.4), (slow, 0.6, 0.6)):
-        samples = (_series("engine_kv_cache_usage_ratio", kv[:len(waiting)], step=step)
-                   + _series("engine_requests_waiting", waiting, step=step))
+        samples = _series("engine_kv_cache_usage_ratio", kv[: len(waiting)], step=step) + _series(
+            "engine_requests_waiting", waiting, step=step
+        )
         assert evaluate_cascade(samples, cfg)["e0:8000"].onsets[3] == onset
     # waiting for 0.8 s at a 0.2 s cadence (5 samples) is no 1 s queue; two such blips are not one
     blips = [0, 2, 2, 2, 2, 2, 0, 2, 2, 2, 2, 2, 0]
-    samples = (_series("engine_kv_cache_usage_ratio", [0.95] * len(blips), step=0.2)
-               + _series("engine_requests_waiting", blips, step=0.2))
+    samples = _series("engine_kv_cache_usage_ratio", [0.95] * len(blips), step=0.2) + _series(
+        "engine_requests_waiting", blips, step=0.2
+    )
     assert 3 not in evaluate_cascade(samples, cfg)["e0:8000"].onsets
     assert evaluate_cascade(samples, CascadeConfig(queue_samples=5))["e0:8000"].onsets[3] == 0.2
 
 
 def test_default_queue_criterion_is_two_samples_whatever_their_spacing():
-    samples = (_series("engine_kv_cache_usage_ratio", [0.95] * 4, step=0.1)
-               + _series("engine_requests_waiting", [0, 1, 1, 0], step=0.1))
+    samples = _series("engine_kv_cache_usage_ratio", [0.95] * 4, step=0.1) + _series(
+        "engine_requests_waiting", [0, 1, 1, 0], step=0.1
+    )
     assert evaluate_cascade(samples)["e0:8000"].onsets[3] == 0.1

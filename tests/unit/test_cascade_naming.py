@@ -31,6 +31,6 @@ def test_both_sides_name_stage_4_of_the_recorded_cascade_alike():
     assert head is not None and head.cascade is not None and head.cascade.stage == 4
     reports = evaluate_cascade(replay_recording(RECORDINGS / "kv-pressure-cascade.om.gz").samples)
     deepest = max(n for r in reports.values() for n, t in r.onsets.items() if t is not None)
-    assert deepest == 4                                   # reached, then recovered by the recording's end
+    assert deepest == 4  # reached, then recovered by the recording's end
     assert head.cascade.stage_name == STAGES[deepest] == "latency"
     assert set(head.cascade.onsets) == set(STAGES[1:])

@@ -21,9 +21,9 @@ from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore
 
 BASE = 1_700_000_000.0
 CYCLES = 120
-DOWN = range(30, 45)          # target e2 does not answer
-VANISH = range(60, 66)        # one gauge of e1 is missing from its payload
-RESET_AT = 80                 # e0 restarts: its counter goes back to a small value
+DOWN = range(30, 45)  # target e2 does not answer
+VANISH = range(60, 66)  # one gauge of e1 is missing from its payload
+RESET_AT = 80  # e0 restarts: its counter goes back to a small value
 
 
 def _cycle(n: int, rng: random.Random) -> list[Sample]:
@@ -40,19 +40,29 @@ def _cycle(n: int, rng: random.Random) -> list[Sample]:
             out.append(Sample("engine_requests_total", lab, float(count), ts))
             if not (t == 1 and n in VANISH):
                 out.append(Sample("engine_requests_waiting", lab, float((n // 10) % 3), ts))
-            out.append(Sample("engine_kv_cache_usage_ratio", lab, 0.5, ts))   # never moves
+            out.append(Sample("engine_kv_cache_usage_ratio", lab, 0.5, ts))  # never moves
             for i, le in enumerate(("0.1", "1.0", "+Inf")):
                 out.append(Sample("request_ttft_seconds_bucket", lab + (("le", le),), float(count * (i + 1)), ts))
         now = BASE + n + 0.05
-        out.append(Sample("kvscope_target_up", make_labels({"instance": inst, "job": "vllm"}),
-                          1.0 if up else 0.0, now))
+        out.append(Sample("kvscope_target_up", make_labels({"instance": inst, "job": "vllm"}), 1.0 if up else 0.0, now))
     return out
 
 
-NAMES = ("engine_requests_total", "engine_requests_waiting", "engine_kv_cache_usage_ratio",
-         "request_ttft_seconds_bucket", "kvscope_target_up")
-WINDOWS = [(BASE - 5, BASE + CYCLES + 5), (BASE + 10.5, BASE + 20.5), (BASE + 33.2, BASE + 50.0),
-           (BASE + 61.0, BASE + 64.0), (BASE + 79.0, BASE + 95.0), (BASE + 100.0, BASE + 100.0)]
+NAMES = (
+    "engine_requests_total",
+    "engine_requests_waiting",
+    "engine_kv_cache_usage_ratio",
+    "request_ttft_seconds_bucket",
+    "kvscope_target_up",
+)
+WINDOWS = [
+    (BASE - 5, BASE + CYCLES + 5),
+    (BASE + 10.5, BASE + 20.5),
+    (BASE + 33.2, BASE + 50.0),
+    (BASE + 61.0, BASE + 64.0),
+    (BASE + 79.0, BASE + 95.0),
+    (BASE + 100.0, BASE + 100.0),
+]
 
 
 def _assert_same(dense, sparse, windows=WINDOWS):
@@ -80,9 +90,9 @@ def test_sparse_store_reads_back_the_dense_series(tmp_path, cycles):
     _assert_same(dense, sparse)
     st = sparse.stats()
     assert st.written == sum(len(b) for b in cycles) and not st.dropped
-    assert st.rows < st.written / 3 and st.unchanged == st.written - st.rows   # few rows: few moves
+    assert st.rows < st.written / 3 and st.unchanged == st.written - st.rows  # few rows: few moves
     marks = sparse._reader.execute("SELECT COUNT(*) FROM marks").fetchone()[0]
-    assert marks < 0.1 * st.written    # groups are stable: a mark per run start or stale, not per scrape
+    assert marks < 0.1 * st.written  # groups are stable: a mark per run start or stale, not per scrape
     sparse.close()
 
 
@@ -104,16 +114,16 @@ def test_a_down_target_and_a_vanished_series_are_absent_not_carried(tmp_path, cy
 def test_split_batches_restart_and_retention_keep_the_answers(tmp_path, cycles):
     dense = InMemoryStore()
     path = tmp_path / "kv.db"
-    sparse = SqliteStore(path, background=False, batch_size=7)   # cycles cut across transactions
+    sparse = SqliteStore(path, background=False, batch_size=7)  # cycles cut across transactions
     for n, batch in enumerate(cycles):
         dense.write(batch)
         sparse.write(batch)
         sparse.flush()
-        if n == 50:   # the agent restarts on the same file
+        if n == 50:  # the agent restarts on the same file
             sparse.close()
             sparse = SqliteStore(path, background=False)
     _assert_same(dense, sparse)
-    cut = BASE + 70.5   # mid-run for every series that does not move
+    cut = BASE + 70.5  # mid-run for every series that does not move
     sparse.retention_s = 0.0
     assert sparse.enforce_retention(now=cut) > 0
     kept = [(max(lo, cut), hi) for lo, hi in WINDOWS if hi >= cut]
@@ -146,7 +156,7 @@ def test_a_failed_commit_forgets_its_new_series_and_the_retry_reads_back_the_sam
     for batch in (cycles[5] + extra, cycles[6]):
         dense.write(batch)
         sparse.write(batch)
-    sparse.flush()   # fails inside the transaction, after the new series was created in it
+    sparse.flush()  # fails inside the transaction, after the new series was created in it
     st = sparse.stats()
     assert st.errors and st.queued == len(cycles[5]) + len(cycles[6]) + 1
     assert "engine_new_total" not in sparse.names()
@@ -168,7 +178,7 @@ def _rows_of(batches, fast: bool):
         inner = enc._encode_same_series
         enc._encode_same_series = lambda *a: hits.append(inner(*a)) or hits[-1]
     else:
-        enc._encode_same_series = lambda *a: False   # the general path only
+        enc._encode_same_series = lambda *a: False  # the general path only
     return [enc.encode(b, now=0.0) for b in batches], sum(hits)
 
 
@@ -184,9 +194,9 @@ def test_the_same_series_fast_path_writes_what_the_general_path_writes():
         if event == 0:
             cohort[2] = Sample("g", labs[2], float("nan"), 100.0 + n)
         elif event == 1:
-            cohort[1] = Sample("g", labs[1], rng.randrange(3), 100.0 + n)   # an int: converted
+            cohort[1] = Sample("g", labs[1], rng.randrange(3), 100.0 + n)  # an int: converted
         elif event == 2:
-            cohort.append(cohort[0])                                         # a duplicate
+            cohort.append(cohort[0])  # a duplicate
         elif event == 3:
             cohort.reverse()
         elif event == 4:
@@ -194,8 +204,13 @@ def test_the_same_series_fast_path_writes_what_the_general_path_writes():
         other = [Sample("g", labs[5], 7.0, 100.5 + n)] if event == 5 else []  # labs[5] moves to b's cohort
         batches.append(cohort + other)
     (fast, hits), (slow, _) = _rows_of(batches, True), _rows_of(batches, False)
-    assert 50 < hits < len(batches)   # both paths taken
+    assert 50 < hits < len(batches)  # both paths taken
     for a, b in zip(fast, slow, strict=True):
-        assert (a.points, a.marks, a.stamps, a.accepted, a.dropped) == (b.points, b.marks, b.stamps, b.accepted,
-                                                                        b.dropped)
-    assert sum(len(e.points) for e in fast) > 200    # values moved: the comparison is not vacuous
+        assert (a.points, a.marks, a.stamps, a.accepted, a.dropped) == (
+            b.points,
+            b.marks,
+            b.stamps,
+            b.accepted,
+            b.dropped,
+        )
+    assert sum(len(e.points) for e in fast) > 200  # values moved: the comparison is not vacuous

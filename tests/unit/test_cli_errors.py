@@ -39,6 +39,7 @@ def not_openmetrics(tmp_path: Path) -> Path:
 
 # --- recordings that are not recordings ---------------------------------------------------
 
+
 def test_diagnose_names_a_file_that_is_not_openmetrics(capsys, not_openmetrics):
     code, err = run_cli(capsys, "diagnose", "--recording", str(not_openmetrics))
     assert code == 4
@@ -83,9 +84,9 @@ def test_every_library_recording_passes_the_sniff():
 
 def test_sniff_accepts_leading_free_comments_and_plain_text_samples(tmp_path):
     plain = tmp_path / "plain.om"
-    plain.write_text("# recorded by hand\nvllm:num_requests_running{model=\"m\"} 3 1700000000\n# EOF\n")
+    plain.write_text('# recorded by hand\nvllm:num_requests_running{model="m"} 3 1700000000\n# EOF\n')
     gz = tmp_path / "typed.om.gz"
-    gz.write_bytes(gzip.compress(b"# TYPE up gauge\nup{job=\"e\"} 1 1700000000\n# EOF\n"))
+    gz.write_bytes(gzip.compress(b'# TYPE up gauge\nup{job="e"} 1 1700000000\n# EOF\n'))
     assert check_recording(plain) == plain and check_recording(gz) == gz
 
 
@@ -101,13 +102,17 @@ def test_ui_refuses_a_non_openmetrics_recording_before_starting(capsys, not_open
 
 # --- URLs, durations, times ---------------------------------------------------------------
 
-@pytest.mark.parametrize("argv", [
-    ("diagnose", "--prometheus", "localhost:9090"),
-    ("diagnose", "--agent", "127.0.0.1:9464"),
-    ("ui", "--prometheus", "localhost:9090"),
-    ("serve", "--prometheus", "localhost:9090"),
-    ("report", "weekly", "--prometheus", "localhost:9090", "--no-progress"),
-])
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("diagnose", "--prometheus", "localhost:9090"),
+        ("diagnose", "--agent", "127.0.0.1:9464"),
+        ("ui", "--prometheus", "localhost:9090"),
+        ("serve", "--prometheus", "localhost:9090"),
+        ("report", "weekly", "--prometheus", "localhost:9090", "--no-progress"),
+    ],
+)
 def test_a_url_without_scheme_is_refused_with_an_example(capsys, argv):
     code, err = run_cli(capsys, *argv)
     assert code == 3
@@ -122,12 +127,15 @@ def test_unreachable_prometheus_gets_a_hint(capsys):
     assert "refused" in err.lower() and f"curl -s {url}/-/ready" in err
 
 
-@pytest.mark.parametrize("argv, flag", [
-    (("diagnose", "--prometheus", "http://127.0.0.1:1", "--since", "30x"), "--since"),
-    (("diagnose", "--prometheus", "http://127.0.0.1:1", "--end", "yesterday"), "--end"),
-    (("ui", "--prometheus", "http://127.0.0.1:1", "--since", "30x"), "--since"),
-    (("report", "weekly", "--prometheus", "http://127.0.0.1:1", "--end", "yesterday"), "--end"),
-])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (("diagnose", "--prometheus", "http://127.0.0.1:1", "--since", "30x"), "--since"),
+        (("diagnose", "--prometheus", "http://127.0.0.1:1", "--end", "yesterday"), "--end"),
+        (("ui", "--prometheus", "http://127.0.0.1:1", "--since", "30x"), "--since"),
+        (("report", "weekly", "--prometheus", "http://127.0.0.1:1", "--end", "yesterday"), "--end"),
+    ],
+)
 def test_bad_durations_and_times_name_their_flag(capsys, argv, flag):
     code, err = run_cli(capsys, *argv)
     assert code == 3 and err.startswith(f"kvscope {argv[0]}: {flag}:") and "got '" in err
@@ -143,7 +151,7 @@ def test_window_lengths_take_seconds_or_durations():
 def test_times_take_unix_seconds_or_iso_8601_in_utc():
     assert parse_time("--end", "1763769600") == 1763769600.0
     assert parse_time("--end", "2025-11-22T00:00:00Z") == 1763769600.0
-    assert parse_time("--end", "2025-11-22T00:00:00") == 1763769600.0      # no zone: UTC
+    assert parse_time("--end", "2025-11-22T00:00:00") == 1763769600.0  # no zone: UTC
     assert parse_time("--end", "2025-11-22T01:00:00+01:00") == 1763769600.0
 
 
@@ -155,9 +163,16 @@ def test_check_http_url_accepts_http_and_https_with_a_host():
 
 # --- rule parameters ----------------------------------------------------------------------
 
+
 def test_unknown_rule_parameter_is_refused_with_a_suggestion(capsys):
-    code, err = run_cli(capsys, "diagnose", "--recording", str(RECORDINGS / "kv-pressure-cascade.om.gz"),
-                        "--param", "kv_pressure_preemption.kvfull=0.9")
+    code, err = run_cli(
+        capsys,
+        "diagnose",
+        "--recording",
+        str(RECORDINGS / "kv-pressure-cascade.om.gz"),
+        "--param",
+        "kv_pressure_preemption.kvfull=0.9",
+    )
     assert code == 3
     assert "has no parameter 'kvfull'" in err and "did you mean kv_full?" in err
 
@@ -173,9 +188,18 @@ def test_known_parameter_passes_with_a_mapping_of_names():
 
 # --- outputs, ports, stores ---------------------------------------------------------------
 
+
 def test_report_checks_output_directories_before_working(capsys, tmp_path):
-    code, err = run_cli(capsys, "report", "weekly", "--recording", str(RECORDINGS / "kv-pressure-cascade.om.gz"),
-                        "--html", str(tmp_path / "missing" / "week.html"), "--no-progress")
+    code, err = run_cli(
+        capsys,
+        "report",
+        "weekly",
+        "--recording",
+        str(RECORDINGS / "kv-pressure-cascade.om.gz"),
+        "--html",
+        str(tmp_path / "missing" / "week.html"),
+        "--no-progress",
+    )
     assert code == 3 and "--html: directory" in err and "does not exist" in err
 
 
@@ -196,8 +220,9 @@ def test_report_on_an_empty_store_says_there_is_no_data(capsys, tmp_path):
 
 
 def test_report_refuses_a_non_positive_gpu_hour_cost(capsys):
-    code, err = run_cli(capsys, "report", "weekly", "--prometheus", "http://127.0.0.1:1",
-                        "--gpu-hour-cost", "0", "--no-progress")
+    code, err = run_cli(
+        capsys, "report", "weekly", "--prometheus", "http://127.0.0.1:1", "--gpu-hour-cost", "0", "--no-progress"
+    )
     assert code == 3 and "--gpu-hour-cost" in err
 
 
@@ -220,8 +245,16 @@ def test_serve_says_when_its_port_is_taken(capsys, tmp_path):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        code, err = run_cli(capsys, "serve", "--prometheus", "http://127.0.0.1:9090", "--listen",
-                            f"127.0.0.1:{port}", "--store", str(tmp_path / "d.sqlite"))
+        code, err = run_cli(
+            capsys,
+            "serve",
+            "--prometheus",
+            "http://127.0.0.1:9090",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--store",
+            str(tmp_path / "d.sqlite"),
+        )
     assert code == 1 and f"cannot listen on 127.0.0.1:{port}" in err and "--listen" in err
 
 
@@ -230,21 +263,23 @@ def test_ui_says_when_its_port_is_taken(capsys):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        code, err = run_cli(capsys, "ui", "--recording", str(RECORDINGS / "kv-pressure-cascade.om.gz"),
-                            "--port", str(port))
+        code, err = run_cli(
+            capsys, "ui", "--recording", str(RECORDINGS / "kv-pressure-cascade.om.gz"), "--port", str(port)
+        )
     assert code == 3 and f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
 
 
 # --- agent / record configuration -------------------------------------------------------
 
-@pytest.mark.parametrize("text, typo, meant", [("scrapes:\n  interval_s: 5\n", "scrapes", "scrape"),
-                                               ("colectors: {nvml: false}\n", "colectors", "collectors")])
-def test_a_misspelt_config_section_stops_the_agent_instead_of_running_on_defaults(capsys, tmp_path, text, typo,
-                                                                                   meant):
+
+@pytest.mark.parametrize(
+    "text, typo, meant",
+    [("scrapes:\n  interval_s: 5\n", "scrapes", "scrape"), ("colectors: {nvml: false}\n", "colectors", "collectors")],
+)
+def test_a_misspelt_config_section_stops_the_agent_instead_of_running_on_defaults(capsys, tmp_path, text, typo, meant):
     config = tmp_path / "kvscope.yaml"
     config.write_text(text)
-    code, err = run_cli(capsys, "record", "--config", str(config), "--duration", "1s", "--out",
-                        str(tmp_path / "x.om"))
+    code, err = run_cli(capsys, "record", "--config", str(config), "--duration", "1s", "--out", str(tmp_path / "x.om"))
     assert code == 2
     assert f"{typo}: unknown section; did you mean {meant}?" in err
     assert not (tmp_path / "x.om").exists()
@@ -253,7 +288,7 @@ def test_a_misspelt_config_section_stops_the_agent_instead_of_running_on_default
 def test_an_unrelated_unknown_section_is_still_kept_for_extensions():
     from kvscope.commands._flags import check_section_typos
 
-    check_section_typos({"my_extension": {"a": 1}, "scrape": {}})      # no error: not a near miss
+    check_section_typos({"my_extension": {"a": 1}, "scrape": {}})  # no error: not a near miss
 
 
 def test_render_config_refuses_a_misspelt_section():
@@ -265,25 +300,33 @@ def test_render_config_refuses_a_misspelt_section():
 
 # --- sources that answer but are the wrong thing ----------------------------------------
 
+
 def test_a_source_without_any_rule_signal_is_exit_4_not_an_all_clear(capsys, tmp_path):
     rec = tmp_path / "node.om"
-    rec.write_text("# TYPE node_load1 gauge\n" + "".join(
-        f'node_load1{{job="node",instance="a:9100"}} 0.5 {1_700_000_000 + 15 * i}\n' for i in range(4)) + "# EOF\n")
+    rec.write_text(
+        "# TYPE node_load1 gauge\n"
+        + "".join(f'node_load1{{job="node",instance="a:9100"}} 0.5 {1_700_000_000 + 15 * i}\n' for i in range(4))
+        + "# EOF\n"
+    )
     code, err = run_cli(capsys, "diagnose", "--recording", str(rec))
     assert code == 4
     assert "none of the" in err and "could be evaluated" in err and "not an all-clear" in err
 
 
-@pytest.mark.parametrize("kind, url, called", [
-    ("prometheus", "http://h:9464", "http://h:9464/api/v1/query_range"),
-    ("agent", "http://h:9464/metrics", "http://h:9464/metrics/api/v1/samples")])
+@pytest.mark.parametrize(
+    "kind, url, called",
+    [
+        ("prometheus", "http://h:9464", "http://h:9464/api/v1/query_range"),
+        ("agent", "http://h:9464/metrics", "http://h:9464/metrics/api/v1/samples"),
+    ],
+)
 def test_an_http_4xx_from_the_source_asks_whether_the_url_is_the_right_server(kind, url, called):
     from kvscope.commands._checks import source_hint
 
     text = source_hint(kind, url, f"{kind} {url}: HTTP Error 404: Not Found")
     assert f"kvscope calls {called} (no /metrics path;" in text
     assert ("--agent for a kvscope agent" if kind == "prometheus" else "--prometheus for a Prometheus") in text
-    assert source_hint(kind, url, "HTTP 500: boom") == "HTTP 500: boom"       # not a wrong-server sign
+    assert source_hint(kind, url, "HTTP 500: boom") == "HTTP 500: boom"  # not a wrong-server sign
 
 
 def test_demo_refuses_a_non_openmetrics_recording(capsys, not_openmetrics):
@@ -291,8 +334,9 @@ def test_demo_refuses_a_non_openmetrics_recording(capsys, not_openmetrics):
     assert code == 4 and "is not OpenMetrics text" in err
 
 
-@pytest.mark.parametrize("argv", [("rules", "check"), ("rules", "build", "--check"),
-                                  ("diagnose", "--prometheus", "http://127.0.0.1:1")])
+@pytest.mark.parametrize(
+    "argv", [("rules", "check"), ("rules", "build", "--check"), ("diagnose", "--prometheus", "http://127.0.0.1:1")]
+)
 def test_a_missing_rules_dir_is_an_error_not_zero_rules(capsys, tmp_path, argv):
     code, err = run_cli(capsys, *argv, "--rules-dir", str(tmp_path / "nope"))
     assert code == 3 and "--rules-dir:" in err and "is not a directory" in err
@@ -305,8 +349,10 @@ def test_a_rules_dir_without_rule_files_is_an_error(capsys, tmp_path):
 
 def test_report_period_is_optional_and_not_taken_for_a_recording(capsys, tmp_path, not_openmetrics):
     # `weekly` after --recording FILE... is the period, not a file; without it the period defaults
-    for argv in (("report", "--recording", str(not_openmetrics), "weekly"), ("report", "--recording",
-                                                                               str(not_openmetrics))):
+    for argv in (
+        ("report", "--recording", str(not_openmetrics), "weekly"),
+        ("report", "--recording", str(not_openmetrics)),
+    ):
         code, err = run_cli(capsys, *argv, "--no-progress")
         assert code == 4 and f"recording {not_openmetrics} is not OpenMetrics text" in err
         assert "recording weekly" not in err
@@ -326,7 +372,7 @@ def test_a_port_held_only_by_time_wait_connections_is_free_and_a_listening_one_i
     conn, _ = srv.accept()
     with pytest.raises(ValueError, match="--port: cannot listen on 127.0.0.1"):
         check_port_free("--port", "127.0.0.1", port)
-    conn.close()                  # the server side closes first: its end waits in TIME_WAIT
+    conn.close()  # the server side closes first: its end waits in TIME_WAIT
     cli.close()
     srv.close()
-    check_port_free("--port", "127.0.0.1", port)     # a restarted server may bind it again
+    check_port_free("--port", "127.0.0.1", port)  # a restarted server may bind it again

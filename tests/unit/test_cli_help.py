@@ -28,8 +28,17 @@ COMMANDS = _commands()
 
 
 def test_all_commands_are_found():
-    assert {"agent", "diagnose", "report", "ui", "serve", "rules check", "rules build",
-            "deploy render-config", "deploy prometheusrule"} <= set(COMMANDS)
+    assert {
+        "agent",
+        "diagnose",
+        "report",
+        "ui",
+        "serve",
+        "rules check",
+        "rules build",
+        "deploy render-config",
+        "deploy prometheusrule",
+    } <= set(COMMANDS)
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

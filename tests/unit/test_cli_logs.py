@@ -30,8 +30,9 @@ def findings(result: dict) -> list[tuple[str, str]]:
     return [(f["rule_id"], f["severity"]) for f in lc + result.get("competing", []) + result.get("other", [])]
 
 
-@pytest.mark.parametrize("name", ["vllm-0.6-v0-kv-pressure.log", "sglang-0.4-kv-pressure.log",
-                                  "vllm-0.10-v1-kv-pressure.kubectl.log"])
+@pytest.mark.parametrize(
+    "name", ["vllm-0.6-v0-kv-pressure.log", "sglang-0.4-kv-pressure.log", "vllm-0.10-v1-kv-pressure.kubectl.log"]
+)
 def test_diagnose_log_equals_diagnose_recording_of_record_log(capsys, tmp_path: Path, name: str):
     out = tmp_path / "rec.om.gz"
     assert main(["record", "--log", str(LOGS / name), "-o", str(out), "--date", "2026-11-24"]) == 0
@@ -41,7 +42,7 @@ def test_diagnose_log_equals_diagnose_recording_of_record_log(capsys, tmp_path: 
     code_rec, from_rec, _ = diagnose(capsys, "--recording", str(out))
     from_log.pop("source"), from_rec.pop("source")
     assert (code_log, from_log) == (code_rec, from_rec)
-    assert findings(from_log)                              # the comparison is not of two empty results
+    assert findings(from_log)  # the comparison is not of two empty results
 
 
 @pytest.mark.parametrize("name", ["vllm-0.6-v0-kv-pressure.log", "sglang-0.4-kv-pressure.log"])
@@ -50,8 +51,11 @@ def test_kv_pressure_log_with_preemptions_names_kv_pressure_first(capsys, name: 
     assert code == 1 and result["likely_cause"]["rule_id"] in KV_PRESSURE, findings(result)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26: KV pressure without a preemption counter is the `rules` "
-                                       "branch's rule; until it lands this log reads as a growing queue (L12)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 26: KV pressure without a preemption counter is the `rules` "
+    "branch's rule; until it lands this log reads as a growing queue (L12)",
+)
 def test_kv_pressure_log_without_a_preemption_counter_names_kv_pressure_first(capsys):
     code, result, _ = diagnose(capsys, "--log", str(LOGS / "vllm-0.10-v1-kv-pressure.kubectl.log"))
     assert result["likely_cause"]["rule_id"] in (*KV_PRESSURE, "kv_pressure_no_preemption_counter"), findings(result)
@@ -66,7 +70,9 @@ def test_healthy_log_stays_quiet(capsys, name: str):
 def test_stdin_and_labels(capsys, monkeypatch):
     data = (LOGS / "vllm-0.6-v0-kv-pressure.log").read_bytes()
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
-    code, result, err = diagnose(capsys, "--log", "-", "--instance", "vllm-7", "--model", "llama", "--date", "2026-11-24")
+    code, result, err = diagnose(
+        capsys, "--log", "-", "--instance", "vllm-7", "--model", "llama", "--date", "2026-11-24"
+    )
     assert code == 1 and result["likely_cause"]["where"]["instance"] == "vllm-7", result["likely_cause"]["where"]
     assert "9 vLLM V0 stats lines" in err
 
@@ -90,6 +96,10 @@ def test_a_log_without_stats_lines_is_an_error(capsys, tmp_path: Path):
 def test_record_log_output_loads_into_prometheus_tsdb(capsys, tmp_path: Path):
     out = tmp_path / "rec.om"
     assert main(["record", "--log", str(LOGS / "sglang-0.4-kv-pressure.log"), "-o", str(out)]) == 0
-    made = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(out), str(tmp_path / "d")],
-                          capture_output=True, text=True, timeout=120)
+    made = subprocess.run(
+        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(out), str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert made.returncode == 0, made.stderr[-2000:]

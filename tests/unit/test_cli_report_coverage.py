@@ -13,8 +13,9 @@ LABELS = (("instance", "a"),)
 
 def _series(start: float, stop: float, step: float = 600.0):
     n = int((stop - start) // step) + 1
-    return series_set_from_samples([Sample("engine_generation_tokens_total", LABELS, float(i), start + i * step)
-                                    for i in range(n)])
+    return series_set_from_samples(
+        [Sample("engine_generation_tokens_total", LABELS, float(i), start + i * step) for i in range(n)]
+    )
 
 
 def test_a_ten_minute_source_is_named_as_ten_minutes():
@@ -28,7 +29,7 @@ def test_a_full_week_needs_no_note():
 
 
 def test_only_the_part_inside_the_week_counts():
-    ss = _series(END - 3 * WEEK_S, END - WEEK_S + 3600)         # ends one hour into the week
+    ss = _series(END - 3 * WEEK_S, END - WEEK_S + 3600)  # ends one hour into the week
     assert "covers only 1h00m" in coverage_note(ss, END)
 
 

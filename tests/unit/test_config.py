@@ -31,8 +31,12 @@ def test_defaults_bind_loopback_and_scrape_every_15s():
 
 
 def test_file_values_are_read():
-    cfg = build({"scrape": {"interval_s": 30, "timeout_s": 3, "max_body_bytes": "4MiB"},
-                 "store": {"path": "/tmp/x.db", "retention_s": "2d"}})
+    cfg = build(
+        {
+            "scrape": {"interval_s": 30, "timeout_s": 3, "max_body_bytes": "4MiB"},
+            "store": {"path": "/tmp/x.db", "retention_s": "2d"},
+        }
+    )
     assert (cfg.interval_s, cfg.timeout_s, cfg.max_body_bytes) == (30.0, 3.0, 4 << 20)
     assert (cfg.store_path, cfg.retention_s) == ("/tmp/x.db", 2 * 86400.0)
 
@@ -66,22 +70,49 @@ def test_default_timeout_follows_a_short_interval():
     assert build(flags=[("scrape.interval_s", "1s", "--scrape.interval")]).timeout_s == pytest.approx(0.8)
 
 
-@pytest.mark.parametrize("doc, message", [
-    ({"scrape": {"intervall_s": 5}}, "scrape.intervall_s: unknown key (allowed: interval_s, label_limit, "
-     "label_name_length_limit, label_value_length_limit, max_body_bytes, sample_limit, timeout_s)"),
-    ({"scrape": {"max_body_bytes": "lots"}}, 'scrape.max_body_bytes: must be a size >= 1024 bytes (e.g. 16MiB), got "lots"'),
-    ({"scrape": 5}, "scrape: must be a mapping, got 5"),
-    ({"listen_address": "9464"}, 'listen_address: must be host:port (e.g. 127.0.0.1:9464), got "9464"'),
-    ({"collectors": {"nvlm": True}}, "collectors.nvlm: unknown collector (known: engine, host, nvml)"),
-    ({"collectors": {"nvml": "maybe"}}, 'collectors.nvml: must be true or false (or a mapping with enabled), got "maybe"'),
-    ({"targets": [{"url": "localhost:8000"}]}, 'targets[0].url: must be an http:// or https:// URL with a host, got "localhost:8000"'),
-    ({"targets": [{"url": "http://a:1/metrics", "engine": "trtllm"}]}, 'targets[0].engine: must be one of dcgm, dynamo, epp, llamacpp, lmcache, sglang, sglang_router, tgi, vllm (or absent to detect), got "trtllm"'),
-    ({"targets": [{"url": "http://a:1/metrics", "port": 1}]}, "targets[0].port: unknown key (allowed: url, job, engine, labels, "
-     "sample_limit, label_limit, label_name_length_limit, label_value_length_limit)"),
-    ({"targets": [{"url": "http://a:1/metrics", "labels": {"bad-name": "x"}}]}, 'targets[0].labels: "bad-name" is not a valid label name'),
-    ({"targets": [{"url": "http://a:1/metrics", "labels": {"job": "x"}}]}, "targets[0].labels.job: set it with targets[0].job instead"),
-    ({"gpu_mapping": {"GPU-1": 3}}, "gpu_mapping.GPU-1: expected an instance name or a list of them, got 3"),
-])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        (
+            {"scrape": {"intervall_s": 5}},
+            "scrape.intervall_s: unknown key (allowed: interval_s, label_limit, "
+            "label_name_length_limit, label_value_length_limit, max_body_bytes, sample_limit, timeout_s)",
+        ),
+        (
+            {"scrape": {"max_body_bytes": "lots"}},
+            'scrape.max_body_bytes: must be a size >= 1024 bytes (e.g. 16MiB), got "lots"',
+        ),
+        ({"scrape": 5}, "scrape: must be a mapping, got 5"),
+        ({"listen_address": "9464"}, 'listen_address: must be host:port (e.g. 127.0.0.1:9464), got "9464"'),
+        ({"collectors": {"nvlm": True}}, "collectors.nvlm: unknown collector (known: engine, host, nvml)"),
+        (
+            {"collectors": {"nvml": "maybe"}},
+            'collectors.nvml: must be true or false (or a mapping with enabled), got "maybe"',
+        ),
+        (
+            {"targets": [{"url": "localhost:8000"}]},
+            'targets[0].url: must be an http:// or https:// URL with a host, got "localhost:8000"',
+        ),
+        (
+            {"targets": [{"url": "http://a:1/metrics", "engine": "trtllm"}]},
+            'targets[0].engine: must be one of dcgm, dynamo, epp, llamacpp, lmcache, sglang, sglang_router, tgi, vllm (or absent to detect), got "trtllm"',
+        ),
+        (
+            {"targets": [{"url": "http://a:1/metrics", "port": 1}]},
+            "targets[0].port: unknown key (allowed: url, job, engine, labels, "
+            "sample_limit, label_limit, label_name_length_limit, label_value_length_limit)",
+        ),
+        (
+            {"targets": [{"url": "http://a:1/metrics", "labels": {"bad-name": "x"}}]},
+            'targets[0].labels: "bad-name" is not a valid label name',
+        ),
+        (
+            {"targets": [{"url": "http://a:1/metrics", "labels": {"job": "x"}}]},
+            "targets[0].labels.job: set it with targets[0].job instead",
+        ),
+        ({"gpu_mapping": {"GPU-1": 3}}, "gpu_mapping.GPU-1: expected an instance name or a list of them, got 3"),
+    ],
+)
 def test_invalid_values_name_the_key_and_what_is_allowed(doc, message):
     with pytest.raises(ConfigError) as info:
         build(doc)
@@ -89,11 +120,15 @@ def test_invalid_values_name_the_key_and_what_is_allowed(doc, message):
 
 
 def test_targets_get_instance_job_engine_and_labels():
-    cfg = build({"targets": [
-        {"url": "http://10.0.0.5:8000/metrics", "job": "vllm", "labels": {"node": "n1"}},
-        {"url": "http://10.0.0.5:9400/metrics", "job": "dcgm", "engine": "dcgm"},
-        "http://10.0.0.6:8000/metrics",
-    ]})
+    cfg = build(
+        {
+            "targets": [
+                {"url": "http://10.0.0.5:8000/metrics", "job": "vllm", "labels": {"node": "n1"}},
+                {"url": "http://10.0.0.5:9400/metrics", "job": "dcgm", "engine": "dcgm"},
+                "http://10.0.0.6:8000/metrics",
+            ]
+        }
+    )
     a, b, c = cfg.targets
     assert a.target_labels() == {"job": "vllm", "instance": "10.0.0.5:8000", "node": "n1"}
     assert (b.engine, b.instance) == ("dcgm", "10.0.0.5:9400")
@@ -102,21 +137,24 @@ def test_targets_get_instance_job_engine_and_labels():
 
 def test_duplicate_targets_are_rejected_unless_the_instance_is_relabelled():
     url = "http://10.0.0.5:8000/metrics"
-    with pytest.raises(ConfigError, match=r"targets\[1\]: instance '10.0.0.5:8000' repeats targets\[0\]; set labels.instance"):
+    with pytest.raises(
+        ConfigError, match=r"targets\[1\]: instance '10.0.0.5:8000' repeats targets\[0\]; set labels.instance"
+    ):
         build({"targets": [url, url]})
     cfg = build({"targets": [url, {"url": url, "labels": {"instance": "replica-b"}}]})
     assert [t.instance for t in cfg.targets] == ["10.0.0.5:8000", "replica-b"]
 
 
 def test_flag_targets_replace_file_targets():
-    cfg = build({"targets": ["http://a:1/metrics"]},
-                flags=[("targets", [{"url": "http://b:2/metrics", "job": "x"}], "--target")])
+    cfg = build(
+        {"targets": ["http://a:1/metrics"]},
+        flags=[("targets", [{"url": "http://b:2/metrics", "job": "x"}], "--target")],
+    )
     assert [(t.instance, t.job) for t in cfg.targets] == [("b:2", "x")]
 
 
 def test_env_targets_and_collector_switches():
-    cfg = build(env={"KVSCOPE_TARGETS": "http://a:1/metrics, http://b:2/metrics",
-                     "KVSCOPE_COLLECTOR_NVML": "false"})
+    cfg = build(env={"KVSCOPE_TARGETS": "http://a:1/metrics, http://b:2/metrics", "KVSCOPE_COLLECTOR_NVML": "false"})
     assert [t.instance for t in cfg.targets] == ["a:1", "b:2"]
     assert cfg.collector_enabled("nvml", True) is False
     cfg = build({"collectors": {"nvml": False}}, flags=[("collectors.nvml", True, "--collector.nvml")])
@@ -130,9 +168,11 @@ def test_collector_options_are_handed_through():
 
 def test_a_switch_and_options_from_different_layers_merge():
     # env switches host off: the file's options survive; a flag option keeps the env switch
-    cfg = build({"collectors": {"host": {"node": "n1", "process_patterns": ["vllm"]}}},
-                env={"KVSCOPE_COLLECTOR_HOST": "false"},
-                flags=[("collectors.host.node", "n2", "--collector.host.node")])
+    cfg = build(
+        {"collectors": {"host": {"node": "n1", "process_patterns": ["vllm"]}}},
+        env={"KVSCOPE_COLLECTOR_HOST": "false"},
+        flags=[("collectors.host.node", "n2", "--collector.host.node")],
+    )
     assert cfg.collector_enabled("host", True) is False
     assert cfg.collector_options("host") == {"node": "n2", "process_patterns": ["vllm"]}
     cfg = build({"collectors": {"nvml": False}}, flags=[("collectors.nvml.retry_s", "5", "--collector.nvml.retry_s")])
@@ -150,8 +190,17 @@ def test_collector_option_flags_reach_the_collector_config():
     parser = argparse.ArgumentParser()
     add_scrape_flags(parser)
     add_agent_flags(parser, known)
-    args = parser.parse_args(["--collector.host.node", "gpu-7", "--collector.host.process_patterns", "vllm",
-                              "--collector.host.process_patterns", "sglang", "--no-collector.nvml"])
+    args = parser.parse_args(
+        [
+            "--collector.host.node",
+            "gpu-7",
+            "--collector.host.process_patterns",
+            "vllm",
+            "--collector.host.process_patterns",
+            "sglang",
+            "--no-collector.nvml",
+        ]
+    )
     cfg = config_from_args(args, known)
     assert cfg.collector_options("host") == {"node": "gpu-7", "process_patterns": ["vllm", "sglang"]}
     assert cfg.collector_enabled("nvml", True) is False
@@ -183,7 +232,9 @@ def test_registered_sections_are_validated_by_their_owner():
         build({"tap_test_section": 3})
 
 
-@pytest.mark.parametrize("text, seconds", [("500ms", 0.5), ("15s", 15.0), ("10m", 600.0), ("1h", 3600.0), (2, 2.0), ("2.5", 2.5)])
+@pytest.mark.parametrize(
+    "text, seconds", [("500ms", 0.5), ("15s", 15.0), ("10m", 600.0), ("1h", 3600.0), (2, 2.0), ("2.5", 2.5)]
+)
 def test_parse_seconds(text, seconds):
     assert parse_seconds(text) == seconds
 
@@ -210,17 +261,25 @@ def test_yaml_tags_are_not_executed(tmp_path):
         read_config_file(path)
 
 
-BOMB = "\n".join(["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
-                 + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]) + "\n"
+BOMB = (
+    "\n".join(
+        ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+        + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    )
+    + "\n"
+)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("scrape:\n  interval_s: 5\nx: &a [1, *a]\n", r"line 3: x\[1\]: .*recursive alias"),
-    ("scrape: &s\n  labels: {loop: *s}\n", r"line 1: scrape.labels.loop: .*recursive alias"),
-    (BOMB, r"expands to more than 100000 values .*alias bomb"),
-    ("a: " + "[" * 100_000 + "]" * 100_000 + "\n", "brackets nested deeper than 50 levels"),
-    ("a:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, 60)), "nested deeper than 50 levels"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("scrape:\n  interval_s: 5\nx: &a [1, *a]\n", r"line 3: x\[1\]: .*recursive alias"),
+        ("scrape: &s\n  labels: {loop: *s}\n", r"line 1: scrape.labels.loop: .*recursive alias"),
+        (BOMB, r"expands to more than 100000 values .*alias bomb"),
+        ("a: " + "[" * 100_000 + "]" * 100_000 + "\n", "brackets nested deeper than 50 levels"),
+        ("a:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, 60)), "nested deeper than 50 levels"),
+    ],
+)
 def test_recursive_aliases_alias_bombs_and_deep_nesting_are_clean_errors(tmp_path, text, message):
     path = tmp_path / "kvscope.yaml"
     path.write_text(text)
@@ -259,13 +318,21 @@ def test_a_target_url_with_an_unbalanced_ipv6_bracket_is_a_config_error():
 def test_limits_default_bounded_and_set_per_target():
     """scrape.* limits (Prometheus' names, 0 = none) reach every target; a target's own key wins;
     env and bad values follow the other keys' conventions."""
-    cfg = build_config({"targets": [{"url": "http://a:1/metrics"},
-                                    {"url": "http://b:1/metrics", "sample_limit": 0, "label_limit": 30}]})
+    cfg = build_config(
+        {
+            "targets": [
+                {"url": "http://a:1/metrics"},
+                {"url": "http://b:1/metrics", "sample_limit": 0, "label_limit": 30},
+            ]
+        }
+    )
     zero = dict.fromkeys(("sample_limit", "label_limit", "label_name_length_limit", "label_value_length_limit"), 0)
     assert dict(cfg.targets[0].limits) == {**zero, "sample_limit": 50_000}
     assert dict(cfg.targets[1].limits) == {**zero, "label_limit": 30}
-    cfg = build_config({"scrape": {"sample_limit": 10}, "targets": ["http://a:1/metrics"]},
-                       environ={"KVSCOPE_SCRAPE_LABEL_VALUE_LENGTH_LIMIT": "100"})
+    cfg = build_config(
+        {"scrape": {"sample_limit": 10}, "targets": ["http://a:1/metrics"]},
+        environ={"KVSCOPE_SCRAPE_LABEL_VALUE_LENGTH_LIMIT": "100"},
+    )
     assert dict(cfg.targets[0].limits) == {**zero, "sample_limit": 10, "label_value_length_limit": 100}
     with pytest.raises(ConfigError, match=r"scrape.sample_limit: must be an integer >= 0"):
         build_config({"scrape": {"sample_limit": -1}})
@@ -273,12 +340,15 @@ def test_limits_default_bounded_and_set_per_target():
         build_config({"targets": [{"url": "http://a:1/metrics", "label_limit": "x"}]})
 
 
-@pytest.mark.parametrize("text", [
-    "scrape:\n  interval_s: " + "9" * 400 + "\n",      # float() of a huge int overflowed
-    "scrape:\n  max_body_bytes: " + "9" * 400 + "\n",
-    "scrape:\n  interval_s: 1e999\n",
-    "scrape:\n  interval_s: " + "1" * 5000 + "\n",     # PyYAML's int() past 4300 digits raised ValueError
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "scrape:\n  interval_s: " + "9" * 400 + "\n",  # float() of a huge int overflowed
+        "scrape:\n  max_body_bytes: " + "9" * 400 + "\n",
+        "scrape:\n  interval_s: 1e999\n",
+        "scrape:\n  interval_s: " + "1" * 5000 + "\n",  # PyYAML's int() past 4300 digits raised ValueError
+    ],
+)
 def test_huge_numbers_are_config_errors(text):
     """Found by bench/fuzz.py (config-yaml): each escaped as OverflowError or ValueError."""
     with pytest.raises(ConfigError):

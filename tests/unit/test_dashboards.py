@@ -66,49 +66,79 @@ def test_board_json_uses_variables_and_describes_signals(board):
 
 def test_latency_panels_are_in_seconds_and_ratios_in_percentunit():
     data = json.loads(render_json(BOARDS[0]))
-    units = {p["title"]: p.get("fieldConfig", {}).get("defaults", {}).get("unit") or p.get("format")
-             for p in data["panels"] if p["type"] != "row"}
+    units = {
+        p["title"]: p.get("fieldConfig", {}).get("defaults", {}).get("unit") or p.get("format")
+        for p in data["panels"]
+        if p["type"] != "row"
+    }
     assert units["Time to first token"] == "s"
     assert units["KV cache usage"] == "percentunit"
 
 
-@pytest.mark.parametrize("expr, rule", [
-    (f"histogram_quantile(0.99, rate(kvscope_request_ttft_seconds_bucket{SEL}[5m]))", "quantile-without-sum-by-le"),
-    (f"histogram_quantile(0.99, sum by (instance) (rate(kvscope_request_ttft_seconds_bucket{SEL}[5m])))",
-     "quantile-without-sum-by-le"),
-    (f"rate(kvscope_engine_requests_running{SEL}[5m])", "rate-on-non-counter"),
-    (f"sum(kvscope_engine_preemptions_total{SEL})", "lifetime-maths"),
-    (f"sum(kvscope_request_queue_seconds_sum{SEL}) / (sum(rate(kvscope_request_queue_seconds_count{SEL}[5m])) > 0)",
-     "lifetime-maths"),
-    (f"sum(rate(kvscope_engine_prefix_cache_hits_tokens_total{SEL}[5m])) / "
-     f"sum(rate(kvscope_engine_prefix_cache_queries_tokens_total{SEL}[5m]))", "unguarded-division"),
-    (f"sum(rate(kvscope_engine_num_preemptions_total{SEL}[5m]))", "unknown-metric"),
-    ('sum(rate(vllm:num_preemptions_total{job="x"}[5m]))', "unknown-metric"),
-    ('sum(rate(kvscope:engine_nonexistent_total{job="x"}[5m]))', "unknown-metric"),
-])
+@pytest.mark.parametrize(
+    "expr, rule",
+    [
+        (f"histogram_quantile(0.99, rate(kvscope_request_ttft_seconds_bucket{SEL}[5m]))", "quantile-without-sum-by-le"),
+        (
+            f"histogram_quantile(0.99, sum by (instance) (rate(kvscope_request_ttft_seconds_bucket{SEL}[5m])))",
+            "quantile-without-sum-by-le",
+        ),
+        (f"rate(kvscope_engine_requests_running{SEL}[5m])", "rate-on-non-counter"),
+        (f"sum(kvscope_engine_preemptions_total{SEL})", "lifetime-maths"),
+        (
+            f"sum(kvscope_request_queue_seconds_sum{SEL}) / (sum(rate(kvscope_request_queue_seconds_count{SEL}[5m])) > 0)",
+            "lifetime-maths",
+        ),
+        (
+            f"sum(rate(kvscope_engine_prefix_cache_hits_tokens_total{SEL}[5m])) / "
+            f"sum(rate(kvscope_engine_prefix_cache_queries_tokens_total{SEL}[5m]))",
+            "unguarded-division",
+        ),
+        (f"sum(rate(kvscope_engine_num_preemptions_total{SEL}[5m]))", "unknown-metric"),
+        ('sum(rate(vllm:num_preemptions_total{job="x"}[5m]))', "unknown-metric"),
+        ('sum(rate(kvscope:engine_nonexistent_total{job="x"}[5m]))', "unknown-metric"),
+    ],
+)
 def test_lint_catches_each_defect(linter, expr, rule):
     assert rule in [r for r, _ in linter.lint_expr(expr)]
 
 
-@pytest.mark.parametrize("expr", [
-    q.quantile(0.99, "request_ttft_seconds", ("instance",)),
-    q.mean("request_queue_seconds"),
-    q.prefix_hit_ratio(("tenant",)).expr,
-    'sum(model:request_ttft_seconds:p99_5m{job=~"$job"})',
-    f"{q.sum_rate('engine_generation_tokens_total')} / 1e6",
-    'sum(rate(kvscope_engine_prompt_tokens_total{job=~"a/b"}[5m]))',   # '/' inside a string is not division
-    'max(instance:request_ttft_seconds:p99_5m{model=~"m"})',           # a recorded derived series
-])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        q.quantile(0.99, "request_ttft_seconds", ("instance",)),
+        q.mean("request_queue_seconds"),
+        q.prefix_hit_ratio(("tenant",)).expr,
+        'sum(model:request_ttft_seconds:p99_5m{job=~"$job"})',
+        f"{q.sum_rate('engine_generation_tokens_total')} / 1e6",
+        'sum(rate(kvscope_engine_prompt_tokens_total{job=~"a/b"}[5m]))',  # '/' inside a string is not division
+        'max(instance:request_ttft_seconds:p99_5m{model=~"m"})',  # a recorded derived series
+    ],
+)
 def test_lint_accepts_correct_patterns(linter, expr):
     assert linter.lint_expr(expr) == []
 
 
 def test_board_level_lint_finds_units_variables_roles_and_descriptions(linter):
-    bad = Board("kvscope-bad", "bad", "bad", (Row("r", (
-        Panel("TTFT", "", tuple(q.ttft()), "count"),
-        Panel("by pod", "role by name",
-              (q.Query('sum(kvscope_engine_requests_running{pod=~".*prefill.*", x="$nope"})', "", ()),),
-              "count"),
-    )),), slo_vars=True)
+    bad = Board(
+        "kvscope-bad",
+        "bad",
+        "bad",
+        (
+            Row(
+                "r",
+                (
+                    Panel("TTFT", "", tuple(q.ttft()), "count"),
+                    Panel(
+                        "by pod",
+                        "role by name",
+                        (q.Query('sum(kvscope_engine_requests_running{pod=~".*prefill.*", x="$nope"})', "", ()),),
+                        "count",
+                    ),
+                ),
+            ),
+        ),
+        slo_vars=True,
+    )
     rules = {i.rule for i in lint_board(bad, linter)}
     assert {"wrong-unit", "no-description", "pod-name-role", "undefined-variable", "unused-variable"} <= rules

@@ -41,7 +41,7 @@ def test_default_recording_prefers_a_library_kv_incident_over_the_bundled_one(tm
         (tmp_path / name).write_text("# EOF\n")
     assert default_recording(tmp_path, bundled).name == "b-kv-pressure.om.gz"
     (tmp_path / "b-kv-pressure.om.gz").unlink()
-    assert default_recording(tmp_path, bundled) == bundled        # never the healthy baseline
+    assert default_recording(tmp_path, bundled) == bundled  # never the healthy baseline
     assert default_recording(tmp_path / "missing", tmp_path / "none.om") is None
 
 
@@ -55,8 +55,11 @@ def test_check_on_the_default_real_incident(capsys):
     assert "LIKELY CAUSE" in out
     row = re.search(r"LEVERS (\w+)\)", out).group(1)
     meta = path.parent / (path.name.split(".")[0] + ".yaml")
-    expected = {lv for e in yaml.safe_load(meta.read_text())["expected"] for lv in e.get("levers", [])} \
-        if meta.is_file() else {"K1", "K2", "K3"}          # the bundled incident is KV pressure
+    expected = (
+        {lv for e in yaml.safe_load(meta.read_text())["expected"] for lv in e.get("levers", [])}
+        if meta.is_file()
+        else {"K1", "K2", "K3"}
+    )  # the bundled incident is KV pressure
     assert row in expected
 
 
@@ -85,9 +88,14 @@ def test_foreground_demo_serves_the_ui_and_stops_on_ctrl_c(tmp_path, inherited_s
 
 def _start_ui(command: str, rec: Path, port: int, **popen_kw):
     """`kvscope <command>` on `port`, and the port of the URL it printed ("kvscope UI: <url>")."""
-    return start_reporting_port([sys.executable, "-m", "kvscope", command, "--recording", str(rec),
-                                 "--port", str(port)], r"^kvscope UI: http://127\.0\.0\.1:(\d+)\s",
-                                timeout_s=90, stream="stdout", cwd=REPO, **popen_kw)
+    return start_reporting_port(
+        [sys.executable, "-m", "kvscope", command, "--recording", str(rec), "--port", str(port)],
+        r"^kvscope UI: http://127\.0\.0\.1:(\d+)\s",
+        timeout_s=90,
+        stream="stdout",
+        cwd=REPO,
+        **popen_kw,
+    )
 
 
 def test_demo_script_exists_and_is_executable():
@@ -108,7 +116,8 @@ def test_ui_command_leaves_no_streamlit_behind(tmp_path, how):
         proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
         code = proc.wait(timeout=30)
         assert code == (0 if how == "sigterm" else -signal.SIGKILL)
-        wait_until(lambda: http_get(health, timeout_s=1)[0] == 0, 15,
-                   "Streamlit to stop answering after kvscope ui ended")
+        wait_until(
+            lambda: http_get(health, timeout_s=1)[0] == 0, 15, "Streamlit to stop answering after kvscope ui ended"
+        )
     finally:
         stop_process(proc, signal.SIGKILL)

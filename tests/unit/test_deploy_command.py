@@ -58,11 +58,14 @@ def test_render_config_writes_a_valid_agent_config(tmp_path, monkeypatch):
     assert not list(out.parent.glob(".*.tmp"))
 
 
-@pytest.mark.parametrize("body, needle", [
-    ("scrape: {interval_s: 5, timeout_s: 10}\n", "scrape.timeout_s"),   # the agent's own check
-    ("targets: [\n", "not valid YAML"),
-    ("- just a list\n", "mapping"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ("scrape: {interval_s: 5, timeout_s: 10}\n", "scrape.timeout_s"),  # the agent's own check
+        ("targets: [\n", "not valid YAML"),
+        ("- just a list\n", "mapping"),
+    ],
+)
 def test_render_config_rejects_bad_config_and_leaves_output_untouched(tmp_path, capsys, body, needle):
     tmpl = tmp_path / "t.tmpl"
     tmpl.write_text(body)

@@ -55,25 +55,41 @@ def _one(kind: str, name: str) -> dict:
 
 
 def _pod_specs() -> dict[str, dict]:
-    return {o["metadata"]["name"]: o["spec"]["template"] for o in _objects() if o["kind"] in ("DaemonSet", "Deployment")}
+    return {
+        o["metadata"]["name"]: o["spec"]["template"] for o in _objects() if o["kind"] in ("DaemonSet", "Deployment")
+    }
 
 
 def _validate_crds(objects: list[dict]) -> list[dict]:
     [node] = require_binaries("node")
-    assert (VALIDATE_CRDS.parent / "node_modules" / "@kubernetes-models").is_dir(), \
+    assert (VALIDATE_CRDS.parent / "node_modules" / "@kubernetes-models").is_dir(), (
         "deploy/validate/node_modules missing (scripts/setup.sh runs npm ci there)"
-    res = subprocess.run([node, str(VALIDATE_CRDS)], input=json.dumps(objects), capture_output=True,
-                         text=True, timeout=60)
+    )
+    res = subprocess.run(
+        [node, str(VALIDATE_CRDS)], input=json.dumps(objects), capture_output=True, text=True, timeout=60
+    )
     assert res.returncode in (0, 1), res.stderr
     return [json.loads(line) for line in res.stdout.splitlines()]
 
 
 # ------------------------------------------------------------------------------ schemas
 
+
 def test_kustomize_renders_every_object_into_the_kvscope_namespace():
     kinds = sorted({o["kind"] for o in _objects()})
-    assert kinds == ["AlertmanagerConfig", "ConfigMap", "DaemonSet", "Deployment", "Namespace", "NetworkPolicy", "PodMonitor",
-                     "PrometheusRule", "Service", "ServiceAccount", "ServiceMonitor"]
+    assert kinds == [
+        "AlertmanagerConfig",
+        "ConfigMap",
+        "DaemonSet",
+        "Deployment",
+        "Namespace",
+        "NetworkPolicy",
+        "PodMonitor",
+        "PrometheusRule",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ]
     for o in _objects():
         if o["kind"] != "Namespace":
             assert o["metadata"].get("namespace") == "kvscope", o["metadata"]["name"]
@@ -113,6 +129,7 @@ def test_crd_validation_is_live_it_rejects_a_bad_duration():
 
 # ------------------------------------------------------------------------------ PrometheusRule
 
+
 def _fresh_prometheusrules() -> list[dict]:
     """PrometheusRules built now from rules/prometheus (the committed file may lag behind it;
     `kvscope deploy prometheusrule ... --check` tells, and the rules' owners change them often)."""
@@ -144,6 +161,7 @@ def test_prometheusrule_groups_pass_promtool(tmp_path):
 
 
 # ------------------------------------------------------------------------------ security
+
 
 def _containers(template: dict) -> list[dict]:
     spec = template["spec"]
@@ -182,6 +200,7 @@ def test_no_role_is_granted():
 
 
 # ------------------------------------------------------------------------------ wiring
+
 
 def _argv(container: dict) -> list[str]:
     return [*container.get("command", []), *container.get("args", [])]

@@ -45,6 +45,7 @@ def _accepts(argv: list[str]) -> None:
 
 # ------------------------------------------------------------------------------- Dockerfile
 
+
 def _instructions(text: str) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) pairs with line continuations joined and comments dropped."""
     joined = re.sub(r"\\\n", " ", text)
@@ -122,6 +123,7 @@ def test_dockerignore_keeps_state_and_venv_out_of_the_context():
 
 # ------------------------------------------------------------------------------- systemd
 
+
 def _unit_for_verify(tmp_path: Path, unit: Path = UNIT) -> Path:
     """The unit with ExecStart pointing at this venv's kvscope (verify checks it exists)."""
     assert KVSCOPE_BIN.exists(), "kvscope is not installed in this interpreter's venv (scripts/setup.sh)"
@@ -150,8 +152,11 @@ def test_systemd_analyze_verify_is_live_it_flags_a_bad_directive(tmp_path):
 @pytest.mark.parametrize("source", UNITS, ids=lambda p: p.name)
 def test_unit_hardening_exposure_is_low(tmp_path, source):
     unit = _unit_for_verify(tmp_path, source)
-    res = subprocess.run([_tool("systemd-analyze"), "security", "--offline=true", "--no-pager", str(unit)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [_tool("systemd-analyze"), "security", "--offline=true", "--no-pager", str(unit)],
+        capture_output=True,
+        text=True,
+    )
     m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", res.stdout)
     assert m, res.stdout[-2000:] + res.stderr
     # systemd's scale: 0 (locked down) .. 10 (unprotected); < 2 is rated "OK".
@@ -162,8 +167,11 @@ def _unit_values(key: str, unit: Path = UNIT) -> list[str]:
     return [line.split("=", 1)[1] for line in unit.read_text().splitlines() if line.startswith(key + "=")]
 
 
-@pytest.mark.parametrize("unit, command, state", [(UNITS[0], "agent", "kvscope"), (UNITS[1], "serve", "kvscope-serve")],
-                         ids=lambda x: x.name if isinstance(x, Path) else x)
+@pytest.mark.parametrize(
+    "unit, command, state",
+    [(UNITS[0], "agent", "kvscope"), (UNITS[1], "serve", "kvscope-serve")],
+    ids=lambda x: x.name if isinstance(x, Path) else x,
+)
 def test_unit_starts_kvscope_with_flags_it_accepts(unit, command, state):
     argv = shlex.split(_unit_values("ExecStart", unit)[0])
     assert argv[0] == "/opt/kvscope/bin/kvscope" and argv[1] == command

@@ -30,20 +30,40 @@ DIRECT, INFERRED = "prefix_hits_diluted_across_replicas", "routing_ignores_cache
 
 def _finding(rule_id: str, score: float, where: dict[str, str] | None = None, **kw) -> Finding:
     levers = (LeverAdvice("router.routing_policy", 1, "set"),)
-    return Finding(rule_id=rule_id, levers_md="P2", title=f"title of {rule_id}", severity="warning",
-                   where=where if where is not None else {"model": "m"}, since=T0, until=T0 + 60, active=True,
-                   window=(T0 - 60, T0 + 60), step_s=15.0, score=score, summary=f"summary of {rule_id}",
-                   levers=levers, **kw)
+    return Finding(
+        rule_id=rule_id,
+        levers_md="P2",
+        title=f"title of {rule_id}",
+        severity="warning",
+        where=where if where is not None else {"model": "m"},
+        since=T0,
+        until=T0 + 60,
+        active=True,
+        window=(T0 - 60, T0 + 60),
+        step_s=15.0,
+        score=score,
+        summary=f"summary of {rule_id}",
+        levers=levers,
+        **kw,
+    )
 
 
 def _inferred(score: float = 125.0, where: dict[str, str] | None = None) -> Finding:
-    return _finding(INFERRED, score, where, specificity=2, confidence="moderate",
-                    confirm="the request tap would confirm it", defers_to=(DIRECT,))
+    return _finding(
+        INFERRED,
+        score,
+        where,
+        specificity=2,
+        confidence="moderate",
+        confirm="the request tap would confirm it",
+        defers_to=(DIRECT,),
+    )
 
 
 def test_stands_at_moderate_confidence_where_the_direct_rule_could_not_look():
-    kept, skipped = settle([_inferred()], [Skipped(DIRECT, "signal(s) absent: prefix_split_ratio")], [INFERRED],
-                           {INFERRED: False})
+    kept, skipped = settle(
+        [_inferred()], [Skipped(DIRECT, "signal(s) absent: prefix_split_ratio")], [INFERRED], {INFERRED: False}
+    )
     assert [f.rule_id for f in kept] == [INFERRED] and kept[0].confidence == "moderate"
     assert not_evaluable(skipped) == skipped
 
@@ -53,7 +73,7 @@ def test_folds_into_the_direct_finding_and_ranks_below_it_even_when_it_scored_hi
     kept, skipped = settle([_inferred(score=134.9), direct], [], [INFERRED, DIRECT], {INFERRED: True})
     assert {f.rule_id for f in kept} == {INFERRED, DIRECT} and not skipped
     inferred = next(f for f in kept if f.rule_id == INFERRED)
-    assert inferred.score <= direct.score - 10      # beyond the 0-5 earliness bonus of ranking
+    assert inferred.score <= direct.score - 10  # beyond the 0-5 earliness bonus of ranking
     d = rank(kept, (T0 - 60, T0 + 60), "t", skipped, 2)
     assert d.likely_cause.rule_id == DIRECT
     assert [f.rule_id for f in d.supporting] == [INFERRED] and d.hypotheses == ()
@@ -66,8 +86,9 @@ def test_overruled_where_the_direct_rule_looked_at_its_evidence_and_did_not_fire
     assert len(skipped) == 1 and skipped[0].rule_id == INFERRED and skipped[0].reason.startswith(OVERRULED)
     assert DIRECT in skipped[0].reason and not_evaluable(skipped) == []
     d = Diagnosis(window=(T0, T0 + 60), source="t", likely_cause=None, skipped=tuple(skipped), rules_evaluated=2)
-    assert render_not_fired(d) == ("No rule fired among 2 evaluable rules (1 overruled by direct evidence): "
-                                   "nothing to act on in this window.")
+    assert render_not_fired(d) == (
+        "No rule fired among 2 evaluable rules (1 overruled by direct evidence): nothing to act on in this window."
+    )
 
 
 def test_a_direct_finding_elsewhere_does_not_hold_it_up():
@@ -85,8 +106,9 @@ def test_stands_where_the_direct_rule_judged_without_the_direct_evidence():
 
 def test_the_card_and_the_line_say_how_sure_and_what_would_confirm():
     f = _inferred()
-    assert confidence_text(f) == ("likely, moderate confidence (inferred from indirect evidence): "
-                                  "the request tap would confirm it")
+    assert confidence_text(f) == (
+        "likely, moderate confidence (inferred from indirect evidence): the request tap would confirm it"
+    )
     assert "[moderate confidence]" in render_line(f)
     console = Console(record=True, width=200, color_system=None)
     render_diagnosis(Diagnosis(window=f.window, source="t", likely_cause=f, rules_evaluated=1), console=console)
@@ -100,23 +122,41 @@ def test_confidence_round_trips_through_json():
     assert back.likely_cause == d.likely_cause and back.likely_cause.defers_to == (DIRECT,)
 
 
-@pytest.mark.parametrize(("old", "new", "message"), [
-    ("confidence: moderate\n", "confidence: unsure\n", "confidence 'unsure' is not one of"),
-    ("confirm: the request tap", "confirmation: the request tap", "needs 'confirm'"),
-    ("defers_to: [prefix_hits_diluted_across_replicas]", "defers_to: [no_such_rule]", "not another rule"),
-    ("defers_to: [prefix_hits_diluted_across_replicas]", "defers_to: [routing_ignores_cache_locality]",
-     "not another rule"),
-    ("direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total]", "direct_evidence: [split_ratio]",
-     "unknown signal 'split_ratio'"),
-    ("direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total]\n", "", "needs 'direct_evidence'"),
-    ("defers_to: [prefix_hits_diluted_across_replicas]", "defers_to: prefix_hits_diluted_across_replicas",
-     "defers_to must be a list of rule ids"),
-    ("direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total]", "direct_evidence: []",
-     "direct_evidence must be a non-empty list"),
-    ("confidence: moderate\n", "confidence: high\n", "belong to a rule with confidence below high"),
-    ("defers_to: [prefix_hits_diluted_across_replicas]", "defers_to: [prefix_hit_low_shared_prefixes_seen]",
-     "not a high-confidence rule"),
-])
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("confidence: moderate\n", "confidence: unsure\n", "confidence 'unsure' is not one of"),
+        ("confirm: the request tap", "confirmation: the request tap", "needs 'confirm'"),
+        ("defers_to: [prefix_hits_diluted_across_replicas]", "defers_to: [no_such_rule]", "not another rule"),
+        (
+            "defers_to: [prefix_hits_diluted_across_replicas]",
+            "defers_to: [routing_ignores_cache_locality]",
+            "not another rule",
+        ),
+        (
+            "direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total]",
+            "direct_evidence: [split_ratio]",
+            "unknown signal 'split_ratio'",
+        ),
+        ("direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total]\n", "", "needs 'direct_evidence'"),
+        (
+            "defers_to: [prefix_hits_diluted_across_replicas]",
+            "defers_to: prefix_hits_diluted_across_replicas",
+            "defers_to must be a list of rule ids",
+        ),
+        (
+            "direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total]",
+            "direct_evidence: []",
+            "direct_evidence must be a non-empty list",
+        ),
+        ("confidence: moderate\n", "confidence: high\n", "belong to a rule with confidence below high"),
+        (
+            "defers_to: [prefix_hits_diluted_across_replicas]",
+            "defers_to: [prefix_hit_low_shared_prefixes_seen]",
+            "not a high-confidence rule",
+        ),
+    ],
+)
 def test_validation_of_confidence_fields(tmp_path, old, new, message):
     """Each bad value of a confidence field is one problem, at the line of its key."""
     for rid in (DIRECT, INFERRED, "prefix_hit_low_shared_prefixes_seen", "prefix_hit_low_with_reuse"):

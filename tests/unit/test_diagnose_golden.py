@@ -18,20 +18,44 @@ T0 = 1_795_000_000.0
 
 
 def finding(rule_id: str, row: str, since: float, **extra) -> dict:
-    f = {"rule_id": rule_id, "levers_md": row, "title": rule_id, "severity": "warning",
-         "where": {"model": "m"}, "since": T0 + since, "until": T0 + 300.0, "active": True,
-         "window": [T0, T0 + 300.0], "step_s": 5.0, "score": 1.5, "summary": f"{rule_id} fired",
-         "evidence": [{"name": "fleet hit rate", "value": 0.48, "unit": "ratio",
-                       "series": "hits/queries", "at": T0 + since}],
-         "levers": [], "citations": [], "false_positives": [], "params": {}, "specificity": 2}
+    f = {
+        "rule_id": rule_id,
+        "levers_md": row,
+        "title": rule_id,
+        "severity": "warning",
+        "where": {"model": "m"},
+        "since": T0 + since,
+        "until": T0 + 300.0,
+        "active": True,
+        "window": [T0, T0 + 300.0],
+        "step_s": 5.0,
+        "score": 1.5,
+        "summary": f"{rule_id} fired",
+        "evidence": [
+            {"name": "fleet hit rate", "value": 0.48, "unit": "ratio", "series": "hits/queries", "at": T0 + since}
+        ],
+        "levers": [],
+        "citations": [],
+        "false_positives": [],
+        "params": {},
+        "specificity": 2,
+    }
     f.update(extra)
     return f
 
 
 def diagnosis(likely: dict | None, other: list[dict] = (), skipped: list[dict] = ()) -> dict:
-    return {"schema_version": 1, "window": [T0, T0 + 300.0], "source": "recording:x",
-            "likely_cause": likely, "competing": [], "other": list(other),
-            "skipped": list(skipped), "rules_evaluated": 30, "time_scale": 1.0}
+    return {
+        "schema_version": 1,
+        "window": [T0, T0 + 300.0],
+        "source": "recording:x",
+        "likely_cause": likely,
+        "competing": [],
+        "other": list(other),
+        "skipped": list(skipped),
+        "rules_evaluated": 30,
+        "time_scale": 1.0,
+    }
 
 
 def test_identical_inputs_have_no_differences():
@@ -49,10 +73,12 @@ def test_onset_and_evidence_change_told_as_seconds_into_the_window():
     new["likely_cause"]["evidence"][0].update(value=0.5047, at=T0 + 87.7)
     new["likely_cause"]["summary"] = "other words"
     lines = golden.compare_diagnosis(old, new)
-    assert lines == ["~ P2 prefix_hits_diluted_across_replicas {model=m}:",
-                     "    since +107.7 s -> +87.7 s",
-                     "    evidence fleet hit rate: value 0.48 -> 0.5047, at +107.7 s -> +87.7 s",
-                     "text only, 1 finding(s): summary x1 (--verbose lists them)"]
+    assert lines == [
+        "~ P2 prefix_hits_diluted_across_replicas {model=m}:",
+        "    since +107.7 s -> +87.7 s",
+        "    evidence fleet hit rate: value 0.48 -> 0.5047, at +107.7 s -> +87.7 s",
+        "text only, 1 finding(s): summary x1 (--verbose lists them)",
+    ]
     assert "    also changed: summary" in golden.compare_diagnosis(old, new, verbose=True)
     result = golden.compare({"rr": old}, {"rr": new})
     assert "rr: differs\n" in golden.render_comparison(result, "o", "n")
@@ -66,8 +92,7 @@ def test_changes_to_descriptive_fields_only_are_counted_not_listed():
         f["evidence"][0]["stat"] = None
     new["other"][0]["levers"] = [{"id": "kv-cache-dtype", "rank": 1, "direction": "set"}]
     lines = golden.compare_diagnosis(old, new)
-    assert lines == ["text only, 2 finding(s): evidence series x2, evidence stat x2, levers x1 "
-                     "(--verbose lists them)"]
+    assert lines == ["text only, 2 finding(s): evidence series x2, evidence stat x2, levers x1 (--verbose lists them)"]
     verbose = "\n".join(golden.compare_diagnosis(old, new, verbose=True))
     assert "evidence fleet hit rate: series hits/queries -> hits/queries scaled, stat (absent) -> None" in verbose
     text = golden.render_comparison({"a": lines, "b": []}, "o", "n")
@@ -99,8 +124,7 @@ def test_same_rule_at_two_places_and_twice_at_one_place_are_told_apart():
     b = finding("r", "X1", 2.0, where={"instance": "b"})
     again = finding("r", "X1", 3.0, where={"instance": "a"})
     keys = golden.parse_findings(diagnosis(a, [b, again]))
-    assert set(keys) == {("r", (("instance", "a"),), 0), ("r", (("instance", "b"),), 0),
-                         ("r", (("instance", "a"),), 1)}
+    assert set(keys) == {("r", (("instance", "a"),), 0), ("r", (("instance", "b"),), 0), ("r", (("instance", "a"),), 1)}
     assert keys["r", (("instance", "a"),), 1][0] == "other"
 
 
@@ -124,15 +148,19 @@ def test_an_evidence_field_the_comparison_does_not_know_is_still_counted_and_tol
 
 
 def test_long_series_are_cut_to_the_part_that_changed():
-    old = "(sum by (model) (rate(engine_prefix_cache_hits_tokens_total[2m]))) / " \
-          "(sum by (model) (rate(engine_prefix_cache_queries_tokens_total[2m])))"
+    old = (
+        "(sum by (model) (rate(engine_prefix_cache_hits_tokens_total[2m]))) / "
+        "(sum by (model) (rate(engine_prefix_cache_queries_tokens_total[2m])))"
+    )
     new = old.replace("[2m]", "[1m]")
     text = golden.describe_change(old, new, keep=5)
     # from 5 characters before the first change to the end (the last change is 5 from the end)
-    assert text == "...otal[2m]))) / (sum by (model) (rate(engine_prefix_cache_queries_tokens_total[2m]))) -> " \
-                   "...otal[1m]))) / (sum by (model) (rate(engine_prefix_cache_queries_tokens_total[1m])))"
+    assert (
+        text == "...otal[2m]))) / (sum by (model) (rate(engine_prefix_cache_queries_tokens_total[2m]))) -> "
+        "...otal[1m]))) / (sum by (model) (rate(engine_prefix_cache_queries_tokens_total[1m])))"
+    )
     mid = golden.describe_change("x" * 50 + "[5m]" + "y" * 50, "x" * 50 + "[27s]" + "y" * 50, keep=3)
-    assert mid == "...xx[5m]yy... -> ...xx[27s]yy..."   # "[" and "]" are common context
+    assert mid == "...xx[5m]yy... -> ...xx[27s]yy..."  # "[" and "]" are common context
     assert golden.describe_change("a", "b") == "a -> b"
     assert golden.describe_change(0.25, 0.5) == "0.25 -> 0.5"
 
@@ -148,19 +176,24 @@ def test_evidence_changes_are_capped():
 def test_reordering_alone_is_reported_not_hidden():
     x, y = finding("x", "X1", 1.0), finding("y", "Y1", 2.0)
     assert golden.compare_diagnosis(diagnosis(None, [x, y]), diagnosis(None, [y, x])) == [
-        "findings reordered within competing/other"]
+        "findings reordered within competing/other"
+    ]
 
 
 def test_inputs_on_one_side_only_and_the_total():
     d = diagnosis(None)
     result = golden.compare({"a": d, "b": d}, {"a": d, "c": d})
     assert result == {"a": [], "b": ["input only in the old dump"], "c": ["input only in the new dump"]}
-    assert golden.render_comparison(result, "o", "n").endswith("3 inputs: 2 DIFFER in findings, 0 in text only, 1 identical")
+    assert golden.render_comparison(result, "o", "n").endswith(
+        "3 inputs: 2 DIFFER in findings, 0 in text only, 1 identical"
+    )
 
 
 def test_package_layout_follows_package_dir(tmp_path):
-    pyproject = ('[tool.setuptools]\npackage-dir = {"kvscope" = "kvscope", "kvscope.agent" = "agent", '
-                 '"kvscope.diagnoser" = "diagnoser"}\n')
+    pyproject = (
+        '[tool.setuptools]\npackage-dir = {"kvscope" = "kvscope", "kvscope.agent" = "agent", '
+        '"kvscope.diagnoser" = "diagnoser"}\n'
+    )
     dirs = golden.parse_package_dirs(pyproject)
     assert dirs == {"kvscope": "kvscope", "kvscope.agent": "agent", "kvscope.diagnoser": "diagnoser"}
     tree, overlay = tmp_path / "tree", tmp_path / "overlay"

@@ -26,7 +26,8 @@ KNOWN_MISSES: dict[str, str] = {
         "engine /metrics only, pools that hold 12 of the 16 tenants' prompts: round-robin keeps a fleet "
         "hit rate of 0.60 against its sticky twin's 0.81, above 001's 50% line and not the ~1/N collapse "
         "LEVERS.md P2 describes, so routing_ignores_cache_locality stays quiet; the request tap "
-        "(prefix_hits_diluted_across_replicas) would see the split prefixes"),
+        "(prefix_hits_diluted_across_replicas) would see the split prefixes"
+    ),
 }
 
 
@@ -62,5 +63,6 @@ def test_recording_diagnosis_matches_the_scenario(meta_path):
         return
     assert d.likely_cause.levers_md in rows, (
         f"likely cause {d.likely_cause.levers_md} {d.likely_cause.rule_id}; expected one of {sorted(rows)}; "
-        f"all: {[(f.levers_md, f.rule_id) for f in d.findings]}")
+        f"all: {[(f.levers_md, f.rule_id) for f in d.findings]}"
+    )
     assert d.likely_cause.levers, "the likely cause must name levers"

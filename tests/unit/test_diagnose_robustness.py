@@ -32,20 +32,20 @@ from testbed.recording_variants import (
 LIBRARY = Path(__file__).resolve().parents[1] / "recordings"
 
 CASES = [
-    ("fleet-8-replicas-round-robin", "stagger"),          # replicas first seen one by one: not a scale event
-    ("fleet-scale-out-hash-mod", "resample_30s"),         # a 76 s miss storm seen at 30 s scrapes
-    ("noisy-tenant-long-prompts", "gap"),                 # the only replica down mid-incident
-    ("healthy-shared-prefix", "gap"),                     # an outage alone is no finding
+    ("fleet-8-replicas-round-robin", "stagger"),  # replicas first seen one by one: not a scale event
+    ("fleet-scale-out-hash-mod", "resample_30s"),  # a 76 s miss storm seen at 30 s scrapes
+    ("noisy-tenant-long-prompts", "gap"),  # the only replica down mid-incident
+    ("healthy-shared-prefix", "gap"),  # an outage alone is no finding
     ("healthy-shared-prefix", "resample_5s"),
-    ("fleet-sglang-dp-split-cache", "gap"),               # a 90 s outage inside a for: 5m (scaled) run
+    ("fleet-sglang-dp-split-cache", "gap"),  # a 90 s outage inside a for: 5m (scaled) run
     ("kv-pressure-cascade", "extra_labels"),
-    ("spec-decode-poor-acceptance", "rename"),            # vLLM's other spellings
+    ("spec-decode-poor-acceptance", "rename"),  # vLLM's other spellings
     ("fleet-sglang-hicache-reload-stalls", "ray_names"),  # sglang_ spelling
-    ("fleet-sglang-dp-split-cache", "shift"),             # clock days off
-    ("fleet-pd-kv-transfer-rising", "counter_reset"),     # a decode server restarts its counters
+    ("fleet-sglang-dp-split-cache", "shift"),  # clock days off
+    ("fleet-pd-kv-transfer-rising", "counter_reset"),  # a decode server restarts its counters
     ("fleet-pd-kv-transfer-rising", "cut_tail_10"),
     ("prefix-caching-disabled", "cut_head_20"),
-    ("kv-pressure-cascade", "metrics_only"),             # spans dropped: K1-K3 need none of them
+    ("kv-pressure-cascade", "metrics_only"),  # spans dropped: K1-K3 need none of them
 ]
 
 
@@ -158,5 +158,7 @@ def test_metrics_only_drops_the_tap_targets_and_the_spans(tmp_path):
     out = write_variant(src, VARIANTS["metrics_only"], meta, tmp_path, LIBRARY / meta["spans"])
     assert not list(tmp_path.glob("*.spans.jsonl.gz")) and out.exists()
     fleet_meta = yaml.safe_load((LIBRARY / "fleet-8-replicas-round-robin.yaml").read_text())
-    assert applicable("metrics_only", fleet_meta, read_variant_source(LIBRARY / fleet_meta["recording"])) \
+    assert (
+        applicable("metrics_only", fleet_meta, read_variant_source(LIBRARY / fleet_meta["recording"]))
         == "already engine metrics only"
+    )

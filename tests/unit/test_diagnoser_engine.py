@@ -16,8 +16,11 @@ CASCADE_INPUT = [
     {"series": 'engine_preemptions_total{instance="e0"}', "values": "0x27 0+1x28"},
     {"series": 'engine_requests_running{instance="e0"}', "values": "8x56"},
     {"series": 'engine_requests_waiting{instance="e0"}', "values": "0x31 5x25"},
-    {"histogram": 'request_ttft_seconds{instance="e0"}', "buckets": [0.1, 0.5, 1, 2.5],
-     "phases": [{"steps": 36, "counts": [9, 1, 0, 0, 0]}, {"steps": 20, "counts": [0, 2, 6, 2, 0]}]},
+    {
+        "histogram": 'request_ttft_seconds{instance="e0"}',
+        "buckets": [0.1, 0.5, 1, 2.5],
+        "phases": [{"steps": 36, "counts": [9, 1, 0, 0, 0]}, {"steps": 20, "counts": [0, 2, 6, 2, 0]}],
+    },
 ]
 
 
@@ -108,8 +111,11 @@ def test_cli_missing_recording_exits_4(tmp_path, capsys):
 
 
 def _write_recording(path, inputs):
-    lines = ["# TYPE vllm:kv_cache_usage_perc gauge", "# TYPE vllm:num_preemptions counter",
-             "# TYPE vllm:num_requests_running gauge"]
+    lines = [
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        "# TYPE vllm:num_preemptions counter",
+        "# TYPE vllm:num_requests_running gauge",
+    ]
     body = {"vllm:kv_cache_usage_perc": [], "vllm:num_preemptions_total": [], "vllm:num_requests_running": []}
     for i, (kv, pre, run) in enumerate(inputs):
         ts = 1_800_000_000 + 2 * i

@@ -26,13 +26,13 @@ def _random_histograms(rng: np.random.Generator, integer: bool):
     n_g, n_b, n_t = int(rng.integers(1, 6)), int(rng.integers(1, 7)), int(rng.integers(2, 40))
     step_counts = rng.poisson(2, (n_g * n_b, n_t)).astype(float) if integer else rng.random((n_g * n_b, n_t)) * 3
     if rng.random() < 0.2:
-        step_counts[:] = 0.0                        # no observations at all: every quantile absent
+        step_counts[:] = 0.0  # no observations at all: every quantile absent
     cumulative = np.cumsum(step_counts, axis=1)
     les = np.append(np.sort(rng.choice(BOUNDS, size=n_b - 1, replace=False)), np.inf)
     if rng.random() < 0.5:
-        rows = rng.permutation(n_g * n_b).reshape(n_g, n_b)      # gathered rows
+        rows = rng.permutation(n_g * n_b).reshape(n_g, n_b)  # gathered rows
     else:
-        rows = np.arange(n_g * n_b).reshape(n_b, n_g).T          # evenly spaced: read in place
+        rows = np.arange(n_g * n_b).reshape(n_b, n_g).T  # evenly spaced: read in place
     return cumulative, les, rows
 
 
@@ -51,14 +51,14 @@ def test_quantile_from_planes_equals_bucket_quantile_of_window_increase(integer)
 def test_window_bucket_planes_writes_into_scratch_and_reads_strided_rows_in_place():
     rng = np.random.default_rng(3)
     cumulative = np.cumsum(rng.poisson(3, (12, 30)).astype(float), axis=1)
-    rows = np.arange(12).reshape(4, 3).T                 # bucket b = rows b, b+3, b+6, b+9
+    rows = np.arange(12).reshape(4, 3).T  # bucket b = rows b, b+3, b+6, b+9
     scratch = np.empty(4 * 3 * 30 + 5)
     planes = grid.window_bucket_planes(cumulative, rows, 4, scratch)
     assert np.shares_memory(planes, scratch)
     inc = grid.window_increase(cumulative, 4)
     inc[:, 0] = 0.0
     np.testing.assert_array_equal(planes, np.maximum.accumulate(inc[rows.T], axis=0))
-    assert grid._rows_view(cumulative, rows[:, 1]).base is not None   # a view, not a copy
+    assert grid._rows_view(cumulative, rows[:, 1]).base is not None  # a view, not a copy
 
 
 def test_window_quantiles_in_chunks_equal_one_pass_per_quantile(monkeypatch):
@@ -67,7 +67,7 @@ def test_window_quantiles_in_chunks_equal_one_pass_per_quantile(monkeypatch):
     cumulative = np.cumsum(rng.random((n_g * n_b, n_t)) * 5, axis=1)
     les = np.array([0.1, 0.2, 0.5, 1.0, 5.0, np.inf])
     rows = rng.permutation(n_g * n_b).reshape(n_g, n_b)
-    monkeypatch.setattr(grid, "PLANES_CHUNK_BYTES", 8 * n_b * n_t * 5)      # chunks of 5 groups
+    monkeypatch.setattr(grid, "PLANES_CHUNK_BYTES", 8 * n_b * n_t * 5)  # chunks of 5 groups
     qs = [0.5, 0.9, 0.99]
     got = grid.window_quantiles(qs, les, cumulative, rows, 7)
     order = rng.permutation(n_g)
@@ -75,13 +75,13 @@ def test_window_quantiles_in_chunks_equal_one_pass_per_quantile(monkeypatch):
     for q, values, moved in zip(qs, got, scattered, strict=True):
         expected = grid.bucket_quantile(q, les, grid.window_increase(cumulative, 7), rows)
         np.testing.assert_array_equal(values, expected)
-        np.testing.assert_array_equal(moved[order], expected)     # group i went to row order[i]
+        np.testing.assert_array_equal(moved[order], expected)  # group i went to row order[i]
 
 
 def test_sum_dense_groups_matches_reduce_groups():
     rng = np.random.default_rng(5)
     for n_groups in (1, 3, 70):
-        values = rng.poisson(4, (300, 25)).astype(float)       # integer sums are exact in any order
+        values = rng.poisson(4, (300, 25)).astype(float)  # integer sums are exact in any order
         inverse = rng.integers(0, n_groups, 300)
         expected = grid.reduce_groups(values, inverse, n_groups, "sum")
         got = grid.sum_dense_groups(values, inverse, n_groups)
@@ -95,12 +95,12 @@ def test_avg_over_time_without_gaps_equals_the_counting_path():
     for _ in range(100):
         values = rng.random((int(rng.integers(1, 5)), int(rng.integers(1, 60)))) * 100
         k = int(rng.integers(0, 70))
-        counts = grid._trailing_sum(np.ones_like(values), k)        # the general path's arithmetic
+        counts = grid._trailing_sum(np.ones_like(values), k)  # the general path's arithmetic
         reference = grid._trailing_sum(values, k) / counts
         got = grid.over_time(values, k, "avg")
         np.testing.assert_array_equal(got, reference)
         t = values.shape[1] - 1
-        assert got[0, t] == pytest.approx(values[0, max(0, t - k):].mean())
+        assert got[0, t] == pytest.approx(values[0, max(0, t - k) :].mean())
     gappy = np.array([[1.0, np.nan, 3.0, 5.0]])
     np.testing.assert_allclose(grid.over_time(gappy, 1, "avg"), [[1.0, 1.0, 3.0, 4.0]])
 
@@ -108,7 +108,7 @@ def test_avg_over_time_without_gaps_equals_the_counting_path():
 def test_run_lengths_of_live_rows_only_equal_the_full_computation():
     rng = np.random.default_rng(9)
     truth = rng.random((50, 40)) < 0.3
-    truth[rng.random(50) < 0.7] = False                  # most groups never true
+    truth[rng.random(50) < 0.7] = False  # most groups never true
     np.testing.assert_array_equal(run_lengths(truth), _run_lengths(truth))
     np.testing.assert_array_equal(run_lengths(np.zeros((3, 5), dtype=bool)), np.zeros((3, 5), dtype=int))
 
@@ -134,14 +134,18 @@ def _bench_like_frame(engines: int = 12, n_t: int = 80) -> Frame:
 @pytest.mark.parametrize("q", [0.5, 0.99])
 def test_dense_quantile_path_equals_increase_then_sum_then_quantile(by, q):
     frame = _bench_like_frame()
-    rule = rule_from_doc(parse_yaml(
-        f"id: t\nby: {by}\nseries:\n  p: {{quantile: {q}, histogram: request_ttft_seconds, range: 2m}}\n"
-        "  sibling: {quantile: 0.75, histogram: request_ttft_seconds, range: 2m}\n"), "t.yaml")
+    rule = rule_from_doc(
+        parse_yaml(
+            f"id: t\nby: {by}\nseries:\n  p: {{quantile: {q}, histogram: request_ttft_seconds, range: 2m}}\n"
+            "  sibling: {quantile: 0.75, histogram: request_ttft_seconds, range: 2m}\n"
+        ),
+        "t.yaml",
+    )
     ev = SeriesEvaluator(rule, frame)
     block = frame.blocks["request_ttft_seconds_bucket"]
     keys, inv = grid.group_index([tuple(dict(lbl).get(k, "") for k in (*by, "le")) for lbl in block.labels])
     summed = grid.reduce_groups(grid.window_increase(block.values, 8), inv, len(keys), "sum")
-    for name, quantile in (("p", q), ("sibling", 0.75)):      # the sibling comes from p's pass
+    for name, quantile in (("p", q), ("sibling", 0.75)):  # the sibling comes from p's pass
         got = ev.get(name)
         groups, expected = _quantiles(quantile, keys, summed, len(by))
         assert got.keys == groups
@@ -151,8 +155,12 @@ def test_dense_quantile_path_equals_increase_then_sum_then_quantile(by, q):
 
 def test_align_of_the_same_keys_is_the_series_itself_and_remembered():
     frame = _bench_like_frame()
-    rule = rule_from_doc(parse_yaml("id: t\nby: [instance]\nseries:\n  p: {quantile: 0.5, "
-                                    "histogram: request_ttft_seconds, range: 2m}\n"), "t.yaml")
+    rule = rule_from_doc(
+        parse_yaml(
+            "id: t\nby: [instance]\nseries:\n  p: {quantile: 0.5, histogram: request_ttft_seconds, range: 2m}\n"
+        ),
+        "t.yaml",
+    )
     ev = SeriesEvaluator(rule, frame)
     g = ev.get("p")
     assert align(g, g.by, list(g.keys)) is g.values
@@ -181,7 +189,7 @@ def test_sliding_max_min_equal_a_reduce_over_each_window(agg):
     ufunc = np.fmax if agg == "max" else np.fmin
     for _ in range(300):
         values = rng.random((int(rng.integers(1, 4)), int(rng.integers(1, 50))))
-        values[rng.random(values.shape) < 0.3] = np.nan      # absent points are ignored
+        values[rng.random(values.shape) < 0.3] = np.nan  # absent points are ignored
         k = int(rng.integers(0, 60))
         expected = ufunc.reduce(grid.window_view(values, k), axis=-1)
         np.testing.assert_array_equal(grid.over_time(values, k, agg), expected)
@@ -200,18 +208,23 @@ def _frame_with_bounds(bounds_per_engine: list[list[str]]) -> Frame:
     return Frame(ts=make_grid(1e9, 1e9 + 15 * 39, 15), blocks={"h_bucket": Block(labels, np.vstack(rows))})
 
 
-@pytest.mark.parametrize("bounds", [
-    [["0.1", "1.0", "+Inf"]] * 4,                               # uniform: the fast layout
-    [["0.1", "1.0", "+Inf"], ["0.5", "+Inf"], ["0.1", "1.0", "+Inf"]],   # two bound sets
-    [["0.1", "1.0"], ["0.1", "1.0", "+Inf"]],                   # one without +Inf: absent
-    [["0.1", "x", "+Inf"], ["0.1", "1.0", "+Inf"]],             # an unparseable bound
-    [["10", "9", "+Inf"]] * 3,                                  # string order is not bound order
-])
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        [["0.1", "1.0", "+Inf"]] * 4,  # uniform: the fast layout
+        [["0.1", "1.0", "+Inf"], ["0.5", "+Inf"], ["0.1", "1.0", "+Inf"]],  # two bound sets
+        [["0.1", "1.0"], ["0.1", "1.0", "+Inf"]],  # one without +Inf: absent
+        [["0.1", "x", "+Inf"], ["0.1", "1.0", "+Inf"]],  # an unparseable bound
+        [["10", "9", "+Inf"]] * 3,  # string order is not bound order
+    ],
+)
 def test_uniform_bucket_layout_equals_the_general_layout(bounds, monkeypatch):
     from kvscope.diagnoser.evaluate import buckets
+
     frame = _frame_with_bounds(bounds)
-    rule = rule_from_doc(parse_yaml("id: t\nby: [instance]\nseries:\n  p: {quantile: 0.9, histogram: h, "
-                                    "range: 1m}\n"), "t.yaml")
+    rule = rule_from_doc(
+        parse_yaml("id: t\nby: [instance]\nseries:\n  p: {quantile: 0.9, histogram: h, range: 1m}\n"), "t.yaml"
+    )
     fast = SeriesEvaluator(rule, frame).get("p")
     frame.cache = {}
     monkeypatch.setattr(buckets, "uniform_buckets", lambda keys, n_by: None)
@@ -223,14 +236,22 @@ def test_uniform_bucket_layout_equals_the_general_layout(bounds, monkeypatch):
 
 def test_lazy_all_of_stops_once_nothing_holds_and_gives_the_same_truth():
     from kvscope.diagnoser.evaluate.conditions import ConditionEvaluator
+
     frame = _bench_like_frame()
-    rule = rule_from_doc(parse_yaml("id: t\nby: [instance]\nseries:\n  p: {quantile: 0.5, "
-                                    "histogram: request_ttft_seconds, range: 2m}\n"), "t.yaml")
+    rule = rule_from_doc(
+        parse_yaml(
+            "id: t\nby: [instance]\nseries:\n  p: {quantile: 0.5, histogram: request_ttft_seconds, range: 2m}\n"
+        ),
+        "t.yaml",
+    )
     ev = SeriesEvaluator(rule, frame)
     keys = ev.get("p").keys
     ce = ConditionEvaluator(ev, ("instance",), keys, {})
-    conds = [{"series": "p", "op": ">", "value": 0.2}, {"series": "p", "op": ">", "value": 1e9},
-             {"series": "p", "op": "<", "value": 100}]
+    conds = [
+        {"series": "p", "op": ">", "value": 0.2},
+        {"series": "p", "op": ">", "value": 1e9},
+        {"series": "p", "op": "<", "value": 100},
+    ]
     eager, done_eager = ce.all_of(conds)
     lazy, done_lazy = ce.all_of(conds, lazy=True)
     np.testing.assert_array_equal(lazy, eager)
@@ -246,4 +267,4 @@ def test_threads_and_a_warm_cache_give_the_same_diagnosis():
     one = diagnose(frame, rules, time_scale=1.0, workers=1).to_json()
     frame.cache = {}
     assert diagnose(frame, rules, time_scale=1.0, workers=4).to_json() == one
-    assert diagnose(frame, rules, time_scale=1.0, workers=4).to_json() == one    # cache already full
+    assert diagnose(frame, rules, time_scale=1.0, workers=4).to_json() == one  # cache already full

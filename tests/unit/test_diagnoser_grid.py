@@ -25,8 +25,9 @@ def _counter(increments: list[float], resets: set[int]) -> list[float]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(0, 1000), min_size=3, max_size=40), st.sets(st.integers(1, 39), max_size=3),
-       st.integers(1, 10))
+@given(
+    st.lists(st.floats(0, 1000), min_size=3, max_size=40), st.sets(st.integers(1, 39), max_size=3), st.integers(1, 10)
+)
 def test_counter_rate_matches_analytics_increase_with_resets(increments, resets, k):
     values = _counter(increments, {r for r in resets if r < len(increments)})
     rates = grid.counter_rate(np.array([values]), k, STEP)[0]
@@ -42,6 +43,7 @@ def test_counter_rate_matches_analytics_increase_with_resets(increments, resets,
 
 def np_approx(x: float | None):
     import pytest
+
     return pytest.approx(x, rel=1e-9, abs=1e-6)
 
 
@@ -84,7 +86,7 @@ def test_sample_on_grid_uses_lookback_and_absent_after_it():
     g = make_grid(0.0, 400.0, 100.0)
     got = sample_on_grid(times, values, g, lookback_s=300.0)
     assert got[:4].tolist() == [1.0, 3.0, 3.0, 3.0]
-    assert math.isnan(got[4])          # 380 s after the last sample: stale
+    assert math.isnan(got[4])  # 380 s after the last sample: stale
 
 
 def test_deriv_is_the_least_squares_slope():
@@ -104,17 +106,18 @@ def test_changes_ignores_the_leading_edge_of_a_series_but_not_later_changes():
     v = np.array([[nan, 2, 4, 4, 4, 4, 5, 5, 5, nan, nan, 3, 5, 5, 5]], dtype=float)
     plain = grid.changes(v, 20)[0]
     settled = grid.changes(v, 20, settle=2)[0]
-    assert plain[5] == 1                      # without a leading edge the arrival is a change
-    assert np.isnan(settled[:3]).all()        # the edge itself is not judged
+    assert plain[5] == 1  # without a leading edge the arrival is a change
+    assert np.isnan(settled[:3]).all()  # the edge itself is not judged
     assert settled[3:6].tolist() == [0, 0, 0]
     assert settled[6:9].tolist() == [1, 1, 1]  # 4 -> 5 after the edge is counted
-    assert np.isnan(settled[9:13]).all()      # absent, then the new edge (3 -> 5 arriving)
-    assert settled[13:].tolist() == [1, 1]    # window still holds the earlier 4 -> 5
+    assert np.isnan(settled[9:13]).all()  # absent, then the new edge (3 -> 5 arriving)
+    assert settled[13:].tolist() == [1, 1]  # window still holds the earlier 4 -> 5
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(0, 1000), min_size=3, max_size=40), st.sets(st.integers(1, 39), max_size=3),
-       st.integers(1, 10))
+@given(
+    st.lists(st.floats(0, 1000), min_size=3, max_size=40), st.sets(st.integers(1, 39), max_size=3), st.integers(1, 10)
+)
 def test_cached_increase_path_matches_counter_rate(increments, resets, k):
     values = np.array([_counter(increments, {r for r in resets if r < len(increments)})])
     adj = grid.reset_adjusted(values)

@@ -32,12 +32,30 @@ def _levers(*ids: str) -> tuple[LeverAdvice, ...]:
     return tuple(LeverAdvice(id=x, rank=i, direction="set", title=x) for i, x in enumerate(ids, 1))
 
 
-def _finding(rule_id: str, row: str, levers: tuple[str, ...], where: dict[str, str] | None = None,
-             summary: str = "something measured", evidence: tuple[Evidence, ...] = ()) -> Finding:
-    return Finding(rule_id=rule_id, levers_md=row, title=f"title of {rule_id}", severity="warning",
-                   where=where if where is not None else {"instance": "replica-0"}, since=T0, until=T0 + 60,
-                   active=False, window=(T0 - 60, T0 + 120), step_s=15.0, score=1.0, summary=summary,
-                   evidence=evidence, levers=_levers(*levers))
+def _finding(
+    rule_id: str,
+    row: str,
+    levers: tuple[str, ...],
+    where: dict[str, str] | None = None,
+    summary: str = "something measured",
+    evidence: tuple[Evidence, ...] = (),
+) -> Finding:
+    return Finding(
+        rule_id=rule_id,
+        levers_md=row,
+        title=f"title of {rule_id}",
+        severity="warning",
+        where=where if where is not None else {"instance": "replica-0"},
+        since=T0,
+        until=T0 + 60,
+        active=False,
+        window=(T0 - 60, T0 + 120),
+        step_s=15.0,
+        score=1.0,
+        summary=summary,
+        evidence=evidence,
+        levers=_levers(*levers),
+    )
 
 
 def _text(d: Diagnosis, verbose: bool = False) -> str:
@@ -61,7 +79,7 @@ def test_same_mechanism_is_supporting_evidence_not_a_competing_hypothesis():
     assert "also fired (supporting evidence" in text
     supporting_line = next(line for line in text.splitlines() if "title of eviction_rate_high" in line)
     assert "K3" in supporting_line and "something measured" in supporting_line
-    assert text.count("vllm.max_num_seqs (set)") == 1   # the supporting finding is a line, not a card with levers
+    assert text.count("vllm.max_num_seqs (set)") == 1  # the supporting finding is a line, not a card with levers
 
 
 def test_same_family_and_lead_lever_is_the_same_mechanism_but_a_shared_lever_alone_is_not():
@@ -91,30 +109,38 @@ def test_each_value_says_how_it_was_taken():
 
 
 def test_stat_falls_back_to_the_shipped_rule_when_the_evidence_does_not_record_it():
-    f = _finding("kv_pressure_preemption", "K1", KV_LEVERS,
-                 evidence=(Evidence("KV cache usage (max)", 1.0, "ratio", "s", at=T0 + 15),
-                           Evidence("running requests", 8.5, "count", "s")))
+    f = _finding(
+        "kv_pressure_preemption",
+        "K1",
+        KV_LEVERS,
+        evidence=(
+            Evidence("KV cache usage (max)", 1.0, "ratio", "s", at=T0 + 15),
+            Evidence("running requests", 8.5, "count", "s"),
+        ),
+    )
     assert render_taken(f, f.evidence[0]).startswith("peak at ")
     assert render_taken(f, f.evidence[1]).startswith("mean ")
 
 
 def _rule(time_scale: float):
-    doc = parse_yaml("id: r\nby: [instance]\nseries:\n  u: {gauge: gpu_utilization_ratio, agg: avg}\n"
-                     "  u_avg: {over_time: avg, of: u, range: 1h}\n  p: {rate: engine_preemptions_total, range: 5m}\n")
+    doc = parse_yaml(
+        "id: r\nby: [instance]\nseries:\n  u: {gauge: gpu_utilization_ratio, agg: avg}\n"
+        "  u_avg: {over_time: avg, of: u, range: 1h}\n  p: {rate: engine_preemptions_total, range: 5m}\n"
+    )
     return rule_from_doc(doc, "r.yaml").scaled(time_scale)
 
 
 def test_promql_prints_the_scaled_range_actually_evaluated():
     assert "[5m]" in promql(_rule(1.0), "p") and "[1h:15s]" in promql(_rule(1.0), "u_avg")
     assert "rate(engine_preemptions_total[27s])" in promql(_rule(0.09), "p")
-    assert "[39m19s800ms:15s]" in promql(_rule(0.6555), "u_avg")            # no grid: exact, as scaled
+    assert "[39m19s800ms:15s]" in promql(_rule(0.6555), "u_avg")  # no grid: exact, as scaled
 
 
 def test_promql_with_the_grid_step_prints_the_whole_steps_the_evaluator_uses():
-    assert "[5m]" in promql(_rule(1.0), "p", step=15.0)                     # 20 steps: as written
-    assert "rate(engine_preemptions_total[30s])" in promql(_rule(0.09), "p", step=10.0)   # 27 s -> 3 steps
-    assert "rate(engine_preemptions_total[5m1s])" in promql(_rule(1.0), "p", step=7.0)    # 42.9 -> 43 steps = 301 s
-    assert "[2s]" in promql(_rule(0.001), "p", step=2.0)                    # never below one step
+    assert "[5m]" in promql(_rule(1.0), "p", step=15.0)  # 20 steps: as written
+    assert "rate(engine_preemptions_total[30s])" in promql(_rule(0.09), "p", step=10.0)  # 27 s -> 3 steps
+    assert "rate(engine_preemptions_total[5m1s])" in promql(_rule(1.0), "p", step=7.0)  # 42.9 -> 43 steps = 301 s
+    assert "[2s]" in promql(_rule(0.001), "p", step=2.0)  # never below one step
 
 
 def test_evidence_promql_is_the_rule_compilers_text_over_canonical_names():
@@ -126,16 +152,19 @@ def test_evidence_promql_is_the_rule_compilers_text_over_canonical_names():
     assert promql(rule, "u_avg") == "avg_over_time((avg by (instance) (gpu_utilization_ratio))[1h:15s])"
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(81, "1m21s"), (3600, "1h"), (0.2, "200ms"), (2359.8, "39m19s800ms"),
-                                               (120, "2m")])
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(81, "1m21s"), (3600, "1h"), (0.2, "200ms"), (2359.8, "39m19s800ms"), (120, "2m")]
+)
 def test_durations_are_exact(seconds, text):
     assert _duration(seconds) == text
 
 
 def test_nothing_fired_says_how_many_rules_could_look_and_what_was_missing():
-    skipped = (Skipped("a", "signal(s) absent: gpu_utilization_ratio, x_total"),
-               Skipped("b", "signal(s) absent: gpu_utilization_ratio"),
-               Skipped("c", "parameter(s) not set: benchmark_ttft_p99_s"))
+    skipped = (
+        Skipped("a", "signal(s) absent: gpu_utilization_ratio, x_total"),
+        Skipped("b", "signal(s) absent: gpu_utilization_ratio"),
+        Skipped("c", "parameter(s) not set: benchmark_ttft_p99_s"),
+    )
     d = Diagnosis(window=(T0, T0 + 60), source="t", likely_cause=None, skipped=skipped, rules_evaluated=10)
     line = render_not_fired(d)
     assert "No rule fired among 7 evaluable; 3 could not be evaluated" in line
@@ -147,8 +176,16 @@ def test_nothing_fired_says_how_many_rules_could_look_and_what_was_missing():
 
 def test_one_symptom_on_several_replicas_is_one_line_with_the_worst_first():
     head = _finding("prefix_hits_diluted_across_replicas", "P2", ("router.routing_policy",), where={"model": "m"})
-    reps = tuple(_finding("ttft_both_degraded", "L2", ("ops.rebenchmark",), where={"instance": f"replica-{i}"},
-                          summary=f"TTFT p50 0.{i}s") for i in (5, 7, 1))
+    reps = tuple(
+        _finding(
+            "ttft_both_degraded",
+            "L2",
+            ("ops.rebenchmark",),
+            where={"instance": f"replica-{i}"},
+            summary=f"TTFT p50 0.{i}s",
+        )
+        for i in (5, 7, 1)
+    )
     groups = group_repeats(reps)
     assert len(groups) == 1 and groups[0][0] is reps[0] and len(groups[0][1]) == 3
     d = Diagnosis(window=head.window, source="t", likely_cause=head, other=reps, rules_evaluated=4)
@@ -158,29 +195,39 @@ def test_one_symptom_on_several_replicas_is_one_line_with_the_worst_first():
 
 
 def test_summary_that_repeats_the_title_is_not_printed_twice_and_absent_alternatives_are_hidden():
-    evidence = (Evidence("draft acceptance", 0.2, "ratio", "s"), Evidence("draft acceptance (SGLang)", None, "ratio", "s"),
-                Evidence("hit rate (tap)", None, "ratio", "s"))
+    evidence = (
+        Evidence("draft acceptance", 0.2, "ratio", "s"),
+        Evidence("draft acceptance (SGLang)", None, "ratio", "s"),
+        Evidence("hit rate (tap)", None, "ratio", "s"),
+    )
     f = replace(_finding("spec", "L10", ("vllm.speculative_config",), evidence=evidence), summary="title of spec")
     assert [e.name for e in shown_evidence(f)] == ["draft acceptance", "hit rate (tap)"]
     text = _text(Diagnosis(window=f.window, source="t", likely_cause=f, rules_evaluated=1))
     assert text.count("title of spec") == 1
     assert "(SGLang)" not in text
-    only_sglang = replace(f, evidence=(Evidence("draft acceptance", None, "ratio", "s"),
-                                       Evidence("draft acceptance (SGLang)", None, "ratio", "s")))
-    assert len(shown_evidence(only_sglang)) == 2      # nothing present: both stay, absent is information
+    only_sglang = replace(
+        f,
+        evidence=(
+            Evidence("draft acceptance", None, "ratio", "s"),
+            Evidence("draft acceptance (SGLang)", None, "ratio", "s"),
+        ),
+    )
+    assert len(shown_evidence(only_sglang)) == 2  # nothing present: both stay, absent is information
 
 
 def test_engine_facts_the_rule_conditions_on_are_shown():
     f = _finding("prefix_caching_disabled", "P1", ("vllm.enable_prefix_caching",))
     assert fact_rows(f) == [("engine fact enable_prefix_caching", "False", "from the engine's startup config")]
-    assert "engine fact enable_prefix_caching" in _text(Diagnosis(window=f.window, source="t", likely_cause=f,
-                                                                  rules_evaluated=1))
+    assert "engine fact enable_prefix_caching" in _text(
+        Diagnosis(window=f.window, source="t", likely_cause=f, rules_evaluated=1)
+    )
 
 
 def _diagnose(name: str) -> Diagnosis:
     from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
     from kvscope.diagnoser.rulebook.rule import read_rules
     from kvscope.diagnoser.sources.recording import RecordingSource
+
     source = RecordingSource(RECORDINGS / f"{name}.om.gz")
     rules = read_rules()
     frame = source.read_frame(set().union(*(sample_names(r) for r in rules)), None, None, source.natural_step())
@@ -203,9 +250,12 @@ def test_kv_pressure_cascade_recording_reads_as_one_cause_with_supporting_eviden
 
 
 def test_a_baseline_comparison_says_what_earlier_level_it_was_measured_against():
-    f = replace(_finding("hit_collapse_after_scaling", "P3", ("router.consistent_hashing",), where={"model": "m"}),
-                params={"baseline_range": "10m", "baseline_offset": "2m", "drop_factor": 0.7}, step_s=10.0,
-                window=(T0 - 3600, T0 + 120))              # an hour held: the whole baseline window exists
+    f = replace(
+        _finding("hit_collapse_after_scaling", "P3", ("router.consistent_hashing",), where={"model": "m"}),
+        params={"baseline_range": "10m", "baseline_offset": "2m", "drop_factor": 0.7},
+        step_s=10.0,
+        window=(T0 - 3600, T0 + 120),
+    )  # an hour held: the whole baseline window exists
     assert baseline_lines(f) == ["fleet hit rate < 0.7 x its avg over the 10m00s ending 2m00s earlier"]
     # scaled x0.79 on a 10 s grid: 474 s -> 47 steps, 94.8 s -> 9 steps, as the evaluator rounds them
     assert baseline_lines(f, 0.79) == ["fleet hit rate < 0.7 x its avg over the 7m50s ending 1m30s earlier"]
@@ -230,16 +280,30 @@ def test_ui_triage_lists_supporting_findings_under_the_cause_not_as_competing(mo
 
 
 def test_summary_and_table_write_durations_with_one_formatter():
-    ev = (Evidence("mean KV transfer (engine)", 0.226, "seconds", "s"),
-          Evidence("mean kv_transfer phase (traces)", None, "seconds", "s"),
-          Evidence("mean bytes per transfer", None, "bytes", "s"))
-    f = replace(_finding("kv_transfer_slowing", "L7", ("ops.interconnect_check",), evidence=ev),
-                summary="KV transfers are slower than before (mean 0.226s)")
+    ev = (
+        Evidence("mean KV transfer (engine)", 0.226, "seconds", "s"),
+        Evidence("mean kv_transfer phase (traces)", None, "seconds", "s"),
+        Evidence("mean bytes per transfer", None, "bytes", "s"),
+    )
+    f = replace(
+        _finding("kv_transfer_slowing", "L7", ("ops.interconnect_check",), evidence=ev),
+        summary="KV transfers are slower than before (mean 0.226s)",
+    )
     assert render_summary(f) == "KV transfers are slower than before (mean 226.0 ms)"
     assert "226.0 ms" in _text(Diagnosis(window=f.window, source="t", likely_cause=f, rules_evaluated=1))
-    cascade = replace(_finding("kv_pressure_cascade", "K2", KV_LEVERS, evidence=(
-        Evidence("KV cache usage", 1.0, "ratio", "s"), Evidence("preemptions", 7.25, "per_second", "s"),
-        Evidence("waiting requests", 5.8, "count", "s"), Evidence("mean TTFT", 1.0706, "seconds", "s"))))
+    cascade = replace(
+        _finding(
+            "kv_pressure_cascade",
+            "K2",
+            KV_LEVERS,
+            evidence=(
+                Evidence("KV cache usage", 1.0, "ratio", "s"),
+                Evidence("preemptions", 7.25, "per_second", "s"),
+                Evidence("waiting requests", 5.8, "count", "s"),
+                Evidence("mean TTFT", 1.0706, "seconds", "s"),
+            ),
+        )
+    )
     assert render_summary(cascade) == "KV 100% -> 7.25 preemptions/s -> 6 waiting -> TTFT 1.07 s"
     unknown = _finding("not_a_shipped_rule", "X1", ("a",), summary="as the engine wrote it")
     assert render_summary(unknown) == "as the engine wrote it"

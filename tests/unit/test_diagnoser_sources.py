@@ -11,21 +11,51 @@ from kvscope.diagnoser.sources.prometheus import frame_from_matrix, native_names
 
 def test_selector_asks_for_every_upstream_alias_and_the_kvscope_reexport():
     sel = selector_for({"engine_kv_cache_usage_ratio", "request_ttft_seconds_bucket"}, load_catalog())
-    for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
-                 "vllm_kv_cache_usage_perc", "vllm:time_to_first_token_seconds",
-                 "kvscope_engine_kv_cache_usage_ratio"):
+    for name in (
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "sglang:token_usage",
+        "vllm_kv_cache_usage_perc",
+        "vllm:time_to_first_token_seconds",
+        "kvscope_engine_kv_cache_usage_ratio",
+    ):
         assert name.replace(":", "\\:") in sel or name in sel, name
     assert "vllm:cache_config_info" in native_names({"engine_requests_waiting"}, load_catalog())
 
 
 def test_frame_from_matrix_normalizes_native_series_per_target():
     result = [
-        {"metric": {"__name__": "vllm:kv_cache_usage_perc", "job": "vllm", "instance": "r0",
-                    "engine": "0", "model_name": "m"}, "values": [[100, "0.5"], [115, "0.97"]]},
-        {"metric": {"__name__": "vllm:num_preemptions_total", "job": "vllm", "instance": "r0",
-                    "engine": "0", "model_name": "m"}, "values": [[100, "3"], [115, "7"]]},
-        {"metric": {"__name__": "vllm:cache_config_info", "job": "vllm", "instance": "r0", "engine": "0",
-                    "model_name": "m", "enable_prefix_caching": "False"}, "values": [[100, "1"]]},
+        {
+            "metric": {
+                "__name__": "vllm:kv_cache_usage_perc",
+                "job": "vllm",
+                "instance": "r0",
+                "engine": "0",
+                "model_name": "m",
+            },
+            "values": [[100, "0.5"], [115, "0.97"]],
+        },
+        {
+            "metric": {
+                "__name__": "vllm:num_preemptions_total",
+                "job": "vllm",
+                "instance": "r0",
+                "engine": "0",
+                "model_name": "m",
+            },
+            "values": [[100, "3"], [115, "7"]],
+        },
+        {
+            "metric": {
+                "__name__": "vllm:cache_config_info",
+                "job": "vllm",
+                "instance": "r0",
+                "engine": "0",
+                "model_name": "m",
+                "enable_prefix_caching": "False",
+            },
+            "values": [[100, "1"]],
+        },
     ]
     frame = frame_from_matrix(result, 100, 115, 15, catalog=load_catalog())
     assert frame.blocks["engine_kv_cache_usage_ratio"].values.tolist() == [[0.5, 0.97]]
@@ -38,12 +68,15 @@ def test_frame_from_matrix_reads_an_old_name_only_where_the_new_one_is_missing_a
     """The full fetch applies the catalog's version rules as the normalizer does (issue 18):
     vLLM 0.10 exports gpu_ and kv_ cache usage side by side (never added: the new name wins, the
     old one fills a step the new one lacks), and a DCGM blank code is no value."""
+
     def series(name: str, values: list, job: str = "vllm", **labels: str) -> dict:
         return {"metric": {"__name__": name, "job": job, "instance": "r0", **labels}, "values": values}
 
-    result = [series("vllm:kv_cache_usage_perc", [[100, "0.25"]], model_name="m"),
-              series("vllm:gpu_cache_usage_perc", [[100, "0.5"], [115, "0.6"]], model_name="m"),
-              series("DCGM_FI_DEV_MEMORY_TEMP", [[100, "2147483632"], [115, "41"]], job="dcgm", gpu="0")]
+    result = [
+        series("vllm:kv_cache_usage_perc", [[100, "0.25"]], model_name="m"),
+        series("vllm:gpu_cache_usage_perc", [[100, "0.5"], [115, "0.6"]], model_name="m"),
+        series("DCGM_FI_DEV_MEMORY_TEMP", [[100, "2147483632"], [115, "41"]], job="dcgm", gpu="0"),
+    ]
     for r in result[2:]:
         r["metric"]["instance"] = "n0"
     frame = frame_from_matrix(result, 100, 115, 15, catalog=load_catalog(), lookback_s=1.0)
@@ -54,22 +87,45 @@ def test_frame_from_matrix_reads_an_old_name_only_where_the_new_one_is_missing_a
 
 def test_frame_from_matrix_sums_collapsing_series_and_carries_points_within_the_lookback():
     def ttft(tp: str, values: list) -> dict:
-        return {"metric": {"__name__": "vllm:num_requests_waiting", "job": "v", "instance": "r0",
-                           "model_name": "m", "tp": tp}, "values": values}
-    result = [ttft("0", [[0, "1"], [15, "2"]]), ttft("1", [[15, "5"]]),
-              {"metric": {"__name__": "vllm:num_preemptions_total", "job": "v", "instance": "r0"},
-               "values": [[0, "3"], [15, "NaN"], [600, "4"]]}]
+        return {
+            "metric": {
+                "__name__": "vllm:num_requests_waiting",
+                "job": "v",
+                "instance": "r0",
+                "model_name": "m",
+                "tp": tp,
+            },
+            "values": values,
+        }
+
+    result = [
+        ttft("0", [[0, "1"], [15, "2"]]),
+        ttft("1", [[15, "5"]]),
+        {
+            "metric": {"__name__": "vllm:num_preemptions_total", "job": "v", "instance": "r0"},
+            "values": [[0, "3"], [15, "NaN"], [600, "4"]],
+        },
+    ]
     frame = frame_from_matrix(result, 0, 600, 15, catalog=load_catalog())
     waiting = frame.blocks["engine_requests_waiting"].values[0]
-    assert waiting[:2].tolist() == [1.0, 5.0]                   # gauges collapsing: max (5 vs 2)
+    assert waiting[:2].tolist() == [1.0, 5.0]  # gauges collapsing: max (5 vs 2)
     pre = frame.blocks["engine_preemptions_total"].values[0]
-    assert pre[0] == 3.0 and pre[19] == 3.0 and np.isnan(pre[20]) and pre[40] == 4.0   # carried < 300 s
+    assert pre[0] == 3.0 and pre[19] == 3.0 and np.isnan(pre[20]) and pre[40] == 4.0  # carried < 300 s
 
 
 def test_frame_from_matrix_takes_kvscope_series_as_canonical_and_restores_exported_labels():
-    result = [{"metric": {"__name__": "kvscope_engine_requests_waiting", "job": "kvscope-agent",
-                          "instance": "node1:9464", "exported_instance": "r0", "exported_job": "vllm"},
-               "values": [[100, "4"]]}]
+    result = [
+        {
+            "metric": {
+                "__name__": "kvscope_engine_requests_waiting",
+                "job": "kvscope-agent",
+                "instance": "node1:9464",
+                "exported_instance": "r0",
+                "exported_job": "vllm",
+            },
+            "values": [[100, "4"]],
+        }
+    ]
     frame = frame_from_matrix(result, 100, 100, 15, catalog=load_catalog())
     block = frame.blocks["engine_requests_waiting"]
     assert [(dict(lab)["instance"], dict(lab)["job"]) for lab in block.labels] == [("r0", "vllm")]
@@ -77,8 +133,11 @@ def test_frame_from_matrix_takes_kvscope_series_as_canonical_and_restores_export
 
 
 def test_agent_answers_parse_into_samples_and_merged_facts():
-    data = {"series": [{"name": "engine_requests_waiting", "labels": {"instance": "r0"},
-                        "points": [[1.0, 2.0], [2.0, 3.0]]}]}
+    data = {
+        "series": [
+            {"name": "engine_requests_waiting", "labels": {"instance": "r0"}, "points": [[1.0, 2.0], [2.0, 3.0]]}
+        ]
+    }
     assert [(s.timestamp, s.value) for s in parse_samples_answer(data)] == [(1.0, 2.0), (2.0, 3.0)]
     facts = parse_facts_answer({"r0": {"engine": "vllm", "facts": {"0": {"enable_prefix_caching": "True"}}}})
     assert facts == {"r0": {"enable_prefix_caching": "True"}}

@@ -11,8 +11,7 @@ def canon(text, engine=None):
 
 
 def one(norm, name, **labels):
-    hits = [s for s in norm.samples if s.name == name
-            and all(dict(s.labels).get(k) == v for k, v in labels.items())]
+    hits = [s for s in norm.samples if s.name == name and all(dict(s.labels).get(k) == v for k, v in labels.items())]
     assert len(hits) == 1, f"{name} {labels}: {hits}"
     return hits[0]
 
@@ -23,8 +22,13 @@ def test_real_vllm_capture_maps_to_canonical_signals(load_fixture):
     assert one(norm, "engine_preemptions_total").value == 47.0
     hits = one(norm, "engine_prefix_cache_hits_tokens_total")
     assert hits.value == 1152.0
-    assert dict(hits.labels) == {"instance": "127.0.0.1:8000", "job": "engines", "engine": "vllm",
-                                 "model": "tiny-llama", "dp_rank": "0"}
+    assert dict(hits.labels) == {
+        "instance": "127.0.0.1:8000",
+        "job": "engines",
+        "engine": "vllm",
+        "model": "tiny-llama",
+        "dp_rank": "0",
+    }
     assert one(norm, "engine_kv_capacity_tokens").value == 4096.0
     assert one(norm, "engine_requests_finished_total", reason="length").value == 245.0
     assert one(norm, "request_ttft_seconds_bucket", le="+Inf").value > 0
@@ -36,15 +40,19 @@ def test_real_vllm_capture_maps_to_canonical_signals(load_fixture):
 def test_absent_signal_is_absent_not_zero(load_fixture):
     norm = canon(load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt"))
     names = {s.name for s in norm.samples}
-    assert "engine_spec_drafts_total" not in names        # no speculative decoding configured
-    assert "kv_transfer_seconds_count" not in names        # no P/D connector
+    assert "engine_spec_drafts_total" not in names  # no speculative decoding configured
+    assert "kv_transfer_seconds_count" not in names  # no P/D connector
 
 
 def test_old_and_new_vllm_names_give_the_same_signal():
-    old = canon('vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
-                'vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 7\n')
-    new = canon('vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
-                'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 7\n')
+    old = canon(
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+        'vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 7\n'
+    )
+    new = canon(
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 7\n'
+    )
     assert sorted(old.samples) == sorted(new.samples)
 
 
@@ -56,7 +64,7 @@ def test_ray_underscore_names_fold_back():
 
 def test_sglang_maps_names_labels_and_units():
     text = (
-        '# TYPE sglang:token_usage gauge\n'
+        "# TYPE sglang:token_usage gauge\n"
         'sglang:token_usage{model_name="q",engine_type="decode",tp_rank="0",pp_rank="0",dp_rank="2"} 0.93\n'
         'sglang_num_queue_reqs{model_name="q",engine_type="decode",tp_rank="0",pp_rank="0",dp_rank="2"} 4\n'
         'sglang:cached_tokens_total{model_name="q",engine_type="unified",cache_source="device",tenant="acme"} 100\n'
@@ -80,10 +88,10 @@ def test_sglang_maps_names_labels_and_units():
 
 def test_dcgm_units_and_labels_are_normalized():
     text = (
-        '# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n'
+        "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
         'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1",modelName="NVIDIA H100",Hostname="n1",pod="vllm-0",namespace="llm",container="vllm"} 87\n'
         'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1",hostname="n1"} 1024\n'
-        '# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n'
+        "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n"
         'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="0",UUID="GPU-1"} 5000\n'
     )
     norm = canon(text)
@@ -116,9 +124,12 @@ def test_an_alias_marked_collapse_max_keeps_one_copy_of_a_count_every_rank_repea
 
     text = "".join(
         f'sglang:load_back_tokens_total{{cache_type="HiRadixCache",pool="{pool}",tp_rank="{r}",pp_rank="0"}} {v}\n'
-        for r in range(4) for pool, v in (("kv", 640), ("swa", 512)))
-    text += "".join(f'sglang:load_back_bytes_total{{cache_type="HiRadixCache",tp_rank="{r}",pp_rank="0"}} 2000\n'
-                    for r in range(4))
+        for r in range(4)
+        for pool, v in (("kv", 640), ("swa", 512))
+    )
+    text += "".join(
+        f'sglang:load_back_bytes_total{{cache_type="HiRadixCache",tp_rank="{r}",pp_rank="0"}} 2000\n' for r in range(4)
+    )
     expo = parse_exposition(text)
     memo = MappingMemo()
     for ts in (100.0, 101.0):
@@ -136,16 +147,20 @@ def test_catalog_rejects_an_unknown_collapse_mode():
 
     text = resources.files("kvscope.agent.normalize").joinpath("catalog.yaml").read_text()
     assert parse_catalog(text).signals["engine_kv_offload_loaded_tokens_total"].aliases[0].collapse == "max"
-    bad = text.replace('name: "sglang:load_back_tokens", collapse: max', 'name: "sglang:load_back_tokens", collapse: sum')
+    bad = text.replace(
+        'name: "sglang:load_back_tokens", collapse: max', 'name: "sglang:load_back_tokens", collapse: sum'
+    )
     assert bad != text
     with pytest.raises(CatalogError, match="collapse must be 'max'"):
         parse_catalog(bad)
 
 
 def test_nan_and_inf_samples_are_dropped_with_a_reason():
-    norm = canon('vllm:kv_cache_usage_perc{engine="0",model_name="m"} NaN\n'
-                 'vllm:num_requests_waiting{engine="0",model_name="m"} +Inf\n'
-                 'vllm:num_requests_running{engine="0",model_name="m"} 1\n')
+    norm = canon(
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} NaN\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} +Inf\n'
+        'vllm:num_requests_running{engine="0",model_name="m"} 1\n'
+    )
     assert [s.name for s in norm.samples] == ["engine_requests_running"]
     assert norm.dropped["non_finite"] == 2
 
@@ -157,9 +172,23 @@ def test_unknown_engine_maps_nothing():
 
 def test_catalog_signal_names_follow_the_naming_convention():
     catalog = load_catalog()
-    units = ("_ratio", "_seconds", "_bytes", "_tokens", "_total", "_watts", "_celsius",
-             "_hertz", "_per_second", "_running", "_waiting", "_reason", "_code", "_preemptions",
-             "_workers")
+    units = (
+        "_ratio",
+        "_seconds",
+        "_bytes",
+        "_tokens",
+        "_total",
+        "_watts",
+        "_celsius",
+        "_hertz",
+        "_per_second",
+        "_running",
+        "_waiting",
+        "_reason",
+        "_code",
+        "_preemptions",
+        "_workers",
+    )
     for name, sig in catalog.signals.items():
         assert name.endswith(units), name
         assert sig.help, f"{name} has no help text"
@@ -173,8 +202,10 @@ def test_mapping_memo_gives_the_same_result_scrape_after_scrape(load_fixture):
     from kvscope.agent.normalize.dialect import MappingMemo
 
     catalog = load_catalog()
-    lines = (load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt") + load_fixture(
-        "scrapes/dcgm-exporter-4.5.3-constructed-2gpu.txt")).splitlines()
+    lines = (
+        load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt")
+        + load_fixture("scrapes/dcgm-exporter-4.5.3-constructed-2gpu.txt")
+    ).splitlines()
     rng = random.Random(3)
     memos = {"vllm": MappingMemo(), "dcgm": MappingMemo()}
     for i in range(8):
@@ -184,10 +215,10 @@ def test_mapping_memo_gives_the_same_result_scrape_after_scrape(load_fixture):
                 key, value = ln.rsplit(" ", 1)
                 ln = f"{key} {rng.choice(['NaN', '+Inf', '-7', str(float(value) * 3)])}"
                 if "le=" in key and rng.random() < 0.2:
-                    ln = ln.replace('le="', 'le="x', 1)     # a bad le, sometimes
+                    ln = ln.replace('le="', 'le="x', 1)  # a bad le, sometimes
             out.append(ln)
         expo = parse_exposition("\n".join(out) + "\n")
-        target = TARGET if i < 5 else {**TARGET, "node": "n1"}   # target labels change: memo restarts
+        target = TARGET if i < 5 else {**TARGET, "node": "n1"}  # target labels change: memo restarts
         for engine in ("vllm", "dcgm"):
             got = normalize(expo, engine, target, 100.0 + i, catalog, memos[engine])
             want = normalize(expo, engine, target, 100.0 + i, catalog)

@@ -21,8 +21,9 @@ def canon(load_fixture, *names):
 
 def val(norm, name, **labels):
     """Sum of the canonical samples of `name` whose labels include `labels`."""
-    hits = [s.value for s in norm.samples if s.name == name and all(dict(s.labels).get(k) == v
-                                                                      for k, v in labels.items())]
+    hits = [
+        s.value for s in norm.samples if s.name == name and all(dict(s.labels).get(k) == v for k, v in labels.items())
+    ]
     assert hits, f"no {name} {labels}"
     return sum(hits)
 
@@ -31,12 +32,19 @@ def by(norm, name, label):
     return {dict(s.labels).get(label): s.value for s in norm.samples if s.name == name}
 
 
-@pytest.mark.parametrize("body, engine", [
-    ("llm-d-router-0.10.0-rendered.txt", "epp"), ("gie-epp-1.0.0-rendered.txt", "epp"),
-    ("dynamo-1.6.1-frontend-rendered.txt", "dynamo"), ("smg-1.9.0-rendered.txt", "sglang_router"),
-    ("tgi-3.3.7-rendered.txt", "tgi"), ("lmcache-0.5.6-rendered.txt", "lmcache"),
-    ("lmcache-0.5.5-rendered.txt", "lmcache"), ("dcgm-exporter-1.x-compat-rendered.txt", "dcgm"),
-])
+@pytest.mark.parametrize(
+    "body, engine",
+    [
+        ("llm-d-router-0.10.0-rendered.txt", "epp"),
+        ("gie-epp-1.0.0-rendered.txt", "epp"),
+        ("dynamo-1.6.1-frontend-rendered.txt", "dynamo"),
+        ("smg-1.9.0-rendered.txt", "sglang_router"),
+        ("tgi-3.3.7-rendered.txt", "tgi"),
+        ("lmcache-0.5.6-rendered.txt", "lmcache"),
+        ("lmcache-0.5.5-rendered.txt", "lmcache"),
+        ("dcgm-exporter-1.x-compat-rendered.txt", "dcgm"),
+    ],
+)
 def test_every_layer_is_read_none_is_an_unknown_engine(load_fixture, body, engine):
     norm = canon(load_fixture, body)
     assert norm.engine == engine and norm.samples
@@ -61,7 +69,7 @@ def test_llm_d_epp_flows_prefix_match_and_event_feed(load_fixture):
     assert val(n, "router_kv_events_waiting") == 3
     assert val(n, "router_kv_index_blocks_added_total") == 800
     assert val(n, "router_kv_index_blocks_removed_total") == 120
-    assert "engine_requests_running" not in {s.name for s in n.samples}   # a gateway is not an engine
+    assert "engine_requests_running" not in {s.name for s in n.samples}  # a gateway is not an engine
 
 
 def test_gie_1_0_names_are_read(load_fixture):
@@ -107,7 +115,10 @@ def test_smg_round_robin_declares_its_load_only_policy_real_capture(load_fixture
 def test_smg_policy_branches_say_where_locality_was_given_away(load_fixture):
     n = canon(load_fixture, "smg-1.9.0-rendered.txt")
     assert by(n, "router_policy_branch_total", "branch") == {
-        "ring_hit": 30, "load_balance_walk": 50, "fallback_least_load": 20}
+        "ring_hit": 30,
+        "load_balance_walk": 50,
+        "fallback_least_load": 20,
+    }
     assert {dict(s.labels)["policy"] for s in n.samples if s.name == "router_policy_branch_total"} == {"prefix_hash"}
     assert by(n, "router_decisions_total", "policy") == {"prefix_hash": 100}
     assert val(n, "gateway_requests_total") == 100
@@ -120,12 +131,12 @@ def test_tgi_reads_as_an_engine(load_fixture):
     assert val(n, "engine_requests_waiting") == 3 and val(n, "engine_requests_running") == 4
     assert val(n, "engine_kv_capacity_tokens") == 16000
     assert val(n, "engine_requests_finished_total") == 10
-    assert val(n, "engine_prompt_tokens_total") == 10000           # _sum of the input-length histogram
+    assert val(n, "engine_prompt_tokens_total") == 10000  # _sum of the input-length histogram
     assert val(n, "engine_generation_tokens_total") == 2000
     assert val(n, "request_e2e_seconds_count") == 10 and val(n, "request_e2e_seconds_sum") == 20
     assert val(n, "request_queue_seconds_sum") == pytest.approx(0.5)
     assert val(n, "request_tpot_seconds_sum") == pytest.approx(0.2)
-    assert val(n, "request_prompt_tokens_bucket", le="1024") == 10   # 1024 = 4096/100 * 25
+    assert val(n, "request_prompt_tokens_bucket", le="1024") == 10  # 1024 = 4096/100 * 25
     assert val(n, "request_prompt_tokens_bucket", le="983.04") == 0
 
 
@@ -138,7 +149,7 @@ def test_lmcache_alone_and_inside_vllm(load_fixture, version):
     assert val(alone, "kv_tier_loaded_tokens_total", tier="lmcache") == 6000
     assert val(alone, "kv_tier_evictions_total", tier="local_cpu") == 4
     assert val(alone, "kv_tier_failures_total", tier="local_cpu", op="evict") == 1
-    assert val(alone, "kv_tier_used_bytes", tier="local_cpu") == 2 ** 30
+    assert val(alone, "kv_tier_used_bytes", tier="local_cpu") == 2**30
     assert val(alone, "kv_tier_lookup_seconds_count", tier="lmcache") == 10
     assert dict(next(s for s in alone.samples if s.name == "kv_tier_used_bytes").labels)["model"] == "Qwen/Qwen3-8B"
     # LMCache runs inside vLLM: one payload; vLLM wins detection and LMCache's series still map
@@ -154,10 +165,13 @@ def test_vllm_033_offload_tier_and_pd_families(load_fixture):
     assert val(n, "kv_tier_failures_total", tier="cpu", op="allocate") == 5
     assert val(n, "kv_tier_lookup_seconds_count", tier="cpu") == 50
     assert by(n, "engine_pd_requests_waiting", "queue") == {
-        "waiting_to_start": 3, "in_progress": 2, "completed_waiting": 1}
+        "waiting_to_start": 3,
+        "in_progress": 2,
+        "completed_waiting": 1,
+    }
     assert val(n, "kv_transfer_expired_requests_total") == 2
     assert val(n, "kv_transfer_notification_failures_total") == 1
-    assert val(n, "kv_transfer_failures_total") == 0      # exported 0 stays 0; absent stays absent
+    assert val(n, "kv_transfer_failures_total") == 0  # exported 0 stays 0; absent stays absent
 
 
 def test_sglang_hicache_storage_and_pd_queues(load_fixture):
@@ -171,12 +185,16 @@ def test_sglang_hicache_storage_and_pd_queues(load_fixture):
     assert val(n, "kv_tier_dropped_tokens_total", tier="storage") == 100
     assert val(n, "engine_kv_offload_loaded_tokens_total") == 1000
     assert by(n, "engine_pd_requests_waiting", "queue") == {
-        "prefill_bootstrap": 1, "prefill_inflight": 2, "decode_prealloc": 0, "decode_transfer": 0}
+        "prefill_bootstrap": 1,
+        "prefill_inflight": 2,
+        "decode_prealloc": 0,
+        "decode_transfer": 0,
+    }
 
 
 def test_dcgm_nvlink_row_remap_power_limit_and_1x_names(load_fixture):
     n = canon(load_fixture, "dcgm-exporter-4.5.3-custom-csv-rendered.txt")
-    assert val(n, "gpu_power_limit_watts") == 500          # the enforced limit wins over the management limit
+    assert val(n, "gpu_power_limit_watts") == 500  # the enforced limit wins over the management limit
     assert val(n, "gpu_nvlink_bandwidth_counter_total") == 123456789
     assert by(n, "gpu_remapped_rows_total", "kind") == {"correctable": 2, "uncorrectable": 1}
     assert val(n, "gpu_row_remap_failure_code") == 0
@@ -207,6 +225,7 @@ def test_an_alias_of_the_wrong_kind_is_reported_not_dropped_silently(load_fixtur
     health (kvscope_samples_dropped_total{reason="kind_mismatch"}), on both normalization paths."""
     from kvscope.agent.normalize.blockcache import BlockCache
     from kvscope.agent.signals import load_catalog
+
     text = load_fixture("scrapes/sglang-0.5.8-rendered.txt")
     norm = canon(load_fixture, "sglang-0.5.8-rendered.txt")
     assert norm.dropped["kind_mismatch"] == 2
@@ -218,9 +237,12 @@ def test_an_alias_of_the_wrong_kind_is_reported_not_dropped_silently(load_fixtur
 
 def test_sglang_preempted_prompt_tokens_the_recompute_tax(load_fixture):
     n = canon(load_fixture, "sglang-0.5.8-rendered.txt")
-    assert by(n, "engine_preempted_prompt_tokens_total", "model") == {"tiny": 0}   # exported 0, present
-    assert not [s for s in canon(load_fixture, "vllm-0.11.0-rendered.txt").samples
-                if s.name == "engine_preempted_prompt_tokens_total"]                # vLLM: absent, never 0
+    assert by(n, "engine_preempted_prompt_tokens_total", "model") == {"tiny": 0}  # exported 0, present
+    assert not [
+        s
+        for s in canon(load_fixture, "vllm-0.11.0-rendered.txt").samples
+        if s.name == "engine_preempted_prompt_tokens_total"
+    ]  # vLLM: absent, never 0
 
 
 def test_smg_1_13_real_capture_cache_aware(load_fixture):
@@ -241,11 +263,16 @@ def test_smg_1_13_kv_event_feed_health(load_fixture):
     assert by(n, "router_kv_events_total", "status") == {"applied": 1300, "stale": 3}
     # missed batches, the unrecovered gap (not the replayed ones), the resync; no panics
     assert by(n, "router_kv_event_errors_total", "reason") == {
-        "missed_batches": 12, "unrecovered_cleared": 1, "publisher_restart": 1, "panic": 0}
+        "missed_batches": 12,
+        "unrecovered_cleared": 1,
+        "publisher_restart": 1,
+        "panic": 0,
+    }
 
 
 def test_catalog_rejects_a_set_label_the_signal_does_not_keep():
     from kvscope.agent.signals import CatalogError, parse_catalog
+
     text = """
 dialects:
   x: {prefixes: ["x:"], detect: ["x:"], labels: {}}

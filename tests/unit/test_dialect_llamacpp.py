@@ -26,9 +26,15 @@ ONE_TO_ONE = {
     "llamacpp:spec_decode_num_accepted_tokens_total": "engine_spec_accepted_tokens_total",
 }
 # exported by llama-server but no canonical signal has its meaning (docs/collectors.md)
-UNMAPPED = {"llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total",
-            "llamacpp:n_decode_total", "llamacpp:n_tokens_max", "llamacpp:prompt_tokens_seconds",
-            "llamacpp:predicted_tokens_seconds", "llamacpp:n_busy_slots_per_decode"}
+UNMAPPED = {
+    "llamacpp:prompt_seconds_total",
+    "llamacpp:tokens_predicted_seconds_total",
+    "llamacpp:n_decode_total",
+    "llamacpp:n_tokens_max",
+    "llamacpp:prompt_tokens_seconds",
+    "llamacpp:predicted_tokens_seconds",
+    "llamacpp:n_busy_slots_per_decode",
+}
 
 
 def raw_values(text: str) -> dict[str, float]:
@@ -61,9 +67,11 @@ def test_real_capture_maps_to_the_canonical_signals(load_fixture, fixture):
     total = raw["llamacpp:prompt_tokens_total"] + raw["llamacpp:prompt_tokens_cached_total"]
     assert got["engine_prompt_tokens_total"] == total
     assert got["engine_prefix_cache_queries_tokens_total"] == total
-    assert set(got) == set(ONE_TO_ONE.values()) | {"engine_prompt_tokens_total",
-                                                  "engine_prefix_cache_queries_tokens_total"}
-    for s in norm.samples:            # no model or slot label exists upstream: the target's labels only
+    assert set(got) == set(ONE_TO_ONE.values()) | {
+        "engine_prompt_tokens_total",
+        "engine_prefix_cache_queries_tokens_total",
+    }
+    for s in norm.samples:  # no model or slot label exists upstream: the target's labels only
         assert dict(s.labels) == {**TARGET, "engine": "llamacpp"}
     assert norm.unmapped == len(UNMAPPED)
     assert UNMAPPED <= set(raw)
@@ -78,9 +86,16 @@ def test_the_load_capture_shows_a_queue_and_reused_prefixes(load_fixture):
 
 def test_what_llamacpp_does_not_export_stays_absent(load_fixture):
     names = {s.name for s in canon(load_fixture(LOADED)).samples}
-    for absent in ("engine_kv_cache_usage_ratio", "engine_kv_capacity_tokens", "engine_requests_finished_total",
-                   "engine_preemptions_total", "request_ttft_seconds_count", "request_itl_seconds_count",
-                   "request_queue_seconds_count", "request_e2e_seconds_count"):
+    for absent in (
+        "engine_kv_cache_usage_ratio",
+        "engine_kv_capacity_tokens",
+        "engine_requests_finished_total",
+        "engine_preemptions_total",
+        "request_ttft_seconds_count",
+        "request_itl_seconds_count",
+        "request_queue_seconds_count",
+        "request_e2e_seconds_count",
+    ):
         assert absent not in names
 
 

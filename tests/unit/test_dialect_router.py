@@ -20,8 +20,11 @@ def canon(load_fixture, name):
 
 
 def values(norm, name, **labels):
-    return {dict(s.labels).get("worker", dict(s.labels).get("policy")): s.value for s in norm.samples
-            if s.name == name and all(dict(s.labels).get(k) == v for k, v in labels.items())}
+    return {
+        dict(s.labels).get("worker", dict(s.labels).get("policy")): s.value
+        for s in norm.samples
+        if s.name == name and all(dict(s.labels).get(k) == v for k, v in labels.items())
+    }
 
 
 def names(norm):
@@ -41,8 +44,7 @@ def test_032_per_worker_requests_policy_and_health(load_fixture):
     assert values(rr, "router_worker_requests_total") == {A: 60.0, B: 59.0}
     assert values(rr, "router_decisions_total") == {"round_robin": 119.0}
     dec = next(s for s in rr.samples if s.name == "router_decisions_total")
-    assert dict(dec.labels) == {**TARGET, "engine": "sglang_router", "model": "tiny-llama",
-                                "policy": "round_robin"}
+    assert dict(dec.labels) == {**TARGET, "engine": "sglang_router", "model": "tiny-llama", "policy": "round_robin"}
     assert values(rr, "router_worker_health_code") == {A: 1.0, B: 1.0}
     assert values(rr, "router_workers") == {None: 2.0}
     assert values(rr, "router_request_seconds_count") == {None: 119.0}
@@ -57,16 +59,22 @@ def test_032_per_worker_requests_policy_and_health(load_fixture):
 def test_032_exports_no_cache_tree_counters(load_fixture):
     """0.3.x dropped the cache-aware hit/miss counters: absent, never zero."""
     ca = canon(load_fixture, "0.3.2-cache_aware-loaded")
-    assert not names(ca) & {"router_cache_hits_total", "router_cache_misses_total",
-                            "router_load_balancing_events_total"}
+    assert not names(ca) & {
+        "router_cache_hits_total",
+        "router_cache_misses_total",
+        "router_load_balancing_events_total",
+    }
 
 
 def test_024_per_worker_requests_policy_and_cache_tree_hits(load_fixture):
     ca = canon(load_fixture, "0.2.4-cache_aware-loaded")
     assert values(ca, "router_worker_requests_total") == {A: 53.0, B: 58.0}
     # 0.2.x counts decisions per policy and worker: summed per policy, kept per worker
-    assert {(dict(s.labels)["policy"], dict(s.labels)["worker"]): s.value for s in ca.samples
-            if s.name == "router_decisions_total"} == {("cache_aware", A): 53.0, ("cache_aware", B): 58.0}
+    assert {
+        (dict(s.labels)["policy"], dict(s.labels)["worker"]): s.value
+        for s in ca.samples
+        if s.name == "router_decisions_total"
+    } == {("cache_aware", A): 53.0, ("cache_aware", B): 58.0}
     assert values(ca, "router_cache_hits_total") == {None: 99.0}
     assert values(ca, "router_cache_misses_total") == {None: 12.0}
     assert values(ca, "router_worker_requests_running") == {A: 0.0, B: 0.0}
@@ -75,7 +83,7 @@ def test_024_per_worker_requests_policy_and_cache_tree_hits(load_fixture):
     assert "router_workers" not in names(ca)
     rr = canon(load_fixture, "0.2.4-round_robin-loaded")
     assert values(rr, "router_decisions_total") == {A: 48.0, B: 48.0}
-    assert "router_cache_hits_total" not in names(rr)     # the tree exists under cache_aware only
+    assert "router_cache_hits_total" not in names(rr)  # the tree exists under cache_aware only
 
 
 def test_idle_router_has_no_traffic_series(load_fixture):

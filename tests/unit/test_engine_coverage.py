@@ -117,7 +117,7 @@ def release(version: str, **names: tuple[str, tuple[str, ...] | None]) -> NameLi
 
 def test_a_name_an_earlier_release_had_and_a_later_one_dropped_is_renamed():
     old = release("1.0", running=("gauge", ()))
-    new = release("1.10", busy=("gauge", ()))          # 1.10 sorts after 1.9, not before 1.2
+    new = release("1.10", busy=("gauge", ()))  # 1.10 sorts after 1.9, not before 1.2
     cov = Coverage(parse_catalog(TINY), [new, old], {})
     assert cov.cell("engine_requests_running", old).status == MAPS
     cell = cov.cell("engine_requests_running", new)
@@ -132,7 +132,7 @@ def test_kind_and_match_label_mismatches_are_unmapped_and_absence_is_absent():
     assert "is a histogram" in cov.cell("engine_requests_running", wrong_kind).detail
     no_label = release("1", preempted=("counter", ("model",)))
     assert cov.cell("engine_preemptions_total", no_label).status == UNMAPPED
-    unknown_labels = release("1", preempted=("counter", None))     # labels not known: benefit of the doubt
+    unknown_labels = release("1", preempted=("counter", None))  # labels not known: benefit of the doubt
     assert cov.cell("engine_preemptions_total", unknown_labels).status == MAPS
     assert cov.cell("engine_preemptions_total", release("1")).status == ABSENT
 
@@ -142,8 +142,10 @@ def test_allow_entries_need_a_reason_and_stale_ones_are_reported(tmp_path):
     with pytest.raises(ValueError, match="needs a reason"):
         load_allowed(tmp_path / "allow.yaml")
     cov = Coverage(parse_catalog(TINY), [release("1", running=("histogram", ()))], {})
-    allowed = [Allowed("x-engine", "engine_requests_running", UNMAPPED, "because"),
-               Allowed("x-engine", "engine_preemptions_total", UNMAPPED, "nothing to cover")]
+    allowed = [
+        Allowed("x-engine", "engine_requests_running", UNMAPPED, "because"),
+        Allowed("x-engine", "engine_preemptions_total", UNMAPPED, "nothing to cover"),
+    ]
     bad, stale = problems(cov, ["engine_requests_running", "engine_preemptions_total"], allowed)
     assert bad == [] and [a.signal for a in stale] == ["engine_preemptions_total"]
 

@@ -25,8 +25,10 @@ def _collect(doc: dict, bodies: dict[str, tuple[str, float]]) -> dict[str, objec
 
 
 def test_a_body_not_parsed_within_the_scrape_timeout_fails_that_target_alone():
-    doc = {"scrape": {"interval_s": 2, "timeout_s": 1, "sample_limit": 0},
-           "targets": ["http://big:1/metrics", "http://good:1/metrics"]}
+    doc = {
+        "scrape": {"interval_s": 2, "timeout_s": 1, "sample_limit": 0},
+        "targets": ["http://big:1/metrics", "http://good:1/metrics"],
+    }
     # the fetch of `big` took its whole timeout: 0.1 s is left to parse 200k lines
     health = _collect(doc, {"big:1": (BIG, 1.0), "good:1": (VLLM, 0.01)})
     assert (health["big:1"].up, health["big:1"].reason) == (False, "parse_timeout")
@@ -35,9 +37,14 @@ def test_a_body_not_parsed_within_the_scrape_timeout_fails_that_target_alone():
 
 
 def test_limits_fail_the_target_whole_and_a_target_key_overrides_scrape():
-    doc = {"scrape": {"sample_limit": 100},
-           "targets": ["http://a:1/metrics", {"url": "http://b:1/metrics", "sample_limit": 0},
-                       {"url": "http://c:1/metrics", "sample_limit": 0, "label_value_length_limit": 5}]}
+    doc = {
+        "scrape": {"sample_limit": 100},
+        "targets": [
+            "http://a:1/metrics",
+            {"url": "http://b:1/metrics", "sample_limit": 0},
+            {"url": "http://c:1/metrics", "sample_limit": 0, "label_value_length_limit": 5},
+        ],
+    }
     health = _collect(doc, {"a:1": (VLLM, 0.01), "b:1": (VLLM, 0.01), "c:1": (VLLM, 0.01)})
     assert (health["a:1"].up, health["a:1"].reason) == (False, "sample_limit_exceeded")
     assert health["b:1"].up and health["b:1"].series > 50

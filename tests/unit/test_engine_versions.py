@@ -28,17 +28,18 @@ def both_paths(text: str, engine: str, second: str | None = None) -> list:
     later_text = second if second is not None else text
     later = cache.normalize(later_text, engine, LABELS, 200.0)[0]
     again = normalize(parse_exposition(later_text), engine, LABELS, 200.0, CATALOG)
-    assert sorted((s.name, s.labels, s.value) for s in first.samples) == \
-        sorted((s.name, s.labels, s.value) for s in whole.samples)
-    assert sorted((s.name, s.labels, s.value) for s in later.samples) == \
-        sorted((s.name, s.labels, s.value) for s in again.samples)
+    assert sorted((s.name, s.labels, s.value) for s in first.samples) == sorted(
+        (s.name, s.labels, s.value) for s in whole.samples
+    )
+    assert sorted((s.name, s.labels, s.value) for s in later.samples) == sorted(
+        (s.name, s.labels, s.value) for s in again.samples
+    )
     assert first.dropped == whole.dropped and later.dropped == again.dropped
     return [whole, first, later]
 
 
 def values(norm, name: str, **labels: str) -> list[float]:
-    return [s.value for s in norm.samples
-            if s.name == name and all(s.label(k) == v for k, v in labels.items())]
+    return [s.value for s in norm.samples if s.name == name and all(s.label(k) == v for k, v in labels.items())]
 
 
 def total(norm, name: str, **labels: str) -> float | None:
@@ -75,9 +76,11 @@ def test_vllm_0_10_prefix_cache_and_kv_usage_are_not_double_counted(load_fixture
 
 def test_an_old_name_alone_still_reads():
     """A build that exports only the old names (vLLM V0, < 0.9) keeps its signals."""
-    text = ('vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
-            'vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 7\n'
-            'vllm:time_per_output_token_seconds_count{engine="0",model_name="m"} 3\n')
+    text = (
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+        'vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 7\n'
+        'vllm:time_per_output_token_seconds_count{engine="0",model_name="m"} 3\n'
+    )
     for norm in both_paths(text, "vllm"):
         assert values(norm, "engine_kv_cache_usage_ratio") == [0.5]
         assert values(norm, "engine_prefix_cache_hits_tokens_total") == [7.0]
@@ -85,10 +88,12 @@ def test_an_old_name_alone_still_reads():
 
 
 def test_the_new_name_wins_even_when_the_old_one_is_larger_in_another_family():
-    text = ("# HELP vllm:kv_cache_usage_perc new name\n# TYPE vllm:kv_cache_usage_perc gauge\n"
-            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
-            "# HELP vllm:gpu_cache_usage_perc old name\n# TYPE vllm:gpu_cache_usage_perc gauge\n"
-            'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5\n')
+    text = (
+        "# HELP vllm:kv_cache_usage_perc new name\n# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+        "# HELP vllm:gpu_cache_usage_perc old name\n# TYPE vllm:gpu_cache_usage_perc gauge\n"
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+    )
     second = text.replace("} 0.25", "} 0.3").replace("} 0.5", "} 0.6")
     whole, first, later = both_paths(text, "vllm", second)
     assert values(first, "engine_kv_cache_usage_ratio") == [0.25]
@@ -96,8 +101,7 @@ def test_the_new_name_wins_even_when_the_old_one_is_larger_in_another_family():
 
 
 @pytest.mark.parametrize("fixture", ["vllm-0.10.2-rendered.txt", "vllm-0.11.0-rendered.txt"])
-def test_vllm_kv_capacity_comes_from_blocks_times_block_size_without_kv_cache_size_tokens(
-        load_fixture, fixture):
+def test_vllm_kv_capacity_comes_from_blocks_times_block_size_without_kv_cache_size_tokens(load_fixture, fixture):
     """cache_config_info of 0.10/0.11 has num_gpu_blocks="1000" and block_size="16" but no
     kv_cache_size_tokens: the capacity is 16000 tokens and nothing is dropped."""
     text = load_fixture(f"scrapes/{fixture}")
@@ -108,7 +112,7 @@ def test_vllm_kv_capacity_comes_from_blocks_times_block_size_without_kv_cache_si
 
 
 def test_vllm_kv_capacity_prefers_kv_cache_size_tokens_when_present(load_fixture):
-    text = load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt")   # 128 blocks x 32 = 4096 = the label
+    text = load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt")  # 128 blocks x 32 = 4096 = the label
     body = text.replace('kv_cache_size_tokens="4096"', 'kv_cache_size_tokens="4000"')
     for norm in both_paths(body, "vllm"):
         assert values(norm, "engine_kv_capacity_tokens") == [4000.0]
@@ -124,8 +128,9 @@ def test_sglang_evictions_repeated_by_every_tp_rank_count_once(load_fixture):
         assert values(norm, "engine_kv_evicted_tokens_total") == [28240.0]
 
 
-@pytest.mark.parametrize("fixture", ["sglang-0.4.6.post5-rendered.txt", "sglang-0.5.5-rendered.txt",
-                                     "sglang-0.5.8-rendered.txt"])
+@pytest.mark.parametrize(
+    "fixture", ["sglang-0.4.6.post5-rendered.txt", "sglang-0.5.5-rendered.txt", "sglang-0.5.8-rendered.txt"]
+)
 def test_sglang_cached_tokens_without_cache_source_are_prefix_hits(load_fixture, fixture):
     """Up to 0.5.8 sglang:cached_tokens_total has no cache_source label: 10 requests x 400."""
     text = load_fixture(f"scrapes/{fixture}")
@@ -169,7 +174,7 @@ def test_dcgm_blank_values_are_dropped_and_counted(load_fixture, blank):
     text = load_fixture("scrapes/dcgm-exporter-4.5.3-constructed-2gpu.txt")
     line = next(ln for ln in text.splitlines() if ln.startswith("DCGM_FI_DEV_MEMORY_TEMP{") and 'gpu="1"' in ln)
     blanked = text.replace(line, line.rsplit(" ", 1)[0] + " " + blank)
-    whole, first, later = both_paths(text, "dcgm", blanked)   # the second scrape blanks one field
+    whole, first, later = both_paths(text, "dcgm", blanked)  # the second scrape blanks one field
     assert len(values(first, "gpu_memory_temperature_celsius")) == 2
     assert values(later, "gpu_memory_temperature_celsius", gpu="1") == []
     assert len(values(later, "gpu_memory_temperature_celsius")) == 1
@@ -180,14 +185,15 @@ def test_dcgm_blank_values_are_dropped_and_counted(load_fixture, blank):
 def test_catalog_rejects_a_fallback_with_nothing_to_prefer_and_a_part_on_a_gauge():
     from kvscope.agent.signals import CatalogError, parse_catalog
 
-    head = "dialects:\n  x: {prefixes: [\"x:\"], detect: [\"x:\"], labels: {}}\nsignals:\n"
+    head = 'dialects:\n  x: {prefixes: ["x:"], detect: ["x:"], labels: {}}\nsignals:\n'
     with pytest.raises(CatalogError, match="fallback but x has no other alias"):
-        parse_catalog(head + "  a_total:\n    kind: counter\n    aliases:\n"
-                             "      - {engine: x, name: \"x:old\", fallback: true}\n")
+        parse_catalog(
+            head + '  a_total:\n    kind: counter\n    aliases:\n      - {engine: x, name: "x:old", fallback: true}\n'
+        )
     with pytest.raises(CatalogError, match="part reads a histogram's _sum as a counter"):
-        parse_catalog(head + "  a_ratio:\n    kind: gauge\n    aliases:\n      - {engine: x, name: \"x:h\", part: sum}\n")
+        parse_catalog(head + '  a_ratio:\n    kind: gauge\n    aliases:\n      - {engine: x, name: "x:h", part: sum}\n')
     with pytest.raises(CatalogError, match="sentinels must be numbers"):
-        parse_catalog("dialects:\n  x: {prefixes: [\"x:\"], detect: [\"x:\"], sentinels: [blank]}\n")
+        parse_catalog('dialects:\n  x: {prefixes: ["x:"], detect: ["x:"], sentinels: [blank]}\n')
 
 
 def test_renamed_alerts_pair_each_current_name_with_its_fallback_names():

@@ -50,9 +50,9 @@ def test_parse_exposition_handles_escapes_and_special_values():
 def test_parse_exposition_skips_bad_lines_and_keeps_the_rest():
     text = (
         "good 1\n"
-        'bad{a="1" 2\n'          # unterminated label body
+        'bad{a="1" 2\n'  # unterminated label body
         "bad_value abc\n"
-        '{a="1"} 3\n'            # no name
+        '{a="1"} 3\n'  # no name
         'dup{a="1"} 1\n'
         'dup{a="1"} 2\n'
         'dup2{a="1",a="2"} 2\n'  # repeated label name
@@ -62,8 +62,14 @@ def test_parse_exposition_skips_bad_lines_and_keeps_the_rest():
     expo = parse_exposition(text)
     assert [s.name for s in expo.samples] == ["good", "dup", "after"]
     reasons = sorted(i.reason for i in expo.issues)
-    assert reasons == ["bad_type", "bad_value", "duplicate_series", "malformed_labels",
-                       "malformed_labels", "malformed_line"]
+    assert reasons == [
+        "bad_type",
+        "bad_value",
+        "duplicate_series",
+        "malformed_labels",
+        "malformed_labels",
+        "malformed_line",
+    ]
 
 
 def test_truncated_text_payload_drops_the_cut_line():
@@ -130,7 +136,7 @@ def test_a_pathological_label_body_parses_in_linear_time():
         took[size] = (time.perf_counter() - start) / 20
         assert [i.reason for i in expo.issues] == ["malformed_labels"]
     assert took[50_000] < 0.1
-    assert took[50_000] < 16 * took[12_500] + 0.002   # linear: ~4x; quadratic would be 16x
+    assert took[50_000] < 16 * took[12_500] + 0.002  # linear: ~4x; quadratic would be 16x
 
 
 def test_a_100kb_line_and_a_100kb_body_of_bad_lines_are_bounded():
@@ -158,7 +164,7 @@ def test_timestamps_are_integer_ms_in_text_and_seconds_in_openmetrics():
     text = parse_exposition("m 1 2.72\nm 2 1700000000123\n")
     assert [i.reason for i in text.issues] == ["bad_timestamp"]
     assert text.samples == [RawSample("m", (), 2.0, 1_700_000_000.123)]
-    huge = parse_exposition("m 1 " + "9" * 400 + "\nm 2 " + "9" * 5000 + "\n")   # fuzz: OverflowError before
+    huge = parse_exposition("m 1 " + "9" * 400 + "\nm 2 " + "9" * 5000 + "\n")  # fuzz: OverflowError before
     assert [i.reason for i in huge.issues] == ["bad_timestamp"] * 2
     om = parse_exposition("m 1 2.72\n# EOF\n")
     assert om.issues == [] and om.samples[0].timestamp == 2.72
@@ -171,13 +177,17 @@ def test_valid_lines_the_old_parser_dropped_are_read():
         'glued{a="1"}-Inf\n'
         '{"my.metric",a="b"} 3\n'
         'my_metric{"label.with.dots"="v"} 4\n'
-        '\t# TYPE x gauge\n'
+        "\t# TYPE x gauge\n"
     )
     expo = parse_exposition(text)
     assert expo.issues == []
     assert [(s.name, s.labels, s.value) for s in expo.samples] == [
-        ("indented", (("a", "1"),), 1.0), ("spaced", (("a", "1"),), 2.0), ("glued", (("a", "1"),), -math.inf),
-        ("my.metric", (("a", "b"),), 3.0), ("my_metric", (("label.with.dots", "v"),), 4.0)]
+        ("indented", (("a", "1"),), 1.0),
+        ("spaced", (("a", "1"),), 2.0),
+        ("glued", (("a", "1"),), -math.inf),
+        ("my.metric", (("a", "b"),), 3.0),
+        ("my_metric", (("label.with.dots", "v"),), 4.0),
+    ]
     assert expo.types == {"x": "gauge"}
 
 
@@ -191,18 +201,21 @@ def test_hard_bounds_per_line():
 
 def test_limits_stop_the_parse_with_their_reason():
     body = "".join(f'm{{a="{i}",b="x"}} 1\n' for i in range(10))
-    for limits, reason in ((Limits(sample_limit=5), "sample_limit_exceeded"),
-                           (Limits(label_limit=1), "label_limit_exceeded"),
-                           (Limits(label_name_length_limit=0, label_value_length_limit=0), None),
-                           (Limits(label_value_length_limit=1, sample_limit=100), None),
-                           (Limits(label_name_length_limit=1), None)):
+    for limits, reason in (
+        (Limits(sample_limit=5), "sample_limit_exceeded"),
+        (Limits(label_limit=1), "label_limit_exceeded"),
+        (Limits(label_name_length_limit=0, label_value_length_limit=0), None),
+        (Limits(label_value_length_limit=1, sample_limit=100), None),
+        (Limits(label_name_length_limit=1), None),
+    ):
         expo = parse_exposition(body, limits=limits)
         assert [i.reason for i in expo.issues] == ([reason] if reason else []), limits
     long = parse_exposition('m{abc="long"} 1\n', limits=Limits(label_name_length_limit=2, label_value_length_limit=3))
     assert [i.reason for i in long.issues] == ["label_name_length_limit_exceeded"]
-    assert [i.reason for i in parse_exposition('m{a="long"} 1\n', limits=Limits(label_value_length_limit=3)).issues] \
-        == ["label_value_length_limit_exceeded"]
-    assert len(parse_exposition(body, limits=Limits(sample_limit=5)).samples) == 6   # stopped at the first over
+    assert [
+        i.reason for i in parse_exposition('m{a="long"} 1\n', limits=Limits(label_value_length_limit=3)).issues
+    ] == ["label_value_length_limit_exceeded"]
+    assert len(parse_exposition(body, limits=Limits(sample_limit=5)).samples) == 6  # stopped at the first over
 
 
 def test_a_parse_past_its_deadline_stops_with_a_reason():

@@ -22,8 +22,14 @@ def _usage():
         "a": TenantUsage("a", requests=400, prompt_tokens=400_000, cached_tokens=360_000, reusable_tokens=370_000),
         "b": TenantUsage("b", requests=300, prompt_tokens=300_000, cached_tokens=270_000, reusable_tokens=275_000),
         "c": TenantUsage("c", requests=200, prompt_tokens=200_000, cached_tokens=176_000, reusable_tokens=180_000),
-        "tail": TenantUsage("tail", requests=20, prompt_tokens=20_000, cached_tokens=1_000, reusable_tokens=15_000,
-                            ttft_s=[0.4] * 10 + [0.9] * 10),
+        "tail": TenantUsage(
+            "tail",
+            requests=20,
+            prompt_tokens=20_000,
+            cached_tokens=1_000,
+            reusable_tokens=15_000,
+            ttft_s=[0.4] * 10 + [0.9] * 10,
+        ),
     }
 
 
@@ -77,12 +83,17 @@ def test_histogram_quantile_interpolates_like_promql():
 def test_parse_tenant_usage_reads_kvscope_series_then_sglang_tenant_labels():
     def s(name, tenant, v, **extra):
         return Sample(name, make_labels({"tenant": tenant, "instance": "i", **extra}), v, 1.0)
+
     samples = [
-        s("tenant_requests_total", "a", 10), s("tenant_prompt_tokens_total", "a", 1000),
-        s("tenant_cached_tokens_total", "a", 600), s("tenant_reusable_tokens_total", "a", 800),
-        s("tenant_ttft_seconds_bucket", "a", 4, le="0.1"), s("tenant_ttft_seconds_bucket", "a", 10, le="+Inf"),
+        s("tenant_requests_total", "a", 10),
+        s("tenant_prompt_tokens_total", "a", 1000),
+        s("tenant_cached_tokens_total", "a", 600),
+        s("tenant_reusable_tokens_total", "a", 800),
+        s("tenant_ttft_seconds_bucket", "a", 4, le="0.1"),
+        s("tenant_ttft_seconds_bucket", "a", 10, le="+Inf"),
         # an SGLang engine started with --tokenizer-metrics-allowed-custom-labels tenant
-        s("engine_requests_finished_total", "b", 7), s("engine_prompt_tokens_total", "b", 700),
+        s("engine_requests_finished_total", "b", 7),
+        s("engine_prompt_tokens_total", "b", 700),
         s("engine_prefix_cache_hits_tokens_total", "b", 70),
         s("engine_prompt_tokens_total", "b", 300, instance="j"),
         Sample("engine_prompt_tokens_total", make_labels({"instance": "i"}), 5.0, 1.0),  # no tenant: ignored
@@ -95,7 +106,9 @@ def test_parse_tenant_usage_reads_kvscope_series_then_sglang_tenant_labels():
 
 
 def test_window_usage_from_two_snapshots():
-    before = TenantUsage("a", requests=10, prompt_tokens=1000, cached_tokens=500, ttft_buckets=[(0.1, 4), (math.inf, 10)])
+    before = TenantUsage(
+        "a", requests=10, prompt_tokens=1000, cached_tokens=500, ttft_buckets=[(0.1, 4), (math.inf, 10)]
+    )
     now = TenantUsage("a", requests=15, prompt_tokens=1600, cached_tokens=900, ttft_buckets=[(0.1, 5), (math.inf, 15)])
     w = now.minus(before)
     assert (w.requests, w.prompt_tokens, w.cached_tokens, w.reusable_tokens) == (5, 600, 400, None)

@@ -22,14 +22,38 @@ from testbed.fleetgen.families import (
 )
 from testbed.fleetgen.sim import SCENARIOS, generate
 
-CAL = {"ttft_vs_queue": {"idle_ttft_s": 0.05, "ratio_per_waiting_request": 0.4, "intercept": 1.0},
-       "preemption": {"onset_kv_usage": 0.95},
-       "routing_2_replicas": {"round-robin": 0.4, "sticky": 0.8, "rr_over_sticky": 0.5},
-       "cold_start": {"warm_hit_rate": 0.8, "seconds_to_90pct_of_warm": 10, "requests_per_prefix_to_90pct": 2.0}}
+CAL = {
+    "ttft_vs_queue": {"idle_ttft_s": 0.05, "ratio_per_waiting_request": 0.4, "intercept": 1.0},
+    "preemption": {"onset_kv_usage": 0.95},
+    "routing_2_replicas": {"round-robin": 0.4, "sticky": 0.8, "rr_over_sticky": 0.5},
+    "cold_start": {"warm_hit_rate": 0.8, "seconds_to_90pct_of_warm": 10, "requests_per_prefix_to_90pct": 2.0},
+}
 
 # vLLM 0.33 time_to_first_token bucket family, as listed in the engine-metrics reference
-VLLM_TTFT_BOUNDS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5,
-                    10, 20, 40, 80, 160, 640, 2560]
+VLLM_TTFT_BOUNDS = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1,
+    2.5,
+    5,
+    7.5,
+    10,
+    20,
+    40,
+    80,
+    160,
+    640,
+    2560,
+]
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +92,13 @@ def test_vllm_render_is_a_valid_vllm_exposition_with_real_buckets():
     assert expo.issues == []
     assert detect_engine(expo) == "vllm"
     norm = normalize(expo, "vllm", {"job": "vllm", "instance": "r0"})
-    les = sorted({float(dict(x.labels)["le"]) for x in norm.samples
-                  if x.name == "request_ttft_seconds_bucket" and dict(x.labels)["le"] != "+Inf"})
+    les = sorted(
+        {
+            float(dict(x.labels)["le"])
+            for x in norm.samples
+            if x.name == "request_ttft_seconds_bucket" and dict(x.labels)["le"] != "+Inf"
+        }
+    )
     assert les == VLLM_TTFT_BOUNDS
     vals = {x.name: x.value for x in norm.samples if not x.name.startswith("request_")}
     assert vals["engine_prefix_cache_hits_tokens_total"] == 400.0
@@ -116,10 +145,10 @@ def test_dcgm_trap_reports_busy_util_but_idle_engines(fleet):
         if s.name == "gpu_utilization_ratio":
             nodes.add(dict(s.labels).get("node"))
     mean = {k: sum(v) / len(v) for k, v in by.items()}
-    assert mean["gpu_utilization_ratio"] > 0.85          # DCGM_FI_DEV_GPU_UTIL (%) scaled to a ratio
+    assert mean["gpu_utilization_ratio"] > 0.85  # DCGM_FI_DEV_GPU_UTIL (%) scaled to a ratio
     assert mean["gpu_graphics_engine_active_ratio"] < 0.3
     assert mean["engine_requests_waiting"] == 0
-    assert nodes == {"node-0", "node-1"}                   # dcgm `Hostname` -> canonical node
+    assert nodes == {"node-0", "node-1"}  # dcgm `Hostname` -> canonical node
     assert len(by["gpu_utilization_ratio"]) == 8 * 60
 
 
@@ -131,8 +160,9 @@ def test_pd_transfer_time_rises_while_decode_itl_stays_flat(fleet):
         s = _counter_delta(rep.samples, "kv_transfer_seconds_sum", t0, t1, "instance")["prefill-0"]
         c = _counter_delta(rep.samples, "kv_transfer_seconds_count", t0, t1, "instance")["prefill-0"]
         return s / c
+
     normal, rising = mean_transfer(*ph["normal"]), mean_transfer(*ph["transfer-rising"])
-    assert 0.01 < normal < 0.05          # ms histogram scaled to seconds by the catalog
+    assert 0.01 < normal < 0.05  # ms histogram scaled to seconds by the catalog
     assert rising > 8 * normal
     roles = {dict(s.labels).get("role") for s in rep.samples if s.name == "engine_requests_running"}
     assert roles == {"prefill", "decode"}
@@ -165,11 +195,15 @@ def test_scale_out_with_hash_mod_collapses_every_replica_then_refills(fleet):
     hits = _counter_delta(rep.samples, "engine_prefix_cache_hits_tokens_total", t_grow, t_grow + 20, "instance")
     queries = _counter_delta(rep.samples, "engine_prefix_cache_queries_tokens_total", t_grow, t_grow + 20, "instance")
     early = {i: hits[i] / queries[i] for i in queries if queries[i]}
-    assert len(early) == 9 and max(early.values()) < 0.4          # collapse everywhere at once (warm 0.8)
+    assert len(early) == 9 and max(early.values()) < 0.4  # collapse everywhere at once (warm 0.8)
     late_t0 = ph["scaled-to-9"][1] - 60
-    hits = _counter_delta(rep.samples, "engine_prefix_cache_hits_tokens_total", late_t0, ph["scaled-to-9"][1], "instance")
-    queries = _counter_delta(rep.samples, "engine_prefix_cache_queries_tokens_total", late_t0, ph["scaled-to-9"][1], "instance")
-    assert min(hits[i] / queries[i] for i in queries) > 0.7        # refilled after the cold-start time
+    hits = _counter_delta(
+        rep.samples, "engine_prefix_cache_hits_tokens_total", late_t0, ph["scaled-to-9"][1], "instance"
+    )
+    queries = _counter_delta(
+        rep.samples, "engine_prefix_cache_queries_tokens_total", late_t0, ph["scaled-to-9"][1], "instance"
+    )
+    assert min(hits[i] / queries[i] for i in queries) > 0.7  # refilled after the cold-start time
 
 
 def test_hicache_host_tier_serves_hits_and_stalls_the_itl_tail(fleet):
@@ -186,12 +220,17 @@ def test_hicache_host_tier_serves_hits_and_stalls_the_itl_tail(fleet):
         d = {le: last[le] - first[le] for le in last}
         under = max(v for le, v in d.items() if le != "+Inf" and float(le) <= bound)
         return 1 - under / d["+Inf"]
+
     host = _counter_delta(rep.samples, "engine_kv_offload_loaded_tokens_total", *ph["host-tier-in-use"], "instance")
     assert host["sglang-0"] > 0
-    assert _counter_delta(rep.samples, "engine_kv_offload_loaded_tokens_total", *ph["fits-on-device"],
-                          "instance")["sglang-0"] == 0
-    assert itl_share_over(*ph["fits-on-device"], 0.1) < 0.005     # p99 ITL under 100 ms
-    assert itl_share_over(*ph["host-tier-in-use"], 0.1) > 0.015    # >1.5 % of tokens stall: p99 above 100 ms
+    assert (
+        _counter_delta(rep.samples, "engine_kv_offload_loaded_tokens_total", *ph["fits-on-device"], "instance")[
+            "sglang-0"
+        ]
+        == 0
+    )
+    assert itl_share_over(*ph["fits-on-device"], 0.1) < 0.005  # p99 ITL under 100 ms
+    assert itl_share_over(*ph["host-tier-in-use"], 0.1) > 0.015  # >1.5 % of tokens stall: p99 above 100 ms
     used = [s.value for s in rep.samples if s.name == "engine_kv_host_used_tokens"]
     assert max(used) > 10 * min(used)
 
@@ -200,15 +239,17 @@ def test_large_batches_of_observations_keep_count_and_mean():
     import random as _r
 
     from testbed.fleetgen.sim import _observe_lognormal
+
     h = Histogram((0.01, 0.02, 0.05, 0.1))
     _observe_lognormal(_r.Random(0), h, 0.02, 10_000, 0.15)
     assert h.count == 10_000 and h.total / h.count == pytest.approx(0.02)
-    assert h.counts[1] > h.counts[0] and h.counts[1] > h.counts[2]    # mass around the mean
+    assert h.counts[1] > h.counts[0] and h.counts[1] > h.counts[2]  # mass around the mean
 
 
 def test_blind_set_is_reproducible_and_speaks_the_real_dialects(tmp_path):
     from testbed.fleetgen.families import vllm_request_token_bounds
     from testbed.fleetgen.sim import blind_scenarios
+
     assert vllm_request_token_bounds(8192) == (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
     for name in ("blind-vllm-kv-too-small", "blind-sglang-queue-overload"):
         a, b = tmp_path / "a", tmp_path / "b"
@@ -216,7 +257,9 @@ def test_blind_set_is_reproducible_and_speaks_the_real_dialects(tmp_path):
         b.mkdir(exist_ok=True)
         generate(name, a, CAL)
         generate(name, b, CAL)
-        assert gzip.decompress((a / f"{name}.om.gz").read_bytes()) == gzip.decompress((b / f"{name}.om.gz").read_bytes())
+        assert gzip.decompress((a / f"{name}.om.gz").read_bytes()) == gzip.decompress(
+            (b / f"{name}.om.gz").read_bytes()
+        )
         rep = replay_recording(a / f"{name}.om.gz")
         engine = "vllm" if "vllm" in name else "sglang"
         assert set(rep.engines.values()) == {engine}
@@ -224,7 +267,11 @@ def test_blind_set_is_reproducible_and_speaks_the_real_dialects(tmp_path):
         assert {"request_prompt_tokens_bucket", "request_generation_tokens_bucket"} <= names
         meta = yaml.safe_load((a / f"{name}.yaml").read_text())
         assert meta["source"].startswith("synthetic") and meta["must_not"]
-        intervals = {round(t1 - t0) for t0, t1 in zip(sorted({s.timestamp for s in rep.samples}),
-                                                      sorted({s.timestamp for s in rep.samples})[1:], strict=False)}
-        assert intervals == {30}                              # production-like scrape interval
+        intervals = {
+            round(t1 - t0)
+            for t0, t1 in zip(
+                sorted({s.timestamp for s in rep.samples}), sorted({s.timestamp for s in rep.samples})[1:], strict=False
+            )
+        }
+        assert intervals == {30}  # production-like scrape interval
     assert len(blind_scenarios()) == 11

@@ -26,16 +26,15 @@ def _bad(data: bytes) -> object:
     if b"{{{" in data:
         raise ValueError("a crash the runner must count")
     if b"}}}}}}}}" in data:
-        time.sleep(30)      # a hang: killed past 2 x time bound + 1 s
+        time.sleep(30)  # a hang: killed past 2 x time bound + 1 s
     if b"====" in data:
-        return bytearray(2 << 30)   # over the memory bound
+        return bytearray(2 << 30)  # over the memory bound
     return None
 
 
 @pytest.fixture
 def runner(monkeypatch, tmp_path):
-    targets = {"bad": (_bad, lambda: [b'm{a="1"} 1\n'], [b"{", b"}", b"="]),
-               "clean": (len, lambda: [b"x 1\n"], [])}
+    targets = {"bad": (_bad, lambda: [b'm{a="1"} 1\n'], [b"{", b"}", b"="]), "clean": (len, lambda: [b"x 1\n"], [])}
     monkeypatch.setattr(fuzz, "load_targets", lambda: targets)
     monkeypatch.setattr(fuzz, "ARTIFACTS", tmp_path)
     return tmp_path

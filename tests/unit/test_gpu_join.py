@@ -51,15 +51,20 @@ def _engine_samples(load_fixture, instance, pod, container="vllm"):
 
 
 def test_kubernetes_mode_joins_on_pod_namespace_and_container(load_fixture):
-    samples = [*_dcgm_samples(), *_engine_samples(load_fixture, "10.0.0.5:8000", "llama-0"),
-               *_engine_samples(load_fixture, "10.0.0.6:8000", "qwen-0", container="sglang")]
+    samples = [
+        *_dcgm_samples(),
+        *_engine_samples(load_fixture, "10.0.0.5:8000", "llama-0"),
+        *_engine_samples(load_fixture, "10.0.0.6:8000", "qwen-0", container="sglang"),
+    ]
     found = join_engines_to_gpus(samples)
     assert {(a.instance, a.device.gpu_uuid, a.device.mig_instance, a.join) for a in found} == {
-        ("10.0.0.5:8000", UUID0, None, "kubernetes"), ("10.0.0.5:8000", UUID1, None, "kubernetes"),
-        ("10.0.0.6:8000", UUID2, "1", "kubernetes")}
+        ("10.0.0.5:8000", UUID0, None, "kubernetes"),
+        ("10.0.0.5:8000", UUID1, None, "kubernetes"),
+        ("10.0.0.6:8000", UUID2, "1", "kubernetes"),
+    }
     assert gpu_map(found) == {"10.0.0.5:8000": {UUID0, UUID1}, "10.0.0.6:8000": {UUID2 + "/1"}}
     mem = {(s.label("instance"), s.label("gpu")): s for s in render_engine_gpu_samples(found, 100.0)}
-    assert mem[("10.0.0.5:8000", "0")].value == 75000 * 1048576          # the GPU's used memory
+    assert mem[("10.0.0.5:8000", "0")].value == 75000 * 1048576  # the GPU's used memory
     assert mem[("10.0.0.6:8000", "2")].label("mig_instance") == "1"
     assert mem[("10.0.0.5:8000", "0")].label("node") == "node-a"
 
@@ -76,21 +81,29 @@ def test_engine_without_pod_labels_is_not_joined_by_kubernetes(load_fixture):
 
 
 def _host_process(pid, instance, node="vm"):
-    return Sample("engine_process_resident_memory_bytes",
-                  make_labels({"pid": str(pid), "process": "VLLM::EngineCor", "instance": instance, "node": node}),
-                  2e9, 100.0)
+    return Sample(
+        "engine_process_resident_memory_bytes",
+        make_labels({"pid": str(pid), "process": "VLLM::EngineCor", "instance": instance, "node": node}),
+        2e9,
+        100.0,
+    )
 
 
 def test_nvml_pid_joins_local_engine_processes(load_fixture):
     fake = FakeNvml(json.loads(load_fixture("nvml/h100-2gpu.json")))
     gpu = asyncio.run(NvmlCollector(nvml=fake, config=None).collect()).samples
     node = gpu[0].label("node")
-    samples = [*gpu, _host_process(4242, "127.0.0.1:8000", node), _host_process(7002, "127.0.0.1:8001", node),
-               _host_process(7001, "127.0.0.1:8001", "another-node")]    # same pid elsewhere: no match
+    samples = [
+        *gpu,
+        _host_process(4242, "127.0.0.1:8000", node),
+        _host_process(7002, "127.0.0.1:8001", node),
+        _host_process(7001, "127.0.0.1:8001", "another-node"),
+    ]  # same pid elsewhere: no match
     found = join_engines_to_gpus(samples)
     assert {(a.instance, a.device.gpu, a.device.mig_instance, a.join, a.memory_bytes) for a in found} == {
         ("127.0.0.1:8000", "0", None, "pid", 77309411328.0),
-        ("127.0.0.1:8001", "1", "2", "pid", 20401094656.0)}
+        ("127.0.0.1:8001", "1", "2", "pid", 20401094656.0),
+    }
 
 
 def test_configured_mapping_wins_and_accepts_uuid_or_index(load_fixture):
@@ -100,7 +113,7 @@ def test_configured_mapping_wins_and_accepts_uuid_or_index(load_fixture):
     samples = [*gpu, _host_process(4242, "127.0.0.1:8000", node)]
     found = join_engines_to_gpus(samples, {UUID0: "127.0.0.1:8000", "1": ["127.0.0.1:8002", "127.0.0.1:8003"]})
     by = {(a.instance, a.device.gpu): a for a in found}
-    assert len(found) == 3                                  # the pid join of GPU 0 is not repeated
+    assert len(found) == 3  # the pid join of GPU 0 is not repeated
     assert by[("127.0.0.1:8000", "0")].join == "config"
     assert by[("127.0.0.1:8002", "1")].device.gpu_uuid == UUID1
     assert by[("127.0.0.1:8003", "1")].memory_bytes == 44660949000.0
@@ -109,7 +122,7 @@ def test_configured_mapping_wins_and_accepts_uuid_or_index(load_fixture):
 def test_mapping_to_an_unseen_gpu_is_kept_as_configured():
     (a,) = join_engines_to_gpus([], {"GPU-not-here": "e:1"})
     assert a.device.gpu_uuid == "GPU-not-here" and a.memory_bytes is None
-    assert render_engine_gpu_samples([a]) == []              # memory unknown: absent, not 0
+    assert render_engine_gpu_samples([a]) == []  # memory unknown: absent, not 0
 
 
 @pytest.mark.parametrize("bad", [["GPU-1"], {"0": ""}, {"0": 5}, {"0": []}])

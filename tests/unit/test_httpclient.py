@@ -40,7 +40,7 @@ async def serve(answer: Callable[[int], bytes | None], close_after: bool = False
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
-        finally:   # also when asyncio.run cancels this handler at the end of a test
+        finally:  # also when asyncio.run cancels this handler at the end of a test
             writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
@@ -48,8 +48,13 @@ async def serve(answer: Callable[[int], bytes | None], close_after: bool = False
     return server, f"http://127.0.0.1:{port}/metrics", state
 
 
-def fetch(answer: Callable[[int], bytes | None], times: int = 1, max_bytes: int = 1 << 20, close_after: bool = False,
-          between: float = 0.0):
+def fetch(
+    answer: Callable[[int], bytes | None],
+    times: int = 1,
+    max_bytes: int = 1 << 20,
+    close_after: bool = False,
+    between: float = 0.0,
+):
     async def main():
         server, url, state = await serve(answer, close_after)
         try:
@@ -96,7 +101,9 @@ def test_a_body_delimited_by_the_end_of_the_connection():
 
 def test_a_chunked_body():
     chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nvllm:\r\n%x\r\n%s\r\n0\r\n\r\n" % (
-        len(BODY) - 5, BODY[5:])
+        len(BODY) - 5,
+        BODY[5:],
+    )
     replies, state = fetch(lambda n: chunked, times=2)
     assert [r.body for r in replies] == [BODY, BODY] and state["connections"] == 1
 
@@ -112,26 +119,37 @@ def test_the_cap_counts_inflated_bytes_and_a_declared_length():
     bomb = gzip.compress(b"a 1\n" * 250_000)
     assert reason(lambda n: ok(bomb, b"Content-Encoding: gzip\r\n"), max_bytes=100_000) == "body_too_large"
     assert reason(lambda n: ok(b"a 1\n" * 1000), max_bytes=1000) == "body_too_large"
-    replies, _ = fetch(lambda n: ok(b"a 1\n" * 250), max_bytes=1000)   # exactly the cap is fine
+    replies, _ = fetch(lambda n: ok(b"a 1\n" * 250), max_bytes=1000)  # exactly the cap is fine
     assert len(replies[0].body) == 1000
 
 
-@pytest.mark.parametrize(("wire", "want"), [
-    (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n", "http_503"),
-    (b"HTTP/1.1 301 Moved\r\nLocation: /x\r\nContent-Length: 0\r\n\r\n", "http_301"),
-    (b"NOT HTTP AT ALL\r\n\r\n", "http_protocol_error"),
-    (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70_000, "http_protocol_error"),   # endless header block
-    (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 3\r\n\r\nabc", "payload_error"),
-    (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 5\r\n\r\nabcde", "payload_error"),
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", "payload_error"),   # then the server closes
-    (None, "server_disconnected"),                                           # closes without a word
-])
+@pytest.mark.parametrize(
+    ("wire", "want"),
+    [
+        (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n", "http_503"),
+        (b"HTTP/1.1 301 Moved\r\nLocation: /x\r\nContent-Length: 0\r\n\r\n", "http_301"),
+        (b"NOT HTTP AT ALL\r\n\r\n", "http_protocol_error"),
+        (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70_000, "http_protocol_error"),  # endless header block
+        (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 3\r\n\r\nabc", "payload_error"),
+        (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 5\r\n\r\nabcde", "payload_error"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", "payload_error"),  # then the server closes
+        (None, "server_disconnected"),  # closes without a word
+    ],
+)
 def test_failures_have_their_reason(wire, want):
     assert reason(lambda n: wire, close_after=True) == want
 
 
-@pytest.mark.parametrize("url", ["ftp://127.0.0.1/metrics", "http://[::1/metrics", "http:///metrics",
-                                 "http://127.0.0.1:99999/metrics", "http://127.0.0.1/m x"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://127.0.0.1/metrics",
+        "http://[::1/metrics",
+        "http:///metrics",
+        "http://127.0.0.1:99999/metrics",
+        "http://127.0.0.1/m x",
+    ],
+)
 def test_bad_urls(url):
     async def main():
         async with HttpClient() as client:
@@ -150,7 +168,7 @@ def test_a_timeout_drops_the_connection_and_the_next_get_works():
             await reader.readuntil(b"\r\n\r\n")
             if not gate.is_set():
                 gate.set()
-                await asyncio.sleep(5)          # the first request hangs
+                await asyncio.sleep(5)  # the first request hangs
             else:
                 writer.write(ok())
                 await writer.drain()

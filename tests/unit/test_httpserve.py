@@ -41,7 +41,7 @@ def test_port_zero_reports_the_bound_port_and_stop_releases_it():
         assert port > 0 and site.port == port and site.running
         assert await _get(port) == "hello"
         await site.stop()
-        await site.stop()                       # idempotent
+        await site.stop()  # idempotent
         assert not site.running
         with pytest.raises(aiohttp.ClientConnectionError):
             await _get(port)
@@ -67,7 +67,7 @@ def test_a_taken_port_raises_and_leaves_nothing_running():
 
         site = asyncio.run(run())
     assert not site.running and site.port is None
-    assert events == ["cleanup"]                # the app's cleanup hooks ran on the failed start
+    assert events == ["cleanup"]  # the app's cleanup hooks ran on the failed start
 
 
 def test_otlp_receiver_reports_a_taken_port_on_every_cycle_until_it_binds():

@@ -45,6 +45,7 @@ def test_k2_leads_once_latency_moved(name):
 # ------------------------------------------------------------ recordings without the counter
 def _drop_preemption_counters(rec, meta):
     from dataclasses import replace
+
     keep = lambda name: "preemption" not in name and "retract" not in name  # noqa: E731
     return replace(rec, scrapes=[replace(sc, samples=[x for x in sc.samples if keep(x.name)]) for sc in rec.scrapes])
 
@@ -63,16 +64,18 @@ def test_kv_pressure_recordings_without_a_preemption_counter_still_name_kv_press
 
     library = Path(__file__).resolve().parents[1] / "recordings"
     meta = yaml.safe_load((library / f"{scenario}.yaml").read_text())
-    variant = Variant("no_preemption_counter", "preemption counters removed", _drop_preemption_counters,
-                      keeps_spans=False)
+    variant = Variant(
+        "no_preemption_counter", "preemption counters removed", _drop_preemption_counters, keeps_spans=False
+    )
     out = write_variant(library / meta["recording"], variant, meta, tmp_path / scenario, None)
     source = RecordingSource(out)
     rules = read_rules()
     frame = source.read_frame(set().union(*(sample_names(r) for r in rules)), None, None, source.natural_step())
     assert "engine_preemptions_total" not in frame.names()
     d = diagnose(frame, rules, source=str(out))
-    assert d.likely_cause is not None and d.likely_cause.levers_md in ("K1", "K2"), \
-        [(f.levers_md, f.rule_id) for f in d.findings]
+    assert d.likely_cause is not None and d.likely_cause.levers_md in ("K1", "K2"), [
+        (f.levers_md, f.rule_id) for f in d.findings
+    ]
     k1 = [f for f in d.findings if f.rule_id == "kv_pressure_preemption"]
     assert k1 and all(f.confidence == "moderate" for f in k1)
     assert "queue_growing" not in {f.rule_id for f in d.findings}

@@ -22,9 +22,16 @@ H1, H2, H3 = 9639650443363922608, 10089782939432059628, 17415555505625026712
 
 
 def stored(*hashes, session=None):
-    ev = {"type": "BlockStored", "block_hashes": list(hashes), "parent_block_hash": None,
-          "token_ids": list(range(32 * len(hashes))), "block_size": 32, "medium": "GPU", "group_idx": 0,
-          "kv_cache_spec_kind": "full_attention"}
+    ev = {
+        "type": "BlockStored",
+        "block_hashes": list(hashes),
+        "parent_block_hash": None,
+        "token_ids": list(range(32 * len(hashes))),
+        "block_size": 32,
+        "medium": "GPU",
+        "group_idx": 0,
+        "kv_cache_spec_kind": "full_attention",
+    }
     if session:
         ev["session_id"] = session
     return ev
@@ -39,11 +46,12 @@ def batch(ts, *events, dp=0):
 
 
 def test_parse_map_encoded_batch_like_vllm_0_32():
-    evs = parse_kv_batch(batch(1795324915.58, stored(H1, H2), removed(H3), {"type": "AllBlocksCleared"},
-                               {"type": "SomethingNew"}))
+    evs = parse_kv_batch(
+        batch(1795324915.58, stored(H1, H2), removed(H3), {"type": "AllBlocksCleared"}, {"type": "SomethingNew"})
+    )
     assert [e.kind for e in evs] == ["stored", "removed", "cleared"]
     assert evs[0].block_hashes == (H1, H2) and evs[0].medium == "GPU" and evs[0].dp_rank == 0
-    assert not hasattr(evs[0], "token_ids")                      # token ids are never kept
+    assert not hasattr(evs[0], "token_ids")  # token ids are never kept
 
 
 def test_parse_array_encoded_events_and_missing_dp_rank():
@@ -71,13 +79,13 @@ def _values(tracker):
 def test_residency_churn_and_hot_evictions():
     t = ResidencyTracker("e0:8000", churn_window_s=60, hot_min_uses=2)
     t.apply(parse_kv_batch(batch(100.0, stored(H1, H2))))
-    t.apply(parse_kv_batch(batch(104.0, removed(H1))))           # resident 4 s
-    t.apply(parse_kv_batch(batch(105.0, stored(H1, session="s1"))))   # recomputed (1 use)
+    t.apply(parse_kv_batch(batch(104.0, removed(H1))))  # resident 4 s
+    t.apply(parse_kv_batch(batch(105.0, stored(H1, session="s1"))))  # recomputed (1 use)
     t.apply(parse_kv_batch(batch(106.0, removed(H1))))
-    t.apply(parse_kv_batch(batch(107.0, stored(H1, session="s1"))))   # recomputed again (2 uses)
-    t.apply(parse_kv_batch(batch(108.0, removed(H1))))           # a hot block evicted: LRU failure
-    t.apply(parse_kv_batch(batch(500.0, stored(H1))))            # outside the churn window: not churn
-    t.apply(parse_kv_batch(batch(501.0, removed(H3))))           # never seen stored: unknown
+    t.apply(parse_kv_batch(batch(107.0, stored(H1, session="s1"))))  # recomputed again (2 uses)
+    t.apply(parse_kv_batch(batch(108.0, removed(H1))))  # a hot block evicted: LRU failure
+    t.apply(parse_kv_batch(batch(500.0, stored(H1))))  # outside the churn window: not churn
+    t.apply(parse_kv_batch(batch(501.0, removed(H3))))  # never seen stored: unknown
     v = _values(t)
     assert v[("kv_blocks_stored_total", None)] == 5
     assert v[("kv_blocks_removed_total", None)] == 4
@@ -117,7 +125,7 @@ def test_subscriber_over_ipc_counts_events_gaps_and_bad_messages(tmp_path):
         sub = KvEventSubscriber(KvEventSource(endpoint, "e0:8000", "kv"), context=ctx)
         await sub.start()
         try:
-            for _ in range(500):                                  # slow joiner: wait until connected
+            for _ in range(500):  # slow joiner: wait until connected
                 await pub.send_multipart([b"kv", (0).to_bytes(8, "big"), batch(1.0, stored(H1))])
                 await asyncio.sleep(0.02)
                 if sub.stats["batches"]:
@@ -126,7 +134,7 @@ def test_subscriber_over_ipc_counts_events_gaps_and_bad_messages(tmp_path):
             await pub.send_multipart([b"kv", (base + 3).to_bytes(8, "big"), batch(2.0, removed(H1))])
             await pub.send_multipart([b"kv", (base + 4).to_bytes(8, "big"), b"\xc1garbage"])
             await pub.send_multipart([b"other", (0).to_bytes(8, "big"), batch(3.0, stored(H2))])  # other topic
-            await pub.send_multipart([b"kv", (base + 5).to_bytes(8, "big"), batch(4.0)])           # end marker
+            await pub.send_multipart([b"kv", (base + 5).to_bytes(8, "big"), batch(4.0)])  # end marker
             for _ in range(500):
                 if sub._last_seq == base + 5:
                     break
@@ -154,9 +162,14 @@ def test_subscriber_survives_bad_batches_between_good_ones_and_counts_them(tmp_p
     a bad sequence frame). Every good block is counted; every bad item is counted by reason."""
     endpoint = f"ipc://{tmp_path}/kv.sock"
     bad_utf8 = batch(1.0, stored(H1)).replace(b"GPU", b"G\xffU")
-    list_hash = batch(1.0, stored(H1), {**stored(H2), "block_hashes": [[1, 2], 3]})   # H1 kept, the other not
-    bads = [[b"kv", None, bad_utf8], [b"kv", None, list_hash], [b"kv", None, b"\xc1junk"],
-            [b"kv", b"x", b"y", b"z"], [b"kv", b"\x01", batch(1.0)]]
+    list_hash = batch(1.0, stored(H1), {**stored(H2), "block_hashes": [[1, 2], 3]})  # H1 kept, the other not
+    bads = [
+        [b"kv", None, bad_utf8],
+        [b"kv", None, list_hash],
+        [b"kv", None, b"\xc1junk"],
+        [b"kv", b"x", b"y", b"z"],
+        [b"kv", b"\x01", batch(1.0)],
+    ]
 
     async def main():
         ctx = zmq.asyncio.Context()
@@ -166,7 +179,7 @@ def test_subscriber_survives_bad_batches_between_good_ones_and_counts_them(tmp_p
         await sub.start()
         seq = 0
         try:
-            for _ in range(500):                                  # slow joiner: wait until connected
+            for _ in range(500):  # slow joiner: wait until connected
                 await pub.send_multipart([b"kv", (seq := seq + 1).to_bytes(8, "big"), batch(0.0)])
                 await asyncio.sleep(0.02)
                 if sub.stats["batches"]:
@@ -204,8 +217,8 @@ def test_a_dead_subscriber_loop_shows_in_health(tmp_path):
         coll = _collector(sub)
         up = (await coll.collect()).health[0]
         sub._task.cancel()
-        sub._sock.close(linger=0)                                 # the receive loop's socket fails:
-        sub._task = asyncio.create_task(sub._loop())              # recv raises ZMQError, the loop ends
+        sub._sock.close(linger=0)  # the receive loop's socket fails:
+        sub._task = asyncio.create_task(sub._loop())  # recv raises ZMQError, the loop ends
         await asyncio.sleep(0.1)
         down = (await coll.collect()).health[0]
         await sub.stop()

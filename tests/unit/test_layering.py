@@ -26,11 +26,19 @@ TOP_ALLOWED = {
 
 LAYERS = {
     "agent": {
-        "signals": 0, "ratelog": 0,
-        "config": 1, "metricsets": 1, "tenants": 1, "scrape": 1,
-        "serve": 2, "normalize": 2,
-        "collectors": 3, "logs": 3,
-        "traces": 4, "kvevents": 4, "store": 4,
+        "signals": 0,
+        "ratelog": 0,
+        "config": 1,
+        "metricsets": 1,
+        "tenants": 1,
+        "scrape": 1,
+        "serve": 2,
+        "normalize": 2,
+        "collectors": 3,
+        "logs": 3,
+        "traces": 4,
+        "kvevents": 4,
+        "store": 4,
         "tap": 5,
         "derive": 6,
         "recording": 7,
@@ -38,10 +46,12 @@ LAYERS = {
         "api": 9,
     },
     "diagnoser": {
-        "findings": 0, "sizing": 0,
+        "findings": 0,
+        "sizing": 0,
         "rulebook": 1,
         "promql": 2,
-        "evaluate": 3, "render": 3,
+        "evaluate": 3,
+        "render": 3,
         "sources": 4,
         "pushdown": 5,
         "alertmanager": 6,
@@ -78,8 +88,10 @@ def violations(top: str, unit: str, imported: list[str]) -> list[str]:
         if target not in layers or unit not in layers:
             bad.append(f"{module}: {top}/{unit} or {top}/{target} has no layer in LAYERS (add it)")
         elif layers[target] >= layers[unit]:
-            bad.append(f"{module}: {top}/{unit} (layer {layers[unit]}) may import only lower layers, "
-                       f"not {top}/{target} (layer {layers[target]})")
+            bad.append(
+                f"{module}: {top}/{unit} (layer {layers[unit]}) may import only lower layers, "
+                f"not {top}/{target} (layer {layers[target]})"
+            )
     return bad
 
 

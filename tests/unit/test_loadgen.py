@@ -28,7 +28,8 @@ def test_hash_mod_is_sticky_and_process_independent():
     assert all(r.route(k) == r.route(k) for k in KEYS)
     assert r.route("tenant-7") == stable_hash("tenant-7") % 4
     assert stable_hash("tenant-7") == int.from_bytes(
-        __import__("hashlib").blake2b(b"tenant-7", digest_size=8).digest(), "big")
+        __import__("hashlib").blake2b(b"tenant-7", digest_size=8).digest(), "big"
+    )
 
 
 def test_hash_mod_remaps_most_keys_when_a_replica_is_added():
@@ -68,7 +69,7 @@ def test_power_law_shares_sum_to_one_and_decrease():
     s = power_law_shares(5, 1.5)
     assert abs(sum(s) - 1) < 1e-12
     assert s == sorted(s, reverse=True)
-    assert s[0] / s[1] == pytest.approx(2 ** 1.5)
+    assert s[0] / s[1] == pytest.approx(2**1.5)
 
 
 def test_tenant_sampling_follows_shares():
@@ -112,13 +113,14 @@ def test_multi_turn_sessions_grow_their_prefix():
         assert len(reqs) <= 4
         for prev, nxt in zip(reqs, reqs[1:], strict=False):
             assert nxt.messages[: len(prev.messages)] == prev.messages  # the old turn is a prefix
-            assert [m["role"] for m in nxt.messages[len(prev.messages):]] == ["assistant", "user"]
+            assert [m["role"] for m in nxt.messages[len(prev.messages) :]] == ["assistant", "user"]
 
 
 def test_sampling_is_reproducible_per_seed():
     def draw(seed):
         s = TenantSampler([Tenant("a", turns=3, prompt_words=Dist("lognormal", 20, 0.8)), Tenant("b")], seed=seed)
         return [(r.tenant, r.session, r.turn, r.prompt_words) for r in (s.next_request() for _ in range(50))]
+
     assert draw(7) == draw(7)
     assert draw(7) != draw(8)
 
@@ -157,8 +159,10 @@ async def _fake_openai(request: web.Request) -> web.StreamResponse:
     for _ in range(3):
         await resp.write(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n')
         await asyncio.sleep(0.01)
-    await resp.write(b'data: {"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":3,'
-                     b'"prompt_tokens_details":{"cached_tokens":32}}}\n\ndata: [DONE]\n\n')
+    await resp.write(
+        b'data: {"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":3,'
+        b'"prompt_tokens_details":{"cached_tokens":32}}}\n\ndata: [DONE]\n\n'
+    )
     return resp
 
 
@@ -172,11 +176,11 @@ def test_driver_stops_at_count_and_measures_stream():
         try:
             spec = LoadSpec([Tenant("a", share=3), Tenant("b")], max_requests=20, concurrency=3)
             res = await run_load(spec, [f"http://127.0.0.1:{port}"] * 2, policy="round_robin")
-            bad = await run_load(LoadSpec([Tenant("a")], max_requests=2, duration_s=5),
-                                 ["http://127.0.0.1:1"])
+            bad = await run_load(LoadSpec([Tenant("a")], max_requests=2, duration_s=5), ["http://127.0.0.1:1"])
         finally:
             await site.stop()
         return app[SEEN], res, bad
+
     seen, res, bad = asyncio.run(go())
     assert len(res.records) == len(seen) == 20
     assert {t for t, _ in seen} == {"a", "b"}
@@ -192,17 +196,21 @@ def test_driver_stops_at_duration():
         async def slow(request):
             await asyncio.sleep(0.3)
             return web.json_response({}, status=503)
+
         app = web.Application()
         app.router.add_post("/v1/chat/completions", slow)
         site = HttpSite(app)
         port = await site.start("127.0.0.1", 0)
         try:
-            return await run_load(LoadSpec([Tenant("a")], max_requests=10_000, duration_s=1.0, concurrency=2),
-                                  [f"http://127.0.0.1:{port}"])
+            return await run_load(
+                LoadSpec([Tenant("a")], max_requests=10_000, duration_s=1.0, concurrency=2),
+                [f"http://127.0.0.1:{port}"],
+            )
         finally:
             await site.stop()
+
     res = asyncio.run(go())
-    assert res.wall_s < 3.0            # stops taking requests at 1 s; in-flight ones (0.3 s) finish
+    assert res.wall_s < 3.0  # stops taking requests at 1 s; in-flight ones (0.3 s) finish
     assert 2 <= len(res.records) <= 10  # 2 clients x ~0.3 s per request within the 1 s bound
     assert {r.error for r in res.records} == {"http_503"}
 
@@ -212,9 +220,10 @@ def test_open_loop_gaps_are_fixed_when_steady_and_exponential_when_poisson():
     rng = random.Random(0)
     assert {_gap(spec, rng) for _ in range(50)} == {0.25}
     gaps = [_gap(LoadSpec([Tenant("a")], rate_per_s=4.0), rng) for _ in range(4000)]
-    assert abs(statistics.fmean(gaps) - 0.25) < 0.02 and statistics.pstdev(gaps) > 0.2   # exponential: sd = mean
+    assert abs(statistics.fmean(gaps) - 0.25) < 0.02 and statistics.pstdev(gaps) > 0.2  # exponential: sd = mean
     with pytest.raises(ValueError, match="unknown arrival process"):
         _gap(LoadSpec([Tenant("a")], rate_per_s=4.0, arrivals="bursty"), rng)
+
 
 def test_open_loop_sends_no_burst_at_the_deadline():
     # 40 idle clients, 2 arrivals/s for 1.5 s, every request slow: idle clients each claim a future
@@ -223,15 +232,19 @@ def test_open_loop_sends_no_burst_at_the_deadline():
         async def slow(request):
             await asyncio.sleep(2.0)
             return web.json_response({}, status=503)
+
         app = web.Application()
         app.router.add_post("/v1/chat/completions", slow)
         site = HttpSite(app)
         port = await site.start("127.0.0.1", 0)
         try:
-            return await run_load(LoadSpec([Tenant("a")], max_requests=10_000, duration_s=1.5, concurrency=40,
-                                           rate_per_s=2.0, seed=7), [f"http://127.0.0.1:{port}"])
+            return await run_load(
+                LoadSpec([Tenant("a")], max_requests=10_000, duration_s=1.5, concurrency=40, rate_per_s=2.0, seed=7),
+                [f"http://127.0.0.1:{port}"],
+            )
         finally:
             await site.stop()
+
     res = asyncio.run(go())
     expected = sum(1 for t in _arrival_times(2.0, 7) if t < 1.5)
     assert len(res.records) == expected < 10
@@ -239,6 +252,7 @@ def test_open_loop_sends_no_burst_at_the_deadline():
 
 def _arrival_times(rate: float, seed: int, n: int = 50) -> list[float]:
     import random
+
     rng, t, out = random.Random(seed + 1), 0.0, []
     for _ in range(n):
         t += rng.expovariate(rate)

@@ -24,10 +24,18 @@ from kvscope.diagnoser.evaluate.frame import frame_from_samples, merge_facts
 from kvscope.diagnoser.findings import Diagnosis, not_evaluable
 
 SCRAPES = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes"
-BODIES = ["vllm-0.10.2-rendered.txt", "vllm-0.11.0-rendered.txt", "vllm-0.32.0-cpu-after-load.txt",
-          "sglang-0.4.6.post5-rendered.txt", "sglang-0.5.5-rendered.txt", "sglang-0.5.8-rendered.txt",
-          "sglang-0.5.8-tp2-radix-rendered.txt", "sglang-0.5.23-tp2-radix-rendered.txt",
-          "llamacpp-11434-idle.txt", "llamacpp-11434-under-load.txt"]
+BODIES = [
+    "vllm-0.10.2-rendered.txt",
+    "vllm-0.11.0-rendered.txt",
+    "vllm-0.32.0-cpu-after-load.txt",
+    "sglang-0.4.6.post5-rendered.txt",
+    "sglang-0.5.5-rendered.txt",
+    "sglang-0.5.8-rendered.txt",
+    "sglang-0.5.8-tp2-radix-rendered.txt",
+    "sglang-0.5.23-tp2-radix-rendered.txt",
+    "llamacpp-11434-idle.txt",
+    "llamacpp-11434-under-load.txt",
+]
 OFF_IN_EVERY_BODY = {
     "spec_decode_ineffective": "speculative decoding",
     "offload_stalls_interactive": "KV tier below the device",

@@ -32,6 +32,7 @@ def _by_key(samples):
 
 def test_without_a_driver_the_collector_is_down_with_the_nvml_reason():
     import pynvml  # a declared dependency (nvidia-ml-py): missing is a broken install
+
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
@@ -55,7 +56,7 @@ def test_reads_every_supported_gpu_value_in_base_units(recording):
     got = _by_key(out.samples)
     assert out.health[0].up
     assert got[("gpu_utilization_ratio", "0", None, None)].value == 0.87
-    assert got[("gpu_memory_used_bytes", "0", None, None)].value == 78642151424     # v2, not v1
+    assert got[("gpu_memory_used_bytes", "0", None, None)].value == 78642151424  # v2, not v1
     assert got[("gpu_memory_reserved_bytes", "0", None, None)].value == 594542592
     assert got[("gpu_power_watts", "0", None, None)].value == 412.345
     assert got[("gpu_power_limit_watts", "0", None, None)].value == 700.0
@@ -75,10 +76,15 @@ def test_reads_every_supported_gpu_value_in_base_units(recording):
 def test_unsupported_readings_are_absent_never_zero(recording):
     out = _collect(NvmlCollector(nvml=FakeNvml(recording)))
     got = _by_key(out.samples)
-    for name in ("gpu_energy_joules_total", "gpu_memory_clock_hertz", "gpu_memory_temperature_celsius",
-                 "gpu_pcie_transmit_bytes_per_second", "gpu_nvlink_transmit_bytes_per_second"):
+    for name in (
+        "gpu_energy_joules_total",
+        "gpu_memory_clock_hertz",
+        "gpu_memory_temperature_celsius",
+        "gpu_pcie_transmit_bytes_per_second",
+        "gpu_nvlink_transmit_bytes_per_second",
+    ):
         assert (name, "1", None, None) not in got, name
-    assert ("gpu_process_memory_used_bytes", "0", None, "5150") not in got   # usedGpuMemory unavailable
+    assert ("gpu_process_memory_used_bytes", "0", None, "5150") not in got  # usedGpuMemory unavailable
     # "not supported" is normal; a lost GPU reading is an error worth counting
     assert out.health[0].errors == {"NVMLError_GpuIsLost": 1}
 
@@ -91,8 +97,8 @@ def test_mig_instances_get_their_own_series(recording):
     assert big.value == 40802189312 and big.label("mig_profile") == "3g.40gb"
     small = got[("gpu_memory_used_bytes", "1", "2", None)]
     assert small.value == 20401094656 and small.label("mig_profile") == "2g.20gb"
-    assert ("gpu_memory_reserved_bytes", "1", "2", None) not in got     # v1 fallback has no reserved
-    assert ("gpu_utilization_ratio", "1", "1", None) not in got         # unsupported on MIG handles
+    assert ("gpu_memory_reserved_bytes", "1", "2", None) not in got  # v1 fallback has no reserved
+    assert ("gpu_utilization_ratio", "1", "1", None) not in got  # unsupported on MIG handles
     assert got[("gpu_process_memory_used_bytes", "1", "2", "7002")].value == 20401094656
 
 
@@ -103,8 +109,8 @@ def test_nvlink_rate_needs_two_collections_and_sums_links(recording):
     first = _by_key(_collect(collector).samples)
     assert ("gpu_nvlink_transmit_bytes_per_second", "0", None, None) not in first
     fields = recording["devices"][0]["fields"]
-    fields["138:0"] += 10240   # KiB over 10 s on link 0 ...
-    fields["138:1"] += 10240   # ... and on link 1
+    fields["138:0"] += 10240  # KiB over 10 s on link 0 ...
+    fields["138:1"] += 10240  # ... and on link 1
     now[0] = 110.0
     second = _by_key(_collect(collector).samples)
     assert second[("gpu_nvlink_transmit_bytes_per_second", "0", None, None)].value == 2 * 10240 * 1024 / 10
@@ -140,11 +146,14 @@ def test_close_shuts_nvml_down(recording):
     assert fake.calls["nvmlShutdown"] == 1
 
 
-@pytest.mark.parametrize(("name", "profile"), [
-    ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "1g.10gb"),
-    ("NVIDIA A100-SXM4-40GB MIG 7g.40gb", "7g.40gb"),
-    ("NVIDIA H100 80GB HBM3", None),
-])
+@pytest.mark.parametrize(
+    ("name", "profile"),
+    [
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "1g.10gb"),
+        ("NVIDIA A100-SXM4-40GB MIG 7g.40gb", "7g.40gb"),
+        ("NVIDIA H100 80GB HBM3", None),
+    ],
+)
 def test_parse_mig_profile(name, profile):
     assert parse_mig_profile(name) == profile
 
@@ -158,7 +167,7 @@ def test_driver_lost_after_init_reports_down_and_reinitialises(recording):
     out = _collect(collector)
     assert not out.health[0].up and out.health[0].reason == "NVMLError_DriverNotLoaded"
     assert out.samples == []
-    del fake._nvmlDeviceGetCount     # the driver is back
+    del fake._nvmlDeviceGetCount  # the driver is back
     assert _collect(collector).health[0].up and fake.calls["nvmlInit"] == 2
 
 
@@ -170,7 +179,7 @@ def test_a_hung_driver_call_does_not_pile_up_reads(recording):
 
     async def scenario():
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(collector.collect(), timeout=0.3)    # the runtime gives up
+            await asyncio.wait_for(collector.collect(), timeout=0.3)  # the runtime gives up
         busy = await collector.collect()
         release.set()
         for _ in range(100):

@@ -56,10 +56,10 @@ def test_a_driver_without_the_clocks_event_call_falls_back_to_the_throttle_call(
     out = _collect(NvmlCollector(nvml=fake))
     got = _reasons(out, "0")
     assert got["sw_power_cap"] == 1.0 and sum(got.values()) == 1.0
-    assert "display_clock_setting" not in got              # supported throttle mask 0xFF
+    assert "display_clock_setting" not in got  # supported throttle mask 0xFF
     assert fake.calls["nvmlDeviceGetCurrentClocksEventReasons"] == 1
     assert fake.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 1
-    assert out.health[0].errors == {}                      # FunctionNotFound is not an error
+    assert out.health[0].errors == {}  # FunctionNotFound is not an error
 
 
 def test_without_either_call_the_reasons_are_absent_never_zero(h100):
@@ -67,7 +67,7 @@ def test_without_either_call_the_reasons_are_absent_never_zero(h100):
         dev.pop("clocks_event_reasons")
     out = _collect(NvmlCollector(nvml=FakeNvml(h100)))
     assert not [s for s in out.samples if s.name == SIGNAL]
-    assert out.health[0].up and out.health[0].errors == {"NVMLError_GpuIsLost": 1}   # the fixture's PCIe one
+    assert out.health[0].up and out.health[0].errors == {"NVMLError_GpuIsLost": 1}  # the fixture's PCIe one
 
 
 def test_a_lost_gpu_on_the_reasons_call_is_counted_once_and_the_other_gpu_still_reports(h100):
@@ -76,8 +76,8 @@ def test_a_lost_gpu_on_the_reasons_call_is_counted_once_and_the_other_gpu_still_
     out = _collect(NvmlCollector(nvml=fake))
     assert _reasons(out, "0") == {}
     assert _reasons(out, "1")["sync_boost"] == 1.0
-    assert out.health[0].errors == {"NVMLError_GpuIsLost": 2}        # this one and the fixture's PCIe one
-    assert fake.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 0   # no pointless retry under the old name
+    assert out.health[0].errors == {"NVMLError_GpuIsLost": 2}  # this one and the fixture's PCIe one
+    assert fake.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 0  # no pointless retry under the old name
 
 
 def test_the_supported_mask_is_asked_once_per_gpu_and_again_after_an_error(h100):
@@ -85,7 +85,7 @@ def test_the_supported_mask_is_asked_once_per_gpu_and_again_after_an_error(h100)
     fake = FakeNvml(h100)
     collector = NvmlCollector(nvml=fake)
     first = _collect(collector)
-    assert len(_reasons(first, "1")) == 9                  # cannot tell: every reason, none hidden
+    assert len(_reasons(first, "1")) == 9  # cannot tell: every reason, none hidden
     h100["devices"][1]["supported_clocks_event_reasons"] = 0x10
     for _ in range(3):
         out = _collect(collector)
@@ -96,10 +96,11 @@ def test_the_supported_mask_is_asked_once_per_gpu_and_again_after_an_error(h100)
 
 def test_reason_bits_come_from_the_bindings_new_names_first_old_names_otherwise():
     import pynvml  # a declared dependency (nvidia-ml-py): missing is a broken install
+
     bits = dict(clock_event_bits(pynvml))
     assert bits["sw_power_cap"] == pynvml.nvmlClocksEventReasonSwPowerCap
     assert bits["hw_thermal_slowdown"] == pynvml.nvmlClocksEventReasonHwThermalSlowdown
     assert len(bits) == 9 and len(set(bits.values())) == 9
     old = SimpleNamespace(**{k: getattr(pynvml, k) for k in dir(pynvml) if k.startswith("nvmlClocksThrottleReason")})
     assert dict(clock_event_bits(old)) == bits
-    assert clock_event_bits(SimpleNamespace()) == []       # bindings that know no reasons: nothing to report
+    assert clock_event_bits(SimpleNamespace()) == []  # bindings that know no reasons: nothing to report

@@ -49,13 +49,21 @@ def test_first_collection_has_no_gpm_values_the_second_has_the_ratios(h100):
     now[0] = 110.0
     out = _collect(collector)
     got = _gpm(out)
-    assert got == pytest.approx({
-        "gpu_graphics_engine_active_ratio": 0.912, "gpu_sm_active_ratio": 0.784, "gpu_sm_occupancy_ratio": 0.316,
-        "gpu_tensor_active_ratio": 0.427, "gpu_dram_active_ratio": 0.639, "gpu_fp64_pipe_active_ratio": 0.0,
-        "gpu_fp32_pipe_active_ratio": 0.084, "gpu_fp16_pipe_active_ratio": 0.031})
+    assert got == pytest.approx(
+        {
+            "gpu_graphics_engine_active_ratio": 0.912,
+            "gpu_sm_active_ratio": 0.784,
+            "gpu_sm_occupancy_ratio": 0.316,
+            "gpu_tensor_active_ratio": 0.427,
+            "gpu_dram_active_ratio": 0.639,
+            "gpu_fp64_pipe_active_ratio": 0.0,
+            "gpu_fp32_pipe_active_ratio": 0.084,
+            "gpu_fp16_pipe_active_ratio": 0.031,
+        }
+    )
     (s,) = [s for s in out.samples if s.name == "gpu_sm_active_ratio"]
     assert s.timestamp == 110.0 and s.label("gpu_uuid") == "GPU-5b8f2c1e-7a3d-4e9b-9c2f-1d0e6a4b8c71"
-    assert out.health[0].errors == {"NVMLError_GpuIsLost": 1}    # only the fixture's PCIe reading
+    assert out.health[0].errors == {"NVMLError_GpuIsLost": 1}  # only the fixture's PCIe reading
 
 
 def test_gpm_signals_are_the_ones_dcgm_profiling_fields_normalize_to():
@@ -71,6 +79,7 @@ def test_gpm_signals_are_the_ones_dcgm_profiling_fields_normalize_to():
 
 def test_metric_ids_come_from_the_installed_bindings():
     import pynvml  # a declared dependency (nvidia-ml-py): missing is a broken install
+
     sampler = GpmSampler(pynvml)
     ids = dict(sampler._metrics)
     # the ids ../shared/reference/engine-metrics.md lists for nvidia-ml-py 13.615
@@ -87,8 +96,8 @@ def test_a_mig_enabled_gpu_is_not_sampled_and_the_facts_say_why(h100):
         out = _collect(collector)
     assert _gpm(out, "1") == {}
     assert out.facts["nvml"]["gpm.gpu1"] == "off: mig_enabled"
-    assert fake.calls["nvmlGpmQueryDeviceSupport"] == 1      # GPU 0 only, asked once
-    assert fake.calls["nvmlGpmSampleGet"] == 3 and len(fake.gpm_samples) == 2   # two buffers, reused
+    assert fake.calls["nvmlGpmQueryDeviceSupport"] == 1  # GPU 0 only, asked once
+    assert fake.calls["nvmlGpmSampleGet"] == 3 and len(fake.gpm_samples) == 2  # two buffers, reused
 
 
 def test_a_pre_hopper_gpu_is_asked_once_and_never_sampled(a100):
@@ -150,7 +159,7 @@ def test_a_lost_sample_mid_run_is_counted_and_the_next_pair_spans_the_gap(h100):
     lost = _collect(collector)
     assert _gpm(lost) == {} and lost.health[0].errors["NVMLError_GpuIsLost"] == 2
     del h100["devices"][0]["gpm"]["sample_error"]
-    back = _collect(collector)      # FakeNvml rejects a pair out of order or of a stale buffer
+    back = _collect(collector)  # FakeNvml rejects a pair out of order or of a stale buffer
     assert back.health[0].errors == {"NVMLError_GpuIsLost": 1}
     assert _gpm(back)["gpu_sm_active_ratio"] == pytest.approx(0.784)
 
@@ -194,7 +203,7 @@ def test_close_leaves_the_buffers_to_a_read_still_running(h100):
     fake = FakeNvml(h100)
     collector = NvmlCollector(nvml=fake)
     _collect(collector)
-    collector._running = True           # a hung driver call still holds them
+    collector._running = True  # a hung driver call still holds them
     asyncio.run(collector.close())
     assert len(fake.gpm_samples) == 2 and fake.calls["nvmlGpmSampleFree"] == 0
 
@@ -208,7 +217,7 @@ def test_driver_loss_frees_the_buffers_and_the_pair_starts_over(h100):
     down = _collect(collector)
     assert down.health[0].reason == "NVMLError_DriverNotLoaded" and fake.gpm_samples == {}
     del fake._nvmlDeviceGetCount
-    assert _gpm(_collect(collector)) == {}          # a fresh pair needs two samples again
+    assert _gpm(_collect(collector)) == {}  # a fresh pair needs two samples again
     assert _gpm(_collect(collector))["gpu_sm_active_ratio"] == pytest.approx(0.784)
 
 
@@ -224,7 +233,7 @@ def test_a_gpu_switched_to_mig_or_gone_gives_its_buffers_back(h100):
     _collect(collector)
     assert len(fake.gpm_samples) == 2
     h100["devices"].pop(0)
-    h100["devices"][0]["gpm"] = {"supported": 0}     # what was GPU 1 is now GPU 0, not MIG, no GPM
+    h100["devices"][0]["gpm"] = {"supported": 0}  # what was GPU 1 is now GPU 0, not MIG, no GPM
     h100["devices"][0]["mig_mode"] = [0, 0]
     _collect(collector)
     assert fake.gpm_samples == {}

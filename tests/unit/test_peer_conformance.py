@@ -31,9 +31,11 @@ _PLACE = "metadata placement/clashes across families: no sample changes; the blo
 _EXEMPLAR = "exemplars are read for syntax and dropped, so which sample types may carry one is not checked"
 _NUMLABEL = "le/quantile label values are kept as label strings, not checked as numbers at parse time"
 _VALID_DIVERGENCES = {
-    ("om", "duplicate_timestamps_1"):
-        "two values of one series at one timestamp: the first is kept, the rest flagged duplicate_series "
-        "(a recording or the store cannot hold two values for one instant)",
+    (
+        "om",
+        "duplicate_timestamps_1",
+    ): "two values of one series at one timestamp: the first is kept, the rest flagged duplicate_series "
+    "(a recording or the store cannot hold two values for one instant)",
 }
 _INVALID_DIVERGENCES: dict[tuple[str, str], str] = {
     **{("om", f"bad_counter_values_{i}"): _COUNTER for i in range(20)},
@@ -46,20 +48,42 @@ _INVALID_DIVERGENCES: dict[tuple[str, str], str] = {
     **{("om", f"bad_exemplars_on_unallowed_samples_{i}"): _EXEMPLAR for i in range(4)},
     **{("om", f"bad_metadata_in_wrong_place_{i}"): _PLACE for i in range(3)},
     ("om", "bad_clashing_names_2"): _PLACE,
-    **{("text", n): _PLACE for n in ("text_parse_test.go:1083", "text_parse_test.go:1091", "text_parse_test.go:1099",
-                                     "corpus/from_test_parse_error_12", "corpus/from_test_parse_error_13",
-                                     "corpus/from_test_parse_error_14")},
-    **{("text", n): _NUMLABEL for n in ("text_parse_test.go:1052", "text_parse_test.go:1131", "text_parse_test.go:1199",
-                                        "text_parse_test.go:1207", "corpus/from_test_parse_error_7",
-                                        "corpus/from_test_parse_error_19")},
+    **{
+        ("text", n): _PLACE
+        for n in (
+            "text_parse_test.go:1083",
+            "text_parse_test.go:1091",
+            "text_parse_test.go:1099",
+            "corpus/from_test_parse_error_12",
+            "corpus/from_test_parse_error_13",
+            "corpus/from_test_parse_error_14",
+        )
+    },
+    **{
+        ("text", n): _NUMLABEL
+        for n in (
+            "text_parse_test.go:1052",
+            "text_parse_test.go:1131",
+            "text_parse_test.go:1199",
+            "text_parse_test.go:1207",
+            "corpus/from_test_parse_error_7",
+            "corpus/from_test_parse_error_19",
+        )
+    },
     **{("text", f"text_parse_test.go:{n}"): _COUNTER for n in (1277, 1292, 1307, 1322)},
-    ("text", "text_parse_test.go:1139"):
-        "the JSON extract holds U+FFFD where the Go test has an invalid UTF-8 byte; kvscope refuses a body that "
-        "is not UTF-8 before parsing (agent/scrape/fetch.py, decode_error)",
-    ("text", "text_parse_test.go:1263"):
-        "runs under the legacy name validation in the Go test; Prometheus 3 reads quoted UTF-8 names, as kvscope does",
-    ("text", "text_parse_test.go:1270"):
-        "runs under the legacy name validation in the Go test; Prometheus 3 reads quoted UTF-8 names, as kvscope does",
+    (
+        "text",
+        "text_parse_test.go:1139",
+    ): "the JSON extract holds U+FFFD where the Go test has an invalid UTF-8 byte; kvscope refuses a body that "
+    "is not UTF-8 before parsing (agent/scrape/fetch.py, decode_error)",
+    (
+        "text",
+        "text_parse_test.go:1263",
+    ): "runs under the legacy name validation in the Go test; Prometheus 3 reads quoted UTF-8 names, as kvscope does",
+    (
+        "text",
+        "text_parse_test.go:1270",
+    ): "runs under the legacy name validation in the Go test; Prometheus 3 reads quoted UTF-8 names, as kvscope does",
 }
 
 
@@ -126,7 +150,7 @@ def test_an_invalid_case_is_flagged_or_a_listed_divergence(suite, name, text):
         assert not flagged, f"{name} is flagged now: take it off the divergence list"
         expo = parse_exposition(text, openmetrics=suite == "om")
         written = {float(v) for v in _expected_numbers(text, suite == "om")}
-        for s in expo.samples:   # accepted, but with the numbers exactly as written
+        for s in expo.samples:  # accepted, but with the numbers exactly as written
             assert s.value in written or (math.isnan(s.value) and any(map(math.isnan, written)))
         return
     assert flagged, f"{suite} {name}: accepted without a flag"

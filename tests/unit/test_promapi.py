@@ -16,12 +16,20 @@ def _http(code: int, body: bytes) -> urllib.error.HTTPError:
 
 
 def test_a_sample_limit_is_reported_as_what_it_is_not_as_a_wrong_url():
-    err = http_error("http://p", _http(422, b'{"status":"error","errorType":"execution","error":'
-                                            b'"query processing would load too many samples into memory in query execution"}'))
+    err = http_error(
+        "http://p",
+        _http(
+            422,
+            b'{"status":"error","errorType":"execution","error":'
+            b'"query processing would load too many samples into memory in query execution"}',
+        ),
+    )
     assert err.too_many_samples and err.status == 422
     assert "too many samples" in str(err) and "--query.max-samples" in str(err) and "base URL" not in str(err)
     assert "base URL" in str(http_error("http://p", _http(404, b"404 page not found")))
-    assert "overloaded or the query timed out" in str(http_error("http://p", _http(503, b'{"error":"query timed out"}')))
+    assert "overloaded or the query timed out" in str(
+        http_error("http://p", _http(503, b'{"error":"query timed out"}'))
+    )
     assert "rejected the query: parse error" in str(http_error("http://p", _http(400, b'{"error":"parse error"}')))
 
 
@@ -49,7 +57,9 @@ def test_matrix_on_grid_places_points_by_time_and_leaves_the_rest_absent():
     metrics, values = matrix_on_grid([{"metric": {"__name__": "m"}, "values": [[30, "2"], [0, "NaN"]]}], 0, 15, 4)
     assert metrics == [{"__name__": "m"}]
     assert np.isnan(values[0, 0]) and np.isnan(values[0, 1]) and values[0, 2] == 2 and np.isnan(values[0, 3])
-    merged = merge_matrices([[{"metric": {"a": "1"}, "values": [[0, "1"]]}], [{"metric": {"a": "1"}, "values": [[15, "2"]]}]])
+    merged = merge_matrices(
+        [[{"metric": {"a": "1"}, "values": [[0, "1"]]}], [{"metric": {"a": "1"}, "values": [[15, "2"]]}]]
+    )
     assert merged == [{"metric": {"a": "1"}, "values": [[0, "1"], [15, "2"]]}]
 
 
@@ -70,6 +80,6 @@ def test_only_victoriametrics_queries_off_its_step_lattice_ask_it_not_to_cache()
     for flavor in ("victoriametrics", "prometheus"):
         client = Stub("http://p")
         client._flavor = flavor
-        client.query_range("up", 1789639200, 1789642800, 15)       # on the lattice: cacheable
-        client.query_range("up", 1789639207, 1789642807, 15)       # off it
+        client.query_range("up", 1789639200, 1789642800, 15)  # on the lattice: cacheable
+        client.query_range("up", 1789639207, 1789642807, 15)  # off it
     assert ["nocache" in p for p in sent] == [False, True, False, False]

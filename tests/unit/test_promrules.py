@@ -58,15 +58,22 @@ def test_rules_build_rejects_a_target_outside_0_1(tmp_path):
 
 def test_wire_names_add_total_to_counters_and_the_ray_spelling():
     assert wire_names("vllm:num_preemptions", "counter") == ("vllm:num_preemptions_total", "vllm_num_preemptions_total")
-    assert wire_names("vllm:time_to_first_token_seconds", "histogram", "_bucket")[0] == \
-        "vllm:time_to_first_token_seconds_bucket"
+    assert (
+        wire_names("vllm:time_to_first_token_seconds", "histogram", "_bucket")[0]
+        == "vllm:time_to_first_token_seconds_bucket"
+    )
     assert wire_names("DCGM_FI_DEV_FB_USED", "gauge") == ("DCGM_FI_DEV_FB_USED",)
 
 
 def test_kv_usage_reads_new_and_old_vllm_names_sglang_and_the_agent_from_the_catalog():
     expr = source_union(load_catalog().signals["engine_kv_cache_usage_ratio"], load_catalog())
-    for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
-                 "llamacpp:kv_cache_usage_ratio", "kvscope_engine_kv_cache_usage_ratio"):
+    for name in (
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "sglang:token_usage",
+        "llamacpp:kv_cache_usage_ratio",
+        "kvscope_engine_kv_cache_usage_ratio",
+    ):
         assert name in expr
     # vllm's current name, its old name only where the instance has no current one, sglang, llamacpp, agent
     assert expr.count("\nor\n") == 4
@@ -76,8 +83,10 @@ def test_kv_usage_reads_new_and_old_vllm_names_sglang_and_the_agent_from_the_cat
 
 
 def test_a_part_sum_alias_reads_the_histograms_sum_series():
-    assert wire_names("sglang:num_retractions", "counter", part="sum") == \
-        ("sglang:num_retractions_sum", "sglang_num_retractions_sum")
+    assert wire_names("sglang:num_retractions", "counter", part="sum") == (
+        "sglang:num_retractions_sum",
+        "sglang_num_retractions_sum",
+    )
 
 
 def test_worker_labels_become_the_instance_in_promql():
@@ -112,8 +121,9 @@ def test_the_pushdown_leaves_out_relabels_of_labels_no_series_carries():
     lean = InlineSignals(catalog, carried={"instance", "model_name", "le"}, integer_le=False)
     expr = lean.read(*args, by=("instance", "model", "le"), outer="sum")
     assert worker not in expr and bound not in expr and model in expr
-    bare = InlineSignals(catalog, carried={"instance", "le"}, integer_le=True).read(*args, by=("instance", "model", "le"),
-                                                                                  outer="sum")
+    bare = InlineSignals(catalog, carried={"instance", "le"}, integer_le=True).read(
+        *args, by=("instance", "model", "le"), outer="sum"
+    )
     assert model not in bare and bound in bare
 
 
@@ -124,17 +134,23 @@ def test_the_compiler_leaves_out_an_aggregation_the_read_already_did():
     from kvscope.diagnoser.promql.signals import InlineSignals, RecordedSignals
     from kvscope.diagnoser.rulebook.rule import Rule, parse_yaml
 
-    rule = Rule("t", "", parse_yaml("""
+    rule = Rule(
+        "t",
+        "",
+        parse_yaml("""
 by: [instance]
 series:
   p99: {quantile: 0.99, histogram: request_ttft_seconds}
   waiting: {gauge: engine_requests_waiting, agg: sum}
-"""))
+"""),
+    )
     inline = SeriesCompiler(rule, InlineSignals(load_catalog())).expr("p99")
     assert inline.count("sum by (instance, le)") == inline.count("\nor\n") + 1
     assert inline.startswith("histogram_quantile(0.99, (sum by (instance, le)")
     recorded = SeriesCompiler(rule, RecordedSignals()).expr("p99")
-    assert recorded.startswith("histogram_quantile(0.99, sum by (instance, le) (rate(kvscope:request_ttft_seconds_bucket")
+    assert recorded.startswith(
+        "histogram_quantile(0.99, sum by (instance, le) (rate(kvscope:request_ttft_seconds_bucket"
+    )
     gauge = SeriesCompiler(rule, InlineSignals(load_catalog())).expr("waiting")
     assert gauge.startswith("sum by (instance) ((max by (instance, engine")
 
@@ -149,7 +165,8 @@ def test_reads_over_many_engines_sum_before_relabelling_where_no_groups_can_merg
 
     def read(carried: set[str], by: tuple[str, ...]) -> str:
         return InlineSignals(catalog, carried=carried, integer_le=False).read(
-            "request_ttft_seconds_bucket", [], "rate", "1m", by=by, outer="sum")
+            "request_ttft_seconds_bucket", [], "rate", "1m", by=by, outer="sum"
+        )
 
     first = "(sum by (model, le, model_name) (rate("
     assert first in read({"instance", "model_name", "le"}, ("model", "le"))
@@ -168,8 +185,13 @@ def test_a_quantile_per_raw_histogram_only_where_each_group_holds_one():
     name = "vllm:time_to_first_token_seconds_bucket"
 
     def reader(*histograms: dict[str, str]) -> InlineSignals:
-        return InlineSignals(catalog, present={name}, carried={"instance", "model_name", "engine", "le"},
-                             integer_le=False, histograms=[{"__name__": name, "le": "+Inf", **h} for h in histograms])
+        return InlineSignals(
+            catalog,
+            present={name},
+            carried={"instance", "model_name", "engine", "le"},
+            integer_le=False,
+            histograms=[{"__name__": name, "le": "+Inf", **h} for h in histograms],
+        )
 
     def quantile(r: InlineSignals, by: tuple[str, ...] = ("instance", "model")) -> str | None:
         return r.quantile("request_ttft_seconds_bucket", [], "0.99", "2m", by)
@@ -177,15 +199,20 @@ def test_a_quantile_per_raw_histogram_only_where_each_group_holds_one():
     a = {"instance": "a:8000", "model_name": "m", "engine": "0"}
     b = {"instance": "b:8000", "model_name": "m", "engine": "0"}
     expr = quantile(reader(a, b))
-    assert expr is not None and expr.startswith("max by (instance, model) (label_replace(histogram_quantile(0.99, rate(")
-    assert quantile(reader(a, {**a, "engine": "1"})) is None                 # two ranks of one engine
-    assert quantile(reader(a, b), ("model",)) is None                        # two engines of one model
+    assert expr is not None and expr.startswith(
+        "max by (instance, model) (label_replace(histogram_quantile(0.99, rate("
+    )
+    assert quantile(reader(a, {**a, "engine": "1"})) is None  # two ranks of one engine
+    assert quantile(reader(a, b), ("model",)) is None  # two engines of one model
     assert quantile(reader(a, {**a, "__name__": "vllm_time_to_first_token_seconds_bucket"})) is None
-    assert quantile(reader()) is None                                        # none known
-    assert quantile(InlineSignals(catalog, present={name})) is None          # index not asked
-    narrowed = quantile(reader(a, b).only({"a:8000"}))                       # a subset: still one each
-    assert narrowed is not None and 'instance=~"a:8000"' in narrowed and narrowed.replace(
-        ',instance=~"a:8000"', "").replace('{instance=~"a:8000"}', "") == expr
+    assert quantile(reader()) is None  # none known
+    assert quantile(InlineSignals(catalog, present={name})) is None  # index not asked
+    narrowed = quantile(reader(a, b).only({"a:8000"}))  # a subset: still one each
+    assert (
+        narrowed is not None
+        and 'instance=~"a:8000"' in narrowed
+        and narrowed.replace(',instance=~"a:8000"', "").replace('{instance=~"a:8000"}', "") == expr
+    )
 
 
 def test_a_catalog_rename_changes_the_generated_rules():
@@ -202,7 +229,7 @@ signals:
     catalog = parse_catalog(text)
     expr = source_union(catalog.signals["engine_kv_cache_usage_ratio"], catalog)
     assert "vllm:kv_cache_usage_fraction" in expr
-    assert 'label_replace(' in expr and '"dp_rank", "$1", "engine"' in expr
+    assert "label_replace(" in expr and '"dp_rank", "$1", "engine"' in expr
 
 
 def test_histograms_that_need_rescaled_buckets_are_left_to_the_agent():
@@ -291,10 +318,13 @@ when:
     assert "< on (model) group_left() (0.3 * (quantile by (model) (0.5," in alert["expr"]
 
 
-@pytest.mark.parametrize(("extra", "reason"), [
-    ("cascade: {stages: []}", "cascade"),
-    ("params: {bench: {default: null}}", "bench"),
-])
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ("cascade: {stages: []}", "cascade"),
+        ("params: {bench: {default: null}}", "bench"),
+    ],
+)
 def test_rules_without_a_promql_form_say_why(extra, reason):
     rule = _rule(KV_RULE.replace("params:\n  kv_full", "params_old:\n  kv_full") + extra + "\n")
     out = compile_rule(rule)
@@ -322,7 +352,7 @@ def test_canonical_layer_records_what_the_rules_read_or_everything():
     every = build_rule_files(canonical="all")["kvscope-canonical.yml"]
     others = "\n".join(text for name, text in used.items() if name != "kvscope-canonical.yml")
     recorded = re.findall(r"record: (kvscope:\w+)", used["kvscope-canonical.yml"])
-    assert "kvscope:request_ttft_seconds_bucket" in recorded                       # SLO and p99 read it
+    assert "kvscope:request_ttft_seconds_bucket" in recorded  # SLO and p99 read it
     assert all(name in others for name in recorded)
     assert len(recorded) < len(re.findall(r"record: ", every))
     for name in load_catalog().series_names():
@@ -350,12 +380,12 @@ when:
 """)
     (alert,) = compile_rule(rule)
     expr = alert["expr"]
-    assert 'kvscope:engine_kv_cache_usage_ratio{dp_rank!=""}' in expr            # require_labels
-    assert "count by (instance, dp_rank, gpu)" in expr                              # distinct
+    assert 'kvscope:engine_kv_cache_usage_ratio{dp_rank!=""}' in expr  # require_labels
+    assert "count by (instance, dp_rank, gpu)" in expr  # distinct
     assert "resets(kvscope:engine_prompt_tokens_total" in expr and "[10m]" in expr
-    assert "\nor\n" in expr                                                          # coalesce
+    assert "\nor\n" in expr  # coalesce
     assert "max_over_time((max by (instance, dp_rank) (kvscope:engine_requests_running" in expr
-    assert "[20m:15s] offset 10m)" in expr                                           # the engine's default offset
+    assert "[20m:15s] offset 10m)" in expr  # the engine's default offset
 
 
 def test_each_quantile_the_rules_read_is_recorded_once_with_its_grouping():
@@ -369,15 +399,20 @@ def test_each_quantile_the_rules_read_is_recorded_once_with_its_grouping():
     rules = quantile_rules(read_rules(), load_catalog())
     keys = [(r["record"], r["labels"]["quantile"], r["labels"]["kvscope_by"]) for r in rules]
     assert len(keys) == len(set(keys)) and keys == sorted(keys)
-    assert ("kvscope:request_ttft_seconds:quantile_2m", "0.99", "instance,model") in keys   # ttft_knee's p99
+    assert ("kvscope:request_ttft_seconds:quantile_2m", "0.99", "instance,model") in keys  # ttft_knee's p99
     knee = next(r for r in read_rules() if r.id == "ttft_knee")
-    p99 = next(r for r in rules if (r["record"], r["labels"]["quantile"], r["labels"]["kvscope_by"]) ==
-               ("kvscope:request_ttft_seconds:quantile_2m", "0.99", "instance,model"))
+    p99 = next(
+        r
+        for r in rules
+        if (r["record"], r["labels"]["quantile"], r["labels"]["kvscope_by"])
+        == ("kvscope:request_ttft_seconds:quantile_2m", "0.99", "instance,model")
+    )
     assert p99["expr"] == SeriesCompiler(knee, InlineSignals(load_catalog())).expr("p99")
     key = quantile_key("request_ttft_seconds", "0.99", "2m", ("instance", "model"))
     reader = InlineSignals(load_catalog(), quantiles=frozenset({key}))
     assert SeriesCompiler(knee, reader).expr("p99") == (
         'max by (instance, model) (kvscope:request_ttft_seconds:quantile_2m{quantile="0.99",'
-        'kvscope_by="instance,model"})')
-    assert "_bucket" in SeriesCompiler(knee, reader).expr("p50")             # not recorded: inline
+        'kvscope_by="instance,model"})'
+    )
+    assert "_bucket" in SeriesCompiler(knee, reader).expr("p50")  # not recorded: inline
     assert 'instance=~"a:1"' in SeriesCompiler(knee, reader.only({"a:1"})).expr("p99")

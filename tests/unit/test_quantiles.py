@@ -88,9 +88,11 @@ def test_window_quantile_survives_a_reset_inside_the_window():
 
 
 def test_group_buckets_splits_histograms_by_labels_without_le():
-    series = {**_bucket_series("a", 0, 1, {"1": 0, "+Inf": 0}, {"1": 1, "+Inf": 2}),
-              **_bucket_series("b", 0, 1, {"1": 0, "+Inf": 0}, {"1": 1, "+Inf": 2}),
-              make_labels({"model": "a", "le": "oops"}): [(0, 1), (1, 2)]}
+    series = {
+        **_bucket_series("a", 0, 1, {"1": 0, "+Inf": 0}, {"1": 1, "+Inf": 2}),
+        **_bucket_series("b", 0, 1, {"1": 0, "+Inf": 0}, {"1": 1, "+Inf": 2}),
+        make_labels({"model": "a", "le": "oops"}): [(0, 1), (1, 2)],
+    }
     grouped = group_buckets(series)
     assert set(grouped) == {make_labels({"model": "a"}), make_labels({"model": "b"})}
     assert set(grouped[make_labels({"model": "a"})]) == {1.0, INF}
@@ -105,8 +107,12 @@ def test_window_mean_from_sum_and_count_deltas():
 bounds = st.lists(st.floats(min_value=-10, max_value=1e4, allow_nan=False), min_size=1, max_size=12, unique=True)
 
 
-@given(bounds, st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=13, max_size=13),
-       st.floats(min_value=0, max_value=1), st.floats(min_value=0, max_value=1))
+@given(
+    bounds,
+    st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=13, max_size=13),
+    st.floats(min_value=0, max_value=1),
+    st.floats(min_value=0, max_value=1),
+)
 def test_quantile_is_monotone_in_q(les, counts, q1, q2):
     buckets = list(zip(sorted(les) + [INF], counts, strict=False))
     lo, hi = sorted((q1, q2))
@@ -121,7 +127,7 @@ def test_quantile_is_monotone_in_q(les, counts, q1, q2):
 
 PROMTOOL = shutil.which("promtool")
 STEP_S = 15
-EVAL_S = 307          # window [7 s, 307 s]: no sample sits on the boundary
+EVAL_S = 307  # window [7 s, 307 s]: no sample sits on the boundary
 
 
 def _series(rng: random.Random, n: int, reset_at: int | None = None) -> list[list[float]]:
@@ -145,8 +151,10 @@ LES = ("0.05", "0.1", "0.5", "+Inf")
 
 
 def _ours(values: list[list[float]], q: float) -> float | None:
-    buckets = {parse_le(le): [(STEP_S * i, v) for i, v in enumerate(vals) if 7 <= STEP_S * i <= EVAL_S]
-               for le, vals in zip(LES, values, strict=True)}
+    buckets = {
+        parse_le(le): [(STEP_S * i, v) for i, v in enumerate(vals) if 7 <= STEP_S * i <= EVAL_S]
+        for le, vals in zip(LES, values, strict=True)
+    }
     return window_quantile(q, buckets, EVAL_S - 300, EVAL_S)
 
 
@@ -155,27 +163,45 @@ def _ours(values: list[list[float]], q: float) -> float | None:
 def test_window_quantile_and_rate_agree_with_prometheus(tmp_path):
     rng = random.Random(7)
     cases = {"steady": _series(rng, 22), "reset": _series(rng, 22, reset_at=12)}
-    counter = [5.0 * i for i in range(12)] + [3.0 * i for i in range(10)]      # restarted at i=12
+    counter = [5.0 * i for i in range(12)] + [3.0 * i for i in range(10)]  # restarted at i=12
     tests, checked = [], 0
     for name, values in cases.items():
-        series = [{"series": f'lat_{name}_bucket{{le="{le}"}}', "values": " ".join(f"{v:g}" for v in vals)}
-                  for le, vals in zip(LES, values, strict=True)]
+        series = [
+            {"series": f'lat_{name}_bucket{{le="{le}"}}', "values": " ".join(f"{v:g}" for v in vals)}
+            for le, vals in zip(LES, values, strict=True)
+        ]
         exprs = []
         for q in (0.25, 0.5, 0.9, 0.99):
             want = _ours(values, q)
             assert want is not None
-            exprs.append({"expr": f"histogram_quantile({q}, rate(lat_{name}_bucket[5m]))", "eval_time": f"{EVAL_S}s",
-                          "exp_samples": [{"labels": "{}", "value": want}]})
+            exprs.append(
+                {
+                    "expr": f"histogram_quantile({q}, rate(lat_{name}_bucket[5m]))",
+                    "eval_time": f"{EVAL_S}s",
+                    "exp_samples": [{"labels": "{}", "value": want}],
+                }
+            )
             checked += 1
         tests.append({"interval": f"{STEP_S}s", "input_series": series, "promql_expr_test": exprs})
     pts = [(STEP_S * i, v) for i, v in enumerate(counter) if 7 <= STEP_S * i <= EVAL_S]
-    tests.append({"interval": f"{STEP_S}s",
-                  "input_series": [{"series": "c_total", "values": " ".join(f"{v:g}" for v in counter)}],
-                  "promql_expr_test": [
-                      {"expr": "increase(c_total[5m])", "eval_time": f"{EVAL_S}s",
-                       "exp_samples": [{"labels": "{}", "value": increase(pts, EVAL_S - 300, EVAL_S)}]},
-                      {"expr": "rate(c_total[5m])", "eval_time": f"{EVAL_S}s",
-                       "exp_samples": [{"labels": "{}", "value": rate(pts, EVAL_S - 300, EVAL_S)}]}]})
+    tests.append(
+        {
+            "interval": f"{STEP_S}s",
+            "input_series": [{"series": "c_total", "values": " ".join(f"{v:g}" for v in counter)}],
+            "promql_expr_test": [
+                {
+                    "expr": "increase(c_total[5m])",
+                    "eval_time": f"{EVAL_S}s",
+                    "exp_samples": [{"labels": "{}", "value": increase(pts, EVAL_S - 300, EVAL_S)}],
+                },
+                {
+                    "expr": "rate(c_total[5m])",
+                    "eval_time": f"{EVAL_S}s",
+                    "exp_samples": [{"labels": "{}", "value": rate(pts, EVAL_S - 300, EVAL_S)}],
+                },
+            ],
+        }
+    )
     good = tmp_path / "parity.test.yml"
     good.write_text(yaml.safe_dump({"evaluation_interval": "1m", "tests": tests}))
     res = subprocess.run([PROMTOOL, "test", "rules", str(good)], capture_output=True, text=True, timeout=60)

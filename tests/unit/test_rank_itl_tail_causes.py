@@ -23,10 +23,16 @@ def _frame(itl_counts: list[int]):
     inputs = [
         {"series": 'engine_kv_offload_loaded_tokens_total{instance="e0"}', "values": "0+3000x80"},
         {"series": 'engine_prompt_tokens_total{instance="e0"}', "values": "0+15000x80"},
-        {"histogram": 'request_itl_seconds{instance="e0"}', "buckets": [0.02, 0.05, 0.2, 0.5],
-         "phases": [{"steps": 80, "counts": itl_counts}]},
-        {"histogram": 'request_prompt_tokens{instance="e0"}', "buckets": [100, 1000, 10000],
-         "phases": [{"steps": 80, "counts": [80, 10, 10, 0]}]},
+        {
+            "histogram": 'request_itl_seconds{instance="e0"}',
+            "buckets": [0.02, 0.05, 0.2, 0.5],
+            "phases": [{"steps": 80, "counts": itl_counts}],
+        },
+        {
+            "histogram": 'request_prompt_tokens{instance="e0"}',
+            "buckets": [100, 1000, 10000],
+            "phases": [{"steps": 80, "counts": [80, 10, 10, 0]}],
+        },
     ]
     case = Case("both", inputs, 1200.0, [], {}, 0, {})
     return frame_from_samples(case_samples(case, 15.0), 0.0, 1200.0, 15.0)
@@ -36,6 +42,6 @@ def _frame(itl_counts: list[int]):
 def test_reload_stream_outranks_prefill_interference_behind_the_same_tail(itl_counts):
     rules = [r for r in read_rules() if r.id in RULE_IDS]
     d = diagnose(_frame(itl_counts), rules, time_scale=1.0)
-    assert {f.levers_md for f in d.findings} == {"K7", "L3"}      # both hold from the same onset
+    assert {f.levers_md for f in d.findings} == {"K7", "L3"}  # both hold from the same onset
     assert d.likely_cause.levers_md == "K7"
     assert [f.levers_md for f in d.competing] == ["L3"]

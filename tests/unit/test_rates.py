@@ -40,7 +40,7 @@ def test_extrapolates_to_window_edges_like_prometheus():
 
 def test_extrapolation_stops_at_half_an_interval_after_a_gap():
     # the series starts 30 s into the window (new target): extend only 5 s (half of 10 s)
-    pts = [(30.0 + 10 * i, 50.0 + i) for i in range(4)]    # 30..60
+    pts = [(30.0 + 10 * i, 50.0 + i) for i in range(4)]  # 30..60
     assert increase(pts, 0.0, 60.0) == 3.0 * (30 + 5) / 30
 
 
@@ -88,7 +88,7 @@ def test_monotonic_counter_increase_is_last_minus_first(steps):
 
 
 def test_rate_series_over_a_week_of_15s_points_at_hourly_steps():
-    pts = [(15.0 * i, 2.0 * i) for i in range(40_320)]    # 7 days at 15 s
+    pts = [(15.0 * i, 2.0 * i) for i in range(40_320)]  # 7 days at 15 s
     got = rate_series(pts, window_s=300.0, step_s=3600.0)
     assert len(got) == 168 and got[0][1] is None
     assert all(abs(r - 2.0 / 15.0) < 1e-9 for _, r in got[1:])
@@ -128,5 +128,5 @@ def test_a_chart_reads_a_counter_reset_as_the_rule_does():
     labels = [make_labels({"instance": "a", "job": "vllm"})]
     frame = Frame(ts=grid, blocks={"engine_preemptions_total": Block(labels, values)})
     chart = signal_frame(frame, "engine_preemptions_total")
-    assert chart.iloc[4, 0] == 3 / 15                 # the reset step: the value after it
+    assert chart.iloc[4, 0] == 3 / 15  # the reset step: the value after it
     assert np.allclose(chart.iloc[:, 0].to_numpy()[1:], counter_rate(values, 1, 15.0)[0, 1:])

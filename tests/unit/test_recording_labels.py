@@ -14,9 +14,11 @@ from kvscope.agent.recording.replay import replay_recording
 from kvscope.agent.scrape.exposition import parse_exposition
 
 T0 = 1_800_000_000.0
-DCGM = ('# TYPE DCGM_FI_DEV_FB_USED gauge\n'
-        'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-a",pod="llama-0",namespace="llm"} 70000\n'
-        'DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-b"} 10\n')
+DCGM = (
+    "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
+    'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-a",pod="llama-0",namespace="llm"} 70000\n'
+    'DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-b"} 10\n'
+)
 EXPORTER = {"pod": "dcgm-exporter-1", "namespace": "gpu-operator"}
 
 
@@ -29,13 +31,18 @@ def _write(path, text, labels, times=(T0, T0 + 10), failed=()):
 
 def test_target_labels_go_on_every_sample_and_conflicts_become_exported(tmp_path):
     body = read_recording_text(_write(tmp_path / "r.om", DCGM, EXPORTER))
-    assert ('up{instance="node-1:9400",job="dcgm",namespace="gpu-operator",pod="dcgm-exporter-1"} 1.0 '
-            f'{T0:.1f}') in body
+    assert (
+        f'up{{instance="node-1:9400",job="dcgm",namespace="gpu-operator",pod="dcgm-exporter-1"}} 1.0 {T0:.1f}'
+    ) in body
     assert 'scrape_duration_seconds{instance="node-1:9400",job="dcgm",namespace="gpu-operator",' in body
-    assert ('DCGM_FI_DEV_FB_USED{UUID="GPU-a",exported_namespace="llm",exported_pod="llama-0",gpu="0",'
-            'instance="node-1:9400",job="dcgm",namespace="gpu-operator",pod="dcgm-exporter-1"} 70000.0') in body
-    assert ('DCGM_FI_DEV_FB_USED{UUID="GPU-b",gpu="1",instance="node-1:9400",job="dcgm",'
-            'namespace="gpu-operator",pod="dcgm-exporter-1"} 10.0') in body
+    assert (
+        'DCGM_FI_DEV_FB_USED{UUID="GPU-a",exported_namespace="llm",exported_pod="llama-0",gpu="0",'
+        'instance="node-1:9400",job="dcgm",namespace="gpu-operator",pod="dcgm-exporter-1"} 70000.0'
+    ) in body
+    assert (
+        'DCGM_FI_DEV_FB_USED{UUID="GPU-b",gpu="1",instance="node-1:9400",job="dcgm",'
+        'namespace="gpu-operator",pod="dcgm-exporter-1"} 10.0'
+    ) in body
 
 
 def test_reading_gives_back_the_scraped_labels_and_the_target_labels(tmp_path):
@@ -43,7 +50,8 @@ def test_reading_gives_back_the_scraped_labels_and_the_target_labels(tmp_path):
     assert not expo.issues
     assert [(s.up, s.labels, s.duration_s) for s in scrapes] == [(True, EXPORTER, 0.02), (False, EXPORTER, 0.02)]
     assert sorted((r.name, r.labels, r.value) for r in scrapes[0].samples) == sorted(
-        (r.name, r.labels, r.value) for r in parse_exposition(DCGM).samples)
+        (r.name, r.labels, r.value) for r in parse_exposition(DCGM).samples
+    )
     assert scrapes[1].samples == []
 
 

@@ -35,13 +35,19 @@ def _copy(directory: Path, offset_s: float | None) -> tuple[Path, int]:
 
 def _diagnose(path: Path, *flags: str) -> tuple[int, str, str, float]:
     """Run `kvscope diagnose` under a 4 GiB address-space limit; (rc, stdout, stderr, peak RSS MiB)."""
+
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 
-    proc = subprocess.Popen([KVSCOPE, "diagnose", "--recording", str(path), *flags], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=limit)
+    proc = subprocess.Popen(
+        [KVSCOPE, "diagnose", "--recording", str(path), *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=limit,
+    )
     out, err = proc.communicate(timeout=300)
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)   # peak over the children so far: this one dominates
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # peak over the children so far: this one dominates
     return proc.returncode, out, err, usage.ru_maxrss / 1024
 
 
@@ -53,8 +59,9 @@ def test_a_sample_28_years_early_is_dropped_and_reported_and_the_verdict_is_unch
     print(json.dumps({"peak_rss_mib": round(peak_mib), "stderr": err}))
     verdict, verdict_clean = json.loads(out), json.loads(out_clean)
     assert rc == rc_clean == 2 and verdict["window"] == verdict_clean["window"]
-    assert [verdict[k] for k in ("likely_cause", "competing", "other")] == \
-        [verdict_clean[k] for k in ("likely_cause", "competing", "other")]
+    assert [verdict[k] for k in ("likely_cause", "competing", "other")] == [
+        verdict_clean[k] for k in ("likely_cause", "competing", "other")
+    ]
     assert f"{bad}:{line}: dropped 1 sample(s) timestamped more than 31 days from the recording's median" in err
     assert "1998-" in err and peak_mib < 1024
 
@@ -65,11 +72,11 @@ def test_replay_carries_the_note_and_spans_only_the_bulk(tmp_path):
     assert replay.end - replay.start < 3600 and len(replay.notes) == 1 and f":{line}:" in replay.notes[0]
     from kvscope.ui.data import SourceSpec, triage_from_replay
 
-    assert triage_from_replay(SourceSpec("recording", str(bad)), replay).notes == replay.notes   # the UI warns
+    assert triage_from_replay(SourceSpec("recording", str(bad)), replay).notes == replay.notes  # the UI warns
 
 
 def test_a_window_past_the_grid_bound_is_refused_before_allocation_with_what_to_pass(tmp_path):
-    bad, _ = _copy(tmp_path / "bad", 30 * 86400)          # within 31 days: kept, so the window is 30 days
+    bad, _ = _copy(tmp_path / "bad", 30 * 86400)  # within 31 days: kept, so the window is 30 days
     rc, _, err, peak_mib = _diagnose(bad, "--step", "1s")
     assert rc == 3 and "grid points" in err and "pass --start/--end" in err and "Traceback" not in err
     assert peak_mib < 1024

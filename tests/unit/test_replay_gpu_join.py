@@ -15,10 +15,10 @@ from kvscope.agent.recording.replay import parse_target_labels, replay_recording
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.diagnoser.sources.recording import RecordingSource
 
-UUID0 = "GPU-2b4c8f1e-9d3a-4c57-b1e2-7f0a5d6c3e91"       # gpu 0 of the dcgm fixture
+UUID0 = "GPU-2b4c8f1e-9d3a-4c57-b1e2-7f0a5d6c3e91"  # gpu 0 of the dcgm fixture
 POD = 'container="vllm",namespace="llm",pod="llama-0"'
 T0 = 1_800_000_000.0
-FB_MIB = [70000, 71000, 72000, 73000, 74000, 75000]      # gpu 0's used memory, one value per round
+FB_MIB = [70000, 71000, 72000, 73000, 74000, 75000]  # gpu 0's used memory, one value per round
 
 
 def _dcgm(text: str, fb_mib: int, pods: bool) -> str:
@@ -43,8 +43,10 @@ def _vllm(text: str, pods: bool) -> str:
 
 
 def _record(tmp_path, load_fixture, pods: bool):
-    dcgm, vllm = load_fixture("scrapes/dcgm-exporter-4.5.3-constructed-2gpu.txt"), \
-        load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt")
+    dcgm, vllm = (
+        load_fixture("scrapes/dcgm-exporter-4.5.3-constructed-2gpu.txt"),
+        load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt"),
+    )
     writer = RecordingWriter(tmp_path / "k8s.om.gz")
     for i, fb in enumerate(FB_MIB):
         t = T0 + 10 * i
@@ -56,10 +58,11 @@ def _record(tmp_path, load_fixture, pods: bool):
 def test_replay_joins_engines_to_gpus_on_pod_labels(tmp_path, load_fixture):
     replay = replay_recording(_record(tmp_path, load_fixture, pods=True))
     joined = sorted((s for s in replay.samples if s.name == JOIN_NAME), key=lambda s: s.timestamp)
-    assert [s.value for s in joined] == [mib * 1048576 for mib in FB_MIB]       # one per scrape round
+    assert [s.value for s in joined] == [mib * 1048576 for mib in FB_MIB]  # one per scrape round
     assert [s.timestamp for s in joined] == [T0 + 10 * i + 0.4 for i in range(len(FB_MIB))]
     assert {(s.label("instance"), s.label("gpu_uuid"), s.label("join")) for s in joined} == {
-        ("10.0.0.5:8000", UUID0, "kubernetes")}
+        ("10.0.0.5:8000", UUID0, "kubernetes")
+    }
     engine = next(s for s in replay.samples if s.name == "engine_requests_running")
     assert (engine.label("pod"), engine.label("namespace"), engine.label("container")) == ("llama-0", "llm", "vllm")
 
@@ -71,7 +74,7 @@ def test_diagnose_and_the_ui_read_the_join_from_a_recording(tmp_path, load_fixtu
     assert block is not None and block.values.shape[0] == 1
     held = [v for v in block.values[0] if v == v]
     assert len(held) >= len(FB_MIB) - 1 and set(held) <= {mib * 1048576 for mib in FB_MIB}
-    assert held == sorted(held)                                # the rounds' values in time order
+    assert held == sorted(held)  # the rounds' values in time order
 
 
 def test_without_pod_labels_the_join_is_absent_not_zero(tmp_path, load_fixture):
@@ -92,5 +95,5 @@ def test_target_labels_are_the_pod_labels_every_sample_carries():
     both = parse_exposition(f'a{{{POD}}} 1\nb{{{POD},x="1"}} 2\n').samples
     assert parse_target_labels(both) == {"pod": "llama-0", "namespace": "llm", "container": "vllm"}
     mixed = parse_exposition(f'a{{{POD}}} 1\nb{{pod="other",namespace="llm"}} 2\n').samples
-    assert parse_target_labels(mixed) == {"namespace": "llm"}       # one pod per target, or none
+    assert parse_target_labels(mixed) == {"namespace": "llm"}  # one pod per target, or none
     assert parse_target_labels([]) == {}

@@ -14,8 +14,8 @@ from kvscope.report.weekly import (
     series_set_from_samples,
 )
 
-STEP = 900.0            # 15 min
-END = 1_800_000_000.0   # a Saturday-ish epoch, any value works
+STEP = 900.0  # 15 min
+END = 1_800_000_000.0  # a Saturday-ish epoch, any value works
 T0 = END - 2 * WEEK_S
 
 
@@ -66,7 +66,9 @@ def test_tokens_gpu_hours_cost_and_trap_per_pool():
     assert pools.loc["m1 / unified", "gpu_hours"] == pytest.approx(2 * 7 * 24)
     assert pools.loc["m1 / unified", "gpu_util"] == pytest.approx(0.3)
     assert pools.loc["m1 / unified", "tokens_per_gpu_hour"] == pytest.approx(20.0 * 3600 / 2)
-    assert bool(pools.loc["m1 / unified", "utilisation_trap"]) and not bool(pools.loc["m2 / unified", "utilisation_trap"])
+    assert bool(pools.loc["m1 / unified", "utilisation_trap"]) and not bool(
+        pools.loc["m2 / unified", "utilisation_trap"]
+    )
     assert pools.loc["m2 / unified", "usd_per_1m_tokens"] == pytest.approx(2.0 * 168 / (5.0 * WEEK_S) * 1e6)
     fleet = report.this.fleet
     assert fleet["gpu_hours"] == pytest.approx(3 * 168)
@@ -146,11 +148,25 @@ def test_cli_writes_html_and_markdown_from_a_recording(tmp_path, capsys):
     from kvscope.cli import main
 
     rec = write_kv_incident(tmp_path / "kv.om")
-    assert main(["report", "weekly", "--recording", str(rec), "--html", str(tmp_path / "w.html"),
-                 "--markdown", str(tmp_path / "w.md"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "weekly",
+                "--recording",
+                str(rec),
+                "--html",
+                str(tmp_path / "w.html"),
+                "--markdown",
+                str(tmp_path / "w.md"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     md = (tmp_path / "w.md").read_text()
     assert "## Top findings" in md and "LEVERS" not in md
-    assert "kv_pressure" in md or "eviction_rate" in md      # the week's findings come from the diagnoser
+    assert "kv_pressure" in md or "eviction_rate" in md  # the week's findings come from the diagnoser
     assert "| Output tokens / GPU-hour | absent |" in md
     assert (tmp_path / "w.html").read_text().startswith("<!doctype html>")
 
@@ -158,8 +174,11 @@ def test_cli_writes_html_and_markdown_from_a_recording(tmp_path, capsys):
 def test_utilisation_prefers_graphics_engine_activity_over_gpu_util():
     """GPU_UTIL says a kernel ran; where DCGM profiling reports engine activity, the report uses it."""
     samples = _fleet(tenants=False)
-    samples += [Sample("gpu_graphics_engine_active_ratio", s.labels, 0.1, s.timestamp)
-                for s in samples if s.name == "gpu_utilization_ratio"]
+    samples += [
+        Sample("gpu_graphics_engine_active_ratio", s.labels, 0.1, s.timestamp)
+        for s in samples
+        if s.name == "gpu_utilization_ratio"
+    ]
     report = build_report(series_set_from_samples(samples), END, 2.0, "test")
     assert report.this.utilisation_signal == "gpu_graphics_engine_active_ratio"
     assert report.this.fleet["gpu_util"] == pytest.approx(0.1)
@@ -195,11 +214,24 @@ def test_a_real_incident_is_one_top_finding_with_its_supporting_findings(tmp_pat
     from kvscope.cli import main
     from kvscope.ui.data import SourceSpec, triage_from_replay
 
-    diagnosis = triage_from_replay(SourceSpec("recording", str(LIBRARY_CASCADE)),
-                                   replay_recording(LIBRARY_CASCADE)).diagnosis
+    diagnosis = triage_from_replay(
+        SourceSpec("recording", str(LIBRARY_CASCADE)), replay_recording(LIBRARY_CASCADE)
+    ).diagnosis
     assert diagnosis.likely_cause is not None and diagnosis.supporting
-    assert main(["report", "weekly", "--recording", str(LIBRARY_CASCADE), "--markdown", str(tmp_path / "w.md"),
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "weekly",
+                "--recording",
+                str(LIBRARY_CASCADE),
+                "--markdown",
+                str(tmp_path / "w.md"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     md = (tmp_path / "w.md").read_text()
     rows = [line for line in md.split("## Top findings")[1].splitlines() if line.startswith("| ")][1:]
     head = next(r for r in rows if f"({diagnosis.likely_cause.rule_id})" in r)
@@ -215,7 +247,7 @@ def test_unattributed_gpus_say_why_and_a_gpu_mapping_attributes_them(tmp_path, c
     from kvscope.agent.recording.replay import replay_recording
     from kvscope.cli import main
 
-    assert build_report(series_set_from_samples(_fleet()), END, 2.0, "test").attribution == ""   # node join
+    assert build_report(series_set_from_samples(_fleet()), END, 2.0, "test").attribution == ""  # node join
     replay = replay_recording(LIBRARY_TRAP)
     report = build_report(series_set_from_samples(replay.samples), replay.end + 1, 2.5, "library")
     assert "8 GPU(s) on node-0, node-1 are not attributed" in report.attribution
@@ -227,8 +259,22 @@ def test_unattributed_gpus_say_why_and_a_gpu_mapping_attributes_them(tmp_path, c
     mapping = tmp_path / "gpus.yaml"
     mapping.write_text("".join(f"{u}: replica-{i}\n" for i, u in enumerate(uuids)))
     md_path = tmp_path / "w.md"
-    assert main(["report", "weekly", "--recording", str(LIBRARY_TRAP), "--gpu-mapping", str(mapping),
-                 "--markdown", str(md_path), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "weekly",
+                "--recording",
+                str(LIBRARY_TRAP),
+                "--gpu-mapping",
+                str(mapping),
+                "--markdown",
+                str(md_path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     md = md_path.read_text()
     assert "unattributed" not in md and "not attributed" not in md
     row = next(line for line in md.splitlines() if line.startswith("| meta-llama/Llama-3.1-8B-Instruct / unified"))
@@ -236,20 +282,24 @@ def test_unattributed_gpus_say_why_and_a_gpu_mapping_attributes_them(tmp_path, c
     assert gpu_hours == pytest.approx(report.this.fleet["gpu_hours"], abs=0.05)
 
     mapping.write_text("- not a mapping\n")
-    assert main(["report", "weekly", "--recording", str(LIBRARY_TRAP), "--gpu-mapping", str(mapping),
-                 "--no-progress"]) == 3
+    assert (
+        main(["report", "weekly", "--recording", str(LIBRARY_TRAP), "--gpu-mapping", str(mapping), "--no-progress"])
+        == 3
+    )
     assert "--gpu-mapping" in capsys.readouterr().err
 
 
 def test_a_node_shared_by_two_pools_is_named_as_the_reason():
     """Both engines on n1: its GPUs cannot be split by node, and the note does not ask for node labels."""
-    samples = [s._replace(labels=make_labels({**dict(s.labels), "node": "n1"})) if s.name.startswith("engine_")
-               else s for s in _fleet(tenants=False)]
+    samples = [
+        s._replace(labels=make_labels({**dict(s.labels), "node": "n1"})) if s.name.startswith("engine_") else s
+        for s in _fleet(tenants=False)
+    ]
     report = build_report(series_set_from_samples(samples), END, 2.0, "test")
     assert "3 GPU(s) on n1, n2 are not attributed" in report.attribution
     assert "n1 run engines of more than one pool" in report.attribution
     assert "labels: {node:" not in report.attribution
-    assert report.this.fleet["gpu_hours"] == pytest.approx(3 * 7 * 24, rel=0.01)     # fleet totals count them
+    assert report.this.fleet["gpu_hours"] == pytest.approx(3 * 7 * 24, rel=0.01)  # fleet totals count them
 
 
 def test_a_llamacpp_fleet_gets_its_tokens_and_cache_and_says_what_it_lacks(tmp_path):
@@ -258,11 +308,15 @@ def test_a_llamacpp_fleet_gets_its_tokens_and_cache_and_says_what_it_lacks(tmp_p
     from kvscope.cli import main
 
     rec = LIBRARY_CASCADE.parent / "llamacpp-saturated.om.gz"
-    assert main(["report", "weekly", "--recording", str(rec), "--markdown", str(tmp_path / "w.md"),
-                 "--no-progress"]) == 0
+    assert (
+        main(["report", "weekly", "--recording", str(rec), "--markdown", str(tmp_path / "w.md"), "--no-progress"]) == 0
+    )
     md = (tmp_path / "w.md").read_text()
-    fleet = {row.split("|")[1].strip(): row.split("|")[2].strip()
-             for row in md.split("## Fleet")[1].split("##")[0].splitlines() if row.startswith("| ")}
+    fleet = {
+        row.split("|")[1].strip(): row.split("|")[2].strip()
+        for row in md.split("## Fleet")[1].split("##")[0].splitlines()
+        if row.startswith("| ")
+    }
     assert int(fleet["Output tokens"].replace(",", "")) > 0
     assert fleet["GPU-hours"] == "absent" and fleet["GPU cost"] == "absent"
     assert "GPU utilisation is absent from this source" in md
@@ -273,8 +327,12 @@ HOSTILE_TENANT = "t|en`ant[1]<b>\r\n| injected | row |"
 
 
 def _relabel(samples: list[Sample], key: str, old: str, new: str) -> list[Sample]:
-    return [Sample(s.name, make_labels({**dict(s.labels), key: new}), s.value, s.timestamp)
-            if dict(s.labels).get(key) == old else s for s in samples]
+    return [
+        Sample(s.name, make_labels({**dict(s.labels), key: new}), s.value, s.timestamp)
+        if dict(s.labels).get(key) == old
+        else s
+        for s in samples
+    ]
 
 
 def test_markdown_escapes_hostile_model_and_tenant_labels():
@@ -282,12 +340,12 @@ def test_markdown_escapes_hostile_model_and_tenant_labels():
     md = render_markdown(build_report(series_set_from_samples(samples), END, 2.0, "test|`src`"))
     lines = md.splitlines()
 
-    def cells(line: str) -> int:   # table cells: pipes not escaped by a backslash
+    def cells(line: str) -> int:  # table cells: pipes not escaped by a backslash
         return len([i for i, c in enumerate(line) if c == "|" and (i == 0 or line[i - 1] != "\\")]) - 1
 
     for table in ("| Pool |", "| Tenant |"):
         head = lines.index(next(ln for ln in lines if ln.startswith(table)))
-        body = lines[head + 2:lines.index("", head)]
+        body = lines[head + 2 : lines.index("", head)]
         assert body and all(cells(row) == cells(lines[head]) for row in body), body
     assert "<img" not in md and "<b>" not in md and "[x](" not in md
     assert "# Owned" not in lines and not any(ln.startswith("| injected") for ln in lines)

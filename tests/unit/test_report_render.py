@@ -23,16 +23,29 @@ from tests.unit.test_report import END, _fleet
 
 
 def _finding(where: dict[str, str]) -> Finding:
-    return Finding(rule_id="fleet_util_low", levers_md="U1", title="Fleet GPU utilisation is low",
-                   severity="warning", where=where, since=END - 3600, until=END, active=True,
-                   window=(END - 7200, END), step_s=900.0, score=1.0, summary="s")
+    return Finding(
+        rule_id="fleet_util_low",
+        levers_md="U1",
+        title="Fleet GPU utilisation is low",
+        severity="warning",
+        where=where,
+        since=END - 3600,
+        until=END,
+        active=True,
+        window=(END - 7200, END),
+        step_s=900.0,
+        score=1.0,
+        summary="s",
+    )
 
 
 def test_a_fleet_wide_finding_says_fleet_and_a_placed_one_its_labels():
     assert finding_where({}) == "fleet"
     assert finding_where({"model": "m1", "instance": "a"}) == "instance=a, model=m1"
-    report = replace(build_report(series_set_from_samples(_fleet()), END, 2.0, "test"),
-                     incidents=[Incident(_finding({})), Incident(_finding({"model": "m1"}))])
+    report = replace(
+        build_report(series_set_from_samples(_fleet()), END, 2.0, "test"),
+        incidents=[Incident(_finding({})), Incident(_finding({"model": "m1"}))],
+    )
     md = render_markdown(report)
     rows = [line for line in md.splitlines() if "fleet_util_low" in line]
     assert "| fleet |" in rows[0] and "| model=m1 |" in rows[1]
@@ -41,10 +54,18 @@ def test_a_fleet_wide_finding_says_fleet_and_a_placed_one_its_labels():
 def test_html_right_aligns_numbers_only():
     for text in ("1,234", "12.5%", "$3.10", "+4.0%", "absent", "n/a", "0.5"):
         assert is_numeric_cell(text), text
-    for text in ("warning", "Fleet GPU utilisation is low (fleet_util_low)", "model=m1", "2026-11-22 07:00 UTC",
-                 "k8s.colocation, k8s.replicas", "fleet"):
+    for text in (
+        "warning",
+        "Fleet GPU utilisation is low (fleet_util_low)",
+        "model=m1",
+        "2026-11-22 07:00 UTC",
+        "k8s.colocation, k8s.replicas",
+        "fleet",
+    ):
         assert not is_numeric_cell(text), text
-    report = replace(build_report(series_set_from_samples(_fleet()), END, 2.0, "test"), incidents=[Incident(_finding({}))])
+    report = replace(
+        build_report(series_set_from_samples(_fleet()), END, 2.0, "test"), incidents=[Incident(_finding({}))]
+    )
     page = render_html(report)
     assert "td.num{text-align:right}" in page and "text-align:left" in page
     assert re.search(r'<td class="num">[\d,]+</td>', page)
@@ -63,7 +84,7 @@ def test_every_time_plot_spans_the_report_window_in_utc_with_units_and_percent()
     from matplotlib import pyplot as plt
 
     short = build_report(series_set_from_samples([s for s in _fleet() if s.timestamp > END - 3600]), END, 2.0, "t")
-    for report in (short, _with_a_gap()[0]):       # an hour of data still gets the week's axis
+    for report in (short, _with_a_gap()[0]):  # an hour of data still gets the week's axis
         figures = render_figures(report)
         for (title, fig), (_, _, unit) in zip(figures[:3], TIME_PLOTS, strict=True):
             ax = fig.axes[0]
@@ -94,7 +115,7 @@ def test_a_gap_is_shaded_and_absent_not_zero():
     timeline = report.this.timeline
     starts = np.array([t.timestamp() for t in timeline.index])
     inside = (starts > hole[0] + 3600) & (starts < hole[1] - 3600)
-    assert inside.any() and timeline[inside].isna().all().all()          # absent, not zero
+    assert inside.any() and timeline[inside].isna().all().all()  # absent, not zero
     assert (timeline[~inside]["gpu_util"].dropna() > 0).all()
     gaps = report.this.coverage.gaps
     assert len(gaps) == 1 and hole[0] - 900 <= gaps[0][0] and gaps[0][1] <= hole[1] + 900
@@ -115,9 +136,14 @@ def test_timeline_bins_fit_the_data_held():
 def _placed(rule: str, instance: str, levers: tuple[str, ...], score: float, row: str = "K2") -> Finding:
     from kvscope.diagnoser.findings import LeverAdvice
 
-    return replace(_finding({"instance": instance}), rule_id=rule, levers_md=row, score=score,
-                   title=f"{rule} title", levers=tuple(LeverAdvice(id=lv, rank=i + 1, direction="increase")
-                                                       for i, lv in enumerate(levers)))
+    return replace(
+        _finding({"instance": instance}),
+        rule_id=rule,
+        levers_md=row,
+        score=score,
+        title=f"{rule} title",
+        levers=tuple(LeverAdvice(id=lv, rank=i + 1, direction="increase") for i, lv in enumerate(levers)),
+    )
 
 
 def test_findings_of_one_incident_are_one_row_as_diagnose_groups_them():
@@ -128,15 +154,20 @@ def test_findings_of_one_incident_are_one_row_as_diagnose_groups_them():
     eviction = replace(_placed("eviction_rate_high", "r0", ("kv_dtype",), 7.0), severity="critical")
     queue_a = _placed("queue_high", "r1", ("replicas",), 3.0, row="Q1")
     queue_b = _placed("queue_high", "r2", ("replicas",), 2.0, row="Q1")
-    d = Diagnosis(window=(END - 7200, END), source="t", likely_cause=cause, competing=(preempt,),
-                  other=(eviction, queue_a, queue_b))
+    d = Diagnosis(
+        window=(END - 7200, END),
+        source="t",
+        likely_cause=cause,
+        competing=(preempt,),
+        other=(eviction, queue_a, queue_b),
+    )
     report = build_report(series_set_from_samples(_fleet()), END, 2.0, "test", diagnoses=[d])
     assert [i.head.rule_id for i in report.incidents] == ["kv_pressure_cascade", "queue_high"]
     md = render_markdown(report)
     rows = [line for line in md.split("## Top findings")[1].splitlines() if line.startswith("| ")][1:]
     assert len(rows) == 2
     assert "supported by: kv_pressure_preemption title (kv_pressure_preemption); eviction_rate_high title" in rows[0]
-    assert rows[0].startswith("| critical |")                 # the worst severity of the incident
+    assert rows[0].startswith("| critical |")  # the worst severity of the incident
     assert "| 2 instances: r1, r2 |" in rows[1]
 
 
@@ -161,5 +192,5 @@ def test_a_short_real_recording_keeps_the_week_axis_and_adds_a_zoom_onto_its_dat
         assert (lo, hi) == pytest.approx((report.this.start, report.this.end), abs=1.0)
         zlo, zhi = (mdates.num2date(x).timestamp() for x in zoom_ax.get_xlim())
         assert zlo <= replay.start + 60 and zhi >= replay.end - 60 and zhi - zlo < 3600
-        fig.canvas.draw()                                 # tick placement warns at draw time
+        fig.canvas.draw()  # tick placement warns at draw time
         plt.close(fig)

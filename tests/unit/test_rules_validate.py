@@ -46,8 +46,9 @@ def test_unknown_signal_is_reported(tmp_path):
 
 
 def test_unknown_lever_and_direction_are_reported(tmp_path):
-    msgs = _messages(_copy_with(tmp_path, "{id: vllm.kv_cache_dtype, direction: set}",
-                                "{id: vllm.kv_dtype, direction: sideways}"))
+    msgs = _messages(
+        _copy_with(tmp_path, "{id: vllm.kv_cache_dtype, direction: set}", "{id: vllm.kv_dtype, direction: sideways}")
+    )
     assert any("unknown lever 'vllm.kv_dtype'" in m for m in msgs)
     assert any("direction 'sideways'" in m for m in msgs)
 

@@ -27,8 +27,10 @@ class StaticCollector:
 
     async def collect(self) -> Collection:
         self.calls += 1
-        return Collection(samples=[Sample("gpu_power_watts", GPU, 300.0 + self.calls, time.time())],
-                          health=[Health(collector=self.name)])
+        return Collection(
+            samples=[Sample("gpu_power_watts", GPU, 300.0 + self.calls, time.time())],
+            health=[Health(collector=self.name)],
+        )
 
     async def close(self) -> None:
         return None
@@ -61,8 +63,11 @@ def config(interval_s: float = 1.0):
 
 def test_derive_hook_output_is_stored_and_reexported_and_a_failing_hook_is_reported():
     def doubled_power(cycle):
-        return [Sample("gpu_memory_used_bytes", s.labels, s.value * 2, s.timestamp)
-                for s in cycle if s.name == "gpu_power_watts"]
+        return [
+            Sample("gpu_memory_used_bytes", s.labels, s.value * 2, s.timestamp)
+            for s in cycle
+            if s.name == "gpu_power_watts"
+        ]
 
     def broken(cycle):
         raise KeyError("oops")
@@ -73,7 +78,12 @@ def test_derive_hook_output_is_stored_and_reexported_and_a_failing_hook_is_repor
     expo = parse_exposition(render_metrics(rt.state, load_catalog()))
     values = {(s.name, s.labels): s.value for s in expo.samples}
     assert values[("kvscope_gpu_memory_used_bytes", GPU)] == 602.0
-    assert values[("kvscope_collector_status", make_labels({"collector": "derive_broken", "reason": "exception_KeyError"}))] == 1
+    assert (
+        values[
+            ("kvscope_collector_status", make_labels({"collector": "derive_broken", "reason": "exception_KeyError"}))
+        ]
+        == 1
+    )
     assert list(store.query("gpu_memory_used_bytes", 0, 2e10).values())[0][0][1] == 602.0
 
 
@@ -108,7 +118,7 @@ def test_run_keeps_the_cadence_and_stops_promptly():
 
     stop_s = asyncio.run(main())
     assert stop_s < 0.5
-    assert 3 <= static.calls <= 6       # 0.9 s at 0.2 s: ticks at 0, 0.2, ... 0.8 (slack for a busy CI box)
+    assert 3 <= static.calls <= 6  # 0.9 s at 0.2 s: ticks at 0, 0.2, ... 0.8 (slack for a busy CI box)
 
 
 def test_a_cycle_that_raises_is_reported_and_the_loop_goes_on():
@@ -119,8 +129,9 @@ def test_a_cycle_that_raises_is_reported_and_the_loop_goes_on():
     class Flaky(StaticCollector):
         async def collect(self) -> Collection:
             self.calls += 1
-            return Collection(samples=[Sample("engine_x_total", GPU, next(values), time.time())],
-                              health=[Health(collector=self.name)])
+            return Collection(
+                samples=[Sample("engine_x_total", GPU, next(values), time.time())], health=[Health(collector=self.name)]
+            )
 
     rt = AgentRuntime(config(0.1), [Flaky()], InMemoryStore())
     seen = []
@@ -146,13 +157,16 @@ def test_counter_resets_count_once_per_instance_and_scrape():
     a = make_labels({"instance": "a"})
 
     def cycle(v1, v2):
-        return [Sample("engine_preemptions_total", a, v1), Sample("request_ttft_seconds_count", a, v2),
-                Sample("engine_requests_running", a, 0.0)]
+        return [
+            Sample("engine_preemptions_total", a, v1),
+            Sample("request_ttft_seconds_count", a, v2),
+            Sample("engine_requests_running", a, 0.0),
+        ]
 
     resets.observe(cycle(10, 5), into)
     resets.observe(cycle(12, 6), into)
     assert into == Counter()
-    resets.observe(cycle(1, 1), into)             # both counters went down in one scrape: one reset
+    resets.observe(cycle(1, 1), into)  # both counters went down in one scrape: one reset
     resets.observe(cycle(2, 2), into)
     assert into == Counter({"a": 1})
 
@@ -184,9 +198,9 @@ def test_counter_resets_same_series_fast_path_counts_like_the_definition():
         cycle.append(Sample("g", labs[0], 1.0, 1.0))
         event = rng.randrange(10)
         if event == 0:
-            del cycle[rng.randrange(len(cycle))]      # a series missing from one cycle
+            del cycle[rng.randrange(len(cycle))]  # a series missing from one cycle
         elif event == 1:
-            cycle.append(cycle[0]._replace(value=0.0))   # a series twice in one cycle
+            cycle.append(cycle[0]._replace(value=0.0))  # a series twice in one cycle
         elif event == 2:
             rng.shuffle(cycle)
         cycles.append(cycle)

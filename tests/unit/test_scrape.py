@@ -12,7 +12,7 @@ from aiohttp import web
 
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
 
-BODY = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 3.0\n"
+BODY = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 3.0\n'
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -60,8 +60,10 @@ def test_read_exposition_returns_text_and_size():
 
 def test_read_exposition_recognizes_openmetrics_content_type():
     async def om(request):
-        return web.Response(body=(BODY + "# EOF\n").encode(),
-                            headers={"Content-Type": "application/openmetrics-text; version=1.0.0; charset=utf-8"})
+        return web.Response(
+            body=(BODY + "# EOF\n").encode(),
+            headers={"Content-Type": "application/openmetrics-text; version=1.0.0; charset=utf-8"},
+        )
 
     assert scrape(om).openmetrics is True
 
@@ -126,7 +128,7 @@ def test_read_exposition_caps_a_streamed_body_without_length():
 
 
 def test_read_exposition_counts_decompressed_bytes_against_the_cap():
-    raw = b"a 1\n" * 250_000                      # 1 MB that gzips to a few KB
+    raw = b"a 1\n" * 250_000  # 1 MB that gzips to a few KB
     packed = gzip.compress(raw)
     assert len(packed) < 64 * 1024
 
@@ -138,15 +140,16 @@ def test_read_exposition_counts_decompressed_bytes_against_the_cap():
 
 def test_read_exposition_decompresses_gzip():
     async def gz(request):
-        return web.Response(body=gzip.compress(BODY.encode()),
-                            headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
+        return web.Response(
+            body=gzip.compress(BODY.encode()), headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"}
+        )
 
     assert scrape(gz).text == BODY
 
 
 def test_read_exposition_reports_non_utf8():
     async def latin(request):
-        return web.Response(body=b"m{a=\"\xff\"} 1\n", content_type="text/plain")
+        return web.Response(body=b'm{a="\xff"} 1\n', content_type="text/plain")
 
     assert reason_of(latin) == "decode_error"
 
@@ -163,7 +166,7 @@ def test_read_exposition_reports_a_dropped_connection():
 def test_read_exposition_reports_connection_refused():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]   # closed again before the scrape: nothing listens there
+        port = s.getsockname()[1]  # closed again before the scrape: nothing listens there
 
     async def main():
         async with new_session() as session:

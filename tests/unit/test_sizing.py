@@ -29,8 +29,16 @@ def test_weights_floor_matches_002_examples():
 def test_memory_budget_worked_example_needs_at_least_four_h100():
     # 002 §2.6: 70B FP16, 50 x 8K, activations 28 GB, overhead 15 GB, H100 80 GB -> 4 GPUs minimum.
     kv = sizing.kv_bytes_per_token(**LLAMA3_70B, bytes_per_element=2)
-    budget = sizing.memory_budget(weights=140 * GB, kv_per_token=kv, context_tokens=8000, concurrency=50,
-                                  gpu_memory=80 * GB, activations=28 * GB, overhead=15 * GB, headroom=0.5)
+    budget = sizing.memory_budget(
+        weights=140 * GB,
+        kv_per_token=kv,
+        context_tokens=8000,
+        concurrency=50,
+        gpu_memory=80 * GB,
+        activations=28 * GB,
+        overhead=15 * GB,
+        headroom=0.5,
+    )
     assert budget.kv_bytes == pytest.approx(131.072 * GB)  # first principles; 002 says ~104 GB with 0.26 MB
     assert budget.total_bytes == pytest.approx((140 + 131.072 + 28 + 15) * GB)
     assert budget.min_gpus == 4
@@ -38,16 +46,18 @@ def test_memory_budget_worked_example_needs_at_least_four_h100():
 
 
 def test_memory_budget_default_overhead_is_five_percent_per_gpu():
-    budget = sizing.memory_budget(weights=10 * GB, kv_per_token=1000, context_tokens=1000, concurrency=10,
-                                  gpu_memory=80 * GB)
+    budget = sizing.memory_budget(
+        weights=10 * GB, kv_per_token=1000, context_tokens=1000, concurrency=10, gpu_memory=80 * GB
+    )
     assert budget.overhead_bytes == pytest.approx(4 * GB)
     assert budget.min_gpus == 1
 
 
 def test_fleet_size_worked_example_and_littles_law():
     # 002 §8.3: 120 peak RPS / 12 usable = 10 instances x TP4 x 1.3 = 52 GPUs; ceiling 48/2 = 24 RPS.
-    fleet = sizing.fleet_size(peak_rps=120, usable_rps_per_instance=12, tp_degree=4, safety_factor=1.3,
-                              c_max=48, avg_latency_s=2)
+    fleet = sizing.fleet_size(
+        peak_rps=120, usable_rps_per_instance=12, tp_degree=4, safety_factor=1.3, c_max=48, avg_latency_s=2
+    )
     assert (fleet.instances, fleet.total_gpus) == (10, 52)
     assert fleet.little_ceiling_rps == 24
     assert fleet.little_gap == 2.0
@@ -55,8 +65,9 @@ def test_fleet_size_worked_example_and_littles_law():
 
 
 def test_fleet_size_flags_a_benchmark_with_a_gap_over_two():
-    fleet = sizing.fleet_size(peak_rps=120, usable_rps_per_instance=5, tp_degree=1, safety_factor=1.2,
-                              c_max=48, avg_latency_s=2)
+    fleet = sizing.fleet_size(
+        peak_rps=120, usable_rps_per_instance=5, tp_degree=1, safety_factor=1.2, c_max=48, avg_latency_s=2
+    )
     assert fleet.little_gap == pytest.approx(4.8)
     assert not fleet.benchmark_trustworthy
 
@@ -68,18 +79,28 @@ def test_max_queue_depth_worked_example():
 
 
 def test_pd_ratio_prefill_heavy_and_decode_heavy():
-    rag = sizing.pd_ratio(peak_rps=10, avg_input_tokens=4000, prefill_tokens_per_s_per_gpu=20000,
-                          avg_output_tokens=200, decode_tokens_per_s_per_gpu=250)
+    rag = sizing.pd_ratio(
+        peak_rps=10,
+        avg_input_tokens=4000,
+        prefill_tokens_per_s_per_gpu=20000,
+        avg_output_tokens=200,
+        decode_tokens_per_s_per_gpu=250,
+    )
     assert rag.prefill_gpus == pytest.approx(2.0)
     assert rag.decode_gpus == pytest.approx(8.0)
     assert rag.render_ratio() == "1:4.0"
-    heavy = sizing.pd_ratio(peak_rps=1, avg_input_tokens=3000, prefill_tokens_per_s_per_gpu=1000,
-                            avg_output_tokens=100, decode_tokens_per_s_per_gpu=100)
+    heavy = sizing.pd_ratio(
+        peak_rps=1,
+        avg_input_tokens=3000,
+        prefill_tokens_per_s_per_gpu=1000,
+        avg_output_tokens=100,
+        decode_tokens_per_s_per_gpu=100,
+    )
     assert heavy.render_ratio() == "3.0:1"
 
 
 def test_kv_transfer_tax_for_a_4k_prompt_over_ndr():
-    kv = sizing.kv_bytes_per_token(**LLAMA3_70B, bytes_per_element=1) * 4096   # FP8, ~671 MB
+    kv = sizing.kv_bytes_per_token(**LLAMA3_70B, bytes_per_element=1) * 4096  # FP8, ~671 MB
     seconds = sizing.kv_transfer_seconds(kv_bytes=kv, bandwidth_bytes_per_s=50e9)  # NDR 400 Gb/s
     assert seconds == pytest.approx(kv / 50e9)
     assert 0.01 < seconds < 0.02
@@ -93,7 +114,8 @@ def test_cost_per_million_tokens_and_absent_tokens():
 def test_max_concurrency_from_free_kv():
     kv = sizing.kv_bytes_per_token(**LLAMA3_70B, bytes_per_element=2)
     assert sizing.max_concurrency(free_kv_bytes=40 * GB, kv_per_token=kv, context_tokens=8192) == math.floor(
-        40 * GB / (kv * 8192))
+        40 * GB / (kv * 8192)
+    )
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf")])

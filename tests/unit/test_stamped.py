@@ -46,17 +46,17 @@ def cycles(load_fixture, n: int = 14, seed: int = 5):
         parts = Parts()
         for j, (k, base) in enumerate(texts.items()):
             if k == "v2" and i % 5 == 3:
-                continue                                          # target down this cycle
+                continue  # target down this cycle
             text = moved(base.splitlines(), rng, 0.03 if i % 4 else 0.5, 0.3)
-            if k == "v1" and i in (6, 7):                         # a new series in a family
+            if k == "v1" and i in (6, 7):  # a new series in a family
                 text += 'vllm:num_requests_running{engine="1",model_name="tiny-llama"} 2.0\n'
             ts = 100.0 + i + 0.01 * j
             if i == 11:
-                ts = 100.0 + i                                   # all targets on one timestamp
+                ts = 100.0 + i  # all targets on one timestamp
             norm, _ = caches[k].normalize(text, "dcgm" if k == "g" else "vllm", {"job": k, "instance": k}, ts)
             parts.add(norm.samples, k)
         parts.add([Sample("kvscope_target_up", (("instance", k),), 1.0, 100.0 + i + 0.5) for k in texts])
-        if i == 12:   # a list sample on a Stamped part's timestamp
+        if i == 12:  # a list sample on a Stamped part's timestamp
             parts.add([Sample("host_cpu_seconds_total", (("instance", "v0"),), float(i), 100.0 + i + 0.01)])
         out.append(parts)
     return out
@@ -79,7 +79,7 @@ def test_encoder_rows_from_blocks_equal_the_flat_rows(load_fixture):
         got = block_enc.encode(c, 200.0 + i)
         want = flat_enc.encode(list(c), 200.0 + i)
         assert rows(got) == rows(want), f"cycle {i}"
-    assert block_enc.block_cohorts > 20   # the block path was taken most of the time
+    assert block_enc.block_cohorts > 20  # the block path was taken most of the time
 
 
 def test_encoder_block_guards_take_the_general_path():
@@ -87,9 +87,18 @@ def test_encoder_block_guards_take_the_general_path():
     lab = (("instance", "a"),)
     a = [("x_total", lab, 1.0), ("y", lab, 2.0)]
     b = [("z", lab, 3.0)]
-    seq = [[a, b], [a, [("z", lab, 4.0)]], [a, [("z", lab, float("nan"))]], [a, [("z", lab, 5)]],
-           [a, [("z", lab, 5)]], [a, [("w", lab, 5.0)]], [a, [("w", (("instance", "b"),), 6.0)]], [a], [a, b, b],
-           [[("x_total", lab, 0.5), ("y", lab, 2.0)], b]]
+    seq = [
+        [a, b],
+        [a, [("z", lab, 4.0)]],
+        [a, [("z", lab, float("nan"))]],
+        [a, [("z", lab, 5)]],
+        [a, [("z", lab, 5)]],
+        [a, [("w", lab, 5.0)]],
+        [a, [("w", (("instance", "b"),), 6.0)]],
+        [a],
+        [a, b, b],
+        [[("x_total", lab, 0.5), ("y", lab, 2.0)], b],
+    ]
     ids: dict = {}
     block_enc = ChangeEncoder(lambda n, lab: ids.setdefault((n, lab), len(ids) + 1))
     flat_enc = ChangeEncoder(lambda n, lab: ids.setdefault((n, lab), len(ids) + 1))
@@ -106,7 +115,7 @@ def test_counter_resets_from_blocks_equal_the_flat_definition(load_fixture):
         block.observe(c, got)
         flat.observe(list(c), want)
     assert got == want
-    assert sum(got.values()) >= 5   # counters did go down
+    assert sum(got.values()) >= 5  # counters did go down
 
 
 def test_counter_resets_compare_a_target_with_its_own_previous_part():
@@ -145,8 +154,12 @@ def test_stamped_and_parts_read_as_their_samples():
 def test_counter_resets_of_a_block_whose_series_changed_go_by_series():
     """Same positions, other series: a lower value of another series is no reset."""
     a, b = (("instance", "a"), ("k", "1")), (("instance", "a"), ("k", "2"))
-    seq = [[("x_total", a, 5.0)], [("x_total", b, 3.0)], [("x_total", b, 2.0), ("x_total", a, 6.0)],
-           [("x_total", a, 1.0), ("x_total", b, 2.5)]]
+    seq = [
+        [("x_total", a, 5.0)],
+        [("x_total", b, 3.0)],
+        [("x_total", b, 2.0), ("x_total", a, 6.0)],
+        [("x_total", a, 1.0), ("x_total", b, 2.5)],
+    ]
     block, flat = CounterResets(), CounterResets()
     got: Counter[str] = Counter()
     want: Counter[str] = Counter()
@@ -154,7 +167,7 @@ def test_counter_resets_of_a_block_whose_series_changed_go_by_series():
         part = Stamped([heads], float(i))
         block.observe(_sourced(part), got)
         flat.observe(list(part), want)
-    assert got == want == Counter({"a": 2})   # b: 3 -> 2, a: 6 -> 1
+    assert got == want == Counter({"a": 2})  # b: 3 -> 2, a: 6 -> 1
 
 
 def _sourced(part: Stamped) -> Parts:

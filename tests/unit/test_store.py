@@ -74,7 +74,7 @@ def test_reopen_finds_series_and_samples(tmp_path):
     s2 = SqliteStore(tmp_path / "kv.db", background=False)
     assert s2.names() == {"x", "y"}
     assert s2.query("y", 0, 20) == {B: [(11.0, 2.5)]}
-    s2.write([Sample("y", B, 3.5, 12.0)])   # an existing series keeps its id
+    s2.write([Sample("y", B, 3.5, 12.0)])  # an existing series keeps its id
     s2.flush()
     assert s2.query("y", 0, 20) == {B: [(11.0, 2.5), (12.0, 3.5)]}
     assert s2.stats().series == 2 and s2.stats().rows == 3
@@ -115,7 +115,7 @@ def test_retention_forgets_series_left_empty(tmp_path):
     s.flush()
     s.enforce_retention(now=1000.0)
     assert s.names() == {"y"} and s.stats().series == 1
-    s.write([Sample("z", A, 1.0, 990.0)])    # the freed slot takes a new series
+    s.write([Sample("z", A, 1.0, 990.0)])  # the freed slot takes a new series
     s.flush()
     assert s.names() == {"y", "z"}
     s.close()
@@ -137,8 +137,8 @@ def test_retention_by_size_keeps_newest_under_limit(tmp_path):
     assert after.used_bytes <= 256 * 1024
     assert after.deleted["size"] > 0 and after.rows == before.rows - after.deleted["size"]
     kept = s.query("gpu_power_watts", 0, 1e9, {"gpu": "7"})[labels[7]]
-    assert kept[-1][0] == 1599.0                       # newest survives
-    assert kept[0][0] > 1000.0                         # oldest went first
+    assert kept[-1][0] == 1599.0  # newest survives
+    assert kept[0][0] > 1000.0  # oldest went first
     s.close()
     # incremental_vacuum handed the freed pages back: the file itself shrank
     assert (tmp_path / "kv.db").stat().st_size <= 256 * 1024 < before.used_bytes
@@ -159,7 +159,7 @@ def test_background_writer_commits_within_flush_interval(tmp_path):
 
 def test_concurrent_writers_lose_nothing(tmp_path):
     s = SqliteStore(tmp_path / "kv.db", flush_interval_s=0.01, batch_size=500)
-    base = time.time() - 3600   # recent: the writer thread also applies age retention
+    base = time.time() - 3600  # recent: the writer thread also applies age retention
 
     def writer(k: int) -> None:
         lab = make_labels({"instance": f"w{k}"})
@@ -214,7 +214,7 @@ def test_bad_values_are_dropped_with_reason(store):
 def test_locked_database_keeps_the_batch_queued_and_retries(tmp_path):
     s = SqliteStore(tmp_path / "kv.db", background=False, busy_timeout_s=0.05)
     other = sqlite3.connect(tmp_path / "kv.db", isolation_level=None)
-    other.execute("BEGIN EXCLUSIVE")             # another writer holds the lock
+    other.execute("BEGIN EXCLUSIVE")  # another writer holds the lock
     s.write([Sample("x", A, float(i), 100.0 + i) for i in range(5)])
     s.flush()
     st = s.stats()
@@ -236,7 +236,7 @@ def test_read_only_store_reads_beside_a_writer_and_never_writes(tmp_path):
     reader.write([Sample("x", A, 2.0, 11.0)])
     reader.flush()
     assert reader.stats().dropped["read_only"] == 1 and reader.enforce_retention(now=1e12) == 0
-    writer.write([Sample("x", A, 3.0, 12.0), Sample("y", B, 4.0, 12.0)])   # the writer keeps going
+    writer.write([Sample("x", A, 3.0, 12.0), Sample("y", B, 4.0, 12.0)])  # the writer keeps going
     writer.flush()
     assert reader.query("x", 0, 20) == {A: [(10.0, 1.0), (12.0, 3.0)]}
     assert reader.names() == {"x", "y"} and reader.query("y", 0, 20) == {B: [(12.0, 4.0)]}
@@ -252,8 +252,12 @@ def test_read_only_open_of_a_missing_store_is_a_clear_error(tmp_path):
 
 def test_in_memory_twin_lists_label_names_and_samples():
     s = InMemoryStore()
-    s.write([Sample("gpu_memory_used_bytes", make_labels({"node": "n", "gpu": "0"}), 5.0, 2.0),
-             Sample("gpu_memory_used_bytes", make_labels({"node": "n", "gpu": "1"}), 6.0, 1.0)])
+    s.write(
+        [
+            Sample("gpu_memory_used_bytes", make_labels({"node": "n", "gpu": "0"}), 5.0, 2.0),
+            Sample("gpu_memory_used_bytes", make_labels({"node": "n", "gpu": "1"}), 6.0, 1.0),
+        ]
+    )
     assert s.label_names("gpu_memory_used_bytes") == {"node", "gpu"}
     assert [x.value for x in s.samples()] == [5.0, 6.0]
 
@@ -262,26 +266,26 @@ def test_in_memory_twin_is_bounded_by_age_and_count():
     s = InMemoryStore(retention_s=100, max_points=50)
     now = time.time()
     s.write([Sample("old", A, 1.0, now - 500), Sample("x", A, 2.0, now - 50)])
-    assert s.names() == {"x"} and s.stats().deleted["age"] == 1       # an emptied series is gone
+    assert s.names() == {"x"} and s.stats().deleted["age"] == 1  # an emptied series is gone
     s.write([Sample("x", B, float(i), now - 40 + i * 0.1) for i in range(60)])
     st = s.stats()
     assert st.rows == 50 and st.deleted["size"] == 11
-    assert A not in s.query("x", 0, 4e9)                                # the oldest went first
+    assert A not in s.query("x", 0, 4e9)  # the oldest went first
     assert len(s.query("x", 0, 4e9)[B]) == 50
 
 
 def test_snapshot_gives_counters_now_and_file_sizes_from_the_writer_thread(tmp_path):
     s = SqliteStore(tmp_path / "kv.db", flush_interval_s=0.05)
-    now = time.time()   # recent: the writer thread also applies age retention
+    now = time.time()  # recent: the writer thread also applies age retention
     s.write([Sample("x", A, 1.0, now), Sample("x", B, 2.0, now)])
     deadline = time.monotonic() + 10
-    while s.snapshot().rows < 2 and time.monotonic() < deadline:   # the writer pass after the commit
+    while s.snapshot().rows < 2 and time.monotonic() < deadline:  # the writer pass after the commit
         time.sleep(0.02)
     snap = s.snapshot()
     assert snap.written == 2 and snap.series == 2 and snap.bytes > 0 and snap.rows == 2
     s.write([Sample("x", A, 3.0, now + 1)])
-    assert s.snapshot().queued + s.snapshot().written == 3    # counters are current, not cached
+    assert s.snapshot().queued + s.snapshot().written == 3  # counters are current, not cached
     s.close()
     still = SqliteStore(tmp_path / "kv.db", background=False)
-    assert still.snapshot().rows == still.stats().rows == 3    # no writer thread: it is stats()
+    assert still.snapshot().rows == still.stats().rows == 3  # no writer thread: it is stats()
     still.close()

@@ -21,8 +21,10 @@ def small_fs(tmp_path):
     """A 256 KiB tmpfs (needs root); skipped where it cannot be mounted."""
     mnt = tmp_path / "fs"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         yield mnt
@@ -37,8 +39,9 @@ def test_full_disk_is_counted_exported_logged_and_shown_in_health_and_loses_noth
     runtime = AgentRuntime(build_config({}, environ={}), [], store)
     t0, sent = time.time() - 1000, 0
     for i in range(200):
-        store.write([Sample("engine_x", make_labels({"instance": "a", "k": f"{i}-{j}"}), float(j), t0 + i)
-                     for j in range(50)])
+        store.write(
+            [Sample("engine_x", make_labels({"instance": "a", "k": f"{i}-{j}"}), float(j), t0 + i) for j in range(50)]
+        )
         sent += 50
         store.flush()
         if store.stats().errors:
@@ -52,7 +55,7 @@ def test_full_disk_is_counted_exported_logged_and_shown_in_health_and_loses_noth
     assert 'kvscope_collector_up{collector="store"} 0' in body
     assert any(r.name == "kvscope.store" and "disk_full" in r.getMessage() for r in caplog.records)
 
-    filler.unlink()                          # space is back: the queued samples are committed
+    filler.unlink()  # space is back: the queued samples are committed
     store.flush()
     asyncio.run(runtime.run_cycle())
     assert runtime.state.store_stats.failing is None and runtime.state.collector_status["store"][:2] == (True, "ok")
@@ -64,19 +67,23 @@ def test_damaged_store_file_gives_a_clean_error_naming_the_file(tmp_path):
     path = tmp_path / "k.db"
     store = SqliteStore(path, background=False)
     for i in range(300):
-        store.write([Sample(f"engine_x{j}", make_labels({"instance": "a", "k": str(i % 50)}), float(i), 1e9 + i)
-                     for j in range(20)])
+        store.write(
+            [
+                Sample(f"engine_x{j}", make_labels({"instance": "a", "k": str(i % 50)}), float(i), 1e9 + i)
+                for j in range(20)
+            ]
+        )
     store.flush()
     store.close()
     data = bytearray(path.read_bytes())
     rng = random.Random(0)
-    for off in range(4096 * 2, len(data), 4096 * 3):      # every third page after the schema
-        data[off:off + 4096] = rng.randbytes(4096)
+    for off in range(4096 * 2, len(data), 4096 * 3):  # every third page after the schema
+        data[off : off + 4096] = rng.randbytes(4096)
     path.write_bytes(bytes(data))
     with pytest.raises(StoreError, match=f"{path}.*malformed.*move it aside"):
         SqliteStore(path, background=False)
     os.truncate(path, 0)
-    path.write_bytes(rng.randbytes(8192))                 # not a database at all
+    path.write_bytes(rng.randbytes(8192))  # not a database at all
     with pytest.raises(StoreError, match=f"{path}: .*(not a database|malformed).*move it aside"):
         SqliteStore(path, background=False)
 
@@ -84,8 +91,18 @@ def test_damaged_store_file_gives_a_clean_error_naming_the_file(tmp_path):
 def test_agent_exits_non_zero_with_one_line_on_a_damaged_store(tmp_path):
     path = tmp_path / "k.db"
     path.write_bytes(b"SQLite format 3\x00" + random.Random(1).randbytes(8000))
-    proc = subprocess.run([os.path.join(os.path.dirname(os.sys.executable), "kvscope"), "agent",
-                           "--store.path", str(path), "--web.listen-address", "127.0.0.1:0"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            os.path.join(os.path.dirname(os.sys.executable), "kvscope"),
+            "agent",
+            "--store.path",
+            str(path),
+            "--web.listen-address",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert f"{path}" in proc.stderr and "move it aside" in proc.stderr

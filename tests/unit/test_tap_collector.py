@@ -14,8 +14,11 @@ from tests.unit.test_tap_proxy import Stub
 
 def test_section_validation_names_the_key():
     assert parse_tap_config({"upstreams": "http://e:8000"})["tap"].upstreams == ("http://e:8000",)
-    for raw, key in (({"upstreams": []}, "tap.upstreams"), ({"upstreams": ["x"], "lsten": 1}, "unknown keys"),
-                     ({"upstreams": ["http://e"], "listen": "nope"}, "tap.listen")):
+    for raw, key in (
+        ({"upstreams": []}, "tap.upstreams"),
+        ({"upstreams": ["x"], "lsten": 1}, "unknown keys"),
+        ({"upstreams": ["http://e"], "listen": "nope"}, "tap.listen"),
+    ):
         with pytest.raises(ConfigError, match=key):
             parse_tap_config(raw)
 
@@ -29,15 +32,18 @@ def test_collector_serves_and_reports_tenant_and_fairness_series():
     async def main():
         stub = Stub()
         await stub.start()
-        cfg = types.SimpleNamespace(extensions={"tap": {"upstreams": [f"http://127.0.0.1:{stub.port}"],
-                                                        "listen": "127.0.0.1:0"}})
+        cfg = types.SimpleNamespace(
+            extensions={"tap": {"upstreams": [f"http://127.0.0.1:{stub.port}"], "listen": "127.0.0.1:0"}}
+        )
         c = TapCollector(cfg)
         try:
             first = await c.collect()
             async with aiohttp.ClientSession() as s:
                 for _ in range(6):
-                    async with s.post(f"http://127.0.0.1:{c.tap.port}/v1/completions",
-                                      json={"model": "m", "prompt": "shared prefix " * 20, "user": "acme"}) as r:
+                    async with s.post(
+                        f"http://127.0.0.1:{c.tap.port}/v1/completions",
+                        json={"model": "m", "prompt": "shared prefix " * 20, "user": "acme"},
+                    ) as r:
                         await r.read()
             second = await c.collect()
         finally:
@@ -47,7 +53,7 @@ def test_collector_serves_and_reports_tenant_and_fairness_series():
 
     first, second = asyncio.run(main())
     assert first.health[0].up
-    hook = fairness_hook(300.0)      # what the agent runtime runs over each cycle
+    hook = fairness_hook(300.0)  # what the agent runtime runs over each cycle
     derived = hook(first.samples) + hook(second.samples)
     by = {(s.name, s.label("tenant")): s.value for s in second.samples + derived}
     assert by[("tenant_requests_total", "acme")] == 6

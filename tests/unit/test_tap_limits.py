@@ -16,8 +16,10 @@ from kvscope.agent.tap.proxy import RequestTap, TapConfig
 from tests.unit.test_tap_proxy import Stub, until
 
 BODY = b'{"model":"m","prompt":"hello"}'
-REQUEST = b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
-    len(BODY), BODY)
+REQUEST = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+    % (len(BODY), BODY)
+)
 
 
 @pytest.fixture(params=["asyncio", "uvloop"])
@@ -36,6 +38,7 @@ def with_tap(scenario, loop, **cfg):
         finally:
             await tap.stop()
             await stub.stop()
+
     # a broken limit fails the test, never hangs it
     return (uvloop.run if loop == "uvloop" else asyncio.run)(asyncio.wait_for(main(), 30))
 
@@ -60,7 +63,7 @@ async def trickle(writer, data, every_s):
     """Send `data` one byte at a time, `every_s` apart, until done or the tap closes."""
     try:
         for i in range(len(data)):
-            writer.write(data[i:i + 1])
+            writer.write(data[i : i + 1])
             await writer.drain()
             await asyncio.sleep(every_s)
     except ConnectionError:
@@ -71,7 +74,7 @@ def test_a_head_that_trickles_in_byte_by_byte_is_cut_at_the_header_timeout(loop)
     async def scenario(tap):
         reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
         t0 = time.monotonic()
-        sender = asyncio.create_task(trickle(writer, REQUEST, 0.05))     # ~6 s for the whole head
+        sender = asyncio.create_task(trickle(writer, REQUEST, 0.05))  # ~6 s for the whole head
         got = await read_until_closed(reader, 5.0)
         sender.cancel()
         writer.close()
@@ -123,10 +126,10 @@ def test_keep_alive_idle_time_counts_from_the_end_of_the_last_answer(loop):
         reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
         t0 = time.monotonic()
         writer.write(stream_req)
-        await reader.readuntil(b"0\r\n\r\n")                 # the chunked stream's end
+        await reader.readuntil(b"0\r\n\r\n")  # the chunked stream's end
         streamed = time.monotonic() - t0
         await asyncio.sleep(0.2)
-        writer.write(REQUEST)                               # the same connection, after the long stream
+        writer.write(REQUEST)  # the same connection, after the long stream
         head, body = await answer(reader)
         t1 = time.monotonic()
         rest = await read_until_closed(reader, 5.0)
@@ -134,7 +137,7 @@ def test_keep_alive_idle_time_counts_from_the_end_of_the_last_answer(loop):
         return streamed, head, body, rest, time.monotonic() - t1
 
     (streamed, head, body, rest, idle), tap = with_tap(scenario, loop, idle_timeout_s=0.4)
-    assert streamed > 0.4                                   # longer than the idle timeout
+    assert streamed > 0.4  # longer than the idle timeout
     assert head.startswith(b"HTTP/1.1 200 ") and b'"usage"' in body
     assert rest == b"" and 0.4 <= idle < 2.0
     assert tap.stats["client_timeout_idle"] == 1
@@ -151,14 +154,14 @@ def test_a_connection_over_the_cap_gets_503_at_once_and_the_others_are_served(lo
         refused_s = time.monotonic() - t0
         writer.close()
         served = []
-        for r, w in held:                                   # the three inside the cap still work
+        for r, w in held:  # the three inside the cap still work
             w.write(REQUEST)
             served.append((await answer(r))[0])
         held[0][1].close()
         await until(lambda: len(tap._clients) == 2)
         r, w = await asyncio.open_connection("127.0.0.1", tap.port)
         w.write(REQUEST)
-        served.append((await answer(r))[0])                 # room again: served
+        served.append((await answer(r))[0])  # room again: served
         for writer in [w, *(x for _, x in held[1:])]:
             writer.close()
         return refused, refused_s, served
@@ -172,8 +175,15 @@ def test_a_connection_over_the_cap_gets_503_at_once_and_the_others_are_served(lo
 
 
 def test_limits_are_configurable_and_checked():
-    cfg = parse_tap_config({"upstreams": "http://e:8000", "max_connections": 10, "header_timeout_s": "5s",
-                            "request_timeout_s": "2m", "idle_timeout_s": 30})["tap"]
+    cfg = parse_tap_config(
+        {
+            "upstreams": "http://e:8000",
+            "max_connections": 10,
+            "header_timeout_s": "5s",
+            "request_timeout_s": "2m",
+            "idle_timeout_s": 30,
+        }
+    )["tap"]
     assert (cfg.max_connections, cfg.header_timeout_s, cfg.request_timeout_s, cfg.idle_timeout_s) == (10, 5, 120, 30)
     assert TapConfig().max_connections == 1024 and TapConfig().header_timeout_s == 10
     for bad in ({"max_connections": 0}, {"header_timeout_s": 0}, {"idle_timeout_s": "-1"}):

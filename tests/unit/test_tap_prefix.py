@@ -20,21 +20,21 @@ def test_block_hashes_are_chained_so_equal_hashes_mean_equal_prefixes():
     a = parse_block_hashes("x" * 64 + "y" * 64 + "z" * 10)
     b = parse_block_hashes("w" * 64 + "y" * 64 + "z" * 10)
     assert len(a) == 3 and all(isinstance(h, int) for h in a)
-    assert a[1] != b[1]                          # same second block, different prefix
-    assert parse_block_hashes("x" * 64 + "y" * 64 + "q") [:2] == a[:2]
+    assert a[1] != b[1]  # same second block, different prefix
+    assert parse_block_hashes("x" * 64 + "y" * 64 + "q")[:2] == a[:2]
     assert len(parse_block_hashes(list(range(40)), block_tokens=16)) == 3
 
 
 def test_reusable_ratio_counts_only_leading_blocks_seen_in_the_window():
     clock = Clock()
     idx = PrefixIndex(window_s=60, block_chars=64, clock=clock)
-    system = "S" * 640                            # 10 blocks shared
+    system = "S" * 640  # 10 blocks shared
     first = idx.observe(system + "question one " * 10, "r0")
     assert first.matched == 0 and first.reusable_ratio == 0.0
     second = idx.observe(system + "another question " * 8, "r0")
     assert second.matched == 10
     assert second.reusable_ratio == pytest.approx(640 / len(system + "another question " * 8))
-    clock.t = 61                                  # outside the window: nothing reusable
+    clock.t = 61  # outside the window: nothing reusable
     assert idx.observe(system + "x", "r0").matched == 0
 
 
@@ -54,13 +54,17 @@ def test_index_is_bounded_and_keeps_counts_consistent_on_eviction():
     idx.observe("a" * 16, "r0")
     idx.observe("a" * 16, "r1")
     assert (idx.reseen, idx.split) == (2, 2)
-    idx.observe("b" * 40, "r0")                  # 5 new blocks push the old ones out
+    idx.observe("b" * 40, "r0")  # 5 new blocks push the old ones out
     assert len(idx) == 5 and (idx.reseen, idx.split) == (0, 0)
 
 
 def test_render_prompt_covers_chat_completions_and_token_ids():
-    chat = {"messages": [{"role": "system", "content": "be brief"},
-                         {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    chat = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        ]
+    }
     assert render_prompt(chat) == "system\x1fbe brief\x1euser\x1fhi\x1e"
     assert render_prompt({"prompt": "hello"}) == "hello"
     assert render_prompt({"prompt": [1, 2, 3]}) == [1, 2, 3]
@@ -69,17 +73,20 @@ def test_render_prompt_covers_chat_completions_and_token_ids():
 
 def test_sse_splitter_returns_complete_events_byte_for_byte():
     sp = SseSplitter()
-    stream = b'data: {"choices":[{"text":"a"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":3}}\r\n\r\ndata: [DONE]\n\n'
+    stream = (
+        b'data: {"choices":[{"text":"a"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":3}}\r\n\r\ndata: [DONE]\n\n'
+    )
     got = []
-    for i in range(0, len(stream), 7):            # arbitrary chunking
-        got += sp.feed(stream[i:i + 7])
+    for i in range(0, len(stream), 7):  # arbitrary chunking
+        got += sp.feed(stream[i : i + 7])
     assert b"".join(got) == stream and len(got) == 3 and sp.rest() == b""
     assert [classify_event(e).kind for e in got] == ["token", "usage_only", "done"]
 
 
 def test_usage_parsing_keeps_absent_cached_tokens_absent():
-    assert parse_usage({"prompt_tokens": 707, "completion_tokens": 8,
-                        "prompt_tokens_details": {"cached_tokens": 704}}) == (707, 8, 704)
+    assert parse_usage(
+        {"prompt_tokens": 707, "completion_tokens": 8, "prompt_tokens_details": {"cached_tokens": 704}}
+    ) == (707, 8, 704)
     assert parse_usage({"prompt_tokens": 9, "completion_tokens": 16, "prompt_tokens_details": None}) == (9, 16, None)
     assert parse_usage(None) == (None, None, None)
     assert classify_event(b'data: {"choices":[{"delta":{}}],"usage":null}\n\n').usage is None
@@ -112,8 +119,8 @@ class _ReferenceIndex:
 
     def __init__(self, window_s, max_blocks, block_chars):
         self.window_s, self.max_blocks, self.block_chars = window_s, max_blocks, block_chars
-        self.blocks = {}          # hash -> [last_seen, hits, replicas]
-        self.order = []           # least recently seen first
+        self.blocks = {}  # hash -> [last_seen, hits, replicas]
+        self.order = []  # least recently seen first
 
     def observe(self, prompt, replica, now):
         hashes = parse_block_hashes(prompt, self.block_chars)
@@ -140,8 +147,13 @@ class _ReferenceIndex:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6), st.sampled_from("ab"), st.integers(0, 50)),
-                min_size=1, max_size=40))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 6), st.sampled_from("ab"), st.integers(0, 50)),
+        min_size=1,
+        max_size=40,
+    )
+)
 def test_one_pass_observe_agrees_with_the_plain_two_pass_contract(steps):
     """Prompts share prefixes (a stem, then a variable tail), come from two replicas, at moving times."""
     clock = Clock()

@@ -79,8 +79,9 @@ def run(scenario, poll=None, **cfg):
         stub = Stub()
         await stub.start()
         spans = []
-        tap = build_tap(TapConfig(upstreams=(f"http://127.0.0.1:{stub.port}",), listen="127.0.0.1:0", **cfg),
-                        span_sink=spans.extend)
+        tap = build_tap(
+            TapConfig(upstreams=(f"http://127.0.0.1:{stub.port}",), listen="127.0.0.1:0", **cfg), span_sink=spans.extend
+        )
         await tap.start()
         try:
             async with aiohttp.ClientSession() as s:
@@ -91,6 +92,7 @@ def run(scenario, poll=None, **cfg):
             await tap.stop()
             await stub.stop()
         return out, tap, stub, spans
+
     return asyncio.run(main())
 
 
@@ -106,7 +108,7 @@ def test_stream_without_usage_reaches_the_client_unchanged_and_usage_is_still_co
         return await _raw(s, direct, body), await _raw(s, tap, body, {"X-Tenant": "acme"})
 
     (direct, tapped), tap, stub, spans = run(scenario)
-    assert tapped == direct                                    # byte for byte
+    assert tapped == direct  # byte for byte
     assert stub.bodies[1]["stream_options"] == {"include_usage": True}
     samples = {(x.name, x.label("tenant")): x.value for x in tap.render_samples()}
     assert samples[("tenant_requests_total", "acme")] == 1
@@ -125,7 +127,7 @@ def test_a_long_stream_and_a_plain_answer_are_counted():
     [(status, body), (status2, _)], tap, *_ = run(scenario, poll=lambda t: t.stats["requests"] == 2)
     assert status == status2 == 200 and body.count(b'"choices":[{') == 200 and body.endswith(b"data: [DONE]\n\n")
     ttft = {x.name: x.value for x in tap.render_samples() if x.name.startswith("tenant_itl_seconds_count")}
-    assert ttft == {"tenant_itl_seconds_count": 199}          # 200 token events, 199 gaps
+    assert ttft == {"tenant_itl_seconds_count": 199}  # 200 token events, 199 gaps
 
 
 def test_client_that_asked_for_usage_gets_its_usage_chunk():
@@ -171,6 +173,7 @@ def test_unreachable_upstream_gives_502_and_the_tap_keeps_serving():
         finally:
             await tap.stop()
         return a, b, tap
+
     a, b, tap = asyncio.run(main())
     assert a[0] == b[0] == 502 and tap.stats["upstream_unreachable"] == 2
 
@@ -204,4 +207,4 @@ def test_tenant_cardinality_is_bounded_and_fairness_input_is_built():
     _, tap, *_ = run(scenario, max_tenants=2)
     usage = parse_tenant_usage(tap.render_samples())
     assert set(usage) == {"u0", "u1", "other"} and usage["other"].requests == 3
-    assert usage["u1"].reusable_tokens == 12             # same prompt as u0: every full block already seen
+    assert usage["u1"].reusable_tokens == 12  # same prompt as u0: every full block already seen

@@ -61,7 +61,7 @@ class RawUpstream:
                 if not await self.handler(n, head, body, w):
                     break
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-            pass                                   # the tap went away, or stop()
+            pass  # the tap went away, or stop()
         finally:
             w.close()
 
@@ -80,6 +80,7 @@ def _with_raw_upstream(handler, scenario, **cfg):
         finally:
             await tap.stop()
             await up.stop()
+
     return asyncio.run(main())
 
 
@@ -90,7 +91,7 @@ def test_upstream_connections_are_kept_alive_and_reused():
     seen = {}
     out, tap, stub, _ = run(scenario, poll=lambda t: seen.update(idle=sum(map(len, t.pool.idle.values()))) or True)
     assert [status for status, _ in out] == [200] * 6
-    assert seen["idle"] == 1                                     # six requests, one upstream connection
+    assert seen["idle"] == 1  # six requests, one upstream connection
 
 
 def test_request_body_over_the_cap_gets_413_and_the_tap_keeps_serving():
@@ -101,23 +102,29 @@ def test_request_body_over_the_cap_gets_413_and_the_tap_keeps_serving():
 
     (big, ok), tap, stub, _ = run(scenario, max_request_bytes=4096)
     assert big[0] == 413 and b"4096" in big[1]
-    assert ok[0] == 200 and len(stub.bodies) == 1                # the big one never reached the engine
+    assert ok[0] == 200 and len(stub.bodies) == 1  # the big one never reached the engine
 
 
 def test_chunked_client_body_and_pipelined_requests_are_answered_in_order():
     body = json.dumps({"model": "m", "prompt": "one", "stream": True}).encode()
     second = json.dumps({"model": "m", "prompt": "two"}).encode()
-    raw = (b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
-           b"Content-Type: application/json\r\n\r\n" + _chunked(body[:10]) + _chunked(body[10:]) + b"0\r\n\r\n"
-           + b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(second), second))
+    raw = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Type: application/json\r\n\r\n"
+        + _chunked(body[:10])
+        + _chunked(body[10:])
+        + b"0\r\n\r\n"
+        + b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(second), second)
+    )
 
     async def scenario(s, tap, direct):
         return await _exchange(int(tap.rsplit(":", 1)[1]), raw)
 
     out, tap, stub, _ = run(scenario, poll=lambda t: t.stats["requests"] == 2)
     assert [b["prompt"] for b in stub.bodies] == ["one", "two"]
-    assert out.index(b"data: [DONE]") < out.index(b'"abc"')   # the stream's answer comes first
-    assert tap.stats["requests"] == 2 and out.endswith(b'}') and b"Connection: close" in out
+    assert out.index(b"data: [DONE]") < out.index(b'"abc"')  # the stream's answer comes first
+    assert tap.stats["requests"] == 2 and out.endswith(b"}") and b"Connection: close" in out
 
 
 def test_head_and_unknown_paths_pass_through():
@@ -136,9 +143,10 @@ def test_head_and_unknown_paths_pass_through():
 
 def test_stale_keep_alive_connection_is_retried_once_on_a_new_one():
     """The engine closes an idle kept-alive connection just as the tap reuses it (nginx retries too)."""
+
     async def handler(n, head, body, w):
         if n == 2:
-            return False                       # second request on this connection: close, no answer
+            return False  # second request on this connection: close, no answer
         w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
         await w.drain()
         return True
@@ -195,11 +203,15 @@ def test_the_taps_own_endpoints_answer():
 
 def test_usage_request_keeps_the_clients_bytes_and_appends_the_option():
     body = b'{"model": "m", "stream": true, "prompt": "x"}  '
-    assert render_with_usage(body, json.loads(body)) == \
-        b'{"model": "m", "stream": true, "prompt": "x","stream_options":{"include_usage":true}}'
+    assert (
+        render_with_usage(body, json.loads(body))
+        == b'{"model": "m", "stream": true, "prompt": "x","stream_options":{"include_usage":true}}'
+    )
     other = b'{"stream":true,"stream_options":{"continuous_usage_stats":false}}'
-    assert json.loads(render_with_usage(other, json.loads(other)))["stream_options"] == \
-        {"continuous_usage_stats": False, "include_usage": True}
+    assert json.loads(render_with_usage(other, json.loads(other)))["stream_options"] == {
+        "continuous_usage_stats": False,
+        "include_usage": True,
+    }
 
 
 def test_the_tap_streams_the_same_on_uvloop_and_falls_back_without_it(monkeypatch):
@@ -219,18 +231,18 @@ def test_the_tap_streams_the_same_on_uvloop_and_falls_back_without_it(monkeypatc
     module, (status, body), n = eventloop.run_event_loop(main())
     assert module.startswith("uvloop") and eventloop.loop_name() == "uvloop"
     assert status == 200 and body.endswith(b"data: [DONE]\n\n") and b'"usage"' not in body and n == 1
-    monkeypatch.setitem(sys.modules, "uvloop", None)      # not installed
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # not installed
     assert eventloop.loop_name() == "asyncio"
     assert eventloop.run_event_loop(main())[0] == "asyncio.unix_events"
 
 
 def test_a_slow_client_pauses_the_upstream_and_still_gets_every_byte():
-    events = [b'data: {"choices":[{"text":"%s"}]}\n\n' % (b"x" * 1000) for _ in range(8000)]   # ~8 MB
+    events = [b'data: {"choices":[{"text":"%s"}]}\n\n' % (b"x" * 1000) for _ in range(8000)]  # ~8 MB
 
     async def handler(n, head, body, w):
         w.write(SSE_HEAD)
         for i in range(0, len(events), 100):
-            w.write(_chunked(b"".join(events[i:i + 100])))
+            w.write(_chunked(b"".join(events[i : i + 100])))
             await w.drain()
         w.write(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         await w.drain()
@@ -239,7 +251,7 @@ def test_a_slow_client_pauses_the_upstream_and_still_gets_every_byte():
     async def scenario(tap):
         body = json.dumps({"model": "m", "prompt": "x", "stream": True}).encode()
         sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)   # before connect: a small window
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # before connect: a small window
         sock.connect(("127.0.0.1", tap.port))
         r, w = await asyncio.open_connection(sock=sock, limit=1 << 16)
         w.write(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -255,20 +267,26 @@ def test_a_slow_client_pauses_the_upstream_and_still_gets_every_byte():
         return paused, data, idle
 
     (paused, data, idle), tap, up = _with_raw_upstream(handler, scenario)
-    assert paused == [True]                                        # back-pressure reached the engine side
-    assert idle == [False]                                         # ... and the pooled connection reads again
+    assert paused == [True]  # back-pressure reached the engine side
+    assert idle == [False]  # ... and the pooled connection reads again
     assert data.count(b"data: {") == len(events) and b"data: [DONE]" in data and data.count(b"x" * 1000) == len(events)
     assert tap.stats["requests"] == 1 and tap.stats["client_disconnect"] == 0
 
 
 def test_hop_by_hop_headers_and_those_connection_names_are_not_forwarded():
-    raw = [(b"Host", b"a"), (b"Connection", b"keep-alive, X-Secret-Hop"), (b"X-Secret-Hop", b"1"),
-           (b"Transfer-Encoding", b"chunked"), (b"X-Tenant", b"t1"), (b"Content-Type", b"application/json")]
+    raw = [
+        (b"Host", b"a"),
+        (b"Connection", b"keep-alive, X-Secret-Hop"),
+        (b"X-Secret-Hop", b"1"),
+        (b"Transfer-Encoding", b"chunked"),
+        (b"X-Tenant", b"t1"),
+        (b"Content-Type", b"application/json"),
+    ]
     assert filter_headers(raw) == [(b"X-Tenant", b"t1"), (b"Content-Type", b"application/json")]
 
 
 def test_an_upgrade_request_is_answered_once_without_switching_protocols():
-    raw = (b"GET /v1/models HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+    raw = b"GET /v1/models HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
 
     async def scenario(s, tap, direct):
         return await _exchange(int(tap.rsplit(":", 1)[1]), raw)
@@ -284,8 +302,12 @@ def test_upstream_urls_are_parsed_for_the_wire_and_bad_ones_refused():
     for bad in ("ftp://x", "10.0.0.5:8000", "http://"):
         with pytest.raises(ValueError):
             parse_upstream(bad)
-    r = subprocess.run([sys.executable, "-m", "kvscope", "tap", "--upstream", "10.0.0.5:8000"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "kvscope", "tap", "--upstream", "10.0.0.5:8000"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "bad argument" in r.stdout and "http(s)://" in r.stdout
 
 
@@ -297,8 +319,9 @@ def test_many_concurrent_streams_each_get_exactly_the_direct_bytes():
         return want, got
 
     seen = {}
-    (want, got), tap, stub, _ = run(scenario, poll=lambda t: seen.update(
-        conns=sum(map(len, t.pool.idle.values())) + len(t.pool.busy)) or True)
+    (want, got), tap, stub, _ = run(
+        scenario, poll=lambda t: seen.update(conns=sum(map(len, t.pool.idle.values())) + len(t.pool.busy)) or True
+    )
     assert want[0] == 200 and all(g == want for g in got)
     assert tap.stats["requests"] == 100 and 1 <= seen["conns"] <= 100
     counts = {x.label("tenant"): x.value for x in tap.render_samples() if x.name == "tenant_ttft_seconds_count"}
@@ -308,14 +331,18 @@ def test_many_concurrent_streams_each_get_exactly_the_direct_bytes():
 
 def test_session_turns_are_tracked_through_the_tap():
     """Turn 2 of a conversation (X-Session-ID) is linked to turn 1 and judged on its cached tokens."""
+
     async def scenario(s, tap, direct):
         for text in ("turn one", "turn two, a different prompt"):
             await _raw(s, tap, {"model": "m", "prompt": text, "user": "alice"}, {"X-Session-ID": "conv-1"})
         await _raw(s, tap, {"model": "m", "prompt": "no session, unrelated", "user": "alice"})
 
     _, tap, stub, _ = run(scenario)
-    rows = {(x.name, x.label("tenant"), x.label("instance")): x.value for x in tap.render_samples()
-            if x.name.startswith("session_")}
+    rows = {
+        (x.name, x.label("tenant"), x.label("instance")): x.value
+        for x in tap.render_samples()
+        if x.name.startswith("session_")
+    }
     # the stub reports prompt 12 / cached 8: 8 >= 12 - 32 slack, so the follow-up kept its context
     assert rows == {("session_turns_total", "alice", f"127.0.0.1:{stub.port}"): 1.0}
     assert f'session_turns_total{{instance="127.0.0.1:{stub.port}",tenant="alice"}} 1' in tap.render_metrics_text()

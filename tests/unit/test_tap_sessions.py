@@ -36,10 +36,12 @@ def _totals(tracker):
 def test_prefix_chain_links_turns_and_counts_lost_context():
     tracker, index = SessionTracker(clock=Clock()), PrefixIndex()
     bodies = _conversation("alice", 4)
-    v = [_turn(tracker, index, bodies[0], prompt_tokens=120, cached=0),
-         _turn(tracker, index, bodies[1], prompt_tokens=250, cached=112),    # kept turn 1's 120 (block-aligned)
-         _turn(tracker, index, bodies[2], prompt_tokens=380, cached=0),      # evicted: recomputed everything
-         _turn(tracker, index, bodies[3], prompt_tokens=510, cached=352)]
+    v = [
+        _turn(tracker, index, bodies[0], prompt_tokens=120, cached=0),
+        _turn(tracker, index, bodies[1], prompt_tokens=250, cached=112),  # kept turn 1's 120 (block-aligned)
+        _turn(tracker, index, bodies[2], prompt_tokens=380, cached=0),  # evicted: recomputed everything
+        _turn(tracker, index, bodies[3], prompt_tokens=510, cached=352),
+    ]
     assert [x.follow_up for x in v] == [False, True, True, True]
     assert [x.missed for x in v] == [None, False, True, False]
     turns, misses = _totals(tracker)
@@ -52,7 +54,7 @@ def test_separate_conversations_with_a_shared_system_prompt_are_not_linked():
     tracker, index = SessionTracker(clock=Clock()), PrefixIndex()
     for user in ("alice", "bob", "carol"):
         assert not _turn(tracker, index, _conversation(user, 1)[0], cached=0).follow_up
-    assert not _turn(tracker, index, _conversation("alice", 1)[0], cached=100).follow_up   # a resend is no new turn
+    assert not _turn(tracker, index, _conversation("alice", 1)[0], cached=100).follow_up  # a resend is no new turn
 
 
 def test_session_header_links_turns_whatever_the_prompt():

@@ -9,12 +9,17 @@ from kvscope.agent.tap.sse import SseScanner
 
 
 def tok(text="t"):
-    return b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"' + \
-        text.encode() + b'"}}]}\n\n'
+    return (
+        b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"'
+        + text.encode()
+        + b'"}}]}\n\n'
+    )
 
 
-USAGE = b'data: {"id":"c1","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3,' \
-        b'"prompt_tokens_details":{"cached_tokens":8}}}\n\n'
+USAGE = (
+    b'data: {"id":"c1","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3,'
+    b'"prompt_tokens_details":{"cached_tokens":8}}}\n\n'
+)
 DONE = b"data: [DONE]\n\n"
 
 
@@ -35,9 +40,9 @@ def test_usage_the_client_asked_for_passes_and_is_still_read():
 def test_first_token_and_gaps_follow_the_reads():
     s = SseScanner(drop_usage=True)
     assert s.feed(b": keep-alive comment\n\n", 0.5) == b": keep-alive comment\n\n"
-    assert s.first_token is None                          # a comment is not a token
+    assert s.first_token is None  # a comment is not a token
     s.feed(tok(), 1.0)
-    s.feed(tok() + tok() + tok(), 1.25)                   # fast path: three token events in one read
+    s.feed(tok() + tok() + tok(), 1.25)  # fast path: three token events in one read
     s.feed(tok(), 2.0)
     assert s.first_token == 1.0 and s.last_token == 2.0
     assert s.gaps == [0.25, 0.0, 0.0, 0.75]
@@ -47,8 +52,8 @@ def test_a_partial_event_waits_for_its_end_and_crlf_framing_works():
     s = SseScanner(drop_usage=True)
     ev = tok("x").replace(b"\n\n", b"\r\n\r\n")
     assert s.feed(ev[:10], 1.0) == b""
-    assert s.feed(ev[10:] + USAGE[:20], 2.0) == ev        # the usage event's start is held back ...
-    assert s.feed(USAGE[20:], 3.0) == b""                 # ... and dropped once complete
+    assert s.feed(ev[10:] + USAGE[:20], 2.0) == ev  # the usage event's start is held back ...
+    assert s.feed(USAGE[20:], 3.0) == b""  # ... and dropped once complete
     assert s.first_token == 2.0 and s.usage is not None
 
 
@@ -64,27 +69,34 @@ def test_pretty_printed_or_multi_line_events_take_the_decoding_path():
     s.feed(tok(), 1.0)
     spaced = b'data: {"choices": [{"index": 0, "text": "a"}]}\n\n'
     multi = b'data: {"choices":[],\ndata: "usage":{"prompt_tokens":5}}\n\n'
-    assert s.feed(spaced + multi, 2.0) == spaced          # multi-line usage-only event is dropped too
+    assert s.feed(spaced + multi, 2.0) == spaced  # multi-line usage-only event is dropped too
     assert s.gaps == [1.0] and s.usage == {"prompt_tokens": 5}
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(["tok", "usage", "done", "comment", "tok_crlf", "multi", "named",
-                                          "pair"]), max_size=12),
-       st.lists(st.integers(min_value=1, max_value=400), max_size=30), st.booleans())
+@given(
+    st.lists(st.sampled_from(["tok", "usage", "done", "comment", "tok_crlf", "multi", "named", "pair"]), max_size=12),
+    st.lists(st.integers(min_value=1, max_value=400), max_size=30),
+    st.booleans(),
+)
 def test_any_read_split_gives_the_same_bytes_and_counts(kinds, cuts, drop):
     """However the upstream's bytes are cut into reads, the client gets the same bytes."""
-    parts = {"tok": tok(), "usage": USAGE, "done": DONE, "comment": b": c\n\n",
-             "tok_crlf": tok().replace(b"\n\n", b"\r\n\r\n"),                 # token events, other framings:
-             "multi": b'data: {"choices":[{"index":0,\ndata: "text":"a"}]}\n\n',   # two data lines
-             "named": b"event: message\n" + tok(),                             # an event line first
-             "pair": tok()[:-1] + tok()}          # two JSON lines in one event: not a token (invalid JSON)
+    parts = {
+        "tok": tok(),
+        "usage": USAGE,
+        "done": DONE,
+        "comment": b": c\n\n",
+        "tok_crlf": tok().replace(b"\n\n", b"\r\n\r\n"),  # token events, other framings:
+        "multi": b'data: {"choices":[{"index":0,\ndata: "text":"a"}]}\n\n',  # two data lines
+        "named": b"event: message\n" + tok(),  # an event line first
+        "pair": tok()[:-1] + tok(),
+    }  # two JSON lines in one event: not a token (invalid JSON)
     stream = b"".join(parts[k] for k in kinds)
     expected = b"".join(parts[k] for k in kinds if not (drop and k == "usage"))
     s = SseScanner(drop_usage=drop)
     out, pos = [], 0
     for c in cuts:
-        out.append(s.feed(stream[pos:pos + c], float(pos)))
+        out.append(s.feed(stream[pos : pos + c], float(pos)))
         pos += c
     out.append(s.feed(stream[pos:], float(pos)))
     out.append(s.rest())

@@ -24,8 +24,10 @@ async def _upstream(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
     await resp.write(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n')
-    await resp.write(b'data: {"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":1,'
-                     b'"prompt_tokens_details":{"cached_tokens":32}}}\n\ndata: [DONE]\n\n')
+    await resp.write(
+        b'data: {"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":1,'
+        b'"prompt_tokens_details":{"cached_tokens":32}}}\n\ndata: [DONE]\n\n'
+    )
     return resp
 
 
@@ -40,8 +42,12 @@ async def _drive(policy: str, route_by: str) -> tuple[float | None, list[list[st
             sites.append(HttpSite(app))
             urls.append(f"http://127.0.0.1:{await sites[-1].start('127.0.0.1', 0)}")
         with TapFront(urls) as front:
-            spec = LoadSpec([Tenant("a", system_words=200), Tenant("b", system_words=200)], max_requests=24,
-                            concurrency=2, route_by=route_by)
+            spec = LoadSpec(
+                [Tenant("a", system_words=200), Tenant("b", system_words=200)],
+                max_requests=24,
+                concurrency=2,
+                route_by=route_by,
+            )
             res = await run_load(spec, front.urls, policy=policy)
             assert all(r.ok for r in res.records), [r.error for r in res.records]
             text = await asyncio.to_thread(lambda: urllib.request.urlopen(front.metrics_urls[0], timeout=10).read())
@@ -54,11 +60,15 @@ async def _drive(policy: str, route_by: str) -> tuple[float | None, list[list[st
 
 def test_round_robin_through_the_taps_splits_prefixes_across_replicas():
     split, hits, text = asyncio.run(_drive("round_robin", "session"))
-    assert len(hits[0]) == len(hits[1]) == 12             # each tap forwards to its own replica
+    assert len(hits[0]) == len(hits[1]) == 12  # each tap forwards to its own replica
     assert {*hits[0]} == {*hits[1]} == {"a", "b"}
     assert split is not None and split > 0.5
     names = {s.name for s in parse_exposition(text).samples}
-    assert {"kvscope_prefix_split_ratio", "kvscope_tenant_requests_total", "kvscope_tenant_reusable_tokens_total"} <= names
+    assert {
+        "kvscope_prefix_split_ratio",
+        "kvscope_tenant_requests_total",
+        "kvscope_tenant_reusable_tokens_total",
+    } <= names
 
 
 def test_sticky_routing_through_the_taps_keeps_each_prefix_on_one_replica():

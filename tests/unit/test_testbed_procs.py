@@ -26,8 +26,9 @@ from testbed.procs import (
 )
 
 PY = sys.executable
-IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); " \
-    "time.sleep(60)"
+IGNORES_SIGTERM = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+)
 
 
 def test_free_port_is_bindable_on_loopback():
@@ -82,8 +83,11 @@ def test_process_group_stops_everything_even_when_the_test_fails(tmp_path):
 
 def test_start_reporting_port_reads_the_bound_port(tmp_path):
     (tmp_path / "metrics").write_text("up 1\n")
-    proc, port = start_reporting_port([PY, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1",
-                                       "--directory", str(tmp_path)], r"port (\d+)", stream="stdout")
+    proc, port = start_reporting_port(
+        [PY, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+        r"port (\d+)",
+        stream="stdout",
+    )
     try:
         assert http_get(f"http://127.0.0.1:{port}/metrics") == (200, b"up 1\n")
     finally:
@@ -92,8 +96,7 @@ def test_start_reporting_port_reads_the_bound_port(tmp_path):
 
 def test_start_reporting_port_fails_with_the_output_when_no_port_shows():
     with pytest.raises(ProcessExited, match="no port here"):
-        start_reporting_port([PY, "-c", "import sys; sys.stderr.write('no port here\\n')"], r"port (\d+)",
-                             timeout_s=10)
+        start_reporting_port([PY, "-c", "import sys; sys.stderr.write('no port here\\n')"], r"port (\d+)", timeout_s=10)
 
 
 def test_static_body_handler_serves_the_body_and_404s_other_paths():
@@ -115,7 +118,7 @@ def test_retry_port_clash_starts_again_only_when_a_port_was_taken(tmp_path):
 
         def start():
             port = ports[-1]
-            ports.append(free_port())      # the next try's port
+            ports.append(free_port())  # the next try's port
             with ProcessGroup(tmp_path) as procs:
                 proc = procs.start("http", [PY, "-m", "http.server", "--bind", "127.0.0.1", str(port)])
                 if port == ports[0]:

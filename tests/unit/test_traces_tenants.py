@@ -10,9 +10,20 @@ from kvscope.agent.traces.tenants import TenantAccounting
 
 
 def _rec(tenant, instance="10.0.0.5:8000", prompt=100, cached=None, ttft=0.1, tapped=False):
-    return RequestRecord(trace_id="t", request_id=None, engine="sglang", start_ns=0, end_ns=1, phases=[],
-                         tenant=tenant, instance=instance, prompt_tokens=prompt, cached_tokens=cached,
-                         ttft_s=ttft, tapped=tapped)
+    return RequestRecord(
+        trace_id="t",
+        request_id=None,
+        engine="sglang",
+        start_ns=0,
+        end_ns=1,
+        phases=[],
+        tenant=tenant,
+        instance=instance,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        ttft_s=ttft,
+        tapped=tapped,
+    )
 
 
 def test_usage_sums_instances_and_keeps_unknown_cached_tokens_absent():
@@ -40,7 +51,9 @@ def test_tenant_labels_are_bounded():
         acct.observe(_rec(f"t{i}", instance=None))
     tenants = {s.label("tenant") for s in acct.render()}
     assert len(tenants) == 4 and "other" in tenants
-    assert sum(u.requests for u in parse_tenant_usage(acct.render()).values()) == 100      # nothing lost, folded into `other`
+    assert (
+        sum(u.requests for u in parse_tenant_usage(acct.render()).values()) == 100
+    )  # nothing lost, folded into `other`
 
 
 def test_config_keys():

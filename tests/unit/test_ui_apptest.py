@@ -45,8 +45,12 @@ def write_kv_incident(path: Path) -> Path:
         t = T0 + 5 * i
         hot = i >= 36
         preempted += 2.5 if hot else 0.0
-        writer.add_scrape("vllm", "127.0.0.1:8000", t, parse_exposition(
-            _scrape(t, 0.97 if hot else 0.4, preempted, 6 if hot else 0, 2.0 * i), openmetrics=False))
+        writer.add_scrape(
+            "vllm",
+            "127.0.0.1:8000",
+            t,
+            parse_exposition(_scrape(t, 0.97 if hot else 0.4, preempted, 6 if hot else 0, 2.0 * i), openmetrics=False),
+        )
     return writer.close()
 
 
@@ -68,14 +72,14 @@ def test_triage_shows_the_likely_cause_with_evidence_and_levers(monkeypatch, kv_
     assert not at.exception
     assert "Likely cause" in [h.value for h in at.header]
     likely = ui_data.load_triage(ui_data.SourceSpec("recording", str(kv_incident))).diagnosis.likely_cause
-    assert likely is not None and likely.levers_md.startswith("K")     # a KV-memory row of LEVERS.md
+    assert likely is not None and likely.levers_md.startswith("K")  # a KV-memory row of LEVERS.md
     assert likely.title in at.subheader[0].value
     text = " ".join(m.value for m in at.markdown)
     assert "127.0.0.1:8000" in text and "When:" in text
     assert "002 §7.4" in text
-    for change in likely.levers[0].changes:    # the exact config change of the top lever
+    for change in likely.levers[0].changes:  # the exact config change of the top lever
         assert f"{change.system}: `{change.change}`" in text
-        assert f"{change.system}: `{change.change}`" in at.success[0].value     # ... in the first-screen box
+        assert f"{change.system}: `{change.change}`" in at.success[0].value  # ... in the first-screen box
     assert at.success[0].value.startswith(f"**Change first: {likely.levers[0].title}**")
     assert any("Timeline" == h.value for h in at.header)
 
@@ -88,8 +92,12 @@ def test_evidence_charts_have_units_utc_time_and_the_period_shaded(monkeypatch, 
     at = _app(monkeypatch, kv_incident).run()
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     evidence = [s for s in specs if "layer" in s]
-    assert [s["layer"][1]["encoding"]["y"]["title"] for s in evidence] == \
-        ["ratio (0-1)", "per second", "count", "seconds"]
+    assert [s["layer"][1]["encoding"]["y"]["title"] for s in evidence] == [
+        "ratio (0-1)",
+        "per second",
+        "count",
+        "seconds",
+    ]
     for s in evidence:
         band, lines = s["layer"]
         assert band["mark"]["type"] == "rect" and lines["encoding"]["x"]["scale"]["type"] == "utc"
@@ -106,11 +114,11 @@ def test_every_data_page_renders(monkeypatch, kv_incident):
     at.sidebar.radio[0].set_value("Cascades").run()
     assert not at.exception and at.title[0].value == "Memory-pressure cascades"
     assert at.dataframe[0].value["deepest stage reached"].iloc[0] != "0 healthy"
-    assert sum("layer" in c.proto.spec for c in at.get("vega_lite_chart")) >= 3   # charts with the period shaded
+    assert sum("layer" in c.proto.spec for c in at.get("vega_lite_chart")) >= 3  # charts with the period shaded
     at.sidebar.radio[0].set_value("Efficiency").run()
     assert not at.exception
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Output tokens / GPU-hour"] == "absent"     # no GPU in the recording: absent, not zero
+    assert metrics["Output tokens / GPU-hour"] == "absent"  # no GPU in the recording: absent, not zero
     assert any("absent, not zero" in i.value for i in at.info)
 
 
@@ -154,10 +162,12 @@ def test_tenant_table_from_kvscope_tenant_series():
         t = T0 + 10 * i
         for tenant, rps, hit in (("acme", 2.0, 0.7), ("tail", 0.5, 0.05)):
             lab = make_labels({"tenant": tenant})
-            samples += [Sample("tenant_requests_total", lab, rps * 10 * i, t),
-                        Sample("tenant_prompt_tokens_total", lab, 500 * rps * 10 * i, t),
-                        Sample("tenant_cached_tokens_total", lab, hit * 500 * rps * 10 * i, t),
-                        Sample("tenant_prefix_hit_ratio", lab, hit, t)]
+            samples += [
+                Sample("tenant_requests_total", lab, rps * 10 * i, t),
+                Sample("tenant_prompt_tokens_total", lab, 500 * rps * 10 * i, t),
+                Sample("tenant_cached_tokens_total", lab, hit * 500 * rps * 10 * i, t),
+                Sample("tenant_prefix_hit_ratio", lab, hit, t),
+            ]
     table = ui_data.tenant_table(frame_from_samples(samples, T0, T0 + 600, 10))
     rows = table.set_index("tenant")
     assert rows.loc["acme", "requests/s"] == pytest.approx(2.0)
@@ -184,8 +194,12 @@ def test_nothing_fired_but_signals_missing_is_not_shown_as_all_clear(monkeypatch
     evaluated instead of a green 'no rule fired'."""
     writer = RecordingWriter(tmp_path / "node.om")
     for i in range(10):
-        writer.add_scrape("node", "127.0.0.1:9100", T0 + 15 * i, parse_exposition(
-            "# TYPE node_load1 gauge\nnode_load1 0.5\n", openmetrics=False))
+        writer.add_scrape(
+            "node",
+            "127.0.0.1:9100",
+            T0 + 15 * i,
+            parse_exposition("# TYPE node_load1 gauge\nnode_load1 0.5\n", openmetrics=False),
+        )
     at = _app(monkeypatch, writer.close())
     at.run()
     assert not at.exception

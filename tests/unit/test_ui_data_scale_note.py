@@ -17,18 +17,20 @@ def _header(d) -> str:
 
 
 def test_a_short_recording_note_is_the_diagnose_header_wording():
-    d = _diagnose("kv-pressure-cascade")                        # 2m12s held, rules scaled x0.15
+    d = _diagnose("kv-pressure-cascade")  # 2m12s held, rules scaled x0.15
     note = scale_note(d)
     assert note.startswith("This window is only 2m12s: ") and note.endswith(".")
     said = note.removeprefix("This window is only 2m12s: ").removesuffix(".")
     assert said == scale_text(d)
-    assert f"(2m12s); {said}; " in _header(d)                    # verbatim in diagnose's header
-    assert said == ("rule durations and ranges scaled x0.15 to fit the window (the series shown are the "
-                    "ranges used, none longer than the data held)")
+    assert f"(2m12s); {said}; " in _header(d)  # verbatim in diagnose's header
+    assert said == (
+        "rule durations and ranges scaled x0.15 to fit the window (the series shown are the "
+        "ranges used, none longer than the data held)"
+    )
 
 
 def test_an_unscaled_window_has_no_note_in_either():
-    d = _diagnose("blind-vllm-output-length-drift")             # 59m30s: not scaled
+    d = _diagnose("blind-vllm-output-length-drift")  # 59m30s: not scaled
     assert d.time_scale == 1.0
     assert scale_note(d) == "" and scale_text(d) == ""
     assert "scaled" not in _header(d)

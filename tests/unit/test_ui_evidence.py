@@ -17,17 +17,32 @@ RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"
 
 
 def _finding(*evidence: Evidence) -> Finding:
-    return Finding(rule_id="kv_pressure_preemption", levers_md="K1", title="KV full", severity="warning",
-                   where={"instance": "replica-0"}, since=T0, until=T0 + 60, active=True, window=(T0, T0 + 60),
-                   step_s=15.0, score=1.0, summary="s", evidence=evidence)
+    return Finding(
+        rule_id="kv_pressure_preemption",
+        levers_md="K1",
+        title="KV full",
+        severity="warning",
+        where={"instance": "replica-0"},
+        since=T0,
+        until=T0 + 60,
+        active=True,
+        window=(T0, T0 + 60),
+        step_s=15.0,
+        score=1.0,
+        summary="s",
+        evidence=evidence,
+    )
 
 
 def test_evidence_values_and_thresholds_carry_readable_units():
-    table = evidence_table(_finding(
-        Evidence("KV cache usage", 1.0, "ratio", "max(engine_kv_cache_usage_ratio)", threshold=0.9, op=">="),
-        Evidence("preemptions", 7.25, "per_second", "rate(engine_preemptions_total[1m])", threshold=0.01, op=">"),
-        Evidence("mean TTFT", 1.0706, "seconds", "ttft"),
-        Evidence("bytes per transfer", None, "bytes", "kv_transfer_bytes")))
+    table = evidence_table(
+        _finding(
+            Evidence("KV cache usage", 1.0, "ratio", "max(engine_kv_cache_usage_ratio)", threshold=0.9, op=">="),
+            Evidence("preemptions", 7.25, "per_second", "rate(engine_preemptions_total[1m])", threshold=0.01, op=">"),
+            Evidence("mean TTFT", 1.0706, "seconds", "ttft"),
+            Evidence("bytes per transfer", None, "bytes", "kv_transfer_bytes"),
+        )
+    )
     assert list(table.columns) == ["evidence", "value", "threshold", "taken (UTC)", "series"]
     assert table["value"].tolist() == ["100.0%", "7.25 /s", "1.07 s", "absent"]
     assert table["threshold"].tolist() == [">= 90.0%", "> 0.01 /s", "", ""]
@@ -35,10 +50,13 @@ def test_evidence_values_and_thresholds_carry_readable_units():
 
 def test_evidence_says_when_and_how_each_value_was_taken():
     """The same 'taken' column `kvscope diagnose` prints: a peak has its time, a mean its span."""
-    table = evidence_table(_finding(
-        Evidence("KV cache usage", 1.0, "ratio", "kv", at=T0 + 20, stat="max"),
-        Evidence("mean TTFT", 1.07, "seconds", "ttft", stat="mean"),
-        Evidence("bytes per transfer", None, "bytes", "kv_transfer_bytes")))
+    table = evidence_table(
+        _finding(
+            Evidence("KV cache usage", 1.0, "ratio", "kv", at=T0 + 20, stat="max"),
+            Evidence("mean TTFT", 1.07, "seconds", "ttft", stat="mean"),
+            Evidence("bytes per transfer", None, "bytes", "kv_transfer_bytes"),
+        )
+    )
     assert table["taken (UTC)"].tolist() == ["peak at 22:13:40", "mean 22:13:20-22:14:20", ""]
 
 
@@ -46,17 +64,19 @@ def test_header_says_how_many_rules_could_not_be_evaluated():
     skipped = (Skipped("fleet_util_low", "signal(s) absent: gpu_utilization_ratio"),)
     d = Diagnosis(window=(T0, T0 + 60), source="s", likely_cause=None, skipped=skipped, rules_evaluated=45)
     assert counts_caption(d) == "45 rules, 0 fired, 1 not evaluable (missing signals; listed at the bottom)"
-    assert counts_caption(Diagnosis(window=(T0, T0), source="s", likely_cause=None, rules_evaluated=3)) == \
-        "3 rules, 0 fired"
+    assert (
+        counts_caption(Diagnosis(window=(T0, T0), source="s", likely_cause=None, rules_evaluated=3))
+        == "3 rules, 0 fired"
+    )
 
 
 def test_streamlit_runs_headless_on_loopback_without_the_developer_toolbar():
     cmd = UiServer(SourceSpec("recording", "/x.om"), 8599).command()
     flags = dict(zip(cmd[::1], cmd[1:], strict=False))
     assert flags["--server.address"] == "127.0.0.1" and flags["--server.port"] == "8599"
-    assert flags["--client.toolbarMode"] == "minimal"          # no "Deploy" button on an on-call page
+    assert flags["--client.toolbarMode"] == "minimal"  # no "Deploy" button on an on-call page
     assert flags["--browser.gatherUsageStats"] == "false"
-    assert cmd[1:4] == ["-m", "kvscope.ui.launch", "run"]     # preloads the recording, then Streamlit's CLI
+    assert cmd[1:4] == ["-m", "kvscope.ui.launch", "run"]  # preloads the recording, then Streamlit's CLI
 
 
 def test_a_preloaded_recording_is_handed_over_once(tmp_path):
@@ -64,15 +84,15 @@ def test_a_preloaded_recording_is_handed_over_once(tmp_path):
 
     path = str(RECORDINGS / "kv-pressure-cascade.om.gz")
     start_preload(SourceSpec("recording", path))
-    start_preload(SourceSpec("prometheus", "http://127.0.0.1:9"))        # live sources are read on demand
+    start_preload(SourceSpec("prometheus", "http://127.0.0.1:9"))  # live sources are read on demand
     data = take_preloaded(path)
     assert data is not None and data.diagnosis.likely_cause.rule_id == "kv_pressure_cascade"
-    assert take_preloaded(path) is None                             # once; the page cache keeps it
+    assert take_preloaded(path) is None  # once; the page cache keeps it
     assert take_preloaded("http://127.0.0.1:9") is None
     bad = tmp_path / "empty.om"
     bad.write_text("")
     start_preload(SourceSpec("recording", str(bad)))
-    with pytest.raises(SourceError):                                # the page shows it as st.error
+    with pytest.raises(SourceError):  # the page shows it as st.error
         take_preloaded(str(bad))
 
 
@@ -124,8 +144,10 @@ def test_short_windows_say_their_rule_durations_were_scaled():
     from kvscope.ui.data import scale_note
 
     d = Diagnosis(window=(T0, T0 + 132), source="s", likely_cause=None, time_scale=0.1467)
-    assert scale_note(d) == ("This window is only 2m12s: rule durations and ranges scaled x0.15 to fit the window "
-                             "(the series shown are the ranges used, none longer than the data held).")
+    assert scale_note(d) == (
+        "This window is only 2m12s: rule durations and ranges scaled x0.15 to fit the window "
+        "(the series shown are the ranges used, none longer than the data held)."
+    )
     assert scale_note(Diagnosis(window=(T0, T0 + 3600), source="s", likely_cause=None)) == ""
 
 
@@ -170,13 +192,15 @@ def test_a_fleet_finding_charts_the_fleet_value_the_rule_read():
     charts = {name: df for name, _, df in evidence_charts(data, likely)}
     shown = next(e for e in likely.evidence if e.name == "average GPU utilisation")
     line = charts["average GPU utilisation"]
-    assert list(line.columns) == ["value"]          # one fleet-wide series, as the rule grouped it
+    assert list(line.columns) == ["value"]  # one fleet-wide series, as the rule grouped it
     period = slice(pd.to_datetime(likely.since, unit="s", utc=True), pd.to_datetime(likely.until, unit="s", utc=True))
     assert line.loc[period].iloc[:, 0].mean() == pytest.approx(shown.value, rel=1e-6)
 
 
-@pytest.mark.parametrize("recording", ["noisy-tenant-long-prompts", "kv-pressure-cascade", "round-robin-vs-sticky",
-                                       "replica-restart-cold-cache"])
+@pytest.mark.parametrize(
+    "recording",
+    ["noisy-tenant-long-prompts", "kv-pressure-cascade", "round-robin-vs-sticky", "replica-restart-cold-cache"],
+)
 def test_the_evidence_numbers_can_be_read_off_the_charts(recording):
     """Real vLLM recordings: each chart is the series the rule evaluated, so over the finding's
     period its max / min / mean / first / last is the evidence value, for every evidence item."""
@@ -191,8 +215,13 @@ def test_the_evidence_numbers_can_be_read_off_the_charts(recording):
             if ev.value is None or ev.name not in charts:
                 continue
             line = charts[ev.name].loc[period].iloc[:, 0].dropna()
-            read = {"max": line.max, "min": line.min, "mean": line.mean, "first": lambda s=line: s.iloc[0],
-                    "last": lambda s=line: s.iloc[-1]}[ev.stat or "last"]()
+            read = {
+                "max": line.max,
+                "min": line.min,
+                "mean": line.mean,
+                "first": lambda s=line: s.iloc[0],
+                "last": lambda s=line: s.iloc[-1],
+            }[ev.stat or "last"]()
             assert read == pytest.approx(ev.value, rel=1e-5, abs=1e-6), (f.rule_id, ev.name, ev.stat)
             checked += 1
     assert checked >= 3
