@@ -383,7 +383,9 @@ class SeriesEvaluator:
 
     def _form_deriv(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
         a = self.get(str(node["deriv"]))
-        return Grouped(a.by, a.keys, grid.deriv(a.values, self._steps(node, default="10m"), self.frame.step or 1.0))
+        # a slope needs three points: a range scaled below that (a short log or recording) reads three
+        k = max(self._steps(node, default="10m"), grid.DERIV_MIN_POINTS)
+        return Grouped(a.by, a.keys, grid.deriv(a.values, k, self.frame.step or 1.0))
 
     def _form_changes(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
         a = self.get(str(node["changes"]))

@@ -452,7 +452,10 @@ def shift(values: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def deriv(values: np.ndarray, k: int, step: float, min_points: int = 3) -> np.ndarray:
+DERIV_MIN_POINTS = 3
+
+
+def deriv(values: np.ndarray, k: int, step: float, min_points: int = DERIV_MIN_POINTS) -> np.ndarray:
     """Least-squares slope per second over a trailing window of k steps."""
     m = (~np.isnan(values)).astype(float)
     x = np.arange(values.shape[1], dtype=float)[None, :] * m

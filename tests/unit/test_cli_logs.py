@@ -51,11 +51,6 @@ def test_kv_pressure_log_with_preemptions_names_kv_pressure_first(capsys, name: 
     assert code == 1 and result["likely_cause"]["rule_id"] in KV_PRESSURE, findings(result)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 26: KV pressure without a preemption counter is the `rules` "
-    "branch's rule; until it lands this log reads as a growing queue (L12)",
-)
 def test_kv_pressure_log_without_a_preemption_counter_names_kv_pressure_first(capsys):
     code, result, _ = diagnose(capsys, "--log", str(LOGS / "vllm-0.10-v1-kv-pressure.kubectl.log"))
     assert result["likely_cause"]["rule_id"] in (*KV_PRESSURE, "kv_pressure_no_preemption_counter"), findings(result)
