@@ -85,7 +85,8 @@ def test_triage_shows_the_likely_cause_with_evidence_and_levers(monkeypatch, kv_
 
 
 def test_evidence_charts_have_units_utc_time_and_the_period_shaded(monkeypatch, kv_incident):
-    """One chart per evidence signal, TTFT (the symptom, a histogram) included; each says its
+    """One chart per evidence signal of the likely cause (K1 since it leads a cascade whose
+    latency stage it precedes: KV, preemptions, running, waiting, running growth); each says its
     unit, reads time in UTC and shades the finding's period."""
     import json
 
@@ -96,7 +97,8 @@ def test_evidence_charts_have_units_utc_time_and_the_period_shaded(monkeypatch, 
         "ratio (0-1)",
         "per second",
         "count",
-        "seconds",
+        "count",
+        "per second",
     ]
     for s in evidence:
         band, lines = s["layer"]
