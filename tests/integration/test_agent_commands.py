@@ -67,7 +67,12 @@ def test_agent_process_serves_stores_and_stops_cleanly_on_sigterm(target, tmp_pa
             return data["cycles"] >= 3 and [t["reason"] for t in data["targets"]] == ["ok"] and data
 
         health = wait_for(healthy_after_three_cycles, 60, "three cycles with the target up")
-        assert set(health["collectors"]) == {"engine", "derive_engine_gpu", "derive_fairness"}  # the hooks run too
+        assert set(health["collectors"]) == {
+            "engine",
+            "derive_engine_gpu",
+            "derive_fairness",
+            "store",
+        }  # the hooks and the store writer too
     finally:
         rc = stop_process(proc, signal.SIGTERM)
     err = "".join(proc.output_lines)

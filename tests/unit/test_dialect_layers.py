@@ -195,7 +195,7 @@ def test_sglang_hicache_storage_and_pd_queues(load_fixture):
 def test_dcgm_nvlink_row_remap_power_limit_and_1x_names(load_fixture):
     n = canon(load_fixture, "dcgm-exporter-4.5.3-custom-csv-rendered.txt")
     assert val(n, "gpu_power_limit_watts") == 500  # the enforced limit wins over the management limit
-    assert val(n, "gpu_nvlink_bandwidth_counter_total") == 123456789
+    assert val(n, "gpu_nvlink_bandwidth_total") == 123456789
     assert by(n, "gpu_remapped_rows_total", "kind") == {"correctable": 2, "uncorrectable": 1}
     assert val(n, "gpu_row_remap_failure_code") == 0
     old = canon(load_fixture, "dcgm-exporter-1.x-compat-rendered.txt")
