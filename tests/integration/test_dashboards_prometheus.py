@@ -88,6 +88,14 @@ DECLARED_ABSENT = {
         for s in ("kv_transfer_seconds", "kv_transfer_bytes", "kv_transfer_failures_total")
     },
     "ALERTS": "alerts exist only while Prometheus evaluates alert rules live; backfilled history has none",
+    **{
+        s: "a KV tier (LMCache, HiCache storage, vLLM offload) exports these; the bundled single vLLM server has none"
+        for s in ("kv_tier_hit_tokens_total", "kv_tier_lookup_tokens_total")
+    },
+    **{
+        s: "a router or gateway (SMG, Dynamo, llm-d EPP) exports these; the bundled recording scrapes engines only"
+        for s in ("router_prefix_match_ratio", "router_policy_branch_total")
+    },
 }
 CONDITIONAL = {
     "engine_cascade_lead_seconds": "exported only once an engine has both a KV-high and a latency onset; a "
