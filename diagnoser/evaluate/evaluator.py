@@ -115,12 +115,13 @@ def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[F
         return Skipped(rule.id, f"parameter(s) not set: {', '.join(missing)}")
     ev = SeriesEvaluator(rule, frame)
     try:
-        off = mechanism_off(rule, ev, frame.facts)
-        if off is not None:
-            return off
+        # absent signals first: the fleet path knows them from the index alone and says the same
         absent = required_absent(rule, frame)
         if absent:
             return Skipped(rule.id, f"signal(s) absent: {', '.join(sorted(absent))}")
+        off = mechanism_off(rule, ev, frame.facts)
+        if off is not None:
+            return off
         keys = _rule_keys(ev)
         if not keys:
             return Skipped(rule.id, "no series for any group")
