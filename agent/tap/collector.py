@@ -64,8 +64,8 @@ def parse_tap_config(raw: Any) -> dict[str, Any]:
             block_chars=int(raw.get("block_chars", 64)),
             prefix_window_s=parse_seconds(raw.get("prefix_window_s", 900)),
             max_connections=int(raw.get("max_connections", TapConfig.max_connections)),
-            **{k: parse_seconds(raw[k]) for k in _LIMITS if k in raw},
-        )  # type: ignore[arg-type]
+            **{k: parse_seconds(raw[k]) for k in _LIMITS if k in raw},  # type: ignore[arg-type]
+        )
     except ValueError as e:
         raise ConfigError(f"tap: {e}") from e
     try:
