@@ -51,7 +51,13 @@ def test_log_of_a_real_kv_pressure_run_matches_its_scrapes(vllm_small_kv):
     # testing N > 0, so no stats line prints it (docs/logs.md): the log has no preemption counter
     # even where /metrics counted some. Absent, not zero.
     assert "engine_preemptions_total" not in logged
-    assert max(v for _, v in logged["engine_kv_cache_usage_ratio"]) >= 0.9
+    # the log's KV usage is the engine's own: its peak near the scrapes' peak (a 10 s stats line need
+    # not catch the peak, which on a loaded box may also stay below full)
+    kv_scraped = [v for _, v in scraped["engine_kv_cache_usage_ratio"]]
+    kv_logged = max(v for _, v in logged["engine_kv_cache_usage_ratio"])
+    # (both sample one process at different instants: near, not equal; a percent read unscaled or a
+    # wrong field would be far off)
+    assert 0.3 < kv_logged <= 1.0 and abs(kv_logged - max(kv_scraped)) <= 0.35, (kv_logged, max(kv_scraped))
     # tokens/s x the time between stats lines: the run's generated tokens to within the
     # one-second resolution of the log's times
     t0, t1 = logged["engine_generation_tokens_total"][0][0], logged["engine_generation_tokens_total"][-1][0]
