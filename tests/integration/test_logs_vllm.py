@@ -34,7 +34,7 @@ def test_log_of_a_real_kv_pressure_run_matches_its_scrapes(vllm_small_kv):
             out.write(b"".join(ln + b"\n" for ln in text.splitlines() if b"[loggers.py" in ln))
     read = read_log(io.BytesIO(text), "vllm-0", day=datetime.datetime.now(datetime.UTC).date())
     summary = read.summary
-    assert summary.formats.get("vLLM V1 stats lines", 0) >= 3, summary.text()
+    assert summary.formats.get("vLLM V1 stats lines", 0) >= 2, summary.text()  # one 10 s interval at least
     assert not set(summary.skipped) - {"other"} and not summary.unknown_fields, summary.text()
     logged: dict[str, list[tuple[float, float]]] = {}
     for _, ts, samples in read.scrapes:
