@@ -35,6 +35,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import aiohttp
+
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import AgentConfig, Target
 from kvscope.agent.normalize.blockcache import BlockCache
@@ -42,7 +44,6 @@ from kvscope.agent.normalize.dialect import Normalized, detect_engine, normalize
 from kvscope.agent.ratelog import warn_every
 from kvscope.agent.scrape.exposition import FATAL, Exposition, Limits, ParseIssue, parse_exposition
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
-from kvscope.agent.scrape.httpclient import HttpClient
 from kvscope.agent.scrape.stamped import Parts
 from kvscope.agent.signals import Catalog, load_catalog
 
@@ -81,7 +82,9 @@ class TargetScrape:
         return self._expo
 
 
-async def scrape_target(session: HttpClient, target: Target, timeout_s: float, max_bytes: int) -> TargetScrape:
+async def scrape_target(
+    session: aiohttp.ClientSession, target: Target, timeout_s: float, max_bytes: int
+) -> TargetScrape:
     """Scrape one target. Never raises for a target problem."""
     ts, t0 = time.time(), time.monotonic()
     try:
@@ -108,7 +111,7 @@ class EngineCollector:
         self,
         config: AgentConfig,
         catalog: Catalog | None = None,
-        session: HttpClient | None = None,
+        session: aiohttp.ClientSession | None = None,
         max_concurrency: int = 32,
     ) -> None:
         self.config = config

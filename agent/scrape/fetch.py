@@ -2,15 +2,16 @@
 
 `read_exposition` is the only network read of an exposition in kvscope. It never hangs and never
 buffers more than `max_bytes`: the timeout covers connect, headers and the whole body, and the
-body is streamed and abandoned as soon as it passes the cap (decompressed bytes are counted, so
-a gzip bomb is capped too). Every failure becomes a `ScrapeError` whose `reason` is a short
-stable token, used as the `reason` label of `kvscope_scrape_errors_total`:
+body is streamed and abandoned as soon as it passes the cap (decompressed bytes are counted, and
+aiohttp inflates at most one read's room at a time, so a gzip bomb is capped too). Every failure
+becomes a `ScrapeError` whose `reason` is a short stable token, used as the `reason` label of
+`kvscope_scrape_errors_total`:
 
     timeout, connection_refused, connect_error, dns_error, server_disconnected, payload_error,
     http_<status> (http_503...), body_too_large, decode_error, invalid_url, http_protocol_error
 
-The HTTP/1.1 client is agent/scrape/httpclient.py (llhttp via httptools, keep-alive per target); a
-redirect is not followed (it is reported as http_30x).
+The client is aiohttp's, as everywhere in the agent (bench/scrape_client.py measured it against
+the llhttp client it replaced); keep-alive per target, a redirect is not followed (http_30x).
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from kvscope.agent.scrape.httpclient import FetchError, HttpClient
+import aiohttp
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 """Ask for text 0.0.4 only (the parser reads OpenMetrics too, if a server sends it anyway).
 prometheus_client, which vLLM and SGLang serve /metrics with, switches to OpenMetrics whenever
 the Accept header mentions it, whatever its q; its OpenMetrics output adds a `_created` line per
 counter and histogram series and (0.26) spells `vllm:x` as `vllm_x`."""
+READ_BYTES = 1 << 16
 
 
 class ScrapeError(Exception):
@@ -47,31 +49,66 @@ class Payload:
     duration_s: float
 
 
-async def read_exposition(session: HttpClient, url: str, timeout_s: float, max_bytes: int) -> Payload:
+async def read_exposition(session: aiohttp.ClientSession, url: str, timeout_s: float, max_bytes: int) -> Payload:
     """GET `url` and return its decoded body. Raises ScrapeError(reason) on any failure."""
     start = time.monotonic()
-    headers = (("Accept", ACCEPT), ("X-Prometheus-Scrape-Timeout-Seconds", f"{timeout_s:g}"))
+    headers = {"Accept": ACCEPT, "X-Prometheus-Scrape-Timeout-Seconds": f"{timeout_s:g}"}
     try:
-        async with asyncio.timeout(timeout_s):
-            reply = await session.get(url, headers, max_bytes)
+        async with asyncio.timeout(timeout_s), session.get(url, headers=headers, allow_redirects=False) as resp:
+            ctype = resp.headers.get("Content-Type", "")
+            body = await _body(resp, max_bytes)
     except TimeoutError:
         raise ScrapeError("timeout", f"no complete response within {timeout_s:g}s") from None
-    except FetchError as e:
-        raise ScrapeError(e.reason, e.detail) from None
-    except OSError as e:  # a write on a connection the peer reset
-        raise ScrapeError("server_disconnected", str(e)[:200]) from None
+    except aiohttp.ClientError as e:
+        raise ScrapeError(_reason(e), str(e)[:200]) from None
+    except (ValueError, OSError) as e:  # an unparsable URL; a write on a connection the peer reset
+        raise ScrapeError("invalid_url" if isinstance(e, ValueError) else "server_disconnected", str(e)[:200]) from None
     try:
-        text = reply.body.decode("utf-8")
+        text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ScrapeError("decode_error", f"not UTF-8 at byte {e.start}") from None
-    return Payload(
-        text=text,
-        openmetrics=reply.content_type.startswith("application/openmetrics-text"),
-        size_bytes=len(reply.body),
-        duration_s=time.monotonic() - start,
+    return Payload(text, ctype.startswith("application/openmetrics-text"), len(body), time.monotonic() - start)
+
+
+async def _body(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    if resp.status != 200:
+        raise ScrapeError(f"http_{resp.status}", (resp.reason or "")[:200])
+    length = resp.content_length
+    if length is not None and length > max_bytes and "Content-Encoding" not in resp.headers:
+        raise ScrapeError("body_too_large", f"Content-Length {length} > {max_bytes}")
+    chunks, size = [], 0
+    while chunk := await resp.content.read(READ_BYTES):
+        size += len(chunk)
+        if size > max_bytes:
+            raise ScrapeError("body_too_large", f"more than {max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _reason(e: aiohttp.ClientError) -> str:
+    """The reason token of an aiohttp failure."""
+    if isinstance(e, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
+        return "invalid_url"
+    if isinstance(e, aiohttp.ClientConnectorDNSError):
+        return "dns_error"
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return "connection_refused" if isinstance(e.os_error, ConnectionRefusedError) else "connect_error"
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return "server_disconnected"
+    if isinstance(e, aiohttp.ClientPayloadError):
+        return "payload_error"
+    if isinstance(e, aiohttp.ClientResponseError):  # a reply aiohttp's parser refused
+        return "http_protocol_error"
+    return "connect_error"
+
+
+def new_session() -> aiohttp.ClientSession:
+    """A scrape client: kept-alive connections per target (up to 5 min idle), no connection cap,
+    no cookies, no proxies, no redirects; time is bounded by each read's timeout."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=300),
+        timeout=aiohttp.ClientTimeout(total=None),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        headers={"User-Agent": "kvscope"},
+        max_field_size=64 << 10,
     )
-
-
-def new_session() -> HttpClient:
-    """A scrape client: keep-alive connections per target, no cookies, no proxies, no redirects."""
-    return HttpClient()

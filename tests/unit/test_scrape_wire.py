@@ -1,5 +1,5 @@
-"""The scrape HTTP client (agent/scrape/httpclient.py) on the wire: raw asyncio servers send exactly the
-bytes each case needs (keep-alive, EOF-delimited and chunked bodies, compression, bad replies)."""
+"""The scrape client (agent/scrape/fetch.py) on the wire: raw asyncio servers send exactly the bytes
+each case needs (keep-alive, EOF-delimited and chunked bodies, compression, bad replies)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kvscope.agent.scrape.httpclient import FetchError, HttpClient
+from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
 
 BODY = b'vllm:num_requests_running{engine="0"} 3.0\n'
 
@@ -58,11 +58,10 @@ def fetch(
     async def main():
         server, url, state = await serve(answer, close_after)
         try:
-            async with HttpClient() as client:
+            async with new_session() as client:
                 bodies = []
                 for _ in range(times):
-                    async with asyncio.timeout(2):
-                        bodies.append(await client.get(url, [("Accept", "text/plain")], max_bytes))
+                    bodies.append(await read_exposition(client, url, 2.0, max_bytes))
                     await asyncio.sleep(between)
                 return bodies, state
         finally:
@@ -73,30 +72,29 @@ def fetch(
 
 
 def reason(answer: Callable[[int], bytes | None], **kw) -> str:
-    with pytest.raises(FetchError) as info:
+    with pytest.raises(ScrapeError) as info:
         fetch(answer, **kw)
     return info.value.reason
 
 
 def test_keep_alive_reuses_one_connection_and_sends_the_headers():
     replies, state = fetch(lambda n: ok(b"n %d\n" % n), times=3)
-    assert [r.body for r in replies] == [b"n 1\n", b"n 2\n", b"n 3\n"]
-    assert replies[0].content_type == "text/plain"
+    assert [r.text for r in replies] == ["n 1\n", "n 2\n", "n 3\n"]
     assert state["connections"] == 1
     head = state["last_request"]
-    assert head.startswith(b"GET /metrics HTTP/1.1\r\n") and b"\r\nAccept: text/plain\r\n" in head
+    assert head.startswith(b"GET /metrics HTTP/1.1\r\n") and b"\r\nAccept: text/plain;version=0.0.4" in head
     assert b"\r\nHost: 127.0.0.1:" in head and b"Accept-Encoding: gzip" in head
 
 
 def test_a_connection_the_server_closed_is_replaced():
     replies, state = fetch(lambda n: ok(), times=3, close_after=True, between=0.05)
-    assert [r.body for r in replies] == [BODY] * 3
+    assert [r.text for r in replies] == [BODY.decode()] * 3
     assert state["connections"] == 3
 
 
 def test_a_body_delimited_by_the_end_of_the_connection():
     replies, _ = fetch(lambda n: b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + BODY, close_after=True)
-    assert replies[0].body == BODY
+    assert replies[0].text == BODY.decode()
 
 
 def test_a_chunked_body():
@@ -105,14 +103,14 @@ def test_a_chunked_body():
         BODY[5:],
     )
     replies, state = fetch(lambda n: chunked, times=2)
-    assert [r.body for r in replies] == [BODY, BODY] and state["connections"] == 1
+    assert [r.text for r in replies] == [BODY.decode()] * 2 and state["connections"] == 1
 
 
 @pytest.mark.parametrize("pack", [gzip.compress, zlib.compress])
 def test_gzip_and_deflate_bodies_are_inflated(pack):
     encoding = b"gzip" if pack is gzip.compress else b"deflate"
     replies, _ = fetch(lambda n: ok(pack(BODY), b"Content-Encoding: " + encoding + b"\r\n"))
-    assert replies[0].body == BODY
+    assert replies[0].text == BODY.decode()
 
 
 def test_the_cap_counts_inflated_bytes_and_a_declared_length():
@@ -120,7 +118,7 @@ def test_the_cap_counts_inflated_bytes_and_a_declared_length():
     assert reason(lambda n: ok(bomb, b"Content-Encoding: gzip\r\n"), max_bytes=100_000) == "body_too_large"
     assert reason(lambda n: ok(b"a 1\n" * 1000), max_bytes=1000) == "body_too_large"
     replies, _ = fetch(lambda n: ok(b"a 1\n" * 250), max_bytes=1000)  # exactly the cap is fine
-    assert len(replies[0].body) == 1000
+    assert replies[0].size_bytes == 1000
 
 
 @pytest.mark.parametrize(
@@ -130,7 +128,7 @@ def test_the_cap_counts_inflated_bytes_and_a_declared_length():
         (b"HTTP/1.1 301 Moved\r\nLocation: /x\r\nContent-Length: 0\r\n\r\n", "http_301"),
         (b"NOT HTTP AT ALL\r\n\r\n", "http_protocol_error"),
         (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70_000, "http_protocol_error"),  # endless header block
-        (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 3\r\n\r\nabc", "payload_error"),
+        (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 3\r\n\r\nabc", "http_protocol_error"),  # unasked
         (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 5\r\n\r\nabcde", "payload_error"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", "payload_error"),  # then the server closes
         (None, "server_disconnected"),  # closes without a word
@@ -147,15 +145,15 @@ def test_failures_have_their_reason(wire, want):
         "http://[::1/metrics",
         "http:///metrics",
         "http://127.0.0.1:99999/metrics",
-        "http://127.0.0.1/m x",
+        "http://127.0.0.1:8x/metrics",
     ],
 )
 def test_bad_urls(url):
     async def main():
-        async with HttpClient() as client:
-            await client.get(url, [], 1024)
+        async with new_session() as client:
+            await read_exposition(client, url, 1.0, 1024)
 
-    with pytest.raises(FetchError) as info:
+    with pytest.raises(ScrapeError) as info:
         asyncio.run(main())
     assert info.value.reason == "invalid_url"
 
@@ -183,13 +181,11 @@ def test_a_timeout_drops_the_connection_and_the_next_get_works():
         server = await asyncio.start_server(guarded, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
         try:
-            async with HttpClient() as client:
-                with pytest.raises(TimeoutError):
-                    async with asyncio.timeout(0.2):
-                        await client.get(url, [], 1024)
-                async with asyncio.timeout(2):
-                    return await client.get(url, [], 1024)
+            async with new_session() as client:
+                with pytest.raises(ScrapeError, match="timeout"):
+                    await read_exposition(client, url, 0.2, 1024)
+                return await read_exposition(client, url, 2.0, 1024)
         finally:
             server.close()
 
-    assert asyncio.run(main()).body == BODY
+    assert asyncio.run(main()).text == BODY.decode()
