@@ -157,9 +157,7 @@ def main() -> None:
     t0 = time.process_time()
     parse_exposition(body.decode())
     parse = time.process_time() - t0
-    print(
-        f"  for scale: parsing the {args.targets} bodies (no memo) {parse * args.targets * 1e3:.0f} ms CPU"
-    )
+    print(f"  for scale: parsing the {args.targets} bodies (no memo) {parse * args.targets * 1e3:.0f} ms CPU")
 
 
 if __name__ == "__main__":

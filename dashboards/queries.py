@@ -59,11 +59,6 @@ def sum_rate(signal: str, by: tuple[str, ...] = (), suffix: str = "", extra: str
     return f"sum{_by(by)} (rate({series(signal, suffix)}{_sel(extra)}[{w}]))"
 
 
-def sum_increase(signal: str, by: tuple[str, ...] = (), suffix: str = "", extra: str = "", w: str = RANGE) -> str:
-    """sum by (...) (increase(...[w])): a count over the dashboard's time range."""
-    return f"sum{_by(by)} (increase({series(signal, suffix)}{_sel(extra)}[{w}]))"
-
-
 def guard(num: str, den: str) -> str:
     """num / (den > 0): no series instead of NaN or Inf when the denominator is zero."""
     return f"({num}) / (({den}) > 0)"

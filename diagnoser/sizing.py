@@ -220,12 +220,6 @@ def pd_ratio(
     )
 
 
-def kv_transfer_seconds(*, kv_bytes: float, bandwidth_bytes_per_s: float) -> float:
-    """The P/D KV transfer tax: KV size ÷ network bandwidth (002 §6.5)."""
-    _positive(kv_bytes=kv_bytes, bandwidth_bytes_per_s=bandwidth_bytes_per_s)
-    return kv_bytes / bandwidth_bytes_per_s
-
-
 def cost_per_million_tokens(*, gpu_hour_cost: float, gpu_hours: float, tokens: float) -> float | None:
     """$ per 1M tokens actually produced over a period (002 §9.2); None without tokens.
 

@@ -32,7 +32,6 @@ JOIN_NAME = "engine_gpu_memory_used_bytes"
 PROCESS_MEMORY = "gpu_process_memory_used_bytes"
 GPU_MEMORY = "gpu_memory_used_bytes"
 ENGINE_PROCESS_PREFIX = "engine_process_"
-JOIN_ORDER = ("config", "kubernetes", "pid")
 _JOIN_PREFIXES = ("gpu_", ENGINE_PROCESS_PREFIX)  # every series the joins read, but the engines' pods
 
 
@@ -188,17 +187,6 @@ def _by_pid(samples: list[Sample]) -> list[GpuAssignment]:
         prev = memory.get((instance, dev.key()), (dev, 0.0))[1]
         memory[(instance, dev.key())] = (dev, prev + s.value)
     return [GpuAssignment(instance, dev, "pid", mem) for (instance, _), (dev, mem) in memory.items()]
-
-
-def gpu_map(assignments: Iterable[GpuAssignment]) -> dict[str, set[str]]:
-    """engine instance -> the GPUs it runs on (uuid when known, else index; `/mig` suffixed)."""
-    out: dict[str, set[str]] = {}
-    for a in assignments:
-        name = a.device.gpu_uuid or str(a.device.gpu)
-        if a.device.mig_instance is not None:
-            name += f"/{a.device.mig_instance}"
-        out.setdefault(a.instance, set()).add(name)
-    return out
 
 
 def render_engine_gpu_samples(assignments: Iterable[GpuAssignment], timestamp: float | None = None) -> list[Sample]:

@@ -115,14 +115,3 @@ def window_quantiles(
 ) -> dict[Labels, float | None]:
     """`window_quantile` for every histogram in a `<name>_bucket` query result."""
     return {labels: window_quantile(q, buckets, start, end) for labels, buckets in group_buckets(series).items()}
-
-
-def window_mean(
-    sum_points: Points, count_points: Points, start: float | None = None, end: float | None = None
-) -> float | None:
-    """Mean observation in the window: increase of `_sum` over increase of `_count`.
-    None when nothing was observed or either series has fewer than two points."""
-    total, count = increase(sum_points, start, end), increase(count_points, start, end)
-    if total is None or count is None or count <= 0:
-        return None
-    return total / count

@@ -107,23 +107,3 @@ def window(points: Points, start: float, end: float) -> list[tuple[float, float]
     """The points with start <= ts <= end (points sorted by time, as everywhere here)."""
     times = [t for t, _ in points]
     return list(points[bisect_left(times, start) : bisect_right(times, end)])
-
-
-def rate_series(points: Points, window_s: float, step_s: float | None = None) -> list[tuple[float, float | None]]:
-    """A sliding `rate` over `window_s`, evaluated at every point (or every `step_s` from the
-    first point). Each value is the rate over (t - window_s, t]; None where the window holds
-    fewer than two points, e.g. right after a gap."""
-    if not points:
-        return []
-    stamps = [t for t, _ in points]
-    times = stamps if step_s is None else _steps(points[0][0], points[-1][0], step_s)
-    out: list[tuple[float, float | None]] = []
-    for t in times:  # each window found by bisection: O(n log n) over a long history
-        sel = points[bisect_left(stamps, t - window_s) : bisect_right(stamps, t)]
-        out.append((t, rate(sel, t - window_s, t)))
-    return out
-
-
-def _steps(first: float, last: float, step_s: float) -> list[float]:
-    n = int((last - first) // step_s) if step_s > 0 else 0
-    return [first + i * step_s for i in range(n + 1)]

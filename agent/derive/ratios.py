@@ -8,10 +8,6 @@ differently from a real 0.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
-from typing import TypeVar
-
-K = TypeVar("K", bound=Hashable)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -34,16 +30,3 @@ def fraction(part: float | None, whole: float | None) -> float | None:
         return None
     value = ratio(part, whole)
     return None if value is None else min(1.0, max(0.0, value))
-
-
-def ratios_by_key(
-    numerators: Mapping[K, float | None], denominators: Mapping[K, float | None]
-) -> dict[K, float | None]:
-    """`ratio` per key of the denominators; a key without a numerator gives None."""
-    return {k: ratio(numerators.get(k), d) for k, d in denominators.items()}
-
-
-def shares(parts: Mapping[K, float | None]) -> dict[K, float | None]:
-    """Each part's `fraction` of the sum of the known parts (None parts are left out of the sum)."""
-    whole = sum(v for v in parts.values() if v is not None and v > 0)
-    return {k: (None if v is None else fraction(v, whole)) for k, v in parts.items()}

@@ -113,18 +113,6 @@ class Exposition:
     openmetrics: bool = False
     complete: bool = True
 
-    def family_type(self, sample_name: str) -> str | None:
-        """The declared TYPE of the family a sample name belongs to, if any."""
-        t = self.types.get(sample_name)
-        if t is not None:
-            return t
-        for suffix in ("_total", "_bucket", "_count", "_sum", "_created", "_info", "_gcount", "_gsum"):
-            if sample_name.endswith(suffix):
-                t = self.types.get(sample_name[: -len(suffix)])
-                if t is not None:
-                    return t
-        return None
-
 
 def parse_exposition(
     text: str,

@@ -10,7 +10,6 @@ import pytest
 from kvscope.agent.collectors.nvml import FakeNvml, NvmlCollector
 from kvscope.agent.derive.gpu_join import (
     engine_gpu_hook,
-    gpu_map,
     join_engines_to_gpus,
     parse_gpu_mapping,
     render_engine_gpu_samples,
@@ -62,7 +61,6 @@ def test_kubernetes_mode_joins_on_pod_namespace_and_container(load_fixture):
         ("10.0.0.5:8000", UUID1, None, "kubernetes"),
         ("10.0.0.6:8000", UUID2, "1", "kubernetes"),
     }
-    assert gpu_map(found) == {"10.0.0.5:8000": {UUID0, UUID1}, "10.0.0.6:8000": {UUID2 + "/1"}}
     mem = {(s.label("instance"), s.label("gpu")): s for s in render_engine_gpu_samples(found, 100.0)}
     assert mem[("10.0.0.5:8000", "0")].value == 75000 * 1048576  # the GPU's used memory
     assert mem[("10.0.0.6:8000", "2")].label("mig_instance") == "1"

@@ -16,7 +16,6 @@ from kvscope.agent.derive.quantiles import (
     group_buckets,
     histogram_quantile,
     parse_le,
-    window_mean,
     window_quantile,
     window_quantiles,
 )
@@ -96,12 +95,6 @@ def test_group_buckets_splits_histograms_by_labels_without_le():
     grouped = group_buckets(series)
     assert set(grouped) == {make_labels({"model": "a"}), make_labels({"model": "b"})}
     assert set(grouped[make_labels({"model": "a"})]) == {1.0, INF}
-
-
-def test_window_mean_from_sum_and_count_deltas():
-    assert window_mean([(0, 10.0), (60, 40.0)], [(0, 100.0), (60, 115.0)]) == 2.0
-    assert window_mean([(0, 10.0), (60, 10.0)], [(0, 100.0), (60, 100.0)]) is None
-    assert window_mean([(0, 10.0)], [(0, 100.0)]) is None
 
 
 bounds = st.lists(st.floats(min_value=-10, max_value=1e4, allow_nan=False), min_size=1, max_size=12, unique=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvscope.agent.derive.rates import deltas, increase, rate, rate_series, raw_increase, window
+from kvscope.agent.derive.rates import deltas, increase, rate, raw_increase, window
 
 
 def test_increase_of_a_steady_counter():
@@ -52,16 +52,6 @@ def test_extrapolation_never_goes_below_a_zero_counter():
     assert increase([(10.0, 0.0), (20.0, 4.0)], 0.0, 20.0) == 4.0
 
 
-def test_rate_series_is_none_where_a_gap_leaves_one_point():
-    pts = [(0.0, 0.0), (10.0, 10.0), (20.0, 20.0), (100.0, 100.0), (110.0, 110.0)]
-    got = dict(rate_series(pts, window_s=25.0))
-    assert got[0.0] is None and got[100.0] is None
-    # t=20: 20 counted over 25 s; no extrapolation back past the counter's zero at t=0
-    assert abs(got[20.0] - 20.0 / 25.0) < 1e-9
-    # t=110: one 10 s interval, 15 s to the window start is a gap: extend by 5 s only
-    assert abs(got[110.0] - 10.0 * 15.0 / 10.0 / 25.0) < 1e-9
-
-
 def test_window_selects_inclusive_bounds():
     assert window([(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)], 2.0, 3.0) == [(2.0, 2.0), (3.0, 3.0)]
 
@@ -85,13 +75,6 @@ def test_monotonic_counter_increase_is_last_minus_first(steps):
         values.append(total)
     pts = [(float(i), v) for i, v in enumerate(values)]
     assert abs(raw_increase(pts) - (values[-1] - values[0])) <= 1e-6 * max(1.0, values[-1])
-
-
-def test_rate_series_over_a_week_of_15s_points_at_hourly_steps():
-    pts = [(15.0 * i, 2.0 * i) for i in range(40_320)]  # 7 days at 15 s
-    got = rate_series(pts, window_s=300.0, step_s=3600.0)
-    assert len(got) == 168 and got[0][1] is None
-    assert all(abs(r - 2.0 / 15.0) < 1e-9 for _, r in got[1:])
 
 
 def test_counter_starting_inside_the_window_follows_prometheus_3_zero_clamp():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvscope.agent.derive.ratios import fraction, ratio, ratios_by_key, shares
+from kvscope.agent.derive.ratios import fraction, ratio
 
 
 def test_ratio_of_known_values():
@@ -23,15 +23,6 @@ def test_fraction_clamps_scrape_skew_and_rejects_non_positive_wholes():
     assert fraction(1.0, 0.0) is None and fraction(1.0, -5.0) is None
 
 
-def test_ratios_by_key_keeps_missing_numerators_absent():
-    assert ratios_by_key({"a": 1.0}, {"a": 2.0, "b": 4.0, "c": 0.0}) == {"a": 0.5, "b": None, "c": None}
-
-
-def test_shares_ignore_absent_parts():
-    assert shares({"t1": 3.0, "t2": 1.0, "t3": None}) == {"t1": 0.75, "t2": 0.25, "t3": None}
-    assert shares({"t1": 0.0}) == {"t1": None}
-
-
 finite = st.floats(min_value=0, max_value=1e15, allow_nan=False)
 
 
@@ -43,9 +34,3 @@ def test_fraction_of_a_part_not_above_its_whole_is_in_unit_interval(a, b):
         assert got is None
     else:
         assert 0.0 <= got <= 1.0
-
-
-@given(st.dictionaries(st.text(max_size=3), st.one_of(st.none(), finite), max_size=8))
-def test_shares_sum_to_at_most_one(parts):
-    total = sum(v for v in shares(parts).values() if v is not None)
-    assert total <= 1.0 + 1e-9

@@ -99,13 +99,6 @@ def test_pd_ratio_prefill_heavy_and_decode_heavy():
     assert heavy.render_ratio() == "3.0:1"
 
 
-def test_kv_transfer_tax_for_a_4k_prompt_over_ndr():
-    kv = sizing.kv_bytes_per_token(**LLAMA3_70B, bytes_per_element=1) * 4096  # FP8, ~671 MB
-    seconds = sizing.kv_transfer_seconds(kv_bytes=kv, bandwidth_bytes_per_s=50e9)  # NDR 400 Gb/s
-    assert seconds == pytest.approx(kv / 50e9)
-    assert 0.01 < seconds < 0.02
-
-
 def test_cost_per_million_tokens_and_absent_tokens():
     assert sizing.cost_per_million_tokens(gpu_hour_cost=2.0, gpu_hours=100, tokens=50e6) == 4.0
     assert sizing.cost_per_million_tokens(gpu_hour_cost=2.0, gpu_hours=100, tokens=0) is None
