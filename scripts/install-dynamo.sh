@@ -19,13 +19,6 @@ set -euo pipefail
 
 VERSION=1.6.1
 HOME_DIR=${KVSCOPE_DYNAMO_HOME:-${HOME}/.cache/kvscope/dynamo}
-VENV=$HOME_DIR/venv
-PYTHON=${PYTHON:-python3}
-LOG=${TMPDIR:-/tmp}/kvscope-dynamo-install.$$.log
-
-if [ "${KVSCOPE_SKIP_DYNAMO:-0}" = 1 ]; then
-  echo "install-dynamo: KVSCOPE_SKIP_DYNAMO=1, skipping"; exit 0
-fi
 
 # ai-dynamo's runtime requirements less aisimulate, frozen from a tested install (see above).
 REQS=$(cat <<REQ
@@ -96,34 +89,14 @@ ai-dynamo-runtime==$VERSION
 ai-dynamo==$VERSION
 REQ
 )
+NAME=install-dynamo TESTS="the Dynamo tests" SKIP_VAR=KVSCOPE_SKIP_DYNAMO
 WANT=$(printf '%s\n' "$REQS" | sha256sum | cut -c1-16)
-STAMP="$HOME_DIR/.kvscope-dynamo-stamp"
-
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$VENV/bin/python" ]; then
-  echo "install-dynamo: ok (cached at $HOME_DIR)"; exit 0
-fi
-
-fail() {
-  echo "install-dynamo: FAILED: $1" >&2
-  [ -f "$LOG" ] && { echo "--- last lines of $LOG:" >&2; tail -25 "$LOG" >&2; }
-  echo "install-dynamo: the Dynamo tests will skip; rerun this script after fixing the cause." >&2
-  exit 1
-}
-cannot() { echo "install-dynamo: cannot install here: $1; the Dynamo tests will skip" >&2; exit 0; }
-[ "$(uname -m)" = x86_64 ] || cannot "the pinned set was tested on x86_64 only (this is $(uname -m))"
+STAMP="$HOME_DIR/.kvscope-dynamo-stamp" READY="$HOME_DIR/venv/bin/python"
+. "$(dirname "$0")/pinned-venv.sh"
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || cannot "ai-dynamo needs Python >= 3.10"
 
-echo "install-dynamo: installing ai-dynamo $VERSION into $HOME_DIR (about 90 s, 700 MB; log: $LOG)"
-T0=$SECONDS
-mkdir -p "$HOME_DIR"
-rm -f "$STAMP"
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV" >"$LOG" 2>&1 || fail "could not create the venv"
-REQFILE=$(mktemp)
-trap 'rm -f "$REQFILE"' EXIT
-printf '%s\n' "$REQS" >"$REQFILE"
+begin "ai-dynamo $VERSION" "about 90 s, 700 MB"
 "$VENV/bin/pip" install -q --no-deps -r "$REQFILE" >>"$LOG" 2>&1 || fail "pip install of the pinned set failed"
 "$VENV/bin/python" -c 'import dynamo.frontend, dynamo.mocker, dynamo._core' >>"$LOG" 2>&1 \
   || fail "ai-dynamo $VERSION does not import"
-echo "$WANT" >"$STAMP"
-rm -f "$LOG"
-echo "install-dynamo: ok in $((SECONDS - T0)) s ($HOME_DIR)"
+installed

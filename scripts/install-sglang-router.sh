@@ -19,13 +19,6 @@ set -euo pipefail
 
 VERSIONS="0.3.2 0.2.4"
 HOME_DIR=${KVSCOPE_ROUTER_HOME:-${HOME}/.cache/kvscope/sglang-router}
-VENV=$HOME_DIR/venv
-PYTHON=${PYTHON:-python3}
-LOG=${TMPDIR:-/tmp}/kvscope-router-install.$$.log
-
-if [ "${KVSCOPE_SKIP_ROUTER:-0}" = 1 ]; then
-  echo "install-sglang-router: KVSCOPE_SKIP_ROUTER=1, skipping"; exit 0
-fi
 
 # The runtime requirements of both versions (setproctitle, aiohttp, orjson, uvicorn, fastapi),
 # frozen from a tested install so CI resolves the same set every time.
@@ -56,30 +49,12 @@ uvicorn==0.54.0
 yarl==1.25.1
 REQ
 )
+NAME=install-sglang-router TESTS="the router tests" SKIP_VAR=KVSCOPE_SKIP_ROUTER
 WANT=$(printf '%s\n%s\n' "$REQS" "$VERSIONS" | sha256sum | cut -c1-16)
-STAMP="$HOME_DIR/.kvscope-router-stamp"
+STAMP="$HOME_DIR/.kvscope-router-stamp" READY="$HOME_DIR/venv/bin/python"
+. "$(dirname "$0")/pinned-venv.sh"
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$VENV/bin/python" ]; then
-  echo "install-sglang-router: ok (cached at $HOME_DIR)"; exit 0
-fi
-
-fail() {
-  echo "install-sglang-router: FAILED: $1" >&2
-  [ -f "$LOG" ] && { echo "--- last lines of $LOG:" >&2; tail -25 "$LOG" >&2; }
-  echo "install-sglang-router: the router tests will skip; rerun this script after fixing the cause." >&2
-  exit 1
-}
-cannot() { echo "install-sglang-router: cannot install here: $1; the router tests will skip" >&2; exit 0; }
-[ "$(uname -m)" = x86_64 ] || cannot "the pinned set was tested on x86_64 only (this is $(uname -m))"
-
-echo "install-sglang-router: installing sglang-router $VERSIONS into $HOME_DIR (about 30-50 s, 250 MB; log: $LOG)"
-T0=$SECONDS
-mkdir -p "$HOME_DIR"
-rm -f "$STAMP"
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV" >"$LOG" 2>&1 || fail "could not create the venv"
-REQFILE=$(mktemp)
-trap 'rm -f "$REQFILE"' EXIT
-printf '%s\n' "$REQS" >"$REQFILE"
+begin "sglang-router $VERSIONS" "about 30-50 s, 250 MB"
 "$VENV/bin/pip" install -q -r "$REQFILE" >>"$LOG" 2>&1 || fail "pip install of the requirement set failed"
 for v in $VERSIONS; do
   rm -rf "$HOME_DIR/$v"
@@ -89,6 +64,4 @@ for v in $VERSIONS; do
     'import sglang_router.launch_router, sglang_router.sglang_router_rs' >>"$LOG" 2>&1 \
     || fail "sglang-router $v does not import"
 done
-echo "$WANT" >"$STAMP"
-rm -f "$LOG"
-echo "install-sglang-router: ok in $((SECONDS - T0)) s ($HOME_DIR)"
+installed

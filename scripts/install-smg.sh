@@ -16,13 +16,6 @@ set -euo pipefail
 
 VERSION=1.13.0
 HOME_DIR=${KVSCOPE_SMG_HOME:-${HOME}/.cache/kvscope/smg}
-VENV=$HOME_DIR/venv
-PYTHON=${PYTHON:-python3}
-LOG=${TMPDIR:-/tmp}/kvscope-smg-install.$$.log
-
-if [ "${KVSCOPE_SKIP_SMG:-0}" = 1 ]; then
-  echo "install-smg: KVSCOPE_SKIP_SMG=1, skipping"; exit 0
-fi
 
 # smg's runtime requirements (setproctitle, grpcio, grpcio-health-checking, pyyaml), frozen from a
 # tested install so CI resolves the same set every time.
@@ -36,33 +29,13 @@ typing_extensions==4.16.0
 smg==$VERSION
 REQ
 )
+NAME=install-smg TESTS="the SMG tests" SKIP_VAR=KVSCOPE_SKIP_SMG
 WANT=$(printf '%s\n' "$REQS" | sha256sum | cut -c1-16)
-STAMP="$HOME_DIR/.kvscope-smg-stamp"
+STAMP="$HOME_DIR/.kvscope-smg-stamp" READY="$HOME_DIR/venv/bin/smg"
+. "$(dirname "$0")/pinned-venv.sh"
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$VENV/bin/smg" ]; then
-  echo "install-smg: ok (cached at $HOME_DIR)"; exit 0
-fi
-
-fail() {
-  echo "install-smg: FAILED: $1" >&2
-  [ -f "$LOG" ] && { echo "--- last lines of $LOG:" >&2; tail -25 "$LOG" >&2; }
-  echo "install-smg: the SMG tests will skip; rerun this script after fixing the cause." >&2
-  exit 1
-}
-cannot() { echo "install-smg: cannot install here: $1; the SMG tests will skip" >&2; exit 0; }
-[ "$(uname -m)" = x86_64 ] || cannot "the pinned set was tested on x86_64 only (this is $(uname -m))"
-
-echo "install-smg: installing smg $VERSION into $HOME_DIR (about 45 s, 150 MB; log: $LOG)"
-T0=$SECONDS
-mkdir -p "$HOME_DIR"
-rm -f "$STAMP"
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV" >"$LOG" 2>&1 || fail "could not create the venv"
-REQFILE=$(mktemp)
-trap 'rm -f "$REQFILE"' EXIT
-printf '%s\n' "$REQS" >"$REQFILE"
+begin "smg $VERSION" "about 45 s, 150 MB"
 "$VENV/bin/pip" install -q -r "$REQFILE" >>"$LOG" 2>&1 || fail "pip install of smg==$VERSION and its pinned requirements failed"
 GOT=$("$VENV/bin/smg" --version 2>>"$LOG") || fail "the installed smg does not run"
 [ "$GOT" = "smg $VERSION" ] || fail "smg --version says '$GOT', expected 'smg $VERSION'"
-echo "$WANT" >"$STAMP"
-rm -f "$LOG"
-echo "install-smg: ok in $((SECONDS - T0)) s ($HOME_DIR)"
+installed
