@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import TextIO
 
+from kvscope.diagnoser.sources import SourceError, read_url
 from kvscope.ui.data import ENV, ENV_END, ENV_SINCE, SourceSpec
 
 APP = Path(__file__).with_name("app.py")
@@ -120,12 +121,10 @@ class UiServer:
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
                 raise RuntimeError(f"the UI process exited with status {self.proc and self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=2) as resp:
-                    if resp.read().strip() == b"ok":
-                        return
-            except OSError:
-                time.sleep(0.3)
+            with contextlib.suppress(SourceError):
+                if read_url(f"{self.url}/_stcore/health", "ui", 2.0, 1024).strip() == b"ok":
+                    return
+            time.sleep(0.3)
         raise RuntimeError(f"the UI did not become healthy at {self.url} within {timeout_s:.0f} s")
 
     def wait(self) -> int:

@@ -10,6 +10,9 @@ Prometheus' lookback, plus engine facts. The same data gives the same frame from
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from typing import Protocol
 
 from kvscope.diagnoser.evaluate.frame import Frame
@@ -17,6 +20,34 @@ from kvscope.diagnoser.evaluate.frame import Frame
 
 class SourceError(RuntimeError):
     """The source could not be read (file, HTTP, malformed answer); the message says which."""
+
+
+def read_url(
+    url: str,
+    what: str,
+    timeout_s: float,
+    max_bytes: int,
+    data: bytes | None = None,
+    error: type[SourceError] = SourceError,
+    on_status: Callable[[urllib.error.HTTPError], SourceError] | None = None,
+) -> bytes:
+    """The body of one synchronous HTTP request: a GET, or a form POST of `data`. The diagnoser's
+    callers (CLI, Streamlit, worker threads) run no event loop, so this is the standard library's
+    client; the agent's async code uses aiohttp. At most `max_bytes` are read. An error status
+    raises `on_status(exc)` (else `error`); no answer, or an answer over `max_bytes`, raises
+    `error` with a message that starts with `what`."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=timeout_s) as resp:  # noqa: S310
+            body = resp.read(max_bytes + 1)
+    except urllib.error.HTTPError as exc:
+        with exc:  # its body is read by on_status, then the connection closed
+            failure = on_status(exc) if on_status else error(f"{what}: {exc}")
+        raise failure from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise error(f"{what}: cannot connect: {getattr(exc, 'reason', exc)}") from exc
+    if len(body) > max_bytes:
+        raise error(f"{what}: answer larger than {max_bytes} bytes; narrow the window")
+    return body
 
 
 class Source(Protocol):

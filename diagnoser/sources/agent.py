@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
 from kvscope.agent.signals import Sample, make_labels
 from kvscope.diagnoser.evaluate.frame import Frame, frame_from_samples
-from kvscope.diagnoser.sources import SourceError
+from kvscope.diagnoser.sources import SourceError, read_url
 
 DEFAULT_WINDOW_S = 1800.0
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -40,13 +38,7 @@ class AgentSource:
         return frame
 
     def _get(self, path: str) -> dict[str, Any]:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=self.timeout_s) as resp:  # noqa: S310
-                body = resp.read(MAX_RESPONSE_BYTES + 1)
-        except (urllib.error.URLError, OSError) as exc:
-            raise SourceError(f"agent {self.url}: {exc}") from exc
-        if len(body) > MAX_RESPONSE_BYTES:
-            raise SourceError(f"agent {self.url}: answer larger than {MAX_RESPONSE_BYTES} bytes; narrow the window")
+        body = read_url(self.url + path, f"agent {self.url}", self.timeout_s, MAX_RESPONSE_BYTES)
         try:
             doc = json.loads(body)
         except ValueError as exc:

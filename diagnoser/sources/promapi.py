@@ -38,7 +38,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from kvscope.diagnoser.sources import SourceError
+from kvscope.diagnoser.sources import SourceError, read_url
 
 MAX_POINTS = 11_000
 """Prometheus refuses a range query with more points per series than this."""
@@ -101,41 +101,23 @@ class PromClient:
 
     # ---------------------------------------------------------------- raw calls
     def _call(self, path: str, params: dict[str, str] | list[tuple[str, str]], matrix: bool = False) -> Any:
-        body = urllib.parse.urlencode(params).encode()
-        req = urllib.request.Request(
-            self.url + path, data=body, method="POST", headers={"Content-Type": "application/x-www-form-urlencoded"}
-        )
         t0 = time.perf_counter()
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
-                raw = resp.read(MAX_RESPONSE_BYTES + 1)
-        except urllib.error.HTTPError as exc:
-            raise http_error(self.url, exc) from exc
-        except (urllib.error.URLError, OSError) as exc:
-            raise PromError(f"prometheus {self.url}: cannot connect: {getattr(exc, 'reason', exc)}") from exc
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise PromError(
-                f"prometheus {self.url}: answer larger than {MAX_RESPONSE_BYTES} bytes; "
-                "narrow the window or raise --step"
-            )
-        typed = _typed_matrix(raw) if matrix else None
-        if typed is not None:
-            with self._lock:
-                self.stats["queries"] += 1
-                self.stats["bytes"] += len(raw)
-                self.stats["seconds"] += time.perf_counter() - t0
-            return typed
-        try:
-            doc = json.loads(raw)
-        except ValueError as exc:
-            raise PromError(
-                f"prometheus {self.url}{path}: the answer is not JSON ({exc}); is {self.url} the "
-                "base URL of a Prometheus-compatible API?"
-            ) from exc
+        raw = self._read(path, urllib.parse.urlencode(params).encode())
+        typed = doc = _typed_matrix(raw) if matrix else None
+        if typed is None:
+            try:
+                doc = json.loads(raw)
+            except ValueError as exc:
+                raise PromError(
+                    f"prometheus {self.url}{path}: the answer is not JSON ({exc}); is {self.url} the "
+                    "base URL of a Prometheus-compatible API?"
+                ) from exc
         with self._lock:
             self.stats["queries"] += 1
             self.stats["bytes"] += len(raw)
             self.stats["seconds"] += time.perf_counter() - t0
+        if typed is not None:
+            return typed
         if not isinstance(doc, dict) or doc.get("status") != "success":
             err = doc.get("error", "unexpected answer") if isinstance(doc, dict) else "unexpected answer"
             raise PromError(f"prometheus {self.url}: {err}")
@@ -218,13 +200,23 @@ class PromClient:
 
     def _get(self, path_qs: str) -> Any:
         try:
-            with urllib.request.urlopen(self.url + path_qs, timeout=self.timeout_s) as resp:  # noqa: S310
-                doc = json.loads(resp.read(MAX_RESPONSE_BYTES))
-        except urllib.error.HTTPError as exc:
-            raise http_error(self.url, exc) from exc
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise PromError(f"prometheus {self.url}: {exc}") from exc
+            doc = json.loads(self._read(path_qs))
+        except ValueError as exc:
+            raise PromError(f"prometheus {self.url}{path_qs.split('?')[0]}: the answer is not JSON ({exc})") from exc
         return doc.get("data") if isinstance(doc, dict) else None
+
+    def _read(self, path: str, form: bytes | None = None) -> bytes:
+        """The answer's body (a form POST when `form`); PromError for every failure."""
+        what = f"prometheus {self.url}"
+        return read_url(
+            self.url + path,
+            what,
+            self.timeout_s,
+            MAX_RESPONSE_BYTES,
+            form,
+            PromError,
+            lambda e: http_error(self.url, e),
+        )
 
     # ---------------------------------------------------------------- bounded range queries
     def plan_chunks(
