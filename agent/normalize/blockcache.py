@@ -80,18 +80,13 @@ class _Block:
         """The block minus the outputs of `signals` (another block has them under a preferred name)."""
         heads = [h for h in self.samples if signal_of(h[0], catalog) not in signals]
         canonical = frozenset(k for k in self.canonical if signal_of(k[0], catalog) not in signals)
-        return _Block(
-            heads,
-            self.facts,
-            self.dropped,
-            self.issues,
-            self.unmapped,
-            self.keys,
-            self.timestamped,
-            canonical,
-            None,
-            self.fallback - signals,
-            self.signals - signals,
+        return replace(
+            self,
+            samples=heads,
+            canonical=canonical,
+            template=None,
+            fallback=self.fallback - signals,
+            signals=self.signals - signals,
         )
 
 

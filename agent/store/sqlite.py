@@ -45,7 +45,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -630,18 +630,7 @@ class SqliteStore(RetentionMixin):
         last = self._snapshot
         if last is None:
             return self.stats()
-        with self._qlock:
-            st = StoreStats(
-                **{
-                    **self._stats.__dict__,
-                    "dropped": Counter(self._stats.dropped),
-                    "errors": Counter(self._stats.errors),
-                    "deleted": Counter(self._stats.deleted),
-                }
-            )
-            st.queued = self._queued
-        with self._slock:
-            st.series = len(self._ids)
+        st = self._counters()
         st.rows, st.bytes, st.used_bytes = last.rows, last.bytes, last.used_bytes
         if self._thread is not None and not self._thread.is_alive() and not self._closed:
             st.failing = "writer_dead"
@@ -712,19 +701,22 @@ class SqliteStore(RetentionMixin):
         """A snapshot of the counters plus the current file sizes."""
         return self._stats_via(self._reader, self._rlock)
 
-    def _stats_via(self, conn: sqlite3.Connection, lock: threading.Lock | threading.RLock) -> StoreStats:
+    def _counters(self) -> StoreStats:
+        """A copy of the counters, with the queue length and the series count, each under its lock."""
         with self._qlock:
-            st = StoreStats(
-                **{
-                    **self._stats.__dict__,
-                    "dropped": Counter(self._stats.dropped),
-                    "errors": Counter(self._stats.errors),
-                    "deleted": Counter(self._stats.deleted),
-                }
+            st = replace(
+                self._stats,
+                dropped=Counter(self._stats.dropped),
+                errors=Counter(self._stats.errors),
+                deleted=Counter(self._stats.deleted),
             )
             st.queued = self._queued
         with self._slock:
             st.series = len(self._ids)
+        return st
+
+    def _stats_via(self, conn: sqlite3.Connection, lock: threading.Lock | threading.RLock) -> StoreStats:
+        st = self._counters()
         st.rows = self._row_count(st.rows)
         st.bytes = sum(_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal"))
         if not self._closed:
