@@ -93,7 +93,7 @@ def _reason(e: aiohttp.ClientError) -> str:
         return "dns_error"
     if isinstance(e, aiohttp.ClientConnectorError):
         return "connection_refused" if isinstance(e.os_error, ConnectionRefusedError) else "connect_error"
-    if isinstance(e, aiohttp.ServerDisconnectedError):
+    if isinstance(e, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError):  # e.g. reset by the peer
         return "server_disconnected"
     if isinstance(e, aiohttp.ClientPayloadError):
         return "payload_error"
