@@ -297,7 +297,7 @@ def test_vllm_mfu_estimates_and_lora_adapters_in_flight(load_fixture):
     assert val(n, "engine_lora_max_adapters") == 2
     # the newest series (largest value: its update time) names alice, bob, carol; the older ones
     # (none, alice alone) stay in the registry and must not be read, nor summed
-    assert val(n, "engine_lora_adapters_in_flight") == 3
+    assert val(n, "engine_lora_in_flight_adapters") == 3
 
 
 def test_sglang_mfu_estimates(load_fixture):
