@@ -389,7 +389,9 @@ def test_efficiency_compute_per_gpu_recompute_tax_and_tier_savings():
     assert "m2 / unified" not in eff.compute.index  # no estimate there: absent, not 0
     assert eff.compute.loc["fleet", "tflops_per_gpu"] == pytest.approx(1.0)  # the flat engine counts nothing
     rec = eff.recompute
-    assert rec.loc["m2 / unified", "recompute_share"] == pytest.approx(0.05) and not rec.loc["m2 / unified", "estimated"]
+    assert (
+        rec.loc["m2 / unified", "recompute_share"] == pytest.approx(0.05) and not rec.loc["m2 / unified", "estimated"]
+    )
     # vLLM: 0.01 preemptions/s x 400 prompt tokens per request = 4 of 40 tokens/s, estimated
     assert rec.loc["m1 / unified", "recompute_share"] == pytest.approx(0.1) and rec.loc["m1 / unified", "estimated"]
     assert eff.tiers["device (engine cache)"] == pytest.approx(WEEK_S)
