@@ -77,7 +77,8 @@ class Alias:
     rename: dict[str, str] = field(default_factory=dict)
     match: dict[str, tuple[str, ...]] = field(default_factory=dict)
     info_label: tuple[str, ...] = ()  # value = product of these labels of an info gauge
-    collapse: str | None = None  # "max": series that collapse repeat one value (see catalog.yaml)
+    info_count: tuple[str, ...] = ()  # value = distinct comma-joined names in these labels
+    collapse: str | None = None  # "max" | "latest" (see catalog.yaml)
     fallback: bool = False  # an old name: read only when the scrape has none of the others
     part: str | None = None  # "sum": a counter read from the `_sum` of histogram `name`
     set: dict[str, str] = field(default_factory=dict)  # constant labels every sample of the alias gets
@@ -238,10 +239,10 @@ def _parse_alias(signal: str, a: dict[str, Any], dialects: dict[str, Dialect], s
         )
     match = {k: tuple(str(x) for x in v) for k, v in (a.get("match") or {}).items()}
     collapse = a.get("collapse")
-    if collapse not in (None, "max"):
+    if collapse not in (None, "max", "latest"):
         raise CatalogError(
             f"{source}: signal {signal}: alias {a.get('name')!r}: collapse must be 'max' "
-            f"(series that collapse repeat one value), not {collapse!r}"
+            f"(series that collapse repeat one value) or 'latest', not {collapse!r}"
         )
     part = a.get("part")
     if part not in (None, "sum"):
@@ -256,6 +257,7 @@ def _parse_alias(signal: str, a: dict[str, Any], dialects: dict[str, Dialect], s
         rename=dict(a.get("rename") or {}),
         match=match,
         info_label=info_label,
+        info_count=tuple(str(x) for x in a.get("info_count") or ()),
         collapse=collapse,
         fallback=bool(a.get("fallback", False)),
         part=part,

@@ -173,6 +173,7 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
         )
     else:
         out.append(("Tenants", _table(report.this.tenants, TENANT_COLUMNS, "Tenant")))
+    out += _efficiency_sections(report)
     if report.incidents:
         rows = [["Severity", "Finding", "Where", "Since", "Levers"]]
         rows += [
@@ -189,6 +190,50 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
     else:
         out.append(("Top findings", ["No findings this week."]))
     return out
+
+
+NOT_EXPORTED = "not exported by these engines"
+
+
+def _efficiency_sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[str]]]:
+    """Compute per GPU (the engines' MFU estimates next to tokens per GPU-hour), the recompute tax
+    of preemptions, and tokens served per KV tier; a section whose signals no engine exports says so."""
+    eff = report.this.efficiency
+    if eff is None:
+        return []
+    tph = report.this.pools.get("tokens_per_gpu_hour", pd.Series(dtype=float))
+    tph = pd.concat([tph, pd.Series({"fleet": report.this.fleet.get("tokens_per_gpu_hour")})])
+    compute: list[list[str]] | list[str] = [
+        f"Estimated FLOP/s and memory traffic per GPU (vLLM/SGLang --enable-mfu-metrics): {NOT_EXPORTED}, "
+        "or the estimate is off (its counters never moved)."
+    ]
+    if not eff.compute.empty:
+        head = ["Pool", "TFLOP/s per GPU (÷ peak = MFU)", "GB/s per GPU (÷ peak = MBU)", "Tokens / GPU-h"]
+        compute = [head] + [
+            [
+                str(k),
+                fmt(r.get("tflops_per_gpu"), "num"),
+                fmt(r.get("gb_per_s_per_gpu"), "num"),
+                fmt(tph.get(k), "count"),
+            ]
+            for k, r in eff.compute.iterrows()
+        ]
+    recompute: list[list[str]] | list[str] = [f"Preemption counters: {NOT_EXPORTED}."]
+    if not eff.recompute.empty:
+        est = " (est. = preemptions × prompt tokens per request)" * bool(eff.recompute["estimated"].any())
+        recompute = [["Pool", "Preemptions", "Prompt tokens recomputed" + est, "Share of prompt tokens"]] + [
+            [
+                str(k),
+                fmt(r["preemptions"], "count"),
+                fmt(r["recomputed_tokens"], "count") + (" (est.)" if r["estimated"] else ""),
+                fmt(r["recompute_share"], "pct"),
+            ]
+            for k, r in eff.recompute.iterrows()
+        ]
+    tiers: list[list[str]] | list[str] = [f"Prompt tokens served per KV tier: {NOT_EXPORTED}."]
+    if not eff.tiers.empty:
+        tiers = [["Tier", "Prompt tokens served"]] + [[str(k), fmt(v, "count")] for k, v in eff.tiers.items()]
+    return [("Compute per GPU", compute), ("Preemption recompute tax", recompute), ("Cache savings per tier", tiers)]
 
 
 def render_markdown(report: WeeklyReport) -> str:

@@ -9,6 +9,8 @@ From canonical series (a recording, the agent's SQLite store, or Prometheus scra
 * $ per 1M output tokens at a configured $/GPU-hour (idle GPU-hours count);
 * prefill tokens saved by prefix caching (tokens served from the cache instead of recomputed);
 * per-tenant requests, prompt tokens and cache hit ratio;
+* achieved FLOP/s and memory traffic per GPU (the engines' MFU estimates), the recompute tax of
+  preemptions, and prompt tokens served from each KV tier (`efficiency`), where exported;
 * week-over-week deltas, and the week's top findings.
 
 Series are held columnar (`SeriesSet`: one row per series, one row per point) so the maths is
@@ -44,6 +46,14 @@ COUNTERS = (
     "tenant_requests_total",
     "tenant_prompt_tokens_total",
     "tenant_cached_tokens_total",
+    "engine_estimated_flops_per_gpu_total",
+    "engine_estimated_read_bytes_per_gpu_total",
+    "engine_estimated_write_bytes_per_gpu_total",
+    "engine_preemptions_total",
+    "engine_preempted_prompt_tokens_total",
+    "engine_prompt_tokens_cached_total",
+    "engine_kv_offload_loaded_tokens_total",
+    "kv_tier_loaded_tokens_total",
 )
 GAUGES = (
     "gpu_utilization_ratio",
@@ -455,6 +465,7 @@ class WeekStats:
     tenants: pd.DataFrame
     coverage: DataCoverage
     timeline: pd.DataFrame
+    efficiency: Efficiency | None = None
 
 
 def _window(pts: Points, start: float, end: float) -> np.ndarray:
@@ -499,6 +510,7 @@ def compute_week(ss: SeriesSet, start: float, end: float, gpu_hour_cost: float) 
         _tenants(ss, start, end),
         cov,
         _timeline(ss, start, end, cov),
+        efficiency(ss, start, end),
     )
 
 
@@ -552,6 +564,86 @@ def _tenants(ss: SeriesSet, start: float, end: float) -> pd.DataFrame:
     if {"prompt_tokens", "cached_tokens"} <= set(df):
         df["hit_ratio"] = df["cached_tokens"] / df["prompt_tokens"].where(df["prompt_tokens"] > 0)
     return df.sort_values(df.columns[0], ascending=False)
+
+
+@dataclass
+class Efficiency:
+    """What the engines' own efficiency counters say about a week; each frame is empty where no
+    engine exports its signals (absent, never 0). `compute`: per pool and `fleet`, mean estimated
+    TFLOP/s and GB/s per GPU (vLLM/SGLang --enable-mfu-metrics; counters that never moved = the
+    estimate is off, absent); `recompute`: per pool, preemptions and the prompt tokens they made the
+    engine prefill again (SGLang counts them; elsewhere estimated as preemptions x mean prompt
+    tokens per request, `estimated`), and their share of all prompt tokens; `tiers`: prompt
+    tokens served from each KV tier (by `source`: device = the GPU prefix cache, host, disk, ...;
+    HiCache host load-back; LMCache and HiCache storage tiers), tiers that served none left out."""
+
+    compute: pd.DataFrame
+    recompute: pd.DataFrame
+    tiers: pd.Series
+
+
+def _pool_rate(ss: SeriesSet, name: str, keys: np.ndarray, start: float, end: float) -> pd.Series | None:
+    """Per key, a counter's increase per second of the time its series covered (gaps excluded),
+    over the series that moved (one that never did is an estimate switched off); NaN where none did."""
+    pts, inc = counter_increments(ss, name)
+    if not pts.sid.size:
+        return None
+    _, dt = gauge_coverage(ss, name)
+    mask = _window(pts, start, end) & ~_after_gap(pts)
+    per_inc = _per_sid(ss, pts, inc, mask)
+    sids = np.unique(pts.sid)
+    moved = sids[per_inc[sids] > 0]
+    total, secs = _group(keys, per_inc, moved), _group(keys, _per_sid(ss, pts, dt, mask), moved)
+    return (total / secs.where(secs > 0)).reindex(pd.unique(keys[sids]))
+
+
+def efficiency(ss: SeriesSet, start: float, end: float) -> Efficiency:
+    """The week's `Efficiency` over (start, end]."""
+    keys = pools(ss)
+    rows = []
+    for k in (keys, np.full(len(keys), "fleet", dtype=object)):
+        flops = _pool_rate(ss, "engine_estimated_flops_per_gpu_total", k, start, end)
+        moved = [_pool_rate(ss, f"engine_estimated_{d}_bytes_per_gpu_total", k, start, end) for d in ("read", "write")]
+        cols = {} if flops is None else {"tflops_per_gpu": flops / 1e12}
+        if parts := [m for m in moved if m is not None]:
+            cols["gb_per_s_per_gpu"] = pd.concat(parts, axis=1).sum(axis=1, min_count=1) / 1e9
+        if cols:
+            rows.append(pd.DataFrame(cols))
+    comp = pd.concat(rows).dropna(how="all") if rows else pd.DataFrame()
+    counts = {
+        col: _counter_by(ss, name, keys, start, end)
+        for col, name in (
+            ("preemptions", "engine_preemptions_total"),
+            ("recomputed_tokens", "engine_preempted_prompt_tokens_total"),
+            ("prompt_tokens", "engine_prompt_tokens_total"),
+            ("requests", "engine_requests_finished_total"),
+        )
+    }
+    rec = pd.DataFrame({c: v for c, v in counts.items() if v is not None})
+    if "preemptions" in rec:
+        rec = rec.reindex(columns=["preemptions", "recomputed_tokens", "prompt_tokens", "requests"])
+        per_request = rec["prompt_tokens"] / rec["requests"].where(rec["requests"] > 0)
+        rec["estimated"] = rec["recomputed_tokens"].isna() & per_request.notna()
+        rec["recomputed_tokens"] = rec["recomputed_tokens"].fillna(rec["preemptions"] * per_request)
+        rec["recompute_share"] = rec["recomputed_tokens"] / rec["prompt_tokens"].where(rec["prompt_tokens"] > 0)
+        rec = rec[["preemptions", "recomputed_tokens", "estimated", "recompute_share"]]
+    else:
+        rec = pd.DataFrame()
+    tiers: dict[str, float] = {}
+    for name, label, what in (
+        ("engine_prompt_tokens_cached_total", "source", "{} (engine cache)"),
+        ("engine_kv_offload_loaded_tokens_total", "", "host (HiCache load-back)"),
+        ("kv_tier_loaded_tokens_total", "tier", "{} tier (loaded)"),
+    ):
+        got = _counter_by(ss, name, ss.label(label, "?") if label else np.full(len(keys), "", dtype=object), start, end)
+        tiers.update({what.format(k): float(v) for k, v in (got if got is not None else {}).items() if v > 0})
+    if not any(k.endswith("(engine cache)") for k in tiers):  # no per-source split: the device hits
+        hits = _counter_by(
+            ss, "engine_prefix_cache_hits_tokens_total", np.full(len(keys), "", dtype=object), start, end
+        )
+        if hits is not None and hits.sum() > 0:
+            tiers = {"device (GPU prefix cache)": float(hits.sum()), **tiers}
+    return Efficiency(comp, rec, pd.Series(tiers, dtype=float))
 
 
 TIMELINE_STEPS_S = (60.0, 300.0, 900.0, 3600.0)

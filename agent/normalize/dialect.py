@@ -44,6 +44,7 @@ class Normalized:
     dropped: Counter[str] = field(default_factory=Counter)
     fallback: frozenset[str] = frozenset()  # signals whose samples came from fallback aliases only
     pending: dict[tuple[str, Labels, float | None], float] = field(default_factory=dict, repr=False)
+    newest: dict[tuple[str, Labels, float | None], float] = field(default_factory=dict, repr=False)
 
 
 def fold_name(name: str, catalog: Catalog) -> str:
@@ -224,7 +225,7 @@ class _Mapper:
                 value = raw.value
             else:
                 value = raw.value * factor
-            self._add(name, labels, kind, ts, value, out.pending if rank else acc, out)
+            self._add(name, labels, kind, ts, value, out.pending if rank else acc, out, raw.value)
 
     def linear_plan(self, samples: list[RawSample]) -> list[tuple[int, float, str, Labels]] | None:
         """How `map_sample` turns these raw samples into canonical ones when only their values
@@ -265,7 +266,7 @@ class _Mapper:
         upstream = dict(raw.labels)
         if not _matches(alias, suffix, upstream):
             return None, _NO_MATCH, signal.kind, "", 0.0, alias.rank
-        if alias.info_label:
+        if alias.info_label or alias.info_count:
             mode, factor = "info", self._value(alias, signal.kind, suffix, raw, upstream)
             if factor is _UNKNOWN:
                 return None, _NO_MATCH, signal.kind, "", 0.0, alias.rank
@@ -288,9 +289,11 @@ class _Mapper:
         value: float | None,
         acc: dict[tuple[str, Labels, float | None], float],
         out: Normalized,
+        order: float = 0.0,
     ) -> None:
         """Check the value, its finiteness, then the `le` label (`name` None), counting a drop by
-        reason; else accumulate into `acc` (max for gauges, sum otherwise). Both paths use it."""
+        reason; else accumulate into `acc` (max for gauges, the series with the largest `order`
+        (raw value) for `latest`, sum otherwise). Both paths use it."""
         if value is None:
             out.dropped["bad_value"] += 1
             return
@@ -304,7 +307,10 @@ class _Mapper:
         # runtime check on this per-sample path
         key: tuple[str, Labels, float | None] = (name, labels, ts)  # type: ignore[assignment]
         prev = acc.get(key)
-        if prev is None:
+        if kind == "latest":
+            if prev is None or order >= out.newest[key]:
+                acc[key], out.newest[key] = value, order
+        elif prev is None:
             acc[key] = value
         elif kind == "gauge":
             acc[key] = max(prev, value)
@@ -330,11 +336,13 @@ class _Mapper:
         labels = self._labels(alias, signal.labels, signal.kind, suffix, upstream)
         name = None if labels is None else signal.name + (suffix if signal.kind == "histogram" else "")
         self._add(
-            name, "" if labels is None else labels, _combine_kind(alias, signal.kind), ts, value, acc, out
+            name, "" if labels is None else labels, _combine_kind(alias, signal.kind), ts, value, acc, out, raw.value
         )  # checks value, then le
 
     @staticmethod
     def _value(alias: Alias, kind: str, suffix: str, raw: RawSample, upstream: dict[str, str]) -> float | None:
+        if alias.info_count:  # distinct names in comma-joined labels (vLLM lora_requests_info)
+            return float(len({n for label in alias.info_count for n in upstream.get(label, "").split(",") if n}))
         if alias.info_label:  # the product of the labels' values; unknown when one is absent
             texts = [upstream.get(label, "") for label in alias.info_label]
             if any(t in _UNKNOWN_INFO for t in texts):
@@ -407,5 +415,6 @@ def worker_instance(address: str) -> str:
 def _combine_kind(alias: Alias, kind: str) -> str:
     """How `_add` combines this alias's series that collapse into one canonical series: as a
     gauge (max) when the alias says every collapsed series repeats one value (`collapse: max`,
-    e.g. a count each TP rank reports identically), else by the signal's own kind."""
-    return "gauge" if alias.collapse == "max" else kind
+    e.g. a count each TP rank reports identically), the newest series for `collapse: latest` (an
+    info gauge whose value is its update time), else by the signal's own kind."""
+    return {"max": "gauge", "latest": "latest"}.get(alias.collapse or "", kind)

@@ -6,7 +6,9 @@ and the signals that are that evidence in `direct_evidence` (the request tap's p
 reuse potential, KV events). After every rule ran:
 
 * a deferred-to rule fired at the same place -> the finding stands as supporting evidence of the
-  direct one (`findings.same_mechanism`) and is ranked below it;
+  direct one (`findings.same_mechanism`) and is ranked below it; the direct finding takes its
+  severity where that is higher (`lift`: R1's load-only policy alone is info, P2 folding into it
+  says the hit rate already collapsed, a warning);
 * otherwise, a deferred-to rule was evaluated while the direct evidence was in the window -> it
   looked at the mechanism itself and did not see it: the finding is dropped and the rule is
   listed with the reason (`OVERRULED`);
@@ -20,7 +22,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from kvscope.diagnoser.findings import OVERRULED, Finding, Skipped, not_evaluable, same_mechanism, same_place
+from kvscope.diagnoser.findings import (
+    OVERRULED,
+    SEVERITY_RANK,
+    Finding,
+    Skipped,
+    not_evaluable,
+    same_mechanism,
+    same_place,
+)
 from kvscope.diagnoser.rulebook.rule import Rule
 
 __all__ = ["BELOW", "OVERRULED", "before_symptom", "direct_present", "not_evaluable", "settle"]
@@ -50,6 +60,7 @@ def settle(
     signals is in the window. Returns the findings kept and the skipped list with overruled
     rules added."""
     could_look = set(evaluated)
+    findings = lift(findings)
     kept: list[Finding] = []
     overruled: dict[str, list[str]] = {}
     for f in findings:
@@ -70,6 +81,19 @@ def settle(
         if not any(f.rule_id == rid for f in kept)
     ]
     return kept, list(skipped) + notes
+
+
+def lift(findings: list[Finding]) -> list[Finding]:
+    """A direct finding takes the worst severity of the findings that fold into it (they defer to
+    it and sit at its place), its score raised by the same 100 per level as ranking gives: the
+    direct reading confirms the mechanism, the inferred one says how much it hurts now."""
+    out = []
+    for g in findings:
+        folded = [f.severity for f in findings if g.rule_id in f.defers_to and same_place(g.where, f.where)]
+        worst = max([g.severity, *folded], key=SEVERITY_RANK.__getitem__)
+        up = 100 * (SEVERITY_RANK[worst] - SEVERITY_RANK[g.severity])
+        out.append(replace(g, severity=worst, score=round(g.score + up, 3)) if up else g)
+    return out
 
 
 def before_symptom(findings: list[Finding]) -> list[Finding]:

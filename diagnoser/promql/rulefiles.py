@@ -157,7 +157,7 @@ def skipped_sources(catalog: Catalog) -> list[str]:
     out = []
     for signal in catalog.signals.values():
         for alias in source_terms(signal, catalog)[1]:
-            why = "value is a label" if alias.info_label else "buckets need rescaling"
+            why = "value is a label" if alias.info_label or alias.info_count else "buckets need rescaling"
             out.append(f"{signal.name}: {alias.name} ({why}; read through the agent's kvscope_ series)")
     return out
 

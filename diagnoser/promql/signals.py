@@ -83,7 +83,7 @@ def source_terms(signal: Signal, catalog: Catalog, suffix: str = "") -> tuple[li
     grouped: dict[tuple, SourceTerm] = {}
     skipped: list[Alias] = []
     for alias in signal.aliases:
-        if alias.info_label or (signal.kind == "histogram" and alias.scale != 1.0):
+        if alias.info_label or alias.info_count or (signal.kind == "histogram" and alias.scale != 1.0):
             skipped.append(alias)
             continue
         dialect = catalog.dialects[alias.engine]

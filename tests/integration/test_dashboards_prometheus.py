@@ -377,3 +377,13 @@ def test_weekly_report_from_prometheus_matches_the_recording(loaded):
     assert via_prom.fleet["output_tokens"] == pytest.approx(tokens, rel=0.05)
     assert via_prom.fleet["hit_ratio"] == pytest.approx(direct.fleet["hit_ratio"], abs=0.02)
     assert via_prom.fleet["gpu_hours"] is None  # no GPU in the recording: absent through both paths
+    # the efficiency sections read the same through Prometheus: preemptions (and their estimated
+    # recompute tax), tokens per tier, and the MFU estimate absent in both (vLLM 0.32 on CPU, flag off)
+    a, b = direct.efficiency, via_prom.efficiency
+    assert a is not None and b is not None and a.compute.empty and b.compute.empty
+    assert list(a.tiers.index) == list(b.tiers.index) and not a.tiers.empty
+    assert b.tiers.to_numpy() == pytest.approx(a.tiers.to_numpy(), rel=0.05)
+    assert list(a.recompute.index) == list(b.recompute.index)
+    if not a.recompute.empty:
+        # Prometheus extrapolates increase() to the range edges: within 10 %
+        assert b.recompute["preemptions"].to_numpy() == pytest.approx(a.recompute["preemptions"].to_numpy(), rel=0.1)

@@ -8,6 +8,7 @@ supporting evidence and ranks below; where one looked and did not fire, it is ov
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from testbed.recording_variants import VARIANTS, write_variant
 T0 = 1_700_000_000.0
 LIBRARY = Path(__file__).resolve().parents[1] / "recordings"
 DIRECT, INFERRED = "prefix_hits_diluted_across_replicas", "routing_ignores_cache_locality"
+R1 = "router_gave_locality_away"
 
 
 def _finding(rule_id: str, score: float, where: dict[str, str] | None = None, **kw) -> Finding:
@@ -127,39 +129,47 @@ def test_confidence_round_trips_through_json():
     [
         ("confidence: moderate\n", "confidence: unsure\n", "confidence 'unsure' is not one of"),
         ("confirm: the request tap", "confirmation: the request tap", "needs 'confirm'"),
-        ("defers_to: [prefix_hits_diluted_across_replicas]", "defers_to: [no_such_rule]", "not another rule"),
         (
-            "defers_to: [prefix_hits_diluted_across_replicas]",
-            "defers_to: [routing_ignores_cache_locality]",
+            "defers_to: [prefix_hits_diluted_across_replicas, router_gave_locality_away]",
+            "defers_to: [no_such_rule, router_gave_locality_away]",
             "not another rule",
         ),
         (
-            "direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total]",
-            "direct_evidence: [split_ratio]",
+            "defers_to: [prefix_hits_diluted_across_replicas, router_gave_locality_away]",
+            "defers_to: [routing_ignores_cache_locality, router_gave_locality_away]",
+            "not another rule",
+        ),
+        (
+            "direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total, router_decisions_total, router_policy_branch_total, router_best_cached_prefix_tokens_total]",
+            "direct_evidence: [split_ratio, router_decisions_total]",
             "unknown signal 'split_ratio'",
         ),
-        ("direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total]\n", "", "needs 'direct_evidence'"),
         (
-            "defers_to: [prefix_hits_diluted_across_replicas]",
-            "defers_to: prefix_hits_diluted_across_replicas",
+            "direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total, router_decisions_total, router_policy_branch_total, router_best_cached_prefix_tokens_total]\n",
+            "",
+            "needs 'direct_evidence'",
+        ),
+        (
+            "defers_to: [prefix_hits_diluted_across_replicas, router_gave_locality_away]",
+            "defers_to: router_gave_locality_away",
             "defers_to must be a list of rule ids",
         ),
         (
-            "direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total]",
+            "direct_evidence: [prefix_split_ratio, tenant_reusable_tokens_total, router_decisions_total, router_policy_branch_total, router_best_cached_prefix_tokens_total]",
             "direct_evidence: []",
             "direct_evidence must be a non-empty list",
         ),
         ("confidence: moderate\n", "confidence: high\n", "belong to a rule with confidence below high"),
         (
-            "defers_to: [prefix_hits_diluted_across_replicas]",
-            "defers_to: [prefix_hit_low_shared_prefixes_seen]",
+            "defers_to: [prefix_hits_diluted_across_replicas, router_gave_locality_away]",
+            "defers_to: [prefix_hit_low_shared_prefixes_seen, router_gave_locality_away]",
             "not a high-confidence rule",
         ),
     ],
 )
 def test_validation_of_confidence_fields(tmp_path, old, new, message):
     """Each bad value of a confidence field is one problem, at the line of its key."""
-    for rid in (DIRECT, INFERRED, "prefix_hit_low_shared_prefixes_seen", "prefix_hit_low_with_reuse"):
+    for rid in (DIRECT, INFERRED, R1, "prefix_hit_low_shared_prefixes_seen", "prefix_hit_low_with_reuse"):
         for suffix in (".yaml", ".test.yaml"):
             text = (rules_dir() / f"{rid}{suffix}").read_text()
             if rid == INFERRED and suffix == ".yaml":
@@ -202,3 +212,16 @@ def test_the_tap_reads_p2_directly_and_engine_metrics_alone_infer_it(rules, tmp_
     assert only.likely_cause.rule_id == INFERRED and only.likely_cause.confidence == "moderate"
     assert only.likely_cause.levers[0].id == "router.routing_policy"
     assert any(s.rule_id == DIRECT and "signal(s) absent" in s.reason for s in only.skipped)
+
+
+def test_a_warning_folding_into_an_info_direct_finding_lifts_it_to_warning():
+    """P2 (warning: hit rate at ~1/N) folding into R1 read from a load-only router policy (info):
+    the direct finding leads and carries the warning, the inferred one stays below it."""
+    r1 = replace(_finding(R1, 31.0, {"instance": "smg"}, specificity=3), severity="info")
+    inferred = replace(_inferred(score=124.0), defers_to=(DIRECT, R1))
+    kept, skipped = settle([inferred, r1], [], [INFERRED, R1], {INFERRED: True})
+    lifted = next(f for f in kept if f.rule_id == R1)
+    assert lifted.severity == "warning" and lifted.score == 131.0 and not skipped
+    d = rank(kept, (T0 - 60, T0 + 60), "t", skipped, 2)
+    assert d.likely_cause.rule_id == R1 and d.likely_cause.severity == "warning"
+    assert [f.rule_id for f in d.supporting] == [INFERRED]

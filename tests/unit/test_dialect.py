@@ -188,6 +188,7 @@ def test_catalog_signal_names_follow_the_naming_convention():
         "_code",
         "_preemptions",
         "_workers",
+        "_adapters",
     )
     for name, sig in catalog.signals.items():
         assert name.endswith(units), name

@@ -287,3 +287,24 @@ signals:
     with pytest.raises(CatalogError, match="sets a label the signal does not keep"):
         parse_catalog(text)
     assert parse_catalog(text.replace("labels: [branch]", "labels: [branch, policy]"))
+
+
+def test_vllm_mfu_estimates_and_lora_adapters_in_flight(load_fixture):
+    n = canon(load_fixture, "vllm-0.33.0-mfu-lora-rendered.txt")
+    assert val(n, "engine_estimated_flops_per_gpu_total", dp_rank="0") == 4e15
+    assert val(n, "engine_estimated_read_bytes_per_gpu_total") == 2e13
+    assert val(n, "engine_estimated_write_bytes_per_gpu_total") == 1e12
+    assert val(n, "engine_lora_max_adapters") == 2
+    # the newest series (largest value: its update time) names alice, bob, carol; the older ones
+    # (none, alice alone) stay in the registry and must not be read, nor summed
+    assert val(n, "engine_lora_in_flight_adapters") == 3
+
+
+def test_sglang_mfu_estimates(load_fixture):
+    from pathlib import Path
+
+    body = Path(__file__).parents[1] / "outside" / "bodies" / "sglang-0.5.23-eagle-rendered.txt"
+    expo = parse_exposition(body.read_text())
+    n = normalize(expo, detect_engine(expo), TARGET, 100.0)
+    assert val(n, "engine_estimated_flops_per_gpu_total") == 3500.0
+    assert val(n, "engine_estimated_read_bytes_per_gpu_total") == 2500000.0

@@ -87,3 +87,14 @@ def test_prefix_caching_setting_unknown_is_not_evaluable():
     assert blind["prefix_caching_disabled"].startswith("mechanism unknown: engine fact(s) enable_prefix_caching")
     d = static_diagnosis("vllm-0.11.0-rendered.txt", 2.0, 10.0)
     assert "prefix_caching_disabled" not in {s.rule_id for s in d.skipped}
+
+
+def test_mfu_estimate_at_zero_is_off_and_no_lora_is_unknown():
+    """The real vLLM 0.32 capture registers the MFU counters at 0 (no --enable-mfu-metrics): R5 says
+    the mechanism is off; no body runs LoRA, so R7 and L13 cannot look (not a healthy verdict)."""
+    d = static_diagnosis("vllm-0.32.0-cpu-after-load.txt", 15.0, 900.0)
+    why = {s.rule_id: s.reason for s in d.skipped}
+    assert why["mfu_low"].startswith("mechanism off: the engines' MFU estimate")
+    blind = {s.rule_id: s.reason for s in not_evaluable(d.skipped)}
+    for rule_id in ("lora_adapters_thrashing", "tenant_ttft_spike"):
+        assert rule_id in blind, why.get(rule_id)

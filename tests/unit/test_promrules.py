@@ -239,6 +239,16 @@ def test_histograms_that_need_rescaled_buckets_are_left_to_the_agent():
     assert all("kv_transfer_latency_ms" not in n for t in terms for n in t.names)
 
 
+def test_values_read_from_labels_are_left_to_the_agent():
+    """vLLM's lora_requests_info value is its update time: PromQL cannot count the adapter names
+    in its labels (nor read max_lora), so both LoRA signals come only from the agent's re-export."""
+    catalog = load_catalog()
+    for name in ("engine_lora_in_flight_adapters", "engine_lora_max_adapters"):
+        terms, skipped = source_terms(catalog.signals[name], catalog)
+        assert "vllm:lora_requests_info" in [a.name for a in skipped]
+        assert all("lora_requests_info" not in n for t in terms for n in t.names)
+
+
 def test_le_regex_matches_both_spellings_of_a_bound():
     assert le_regex(1.0) == "1|1\\\\.0"
     assert le_regex(0.25) == "0\\\\.25"

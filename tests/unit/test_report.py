@@ -351,3 +351,60 @@ def test_markdown_escapes_hostile_model_and_tenant_labels():
     assert "# Owned" not in lines and not any(ln.startswith("| injected") for ln in lines)
     assert r"evil\|model\`code\` \[x\](http://e.example) &lt;img src=x onerror=alert(1)&gt; # Owned *bold* _it_" in md
     assert r"t\|en\`ant\[1\]&lt;b&gt; \| injected \| row \|" in md and r"test\|\`src\`" in md
+
+
+def _efficiency_samples() -> list[Sample]:
+    """m1 (vLLM): the MFU estimate at 1 TFLOP/s and 2 + 0.5 GB/s per GPU, 0.01 preemptions/s with
+    400-token prompts (no recomputed count), the device cache serving 1 token/s, a host source
+    pre-created at 0; m2 (SGLang): 5 % of its 40 prompt tokens/s recomputed after retractions,
+    LMCache retrieving 2 tokens/s. The flat estimate of a third engine (flag off) adds nothing."""
+    out = []
+    for k, t in enumerate(np.arange(T0, END + 1, STEP)):
+        s = k * STEP
+        m1 = make_labels({"instance": "a:8000", "model": "m1", "node": "n1"})
+        m2 = make_labels({"instance": "b:8000", "model": "m2", "node": "n2"})
+        off = make_labels({"instance": "c:8000", "model": "m1", "node": "n1"})
+        out += [
+            Sample("engine_estimated_flops_per_gpu_total", m1, 1e12 * s, t),
+            Sample("engine_estimated_read_bytes_per_gpu_total", m1, 2e9 * s, t),
+            Sample("engine_estimated_write_bytes_per_gpu_total", m1, 0.5e9 * s, t),
+            Sample("engine_estimated_flops_per_gpu_total", off, 0.0, t),
+            Sample("engine_preemptions_total", m1, 0.01 * s, t),
+            Sample("engine_requests_finished_total", m1, 0.1 * s, t),
+            Sample("engine_prompt_tokens_total", m1, 40 * s, t),
+            Sample("engine_preemptions_total", m2, 0.02 * s, t),
+            Sample("engine_preempted_prompt_tokens_total", m2, 2 * s, t),
+            Sample("engine_prompt_tokens_total", m2, 40 * s, t),
+            Sample("engine_prompt_tokens_cached_total", make_labels({**dict(m1), "source": "device"}), 1 * s, t),
+            Sample("engine_prompt_tokens_cached_total", make_labels({**dict(m1), "source": "host"}), 0.0, t),
+            Sample("kv_tier_loaded_tokens_total", make_labels({**dict(m2), "tier": "lmcache"}), 2 * s, t),
+        ]
+    return out
+
+
+def test_efficiency_compute_per_gpu_recompute_tax_and_tier_savings():
+    eff = build_report(series_set_from_samples(_efficiency_samples()), END, 2.0, "test").this.efficiency
+    assert eff.compute.loc["m1 / unified", "tflops_per_gpu"] == pytest.approx(1.0)
+    assert eff.compute.loc["m1 / unified", "gb_per_s_per_gpu"] == pytest.approx(2.5)
+    assert "m2 / unified" not in eff.compute.index  # no estimate there: absent, not 0
+    assert eff.compute.loc["fleet", "tflops_per_gpu"] == pytest.approx(1.0)  # the flat engine counts nothing
+    rec = eff.recompute
+    assert (
+        rec.loc["m2 / unified", "recompute_share"] == pytest.approx(0.05) and not rec.loc["m2 / unified", "estimated"]
+    )
+    # vLLM: 0.01 preemptions/s x 400 prompt tokens per request = 4 of 40 tokens/s, estimated
+    assert rec.loc["m1 / unified", "recompute_share"] == pytest.approx(0.1) and rec.loc["m1 / unified", "estimated"]
+    assert eff.tiers["device (engine cache)"] == pytest.approx(WEEK_S)
+    assert eff.tiers["lmcache tier (loaded)"] == pytest.approx(2 * WEEK_S)
+    assert "host (engine cache)" not in eff.tiers  # pre-created at 0: no tier that served anything
+
+
+def test_efficiency_sections_say_not_exported_instead_of_zero():
+    md = render_markdown(build_report(series_set_from_samples(_fleet()), END, 2.0, "test"))
+    for title in ("Compute per GPU", "Preemption recompute tax"):
+        section = md.split(f"## {title}")[1].split("##")[0]
+        assert "not exported by these engines" in section and "| 0" not in section
+    tiers = md.split("## Cache savings per tier")[1].split("##")[0]
+    assert "device (GPU prefix cache)" in tiers  # the fleet's prefix-cache hits, with no per-source split
+    full = render_markdown(build_report(series_set_from_samples(_efficiency_samples()), END, 2.0, "test"))
+    assert "| m1 / unified | 1.0 | 2.5 |" in full and "(est.)" in full and "lmcache tier (loaded)" in full
