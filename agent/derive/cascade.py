@@ -13,7 +13,8 @@ The memory-pressure cascade of seeds/002 §7.4 (Figure 7.4) runs in stages:
                          waiting (mean over `smooth_s` >= held_queue) while the running batch does
                          not grow (least-squares slope of its `smooth_s` mean over `slope_s`, three
                          points at least, <= max_running_growth): preempted requests move from
-                         running to waiting. `evicting_from` says which reading first showed it;
+                         running to waiting. Both ranges scale down in windows under 15 minutes
+                         as the rule's do. `evicting_from` says which reading first showed it;
 * stage 3 `queueing`    requests queue behind their own evicted state (`engine_requests_waiting`
                          >= queue_min in queue_samples consecutive samples spanning queue_min_s);
 * stage 4 `latency`     the externally visible symptom: TTFT grows over its pre-pressure baseline
@@ -76,6 +77,8 @@ class CascadeConfig:
     # stage 2 without an eviction counter (kv_pressure_cascade's held_queue / max_running_growth)
     smooth_s: float = 60.0  # KV read as its max, queue and batch as their mean over this
     slope_s: float = 120.0  # ... the batch's growth as the slope of its mean over this
+    reference_window_s: float = 900.0  # windows shorter than this scale both down, as the
+    #                                    diagnoser scales rule durations (auto_time_scale), >= 1/50
     held_queue: float = 1.0  # waiting requests (mean) that hold
     max_running_growth: float = 0.005  # running requests per second the batch may grow by
 
@@ -265,13 +268,14 @@ def _batch_held(ser: _Series, grid: list[float], cfg: CascadeConfig) -> tuple[li
     """Stage 2 read from the queues (kv_pressure_cascade without a preemption counter): at each
     grid point the pool is full (KV max over smooth_s), requests wait (mean over smooth_s >=
     held_queue) and the running batch does not grow (slope of its smooth_s mean over slope_s, from
-    three points at least, <= max_running_growth). Also the last slope (None: not enough points)."""
-    kv = _over(ser.kv, grid, cfg.smooth_s, max)
-    waiting = _over(ser.waiting, grid, cfg.smooth_s, _mean)
-    running = [
-        (t, v) for t, v in zip(grid, _over(ser.running, grid, cfg.smooth_s, _mean), strict=True) if v is not None
-    ]
-    slopes = dict(zip([t for t, _ in running], _over(running, [t for t, _ in running], cfg.slope_s, None), strict=True))
+    three points at least, <= max_running_growth), both ranges scaled to a short window as the
+    diagnoser scales the rule's. Also the last slope (None: not enough points)."""
+    scale = max(0.02, min(1.0, (grid[-1] - grid[0]) / cfg.reference_window_s))
+    smooth, slope_s = cfg.smooth_s * scale, cfg.slope_s * scale
+    kv = _over(ser.kv, grid, smooth, max)
+    waiting = _over(ser.waiting, grid, smooth, _mean)
+    running = [(t, v) for t, v in zip(grid, _over(ser.running, grid, smooth, _mean), strict=True) if v is not None]
+    slopes = dict(zip([t for t, _ in running], _over(running, [t for t, _ in running], slope_s, None), strict=True))
     held = [
         k is not None
         and k >= cfg.kv_high_ratio
@@ -294,15 +298,17 @@ def _over(
     width_s: float,
     agg: Callable[[list[float]], float] | None,
 ) -> list[float | None]:
-    """`agg` of the point values in (t - width_s, t] at each grid time (None: no point there); with
-    agg None, the least-squares slope of those points (None below three points)."""
-    times, out = [t for t, _ in points], []
+    """`agg` of the point values in (t - width_s, t] at each grid time, at least the last point;
+    with agg None, the least-squares slope of those points, at least the last three (a range
+    scaled below the interval reads them, as the diagnoser's does). None: too few points yet."""
+    times, out, need = [t for t, _ in points], [], 1 if agg else 3
     for t in grid:
-        window = points[bisect_right(times, t - width_s) : bisect_right(times, t)]
-        if agg is not None:
-            out.append(agg([v for _, v in window]) if window else None)
-        elif len(window) < 3:
+        hi = bisect_right(times, t)
+        window = points[max(0, min(bisect_right(times, t - width_s), hi - need)) : hi]
+        if len(window) < need:
             out.append(None)
+        elif agg is not None:
+            out.append(agg([v for _, v in window]))
         else:
             mx, my = _mean([x for x, _ in window]), _mean([y for _, y in window])
             den = sum((x - mx) ** 2 for x, _ in window)

@@ -1,6 +1,11 @@
 """The eviction-cascade detector on hand-built canonical series (002 §7.4 stages)."""
 
+from pathlib import Path
+
+import pytest
+
 from kvscope.agent.derive.cascade import CascadeConfig, evaluate_cascade, render_cascade_samples
+from kvscope.agent.recording.replay import replay_recording
 from kvscope.agent.signals import Sample, make_labels
 
 INST = {"instance": "e0:8000", "engine": "vllm"}
@@ -231,3 +236,22 @@ def test_a_silent_counter_does_not_hide_the_queue_reading():
 def test_a_queue_reading_needs_the_pool_full():
     rep = evaluate_cascade(_no_counter([16] * 24, kv=[0.5, 0.7] + [0.85] * 22))["e0:8000"]
     assert 2 not in rep.onsets and rep.stage == 0
+
+
+COUNTERS = {"engine_preemptions_total", "engine_kv_evicted_tokens_total", "kv_blocks_evicted_recomputed_total"}
+RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"
+
+
+@pytest.mark.parametrize(
+    ("name", "pressure"),
+    [("kv-pressure-cascade", True), ("blind-vllm-kv-too-small", True), ("blind-sglang-queue-overload", False)],
+)
+def test_library_recordings_without_their_eviction_counters(name, pressure):
+    """Real (vLLM on CPU) and fleetgen KV-pressure recordings with every eviction counter removed
+    still reach stage 2, from the queues; a queue overload with KV below full does not."""
+    samples = replay_recording(RECORDINGS / f"{name}.om.gz").samples
+    for inst, rep in evaluate_cascade([s for s in samples if s.name not in COUNTERS]).items():
+        assert rep.evicting_from == ("queues" if pressure else None), (inst, rep.onsets, rep.evidence)
+        assert rep.evidence["evictions_window_total"] is None and rep.onsets.get(2, 1e18) >= rep.onsets.get(1, 0)
+    if pressure:
+        assert {r.evicting_from for r in evaluate_cascade(samples).values()} == {"counter"}
