@@ -301,7 +301,8 @@ def _over(
     """`agg` of the point values in (t - width_s, t] at each grid time, at least the last point;
     with agg None, the least-squares slope of those points, at least the last three (a range
     scaled below the interval reads them, as the diagnoser's does). None: too few points yet."""
-    times, out, need = [t for t, _ in points], [], 1 if agg else 3
+    times, need = [t for t, _ in points], 1 if agg else 3
+    out: list[float | None] = []
     for t in grid:
         hi = bisect_right(times, t)
         window = points[max(0, min(bisect_right(times, t - width_s), hi - need)) : hi]
