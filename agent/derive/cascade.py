@@ -285,7 +285,7 @@ def _batch_held(ser: _Series, grid: list[float], cfg: CascadeConfig) -> tuple[li
         and g <= cfg.max_running_growth
         for t, k, w in zip(grid, kv, waiting, strict=True)
     ]
-    return held, (slopes.get(grid[-1]) if grid else None)
+    return held, slopes.get(grid[-1])
 
 
 def _mean(values: list[float]) -> float:
