@@ -10,17 +10,19 @@ from kvscope.ui.data import TriageData, axis_unit, cascade_rows, signal_frame
 CASCADE_SIGNALS = (
     "engine_kv_cache_usage_ratio",
     "engine_preemptions_total",
+    "engine_requests_running",
     "engine_requests_waiting",
     "request_ttft_seconds",
 )
-"""The cascade's stages in order: KV full, preemption, queueing, TTFT."""
+"""The cascade's stages in order: KV full, preemption (or a batch that stops growing), queueing, TTFT."""
 
 
 def render(data: TriageData) -> None:
     st.title("Memory-pressure cascades")
     st.caption(
-        "002 §7.4: KV cache full (stage 1) → evictions/preemptions (2) → queue grows (3) → TTFT grows (4), "
-        "and GPU utilisation drops. Act at stage 2, before the latency alerts fire."
+        "002 §7.4: KV cache full (stage 1) → evictions/preemptions (2; without a counter: requests wait while "
+        "the running batch does not grow) → queue grows (3) → TTFT grows (4), and GPU utilisation drops. "
+        "Act at stage 2, before the latency alerts fire."
     )
     table = cascade_rows(data.cascades)
     if table.empty:

@@ -493,7 +493,8 @@ def tenant_table(frame: Frame) -> pd.DataFrame:
 def cascade_rows(cascades: Mapping) -> pd.DataFrame:
     """One row per engine instance of agent.derive.cascade reports: the deepest stage the
     window reached (what the incident was) next to the stage at its end (whether it is over),
-    each stage's first onset by name, and the lead of the root over the latency symptom."""
+    each stage's first onset by name (stage 2: from a counter or from the queues), the stages the
+    source's signals cannot show, and the lead of the root over the latency symptom."""
     from kvscope.agent.derive.cascade import STAGES
 
     def stage(n: int) -> str:
@@ -508,7 +509,11 @@ def cascade_rows(cascades: Mapping) -> pd.DataFrame:
                 "deepest stage reached": stage(deepest),
                 "stage at end of window": stage(r.stage),
                 "root led latency by": "not reached" if r.lead_time_s is None else f"{r.lead_time_s:.0f} s",
-                "onsets (UTC)": " · ".join(f"{STAGES[n]} {render_when(t)[11:19]}" for n, t in sorted(r.onsets.items())),
+                "onsets (UTC)": " · ".join(
+                    f"{STAGES[n]}{f' (from {r.evicting_from})' if n == 2 else ''} {render_when(t)[11:19]}"
+                    for n, t in sorted(r.onsets.items())
+                ),
+                "stages not evaluable": ", ".join(r.not_evaluable) or "none",
                 "signals missing": ", ".join(r.signals_missing) or "none",
             }
         )

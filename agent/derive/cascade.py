@@ -7,16 +7,25 @@ The memory-pressure cascade of seeds/002 §7.4 (Figure 7.4) runs in stages:
                          allocation found the pool full, and a sampled gauge can miss that instant);
 * stage 2 `evicting`    blocks are evicted / requests preempted faster than they recover
                          (`engine_preemptions_total`, `engine_kv_evicted_tokens_total`,
-                         `kv_blocks_evicted_recomputed_total` rates > 0);
+                         `kv_blocks_evicted_recomputed_total` rates > 0), or, where no such counter
+                         exists or it is silent (SGLang, V1 logs), read from the queues as
+                         kv_pressure_cascade reads it: the pool full (max over `smooth_s`), requests
+                         waiting (mean over `smooth_s` >= held_queue) while the running batch does
+                         not grow (least-squares slope of its `smooth_s` mean over `slope_s`, three
+                         points at least, <= max_running_growth): preempted requests move from
+                         running to waiting. Both ranges scale down in windows under 15 minutes
+                         as the rule's do. `evicting_from` says which reading first showed it;
 * stage 3 `queueing`    requests queue behind their own evicted state (`engine_requests_waiting`
                          >= queue_min in queue_samples consecutive samples spanning queue_min_s);
 * stage 4 `latency`     the externally visible symptom: TTFT grows over its pre-pressure baseline
                          while requests queue, or (where a GPU signal exists) GPU utilisation
                          drops while the pool is full / evicting.
 
-Stage 0 is healthy. The *current* stage is the deepest stage whose condition holds at the last
-evaluated point while the root (stage 1) holds too, so a queue alone (stage-3 condition with an
-empty KV pool) is no cascade, and evictions that pause for one interval do not make it flap.
+Stage 0 is healthy. A stage whose signals the source lacks is named in `not_evaluable` (a log has
+no TTFT: latency), never read as healthy. The *current* stage is the deepest stage whose condition
+holds at the last evaluated point while the root (stage 1) holds too, so a queue alone (stage-3
+condition with an empty KV pool) is no cascade, and evictions that pause for one interval do not
+make it flap.
 Each stage's *onset* is the first time its condition held in the evaluated window; the
 *lead time* is how long the root (stage 1) preceded the latency symptom (stage 4): the time an
 operator could have acted (002: "by the time your latency alerts fire, the root cause has been
@@ -30,7 +39,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kvscope.agent.signals import Sample, make_labels
@@ -41,6 +50,7 @@ STAGES = ("healthy", "kv_high", "evicting", "queueing", "latency")
 _KV = "engine_kv_cache_usage_ratio"
 _WAITING = "engine_requests_waiting"
 _GPU = "gpu_utilization_ratio"
+_RUNNING = "engine_requests_running"
 _EVICTION_COUNTERS = (
     "engine_preemptions_total",
     "engine_kv_evicted_tokens_total",
@@ -64,6 +74,13 @@ class CascadeConfig:
     ttft_factor: float = 2.0  # windowed mean TTFT >= factor x baseline -> symptom
     ttft_min_delta_s: float = 0.05  # ... and at least this much above baseline (noise floor)
     gpu_drop_ratio: float = 0.2  # GPU utilisation this far below its baseline -> symptom
+    # stage 2 without an eviction counter (kv_pressure_cascade's held_queue / max_running_growth)
+    smooth_s: float = 60.0  # KV read as its max, queue and batch as their mean over this
+    slope_s: float = 120.0  # ... the batch's growth as the slope of its mean over this
+    reference_window_s: float = 900.0  # windows shorter than this scale both down, as the
+    #                                    diagnoser scales rule durations (auto_time_scale), >= 1/50
+    held_queue: float = 1.0  # waiting requests (mean) that hold
+    max_running_growth: float = 0.005  # running requests per second the batch may grow by
 
 
 @dataclass
@@ -75,6 +92,8 @@ class CascadeReport:
     onsets: dict[int, float] = field(default_factory=dict)  # stage -> first time its condition held
     evidence: dict[str, float | None] = field(default_factory=dict)
     signals_missing: list[str] = field(default_factory=list)
+    not_evaluable: list[str] = field(default_factory=list)  # stage names the signals cannot show
+    evicting_from: str | None = None  # stage 2 first shown by "counter" or "queues"
 
     @property
     def stage_name(self) -> str:
@@ -107,6 +126,7 @@ class _Series:
 
     kv: list[tuple[float, float]] = field(default_factory=list)
     waiting: list[tuple[float, float]] = field(default_factory=list)
+    running: list[tuple[float, float]] = field(default_factory=list)
     gpu: list[tuple[float, float]] = field(default_factory=list)
     evictions: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
     ttft_sum: list[tuple[float, float]] = field(default_factory=list)
@@ -116,8 +136,9 @@ class _Series:
 def evaluate_cascade(samples: Iterable[Sample], config: CascadeConfig | None = None) -> dict[str, CascadeReport]:
     """Cascade report per `instance` label. Samples without a timestamp or instance are ignored.
 
-    Series of several DP ranks / models of one instance are combined (max of gauges, sum of
-    counters), because the cascade is a property of the serving process.
+    Series of several DP ranks / models of one instance are combined (max of KV and GPU
+    utilisation, sum of request counts and counters), because the cascade is a property of the
+    serving process.
     """
     cfg = config or CascadeConfig()
     return {inst: _evaluate_instance(inst, s, cfg) for inst, s in sorted(_group(samples).items())}
@@ -130,15 +151,16 @@ def _group(samples: Iterable[Sample]) -> dict[str, _Series]:
         if s.timestamp is None or inst is None or s.value != s.value:
             continue
         series = raw[inst][s.name]
-        if s.name in (_KV, _WAITING, _GPU):
+        if s.name in (_KV, _GPU):
             series[s.timestamp] = max(series.get(s.timestamp, float("-inf")), s.value)
-        elif s.name in _EVICTION_COUNTERS or s.name in (_TTFT + "_sum", _TTFT + "_count"):
+        elif s.name in _EVICTION_COUNTERS or s.name in (_WAITING, _RUNNING, _TTFT + "_sum", _TTFT + "_count"):
             series[s.timestamp] = series.get(s.timestamp, 0.0) + s.value
     out: dict[str, _Series] = {}
     for inst, by_name in raw.items():
         ser = _Series(
             kv=_sorted(by_name.get(_KV)),
             waiting=_sorted(by_name.get(_WAITING)),
+            running=_sorted(by_name.get(_RUNNING)),
             gpu=_sorted(by_name.get(_GPU)),
             ttft_sum=_sorted(by_name.get(_TTFT + "_sum")),
             ttft_count=_sorted(by_name.get(_TTFT + "_count")),
@@ -159,12 +181,15 @@ def _evaluate_instance(instance: str, ser: _Series, cfg: CascadeConfig) -> Casca
     report.signals_missing = _missing(ser)
     if not ser.kv:
         return report  # without KV usage there is no root to attribute: absent, not healthy
+    report.not_evaluable = _not_evaluable(ser)
     grid = [t for t, _ in ser.kv]
-    conditions = _stage_conditions(ser, grid, cfg, report)
+    conditions, by_counter = _stage_conditions(ser, grid, cfg, report)
     for stage in range(1, 5):
-        onset = next((t for t, ok in zip(grid, conditions[stage], strict=True) if ok), None)
-        if onset is not None:
-            report.onsets[stage] = onset
+        i = next((i for i, ok in enumerate(conditions[stage]) if ok), None)
+        if i is not None:
+            report.onsets[stage] = grid[i]
+            if stage == 2:
+                report.evicting_from = "counter" if by_counter[i] else "queues"
     report.stage = _current_stage(conditions)
     return report
 
@@ -177,11 +202,23 @@ def _missing(ser: _Series) -> list[str]:
         missing.append("|".join(_EVICTION_COUNTERS))
     if not ser.waiting:
         missing.append(_WAITING)
+    if not ser.running:
+        missing.append(_RUNNING)
     if not ser.ttft_count:
         missing.append(_TTFT)
     if not ser.gpu:
         missing.append(_GPU)
     return missing
+
+
+def _not_evaluable(ser: _Series) -> list[str]:
+    """Stages no signal of this source can show (stage 1 always can: KV usage is there)."""
+    out = {
+        "evicting": not ser.evictions and not (ser.waiting and ser.running),
+        "queueing": not ser.waiting,
+        "latency": not (ser.ttft_count and ser.waiting) and not ser.gpu,
+    }
+    return [name for name, blind in out.items() if blind]
 
 
 def _current_stage(conditions: dict[int, list[bool]]) -> int:
@@ -193,11 +230,13 @@ def _current_stage(conditions: dict[int, list[bool]]) -> int:
 
 def _stage_conditions(
     ser: _Series, grid: list[float], cfg: CascadeConfig, report: CascadeReport
-) -> dict[int, list[bool]]:
+) -> tuple[dict[int, list[bool]], list[bool]]:
+    """Each stage's condition at every grid point, and whether a counter showed the eviction."""
     evict = _evicting(ser, grid)
     # An engine evicts / preempts only when an allocation found the pool exhausted, so an eviction
     # interval is itself evidence of a full pool; the sampled usage gauge can miss that instant.
     kv = [v >= cfg.kv_high_ratio or e for (_, v), e in zip(ser.kv, evict, strict=True)]
+    held, slope = _batch_held(ser, grid, cfg)
     waiting = _sustained(
         [v is not None and v >= cfg.queue_min for v in _at(ser.waiting, grid)], grid, cfg.queue_samples, cfg.queue_min_s
     )
@@ -210,6 +249,7 @@ def _stage_conditions(
     latency = [
         (t and q) or (g and (k or e)) for t, q, g, k, e in zip(ttft_bad, waiting, gpu_bad, kv, evict, strict=True)
     ]
+    stage2 = [e or h for e, h in zip(evict, held, strict=True)]
     report.evidence = {
         "kv_usage_ratio": ser.kv[-1][1],
         "kv_usage_ratio_max": max(v for _, v in ser.kv),
@@ -219,8 +259,62 @@ def _stage_conditions(
         "gpu_utilization_baseline_ratio": gpu_base,
         "gpu_utilization_last_ratio": gpu_now,
         "evictions_window_total": _total_increase(ser),
+        "running_growth_per_s": slope,
     }
-    return {1: kv, 2: evict, 3: waiting, 4: latency}
+    return {1: kv, 2: stage2, 3: waiting, 4: latency}, evict
+
+
+def _batch_held(ser: _Series, grid: list[float], cfg: CascadeConfig) -> tuple[list[bool], float | None]:
+    """Stage 2 read from the queues (kv_pressure_cascade without a preemption counter): at each
+    grid point the pool is full (KV max over smooth_s), requests wait (mean over smooth_s >=
+    held_queue) and the running batch does not grow (slope of its smooth_s mean over slope_s, from
+    three points at least, <= max_running_growth), both ranges scaled to a short window as the
+    diagnoser scales the rule's. Also the last slope (None: not enough points)."""
+    scale = max(0.02, min(1.0, (grid[-1] - grid[0]) / cfg.reference_window_s))
+    smooth, slope_s = cfg.smooth_s * scale, cfg.slope_s * scale
+    kv = _over(ser.kv, grid, smooth, max)
+    waiting = _over(ser.waiting, grid, smooth, _mean)
+    running = [(t, v) for t, v in zip(grid, _over(ser.running, grid, smooth, _mean), strict=True) if v is not None]
+    slopes = dict(zip([t for t, _ in running], _over(running, [t for t, _ in running], slope_s, None), strict=True))
+    held = [
+        k is not None
+        and k >= cfg.kv_high_ratio
+        and w is not None
+        and w >= cfg.held_queue
+        and (g := slopes.get(t)) is not None
+        and g <= cfg.max_running_growth
+        for t, k, w in zip(grid, kv, waiting, strict=True)
+    ]
+    return held, slopes.get(grid[-1])
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _over(
+    points: list[tuple[float, float]],
+    grid: list[float],
+    width_s: float,
+    agg: Callable[[list[float]], float] | None,
+) -> list[float | None]:
+    """`agg` of the point values in (t - width_s, t] at each grid time, at least the last point;
+    with agg None, the least-squares slope of those points, at least the last three (a range
+    scaled below the interval reads them, as the diagnoser's does). None: too few points yet."""
+    times, need = [t for t, _ in points], 1 if agg else 3
+    out: list[float | None] = []
+    for t in grid:
+        hi = bisect_right(times, t)
+        window = points[max(0, min(bisect_right(times, t - width_s), hi - need)) : hi]
+        if len(window) < need:
+            out.append(None)
+        elif agg is not None:
+            out.append(agg([v for _, v in window]))
+        else:
+            mx, my = _mean([x for x, _ in window]), _mean([y for _, y in window])
+            den = sum((x - mx) ** 2 for x, _ in window)
+            out.append(sum((x - mx) * (y - my) for x, y in window) / den if den > 0 else None)
+    return out
 
 
 def _sustained(flags: list[bool], times: list[float], n: int, min_s: float = 0.0) -> list[bool]:

@@ -1,6 +1,11 @@
 """The eviction-cascade detector on hand-built canonical series (002 §7.4 stages)."""
 
+from pathlib import Path
+
+import pytest
+
 from kvscope.agent.derive.cascade import CascadeConfig, evaluate_cascade, render_cascade_samples
+from kvscope.agent.recording.replay import replay_recording
 from kvscope.agent.signals import Sample, make_labels
 
 INST = {"instance": "e0:8000", "engine": "vllm"}
@@ -186,3 +191,67 @@ def test_default_queue_criterion_is_two_samples_whatever_their_spacing():
         "engine_requests_waiting", [0, 1, 1, 0], step=0.1
     )
     assert evaluate_cascade(samples)["e0:8000"].onsets[3] == 0.1
+
+
+def _no_counter(running, waiting=(0, 0, 4, 6) + (7,) * 20, kv=(0.5, 0.8, 0.95) + (1.0,) * 21):
+    """KV fills, a queue forms (4 min); no preemption counter (SGLang, a V1 log). 10 s apart."""
+    return (
+        _series("engine_kv_cache_usage_ratio", kv, step=10.0)
+        + _series("engine_requests_waiting", waiting, step=10.0)
+        + _series("engine_requests_running", running, step=10.0)
+    )
+
+
+def test_without_a_counter_a_held_queue_and_a_flat_batch_show_stage_2_from_the_queues():
+    rep = evaluate_cascade(_no_counter([8, 12, 16] + [16, 15] * 10 + [16]))["e0:8000"]
+    # the 2m slope of running's 1m mean reaches <= 0.005/s once the ramp-up has left both windows
+    assert rep.evicting_from == "queues" and 20.0 == rep.onsets[1] < rep.onsets[2] <= 200.0
+    assert rep.stage == 3 and rep.evidence["evictions_window_total"] is None  # absent, not zero
+    assert "engine_preemptions_total|engine_kv_evicted_tokens_total|kv_blocks_evicted_recomputed_total" in (
+        rep.signals_missing
+    )
+    assert rep.not_evaluable == ["latency"]  # no TTFT, no GPU: stage 4 cannot be shown
+
+
+def test_without_a_counter_a_growing_batch_is_admission_not_eviction():
+    rep = evaluate_cascade(_no_counter(list(range(8, 56, 2))))["e0:8000"]
+    assert 2 not in rep.onsets and rep.evicting_from is None and rep.stage == 3
+    assert rep.evidence["running_growth_per_s"] == 0.2  # 2 per 10 s
+
+
+def test_without_a_counter_or_a_running_gauge_stage_2_is_not_evaluable():
+    samples = [s for s in _no_counter([16] * 24) if s.name != "engine_requests_running"]
+    rep = evaluate_cascade(samples)["e0:8000"]
+    assert 2 not in rep.onsets and rep.not_evaluable == ["evicting", "latency"]
+    assert rep.evidence["running_growth_per_s"] is None
+
+
+def test_a_silent_counter_does_not_hide_the_queue_reading():
+    samples = _no_counter([16] * 24) + _series("engine_preemptions_total", [3] * 24, step=10.0)
+    rep = evaluate_cascade(samples)["e0:8000"]
+    assert rep.evicting_from == "queues" and rep.evidence["evictions_window_total"] == 0.0
+    assert rep.not_evaluable == ["latency"]
+
+
+def test_a_queue_reading_needs_the_pool_full():
+    rep = evaluate_cascade(_no_counter([16] * 24, kv=[0.5, 0.7] + [0.85] * 22))["e0:8000"]
+    assert 2 not in rep.onsets and rep.stage == 0
+
+
+COUNTERS = {"engine_preemptions_total", "engine_kv_evicted_tokens_total", "kv_blocks_evicted_recomputed_total"}
+RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"
+
+
+@pytest.mark.parametrize(
+    ("name", "pressure"),
+    [("kv-pressure-cascade", True), ("blind-vllm-kv-too-small", True), ("blind-sglang-queue-overload", False)],
+)
+def test_library_recordings_without_their_eviction_counters(name, pressure):
+    """Real (vLLM on CPU) and fleetgen KV-pressure recordings with every eviction counter removed
+    still reach stage 2, from the queues; a queue overload with KV below full does not."""
+    samples = replay_recording(RECORDINGS / f"{name}.om.gz").samples
+    for inst, rep in evaluate_cascade([s for s in samples if s.name not in COUNTERS]).items():
+        assert rep.evicting_from == ("queues" if pressure else None), (inst, rep.onsets, rep.evidence)
+        assert rep.evidence["evictions_window_total"] is None and rep.onsets.get(2, 1e18) >= rep.onsets.get(1, 0)
+    if pressure:
+        assert {r.evicting_from for r in evaluate_cascade(samples).values()} == {"counter"}

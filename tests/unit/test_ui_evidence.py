@@ -128,15 +128,19 @@ def test_cascade_table_shows_how_far_it_went_and_whether_it_is_over():
     from kvscope.agent.derive.cascade import CascadeReport
     from kvscope.ui.data import cascade_rows
 
-    over = CascadeReport("replica-0", stage=0, onsets={1: T0, 2: T0 + 2, 3: T0 + 6, 4: T0 + 12})
-    rising = CascadeReport("replica-1", stage=1, onsets={1: T0}, signals_missing=["gpu_utilization_ratio"])
+    over = CascadeReport("replica-0", stage=0, onsets={1: T0, 2: T0 + 2, 3: T0 + 6, 4: T0 + 12}, evicting_from="queues")
+    rising = CascadeReport(
+        "replica-1", stage=1, onsets={1: T0}, signals_missing=["gpu_utilization_ratio"], not_evaluable=["latency"]
+    )
     rows = cascade_rows({"replica-1": rising, "replica-0": over}).set_index("instance")
     assert rows.loc["replica-0", "deepest stage reached"] == "4 latency"
     assert rows.loc["replica-0", "stage at end of window"] == "0 healthy"
     assert rows.loc["replica-0", "root led latency by"] == "12 s"
-    assert rows.loc["replica-0", "onsets (UTC)"].startswith("kv_high 22:13:20 · evicting 22:13:22")
+    assert rows.loc["replica-0", "onsets (UTC)"].startswith("kv_high 22:13:20 · evicting (from queues) 22:13:22")
     assert rows.loc["replica-1", "root led latency by"] == "not reached"
     assert rows.loc["replica-1", "signals missing"] == "gpu_utilization_ratio"
+    assert rows.loc["replica-1", "stages not evaluable"] == "latency"
+    assert rows.loc["replica-0", "stages not evaluable"] == "none"
     assert cascade_rows({}).empty
 
 
