@@ -11,7 +11,8 @@ is 0, as R1 reads it);
 the share of the best worker's cached prefix tokens the chosen worker had (Dynamo KV router); and
 the decisions routed by load only (`load_only`: SMG's fallback branches, decisions by a load-only
 policy, sglang-router 0.2's cache misses, sent to the least-loaded worker). Counts are increases
-over the window, counter resets handled.
+over the window on its grid, counter resets handled; a series that first appears inside the window
+counts from its first grid value, as Prometheus' increase() does (a coarser grid counts less).
 """
 
 from __future__ import annotations
