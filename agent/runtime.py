@@ -122,6 +122,7 @@ class AgentState:
     jobs: dict[str, str] = field(default_factory=dict)  # instance -> job
     scrape_errors: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (job, inst, reason)
     dropped: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (coll, inst, reason)
+    closed: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (coll, inst, reason): totals
     counter_resets: Counter[str] = field(default_factory=Counter)  # instance -> resets seen
     cycles: int = 0
     last_cycle_s: float = 0.0
@@ -374,6 +375,7 @@ class AgentRuntime:
                     st.scrape_errors[(st.jobs.get(h.target, name), h.target, reason)] += n
             for reason, n in h.dropped.items():
                 st.dropped[(name, h.target, reason)] += n
+            st.closed.update({(name, h.target, reason): n for reason, n in h.closed.items()})
 
     def _target_up_samples(self, now: float) -> list[Sample]:
         """`kvscope_target_up` history for the store (as replay produces it from recordings)."""

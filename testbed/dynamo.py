@@ -9,6 +9,8 @@ request plane and KV events over ZMQ (the defaults with file discovery).
         fleet.url                 # the frontend's OpenAI API (and its /metrics)
         fleet.metrics_urls        # {"frontend": ..., "mocker": ...} (the mocker's system port)
         fleet.restart_frontend("round-robin")   # same workers, another router mode
+        fleet.relay_kv_events()   # the workers' KV-event feeds through relays (restarts the frontend)
+        fleet.stall_kv_events()   # the relays stop moving bytes: a silent event-plane partition
 
 The mocker (`python -m dynamo.mocker --num-workers N`) simulates vLLM's scheduler and KV cache
 (blocks, prefix caching, KV events) without running a model; it needs only the model's tokenizer
@@ -24,12 +26,15 @@ chose) next to `..._kv_best_eligible_cached_prefix_tokens_total` (on the best wo
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import random
+import re
 import shutil
 import signal
 import socket
 import tempfile
+import threading
 from pathlib import Path
 
 from testbed.procs import ProcessGroup, free_port, http_get, signal_group, wait_until
@@ -82,6 +87,7 @@ class DynamoFleet:
         self.system_port = _i16_port()
         self.procs = ProcessGroup(self.workdir)
         self._frontends = 0
+        self.relays: list[PausableRelay] = []
 
     @property
     def url(self) -> str:
@@ -177,12 +183,33 @@ class DynamoFleet:
         self._start_frontend()
         return self
 
+    def relay_kv_events(self) -> DynamoFleet:
+        """Put a TCP relay between each worker's ZMQ KV-event publisher and the frontend's KV router:
+        rewrite the endpoints in the file discovery's kv-events channels, then restart the frontend so
+        it subscribes through them (the requests and every other channel stay direct)."""
+        for path in glob.glob(str(self.workdir / "discovery" / "v1" / "event_channels" / "*kv%2Devents*")):
+            text = Path(path).read_text()
+            m = re.search(r"tcp://([0-9.]+):([0-9]+)", text)
+            if m:
+                self.relays.append(PausableRelay((m.group(1), int(m.group(2)))))
+                Path(path).write_text(text.replace(m.group(0), f"tcp://127.0.0.1:{self.relays[-1].port}"))
+        if not self.relays:
+            raise RuntimeError("no kv-events channel found in the file discovery")
+        return self.restart_frontend(self.router_mode)
+
+    def stall_kv_events(self, stalled: bool = True) -> None:
+        """Stop (or resume) the relays: the connections stay open and no event reaches the router."""
+        for relay in self.relays:
+            relay.flowing.clear() if stalled else relay.flowing.set()
+
     def _wait(self, check, what: str) -> None:
         wait_until(
             check, self.startup_timeout_s, what, procs=self.procs.procs, interval_s=0.5, logs=lambda: self.procs.logs()
         )
 
     def close(self) -> None:
+        for relay in self.relays:
+            relay.close()
         for proc in self.procs.procs:  # each runs in its own group: take its children along
             signal_group(proc.pid, signal.SIGTERM)
         self.procs.stop_all()
@@ -193,3 +220,40 @@ class DynamoFleet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class PausableRelay:
+    """A TCP forwarder to `target` on 127.0.0.1:`port`; clearing `flowing` holds every byte (the
+    connections stay open, as in a network partition that drops nothing visibly)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target, self.flowing = target, threading.Event()
+        self.flowing.set()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+                upstream = socket.create_connection(self.target, timeout=10)
+                upstream.settimeout(None)
+            except OSError:
+                if self.sock.fileno() < 0:
+                    return
+                continue
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                self.flowing.wait()
+                dst.sendall(data)
+        for s in (src, dst):
+            s.close()
+
+    def close(self) -> None:
+        self.flowing.set()
+        self.sock.close()

@@ -73,6 +73,13 @@ class TriageData:
     cascades: dict = field(default_factory=dict)  # instance -> agent.derive.cascade.CascadeReport
     series: SeriesSet | None = None  # for the efficiency page
     notes: list[str] = field(default_factory=list)  # what reading the source left out, and why
+    routers: list[dict] | None = None  # diagnoser/routing.py; None: read from `frame`
+
+    def router_rows(self) -> list[dict]:
+        """What each router in the window decided (empty when no router exports decisions)."""
+        from kvscope.diagnoser.routing import router_decisions
+
+        return self.routers if self.routers is not None else router_decisions(self.frame)
 
 
 def load_triage(source: SourceSpec, step_s: float | None = None) -> TriageData:
@@ -166,6 +173,8 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
     import time
 
     from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
+    from kvscope.diagnoser.routing import SIGNALS as ROUTER_SIGNALS
+    from kvscope.diagnoser.routing import router_decisions
     from kvscope.diagnoser.rulebook.rule import read_rules
     from kvscope.diagnoser.sources.agent import AgentSource
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
@@ -191,9 +200,10 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
                 catalog=reader.catalog,
             )
             assert report.frame is not None
-            return TriageData(source, diagnosis, report.frame)
+            routers = reader.read_frame(set(ROUTER_SIGNALS), end - source.since_s, end, step_s)
+            return TriageData(source, diagnosis, report.frame, routers=router_decisions(routers))
         reader = AgentSource(source.location)
-        frame = reader.read_frame(names, end - source.since_s, end, step_s)
+        frame = reader.read_frame(names | set(ROUTER_SIGNALS), end - source.since_s, end, step_s)
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read: {exc}") from exc
     return TriageData(source, diagnose(frame, rules, source=reader.description), frame)

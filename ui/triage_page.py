@@ -15,6 +15,7 @@ from kvscope.diagnoser.render import (
     render_line,
     render_summary,
 )
+from kvscope.diagnoser.routing import router_line
 from kvscope.ui.charts import UTC_CLOCK, incident_label, render_series_chart, time_scale
 from kvscope.ui.data import (
     TriageData,
@@ -56,6 +57,13 @@ def render(data: TriageData) -> None:
                 "**Also fired (supporting evidence, same mechanism and levers):**\n"
                 + "\n".join(f"- {render_line(f)}" for f in d.supporting)
             )
+    if routers := data.router_rows():
+        st.header("Router decisions")
+        st.caption(
+            "What each router decided over the window, from its own series (what it does not export is not shown): "
+            "decisions by policy and branch, kept on the worker holding the prefix or given away, load-only routing."
+        )
+        st.markdown("\n".join(f"- {router_line(r)}" for r in routers))
     if d.hypotheses:
         st.header("Competing hypotheses")
         for f in d.hypotheses:

@@ -27,6 +27,7 @@ class Health:
     errors: Counter[str] = field(default_factory=Counter)  # errors by reason this collection
     dropped: Counter[str] = field(default_factory=Counter)  # samples dropped by reason
     series: int = 0  # canonical series produced
+    closed: Counter[str] = field(default_factory=Counter)  # client connections closed unserved, by reason, since start
 
 
 @dataclass

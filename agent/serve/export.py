@@ -204,7 +204,15 @@ def _counter_families(state: Any) -> list[Family]:
     )
     for inst, n in sorted(state.counter_resets.items()):
         resets.add({"job": state.jobs.get(inst, ""), "instance": inst}, float(n))
-    return [errors, dropped, resets]
+    closed = Family(
+        "kvscope_connections_closed_total",
+        "counter",
+        "Client connections a kvscope listener closed unserved, by reason (the request tap: max_connections "
+        "answered 503, header_timeout, request_timeout, idle_timeout).",
+    )
+    for (coll, inst, reason), n in sorted(state.closed.items()):
+        closed.add({"collector": coll, "instance": inst, "reason": reason}, float(n))
+    return [errors, dropped, resets] + ([closed] if state.closed else [])
 
 
 def _cycle_families(state: Any) -> list[Family]:

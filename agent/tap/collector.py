@@ -28,6 +28,12 @@ from kvscope.agent.tap.proxy import RequestTap, TapConfig
 from kvscope.agent.traces.export import SpanBatchExporter
 
 _LIMITS = ("header_timeout_s", "request_timeout_s", "idle_timeout_s")
+_CLOSED = {  # tap.stats key -> reason of kvscope_connections_closed_total (the config key that closed it)
+    "connections_refused": "max_connections",
+    "client_timeout_head": "header_timeout",
+    "client_timeout_body": "request_timeout",
+    "client_timeout_idle": "idle_timeout",
+}
 _KEYS = {
     "upstreams",
     "listen",
@@ -113,6 +119,7 @@ class TapCollector:
         now = time.time()
         samples = self.tap.render_samples(now)
         health.series = len(samples)
+        health.closed.update({reason: self.tap.stats[key] for key, reason in _CLOSED.items()})
         return Collection(samples=samples, health=[health])
 
     async def close(self) -> None:

@@ -11,7 +11,13 @@ The enriched payload is the original webhook with one `kvscope` object added to 
 
     {"window": [start, end], "rule_id": "...", "matched": Finding | null,
      "likely_cause": Finding | null, "findings": [Finding...], "skipped": int,
-     "errors": [str...], "status": "diagnosed" | "resolved" | "error" | "truncated"}
+     "errors": [str...], "status": "diagnosed" | "resolved" | "error" | "truncated",
+     "routers": [{"instance", "job", "decisions": {policy: n}, "branches": {"policy:branch": n},
+                  "kept", "gave_away", "kept_share", "load_only", "prefix_tokens_kept_share"}...]}
+
+`routers` (diagnoser/routing.py) is what every router in the window decided, beside the engine
+findings: present only when a router exports decision series, each router with only the keys its
+series give.
 
 Findings use the JSON layout of diagnoser/findings.py (`Finding.to_dict`).
 """
@@ -158,4 +164,5 @@ def select_findings(
         "likely_cause": here[0] if here else None,
         "findings": here,
         "skipped": len(diagnosis.get("skipped", [])),
+        **({"routers": diagnosis["routers"]} if diagnosis.get("routers") else {}),
     }

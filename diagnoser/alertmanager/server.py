@@ -42,6 +42,8 @@ from kvscope.diagnoser.alertmanager.payload import (
 )
 from kvscope.diagnoser.alertmanager.store import DiagnosisStore
 from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
+from kvscope.diagnoser.routing import SIGNALS as ROUTER_SIGNALS
+from kvscope.diagnoser.routing import router_decisions
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources import SourceError
@@ -78,7 +80,7 @@ class WebhookServer:
         self.config, self.store = config, store
         self.rules = rules if rules is not None else read_rules()
         self.levers = levers if levers is not None else load_levers()
-        self.names = set().union(*(sample_names(r) for r in self.rules)) if self.rules else set()
+        self.names = set(ROUTER_SIGNALS).union(*(sample_names(r) for r in self.rules))
         self.queue: asyncio.Queue[tuple[int, dict[str, Any]]] | None = None
         self.session: aiohttp.ClientSession | None = None
         self._worker: asyncio.Task[None] | None = None
@@ -230,7 +232,7 @@ class WebhookServer:
             diagnose, frame, self.rules, self.levers, self.config.params, source.description
         )
         places = instance_places([dict(lbl) for block in frame.blocks.values() for lbl in block.labels])
-        return result.to_dict(), places, []
+        return {**result.to_dict(), "routers": router_decisions(frame)}, places, []
 
     async def forward(self, row_id: int, payload: dict[str, Any]) -> str:
         """POST the enriched payload; returns what happened (stored on the row)."""

@@ -29,6 +29,7 @@ FLAGS = [
     "--disable-sync",
 ]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+ROUTER_RECORDING = Path(__file__).resolve().parents[1] / "recordings" / "router-cache-aware-vs-round-robin.om.gz"
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,7 @@ def test_triage_page_shows_the_likely_cause(served, page):
     page.get_by_text("Sources: ").first.wait_for(timeout=60_000)
     body = page.inner_text("body")
     assert likely.rule_id in body
+    assert "Router decisions" not in body and not data.router_rows()  # no router exported decisions: not shown
     for citation in likely.citations[:1]:
         assert citation in body
     top = min(likely.levers, key=lambda lv: lv.rank)
@@ -134,3 +136,28 @@ def test_sizing_page_in_the_browser(served, page):
     page.get_by_text("Sizing calculator").first.click()
     page.get_by_text("327,680").first.wait_for(timeout=60_000)
     page.screenshot(path=str(ARTIFACTS / "ui-sizing.png"), full_page=True)
+
+
+def test_triage_page_shows_the_routers_decisions_beside_the_findings(page, tmp_path):
+    """The real sglang-router 0.2.4 recording (cache_aware, then round_robin in front of two real
+    vLLM engines): its decisions by policy, the prefix kept, the load-only decisions, on screen."""
+    source = SourceSpec("recording", str(ROUTER_RECORDING))
+    rows = load_triage(source).router_rows()
+    assert [r["instance"] for r in rows] == ["router"]
+    row = rows[0]
+    assert set(row["decisions"]) == {"cache_aware", "round_robin"} and row["kept"] > 0
+    assert row["load_only"] >= row["decisions"]["round_robin"]
+    assert "branches" not in row and "prefix_tokens_kept_share" not in row  # 0.2.4 exports neither
+    with UiServer(source, free_port(), log_path=tmp_path / "streamlit.log") as server:
+        server.wait_healthy(90)
+        page.goto(server.url)
+        page.get_by_text("Router decisions", exact=True).wait_for(timeout=90_000)
+        _settled(page)
+        body = page.inner_text("body")
+        n = row["decisions"]
+        assert f"decisions cache_aware {n['cache_aware']:,.0f}, round_robin {n['round_robin']:,.0f}" in body
+        assert f"to the worker holding the prefix {row['kept_share']:.0%}" in body
+        assert f"load-only {row['load_only']:,.0f}" in body
+        assert "by branch" not in body
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ui-triage-routers.png"), full_page=True)

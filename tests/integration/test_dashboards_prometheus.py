@@ -25,7 +25,7 @@ from kvscope.agent.signals import KVSCOPE_PREFIX, load_catalog
 from kvscope.commands.demo import BUNDLED, RECORDINGS
 from kvscope.dashboards.lint import read_recorded_names
 from kvscope.dashboards.registry import BOARDS
-from testbed.prometheus import EMPTY_CONFIG, require_binaries, running_prometheus
+from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, require_binaries, running_prometheus
 from testbed.prometheus import query_range as prometheus_query_range
 
 pytestmark = pytest.mark.prometheus
@@ -387,3 +387,24 @@ def test_weekly_report_from_prometheus_matches_the_recording(loaded):
     if not a.recompute.empty:
         # Prometheus extrapolates increase() to the range edges: within 10 %
         assert b.recompute["preemptions"].to_numpy() == pytest.approx(a.recompute["preemptions"].to_numpy(), rel=0.1)
+
+
+def test_ui_router_decisions_from_prometheus_match_the_recording(tmp_path):
+    """The triage page's router lines read from a Prometheus holding the real sglang-router recording
+    (its native series, as Prometheus scraping the router stores them) say what they say from the
+    recording itself on the same grid: the same keys and policies, the counts within 5 %."""
+    from kvscope.ui.data import SourceSpec, grid_step, load_triage
+
+    prom, tool = _binaries()
+    rec = RECORDINGS / "router-cache-aware-vs-round-robin.om.gz"
+    replay = replay_recording(rec)
+    (tmp_path / "native.om").write_text(read_recording_text(rec))
+    backfill_openmetrics(tmp_path / "native.om", tmp_path / "data", binary=tool)
+    with _prometheus(prom, tmp_path) as server:
+        spec = SourceSpec("prometheus", server.url, replay.end - replay.start + 60, replay.end + 30)
+        (got,) = load_triage(spec, grid_step(replay.end - replay.start)).router_rows()
+    (want,) = load_triage(SourceSpec("recording", str(rec))).router_rows()
+    assert got["instance"] == want["instance"] and set(got) == set(want), (got, want)
+    assert got["decisions"].keys() == want["decisions"].keys()
+    for key in ("kept", "load_only"):
+        assert abs(got[key] - want[key]) <= 0.05 * want[key], (key, got, want)

@@ -246,3 +246,17 @@ def test_smg_r1_verdicts(smg_runs):
         fired = {f["rule_id"] for f in found}
         want = EXPECTED[policy]["R1 router_gave_locality_away"]
         assert ("router_gave_locality_away" in fired) == (want == "fires"), (policy, sorted(fired))
+
+
+def test_smg_router_decisions_beside_the_findings(smg_runs):
+    """What the webhook and the UI show per router (diagnoser/routing.py) on the real SMG recordings:
+    cache_aware's decisions by branch with most kept on the prefix's worker; round_robin's decisions
+    all load-only, with no branch or kept figures (SMG exports none for it: absent, not 0)."""
+    from kvscope.ui.data import SourceSpec, load_triage
+
+    rows = {p: load_triage(SourceSpec("recording", str(r.recording))).router_rows() for p, r in smg_runs.items()}
+    (ca,), (rr,) = rows["cache_aware"], rows["round_robin"]
+    assert set(ca["decisions"]) == {"cache_aware"} and ca["branches"].get("cache_aware:tree_match", 0) > 0, ca
+    assert ca["kept_share"] > 0.5 and ca.get("load_only", 0) < ca["kept"], ca
+    assert set(rr["decisions"]) == {"round_robin"} and rr["load_only"] == rr["decisions"]["round_robin"] > 0, rr
+    assert not {"branches", "kept", "kept_share", "gave_away"} & set(rr), rr

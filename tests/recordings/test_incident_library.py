@@ -18,7 +18,7 @@ from kvscope.agent.recording.replay import replay_recording
 
 HERE = Path(__file__).resolve().parent
 YAMLS = sorted(HERE.glob("*.yaml"))
-LEVER_ID = re.compile(r"^[PKLU][0-9]{1,2}$")
+LEVER_ID = re.compile(r"^[PKLUR][0-9]{1,2}$")
 
 
 def _meta(name: str) -> dict:
@@ -449,3 +449,12 @@ def test_blind_flapping_fleet_goes_up_and_down_repeatedly():
     ups = sum(1 for a, b in zip(counts, counts[1:], strict=False) if b > a)
     downs = sum(1 for a, b in zip(counts, counts[1:], strict=False) if b < a)
     assert set(counts) == {4, 6} and ups >= 4 and downs >= 4
+
+
+def test_dynamo_feed_stall_stops_the_routers_events_while_both_frontends_serve():
+    name = "dynamo-kv-event-feed-stalled"
+    for inst in ("frontend-stalled", "frontend-healthy"):
+        assert delta(name, "router_kv_events_total", "healthy", inst) > 0.1 * 600  # above R2's 0.1/s "fed before"
+        assert delta(name, "gateway_requests_total", "stalled", inst) > 0.1 * 300  # serving throughout
+    assert delta(name, "router_kv_events_total", "stalled", "frontend-stalled") == 0
+    assert delta(name, "router_kv_events_total", "stalled", "frontend-healthy") > 0.1 * 300

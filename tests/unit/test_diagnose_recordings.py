@@ -66,3 +66,20 @@ def test_recording_diagnosis_matches_the_scenario(meta_path):
         f"all: {[(f.levers_md, f.rule_id) for f in d.findings]}"
     )
     assert d.likely_cause.levers, "the likely cause must name levers"
+
+
+def test_r2_fires_where_the_real_kv_event_feed_stalled_and_not_on_its_twin():
+    """The real Dynamo recording (scripts/record-dynamo-feed-stall.py; verdict in its YAML, written
+    before the run): R2 kv_event_feed_stalled at the stalled fleet's frontend, from the stall on;
+    never at the twin frontend (same traffic, feed flowing); nowhere over the healthy phase alone."""
+    meta, d = _diagnose(LIBRARY / "dynamo-kv-event-feed-stalled.yaml")
+    r2 = [f for f in d.findings if f.rule_id == "kv_event_feed_stalled"]
+    assert [f.where for f in r2] == [{"instance": "frontend-stalled"}], [(f.rule_id, f.where) for f in d.findings]
+    source = RecordingSource(LIBRARY / meta["recording"])
+    start = source.replay().start
+    stalled_at = start + meta["phases"][1]["start_s"]
+    assert stalled_at < r2[0].since <= stalled_at + 6 * 60 and r2[0].active
+    rules = [r for r in read_rules() if r.id == "kv_event_feed_stalled"]
+    healthy = source.read_frame(sample_names(rules[0]), None, stalled_at, source.natural_step())
+    quiet = diagnose(healthy, rules, source=source.description)
+    assert quiet.rules_evaluated - len(quiet.skipped) == 1 and not quiet.findings

@@ -53,6 +53,7 @@ LAYERS = {
         "evaluate": 3,
         "render": 3,
         "sources": 4,
+        "routing": 4,
         "pushdown": 5,
         "alertmanager": 6,
     },

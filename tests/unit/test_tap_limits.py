@@ -189,3 +189,41 @@ def test_limits_are_configurable_and_checked():
     for bad in ({"max_connections": 0}, {"header_timeout_s": 0}, {"idle_timeout_s": "-1"}):
         with pytest.raises(ConfigError):
             parse_tap_config({"upstreams": "http://e:8000", **bad})
+
+
+def test_refusals_and_timeouts_reach_the_agents_metrics():
+    """A refused connection and a header timeout, on real sockets, read back from the agent's own
+    /metrics as kvscope_connections_closed_total (0 for the reasons that did not happen)."""
+    from tests.integration.agentharness import fetch_metrics, running_agent, value
+
+    async def main():
+        stub = Stub()
+        await stub.start()
+        tap = {"upstreams": [f"http://127.0.0.1:{stub.port}"], "listen": "127.0.0.1:0"}
+        doc = {"targets": [], "tap": {**tap, "max_connections": 1, "header_timeout_s": 0.5}}
+        try:
+            async with running_agent(doc, only=("tap",)) as (rt, url):
+                await rt.run_cycle()
+                _, before = await fetch_metrics(url)
+                port = rt.collectors[0].tap.port
+                held = await asyncio.open_connection("127.0.0.1", port)  # silent: cut at the header timeout
+                await until(lambda: len(rt.collectors[0].tap._clients) == 1)
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                refused = await read_until_closed(reader, 3.0)
+                await read_until_closed(held[0], 5.0)  # TimeoutError if the tap never cuts it
+                for w in (writer, held[1]):
+                    w.close()
+                await rt.run_cycle()
+                _, after = await fetch_metrics(url)
+        finally:
+            await stub.stop()
+        return before, refused, after
+
+    before, refused, after = asyncio.run(asyncio.wait_for(main(), 30))
+    name, reasons = (
+        "kvscope_connections_closed_total",
+        ("max_connections", "header_timeout", "request_timeout", "idle_timeout"),
+    )
+    assert refused.startswith(b"HTTP/1.1 503 ")
+    assert [value(before, name, collector="tap", reason=r) for r in reasons] == [0, 0, 0, 0]
+    assert [value(after, name, collector="tap", reason=r) for r in reasons] == [1, 1, 0, 0]

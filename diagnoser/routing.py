@@ -1,0 +1,128 @@
+"""What the routers decided over a window, per router, shown beside the engine findings (the
+Alertmanager webhook's `routers`, the UI's triage page).
+
+Read only from the router series a router exports (a series it lacks stays absent, never 0):
+decisions by policy (`router_decisions_total`) and by policy branch (`router_policy_branch_total`,
+SMG); the decisions that went to the worker holding the prefix (`kept`) against those that gave a
+held prefix away (`gave_away`): SMG's branches (as R1 router_gave_locality_away reads them),
+sglang-router 0.2's cache hits and load-balancing overrides, Dynamo's non-max-overlap selections
+(routers create such counters on first use, so a give-away series absent beside counted kept ones
+is 0, as R1 reads it);
+the share of the best worker's cached prefix tokens the chosen worker had (Dynamo KV router); and
+the decisions routed by load only (`load_only`: SMG's fallback branches, decisions by a load-only
+policy, sglang-router 0.2's cache misses, sent to the least-loaded worker). Counts are increases
+over the window on its grid, counter resets handled; a series that first appears inside the window
+counts from its first grid value, as Prometheus' increase() does (a coarser grid counts less).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from kvscope.diagnoser.evaluate.frame import Frame
+from kvscope.diagnoser.evaluate.grid import ffill
+
+KEPT = ("ring_hit", "target_worker_hit", "routing_key_hit", "tree_match")
+GAVE_AWAY = ("load_balance_walk", "spill", "target_worker_miss")
+LOAD_ONLY = ("fallback_least_load", "first_healthy_fallback", "random_fallback", "expected_wait_fallback")
+LOAD_ONLY_POLICIES = ("round_robin", "random", "power_of_two")
+SIGNALS = (
+    "router_decisions_total",
+    "router_policy_branch_total",
+    "router_cache_hits_total",
+    "router_cache_misses_total",
+    "router_load_balancing_events_total",
+    "router_non_max_overlap_selections_total",
+    "router_selected_cached_prefix_tokens_total",
+    "router_best_cached_prefix_tokens_total",
+)
+"""Every canonical series read here (a live source must fetch them)."""
+
+
+def _increases(frame: Frame, name: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, increase over the window) per series of `name` with at least one value."""
+    block = frame.block(name)
+    if block is None:
+        return []
+    filled = ffill(block.values)
+    d = np.diff(filled, axis=1)
+    d = np.where(d < 0, filled[:, 1:], d)  # a drop is a reset: the value after it is the increase
+    total = np.nansum(d, axis=1)
+    seen = ~np.isnan(block.values).all(axis=1)
+    return [(dict(lbl), float(total[i])) for i, lbl in enumerate(block.labels) if seen[i]]
+
+
+def router_decisions(frame: Frame) -> list[dict[str, Any]]:
+    """One dict per router instance that exports any decision series: instance, job, and only
+    the keys its series give (decisions, branches, kept, gave_away, kept_share, load_only,
+    prefix_tokens_kept_share)."""
+    out: dict[str, dict[str, Any]] = defaultdict(dict)
+
+    def add(inst: str, key: str, n: float, sub: str | None = None) -> None:
+        row = out[inst]
+        if sub is None:
+            row[key] = row.get(key, 0.0) + n
+        else:
+            per = row.setdefault(key, {})
+            per[sub] = per.get(sub, 0.0) + n
+
+    for name in SIGNALS:
+        for labels, n in _increases(frame, name):
+            inst = labels.get("instance", "")
+            out[inst].setdefault("job", labels.get("job", ""))
+            policy, branch = labels.get("policy", ""), labels.get("branch", "")
+            if name == "router_decisions_total":
+                add(inst, "decisions", n, policy or "unlabelled")
+                if policy in LOAD_ONLY_POLICIES:
+                    add(inst, "load_only", n)
+            elif name == "router_policy_branch_total":
+                add(inst, "branches", n, f"{policy}:{branch}")
+                for key, group in (("kept", KEPT), ("gave_away", GAVE_AWAY), ("load_only", LOAD_ONLY)):
+                    if branch in group:
+                        add(inst, key, n)
+            elif name in ("router_cache_hits_total", "router_cache_misses_total"):
+                add(inst, "kept" if name == "router_cache_hits_total" else "load_only", n)
+            elif name in ("router_load_balancing_events_total", "router_non_max_overlap_selections_total"):
+                add(inst, "gave_away", n)
+            else:
+                add(inst, name.split("_")[1], n)  # selected | best prefix tokens
+    rows = []
+    for inst, row in sorted(out.items()):
+        if "kept" in row and row["kept"] + row.get("gave_away", 0.0) > 0:
+            row["kept_share"] = row["kept"] / (row["kept"] + row.get("gave_away", 0.0))
+        if row.get("best", 0.0) > 0 and "selected" in row:
+            row["prefix_tokens_kept_share"] = min(1.0, row["selected"] / row["best"])
+        shown = {k: _round(v) for k, v in row.items() if k not in ("selected", "best")}
+        if len(shown) > 1:  # more than its job
+            rows.append({"instance": inst, **shown})
+    return rows
+
+
+def _round(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _round(x) for k, x in sorted(v.items())}
+    return round(v, 3) if isinstance(v, float) else v
+
+
+def router_line(row: dict[str, Any]) -> str:
+    """One line of text per router (the UI; the webhook sends the dict)."""
+    parts = []
+    if "decisions" in row:
+        parts.append("decisions " + ", ".join(f"{p} {n:,.0f}" for p, n in row["decisions"].items()))
+    if "branches" in row:
+        parts.append("by branch " + ", ".join(f"{b} {n:,.0f}" for b, n in row["branches"].items()))
+    if "kept_share" in row:
+        parts.append(
+            f"to the worker holding the prefix {row['kept_share']:.0%} "
+            f"({row['kept']:,.0f} kept, {row.get('gave_away', 0):,.0f} given away)"
+        )
+    elif "gave_away" in row:
+        parts.append(f"{row['gave_away']:,.0f} sent away from the worker holding the most prefix")
+    if "prefix_tokens_kept_share" in row:
+        parts.append(f"cached prefix kept {row['prefix_tokens_kept_share']:.0%} of the best worker's")
+    if "load_only" in row:
+        parts.append(f"load-only {row['load_only']:,.0f}")
+    return f"`{row['instance']}` ({row['job']}): " + "; ".join(parts)
