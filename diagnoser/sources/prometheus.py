@@ -229,6 +229,7 @@ def frame_from_matrix(
     if offset:
         values = np.concatenate([np.full((values.shape[0], offset), np.nan), values], axis=1)
     rows: dict[tuple[str, Labels], list] = {}
+    exported: dict[tuple[str, Labels], list] = {}
     per_target: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, metric in enumerate(metrics):
         name = metric.pop("__name__", "")
@@ -236,13 +237,15 @@ def frame_from_matrix(
             for label in _TARGET_LABELS:
                 if f"exported_{label}" in metric:
                     metric[label] = metric.pop(f"exported_{label}")
-            _combine(rows, name[len(KVSCOPE_PREFIX) :], make_labels(metric), "sum", values[i])
+            _combine(exported, name[len(KVSCOPE_PREFIX) :], make_labels(metric), "sum", values[i])
             continue
         metric["__name__"] = name
         per_target[(metric.get("job", ""), metric.get("instance", ""))].append(i)
     facts: dict[str, dict[str, dict[str, str]]] = {}
     for (job, instance), idx in per_target.items():
         _map_target(job, instance, [metrics[i] for i in idx], values[idx], catalog, rows, facts)
+    # a TSDB scraping both the engine and the agent holds a series twice: the native one wins
+    rows.update((key, row) for key, row in exported.items() if key not in rows)
     limit = _carry_steps(step, lookback_s)
     blocks: dict[str, tuple[list[Labels], list[np.ndarray]]] = defaultdict(lambda: ([], []))
     for (name, labels), (_kind, row) in sorted(rows.items()):

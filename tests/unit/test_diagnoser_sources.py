@@ -141,3 +141,23 @@ def test_agent_answers_parse_into_samples_and_merged_facts():
     assert [(s.timestamp, s.value) for s in parse_samples_answer(data)] == [(1.0, 2.0), (2.0, 3.0)]
     facts = parse_facts_answer({"r0": {"engine": "vllm", "facts": {"0": {"enable_prefix_caching": "True"}}}})
     assert facts == {"r0": {"enable_prefix_caching": "True"}}
+
+
+def test_frame_from_matrix_reads_a_series_held_natively_and_as_the_agents_reexport_once():
+    """A TSDB scraping both the engine and the agent holds the engine's counter twice (native and
+    `kvscope_*`); the frame reads it once (before: the two were added, doubling every rate)."""
+    native = {"__name__": "vllm:num_preemptions_total", "job": "vllm", "instance": "r0", "model_name": "m"}
+    reexport = {
+        "__name__": "kvscope_engine_preemptions_total",
+        "job": "kvscope-agent",
+        "instance": "node1:9464",
+        "exported_instance": "r0",
+        "exported_job": "vllm",
+        "engine": "vllm",
+        "model": "m",
+    }
+    only_agent = dict(reexport, __name__="kvscope_engine_requests_waiting")
+    result = [{"metric": m, "values": [[100, "7"]]} for m in (native, reexport, only_agent)]
+    frame = frame_from_matrix(result, 100, 100, 15, catalog=load_catalog())
+    assert frame.blocks["engine_preemptions_total"].values.tolist() == [[7.0]]
+    assert frame.blocks["engine_requests_waiting"].values.tolist() == [[7.0]]
