@@ -476,8 +476,9 @@ class CascadeWindow:
         now = max((pts[-1][0] for ser in new.values() for pts in _lists(ser) if pts), default=None)
         if now is None:
             return []
-        for inst, ser in new.items():
-            self._extend(self.series.setdefault(inst, _Series()), ser, now - self.window_s)
+        for inst, ser in new.items():  # each trimmed by its own newest point: a skewed clock skews only itself
+            since = max((p[-1][0] for p in _lists(ser) if p), default=now) - self.window_s
+            self._extend(self.series.setdefault(inst, _Series()), ser, since)
         last = {inst: max((p[-1][0] for p in _lists(ser) if p), default=-1.0) for inst, ser in self.series.items()}
         for inst in sorted(last, key=last.__getitem__)[: max(0, len(last) - self.max_instances)]:
             del self.series[inst]  # the least recently seen past max_instances (hostile labels)
