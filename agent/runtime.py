@@ -394,6 +394,8 @@ class AgentRuntime:
             try:
                 out.extend(hook(cycle))
                 self.state.collector_status[name] = (True, "ok", 0.0)
+                for reason, n in getattr(hook, "dropped", {}).items():  # bad items it skipped
+                    self.state.dropped[(name, "", reason)] = n
             except Exception as e:
                 log.warning("derive hook %s raised: %r", name, e)
                 self.state.collector_status[name] = (False, f"exception_{type(e).__name__}", 0.0)

@@ -33,15 +33,18 @@ building for two stages").
 
 Pure: `evaluate_cascade(samples)` takes canonical samples with timestamps (live or replayed) and
 does no I/O. `render_cascade_samples(reports)` turns the result into `engine_cascade_*` series.
+`CascadeWindow` is the live agent's derive hook (agent/derive/hooks.py): it keeps each instance's
+cascade signals over the last `window_s` and evaluates the instances of every cycle over that.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from bisect import bisect_left, bisect_right
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kvscope.agent.scrape.stamped import pick
 from kvscope.agent.signals import Sample, make_labels
 
 STAGES = ("healthy", "kv_high", "evicting", "queueing", "latency")
@@ -57,6 +60,9 @@ _EVICTION_COUNTERS = (
     "kv_blocks_evicted_recomputed_total",
 )
 _TTFT = "request_ttft_seconds"
+CASCADE_SIGNALS = frozenset({_KV, _WAITING, _GPU, _RUNNING, *_EVICTION_COUNTERS, _TTFT + "_sum", _TTFT + "_count"})
+"""Every canonical series the detector reads."""
+_FIELDS = ("kv", "waiting", "running", "gpu", "ttft_sum", "ttft_count")
 
 
 @dataclass(frozen=True)
@@ -440,3 +446,71 @@ def render_cascade_samples(reports: Mapping[str, CascadeReport], timestamp: floa
                 Sample("engine_cascade_lead_seconds", make_labels({"instance": inst}), rep.lead_time_s, timestamp)
             )
     return out
+
+
+class CascadeWindow:
+    """The live derive hook: each cycle's cascade signals (`CASCADE_SIGNALS`, the only heads of a
+    `Stamped` part it stamps) join their instance's window of the last `window_s` seconds of
+    data time, and the instances of the cycle are evaluated over their window. Bounded: at most
+    `max_points` points per series and `max_instances` instances (an instance silent for a whole
+    window goes, then the least recently seen). A point at or before its series' last one, or an
+    instance whose evaluation raised, is skipped and counted in `dropped` (reason -> count; the
+    runtime shows it as `kvscope_samples_dropped_total{collector="derive_cascade"}`)."""
+
+    __name__ = "cascade"
+
+    def __init__(
+        self,
+        window_s: float = 900.0,
+        config: CascadeConfig | None = None,
+        max_instances: int = 1024,
+        max_points: int = 4096,
+    ) -> None:
+        self.window_s, self.config = window_s, config or CascadeConfig()
+        self.max_instances, self.max_points = max_instances, max_points
+        self.series: dict[str, _Series] = {}
+        self.dropped: Counter[str] = Counter()
+
+    def __call__(self, cycle: Sequence[Sample]) -> list[Sample]:
+        new = _group(pick(cycle, CASCADE_SIGNALS.__contains__))
+        now = max((pts[-1][0] for ser in new.values() for pts in _lists(ser) if pts), default=None)
+        if now is None:
+            return []
+        for inst, ser in new.items():  # each trimmed by its own newest point: a skewed clock skews only itself
+            since = max((p[-1][0] for p in _lists(ser) if p), default=now) - self.window_s
+            self._extend(self.series.setdefault(inst, _Series()), ser, since)
+        last = {inst: max((p[-1][0] for p in _lists(ser) if p), default=-1.0) for inst, ser in self.series.items()}
+        for inst in sorted(last, key=last.__getitem__)[: max(0, len(last) - self.max_instances)]:
+            del self.series[inst]  # the least recently seen past max_instances (hostile labels)
+        for inst in [i for i, t in last.items() if t < now - self.window_s and i in self.series]:
+            del self.series[inst]  # silent for a whole window: gone
+        out: list[Sample] = []
+        for inst in sorted(new.keys() & self.series.keys()):
+            ser = self.series[inst]
+            try:
+                rep = _evaluate_instance(inst, ser, self.config)
+                out += render_cascade_samples({inst: rep}, ser.kv[-1][0] if ser.kv else None)
+            except Exception as e:  # noqa: BLE001 - one instance's bad data must not silence the others
+                self.dropped[f"exception_{type(e).__name__}"] += 1
+        return out
+
+    def _extend(self, ser: _Series, new: _Series, since: float) -> None:
+        for name in _FIELDS:
+            self._append(getattr(ser, name), getattr(new, name), since)
+        for name in ser.evictions.keys() | new.evictions.keys():
+            if not self._append(ser.evictions[name], new.evictions.get(name, []), since):
+                del ser.evictions[name]
+
+    def _append(self, old: list[tuple[float, float]], new: list[tuple[float, float]], since: float) -> int:
+        """Append the points after old's last, keep those from `since` on (at most max_points);
+        how many are left."""
+        fresh = [p for p in new if not old or p[0] > old[-1][0]]
+        if len(fresh) < len(new):
+            self.dropped["out_of_order"] += len(new) - len(fresh)
+        old += fresh
+        del old[: max(bisect_left(old, (since,)), len(old) - self.max_points)]
+        return len(old)
+
+
+def _lists(ser: _Series) -> list[list[tuple[float, float]]]:
+    return [getattr(ser, name) for name in _FIELDS] + list(ser.evictions.values())

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import chain, compress, repeat
-from operator import add, itemgetter
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from kvscope.agent.config import parse_gpu_mapping
-from kvscope.agent.scrape.stamped import Parts, Stamped
+from kvscope.agent.scrape.stamped import Parts, Stamped, pick
 from kvscope.agent.signals import Sample, make_labels
 
 JOIN_NAME = "engine_gpu_memory_used_bytes"
@@ -47,7 +47,6 @@ class _JoinedNames(dict):
 
 
 _joined_name = _JoinedNames()
-_new = tuple.__new__  # a Sample from a 4-tuple without NamedTuple.__new__'s Python-level call
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ def join_engines_to_gpus(samples: Iterable[Sample], gpu_mapping: Any = None) -> 
     """Every (engine instance, GPU) pair the samples and the mapping establish, strongest join
     first, one assignment per pair. `samples` are the latest canonical samples of all sources."""
     samples = samples if isinstance(samples, list | Parts) else list(samples)
-    joined = _select_joined(samples)
+    joined = pick(samples, _joined_name.__getitem__)
     devices = _devices(joined)
     used = _device_memory(joined)
     found = [
@@ -103,22 +102,6 @@ def join_engines_to_gpus(samples: Iterable[Sample], gpu_mapping: Any = None) -> 
     for a in found:
         out.setdefault((a.instance, a.device.key()), a)
     return sorted(out.values(), key=lambda a: (a.instance, str(a.device.gpu), str(a.device.mig_instance)))
-
-
-def _select_joined(samples: list[Sample] | Parts) -> list[Sample]:
-    """The samples the joins read (gpu_*, engine_process_*), in order, in C-level passes (no
-    bytecode per sample). Of a cycle's `Stamped` parts only these few are stamped."""
-    if not isinstance(samples, Parts):
-        return list(compress(samples, map(_joined_name.__getitem__, map(itemgetter(0), samples))))
-    out: list[Sample] = []
-    for part in samples.parts:
-        if isinstance(part, Stamped):
-            heads = list(chain.from_iterable(part.blocks))
-            picked = compress(heads, map(_joined_name.__getitem__, map(itemgetter(0), heads)))
-            out.extend(map(_new, repeat(Sample), map(add, picked, repeat((part.timestamp,)))))
-        else:
-            out.extend(compress(part, map(_joined_name.__getitem__, map(itemgetter(0), part))))
-    return out
 
 
 def _devices(samples: list[Sample]) -> dict[tuple[str | None, ...], GpuDevice]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from kvscope.agent.config import AgentConfig
+from kvscope.agent.derive.cascade import CascadeWindow
 from kvscope.agent.derive.fairness import fairness_hook
 from kvscope.agent.derive.gpu_join import engine_gpu_hook
 from kvscope.agent.signals import Sample
@@ -27,5 +28,6 @@ def fairness_window_s(config: AgentConfig) -> float:
 
 
 def derive_hooks(config: AgentConfig) -> list[Hook]:
-    """The engine↔GPU join and the per-tenant fairness gauges, in that order."""
-    return [engine_gpu_hook(config.gpu_mapping), fairness_hook(fairness_window_s(config))]
+    """The engine↔GPU join, the per-tenant fairness gauges and the eviction cascade (over 15 min),
+    in that order."""
+    return [engine_gpu_hook(config.gpu_mapping), fairness_hook(fairness_window_s(config)), CascadeWindow(900.0)]

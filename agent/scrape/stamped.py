@@ -9,7 +9,7 @@ skip every block that is the same object as in that target's previous scrape:
 
 * the change-point encoder (agent/store/changepoints.py) writes rows only for changed blocks;
 * counter-reset detection (agent/runtime.py) compares only changed blocks;
-* the GPU join (agent/derive/gpu_join.py) stamps only the few series it reads.
+* the GPU join and the cascade hook (agent/derive/) stamp only the few series they read (`pick`).
 
 `Parts` is a cycle: the parts of every collector in order (one per engine target, named by
 its instance: a `Stamped`, or a list when the whole-payload path made it; plain lists from the
@@ -20,9 +20,9 @@ path on the flattened samples.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from itertools import chain, repeat
-from operator import add
+from collections.abc import Callable, Iterator, Sequence
+from itertools import chain, compress, repeat
+from operator import add, itemgetter
 from typing import overload
 
 from kvscope.agent.signals import Labels, Sample
@@ -125,3 +125,17 @@ class Parts(_Flattened):
 
     def __repr__(self) -> str:
         return f"Parts({len(self.parts)} parts, {self._len} samples)"
+
+
+def pick(cycle: Sequence[Sample], wanted: Callable[[str], bool]) -> list[Sample]:
+    """The samples whose name `wanted` accepts, in order, in C-level passes (no bytecode per
+    sample). Of a `Parts`' (or a lone `Stamped`'s) blocks only the picked heads are stamped."""
+    out: list[Sample] = []
+    for part in cycle.parts if isinstance(cycle, Parts) else [cycle]:
+        if isinstance(part, Stamped):
+            heads = list(chain.from_iterable(part.blocks))
+            picked = compress(heads, map(wanted, map(itemgetter(0), heads)))
+            out.extend(map(_new, repeat(Sample), map(add, picked, repeat((part.timestamp,)))))
+        else:
+            out.extend(compress(part, map(wanted, map(itemgetter(0), part))))
+    return out

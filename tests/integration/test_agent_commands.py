@@ -71,6 +71,7 @@ def test_agent_process_serves_stores_and_stops_cleanly_on_sigterm(target, tmp_pa
             "engine",
             "derive_engine_gpu",
             "derive_fairness",
+            "derive_cascade",
             "store",
         }  # the hooks and the store writer too
     finally:

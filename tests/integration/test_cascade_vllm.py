@@ -93,7 +93,7 @@ async def _root_shown(scrapes, since, poll_s=0.2):
         await asyncio.sleep(poll_s)
 
 
-async def _pressure(session, base, scrapes, nonce, fill_batch=4, max_fill=64, wave=32, fill_timeout_s=180.0):
+async def _pressure(session, base, root_shown, nonce, fill_batch=4, max_fill=64, wave=32, fill_timeout_s=180.0):
     """Three phases, each started by the engine's state rather than by a clock:
 
     1. baseline: six requests of the same prompt shape with 8 output tokens, one at a time
@@ -110,11 +110,11 @@ async def _pressure(session, base, scrapes, nonce, fill_batch=4, max_fill=64, wa
        criterion even on an idle host and a warmed server.
 
     Prompts start with a per-run nonce, so no block can come from an earlier test's prefix cache.
-    Returns (status, sent, answered) per request, when the root showed (None: not within
+    `root_shown()` is a coroutine that returns the root's onset once it shows. Returns (status, sent, answered) per request, when the root showed (None: not within
     `fill_timeout_s`) and when the wave was sent.
     """
     answered = [await _complete(session, base, f"{nonce}/warm/{i}", PROMPT_WORDS, 8) for i in range(6)]
-    root = asyncio.create_task(_root_shown(scrapes, len(scrapes)))
+    root = asyncio.create_task(root_shown())
     tasks, t0 = [], time.time()
     while not root.done() and time.time() - t0 < fill_timeout_s:
         for _ in range(min(fill_batch, max_fill - len(tasks))):
@@ -143,7 +143,8 @@ def _run_pressure(srv):
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as s:
             scraper = asyncio.create_task(_scrape_until(s, srv.metrics_url, stop, scrapes))
             await asyncio.sleep(1.0)  # a healthy baseline first
-            requests, root_t, wave_t = await _pressure(s, srv.url, scrapes, secrets.token_hex(4))
+            root_shown = lambda: _root_shown(scrapes, len(scrapes))  # noqa: E731 - from the scrapes after the warm-up
+            requests, root_t, wave_t = await _pressure(s, srv.url, root_shown, secrets.token_hex(4))
             await asyncio.sleep(0.5)
             stop.set()
             await scraper

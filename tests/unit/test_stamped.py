@@ -12,10 +12,11 @@ from collections import Counter
 
 import pytest
 
-from kvscope.agent.derive.gpu_join import _select_joined, derive_engine_gpu
+from kvscope.agent.derive.cascade import CascadeWindow
+from kvscope.agent.derive.gpu_join import _joined_name, derive_engine_gpu
 from kvscope.agent.normalize.blockcache import BlockCache
 from kvscope.agent.runtime import CounterResets
-from kvscope.agent.scrape.stamped import Parts, Stamped
+from kvscope.agent.scrape.stamped import Parts, Stamped, pick
 from kvscope.agent.signals import Sample, load_catalog
 from kvscope.agent.store.changepoints import ChangeEncoder, Encoded
 
@@ -134,8 +135,15 @@ def test_counter_resets_compare_a_target_with_its_own_previous_part():
 
 def test_gpu_join_selects_the_same_samples_from_blocks(load_fixture):
     for c in cycles(load_fixture, n=3):
-        assert _select_joined(c) == _select_joined(list(c))
+        assert pick(c, _joined_name.__getitem__) == pick(list(c), _joined_name.__getitem__)
         assert derive_engine_gpu(c) == derive_engine_gpu(list(c))
+
+
+def test_cascade_hook_reads_the_same_samples_from_blocks(load_fixture):
+    blocks, flat = CascadeWindow(), CascadeWindow()
+    for c in cycles(load_fixture):
+        out = blocks(c)
+        assert out == flat(list(c)) and {s.label("instance") for s in out} >= {"v0", "v1"}
 
 
 def test_stamped_and_parts_read_as_their_samples():
