@@ -11,7 +11,7 @@ from typing import Any
 
 SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count", "resets")
 """Forms that read a canonical signal from the frame."""
-SERIES_FORMS = ("ratio", "sum", "diff", "product", "coalesce", "scale", "over_time", "deriv", "changes", "aggregate")
+SERIES_FORMS = ("ratio", "sum", "diff", "product", "coalesce", "scale", "over_time", "deriv", "predict", "changes", "aggregate")
 """Forms that combine other named series."""
 FORMS = SIGNAL_FORMS + SERIES_FORMS
 CHANGES_SETTLE = "1m"
@@ -53,7 +53,7 @@ def node_refs(node: dict[str, Any]) -> list[str]:
         return [str(node["scale"])]
     if form in ("over_time", "aggregate"):
         return [str(node["of"])]
-    if form in ("deriv", "changes"):
+    if form in ("deriv", "predict", "changes"):
         return [str(node[form])]
     return []
 

@@ -186,7 +186,7 @@ def _check_node(rule: Rule, name: str, node: dict, form: str, known: set[str], s
         value = node.get(key, "sum")
         if value not in allowed:
             yield _issue(rule, node, f"series {name!r}: {key} {value!r} is not one of {list(allowed)}", key)
-    for key in ("range", "settle"):
+    for key in ("range", "settle", "ahead"):
         if key in node and not _PARAM.match(str(node[key])):
             try:
                 parse_duration(node[key])
