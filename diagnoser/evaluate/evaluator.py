@@ -139,7 +139,7 @@ def mechanism_off(rule: Rule, ev: SeriesEvaluator, facts: dict[str, dict[str, st
     """Why a rule cannot judge its mechanism here, or None when it can.
 
     `mechanism: {name, series, how}` names the feature the rule judges (speculation, a KV tier, P/D)
-    and a series that is above 0 where it runs (`Rule.when` makes that a condition of every
+    and a series that is above 0 where it runs (`Tree.gated` makes that a condition of every
     point): engines export zeros for features that are off (SGLang's acceptance rate
     without speculation), and a zero is no evidence about a feature that does not run. Present
     and never above 0 anywhere = off; absent = unknown (not evaluable). A rule's `facts` that no
@@ -245,7 +245,7 @@ def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
 # ---------------------------------------------------------------------------- plain rules
 def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> list[Finding]:
     t = rule.tree
-    when = t.when or tree.Block()
+    when = t.gated
     truth, done = ce.block(when, lazy=True)
     _judged(truth, ce)
     if not truth.any():

@@ -179,7 +179,7 @@ def compile_rule(rule: Rule, runbook_base: str = RUNBOOK_BASE) -> list[dict[str,
     try:
         t = rule.tree
         conds = ConditionCompiler(rule, SeriesCompiler(rule))
-        when = t.when or tree.Block()
+        when = t.gated
         expr = conds.combine(when, t.facts)
         raised = [
             (sev, conds.combine(block))

@@ -246,8 +246,10 @@ def _on(by: tuple[str, ...], other: tuple[str, ...]) -> str:
 
 def _describe(cond: tree.Cond) -> str:
     r = cond.right
-    right = r.x if isinstance(r, tree.Value) else r.series if isinstance(r, tree.Than) else "baseline"
-    return f"{cond.series} {cond.op} {right}" if r is not None else f"{cond.series} {cond.op}"
+    right = r.series if isinstance(r, tree.Than) else "baseline" if isinstance(r, tree.Baseline) else ""
+    if isinstance(r, tree.Value):
+        right = "null" if r.x is None else f"{r.x:g}"
+    return f"{cond.series} {cond.op} {right}".rstrip()
 
 
 def rule_reach(rule: Rule) -> float:

@@ -11,7 +11,19 @@ from typing import Any
 
 SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count", "resets")
 """Forms that read a canonical signal from the frame."""
-SERIES_FORMS = ("ratio", "sum", "diff", "product", "coalesce", "scale", "over_time", "deriv", "predict", "changes", "aggregate")
+SERIES_FORMS = (
+    "ratio",
+    "sum",
+    "diff",
+    "product",
+    "coalesce",
+    "scale",
+    "over_time",
+    "deriv",
+    "predict",
+    "changes",
+    "aggregate",
+)
 """Forms that combine other named series."""
 FORMS = SIGNAL_FORMS + SERIES_FORMS
 CHANGES_SETTLE = "1m"

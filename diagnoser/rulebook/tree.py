@@ -221,7 +221,7 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Tree:
-    """A whole rule. `when` already has the mechanism's series above 0 among its `all`."""
+    """A whole rule; `when` as written (`gated` adds the mechanism)."""
 
     by: tuple[str, ...]
     series: dict[str, Node]
@@ -237,6 +237,15 @@ class Tree:
     require_labels: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
     """Text the evaluator copies onto a finding as written (title, levers_md, citations ...)."""
+
+    @property
+    def gated(self) -> Block:
+        """`when` with the mechanism's series above 0 added to `all`: a rule judges only where the
+        feature it reads runs (docs/rules.md "Is the mechanism on?"), in Python and in PromQL."""
+        when = self.when or Block()
+        if not self.mechanism:
+            return when
+        return Block((*when.all, Cond(self.mechanism.series, ">", Value(0.0))), when.any, when.hold)
 
     def blocks(self) -> list[Block]:
         """Every condition block: when, raised severities, resolved_when, cascade stages."""
@@ -352,13 +361,13 @@ class _Parser:
             raise self.fail("condition has no right side", m)
         return Cond(series, op, right, times, plus)
 
-    def block(self, m: Any, hold: float = 0.0, extra: tuple[Cond, ...] = ()) -> Block | None:
+    def block(self, m: Any, hold: float = 0.0) -> Block | None:
         if not m:
-            return Block(all=extra, hold=hold) if extra else None
+            return None
         if not isinstance(m, dict):
             raise self.fail("a condition block must be a mapping", self.doc)
         return Block(
-            all=tuple(self.cond(c) for c in m.get("all") or ()) + extra,
+            all=tuple(self.cond(c) for c in m.get("all") or ()),
             any=tuple(self.cond(c) for c in m.get("any") or ()),
             hold=self.dur(m, "for", hold) if "for" in m else hold,
             note=str(m.get("note") or ""),
@@ -381,11 +390,10 @@ class _Parser:
         mechanism = (
             Mechanism(str(mech.get("name", "")), str(mech["series"]), str(mech.get("how", ""))) if mech else None
         )
-        extra = (Cond(mechanism.series, ">", Value(0.0)),) if mechanism else ()
         return Tree(
             by=tuple(str(b) for b in d.get("by", ["instance"])),
             series={str(k): self.node(v) for k, v in (d.get("series") or {}).items()},
-            when=None if "cascade" in d else self.block(d.get("when"), extra=extra),
+            when=None if "cascade" in d else self.block(d.get("when")),
             cascade=self.cascade(d["cascade"]) if isinstance(d.get("cascade"), dict) else None,
             warning_when=self.block(d.get("warning_when")),
             critical_when=self.block(d.get("critical_when")),
