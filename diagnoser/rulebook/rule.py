@@ -119,17 +119,10 @@ class Rule:
 
     def scaled(self, time_scale: float) -> Rule:
         """The same rule with every duration (for, ranges, baselines) multiplied by time_scale."""
-        return Rule(self.id, self.path, self.doc, dict(self.params), time_scale)
-
-    def duration(self, value: Any) -> float:
-        """A duration (literal or $param) in seconds, time-scaled."""
-        return parse_duration(self.resolve(value)) * self.time_scale
-
-    def resolve(self, value: Any) -> Any:
-        """`$name` -> the parameter's value; anything else unchanged."""
-        if isinstance(value, str) and value.startswith("$"):
-            return self.params[value[1:]]
-        return value
+        out = Rule(self.id, self.path, self.doc, dict(self.params), time_scale)
+        if "tree" in self.__dict__:  # durations are scaled at use: the same tree serves
+            out.__dict__["tree"] = self.tree
+        return out
 
     def nullable_params(self) -> int:
         """How many parameters default to null (values the user must supply, e.g. benchmarks)."""

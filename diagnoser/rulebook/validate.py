@@ -392,7 +392,13 @@ VALIDATORS: tuple[Validator, ...] = (
 def validate_rule(rule: Rule, ctx: Context | None = None) -> list[RuleIssue]:
     """Issues of one rule."""
     ctx = ctx or Context(load_catalog(), load_levers())
-    return [issue for v in VALIDATORS for issue in v(rule, ctx)]
+    issues = [issue for v in VALIDATORS for issue in v(rule, ctx)]
+    if not issues:  # what the backends read: a part the checks above let through fails here
+        try:
+            rule.tree
+        except RuleError as exc:
+            issues.append(RuleIssue(exc.path or rule.path, exc.line or 1, exc.message))
+    return issues
 
 
 def validate_rules(directory: str | Path | None = None, ctx: Context | None = None) -> list[RuleIssue]:
