@@ -395,7 +395,7 @@ def validate_rule(rule: Rule, ctx: Context | None = None) -> list[RuleIssue]:
     issues = [issue for v in VALIDATORS for issue in v(rule, ctx)]
     if not issues:  # what the backends read: a part the checks above let through fails here
         try:
-            assert rule.tree is not None
+            _ = rule.tree  # parsed once, cached on the rule
         except RuleError as exc:
             issues.append(RuleIssue(exc.path or rule.path, exc.line or 1, exc.message))
     return issues
