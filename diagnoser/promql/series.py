@@ -159,16 +159,23 @@ class SeriesCompiler:
         return f"({inner})[{rng}:{self.sub_step(rng)}]{offset}", getattr(inner, "cost", 1) + SUBQUERY_COST
 
     # ---------------------------------------------------------------- signal forms
-    def _read(self, node: tree.Signal, series: str, by: str, fn: str | None = None, rng: str | None = None) -> Part:
+    def _read(
+        self, node: tree.Signal | dict[str, Any], series: str, by: str, fn: str | None = None, rng: str | None = None
+    ) -> PromQL:
         """The canonical `series` (node `match` filter, `require_labels` guards), or `fn` of its
-        range `[rng]`, as the reader writes it, and its price (a histogram's buckets ten times)."""
-        counted = isinstance(node, tree.Count)
-        outer = "count_series" if counted else node.agg if isinstance(node, tree.Gauge) else "sum"
+        range `[rng]`, as the reader writes it, with its price (a histogram's buckets ten times)."""
+        if isinstance(node, dict):  # pushdown/run.py passes the mapping (until the fleet path reads the tree)
+            node = tree.parse_node(node, self.rule.params, self.rule.path)
+        outer = "count_series" if isinstance(node, tree.Count) else node.agg if isinstance(node, tree.Gauge) else "sum"
         labels = tuple(b.strip() for b in by.split(",") if b.strip())
         if isinstance(node, tree.Count):
             labels += node.distinct
         text = self.reader.read(series, self._matchers(node, by), fn, rng, by=labels, outer=outer)
-        return text, getattr(text, "cost", 1) * (10 if series.endswith("_bucket") else 1)
+        cost = getattr(text, "cost", 1) * (10 if series.endswith("_bucket") else 1)
+        if not isinstance(text, PromQL):
+            return PromQL(text, (), cost)
+        text.cost = cost  # the reader's own new node (an `Aggregated` keeps its labels)
+        return text
 
     def _matchers(self, node: tree.Signal, by: str) -> list[tuple[str, str, str]]:
         out = [(label, "=~", "|".join(_escape_re(v) for v in values)) for label, values in node.match]
@@ -176,13 +183,13 @@ class SeriesCompiler:
         return out + [(label, "!=", "") for label in self.rule.tree.require_labels if label in grouped]
 
     def _gauge(self, node: tree.Gauge, by: str) -> Part:
-        text, cost = self._read(node, node.signal, by)
-        return _aggregate(node.agg, by, text), cost
+        text = self._read(node, node.signal, by)
+        return _aggregate(node.agg, by, text), text.cost
 
     def _rate(self, node: tree.Rate, by: str) -> Part:
         fn = "increase" if node.increase else "rate"
-        text, cost = self._read(node, node.signal, by, fn, self._range(node.rng))
-        return _aggregate("sum", by, text), cost
+        text = self._read(node, node.signal, by, fn, self._range(node.rng))
+        return _aggregate("sum", by, text), text.cost
 
     def _quantile(self, node: tree.Quantile, by: str) -> Part:
         q, rng = _number(node.q), self._range(node.rng)
@@ -197,13 +204,13 @@ class SeriesCompiler:
             expr = own(node.signal + "_bucket", self._matchers(node, _plus(by, "le")), q, rng, labels)
             if expr is not None:
                 return str(expr), 10
-        rates, cost = self._read(node, node.signal + "_bucket", _plus(by, "le"), "rate", rng)
-        return f"histogram_quantile({q}, {_aggregate('sum', _plus(by, 'le'), rates)})", cost
+        rates = self._read(node, node.signal + "_bucket", _plus(by, "le"), "rate", rng)
+        return f"histogram_quantile({q}, {_aggregate('sum', _plus(by, 'le'), rates)})", rates.cost
 
     def _mean(self, node: tree.Mean, by: str) -> Part:
         rng = self._range(node.rng)
-        (s, c1), (c, c2) = (self._read(node, node.signal + x, by, "rate", rng) for x in ("_sum", "_count"))
-        return f"{_aggregate('sum', by, s)}\n/\n({_aggregate('sum', by, c)} > 0)", c1 + c2
+        s, c = (self._read(node, node.signal + x, by, "rate", rng) for x in ("_sum", "_count"))
+        return f"{_aggregate('sum', by, s)}\n/\n({_aggregate('sum', by, c)} > 0)", s.cost + c.cost
 
     resets_bridge_s: float = 0.0
     """Added to `resets` ranges (a prefilter): the evaluator counts a reset across a scrape gap of
@@ -213,12 +220,12 @@ class SeriesCompiler:
         rng = self._range(node.rng)
         if self.resets_bridge_s:
             rng = _duration(parse_duration(rng) + self.resets_bridge_s)
-        text, cost = self._read(node, node.signal, by, "resets", rng)
-        return _aggregate("sum", by, text), cost
+        text = self._read(node, node.signal, by, "resets", rng)
+        return _aggregate("sum", by, text), text.cost
 
     def _count(self, node: tree.Count, by: str) -> Part:
-        text, cost = self._read(node, node.signal, by)
-        return f"count by ({by}) (count by ({_plus(by, ', '.join(node.distinct))}) ({text}))", cost
+        text = self._read(node, node.signal, by)
+        return f"count by ({by}) (count by ({_plus(by, ', '.join(node.distinct))}) ({text}))", text.cost
 
     # ---------------------------------------------------------------- combinations
     def _pair(self, node: tree.Pair, by: str) -> Part:
