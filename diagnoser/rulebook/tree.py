@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.diagnoser.rulebook.grammar import BASELINE_AGGS, OPS
+from kvscope.diagnoser.rulebook.grammar import BASELINE_AGGS, FORMS, OPS, PAIR_FORMS
 
 Match = tuple[tuple[str, tuple[str, ...]], ...]
 """`match: {label: value | [values]}` as sorted (label, allowed values) pairs."""
@@ -127,6 +127,11 @@ class Predict(Of):
 
 @dataclass(frozen=True, kw_only=True)
 class Changes(Of):
+    """`settle`: how long after a series appears its value is not compared yet. Targets are first
+    scraped at different phases of their scrape interval (up to a minute in common setups), so a
+    count of series rises over that long when scraping starts; that rise is not a scaling event.
+    Time-scaled like every rule duration, and never less than one grid step."""
+
     rng: float = 900.0
     settle: float = 60.0
 
@@ -288,9 +293,9 @@ class _Parser:
         if not isinstance(m, dict):
             raise self.fail(f"a series must be a mapping, got {m!r}", self.doc)
         kw: dict[str, Any] = {"by": tuple(str(b) for b in m["by"])} if "by" in m else {}
-        forms = [f for f in _FORMS if f in m]
+        forms = [f for f in FORMS if f in m]
         if len(forms) != 1:
-            raise self.fail(f"expression must have exactly one of {', '.join(_FORMS)}; got {sorted(m)}", m)
+            raise self.fail(f"expression must have exactly one of {', '.join(FORMS)}; got {sorted(m)}", m)
         form = forms[0]
         if form in _SIGNALS:
             cls, rng = _SIGNALS[form]
@@ -311,7 +316,7 @@ class _Parser:
             elif form == "count":
                 kw["distinct"] = tuple(str(d) for d in m.get("distinct", ["instance"]))
             return cls(**kw)
-        if form in _PAIRS:
+        if form in PAIR_FORMS:
             refs = m[form]
             if not isinstance(refs, list) or len(refs) != 2:
                 raise self.fail(f"{form} takes two named series", m)
@@ -427,8 +432,6 @@ _SIGNALS: dict[str, tuple[type[Signal], float]] = {
     "resets": (Resets, 600.0),
     "count": (Count, 0.0),
 }
-_PAIRS = ("ratio", "sum", "diff", "product", "coalesce")
-_FORMS = (*_SIGNALS, *_PAIRS, "scale", "over_time", "deriv", "predict", "changes", "aggregate")
 _META = (
     "title", "severity", "specificity", "levers_md", "description", "summary", "citations", "false_positives",
     "confidence", "confirm", "defers_to", "direct_evidence", "levers",
