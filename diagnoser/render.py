@@ -6,7 +6,6 @@ import functools
 import re
 import time
 from collections import Counter
-from typing import Any
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -14,6 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from kvscope.diagnoser.findings import MECHANISM_OFF, Diagnosis, Evidence, Finding, not_evaluable
+from kvscope.diagnoser.rulebook.rule import Rule
+from kvscope.diagnoser.rulebook.tree import Baseline, Tree
 
 _STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
 
@@ -64,15 +65,26 @@ def fmt_where(f: Finding) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _rule_docs() -> dict[str, Any]:
-    """The shipped rules' documents by id (for how each evidence value was taken and which
-    engine facts a rule conditions on); empty when the rules cannot be read."""
+def _shipped() -> dict[str, Rule]:
+    """The shipped rules by id (for how each evidence value was taken and which engine facts a
+    rule conditions on); empty when the rules cannot be read."""
     from kvscope.diagnoser.rulebook.rule import RuleError, read_rules
 
     try:
-        return {r.id: r.doc for r in read_rules()}
+        return {r.id: r for r in read_rules()}
     except (OSError, RuleError):
         return {}
+
+
+def _tree(f: Finding) -> Tree | None:
+    """The finding's rule parsed with the finding's parameters; None for an unknown rule."""
+    from kvscope.diagnoser.rulebook.rule import RuleError
+
+    rule = _shipped().get(f.rule_id)
+    try:
+        return rule.with_params(f.params).tree if rule else None
+    except (RuleError, KeyError):
+        return None
 
 
 def evidence_stat(f: Finding, ev: Evidence) -> str:
@@ -82,9 +94,9 @@ def evidence_stat(f: Finding, ev: Evidence) -> str:
     shipped rule's evidence list, else to an inference from `at` (no timestamp = a mean)."""
     if ev.stat:
         return ev.stat
-    for item in (_rule_docs().get(f.rule_id) or {}).get("evidence") or []:
-        if str(item.get("name", item.get("series"))) == ev.name:
-            return str(item.get("stat", "last"))
+    for item in _shipped()[f.rule_id].tree.evidence if f.rule_id in _shipped() else ():
+        if item.name == ev.name:
+            return item.stat
     if ev.at is None:
         return "mean"
     return "first" if ev.at == f.since else "last" if ev.at == f.until else "max"
@@ -105,10 +117,9 @@ def fact_rows(f: Finding) -> list[tuple[str, str, str]]:
     """The engine facts (startup configuration) a rule conditions on, as (name, value, how):
     they held for the finding to fire."""
     rows = []
-    for fact in (_rule_docs().get(f.rule_id) or {}).get("facts") or []:
-        op, value = str(fact.get("op", "==")), fact.get("value")
-        shown = str(value) if op == "==" else f"{op} {value}"
-        rows.append((f"engine fact {fact.get('fact')}", shown, "from the engine's startup config"))
+    for fact in t.facts if (t := _tree(f)) else ():
+        shown = fact.value if fact.op == "==" else f"{fact.op} {fact.value}"
+        rows.append((f"engine fact {fact.fact}", shown, "from the engine's startup config"))
     return rows
 
 
@@ -118,30 +129,22 @@ def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
     and clipped to the data the window held when the finding fired (from its onset to its end),
     not only at the window's end: a finding early in a long recording can compare with less
     than the rule's range."""
-    from kvscope.diagnoser.rulebook.rule import parse_duration
-
-    doc = _rule_docs().get(f.rule_id) or {}
-    names = {str(i.get("series")): str(i.get("name", i.get("series"))) for i in doc.get("evidence") or []}
-    conds = [c for block in _condition_blocks(doc) for c in block if isinstance(c, dict) and "baseline" in c]
+    t = _tree(f)
+    if t is None:
+        return []
+    names = {i.series: i.name for i in t.evidence}
+    blocks = [t.when] + list(t.cascade.stages if t.cascade else ())
     out = []
-    for c in conds:
-        spec = c["baseline"]
-        try:
-            rng = _grid_seconds(parse_duration(_param(f, spec.get("range", "30m"))) * time_scale, f.step_s, 1)
-            off = _grid_seconds(parse_duration(_param(f, spec.get("offset", "10m"))) * time_scale, f.step_s, 0)
-            times = float(_param(f, c.get("times", 1.0)))
-        except (KeyError, TypeError, ValueError):
-            continue
-        factor = "" if times == 1.0 else f"{times:g} x "
-        left = names.get(str(c["series"]), str(c["series"]))
-        of = (
-            "its"
-            if str(spec.get("of", c["series"])) == str(c["series"])
-            else f"the {names.get(str(spec['of']), str(spec['of']))}"
-        )
+    for c in (c for b in blocks if b for c in b.conds if isinstance(c.right, Baseline)):
+        spec = c.right
+        assert isinstance(spec, Baseline)
+        rng = _grid_seconds(spec.rng * time_scale, f.step_s, 1)
+        off = _grid_seconds(spec.offset * time_scale, f.step_s, 0)
+        factor = "" if c.times == 1.0 else f"{c.times:g} x "
+        of = "its" if (spec.of or c.series) == c.series else f"the {names.get(str(spec.of), str(spec.of))}"
         start, end = f.window
         out.append(
-            f"{left} {c.get('op', '')} {factor}{of} {spec.get('agg', 'avg')} "
+            f"{names.get(c.series, c.series)} {c.op} {factor}{of} {spec.agg} "
             + _baseline_window(rng, off, end - start, f.since - start, f.until - start)
         )
     return out
@@ -178,17 +181,6 @@ def _baseline_window(rng: float, off: float, held: float, onset: float | None = 
     )
 
 
-def _condition_blocks(doc: dict[str, Any]) -> list[list[Any]]:
-    when = doc.get("when") or {}
-    blocks = [list(when.get("all") or []), list(when.get("any") or [])]
-    blocks += [list(s.get("all") or []) for s in (doc.get("cascade") or {}).get("stages") or []]
-    return blocks
-
-
-def _param(f: Finding, value: Any) -> Any:
-    return f.params[value[1:]] if isinstance(value, str) and value.startswith("$") else value
-
-
 def _grid_seconds(seconds: float, step: float, least: int) -> float:
     if not step:
         return seconds
@@ -201,16 +193,12 @@ _SECONDS_FIELD = re.compile(r"\{(\w+)(?::[^}]*)?\}s(?![/\w])")
 def render_summary(f: Finding) -> str:
     """The finding's summary with durations written by `fmt_value`, as the evidence table writes
     them ("226.0 ms", not "0.226s"); the engine's summary when the rule's template is unknown."""
-    doc = _rule_docs().get(f.rule_id) or {}
-    items = list(doc.get("evidence") or [])
-    template = doc.get("summary")
-    if (
-        not template
-        or len(items) != len(f.evidence)
-        or any(str(i.get("name", i.get("series"))) != e.name for i, e in zip(items, f.evidence, strict=True))
-    ):
+    rule = _shipped().get(f.rule_id)
+    items = rule.tree.evidence if rule else ()
+    template = rule.tree.meta.get("summary") if rule else None
+    if not template or [i.name for i in items] != [e.name for e in f.evidence]:
         return f.summary
-    by_series = {str(i["series"]): e for i, e in zip(items, f.evidence, strict=True)}
+    by_series = {i.series: e for i, e in zip(items, f.evidence, strict=True)}
 
     def seconds(m: re.Match[str]) -> str:
         ev = by_series.get(m.group(1))

@@ -7,13 +7,14 @@ that lasted at least `for`, which is what a finding reports as `since`/`until`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from kvscope.diagnoser.evaluate import grid
 from kvscope.diagnoser.evaluate.expr import SeriesEvaluator
+from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.grammar import OPS
 
 
@@ -21,7 +22,7 @@ from kvscope.diagnoser.rulebook.grammar import OPS
 class Evaluated:
     """One condition over all groups: the truth, the left values and the right side."""
 
-    cond: dict[str, Any]
+    cond: tree.Cond
     truth: np.ndarray  # bool [G, T]
     left: np.ndarray  # float [G, T]
     right: np.ndarray | None  # float [G, T] (None for `present`)
@@ -61,38 +62,31 @@ class ConditionEvaluator:
             out[gi, mask] = truth[gi, last_up[mask]] & ~mask[last_up[mask]]
         return out
 
-    def evaluate(self, cond: dict[str, Any]) -> Evaluated:
-        left = self.ev.aligned(str(cond["series"]), self.by, self.keys)
-        if "present" in cond:
-            truth = ~np.isnan(left) if cond["present"] else np.isnan(left)
-            return Evaluated(cond, truth, left, None)
+    def evaluate(self, cond: tree.Cond) -> Evaluated:
+        left = self.ev.aligned(cond.series, self.by, self.keys)
+        if cond.right is None:  # `present: true|false`
+            return Evaluated(cond, np.isnan(left) ^ (cond.op == "present"), left, None)
         right = self._right(cond, left)
         with np.errstate(invalid="ignore"):
-            truth = OPS[cond["op"]](left, right)
-        if cond["op"] == "!=":  # the only comparison that is true against NaN
+            truth = OPS[cond.op](left, right)
+        if cond.op == "!=":  # the only comparison that is true against NaN
             truth &= ~np.isnan(left) & ~np.isnan(right)
         return Evaluated(cond, truth, left, right)
 
-    def _right(self, cond: dict[str, Any], left: np.ndarray) -> np.ndarray:
-        resolve = self.ev.rule.resolve
-        times = float(resolve(cond.get("times", 1.0)))
-        plus = float(resolve(cond.get("plus", 0.0)))
-        if "value" in cond:
-            value = resolve(cond["value"])  # a parameter left unset (null) makes the test false
+    def _right(self, cond: tree.Cond, left: np.ndarray) -> np.ndarray:
+        r = cond.right
+        if isinstance(r, tree.Value):  # a parameter left unset (null) makes the test false
             # one value for every group and point: a read-only broadcast, not a [G, T] array
-            return np.broadcast_to(np.float64(np.nan if value is None else float(value) * times + plus), self.shape)
-        if "than" in cond:
-            return self.ev.aligned(str(cond["than"]), self.by, self.keys) * times + plus
-        spec = cond["baseline"]
-        step = self.ev.frame.step or 1.0
-        rule = self.ev.rule
-        k = max(1, int(round(rule.duration(spec.get("range", "30m")) / step)))
-        off = int(round(rule.duration(spec.get("offset", "10m")) / step))
-        source = left if "of" not in spec else self.ev.aligned(str(spec["of"]), self.by, self.keys)
-        base = grid.shift(grid.over_time(source, k, str(spec.get("agg", "avg"))), off)
-        return base * times + plus
+            x = cond.threshold()
+            return np.broadcast_to(np.float64(np.nan if x is None else x), self.shape)
+        if isinstance(r, tree.Than):
+            return self.ev.aligned(r.series, self.by, self.keys) * cond.times + cond.plus
+        assert isinstance(r, tree.Baseline)
+        k, off = self.ev._k(r.rng), int(round(r.offset * self.ev.rule.time_scale / (self.ev.frame.step or 1.0)))
+        source = left if r.of is None else self.ev.aligned(r.of, self.by, self.keys)
+        return grid.shift(grid.over_time(source, k, r.agg), off) * cond.times + cond.plus
 
-    def all_of(self, conds: list[dict[str, Any]], lazy: bool = False) -> tuple[np.ndarray, list[Evaluated]]:
+    def all_of(self, conds: Sequence[tree.Cond], lazy: bool = False) -> tuple[np.ndarray, list[Evaluated]]:
         """Truth of every condition together, and each condition evaluated. `lazy` stops at the
         first condition after which nothing is true anywhere (the rest cannot change that), so
         `done` may then be shorter than `conds`."""
@@ -105,14 +99,23 @@ class ConditionEvaluator:
                 break
         return truth, done
 
-    def any_of(self, conds: list[dict[str, Any]]) -> tuple[np.ndarray, list[Evaluated]]:
+    def any_of(self, conds: Sequence[tree.Cond]) -> tuple[np.ndarray, list[Evaluated]]:
         done = [self.evaluate(c) for c in conds]
         truth = np.zeros(self.shape, dtype=bool)
         for e in done:
             truth |= e.truth
         return truth, done
 
-    def facts_hold(self, facts: list[dict[str, Any]]) -> np.ndarray:
+    def block(self, block: tree.Block, lazy: bool = False) -> tuple[np.ndarray, list[Evaluated]]:
+        """Truth of a block's `all` and (when given) `any` together, and each condition evaluated
+        (`lazy`: `any` is skipped where `all` holds nowhere)."""
+        truth, done = self.all_of(block.all, lazy)
+        if block.any and (truth.any() or not lazy):
+            any_truth, any_done = self.any_of(block.any)
+            truth, done = truth & any_truth, done + any_done
+        return truth, done
+
+    def facts_hold(self, facts: Sequence[tree.Fact]) -> np.ndarray:
         """bool [G]: every fact test holds for the group's instance (unknown fact = False)."""
         ok = np.ones(len(self.keys), dtype=bool)
         if not facts:
@@ -121,9 +124,8 @@ class ConditionEvaluator:
         for gi, key in enumerate(self.keys):
             known = self.facts.get(key[pos], {})
             for f in facts:
-                have = known.get(str(f["fact"]))
-                want = str(self.ev.rule.resolve(f["value"]))
-                ok[gi] &= have is not None and OPS[f.get("op", "==")](have, want)
+                have = known.get(f.fact)
+                ok[gi] &= have is not None and OPS[f.op](have, f.value)
         return ok
 
 

@@ -48,7 +48,9 @@ def direct_present(rules: Iterable[Rule], names: set[str]) -> dict[str, bool]:
         return bool(names & {sig, f"{sig}_bucket", f"{sig}_sum", f"{sig}_count"})
 
     return {
-        r.id: any(seen(str(sig)) for sig in r.doc.get("direct_evidence") or ()) for r in rules if r.doc.get("defers_to")
+        r.id: any(seen(str(sig)) for sig in r.tree.meta.get("direct_evidence") or ())
+        for r in rules
+        if r.tree.meta.get("defers_to")
     }
 
 

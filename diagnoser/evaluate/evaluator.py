@@ -34,7 +34,8 @@ from kvscope.diagnoser.findings import (
     Finding,
     Skipped,
 )
-from kvscope.diagnoser.rulebook.grammar import ExprError, node_form, node_refs, node_signal
+from kvscope.diagnoser.rulebook import tree
+from kvscope.diagnoser.rulebook.grammar import ExprError
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 
@@ -126,7 +127,7 @@ def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[F
         if not keys:
             return Skipped(rule.id, "no series for any group")
         ce = ConditionEvaluator(ev, rule.by, keys, frame.facts)
-        if "cascade" in rule.doc:
+        if rule.tree.cascade:
             return _cascade_findings(rule, ce, levers)
         return _findings(rule, ce, levers)
     except (ExprError, KeyError, ValueError) as exc:
@@ -138,36 +139,35 @@ def mechanism_off(rule: Rule, ev: SeriesEvaluator, facts: dict[str, dict[str, st
     """Why a rule cannot judge its mechanism here, or None when it can.
 
     `mechanism: {name, series, how}` names the feature the rule judges (speculation, a KV tier, P/D)
-    and a series that is above 0 where it runs (`Rule.when` makes that a condition of every
+    and a series that is above 0 where it runs (`Tree.gated` makes that a condition of every
     point): engines export zeros for features that are off (SGLang's acceptance rate
     without speculation), and a zero is no evidence about a feature that does not run. Present
     and never above 0 anywhere = off; absent = unknown (not evaluable). A rule's `facts` that no
     instance exports make the rule unknown too (a fact the engine does not export is no answer).
     """
-    wanted = {str(f["fact"]) for f in rule.doc.get("facts") or ()}
+    wanted = {f.fact for f in rule.tree.facts}
     if wanted and not any(wanted <= set(known) for known in facts.values()):
         return Skipped(rule.id, f"{MECHANISM_UNKNOWN} engine fact(s) {', '.join(sorted(wanted))} not exported")
-    mech = rule.doc.get("mechanism")
+    mech = rule.tree.mechanism
     if not mech:
         return None
-    values = ev.get(str(mech["series"])).values
+    values = ev.get(mech.series).values
     if (values > 0).any():
         return None
     state = MECHANISM_OFF if (~np.isnan(values)).any() else MECHANISM_UNKNOWN
-    return Skipped(rule.id, f"{state} {mech['name']} ({mech['how']})")
+    return Skipped(rule.id, f"{state} {mech.name} ({mech.how})")
 
 
 # ---------------------------------------------------------------------------- signals needed
 def signals_of_series(rule: Rule, name: str, seen: set[str] | None = None) -> set[str]:
     """Canonical signals a named series depends on (transitively)."""
     seen = seen if seen is not None else set()
-    if name in seen or name not in rule.series:
+    node = rule.tree.series.get(name)
+    if name in seen or node is None:
         return set()
     seen.add(name)
-    node = rule.series[name]
-    sig = node_signal(node)
-    out = {sig} if sig else set()
-    for ref in node_refs(node):
+    out = {node.signal} if isinstance(node, tree.Signal) else set()
+    for ref in node.refs:
         out |= signals_of_series(rule, ref, seen)
     return out
 
@@ -175,14 +175,13 @@ def signals_of_series(rule: Rule, name: str, seen: set[str] | None = None) -> se
 def sample_names(rule: Rule) -> set[str]:
     """Sample names a rule reads from a source (histograms expanded to _bucket/_sum/_count)."""
     out: set[str] = set()
-    for node in rule.series.values():
-        form, sig = node_form(node), node_signal(node)
-        if form == "quantile":
-            out.add(f"{sig}_bucket")
-        elif form == "mean":
-            out |= {f"{sig}_sum", f"{sig}_count"}
-        elif sig:
-            out.add(sig)
+    for node in rule.tree.series.values():
+        if isinstance(node, tree.Quantile):
+            out.add(f"{node.signal}_bucket")
+        elif isinstance(node, tree.Mean):
+            out |= {f"{node.signal}_sum", f"{node.signal}_count"}
+        elif isinstance(node, tree.Signal):
+            out.add(node.signal)
     return out
 
 
@@ -194,19 +193,20 @@ def required_absent(rule: Rule, frame: Frame) -> set[str]:
     """
     names = frame.names()
 
-    def absent(cond: dict[str, Any]) -> set[str]:
-        if cond.get("present") is False:
+    def absent(cond: tree.Cond) -> set[str]:
+        if cond.op == "absent":
             return set()  # a test for absence needs nothing
-        out = missing_signals(rule, str(cond["series"]), names)
-        if "than" in cond:
-            out |= missing_signals(rule, str(cond["than"]), names)
+        out = missing_signals(rule, cond.series, names)
+        if isinstance(cond.right, tree.Than):
+            out |= missing_signals(rule, cond.right.series, names)
         return out
 
-    if "cascade" in rule.doc:
-        return set().union(*(absent(c) for c in rule.doc["cascade"]["stages"][0].get("all", [])))
-    when = rule.doc.get("when") or {}
-    out = set().union(*(absent(c) for c in when.get("all") or []))
-    branches = [absent(c) for c in when.get("any") or []]
+    t = rule.tree
+    if t.cascade:
+        return set().union(*(absent(c) for c in t.cascade.stages[0].all))
+    when = t.when or tree.Block()
+    out = set().union(*(absent(c) for c in when.all))
+    branches = [absent(c) for c in when.any]
     if branches and all(branches):
         out |= set().union(*branches)
     return out
@@ -214,14 +214,13 @@ def required_absent(rule: Rule, frame: Frame) -> set[str]:
 
 def missing_signals(rule: Rule, name: str, names: set[str], seen: frozenset[str] = frozenset()) -> set[str]:
     """Absent signals that leave a named series without any value (coalesce needs only one side)."""
-    node = rule.series.get(name)
+    node = rule.tree.series.get(name)
     if node is None or name in seen:
         return set()
-    sig = node_signal(node)
-    if sig:
-        return set() if names & _expansions(sig) else {sig}
-    parts = [missing_signals(rule, ref, names, seen | {name}) for ref in node_refs(node)]
-    if node_form(node) == "coalesce":
+    if isinstance(node, tree.Signal):
+        return set() if names & _expansions(node.signal) else {node.signal}
+    parts = [missing_signals(rule, ref, names, seen | {name}) for ref in node.refs]
+    if isinstance(node, tree.Pair) and node.op == "coalesce":
         return set().union(*parts) if all(parts) else set()
     return set().union(*parts)
 
@@ -239,36 +238,31 @@ def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
             g = ev.get(name)
             if g.by == ev.rule.by:
                 keys.update(g.keys)
-    required = [ev.rule.by.index(label) for label in ev.rule.doc.get("require_labels") or [] if label in ev.rule.by]
+    required = [ev.rule.by.index(label) for label in ev.rule.tree.require_labels if label in ev.rule.by]
     return sorted(k for k in keys if all(k[i] for i in required))
 
 
 # ---------------------------------------------------------------------------- plain rules
 def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> list[Finding]:
-    when = rule.when
-    truth, all_done = ce.all_of(list(when.get("all") or []), lazy=True)
+    t = rule.tree
+    when = t.gated
+    truth, done = ce.block(when, lazy=True)
     _judged(truth, ce)
     if not truth.any():
-        return []  # `all` never holds anywhere: the rest cannot make the rule fire
-    any_done: list[Evaluated] = []
-    if when.get("any"):
-        any_truth, any_done = ce.any_of(list(when["any"]))
-        truth &= any_truth
-    truth &= ce.facts_hold(list(rule.doc.get("facts") or []))[:, None]
-    step = ce.ev.frame.step or 1.0
-    for_steps = int(round(rule.duration(when.get("for", "0s")) / step))
+        return []  # the conditions never hold anywhere: the rest cannot make the rule fire
+    truth &= ce.facts_hold(t.facts)[:, None]
+    for_steps = int(round(when.hold * rule.time_scale / (ce.ev.frame.step or 1.0)))
     truth = ce.bridge_outages(truth)
     runs = run_lengths(truth)
-    crit, warn = _critical(rule, ce), _critical(rule, ce, "warning_when")
-    resolved = _critical(rule, ce, "resolved_when")
+    crit, warn, resolved = (ce.block(b)[0] if b else None for b in (t.critical_when, t.warning_when, t.resolved_when))
     # `moderate_unless`: the branch that observes the mechanism; a finding without it is inferred
-    direct = ce.all_of([rule.doc["moderate_unless"]])[0] if rule.doc.get("moderate_unless") else None
+    direct = ce.all_of([t.moderate_unless])[0] if t.moderate_unless else None
     out = []
     for gi in map(int, np.flatnonzero(truth.any(axis=1))):  # a group never true cannot fire
         span = latest_run(truth[gi], runs[gi], for_steps)
         if span is None:
             continue
-        found = _finding(rule, ce, gi, span, all_done + any_done, crit, levers, None, warn)
+        found = _finding(rule, ce, gi, span, done, crit, levers, None, warn)
         if direct is not None and not direct[gi, span[0] : span[1] + 1].any():
             found = replace(found, confidence="moderate")
         if resolved is not None and not found.active and resolved[gi, span[0] :].any():
@@ -290,22 +284,9 @@ def _judged(truth: np.ndarray, ce: ConditionEvaluator) -> None:
 def _resolved(rule: Rule, f: Finding) -> Finding:
     """An episode that ended after its own lever was pulled (`resolved_when` held between its onset
     and the window's end, e.g. the fleet scaled out): kept as a record at `info`, not a warning."""
-    from dataclasses import replace
-
-    note = (rule.doc.get("resolved_when") or {}).get("note") or "resolved"
+    note = (rule.tree.resolved_when or tree.Block()).note or "resolved"
     drop = 100 * (SEVERITY_RANK[f.severity] - SEVERITY_RANK["info"])
     return replace(f, severity="info", score=round(f.score - drop, 3), summary=f"{f.summary} (resolved: {note})")
-
-
-def _critical(rule: Rule, ce: ConditionEvaluator, key: str = "critical_when") -> np.ndarray | None:
-    """bool [G, T] where the rule's `critical_when` (or `warning_when`, `resolved_when`) holds; None without one."""
-    block = rule.doc.get(key)
-    if not block:
-        return None
-    truth, _ = ce.all_of(list(block.get("all") or []))
-    if block.get("any"):
-        truth &= ce.any_of(list(block["any"]))[0]
-    return truth
 
 
 def _finding(
@@ -330,12 +311,13 @@ def _finding(
         severity = "critical"
     evidence = _evidence(rule, ce, gi, span, done)
     where = {k: v for k, v in zip(rule.by, ce.keys[gi], strict=True) if v}
-    spec = int(rule.doc.get("specificity", 2))
+    meta = rule.tree.meta
+    spec = int(meta.get("specificity", 2))
     strength = _strength(done, gi, span)
     base = 100 * SEVERITY_RANK[severity] + 10 * spec + strength
     return Finding(
         rule_id=rule.id,
-        levers_md=str(rule.doc.get("levers_md", "")),
+        levers_md=str(meta.get("levers_md", "")),
         title=rule.title,
         severity=severity,
         where=where,
@@ -348,22 +330,21 @@ def _finding(
         summary=_summary(rule, evidence),
         evidence=tuple(evidence),
         levers=tuple(_levers(rule, levers)),
-        citations=tuple(rule.doc.get("citations") or ()),
+        citations=tuple(meta.get("citations") or ()),
         cascade=cascade,
-        false_positives=tuple(rule.doc.get("false_positives") or ()),
+        false_positives=tuple(meta.get("false_positives") or ()),
         params={k: v for k, v in rule.params.items()},
         specificity=spec,
-        confidence=str(rule.doc.get("confidence", "high")),
-        confirm=str(rule.doc.get("confirm", "")),
-        defers_to=tuple(str(x) for x in rule.doc.get("defers_to") or ()),
+        confidence=str(meta.get("confidence", "high")),
+        confirm=str(meta.get("confirm", "")),
+        defers_to=tuple(str(x) for x in meta.get("defers_to") or ()),
     )
 
 
 def _critical_stages(rule: Rule) -> set[str]:
-    cas = rule.doc.get("cascade") or {}
-    names = [s["name"] for s in cas.get("stages", [])]
-    at = cas.get("critical_at")
-    return set(names[names.index(at) :]) if at in names else set()
+    cas = rule.tree.cascade
+    names = [s.name for s in cas.stages] if cas else []
+    return set(names[names.index(cas.critical_at) :]) if cas and cas.critical_at in names else set()
 
 
 def _stat(values: np.ndarray, stat: str, ts: np.ndarray) -> tuple[float | None, float | None]:
@@ -384,25 +365,23 @@ def _evidence(
 ) -> list[Evidence]:
     start, end = span
     ts = ce.ev.frame.ts[start : end + 1]
-    thresholds = {str(e.cond["series"]): e for e in done if "value" in e.cond}
+    thresholds = {e.cond.series: e.cond for e in done if isinstance(e.cond.right, tree.Value)}
     out = []
-    for item in rule.doc.get("evidence") or []:
-        name = str(item["series"])
-        row = ce.ev.aligned(name, rule.by, ce.keys)[gi, start : end + 1]
-        stat = str(item.get("stat", "last"))
-        value, at = _stat(row, stat, ts)
-        cond = thresholds.get(name)
+    for item in rule.tree.evidence:
+        row = ce.ev.aligned(item.series, rule.by, ce.keys)[gi, start : end + 1]
+        value, at = _stat(row, item.stat, ts)
+        cond = thresholds.get(item.series)
         out.append(
             Evidence(
-                name=str(item.get("name", name)),
+                name=item.name,
                 value=None if value is None else round(value, 6),
-                unit=str(item.get("unit", "")),
-                series=promql(rule, name, ce.ev.frame.step, _held(ce.ev.frame)),
+                unit=item.unit,
+                series=promql(rule, item.series, ce.ev.frame.step, _held(ce.ev.frame)),
                 at=at,
-                threshold=_threshold(rule, cond.cond) if cond else None,
-                op=str(cond.cond["op"]) if cond else None,
-                stat=stat,
-                key=name,
+                threshold=cond.threshold() if cond else None,
+                op=cond.op if cond else None,
+                stat=item.stat,
+                key=item.series,
             )
         )
     return out
@@ -412,13 +391,6 @@ def _held(frame: Frame) -> float:
     """Seconds of data the frame's grid spans (the longest range any window can reach)."""
     start, end = frame.window
     return end - start
-
-
-def _threshold(rule: Rule, cond: dict[str, Any]) -> float | None:
-    value = rule.resolve(cond["value"])
-    if value is None:
-        return None
-    return float(value) * float(rule.resolve(cond.get("times", 1.0))) + float(rule.resolve(cond.get("plus", 0.0)))
 
 
 def _strength(done: list[Evaluated], gi: int, span: tuple[int, int]) -> float:
@@ -441,8 +413,8 @@ def _strength(done: list[Evaluated], gi: int, span: tuple[int, int]) -> float:
 
 def _summary(rule: Rule, evidence: list[Evidence]) -> str:
     """The rule's summary with evidence values filled in; the title when a value it names is absent."""
-    text = str(rule.doc.get("summary", rule.title))
-    values = {str(item["series"]): ev.value for item, ev in zip(rule.doc.get("evidence") or [], evidence, strict=False)}
+    text = str(rule.tree.meta.get("summary", rule.title))
+    values = {item.series: ev.value for item, ev in zip(rule.tree.evidence, evidence, strict=False)}
     try:
         fields = {f for _, f, _, _ in string.Formatter().parse(text) if f}
         if any(values.get(f) is None for f in fields):
@@ -454,7 +426,7 @@ def _summary(rule: Rule, evidence: list[Evidence]) -> str:
 
 def _levers(rule: Rule, levers: dict[str, Lever]) -> list[Any]:
     out = []
-    for i, ref in enumerate(rule.doc.get("levers") or [], start=1):
+    for i, ref in enumerate(rule.tree.meta.get("levers") or [], start=1):
         lever = levers.get(str(ref["id"]))
         if lever is not None:
             out.append(lever.advice(i, str(ref.get("direction", "review"))))
@@ -463,23 +435,19 @@ def _levers(rule: Rule, levers: dict[str, Lever]) -> list[Any]:
 
 # ---------------------------------------------------------------------------- cascades
 def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> list[Finding]:
-    cas = rule.doc["cascade"]
-    stages = list(cas["stages"])
-    names = [str(s["name"]) for s in stages]
+    cas = rule.tree.cascade
+    assert cas is not None
+    names = [s.name for s in cas.stages]
     step = ce.ev.frame.step or 1.0
-    default_for = rule.resolve(cas.get("for", "0s"))
-    slack = int(round(rule.duration(cas.get("slack", "0s")) / step))
+    slack = int(round(cas.slack * rule.time_scale / step))
     evaluated = []
-    for s in stages:
-        truth, done = ce.all_of(list(s.get("all") or []))
-        if s.get("any"):
-            any_truth, any_done = ce.any_of(list(s["any"]))
-            truth, done = truth & any_truth, done + any_done
+    for stage in cas.stages:
+        truth, done = ce.block(stage)
         _judged(truth, ce)
-        for_steps = int(round(rule.duration(s.get("for", default_for)) / step))
+        for_steps = int(round(stage.hold * rule.time_scale / step))
         truth = ce.bridge_outages(truth)
         evaluated.append((truth, run_lengths(truth), for_steps, done))
-    fire_at = names.index(str(cas.get("fire_at", names[1] if len(names) > 1 else names[0])))
+    fire_at = names.index(cas.fire_at)
     ts = ce.ev.frame.ts
     out = []
     for gi in range(len(ce.keys)):
@@ -515,10 +483,10 @@ def _stage_onsets(evaluated: list, gi: int, slack: int) -> list[int | None]:
 
 
 def _cascade_info(
-    cas: dict[str, Any], names: list[str], onsets: list[int | None], last: int, ts: np.ndarray
+    cas: tree.Cascade, names: list[str], onsets: list[int | None], last: int, ts: np.ndarray
 ) -> CascadeInfo:
     times = {n: (float(ts[o]) if o is not None else None) for n, o in zip(names, onsets, strict=True)}
-    root, symptom = times.get(str(cas.get("root", names[0]))), times.get(str(cas.get("symptom", names[-1])))
+    root, symptom = times.get(cas.root), times.get(cas.symptom)
     lead = symptom - root if root is not None and symptom is not None else None
     return CascadeInfo(stage=last + 1, stage_name=names[last], stages_total=len(names), onsets=times, lead_time_s=lead)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,13 +20,8 @@ from kvscope.diagnoser.evaluate.buckets import bucket_layout, group_buckets
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler
 from kvscope.diagnoser.promql.signals import CanonicalSignals
-from kvscope.diagnoser.rulebook.grammar import (
-    CHANGES_SETTLE,
-    SIGNAL_FORMS,
-    ExprError,
-    node_form,
-    node_signal,
-)
+from kvscope.diagnoser.rulebook import tree
+from kvscope.diagnoser.rulebook.grammar import ExprError
 from kvscope.diagnoser.rulebook.rule import Rule
 
 
@@ -47,13 +42,14 @@ class SeriesEvaluator:
 
     def __init__(self, rule: Rule, frame: Frame) -> None:
         self.rule, self.frame = rule, frame
-        self.nodes: dict[str, dict[str, Any]] = rule.series
+        self.nodes: dict[str, tree.Node] = rule.tree.series
         self._cache: dict[str, Grouped] = {}
         self._aligned: dict[tuple, tuple[list, np.ndarray]] = {}
         self._active: set[str] = set()
 
     def by_of(self, name: str) -> tuple[str, ...]:
-        return tuple(self.nodes[name].get("by", self.rule.by))
+        by = self.nodes[name].by
+        return self.rule.by if by is None else by
 
     def get(self, name: str) -> Grouped:
         """The named series at its own grouping."""
@@ -70,13 +66,13 @@ class SeriesEvaluator:
                 self._active.discard(name)
             if self.frame.profile is not None:
                 node = self.nodes[name]
-                key = ("node", self.rule.id, name, node_form(node), node_signal(node) or "")
+                key = ("node", self.rule.id, name, type(node).__name__.lower(), getattr(node, "signal", ""))
                 self.frame.profile[key] = self.frame.profile.get(key, 0.0) + time.process_time() - t0
         return self._cache[name]
 
     def _required(self, g: Grouped) -> Grouped:
         """Drop groups with an empty value for a label the rule requires (`require_labels`)."""
-        idx = [g.by.index(label) for label in self.rule.doc.get("require_labels") or [] if label in g.by]
+        idx = [g.by.index(label) for label in self.rule.tree.require_labels if label in g.by]
         if not idx or not g.keys:
             return g
         keep = [i for i, k in enumerate(g.keys) if all(k[j] for j in idx)]
@@ -98,37 +94,28 @@ class SeriesEvaluator:
         return out
 
     # ------------------------------------------------------------------ forms
-    def _evaluate(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        form = node_form(node)
+    def _evaluate(self, node: tree.Node, by: tuple[str, ...]) -> Grouped:
+        form = getattr(self, f"_form_{type(node).__name__.lower()}")
         cache = self.frame.cache
-        if form not in SIGNAL_FORMS or cache is None:
-            return getattr(self, f"_form_{form}")(node, by)
-        key = (
-            repr(sorted((k, repr(self.rule.resolve(v))) for k, v in node.items() if k != "by")),
-            by,
-            self.rule.time_scale,
-        )
+        if not isinstance(node, tree.Signal) or cache is None:
+            return form(node, by)
+        key = (replace(node, by=None), by, self.rule.time_scale)
         if key not in cache:
-            cache[key] = getattr(self, f"_form_{form}")(node, by)
+            cache[key] = form(node, by)
         hit = cache[key]
         return Grouped(hit.by, hit.keys, hit.values)
 
-    def _steps(self, node: dict[str, Any], key: str = "range", default: str = "5m") -> int:
-        step = self.frame.step or 1.0
-        return max(1, int(round(self.rule.duration(node.get(key, default)) / step)))
+    def _k(self, seconds: float) -> int:
+        """A rule duration (time-scaled) in whole grid steps, at least one."""
+        return max(1, int(round(seconds * self.rule.time_scale / (self.frame.step or 1.0))))
 
     def _rows(
-        self,
-        name: str,
-        by: tuple[str, ...],
-        extra: tuple[str, ...] = (),
-        match: dict[str, Any] | None = None,
-        seen: bool = False,
+        self, name: str, by: tuple[str, ...], extra: tuple[str, ...] = (), match: tree.Match = (), seen: bool = False
     ) -> tuple[list, np.ndarray, np.ndarray]:
         """Group keys, row -> group index and the values of a block's matching rows (with `seen`,
         the values as they were before failed scrapes made some stale)."""
         cache = self.frame.cache
-        key = ("rows", name, by, extra, repr(sorted((match or {}).items()))) + (("seen",) if seen else ())
+        key = ("rows", name, by, extra, match) + (("seen",) if seen else ())
         if cache is not None and key in cache:
             return cache[key]
         out = self._group_rows(name, by, extra, match, seen)
@@ -136,10 +123,10 @@ class SeriesEvaluator:
             cache[key] = out
         return out
 
-    def _adjusted(self, name: str, match: dict[str, Any] | None, values: np.ndarray) -> np.ndarray | None:
+    def _adjusted(self, name: str, match: tree.Match, values: np.ndarray) -> np.ndarray | None:
         """Reset-adjusted counters of a block (cached), None when series have gaps."""
         cache = self.frame.cache
-        key = ("adjusted", name, repr(sorted((match or {}).items())))
+        key = ("adjusted", name, match)
         if cache is not None and key in cache:
             return cache[key]
         adj = grid.reset_adjusted(values)
@@ -148,7 +135,7 @@ class SeriesEvaluator:
         return adj
 
     def _counter_rates(
-        self, name: str, match: dict[str, Any] | None, values: np.ndarray, k: int, per_second: bool = True
+        self, name: str, match: tree.Match, values: np.ndarray, k: int, per_second: bool = True
     ) -> np.ndarray:
         step = self.frame.step or 1.0
         adj = self._adjusted(name, match, values)
@@ -162,7 +149,7 @@ class SeriesEvaluator:
         return inc
 
     def _group_rows(
-        self, name: str, by: tuple[str, ...], extra: tuple[str, ...], match: dict[str, Any] | None, seen: bool = False
+        self, name: str, by: tuple[str, ...], extra: tuple[str, ...], match: tree.Match, seen: bool = False
     ) -> tuple[list, np.ndarray, np.ndarray]:
         block = self.frame.block(name)
         empty: tuple[list, np.ndarray, np.ndarray] = [], np.zeros(0, dtype=np.int64), np.zeros((0, len(self.frame.ts)))
@@ -171,8 +158,7 @@ class SeriesEvaluator:
         values = block.seen if seen and block.seen is not None else block.values
         keep = None
         if match:
-            allowed = {k: {str(x) for x in (v if isinstance(v, list) else [v])} for k, v in match.items()}
-            tests = [(self._label_column(name, k), ok) for k, ok in allowed.items()]
+            tests = [(self._label_column(name, k), set(ok)) for k, ok in match]
             keep = [i for i in range(len(block.labels)) if all(col[i] in ok for col, ok in tests)]
             if not keep:
                 return empty
@@ -200,39 +186,35 @@ class SeriesEvaluator:
     def _empty(self, by: tuple[str, ...]) -> Grouped:
         return Grouped(by, [], np.zeros((0, len(self.frame.ts))))
 
-    def _form_gauge(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        keys, inv, values = self._rows(str(node["gauge"]), by, match=node.get("match"))
+    def _form_gauge(self, node: tree.Gauge, by: tuple[str, ...]) -> Grouped:
+        keys, inv, values = self._rows(node.signal, by, match=node.match)
         if not keys:
             return self._empty(by)
-        return Grouped(by, keys, grid.reduce_groups(values, inv, len(keys), node.get("agg", "sum")))
+        return Grouped(by, keys, grid.reduce_groups(values, inv, len(keys), node.agg))
 
-    def _form_rate(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        name, match = str(node["rate"]), node.get("match")
+    def _sum_rates(self, name: str, match: tree.Match, rng: float, by: tuple[str, ...]) -> Grouped:
         keys, inv, values = self._rows(name, by, match=match)
         if not keys:
             return self._empty(by)
-        rates = self._counter_rates(name, match, values, self._steps(node, default="1m"))
+        rates = self._counter_rates(name, match, values, self._k(rng))
         return Grouped(by, keys, grid.reduce_groups(rates, inv, len(keys), "sum"))
 
-    def _form_increase(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        g = self._form_rate(
-            {"rate": node["increase"], "range": node.get("range", "5m"), "match": node.get("match")}, by
-        )
-        g.values = g.values * self._steps(node) * (self.frame.step or 1.0)
+    def _form_rate(self, node: tree.Rate, by: tuple[str, ...]) -> Grouped:
+        g = self._sum_rates(node.signal, node.match, node.rng, by)
+        if node.increase:
+            g.values = g.values * self._k(node.rng) * (self.frame.step or 1.0)
         return g
 
-    def _form_mean(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        name, rng = str(node["mean"]), node.get("range", "5m")
-        s = self._form_rate({"rate": name + "_sum", "range": rng, "match": node.get("match")}, by)
-        c = self._form_rate({"rate": name + "_count", "range": rng, "match": node.get("match")}, by)
+    def _form_mean(self, node: tree.Mean, by: tuple[str, ...]) -> Grouped:
+        s = self._sum_rates(node.signal + "_sum", node.match, node.rng, by)
+        c = self._sum_rates(node.signal + "_count", node.match, node.rng, by)
         if not s.keys or not c.keys:
             return self._empty(by)
         return Grouped(by, s.keys, _guarded_ratio(s.values, align(c, by, s.keys), 0.0))
 
-    def _form_count(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        distinct = tuple(node.get("distinct", ["instance"]))
+    def _form_count(self, node: tree.Count, by: tuple[str, ...]) -> Grouped:
         # a replica whose scrape failed is still a replica: counted as the lookback sees it
-        keys, inv, values = self._rows(str(node["count"]), by, distinct, match=node.get("match"), seen=True)
+        keys, inv, values = self._rows(node.signal, by, node.distinct, match=node.match, seen=True)
         if not keys:
             return self._empty(by)
         present = grid.reduce_groups(values, inv, len(keys), "count") > 0
@@ -240,26 +222,25 @@ class SeriesEvaluator:
         counts = grid.reduce_groups(np.where(present, 1.0, np.nan), inv2, len(outer), "sum")
         return Grouped(by, outer, counts)
 
-    def _form_resets(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
+    def _form_resets(self, node: tree.Resets, by: tuple[str, ...]) -> Grouped:
         """Counter resets (process restarts) in the trailing range, summed over the group."""
-        keys, inv, values = self._rows(str(node["resets"]), by, match=node.get("match"))
+        keys, inv, values = self._rows(node.signal, by, match=node.match)
         if not keys:
             return self._empty(by)
-        counts = grid.resets(values, self._steps(node, default="10m"))
+        counts = grid.resets(values, self._k(node.rng))
         return Grouped(by, keys, grid.reduce_groups(counts, inv, len(keys), "sum"))
 
-    def _form_quantile(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        name, match = str(node["histogram"]) + "_bucket", node.get("match")
+    def _form_quantile(self, node: tree.Quantile, by: tuple[str, ...]) -> Grouped:
+        name, match = node.signal + "_bucket", node.match
         keys, inv, values = self._rows(name, by, ("le",), match=match)
         if not keys:
             return self._empty(by)
-        k = self._steps(node)
-        q = float(self.rule.resolve(node["quantile"]))
+        k, q = self._k(node.rng), node.q
         adj = self._adjusted(name, match, values)
         if adj is not None and adj.shape[1] >= 2:
             return Grouped(by, *self._dense_quantiles(q, name, match, by, keys, inv, adj, k))
         cache = self.frame.cache
-        ckey = ("bucket_increase", name, by, repr(sorted((match or {}).items())), k)
+        ckey = ("bucket_increase", name, by, match, k)
         if cache is not None and ckey in cache:
             summed, key_rows = cache[ckey]
         else:
@@ -278,7 +259,7 @@ class SeriesEvaluator:
         self,
         q: float,
         name: str,
-        match: dict[str, Any] | None,
+        match: tree.Match,
         by: tuple[str, ...],
         keys: list,
         inv: np.ndarray,
@@ -291,116 +272,83 @@ class SeriesEvaluator:
         histogram, range and grouping (p50 next to p99) come out of the same pass, and a
         quantile is computed once for every grouping that puts the same rows in the same groups."""
         cache = self.frame.cache if self.frame.cache is not None else {}
-        mkey = repr(sorted((match or {}).items()))
-        lkey = ("bucket_layout", name, by, mkey)
+        lkey = ("bucket_layout", name, by, match)
         if lkey not in cache:
             cache[lkey] = bucket_layout(keys, inv, adj, len(by))
         groups, source, sets = cache[lkey]
+        qs = sorted({q} | self._sibling_quantiles(name, match, by, k))
         if len(sets) == 1 and len(sets[0][1]) == len(groups):  # one bound set: no assembly
             les, gis, rows = sets[0]
-            pkey: tuple[Any, ...] = (name, mkey, k, rows.shape, rows.tobytes(), gis.tobytes(), id(source))
+            pkey: tuple[Any, ...] = (name, match, k, rows.shape, rows.tobytes(), gis.tobytes(), id(source))
             if ("bucket_quantile_all", q, pkey) not in cache:
-                qs = sorted({q} | self._sibling_quantiles(name, match, by, k))
                 for qq, values in zip(qs, grid.window_quantiles(qs, les, source, rows, k, gis), strict=True):
                     cache[("bucket_quantile_all", qq, pkey)] = values
             return groups, cache[("bucket_quantile_all", q, pkey)]
         out = np.full((len(groups), adj.shape[1]), np.nan)
         for les, gis, rows in sets:
-            pkey = (name, mkey, k, rows.shape, rows.tobytes(), id(source))
+            pkey = (name, match, k, rows.shape, rows.tobytes(), id(source))
             if ("bucket_quantile", q, pkey) not in cache:
-                qs = sorted({q} | self._sibling_quantiles(name, match, by, k))
                 for qq, values in zip(qs, grid.window_quantiles(qs, les, source, rows, k), strict=True):
                     cache[("bucket_quantile", qq, pkey)] = values
             out[gis] = cache[("bucket_quantile", q, pkey)]
         return groups, out
 
-    def _sibling_quantiles(
-        self, bucket_name: str, match: dict[str, Any] | None, by: tuple[str, ...], k: int
-    ) -> set[float]:
+    def _sibling_quantiles(self, bucket_name: str, match: tree.Match, by: tuple[str, ...], k: int) -> set[float]:
         """Quantiles this rule asks of the same histogram, match, grouping and range."""
-        out = set()
-        for name, node in self.nodes.items():
-            if "quantile" not in node or f"{node.get('histogram')}_bucket" != bucket_name:
-                continue
-            try:
-                if node.get("match") == match and self.by_of(name) == by and self._steps(node) == k:
-                    out.add(float(self.rule.resolve(node["quantile"])))
-            except (TypeError, ValueError, KeyError):
-                continue  # a sibling that cannot be evaluated is its own node's error
-        return out
+        return {
+            n.q
+            for name, n in self.nodes.items()
+            if isinstance(n, tree.Quantile) and n.signal + "_bucket" == bucket_name and n.match == match
+            if self.by_of(name) == by and self._k(n.rng) == k
+        }
 
-    def _pair(self, node: dict[str, Any], form: str, by: tuple[str, ...]) -> tuple[list, np.ndarray, np.ndarray]:
-        a_name, b_name = (str(x) for x in node[form])
-        a, b = self.get(a_name), self.get(b_name)
+    def _form_pair(self, node: tree.Pair, by: tuple[str, ...]) -> Grouped:
+        a, b = self.get(node.a), self.get(node.b)
+        if node.op == "coalesce":  # the first series where it has a value, else the second (`A or B`)
+            if not a.keys or not b.keys:
+                return a if a.keys else b
         fine = a if len(a.by) >= len(b.by) else b
-        keys = fine.keys
-        return keys, align(a, fine.by, keys), align(b, fine.by, keys)
-
-    def _form_ratio(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        keys, a, b = self._pair(node, "ratio", by)
-        min_den = float(self.rule.resolve(node.get("min_den", 0.0)))
-        return Grouped(self._fine_by(node, "ratio"), keys, _guarded_ratio(a, b, min_den))
-
-    def _form_sum(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        keys, a, b = self._pair(node, "sum", by)
-        return Grouped(self._fine_by(node, "sum"), keys, a + b)
-
-    def _form_coalesce(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        """The first series where it has a value, else the second (PromQL `A or B`)."""
-        a_name, b_name = (str(x) for x in node["coalesce"])
-        a, b = self.get(a_name), self.get(b_name)
-        if not a.keys:
-            return b
-        if not b.keys:
-            return a
-        fine = a if len(a.by) >= len(b.by) else b
-        keys = sorted(set(a.keys) | set(b.keys)) if a.by == b.by else fine.keys
+        keys = sorted(set(a.keys) | set(b.keys)) if node.op == "coalesce" and a.by == b.by else fine.keys
         av, bv = align(a, fine.by, keys), align(b, fine.by, keys)
-        return Grouped(fine.by, keys, np.where(np.isnan(av), bv, av))
+        if node.op == "ratio":
+            return Grouped(fine.by, keys, _guarded_ratio(av, bv, node.min_den))
+        if node.op == "coalesce":
+            return Grouped(fine.by, keys, np.where(np.isnan(av), bv, av))
+        return Grouped(fine.by, keys, {"sum": np.add, "diff": np.subtract, "product": np.multiply}[node.op](av, bv))
 
-    def _form_diff(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        keys, a, b = self._pair(node, "diff", by)
-        return Grouped(self._fine_by(node, "diff"), keys, a - b)
+    def _form_scale(self, node: tree.Scale, by: tuple[str, ...]) -> Grouped:
+        a = self.get(node.of)
+        return Grouped(a.by, a.keys, a.values * node.k)
 
-    def _form_product(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        keys, a, b = self._pair(node, "product", by)
-        return Grouped(self._fine_by(node, "product"), keys, a * b)
-
-    def _fine_by(self, node: dict[str, Any], form: str) -> tuple[str, ...]:
-        a, b = (self.get(str(x)) for x in node[form])
-        return a.by if len(a.by) >= len(b.by) else b.by
-
-    def _form_scale(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        a = self.get(str(node["scale"]))
-        return Grouped(a.by, a.keys, a.values * float(self.rule.resolve(node.get("by_value", 1.0))))
-
-    def _form_over_time(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        a = self.get(str(node["of"]))
-        values = grid.over_time(a.values, self._steps(node), str(node["over_time"]))
-        if node.get("offset"):  # the window ending `offset` earlier (an earlier level)
-            values = grid.shift(values, self._steps(node, key="offset"))
+    def _form_overtime(self, node: tree.OverTime, by: tuple[str, ...]) -> Grouped:
+        a = self.get(node.of)
+        values = grid.over_time(a.values, self._k(node.rng), node.agg)
+        if node.offset:  # the window ending `offset` earlier (an earlier level)
+            values = grid.shift(values, self._k(node.offset))
         return Grouped(a.by, a.keys, values)
 
-    def _form_deriv(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        a = self.get(str(node["deriv"]))
+    def _form_deriv(self, node: tree.Deriv | tree.Predict, by: tuple[str, ...]) -> Grouped:
+        a = self.get(node.of)
         # a slope needs three points: a range scaled below that (a short log or recording) reads three
-        k = max(self._steps(node, default="10m"), grid.DERIV_MIN_POINTS)
-        return Grouped(a.by, a.keys, grid.deriv(a.values, k, self.frame.step or 1.0))
+        k = max(self._k(node.rng), grid.DERIV_MIN_POINTS)
+        ahead = node.ahead * self.rule.time_scale if isinstance(node, tree.Predict) else None
+        return Grouped(a.by, a.keys, grid.deriv(a.values, k, self.frame.step or 1.0, ahead=ahead))
 
-    def _form_changes(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        a = self.get(str(node["changes"]))
-        settle = self._steps(node, key="settle", default=CHANGES_SETTLE)
-        return Grouped(a.by, a.keys, grid.changes(a.values, self._steps(node, default="15m"), settle))
+    _form_predict = _form_deriv
 
-    def _form_aggregate(self, node: dict[str, Any], by: tuple[str, ...]) -> Grouped:
-        a = self.get(str(node["of"]))
+    def _form_changes(self, node: tree.Changes, by: tuple[str, ...]) -> Grouped:
+        a = self.get(node.of)
+        return Grouped(a.by, a.keys, grid.changes(a.values, self._k(node.rng), self._k(node.settle)))
+
+    def _form_aggregate(self, node: tree.Aggregate, by: tuple[str, ...]) -> Grouped:
+        a = self.get(node.of)
         if not set(by) <= set(a.by):
             raise ExprError(f"aggregate by {list(by)} is not a subset of {list(a.by)}")
         if not a.keys:
             return self._empty(by)
         pos = [a.by.index(k) for k in by]
         keys, inv = grid.group_index([tuple(k[i] for i in pos) for k in a.keys])
-        return Grouped(by, keys, grid.reduce_groups(a.values, inv, len(keys), str(node["aggregate"])))
+        return Grouped(by, keys, grid.reduce_groups(a.values, inv, len(keys), node.agg))
 
 
 def align(g: Grouped, by: tuple[str, ...], keys: list[tuple[str, ...]]) -> np.ndarray:

@@ -455,8 +455,11 @@ def shift(values: np.ndarray, k: int) -> np.ndarray:
 DERIV_MIN_POINTS = 3
 
 
-def deriv(values: np.ndarray, k: int, step: float, min_points: int = DERIV_MIN_POINTS) -> np.ndarray:
-    """Least-squares slope per second over a trailing window of k steps."""
+def deriv(
+    values: np.ndarray, k: int, step: float, min_points: int = DERIV_MIN_POINTS, ahead: float | None = None
+) -> np.ndarray:
+    """Least-squares slope per second over a trailing window of k steps; given `ahead` seconds,
+    the line's value that far past each point instead (PromQL `predict_linear`)."""
     m = (~np.isnan(values)).astype(float)
     x = np.arange(values.shape[1], dtype=float)[None, :] * m
     y = np.nan_to_num(values)
@@ -467,7 +470,11 @@ def deriv(values: np.ndarray, k: int, step: float, min_points: int = DERIV_MIN_P
     with np.errstate(invalid="ignore", divide="ignore"):
         slope = (n * sxy - sx * sy) / den / step
     slope[(n < min_points) | (den <= 0)] = np.nan
-    return slope
+    if ahead is None:
+        return slope
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = np.arange(values.shape[1], dtype=float)[None, :]
+        return sy / n + slope * ((t - sx / n) * step + ahead)
 
 
 def resets(values: np.ndarray, k: int) -> np.ndarray:

@@ -24,6 +24,7 @@ from typing import Any
 from kvscope.agent.signals import Catalog
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _number
 from kvscope.diagnoser.promql.signals import QUANTILE_BY, InlineSignals, quantile_key
+from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
 
 
@@ -35,14 +36,14 @@ def quantile_rules(rules: list[Rule], catalog: Catalog) -> list[dict[str, Any]]:
         if rule.missing_params():
             continue
         compiler = SeriesCompiler(rule, InlineSignals(catalog))
-        for name, node in rule.series.items():
-            if "quantile" not in node:
+        for name, node in rule.tree.series.items():
+            if not isinstance(node, tree.Quantile):
                 continue
             by = compiler.by_of(name)
             if compiler._matchers(node, ", ".join(by)):
                 continue
-            q = _number(rule.resolve(node["quantile"]))
-            key = quantile_key(str(node["histogram"]), q, compiler._range(node, "5m"), by)
+            q = _number(node.q)
+            key = quantile_key(node.signal, q, compiler._range(node.rng), by)
             if key in out:
                 continue
             try:

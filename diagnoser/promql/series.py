@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from kvscope.diagnoser.promql.signals import RecordedSignals, _escape_re
-from kvscope.diagnoser.rulebook.grammar import CHANGES_SETTLE
+from kvscope.diagnoser.promql.signals import PromQL, RecordedSignals, _escape_re
+from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule, parse_duration
 
 SUBQUERY_STEP = "15s"
@@ -23,6 +23,12 @@ SUBQUERY_STEP = "15s"
 
 class NotExpressible(Exception):
     """The rule (or one of its parts) has no faithful PromQL form; str() says why."""
+
+
+Part = tuple[str, int]
+"""PromQL text and its price (PromQL.cost)."""
+SUBQUERY_COST = 10
+"""A subquery's price beyond its inner expression's: the inner expression again at every step."""
 
 
 def _duration(value: Any) -> str:
@@ -90,7 +96,7 @@ class SeriesCompiler:
         trailing windows are (for an `offset` window, `held` minus the offset)."""
         self.rule = rule
         self.held = held
-        self.nodes: dict[str, dict[str, Any]] = rule.series
+        self.nodes: dict[str, tree.Node] = rule.tree.series
         self.rule_by = rule.by
         self.reader = reader or RecordedSignals()
         self.step = step
@@ -103,74 +109,35 @@ class SeriesCompiler:
 
     def by_of(self, name: str) -> tuple[str, ...]:
         node = self._node(name)
-        if "by" in node:
-            return tuple(node["by"])
-        refs = self._refs(node)
-        if refs and self._form(node) in ("ratio", "sum", "diff", "product", "coalesce"):
-            return max((self.by_of(r) for r in refs), key=len)
-        if refs:
-            return self.by_of(refs[0])
-        return self.rule_by
+        if node.by is not None:
+            return node.by
+        if isinstance(node, tree.Pair):
+            return max((self.by_of(r) for r in node.refs), key=len)
+        return self.by_of(node.refs[0]) if node.refs else self.rule_by
 
-    def expr(self, name: str) -> str:
+    def expr(self, name: str) -> PromQL:
+        """The series `name` in PromQL, with its grouping and its price (`PromQL.cost`)."""
         node = self._node(name)
-        form = self._form(node)
-        return getattr(self, f"_{form}")(node, ", ".join(self.by_of(name)))
+        by = self.by_of(name)
+        text, cost = getattr(self, f"_{type(node).__name__.lower()}")(node, ", ".join(by))
+        return PromQL(text, by, cost)
 
-    # ---------------------------------------------------------------- helpers
-    def _node(self, name: str) -> dict[str, Any]:
+    def _node(self, name: str) -> tree.Node:
         if name not in self.nodes:
             raise NotExpressible(f"unknown series {name!r}")
         return self.nodes[name]
 
-    @staticmethod
-    def _form(node: dict[str, Any]) -> str:
-        for form in (
-            "gauge",
-            "rate",
-            "increase",
-            "quantile",
-            "mean",
-            "count",
-            "resets",
-            "ratio",
-            "sum",
-            "diff",
-            "product",
-            "coalesce",
-            "scale",
-            "over_time",
-            "deriv",
-            "changes",
-            "aggregate",
-        ):
-            if form in node:
-                return form
-        raise NotExpressible(f"unknown series form {sorted(node)}")
-
-    @staticmethod
-    def _refs(node: dict[str, Any]) -> list[str]:
-        for key in ("ratio", "sum", "diff", "product", "coalesce"):
-            if key in node:
-                return [str(x) for x in node[key]]
-        for key in ("scale", "deriv", "changes"):
-            if key in node:
-                return [str(node[key])]
-        return [str(node["of"])] if "of" in node else []
-
-    def _range(self, node: dict[str, Any], default: str, reach: float | None = None) -> str:
-        """The node's range (or `default`), no longer than `reach` (default: `held`) seconds."""
-        text = self.dur(node.get("range", default))
+    def _range(self, seconds: float, reach: float | None = None) -> str:
+        """A range (rule seconds), no longer than `reach` (default: `held`) seconds."""
+        text = self.dur(seconds)
         limit = self.held if reach is None else reach
         if limit is not None and parse_duration(text) > limit:
             return _duration(max(self.step or 1.0, limit))
         return text
 
-    def dur(self, value: Any, least: int = 1) -> str:
+    def dur(self, seconds: float, least: int = 1) -> str:
         """A rule duration as PromQL: as written, or (with a step) scaled and in whole steps."""
-        if self.step is None and self.rule.time_scale == 1.0:
-            return _duration(self.rule.resolve(value))
-        seconds = self.rule.duration(value)
+        seconds *= self.rule.time_scale
         if self.step:
             seconds = max(least, int(round(seconds / self.step))) * self.step
         return _duration(seconds)
@@ -186,133 +153,126 @@ class SeriesCompiler:
             return f" on ({', '.join(by_a)}) group_right()"
         raise NotExpressible(f"series {a!r} and {b!r} share no grouping")
 
+    def subquery(self, inner: PromQL | str, rng: str, offset: str = "") -> tuple[str, int]:
+        """`(inner)[rng:step]` (with ` offset ...`) and its price: the inner expression again at
+        every step, ten times a selector."""
+        return f"({inner})[{rng}:{self.sub_step(rng)}]{offset}", getattr(inner, "cost", 1) + SUBQUERY_COST
+
     # ---------------------------------------------------------------- signal forms
-    def _read(self, node: dict[str, Any], series: str, by: str, fn: str | None = None, rng: str | None = None) -> str:
+    def _read(
+        self, node: tree.Signal | dict[str, Any], series: str, by: str, fn: str | None = None, rng: str | None = None
+    ) -> PromQL:
         """The canonical `series` (node `match` filter, `require_labels` guards), or `fn` of its
-        range `[rng]`, as the reader writes it."""
-        outer = "count_series" if "count" in node else str(node.get("agg", "sum")) if "gauge" in node else "sum"
+        range `[rng]`, as the reader writes it, with its price (a histogram's buckets ten times)."""
+        if isinstance(node, dict):  # pushdown/run.py passes the mapping (until the fleet path reads the tree)
+            node = tree.parse_node(node, self.rule.params, self.rule.path)
+        outer = "count_series" if isinstance(node, tree.Count) else node.agg if isinstance(node, tree.Gauge) else "sum"
         labels = tuple(b.strip() for b in by.split(",") if b.strip())
-        if "count" in node:
-            labels += tuple(str(d) for d in node.get("distinct", ["instance"]))
-        return self.reader.read(series, self._matchers(node, by), fn, rng, by=labels, outer=outer)
+        if isinstance(node, tree.Count):
+            labels += node.distinct
+        text = self.reader.read(series, self._matchers(node, by), fn, rng, by=labels, outer=outer)
+        cost = getattr(text, "cost", 1) * (10 if series.endswith("_bucket") else 1)
+        if not isinstance(text, PromQL):
+            return PromQL(text, (), cost)
+        text.cost = cost  # the reader's own new node (an `Aggregated` keeps its labels)
+        return text
 
-    def _matchers(self, node: dict[str, Any], by: str) -> list[tuple[str, str, str]]:
-        match = node.get("match") or {}
-        out = []
-        for label, allowed in sorted(match.items()):
-            values = allowed if isinstance(allowed, list) else [allowed]
-            out.append((label, "=~", "|".join(_escape_re(str(v)) for v in values)))
+    def _matchers(self, node: tree.Signal, by: str) -> list[tuple[str, str, str]]:
+        out = [(label, "=~", "|".join(_escape_re(v) for v in values)) for label, values in node.match]
         grouped = {b.strip() for b in by.split(",")}
-        out += [(label, "!=", "") for label in self.rule.doc.get("require_labels") or [] if label in grouped]
-        return out
+        return out + [(label, "!=", "") for label in self.rule.tree.require_labels if label in grouped]
 
-    def _gauge(self, node: dict[str, Any], by: str) -> str:
-        return _aggregate(str(node.get("agg", "sum")), by, self._read(node, node["gauge"], by))
+    def _gauge(self, node: tree.Gauge, by: str) -> Part:
+        text = self._read(node, node.signal, by)
+        return _aggregate(node.agg, by, text), text.cost
 
-    def _rate(self, node: dict[str, Any], by: str) -> str:
-        return _aggregate("sum", by, self._read(node, node["rate"], by, "rate", self._range(node, "1m")))
+    def _rate(self, node: tree.Rate, by: str) -> Part:
+        fn = "increase" if node.increase else "rate"
+        text = self._read(node, node.signal, by, fn, self._range(node.rng))
+        return _aggregate("sum", by, text), text.cost
 
-    def _increase(self, node: dict[str, Any], by: str) -> str:
-        return _aggregate("sum", by, self._read(node, node["increase"], by, "increase", self._range(node, "5m")))
-
-    def _quantile(self, node: dict[str, Any], by: str) -> str:
-        q = _number(self.rule.resolve(node["quantile"]))
+    def _quantile(self, node: tree.Quantile, by: str) -> Part:
+        q, rng = _number(node.q), self._range(node.rng)
+        labels = tuple(b.strip() for b in by.split(",") if b.strip())
         recorded = getattr(self.reader, "recorded_quantile", None)  # InlineSignals: its recording rule
         if recorded is not None and not self._matchers(node, by):  # `match` is among the matchers
-            expr = recorded(
-                str(node["histogram"]), q, self._range(node, "5m"), tuple(b.strip() for b in by.split(",") if b.strip())
-            )
+            expr = recorded(node.signal, q, rng, labels)
             if expr is not None:
-                return str(expr)
+                return str(expr), 1
         own = getattr(self.reader, "quantile", None)  # InlineSignals: each raw histogram's own, where one per group
         if own is not None:
-            labels = tuple(b.strip() for b in by.split(",") if b.strip())
-            expr = own(
-                str(node["histogram"]) + "_bucket",
-                self._matchers(node, _plus(by, "le")),
-                q,
-                self._range(node, "5m"),
-                labels,
-            )
+            expr = own(node.signal + "_bucket", self._matchers(node, _plus(by, "le")), q, rng, labels)
             if expr is not None:
-                return str(expr)
-        rates = self._read(node, str(node["histogram"]) + "_bucket", _plus(by, "le"), "rate", self._range(node, "5m"))
-        return f"histogram_quantile({q}, {_aggregate('sum', _plus(by, 'le'), rates)})"
+                return str(expr), 10
+        rates = self._read(node, node.signal + "_bucket", _plus(by, "le"), "rate", rng)
+        return f"histogram_quantile({q}, {_aggregate('sum', _plus(by, 'le'), rates)})", rates.cost
 
-    def _mean(self, node: dict[str, Any], by: str) -> str:
-        s, rng = str(node["mean"]), self._range(node, "5m")
-        return (
-            f"{_aggregate('sum', by, self._read(node, s + '_sum', by, 'rate', rng))}\n/\n"
-            f"({_aggregate('sum', by, self._read(node, s + '_count', by, 'rate', rng))} > 0)"
-        )
+    def _mean(self, node: tree.Mean, by: str) -> Part:
+        rng = self._range(node.rng)
+        s, c = (self._read(node, node.signal + x, by, "rate", rng) for x in ("_sum", "_count"))
+        return f"{_aggregate('sum', by, s)}\n/\n({_aggregate('sum', by, c)} > 0)", s.cost + c.cost
 
     resets_bridge_s: float = 0.0
     """Added to `resets` ranges (a prefilter): the evaluator counts a reset across a scrape gap of
     any length (values carried), PromQL only when the sample before the gap is inside the range."""
 
-    def _resets(self, node: dict[str, Any], by: str) -> str:
-        rng = self._range(node, "10m")
+    def _resets(self, node: tree.Resets, by: str) -> Part:
+        rng = self._range(node.rng)
         if self.resets_bridge_s:
             rng = _duration(parse_duration(rng) + self.resets_bridge_s)
-        return _aggregate("sum", by, self._read(node, node["resets"], by, "resets", rng))
+        text = self._read(node, node.signal, by, "resets", rng)
+        return _aggregate("sum", by, text), text.cost
 
-    def _count(self, node: dict[str, Any], by: str) -> str:
-        distinct = ", ".join(str(d) for d in node.get("distinct", ["instance"]))
-        return f"count by ({by}) (count by ({_plus(by, distinct)}) ({self._read(node, node['count'], by)}))"
+    def _count(self, node: tree.Count, by: str) -> Part:
+        text = self._read(node, node.signal, by)
+        return f"count by ({by}) (count by ({_plus(by, ', '.join(node.distinct))}) ({text}))", text.cost
 
     # ---------------------------------------------------------------- combinations
-    def _ratio(self, node: dict[str, Any], by: str) -> str:
-        a, b = (str(x) for x in node["ratio"])
-        min_den = float(self.rule.resolve(node.get("min_den", 0.0)))
-        guard = f"> {_number(min_den)}" if min_den <= 0 else f">= {_number(min_den)}"
-        return f"({self.expr(a)})\n/{self._join(a, b)}\n(({self.expr(b)}) {guard})"
+    def _pair(self, node: tree.Pair, by: str) -> Part:
+        a, b = self.expr(node.a), self.expr(node.b)
+        cost = a.cost + b.cost
+        if node.op == "ratio":
+            guard = f"> {_number(node.min_den)}" if node.min_den <= 0 else f">= {_number(node.min_den)}"
+            return f"({a})\n/{self._join(node.a, node.b)}\n(({b}) {guard})", cost
+        if node.op == "coalesce":
+            if set(a.by) != set(b.by):
+                raise NotExpressible(f"coalesce of {node.a!r} and {node.b!r} grouped differently")
+            return f"({a})\nor\n({b})", cost
+        op = {"sum": "+", "diff": "-", "product": "*"}[node.op]
+        return f"({a})\n{op}{self._join(node.a, node.b)}\n({b})", cost
 
-    def _coalesce(self, node: dict[str, Any], by: str) -> str:
-        a, b = (str(x) for x in node["coalesce"])
-        if set(self.by_of(a)) != set(self.by_of(b)):
-            raise NotExpressible(f"coalesce of {a!r} and {b!r} grouped differently")
-        return f"({self.expr(a)})\nor\n({self.expr(b)})"
+    def _scale(self, node: tree.Scale, by: str) -> Part:
+        a = self.expr(node.of)
+        return f"({a}) * {_number(node.k)}", a.cost
 
-    def _sum(self, node: dict[str, Any], by: str) -> str:
-        a, b = (str(x) for x in node["sum"])
-        return f"({self.expr(a)})\n+{self._join(a, b)}\n({self.expr(b)})"
+    def _overtime(self, node: tree.OverTime, by: str) -> Part:
+        if node.agg not in ("avg", "max", "min", "sum"):
+            raise NotExpressible(f"over_time {node.agg!r}")
+        off = f" offset {self.dur(node.offset)}" if node.offset else ""
+        reach = None if self.held is None or not off else self.held - parse_duration(self.dur(node.offset))
+        sub, cost = self.subquery(self.expr(node.of), self._range(node.rng, reach), off)
+        return f"{node.agg}_over_time({sub})", cost
 
-    def _diff(self, node: dict[str, Any], by: str) -> str:
-        a, b = (str(x) for x in node["diff"])
-        return f"({self.expr(a)})\n-{self._join(a, b)}\n({self.expr(b)})"
+    def _deriv(self, node: tree.Deriv, by: str) -> Part:
+        sub, cost = self.subquery(self.expr(node.of), self._range(node.rng))
+        return f"deriv({sub})", cost
 
-    def _product(self, node: dict[str, Any], by: str) -> str:
-        a, b = (str(x) for x in node["product"])
-        return f"({self.expr(a)})\n*{self._join(a, b)}\n({self.expr(b)})"
+    def _predict(self, node: tree.Predict, by: str) -> Part:
+        sub, cost = self.subquery(self.expr(node.of), self._range(node.rng))
+        return f"predict_linear({sub}, {_number(node.ahead * self.rule.time_scale)})", cost
 
-    def _scale(self, node: dict[str, Any], by: str) -> str:
-        return f"({self.expr(str(node['scale']))}) * {_number(self.rule.resolve(node.get('by_value', 1.0)))}"
-
-    def _over_time(self, node: dict[str, Any], by: str) -> str:
-        agg = str(node["over_time"])
-        if agg not in ("avg", "max", "min", "sum"):
-            raise NotExpressible(f"over_time {agg!r}")
-        off = f" offset {self.dur(node['offset'])}" if node.get("offset") else ""
-        reach = None if self.held is None or not off else self.held - parse_duration(self.dur(node["offset"]))
-        rng = self._range(node, "5m", reach)
-        return f"{agg}_over_time(({self.expr(str(node['of']))})[{rng}:{self.sub_step(rng)}]{off})"
-
-    def _deriv(self, node: dict[str, Any], by: str) -> str:
-        rng = self._range(node, "10m")
-        return f"deriv(({self.expr(str(node['deriv']))})[{rng}:{self.sub_step(rng)}])"
-
-    def _changes(self, node: dict[str, Any], by: str) -> str:
+    def _changes(self, node: tree.Changes, by: str) -> Part:
         # the engine's leading edge (grid.changes `settle`): a value counts only once the series
         # also existed `settle` earlier
-        inner = self.expr(str(node["changes"]))
-        settle = self.dur(node.get("settle", CHANGES_SETTLE))
-        earlier = f"last_over_time(({inner})[{self.sub}:{self.sub}] offset {settle})"
-        return f"changes((({inner})\nand\n{earlier})[{self._range(node, '15m')}:{self.sub}])"
+        inner = self.expr(node.of)
+        earlier = f"last_over_time(({inner})[{self.sub}:{self.sub}] offset {self.dur(node.settle)})"
+        rng = self._range(node.rng)
+        return f"changes((({inner})\nand\n{earlier})[{rng}:{self.sub}])", 2 * inner.cost + 2 * SUBQUERY_COST
 
-    def _aggregate(self, node: dict[str, Any], by: str) -> str:
-        agg, inner = str(node["aggregate"]), self.expr(str(node["of"]))
-        if agg == "median":
-            return f"quantile by ({by}) (0.5, {inner})"
-        if agg not in ("max", "min", "sum", "avg", "count"):
-            raise NotExpressible(f"aggregate {agg!r}")
-        return f"{agg} by ({by}) ({inner})"
+    def _aggregate(self, node: tree.Aggregate, by: str) -> Part:
+        inner = self.expr(node.of)
+        if node.agg == "median":
+            return f"quantile by ({by}) (0.5, {inner})", inner.cost
+        if node.agg not in ("max", "min", "sum", "avg", "count"):
+            raise NotExpressible(f"aggregate {node.agg!r}")
+        return f"{node.agg} by ({by}) ({inner})", inner.cost

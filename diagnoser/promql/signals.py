@@ -215,17 +215,32 @@ def _escape_re(text: str) -> str:
 # input would be: never to a subquery of the union.
 
 
-class Aggregated(str):
+class PromQL(str):
+    """PromQL text with what its compiler knew: `by`, the labels of its result series, and
+    `cost`, its rough price on the TSDB (a raw selector 1, a histogram's buckets 10, a subquery
+    the inner expression again plus 10), so callers need not read the text back."""
+
+    by: tuple[str, ...]
+    cost: int
+
+    def __new__(cls, text: str, by: tuple[str, ...] | list[str] = (), cost: int = 1) -> PromQL:
+        out = super().__new__(cls, text)
+        out.by, out.cost = tuple(by), cost
+        return out
+
+
+class Aggregated(PromQL):
     """A read its reader has already aggregated by exactly the labels `labels`, one series per
     label set (InlineSignals: each source summed or max-ed by the caller's grouping, joined with
-    `or`). A caller's `sum`/`max`/`min`/`avg by` over the same labels returns it unchanged, and
-    is left out (promql/series.py): Prometheus would aggregate every series again at every step."""
+    `or`; `cost` its sources). A caller's `sum`/`max`/`min`/`avg by` over the same labels returns
+    it unchanged, and is left out (promql/series.py): Prometheus would aggregate every series
+    again at every step."""
 
     labels: frozenset[str]
 
-    def __new__(cls, text: str, labels: list[str] | tuple[str, ...]) -> Aggregated:
-        out = super().__new__(cls, text)
-        out.labels = frozenset(labels)
+    def __new__(cls, text: str, labels: list[str] | tuple[str, ...], cost: int = 1) -> Aggregated:
+        out = str.__new__(cls, text)
+        out.by, out.cost, out.labels = tuple(labels), cost, frozenset(labels)
         return out
 
 
@@ -395,7 +410,7 @@ class InlineSignals:
             if suffix == "_bucket" and self.integer_le:
                 expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
             parts.append(f"{op} by ({clause}) ({expr})")
-        return Aggregated("(" + "\nor\n".join(parts) + ")", needed)
+        return Aggregated("(" + "\nor\n".join(parts) + ")", needed, len(parts))
 
     def _first(self, term: SourceTerm, needed: list[str], fn: str | None, suffix: str) -> list[str] | None:
         """The labels to aggregate a source by before relabelling it, where that is the same and

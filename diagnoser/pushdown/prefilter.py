@@ -25,29 +25,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvscope.agent.signals import Catalog
 from kvscope.diagnoser.promql.alerts import ConditionCompiler
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, SignalReader
-from kvscope.diagnoser.promql.signals import wire_names
-from kvscope.diagnoser.rulebook.grammar import CHANGES_SETTLE, node_form, node_refs
+from kvscope.diagnoser.promql.signals import PromQL, wire_names
+from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
 
 SLACK = 0.25
 """Share by which each prefilter comparison is loosened."""
 RESETS_BRIDGE_S = 3600.0
 """A counter reset is seen across a scrape gap of up to this long (a restart that took an hour)."""
-_DEFAULT_RANGE = {
-    "rate": "1m",
-    "increase": "5m",
-    "quantile": "5m",
-    "mean": "5m",
-    "resets": "10m",
-    "over_time": "5m",
-    "deriv": "10m",
-    "changes": "15m",
-}
 
 
 @dataclass(frozen=True)
@@ -71,13 +60,12 @@ class Prefilter:
     """`parts` with every selector narrowed to the given instances (None: the reader cannot)."""
 
 
-def conditions_of(rule: Rule) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def conditions_of(rule: Rule) -> tuple[tuple[tree.Cond, ...], tuple[tree.Cond, ...]]:
     """(`all` conditions, `any` conditions) the prefilter is built from (a cascade's root stage)."""
-    if "cascade" in rule.doc:
-        stages = rule.doc["cascade"].get("stages") or [{}]
-        return list(stages[0].get("all") or []), []
-    when = rule.doc.get("when") or {}
-    return list(when.get("all") or []), list(when.get("any") or [])
+    t = rule.tree
+    if t.cascade:
+        return (t.cascade.stages[0].all if t.cascade.stages else ()), ()
+    return (t.when.all, t.when.any) if t.when else ((), ())
 
 
 def compile_prefilter(
@@ -94,8 +82,8 @@ def compile_prefilter(
     series.resets_bridge_s = RESETS_BRIDGE_S
     cc = ConditionCompiler(rule, series, catalog, slack=slack)
     all_conds, any_conds = conditions_of(rule)
-    kept: list[tuple[str, tuple[str, ...]]] = []
-    compiled: list[dict[str, Any]] = []
+    kept: list[PromQL] = []
+    compiled: list[tree.Cond] = []
     dropped: list[str] = []
     for cond in all_conds:
         try:
@@ -105,7 +93,7 @@ def compile_prefilter(
         else:
             compiled.append(cond)
     kept = _chain_same_series(cc, compiled, kept)
-    anys = []
+    anys: list[PromQL] = []
     for cond in any_conds:
         try:
             anys.append(cc.condition(_without_absence(cond)))
@@ -115,8 +103,8 @@ def compile_prefilter(
             break
     facts, unread = fact_selectors(rule, catalog)
     dropped += unread
-    if not kept and anys and len({frozenset(b) for _, b in anys}) == 1:
-        kept, anys = [("\nor\n".join(f"({e})" for e, _ in anys), anys[0][1])], []
+    if not kept and anys and len({frozenset(e.by) for e in anys}) == 1:
+        kept, anys = [PromQL("\nor\n".join(f"({e})" for e in anys), anys[0].by, sum(e.cost for e in anys))], []
     if not kept:
         return Prefilter(
             rule.id,
@@ -128,12 +116,13 @@ def compile_prefilter(
             hold,
             facts=facts,
         )
-    kept.sort(key=lambda c: -len(c[1]))
-    (expr, by), rest = kept[0], kept[1:]
-    parts = [(expr, tuple(by))] + [(e, tuple(b)) for e, b in rest]
-    same = [e for e, b in anys if set(b) == set(by)]
+    kept.sort(key=lambda c: -len(c.by))
+    by = kept[0].by
+    parts = [(e, e.by) for e in kept]
+    same = [e for e in anys if set(e.by) == set(by)]
     if anys and len(same) == len(anys):
-        parts.append(("\n" + "\nor\n".join(f"({e})" for e in same) + "\n", tuple(by)))
+        ored = PromQL("\n" + "\nor\n".join(f"({e})" for e in same) + "\n", by, sum(e.cost for e in same))
+        parts.append((ored, by))
     elif anys:
         dropped.append("`any` branches on another grouping")
     out = f"({parts[0][0]})" + "".join(f"\nand{_on(by, b)}\n({e})" for e, b in parts[1:])
@@ -157,20 +146,18 @@ def _narrower(
     return narrowed
 
 
-def _chain_same_series(
-    cc: ConditionCompiler, conds: list[dict[str, Any]], kept: list[tuple[str, tuple[str, ...]]]
-) -> list[tuple[str, tuple[str, ...]]]:
+def _chain_same_series(cc: ConditionCompiler, conds: list[tree.Cond], kept: list[PromQL]) -> list[PromQL]:
     """Compiled `all` conditions with those comparing the same series (e.g. a spread above a
     floor and above its baseline) merged into one chain, so the TSDB computes the series once."""
     by_series: dict[str, list[int]] = {}
     for i, cond in enumerate(conds):
-        if "op" in cond and "series" in cond:
-            by_series.setdefault(str(cond["series"]), []).append(i)
+        if cond.right is not None:
+            by_series.setdefault(cond.series, []).append(i)
     out, merged = [], set()
     for i, part in enumerate(kept):
         if i in merged:
             continue
-        same = by_series.get(str(conds[i].get("series")), [i]) if "op" in conds[i] else [i]
+        same = by_series.get(conds[i].series, [i]) if conds[i].right is not None else [i]
         if len(same) > 1:
             try:
                 part = cc.chained([conds[j] for j in same])
@@ -187,14 +174,14 @@ def fact_selectors(rule: Rule, catalog: Catalog) -> tuple[tuple[str, ...], list[
     engine's info gauges anywhere in the window (an unknown fact fails), so an engine without such
     a series carrying that label value cannot fire. Tests on facts a static gauge's value carries,
     and other operators, are left out (a superset). Only for rules grouped by instance."""
-    tests = list(rule.doc.get("facts") or [])
+    tests = rule.tree.facts
     if not tests:
         return (), []
     if "instance" not in rule.by:
         return (), ["engine facts (checked by the evaluator)"]
     out, left = [], []
     for test in tests:
-        name = str(test.get("fact"))
+        name = test.fact
         static = any(f.fact == name for f in catalog.facts)
         info = sorted(
             {
@@ -204,10 +191,10 @@ def fact_selectors(rule: Rule, catalog: Catalog) -> tuple[tuple[str, ...], list[
                 for n in wire_names(f.name, "gauge")
             }
         )
-        if test.get("op", "==") != "==" or static or not info or not _LABEL.fullmatch(name):
+        if test.op != "==" or static or not info or not _LABEL.fullmatch(name):
             left.append(f"fact {name}: checked by the evaluator")
             continue
-        value = re.escape(str(rule.resolve(test["value"]))).replace("\\", "\\\\").replace('"', '\\"')
+        value = re.escape(test.value).replace("\\", "\\\\").replace('"', '\\"')
         out.append(f'{{__name__=~"{"|".join(re.escape(n) for n in info)}",{name}=~"(?i){value}"}}')
     return tuple(out), left
 
@@ -224,16 +211,9 @@ instead of 120 (the slack covers the difference); shorter ones (max over a minut
 def hold_steps(rule: Rule, step: float) -> int:
     """The rule's `for` in grid steps, as the evaluator rounds it (a cascade: its root stage's own
     `for`, else the cascade's); 0 when it cannot be read."""
-    try:
-        if "cascade" in rule.doc:
-            cas = rule.doc["cascade"] or {}
-            stages = cas.get("stages") or [{}]
-            hold = rule.duration(stages[0].get("for", cas.get("for", "0s")))
-        else:
-            hold = rule.duration((rule.doc.get("when") or {}).get("for", "0s"))
-    except (KeyError, ValueError, TypeError, AttributeError):
-        return 0
-    return max(0, int(round(hold / step)))
+    t = rule.tree
+    block = (t.cascade.stages[0] if t.cascade.stages else None) if t.cascade else t.when
+    return max(0, int(round((block.hold if block else 0.0) * rule.time_scale / step)))
 
 
 CONSECUTIVE = 3
@@ -254,8 +234,8 @@ def _duration(seconds: float) -> str:
     return fmt(seconds)
 
 
-def _without_absence(cond: dict[str, Any]) -> dict[str, Any]:
-    if cond.get("present") is False:
+def _without_absence(cond: tree.Cond) -> tree.Cond:
+    if cond.op == "absent":
         raise NotExpressible("an absence test")
     return cond
 
@@ -264,10 +244,12 @@ def _on(by: tuple[str, ...], other: tuple[str, ...]) -> str:
     return "" if set(other) == set(by) else f" on ({', '.join(other)})"
 
 
-def _describe(cond: dict[str, Any]) -> str:
-    if "fact" in cond:
-        return f"fact {cond['fact']}"
-    return f"{cond.get('series')} {cond.get('op', 'present')} {cond.get('value', cond.get('than', 'baseline'))}"
+def _describe(cond: tree.Cond) -> str:
+    r = cond.right
+    right = r.series if isinstance(r, tree.Than) else "baseline" if isinstance(r, tree.Baseline) else ""
+    if isinstance(r, tree.Value):
+        right = "null" if r.x is None else f"{r.x:g}"
+    return f"{cond.series} {cond.op} {right}".rstrip()
 
 
 def rule_reach(rule: Rule) -> float:
@@ -275,39 +257,21 @@ def rule_reach(rule: Rule) -> float:
     offsets, settles, nested), plus one range-query lookback-free margin of nothing: the
     frame's own lookback is the TSDB's, applied when the data is fetched."""
     memo: dict[str, float] = {}
+    nodes, scale = rule.tree.series, rule.time_scale
 
     def reach(name: str, seen: frozenset[str] = frozenset()) -> float:
         if name in memo:
             return memo[name]
-        node = rule.series.get(name)
+        node = nodes.get(name)
         if node is None or name in seen:
             return 0.0
-        form = node_form(node)
-        own = (
-            rule.duration(node["range"])
-            if "range" in node
-            else (rule.duration(_DEFAULT_RANGE[form]) if form in _DEFAULT_RANGE else 0.0)
-        )
-        if node.get("offset"):
-            own += rule.duration(node["offset"])
-        if form == "changes":
-            own += rule.duration(node.get("settle", CHANGES_SETTLE))
-        memo[name] = own + max((reach(r, seen | {name}) for r in node_refs(node)), default=0.0)
+        own = sum(getattr(node, f, 0.0) for f in ("rng", "offset", "settle")) * scale
+        memo[name] = own + max((reach(r, seen | {name}) for r in node.refs), default=0.0)
         return memo[name]
 
-    out = max((reach(n) for n in rule.series), default=0.0)
-    for cond in _every_condition(rule):
-        base = cond.get("baseline")
-        if isinstance(base, dict):
-            src = str(base.get("of", cond.get("series")))
-            out = max(
-                out, rule.duration(base.get("range", "30m")) + rule.duration(base.get("offset", "10m")) + reach(src)
-            )
+    out = max((reach(n) for n in nodes), default=0.0)
+    for cond in (c for b in rule.tree.blocks() for c in b.conds):
+        if isinstance(cond.right, tree.Baseline):
+            base = cond.right
+            out = max(out, (base.rng + base.offset) * scale + reach(base.of or cond.series))
     return out
-
-
-def _every_condition(rule: Rule) -> list[dict[str, Any]]:
-    doc = rule.doc
-    blocks = [doc.get(k) or {} for k in ("when", "warning_when", "critical_when", "resolved_when")]
-    blocks += list((doc.get("cascade") or {}).get("stages") or [])
-    return [c for b in blocks for key in ("all", "any") for c in (b.get(key) or []) if isinstance(c, dict)]

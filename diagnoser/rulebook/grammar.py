@@ -11,15 +11,11 @@ from typing import Any
 
 SIGNAL_FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count", "resets")
 """Forms that read a canonical signal from the frame."""
-SERIES_FORMS = ("ratio", "sum", "diff", "product", "coalesce", "scale", "over_time", "deriv", "changes", "aggregate")
+PAIR_FORMS = ("ratio", "sum", "diff", "product", "coalesce")
+"""Forms that combine two named series point by point."""
+SERIES_FORMS = (*PAIR_FORMS, "scale", "over_time", "deriv", "predict", "changes", "aggregate")
 """Forms that combine other named series."""
 FORMS = SIGNAL_FORMS + SERIES_FORMS
-CHANGES_SETTLE = "1m"
-"""Default leading edge of `changes` (its `settle`): how long after a series appears its value
-is not compared yet. Targets are first scraped at different phases of their scrape interval
-(up to a minute in common setups), so a count of series rises over that long when scraping
-starts; that rise is not a scaling event. Time-scaled like every rule duration, and never less
-than one grid step."""
 
 
 class ExprError(ValueError):
@@ -47,13 +43,13 @@ def node_signal(node: dict[str, Any]) -> str | None:
 def node_refs(node: dict[str, Any]) -> list[str]:
     """Named series an expression refers to."""
     form = node_form(node)
-    if form in ("ratio", "sum", "diff", "product", "coalesce"):
+    if form in PAIR_FORMS:
         return [str(x) for x in node[form]]
     if form == "scale":
         return [str(node["scale"])]
     if form in ("over_time", "aggregate"):
         return [str(node["of"])]
-    if form in ("deriv", "changes"):
+    if form in ("deriv", "predict", "changes"):
         return [str(node[form])]
     return []
 

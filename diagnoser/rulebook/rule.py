@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from kvscope.diagnoser.rulebook.tree import Tree, parse
 
 _DURATION = re.compile(r"^(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -100,17 +103,13 @@ class Rule:
 
     @property
     def series(self) -> dict[str, Any]:
+        """The `series` mappings as written (the pushdown reads them; backends read `tree`)."""
         return dict(self.doc.get("series") or {})
 
-    @property
-    def when(self) -> dict[str, Any]:
-        """`when`, with the rule's `mechanism` series above 0 added to `all`: a rule judges only
-        where the feature it reads runs (docs/rules.md "Is the mechanism on?")."""
-        when = dict(self.doc.get("when") or {})
-        mech = self.doc.get("mechanism")
-        if mech:
-            when["all"] = [*(when.get("all") or []), {"series": str(mech["series"]), "op": ">", "value": 0}]
-        return when
+    @cached_property
+    def tree(self) -> Tree:
+        """The rule parsed once into its typed tree (parameters resolved); RuleError if malformed."""
+        return parse(self.doc, self.params, self.path)
 
     def with_params(self, overrides: dict[str, Any]) -> Rule:
         """The same rule with some parameter values replaced (unknown names are ignored)."""
@@ -120,17 +119,10 @@ class Rule:
 
     def scaled(self, time_scale: float) -> Rule:
         """The same rule with every duration (for, ranges, baselines) multiplied by time_scale."""
-        return Rule(self.id, self.path, self.doc, dict(self.params), time_scale)
-
-    def duration(self, value: Any) -> float:
-        """A duration (literal or $param) in seconds, time-scaled."""
-        return parse_duration(self.resolve(value)) * self.time_scale
-
-    def resolve(self, value: Any) -> Any:
-        """`$name` -> the parameter's value; anything else unchanged."""
-        if isinstance(value, str) and value.startswith("$"):
-            return self.params[value[1:]]
-        return value
+        out = Rule(self.id, self.path, self.doc, dict(self.params), time_scale)
+        if "tree" in self.__dict__:  # durations are scaled at use: the same tree serves
+            out.__dict__["tree"] = self.tree
+        return out
 
     def nullable_params(self) -> int:
         """How many parameters default to null (values the user must supply, e.g. benchmarks)."""

@@ -186,7 +186,7 @@ def _check_node(rule: Rule, name: str, node: dict, form: str, known: set[str], s
         value = node.get(key, "sum")
         if value not in allowed:
             yield _issue(rule, node, f"series {name!r}: {key} {value!r} is not one of {list(allowed)}", key)
-    for key in ("range", "settle"):
+    for key in ("range", "settle", "ahead"):
         if key in node and not _PARAM.match(str(node[key])):
             try:
                 parse_duration(node[key])
@@ -392,7 +392,13 @@ VALIDATORS: tuple[Validator, ...] = (
 def validate_rule(rule: Rule, ctx: Context | None = None) -> list[RuleIssue]:
     """Issues of one rule."""
     ctx = ctx or Context(load_catalog(), load_levers())
-    return [issue for v in VALIDATORS for issue in v(rule, ctx)]
+    issues = [issue for v in VALIDATORS for issue in v(rule, ctx)]
+    if not issues:  # what the backends read: a part the checks above let through fails here
+        try:
+            _ = rule.tree  # parsed once, cached on the rule
+        except RuleError as exc:
+            issues.append(RuleIssue(exc.path or rule.path, exc.line or 1, exc.message))
+    return issues
 
 
 def validate_rules(directory: str | Path | None = None, ctx: Context | None = None) -> list[RuleIssue]:

@@ -12,8 +12,8 @@ def needed_signals(catalog: Catalog) -> dict[str, set[str]]:
     """signal -> where it is read ("rules", "dashboards", "prometheus")."""
     from kvscope.dashboards.registry import BOARDS
     from kvscope.diagnoser.promql.rulefiles import build_rule_files
-    from kvscope.diagnoser.rulebook.grammar import node_signal
     from kvscope.diagnoser.rulebook.rule import read_rules
+    from kvscope.diagnoser.rulebook.tree import Signal
 
     out: dict[str, set[str]] = {}
 
@@ -23,10 +23,9 @@ def needed_signals(catalog: Catalog) -> dict[str, set[str]]:
             out.setdefault(sig, set()).add(where)
 
     for rule in read_rules():
-        for node in rule.series.values():
-            sig = node_signal(node)
-            if sig:
-                add(sig, "rules")
+        for node in rule.tree.series.values():
+            if isinstance(node, Signal):
+                add(node.signal, "rules")
     for board in BOARDS:
         for panel in board.panels():
             for sig in panel.signals():

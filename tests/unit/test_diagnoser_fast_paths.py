@@ -247,10 +247,12 @@ def test_lazy_all_of_stops_once_nothing_holds_and_gives_the_same_truth():
     ev = SeriesEvaluator(rule, frame)
     keys = ev.get("p").keys
     ce = ConditionEvaluator(ev, ("instance",), keys, {})
+    from kvscope.diagnoser.rulebook.tree import Cond, Value
+
     conds = [
-        {"series": "p", "op": ">", "value": 0.2},
-        {"series": "p", "op": ">", "value": 1e9},
-        {"series": "p", "op": "<", "value": 100},
+        Cond("p", ">", Value(0.2)),
+        Cond("p", ">", Value(1e9)),
+        Cond("p", "<", Value(100)),
     ]
     eager, done_eager = ce.all_of(conds)
     lazy, done_lazy = ce.all_of(conds, lazy=True)

@@ -76,3 +76,13 @@ def test_cli_rules_check_exit_status(tmp_path, capsys):
     _copy_with(tmp_path, 'op: ">=", value: $kv_full', 'op: "=>", value: $kv_full')
     assert main(["rules", "check", "--rules-dir", str(tmp_path)]) == 1
     assert "unknown operator" in capsys.readouterr().out
+
+
+def test_a_part_only_the_typed_tree_reads_is_checked_at_its_line(tmp_path):
+    """`times` is not among the mapping checks; parsing the rule into its tree (what every backend
+    reads) reports it at the condition's line instead of failing at evaluation."""
+    msgs = _messages(_copy_with(tmp_path, 'op: ">=", value: $kv_full', 'op: ">=", value: $kv_full, times: lots'))
+    assert len(msgs) == 1, msgs
+    path, line, message = msgs[0].split(":", 2)
+    assert path.endswith("kv_pressure_preemption.yaml") and "times: not a number: 'lots'" in message
+    assert "times: lots" in (tmp_path / GOOD.name).read_text().splitlines()[int(line) - 1]
