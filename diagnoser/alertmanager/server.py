@@ -9,8 +9,8 @@
     GET  /-/healthy              200 while the process and its diagnosis worker run, else 503
     GET  /metrics                the receiver's own counters (kvscope_webhook_*), Prometheus text
 
-One worker diagnoses webhooks in arrival order: for each firing alert it reads the window from
-Prometheus (diagnoser/sources/prometheus.py), runs the rule engine, keeps the findings at the alert's
+One worker diagnoses webhooks in arrival order: for each firing alert it diagnoses the window
+through the fleet path (diagnoser/pushdown/run.py: the TSDB's candidate records), keeps the findings at the alert's
 place, stores the result, and POSTs the enriched payload to `forward_url` when one is set.
 Nothing here raises into the event loop: a bad webhook is a 400, a failed diagnosis or forward
 is recorded on the stored row.
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import numpy as np
 from aiohttp import web
 
 from kvscope.diagnoser.alertmanager.payload import (
@@ -41,7 +42,8 @@ from kvscope.diagnoser.alertmanager.payload import (
     select_findings,
 )
 from kvscope.diagnoser.alertmanager.store import DiagnosisStore
-from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
+from kvscope.diagnoser.evaluate.evaluator import sample_names
+from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources import SourceError
@@ -219,16 +221,28 @@ class WebhookServer:
     async def _diagnose_window(
         self, start: float, end: float
     ) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[str]]:
-        """Read the window with the Prometheus source (native engine names and kvscope_* series,
-        through the same dialects as a live scrape) and run every rule over it."""
+        """The fleet path over the window (diagnoser/pushdown/run.py: the TSDB's candidate records,
+        evidence where they held; rules without records judged on every engine's series)."""
+        from kvscope.diagnoser.pushdown.run import diagnose_fleet
+
         source = PrometheusSource(self.config.prometheus_url, timeout_s=30.0)
         try:
-            frame = await asyncio.to_thread(source.read_frame, self.names, start, end, self.config.step_s)
+            result, report = await asyncio.to_thread(
+                diagnose_fleet,
+                source.client,
+                start,
+                end,
+                self.config.step_s,
+                self.rules,
+                self.config.params,
+                None,
+                self.levers,
+                source.description,
+                source.catalog,
+            )
         except SourceError as exc:
             return {"likely_cause": None, "competing": [], "other": [], "skipped": []}, {}, [str(exc)]
-        result = await asyncio.to_thread(
-            diagnose, frame, self.rules, self.levers, self.config.params, source.description
-        )
+        frame = report.frame or Frame(ts=np.zeros(0))
         places = instance_places([dict(lbl) for block in frame.blocks.values() for lbl in block.labels])
         return result.to_dict(), places, []
 

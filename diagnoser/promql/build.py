@@ -33,8 +33,11 @@ def build_all(
     rules: list[Rule] | None = None,
     runbook_base: str = RUNBOOK_BASE,
     canonical: str = "used",
+    candidates: dict[str, tuple[str | None, str]] | None = None,
 ) -> Built:
-    """Compile the shipped (or given) diagnosis rules and build every file."""
+    """Compile the shipped (or given) diagnosis rules and build every file; `candidates`: their
+    loosened conditions (diagnoser/pushdown/candidates.py `candidate_exprs`) for
+    `kvscope-candidates.yml` (None leaves that file out)."""
     rules = read_rules() if rules is None else rules
     alerts, python_only = compile_rules(rules, runbook_base)
     note = _alerts_note(rules, python_only)
@@ -50,8 +53,9 @@ def build_all(
             "(diagnoser/promql/quantiles.py).",
         ),
     )
-    name, text = candidate_file(rules, load_catalog())
-    files[name] = text
+    if candidates is not None:
+        name, text = candidate_file(candidates)
+        files[name] = text
     files = dict(sorted(files.items()))
     exprs: dict[str, str] = {}
     for alert in alerts:  # the first (base-severity) rule of each alert

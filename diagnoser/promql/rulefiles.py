@@ -488,36 +488,14 @@ CANDIDATE_INTERVAL = "15s"
 """The candidate records' evaluation interval (docs/fleet.md: their cost on the TSDB)."""
 
 
-def candidate_exprs(rules: list[Any], catalog: Catalog) -> dict[str, tuple[str | None, str]]:
-    """{rule id: (its loosened condition as PromQL over the engines' own series, or None, and
-    the version label: a hash of that text, or why there is none)}, at the rules' defaults
-    and time scale 1. The fleet path compiles the same to know which records it can trust."""
-    import hashlib
-
-    from kvscope.diagnoser.promql.signals import InlineSignals
-    from kvscope.diagnoser.pushdown.prefilter import compile_prefilter
-
-    out: dict[str, tuple[str | None, str]] = {}
-    step = float(_seconds(CANDIDATE_INTERVAL))
-    for rule in rules:
-        if rule.missing_params():
-            out[rule.id] = (None, f"parameter(s) without a default: {', '.join(rule.missing_params())}")
-            continue
-        pre = compile_prefilter(rule, InlineSignals(catalog), catalog, step, narrow=False)
-        if pre.expr is None:
-            out[rule.id] = (None, "; ".join(pre.dropped))
-            continue
-        out[rule.id] = (pre.expr, hashlib.sha256(pre.expr.encode()).hexdigest()[:12])
-    return out
-
-
-def candidate_file(rules: list[Any], catalog: Catalog) -> tuple[str, str]:
-    """(file name, YAML text) of `kvscope-candidates.yml`: per diagnosis rule, its loosened
-    condition recorded as `kvscope:candidate{rule_id, <grouping>}` (present where it held) and
+def candidate_file(exprs: dict[str, tuple[str | None, str]]) -> tuple[str, str]:
+    """(file name, YAML text) of `kvscope-candidates.yml` from each rule's loosened condition
+    (diagnoser/pushdown/candidates.py `candidate_exprs`: rule id -> (PromQL or None, version or
+    why not)): recorded as `kvscope:candidate{rule_id, <grouping>}` (present where it held) and
     `kvscope:candidate_up{rule_id, version}` (1 at every evaluation: the span the records cover)."""
     rows: list[dict[str, Any]] = []
     left = []
-    for rid, (expr, version) in candidate_exprs(rules, catalog).items():
+    for rid, (expr, version) in exprs.items():
         if expr is None:
             left.append(f"  {rid}: {version}")
             continue
