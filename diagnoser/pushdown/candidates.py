@@ -50,8 +50,17 @@ def candidate_exprs(rules: list[Rule], catalog: Catalog) -> dict[str, tuple[str 
         if pre.expr is None:
             out[rule.id] = (None, "; ".join(pre.dropped))
             continue
-        out[rule.id] = (pre.expr, hashlib.sha256(pre.expr.encode()).hexdigest()[:12])
+        expr = pre.expr + "".join(
+            f"\nand on (instance)\ngroup by (instance) (last_over_time({sel}[{FACT_REACH}]))" for sel in pre.facts
+        )
+        out[rule.id] = (expr, hashlib.sha256(expr.encode()).hexdigest()[:12])
     return out
+
+
+FACT_REACH = "1h"
+"""A rule's `fact == value` tests (prefilter.py `fact_selectors`: the info gauges that carry the
+fact) hold for an engine with such a series in the last hour: the evaluator reads a fact from an
+engine's info series anywhere in the window, and engines export them from start to exit."""
 
 
 @dataclass(frozen=True)

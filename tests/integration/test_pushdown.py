@@ -213,6 +213,16 @@ def test_the_candidate_comparison_covers_what_it_did():
     assert all_rules - compared_rules <= UNCOMPARED_RULES, sorted(all_rules - compared_rules - UNCOMPARED_RULES)
 
 
+def _info_series(case, interval: float) -> list[dict[str, str]]:
+    """The case's engine facts as vLLM's info gauge (the record reads a fact from its labels)."""
+    steps = int(case.eval_time // interval) + 1
+    out = []
+    for instance, facts in sorted(case.facts.items()):
+        labels = ",".join(f'{k}="{v}"' for k, v in sorted({"instance": instance, **facts}.items()))
+        out.append({"series": f"vllm:cache_config_info{{{labels}}}", "values": f"1x{steps}"})
+    return out
+
+
 @pytest.mark.parametrize(("rule_path", "test_file", "case", "record", "judged", "fired"), COMPARED)
 def test_the_candidate_holds_wherever_the_evaluator_fires(rule_path, test_file, case, record, judged, fired, tmp_path):
     rule, expr = record
@@ -229,7 +239,7 @@ def test_the_candidate_holds_wherever_the_evaluator_fires(rule_path, test_file, 
         "tests": [
             {
                 "interval": f"{int(interval)}s",
-                "input_series": promtool_input_series(samples, interval),
+                "input_series": promtool_input_series(samples, interval) + _info_series(case, interval),
                 "promql_expr_test": [
                     {
                         "expr": f"group by (rule_id, {', '.join(by)}) (max_over_time(kvscope:candidate[{window}]))",
