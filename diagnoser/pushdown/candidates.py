@@ -164,8 +164,11 @@ def describe(hits: dict[str, Hits]) -> list[str]:
         f"fleet: {len(bad)} rule(s) judged on every engine's series (exact full fetch): "
         "no kvscope:candidate records of this rule version for part of the window:"
     ]
+    by_spans: dict[tuple, list[str]] = {}
     for rid, h in sorted(bad.items()):
-        out.append(f"  {rid}: " + ", ".join(f"{at(a)} - {at(b)}" for a, b in h.uncovered[:3]) + _more(h.uncovered))
+        by_spans.setdefault(tuple(h.uncovered), []).append(rid)
+    for spans, rids in by_spans.items():
+        out.append(f"  {', '.join(rids)}: " + ", ".join(f"{at(a)} - {at(b)}" for a, b in spans[:3]) + _more(spans))
     lo, hi = min(h.uncovered[0][0] for h in bad.values()), max(h.uncovered[-1][1] for h in bad.values())
     out.append(
         "  backfill them (docs/fleet.md): promtool tsdb create-blocks-from rules "
@@ -176,5 +179,5 @@ def describe(hits: dict[str, Hits]) -> list[str]:
     return out
 
 
-def _more(spans: list[Any]) -> str:
+def _more(spans: Any) -> str:
     return f" (+{len(spans) - 3} more)" if len(spans) > 3 else ""
