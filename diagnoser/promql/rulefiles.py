@@ -493,24 +493,24 @@ def candidate_file(exprs: dict[str, tuple[str | None, str]]) -> tuple[str, str]:
     (diagnoser/pushdown/candidates.py `candidate_exprs`: rule id -> (PromQL or None, version or
     why not)): recorded as `kvscope:candidate{rule_id, <grouping>}` (present where it held) and
     `kvscope:candidate_up{rule_id, version}` (1 at every evaluation: the span the records cover)."""
-    rows: list[dict[str, Any]] = []
+    groups: list[dict[str, Any]] = []
     left = []
     for rid, (expr, version) in exprs.items():
         if expr is None:
             left.append(f"  {rid}: {version}")
             continue
-        rows.append(record(CANDIDATE, expr, rule_id=rid))
-        rows.append(record(CANDIDATE_UP, "vector(1)", rule_id=rid, version=version))
+        rows = [record(CANDIDATE, expr, rule_id=rid), record(CANDIDATE_UP, "vector(1)", rule_id=rid, version=version)]
+        groups.append({"name": f"kvscope-candidates-{rid}", "interval": CANDIDATE_INTERVAL, "rules": rows})
     what = "\n# ".join(
         [
             "Per diagnosis rule, its condition loosened to a superset (diagnoser/pushdown/prefilter.py), recorded:",
             "kvscope diagnose --prometheus, the UI, the weekly report and the webhook read these in one query",
-            "and fetch evidence only where one held (docs/fleet.md). Rules without a PromQL form (judged on",
+            "and fetch evidence only where one held (docs/fleet.md). One group per rule: Prometheus evaluates",
+            "groups side by side, so one costly rule delays only itself. Rules without a PromQL form (judged on",
             "every engine's evidence):",
             *(left or ["  (none)"]),
         ]
     )
-    groups = [{"name": "kvscope-candidates", "interval": CANDIDATE_INTERVAL, "rules": rows}]
     return "kvscope-candidates.yml", render_rule_file(
         groups, HEADER.format(extra=" and rules/diagnosis/*.yaml", what=what)
     )

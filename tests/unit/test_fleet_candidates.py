@@ -93,7 +93,9 @@ def test_the_candidate_file_is_up_to_date_and_versions_each_rule() -> None:
     name, text = candidate_file(exprs)
     path = Path(__file__).resolve().parents[2] / "rules" / "prometheus" / name
     assert path.read_text() == text, f"{name} is stale: run `kvscope rules build`"
-    rows = yaml.safe_load(text)["groups"][0]["rules"]
+    groups = yaml.safe_load(text)["groups"]
+    assert all(len(g["rules"]) == 2 and g["interval"] == "15s" for g in groups)  # one group per rule
+    rows = [r for g in groups for r in g["rules"]]
     versions = {r["labels"]["rule_id"]: r["labels"]["version"] for r in rows if r["record"] == "kvscope:candidate_up"}
     assert versions == {rid: v for rid, (e, v) in exprs.items() if e is not None}
     assert len(versions) >= 45
