@@ -38,7 +38,7 @@ scaled by window / 15 min; --time-scale 1 turns that off.
 Prometheus: one fleet path. The rules' loosened conditions are recording rules the TSDB evaluates
 continuously (`kvscope rules build`: rules/prometheus/kvscope-candidates.yml); one range query reads
 them, and evidence is fetched and judged only for the engines and spans where one held long enough
-to fire (memory and time grow with what fired, not with the fleet). Rules whose records do not
+to fire (the client's time and memory grow with the candidates, not with the fleet). Rules whose records do not
 cover the window (installed later: backfill them, docs/fleet.md) are judged on every engine's
 series, and the output says which and when. --full-fetch judges every rule that way.
 Queries stay within Prometheus' limits: at most 11,000 points per series and, by estimate, half of
