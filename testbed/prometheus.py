@@ -169,7 +169,14 @@ def backfill_rules(
             timeout=timeout_s,
         )
         took = time.perf_counter() - t0
-    assert res.returncode == 0, f"promtool rule backfill failed:\n{(res.stdout + res.stderr)[-2000:]}"
-    for block in out.iterdir():
+    out_text = res.stdout + res.stderr
+    # a rule the TSDB refuses ("rule importer error") leaves its records out, the others are written
+    refused = res.returncode != 0 and all(
+        "rule importer error" in line or "error importing rules" in line
+        for line in out_text.splitlines()
+        if "error" in line.lower()
+    )
+    assert res.returncode == 0 or refused, f"promtool rule backfill failed:\n{out_text[-2000:]}"
+    for block in out.iterdir() if out.exists() else ():
         shutil.move(str(block), data / block.name)
     return took

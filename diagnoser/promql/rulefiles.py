@@ -483,7 +483,6 @@ def _slo_note(slo: SloConfig) -> str:
 # ---------------------------------------------------------------- candidates
 
 CANDIDATE = "kvscope:candidate"
-CANDIDATE_UP = "kvscope:candidate_up"
 CANDIDATE_INTERVAL = "15s"
 """The candidate records' evaluation interval (docs/fleet.md: their cost on the TSDB)."""
 
@@ -491,15 +490,18 @@ CANDIDATE_INTERVAL = "15s"
 def candidate_file(exprs: dict[str, tuple[str | None, str]]) -> tuple[str, str]:
     """(file name, YAML text) of `kvscope-candidates.yml` from each rule's loosened condition
     (diagnoser/pushdown/candidates.py `candidate_exprs`: rule id -> (PromQL or None, version or
-    why not)): recorded as `kvscope:candidate{rule_id, <grouping>}` (present where it held) and
-    `kvscope:candidate_up{rule_id, version}` (1 at every evaluation: the span the records cover)."""
+    why not)): recorded as `kvscope:candidate{rule_id, <grouping>}` (present where it held), with
+    `kvscope:candidate{rule_id, version}` from the same expression at every evaluation that
+    succeeded: the span the records cover (an evaluation the TSDB refused covers nothing)."""
     groups: list[dict[str, Any]] = []
     left = []
     for rid, (expr, version) in exprs.items():
         if expr is None:
             left.append(f"  {rid}: {version}")
             continue
-        rows = [record(CANDIDATE, expr, rule_id=rid), record(CANDIDATE_UP, "vector(1)", rule_id=rid, version=version)]
+        # the version series is part of the same expression: present exactly where it evaluated
+        sentinel = f'label_replace(vector(1), "version", "{version}", "", "")'
+        rows = [record(CANDIDATE, f"({expr})\nor\n{sentinel}", rule_id=rid)]
         groups.append({"name": f"kvscope-candidates-{rid}", "interval": CANDIDATE_INTERVAL, "rules": rows})
     what = "\n# ".join(
         [

@@ -2,9 +2,10 @@
 the rule's `for`.
 
 `kvscope rules build` writes each rule's loosened condition (prefilter.py) as a recording rule
-(`kvscope-candidates.yml`), evaluated every CANDIDATE_INTERVAL beside `kvscope:candidate_up`, which
-says when the records were evaluated and for which version of the rule. One range query at that
-interval reads both for every rule (`read_candidates`).
+(`kvscope-candidates.yml`), evaluated every CANDIDATE_INTERVAL; the same expression adds a series
+`{version=...}` at every evaluation that succeeded, which says when the records cover the window
+and for which version of the rule. One range query at that interval reads them for every rule
+(`read_candidates`).
 
 Where the evaluator's condition holds, the candidate's does too (a superset), so a run of the
 rule's `for` (hold + 1 grid points, `hold_s` seconds) holds the candidate at every evaluation
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from kvscope.agent.signals import Catalog
-from kvscope.diagnoser.promql.rulefiles import CANDIDATE, CANDIDATE_INTERVAL, CANDIDATE_UP, _seconds
+from kvscope.diagnoser.promql.rulefiles import CANDIDATE, CANDIDATE_INTERVAL, _seconds
 from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown.prefilter import compile_prefilter
 from kvscope.diagnoser.rulebook.rule import Rule
@@ -101,7 +102,7 @@ def read_candidates(
     start, end = float(grid[0]), float(grid[-1])
     times = np.arange(start, end + INTERVAL_S / 2, INTERVAL_S)
     ids = "|".join(sorted(versions))
-    expr = f'{{__name__=~"{CANDIDATE}|{CANDIDATE_UP}",rule_id=~"{ids}"}}'
+    expr = f'{CANDIDATE}{{rule_id=~"{ids}"}}'
     result = client.range_parts(expr, start, float(times[-1]), INTERVAL_S, what="candidate records")
     metrics, values = matrix_on_grid(result, start, INTERVAL_S, len(times))
     up: dict[str, np.ndarray] = {rid: np.zeros(len(times), dtype=bool) for rid in versions}
@@ -110,7 +111,7 @@ def read_candidates(
         rid = metric.get("rule_id", "")
         if rid not in versions:
             continue
-        if metric.get("__name__") == CANDIDATE_UP:
+        if "version" in metric:  # the record's own series: it evaluated, for this version of the rule
             if metric.get("version") == versions[rid]:
                 up[rid] |= ~np.isnan(row)
             continue
