@@ -141,8 +141,7 @@ def prom_dataset(engines: int, hours: float) -> Path:
         f"(load {info['backfill_load'][0]:.1f}-{info['backfill_load'][1]:.1f})",
         flush=True,
     )
-    versions = "".join(sorted(re.findall(r"version: (\w+)", CANDIDATES.read_text())))
-    rd = d / ("records-" + hashlib.sha256(versions.encode()).hexdigest()[:12])  # the records of these rules
+    rd = d / ("records-" + hashlib.sha256(CANDIDATES.read_bytes()).hexdigest()[:12])  # the records of these rules
     if not (rd / "meta.json").exists():  # the candidate records of the current rules, over the window
         shutil.rmtree(rd, ignore_errors=True)
         shutil.copytree(d / "data", rd / "data")
