@@ -1,45 +1,38 @@
-"""Benchmark: `kvscope diagnose --prometheus` on a fleet in a real TSDB, end to end, at several sizes.
+"""Benchmark: `kvscope diagnose --prometheus` (the fleet path) on a fleet in a real TSDB, end to end.
 
 The fleet is N vLLM engines x T from the real vLLM 0.32 /metrics capture
 (testbed/fleetgen/capture_fleet.py: the 204 series the catalog reads per engine, 15 s scrapes, a
 tenth of the engines through a KV-pressure episode from 55 % to 75 % of the span), with 1.1 h of
 data before the window (a live fleet has history, and the rules reach up to an hour back).
 
-TSDBs (say which one each number is from):
-* VictoriaMetrics 1.79 (Debian `victoria-metrics`), every size: the fleet is streamed into
-  `/api/v1/import` as JSON lines, 120 days earlier than the Prometheus copy (VictoriaMetrics
-  refuses samples far in the future). Its data directories are kept under $KVSCOPE_BENCH_CACHE
-  (/tmp/kvscope-bench-fleet2) between runs. It runs as it ships, with its rollup cache on, and
-  the cache is emptied before every timed command, so that no command reuses another's work
-  (`--vm-cache off`: `-search.disableCache`, what rounds 1-3 measured).
-* Prometheus 2.42 (Debian), the sizes of --prometheus: the fleet written as OpenMetrics and
-  backfilled with `promtool tsdb create-blocks-from openmetrics` (much slower to build).
-* With --recorded-quantiles, a copy of each --prometheus size with kvscope's recorded quantiles
-  (rules/prometheus/kvscope-quantiles.yml, diagnoser/promql/quantiles.py) backfilled the same way.
-* With --recording-rules, a copy of each with kvscope's canonical recording rules
-  (rules/prometheus/kvscope-canonical.yml) evaluated over the whole span: `promtool tsdb
-  create-blocks-from rules` for Prometheus (which evaluates rules only live), `vmalert
-  -replay.timeFrom/-replay.timeTo` (shipped in the Debian package) for VictoriaMetrics.
+The candidate records (rules/prometheus/kvscope-candidates.yml) are backfilled over the window as
+a live TSDB would have evaluated them every 15 s: `promtool tsdb create-blocks-from rules` for
+Prometheus 2.42 (Debian), `vmalert -replay` for VictoriaMetrics 1.79 (Debian; started with
+-search.maxQueryLen=131072: the longest candidate expression is 44 kB). Data directories are kept
+under $KVSCOPE_BENCH_CACHE (/tmp/kvscope-bench-fleet3) between runs.
 
-Measured per TSDB and size, in one run, each command a subprocess: the whole `kvscope diagnose
---prometheus URL --start S --end E --json --pushdown on` (wall, peak RSS, CPU seconds, what its
-summary line says it fetched), the named baseline: the old path's raw query (every raw series of
-every engine in one `query_range`, cut only where 11k points per series forces it, read with the
-json module as round 1's client did: HTTP + JSON only, the floor of what the old path cost), and
-with --compare the full fetch (`--pushdown off`), whose whole Diagnosis (findings, onsets,
-evidence, scores, skipped rules) must equal the pushdown's. The load average is printed with
-every number: the box is shared. `--repeat N` times the pushdown N times and reports the median
-(and the range): this box's speed changes by up to 2x within the hour.
+Measured per TSDB and size, in one run, each command a subprocess under GNU time: the whole
+`kvscope diagnose --prometheus URL --start S --end E --json` (wall, peak RSS, CPU seconds, what
+its summary says it read), the raw-fetch baseline (every raw series of every engine in one
+`query_range`, cut only where 11k points per series forces it, HTTP + json only: the floor of any
+client that fetches the fleet), and with --compare `--full-fetch` (the exact batched full fetch),
+whose whole Diagnosis must equal the fleet path's. Ratios are printed; the load average with
+every number (the box is shared).
 
-    .venv/bin/python bench/diagnose_fleet.py --sizes 50x1,100x1,200x1,200x6 --compare
-    .venv/bin/python bench/diagnose_fleet.py --sizes 100x1 --prometheus 100x1 --recording-rules
-    .venv/bin/python bench/diagnose_fleet.py --sizes "" --prometheus 200x6 --recorded-quantiles --compare
-    .venv/bin/python bench/diagnose_fleet.py --sizes 1000x6 --weekly 100x168
+--tsdb-cost N: the records' continuous cost. N engines' last 70 minutes, ending now, backfilled
+into a Prometheus that loads kvscope-candidates.yml and evaluates it live every 15 s; after a few
+evaluations, `prometheus_rule_group_last_duration_seconds` and the process' CPU seconds per
+evaluation, per 100 engines.
+
+    .venv/bin/python bench/diagnose_fleet.py --prometheus 100x1 --compare
+    .venv/bin/python bench/diagnose_fleet.py --prometheus 200x6 --victoria 1000x6
+    .venv/bin/python bench/diagnose_fleet.py --tsdb-cost 100,200
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -60,19 +53,19 @@ from kvscope.agent.signals import load_catalog  # noqa: E402
 from kvscope.diagnoser.evaluate.evaluator import sample_names  # noqa: E402
 from kvscope.diagnoser.rulebook.rule import read_rules  # noqa: E402
 from kvscope.diagnoser.sources.prometheus import selector_for  # noqa: E402
-from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, running_prometheus  # noqa: E402
-from testbed.victoria import reset_cache, running_victoria  # noqa: E402
+from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, backfill_rules, running_prometheus  # noqa: E402
+from testbed.victoria import replay_rules, reset_cache, running_victoria  # noqa: E402
 
-CACHE = Path(os.environ.get("KVSCOPE_BENCH_CACHE", "/tmp/kvscope-bench-fleet2"))
+CACHE = Path(os.environ.get("KVSCOPE_BENCH_CACHE", "/tmp/kvscope-bench-fleet3"))
 WINDOW_END = 1_800_000_000.0 + 8 * 3600
 WARMUP_S = 1.1 * 3600
 STEP = 15.0
-GOALS = {(100, 1.0): (5.0, None), (200, 6.0): (15.0, 1.0)}
+GOALS = {(1000, 6.0): (5.0, 0.5)}
 WEEKLY_GOAL_S = 30.0
 VM_SHIFT_S = -120 * 86400.0
 """VictoriaMetrics refuses samples far in the future: its copy of the fleet is 120 days earlier."""
-CANONICAL_RULES = ROOT / "rules" / "prometheus" / "kvscope-canonical.yml"
-QUANTILE_RULES = ROOT / "rules" / "prometheus" / "kvscope-quantiles.yml"
+CANDIDATES = ROOT / "rules" / "prometheus" / "kvscope-candidates.yml"
+VM_FLAGS = ("-search.maxQueryDuration=30m", "-search.maxQueryLen=131072")
 KVSCOPE = str(ROOT / ".venv" / "bin" / "kvscope")
 OLD_MAX_RESPONSE = 256 * 1024 * 1024
 """The old client refused answers over this size ("narrow the window or raise --step")."""
@@ -93,62 +86,36 @@ def span(hours: float, shift_s: float = 0.0) -> tuple[float, float, float]:
 
 
 # ------------------------------------------------------------------------------ datasets
-def vm_dataset(engines: int, hours: float, rules: bool = False) -> Path:
-    """A VictoriaMetrics data directory holding the fleet (imported once, kept)."""
+def vm_dataset(engines: int, hours: float) -> Path:
+    """A VictoriaMetrics data directory holding the fleet and its candidate records (kept)."""
     from testbed.fleetgen.capture_fleet import import_capture_fleet
 
-    d = CACHE / "vm" / (size_name(engines, hours) + ("-rules" if rules else ""))
+    d = CACHE / "vm" / size_name(engines, hours)
     meta = d / "meta.json"
     if not meta.exists():
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
-        first, _, end = span(hours, VM_SHIFT_S)
-        with running_victoria(d / "data", log_path=d / "import.log") as vm:
+        first, start, end = span(hours, VM_SHIFT_S)
+        with running_victoria(d / "data", *VM_FLAGS, log_path=d / "import.log") as vm:
             t0, l0 = time.perf_counter(), load()
             info = import_capture_fleet(vm.url, engines, first, end, STEP, shift_s=0.0)
             info.update(import_s=time.perf_counter() - t0, import_load=[l0, load()])
-            if rules:
-                t0 = time.perf_counter()
-                vmalert_replay(vm.url, first, end, d / "vmalert.log")
-                info.update(rules_s=time.perf_counter() - t0)
+            info.update(records_s=replay_rules(vm.url, CANDIDATES, start - 60, end, d / "vmalert.log"))
         info.pop("incident_instances", None)
         meta.write_text(json.dumps(info))
     info = json.loads(meta.read_text())
-    extra = f", vmalert replay of the canonical recording rules {info['rules_s']:.0f} s" if rules else ""
     print(
         f"  dataset {size_name(engines, hours)} (+{WARMUP_S / 3600:.1f} h before) on VictoriaMetrics: "
-        f"{info['samples']:,} samples, streamed import {info['import_s']:.0f} s "
-        f"({info['samples'] / info['import_s'] / 1e6:.1f} M samples/s, load {info['import_load'][0]:.1f}-"
-        f"{info['import_load'][1]:.1f}){extra}",
+        f"{info['samples']:,} samples, streamed import {info['import_s']:.0f} s; candidate records "
+        f"replayed by vmalert in {info['records_s']:.0f} s",
         flush=True,
     )
     return d / "data"
 
 
-def vmalert_replay(url: str, start: float, end: float, log: Path) -> None:
-    """kvscope's canonical recording rules evaluated over [start, end] at 15 s into VictoriaMetrics."""
-    iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
-    argv = [
-        "vmalert",
-        f"-rule={CANONICAL_RULES}",
-        f"-datasource.url={url}",
-        f"-remoteWrite.url={url}",
-        f"-replay.timeFrom={iso(start)}",
-        f"-replay.timeTo={iso(end)}",
-        "-evaluationInterval=15s",
-        "-replay.disableProgressBar",
-        "-replay.rulesDelay=0s",
-        "-replay.maxDatapointsPerQuery=10000",
-    ]
-    with log.open("w") as fh:
-        subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, check=True, timeout=7200)
-    urllib.request.urlopen(url + "/internal/force_flush", timeout=600).read()  # noqa: S310
-
-
-def prom_dataset(engines: int, hours: float, rules: bool = False, quantiles: bool = False) -> Path:
-    """A Prometheus data directory holding the fleet (OpenMetrics + promtool backfill, kept); with
-    `rules` a copy with the canonical recording rules backfilled, with `quantiles` one with the
-    recorded quantiles (rules/prometheus/kvscope-quantiles.yml)."""
+def prom_dataset(engines: int, hours: float) -> Path:
+    """A Prometheus data directory holding the fleet (OpenMetrics + promtool backfill) and its
+    candidate records (promtool rule backfill over the window), kept."""
     from testbed.fleetgen.capture_fleet import write_capture_fleet
 
     d = CACHE / "prom" / size_name(engines, hours)
@@ -156,7 +123,7 @@ def prom_dataset(engines: int, hours: float, rules: bool = False, quantiles: boo
     if not meta.exists():
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
-        first, _, end = span(hours)
+        first, start, end = span(hours)
         t0, l0 = time.perf_counter(), load()
         with (d / "fleet.om").open("w") as fh:
             info = write_capture_fleet(fh, engines, first, end, STEP)
@@ -171,44 +138,21 @@ def prom_dataset(engines: int, hours: float, rules: bool = False, quantiles: boo
     print(
         f"  dataset {size_name(engines, hours)} on Prometheus: {info['samples']:,} samples, OpenMetrics written in "
         f"{info['generate_s']:.0f} s, promtool backfill {info['backfill_s']:.0f} s "
-        f"({info['samples'] / info['backfill_s'] / 1e6:.2f} M samples/s, load {info['backfill_load'][0]:.1f}-"
-        f"{info['backfill_load'][1]:.1f})",
+        f"(load {info['backfill_load'][0]:.1f}-{info['backfill_load'][1]:.1f})",
         flush=True,
     )
-    if not rules and not quantiles:
-        return d / "data"
-    rule_file = QUANTILE_RULES if quantiles else CANONICAL_RULES
-    rd = d / ("with-quantiles" if quantiles else "with-rules")
-    if not (rd / "meta.json").exists():
+    rd = d / ("records-" + hashlib.sha256(CANDIDATES.read_bytes()).hexdigest()[:12])  # the records of these rules
+    if not (rd / "meta.json").exists():  # the candidate records of the current rules, over the window
         shutil.rmtree(rd, ignore_errors=True)
         shutil.copytree(d / "data", rd / "data")
-        first, _, end = span(hours)
-        t0 = time.perf_counter()
-        with running_prometheus(_config(d), d / "data", "--storage.tsdb.retention.time=100y") as prom:
-            res = subprocess.run(
-                [
-                    "promtool",
-                    "tsdb",
-                    "create-blocks-from",
-                    "rules",
-                    f"--start={int(first)}",
-                    f"--end={int(end)}",
-                    f"--url={prom.url}",
-                    f"--output-dir={rd / 'blocks'}",
-                    "--eval-interval=15s",
-                    str(rule_file),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=7200,
-            )
-        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-        for block in (rd / "blocks").iterdir():
-            shutil.move(str(block), rd / "data" / block.name)
-        (rd / "meta.json").write_text(json.dumps({"rules_s": time.perf_counter() - t0}))
+        _, start, end = span(hours)
+        l0 = load()
+        took = backfill_rules(_config(d), rd / "data", CANDIDATES, start - 60, end, timeout_s=7200)
+        (rd / "meta.json").write_text(json.dumps({"records_s": took, "load": [l0, load()]}))
+    rec = json.loads((rd / "meta.json").read_text())
     print(
-        f"  + {'recorded quantiles' if quantiles else 'canonical recording rules'} backfilled with promtool in "
-        f"{json.loads((rd / 'meta.json').read_text())['rules_s']:.0f} s",
+        f"  + candidate records backfilled by promtool in {rec['records_s']:.0f} s (load {rec['load'][0]:.1f}-"
+        f"{rec['load'][1]:.1f})",
         flush=True,
     )
     return rd / "data"
@@ -242,8 +186,8 @@ def run_child(argv: list[str]) -> dict:
     }
 
 
-def pushdown_summary(err: str) -> dict:
-    """Numbers from the pushdown's summary line on stderr."""
+def fleet_summary(err: str) -> dict:
+    """Numbers from the fleet path's summary line on stderr."""
     out: dict = {}
     m = re.search(r"evidence: (\d+) series, ([\d,]+) points", err)
     if m:
@@ -251,7 +195,11 @@ def pushdown_summary(err: str) -> dict:
     m = re.search(r"(\d+) queries, ([\d.]+) MB", err)
     if m:
         out["queries"], out["mb"] = int(m.group(1)), float(m.group(2))
-    for phase in ("prefilter", "evidence", "evaluate"):
+    m = re.search(r"(\d+) rules read from kvscope:candidate, (\d+) with candidates \((\d+) groups\)", err)
+    if m:
+        out["rules_read"], out["rules_fired"], out["groups"] = (int(x) for x in m.groups())
+    out["fallback"] = "exact full fetch" in err
+    for phase in ("candidates", "evidence", "evaluate"):
         m = re.search(rf"{phase} ([\d.]+) s", err)
         if m:
             out[phase + "_s"] = float(m.group(1))
@@ -329,7 +277,7 @@ def bench(
     fresh: Callable[[], None],
     repeat: int = 1,
 ) -> dict:
-    """One TSDB and size: the pushdown (`repeat` times, the median run kept), the baseline, and
+    """One TSDB and size: the fleet path (`repeat` times, the median run kept), the baseline, and
     with `compare` the full fetch. `fresh()` runs before each timed command (empties a cache)."""
     _, start, end = span(hours, shift_s)
     argv = [KVSCOPE, "diagnose", "--prometheus", url, "--start", f"{start:.0f}", "--end", f"{end:.0f}", "--json"]
@@ -337,12 +285,11 @@ def bench(
     runs = []
     for i in range(max(1, repeat)):
         print(
-            f"  {tsdb} {size_name(engines, hours)}: kvscope diagnose --pushdown on "
-            f"({i + 1}/{max(1, repeat)}, load {load():.1f}) ...",
+            f"  {tsdb} {size_name(engines, hours)}: kvscope diagnose ({i + 1}/{max(1, repeat)}, load {load():.1f}) ...",
             flush=True,
         )
         fresh()
-        runs.append(run_child(argv + ["--pushdown", "on"]))
+        runs.append(run_child(argv))
     walls = [r["wall_s"] for r in runs]
     got = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
     pushed = diagnosis(got["out"])
@@ -353,7 +300,7 @@ def bench(
         cpu_s=got["cpu_s"],
         exit=got["exit"],
         findings=n_findings(pushed),
-        **pushdown_summary(got["err"]),
+        **fleet_summary(got["err"]),
     )
     row["same_each_run"] = all(diagnosis(r["out"]) == pushed for r in runs)
     if pushed is None:
@@ -364,10 +311,10 @@ def bench(
     row.update(baseline_fetch(url, start, end, engines))
     if compare:
         print(
-            f"  {tsdb} {size_name(engines, hours)}: kvscope diagnose --pushdown off (load {load():.1f}) ...", flush=True
+            f"  {tsdb} {size_name(engines, hours)}: kvscope diagnose --full-fetch (load {load():.1f}) ...", flush=True
         )
         fresh()
-        full = run_child(argv + ["--pushdown", "off"])
+        full = run_child(argv + ["--full-fetch"])
         full_d = diagnosis(full["out"])
         row.update(
             full_wall_s=full["wall_s"],
@@ -401,13 +348,15 @@ def show(row: dict) -> str:
     line = (
         f"{row['tsdb']:24s} {name:>9s}: diagnose {row['wall_s']:6.2f} s{spread} (exit {row['exit']}, "
         f"{row['findings']} findings), client {row['cpu_s']:.2f} CPU-s, peak RSS {row['rss_gb']:.2f} GB; "
-        f"prefilter {row.get('prefilter_s', float('nan')):.1f} s, "
+        f"{row.get('rules_read', 0)} rules read from the records, {row.get('rules_fired', 0)} with "
+        f"{row.get('groups', 0)} candidate groups{' (SOME RULES FELL BACK)' if row.get('fallback') else ''}; "
+        f"candidates {row.get('candidates_s', float('nan')):.1f} s, "
         f"evidence {row.get('evidence_s', float('nan')):.1f} s "
         f"({row.get('evidence_points', 0):,} points), {row.get('queries', 0)} queries {row.get('mb', 0):.1f} MB; "
         f"TSDB peak RSS {row['tsdb_rss_gb']:.2f} GB | baseline raw fetch {row['baseline_s']:.2f} s "
         f"({row['baseline_points']:,} points, {row['baseline_mb']:.0f} MB"
         f"{BATCHED_NOTE if row['baseline_batched'] else ''}"
-        f"): {ratio:.1f}x"
+        f"): baseline/fleet {ratio:.1f}x"
     )
     if "full_wall_s" in row:
         if row.get("full_error"):
@@ -415,7 +364,9 @@ def show(row: dict) -> str:
         else:
             line += (
                 f" | full fetch {row['full_wall_s']:.2f} s, {row['full_rss_gb']:.2f} GB "
-                f"({row['full_wall_s'] / row['wall_s']:.1f}x), whole diagnosis identical: {row['identical']}"
+                f"(full/fleet {row['full_wall_s'] / row['wall_s']:.1f}x time, "
+                f"{row['full_rss_gb'] / row['rss_gb']:.1f}x RSS), "
+                f"whole diagnosis identical: {row['identical']}"
             )
     goal = GOALS.get((row["engines"], row["hours"]))
     if goal:
@@ -450,12 +401,12 @@ def growth(rows: list[dict]) -> None:
             )
 
 
-def weekly(engines: int, hours: float, rules: bool, cache: bool) -> dict:
+def weekly(engines: int, hours: float, cache: bool) -> dict:
     """`kvscope report weekly --prometheus` over the fleet's last 7 days, on VictoriaMetrics."""
-    data = vm_dataset(engines, hours, rules)
+    data = vm_dataset(engines, hours)
     _, _, end = span(hours, VM_SHIFT_S)
     out = CACHE / "weekly.md"
-    with running_victoria(data, "-search.maxQueryDuration=30m", log_path=data.parent / "vm.log", cache=cache) as vm:
+    with running_victoria(data, *VM_FLAGS, log_path=data.parent / "vm.log", cache=cache) as vm:
         print(f"  weekly report {size_name(engines, hours)} (load {load():.1f}) ...", flush=True)
         l0 = load()
         if cache:
@@ -489,7 +440,7 @@ def weekly(engines: int, hours: float, rules: bool, cache: bool) -> dict:
     if got["exit"] != 0:
         print("    | " + "\n    | ".join(got["err"].strip().splitlines()[-6:]))
     print(
-        f"weekly report {size_name(engines, hours)} on VictoriaMetrics{' (recording rules)' if rules else ''}"
+        f"weekly report {size_name(engines, hours)} on VictoriaMetrics"
         f" (rollup cache {'on, emptied first' if cache else 'off'}): "
         f"{row['wall_s']:.1f} s (exit {row['exit']}), client peak RSS {row['rss_gb']:.2f} GB, "
         f"{row['cpu_s']:.1f} CPU-s, TSDB peak RSS {row['tsdb_rss_gb']:.2f} GB; goal < {WEEKLY_GOAL_S:g} s: "
@@ -507,27 +458,84 @@ def parse_sizes(text: str) -> list[tuple[int, float]]:
     return out
 
 
+def tsdb_cost(engines: int, seconds: float = 75.0) -> dict:
+    """The candidate records' continuous cost: `engines` engines' last 70 minutes, ending now,
+    backfilled into a Prometheus that evaluates kvscope-candidates.yml live every 15 s."""
+    from testbed.fleetgen.capture_fleet import write_capture_fleet
+
+    d = CACHE / "cost" / str(engines)
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    now = time.time()
+    with (d / "fleet.om").open("w") as fh:
+        write_capture_fleet(fh, engines, now - 4200, now - 30, STEP)
+    backfill_openmetrics(d / "fleet.om", d / "data", timeout_s=3600)
+    (d / "fleet.om").unlink()
+    cfg = d / "prometheus.yml"
+    cfg.write_text(EMPTY_CONFIG + f"rule_files: [{CANDIDATES}]\n")
+    with running_prometheus(cfg, d / "data", "--storage.tsdb.retention.time=100y", log_path=d / "p.log") as prom:
+        time.sleep(10)
+        cpu0, l0 = sum(_own(prom.url, "process_cpu_seconds_total").values()), load()
+        it0 = _own(prom.url, "prometheus_rule_group_iterations_total", group=True)
+        time.sleep(seconds)
+        cpu1 = sum(_own(prom.url, "process_cpu_seconds_total").values())
+        it1 = _own(prom.url, "prometheus_rule_group_iterations_total", group=True)
+        durations = _own(prom.url, "prometheus_rule_group_last_duration_seconds", group=True)
+        held = _prom_value(prom.url, "count(kvscope:candidate)")
+        failed = sum(_own(prom.url, "prometheus_rule_evaluation_failures_total", group=True).values())
+        missed = sum(_own(prom.url, "prometheus_rule_group_iterations_missed_total", group=True).values())
+    n_evals = max(1.0, sum(it1.values()) - sum(it0.values())) / max(1, len(it1))  # per group
+    last = sum(durations.values())
+    slowest = sorted(durations.items(), key=lambda kv: -kv[1])[:3]
+    row = {
+        "engines": engines,
+        "last_duration_s": last,
+        "cpu_per_eval_s": (cpu1 - cpu0) / n_evals,
+        "iterations": n_evals,
+        "candidates_held": held,
+        "failures": failed,
+        "missed": missed,
+        "load": [l0, load()],
+    }
+    print(
+        f"records' cost, {engines} engines: one evaluation of the {len(durations)} candidate groups {last:.2f} s "
+        f"summed (prometheus_rule_group_last_duration_seconds; slowest "
+        + ", ".join(f"{k.split('kvscope-candidates-')[1].split(chr(34))[0]} {v:.2f} s" for k, v in slowest)
+        + f"), Prometheus CPU {row['cpu_per_eval_s']:.2f} s per "
+        f"evaluation ({n_evals:.0f} evaluations in {seconds:.0f} s, process CPU, nothing else to do) = "
+        f"{row['cpu_per_eval_s'] / 15:.2f} cores at 15 s; per 100 engines {row['cpu_per_eval_s'] * 100 / engines:.2f} "
+        f"CPU-s per evaluation; {held:.0f} candidate series held, {failed:.0f} failed, {missed:.0f} missed "
+        f"evaluations | load {l0:.1f}-{load():.1f}",
+        flush=True,
+    )
+    return row
+
+
+def _prom_value(url: str, expr: str) -> float:
+    body = json.loads(urllib.request.urlopen(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})).read())  # noqa: S310
+    result = body["data"]["result"]
+    return float(result[0]["value"][1]) if result else float("nan")
+
+
+def _own(url: str, name: str, group: bool = False) -> dict[str, float]:
+    """Samples of Prometheus' own /metrics named `name`, by label text (`group`: the candidate
+    groups' only)."""
+    text = urllib.request.urlopen(f"{url}/metrics").read().decode()  # noqa: S310
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name) and (not group or "kvscope-candidates" in line) and line[len(name)] in " {":
+            labels, value = line.rsplit(" ", 1)
+            out[labels] = float(value)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument(
-        "--sizes",
-        default="50x1,100x1,200x1,200x6",
-        help="engines x hours on VictoriaMetrics, comma-separated (default 50x1,100x1,200x1,200x6)",
-    )
-    ap.add_argument("--prometheus", default="", help="these sizes also on Prometheus 2.42 (promtool backfill)")
-    ap.add_argument(
-        "--recording-rules",
-        action="store_true",
-        help="also each TSDB with kvscope's canonical recording rules evaluated over the span",
-    )
-    ap.add_argument(
-        "--recorded-quantiles",
-        action="store_true",
-        help="also each --prometheus size with kvscope's recorded quantiles (kvscope-quantiles.yml) "
-        "backfilled over the span",
-    )
-    ap.add_argument("--compare", action="store_true", help="also the full fetch; the whole diagnosis must be equal")
+    ap.add_argument("--victoria", default="", help="engines x hours on VictoriaMetrics, comma-separated (e.g. 1000x6)")
+    ap.add_argument("--prometheus", default="", help="engines x hours on Prometheus 2.42 (e.g. 100x1,200x6)")
+    ap.add_argument("--compare", action="store_true", help="also --full-fetch; the whole diagnosis must be equal")
     ap.add_argument("--weekly", default="", help="engines x hours for `kvscope report weekly` (e.g. 100x168)")
+    ap.add_argument("--tsdb-cost", default="", help="engine counts whose live record evaluation to measure (100,200)")
     ap.add_argument(
         "--vm-cache",
         choices=("on", "off"),
@@ -535,48 +543,39 @@ def main() -> None:
         help="VictoriaMetrics' rollup cache: on as it ships, emptied before every timed command "
         "(default), or off (-search.disableCache)",
     )
-    ap.add_argument("--repeat", type=int, default=1, help="time the pushdown this many times, report the median")
+    ap.add_argument("--repeat", type=int, default=1, help="time the fleet path this many times, report the median")
     args = ap.parse_args()
     cache = args.vm_cache == "on"
     for binary in ("victoria-metrics", "prometheus", "promtool", "vmalert", "/usr/bin/time"):
         if shutil.which(binary) is None:
             sys.exit(f"{binary} not installed (scripts/setup.sh)")
-    print(
-        f"load average {load():.1f} on {os.cpu_count()} cores; kvscope from {ROOT}; VictoriaMetrics' rollup "
-        f"cache {'on (emptied before every timed command)' if cache else 'off'}",
-        flush=True,
-    )
+    print(f"load average {load():.1f} on {os.cpu_count()} cores; kvscope from {ROOT}", flush=True)
+    for n in filter(None, args.tsdb_cost.split(",")):
+        tsdb_cost(int(n))
     rows: list[dict] = []
-    variants = [False, True] if args.recording_rules else [False]
-    for engines, hours in parse_sizes(args.sizes):
-        for rules in variants:
-            data = vm_dataset(engines, hours, rules)
-            tsdb = "victoria-metrics" + (" +rules" if rules else "") + ("" if cache else " nocache")
-            with running_victoria(
-                data, "-search.maxQueryDuration=30m", log_path=data.parent / "vm.log", cache=cache
-            ) as vm:
-                fresh = (lambda url=vm.url: reset_cache(url)) if cache else (lambda: None)
-                rows.append(
-                    bench(tsdb, engines, hours, vm.url, vm.proc.pid, args.compare, VM_SHIFT_S, fresh, args.repeat)
-                )
-            print(show(rows[-1]), flush=True)
-    prom_variants = [(r, False) for r in variants] + ([(False, True)] if args.recorded_quantiles else [])
+    for engines, hours in parse_sizes(args.victoria):
+        data = vm_dataset(engines, hours)
+        tsdb = "victoria-metrics" + ("" if cache else " nocache")
+        with running_victoria(data, *VM_FLAGS, log_path=data.parent / "vm.log", cache=cache) as vm:
+            fresh = (lambda url=vm.url: reset_cache(url)) if cache else (lambda: None)
+            rows.append(bench(tsdb, engines, hours, vm.url, vm.proc.pid, args.compare, VM_SHIFT_S, fresh, args.repeat))
+        print(show(rows[-1]), flush=True)
     for engines, hours in parse_sizes(args.prometheus):
-        for rules, quantiles in prom_variants:
-            data = prom_dataset(engines, hours, rules, quantiles)
-            tsdb = "prometheus" + (" +rules" if rules else "") + (" +quantiles" if quantiles else "")
-            with running_prometheus(
-                _config(data.parent),
-                data,
-                "--storage.tsdb.retention.time=100y",
-                "--query.timeout=10m",
-                log_path=data.parent / "prometheus.log",
-            ) as prom:
-                rows.append(
-                    bench(tsdb, engines, hours, prom.url, prom.proc.pid, args.compare, 0.0, lambda: None, args.repeat)
+        data = prom_dataset(engines, hours)
+        with running_prometheus(
+            _config(data.parent),
+            data,
+            "--storage.tsdb.retention.time=100y",
+            "--query.timeout=10m",
+            log_path=data.parent / "prometheus.log",
+        ) as prom:
+            rows.append(
+                bench(
+                    "prometheus", engines, hours, prom.url, prom.proc.pid, args.compare, 0.0, lambda: None, args.repeat
                 )
-            print(show(rows[-1]), flush=True)
-    weekly_rows = [weekly(e, h, False, cache) for e, h in parse_sizes(args.weekly)]
+            )
+        print(show(rows[-1]), flush=True)
+    weekly_rows = [weekly(e, h, cache) for e, h in parse_sizes(args.weekly)]
     print("\nsummary:")
     for row in rows:
         print(show(row))

@@ -186,11 +186,11 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
     if source.kind == "prometheus" and not source.end:
         end = end // step_s * step_s  # on the step's lattice, as `diagnose --prometheus` asks
     try:
-        if source.kind == "prometheus":  # the rules run in the TSDB; evidence where they matched
-            from kvscope.diagnoser.pushdown.run import diagnose_pushdown
+        if source.kind == "prometheus":  # the fleet path: candidates from the TSDB, evidence where they held
+            from kvscope.diagnoser.pushdown.run import diagnose_fleet
 
             reader = PrometheusSource(source.location)
-            diagnosis, report = diagnose_pushdown(
+            diagnosis, report = diagnose_fleet(
                 reader.client,
                 end - source.since_s,
                 end,

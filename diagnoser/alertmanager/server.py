@@ -9,8 +9,8 @@
     GET  /-/healthy              200 while the process and its diagnosis worker run, else 503
     GET  /metrics                the receiver's own counters (kvscope_webhook_*), Prometheus text
 
-One worker diagnoses webhooks in arrival order: for each firing alert it reads the window from
-Prometheus (diagnoser/sources/prometheus.py), runs the rule engine, keeps the findings at the alert's
+One worker diagnoses webhooks in arrival order: for each firing alert it diagnoses the window
+through the fleet path (diagnoser/pushdown/run.py: the TSDB's candidate records), keeps the findings at the alert's
 place, stores the result, and POSTs the enriched payload to `forward_url` when one is set.
 Nothing here raises into the event loop: a bad webhook is a 400, a failed diagnosis or forward
 is recorded on the stored row.
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import numpy as np
 from aiohttp import web
 
 from kvscope.diagnoser.alertmanager.payload import (
@@ -41,7 +42,7 @@ from kvscope.diagnoser.alertmanager.payload import (
     select_findings,
 )
 from kvscope.diagnoser.alertmanager.store import DiagnosisStore
-from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
+from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.routing import SIGNALS as ROUTER_SIGNALS
 from kvscope.diagnoser.routing import router_decisions
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
@@ -80,7 +81,6 @@ class WebhookServer:
         self.config, self.store = config, store
         self.rules = rules if rules is not None else read_rules()
         self.levers = levers if levers is not None else load_levers()
-        self.names = set(ROUTER_SIGNALS).union(*(sample_names(r) for r in self.rules))
         self.queue: asyncio.Queue[tuple[int, dict[str, Any]]] | None = None
         self.session: aiohttp.ClientSession | None = None
         self._worker: asyncio.Task[None] | None = None
@@ -221,18 +221,32 @@ class WebhookServer:
     async def _diagnose_window(
         self, start: float, end: float
     ) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[str]]:
-        """Read the window with the Prometheus source (native engine names and kvscope_* series,
-        through the same dialects as a live scrape) and run every rule over it."""
+        """The fleet path over the window (diagnoser/pushdown/run.py: the TSDB's candidate records,
+        evidence where they held; rules without records judged on every engine's series)."""
+        from kvscope.diagnoser.pushdown.run import diagnose_fleet
+
         source = PrometheusSource(self.config.prometheus_url, timeout_s=30.0)
         try:
-            frame = await asyncio.to_thread(source.read_frame, self.names, start, end, self.config.step_s)
+            result, report = await asyncio.to_thread(
+                diagnose_fleet,
+                source.client,
+                start,
+                end,
+                self.config.step_s,
+                self.rules,
+                self.config.params,
+                None,
+                self.levers,
+                source.description,
+                source.catalog,
+            )
+            # the fleet path's frame holds only candidates' evidence: the routers are read apart
+            routers = await asyncio.to_thread(source.read_frame, set(ROUTER_SIGNALS), start, end, self.config.step_s)
         except SourceError as exc:
             return {"likely_cause": None, "competing": [], "other": [], "skipped": []}, {}, [str(exc)]
-        result = await asyncio.to_thread(
-            diagnose, frame, self.rules, self.levers, self.config.params, source.description
-        )
+        frame = report.frame or Frame(ts=np.zeros(0))
         places = instance_places([dict(lbl) for block in frame.blocks.values() for lbl in block.labels])
-        return {**result.to_dict(), "routers": router_decisions(frame)}, places, []
+        return {**result.to_dict(), "routers": router_decisions(routers)}, places, []
 
     async def forward(self, row_id: int, payload: dict[str, Any]) -> str:
         """POST the enriched payload; returns what happened (stored on the row)."""

@@ -478,3 +478,41 @@ def _slo_note(slo: SloConfig) -> str:
     if unaligned:
         note += f"\n# WARNING: {slo.ttft_seconds:g}s is not a default TTFT bucket bound of {', '.join(unaligned)}."
     return note
+
+
+# ---------------------------------------------------------------- candidates
+
+CANDIDATE = "kvscope:candidate"
+CANDIDATE_INTERVAL = "15s"
+"""The candidate records' evaluation interval (docs/fleet.md: their cost on the TSDB)."""
+
+
+def candidate_file(exprs: dict[str, tuple[str | None, str]]) -> tuple[str, str]:
+    """(file name, YAML text) of `kvscope-candidates.yml` from each rule's loosened condition
+    (diagnoser/pushdown/candidates.py `candidate_exprs`: rule id -> (PromQL or None, version or
+    why not)): recorded as `kvscope:candidate{rule_id, <grouping>}` (present where it held), with
+    `kvscope:candidate{rule_id, version}` from the same expression at every evaluation that
+    succeeded: the span the records cover (an evaluation the TSDB refused covers nothing)."""
+    groups: list[dict[str, Any]] = []
+    left = []
+    for rid, (expr, version) in exprs.items():
+        if expr is None:
+            left.append(f"  {rid}: {version}")
+            continue
+        # the version series is part of the same expression: present exactly where it evaluated
+        sentinel = f'label_replace(vector(1), "version", "{version}", "", "")'
+        rows = [record(CANDIDATE, f"({expr})\nor\n{sentinel}", rule_id=rid)]
+        groups.append({"name": f"kvscope-candidates-{rid}", "interval": CANDIDATE_INTERVAL, "rules": rows})
+    what = "\n# ".join(
+        [
+            "Per diagnosis rule, its condition loosened to a superset (diagnoser/pushdown/prefilter.py), recorded:",
+            "kvscope diagnose --prometheus, the UI, the weekly report and the webhook read these in one query",
+            "and fetch evidence only where one held (docs/fleet.md). One group per rule: Prometheus evaluates",
+            "groups side by side, so one costly rule delays only itself. Rules without a PromQL form (judged on",
+            "every engine's evidence):",
+            *(left or ["  (none)"]),
+        ]
+    )
+    return "kvscope-candidates.yml", render_rule_file(
+        groups, HEADER.format(extra=" and rules/diagnosis/*.yaml", what=what)
+    )

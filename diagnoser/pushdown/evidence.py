@@ -9,10 +9,11 @@ and only what some candidate needs is fetched (`fetch_needs`): every-instance ne
 instance needs batched by instances that need the same names over the same (rounded) span.
 
 Spans, per candidate group: conditions are judged over the stretch where the rule can fire
-(candidates.py) widened by SAFETY_S on both sides (`judged_spans`), to the window's end for
-cascades (later stages may start after the root's stretch); data is fetched from the first
-point judged minus the rule's reach (ranges, offsets, baselines), to the last point judged, or
-to the window's end for the leaves `resolved_when` reads (it is read from a finding's onset on).
+(candidates.py: the `kvscope:candidate` records) widened by SAFETY_S on both sides
+(`judged_spans`), to the window's end for cascades (later stages may start after the root's
+stretch); data is fetched from the first point judged minus the rule's reach (ranges, offsets,
+baselines), to the last point judged, or to the window's end for the leaves `resolved_when`
+reads (it is read from a finding's onset on).
 
 The rule is then evaluated on a frame of its own rows (`rule_frame`) whose `judged` stretches are
 the candidates': a peer fetched for a model-level leaf, or a group outside its stretches, is not
@@ -32,7 +33,6 @@ from kvscope.diagnoser.evaluate.frame import Block, Frame, JudgedSpans
 from kvscope.diagnoser.promql.series import NotExpressible
 from kvscope.diagnoser.promql.signals import InlineSignals, _escape_re
 from kvscope.diagnoser.pushdown.candidates import Group, Hits
-from kvscope.diagnoser.pushdown.prefilter import Prefilter
 from kvscope.diagnoser.rulebook.grammar import SIGNAL_FORMS, node_form, node_refs, node_signal
 from kvscope.diagnoser.rulebook.rule import Rule
 from kvscope.diagnoser.sources.promapi import PromClient, PromError
@@ -98,20 +98,40 @@ def resolved_leaves(rule: Rule) -> set[str]:
     return seen
 
 
+def leaf_groupings(rule: Rule) -> dict[str, tuple[str, ...]]:
+    """Per leaf series, the labels every read of it keeps: its own grouping, less those an
+    `aggregate` above it (through any chain of series) sums over (a model's replicas, the fleet)."""
+    out = {n: tuple(node.get("by", rule.by)) for n, node in rule.series.items() if node_form(node) in SIGNAL_FORMS}
+    for node in rule.series.values():
+        if node_form(node) != "aggregate":
+            continue
+        keep, todo, seen = set(node.get("by") or ()), list(node_refs(node)), set()
+        while todo:
+            name = todo.pop()
+            if name in seen or name not in rule.series:
+                continue
+            seen.add(name)
+            if name in out:
+                out[name] = tuple(label for label in out[name] if label in keep)
+            todo += node_refs(rule.series[name])
+    return out
+
+
 def rule_needs(
-    client: PromClient, rule: Rule, pre: Prefilter, hits: Hits, grid: np.ndarray, step: float, reader: InlineSignals
+    client: PromClient, rule: Rule, reach_s: float, hits: Hits, grid: np.ndarray, step: float, reader: InlineSignals
 ) -> tuple[list[Need], JudgedSpans | None]:
     """What the rule's candidates need, and where each is judged (None: everywhere)."""
     n = len(grid)
     spans = judged_spans(rule, hits, n, step)
-    reach = _steps(pre.reach_s, step) + 1
+    reach = _steps(reach_s, step) + 1
     to_end = resolved_leaves(rule)
+    reads = leaf_groupings(rule)
     needs = []
     for name, node in rule.series.items():
         if node_form(node) not in SIGNAL_FORMS:
             continue
         names = frozenset(leaf_names(node))
-        by = tuple(node.get("by", rule.by))
+        by = reads[name]
         first = max(0, min(lo for _, lo, _ in spans) - reach)
         last = n - 1 if name in to_end else max(hi for _, _, hi in spans)
         if hits.everywhere:

@@ -1,28 +1,24 @@
-"""Diagnose a fleet in a Prometheus-compatible TSDB without pulling the fleet into the client.
+"""The fleet path: diagnose a fleet in a Prometheus-compatible TSDB from the candidates it keeps.
 
-1. **Inventory** (index only, no samples): which upstream and `kvscope_*` names exist in the
-   window (rules whose signals are all absent are skipped exactly as the evaluator skips them),
-   which `kvscope:<series>` recording rules the TSDB has (read instead of the inline union), and
-   which labels the upstream series carry (a relabel of a label none carries is left out of the
-   PromQL: promql/signals.py InlineSignals).
-2. **Prefilter** (prefilter.py): the rule's loosened condition at a step its `for` allows, its
-   conjuncts run cheapest first, each only where the earlier ones held, the `and` done by the
-   client; the answer holds only the groups and steps where the condition held. The client keeps
-   the groups with a stretch long enough for the rule's `for` (candidates.py).
+`diagnose --prometheus`, the UI, the weekly report and the Alertmanager webhook all come here.
+
+1. **Inventory** (index only): which sample names exist in the window (rules whose signals are
+   all absent are skipped exactly as the evaluator skips them).
+2. **Candidates** (candidates.py): one range query of the `kvscope:candidate` records the TSDB
+   evaluates continuously (`kvscope-candidates.yml`); per rule, the groups that held long enough
+   for its `for`. A rule whose records do not cover the window, that has no record (no PromQL
+   form), or that runs with other parameters or a time scale than the records' is judged on
+   every engine's series: the exact full fetch (sources/prometheus.py), said in the summary.
+   Instances whose data starts within the rules' reach are candidates everywhere (near a
+   series' first samples the evaluator clips its windows while PromQL extrapolates).
 3. **Evidence** (evidence.py): for the rules with candidates, the raw series their leaves read,
    per leaf: the candidates' own instances, their models' replicas for model-level leaves, every
-   instance only for fleet-level leaves; over the stretches where they can fire, widened by a
-   margin and by the rule's reach. Fetched through the full-fetch code (sources/prometheus.py),
-   batched and split by the client (promapi.py).
+   instance for fleet-level leaves; over the stretches where they can fire.
 4. **Evaluate**: the numpy evaluator runs each such rule over its own rows, judging conditions only
-   inside those stretches; the grid is the whole window's, so `since`, `active`, evidence and
-   scores are the full path's. Findings are kept at candidate groups; moderate-confidence findings
-   then fold into or yield to the direct rules they defer to (evaluate/confidence.py), as in
-   `diagnose()`.
+   inside those stretches; findings then settle and rank as in `diagnose()` (evaluate/confidence.py).
 
-Findings equal the full fetch's as long as each prefilter holds wherever the evaluator's condition
-does (tests/integration/test_pushdown.py checks it on every recording of the incident library and
-per rule on the rule test cases).
+Findings equal the full fetch's as long as each candidate holds wherever the evaluator's condition
+does (tests/integration/test_pushdown.py).
 """
 
 from __future__ import annotations
@@ -36,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from kvscope.agent.signals import Catalog, load_catalog
-from kvscope.diagnoser.evaluate.confidence import direct_present, settle
+from kvscope.diagnoser.evaluate.confidence import before_symptom, direct_present, settle
 from kvscope.diagnoser.evaluate.evaluator import (
     auto_time_scale,
     evaluate_rule,
@@ -44,12 +40,12 @@ from kvscope.diagnoser.evaluate.evaluator import (
     required_absent,
     sample_names,
 )
-from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, JudgedSpans, make_grid
-from kvscope.diagnoser.findings import Diagnosis, Finding, Skipped
-from kvscope.diagnoser.promql.signals import QUANTILE_BY, InlineSignals
-from kvscope.diagnoser.pushdown.candidates import Group, Hits, part_cost, query_prefilter
-from kvscope.diagnoser.pushdown.evidence import Need, fetch_needs, rule_frame, rule_needs
-from kvscope.diagnoser.pushdown.prefilter import SLACK, Prefilter, compile_prefilter, rule_reach
+from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid
+from kvscope.diagnoser.findings import MECHANISM_OFF, MECHANISM_UNKNOWN, Diagnosis, Finding, Skipped
+from kvscope.diagnoser.promql.signals import InlineSignals
+from kvscope.diagnoser.pushdown.candidates import Group, Hits, candidate_exprs, describe, read_candidates
+from kvscope.diagnoser.pushdown.evidence import fetch_needs, rule_frame, rule_needs
+from kvscope.diagnoser.pushdown.prefilter import hold_steps, rule_reach
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources.promapi import PromClient, PromError
@@ -59,87 +55,43 @@ NO_GROUPS = "no series for any group"
 
 
 @dataclass
-class RuleTrace:
-    """What the pushdown did for one rule (printed with -v, counted in the summary)."""
+class FleetReport:
+    """What the fleet path read and judged (the summary on stderr)."""
 
-    rule_id: str
-    prefilter: Prefilter | None = None
-    matched: int = 0  # groups in the prefilter's answer
-    groups: int = 0  # candidates: groups with a stretch long enough to fire
-    instances: int | None = None  # instances whose evidence the rule read (None: every one)
-    judged_from: float | None = None  # first grid time judged
-    judged_to: float | None = None  # last grid time judged
-    judged_points: int = 0  # grid points judged, summed over candidates
-    error: str = ""  # a prefilter the server refused (evaluated in full)
-    moved: bool = False  # the server answered at other times (candidates widened)
-    coarse: int | None = None  # candidates at the query step, when re-read at the grid step
-    narrowed: int = 0  # conjunct queries narrowed to the instances earlier ones held for
-
-
-@dataclass
-class PushdownReport:
-    """The phases' cost and what was split."""
-
-    rules: list[RuleTrace] = field(default_factory=list)
-    recorded: int = 0  # canonical series read from kvscope:* recording rules
-    quantiles: int = 0  # recorded quantiles the TSDB has (promql/quantiles.py)
-    young: int = 0  # instances whose data starts within the rules' reach
+    hits: dict[str, Hits] = field(default_factory=dict)
+    young: int = 0  # the most instances whose data starts within one rule's reach
     frame: Frame | None = None  # the evidence fetched (every rule's series where it matched)
     evidence_series: int = 0
     evidence_points: int = 0
     evidence_fetches: int = 0
-    prefilter_queries: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
     def summary(self, client: PromClient) -> list[str]:
-        """Lines for stderr: what was pushed down, fetched and split."""
-        candidates = [t for t in self.rules if t.groups or (t.prefilter and t.prefilter.expr is None)]
-        everywhere = [t.rule_id for t in self.rules if t.prefilter is not None and t.prefilter.expr is None]
-        refused = [t.rule_id for t in self.rules if t.error]
-        matched = sum(1 for t in self.rules if t.matched)
-        reread = [t for t in self.rules if t.coarse is not None]
-        narrowed = (
-            f" (re-read at the grid step: {sum(t.coarse or 0 for t in reread)} coarse candidate groups of "
-            f"{len(reread)} rule(s) -> {sum(t.groups for t in reread)})"
-            if reread
-            else ""
-        )
-        fewer = sum(t.narrowed for t in self.rules)
-        narrowed += f"; {fewer} conjunct queries narrowed to the instances earlier ones held for" if fewer else ""
+        """Lines for stderr: what was read from the records, fetched and split."""
+        read = [h for h in self.hits.values() if not h.everywhere]
+        everywhere = sorted(rid for rid, h in self.hits.items() if h.everywhere and not h.uncovered)
         out = [
-            f"pushdown: {sum(1 for t in self.rules if t.prefilter and t.prefilter.expr)} rule conditions "
-            f"evaluated in the TSDB ({self.recorded} series from kvscope:* recording rules, "
-            f"{self.quantiles} recorded quantiles, the rest from the engines' own series); {matched} matched, "
-            f"{len(candidates)} with a stretch long enough to fire{narrowed}; evidence: "
-            f"{self.evidence_series} series, {self.evidence_points:,} points in "
-            f"{self.evidence_fetches} fetch(es); {int(client.stats['queries'])} queries, "
-            f"{client.stats['bytes'] / 1e6:.1f} MB; " + ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
+            f"fleet: {len(read)} rules read from kvscope:candidate, {sum(1 for h in read if h.groups)} with "
+            f"candidates ({sum(len(h.groups) for h in read)} groups); evidence: {self.evidence_series} series, "
+            f"{self.evidence_points:,} points in {self.evidence_fetches} fetch(es); "
+            f"{int(client.stats['queries'])} queries, {client.stats['bytes'] / 1e6:.1f} MB; "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
         ]
         if self.young:
             out.append(
-                f"pushdown: {self.young} instance(s) have no data from before the window's start minus "
-                "the rules' reach; they are judged in full (windows at a series' first samples are "
-                "clipped by the evaluator and extrapolated by PromQL, so no prefilter can stand in)"
+                f"fleet: up to {self.young} instance(s) have no data from before the window's start minus a rule's "
+                "reach; they are judged in full for it (windows at a series' first samples are clipped by the "
+                "evaluator and extrapolated by PromQL, so no candidate record can stand in)"
             )
-        if everywhere:
-            out.append(f"pushdown: no server-side form, evidence fetched for every engine: {', '.join(everywhere)}")
-        moved = [t.rule_id for t in self.rules if t.moved]
-        if moved:
-            out.append(
-                f"pushdown: the TSDB answered prefilters at other times than asked (a cache or query "
-                f"frontend that aligns steps), their candidates were widened by one query step: "
-                f"{', '.join(moved)}"
-            )
-        if refused:
-            out.append(
-                f"pushdown: prefilter refused or timed out on the server, judged on every engine's evidence: "
-                f"{', '.join(refused)}"
-            )
+        for why in sorted({self.hits[r].why for r in everywhere}):
+            rules = [r for r in everywhere if self.hits[r].why == why]
+            out.append(f"fleet: judged on every engine's series ({why}): {', '.join(rules)}")
+        out += describe(self.hits)
         out += [f"split: {n}" for n in client.notes]
         return out
 
 
-def diagnose_pushdown(
+def diagnose_fleet(
     client: PromClient,
     start: float,
     end: float,
@@ -150,70 +102,60 @@ def diagnose_pushdown(
     levers: dict[str, Lever] | None = None,
     source: str = "",
     catalog: Catalog | None = None,
-    slack: float = SLACK,
-) -> tuple[Diagnosis, PushdownReport]:
-    """The Diagnosis `diagnose()` would give on the full window, with the TSDB doing the filtering."""
+) -> tuple[Diagnosis, FleetReport]:
+    """The Diagnosis `diagnose()` would give on the full window, from the TSDB's candidates."""
     rules = list(rules) if rules is not None else read_rules()
     levers = levers if levers is not None else load_levers()
     catalog = catalog or load_catalog()
+    params = params or {}
     grid = make_grid(start, end, step)
     scale = auto_time_scale(float(grid[-1] - grid[0])) if time_scale is None else time_scale
-    prepared = [r.with_params((params or {}).get(r.id, {})).scaled(scale) for r in rules]
-    report = PushdownReport()
+    prepared = [r.with_params(params.get(r.id, {})).scaled(scale) for r in rules]
+    report = FleetReport()
     t0 = time.perf_counter()
-    client.say("pushdown: inventory")
-    present, recorded, wire = inventory(client, prepared, start, end, catalog)
-    report.recorded = len(recorded)
-    reader = lean_reader(client, prepared, start, end, catalog, recorded, wire)
-    report.quantiles = len(reader.quantiles)
-    report.seconds["inventory"] = time.perf_counter() - t0
+    client.say("fleet: inventory")
+    present = inventory(client, prepared, start, end, catalog)
     shell = Frame(ts=grid, blocks={n: Block([], np.zeros((0, len(grid)))) for n in present})
     results: dict[str, list[Finding] | Skipped] = {}
-    todo: list[tuple[Rule, RuleTrace]] = []
+    todo: list[Rule] = []
     for rule in prepared:
         skipped = _skip(rule, shell)
-        if skipped is not None:
+        if skipped is None:
+            todo.append(rule)
+        else:
             results[rule.id] = skipped
-            continue
-        trace = RuleTrace(rule.id, compile_prefilter(rule, reader, catalog, step, slack))
-        report.rules.append(trace)
-        todo.append((rule, trace))
+    report.seconds["inventory"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    client.say(f"pushdown: {len(todo)} rule conditions on the TSDB")
-    q0 = client.stats["queries"]
-    hits = _longest_first(client, todo, lambda item: _hits(client, item[1], grid, step))
-    young, every = _young_instances(client, prepared, [t for _, t in todo], start, end, catalog)
-    report.prefilter_queries = int(client.stats["queries"] - q0)
-    if young:
-        report.young = len(young)
-        hits = [_with_young(h, young, len(grid), set(young) >= every) for h in hits]
-    report.seconds["prefilter"] = time.perf_counter() - t0
+    client.say(f"fleet: candidates of {len(todo)} rules")
+    report.hits = hits = _candidates(client, rules, todo, params, scale, grid, catalog)
+    young = _young_instances(client, todo, start, end, catalog)
+    report.young = max((len(v) for v in young.values() if v is not None), default=0)
+    for rule in todo:
+        if rule.id in young and young[rule.id] != []:
+            hits[rule.id] = _with_young(hits[rule.id], young[rule.id], len(grid))
+    report.seconds["candidates"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    plans = [(rule, trace, h) for (rule, trace), h in zip(todo, hits, strict=True) if h.everywhere or h.groups]
-    needs = client.map(lambda item: _needs(client, item, grid, step, reader), plans)
+    reader = InlineSignals(catalog)
+    plans = [(rule, hits[rule.id]) for rule in todo if hits[rule.id].everywhere or hits[rule.id].groups]
+    needs = client.map(
+        lambda item: rule_needs(client, item[0], rule_reach(item[0]), item[1], grid, step, reader), plans
+    )
     fetched = fetch_needs(client, [nd for rule_needs_, _ in needs for nd in rule_needs_], grid, step, catalog)
     report.frame = fetched.frame
     report.evidence_series, report.evidence_points = fetched.series, fetched.points
     report.evidence_fetches = fetched.fetches
     report.seconds["evidence"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    for (rule, _trace, h), (rule_needs_, judged) in zip(plans, needs, strict=True):
+    for (rule, h), (rule_needs_, judged) in zip(plans, needs, strict=True):
         res = evaluate_rule(rule, rule_frame(fetched, rule_needs_, grid, judged), levers)
-        if isinstance(res, Skipped) and res.reason == NO_GROUPS and not h.everywhere:
-            # the candidates' rows were empty: whether other instances have groups decides
-            state = _has_groups(client, rule, reader, grid, present)
-            res = [] if state else res if state is False else _judged_in_full(client, rule, grid, step, catalog, levers)
+        if isinstance(res, Skipped) and not h.everywhere and res.reason.startswith(_FLEET_WIDE):
+            # judged on the candidates' rows: the fleet's decides whether the rule has groups and
+            # its mechanism is on (where it is off a candidate cannot fire)
+            res = _quiet(client, rule, reader, grid, step, present, catalog, levers)
         results[rule.id] = res
-    quiet = [(rule, trace) for rule, trace in todo if rule.id not in results]
-    states = client.map(lambda item: _has_groups(client, item[0], reader, grid, present), quiet)
-    for (rule, _trace), state in zip(quiet, states, strict=True):
-        results[rule.id] = (
-            []
-            if state
-            else Skipped(rule.id, NO_GROUPS)
-            if state is False
-            else _judged_in_full(client, rule, grid, step, catalog, levers)
-        )
+    quiet = [rule for rule in todo if rule.id not in results]
+    answers = client.map(lambda rule: _quiet(client, rule, reader, grid, step, present, catalog, levers), quiet)
+    results.update({rule.id: res for rule, res in zip(quiet, answers, strict=True)})
     report.seconds["evaluate"] = time.perf_counter() - t0
     findings: list[Finding] = []
     skipped_list: list[Skipped] = []
@@ -225,114 +167,53 @@ def diagnose_pushdown(
             findings.extend(res)
     evaluated = [rid for rid, res in results.items() if not isinstance(res, Skipped)]
     findings, skipped_list = settle(findings, skipped_list, evaluated, direct_present(prepared, present))
+    findings = before_symptom(findings)
     window = (float(grid[0]), float(grid[-1]))
     return replace(rank(findings, window, source, skipped_list, len(rules)), time_scale=scale), report
 
 
-# ------------------------------------------------------------------------------ phase 0
-def inventory(
-    client: PromClient, rules: list[Rule], start: float, end: float, catalog: Catalog
-) -> tuple[set[str], set[str], set[str]]:
-    """(canonical sample names with any series in the window, canonical series with a kvscope:*
-    recording rule, the wire names present from the window's start minus the rules' reach), from
-    the TSDB's index."""
-    names = set().union(*(sample_names(r) for r in rules))
-    pattern = wire_pattern(names, catalog)
-    reach = max((rule_reach(r) for r in rules), default=0.0)
-    raw = set(client.label_values("__name__", [f'{{__name__=~"{pattern}"}}'], start - reach - DEFAULT_LOOKBACK_S, end))
-    window = set(client.label_values("__name__", [f'{{__name__=~"{pattern}"}}'], start - DEFAULT_LOOKBACK_S, end))
-    present = {n for n in names if any(re.fullmatch(wire_pattern({n}, catalog), r) for r in window)}
-    rec = client.label_values("__name__", ['{__name__=~"kvscope:.+"}'], start - DEFAULT_LOOKBACK_S, end)
-    recorded = {r[len("kvscope:") :] for r in rec} & names
-    return present, recorded, raw
-
-
-def lean_reader(
+def _candidates(
     client: PromClient,
     rules: list[Rule],
-    start: float,
-    end: float,
+    todo: list[Rule],
+    params: dict[str, dict[str, Any]],
+    scale: float,
+    grid: np.ndarray,
     catalog: Catalog,
-    recorded: set[str],
-    wire: set[str],
-) -> InlineSignals:
-    """How the prefilters read each signal: the `kvscope:*` recordings the TSDB has, the sources
-    whose wire names it has (`wire`), relabelling only the labels those series carry, a histogram's
-    quantile per raw histogram where each group has one (the +Inf buckets' label sets)."""
-    reach = max((rule_reach(r) for r in rules), default=0.0)
-    first = start - reach - DEFAULT_LOOKBACK_S
-    carried, integer_le = wire_labels(client, wire, first, end)
-    return InlineSignals(
-        catalog,
-        recorded,
-        present=wire,
-        carried=carried,
-        integer_le=integer_le,
-        histograms=histogram_series(client, wire, first, end),
-        quantiles=recorded_quantiles(client, rules, wire, start, end),
-    )
+) -> dict[str, Hits]:
+    """Per rule to judge, its candidates from the records, or why every engine is judged."""
+    ids = {r.id for r in todo}
+    own = [r for r in rules if r.id in ids]
+    out: dict[str, Hits] = {}
+    if scale != 1.0:
+        why = f"time scale {scale:g}: the records are the rules' at scale 1 (windows of 15 min or more)"
+        return {r.id: Hits(everywhere=True, why=why) for r in own}
+    versions = {}
+    for rid, (expr, version) in candidate_exprs(own, catalog).items():
+        if params.get(rid):
+            out[rid] = Hits(everywhere=True, why="parameters other than the records' defaults")
+        elif expr is None:
+            out[rid] = Hits(everywhere=True, why="no PromQL form, no candidate record")
+        else:
+            versions[rid] = version
+    if versions:
+        holds = {r.id: float(hold_steps(r, 1.0)) for r in own}
+        try:
+            out.update(read_candidates(client, versions, holds, grid))
+        except PromError as exc:
+            if exc.status not in (400, 422, 503, 504):
+                raise
+            out.update({rid: Hits(everywhere=True, why=f"candidate query refused: {exc}") for rid in versions})
+    return out
 
 
-def recorded_quantiles(
-    client: PromClient, rules: list[Rule], wire: set[str], start: float, end: float
-) -> frozenset[tuple[str, str, str]]:
-    """The recorded quantiles (promql/quantiles.py: name, `quantile`, `kvscope_by`) that cover the
-    window and the reach of the rules that read quantiles: present at the window's end and at its
-    start minus that reach (at its start, where the engines' buckets begin after that). Records
-    installed later than the data they stand for are not read. Empty when the server cannot say."""
-    reach = max((rule_reach(r) for r in rules if any("quantile" in n for n in r.series.values())), default=0.0)
-    buckets = sorted(n for n in wire if n.endswith("_bucket"))
-    try:
-        at_end = _quantile_keys(client, end)
-        if not at_end:  # no records: nothing more to ask
-            return frozenset()
-        early = start - reach
-        if not buckets or not client.query(f"count({_names(buckets)})", early):
-            early = start  # the engines' buckets begin later: so may the records
-        return frozenset(at_end & _quantile_keys(client, early))
-    except PromError:
-        return frozenset()
-
-
-def _quantile_keys(client: PromClient, at: float) -> set[tuple[str, str, str]]:
-    expr = f'count by (__name__, quantile, {QUANTILE_BY}) ({{__name__=~"kvscope:.+:quantile_.+"}})'
-    return {
-        (str(m.get("__name__", "")), str(m.get("quantile", "")), str(m.get(QUANTILE_BY, "")))
-        for m in ((r.get("metric") or {}) for r in client.query(expr, at))
-    }
-
-
-def histogram_series(client: PromClient, wire: set[str], start: float, end: float) -> list[dict[str, str]] | None:
-    """The label sets of the histograms in [start, end], one per histogram: the index's
-    `le="+Inf"` bucket series (None when the server cannot say)."""
-    buckets = sorted(n for n in wire if n.endswith("_bucket"))
-    if not buckets:
-        return []
-    try:
-        return client.series([_names(buckets, 'le="+Inf"')], start, end)
-    except PromError:
-        return None
-
-
-def wire_labels(client: PromClient, wire: set[str], start: float, end: float) -> tuple[set[str] | None, bool]:
-    """(the label names the upstream series `wire` carry in [start, end], whether any bucket
-    bound is spelled as an integer), from the index; (None, True), which leaves every relabel
-    in, when the server cannot say."""
-    native = sorted(n for n in wire if not n.startswith(KVSCOPE_PREFIX))
-    if not native:
-        return set(), False
-    buckets = [n for n in native if n.endswith("_bucket")]
-    try:
-        carried = set(client.label_names([_names(native)], start, end))
-        bounds = client.label_values("le", [_names(buckets)], start, end) if buckets else []
-    except PromError:
-        return None, True
-    return carried, any(re.fullmatch(r"[0-9]+", b) for b in bounds)
-
-
-def _names(names: Iterable[str], *matchers: str) -> str:
-    """A selector of the series named `names` (and `matchers`)."""
-    return "{" + ",".join([f'__name__=~"{"|".join(re.escape(n) for n in names)}"', *matchers]) + "}"
+# ------------------------------------------------------------------------------ inventory
+def inventory(client: PromClient, rules: list[Rule], start: float, end: float, catalog: Catalog) -> set[str]:
+    """The canonical sample names with any series in the window, from the TSDB's index."""
+    names = set().union(*(sample_names(r) for r in rules))
+    pattern = wire_pattern(names, catalog)
+    window = set(client.label_values("__name__", [f'{{__name__=~"{pattern}"}}'], start - DEFAULT_LOOKBACK_S, end))
+    return {n for n in names if any(re.fullmatch(wire_pattern({n}, catalog), r) for r in window)}
 
 
 def wire_pattern(names: set[str], catalog: Catalog) -> str:
@@ -358,43 +239,109 @@ def _skip(rule: Rule, shell: Frame) -> Skipped | None:
     return None
 
 
-# ------------------------------------------------------------------------------ phase 1
-def _longest_first(client: PromClient, todo: list[tuple[Rule, RuleTrace]], fn: Any) -> list[Hits]:
-    """fn over the rules' prefilters, the costliest started first (part_cost per query step), so
-    that the last to finish is not a long one started last; the answers in `todo`'s order."""
+def _young_instances(
+    client: PromClient, rules: list[Rule], start: float, end: float, catalog: Catalog
+) -> dict[str, list[str] | None]:
+    """Per rule, the instances in the window without data at its start minus the rule's reach
+    (None: every instance is): one instant query per distinct reach."""
+    if not rules:
+        return {}
+    names = set().union(*(sample_names(r) for r in rules))
+    sel = f'{{__name__=~"{wire_pattern(names, catalog)}"}}'
+    every = set(client.label_values("instance", [sel], start - DEFAULT_LOOKBACK_S, end))
+    reaches = {r.id: int(max(rule_reach(r), 1)) for r in rules}
+    if not every:
+        return {}
 
-    def cost(i: int) -> float:
-        pre = todo[i][1].prefilter
-        return 0.0 if pre is None or pre.expr is None else part_cost(pre.expr) / max(pre.step, 1e-9)
+    def old(reach: int) -> set[str]:
+        answer = client.query(f"group by (instance) ({sel} offset {reach}s)", start)
+        return {str((s.get("metric") or {}).get("instance", "")) for s in answer}
 
-    order = sorted(range(len(todo)), key=cost, reverse=True)
-    answers = client.map(fn, [todo[i] for i in order])
-    out: list[Hits] = [Hits()] * len(todo)
-    for i, answer in zip(order, answers, strict=True):
-        out[i] = answer
+    distinct = sorted(set(reaches.values()))
+    olds = dict(zip(distinct, client.map(old, distinct), strict=True))
+    out: dict[str, list[str] | None] = {}
+    for rid, reach in reaches.items():
+        young = every - olds[reach]
+        out[rid] = None if young >= every else sorted(young)
     return out
 
 
-def _hits(client: PromClient, trace: RuleTrace, grid: np.ndarray, step: float) -> Hits:
-    assert trace.prefilter is not None
-    hits = query_prefilter(client, trace.prefilter, grid, step)
-    trace.error = hits.error
-    trace.moved = hits.moved
-    trace.coarse = hits.coarse
-    trace.narrowed = hits.narrowed
-    trace.matched = hits.matched
-    trace.groups = len(hits.groups)
-    return hits
+def _with_young(h: Hits, young: list[str] | None, n: int) -> Hits:
+    """Young instances are candidates of the rule over the whole window (every instance young:
+    the rule is judged everywhere, as the full path does)."""
+    if h.everywhere:
+        return h
+    if young is None:
+        return replace(h, groups=[], everywhere=True, why="every instance is younger than the rule's reach")
+    return replace(h, groups=list(h.groups) + [Group({"instance": i}, 0, n - 1) for i in young])
+
+
+# ------------------------------------------------------------------------------ no candidates
+_FLEET_WIDE = (NO_GROUPS, MECHANISM_OFF, MECHANISM_UNKNOWN)
+
+
+def _quiet(
+    client: PromClient,
+    rule: Rule,
+    reader: InlineSignals,
+    grid: np.ndarray,
+    step: float,
+    present: set[str],
+    catalog: Catalog,
+    levers: dict[str, Lever],
+) -> list[Finding] | Skipped:
+    """A rule no candidate can fire for: no findings, or why the full path skips it (its
+    mechanism off or unknown, no series for any group), from the TSDB; judged on every engine's
+    series where PromQL cannot tell."""
+    if rule.doc.get("facts"):
+        return _judged_in_full(client, rule, grid, step, catalog, levers)  # facts: from every engine's info series
+    mech = _mechanism(client, rule, reader, grid)
+    if mech is False:
+        return _judged_in_full(client, rule, grid, step, catalog, levers)
+    if isinstance(mech, Skipped):
+        return mech
+    state = _has_groups(client, rule, reader, grid, present)
+    return (
+        []
+        if state
+        else Skipped(rule.id, NO_GROUPS)
+        if state is False
+        else _judged_in_full(client, rule, grid, step, catalog, levers)
+    )
+
+
+def _mechanism(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.ndarray) -> Skipped | bool | None:
+    """The rule's mechanism over the fleet and window (evaluator.mechanism_off): None when on or
+    not declared, Skipped when off (present, never above 0) or unknown (absent); False when
+    PromQL cannot tell. One instant query over a subquery at the grid step."""
+    from kvscope.diagnoser.promql.series import SeriesCompiler
+
+    mech = rule.doc.get("mechanism")
+    if not mech:
+        return None
+    step = float(grid[1] - grid[0]) if len(grid) > 1 else 15.0
+    try:
+        expr = SeriesCompiler(rule, reader, step=step).expr(str(mech["series"]))
+        span = int(np.ceil(float(grid[-1] - grid[0]) + step))
+        answer = client.query(f"max(max_over_time(({expr})[{span}s:{int(step)}s]))", float(grid[-1]))
+    except PromError:
+        return False
+    except Exception:  # noqa: BLE001 - a series PromQL cannot write
+        return False
+    values = [float(s["value"][1]) for s in answer if s.get("value")]
+    if any(v > 0 for v in values):
+        return None
+    state = MECHANISM_OFF if values else MECHANISM_UNKNOWN
+    return Skipped(rule.id, f"{state} {mech['name']} ({mech['how']})")
 
 
 def _has_groups(
     client: PromClient, rule: Rule, reader: InlineSignals, grid: np.ndarray, present: set[str]
 ) -> bool | None:
     """Whether any of the rule's own-grouping signal series has a series in the window (else the
-    evaluator skips the rule as "no series for any group"): one coarse range query. None when
-    PromQL cannot tell (a leaf it cannot read whose samples the index has, and the others have
-    none). A leaf whose samples are not in the window at all (`present`, from the index) has no
-    group whether PromQL can read it or not."""
+    evaluator skips the rule as "no series for any group"): an instant query, then one coarse
+    range query. None when PromQL cannot tell (a leaf it cannot read whose samples the index
+    has, and the others have none)."""
     from kvscope.diagnoser.promql.series import SeriesCompiler
     from kvscope.diagnoser.rulebook.grammar import SIGNAL_FORMS, node_form
 
@@ -406,12 +353,13 @@ def _has_groups(
     for node in rule.series.values():
         if node_form(node) not in SIGNAL_FORMS or tuple(node.get("by", rule.by)) != rule.by:
             continue
+        form = node_form(node)
         series = (
             str(node.get("histogram", "")) + "_bucket"
-            if node_form(node) == "quantile"
+            if form == "quantile"
             else str(node["mean"]) + "_count"
-            if node_form(node) == "mean"
-            else str(node[node_form(node)])
+            if form == "mean"
+            else str(node[form])
         )
         if series not in present:
             continue
@@ -424,8 +372,6 @@ def _has_groups(
     expr = " or ".join(dict.fromkeys(parts))
     coarse = max(float(grid[1] - grid[0]) if len(grid) > 1 else 1.0, min(DEFAULT_LOOKBACK_S, (grid[-1] - grid[0]) / 20))
     try:
-        # a live fleet has series at the window's last point: one instant query reads minutes of
-        # samples where the range query reads the whole window's
         if any(s.get("value") for s in client.query(expr, float(grid[-1]))):
             return True
         result = client.range_parts(expr, float(grid[0]), float(grid[-1]), coarse, what="groups")
@@ -440,51 +386,6 @@ def _judged_in_full(
     client: PromClient, rule: Rule, grid: np.ndarray, step: float, catalog: Catalog, levers: dict[str, Lever]
 ) -> list[Finding] | Skipped:
     """The rule on every instance's series over the whole window (what the full path does)."""
-    client.say(f"pushdown: {rule.id}: judged on every instance's series (PromQL cannot tell whether it has groups)")
+    client.say(f"fleet: {rule.id}: judged on every instance's series (PromQL cannot tell whether it has groups)")
     frame = fetch_frame(client, sample_names(rule), float(grid[0]), float(grid[-1]), step, catalog=catalog)
     return evaluate_rule(rule, frame, levers)
-
-
-def _young_instances(
-    client: PromClient, rules: list[Rule], traces: list[RuleTrace], start: float, end: float, catalog: Catalog
-) -> tuple[list[str], set[str]]:
-    """(instances in the window without data at its start minus the longest reach of the rules,
-    every instance in the window): near a series' first samples the evaluator clips its windows
-    to what exists while PromQL extrapolates, so their prefilters cannot be trusted; they are
-    candidates for every rule."""
-    reach = max((t.prefilter.reach_s for t in traces if t.prefilter is not None), default=0.0)
-    if not traces:
-        return [], set()
-    names = set().union(*(sample_names(r) for r in rules))
-    sel = f'{{__name__=~"{wire_pattern(names, catalog)}"}}'
-    every = set(client.label_values("instance", [sel], start - DEFAULT_LOOKBACK_S, end))
-    if not every:
-        return [], every
-    old = {
-        str((s.get("metric") or {}).get("instance", ""))
-        for s in client.query(f"group by (instance) ({sel} offset {int(max(reach, 1))}s)", start)
-    }
-    return sorted(every - old), every
-
-
-def _with_young(h: Hits, young: list[str], n: int, all_young: bool) -> Hits:
-    """Young instances are candidates of every rule over the whole window (when every instance
-    is young, the rule is judged everywhere, as the full path does)."""
-    if h.everywhere or all_young:
-        return replace(h, groups=[], everywhere=True)
-    return replace(h, groups=list(h.groups) + [Group({"instance": i}, 0, n - 1) for i in young])
-
-
-# ------------------------------------------------------------------------------ phase 2
-def _needs(
-    client: PromClient, item: tuple[Rule, RuleTrace, Hits], grid: np.ndarray, step: float, reader: InlineSignals
-) -> tuple[list[Need], JudgedSpans | None]:
-    rule, trace, hits = item
-    assert trace.prefilter is not None
-    needs, judged = rule_needs(client, rule, trace.prefilter, hits, grid, step, reader)
-    spans = [(0, len(grid) - 1)] if judged is None else [(lo, hi) for _, lo, hi in judged.spans]
-    trace.judged_from, trace.judged_to = float(grid[min(s[0] for s in spans)]), float(grid[max(s[1] for s in spans)])
-    trace.judged_points = sum(hi - lo + 1 for lo, hi in spans)
-    sets = [nd.instances for nd in needs]
-    trace.instances = None if any(s is None for s in sets) else len(set().union(*(s or () for s in sets)))
-    return needs, judged

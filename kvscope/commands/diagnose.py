@@ -35,22 +35,16 @@ Sources (pick one):
 Windows shorter than 15 minutes (short recordings) are evaluated with every rule duration
 scaled by window / 15 min; --time-scale 1 turns that off.
 
-Prometheus: two evaluation paths, the same findings.
-  --pushdown on    each rule's condition runs in the TSDB as PromQL range queries (loosened so
-                   it holds wherever the rule can fire; its conjuncts cheapest first, the next
-                   only where the earlier held; recording rules kvscope:* are read where the TSDB
-                   has them, else the engines' own series); evidence is then fetched only for the
-                   engines and the spans where a condition held, and the rules judge it.
-  --pushdown off   every raw series of every engine is fetched and judged here (small fleets).
-  --pushdown auto  (default) on from 12,000 engines x grid points (50 engines x 1 h at 15 s),
-                   where the two paths took the same time on Prometheus 2.42 and the pushdown
-                   was faster on VictoriaMetrics 1.79; above it the pushdown was faster on both at
-                   every size measured (Prometheus, 200 engines x 6 h: 29 s and 0.19 GB against
-                   46 s and 4.9 GB), and its memory grows with what fired, not with the fleet.
+Prometheus: one fleet path. The rules' loosened conditions are recording rules the TSDB evaluates
+continuously (`kvscope rules build`: rules/prometheus/kvscope-candidates.yml); one range query reads
+them, and evidence is fetched and judged only for the engines and spans where one held long enough
+to fire (the client's time and memory grow with the candidates, not with the fleet). Rules whose records do not
+cover the window (installed later: backfill them, docs/fleet.md) are judged on every engine's
+series, and the output says which and when. --full-fetch judges every rule that way.
 Queries stay within Prometheus' limits: at most 11,000 points per series and, by estimate, half of
 the default --query.max-samples (50M); longer ranges are cut in time and instance lists into
 batches of 25, run 4 at a time, and a part the server still refuses for its size is halved and
-retried. What was split is printed on stderr ("split: ..."), with a pushdown summary.
+retried. What was split is printed on stderr ("split: ..."), with a fleet summary.
 
 Examples:
   kvscope diagnose --recording tests/recordings/kv-pressure-cascade.om.gz
@@ -116,10 +110,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--rules-dir", default=None, help="rules directory (default: the shipped rules/diagnosis)")
     p.add_argument(
-        "--pushdown",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="--prometheus: evaluate rule conditions in the TSDB first (see above; default auto)",
+        "--full-fetch",
+        action="store_true",
+        help="--prometheus: fetch every engine's series and judge every rule here (no candidate records)",
     )
     p.add_argument(
         "--timeout",
@@ -128,7 +121,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="--prometheus/--agent: seconds one HTTP query may take (default 300)",
     )
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress or pushdown summary on stderr")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress or fleet summary on stderr")
     p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON (schema: docs/rules.md)")
     p.add_argument("--verbose", "-v", action="store_true", help="also list the rules that were skipped and why")
     add_log_flags(p)
@@ -196,8 +189,8 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
             and (end - start) / step > MAX_POINTS_PER_SERIES
         ):
             step = (end - start) / MAX_POINTS_PER_SERIES  # Prometheus refuses > 11,000 points per series
-        if args.prometheus and _use_pushdown(args, source, rules, start, end, step):
-            result = _pushdown(args, source, rules, params, start, end, step)
+        if args.prometheus and not args.full_fetch:
+            result = _fleet(args, source, rules, params, start, end, step)
             return _finish(args, source, result)
         names = set().union(*(sample_names(r) for r in rules))
         frame = source.read_frame(names, start, end, step)
@@ -217,32 +210,12 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
     return _finish(args, source, result)
 
 
-PUSHDOWN_AUTO_ENGINE_STEPS = 12_000
-"""--pushdown auto: the pushdown path from this many engines x grid points on (bench/diagnose_fleet.py
---compare: at 50 engines x 1 h, 12,050, the two paths took the same time on Prometheus 2.42, 2.97 s
-and 3.02 s, and the pushdown was faster on VictoriaMetrics 1.79; at 100 x 1 h and 200 x 6 h it
-was faster on both, and the full fetch's memory grows with engines x window, 4.9 GB at 200 x 6 h)."""
-
-
-def _use_pushdown(args: argparse.Namespace, source: Any, rules: list, start: float, end: float, step: float) -> bool:
-    if args.pushdown != "auto":
-        return args.pushdown == "on"
-    from kvscope.diagnoser.evaluate.evaluator import sample_names
-    from kvscope.diagnoser.pushdown.run import wire_pattern
-
-    names = set().union(*(sample_names(r) for r in rules))
-    engines = source.client.label_values(
-        "instance", [f'{{__name__=~"{wire_pattern(names, source.catalog)}"}}'], start, end
-    )
-    return len(engines) * ((end - start) / step + 1) >= PUSHDOWN_AUTO_ENGINE_STEPS
-
-
-def _pushdown(
+def _fleet(
     args: argparse.Namespace, source: Any, rules: list, params: dict, start: float, end: float, step: float
 ) -> Any:
-    from kvscope.diagnoser.pushdown.run import diagnose_pushdown
+    from kvscope.diagnoser.pushdown.run import diagnose_fleet
 
-    result, report = diagnose_pushdown(
+    result, report = diagnose_fleet(
         source.client,
         start,
         end,
@@ -253,9 +226,11 @@ def _pushdown(
         source=source.description,
         catalog=source.catalog,
     )
-    if not args.quiet:
-        for line in report.summary(source.client):
-            print(line, file=sys.stderr)
+    from kvscope.diagnoser.pushdown.candidates import describe
+
+    # which rules were judged by the full fetch because the records miss part of the window: always said
+    for line in report.summary(source.client) if not args.quiet else describe(report.hits):
+        print(line, file=sys.stderr)
     return result
 
 

@@ -78,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--no-diagnose",
         action="store_true",
         help="--prometheus: skip the week's diagnosis (by default the rules run in the TSDB over the "
-        "week at a 5-minute step, kvscope diagnose's pushdown path)",
+        "week at a 5-minute step, kvscope diagnose's fleet path)",
     )
     p.set_defaults(func=run)
 

@@ -160,9 +160,12 @@ def run_build(args: argparse.Namespace) -> int:
             f"the burn rate will be computed from the wrong bucket",
             file=sys.stderr,
         )
+    from kvscope.agent.signals import load_catalog
+    from kvscope.diagnoser.pushdown.candidates import candidate_exprs
     from kvscope.diagnoser.rulebook.rule import read_rules
 
-    built = build_all(slo, rules=read_rules(args.rules_dir) if args.rules_dir else None, canonical=args.canonical)
+    rules = read_rules(args.rules_dir) if args.rules_dir else read_rules()
+    built = build_all(slo, rules=rules, canonical=args.canonical, candidates=candidate_exprs(rules, load_catalog()))
     outputs = {args.out / name: text for name, text in built.rule_files.items()}
     outputs |= {args.runbooks / name: text for name, text in built.runbooks.items()}
     stale = [p for p, text in outputs.items() if not p.exists() or p.read_text(encoding="utf-8") != text]

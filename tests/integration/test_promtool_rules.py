@@ -31,6 +31,7 @@ def test_generated_rule_files_exist():
         "kvscope-absent.yml",
         "kvscope-alerts.yml",
         "kvscope-quantiles.yml",
+        "kvscope-candidates.yml",
     } <= names
 
 
