@@ -193,17 +193,6 @@ class SeriesCompiler:
 
     def _quantile(self, node: tree.Quantile, by: str) -> Part:
         q, rng = _number(node.q), self._range(node.rng)
-        labels = tuple(b.strip() for b in by.split(",") if b.strip())
-        recorded = getattr(self.reader, "recorded_quantile", None)  # InlineSignals: its recording rule
-        if recorded is not None and not self._matchers(node, by):  # `match` is among the matchers
-            expr = recorded(node.signal, q, rng, labels)
-            if expr is not None:
-                return str(expr), 1
-        own = getattr(self.reader, "quantile", None)  # InlineSignals: each raw histogram's own, where one per group
-        if own is not None:
-            expr = own(node.signal + "_bucket", self._matchers(node, _plus(by, "le")), q, rng, labels)
-            if expr is not None:
-                return str(expr), 10
         rates = self._read(node, node.signal + "_bucket", _plus(by, "le"), "rate", rng)
         return f"histogram_quantile({q}, {_aggregate('sum', _plus(by, 'le'), rates)})", rates.cost
 
