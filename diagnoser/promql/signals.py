@@ -330,15 +330,12 @@ class InlineSignals:
         for term in terms:
             if needed != list(full):
                 term = kept(term, set(needed))
-            sel = name_selector(
-                term.names,
-                [
-                    *(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
-                    *_format_matchers(_upstream(list(matchers), term)),
-                ],
-            )
+            selectors = [
+                *(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
+                *_format_matchers(_upstream(list(matchers), term)),
+            ]
             op = "max" if term.collapse == "max" else agg
-            expr = f"{fn}({sel}[{rng}])" if fn else sel
+            expr = _range_read(term.names, selectors, fn, rng) if fn else name_selector(term.names, selectors)
             expr = relabel(
                 expr,
                 term
@@ -349,6 +346,21 @@ class InlineSignals:
                 expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
             parts.append(f"{op} by ({clause}) ({expr})")
         return Aggregated("(" + "\nor\n".join(parts) + ")", needed, len(parts))
+
+
+def _range_read(names: tuple[str, ...], matchers: list[str], fn: str, rng: str | None) -> str:
+    """`fn(selector[rng])` over `names`. A range function drops `__name__`, so two series of one
+    engine under different names (llama.cpp's `prompt_tokens` and `prompt_tokens_cached`, summed
+    into one signal) would leave one label set twice, which Prometheus refuses; each name is read
+    apart and labelled `kvscope_name` (`or` ignores `__name__`) for the caller's aggregation to
+    add up. Spellings of one name (`vllm:x`, `vllm_x` under Ray) never both exist: one selector."""
+    spellings: dict[str, list[str]] = {}
+    for name in names:
+        spellings.setdefault(name.replace(":", "_", 1), []).append(name)
+    reads = [(group[0], f"{fn}({name_selector(tuple(group), matchers)}[{rng}])") for group in spellings.values()]
+    if len(reads) == 1:
+        return reads[0][1]
+    return "(" + "\nor\n".join(f'label_replace({r}, "kvscope_name", "{quote(n)}", "", "")' for n, r in reads) + ")"
 
 
 def _upstream(matchers: list[Matcher], term: SourceTerm) -> list[Matcher]:
