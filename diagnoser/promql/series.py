@@ -159,13 +159,9 @@ class SeriesCompiler:
         return f"({inner})[{rng}:{self.sub_step(rng)}]{offset}", getattr(inner, "cost", 1) + SUBQUERY_COST
 
     # ---------------------------------------------------------------- signal forms
-    def _read(
-        self, node: tree.Signal | dict[str, Any], series: str, by: str, fn: str | None = None, rng: str | None = None
-    ) -> PromQL:
+    def _read(self, node: tree.Signal, series: str, by: str, fn: str | None = None, rng: str | None = None) -> PromQL:
         """The canonical `series` (node `match` filter, `require_labels` guards), or `fn` of its
         range `[rng]`, as the reader writes it, with its price (a histogram's buckets ten times)."""
-        if isinstance(node, dict):  # pushdown/run.py passes the mapping (until the fleet path reads the tree)
-            node = tree.parse_node(node, self.rule.params, self.rule.path)
         outer = "count_series" if isinstance(node, tree.Count) else node.agg if isinstance(node, tree.Gauge) else "sum"
         labels = tuple(b.strip() for b in by.split(",") if b.strip())
         if isinstance(node, tree.Count):
