@@ -18,11 +18,11 @@ def render() -> None:
             [
                 {
                     "rule": r.id,
-                    "LEVERS row": r.doc.get("levers_md", ""),
+                    "LEVERS row": r.tree.meta.get("levers_md", ""),
                     "title": r.title,
                     "severity": r.severity,
                     "by": ", ".join(r.by),
-                    "citations": "; ".join(map(str, r.doc.get("citations") or ())),
+                    "citations": "; ".join(map(str, r.tree.meta.get("citations") or ())),
                 }
                 for r in rules
             ]

@@ -276,7 +276,7 @@ def evidence_series(data: TriageData, finding: Finding, key: str) -> pd.DataFram
     from kvscope.diagnoser.rulebook.grammar import ExprError
 
     rule = _rules_by_id().get(finding.rule_id)
-    if rule is None or key not in rule.series:
+    if rule is None or key not in rule.tree.series:
         return pd.DataFrame()
     try:
         g = evaluated_series(rule, data.frame, key, data.diagnosis.time_scale or 1.0)

@@ -76,7 +76,7 @@ def _alerts_note(rules: list[Rule], python_only: list[PythonOnly]) -> str:
 def render_runbook(rule: Rule, expr: str | None) -> str:
     """Markdown runbook for one rule, from the rule's own fields and its alert expression
     (None for a Python-only rule)."""
-    doc = rule.doc
+    doc = rule.tree.meta
     out = [RUNBOOK_MARK.format(id=rule.id), "", f"# {rule.title}", ""]
     alert = f"`{alert_name(rule.id)}`" if expr else "none (Python-only: `kvscope diagnose` reports it)"
     out += [

@@ -6,15 +6,15 @@ the rate of every bucket series of every engine again, each time it names it (a 
 subquery: at every inner step too). `kvscope rules build` writes one recording rule per distinct
 quantile node of the shipped rules (`kvscope-quantiles.yml`), keyed by what its value depends
 on: histogram, quantile, range and grouping, at time scale 1 and the rule's default parameters.
+Nothing in kvscope reads them back now (the fleet path reads its candidate records,
+diagnoser/pushdown/); they are shipped for ad-hoc queries (docs/alerting.md).
 
     kvscope:<histogram>:quantile_<range>{quantile="0.99", kvscope_by="instance,model"}
 
 The expression is the node's own, over the engines' own series with every source written out
 (not over `kvscope:*` canonical records), so that it holds the same values as the inline
 PromQL and `promtool tsdb create-blocks-from rules` can backfill it. A node with label
-matchers (`match`, `require_labels`) is not recorded. The pushdown reads a record where the
-TSDB has it over the whole window and its reach (`InlineSignals.recorded_quantile`); other
-ranges (longer windows scale them) and other parameters read inline.
+matchers (`match`, `require_labels`) is not recorded.
 """
 
 from __future__ import annotations
@@ -23,9 +23,18 @@ from typing import Any
 
 from kvscope.agent.signals import Catalog
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _number
-from kvscope.diagnoser.promql.signals import QUANTILE_BY, InlineSignals, quantile_key
+from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
+
+QUANTILE_BY = "kvscope_by"
+"""The label naming a recorded quantile's grouping (one record name serves every grouping)."""
+
+
+def quantile_key(histogram: str, q: str, rng: str, by: tuple[str, ...]) -> tuple[str, str, str]:
+    """(record name `kvscope:<histogram>:quantile_<range>`, its `quantile` label, its
+    `kvscope_by` label) of one recorded quantile."""
+    return f"kvscope:{histogram}:quantile_{rng}", q, ",".join(by)
 
 
 def quantile_rules(rules: list[Rule], catalog: Catalog) -> list[dict[str, Any]]:

@@ -159,13 +159,9 @@ class SeriesCompiler:
         return f"({inner})[{rng}:{self.sub_step(rng)}]{offset}", getattr(inner, "cost", 1) + SUBQUERY_COST
 
     # ---------------------------------------------------------------- signal forms
-    def _read(
-        self, node: tree.Signal | dict[str, Any], series: str, by: str, fn: str | None = None, rng: str | None = None
-    ) -> PromQL:
+    def _read(self, node: tree.Signal, series: str, by: str, fn: str | None = None, rng: str | None = None) -> PromQL:
         """The canonical `series` (node `match` filter, `require_labels` guards), or `fn` of its
         range `[rng]`, as the reader writes it, with its price (a histogram's buckets ten times)."""
-        if isinstance(node, dict):  # pushdown/run.py passes the mapping (until the fleet path reads the tree)
-            node = tree.parse_node(node, self.rule.params, self.rule.path)
         outer = "count_series" if isinstance(node, tree.Count) else node.agg if isinstance(node, tree.Gauge) else "sum"
         labels = tuple(b.strip() for b in by.split(",") if b.strip())
         if isinstance(node, tree.Count):
@@ -193,17 +189,6 @@ class SeriesCompiler:
 
     def _quantile(self, node: tree.Quantile, by: str) -> Part:
         q, rng = _number(node.q), self._range(node.rng)
-        labels = tuple(b.strip() for b in by.split(",") if b.strip())
-        recorded = getattr(self.reader, "recorded_quantile", None)  # InlineSignals: its recording rule
-        if recorded is not None and not self._matchers(node, by):  # `match` is among the matchers
-            expr = recorded(node.signal, q, rng, labels)
-            if expr is not None:
-                return str(expr), 1
-        own = getattr(self.reader, "quantile", None)  # InlineSignals: each raw histogram's own, where one per group
-        if own is not None:
-            expr = own(node.signal + "_bucket", self._matchers(node, _plus(by, "le")), q, rng, labels)
-            if expr is not None:
-                return str(expr), 10
         rates = self._read(node, node.signal + "_bucket", _plus(by, "le"), "rate", rng)
         return f"histogram_quantile({q}, {_aggregate('sum', _plus(by, 'le'), rates)})", rates.cost
 

@@ -24,8 +24,6 @@ still arrive through the agent's `kvscope_*` series.
 
 from __future__ import annotations
 
-import copy
-import re
 from dataclasses import dataclass, replace
 
 from kvscope.agent.signals import COMMON_LABELS, KVSCOPE_PREFIX, Alias, Catalog, Dialect, Signal
@@ -255,13 +253,6 @@ def _format_matchers(matchers: list[Matcher] | tuple[Matcher, ...]) -> list[str]
 class RecordedSignals:
     """Reads `kvscope:<series>`, the recording rules `kvscope rules build` writes."""
 
-    def __init__(self, instances: list[str] | None = None) -> None:
-        self.instances = instances
-
-    def only(self, instances: frozenset[str] | set[str]) -> RecordedSignals:
-        """The same reader with every selector narrowed to `instances`."""
-        return RecordedSignals(sorted(instances))
-
     def read(
         self,
         series: str,
@@ -271,8 +262,7 @@ class RecordedSignals:
         by: tuple[str, ...] | None = None,
         outer: str | None = None,
     ) -> str:
-        extra = list(matchers) + _instance_matcher(self.instances)
-        parts = _format_matchers(extra)
+        parts = _format_matchers(matchers)
         sel = f"kvscope:{series}" + ("{" + ",".join(parts) + "}" if parts else "")
         return f"{fn}({sel}[{rng}])" if fn else sel
 
@@ -296,57 +286,14 @@ class CanonicalSignals:
         return f"{fn}({sel}[{rng}])" if fn else sel
 
 
-QUANTILE_BY = "kvscope_by"
-"""The label naming a recorded quantile's grouping (one record name serves every grouping)."""
-
-
-def quantile_key(histogram: str, q: str, rng: str, by: tuple[str, ...]) -> tuple[str, str, str]:
-    """(record name `kvscope:<histogram>:quantile_<range>`, its `quantile` label, its
-    `kvscope_by` label) of one recorded quantile (promql/quantiles.py writes the rules)."""
-    return f"kvscope:{histogram}:quantile_{rng}", q, ",".join(by)
-
-
-def _instance_matcher(instances: list[str] | None) -> list[Matcher]:
-    if instances is None:
-        return []
-    return [("instance", "=~", "|".join(_escape_re(i) for i in sorted(instances)))]
-
-
 class InlineSignals:
     """Reads every source of a canonical series written out (`source_union` with the node's
-    matchers and range function pushed into each source); series named in `recorded` are read
-    from their `kvscope:<series>` recording instead. Raises NotExpressible (promql/series.py)
-    for a signal with sources PromQL cannot read (rescaled buckets, info-label values)."""
+    matchers and range function pushed into each source). Raises NotExpressible
+    (promql/series.py) for a signal with sources PromQL cannot read (rescaled buckets,
+    info-label values)."""
 
-    def __init__(
-        self,
-        catalog: Catalog,
-        recorded: frozenset[str] | set[str] = frozenset(),
-        instances: list[str] | None = None,
-        present: frozenset[str] | set[str] | None = None,
-        carried: frozenset[str] | set[str] | None = None,
-        integer_le: bool = True,
-        histograms: list[dict[str, str]] | None = None,
-        quantiles: frozenset[tuple[str, str, str]] | None = None,
-    ) -> None:
-        """`present`: the wire names the TSDB has in the span queried (None: not known). A source
-        none of whose names is present adds nothing to the union and is left out: the same
-        series, without the TSDB evaluating ranges and relabelling over empty selectors.
-        `carried`: the label names those series carry in the span (None: not known), and
-        `integer_le`: whether any bucket bound is spelled as an integer. A relabel that reads a
-        label no series carries (`worker_addr` without sglang-router), or that rewrites integer
-        bounds where there are none, changes nothing and is left out: Prometheus evaluates each
-        `label_replace` on every raw series at every step, and the sum after it is the same.
-        `histograms`: the label sets of the histograms' `le="+Inf"` bucket series in the span
-        (None: not known), one per raw histogram (`quantile`). `quantiles`: the recorded
-        quantiles (`quantile_key`) the TSDB has over the span queried (`recorded_quantile`)."""
-        self.catalog, self.recorded, self.instances = catalog, set(recorded), instances
-        self.present = None if present is None else frozenset(present)
-        self.carried = None if carried is None else frozenset(carried)
-        self.integer_le = integer_le
-        self.histograms = histograms
-        self.quantiles = quantiles or frozenset()
-        self._one_each: dict[tuple, bool] = {}
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
 
     def read(
         self,
@@ -370,16 +317,11 @@ class InlineSignals:
             raise NotExpressible(
                 f"{signal.name} has sources PromQL cannot read ({', '.join(sorted({a.name for a in skipped}))})"
             )
-        if series in self.recorded:
-            return RecordedSignals(self.instances).read(series, matchers, fn, rng)
-        if self.present is not None:
-            terms = [t for t in terms if self.present.intersection(t.names)] or terms[:1]
         agg = "max" if signal.kind == "gauge" else "sum"
-        extra = list(matchers) + _instance_matcher(self.instances)
         full = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
         foldable = by is not None and (outer == agg or outer == "count_series")
         if foldable and not any(t.collapse == "max" for t in terms):
-            wanted = set(by or ()) | {m[0] for m in extra} | ({"le"} if suffix == "_bucket" else set())
+            wanted = set(by or ()) | {m[0] for m in matchers} | ({"le"} if suffix == "_bucket" else set())
             needed = [b for b in full if b in wanted]
         else:
             needed = list(full)
@@ -388,147 +330,37 @@ class InlineSignals:
         for term in terms:
             if needed != list(full):
                 term = kept(term, set(needed))
-            term = self._carried(term)
-            sel = name_selector(
-                term.names,
-                [
-                    *(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
-                    *_format_matchers(_upstream(extra, term)),
-                ],
-            )
+            selectors = [
+                *(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
+                *_format_matchers(_upstream(list(matchers), term)),
+            ]
             op = "max" if term.collapse == "max" else agg
-            expr = f"{fn}({sel}[{rng}])" if fn else sel
-            inner = self._first(term, needed, fn, suffix)
-            if inner is not None:
-                expr = f"{op} by ({', '.join(inner)}) ({expr})"
+            expr = _range_read(term.names, selectors, fn, rng) if fn else name_selector(term.names, selectors)
             expr = relabel(
                 expr,
                 term
                 if fn != "resets"
                 else SourceTerm(term.dialect, term.names, term.matchers, term.renames, workers=term.workers),
             )
-            if suffix == "_bucket" and self.integer_le:
+            if suffix == "_bucket":
                 expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
             parts.append(f"{op} by ({clause}) ({expr})")
         return Aggregated("(" + "\nor\n".join(parts) + ")", needed, len(parts))
 
-    def _first(self, term: SourceTerm, needed: list[str], fn: str | None, suffix: str) -> list[str] | None:
-        """The labels to aggregate a source by before relabelling it, where that is the same and
-        cheaper: a read over many engines (no `instance` kept) is summed (or max-ed) down to the
-        groups first, and only those are relabelled (Prometheus relabels every raw series at every
-        step). The labels: the kept ones, the renames' sources, not `engine` where the dialect
-        overwrites it. None where the relabel could merge two groups (a rename's target some
-        series carry themselves, integer bounds rewritten) or nothing is relabelled."""
-        if self.carried is None or "instance" in needed or fn == "resets" or (suffix == "_bucket" and self.integer_le):
-            return None
-        if not term.renames and term.dialect is None:
-            return None
-        if any(c in self.carried for _, c in term.renames):
-            return None
-        sources = [u for u, _ in term.renames]
-        labels = [b for b in needed if not (b == "engine" and term.dialect is not None and b not in sources)]
-        return labels + [u for u in sources if u not in labels]
 
-    def quantile(self, series: str, matchers: list[Matcher], q: str, rng: str, by: tuple[str, ...]) -> str | None:
-        """`histogram_quantile(q, sum by (by, le) (rate(<series>[rng])))` written as each raw
-        histogram's own quantile, relabelled and grouped afterwards:
-        `max by (by) (relabel(histogram_quantile(q, rate(<series>[rng]))))`. Where each group of
-        `by` is one raw histogram in the span (`histograms`), both are the same series, and this
-        one does not relabel and sum every bucket series at every step (5x faster on Prometheus
-        2.42, measured). None where that does not hold or is not known (two data-parallel ranks
-        or two spellings of one histogram in a group, several sources): the caller writes the sum."""
-        signal, suffix = split_series(series, self.catalog)
-        if self.histograms is None or series in self.recorded or signal is None or suffix != "_bucket":
-            return None
-        terms, skipped = source_terms(signal, self.catalog, suffix)
-        if self.present is not None:
-            terms = [t for t in terms if self.present.intersection(t.names)]
-        if skipped or len(terms) != 1 or terms[0].collapse or terms[0].fallback or terms[0].scale != 1.0:
-            return None
-        term = self._carried(kept(terms[0], set(by) | {m[0] for m in matchers}))
-        upstream = [*((label, "=~", regex) for label, regex in term.matchers), *_upstream(list(matchers), term)]
-        key = (term, tuple(upstream), by)
-        if key not in self._one_each:
-            self._one_each[key] = one_per_group(self.histograms, term, upstream, by)
-        if not self._one_each[key]:
-            return None
-        only = _upstream(_instance_matcher(self.instances), term)  # a subset of the groups: still one each
-        sel = name_selector(term.names, _format_matchers(upstream + only))
-        return f"max by ({', '.join(by)}) ({relabel(f'histogram_quantile({q}, rate({sel}[{rng}]))', term)})"
-
-    def recorded_quantile(self, histogram: str, q: str, rng: str, by: tuple[str, ...]) -> str | None:
-        """The quantile read from its recording rule (promql/quantiles.py), where the TSDB has it:
-        `max by (by) (kvscope:<histogram>:quantile_<range>{quantile="q", kvscope_by="by"})`, one
-        series per group (the `max` drops the record's own labels). None where it has not."""
-        key = quantile_key(histogram, q, rng, by)
-        if key not in self.quantiles:
-            return None
-        matchers = [
-            f'quantile="{q}"',
-            f'{QUANTILE_BY}="{key[2]}"',
-            *_format_matchers(_instance_matcher(self.instances)),
-        ]
-        return f"max by ({', '.join(by)}) ({key[0]}{{{','.join(matchers)}}})"
-
-    def only(self, instances: frozenset[str] | set[str]) -> InlineSignals:
-        """The same reader with every selector narrowed to `instances` (what it learnt shared)."""
-        out = copy.copy(self)
-        out.instances = sorted(instances)
-        return out
-
-    def _carried(self, term: SourceTerm) -> SourceTerm:
-        """The term without the renames and worker relabels of labels no series carries."""
-        if self.carried is None:
-            return term
-        return replace(
-            term,
-            renames=tuple((u, c) for u, c in term.renames if u in self.carried),
-            workers=tuple(w for w in term.workers if w in self.carried),
-        )
-
-
-def one_per_group(
-    histograms: list[dict[str, str]], term: SourceTerm, matchers: list[Matcher], by: tuple[str, ...]
-) -> bool:
-    """Whether the raw histograms of `term` (their +Inf bucket series' labels) that `matchers`
-    select fall into distinct groups of `by` once relabelled as `relabel(..., term)` does; False
-    when `histograms` has none of them (not known)."""
-    names, raw, groups = set(term.names), set(), set()
-    for labels in histograms:
-        if labels.get("__name__") not in names:
-            continue
-        chosen = [_matches(labels.get(label, ""), op, value) for label, op, value in matchers]
-        if None in chosen:
-            return False
-        if not all(chosen):
-            continue
-        raw.add(tuple(sorted((k, v) for k, v in labels.items() if k != "le")))
-        out = relabelled(labels, term)
-        groups.add(tuple(out.get(b, "") for b in by))
-    return bool(raw) and len(raw) == len(groups)
-
-
-def _matches(value: str, op: str, pattern: str) -> bool | None:
-    if op == "=~":
-        return re.fullmatch(pattern, value) is not None
-    if op == "!=":
-        return value != pattern
-    return None
-
-
-def relabelled(labels: dict[str, str], term: SourceTerm) -> dict[str, str]:
-    """A series' labels after `relabel(..., term)`: what its `label_replace` calls do."""
-    out = dict(labels)
-    for upstream, canonical in term.renames:
-        if out.get(upstream):
-            out[canonical] = out[upstream]
-    for worker in term.workers:
-        found = re.fullmatch(WORKER_REGEX, out.get(worker, ""))
-        if found:
-            out["instance"] = found.group(1)
-    if term.dialect is not None:
-        out["engine"] = term.dialect
-    return out
+def _range_read(names: tuple[str, ...], matchers: list[str], fn: str, rng: str | None) -> str:
+    """`fn(selector[rng])` over `names`. A range function drops `__name__`, so two series of one
+    engine under different names (llama.cpp's `prompt_tokens` and `prompt_tokens_cached`, summed
+    into one signal) would leave one label set twice, which Prometheus refuses; each name is read
+    apart and labelled `kvscope_name` (`or` ignores `__name__`) for the caller's aggregation to
+    add up. Spellings of one name (`vllm:x`, `vllm_x` under Ray) never both exist: one selector."""
+    spellings: dict[str, list[str]] = {}
+    for name in names:
+        spellings.setdefault(name.replace(":", "_", 1), []).append(name)
+    reads = [(group[0], f"{fn}({name_selector(tuple(group), matchers)}[{rng}])") for group in spellings.values()]
+    if len(reads) == 1:
+        return reads[0][1]
+    return "(" + "\nor\n".join(f'label_replace({r}, "kvscope_name", "{quote(n)}", "", "")' for n, r in reads) + ")"
 
 
 def _upstream(matchers: list[Matcher], term: SourceTerm) -> list[Matcher]:

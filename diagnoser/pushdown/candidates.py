@@ -47,7 +47,7 @@ def candidate_exprs(rules: list[Rule], catalog: Catalog) -> dict[str, tuple[str 
         if rule.missing_params():
             out[rule.id] = (None, f"parameter(s) without a default: {', '.join(rule.missing_params())}")
             continue
-        pre = compile_prefilter(rule, InlineSignals(catalog), catalog, step, narrow=False)
+        pre = compile_prefilter(rule, InlineSignals(catalog), catalog, step)
         if pre.expr is None:
             out[rule.id] = (None, "; ".join(pre.dropped))
             continue

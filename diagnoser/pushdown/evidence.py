@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -33,7 +32,7 @@ from kvscope.diagnoser.evaluate.frame import Block, Frame, JudgedSpans
 from kvscope.diagnoser.promql.series import NotExpressible
 from kvscope.diagnoser.promql.signals import InlineSignals, _escape_re
 from kvscope.diagnoser.pushdown.candidates import Group, Hits
-from kvscope.diagnoser.rulebook.grammar import SIGNAL_FORMS, node_form, node_refs, node_signal
+from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
 from kvscope.diagnoser.sources.promapi import PromClient, PromError
 from kvscope.diagnoser.sources.prometheus import fetch_frame
@@ -64,56 +63,53 @@ def judged_spans(rule: Rule, hits: Hits, n: int, step: float) -> list[tuple[Grou
     if hits.everywhere:
         return [(Group({}, 0, n - 1), 0, n - 1)]
     margin = _steps(SAFETY_S, step)
-    open_end = "cascade" in rule.doc
+    open_end = rule.tree.cascade is not None
     return [(g, max(0, g.first - margin), n - 1 if open_end else min(n - 1, g.last + margin)) for g in hits.groups]
 
 
-def leaf_names(node: dict[str, Any]) -> set[str]:
+def leaf_names(node: tree.Signal) -> set[str]:
     """Sample names one leaf series reads (a histogram's buckets, a mean's sum and count)."""
-    form, sig = node_form(node), node_signal(node)
-    if form == "quantile":
-        return {f"{sig}_bucket"}
-    if form == "mean":
-        return {f"{sig}_sum", f"{sig}_count"}
-    return {str(sig)}
+    if isinstance(node, tree.Quantile):
+        return {f"{node.signal}_bucket"}
+    if isinstance(node, tree.Mean):
+        return {f"{node.signal}_sum", f"{node.signal}_count"}
+    return {node.signal}
+
+
+def _below(rule: Rule, names: list[str]) -> set[str]:
+    """The named series `names` read, directly or through others (themselves included)."""
+    nodes, todo, seen = rule.tree.series, list(names), set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in nodes:
+            continue
+        seen.add(name)
+        todo += nodes[name].refs
+    return seen
 
 
 def resolved_leaves(rule: Rule) -> set[str]:
     """Named series `resolved_when` reads (directly or through others): read to the window's end."""
+    block = rule.tree.resolved_when
     todo = []
-    for cond in ((rule.doc.get("resolved_when") or {}).get("all") or []) + (
-        (rule.doc.get("resolved_when") or {}).get("any") or []
-    ):
-        todo += [str(cond.get("series"))] + ([str(cond["than"])] if "than" in cond else [])
-        base = cond.get("baseline")
-        if isinstance(base, dict) and base.get("of"):
-            todo.append(str(base["of"]))
-    seen: set[str] = set()
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in rule.series:
-            continue
-        seen.add(name)
-        todo += node_refs(rule.series[name])
-    return seen
+    for cond in block.conds if block else ():
+        r = cond.right
+        todo += [cond.series] + ([r.series] if isinstance(r, tree.Than) else [])
+        if isinstance(r, tree.Baseline) and r.of:
+            todo.append(r.of)
+    return _below(rule, todo)
 
 
 def leaf_groupings(rule: Rule) -> dict[str, tuple[str, ...]]:
     """Per leaf series, the labels every read of it keeps: its own grouping, less those an
     `aggregate` above it (through any chain of series) sums over (a model's replicas, the fleet)."""
-    out = {n: tuple(node.get("by", rule.by)) for n, node in rule.series.items() if node_form(node) in SIGNAL_FORMS}
-    for node in rule.series.values():
-        if node_form(node) != "aggregate":
-            continue
-        keep, todo, seen = set(node.get("by") or ()), list(node_refs(node)), set()
-        while todo:
-            name = todo.pop()
-            if name in seen or name not in rule.series:
-                continue
-            seen.add(name)
-            if name in out:
+    nodes = rule.tree.series
+    out = {n: rule.by if node.by is None else node.by for n, node in nodes.items() if isinstance(node, tree.Signal)}
+    for node in nodes.values():
+        if isinstance(node, tree.Aggregate):
+            keep = set(node.by or ())
+            for name in _below(rule, list(node.refs)) & out.keys():
                 out[name] = tuple(label for label in out[name] if label in keep)
-            todo += node_refs(rule.series[name])
     return out
 
 
@@ -127,8 +123,8 @@ def rule_needs(
     to_end = resolved_leaves(rule)
     reads = leaf_groupings(rule)
     needs = []
-    for name, node in rule.series.items():
-        if node_form(node) not in SIGNAL_FORMS:
+    for name, node in rule.tree.series.items():
+        if not isinstance(node, tree.Signal):
             continue
         names = frozenset(leaf_names(node))
         by = reads[name]

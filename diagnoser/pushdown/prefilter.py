@@ -1,5 +1,5 @@
-"""Each rule's prefilter: its conditions as PromQL, loosened to a superset (one expression, and
-its conjuncts apart, which candidates.py runs cheapest first).
+"""Each rule's prefilter: its conditions as PromQL, loosened to a superset, as one expression
+(candidates.py records it as `kvscope:candidate`).
 
 The prefilter is written by the same compiler as `kvscope rules build`'s alerts
 (diagnoser/promql/alerts.py) with three differences, all of which make it hold wherever the
@@ -23,8 +23,7 @@ Ranges are the evaluator's (time-scaled, whole grid steps), subqueries run at th
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvscope.agent.signals import Catalog
 from kvscope.diagnoser.promql.alerts import ConditionCompiler
@@ -47,17 +46,9 @@ class Prefilter:
     expr: str | None  # None: no server-side form; every group is a candidate
     by: tuple[str, ...]
     dropped: tuple[str, ...] = ()  # conditions left to the evaluator, with the reason
-    reach_s: float = 0.0  # how far back from a grid point the rule's series read
-    step: float = 0.0  # the prefilter's query step (a multiple of the grid step)
-    hold_steps: int = 0  # the rule's `for` in grid steps (a cascade: its root stage's)
-    parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    """The conjuncts of `expr` with their groupings, the first one's labels the answer's: run one
-    by one (candidates.py, `staged_answer`), cheapest first, and intersected by the client."""
     facts: tuple[str, ...] = ()
     """Selectors of the info gauges that carry the rule's `fact == value` tests: only engines
     with such a series anywhere in the window can be candidates (candidates.py, `fact_instances`)."""
-    narrowed: Callable[[frozenset[str]], tuple[str, ...] | None] | None = field(default=None, compare=False)
-    """`parts` with every selector narrowed to the given instances (None: the reader cannot)."""
 
 
 def conditions_of(rule: Rule) -> tuple[tuple[tree.Cond, ...], tuple[tree.Cond, ...]]:
@@ -69,13 +60,10 @@ def conditions_of(rule: Rule) -> tuple[tuple[tree.Cond, ...], tuple[tree.Cond, .
 
 
 def compile_prefilter(
-    rule: Rule, reader: SignalReader, catalog: Catalog, step: float, slack: float = SLACK, narrow: bool = True
+    rule: Rule, reader: SignalReader, catalog: Catalog, step: float, slack: float = SLACK
 ) -> Prefilter:
-    """The prefilter of a prepared rule (parameters applied, time-scaled) on a grid of `step`;
-    `narrow`: give it `narrowed` where the reader can narrow its selectors (`only`)."""
-    reach = rule_reach(rule)
+    """The prefilter of a prepared rule (parameters applied, time-scaled) on a grid of `step`."""
     hold = hold_steps(rule, step)
-    qstep = query_step(rule, step)
     series = SeriesCompiler(rule, reader, step=step)
     coarse = step * max(1, min(MAX_QUERY_STEPS, hold))
     series.sub_for = lambda rng_s: _duration(step if rng_s <= LONG_SUBQUERY_S else max(step, min(coarse, rng_s / 30)))
@@ -106,16 +94,7 @@ def compile_prefilter(
     if not kept and anys and len({frozenset(e.by) for e in anys}) == 1:
         kept, anys = [PromQL("\nor\n".join(f"({e})" for e in anys), anys[0].by, sum(e.cost for e in anys))], []
     if not kept:
-        return Prefilter(
-            rule.id,
-            None,
-            rule.by,
-            tuple(dropped) or ("no condition has a PromQL form",),
-            reach,
-            qstep,
-            hold,
-            facts=facts,
-        )
+        return Prefilter(rule.id, None, rule.by, tuple(dropped) or ("no condition has a PromQL form",), facts)
     kept.sort(key=lambda c: -len(c.by))
     by = kept[0].by
     parts = [(e, e.by) for e in kept]
@@ -126,24 +105,7 @@ def compile_prefilter(
     elif anys:
         dropped.append("`any` branches on another grouping")
     out = f"({parts[0][0]})" + "".join(f"\nand{_on(by, b)}\n({e})" for e, b in parts[1:])
-    narrowed = _narrower(rule, reader, catalog, step, slack, len(parts)) if narrow else None
-    return Prefilter(rule.id, out, tuple(by), tuple(dropped), reach, qstep, hold, tuple(parts), facts, narrowed)
-
-
-def _narrower(
-    rule: Rule, reader: SignalReader, catalog: Catalog, step: float, slack: float, n: int
-) -> Callable[[frozenset[str]], tuple[str, ...] | None] | None:
-    """The rule's prefilter parts recompiled with a reader whose selectors match only the given
-    instances; None where the reader cannot narrow (no `only`)."""
-    only = getattr(reader, "only", None)
-    if only is None:
-        return None
-
-    def narrowed(instances: frozenset[str]) -> tuple[str, ...] | None:
-        again = compile_prefilter(rule, only(instances), catalog, step, slack, narrow=False)
-        return tuple(e for e, _ in again.parts) if len(again.parts) == n else None
-
-    return narrowed
+    return Prefilter(rule.id, out, tuple(by), tuple(dropped), facts)
 
 
 def _chain_same_series(cc: ConditionCompiler, conds: list[tree.Cond], kept: list[PromQL]) -> list[PromQL]:
@@ -214,18 +176,6 @@ def hold_steps(rule: Rule, step: float) -> int:
     t = rule.tree
     block = (t.cascade.stages[0] if t.cascade.stages else None) if t.cascade else t.when
     return max(0, int(round((block.hold if block else 0.0) * rule.time_scale / step)))
-
-
-CONSECUTIVE = 3
-"""A run of true points long enough to fire holds at least this many consecutive prefilter steps
-(where the rule's `for` allows): isolated matches are dropped by the client (candidates.py)."""
-
-
-def query_step(rule: Rule, step: float) -> float:
-    """The prefilter's query step: a run of hold + 1 true grid points (what `for` asks) spans at
-    least CONSECUTIVE query steps, at most MAX_QUERY_STEPS grid steps each."""
-    k = (hold_steps(rule, step) + 1) // CONSECUTIVE
-    return step * max(1, min(MAX_QUERY_STEPS, k))
 
 
 def _duration(seconds: float) -> str:

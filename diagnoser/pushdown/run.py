@@ -46,6 +46,7 @@ from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown.candidates import Group, Hits, candidate_exprs, describe, read_candidates
 from kvscope.diagnoser.pushdown.evidence import fetch_needs, rule_frame, rule_needs
 from kvscope.diagnoser.pushdown.prefilter import hold_steps, rule_reach
+from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources.promapi import PromClient, PromError
@@ -293,7 +294,7 @@ def _quiet(
     """A rule no candidate can fire for: no findings, or why the full path skips it (its
     mechanism off or unknown, no series for any group), from the TSDB; judged on every engine's
     series where PromQL cannot tell."""
-    if rule.doc.get("facts"):
+    if rule.tree.facts:
         return _judged_in_full(client, rule, grid, step, catalog, levers)  # facts: from every engine's info series
     mech = _mechanism(client, rule, reader, grid)
     if mech is False:
@@ -316,12 +317,12 @@ def _mechanism(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.n
     PromQL cannot tell. One instant query over a subquery at the grid step."""
     from kvscope.diagnoser.promql.series import SeriesCompiler
 
-    mech = rule.doc.get("mechanism")
-    if not mech:
+    mech = rule.tree.mechanism
+    if mech is None:
         return None
     step = float(grid[1] - grid[0]) if len(grid) > 1 else 15.0
     try:
-        expr = SeriesCompiler(rule, reader, step=step).expr(str(mech["series"]))
+        expr = SeriesCompiler(rule, reader, step=step).expr(mech.series)
         span = int(np.ceil(float(grid[-1] - grid[0]) + step))
         answer = client.query(f"max(max_over_time(({expr})[{span}s:{int(step)}s]))", float(grid[-1]))
     except PromError:
@@ -332,7 +333,7 @@ def _mechanism(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.n
     if any(v > 0 for v in values):
         return None
     state = MECHANISM_OFF if values else MECHANISM_UNKNOWN
-    return Skipped(rule.id, f"{state} {mech['name']} ({mech['how']})")
+    return Skipped(rule.id, f"{state} {mech.name} ({mech.how})")
 
 
 def _has_groups(
@@ -343,23 +344,17 @@ def _has_groups(
     range query. None when PromQL cannot tell (a leaf it cannot read whose samples the index
     has, and the others have none)."""
     from kvscope.diagnoser.promql.series import SeriesCompiler
-    from kvscope.diagnoser.rulebook.grammar import SIGNAL_FORMS, node_form
 
     step = float(grid[1] - grid[0]) if len(grid) > 1 else None
     comp = SeriesCompiler(rule, reader, step=step)
     by = ", ".join(rule.by)
     parts = []
     unreadable = False
-    for node in rule.series.values():
-        if node_form(node) not in SIGNAL_FORMS or tuple(node.get("by", rule.by)) != rule.by:
+    for node in rule.tree.series.values():
+        if not isinstance(node, tree.Signal) or (node.by is not None and node.by != rule.by):
             continue
-        form = node_form(node)
-        series = (
-            str(node.get("histogram", "")) + "_bucket"
-            if form == "quantile"
-            else str(node["mean"]) + "_count"
-            if form == "mean"
-            else str(node[form])
+        series = node.signal + (
+            "_bucket" if isinstance(node, tree.Quantile) else "_count" if isinstance(node, tree.Mean) else ""
         )
         if series not in present:
             continue

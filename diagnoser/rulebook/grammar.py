@@ -30,16 +30,6 @@ def node_form(node: dict[str, Any]) -> str:
     return forms[0]
 
 
-def node_signal(node: dict[str, Any]) -> str | None:
-    """The canonical signal an expression reads, or None for combinations."""
-    form = node_form(node)
-    if form == "quantile":
-        return str(node.get("histogram"))
-    if form in SIGNAL_FORMS:
-        return str(node[form])
-    return None
-
-
 def node_refs(node: dict[str, Any]) -> list[str]:
     """Named series an expression refers to."""
     form = node_form(node)

@@ -101,11 +101,6 @@ class Rule:
     def by(self) -> tuple[str, ...]:
         return tuple(self.doc.get("by", ["instance"]))
 
-    @property
-    def series(self) -> dict[str, Any]:
-        """The `series` mappings as written (the pushdown reads them; backends read `tree`)."""
-        return dict(self.doc.get("series") or {})
-
     @cached_property
     def tree(self) -> Tree:
         """The rule parsed once into its typed tree (parameters resolved); RuleError if malformed."""

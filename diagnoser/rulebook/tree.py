@@ -442,11 +442,3 @@ def parse(doc: Any, params: dict[str, Any], path: str = "") -> Tree:
     """The typed tree of one rule document with `params` resolved; RuleError (file:line) when a
     part is malformed."""
     return _Parser(doc, params, path).tree()
-
-
-def parse_node(m: dict[str, Any], params: dict[str, Any], path: str = "") -> Signal:
-    """One signal-reading series mapping as its typed node (for callers that hold the mapping)."""
-    node = _Parser(m, params, path).node(m)
-    if not isinstance(node, Signal):
-        raise _Parser(m, params, path).fail("not a signal-reading form", m)
-    return node

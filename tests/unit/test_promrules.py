@@ -107,26 +107,6 @@ def test_the_pushdowns_folded_reads_keep_the_worker_as_the_instance():
         assert worker in expr, (fn, outer)
 
 
-def test_the_pushdown_leaves_out_relabels_of_labels_no_series_carries():
-    """A relabel that reads a label no series carries changes nothing; Prometheus would still
-    evaluate it on every raw series at every step. Unknown labels keep every relabel."""
-    from kvscope.diagnoser.promql.signals import InlineSignals
-
-    catalog = load_catalog()
-    worker, model = '"worker_addr"', '"model", "$1", "model_name"'
-    bound = '"le", "$1.0", "le", "([0-9]+)"'
-    args = ("request_ttft_seconds_bucket", [], "rate", "1m")
-    every = InlineSignals(catalog).read(*args, by=("instance", "model", "le"), outer="sum")
-    assert worker in every and model in every and bound in every
-    lean = InlineSignals(catalog, carried={"instance", "model_name", "le"}, integer_le=False)
-    expr = lean.read(*args, by=("instance", "model", "le"), outer="sum")
-    assert worker not in expr and bound not in expr and model in expr
-    bare = InlineSignals(catalog, carried={"instance", "le"}, integer_le=True).read(
-        *args, by=("instance", "model", "le"), outer="sum"
-    )
-    assert model not in bare and bound in bare
-
-
 def test_the_compiler_leaves_out_an_aggregation_the_read_already_did():
     """`sum by (instance, le)` of a read summed by (instance, le) returns it unchanged: the
     compiler writes it once. A read it cannot see aggregated (the recordings) keeps it."""
@@ -153,66 +133,6 @@ series:
     )
     gauge = SeriesCompiler(rule, InlineSignals(load_catalog())).expr("waiting")
     assert gauge.startswith("sum by (instance) ((max by (instance, engine")
-
-
-def test_reads_over_many_engines_sum_before_relabelling_where_no_groups_can_merge():
-    """Summed down to the model's groups first, only those are relabelled; not for a read that
-    keeps the instance (nothing to reduce), nor where some series carry the rename's target
-    themselves (two groups could become one label set)."""
-    from kvscope.diagnoser.promql.signals import InlineSignals
-
-    catalog = load_catalog()
-
-    def read(carried: set[str], by: tuple[str, ...]) -> str:
-        return InlineSignals(catalog, carried=carried, integer_le=False).read(
-            "request_ttft_seconds_bucket", [], "rate", "1m", by=by, outer="sum"
-        )
-
-    first = "(sum by (model, le, model_name) (rate("
-    assert first in read({"instance", "model_name", "le"}, ("model", "le"))
-    assert first not in read({"instance", "model_name", "model", "le"}, ("model", "le"))
-    per_engine = read({"instance", "model_name", "le"}, ("instance", "model", "le"))
-    assert "model_name) (rate(" not in per_engine and "(label_replace(rate(" in per_engine
-
-
-def test_a_quantile_per_raw_histogram_only_where_each_group_holds_one():
-    """histogram_quantile of each raw histogram equals the quantile of the group's summed buckets
-    only where the group has one histogram: two data-parallel ranks or two spellings of one
-    engine's histogram in a group need the sum; an unknown index never takes the shortcut."""
-    from kvscope.diagnoser.promql.signals import InlineSignals
-
-    catalog = load_catalog()
-    name = "vllm:time_to_first_token_seconds_bucket"
-
-    def reader(*histograms: dict[str, str]) -> InlineSignals:
-        return InlineSignals(
-            catalog,
-            present={name},
-            carried={"instance", "model_name", "engine", "le"},
-            integer_le=False,
-            histograms=[{"__name__": name, "le": "+Inf", **h} for h in histograms],
-        )
-
-    def quantile(r: InlineSignals, by: tuple[str, ...] = ("instance", "model")) -> str | None:
-        return r.quantile("request_ttft_seconds_bucket", [], "0.99", "2m", by)
-
-    a = {"instance": "a:8000", "model_name": "m", "engine": "0"}
-    b = {"instance": "b:8000", "model_name": "m", "engine": "0"}
-    expr = quantile(reader(a, b))
-    assert expr is not None and expr.startswith(
-        "max by (instance, model) (label_replace(histogram_quantile(0.99, rate("
-    )
-    assert quantile(reader(a, {**a, "engine": "1"})) is None  # two ranks of one engine
-    assert quantile(reader(a, b), ("model",)) is None  # two engines of one model
-    assert quantile(reader(a, {**a, "__name__": "vllm_time_to_first_token_seconds_bucket"})) is None
-    assert quantile(reader()) is None  # none known
-    assert quantile(InlineSignals(catalog, present={name})) is None  # index not asked
-    narrowed = quantile(reader(a, b).only({"a:8000"}))  # a subset: still one each
-    assert (
-        narrowed is not None
-        and 'instance=~"a:8000"' in narrowed
-        and narrowed.replace(',instance=~"a:8000"', "").replace('{instance=~"a:8000"}', "") == expr
-    )
 
 
 def test_a_catalog_rename_changes_the_generated_rules():
@@ -400,10 +320,10 @@ when:
 
 def test_each_quantile_the_rules_read_is_recorded_once_with_its_grouping():
     """kvscope-quantiles.yml: one record per histogram, quantile, range and grouping, its
-    expression the node's own; a reader that knows the TSDB has one reads it instead."""
+    expression the node's own."""
     from kvscope.diagnoser.promql.quantiles import quantile_rules
     from kvscope.diagnoser.promql.series import SeriesCompiler
-    from kvscope.diagnoser.promql.signals import InlineSignals, quantile_key
+    from kvscope.diagnoser.promql.signals import InlineSignals
     from kvscope.diagnoser.rulebook.rule import read_rules
 
     rules = quantile_rules(read_rules(), load_catalog())
@@ -418,11 +338,3 @@ def test_each_quantile_the_rules_read_is_recorded_once_with_its_grouping():
         == ("kvscope:request_ttft_seconds:quantile_2m", "0.99", "instance,model")
     )
     assert p99["expr"] == SeriesCompiler(knee, InlineSignals(load_catalog())).expr("p99")
-    key = quantile_key("request_ttft_seconds", "0.99", "2m", ("instance", "model"))
-    reader = InlineSignals(load_catalog(), quantiles=frozenset({key}))
-    assert SeriesCompiler(knee, reader).expr("p99") == (
-        'max by (instance, model) (kvscope:request_ttft_seconds:quantile_2m{quantile="0.99",'
-        'kvscope_by="instance,model"})'
-    )
-    assert "_bucket" in SeriesCompiler(knee, reader).expr("p50")  # not recorded: inline
-    assert 'instance=~"a:1"' in SeriesCompiler(knee, reader.only({"a:1"})).expr("p99")
