@@ -479,6 +479,12 @@ def _counter_by(ss: SeriesSet, name: str, keys: np.ndarray, start: float, end: f
     return _group(keys, _per_sid(ss, pts, inc, _window(pts, start, end)), np.unique(pts.sid))
 
 
+def _counters(ss: SeriesSet, keys: np.ndarray, start: float, end: float, **names: str) -> dict[str, pd.Series]:
+    """column -> its counter's increase per key, for the counters the source has (absent: no column)."""
+    cols = {col: _counter_by(ss, name, keys, start, end) for col, name in names.items()}
+    return {col: v for col, v in cols.items() if v is not None}
+
+
 def compute_week(ss: SeriesSet, start: float, end: float, gpu_hour_cost: float) -> WeekStats:
     """All the week's numbers over (start, end]."""
     keys = pools(ss)
@@ -549,15 +555,15 @@ def _fleet(pools: pd.DataFrame, cost: float) -> dict[str, float | None]:
 
 def _tenants(ss: SeriesSet, start: float, end: float) -> pd.DataFrame:
     keys = ss.label("tenant", "unknown")
-    cols = {
-        col: _counter_by(ss, name, keys, start, end)
-        for name, col in (
-            ("tenant_requests_total", "requests"),
-            ("tenant_prompt_tokens_total", "prompt_tokens"),
-            ("tenant_cached_tokens_total", "cached_tokens"),
-        )
-    }
-    cols = {k: v for k, v in cols.items() if v is not None}
+    cols = _counters(
+        ss,
+        keys,
+        start,
+        end,
+        requests="tenant_requests_total",
+        prompt_tokens="tenant_prompt_tokens_total",
+        cached_tokens="tenant_cached_tokens_total",
+    )
     if not cols:
         return pd.DataFrame()
     df = pd.DataFrame(cols)
@@ -610,16 +616,18 @@ def efficiency(ss: SeriesSet, start: float, end: float) -> Efficiency:
         if cols:
             rows.append(pd.DataFrame(cols))
     comp = pd.concat(rows).dropna(how="all") if rows else pd.DataFrame()
-    counts = {
-        col: _counter_by(ss, name, keys, start, end)
-        for col, name in (
-            ("preemptions", "engine_preemptions_total"),
-            ("recomputed_tokens", "engine_preempted_prompt_tokens_total"),
-            ("prompt_tokens", "engine_prompt_tokens_total"),
-            ("requests", "engine_requests_finished_total"),
+    rec = pd.DataFrame(
+        _counters(
+            ss,
+            keys,
+            start,
+            end,
+            preemptions="engine_preemptions_total",
+            recomputed_tokens="engine_preempted_prompt_tokens_total",
+            prompt_tokens="engine_prompt_tokens_total",
+            requests="engine_requests_finished_total",
         )
-    }
-    rec = pd.DataFrame({c: v for c, v in counts.items() if v is not None})
+    )
     if "preemptions" in rec:
         rec = rec.reindex(columns=["preemptions", "recomputed_tokens", "prompt_tokens", "requests"])
         per_request = rec["prompt_tokens"] / rec["requests"].where(rec["requests"] > 0)
