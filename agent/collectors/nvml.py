@@ -8,9 +8,8 @@ Every reading is optional: a getter that the GPU or driver does not support yiel
 NVML error class as reason (`NVMLError_LibraryNotFound`, `NVMLError_DriverNotLoaded`) and emits
 no values; it retries the initialisation at most every `retry_s` seconds.
 
-`FakeNvml` (agent/collectors/nvml_fake.py, re-exported here) is the in-memory twin: it exposes
-the same function names, return shapes and exception classes as pynvml, from a JSON recording
-(tests/fixtures/nvml/).
+The unit tests run it against `FakeNvml` (testbed/nvml_fake.py), pynvml's in-memory twin fed
+from a JSON recording (tests/fixtures/nvml/).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from typing import Any
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.collectors.gpm import GpmSampler
-from kvscope.agent.collectors.nvml_fake import FakeNvml  # noqa: F401 - tests import the twin from here
 from kvscope.agent.signals import Sample, make_labels
 
 NAME = "nvml"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvscope.agent.collectors.nvml import FakeNvml, NvmlCollector
+from kvscope.agent.collectors.nvml import NvmlCollector
 from kvscope.agent.derive.gpu_join import (
     engine_gpu_hook,
     join_engines_to_gpus,
@@ -17,6 +17,7 @@ from kvscope.agent.derive.gpu_join import (
 from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import Sample, load_catalog, make_labels
+from testbed.nvml_fake import FakeNvml
 
 UUID0 = "GPU-5b8f2c1e-7a3d-4e9b-9c2f-1d0e6a4b8c71"
 UUID1 = "GPU-0c3e9d7a-2b6f-4a18-8e5d-93f1c2a7b604"

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvscope.agent.collectors.nvml import CLOCK_EVENT_REASONS, NvmlCollector, clock_event_bits
-from kvscope.agent.collectors.nvml_fake import FakeNvml
+from testbed.nvml_fake import FakeNvml
 
 SIGNAL = "gpu_clock_event_active_by_reason"
 

@@ -12,9 +12,9 @@ import pytest
 
 from kvscope.agent.collectors.gpm import GPM_METRICS, GpmSampler
 from kvscope.agent.collectors.nvml import NvmlCollector
-from kvscope.agent.collectors.nvml_fake import FakeNvml
 from kvscope.agent.serve.export import canonical_families
 from kvscope.agent.signals import load_catalog
+from testbed.nvml_fake import FakeNvml
 from testbed.prometheus import require_binaries
 
 GPM_SIGNALS = {sig for sig, _ in GPM_METRICS}

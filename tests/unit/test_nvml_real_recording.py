@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvscope.agent.collectors.nvml import FakeNvml, NvmlCollector
+from kvscope.agent.collectors.nvml import NvmlCollector
+from testbed.nvml_fake import FakeNvml
 from testbed.nvml_record import RecordingNvml, watch_gpm
 
 NVML = Path(__file__).parent.parent / "fixtures" / "nvml"
