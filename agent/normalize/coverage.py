@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -283,15 +282,3 @@ def render_markdown(cov: Coverage, signals: list[str], allowed: list[Allowed], h
             why = next((a.reason for a in allowed if a.covers(nl.engine, nl.version, s, cell.status)), "NOT ALLOWED")
             out.append(f"* {nl.key}, `{s}` {cell.status}: {cell.detail}. {why}")
     return "\n".join(out) + "\n"
-
-
-def summary(cov: Coverage, signals: list[str]) -> dict[str, Any]:
-    """Counts per release: {key: {status: n}} (for a terse CLI line or a test message)."""
-    table = cov.table(signals)
-    out: dict[str, Any] = {}
-    for nl in cov.lists:
-        counts: dict[str, int] = {}
-        for s in signals:
-            counts[table[s][nl.key].status] = counts.get(table[s][nl.key].status, 0) + 1
-        out[nl.key] = counts
-    return out
