@@ -62,19 +62,7 @@ class _Block:
 
     def with_values(self, heads: list[tuple[str, Labels, float]]) -> _Block:
         """The same block with new values (what `template.apply` gave for its next text)."""
-        return _Block(
-            heads,
-            self.facts,
-            self.dropped,
-            self.issues,
-            self.unmapped,
-            self.keys,
-            self.timestamped,
-            self.canonical,
-            self.template,
-            self.fallback,
-            self.signals,
-        )
+        return replace(self, samples=heads)
 
     def without(self, signals: frozenset[str], catalog: Catalog) -> _Block:
         """The block minus the outputs of `signals` (another block has them under a preferred name)."""
@@ -285,7 +273,7 @@ of the payload is made), ("first" | "last" | "whole", its text) for the others."
 
 
 def block_keys(text: str) -> list[BlockKey]:
-    """The memo keys of `text`'s blocks, in order; `block_text(key)` is the block (as in `split_blocks`)."""
+    """The memo keys of `text`'s blocks, in order; `block_text(key)` is the block."""
     parts: list[BlockKey] = text.split("\n# HELP ")  # type: ignore[assignment]
     if len(parts) == 1:
         return [("whole", text)] if text else []
@@ -302,22 +290,6 @@ def block_text(key: BlockKey) -> str:
     if tag == "first":
         return part + "\n"
     return "# HELP " + part if tag == "last" else part
-
-
-def split_blocks(text: str) -> list[str]:
-    """Split a text-format payload into contiguous chunks, each starting at a `# HELP` line.
-
-    Any split into whole lines is correct (parsing is line-local and the blocks are combined the
-    way the dialect collapses series); cutting at HELP lines makes a chunk one family, so a
-    family that did not change is one cache hit.
-    """
-    parts = text.split("\n# HELP ")  # a plain split is several times faster than a regex
-    if len(parts) == 1:
-        return [text] if text else []
-    blocks = [parts[0] + "\n"]
-    blocks.extend("# HELP " + p + "\n" for p in parts[1:-1])
-    blocks.append("# HELP " + parts[-1])
-    return blocks
 
 
 def _disjoint_outputs(blocks: list[_Block]) -> bool:

@@ -7,13 +7,22 @@ from collections import Counter
 
 import pytest
 
-from kvscope.agent.normalize.blockcache import BlockCache, block_keys, block_text, split_blocks
+from kvscope.agent.normalize.blockcache import BlockCache, block_keys, block_text
 from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import load_catalog
 
 CATALOG = load_catalog()
 LABELS = {"job": "vllm", "instance": "a:1"}
+
+
+def split_blocks(text: str) -> list[str]:
+    """The payload cut into chunks, each starting at a `# HELP` line (the blocks the memo keys
+    stand for), by a plain split: the oracle for block_keys/block_text."""
+    parts = text.split("\n# HELP ")
+    if len(parts) == 1:
+        return [text] if text else []
+    return [parts[0] + "\n", *("# HELP " + p + "\n" for p in parts[1:-1]), "# HELP " + parts[-1]]
 
 
 def whole(text: str, ts: float):

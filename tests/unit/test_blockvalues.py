@@ -9,11 +9,12 @@ import random
 
 import pytest
 
-from kvscope.agent.normalize.blockcache import BlockCache, split_blocks
+from kvscope.agent.normalize.blockcache import BlockCache
 from kvscope.agent.normalize.blockvalues import ValueTemplate
 from kvscope.agent.normalize.dialect import MappingMemo, normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import load_catalog
+from tests.unit.test_blockcache import split_blocks
 
 CATALOG = load_catalog()
 LABELS = {"job": "x", "instance": "a:1"}
