@@ -1,31 +1,14 @@
-"""Engine collector: scrape every configured /metrics target (vLLM, SGLang, dcgm-exporter).
+"""Engine collector: scrape every configured /metrics target (vLLM, SGLang, dcgm-exporter...).
 
-Overview: each `collect()` scrapes all targets concurrently (each bounded by the scrape timeout
-and the body cap), detects the dialect of each target from its metric names (or uses the
-target's `engine` override), and normalizes the exposition to canonical samples. Families whose
-text did not change since the target's previous scrape are not parsed again (agent/normalize/blockcache.py).
+Each `collect()` scrapes all targets concurrently (each bounded by the scrape timeout and the body
+cap), detects each target's dialect from its metric names (or takes its `engine` override) and
+normalizes the payload to canonical samples, re-reading only the families that changed
+(agent/normalize/blockcache.py). Every failure (the fetch, a target limit or the parse deadline,
+`unknown_engine`, `no_canonical_series`, dropped lines and values) is reported in the target's
+`Health`, never raised: docs/collectors.md ("Bounds and limits", "Failure modes") lists them.
 
-Failure modes, each reported in the target's `Health` and never raised:
-
-* the scrape fails: `up=False`, reason from agent/scrape/fetch.py (`timeout`, `http_503`,
-  `body_too_large`...);
-* the payload breaks one of the target's limits (Prometheus' `sample_limit`, `label_limit`,
-  `label_name_length_limit`, `label_value_length_limit`: `Target.limits`) or is not parsed
-  within what is left of the scrape timeout: `up=False`, reason `sample_limit_exceeded`,
-  `label_limit_exceeded`, ..., `parse_timeout`, no samples (the parse stops there, so the work
-  per body is bounded);
-* the payload names no known engine: `up=False`, reason `unknown_engine`, no samples;
-* the engine is known but nothing in the payload maps to a canonical signal (every name unmapped,
-  or every value dropped): `up=False`, reason `no_canonical_series`;
-* the payload is an aggregate of several engines whose series name their worker (sglang-router's
-  /engine_metrics, `worker_addr`): up, reason `aggregated_workers`, each worker's series under its
-  own instance;
-* bad lines (malformed, truncated, duplicate series) and bad values (NaN/Inf): the target stays
-  up, the lines are dropped and counted by reason in `Health.dropped`.
-
-`scrape_all()` returns the parsed payloads (native names), which is what `kvscope record`
-writes; with `keep_last = True` the last payload of each target also stays in `last_scrapes`
-for a recorder hooked on the running agent.
+`scrape_all()` returns the parsed payloads (native names), which `kvscope record` writes; with
+`keep_last` the last payload of each target stays in `last_scrapes` for a recorder on the agent.
 """
 
 from __future__ import annotations
@@ -61,7 +44,6 @@ class TargetScrape:
     text: str | None = None  # None when the scrape failed
     openmetrics: bool = False  # the server answered application/openmetrics-text
     reason: str = ""  # failure reason token; "" when it succeeded
-    size_bytes: int = 0
     _expo: Exposition | None = field(default=None, repr=False)
 
     @property
@@ -91,14 +73,7 @@ async def scrape_target(
         payload = await read_exposition(session, target.url, timeout_s, max_bytes)
     except ScrapeError as e:
         return TargetScrape(target, ts, time.monotonic() - t0, reason=e.reason)
-    return TargetScrape(
-        target,
-        ts,
-        time.monotonic() - t0,
-        text=payload.text,
-        openmetrics=payload.openmetrics,
-        size_bytes=payload.size_bytes,
-    )
+    return TargetScrape(target, ts, time.monotonic() - t0, text=payload.text, openmetrics=payload.openmetrics)
 
 
 @register_collector(NAME, default_enabled=True)

@@ -1,21 +1,11 @@
 """Engine dialects: map one engine's upstream series to canonical signals.
 
-Everything engine-specific is data in catalog.yaml; this module only applies it:
-name folding (`vllm_x` -> `vllm:x` under Ray, `sglang_x` -> `sglang:x`), `_total`/`_created`
-and histogram suffixes, unit scaling (histogram `le` bounds and `_sum` included), the label
-mapping, series that collapse after dropping labels, and info gauges that become facts.
-A signal the engine does not export produces no sample at all (absent, never zero).
-
-Versions differ, and three rules keep their numbers right (docs/collectors.md, "Engine versions"):
-
-* an alias marked `fallback` (an old name the engine may still export beside the new one) is read
-  only when the scrape has no sample of the same signal from the engine's other aliases: the new
-  name wins, the two are never added;
-* a dialect's `sentinels` are raw values that mean "no value" (DCGM's blank and not-supported
-  codes): dropped and counted with reason `sentinel`, like NaN is with `non_finite`;
-* a dialect's `worker_labels` name the engine behind an aggregating endpoint (sglang-router's
-  /engine_metrics adds `worker_addr`): its host:port becomes the sample's `instance`, so the
-  workers stay apart instead of being summed into the router's instance.
+Everything engine-specific is data in catalog.yaml; this module only applies it: name folding
+(`vllm_x` -> `vllm:x` under Ray, `sglang_x` -> `sglang:x`), `_total`/`_created` and histogram
+suffixes, unit scaling (`le` bounds and `_sum` included), the label mapping, series that collapse
+after dropping labels, info gauges that become facts, and the version rules of docs/collectors.md
+("Engine versions": `fallback` aliases, dialect `sentinels` and `worker_labels`). A signal the
+engine does not export produces no sample at all (absent, never zero).
 """
 
 from __future__ import annotations

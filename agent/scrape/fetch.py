@@ -17,7 +17,6 @@ the llhttp client it replaced); keep-alive per target, a redirect is not followe
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 
 import aiohttp
@@ -36,7 +35,6 @@ class ScrapeError(Exception):
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -46,12 +44,10 @@ class Payload:
     text: str
     openmetrics: bool  # the server said application/openmetrics-text
     size_bytes: int
-    duration_s: float
 
 
 async def read_exposition(session: aiohttp.ClientSession, url: str, timeout_s: float, max_bytes: int) -> Payload:
     """GET `url` and return its decoded body. Raises ScrapeError(reason) on any failure."""
-    start = time.monotonic()
     headers = {"Accept": ACCEPT, "X-Prometheus-Scrape-Timeout-Seconds": f"{timeout_s:g}"}
     try:
         async with asyncio.timeout(timeout_s), session.get(url, headers=headers, allow_redirects=False) as resp:
@@ -67,7 +63,7 @@ async def read_exposition(session: aiohttp.ClientSession, url: str, timeout_s: f
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ScrapeError("decode_error", f"not UTF-8 at byte {e.start}") from None
-    return Payload(text, ctype.startswith("application/openmetrics-text"), len(body), time.monotonic() - start)
+    return Payload(text, ctype.startswith("application/openmetrics-text"), len(body))
 
 
 async def _body(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes:
