@@ -39,7 +39,6 @@ from kvscope.agent.scrape.exposition import NO_LIMITS, Limits, ParseIssue, parse
 from kvscope.agent.scrape.stamped import Stamped
 from kvscope.agent.signals import Catalog, Labels, Sample, signal_of
 
-_HIST = ("_bucket", "_sum", "_count")
 MAX_LABEL_CACHE = 20_000
 _facts, _dropped, _unmapped, _issues, _heads, _fallback = map(
     attrgetter, ("facts", "dropped", "unmapped", "issues", "samples", "fallback")
@@ -90,8 +89,8 @@ class BlockCache:
         limits: Limits = NO_LIMITS,
     ) -> None:
         self.catalog = catalog
-        self.limits = replace(limits, sample_limit=0)
-        self._deadline: float | None = None  # the label limits; the caller counts samples
+        self.limits = replace(limits, sample_limit=0)  # the label limits; the caller counts samples
+        self._deadline: float | None = None
         self.max_cached_bytes = max_cached_bytes
         self.max_miss_fraction = max_miss_fraction
         self.refresh_every = refresh_every
@@ -261,9 +260,7 @@ class BlockCache:
         return [Sample(n, lab, v, timestamp) for (n, lab), v in acc.items()]
 
     def _collapse(self, name: str, prev: float, value: float) -> float:
-        sig = self.catalog.signals.get(name)
-        if sig is None and name.endswith(_HIST):
-            sig = self.catalog.signals.get(name.rsplit("_", 1)[0])
+        sig = self.catalog.signals.get(signal_of(name, self.catalog))
         return max(prev, value) if sig is not None and sig.kind == "gauge" else prev + value
 
 

@@ -15,10 +15,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from kvscope.agent.scrape.exposition import Exposition, RawSample, format_value
-from kvscope.agent.signals import Alias, Catalog, Labels, Sample, load_catalog, signal_of
+from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Alias, Catalog, Labels, Sample, load_catalog, signal_of
 
 _COUNTER_SUFFIX = "_total"
-_HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 _FACT_SKIP_LABELS = {"engine", "model_name", "__name__"}
 _UNKNOWN_INFO = ("", "None")  # an info label with this value is not known: the alias gives nothing
 
@@ -81,9 +80,7 @@ def normalize(
     if engine is None or engine not in catalog.dialects:
         out.unmapped = len(expo.samples)
         return out
-    mapper = (
-        memo.mapper(catalog, engine, target_labels) if memo is not None else _Mapper(catalog, engine, target_labels)
-    )
+    mapper = (memo or MappingMemo()).mapper(catalog, engine, target_labels)
     acc: dict[tuple[str, Labels, float | None], float] = {}
     for raw in expo.samples:
         mapper.map_sample(raw, timestamp, acc, out)
@@ -166,7 +163,7 @@ class _Mapper:
             return name, _KIND_MISMATCH, []  # a bare series where the aliases read a histogram
         if name.endswith(_COUNTER_SUFFIX) and name[: -len(_COUNTER_SUFFIX)] in self.index:
             return name[: -len(_COUNTER_SUFFIX)], _COUNTER_SUFFIX, self.index[name[: -len(_COUNTER_SUFFIX)]]
-        for suffix in _HIST_SUFFIXES:
+        for suffix in HISTOGRAM_SUFFIXES:
             if name.endswith(suffix) and name[: -len(suffix)] in self.index:
                 return name[: -len(suffix)], suffix, self.index[name[: -len(suffix)]]
         return name, "", []
