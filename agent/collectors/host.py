@@ -115,11 +115,7 @@ def _local_hosts() -> set[str]:
 @register_collector(NAME, default_enabled=True)
 class HostCollector:
     """Node CPU, memory and network, plus CPU seconds and RSS of local engine processes.
-
-    Options (`collectors: {host: {...}}`): `process_patterns` and `exclude_patterns` (lists of
-    regular expressions over the command line), `node` (label value, default the host name),
-    `interfaces_exclude` (regular expression of interface names to skip, default none).
-    """
+    Its options (`collectors: {host: {...}}`) are in OPTIONS."""
 
     name = NAME
     OPTIONS = {
@@ -176,7 +172,7 @@ class HostCollector:
             yield Sample("host_network_receive_bytes_total", self._labels(device=dev), float(io.bytes_recv), now)
             yield Sample("host_network_transmit_bytes_total", self._labels(device=dev), float(io.bytes_sent), now)
 
-    def find_engine_processes(self, health: Health | None = None) -> list[tuple[EngineProcess, psutil.Process]]:
+    def find_engine_processes(self) -> list[tuple[EngineProcess, psutil.Process]]:
         """Local processes whose command line matches the patterns (and no exclude pattern)."""
         found: list[tuple[EngineProcess, psutil.Process]] = []
         own = os.getpid()
@@ -196,7 +192,7 @@ class HostCollector:
         return found
 
     def _engine_samples(self, now: float, health: Health) -> Iterator[Sample]:
-        found = self.find_engine_processes(health)
+        found = self.find_engine_processes()
         if self._hosts is None:
             self._hosts = _local_hosts()
         instances = resolve_instances([e for e, _ in found], local_target_ports(self.targets, self._hosts))

@@ -50,13 +50,6 @@ CURRENT_REASONS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurre
 SUPPORTED_REASONS = ("nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetSupportedClocksThrottleReasons")
 
 
-def load_nvml() -> Any:
-    """The real bindings (the `pynvml` module shipped by nvidia-ml-py)."""
-    import pynvml
-
-    return pynvml
-
-
 class _Reader:
     """Calls NVML getters for one collection, turning 'not supported' into None and counting
     every other NVML error by class name."""
@@ -96,14 +89,9 @@ class _Reader:
 
 def clock_event_bits(nvml: Any) -> list[tuple[str, int]]:
     """(reason label, bit) for every clock-event reason the bindings define."""
-    out = []
-    for label, suffix in CLOCK_EVENT_REASONS:
-        bit = getattr(nvml, "nvmlClocksEventReason" + suffix, None)
-        if bit is None:
-            bit = getattr(nvml, "nvmlClocksThrottleReason" + suffix, None)
-        if bit is not None:
-            out.append((label, int(bit)))
-    return out
+    old = {s: getattr(nvml, "nvmlClocksThrottleReason" + s, None) for _, s in CLOCK_EVENT_REASONS}
+    bits = [(label, getattr(nvml, "nvmlClocksEventReason" + s, old[s])) for label, s in CLOCK_EVENT_REASONS]
+    return [(label, int(bit)) for label, bit in bits if bit is not None]
 
 
 def _text(value: Any) -> str:
@@ -135,10 +123,7 @@ def field_value(nvml: Any, fv: Any) -> float | None:
 @register_collector(NAME, default_enabled=True)
 class NvmlCollector:
     """Per-GPU utilisation, memory, power, clocks, interconnect and processes, read through NVML.
-
-    Options (`collectors: {nvml: {...}}`): `node` (label value, default the host name),
-    `retry_s` (seconds between initialisation attempts while NVML is unavailable).
-    """
+    Its options (`collectors: {nvml: {...}}`) are in OPTIONS."""
 
     name = NAME
     OPTIONS = {
@@ -208,7 +193,9 @@ class NvmlCollector:
         self._next_init = now + self.retry_s
         try:
             if self._nvml is None:
-                self._nvml = load_nvml()
+                import pynvml  # the bindings shipped by nvidia-ml-py
+
+                self._nvml = pynvml
             self._nvml.nvmlInit()
         except ImportError:
             self._down_reason = "bindings_missing"
