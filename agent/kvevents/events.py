@@ -17,11 +17,11 @@ import msgspec
 
 _DECODER = msgspec.msgpack.Decoder()
 
-# Positional field order of array-encoded events (tag first).
-_ARRAY_FIELDS = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
-    "BlockRemoved": ("block_hashes", "medium"),
-    "AllBlocksCleared": (),
+# tag -> (kind, positional field order of the array-encoded event after its tag)
+_EVENTS = {
+    "BlockStored": ("stored", ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")),
+    "BlockRemoved": ("removed", ("block_hashes", "medium")),
+    "AllBlocksCleared": ("cleared", ()),
 }
 
 
@@ -43,9 +43,6 @@ class KvEvent(NamedTuple):
     medium: str | None = None
     session_id: str | None = None
     parent_block_hash: Any = None
-
-
-_KIND = {"BlockStored": "stored", "BlockRemoved": "removed", "AllBlocksCleared": "cleared"}
 
 
 def parse_seq(frame: bytes) -> int:
@@ -88,16 +85,16 @@ def _fields(raw: Any) -> tuple[str | None, dict[str, Any]]:
     if isinstance(raw, dict):
         return raw.get("type"), raw
     if isinstance(raw, list) and raw and isinstance(raw[0], str):
-        names = _ARRAY_FIELDS.get(raw[0], ())
+        names = _EVENTS.get(raw[0], ("", ()))[1]
         return raw[0], dict(zip(names, raw[1:], strict=False))
     return None, {}
 
 
 def _event(raw: Any, ts: float, dp: int | None) -> KvEvent | None:
     tag, f = _fields(raw)
-    kind = _KIND.get(tag) if isinstance(tag, str) else None
-    if kind is None:
+    if not isinstance(tag, str) or tag not in _EVENTS:
         return None
+    kind = _EVENTS[tag][0]
     hashes = f.get("block_hashes") or ()
     if not isinstance(hashes, (list, tuple)):
         hashes = (hashes,)

@@ -30,6 +30,7 @@ from kvscope.agent.signals import Alias, Catalog, Signal
 MAPS, MAPS_OFF, UNMAPPED, RENAMED, ABSENT = "maps", "maps (off)", "unmapped", "renamed", "absent"
 PROBLEMS = (UNMAPPED, RENAMED)
 GPU_DIALECTS = ("dcgm",)  # GPU exporters: their domain is the gpu_* signals, an engine's the rest
+FRONTS = ("router", "gateway", "tier")  # roles whose series describe themselves, not the engines behind
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ class Coverage:
         self.catalog = catalog
         self.lists = sorted(lists, key=lambda nl: (nl.engine, version_key(nl.version)))
         self.meanings = meanings
-        self._routers = {nl.dialect for nl in lists if nl.role in ("router", "gateway", "tier")}
+        self._routers = {nl.dialect for nl in lists if nl.role in FRONTS}
 
     def cell(self, signal: str, nl: NameList) -> Cell:
         """The status of `signal` for one release."""
@@ -209,20 +210,18 @@ class Allowed:
 
 def load_allowed(path: Path) -> list[Allowed]:
     doc = yaml.safe_load(path.read_text()) or []
-    out = []
-    for entry in doc:
-        if not entry.get("reason"):
-            raise ValueError(f"{path}: every allowed entry needs a reason: {entry}")
-        out.append(
-            Allowed(
-                str(entry["engine"]),
-                str(entry.get("signal", "*")),
-                str(entry["status"]),
-                str(entry["reason"]).strip(),
-                tuple(str(v) for v in entry.get("versions") or ()),
-            )
+    if unexplained := [entry for entry in doc if not entry.get("reason")]:
+        raise ValueError(f"{path}: every allowed entry needs a reason: {unexplained[0]}")
+    return [
+        Allowed(
+            str(e["engine"]),
+            str(e.get("signal", "*")),
+            str(e["status"]),
+            str(e["reason"]).strip(),
+            tuple(map(str, e.get("versions") or ())),
         )
-    return out
+        for e in doc
+    ]
 
 
 def problems(cov: Coverage, signals: list[str], allowed: list[Allowed]) -> tuple[list[str], list[Allowed]]:
@@ -263,7 +262,7 @@ def render_markdown(cov: Coverage, signals: list[str], allowed: list[Allowed], h
     out += ["## What each release lacks that kvscope reads", ""]
     for nl in cov.lists:
         src = f"{nl.source.get('repo', '')} {nl.source.get('ref', '')}; `{Path(nl.path).name}`"
-        if nl.role in ("router", "gateway", "tier"):
+        if nl.role in FRONTS:
             out.append(
                 f"* **{nl.key}** ({src}): a {nl.role}; its series describe the {nl.role}, and kvscope "
                 "reads the engines behind it under their own names (nothing of theirs is lacking here)."
