@@ -1,16 +1,12 @@
-"""GPU Performance Monitoring (GPM, Hopper and later) through NVML: SM activity, SM occupancy,
+"""GPU Performance Monitoring (GPM, Hopper and later) through NVML: SM activity and occupancy,
 tensor, FP pipe and DRAM bandwidth utilisation, under the canonical signals dcgm-exporter's
-profiling fields normalize to (DCGM_FI_PROF_*), so rules and dashboards read one signal
-whichever source a node has.
+profiling fields (DCGM_FI_PROF_*) normalize to, so rules read one signal whatever the source.
 
-A GPM metric is computed between two samples. `GpmSampler` keeps two NVML sample buffers per
-GPU for the collector's life and swaps them each collection: the first collection of a GPU
-yields nothing, every later one yields the averages since the previous collection. A GPU that
-cannot do GPM (pre-Hopper, MIG enabled, bindings or driver without the calls) is asked once and
-then skipped; `status()` says why, per GPU, for the collector's facts.
-
-All calls go through the collector's `_Reader` (errors counted by class, never raised); the
-constants and ctypes structures come from the loaded bindings, never from this file.
+A GPM metric is computed between two samples: `GpmSampler` keeps two NVML sample buffers per GPU
+and swaps them each collection, so a GPU's first collection yields nothing. A GPU that cannot do
+GPM (pre-Hopper, MIG enabled, bindings or driver without the calls) is asked once, then skipped;
+`status()` says why, per GPU. All calls go through the collector's `_Reader` (errors counted,
+never raised); constants and ctypes structures come from the loaded bindings.
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
 """Per-target memo of parse + normalize, one metric family block at a time.
 
-Between two scrapes of one engine most metric families are byte-identical: an idle histogram, a
-config info gauge, a counter nobody incremented. `BlockCache.normalize` splits a text-format
-payload into family blocks (a block starts at the `# HELP`/`# TYPE` of a new family), and
-parses and normalizes only the blocks whose text changed since the previous scrape of the same
-target; unchanged blocks reuse their canonical samples. The result's samples are a `Stamped`
-(agent/scrape/stamped.py): the blocks themselves plus the scrape time, so an unchanged block is the
-same object as last scrape and costs its consumers nothing per sample.
-
-The result equals `parse_exposition` + `normalize` on the whole payload:
-
-* blocks are combined the way the dialect collapses series: gauges take the max, counters and
-  histograms are summed (this only matters when two upstream names map to one signal), and a
-  signal that one block has under a preferred name is dropped from the blocks that have it only
-  under a `fallback` (old) name, as the dialect does within one payload;
-* anything the block split could get wrong takes the whole-payload path instead: OpenMetrics,
-  an incomplete payload, a series that appears in two blocks (duplicates are detected across
-  the whole payload), a payload larger than `max_cached_bytes` (the memo would double it);
-* the memo holds only the previous scrape's blocks, so it is bounded by one payload;
-* when more than `max_miss_fraction` of the blocks changed (an engine under heavy load), many
-  small parses cost more than one whole parse, so the whole path is taken; every
-  `refresh_every`-th such scrape goes through the blocks anyway to refresh the memo.
-
-Parse issues keep their reason but their line numbers are relative to their block.
+Between two scrapes most families are byte-identical. `BlockCache.normalize` splits a text payload
+into family blocks (each starts at a `# HELP`) and parses and normalizes only the blocks whose text
+changed; the result's samples are a `Stamped` (agent/scrape/stamped.py) whose unchanged blocks are
+the same objects as last scrape. The result equals parse + normalize of the whole payload: blocks
+are combined as the dialect collapses series (gauges max, the rest summed; a signal a block has
+only under a `fallback` name yields to another block's preferred name). The whole-payload path is
+taken for OpenMetrics, an incomplete payload, a series in two blocks, own timestamps, a payload
+over `max_cached_bytes` (the memo holds one payload), or more than `max_miss_fraction` of the
+blocks changed (every `refresh_every`-th such scrape still refreshes the memo). Parse issues'
+line numbers are relative to their block.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Re-reading a family block whose values moved and nothing else.
 
-Between two scrapes a counter or gauge family usually keeps every line but its value: the same
-HELP/TYPE lines, the same series in the same order. `ValueTemplate` remembers, for one parsed
-block, the text of every line up to its last space and how each canonical output is made from
-the sample values (agent/normalize/dialect.py, `linear_plan`); `apply` then takes the next text
-of the block at the same place and, if every line still matches, returns the new canonical
-(name, labels, value) triples with one C-level pass per step and no regex, label parsing or
-label mapping. Whenever the answer could differ from parse + normalize, `apply` returns None and
-the caller takes the general path:
-
-* any line other than a sample value differs (comments, names, labels, line count);
-* a new value does not parse as a float, or an output is not finite, or a value is one of the
-  dialect's sentinels (the dialect drops those and counts them);
-* the template was never built: the block had parse issues, drops, facts, timestamps, an `#`
-  in a sample line (an exemplar would hide the value), a collapse, or an info gauge.
-
-`build` checks its own plan against the general path's result on the block it comes from.
+`ValueTemplate` remembers, for one parsed block, every line up to its last space and how each
+canonical output is made from the sample values (dialect.py `linear_plan`); `apply` takes the
+block's next text and, if every line but the values matches, returns the new canonical (name,
+labels, value) triples in C-level passes, without regex or label mapping. It returns None (the
+caller takes the general path) whenever the answer could differ from parse + normalize: another
+line differs, or a value is not a float, not finite or a dialect sentinel. No template is built
+for a block with parse issues, drops, facts, timestamps, a `#` in a sample line, a collapse or an
+info gauge, and `build` checks its plan against the general path on the block it comes from.
 """
 
 from __future__ import annotations

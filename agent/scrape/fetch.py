@@ -1,17 +1,12 @@
 """Fetch one /metrics payload over HTTP with hard bounds on time and size.
 
 `read_exposition` is the only network read of an exposition in kvscope. It never hangs and never
-buffers more than `max_bytes`: the timeout covers connect, headers and the whole body, and the
-body is streamed and abandoned as soon as it passes the cap (decompressed bytes are counted, and
-aiohttp inflates at most one read's room at a time, so a gzip bomb is capped too). Every failure
-becomes a `ScrapeError` whose `reason` is a short stable token, used as the `reason` label of
-`kvscope_scrape_errors_total`:
-
-    timeout, connection_refused, connect_error, dns_error, server_disconnected, payload_error,
-    http_<status> (http_503...), body_too_large, decode_error, invalid_url, http_protocol_error
-
-The client is aiohttp's, as everywhere in the agent (bench/scrape_client.py measured it against
-the llhttp client it replaced); keep-alive per target, a redirect is not followed (http_30x).
+buffers more than `max_bytes`: the timeout covers connect, headers and body, and the body is
+streamed and abandoned past the cap (decompressed bytes counted, so a gzip bomb is capped too).
+Every failure is a `ScrapeError` whose `reason` (the `reason` label of
+`kvscope_scrape_errors_total`) is one of: timeout, connection_refused, connect_error, dns_error,
+server_disconnected, payload_error, http_<status>, body_too_large, decode_error, invalid_url,
+http_protocol_error. Keep-alive per target; a redirect is not followed (http_30x).
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """One target's canonical samples as family blocks with one timestamp, and a cycle as parts.
 
-Between two 1 s scrapes most family blocks of an engine are unchanged (agent/normalize/blockcache.py
-hands back the very same block object). `Stamped` keeps a scrape that way: the blocks of
-(name, labels, value) triples, one timestamp for all of them, and the target it came from. It
-is a read-only `Sequence[Sample]`: whoever iterates or indexes it gets ordinary `Sample`s
-(built once, on first use). The consumers on the per-cycle path read the blocks instead and
-skip every block that is the same object as in that target's previous scrape:
-
-* the change-point encoder (agent/store/changepoints.py) writes rows only for changed blocks;
-* counter-reset detection (agent/runtime.py) compares only changed blocks;
-* the GPU join and the cascade hook (agent/derive/) stamp only the few series they read (`pick`).
-
-`Parts` is a cycle: the parts of every collector in order (one per engine target, named by
-its instance: a `Stamped`, or a list when the whole-payload path made it; plain lists from the
-other collectors), again a read-only `Sequence[Sample]` whose flat form is built
-only if someone asks for it. Each consumer's block path has a unit test against its general
-path on the flattened samples.
+`Stamped` keeps a scrape as the block memo made it (agent/normalize/blockcache.py): blocks of
+(name, labels, value) triples, an unchanged block being the same object as last scrape, and one
+timestamp for all. `Parts` is a cycle: every collector's part in order (a `Stamped` or a list per
+engine target, named by its instance; lists from the other collectors). Both are read-only
+`Sequence[Sample]`s whose flat list is built only on first use; the per-cycle consumers (the
+change-point encoder, counter-reset detection, the derive hooks through `pick`) read the blocks
+instead and skip those unchanged, each checked by a unit test against its general path.
 """
 
 from __future__ import annotations
