@@ -7,8 +7,7 @@ normalizes the payload to canonical samples, re-reading only the families that c
 `unknown_engine`, `no_canonical_series`, dropped lines and values) is reported in the target's
 `Health`, never raised: docs/collectors.md ("Bounds and limits", "Failure modes") lists them.
 
-`scrape_all()` returns the parsed payloads (native names), which `kvscope record` writes; with
-`keep_last` the last payload of each target stays in `last_scrapes` for a recorder on the agent.
+`scrape_all()` returns the payloads (native names), which `kvscope record` writes.
 """
 
 from __future__ import annotations
@@ -45,11 +44,6 @@ class TargetScrape:
     openmetrics: bool = False  # the server answered application/openmetrics-text
     reason: str = ""  # failure reason token; "" when it succeeded
     _expo: Exposition | None = field(default=None, repr=False)
-
-    @property
-    def parsed(self) -> bool:
-        """True once `exposition()` has parsed the whole payload."""
-        return self._expo is not None
 
     def exposition(self, deadline: float | None = None) -> Exposition | None:
         """The whole payload parsed (once) under the target's limits, with native names; None
@@ -96,8 +90,6 @@ class EngineCollector:
         self._limit = asyncio.Semaphore(max_concurrency)
         self._engines: dict[str, str | None] = {}  # instance -> detected engine (cached)
         self._caches: dict[str, BlockCache] = {}  # instance -> memo of the previous payload
-        self.keep_last = False  # set by a recorder hooked on the runtime; off: a 16 MiB payload
-        self.last_scrapes: dict[str, TargetScrape] = {}  # is not kept alive between cycles
 
     async def scrape_all(self) -> list[TargetScrape]:
         """Scrape every target concurrently; one result per target, in config order."""
@@ -108,10 +100,7 @@ class EngineCollector:
     async def _scrape_one(self, target: Target) -> TargetScrape:
         async with self._limit:
             assert self._session is not None
-            result = await scrape_target(self._session, target, self.config.timeout_s, self.config.max_body_bytes)
-        if self.keep_last:
-            self.last_scrapes[target.instance] = result
-        return result
+            return await scrape_target(self._session, target, self.config.timeout_s, self.config.max_body_bytes)
 
     async def collect(self) -> Collection:
         """`samples` is a `Parts` (agent/scrape/stamped.py): one part per target, a `Stamped` when the
@@ -192,7 +181,7 @@ class EngineCollector:
         """Whole-payload path when the payload is already parsed (detection, recording) or
         OpenMetrics; else the per-target block memo (agent/normalize/blockcache.py), same result."""
         target = scrape.target
-        if scrape.parsed or scrape.openmetrics:
+        if scrape._expo is not None or scrape.openmetrics:
             expo = scrape.exposition(deadline)
             assert expo is not None
             return normalize(expo, engine, target.target_labels(), scrape.timestamp, self.catalog), expo.issues
