@@ -129,13 +129,9 @@ class GpmSampler:
                 yield Sample(signal, base, metric.value / 100.0, now)
 
     def forget_others(self, r: Any, keep: set[str]) -> None:
-        """Free the buffers of GPUs that were not seen in this collection."""
+        """Free the buffers of GPUs not in `keep` (all of them before nvmlShutdown) and forget them."""
         for key in [k for k in self._devices if k not in keep]:
             self._release(r, self._devices.pop(key))
-
-    def close(self, r: Any) -> None:
-        """Free every sample buffer (before nvmlShutdown) and forget all GPUs."""
-        self.forget_others(r, set())
 
     def _release(self, r: Any, dev: _Device) -> None:
         for buffer in dev.buffers:

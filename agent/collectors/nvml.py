@@ -227,7 +227,7 @@ class NvmlCollector:
     def _forget_devices(self, r: _Reader) -> None:
         """Drop per-GPU state (GPM buffers, supported reasons) before NVML is started again."""
         if self._gpm is not None:
-            self._gpm.close(r)
+            self._gpm.forget_others(r, set())
             self._gpm = None
         self._supported_reasons.clear()
 
