@@ -1,15 +1,11 @@
-"""NVML collector: per-GPU utilisation, memory, power, energy, temperature, clocks and
-clock-event (throttle) reasons, PCIe and NVLink throughput, per-process memory, MIG layout and
-GPM profiling metrics (agent/collectors/gpm.py), read through NVIDIA's `nvidia-ml-py` bindings
-(`import pynvml`; never the deprecated `pynvml` package).
+"""NVML collector: per-GPU utilisation, memory, power, energy, temperature, clocks and clock-event
+(throttle) reasons, PCIe and NVLink throughput, per-process memory, MIG layout and GPM metrics
+(agent/collectors/gpm.py), through NVIDIA's `nvidia-ml-py` bindings (`import pynvml`).
 
-Every reading is optional: a getter that the GPU or driver does not support yields nothing
-(the signal is absent, never 0). Without a driver the collector reports itself down with the
-NVML error class as reason (`NVMLError_LibraryNotFound`, `NVMLError_DriverNotLoaded`) and emits
-no values; it retries the initialisation at most every `retry_s` seconds.
-
-The unit tests run it against `FakeNvml` (testbed/nvml_fake.py), pynvml's in-memory twin fed
-from a JSON recording (tests/fixtures/nvml/).
+A getter the GPU or driver does not support yields nothing (absent, never 0). Without a driver the
+collector is down with the NVML error class as reason (`NVMLError_LibraryNotFound`...) and emits no
+values; it retries the initialisation at most every `retry_s` seconds. The unit tests run it
+against `FakeNvml` (testbed/nvml_fake.py), fed from a JSON recording (tests/fixtures/nvml/).
 """
 
 from __future__ import annotations

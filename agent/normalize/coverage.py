@@ -1,20 +1,16 @@
 """Which canonical signals each engine version gives kvscope, from name lists of the engines' own
-releases (tests/fixtures/engine_names/*.yaml) and the catalog.
+releases (tests/fixtures/engine_names/*.yaml) and the catalog. For one signal and release:
 
-For one signal, one engine and one version the status is:
+* `maps`: an alias of the engine's dialect names a metric the release exports, with a kind and
+  labels it can read (`maps (off)` when the exporter ships it disabled);
+* `unmapped`: the release exports a metric for the signal that no alias reads: a name the meanings
+  list (meanings.yaml, judged by hand) ties to the signal and the catalog lacks, or an alias whose
+  name is there but whose kind or `match` labels do not fit;
+* `renamed`: an alias name an earlier listed release exported is gone, and nothing else gives it;
+* `absent`: the release exports nothing for it (kvscope reports it absent, never zero).
 
-* `maps`: a catalog alias of the engine's dialect names a metric the version exports, with a
-  kind and labels the alias can read (`maps (off)` when the exporter ships it disabled);
-* `unmapped`: the version exports a metric for the signal but no alias reads it: a name the
-  meanings list (meanings.yaml: upstream name -> signal, judged by hand) ties to the signal and the
-  catalog lacks, or an alias whose name is there but whose kind or `match` labels do not fit;
-* `renamed`: an alias name the engine exported in an earlier listed version is gone, and nothing
-  else gives the signal;
-* `absent`: the version exports nothing for it (kvscope reports the signal absent, never zero).
-
-Nothing here reads kvscope's rules or dashboards: which signals to check is the caller's input
-(`kvscope rules coverage` passes the ones the diagnosis rules, dashboards and generated Prometheus
-rules read).
+Which signals to check is the caller's input (`kvscope rules coverage` passes those the diagnosis
+rules, dashboards and generated Prometheus rules read).
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
-"""Parse Prometheus text (0.0.4) and OpenMetrics exposition into raw samples.
+"""Parse Prometheus text (0.0.4) and OpenMetrics exposition into raw samples (upstream names kept;
+agent/normalize/dialect.py maps them). Pure text -> data. Prometheus 3 quoted UTF-8 names are read.
 
-Pure text -> data, no I/O. Bad lines never raise: each becomes a `ParseIssue` with its line
-number and reason, and parsing goes on, so one malformed series cannot hide the rest of an
-engine's metrics. Upstream names are kept exactly as exposed; mapping to canonical signals is
-the engine dialects' job (agent/normalize/dialect.py). Prometheus 3 quoted UTF-8 names are read
-(`{"my.metric","label.x"="v"} 1`).
+Bad lines never raise: each becomes a `ParseIssue` (line number, reason) and parsing goes on.
+Linear time on any input: every regex is possessive (`*+`, `?+`), so none can backtrack, and each
+line is matched once (a second, diagnosing pass runs only on a line that failed). Per line at most
+`MAX_LINE` characters, `MAX_LABELS` labels, `MAX_VALUE` characters per label value (else dropped:
+line_too_long / too_many_labels / label_value_too_long). Passing one of a target's `Limits` or the
+`deadline` (time.monotonic) stops the parse with a `*_exceeded` / parse_timeout issue.
 
-Linear time on any input: every regex below is possessive (`*+`, `?+`), so none can backtrack,
-and each line is matched once (a second, diagnosing pass runs only on a line that failed). Bounds
-per line: `MAX_LINE` characters, `MAX_LABELS` labels, `MAX_VALUE` characters per label value (the
-line is dropped with reason line_too_long / too_many_labels / label_value_too_long). `Limits`
-holds a target's Prometheus limits; exceeding one stops the parse with a `*_exceeded` issue (the
-collector fails the scrape, as Prometheus does). A `deadline` (time.monotonic) stops the parse
-with reason parse_timeout.
-
-Numbers are read as Prometheus does: values `[+-]` decimal/exponent, `Inf`, `NaN` (ASCII digits
-only; no `_`, hex or base prefixes); text-format timestamps are integer milliseconds,
-OpenMetrics timestamps decimal seconds. OpenMetrics lines take single spaces, no blank lines.
+Numbers are read as Prometheus does: `[+-]` decimal/exponent, `Inf`, `NaN` (ASCII digits only);
+text-format timestamps are integer milliseconds, OpenMetrics ones decimal seconds. OpenMetrics
+lines take single spaces and no blank lines.
 """
 
 from __future__ import annotations
