@@ -126,13 +126,9 @@ class Coverage:
         """The status of `signal` for one release."""
         sig = self.catalog.signals[signal]
         aliases = [a for a in sig.aliases if nl.dialect is not None and a.engine == nl.dialect]
-        readable, problems = [], []
-        for alias in aliases:
-            why = _unreadable(alias, sig, nl)
-            if why is None:
-                readable.append(alias)
-            elif why:
-                problems.append(why)
+        whys = [(alias, _unreadable(alias, sig, nl)) for alias in aliases]
+        readable = [alias for alias, why in whys if why is None]
+        problems = [why for _, why in whys if why]
         meant = sorted(n for n, s in self.meanings.get(nl.engine, {}).items() if s == signal and n in nl.names)
         if readable:
             off = all(not nl.names[a.name].enabled for a in readable)
@@ -143,8 +139,7 @@ class Coverage:
             if nl.dialect is not None and nl.dialect not in self.catalog.dialects:
                 detail = f"no {nl.dialect} dialect in the catalog: {detail}"
             return Cell(UNMAPPED, detail)
-        gone = self._gone(aliases, nl)
-        if gone:
+        if gone := self._gone(aliases, nl):
             return Cell(RENAMED, f"{', '.join(gone)} no longer exported")
         return Cell(ABSENT)
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from kvscope.agent.scrape.exposition import Exposition, RawSample, format_value
 from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Alias, Catalog, Labels, Sample, load_catalog, signal_of
 
-_COUNTER_SUFFIX = "_total"
 _FACT_SKIP_LABELS = {"engine", "model_name", "__name__"}
 _UNKNOWN_INFO = ("", "None")  # an info label with this value is not known: the alias gives nothing
 
@@ -161,9 +160,7 @@ class _Mapper:
             if kinds & {"gauge", "counter"}:
                 return name, "", self.index[name]
             return name, _KIND_MISMATCH, []  # a bare series where the aliases read a histogram
-        if name.endswith(_COUNTER_SUFFIX) and name[: -len(_COUNTER_SUFFIX)] in self.index:
-            return name[: -len(_COUNTER_SUFFIX)], _COUNTER_SUFFIX, self.index[name[: -len(_COUNTER_SUFFIX)]]
-        for suffix in HISTOGRAM_SUFFIXES:
+        for suffix in ("_total", *HISTOGRAM_SUFFIXES):
             if name.endswith(suffix) and name[: -len(suffix)] in self.index:
                 return name[: -len(suffix)], suffix, self.index[name[: -len(suffix)]]
         return name, "", []
