@@ -11,6 +11,7 @@ against `FakeNvml` (testbed/nvml_fake.py), fed from a JSON recording (tests/fixt
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from collections import Counter
@@ -386,8 +387,6 @@ class NvmlCollector:
             if not self._running:  # a hung read may still be using the GPM buffers: leave them
                 self._forget_devices(_Reader(self._nvml))
             assert self._nvml is not None  # _ready is set only after the bindings loaded
-            try:
+            with contextlib.suppress(Exception):  # shutting down a broken driver must not fail close()
                 self._nvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001 - shutting down a broken driver must not fail close()
-                pass
             self._ready = False

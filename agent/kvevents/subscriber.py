@@ -15,6 +15,7 @@ accept that early blocks show up as `removed_unknown`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -86,10 +87,8 @@ class KvEventSubscriber:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # a dead loop's error is in `dead`
                 await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - a dead loop's error is in `dead`
-                pass
             self._task = None
         if self._sock is not None:
             self._sock.close(linger=0)
