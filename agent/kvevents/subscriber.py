@@ -61,11 +61,9 @@ register_section("kv_events", parse_kv_events_config)
 class KvEventSubscriber:
     """Subscribes to one publisher and feeds a ResidencyTracker. `start()` / `stop()`."""
 
-    def __init__(
-        self, source: KvEventSource, tracker: ResidencyTracker | None = None, context: zmq.asyncio.Context | None = None
-    ) -> None:
+    def __init__(self, source: KvEventSource, context: zmq.asyncio.Context | None = None) -> None:
         self.source = source
-        self.tracker = tracker or ResidencyTracker(source.instance)
+        self.tracker = ResidencyTracker(source.instance)
         self.stats: Counter[str] = Counter()  # batches, events, missed_batches
         self.errors: Counter[str] = Counter()  # bad messages and events by reason
         self._ctx = context or zmq.asyncio.Context.instance()
