@@ -27,7 +27,7 @@ from kvscope.agent.ratelog import warn_every
 from kvscope.agent.scrape.exposition import FATAL, Exposition, Limits, ParseIssue, parse_exposition
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
 from kvscope.agent.scrape.stamped import Parts
-from kvscope.agent.signals import Catalog, load_catalog
+from kvscope.agent.signals import load_catalog
 
 NAME = "engine"
 log = logging.getLogger("kvscope.engine")
@@ -76,18 +76,11 @@ class EngineCollector:
 
     name = NAME
 
-    def __init__(
-        self,
-        config: AgentConfig,
-        catalog: Catalog | None = None,
-        session: aiohttp.ClientSession | None = None,
-        max_concurrency: int = 32,
-    ) -> None:
+    def __init__(self, config: AgentConfig) -> None:
         self.config = config
-        self.catalog = catalog or load_catalog()
-        self._session = session
-        self._own_session = session is None
-        self._limit = asyncio.Semaphore(max_concurrency)
+        self.catalog = load_catalog()
+        self._session: aiohttp.ClientSession | None = None
+        self._limit = asyncio.Semaphore(32)  # targets scraped at once
         self._engines: dict[str, str | None] = {}  # instance -> detected engine (cached)
         self._caches: dict[str, BlockCache] = {}  # instance -> memo of the previous payload
 
@@ -205,7 +198,7 @@ class EngineCollector:
         return engine
 
     async def close(self) -> None:
-        if self._session is not None and self._own_session:
+        if self._session is not None:
             await self._session.close()
         self._session = None
 
