@@ -79,7 +79,7 @@ def normalize(
     if engine is None or engine not in catalog.dialects:
         out.unmapped = len(expo.samples)
         return out
-    mapper = (memo or MappingMemo()).mapper(catalog, engine, target_labels)
+    mapper = memo.mapper(catalog, engine, target_labels) if memo else _Mapper(catalog, engine, target_labels)
     acc: dict[tuple[str, Labels, float | None], float] = {}
     for raw in expo.samples:
         mapper.map_sample(raw, timestamp, acc, out)
@@ -124,9 +124,9 @@ class MappingMemo:
     def mapper(self, catalog: Catalog, engine: str, target_labels: dict[str, str]) -> _Mapper:
         key = (id(catalog), engine, tuple(sorted(target_labels.items())))
         if self._mapper is None or key != self._key or self._mapper.catalog is not catalog:
-            self._mapper = _Mapper(catalog, engine, target_labels)
+            self._mapper = _Mapper(catalog, engine, target_labels, plans={})
             self._key = key
-        elif len(self._mapper.plans) > self.max_series:
+        elif self._mapper.plans is not None and len(self._mapper.plans) > self.max_series:
             self._mapper.plans.clear()
         return self._mapper
 
@@ -134,10 +134,15 @@ class MappingMemo:
 class _Mapper:
     """Applies one dialect to raw samples; caches name resolution across samples."""
 
-    def __init__(self, catalog: Catalog, engine: str, target_labels: dict[str, str]) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        engine: str,
+        target_labels: dict[str, str],
+        plans: dict[tuple[str, Labels], list[tuple]] | None = None,
+    ) -> None:
         self.catalog = catalog
-        # (raw name, raw labels) -> per alias: (name, labels, kind, mode, factor, rank)
-        self.plans: dict[tuple[str, Labels], list[tuple]] = {}
+        self.plans = plans  # (raw name, raw labels) -> per alias: (name, labels, kind, mode, factor, rank)
         self.dialect = catalog.dialects[engine]
         self.sentinels = self.dialect.sentinels
         self.index = catalog.aliases_for(engine)
@@ -187,6 +192,10 @@ class _Mapper:
             out.dropped["sentinel"] += 1  # the engine's "no value" code, not a measurement
             return
         ts = raw.timestamp if raw.timestamp is not None else timestamp
+        if self.plans is None:
+            for alias in aliases:
+                self._apply(alias, suffix, raw, ts, out.pending if alias.fallback else acc, out)
+            return
         plan = self.plans.get((raw.name, raw.labels))
         if plan is None:
             plan = self.plans[(raw.name, raw.labels)] = [self._plan(a, suffix, raw) for a in aliases]
@@ -207,6 +216,8 @@ class _Mapper:
         its value being `samples[index].value * factor`. None when that is not the whole story:
         a fact source, an info gauge (value from a label), a bad `le`, two outputs collapsing
         into one series, a sample carrying its own timestamp, or no memoized plan to read."""
+        if self.plans is None:
+            return None
         out: list[tuple[int, float, str, Labels]] = []
         for k, raw in enumerate(samples):
             if raw.timestamp is not None:
@@ -232,14 +243,14 @@ class _Mapper:
         return out
 
     def _plan(self, alias: Alias, suffix: str, raw: RawSample) -> tuple:
-        """How this alias maps this series, minus the value: (name, labels, kind, mode, factor,
-        rank); name None when the alias does not match or the `le` is bad."""
+        """What `_apply` does with this series, minus the value: (name, labels, kind, mode,
+        factor, rank); name None when the alias does not match or the `le` is bad."""
         signal = self.catalog.signals[alias.signal]
         upstream = dict(raw.labels)
         if not _matches(alias, suffix, upstream):
             return None, _NO_MATCH, signal.kind, "", 0.0, alias.rank
         if alias.info_label or alias.info_count:
-            mode, factor = "info", self._info_value(alias, upstream)
+            mode, factor = "info", self._value(alias, signal.kind, suffix, raw, upstream)
             if factor is _UNKNOWN:
                 return None, _NO_MATCH, signal.kind, "", 0.0, alias.rank
         elif signal.kind == "histogram" and suffix in ("_bucket", "_count"):
@@ -265,7 +276,7 @@ class _Mapper:
     ) -> None:
         """Check the value, its finiteness, then the `le` label (`name` None), counting a drop by
         reason; else accumulate into `acc` (max for gauges, the series with the largest `order`
-        (raw value) for `latest`, sum otherwise)."""
+        (raw value) for `latest`, sum otherwise). Both paths use it."""
         if value is None:
             out.dropped["bad_value"] += 1
             return
@@ -289,18 +300,43 @@ class _Mapper:
         else:
             acc[key] = prev + value
 
+    def _apply(
+        self,
+        alias: Alias,
+        suffix: str,
+        raw: RawSample,
+        ts: float | None,
+        acc: dict[tuple[str, Labels, float | None], float],
+        out: Normalized,
+    ) -> None:
+        signal = self.catalog.signals[alias.signal]
+        upstream = dict(raw.labels)
+        if not _matches(alias, suffix, upstream):
+            return
+        value = self._value(alias, signal.kind, suffix, raw, upstream)
+        if value is _UNKNOWN:
+            return
+        labels = self._labels(alias, signal.labels, signal.kind, suffix, upstream)
+        name = None if labels is None else signal.name + (suffix if signal.kind == "histogram" else "")
+        self._add(
+            name, "" if labels is None else labels, _combine_kind(alias, signal.kind), ts, value, acc, out, raw.value
+        )  # checks value, then le
+
     @staticmethod
-    def _info_value(alias: Alias, upstream: dict[str, str]) -> float | None:
-        """An info alias's value, read from labels; None when one is not a number."""
+    def _value(alias: Alias, kind: str, suffix: str, raw: RawSample, upstream: dict[str, str]) -> float | None:
         if alias.info_count:  # distinct names in comma-joined labels (vLLM lora_requests_info)
             return float(len({n for label in alias.info_count for n in upstream.get(label, "").split(",") if n}))
-        texts = [upstream.get(label, "") for label in alias.info_label]  # their product; unknown if one is absent
-        if any(t in _UNKNOWN_INFO for t in texts):
-            return _UNKNOWN
-        try:
-            return math.prod(float(t) for t in texts) * alias.scale
-        except ValueError:
-            return None
+        if alias.info_label:  # the product of the labels' values; unknown when one is absent
+            texts = [upstream.get(label, "") for label in alias.info_label]
+            if any(t in _UNKNOWN_INFO for t in texts):
+                return _UNKNOWN
+            try:
+                return math.prod(float(t) for t in texts) * alias.scale
+            except ValueError:
+                return None
+        if kind == "histogram" and suffix in ("_bucket", "_count"):
+            return raw.value
+        return raw.value * alias.scale
 
     def _labels(
         self, alias: Alias, keep: tuple[str, ...], kind: str, suffix: str, upstream: dict[str, str]

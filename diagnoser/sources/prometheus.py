@@ -284,8 +284,8 @@ def _map_target(
     engine = detect_engine(votes, catalog)
     if engine is None or engine not in catalog.dialects:
         return
-    mapper = _Mapper(catalog, engine, {"job": job, "instance": instance})
-    plans = mapper.plans
+    plans: dict[tuple[str, Labels], list[tuple]] = {}
+    mapper = _Mapper(catalog, engine, {"job": job, "instance": instance}, plans=plans)
     out = Normalized(engine=engine)
     sentinels = np.array(sorted(mapper.sentinels or ()), dtype=float)
     fallback: dict[tuple[str, Labels], list] = {}
