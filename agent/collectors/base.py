@@ -70,10 +70,7 @@ def register_collector(name: str, default_enabled: bool = True) -> Callable[[Col
 
 def collector_option_help() -> dict[str, dict[str, str]]:
     """name -> {option: help} for collectors that declare options (a class attribute `OPTIONS`).
-
-    A help text starting with "list:" marks an option that takes several values (the flag is
-    repeated); the others take one value, which the collector parses itself.
-    """
+    A help text starting with "list:" marks an option that takes several values (repeated flag)."""
     return {
         name: dict(getattr(factory, "OPTIONS", {}))
         for name, (factory, _) in _REGISTRY.items()

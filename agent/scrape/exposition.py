@@ -115,17 +115,11 @@ def parse_exposition(
     limits: Limits = NO_LIMITS,
     deadline: float | None = None,
 ) -> Exposition:
-    """Parse one exposition. `openmetrics=None` detects the format from a trailing `# EOF`.
-
-    `label_cache` (label body text -> parsed labels, or the reason they are refused) may be kept
-    by the caller across payloads of one target with the same `limits`, so that label sets seen
-    before are not parsed again; the caller bounds it (agent/normalize/blockcache.py clears it
-    past 20k entries).
-
-    OpenMetrics timestamps are seconds; text-format timestamps are milliseconds. Both come
-    out in seconds. A payload whose last line does not end in a newline (text) or that lacks
-    `# EOF` (OpenMetrics) is marked incomplete and its last, possibly cut, line is dropped.
-    """
+    """Parse one exposition (timestamps in seconds). `openmetrics=None` detects the format from a
+    trailing `# EOF`. A text payload whose last line lacks its newline, or an OpenMetrics one
+    without `# EOF`, is marked incomplete and its last, possibly cut, line is dropped.
+    `label_cache` (label body -> parsed labels or refusal reason) may be kept by the caller, who
+    bounds it, across payloads of one target with the same `limits`."""
     stripped = text.rstrip()
     if openmetrics is None:
         openmetrics = stripped.endswith("# EOF")
