@@ -67,13 +67,9 @@ def normalize(
     catalog: Catalog | None = None,
     memo: MappingMemo | None = None,
 ) -> Normalized:
-    """Map every sample of one exposition to canonical samples of `engine`'s dialect.
-
-    `target_labels` (instance, job, node...) are added to every sample. `timestamp` is used
-    for samples that carry none (live scrapes); recorded samples keep their own. `memo` (one
-    per target, kept across scrapes) remembers how each upstream series maps, so a series seen
-    before costs a dict lookup instead of the label mapping; the result is the same.
-    """
+    """Map every sample of one exposition to canonical samples of `engine`'s dialect, each with
+    `target_labels` added and `timestamp` unless it carries its own. `memo` (one per target, kept
+    across scrapes) makes a series seen before cost a dict lookup; the result is the same."""
     catalog = catalog or load_catalog()
     out = Normalized(engine=engine)
     if engine is None or engine not in catalog.dialects:
@@ -110,11 +106,8 @@ _BAD_LE = "bad_le"
 
 
 class MappingMemo:
-    """How each upstream series of one target maps to canonical series, kept across scrapes.
-
-    Valid for one (catalog, engine, target labels); a change of any of them starts it afresh.
-    Bounded: past `max_series` entries it is cleared (a target with unbounded label churn only
-    loses the memo's benefit)."""
+    """How each upstream series of one target maps to canonical series, kept across scrapes, for
+    one (catalog, engine, target labels): a change starts it afresh. Cleared past `max_series`."""
 
     def __init__(self, max_series: int = 50_000) -> None:
         self.max_series = max_series
@@ -396,8 +389,6 @@ def worker_instance(address: str) -> str:
 
 
 def _combine_kind(alias: Alias, kind: str) -> str:
-    """How `_add` combines this alias's series that collapse into one canonical series: as a
-    gauge (max) when the alias says every collapsed series repeats one value (`collapse: max`,
-    e.g. a count each TP rank reports identically), the newest series for `collapse: latest` (an
-    info gauge whose value is its update time), else by the signal's own kind."""
+    """How `_add` combines this alias's series that collapse into one: `collapse: max` (a count each
+    TP rank repeats) as a gauge, `collapse: latest` the newest series, else by the signal's kind."""
     return {"max": "gauge", "latest": "latest"}.get(alias.collapse or "", kind)
