@@ -54,6 +54,7 @@ class _Reader:
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
         self.errors: Counter[str] = Counter()
+        self.quiet = {nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_ERROR_FUNCTION_NOT_FOUND}
 
     def get(self, fn: str, *args: Any, **kwargs: Any) -> Any | None:
         func = getattr(self.nvml, fn, None)
@@ -62,11 +63,7 @@ class _Reader:
         try:
             return func(*args, **kwargs)
         except self.nvml.NVMLError as exc:
-            if exc.value not in (
-                self.nvml.NVML_ERROR_NOT_SUPPORTED,
-                self.nvml.NVML_ERROR_NOT_FOUND,
-                self.nvml.NVML_ERROR_FUNCTION_NOT_FOUND,
-            ):
+            if exc.value not in self.quiet:
                 self.errors[type(exc).__name__] += 1
             return None
         except Exception as exc:  # noqa: BLE001 - a binding bug costs one reading, not the collection
