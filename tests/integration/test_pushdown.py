@@ -35,7 +35,7 @@ import yaml
 from kvscope.agent.signals import load_catalog
 from kvscope.diagnoser.evaluate.evaluator import diagnose, evaluate_rule, sample_names
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
-from kvscope.diagnoser.evaluate.testcases import case_samples, read_test_file
+from testbed.rulecases import case_samples, read_test_file
 from kvscope.diagnoser.promql.rulefiles import render_rule_file
 from kvscope.diagnoser.pushdown.candidates import candidate_exprs, describe
 from kvscope.diagnoser.pushdown.prefilter import rule_reach

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvscope.diagnoser.evaluate.evaluator import diagnose
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
-from kvscope.diagnoser.evaluate.testcases import Case, case_samples
+from testbed.rulecases import Case, case_samples
 from kvscope.diagnoser.rulebook.rule import read_rule, rules_dir
 
 

@@ -7,7 +7,7 @@ import json
 from kvscope.cli import main
 from kvscope.diagnoser.evaluate.evaluator import auto_time_scale, diagnose, sample_names
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
-from kvscope.diagnoser.evaluate.testcases import Case, case_samples
+from testbed.rulecases import Case, case_samples
 from kvscope.diagnoser.findings import Diagnosis
 from kvscope.diagnoser.rulebook.rule import read_rules
 
