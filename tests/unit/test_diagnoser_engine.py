@@ -7,9 +7,9 @@ import json
 from kvscope.cli import main
 from kvscope.diagnoser.evaluate.evaluator import auto_time_scale, diagnose, sample_names
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
-from testbed.rulecases import Case, case_samples
 from kvscope.diagnoser.findings import Diagnosis
 from kvscope.diagnoser.rulebook.rule import read_rules
+from testbed.rulecases import Case, case_samples
 
 CASCADE_INPUT = [
     {"series": 'engine_kv_cache_usage_ratio{instance="e0"}', "values": "0.5x23 0.95x33"},
