@@ -224,10 +224,6 @@ class Diagnosis:
             schema_version=int(d.get("schema_version", SCHEMA_VERSION)),
         )
 
-    @classmethod
-    def from_json(cls, text: str) -> Diagnosis:
-        return cls.from_dict(json.loads(text))
-
 
 OVERRULED = "overruled:"
 """Start of a Skipped reason for a rule that looked but was overruled by direct evidence

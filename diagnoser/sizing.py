@@ -1,4 +1,4 @@
-"""Sizing arithmetic from first principles (source: 002 §2, §6.5, §8.3, §9.2, §9.4).
+"""Sizing arithmetic from first principles (source: 002 §2, §6.5, §8.3, §9.4).
 
 Pure functions, no I/O. Every result carries the inputs it was computed from so the UI can
 show the working. Units are base units: bytes, seconds, requests per second, tokens.
@@ -114,12 +114,6 @@ def memory_budget(
     return MemoryBudget(weights, kv, activations, overhead, adapters * adapter_bytes, gpu_memory, headroom)
 
 
-def max_concurrency(*, free_kv_bytes: float, kv_per_token: float, context_tokens: int) -> int:
-    """How many sequences of `context_tokens` fit in `free_kv_bytes` of KV pool."""
-    _positive(free_kv_bytes=free_kv_bytes, kv_per_token=kv_per_token, context_tokens=context_tokens)
-    return int(free_kv_bytes // (kv_per_token * context_tokens))
-
-
 @dataclass(frozen=True)
 class FleetSize:
     """Fleet size from a benchmark's SLO-constrained operating point (002 §8.3)."""
@@ -218,15 +212,3 @@ def pd_ratio(
         peak_rps * avg_input_tokens / prefill_tokens_per_s_per_gpu,
         peak_rps * avg_output_tokens / decode_tokens_per_s_per_gpu,
     )
-
-
-def cost_per_million_tokens(*, gpu_hour_cost: float, gpu_hours: float, tokens: float) -> float | None:
-    """$ per 1M tokens actually produced over a period (002 §9.2); None without tokens.
-
-    Measured over a period, idle GPU-hours are in `gpu_hours` already, so utilisation is
-    accounted for by construction (the 002 §9.2 formula divides by it explicitly).
-    """
-    _positive(gpu_hour_cost=gpu_hour_cost, gpu_hours=gpu_hours)
-    if tokens is None or tokens <= 0:
-        return None
-    return gpu_hour_cost * gpu_hours / tokens * 1e6

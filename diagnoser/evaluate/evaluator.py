@@ -33,6 +33,7 @@ from kvscope.diagnoser.findings import (
     Evidence,
     Finding,
     Skipped,
+    same_place,
 )
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.grammar import ExprError
@@ -159,19 +160,6 @@ def mechanism_off(rule: Rule, ev: SeriesEvaluator, facts: dict[str, dict[str, st
 
 
 # ---------------------------------------------------------------------------- signals needed
-def signals_of_series(rule: Rule, name: str, seen: set[str] | None = None) -> set[str]:
-    """Canonical signals a named series depends on (transitively)."""
-    seen = seen if seen is not None else set()
-    node = rule.tree.series.get(name)
-    if name in seen or node is None:
-        return set()
-    seen.add(name)
-    out = {node.signal} if isinstance(node, tree.Signal) else set()
-    for ref in node.refs:
-        out |= signals_of_series(rule, ref, seen)
-    return out
-
-
 def sample_names(rule: Rule) -> set[str]:
     """Sample names a rule reads from a source (histograms expanded to _bucket/_sum/_count)."""
     out: set[str] = set()
@@ -521,10 +509,10 @@ def rank(
         return f.score + early
 
     ordered = sorted(findings, key=lambda f: (-total(f), f.since, f.rule_id, sorted(f.where.items())))
-    ordered = [_with_score(f, total(f)) for f in ordered]
+    ordered = [replace(f, score=round(total(f), 3)) for f in ordered]
     head = ordered[0]
     competing = tuple(
-        f for f in ordered[1:] if f.specificity >= 2 and _same_place(f.where, head.where) and f.rule_id != head.rule_id
+        f for f in ordered[1:] if f.specificity >= 2 and same_place(f.where, head.where) and f.rule_id != head.rule_id
     )
     other = tuple(f for f in ordered[1:] if f not in competing)
     return Diagnosis(
@@ -536,13 +524,3 @@ def rank(
         skipped=tuple(skipped or ()),
         rules_evaluated=rules_evaluated,
     )
-
-
-def _with_score(f: Finding, score: float) -> Finding:
-    from dataclasses import replace
-
-    return replace(f, score=round(score, 3))
-
-
-def _same_place(a: dict[str, str], b: dict[str, str]) -> bool:
-    return all(a[k] == b[k] for k in set(a) & set(b))

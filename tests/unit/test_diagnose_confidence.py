@@ -8,6 +8,7 @@ supporting evidence and ranks below; where one looked and did not fire, it is ov
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -120,7 +121,7 @@ def test_the_card_and_the_line_say_how_sure_and_what_would_confirm():
 
 def test_confidence_round_trips_through_json():
     d = Diagnosis(window=(T0, T0 + 60), source="t", likely_cause=_inferred(), rules_evaluated=1)
-    back = Diagnosis.from_json(d.to_json())
+    back = Diagnosis.from_dict(json.loads(d.to_json()))
     assert back.likely_cause == d.likely_cause and back.likely_cause.defers_to == (DIRECT,)
 
 

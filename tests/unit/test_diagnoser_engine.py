@@ -58,7 +58,7 @@ def test_competing_hypotheses_share_the_place_of_the_likely_cause():
 def test_diagnosis_round_trips_through_json():
     d = diagnose(_frame(CASCADE_INPUT), time_scale=1.0, source="test")
     text = d.to_json()
-    back = Diagnosis.from_json(text)
+    back = Diagnosis.from_dict(json.loads(text))
     assert back.to_json() == text
     assert json.loads(text)["likely_cause"]["cascade"]["stage_name"] == "latency"
 
