@@ -221,56 +221,14 @@ def _reduce_by_matmul(values: np.ndarray, inverse: np.ndarray, n_groups: int, ag
 
 
 def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-    """histogram_quantile over [groups, buckets, T] of per-bucket cumulative rates.
-
-    `les` are the sorted upper bounds (the last is +Inf). Prometheus semantics: counts forced
-    monotonic, linear interpolation inside the bucket holding the rank, the +Inf bucket
-    answered with the highest finite bound, NaN without observations. Loops over the (few)
-    buckets with whole [groups, T] planes, which keeps every numpy pass contiguous. With `rows`
-    ([groups, buckets] row numbers), `buckets` is [rows, T] and planes are gathered from it.
-    """
-    if rows is None:
-        n_b = buckets.shape[1]
-        raw = [buckets[:, b, :] for b in range(n_b)]
-    else:
-        n_b = rows.shape[1]
-        raw = [buckets[rows[:, b]] for b in range(n_b)]
-    all_absent = np.ones(raw[0].shape, dtype=bool)
-    planes = []
-    for plane in raw:
-        mask = np.isnan(plane)
-        all_absent &= mask
-        if rows is None:
-            plane = plane.copy()  # planes are modified below; gathered ones are copies already
-        if mask.any():
-            plane[mask] = 0.0
-        planes.append(plane)
-    for b in range(1, n_b):
-        np.fmax(planes[b], planes[b - 1], out=planes[b])
-    total = planes[-1]
-    rank = q * total
-    out = np.full(total.shape, np.nan)
-    found = np.zeros(total.shape, dtype=bool)
-    prev = np.zeros(total.shape)
-    for b in range(n_b):
-        hit = ~found & (planes[b] >= rank)
-        if hit.any():
-            upper = les[b]
-            if b == n_b - 1:
-                out[hit] = les[b - 1] if b >= 1 else np.nan
-            elif b == 0 and upper <= 0:
-                out[hit] = upper
-            else:
-                lower = 0.0 if b == 0 else les[b - 1]
-                below = prev[hit]
-                in_bucket = planes[b][hit] - below
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    frac = np.where(in_bucket > 0, (rank[hit] - below) / in_bucket, 0.0)
-                out[hit] = lower + (upper - lower) * frac
-            found |= hit
-        prev = planes[b]
-    out[(total <= 0) | all_absent] = np.nan
-    return out
+    """histogram_quantile over [groups, buckets, T] of per-bucket cumulative rates; with `rows`
+    ([groups, buckets] row numbers), `buckets` is [rows, T] and each group's buckets are read from
+    it. `les` are the sorted upper bounds (the last is +Inf); absent counts are 0, counts are
+    forced monotonic, and the rest is quantile_from_planes' Prometheus arithmetic."""
+    gathered = np.moveaxis(buckets, 1, 0) if rows is None else buckets[rows.T]
+    planes = np.where(np.isnan(gathered), 0.0, gathered)
+    np.fmax.accumulate(planes, axis=0, out=planes)
+    return quantile_from_planes(q, les, planes)
 
 
 def window_bucket_planes(
