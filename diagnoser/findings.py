@@ -5,8 +5,8 @@ the evidence numbers with the series they were computed from, the levers ranked 
 config change per engine, and the citations. A `Diagnosis` orders the findings of one run:
 the likely cause first, then competing hypotheses, then other findings.
 
-Everything here is plain data and round-trips through JSON (`to_dict` / `from_dict`), so the
-CLI (`--json`), the Alertmanager webhook, the UI and the weekly report all read the same shape.
+Everything here is plain data written as JSON by `to_dict`, so the CLI (`--json`), the
+Alertmanager webhook, the UI and the weekly report all read the same shape.
 The JSON layout is versioned by `SCHEMA_VERSION`; add fields, never rename them.
 """
 
@@ -125,19 +125,6 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         return _clean(asdict(self))
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Finding:
-        d = dict(d)
-        d["window"] = tuple(d["window"])
-        d["evidence"] = tuple(Evidence(**e) for e in d.get("evidence", ()))
-        d["levers"] = tuple(_lever_from_dict(x) for x in d.get("levers", ()))
-        d["citations"] = tuple(d.get("citations", ()))
-        d["false_positives"] = tuple(d.get("false_positives", ()))
-        d["defers_to"] = tuple(d.get("defers_to", ()))
-        if d.get("cascade"):
-            d["cascade"] = CascadeInfo(**d["cascade"])
-        return cls(**d)
-
 
 @dataclass(frozen=True)
 class Skipped:
@@ -209,21 +196,6 @@ class Diagnosis:
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Diagnosis:
-        lc = d.get("likely_cause")
-        return cls(
-            window=tuple(d["window"]),
-            source=d["source"],
-            likely_cause=Finding.from_dict(lc) if lc else None,
-            competing=tuple(Finding.from_dict(x) for x in d.get("competing", ())),
-            other=tuple(Finding.from_dict(x) for x in d.get("other", ())),
-            skipped=tuple(Skipped(**s) for s in d.get("skipped", ())),
-            rules_evaluated=int(d.get("rules_evaluated", 0)),
-            time_scale=float(d.get("time_scale", 1.0)),
-            schema_version=int(d.get("schema_version", SCHEMA_VERSION)),
-        )
-
 
 OVERRULED = "overruled:"
 """Start of a Skipped reason for a rule that looked but was overruled by direct evidence
@@ -271,13 +243,6 @@ def same_mechanism(head: Finding, other: Finding) -> bool:
 
 def _family(row: str) -> str:
     return row.rstrip("0123456789")
-
-
-def _lever_from_dict(d: dict[str, Any]) -> LeverAdvice:
-    d = dict(d)
-    d["changes"] = tuple(EngineChange(**c) for c in d.get("changes", ()))
-    d["citations"] = tuple(d.get("citations", ()))
-    return LeverAdvice(**d)
 
 
 def _clean(obj: Any) -> Any:
