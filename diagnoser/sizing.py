@@ -26,6 +26,7 @@ class SizingError(ValueError):
 
 
 def _positive(**values: float) -> None:
+    """SizingError naming the first value (all of a function's inputs: `**locals()`) that is not > 0."""
     for name, value in values.items():
         if value is None or not math.isfinite(value) or value <= 0:
             raise SizingError(f"{name} must be a positive number, got {value!r}")
@@ -44,13 +45,13 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_elem
 
     Use the KV head count, not the attention head count (GQA shares KV heads).
     """
-    _positive(layers=layers, kv_heads=kv_heads, head_dim=head_dim, bytes_per_element=bytes_per_element)
+    _positive(**locals())
     return 2.0 * layers * kv_heads * head_dim * bytes_per_element
 
 
 def weights_bytes(parameters: float, bytes_per_parameter: float) -> float:
     """Model weight memory, the floor: parameters × bytes per parameter (002 §2.1)."""
-    _positive(parameters=parameters, bytes_per_parameter=bytes_per_parameter)
+    _positive(**locals())
     return parameters * bytes_per_parameter
 
 
@@ -143,14 +144,7 @@ def fleet_size(
     `usable_rps_per_instance` is the throughput measured at C_max (where TTFT p99 meets the
     SLO). The Little's Law ceiling is C_max / average latency; the gap is ceiling / usable.
     """
-    _positive(
-        peak_rps=peak_rps,
-        usable_rps_per_instance=usable_rps_per_instance,
-        tp_degree=tp_degree,
-        safety_factor=safety_factor,
-        c_max=c_max,
-        avg_latency_s=avg_latency_s,
-    )
+    _positive(**locals())
     instances = math.ceil(peak_rps / usable_rps_per_instance)
     gpus = math.ceil(round(instances * tp_degree * safety_factor, 9))
     ceiling = c_max / avg_latency_s
@@ -168,7 +162,7 @@ class QueueLimit:
 
 def max_queue_depth(*, max_wait_s: float, arrival_rps: float) -> QueueLimit:
     """Maximum safe queue depth = acceptable wait × arrival rate; break at 80-90 % of it."""
-    _positive(max_wait_s=max_wait_s, arrival_rps=arrival_rps)
+    _positive(**locals())
     depth = max_wait_s * arrival_rps
     return QueueLimit(depth, math.floor(0.8 * depth), math.floor(0.9 * depth))
 
@@ -201,13 +195,7 @@ def pd_ratio(
     decode_tokens_per_s_per_gpu: float,
 ) -> PdRatio:
     """(peak × input / prefill throughput) ÷ (peak × output / decode throughput)."""
-    _positive(
-        peak_rps=peak_rps,
-        avg_input_tokens=avg_input_tokens,
-        prefill_tokens_per_s_per_gpu=prefill_tokens_per_s_per_gpu,
-        avg_output_tokens=avg_output_tokens,
-        decode_tokens_per_s_per_gpu=decode_tokens_per_s_per_gpu,
-    )
+    _positive(**locals())
     return PdRatio(
         peak_rps * avg_input_tokens / prefill_tokens_per_s_per_gpu,
         peak_rps * avg_output_tokens / decode_tokens_per_s_per_gpu,

@@ -9,8 +9,8 @@ import operator
 
 PAIR_FORMS = ("ratio", "sum", "diff", "product", "coalesce")
 """Forms that combine two named series point by point."""
-FORMS = ("gauge", "rate", "increase", "quantile", "mean", "count", "resets")
-FORMS += (*PAIR_FORMS, "scale", "over_time", "deriv", "predict", "changes", "aggregate")
+FORMS: tuple[str, ...] = ("gauge", "rate", "increase", "quantile", "mean", "count", "resets", *PAIR_FORMS)
+FORMS += ("scale", "over_time", "deriv", "predict", "changes", "aggregate")
 """Every series form: the first seven read a canonical signal, the rest combine named series."""
 
 
