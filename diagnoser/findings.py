@@ -41,7 +41,7 @@ class Evidence:
     (e.g. `rate(engine_preemptions_total[1m])`), so a reader can re-run it in PromQL.
     `at` is the timestamp the value was read at (None = summary over the active period).
     `stat` is how the value was taken from the series over the finding's active period: max,
-    min, first, last or mean (None = not recorded; readers fall back to the rule's evidence list).
+    min, first, last or mean.
     `key` is the rule's name for that series (its `series:` entry), so a reader can ask the
     evaluator for the very values the rule read (`evaluate.evaluator.evaluated_series`).
     """

@@ -66,8 +66,7 @@ def fmt_where(f: Finding) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _shipped() -> dict[str, Rule]:
-    """The shipped rules by id (for how each evidence value was taken and which engine facts a
-    rule conditions on); empty when the rules cannot be read."""
+    """The shipped rules by id (their facts, baselines and summaries); empty when unreadable."""
     from kvscope.diagnoser.rulebook.rule import RuleError, read_rules
 
     try:
@@ -83,33 +82,17 @@ def _tree(f: Finding) -> Tree | None:
     rule = _shipped().get(f.rule_id)
     try:
         return rule.with_params(f.params).tree if rule else None
-    except (RuleError, KeyError):
+    except RuleError:
         return None
-
-
-def evidence_stat(f: Finding, ev: Evidence) -> str:
-    """How the value was taken over the finding's active period: max, min, first, last or mean.
-
-    The engine records it on every Evidence; findings serialised before it did fall back to the
-    shipped rule's evidence list, else to an inference from `at` (no timestamp = a mean)."""
-    if ev.stat:
-        return ev.stat
-    for item in _shipped()[f.rule_id].tree.evidence if f.rule_id in _shipped() else ():
-        if item.name == ev.name:
-            return item.stat
-    if ev.at is None:
-        return "mean"
-    return "first" if ev.at == f.since else "last" if ev.at == f.until else "max"
 
 
 def render_taken(f: Finding, ev: Evidence) -> str:
     """'peak at 07:26:47', 'mean 07:25:53-07:26:57', 'at onset 07:25:53': how a value was read."""
     if ev.value is None:
         return ""
-    stat = evidence_stat(f, ev)
-    if stat == "mean" or ev.at is None:
+    if ev.stat == "mean" or ev.at is None:
         return f"mean {fmt_clock(f.since)}-{fmt_clock(f.until)}"
-    label = {"max": "peak at", "min": "lowest at", "first": "at onset", "last": "latest at"}.get(stat, "at")
+    label = {"max": "peak at", "min": "lowest at", "first": "at onset", "last": "latest at"}.get(ev.stat or "", "at")
     return f"{label} {fmt_clock(ev.at)}"
 
 
