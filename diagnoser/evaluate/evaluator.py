@@ -493,14 +493,9 @@ def rank(
     findings, the one whose onset came first is favoured, since a cascade's root precedes its
     symptoms (002 §7.4).
     """
+    rest = tuple(skipped or ())
     if not findings:
-        return Diagnosis(
-            window=window,
-            source=source,
-            likely_cause=None,
-            skipped=tuple(skipped or ()),
-            rules_evaluated=rules_evaluated,
-        )
+        return Diagnosis(window, source, likely_cause=None, skipped=rest, rules_evaluated=rules_evaluated)
     first, last = min(f.since for f in findings), max(f.since for f in findings)
     spread = last - first
 
@@ -509,18 +504,9 @@ def rank(
         return f.score + early
 
     ordered = sorted(findings, key=lambda f: (-total(f), f.since, f.rule_id, sorted(f.where.items())))
-    ordered = [replace(f, score=round(total(f), 3)) for f in ordered]
-    head = ordered[0]
+    head, *tail = [replace(f, score=round(total(f), 3)) for f in ordered]
     competing = tuple(
-        f for f in ordered[1:] if f.specificity >= 2 and same_place(f.where, head.where) and f.rule_id != head.rule_id
+        f for f in tail if f.specificity >= 2 and same_place(f.where, head.where) and f.rule_id != head.rule_id
     )
-    other = tuple(f for f in ordered[1:] if f not in competing)
-    return Diagnosis(
-        window=window,
-        source=source,
-        likely_cause=head,
-        competing=competing,
-        other=other,
-        skipped=tuple(skipped or ()),
-        rules_evaluated=rules_evaluated,
-    )
+    other = tuple(f for f in tail if f not in competing)
+    return Diagnosis(window, source, head, competing, other, rest, rules_evaluated)

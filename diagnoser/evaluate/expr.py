@@ -96,14 +96,20 @@ class SeriesEvaluator:
     # ------------------------------------------------------------------ forms
     def _evaluate(self, node: tree.Node, by: tuple[str, ...]) -> Grouped:
         form = getattr(self, f"_form_{type(node).__name__.lower()}")
-        cache = self.frame.cache
-        if not isinstance(node, tree.Signal) or cache is None:
+        if not isinstance(node, tree.Signal):
             return form(node, by)
-        key = (replace(node, by=None), by, self.rule.time_scale)
-        if key not in cache:
-            cache[key] = form(node, by)
-        hit = cache[key]
+        hit = self._memo((replace(node, by=None), by, self.rule.time_scale), lambda: form(node, by))
         return Grouped(hit.by, hit.keys, hit.values)
+
+    def _memo(self, key: tuple, make: Any) -> Any:
+        """`make()` computed once per frame under `key` (shared by the frame's rules), or on every
+        call when the frame keeps no cache."""
+        cache = self.frame.cache
+        if cache is None:
+            return make()
+        if key not in cache:
+            cache[key] = make()
+        return cache[key]
 
     def _k(self, seconds: float) -> int:
         """A rule duration (time-scaled) in whole grid steps, at least one."""
@@ -114,25 +120,12 @@ class SeriesEvaluator:
     ) -> tuple[list, np.ndarray, np.ndarray]:
         """Group keys, row -> group index and the values of a block's matching rows (with `seen`,
         the values as they were before failed scrapes made some stale)."""
-        cache = self.frame.cache
         key = ("rows", name, by, extra, match) + (("seen",) if seen else ())
-        if cache is not None and key in cache:
-            return cache[key]
-        out = self._group_rows(name, by, extra, match, seen)
-        if cache is not None:
-            cache[key] = out
-        return out
+        return self._memo(key, lambda: self._group_rows(name, by, extra, match, seen))
 
     def _adjusted(self, name: str, match: tree.Match, values: np.ndarray) -> np.ndarray | None:
         """Reset-adjusted counters of a block (cached), None when series have gaps."""
-        cache = self.frame.cache
-        key = ("adjusted", name, match)
-        if cache is not None and key in cache:
-            return cache[key]
-        adj = grid.reset_adjusted(values)
-        if cache is not None:
-            cache[key] = adj
-        return adj
+        return self._memo(("adjusted", name, match), lambda: grid.reset_adjusted(values))
 
     def _counter_rates(
         self, name: str, match: tree.Match, values: np.ndarray, k: int, per_second: bool = True
@@ -239,20 +232,17 @@ class SeriesEvaluator:
         adj = self._adjusted(name, match, values)
         if adj is not None and adj.shape[1] >= 2:
             return Grouped(by, *self._dense_quantiles(q, name, match, by, keys, inv, adj, k))
-        cache = self.frame.cache
-        ckey = ("bucket_increase", name, by, match, k)
-        if cache is not None and ckey in cache:
-            summed, key_rows = cache[ckey]
-        else:
+
+        def increases() -> tuple[np.ndarray, np.ndarray | None]:
             # quantiles are scale-free: increases serve as well as rates, without a division pass
             inc = self._counter_rates(name, match, values, k, per_second=False)
-            if len(keys) == inc.shape[0]:  # one series per (group, le): no summing needed
-                summed, key_rows = inc, np.empty(len(keys), dtype=np.int64)
-                key_rows[inv] = np.arange(len(keys))
-            else:
-                summed, key_rows = grid.reduce_groups(inc, inv, len(keys), "sum"), None
-            if cache is not None:
-                cache[ckey] = (summed, key_rows)
+            if len(keys) != inc.shape[0]:
+                return grid.reduce_groups(inc, inv, len(keys), "sum"), None
+            key_rows = np.empty(len(keys), dtype=np.int64)  # one series per (group, le): no summing
+            key_rows[inv] = np.arange(len(keys))
+            return inc, key_rows
+
+        summed, key_rows = self._memo(("bucket_increase", name, by, match, k), increases)
         return Grouped(by, *_quantiles(q, keys, summed, len(by), key_rows))
 
     def _dense_quantiles(
