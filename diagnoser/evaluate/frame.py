@@ -203,13 +203,7 @@ def mark_stale(frame: Frame, down: dict[str, list[tuple[float, float]]]) -> None
     lookback would carry counters frozen at their last value through an outage: rates would fall
     toward zero during it and jump after it.
     """
-    masks: dict[str, np.ndarray] = {}
-    for instance, spans in down.items():
-        mask = np.zeros(len(frame.ts), dtype=bool)
-        for a, b in spans:
-            mask |= (frame.ts >= a) & (frame.ts < b)
-        if mask.any():
-            masks[instance] = mask
+    masks = {instance: mask for instance, spans in down.items() if (mask := _span_mask(frame.ts, spans)).any()}
     if not masks:
         return
     frame.down.update(masks)
@@ -220,6 +214,11 @@ def mark_stale(frame: Frame, down: dict[str, list[tuple[float, float]]]) -> None
                 if block.seen is None:
                     block.seen = block.values.copy()
                 block.values[i, gone] = np.nan
+
+
+def _span_mask(ts: np.ndarray, spans: list[tuple[float, float]]) -> np.ndarray:
+    """bool [T]: grid times inside any of the [from, until) spans."""
+    return np.any([(ts >= a) & (ts < b) for a, b in spans], axis=0) if spans else np.zeros(len(ts), dtype=bool)
 
 
 def removed_target_spans(
@@ -263,9 +262,7 @@ def mark_removed(frame: Frame, removed: dict[str, list[tuple[float, float]]]) ->
     replica either (`seen` is cleared too), as Prometheus writes stale markers when a target
     disappears."""
     for instance, spans in removed.items():
-        mask = np.zeros(len(frame.ts), dtype=bool)
-        for a, b in spans:
-            mask |= (frame.ts >= a) & (frame.ts < b)
+        mask = _span_mask(frame.ts, spans)
         if not mask.any():
             continue
         for block in frame.blocks.values():
