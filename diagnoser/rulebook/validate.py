@@ -264,26 +264,17 @@ def check_confidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
             if sig not in known:
                 yield _issue(rule, doc, f"direct_evidence: unknown signal {sig!r}", "direct_evidence")
     if level != "high":
-        if direct is None:
-            yield _issue(
-                rule,
-                doc,
-                f"a {level}-confidence rule needs 'direct_evidence': the signals with which "
-                "the defers_to rules read the mechanism directly",
-                "confidence",
-            )
-        if not str(doc.get("confirm") or "").strip():
-            yield _issue(
-                rule, doc, f"a {level}-confidence rule needs 'confirm': what evidence would confirm it", "confidence"
-            )
-        if not defers:
-            yield _issue(
-                rule,
-                doc,
-                f"a {level}-confidence rule needs 'defers_to': the rules that read the "
-                "same mechanism from direct evidence",
-                "confidence",
-            )
+        needs = {
+            "direct_evidence": (
+                direct is None,
+                "the signals with which the defers_to rules read the mechanism directly",
+            ),
+            "confirm": (not str(doc.get("confirm") or "").strip(), "what evidence would confirm it"),
+            "defers_to": (not defers, "the rules that read the same mechanism from direct evidence"),
+        }
+        for key, (missing, what) in needs.items():
+            if missing:
+                yield _issue(rule, doc, f"a {level}-confidence rule needs {key!r}: {what}", "confidence")
     elif defers or direct or (doc.get("confirm") and not doc.get("moderate_unless")):
         yield _issue(
             rule,
