@@ -41,8 +41,10 @@ def counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
     between them (no extrapolation). NaN when t is absent or the window has one point.
     """
     present = ~np.isnan(values)
-    if present.all():
-        return _dense_counter_rate(values, k, step)
+    adj = reset_adjusted(values) if present.all() else None
+    if adj is not None:  # no gaps: increases of the reset-adjusted counters
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return window_increase(adj, k) / (window_spans(values.shape[1], k) * step)
     filled = ffill(values)
     d = step_increases(filled)
     adj = np.concatenate([np.zeros((values.shape[0], 1)), np.cumsum(np.nan_to_num(d), axis=1)], axis=1)
@@ -104,31 +106,6 @@ def window_increase(adjusted: np.ndarray, k: int) -> np.ndarray:
 def window_spans(n_t: int, k: int) -> np.ndarray:
     """Steps covered by window_increase at each point (k, or fewer at the start)."""
     return np.minimum(np.arange(n_t, dtype=float), float(max(1, min(k, max(n_t - 1, 1)))))
-
-
-def _dense_counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
-    """counter_rate for series without gaps: plain slicing; rows with a reset take the long way."""
-    n_t = values.shape[1]
-    k = max(1, min(k, n_t - 1)) if n_t > 1 else 1
-    out = np.empty_like(values)
-    if n_t < 2:
-        out[:] = np.nan
-        return out
-    reset = (values[:, 1:] < values[:, :-1]).any(axis=1)
-    src = values
-    if reset.any():
-        d = step_increases(values[reset])
-        adj = np.empty((int(reset.sum()), n_t))
-        adj[:, 0] = 0.0
-        np.cumsum(d, axis=1, out=adj[:, 1:])
-        src = values.copy()
-        src[reset] = adj
-    out[:, k:] = src[:, k:] - src[:, :-k]
-    out[:, k:] /= k * step
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out[:, :k] = (src[:, :k] - src[:, :1]) / (np.arange(k, dtype=float) * step)
-    out[:, 0] = np.nan
-    return out
 
 
 def group_index(keys: list[tuple[str, ...]]) -> tuple[list[tuple[str, ...]], np.ndarray]:
