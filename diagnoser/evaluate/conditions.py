@@ -99,20 +99,13 @@ class ConditionEvaluator:
                 break
         return truth, done
 
-    def any_of(self, conds: Sequence[tree.Cond]) -> tuple[np.ndarray, list[Evaluated]]:
-        done = [self.evaluate(c) for c in conds]
-        truth = np.zeros(self.shape, dtype=bool)
-        for e in done:
-            truth |= e.truth
-        return truth, done
-
     def block(self, block: tree.Block, lazy: bool = False) -> tuple[np.ndarray, list[Evaluated]]:
         """Truth of a block's `all` and (when given) `any` together, and each condition evaluated
         (`lazy`: `any` is skipped where `all` holds nowhere)."""
         truth, done = self.all_of(block.all, lazy)
         if block.any and (truth.any() or not lazy):
-            any_truth, any_done = self.any_of(block.any)
-            truth, done = truth & any_truth, done + any_done
+            any_done = [self.evaluate(c) for c in block.any]
+            truth, done = truth & np.logical_or.reduce([e.truth for e in any_done]), done + any_done
         return truth, done
 
     def facts_hold(self, facts: Sequence[tree.Fact]) -> np.ndarray:

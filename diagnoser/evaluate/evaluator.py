@@ -139,12 +139,8 @@ def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[F
 def mechanism_off(rule: Rule, ev: SeriesEvaluator, facts: dict[str, dict[str, str]]) -> Skipped | None:
     """Why a rule cannot judge its mechanism here, or None when it can.
 
-    `mechanism: {name, series, how}` names the feature the rule judges (speculation, a KV tier, P/D)
-    and a series that is above 0 where it runs (`Tree.gated` makes that a condition of every
-    point): engines export zeros for features that are off (SGLang's acceptance rate
-    without speculation), and a zero is no evidence about a feature that does not run. Present
-    and never above 0 anywhere = off; absent = unknown (not evaluable). A rule's `facts` that no
-    instance exports make the rule unknown too (a fact the engine does not export is no answer).
+    The `mechanism` series (docs/rules.md "Is the mechanism on?") present and never above 0 =
+    off; absent = unknown (not evaluable), as are `facts` that no instance exports.
     """
     wanted = {f.fact for f in rule.tree.facts}
     if wanted and not any(wanted <= set(known) for known in facts.values()):

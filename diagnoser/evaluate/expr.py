@@ -256,11 +256,8 @@ class SeriesEvaluator:
         adj: np.ndarray,
         k: int,
     ) -> tuple[list, np.ndarray]:
-        """Quantiles of gap-free bucket counters: the group's bucket counters are summed once per
-        grouping (cumulative sums, so one sum serves every range), and increases are read
-        straight from them (grid.window_quantiles). The rule's other quantiles of the same
-        histogram, range and grouping (p50 next to p99) come out of the same pass, and a
-        quantile is computed once for every grouping that puts the same rows in the same groups."""
+        """Quantiles of gap-free bucket counters (grid.window_quantiles) over counters summed once
+        per grouping; the rule's sibling quantiles (p50 next to p99) come out of the same pass."""
         cache = self.frame.cache if self.frame.cache is not None else {}
         lkey = ("bucket_layout", name, by, match)
         if lkey not in cache:
@@ -382,16 +379,10 @@ def _quantiles(
 
 
 def promql(rule: Rule, name: str, step: float | None = None, held: float | None = None) -> str:
-    """The named series written in PromQL, as evidence shows it: the rule compiler's own text
-    (diagnoser/promql/series.py, the one writer the alert files and the pushdown use) over the
-    canonical names, on one line.
-
-    Ranges are printed as evaluated: scaled by the rule's time_scale and, given the grid `step`,
-    rounded to the whole number of steps the evaluator uses (at least one). Given `held`, the
-    seconds of data the window holds (last grid point minus first), a range is also clipped to
-    the data it can reach, as the evaluator's trailing windows are: at most `held`, and for an
-    `offset` window at most `held` minus the offset (never a range longer than the recording).
-    A series PromQL cannot write says so instead."""
+    """The named series in PromQL on one line, as evidence shows it (the rule compiler's text,
+    diagnoser/promql/series.py). Ranges are printed as evaluated: time-scaled, rounded to whole
+    grid `step`s, and clipped to the `held` seconds of data (minus any offset). A series PromQL
+    cannot write says so instead."""
     try:
         text = SeriesCompiler(rule, CanonicalSignals(), step=step, held=held).expr(name)
     except NotExpressible as exc:

@@ -141,11 +141,8 @@ def frame_from_samples(
     lookback_s: float = DEFAULT_LOOKBACK_S,
     names: set[str] | None = None,
 ) -> Frame:
-    """Group timestamped canonical samples into series and sample them on the grid.
-
-    `names` limits the frame to the sample names the rules read. Samples without a timestamp
-    are ignored (a recording always has them).
-    """
+    """Group timestamped canonical samples into series and sample them on the grid. `names`
+    limits the frame to the sample names the rules read; samples without a timestamp are ignored."""
     grid = make_grid(start, end, step)
     points: dict[tuple[str, Labels], list[tuple[float, float]]] = defaultdict(list)
     for s in samples:
@@ -196,13 +193,8 @@ def failed_scrape_spans(up: Iterable[tuple[str, float, bool]]) -> dict[str, list
 
 def mark_stale(frame: Frame, down: dict[str, list[tuple[float, float]]]) -> None:
     """Prometheus staleness for failed scrapes, in place: a series of an instance is absent at
-    grid times when that instance's latest scrape had failed.
-
-    Prometheus writes a stale marker for every series of a target whose scrape fails, so an
-    instant query finds nothing there and a range sees only real samples. Without this, the
-    lookback would carry counters frozen at their last value through an outage: rates would fall
-    toward zero during it and jump after it.
-    """
+    grid times when that instance's latest scrape had failed (Prometheus writes stale markers
+    there; a lookback carrying frozen counters through an outage would fake a rate drop)."""
     masks = {instance: mask for instance, spans in down.items() if (mask := _span_mask(frame.ts, spans)).any()}
     if not masks:
         return

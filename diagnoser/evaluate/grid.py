@@ -1,10 +1,7 @@
 """Vectorised series functions on a time grid: arrays [rows, T], NaN = absent.
 
-These are the grid twins of the scalar functions in `kvscope.agent.derive` (rates surviving
-counter resets, histogram quantiles from bucket deltas, guarded ratios) with the same
-semantics; tests/unit/test_diagnoser_grid.py checks them against each other. They exist because
-the diagnoser evaluates every rule over every group at every grid point at fleet scale
-(bench/diagnose_scale.py), where per-point Python calls would be far too slow.
+The grid twins of `kvscope.agent.derive`'s scalar functions, with the same semantics
+(tests/unit/test_diagnoser_grid.py checks them against each other), vectorised for fleet scale.
 
 A trailing window of `k` steps at grid index t covers indices [t-k, t]. At the start of the data
 the window is clipped to what exists, as Prometheus does with the samples inside a range.
@@ -64,11 +61,7 @@ def counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
 
 def reset_adjusted(values: np.ndarray) -> np.ndarray | None:
     """Gap-free counters with every reset undone (each series continues from where it was), or
-    None when some series has gaps (callers then take counter_rate's general path).
-
-    Computed once per block and cached by the evaluator: increases over any window are then one
-    subtraction.
-    """
+    None when some series has gaps. Increases over any window are then one subtraction."""
     reset = np.zeros(values.shape[0], dtype=bool)
     for a in range(0, values.shape[0], _CHUNK_ROWS):  # small temporaries: no page-fault churn
         part = values[a : a + _CHUNK_ROWS]
@@ -213,13 +206,9 @@ def window_bucket_planes(
 ) -> np.ndarray:
     """Per-bucket increases over a trailing window of k steps, forced monotonic: [buckets, G, T].
 
-    `cumulative` holds gap-free, reset-adjusted bucket counters (rows of a block, or their sums
-    per group); `rows` [G, buckets] picks each group's buckets in `le` order. The increases are
-    window_increase's (clipped at the start); the first point, which has no window, is 0 here
-    (bucket_quantile treats absent as 0 and answers NaN there). Built plane by plane into one
-    array: no [rows, T] temporaries, and a bucket whose rows are evenly spaced is read in place.
-    With `scratch` (a 1-D float array at least buckets x G x T long) the planes are written into
-    it instead of a new array, which saves the page faults of a fresh large allocation.
+    `cumulative` holds gap-free, reset-adjusted bucket counters; `rows` [G, buckets] picks each
+    group's buckets in `le` order. Increases are window_increase's, 0 at the first point. Written
+    into `scratch` (1-D, at least buckets x G x T) when given, else into a new array.
     """
     n_g, n_b = rows.shape
     n_t = cumulative.shape[1]
@@ -255,9 +244,7 @@ def window_quantiles(
     gap-free cumulative bucket counters: one [G, T] array per q.
 
     `rows` [G, buckets] as for window_bucket_planes; with `order` (a permutation of range(G)),
-    group i's quantiles go to output row order[i]. Groups are taken a chunk at a time, so the
-    planes of a chunk are built once, serve every q while still in cache, and the memory is
-    reused from chunk to chunk instead of one [buckets, G, T] array being faulted in.
+    group i's quantiles go to output row order[i]. Groups go a cache-sized chunk at a time.
     """
     n_g, n_b = rows.shape
     n_t = cumulative.shape[1]
@@ -286,9 +273,9 @@ def _rows_view(values: np.ndarray, rows: np.ndarray, out: np.ndarray | None = No
 def quantile_from_planes(q: float, les: np.ndarray, planes: np.ndarray) -> np.ndarray:
     """histogram_quantile over window_bucket_planes' output: [G, T], NaN without observations.
 
-    The same arithmetic as bucket_quantile, element by element (so the same values), found by
-    counting the planes below the rank (planes are monotonic) and reading the two planes around
-    it, instead of masking every plane for every bucket.
+    Prometheus semantics: linear interpolation inside the bucket holding the rank (found by
+    counting the monotonic planes below it), the +Inf bucket answered with the highest finite
+    bound, a first bound <= 0 answered as itself.
     """
     n_b = planes.shape[0]
     total = planes[-1]
@@ -363,10 +350,8 @@ def over_time(values: np.ndarray, k: int, agg: str) -> np.ndarray:
 def _sliding(values: np.ndarray, k: int, pick: np.ufunc) -> np.ndarray:
     """np.fmax / np.fmin of each trailing window of k steps, in O(log k) whole-array passes.
 
-    Windows of doubling width are built (one of width 2w = two adjacent ones of width w),
-    then each k+1 window is the pick of two windows of the largest power of two that fit,
-    one at its start and one at its end. fmax/fmin are exact and ignore NaN like a reduce over
-    the window does, so the result equals np.fmax.reduce(window_view(values, k), axis=-1).
+    Windows of doubling width are built, then each k+1 window is the pick of the two largest
+    power-of-two windows at its start and its end (exact: equals a reduce over window_view).
     """
     width = k + 1
     m = np.concatenate([np.full((values.shape[0], k), np.nan), values], axis=1)

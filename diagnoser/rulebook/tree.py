@@ -127,10 +127,8 @@ class Predict(Of):
 
 @dataclass(frozen=True, kw_only=True)
 class Changes(Of):
-    """`settle`: how long after a series appears its value is not compared yet. Targets are first
-    scraped at different phases of their scrape interval (up to a minute in common setups), so a
-    count of series rises over that long when scraping starts; that rise is not a scaling event.
-    Time-scaled like every rule duration, and never less than one grid step."""
+    """`settle`: how long after a series appears its value is not compared yet (targets are first
+    scraped at different phases of their interval: that rise is no change). Time-scaled."""
 
     rng: float = 900.0
     settle: float = 60.0
@@ -200,7 +198,6 @@ class Cascade:
     fire_at: str
     critical_at: str
     slack: float
-    hold: float
 
 
 @dataclass(frozen=True)
@@ -396,7 +393,7 @@ class _Parser:
         pick = lambda key, i: str(m.get(key, names[i]))  # noqa: E731
         return Cascade(
             stages, pick("root", 0), pick("symptom", -1), pick("fire_at", min(1, len(names) - 1)),
-            str(m.get("critical_at", "")), self.dur(m, "slack", 0), hold,
+            str(m.get("critical_at", "")), self.dur(m, "slack", 0),
         )  # fmt: skip
 
     def tree(self) -> Tree:
