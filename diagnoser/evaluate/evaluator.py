@@ -349,6 +349,7 @@ def _evidence(
 ) -> list[Evidence]:
     start, end = span
     ts = ce.ev.frame.ts[start : end + 1]
+    held = ce.ev.frame.window[1] - ce.ev.frame.window[0]  # the longest range a window can reach
     thresholds = {e.cond.series: e.cond for e in done if isinstance(e.cond.right, tree.Value)}
     out = []
     for item in rule.tree.evidence:
@@ -360,7 +361,7 @@ def _evidence(
                 name=item.name,
                 value=None if value is None else round(value, 6),
                 unit=item.unit,
-                series=promql(rule, item.series, ce.ev.frame.step, _held(ce.ev.frame)),
+                series=promql(rule, item.series, ce.ev.frame.step, held),
                 at=at,
                 threshold=cond.threshold() if cond else None,
                 op=cond.op if cond else None,
@@ -369,12 +370,6 @@ def _evidence(
             )
         )
     return out
-
-
-def _held(frame: Frame) -> float:
-    """Seconds of data the frame's grid spans (the longest range any window can reach)."""
-    start, end = frame.window
-    return end - start
 
 
 def _strength(done: list[Evaluated], gi: int, span: tuple[int, int]) -> float:

@@ -9,7 +9,9 @@ the window is clipped to what exists, as Prometheus does with the samples inside
 
 from __future__ import annotations
 
-from types import TracebackType
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -196,7 +198,7 @@ def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray, rows: np.nda
     it. `les` are the sorted upper bounds (the last is +Inf); absent counts are 0, counts are
     forced monotonic, and the rest is quantile_from_planes' Prometheus arithmetic."""
     gathered = np.moveaxis(buckets, 1, 0) if rows is None else buckets[rows.T]
-    planes = np.where(np.isnan(gathered), 0.0, gathered)
+    planes = _zero_nan(gathered)
     np.fmax.accumulate(planes, axis=0, out=planes)
     return quantile_from_planes(q, les, planes)
 
@@ -407,13 +409,9 @@ def resets(values: np.ndarray, k: int) -> np.ndarray:
 
 
 def changes(values: np.ndarray, k: int, settle: int = 0) -> np.ndarray:
-    """How many times each row's value changed within a trailing window of k steps.
-
-    The first `settle` steps after a row appears (at the start of the data, or back after it was
-    absent) are its leading edge and count as absent: a count of series is still rising there
-    because scraping just began and targets are first scraped at different phases of their
-    interval, which is not a change. PromQL: `changes((X and X offset <settle>)[range:step])`.
-    """
+    """How many times each row's value changed within a trailing window of k steps; the first
+    `settle` steps after a row appears count as absent (tree.Changes).
+    PromQL: `changes((X and X offset <settle>)[range:step])`."""
     if settle > 0:
         values = np.where(np.isnan(shift(values, settle)), np.nan, values)
     filled = ffill(values)
@@ -439,15 +437,9 @@ def _trailing_sum(values: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-class _quiet_nan_warnings:
+@contextmanager
+def _quiet_nan_warnings() -> Iterator[None]:
     """nanmedian warns on all-NaN windows; absent is a normal state here."""
-
-    def __enter__(self) -> None:
-        import warnings
-
-        self._cm = warnings.catch_warnings()
-        self._cm.__enter__()
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self._cm.__exit__(kind, exc, tb)
+        yield
