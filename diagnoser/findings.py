@@ -1,13 +1,9 @@
 """Findings and diagnoses: what the rule engine hands to every consumer.
 
-A `Finding` is one rule that fired for one place (a set of labels) in one window: the onset,
-the evidence numbers with the series they were computed from, the levers ranked with the exact
-config change per engine, and the citations. A `Diagnosis` orders the findings of one run:
-the likely cause first, then competing hypotheses, then other findings.
-
-Everything here is plain data written as JSON by `to_dict`, so the CLI (`--json`), the
-Alertmanager webhook, the UI and the weekly report all read the same shape.
-The JSON layout is versioned by `SCHEMA_VERSION`; add fields, never rename them.
+A `Finding` is one rule that fired for one place in one window (onset, evidence numbers with their
+series, ranked levers, citations); a `Diagnosis` orders one run's findings, likely cause first.
+All plain data written as JSON by `to_dict` (CLI `--json`, webhook, UI, weekly report), versioned
+by `SCHEMA_VERSION`: add fields, never rename them.
 """
 
 from __future__ import annotations
@@ -35,16 +31,9 @@ mechanism from direct evidence overrules it where it could look (docs/rules.md, 
 
 @dataclass(frozen=True)
 class Evidence:
-    """One named number behind a finding, with its unit and where it came from.
-
-    `series` is the expression that produced it, written with canonical signal names
-    (e.g. `rate(engine_preemptions_total[1m])`), so a reader can re-run it in PromQL.
-    `at` is the timestamp the value was read at (None = summary over the active period).
-    `stat` is how the value was taken from the series over the finding's active period: max,
-    min, first, last or mean.
-    `key` is the rule's name for that series (its `series:` entry), so a reader can ask the
-    evaluator for the very values the rule read (`evaluate.evaluator.evaluated_series`).
-    """
+    """One named number behind a finding. `series`: the canonical PromQL that produced it; `at`:
+    when it was read (None = a mean over the active period); `stat`: how it was taken (max, min,
+    first, last, mean); `key`: the rule's series name (`evaluate.evaluator.evaluated_series`)."""
 
     name: str
     value: float | None
@@ -222,14 +211,9 @@ def same_place(a: dict[str, str], b: dict[str, str]) -> bool:
 
 
 def same_mechanism(head: Finding, other: Finding) -> bool:
-    """Whether `other` points at the same root mechanism as `head`, from what the rules carry.
-
-    Same mechanism when one rule defers to the other (`defers_to`: the weaker reading of a
-    mechanism from indirect evidence folds into the rule that reads it directly), when the other
-    rule's levers are a non-empty subset of the head's (pulling the head's levers is the whole
-    answer to it, e.g. the stages of a KV-pressure cascade), or when both rows are in the same
-    LEVERS.md family (K, P, L, ...) and lead with the same lever.
-    """
+    """Whether `other` points at the same root mechanism as `head`: one defers to the other, the
+    other's levers are a non-empty subset of the head's (a KV-pressure cascade's stages), or both
+    are in the same LEVERS.md family (K, P, L, ...) and lead with the same lever."""
     if head.rule_id in other.defers_to or other.rule_id in head.defers_to:
         return True
     mine = [lv.id for lv in head.levers]

@@ -1,11 +1,8 @@
 """Sizing arithmetic from first principles (source: 002 §2, §6.5, §8.3, §9.4).
 
-Pure functions, no I/O. Every result carries the inputs it was computed from so the UI can
-show the working. Units are base units: bytes, seconds, requests per second, tokens.
-
-The documents quote rounded figures that disagree (about 0.26 MB of KV per token for a 70B
-GQA model in 002, about 320 KB in 003); here KV bytes per token is always computed as
-2 (K and V) × layers × KV heads × head dim × bytes per element.
+Pure functions in base units (bytes, seconds, requests per second, tokens); results carry their
+inputs so the UI can show the working. KV bytes per token is always computed (2 × layers × KV
+heads × head dim × bytes), never taken from the documents' rounded figures, which disagree.
 """
 
 from __future__ import annotations

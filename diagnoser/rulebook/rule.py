@@ -1,7 +1,5 @@
-"""Diagnosis rules as data: load the YAML documents, keep line numbers, resolve parameters.
-
-The schema is described in docs/rules.md. This module only reads and resolves; the checks that
-produce `file:line: message` errors live in validate.py, evaluation in expr.py and engine.py.
+"""Diagnosis rules as data (schema: docs/rules.md): load the YAML with line numbers, resolve
+parameters; `Rule.tree` is the parsed form every backend reads, validate.py the checks.
 """
 
 from __future__ import annotations
