@@ -106,11 +106,6 @@ class Finding:
     confirm: str = ""  # what would confirm a moderate-confidence finding
     defers_to: tuple[str, ...] = ()  # rules that judge the same mechanism from direct evidence
 
-    @property
-    def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
-        """Identity of a finding across runs: rule and place."""
-        return self.rule_id, tuple(sorted(self.where.items()))
-
     def to_dict(self) -> dict[str, Any]:
         return _clean(asdict(self))
 
@@ -160,14 +155,9 @@ class Diagnosis:
         support = set(id(f) for f in self.supporting)
         return tuple(f for f in self.competing if id(f) not in support)
 
-    @property
-    def worst_severity(self) -> str | None:
-        sev = [f.severity for f in self.findings]
-        return max(sev, key=SEVERITY_RANK.__getitem__) if sev else None
-
     def exit_status(self) -> int:
         """0 = nothing warning/critical fired, 1 = warning, 2 = critical."""
-        return {None: 0, "info": 0, "warning": 1, "critical": 2}[self.worst_severity]
+        return max((SEVERITY_RANK[f.severity] for f in self.findings), default=0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
