@@ -133,14 +133,11 @@ def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
     return out
 
 
-def _baseline_window(rng: float, off: float, held: float, onset: float | None = None, last: float | None = None) -> str:
-    """'over the 10m00s ending 2m00s earlier', clipped to the data held: the evaluator's trailing
-    window starts no earlier than the data, so a comparison made `t` seconds into the `held`
-    seconds of data averages at most `t - off` of them. `onset` and `last` are the seconds into
-    the data of the finding's first and last firing point (default: the window's end); the text
-    says when the range reached back before the data there, or that nothing was held at all."""
-    onset = held if onset is None else onset
-    last = held if last is None else max(last, onset)
+def _baseline_window(rng: float, off: float, held: float, onset: float, last: float) -> str:
+    """'over the 10m00s ending 2m00s earlier', clipped to the `held` seconds of data (a comparison
+    `t` seconds in averages at most `t - off` of them); `onset` and `last` are the seconds into
+    the data of the finding's first and last firing point."""
+    last = max(last, onset)
     if off >= held:
         return (
             f"ending {fmt_duration(off)} earlier: none held, the window is only {fmt_duration(held)} "
