@@ -33,9 +33,6 @@ class Grouped:
     keys: list[tuple[str, ...]]
     values: np.ndarray
 
-    def empty(self) -> bool:
-        return not self.keys or bool(np.isnan(self.values).all())
-
 
 class SeriesEvaluator:
     """Evaluates and caches the named series of one rule over one frame."""
