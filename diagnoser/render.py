@@ -107,11 +107,8 @@ def fact_rows(f: Finding) -> list[tuple[str, str, str]]:
 
 
 def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
-    """What "rising" / "fell" is measured against: each condition of the rule that compares a
-    series with its own earlier level, with the ranges as evaluated (scaled, whole grid steps)
-    and clipped to the data the window held when the finding fired (from its onset to its end),
-    not only at the window's end: a finding early in a long recording can compare with less
-    than the rule's range."""
+    """What "rising" / "fell" is measured against: each baseline condition of the rule, its ranges
+    as evaluated (scaled, whole grid steps) and clipped to the data held while the finding fired."""
     t = _tree(f)
     if t is None:
         return []
@@ -336,10 +333,8 @@ def render_not_fired(d: Diagnosis, top: int = 4) -> str:
 
 
 def scale_text(d: Diagnosis) -> str:
-    """What a time-scaled window did to the rules, as the header of `kvscope diagnose` and the
-    UI's note both say it (the one wording): 'rule durations and ranges scaled x0.15 to fit the
-    window (the series shown are the ranges used, none longer than the data held)'; empty when
-    the window was not scaled."""
+    """What a time-scaled window did to the rules, the one wording of the CLI header and the UI's
+    note; empty when the window was not scaled."""
     if d.time_scale >= 1:
         return ""
     return (

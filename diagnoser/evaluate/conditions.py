@@ -38,14 +38,9 @@ class ConditionEvaluator:
         self.shape = (len(keys), len(ev.frame.ts))
 
     def bridge_outages(self, truth: np.ndarray) -> np.ndarray:
-        """`truth` with the points where a group's instance was down (its scrapes failed, see
-        frame.mark_stale) taking the value from before the outage.
-
-        Stale data is unknown, not false: a condition that held when the target went down is
-        taken to hold until it is back (and has a second scrape, which rates need), so an outage
-        inside an incident does not cut the `for` run in two, and an outage alone never makes a
-        condition true. Groups without an `instance` label are left as they are (their other
-        instances still report)."""
+        """`truth` with the points where a group's instance was down (frame.mark_stale), and the
+        scrape after, taking the value from before the outage: stale is unknown, not false, so an
+        outage neither cuts a `for` run nor makes a condition true. Groups without `instance` as is."""
         down = self.ev.frame.down
         if not down or "instance" not in self.by:
             return truth
@@ -123,10 +118,8 @@ class ConditionEvaluator:
 
 
 def run_lengths(truth: np.ndarray) -> np.ndarray:
-    """For each point, how many consecutive true points end there (0 where false).
-
-    Only rows with a true point are computed; the others are zeros (np.zeros pages that are
-    never written cost nothing)."""
+    """For each point, how many consecutive true points end there (0 where false); only rows
+    with a true point are computed."""
     live = np.flatnonzero(truth.any(axis=1)) if truth.ndim == 2 else None
     if live is not None and len(live) < truth.shape[0]:
         out = np.zeros(truth.shape, dtype=np.int64)

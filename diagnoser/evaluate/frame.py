@@ -219,10 +219,9 @@ def removed_target_spans(
     """instance -> [from, until) spans in which the target was not scraped at all: removed from
     service discovery (a replica scaled in), not failing.
 
-    `up` holds (instance, scrape time, succeeded) of every scrape, failed ones included. A target
-    whose next scrape is more than `factor` x its own median interval away, while other targets
-    were scraped in between (the recorder itself did not stall), is gone from one interval after
-    its last scrape until it returns (to +inf when it never does)."""
+    `up`: (instance, scrape time, succeeded) of every scrape. A target whose next scrape is over
+    `factor` x its median interval away while others were scraped is gone from one interval after
+    its last scrape until it returns (+inf if never)."""
     by: dict[str, list[float]] = defaultdict(list)
     for instance, t, _ok in up:
         by[instance].append(t)
@@ -250,9 +249,7 @@ def removed_target_spans(
 
 def mark_removed(frame: Frame, removed: dict[str, list[tuple[float, float]]]) -> None:
     """Prometheus staleness for targets that left service discovery, in place: their series are
-    absent there, and unlike a failed scrape (mark_stale) the target no longer counts as a
-    replica either (`seen` is cleared too), as Prometheus writes stale markers when a target
-    disappears."""
+    absent there and, unlike mark_stale, `seen` too (the target is no longer a replica)."""
     for instance, spans in removed.items():
         mask = _span_mask(frame.ts, spans)
         if not mask.any():

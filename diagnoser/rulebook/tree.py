@@ -1,11 +1,9 @@
 """A diagnosis rule parsed once into a typed tree: what every backend (the numpy evaluator, the
 PromQL compiler, the evidence text) converts, instead of each re-reading the YAML mapping.
 
-`parse(doc, params)` resolves `$param` references (a parameter left null stays None: a threshold
-that makes its test false) and durations into seconds (not yet time-scaled: `Rule.time_scale`
-applies at use). A malformed part raises RuleError with the file:line of the mapping that holds
-it. Series forms are the rows of docs/rules.md "Series expressions"; a new form is one dataclass
-here and one case per backend.
+`parse(doc, params)` resolves `$param`s (null stays None: its test is false) and durations into
+seconds (time-scaled at use); a malformed part raises RuleError at its file:line. A new series
+form (docs/rules.md "Series expressions") is one dataclass here and one case per backend.
 """
 
 from __future__ import annotations
