@@ -80,13 +80,8 @@ def diagnose(
             results = list(pool.map(lambda r: evaluate_rule(r, frame, levers), prepared))
     else:
         results = [evaluate_rule(r, frame, levers) for r in prepared]
-    findings: list[Finding] = []
-    skipped: list[Skipped] = []
-    for result in results:
-        if isinstance(result, Skipped):
-            skipped.append(result)
-        else:
-            findings.extend(result)
+    skipped = [r for r in results if isinstance(r, Skipped)]
+    findings = [f for r in results if not isinstance(r, Skipped) for f in r]
     evaluated = [r.id for r, res in zip(prepared, results, strict=True) if not isinstance(res, Skipped)]
     findings, skipped = settle(findings, skipped, evaluated, direct_present(prepared, frame.names()))
     findings = before_symptom(findings)
@@ -214,16 +209,15 @@ def _expansions(signal: str) -> set[str]:
 
 
 def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
-    """Groups of the rule: every key of its rule-level series, minus keys that lack a label the
-    rule requires (`require_labels`, e.g. dp_rank for a per-rank rule)."""
+    """Groups of the rule: every key of its rule-level series (SeriesEvaluator.get has already
+    dropped keys that lack a label the rule requires, `require_labels`)."""
     keys: set[tuple[str, ...]] = set()
     for name in ev.nodes:
         if ev.by_of(name) == ev.rule.by:
             g = ev.get(name)
             if g.by == ev.rule.by:
                 keys.update(g.keys)
-    required = [ev.rule.by.index(label) for label in ev.rule.tree.require_labels if label in ev.rule.by]
-    return sorted(k for k in keys if all(k[i] for i in required))
+    return sorted(keys)
 
 
 # ---------------------------------------------------------------------------- plain rules
