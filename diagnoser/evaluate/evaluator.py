@@ -398,12 +398,10 @@ def _summary(rule: Rule, evidence: list[Evidence]) -> str:
 
 
 def _levers(rule: Rule, levers: dict[str, Lever]) -> list[Any]:
-    out = []
-    for i, ref in enumerate(rule.tree.meta.get("levers") or [], start=1):
-        lever = levers.get(str(ref["id"]))
-        if lever is not None:
-            out.append(lever.advice(i, str(ref.get("direction", "review"))))
-    return out
+    refs = enumerate(rule.tree.meta.get("levers") or [], start=1)
+    return [
+        levers[str(r["id"])].advice(i, str(r.get("direction", "review"))) for i, r in refs if str(r["id"]) in levers
+    ]
 
 
 # ---------------------------------------------------------------------------- cascades
@@ -431,9 +429,7 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
         last = reached[-1]
         start = onsets[0] if onsets[0] is not None else onsets[reached[0]]
         assert start is not None  # `reached` lists the stages with an onset
-        any_true = np.zeros(len(ts), dtype=bool)
-        for i in reached:
-            any_true |= evaluated[i][0][gi]
+        any_true = np.logical_or.reduce([evaluated[i][0][gi] for i in reached])
         end = int(np.flatnonzero(any_true)[-1]) if any_true.any() else start
         info = _cascade_info(cas, names, onsets, last, ts)
         done = [e for (_, _, _, d) in evaluated for e in d]
