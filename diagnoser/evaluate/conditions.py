@@ -77,7 +77,7 @@ class ConditionEvaluator:
         if isinstance(r, tree.Than):
             return self.ev.aligned(r.series, self.by, self.keys) * cond.times + cond.plus
         assert isinstance(r, tree.Baseline)
-        k, off = self.ev._k(r.rng), int(round(r.offset * self.ev.rule.time_scale / (self.ev.frame.step or 1.0)))
+        k, off = self.ev._k(r.rng), self.ev._k(r.offset, 0)
         source = left if r.of is None else self.ev.aligned(r.of, self.by, self.keys)
         return grid.shift(grid.over_time(source, k, r.agg), off) * cond.times + cond.plus
 

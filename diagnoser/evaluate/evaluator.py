@@ -229,7 +229,7 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     if not truth.any():
         return []  # the conditions never hold anywhere: the rest cannot make the rule fire
     truth &= ce.facts_hold(t.facts)[:, None]
-    for_steps = int(round(when.hold * rule.time_scale / (ce.ev.frame.step or 1.0)))
+    for_steps = ce.ev._k(when.hold, 0)
     truth = ce.bridge_outages(truth)
     runs = run_lengths(truth)
     crit, warn, resolved = (ce.block(b)[0] if b else None for b in (t.critical_when, t.warning_when, t.resolved_when))
@@ -409,13 +409,12 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
     cas = rule.tree.cascade
     assert cas is not None
     names = [s.name for s in cas.stages]
-    step = ce.ev.frame.step or 1.0
-    slack = int(round(cas.slack * rule.time_scale / step))
+    slack = ce.ev._k(cas.slack, 0)
     evaluated = []
     for stage in cas.stages:
         truth, done = ce.block(stage)
         _judged(truth, ce)
-        for_steps = int(round(stage.hold * rule.time_scale / step))
+        for_steps = ce.ev._k(stage.hold, 0)
         truth = ce.bridge_outages(truth)
         evaluated.append((truth, run_lengths(truth), for_steps, done))
     fire_at = names.index(cas.fire_at)

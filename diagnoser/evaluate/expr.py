@@ -108,9 +108,9 @@ class SeriesEvaluator:
             cache[key] = make()
         return cache[key]
 
-    def _k(self, seconds: float) -> int:
-        """A rule duration (time-scaled) in whole grid steps, at least one."""
-        return max(1, int(round(seconds * self.rule.time_scale / (self.frame.step or 1.0))))
+    def _k(self, seconds: float, least: int = 1) -> int:
+        """A rule duration (time-scaled) in whole grid steps, at least `least`."""
+        return max(least, int(round(seconds * self.rule.time_scale / (self.frame.step or 1.0))))
 
     def _rows(
         self, name: str, by: tuple[str, ...], extra: tuple[str, ...] = (), match: tree.Match = (), seen: bool = False
