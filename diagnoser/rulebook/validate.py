@@ -341,12 +341,6 @@ def validate_rules(directory: str | Path | None = None, ctx: Context | None = No
         rules[rule.id] = rule
         issues.extend(validate_rule(rule, ctx))
     issues.extend(_check_deferrals(rules))
-    if directory is None:
-        for row in LEVERS_MD_ROWS:
-            if row not in rows:
-                issues.append(
-                    RuleIssue(
-                        str(paths[0].parent if paths else "rules/diagnosis"), 0, f"no rule for LEVERS.md row {row}"
-                    )
-                )
-    return issues
+    where = str(paths[0].parent if paths else "rules/diagnosis")
+    uncovered = [r for r in LEVERS_MD_ROWS if r not in rows] if directory is None else []
+    return issues + [RuleIssue(where, 0, f"no rule for LEVERS.md row {row}") for row in uncovered]
