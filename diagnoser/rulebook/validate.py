@@ -20,12 +20,7 @@ from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.levers import DIRECTIONS, Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import LineDict, Rule, RuleError, parse_duration, read_rule, rule_paths
 
-LEVERS_MD_ROWS = tuple(
-    [f"P{i}" for i in range(1, 10)]
-    + [f"K{i}" for i in range(1, 9)]
-    + [f"L{i}" for i in range(1, 15)]
-    + [f"U{i}" for i in range(1, 12)]
-)
+LEVERS_MD_ROWS = tuple(f"{row}{i}" for row, n in (("P", 9), ("K", 8), ("L", 14), ("U", 11)) for i in range(1, n + 1))
 """The 42 symptom rows of LEVERS.md; every one needs at least one rule."""
 BEYOND_ROWS = tuple(f"R{i}" for i in range(1, 8))
 """LEVERS.md "Beyond the documents" rows (issue 27): a rule may name one; none is required yet."""
