@@ -11,15 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.diagnoser.rulebook.grammar import (
-    BASELINE_AGGS,
-    FORMS,
-    OPS,
-    PAIR_FORMS,
-    RIGHT_SIDES,
-    RuleError,
-    parse_duration,
-)
+from kvscope.diagnoser.rulebook.grammar import BASELINE_AGGS, FORMS, OPS, PAIR_FORMS, RIGHT_SIDES
 
 Match = tuple[tuple[str, tuple[str, ...]], ...]
 """`match: {label: value | [values]}` as sorted (label, allowed values) pairs."""
@@ -267,6 +259,8 @@ class _Parser:
         self.doc, self.params, self.path = doc, params, path
 
     def fail(self, message: str, where: Any) -> Exception:
+        from kvscope.diagnoser.rulebook.rule import RuleError
+
         return RuleError(message, self.path, getattr(where, "line", None) or None)
 
     def value(self, v: Any) -> Any:
@@ -290,6 +284,8 @@ class _Parser:
             raise self.fail(f"{key}: not a number: {v!r}", m) from exc
 
     def dur(self, m: dict[str, Any], key: str, default: float) -> float:
+        from kvscope.diagnoser.rulebook.rule import parse_duration
+
         try:
             return parse_duration(self.value(m.get(key, default)))
         except (TypeError, ValueError) as exc:
@@ -453,4 +449,6 @@ def parse(doc: Any, params: dict[str, Any], path: str = "") -> Tree:
     try:
         return _Parser(doc, params, path).tree()
     except (KeyError, TypeError, AttributeError) as exc:  # a part missing or of the wrong shape
+        from kvscope.diagnoser.rulebook.rule import RuleError
+
         raise RuleError(f"malformed rule: {type(exc).__name__}: {exc}", path, getattr(doc, "line", 1)) from exc
