@@ -1,10 +1,8 @@
 """The rule engine: evaluate diagnosis rules over a window and rank what fired.
 
 `diagnose(frame)` runs every rule (rules/diagnosis/*.yaml) over a `Frame` from any source and
-returns a `Diagnosis`: the likely cause first (what, where, since when, evidence numbers, levers
-with the config to change, citations), competing hypotheses, other findings, and the rules that
-could not be evaluated (absent signals, unset parameters). Pure: no I/O besides loading the
-shipped rules and levers when none are passed.
+returns a `Diagnosis` (likely cause, competing hypotheses, other findings, rules not evaluable).
+Pure: no I/O besides loading the shipped rules and levers when none are passed.
 """
 
 from __future__ import annotations
@@ -45,11 +43,8 @@ REFERENCE_WINDOW_S = 900.0
 
 
 def auto_time_scale(window_s: float) -> float:
-    """1.0 for windows of 15 minutes or more; shorter windows scale every duration down.
-
-    A recording of a two-minute incident cannot hold a `for: 5m`: its durations (for, ranges,
-    baselines) are compressed by window / 15 min, never below 1/50.
-    """
+    """1.0 for windows of 15 minutes or more; shorter windows (a two-minute recording cannot hold
+    a `for: 5m`) scale every duration by window / 15 min, never below 1/50."""
     return max(0.02, min(1.0, window_s / REFERENCE_WINDOW_S))
 
 
@@ -163,11 +158,8 @@ def sample_names(rule: Rule) -> set[str]:
 
 
 def required_absent(rule: Rule, frame: Frame) -> set[str]:
-    """Signals a rule cannot do without that the frame lacks entirely.
-
-    Every condition of `when.all` (or the root stage of a cascade) needs its signals; for a
-    rule with only `when.any`, at least one branch must be computable.
-    """
+    """Signals a rule cannot do without that the frame lacks entirely: those of every `when.all`
+    condition (or the cascade's root stage), and of the `when.any` branches if none is computable."""
     names = frame.names()
 
     def absent(cond: tree.Cond) -> set[str]:

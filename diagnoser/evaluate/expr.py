@@ -1,9 +1,8 @@
 """Evaluate a rule's named `series` expressions over a Frame, per group, on the grid.
 
-Each expression (see docs/rules.md, "Series expressions") becomes a `Grouped`: one row per
-group (label values of its `by`), one column per grid point, NaN where absent. `promql()` writes
-the same expression in PromQL, which is what evidence cites and what the Prometheus rule
-builder can start from.
+Each expression (docs/rules.md, "Series expressions") becomes a `Grouped`: one row per group
+(label values of its `by`), one column per grid point, NaN where absent. `promql()` writes it in
+PromQL for evidence.
 """
 
 from __future__ import annotations

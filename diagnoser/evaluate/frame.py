@@ -167,10 +167,8 @@ def frame_from_samples(
 
 
 def failed_scrape_spans(up: Iterable[tuple[str, float, bool]]) -> dict[str, list[tuple[float, float]]]:
-    """instance -> [from, until) spans in which its latest scrape had failed.
-
-    `up` holds (instance, scrape time, succeeded). A span runs from a failed scrape to the
-    instance's next successful one (to +inf when none follows)."""
+    """instance -> [from, until) spans from a failed scrape to the next successful one (+inf when
+    none follows); `up` holds (instance, scrape time, succeeded)."""
     by: dict[str, list[tuple[float, bool]]] = defaultdict(list)
     for instance, t, ok in up:
         by[instance].append((t, ok))
