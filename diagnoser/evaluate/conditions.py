@@ -1,8 +1,7 @@
 """Conditions, `for` durations, facts and cascade stages, evaluated on grouped grid series.
 
-A condition gives a boolean per group and grid point; an absent value is never true (a missing
-signal cannot prove anything). `latest_run` finds the latest stretch of consecutive true points
-that lasted at least `for`, which is what a finding reports as `since`/`until`.
+A condition gives a boolean per group and grid point, never true on an absent value; `latest_run`
+finds the latest run of true points that lasted `for`: a finding's `since`/`until`.
 """
 
 from __future__ import annotations

@@ -33,12 +33,9 @@ def ffill(values: np.ndarray) -> np.ndarray:
 
 
 def counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
-    """Per-second rate of counters over a trailing window of k steps, resets handled.
-
-    A drop in value is a reset: the increase across it is the value after the reset. The rate is
-    the increase between the first present point in the window and t, divided by the time
-    between them (no extrapolation). NaN when t is absent or the window has one point.
-    """
+    """Per-second rate of counters over a trailing window of k steps: the increase (a drop is a
+    reset, counted as the value after it) from the window's first present point to t over the time
+    between them, no extrapolation; NaN when t is absent or the window has one point."""
     present = ~np.isnan(values)
     adj = reset_adjusted(values) if present.all() else None
     if adj is not None:  # no gaps: increases of the reset-adjusted counters
