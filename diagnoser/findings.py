@@ -1,13 +1,9 @@
 """Findings and diagnoses: what the rule engine hands to every consumer.
 
-A `Finding` is one rule that fired for one place (a set of labels) in one window: the onset,
-the evidence numbers with the series they were computed from, the levers ranked with the exact
-config change per engine, and the citations. A `Diagnosis` orders the findings of one run:
-the likely cause first, then competing hypotheses, then other findings.
-
-Everything here is plain data and round-trips through JSON (`to_dict` / `from_dict`), so the
-CLI (`--json`), the Alertmanager webhook, the UI and the weekly report all read the same shape.
-The JSON layout is versioned by `SCHEMA_VERSION`; add fields, never rename them.
+A `Finding` is one rule that fired for one place in one window (onset, evidence numbers with their
+series, ranked levers, citations); a `Diagnosis` orders one run's findings, likely cause first.
+All plain data written as JSON by `to_dict` (CLI `--json`, webhook, UI, weekly report), versioned
+by `SCHEMA_VERSION`: add fields, never rename them.
 """
 
 from __future__ import annotations
@@ -35,16 +31,9 @@ mechanism from direct evidence overrules it where it could look (docs/rules.md, 
 
 @dataclass(frozen=True)
 class Evidence:
-    """One named number behind a finding, with its unit and where it came from.
-
-    `series` is the expression that produced it, written with canonical signal names
-    (e.g. `rate(engine_preemptions_total[1m])`), so a reader can re-run it in PromQL.
-    `at` is the timestamp the value was read at (None = summary over the active period).
-    `stat` is how the value was taken from the series over the finding's active period: max,
-    min, first, last or mean (None = not recorded; readers fall back to the rule's evidence list).
-    `key` is the rule's name for that series (its `series:` entry), so a reader can ask the
-    evaluator for the very values the rule read (`evaluate.evaluator.evaluated_series`).
-    """
+    """One named number behind a finding. `series`: the canonical PromQL that produced it; `at`:
+    when it was read (None = a mean over the active period); `stat`: how it was taken (max, min,
+    first, last, mean); `key`: the rule's series name (`evaluate.evaluator.evaluated_series`)."""
 
     name: str
     value: float | None
@@ -117,26 +106,8 @@ class Finding:
     confirm: str = ""  # what would confirm a moderate-confidence finding
     defers_to: tuple[str, ...] = ()  # rules that judge the same mechanism from direct evidence
 
-    @property
-    def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
-        """Identity of a finding across runs: rule and place."""
-        return self.rule_id, tuple(sorted(self.where.items()))
-
     def to_dict(self) -> dict[str, Any]:
         return _clean(asdict(self))
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Finding:
-        d = dict(d)
-        d["window"] = tuple(d["window"])
-        d["evidence"] = tuple(Evidence(**e) for e in d.get("evidence", ()))
-        d["levers"] = tuple(_lever_from_dict(x) for x in d.get("levers", ()))
-        d["citations"] = tuple(d.get("citations", ()))
-        d["false_positives"] = tuple(d.get("false_positives", ()))
-        d["defers_to"] = tuple(d.get("defers_to", ()))
-        if d.get("cascade"):
-            d["cascade"] = CascadeInfo(**d["cascade"])
-        return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -184,14 +155,9 @@ class Diagnosis:
         support = set(id(f) for f in self.supporting)
         return tuple(f for f in self.competing if id(f) not in support)
 
-    @property
-    def worst_severity(self) -> str | None:
-        sev = [f.severity for f in self.findings]
-        return max(sev, key=SEVERITY_RANK.__getitem__) if sev else None
-
     def exit_status(self) -> int:
         """0 = nothing warning/critical fired, 1 = warning, 2 = critical."""
-        return {None: 0, "info": 0, "warning": 1, "critical": 2}[self.worst_severity]
+        return max((SEVERITY_RANK[f.severity] for f in self.findings), default=0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -208,25 +174,6 @@ class Diagnosis:
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Diagnosis:
-        lc = d.get("likely_cause")
-        return cls(
-            window=tuple(d["window"]),
-            source=d["source"],
-            likely_cause=Finding.from_dict(lc) if lc else None,
-            competing=tuple(Finding.from_dict(x) for x in d.get("competing", ())),
-            other=tuple(Finding.from_dict(x) for x in d.get("other", ())),
-            skipped=tuple(Skipped(**s) for s in d.get("skipped", ())),
-            rules_evaluated=int(d.get("rules_evaluated", 0)),
-            time_scale=float(d.get("time_scale", 1.0)),
-            schema_version=int(d.get("schema_version", SCHEMA_VERSION)),
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> Diagnosis:
-        return cls.from_dict(json.loads(text))
 
 
 OVERRULED = "overruled:"
@@ -254,14 +201,9 @@ def same_place(a: dict[str, str], b: dict[str, str]) -> bool:
 
 
 def same_mechanism(head: Finding, other: Finding) -> bool:
-    """Whether `other` points at the same root mechanism as `head`, from what the rules carry.
-
-    Same mechanism when one rule defers to the other (`defers_to`: the weaker reading of a
-    mechanism from indirect evidence folds into the rule that reads it directly), when the other
-    rule's levers are a non-empty subset of the head's (pulling the head's levers is the whole
-    answer to it, e.g. the stages of a KV-pressure cascade), or when both rows are in the same
-    LEVERS.md family (K, P, L, ...) and lead with the same lever.
-    """
+    """Whether `other` points at the same root mechanism as `head`: one defers to the other, the
+    other's levers are a non-empty subset of the head's (a KV-pressure cascade's stages), or both
+    are in the same LEVERS.md family (K, P, L, ...) and lead with the same lever."""
     if head.rule_id in other.defers_to or other.rule_id in head.defers_to:
         return True
     mine = [lv.id for lv in head.levers]
@@ -275,13 +217,6 @@ def same_mechanism(head: Finding, other: Finding) -> bool:
 
 def _family(row: str) -> str:
     return row.rstrip("0123456789")
-
-
-def _lever_from_dict(d: dict[str, Any]) -> LeverAdvice:
-    d = dict(d)
-    d["changes"] = tuple(EngineChange(**c) for c in d.get("changes", ()))
-    d["citations"] = tuple(d.get("citations", ()))
-    return LeverAdvice(**d)
 
 
 def _clean(obj: Any) -> Any:

@@ -66,8 +66,7 @@ def fmt_where(f: Finding) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _shipped() -> dict[str, Rule]:
-    """The shipped rules by id (for how each evidence value was taken and which engine facts a
-    rule conditions on); empty when the rules cannot be read."""
+    """The shipped rules by id (their facts, baselines and summaries); empty when unreadable."""
     from kvscope.diagnoser.rulebook.rule import RuleError, read_rules
 
     try:
@@ -83,33 +82,17 @@ def _tree(f: Finding) -> Tree | None:
     rule = _shipped().get(f.rule_id)
     try:
         return rule.with_params(f.params).tree if rule else None
-    except (RuleError, KeyError):
+    except RuleError:
         return None
-
-
-def evidence_stat(f: Finding, ev: Evidence) -> str:
-    """How the value was taken over the finding's active period: max, min, first, last or mean.
-
-    The engine records it on every Evidence; findings serialised before it did fall back to the
-    shipped rule's evidence list, else to an inference from `at` (no timestamp = a mean)."""
-    if ev.stat:
-        return ev.stat
-    for item in _shipped()[f.rule_id].tree.evidence if f.rule_id in _shipped() else ():
-        if item.name == ev.name:
-            return item.stat
-    if ev.at is None:
-        return "mean"
-    return "first" if ev.at == f.since else "last" if ev.at == f.until else "max"
 
 
 def render_taken(f: Finding, ev: Evidence) -> str:
     """'peak at 07:26:47', 'mean 07:25:53-07:26:57', 'at onset 07:25:53': how a value was read."""
     if ev.value is None:
         return ""
-    stat = evidence_stat(f, ev)
-    if stat == "mean" or ev.at is None:
+    if ev.stat == "mean" or ev.at is None:
         return f"mean {fmt_clock(f.since)}-{fmt_clock(f.until)}"
-    label = {"max": "peak at", "min": "lowest at", "first": "at onset", "last": "latest at"}.get(stat, "at")
+    label = {"max": "peak at", "min": "lowest at", "first": "at onset", "last": "latest at"}.get(ev.stat or "", "at")
     return f"{label} {fmt_clock(ev.at)}"
 
 
@@ -124,11 +107,8 @@ def fact_rows(f: Finding) -> list[tuple[str, str, str]]:
 
 
 def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
-    """What "rising" / "fell" is measured against: each condition of the rule that compares a
-    series with its own earlier level, with the ranges as evaluated (scaled, whole grid steps)
-    and clipped to the data the window held when the finding fired (from its onset to its end),
-    not only at the window's end: a finding early in a long recording can compare with less
-    than the rule's range."""
+    """What "rising" / "fell" is measured against: each baseline condition of the rule, its ranges
+    as evaluated (scaled, whole grid steps) and clipped to the data held while the finding fired."""
     t = _tree(f)
     if t is None:
         return []
@@ -150,14 +130,11 @@ def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
     return out
 
 
-def _baseline_window(rng: float, off: float, held: float, onset: float | None = None, last: float | None = None) -> str:
-    """'over the 10m00s ending 2m00s earlier', clipped to the data held: the evaluator's trailing
-    window starts no earlier than the data, so a comparison made `t` seconds into the `held`
-    seconds of data averages at most `t - off` of them. `onset` and `last` are the seconds into
-    the data of the finding's first and last firing point (default: the window's end); the text
-    says when the range reached back before the data there, or that nothing was held at all."""
-    onset = held if onset is None else onset
-    last = held if last is None else max(last, onset)
+def _baseline_window(rng: float, off: float, held: float, onset: float, last: float) -> str:
+    """'over the 10m00s ending 2m00s earlier', clipped to the `held` seconds of data (a comparison
+    `t` seconds in averages at most `t - off` of them); `onset` and `last` are the seconds into
+    the data of the finding's first and last firing point."""
+    last = max(last, onset)
     if off >= held:
         return (
             f"ending {fmt_duration(off)} earlier: none held, the window is only {fmt_duration(held)} "
@@ -356,10 +333,8 @@ def render_not_fired(d: Diagnosis, top: int = 4) -> str:
 
 
 def scale_text(d: Diagnosis) -> str:
-    """What a time-scaled window did to the rules, as the header of `kvscope diagnose` and the
-    UI's note both say it (the one wording): 'rule durations and ranges scaled x0.15 to fit the
-    window (the series shown are the ranges used, none longer than the data held)'; empty when
-    the window was not scaled."""
+    """What a time-scaled window did to the rules, the one wording of the CLI header and the UI's
+    note; empty when the window was not scaled."""
     if d.time_scale >= 1:
         return ""
     return (

@@ -1,18 +1,11 @@
-"""What the routers decided over a window, per router, shown beside the engine findings (the
-Alertmanager webhook's `routers`, the UI's triage page).
-
-Read only from the router series a router exports (a series it lacks stays absent, never 0):
-decisions by policy (`router_decisions_total`) and by policy branch (`router_policy_branch_total`,
-SMG); the decisions that went to the worker holding the prefix (`kept`) against those that gave a
-held prefix away (`gave_away`): SMG's branches (as R1 router_gave_locality_away reads them),
-sglang-router 0.2's cache hits and load-balancing overrides, Dynamo's non-max-overlap selections
-(routers create such counters on first use, so a give-away series absent beside counted kept ones
-is 0, as R1 reads it);
-the share of the best worker's cached prefix tokens the chosen worker had (Dynamo KV router); and
-the decisions routed by load only (`load_only`: SMG's fallback branches, decisions by a load-only
-policy, sglang-router 0.2's cache misses, sent to the least-loaded worker). Counts are increases
-over the window on its grid, counter resets handled; a series that first appears inside the window
-counts from its first grid value, as Prometheus' increase() does (a coarser grid counts less).
+"""What the routers decided over a window, per router (the Alertmanager webhook's `routers`, the
+UI's triage page; docs/architecture.md). Read only from the series a router exports (a series it
+lacks stays absent, never 0): decisions by policy and by branch; `kept` (to the worker holding the
+prefix) against `gave_away` (SMG's branches as R1 reads them, sglang-router 0.2's cache hits and
+load-balancing overrides, Dynamo's non-max-overlap selections; a give-away counter absent beside
+counted kept ones is 0, as routers create it on first use); Dynamo's share of the best worker's
+cached prefix kept; `load_only` decisions. Counts are increases over the window, resets handled,
+a series that first appears inside the window counting from its first grid value.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Sizing arithmetic from first principles (source: 002 §2, §6.5, §8.3, §9.2, §9.4).
+"""Sizing arithmetic from first principles (source: 002 §2, §6.5, §8.3, §9.4).
 
-Pure functions, no I/O. Every result carries the inputs it was computed from so the UI can
-show the working. Units are base units: bytes, seconds, requests per second, tokens.
-
-The documents quote rounded figures that disagree (about 0.26 MB of KV per token for a 70B
-GQA model in 002, about 320 KB in 003); here KV bytes per token is always computed as
-2 (K and V) × layers × KV heads × head dim × bytes per element.
+Pure functions in base units (bytes, seconds, requests per second, tokens); results carry their
+inputs so the UI can show the working. KV bytes per token is always computed (2 × layers × KV
+heads × head dim × bytes), never taken from the documents' rounded figures, which disagree.
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ class SizingError(ValueError):
 
 
 def _positive(**values: float) -> None:
+    """SizingError naming the first value (all of a function's inputs: `**locals()`) that is not > 0."""
     for name, value in values.items():
         if value is None or not math.isfinite(value) or value <= 0:
             raise SizingError(f"{name} must be a positive number, got {value!r}")
@@ -44,13 +42,13 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_elem
 
     Use the KV head count, not the attention head count (GQA shares KV heads).
     """
-    _positive(layers=layers, kv_heads=kv_heads, head_dim=head_dim, bytes_per_element=bytes_per_element)
+    _positive(**locals())
     return 2.0 * layers * kv_heads * head_dim * bytes_per_element
 
 
 def weights_bytes(parameters: float, bytes_per_parameter: float) -> float:
     """Model weight memory, the floor: parameters × bytes per parameter (002 §2.1)."""
-    _positive(parameters=parameters, bytes_per_parameter=bytes_per_parameter)
+    _positive(**locals())
     return parameters * bytes_per_parameter
 
 
@@ -114,12 +112,6 @@ def memory_budget(
     return MemoryBudget(weights, kv, activations, overhead, adapters * adapter_bytes, gpu_memory, headroom)
 
 
-def max_concurrency(*, free_kv_bytes: float, kv_per_token: float, context_tokens: int) -> int:
-    """How many sequences of `context_tokens` fit in `free_kv_bytes` of KV pool."""
-    _positive(free_kv_bytes=free_kv_bytes, kv_per_token=kv_per_token, context_tokens=context_tokens)
-    return int(free_kv_bytes // (kv_per_token * context_tokens))
-
-
 @dataclass(frozen=True)
 class FleetSize:
     """Fleet size from a benchmark's SLO-constrained operating point (002 §8.3)."""
@@ -149,14 +141,7 @@ def fleet_size(
     `usable_rps_per_instance` is the throughput measured at C_max (where TTFT p99 meets the
     SLO). The Little's Law ceiling is C_max / average latency; the gap is ceiling / usable.
     """
-    _positive(
-        peak_rps=peak_rps,
-        usable_rps_per_instance=usable_rps_per_instance,
-        tp_degree=tp_degree,
-        safety_factor=safety_factor,
-        c_max=c_max,
-        avg_latency_s=avg_latency_s,
-    )
+    _positive(**locals())
     instances = math.ceil(peak_rps / usable_rps_per_instance)
     gpus = math.ceil(round(instances * tp_degree * safety_factor, 9))
     ceiling = c_max / avg_latency_s
@@ -174,7 +159,7 @@ class QueueLimit:
 
 def max_queue_depth(*, max_wait_s: float, arrival_rps: float) -> QueueLimit:
     """Maximum safe queue depth = acceptable wait × arrival rate; break at 80-90 % of it."""
-    _positive(max_wait_s=max_wait_s, arrival_rps=arrival_rps)
+    _positive(**locals())
     depth = max_wait_s * arrival_rps
     return QueueLimit(depth, math.floor(0.8 * depth), math.floor(0.9 * depth))
 
@@ -207,26 +192,8 @@ def pd_ratio(
     decode_tokens_per_s_per_gpu: float,
 ) -> PdRatio:
     """(peak × input / prefill throughput) ÷ (peak × output / decode throughput)."""
-    _positive(
-        peak_rps=peak_rps,
-        avg_input_tokens=avg_input_tokens,
-        prefill_tokens_per_s_per_gpu=prefill_tokens_per_s_per_gpu,
-        avg_output_tokens=avg_output_tokens,
-        decode_tokens_per_s_per_gpu=decode_tokens_per_s_per_gpu,
-    )
+    _positive(**locals())
     return PdRatio(
         peak_rps * avg_input_tokens / prefill_tokens_per_s_per_gpu,
         peak_rps * avg_output_tokens / decode_tokens_per_s_per_gpu,
     )
-
-
-def cost_per_million_tokens(*, gpu_hour_cost: float, gpu_hours: float, tokens: float) -> float | None:
-    """$ per 1M tokens actually produced over a period (002 §9.2); None without tokens.
-
-    Measured over a period, idle GPU-hours are in `gpu_hours` already, so utilisation is
-    accounted for by construction (the 002 §9.2 formula divides by it explicitly).
-    """
-    _positive(gpu_hour_cost=gpu_hour_cost, gpu_hours=gpu_hours)
-    if tokens is None or tokens <= 0:
-        return None
-    return gpu_hour_cost * gpu_hours / tokens * 1e6

@@ -72,11 +72,8 @@ def group_buckets(
 def uniform_buckets(
     keys: list[tuple[str, ...]], n_by: int
 ) -> tuple[list[tuple[str, ...]], tuple[float, ...], np.ndarray] | None:
-    """The common case of bucket_layout without a Python sort per group: every group has the
-    same bounds. (groups, sorted bounds, key indices [G, buckets] in bound order), or None.
-
-    Keys are sorted, so a group's keys are contiguous; within a group, keys are ordered by
-    bound and then by position, as sorting (bound, index) pairs does."""
+    """bucket_layout's common case without a sort per group, every group with the same bounds:
+    (groups, sorted bounds, key indices [G, buckets] in bound order, ties by position), or None."""
     n = len(keys)
     parsed: dict[str, float] = {}
     for text in {k[n_by] for k in keys}:

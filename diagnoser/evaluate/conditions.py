@@ -1,8 +1,7 @@
 """Conditions, `for` durations, facts and cascade stages, evaluated on grouped grid series.
 
-A condition gives a boolean per group and grid point; an absent value is never true (a missing
-signal cannot prove anything). `latest_run` finds the latest stretch of consecutive true points
-that lasted at least `for`, which is what a finding reports as `since`/`until`.
+A condition gives a boolean per group and grid point, never true on an absent value; `latest_run`
+finds the latest run of true points that lasted `for`: a finding's `since`/`until`.
 """
 
 from __future__ import annotations
@@ -38,14 +37,9 @@ class ConditionEvaluator:
         self.shape = (len(keys), len(ev.frame.ts))
 
     def bridge_outages(self, truth: np.ndarray) -> np.ndarray:
-        """`truth` with the points where a group's instance was down (its scrapes failed, see
-        frame.mark_stale) taking the value from before the outage.
-
-        Stale data is unknown, not false: a condition that held when the target went down is
-        taken to hold until it is back (and has a second scrape, which rates need), so an outage
-        inside an incident does not cut the `for` run in two, and an outage alone never makes a
-        condition true. Groups without an `instance` label are left as they are (their other
-        instances still report)."""
+        """`truth` with the points where a group's instance was down (frame.mark_stale), and the
+        scrape after, taking the value from before the outage: stale is unknown, not false, so an
+        outage neither cuts a `for` run nor makes a condition true. Groups without `instance` as is."""
         down = self.ev.frame.down
         if not down or "instance" not in self.by:
             return truth
@@ -82,7 +76,7 @@ class ConditionEvaluator:
         if isinstance(r, tree.Than):
             return self.ev.aligned(r.series, self.by, self.keys) * cond.times + cond.plus
         assert isinstance(r, tree.Baseline)
-        k, off = self.ev._k(r.rng), int(round(r.offset * self.ev.rule.time_scale / (self.ev.frame.step or 1.0)))
+        k, off = self.ev._k(r.rng), self.ev._k(r.offset, 0)
         source = left if r.of is None else self.ev.aligned(r.of, self.by, self.keys)
         return grid.shift(grid.over_time(source, k, r.agg), off) * cond.times + cond.plus
 
@@ -99,20 +93,13 @@ class ConditionEvaluator:
                 break
         return truth, done
 
-    def any_of(self, conds: Sequence[tree.Cond]) -> tuple[np.ndarray, list[Evaluated]]:
-        done = [self.evaluate(c) for c in conds]
-        truth = np.zeros(self.shape, dtype=bool)
-        for e in done:
-            truth |= e.truth
-        return truth, done
-
     def block(self, block: tree.Block, lazy: bool = False) -> tuple[np.ndarray, list[Evaluated]]:
         """Truth of a block's `all` and (when given) `any` together, and each condition evaluated
         (`lazy`: `any` is skipped where `all` holds nowhere)."""
         truth, done = self.all_of(block.all, lazy)
         if block.any and (truth.any() or not lazy):
-            any_truth, any_done = self.any_of(block.any)
-            truth, done = truth & any_truth, done + any_done
+            any_done = [self.evaluate(c) for c in block.any]
+            truth, done = truth & np.logical_or.reduce([e.truth for e in any_done]), done + any_done
         return truth, done
 
     def facts_hold(self, facts: Sequence[tree.Fact]) -> np.ndarray:
@@ -130,10 +117,8 @@ class ConditionEvaluator:
 
 
 def run_lengths(truth: np.ndarray) -> np.ndarray:
-    """For each point, how many consecutive true points end there (0 where false).
-
-    Only rows with a true point are computed; the others are zeros (np.zeros pages that are
-    never written cost nothing)."""
+    """For each point, how many consecutive true points end there (0 where false); only rows
+    with a true point are computed."""
     live = np.flatnonzero(truth.any(axis=1)) if truth.ndim == 2 else None
     if live is not None and len(live) < truth.shape[0]:
         out = np.zeros(truth.shape, dtype=np.int64)

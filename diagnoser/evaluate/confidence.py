@@ -1,20 +1,8 @@
-"""Findings from indirect evidence yield to rules that read the same mechanism directly.
-
-A rule with `confidence: moderate` infers its mechanism (routing read from engine hit rates
-alone); it names the rules that judge the same mechanism from direct evidence in `defers_to`,
-and the signals that are that evidence in `direct_evidence` (the request tap's prefix split and
-reuse potential, KV events). After every rule ran:
-
-* a deferred-to rule fired at the same place -> the finding stands as supporting evidence of the
-  direct one (`findings.same_mechanism`) and is ranked below it; the direct finding takes its
-  severity where that is higher (`lift`: R1's load-only policy alone is info, P2 folding into it
-  says the hit rate already collapsed, a warning);
-* otherwise, a deferred-to rule was evaluated while the direct evidence was in the window -> it
-  looked at the mechanism itself and did not see it: the finding is dropped and the rule is
-  listed with the reason (`OVERRULED`);
-* otherwise (no direct evidence: the deferred-to rule was skipped, or judged only from other
-  branches, such as a router's policy) -> the finding stands, at moderate confidence, saying what
-  would confirm it.
+"""Findings from indirect evidence yield to rules that read the same mechanism directly
+(`confidence: moderate`, `defers_to`, `direct_evidence`; docs/rules.md "Confidence" has the
+table): folded in as supporting evidence where a direct rule fired at the same place, overruled
+where one looked with its direct evidence present and did not fire, else kept at moderate
+confidence saying what would confirm it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The rule engine: evaluate diagnosis rules over a window and rank what fired.
 
 `diagnose(frame)` runs every rule (rules/diagnosis/*.yaml) over a `Frame` from any source and
-returns a `Diagnosis`: the likely cause first (what, where, since when, evidence numbers, levers
-with the config to change, citations), competing hypotheses, other findings, and the rules that
-could not be evaluated (absent signals, unset parameters). Pure: no I/O besides loading the
-shipped rules and levers when none are passed.
+returns a `Diagnosis` (likely cause, competing hypotheses, other findings, rules not evaluable).
+Pure: no I/O besides loading the shipped rules and levers when none are passed.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ from kvscope.diagnoser.findings import (
     Evidence,
     Finding,
     Skipped,
+    same_place,
 )
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.grammar import ExprError
@@ -44,11 +43,8 @@ REFERENCE_WINDOW_S = 900.0
 
 
 def auto_time_scale(window_s: float) -> float:
-    """1.0 for windows of 15 minutes or more; shorter windows scale every duration down.
-
-    A recording of a two-minute incident cannot hold a `for: 5m`: its durations (for, ranges,
-    baselines) are compressed by window / 15 min, never below 1/50.
-    """
+    """1.0 for windows of 15 minutes or more; shorter windows (a two-minute recording cannot hold
+    a `for: 5m`) scale every duration by window / 15 min, never below 1/50."""
     return max(0.02, min(1.0, window_s / REFERENCE_WINDOW_S))
 
 
@@ -79,13 +75,8 @@ def diagnose(
             results = list(pool.map(lambda r: evaluate_rule(r, frame, levers), prepared))
     else:
         results = [evaluate_rule(r, frame, levers) for r in prepared]
-    findings: list[Finding] = []
-    skipped: list[Skipped] = []
-    for result in results:
-        if isinstance(result, Skipped):
-            skipped.append(result)
-        else:
-            findings.extend(result)
+    skipped = [r for r in results if isinstance(r, Skipped)]
+    findings = [f for r in results if not isinstance(r, Skipped) for f in r]
     evaluated = [r.id for r, res in zip(prepared, results, strict=True) if not isinstance(res, Skipped)]
     findings, skipped = settle(findings, skipped, evaluated, direct_present(prepared, frame.names()))
     findings = before_symptom(findings)
@@ -100,14 +91,12 @@ def evaluated_series(rule: Rule, frame: Frame, name: str, time_scale: float) -> 
 
 def evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[Finding] | Skipped:
     """Findings of one rule over the frame, or why it could not be evaluated."""
-    if frame.profile is None:
-        return _evaluate_rule(rule, frame, levers)
     t0 = time.process_time()
     try:
         return _evaluate_rule(rule, frame, levers)
     finally:
-        key = ("rule", rule.id)
-        frame.profile[key] = frame.profile.get(key, 0.0) + time.process_time() - t0
+        if frame.profile is not None:  # CPU seconds per rule (bench --profile)
+            frame.profile[("rule", rule.id)] = frame.profile.get(("rule", rule.id), 0.0) + time.process_time() - t0
 
 
 def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[Finding] | Skipped:
@@ -138,12 +127,8 @@ def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[F
 def mechanism_off(rule: Rule, ev: SeriesEvaluator, facts: dict[str, dict[str, str]]) -> Skipped | None:
     """Why a rule cannot judge its mechanism here, or None when it can.
 
-    `mechanism: {name, series, how}` names the feature the rule judges (speculation, a KV tier, P/D)
-    and a series that is above 0 where it runs (`Tree.gated` makes that a condition of every
-    point): engines export zeros for features that are off (SGLang's acceptance rate
-    without speculation), and a zero is no evidence about a feature that does not run. Present
-    and never above 0 anywhere = off; absent = unknown (not evaluable). A rule's `facts` that no
-    instance exports make the rule unknown too (a fact the engine does not export is no answer).
+    The `mechanism` series (docs/rules.md "Is the mechanism on?") present and never above 0 =
+    off; absent = unknown (not evaluable), as are `facts` that no instance exports.
     """
     wanted = {f.fact for f in rule.tree.facts}
     if wanted and not any(wanted <= set(known) for known in facts.values()):
@@ -159,19 +144,6 @@ def mechanism_off(rule: Rule, ev: SeriesEvaluator, facts: dict[str, dict[str, st
 
 
 # ---------------------------------------------------------------------------- signals needed
-def signals_of_series(rule: Rule, name: str, seen: set[str] | None = None) -> set[str]:
-    """Canonical signals a named series depends on (transitively)."""
-    seen = seen if seen is not None else set()
-    node = rule.tree.series.get(name)
-    if name in seen or node is None:
-        return set()
-    seen.add(name)
-    out = {node.signal} if isinstance(node, tree.Signal) else set()
-    for ref in node.refs:
-        out |= signals_of_series(rule, ref, seen)
-    return out
-
-
 def sample_names(rule: Rule) -> set[str]:
     """Sample names a rule reads from a source (histograms expanded to _bucket/_sum/_count)."""
     out: set[str] = set()
@@ -186,11 +158,8 @@ def sample_names(rule: Rule) -> set[str]:
 
 
 def required_absent(rule: Rule, frame: Frame) -> set[str]:
-    """Signals a rule cannot do without that the frame lacks entirely.
-
-    Every condition of `when.all` (or the root stage of a cascade) needs its signals; for a
-    rule with only `when.any`, at least one branch must be computable.
-    """
+    """Signals a rule cannot do without that the frame lacks entirely: those of every `when.all`
+    condition (or the cascade's root stage), and of the `when.any` branches if none is computable."""
     names = frame.names()
 
     def absent(cond: tree.Cond) -> set[str]:
@@ -230,16 +199,15 @@ def _expansions(signal: str) -> set[str]:
 
 
 def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
-    """Groups of the rule: every key of its rule-level series, minus keys that lack a label the
-    rule requires (`require_labels`, e.g. dp_rank for a per-rank rule)."""
+    """Groups of the rule: every key of its rule-level series (SeriesEvaluator.get has already
+    dropped keys that lack a label the rule requires, `require_labels`)."""
     keys: set[tuple[str, ...]] = set()
     for name in ev.nodes:
         if ev.by_of(name) == ev.rule.by:
             g = ev.get(name)
             if g.by == ev.rule.by:
                 keys.update(g.keys)
-    required = [ev.rule.by.index(label) for label in ev.rule.tree.require_labels if label in ev.rule.by]
-    return sorted(k for k in keys if all(k[i] for i in required))
+    return sorted(keys)
 
 
 # ---------------------------------------------------------------------------- plain rules
@@ -251,7 +219,7 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     if not truth.any():
         return []  # the conditions never hold anywhere: the rest cannot make the rule fire
     truth &= ce.facts_hold(t.facts)[:, None]
-    for_steps = int(round(when.hold * rule.time_scale / (ce.ev.frame.step or 1.0)))
+    for_steps = ce.ev._k(when.hold, 0)
     truth = ce.bridge_outages(truth)
     runs = run_lengths(truth)
     crit, warn, resolved = (ce.block(b)[0] if b else None for b in (t.critical_when, t.warning_when, t.resolved_when))
@@ -365,6 +333,7 @@ def _evidence(
 ) -> list[Evidence]:
     start, end = span
     ts = ce.ev.frame.ts[start : end + 1]
+    held = ce.ev.frame.window[1] - ce.ev.frame.window[0]  # the longest range a window can reach
     thresholds = {e.cond.series: e.cond for e in done if isinstance(e.cond.right, tree.Value)}
     out = []
     for item in rule.tree.evidence:
@@ -376,7 +345,7 @@ def _evidence(
                 name=item.name,
                 value=None if value is None else round(value, 6),
                 unit=item.unit,
-                series=promql(rule, item.series, ce.ev.frame.step, _held(ce.ev.frame)),
+                series=promql(rule, item.series, ce.ev.frame.step, held),
                 at=at,
                 threshold=cond.threshold() if cond else None,
                 op=cond.op if cond else None,
@@ -385,12 +354,6 @@ def _evidence(
             )
         )
     return out
-
-
-def _held(frame: Frame) -> float:
-    """Seconds of data the frame's grid spans (the longest range any window can reach)."""
-    start, end = frame.window
-    return end - start
 
 
 def _strength(done: list[Evaluated], gi: int, span: tuple[int, int]) -> float:
@@ -425,12 +388,10 @@ def _summary(rule: Rule, evidence: list[Evidence]) -> str:
 
 
 def _levers(rule: Rule, levers: dict[str, Lever]) -> list[Any]:
-    out = []
-    for i, ref in enumerate(rule.tree.meta.get("levers") or [], start=1):
-        lever = levers.get(str(ref["id"]))
-        if lever is not None:
-            out.append(lever.advice(i, str(ref.get("direction", "review"))))
-    return out
+    refs = enumerate(rule.tree.meta.get("levers") or [], start=1)
+    return [
+        levers[str(r["id"])].advice(i, str(r.get("direction", "review"))) for i, r in refs if str(r["id"]) in levers
+    ]
 
 
 # ---------------------------------------------------------------------------- cascades
@@ -438,13 +399,12 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
     cas = rule.tree.cascade
     assert cas is not None
     names = [s.name for s in cas.stages]
-    step = ce.ev.frame.step or 1.0
-    slack = int(round(cas.slack * rule.time_scale / step))
+    slack = ce.ev._k(cas.slack, 0)
     evaluated = []
     for stage in cas.stages:
         truth, done = ce.block(stage)
         _judged(truth, ce)
-        for_steps = int(round(stage.hold * rule.time_scale / step))
+        for_steps = ce.ev._k(stage.hold, 0)
         truth = ce.bridge_outages(truth)
         evaluated.append((truth, run_lengths(truth), for_steps, done))
     fire_at = names.index(cas.fire_at)
@@ -458,9 +418,7 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
         last = reached[-1]
         start = onsets[0] if onsets[0] is not None else onsets[reached[0]]
         assert start is not None  # `reached` lists the stages with an onset
-        any_true = np.zeros(len(ts), dtype=bool)
-        for i in reached:
-            any_true |= evaluated[i][0][gi]
+        any_true = np.logical_or.reduce([evaluated[i][0][gi] for i in reached])
         end = int(np.flatnonzero(any_true)[-1]) if any_true.any() else start
         info = _cascade_info(cas, names, onsets, last, ts)
         done = [e for (_, _, _, d) in evaluated for e in d]
@@ -505,14 +463,9 @@ def rank(
     findings, the one whose onset came first is favoured, since a cascade's root precedes its
     symptoms (002 §7.4).
     """
+    rest = tuple(skipped or ())
     if not findings:
-        return Diagnosis(
-            window=window,
-            source=source,
-            likely_cause=None,
-            skipped=tuple(skipped or ()),
-            rules_evaluated=rules_evaluated,
-        )
+        return Diagnosis(window, source, likely_cause=None, skipped=rest, rules_evaluated=rules_evaluated)
     first, last = min(f.since for f in findings), max(f.since for f in findings)
     spread = last - first
 
@@ -521,28 +474,9 @@ def rank(
         return f.score + early
 
     ordered = sorted(findings, key=lambda f: (-total(f), f.since, f.rule_id, sorted(f.where.items())))
-    ordered = [_with_score(f, total(f)) for f in ordered]
-    head = ordered[0]
+    head, *tail = [replace(f, score=round(total(f), 3)) for f in ordered]
     competing = tuple(
-        f for f in ordered[1:] if f.specificity >= 2 and _same_place(f.where, head.where) and f.rule_id != head.rule_id
+        f for f in tail if f.specificity >= 2 and same_place(f.where, head.where) and f.rule_id != head.rule_id
     )
-    other = tuple(f for f in ordered[1:] if f not in competing)
-    return Diagnosis(
-        window=window,
-        source=source,
-        likely_cause=head,
-        competing=competing,
-        other=other,
-        skipped=tuple(skipped or ()),
-        rules_evaluated=rules_evaluated,
-    )
-
-
-def _with_score(f: Finding, score: float) -> Finding:
-    from dataclasses import replace
-
-    return replace(f, score=round(score, 3))
-
-
-def _same_place(a: dict[str, str], b: dict[str, str]) -> bool:
-    return all(a[k] == b[k] for k in set(a) & set(b))
+    other = tuple(f for f in tail if f not in competing)
+    return Diagnosis(window, source, head, competing, other, rest, rules_evaluated)

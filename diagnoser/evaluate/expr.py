@@ -1,9 +1,8 @@
 """Evaluate a rule's named `series` expressions over a Frame, per group, on the grid.
 
-Each expression (see docs/rules.md, "Series expressions") becomes a `Grouped`: one row per
-group (label values of its `by`), one column per grid point, NaN where absent. `promql()` writes
-the same expression in PromQL, which is what evidence cites and what the Prometheus rule
-builder can start from.
+Each expression (docs/rules.md, "Series expressions") becomes a `Grouped`: one row per group
+(label values of its `by`), one column per grid point, NaN where absent. `promql()` writes it in
+PromQL for evidence.
 """
 
 from __future__ import annotations
@@ -32,9 +31,6 @@ class Grouped:
     by: tuple[str, ...]
     keys: list[tuple[str, ...]]
     values: np.ndarray
-
-    def empty(self) -> bool:
-        return not self.keys or bool(np.isnan(self.values).all())
 
 
 class SeriesEvaluator:
@@ -96,43 +92,36 @@ class SeriesEvaluator:
     # ------------------------------------------------------------------ forms
     def _evaluate(self, node: tree.Node, by: tuple[str, ...]) -> Grouped:
         form = getattr(self, f"_form_{type(node).__name__.lower()}")
-        cache = self.frame.cache
-        if not isinstance(node, tree.Signal) or cache is None:
+        if not isinstance(node, tree.Signal):
             return form(node, by)
-        key = (replace(node, by=None), by, self.rule.time_scale)
-        if key not in cache:
-            cache[key] = form(node, by)
-        hit = cache[key]
+        hit = self._memo((replace(node, by=None), by, self.rule.time_scale), lambda: form(node, by))
         return Grouped(hit.by, hit.keys, hit.values)
 
-    def _k(self, seconds: float) -> int:
-        """A rule duration (time-scaled) in whole grid steps, at least one."""
-        return max(1, int(round(seconds * self.rule.time_scale / (self.frame.step or 1.0))))
+    def _memo(self, key: tuple, make: Any) -> Any:
+        """`make()` computed once per frame under `key` (shared by the frame's rules), or on every
+        call when the frame keeps no cache."""
+        cache = self.frame.cache
+        if cache is None:
+            return make()
+        if key not in cache:
+            cache[key] = make()
+        return cache[key]
+
+    def _k(self, seconds: float, least: int = 1) -> int:
+        """A rule duration (time-scaled) in whole grid steps, at least `least`."""
+        return max(least, int(round(seconds * self.rule.time_scale / (self.frame.step or 1.0))))
 
     def _rows(
         self, name: str, by: tuple[str, ...], extra: tuple[str, ...] = (), match: tree.Match = (), seen: bool = False
     ) -> tuple[list, np.ndarray, np.ndarray]:
         """Group keys, row -> group index and the values of a block's matching rows (with `seen`,
         the values as they were before failed scrapes made some stale)."""
-        cache = self.frame.cache
         key = ("rows", name, by, extra, match) + (("seen",) if seen else ())
-        if cache is not None and key in cache:
-            return cache[key]
-        out = self._group_rows(name, by, extra, match, seen)
-        if cache is not None:
-            cache[key] = out
-        return out
+        return self._memo(key, lambda: self._group_rows(name, by, extra, match, seen))
 
     def _adjusted(self, name: str, match: tree.Match, values: np.ndarray) -> np.ndarray | None:
         """Reset-adjusted counters of a block (cached), None when series have gaps."""
-        cache = self.frame.cache
-        key = ("adjusted", name, match)
-        if cache is not None and key in cache:
-            return cache[key]
-        adj = grid.reset_adjusted(values)
-        if cache is not None:
-            cache[key] = adj
-        return adj
+        return self._memo(("adjusted", name, match), lambda: grid.reset_adjusted(values))
 
     def _counter_rates(
         self, name: str, match: tree.Match, values: np.ndarray, k: int, per_second: bool = True
@@ -239,20 +228,17 @@ class SeriesEvaluator:
         adj = self._adjusted(name, match, values)
         if adj is not None and adj.shape[1] >= 2:
             return Grouped(by, *self._dense_quantiles(q, name, match, by, keys, inv, adj, k))
-        cache = self.frame.cache
-        ckey = ("bucket_increase", name, by, match, k)
-        if cache is not None and ckey in cache:
-            summed, key_rows = cache[ckey]
-        else:
+
+        def increases() -> tuple[np.ndarray, np.ndarray | None]:
             # quantiles are scale-free: increases serve as well as rates, without a division pass
             inc = self._counter_rates(name, match, values, k, per_second=False)
-            if len(keys) == inc.shape[0]:  # one series per (group, le): no summing needed
-                summed, key_rows = inc, np.empty(len(keys), dtype=np.int64)
-                key_rows[inv] = np.arange(len(keys))
-            else:
-                summed, key_rows = grid.reduce_groups(inc, inv, len(keys), "sum"), None
-            if cache is not None:
-                cache[ckey] = (summed, key_rows)
+            if len(keys) != inc.shape[0]:
+                return grid.reduce_groups(inc, inv, len(keys), "sum"), None
+            key_rows = np.empty(len(keys), dtype=np.int64)  # one series per (group, le): no summing
+            key_rows[inv] = np.arange(len(keys))
+            return inc, key_rows
+
+        summed, key_rows = self._memo(("bucket_increase", name, by, match, k), increases)
         return Grouped(by, *_quantiles(q, keys, summed, len(by), key_rows))
 
     def _dense_quantiles(
@@ -266,11 +252,8 @@ class SeriesEvaluator:
         adj: np.ndarray,
         k: int,
     ) -> tuple[list, np.ndarray]:
-        """Quantiles of gap-free bucket counters: the group's bucket counters are summed once per
-        grouping (cumulative sums, so one sum serves every range), and increases are read
-        straight from them (grid.window_quantiles). The rule's other quantiles of the same
-        histogram, range and grouping (p50 next to p99) come out of the same pass, and a
-        quantile is computed once for every grouping that puts the same rows in the same groups."""
+        """Quantiles of gap-free bucket counters (grid.window_quantiles) over counters summed once
+        per grouping; the rule's sibling quantiles (p50 next to p99) come out of the same pass."""
         cache = self.frame.cache if self.frame.cache is not None else {}
         lkey = ("bucket_layout", name, by, match)
         if lkey not in cache:
@@ -392,16 +375,10 @@ def _quantiles(
 
 
 def promql(rule: Rule, name: str, step: float | None = None, held: float | None = None) -> str:
-    """The named series written in PromQL, as evidence shows it: the rule compiler's own text
-    (diagnoser/promql/series.py, the one writer the alert files and the pushdown use) over the
-    canonical names, on one line.
-
-    Ranges are printed as evaluated: scaled by the rule's time_scale and, given the grid `step`,
-    rounded to the whole number of steps the evaluator uses (at least one). Given `held`, the
-    seconds of data the window holds (last grid point minus first), a range is also clipped to
-    the data it can reach, as the evaluator's trailing windows are: at most `held`, and for an
-    `offset` window at most `held` minus the offset (never a range longer than the recording).
-    A series PromQL cannot write says so instead."""
+    """The named series in PromQL on one line, as evidence shows it (the rule compiler's text,
+    diagnoser/promql/series.py). Ranges are printed as evaluated: time-scaled, rounded to whole
+    grid `step`s, and clipped to the `held` seconds of data (minus any offset). A series PromQL
+    cannot write says so instead."""
     try:
         text = SeriesCompiler(rule, CanonicalSignals(), step=step, held=held).expr(name)
     except NotExpressible as exc:

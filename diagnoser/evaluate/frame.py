@@ -141,11 +141,8 @@ def frame_from_samples(
     lookback_s: float = DEFAULT_LOOKBACK_S,
     names: set[str] | None = None,
 ) -> Frame:
-    """Group timestamped canonical samples into series and sample them on the grid.
-
-    `names` limits the frame to the sample names the rules read. Samples without a timestamp
-    are ignored (a recording always has them).
-    """
+    """Group timestamped canonical samples into series and sample them on the grid. `names`
+    limits the frame to the sample names the rules read; samples without a timestamp are ignored."""
     grid = make_grid(start, end, step)
     points: dict[tuple[str, Labels], list[tuple[float, float]]] = defaultdict(list)
     for s in samples:
@@ -170,10 +167,8 @@ def frame_from_samples(
 
 
 def failed_scrape_spans(up: Iterable[tuple[str, float, bool]]) -> dict[str, list[tuple[float, float]]]:
-    """instance -> [from, until) spans in which its latest scrape had failed.
-
-    `up` holds (instance, scrape time, succeeded). A span runs from a failed scrape to the
-    instance's next successful one (to +inf when none follows)."""
+    """instance -> [from, until) spans from a failed scrape to the next successful one (+inf when
+    none follows); `up` holds (instance, scrape time, succeeded)."""
     by: dict[str, list[tuple[float, bool]]] = defaultdict(list)
     for instance, t, ok in up:
         by[instance].append((t, ok))
@@ -196,20 +191,9 @@ def failed_scrape_spans(up: Iterable[tuple[str, float, bool]]) -> dict[str, list
 
 def mark_stale(frame: Frame, down: dict[str, list[tuple[float, float]]]) -> None:
     """Prometheus staleness for failed scrapes, in place: a series of an instance is absent at
-    grid times when that instance's latest scrape had failed.
-
-    Prometheus writes a stale marker for every series of a target whose scrape fails, so an
-    instant query finds nothing there and a range sees only real samples. Without this, the
-    lookback would carry counters frozen at their last value through an outage: rates would fall
-    toward zero during it and jump after it.
-    """
-    masks: dict[str, np.ndarray] = {}
-    for instance, spans in down.items():
-        mask = np.zeros(len(frame.ts), dtype=bool)
-        for a, b in spans:
-            mask |= (frame.ts >= a) & (frame.ts < b)
-        if mask.any():
-            masks[instance] = mask
+    grid times when that instance's latest scrape had failed (Prometheus writes stale markers
+    there; a lookback carrying frozen counters through an outage would fake a rate drop)."""
+    masks = {instance: mask for instance, spans in down.items() if (mask := _span_mask(frame.ts, spans)).any()}
     if not masks:
         return
     frame.down.update(masks)
@@ -222,16 +206,20 @@ def mark_stale(frame: Frame, down: dict[str, list[tuple[float, float]]]) -> None
                 block.values[i, gone] = np.nan
 
 
+def _span_mask(ts: np.ndarray, spans: list[tuple[float, float]]) -> np.ndarray:
+    """bool [T]: grid times inside any of the [from, until) spans."""
+    return np.any([(ts >= a) & (ts < b) for a, b in spans], axis=0) if spans else np.zeros(len(ts), dtype=bool)
+
+
 def removed_target_spans(
     up: Iterable[tuple[str, float, bool]], factor: float = 3.0
 ) -> dict[str, list[tuple[float, float]]]:
     """instance -> [from, until) spans in which the target was not scraped at all: removed from
     service discovery (a replica scaled in), not failing.
 
-    `up` holds (instance, scrape time, succeeded) of every scrape, failed ones included. A target
-    whose next scrape is more than `factor` x its own median interval away, while other targets
-    were scraped in between (the recorder itself did not stall), is gone from one interval after
-    its last scrape until it returns (to +inf when it never does)."""
+    `up`: (instance, scrape time, succeeded) of every scrape. A target whose next scrape is over
+    `factor` x its median interval away while others were scraped is gone from one interval after
+    its last scrape until it returns (+inf if never)."""
     by: dict[str, list[float]] = defaultdict(list)
     for instance, t, _ok in up:
         by[instance].append(t)
@@ -259,13 +247,9 @@ def removed_target_spans(
 
 def mark_removed(frame: Frame, removed: dict[str, list[tuple[float, float]]]) -> None:
     """Prometheus staleness for targets that left service discovery, in place: their series are
-    absent there, and unlike a failed scrape (mark_stale) the target no longer counts as a
-    replica either (`seen` is cleared too), as Prometheus writes stale markers when a target
-    disappears."""
+    absent there and, unlike mark_stale, `seen` too (the target is no longer a replica)."""
     for instance, spans in removed.items():
-        mask = np.zeros(len(frame.ts), dtype=bool)
-        for a, b in spans:
-            mask |= (frame.ts >= a) & (frame.ts < b)
+        mask = _span_mask(frame.ts, spans)
         if not mask.any():
             continue
         for block in frame.blocks.values():

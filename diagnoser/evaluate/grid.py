@@ -1,10 +1,7 @@
 """Vectorised series functions on a time grid: arrays [rows, T], NaN = absent.
 
-These are the grid twins of the scalar functions in `kvscope.agent.derive` (rates surviving
-counter resets, histogram quantiles from bucket deltas, guarded ratios) with the same
-semantics; tests/unit/test_diagnoser_grid.py checks them against each other. They exist because
-the diagnoser evaluates every rule over every group at every grid point at fleet scale
-(bench/diagnose_scale.py), where per-point Python calls would be far too slow.
+The grid twins of `kvscope.agent.derive`'s scalar functions, with the same semantics
+(tests/unit/test_diagnoser_grid.py checks them against each other), vectorised for fleet scale.
 
 A trailing window of `k` steps at grid index t covers indices [t-k, t]. At the start of the data
 the window is clipped to what exists, as Prometheus does with the samples inside a range.
@@ -12,7 +9,9 @@ the window is clipped to what exists, as Prometheus does with the samples inside
 
 from __future__ import annotations
 
-from types import TracebackType
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -34,15 +33,14 @@ def ffill(values: np.ndarray) -> np.ndarray:
 
 
 def counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
-    """Per-second rate of counters over a trailing window of k steps, resets handled.
-
-    A drop in value is a reset: the increase across it is the value after the reset. The rate is
-    the increase between the first present point in the window and t, divided by the time
-    between them (no extrapolation). NaN when t is absent or the window has one point.
-    """
+    """Per-second rate of counters over a trailing window of k steps: the increase (a drop is a
+    reset, counted as the value after it) from the window's first present point to t over the time
+    between them, no extrapolation; NaN when t is absent or the window has one point."""
     present = ~np.isnan(values)
-    if present.all():
-        return _dense_counter_rate(values, k, step)
+    adj = reset_adjusted(values) if present.all() else None
+    if adj is not None:  # no gaps: increases of the reset-adjusted counters
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return window_increase(adj, k) / (window_spans(values.shape[1], k) * step)
     filled = ffill(values)
     d = step_increases(filled)
     adj = np.concatenate([np.zeros((values.shape[0], 1)), np.cumsum(np.nan_to_num(d), axis=1)], axis=1)
@@ -62,11 +60,7 @@ def counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
 
 def reset_adjusted(values: np.ndarray) -> np.ndarray | None:
     """Gap-free counters with every reset undone (each series continues from where it was), or
-    None when some series has gaps (callers then take counter_rate's general path).
-
-    Computed once per block and cached by the evaluator: increases over any window are then one
-    subtraction.
-    """
+    None when some series has gaps. Increases over any window are then one subtraction."""
     reset = np.zeros(values.shape[0], dtype=bool)
     for a in range(0, values.shape[0], _CHUNK_ROWS):  # small temporaries: no page-fault churn
         part = values[a : a + _CHUNK_ROWS]
@@ -104,31 +98,6 @@ def window_increase(adjusted: np.ndarray, k: int) -> np.ndarray:
 def window_spans(n_t: int, k: int) -> np.ndarray:
     """Steps covered by window_increase at each point (k, or fewer at the start)."""
     return np.minimum(np.arange(n_t, dtype=float), float(max(1, min(k, max(n_t - 1, 1)))))
-
-
-def _dense_counter_rate(values: np.ndarray, k: int, step: float) -> np.ndarray:
-    """counter_rate for series without gaps: plain slicing; rows with a reset take the long way."""
-    n_t = values.shape[1]
-    k = max(1, min(k, n_t - 1)) if n_t > 1 else 1
-    out = np.empty_like(values)
-    if n_t < 2:
-        out[:] = np.nan
-        return out
-    reset = (values[:, 1:] < values[:, :-1]).any(axis=1)
-    src = values
-    if reset.any():
-        d = step_increases(values[reset])
-        adj = np.empty((int(reset.sum()), n_t))
-        adj[:, 0] = 0.0
-        np.cumsum(d, axis=1, out=adj[:, 1:])
-        src = values.copy()
-        src[reset] = adj
-    out[:, k:] = src[:, k:] - src[:, :-k]
-    out[:, k:] /= k * step
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out[:, :k] = (src[:, :k] - src[:, :1]) / (np.arange(k, dtype=float) * step)
-    out[:, 0] = np.nan
-    return out
 
 
 def group_index(keys: list[tuple[str, ...]]) -> tuple[list[tuple[str, ...]], np.ndarray]:
@@ -221,56 +190,14 @@ def _reduce_by_matmul(values: np.ndarray, inverse: np.ndarray, n_groups: int, ag
 
 
 def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-    """histogram_quantile over [groups, buckets, T] of per-bucket cumulative rates.
-
-    `les` are the sorted upper bounds (the last is +Inf). Prometheus semantics: counts forced
-    monotonic, linear interpolation inside the bucket holding the rank, the +Inf bucket
-    answered with the highest finite bound, NaN without observations. Loops over the (few)
-    buckets with whole [groups, T] planes, which keeps every numpy pass contiguous. With `rows`
-    ([groups, buckets] row numbers), `buckets` is [rows, T] and planes are gathered from it.
-    """
-    if rows is None:
-        n_b = buckets.shape[1]
-        raw = [buckets[:, b, :] for b in range(n_b)]
-    else:
-        n_b = rows.shape[1]
-        raw = [buckets[rows[:, b]] for b in range(n_b)]
-    all_absent = np.ones(raw[0].shape, dtype=bool)
-    planes = []
-    for plane in raw:
-        mask = np.isnan(plane)
-        all_absent &= mask
-        if rows is None:
-            plane = plane.copy()  # planes are modified below; gathered ones are copies already
-        if mask.any():
-            plane[mask] = 0.0
-        planes.append(plane)
-    for b in range(1, n_b):
-        np.fmax(planes[b], planes[b - 1], out=planes[b])
-    total = planes[-1]
-    rank = q * total
-    out = np.full(total.shape, np.nan)
-    found = np.zeros(total.shape, dtype=bool)
-    prev = np.zeros(total.shape)
-    for b in range(n_b):
-        hit = ~found & (planes[b] >= rank)
-        if hit.any():
-            upper = les[b]
-            if b == n_b - 1:
-                out[hit] = les[b - 1] if b >= 1 else np.nan
-            elif b == 0 and upper <= 0:
-                out[hit] = upper
-            else:
-                lower = 0.0 if b == 0 else les[b - 1]
-                below = prev[hit]
-                in_bucket = planes[b][hit] - below
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    frac = np.where(in_bucket > 0, (rank[hit] - below) / in_bucket, 0.0)
-                out[hit] = lower + (upper - lower) * frac
-            found |= hit
-        prev = planes[b]
-    out[(total <= 0) | all_absent] = np.nan
-    return out
+    """histogram_quantile over [groups, buckets, T] of per-bucket cumulative rates; with `rows`
+    ([groups, buckets] row numbers), `buckets` is [rows, T] and each group's buckets are read from
+    it. `les` are the sorted upper bounds (the last is +Inf); absent counts are 0, counts are
+    forced monotonic, and the rest is quantile_from_planes' Prometheus arithmetic."""
+    gathered = np.moveaxis(buckets, 1, 0) if rows is None else buckets[rows.T]
+    planes = _zero_nan(gathered)
+    np.fmax.accumulate(planes, axis=0, out=planes)
+    return quantile_from_planes(q, les, planes)
 
 
 def window_bucket_planes(
@@ -278,13 +205,9 @@ def window_bucket_planes(
 ) -> np.ndarray:
     """Per-bucket increases over a trailing window of k steps, forced monotonic: [buckets, G, T].
 
-    `cumulative` holds gap-free, reset-adjusted bucket counters (rows of a block, or their sums
-    per group); `rows` [G, buckets] picks each group's buckets in `le` order. The increases are
-    window_increase's (clipped at the start); the first point, which has no window, is 0 here
-    (bucket_quantile treats absent as 0 and answers NaN there). Built plane by plane into one
-    array: no [rows, T] temporaries, and a bucket whose rows are evenly spaced is read in place.
-    With `scratch` (a 1-D float array at least buckets x G x T long) the planes are written into
-    it instead of a new array, which saves the page faults of a fresh large allocation.
+    `cumulative` holds gap-free, reset-adjusted bucket counters; `rows` [G, buckets] picks each
+    group's buckets in `le` order. Increases are window_increase's, 0 at the first point. Written
+    into `scratch` (1-D, at least buckets x G x T) when given, else into a new array.
     """
     n_g, n_b = rows.shape
     n_t = cumulative.shape[1]
@@ -320,9 +243,7 @@ def window_quantiles(
     gap-free cumulative bucket counters: one [G, T] array per q.
 
     `rows` [G, buckets] as for window_bucket_planes; with `order` (a permutation of range(G)),
-    group i's quantiles go to output row order[i]. Groups are taken a chunk at a time, so the
-    planes of a chunk are built once, serve every q while still in cache, and the memory is
-    reused from chunk to chunk instead of one [buckets, G, T] array being faulted in.
+    group i's quantiles go to output row order[i]. Groups go a cache-sized chunk at a time.
     """
     n_g, n_b = rows.shape
     n_t = cumulative.shape[1]
@@ -351,9 +272,9 @@ def _rows_view(values: np.ndarray, rows: np.ndarray, out: np.ndarray | None = No
 def quantile_from_planes(q: float, les: np.ndarray, planes: np.ndarray) -> np.ndarray:
     """histogram_quantile over window_bucket_planes' output: [G, T], NaN without observations.
 
-    The same arithmetic as bucket_quantile, element by element (so the same values), found by
-    counting the planes below the rank (planes are monotonic) and reading the two planes around
-    it, instead of masking every plane for every bucket.
+    Prometheus semantics: linear interpolation inside the bucket holding the rank (found by
+    counting the monotonic planes below it), the +Inf bucket answered with the highest finite
+    bound, a first bound <= 0 answered as itself.
     """
     n_b = planes.shape[0]
     total = planes[-1]
@@ -428,10 +349,8 @@ def over_time(values: np.ndarray, k: int, agg: str) -> np.ndarray:
 def _sliding(values: np.ndarray, k: int, pick: np.ufunc) -> np.ndarray:
     """np.fmax / np.fmin of each trailing window of k steps, in O(log k) whole-array passes.
 
-    Windows of doubling width are built (one of width 2w = two adjacent ones of width w),
-    then each k+1 window is the pick of two windows of the largest power of two that fit,
-    one at its start and one at its end. fmax/fmin are exact and ignore NaN like a reduce over
-    the window does, so the result equals np.fmax.reduce(window_view(values, k), axis=-1).
+    Windows of doubling width are built, then each k+1 window is the pick of the two largest
+    power-of-two windows at its start and its end (exact: equals a reduce over window_view).
     """
     width = k + 1
     m = np.concatenate([np.full((values.shape[0], k), np.nan), values], axis=1)
@@ -487,13 +406,9 @@ def resets(values: np.ndarray, k: int) -> np.ndarray:
 
 
 def changes(values: np.ndarray, k: int, settle: int = 0) -> np.ndarray:
-    """How many times each row's value changed within a trailing window of k steps.
-
-    The first `settle` steps after a row appears (at the start of the data, or back after it was
-    absent) are its leading edge and count as absent: a count of series is still rising there
-    because scraping just began and targets are first scraped at different phases of their
-    interval, which is not a change. PromQL: `changes((X and X offset <settle>)[range:step])`.
-    """
+    """How many times each row's value changed within a trailing window of k steps; the first
+    `settle` steps after a row appears count as absent (tree.Changes).
+    PromQL: `changes((X and X offset <settle>)[range:step])`."""
     if settle > 0:
         values = np.where(np.isnan(shift(values, settle)), np.nan, values)
     filled = ffill(values)
@@ -519,15 +434,9 @@ def _trailing_sum(values: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-class _quiet_nan_warnings:
+@contextmanager
+def _quiet_nan_warnings() -> Iterator[None]:
     """nanmedian warns on all-NaN windows; absent is a normal state here."""
-
-    def __enter__(self) -> None:
-        import warnings
-
-        self._cm = warnings.catch_warnings()
-        self._cm.__enter__()
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self._cm.__exit__(kind, exc, tb)
+        yield

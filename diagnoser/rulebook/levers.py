@@ -29,7 +29,6 @@ class Lever:
     cost: str
     how: dict[str, str]
     citations: tuple[str, ...]
-    line: int = 0
 
     def advice(self, rank: int, direction: str) -> LeverAdvice:
         """This lever as ranked advice on a finding."""
@@ -71,7 +70,6 @@ def _parse_lever(lid: str, spec: Any, line: int, path: str) -> Lever:
         cost=str(spec.get("cost", "")).strip(),
         how={k: str(v) for k, v in how.items()},
         citations=tuple(spec["citations"]),
-        line=line,
     )
 
 

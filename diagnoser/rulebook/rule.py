@@ -1,7 +1,5 @@
-"""Diagnosis rules as data: load the YAML documents, keep line numbers, resolve parameters.
-
-The schema is described in docs/rules.md. This module only reads and resolves; the checks that
-produce `file:line: message` errors live in validate.py, evaluation in expr.py and engine.py.
+"""Diagnosis rules as data (schema: docs/rules.md): load the YAML with line numbers, resolve
+parameters; `Rule.tree` is the parsed form every backend reads, validate.py the checks.
 """
 
 from __future__ import annotations
@@ -121,11 +119,8 @@ class Rule:
 
     def nullable_params(self) -> int:
         """How many parameters default to null (values the user must supply, e.g. benchmarks)."""
-        return sum(
-            1
-            for spec in (self.doc.get("params") or {}).values()
-            if isinstance(spec, dict) and spec.get("default") is None
-        )
+        specs = (self.doc.get("params") or {}).values()
+        return sum(isinstance(spec, dict) and spec.get("default") is None for spec in specs)
 
     def missing_params(self) -> list[str]:
         """Parameters without a value (default null): the rule cannot run until they are set."""
@@ -138,9 +133,7 @@ def rule_from_doc(doc: Any, path: str) -> Rule:
         raise RuleError("a rule file must hold one mapping", path, 1)
     if "id" not in doc:
         raise RuleError("missing 'id'", path, doc.line)
-    params = {}
-    for name, spec in (doc.get("params") or {}).items():
-        params[name] = spec.get("default") if isinstance(spec, dict) else spec
+    params = {k: v.get("default") if isinstance(v, dict) else v for k, v in (doc.get("params") or {}).items()}
     return Rule(id=str(doc["id"]), path=path, doc=doc, params=params)
 
 

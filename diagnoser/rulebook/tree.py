@@ -1,11 +1,9 @@
 """A diagnosis rule parsed once into a typed tree: what every backend (the numpy evaluator, the
 PromQL compiler, the evidence text) converts, instead of each re-reading the YAML mapping.
 
-`parse(doc, params)` resolves `$param` references (a parameter left null stays None: a threshold
-that makes its test false) and durations into seconds (not yet time-scaled: `Rule.time_scale`
-applies at use). A malformed part raises RuleError with the file:line of the mapping that holds
-it. Series forms are the rows of docs/rules.md "Series expressions"; a new form is one dataclass
-here and one case per backend.
+`parse(doc, params)` resolves `$param`s (null stays None: its test is false) and durations into
+seconds (time-scaled at use); a malformed part raises RuleError at its file:line. A new series
+form (docs/rules.md "Series expressions") is one dataclass here and one case per backend.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.diagnoser.rulebook.grammar import BASELINE_AGGS, FORMS, OPS, PAIR_FORMS
+from kvscope.diagnoser.rulebook.grammar import BASELINE_AGGS, FORMS, OPS, PAIR_FORMS, RIGHT_SIDES
 
 Match = tuple[tuple[str, tuple[str, ...]], ...]
 """`match: {label: value | [values]}` as sorted (label, allowed values) pairs."""
@@ -127,10 +125,8 @@ class Predict(Of):
 
 @dataclass(frozen=True, kw_only=True)
 class Changes(Of):
-    """`settle`: how long after a series appears its value is not compared yet. Targets are first
-    scraped at different phases of their scrape interval (up to a minute in common setups), so a
-    count of series rises over that long when scraping starts; that rise is not a scaling event.
-    Time-scaled like every rule duration, and never less than one grid step."""
+    """`settle`: how long after a series appears its value is not compared yet (targets are first
+    scraped at different phases of their interval: that rise is no change). Time-scaled."""
 
     rng: float = 900.0
     settle: float = 60.0
@@ -168,6 +164,7 @@ class Cond:
     right: Value | Than | Baseline | None = None
     times: float = 1.0
     plus: float = 0.0
+    line: int = field(default=0, compare=False)  # in the rule file, for validation messages
 
     def threshold(self) -> float | None:
         """The constant right side (× times + plus), None for another series or a null param."""
@@ -199,7 +196,6 @@ class Cascade:
     fire_at: str
     critical_at: str
     slack: float
-    hold: float
 
 
 @dataclass(frozen=True)
@@ -274,6 +270,12 @@ class _Parser:
             return self.params[v[1:]]
         return v
 
+    def need(self, m: Any, key: str) -> str:
+        """A required key's value as text; RuleError at the mapping's line when it is missing."""
+        if not isinstance(m, dict) or key not in m:
+            raise self.fail(f"missing {key!r} in {m!r}", m if isinstance(m, dict) else self.doc)
+        return str(m[key])
+
     def num(self, m: dict[str, Any], key: str, default: float) -> float:
         v = self.value(m.get(key, default))
         try:
@@ -299,7 +301,7 @@ class _Parser:
         form = forms[0]
         if form in _SIGNALS:
             cls, rng = _SIGNALS[form]
-            kw["signal"] = str(m["histogram"] if form == "quantile" else m[form])
+            kw["signal"] = self.need(m, "histogram" if form == "quantile" else form)
             kw["match"] = tuple(
                 sorted(
                     (str(k), tuple(str(x) for x in (v if isinstance(v, list) else [v])))
@@ -325,7 +327,7 @@ class _Parser:
             return Scale(of=str(m["scale"]), k=self.num(m, "by_value", 1.0), **kw)
         if form == "over_time":
             return OverTime(
-                of=str(m["of"]),
+                of=self.need(m, "of"),
                 agg=str(m["over_time"]),
                 rng=self.dur(m, "range", 300),
                 offset=self.dur(m, "offset", 0) if m.get("offset") else 0.0,
@@ -337,17 +339,20 @@ class _Parser:
             return Predict(of=str(m["predict"]), rng=self.dur(m, "range", 600), ahead=self.dur(m, "ahead", 0), **kw)
         if form == "changes":
             return Changes(of=str(m["changes"]), rng=self.dur(m, "range", 900), settle=self.dur(m, "settle", 60), **kw)
-        return Aggregate(of=str(m["of"]), agg=str(m["aggregate"]), **kw)
+        return Aggregate(of=self.need(m, "of"), agg=str(m["aggregate"]), **kw)
 
     def cond(self, m: Any) -> Cond:
         if not isinstance(m, dict) or "series" not in m:
             raise self.fail(f"a condition needs `series`: {m!r}", m if isinstance(m, dict) else self.doc)
-        series = str(m["series"])
+        series, line = str(m["series"]), getattr(m, "line", 0)
+        sides = [k for k in RIGHT_SIDES if k in m]
+        if len(sides) != 1:
+            raise self.fail(f"condition needs exactly one of {list(RIGHT_SIDES)}, got {sides}", m)
         if "present" in m:
-            return Cond(series, "present" if m["present"] else "absent")
+            return Cond(series, "present" if m["present"] else "absent", line=line)
         op = str(m.get("op"))
         if op not in OPS:
-            raise self.fail(f"unknown operator {op!r}", m)
+            raise self.fail(f"unknown operator {op!r} (use {' '.join(OPS)})", m)
         times, plus = self.num(m, "times", 1.0), self.num(m, "plus", 0.0)
         right: Value | Than | Baseline
         if "value" in m:
@@ -355,16 +360,16 @@ class _Parser:
             right = Value(None if v is None else self.num(m, "value", 0.0))
         elif "than" in m:
             right = Than(str(m["than"]))
-        elif isinstance(m.get("baseline"), dict):
+        elif isinstance(m["baseline"], dict):
             b = m["baseline"]
             agg = str(b.get("agg", "avg"))
             if agg not in BASELINE_AGGS:
-                raise self.fail(f"baseline agg {agg!r}", b)
+                raise self.fail(f"baseline agg must be one of {list(BASELINE_AGGS)}, not {agg!r}", b)
             of = str(b["of"]) if "of" in b else None
             right = Baseline(agg, self.dur(b, "range", 1800), self.dur(b, "offset", 600), of)
         else:
-            raise self.fail("condition has no right side", m)
-        return Cond(series, op, right, times, plus)
+            raise self.fail("baseline must be a mapping", m)
+        return Cond(series, op, right, times, plus, line)
 
     def block(self, m: Any, hold: float = 0.0) -> Block | None:
         if not m:
@@ -386,14 +391,14 @@ class _Parser:
         pick = lambda key, i: str(m.get(key, names[i]))  # noqa: E731
         return Cascade(
             stages, pick("root", 0), pick("symptom", -1), pick("fire_at", min(1, len(names) - 1)),
-            str(m.get("critical_at", "")), self.dur(m, "slack", 0), hold,
+            str(m.get("critical_at", "")), self.dur(m, "slack", 0),
         )  # fmt: skip
 
     def tree(self) -> Tree:
         d = self.doc
         mech = d.get("mechanism")
         mechanism = (
-            Mechanism(str(mech.get("name", "")), str(mech["series"]), str(mech.get("how", ""))) if mech else None
+            Mechanism(str(mech.get("name", "")), self.need(mech, "series"), str(mech.get("how", ""))) if mech else None
         )
         return Tree(
             by=tuple(str(b) for b in d.get("by", ["instance"])),
@@ -405,14 +410,14 @@ class _Parser:
             resolved_when=self.block(d.get("resolved_when")),
             moderate_unless=self.cond(d["moderate_unless"]) if d.get("moderate_unless") else None,
             facts=tuple(
-                Fact(str(f["fact"]), str(f.get("op", "==")), str(self.value(f.get("value"))))
+                Fact(self.need(f, "fact"), str(f.get("op", "==")), str(self.value(f.get("value"))))
                 for f in d.get("facts") or ()
             ),
             mechanism=mechanism,
             evidence=tuple(
                 Evidence(
-                    str(e["series"]),
-                    str(e.get("name", e["series"])),
+                    self.need(e, "series"),
+                    str(e.get("name", e.get("series"))),
                     str(e.get("unit", "")),
                     str(e.get("stat", "last")),
                 )
@@ -441,4 +446,9 @@ _META = (
 def parse(doc: Any, params: dict[str, Any], path: str = "") -> Tree:
     """The typed tree of one rule document with `params` resolved; RuleError (file:line) when a
     part is malformed."""
-    return _Parser(doc, params, path).tree()
+    try:
+        return _Parser(doc, params, path).tree()
+    except (KeyError, TypeError, AttributeError) as exc:  # a part missing or of the wrong shape
+        from kvscope.diagnoser.rulebook.rule import RuleError
+
+        raise RuleError(f"malformed rule: {type(exc).__name__}: {exc}", path, getattr(doc, "line", 1)) from exc

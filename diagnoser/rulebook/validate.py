@@ -16,25 +16,11 @@ from typing import Any
 
 from kvscope.agent.signals import Catalog, load_catalog
 from kvscope.diagnoser.findings import CONFIDENCES, SEVERITIES
-from kvscope.diagnoser.rulebook.grammar import (
-    BASELINE_AGGS,
-    FORMS,
-    OPS,
-    RIGHT_SIDES,
-    SIGNAL_FORMS,
-    ExprError,
-    node_form,
-    node_refs,
-)
+from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.levers import DIRECTIONS, Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import LineDict, Rule, RuleError, parse_duration, read_rule, rule_paths
 
-LEVERS_MD_ROWS = tuple(
-    [f"P{i}" for i in range(1, 10)]
-    + [f"K{i}" for i in range(1, 9)]
-    + [f"L{i}" for i in range(1, 15)]
-    + [f"U{i}" for i in range(1, 12)]
-)
+LEVERS_MD_ROWS = tuple(f"{row}{i}" for row, n in (("P", 9), ("K", 8), ("L", 14), ("U", 11)) for i in range(1, n + 1))
 """The 42 symptom rows of LEVERS.md; every one needs at least one rule."""
 BEYOND_ROWS = tuple(f"R{i}" for i in range(1, 8))
 """LEVERS.md "Beyond the documents" rows (issue 27): a rule may name one; none is required yet."""
@@ -133,137 +119,91 @@ def _param_refs(obj: Any, parent: Any = None, key: str | None = None) -> Iterabl
             yield parent, key, m.group(1)
 
 
-def _read_at_rule_level(rule: Rule) -> set[str]:
-    """Series that conditions, evidence or a `mechanism` read at the rule's grouping (a series
-    grouped finer than the rule, e.g. per replica in a per-model rule, may only feed aggregates)."""
-    doc = rule.doc
-    names = {str(c.get("series")) for c in _conditions(rule) if isinstance(c, dict)}
-    names |= {str(c.get("than")) for c in _conditions(rule) if isinstance(c, dict) and "than" in c}
-    names |= {str(e.get("series")) for e in doc.get("evidence") or [] if isinstance(e, dict)}
-    return names | ({str(doc["mechanism"].get("series"))} if isinstance(doc.get("mechanism"), dict) else set())
+def _conds(t: tree.Tree) -> list[tree.Cond]:
+    """Every condition of a rule: its blocks, cascade stages and `moderate_unless`."""
+    return [c for b in t.blocks() for c in b.conds] + ([t.moderate_unless] if t.moderate_unless else [])
+
+
+_AGG_KEYS = {
+    tree.Gauge: ("agg", AGGS),
+    tree.Aggregate: ("aggregate", GROUP_AGGS),
+    tree.OverTime: ("over_time", OVER_TIME),
+}
 
 
 def check_series(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
-    """Every series has one known form, reads known signals, refers to existing series, no cycles."""
-    series = rule.doc.get("series") or {}
+    """Every series reads known signals, refers to existing series, aggregates with a known
+    function, is no finer than the rule where conditions read it, and has no cycles."""
+    t, lines = rule.tree, rule.doc.get("series") or {}
     known = ctx.known_series()
-    by = set(rule.by)
-    for name, node in series.items():
-        if not isinstance(node, dict):
-            yield _issue(rule, series, f"series {name!r} must be a mapping", name)
-            continue
-        try:
-            form = node_form(node)
-        except ExprError:
-            yield _issue(rule, node, f"series {name!r}: needs exactly one of {', '.join(FORMS)}")
-            continue
-        yield from _check_node(rule, name, node, form, known, series)
-        if not set(node.get("by", rule.by)) <= by and name in _read_at_rule_level(rule):
+    # series that conditions, evidence or the mechanism read at the rule's grouping (a series
+    # grouped finer than the rule, e.g. per replica in a per-model rule, may only feed aggregates)
+    at_rule = {c.series for c in _conds(t)} | {c.right.series for c in _conds(t) if isinstance(c.right, tree.Than)}
+    at_rule |= {e.series for e in t.evidence} | ({t.mechanism.series} if t.mechanism else set())
+    for name, node in t.series.items():
+        at = lines.get(name)
+        if isinstance(node, tree.Signal):
+            suffix = {tree.Quantile: "_bucket", tree.Mean: "_sum"}.get(type(node), "")
+            if node.signal + suffix not in known and suffix:
+                yield _issue(rule, at, f"series {name!r}: {node.signal!r} is not a histogram in the catalog")
+            elif node.signal not in known and not suffix:
+                yield _issue(
+                    rule, at, f"series {name!r}: unknown signal {node.signal!r} (not in agent/normalize/catalog.yaml)"
+                )
+        for ref in node.refs:
+            if ref not in t.series:
+                yield _issue(rule, at, f"series {name!r}: refers to unknown series {ref!r}")
+        if isinstance(node, tree.Gauge | tree.Aggregate | tree.OverTime) and node.agg not in _AGG_KEYS[type(node)][1]:
+            key, allowed = _AGG_KEYS[type(node)]
+            yield _issue(rule, at, f"series {name!r}: {key} {node.agg!r} is not one of {list(allowed)}", key)
+        if node.by is not None and not set(node.by) <= set(rule.by) and name in at_rule:
             yield _issue(
                 rule,
-                node,
-                f"series {name!r}: by {node['by']} is finer than the rule's by {rule.by}; "
+                at,
+                f"series {name!r}: by {list(node.by)} is finer than the rule's by {rule.by}; "
                 "only an aggregate may read it",
                 "by",
             )
-    yield from _check_cycles(rule, series)
+    yield from _check_cycles(rule, t.series)
 
 
-def _check_node(rule: Rule, name: str, node: dict, form: str, known: set[str], series: dict) -> Iterable[RuleIssue]:
-    if form in SIGNAL_FORMS:
-        sig = str(node.get("histogram") if form == "quantile" else node[form])
-        if form in ("quantile", "mean"):
-            if sig + "_bucket" not in known and form == "quantile" or sig + "_sum" not in known and form == "mean":
-                yield _issue(rule, node, f"series {name!r}: {sig!r} is not a histogram in the catalog")
-        elif sig not in known:
-            yield _issue(rule, node, f"series {name!r}: unknown signal {sig!r} (not in agent/normalize/catalog.yaml)")
-    for ref in node_refs(node):
-        if ref not in series:
-            yield _issue(rule, node, f"series {name!r}: refers to unknown series {ref!r}")
-    checks = {"gauge": ("agg", AGGS), "aggregate": ("aggregate", GROUP_AGGS), "over_time": ("over_time", OVER_TIME)}
-    if form in checks:
-        key, allowed = checks[form]
-        value = node.get(key, "sum")
-        if value not in allowed:
-            yield _issue(rule, node, f"series {name!r}: {key} {value!r} is not one of {list(allowed)}", key)
-    for key in ("range", "settle", "ahead"):
-        if key in node and not _PARAM.match(str(node[key])):
-            try:
-                parse_duration(node[key])
-            except ValueError as exc:
-                yield _issue(rule, node, f"series {name!r}: {exc}", key)
-
-
-def _check_cycles(rule: Rule, series: dict) -> Iterable[RuleIssue]:
+def _check_cycles(rule: Rule, series: dict[str, tree.Node]) -> Iterable[RuleIssue]:
     def visit(name: str, path: tuple[str, ...]) -> str | None:
         if name in path:
-            return " -> ".join(path + (name,))
-        node = series.get(name)
-        if not isinstance(node, dict):
-            return None
-        try:
-            refs = node_refs(node)
-        except ExprError:
-            return None
-        for ref in refs:
-            cycle = visit(ref, path + (name,))
-            if cycle:
-                return cycle
-        return None
+            return " -> ".join((*path, name))
+        refs = series[name].refs if name in series else ()
+        return next((cycle for ref in refs if (cycle := visit(ref, (*path, name)))), None)
 
     for name in series:
         cycle = visit(name, ())
         if cycle:
-            yield _issue(rule, series, f"series cycle: {cycle}", name)
+            yield _issue(rule, rule.doc.get("series"), f"series cycle: {cycle}", name)
             return
 
 
-def _conditions(rule: Rule) -> Iterable[dict]:
-    doc = rule.doc
-    blocks = [doc.get(k) or {} for k in ("when", "warning_when", "critical_when", "resolved_when")]
-    blocks += [{"all": [doc["moderate_unless"]]}] if doc.get("moderate_unless") else []
-    blocks += list((doc.get("cascade") or {}).get("stages") or [])
-    for block in blocks:
-        for key in ("all", "any"):
-            yield from block.get(key) or []
-
-
 def check_conditions(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
-    """Known series and operators; exactly one right side; valid baselines; for parses."""
-    series = rule.doc.get("series") or {}
-    for cond in _conditions(rule):
-        if not isinstance(cond, dict):
-            yield RuleIssue(rule.path, 1, f"condition must be a mapping, not {cond!r}")
-            continue
-        if cond.get("series") not in series:
-            yield _issue(rule, cond, f"condition reads unknown series {cond.get('series')!r}", "series")
-        sides = [k for k in RIGHT_SIDES if k in cond]
-        if len(sides) != 1:
-            yield _issue(rule, cond, f"condition needs exactly one of {list(RIGHT_SIDES)}, got {sides}")
-        if "present" not in cond and cond.get("op") not in OPS:
-            yield _issue(rule, cond, f"unknown operator {cond.get('op')!r} (use {' '.join(OPS)})", "op")
-        if "than" in cond and cond["than"] not in series:
-            yield _issue(rule, cond, f"condition compares with unknown series {cond['than']!r}", "than")
-        if "baseline" in cond and (cond["baseline"] or {}).get("agg", "avg") not in BASELINE_AGGS:
-            yield _issue(rule, cond, f"baseline agg must be one of {list(BASELINE_AGGS)}", "baseline")
-        if "baseline" in cond and "of" in (cond["baseline"] or {}) and cond["baseline"]["of"] not in series:
-            yield _issue(rule, cond, f"baseline of unknown series {cond['baseline']['of']!r}", "baseline")
-    when = rule.doc.get("when") or {}
-    if when and not (when.get("all") or when.get("any")):
-        yield _issue(rule, when, "'when' needs 'all' or 'any' conditions")
-    yield from _check_cascade(rule)
-
-
-def _check_cascade(rule: Rule) -> Iterable[RuleIssue]:
-    cas = rule.doc.get("cascade")
-    if not cas:
+    """Conditions read known series (left, `than` and baseline `of`); `when` has conditions; a
+    cascade's stages are named and its root, symptom, fire_at and critical_at name stages."""
+    t = rule.tree
+    for cond in _conds(t):
+        if cond.series not in t.series:
+            yield RuleIssue(rule.path, cond.line or 1, f"condition reads unknown series {cond.series!r}")
+        if isinstance(cond.right, tree.Than) and cond.right.series not in t.series:
+            yield RuleIssue(rule.path, cond.line or 1, f"condition compares with unknown series {cond.right.series!r}")
+        if isinstance(cond.right, tree.Baseline) and cond.right.of is not None and cond.right.of not in t.series:
+            yield RuleIssue(rule.path, cond.line or 1, f"baseline of unknown series {cond.right.of!r}")
+    if t.when and not t.when.conds:
+        yield _issue(rule, rule.doc.get("when"), "'when' needs 'all' or 'any' conditions")
+    cas, at = t.cascade, rule.doc.get("cascade")
+    if cas is None:
         return
-    names = [s.get("name") for s in cas.get("stages") or []]
+    names = [s.name for s in cas.stages]
     if len(names) < 2:
-        yield _issue(rule, cas, "a cascade needs at least two stages")
+        yield _issue(rule, at, "a cascade needs at least two stages")
     for key in ("root", "symptom", "fire_at", "critical_at"):
-        if key in cas and cas[key] not in names:
-            yield _issue(rule, cas, f"cascade {key} {cas[key]!r} is not a stage ({names})", key)
+        value = getattr(cas, key)
+        if (value or key != "critical_at") and value not in names:
+            yield _issue(rule, at, f"cascade {key} {value!r} is not a stage ({names})", key)
 
 
 def check_levers(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
@@ -280,29 +220,22 @@ def check_levers(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
 
 def check_evidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
     """Evidence reads declared series with a known stat; the summary only names evidence series."""
-    series = rule.doc.get("series") or {}
-    items = rule.doc.get("evidence") or []
-    if not items:
+    t = rule.tree
+    if not t.evidence:
         yield _issue(rule, rule.doc, "a rule needs evidence to show")
-    for item in items:
-        if item.get("series") not in series:
-            yield _issue(rule, item, f"evidence reads unknown series {item.get('series')!r}", "series")
-        if item.get("stat", "last") not in STATS:
-            yield _issue(rule, item, f"stat {item.get('stat')!r} is not one of {list(STATS)}", "stat")
-    names = {str(i.get("series")) for i in items}
-    summary = str(rule.doc.get("summary", ""))
+    for item, at in zip(t.evidence, rule.doc.get("evidence") or [], strict=False):
+        if item.series not in t.series:
+            yield _issue(rule, at, f"evidence reads unknown series {item.series!r}", "series")
+        if item.stat not in STATS:
+            yield _issue(rule, at, f"stat {item.stat!r} is not one of {list(STATS)}", "stat")
     try:
-        fields = {f for _, f, _, _ in string.Formatter().parse(summary) if f}
+        fields = {f for _, f, _, _ in string.Formatter().parse(str(t.meta.get("summary", ""))) if f}
     except ValueError as exc:
         yield _issue(rule, rule.doc, f"summary: {exc}", "summary")
         return
-    for f in sorted(fields - names):
+    for f in sorted(fields - {e.series for e in t.evidence}):
         yield _issue(rule, rule.doc, f"summary names {f!r}, which is not an evidence series", "summary")
-
-
-def check_facts(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
-    """Facts are per engine instance, so the rule must group by instance."""
-    if rule.doc.get("facts") and "instance" not in rule.by:
+    if t.facts and "instance" not in t.by:  # facts are per engine instance
         yield _issue(rule, rule.doc, "facts need 'instance' in by", "facts")
 
 
@@ -326,26 +259,17 @@ def check_confidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
             if sig not in known:
                 yield _issue(rule, doc, f"direct_evidence: unknown signal {sig!r}", "direct_evidence")
     if level != "high":
-        if direct is None:
-            yield _issue(
-                rule,
-                doc,
-                f"a {level}-confidence rule needs 'direct_evidence': the signals with which "
-                "the defers_to rules read the mechanism directly",
-                "confidence",
-            )
-        if not str(doc.get("confirm") or "").strip():
-            yield _issue(
-                rule, doc, f"a {level}-confidence rule needs 'confirm': what evidence would confirm it", "confidence"
-            )
-        if not defers:
-            yield _issue(
-                rule,
-                doc,
-                f"a {level}-confidence rule needs 'defers_to': the rules that read the "
-                "same mechanism from direct evidence",
-                "confidence",
-            )
+        needs = {
+            "direct_evidence": (
+                direct is None,
+                "the signals with which the defers_to rules read the mechanism directly",
+            ),
+            "confirm": (not str(doc.get("confirm") or "").strip(), "what evidence would confirm it"),
+            "defers_to": (not defers, "the rules that read the same mechanism from direct evidence"),
+        }
+        for key, (missing, what) in needs.items():
+            if missing:
+                yield _issue(rule, doc, f"a {level}-confidence rule needs {key!r}: {what}", "confidence")
     elif defers or direct or (doc.get("confirm") and not doc.get("moderate_unless")):
         yield _issue(
             rule,
@@ -376,29 +300,23 @@ def check_test_file(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
         yield _issue(rule, rule.doc, f"missing test file {rule.id}.test.yaml")
 
 
-VALIDATORS: tuple[Validator, ...] = (
-    check_header,
-    check_params,
-    check_series,
-    check_conditions,
-    check_levers,
-    check_evidence,
-    check_facts,
-    check_confidence,
-    check_test_file,
-)
+VALIDATORS: tuple[Validator, ...] = (check_header, check_params, check_levers, check_confidence, check_test_file)
+TREE_VALIDATORS: tuple[Validator, ...] = (check_series, check_conditions, check_evidence)
+"""Validators that read the rule's typed tree: they run when it parses."""
 
 
 def validate_rule(rule: Rule, ctx: Context | None = None) -> list[RuleIssue]:
-    """Issues of one rule."""
+    """Issues of one rule: the mapping's own checks, then the tree every backend reads (a part
+    it cannot parse is one issue at its line), then the checks on that tree."""
     ctx = ctx or Context(load_catalog(), load_levers())
     issues = [issue for v in VALIDATORS for issue in v(rule, ctx)]
-    if not issues:  # what the backends read: a part the checks above let through fails here
-        try:
-            _ = rule.tree  # parsed once, cached on the rule
-        except RuleError as exc:
+    try:
+        _ = rule.tree  # parsed once, cached on the rule
+    except RuleError as exc:
+        if all(i.message != exc.message for i in issues):
             issues.append(RuleIssue(exc.path or rule.path, exc.line or 1, exc.message))
-    return issues
+        return issues
+    return issues + [issue for v in TREE_VALIDATORS for issue in v(rule, ctx)]
 
 
 def validate_rules(directory: str | Path | None = None, ctx: Context | None = None) -> list[RuleIssue]:
@@ -418,12 +336,6 @@ def validate_rules(directory: str | Path | None = None, ctx: Context | None = No
         rules[rule.id] = rule
         issues.extend(validate_rule(rule, ctx))
     issues.extend(_check_deferrals(rules))
-    if directory is None:
-        for row in LEVERS_MD_ROWS:
-            if row not in rows:
-                issues.append(
-                    RuleIssue(
-                        str(paths[0].parent if paths else "rules/diagnosis"), 0, f"no rule for LEVERS.md row {row}"
-                    )
-                )
-    return issues
+    where = str(paths[0].parent if paths else "rules/diagnosis")
+    uncovered = [r for r in LEVERS_MD_ROWS if r not in rows] if directory is None else []
+    return issues + [RuleIssue(where, 0, f"no rule for LEVERS.md row {row}") for row in uncovered]

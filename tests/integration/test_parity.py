@@ -30,13 +30,13 @@ import yaml
 from kvscope.agent.signals import load_catalog
 from kvscope.diagnoser.evaluate.evaluator import evaluate_rule
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, frame_from_samples
-from kvscope.diagnoser.evaluate.testcases import case_samples, read_test_file
 from kvscope.diagnoser.findings import SEVERITY_RANK
 from kvscope.diagnoser.promql.alerts import alert_name, compile_rule
 from kvscope.diagnoser.promql.rulefiles import canonical_rules, render_rule_file
 from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import read_rule, rule_paths
 from testbed.prometheus import promtool_input_series
+from testbed.rulecases import case_samples, read_test_file
 
 pytestmark = [
     pytest.mark.prometheus,

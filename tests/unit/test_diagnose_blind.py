@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from kvscope.diagnoser.evaluate.evaluator import diagnose
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
-from kvscope.diagnoser.evaluate.testcases import Case, case_samples
 from kvscope.diagnoser.rulebook.rule import read_rule, rules_dir
+from testbed.rulecases import Case, case_samples
 
 
 def _frame(series: list[dict], eval_time: float, interval: float = 60.0):

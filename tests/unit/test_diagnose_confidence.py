@@ -8,6 +8,7 @@ supporting evidence and ranks below; where one looked and did not fire, it is ov
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -118,10 +119,10 @@ def test_the_card_and_the_line_say_how_sure_and_what_would_confirm():
     assert confidence_text(_finding(DIRECT, 1.0)) == "" and "confidence" not in render_line(_finding(DIRECT, 1.0))
 
 
-def test_confidence_round_trips_through_json():
+def test_confidence_is_in_the_json():
     d = Diagnosis(window=(T0, T0 + 60), source="t", likely_cause=_inferred(), rules_evaluated=1)
-    back = Diagnosis.from_json(d.to_json())
-    assert back.likely_cause == d.likely_cause and back.likely_cause.defers_to == (DIRECT,)
+    cause = json.loads(d.to_json())["likely_cause"]
+    assert cause["confidence"] == "moderate" and cause["defers_to"] == [DIRECT]
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,8 @@ import json
 from kvscope.cli import main
 from kvscope.diagnoser.evaluate.evaluator import auto_time_scale, diagnose, sample_names
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
-from kvscope.diagnoser.evaluate.testcases import Case, case_samples
-from kvscope.diagnoser.findings import Diagnosis
 from kvscope.diagnoser.rulebook.rule import read_rules
+from testbed.rulecases import Case, case_samples
 
 CASCADE_INPUT = [
     {"series": 'engine_kv_cache_usage_ratio{instance="e0"}', "values": "0.5x23 0.95x33"},
@@ -55,12 +54,9 @@ def test_competing_hypotheses_share_the_place_of_the_likely_cause():
         assert all(d.likely_cause.where.get(k, v) == v for k, v in f.where.items())
 
 
-def test_diagnosis_round_trips_through_json():
+def test_diagnosis_json_carries_the_cascade():
     d = diagnose(_frame(CASCADE_INPUT), time_scale=1.0, source="test")
-    text = d.to_json()
-    back = Diagnosis.from_json(text)
-    assert back.to_json() == text
-    assert json.loads(text)["likely_cause"]["cascade"]["stage_name"] == "latency"
+    assert json.loads(d.to_json())["likely_cause"]["cascade"]["stage_name"] == "latency"
 
 
 def test_healthy_window_fires_nothing_and_reports_absent_signals_as_skipped():

@@ -108,20 +108,6 @@ def test_each_value_says_how_it_was_taken():
     assert render_taken(f, replace(ev_peak, value=None)) == ""
 
 
-def test_stat_falls_back_to_the_shipped_rule_when_the_evidence_does_not_record_it():
-    f = _finding(
-        "kv_pressure_preemption",
-        "K1",
-        KV_LEVERS,
-        evidence=(
-            Evidence("KV cache usage (max)", 1.0, "ratio", "s", at=T0 + 15),
-            Evidence("running requests", 8.5, "count", "s"),
-        ),
-    )
-    assert render_taken(f, f.evidence[0]).startswith("peak at ")
-    assert render_taken(f, f.evidence[1]).startswith("mean ")
-
-
 def _rule(time_scale: float):
     doc = parse_yaml(
         "id: r\nby: [instance]\nseries:\n  u: {gauge: gpu_utilization_ratio, agg: avg}\n"

@@ -14,7 +14,7 @@ import pytest
 
 from kvscope.diagnoser.evaluate.evaluator import diagnose
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
-from kvscope.diagnoser.evaluate.testcases import case_samples, read_test_file
+from testbed.rulecases import case_samples, read_test_file
 
 CASES = Path(__file__).resolve().parents[2] / "rules" / "diagnosis" / "kv_pressure_cascade.test.yaml"
 

@@ -13,8 +13,8 @@ import pytest
 
 from kvscope.diagnoser.evaluate.evaluator import diagnose
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
-from kvscope.diagnoser.evaluate.testcases import Case, case_samples
 from kvscope.diagnoser.rulebook.rule import read_rules
+from testbed.rulecases import Case, case_samples
 
 RULE_IDS = ("offload_stalls_interactive", "itl_tail_prefill_interference")
 

@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from kvscope.agent.signals import load_catalog
-from kvscope.diagnoser.evaluate.testcases import Case, check_case
 from kvscope.diagnoser.promql.alerts import compile_rule
 from kvscope.diagnoser.rulebook.rule import parse_yaml, rule_from_doc
 from kvscope.diagnoser.rulebook.tree import Predict
 from kvscope.diagnoser.rulebook.validate import Context, check_series
+from testbed.rulecases import Case, check_case
 
 RULE = """
 id: kv_fills_soon

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.diagnoser.evaluate.testcases import check_case, read_test_file
 from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import read_rule, rule_paths, rules_dir
+from testbed.rulecases import check_case, read_test_file
 
 
 def _cases():

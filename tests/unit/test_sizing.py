@@ -1,7 +1,5 @@
 """Sizing arithmetic against the worked examples of 002 (§2.2, §2.6, §6.5, §8.3, §9.4)."""
 
-import math
-
 import pytest
 
 from kvscope.diagnoser import sizing
@@ -97,18 +95,6 @@ def test_pd_ratio_prefill_heavy_and_decode_heavy():
         decode_tokens_per_s_per_gpu=100,
     )
     assert heavy.render_ratio() == "3.0:1"
-
-
-def test_cost_per_million_tokens_and_absent_tokens():
-    assert sizing.cost_per_million_tokens(gpu_hour_cost=2.0, gpu_hours=100, tokens=50e6) == 4.0
-    assert sizing.cost_per_million_tokens(gpu_hour_cost=2.0, gpu_hours=100, tokens=0) is None
-
-
-def test_max_concurrency_from_free_kv():
-    kv = sizing.kv_bytes_per_token(**LLAMA3_70B, bytes_per_element=2)
-    assert sizing.max_concurrency(free_kv_bytes=40 * GB, kv_per_token=kv, context_tokens=8192) == math.floor(
-        40 * GB / (kv * 8192)
-    )
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf")])
