@@ -18,12 +18,13 @@ tenant's. Pure: no I/O.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kvscope.agent.derive.quantiles import histogram_quantile
+from kvscope.agent.derive.ratios import fraction
 from kvscope.agent.scrape.stamped import Parts, Stamped
 from kvscope.agent.signals import Sample, make_labels
 
@@ -54,8 +55,7 @@ class TenantUsage:
     prompt_tokens: float = 0.0
     cached_tokens: float | None = None
     reusable_tokens: float | None = None
-    ttft_s: list[float] = field(default_factory=list)  # raw observations, or ...
-    ttft_buckets: list[tuple[float, float]] = field(default_factory=list)  # ... cumulative (le, count)
+    ttft_buckets: list[tuple[float, float]] = field(default_factory=list)  # cumulative (le, count)
 
     def minus(self, before: TenantUsage) -> TenantUsage:
         """The usage between two cumulative snapshots (counter resets: take the newer total)."""
@@ -121,20 +121,15 @@ def evaluate_fairness(usage: Mapping[str, TenantUsage], config: FairnessConfig |
     )
 
 
-def _ratio(num: float | None, den: float) -> float | None:
-    return None if num is None or den <= 0 else min(1.0, max(0.0, num / den))
-
-
 def _tenant(u: TenantUsage, cfg: FairnessConfig) -> TenantFairness:
-    hit = _ratio(u.cached_tokens, u.prompt_tokens)
-    potential = _ratio(u.reusable_tokens, u.prompt_tokens)
+    hit = fraction(u.cached_tokens, u.prompt_tokens)
+    potential = fraction(u.reusable_tokens, u.prompt_tokens)
     lost = None
     if u.reusable_tokens is not None and u.cached_tokens is not None and u.prompt_tokens > 0:
         lost = max(0.0, u.reusable_tokens - u.cached_tokens) / u.prompt_tokens
     cold = None
     if hit is not None and potential is not None:
         cold = hit < cfg.cold_hit_max and potential >= cfg.cold_potential_min
-    p50, p99 = _ttft_quantiles(u)
     return TenantFairness(
         tenant=u.tenant,
         requests=u.requests,
@@ -143,8 +138,8 @@ def _tenant(u: TenantUsage, cfg: FairnessConfig) -> TenantFairness:
         hit_ratio=hit,
         reuse_potential_ratio=potential,
         lost_reuse_ratio=lost,
-        ttft_p50_s=p50,
-        ttft_p99_s=p99,
+        ttft_p50_s=histogram_quantile(0.5, u.ttft_buckets),
+        ttft_p99_s=histogram_quantile(0.99, u.ttft_buckets),
         judged=u.requests >= cfg.min_requests,
         cold=cold,
     )
@@ -153,7 +148,7 @@ def _tenant(u: TenantUsage, cfg: FairnessConfig) -> TenantFairness:
 def _aggregate_hit(usage: Iterable[TenantUsage]) -> float | None:
     known = [u for u in usage if u.cached_tokens is not None]
     prompt = sum(u.prompt_tokens for u in known)
-    return _ratio(sum(u.cached_tokens or 0.0 for u in known), prompt) if known else None
+    return fraction(sum(u.cached_tokens or 0.0 for u in known), prompt) if known else None
 
 
 def weighted_jain_index(values: Sequence[tuple[float, float]]) -> float | None:
@@ -170,35 +165,6 @@ def weighted_jain_index(values: Sequence[tuple[float, float]]) -> float | None:
     swx = sum(w * x for x, w in pts)
     swx2 = sum(w * x * x for x, w in pts)
     return 1.0 if swx2 == 0 else (swx * swx) / (sw * swx2)
-
-
-def _ttft_quantiles(u: TenantUsage) -> tuple[float | None, float | None]:
-    if u.ttft_s:
-        xs = sorted(u.ttft_s)
-        return _nearest_rank(xs, 0.5), _nearest_rank(xs, 0.99)
-    if u.ttft_buckets:
-        return histogram_quantile(0.5, u.ttft_buckets), histogram_quantile(0.99, u.ttft_buckets)
-    return None, None
-
-
-def _nearest_rank(xs: Sequence[float], q: float) -> float:
-    return xs[max(0, math.ceil(q * len(xs)) - 1)]
-
-
-def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
-    """Quantile from cumulative (le, count) buckets, interpolated as PromQL does. None if empty."""
-    bs = sorted(buckets)
-    if not bs or bs[-1][1] <= 0:
-        return None
-    rank = q * bs[-1][1]
-    prev_le, prev_c = 0.0, 0.0
-    for le, c in bs:
-        if c >= rank:
-            if math.isinf(le):
-                return prev_le
-            return prev_le + (le - prev_le) * ((rank - prev_c) / (c - prev_c) if c > prev_c else 1.0)
-        prev_le, prev_c = le, c
-    return prev_le
 
 
 def parse_tenant_usage(samples: Iterable[Sample]) -> dict[str, TenantUsage]:

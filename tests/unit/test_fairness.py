@@ -28,7 +28,7 @@ def _usage():
             prompt_tokens=20_000,
             cached_tokens=1_000,
             reusable_tokens=15_000,
-            ttft_s=[0.4] * 10 + [0.9] * 10,
+            ttft_buckets=[(0.4, 10), (0.9, 20), (math.inf, 20)],
         ),
     }
 
@@ -45,7 +45,7 @@ def test_healthy_aggregate_hides_a_cold_long_tail_tenant():
     assert rep.cold_tenant_ratio == 0.25
     assert rep.worst_tenant == "tail"
     assert rep.tail_gap_ratio == pytest.approx(807_000 / 920_000 - 0.05)
-    assert tail.ttft_p50_s == 0.4 and tail.ttft_p99_s == 0.9
+    assert tail.ttft_p50_s == 0.4 and tail.ttft_p99_s == pytest.approx(0.89)
 
 
 def test_jain_index_is_one_for_equal_ratios_and_drops_with_weighted_spread():
