@@ -1,40 +1,20 @@
 """Eviction-cascade detector: one incident per engine instead of four unrelated alerts.
 
-The memory-pressure cascade of seeds/002 §7.4 (Figure 7.4) runs in stages:
+The memory-pressure cascade of seeds/002 §7.4 (Figure 7.4) runs in stages (docs/requests.md):
+1 `kv_high` the KV pool fills (usage >= kv_high_ratio, or any eviction / preemption in the
+interval: engines evict only when an allocation found the pool full); 2 `evicting` blocks are
+evicted / requests preempted (counter rates > 0, or, without such a counter, read from the queues
+as kv_pressure_cascade reads them: pool full, requests waiting, batch not growing; `evicting_from`
+says which); 3 `queueing` requests wait in `queue_samples` consecutive samples spanning
+`queue_min_s`; 4 `latency` TTFT grows over its pre-pressure baseline while requests queue, or GPU
+utilisation drops while the pool is full / evicting.
 
-* stage 1 `kv_high`     the KV pool fills (`engine_kv_cache_usage_ratio` >= kv_high_ratio, or an
-                         eviction / preemption in the interval: engines evict only when an
-                         allocation found the pool full, and a sampled gauge can miss that instant);
-* stage 2 `evicting`    blocks are evicted / requests preempted faster than they recover
-                         (`engine_preemptions_total`, `engine_kv_evicted_tokens_total`,
-                         `kv_blocks_evicted_recomputed_total` rates > 0), or, where no such counter
-                         exists or it is silent (SGLang, V1 logs), read from the queues as
-                         kv_pressure_cascade reads it: the pool full (max over `smooth_s`), requests
-                         waiting (mean over `smooth_s` >= held_queue) while the running batch does
-                         not grow (least-squares slope of its `smooth_s` mean over `slope_s`, three
-                         points at least, <= max_running_growth): preempted requests move from
-                         running to waiting. Both ranges scale down in windows under 15 minutes
-                         as the rule's do. `evicting_from` says which reading first showed it;
-* stage 3 `queueing`    requests queue behind their own evicted state (`engine_requests_waiting`
-                         >= queue_min in queue_samples consecutive samples spanning queue_min_s);
-* stage 4 `latency`     the externally visible symptom: TTFT grows over its pre-pressure baseline
-                         while requests queue, or (where a GPU signal exists) GPU utilisation
-                         drops while the pool is full / evicting.
+A stage the source cannot show is named in `not_evaluable`, never read as healthy. The current
+stage is the deepest one holding at the last point while stage 1 holds too; an onset is the first
+time a stage's condition held; the lead time is onset(4) - onset(1).
 
-Stage 0 is healthy. A stage whose signals the source lacks is named in `not_evaluable` (a log has
-no TTFT: latency), never read as healthy. The *current* stage is the deepest stage whose condition
-holds at the last evaluated point while the root (stage 1) holds too, so a queue alone (stage-3
-condition with an empty KV pool) is no cascade, and evictions that pause for one interval do not
-make it flap.
-Each stage's *onset* is the first time its condition held in the evaluated window; the
-*lead time* is how long the root (stage 1) preceded the latency symptom (stage 4): the time an
-operator could have acted (002: "by the time your latency alerts fire, the root cause has been
-building for two stages").
-
-Pure: `evaluate_cascade(samples)` takes canonical samples with timestamps (live or replayed) and
-does no I/O. `render_cascade_samples(reports)` turns the result into `engine_cascade_*` series.
-`CascadeWindow` is the live agent's derive hook (agent/derive/hooks.py): it keeps each instance's
-cascade signals over the last `window_s` and evaluates the instances of every cycle over that.
+`evaluate_cascade(samples)` is pure (offline); `CascadeWindow` is the live derive hook
+(agent/derive/hooks.py) and evaluates each instance over its last `window_s` the same way.
 """
 
 from __future__ import annotations
@@ -44,6 +24,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kvscope.agent.derive.rates import deltas
 from kvscope.agent.scrape.stamped import pick
 from kvscope.agent.signals import Sample, make_labels
 
@@ -111,19 +92,6 @@ class CascadeReport:
         if 1 in self.onsets and 4 in self.onsets:
             return self.onsets[4] - self.onsets[1]
         return None
-
-    @property
-    def ordered(self) -> bool:
-        """True when the root came first: onset(1) <= onsets 2, 3, 4, and onset(3) <= onset(4).
-
-        Stage 2 is not ordered against 3 and 4: with admission control (vLLM, SGLang) arrivals
-        queue, and their TTFT grows, as soon as the pool is full, while running requests are
-        preempted only later, when they grow into it (observed on vLLM 0.32, docs/requests.md).
-        Missing stages are skipped. Ties are allowed.
-        """
-        o = self.onsets
-        pairs = [(1, 2), (1, 3), (1, 4), (3, 4)]
-        return all(o[a] <= o[b] for a, b in pairs if a in o and b in o)
 
 
 @dataclass
@@ -342,27 +310,13 @@ def _sustained(flags: list[bool], times: list[float], n: int, min_s: float = 0.0
 
 def _at(points: list[tuple[float, float]], grid: list[float]) -> list[float | None]:
     """Last value at or before each grid time (step interpolation); None before the first point."""
-    out: list[float | None] = []
-    i, last = 0, None
-    for t in grid:
-        while i < len(points) and points[i][0] <= t:
-            last = points[i][1]
-            i += 1
-        out.append(last)
-    return out
-
-
-def _increases(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Per-interval counter increase, counter resets handled as in PromQL `increase`."""
-    out = []
-    for (_, prev), (t, cur) in zip(points, points[1:], strict=False):
-        out.append((t, cur - prev if cur >= prev else cur))
-    return out
+    times = [t for t, _ in points]
+    return [points[i - 1][1] if (i := bisect_right(times, t)) else None for t in grid]
 
 
 def _evicting(ser: _Series, grid: list[float]) -> list[bool]:
     """True at grid points whose preceding interval saw any eviction / preemption."""
-    hot = sorted({t for pts in ser.evictions.values() for t, inc in _increases(pts) if inc > 0})
+    hot = sorted({t for pts in ser.evictions.values() for t, inc in deltas(pts) if inc > 0})
     out, prev_t = [], float("-inf")
     for t in grid:
         i = bisect_right(hot, prev_t)
@@ -374,14 +328,14 @@ def _evicting(ser: _Series, grid: list[float]) -> list[bool]:
 def _total_increase(ser: _Series) -> float | None:
     if not ser.evictions:
         return None
-    return sum(inc for pts in ser.evictions.values() for _, inc in _increases(pts))
+    return sum(inc for pts in ser.evictions.values() for _, inc in deltas(pts))
 
 
 def _window_means(ser: _Series) -> list[tuple[float, float]]:
     """Mean TTFT of the requests that finished in each scrape interval (from _sum/_count deltas)."""
-    sums = dict(_increases(ser.ttft_sum))
+    sums = dict(deltas(ser.ttft_sum))
     out = []
-    for t, n in _increases(ser.ttft_count):
+    for t, n in deltas(ser.ttft_count):
         if n > 0 and t in sums:
             out.append((t, sums[t] / n))
     return out
