@@ -1,20 +1,10 @@
 """Per-tenant prefix-cache fairness: the unfairness a healthy aggregate hit rate hides (seeds/001).
 
-"If a small number of tenants dominate traffic, their KV blocks stay hot while long-tail tenants
-constantly miss the cache. The system reports a healthy aggregate hit rate ... but tail latency
-degrades because cold tenants always pay full prefill cost." (001). Engines export no per-tenant
-numbers (vLLM has no tenant label at all; SGLang has one only with custom labels), so the inputs
-come from the request tap / stitched traces (`tenant_*` series, kvscope-produced) or, where an
-SGLang engine has them, from its `tenant`-labelled counters.
-
-Per tenant: requests, prompt and cached tokens, hit ratio (cached / prompt), reuse potential
-(prompt tokens already seen recently, from the tap's chained block hashes / prompt), lost reuse
-(potential the engine did not serve from cache), TTFT p50/p99.
-
-Fleet: the traffic-weighted Jain index of tenant hit ratios, the share of "cold" tenants (low hit
-ratio despite high reuse potential) and the gap between the aggregate hit ratio and the worst
-tenant's. Pure: no I/O.
-"""
+Inputs are the `tenant_*` series of the request tap / stitched traces, or an SGLang engine's
+`tenant`-labelled counters (vLLM has no tenant label). Per tenant: requests, hit ratio, reuse
+potential, lost reuse, TTFT p50/p99. Fleet: the traffic-weighted Jain index of tenant hit ratios,
+the share of cold tenants (low hit ratio despite high reuse potential) and the gap between the
+aggregate and the worst tenant's hit ratio (docs/requests.md §3). Pure: no I/O."""
 
 from __future__ import annotations
 

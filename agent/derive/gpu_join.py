@@ -1,20 +1,11 @@
 """Which engine runs on which GPU: join GPU series (dcgm-exporter or NVML) to engine instances.
 
-Three ways, strongest first; a pair found by a stronger way is not repeated by a weaker one:
-
-* `config` — the operator's `gpu_mapping: {"<gpu_uuid or gpu index>": "<instance>"}` (a list
-  of instances is accepted for a GPU shared by several engines).
-* `kubernetes` — dcgm-exporter in Kubernetes mode labels each GPU (or MIG instance) with the
-  `pod`/`namespace`/`container` using it; an engine target carrying the same pod and namespace
-  (and container, when both have one) runs on that GPU.
-* `pid` — NVML lists the processes holding GPU memory (`gpu_process_memory_used_bytes{pid}`);
-  the host collector knows which local pids are engine processes and which target each serves
-  (`engine_process_*{pid, instance}`).
-
-The result is a list of `GpuAssignment`s, and `render_engine_gpu_samples` turns it into the
-canonical `engine_gpu_memory_used_bytes{instance, gpu, gpu_uuid, mig_instance, join}` series for
-dashboards and the diagnoser. Pure functions over the latest samples: no I/O.
-"""
+Strongest first, a pair found by a stronger way not repeated by a weaker one: `config` (the
+operator's `gpu_mapping: {"<gpu_uuid or index>": "<instance>" or [instances]}`), `kubernetes`
+(dcgm-exporter's `pod`/`namespace`/`container` labels matched to an engine target's) and `pid`
+(NVML's per-process GPU memory matched to the host collector's `engine_process_*{pid, instance}`).
+The result renders as `engine_gpu_memory_used_bytes{instance, gpu, gpu_uuid, mig_instance, join}`
+(docs/collectors.md). Pure functions over the latest samples: no I/O."""
 
 from __future__ import annotations
 

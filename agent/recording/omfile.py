@@ -1,18 +1,11 @@
 """Recordings: what was scraped, as OpenMetrics text with a timestamp on every sample.
 
-The format is the one `promtool tsdb create-blocks-from openmetrics` reads, so a recording can
-be loaded into a real Prometheus as well as replayed by kvscope. Samples keep their upstream
-(native) names plus the target labels (`job`, `instance` and a target's configured labels, such
-as a Kubernetes `pod`/`namespace`/`container`), and every scrape adds `up` and
-`scrape_duration_seconds` with the target labels the way Prometheus does. A failed scrape has
-`up 0` and nothing else. A scraped label that a configured target label also names is kept as
-`exported_<name>` (Prometheus without `honor_labels`); a scraped `job`/`instance` is dropped.
-Reading a scrape back takes its `up`'s labels as the target labels and undoes both, so its
-samples carry their upstream labels again (`Scrape.labels` holds the target's).
-
-OpenMetrics wants every family's samples contiguous, so the writer spools each family to its
-own file while recording and concatenates them on close. `.gz` paths are compressed.
-"""
+`promtool tsdb create-blocks-from openmetrics` reads the format too. Samples keep their native
+names plus the target labels (`job`, `instance`, configured ones such as a Kubernetes `pod`), and
+every scrape adds `up` and `scrape_duration_seconds` as Prometheus does (a failed scrape: `up 0`
+only). A scraped label a target label also names is kept as `exported_<name>`; reading a scrape
+back undoes that (`Scrape.labels` holds the target's). The writer spools each family to its own
+file so that families stay contiguous; `.gz` paths are compressed."""
 
 from __future__ import annotations
 

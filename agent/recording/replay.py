@@ -1,22 +1,11 @@
 """Turn a recording back into canonical samples, through the same dialects as live scrapes.
 
-A target that serves kvscope's own series (the request tap's `/kvscope/metrics`, the agent's
-`/metrics` with `kvscope_` names) is read as canonical signals directly.
-
-A recording may carry a spans sidecar (`x.spans.jsonl.gz` next to `x.om.gz`: the engines' OTLP
-spans as JSON lines). `add_spans` feeds it through the trace receiver's stitching
-(agent/traces/stitch.py) and renders what the receiver would have reported at each scrape:
-`request_phase_seconds` per instance and phase, and the `tenant_*` counters of traced tenants.
-
-Replay runs the live agent's engine<->GPU join (agent/derive/gpu_join.py, the derive hook the
-agent applies to every collection cycle) once per scrape round, so `engine_gpu_memory_used_bytes`
-is there for the diagnoser, the UI and the report as it is on a live agent. A recording made by
-Prometheus keeps a Kubernetes target's `pod`/`namespace`/`container` on every sample of it: those
-are read back as the target's labels (the live agent adds them from its target configuration).
-A scrape's own target labels (on its `up`, as `kvscope record` and Prometheus write them:
-`Scrape.labels`) are its target labels too, all of them, as the live agent applies a target's
-configured labels.
-"""
+A target serving kvscope's own series (the tap's `/kvscope/metrics`, the agent's `kvscope_*`
+`/metrics`) is read as canonical signals directly. A scrape's target labels (on its `up`, or a
+`pod`/`namespace`/`container` on every sample, as Prometheus records Kubernetes targets) are
+applied as the live agent applies a target's configured labels, and the live engine<->GPU join
+(agent/derive/gpu_join.py) runs once per scrape round. A spans sidecar (`x.spans.jsonl.gz` next
+to `x.om.gz`) is stitched as the trace receiver would (`add_spans`)."""
 
 from __future__ import annotations
 

@@ -1,26 +1,11 @@
 """Render the agent's own /metrics: canonical series as `kvscope_<signal>` plus self-health.
 
-Output is Prometheus text format 0.0.4 that `promtool check metrics` accepts without lint
-findings: one HELP and TYPE per family (help text from the catalog), each family contiguous,
-histogram buckets in increasing `le` order ending in `+Inf` and followed by `_sum`/`_count`,
-no timestamps (Prometheus stamps the scrape), and a series the source did not export is absent.
-
-Self-health families (all prefixed `kvscope_`):
-
-    target_up{job,instance}                       1 if the last scrape gave usable samples
-    target_status{job,instance,reason}            1, reason "ok" or why the target is down
-    target_series{job,instance}                   canonical series from the last scrape
-    scrape_duration_seconds{job,instance}         last scrape time
-    scrape_errors_total{job,instance,reason}      failed scrapes by reason (timeout, http_503...)
-    samples_dropped_total{collector,instance,reason}  lines/samples dropped (truncated, non_finite...)
-    target_resets_total{job,instance}             scrapes where a counter went down (restarts)
-    collector_up{collector}, collector_status{collector,reason}, collector_duration_seconds
-    engine_info{job,instance,engine,<facts>}      1; facts such as block_size, cache_dtype,
-                                                  enable_prefix_caching
-    cycle_duration_seconds, cycles_total, store_* (from the store's stats)
-    store_write_errors_total{reason}              failed store writes (disk_full, io_error, corrupt...);
-                                                  while they fail, collector_up{collector="store"} is 0
-"""
+Prometheus text format 0.0.4 that `promtool check metrics` accepts without findings: one HELP and
+TYPE per family (help from the catalog), families contiguous, histogram buckets in `le` order
+ending in `+Inf` then `_sum`/`_count`, no timestamps, and a series the source lacks is absent.
+The self-health families (`kvscope_target_*`, `kvscope_scrape_*`, `kvscope_samples_dropped_total`,
+`kvscope_collector_*`, `kvscope_engine_info`, `kvscope_cycle*`, `kvscope_store_*`) carry their
+meaning in their HELP text below."""
 
 from __future__ import annotations
 

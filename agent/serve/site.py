@@ -1,9 +1,5 @@
-"""One aiohttp application served on host:port, the one copy of the bind/serve/stop boilerplate.
-
-The agent's HTTP server, the OTLP trace receiver and `kvscope serve` (the Alertmanager webhook)
-each serve an `aiohttp.web.Application` inside an asyncio loop they already run. `HttpSite`
-binds it (port 0 picks a free port), reports the port it got, and stops it cleanly.
-"""
+"""One aiohttp application served on host:port: the bind/serve/stop boilerplate of the agent's
+HTTP server, the OTLP receiver and `kvscope serve`, in one copy."""
 
 from __future__ import annotations
 

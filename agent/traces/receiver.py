@@ -1,27 +1,10 @@
 """OTLP/HTTP trace receiver: `POST /v1/traces` -> stitched requests -> `request_phase_seconds`
-and, for requests whose spans name a tenant, the per-tenant `tenant_*` counters (tenants.py).
+and, for requests whose spans name a tenant, the `tenant_*` counters (tenants.py).
 
-Accepts protobuf and JSON, gzip/deflate, up to `max_body_bytes` (compressed and decompressed).
-A payload that does not decode gets HTTP 400 with the reason and the receiver keeps serving.
-Optional pass-through: every accepted body is forwarded unchanged to `forward_url` (an upstream
-collector), and stitched phase spans to `stitched_url`, from a bounded queue that drops (and
-counts) rather than slows the receiver.
-
-Config (agent YAML, section `otlp`; the agent builds the receiver when the section exists)::
-
-    otlp:
-      listen: 127.0.0.1:4318          # loopback by default; port 0 picks a free port
-      max_body_bytes: 8MiB
-      forward_url: http://otel-collector:4318/v1/traces   # optional pass-through
-      stitched_url: http://tempo:4318/v1/traces            # optional: phase spans
-      settle_s: 1.0                   # a trace is stitched this long after its last span
-      ttl_s: 30                       # incomplete traces are dropped after this
-      max_traces: 10000
-      max_tenants: 50                 # tenant labels (traffic-ranked top-K + `other`)
-      fairness_window_s: 300          # window of the fleet fairness gauges (the tap's section wins)
-      service_labels:                 # for engines that cannot set kvscope.* attributes
-        vllm-prefill-0: {instance: "10.0.0.5:8000", role: prefill, model: llama-3-8b}
-"""
+Protobuf or JSON, gzip/deflate, at most `max_body_bytes` before and after decompression; a body
+that does not decode gets HTTP 400 and the receiver keeps serving. Optionally forwards every body
+to `forward_url` and the stitched phase spans to `stitched_url` through a bounded queue that drops
+(and counts) rather than slows down. The `otlp` config section: docs/requests.md §1."""
 
 from __future__ import annotations
 

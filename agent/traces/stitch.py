@@ -1,26 +1,15 @@
 """Span stitching: spans of one trace -> request records with queue / prefill / KV transfer / decode.
 
-Understands
-* vLLM's `llm_request` span (one per finished request; phases from `gen_ai.latency.*`);
-* SGLang's request tree: root `"<role> Req <rid>"` plus stage slices (`prefill_waiting`,
-  `prefill_forward`, `chunked_prefill`, `decode_*`, `prefill_transfer_kv_cache`, ...); the root's
-  `gen_ai.latency.*` attributes fill phases that have no slice;
-* a prefill/decode (P/D) pair in one trace: a prefill-role request span and a decode-role one.
-  KV transfer is an explicit transfer span when there is one, else the measured gap between the
-  end of the prefill span and the moment the decode instance started running the request (decode
-  span start + its queue time; vLLM keeps a request that waits for remote KV in its waiting
-  queue, so this gap contains the proxy hand-off and the remote-KV wait).
+Reads vLLM's `llm_request` span (phases from `gen_ai.latency.*`), SGLang's request tree (root
+`"<role> Req <rid>"` and its stage slices; the root's `gen_ai.latency.*` fill phases without a
+slice), and a prefill/decode pair in one trace, whose KV transfer is an explicit transfer span or
+else the gap from the prefill span's end to the decode instance running the request. Tenant,
+model, instance and role come from `kvscope.*` / `gen_ai.*` attributes or per-`service.name`
+labels (docs/requests.md §1).
 
-Tenant, model, instance and role come from span or resource attributes (`kvscope.tenant`,
-`kvscope.instance`, `kvscope.role`, `gen_ai.request.model`, ...) or from labels configured per
-`service.name`. The request tap's root span carries `kvscope.tenant`, and engine spans join its
-trace through `traceparent`, so the tenant reaches the record.
-
-Memory is bounded: at most `max_traces` open traces and `max_spans_per_trace` spans each; a trace
-is finished `settle_s` after its last span (a lone P/D half, prefill or decode, waits up to `ttl_s`
-for the other: each engine's exporter sends its batch on its own schedule) and dropped, counted,
-after `ttl_s` without a request span.
-"""
+Bounded: `max_traces` open traces of `max_spans_per_trace` spans; a trace is finished `settle_s`
+after its last span (a lone P/D half waits up to `ttl_s` for the other) and dropped, counted,
+after `ttl_s` without a request span."""
 
 from __future__ import annotations
 
