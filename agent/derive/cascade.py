@@ -41,9 +41,9 @@ _EVICTION_COUNTERS = (
     "kv_blocks_evicted_recomputed_total",
 )
 _TTFT = "request_ttft_seconds"
-CASCADE_SIGNALS = frozenset({_KV, _WAITING, _GPU, _RUNNING, *_EVICTION_COUNTERS, _TTFT + "_sum", _TTFT + "_count"})
+_TTFT_SUM, _TTFT_COUNT = _TTFT + "_sum", _TTFT + "_count"
+CASCADE_SIGNALS = frozenset({_KV, _WAITING, _GPU, _RUNNING, *_EVICTION_COUNTERS, _TTFT_SUM, _TTFT_COUNT})
 """Every canonical series the detector reads."""
-_FIELDS = ("kv", "waiting", "running", "gpu", "ttft_sum", "ttft_count")
 
 
 @dataclass(frozen=True)
@@ -94,17 +94,15 @@ class CascadeReport:
         return None
 
 
-@dataclass
-class _Series:
-    """Time-ordered points of the signals one instance needs."""
+class _Series(dict[str, list[tuple[float, float]]]):
+    """Time-ordered points of one instance per cascade signal; a signal it lacks reads as []."""
 
-    kv: list[tuple[float, float]] = field(default_factory=list)
-    waiting: list[tuple[float, float]] = field(default_factory=list)
-    running: list[tuple[float, float]] = field(default_factory=list)
-    gpu: list[tuple[float, float]] = field(default_factory=list)
-    evictions: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
-    ttft_sum: list[tuple[float, float]] = field(default_factory=list)
-    ttft_count: list[tuple[float, float]] = field(default_factory=list)
+    def __missing__(self, name: str) -> list[tuple[float, float]]:
+        return []
+
+
+def _evictions(ser: _Series) -> list[list[tuple[float, float]]]:
+    return [ser[name] for name in _EVICTION_COUNTERS if ser[name]]
 
 
 def evaluate_cascade(samples: Iterable[Sample], config: CascadeConfig | None = None) -> dict[str, CascadeReport]:
@@ -124,39 +122,21 @@ def _group(samples: Iterable[Sample]) -> dict[str, _Series]:
         inst = s.label("instance")
         if s.timestamp is None or inst is None or s.value != s.value:
             continue
-        series = raw[inst][s.name]
+        by_name = raw[inst]
         if s.name in (_KV, _GPU):
-            series[s.timestamp] = max(series.get(s.timestamp, float("-inf")), s.value)
-        elif s.name in _EVICTION_COUNTERS or s.name in (_WAITING, _RUNNING, _TTFT + "_sum", _TTFT + "_count"):
-            series[s.timestamp] = series.get(s.timestamp, 0.0) + s.value
-    out: dict[str, _Series] = {}
-    for inst, by_name in raw.items():
-        ser = _Series(
-            kv=_sorted(by_name.get(_KV)),
-            waiting=_sorted(by_name.get(_WAITING)),
-            running=_sorted(by_name.get(_RUNNING)),
-            gpu=_sorted(by_name.get(_GPU)),
-            ttft_sum=_sorted(by_name.get(_TTFT + "_sum")),
-            ttft_count=_sorted(by_name.get(_TTFT + "_count")),
-        )
-        for name in _EVICTION_COUNTERS:
-            if name in by_name:
-                ser.evictions[name] = _sorted(by_name[name])
-        out[inst] = ser
-    return out
-
-
-def _sorted(points: Mapping[float, float] | None) -> list[tuple[float, float]]:
-    return sorted(points.items()) if points else []
+            by_name[s.name][s.timestamp] = max(by_name[s.name].get(s.timestamp, float("-inf")), s.value)
+        elif s.name in CASCADE_SIGNALS:
+            by_name[s.name][s.timestamp] = by_name[s.name].get(s.timestamp, 0.0) + s.value
+    return {inst: _Series({n: sorted(pts.items()) for n, pts in by_name.items()}) for inst, by_name in raw.items()}
 
 
 def _evaluate_instance(instance: str, ser: _Series, cfg: CascadeConfig) -> CascadeReport:
     report = CascadeReport(instance=instance)
     report.signals_missing = _missing(ser)
-    if not ser.kv:
+    if not ser[_KV]:
         return report  # without KV usage there is no root to attribute: absent, not healthy
     report.not_evaluable = _not_evaluable(ser)
-    grid = [t for t, _ in ser.kv]
+    grid = [t for t, _ in ser[_KV]]
     conditions, by_counter = _stage_conditions(ser, grid, cfg, report)
     for stage in range(1, 5):
         i = next((i for i, ok in enumerate(conditions[stage]) if ok), None)
@@ -169,28 +149,17 @@ def _evaluate_instance(instance: str, ser: _Series, cfg: CascadeConfig) -> Casca
 
 
 def _missing(ser: _Series) -> list[str]:
-    missing = []
-    if not ser.kv:
-        missing.append(_KV)
-    if not ser.evictions:
-        missing.append("|".join(_EVICTION_COUNTERS))
-    if not ser.waiting:
-        missing.append(_WAITING)
-    if not ser.running:
-        missing.append(_RUNNING)
-    if not ser.ttft_count:
-        missing.append(_TTFT)
-    if not ser.gpu:
-        missing.append(_GPU)
-    return missing
+    names = (_KV, "|".join(_EVICTION_COUNTERS), _WAITING, _RUNNING, _TTFT, _GPU)
+    present = (ser[_KV], _evictions(ser), ser[_WAITING], ser[_RUNNING], ser[_TTFT_COUNT], ser[_GPU])
+    return [name for name, points in zip(names, present, strict=True) if not points]
 
 
 def _not_evaluable(ser: _Series) -> list[str]:
     """Stages no signal of this source can show (stage 1 always can: KV usage is there)."""
     out = {
-        "evicting": not ser.evictions and not (ser.waiting and ser.running),
-        "queueing": not ser.waiting,
-        "latency": not (ser.ttft_count and ser.waiting) and not ser.gpu,
+        "evicting": not _evictions(ser) and not (ser[_WAITING] and ser[_RUNNING]),
+        "queueing": not ser[_WAITING],
+        "latency": not (ser[_TTFT_COUNT] and ser[_WAITING]) and not ser[_GPU],
     }
     return [name for name, blind in out.items() if blind]
 
@@ -209,10 +178,13 @@ def _stage_conditions(
     evict = _evicting(ser, grid)
     # An engine evicts / preempts only when an allocation found the pool exhausted, so an eviction
     # interval is itself evidence of a full pool; the sampled usage gauge can miss that instant.
-    kv = [v >= cfg.kv_high_ratio or e for (_, v), e in zip(ser.kv, evict, strict=True)]
+    kv = [v >= cfg.kv_high_ratio or e for (_, v), e in zip(ser[_KV], evict, strict=True)]
     held, slope = _batch_held(ser, grid, cfg)
     waiting = _sustained(
-        [v is not None and v >= cfg.queue_min for v in _at(ser.waiting, grid)], grid, cfg.queue_samples, cfg.queue_min_s
+        [v is not None and v >= cfg.queue_min for v in _at(ser[_WAITING], grid)],
+        grid,
+        cfg.queue_samples,
+        cfg.queue_min_s,
     )
     first_high = next((t for t, ok in zip(grid, kv, strict=True) if ok), None)
     ttft_bad, ttft_base, ttft_now = _ttft_degraded(ser, grid, first_high, cfg)
@@ -225,9 +197,9 @@ def _stage_conditions(
     ]
     stage2 = [e or h for e, h in zip(evict, held, strict=True)]
     report.evidence = {
-        "kv_usage_ratio": ser.kv[-1][1],
-        "kv_usage_ratio_max": max(v for _, v in ser.kv),
-        "waiting_max": max((v for _, v in ser.waiting), default=None),
+        "kv_usage_ratio": ser[_KV][-1][1],
+        "kv_usage_ratio_max": max(v for _, v in ser[_KV]),
+        "waiting_max": max((v for _, v in ser[_WAITING]), default=None),
         "ttft_baseline_s": ttft_base,
         "ttft_last_s": ttft_now,
         "gpu_utilization_baseline_ratio": gpu_base,
@@ -246,9 +218,9 @@ def _batch_held(ser: _Series, grid: list[float], cfg: CascadeConfig) -> tuple[li
     diagnoser scales the rule's. Also the last slope (None: not enough points)."""
     scale = max(0.02, min(1.0, (grid[-1] - grid[0]) / cfg.reference_window_s))
     smooth, slope_s = cfg.smooth_s * scale, cfg.slope_s * scale
-    kv = _over(ser.kv, grid, smooth, max)
-    waiting = _over(ser.waiting, grid, smooth, _mean)
-    running = [(t, v) for t, v in zip(grid, _over(ser.running, grid, smooth, _mean), strict=True) if v is not None]
+    kv = _over(ser[_KV], grid, smooth, max)
+    waiting = _over(ser[_WAITING], grid, smooth, _mean)
+    running = [(t, v) for t, v in zip(grid, _over(ser[_RUNNING], grid, smooth, _mean), strict=True) if v is not None]
     slopes = dict(zip([t for t, _ in running], _over(running, [t for t, _ in running], slope_s, None), strict=True))
     held = [
         k is not None
@@ -316,7 +288,7 @@ def _at(points: list[tuple[float, float]], grid: list[float]) -> list[float | No
 
 def _evicting(ser: _Series, grid: list[float]) -> list[bool]:
     """True at grid points whose preceding interval saw any eviction / preemption."""
-    hot = sorted({t for pts in ser.evictions.values() for t, inc in deltas(pts) if inc > 0})
+    hot = sorted({t for pts in _evictions(ser) for t, inc in deltas(pts) if inc > 0})
     out, prev_t = [], float("-inf")
     for t in grid:
         i = bisect_right(hot, prev_t)
@@ -326,16 +298,16 @@ def _evicting(ser: _Series, grid: list[float]) -> list[bool]:
 
 
 def _total_increase(ser: _Series) -> float | None:
-    if not ser.evictions:
+    if not _evictions(ser):
         return None
-    return sum(inc for pts in ser.evictions.values() for _, inc in deltas(pts))
+    return sum(inc for pts in _evictions(ser) for _, inc in deltas(pts))
 
 
 def _window_means(ser: _Series) -> list[tuple[float, float]]:
     """Mean TTFT of the requests that finished in each scrape interval (from _sum/_count deltas)."""
-    sums = dict(deltas(ser.ttft_sum))
+    sums = dict(deltas(ser[_TTFT_SUM]))
     out = []
-    for t, n in deltas(ser.ttft_count):
+    for t, n in deltas(ser[_TTFT_COUNT]):
         if n > 0 and t in sums:
             out.append((t, sums[t] / n))
     return out
@@ -363,13 +335,13 @@ def _latch(bad_times: list[float], means: list[tuple[float, float]], grid: list[
 def _gpu_dropped(
     ser: _Series, grid: list[float], first_high: float | None, cfg: CascadeConfig
 ) -> tuple[list[bool], float | None, float | None]:
-    if not ser.gpu:
+    if not ser[_GPU]:
         return [False] * len(grid), None, None
-    base_pts = [v for t, v in ser.gpu if first_high is None or t <= first_high]
+    base_pts = [v for t, v in ser[_GPU] if first_high is None or t <= first_high]
     if not base_pts:
-        return [False] * len(grid), None, ser.gpu[-1][1]
+        return [False] * len(grid), None, ser[_GPU][-1][1]
     base = max(base_pts)
-    vals = _at(ser.gpu, grid)
+    vals = _at(ser[_GPU], grid)
     bad = [
         v is not None
         and base > 0
@@ -378,7 +350,7 @@ def _gpu_dropped(
         and t > first_high
         for t, v in zip(grid, vals, strict=True)
     ]
-    return bad, base, ser.gpu[-1][1]
+    return bad, base, ser[_GPU][-1][1]
 
 
 def render_cascade_samples(reports: Mapping[str, CascadeReport], timestamp: float | None = None) -> list[Sample]:
@@ -427,13 +399,13 @@ class CascadeWindow:
 
     def __call__(self, cycle: Sequence[Sample]) -> list[Sample]:
         new = _group(pick(cycle, CASCADE_SIGNALS.__contains__))
-        now = max((pts[-1][0] for ser in new.values() for pts in _lists(ser) if pts), default=None)
+        now = max((pts[-1][0] for ser in new.values() for pts in ser.values() if pts), default=None)
         if now is None:
             return []
         for inst, ser in new.items():  # each trimmed by its own newest point: a skewed clock skews only itself
-            since = max((p[-1][0] for p in _lists(ser) if p), default=now) - self.window_s
+            since = max((p[-1][0] for p in ser.values() if p), default=now) - self.window_s
             self._extend(self.series.setdefault(inst, _Series()), ser, since)
-        last = {inst: max((p[-1][0] for p in _lists(ser) if p), default=-1.0) for inst, ser in self.series.items()}
+        last = {inst: max((p[-1][0] for p in ser.values() if p), default=-1.0) for inst, ser in self.series.items()}
         for inst in sorted(last, key=last.__getitem__)[: max(0, len(last) - self.max_instances)]:
             del self.series[inst]  # the least recently seen past max_instances (hostile labels)
         for inst in [i for i, t in last.items() if t < now - self.window_s and i in self.series]:
@@ -443,28 +415,19 @@ class CascadeWindow:
             ser = self.series[inst]
             try:
                 rep = _evaluate_instance(inst, ser, self.config)
-                out += render_cascade_samples({inst: rep}, ser.kv[-1][0] if ser.kv else None)
+                out += render_cascade_samples({inst: rep}, ser[_KV][-1][0] if ser[_KV] else None)
             except Exception as e:  # noqa: BLE001 - one instance's bad data must not silence the others
                 self.dropped[f"exception_{type(e).__name__}"] += 1
         return out
 
     def _extend(self, ser: _Series, new: _Series, since: float) -> None:
-        for name in _FIELDS:
-            self._append(getattr(ser, name), getattr(new, name), since)
-        for name in ser.evictions.keys() | new.evictions.keys():
-            if not self._append(ser.evictions[name], new.evictions.get(name, []), since):
-                del ser.evictions[name]
+        for name in ser.keys() | new.keys():
+            self._append(ser.setdefault(name, []), new[name], since)
 
-    def _append(self, old: list[tuple[float, float]], new: list[tuple[float, float]], since: float) -> int:
-        """Append the points after old's last, keep those from `since` on (at most max_points);
-        how many are left."""
+    def _append(self, old: list[tuple[float, float]], new: list[tuple[float, float]], since: float) -> None:
+        """Append the points after old's last, keep those from `since` on (at most max_points)."""
         fresh = [p for p in new if not old or p[0] > old[-1][0]]
         if len(fresh) < len(new):
             self.dropped["out_of_order"] += len(new) - len(fresh)
         old += fresh
         del old[: max(bisect_left(old, (since,)), len(old) - self.max_points)]
-        return len(old)
-
-
-def _lists(ser: _Series) -> list[list[tuple[float, float]]]:
-    return [getattr(ser, name) for name in _FIELDS] + list(ser.evictions.values())
