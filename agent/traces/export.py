@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import Any
 
 import aiohttp
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -89,27 +88,22 @@ def encode_spans(spans: list[Span]) -> bytes:
         rs = req.resource_spans.add()
         first = next(iter(by_scope.values()))[0]
         rs.resource.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in first.resource.items())
-        for scope, members in by_scope.items():
-            _add_scope(rs, scope, members)
+        for scope, members in by_scope.items():  # each span keeps its scope (the tap's `kvscope.tap`)
+            ss = rs.scope_spans.add()
+            ss.scope.name = scope
+            for s in members:
+                p = ss.spans.add(
+                    trace_id=bytes.fromhex(s.trace_id),
+                    span_id=bytes.fromhex(s.span_id),
+                    name=s.name,
+                    kind=s.kind,
+                    start_time_unix_nano=s.start_ns,
+                    end_time_unix_nano=s.end_ns,
+                )
+                if s.parent_id:
+                    p.parent_span_id = bytes.fromhex(s.parent_id)
+                p.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in s.attributes.items())
     return req.SerializeToString()
-
-
-def _add_scope(rs: Any, scope: str, members: list[Span]) -> None:
-    """One scope_spans entry (the span's own instrumentation scope, e.g. the tap's `kvscope.tap`)."""
-    ss = rs.scope_spans.add()
-    ss.scope.name = scope
-    for s in members:
-        p = ss.spans.add(
-            trace_id=bytes.fromhex(s.trace_id),
-            span_id=bytes.fromhex(s.span_id),
-            name=s.name,
-            kind=s.kind,
-            start_time_unix_nano=s.start_ns,
-            end_time_unix_nano=s.end_ns,
-        )
-        if s.parent_id:
-            p.parent_span_id = bytes.fromhex(s.parent_id)
-        p.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in s.attributes.items())
 
 
 class SpanBatchExporter:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from kvscope.agent.serve.jsonbody import loads_bounded
 
@@ -145,16 +146,6 @@ def _json_spans(doc: dict[str, Any]) -> Iterator[Span]:
                 )
 
 
-_KINDS = {
-    "SPAN_KIND_UNSPECIFIED": 0,
-    "SPAN_KIND_INTERNAL": 1,
-    "SPAN_KIND_SERVER": 2,
-    "SPAN_KIND_CLIENT": 3,
-    "SPAN_KIND_PRODUCER": 4,
-    "SPAN_KIND_CONSUMER": 5,
-}
-
-
 def _int(v: Any, lo: int, hi: int) -> int:
     """A JSON integer within its protobuf type's range (fixed64 times, int64 values), as the
     protobuf decoder would have it; a ValueError (a 400) otherwise."""
@@ -168,7 +159,7 @@ def _int(v: Any, lo: int, hi: int) -> int:
 
 
 def _kind(k: Any) -> int:
-    return _KINDS[k] if isinstance(k, str) else int(k)
+    return PbSpan.SpanKind.Value(k) if isinstance(k, str) else int(k)
 
 
 def _hex_id(v: Any, nbytes: int, allow_empty: bool = False) -> str:

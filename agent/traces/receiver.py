@@ -13,7 +13,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import aiohttp
@@ -60,20 +60,8 @@ def parse_otlp_config(raw: Any) -> OtlpConfig:
     raw = raw or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"otlp: must be a mapping, got {raw!r}")
-    known = {
-        "listen",
-        "max_body_bytes",
-        "forward_url",
-        "stitched_url",
-        "forward_timeout_s",
-        "settle_s",
-        "ttl_s",
-        "max_traces",
-        "max_spans_per_trace",
-        "service_labels",
-        "max_tenants",
-        "fairness_window_s",
-    }
+    inner = {"forward_queue", "flush_interval_s", "recent_records", "stitch"}  # not settable in YAML
+    known = {f.name for f in fields(OtlpConfig) + fields(StitchConfig)} - inner
     if unknown := sorted(set(raw) - known):
         raise ConfigError(f"otlp: unknown keys {unknown}; allowed: {sorted(known)}")
     listen = str(raw.get("listen", "127.0.0.1:4318"))
@@ -141,7 +129,6 @@ class OtlpTraceReceiver:
         self.phases = HistogramSet("request_phase_seconds", PHASE_BUCKETS)
         self.tenants = TenantAccounting(cfg.max_tenants)
         self.recent: deque[RequestRecord] = deque(maxlen=cfg.recent_records)
-        self.listeners: list[Callable[[RequestRecord], None]] = []
         self.stats: Counter[str] = Counter()  # cumulative: spans, requests, bad payloads, drops
         self._reported: Counter[str] = Counter()
         self._site: HttpSite | None = None
@@ -268,8 +255,6 @@ class OtlpTraceReceiver:
                 self.phases.observe(phase_labels(rec, obs.instance, obs.role, obs.phase), obs.seconds)
             self.tenants.observe(rec)
             self.recent.append(rec)
-            for listener in self.listeners:
-                listener(rec)
             if self.config and self.config.stitched_url:
                 spans = render_phase_spans(rec)
                 if spans:

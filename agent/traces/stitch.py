@@ -23,6 +23,8 @@ from typing import Any
 from kvscope.agent.traces.otlp import Span
 
 PHASES = ("queue", "prefill", "kv_transfer", "decode")
+TAP_SCOPE = "kvscope.tap"
+"""Instrumentation scope of the request tap's spans (agent/tap/proxy.py)."""
 
 _SGLANG_ROOT = re.compile(r"^\s*(?:(prefill|decode)\s+)?Req\s+\S+\s*$")
 _TENANT_KEYS = ("kvscope.tenant", "tenant", "tenant.id", "enduser.id", "user.id")
@@ -161,7 +163,7 @@ def stitch_trace(spans: list[Span], config: StitchConfig | None = None) -> list[
     roots = [s for s in spans if _is_request_span(s)]
     records = [_single(s, _slices_of(s, spans, by_id), cfg) for s in roots]
     records = _pair_pd(records)
-    tapped = any(s.scope == "kvscope.tap" for s in spans)
+    tapped = any(s.scope == TAP_SCOPE for s in spans)
     for r in records:
         r.tenant = r.tenant or (str(tenant) if tenant is not None else None)
         r.tapped = tapped

@@ -16,9 +16,6 @@ from kvscope.agent.signals import Sample, make_labels
 from kvscope.agent.tenants import TenantLimiter
 from kvscope.agent.traces.stitch import RequestRecord
 
-TAP_SCOPE = "kvscope.tap"
-"""Instrumentation scope of the request tap's spans (agent/tap/proxy.py)."""
-
 
 class TenantAccounting:
     """Cumulative per-tenant counters and TTFT histogram fed with stitched request records."""
