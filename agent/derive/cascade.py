@@ -306,11 +306,7 @@ def _total_increase(ser: _Series) -> float | None:
 def _window_means(ser: _Series) -> list[tuple[float, float]]:
     """Mean TTFT of the requests that finished in each scrape interval (from _sum/_count deltas)."""
     sums = dict(deltas(ser[_TTFT_SUM]))
-    out = []
-    for t, n in deltas(ser[_TTFT_COUNT]):
-        if n > 0 and t in sums:
-            out.append((t, sums[t] / n))
-    return out
+    return [(t, sums[t] / n) for t, n in deltas(ser[_TTFT_COUNT]) if n > 0 and t in sums]
 
 
 def _ttft_degraded(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvscope.agent.derive.quantiles import histogram_quantile
@@ -241,18 +241,6 @@ class UsageWindow:
         return {t: u.minus(base[t]) if t in base else u for t, u in current.items()}
 
 
-def render_fairness_json(report: FairnessReport) -> dict[str, Any]:
-    """A fairness report as plain JSON (None stays null: absent, not zero)."""
-    return {
-        "aggregate_hit_ratio": report.aggregate_hit_ratio,
-        "jain_index": report.jain_index,
-        "cold_tenant_ratio": report.cold_tenant_ratio,
-        "tail_gap_ratio": report.tail_gap_ratio,
-        "worst_tenant": report.worst_tenant,
-        "tenants": {name: dict(t.__dict__) for name, t in report.tenants.items()},
-    }
-
-
 def fairness_since_start(samples: list[Sample]) -> list[Sample]:
     """Fairness gauges from cumulative tenant series, over everything since they started (the
     standalone tap's /kvscope/metrics)."""
@@ -260,8 +248,8 @@ def fairness_since_start(samples: list[Sample]) -> list[Sample]:
 
 
 def fairness_json_since_start(samples: list[Sample]) -> dict[str, Any]:
-    """The standalone tap's /kvscope/fairness answer."""
-    return render_fairness_json(evaluate_fairness(parse_tenant_usage(samples)))
+    """The standalone tap's /kvscope/fairness answer (None stays null: absent, not zero)."""
+    return asdict(evaluate_fairness(parse_tenant_usage(samples)))
 
 
 def fairness_hook(window_s: float = 300.0) -> Callable[[Iterable[Sample]], list[Sample]]:

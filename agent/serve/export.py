@@ -85,16 +85,10 @@ def canonical_families(samples: Iterable[Sample], catalog: Catalog) -> list[Fami
         sig = signals[name]
         fam = Family(KVSCOPE_PREFIX + name, sig.kind, sig.help or name)
         rows = grouped[name]
-        for suffix, labels in _ordered(rows, sig.kind):
+        for suffix, labels in sorted(rows, key=_histogram_key if sig.kind == "histogram" else None):
             fam.add(labels, rows[(suffix, labels)], suffix)
         out.append(fam)
     return out
-
-
-def _ordered(rows: dict[tuple[str, Labels], float], kind: str) -> list[tuple[str, Labels]]:
-    if kind != "histogram":
-        return sorted(rows)
-    return sorted(rows, key=_histogram_key)
 
 
 def _histogram_key(row: tuple[str, Labels]) -> tuple[Labels, int, float]:
