@@ -51,21 +51,16 @@ class CascadeConfig:
     """Thresholds. Defaults follow 002 §9.3: KV above 90% leaves no headroom."""
 
     kv_high_ratio: float = 0.90
-    queue_min: float = 1.0  # waiting requests that count as a queue ...
-    queue_samples: int = 2  # ... in this many consecutive samples (a request caught between
-    #                                  arrival and its first scheduling step is not a queue) ...
-    queue_min_s: float = 0.0  # ... spanning at least this many seconds, first to last sample,
-    #                                  like an alert's `for:` (a count of samples is a different
-    #                                  duration at every scrape interval, and scrapes of a loaded
-    #                                  server come late)
+    queue_min: float = 1.0  # waiting requests that count as a queue, in queue_samples consecutive
+    queue_samples: int = 2  # samples (a request between arrival and its first step is no queue)
+    queue_min_s: float = 0.0  # spanning this many seconds, like an alert's `for:`
     ttft_factor: float = 2.0  # windowed mean TTFT >= factor x baseline -> symptom
     ttft_min_delta_s: float = 0.05  # ... and at least this much above baseline (noise floor)
     gpu_drop_ratio: float = 0.2  # GPU utilisation this far below its baseline -> symptom
     # stage 2 without an eviction counter (kv_pressure_cascade's held_queue / max_running_growth)
     smooth_s: float = 60.0  # KV read as its max, queue and batch as their mean over this
     slope_s: float = 120.0  # ... the batch's growth as the slope of its mean over this
-    reference_window_s: float = 900.0  # windows shorter than this scale both down, as the
-    #                                    diagnoser scales rule durations (auto_time_scale), >= 1/50
+    reference_window_s: float = 900.0  # shorter windows scale both down (>= 1/50), as rules scale
     held_queue: float = 1.0  # waiting requests (mean) that hold
     max_running_growth: float = 0.005  # running requests per second the batch may grow by
 

@@ -156,7 +156,6 @@ def render_engine_gpu_rounds(replay: Replay, gpu_mapping: Any = None) -> list[Sa
     return out
 
 
-# ---------------------------------------------------------------------------- spans
 SPAN_SUFFIXES = (".spans.jsonl.gz", ".spans.jsonl")
 MAX_SPAN_LINE = 1 << 20
 """Bytes; a longer line is counted as bad and skipped (bounded memory per span)."""

@@ -49,9 +49,6 @@ def _escape_help(text: str) -> str:
     return " ".join(text.split()).replace("\\", "\\\\")
 
 
-# ------------------------------------------------------------------------------- canonical series
-
-
 def signal_of(name: str, catalog: Catalog) -> tuple[Signal, str] | None:
     """(signal, histogram suffix or "") for a canonical sample name, or None if not canonical."""
     sig = catalog.signals.get(name)
@@ -102,9 +99,6 @@ def _histogram_key(row: tuple[str, Labels]) -> tuple[Labels, int, float]:
             bound = math.inf
         return base, 0, bound
     return base, 1 if suffix == "_sum" else 2, 0.0
-
-
-# ---------------------------------------------------------------------------------- self-health
 
 
 def health_families(state: Any, store_stats: Any = None) -> list[Family]:

@@ -72,9 +72,6 @@ def parse_otlp_traces(body: bytes, content_type: str) -> list[Span]:
     raise OtlpDecodeError(f"unsupported content-type {content_type!r} (want {PROTOBUF} or {JSON})")
 
 
-# ---------------------------------------------------------------- protobuf
-
-
 def _from_protobuf(body: bytes) -> Iterator[Span]:
     try:
         req = ExportTraceServiceRequest.FromString(body)
@@ -108,9 +105,6 @@ def _pb_value(v: Any) -> Any:
     if which == "kvlist_value":
         return {kv.key: _pb_value(kv.value) for kv in v.kvlist_value.values}
     return getattr(v, which)
-
-
-# ---------------------------------------------------------------- JSON
 
 
 def _from_json(body: bytes) -> Iterator[Span]:

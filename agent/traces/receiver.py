@@ -136,7 +136,6 @@ class OtlpTraceReceiver:
         self._forward_q: asyncio.Queue[tuple[str, bytes, dict[str, str]]] | None = None
         self._session: aiohttp.ClientSession | None = None
 
-    # ------------------------------------------------------------ lifecycle
     @property
     def port(self) -> int | None:
         """The bound port once started (useful with `listen: 127.0.0.1:0`)."""
@@ -181,7 +180,6 @@ class OtlpTraceReceiver:
     async def close(self) -> None:
         await self.stop()
 
-    # ------------------------------------------------------------ HTTP
     async def _handle(self, request: web.Request) -> web.Response:
         assert self.config is not None
         ctype = request.headers.get("Content-Type", "application/x-protobuf")
@@ -240,7 +238,6 @@ class OtlpTraceReceiver:
             warn_every(log, f"otlp:{type(e).__name__}", "OTLP receiver: %r while stitching; counted", e)
             return False
 
-    # ------------------------------------------------------------ records
     def ingest(self, spans: list) -> list[RequestRecord]:
         """Feed spans directly (no HTTP) and stitch what is done; used by `kvscope` tooling and tests."""
         self.stats["spans"] += len(spans)
