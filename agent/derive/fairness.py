@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvscope.agent.derive.quantiles import histogram_quantile
-from kvscope.agent.derive.ratios import fraction
 from kvscope.agent.scrape.stamped import Parts, Stamped
 from kvscope.agent.signals import Sample, make_labels
 
@@ -111,9 +110,14 @@ def evaluate_fairness(usage: Mapping[str, TenantUsage], config: FairnessConfig |
     )
 
 
+def _ratio(num: float | None, den: float) -> float | None:
+    """num / den clamped to [0, 1]; None when num is absent or den is not positive."""
+    return None if num is None or den <= 0 else min(1.0, max(0.0, num / den))
+
+
 def _tenant(u: TenantUsage, cfg: FairnessConfig) -> TenantFairness:
-    hit = fraction(u.cached_tokens, u.prompt_tokens)
-    potential = fraction(u.reusable_tokens, u.prompt_tokens)
+    hit = _ratio(u.cached_tokens, u.prompt_tokens)
+    potential = _ratio(u.reusable_tokens, u.prompt_tokens)
     lost = None
     if u.reusable_tokens is not None and u.cached_tokens is not None and u.prompt_tokens > 0:
         lost = max(0.0, u.reusable_tokens - u.cached_tokens) / u.prompt_tokens
@@ -138,7 +142,7 @@ def _tenant(u: TenantUsage, cfg: FairnessConfig) -> TenantFairness:
 def _aggregate_hit(usage: Iterable[TenantUsage]) -> float | None:
     known = [u for u in usage if u.cached_tokens is not None]
     prompt = sum(u.prompt_tokens for u in known)
-    return fraction(sum(u.cached_tokens or 0.0 for u in known), prompt) if known else None
+    return _ratio(sum(u.cached_tokens or 0.0 for u in known), prompt) if known else None
 
 
 def weighted_jain_index(values: Sequence[tuple[float, float]]) -> float | None:
