@@ -10,7 +10,7 @@ The result renders as `engine_gpu_memory_used_bytes{instance, gpu, gpu_uuid, mig
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import chain
 from operator import itemgetter
 from typing import Any
@@ -132,15 +132,11 @@ def _by_kubernetes(
         key = (s.label("namespace") or "", s.label("pod") or "")
         if entry not in pods.setdefault(key, []):
             pods[key].append(entry)
-    out: list[GpuAssignment] = []
-    seen: set[tuple[str, tuple[str | None, ...]]] = set()
+    out: list[GpuAssignment] = []  # repeats of a pair are dropped by join_engines_to_gpus
     for s in gpu_pods:
         dev = _device(s)
         for instance, container in pods.get((s.label("namespace") or "", s.label("pod") or ""), []):
-            if container and s.label("container") and container != s.label("container"):
-                continue
-            if (instance, dev.key()) not in seen:
-                seen.add((instance, dev.key()))
+            if not (container and s.label("container") and container != s.label("container")):
                 out.append(GpuAssignment(instance, dev, "kubernetes", used.get(dev.key())))
     return out
 
@@ -167,24 +163,11 @@ def render_engine_gpu_samples(assignments: Iterable[GpuAssignment], timestamp: f
     """`engine_gpu_memory_used_bytes` per assignment whose memory is known."""
     out: list[Sample] = []
     for a in assignments:
-        if a.memory_bytes is None:
-            continue
-        labels = {
-            "instance": a.instance,
-            "join": a.join,
-            "gpu": a.device.gpu,
-            "gpu_uuid": a.device.gpu_uuid,
-            "node": a.device.node,
-            "mig_instance": a.device.mig_instance,
-        }
-        out.append(
-            Sample(
-                JOIN_NAME,
-                make_labels({k: v for k, v in labels.items() if v is not None}),
-                float(a.memory_bytes),
-                timestamp,
-            )
-        )
+        if a.memory_bytes is not None:
+            labels = {
+                k: v for k, v in {"instance": a.instance, "join": a.join, **asdict(a.device)}.items() if v is not None
+            }
+            out.append(Sample(JOIN_NAME, make_labels(labels), float(a.memory_bytes), timestamp))
     return out
 
 
