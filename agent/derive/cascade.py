@@ -101,12 +101,9 @@ def _evictions(ser: _Series) -> list[list[tuple[float, float]]]:
 
 
 def evaluate_cascade(samples: Iterable[Sample], config: CascadeConfig | None = None) -> dict[str, CascadeReport]:
-    """Cascade report per `instance` label. Samples without a timestamp or instance are ignored.
-
+    """Cascade report per `instance` label; samples without a timestamp or instance are ignored.
     Series of several DP ranks / models of one instance are combined (max of KV and GPU
-    utilisation, sum of request counts and counters), because the cascade is a property of the
-    serving process.
-    """
+    utilisation, sum of request counts and counters): the cascade is a property of the process."""
     cfg = config or CascadeConfig()
     return {inst: _evaluate_instance(inst, s, cfg) for inst, s in sorted(_group(samples).items())}
 
@@ -206,11 +203,8 @@ def _stage_conditions(
 
 
 def _batch_held(ser: _Series, grid: list[float], cfg: CascadeConfig) -> tuple[list[bool], float | None]:
-    """Stage 2 read from the queues (kv_pressure_cascade without a preemption counter): at each
-    grid point the pool is full (KV max over smooth_s), requests wait (mean over smooth_s >=
-    held_queue) and the running batch does not grow (slope of its smooth_s mean over slope_s, from
-    three points at least, <= max_running_growth), both ranges scaled to a short window as the
-    diagnoser scales the rule's. Also the last slope (None: not enough points)."""
+    """Stage 2 read from the queues at each grid point (pool full, requests waiting, batch not growing:
+    see CascadeConfig), and the last batch slope (None: fewer than three points)."""
     scale = max(0.02, min(1.0, (grid[-1] - grid[0]) / cfg.reference_window_s))
     smooth, slope_s = cfg.smooth_s * scale, cfg.slope_s * scale
     kv = _over(ser[_KV], grid, smooth, max)
@@ -345,11 +339,8 @@ def _gpu_dropped(
 
 
 def render_cascade_samples(reports: Mapping[str, CascadeReport], timestamp: float | None = None) -> list[Sample]:
-    """The kvscope-produced cascade series (declared in agent/normalize/catalog.yaml).
-
-    `engine_cascade_stage_code{instance}` is always present for an instance with KV usage; onset and
-    lead-time series only once the stage was reached (absent, never zero).
-    """
+    """The kvscope-produced cascade series (agent/normalize/catalog.yaml): the stage code for every
+    instance with KV usage, onsets and lead time only once reached (absent, never zero)."""
     out: list[Sample] = []
     for inst, rep in reports.items():
         if "engine_kv_cache_usage_ratio" in rep.signals_missing:
@@ -366,13 +357,11 @@ def render_cascade_samples(reports: Mapping[str, CascadeReport], timestamp: floa
 
 
 class CascadeWindow:
-    """The live derive hook: each cycle's cascade signals (`CASCADE_SIGNALS`, the only heads of a
-    `Stamped` part it stamps) join their instance's window of the last `window_s` seconds of
-    data time, and the instances of the cycle are evaluated over their window. Bounded: at most
-    `max_points` points per series and `max_instances` instances (an instance silent for a whole
-    window goes, then the least recently seen). A point at or before its series' last one, or an
-    instance whose evaluation raised, is skipped and counted in `dropped` (reason -> count; the
-    runtime shows it as `kvscope_samples_dropped_total{collector="derive_cascade"}`)."""
+    """The live derive hook: each cycle's `CASCADE_SIGNALS` join their instance's window of the last
+    `window_s` of data time, and the cycle's instances are evaluated over it. Bounded by `max_points`
+    per series and `max_instances` (silent for a window, then least recently seen, go first). Points
+    out of order and instances whose evaluation raised are counted in `dropped` (shown as
+    `kvscope_samples_dropped_total{collector="derive_cascade"}`)."""
 
     __name__ = "cascade"
 

@@ -146,12 +146,8 @@ def _aggregate_hit(usage: Iterable[TenantUsage]) -> float | None:
 
 
 def weighted_jain_index(values: Sequence[tuple[float, float]]) -> float | None:
-    """Jain's fairness index of `x` with weights `w`: (Σwx)² / (Σw · Σwx²), in (0, 1].
-
-    With equal weights it is the classic (Σx)² / (n Σx²). Weighting by traffic (prompt tokens)
-    makes a tiny tenant's miss count for what it costs. All-zero hit ratios are perfectly (if
-    uselessly) fair: 1.0. None for no tenants.
-    """
+    """Jain's fairness index of `x` with weights `w` (traffic): (Σwx)² / (Σw · Σwx²), in (0, 1]; all-zero
+    ratios are fair (1.0); None for no tenants."""
     pts = [(x, w) for x, w in values if w > 0]
     if not pts:
         return None
@@ -162,11 +158,8 @@ def weighted_jain_index(values: Sequence[tuple[float, float]]) -> float | None:
 
 
 def parse_tenant_usage(samples: Iterable[Sample]) -> dict[str, TenantUsage]:
-    """Cumulative per-tenant usage from canonical samples that carry a `tenant` label.
-
-    kvscope's own `tenant_*` series win over engine series for a tenant that has both. Series of
-    several instances / ranks are summed.
-    """
+    """Cumulative per-tenant usage from samples with a `tenant` label, summed over instances / ranks;
+    kvscope's own `tenant_*` series win over engine series for a tenant that has both."""
     acc: dict[str, dict[str, float]] = {}
     buckets: dict[tuple[str, str], dict[float, float]] = {}
     for s in samples:
@@ -224,11 +217,8 @@ def render_fairness_samples(report: FairnessReport, timestamp: float | None = No
 
 
 class UsageWindow:
-    """Usage over the last `window_s` from cumulative snapshots (one per collection, bounded).
-
-    `update(now, current)` remembers `current` (cumulative per-tenant usage) and returns the usage
-    since the newest snapshot at least `window_s` old, or everything since start while none is.
-    """
+    """Usage over the last `window_s`: `update(now, current)` keeps the cumulative snapshot and returns
+    the usage since the newest snapshot at least `window_s` old (else since start)."""
 
     def __init__(self, window_s: float = 300.0, max_snapshots: int = 512) -> None:
         self.window_s = window_s
@@ -257,11 +247,8 @@ def fairness_json_since_start(samples: list[Sample]) -> dict[str, Any]:
 
 
 def fairness_hook(window_s: float = 300.0) -> Callable[[Iterable[Sample]], list[Sample]]:
-    """A derive hook for the agent runtime: fleet fairness gauges over the last `window_s` from
-    the `tenant_*` counters kvscope's own sources (the tap, the OTLP receiver) produced this
-    cycle. Engine targets' scrapes (`Stamped` parts) are not read: their tenant labels, where an
-    engine has them, are not kvscope's accounting, and skipping them keeps the hook off the
-    per-sample path."""
+    """A derive hook: fleet fairness gauges over the last `window_s` from the `tenant_*` counters of
+    kvscope's own sources (tap, OTLP receiver); engine scrapes (`Stamped` parts) are not read."""
     window = UsageWindow(window_s)
 
     def fairness(cycle: Iterable[Sample]) -> list[Sample]:

@@ -12,11 +12,8 @@ Bucket = tuple[float, float]  # (upper bound `le`, cumulative count)
 
 
 def histogram_quantile(q: float, buckets: Sequence[Bucket]) -> float | None:
-    """The q-quantile of one histogram given as (le, cumulative count) pairs in any order.
-
-    None when there are no observations, fewer than two buckets or no +Inf bucket. q below 0
-    gives -inf and above 1 gives +inf, as in Prometheus.
-    """
+    """The q-quantile of (le, cumulative count) pairs in any order; None without observations, with
+    fewer than two buckets or no +Inf bucket; q < 0 gives -inf and q > 1 +inf, as in Prometheus."""
     if math.isnan(q):
         return None
     if q < 0:

@@ -21,10 +21,8 @@ def deltas(points: Points) -> list[tuple[float, float]]:
 
 
 def step_increases(values: np.ndarray) -> np.ndarray:
-    """`deltas` for arrays: the increase from each value to the next along the last axis, a drop
-    counted as a reset (the increase is the value after it). One element shorter than `values`;
-    NaN where either value is NaN. Every counter reading in kvscope (the rule grid, the weekly
-    report, the UI) takes its increases from here."""
+    """`deltas` for arrays along the last axis (one element shorter; NaN where either value is NaN):
+    the rule grid's and the weekly report's counter increases."""
     d = np.diff(values, axis=-1)
     np.copyto(d, values[..., 1:], where=d < 0)
     return d

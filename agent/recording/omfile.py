@@ -179,11 +179,8 @@ def read_recording_text(path: str | os.PathLike[str]) -> str:
 
 
 def read_recording(path: str | os.PathLike[str]) -> tuple[list[Scrape], Exposition]:
-    """All scrapes in a recording, ordered by (job, instance, timestamp).
-
-    Also returns the parsed exposition (types, helps, parse issues) of the whole file. Samples
-    timestamped far from the rest are dropped and reported there (agent/recording/timespan.py).
-    """
+    """All scrapes in a recording, ordered by (job, instance, timestamp), and the parsed exposition of
+    the whole file; far-off timestamps are dropped and reported in it (timespan.py)."""
     text = read_recording_text(path)
     expo = parse_exposition(text, openmetrics=True)
     drop_time_outliers(expo, text, path)
@@ -191,12 +188,9 @@ def read_recording(path: str | os.PathLike[str]) -> tuple[list[Scrape], Expositi
 
 
 def group_scrapes(samples: Iterable[RawSample]) -> list[Scrape]:
-    """Group timestamped samples into scrapes by (job, instance, timestamp).
-
-    A scrape's first `up` is the scrape's own: its labels besides job/instance are the target
-    labels (`Scrape.labels`), which are taken off the scrape's other samples again
-    (`restore_exported`); a `scrape_duration_seconds` with just those labels is its duration.
-    A recording without target labels reads as it always did."""
+    """Group timestamped samples into scrapes by (job, instance, timestamp). A scrape's first `up`
+    carries its target labels (`Scrape.labels`, taken off its other samples again) and a
+    `scrape_duration_seconds` with just those labels is its duration."""
     groups: dict[tuple[str, str, float], Scrape] = {}
     for raw in samples:
         job = instance = ""

@@ -93,12 +93,8 @@ def parse_target_labels(samples: list) -> dict[str, str]:
 
 
 def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = None, gpu_mapping: Any = None) -> Replay:
-    """Read a recording and normalize every scrape of every target, then run the engine<->GPU
-    join per scrape round (`gpu_mapping` as the agent's config option, validated there).
-
-    Each target's engine is detected once from all its samples. A failed scrape contributes
-    only `kvscope_target_up 0` at its time.
-    """
+    """Normalize every scrape of every target (engine detected once per target; a failed scrape gives
+    only `kvscope_target_up 0`), then run the engine<->GPU join per scrape round."""
     catalog = catalog or load_catalog()
     scrapes, whole = read_recording(path)
     out = Replay(notes=[i.text for i in whole.issues if i.reason == "timestamp_outlier"])
@@ -222,13 +218,8 @@ def read_spans(path: str | os.PathLike[str], max_spans: int = 2_000_000) -> tupl
 def render_span_samples(
     spans: list[Span], times: list[float], service_labels: dict[str, dict[str, str]] | None = None
 ) -> tuple[list[Sample], Counter[str]]:
-    """What the agent's trace receiver would have reported at each of `times` (unix s).
-
-    Spans are grouped per trace and stitched (agent/traces/stitch.py); a request counts from its
-    end (when the engine exports its span). At each time the cumulative `request_phase_seconds`
-    histograms and the per-tenant counters of traced tenants are rendered, as the receiver's
-    `collect()` would; nothing is rendered before the first request (absent, not zero).
-    """
+    """What the trace receiver would have reported at each of `times` (unix s): stitched requests
+    count from their end; nothing is rendered before the first request (absent, not zero)."""
     cfg = StitchConfig(service_labels=service_labels or {})
     traces: dict[str, list[Span]] = {}
     for s in spans:

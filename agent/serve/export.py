@@ -63,11 +63,8 @@ def signal_of(name: str, catalog: Catalog) -> tuple[Signal, str] | None:
 
 
 def canonical_families(samples: Iterable[Sample], catalog: Catalog) -> list[Family]:
-    """Group canonical samples into `kvscope_<signal>` families, ordered by name.
-
-    Samples that are not canonical series, or not finite, are skipped. Exact duplicates keep
-    the first value.
-    """
+    """`kvscope_<signal>` families by name; non-canonical or non-finite samples are skipped, and of
+    exact duplicates the first value is kept."""
     grouped: dict[str, dict[tuple[str, Labels], float]] = defaultdict(dict)
     signals: dict[str, Signal] = {}
     for s in samples:

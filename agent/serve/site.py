@@ -9,11 +9,7 @@ from aiohttp import web
 
 
 class HttpSite:
-    """Serve `app` on one TCP address until `stop()`.
-
-    `runner_options` go to `web.AppRunner` unchanged (`access_log`, `handle_signals`,
-    `shutdown_timeout`, and server options such as `auto_decompress`).
-    """
+    """Serve `app` on one TCP address until `stop()`; `runner_options` go to `web.AppRunner`."""
 
     def __init__(self, app: web.Application, **runner_options: Any) -> None:
         self.app = app
@@ -26,10 +22,7 @@ class HttpSite:
         return self._runner is not None
 
     async def start(self, host: str, port: int, backlog: int = 128) -> int:
-        """Bind host:port and serve. Returns the bound port; raises OSError if it is taken.
-
-        On failure nothing is left running (the runner is cleaned up before the error propagates).
-        """
+        """Bind and serve; the bound port, or OSError (nothing left running) if it is taken."""
         if self._runner is not None:
             raise RuntimeError("HttpSite already started")
         runner = web.AppRunner(self.app, **self.runner_options)

@@ -107,11 +107,8 @@ def encode_spans(spans: list[Span]) -> bytes:
 
 
 class SpanBatchExporter:
-    """Ships spans to an OTLP/HTTP endpoint in batches from a bounded buffer (drops when full).
-
-    `add()` is cheap and never blocks, so the tap can hand it spans on its hot path; `run()` is
-    the sending task, `close()` sends what is left.
-    """
+    """Ships spans to an OTLP/HTTP endpoint in batches from a bounded buffer (drops when full):
+    `add()` never blocks; `run()` is the sending task and sends what is left when cancelled."""
 
     def __init__(self, url: str, max_buffer: int = 10_000, interval_s: float = 1.0, timeout_s: float = 5.0) -> None:
         self.url, self.max_buffer, self.interval_s, self.timeout_s = url, max_buffer, interval_s, timeout_s

@@ -109,11 +109,8 @@ def phase_labels(record: RequestRecord, obs_instance: str | None, obs_role: str 
 
 @register_collector("otlp", default_enabled=True)
 class OtlpTraceReceiver:
-    """Receives OTLP traces, stitches them into requests and reports `request_phase_seconds`.
-
-    Built from the agent config: inert (reports nothing) when the config has no `otlp` section.
-    `start()`/`stop()` run the HTTP server; `collect()` starts it lazily if the agent did not.
-    """
+    """Receives OTLP traces and reports the stitched requests; inert without an `otlp` section.
+    `collect()` starts the server if the agent did not."""
 
     name = "otlp"
 

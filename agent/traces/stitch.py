@@ -285,11 +285,8 @@ def _str(v: Any) -> str | None:
 
 
 def _pair_pd(records: list[RequestRecord]) -> list[RequestRecord]:
-    """Merge one prefill-role and one decode-role record of a trace into a P/D request.
-
-    Engines that cannot label their role (two unlabelled vLLM spans in one trace) are paired by
-    time: the span that ended first is the prefill half.
-    """
+    """Merge one prefill-role and one decode-role record of a trace into a P/D request; two unlabelled
+    spans (vLLM) pair by time, the one that ended first being the prefill half."""
     if len(records) == 2 and {r.role for r in records} <= {"unified"}:
         first, second = sorted(records, key=lambda r: r.end_ns)
         if first.end_ns <= second.end_ns and first.start_ns <= second.start_ns:
@@ -307,14 +304,9 @@ def _pair_pd(records: list[RequestRecord]) -> list[RequestRecord]:
 
 
 def _merge(p: RequestRecord, d: RequestRecord) -> RequestRecord:
-    """One P/D request: the prefill side's queue, prefill (and transfer span), the KV transfer, then
-    the decode side's first step and decode, in that order.
-
-    The decode side's `prefill` (scheduled -> first token on the decode instance) is kept, observed
-    on the decode instance: with a connector that loads KV synchronously in the first step
-    (vLLM's ExampleConnector) that step is where the KV is read; it also computes the prompt tail
-    not covered by whole transferred blocks. Its queue time belongs to the gap (below).
-    """
+    """One P/D request: the prefill side's queue and prefill, the KV transfer, the decode side's prefill
+    (its first step, where a synchronous connector reads the KV) and decode. The decode side's queue
+    time belongs to the transfer gap."""
     pre_side = [o for o in p.phases if o.phase in ("queue", "prefill", "kv_transfer")]
     transfer = [o for o in d.phases if o.phase == "kv_transfer"]
     dec_side = [o for o in d.phases if o.phase in ("prefill", "decode")]
