@@ -83,8 +83,6 @@ service discovery puts them there); the engine<->GPU join matches engines to GPU
 def parse_target_labels(samples: list) -> dict[str, str]:
     """The TARGET_LABELS that have one value on every one of a target's raw samples."""
     out: dict[str, str] = {}
-    if not samples:
-        return out
     for key in TARGET_LABELS:
         values = {dict(r.labels).get(key) for r in samples}
         if len(values) == 1 and (value := values.pop()) is not None and value != "":
@@ -101,25 +99,17 @@ def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = Non
     for (job, instance), target_scrapes in scrapes_by_target(scrapes):
         union = Exposition(samples=[s for sc in target_scrapes for s in sc.samples[:2000]], types=whole.types)
         engine = detect_engine(union, catalog)
-        found = {"job": job, "instance": instance} | parse_target_labels(union.samples)
+        target = {"job": job, "instance": instance}
+        found = target | parse_target_labels(union.samples)
         if engine is None and any(kvscope_signal(s.name, catalog) for s in union.samples):
             engine = KVSCOPE
         out.engines[instance] = engine
         for sc in target_scrapes:
-            out.samples.append(
-                Sample(
-                    "kvscope_target_up",
-                    make_labels({"job": job, "instance": instance}),
-                    1.0 if sc.up else 0.0,
-                    sc.timestamp,
-                )
-            )
+            out.samples.append(Sample("kvscope_target_up", make_labels(target), 1.0 if sc.up else 0.0, sc.timestamp))
             if not sc.samples:
                 continue
             if engine == KVSCOPE:
-                out.samples.extend(
-                    parse_kvscope_samples(sc.samples, {"job": job, "instance": instance}, sc.timestamp, catalog)
-                )
+                out.samples.extend(parse_kvscope_samples(sc.samples, target, sc.timestamp, catalog))
                 continue
             norm = normalize(
                 Exposition(samples=sc.samples, types=whole.types), engine, found | sc.labels, sc.timestamp, catalog
@@ -146,10 +136,7 @@ def render_engine_gpu_rounds(replay: Replay, gpu_mapping: Any = None) -> list[Sa
     for ts, run in groupby(replay.samples, key=itemgetter(3)):  # one scrape's samples share a time
         i = bisect_right(rounds, ts) - 1 if ts is not None else -1
         cycles[max(i, 0)].extend(run)
-    out: list[Sample] = []
-    for cycle in cycles:
-        out.extend(derive_engine_gpu(cycle, gpu_mapping))
-    return out
+    return [s for cycle in cycles for s in derive_engine_gpu(cycle, gpu_mapping)]
 
 
 SPAN_SUFFIXES = (".spans.jsonl.gz", ".spans.jsonl")
