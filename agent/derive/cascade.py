@@ -1,21 +1,13 @@
 """Eviction-cascade detector: one incident per engine instead of four unrelated alerts.
 
-The memory-pressure cascade of seeds/002 §7.4 (Figure 7.4) runs in stages (docs/requests.md):
-1 `kv_high` the KV pool fills (usage >= kv_high_ratio, or any eviction / preemption in the
-interval: engines evict only when an allocation found the pool full); 2 `evicting` blocks are
-evicted / requests preempted (counter rates > 0, or, without such a counter, read from the queues
-as kv_pressure_cascade reads them: pool full, requests waiting, batch not growing; `evicting_from`
-says which); 3 `queueing` requests wait in `queue_samples` consecutive samples spanning
-`queue_min_s`; 4 `latency` TTFT grows over its pre-pressure baseline while requests queue, or GPU
-utilisation drops while the pool is full / evicting.
-
-A stage the source cannot show is named in `not_evaluable`, never read as healthy. The current
-stage is the deepest one holding at the last point while stage 1 holds too; an onset is the first
-time a stage's condition held; the lead time is onset(4) - onset(1).
-
-`evaluate_cascade(samples)` is pure (offline); `CascadeWindow` is the live derive hook
-(agent/derive/hooks.py) and evaluates each instance over its last `window_s` the same way.
-"""
+The memory-pressure cascade of seeds/002 §7.4 in stages (docs/requests.md §5): 1 `kv_high` the
+KV pool fills (or anything is evicted: engines evict only from a full pool); 2 `evicting` blocks
+evicted / requests preempted (by counter, or read from the queues as kv_pressure_cascade does:
+`evicting_from`); 3 `queueing` requests wait; 4 `latency` TTFT grows while requests queue, or GPU
+utilisation drops while the pool is full. A stage the source cannot show is `not_evaluable`,
+never healthy. The current stage is the deepest holding at the last point while stage 1 holds;
+the lead time is onset(4) - onset(1). `evaluate_cascade` is the offline detector and
+`CascadeWindow` the live derive hook; both evaluate an instance's window the same way."""
 
 from __future__ import annotations
 

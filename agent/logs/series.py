@@ -62,8 +62,7 @@ class LogSummary:
     def text(self) -> str:
         seen = ", ".join(f"{n} {k}" for k, n in sorted(self.formats.items())) or "none"
         out = f"log: {self.lines} lines read; recognised: {seen}"
-        other = self.skipped.get("other", 0)
-        out += f"; {other} other lines (not engine stats)"
+        out += f"; {self.skipped.get('other', 0)} other lines (not engine stats)"
         bad = {k: n for k, n in self.skipped.items() if k != "other"}
         if bad:
             out += "; skipped: " + ", ".join(f"{n} {k}" for k, n in sorted(bad.items()))

@@ -1,10 +1,6 @@
-"""Stitched requests -> explicit phase spans, encoded as an OTLP protobuf export request.
-
-Engines report phases as numbers on one span (`gen_ai.latency.time_in_queue` ...); a trace UI
-shows them only as attributes. `render_phase_spans` lays the phases out as child spans of the
-engine span (queue, then prefill, then KV transfer, then decode), so the waterfall shows where
-the time went, with a `kvscope.phase` attribute. Pure.
-"""
+"""Stitched requests -> explicit phase spans (queue, prefill, KV transfer, decode as child spans of
+the engine span, with a `kvscope.phase` attribute, so a trace waterfall shows where the time
+went), encoded as an OTLP protobuf export request."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""OTLP/HTTP trace payloads -> flat `Span`s. Pure: bytes in, spans out, no I/O.
-
-Both encodings of `ExportTraceServiceRequest` are accepted: binary protobuf
-(`application/x-protobuf`) and OTLP/JSON (`application/json`: camelCase keys, hex trace/span ids,
-64-bit integers possibly as strings), each optionally gzip-compressed. A body that does not decode
-raises `OtlpDecodeError`, which the receiver answers with HTTP 400.
-"""
+"""OTLP/HTTP trace payloads -> flat `Span`s, pure. Protobuf (`application/x-protobuf`) and OTLP/JSON
+(camelCase keys, hex ids, 64-bit integers as strings); a body that does not decode raises
+`OtlpDecodeError`, which the receiver answers with HTTP 400."""
 
 from __future__ import annotations
 

@@ -290,11 +290,10 @@ def _pair_pd(records: list[RequestRecord]) -> list[RequestRecord]:
     if len(records) == 2 and {r.role for r in records} <= {"unified"}:
         first, second = sorted(records, key=lambda r: r.end_ns)
         if first.end_ns <= second.end_ns and first.start_ns <= second.start_ns:
-            first.role, second.role = "prefill", "decode"
-            for p in first.phases:
-                p.role = "prefill"
-            for p in second.phases:
-                p.role = "decode"
+            for rec, role in ((first, "prefill"), (second, "decode")):
+                rec.role = role
+                for p in rec.phases:
+                    p.role = role
     pre = [r for r in records if r.role == "prefill"]
     dec = [r for r in records if r.role == "decode"]
     if len(pre) != 1 or len(dec) != 1:
