@@ -28,7 +28,7 @@ from kvscope.agent.scrape.exposition import Exposition
 from kvscope.agent.serve.export import KVSCOPE_PREFIX, signal_of
 from kvscope.agent.signals import Catalog, Sample, load_catalog, make_labels
 from kvscope.agent.traces.otlp import Span
-from kvscope.agent.traces.receiver import phase_labels
+from kvscope.agent.traces.receiver import observe_phases
 from kvscope.agent.traces.stitch import StitchConfig, stitch_trace
 from kvscope.agent.traces.tenants import TenantAccounting
 
@@ -219,8 +219,7 @@ def render_span_samples(
     for t in sorted(times):
         while i < len(records) and records[i].end_ns <= t * 1e9:
             rec = records[i]
-            for obs in rec.phases:
-                phases.observe(phase_labels(rec, obs.instance, obs.role, obs.phase), obs.seconds)
+            observe_phases(phases, rec)
             tenants.observe(rec)
             i += 1
         if i:

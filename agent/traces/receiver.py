@@ -98,13 +98,12 @@ def _positive_int(v: Any, key: str) -> int:
 register_section("otlp", parse_otlp_config)
 
 
-def phase_labels(record: RequestRecord, obs_instance: str | None, obs_role: str | None, phase: str) -> tuple:
-    """Labels of one `request_phase_seconds` observation (absent labels are left out)."""
-    lab = {"phase": phase, "engine": record.engine}
-    for k, v in (("instance", obs_instance), ("role", obs_role), ("model", record.model)):
-        if v:
-            lab[k] = v
-    return make_labels(lab)
+def observe_phases(phases: HistogramSet, record: RequestRecord) -> None:
+    """Count a stitched request's phases in `request_phase_seconds` (absent labels left out)."""
+    for obs in record.phases:
+        lab = {"phase": obs.phase, "engine": record.engine}
+        lab |= {k: v for k, v in (("instance", obs.instance), ("role", obs.role), ("model", record.model)) if v}
+        phases.observe(make_labels(lab), obs.seconds)
 
 
 @register_collector("otlp", default_enabled=True)
@@ -245,8 +244,7 @@ class OtlpTraceReceiver:
     def _emit(self, records: list[RequestRecord]) -> None:
         for rec in records:
             self.stats["requests"] += 1
-            for obs in rec.phases:
-                self.phases.observe(phase_labels(rec, obs.instance, obs.role, obs.phase), obs.seconds)
+            observe_phases(self.phases, rec)
             self.tenants.observe(rec)
             self.recent.append(rec)
             if self.config and self.config.stitched_url:
