@@ -298,25 +298,17 @@ def _ttft_degraded(
     if not means or not base_pts:
         return [False] * len(grid), None, (means[-1][1] if means else None)
     base = min(base_pts)
-    bad_times = [t for t, v in means if v >= base * cfg.ttft_factor and v - base >= cfg.ttft_min_delta_s]
-    return _latch(bad_times, means, grid), base, means[-1][1]
-
-
-def _latch(bad_times: list[float], means: list[tuple[float, float]], grid: list[float]) -> list[bool]:
-    """A grid point is bad when the latest TTFT window at or before it was bad."""
-    bad = set(bad_times)
-    latest = _at([(t, 1.0 if t in bad else 0.0) for t, _ in means], grid)
-    return [v == 1.0 for v in latest]
+    # a grid point is bad when the latest TTFT window at or before it was
+    bad = [(t, float(v >= base * cfg.ttft_factor and v - base >= cfg.ttft_min_delta_s)) for t, v in means]
+    return [v == 1.0 for v in _at(bad, grid)], base, means[-1][1]
 
 
 def _gpu_dropped(
     ser: _Series, grid: list[float], first_high: float | None, cfg: CascadeConfig
 ) -> tuple[list[bool], float | None, float | None]:
-    if not ser[_GPU]:
-        return [False] * len(grid), None, None
     base_pts = [v for t, v in ser[_GPU] if first_high is None or t <= first_high]
     if not base_pts:
-        return [False] * len(grid), None, ser[_GPU][-1][1]
+        return [False] * len(grid), None, (ser[_GPU][-1][1] if ser[_GPU] else None)
     base = max(base_pts)
     vals = _at(ser[_GPU], grid)
     bad = [
