@@ -122,17 +122,13 @@ def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year
     rank = _rank(head[-1][:-1]) if len(head) > 1 and head[-2] == "Engine" else ""
     body = line[i:].rstrip()
     if kind == "prefix":
-        value = _value(body[len("Prefix cache hit rate: GPU: ") :].partition(",")[0])
-        if value is None:
+        if (value := _value(body[len("Prefix cache hit rate: GPU: ") :].partition(",")[0])) is None:
             return "bad_value"
         return Line("vllm", kind, ts, rank, source, {"prefix_hit": value * 0.01} if value >= 0 else {}, missing=missing)
     if kind == "preempt":
-        value = _value(body[len("total_num_cumulative_preemption=") :])
-        return (
-            "bad_value"
-            if value is None
-            else Line("vllm", kind, ts, rank, source, {"preempt_total": value}, missing=missing)
-        )
+        if (value := _value(body[len("total_num_cumulative_preemption=") :])) is None:
+            return "bad_value"
+        return Line("vllm", kind, ts, rank, source, {"preempt_total": value}, missing=missing)
     fields, unknown = _fields(body.removesuffix(".").split(", "), VLLM_FIELDS)
     if isinstance(fields, str):
         return fields
@@ -159,12 +155,9 @@ def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, da
     if ts is None:
         return "no_timestamp"
     if kind == "retract":
-        value = _value(line[i + len("#retracted_reqs: ") :].partition(",")[0])
-        return (
-            "bad_value"
-            if value is None
-            else Line("sglang", kind, ts, rank, source, {"retracted": value}, missing=missing)
-        )
+        if (value := _value(line[i + len("#retracted_reqs: ") :].partition(",")[0])) is None:
+            return "bad_value"
+        return Line("sglang", kind, ts, rank, source, {"retracted": value}, missing=missing)
     body = line[i:].partition("batch")[2].rstrip(" ,")  # newer releases end with `, `
     parts = []
     if body.startswith("(mixed "):  # Prefill batch(mixed #running-req: N). ...
