@@ -121,7 +121,7 @@ class TraceStitcher:
 
     def _evict_oldest(self) -> list[RequestRecord]:
         _, tr = self._traces.popitem(last=False)
-        records = self.stitch(tr.spans)
+        records = stitch_trace(tr.spans, self.config)
         self.dropped["evicted_complete" if records else "evicted_incomplete"] += 1
         return records
 
@@ -132,7 +132,7 @@ class TraceStitcher:
             state = self._state(tr, now)
             if force or state != "open":
                 done.append(tid)
-                records = self.stitch(tr.spans) if state != "expired" or force else []
+                records = stitch_trace(tr.spans, self.config) if state != "expired" or force else []
                 if not records:
                     self.dropped["no_request_span"] += 1
                 out.extend(records)
@@ -149,10 +149,6 @@ class TraceStitcher:
         if roots in (["prefill"], ["decode"]) and now - tr.first_seen < self.config.ttl_s:
             return "open"  # one P/D half: the other instance's exporter may send its span later
         return "done"
-
-    def stitch(self, spans: list[Span]) -> list[RequestRecord]:
-        """Request records of one trace's spans (pure)."""
-        return stitch_trace(spans, self.config)
 
 
 def stitch_trace(spans: list[Span], config: StitchConfig | None = None) -> list[RequestRecord]:
