@@ -17,10 +17,6 @@ class HttpSite:
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
 
-    @property
-    def running(self) -> bool:
-        return self._runner is not None
-
     async def start(self, host: str, port: int, backlog: int = 128) -> int:
         """Bind and serve; the bound port, or OSError (nothing left running) if it is taken."""
         if self._runner is not None:
