@@ -31,11 +31,7 @@ VLLM_FIELDS: dict[str, tuple[str, float] | None] = {
     "XPU KV cache usage": ("kv", 0.01),
     "TPU KV cache usage": ("kv", 0.01),
     "Prefix cache hit rate": ("prefix_hit", 0.01),
-    "Deferred": None,
-    "KV fetch": None,
-    "Corrupted": None,
-    "External prefix cache hit rate": None,
-    "MM cache hit rate": None,
+    **dict.fromkeys(("Deferred", "KV fetch", "Corrupted", "External prefix cache hit rate", "MM cache hit rate")),
 }
 SGLANG_FIELDS: dict[str, tuple[str, float] | None] = {
     "#new-token": ("new", 1.0),
