@@ -94,9 +94,10 @@ class RecordingWriter:
         extra = {k: v for k, v in (labels or {}).items() if k not in ("job", "instance")}
         target = tuple(sorted({"instance": instance, "job": job, **extra}.items()))
         ts = format_value(round(timestamp, 3))
-        self._write("up", "gauge", "1 if the scrape succeeded.", target, 1.0 if expo else 0.0, ts)
+        self._write_sample(("up", "gauge"), "1 if the scrape succeeded.", "up", target, 1.0 if expo else 0.0, ts)
         if duration_s is not None:
-            self._write("scrape_duration_seconds", "gauge", "Scrape duration.", target, duration_s, ts)
+            dur = "scrape_duration_seconds"
+            self._write_sample((dur, "gauge"), "Scrape duration.", dur, target, duration_s, ts)
         self.scrapes += 1
         if expo is None:
             return
@@ -106,9 +107,6 @@ class RecordingWriter:
                 continue
             own = tuple(sorted(export_conflicts(raw.labels, extra) + target))
             self._write_sample(fam, expo.helps.get(fam[0], ""), raw.name, own, raw.value, ts)
-
-    def _write(self, family: str, kind: str, help_: str, labels: Labels, value: float, ts: str) -> None:
-        self._write_sample((family, kind), help_, family, labels, value, ts)
 
     def _write_sample(self, fam: tuple[str, str], help_: str, name: str, labels: Labels, value: float, ts: str) -> None:
         family, kind = fam
@@ -193,21 +191,13 @@ def group_scrapes(samples: Iterable[RawSample]) -> list[Scrape]:
     `scrape_duration_seconds` with just those labels is its duration."""
     groups: dict[tuple[str, str, float], Scrape] = {}
     for raw in samples:
-        job = instance = ""
-        rest = []
-        for k, v in raw.labels:
-            if k == "job":
-                job = v
-            elif k == "instance":
-                instance = v
-            else:
-                rest.append((k, v))
+        rest = dict(raw.labels)  # the parser refuses a repeated label name
+        job, instance = rest.pop("job", ""), rest.pop("instance", "")
         ts = raw.timestamp if raw.timestamp is not None else 0.0
-        key = (job, instance, ts)
-        scrape = groups.get(key)
+        scrape = groups.get((job, instance, ts))
         if scrape is None:
-            scrape = groups[key] = Scrape(job=job, instance=instance, timestamp=ts, up=True)
-        scrape.samples.append(RawSample(raw.name, tuple(rest), raw.value, raw.timestamp))
+            scrape = groups[(job, instance, ts)] = Scrape(job=job, instance=instance, timestamp=ts, up=True)
+        scrape.samples.append(RawSample(raw.name, tuple(rest.items()), raw.value, raw.timestamp))
     for scrape in groups.values():
         _split_scrape_series(scrape)
     return [groups[k] for k in sorted(groups)]
