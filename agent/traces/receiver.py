@@ -234,13 +234,6 @@ class OtlpTraceReceiver:
             warn_every(log, f"otlp:{type(e).__name__}", "OTLP receiver: %r while stitching; counted", e)
             return False
 
-    def ingest(self, spans: list) -> list[RequestRecord]:
-        """Feed spans directly (no HTTP) and stitch what is done; used by `kvscope` tooling and tests."""
-        self.stats["spans"] += len(spans)
-        out = self.stitcher.add(spans) + self.stitcher.flush()
-        self._emit(out)
-        return out
-
     def _emit(self, records: list[RequestRecord]) -> None:
         for rec in records:
             self.stats["requests"] += 1
