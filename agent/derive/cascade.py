@@ -279,9 +279,7 @@ def _evicting(ser: _Series, grid: list[float]) -> list[bool]:
 
 
 def _total_increase(ser: _Series) -> float | None:
-    if not _evictions(ser):
-        return None
-    return sum(inc for pts in _evictions(ser) for _, inc in deltas(pts))
+    return sum(inc for pts in _evictions(ser) for _, inc in deltas(pts)) if _evictions(ser) else None
 
 
 def _window_means(ser: _Series) -> list[tuple[float, float]]:

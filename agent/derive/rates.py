@@ -14,10 +14,7 @@ Points = Sequence[tuple[float, float]]
 
 def deltas(points: Points) -> list[tuple[float, float]]:
     """Reset-aware increase between each point and the one before, stamped at the later point."""
-    out: list[tuple[float, float]] = []
-    for (_, prev), (ts, cur) in zip(points, points[1:], strict=False):
-        out.append((ts, cur - prev if cur >= prev else cur))
-    return out
+    return [(ts, cur - prev if cur >= prev else cur) for (_, prev), (ts, cur) in zip(points, points[1:], strict=False)]
 
 
 def step_increases(values: np.ndarray) -> np.ndarray:
