@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvscope.agent.scrape.exposition import format_labels, format_value
-from kvscope.agent.signals import HISTOGRAM_SUFFIXES, KVSCOPE_PREFIX, Catalog, Labels, Sample, Signal
+from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, Labels, Sample, Signal
+from kvscope.agent.signals import signal_of as signal_name
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -51,15 +52,9 @@ def _escape_help(text: str) -> str:
 
 def signal_of(name: str, catalog: Catalog) -> tuple[Signal, str] | None:
     """(signal, histogram suffix or "") for a canonical sample name, or None if not canonical."""
-    sig = catalog.signals.get(name)
-    if sig is not None and sig.kind != "histogram":
-        return sig, ""
-    for suffix in HISTOGRAM_SUFFIXES:
-        if name.endswith(suffix):
-            sig = catalog.signals.get(name[: -len(suffix)])
-            if sig is not None and sig.kind == "histogram":
-                return sig, suffix
-    return None
+    base = signal_name(name, catalog)
+    sig, suffix = catalog.signals.get(base), name[len(base) :]
+    return (sig, suffix) if sig is not None and (sig.kind == "histogram") == bool(suffix) else None
 
 
 def canonical_families(samples: Iterable[Sample], catalog: Catalog) -> list[Family]:
