@@ -117,8 +117,7 @@ class OtlpTraceReceiver:
         if isinstance(config, OtlpConfig) or config is None:
             self.config: OtlpConfig | None = config or OtlpConfig()
         else:
-            extensions = getattr(config, "extensions", {})
-            section = extensions.get("otlp")
+            section = getattr(config, "extensions", {}).get("otlp")
             self.config = section if isinstance(section, OtlpConfig) or section is None else parse_otlp_config(section)
         cfg = self.config or OtlpConfig()
         self.stitcher = TraceStitcher(cfg.stitch, clock=clock)
@@ -159,11 +158,7 @@ class OtlpTraceReceiver:
         """Stop serving, stitch what is buffered, release sockets and tasks."""
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - a dead loop was reported in collect()
-                pass
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # a dead loop was reported in collect()
         self._tasks.clear()
         if self._site is not None:
             await self._site.stop()
@@ -173,8 +168,7 @@ class OtlpTraceReceiver:
             self._session = None
         self._emit(self.stitcher.flush(force=True))
 
-    async def close(self) -> None:
-        await self.stop()
+    close = stop
 
     async def _handle(self, request: web.Request) -> web.Response:
         assert self.config is not None

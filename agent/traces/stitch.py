@@ -157,8 +157,7 @@ def stitch_trace(spans: list[Span], config: StitchConfig | None = None) -> list[
     by_id = {s.span_id: s for s in spans}
     tenant = next((t for s in spans if (t := _attr(s, _TENANT_KEYS)) is not None), None)
     roots = [s for s in spans if _is_request_span(s)]
-    records = [_single(s, _slices_of(s, spans, by_id), cfg) for s in roots]
-    records = _pair_pd(records)
+    records = _pair_pd([_single(s, _slices_of(s, spans, by_id), cfg) for s in roots])
     tapped = any(s.scope == TAP_SCOPE for s in spans)
     for r in records:
         r.tenant = r.tenant or (str(tenant) if tenant is not None else None)
@@ -180,13 +179,11 @@ def _attr(s: Span, keys: tuple[str, ...]) -> Any:
 
 
 def _configured(s: Span, cfg: StitchConfig, key: str) -> str | None:
-    labels = cfg.service_labels.get(str(s.resource.get("service.name", "")), {})
-    return labels.get(key)
+    return cfg.service_labels.get(str(s.resource.get("service.name", "")), {}).get(key)
 
 
 def _role_of(s: Span, cfg: StitchConfig) -> str:
-    m = _SGLANG_ROOT.match(s.name)
-    if m:
+    if m := _SGLANG_ROOT.match(s.name):
         return m.group(1) or "unified"
     role = _attr(s, _ROLE_KEYS) or _configured(s, cfg, "role")
     return str(role) if role else "unified"
@@ -236,8 +233,7 @@ def _num(v: Any) -> float | None:
 
 
 def _int(v: Any) -> int | None:
-    f = _num(v)
-    return None if f is None else int(f)
+    return None if (f := _num(v)) is None else int(f)
 
 
 def _single(s: Span, slices: list[Span], cfg: StitchConfig) -> RequestRecord:
@@ -294,8 +290,7 @@ def _pair_pd(records: list[RequestRecord]) -> list[RequestRecord]:
     dec = [r for r in records if r.role == "decode"]
     if len(pre) != 1 or len(dec) != 1:
         return records
-    merged = _merge(pre[0], dec[0])
-    return [r for r in records if r.role not in ("prefill", "decode")] + [merged]
+    return [r for r in records if r.role not in ("prefill", "decode")] + [_merge(pre[0], dec[0])]
 
 
 def _merge(p: RequestRecord, d: RequestRecord) -> RequestRecord:
@@ -315,9 +310,6 @@ def _merge(p: RequestRecord, d: RequestRecord) -> RequestRecord:
         + transfer
         + sorted(dec_side, key=lambda o: PHASES.index(o.phase))
     )
-    ttft = None
-    if d.ttft_s is not None:
-        ttft = (d.start_ns - p.start_ns) / 1e9 + d.ttft_s
     return RequestRecord(
         trace_id=p.trace_id,
         request_id=d.request_id or p.request_id,
@@ -329,7 +321,7 @@ def _merge(p: RequestRecord, d: RequestRecord) -> RequestRecord:
         model=d.model or p.model,
         instance=d.instance,
         role="pd",
-        ttft_s=ttft,
+        ttft_s=None if d.ttft_s is None else (d.start_ns - p.start_ns) / 1e9 + d.ttft_s,
         e2e_s=(max(p.end_ns, d.end_ns) - min(p.start_ns, d.start_ns)) / 1e9,
         prompt_tokens=p.prompt_tokens if p.prompt_tokens is not None else d.prompt_tokens,
         completion_tokens=d.completion_tokens,
