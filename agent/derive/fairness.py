@@ -216,25 +216,6 @@ def render_fairness_samples(report: FairnessReport, timestamp: float | None = No
     return out
 
 
-class UsageWindow:
-    """Usage over the last `window_s`: `update(now, current)` keeps the cumulative snapshot and returns
-    the usage since the newest snapshot at least `window_s` old (else since start)."""
-
-    def __init__(self, window_s: float = 300.0, max_snapshots: int = 512) -> None:
-        self.window_s = window_s
-        self._snapshots: deque[tuple[float, dict[str, TenantUsage]]] = deque(maxlen=max_snapshots)
-
-    def update(self, now: float, current: dict[str, TenantUsage]) -> dict[str, TenantUsage]:
-        start = now - self.window_s
-        base: dict[str, TenantUsage] = {}
-        for t, snap in self._snapshots:
-            if t > start:
-                break
-            base = snap
-        self._snapshots.append((now, current))
-        return {t: u.minus(base[t]) if t in base else u for t, u in current.items()}
-
-
 def fairness_since_start(samples: list[Sample]) -> list[Sample]:
     """Fairness gauges from cumulative tenant series, over everything since they started (the
     standalone tap's /kvscope/metrics)."""
@@ -248,8 +229,9 @@ def fairness_json_since_start(samples: list[Sample]) -> dict[str, Any]:
 
 def fairness_hook(window_s: float = 300.0) -> Callable[[Iterable[Sample]], list[Sample]]:
     """A derive hook: fleet fairness gauges over the last `window_s` from the `tenant_*` counters of
-    kvscope's own sources (tap, OTLP receiver); engine scrapes (`Stamped` parts) are not read."""
-    window = UsageWindow(window_s)
+    kvscope's own sources (tap, OTLP receiver); engine scrapes (`Stamped` parts) are not read. The
+    usage is counted since the newest cumulative snapshot at least `window_s` old (else since start)."""
+    snapshots: deque[tuple[float, dict[str, TenantUsage]]] = deque(maxlen=512)
 
     def fairness(cycle: Iterable[Sample]) -> list[Sample]:
         parts = cycle.parts if isinstance(cycle, Parts) else [cycle]
@@ -257,7 +239,10 @@ def fairness_hook(window_s: float = 300.0) -> Callable[[Iterable[Sample]], list[
         if not own:
             return []
         now = max((s.timestamp for s in own if s.timestamp is not None), default=None)
-        usage = window.update(now if now is not None else 0.0, parse_tenant_usage(own))
+        t_now, current = now if now is not None else 0.0, parse_tenant_usage(own)
+        base = next((snap for t, snap in reversed(snapshots) if t <= t_now - window_s), {})
+        snapshots.append((t_now, current))
+        usage = {t: u.minus(base[t]) if t in base else u for t, u in current.items()}
         return render_fairness_samples(evaluate_fairness(usage), now)
 
     return fairness

@@ -8,6 +8,7 @@ from kvscope.agent.derive.fairness import (
     FairnessConfig,
     TenantUsage,
     evaluate_fairness,
+    fairness_hook,
     histogram_quantile,
     parse_tenant_usage,
     render_fairness_samples,
@@ -113,6 +114,23 @@ def test_window_usage_from_two_snapshots():
     w = now.minus(before)
     assert (w.requests, w.prompt_tokens, w.cached_tokens, w.reusable_tokens) == (5, 600, 400, None)
     assert w.ttft_buckets == [(0.1, 1), (math.inf, 5)]
+
+
+def test_the_hook_counts_since_the_newest_snapshot_at_least_a_window_old():
+    hook = fairness_hook(10.0)
+
+    def cycle(t, prompt, cached):
+        lab = make_labels({"tenant": "a"})
+        names = ("tenant_requests_total", "tenant_prompt_tokens_total", "tenant_cached_tokens_total")
+        return [Sample(n, lab, v, t) for n, v in zip(names, (10.0 * t + 1, prompt, cached), strict=True)]
+
+    def hit(out):
+        return next(s.value for s in out if s.name == "tenant_prefix_hit_ratio")
+
+    assert hit(hook(cycle(0.0, 100.0, 90.0))) == pytest.approx(0.9)  # since start
+    assert hit(hook(cycle(5.0, 200.0, 100.0))) == pytest.approx(0.5)  # no snapshot 10 s old: since start
+    assert hit(hook(cycle(12.0, 300.0, 110.0))) == pytest.approx(20 / 200)  # since t=0
+    assert hit(hook(cycle(16.0, 400.0, 250.0))) == pytest.approx(150 / 200)  # since t=5
 
 
 def test_rendered_series_names_and_values():
