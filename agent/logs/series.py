@@ -165,9 +165,9 @@ def _snapshots(lines: list[Line], summary: LogSummary) -> list[tuple[float, dict
         counters["preempt"] = 0.0
     gauges: dict[str, float] = {}
     last: dict[str, float] = {}  # kind -> time of the previous line of that kind
-    out: list[tuple[float, dict[str, float]]] = []
+    out: dict[float, dict[str, float]] = {}  # one snapshot per time: the last line's values
     for ln in lines:
-        if out and ln.ts < out[-1][0]:
+        if out and ln.ts < next(reversed(out)):
             summary.skipped["out_of_order"] += 1
             continue
         f = ln.fields
@@ -194,12 +194,6 @@ def _snapshots(lines: list[Line], summary: LogSummary) -> list[tuple[float, dict
             counters["gen"] += f.get("gen_tps", 0.0) * dt
         elif ln.kind == "retract":
             counters["preempt"] += f["retracted"]
-        values = {GAUGES[k]: v for k, v in gauges.items()} | {COUNTERS[k]: v for k, v in counters.items()}
-        ts = round(ln.ts, 3)
-        if not values:
-            continue
-        if out and out[-1][0] == ts:
-            out[-1] = (ts, values)  # one snapshot per time: the last line's values
-        else:
-            out.append((ts, values))
-    return out
+        if values := {GAUGES[k]: v for k, v in gauges.items()} | {COUNTERS[k]: v for k, v in counters.items()}:
+            out[round(ln.ts, 3)] = values
+    return list(out.items())
