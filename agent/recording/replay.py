@@ -118,9 +118,8 @@ def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = Non
             out.unmapped[instance] += norm.unmapped
             for rank, facts in norm.facts.items():
                 out.facts.setdefault(instance, {}).setdefault(rank, {}).update(facts)
-        ts = [sc.timestamp for sc in target_scrapes]
-        out.start = min(ts) if out.start is None else min(out.start, min(ts))
-        out.end = max(ts) if out.end is None else max(out.end, max(ts))
+    if scrapes:
+        out.start, out.end = min(sc.timestamp for sc in scrapes), max(sc.timestamp for sc in scrapes)
     out.samples.extend(render_engine_gpu_rounds(out, gpu_mapping))
     return out
 

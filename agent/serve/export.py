@@ -216,8 +216,6 @@ def _store_families(stats: Any) -> list[Family]:
 def render_metrics(state: Any, catalog: Catalog) -> str:
     """The full /metrics body: canonical families then self-health families."""
     out: list[str] = []
-    for fam in canonical_families(state.canonical_samples(), catalog):
-        fam.render(out)
-    for fam in health_families(state, state.store_stats):
+    for fam in canonical_families(state.canonical_samples(), catalog) + health_families(state, state.store_stats):
         fam.render(out)
     return "".join(out)

@@ -54,7 +54,5 @@ class TenantAccounting:
     def render(self, timestamp: float | None = None) -> list[Sample]:
         """The tenant series (cumulative; absent families render nothing)."""
         with self._lock:
-            out: list[Sample] = []
-            for fam in (self.requests, self.prompt_tokens, self.cached_tokens, self.ttft):
-                out.extend(fam.render(timestamp))
-            return out
+            fams = (self.requests, self.prompt_tokens, self.cached_tokens, self.ttft)
+            return [s for fam in fams for s in fam.render(timestamp)]
