@@ -261,11 +261,7 @@ class OtlpTraceReceiver:
         delta = totals - self._reported
         self._reported = Counter(totals)
         health.errors.update(
-            {
-                k: v
-                for k, v in delta.items()
-                if k == "bad_payload" or k.startswith("internal_") or k.startswith("forward_") and k != "forwarded"
-            }
+            {k: v for k, v in delta.items() if k == "bad_payload" or k.startswith(("internal_", "forward_"))}
         )
         health.dropped.update({k: v for k, v in delta.items() if k.startswith("trace_")})
         health.series, health.duration_s = len(samples), time.perf_counter() - t0
