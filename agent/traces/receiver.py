@@ -234,12 +234,8 @@ class OtlpTraceReceiver:
             observe_phases(self.phases, rec)
             self.tenants.observe(rec)
             self.recent.append(rec)
-            if self.config and self.config.stitched_url:
-                spans = render_phase_spans(rec)
-                if spans:
-                    self._enqueue(
-                        self.config.stitched_url, encode_spans(spans), {"Content-Type": "application/x-protobuf"}
-                    )
+            if self.config and self.config.stitched_url and (spans := render_phase_spans(rec)):
+                self._enqueue(self.config.stitched_url, encode_spans(spans), {"Content-Type": "application/x-protobuf"})
 
     async def collect(self) -> Collection:
         """Phase histograms and tenant counters (cumulative; the fairness gauges over them are the
