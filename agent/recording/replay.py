@@ -149,11 +149,7 @@ def spans_path_for(recording: str | os.PathLike[str]) -> Path | None:
     stem = p.name
     for ext in (".gz", ".om", ".txt"):
         stem = stem.removesuffix(ext)
-    for suffix in SPAN_SUFFIXES:
-        cand = p.with_name(stem + suffix)
-        if cand.is_file():
-            return cand
-    return None
+    return next((cand for suffix in SPAN_SUFFIXES if (cand := p.with_name(stem + suffix)).is_file()), None)
 
 
 def parse_span_line(line: str) -> Span:

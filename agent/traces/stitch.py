@@ -242,15 +242,12 @@ def _single(s: Span, slices: list[Span], cfg: StitchConfig) -> RequestRecord:
     instance = str(instance) if instance else None
     sums: dict[str, float] = {}
     for sl in slices:
-        cls = _stage_class(sl.name)
-        if cls:
+        if cls := _stage_class(sl.name):
             sums[cls] = sums.get(cls, 0.0) + sl.duration_s
-    explicit_transfer = "kv_transfer" in sums
     for phase, key in _LATENCY_ATTRS.items():
         if phase not in sums and (v := _num(s.attributes.get(key))) is not None:
             sums[phase] = v
     model = _attr(s, _MODEL_KEYS) or _configured(s, cfg, "model")
-    tenant = _configured(s, cfg, "tenant")
     return RequestRecord(
         trace_id=s.trace_id,
         request_id=_str(s.attributes.get("gen_ai.request.id") or s.attributes.get("rid")),
@@ -258,7 +255,7 @@ def _single(s: Span, slices: list[Span], cfg: StitchConfig) -> RequestRecord:
         start_ns=s.start_ns,
         end_ns=s.end_ns,
         phases=[PhaseObservation(p, sums[p], instance, role) for p in PHASES if p in sums],
-        tenant=tenant,
+        tenant=_configured(s, cfg, "tenant"),
         model=_str(model),
         instance=instance,
         role=role,
@@ -267,7 +264,7 @@ def _single(s: Span, slices: list[Span], cfg: StitchConfig) -> RequestRecord:
         prompt_tokens=_int(s.attributes.get("gen_ai.usage.prompt_tokens")),
         completion_tokens=_int(s.attributes.get("gen_ai.usage.completion_tokens")),
         cached_tokens=_int(s.attributes.get("gen_ai.usage.cached_tokens")),
-        kv_transfer_source="span" if explicit_transfer else None,
+        kv_transfer_source="span" if "kv_transfer" in sums else None,  # no latency attribute fills it
         anchors={role: s},
     )
 
