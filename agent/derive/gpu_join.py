@@ -147,10 +147,8 @@ def _by_pid(samples: list[Sample]) -> list[GpuAssignment]:
         if s.name.startswith(ENGINE_PROCESS_PREFIX) and s.label("pid") and s.label("instance"):
             engine_pids[(s.label("node"), s.label("pid") or "")] = s.label("instance") or ""
     memory: dict[tuple[str, tuple[str | None, ...]], tuple[GpuDevice, float]] = {}
-    for s in samples:
-        if s.name != PROCESS_MEMORY or not s.label("pid"):
-            continue
-        instance = engine_pids.get((s.label("node"), s.label("pid") or ""))
+    for s in samples:  # a sample without a pid finds no engine: engine_pids holds none
+        instance = engine_pids.get((s.label("node"), s.label("pid") or "")) if s.name == PROCESS_MEMORY else None
         if instance is None:
             continue
         dev = _device(s)
