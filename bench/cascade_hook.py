@@ -124,7 +124,7 @@ def main() -> None:
                 out_n = len(out)
         store.close()
     a, c = statistics.median(agent_ms), statistics.median(hook_ms)
-    points = sum(len(p) for ser in hook.series.values() for p in [ser.kv, ser.waiting, ser.running, ser.ttft_sum])
+    points = sum(len(p) for ser in hook.series.values() for p in ser.values())
     print(
         f"{args.engines} engines, {args.interval:g} s interval, {args.window:g} s window ({warm} cycles), "
         f"{len(parts)} samples per cycle, {out_n} cascade samples out"

@@ -230,9 +230,9 @@ def profile_run(frame: Frame, rules, top: int) -> None:
 def baseline_scalar(frame: Frame, sample: int) -> tuple[float, float, np.ndarray]:
     """(seconds per engine, vectorised seconds for all engines, scalar p99s of the sample engines):
     TTFT p99 over 5 m at every grid point, per engine."""
-    from kvscope.agent.derive.quantiles import window_quantile
     from kvscope.diagnoser.evaluate.expr import SeriesEvaluator
     from kvscope.diagnoser.rulebook.rule import Rule, parse_yaml, rule_from_doc
+    from testbed.promref import window_quantile
 
     block = frame.blocks["request_ttft_seconds_bucket"]
     by_engine: dict[str, dict[float, np.ndarray]] = {}

@@ -1,41 +1,13 @@
 """Eviction-cascade detector: one incident per engine instead of four unrelated alerts.
 
-The memory-pressure cascade of seeds/002 §7.4 (Figure 7.4) runs in stages:
-
-* stage 1 `kv_high`     the KV pool fills (`engine_kv_cache_usage_ratio` >= kv_high_ratio, or an
-                         eviction / preemption in the interval: engines evict only when an
-                         allocation found the pool full, and a sampled gauge can miss that instant);
-* stage 2 `evicting`    blocks are evicted / requests preempted faster than they recover
-                         (`engine_preemptions_total`, `engine_kv_evicted_tokens_total`,
-                         `kv_blocks_evicted_recomputed_total` rates > 0), or, where no such counter
-                         exists or it is silent (SGLang, V1 logs), read from the queues as
-                         kv_pressure_cascade reads it: the pool full (max over `smooth_s`), requests
-                         waiting (mean over `smooth_s` >= held_queue) while the running batch does
-                         not grow (least-squares slope of its `smooth_s` mean over `slope_s`, three
-                         points at least, <= max_running_growth): preempted requests move from
-                         running to waiting. Both ranges scale down in windows under 15 minutes
-                         as the rule's do. `evicting_from` says which reading first showed it;
-* stage 3 `queueing`    requests queue behind their own evicted state (`engine_requests_waiting`
-                         >= queue_min in queue_samples consecutive samples spanning queue_min_s);
-* stage 4 `latency`     the externally visible symptom: TTFT grows over its pre-pressure baseline
-                         while requests queue, or (where a GPU signal exists) GPU utilisation
-                         drops while the pool is full / evicting.
-
-Stage 0 is healthy. A stage whose signals the source lacks is named in `not_evaluable` (a log has
-no TTFT: latency), never read as healthy. The *current* stage is the deepest stage whose condition
-holds at the last evaluated point while the root (stage 1) holds too, so a queue alone (stage-3
-condition with an empty KV pool) is no cascade, and evictions that pause for one interval do not
-make it flap.
-Each stage's *onset* is the first time its condition held in the evaluated window; the
-*lead time* is how long the root (stage 1) preceded the latency symptom (stage 4): the time an
-operator could have acted (002: "by the time your latency alerts fire, the root cause has been
-building for two stages").
-
-Pure: `evaluate_cascade(samples)` takes canonical samples with timestamps (live or replayed) and
-does no I/O. `render_cascade_samples(reports)` turns the result into `engine_cascade_*` series.
-`CascadeWindow` is the live agent's derive hook (agent/derive/hooks.py): it keeps each instance's
-cascade signals over the last `window_s` and evaluates the instances of every cycle over that.
-"""
+The memory-pressure cascade of seeds/002 §7.4 in stages (docs/requests.md §5): 1 `kv_high` the
+KV pool fills (or anything is evicted: engines evict only from a full pool); 2 `evicting` blocks
+evicted / requests preempted (by counter, or read from the queues as kv_pressure_cascade does:
+`evicting_from`); 3 `queueing` requests wait; 4 `latency` TTFT grows while requests queue, or GPU
+utilisation drops while the pool is full. A stage the source cannot show is `not_evaluable`,
+never healthy. The current stage is the deepest holding at the last point while stage 1 holds;
+the lead time is onset(4) - onset(1). `evaluate_cascade` is the offline detector and
+`CascadeWindow` the live derive hook; both evaluate an instance's window the same way."""
 
 from __future__ import annotations
 
@@ -44,6 +16,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kvscope.agent.derive.rates import deltas
 from kvscope.agent.scrape.stamped import pick
 from kvscope.agent.signals import Sample, make_labels
 
@@ -60,9 +33,9 @@ _EVICTION_COUNTERS = (
     "kv_blocks_evicted_recomputed_total",
 )
 _TTFT = "request_ttft_seconds"
-CASCADE_SIGNALS = frozenset({_KV, _WAITING, _GPU, _RUNNING, *_EVICTION_COUNTERS, _TTFT + "_sum", _TTFT + "_count"})
+_TTFT_SUM, _TTFT_COUNT = _TTFT + "_sum", _TTFT + "_count"
+CASCADE_SIGNALS = frozenset({_KV, _WAITING, _GPU, _RUNNING, *_EVICTION_COUNTERS, _TTFT_SUM, _TTFT_COUNT})
 """Every canonical series the detector reads."""
-_FIELDS = ("kv", "waiting", "running", "gpu", "ttft_sum", "ttft_count")
 
 
 @dataclass(frozen=True)
@@ -70,21 +43,16 @@ class CascadeConfig:
     """Thresholds. Defaults follow 002 §9.3: KV above 90% leaves no headroom."""
 
     kv_high_ratio: float = 0.90
-    queue_min: float = 1.0  # waiting requests that count as a queue ...
-    queue_samples: int = 2  # ... in this many consecutive samples (a request caught between
-    #                                  arrival and its first scheduling step is not a queue) ...
-    queue_min_s: float = 0.0  # ... spanning at least this many seconds, first to last sample,
-    #                                  like an alert's `for:` (a count of samples is a different
-    #                                  duration at every scrape interval, and scrapes of a loaded
-    #                                  server come late)
+    queue_min: float = 1.0  # waiting requests that count as a queue, in queue_samples consecutive
+    queue_samples: int = 2  # samples (a request between arrival and its first step is no queue)
+    queue_min_s: float = 0.0  # spanning this many seconds, like an alert's `for:`
     ttft_factor: float = 2.0  # windowed mean TTFT >= factor x baseline -> symptom
     ttft_min_delta_s: float = 0.05  # ... and at least this much above baseline (noise floor)
     gpu_drop_ratio: float = 0.2  # GPU utilisation this far below its baseline -> symptom
     # stage 2 without an eviction counter (kv_pressure_cascade's held_queue / max_running_growth)
     smooth_s: float = 60.0  # KV read as its max, queue and batch as their mean over this
     slope_s: float = 120.0  # ... the batch's growth as the slope of its mean over this
-    reference_window_s: float = 900.0  # windows shorter than this scale both down, as the
-    #                                    diagnoser scales rule durations (auto_time_scale), >= 1/50
+    reference_window_s: float = 900.0  # shorter windows scale both down (>= 1/50), as rules scale
     held_queue: float = 1.0  # waiting requests (mean) that hold
     max_running_growth: float = 0.005  # running requests per second the batch may grow by
 
@@ -112,40 +80,22 @@ class CascadeReport:
             return self.onsets[4] - self.onsets[1]
         return None
 
-    @property
-    def ordered(self) -> bool:
-        """True when the root came first: onset(1) <= onsets 2, 3, 4, and onset(3) <= onset(4).
 
-        Stage 2 is not ordered against 3 and 4: with admission control (vLLM, SGLang) arrivals
-        queue, and their TTFT grows, as soon as the pool is full, while running requests are
-        preempted only later, when they grow into it (observed on vLLM 0.32, docs/requests.md).
-        Missing stages are skipped. Ties are allowed.
-        """
-        o = self.onsets
-        pairs = [(1, 2), (1, 3), (1, 4), (3, 4)]
-        return all(o[a] <= o[b] for a, b in pairs if a in o and b in o)
+class _Series(dict[str, list[tuple[float, float]]]):
+    """Time-ordered points of one instance per cascade signal; a signal it lacks reads as []."""
+
+    def __missing__(self, name: str) -> list[tuple[float, float]]:
+        return []
 
 
-@dataclass
-class _Series:
-    """Time-ordered points of the signals one instance needs."""
-
-    kv: list[tuple[float, float]] = field(default_factory=list)
-    waiting: list[tuple[float, float]] = field(default_factory=list)
-    running: list[tuple[float, float]] = field(default_factory=list)
-    gpu: list[tuple[float, float]] = field(default_factory=list)
-    evictions: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
-    ttft_sum: list[tuple[float, float]] = field(default_factory=list)
-    ttft_count: list[tuple[float, float]] = field(default_factory=list)
+def _evictions(ser: _Series) -> list[list[tuple[float, float]]]:
+    return [ser[name] for name in _EVICTION_COUNTERS if ser[name]]
 
 
 def evaluate_cascade(samples: Iterable[Sample], config: CascadeConfig | None = None) -> dict[str, CascadeReport]:
-    """Cascade report per `instance` label. Samples without a timestamp or instance are ignored.
-
+    """Cascade report per `instance` label; samples without a timestamp or instance are ignored.
     Series of several DP ranks / models of one instance are combined (max of KV and GPU
-    utilisation, sum of request counts and counters), because the cascade is a property of the
-    serving process.
-    """
+    utilisation, sum of request counts and counters): the cascade is a property of the process."""
     cfg = config or CascadeConfig()
     return {inst: _evaluate_instance(inst, s, cfg) for inst, s in sorted(_group(samples).items())}
 
@@ -156,39 +106,21 @@ def _group(samples: Iterable[Sample]) -> dict[str, _Series]:
         inst = s.label("instance")
         if s.timestamp is None or inst is None or s.value != s.value:
             continue
-        series = raw[inst][s.name]
+        by_name = raw[inst]
         if s.name in (_KV, _GPU):
-            series[s.timestamp] = max(series.get(s.timestamp, float("-inf")), s.value)
-        elif s.name in _EVICTION_COUNTERS or s.name in (_WAITING, _RUNNING, _TTFT + "_sum", _TTFT + "_count"):
-            series[s.timestamp] = series.get(s.timestamp, 0.0) + s.value
-    out: dict[str, _Series] = {}
-    for inst, by_name in raw.items():
-        ser = _Series(
-            kv=_sorted(by_name.get(_KV)),
-            waiting=_sorted(by_name.get(_WAITING)),
-            running=_sorted(by_name.get(_RUNNING)),
-            gpu=_sorted(by_name.get(_GPU)),
-            ttft_sum=_sorted(by_name.get(_TTFT + "_sum")),
-            ttft_count=_sorted(by_name.get(_TTFT + "_count")),
-        )
-        for name in _EVICTION_COUNTERS:
-            if name in by_name:
-                ser.evictions[name] = _sorted(by_name[name])
-        out[inst] = ser
-    return out
-
-
-def _sorted(points: Mapping[float, float] | None) -> list[tuple[float, float]]:
-    return sorted(points.items()) if points else []
+            by_name[s.name][s.timestamp] = max(by_name[s.name].get(s.timestamp, float("-inf")), s.value)
+        elif s.name in CASCADE_SIGNALS:
+            by_name[s.name][s.timestamp] = by_name[s.name].get(s.timestamp, 0.0) + s.value
+    return {inst: _Series({n: sorted(pts.items()) for n, pts in by_name.items()}) for inst, by_name in raw.items()}
 
 
 def _evaluate_instance(instance: str, ser: _Series, cfg: CascadeConfig) -> CascadeReport:
     report = CascadeReport(instance=instance)
     report.signals_missing = _missing(ser)
-    if not ser.kv:
+    if not ser[_KV]:
         return report  # without KV usage there is no root to attribute: absent, not healthy
     report.not_evaluable = _not_evaluable(ser)
-    grid = [t for t, _ in ser.kv]
+    grid = [t for t, _ in ser[_KV]]
     conditions, by_counter = _stage_conditions(ser, grid, cfg, report)
     for stage in range(1, 5):
         i = next((i for i, ok in enumerate(conditions[stage]) if ok), None)
@@ -201,28 +133,17 @@ def _evaluate_instance(instance: str, ser: _Series, cfg: CascadeConfig) -> Casca
 
 
 def _missing(ser: _Series) -> list[str]:
-    missing = []
-    if not ser.kv:
-        missing.append(_KV)
-    if not ser.evictions:
-        missing.append("|".join(_EVICTION_COUNTERS))
-    if not ser.waiting:
-        missing.append(_WAITING)
-    if not ser.running:
-        missing.append(_RUNNING)
-    if not ser.ttft_count:
-        missing.append(_TTFT)
-    if not ser.gpu:
-        missing.append(_GPU)
-    return missing
+    names = (_KV, "|".join(_EVICTION_COUNTERS), _WAITING, _RUNNING, _TTFT, _GPU)
+    present = (ser[_KV], _evictions(ser), ser[_WAITING], ser[_RUNNING], ser[_TTFT_COUNT], ser[_GPU])
+    return [name for name, points in zip(names, present, strict=True) if not points]
 
 
 def _not_evaluable(ser: _Series) -> list[str]:
     """Stages no signal of this source can show (stage 1 always can: KV usage is there)."""
     out = {
-        "evicting": not ser.evictions and not (ser.waiting and ser.running),
-        "queueing": not ser.waiting,
-        "latency": not (ser.ttft_count and ser.waiting) and not ser.gpu,
+        "evicting": not _evictions(ser) and not (ser[_WAITING] and ser[_RUNNING]),
+        "queueing": not ser[_WAITING],
+        "latency": not (ser[_TTFT_COUNT] and ser[_WAITING]) and not ser[_GPU],
     }
     return [name for name, blind in out.items() if blind]
 
@@ -241,10 +162,13 @@ def _stage_conditions(
     evict = _evicting(ser, grid)
     # An engine evicts / preempts only when an allocation found the pool exhausted, so an eviction
     # interval is itself evidence of a full pool; the sampled usage gauge can miss that instant.
-    kv = [v >= cfg.kv_high_ratio or e for (_, v), e in zip(ser.kv, evict, strict=True)]
+    kv = [v >= cfg.kv_high_ratio or e for (_, v), e in zip(ser[_KV], evict, strict=True)]
     held, slope = _batch_held(ser, grid, cfg)
     waiting = _sustained(
-        [v is not None and v >= cfg.queue_min for v in _at(ser.waiting, grid)], grid, cfg.queue_samples, cfg.queue_min_s
+        [v is not None and v >= cfg.queue_min for v in _at(ser[_WAITING], grid)],
+        grid,
+        cfg.queue_samples,
+        cfg.queue_min_s,
     )
     first_high = next((t for t, ok in zip(grid, kv, strict=True) if ok), None)
     ttft_bad, ttft_base, ttft_now = _ttft_degraded(ser, grid, first_high, cfg)
@@ -257,9 +181,9 @@ def _stage_conditions(
     ]
     stage2 = [e or h for e, h in zip(evict, held, strict=True)]
     report.evidence = {
-        "kv_usage_ratio": ser.kv[-1][1],
-        "kv_usage_ratio_max": max(v for _, v in ser.kv),
-        "waiting_max": max((v for _, v in ser.waiting), default=None),
+        "kv_usage_ratio": ser[_KV][-1][1],
+        "kv_usage_ratio_max": max(v for _, v in ser[_KV]),
+        "waiting_max": max((v for _, v in ser[_WAITING]), default=None),
         "ttft_baseline_s": ttft_base,
         "ttft_last_s": ttft_now,
         "gpu_utilization_baseline_ratio": gpu_base,
@@ -271,16 +195,13 @@ def _stage_conditions(
 
 
 def _batch_held(ser: _Series, grid: list[float], cfg: CascadeConfig) -> tuple[list[bool], float | None]:
-    """Stage 2 read from the queues (kv_pressure_cascade without a preemption counter): at each
-    grid point the pool is full (KV max over smooth_s), requests wait (mean over smooth_s >=
-    held_queue) and the running batch does not grow (slope of its smooth_s mean over slope_s, from
-    three points at least, <= max_running_growth), both ranges scaled to a short window as the
-    diagnoser scales the rule's. Also the last slope (None: not enough points)."""
+    """Stage 2 read from the queues at each grid point (pool full, requests waiting, batch not growing:
+    see CascadeConfig), and the last batch slope (None: fewer than three points)."""
     scale = max(0.02, min(1.0, (grid[-1] - grid[0]) / cfg.reference_window_s))
     smooth, slope_s = cfg.smooth_s * scale, cfg.slope_s * scale
-    kv = _over(ser.kv, grid, smooth, max)
-    waiting = _over(ser.waiting, grid, smooth, _mean)
-    running = [(t, v) for t, v in zip(grid, _over(ser.running, grid, smooth, _mean), strict=True) if v is not None]
+    kv = _over(ser[_KV], grid, smooth, max)
+    waiting = _over(ser[_WAITING], grid, smooth, _mean)
+    running = [(t, v) for t, v in zip(grid, _over(ser[_RUNNING], grid, smooth, _mean), strict=True) if v is not None]
     slopes = dict(zip([t for t, _ in running], _over(running, [t for t, _ in running], slope_s, None), strict=True))
     held = [
         k is not None
@@ -342,27 +263,13 @@ def _sustained(flags: list[bool], times: list[float], n: int, min_s: float = 0.0
 
 def _at(points: list[tuple[float, float]], grid: list[float]) -> list[float | None]:
     """Last value at or before each grid time (step interpolation); None before the first point."""
-    out: list[float | None] = []
-    i, last = 0, None
-    for t in grid:
-        while i < len(points) and points[i][0] <= t:
-            last = points[i][1]
-            i += 1
-        out.append(last)
-    return out
-
-
-def _increases(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Per-interval counter increase, counter resets handled as in PromQL `increase`."""
-    out = []
-    for (_, prev), (t, cur) in zip(points, points[1:], strict=False):
-        out.append((t, cur - prev if cur >= prev else cur))
-    return out
+    times = [t for t, _ in points]
+    return [points[i - 1][1] if (i := bisect_right(times, t)) else None for t in grid]
 
 
 def _evicting(ser: _Series, grid: list[float]) -> list[bool]:
     """True at grid points whose preceding interval saw any eviction / preemption."""
-    hot = sorted({t for pts in ser.evictions.values() for t, inc in _increases(pts) if inc > 0})
+    hot = sorted({t for pts in _evictions(ser) for t, inc in deltas(pts) if inc > 0})
     out, prev_t = [], float("-inf")
     for t in grid:
         i = bisect_right(hot, prev_t)
@@ -372,19 +279,13 @@ def _evicting(ser: _Series, grid: list[float]) -> list[bool]:
 
 
 def _total_increase(ser: _Series) -> float | None:
-    if not ser.evictions:
-        return None
-    return sum(inc for pts in ser.evictions.values() for _, inc in _increases(pts))
+    return sum(inc for pts in _evictions(ser) for _, inc in deltas(pts)) if _evictions(ser) else None
 
 
 def _window_means(ser: _Series) -> list[tuple[float, float]]:
     """Mean TTFT of the requests that finished in each scrape interval (from _sum/_count deltas)."""
-    sums = dict(_increases(ser.ttft_sum))
-    out = []
-    for t, n in _increases(ser.ttft_count):
-        if n > 0 and t in sums:
-            out.append((t, sums[t] / n))
-    return out
+    sums = dict(deltas(ser[_TTFT_SUM]))
+    return [(t, sums[t] / n) for t, n in deltas(ser[_TTFT_COUNT]) if n > 0 and t in sums]
 
 
 def _ttft_degraded(
@@ -395,27 +296,19 @@ def _ttft_degraded(
     if not means or not base_pts:
         return [False] * len(grid), None, (means[-1][1] if means else None)
     base = min(base_pts)
-    bad_times = [t for t, v in means if v >= base * cfg.ttft_factor and v - base >= cfg.ttft_min_delta_s]
-    return _latch(bad_times, means, grid), base, means[-1][1]
-
-
-def _latch(bad_times: list[float], means: list[tuple[float, float]], grid: list[float]) -> list[bool]:
-    """A grid point is bad when the latest TTFT window at or before it was bad."""
-    bad = set(bad_times)
-    latest = _at([(t, 1.0 if t in bad else 0.0) for t, _ in means], grid)
-    return [v == 1.0 for v in latest]
+    # a grid point is bad when the latest TTFT window at or before it was
+    bad = [(t, float(v >= base * cfg.ttft_factor and v - base >= cfg.ttft_min_delta_s)) for t, v in means]
+    return [v == 1.0 for v in _at(bad, grid)], base, means[-1][1]
 
 
 def _gpu_dropped(
     ser: _Series, grid: list[float], first_high: float | None, cfg: CascadeConfig
 ) -> tuple[list[bool], float | None, float | None]:
-    if not ser.gpu:
-        return [False] * len(grid), None, None
-    base_pts = [v for t, v in ser.gpu if first_high is None or t <= first_high]
+    base_pts = [v for t, v in ser[_GPU] if first_high is None or t <= first_high]
     if not base_pts:
-        return [False] * len(grid), None, ser.gpu[-1][1]
+        return [False] * len(grid), None, (ser[_GPU][-1][1] if ser[_GPU] else None)
     base = max(base_pts)
-    vals = _at(ser.gpu, grid)
+    vals = _at(ser[_GPU], grid)
     bad = [
         v is not None
         and base > 0
@@ -424,15 +317,12 @@ def _gpu_dropped(
         and t > first_high
         for t, v in zip(grid, vals, strict=True)
     ]
-    return bad, base, ser.gpu[-1][1]
+    return bad, base, ser[_GPU][-1][1]
 
 
 def render_cascade_samples(reports: Mapping[str, CascadeReport], timestamp: float | None = None) -> list[Sample]:
-    """The kvscope-produced cascade series (declared in agent/normalize/catalog.yaml).
-
-    `engine_cascade_stage_code{instance}` is always present for an instance with KV usage; onset and
-    lead-time series only once the stage was reached (absent, never zero).
-    """
+    """The kvscope-produced cascade series (agent/normalize/catalog.yaml): the stage code for every
+    instance with KV usage, onsets and lead time only once reached (absent, never zero)."""
     out: list[Sample] = []
     for inst, rep in reports.items():
         if "engine_kv_cache_usage_ratio" in rep.signals_missing:
@@ -449,13 +339,11 @@ def render_cascade_samples(reports: Mapping[str, CascadeReport], timestamp: floa
 
 
 class CascadeWindow:
-    """The live derive hook: each cycle's cascade signals (`CASCADE_SIGNALS`, the only heads of a
-    `Stamped` part it stamps) join their instance's window of the last `window_s` seconds of
-    data time, and the instances of the cycle are evaluated over their window. Bounded: at most
-    `max_points` points per series and `max_instances` instances (an instance silent for a whole
-    window goes, then the least recently seen). A point at or before its series' last one, or an
-    instance whose evaluation raised, is skipped and counted in `dropped` (reason -> count; the
-    runtime shows it as `kvscope_samples_dropped_total{collector="derive_cascade"}`)."""
+    """The live derive hook: each cycle's `CASCADE_SIGNALS` join their instance's window of the last
+    `window_s` of data time, and the cycle's instances are evaluated over it. Bounded by `max_points`
+    per series and `max_instances` (silent for a window, then least recently seen, go first). Points
+    out of order and instances whose evaluation raised are counted in `dropped` (shown as
+    `kvscope_samples_dropped_total{collector="derive_cascade"}`)."""
 
     __name__ = "cascade"
 
@@ -473,13 +361,13 @@ class CascadeWindow:
 
     def __call__(self, cycle: Sequence[Sample]) -> list[Sample]:
         new = _group(pick(cycle, CASCADE_SIGNALS.__contains__))
-        now = max((pts[-1][0] for ser in new.values() for pts in _lists(ser) if pts), default=None)
+        now = max((pts[-1][0] for ser in new.values() for pts in ser.values() if pts), default=None)
         if now is None:
             return []
         for inst, ser in new.items():  # each trimmed by its own newest point: a skewed clock skews only itself
-            since = max((p[-1][0] for p in _lists(ser) if p), default=now) - self.window_s
+            since = max((p[-1][0] for p in ser.values() if p), default=now) - self.window_s
             self._extend(self.series.setdefault(inst, _Series()), ser, since)
-        last = {inst: max((p[-1][0] for p in _lists(ser) if p), default=-1.0) for inst, ser in self.series.items()}
+        last = {inst: max((p[-1][0] for p in ser.values() if p), default=-1.0) for inst, ser in self.series.items()}
         for inst in sorted(last, key=last.__getitem__)[: max(0, len(last) - self.max_instances)]:
             del self.series[inst]  # the least recently seen past max_instances (hostile labels)
         for inst in [i for i, t in last.items() if t < now - self.window_s and i in self.series]:
@@ -489,28 +377,19 @@ class CascadeWindow:
             ser = self.series[inst]
             try:
                 rep = _evaluate_instance(inst, ser, self.config)
-                out += render_cascade_samples({inst: rep}, ser.kv[-1][0] if ser.kv else None)
+                out += render_cascade_samples({inst: rep}, ser[_KV][-1][0] if ser[_KV] else None)
             except Exception as e:  # noqa: BLE001 - one instance's bad data must not silence the others
                 self.dropped[f"exception_{type(e).__name__}"] += 1
         return out
 
     def _extend(self, ser: _Series, new: _Series, since: float) -> None:
-        for name in _FIELDS:
-            self._append(getattr(ser, name), getattr(new, name), since)
-        for name in ser.evictions.keys() | new.evictions.keys():
-            if not self._append(ser.evictions[name], new.evictions.get(name, []), since):
-                del ser.evictions[name]
+        for name in ser.keys() | new.keys():
+            self._append(ser.setdefault(name, []), new[name], since)
 
-    def _append(self, old: list[tuple[float, float]], new: list[tuple[float, float]], since: float) -> int:
-        """Append the points after old's last, keep those from `since` on (at most max_points);
-        how many are left."""
+    def _append(self, old: list[tuple[float, float]], new: list[tuple[float, float]], since: float) -> None:
+        """Append the points after old's last, keep those from `since` on (at most max_points)."""
         fresh = [p for p in new if not old or p[0] > old[-1][0]]
         if len(fresh) < len(new):
             self.dropped["out_of_order"] += len(new) - len(fresh)
         old += fresh
         del old[: max(bisect_left(old, (since,)), len(old) - self.max_points)]
-        return len(old)
-
-
-def _lists(ser: _Series) -> list[list[tuple[float, float]]]:
-    return [getattr(ser, name) for name in _FIELDS] + list(ser.evictions.values())

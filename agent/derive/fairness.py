@@ -1,29 +1,19 @@
 """Per-tenant prefix-cache fairness: the unfairness a healthy aggregate hit rate hides (seeds/001).
 
-"If a small number of tenants dominate traffic, their KV blocks stay hot while long-tail tenants
-constantly miss the cache. The system reports a healthy aggregate hit rate ... but tail latency
-degrades because cold tenants always pay full prefill cost." (001). Engines export no per-tenant
-numbers (vLLM has no tenant label at all; SGLang has one only with custom labels), so the inputs
-come from the request tap / stitched traces (`tenant_*` series, kvscope-produced) or, where an
-SGLang engine has them, from its `tenant`-labelled counters.
-
-Per tenant: requests, prompt and cached tokens, hit ratio (cached / prompt), reuse potential
-(prompt tokens already seen recently, from the tap's chained block hashes / prompt), lost reuse
-(potential the engine did not serve from cache), TTFT p50/p99.
-
-Fleet: the traffic-weighted Jain index of tenant hit ratios, the share of "cold" tenants (low hit
-ratio despite high reuse potential) and the gap between the aggregate hit ratio and the worst
-tenant's. Pure: no I/O.
-"""
+Inputs are the `tenant_*` series of the request tap / stitched traces, or an SGLang engine's
+`tenant`-labelled counters (vLLM has no tenant label). Per tenant: requests, hit ratio, reuse
+potential, lost reuse, TTFT p50/p99. Fleet: the traffic-weighted Jain index of tenant hit ratios,
+the share of cold tenants (low hit ratio despite high reuse potential) and the gap between the
+aggregate and the worst tenant's hit ratio (docs/requests.md §3). Pure: no I/O."""
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from kvscope.agent.derive.quantiles import histogram_quantile
 from kvscope.agent.scrape.stamped import Parts, Stamped
 from kvscope.agent.signals import Sample, make_labels
 
@@ -54,8 +44,7 @@ class TenantUsage:
     prompt_tokens: float = 0.0
     cached_tokens: float | None = None
     reusable_tokens: float | None = None
-    ttft_s: list[float] = field(default_factory=list)  # raw observations, or ...
-    ttft_buckets: list[tuple[float, float]] = field(default_factory=list)  # ... cumulative (le, count)
+    ttft_buckets: list[tuple[float, float]] = field(default_factory=list)  # cumulative (le, count)
 
     def minus(self, before: TenantUsage) -> TenantUsage:
         """The usage between two cumulative snapshots (counter resets: take the newer total)."""
@@ -122,6 +111,7 @@ def evaluate_fairness(usage: Mapping[str, TenantUsage], config: FairnessConfig |
 
 
 def _ratio(num: float | None, den: float) -> float | None:
+    """num / den clamped to [0, 1]; None when num is absent or den is not positive."""
     return None if num is None or den <= 0 else min(1.0, max(0.0, num / den))
 
 
@@ -134,7 +124,6 @@ def _tenant(u: TenantUsage, cfg: FairnessConfig) -> TenantFairness:
     cold = None
     if hit is not None and potential is not None:
         cold = hit < cfg.cold_hit_max and potential >= cfg.cold_potential_min
-    p50, p99 = _ttft_quantiles(u)
     return TenantFairness(
         tenant=u.tenant,
         requests=u.requests,
@@ -143,8 +132,8 @@ def _tenant(u: TenantUsage, cfg: FairnessConfig) -> TenantFairness:
         hit_ratio=hit,
         reuse_potential_ratio=potential,
         lost_reuse_ratio=lost,
-        ttft_p50_s=p50,
-        ttft_p99_s=p99,
+        ttft_p50_s=histogram_quantile(0.5, u.ttft_buckets),
+        ttft_p99_s=histogram_quantile(0.99, u.ttft_buckets),
         judged=u.requests >= cfg.min_requests,
         cold=cold,
     )
@@ -157,12 +146,8 @@ def _aggregate_hit(usage: Iterable[TenantUsage]) -> float | None:
 
 
 def weighted_jain_index(values: Sequence[tuple[float, float]]) -> float | None:
-    """Jain's fairness index of `x` with weights `w`: (Σwx)² / (Σw · Σwx²), in (0, 1].
-
-    With equal weights it is the classic (Σx)² / (n Σx²). Weighting by traffic (prompt tokens)
-    makes a tiny tenant's miss count for what it costs. All-zero hit ratios are perfectly (if
-    uselessly) fair: 1.0. None for no tenants.
-    """
+    """Jain's fairness index of `x` with weights `w` (traffic): (Σwx)² / (Σw · Σwx²), in (0, 1]; all-zero
+    ratios are fair (1.0); None for no tenants."""
     pts = [(x, w) for x, w in values if w > 0]
     if not pts:
         return None
@@ -172,41 +157,9 @@ def weighted_jain_index(values: Sequence[tuple[float, float]]) -> float | None:
     return 1.0 if swx2 == 0 else (swx * swx) / (sw * swx2)
 
 
-def _ttft_quantiles(u: TenantUsage) -> tuple[float | None, float | None]:
-    if u.ttft_s:
-        xs = sorted(u.ttft_s)
-        return _nearest_rank(xs, 0.5), _nearest_rank(xs, 0.99)
-    if u.ttft_buckets:
-        return histogram_quantile(0.5, u.ttft_buckets), histogram_quantile(0.99, u.ttft_buckets)
-    return None, None
-
-
-def _nearest_rank(xs: Sequence[float], q: float) -> float:
-    return xs[max(0, math.ceil(q * len(xs)) - 1)]
-
-
-def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
-    """Quantile from cumulative (le, count) buckets, interpolated as PromQL does. None if empty."""
-    bs = sorted(buckets)
-    if not bs or bs[-1][1] <= 0:
-        return None
-    rank = q * bs[-1][1]
-    prev_le, prev_c = 0.0, 0.0
-    for le, c in bs:
-        if c >= rank:
-            if math.isinf(le):
-                return prev_le
-            return prev_le + (le - prev_le) * ((rank - prev_c) / (c - prev_c) if c > prev_c else 1.0)
-        prev_le, prev_c = le, c
-    return prev_le
-
-
 def parse_tenant_usage(samples: Iterable[Sample]) -> dict[str, TenantUsage]:
-    """Cumulative per-tenant usage from canonical samples that carry a `tenant` label.
-
-    kvscope's own `tenant_*` series win over engine series for a tenant that has both. Series of
-    several instances / ranks are summed.
-    """
+    """Cumulative per-tenant usage from samples with a `tenant` label, summed over instances / ranks;
+    kvscope's own `tenant_*` series win over engine series for a tenant that has both."""
     acc: dict[str, dict[str, float]] = {}
     buckets: dict[tuple[str, str], dict[float, float]] = {}
     for s in samples:
@@ -263,40 +216,6 @@ def render_fairness_samples(report: FairnessReport, timestamp: float | None = No
     return out
 
 
-class UsageWindow:
-    """Usage over the last `window_s` from cumulative snapshots (one per collection, bounded).
-
-    `update(now, current)` remembers `current` (cumulative per-tenant usage) and returns the usage
-    since the newest snapshot at least `window_s` old, or everything since start while none is.
-    """
-
-    def __init__(self, window_s: float = 300.0, max_snapshots: int = 512) -> None:
-        self.window_s = window_s
-        self._snapshots: deque[tuple[float, dict[str, TenantUsage]]] = deque(maxlen=max_snapshots)
-
-    def update(self, now: float, current: dict[str, TenantUsage]) -> dict[str, TenantUsage]:
-        start = now - self.window_s
-        base: dict[str, TenantUsage] = {}
-        for t, snap in self._snapshots:
-            if t > start:
-                break
-            base = snap
-        self._snapshots.append((now, current))
-        return {t: u.minus(base[t]) if t in base else u for t, u in current.items()}
-
-
-def render_fairness_json(report: FairnessReport) -> dict[str, Any]:
-    """A fairness report as plain JSON (None stays null: absent, not zero)."""
-    return {
-        "aggregate_hit_ratio": report.aggregate_hit_ratio,
-        "jain_index": report.jain_index,
-        "cold_tenant_ratio": report.cold_tenant_ratio,
-        "tail_gap_ratio": report.tail_gap_ratio,
-        "worst_tenant": report.worst_tenant,
-        "tenants": {name: dict(t.__dict__) for name, t in report.tenants.items()},
-    }
-
-
 def fairness_since_start(samples: list[Sample]) -> list[Sample]:
     """Fairness gauges from cumulative tenant series, over everything since they started (the
     standalone tap's /kvscope/metrics)."""
@@ -304,17 +223,15 @@ def fairness_since_start(samples: list[Sample]) -> list[Sample]:
 
 
 def fairness_json_since_start(samples: list[Sample]) -> dict[str, Any]:
-    """The standalone tap's /kvscope/fairness answer."""
-    return render_fairness_json(evaluate_fairness(parse_tenant_usage(samples)))
+    """The standalone tap's /kvscope/fairness answer (None stays null: absent, not zero)."""
+    return asdict(evaluate_fairness(parse_tenant_usage(samples)))
 
 
 def fairness_hook(window_s: float = 300.0) -> Callable[[Iterable[Sample]], list[Sample]]:
-    """A derive hook for the agent runtime: fleet fairness gauges over the last `window_s` from
-    the `tenant_*` counters kvscope's own sources (the tap, the OTLP receiver) produced this
-    cycle. Engine targets' scrapes (`Stamped` parts) are not read: their tenant labels, where an
-    engine has them, are not kvscope's accounting, and skipping them keeps the hook off the
-    per-sample path."""
-    window = UsageWindow(window_s)
+    """A derive hook: fleet fairness gauges over the last `window_s` from the `tenant_*` counters of
+    kvscope's own sources (tap, OTLP receiver); engine scrapes (`Stamped` parts) are not read. The
+    usage is counted since the newest cumulative snapshot at least `window_s` old (else since start)."""
+    snapshots: deque[tuple[float, dict[str, TenantUsage]]] = deque(maxlen=512)
 
     def fairness(cycle: Iterable[Sample]) -> list[Sample]:
         parts = cycle.parts if isinstance(cycle, Parts) else [cycle]
@@ -322,7 +239,10 @@ def fairness_hook(window_s: float = 300.0) -> Callable[[Iterable[Sample]], list[
         if not own:
             return []
         now = max((s.timestamp for s in own if s.timestamp is not None), default=None)
-        usage = window.update(now if now is not None else 0.0, parse_tenant_usage(own))
+        t_now, current = now if now is not None else 0.0, parse_tenant_usage(own)
+        base = next((snap for t, snap in reversed(snapshots) if t <= t_now - window_s), {})
+        snapshots.append((t_now, current))
+        usage = {t: u.minus(base[t]) if t in base else u for t, u in current.items()}
         return render_fairness_samples(evaluate_fairness(usage), now)
 
     return fairness

@@ -1,25 +1,16 @@
 """Which engine runs on which GPU: join GPU series (dcgm-exporter or NVML) to engine instances.
 
-Three ways, strongest first; a pair found by a stronger way is not repeated by a weaker one:
-
-* `config` — the operator's `gpu_mapping: {"<gpu_uuid or gpu index>": "<instance>"}` (a list
-  of instances is accepted for a GPU shared by several engines).
-* `kubernetes` — dcgm-exporter in Kubernetes mode labels each GPU (or MIG instance) with the
-  `pod`/`namespace`/`container` using it; an engine target carrying the same pod and namespace
-  (and container, when both have one) runs on that GPU.
-* `pid` — NVML lists the processes holding GPU memory (`gpu_process_memory_used_bytes{pid}`);
-  the host collector knows which local pids are engine processes and which target each serves
-  (`engine_process_*{pid, instance}`).
-
-The result is a list of `GpuAssignment`s, and `render_engine_gpu_samples` turns it into the
-canonical `engine_gpu_memory_used_bytes{instance, gpu, gpu_uuid, mig_instance, join}` series for
-dashboards and the diagnoser. Pure functions over the latest samples: no I/O.
-"""
+Strongest first, a pair found by a stronger way not repeated by a weaker one: `config` (the
+operator's `gpu_mapping: {"<gpu_uuid or index>": "<instance>" or [instances]}`), `kubernetes`
+(dcgm-exporter's `pod`/`namespace`/`container` labels matched to an engine target's) and `pid`
+(NVML's per-process GPU memory matched to the host collector's `engine_process_*{pid, instance}`).
+The result renders as `engine_gpu_memory_used_bytes{instance, gpu, gpu_uuid, mig_instance, join}`
+(docs/collectors.md). Pure functions over the latest samples: no I/O."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import chain
 from operator import itemgetter
 from typing import Any
@@ -141,15 +132,11 @@ def _by_kubernetes(
         key = (s.label("namespace") or "", s.label("pod") or "")
         if entry not in pods.setdefault(key, []):
             pods[key].append(entry)
-    out: list[GpuAssignment] = []
-    seen: set[tuple[str, tuple[str | None, ...]]] = set()
+    out: list[GpuAssignment] = []  # repeats of a pair are dropped by join_engines_to_gpus
     for s in gpu_pods:
         dev = _device(s)
         for instance, container in pods.get((s.label("namespace") or "", s.label("pod") or ""), []):
-            if container and s.label("container") and container != s.label("container"):
-                continue
-            if (instance, dev.key()) not in seen:
-                seen.add((instance, dev.key()))
+            if not (container and s.label("container") and container != s.label("container")):
                 out.append(GpuAssignment(instance, dev, "kubernetes", used.get(dev.key())))
     return out
 
@@ -160,10 +147,8 @@ def _by_pid(samples: list[Sample]) -> list[GpuAssignment]:
         if s.name.startswith(ENGINE_PROCESS_PREFIX) and s.label("pid") and s.label("instance"):
             engine_pids[(s.label("node"), s.label("pid") or "")] = s.label("instance") or ""
     memory: dict[tuple[str, tuple[str | None, ...]], tuple[GpuDevice, float]] = {}
-    for s in samples:
-        if s.name != PROCESS_MEMORY or not s.label("pid"):
-            continue
-        instance = engine_pids.get((s.label("node"), s.label("pid") or ""))
+    for s in samples:  # a sample without a pid finds no engine: engine_pids holds none
+        instance = engine_pids.get((s.label("node"), s.label("pid") or "")) if s.name == PROCESS_MEMORY else None
         if instance is None:
             continue
         dev = _device(s)
@@ -176,24 +161,11 @@ def render_engine_gpu_samples(assignments: Iterable[GpuAssignment], timestamp: f
     """`engine_gpu_memory_used_bytes` per assignment whose memory is known."""
     out: list[Sample] = []
     for a in assignments:
-        if a.memory_bytes is None:
-            continue
-        labels = {
-            "instance": a.instance,
-            "join": a.join,
-            "gpu": a.device.gpu,
-            "gpu_uuid": a.device.gpu_uuid,
-            "node": a.device.node,
-            "mig_instance": a.device.mig_instance,
-        }
-        out.append(
-            Sample(
-                JOIN_NAME,
-                make_labels({k: v for k, v in labels.items() if v is not None}),
-                float(a.memory_bytes),
-                timestamp,
-            )
-        )
+        if a.memory_bytes is not None:
+            labels = {
+                k: v for k, v in {"instance": a.instance, "join": a.join, **asdict(a.device)}.items() if v is not None
+            }
+            out.append(Sample(JOIN_NAME, make_labels(labels), float(a.memory_bytes), timestamp))
     return out
 
 

@@ -1,8 +1,5 @@
-"""The derive hooks the agent runs over every cycle's samples, built from its config.
-
-One list for `kvscope agent` and for anything else that runs an AgentRuntime the same way
-(the integration harness), so a hook added here runs everywhere the agent does.
-"""
+"""The derive hooks the agent runs over every cycle's samples, built from its config: one list
+for `kvscope agent` and the integration harness, so a hook added here runs everywhere."""
 
 from __future__ import annotations
 

@@ -1,38 +1,19 @@
-"""Histogram quantiles and means over a window, from cumulative bucket counters.
-
-A canonical histogram is stored flattened: `<name>_bucket{le=...}`, `<name>_sum`, `<name>_count`,
-all counters. A quantile over a window is computed from the bucket *increases* in that window
-(reset-aware, see rates.py), with Prometheus' `histogram_quantile` semantics: linear
-interpolation inside the bucket that holds the rank, the +Inf bucket answered with the highest
-finite bound, bucket counts forced monotonic, and no answer (None) without observations.
-"""
+"""`histogram_quantile` with Prometheus semantics over (le, cumulative count) buckets: linear
+interpolation inside the bucket holding the rank, the +Inf bucket answered with the highest finite
+bound, counts forced monotonic, None without observations. Windowed quantiles over stored points:
+testbed/promref.py (the test reference for the diagnoser's grid)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-
-from kvscope.agent.derive.rates import Points, increase, rate
-from kvscope.agent.signals import Labels
+from collections.abc import Sequence
 
 Bucket = tuple[float, float]  # (upper bound `le`, cumulative count)
 
 
-def parse_le(text: str) -> float | None:
-    """The `le` label as a float ("+Inf" included); None when it is not a number."""
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return None if math.isnan(value) else value
-
-
 def histogram_quantile(q: float, buckets: Sequence[Bucket]) -> float | None:
-    """The q-quantile of one histogram given as (le, cumulative count) pairs in any order.
-
-    None when there are no observations, fewer than two buckets or no +Inf bucket. q below 0
-    gives -inf and above 1 gives +inf, as in Prometheus.
-    """
+    """The q-quantile of (le, cumulative count) pairs in any order; None without observations, with
+    fewer than two buckets or no +Inf bucket; q < 0 gives -inf and q > 1 +inf, as in Prometheus."""
     if math.isnan(q):
         return None
     if q < 0:
@@ -69,49 +50,3 @@ def _monotonic(buckets: list[Bucket]) -> list[Bucket]:
             continue
         out.append((le, max(count, out[-1][1]) if out else count))
     return out
-
-
-def group_buckets(series: Mapping[Labels, Points]) -> dict[Labels, dict[float, Points]]:
-    """Split `<name>_bucket` series (as `Store.query` returns them) into histograms: the labels
-    without `le` -> {le: points}. Series with an unparseable `le` are skipped."""
-    out: dict[Labels, dict[float, Points]] = {}
-    for labels, points in series.items():
-        le = parse_le(dict(labels).get("le", ""))
-        if le is None:
-            continue
-        rest = tuple(kv for kv in labels if kv[0] != "le")
-        out.setdefault(rest, {})[le] = points
-    return out
-
-
-def bucket_increases(
-    buckets: Mapping[float, Points], start: float | None = None, end: float | None = None
-) -> list[Bucket] | None:
-    """(le, increase over the points given) for one histogram; None if any bucket has fewer than
-    two points (the window cannot say how many observations fell in it). With the window's
-    `start`/`end` the increases are extrapolated as Prometheus' `rate()` does (see rates.py)."""
-    out: list[Bucket] = []
-    for le, points in buckets.items():
-        # with bounds, per-second rates: quantiles do not change with the scale, and this is
-        # the arithmetic of histogram_quantile(q, rate(...)) step for step
-        inc = increase(points) if start is None or end is None else rate(points, start, end)
-        if inc is None:
-            return None
-        out.append((le, inc))
-    return out
-
-
-def window_quantile(
-    q: float, buckets: Mapping[float, Points], start: float | None = None, end: float | None = None
-) -> float | None:
-    """The q-quantile of the observations made during the window the points cover. Given the
-    window bounds it equals Prometheus' `histogram_quantile(q, rate(<name>_bucket[window]))`."""
-    increases = bucket_increases(buckets, start, end)
-    return None if increases is None else histogram_quantile(q, increases)
-
-
-def window_quantiles(
-    q: float, series: Mapping[Labels, Points], start: float | None = None, end: float | None = None
-) -> dict[Labels, float | None]:
-    """`window_quantile` for every histogram in a `<name>_bucket` query result."""
-    return {labels: window_quantile(q, buckets, start, end) for labels, buckets in group_buckets(series).items()}

@@ -1,20 +1,10 @@
 """One engine log line -> the stats it carries, or the reason it carries none.
 
-Recognised (each format and its release range: docs/logs.md):
-  vLLM stats    `... INFO MM-DD HH:MM:SS ... [Engine NNN: ]Avg prompt throughput: X tokens/s, ...`
-                (V0 vllm/engine/metrics.py; V1 vllm/v1/metrics/loggers.py; V1 in 0.7.0 printed only
-                `...] Running: N reqs, Waiting: M reqs`)
-  vLLM V0       `Prefix cache hit rate: GPU: X%, CPU: Y%` (a line of its own after the stats line)
-  vLLM V0       `... is preempted by ... total_num_cumulative_preemption=N` (every 50th preemption)
-  SGLang        `[YYYY-MM-DD HH:MM:SS( DPn)( TPn)] Prefill batch. #new-seq: ..` / `Decode batch. ..`
-                (`.` or `,` after `batch`, an optional ` [iter]`; managers/scheduler*.py)
-  SGLang        `KV cache pool is full. Retract requests. #retracted_reqs: N, ..` (older releases:
-                `Decode out of memory happened. #retracted_reqs: N, ..`; 0.2.0 had no time in its lines:
-                only `kubectl logs --timestamps` output of it can be read)
-A `kubectl logs` prefix is read first: `--prefix` (`[pod/NAME/CONTAINER] `, NAME becomes the
-instance) and `--timestamps` (RFC 3339, then used instead of the engine's own second-resolution
-time). Parsing is str.find/partition/split only: linear in the line, no regular expressions.
-"""
+Recognised: vLLM's periodic stats line (V0 and V1), V0's prefix-cache hit line and preemption
+warning; SGLang's `Prefill batch` / `Decode batch` lines and retraction warnings. A `kubectl logs`
+`--prefix` (the pod becomes the instance) and `--timestamps` (RFC 3339, used instead of the
+engine's own second-resolution time) are read first. The formats and the releases that print
+them: docs/logs.md. Parsing is str.find/partition/split only: linear in the line, no regex."""
 
 from __future__ import annotations
 
@@ -41,11 +31,7 @@ VLLM_FIELDS: dict[str, tuple[str, float] | None] = {
     "XPU KV cache usage": ("kv", 0.01),
     "TPU KV cache usage": ("kv", 0.01),
     "Prefix cache hit rate": ("prefix_hit", 0.01),
-    "Deferred": None,
-    "KV fetch": None,
-    "Corrupted": None,
-    "External prefix cache hit rate": None,
-    "MM cache hit rate": None,
+    **dict.fromkeys(("Deferred", "KV fetch", "Corrupted", "External prefix cache hit rate", "MM cache hit rate")),
 }
 SGLANG_FIELDS: dict[str, tuple[str, float] | None] = {
     "#new-token": ("new", 1.0),
@@ -58,33 +44,11 @@ SGLANG_FIELDS: dict[str, tuple[str, float] | None] = {
     "gen throughput (token/s)": ("gen_tps", 1.0),
     **dict.fromkeys(
         (
-            "#new-seq",
-            "#token",
-            "#full token",
-            "#swa token",
-            "mamba num",
-            "mamba usage",
-            "cuda graph",
-            "cpu graph",
-            "accept len",
-            "accept rate",
-            "cache hit rate",
-            "#inflight-req",
-            "#unbootstrapped-req",
-            "#transferring-req",
-            "#prealloc-req",
-            "#transfer-req",
-            "#retracted-req",
-            "pre-allocated usage",
-            "input throughput (token/s)",
-            "#pending-token",
-            "#replay-token",
-            "#bootstrap-req",
-            "#optimistic-req",
-            "cap len",
-            "block accept len",
-            "#host-receive-req",
-        )
+            "#new-seq|#token|#full token|#swa token|mamba num|mamba usage|cuda graph|cpu graph|accept len|"
+            "accept rate|cache hit rate|#inflight-req|#unbootstrapped-req|#transferring-req|#prealloc-req|"
+            "#transfer-req|#retracted-req|pre-allocated usage|input throughput (token/s)|#pending-token|"
+            "#replay-token|#bootstrap-req|#optimistic-req|cap len|block accept len|#host-receive-req"
+        ).split("|")
     ),
 }
 SGLANG_RETRACT = (
@@ -154,17 +118,13 @@ def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year
     rank = _rank(head[-1][:-1]) if len(head) > 1 and head[-2] == "Engine" else ""
     body = line[i:].rstrip()
     if kind == "prefix":
-        value = _value(body[len("Prefix cache hit rate: GPU: ") :].partition(",")[0])
-        if value is None:
+        if (value := _value(body[len("Prefix cache hit rate: GPU: ") :].partition(",")[0])) is None:
             return "bad_value"
         return Line("vllm", kind, ts, rank, source, {"prefix_hit": value * 0.01} if value >= 0 else {}, missing=missing)
     if kind == "preempt":
-        value = _value(body[len("total_num_cumulative_preemption=") :])
-        return (
-            "bad_value"
-            if value is None
-            else Line("vllm", kind, ts, rank, source, {"preempt_total": value}, missing=missing)
-        )
+        if (value := _value(body[len("total_num_cumulative_preemption=") :])) is None:
+            return "bad_value"
+        return Line("vllm", kind, ts, rank, source, {"preempt_total": value}, missing=missing)
     fields, unknown = _fields(body.removesuffix(".").split(", "), VLLM_FIELDS)
     if isinstance(fields, str):
         return fields
@@ -191,12 +151,9 @@ def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, da
     if ts is None:
         return "no_timestamp"
     if kind == "retract":
-        value = _value(line[i + len("#retracted_reqs: ") :].partition(",")[0])
-        return (
-            "bad_value"
-            if value is None
-            else Line("sglang", kind, ts, rank, source, {"retracted": value}, missing=missing)
-        )
+        if (value := _value(line[i + len("#retracted_reqs: ") :].partition(",")[0])) is None:
+            return "bad_value"
+        return Line("sglang", kind, ts, rank, source, {"retracted": value}, missing=missing)
     body = line[i:].partition("batch")[2].rstrip(" ,")  # newer releases end with `, `
     parts = []
     if body.startswith("(mixed "):  # Prefill batch(mixed #running-req: N). ...

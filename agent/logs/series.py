@@ -1,26 +1,12 @@
 """Recognised log lines -> canonical samples, one snapshot per engine and log time.
 
-An engine (a stream) is one (instance, engine, DP rank). At each time one of its lines was
-logged, it gets the values a scrape at that time would have read:
-  gauges   engine_requests_running, engine_requests_waiting (vLLM V0 `Pending`),
-           engine_kv_cache_usage_ratio, engine_prefix_cache_hit_ratio (the rate the engine logs)
-  counters engine_prompt_tokens_total, engine_generation_tokens_total: vLLM logs tokens/s
-           averaged since its previous stats call, integrated here over the time since the
-           previous stats line, at most the stream's median gap (vLLM logs an idle interval at
-           debug level, so a longer gap holds idle time the rate does not cover). SGLang: prompt
-           tokens are the sum of each Prefill line's #new-token + #cached-token (exact; also
-           engine_prefix_cache_queries/hits_tokens_total), generation tokens integrate the Decode
-           line's gen throughput over the time since the previous Decode line (SGLang's own gap).
-           engine_preemptions_total: vLLM V1's `Preemptions: N` per interval (0.12-0.33 build it
-           but reset N before printing it, so in practice V1 logs have none), vLLM V0's
-           total_num_cumulative_preemption (logged every 50th preemption: a lower bound, in
-           steps of 50), SGLang's #retracted_reqs (each
-           retraction is logged). Only where the stream shows one: a log (or excerpt) without any
-           cannot tell "none happened" from "not included", so the counter stays absent.
-A signal no line of the stream carries is absent, never zero; counters start at 0 at the
-stream's first line (a vLLM V0 preemption count only where its first warning is the first
-preemption, else at that warning).
-"""
+An engine (stream) is one (instance, engine, DP rank). At each of its log times it gets what a
+scrape then would have read: running / waiting requests, KV usage and prefix hit ratio as logged;
+token counters integrated from the logged rates (vLLM: over the gap to the previous stats line,
+at most the stream's median gap; SGLang: summed from Prefill lines, generation integrated between
+Decode lines); preemptions from vLLM V1 `Preemptions`, V0's cumulative warning (every 50th) or
+SGLang's retractions. docs/logs.md has each source. A signal no line carries is absent, never
+zero; counters start at 0 at the stream's first line."""
 
 from __future__ import annotations
 
@@ -76,8 +62,7 @@ class LogSummary:
     def text(self) -> str:
         seen = ", ".join(f"{n} {k}" for k, n in sorted(self.formats.items())) or "none"
         out = f"log: {self.lines} lines read; recognised: {seen}"
-        other = self.skipped.get("other", 0)
-        out += f"; {other} other lines (not engine stats)"
+        out += f"; {self.skipped.get('other', 0)} other lines (not engine stats)"
         bad = {k: n for k, n in self.skipped.items() if k != "other"}
         if bad:
             out += "; skipped: " + ", ".join(f"{n} {k}" for k, n in sorted(bad.items()))
@@ -180,9 +165,9 @@ def _snapshots(lines: list[Line], summary: LogSummary) -> list[tuple[float, dict
         counters["preempt"] = 0.0
     gauges: dict[str, float] = {}
     last: dict[str, float] = {}  # kind -> time of the previous line of that kind
-    out: list[tuple[float, dict[str, float]]] = []
+    out: dict[float, dict[str, float]] = {}  # one snapshot per time: the last line's values
     for ln in lines:
-        if out and ln.ts < out[-1][0]:
+        if out and ln.ts < next(reversed(out)):
             summary.skipped["out_of_order"] += 1
             continue
         f = ln.fields
@@ -209,12 +194,6 @@ def _snapshots(lines: list[Line], summary: LogSummary) -> list[tuple[float, dict
             counters["gen"] += f.get("gen_tps", 0.0) * dt
         elif ln.kind == "retract":
             counters["preempt"] += f["retracted"]
-        values = {GAUGES[k]: v for k, v in gauges.items()} | {COUNTERS[k]: v for k, v in counters.items()}
-        ts = round(ln.ts, 3)
-        if not values:
-            continue
-        if out and out[-1][0] == ts:
-            out[-1] = (ts, values)  # one snapshot per time: the last line's values
-        else:
-            out.append((ts, values))
-    return out
+        if values := {GAUGES[k]: v for k, v in gauges.items()} | {COUNTERS[k]: v for k, v in counters.items()}:
+            out[round(ln.ts, 3)] = values
+    return list(out.items())

@@ -1,18 +1,11 @@
 """Recordings: what was scraped, as OpenMetrics text with a timestamp on every sample.
 
-The format is the one `promtool tsdb create-blocks-from openmetrics` reads, so a recording can
-be loaded into a real Prometheus as well as replayed by kvscope. Samples keep their upstream
-(native) names plus the target labels (`job`, `instance` and a target's configured labels, such
-as a Kubernetes `pod`/`namespace`/`container`), and every scrape adds `up` and
-`scrape_duration_seconds` with the target labels the way Prometheus does. A failed scrape has
-`up 0` and nothing else. A scraped label that a configured target label also names is kept as
-`exported_<name>` (Prometheus without `honor_labels`); a scraped `job`/`instance` is dropped.
-Reading a scrape back takes its `up`'s labels as the target labels and undoes both, so its
-samples carry their upstream labels again (`Scrape.labels` holds the target's).
-
-OpenMetrics wants every family's samples contiguous, so the writer spools each family to its
-own file while recording and concatenates them on close. `.gz` paths are compressed.
-"""
+`promtool tsdb create-blocks-from openmetrics` reads the format too. Samples keep their native
+names plus the target labels (`job`, `instance`, configured ones such as a Kubernetes `pod`), and
+every scrape adds `up` and `scrape_duration_seconds` as Prometheus does (a failed scrape: `up 0`
+only). A scraped label a target label also names is kept as `exported_<name>`; reading a scrape
+back undoes that (`Scrape.labels` holds the target's). The writer spools each family to its own
+file so that families stay contiguous; `.gz` paths are compressed."""
 
 from __future__ import annotations
 
@@ -101,9 +94,10 @@ class RecordingWriter:
         extra = {k: v for k, v in (labels or {}).items() if k not in ("job", "instance")}
         target = tuple(sorted({"instance": instance, "job": job, **extra}.items()))
         ts = format_value(round(timestamp, 3))
-        self._write("up", "gauge", "1 if the scrape succeeded.", target, 1.0 if expo else 0.0, ts)
+        self._write_sample(("up", "gauge"), "1 if the scrape succeeded.", "up", target, 1.0 if expo else 0.0, ts)
         if duration_s is not None:
-            self._write("scrape_duration_seconds", "gauge", "Scrape duration.", target, duration_s, ts)
+            dur = "scrape_duration_seconds"
+            self._write_sample((dur, "gauge"), "Scrape duration.", dur, target, duration_s, ts)
         self.scrapes += 1
         if expo is None:
             return
@@ -113,9 +107,6 @@ class RecordingWriter:
                 continue
             own = tuple(sorted(export_conflicts(raw.labels, extra) + target))
             self._write_sample(fam, expo.helps.get(fam[0], ""), raw.name, own, raw.value, ts)
-
-    def _write(self, family: str, kind: str, help_: str, labels: Labels, value: float, ts: str) -> None:
-        self._write_sample((family, kind), help_, family, labels, value, ts)
 
     def _write_sample(self, fam: tuple[str, str], help_: str, name: str, labels: Labels, value: float, ts: str) -> None:
         family, kind = fam
@@ -186,11 +177,8 @@ def read_recording_text(path: str | os.PathLike[str]) -> str:
 
 
 def read_recording(path: str | os.PathLike[str]) -> tuple[list[Scrape], Exposition]:
-    """All scrapes in a recording, ordered by (job, instance, timestamp).
-
-    Also returns the parsed exposition (types, helps, parse issues) of the whole file. Samples
-    timestamped far from the rest are dropped and reported there (agent/recording/timespan.py).
-    """
+    """All scrapes in a recording, ordered by (job, instance, timestamp), and the parsed exposition of
+    the whole file; far-off timestamps are dropped and reported in it (timespan.py)."""
     text = read_recording_text(path)
     expo = parse_exposition(text, openmetrics=True)
     drop_time_outliers(expo, text, path)
@@ -198,29 +186,18 @@ def read_recording(path: str | os.PathLike[str]) -> tuple[list[Scrape], Expositi
 
 
 def group_scrapes(samples: Iterable[RawSample]) -> list[Scrape]:
-    """Group timestamped samples into scrapes by (job, instance, timestamp).
-
-    A scrape's first `up` is the scrape's own: its labels besides job/instance are the target
-    labels (`Scrape.labels`), which are taken off the scrape's other samples again
-    (`restore_exported`); a `scrape_duration_seconds` with just those labels is its duration.
-    A recording without target labels reads as it always did."""
+    """Group timestamped samples into scrapes by (job, instance, timestamp). A scrape's first `up`
+    carries its target labels (`Scrape.labels`, taken off its other samples again) and a
+    `scrape_duration_seconds` with just those labels is its duration."""
     groups: dict[tuple[str, str, float], Scrape] = {}
     for raw in samples:
-        job = instance = ""
-        rest = []
-        for k, v in raw.labels:
-            if k == "job":
-                job = v
-            elif k == "instance":
-                instance = v
-            else:
-                rest.append((k, v))
+        rest = dict(raw.labels)  # the parser refuses a repeated label name
+        job, instance = rest.pop("job", ""), rest.pop("instance", "")
         ts = raw.timestamp if raw.timestamp is not None else 0.0
-        key = (job, instance, ts)
-        scrape = groups.get(key)
+        scrape = groups.get((job, instance, ts))
         if scrape is None:
-            scrape = groups[key] = Scrape(job=job, instance=instance, timestamp=ts, up=True)
-        scrape.samples.append(RawSample(raw.name, tuple(rest), raw.value, raw.timestamp))
+            scrape = groups[(job, instance, ts)] = Scrape(job=job, instance=instance, timestamp=ts, up=True)
+        scrape.samples.append(RawSample(raw.name, tuple(rest.items()), raw.value, raw.timestamp))
     for scrape in groups.values():
         _split_scrape_series(scrape)
     return [groups[k] for k in sorted(groups)]

@@ -1,22 +1,11 @@
 """Turn a recording back into canonical samples, through the same dialects as live scrapes.
 
-A target that serves kvscope's own series (the request tap's `/kvscope/metrics`, the agent's
-`/metrics` with `kvscope_` names) is read as canonical signals directly.
-
-A recording may carry a spans sidecar (`x.spans.jsonl.gz` next to `x.om.gz`: the engines' OTLP
-spans as JSON lines). `add_spans` feeds it through the trace receiver's stitching
-(agent/traces/stitch.py) and renders what the receiver would have reported at each scrape:
-`request_phase_seconds` per instance and phase, and the `tenant_*` counters of traced tenants.
-
-Replay runs the live agent's engine<->GPU join (agent/derive/gpu_join.py, the derive hook the
-agent applies to every collection cycle) once per scrape round, so `engine_gpu_memory_used_bytes`
-is there for the diagnoser, the UI and the report as it is on a live agent. A recording made by
-Prometheus keeps a Kubernetes target's `pod`/`namespace`/`container` on every sample of it: those
-are read back as the target's labels (the live agent adds them from its target configuration).
-A scrape's own target labels (on its `up`, as `kvscope record` and Prometheus write them:
-`Scrape.labels`) are its target labels too, all of them, as the live agent applies a target's
-configured labels.
-"""
+A target serving kvscope's own series (the tap's `/kvscope/metrics`, the agent's `kvscope_*`
+`/metrics`) is read as canonical signals directly. A scrape's target labels (on its `up`, or a
+`pod`/`namespace`/`container` on every sample, as Prometheus records Kubernetes targets) are
+applied as the live agent applies a target's configured labels, and the live engine<->GPU join
+(agent/derive/gpu_join.py) runs once per scrape round. A spans sidecar (`x.spans.jsonl.gz` next
+to `x.om.gz`) is stitched as the trace receiver would (`add_spans`)."""
 
 from __future__ import annotations
 
@@ -39,7 +28,7 @@ from kvscope.agent.scrape.exposition import Exposition
 from kvscope.agent.serve.export import KVSCOPE_PREFIX, signal_of
 from kvscope.agent.signals import Catalog, Sample, load_catalog, make_labels
 from kvscope.agent.traces.otlp import Span
-from kvscope.agent.traces.receiver import phase_labels
+from kvscope.agent.traces.receiver import observe_phases
 from kvscope.agent.traces.stitch import StitchConfig, stitch_trace
 from kvscope.agent.traces.tenants import TenantAccounting
 
@@ -94,8 +83,6 @@ service discovery puts them there); the engine<->GPU join matches engines to GPU
 def parse_target_labels(samples: list) -> dict[str, str]:
     """The TARGET_LABELS that have one value on every one of a target's raw samples."""
     out: dict[str, str] = {}
-    if not samples:
-        return out
     for key in TARGET_LABELS:
         values = {dict(r.labels).get(key) for r in samples}
         if len(values) == 1 and (value := values.pop()) is not None and value != "":
@@ -104,37 +91,25 @@ def parse_target_labels(samples: list) -> dict[str, str]:
 
 
 def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = None, gpu_mapping: Any = None) -> Replay:
-    """Read a recording and normalize every scrape of every target, then run the engine<->GPU
-    join per scrape round (`gpu_mapping` as the agent's config option, validated there).
-
-    Each target's engine is detected once from all its samples. A failed scrape contributes
-    only `kvscope_target_up 0` at its time.
-    """
+    """Normalize every scrape of every target (engine detected once per target; a failed scrape gives
+    only `kvscope_target_up 0`), then run the engine<->GPU join per scrape round."""
     catalog = catalog or load_catalog()
     scrapes, whole = read_recording(path)
     out = Replay(notes=[i.text for i in whole.issues if i.reason == "timestamp_outlier"])
     for (job, instance), target_scrapes in scrapes_by_target(scrapes):
         union = Exposition(samples=[s for sc in target_scrapes for s in sc.samples[:2000]], types=whole.types)
         engine = detect_engine(union, catalog)
-        found = {"job": job, "instance": instance} | parse_target_labels(union.samples)
+        target = {"job": job, "instance": instance}
+        found = target | parse_target_labels(union.samples)
         if engine is None and any(kvscope_signal(s.name, catalog) for s in union.samples):
             engine = KVSCOPE
         out.engines[instance] = engine
         for sc in target_scrapes:
-            out.samples.append(
-                Sample(
-                    "kvscope_target_up",
-                    make_labels({"job": job, "instance": instance}),
-                    1.0 if sc.up else 0.0,
-                    sc.timestamp,
-                )
-            )
+            out.samples.append(Sample("kvscope_target_up", make_labels(target), 1.0 if sc.up else 0.0, sc.timestamp))
             if not sc.samples:
                 continue
             if engine == KVSCOPE:
-                out.samples.extend(
-                    parse_kvscope_samples(sc.samples, {"job": job, "instance": instance}, sc.timestamp, catalog)
-                )
+                out.samples.extend(parse_kvscope_samples(sc.samples, target, sc.timestamp, catalog))
                 continue
             norm = normalize(
                 Exposition(samples=sc.samples, types=whole.types), engine, found | sc.labels, sc.timestamp, catalog
@@ -143,9 +118,8 @@ def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = Non
             out.unmapped[instance] += norm.unmapped
             for rank, facts in norm.facts.items():
                 out.facts.setdefault(instance, {}).setdefault(rank, {}).update(facts)
-        ts = [sc.timestamp for sc in target_scrapes]
-        out.start = min(ts) if out.start is None else min(out.start, min(ts))
-        out.end = max(ts) if out.end is None else max(out.end, max(ts))
+    if scrapes:
+        out.start, out.end = min(sc.timestamp for sc in scrapes), max(sc.timestamp for sc in scrapes)
     out.samples.extend(render_engine_gpu_rounds(out, gpu_mapping))
     return out
 
@@ -161,13 +135,9 @@ def render_engine_gpu_rounds(replay: Replay, gpu_mapping: Any = None) -> list[Sa
     for ts, run in groupby(replay.samples, key=itemgetter(3)):  # one scrape's samples share a time
         i = bisect_right(rounds, ts) - 1 if ts is not None else -1
         cycles[max(i, 0)].extend(run)
-    out: list[Sample] = []
-    for cycle in cycles:
-        out.extend(derive_engine_gpu(cycle, gpu_mapping))
-    return out
+    return [s for cycle in cycles for s in derive_engine_gpu(cycle, gpu_mapping)]
 
 
-# ---------------------------------------------------------------------------- spans
 SPAN_SUFFIXES = (".spans.jsonl.gz", ".spans.jsonl")
 MAX_SPAN_LINE = 1 << 20
 """Bytes; a longer line is counted as bad and skipped (bounded memory per span)."""
@@ -179,11 +149,7 @@ def spans_path_for(recording: str | os.PathLike[str]) -> Path | None:
     stem = p.name
     for ext in (".gz", ".om", ".txt"):
         stem = stem.removesuffix(ext)
-    for suffix in SPAN_SUFFIXES:
-        cand = p.with_name(stem + suffix)
-        if cand.is_file():
-            return cand
-    return None
+    return next((cand for suffix in SPAN_SUFFIXES if (cand := p.with_name(stem + suffix)).is_file()), None)
 
 
 def parse_span_line(line: str) -> Span:
@@ -234,13 +200,8 @@ def read_spans(path: str | os.PathLike[str], max_spans: int = 2_000_000) -> tupl
 def render_span_samples(
     spans: list[Span], times: list[float], service_labels: dict[str, dict[str, str]] | None = None
 ) -> tuple[list[Sample], Counter[str]]:
-    """What the agent's trace receiver would have reported at each of `times` (unix s).
-
-    Spans are grouped per trace and stitched (agent/traces/stitch.py); a request counts from its
-    end (when the engine exports its span). At each time the cumulative `request_phase_seconds`
-    histograms and the per-tenant counters of traced tenants are rendered, as the receiver's
-    `collect()` would; nothing is rendered before the first request (absent, not zero).
-    """
+    """What the trace receiver would have reported at each of `times` (unix s): stitched requests
+    count from their end; nothing is rendered before the first request (absent, not zero)."""
     cfg = StitchConfig(service_labels=service_labels or {})
     traces: dict[str, list[Span]] = {}
     for s in spans:
@@ -253,8 +214,7 @@ def render_span_samples(
     for t in sorted(times):
         while i < len(records) and records[i].end_ns <= t * 1e9:
             rec = records[i]
-            for obs in rec.phases:
-                phases.observe(phase_labels(rec, obs.instance, obs.role, obs.phase), obs.seconds)
+            observe_phases(phases, rec)
             tenants.observe(rec)
             i += 1
         if i:

@@ -1,12 +1,10 @@
 """Samples timestamped far from the rest of a recording are dropped, counted and reported.
 
-The evaluation grid spans a recording's earliest to latest timestamp, so one sample stamped 28
-years early (a clock reset, a hand edit, a bad exporter) would make it hundreds of millions of
-points long. A sample more than `MAX_SPREAD_S` from the recording's median timestamp (or without
-a timestamp, where others have one) is dropped before anything is grouped or allocated; the
-recording's `Exposition.issues` gets one `timestamp_outlier` issue whose text says how many were
-dropped, the median, and the file:line of the first ones, and replay passes that on as a note.
-"""
+The evaluation grid spans a recording's earliest to latest timestamp, so one sample stamped
+years off (a clock reset, a hand edit) would make it hundreds of millions of points long. A
+sample more than `MAX_SPREAD_S` from the median timestamp (or without one, where others have one)
+is dropped before anything is allocated, and one `timestamp_outlier` issue says how many, the
+median and the file:line of the first ones; replay passes it on as a note."""
 
 from __future__ import annotations
 

@@ -1,26 +1,11 @@
 """Render the agent's own /metrics: canonical series as `kvscope_<signal>` plus self-health.
 
-Output is Prometheus text format 0.0.4 that `promtool check metrics` accepts without lint
-findings: one HELP and TYPE per family (help text from the catalog), each family contiguous,
-histogram buckets in increasing `le` order ending in `+Inf` and followed by `_sum`/`_count`,
-no timestamps (Prometheus stamps the scrape), and a series the source did not export is absent.
-
-Self-health families (all prefixed `kvscope_`):
-
-    target_up{job,instance}                       1 if the last scrape gave usable samples
-    target_status{job,instance,reason}            1, reason "ok" or why the target is down
-    target_series{job,instance}                   canonical series from the last scrape
-    scrape_duration_seconds{job,instance}         last scrape time
-    scrape_errors_total{job,instance,reason}      failed scrapes by reason (timeout, http_503...)
-    samples_dropped_total{collector,instance,reason}  lines/samples dropped (truncated, non_finite...)
-    target_resets_total{job,instance}             scrapes where a counter went down (restarts)
-    collector_up{collector}, collector_status{collector,reason}, collector_duration_seconds
-    engine_info{job,instance,engine,<facts>}      1; facts such as block_size, cache_dtype,
-                                                  enable_prefix_caching
-    cycle_duration_seconds, cycles_total, store_* (from the store's stats)
-    store_write_errors_total{reason}              failed store writes (disk_full, io_error, corrupt...);
-                                                  while they fail, collector_up{collector="store"} is 0
-"""
+Prometheus text format 0.0.4 that `promtool check metrics` accepts without findings: one HELP and
+TYPE per family (help from the catalog), families contiguous, histogram buckets in `le` order
+ending in `+Inf` then `_sum`/`_count`, no timestamps, and a series the source lacks is absent.
+The self-health families (`kvscope_target_*`, `kvscope_scrape_*`, `kvscope_samples_dropped_total`,
+`kvscope_collector_*`, `kvscope_engine_info`, `kvscope_cycle*`, `kvscope_store_*`) carry their
+meaning in their HELP text below."""
 
 from __future__ import annotations
 
@@ -31,7 +16,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvscope.agent.scrape.exposition import format_labels, format_value
-from kvscope.agent.signals import HISTOGRAM_SUFFIXES, KVSCOPE_PREFIX, Catalog, Labels, Sample, Signal
+from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, Labels, Sample, Signal
+from kvscope.agent.signals import signal_of as signal_name
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -64,28 +50,16 @@ def _escape_help(text: str) -> str:
     return " ".join(text.split()).replace("\\", "\\\\")
 
 
-# ------------------------------------------------------------------------------- canonical series
-
-
 def signal_of(name: str, catalog: Catalog) -> tuple[Signal, str] | None:
     """(signal, histogram suffix or "") for a canonical sample name, or None if not canonical."""
-    sig = catalog.signals.get(name)
-    if sig is not None and sig.kind != "histogram":
-        return sig, ""
-    for suffix in HISTOGRAM_SUFFIXES:
-        if name.endswith(suffix):
-            sig = catalog.signals.get(name[: -len(suffix)])
-            if sig is not None and sig.kind == "histogram":
-                return sig, suffix
-    return None
+    base = signal_name(name, catalog)
+    sig, suffix = catalog.signals.get(base), name[len(base) :]
+    return (sig, suffix) if sig is not None and (sig.kind == "histogram") == bool(suffix) else None
 
 
 def canonical_families(samples: Iterable[Sample], catalog: Catalog) -> list[Family]:
-    """Group canonical samples into `kvscope_<signal>` families, ordered by name.
-
-    Samples that are not canonical series, or not finite, are skipped. Exact duplicates keep
-    the first value.
-    """
+    """`kvscope_<signal>` families by name; non-canonical or non-finite samples are skipped, and of
+    exact duplicates the first value is kept."""
     grouped: dict[str, dict[tuple[str, Labels], float]] = defaultdict(dict)
     signals: dict[str, Signal] = {}
     for s in samples:
@@ -100,16 +74,10 @@ def canonical_families(samples: Iterable[Sample], catalog: Catalog) -> list[Fami
         sig = signals[name]
         fam = Family(KVSCOPE_PREFIX + name, sig.kind, sig.help or name)
         rows = grouped[name]
-        for suffix, labels in _ordered(rows, sig.kind):
+        for suffix, labels in sorted(rows, key=_histogram_key if sig.kind == "histogram" else None):
             fam.add(labels, rows[(suffix, labels)], suffix)
         out.append(fam)
     return out
-
-
-def _ordered(rows: dict[tuple[str, Labels], float], kind: str) -> list[tuple[str, Labels]]:
-    if kind != "histogram":
-        return sorted(rows)
-    return sorted(rows, key=_histogram_key)
 
 
 def _histogram_key(row: tuple[str, Labels]) -> tuple[Labels, int, float]:
@@ -123,9 +91,6 @@ def _histogram_key(row: tuple[str, Labels]) -> tuple[Labels, int, float]:
             bound = math.inf
         return base, 0, bound
     return base, 1 if suffix == "_sum" else 2, 0.0
-
-
-# ---------------------------------------------------------------------------------- self-health
 
 
 def health_families(state: Any, store_stats: Any = None) -> list[Family]:
@@ -251,8 +216,6 @@ def _store_families(stats: Any) -> list[Family]:
 def render_metrics(state: Any, catalog: Catalog) -> str:
     """The full /metrics body: canonical families then self-health families."""
     out: list[str] = []
-    for fam in canonical_families(state.canonical_samples(), catalog):
-        fam.render(out)
-    for fam in health_families(state, state.store_stats):
+    for fam in canonical_families(state.canonical_samples(), catalog) + health_families(state, state.store_stats):
         fam.render(out)
     return "".join(out)

@@ -1,10 +1,6 @@
-"""JSON request bodies with a bounded nesting depth (OTLP/JSON, the Alertmanager webhook).
-
-`json.loads` recurses once per level and raises RecursionError deep down (a 500 with a traceback
-if let through); the code that walks a decoded body recurses too. `loads_bounded` turns both
-into a ValueError naming the limit: the decoder's own limit while decoding, then one iterative
-walk over the containers (linear in their number) before any other code sees the document.
-"""
+"""JSON request bodies with a bounded nesting depth (OTLP/JSON, the Alertmanager webhook):
+`loads_bounded` turns the decoder's RecursionError and any nesting past the limit (one iterative
+walk, linear in the containers) into a ValueError before other code recurses over the document."""
 
 from __future__ import annotations
 

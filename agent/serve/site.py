@@ -1,9 +1,5 @@
-"""One aiohttp application served on host:port, the one copy of the bind/serve/stop boilerplate.
-
-The agent's HTTP server, the OTLP trace receiver and `kvscope serve` (the Alertmanager webhook)
-each serve an `aiohttp.web.Application` inside an asyncio loop they already run. `HttpSite`
-binds it (port 0 picks a free port), reports the port it got, and stops it cleanly.
-"""
+"""One aiohttp application served on host:port: the bind/serve/stop boilerplate of the agent's
+HTTP server, the OTLP receiver and `kvscope serve`, in one copy."""
 
 from __future__ import annotations
 
@@ -13,11 +9,7 @@ from aiohttp import web
 
 
 class HttpSite:
-    """Serve `app` on one TCP address until `stop()`.
-
-    `runner_options` go to `web.AppRunner` unchanged (`access_log`, `handle_signals`,
-    `shutdown_timeout`, and server options such as `auto_decompress`).
-    """
+    """Serve `app` on one TCP address until `stop()`; `runner_options` go to `web.AppRunner`."""
 
     def __init__(self, app: web.Application, **runner_options: Any) -> None:
         self.app = app
@@ -25,15 +17,8 @@ class HttpSite:
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
 
-    @property
-    def running(self) -> bool:
-        return self._runner is not None
-
     async def start(self, host: str, port: int, backlog: int = 128) -> int:
-        """Bind host:port and serve. Returns the bound port; raises OSError if it is taken.
-
-        On failure nothing is left running (the runner is cleaned up before the error propagates).
-        """
+        """Bind and serve; the bound port, or OSError (nothing left running) if it is taken."""
         if self._runner is not None:
             raise RuntimeError("HttpSite already started")
         runner = web.AppRunner(self.app, **self.runner_options)

@@ -1,16 +1,11 @@
-"""Stitched requests -> explicit phase spans, encoded as an OTLP protobuf export request.
-
-Engines report phases as numbers on one span (`gen_ai.latency.time_in_queue` ...); a trace UI
-shows them only as attributes. `render_phase_spans` lays the phases out as child spans of the
-engine span (queue, then prefill, then KV transfer, then decode), so the waterfall shows where
-the time went, with a `kvscope.phase` attribute. Pure.
-"""
+"""Stitched requests -> explicit phase spans (queue, prefill, KV transfer, decode as child spans of
+the engine span, with a `kvscope.phase` attribute, so a trace waterfall shows where the time
+went), encoded as an OTLP protobuf export request."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import Any
 
 import aiohttp
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -89,35 +84,27 @@ def encode_spans(spans: list[Span]) -> bytes:
         rs = req.resource_spans.add()
         first = next(iter(by_scope.values()))[0]
         rs.resource.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in first.resource.items())
-        for scope, members in by_scope.items():
-            _add_scope(rs, scope, members)
+        for scope, members in by_scope.items():  # each span keeps its scope (the tap's `kvscope.tap`)
+            ss = rs.scope_spans.add()
+            ss.scope.name = scope
+            for s in members:
+                p = ss.spans.add(
+                    trace_id=bytes.fromhex(s.trace_id),
+                    span_id=bytes.fromhex(s.span_id),
+                    name=s.name,
+                    kind=s.kind,
+                    start_time_unix_nano=s.start_ns,
+                    end_time_unix_nano=s.end_ns,
+                )
+                if s.parent_id:
+                    p.parent_span_id = bytes.fromhex(s.parent_id)
+                p.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in s.attributes.items())
     return req.SerializeToString()
 
 
-def _add_scope(rs: Any, scope: str, members: list[Span]) -> None:
-    """One scope_spans entry (the span's own instrumentation scope, e.g. the tap's `kvscope.tap`)."""
-    ss = rs.scope_spans.add()
-    ss.scope.name = scope
-    for s in members:
-        p = ss.spans.add(
-            trace_id=bytes.fromhex(s.trace_id),
-            span_id=bytes.fromhex(s.span_id),
-            name=s.name,
-            kind=s.kind,
-            start_time_unix_nano=s.start_ns,
-            end_time_unix_nano=s.end_ns,
-        )
-        if s.parent_id:
-            p.parent_span_id = bytes.fromhex(s.parent_id)
-        p.attributes.extend(KeyValue(key=k, value=_any(v)) for k, v in s.attributes.items())
-
-
 class SpanBatchExporter:
-    """Ships spans to an OTLP/HTTP endpoint in batches from a bounded buffer (drops when full).
-
-    `add()` is cheap and never blocks, so the tap can hand it spans on its hot path; `run()` is
-    the sending task, `close()` sends what is left.
-    """
+    """Ships spans to an OTLP/HTTP endpoint in batches from a bounded buffer (drops when full):
+    `add()` never blocks; `run()` is the sending task and sends what is left when cancelled."""
 
     def __init__(self, url: str, max_buffer: int = 10_000, interval_s: float = 1.0, timeout_s: float = 5.0) -> None:
         self.url, self.max_buffer, self.interval_s, self.timeout_s = url, max_buffer, interval_s, timeout_s

@@ -1,10 +1,6 @@
-"""OTLP/HTTP trace payloads -> flat `Span`s. Pure: bytes in, spans out, no I/O.
-
-Both encodings of `ExportTraceServiceRequest` are accepted: binary protobuf
-(`application/x-protobuf`) and OTLP/JSON (`application/json`: camelCase keys, hex trace/span ids,
-64-bit integers possibly as strings), each optionally gzip-compressed. A body that does not decode
-raises `OtlpDecodeError`, which the receiver answers with HTTP 400.
-"""
+"""OTLP/HTTP trace payloads -> flat `Span`s, pure. Protobuf (`application/x-protobuf`) and OTLP/JSON
+(camelCase keys, hex ids, 64-bit integers as strings); a body that does not decode raises
+`OtlpDecodeError`, which the receiver answers with HTTP 400."""
 
 from __future__ import annotations
 
@@ -14,6 +10,7 @@ from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from kvscope.agent.serve.jsonbody import loads_bounded
 
@@ -71,9 +68,6 @@ def parse_otlp_traces(body: bytes, content_type: str) -> list[Span]:
     raise OtlpDecodeError(f"unsupported content-type {content_type!r} (want {PROTOBUF} or {JSON})")
 
 
-# ---------------------------------------------------------------- protobuf
-
-
 def _from_protobuf(body: bytes) -> Iterator[Span]:
     try:
         req = ExportTraceServiceRequest.FromString(body)
@@ -109,9 +103,6 @@ def _pb_value(v: Any) -> Any:
     return getattr(v, which)
 
 
-# ---------------------------------------------------------------- JSON
-
-
 def _from_json(body: bytes) -> Iterator[Span]:
     try:
         doc = loads_bounded(body)
@@ -145,16 +136,6 @@ def _json_spans(doc: dict[str, Any]) -> Iterator[Span]:
                 )
 
 
-_KINDS = {
-    "SPAN_KIND_UNSPECIFIED": 0,
-    "SPAN_KIND_INTERNAL": 1,
-    "SPAN_KIND_SERVER": 2,
-    "SPAN_KIND_CLIENT": 3,
-    "SPAN_KIND_PRODUCER": 4,
-    "SPAN_KIND_CONSUMER": 5,
-}
-
-
 def _int(v: Any, lo: int, hi: int) -> int:
     """A JSON integer within its protobuf type's range (fixed64 times, int64 values), as the
     protobuf decoder would have it; a ValueError (a 400) otherwise."""
@@ -168,7 +149,7 @@ def _int(v: Any, lo: int, hi: int) -> int:
 
 
 def _kind(k: Any) -> int:
-    return _KINDS[k] if isinstance(k, str) else int(k)
+    return PbSpan.SpanKind.Value(k) if isinstance(k, str) else int(k)
 
 
 def _hex_id(v: Any, nbytes: int, allow_empty: bool = False) -> str:

@@ -1,27 +1,10 @@
 """OTLP/HTTP trace receiver: `POST /v1/traces` -> stitched requests -> `request_phase_seconds`
-and, for requests whose spans name a tenant, the per-tenant `tenant_*` counters (tenants.py).
+and, for requests whose spans name a tenant, the `tenant_*` counters (tenants.py).
 
-Accepts protobuf and JSON, gzip/deflate, up to `max_body_bytes` (compressed and decompressed).
-A payload that does not decode gets HTTP 400 with the reason and the receiver keeps serving.
-Optional pass-through: every accepted body is forwarded unchanged to `forward_url` (an upstream
-collector), and stitched phase spans to `stitched_url`, from a bounded queue that drops (and
-counts) rather than slows the receiver.
-
-Config (agent YAML, section `otlp`; the agent builds the receiver when the section exists)::
-
-    otlp:
-      listen: 127.0.0.1:4318          # loopback by default; port 0 picks a free port
-      max_body_bytes: 8MiB
-      forward_url: http://otel-collector:4318/v1/traces   # optional pass-through
-      stitched_url: http://tempo:4318/v1/traces            # optional: phase spans
-      settle_s: 1.0                   # a trace is stitched this long after its last span
-      ttl_s: 30                       # incomplete traces are dropped after this
-      max_traces: 10000
-      max_tenants: 50                 # tenant labels (traffic-ranked top-K + `other`)
-      fairness_window_s: 300          # window of the fleet fairness gauges (the tap's section wins)
-      service_labels:                 # for engines that cannot set kvscope.* attributes
-        vllm-prefill-0: {instance: "10.0.0.5:8000", role: prefill, model: llama-3-8b}
-"""
+Protobuf or JSON, gzip/deflate, at most `max_body_bytes` before and after decompression; a body
+that does not decode gets HTTP 400 and the receiver keeps serving. Optionally forwards every body
+to `forward_url` and the stitched phase spans to `stitched_url` through a bounded queue that drops
+(and counts) rather than slows down. The `otlp` config section: docs/requests.md §1."""
 
 from __future__ import annotations
 
@@ -30,7 +13,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import aiohttp
@@ -77,20 +60,8 @@ def parse_otlp_config(raw: Any) -> OtlpConfig:
     raw = raw or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"otlp: must be a mapping, got {raw!r}")
-    known = {
-        "listen",
-        "max_body_bytes",
-        "forward_url",
-        "stitched_url",
-        "forward_timeout_s",
-        "settle_s",
-        "ttl_s",
-        "max_traces",
-        "max_spans_per_trace",
-        "service_labels",
-        "max_tenants",
-        "fairness_window_s",
-    }
+    inner = {"forward_queue", "flush_interval_s", "recent_records", "stitch"}  # not settable in YAML
+    known = {f.name for f in fields(OtlpConfig) + fields(StitchConfig)} - inner
     if unknown := sorted(set(raw) - known):
         raise ConfigError(f"otlp: unknown keys {unknown}; allowed: {sorted(known)}")
     listen = str(raw.get("listen", "127.0.0.1:4318"))
@@ -127,22 +98,18 @@ def _positive_int(v: Any, key: str) -> int:
 register_section("otlp", parse_otlp_config)
 
 
-def phase_labels(record: RequestRecord, obs_instance: str | None, obs_role: str | None, phase: str) -> tuple:
-    """Labels of one `request_phase_seconds` observation (absent labels are left out)."""
-    lab = {"phase": phase, "engine": record.engine}
-    for k, v in (("instance", obs_instance), ("role", obs_role), ("model", record.model)):
-        if v:
-            lab[k] = v
-    return make_labels(lab)
+def observe_phases(phases: HistogramSet, record: RequestRecord) -> None:
+    """Count a stitched request's phases in `request_phase_seconds` (absent labels left out)."""
+    for obs in record.phases:
+        lab = {"phase": obs.phase, "engine": record.engine}
+        lab |= {k: v for k, v in (("instance", obs.instance), ("role", obs.role), ("model", record.model)) if v}
+        phases.observe(make_labels(lab), obs.seconds)
 
 
 @register_collector("otlp", default_enabled=True)
 class OtlpTraceReceiver:
-    """Receives OTLP traces, stitches them into requests and reports `request_phase_seconds`.
-
-    Built from the agent config: inert (reports nothing) when the config has no `otlp` section.
-    `start()`/`stop()` run the HTTP server; `collect()` starts it lazily if the agent did not.
-    """
+    """Receives OTLP traces and reports the stitched requests; inert without an `otlp` section.
+    `collect()` starts the server if the agent did not."""
 
     name = "otlp"
 
@@ -150,15 +117,13 @@ class OtlpTraceReceiver:
         if isinstance(config, OtlpConfig) or config is None:
             self.config: OtlpConfig | None = config or OtlpConfig()
         else:
-            extensions = getattr(config, "extensions", {})
-            section = extensions.get("otlp")
+            section = getattr(config, "extensions", {}).get("otlp")
             self.config = section if isinstance(section, OtlpConfig) or section is None else parse_otlp_config(section)
         cfg = self.config or OtlpConfig()
         self.stitcher = TraceStitcher(cfg.stitch, clock=clock)
         self.phases = HistogramSet("request_phase_seconds", PHASE_BUCKETS)
         self.tenants = TenantAccounting(cfg.max_tenants)
         self.recent: deque[RequestRecord] = deque(maxlen=cfg.recent_records)
-        self.listeners: list[Callable[[RequestRecord], None]] = []
         self.stats: Counter[str] = Counter()  # cumulative: spans, requests, bad payloads, drops
         self._reported: Counter[str] = Counter()
         self._site: HttpSite | None = None
@@ -166,7 +131,6 @@ class OtlpTraceReceiver:
         self._forward_q: asyncio.Queue[tuple[str, bytes, dict[str, str]]] | None = None
         self._session: aiohttp.ClientSession | None = None
 
-    # ------------------------------------------------------------ lifecycle
     @property
     def port(self) -> int | None:
         """The bound port once started (useful with `listen: 127.0.0.1:0`)."""
@@ -194,11 +158,7 @@ class OtlpTraceReceiver:
         """Stop serving, stitch what is buffered, release sockets and tasks."""
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - a dead loop was reported in collect()
-                pass
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # a dead loop was reported in collect()
         self._tasks.clear()
         if self._site is not None:
             await self._site.stop()
@@ -208,10 +168,8 @@ class OtlpTraceReceiver:
             self._session = None
         self._emit(self.stitcher.flush(force=True))
 
-    async def close(self) -> None:
-        await self.stop()
+    close = stop
 
-    # ------------------------------------------------------------ HTTP
     async def _handle(self, request: web.Request) -> web.Response:
         assert self.config is not None
         ctype = request.headers.get("Content-Type", "application/x-protobuf")
@@ -270,29 +228,14 @@ class OtlpTraceReceiver:
             warn_every(log, f"otlp:{type(e).__name__}", "OTLP receiver: %r while stitching; counted", e)
             return False
 
-    # ------------------------------------------------------------ records
-    def ingest(self, spans: list) -> list[RequestRecord]:
-        """Feed spans directly (no HTTP) and stitch what is done; used by `kvscope` tooling and tests."""
-        self.stats["spans"] += len(spans)
-        out = self.stitcher.add(spans) + self.stitcher.flush()
-        self._emit(out)
-        return out
-
     def _emit(self, records: list[RequestRecord]) -> None:
         for rec in records:
             self.stats["requests"] += 1
-            for obs in rec.phases:
-                self.phases.observe(phase_labels(rec, obs.instance, obs.role, obs.phase), obs.seconds)
+            observe_phases(self.phases, rec)
             self.tenants.observe(rec)
             self.recent.append(rec)
-            for listener in self.listeners:
-                listener(rec)
-            if self.config and self.config.stitched_url:
-                spans = render_phase_spans(rec)
-                if spans:
-                    self._enqueue(
-                        self.config.stitched_url, encode_spans(spans), {"Content-Type": "application/x-protobuf"}
-                    )
+            if self.config and self.config.stitched_url and (spans := render_phase_spans(rec)):
+                self._enqueue(self.config.stitched_url, encode_spans(spans), {"Content-Type": "application/x-protobuf"})
 
     async def collect(self) -> Collection:
         """Phase histograms and tenant counters (cumulative; the fairness gauges over them are the
@@ -314,11 +257,7 @@ class OtlpTraceReceiver:
         delta = totals - self._reported
         self._reported = Counter(totals)
         health.errors.update(
-            {
-                k: v
-                for k, v in delta.items()
-                if k == "bad_payload" or k.startswith("internal_") or k.startswith("forward_") and k != "forwarded"
-            }
+            {k: v for k, v in delta.items() if k == "bad_payload" or k.startswith(("internal_", "forward_"))}
         )
         health.dropped.update({k: v for k, v in delta.items() if k.startswith("trace_")})
         health.series, health.duration_s = len(samples), time.perf_counter() - t0

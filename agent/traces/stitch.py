@@ -1,26 +1,15 @@
 """Span stitching: spans of one trace -> request records with queue / prefill / KV transfer / decode.
 
-Understands
-* vLLM's `llm_request` span (one per finished request; phases from `gen_ai.latency.*`);
-* SGLang's request tree: root `"<role> Req <rid>"` plus stage slices (`prefill_waiting`,
-  `prefill_forward`, `chunked_prefill`, `decode_*`, `prefill_transfer_kv_cache`, ...); the root's
-  `gen_ai.latency.*` attributes fill phases that have no slice;
-* a prefill/decode (P/D) pair in one trace: a prefill-role request span and a decode-role one.
-  KV transfer is an explicit transfer span when there is one, else the measured gap between the
-  end of the prefill span and the moment the decode instance started running the request (decode
-  span start + its queue time; vLLM keeps a request that waits for remote KV in its waiting
-  queue, so this gap contains the proxy hand-off and the remote-KV wait).
+Reads vLLM's `llm_request` span (phases from `gen_ai.latency.*`), SGLang's request tree (root
+`"<role> Req <rid>"` and its stage slices; the root's `gen_ai.latency.*` fill phases without a
+slice), and a prefill/decode pair in one trace, whose KV transfer is an explicit transfer span or
+else the gap from the prefill span's end to the decode instance running the request. Tenant,
+model, instance and role come from `kvscope.*` / `gen_ai.*` attributes or per-`service.name`
+labels (docs/requests.md §1).
 
-Tenant, model, instance and role come from span or resource attributes (`kvscope.tenant`,
-`kvscope.instance`, `kvscope.role`, `gen_ai.request.model`, ...) or from labels configured per
-`service.name`. The request tap's root span carries `kvscope.tenant`, and engine spans join its
-trace through `traceparent`, so the tenant reaches the record.
-
-Memory is bounded: at most `max_traces` open traces and `max_spans_per_trace` spans each; a trace
-is finished `settle_s` after its last span (a lone P/D half, prefill or decode, waits up to `ttl_s`
-for the other: each engine's exporter sends its batch on its own schedule) and dropped, counted,
-after `ttl_s` without a request span.
-"""
+Bounded: `max_traces` open traces of `max_spans_per_trace` spans; a trace is finished `settle_s`
+after its last span (a lone P/D half waits up to `ttl_s` for the other) and dropped, counted,
+after `ttl_s` without a request span."""
 
 from __future__ import annotations
 
@@ -34,6 +23,8 @@ from typing import Any
 from kvscope.agent.traces.otlp import Span
 
 PHASES = ("queue", "prefill", "kv_transfer", "decode")
+TAP_SCOPE = "kvscope.tap"
+"""Instrumentation scope of the request tap's spans (agent/tap/proxy.py)."""
 
 _SGLANG_ROOT = re.compile(r"^\s*(?:(prefill|decode)\s+)?Req\s+\S+\s*$")
 _TENANT_KEYS = ("kvscope.tenant", "tenant", "tenant.id", "enduser.id", "user.id")
@@ -130,7 +121,7 @@ class TraceStitcher:
 
     def _evict_oldest(self) -> list[RequestRecord]:
         _, tr = self._traces.popitem(last=False)
-        records = self.stitch(tr.spans)
+        records = stitch_trace(tr.spans, self.config)
         self.dropped["evicted_complete" if records else "evicted_incomplete"] += 1
         return records
 
@@ -141,7 +132,7 @@ class TraceStitcher:
             state = self._state(tr, now)
             if force or state != "open":
                 done.append(tid)
-                records = self.stitch(tr.spans) if state != "expired" or force else []
+                records = stitch_trace(tr.spans, self.config) if state != "expired" or force else []
                 if not records:
                     self.dropped["no_request_span"] += 1
                 out.extend(records)
@@ -159,10 +150,6 @@ class TraceStitcher:
             return "open"  # one P/D half: the other instance's exporter may send its span later
         return "done"
 
-    def stitch(self, spans: list[Span]) -> list[RequestRecord]:
-        """Request records of one trace's spans (pure)."""
-        return stitch_trace(spans, self.config)
-
 
 def stitch_trace(spans: list[Span], config: StitchConfig | None = None) -> list[RequestRecord]:
     """Request records of one trace's spans: one per engine request span, or one per P/D pair."""
@@ -170,9 +157,8 @@ def stitch_trace(spans: list[Span], config: StitchConfig | None = None) -> list[
     by_id = {s.span_id: s for s in spans}
     tenant = next((t for s in spans if (t := _attr(s, _TENANT_KEYS)) is not None), None)
     roots = [s for s in spans if _is_request_span(s)]
-    records = [_single(s, _slices_of(s, spans, by_id), cfg) for s in roots]
-    records = _pair_pd(records)
-    tapped = any(s.scope == "kvscope.tap" for s in spans)
+    records = _pair_pd([_single(s, _slices_of(s, spans, by_id), cfg) for s in roots])
+    tapped = any(s.scope == TAP_SCOPE for s in spans)
     for r in records:
         r.tenant = r.tenant or (str(tenant) if tenant is not None else None)
         r.tapped = tapped
@@ -193,13 +179,11 @@ def _attr(s: Span, keys: tuple[str, ...]) -> Any:
 
 
 def _configured(s: Span, cfg: StitchConfig, key: str) -> str | None:
-    labels = cfg.service_labels.get(str(s.resource.get("service.name", "")), {})
-    return labels.get(key)
+    return cfg.service_labels.get(str(s.resource.get("service.name", "")), {}).get(key)
 
 
 def _role_of(s: Span, cfg: StitchConfig) -> str:
-    m = _SGLANG_ROOT.match(s.name)
-    if m:
+    if m := _SGLANG_ROOT.match(s.name):
         return m.group(1) or "unified"
     role = _attr(s, _ROLE_KEYS) or _configured(s, cfg, "role")
     return str(role) if role else "unified"
@@ -249,8 +233,7 @@ def _num(v: Any) -> float | None:
 
 
 def _int(v: Any) -> int | None:
-    f = _num(v)
-    return None if f is None else int(f)
+    return None if (f := _num(v)) is None else int(f)
 
 
 def _single(s: Span, slices: list[Span], cfg: StitchConfig) -> RequestRecord:
@@ -259,15 +242,12 @@ def _single(s: Span, slices: list[Span], cfg: StitchConfig) -> RequestRecord:
     instance = str(instance) if instance else None
     sums: dict[str, float] = {}
     for sl in slices:
-        cls = _stage_class(sl.name)
-        if cls:
+        if cls := _stage_class(sl.name):
             sums[cls] = sums.get(cls, 0.0) + sl.duration_s
-    explicit_transfer = "kv_transfer" in sums
     for phase, key in _LATENCY_ATTRS.items():
         if phase not in sums and (v := _num(s.attributes.get(key))) is not None:
             sums[phase] = v
     model = _attr(s, _MODEL_KEYS) or _configured(s, cfg, "model")
-    tenant = _configured(s, cfg, "tenant")
     return RequestRecord(
         trace_id=s.trace_id,
         request_id=_str(s.attributes.get("gen_ai.request.id") or s.attributes.get("rid")),
@@ -275,7 +255,7 @@ def _single(s: Span, slices: list[Span], cfg: StitchConfig) -> RequestRecord:
         start_ns=s.start_ns,
         end_ns=s.end_ns,
         phases=[PhaseObservation(p, sums[p], instance, role) for p in PHASES if p in sums],
-        tenant=tenant,
+        tenant=_configured(s, cfg, "tenant"),
         model=_str(model),
         instance=instance,
         role=role,
@@ -284,7 +264,7 @@ def _single(s: Span, slices: list[Span], cfg: StitchConfig) -> RequestRecord:
         prompt_tokens=_int(s.attributes.get("gen_ai.usage.prompt_tokens")),
         completion_tokens=_int(s.attributes.get("gen_ai.usage.completion_tokens")),
         cached_tokens=_int(s.attributes.get("gen_ai.usage.cached_tokens")),
-        kv_transfer_source="span" if explicit_transfer else None,
+        kv_transfer_source="span" if "kv_transfer" in sums else None,  # no latency attribute fills it
         anchors={role: s},
     )
 
@@ -294,36 +274,26 @@ def _str(v: Any) -> str | None:
 
 
 def _pair_pd(records: list[RequestRecord]) -> list[RequestRecord]:
-    """Merge one prefill-role and one decode-role record of a trace into a P/D request.
-
-    Engines that cannot label their role (two unlabelled vLLM spans in one trace) are paired by
-    time: the span that ended first is the prefill half.
-    """
+    """Merge one prefill-role and one decode-role record of a trace into a P/D request; two unlabelled
+    spans (vLLM) pair by time, the one that ended first being the prefill half."""
     if len(records) == 2 and {r.role for r in records} <= {"unified"}:
         first, second = sorted(records, key=lambda r: r.end_ns)
         if first.end_ns <= second.end_ns and first.start_ns <= second.start_ns:
-            first.role, second.role = "prefill", "decode"
-            for p in first.phases:
-                p.role = "prefill"
-            for p in second.phases:
-                p.role = "decode"
+            for rec, role in ((first, "prefill"), (second, "decode")):
+                rec.role = role
+                for p in rec.phases:
+                    p.role = role
     pre = [r for r in records if r.role == "prefill"]
     dec = [r for r in records if r.role == "decode"]
     if len(pre) != 1 or len(dec) != 1:
         return records
-    merged = _merge(pre[0], dec[0])
-    return [r for r in records if r.role not in ("prefill", "decode")] + [merged]
+    return [r for r in records if r.role not in ("prefill", "decode")] + [_merge(pre[0], dec[0])]
 
 
 def _merge(p: RequestRecord, d: RequestRecord) -> RequestRecord:
-    """One P/D request: the prefill side's queue, prefill (and transfer span), the KV transfer, then
-    the decode side's first step and decode, in that order.
-
-    The decode side's `prefill` (scheduled -> first token on the decode instance) is kept, observed
-    on the decode instance: with a connector that loads KV synchronously in the first step
-    (vLLM's ExampleConnector) that step is where the KV is read; it also computes the prompt tail
-    not covered by whole transferred blocks. Its queue time belongs to the gap (below).
-    """
+    """One P/D request: the prefill side's queue and prefill, the KV transfer, the decode side's prefill
+    (its first step, where a synchronous connector reads the KV) and decode. The decode side's queue
+    time belongs to the transfer gap."""
     pre_side = [o for o in p.phases if o.phase in ("queue", "prefill", "kv_transfer")]
     transfer = [o for o in d.phases if o.phase == "kv_transfer"]
     dec_side = [o for o in d.phases if o.phase in ("prefill", "decode")]
@@ -337,9 +307,6 @@ def _merge(p: RequestRecord, d: RequestRecord) -> RequestRecord:
         + transfer
         + sorted(dec_side, key=lambda o: PHASES.index(o.phase))
     )
-    ttft = None
-    if d.ttft_s is not None:
-        ttft = (d.start_ns - p.start_ns) / 1e9 + d.ttft_s
     return RequestRecord(
         trace_id=p.trace_id,
         request_id=d.request_id or p.request_id,
@@ -351,7 +318,7 @@ def _merge(p: RequestRecord, d: RequestRecord) -> RequestRecord:
         model=d.model or p.model,
         instance=d.instance,
         role="pd",
-        ttft_s=ttft,
+        ttft_s=None if d.ttft_s is None else (d.start_ns - p.start_ns) / 1e9 + d.ttft_s,
         e2e_s=(max(p.end_ns, d.end_ns) - min(p.start_ns, d.start_ns)) / 1e9,
         prompt_tokens=p.prompt_tokens if p.prompt_tokens is not None else d.prompt_tokens,
         completion_tokens=d.completion_tokens,

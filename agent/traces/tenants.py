@@ -1,26 +1,10 @@
 """Per-tenant accounting from stitched traces: the tap's `tenant_*` counters without a tap.
 
-A fleet that sends traces but runs no request tap still gets per-tenant usage: every stitched
-request whose spans carry a tenant (`kvscope.tenant`, `tenant`, `tenant.id`, `enduser.id`,
-`user.id` on a span or its resource, or `tenant` in `otlp.service_labels`; see stitch.py) adds to
-the same canonical series the tap produces and the fairness analytics read:
-
-Series carry `instance` (the engine that ran the request, when the trace names it) next to
-`tenant`, so they never collide with the tap's series (tenant only) in one agent; consumers sum
-over instances (PromQL `sum by (tenant)`, `parse_tenant_usage`).
-
-* `tenant_requests_total{tenant}`            one per stitched request (P/D pair = one request);
-* `tenant_prompt_tokens_total{tenant}`       `gen_ai.usage.prompt_tokens` of the engine span;
-* `tenant_cached_tokens_total{tenant}`       `gen_ai.usage.cached_tokens` (SGLang sets it; vLLM's
-                                             `llm_request` span does not: absent, never 0);
-* `tenant_ttft_seconds{tenant}`              the engine's `gen_ai.latency.time_to_first_token`
-                                             (server-side; the tap measures client-side).
-
-Traces that contain the request tap's own span (instrumentation scope `kvscope.tap`) are skipped:
-the tap already counted those requests, and counting them twice would double every tenant total.
-Records without a tenant are not counted. Tenant labels are bounded by the same traffic-ranked
-`TenantLimiter` as the tap's (top `max_tenants` + `other`). Only numbers are kept, never text.
-"""
+Every stitched request whose spans name a tenant (stitch.py) adds to `tenant_requests_total`,
+`tenant_prompt_tokens_total`, `tenant_cached_tokens_total` (absent where the span lacks it) and
+`tenant_ttft_seconds`, labelled `tenant` and `instance` (the tap's carry `tenant` only, so they
+never collide). Traces holding the tap's own span (scope `kvscope.tap`) are skipped: the tap
+counted them. Tenants are bounded by the tap's `TenantLimiter` (top `max_tenants` + `other`)."""
 
 from __future__ import annotations
 
@@ -31,9 +15,6 @@ from kvscope.agent.metricsets import GENAI_TTFT_BUCKETS, CounterSet, HistogramSe
 from kvscope.agent.signals import Sample, make_labels
 from kvscope.agent.tenants import TenantLimiter
 from kvscope.agent.traces.stitch import RequestRecord
-
-TAP_SCOPE = "kvscope.tap"
-"""Instrumentation scope of the request tap's spans (agent/tap/proxy.py)."""
 
 
 class TenantAccounting:
@@ -73,7 +54,5 @@ class TenantAccounting:
     def render(self, timestamp: float | None = None) -> list[Sample]:
         """The tenant series (cumulative; absent families render nothing)."""
         with self._lock:
-            out: list[Sample] = []
-            for fam in (self.requests, self.prompt_tokens, self.cached_tokens, self.ttft):
-                out.extend(fam.render(timestamp))
-            return out
+            fams = (self.requests, self.prompt_tokens, self.cached_tokens, self.ttft)
+            return [s for fam in fams for s in fam.render(timestamp)]

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from kvscope.agent.tap.proxy import RequestTap, TapConfig
+from kvscope.agent.traces.export import SpanBatchExporter
 from kvscope.agent.traces.receiver import OtlpConfig, OtlpTraceReceiver
 from kvscope.agent.traces.stitch import StitchConfig
 from testbed.tiny_model import SERVED_NAME
@@ -51,8 +52,11 @@ def receiver():
 def test_vllm_llm_request_spans_are_stitched_with_the_taps_tenant(receiver, vllm_server_factory):
     rx, bg, port = receiver
     srv = vllm_server_factory(VllmConfig(otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces"))
-    tap = RequestTap(TapConfig(upstreams=(srv.url,), listen="127.0.0.1:0"), span_sink=rx.ingest)
+    # the tap's spans reach the receiver over OTLP/HTTP, as `kvscope tap --otlp-endpoint` sends them
+    exporter = SpanBatchExporter(f"http://127.0.0.1:{port}/v1/traces", interval_s=0.2)
+    tap = RequestTap(TapConfig(upstreams=(srv.url,), listen="127.0.0.1:0"), span_sink=exporter.add)
     bg.run(tap.start())
+    sender = asyncio.run_coroutine_threadsafe(exporter.run(), bg.loop)
 
     async def send(tenant, i, stream):
         body = {
@@ -76,7 +80,8 @@ def test_vllm_llm_request_spans_are_stitched_with_the_taps_tenant(receiver, vllm
             time.sleep(0.5)
     finally:
         bg.run(tap.stop())
-    assert statuses == [200] * 4
+        sender.cancel()
+    assert statuses == [200] * 4 and exporter.sent >= 4 and not exporter.failed
     records = [r for r in list(rx.recent) if r.engine == "vllm"]
     assert len(records) == 4
     assert sorted(r.tenant for r in records) == ["acme", "acme", "globex", "initech"]

