@@ -1,26 +1,15 @@
-"""Agent configuration: one YAML file, overridden by `KVSCOPE_*` environment variables, overridden
-by command-line flags (precedence flag > env > file > default).
+"""Agent configuration: one YAML file (example in README.md), overridden by `KVSCOPE_*` environment
+variables, overridden by command-line flags (precedence flag > env > file > default).
 
-Every key is declared once in `KEYS` below with its default, its type and what it means. The
-layers are merged into one plain dict and validated once, so a bad value stops the agent at
-start with a message naming the key, what is allowed and where the value came from:
+Every scalar key is declared once in `KEYS`. The layers are merged into one dict and validated
+once, so a bad value stops the agent at start with a message naming the key, what is allowed and
+where the value came from:
 
     scrape.timeout_s: must be a number > 0 and < scrape.interval_s, got "abc" (from KVSCOPE_SCRAPE_TIMEOUT_S)
 
-Example file::
-
-    listen_address: 127.0.0.1:9464
-    scrape: {interval_s: 15, timeout_s: 5, max_body_bytes: 16MiB}
-    targets:
-      - {url: "http://127.0.0.1:8000/metrics", job: vllm}
-      - {url: "http://127.0.0.1:9400/metrics", job: dcgm, engine: dcgm}
-    collectors: {nvml: true, host: true}
-    store: {path: kvscope.db, retention_s: 604800, max_bytes: 1GiB}
-
-Top-level sections that are not declared here (`otlp`, ...) belong to extensions (the trace
-receiver, the request tap): they are kept verbatim in `AgentConfig.extensions` for the code that
-registered them with `register_section`, and a section nobody registered is reported as a
-warning (likely a typo), never silently dropped.
+Top-level sections not declared here (`otlp`, ...) are kept verbatim in `AgentConfig.extensions`
+for the extension that registered them with `register_section`; a section nobody registered is
+reported as a warning (likely a typo), never silently dropped.
 """
 
 from __future__ import annotations
@@ -47,14 +36,84 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key and what is allowed."""
 
 
+_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_UNITS_B = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def parse_gpu_mapping(raw: Any) -> dict[str, tuple[str, ...]]:
+    """Validate the `gpu_mapping` config value (read by agent/derive/gpu_join.py): GPU uuid or
+    index -> instance(s).
+    Raises ValueError naming the bad entry."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"gpu_mapping: expected a mapping of GPU uuid or index to instance, got {type(raw).__name__}")
+    out: dict[str, tuple[str, ...]] = {}
+    for key, value in raw.items():
+        values = value if isinstance(value, list | tuple) else [value]
+        if not values or not all(isinstance(v, str) and v for v in values):
+            raise ValueError(f"gpu_mapping.{key}: expected an instance name or a list of them, got {value!r}")
+        out[str(key)] = tuple(values)
+    return out
+
+
+def parse_seconds(value: Any) -> float:
+    """A number of seconds, or a duration string like `500ms`, `15s`, `10m`, `1h`."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a duration")
+    if isinstance(value, int | float):
+        return float(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(ms|s|m|h|d)?\s*", str(value), re.I)
+    if m is None:
+        raise ValueError("not a duration")
+    return float(m.group(1)) * _UNITS_S[(m.group(2) or "s").lower()]
+
+
+def parse_bytes(value: Any) -> int:
+    """A number of bytes, or a size string like `16MiB`, `1GB`, `4096`."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a size")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmg]i?b|b)?\s*", str(value), re.I)
+    if m is None:
+        raise ValueError("not a size")
+    return int(float(m.group(1)) * _UNITS_B[(m.group(2) or "").lower()])
+
+
+def parse_count(value: Any) -> int:
+    """A non-negative integer (a limit: 0 = none)."""
+    if isinstance(value, bool) or not str(value).strip().isdecimal() or not str(value).strip().isascii():
+        raise ValueError("not a count")
+    return int(str(value).strip())
+
+
+def parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("not a boolean")
+
+
+_COUNT = "an integer >= 0 (0 = no limit)"
+
+
 @dataclass(frozen=True)
 class Key:
-    """One scalar configuration key: where it lives, its default, its type and its meaning."""
+    """One scalar configuration key: its dotted YAML path, default, parser, and the bound its
+    parsed value must meet (`ok`), said in words in `allowed` for the error message."""
 
-    path: str  # dotted path in the YAML file, e.g. "scrape.timeout_s"
+    path: str
     default: Any
-    kind: str  # "seconds" | "bytes" | "address" | "path" | "count"
-    doc: str
+    parse: Callable[[Any], Any] = str
+    ok: Callable[[float], bool] = lambda v: v > 0
+    allowed: str = "a number > 0"
 
     @property
     def env(self) -> str:
@@ -62,66 +121,19 @@ class Key:
         return "KVSCOPE_" + self.path.replace(".", "_").upper()
 
 
+# What each key means: README.md (configuration) and docs/collectors.md (scrape limits).
 KEYS: tuple[Key, ...] = (
-    Key(
-        "listen_address",
-        "127.0.0.1:9464",
-        "address",
-        "host:port of the agent's own HTTP server (/metrics, /api/v1/*). Loopback by default: "
-        "exposing it beyond the node is an explicit choice. Port 0 picks a free port (logged).",
+    Key("listen_address", "127.0.0.1:9464"),  # loopback by default; port 0 picks a free port
+    Key("scrape.interval_s", 15.0, parse_seconds),
+    Key("scrape.timeout_s", 5.0, parse_seconds),  # < interval; unset: min(5, 0.8 x interval)
+    Key("scrape.max_body_bytes", 16 << 20, parse_bytes, lambda v: v >= 1024, "a size >= 1024 bytes (e.g. 16MiB)"),
+    *(
+        Key(f"scrape.{n}", 50_000 if n == "sample_limit" else 0, parse_count, lambda v: v >= 0, _COUNT)
+        for n in LIMIT_KEYS
     ),
-    Key(
-        "scrape.interval_s",
-        15.0,
-        "seconds",
-        "Seconds between two scrapes of every target and two runs of every collector.",
-    ),
-    Key(
-        "scrape.timeout_s",
-        5.0,
-        "seconds",
-        "Seconds one target may take, connect and body included; must be < interval (when "
-        "unset: min(5, 0.8 x interval)). Keep it well below the interval: one slow engine must "
-        "not delay the rest, and a timeout is itself evidence.",
-    ),
-    Key(
-        "scrape.max_body_bytes",
-        16 << 20,
-        "bytes",
-        "Largest /metrics body read from one target (decompressed). Past it the scrape fails "
-        "with reason body_too_large, so a runaway label cardinality cannot exhaust memory.",
-    ),
-    Key(
-        "scrape.sample_limit",
-        50_000,
-        "count",
-        "Most samples one scrape of one target may hold (Prometheus' sample_limit; 0 = no limit). "
-        "Past it the scrape fails whole (up 0, reason sample_limit_exceeded): kvscope holds every "
-        "series in memory, so the default is bounded, 5x a large multi-engine node (~10k).",
-    ),
-    Key(
-        "scrape.label_limit",
-        0,
-        "count",
-        "Most labels on one exposed sample (0 = no limit); past it the scrape fails (label_limit_exceeded).",
-    ),
-    Key(
-        "scrape.label_name_length_limit",
-        0,
-        "count",
-        "Longest label name (0 = no limit); past it the scrape fails (label_name_length_limit_exceeded).",
-    ),
-    Key(
-        "scrape.label_value_length_limit",
-        0,
-        "count",
-        "Longest label value (0 = no limit); past it the scrape fails (label_value_length_limit_exceeded).",
-    ),
-    Key("store.path", "kvscope.db", "path", "SQLite file for history. The empty string keeps history in memory only."),
-    Key("store.retention_s", 7 * 86400.0, "seconds", "Samples older than this are deleted."),
-    Key(
-        "store.max_bytes", 1 << 30, "bytes", "Size bound of the store; the oldest samples go first when it is reached."
-    ),
+    Key("store.path", "kvscope.db"),  # "" keeps history in memory only
+    Key("store.retention_s", 7 * 86400.0, parse_seconds),
+    Key("store.max_bytes", 1 << 30, parse_bytes, lambda v: v >= 1 << 20, "a size >= 1MiB"),
 )
 KEY_BY_PATH = {k.path: k for k in KEYS}
 
@@ -204,73 +216,6 @@ class AgentConfig:
     def listen_host_port(self) -> tuple[str, int]:
         host, _, port = self.listen_address.rpartition(":")
         return host.strip("[]"), int(port)
-
-
-# ------------------------------------------------------------------------------------------- values
-
-_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_UNITS_B = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
-
-
-def parse_gpu_mapping(raw: Any) -> dict[str, tuple[str, ...]]:
-    """Validate the `gpu_mapping` config value (read by agent/derive/gpu_join.py): GPU uuid or
-    index -> instance(s).
-    Raises ValueError naming the bad entry."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"gpu_mapping: expected a mapping of GPU uuid or index to instance, got {type(raw).__name__}")
-    out: dict[str, tuple[str, ...]] = {}
-    for key, value in raw.items():
-        values = value if isinstance(value, list | tuple) else [value]
-        if not values or not all(isinstance(v, str) and v for v in values):
-            raise ValueError(f"gpu_mapping.{key}: expected an instance name or a list of them, got {value!r}")
-        out[str(key)] = tuple(values)
-    return out
-
-
-def parse_seconds(value: Any) -> float:
-    """A number of seconds, or a duration string like `500ms`, `15s`, `10m`, `1h`."""
-    if isinstance(value, bool):
-        raise ValueError("a boolean is not a duration")
-    if isinstance(value, int | float):
-        return float(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(ms|s|m|h|d)?\s*", str(value), re.I)
-    if m is None:
-        raise ValueError("not a duration")
-    return float(m.group(1)) * _UNITS_S[(m.group(2) or "s").lower()]
-
-
-def parse_bytes(value: Any) -> int:
-    """A number of bytes, or a size string like `16MiB`, `1GB`, `4096`."""
-    if isinstance(value, bool):
-        raise ValueError("a boolean is not a size")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmg]i?b|b)?\s*", str(value), re.I)
-    if m is None:
-        raise ValueError("not a size")
-    return int(float(m.group(1)) * _UNITS_B[(m.group(2) or "").lower()])
-
-
-def parse_count(value: Any) -> int:
-    """A non-negative integer (a limit: 0 = none)."""
-    if isinstance(value, bool) or not str(value).strip().isdecimal() or not str(value).strip().isascii():
-        raise ValueError("not a count")
-    return int(str(value).strip())
-
-
-def parse_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("not a boolean")
 
 
 # ------------------------------------------------------------------------------------------- layers
@@ -445,23 +390,20 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     cfg = AgentConfig()
     _check_sections(layers, cfg)
     cfg.listen_address = _address(layers)
-    cfg.interval_s = _number(layers, "scrape.interval_s", parse_seconds, lambda v: v > 0, "a number > 0")
+    cfg.interval_s = _number(layers, "scrape.interval_s")
     if layers.get("scrape.timeout_s") is None:  # like Prometheus: the default never exceeds the interval
         layers.set("scrape.timeout_s", min(5.0, 0.8 * cfg.interval_s), "default, 0.8 x interval")
-    cfg.timeout_s = _number(
-        layers,
-        "scrape.timeout_s",
-        parse_seconds,
-        lambda v: 0 < v < cfg.interval_s,
-        "a number > 0 and < scrape.interval_s",
+    timeout = replace(
+        KEY_BY_PATH["scrape.timeout_s"],
+        ok=lambda v: 0 < v < cfg.interval_s,
+        allowed="a number > 0 and < scrape.interval_s",
     )
-    cfg.max_body_bytes = int(
-        _number(layers, "scrape.max_body_bytes", parse_bytes, lambda v: v >= 1024, "a size >= 1024 bytes (e.g. 16MiB)")
-    )
+    cfg.timeout_s = _number(layers, timeout)
+    cfg.max_body_bytes = int(_number(layers, "scrape.max_body_bytes"))
     cfg.store_path = str(_value(layers, "store.path") or "")
-    cfg.retention_s = _number(layers, "store.retention_s", parse_seconds, lambda v: v > 0, "a number > 0")
-    cfg.store_max_bytes = int(_number(layers, "store.max_bytes", parse_bytes, lambda v: v >= 1 << 20, "a size >= 1MiB"))
-    limits = {n: int(_number(layers, f"scrape.{n}", parse_count, lambda v: v >= 0, _COUNT)) for n in LIMIT_KEYS}
+    cfg.retention_s = _number(layers, "store.retention_s")
+    cfg.store_max_bytes = int(_number(layers, "store.max_bytes"))
+    limits = {n: int(_number(layers, f"scrape.{n}")) for n in LIMIT_KEYS}
     cfg.targets = [replace(t, limits=tuple({**limits, **dict(t.limits_set)}.items())) for t in _targets(layers)]
     cfg.collectors = _collectors(layers, known_collectors)
     cfg.gpu_mapping = layers.get("gpu_mapping")
@@ -498,16 +440,16 @@ def _value(layers: Layers, path: str) -> Any:
     return layers.get(path, KEY_BY_PATH[path].default)
 
 
-def _number(
-    layers: Layers, path: str, parse: Callable[[Any], float], ok: Callable[[float], bool], allowed: str
-) -> float:
-    raw = _value(layers, path)
+def _number(layers: Layers, key: str | Key) -> float:
+    """The value of a numeric key, parsed and within its bound; ConfigError naming it otherwise."""
+    key = KEY_BY_PATH[key] if isinstance(key, str) else key
+    raw = layers.get(key.path, key.default)
     try:
-        value = float(parse(raw))
+        value = float(key.parse(raw))
     except (ValueError, TypeError, OverflowError):  # OverflowError: float() of a huge integer
         value = math.nan
-    if math.isnan(value) or math.isinf(value) or not ok(value):
-        raise ConfigError(f"{path}: must be {allowed}, got {_show(raw)}{layers.where(path)}")
+    if math.isnan(value) or math.isinf(value) or not key.ok(value):
+        raise ConfigError(f"{key.path}: must be {key.allowed}, got {_show(raw)}{layers.where(key.path)}")
     return value
 
 
@@ -552,7 +494,6 @@ def _targets(layers: Layers) -> list[Target]:
 
 
 _TARGET_KEYS = ("url", "job", "engine", "labels", *LIMIT_KEYS)
-_COUNT = "an integer >= 0 (0 = no limit)"
 
 
 def _target(i: int, item: Any, where: str) -> Target:
@@ -640,7 +581,4 @@ def _collector(path: str, value: Any, where: str) -> CollectorConfig:
 
 def describe_keys() -> str:
     """Text table of every scalar key, its env variable and default (for --help)."""
-    lines = []
-    for k in KEYS:
-        lines.append(f"  {k.path:<22} {k.env:<30} default {k.default!r}")
-    return "\n".join(lines)
+    return "\n".join(f"  {k.path:<22} {k.env:<30} default {k.default!r}" for k in KEYS)
