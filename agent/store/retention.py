@@ -35,7 +35,6 @@ class RetentionMixin:
     _wlock: threading.RLock
     _slock: threading.Lock
     _qlock: threading.Lock
-    _sparse: bool
     _encoder: ChangeEncoder
     _ids: dict[tuple[str, Labels], int]
     _by_name: dict[str, list[tuple[Labels, int]]]
@@ -51,7 +50,7 @@ class RetentionMixin:
         with self._wlock:
             deleted = self._delete_before(now - self.retention_s, "age")
             for _ in range(8):  # each pass removes the oldest slice sized from the overshoot
-                used = self._used_bytes()
+                used = used_bytes(self._writer)
                 if used <= self.max_bytes:
                     break
                 deleted += self._delete_oldest_fraction(1.0 - SIZE_TARGET_FRACTION * self.max_bytes / used)
@@ -74,8 +73,7 @@ class RetentionMixin:
         if not empty:
             return
         self._writer.executemany("DELETE FROM series WHERE id = ?", [(i,) for i in empty])
-        if self._sparse:
-            self._writer.executemany("DELETE FROM marks WHERE series_id = ?", [(i,) for i in empty])
+        self._writer.executemany("DELETE FROM marks WHERE series_id = ?", [(i,) for i in empty])
         gone = set(empty)
         self._encoder.forget(gone)
         with self._slock:
@@ -97,14 +95,13 @@ class RetentionMixin:
             return 0
         self._writer.execute("BEGIN IMMEDIATE")
         try:
-            added = self._reanchor(cutoff) if self._sparse and self._has_stamps_before(cutoff) else 0
+            added = self._reanchor(cutoff) if self._has_stamps_before(cutoff) else 0
             cur = self._writer.executemany("DELETE FROM samples WHERE series_id = ? AND ts_ms < ?", params)
             n = max(0, cur.rowcount)
-            if self._sparse:
-                self._writer.executemany("DELETE FROM marks WHERE series_id = ? AND ts_ms < ?", params)
-                self._writer.executemany(
-                    "DELETE FROM stamps WHERE group_id = ? AND ts_ms < ?", [(g, cutoff) for g in self._groups()]
-                )
+            self._writer.executemany("DELETE FROM marks WHERE series_id = ? AND ts_ms < ?", params)
+            self._writer.executemany(
+                "DELETE FROM stamps WHERE group_id = ? AND ts_ms < ?", [(g, cutoff) for g in self._groups()]
+            )
             self._writer.execute("COMMIT")
         except sqlite3.Error:
             self._rollback()
@@ -186,8 +183,10 @@ class RetentionMixin:
                 hi = b if hi is None else max(hi, b)
         return lo, hi
 
-    def _used_bytes(self) -> int:
-        page = self._writer.execute("PRAGMA page_size").fetchone()[0]
-        count = self._writer.execute("PRAGMA page_count").fetchone()[0]
-        free = self._writer.execute("PRAGMA freelist_count").fetchone()[0]
-        return int(page * (count - free))
+
+def used_bytes(conn: sqlite3.Connection) -> int:
+    """Bytes of the pages in use (what max_bytes bounds): the file less its free pages."""
+    page, count, free = (
+        conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_size", "page_count", "freelist_count")
+    )
+    return int(page * (count - free))

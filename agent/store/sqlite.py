@@ -1,37 +1,21 @@
 """Where canonical samples live on one node: the `Store` contract, an embedded SQLite store and
 its in-memory twin.
 
-Layout (SQLite, WAL mode)::
+SQLite layout (WAL mode; every table clustered on its primary key, timestamps integer ms)::
 
-    series (id INTEGER PRIMARY KEY, name TEXT, labels TEXT /* compact JSON of the sorted pairs */,
-            UNIQUE (name, labels))
-    samples (series_id INTEGER, ts_ms INTEGER, value REAL, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID
-    stamps (group_id INTEGER, ts_ms INTEGER, PRIMARY KEY (group_id, ts_ms)) WITHOUT ROWID
-    marks (series_id INTEGER, ts_ms INTEGER, group_id INTEGER, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID
+    series (id INTEGER PRIMARY KEY, name TEXT, labels TEXT /* compact JSON of the sorted pairs */)
+    samples (series_id, ts_ms, value) -- change points only
+    stamps (group_id, ts_ms)          -- one row per scrape of a group of series (one target)
+    marks (series_id, ts_ms, group_id) -- from when a series follows a group, or went stale
 
-`samples` holds change points only: a row where a series starts and wherever its value differs
-from its previous point; one `stamps` row per scrape of a group of series that share their
-timestamps (one target); `marks` say from when a series follows a group and when it went stale.
-`query` fills the unchanged points back in, so it returns exactly the points written (the
-encoding and its proof are in agent/store/changepoints.py). Between two 1 s scrapes of a vLLM engine
-most series do not move, so this writes a few percent of the rows a dense layout would.
-
-The tables are clustered on their primary keys, so a range query for one series is one B-tree
-range scan and no second index is needed. Timestamps are integer milliseconds (what Prometheus
-keeps): a varint of 6 bytes instead of an 8-byte double. SQLite writes integral REAL values as
-integers on disk, so counters and byte gauges cost only their varint.
+`query` fills the unchanged points back in, so it returns exactly the points written
+(agent/store/changepoints.py holds the encoding and why it is exact).
 
 Writes are queued and committed in batches by one writer thread, so `write()` never waits on
-disk. The queue is bounded: when it is full the *oldest* queued samples are dropped and counted
-(reason `queue_full`); the scrape loop is never blocked. A committed batch survives a crash of
-the process (WAL, `synchronous=NORMAL`); pass `synchronous="FULL"` to survive power loss too.
-
-Retention runs on the writer thread: by age (`retention_s`) and by size (`max_bytes`, the pages
-in use). A series still running at the cut gets its carried value re-written at its first scrape
-after the cut, so what remains reads back unchanged. The file is created with
-`auto_vacuum=INCREMENTAL`; after a retention pass deleted rows, `PRAGMA incremental_vacuum` hands
-the freed pages back to the file system. A full VACUUM (which rewrites the file and needs twice
-its space) is never run automatically.
+disk. The queue is bounded: when full, the *oldest* queued samples are dropped and counted
+(`queue_full`). A committed batch survives a crash of the process (WAL, `synchronous=NORMAL`);
+`synchronous="FULL"` survives power loss too. Retention (agent/store/retention.py) runs on the
+writer thread, by age and by size; a full VACUUM is never run automatically.
 """
 
 from __future__ import annotations
@@ -53,7 +37,7 @@ from kvscope.agent.ratelog import warn_every
 from kvscope.agent.scrape.stamped import Parts
 from kvscope.agent.signals import Labels, Sample
 from kvscope.agent.store.changepoints import ChangeEncoder, Encoded, StampIndex, fill_points
-from kvscope.agent.store.retention import RetentionMixin
+from kvscope.agent.store.retention import RetentionMixin, used_bytes
 
 Points = list[tuple[float, float]]
 log = logging.getLogger("kvscope.store")
@@ -123,6 +107,10 @@ class StoreStats:
     last_write_latency_s: float = 0.0
     max_write_latency_s: float = 0.0
     write_latency_sum_s: float = 0.0
+
+    def copy(self) -> StoreStats:
+        """A copy whose counters are not shared with this one."""
+        return replace(self, dropped=Counter(self.dropped), errors=Counter(self.errors), deleted=Counter(self.deleted))
 
 
 def _matches(labels: Labels, matchers: dict[str, str] | None) -> bool:
@@ -207,31 +195,9 @@ class InMemoryStore:
         with self._lock:
             return set(self._series)
 
-    def label_names(self, name: str) -> set[str]:
-        """Label names used by the series of `name` (for tests of what a pipeline keeps)."""
-        with self._lock:
-            return {k for labels in self._series.get(name, {}) for k, _ in labels}
-
-    def samples(self) -> list[Sample]:
-        """Every stored point as a Sample, ordered by name, labels and time."""
-        with self._lock:
-            return [
-                Sample(n, lab, v, t)
-                for n in sorted(self._series)
-                for lab, pts in sorted(self._series[n].items())
-                for t, v in sorted(pts.items())
-            ]
-
     def stats(self) -> StoreStats:
         with self._lock:
-            st = StoreStats(
-                **{
-                    **self._stats.__dict__,
-                    "dropped": Counter(self._stats.dropped),
-                    "errors": Counter(self._stats.errors),
-                    "deleted": Counter(self._stats.deleted),
-                }
-            )
+            st = self._stats.copy()
             st.series = sum(len(b) for b in self._series.values())
             st.rows = len(self._order)
             return st
@@ -405,14 +371,11 @@ class SqliteStore(RetentionMixin):
             cols = [r[1] for r in self._writer.execute("PRAGMA table_info(samples)")]
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: not a kvscope store: {exc}") from exc
-        if cols != ["series_id", "ts_ms", "value"]:
-            raise StoreError(f"{self.path}: not a kvscope store (samples columns {cols})")
         tables = {r[0] for r in self._writer.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        self._sparse = {"stamps", "marks"} <= tables  # False: a dense store from before change points
+        if cols != ["series_id", "ts_ms", "value"] or not {"stamps", "marks"} <= tables:
+            raise StoreError(f"{self.path}: not a kvscope store (samples columns {cols}, tables {sorted(tables)})")
 
     def _next_group(self) -> int:
-        if not self._sparse:
-            return 1
         row = self._writer.execute("SELECT MAX(group_id) FROM stamps").fetchone()
         return int(row[0] or 0) + 1
 
@@ -676,8 +639,6 @@ class SqliteStore(RetentionMixin):
                 (sid, lo, hi),
             )
         ]
-        if not self._sparse:
-            return [(t / 1000, v) for t, v in real]
         marks = r.execute(
             "SELECT ts_ms, group_id FROM marks WHERE series_id = ? AND ts_ms <= ? AND ts_ms >= "
             "COALESCE((SELECT MAX(ts_ms) FROM marks WHERE series_id = ? AND ts_ms <= ?), ?) ORDER BY ts_ms",
@@ -704,12 +665,7 @@ class SqliteStore(RetentionMixin):
     def _counters(self) -> StoreStats:
         """A copy of the counters, with the queue length and the series count, each under its lock."""
         with self._qlock:
-            st = replace(
-                self._stats,
-                dropped=Counter(self._stats.dropped),
-                errors=Counter(self._stats.errors),
-                deleted=Counter(self._stats.deleted),
-            )
+            st = self._stats.copy()
             st.queued = self._queued
         with self._slock:
             st.series = len(self._ids)
@@ -721,10 +677,7 @@ class SqliteStore(RetentionMixin):
         st.bytes = sum(_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal"))
         if not self._closed:
             with lock:
-                page = conn.execute("PRAGMA page_size").fetchone()[0]
-                count = conn.execute("PRAGMA page_count").fetchone()[0]
-                free = conn.execute("PRAGMA freelist_count").fetchone()[0]
-            st.used_bytes = int(page * (count - free))
+                st.used_bytes = used_bytes(conn)
         return st
 
     def _row_count(self, delta: int) -> int:

@@ -250,18 +250,6 @@ def test_read_only_open_of_a_missing_store_is_a_clear_error(tmp_path):
     assert not (tmp_path / "absent.db").exists()
 
 
-def test_in_memory_twin_lists_label_names_and_samples():
-    s = InMemoryStore()
-    s.write(
-        [
-            Sample("gpu_memory_used_bytes", make_labels({"node": "n", "gpu": "0"}), 5.0, 2.0),
-            Sample("gpu_memory_used_bytes", make_labels({"node": "n", "gpu": "1"}), 6.0, 1.0),
-        ]
-    )
-    assert s.label_names("gpu_memory_used_bytes") == {"node", "gpu"}
-    assert [x.value for x in s.samples()] == [5.0, 6.0]
-
-
 def test_in_memory_twin_is_bounded_by_age_and_count():
     s = InMemoryStore(retention_s=100, max_points=50)
     now = time.time()
