@@ -1,42 +1,24 @@
 """Change-point encoding of scraped series: what the SQLite store writes, and how it reads back.
 
-Between two scrapes most series of an engine keep their value (an idle histogram bucket, a
-config gauge, a counter nobody incremented). Writing a row for each of them every second is
-what a naive store spends its CPU on. This module turns a batch of samples into three kinds of
-rows, and turns those rows back into exactly the points that were written:
+Between two scrapes most series keep their value, so a batch becomes three kinds of rows:
 
-* **stamps** `(group, ts_ms)`: one row per scrape of a *group*. A group is a set of series that
-  share their timestamps (one target's scrape; the samples the runtime stamps at the end of a
-  cycle). A batch is split into cohorts by exact timestamp; a cohort takes the group its series
-  followed last time, else a new group id. Grouping only decides how many rows are written:
-  any grouping reads back the same points.
-* **points** `(series, ts_ms, value)`: a real row where a series starts a run, and wherever its
-  value differs from its previous point. An unchanged value writes no row.
+* **stamps** `(group, ts_ms)`: one row per scrape of a *group*, a set of series sharing their
+  timestamps (one target's scrape). A batch is split into cohorts by exact timestamp; a cohort
+  takes the group its series followed last time, else a new one. Any grouping reads back the
+  same points; grouping only decides how many rows are written.
+* **points** `(series, ts_ms, value)`: where a series starts a run and wherever its value
+  differs from its previous point.
 * **marks** `(series, ts_ms, group)`: from `ts_ms` on the series is present at every stamp of
-  `group` (group > 0), or at none (group 0: the series was absent from a scrape of its group,
-  so it is stale from there on; a target that stops answering simply stops writing stamps).
+  `group`, or at none (group 0: absent from a scrape of its group, stale from there on).
 
-Reading back (`fill_points`): the real points in range, plus, for every stamp of the series'
-active group inside a run, the value of the latest real point at or before that stamp (which
-may lie before the window: the caller passes it as `carry`). The result equals the dense
-series that was written; tests/unit/test_changepoints.py checks it sample for sample, with
-counter resets, series that vanish and return, targets going down and retention.
+`fill_points` reads back exactly the dense series written (tests/unit/test_changepoints.py
+checks it sample for sample). Samples older than a series' previous point are dropped
+(`out_of_order`); a second one in the same millisecond too (`duplicate`, first write wins).
 
-Samples older than a series' previous point are dropped (`out_of_order`), as Prometheus does;
-a second sample in the same millisecond is dropped (`duplicate`, first write wins).
-
-Fast path: a target usually sends the same series in the same order every scrape. The encoder
-keeps each group's previous cohort (names, labels, values, and the state of each series in
-order); a cohort with the same names and labels (compared as whole tuples, identity first)
-needs no per-sample dict lookup: the changed values are found in one C-level pass and only
-those write rows. Any difference (a new, missing or reordered series, a NaN or non-float
-value, a series that moved between groups) takes the general path, which gives the same rows.
-
-Block path: a `Stamped` part (one target's scrape as family blocks, agent/scrape/stamped.py) is its own
-cohort. When the group's previous cohort was a `Stamped` with as many blocks, a block that is the
-same object as last time is skipped without reading it (same values by construction), and only
-the other blocks are compared as above. Anything else flattens the part and takes the paths
-above; tests/unit/test_changepoints.py checks that both give the same rows.
+Fast paths, same rows (tests/unit/test_stamped.py): a cohort with the same series in the same
+order as its group's previous one is compared by position in C-level passes; a `Stamped` part
+(agent/scrape/stamped.py) skips the blocks that are the same objects as last time. Anything
+else (a new, missing or reordered series, a NaN or non-float value) takes the general path.
 """
 
 from __future__ import annotations
@@ -350,8 +332,8 @@ def fill_points(
 
     `real`: stored points in [lo, hi], sorted; `carry`: the latest stored point before `lo`;
     `marks`: (ts_ms, group) sorted, starting with the mark active at `lo` (if any) and ending at
-    `hi`; `stamps_of(group, a, b)`: sorted stamps of `group` in [a, b]. Without marks (a store
-    written before change-point encoding) the real points are the answer.
+    `hi`; `stamps_of(group, a, b)`: sorted stamps of `group` in [a, b]. Without marks the real
+    points are the answer.
     """
     if not marks:
         return [(t / 1000, v) for t, v in real]
