@@ -67,7 +67,7 @@ class ChangeEncoder:
         self._by_sid: dict[int, list] = {}  # the same lists by series id
         self._members: dict[int, set[int]] = {}  # group -> series ids in its current run
         self._group_ts: dict[int, int] = {}  # group -> its latest stamp
-        self._previous: dict[int, _Cohort | _Blocks] = {}  # group -> its last cohort, for the fast paths
+        self._previous: dict[int, _Blocks] = {}  # group -> its last cohort, for the fast paths
         self.block_cohorts = 0  # cohorts written by the block path (for tests and benches)
 
     def reset(self) -> None:
@@ -150,32 +150,33 @@ class ChangeEncoder:
         """A target's scrape as blocks: only the blocks that are not last time's objects are read."""
         g = self._group_for(ts_ms, list(islice(chain.from_iterable(part.blocks), 8)), used)
         used.add(g)
-        if self._encode_same_blocks(g, ts_ms, part, out):
+        if self._encode_same_series(g, ts_ms, part.blocks, out):
+            self.block_cohorts += 1
             return
         self._encode_general(g, ts_ms, part.samples(), out)
         prev = self._previous.get(g)
         if prev is not None:  # every sample a member, in order: remember it block by block
-            states = iter(prev.states)
+            states = iter(prev.states[0])
             self._previous[g] = _Blocks(part.blocks, [list(islice(states, len(b))) for b in part.blocks])
 
-    def _encode_same_blocks(self, g: int, ts_ms: int, part: Stamped, out: Encoded) -> bool:
-        """`_encode_same_series` for blocks: the same blocks as the group's previous scrape, those
-        that are other objects holding the same series in the same order. Writes the rows and
-        returns True, or changes nothing and returns False."""
+    def _encode_same_series(self, g: int, ts_ms: int, blocks: list[list], out: Encoded) -> bool:
+        """The fast path: the same series in the same order as the group's previous cohort, block
+        by block (a flat cohort is one block); a block that is the same object as last time is
+        skipped. Writes the rows and returns True, or changes nothing and returns False."""
         prev = self._previous.get(g)
-        if type(prev) is not _Blocks or len(prev.blocks) != len(part.blocks) or not len(part):
+        if prev is None or len(prev.blocks) != len(blocks) or not any(map(len, blocks)):
             return False
-        which = list(compress(range(len(part.blocks)), map(is_not, part.blocks, prev.blocks)))
-        if 4 * len(which) > len(part.blocks):  # most blocks changed: compare them all in one pass each
+        which = list(compress(range(len(blocks)), map(is_not, blocks, prev.blocks)))
+        if len(blocks) > 1 and 4 * len(which) > len(blocks):  # most blocks changed: one pass over all
             pairs = [
                 (
-                    list(chain.from_iterable(part.blocks)),
+                    list(chain.from_iterable(blocks)),
                     list(chain.from_iterable(prev.blocks)),
                     list(chain.from_iterable(prev.states)),
                 )
             ]
         else:
-            pairs = [(part.blocks[i], prev.blocks[i], prev.states[i]) for i in which]
+            pairs = [(blocks[i], prev.blocks[i], prev.states[i]) for i in which]
         moved: list[tuple[list, list[int], list]] = []
         for new, old, states in pairs:
             if (
@@ -197,19 +198,17 @@ class ChangeEncoder:
                 st = states[j]
                 v = st[2] = values[j]
                 points.append((st[0], ts_ms, v))
-        prev.blocks = part.blocks
-        self.block_cohorts += 1
+        prev.blocks = blocks
         self._group_ts[g] = ts_ms
         out.stamps.append((g, ts_ms))
-        out.accepted += len(part)
+        out.accepted += sum(map(len, blocks))
         return True
 
     def _encode_cohort(self, ts_ms: int, cohort: list[Sample], used: set[int], out: Encoded) -> None:
         g = self._group_for(ts_ms, cohort, used)
         used.add(g)
-        if self._encode_same_series(g, ts_ms, cohort, out):
-            return
-        self._encode_general(g, ts_ms, cohort, out)
+        if not self._encode_same_series(g, ts_ms, [cohort], out):
+            self._encode_general(g, ts_ms, cohort, out)
 
     def _encode_general(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> None:
         self._previous.pop(g, None)
@@ -269,51 +268,16 @@ class ChangeEncoder:
         out.stamps.append((g, ts_ms))
         out.accepted += len(present)
         if len(present) == len(cohort):  # every sample a member, in order: remember for the fast path
-            self._previous[g] = _Cohort(cohort, [last[(s[0], s[1])] for s in cohort])
-
-    def _encode_same_series(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> bool:
-        """The fast path: the same series as the group's previous cohort, in the same order.
-        Writes the rows and returns True, or changes nothing and returns False."""
-        prev = self._previous.get(g)
-        if type(prev) is not _Cohort or len(cohort) != len(prev.states) or not cohort:
-            return False
-        names, labels, values, _ = zip(*cohort, strict=True)
-        if labels != prev.labels or names != prev.names:
-            return False
-        changed = list(compress(range(len(values)), map(operator.ne, values, prev.values)))
-        for i in changed:
-            v = values[i]
-            if type(v) is not float or v != v:  # NaN or a value to convert: the general path
-                return False
-        states, points = prev.states, out.points
-        for i in changed:
-            st = states[i]
-            v = st[2] = values[i]
-            points.append((st[0], ts_ms, v))
-        prev.values = values
-        self._group_ts[g] = ts_ms
-        out.stamps.append((g, ts_ms))
-        out.accepted += len(cohort)
-        return True
+            self._previous[g] = _Blocks([cohort], [[last[(s[0], s[1])] for s in cohort]])
 
 
 class _Blocks:
-    """A group's previous scrape as blocks (a `Stamped`), with the encoder states block by block."""
+    """A group's previous cohort as blocks (a `Stamped`'s, or one), with the encoder states block by block."""
 
     __slots__ = ("blocks", "states")
 
     def __init__(self, blocks: list[list], states: list[list[list]]) -> None:
         self.blocks = blocks
-        self.states = states
-
-
-class _Cohort:
-    """A group's previous cohort: its series in order, their values, and their encoder states."""
-
-    __slots__ = ("labels", "names", "states", "values")
-
-    def __init__(self, cohort: list[Sample], states: list[list]) -> None:
-        self.names, self.labels, self.values, _ = zip(*cohort, strict=True)
         self.states = states
 
 
