@@ -280,15 +280,9 @@ def _instance(labels: Labels) -> str:
 
 
 def _freeze_startup_objects() -> None:
-    """Move everything alive after the first cycle (modules, catalog, config, the first memo)
-    out of the cyclic GC's reach: they live as long as the process, and otherwise every full
-    collection walks them again. Measured on the 9-target bench: GC went from ~20% to ~7% of
-    the agent's CPU. Objects still die by reference counting as usual.
-
-    Then the youngest generation is collected every 10k net allocations instead of 700: a cycle
-    allocates a few thousand short-lived samples that reference counting frees anyway, and each
-    young collection otherwise walks the ones still alive (the cycle's samples). Cyclic garbage
-    is still found, a little later (bounded: at most 10k objects more)."""
+    """Move everything alive after the first cycle out of the cyclic GC's reach (they live as long
+    as the process), and collect the youngest generation every 10k net allocations instead of
+    700: a cycle's short-lived samples die by reference counting anyway (docs/performance.md)."""
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()

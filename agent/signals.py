@@ -16,23 +16,9 @@ import yaml
 
 Labels = tuple[tuple[str, str], ...]
 
-COMMON_LABELS = (
-    "instance",
-    "job",
-    "engine",
-    "model",
-    "dp_rank",
-    "role",
-    "tenant",
-    "node",
-    "gpu",
-    "gpu_uuid",
-    "gpu_model",
-    "pod",
-    "namespace",
-    "container",
-    "mig_instance",
-    "mig_profile",
+COMMON_LABELS = tuple(
+    "instance job engine model dp_rank role tenant node gpu gpu_uuid gpu_model pod namespace container"
+    " mig_instance mig_profile".split()
 )
 """Labels every canonical signal may carry (see docs/architecture.md, 'Canonical labels')."""
 

@@ -1,24 +1,9 @@
-"""Who sent a request, and a bounded label set for it, ranked by traffic.
+"""Who sent a request, and a bounded label set for it, ranked by traffic (docs/requests.md).
 
 The tenant comes from, in order: a configured header (e.g. `X-Tenant`), the OpenAI `user` body
-field, or a hash of the API key (`key-` + 12 hex chars of SHA-256). The key itself is never kept.
-
-Labels are bounded: the `max_tenants` tenants with the most *recent* traffic keep their own label
-and every other one is counted as `other`, so a caller cannot blow up the series count by
-inventing tenants, and a big tenant that arrives after the slots are taken still gets one.
-Traffic is a request count with exponential decay (half-life `half_life_s`), kept for the
-tracked tenants exactly and for the rest in a bounded heavy-hitter sketch (`sketch_size`
-entries, space-saving style: an id new to a full sketch inherits the count of what was pruned
-as its error bound). A tenant in `other` is promoted when its *guaranteed* count (estimate minus
-error) exceeds `promote_ratio` x the smallest tracked count and amounts to more than one recent
-request (`min_promote`); the smallest tracked tenant is demoted. A flood of one-off random ids
-therefore never promotes anything: each one's guaranteed count is its own single request.
-
-A demoted tenant's series are not reset or removed: its counters keep their last value and stop
-(flat), `other` absorbs its traffic from then on, and if it is promoted again its counters
-continue from where they stopped (still monotonic). Distinct labels ever handed out are capped at
-`max_labels` (default 10 x max_tenants); once spent, only tenants that already have series can be
-promoted (`stats["label_budget_spent"]` counts refusals).
+field, or `key-` + 12 hex chars of the API key's SHA-256 (the key itself is never kept). The
+`max_tenants` tenants with the most recent traffic (decayed request counts) keep their own label;
+every other one is counted as `other`, so invented tenant ids cannot blow up the series count.
 """
 
 from __future__ import annotations
