@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, compress
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvscope.agent import collectors as collectors_pkg
 from kvscope.agent.collectors.base import Collection, Collector, Health, registered_collectors
@@ -137,124 +137,83 @@ class AgentState:
 class CounterResets:
     """Counts decreases of canonical counters per instance (an engine restart, usually).
 
-    Memory is bounded by the series present in the last cycle. A counter is compared with its
-    value in the previous cycle: for a part that is one target's scrape (`Parts.sources`), with
-    that target's previous part; for the other samples, by series over all of them.
+    A counter is compared with its value in the previous cycle: for a part that is one target's
+    scrape (`Parts.sources`), with that target's previous part; the other samples together, by
+    series (the last one wins when a series repeats). Memory is bounded by the last cycle.
 
-    Fast paths, same answers (tests/unit/test_runtime.py checks them against the definition):
-    a `Stamped` part compares only the blocks that are not the same objects as last time, by
-    position; samples in the same series order as last cycle are compared by position in C-level
-    passes, with no per-sample dict lookup.
+    Fast path, same answers (tests/unit/test_runtime.py checks it against the definition): series
+    in the same order as last time are compared by position in C-level passes, with no per-sample
+    dict lookup; of a `Stamped` part only the blocks that are not the same objects as last time.
     """
 
     def __init__(self) -> None:
-        self._last: dict[tuple[str, Labels], float] = {}
         self._counter = _CounterNames()  # name -> is a counter (names are few)
-        self._names: tuple[str, ...] | None = None  # the previous cycle's series, in order
-        self._labels: tuple[Labels, ...] | None = None
-        self._idx: list[int] = []  # positions of its counters
-        self._values: list[float] = []  # and their values
-        self._sources: dict[str, Sequence[Sample]] = {}  # target -> its previous part
+        self._prev: dict[str, _Seen] = {}  # source ("": the rest) -> its previous part
 
     def observe(self, samples: Iterable[Sample], into: Counter[str]) -> None:
-        resets: set[str] = set()
+        parts: dict[str, Sequence[Sample]] = {}
+        rest: list[Sample] = []
         if isinstance(samples, Parts):
-            rest: list[Sample] = []
-            sources: dict[str, Sequence[Sample]] = {}
             for part, source in zip(samples.parts, samples.sources, strict=True):
-                if source and source not in sources:
-                    sources[source] = part
-                    self._observe_source(self._sources.get(source), part, resets)
+                if source and source not in parts:
+                    parts[source] = part
                 else:
                     rest.extend(part)
-            self._sources = sources  # a target absent this cycle is compared afresh next time
-            samples = rest
-        samples = samples if isinstance(samples, list) else list(samples)
-        self._observe_rest(samples, resets)
+        else:
+            rest = samples if isinstance(samples, list) else list(samples)
+        parts[""] = rest
+        resets: set[str] = set()
+        # a source absent this cycle is compared afresh next time
+        self._prev = {src: self._compare(self._prev.get(src), part, resets) for src, part in parts.items()}
         for inst in resets:
             into[inst] += 1
 
-    # ---------------------------------------------------------------- one target's parts
-    def _observe_source(self, prev: Sequence[Sample] | None, part: Sequence[Sample], resets: set[str]) -> None:
-        if prev is None:
-            return
-        if isinstance(part, Stamped) and isinstance(prev, Stamped) and len(part.blocks) == len(prev.blocks):
-            changed = [(new, old) for new, old in zip(part.blocks, prev.blocks, strict=True) if new is not old]
-            if 4 * len(changed) > len(part.blocks):  # most blocks changed: one pass over all of them
-                changed = [(list(chain.from_iterable(part.blocks)), list(chain.from_iterable(prev.blocks)))]
-            if all(_same_series(new, old) for new, old in changed):
-                for new, old in changed:
-                    idx = list(compress(range(len(new)), map(self._counter.__getitem__, map(_name, new))))
-                    lower = compress(
-                        idx,
-                        map(
-                            operator.lt, map(_value, map(new.__getitem__, idx)), map(_value, map(old.__getitem__, idx))
-                        ),
+    def _compare(self, prev: _Seen | None, part: Sequence[Sample], resets: set[str]) -> _Seen:
+        """Add the instances whose counters in `part` fell below `prev` (the source's previous
+        part) to `resets`; return what the next cycle compares with."""
+        blocks = part.blocks if isinstance(part, Stamped) else [part]
+        if prev is not None and prev.unique and len(prev.blocks) == len(blocks):
+            moved = []
+            for new, old, (names, labels, idx) in zip(blocks, prev.blocks, prev.keys, strict=True):
+                if new is not old:
+                    if tuple(map(_name, new)) != names or tuple(map(_labels, new)) != labels:
+                        break
+                    moved.append((new, old, idx))
+            else:
+                for new, old, idx in moved:
+                    lower = map(
+                        operator.lt, map(_value, map(new.__getitem__, idx)), map(_value, map(old.__getitem__, idx))
                     )
-                    resets.update(_instance(new[j][1]) for j in lower)
-                return
-        self._compare_by_key(_heads_of(prev), _heads_of(part), resets)
-
-    def _compare_by_key(self, prev: Iterable[tuple], cur: Iterable[tuple], resets: set[str]) -> None:
-        last = {(h[0], h[1]): h[2] for h in prev if self._is_counter(h[0])}
-        for h in cur:
-            if self._is_counter(h[0]):
-                before = last.get((h[0], h[1]))
-                if before is not None and h[2] < before:
+                    resets.update(_instance(new[j][1]) for j in compress(idx, lower))
+                return _Seen(blocks, True, prev.keys)
+        heads = list(chain.from_iterable(blocks))
+        if prev is not None:
+            last = {(h[0], h[1]): h[2] for h in chain.from_iterable(prev.blocks) if self._counter[h[0]]}
+            for h in heads:
+                if self._counter[h[0]] and (before := last.get((h[0], h[1]))) is not None and h[2] < before:
                     resets.add(_instance(h[1]))
-
-    def _is_counter(self, name: str) -> bool:
-        return self._counter[name]
-
-    # ---------------------------------------------------------------- the other samples
-    def _observe_rest(self, samples: list[Sample], resets: set[str]) -> None:
-        names = tuple(map(itemgetter(0), samples))
-        labels = tuple(map(itemgetter(1), samples))
-        values = list(map(itemgetter(2), samples))
-        if names == self._names and labels == self._labels:
-            cur = list(map(values.__getitem__, self._idx))
-            resets.update(
-                samples[i].label("instance") or "" for i in compress(self._idx, map(operator.lt, cur, self._values))
+        keys = []
+        for block in blocks:
+            names = tuple(map(_name, block))
+            keys.append(
+                (
+                    names,
+                    tuple(map(_labels, block)),
+                    list(compress(range(len(names)), map(self._counter.__getitem__, names))),
+                )
             )
-            self._values = cur
-        else:
-            resets.update(self._observe_by_key(samples, names, labels))
+        return _Seen(blocks, len({(h[0], h[1]) for h in heads}) == len(heads), keys)
 
-    def _observe_by_key(self, samples: list[Sample], names: tuple[str, ...], labels: tuple[Labels, ...]) -> set[str]:
-        seen: dict[tuple[str, Labels], float] = {}
-        reset_instances: set[str] = set()
-        idx: list[int] = []
-        if self._names is not None and self._labels is not None:  # last cycle's fast path: its values by key
-            self._last = {(self._names[i], self._labels[i]): v for i, v in zip(self._idx, self._values, strict=True)}
-        last = self._last
-        for i, s in enumerate(samples):
-            name = s[0]
-            if not self._is_counter(name):
-                continue
-            key = (name, s[1])
-            value = s[2]
-            prev = last.get(key)
-            if prev is not None and value < prev:
-                reset_instances.add(s.label("instance") or "")
-            seen[key] = value
-            idx.append(i)
-        self._last = seen
-        unique = len(seen) == len(idx)  # a series twice in one cycle: keep comparing by key
-        self._names, self._labels = (names, labels) if unique else (None, None)
-        self._idx, self._values = idx, [samples[i][2] for i in idx]
-        return reset_instances
+
+class _Seen(NamedTuple):
+    """A source's part as `CounterResets` compares the next one with it."""
+
+    blocks: list[Sequence[tuple]]
+    unique: bool  # no series twice: a comparison by position is the definition's
+    keys: list[tuple[tuple[str, ...], tuple[Labels, ...], list[int]]]  # per block: names, labels, counters' positions
 
 
 _name, _labels, _value = itemgetter(0), itemgetter(1), itemgetter(2)
-
-
-def _same_series(new: list, old: list) -> bool:
-    """The same (name, labels) at every position (C-level passes, no tuple per position)."""
-    return (
-        len(new) == len(old)
-        and list(map(_name, new)) == list(map(_name, old))
-        and list(map(_labels, new)) == list(map(_labels, old))
-    )
 
 
 class _CounterNames(dict):
@@ -266,10 +225,6 @@ class _CounterNames(dict):
             self.clear()
         counter = self[name] = name.endswith(("_total", "_count"))
         return counter
-
-
-def _heads_of(part: Sequence[Sample]) -> Iterable[tuple]:
-    return chain.from_iterable(part.blocks) if isinstance(part, Stamped) else part
 
 
 def _instance(labels: Labels) -> str:
