@@ -28,7 +28,6 @@ SIZE_TARGET_FRACTION = 0.9
 class RetentionMixin:
     """Retention for `SqliteStore`; uses its writer connection, locks, series index and stats."""
 
-    read_only: bool
     retention_s: float
     max_bytes: int
     _writer: sqlite3.Connection
@@ -37,15 +36,13 @@ class RetentionMixin:
     _qlock: threading.Lock
     _encoder: ChangeEncoder
     _ids: dict[tuple[str, Labels], int]
-    _by_name: dict[str, list[tuple[Labels, int]]]
     _stats: Any
     _rollback: Callable[[], None]
+    _unindex: Callable[[set[int]], None]
 
     def enforce_retention(self, now: float | None = None) -> int:
         """Delete rows older than retention_s, then the oldest rows until the pages in use are
         under max_bytes; give freed pages back with incremental_vacuum. Returns rows deleted."""
-        if self.read_only:
-            return 0
         now = time.time() if now is None else now
         with self._wlock:
             deleted = self._delete_before(now - self.retention_s, "age")
@@ -76,13 +73,7 @@ class RetentionMixin:
         self._writer.executemany("DELETE FROM marks WHERE series_id = ?", [(i,) for i in empty])
         gone = set(empty)
         self._encoder.forget(gone)
-        with self._slock:
-            self._ids = {k: v for k, v in self._ids.items() if v not in gone}
-            self._by_name = {
-                n: kept
-                for n, lst in self._by_name.items()
-                if (kept := [(lab, sid) for lab, sid in lst if sid not in gone])
-            }
+        self._unindex(gone)
 
     def _series_ids(self) -> list[int]:
         with self._slock:

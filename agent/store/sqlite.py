@@ -13,8 +13,8 @@ SQLite layout (WAL mode; every table clustered on its primary key, timestamps in
 
 Writes are queued and committed in batches by one writer thread, so `write()` never waits on
 disk. The queue is bounded: when full, the *oldest* queued samples are dropped and counted
-(`queue_full`). A committed batch survives a crash of the process (WAL, `synchronous=NORMAL`);
-`synchronous="FULL"` survives power loss too. Retention (agent/store/retention.py) runs on the
+(`queue_full`). A committed batch survives a crash of the process (WAL, `synchronous=NORMAL`).
+Retention (agent/store/retention.py) runs on the
 writer thread, by age and by size; a full VACUUM is never run automatically.
 """
 
@@ -104,9 +104,7 @@ class StoreStats:
     errors: Counter[str] = field(default_factory=Counter)  # failed writes / retention passes, by reason
     failing: str | None = None  # reason while the latest write failed (disk_full...), None once one succeeds
     deleted: Counter[str] = field(default_factory=Counter)  # rows removed by retention: age | size
-    last_write_latency_s: float = 0.0
     max_write_latency_s: float = 0.0
-    write_latency_sum_s: float = 0.0
 
     def copy(self) -> StoreStats:
         """A copy whose counters are not shared with this one."""
@@ -274,10 +272,8 @@ class SqliteStore(RetentionMixin):
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         max_queue: int = DEFAULT_MAX_QUEUE,
         max_series: int = DEFAULT_MAX_SERIES,
-        synchronous: str = "NORMAL",
         background: bool = True,
         busy_timeout_s: float = 30.0,
-        read_only: bool = False,
     ) -> None:
         self.path = Path(path)
         self.retention_s = retention_s
@@ -287,7 +283,6 @@ class SqliteStore(RetentionMixin):
         self.max_queue = max(1, max_queue)
         self.max_series = max_series
         self.busy_timeout_s = busy_timeout_s
-        self.read_only = read_only
         self._queue: deque[tuple[float, Sequence[Sample]]] = deque()  # (time of write(), samples)
         self._queued = 0
         self._qlock = threading.Lock()  # guards _queue and _stats.dropped (cheap, never I/O)
@@ -300,16 +295,10 @@ class SqliteStore(RetentionMixin):
         self._stop = threading.Event()
         self._ids: dict[tuple[str, Labels], int] = {}
         self._by_name: dict[str, list[tuple[Labels, int]]] = {}
-        self._max_id = 0
         try:
-            if read_only:  # a reader beside a running agent: no writes, no checkpoints, no new file
-                self._reader = self._connect_read_only()
-                self._writer = self._reader
-                self._check_schema()
-            else:
-                self._writer = self._connect(synchronous)
-                self._init_schema()
-                self._reader = self._connect(synchronous)
+            self._writer = self._connect()
+            self._init_schema()
+            self._reader = self._connect()
             self._load_series()
             self._encoder = ChangeEncoder(self._series_for, self._next_group())
         except sqlite3.DatabaseError as exc:  # a damaged file: pages the first reads touch
@@ -319,12 +308,12 @@ class SqliteStore(RetentionMixin):
         self._row_offset: int | None = None  # rows at open, counted on first stats() (a full scan)
         self._next_retention = 0.0
         self._thread: threading.Thread | None = None
-        if background and not read_only:
+        if background:
             self._thread = threading.Thread(target=self._run, name="kvscope-store-writer", daemon=True)
             self._thread.start()
 
     # ------------------------------------------------------------------ setup
-    def _connect(self, synchronous: str) -> sqlite3.Connection:
+    def _connect(self) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(
@@ -337,70 +326,50 @@ class SqliteStore(RetentionMixin):
             # After a checkpoint, cut the WAL file back to this size (it otherwise stays at its
             # largest), so max_bytes plus this bounds the disk used.
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
-            conn.execute(f"PRAGMA synchronous={'FULL' if synchronous.upper() == 'FULL' else 'NORMAL'}")
+            conn.execute("PRAGMA synchronous=NORMAL")
             return conn
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(
                 f"{self.path}: cannot open store: {exc}{DAMAGED if isinstance(exc, sqlite3.DatabaseError) else ''}"
             ) from exc
 
-    def _connect_read_only(self) -> sqlite3.Connection:
-        if not self.path.is_file():
-            raise StoreError(f"{self.path}: no such store")
-        try:
-            return sqlite3.connect(
-                f"{self.path.resolve().as_uri()}?mode=ro",
-                uri=True,
-                isolation_level=None,
-                check_same_thread=False,
-                timeout=self.busy_timeout_s,
-            )
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot open store: {exc}") from exc
-
     def _init_schema(self) -> None:
         try:
             for stmt in _SCHEMA:
                 self._writer.execute(stmt)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: not a kvscope store: {exc}") from exc
-        self._check_schema()
-
-    def _check_schema(self) -> None:
-        try:
             cols = [r[1] for r in self._writer.execute("PRAGMA table_info(samples)")]
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: not a kvscope store: {exc}") from exc
-        tables = {r[0] for r in self._writer.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if cols != ["series_id", "ts_ms", "value"] or not {"stamps", "marks"} <= tables:
-            raise StoreError(f"{self.path}: not a kvscope store (samples columns {cols}, tables {sorted(tables)})")
+        if cols != ["series_id", "ts_ms", "value"]:
+            raise StoreError(f"{self.path}: not a kvscope store (samples columns {cols})")
 
     def _next_group(self) -> int:
         row = self._writer.execute("SELECT MAX(group_id) FROM stamps").fetchone()
         return int(row[0] or 0) + 1
 
-    def _load_series(self, after_id: int = 0) -> None:
-        rows = self._writer.execute("SELECT id, name, labels FROM series WHERE id > ? ORDER BY id", (after_id,))
-        for sid, name, labels in rows.fetchall():
+    def _load_series(self) -> None:
+        for sid, name, labels in self._writer.execute("SELECT id, name, labels FROM series ORDER BY id").fetchall():
             self._index(sid, name, _labels_from_json(labels))
-            self._max_id = max(self._max_id, sid)
-
-    def _refresh_series(self) -> None:
-        """A read-only store learns the series another process (the agent) created since."""
-        if not self.read_only or self._closed:
-            return
-        with self._rlock:
-            self._load_series(self._max_id)
 
     def _index(self, sid: int, name: str, labels: Labels) -> None:
         with self._slock:
             self._ids[(name, labels)] = sid
             self._by_name.setdefault(name, []).append((labels, sid))
 
+    def _unindex(self, gone: set[int]) -> None:
+        """Forget series ids (rolled back, or pruned by retention)."""
+        with self._slock:
+            self._ids = {k: v for k, v in self._ids.items() if v not in gone}
+            self._by_name = {
+                n: kept
+                for n, lst in self._by_name.items()
+                if (kept := [(lab, sid) for lab, sid in lst if sid not in gone])
+            }
+
     # ------------------------------------------------------------------ write path
     def write(self, samples: Sequence[Sample]) -> None:
-        if self._closed or self.read_only:
-            self._count_drop("closed" if self._closed else "read_only", len(samples))
+        if self._closed:
+            self._count_drop("closed", len(samples))
             return
         chunk = samples if isinstance(samples, Parts) else list(samples)  # a cycle's Parts keep their blocks
         if not chunk:
@@ -455,8 +424,6 @@ class SqliteStore(RetentionMixin):
         """Commit everything queued. On a database error (locked past the busy timeout, disk
         full, I/O error) the batch goes back to the head of the queue, the error is counted in
         `stats().errors`, and the next flush retries it; the queue bound still applies."""
-        if self.read_only:
-            return
         with self._wlock:
             while batch := self._take():
                 if not self._commit(batch):
@@ -501,9 +468,7 @@ class SqliteStore(RetentionMixin):
             st.written += enc.accepted - max(0, lost)
             st.unchanged += enc.accepted - len(enc.points)
             st.batches += 1
-            st.last_write_latency_s = elapsed
             st.max_write_latency_s = max(st.max_write_latency_s, elapsed)
-            st.write_latency_sum_s += elapsed
         return True
 
     def _requeue(self, batch: list[tuple[float, Sequence[Sample]]], exc: sqlite3.Error) -> None:
@@ -518,14 +483,8 @@ class SqliteStore(RetentionMixin):
         encoder's state (it described rows that are not on disk)."""
         self._rollback()
         self._encoder.reset()
-        gone = {sid for sid, _, _ in self._created or ()}
-        if gone:
-            with self._slock:
-                for sid, name, labels in self._created or ():
-                    self._ids.pop((name, labels), None)
-                    self._by_name[name] = [(lab, i) for lab, i in self._by_name.get(name, []) if i != sid]
-                    if not self._by_name[name]:
-                        del self._by_name[name]
+        if self._created:
+            self._unindex({sid for sid, _, _ in self._created})
 
     def _rollback(self) -> None:
         try:
@@ -603,7 +562,6 @@ class SqliteStore(RetentionMixin):
     def query(
         self, name: str, start: float, end: float, matchers: dict[str, str] | None = None
     ) -> dict[Labels, Points]:
-        self._refresh_series()
         with self._slock:
             targets = [(lab, sid) for lab, sid in self._by_name.get(name, ()) if _matches(lab, matchers)]
         out: dict[Labels, Points] = {}
@@ -654,7 +612,6 @@ class SqliteStore(RetentionMixin):
         return fill_points(real, carry, marks, stamps, lo, hi)
 
     def names(self) -> set[str]:
-        self._refresh_series()
         with self._slock:
             return {n for n, series in self._by_name.items() if series}
 
@@ -700,12 +657,11 @@ class SqliteStore(RetentionMixin):
         self.flush()
         self._closed = True
         with self._wlock:
-            if not self.read_only:
-                try:  # leave one compact file behind; a reader elsewhere may hold it up: then skip
-                    self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                except sqlite3.Error:
-                    pass
-                self._writer.close()
+            try:  # leave one compact file behind; a reader elsewhere may hold it up: then skip
+                self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass
+            self._writer.close()
         with self._rlock:
             self._reader.close()
 

@@ -227,29 +227,6 @@ def test_locked_database_keeps_the_batch_queued_and_retries(tmp_path):
     s.close()
 
 
-def test_read_only_store_reads_beside_a_writer_and_never_writes(tmp_path):
-    writer = SqliteStore(tmp_path / "kv.db", background=False)
-    writer.write([Sample("x", A, 1.0, 10.0)])
-    writer.flush()
-    reader = SqliteStore(tmp_path / "kv.db", read_only=True)
-    assert reader.query("x", 0, 20) == {A: [(10.0, 1.0)]}
-    reader.write([Sample("x", A, 2.0, 11.0)])
-    reader.flush()
-    assert reader.stats().dropped["read_only"] == 1 and reader.enforce_retention(now=1e12) == 0
-    writer.write([Sample("x", A, 3.0, 12.0), Sample("y", B, 4.0, 12.0)])  # the writer keeps going
-    writer.flush()
-    assert reader.query("x", 0, 20) == {A: [(10.0, 1.0), (12.0, 3.0)]}
-    assert reader.names() == {"x", "y"} and reader.query("y", 0, 20) == {B: [(12.0, 4.0)]}
-    reader.close()
-    writer.close()
-
-
-def test_read_only_open_of_a_missing_store_is_a_clear_error(tmp_path):
-    with pytest.raises(StoreError, match="no such store"):
-        SqliteStore(tmp_path / "absent.db", read_only=True)
-    assert not (tmp_path / "absent.db").exists()
-
-
 def test_in_memory_twin_is_bounded_by_age_and_count():
     s = InMemoryStore(retention_s=100, max_points=50)
     now = time.time()
