@@ -138,16 +138,9 @@ KEYS: tuple[Key, ...] = (
 KEY_BY_PATH = {k.path: k for k in KEYS}
 
 SECTIONS = ("scrape", "store", "targets", "collectors", "gpu_mapping")
-"""Declared top-level sections besides the scalar `listen_address`.
-
-* `targets`: list of `{url, job, engine, labels}`. `job` defaults to `engine`; `engine` forces
-  a dialect (vllm | sglang | dcgm) instead of detecting it from metric names; `labels` are
-  added to every sample of the target (`instance` may be overridden there). dcgm-exporter
-  endpoints are ordinary targets whose dialect is dcgm.
-* `collectors`: `name: true|false` or `name: {enabled: bool, <option>: value}`; options are
-  handed to that collector. Unlisted collectors use their registered default.
-* `gpu_mapping`: passed through unchanged to the GPU <-> engine join.
-"""
+"""Declared top-level sections besides the scalar `listen_address` (README.md shows each). A
+target's `engine` forces a dialect instead of detecting it; its `labels` may override `instance`.
+`collectors`: `name: true|false` or `name: {enabled: bool, <option>: value}`."""
 
 _EXTENSIONS: dict[str, Callable[[Any], Any] | None] = {}
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -155,10 +148,8 @@ _JOB_DEFAULT = "engine"
 
 
 def register_section(name: str, validate: Callable[[Any], Any] | None = None) -> None:
-    """Declare a top-level section owned by an extension (e.g. `otlp`).
-
-    `validate(raw)` may return a parsed value and must raise ConfigError naming the key.
-    """
+    """Declare a top-level section owned by an extension (e.g. `otlp`). `validate(raw)` may return
+    a parsed value and must raise ConfigError naming the key."""
     _EXTENSIONS[name] = validate
 
 
@@ -172,13 +163,10 @@ class Target:
     engine: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
     limits: tuple[tuple[str, int], ...] = ()  # every LIMIT_KEYS: scrape.*, overridden by the target's
-    limits_set: tuple[tuple[str, int], ...] = ()  # the limits the target's own keys set
 
     def target_labels(self) -> dict[str, str]:
         """Labels added to every sample of this target: job, instance and the configured ones."""
-        out = {"job": self.job, "instance": self.instance}
-        out.update(self.labels)
-        return out
+        return {"job": self.job, "instance": self.instance, **dict(self.labels)}
 
 
 @dataclass(frozen=True)
@@ -404,7 +392,7 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     cfg.retention_s = _number(layers, "store.retention_s")
     cfg.store_max_bytes = int(_number(layers, "store.max_bytes"))
     limits = {n: int(_number(layers, f"scrape.{n}")) for n in LIMIT_KEYS}
-    cfg.targets = [replace(t, limits=tuple({**limits, **dict(t.limits_set)}.items())) for t in _targets(layers)]
+    cfg.targets = [replace(t, limits=tuple({**limits, **dict(t.limits)}.items())) for t in _targets(layers)]
     cfg.collectors = _collectors(layers, known_collectors)
     cfg.gpu_mapping = layers.get("gpu_mapping")
     try:
@@ -534,7 +522,7 @@ def _target(i: int, item: Any, where: str) -> Target:
             own.append((name, parse_count(item[name])))
         except ValueError:
             raise ConfigError(f"{key}.{name}: must be {_COUNT}, got {_show(item[name])}{where}") from None
-    return Target(url=str(url), job=job, instance=instance, engine=engine, labels=labels, limits_set=tuple(own))
+    return Target(url=str(url), job=job, instance=instance, engine=engine, labels=labels, limits=tuple(own))
 
 
 def _target_labels(key: str, raw: Any, where: str) -> tuple[tuple[str, str], ...]:
