@@ -126,10 +126,7 @@ class ChangeEncoder:
                 out.dropped["bad_value"] += len(samples)
         used: set[int] = set()
         for ts_ms, _, samples in sorted(cohorts, key=lambda c: c[:2]):
-            if isinstance(samples, Stamped):
-                self._encode_stamped(ts_ms, samples, used, out)
-            else:
-                self._encode_cohort(ts_ms, samples, used, out)
+            self._encode_cohort(ts_ms, samples, used, out)
         return out
 
     def _group_for(self, ts_ms: int, cohort: Sequence[Sample | Head], used: set[int]) -> int:
@@ -146,18 +143,20 @@ class ChangeEncoder:
         self._next_group += 1
         return g
 
-    def _encode_stamped(self, ts_ms: int, part: Stamped, used: set[int], out: Encoded) -> None:
-        """A target's scrape as blocks: only the blocks that are not last time's objects are read."""
-        g = self._group_for(ts_ms, list(islice(chain.from_iterable(part.blocks), 8)), used)
+    def _encode_cohort(self, ts_ms: int, cohort: list[Sample] | Stamped, used: set[int], out: Encoded) -> None:
+        """One cohort (a `Stamped` part is read block by block): the fast path, else the general one."""
+        blocks = cohort.blocks if isinstance(cohort, Stamped) else [cohort]
+        g = self._group_for(ts_ms, list(islice(chain.from_iterable(blocks), 8)), used)
         used.add(g)
-        if self._encode_same_series(g, ts_ms, part.blocks, out):
-            self.block_cohorts += 1
+        if self._encode_same_series(g, ts_ms, blocks, out):
+            if isinstance(cohort, Stamped):
+                self.block_cohorts += 1
             return
-        self._encode_general(g, ts_ms, part.samples(), out)
+        self._encode_general(g, ts_ms, cohort.samples() if isinstance(cohort, Stamped) else cohort, out)
         prev = self._previous.get(g)
-        if prev is not None:  # every sample a member, in order: remember it block by block
+        if prev is not None and isinstance(cohort, Stamped):  # every sample a member: remember it by block
             states = iter(prev.states[0])
-            self._previous[g] = _Blocks(part.blocks, [list(islice(states, len(b))) for b in part.blocks])
+            self._previous[g] = _Blocks(blocks, [list(islice(states, len(b))) for b in blocks])
 
     def _encode_same_series(self, g: int, ts_ms: int, blocks: list[list], out: Encoded) -> bool:
         """The fast path: the same series in the same order as the group's previous cohort, block
@@ -203,12 +202,6 @@ class ChangeEncoder:
         out.stamps.append((g, ts_ms))
         out.accepted += sum(map(len, blocks))
         return True
-
-    def _encode_cohort(self, ts_ms: int, cohort: list[Sample], used: set[int], out: Encoded) -> None:
-        g = self._group_for(ts_ms, cohort, used)
-        used.add(g)
-        if not self._encode_same_series(g, ts_ms, [cohort], out):
-            self._encode_general(g, ts_ms, cohort, out)
 
     def _encode_general(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> None:
         self._previous.pop(g, None)
