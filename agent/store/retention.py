@@ -163,16 +163,12 @@ class RetentionMixin:
         return self._delete_before(cutoff_ms / 1000, "size")
 
     def _time_span(self) -> tuple[int | None, int | None]:
-        lo: int | None = None
-        hi: int | None = None
-        for sid in self._series_ids():
-            a, b = self._writer.execute(
-                "SELECT MIN(ts_ms), MAX(ts_ms) FROM samples WHERE series_id = ?", (sid,)
-            ).fetchone()
-            if a is not None:
-                lo = a if lo is None else min(lo, a)
-                hi = b if hi is None else max(hi, b)
-        return lo, hi
+        """Oldest and newest stored point (per series: each a range scan of its primary key)."""
+        q = "SELECT MIN(ts_ms), MAX(ts_ms) FROM samples WHERE series_id = ?"
+        spans = [
+            row for sid in self._series_ids() if (row := self._writer.execute(q, (sid,)).fetchone())[0] is not None
+        ]
+        return (min(a for a, _ in spans), max(b for _, b in spans)) if spans else (None, None)
 
 
 def used_bytes(conn: sqlite3.Connection) -> int:
