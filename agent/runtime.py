@@ -171,7 +171,7 @@ class CounterResets:
     def _compare(self, prev: _Seen | None, part: Sequence[Sample], resets: set[str]) -> _Seen:
         """Add the instances whose counters in `part` fell below `prev` (the source's previous
         part) to `resets`; return what the next cycle compares with."""
-        blocks = part.blocks if isinstance(part, Stamped) else [part]
+        blocks: Sequence[Sequence[Any]] = part.blocks if isinstance(part, Stamped) else [part]
         if prev is not None and prev.unique and len(prev.blocks) == len(blocks):
             moved = []
             for new, old, (names, labels, idx) in zip(blocks, prev.blocks, prev.keys, strict=True):
@@ -208,7 +208,7 @@ class CounterResets:
 class _Seen(NamedTuple):
     """A source's part as `CounterResets` compares the next one with it."""
 
-    blocks: list[Sequence[tuple]]
+    blocks: Sequence[Sequence[Any]]
     unique: bool  # no series twice: a comparison by position is the definition's
     keys: list[tuple[tuple[str, ...], tuple[Labels, ...], list[int]]]  # per block: names, labels, counters' positions
 
