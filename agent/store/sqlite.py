@@ -36,8 +36,9 @@ from typing import Protocol
 from kvscope.agent.ratelog import warn_every
 from kvscope.agent.scrape.stamped import Parts
 from kvscope.agent.signals import Labels, Sample
+from kvscope.agent.store import retention
 from kvscope.agent.store.changepoints import ChangeEncoder, Encoded, StampIndex, fill_points
-from kvscope.agent.store.retention import RetentionMixin, used_bytes
+from kvscope.agent.store.retention import used_bytes
 
 Points = list[tuple[float, float]]
 log = logging.getLogger("kvscope.store")
@@ -256,7 +257,7 @@ DAMAGED = (
 )
 
 
-class SqliteStore(RetentionMixin):
+class SqliteStore:
     """Embedded SQLite store for one node (see the module docstring for layout and guarantees).
 
     `retention_s` and `max_bytes` bound the data kept; `batch_size` caps one transaction;
@@ -509,6 +510,10 @@ class SqliteStore(RetentionMixin):
         if self._created is not None:
             self._created.append((sid, name, labels))
         return sid
+
+    def enforce_retention(self, now: float | None = None) -> int:
+        """Delete rows past retention_s, then the oldest until under max_bytes (agent/store/retention.py)."""
+        return retention.enforce_retention(self, now)
 
     # ------------------------------------------------------------------ background
     def _run(self) -> None:
