@@ -386,18 +386,24 @@ class SqliteStore:
     def _trim_queue(self) -> None:
         """Drop the oldest queued samples past max_queue (caller holds _qlock)."""
         over = self._queued - self.max_queue
-        if over <= 0:
-            return
-        self._stats.dropped["queue_full"] += over
-        self._queued -= over
-        while over > 0:
-            now, head = self._queue[0]
-            if len(head) <= over:
-                self._queue.popleft()
-                over -= len(head)
+        if over > 0:
+            self._stats.dropped["queue_full"] += over
+            self._pop(over)
+
+    def _pop(self, n: int) -> list[tuple[float, Sequence[Sample]]]:
+        """Up to `n` of the oldest queued samples, as whole write() calls where they fit (caller holds _qlock)."""
+        taken: list[tuple[float, Sequence[Sample]]] = []
+        while self._queue and n > 0:
+            now, chunk = self._queue[0]
+            if len(chunk) > n:
+                self._queue[0] = (now, chunk[n:])
+                chunk = chunk[:n]
             else:
-                self._queue[0] = (now, head[over:])
-                over = 0
+                self._queue.popleft()
+            taken.append((now, chunk))
+            n -= len(chunk)
+            self._queued -= len(chunk)
+        return taken
 
     def _count_drop(self, reason: str, n: int) -> None:
         with self._qlock:
@@ -406,20 +412,7 @@ class SqliteStore:
     def _take(self) -> list[tuple[float, Sequence[Sample]]]:
         """Whole write() calls (one scrape cycle each, usually) up to batch_size samples."""
         with self._qlock:
-            taken: list[tuple[float, Sequence[Sample]]] = []
-            n = 0
-            while self._queue and n < self.batch_size:
-                now, chunk = self._queue[0]
-                room = self.batch_size - n
-                if len(chunk) > room:
-                    self._queue[0] = (now, chunk[room:])
-                    chunk = chunk[:room]
-                else:
-                    self._queue.popleft()
-                taken.append((now, chunk))
-                n += len(chunk)
-            self._queued -= n
-            return taken
+            return self._pop(self.batch_size)
 
     def flush(self) -> None:
         """Commit everything queued. On a database error (locked past the busy timeout, disk
