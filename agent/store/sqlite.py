@@ -68,12 +68,9 @@ class Store(Protocol):
         timestamp is stamped with the time of the call."""
         ...
 
-    def query(
-        self, name: str, start: float, end: float, matchers: dict[str, str] | None = None
-    ) -> dict[Labels, Points]:
-        """Points of every series named `name` whose labels equal all `matchers`, with
-        start <= ts <= end (seconds), sorted by time. A matcher value "" matches series that
-        lack the label (Prometheus semantics). Sees what `flush()` has committed."""
+    def query(self, name: str, start: float, end: float) -> dict[Labels, Points]:
+        """Points of every series named `name` with start <= ts <= end (seconds), sorted by time.
+        Sees what `flush()` has committed."""
         ...
 
     def names(self) -> set[str]:
@@ -110,13 +107,6 @@ class StoreStats:
     def copy(self) -> StoreStats:
         """A copy whose counters are not shared with this one."""
         return replace(self, dropped=Counter(self.dropped), errors=Counter(self.errors), deleted=Counter(self.deleted))
-
-
-def _matches(labels: Labels, matchers: dict[str, str] | None) -> bool:
-    if not matchers:
-        return True
-    have = dict(labels)
-    return all(have.get(k, "") == v for k, v in matchers.items())
 
 
 DEFAULT_MAX_POINTS = 1_000_000
@@ -178,17 +168,12 @@ class InMemoryStore:
                 if not by_labels:
                     del self._series[name]
 
-    def query(
-        self, name: str, start: float, end: float, matchers: dict[str, str] | None = None
-    ) -> dict[Labels, Points]:
+    def query(self, name: str, start: float, end: float) -> dict[Labels, Points]:
         with self._lock:
-            out: dict[Labels, Points] = {}
-            for labels, points in self._series.get(name, {}).items():
-                if _matches(labels, matchers):
-                    sel = sorted((t, v) for t, v in points.items() if start <= t <= end)
-                    if sel:
-                        out[labels] = sel
-            return out
+            series = self._series.get(name, {}).items()
+            return {
+                lab: sel for lab, pts in series if (sel := sorted((t, v) for t, v in pts.items() if start <= t <= end))
+            }
 
     def names(self) -> set[str]:
         with self._lock:
@@ -557,11 +542,9 @@ class SqliteStore:
         return st
 
     # ------------------------------------------------------------------ read path
-    def query(
-        self, name: str, start: float, end: float, matchers: dict[str, str] | None = None
-    ) -> dict[Labels, Points]:
+    def query(self, name: str, start: float, end: float) -> dict[Labels, Points]:
         with self._slock:
-            targets = [(lab, sid) for lab, sid in self._by_name.get(name, ()) if _matches(lab, matchers)]
+            targets = list(self._by_name.get(name, ()))
         out: dict[Labels, Points] = {}
         lo, hi = round(start * 1000), round(end * 1000)
         with self._rlock:
