@@ -45,7 +45,6 @@ class AgentServer:
         self.catalog = catalog or load_catalog()
         self._cache: tuple[int, bytes] | None = None
         self._site: HttpSite | None = None
-        self.port: int | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=4096, middlewares=[_bounded])
@@ -64,8 +63,7 @@ class AgentServer:
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (port 0 picks a free one). Returns the bound port."""
         self._site = HttpSite(self.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
-        self.port = await self._site.start(host, port, backlog=64)
-        return self.port
+        return await self._site.start(host, port, backlog=64)
 
     async def stop(self) -> None:
         if self._site is not None:

@@ -406,11 +406,9 @@ def _check_sections(layers: Layers, cfg: AgentConfig) -> None:
     for name, value in layers.doc.items():
         if name == "listen_address" or name in SECTIONS:
             continue
-        if name in _EXTENSIONS:
-            validate = _EXTENSIONS[name]
-            cfg.extensions[name] = validate(value) if validate else value
-        else:
-            cfg.extensions[name] = value
+        validate = _EXTENSIONS.get(name)
+        cfg.extensions[name] = validate(value) if validate else value
+        if name not in _EXTENSIONS:
             cfg.warnings.append(
                 f"{name}: unknown section, kept for extensions (declared: listen_address, {', '.join(SECTIONS)})"
             )
