@@ -43,14 +43,6 @@ from kvscope.agent.store.retention import used_bytes
 Points = list[tuple[float, float]]
 log = logging.getLogger("kvscope.store")
 
-DEFAULT_RETENTION_S = 7 * 86400
-DEFAULT_MAX_BYTES = 1 << 30
-DEFAULT_BATCH_SIZE = 20_000
-DEFAULT_FLUSH_INTERVAL_S = 1.0
-DEFAULT_MAX_QUEUE = 200_000
-"""Samples waiting for the writer (about 40 MiB at worst). Past it the oldest are dropped."""
-DEFAULT_MAX_SERIES = 200_000
-"""Distinct series the store accepts; samples of further new series are dropped (`series_limit`)."""
 RETENTION_CHECK_INTERVAL_S = 60.0
 WAL_SIZE_LIMIT_BYTES = 64 << 20
 
@@ -109,17 +101,13 @@ class StoreStats:
         return replace(self, dropped=Counter(self.dropped), errors=Counter(self.errors), deleted=Counter(self.deleted))
 
 
-DEFAULT_MAX_POINTS = 1_000_000
-"""Points an InMemoryStore keeps (roughly 150 MiB of Python objects); the oldest go first."""
-
-
 class InMemoryStore:
     """Keeps samples in memory, with the same contract as `SqliteStore` (writes are visible at
     once). Used by tests, replay and the agent without a store file. Bounded by age
-    (`retention_s`) and by count (`max_points`): the oldest written points go first, counted in
-    `stats().deleted` as `age` and `size`."""
+    (`retention_s`) and by count (`max_points`, 1M by default: roughly 150 MiB): the oldest
+    written points go first, counted in `stats().deleted` as `age` and `size`."""
 
-    def __init__(self, retention_s: float | None = None, max_points: int = DEFAULT_MAX_POINTS) -> None:
+    def __init__(self, retention_s: float | None = None, max_points: int = 1_000_000) -> None:
         self._series: dict[str, dict[Labels, dict[float, float]]] = {}
         self._order: deque[tuple[float, str, Labels]] = deque()  # write order ~ time order
         self._lock = threading.Lock()
@@ -252,12 +240,12 @@ class SqliteStore:
     def __init__(
         self,
         path: str | os.PathLike[str],
-        retention_s: float = DEFAULT_RETENTION_S,
-        max_bytes: int = DEFAULT_MAX_BYTES,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
-        max_queue: int = DEFAULT_MAX_QUEUE,
-        max_series: int = DEFAULT_MAX_SERIES,
+        retention_s: float = 7 * 86400,
+        max_bytes: int = 1 << 30,
+        batch_size: int = 20_000,
+        flush_interval_s: float = 1.0,
+        max_queue: int = 200_000,  # samples waiting for the writer (about 40 MiB at worst)
+        max_series: int = 200_000,  # samples of further new series are dropped (`series_limit`)
         background: bool = True,
         busy_timeout_s: float = 30.0,
     ) -> None:
