@@ -425,8 +425,7 @@ class SqliteStore:
         elapsed = time.perf_counter() - t0
         with self._qlock:
             st = self._stats
-            for reason, n in enc.dropped.items():
-                st.dropped[reason] += n
+            st.dropped.update(enc.dropped)  # Counter.update adds
             lost = len(enc.points) - inserted  # same series and millisecond already stored: first wins
             if lost > 0:
                 st.dropped["duplicate"] += lost
