@@ -1,19 +1,10 @@
-"""The agent's HTTP server (aiohttp.web, same asyncio loop as the collectors).
+"""The agent's HTTP server (aiohttp.web, same asyncio loop as the collectors); routes in README.md.
 
-Routes (GET only; request bodies are refused, query strings are bounded):
-
-* `/metrics` — canonical series as `kvscope_<signal>` plus self-health (agent/serve/export.py),
-  text format 0.0.4. Rendered once per collection cycle and cached.
-* `/api/v1/samples?match=<regex on canonical name, anchored>&start=<unix s>&end=<unix s>` — stored
-  samples as JSON, the diagnoser's "agent" source:
-  `{"status": "success", "data": {"series": [{"name", "labels", "points": [[ts, value]...]}],
-  "truncated": false}}`. `start` defaults to `end - 3600`, `end` to now; at most
-  `MAX_POINTS` points are returned (then `truncated` is true).
-* `/api/v1/facts` — `{instance: {"engine": ..., "job": ..., "facts": {...}}}`.
-* `/api/v1/health` — collectors and targets with up/reason, cycle count.
-* `/-/ready` — 200 once the first cycle completed, 503 before; `/-/healthy` — 200.
-
-Errors are JSON `{"status": "error", "error": "..."}` with status 400 naming the parameter.
+GET only: request bodies are refused, query strings bounded. `/metrics` is rendered once per cycle
+(agent/serve/export.py). `/api/v1/samples?match=<anchored regex>&start=&end=` (unix s; default the
+last hour) answers `{"status": "success", "data": {"series": [{"name", "labels", "points": [[ts,
+value]...]}], "truncated": bool}}`, at most `MAX_POINTS` points; errors are `{"status": "error",
+"error": "..."}` (400 names the parameter).
 """
 
 from __future__ import annotations

@@ -137,13 +137,10 @@ class AgentState:
 class CounterResets:
     """Counts decreases of canonical counters per instance (an engine restart, usually).
 
-    A counter is compared with its value in the previous cycle: for a part that is one target's
-    scrape (`Parts.sources`), with that target's previous part; the other samples together, by
-    series (the last one wins when a series repeats). Memory is bounded by the last cycle.
-
-    Fast path, same answers (tests/unit/test_runtime.py checks it against the definition): series
-    in the same order as last time are compared by position in C-level passes, with no per-sample
-    dict lookup; of a `Stamped` part only the blocks that are not the same objects as last time.
+    A counter is compared with its value in the previous cycle: one target's part (`Parts.sources`)
+    with that target's previous part, the other samples together by series (the last one wins).
+    Fast path, same answers (tests/unit/test_runtime.py): series in the same order as last time are
+    compared by position, skipping `Stamped` blocks that are the same objects as last time.
     """
 
     def __init__(self) -> None:
@@ -184,14 +181,14 @@ class CounterResets:
                     lower = map(
                         operator.lt, map(_value, map(new.__getitem__, idx)), map(_value, map(old.__getitem__, idx))
                     )
-                    resets.update(_instance(new[j][1]) for j in compress(idx, lower))
+                    resets.update(dict(new[j][1]).get("instance", "") for j in compress(idx, lower))
                 return _Seen(blocks, True, prev.keys)
         heads = list(chain.from_iterable(blocks))
         if prev is not None:
             last = {(h[0], h[1]): h[2] for h in chain.from_iterable(prev.blocks) if self._counter[h[0]]}
             for h in heads:
                 if self._counter[h[0]] and (before := last.get((h[0], h[1]))) is not None and h[2] < before:
-                    resets.add(_instance(h[1]))
+                    resets.add(dict(h[1]).get("instance", ""))
         keys = []
         for block in blocks:
             names = tuple(map(_name, block))
@@ -225,13 +222,6 @@ class _CounterNames(dict):
             self.clear()
         counter = self[name] = name.endswith(("_total", "_count"))
         return counter
-
-
-def _instance(labels: Labels) -> str:
-    for k, v in labels:
-        if k == "instance":
-            return v
-    return ""
 
 
 def _freeze_startup_objects() -> None:

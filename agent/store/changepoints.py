@@ -264,14 +264,12 @@ class ChangeEncoder:
             self._previous[g] = _Blocks([cohort], [[last[(s[0], s[1])] for s in cohort]])
 
 
+@dataclass(slots=True)
 class _Blocks:
     """A group's previous cohort as blocks (a `Stamped`'s, or one), with the encoder states block by block."""
 
-    __slots__ = ("blocks", "states")
-
-    def __init__(self, blocks: list[list], states: list[list[list]]) -> None:
-        self.blocks = blocks
-        self.states = states
+    blocks: list[list]
+    states: list[list[list]]
 
 
 # ------------------------------------------------------------------------------------ read side
@@ -314,12 +312,12 @@ def fill_points(
     return [(t / 1000, dense[t]) for t in sorted(dense)]
 
 
+@dataclass
 class StampIndex:
     """Stamps of each group in one query window, fetched once per group and sliced by bisect."""
 
-    def __init__(self, fetch: Callable[[int], list[int]]) -> None:
-        self._fetch = fetch
-        self._cache: dict[int, list[int]] = {}
+    _fetch: Callable[[int], list[int]]
+    _cache: dict[int, list[int]] = field(default_factory=dict)
 
     def __call__(self, group: int, a: int, b: int) -> list[int]:
         stamps = self._cache.get(group)

@@ -9,13 +9,10 @@ SQLite layout (WAL mode; every table clustered on its primary key, timestamps in
     marks (series_id, ts_ms, group_id) -- from when a series follows a group, or went stale
 
 `query` fills the unchanged points back in, so it returns exactly the points written
-(agent/store/changepoints.py holds the encoding and why it is exact).
-
-Writes are queued and committed in batches by one writer thread, so `write()` never waits on
-disk. The queue is bounded: when full, the *oldest* queued samples are dropped and counted
-(`queue_full`). A committed batch survives a crash of the process (WAL, `synchronous=NORMAL`).
-Retention (agent/store/retention.py) runs on the
-writer thread, by age and by size; a full VACUUM is never run automatically.
+(agent/store/changepoints.py). One writer thread commits queued writes in batches, so `write()`
+never waits on disk; past `max_queue` the *oldest* queued samples are dropped (`queue_full`). A
+committed batch survives a crash of the process (WAL, `synchronous=NORMAL`). Retention
+(agent/store/retention.py) runs on the writer thread; a full VACUUM is never run automatically.
 """
 
 from __future__ import annotations
@@ -89,7 +86,6 @@ class StoreStats:
     queued: int = 0
     written: int = 0  # samples committed since open (queryable points)
     unchanged: int = 0  # of those, stored without a row (value as at the previous scrape)
-    batches: int = 0
     dropped: Counter[str] = field(default_factory=Counter)  # samples dropped, by reason
     errors: Counter[str] = field(default_factory=Counter)  # failed writes / retention passes, by reason
     failing: str | None = None  # reason while the latest write failed (disk_full...), None once one succeeds
@@ -191,14 +187,6 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS marks (series_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, "
     "group_id INTEGER NOT NULL, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID",
 )
-
-
-def _labels_json(labels: Labels) -> str:
-    return json.dumps(labels, separators=(",", ":"))
-
-
-def _labels_from_json(text: str) -> Labels:
-    return tuple((str(k), str(v)) for k, v in json.loads(text))
 
 
 _REASONS = {
@@ -323,7 +311,7 @@ class SqliteStore:
 
     def _load_series(self) -> None:
         for sid, name, labels in self._writer.execute("SELECT id, name, labels FROM series ORDER BY id").fetchall():
-            self._index(sid, name, _labels_from_json(labels))
+            self._index(sid, name, tuple((str(k), str(v)) for k, v in json.loads(labels)))
 
     def _index(self, sid: int, name: str, labels: Labels) -> None:
         with self._slock:
@@ -343,7 +331,8 @@ class SqliteStore:
     # ------------------------------------------------------------------ write path
     def write(self, samples: Sequence[Sample]) -> None:
         if self._closed:
-            self._count_drop("closed", len(samples))
+            with self._qlock:
+                self._stats.dropped["closed"] += len(samples)
             return
         chunk = samples if isinstance(samples, Parts) else list(samples)  # a cycle's Parts keep their blocks
         if not chunk:
@@ -377,10 +366,6 @@ class SqliteStore:
             n -= len(chunk)
             self._queued -= len(chunk)
         return taken
-
-    def _count_drop(self, reason: str, n: int) -> None:
-        with self._qlock:
-            self._stats.dropped[reason] += n
 
     def _take(self) -> list[tuple[float, Sequence[Sample]]]:
         """Whole write() calls (one scrape cycle each, usually) up to batch_size samples."""
@@ -433,7 +418,6 @@ class SqliteStore:
             st.failing = None
             st.written += enc.accepted - max(0, lost)
             st.unchanged += enc.accepted - len(enc.points)
-            st.batches += 1
             st.max_write_latency_s = max(st.max_write_latency_s, elapsed)
         return True
 
@@ -466,7 +450,7 @@ class SqliteStore:
     def _new_series(self, name: str, labels: Labels) -> int | None:
         if len(self._ids) >= self.max_series:
             return None
-        text = _labels_json(labels)
+        text = json.dumps(labels, separators=(",", ":"))
         self._writer.execute("INSERT OR IGNORE INTO series (name, labels) VALUES (?, ?)", (name, text))
         sid = int(
             self._writer.execute("SELECT id FROM series WHERE name = ? AND labels = ?", (name, text)).fetchone()[0]
