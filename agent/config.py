@@ -1,19 +1,14 @@
-"""Agent configuration: one YAML file (example in README.md), overridden by `KVSCOPE_*` environment
-variables, overridden by command-line flags (precedence flag > env > file > default).
-
-Every scalar key is declared once in `KEYS`. The layers are merged into one dict and validated
-once, so a bad value stops the agent at start with a message naming the key, what is allowed and
-where the value came from:
-
-    scrape.timeout_s: must be a number > 0 and < scrape.interval_s, got "abc" (from KVSCOPE_SCRAPE_TIMEOUT_S)
-
-Top-level sections not declared here (`otlp`, ...) are kept verbatim in `AgentConfig.extensions`
-for the extension that registered them with `register_section`; a section nobody registered is
-reported as a warning (likely a typo), never silently dropped.
+"""Agent configuration: a YAML file (example in README.md) < `KVSCOPE_*` environment variables <
+command-line flags. Every scalar key is declared once in `KEYS`; the merged layers are validated
+once, and a bad value stops the agent with a message naming the key, what is allowed and where the
+value came from (`scrape.timeout_s: must be ..., got "abc" (from KVSCOPE_SCRAPE_TIMEOUT_S)`).
+Other top-level sections (`otlp`, ...) go to `AgentConfig.extensions` for the extension that
+registered them (`register_section`); an unregistered one is a warning, never silently dropped.
 """
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import math
 import os
@@ -41,8 +36,7 @@ _UNITS_B = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1 <<
 
 
 def parse_gpu_mapping(raw: Any) -> dict[str, tuple[str, ...]]:
-    """Validate the `gpu_mapping` config value (read by agent/derive/gpu_join.py): GPU uuid or
-    index -> instance(s).
+    """The `gpu_mapping` config value (agent/derive/gpu_join.py): GPU uuid or index -> instance(s).
     Raises ValueError naming the bad entry."""
     if raw is None:
         return {}
@@ -330,18 +324,12 @@ def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
     Besides the scalar keys: `KVSCOPE_TARGETS` (comma-separated URLs, replacing the file's
     targets) and `KVSCOPE_COLLECTOR_<NAME>` (true | false).
     """
-    out: list[tuple[str, Any, str]] = []
-    for key in KEYS:
-        if key.env in environ:
-            out.append((key.path, environ[key.env], key.env))
+    out = [(key.path, environ[key.env], key.env) for key in KEYS if key.env in environ]
     if "KVSCOPE_TARGETS" in environ:
         urls = [u.strip() for u in environ["KVSCOPE_TARGETS"].split(",") if u.strip()]
         out.append(("targets", [{"url": u} for u in urls], "KVSCOPE_TARGETS"))
-    for name, value in environ.items():
-        if name.startswith("KVSCOPE_COLLECTOR_"):
-            coll = name[len("KVSCOPE_COLLECTOR_") :].lower()
-            out.append((f"collectors.{coll}", value, name))
-    return out
+    prefix = "KVSCOPE_COLLECTOR_"
+    return out + [(f"collectors.{n[len(prefix) :].lower()}", v, n) for n, v in environ.items() if n.startswith(prefix)]
 
 
 def build_config(
@@ -355,20 +343,12 @@ def build_config(
     `flags` are (path, value, flag spelling) triples produced by the command line.
     `known_collectors` maps registered collector names to their default (for validation).
     """
-    layers = Layers(doc=_deep_copy(file_doc or {}))
+    layers = Layers(doc=copy.deepcopy(file_doc or {}))
     for path, value, origin in env_overrides(environ if environ is not None else os.environ):
         layers.set(path, value, origin)
     for path, value, origin in flags or []:
         layers.set(path, value, origin)
     return _validate(layers, known_collectors)
-
-
-def _deep_copy(doc: Any) -> Any:
-    if isinstance(doc, dict):
-        return {k: _deep_copy(v) for k, v in doc.items()}
-    if isinstance(doc, list):
-        return [_deep_copy(v) for v in doc]
-    return doc
 
 
 # --------------------------------------------------------------------------------------- validation
@@ -552,11 +532,8 @@ def _collectors(layers: Layers, known: Mapping[str, bool] | None) -> dict[str, C
 
 
 def _collector(path: str, value: Any, where: str) -> CollectorConfig:
-    if isinstance(value, dict):
-        options = {k: v for k, v in value.items() if k != "enabled"}
-        value = value.get("enabled", True)
-    else:
-        options = {}
+    options = {k: v for k, v in value.items() if k != "enabled"} if isinstance(value, dict) else {}
+    value = value.get("enabled", True) if isinstance(value, dict) else value
     try:
         return CollectorConfig(enabled=parse_bool(value), options=options)
     except ValueError:
