@@ -94,9 +94,7 @@ class _BrokenCollector:
 
 def build_collectors(config: AgentConfig) -> list[Collector]:
     """Instantiate every enabled registered collector with the agent config."""
-    out: list[Collector] = []
-    for module, reason in load_collector_modules().items():
-        out.append(_BrokenCollector(module, reason))
+    out: list[Collector] = [_BrokenCollector(module, reason) for module, reason in load_collector_modules().items()]
     for name, (factory, default) in sorted(registered_collectors().items()):
         if name in SECTION_GATED and name not in config.extensions:
             continue  # a subsystem with no config section stays off (and out of the health list)
@@ -305,8 +303,7 @@ class AgentRuntime:
         st.collector_status[name] = status
         st.samples[name] = collection.samples
         st.health[name] = collection.health
-        for inst, facts in collection.facts.items():
-            st.facts[inst] = facts
+        st.facts.update(collection.facts)
         st.engines.update(collection.engines)
         for h in collection.health:
             if h.target:

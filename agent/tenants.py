@@ -29,9 +29,8 @@ def parse_tenant(headers: Mapping[str, str], body: Mapping[str, Any] | None, ten
     if body and isinstance(body.get("user"), str) and body["user"]:
         return _clean(body["user"])
     auth = headers.get("Authorization") or headers.get("authorization") or ""
-    if auth.lower().startswith("bearer ") and len(auth) > 7:
-        return "key-" + hashlib.sha256(auth[7:].strip().encode()).hexdigest()[:12]
-    if key := headers.get("api-key") or headers.get("x-api-key"):
+    bearer = auth[7:] if auth.lower().startswith("bearer ") and len(auth) > 7 else None
+    if key := bearer or headers.get("api-key") or headers.get("x-api-key"):
         return "key-" + hashlib.sha256(key.strip().encode()).hexdigest()[:12]
     return UNKNOWN
 
@@ -48,21 +47,19 @@ class TenantLimiter:
     (at most `max_labels`), whatever number of distinct ids arrives.
     """
 
+    promote_ratio = 1.25  # an untracked tenant replaces the smallest tracked one past this ratio
+    min_promote = 1.5  # ... and once it certainly sent this many requests' weight
+
     def __init__(
         self,
         max_tenants: int = 50,
         *,
         half_life_s: float = 300.0,
-        sketch_size: int | None = None,
-        promote_ratio: float = 1.25,
-        min_promote: float = 1.5,
         max_labels: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_tenants = max_tenants
-        self.sketch_size = sketch_size if sketch_size is not None else max(64, 4 * max_tenants)
-        self.promote_ratio = promote_ratio
-        self.min_promote = min_promote
+        self.sketch_size = max(64, 4 * max_tenants)
         self.max_labels = max_labels if max_labels is not None else 10 * max_tenants
         self._rate = math.log(2) / half_life_s
         self._clock = clock
