@@ -324,7 +324,7 @@ def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
     Besides the scalar keys: `KVSCOPE_TARGETS` (comma-separated URLs, replacing the file's
     targets) and `KVSCOPE_COLLECTOR_<NAME>` (true | false).
     """
-    out = [(key.path, environ[key.env], key.env) for key in KEYS if key.env in environ]
+    out: list[tuple[str, Any, str]] = [(key.path, environ[key.env], key.env) for key in KEYS if key.env in environ]
     if "KVSCOPE_TARGETS" in environ:
         urls = [u.strip() for u in environ["KVSCOPE_TARGETS"].split(",") if u.strip()]
         out.append(("targets", [{"url": u} for u in urls], "KVSCOPE_TARGETS"))

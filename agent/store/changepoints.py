@@ -72,11 +72,8 @@ class ChangeEncoder:
 
     def reset(self) -> None:
         """Forget all state (the rows it described may not be on disk)."""
-        self._last.clear()
-        self._by_sid.clear()
-        self._members.clear()
-        self._group_ts.clear()
-        self._previous.clear()
+        for state in (self._last, self._by_sid, self._members, self._group_ts, self._previous):
+            state.clear()
 
     def forget(self, sids: set[int]) -> None:
         """Drop state of series the store deleted (retention pruned them)."""
@@ -106,15 +103,10 @@ class ChangeEncoder:
             ):
                 stamped = []  # a timestamp shared with other samples: one cohort, as a flat batch
             batch = chain.from_iterable(others) if stamped else batch.samples()
-        by_ts: dict[object, list[Sample] | Stamped] = {}
+        flat: dict[object, list[Sample]] = {}
         for ts, run in groupby(batch, _timestamp):  # runs of one timestamp (a target's scrape)
-            cohort = by_ts.get(ts)
-            if cohort is None:
-                by_ts[ts] = list(run)
-            else:
-                cohort.extend(run)  # type: ignore[union-attr]
-        for part in stamped:
-            by_ts[part.timestamp] = part
+            flat.setdefault(ts, []).extend(run)
+        by_ts: dict[object, list[Sample] | Stamped] = {**flat, **{p.timestamp: p for p in stamped}}
         # A cohort is the samples of one exact timestamp: targets scraped within the same
         # millisecond stay apart (each keeps its own group), though their stamps round alike.
         cohorts: list[tuple[int, float, list[Sample] | Stamped]] = []
