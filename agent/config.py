@@ -427,13 +427,11 @@ def _address(layers: Layers) -> str:
     raw = _value(layers, "listen_address")
     text = str(raw)
     host, sep, port = text.rpartition(":")
-    problem = "" if sep and port.isdigit() and 0 <= int(port) < 65536 else "port"  # 0: any free port
-    if not problem:
-        try:
-            ipaddress.ip_address(host.strip("[]"))
-        except ValueError:
-            problem = "" if re.fullmatch(r"[A-Za-z0-9.-]+", host) else "host"
-    if problem:
+    try:
+        host_ok = ipaddress.ip_address(host.strip("[]")) is not None
+    except ValueError:
+        host_ok = re.fullmatch(r"[A-Za-z0-9.-]+", host) is not None
+    if not (sep and host_ok and re.fullmatch(r"[0-9]{1,5}", port) and int(port) < 65536):  # 0: any free port
         raise ConfigError(
             f"listen_address: must be host:port (e.g. 127.0.0.1:9464), got {_show(raw)}{layers.where('listen_address')}"
         )

@@ -1,24 +1,19 @@
 """Change-point encoding of scraped series: what the SQLite store writes, and how it reads back.
 
-Between two scrapes most series keep their value, so a batch becomes three kinds of rows:
+Most series keep their value between scrapes, so a batch becomes three kinds of rows:
 
-* **stamps** `(group, ts_ms)`: one row per scrape of a *group*, a set of series sharing their
-  timestamps (one target's scrape). A batch is split into cohorts by exact timestamp; a cohort
-  takes the group its series followed last time, else a new one. Any grouping reads back the
-  same points; grouping only decides how many rows are written.
-* **points** `(series, ts_ms, value)`: where a series starts a run and wherever its value
-  differs from its previous point.
+* **stamps** `(group, ts_ms)`: one per scrape of a *group* of series sharing their timestamps.
+  A batch splits into cohorts by exact timestamp; a cohort takes the group its series followed
+  last time, else a new one (grouping changes only the row count, never the points read back).
+* **points** `(series, ts_ms, value)`: where a series starts a run or its value changes.
 * **marks** `(series, ts_ms, group)`: from `ts_ms` on the series is present at every stamp of
-  `group`, or at none (group 0: absent from a scrape of its group, stale from there on).
+  `group`, or (group 0) at none: absent from a scrape of its group, stale from there on.
 
-`fill_points` reads back exactly the dense series written (tests/unit/test_changepoints.py
-checks it sample for sample). Samples older than a series' previous point are dropped
-(`out_of_order`); a second one in the same millisecond too (`duplicate`, first write wins).
-
-Fast paths, same rows (tests/unit/test_stamped.py): a cohort with the same series in the same
-order as its group's previous one is compared by position in C-level passes; a `Stamped` part
-(agent/scrape/stamped.py) skips the blocks that are the same objects as last time. Anything
-else (a new, missing or reordered series, a NaN or non-float value) takes the general path.
+`fill_points` reads back exactly the dense series written (tests/unit/test_changepoints.py).
+Samples older than a series' previous point are dropped (`out_of_order`), as is a second one in
+the same millisecond (`duplicate`, first wins). Fast path, same rows (tests/unit/test_stamped.py):
+a cohort with the same series in the same order as its group's previous one is compared by
+position, skipping `Stamped` blocks (agent/scrape/stamped.py) that are the same objects as last time.
 """
 
 from __future__ import annotations

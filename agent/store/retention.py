@@ -1,11 +1,6 @@
-"""Retention of the SQLite store (agent/store/sqlite.py): by age and by size, on the writer thread.
-
-Rows older than `retention_s` go first, then, while the pages in use exceed `max_bytes`, the
-oldest slice of the stored time span (sized from the overshoot, to 90% of the limit). Before
-change points older than a cut are deleted, a series whose unchanged run crosses the cut gets
-its carried value written at its group's first stamp after the cut (`_reanchor`), so the points
-kept read back unchanged. Series left without rows are forgotten, so churn does not use up
-`max_series`. Freed pages go back to the file system with `PRAGMA incremental_vacuum`.
+"""Retention of the SQLite store (agent/store/sqlite.py), by age then by size, on the writer thread.
+A cut first re-anchors the runs that cross it (`_reanchor`), so the points kept read back unchanged;
+series left without rows are forgotten, so churn does not use up `max_series`.
 """
 
 from __future__ import annotations
@@ -42,8 +37,7 @@ def enforce_retention(store: SqliteStore, now: float | None = None) -> int:
 
 
 def _prune_series(store: SqliteStore) -> None:
-    """Forget series left without samples (engines and pods come and go), so that churn
-    does not use up max_series."""
+    """Forget series left without samples (engines and pods come and go)."""
     empty = [
         r[0]
         for r in store._writer.execute(
