@@ -221,12 +221,7 @@ class Layers:
                 keep = {"enabled": child} if depth == 1 and parents[0] == "collectors" and child is not None else {}
                 child = node[p] = keep
             node = child
-        if (
-            len(parents) == 1
-            and parents[0] == "collectors"
-            and isinstance(node.get(leaf), dict)
-            and not isinstance(value, dict)
-        ):
+        if parents == ["collectors"] and isinstance(node.get(leaf), dict) and not isinstance(value, dict):
             node[leaf]["enabled"] = value
         else:
             node[leaf] = value

@@ -10,6 +10,7 @@ cycle that raises anyway is reported as collector `cycle` (`exception_<error>`) 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import importlib
 import logging
@@ -365,10 +366,8 @@ class AgentRuntime:
             now = time.monotonic()
             if next_tick < now:
                 next_tick += math.ceil((now - next_tick) / interval) * interval
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=next_tick - now)
-            except TimeoutError:
-                pass
 
     def stop(self) -> None:
         self._stop.set()

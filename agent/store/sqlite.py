@@ -17,6 +17,7 @@ committed batch survives a crash of the process (WAL, `synchronous=NORMAL`). Ret
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -262,7 +263,8 @@ class SqliteStore:
             self._init_schema()
             self._reader = self._connect()
             self._load_series()
-            self._encoder = ChangeEncoder(self._series_for, self._next_group())
+            last_group = self._writer.execute("SELECT MAX(group_id) FROM stamps").fetchone()[0]
+            self._encoder = ChangeEncoder(self._series_for, int(last_group or 0) + 1)
         except sqlite3.DatabaseError as exc:  # a damaged file: pages the first reads touch
             raise StoreError(f"{self.path}: {exc}{DAMAGED}") from exc
         self._created: list[tuple[int, str, Labels]] | None = None
@@ -304,10 +306,6 @@ class SqliteStore:
             raise StoreError(f"{self.path}: not a kvscope store: {exc}") from exc
         if cols != ["series_id", "ts_ms", "value"]:
             raise StoreError(f"{self.path}: not a kvscope store (samples columns {cols})")
-
-    def _next_group(self) -> int:
-        row = self._writer.execute("SELECT MAX(group_id) FROM stamps").fetchone()
-        return int(row[0] or 0) + 1
 
     def _load_series(self) -> None:
         for sid, name, labels in self._writer.execute("SELECT id, name, labels FROM series ORDER BY id").fetchall():
@@ -437,10 +435,8 @@ class SqliteStore:
             self._unindex({sid for sid, _, _ in self._created})
 
     def _rollback(self) -> None:
-        try:
+        with contextlib.suppress(sqlite3.Error):
             self._writer.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass
 
     def _series_for(self, name: str, labels: Labels) -> int | None:
         """The id of a series, created on first sight; None past max_series."""
@@ -609,10 +605,8 @@ class SqliteStore:
         self.flush()
         self._closed = True
         with self._wlock:
-            try:  # leave one compact file behind; a reader elsewhere may hold it up: then skip
+            with contextlib.suppress(sqlite3.Error):  # one compact file left, unless a reader holds it up
                 self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            except sqlite3.Error:
-                pass
             self._writer.close()
         with self._rlock:
             self._reader.close()
