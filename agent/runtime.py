@@ -245,9 +245,8 @@ class AgentRuntime:
         clock: Callable[[], float] = time.time,
         freeze_gc: bool = False,
     ) -> None:
-        """`freeze_gc`: after the first cycle, freeze the process's objects and raise the young GC
-        threshold (`_freeze_startup_objects`). Process-wide, so only the `kvscope agent` process
-        asks for it; a runtime embedded in another program (or a test run) leaves GC alone."""
+        """`freeze_gc`: `_freeze_startup_objects` after the first cycle (process-wide: only the
+        `kvscope agent` process asks for it)."""
         self.freeze_gc = freeze_gc
         self.config = config
         self.collectors = list(collectors)

@@ -1,10 +1,6 @@
-"""Who sent a request, and a bounded label set for it, ranked by traffic (docs/requests.md).
-
-The tenant comes from, in order: a configured header (e.g. `X-Tenant`), the OpenAI `user` body
-field, or `key-` + 12 hex chars of the API key's SHA-256 (the key itself is never kept). The
-`max_tenants` tenants with the most recent traffic (decayed request counts) keep their own label;
-every other one is counted as `other`, so invented tenant ids cannot blow up the series count.
-"""
+"""Who sent a request (a header, the body's `user`, or a hash of the API key, never the key), and a
+bounded label set for it: the `max_tenants` busiest tenants, every other one `other`
+(docs/requests.md, "Tenant")."""
 
 from __future__ import annotations
 
@@ -40,12 +36,8 @@ def _clean(v: str) -> str:
 
 
 class TenantLimiter:
-    """Maps tenant ids to the `max_tenants` busiest (decayed request count) plus `other`.
-
-    `label(tenant)` is called once per request and returns the label to count it under. Memory:
-    `max_tenants` tracked counts + `sketch_size` sketch entries + the set of labels handed out
-    (at most `max_labels`), whatever number of distinct ids arrives.
-    """
+    """Maps tenant ids to the `max_tenants` busiest (decayed request count) plus `other`. Memory:
+    `max_tenants` counts + `sketch_size` sketch entries + at most `max_labels` labels handed out."""
 
     promote_ratio = 1.25  # an untracked tenant replaces the smallest tracked one past this ratio
     min_promote = 1.5  # ... and once it certainly sent this many requests' weight
