@@ -272,11 +272,9 @@ class AgentRuntime:
         self.state.samples["derive"] = derived  # catalog signals among them are re-exported too
         cycle.add(derived)
         self._store(cycle)
-        if self.store is not None and hasattr(self.store, "snapshot"):
-            self.state.store_stats = self.store.snapshot()  # no disk I/O: stays on the loop
-        elif self.store is not None and hasattr(self.store, "stats"):
-            self.state.store_stats = await asyncio.to_thread(self.store.stats)
-        if (failing := getattr(self.state.store_stats, "failing", False)) is not False:
+        if self.store is not None:
+            failing = (st := self.store.snapshot()).failing  # no disk I/O: stays on the loop
+            self.state.store_stats = st
             self.state.collector_status["store"] = (not failing, f"write_{failing}" if failing else "ok", 0.0)
         self.state.cycles += 1
         self.state.last_cycle_s = time.monotonic() - t0
