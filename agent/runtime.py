@@ -161,8 +161,7 @@ class CounterResets:
         resets: set[str] = set()
         # a source absent this cycle is compared afresh next time
         self._prev = {src: self._compare(self._prev.get(src), part, resets) for src, part in parts.items()}
-        for inst in resets:
-            into[inst] += 1
+        into.update(resets)  # one per instance per cycle
 
     def _compare(self, prev: _Seen | None, part: Sequence[Sample], resets: set[str]) -> _Seen:
         """Add the instances whose counters in `part` fell below `prev` (the source's previous
@@ -188,16 +187,11 @@ class CounterResets:
             for h in heads:
                 if self._counter[h[0]] and (before := last.get((h[0], h[1]))) is not None and h[2] < before:
                     resets.add(dict(h[1]).get("instance", ""))
-        keys = []
-        for block in blocks:
-            names = tuple(map(_name, block))
-            keys.append(
-                (
-                    names,
-                    tuple(map(_labels, block)),
-                    list(compress(range(len(names)), map(self._counter.__getitem__, names))),
-                )
-            )
+        block_names = [tuple(map(_name, block)) for block in blocks]
+        keys = [
+            (n, tuple(map(_labels, block)), list(compress(range(len(n)), map(self._counter.__getitem__, n))))
+            for n, block in zip(block_names, blocks, strict=True)
+        ]
         return _Seen(blocks, len({(h[0], h[1]) for h in heads}) == len(heads), keys)
 
 
