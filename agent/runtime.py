@@ -1,10 +1,6 @@
-"""The agent loop: run every enabled collector each interval, derive, store, and keep the latest
-state that the agent's HTTP server exposes.
-
-One asyncio loop runs collection and serving. A collector that raises, hangs or cannot even be
-built never stops the loop: it is reported down with a reason (`exception_ValueError`,
-`collect_timeout`, `init_ImportError`...) in `kvscope_collector_status` and the others go on. A
-cycle that raises anyway is reported as collector `cycle` (`exception_<error>`) and the next runs.
+"""The agent loop: run every enabled collector each interval, derive, store, and keep the state
+the HTTP server exposes. A collector that raises, hangs or cannot be built is reported down with a
+reason in `kvscope_collector_status` (README.md) and the others go on; so does a failed cycle.
 """
 
 from __future__ import annotations
@@ -218,9 +214,8 @@ class _CounterNames(dict):
 
 
 def _freeze_startup_objects() -> None:
-    """Move everything alive after the first cycle out of the cyclic GC's reach (they live as long
-    as the process), and collect the youngest generation every 10k net allocations instead of
-    700: a cycle's short-lived samples die by reference counting anyway (docs/performance.md)."""
+    """Freeze what is alive after the first cycle (it lives as long as the process) and collect the
+    youngest generation every 10k net allocations instead of 700 (docs/performance.md)."""
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()
