@@ -132,13 +132,10 @@ KEYS: tuple[Key, ...] = (
 KEY_BY_PATH = {k.path: k for k in KEYS}
 
 SECTIONS = ("scrape", "store", "targets", "collectors", "gpu_mapping")
-"""Declared top-level sections besides the scalar `listen_address` (README.md shows each). A
-target's `engine` forces a dialect instead of detecting it; its `labels` may override `instance`.
-`collectors`: `name: true|false` or `name: {enabled: bool, <option>: value}`."""
+"""Declared top-level sections besides the scalar `listen_address` (README.md shows each)."""
 
 _EXTENSIONS: dict[str, Callable[[Any], Any] | None] = {}
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_JOB_DEFAULT = "engine"
 
 
 def register_section(name: str, validate: Callable[[Any], Any] | None = None) -> None:
@@ -475,7 +472,7 @@ def _target(i: int, item: Any, where: str) -> Target:
         parts.port  # noqa: B018 - raises ValueError for a bad port
     except ValueError as e:
         raise ConfigError(f"{key}.url: bad port in {_show(url)}{where}") from e
-    job = item.get("job", _JOB_DEFAULT)
+    job = item.get("job", "engine")
     if not isinstance(job, str) or not job:
         raise ConfigError(f"{key}.job: must be a non-empty string, got {_show(job)}{where}")
     engine = item.get("engine")

@@ -285,12 +285,9 @@ class SqliteStore:
             conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s
             )
-            # Before WAL: switching a new file to WAL writes its header, and auto_vacuum can only
-            # be chosen before that (on an existing file this is a no-op).
-            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # only before WAL writes a new file's header
             conn.execute("PRAGMA journal_mode=WAL")
-            # After a checkpoint, cut the WAL file back to this size (it otherwise stays at its
-            # largest), so max_bytes plus this bounds the disk used.
+            # a checkpoint cuts the WAL back to this size, so max_bytes plus this bounds the disk used
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
             conn.execute("PRAGMA synchronous=NORMAL")
             return conn
