@@ -170,15 +170,11 @@ def _query_store(store: Any, pattern: re.Pattern[str], start: float, end: float)
     """Runs on a worker thread: the store is thread-safe and may block on disk."""
     series: list[dict[str, Any]] = []
     budget = MAX_POINTS
-    truncated = False
     for name in sorted(n for n in store.names() if pattern.fullmatch(n)):
         for labels, points in sorted(store.query(name, start, end).items()):
-            if not points:
-                continue
-            if len(points) > budget:
-                points, truncated = points[:budget], True
-            series.append({"name": name, "labels": dict(labels), "points": [list(p) for p in points]})
-            budget -= len(points)
-            if budget <= 0:
-                return {"series": series, "truncated": True}
-    return {"series": series, "truncated": truncated}
+            if points:
+                series.append({"name": name, "labels": dict(labels), "points": [list(p) for p in points[:budget]]})
+                budget -= len(points)
+                if budget <= 0:  # the answer stops here
+                    return {"series": series, "truncated": True}
+    return {"series": series, "truncated": False}
