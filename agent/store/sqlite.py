@@ -190,6 +190,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS marks (series_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, "
     "group_id INTEGER NOT NULL, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID",
 )
+_STAMPS_IN = "SELECT ts_ms FROM stamps WHERE group_id = ? AND ts_ms BETWEEN ? AND ? ORDER BY ts_ms"
 
 
 _REASONS = {
@@ -511,28 +512,15 @@ class SqliteStore:
     def query(self, name: str, start: float, end: float) -> dict[Labels, Points]:
         with self._slock:
             targets = list(self._by_name.get(name, ()))
-        out: dict[Labels, Points] = {}
         lo, hi = round(start * 1000), round(end * 1000)
         with self._rlock:
             r = self._reader
-            stamps = StampIndex(
-                lambda g: [
-                    t
-                    for (t,) in r.execute(
-                        "SELECT ts_ms FROM stamps WHERE group_id = ? AND ts_ms BETWEEN ? AND ? ORDER BY ts_ms",
-                        (g, lo, hi),
-                    )
-                ]
-            )
+            stamps = StampIndex(lambda g: [t for (t,) in r.execute(_STAMPS_IN, (g, lo, hi))])
             r.execute("BEGIN")  # one snapshot: points, marks and stamps of the same commits
             try:
-                for labels, sid in targets:
-                    points = self._series_points(sid, lo, hi, stamps)
-                    if points:
-                        out[labels] = points
+                return {lab: pts for lab, sid in targets if (pts := self._series_points(sid, lo, hi, stamps))}
             finally:
                 r.execute("COMMIT")
-        return out
 
     def _series_points(self, sid: int, lo: int, hi: int, stamps: StampIndex) -> Points:
         """Points of one series in [lo, hi] ms: stored change points plus the filled-in repeats."""
