@@ -47,13 +47,10 @@ class Encoded:
 
 
 class ChangeEncoder:
-    """Writer-side state: the last point of every series and the members of every group.
-
-    `series_id(name, labels)` returns the store's id of a series (creating it) or None when the
-    store refuses new series. State lives in memory only: after `reset()` (a failed commit, or a
-    fresh process on an existing file) every series starts a new run in a new group, which is
-    always correct, and costs one row per series once.
-    """
+    """Writer-side state: the last point of every series and the members of every group. In memory
+    only: after `reset()` (a failed commit) or in a new process every series starts a new run in a
+    new group, always correct, at one row per series once. `series_id(name, labels)`: the store's
+    id of a series (created on first sight), None when the store refuses new series."""
 
     def __init__(self, series_id: Callable[[str, Labels], int | None], next_group: int = 1) -> None:
         self._series_id = series_id
