@@ -1,6 +1,6 @@
 """Who sent a request (a header, the body's `user`, or a hash of the API key, never the key), and a
 bounded label set for it: the `max_tenants` busiest tenants, every other one `other`
-(docs/requests.md, "Tenant")."""
+(docs/requests.md)."""
 
 from __future__ import annotations
 
