@@ -37,15 +37,13 @@ _MODULE_ERRORS: dict[str, str] = {}
 GC_YOUNG_THRESHOLD = 10_000
 """Net allocations between two collections of the youngest generation once the agent runs."""
 
-EXTENSION_MODULES = (
-    "kvscope.agent.traces.receiver",  # collector "otlp" + config section `otlp`
-    "kvscope.agent.tap.collector",  # collector "tap" + config section `tap`
-    "kvscope.agent.kvevents.subscriber",  # collector "kv_events" + config section `kv_events`
-)
-"""Collectors that live beside their own subsystem rather than in agent/collectors/."""
-
-SECTION_GATED = frozenset({"otlp", "tap", "kv_events"})
-"""Collectors that run only when the config has a section of the same name."""
+EXTENSION_MODULES = {
+    "otlp": "kvscope.agent.traces.receiver",
+    "tap": "kvscope.agent.tap.collector",
+    "kv_events": "kvscope.agent.kvevents.subscriber",
+}
+"""Collector -> its module, for collectors beside their own subsystem (not in agent/collectors/);
+each registers a config section of its name and runs only when the config has that section."""
 
 
 def load_collector_modules() -> dict[str, str]:
@@ -58,7 +56,7 @@ def load_collector_modules() -> dict[str, str]:
         for info in pkgutil.iter_modules(collectors_pkg.__path__)
         if info.name != "base" and not info.name.startswith("_")
     ]
-    for module in (*names, *EXTENSION_MODULES):
+    for module in (*names, *EXTENSION_MODULES.values()):
         short = module.rsplit(".", 1)[-1] if module.startswith("kvscope.agent.collectors.") else module
         if short in _MODULE_ERRORS:
             continue
@@ -93,7 +91,7 @@ def build_collectors(config: AgentConfig) -> list[Collector]:
     """Instantiate every enabled registered collector with the agent config."""
     out: list[Collector] = [_BrokenCollector(module, reason) for module, reason in load_collector_modules().items()]
     for name, (factory, default) in sorted(registered_collectors().items()):
-        if name in SECTION_GATED and name not in config.extensions:
+        if name in EXTENSION_MODULES and name not in config.extensions:
             continue  # a subsystem with no config section stays off (and out of the health list)
         if not config.collector_enabled(name, default):
             continue
