@@ -1,19 +1,10 @@
-"""The agent's HTTP server (aiohttp.web, same asyncio loop as the collectors).
+"""The agent's HTTP server (aiohttp.web, same asyncio loop as the collectors); routes in README.md.
 
-Routes (GET only; request bodies are refused, query strings are bounded):
-
-* `/metrics` — canonical series as `kvscope_<signal>` plus self-health (agent/serve/export.py),
-  text format 0.0.4. Rendered once per collection cycle and cached.
-* `/api/v1/samples?match=<regex on canonical name, anchored>&start=<unix s>&end=<unix s>` — stored
-  samples as JSON, the diagnoser's "agent" source:
-  `{"status": "success", "data": {"series": [{"name", "labels", "points": [[ts, value]...]}],
-  "truncated": false}}`. `start` defaults to `end - 3600`, `end` to now; at most
-  `MAX_POINTS` points are returned (then `truncated` is true).
-* `/api/v1/facts` — `{instance: {"engine": ..., "job": ..., "facts": {...}}}`.
-* `/api/v1/health` — collectors and targets with up/reason, cycle count.
-* `/-/ready` — 200 once the first cycle completed, 503 before; `/-/healthy` — 200.
-
-Errors are JSON `{"status": "error", "error": "..."}` with status 400 naming the parameter.
+GET only: request bodies are refused, query strings bounded. `/metrics` is rendered once per cycle
+(agent/serve/export.py). `/api/v1/samples?match=<anchored regex>&start=&end=` (unix s; default the
+last hour) answers `{"status": "success", "data": {"series": [{"name", "labels", "points": [[ts,
+value]...]}], "truncated": bool}}`, at most `MAX_POINTS` points; errors are `{"status": "error",
+"error": "..."}` (400 names the parameter).
 """
 
 from __future__ import annotations
@@ -45,7 +36,6 @@ class AgentServer:
         self.catalog = catalog or load_catalog()
         self._cache: tuple[int, bytes] | None = None
         self._site: HttpSite | None = None
-        self.port: int | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=4096, middlewares=[_bounded])
@@ -64,8 +54,7 @@ class AgentServer:
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (port 0 picks a free one). Returns the bound port."""
         self._site = HttpSite(self.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
-        self.port = await self._site.start(host, port, backlog=64)
-        return self.port
+        return await self._site.start(host, port, backlog=64)
 
     async def stop(self) -> None:
         if self._site is not None:
@@ -181,15 +170,11 @@ def _query_store(store: Any, pattern: re.Pattern[str], start: float, end: float)
     """Runs on a worker thread: the store is thread-safe and may block on disk."""
     series: list[dict[str, Any]] = []
     budget = MAX_POINTS
-    truncated = False
     for name in sorted(n for n in store.names() if pattern.fullmatch(n)):
         for labels, points in sorted(store.query(name, start, end).items()):
-            if not points:
-                continue
-            if len(points) > budget:
-                points, truncated = points[:budget], True
-            series.append({"name": name, "labels": dict(labels), "points": [list(p) for p in points]})
-            budget -= len(points)
-            if budget <= 0:
-                return {"series": series, "truncated": True}
-    return {"series": series, "truncated": truncated}
+            if points:
+                series.append({"name": name, "labels": dict(labels), "points": [list(p) for p in points[:budget]]})
+                budget -= len(points)
+                if budget <= 0:  # the answer stops here
+                    return {"series": series, "truncated": True}
+    return {"series": series, "truncated": False}

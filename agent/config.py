@@ -1,30 +1,14 @@
-"""Agent configuration: one YAML file, overridden by `KVSCOPE_*` environment variables, overridden
-by command-line flags (precedence flag > env > file > default).
-
-Every key is declared once in `KEYS` below with its default, its type and what it means. The
-layers are merged into one plain dict and validated once, so a bad value stops the agent at
-start with a message naming the key, what is allowed and where the value came from:
-
-    scrape.timeout_s: must be a number > 0 and < scrape.interval_s, got "abc" (from KVSCOPE_SCRAPE_TIMEOUT_S)
-
-Example file::
-
-    listen_address: 127.0.0.1:9464
-    scrape: {interval_s: 15, timeout_s: 5, max_body_bytes: 16MiB}
-    targets:
-      - {url: "http://127.0.0.1:8000/metrics", job: vllm}
-      - {url: "http://127.0.0.1:9400/metrics", job: dcgm, engine: dcgm}
-    collectors: {nvml: true, host: true}
-    store: {path: kvscope.db, retention_s: 604800, max_bytes: 1GiB}
-
-Top-level sections that are not declared here (`otlp`, ...) belong to extensions (the trace
-receiver, the request tap): they are kept verbatim in `AgentConfig.extensions` for the code that
-registered them with `register_section`, and a section nobody registered is reported as a
-warning (likely a typo), never silently dropped.
+"""Agent configuration: a YAML file (example in README.md) < `KVSCOPE_*` environment variables <
+command-line flags. Every scalar key is declared once in `KEYS`; the merged layers are validated
+once, and a bad value stops the agent with a message naming the key, what is allowed and where the
+value came from (`scrape.timeout_s: must be ..., got "abc" (from KVSCOPE_SCRAPE_TIMEOUT_S)`).
+Other top-level sections (`otlp`, ...) go to `AgentConfig.extensions` for the extension that
+registered them (`register_section`); an unregistered one is a warning, never silently dropped.
 """
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import math
 import os
@@ -47,174 +31,12 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key and what is allowed."""
 
 
-@dataclass(frozen=True)
-class Key:
-    """One scalar configuration key: where it lives, its default, its type and its meaning."""
-
-    path: str  # dotted path in the YAML file, e.g. "scrape.timeout_s"
-    default: Any
-    kind: str  # "seconds" | "bytes" | "address" | "path" | "count"
-    doc: str
-
-    @property
-    def env(self) -> str:
-        """`KVSCOPE_<AREA>_<KEY>`, units in the name as the YAML key has them."""
-        return "KVSCOPE_" + self.path.replace(".", "_").upper()
-
-
-KEYS: tuple[Key, ...] = (
-    Key(
-        "listen_address",
-        "127.0.0.1:9464",
-        "address",
-        "host:port of the agent's own HTTP server (/metrics, /api/v1/*). Loopback by default: "
-        "exposing it beyond the node is an explicit choice. Port 0 picks a free port (logged).",
-    ),
-    Key(
-        "scrape.interval_s",
-        15.0,
-        "seconds",
-        "Seconds between two scrapes of every target and two runs of every collector.",
-    ),
-    Key(
-        "scrape.timeout_s",
-        5.0,
-        "seconds",
-        "Seconds one target may take, connect and body included; must be < interval (when "
-        "unset: min(5, 0.8 x interval)). Keep it well below the interval: one slow engine must "
-        "not delay the rest, and a timeout is itself evidence.",
-    ),
-    Key(
-        "scrape.max_body_bytes",
-        16 << 20,
-        "bytes",
-        "Largest /metrics body read from one target (decompressed). Past it the scrape fails "
-        "with reason body_too_large, so a runaway label cardinality cannot exhaust memory.",
-    ),
-    Key(
-        "scrape.sample_limit",
-        50_000,
-        "count",
-        "Most samples one scrape of one target may hold (Prometheus' sample_limit; 0 = no limit). "
-        "Past it the scrape fails whole (up 0, reason sample_limit_exceeded): kvscope holds every "
-        "series in memory, so the default is bounded, 5x a large multi-engine node (~10k).",
-    ),
-    Key(
-        "scrape.label_limit",
-        0,
-        "count",
-        "Most labels on one exposed sample (0 = no limit); past it the scrape fails (label_limit_exceeded).",
-    ),
-    Key(
-        "scrape.label_name_length_limit",
-        0,
-        "count",
-        "Longest label name (0 = no limit); past it the scrape fails (label_name_length_limit_exceeded).",
-    ),
-    Key(
-        "scrape.label_value_length_limit",
-        0,
-        "count",
-        "Longest label value (0 = no limit); past it the scrape fails (label_value_length_limit_exceeded).",
-    ),
-    Key("store.path", "kvscope.db", "path", "SQLite file for history. The empty string keeps history in memory only."),
-    Key("store.retention_s", 7 * 86400.0, "seconds", "Samples older than this are deleted."),
-    Key(
-        "store.max_bytes", 1 << 30, "bytes", "Size bound of the store; the oldest samples go first when it is reached."
-    ),
-)
-KEY_BY_PATH = {k.path: k for k in KEYS}
-
-SECTIONS = ("scrape", "store", "targets", "collectors", "gpu_mapping")
-"""Declared top-level sections besides the scalar `listen_address`.
-
-* `targets`: list of `{url, job, engine, labels}`. `job` defaults to `engine`; `engine` forces
-  a dialect (vllm | sglang | dcgm) instead of detecting it from metric names; `labels` are
-  added to every sample of the target (`instance` may be overridden there). dcgm-exporter
-  endpoints are ordinary targets whose dialect is dcgm.
-* `collectors`: `name: true|false` or `name: {enabled: bool, <option>: value}`; options are
-  handed to that collector. Unlisted collectors use their registered default.
-* `gpu_mapping`: passed through unchanged to the GPU <-> engine join.
-"""
-
-_EXTENSIONS: dict[str, Callable[[Any], Any] | None] = {}
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_JOB_DEFAULT = "engine"
-
-
-def register_section(name: str, validate: Callable[[Any], Any] | None = None) -> None:
-    """Declare a top-level section owned by an extension (e.g. `otlp`).
-
-    `validate(raw)` may return a parsed value and must raise ConfigError naming the key.
-    """
-    _EXTENSIONS[name] = validate
-
-
-@dataclass(frozen=True)
-class Target:
-    """One HTTP endpoint to scrape."""
-
-    url: str
-    job: str
-    instance: str
-    engine: str | None = None
-    labels: tuple[tuple[str, str], ...] = ()
-    limits: tuple[tuple[str, int], ...] = ()  # every LIMIT_KEYS: scrape.*, overridden by the target's
-    limits_set: tuple[tuple[str, int], ...] = ()  # the limits the target's own keys set
-
-    def target_labels(self) -> dict[str, str]:
-        """Labels added to every sample of this target: job, instance and the configured ones."""
-        out = {"job": self.job, "instance": self.instance}
-        out.update(self.labels)
-        return out
-
-
-@dataclass(frozen=True)
-class CollectorConfig:
-    enabled: bool
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class AgentConfig:
-    """The validated agent configuration. Collector factories receive this object."""
-
-    listen_address: str = "127.0.0.1:9464"
-    interval_s: float = 15.0
-    timeout_s: float = 5.0
-    max_body_bytes: int = 16 << 20
-    targets: list[Target] = field(default_factory=list)
-    collectors: dict[str, CollectorConfig] = field(default_factory=dict)
-    store_path: str = "kvscope.db"
-    retention_s: float = 7 * 86400.0
-    store_max_bytes: int = 1 << 30
-    gpu_mapping: Any = None
-    extensions: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-
-    def collector_enabled(self, name: str, default: bool) -> bool:
-        c = self.collectors.get(name)
-        return default if c is None else c.enabled
-
-    def collector_options(self, name: str) -> dict[str, Any]:
-        c = self.collectors.get(name)
-        return dict(c.options) if c else {}
-
-    @property
-    def listen_host_port(self) -> tuple[str, int]:
-        host, _, port = self.listen_address.rpartition(":")
-        return host.strip("[]"), int(port)
-
-
-# ------------------------------------------------------------------------------------------- values
-
 _UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _UNITS_B = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 
 
 def parse_gpu_mapping(raw: Any) -> dict[str, tuple[str, ...]]:
-    """Validate the `gpu_mapping` config value (read by agent/derive/gpu_join.py): GPU uuid or
-    index -> instance(s).
+    """The `gpu_mapping` config value (agent/derive/gpu_join.py): GPU uuid or index -> instance(s).
     Raises ValueError naming the bad entry."""
     if raw is None:
         return {}
@@ -273,6 +95,108 @@ def parse_bool(value: Any) -> bool:
     raise ValueError("not a boolean")
 
 
+_COUNT = "an integer >= 0 (0 = no limit)"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One scalar configuration key: its dotted YAML path, default, parser, and the bound its
+    parsed value must meet (`ok`), said in words in `allowed` for the error message."""
+
+    path: str
+    default: Any
+    parse: Callable[[Any], Any] = str
+    ok: Callable[[float], bool] = lambda v: v > 0
+    allowed: str = "a number > 0"
+
+    @property
+    def env(self) -> str:
+        """`KVSCOPE_<AREA>_<KEY>`, units in the name as the YAML key has them."""
+        return "KVSCOPE_" + self.path.replace(".", "_").upper()
+
+
+# What each key means: README.md (configuration) and docs/collectors.md (scrape limits).
+KEYS: tuple[Key, ...] = (
+    Key("listen_address", "127.0.0.1:9464"),  # loopback by default; port 0 picks a free port
+    Key("scrape.interval_s", 15.0, parse_seconds),
+    Key("scrape.timeout_s", 5.0, parse_seconds),  # < interval; unset: min(5, 0.8 x interval)
+    Key("scrape.max_body_bytes", 16 << 20, parse_bytes, lambda v: v >= 1024, "a size >= 1024 bytes (e.g. 16MiB)"),
+    *(
+        Key(f"scrape.{n}", 50_000 if n == "sample_limit" else 0, parse_count, lambda v: v >= 0, _COUNT)
+        for n in LIMIT_KEYS
+    ),
+    Key("store.path", "kvscope.db"),  # "" keeps history in memory only
+    Key("store.retention_s", 7 * 86400.0, parse_seconds),
+    Key("store.max_bytes", 1 << 30, parse_bytes, lambda v: v >= 1 << 20, "a size >= 1MiB"),
+)
+KEY_BY_PATH = {k.path: k for k in KEYS}
+
+SECTIONS = ("scrape", "store", "targets", "collectors", "gpu_mapping")
+"""Declared top-level sections besides the scalar `listen_address` (README.md shows each)."""
+
+_EXTENSIONS: dict[str, Callable[[Any], Any] | None] = {}
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def register_section(name: str, validate: Callable[[Any], Any] | None = None) -> None:
+    """Declare a top-level section owned by an extension (e.g. `otlp`). `validate(raw)` may return
+    a parsed value and must raise ConfigError naming the key."""
+    _EXTENSIONS[name] = validate
+
+
+@dataclass(frozen=True)
+class Target:
+    """One HTTP endpoint to scrape."""
+
+    url: str
+    job: str
+    instance: str
+    engine: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    limits: tuple[tuple[str, int], ...] = ()  # every LIMIT_KEYS: scrape.*, overridden by the target's
+
+    def target_labels(self) -> dict[str, str]:
+        """Labels added to every sample of this target: job, instance and the configured ones."""
+        return {"job": self.job, "instance": self.instance, **dict(self.labels)}
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    enabled: bool
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AgentConfig:
+    """The validated agent configuration. Collector factories receive this object."""
+
+    listen_address: str = "127.0.0.1:9464"
+    interval_s: float = 15.0
+    timeout_s: float = 5.0
+    max_body_bytes: int = 16 << 20
+    targets: list[Target] = field(default_factory=list)
+    collectors: dict[str, CollectorConfig] = field(default_factory=dict)
+    store_path: str = "kvscope.db"
+    retention_s: float = 7 * 86400.0
+    store_max_bytes: int = 1 << 30
+    gpu_mapping: Any = None
+    extensions: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def collector_enabled(self, name: str, default: bool) -> bool:
+        c = self.collectors.get(name)
+        return default if c is None else c.enabled
+
+    def collector_options(self, name: str) -> dict[str, Any]:
+        c = self.collectors.get(name)
+        return dict(c.options) if c else {}
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen_address.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
 # ------------------------------------------------------------------------------------------- layers
 
 
@@ -294,12 +218,7 @@ class Layers:
                 keep = {"enabled": child} if depth == 1 and parents[0] == "collectors" and child is not None else {}
                 child = node[p] = keep
             node = child
-        if (
-            len(parents) == 1
-            and parents[0] == "collectors"
-            and isinstance(node.get(leaf), dict)
-            and not isinstance(value, dict)
-        ):
+        if parents == ["collectors"] and isinstance(node.get(leaf), dict) and not isinstance(value, dict):
             node[leaf]["enabled"] = value
         else:
             node[leaf] = value
@@ -397,18 +316,12 @@ def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
     Besides the scalar keys: `KVSCOPE_TARGETS` (comma-separated URLs, replacing the file's
     targets) and `KVSCOPE_COLLECTOR_<NAME>` (true | false).
     """
-    out: list[tuple[str, Any, str]] = []
-    for key in KEYS:
-        if key.env in environ:
-            out.append((key.path, environ[key.env], key.env))
+    out: list[tuple[str, Any, str]] = [(key.path, environ[key.env], key.env) for key in KEYS if key.env in environ]
     if "KVSCOPE_TARGETS" in environ:
         urls = [u.strip() for u in environ["KVSCOPE_TARGETS"].split(",") if u.strip()]
         out.append(("targets", [{"url": u} for u in urls], "KVSCOPE_TARGETS"))
-    for name, value in environ.items():
-        if name.startswith("KVSCOPE_COLLECTOR_"):
-            coll = name[len("KVSCOPE_COLLECTOR_") :].lower()
-            out.append((f"collectors.{coll}", value, name))
-    return out
+    prefix = "KVSCOPE_COLLECTOR_"
+    return out + [(f"collectors.{n[len(prefix) :].lower()}", v, n) for n, v in environ.items() if n.startswith(prefix)]
 
 
 def build_config(
@@ -422,20 +335,12 @@ def build_config(
     `flags` are (path, value, flag spelling) triples produced by the command line.
     `known_collectors` maps registered collector names to their default (for validation).
     """
-    layers = Layers(doc=_deep_copy(file_doc or {}))
+    layers = Layers(doc=copy.deepcopy(file_doc or {}))
     for path, value, origin in env_overrides(environ if environ is not None else os.environ):
         layers.set(path, value, origin)
     for path, value, origin in flags or []:
         layers.set(path, value, origin)
     return _validate(layers, known_collectors)
-
-
-def _deep_copy(doc: Any) -> Any:
-    if isinstance(doc, dict):
-        return {k: _deep_copy(v) for k, v in doc.items()}
-    if isinstance(doc, list):
-        return [_deep_copy(v) for v in doc]
-    return doc
 
 
 # --------------------------------------------------------------------------------------- validation
@@ -445,24 +350,21 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     cfg = AgentConfig()
     _check_sections(layers, cfg)
     cfg.listen_address = _address(layers)
-    cfg.interval_s = _number(layers, "scrape.interval_s", parse_seconds, lambda v: v > 0, "a number > 0")
+    cfg.interval_s = _number(layers, "scrape.interval_s")
     if layers.get("scrape.timeout_s") is None:  # like Prometheus: the default never exceeds the interval
         layers.set("scrape.timeout_s", min(5.0, 0.8 * cfg.interval_s), "default, 0.8 x interval")
-    cfg.timeout_s = _number(
-        layers,
-        "scrape.timeout_s",
-        parse_seconds,
-        lambda v: 0 < v < cfg.interval_s,
-        "a number > 0 and < scrape.interval_s",
+    timeout = replace(
+        KEY_BY_PATH["scrape.timeout_s"],
+        ok=lambda v: 0 < v < cfg.interval_s,
+        allowed="a number > 0 and < scrape.interval_s",
     )
-    cfg.max_body_bytes = int(
-        _number(layers, "scrape.max_body_bytes", parse_bytes, lambda v: v >= 1024, "a size >= 1024 bytes (e.g. 16MiB)")
-    )
+    cfg.timeout_s = _number(layers, timeout)
+    cfg.max_body_bytes = int(_number(layers, "scrape.max_body_bytes"))
     cfg.store_path = str(_value(layers, "store.path") or "")
-    cfg.retention_s = _number(layers, "store.retention_s", parse_seconds, lambda v: v > 0, "a number > 0")
-    cfg.store_max_bytes = int(_number(layers, "store.max_bytes", parse_bytes, lambda v: v >= 1 << 20, "a size >= 1MiB"))
-    limits = {n: int(_number(layers, f"scrape.{n}", parse_count, lambda v: v >= 0, _COUNT)) for n in LIMIT_KEYS}
-    cfg.targets = [replace(t, limits=tuple({**limits, **dict(t.limits_set)}.items())) for t in _targets(layers)]
+    cfg.retention_s = _number(layers, "store.retention_s")
+    cfg.store_max_bytes = int(_number(layers, "store.max_bytes"))
+    limits = {n: int(_number(layers, f"scrape.{n}")) for n in LIMIT_KEYS}
+    cfg.targets = [replace(t, limits=tuple({**limits, **dict(t.limits)}.items())) for t in _targets(layers)]
     cfg.collectors = _collectors(layers, known_collectors)
     cfg.gpu_mapping = layers.get("gpu_mapping")
     try:
@@ -476,11 +378,9 @@ def _check_sections(layers: Layers, cfg: AgentConfig) -> None:
     for name, value in layers.doc.items():
         if name == "listen_address" or name in SECTIONS:
             continue
-        if name in _EXTENSIONS:
-            validate = _EXTENSIONS[name]
-            cfg.extensions[name] = validate(value) if validate else value
-        else:
-            cfg.extensions[name] = value
+        validate = _EXTENSIONS.get(name)
+        cfg.extensions[name] = validate(value) if validate else value
+        if name not in _EXTENSIONS:
             cfg.warnings.append(
                 f"{name}: unknown section, kept for extensions (declared: listen_address, {', '.join(SECTIONS)})"
             )
@@ -498,16 +398,16 @@ def _value(layers: Layers, path: str) -> Any:
     return layers.get(path, KEY_BY_PATH[path].default)
 
 
-def _number(
-    layers: Layers, path: str, parse: Callable[[Any], float], ok: Callable[[float], bool], allowed: str
-) -> float:
-    raw = _value(layers, path)
+def _number(layers: Layers, key: str | Key) -> float:
+    """The value of a numeric key, parsed and within its bound; ConfigError naming it otherwise."""
+    key = KEY_BY_PATH[key] if isinstance(key, str) else key
+    raw = layers.get(key.path, key.default)
     try:
-        value = float(parse(raw))
+        value = float(key.parse(raw))
     except (ValueError, TypeError, OverflowError):  # OverflowError: float() of a huge integer
         value = math.nan
-    if math.isnan(value) or math.isinf(value) or not ok(value):
-        raise ConfigError(f"{path}: must be {allowed}, got {_show(raw)}{layers.where(path)}")
+    if math.isnan(value) or math.isinf(value) or not key.ok(value):
+        raise ConfigError(f"{key.path}: must be {key.allowed}, got {_show(raw)}{layers.where(key.path)}")
     return value
 
 
@@ -519,13 +419,11 @@ def _address(layers: Layers) -> str:
     raw = _value(layers, "listen_address")
     text = str(raw)
     host, sep, port = text.rpartition(":")
-    problem = "" if sep and port.isdigit() and 0 <= int(port) < 65536 else "port"  # 0: any free port
-    if not problem:
-        try:
-            ipaddress.ip_address(host.strip("[]"))
-        except ValueError:
-            problem = "" if re.fullmatch(r"[A-Za-z0-9.-]+", host) else "host"
-    if problem:
+    try:
+        host_ok = ipaddress.ip_address(host.strip("[]")) is not None
+    except ValueError:
+        host_ok = re.fullmatch(r"[A-Za-z0-9.-]+", host) is not None
+    if not (sep and host_ok and re.fullmatch(r"[0-9]{1,5}", port) and int(port) < 65536):  # 0: any free port
         raise ConfigError(
             f"listen_address: must be host:port (e.g. 127.0.0.1:9464), got {_show(raw)}{layers.where('listen_address')}"
         )
@@ -552,7 +450,6 @@ def _targets(layers: Layers) -> list[Target]:
 
 
 _TARGET_KEYS = ("url", "job", "engine", "labels", *LIMIT_KEYS)
-_COUNT = "an integer >= 0 (0 = no limit)"
 
 
 def _target(i: int, item: Any, where: str) -> Target:
@@ -575,7 +472,7 @@ def _target(i: int, item: Any, where: str) -> Target:
         parts.port  # noqa: B018 - raises ValueError for a bad port
     except ValueError as e:
         raise ConfigError(f"{key}.url: bad port in {_show(url)}{where}") from e
-    job = item.get("job", _JOB_DEFAULT)
+    job = item.get("job", "engine")
     if not isinstance(job, str) or not job:
         raise ConfigError(f"{key}.job: must be a non-empty string, got {_show(job)}{where}")
     engine = item.get("engine")
@@ -593,7 +490,7 @@ def _target(i: int, item: Any, where: str) -> Target:
             own.append((name, parse_count(item[name])))
         except ValueError:
             raise ConfigError(f"{key}.{name}: must be {_COUNT}, got {_show(item[name])}{where}") from None
-    return Target(url=str(url), job=job, instance=instance, engine=engine, labels=labels, limits_set=tuple(own))
+    return Target(url=str(url), job=job, instance=instance, engine=engine, labels=labels, limits=tuple(own))
 
 
 def _target_labels(key: str, raw: Any, where: str) -> tuple[tuple[str, str], ...]:
@@ -625,11 +522,8 @@ def _collectors(layers: Layers, known: Mapping[str, bool] | None) -> dict[str, C
 
 
 def _collector(path: str, value: Any, where: str) -> CollectorConfig:
-    if isinstance(value, dict):
-        options = {k: v for k, v in value.items() if k != "enabled"}
-        value = value.get("enabled", True)
-    else:
-        options = {}
+    options = {k: v for k, v in value.items() if k != "enabled"} if isinstance(value, dict) else {}
+    value = value.get("enabled", True) if isinstance(value, dict) else value
     try:
         return CollectorConfig(enabled=parse_bool(value), options=options)
     except ValueError:
@@ -640,7 +534,4 @@ def _collector(path: str, value: Any, where: str) -> CollectorConfig:
 
 def describe_keys() -> str:
     """Text table of every scalar key, its env variable and default (for --help)."""
-    lines = []
-    for k in KEYS:
-        lines.append(f"  {k.path:<22} {k.env:<30} default {k.default!r}")
-    return "\n".join(lines)
+    return "\n".join(f"  {k.path:<22} {k.env:<30} default {k.default!r}" for k in KEYS)

@@ -87,10 +87,6 @@ class CounterSet:
                 return
             self._values[labels] = self._values.get(labels, 0.0) + amount
 
-    def value(self, labels: Labels) -> float | None:
-        with self._lock:
-            return self._values.get(labels)
-
     def render(self, timestamp: float | None = None) -> list[Sample]:
         with self._lock:
             return [Sample(self.name, lab, v, timestamp) for lab, v in self._values.items()]

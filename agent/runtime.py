@@ -1,15 +1,12 @@
-"""The agent loop: run every enabled collector each interval, derive, store, and keep the latest
-state that the agent's HTTP server exposes.
-
-One asyncio loop runs collection and serving. A collector that raises, hangs or cannot even be
-built never stops the loop: it is reported down with a reason (`exception_ValueError`,
-`collect_timeout`, `init_ImportError`...) in `kvscope_collector_status` and the others go on. A
-cycle that raises anyway is reported as collector `cycle` (`exception_<error>`) and the next runs.
+"""The agent loop: run every enabled collector each interval, derive, store, and keep the state
+the HTTP server exposes. A collector that raises, hangs or cannot be built is reported down with a
+reason in `kvscope_collector_status` (README.md) and the others go on; so does a failed cycle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import importlib
 import logging
@@ -22,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, compress
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvscope.agent import collectors as collectors_pkg
 from kvscope.agent.collectors.base import Collection, Collector, Health, registered_collectors
@@ -40,15 +37,13 @@ _MODULE_ERRORS: dict[str, str] = {}
 GC_YOUNG_THRESHOLD = 10_000
 """Net allocations between two collections of the youngest generation once the agent runs."""
 
-EXTENSION_MODULES = (
-    "kvscope.agent.traces.receiver",  # collector "otlp" + config section `otlp`
-    "kvscope.agent.tap.collector",  # collector "tap" + config section `tap`
-    "kvscope.agent.kvevents.subscriber",  # collector "kv_events" + config section `kv_events`
-)
-"""Collectors that live beside their own subsystem rather than in agent/collectors/."""
-
-SECTION_GATED = frozenset({"otlp", "tap", "kv_events"})
-"""Collectors that run only when the config has a section of the same name."""
+EXTENSION_MODULES = {
+    "otlp": "kvscope.agent.traces.receiver",
+    "tap": "kvscope.agent.tap.collector",
+    "kv_events": "kvscope.agent.kvevents.subscriber",
+}
+"""Collector -> its module, for collectors beside their own subsystem (not in agent/collectors/);
+each registers a config section of its name and runs only when the config has that section."""
 
 
 def load_collector_modules() -> dict[str, str]:
@@ -61,7 +56,7 @@ def load_collector_modules() -> dict[str, str]:
         for info in pkgutil.iter_modules(collectors_pkg.__path__)
         if info.name != "base" and not info.name.startswith("_")
     ]
-    for module in (*names, *EXTENSION_MODULES):
+    for module in (*names, *EXTENSION_MODULES.values()):
         short = module.rsplit(".", 1)[-1] if module.startswith("kvscope.agent.collectors.") else module
         if short in _MODULE_ERRORS:
             continue
@@ -94,11 +89,9 @@ class _BrokenCollector:
 
 def build_collectors(config: AgentConfig) -> list[Collector]:
     """Instantiate every enabled registered collector with the agent config."""
-    out: list[Collector] = []
-    for module, reason in load_collector_modules().items():
-        out.append(_BrokenCollector(module, reason))
+    out: list[Collector] = [_BrokenCollector(module, reason) for module, reason in load_collector_modules().items()]
     for name, (factory, default) in sorted(registered_collectors().items()):
-        if name in SECTION_GATED and name not in config.extensions:
+        if name in EXTENSION_MODULES and name not in config.extensions:
             continue  # a subsystem with no config section stays off (and out of the health list)
         if not config.collector_enabled(name, default):
             continue
@@ -137,124 +130,74 @@ class AgentState:
 class CounterResets:
     """Counts decreases of canonical counters per instance (an engine restart, usually).
 
-    Memory is bounded by the series present in the last cycle. A counter is compared with its
-    value in the previous cycle: for a part that is one target's scrape (`Parts.sources`), with
-    that target's previous part; for the other samples, by series over all of them.
-
-    Fast paths, same answers (tests/unit/test_runtime.py checks them against the definition):
-    a `Stamped` part compares only the blocks that are not the same objects as last time, by
-    position; samples in the same series order as last cycle are compared by position in C-level
-    passes, with no per-sample dict lookup.
+    A counter is compared with its value in the previous cycle: one target's part (`Parts.sources`)
+    with that target's previous part, the other samples together by series (the last one wins).
+    Fast path, same answers (tests/unit/test_runtime.py): series in the same order as last time are
+    compared by position, skipping `Stamped` blocks that are the same objects as last time.
     """
 
     def __init__(self) -> None:
-        self._last: dict[tuple[str, Labels], float] = {}
         self._counter = _CounterNames()  # name -> is a counter (names are few)
-        self._names: tuple[str, ...] | None = None  # the previous cycle's series, in order
-        self._labels: tuple[Labels, ...] | None = None
-        self._idx: list[int] = []  # positions of its counters
-        self._values: list[float] = []  # and their values
-        self._sources: dict[str, Sequence[Sample]] = {}  # target -> its previous part
+        self._prev: dict[str, _Seen] = {}  # source ("": the rest) -> its previous part
 
     def observe(self, samples: Iterable[Sample], into: Counter[str]) -> None:
-        resets: set[str] = set()
+        parts: dict[str, Sequence[Sample]] = {}
+        rest: list[Sample] = []
         if isinstance(samples, Parts):
-            rest: list[Sample] = []
-            sources: dict[str, Sequence[Sample]] = {}
             for part, source in zip(samples.parts, samples.sources, strict=True):
-                if source and source not in sources:
-                    sources[source] = part
-                    self._observe_source(self._sources.get(source), part, resets)
+                if source and source not in parts:
+                    parts[source] = part
                 else:
                     rest.extend(part)
-            self._sources = sources  # a target absent this cycle is compared afresh next time
-            samples = rest
-        samples = samples if isinstance(samples, list) else list(samples)
-        self._observe_rest(samples, resets)
-        for inst in resets:
-            into[inst] += 1
-
-    # ---------------------------------------------------------------- one target's parts
-    def _observe_source(self, prev: Sequence[Sample] | None, part: Sequence[Sample], resets: set[str]) -> None:
-        if prev is None:
-            return
-        if isinstance(part, Stamped) and isinstance(prev, Stamped) and len(part.blocks) == len(prev.blocks):
-            changed = [(new, old) for new, old in zip(part.blocks, prev.blocks, strict=True) if new is not old]
-            if 4 * len(changed) > len(part.blocks):  # most blocks changed: one pass over all of them
-                changed = [(list(chain.from_iterable(part.blocks)), list(chain.from_iterable(prev.blocks)))]
-            if all(_same_series(new, old) for new, old in changed):
-                for new, old in changed:
-                    idx = list(compress(range(len(new)), map(self._counter.__getitem__, map(_name, new))))
-                    lower = compress(
-                        idx,
-                        map(
-                            operator.lt, map(_value, map(new.__getitem__, idx)), map(_value, map(old.__getitem__, idx))
-                        ),
-                    )
-                    resets.update(_instance(new[j][1]) for j in lower)
-                return
-        self._compare_by_key(_heads_of(prev), _heads_of(part), resets)
-
-    def _compare_by_key(self, prev: Iterable[tuple], cur: Iterable[tuple], resets: set[str]) -> None:
-        last = {(h[0], h[1]): h[2] for h in prev if self._is_counter(h[0])}
-        for h in cur:
-            if self._is_counter(h[0]):
-                before = last.get((h[0], h[1]))
-                if before is not None and h[2] < before:
-                    resets.add(_instance(h[1]))
-
-    def _is_counter(self, name: str) -> bool:
-        return self._counter[name]
-
-    # ---------------------------------------------------------------- the other samples
-    def _observe_rest(self, samples: list[Sample], resets: set[str]) -> None:
-        names = tuple(map(itemgetter(0), samples))
-        labels = tuple(map(itemgetter(1), samples))
-        values = list(map(itemgetter(2), samples))
-        if names == self._names and labels == self._labels:
-            cur = list(map(values.__getitem__, self._idx))
-            resets.update(
-                samples[i].label("instance") or "" for i in compress(self._idx, map(operator.lt, cur, self._values))
-            )
-            self._values = cur
         else:
-            resets.update(self._observe_by_key(samples, names, labels))
+            rest = samples if isinstance(samples, list) else list(samples)
+        parts[""] = rest
+        resets: set[str] = set()
+        # a source absent this cycle is compared afresh next time
+        self._prev = {src: self._compare(self._prev.get(src), part, resets) for src, part in parts.items()}
+        into.update(resets)  # one per instance per cycle
 
-    def _observe_by_key(self, samples: list[Sample], names: tuple[str, ...], labels: tuple[Labels, ...]) -> set[str]:
-        seen: dict[tuple[str, Labels], float] = {}
-        reset_instances: set[str] = set()
-        idx: list[int] = []
-        if self._names is not None and self._labels is not None:  # last cycle's fast path: its values by key
-            self._last = {(self._names[i], self._labels[i]): v for i, v in zip(self._idx, self._values, strict=True)}
-        last = self._last
-        for i, s in enumerate(samples):
-            name = s[0]
-            if not self._is_counter(name):
-                continue
-            key = (name, s[1])
-            value = s[2]
-            prev = last.get(key)
-            if prev is not None and value < prev:
-                reset_instances.add(s.label("instance") or "")
-            seen[key] = value
-            idx.append(i)
-        self._last = seen
-        unique = len(seen) == len(idx)  # a series twice in one cycle: keep comparing by key
-        self._names, self._labels = (names, labels) if unique else (None, None)
-        self._idx, self._values = idx, [samples[i][2] for i in idx]
-        return reset_instances
+    def _compare(self, prev: _Seen | None, part: Sequence[Sample], resets: set[str]) -> _Seen:
+        """Add the instances whose counters in `part` fell below `prev` (the source's previous
+        part) to `resets`; return what the next cycle compares with."""
+        blocks: Sequence[Sequence[Any]] = part.blocks if isinstance(part, Stamped) else [part]
+        if prev is not None and prev.unique and len(prev.blocks) == len(blocks):
+            moved = []
+            for new, old, (names, labels, idx) in zip(blocks, prev.blocks, prev.keys, strict=True):
+                if new is not old:
+                    if tuple(map(_name, new)) != names or tuple(map(_labels, new)) != labels:
+                        break
+                    moved.append((new, old, idx))
+            else:
+                for new, old, idx in moved:
+                    lower = map(
+                        operator.lt, map(_value, map(new.__getitem__, idx)), map(_value, map(old.__getitem__, idx))
+                    )
+                    resets.update(dict(new[j][1]).get("instance", "") for j in compress(idx, lower))
+                return _Seen(blocks, True, prev.keys)
+        heads = list(chain.from_iterable(blocks))
+        if prev is not None:
+            last = {(h[0], h[1]): h[2] for h in chain.from_iterable(prev.blocks) if self._counter[h[0]]}
+            for h in heads:
+                if self._counter[h[0]] and (before := last.get((h[0], h[1]))) is not None and h[2] < before:
+                    resets.add(dict(h[1]).get("instance", ""))
+        block_names = [tuple(map(_name, block)) for block in blocks]
+        keys = [
+            (n, tuple(map(_labels, block)), list(compress(range(len(n)), map(self._counter.__getitem__, n))))
+            for n, block in zip(block_names, blocks, strict=True)
+        ]
+        return _Seen(blocks, len({(h[0], h[1]) for h in heads}) == len(heads), keys)
+
+
+class _Seen(NamedTuple):
+    """A source's part as `CounterResets` compares the next one with it."""
+
+    blocks: Sequence[Sequence[Any]]
+    unique: bool  # no series twice: a comparison by position is the definition's
+    keys: list[tuple[tuple[str, ...], tuple[Labels, ...], list[int]]]  # per block: names, labels, counters' positions
 
 
 _name, _labels, _value = itemgetter(0), itemgetter(1), itemgetter(2)
-
-
-def _same_series(new: list, old: list) -> bool:
-    """The same (name, labels) at every position (C-level passes, no tuple per position)."""
-    return (
-        len(new) == len(old)
-        and list(map(_name, new)) == list(map(_name, old))
-        and list(map(_labels, new)) == list(map(_labels, old))
-    )
 
 
 class _CounterNames(dict):
@@ -268,27 +211,9 @@ class _CounterNames(dict):
         return counter
 
 
-def _heads_of(part: Sequence[Sample]) -> Iterable[tuple]:
-    return chain.from_iterable(part.blocks) if isinstance(part, Stamped) else part
-
-
-def _instance(labels: Labels) -> str:
-    for k, v in labels:
-        if k == "instance":
-            return v
-    return ""
-
-
 def _freeze_startup_objects() -> None:
-    """Move everything alive after the first cycle (modules, catalog, config, the first memo)
-    out of the cyclic GC's reach: they live as long as the process, and otherwise every full
-    collection walks them again. Measured on the 9-target bench: GC went from ~20% to ~7% of
-    the agent's CPU. Objects still die by reference counting as usual.
-
-    Then the youngest generation is collected every 10k net allocations instead of 700: a cycle
-    allocates a few thousand short-lived samples that reference counting frees anyway, and each
-    young collection otherwise walks the ones still alive (the cycle's samples). Cyclic garbage
-    is still found, a little later (bounded: at most 10k objects more)."""
+    """Freeze what is alive after the first cycle (it lives as long as the process) and collect the
+    youngest generation every 10k net allocations instead of 700 (docs/performance.md)."""
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()
@@ -307,9 +232,8 @@ class AgentRuntime:
         clock: Callable[[], float] = time.time,
         freeze_gc: bool = False,
     ) -> None:
-        """`freeze_gc`: after the first cycle, freeze the process's objects and raise the young GC
-        threshold (`_freeze_startup_objects`). Process-wide, so only the `kvscope agent` process
-        asks for it; a runtime embedded in another program (or a test run) leaves GC alone."""
+        """`freeze_gc`: `_freeze_startup_objects` after the first cycle (process-wide: only the
+        `kvscope agent` process asks for it)."""
         self.freeze_gc = freeze_gc
         self.config = config
         self.collectors = list(collectors)
@@ -335,11 +259,9 @@ class AgentRuntime:
         self.state.samples["derive"] = derived  # catalog signals among them are re-exported too
         cycle.add(derived)
         self._store(cycle)
-        if self.store is not None and hasattr(self.store, "snapshot"):
-            self.state.store_stats = self.store.snapshot()  # no disk I/O: stays on the loop
-        elif self.store is not None and hasattr(self.store, "stats"):
-            self.state.store_stats = await asyncio.to_thread(self.store.stats)
-        if (failing := getattr(self.state.store_stats, "failing", False)) is not False:
+        if self.store is not None:
+            failing = (st := self.store.snapshot()).failing  # no disk I/O: stays on the loop
+            self.state.store_stats = st
             self.state.collector_status["store"] = (not failing, f"write_{failing}" if failing else "ok", 0.0)
         self.state.cycles += 1
         self.state.last_cycle_s = time.monotonic() - t0
@@ -366,8 +288,7 @@ class AgentRuntime:
         st.collector_status[name] = status
         st.samples[name] = collection.samples
         st.health[name] = collection.health
-        for inst, facts in collection.facts.items():
-            st.facts[inst] = facts
+        st.facts.update(collection.facts)
         st.engines.update(collection.engines)
         for h in collection.health:
             if h.target:
@@ -429,10 +350,8 @@ class AgentRuntime:
             now = time.monotonic()
             if next_tick < now:
                 next_tick += math.ceil((now - next_tick) / interval) * interval
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=next_tick - now)
-            except TimeoutError:
-                pass
 
     def stop(self) -> None:
         self._stop.set()

@@ -16,23 +16,9 @@ import yaml
 
 Labels = tuple[tuple[str, str], ...]
 
-COMMON_LABELS = (
-    "instance",
-    "job",
-    "engine",
-    "model",
-    "dp_rank",
-    "role",
-    "tenant",
-    "node",
-    "gpu",
-    "gpu_uuid",
-    "gpu_model",
-    "pod",
-    "namespace",
-    "container",
-    "mig_instance",
-    "mig_profile",
+COMMON_LABELS = tuple(
+    "instance job engine model dp_rank role tenant node gpu gpu_uuid gpu_model pod namespace container"
+    " mig_instance mig_profile".split()
 )
 """Labels every canonical signal may carry (see docs/architecture.md, 'Canonical labels')."""
 
@@ -189,15 +175,8 @@ def _parse_dialect(name: str, d: dict[str, Any]) -> Dialect:
         sentinels = frozenset(float(v) for v in d.get("sentinels") or ())
     except (TypeError, ValueError):
         raise CatalogError(f"catalog: dialect {name}: sentinels must be numbers, got {d.get('sentinels')!r}") from None
-    return Dialect(
-        name=name,
-        prefixes=tuple(d.get("prefixes", ())),
-        detect=tuple(d.get("detect", ())),
-        labels=dict(d.get("labels") or {}),
-        sentinels=sentinels,
-        worker_labels=tuple(d.get("worker_labels") or ()),
-        companions=tuple(d.get("companions") or ()),
-    )
+    lists = {k: tuple(d.get(k) or ()) for k in ("prefixes", "detect", "worker_labels", "companions")}
+    return Dialect(name=name, labels=dict(d.get("labels") or {}), sentinels=sentinels, **lists)
 
 
 def _parse_signal(name: str, d: dict[str, Any], dialects: dict[str, Dialect], source: str) -> Signal:

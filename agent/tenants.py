@@ -1,25 +1,6 @@
-"""Who sent a request, and a bounded label set for it, ranked by traffic.
-
-The tenant comes from, in order: a configured header (e.g. `X-Tenant`), the OpenAI `user` body
-field, or a hash of the API key (`key-` + 12 hex chars of SHA-256). The key itself is never kept.
-
-Labels are bounded: the `max_tenants` tenants with the most *recent* traffic keep their own label
-and every other one is counted as `other`, so a caller cannot blow up the series count by
-inventing tenants, and a big tenant that arrives after the slots are taken still gets one.
-Traffic is a request count with exponential decay (half-life `half_life_s`), kept for the
-tracked tenants exactly and for the rest in a bounded heavy-hitter sketch (`sketch_size`
-entries, space-saving style: an id new to a full sketch inherits the count of what was pruned
-as its error bound). A tenant in `other` is promoted when its *guaranteed* count (estimate minus
-error) exceeds `promote_ratio` x the smallest tracked count and amounts to more than one recent
-request (`min_promote`); the smallest tracked tenant is demoted. A flood of one-off random ids
-therefore never promotes anything: each one's guaranteed count is its own single request.
-
-A demoted tenant's series are not reset or removed: its counters keep their last value and stop
-(flat), `other` absorbs its traffic from then on, and if it is promoted again its counters
-continue from where they stopped (still monotonic). Distinct labels ever handed out are capped at
-`max_labels` (default 10 x max_tenants); once spent, only tenants that already have series can be
-promoted (`stats["label_budget_spent"]` counts refusals).
-"""
+"""Who sent a request (a header, the body's `user`, or a hash of the API key, never the key), and a
+bounded label set for it: the `max_tenants` busiest tenants, every other one `other`
+(docs/requests.md)."""
 
 from __future__ import annotations
 
@@ -44,9 +25,8 @@ def parse_tenant(headers: Mapping[str, str], body: Mapping[str, Any] | None, ten
     if body and isinstance(body.get("user"), str) and body["user"]:
         return _clean(body["user"])
     auth = headers.get("Authorization") or headers.get("authorization") or ""
-    if auth.lower().startswith("bearer ") and len(auth) > 7:
-        return "key-" + hashlib.sha256(auth[7:].strip().encode()).hexdigest()[:12]
-    if key := headers.get("api-key") or headers.get("x-api-key"):
+    bearer = auth[7:] if auth.lower().startswith("bearer ") and len(auth) > 7 else None
+    if key := bearer or headers.get("api-key") or headers.get("x-api-key"):
         return "key-" + hashlib.sha256(key.strip().encode()).hexdigest()[:12]
     return UNKNOWN
 
@@ -56,28 +36,22 @@ def _clean(v: str) -> str:
 
 
 class TenantLimiter:
-    """Maps tenant ids to the `max_tenants` busiest (decayed request count) plus `other`.
+    """Maps tenant ids to the `max_tenants` busiest (decayed request count) plus `other`. Memory:
+    `max_tenants` counts + `sketch_size` sketch entries + at most `max_labels` labels handed out."""
 
-    `label(tenant)` is called once per request and returns the label to count it under. Memory:
-    `max_tenants` tracked counts + `sketch_size` sketch entries + the set of labels handed out
-    (at most `max_labels`), whatever number of distinct ids arrives.
-    """
+    promote_ratio = 1.25  # an untracked tenant replaces the smallest tracked one past this ratio
+    min_promote = 1.5  # ... and once it certainly sent this many requests' weight
 
     def __init__(
         self,
         max_tenants: int = 50,
         *,
         half_life_s: float = 300.0,
-        sketch_size: int | None = None,
-        promote_ratio: float = 1.25,
-        min_promote: float = 1.5,
         max_labels: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_tenants = max_tenants
-        self.sketch_size = sketch_size if sketch_size is not None else max(64, 4 * max_tenants)
-        self.promote_ratio = promote_ratio
-        self.min_promote = min_promote
+        self.sketch_size = max(64, 4 * max_tenants)
         self.max_labels = max_labels if max_labels is not None else 10 * max_tenants
         self._rate = math.log(2) / half_life_s
         self._clock = clock

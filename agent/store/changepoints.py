@@ -1,42 +1,19 @@
 """Change-point encoding of scraped series: what the SQLite store writes, and how it reads back.
 
-Between two scrapes most series of an engine keep their value (an idle histogram bucket, a
-config gauge, a counter nobody incremented). Writing a row for each of them every second is
-what a naive store spends its CPU on. This module turns a batch of samples into three kinds of
-rows, and turns those rows back into exactly the points that were written:
+Most series keep their value between scrapes, so a batch becomes three kinds of rows:
 
-* **stamps** `(group, ts_ms)`: one row per scrape of a *group*. A group is a set of series that
-  share their timestamps (one target's scrape; the samples the runtime stamps at the end of a
-  cycle). A batch is split into cohorts by exact timestamp; a cohort takes the group its series
-  followed last time, else a new group id. Grouping only decides how many rows are written:
-  any grouping reads back the same points.
-* **points** `(series, ts_ms, value)`: a real row where a series starts a run, and wherever its
-  value differs from its previous point. An unchanged value writes no row.
+* **stamps** `(group, ts_ms)`: one per scrape of a *group* of series sharing their timestamps.
+  A batch splits into cohorts by exact timestamp; a cohort takes the group its series followed
+  last time, else a new one (grouping changes only the row count, never the points read back).
+* **points** `(series, ts_ms, value)`: where a series starts a run or its value changes.
 * **marks** `(series, ts_ms, group)`: from `ts_ms` on the series is present at every stamp of
-  `group` (group > 0), or at none (group 0: the series was absent from a scrape of its group,
-  so it is stale from there on; a target that stops answering simply stops writing stamps).
+  `group`, or (group 0) at none: absent from a scrape of its group, stale from there on.
 
-Reading back (`fill_points`): the real points in range, plus, for every stamp of the series'
-active group inside a run, the value of the latest real point at or before that stamp (which
-may lie before the window: the caller passes it as `carry`). The result equals the dense
-series that was written; tests/unit/test_changepoints.py checks it sample for sample, with
-counter resets, series that vanish and return, targets going down and retention.
-
-Samples older than a series' previous point are dropped (`out_of_order`), as Prometheus does;
-a second sample in the same millisecond is dropped (`duplicate`, first write wins).
-
-Fast path: a target usually sends the same series in the same order every scrape. The encoder
-keeps each group's previous cohort (names, labels, values, and the state of each series in
-order); a cohort with the same names and labels (compared as whole tuples, identity first)
-needs no per-sample dict lookup: the changed values are found in one C-level pass and only
-those write rows. Any difference (a new, missing or reordered series, a NaN or non-float
-value, a series that moved between groups) takes the general path, which gives the same rows.
-
-Block path: a `Stamped` part (one target's scrape as family blocks, agent/scrape/stamped.py) is its own
-cohort. When the group's previous cohort was a `Stamped` with as many blocks, a block that is the
-same object as last time is skipped without reading it (same values by construction), and only
-the other blocks are compared as above. Anything else flattens the part and takes the paths
-above; tests/unit/test_changepoints.py checks that both give the same rows.
+`fill_points` reads back exactly the dense series written (tests/unit/test_changepoints.py).
+Samples older than a series' previous point are dropped (`out_of_order`), as is a second one in
+the same millisecond (`duplicate`, first wins). Fast path, same rows (tests/unit/test_stamped.py):
+a cohort with the same series in the same order as its group's previous one is compared by
+position, skipping `Stamped` blocks (agent/scrape/stamped.py) that are the same objects as last time.
 """
 
 from __future__ import annotations
@@ -70,13 +47,10 @@ class Encoded:
 
 
 class ChangeEncoder:
-    """Writer-side state: the last point of every series and the members of every group.
-
-    `series_id(name, labels)` returns the store's id of a series (creating it) or None when the
-    store refuses new series. State lives in memory only: after `reset()` (a failed commit, or a
-    fresh process on an existing file) every series starts a new run in a new group, which is
-    always correct, and costs one row per series once.
-    """
+    """Writer-side state: the last point of every series and the members of every group. In memory
+    only: after `reset()` (a failed commit) or in a new process every series starts a new run in a
+    new group, always correct, at one row per series once. `series_id(name, labels)`: the store's
+    id of a series (created on first sight), None when the store refuses new series."""
 
     def __init__(self, series_id: Callable[[str, Labels], int | None], next_group: int = 1) -> None:
         self._series_id = series_id
@@ -85,16 +59,13 @@ class ChangeEncoder:
         self._by_sid: dict[int, list] = {}  # the same lists by series id
         self._members: dict[int, set[int]] = {}  # group -> series ids in its current run
         self._group_ts: dict[int, int] = {}  # group -> its latest stamp
-        self._previous: dict[int, _Cohort | _Blocks] = {}  # group -> its last cohort, for the fast paths
+        self._previous: dict[int, _Blocks] = {}  # group -> its last cohort, for the fast paths
         self.block_cohorts = 0  # cohorts written by the block path (for tests and benches)
 
     def reset(self) -> None:
         """Forget all state (the rows it described may not be on disk)."""
-        self._last.clear()
-        self._by_sid.clear()
-        self._members.clear()
-        self._group_ts.clear()
-        self._previous.clear()
+        for state in (self._last, self._by_sid, self._members, self._group_ts, self._previous):
+            state.clear()
 
     def forget(self, sids: set[int]) -> None:
         """Drop state of series the store deleted (retention pruned them)."""
@@ -124,15 +95,10 @@ class ChangeEncoder:
             ):
                 stamped = []  # a timestamp shared with other samples: one cohort, as a flat batch
             batch = chain.from_iterable(others) if stamped else batch.samples()
-        by_ts: dict[object, list[Sample] | Stamped] = {}
+        flat: dict[object, list[Sample]] = {}
         for ts, run in groupby(batch, _timestamp):  # runs of one timestamp (a target's scrape)
-            cohort = by_ts.get(ts)
-            if cohort is None:
-                by_ts[ts] = list(run)
-            else:
-                cohort.extend(run)  # type: ignore[union-attr]
-        for part in stamped:
-            by_ts[part.timestamp] = part
+            flat.setdefault(ts, []).extend(run)
+        by_ts: dict[object, list[Sample] | Stamped] = {**flat, **{p.timestamp: p for p in stamped}}
         # A cohort is the samples of one exact timestamp: targets scraped within the same
         # millisecond stay apart (each keeps its own group), though their stamps round alike.
         cohorts: list[tuple[int, float, list[Sample] | Stamped]] = []
@@ -144,10 +110,7 @@ class ChangeEncoder:
                 out.dropped["bad_value"] += len(samples)
         used: set[int] = set()
         for ts_ms, _, samples in sorted(cohorts, key=lambda c: c[:2]):
-            if isinstance(samples, Stamped):
-                self._encode_stamped(ts_ms, samples, used, out)
-            else:
-                self._encode_cohort(ts_ms, samples, used, out)
+            self._encode_cohort(ts_ms, samples, used, out)
         return out
 
     def _group_for(self, ts_ms: int, cohort: Sequence[Sample | Head], used: set[int]) -> int:
@@ -164,36 +127,39 @@ class ChangeEncoder:
         self._next_group += 1
         return g
 
-    def _encode_stamped(self, ts_ms: int, part: Stamped, used: set[int], out: Encoded) -> None:
-        """A target's scrape as blocks: only the blocks that are not last time's objects are read."""
-        g = self._group_for(ts_ms, list(islice(chain.from_iterable(part.blocks), 8)), used)
+    def _encode_cohort(self, ts_ms: int, cohort: list[Sample] | Stamped, used: set[int], out: Encoded) -> None:
+        """One cohort (a `Stamped` part is read block by block): the fast path, else the general one."""
+        blocks = cohort.blocks if isinstance(cohort, Stamped) else [cohort]
+        g = self._group_for(ts_ms, list(islice(chain.from_iterable(blocks), 8)), used)
         used.add(g)
-        if self._encode_same_blocks(g, ts_ms, part, out):
+        if self._encode_same_series(g, ts_ms, blocks, out):
+            if isinstance(cohort, Stamped):
+                self.block_cohorts += 1
             return
-        self._encode_general(g, ts_ms, part.samples(), out)
+        self._encode_general(g, ts_ms, cohort.samples() if isinstance(cohort, Stamped) else cohort, out)
         prev = self._previous.get(g)
-        if prev is not None:  # every sample a member, in order: remember it block by block
-            states = iter(prev.states)
-            self._previous[g] = _Blocks(part.blocks, [list(islice(states, len(b))) for b in part.blocks])
+        if prev is not None and isinstance(cohort, Stamped):  # every sample a member: remember it by block
+            states = iter(prev.states[0])
+            self._previous[g] = _Blocks(blocks, [list(islice(states, len(b))) for b in blocks])
 
-    def _encode_same_blocks(self, g: int, ts_ms: int, part: Stamped, out: Encoded) -> bool:
-        """`_encode_same_series` for blocks: the same blocks as the group's previous scrape, those
-        that are other objects holding the same series in the same order. Writes the rows and
-        returns True, or changes nothing and returns False."""
+    def _encode_same_series(self, g: int, ts_ms: int, blocks: list[list], out: Encoded) -> bool:
+        """The fast path: the same series in the same order as the group's previous cohort, block
+        by block (a flat cohort is one block); a block that is the same object as last time is
+        skipped. Writes the rows and returns True, or changes nothing and returns False."""
         prev = self._previous.get(g)
-        if type(prev) is not _Blocks or len(prev.blocks) != len(part.blocks) or not len(part):
+        if prev is None or len(prev.blocks) != len(blocks) or not any(map(len, blocks)):
             return False
-        which = list(compress(range(len(part.blocks)), map(is_not, part.blocks, prev.blocks)))
-        if 4 * len(which) > len(part.blocks):  # most blocks changed: compare them all in one pass each
+        which = list(compress(range(len(blocks)), map(is_not, blocks, prev.blocks)))
+        if len(blocks) > 1 and 4 * len(which) > len(blocks):  # most blocks changed: one pass over all
             pairs = [
                 (
-                    list(chain.from_iterable(part.blocks)),
+                    list(chain.from_iterable(blocks)),
                     list(chain.from_iterable(prev.blocks)),
                     list(chain.from_iterable(prev.states)),
                 )
             ]
         else:
-            pairs = [(part.blocks[i], prev.blocks[i], prev.states[i]) for i in which]
+            pairs = [(blocks[i], prev.blocks[i], prev.states[i]) for i in which]
         moved: list[tuple[list, list[int], list]] = []
         for new, old, states in pairs:
             if (
@@ -215,19 +181,11 @@ class ChangeEncoder:
                 st = states[j]
                 v = st[2] = values[j]
                 points.append((st[0], ts_ms, v))
-        prev.blocks = part.blocks
-        self.block_cohorts += 1
+        prev.blocks = blocks
         self._group_ts[g] = ts_ms
         out.stamps.append((g, ts_ms))
-        out.accepted += len(part)
+        out.accepted += sum(map(len, blocks))
         return True
-
-    def _encode_cohort(self, ts_ms: int, cohort: list[Sample], used: set[int], out: Encoded) -> None:
-        g = self._group_for(ts_ms, cohort, used)
-        used.add(g)
-        if self._encode_same_series(g, ts_ms, cohort, out):
-            return
-        self._encode_general(g, ts_ms, cohort, out)
 
     def _encode_general(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> None:
         self._previous.pop(g, None)
@@ -287,52 +245,15 @@ class ChangeEncoder:
         out.stamps.append((g, ts_ms))
         out.accepted += len(present)
         if len(present) == len(cohort):  # every sample a member, in order: remember for the fast path
-            self._previous[g] = _Cohort(cohort, [last[(s[0], s[1])] for s in cohort])
-
-    def _encode_same_series(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> bool:
-        """The fast path: the same series as the group's previous cohort, in the same order.
-        Writes the rows and returns True, or changes nothing and returns False."""
-        prev = self._previous.get(g)
-        if type(prev) is not _Cohort or len(cohort) != len(prev.states) or not cohort:
-            return False
-        names, labels, values, _ = zip(*cohort, strict=True)
-        if labels != prev.labels or names != prev.names:
-            return False
-        changed = list(compress(range(len(values)), map(operator.ne, values, prev.values)))
-        for i in changed:
-            v = values[i]
-            if type(v) is not float or v != v:  # NaN or a value to convert: the general path
-                return False
-        states, points = prev.states, out.points
-        for i in changed:
-            st = states[i]
-            v = st[2] = values[i]
-            points.append((st[0], ts_ms, v))
-        prev.values = values
-        self._group_ts[g] = ts_ms
-        out.stamps.append((g, ts_ms))
-        out.accepted += len(cohort)
-        return True
+            self._previous[g] = _Blocks([cohort], [[last[(s[0], s[1])] for s in cohort]])
 
 
+@dataclass(slots=True)
 class _Blocks:
-    """A group's previous scrape as blocks (a `Stamped`), with the encoder states block by block."""
+    """A group's previous cohort as blocks (a `Stamped`'s, or one), with the encoder states block by block."""
 
-    __slots__ = ("blocks", "states")
-
-    def __init__(self, blocks: list[list], states: list[list[list]]) -> None:
-        self.blocks = blocks
-        self.states = states
-
-
-class _Cohort:
-    """A group's previous cohort: its series in order, their values, and their encoder states."""
-
-    __slots__ = ("labels", "names", "states", "values")
-
-    def __init__(self, cohort: list[Sample], states: list[list]) -> None:
-        self.names, self.labels, self.values, _ = zip(*cohort, strict=True)
-        self.states = states
+    blocks: list[list]
+    states: list[list[list]]
 
 
 # ------------------------------------------------------------------------------------ read side
@@ -350,8 +271,8 @@ def fill_points(
 
     `real`: stored points in [lo, hi], sorted; `carry`: the latest stored point before `lo`;
     `marks`: (ts_ms, group) sorted, starting with the mark active at `lo` (if any) and ending at
-    `hi`; `stamps_of(group, a, b)`: sorted stamps of `group` in [a, b]. Without marks (a store
-    written before change-point encoding) the real points are the answer.
+    `hi`; `stamps_of(group, a, b)`: sorted stamps of `group` in [a, b]. Without marks the real
+    points are the answer.
     """
     if not marks:
         return [(t / 1000, v) for t, v in real]
@@ -375,12 +296,12 @@ def fill_points(
     return [(t / 1000, dense[t]) for t in sorted(dense)]
 
 
+@dataclass
 class StampIndex:
     """Stamps of each group in one query window, fetched once per group and sliced by bisect."""
 
-    def __init__(self, fetch: Callable[[int], list[int]]) -> None:
-        self._fetch = fetch
-        self._cache: dict[int, list[int]] = {}
+    _fetch: Callable[[int], list[int]]
+    _cache: dict[int, list[int]] = field(default_factory=dict)
 
     def __call__(self, group: int, a: int, b: int) -> list[int]:
         stamps = self._cache.get(group)

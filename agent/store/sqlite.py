@@ -1,41 +1,23 @@
 """Where canonical samples live on one node: the `Store` contract, an embedded SQLite store and
 its in-memory twin.
 
-Layout (SQLite, WAL mode)::
+SQLite layout (WAL mode; every table clustered on its primary key, timestamps integer ms)::
 
-    series (id INTEGER PRIMARY KEY, name TEXT, labels TEXT /* compact JSON of the sorted pairs */,
-            UNIQUE (name, labels))
-    samples (series_id INTEGER, ts_ms INTEGER, value REAL, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID
-    stamps (group_id INTEGER, ts_ms INTEGER, PRIMARY KEY (group_id, ts_ms)) WITHOUT ROWID
-    marks (series_id INTEGER, ts_ms INTEGER, group_id INTEGER, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID
+    series (id INTEGER PRIMARY KEY, name TEXT, labels TEXT /* compact JSON of the sorted pairs */)
+    samples (series_id, ts_ms, value) -- change points only
+    stamps (group_id, ts_ms)          -- one row per scrape of a group of series (one target)
+    marks (series_id, ts_ms, group_id) -- from when a series follows a group, or went stale
 
-`samples` holds change points only: a row where a series starts and wherever its value differs
-from its previous point; one `stamps` row per scrape of a group of series that share their
-timestamps (one target); `marks` say from when a series follows a group and when it went stale.
-`query` fills the unchanged points back in, so it returns exactly the points written (the
-encoding and its proof are in agent/store/changepoints.py). Between two 1 s scrapes of a vLLM engine
-most series do not move, so this writes a few percent of the rows a dense layout would.
-
-The tables are clustered on their primary keys, so a range query for one series is one B-tree
-range scan and no second index is needed. Timestamps are integer milliseconds (what Prometheus
-keeps): a varint of 6 bytes instead of an 8-byte double. SQLite writes integral REAL values as
-integers on disk, so counters and byte gauges cost only their varint.
-
-Writes are queued and committed in batches by one writer thread, so `write()` never waits on
-disk. The queue is bounded: when it is full the *oldest* queued samples are dropped and counted
-(reason `queue_full`); the scrape loop is never blocked. A committed batch survives a crash of
-the process (WAL, `synchronous=NORMAL`); pass `synchronous="FULL"` to survive power loss too.
-
-Retention runs on the writer thread: by age (`retention_s`) and by size (`max_bytes`, the pages
-in use). A series still running at the cut gets its carried value re-written at its first scrape
-after the cut, so what remains reads back unchanged. The file is created with
-`auto_vacuum=INCREMENTAL`; after a retention pass deleted rows, `PRAGMA incremental_vacuum` hands
-the freed pages back to the file system. A full VACUUM (which rewrites the file and needs twice
-its space) is never run automatically.
+`query` fills the unchanged points back in, so it returns exactly the points written
+(agent/store/changepoints.py). One writer thread commits queued writes in batches, so `write()`
+never waits on disk; past `max_queue` the *oldest* queued samples are dropped (`queue_full`). A
+committed batch survives a crash of the process (WAL, `synchronous=NORMAL`). Retention
+(agent/store/retention.py) runs on the writer thread; a full VACUUM is never run automatically.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -52,20 +34,13 @@ from typing import Protocol
 from kvscope.agent.ratelog import warn_every
 from kvscope.agent.scrape.stamped import Parts
 from kvscope.agent.signals import Labels, Sample
+from kvscope.agent.store import retention
 from kvscope.agent.store.changepoints import ChangeEncoder, Encoded, StampIndex, fill_points
-from kvscope.agent.store.retention import RetentionMixin
+from kvscope.agent.store.retention import used_bytes
 
 Points = list[tuple[float, float]]
 log = logging.getLogger("kvscope.store")
 
-DEFAULT_RETENTION_S = 7 * 86400
-DEFAULT_MAX_BYTES = 1 << 30
-DEFAULT_BATCH_SIZE = 20_000
-DEFAULT_FLUSH_INTERVAL_S = 1.0
-DEFAULT_MAX_QUEUE = 200_000
-"""Samples waiting for the writer (about 40 MiB at worst). Past it the oldest are dropped."""
-DEFAULT_MAX_SERIES = 200_000
-"""Distinct series the store accepts; samples of further new series are dropped (`series_limit`)."""
 RETENTION_CHECK_INTERVAL_S = 60.0
 WAL_SIZE_LIMIT_BYTES = 64 << 20
 
@@ -83,12 +58,9 @@ class Store(Protocol):
         timestamp is stamped with the time of the call."""
         ...
 
-    def query(
-        self, name: str, start: float, end: float, matchers: dict[str, str] | None = None
-    ) -> dict[Labels, Points]:
-        """Points of every series named `name` whose labels equal all `matchers`, with
-        start <= ts <= end (seconds), sorted by time. A matcher value "" matches series that
-        lack the label (Prometheus semantics). Sees what `flush()` has committed."""
+    def query(self, name: str, start: float, end: float) -> dict[Labels, Points]:
+        """Points of every series named `name` with start <= ts <= end (seconds), sorted by time.
+        Sees what `flush()` has committed."""
         ...
 
     def names(self) -> set[str]:
@@ -115,34 +87,24 @@ class StoreStats:
     queued: int = 0
     written: int = 0  # samples committed since open (queryable points)
     unchanged: int = 0  # of those, stored without a row (value as at the previous scrape)
-    batches: int = 0
     dropped: Counter[str] = field(default_factory=Counter)  # samples dropped, by reason
     errors: Counter[str] = field(default_factory=Counter)  # failed writes / retention passes, by reason
     failing: str | None = None  # reason while the latest write failed (disk_full...), None once one succeeds
     deleted: Counter[str] = field(default_factory=Counter)  # rows removed by retention: age | size
-    last_write_latency_s: float = 0.0
     max_write_latency_s: float = 0.0
-    write_latency_sum_s: float = 0.0
 
-
-def _matches(labels: Labels, matchers: dict[str, str] | None) -> bool:
-    if not matchers:
-        return True
-    have = dict(labels)
-    return all(have.get(k, "") == v for k, v in matchers.items())
-
-
-DEFAULT_MAX_POINTS = 1_000_000
-"""Points an InMemoryStore keeps (roughly 150 MiB of Python objects); the oldest go first."""
+    def copy(self) -> StoreStats:
+        """A copy whose counters are not shared with this one."""
+        return replace(self, dropped=Counter(self.dropped), errors=Counter(self.errors), deleted=Counter(self.deleted))
 
 
 class InMemoryStore:
     """Keeps samples in memory, with the same contract as `SqliteStore` (writes are visible at
     once). Used by tests, replay and the agent without a store file. Bounded by age
-    (`retention_s`) and by count (`max_points`): the oldest written points go first, counted in
-    `stats().deleted` as `age` and `size`."""
+    (`retention_s`) and by count (`max_points`, 1M by default: roughly 150 MiB): the oldest
+    written points go first, counted in `stats().deleted` as `age` and `size`."""
 
-    def __init__(self, retention_s: float | None = None, max_points: int = DEFAULT_MAX_POINTS) -> None:
+    def __init__(self, retention_s: float | None = None, max_points: int = 1_000_000) -> None:
         self._series: dict[str, dict[Labels, dict[float, float]]] = {}
         self._order: deque[tuple[float, str, Labels]] = deque()  # write order ~ time order
         self._lock = threading.Lock()
@@ -191,50 +153,25 @@ class InMemoryStore:
                 if not by_labels:
                     del self._series[name]
 
-    def query(
-        self, name: str, start: float, end: float, matchers: dict[str, str] | None = None
-    ) -> dict[Labels, Points]:
+    def query(self, name: str, start: float, end: float) -> dict[Labels, Points]:
         with self._lock:
-            out: dict[Labels, Points] = {}
-            for labels, points in self._series.get(name, {}).items():
-                if _matches(labels, matchers):
-                    sel = sorted((t, v) for t, v in points.items() if start <= t <= end)
-                    if sel:
-                        out[labels] = sel
-            return out
+            series = self._series.get(name, {}).items()
+            return {
+                lab: sel for lab, pts in series if (sel := sorted((t, v) for t, v in pts.items() if start <= t <= end))
+            }
 
     def names(self) -> set[str]:
         with self._lock:
             return set(self._series)
 
-    def label_names(self, name: str) -> set[str]:
-        """Label names used by the series of `name` (for tests of what a pipeline keeps)."""
-        with self._lock:
-            return {k for labels in self._series.get(name, {}) for k, _ in labels}
-
-    def samples(self) -> list[Sample]:
-        """Every stored point as a Sample, ordered by name, labels and time."""
-        with self._lock:
-            return [
-                Sample(n, lab, v, t)
-                for n in sorted(self._series)
-                for lab, pts in sorted(self._series[n].items())
-                for t, v in sorted(pts.items())
-            ]
-
     def stats(self) -> StoreStats:
         with self._lock:
-            st = StoreStats(
-                **{
-                    **self._stats.__dict__,
-                    "dropped": Counter(self._stats.dropped),
-                    "errors": Counter(self._stats.errors),
-                    "deleted": Counter(self._stats.deleted),
-                }
-            )
+            st = self._stats.copy()
             st.series = sum(len(b) for b in self._series.values())
             st.rows = len(self._order)
             return st
+
+    snapshot = stats  # nothing on disk: as cheap as SqliteStore.snapshot
 
     def flush(self) -> None:
         return None
@@ -253,14 +190,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS marks (series_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, "
     "group_id INTEGER NOT NULL, PRIMARY KEY (series_id, ts_ms)) WITHOUT ROWID",
 )
-
-
-def _labels_json(labels: Labels) -> str:
-    return json.dumps(labels, separators=(",", ":"))
-
-
-def _labels_from_json(text: str) -> Labels:
-    return tuple((str(k), str(v)) for k, v in json.loads(text))
+_STAMPS_IN = "SELECT ts_ms FROM stamps WHERE group_id = ? AND ts_ms BETWEEN ? AND ? ORDER BY ts_ms"
 
 
 _REASONS = {
@@ -292,7 +222,7 @@ DAMAGED = (
 )
 
 
-class SqliteStore(RetentionMixin):
+class SqliteStore:
     """Embedded SQLite store for one node (see the module docstring for layout and guarantees).
 
     `retention_s` and `max_bytes` bound the data kept; `batch_size` caps one transaction;
@@ -302,16 +232,14 @@ class SqliteStore(RetentionMixin):
     def __init__(
         self,
         path: str | os.PathLike[str],
-        retention_s: float = DEFAULT_RETENTION_S,
-        max_bytes: int = DEFAULT_MAX_BYTES,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
-        max_queue: int = DEFAULT_MAX_QUEUE,
-        max_series: int = DEFAULT_MAX_SERIES,
-        synchronous: str = "NORMAL",
+        retention_s: float = 7 * 86400,
+        max_bytes: int = 1 << 30,
+        batch_size: int = 20_000,
+        flush_interval_s: float = 1.0,
+        max_queue: int = 200_000,  # samples waiting for the writer (about 40 MiB at worst)
+        max_series: int = 200_000,  # samples of further new series are dropped (`series_limit`)
         background: bool = True,
         busy_timeout_s: float = 30.0,
-        read_only: bool = False,
     ) -> None:
         self.path = Path(path)
         self.retention_s = retention_s
@@ -321,7 +249,6 @@ class SqliteStore(RetentionMixin):
         self.max_queue = max(1, max_queue)
         self.max_series = max_series
         self.busy_timeout_s = busy_timeout_s
-        self.read_only = read_only
         self._queue: deque[tuple[float, Sequence[Sample]]] = deque()  # (time of write(), samples)
         self._queued = 0
         self._qlock = threading.Lock()  # guards _queue and _stats.dropped (cheap, never I/O)
@@ -334,18 +261,13 @@ class SqliteStore(RetentionMixin):
         self._stop = threading.Event()
         self._ids: dict[tuple[str, Labels], int] = {}
         self._by_name: dict[str, list[tuple[Labels, int]]] = {}
-        self._max_id = 0
         try:
-            if read_only:  # a reader beside a running agent: no writes, no checkpoints, no new file
-                self._reader = self._connect_read_only()
-                self._writer = self._reader
-                self._check_schema()
-            else:
-                self._writer = self._connect(synchronous)
-                self._init_schema()
-                self._reader = self._connect(synchronous)
+            self._writer = self._connect()
+            self._init_schema()
+            self._reader = self._connect()
             self._load_series()
-            self._encoder = ChangeEncoder(self._series_for, self._next_group())
+            last_group = self._writer.execute("SELECT MAX(group_id) FROM stamps").fetchone()[0]
+            self._encoder = ChangeEncoder(self._series_for, int(last_group or 0) + 1)
         except sqlite3.DatabaseError as exc:  # a damaged file: pages the first reads touch
             raise StoreError(f"{self.path}: {exc}{DAMAGED}") from exc
         self._created: list[tuple[int, str, Labels]] | None = None
@@ -353,91 +275,62 @@ class SqliteStore(RetentionMixin):
         self._row_offset: int | None = None  # rows at open, counted on first stats() (a full scan)
         self._next_retention = 0.0
         self._thread: threading.Thread | None = None
-        if background and not read_only:
+        if background:
             self._thread = threading.Thread(target=self._run, name="kvscope-store-writer", daemon=True)
             self._thread.start()
 
     # ------------------------------------------------------------------ setup
-    def _connect(self, synchronous: str) -> sqlite3.Connection:
+    def _connect(self) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s
             )
-            # Before WAL: switching a new file to WAL writes its header, and auto_vacuum can only
-            # be chosen before that (on an existing file this is a no-op).
-            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # only before WAL writes a new file's header
             conn.execute("PRAGMA journal_mode=WAL")
-            # After a checkpoint, cut the WAL file back to this size (it otherwise stays at its
-            # largest), so max_bytes plus this bounds the disk used.
+            # a checkpoint cuts the WAL back to this size, so max_bytes plus this bounds the disk used
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
-            conn.execute(f"PRAGMA synchronous={'FULL' if synchronous.upper() == 'FULL' else 'NORMAL'}")
+            conn.execute("PRAGMA synchronous=NORMAL")
             return conn
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(
                 f"{self.path}: cannot open store: {exc}{DAMAGED if isinstance(exc, sqlite3.DatabaseError) else ''}"
             ) from exc
 
-    def _connect_read_only(self) -> sqlite3.Connection:
-        if not self.path.is_file():
-            raise StoreError(f"{self.path}: no such store")
-        try:
-            return sqlite3.connect(
-                f"{self.path.resolve().as_uri()}?mode=ro",
-                uri=True,
-                isolation_level=None,
-                check_same_thread=False,
-                timeout=self.busy_timeout_s,
-            )
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot open store: {exc}") from exc
-
     def _init_schema(self) -> None:
         try:
             for stmt in _SCHEMA:
                 self._writer.execute(stmt)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: not a kvscope store: {exc}") from exc
-        self._check_schema()
-
-    def _check_schema(self) -> None:
-        try:
             cols = [r[1] for r in self._writer.execute("PRAGMA table_info(samples)")]
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: not a kvscope store: {exc}") from exc
         if cols != ["series_id", "ts_ms", "value"]:
             raise StoreError(f"{self.path}: not a kvscope store (samples columns {cols})")
-        tables = {r[0] for r in self._writer.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        self._sparse = {"stamps", "marks"} <= tables  # False: a dense store from before change points
 
-    def _next_group(self) -> int:
-        if not self._sparse:
-            return 1
-        row = self._writer.execute("SELECT MAX(group_id) FROM stamps").fetchone()
-        return int(row[0] or 0) + 1
-
-    def _load_series(self, after_id: int = 0) -> None:
-        rows = self._writer.execute("SELECT id, name, labels FROM series WHERE id > ? ORDER BY id", (after_id,))
-        for sid, name, labels in rows.fetchall():
-            self._index(sid, name, _labels_from_json(labels))
-            self._max_id = max(self._max_id, sid)
-
-    def _refresh_series(self) -> None:
-        """A read-only store learns the series another process (the agent) created since."""
-        if not self.read_only or self._closed:
-            return
-        with self._rlock:
-            self._load_series(self._max_id)
+    def _load_series(self) -> None:
+        for sid, name, labels in self._writer.execute("SELECT id, name, labels FROM series ORDER BY id").fetchall():
+            self._index(sid, name, tuple((str(k), str(v)) for k, v in json.loads(labels)))
 
     def _index(self, sid: int, name: str, labels: Labels) -> None:
         with self._slock:
             self._ids[(name, labels)] = sid
             self._by_name.setdefault(name, []).append((labels, sid))
 
+    def _unindex(self, gone: set[int]) -> None:
+        """Forget series ids (rolled back, or pruned by retention)."""
+        with self._slock:
+            self._ids = {k: v for k, v in self._ids.items() if v not in gone}
+            self._by_name = {
+                n: kept
+                for n, lst in self._by_name.items()
+                if (kept := [(lab, sid) for lab, sid in lst if sid not in gone])
+            }
+
     # ------------------------------------------------------------------ write path
     def write(self, samples: Sequence[Sample]) -> None:
-        if self._closed or self.read_only:
-            self._count_drop("closed" if self._closed else "read_only", len(samples))
+        if self._closed:
+            with self._qlock:
+                self._stats.dropped["closed"] += len(samples)
             return
         chunk = samples if isinstance(samples, Parts) else list(samples)  # a cycle's Parts keep their blocks
         if not chunk:
@@ -453,47 +346,34 @@ class SqliteStore(RetentionMixin):
     def _trim_queue(self) -> None:
         """Drop the oldest queued samples past max_queue (caller holds _qlock)."""
         over = self._queued - self.max_queue
-        if over <= 0:
-            return
-        self._stats.dropped["queue_full"] += over
-        self._queued -= over
-        while over > 0:
-            now, head = self._queue[0]
-            if len(head) <= over:
-                self._queue.popleft()
-                over -= len(head)
-            else:
-                self._queue[0] = (now, head[over:])
-                over = 0
+        if over > 0:
+            self._stats.dropped["queue_full"] += over
+            self._pop(over)
 
-    def _count_drop(self, reason: str, n: int) -> None:
-        with self._qlock:
-            self._stats.dropped[reason] += n
+    def _pop(self, n: int) -> list[tuple[float, Sequence[Sample]]]:
+        """Up to `n` of the oldest queued samples, as whole write() calls where they fit (caller holds _qlock)."""
+        taken: list[tuple[float, Sequence[Sample]]] = []
+        while self._queue and n > 0:
+            now, chunk = self._queue[0]
+            if len(chunk) > n:
+                self._queue[0] = (now, chunk[n:])
+                chunk = chunk[:n]
+            else:
+                self._queue.popleft()
+            taken.append((now, chunk))
+            n -= len(chunk)
+            self._queued -= len(chunk)
+        return taken
 
     def _take(self) -> list[tuple[float, Sequence[Sample]]]:
         """Whole write() calls (one scrape cycle each, usually) up to batch_size samples."""
         with self._qlock:
-            taken: list[tuple[float, Sequence[Sample]]] = []
-            n = 0
-            while self._queue and n < self.batch_size:
-                now, chunk = self._queue[0]
-                room = self.batch_size - n
-                if len(chunk) > room:
-                    self._queue[0] = (now, chunk[room:])
-                    chunk = chunk[:room]
-                else:
-                    self._queue.popleft()
-                taken.append((now, chunk))
-                n += len(chunk)
-            self._queued -= n
-            return taken
+            return self._pop(self.batch_size)
 
     def flush(self) -> None:
         """Commit everything queued. On a database error (locked past the busy timeout, disk
         full, I/O error) the batch goes back to the head of the queue, the error is counted in
         `stats().errors`, and the next flush retries it; the queue bound still applies."""
-        if self.read_only:
-            return
         with self._wlock:
             while batch := self._take():
                 if not self._commit(batch):
@@ -528,8 +408,7 @@ class SqliteStore(RetentionMixin):
         elapsed = time.perf_counter() - t0
         with self._qlock:
             st = self._stats
-            for reason, n in enc.dropped.items():
-                st.dropped[reason] += n
+            st.dropped.update(enc.dropped)  # Counter.update adds
             lost = len(enc.points) - inserted  # same series and millisecond already stored: first wins
             if lost > 0:
                 st.dropped["duplicate"] += lost
@@ -537,10 +416,7 @@ class SqliteStore(RetentionMixin):
             st.failing = None
             st.written += enc.accepted - max(0, lost)
             st.unchanged += enc.accepted - len(enc.points)
-            st.batches += 1
-            st.last_write_latency_s = elapsed
             st.max_write_latency_s = max(st.max_write_latency_s, elapsed)
-            st.write_latency_sum_s += elapsed
         return True
 
     def _requeue(self, batch: list[tuple[float, Sequence[Sample]]], exc: sqlite3.Error) -> None:
@@ -555,20 +431,12 @@ class SqliteStore(RetentionMixin):
         encoder's state (it described rows that are not on disk)."""
         self._rollback()
         self._encoder.reset()
-        gone = {sid for sid, _, _ in self._created or ()}
-        if gone:
-            with self._slock:
-                for sid, name, labels in self._created or ():
-                    self._ids.pop((name, labels), None)
-                    self._by_name[name] = [(lab, i) for lab, i in self._by_name.get(name, []) if i != sid]
-                    if not self._by_name[name]:
-                        del self._by_name[name]
+        if self._created:
+            self._unindex({sid for sid, _, _ in self._created})
 
     def _rollback(self) -> None:
-        try:
+        with contextlib.suppress(sqlite3.Error):
             self._writer.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass
 
     def _series_for(self, name: str, labels: Labels) -> int | None:
         """The id of a series, created on first sight; None past max_series."""
@@ -578,7 +446,7 @@ class SqliteStore(RetentionMixin):
     def _new_series(self, name: str, labels: Labels) -> int | None:
         if len(self._ids) >= self.max_series:
             return None
-        text = _labels_json(labels)
+        text = json.dumps(labels, separators=(",", ":"))
         self._writer.execute("INSERT OR IGNORE INTO series (name, labels) VALUES (?, ?)", (name, text))
         sid = int(
             self._writer.execute("SELECT id FROM series WHERE name = ? AND labels = ?", (name, text)).fetchone()[0]
@@ -587,6 +455,10 @@ class SqliteStore(RetentionMixin):
         if self._created is not None:
             self._created.append((sid, name, labels))
         return sid
+
+    def enforce_retention(self, now: float | None = None) -> int:
+        """Delete rows past retention_s, then the oldest until under max_bytes (agent/store/retention.py)."""
+        return retention.enforce_retention(self, now)
 
     # ------------------------------------------------------------------ background
     def _run(self) -> None:
@@ -637,34 +509,18 @@ class SqliteStore(RetentionMixin):
         return st
 
     # ------------------------------------------------------------------ read path
-    def query(
-        self, name: str, start: float, end: float, matchers: dict[str, str] | None = None
-    ) -> dict[Labels, Points]:
-        self._refresh_series()
+    def query(self, name: str, start: float, end: float) -> dict[Labels, Points]:
         with self._slock:
-            targets = [(lab, sid) for lab, sid in self._by_name.get(name, ()) if _matches(lab, matchers)]
-        out: dict[Labels, Points] = {}
+            targets = list(self._by_name.get(name, ()))
         lo, hi = round(start * 1000), round(end * 1000)
         with self._rlock:
             r = self._reader
-            stamps = StampIndex(
-                lambda g: [
-                    t
-                    for (t,) in r.execute(
-                        "SELECT ts_ms FROM stamps WHERE group_id = ? AND ts_ms BETWEEN ? AND ? ORDER BY ts_ms",
-                        (g, lo, hi),
-                    )
-                ]
-            )
+            stamps = StampIndex(lambda g: [t for (t,) in r.execute(_STAMPS_IN, (g, lo, hi))])
             r.execute("BEGIN")  # one snapshot: points, marks and stamps of the same commits
             try:
-                for labels, sid in targets:
-                    points = self._series_points(sid, lo, hi, stamps)
-                    if points:
-                        out[labels] = points
+                return {lab: pts for lab, sid in targets if (pts := self._series_points(sid, lo, hi, stamps))}
             finally:
                 r.execute("COMMIT")
-        return out
 
     def _series_points(self, sid: int, lo: int, hi: int, stamps: StampIndex) -> Points:
         """Points of one series in [lo, hi] ms: stored change points plus the filled-in repeats."""
@@ -676,8 +532,6 @@ class SqliteStore(RetentionMixin):
                 (sid, lo, hi),
             )
         ]
-        if not self._sparse:
-            return [(t / 1000, v) for t, v in real]
         marks = r.execute(
             "SELECT ts_ms, group_id FROM marks WHERE series_id = ? AND ts_ms <= ? AND ts_ms >= "
             "COALESCE((SELECT MAX(ts_ms) FROM marks WHERE series_id = ? AND ts_ms <= ?), ?) ORDER BY ts_ms",
@@ -693,7 +547,6 @@ class SqliteStore(RetentionMixin):
         return fill_points(real, carry, marks, stamps, lo, hi)
 
     def names(self) -> set[str]:
-        self._refresh_series()
         with self._slock:
             return {n for n, series in self._by_name.items() if series}
 
@@ -704,12 +557,7 @@ class SqliteStore(RetentionMixin):
     def _counters(self) -> StoreStats:
         """A copy of the counters, with the queue length and the series count, each under its lock."""
         with self._qlock:
-            st = replace(
-                self._stats,
-                dropped=Counter(self._stats.dropped),
-                errors=Counter(self._stats.errors),
-                deleted=Counter(self._stats.deleted),
-            )
+            st = self._stats.copy()
             st.queued = self._queued
         with self._slock:
             st.series = len(self._ids)
@@ -721,10 +569,7 @@ class SqliteStore(RetentionMixin):
         st.bytes = sum(_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal"))
         if not self._closed:
             with lock:
-                page = conn.execute("PRAGMA page_size").fetchone()[0]
-                count = conn.execute("PRAGMA page_count").fetchone()[0]
-                free = conn.execute("PRAGMA freelist_count").fetchone()[0]
-            st.used_bytes = int(page * (count - free))
+                st.used_bytes = used_bytes(conn)
         return st
 
     def _row_count(self, delta: int) -> int:
@@ -747,12 +592,9 @@ class SqliteStore(RetentionMixin):
         self.flush()
         self._closed = True
         with self._wlock:
-            if not self.read_only:
-                try:  # leave one compact file behind; a reader elsewhere may hold it up: then skip
-                    self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                except sqlite3.Error:
-                    pass
-                self._writer.close()
+            with contextlib.suppress(sqlite3.Error):  # one compact file left, unless a reader holds it up
+                self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._writer.close()
         with self._rlock:
             self._reader.close()
 

@@ -84,6 +84,11 @@ def test_default_timeout_follows_a_short_interval():
         ),
         ({"scrape": 5}, "scrape: must be a mapping, got 5"),
         ({"listen_address": "9464"}, 'listen_address: must be host:port (e.g. 127.0.0.1:9464), got "9464"'),
+        ({"listen_address": "h:\u00b2"}, 'listen_address: must be host:port (e.g. 127.0.0.1:9464), got "h:\u00b2"'),
+        (
+            {"listen_address": "h:" + "9" * 5000},
+            f'listen_address: must be host:port (e.g. 127.0.0.1:9464), got "h:{"9" * 5000}"',
+        ),
         ({"collectors": {"nvlm": True}}, "collectors.nvlm: unknown collector (known: engine, host, nvml)"),
         (
             {"collectors": {"nvml": "maybe"}},
