@@ -14,6 +14,7 @@ from kvscope.agent.config import AgentConfig, ConfigError
 from kvscope.agent.derive.hooks import derive_hooks
 from kvscope.agent.runtime import AgentRuntime, build_collectors, known_collectors
 from kvscope.agent.tap.eventloop import run_event_loop
+from kvscope.commands._common import add_command, fail
 from kvscope.commands._flags import ENV_HELP, add_agent_flags, add_scrape_flags, config_from_args
 
 DESCRIPTION = """\
@@ -42,13 +43,8 @@ examples:
 
 def register(subparsers: Any) -> None:
     collectors = known_collectors()
-    parser = subparsers.add_parser(
-        "agent",
-        help="run the per-node agent (scrape, store, serve /metrics)",
-        description=DESCRIPTION,
-        epilog=EXAMPLES + "\n" + ENV_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    help = "run the per-node agent (scrape, store, serve /metrics)"
+    parser = add_command(subparsers, "agent", help, DESCRIPTION, EXAMPLES + "\n" + ENV_HELP)
     add_scrape_flags(parser)
     add_agent_flags(parser, collectors)
     parser.add_argument(
@@ -64,8 +60,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args, args.known_collectors)
     except ConfigError as e:
-        print(f"kvscope agent: config error: {e}", file=sys.stderr)
-        return 2
+        return fail("agent", f"config error: {e}", 2)
     for warning in config.warnings:
         logging.getLogger("kvscope.agent").warning("config: %s", warning)
     return run_event_loop(serve(config))  # uvloop when installed: less CPU per scrape and request

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvscope.commands._common import add_command
+
 HELP = """\
 Build the kvscope Grafana dashboards from their Python sources (dashboards/*.py) and lint every
 panel query (guarded division, rate() only on counters, histogram_quantile over sum by (le),
@@ -21,12 +23,7 @@ DEFAULT_OUT = Path(__file__).resolve().parents[2] / "dashboards" / "build"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "dashboards",
-        help="build and lint the Grafana dashboards",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "dashboards", "build and lint the Grafana dashboards", HELP)
     p.add_argument(
         "action",
         choices=("build", "lint"),

@@ -4,11 +4,11 @@ diagnoser and the triage UI. No GPU, no Prometheus needed."""
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 from pathlib import Path
 
-from kvscope.commands._checks import check_recording
+from kvscope.commands._checks import check_port_free, check_recording
+from kvscope.commands._common import add_command, fail
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDINGS = REPO / "tests" / "recordings"
@@ -29,12 +29,7 @@ cause, and serve the triage UI on 127.0.0.1. Ctrl-C stops it.
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "demo",
-        help="replay a real incident through the diagnoser and the UI",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "demo", "replay a real incident through the diagnoser and the UI", HELP)
     p.add_argument(
         "--recording",
         type=Path,
@@ -125,19 +120,16 @@ def run(args: argparse.Namespace) -> int:
 
     path = args.recording or default_recording()
     if path is None:
-        print(f"kvscope demo: no recording in {RECORDINGS}; pass --recording FILE", file=sys.stderr)
-        return 4
+        return fail("demo", f"no recording in {RECORDINGS}; pass --recording FILE", 4)
     try:
         check_recording(path)
     except (ValueError, OSError) as exc:
-        print(f"kvscope demo: {exc}", file=sys.stderr)
-        return 4
+        return fail("demo", exc, 4)
     print(f"kvscope demo: replaying {path}", flush=True)
     try:
         data = load_triage(SourceSpec("recording", str(Path(path).resolve())))
     except SourceError as exc:
-        print(f"kvscope demo: {exc}", file=sys.stderr)
-        return 4
+        return fail("demo", exc, 4)
     print(render_diagnosis(data.diagnosis), flush=True)
     if args.check:
         return 0 if data.diagnosis.likely_cause is not None else 1
@@ -149,7 +141,11 @@ def serve(source, port: int) -> int:
     from kvscope.ui.server import TerminateRequested, UiServer, free_port, stop_on_sigterm
 
     stop_on_sigterm()
-    server = UiServer(source, port if _port_free(port) else free_port())
+    try:
+        check_port_free("--port", "127.0.0.1", port)
+    except ValueError:  # taken: any free one
+        port = free_port()
+    server = UiServer(source, port)
     try:
         server.start()
         server.wait_healthy()
@@ -157,21 +153,9 @@ def serve(source, port: int) -> int:
         server.wait()
         return 0
     except RuntimeError as exc:
-        print(f"kvscope demo: {exc}", file=sys.stderr)
-        return 1
+        return fail("demo", exc, 1)
     except (KeyboardInterrupt, TerminateRequested):
         print("\nkvscope demo: stopped", flush=True)
         return 0
     finally:
         server.stop()
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

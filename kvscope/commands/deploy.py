@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from kvscope import rules as rules_pkg
+from kvscope.commands._common import add_command, fail
 
 # kvscope.rules is the repository's rules/ directory (package-dir), installed or editable.
 RULES_DIR = Path(rules_pkg.__file__).resolve().parent / "prometheus"
@@ -194,8 +195,7 @@ def _run(func):
         try:
             return func(args)
         except (DeployError, OSError) as e:
-            print(f"kvscope deploy: error: {e}", file=sys.stderr)
-            return 1
+            return fail("deploy", f"error: {e}", 1)
 
     return wrapped
 
@@ -222,29 +222,19 @@ examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "deploy",
-        help="render deployment artefacts (agent config on a node, PrometheusRule)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    help = "render deployment artefacts (agent config on a node, PrometheusRule)"
+    parser = add_command(subparsers, "deploy", help, __doc__)
     sub = parser.add_subparsers(dest="deploy_command", metavar="ACTION", required=True)
 
-    rc = sub.add_parser(
-        "render-config",
-        help="fill ${VAR} placeholders of an agent config template and validate it",
-        description=RENDER_CONFIG_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    rc = add_command(
+        sub, "render-config", "fill ${VAR} placeholders of an agent config template and validate it", RENDER_CONFIG_HELP
     )
     rc.add_argument("--template", required=True, help="agent configuration template (YAML with ${VAR})")
     rc.add_argument("--output", required=True, help="where to write the rendered configuration")
     rc.set_defaults(func=_run(_render_config))
 
-    pr = sub.add_parser(
-        "prometheusrule",
-        help="wrap rules/prometheus/*.yml into PrometheusRule objects",
-        description=PROMETHEUSRULE_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    pr = add_command(
+        sub, "prometheusrule", "wrap rules/prometheus/*.yml into PrometheusRule objects", PROMETHEUSRULE_HELP
     )
     pr.add_argument(
         "--rules-dir", default=str(RULES_DIR), help="directory of generated rule files (default: %(default)s)"

@@ -17,6 +17,7 @@ from kvscope.commands._checks import (
     parse_time,
     source_hint,
 )
+from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._params import add_param_flag, parse_params
 
@@ -70,12 +71,7 @@ EXAMPLE_URL = {"prometheus": "http://127.0.0.1:9090", "agent": "http://127.0.0.1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "diagnose",
-        help="find why latency moved and which lever fixes it",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "diagnose", "find why latency moved and which lever fixes it", HELP)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--recording", metavar="FILE", help="OpenMetrics recording (.om or .om.gz)")
     src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible base URL, e.g. http://127.0.0.1:9090")
@@ -132,10 +128,7 @@ def run(args: argparse.Namespace) -> int:
     from kvscope.diagnoser.rulebook.rule import RuleError, parse_duration, read_rules
 
     if not (args.recording or args.prometheus or args.agent or args.log):
-        print(
-            "kvscope diagnose: pick a source: --recording, --log, --prometheus or --agent (see --help)", file=sys.stderr
-        )
-        return EXIT_USAGE
+        return fail("diagnose", "pick a source: --recording, --log, --prometheus or --agent (see --help)", EXIT_USAGE)
     try:
         since = parse_seconds("--since", args.since)
         args.end = None if args.end is None else parse_time("--end", args.end)
@@ -149,20 +142,17 @@ def run(args: argparse.Namespace) -> int:
         rules = read_rules(args.rules_dir)
         params = parse_params(args.param, {r.id: r.params for r in rules})
     except (ValueError, RuleError, OSError) as exc:
-        print(f"kvscope diagnose: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.recording:
-        try:
+        return fail("diagnose", exc, EXIT_USAGE)
+    try:
+        if args.recording:
             check_recording(args.recording)
-        except (ValueError, OSError) as exc:
-            print(f"kvscope diagnose: {exc}", file=sys.stderr)
-            return EXIT_SOURCE
-    if args.log:
-        try:
+    except (ValueError, OSError) as exc:
+        return fail("diagnose", exc, EXIT_SOURCE)
+    try:
+        if args.log:
             args.log_read = read_log_arg(args)
-        except (ValueError, OSError, EOFError, zlib.error) as exc:
-            print(f"kvscope diagnose: cannot read log {args.log}: {exc}", file=sys.stderr)
-            return EXIT_SOURCE
+    except (ValueError, OSError, EOFError, zlib.error) as exc:
+        return fail("diagnose", f"cannot read log {args.log}: {exc}", EXIT_SOURCE)
     return _diagnose(args, rules, params, since)
 
 
@@ -198,14 +188,11 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
     except SourceError as exc:
         kind = "prometheus" if args.prometheus else "agent" if args.agent else ""
         url = args.prometheus or args.agent
-        print(f"kvscope diagnose: {source_hint(kind, url, str(exc)) if url else exc}", file=sys.stderr)
-        return EXIT_SOURCE
+        return fail("diagnose", source_hint(kind, url, str(exc)) if url else exc, EXIT_SOURCE)
     except (EOFError, zlib.error) as exc:
-        print(f"kvscope diagnose: recording {args.recording} is truncated or corrupt: {exc}", file=sys.stderr)
-        return EXIT_SOURCE
+        return fail("diagnose", f"recording {args.recording} is truncated or corrupt: {exc}", EXIT_SOURCE)
     except ValueError as exc:
-        print(f"kvscope diagnose: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail("diagnose", exc, EXIT_USAGE)
     result = diagnose(frame, rules, params=params, source=source.description, time_scale=args.time_scale)
     return _finish(args, source, result)
 
@@ -260,13 +247,12 @@ def _finish(args: argparse.Namespace, source: Any, result: Any) -> int:
             if args.log
             else "wrong URL or window? is anything scraping the engines?"
         )
-        print(
-            f"kvscope diagnose: none of the {result.rules_evaluated} rules could be evaluated: "
-            f"{source.description} holds none of the signals they read in this window ({why}); "
-            "exit 4, not an all-clear. -v lists what is missing.",
-            file=sys.stderr,
+        return fail(
+            "diagnose",
+            f"none of the {result.rules_evaluated} rules could be evaluated: {source.description} holds none of "
+            f"the signals they read in this window ({why}); exit 4, not an all-clear. -v lists what is missing.",
+            EXIT_SOURCE,
         )
-        return EXIT_SOURCE
     return result.exit_status()
 
 
@@ -286,10 +272,6 @@ def _source(args: argparse.Namespace) -> Any:
         from kvscope.diagnoser.sources.logs import LogSource
 
         return LogSource(args.log_read, "stdin" if args.log == "-" else args.log)
-    if args.prometheus:
-        from kvscope.diagnoser.sources.prometheus import PrometheusSource
-
-        return PrometheusSource(args.prometheus)
     from kvscope.diagnoser.sources.agent import AgentSource
 
     return AgentSource(args.agent)

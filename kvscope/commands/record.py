@@ -15,6 +15,8 @@ from tqdm import tqdm
 from kvscope.agent.collectors.engine import EngineCollector
 from kvscope.agent.config import AgentConfig, ConfigError, parse_seconds
 from kvscope.agent.recording.omfile import RecordingWriter
+from kvscope.commands._checks import check_output_file
+from kvscope.commands._common import add_command, fail
 from kvscope.commands._flags import ENV_HELP, add_scrape_flags, config_from_args
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 
@@ -48,13 +50,8 @@ examples:
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "record",
-        help="record engine /metrics to an OpenMetrics file (promtool-compatible)",
-        description=DESCRIPTION,
-        epilog=EXAMPLES + "\n" + ENV_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    help = "record engine /metrics to an OpenMetrics file (promtool-compatible)"
+    parser = add_command(subparsers, "record", help, DESCRIPTION, EXAMPLES + "\n" + ENV_HELP)
     add_scrape_flags(parser)
     parser.add_argument(
         "--duration",
@@ -80,11 +77,14 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        out = check_output_file("--out", args.out)
+    except ValueError as exc:
+        return fail("record", exc, 2)
     if args.log:
-        return _record_log(args)
+        return _record_log(args, out)
     if args.duration is None:
-        print("kvscope record: --duration is required (or give --log FILE)", file=sys.stderr)
-        return 2
+        return fail("record", "--duration is required (or give --log FILE)", 2)
     if args.interval is not None:
         args.scrape_interval = args.interval
     try:
@@ -92,42 +92,27 @@ def run(args: argparse.Namespace) -> int:
         if duration_s <= 0:
             raise ValueError
     except ValueError:
-        print(
-            f"kvscope record: --duration: must be a positive duration (30s, 10m), got {args.duration!r}",
-            file=sys.stderr,
-        )
-        return 2
+        return fail("record", f"--duration: must be a positive duration (30s, 10m), got {args.duration!r}", 2)
     try:
         config = config_from_args(args, None)
     except ConfigError as e:
-        print(f"kvscope record: config error: {e}", file=sys.stderr)
-        return 2
+        return fail("record", f"config error: {e}", 2)
     if not config.targets:
-        print("kvscope record: no targets: give --target URL or a --config with targets", file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    if not out.parent.is_dir():
-        print(f"kvscope record: --out: directory {out.parent} does not exist", file=sys.stderr)
-        return 2
+        return fail("record", "no targets: give --target URL or a --config with targets", 2)
     summary = asyncio.run(record(config, duration_s, out, progress=not args.no_progress))
     print(summary, file=sys.stderr)
     return 0
 
 
-def _record_log(args: argparse.Namespace) -> int:
+def _record_log(args: argparse.Namespace, out: Path) -> int:
     import zlib
 
     from kvscope.agent.recording.fromlog import write_log_recording
 
-    out = Path(args.out)
-    if not out.parent.is_dir():
-        print(f"kvscope record: --out: directory {out.parent} does not exist", file=sys.stderr)
-        return 2
     try:
         read = read_log_arg(args)
     except (ValueError, OSError, EOFError, zlib.error) as exc:
-        print(f"kvscope record: cannot read log {args.log}: {exc}", file=sys.stderr)
-        return 2
+        return fail("record", f"cannot read log {args.log}: {exc}", 2)
     path = write_log_recording(read, out)
     samples = sum(len(s) for _, _, s in read.scrapes)
     print(f"{read.summary.text()}\nwrote {path} ({len(read.scrapes)} scrapes, {samples} samples)", file=sys.stderr)

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kvscope.commands._checks import check_http_url, check_output_file, check_recording, parse_time, source_hint
+from kvscope.commands._common import add_command, fail
 
 HELP = """\
 Write the weekly efficiency review: output tokens per GPU-hour per model/pool, GPU utilisation and
@@ -38,12 +39,7 @@ recordings, the join is re-derived from the recorded series, and --gpu-mapping s
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "report",
-        help="weekly efficiency review (HTML + Markdown)",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "report", "weekly efficiency review (HTML + Markdown)", HELP)
     p.add_argument(
         "period",
         choices=("weekly",),
@@ -223,11 +219,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_args(args)
     except ValueError as exc:
-        print(f"kvscope report: {exc}", file=sys.stderr)
-        return 3
+        return fail("report", exc, 3)
     except FileNotFoundError as exc:
-        print(f"kvscope report: {exc}", file=sys.stderr)
-        return 4
+        return fail("report", exc, 4)
     steps = tqdm(total=4, desc="weekly report", unit="step", disable=args.no_progress, file=sys.stderr)
     try:
         steps.set_postfix_str("reading")
@@ -244,11 +238,7 @@ def run(args: argparse.Namespace) -> int:
         steps.update()
     except (OSError, ValueError, EOFError, SourceError) as exc:
         steps.close()
-        print(
-            f"kvscope report: {source_hint('prometheus', args.prometheus, str(exc)) if args.prometheus else exc}",
-            file=sys.stderr,
-        )
-        return 4
+        return fail("report", source_hint("prometheus", args.prometheus, str(exc)) if args.prometheus else exc, 4)
     try:
         if page is not None:
             args.html.write_text(page)
@@ -256,8 +246,7 @@ def run(args: argparse.Namespace) -> int:
             args.markdown.write_text(markdown)
     except OSError as exc:
         steps.close()
-        print(f"kvscope report: cannot write the report: {exc}", file=sys.stderr)
-        return 4
+        return fail("report", f"cannot write the report: {exc}", 4)
     steps.update()
     steps.close()
     if not args.markdown:

@@ -6,9 +6,9 @@ import argparse
 import asyncio
 import logging
 import signal
-import sys
 
 from kvscope.commands._checks import check_http_url, parse_listen
+from kvscope.commands._common import add_command, fail
 from kvscope.commands._params import add_param_flag, parse_params
 
 DESCRIPTION = """\
@@ -31,12 +31,7 @@ example:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "serve",
-        help="Alertmanager webhook that attaches a diagnosis to alerts",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "serve", "Alertmanager webhook that attaches a diagnosis to alerts", DESCRIPTION)
     p.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus HTTP API base URL")
     p.add_argument(
         "--listen", default="127.0.0.1:9465", metavar="HOST:PORT", help="address to serve on (default: %(default)s)"
@@ -89,18 +84,13 @@ def run(args: argparse.Namespace) -> int:
             params=params,
         )
     except ValueError as exc:
-        print(f"kvscope serve: {exc}", file=sys.stderr)
-        return 3
+        return fail("serve", exc, 3)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     store = DiagnosisStore(args.store, max_rows=args.max_stored)
     try:
         asyncio.run(_serve(WebhookServer(config, store), *listen))
     except OSError as exc:
-        print(
-            f"kvscope serve: cannot listen on {args.listen}: {exc.strerror or exc}; pick another with --listen",
-            file=sys.stderr,
-        )
-        return 1
+        return fail("serve", f"cannot listen on {args.listen}: {exc.strerror or exc}; pick another with --listen", 1)
     finally:
         store.close()
     return 0

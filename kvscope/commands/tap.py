@@ -16,6 +16,7 @@ from kvscope.agent.tap.eventloop import loop_name, run_event_loop
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_upstream
 from kvscope.agent.traces.export import SpanBatchExporter
 from kvscope.agent.traces.otlp import Span
+from kvscope.commands._common import add_command
 
 DESCRIPTION = """\
 Put kvscope between clients (or a router) and an OpenAI-compatible engine (vLLM, SGLang).
@@ -52,13 +53,36 @@ examples:
 """
 
 
+# (flag, TapConfig field, metavar, help); the default is TapConfig's
+_CONFIG_FLAGS = (
+    ("--max-tenants", "max_tenants", "N", "busiest tenants with their own label; the rest are counted as `other`"),
+    ("--block-chars", "block_chars", "N", "prompt block size for reuse hashing, in characters (about N/4 tokens)"),
+    (
+        "--prefix-window",
+        "prefix_window_s",
+        "SECONDS",
+        "a prompt block counts as reusable if seen within this many seconds",
+    ),
+    (
+        "--max-connections",
+        "max_connections",
+        "N",
+        "client connections at most; a new one over it is answered 503 with Retry-After and closed",
+    ),
+    (
+        "--header-timeout",
+        "header_timeout_s",
+        "SECONDS",
+        "a request head must arrive whole within this, however slowly its bytes come",
+    ),
+    ("--request-timeout", "request_timeout_s", "SECONDS", "the whole request (head and body) within this"),
+    ("--idle-timeout", "idle_timeout_s", "SECONDS", "close a keep-alive client connection idle this long"),
+)
+
+
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "tap",
-        help="per-tenant measuring reverse proxy for OpenAI-compatible engines",
-        description=DESCRIPTION,
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = add_command(
+        subparsers, "tap", "per-tenant measuring reverse proxy for OpenAI-compatible engines", DESCRIPTION, EXAMPLES
     )
     p.add_argument(
         "--upstream",
@@ -80,13 +104,6 @@ def register(subparsers: Any) -> None:
         help="request header naming the tenant (default X-Tenant; '' to use only `user` / key hash)",
     )
     p.add_argument(
-        "--max-tenants",
-        type=int,
-        default=50,
-        metavar="N",
-        help="busiest tenants with their own label; the rest are counted as `other` (default 50)",
-    )
-    p.add_argument(
         "--no-inject-usage",
         action="store_true",
         help="never add stream_options.include_usage upstream (streams that did not ask for "
@@ -97,50 +114,16 @@ def register(subparsers: Any) -> None:
         metavar="URL",
         help="send the tap's spans (OTLP/HTTP protobuf) here, e.g. http://127.0.0.1:4318/v1/traces",
     )
-    p.add_argument(
-        "--block-chars",
-        type=int,
-        default=64,
-        metavar="N",
-        help="prompt block size for reuse hashing, in characters (about N/4 tokens; default 64)",
-    )
-    p.add_argument(
-        "--prefix-window",
-        type=float,
-        default=900.0,
-        metavar="SECONDS",
-        help="a prompt block counts as reusable if seen within this many seconds (default 900)",
-    )
-    p.add_argument(
-        "--max-connections",
-        type=int,
-        default=TapConfig.max_connections,
-        metavar="N",
-        help="client connections at most; a new one over it is answered 503 with Retry-After "
-        f"and closed (default {TapConfig.max_connections})",
-    )
-    p.add_argument(
-        "--header-timeout",
-        type=float,
-        default=TapConfig.header_timeout_s,
-        metavar="SECONDS",
-        help="a request head must arrive whole within this, however slowly its bytes come "
-        f"(default {TapConfig.header_timeout_s:g})",
-    )
-    p.add_argument(
-        "--request-timeout",
-        type=float,
-        default=TapConfig.request_timeout_s,
-        metavar="SECONDS",
-        help=f"the whole request (head and body) within this (default {TapConfig.request_timeout_s:g})",
-    )
-    p.add_argument(
-        "--idle-timeout",
-        type=float,
-        default=TapConfig.idle_timeout_s,
-        metavar="SECONDS",
-        help=f"close a keep-alive client connection idle this long (default {TapConfig.idle_timeout_s:g})",
-    )
+    for flag, field, metavar, help_ in _CONFIG_FLAGS:
+        default = getattr(TapConfig, field)
+        p.add_argument(
+            flag,
+            dest=field,
+            type=type(default),
+            default=default,
+            metavar=metavar,
+            help=f"{help_} (default {default:g})",
+        )
     p.set_defaults(func=run)
 
 
@@ -150,13 +133,7 @@ def config_from_args(args: argparse.Namespace) -> TapConfig:
         listen=args.listen,
         tenant_header=args.tenant_header or None,
         inject_usage=not args.no_inject_usage,
-        max_tenants=args.max_tenants,
-        block_chars=args.block_chars,
-        prefix_window_s=args.prefix_window,
-        max_connections=args.max_connections,
-        header_timeout_s=args.header_timeout,
-        request_timeout_s=args.request_timeout,
-        idle_timeout_s=args.idle_timeout,
+        **{field: getattr(args, field) for _, field, _, _ in _CONFIG_FLAGS},
     )
 
 

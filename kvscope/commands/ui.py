@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from kvscope.commands._checks import check_http_url, check_port_free, check_recording, parse_seconds, parse_time
+from kvscope.commands._common import add_command, fail
 
 HELP = """\
 Start the triage UI (Streamlit) on 127.0.0.1. The triage page's first screen answers "what is
@@ -30,12 +30,7 @@ Runs in the foreground; Ctrl-C stops it.
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "ui",
-        help="start the triage UI (Streamlit, 127.0.0.1)",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "ui", "start the triage UI (Streamlit, 127.0.0.1)", HELP)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--recording", type=Path, metavar="FILE", help="an OpenMetrics recording (.om, .om.gz)")
     src.add_argument("--prometheus", metavar="URL", help="a Prometheus holding the agent's kvscope_* series")
@@ -80,14 +75,12 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--port: expected 1-65535, got {args.port}")
         check_port_free("--port", args.host, args.port)
     except ValueError as exc:
-        print(f"kvscope ui: {exc}", file=sys.stderr)
-        return 3
-    if args.recording:
-        try:
+        return fail("ui", exc, 3)
+    try:
+        if args.recording:
             check_recording(args.recording)
-        except (ValueError, OSError) as exc:
-            print(f"kvscope ui: {exc}", file=sys.stderr)
-            return 4
+    except (ValueError, OSError) as exc:
+        return fail("ui", exc, 4)
     stop_on_sigterm()
     server = UiServer(source, args.port, args.host).start()
     try:
@@ -95,8 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvscope UI: {server.url}  (Ctrl-C to stop)", flush=True)
         return server.wait()
     except RuntimeError as exc:
-        print(f"kvscope ui: {exc}", file=sys.stderr)
-        return 1
+        return fail("ui", exc, 1)
     except (KeyboardInterrupt, TerminateRequested):
         return 0
     finally:
