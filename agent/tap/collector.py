@@ -1,24 +1,12 @@
-"""The request tap inside the agent: config section `tap`, series through the agent's store.
-
-    tap:
-      upstreams: [http://127.0.0.1:8000]      # one or more engine base URLs (round-robin)
-      listen: 127.0.0.1:8001
-      tenant_header: X-Tenant
-      max_tenants: 50
-      max_connections: 1024                 # client connections; more are answered 503
-      header_timeout_s: 10                  # request head whole within this
-      request_timeout_s: 60                 # whole request within this
-      idle_timeout_s: 75                    # keep-alive connection without a request
-      otlp_endpoint: http://127.0.0.1:4318/v1/traces   # optional: the tap's spans
-
-Each collection returns the tenant counters and histograms (cumulative); the fairness gauges
-over the last `fairness_window_s` (default 300 s) are the runtime's derive hook
-(agent/derive/fairness.py `fairness_hook`), which reads these counters.
+"""The request tap inside the agent: config section `tap` (keys: `_KEYS`; docs/requests.md),
+series through the agent's store. The fairness gauges are the runtime's derive hook
+(agent/derive/fairness.py), which reads the tap's counters.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -35,17 +23,9 @@ _CLOSED = {  # tap.stats key -> reason of kvscope_connections_closed_total (the 
     "client_timeout_idle": "idle_timeout",
 }
 _KEYS = {
-    "upstreams",
-    "listen",
-    "tenant_header",
-    "max_tenants",
-    "inject_usage",
-    "block_chars",
-    "prefix_window_s",
-    "otlp_endpoint",
-    "fairness_window_s",
-    "max_connections",
     *_LIMITS,
+    *"upstreams listen tenant_header max_tenants inject_usage block_chars prefix_window_s max_connections".split(),
+    *("otlp_endpoint", "fairness_window_s"),
 }
 
 
@@ -127,7 +107,5 @@ class TapCollector:
             await self.tap.stop()
         if self._sender is not None:
             self._sender.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._sender
-            except asyncio.CancelledError:
-                pass

@@ -1,9 +1,5 @@
-"""The event loop a standalone `kvscope tap` runs on: uvloop when it is installed, else asyncio's.
-
-uvloop (libuv) cuts the per-read and per-write cost of the event loop, which is most of what a
-streaming proxy does (bench/tap_latency.py). The tap itself uses only asyncio's public API, so
-it runs the same on either loop; inside the agent it shares the agent's loop.
-"""
+"""The event loop a standalone `kvscope tap` runs on: uvloop when installed (cheaper reads and
+writes: bench/tap_latency.py), else asyncio's; inside the agent the tap shares the agent's loop."""
 
 from __future__ import annotations
 
