@@ -15,16 +15,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from kvscope.agent.tap.http1 import Downstream, Request, Upstream, error_body, filter_headers
-from kvscope.agent.tap.sse import SseScanner
+from kvscope.agent.tap.sse import SseScanner, parse_json_object, usage_of
 
 if TYPE_CHECKING:
     from kvscope.agent.tap.proxy import RequestTap, _Exchange
 
 log = logging.getLogger("kvscope.tap")
-_DECODER = msgspec.json.Decoder()
 MAX_COPY_BYTES = 16 << 20  # an accounted non-streamed answer is read for usage up to this size
 
 
@@ -142,7 +139,7 @@ class Forward:
             else:
                 ex.first_token = time.perf_counter()
                 if self.copy is not None:
-                    ex.usage = _usage_of(self.copy)
+                    ex.usage = usage_of(parse_json_object(b"".join(self.copy)))
             if ex.status >= 500:
                 ex.outcome = f"upstream_{ex.status}"
         self._over()
@@ -204,18 +201,3 @@ class Forward:
                 self.tap.identify(self.ex, self.req, self.doc)
                 self.doc = None
             self.tap.account(self.ex)
-
-
-def parse_json_object(body: bytes) -> dict[str, Any] | None:
-    """The JSON object in body, None if it is not one (pure)."""
-    try:
-        doc = _DECODER.decode(body)
-    except (msgspec.DecodeError, UnicodeDecodeError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _usage_of(parts: list[bytes]) -> dict[str, Any] | None:
-    doc = parse_json_object(b"".join(parts))
-    usage = doc.get("usage") if doc is not None else None
-    return usage if isinstance(usage, dict) else None

@@ -32,7 +32,7 @@ import msgspec
 from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
 from kvscope.agent.serve.export import canonical_families
 from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels
-from kvscope.agent.tap.forward import Forward, parse_json_object
+from kvscope.agent.tap.forward import Forward
 from kvscope.agent.tap.http1 import (
     HOP_BY_HOP,
     Downstream,
@@ -45,7 +45,7 @@ from kvscope.agent.tap.http1 import (
 )
 from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
 from kvscope.agent.tap.sessions import SessionTracker, Turn, parse_session_id
-from kvscope.agent.tap.sse import parse_usage
+from kvscope.agent.tap.sse import parse_json_object, parse_usage
 from kvscope.agent.tenants import TenantLimiter, parse_tenant
 from kvscope.agent.traces.otlp import Span
 

@@ -45,20 +45,30 @@ def classify_event(event: bytes) -> Event:
         if b'"choices":[]' in event:
             return _OTHER
     data = _data(event)
-    if data is None:
-        return _OTHER
     if data == b"[DONE]":
         return _DONE
-    try:
-        doc = _DECODER.decode(data)
-    except msgspec.DecodeError:
+    doc = parse_json_object(data) if data is not None else None
+    if doc is None:
         return _OTHER
-    if not isinstance(doc, dict):
-        return _OTHER
-    usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else None
+    usage = usage_of(doc)
     if doc.get("choices") == [] and usage is not None:
         return Event("usage_only", usage)
     return Event("token" if doc.get("choices") else "other", usage)
+
+
+def parse_json_object(body: bytes) -> dict[str, Any] | None:
+    """The JSON object in body, None if it is not one (pure)."""
+    try:
+        doc = _DECODER.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def usage_of(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The OpenAI `usage` object of a response or chunk, None if it has none."""
+    usage = doc.get("usage") if doc is not None else None
+    return usage if isinstance(usage, dict) else None
 
 
 def _data(event: bytes) -> bytes | None:
