@@ -8,19 +8,20 @@ from collections.abc import Coroutine
 from typing import Any
 
 
-def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
-    """Run `main` to completion on uvloop if available, else on the default asyncio loop."""
+def _uvloop() -> Any:
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
+        return None
+    return uvloop
+
+
+def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
+    """Run `main` to completion on uvloop if available, else on the default asyncio loop."""
+    uvloop = _uvloop()
+    return uvloop.run(main) if uvloop else asyncio.run(main)
 
 
 def loop_name() -> str:
     """Which loop `run_event_loop` would use (for the startup line)."""
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return "asyncio"
-    return "uvloop"
+    return "uvloop" if _uvloop() else "asyncio"
