@@ -16,7 +16,6 @@ examples:
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import re
 import sys
@@ -34,8 +33,6 @@ RULES_DIR = Path(rules_pkg.__file__).resolve().parent / "prometheus"
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 MAX_TEMPLATE_BYTES = 1 << 20
-# Modules that register agent config sections (`register_section`) outside the runtime.
-_EXTENSION_MODULES = ("kvscope.agent.traces.receiver",)
 
 
 class DeployError(ValueError):
@@ -62,8 +59,8 @@ def parse_template(text: str, environ: Mapping[str, str]) -> str:
 def check_agent_config(text: str, origin: str) -> list[str]:
     """Raise DeployError unless `text` is a configuration the agent accepts; return its warnings.
 
-    Validation is the agent's own (`build_config`), with the registered collectors and the
-    config sections of the extensions (the OTLP receiver's `otlp:`) loaded first.
+    Validation is the agent's own (`build_config`), with every collector and extension loaded
+    (`known_collectors`), so their config sections (the OTLP receiver's `otlp:`) are known.
     """
     from kvscope.agent.config import ConfigError, build_config
     from kvscope.agent.runtime import known_collectors
@@ -74,11 +71,6 @@ def check_agent_config(text: str, origin: str) -> list[str]:
         raise DeployError(f"{origin}: not valid YAML after rendering: {e}") from e
     if not isinstance(doc, dict):
         raise DeployError(f"{origin}: the rendered configuration must be a mapping of sections")
-    for module in _EXTENSION_MODULES:
-        try:
-            importlib.import_module(module)
-        except ImportError:  # an extension not in this build: its section is reported unknown
-            pass
     from kvscope.commands._flags import check_section_typos
 
     try:
