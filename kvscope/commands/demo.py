@@ -137,25 +137,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve(source, port: int) -> int:
-    """Run the UI in the foreground until Ctrl-C."""
-    from kvscope.ui.server import TerminateRequested, UiServer, free_port, stop_on_sigterm
+    """Run the UI in the foreground until Ctrl-C, on `port` or (taken) any free one."""
+    from kvscope.commands.ui import serve_ui
+    from kvscope.ui.server import free_port
 
-    stop_on_sigterm()
     try:
         check_port_free("--port", "127.0.0.1", port)
-    except ValueError:  # taken: any free one
+    except ValueError:
         port = free_port()
-    server = UiServer(source, port)
-    try:
-        server.start()
-        server.wait_healthy()
-        print(f"\nkvscope UI: {server.url}  (Ctrl-C to stop)", flush=True)
-        server.wait()
-        return 0
-    except RuntimeError as exc:
-        return fail("demo", exc, 1)
-    except (KeyboardInterrupt, TerminateRequested):
-        print("\nkvscope demo: stopped", flush=True)
-        return 0
-    finally:
-        server.stop()
+    return serve_ui("demo", source, port)

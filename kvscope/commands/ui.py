@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from kvscope.commands._checks import check_http_url, check_port_free, check_recording, parse_seconds, parse_time
 from kvscope.commands._common import add_command, fail
@@ -67,8 +68,6 @@ def source_of(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope.ui.server import TerminateRequested, UiServer, stop_on_sigterm
-
     try:
         source = source_of(args)
         if not 0 < args.port < 65536:
@@ -81,15 +80,24 @@ def run(args: argparse.Namespace) -> int:
             check_recording(args.recording)
     except (ValueError, OSError) as exc:
         return fail("ui", exc, 4)
+    return serve_ui("ui", source, args.port, args.host)
+
+
+def serve_ui(command: str, source: Any, port: int, host: str = "127.0.0.1") -> int:
+    """Run the UI in the foreground until Ctrl-C or SIGTERM (`kvscope ui`, `kvscope demo`)."""
+    from kvscope.ui.server import TerminateRequested, UiServer, stop_on_sigterm
+
     stop_on_sigterm()
-    server = UiServer(source, args.port, args.host).start()
+    server = UiServer(source, port, host)
     try:
+        server.start()
         server.wait_healthy()
         print(f"kvscope UI: {server.url}  (Ctrl-C to stop)", flush=True)
         return server.wait()
     except RuntimeError as exc:
-        return fail("ui", exc, 1)
+        return fail(command, exc, 1)
     except (KeyboardInterrupt, TerminateRequested):
+        print(f"\nkvscope {command}: stopped", flush=True)
         return 0
     finally:
         server.stop()
