@@ -66,22 +66,18 @@ def run(args: argparse.Namespace) -> int:
     return run_event_loop(serve(config))  # uvloop when installed: less CPU per scrape and request
 
 
-def open_store(config: AgentConfig) -> Any:
-    """SqliteStore at store.path, or an InMemoryStore when the path is empty."""
-    from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore
-
-    if not config.store_path:
-        return InMemoryStore(retention_s=config.retention_s)
-    return SqliteStore(config.store_path, retention_s=config.retention_s, max_bytes=config.store_max_bytes)
-
-
 async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     """Run collectors and the HTTP server until SIGTERM/SIGINT. Returns the exit code."""
     log = logging.getLogger("kvscope.agent")
-    from kvscope.agent.store.sqlite import StoreError
+    from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore, StoreError
 
     try:
-        store = open_store(config)
+        retention = config.retention_s
+        store = (
+            SqliteStore(config.store_path, retention_s=retention, max_bytes=config.store_max_bytes)
+            if config.store_path
+            else InMemoryStore(retention_s=retention)
+        )
     except (StoreError, OSError) as e:
         log.error("store: %s", e)
         return 1

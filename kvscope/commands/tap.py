@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 from collections.abc import Callable
 from typing import Any
 
 from kvscope.agent.derive.fairness import fairness_json_since_start, fairness_since_start
+from kvscope.agent.runtime import _freeze_startup_objects
 from kvscope.agent.tap.eventloop import loop_name, run_event_loop
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_upstream
 from kvscope.agent.traces.export import SpanBatchExporter
@@ -155,21 +155,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-GC_YOUNG_THRESHOLD = 10_000
-
-
-def _quiet_gc() -> None:
-    """Startup objects out of the cyclic GC's reach, and a young collection every 10k net
-    allocations instead of 700 (as the agent does, agent/runtime.py): a proxied request leaves
-    no reference cycle behind (only a closed connection does: protocol and parser), its objects
-    are freed by reference counting, so frequent young collections only walk the objects of
-    live streams again and again."""
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
-
-
 def build_tap(cfg: TapConfig, span_sink: Callable[[list[Span]], None] | None = None) -> RequestTap:
     """The standalone tap: its /kvscope/metrics adds the fairness gauges since start, and
     /kvscope/fairness answers them as JSON (inside the agent, the runtime derives them)."""
@@ -190,7 +175,7 @@ async def _serve(cfg: TapConfig, otlp_endpoint: str | None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     sender = asyncio.create_task(exporter.run()) if exporter else None
-    _quiet_gc()
+    _freeze_startup_objects()  # as the agent does: a proxied request leaves no reference cycle
     print(
         f"kvscope tap: listening on {cfg.host_port()[0]}:{tap.port}, forwarding to {', '.join(cfg.upstreams)}"
         f" ({loop_name()} event loop)",
