@@ -16,6 +16,7 @@ import http
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httptools
@@ -35,28 +36,22 @@ class Headers(dict):
         return dict.get(self, key.lower(), default)
 
 
+@dataclass(slots=True)
 class Request:
-    """One complete client request."""
+    """One complete client request; `target` is its path and query as sent."""
 
-    __slots__ = ("method", "target", "path", "headers", "raw_headers", "body", "keep_alive", "http11")
+    method: str
+    target: bytes
+    raw_headers: list[tuple[bytes, bytes]]
+    body: bytes
+    keep_alive: bool
+    http11: bool
+    path: str = field(init=False)
+    headers: Headers = field(init=False)
 
-    def __init__(
-        self,
-        method: str,
-        target: bytes,
-        raw_headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        keep_alive: bool,
-        http11: bool,
-    ) -> None:
-        self.method = method
-        self.target = target  # as sent: path and query, raw
-        self.path = target.split(b"?", 1)[0].decode("latin-1")
-        self.raw_headers = raw_headers
-        self.headers = Headers({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers})
-        self.body = body
-        self.keep_alive = keep_alive
-        self.http11 = http11
+    def __post_init__(self) -> None:
+        self.path = self.target.split(b"?", 1)[0].decode("latin-1")
+        self.headers = Headers({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.raw_headers})
 
 
 class ResponseHandler(Protocol):

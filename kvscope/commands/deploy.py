@@ -39,9 +39,6 @@ class DeployError(ValueError):
     """Input that cannot be deployed; the message names the file and the problem."""
 
 
-# ------------------------------------------------------------------------------ render-config
-
-
 def parse_template(text: str, environ: Mapping[str, str]) -> str:
     """Replace every `${NAME}` in `text` by `environ[NAME]`. Pure.
 
@@ -99,9 +96,6 @@ def _render_config(args: argparse.Namespace) -> int:
     write_atomically(Path(args.output), text)
     print(f"render-config: wrote {args.output}", file=sys.stderr)
     return 0
-
-
-# ----------------------------------------------------------------------------- prometheusrule
 
 
 def parse_rule_file(text: str, origin: str) -> list[dict[str, Any]]:
@@ -177,9 +171,6 @@ def _parse_label(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise DeployError(f"--label {text!r}: expected KEY=VALUE")
     return key, value
-
-
-# ------------------------------------------------------------------------------------ command
 
 
 def _run(func):
