@@ -1,5 +1,5 @@
 """Multi-turn sessions seen by the tap: did turn N+1 find turn N's context in the prefix cache?
-(LEVERS.md K5; docs/requests.md, "Sessions".)
+(LEVERS.md K5; docs/requests.md.)
 
 Turns are linked by a session id (`X-Session-ID` header or the body's `session_id`), else by
 prefix chain (turn N's last full block hash among turn N+1's). A follow-up turn whose
