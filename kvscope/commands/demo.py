@@ -75,10 +75,11 @@ def render_diagnosis(diagnosis) -> str:
     ]
     if f is None:
         return "\n".join(lines + ["no rule fired"])
+    state = "still active" if f.active else f"until {render_when(f.until)}"
     lines += [
         f"LIKELY CAUSE [{f.severity}] {f.title} (rule {f.rule_id}, LEVERS {f.levers_md})",
         f"  where: {_where(f.where)}",
-        f"  since: {render_when(f.since)} ({_state(f)}, {fmt_duration(f.until - f.since)})",
+        f"  since: {render_when(f.since)} ({state}, {fmt_duration(f.until - f.since)})",
         f"  what:  {f.summary}",
     ]
     if f.cascade:
@@ -103,12 +104,6 @@ def render_diagnosis(diagnosis) -> str:
     lines += [f"  also fired (same mechanism and levers): {g.title} ({g.rule_id})" for g in diagnosis.supporting]
     lines += [f"competing: {c.title} ({c.rule_id}) on {_where(c.where)}" for c in diagnosis.hypotheses]
     return "\n".join(lines)
-
-
-def _state(f) -> str:
-    from kvscope.ui.data import render_when
-
-    return "still active" if f.active else f"until {render_when(f.until)}"
 
 
 def _where(labels: dict) -> str:
