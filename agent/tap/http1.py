@@ -494,20 +494,9 @@ class UpstreamPool:
 
 
 def filter_headers(raw: list[tuple[bytes, bytes]], drop: frozenset[bytes] = HOP_BY_HOP) -> list[tuple[bytes, bytes]]:
-    """Headers minus `drop` (lower-case names) and those the Connection header names (pure)."""
-    out = []
-    named = None
-    for k, v in raw:
-        lk = k.lower()
-        if lk in drop:
-            if lk == b"connection":
-                named = v
-            continue
-        out.append((k, v))
-    if named:
-        listed = {t.strip().lower() for t in named.split(b",")}
-        out = [(k, v) for k, v in out if k.lower() not in listed]
-    return out
+    """Headers minus `drop` (lower-case names) and those a Connection header names (pure)."""
+    named = {t.strip().lower() for k, v in raw if k.lower() == b"connection" for t in v.split(b",")}
+    return [(k, v) for k, v in raw if (lk := k.lower()) not in drop and lk not in named]
 
 
 def render_request(method: str, target: bytes, host: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:

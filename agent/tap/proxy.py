@@ -287,7 +287,7 @@ class RequestTap:
         """The request's tenant label, model and session id (called once the request is upstream,
         or when it ends without having got there)."""
         ex.tenant = self.tenants.label(parse_tenant(req.headers, doc, self.config.tenant_header))
-        ex.model = _str(doc.get("model"))
+        ex.model = model if isinstance(model := doc.get("model"), str) else None
         ex.session_id = parse_session_id(req.headers, doc)
 
     def observe_prefix(self, ex: _Exchange, doc: dict[str, Any]) -> None:
@@ -452,10 +452,6 @@ def upstream_headers(req: Request, ex: _Exchange | None) -> list[tuple[bytes, by
 def _asks_usage(doc: dict[str, Any]) -> bool:
     opts = doc.get("stream_options")
     return isinstance(opts, dict) and opts.get("include_usage") is True
-
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
 
 
 def render_with_usage(body: bytes, doc: dict[str, Any]) -> bytes:
