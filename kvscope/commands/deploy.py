@@ -1,12 +1,8 @@
-"""`kvscope deploy`: helpers that turn the repository into what a cluster runs.
+"""`kvscope deploy`: turn the repository into what a cluster runs.
 
-* `kvscope deploy render-config` fills the agent's configuration template with the node's
-  identity (the DaemonSet's init container runs it with NODE_IP / NODE_NAME from the downward
-  API) and validates the result with the agent's own config checks before the agent starts.
-* `kvscope deploy prometheusrule` wraps the generated Prometheus rule files
-  (`rules/prometheus/*.yml`, written by `kvscope rules build`) into Prometheus Operator
-  `PrometheusRule` objects, one per file, so the rules Prometheus runs on a plain install and
-  on Kubernetes are the same text.
+`render-config` fills the agent's config template with the node's identity (the DaemonSet's init
+container, NODE_IP / NODE_NAME) and validates it; `prometheusrule` wraps rules/prometheus/*.yml
+into Prometheus Operator PrometheusRule objects, so both installs run the same rule text.
 
 examples:
   kvscope deploy prometheusrule --label release=kube-prometheus-stack -o prometheusrule.yaml

@@ -36,16 +36,10 @@ Sources (pick one):
 Windows shorter than 15 minutes (short recordings) are evaluated with every rule duration
 scaled by window / 15 min; --time-scale 1 turns that off.
 
-Prometheus: one fleet path. The rules' loosened conditions are recording rules the TSDB evaluates
-continuously (`kvscope rules build`: rules/prometheus/kvscope-candidates.yml); one range query reads
-them, and evidence is fetched and judged only for the engines and spans where one held long enough
-to fire (the client's time and memory grow with the candidates, not with the fleet). Rules whose records do not
-cover the window (installed later: backfill them, docs/fleet.md) are judged on every engine's
-series, and the output says which and when. --full-fetch judges every rule that way.
-Queries stay within Prometheus' limits: at most 11,000 points per series and, by estimate, half of
-the default --query.max-samples (50M); longer ranges are cut in time and instance lists into
-batches of 25, run 4 at a time, and a part the server still refuses for its size is halved and
-retried. What was split is printed on stderr ("split: ..."), with a fleet summary.
+--prometheus reads the candidate records of `kvscope rules build` and fetches evidence only where
+one fired; rules whose records miss part of the window are judged on every engine's series, and
+stderr says which ("fleet: ..."), and what was split to stay within the server's query limits
+("split: ..."). How, and how to backfill the records: docs/fleet.md.
 
 Examples:
   kvscope diagnose --recording tests/recordings/kv-pressure-cascade.om.gz

@@ -22,21 +22,14 @@ from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 
 DESCRIPTION = """\
 Record what engine (vLLM, SGLang) and dcgm-exporter /metrics endpoints expose, for a
-postmortem, a test fixture or the demo. Every --interval all targets are scraped concurrently
-and written with their native metric names plus the target labels (job, instance and a
-config target's `labels:`, such as the pod/namespace/container that the engine<->GPU join
-matches on), with `up` and `scrape_duration_seconds` per scrape, as Prometheus would have
-stored them (a scraped label that a target label also names becomes exported_<name>). A failed
-scrape is recorded as `up 0`.
-
-The output is OpenMetrics text with timestamps (gzip when the name ends in .gz). It can be
-replayed by kvscope (diagnose, report) or loaded into Prometheus with
-`promtool tsdb create-blocks-from openmetrics FILE DIR`. Ctrl-C (or SIGTERM) stops early and
-still writes a complete, valid file.
+postmortem, a test fixture or the demo: every --interval all targets are scraped and written as
+Prometheus would store them (native names, target labels, `up` and `scrape_duration_seconds`;
+a failed scrape is `up 0`). The output is OpenMetrics text with timestamps (gzip for .gz), for
+kvscope diagnose / report / ui, or `promtool tsdb create-blocks-from openmetrics FILE DIR`.
+Ctrl-C (or SIGTERM) stops early and still writes a complete file.
 
 With --log FILE, no scraping: the engine log's stats lines are written as the recording a scrape
-at each line's time would have given (kvscope's canonical series, `kvscope_<signal>`, with `up`
-per line time), for `diagnose --recording`, the UI and the webhook.
+at each line's time would have given (kvscope_<signal> series, `up` per line time).
 
 {log_help}"""
 

@@ -12,29 +12,17 @@ from kvscope.commands._checks import check_http_url, check_output_file, check_re
 from kvscope.commands._common import add_command, fail
 
 HELP = """\
-Write the weekly efficiency review: output tokens per GPU-hour per model/pool, GPU utilisation and
-the utilisation trap (002 §9.2), $ per 1M output tokens at --gpu-hour-cost, prefill tokens saved
-by prefix caching, per-tenant usage and hit ratio, week-over-week deltas and the week's top
-findings, one row per incident (a likely cause with its supporting findings, as `kvscope diagnose`
-groups them). Numbers the source lacks are printed as "absent", never as zero. When the data
-covers part of the week, the SourceSpec line says how much data is held, over what span, with how
-many gaps. The HTML plots share the week's UTC time axis and shade the stretches without data.
+Write the weekly efficiency review: output tokens per GPU-hour per model/pool, GPU utilisation,
+$ per 1M output tokens at --gpu-hour-cost, prefill tokens saved by prefix caching, per-tenant
+usage, week-over-week deltas and the week's incidents (as `kvscope diagnose` groups findings).
+Numbers the source lacks print as "absent", never zero; a partial week is said with its span and
+gaps. GPU-hours are split per pool through the engine-GPU join (GPUs it cannot place are
+"unattributed"). What each section means: docs/ui.md.
 
   kvscope report weekly --recording incident.om --gpu-hour-cost 2.5 --html week.html --markdown week.md
   kvscope report weekly --prometheus http://127.0.0.1:9090 --end 2026-11-22T00:00:00Z
-
-With --prometheus the report reads kvscope's recording rules (kvscope:*), the agent's kvscope_*
-series, or the engines' own series, whichever the TSDB has, as 15-minute server-side increases
-and means (a week is 672 points per series), and runs the diagnosis rules in the TSDB over the
-week (5-minute step) for its top findings.
   kvscope report weekly --store /var/lib/kvscope/kvscope.sqlite
   kvscope report weekly --recording fleet.om --gpu-mapping gpus.yaml   # gpus.yaml: {GPU-8f2c...: replica-0}
-
-GPU-hours are split per pool through the engine-GPU join the agent records
-(engine_gpu_memory_used_bytes: its gpu_mapping, Kubernetes pod labels, or the NVML process list),
-else through a node that runs engines of one pool. GPUs that neither places are reported as
-"unattributed", with the missing labels named; fleet totals count them either way. For
-recordings, the join is re-derived from the recorded series, and --gpu-mapping supplies the map.
 """
 
 

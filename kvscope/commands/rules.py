@@ -12,17 +12,11 @@ from kvscope.commands._common import add_command, fail
 
 BUILD_HELP = """\
 Generate Prometheus recording and alerting rules from agent/normalize/catalog.yaml and
-rules/diagnosis/*.yaml, and one runbook per alert:
-
-  kvscope:<signal>            canonical series from native vLLM/SGLang/DCGM names and the
-                              agent's kvscope_* series (old and new engine names both read)
-  instance:<signal>:<op>      dashboard aggregates (p99 TTFT, KV usage max 5m, hit ratio ...)
-  LlmTtftSloBurnRate          multi-window multi-burn-rate alert on the TTFT SLO
-  LlmEngineMetrics*           engine metrics absent, vanished or renamed
-  Llm<RuleName>               one alert per diagnosis rule that PromQL can express
-
-Load every file in --out with Prometheus' rule_files (see docs/alerting.md). With --check
-nothing is written; the exit status is 1 when a file on disk differs from a fresh build.
+rules/diagnosis/*.yaml (kvscope:<signal> canonical series, instance:<signal>:<op> dashboard
+aggregates, the TTFT SLO burn-rate alert, engine-metrics-absent alerts, one Llm<RuleName> alert
+per rule PromQL can express), and one runbook per alert. Load every file in --out with
+Prometheus' rule_files (docs/alerting.md). With --check nothing is written; exit 1 when a file on
+disk differs from a fresh build.
 
 examples:
   kvscope rules build                                   # after editing catalog, rules or levers

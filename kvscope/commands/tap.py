@@ -19,29 +19,16 @@ from kvscope.agent.traces.otlp import Span
 from kvscope.commands._common import add_command
 
 DESCRIPTION = """\
-Put kvscope between clients (or a router) and an OpenAI-compatible engine (vLLM, SGLang).
-Every /v1/chat/completions and /v1/completions request passes through unchanged, byte for
-byte, while the tap records per tenant: requests, prompt tokens, tokens the engine served from
-its prefix cache (usage.prompt_tokens_details.cached_tokens; vLLM needs
---enable-prompt-tokens-details, SGLang --enable-cache-report), client-side TTFT and gaps
-between streamed chunks, and how much of each prompt had already been seen recently (reuse
-potential, from chained hashes of prompt blocks; no prompt text is ever kept). The difference
-between reusable and cached tokens is reuse the cache lost.
-
-The tenant is the --tenant-header value, else the OpenAI `user` field, else a short hash of the
-API key (never the key). The --max-tenants busiest tenants by recent traffic (request counts
-halving every 5 min) keep their own label; the rest are counted as `other`. A quieter tenant that
-is pushed out keeps its last values and `other` takes its traffic from then on.
-
-With several --upstream URLs requests are spread round-robin, and the tap also measures how
-often one prefix is served by more than one replica (split cache domains).
-
-The tap starts a trace per request and sends `traceparent` upstream, so the engine's own spans
-(vLLM --otlp-traces-endpoint) join it; with --otlp-endpoint the tap's spans, carrying the
-tenant, go to kvscope's OTLP receiver, which stitches both.
-
-Reserved paths on the listen address: /kvscope/metrics (Prometheus text) and
-/kvscope/fairness (JSON per-tenant fairness since start).
+Put kvscope between clients (or a router) and OpenAI-compatible engines (vLLM, SGLang).
+/v1/chat/completions and /v1/completions requests pass through unchanged while the tap records
+per tenant: requests, prompt tokens, tokens served from the engine's prefix cache
+(usage.prompt_tokens_details.cached_tokens; vLLM needs --enable-prompt-tokens-details, SGLang
+--enable-cache-report), client-side TTFT and inter-chunk gaps, and prefix reuse potential
+(chained hashes of prompt blocks; no prompt text is kept). The tenant is the --tenant-header
+value, else the OpenAI `user` field, else a hash of the API key (never the key); beyond
+--max-tenants the quieter ones count as `other`. Several --upstream URLs are used round-robin.
+The tap sends `traceparent` upstream and, with --otlp-endpoint, its spans. It serves
+/kvscope/metrics (Prometheus text) and /kvscope/fairness (JSON) itself. Details: docs/requests.md.
 """
 
 EXAMPLES = """\

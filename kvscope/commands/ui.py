@@ -10,23 +10,16 @@ from kvscope.commands._checks import check_http_url, check_port_free, check_reco
 from kvscope.commands._common import add_command, fail
 
 HELP = """\
-Start the triage UI (Streamlit) on 127.0.0.1. The triage page's first screen answers "what is
-wrong and what do I change": the likely cause (what, where, when, severity, LEVERS.md row) and
-the top lever's exact config change per engine. Below: the evidence (value, threshold, when it
-was taken, the PromQL-like series), a chart per evidence signal on one UTC time axis with the
-finding's period shaded, every lever ranked with its cost and source section, competing
-hypotheses, a timeline, and the rules that could not be evaluated (missing signals: unknown,
-not healthy). Other pages: tenants & fairness, cascades, efficiency, a sizing calculator, and
-the rule/lever catalog.
-
-A recording is read once (in the background while the server starts); Prometheus and an agent
-are queried again on the first page view after 60 s, over the last --since.
+Start the triage UI (Streamlit) on 127.0.0.1. Its first screen answers "what is wrong and what
+do I change": the likely cause and the top lever's exact config change per engine; below, the
+evidence with its charts, every lever ranked, competing hypotheses, and the rules that could not
+be evaluated. Other pages: tenants & fairness, cascades, efficiency, sizing, the rule catalog
+(docs/ui.md). A recording is read once; Prometheus and an agent are queried again on the first
+page view after 60 s, over the last --since. Runs in the foreground; Ctrl-C stops it.
 
   kvscope ui --recording tests/recordings/kv-pressure-cascade.om.gz
   kvscope ui --prometheus http://127.0.0.1:9090 --since 1h
   kvscope ui --agent http://127.0.0.1:9464
-
-Runs in the foreground; Ctrl-C stops it.
 """
 
 
