@@ -12,19 +12,12 @@ import yaml
 
 def add_param_flag(parser: argparse.ArgumentParser) -> None:
     """Add the repeatable --param flag."""
-    parser.add_argument(
-        "--param",
-        action="append",
-        default=[],
-        metavar="RULE.NAME=VALUE",
-        help="override a rule parameter, e.g. kv_pressure_preemption.kv_full=0.85 "
-        "(repeatable; each rule's parameters are under `params:` in rules/diagnosis/*.yaml)",
-    )
+    help = "override a rule parameter, e.g. kv_pressure_preemption.kv_full=0.85 (repeatable; see params: in rules/)"
+    parser.add_argument("--param", action="append", default=[], metavar="RULE.NAME=VALUE", help=help)
 
 
 def parse_params(
-    items: list[str],
-    known: Iterable[str] | Mapping[str, Iterable[str]] | None = None,
+    items: list[str], known: Iterable[str] | Mapping[str, Iterable[str]] | None = None
 ) -> dict[str, dict[str, Any]]:
     """['rule.name=value', ...] -> {rule: {name: value}}, values read as YAML scalars.
 

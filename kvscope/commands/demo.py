@@ -30,20 +30,13 @@ cause, and serve the triage UI on 127.0.0.1. Ctrl-C stops it.
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = add_command(subparsers, "demo", "replay a real incident through the diagnoser and the UI", HELP)
-    p.add_argument(
-        "--recording",
-        type=Path,
-        help="recording to replay (default: a KV-pressure incident from "
-        "tests/recordings/, else ui/recordings/vllm-0.32.0-cpu-kv-pressure.om.gz)",
+    recording_help = (
+        f"recording to replay (default: a KV-pressure incident from tests/recordings/, else {BUNDLED.name})"
     )
-    p.add_argument("--port", type=int, default=8501, help="UI port on 127.0.0.1 (default 8501; a free one if taken)")
-    p.add_argument(
-        "--check",
-        "--once",
-        action="store_true",
-        dest="check",
-        help="print the diagnosis and exit without starting the UI",
-    )
+    p.add_argument("--recording", type=Path, help=recording_help)
+    p.add_argument("--port", type=int, default=8501, help="UI port on 127.0.0.1 (a free one if taken)")
+    check_help = "print the diagnosis and exit without starting the UI"
+    p.add_argument("--check", "--once", action="store_true", dest="check", help=check_help)
     p.set_defaults(func=run)
 
 

@@ -215,19 +215,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pr = add_command(
         sub, "prometheusrule", "wrap rules/prometheus/*.yml into PrometheusRule objects", PROMETHEUSRULE_HELP
     )
-    pr.add_argument(
-        "--rules-dir", default=str(RULES_DIR), help="directory of generated rule files (default: %(default)s)"
-    )
-    pr.add_argument("--output", "-o", default="-", help="output file, '-' for stdout (default)")
-    pr.add_argument(
-        "--label",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="label for the objects' metadata, repeatable; match your Prometheus' "
-        "ruleSelector (e.g. release=kube-prometheus-stack)",
-    )
-    pr.add_argument(
-        "--check", action="store_true", help="write nothing; exit 1 when --output differs from a fresh build"
-    )
+    pr.add_argument("--rules-dir", default=str(RULES_DIR), help="directory of generated rule files")
+    pr.add_argument("--output", "-o", default="-", help="output file, '-' for stdout")
+    label_help = "label for the objects' metadata, repeatable; match your Prometheus' ruleSelector"
+    pr.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help=label_help)
+    pr.add_argument("--check", action="store_true", help="write nothing; exit 1 when --output is stale")
     pr.set_defaults(func=_run(_prometheusrule))

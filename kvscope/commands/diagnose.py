@@ -71,46 +71,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible base URL, e.g. http://127.0.0.1:9090")
     src.add_argument("--agent", metavar="URL", help="kvscope agent base URL, e.g. http://127.0.0.1:9464")
     src.add_argument("--log", metavar="FILE", help="engine log: vLLM / SGLang stats lines (- for stdin; see below)")
-    p.add_argument(
-        "--since",
-        default="30m",
-        metavar="DURATION",
-        help="live sources: window length ending now or at --end, e.g. 30m, 2h, 1800 (default 30m)",
-    )
+    p.add_argument("--since", default="30m", metavar="DURATION", help="live sources: window length, e.g. 30m, 2h, 1800")
     p.add_argument(
         "--end",
-        default=None,
         metavar="TIME",
-        help="window end, unix seconds or ISO 8601 UTC (default: now / end of recording; with "
-        "--prometheus, now rounded down to a multiple of --step, as Grafana asks, so that "
-        "caching TSDBs answer at the times asked)",
+        help="window end, unix seconds or ISO 8601 UTC (default: now / end of recording; with --prometheus, "
+        "now rounded down to a multiple of --step, as Grafana asks, so that caching TSDBs answer at the times asked)",
     )
-    p.add_argument(
-        "--start", default=None, metavar="TIME", help="window start, unix seconds or ISO 8601 UTC (overrides --since)"
-    )
-    p.add_argument(
-        "--step", default=None, help="grid step, e.g. 15s (default: the recording's scrape interval, else 15s)"
-    )
+    p.add_argument("--start", metavar="TIME", help="window start, unix seconds or ISO 8601 UTC (overrides --since)")
+    p.add_argument("--step", help="grid step, e.g. 15s (default: the recording's scrape interval, else 15s)")
     add_param_flag(p)
-    p.add_argument(
-        "--time-scale",
-        type=float,
-        default=None,
-        help="multiply every rule duration by this (default: auto for windows under 15 min)",
-    )
-    p.add_argument("--rules-dir", default=None, help="rules directory (default: the shipped rules/diagnosis)")
-    p.add_argument(
-        "--full-fetch",
-        action="store_true",
-        help="--prometheus: fetch every engine's series and judge every rule here (no candidate records)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="--prometheus/--agent: seconds one HTTP query may take (default 300)",
-    )
+    p.add_argument("--time-scale", type=float, help="multiply every rule duration by this (default: auto under 15 min)")
+    p.add_argument("--rules-dir", help="rules directory (default: the shipped rules/diagnosis)")
+    p.add_argument("--full-fetch", action="store_true", help="--prometheus: judge every rule on every engine's series")
+    timeout_help = "--prometheus/--agent: seconds one HTTP query may take"
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help=timeout_help)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or fleet summary on stderr")
     p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON (schema: docs/rules.md)")
     p.add_argument("--verbose", "-v", action="store_true", help="also list the rules that were skipped and why")

@@ -46,25 +46,15 @@ def register(subparsers: Any) -> None:
     help = "record engine /metrics to an OpenMetrics file (promtool-compatible)"
     parser = add_command(subparsers, "record", help, DESCRIPTION, EXAMPLES + "\n" + ENV_HELP)
     add_scrape_flags(parser)
-    parser.add_argument(
-        "--duration",
-        metavar="DURATION",
-        help="how long to record: seconds or a duration (30s, 10m, 1h); required unless --log",
-    )
-    parser.add_argument(
-        "--interval",
-        metavar="DURATION",
-        help="time between scrapes (default: the config's scrape interval, 15s); same as --scrape.interval",
-    )
-    parser.add_argument(
-        "--out", "-o", required=True, metavar="FILE", help="recording to write (.om, or .om.gz for gzip)"
-    )
+    duration_help = "how long to record: seconds or a duration (30s, 10m, 1h); required unless --log"
+    parser.add_argument("--duration", metavar="DURATION", help=duration_help)
+    interval_help = "time between scrapes (default: the config's scrape interval, 15s); same as --scrape.interval"
+    parser.add_argument("--interval", metavar="DURATION", help=interval_help)
+    out_help = "recording to write (.om, or .om.gz for gzip)"
+    parser.add_argument("--out", "-o", required=True, metavar="FILE", help=out_help)
     parser.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
-    parser.add_argument(
-        "--log",
-        metavar="FILE",
-        help="write the recording of an engine log instead of scraping (- for stdin; see above)",
-    )
+    log_help = "write the recording of an engine log instead of scraping (- for stdin; see above)"
+    parser.add_argument("--log", metavar="FILE", help=log_help)
     add_log_flags(parser, job=False)
     parser.set_defaults(func=run)
 

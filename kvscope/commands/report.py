@@ -28,42 +28,27 @@ gaps. GPU-hours are split per pool through the engine-GPU join (GPUs it cannot p
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = add_command(subparsers, "report", "weekly efficiency review (HTML + Markdown)", HELP)
-    p.add_argument(
-        "period",
-        choices=("weekly",),
-        nargs="?",
-        default="weekly",
-        help="the report to write: weekly (the default; the only one so far)",
-    )
+    p.add_argument("period", choices=("weekly",), nargs="?", default="weekly", help="the report to write")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--recording", nargs="+", type=Path, metavar="FILE", help="one or more recordings")
-    src.add_argument(
-        "--prometheus", metavar="URL", help="a Prometheus-compatible TSDB holding the engines' or the agent's series"
-    )
+    prom_help = "a Prometheus-compatible TSDB holding the engines' or the agent's series"
+    src.add_argument("--prometheus", metavar="URL", help=prom_help)
     src.add_argument("--store", type=Path, metavar="FILE", help="the agent's SQLite store")
-    p.add_argument(
-        "--end",
-        metavar="TIME",
-        help="end of the week: ISO 8601 (UTC if no zone) or unix seconds (default: now, or the recordings' end)",
-    )
-    p.add_argument("--gpu-hour-cost", type=float, default=2.5, help="$ per GPU-hour (default 2.5)")
+    end_help = "end of the week: ISO 8601 (UTC if no zone) or unix seconds (default: now, or the recordings' end)"
+    p.add_argument("--end", metavar="TIME", help=end_help)
+    p.add_argument("--gpu-hour-cost", type=float, default=2.5, help="$ per GPU-hour")
     p.add_argument("--html", type=Path, help="write the HTML report here")
     p.add_argument("--markdown", type=Path, help="write the Markdown report here (default: print it)")
     p.add_argument(
         "--gpu-mapping",
         type=Path,
         metavar="FILE",
-        help="with --recording: YAML mapping of GPU uuid (or index) to the engine instance(s) "
-        "on it, the agent's gpu_mapping format, to split GPU-hours per pool when the "
-        "recording has no pod labels or NVML process list",
+        help="with --recording: YAML mapping of GPU uuid (or index) to the engine instance(s) on it (the agent's "
+        "gpu_mapping format), to split GPU-hours per pool when the recording has no pod labels or NVML process list",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--no-diagnose",
-        action="store_true",
-        help="--prometheus: skip the week's diagnosis (by default the rules run in the TSDB over the "
-        "week at a 5-minute step, kvscope diagnose's fleet path)",
-    )
+    no_diag_help = "--prometheus: skip the week's diagnosis (the rules run in the TSDB at a 5-minute step)"
+    p.add_argument("--no-diagnose", action="store_true", help=no_diag_help)
     p.set_defaults(func=run)
 
 

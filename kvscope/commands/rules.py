@@ -54,37 +54,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = add_command(subparsers, "rules", "check the diagnosis rules; build Prometheus rules from them", RULES_HELP)
     sub = parser.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
     build = add_command(sub, "build", "generate rules/prometheus/*.yml and docs/runbooks/*.md", BUILD_HELP)
-    build.add_argument(
-        "--out",
-        type=Path,
-        default=Path("rules/prometheus"),
-        help="directory for the *.yml rule files (default: %(default)s)",
-    )
-    build.add_argument(
-        "--runbooks",
-        type=Path,
-        default=Path("docs/runbooks"),
-        help="directory for the generated runbooks (default: %(default)s)",
-    )
+    build.add_argument("--out", type=Path, default=Path("rules/prometheus"), help="directory for the *.yml rule files")
+    build.add_argument("--runbooks", type=Path, default=Path("docs/runbooks"), help="directory for the runbooks")
     _rules_dir_flag(build, "diagnosis rules to compile")
-    build.add_argument(
-        "--slo-ttft-seconds",
-        type=float,
-        default=1.0,
-        help="TTFT SLO bound in seconds; must be a histogram bucket bound (default: %(default)s)",
-    )
-    build.add_argument(
-        "--slo-target",
-        type=float,
-        default=0.99,
-        help="share of requests that must meet the TTFT bound (default: %(default)s)",
-    )
+    slo_help = "TTFT SLO bound in seconds; must be a histogram bucket bound"
+    build.add_argument("--slo-ttft-seconds", type=float, default=1.0, help=slo_help)
+    build.add_argument("--slo-target", type=float, default=0.99, help="share of requests that must meet the TTFT bound")
     build.add_argument(
         "--canonical",
         choices=("used", "all"),
         default="used",
-        help="record only the kvscope:* series the generated rules read (default), or every "
-        "catalog signal (for dashboards written against kvscope:*)",
+        help="record only the kvscope:* series the generated rules read, or every catalog signal "
+        "(for dashboards written against kvscope:*)",
     )
     build.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files on disk are stale")
     build.set_defaults(func=run_build)
@@ -100,22 +81,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _rules_dir_flag(check, "directory of rules to check")
     check.set_defaults(func=run_check)
     cov = add_command(sub, "coverage", "which engine versions give the signals kvscope reads", COVERAGE_HELP)
-    cov.add_argument(
-        "--names",
-        type=Path,
-        default=Path("tests/fixtures/engine_names"),
-        help="directory of engine name lists, meanings.yaml and allow.yaml (default: %(default)s)",
-    )
-    cov.add_argument("--allow", type=Path, default=None, help="allow-list (default: NAMES/allow.yaml)")
+    names_help = "directory of engine name lists, meanings.yaml and allow.yaml"
+    cov.add_argument("--names", type=Path, default=Path("tests/fixtures/engine_names"), help=names_help)
+    cov.add_argument("--allow", type=Path, help="allow-list (default: NAMES/allow.yaml)")
     out = cov.add_mutually_exclusive_group()
-    out.add_argument("--write", type=Path, default=None, help="write the table (Markdown) to this file")
-    out.add_argument("--check", type=Path, default=None, help="exit 1 if this file differs from a fresh table")
+    out.add_argument("--write", type=Path, help="write the table (Markdown) to this file")
+    out.add_argument("--check", type=Path, help="exit 1 if this file differs from a fresh table")
     cov.set_defaults(func=run_coverage)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
 
 def _rules_dir_flag(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--rules-dir", type=Path, default=None, help=f"{what} (default: the shipped rules/diagnosis)")
+    parser.add_argument("--rules-dir", type=Path, help=f"{what} (default: the shipped rules/diagnosis)")
 
 
 def run_build(args: argparse.Namespace) -> int:

@@ -33,33 +33,15 @@ example:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = add_command(subparsers, "serve", "Alertmanager webhook that attaches a diagnosis to alerts", DESCRIPTION)
     p.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus HTTP API base URL")
-    p.add_argument(
-        "--listen", default="127.0.0.1:9465", metavar="HOST:PORT", help="address to serve on (default: %(default)s)"
-    )
+    p.add_argument("--listen", default="127.0.0.1:9465", metavar="HOST:PORT", help="address to serve on")
     p.add_argument("--forward-url", metavar="URL", help="POST every enriched payload here")
-    p.add_argument(
-        "--store",
-        default="kvscope-diagnoses.sqlite",
-        metavar="FILE",
-        help="SQLite file for diagnoses (default: %(default)s; ':memory:' keeps none)",
-    )
-    p.add_argument(
-        "--max-stored", type=int, default=1000, metavar="N", help="keep the newest N webhooks (default: %(default)s)"
-    )
-    p.add_argument("--step", default="15s", metavar="DURATION", help="diagnosis grid step (default: %(default)s)")
-    p.add_argument(
-        "--before",
-        default="30m",
-        metavar="DURATION",
-        help="diagnose from this long before the alert started (default: %(default)s)",
-    )
-    p.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=1024 * 1024,
-        metavar="N",
-        help="largest webhook body accepted; larger gets 413 (default: %(default)s)",
-    )
+    store_help = "SQLite file for diagnoses (':memory:' keeps none)"
+    p.add_argument("--store", default="kvscope-diagnoses.sqlite", metavar="FILE", help=store_help)
+    p.add_argument("--max-stored", type=int, default=1000, metavar="N", help="keep the newest N webhooks")
+    p.add_argument("--step", default="15s", metavar="DURATION", help="diagnosis grid step")
+    p.add_argument("--before", default="30m", metavar="DURATION", help="diagnose from this long before the alert began")
+    body_help = "largest webhook body accepted; larger gets 413"
+    p.add_argument("--max-body-bytes", type=int, default=1024 * 1024, metavar="N", help=body_help)
     add_param_flag(p)
     p.set_defaults(func=run)
 

@@ -44,73 +44,29 @@ examples:
 _CONFIG_FLAGS = (
     ("--max-tenants", "max_tenants", "N", "busiest tenants with their own label; the rest are counted as `other`"),
     ("--block-chars", "block_chars", "N", "prompt block size for reuse hashing, in characters (about N/4 tokens)"),
-    (
-        "--prefix-window",
-        "prefix_window_s",
-        "SECONDS",
-        "a prompt block counts as reusable if seen within this many seconds",
-    ),
-    (
-        "--max-connections",
-        "max_connections",
-        "N",
-        "client connections at most; a new one over it is answered 503 with Retry-After and closed",
-    ),
-    (
-        "--header-timeout",
-        "header_timeout_s",
-        "SECONDS",
-        "a request head must arrive whole within this, however slowly its bytes come",
-    ),
+    ("--prefix-window", "prefix_window_s", "SECONDS", "a prompt block counts as reusable if seen this recently"),
+    ("--max-connections", "max_connections", "N", "client connections at most; more get 503 + Retry-After"),
+    ("--header-timeout", "header_timeout_s", "SECONDS", "a request head must arrive whole within this"),
     ("--request-timeout", "request_timeout_s", "SECONDS", "the whole request (head and body) within this"),
     ("--idle-timeout", "idle_timeout_s", "SECONDS", "close a keep-alive client connection idle this long"),
 )
 
 
 def register(subparsers: Any) -> None:
-    p = add_command(
-        subparsers, "tap", "per-tenant measuring reverse proxy for OpenAI-compatible engines", DESCRIPTION, EXAMPLES
-    )
-    p.add_argument(
-        "--upstream",
-        action="append",
-        required=True,
-        metavar="URL",
-        help="engine base URL, e.g. http://127.0.0.1:8000 (repeat for round-robin over replicas)",
-    )
-    p.add_argument(
-        "--listen",
-        default="127.0.0.1:8001",
-        metavar="HOST:PORT",
-        help="where clients connect (default 127.0.0.1:8001; loopback unless you choose otherwise)",
-    )
-    p.add_argument(
-        "--tenant-header",
-        default="X-Tenant",
-        metavar="NAME",
-        help="request header naming the tenant (default X-Tenant; '' to use only `user` / key hash)",
-    )
-    p.add_argument(
-        "--no-inject-usage",
-        action="store_true",
-        help="never add stream_options.include_usage upstream (streams that did not ask for "
-        "usage then give no token counts)",
-    )
-    p.add_argument(
-        "--otlp-endpoint",
-        metavar="URL",
-        help="send the tap's spans (OTLP/HTTP protobuf) here, e.g. http://127.0.0.1:4318/v1/traces",
-    )
+    help = "per-tenant measuring reverse proxy for OpenAI-compatible engines"
+    p = add_command(subparsers, "tap", help, DESCRIPTION, EXAMPLES)
+    up_help = "engine base URL, e.g. http://127.0.0.1:8000 (repeat for round-robin over replicas)"
+    p.add_argument("--upstream", action="append", required=True, metavar="URL", help=up_help)
+    p.add_argument("--listen", default="127.0.0.1:8001", metavar="HOST:PORT", help="where clients connect")
+    tenant_help = "request header naming the tenant ('' to use only `user` / key hash)"
+    p.add_argument("--tenant-header", default="X-Tenant", metavar="NAME", help=tenant_help)
+    usage_help = "never add stream_options.include_usage upstream (streams that did not ask give no token counts)"
+    p.add_argument("--no-inject-usage", action="store_true", help=usage_help)
+    otlp_help = "send the tap's spans (OTLP/HTTP protobuf) here, e.g. http://127.0.0.1:4318/v1/traces"
+    p.add_argument("--otlp-endpoint", metavar="URL", help=otlp_help)
     for flag, field, metavar, help_ in _CONFIG_FLAGS:
         default = getattr(TapConfig, field)
-        p.add_argument(
-            flag,
-            dest=field,
-            type=type(default),
-            default=default,
-            metavar=metavar,
-            help=f"{help_} (default {default:g})",
-        )
+        p.add_argument(flag, dest=field, type=type(default), default=default, metavar=metavar, help=help_)
     p.set_defaults(func=run)
 
 

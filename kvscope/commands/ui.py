@@ -29,20 +29,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--recording", type=Path, metavar="FILE", help="an OpenMetrics recording (.om, .om.gz)")
     src.add_argument("--prometheus", metavar="URL", help="a Prometheus holding the agent's kvscope_* series")
     src.add_argument("--agent", metavar="URL", help="a running kvscope agent")
-    p.add_argument(
-        "--since",
-        default="30m",
-        metavar="DURATION",
-        help="window to diagnose for --prometheus/--agent: seconds or a duration (default 30m)",
-    )
-    p.add_argument(
-        "--end",
-        default=None,
-        metavar="TIME",
-        help="window end for --prometheus/--agent: unix seconds or ISO 8601 UTC (default: now)",
-    )
-    p.add_argument("--port", type=int, default=8501, help="port on 127.0.0.1 (default 8501)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; think before exposing)")
+    since_help = "window to diagnose for --prometheus/--agent: seconds or a duration"
+    p.add_argument("--since", default="30m", metavar="DURATION", help=since_help)
+    end_help = "window end for --prometheus/--agent: unix seconds or ISO 8601 UTC (default: now)"
+    p.add_argument("--end", metavar="TIME", help=end_help)
+    p.add_argument("--port", type=int, default=8501, help="port to serve on")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (think before exposing)")
     p.set_defaults(func=run)
 
 
