@@ -29,6 +29,7 @@ RULES_DIR = Path(rules_pkg.__file__).resolve().parent / "prometheus"
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 MAX_TEMPLATE_BYTES = 1 << 20
+API_VERSION = "monitoring.coreos.com/v1"
 
 
 class DeployError(ValueError):
@@ -106,18 +107,8 @@ def parse_rule_file(text: str, origin: str) -> list[dict[str, Any]]:
     return groups
 
 
-def render_prometheusrule(name: str, groups: list[dict[str, Any]], labels: Mapping[str, str]) -> dict:
-    """One Prometheus Operator PrometheusRule object holding `groups` unchanged."""
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PrometheusRule",
-        "metadata": {"name": name, "labels": dict(labels)},
-        "spec": {"groups": groups},
-    }
-
-
 def read_prometheusrules(rules_dir: Path, labels: Mapping[str, str]) -> list[dict]:
-    """One PrometheusRule per `*.yml` file of `rules_dir`, in file-name order."""
+    """One Prometheus Operator PrometheusRule per `*.yml` file of `rules_dir` (groups unchanged), in file-name order."""
     files = sorted(p for p in rules_dir.glob("*.yml") if p.is_file())
     if not files:
         raise DeployError(f"{rules_dir}: no *.yml rule files (run `kvscope rules build` first)")
@@ -125,7 +116,8 @@ def read_prometheusrules(rules_dir: Path, labels: Mapping[str, str]) -> list[dic
     for path in files:
         groups = parse_rule_file(path.read_text(encoding="utf-8"), str(path))
         stem = _DNS_LABEL.sub("-", path.stem.lower()).strip("-").removeprefix("kvscope-")
-        out.append(render_prometheusrule(f"kvscope-{stem}", groups, labels))
+        meta = {"name": f"kvscope-{stem}", "labels": dict(labels)}
+        out.append({"apiVersion": API_VERSION, "kind": "PrometheusRule", "metadata": meta, "spec": {"groups": groups}})
     return out
 
 

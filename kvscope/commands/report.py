@@ -85,28 +85,20 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def read_gpu_mapping(args: argparse.Namespace) -> dict:
-    """The --gpu-mapping file, validated the way the agent validates its gpu_mapping. Raises
-    ValueError (usage) or FileNotFoundError."""
-    import yaml
-
-    from kvscope.agent.config import parse_gpu_mapping
+    """The --gpu-mapping file (bounded YAML), validated the way the agent validates its gpu_mapping.
+    Raises ValueError (usage) or FileNotFoundError."""
+    from kvscope.agent.config import MAX_CONFIG_BYTES, parse_config_yaml, parse_gpu_mapping
 
     if not args.recording:
-        raise ValueError(
-            "--gpu-mapping: only with --recording (the agent applies its own gpu_mapping "
-            "to what it stores and re-exports)"
-        )
+        raise ValueError("--gpu-mapping: only with --recording (the agent applies its own gpu_mapping)")
     if not args.gpu_mapping.is_file():
         raise FileNotFoundError(f"--gpu-mapping: {args.gpu_mapping} does not exist")
-    if args.gpu_mapping.stat().st_size > 1 << 20:
-        raise ValueError(f"--gpu-mapping: {args.gpu_mapping} is over 1 MiB; expected a small YAML mapping")
     try:
-        raw = yaml.safe_load(args.gpu_mapping.read_text())
+        with args.gpu_mapping.open("rb") as fh:
+            raw = parse_config_yaml(fh.read(MAX_CONFIG_BYTES + 1), f"--gpu-mapping {args.gpu_mapping}")
         parse_gpu_mapping(raw)
-    except (yaml.YAMLError, ValueError) as exc:
-        raise ValueError(
-            f"--gpu-mapping {args.gpu_mapping}: {exc} (expected e.g. 'GPU-8f2c...: replica-0' per line)"
-        ) from None
+    except ValueError as exc:  # ConfigError included
+        raise ValueError(f"{exc} (expected e.g. 'GPU-8f2c...: replica-0' per line)") from None
     return raw
 
 
