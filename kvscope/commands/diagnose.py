@@ -115,13 +115,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.recording:
             check_recording(args.recording)
-    except (ValueError, OSError) as exc:
-        return fail("diagnose", exc, EXIT_SOURCE)
-    try:
         if args.log:
             args.log_read = read_log_arg(args)
     except (ValueError, OSError, EOFError, zlib.error) as exc:
-        return fail("diagnose", f"cannot read log {args.log}: {exc}", EXIT_SOURCE)
+        return fail("diagnose", f"cannot read log {args.log}: {exc}" if args.log else exc, EXIT_SOURCE)
     return _diagnose(args, rules, params, since)
 
 
@@ -132,9 +129,9 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
 
     source = _source(args)
     try:
-        step = parse_duration(args.step) if args.step else _default_step(source)
-        end = args.end
-        start = args.start
+        natural = getattr(source, "natural_step", None)
+        step = parse_duration(args.step) if args.step else natural() if natural else 15.0
+        start, end = args.start, args.end
         if start is None and not (args.recording or args.log):
             if end is None:
                 # with --prometheus, now on the step's lattice (as Grafana asks): TSDBs that align
@@ -149,8 +146,7 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         ):
             step = (end - start) / MAX_POINTS_PER_SERIES  # Prometheus refuses > 11,000 points per series
         if args.prometheus and not args.full_fetch:
-            result = _fleet(args, source, rules, params, start, end, step)
-            return _finish(args, source, result)
+            return _finish(args, source, _fleet(args, source, rules, params, start, end, step))
         names = set().union(*(sample_names(r) for r in rules))
         frame = source.read_frame(names, start, end, step)
         _print_notes(args, source)
@@ -244,8 +240,3 @@ def _source(args: argparse.Namespace) -> Any:
     from kvscope.diagnoser.sources.agent import AgentSource
 
     return AgentSource(args.agent)
-
-
-def _default_step(source: Any) -> float:
-    natural = getattr(source, "natural_step", None)
-    return natural() if natural else 15.0

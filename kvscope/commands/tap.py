@@ -70,20 +70,16 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def config_from_args(args: argparse.Namespace) -> TapConfig:
-    return TapConfig(
-        upstreams=tuple(args.upstream),
-        listen=args.listen,
-        tenant_header=args.tenant_header or None,
-        inject_usage=not args.no_inject_usage,
-        **{field: getattr(args, field) for _, field, _, _ in _CONFIG_FLAGS},
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = config_from_args(args)
+        cfg = TapConfig(
+            upstreams=tuple(args.upstream),
+            listen=args.listen,
+            tenant_header=args.tenant_header or None,
+            inject_usage=not args.no_inject_usage,
+            **{field: getattr(args, field) for _, field, _, _ in _CONFIG_FLAGS},
+        )
         cfg.host_port()
         for url in cfg.upstreams:
             parse_upstream(url)
