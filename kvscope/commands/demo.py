@@ -12,7 +12,7 @@ from kvscope.commands._common import add_command, fail
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDINGS = REPO / "tests" / "recordings"
-BUNDLED = Path(__file__).resolve().parents[2] / "ui" / "recordings" / "vllm-0.32.0-cpu-kv-pressure.om.gz"
+BUNDLED = REPO / "ui" / "recordings" / "vllm-0.32.0-cpu-kv-pressure.om.gz"
 """Real vLLM KV-pressure incident shipped with the UI (ui/recordings/README.md), the fallback."""
 PREFERRED = ("kv-pressure", "preempt", "cascade", "evict")
 """Library recording names are matched against these, in order, to pick the default incident."""
@@ -114,23 +114,19 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         return fail("demo", exc, 4)
     print(f"kvscope demo: replaying {path}", flush=True)
+    spec = SourceSpec("recording", str(Path(path).resolve()))
     try:
-        data = load_triage(SourceSpec("recording", str(Path(path).resolve())))
+        data = load_triage(spec)
     except SourceError as exc:
         return fail("demo", exc, 4)
     print(render_diagnosis(data.diagnosis), flush=True)
     if args.check:
         return 0 if data.diagnosis.likely_cause is not None else 1
-    return serve(SourceSpec("recording", str(Path(path).resolve())), args.port)
-
-
-def serve(source, port: int) -> int:
-    """Run the UI in the foreground until Ctrl-C, on `port` or (taken) any free one."""
     from kvscope.commands.ui import serve_ui
     from kvscope.ui.server import free_port
 
     try:
-        check_port_free("--port", "127.0.0.1", port)
+        check_port_free("--port", "127.0.0.1", args.port)
     except ValueError:
-        port = free_port()
-    return serve_ui("demo", source, port)
+        args.port = free_port()  # taken: any free one
+    return serve_ui("demo", spec, args.port)
