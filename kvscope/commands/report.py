@@ -137,17 +137,6 @@ def _load(args: argparse.Namespace):
     return read_store_series(str(args.store), end - 2 * WEEK_S, end), end, f"store {args.store}", []
 
 
-def _check_not_empty(ss, source: str, end: float) -> None:
-    """A source with none of the report's signals in the two weeks gets a message, not a crash."""
-    from kvscope.report.weekly import WEEK_S
-
-    if ss.first_ts() is None:
-        raise ValueError(
-            f"{source} has no kvscope samples between {_iso(end - 2 * WEEK_S)} and {_iso(end)} "
-            "(does it hold the agent's series? is --end right?)"
-        )
-
-
 def coverage_note(ss, end: float) -> str:
     """'' when the data fills (nearly) the whole week ending at `end`; else a sentence naming both
     the data actually held and the span it is spread over, with its gaps, so a 10-minute
@@ -179,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvscope.diagnoser.sources import SourceError
     from kvscope.report.render import render_html, render_markdown
-    from kvscope.report.weekly import build_report
+    from kvscope.report.weekly import WEEK_S, build_report
 
     try:
         check_args(args)
@@ -191,7 +180,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         steps.set_postfix_str("reading")
         ss, end, source, diagnoses = _load(args)
-        _check_not_empty(ss, source, end)
+        if ss.first_ts() is None:  # none of the report's signals in the two weeks: a message, not a crash
+            raise ValueError(
+                f"{source} has no kvscope samples between {_iso(end - 2 * WEEK_S)} and {_iso(end)} "
+                "(does it hold the agent's series? is --end right?)"
+            )
         source += coverage_note(ss, end)
         steps.update()
         steps.set_postfix_str("computing")
