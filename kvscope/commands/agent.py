@@ -93,13 +93,8 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runtime.stop)
-    log.info(
-        "listening on http://%s:%d/metrics; %d target(s), collectors: %s",
-        host,
-        bound,
-        len(config.targets),
-        ", ".join(c.name for c in runtime.collectors),
-    )
+    names = ", ".join(c.name for c in runtime.collectors)
+    log.info("listening on http://%s:%d/metrics; %d target(s), collectors: %s", host, bound, len(config.targets), names)
     if ready is not None:
         ready.set()
     try:
