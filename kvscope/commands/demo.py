@@ -4,7 +4,6 @@ diagnoser and the triage UI. No GPU, no Prometheus needed."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 from kvscope.commands._checks import check_port_free, check_recording
@@ -55,55 +54,8 @@ def default_recording(folder: Path = RECORDINGS, bundled: Path = BUNDLED) -> Pat
     return bundled if bundled.is_file() else None
 
 
-def render_diagnosis(diagnosis) -> str:
-    """The diagnosis as terminal text: likely cause first, with levers and citations. Values carry
-    the units `kvscope diagnose` prints (ratios as %, seconds as ms/s, rates as /s)."""
-    from kvscope.diagnoser.render import fmt_duration, fmt_value
-    from kvscope.ui.data import render_when
-
-    f = diagnosis.likely_cause
-    lines = [
-        f"source {diagnosis.source}: {diagnosis.rules_evaluated} rules, {len(diagnosis.findings)} fired, "
-        f"{len(diagnosis.skipped)} not evaluable (missing signals; kvscope diagnose -v lists them)"
-    ]
-    if f is None:
-        return "\n".join(lines + ["no rule fired"])
-    state = "still active" if f.active else f"until {render_when(f.until)}"
-    lines += [
-        f"LIKELY CAUSE [{f.severity}] {f.title} (rule {f.rule_id}, LEVERS {f.levers_md})",
-        f"  where: {_where(f.where)}",
-        f"  since: {render_when(f.since)} ({state}, {fmt_duration(f.until - f.since)})",
-        f"  what:  {f.summary}",
-    ]
-    if f.cascade:
-        lead = (
-            ""
-            if f.cascade.lead_time_s is None
-            else f"; the root led the latency symptom by {fmt_duration(f.cascade.lead_time_s)}"
-        )
-        lines.append(f"  cascade stage {f.cascade.stage}/{f.cascade.stages_total}: {f.cascade.stage_name}{lead}")
-    for e in f.evidence:
-        bound = (
-            ""
-            if e.threshold is None or e.op is None
-            else f" (threshold {e.op} {fmt_value(replace(e, value=e.threshold))})"
-        )
-        lines.append(f"  evidence: {e.name} = {fmt_value(e)}{bound}  [{e.series}]")
-    for lever in sorted(f.levers, key=lambda x: x.rank):
-        lines.append(f"  lever {lever.rank}: {lever.id} ({lever.direction}) {lever.title}")
-        lines += [f"      {c.system}: {c.change}" for c in lever.changes]
-    if f.citations:
-        lines.append("  sources: " + "; ".join(f.citations))
-    lines += [f"  also fired (same mechanism and levers): {g.title} ({g.rule_id})" for g in diagnosis.supporting]
-    lines += [f"competing: {c.title} ({c.rule_id}) on {_where(c.where)}" for c in diagnosis.hypotheses]
-    return "\n".join(lines)
-
-
-def _where(labels: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "whole fleet"
-
-
 def run(args: argparse.Namespace) -> int:
+    from kvscope.diagnoser.render import render_diagnosis
     from kvscope.ui.data import SourceError, SourceSpec, load_triage
 
     path = args.recording or default_recording()
@@ -119,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         data = load_triage(spec)
     except SourceError as exc:
         return fail("demo", exc, 4)
-    print(render_diagnosis(data.diagnosis), flush=True)
+    render_diagnosis(data.diagnosis)
     if args.check:
         return 0 if data.diagnosis.likely_cause is not None else 1
     from kvscope.commands.ui import serve_ui
