@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 from kvscope.commands._checks import check_http_url, check_output_file, check_recording, parse_time, source_hint
@@ -141,6 +140,7 @@ def coverage_note(ss, end: float) -> str:
     """'' when the data fills (nearly) the whole week ending at `end`; else a sentence naming both
     the data actually held and the span it is spread over, with its gaps, so a 10-minute
     recording's GPU cost is not read as a week's, nor two recordings 9 h apart as 9 h of data."""
+    from kvscope.agent.recording.timespan import iso_utc
     from kvscope.diagnoser.render import fmt_duration
     from kvscope.report.weekly import WEEK_S, data_coverage
 
@@ -148,7 +148,7 @@ def coverage_note(ss, end: float) -> str:
     if not cov.spans or cov.held_s >= 0.9 * WEEK_S:
         return ""
     first, last = cov.spans[0][0], cov.spans[-1][1]
-    where = f"{_iso(first)} to {_iso(last)}"
+    where = f"{iso_utc(first)} to {iso_utc(last)}"
     spread = ""
     if cov.inner_gaps:
         where += f", {cov.inner_gaps} gap{'s' if cov.inner_gaps > 1 else ''} without data"
@@ -159,13 +159,10 @@ def coverage_note(ss, end: float) -> str:
     )
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from kvscope.agent.recording.timespan import iso_utc
     from kvscope.diagnoser.sources import SourceError
     from kvscope.report.render import render_html, render_markdown
     from kvscope.report.weekly import WEEK_S, build_report
@@ -182,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         ss, end, source, diagnoses = _load(args)
         if ss.first_ts() is None:  # none of the report's signals in the two weeks: a message, not a crash
             raise ValueError(
-                f"{source} has no kvscope samples between {_iso(end - 2 * WEEK_S)} and {_iso(end)} "
+                f"{source} has no kvscope samples between {iso_utc(end - 2 * WEEK_S)} and {iso_utc(end)} "
                 "(does it hold the agent's series? is --end right?)"
             )
         source += coverage_note(ss, end)
