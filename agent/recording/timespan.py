@@ -40,14 +40,14 @@ def drop_time_outliers(expo: Exposition, text: str, path: str | os.PathLike[str]
     expo.samples = [s for s, b in zip(expo.samples, bad.tolist(), strict=True) if not b]
     lines = _lines_of(text, {t for t in first if t is not None})
     where = f"{path}:{lines[0]}" if lines else str(path)
-    shown = ", ".join(_iso(t) if t is not None else "no timestamp" for t in first)
+    shown = ", ".join(iso_utc(t) if t is not None else "no timestamp" for t in first)
     expo.issues.append(
         ParseIssue(
             lines[0] if lines else 0,
             "timestamp_outlier",
             (
                 f"{where}: dropped {n} sample(s) timestamped more than {MAX_SPREAD_S / 86400:g} days from the "
-                f"recording's median time {_iso(median)} ({shown}{', ...' if n > 3 else ''}"
+                f"recording's median time {iso_utc(median)} ({shown}{', ...' if n > 3 else ''}"
                 f"{'; lines ' + ', '.join(map(str, lines)) if len(lines) > 1 else ''}); "
                 "the rest of the recording is read"
             ),
@@ -73,7 +73,8 @@ def _lines_of(text: str, wanted: set[float], limit: int = 3) -> list[int]:
     return out
 
 
-def _iso(t: float) -> str:
+def iso_utc(t: float) -> str:
+    """A Unix time as 2023-11-14T22:13:20Z (UTC, whole seconds); as a number where no date fits."""
     try:
         return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     except (ValueError, OverflowError, OSError):

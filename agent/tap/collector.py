@@ -1,25 +1,14 @@
-"""The request tap inside the agent: config section `tap`, series through the agent's store.
-
-    tap:
-      upstreams: [http://127.0.0.1:8000]      # one or more engine base URLs (round-robin)
-      listen: 127.0.0.1:8001
-      tenant_header: X-Tenant
-      max_tenants: 50
-      max_connections: 1024                 # client connections; more are answered 503
-      header_timeout_s: 10                  # request head whole within this
-      request_timeout_s: 60                 # whole request within this
-      idle_timeout_s: 75                    # keep-alive connection without a request
-      otlp_endpoint: http://127.0.0.1:4318/v1/traces   # optional: the tap's spans
-
-Each collection returns the tenant counters and histograms (cumulative); the fairness gauges
-over the last `fairness_window_s` (default 300 s) are the runtime's derive hook
-(agent/derive/fairness.py `fairness_hook`), which reads these counters.
+"""The request tap inside the agent: config section `tap` (keys: `_KEYS`; docs/requests.md),
+series through the agent's store. The fairness gauges are the runtime's derive hook
+(agent/derive/fairness.py), which reads the tap's counters.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
@@ -34,19 +23,15 @@ _CLOSED = {  # tap.stats key -> reason of kvscope_connections_closed_total (the 
     "client_timeout_body": "request_timeout",
     "client_timeout_idle": "idle_timeout",
 }
-_KEYS = {
-    "upstreams",
-    "listen",
-    "tenant_header",
-    "max_tenants",
-    "inject_usage",
-    "block_chars",
-    "prefix_window_s",
-    "otlp_endpoint",
-    "fairness_window_s",
-    "max_connections",
-    *_LIMITS,
+_READ: dict[str, Callable[[Any], Any]] = {  # key -> how its value is read; absent: TapConfig's default
+    "listen": str,
+    "max_tenants": int,
+    "inject_usage": bool,
+    "block_chars": int,
+    "max_connections": int,
+    **dict.fromkeys(("prefix_window_s", *_LIMITS), parse_seconds),
 }
+_KEYS = {*_READ, "upstreams", "tenant_header", "otlp_endpoint", "fairness_window_s"}
 
 
 def parse_tap_config(raw: Any) -> dict[str, Any]:
@@ -63,14 +48,8 @@ def parse_tap_config(raw: Any) -> dict[str, Any]:
     try:
         cfg = TapConfig(
             upstreams=tuple(ups),
-            listen=str(raw.get("listen", "127.0.0.1:8001")),
             tenant_header=raw.get("tenant_header", "X-Tenant") or None,
-            max_tenants=int(raw.get("max_tenants", 50)),
-            inject_usage=bool(raw.get("inject_usage", True)),
-            block_chars=int(raw.get("block_chars", 64)),
-            prefix_window_s=parse_seconds(raw.get("prefix_window_s", 900)),
-            max_connections=int(raw.get("max_connections", TapConfig.max_connections)),
-            **{k: parse_seconds(raw[k]) for k in _LIMITS if k in raw},  # type: ignore[arg-type]
+            **{k: read(raw[k]) for k, read in _READ.items() if k in raw},
         )
     except ValueError as e:
         raise ConfigError(f"tap: {e}") from e
@@ -127,7 +106,5 @@ class TapCollector:
             await self.tap.stop()
         if self._sender is not None:
             self._sender.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._sender
-            except asyncio.CancelledError:
-                pass

@@ -1,9 +1,5 @@
-"""The event loop a standalone `kvscope tap` runs on: uvloop when it is installed, else asyncio's.
-
-uvloop (libuv) cuts the per-read and per-write cost of the event loop, which is most of what a
-streaming proxy does (bench/tap_latency.py). The tap itself uses only asyncio's public API, so
-it runs the same on either loop; inside the agent it shares the agent's loop.
-"""
+"""The event loop a standalone `kvscope tap` runs on: uvloop when installed (cheaper reads and
+writes: bench/tap_latency.py), else asyncio's; inside the agent the tap shares the agent's loop."""
 
 from __future__ import annotations
 
@@ -12,19 +8,20 @@ from collections.abc import Coroutine
 from typing import Any
 
 
-def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
-    """Run `main` to completion on uvloop if available, else on the default asyncio loop."""
+def _uvloop() -> Any:
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
+        return None
+    return uvloop
+
+
+def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
+    """Run `main` to completion on uvloop if available, else on the default asyncio loop."""
+    uvloop = _uvloop()
+    return uvloop.run(main) if uvloop else asyncio.run(main)
 
 
 def loop_name() -> str:
     """Which loop `run_event_loop` would use (for the startup line)."""
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return "asyncio"
-    return "uvloop"
+    return "uvloop" if _uvloop() else "asyncio"

@@ -1,18 +1,11 @@
 """One request's way through the tap: client -> upstream -> client, measured on the way.
 
-A `Forward` writes the request to a pooled upstream connection and passes every response
-byte to the client from the upstream's read callback, with no task or queue in between. For
-an accounted SSE stream the bytes go through `SseScanner`, which keeps the first token time,
-token gaps and usage, and drops the usage-only event the tap caused. An accounted non-streamed
-answer is copied (bounded) so its usage can be read at the end. Naming the tenant and the
-prefix bookkeeping run right after the request went upstream, so they never delay the engine.
-When it is over, the exchange goes to `RequestTap.account` (off the critical path: the client
-already has its bytes).
-
-Failures: no response head from the upstream -> 502 (a reused keep-alive connection that the
-engine had closed is retried once on a new one, as nginx does); the upstream breaks
-mid-response -> the client connection is cut; the client goes away -> the upstream request is
-closed.
+A `Forward` writes the request to a pooled upstream connection and passes every response byte to
+the client from the upstream's read callback. An accounted SSE stream goes through `SseScanner`;
+an accounted non-streamed answer is copied (bounded) for its usage. Tenant and prefix bookkeeping
+run once the request is upstream, accounting once the client has its bytes. No response head:
+502 (a reused keep-alive connection is retried once, fresh); upstream breaks mid-response: the
+client connection is cut; client gone: the upstream request is closed.
 """
 
 from __future__ import annotations
@@ -22,39 +15,20 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
-from kvscope.agent.tap.http1 import Downstream, Request, Upstream, filter_headers
-from kvscope.agent.tap.sse import SseScanner
+from kvscope.agent.tap.http1 import Downstream, Request, Upstream, error_body, filter_headers
+from kvscope.agent.tap.sse import SseScanner, parse_json_object, usage_of
 
 if TYPE_CHECKING:
     from kvscope.agent.tap.proxy import RequestTap, _Exchange
 
 log = logging.getLogger("kvscope.tap")
-_DECODER = msgspec.json.Decoder()
 MAX_COPY_BYTES = 16 << 20  # an accounted non-streamed answer is read for usage up to this size
 
 
 class Forward:
     """Carries one request upstream and its response back (the upstream's `ResponseHandler`)."""
 
-    __slots__ = (
-        "tap",
-        "conn",
-        "req",
-        "ex",
-        "doc",
-        "injected",
-        "target",
-        "wire",
-        "up",
-        "scanner",
-        "copy",
-        "copied",
-        "retried",
-        "over",
-        "task",
-    )
+    __slots__ = tuple("tap conn req ex doc injected target wire up scanner copy copied retried over task".split())
 
     def __init__(
         self,
@@ -161,11 +135,11 @@ class Forward:
         if ex is not None:
             if self.scanner is not None:
                 s = self.scanner
-                ex.first_token, ex.last_chunk, ex.gaps, ex.usage = s.first_token, s.last_token, s.gaps, s.usage
+                ex.first_token, ex.gaps, ex.usage = s.first_token, s.gaps, s.usage
             else:
-                ex.first_token = ex.last_chunk = time.perf_counter()
+                ex.first_token = time.perf_counter()
                 if self.copy is not None:
-                    ex.usage = _usage_of(self.copy)
+                    ex.usage = usage_of(parse_json_object(b"".join(self.copy)))
             if ex.status >= 500:
                 ex.outcome = f"upstream_{ex.status}"
         self._over()
@@ -190,11 +164,7 @@ class Forward:
             self.tap.stats[f"upstream_{name}"] += 1
             self._outcome("upstream_unreachable")
             host, port, _ = self.target.key
-            body = b'{"error":{"message":"kvscope tap: upstream %s:%d unreachable","type":"bad_gateway"}}' % (
-                host.encode(),
-                port,
-            )
-            self.conn.send_whole(502, body)
+            self.conn.send_whole(502, error_body(f"upstream {host}:{port} unreachable", "bad_gateway"))
         else:
             # upstream died mid-stream: cut the client connection too rather than end the stream cleanly
             self._outcome("upstream_broken")
@@ -231,18 +201,3 @@ class Forward:
                 self.tap.identify(self.ex, self.req, self.doc)
                 self.doc = None
             self.tap.account(self.ex)
-
-
-def parse_json_object(body: bytes) -> dict[str, Any] | None:
-    """The JSON object in body, None if it is not one (pure)."""
-    try:
-        doc = _DECODER.decode(body)
-    except (msgspec.DecodeError, UnicodeDecodeError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _usage_of(parts: list[bytes]) -> dict[str, Any] | None:
-    doc = parse_json_object(b"".join(parts))
-    usage = doc.get("usage") if doc is not None else None
-    return usage if isinstance(usage, dict) else None

@@ -1,20 +1,12 @@
-"""HTTP/1.1 for the tap on plain asyncio protocols: a lean server side and keep-alive upstreams.
+"""HTTP/1.1 for the tap on plain asyncio protocols (llhttp via `httptools`): a lean server side
+and keep-alive upstreams; a framework's per-request objects and tasks cost several times more
+CPU per streamed chunk (bench/tap_latency.py).
 
-Why not a web framework: per streamed chunk the tap only has to pass bytes on, and a
-framework's request objects, per-request tasks and stream readers cost several times more CPU
-than that (bench/tap_latency.py). Here the llhttp parser (`httptools`) cuts the wire into
-messages and the tap writes straight to the peer transport from the read callback.
-
-`Downstream` is one client connection: it parses requests (body size capped), hands each
-complete one to `on_request(conn, request)` and writes the answer (`send_head`, `send_body`,
-`finish`, `send_whole`). Its `phase` and `since` tell the owner's sweeper which timeout
-applies: "head" (a request head is due: since the connection opened or since the first byte of a
-later request), "body" (since the head began) or "idle" (since the last response ended); while
-a response is being written (`busy`) none does. Requests are answered in order; a pipelined one waits its turn (and
-the connection is not read further meanwhile).
-`UpstreamPool` opens and reuses keep-alive connections to the engines; an `Upstream` feeds the
-response to a handler object (`on_head`, `on_body`, `on_end`, `on_fail`). Back-pressure: a
-client that reads slowly pauses the upstream it is fed from.
+`Downstream` is one client connection: it parses requests (head and body size capped), hands
+each to `on_request(conn, request)`, answers them in order (`send_head`, `send_body`, `finish`,
+`send_whole`) and tells the sweeper which timeout applies (`phase`: "head", "body" or "idle",
+since `since`; none while `busy`). `UpstreamPool` keeps connections to the engines; an
+`Upstream` feeds a response to a `ResponseHandler`. A slow client pauses its upstream.
 """
 
 from __future__ import annotations
@@ -24,6 +16,7 @@ import http
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httptools
@@ -31,20 +24,8 @@ import httptools
 MAX_HEADER_BYTES = 64 << 10
 LINGER_S = 1.0  # after an error answer, what the client still sends is read and dropped this long at most
 HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailers",
-        b"transfer-encoding",
-        b"upgrade",
-        b"host",
-        b"content-length",
-        b"expect",
-        b"proxy-connection",
-    }
+    b"connection keep-alive proxy-authenticate proxy-authorization te trailers transfer-encoding upgrade "
+    b"host content-length expect proxy-connection".split()
 )
 
 
@@ -55,28 +36,22 @@ class Headers(dict):
         return dict.get(self, key.lower(), default)
 
 
+@dataclass(slots=True)
 class Request:
-    """One complete client request."""
+    """One complete client request; `target` is its path and query as sent."""
 
-    __slots__ = ("method", "target", "path", "headers", "raw_headers", "body", "keep_alive", "http11")
+    method: str
+    target: bytes
+    raw_headers: list[tuple[bytes, bytes]]
+    body: bytes
+    keep_alive: bool
+    http11: bool
+    path: str = field(init=False)
+    headers: Headers = field(init=False)
 
-    def __init__(
-        self,
-        method: str,
-        target: bytes,
-        raw_headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        keep_alive: bool,
-        http11: bool,
-    ) -> None:
-        self.method = method
-        self.target = target  # as sent: path and query, raw
-        self.path = target.split(b"?", 1)[0].decode("latin-1")
-        self.raw_headers = raw_headers
-        self.headers = Headers({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers})
-        self.body = body
-        self.keep_alive = keep_alive
-        self.http11 = http11
+    def __post_init__(self) -> None:
+        self.path = self.target.split(b"?", 1)[0].decode("latin-1")
+        self.headers = Headers({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.raw_headers})
 
 
 class ResponseHandler(Protocol):
@@ -216,15 +191,11 @@ class Downstream(asyncio.Protocol):
 
     # ---------------------------------------------------------------- answering
     def _dispatch(self, req: Request) -> None:
-        self.begin(req.keep_alive, req.http11, req.method == "HEAD")
-        self.on_request(self, req)
-
-    def begin(self, keep_alive: bool, http11: bool, head_request: bool) -> None:
-        """A request is being answered."""
         self.busy = True
-        self._close_after = not keep_alive
-        self._http11 = http11
-        self._head_request = head_request
+        self._close_after = not req.keep_alive
+        self._http11 = req.http11
+        self._head_request = req.method == "HEAD"
+        self.on_request(self, req)
 
     def send_head(
         self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]], length: int | None, has_body: bool = True
@@ -235,16 +206,12 @@ class Downstream(asyncio.Protocol):
         connection is closed at the end."""
         out = [b"HTTP/1.1 %d %s\r\n" % (status, reason or _reason(status))]
         out.extend(b"%s: %s\r\n" % kv for kv in headers)
-        self._chunked = False
-        if not has_body or self._head_request:
-            if length is not None:
-                out.append(b"Content-Length: %d\r\n" % length)
-        elif length is not None:
+        self._chunked = length is None and has_body and not self._head_request and self._http11
+        if length is not None:
             out.append(b"Content-Length: %d\r\n" % length)
-        elif self._http11:
+        elif self._chunked:
             out.append(b"Transfer-Encoding: chunked\r\n")
-            self._chunked = True
-        else:
+        elif has_body and not self._head_request:
             self._close_after = True
         if self._close_after:
             out.append(b"Connection: close\r\n")
@@ -423,9 +390,6 @@ class Upstream(asyncio.Protocol):
         self.handler = None
         h.on_fail(exc, self.responded)
 
-    def eof_received(self) -> bool | None:
-        return None
-
     def fail_timeout(self) -> None:
         self._fail(TimeoutError("upstream read timeout"))
 
@@ -530,20 +494,9 @@ class UpstreamPool:
 
 
 def filter_headers(raw: list[tuple[bytes, bytes]], drop: frozenset[bytes] = HOP_BY_HOP) -> list[tuple[bytes, bytes]]:
-    """Headers minus `drop` (lower-case names) and those the Connection header names (pure)."""
-    out = []
-    named = None
-    for k, v in raw:
-        lk = k.lower()
-        if lk in drop:
-            if lk == b"connection":
-                named = v
-            continue
-        out.append((k, v))
-    if named:
-        listed = {t.strip().lower() for t in named.split(b",")}
-        out = [(k, v) for k, v in out if k.lower() not in listed]
-    return out
+    """Headers minus `drop` (lower-case names) and those a Connection header names (pure)."""
+    named = {t.strip().lower() for k, v in raw if k.lower() == b"connection" for t in v.split(b",")}
+    return [(k, v) for k, v in raw if (lk := k.lower()) not in drop and lk not in named]
 
 
 def render_request(method: str, target: bytes, host: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:

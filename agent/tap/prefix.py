@@ -1,20 +1,10 @@
-"""Prefix reuse potential from chained block hashes of the rendered prompt. No text is kept.
+"""Prefix reuse potential from chained block hashes of the rendered prompt (docs/requests.md).
 
-A prefix cache (vLLM, SGLang) can only reuse the *leading* blocks of a prompt that an earlier
-request already computed. The tap mirrors that: it cuts the rendered prompt into fixed blocks
-(`block_chars` characters, "token-ish": about a quarter as many tokens; a prompt given as token
-ids is cut every `block_tokens` ids), chains their hashes (h_i = H(h_{i-1}, block_i), so a hash
-stands for the whole prefix up to it; H is Python's keyed 64-bit `hash`, SipHash over the bytes
-with a per-process random key: ~10x cheaper than blake2b per block, and its values mean nothing
-outside this process) and counts how many leading hashes were seen within
-`window_s`. That fraction of the prompt is *reusable*; what the engine reports as cached is what
-it actually reused; the difference is lost reuse.
-
-Each remembered hash also records which replicas (upstream / DP rank) served it: a re-seen
-prefix block served by more than one replica lives in split cache domains (seeds 000, 003).
-
-Memory: at most `max_blocks` hashes (LRU), each a 64-bit int with a timestamp, a hit count and
-at most `max_replicas` replica names.
+The prompt is cut into `block_chars`-character blocks (token ids: `block_tokens` per block) with
+chained hashes (h_i = H(h_{i-1}, block_i), H Python's per-process keyed `hash`), so a hash stands
+for its whole prefix; the leading hashes seen within `window_s` are the reusable share. Each
+block records the replicas that served it: a re-seen block served by several lives in split
+cache domains (seeds 000, 003). No text is kept; at most `max_blocks` hashes (LRU).
 """
 
 from __future__ import annotations

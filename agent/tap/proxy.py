@@ -1,25 +1,12 @@
-"""The request tap: an OpenAI-compatible streaming reverse proxy that measures each request.
+"""The request tap: an OpenAI-compatible streaming reverse proxy that measures each request
+(docs/requests.md).
 
-Per request to `/v1/chat/completions` or `/v1/completions` it records the tenant, client-side
-TTFT and inter-chunk gaps, prompt / completion / cached tokens from the engine's usage object,
-and the prefix reuse potential of the prompt (agent/tap/prefix.py). It starts (or continues) the
-W3C trace: the upstream gets a `traceparent` naming the tap's span, so the engine's
-`llm_request` span joins the tap's trace, and the tap's own span (with `kvscope.tenant`) goes to
-`span_sink` (the OTLP receiver, in-process or over HTTP).
-
-Streaming without usage: the tap may ask upstream for `stream_options.include_usage` and then
-drops the usage-only chunk it caused, so the client receives exactly the bytes it would have
-received without the tap. Every other byte (status, body, events) passes unchanged; hop-by-hop
-headers are not forwarded.
-
-Never stored: prompt or completion text, API keys. Bounded: request body size, tenant labels,
-prefix index, per-series histograms. A client that disconnects closes the upstream request; an
-upstream 5xx passes through and is counted; an unreachable upstream gives the client a 502.
-
-The wire work is in http1.py (asyncio protocols, llhttp parser, keep-alive upstream pool) and
-forward.py (one request's bytes, both ways); this module owns the server's lifecycle, its
-connection limits and the accounting. Latency against a direct connection and nginx:
-bench/tap_latency.py.
+Per request to an accounted path it records the tenant, client-side TTFT and token gaps, the
+engine's usage (prompt / completion / cached tokens) and the prompt's prefix reuse potential, and
+continues the W3C trace (`traceparent` upstream, the tap's span to `span_sink`). The client gets
+exactly the bytes it would have got without the tap (a usage chunk the tap asked for is dropped);
+no prompt text or API key is kept. Wire work: http1.py and forward.py; this module owns the
+server's lifecycle, connection limits and accounting.
 """
 
 from __future__ import annotations
@@ -45,7 +32,7 @@ import msgspec
 from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
 from kvscope.agent.serve.export import canonical_families
 from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels
-from kvscope.agent.tap.forward import Forward, parse_json_object
+from kvscope.agent.tap.forward import Forward
 from kvscope.agent.tap.http1 import (
     HOP_BY_HOP,
     Downstream,
@@ -58,7 +45,7 @@ from kvscope.agent.tap.http1 import (
 )
 from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
 from kvscope.agent.tap.sessions import SessionTracker, Turn, parse_session_id
-from kvscope.agent.tap.sse import parse_usage
+from kvscope.agent.tap.sse import parse_json_object, parse_usage
 from kvscope.agent.tenants import TenantLimiter, parse_tenant
 from kvscope.agent.traces.otlp import Span
 
@@ -116,7 +103,6 @@ class _Exchange:
     replica: str = ""
     reusable_ratio: float | None = None
     first_token: float | None = None
-    last_chunk: float | None = None
     status: int = 0
     usage: dict[str, Any] | None = None
     outcome: str = "ok"
@@ -293,26 +279,15 @@ class RequestTap:
     def _begin(self, req: Request, doc: dict[str, Any]) -> _Exchange:
         """What the request needs before it goes upstream: its trace context and replica. Who sent
         it (`identify`) is worked out after it went, so that work never delays the engine."""
-        ctx = parse_traceparent(req.headers.get("traceparent"))
-        trace_id, parent = ctx if ctx else (_hex(16), "")
-        ex = _Exchange(
-            tenant="",
-            path=req.path,
-            model=None,
-            start=time.perf_counter(),
-            trace_id=trace_id,
-            span_id=_hex(8),
-            parent_id=parent,
-        )
-        ex.replica = next(self._rr)
-        ex.start_ns = time.time_ns()
-        return ex
+        trace_id, parent = parse_traceparent(req.headers.get("traceparent")) or (_hex(16), "")
+        start, replica, start_ns = time.perf_counter(), next(self._rr), time.time_ns()
+        return _Exchange("", req.path, None, start, trace_id, _hex(8), parent, replica, start_ns=start_ns)
 
     def identify(self, ex: _Exchange, req: Request, doc: dict[str, Any]) -> None:
         """The request's tenant label, model and session id (called once the request is upstream,
         or when it ends without having got there)."""
         ex.tenant = self.tenants.label(parse_tenant(req.headers, doc, self.config.tenant_header))
-        ex.model = _str(doc.get("model"))
+        ex.model = model if isinstance(model := doc.get("model"), str) else None
         ex.session_id = parse_session_id(req.headers, doc)
 
     def observe_prefix(self, ex: _Exchange, doc: dict[str, Any]) -> None:
@@ -355,24 +330,20 @@ class RequestTap:
         self, ex: _Exchange, prompt_tokens: int | None, completion_tokens: int | None, cached: int | None
     ) -> None:
         end_ns = ex.start_ns + int((time.perf_counter() - ex.start) * 1e9)
-        attrs: dict[str, Any] = {
+        attrs = {
             "kvscope.tenant": ex.tenant,
             "http.request.method": "POST",
             "url.path": ex.path,
             "http.response.status_code": ex.status,
             "kvscope.replica": ex.replica,
             "kvscope.outcome": ex.outcome,
+            "gen_ai.request.model": ex.model,
+            "gen_ai.usage.prompt_tokens": prompt_tokens,
+            "gen_ai.usage.completion_tokens": completion_tokens,
+            "gen_ai.usage.cached_tokens": cached,
+            "kvscope.reusable_ratio": ex.reusable_ratio,
+            "kvscope.ttft_s": ex.first_token - ex.start if ex.first_token else None,
         }
-        for k, v in (
-            ("gen_ai.request.model", ex.model),
-            ("gen_ai.usage.prompt_tokens", prompt_tokens),
-            ("gen_ai.usage.completion_tokens", completion_tokens),
-            ("gen_ai.usage.cached_tokens", cached),
-            ("kvscope.reusable_ratio", ex.reusable_ratio),
-            ("kvscope.ttft_s", ex.first_token - ex.start if ex.first_token else None),
-        ):
-            if v is not None:
-                attrs[k] = v
         span = Span(
             ex.trace_id,
             ex.span_id,
@@ -381,7 +352,7 @@ class RequestTap:
             2,
             ex.start_ns,
             end_ns,
-            attrs,
+            {k: v for k, v in attrs.items() if v is not None},
             {"service.name": self.config.service_name},
             "kvscope.tap",
         )
@@ -481,10 +452,6 @@ def upstream_headers(req: Request, ex: _Exchange | None) -> list[tuple[bytes, by
 def _asks_usage(doc: dict[str, Any]) -> bool:
     opts = doc.get("stream_options")
     return isinstance(opts, dict) and opts.get("include_usage") is True
-
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
 
 
 def render_with_usage(body: bytes, doc: dict[str, Any]) -> bytes:

@@ -1,32 +1,12 @@
 """Multi-turn sessions seen by the tap: did turn N+1 find turn N's context in the prefix cache?
+(LEVERS.md K5; docs/requests.md.)
 
-LEVERS.md K5 (002 §7.4): when an engine evicts a live conversation, the next turn recomputes the
-whole conversation. The tap sees both turns, so it can tell:
-
-* **Which turns belong together.** A session id from a request header (`X-Session-ID`, the one
-  vLLM itself reads) or the body's `session_id`; without one, the prefix chain: turn N+1's
-  rendered prompt extends turn N's (the earlier messages, then the reply, then the new message),
-  so the chained hash of turn N's last *full* block appears among turn N+1's block hashes. Only
-  hashes are kept (that block's 64-bit chained hash, or an 8-byte digest of the session id),
-  never text.
-* **Whether the context survived.** Turn N's KV covers at least its prompt, so a follow-up turn
-  whose engine-reported `cached_tokens` is below turn N's `prompt_tokens` minus `slack_tokens`
-  (one KV block: engines cache whole blocks only) lost (part of) its context: a *miss*.
-
-Counted per `{tenant, instance}` (instance = the upstream that served the follow-up turn):
-
-* `session_turns_total`        follow-up turns whose cache outcome is known (the engine reported
-                               cached tokens: vLLM `--enable-prompt-tokens-details`, SGLang
-                               `--enable-cache-report`); without cached tokens: absent, not 0;
-* `session_turn_misses_total`  ... of which `cached_tokens < previous prompt_tokens - slack`.
-
-A session idle for more than `window_s` starts over (a conversation resumed after a long pause
-is expected to miss). Memory: at most `max_sessions` sessions (LRU), each a few numbers.
-
-Use from the proxy: `sid = parse_session_id(headers, body, header)` on arrival, `turn =
-tracker.begin(prefix_match, sid)` after `PrefixIndex.observe`, `tracker.finish(turn, tenant,
-upstream, prompt_tokens, cached_tokens)` when its usage is known, and `tracker.render(ts)` with
-the other tap series.
+Turns are linked by a session id (`X-Session-ID` header or the body's `session_id`), else by
+prefix chain (turn N's last full block hash among turn N+1's). A follow-up turn whose
+engine-reported `cached_tokens` is below the previous turn's `prompt_tokens` minus `slack_tokens`
+(one KV block) is a miss; without cached tokens the outcome is absent. Counted per
+{tenant, instance}; a session idle over `window_s` starts over. Only hashes are kept, never
+text; at most `max_sessions` sessions (LRU).
 """
 
 from __future__ import annotations

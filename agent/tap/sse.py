@@ -1,10 +1,5 @@
-"""Server-sent events of an OpenAI-compatible stream, handled as bytes so they pass unchanged.
-
-`SseSplitter` cuts the upstream byte stream into complete events (each with its blank-line
-terminator, exactly as received). `classify_event` says what an event is: a token chunk, the
-usage-only chunk (`"choices":[]` plus `usage`) that `stream_options.include_usage` adds, the
-`[DONE]` marker, or something else. Pure.
-"""
+"""Server-sent events of an OpenAI-compatible stream, handled as bytes so they pass unchanged:
+`SseScanner` times token events, keeps usage and drops the usage-only event the tap caused."""
 
 from __future__ import annotations
 
@@ -15,34 +10,19 @@ import msgspec
 _DECODER = msgspec.json.Decoder()
 
 
-class SseSplitter:
-    """Feed bytes, get complete events back (terminator included); the rest waits for more."""
-
-    def __init__(self, max_event_bytes: int = 4 << 20) -> None:
-        self._buf = b""
-        self.max_event_bytes = max_event_bytes
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        buf = self._buf + chunk if self._buf else chunk
-        out, start = [], 0
-        while True:
-            i = buf.find(b"\n\n", start)
-            j = buf.find(b"\r\n\r\n", start)
-            if i < 0 and j < 0:
-                break
-            end = j + 4 if j >= 0 and (i < 0 or j < i) else i + 2
-            out.append(buf[start:end])
-            start = end
-        self._buf = buf[start:]
-        if len(self._buf) > self.max_event_bytes:  # not SSE after all: stop holding it back
-            out.append(self._buf)
-            self._buf = b""
-        return out
-
-    def rest(self) -> bytes:
-        """Bytes after the last complete event (sent as-is when the stream ends)."""
-        rest, self._buf = self._buf, b""
-        return rest
+def split_events(data: bytes) -> list[bytes]:
+    """The events in `data`, each with its blank-line terminator, exactly as received (bytes after
+    the last terminator, if any, come last)."""
+    out, start = [], 0
+    while True:
+        i = data.find(b"\n\n", start)
+        j = data.find(b"\r\n\r\n", start)
+        if i < 0 and j < 0:
+            break
+        end = j + 4 if j >= 0 and (i < 0 or j < i) else i + 2
+        out.append(data[start:end])
+        start = end
+    return out + [data[start:]] if start < len(data) else out
 
 
 class Event(NamedTuple):
@@ -65,20 +45,30 @@ def classify_event(event: bytes) -> Event:
         if b'"choices":[]' in event:
             return _OTHER
     data = _data(event)
-    if data is None:
-        return _OTHER
     if data == b"[DONE]":
         return _DONE
-    try:
-        doc = _DECODER.decode(data)
-    except msgspec.DecodeError:
+    doc = parse_json_object(data) if data is not None else None
+    if doc is None:
         return _OTHER
-    if not isinstance(doc, dict):
-        return _OTHER
-    usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else None
+    usage = usage_of(doc)
     if doc.get("choices") == [] and usage is not None:
         return Event("usage_only", usage)
     return Event("token" if doc.get("choices") else "other", usage)
+
+
+def parse_json_object(body: bytes) -> dict[str, Any] | None:
+    """The JSON object in body, None if it is not one (pure)."""
+    try:
+        doc = _DECODER.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def usage_of(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The OpenAI `usage` object of a response or chunk, None if it has none."""
+    usage = doc.get("usage") if doc is not None else None
+    return usage if isinstance(usage, dict) else None
 
 
 def _data(event: bytes) -> bytes | None:
@@ -106,16 +96,11 @@ def _int(v: Any) -> int | None:
 class SseScanner:
     """The tap's per-stream view of an SSE body, cheap enough for every upstream read.
 
-    `feed(data, now)` returns the bytes to pass on: every complete event as received (a partial
-    event waits for its end, as in `SseSplitter`), minus the usage-only event when `drop_usage`
-    (the tap asked for it, the client did not). Alongside it keeps the time of the first token
-    event (`first_token`), the gaps between token events (`gaps`; events that arrive in one read
-    are 0 s apart) and the last usage object seen (`usage`).
-
-    Fast path: a read whose events are all compact token chunks (no `"usage"`, no `[DONE]`, one
-    `"choices":[{` per `data:` line, one `data:` line per event) is only counted with
-    `bytes.count`; so are the token events before the stream's tail in the last read. Anything
-    else is split and classified event by event. Pure: the caller passes the clock.
+    `feed(data, now)` returns the bytes to pass on: the complete events as received (a partial one
+    waits for its end), minus the usage-only event when `drop_usage`. It keeps the first token
+    event's time, the gaps between token events (0 s within one read) and the last usage seen.
+    Reads of compact token chunks only are counted with `bytes.count`; anything else is split
+    and classified event by event. Pure: the caller passes the clock.
     """
 
     __slots__ = ("drop_usage", "max_event_bytes", "first_token", "last_token", "gaps", "usage", "_buf")
@@ -131,14 +116,7 @@ class SseScanner:
 
     def feed(self, data: bytes, now: float) -> bytes:
         if not self._buf and data.endswith(b"\n\n") and (n := _token_events(data)):
-            # the common read: whole token events only (inlined `_tokens`: this runs per read)
-            if self.first_token is None:
-                self.first_token = now
-            else:
-                self.gaps.append(now - self.last_token)  # type: ignore[operator]
-            if n > 1:
-                self.gaps.extend([0.0] * (n - 1))
-            self.last_token = now
+            self._tokens(n, now)  # the common read: whole token events only
             return data
         buf = self._buf + data if self._buf else data
         end = _last_event_end(buf)
@@ -178,7 +156,7 @@ class SseScanner:
     def _events(self, whole: bytes, now: float) -> bytes:
         keep: list[bytes] = []
         dropped = False
-        for ev in SseSplitter(max_event_bytes=len(whole) + 1).feed(whole):
+        for ev in split_events(whole):
             e = classify_event(ev)
             if e.usage is not None:
                 self.usage = e.usage

@@ -9,13 +9,13 @@ A series with no sample in the lookback is NaN there: absent, never zero.
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvscope.agent.recording.timespan import iso_utc
 from kvscope.agent.signals import Labels, Sample
 
 DEFAULT_LOOKBACK_S = 300.0
@@ -111,14 +111,10 @@ def make_grid(start: float, end: float, step: float) -> np.ndarray:
     n = int(np.floor((end - start) / step + 1e-9)) + 1
     if n > MAX_GRID_POINTS:
         raise ValueError(
-            f"the window {_iso(start)} to {_iso(end)} at a {step:g} s step is {n:,} grid points "
+            f"the window {iso_utc(start)} to {iso_utc(end)} at a {step:g} s step is {n:,} grid points "
             f"(at most {MAX_GRID_POINTS:,}): pass --start/--end for a shorter window or a larger --step"
         )
     return start + step * np.arange(n, dtype=float)
-
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) if -1e11 < t < 1e11 else f"{t:g}"
 
 
 def sample_on_grid(

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from kvscope.agent.recording.timespan import iso_utc
 from kvscope.agent.signals import Catalog
 from kvscope.diagnoser.promql.rulefiles import CANDIDATE, CANDIDATE_INTERVAL, _seconds
 from kvscope.diagnoser.promql.signals import InlineSignals
@@ -153,11 +154,6 @@ def _spans(mask: np.ndarray, times: np.ndarray) -> list[tuple[float, float]]:
 def describe(hits: dict[str, Hits]) -> list[str]:
     """Lines naming the rules judged by the full fetch because their records do not cover the
     window, with the spans, and how to backfill them."""
-    import time
-
-    def at(t: float) -> str:
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
     bad = {rid: h for rid, h in hits.items() if h.uncovered}
     if not bad:
         return []
@@ -169,13 +165,15 @@ def describe(hits: dict[str, Hits]) -> list[str]:
     for rid, h in sorted(bad.items()):
         by_spans.setdefault(tuple(h.uncovered), []).append(rid)
     for spans, rids in by_spans.items():
-        out.append(f"  {', '.join(rids)}: " + ", ".join(f"{at(a)} - {at(b)}" for a, b in spans[:3]) + _more(spans))
+        out.append(
+            f"  {', '.join(rids)}: " + ", ".join(f"{iso_utc(a)} - {iso_utc(b)}" for a, b in spans[:3]) + _more(spans)
+        )
     lo, hi = min(h.uncovered[0][0] for h in bad.values()), max(h.uncovered[-1][1] for h in bad.values())
     out.append(
         "  backfill them (docs/fleet.md): promtool tsdb create-blocks-from rules "
         f"--start {int(lo)} --end {int(hi)} --url <prometheus> rules/prometheus/kvscope-candidates.yml, "
         "or vmalert -rule=rules/prometheus/kvscope-candidates.yml -replay.timeFrom="
-        f"{at(lo)} -replay.timeTo={at(hi)} -datasource.url=<vm> -remoteWrite.url=<vm>"
+        f"{iso_utc(lo)} -replay.timeTo={iso_utc(hi)} -datasource.url=<vm> -remoteWrite.url=<vm>"
     )
     return out
 

@@ -29,25 +29,7 @@ def check_http_url(flag: str, value: str, example: str = "http://127.0.0.1:9090"
     return value
 
 
-def unreachable_hint(message: str, url: str) -> str:
-    """`message` plus what to check when it reads as a network failure reaching `url`."""
-    lowered = message.lower()
-    if any(
-        word in lowered
-        for word in (
-            "refused",
-            "urlopen error",
-            "timed out",
-            "name or service",
-            "no route",
-            "unreachable",
-            "cannot connect",
-        )
-    ):
-        return f"{message}\n  is it running and reachable from here? try: curl -s {url.rstrip('/')}/-/ready"
-    return message
-
-
+_NETWORK_WORDS = "refused|urlopen error|timed out|name or service|no route|unreachable|cannot connect".split("|")
 API_PATH = {"prometheus": "/api/v1/query_range", "agent": "/api/v1/samples"}
 SERVER = {"prometheus": "Prometheus-compatible API", "agent": "kvscope agent"}
 OTHER = {"prometheus": "--agent for a kvscope agent", "agent": "--prometheus for a Prometheus"}
@@ -56,13 +38,14 @@ OTHER = {"prometheus": "--agent for a kvscope agent", "agent": "--prometheus for
 def source_hint(kind: str, url: str, message: str) -> str:
     """`message` plus what to check: reachability, or (an HTTP 4xx) whether `url` is the base URL of
     the kind of server the flag expects."""
-    hinted = unreachable_hint(message, url)
-    if hinted == message and re.search(r"HTTP( Error)? 40[45]", message) and "base URL" not in message:
-        hinted += (
+    if any(word in message.lower() for word in _NETWORK_WORDS):
+        return f"{message}\n  is it running and reachable from here? try: curl -s {url.rstrip('/')}/-/ready"
+    if re.search(r"HTTP( Error)? 40[45]", message) and "base URL" not in message:
+        message += (
             f"\n  is {url} the base URL of a {SERVER.get(kind, 'server')}? kvscope calls "
             f"{url.rstrip('/')}{API_PATH.get(kind, '')} (no /metrics path; {OTHER.get(kind, '')})"
         )
-    return hinted
+    return message
 
 
 def _head(path: Path) -> bytes:

@@ -26,18 +26,8 @@ keys (YAML path, environment variable, default):
 
 # (flag, dest, config path, help)
 _SCALAR_FLAGS = (
-    (
-        "--scrape.interval",
-        "scrape_interval",
-        "scrape.interval_s",
-        "time between scrapes: seconds or a duration (500ms, 15s, 1m)",
-    ),
-    (
-        "--scrape.timeout",
-        "scrape_timeout",
-        "scrape.timeout_s",
-        "time one target may take, connect and body included (must be < interval)",
-    ),
+    ("--scrape.interval", "scrape_interval", "scrape.interval_s", "time between scrapes: seconds or 500ms, 15s, 1m"),
+    ("--scrape.timeout", "scrape_timeout", "scrape.timeout_s", "time one target may take, body included (< interval)"),
     (
         "--scrape.max-body-bytes",
         "scrape_max_body",
@@ -59,22 +49,11 @@ _SCALAR_FLAGS = (
 def add_scrape_flags(parser: argparse.ArgumentParser) -> None:
     """--config, --target, --job and the scrape.* flags."""
     parser.add_argument("--config", metavar="FILE", help="YAML config file (see README, 'Run the agent')")
-    parser.add_argument(
-        "--target",
-        action="append",
-        metavar="URL",
-        default=None,
-        help="engine or dcgm-exporter /metrics URL to scrape; repeat for several (replaces the config file's targets)",
-    )
-    parser.add_argument(
-        "--job", default="engine", metavar="NAME", help="job label of the --target URLs (default: engine)"
-    )
-    parser.add_argument(
-        "--engine",
-        choices=sorted(load_catalog().dialects),
-        default=None,
-        help="force the dialect of the --target URLs instead of detecting it",
-    )
+    target_help = "engine or dcgm-exporter /metrics URL; repeat for several (replaces the config file's targets)"
+    parser.add_argument("--target", action="append", metavar="URL", help=target_help)
+    parser.add_argument("--job", default="engine", metavar="NAME", help="job label of the --target URLs")
+    engines = sorted(load_catalog().dialects)
+    parser.add_argument("--engine", choices=engines, help="force the dialect of the --target URLs (default: detect)")
     for flag, dest, _, help_ in _SCALAR_FLAGS:
         parser.add_argument(flag, dest=dest, metavar="VALUE", help=help_)
 
@@ -84,28 +63,18 @@ _OPTION_DEST = "collector_option__"
 
 def add_agent_flags(parser: argparse.ArgumentParser, collectors: dict[str, bool]) -> None:
     """--web.listen-address, --store.* and --[no-]collector.<name> for every registered collector."""
-    parser.add_argument(
-        "--web.listen-address",
-        dest="listen_address",
-        metavar="HOST:PORT",
-        help="where the agent serves /metrics and /api/v1 (default 127.0.0.1:9464)",
-    )
-    parser.add_argument(
-        "--store.path",
-        dest="store_path",
-        metavar="FILE",
-        help="SQLite history file (default kvscope.db); '' keeps history in memory",
-    )
-    parser.add_argument(
-        "--store.retention", dest="store_retention", metavar="DURATION", help="keep samples this long (default 7d)"
-    )
+    listen_help = "where the agent serves /metrics and /api/v1 (default 127.0.0.1:9464)"
+    parser.add_argument("--web.listen-address", dest="listen_address", metavar="HOST:PORT", help=listen_help)
+    store_help = "SQLite history file (default kvscope.db); '' keeps history in memory"
+    parser.add_argument("--store.path", dest="store_path", metavar="FILE", help=store_help)
+    retention_help = "keep samples this long (default 7d)"
+    parser.add_argument("--store.retention", dest="store_retention", metavar="DURATION", help=retention_help)
     for name in sorted(collectors):
         default = "enabled" if collectors[name] else "disabled"
         parser.add_argument(
             f"--collector.{name}",
             dest=f"collector_{name}",
             action=argparse.BooleanOptionalAction,
-            default=None,
             help=f"run the {name} collector ({default} by default)",
         )
     for name, options in sorted(collector_option_help().items()):
@@ -116,7 +85,6 @@ def add_agent_flags(parser: argparse.ArgumentParser, collectors: dict[str, bool]
                 dest=f"{_OPTION_DEST}{name}__{option}",
                 metavar="VALUE",
                 action="append" if many else "store",
-                default=None,
                 help=text.removeprefix("list:").strip() + (" (repeatable)" if many else ""),
             )
 

@@ -10,38 +10,27 @@ import sys
 from typing import Any
 
 LOG_HELP = """\
-Engine logs (--log FILE, or - for stdin; .gz is decompressed): vLLM V0 and V1 stats lines
-(`Avg prompt throughput: .. Running: N reqs, Waiting: M reqs, GPU KV cache usage: X%, ..`, from
-0.6 on), SGLang `Prefill batch` / `Decode batch` lines, vLLM V0 preemption and SGLang retraction
-warnings; plain or `kubectl logs` output (with --timestamps the RFC 3339 time of each line is
-used, with --prefix the pod becomes the instance). Each line becomes the canonical series a
-scrape at its time would have given: running, waiting, KV usage, prefix hit rate, prompt and
-generation tokens (vLLM's logged tokens/s integrated over the time between stats lines) and
-preemptions / retractions as counters; what the log does not print stays absent. Lines that are
-not engine stats are counted and summarised on stderr, never guessed at. Formats per release:
-docs/logs.md.
+Engine logs (--log FILE, - for stdin, .gz decompressed): vLLM stats lines (0.6 on), SGLang
+`Prefill batch` / `Decode batch` lines and their preemption / retraction warnings, plain or
+`kubectl logs` output (--timestamps gives each line's time, --prefix its pod as the instance).
+Each line becomes the canonical series a scrape at its time would have given; what the log does
+not print stays absent, and other lines are counted on stderr, never guessed at (docs/logs.md).
 """
 
 
 def add_log_flags(parser: argparse.ArgumentParser, job: bool = True) -> None:
     """--instance, --model, --year (and --job) for a --log source."""
     group = parser.add_argument_group("engine logs (--log)")
-    group.add_argument(
-        "--instance",
-        metavar="NAME",
-        help="instance label of the log's engine (default: the file name; `kubectl logs "
-        "--prefix` lines name their pod)",
-    )
+    instance_help = "instance label of the log's engine (default: the file name; `kubectl logs --prefix` names pods)"
+    group.add_argument("--instance", metavar="NAME", help=instance_help)
     group.add_argument("--model", metavar="NAME", help="model label (default: none)")
-    group.add_argument(
-        "--date",
-        type=_date,
-        metavar="YYYY-MM-DD",
-        help="date of lines whose time lacks it: the year of vLLM's MM-DD, the day of older "
-        "SGLang's HH:MM:SS (default: today, UTC; a later line that goes back rolls on)",
+    date_help = (
+        "date of lines whose time lacks it: the year of vLLM's MM-DD, the day of older SGLang's HH:MM:SS "
+        "(default: today, UTC; a later line that goes back rolls on)"
     )
+    group.add_argument("--date", type=_date, metavar="YYYY-MM-DD", help=date_help)
     if job:
-        group.add_argument("--job", default="engine", metavar="NAME", help="job label (default engine)")
+        group.add_argument("--job", default="engine", metavar="NAME", help="job label")
 
 
 def _date(text: str) -> datetime.date:

@@ -14,6 +14,7 @@ from kvscope.agent.config import AgentConfig, ConfigError
 from kvscope.agent.derive.hooks import derive_hooks
 from kvscope.agent.runtime import AgentRuntime, build_collectors, known_collectors
 from kvscope.agent.tap.eventloop import run_event_loop
+from kvscope.commands._common import add_command, fail
 from kvscope.commands._flags import ENV_HELP, add_agent_flags, add_scrape_flags, config_from_args
 
 DESCRIPTION = """\
@@ -42,13 +43,8 @@ examples:
 
 def register(subparsers: Any) -> None:
     collectors = known_collectors()
-    parser = subparsers.add_parser(
-        "agent",
-        help="run the per-node agent (scrape, store, serve /metrics)",
-        description=DESCRIPTION,
-        epilog=EXAMPLES + "\n" + ENV_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    help = "run the per-node agent (scrape, store, serve /metrics)"
+    parser = add_command(subparsers, "agent", help, DESCRIPTION, EXAMPLES + "\n" + ENV_HELP)
     add_scrape_flags(parser)
     add_agent_flags(parser, collectors)
     parser.add_argument(
@@ -64,29 +60,24 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args, args.known_collectors)
     except ConfigError as e:
-        print(f"kvscope agent: config error: {e}", file=sys.stderr)
-        return 2
+        return fail("agent", f"config error: {e}", 2)
     for warning in config.warnings:
         logging.getLogger("kvscope.agent").warning("config: %s", warning)
     return run_event_loop(serve(config))  # uvloop when installed: less CPU per scrape and request
 
 
-def open_store(config: AgentConfig) -> Any:
-    """SqliteStore at store.path, or an InMemoryStore when the path is empty."""
-    from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore
-
-    if not config.store_path:
-        return InMemoryStore(retention_s=config.retention_s)
-    return SqliteStore(config.store_path, retention_s=config.retention_s, max_bytes=config.store_max_bytes)
-
-
 async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     """Run collectors and the HTTP server until SIGTERM/SIGINT. Returns the exit code."""
     log = logging.getLogger("kvscope.agent")
-    from kvscope.agent.store.sqlite import StoreError
+    from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore, StoreError
 
     try:
-        store = open_store(config)
+        retention = config.retention_s
+        store = (
+            SqliteStore(config.store_path, retention_s=retention, max_bytes=config.store_max_bytes)
+            if config.store_path
+            else InMemoryStore(retention_s=retention)
+        )
     except (StoreError, OSError) as e:
         log.error("store: %s", e)
         return 1
@@ -102,13 +93,8 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runtime.stop)
-    log.info(
-        "listening on http://%s:%d/metrics; %d target(s), collectors: %s",
-        host,
-        bound,
-        len(config.targets),
-        ", ".join(c.name for c in runtime.collectors),
-    )
+    names = ", ".join(c.name for c in runtime.collectors)
+    log.info("listening on http://%s:%d/metrics; %d target(s), collectors: %s", host, bound, len(config.targets), names)
     if ready is not None:
         ready.set()
     try:

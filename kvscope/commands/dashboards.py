@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvscope.commands._common import add_command
+
 HELP = """\
 Build the kvscope Grafana dashboards from their Python sources (dashboards/*.py) and lint every
 panel query (guarded division, rate() only on counters, histogram_quantile over sum by (le),
@@ -21,23 +23,12 @@ DEFAULT_OUT = Path(__file__).resolve().parents[2] / "dashboards" / "build"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "dashboards",
-        help="build and lint the Grafana dashboards",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "action",
-        choices=("build", "lint"),
-        help="build: generate JSON (checks staleness); lint: check the queries only",
-    )
-    p.add_argument("--out", type=Path, default=None, help="write the JSON here instead of checking dashboards/build/")
-    p.add_argument(
-        "--update-golden",
-        action="store_true",
-        help="rewrite dashboards/build/*.json instead of failing when they are stale",
-    )
+    p = add_command(subparsers, "dashboards", "build and lint the Grafana dashboards", HELP)
+    action_help = "build: generate JSON (checks staleness); lint: check the queries only"
+    p.add_argument("action", choices=("build", "lint"), help=action_help)
+    p.add_argument("--out", type=Path, help="write the JSON here instead of checking dashboards/build/")
+    golden_help = "rewrite dashboards/build/*.json instead of failing when they are stale"
+    p.add_argument("--update-golden", action="store_true", help=golden_help)
     p.set_defaults(func=run)
 
 

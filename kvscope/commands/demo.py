@@ -4,15 +4,14 @@ diagnoser and the triage UI. No GPU, no Prometheus needed."""
 from __future__ import annotations
 
 import argparse
-import sys
-from dataclasses import replace
 from pathlib import Path
 
-from kvscope.commands._checks import check_recording
+from kvscope.commands._checks import check_port_free, check_recording
+from kvscope.commands._common import add_command, fail
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDINGS = REPO / "tests" / "recordings"
-BUNDLED = Path(__file__).resolve().parents[2] / "ui" / "recordings" / "vllm-0.32.0-cpu-kv-pressure.om.gz"
+BUNDLED = REPO / "ui" / "recordings" / "vllm-0.32.0-cpu-kv-pressure.om.gz"
 """Real vLLM KV-pressure incident shipped with the UI (ui/recordings/README.md), the fallback."""
 PREFERRED = ("kv-pressure", "preempt", "cascade", "evict")
 """Library recording names are matched against these, in order, to pick the default incident."""
@@ -29,26 +28,14 @@ cause, and serve the triage UI on 127.0.0.1. Ctrl-C stops it.
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "demo",
-        help="replay a real incident through the diagnoser and the UI",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = add_command(subparsers, "demo", "replay a real incident through the diagnoser and the UI", HELP)
+    recording_help = (
+        f"recording to replay (default: a KV-pressure incident from tests/recordings/, else {BUNDLED.name})"
     )
-    p.add_argument(
-        "--recording",
-        type=Path,
-        help="recording to replay (default: a KV-pressure incident from "
-        "tests/recordings/, else ui/recordings/vllm-0.32.0-cpu-kv-pressure.om.gz)",
-    )
-    p.add_argument("--port", type=int, default=8501, help="UI port on 127.0.0.1 (default 8501; a free one if taken)")
-    p.add_argument(
-        "--check",
-        "--once",
-        action="store_true",
-        dest="check",
-        help="print the diagnosis and exit without starting the UI",
-    )
+    p.add_argument("--recording", type=Path, help=recording_help)
+    p.add_argument("--port", type=int, default=8501, help="UI port on 127.0.0.1 (a free one if taken)")
+    check_help = "print the diagnosis and exit without starting the UI"
+    p.add_argument("--check", "--once", action="store_true", dest="check", help=check_help)
     p.set_defaults(func=run)
 
 
@@ -67,111 +54,31 @@ def default_recording(folder: Path = RECORDINGS, bundled: Path = BUNDLED) -> Pat
     return bundled if bundled.is_file() else None
 
 
-def render_diagnosis(diagnosis) -> str:
-    """The diagnosis as terminal text: likely cause first, with levers and citations. Values carry
-    the units `kvscope diagnose` prints (ratios as %, seconds as ms/s, rates as /s)."""
-    from kvscope.diagnoser.render import fmt_duration, fmt_value
-    from kvscope.ui.data import render_when
-
-    f = diagnosis.likely_cause
-    lines = [
-        f"source {diagnosis.source}: {diagnosis.rules_evaluated} rules, {len(diagnosis.findings)} fired, "
-        f"{len(diagnosis.skipped)} not evaluable (missing signals; kvscope diagnose -v lists them)"
-    ]
-    if f is None:
-        return "\n".join(lines + ["no rule fired"])
-    lines += [
-        f"LIKELY CAUSE [{f.severity}] {f.title} (rule {f.rule_id}, LEVERS {f.levers_md})",
-        f"  where: {_where(f.where)}",
-        f"  since: {render_when(f.since)} ({_state(f)}, {fmt_duration(f.until - f.since)})",
-        f"  what:  {f.summary}",
-    ]
-    if f.cascade:
-        lead = (
-            ""
-            if f.cascade.lead_time_s is None
-            else f"; the root led the latency symptom by {fmt_duration(f.cascade.lead_time_s)}"
-        )
-        lines.append(f"  cascade stage {f.cascade.stage}/{f.cascade.stages_total}: {f.cascade.stage_name}{lead}")
-    for e in f.evidence:
-        bound = (
-            ""
-            if e.threshold is None or e.op is None
-            else f" (threshold {e.op} {fmt_value(replace(e, value=e.threshold))})"
-        )
-        lines.append(f"  evidence: {e.name} = {fmt_value(e)}{bound}  [{e.series}]")
-    for lever in sorted(f.levers, key=lambda x: x.rank):
-        lines.append(f"  lever {lever.rank}: {lever.id} ({lever.direction}) {lever.title}")
-        lines += [f"      {c.system}: {c.change}" for c in lever.changes]
-    if f.citations:
-        lines.append("  sources: " + "; ".join(f.citations))
-    lines += [f"  also fired (same mechanism and levers): {g.title} ({g.rule_id})" for g in diagnosis.supporting]
-    lines += [f"competing: {c.title} ({c.rule_id}) on {_where(c.where)}" for c in diagnosis.hypotheses]
-    return "\n".join(lines)
-
-
-def _state(f) -> str:
-    from kvscope.ui.data import render_when
-
-    return "still active" if f.active else f"until {render_when(f.until)}"
-
-
-def _where(labels: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "whole fleet"
-
-
 def run(args: argparse.Namespace) -> int:
+    from kvscope.diagnoser.render import render_diagnosis
     from kvscope.ui.data import SourceError, SourceSpec, load_triage
 
     path = args.recording or default_recording()
     if path is None:
-        print(f"kvscope demo: no recording in {RECORDINGS}; pass --recording FILE", file=sys.stderr)
-        return 4
+        return fail("demo", f"no recording in {RECORDINGS}; pass --recording FILE", 4)
     try:
         check_recording(path)
     except (ValueError, OSError) as exc:
-        print(f"kvscope demo: {exc}", file=sys.stderr)
-        return 4
+        return fail("demo", exc, 4)
     print(f"kvscope demo: replaying {path}", flush=True)
+    spec = SourceSpec("recording", str(Path(path).resolve()))
     try:
-        data = load_triage(SourceSpec("recording", str(Path(path).resolve())))
+        data = load_triage(spec)
     except SourceError as exc:
-        print(f"kvscope demo: {exc}", file=sys.stderr)
-        return 4
-    print(render_diagnosis(data.diagnosis), flush=True)
+        return fail("demo", exc, 4)
+    render_diagnosis(data.diagnosis)
     if args.check:
         return 0 if data.diagnosis.likely_cause is not None else 1
-    return serve(SourceSpec("recording", str(Path(path).resolve())), args.port)
+    from kvscope.commands.ui import serve_ui
+    from kvscope.ui.server import free_port
 
-
-def serve(source, port: int) -> int:
-    """Run the UI in the foreground until Ctrl-C."""
-    from kvscope.ui.server import TerminateRequested, UiServer, free_port, stop_on_sigterm
-
-    stop_on_sigterm()
-    server = UiServer(source, port if _port_free(port) else free_port())
     try:
-        server.start()
-        server.wait_healthy()
-        print(f"\nkvscope UI: {server.url}  (Ctrl-C to stop)", flush=True)
-        server.wait()
-        return 0
-    except RuntimeError as exc:
-        print(f"kvscope demo: {exc}", file=sys.stderr)
-        return 1
-    except (KeyboardInterrupt, TerminateRequested):
-        print("\nkvscope demo: stopped", flush=True)
-        return 0
-    finally:
-        server.stop()
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+        check_port_free("--port", "127.0.0.1", args.port)
+    except ValueError:
+        args.port = free_port()  # taken: any free one
+    return serve_ui("demo", spec, args.port)

@@ -1,12 +1,8 @@
-"""`kvscope deploy`: helpers that turn the repository into what a cluster runs.
+"""`kvscope deploy`: turn the repository into what a cluster runs.
 
-* `kvscope deploy render-config` fills the agent's configuration template with the node's
-  identity (the DaemonSet's init container runs it with NODE_IP / NODE_NAME from the downward
-  API) and validates the result with the agent's own config checks before the agent starts.
-* `kvscope deploy prometheusrule` wraps the generated Prometheus rule files
-  (`rules/prometheus/*.yml`, written by `kvscope rules build`) into Prometheus Operator
-  `PrometheusRule` objects, one per file, so the rules Prometheus runs on a plain install and
-  on Kubernetes are the same text.
+`render-config` fills the agent's config template with the node's identity (the DaemonSet's init
+container, NODE_IP / NODE_NAME) and validates it; `prometheusrule` wraps rules/prometheus/*.yml
+into Prometheus Operator PrometheusRule objects, so both installs run the same rule text.
 
 examples:
   kvscope deploy prometheusrule --label release=kube-prometheus-stack -o prometheusrule.yaml
@@ -16,7 +12,6 @@ examples:
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import re
 import sys
@@ -27,21 +22,18 @@ from typing import Any
 import yaml
 
 from kvscope import rules as rules_pkg
+from kvscope.commands._common import add_command, fail
 
 # kvscope.rules is the repository's rules/ directory (package-dir), installed or editable.
 RULES_DIR = Path(rules_pkg.__file__).resolve().parent / "prometheus"
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 MAX_TEMPLATE_BYTES = 1 << 20
-# Modules that register agent config sections (`register_section`) outside the runtime.
-_EXTENSION_MODULES = ("kvscope.agent.traces.receiver",)
+API_VERSION = "monitoring.coreos.com/v1"
 
 
 class DeployError(ValueError):
     """Input that cannot be deployed; the message names the file and the problem."""
-
-
-# ------------------------------------------------------------------------------ render-config
 
 
 def parse_template(text: str, environ: Mapping[str, str]) -> str:
@@ -61,8 +53,8 @@ def parse_template(text: str, environ: Mapping[str, str]) -> str:
 def check_agent_config(text: str, origin: str) -> list[str]:
     """Raise DeployError unless `text` is a configuration the agent accepts; return its warnings.
 
-    Validation is the agent's own (`build_config`), with the registered collectors and the
-    config sections of the extensions (the OTLP receiver's `otlp:`) loaded first.
+    Validation is the agent's own (`build_config`), with every collector and extension loaded
+    (`known_collectors`), so their config sections (the OTLP receiver's `otlp:`) are known.
     """
     from kvscope.agent.config import ConfigError, build_config
     from kvscope.agent.runtime import known_collectors
@@ -73,11 +65,6 @@ def check_agent_config(text: str, origin: str) -> list[str]:
         raise DeployError(f"{origin}: not valid YAML after rendering: {e}") from e
     if not isinstance(doc, dict):
         raise DeployError(f"{origin}: the rendered configuration must be a mapping of sections")
-    for module in _EXTENSION_MODULES:
-        try:
-            importlib.import_module(module)
-        except ImportError:  # an extension not in this build: its section is reported unknown
-            pass
     from kvscope.commands._flags import check_section_typos
 
     try:
@@ -108,9 +95,6 @@ def _render_config(args: argparse.Namespace) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------- prometheusrule
-
-
 def parse_rule_file(text: str, origin: str) -> list[dict[str, Any]]:
     """Return the rule groups of one Prometheus rule file. Pure; raises DeployError."""
     try:
@@ -123,18 +107,8 @@ def parse_rule_file(text: str, origin: str) -> list[dict[str, Any]]:
     return groups
 
 
-def render_prometheusrule(name: str, groups: list[dict[str, Any]], labels: Mapping[str, str]) -> dict:
-    """One Prometheus Operator PrometheusRule object holding `groups` unchanged."""
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PrometheusRule",
-        "metadata": {"name": name, "labels": dict(labels)},
-        "spec": {"groups": groups},
-    }
-
-
 def read_prometheusrules(rules_dir: Path, labels: Mapping[str, str]) -> list[dict]:
-    """One PrometheusRule per `*.yml` file of `rules_dir`, in file-name order."""
+    """One Prometheus Operator PrometheusRule per `*.yml` file of `rules_dir` (groups unchanged), in file-name order."""
     files = sorted(p for p in rules_dir.glob("*.yml") if p.is_file())
     if not files:
         raise DeployError(f"{rules_dir}: no *.yml rule files (run `kvscope rules build` first)")
@@ -142,7 +116,8 @@ def read_prometheusrules(rules_dir: Path, labels: Mapping[str, str]) -> list[dic
     for path in files:
         groups = parse_rule_file(path.read_text(encoding="utf-8"), str(path))
         stem = _DNS_LABEL.sub("-", path.stem.lower()).strip("-").removeprefix("kvscope-")
-        out.append(render_prometheusrule(f"kvscope-{stem}", groups, labels))
+        meta = {"name": f"kvscope-{stem}", "labels": dict(labels)}
+        out.append({"apiVersion": API_VERSION, "kind": "PrometheusRule", "metadata": meta, "spec": {"groups": groups}})
     return out
 
 
@@ -186,16 +161,12 @@ def _parse_label(text: str) -> tuple[str, str]:
     return key, value
 
 
-# ------------------------------------------------------------------------------------ command
-
-
 def _run(func):
     def wrapped(args: argparse.Namespace) -> int:
         try:
             return func(args)
         except (DeployError, OSError) as e:
-            print(f"kvscope deploy: error: {e}", file=sys.stderr)
-            return 1
+            return fail("deploy", f"error: {e}", 1)
 
     return wrapped
 
@@ -222,43 +193,23 @@ examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "deploy",
-        help="render deployment artefacts (agent config on a node, PrometheusRule)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    help = "render deployment artefacts (agent config on a node, PrometheusRule)"
+    parser = add_command(subparsers, "deploy", help, __doc__)
     sub = parser.add_subparsers(dest="deploy_command", metavar="ACTION", required=True)
 
-    rc = sub.add_parser(
-        "render-config",
-        help="fill ${VAR} placeholders of an agent config template and validate it",
-        description=RENDER_CONFIG_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    rc = add_command(
+        sub, "render-config", "fill ${VAR} placeholders of an agent config template and validate it", RENDER_CONFIG_HELP
     )
     rc.add_argument("--template", required=True, help="agent configuration template (YAML with ${VAR})")
     rc.add_argument("--output", required=True, help="where to write the rendered configuration")
     rc.set_defaults(func=_run(_render_config))
 
-    pr = sub.add_parser(
-        "prometheusrule",
-        help="wrap rules/prometheus/*.yml into PrometheusRule objects",
-        description=PROMETHEUSRULE_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    pr = add_command(
+        sub, "prometheusrule", "wrap rules/prometheus/*.yml into PrometheusRule objects", PROMETHEUSRULE_HELP
     )
-    pr.add_argument(
-        "--rules-dir", default=str(RULES_DIR), help="directory of generated rule files (default: %(default)s)"
-    )
-    pr.add_argument("--output", "-o", default="-", help="output file, '-' for stdout (default)")
-    pr.add_argument(
-        "--label",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="label for the objects' metadata, repeatable; match your Prometheus' "
-        "ruleSelector (e.g. release=kube-prometheus-stack)",
-    )
-    pr.add_argument(
-        "--check", action="store_true", help="write nothing; exit 1 when --output differs from a fresh build"
-    )
+    pr.add_argument("--rules-dir", default=str(RULES_DIR), help="directory of generated rule files")
+    pr.add_argument("--output", "-o", default="-", help="output file, '-' for stdout")
+    label_help = "label for the objects' metadata, repeatable; match your Prometheus' ruleSelector"
+    pr.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help=label_help)
+    pr.add_argument("--check", action="store_true", help="write nothing; exit 1 when --output is stale")
     pr.set_defaults(func=_run(_prometheusrule))

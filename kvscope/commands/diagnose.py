@@ -17,6 +17,7 @@ from kvscope.commands._checks import (
     parse_time,
     source_hint,
 )
+from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._params import add_param_flag, parse_params
 
@@ -35,16 +36,10 @@ Sources (pick one):
 Windows shorter than 15 minutes (short recordings) are evaluated with every rule duration
 scaled by window / 15 min; --time-scale 1 turns that off.
 
-Prometheus: one fleet path. The rules' loosened conditions are recording rules the TSDB evaluates
-continuously (`kvscope rules build`: rules/prometheus/kvscope-candidates.yml); one range query reads
-them, and evidence is fetched and judged only for the engines and spans where one held long enough
-to fire (the client's time and memory grow with the candidates, not with the fleet). Rules whose records do not
-cover the window (installed later: backfill them, docs/fleet.md) are judged on every engine's
-series, and the output says which and when. --full-fetch judges every rule that way.
-Queries stay within Prometheus' limits: at most 11,000 points per series and, by estimate, half of
-the default --query.max-samples (50M); longer ranges are cut in time and instance lists into
-batches of 25, run 4 at a time, and a part the server still refuses for its size is halved and
-retried. What was split is printed on stderr ("split: ..."), with a fleet summary.
+--prometheus reads the candidate records of `kvscope rules build` and fetches evidence only where
+one fired; rules whose records miss part of the window are judged on every engine's series, and
+stderr says which ("fleet: ..."), and what was split to stay within the server's query limits
+("split: ..."). How, and how to backfill the records: docs/fleet.md.
 
 Examples:
   kvscope diagnose --recording tests/recordings/kv-pressure-cascade.om.gz
@@ -70,57 +65,27 @@ EXAMPLE_URL = {"prometheus": "http://127.0.0.1:9090", "agent": "http://127.0.0.1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "diagnose",
-        help="find why latency moved and which lever fixes it",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "diagnose", "find why latency moved and which lever fixes it", HELP)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--recording", metavar="FILE", help="OpenMetrics recording (.om or .om.gz)")
     src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible base URL, e.g. http://127.0.0.1:9090")
     src.add_argument("--agent", metavar="URL", help="kvscope agent base URL, e.g. http://127.0.0.1:9464")
     src.add_argument("--log", metavar="FILE", help="engine log: vLLM / SGLang stats lines (- for stdin; see below)")
-    p.add_argument(
-        "--since",
-        default="30m",
-        metavar="DURATION",
-        help="live sources: window length ending now or at --end, e.g. 30m, 2h, 1800 (default 30m)",
-    )
+    p.add_argument("--since", default="30m", metavar="DURATION", help="live sources: window length, e.g. 30m, 2h, 1800")
     p.add_argument(
         "--end",
-        default=None,
         metavar="TIME",
-        help="window end, unix seconds or ISO 8601 UTC (default: now / end of recording; with "
-        "--prometheus, now rounded down to a multiple of --step, as Grafana asks, so that "
-        "caching TSDBs answer at the times asked)",
+        help="window end, unix seconds or ISO 8601 UTC (default: now / end of recording; with --prometheus, "
+        "now rounded down to a multiple of --step, as Grafana asks, so that caching TSDBs answer at the times asked)",
     )
-    p.add_argument(
-        "--start", default=None, metavar="TIME", help="window start, unix seconds or ISO 8601 UTC (overrides --since)"
-    )
-    p.add_argument(
-        "--step", default=None, help="grid step, e.g. 15s (default: the recording's scrape interval, else 15s)"
-    )
+    p.add_argument("--start", metavar="TIME", help="window start, unix seconds or ISO 8601 UTC (overrides --since)")
+    p.add_argument("--step", help="grid step, e.g. 15s (default: the recording's scrape interval, else 15s)")
     add_param_flag(p)
-    p.add_argument(
-        "--time-scale",
-        type=float,
-        default=None,
-        help="multiply every rule duration by this (default: auto for windows under 15 min)",
-    )
-    p.add_argument("--rules-dir", default=None, help="rules directory (default: the shipped rules/diagnosis)")
-    p.add_argument(
-        "--full-fetch",
-        action="store_true",
-        help="--prometheus: fetch every engine's series and judge every rule here (no candidate records)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="--prometheus/--agent: seconds one HTTP query may take (default 300)",
-    )
+    p.add_argument("--time-scale", type=float, help="multiply every rule duration by this (default: auto under 15 min)")
+    p.add_argument("--rules-dir", help="rules directory (default: the shipped rules/diagnosis)")
+    p.add_argument("--full-fetch", action="store_true", help="--prometheus: judge every rule on every engine's series")
+    timeout_help = "--prometheus/--agent: seconds one HTTP query may take"
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help=timeout_help)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or fleet summary on stderr")
     p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON (schema: docs/rules.md)")
     p.add_argument("--verbose", "-v", action="store_true", help="also list the rules that were skipped and why")
@@ -132,10 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from kvscope.diagnoser.rulebook.rule import RuleError, parse_duration, read_rules
 
     if not (args.recording or args.prometheus or args.agent or args.log):
-        print(
-            "kvscope diagnose: pick a source: --recording, --log, --prometheus or --agent (see --help)", file=sys.stderr
-        )
-        return EXIT_USAGE
+        return fail("diagnose", "pick a source: --recording, --log, --prometheus or --agent (see --help)", EXIT_USAGE)
     try:
         since = parse_seconds("--since", args.since)
         args.end = None if args.end is None else parse_time("--end", args.end)
@@ -149,20 +111,14 @@ def run(args: argparse.Namespace) -> int:
         rules = read_rules(args.rules_dir)
         params = parse_params(args.param, {r.id: r.params for r in rules})
     except (ValueError, RuleError, OSError) as exc:
-        print(f"kvscope diagnose: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.recording:
-        try:
+        return fail("diagnose", exc, EXIT_USAGE)
+    try:
+        if args.recording:
             check_recording(args.recording)
-        except (ValueError, OSError) as exc:
-            print(f"kvscope diagnose: {exc}", file=sys.stderr)
-            return EXIT_SOURCE
-    if args.log:
-        try:
+        if args.log:
             args.log_read = read_log_arg(args)
-        except (ValueError, OSError, EOFError, zlib.error) as exc:
-            print(f"kvscope diagnose: cannot read log {args.log}: {exc}", file=sys.stderr)
-            return EXIT_SOURCE
+    except (ValueError, OSError, EOFError, zlib.error) as exc:
+        return fail("diagnose", f"cannot read log {args.log}: {exc}" if args.log else exc, EXIT_SOURCE)
     return _diagnose(args, rules, params, since)
 
 
@@ -173,9 +129,9 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
 
     source = _source(args)
     try:
-        step = parse_duration(args.step) if args.step else _default_step(source)
-        end = args.end
-        start = args.start
+        natural = getattr(source, "natural_step", None)
+        step = parse_duration(args.step) if args.step else natural() if natural else 15.0
+        start, end = args.start, args.end
         if start is None and not (args.recording or args.log):
             if end is None:
                 # with --prometheus, now on the step's lattice (as Grafana asks): TSDBs that align
@@ -190,22 +146,18 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         ):
             step = (end - start) / MAX_POINTS_PER_SERIES  # Prometheus refuses > 11,000 points per series
         if args.prometheus and not args.full_fetch:
-            result = _fleet(args, source, rules, params, start, end, step)
-            return _finish(args, source, result)
+            return _finish(args, source, _fleet(args, source, rules, params, start, end, step))
         names = set().union(*(sample_names(r) for r in rules))
         frame = source.read_frame(names, start, end, step)
         _print_notes(args, source)
     except SourceError as exc:
         kind = "prometheus" if args.prometheus else "agent" if args.agent else ""
         url = args.prometheus or args.agent
-        print(f"kvscope diagnose: {source_hint(kind, url, str(exc)) if url else exc}", file=sys.stderr)
-        return EXIT_SOURCE
+        return fail("diagnose", source_hint(kind, url, str(exc)) if url else exc, EXIT_SOURCE)
     except (EOFError, zlib.error) as exc:
-        print(f"kvscope diagnose: recording {args.recording} is truncated or corrupt: {exc}", file=sys.stderr)
-        return EXIT_SOURCE
+        return fail("diagnose", f"recording {args.recording} is truncated or corrupt: {exc}", EXIT_SOURCE)
     except ValueError as exc:
-        print(f"kvscope diagnose: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail("diagnose", exc, EXIT_USAGE)
     result = diagnose(frame, rules, params=params, source=source.description, time_scale=args.time_scale)
     return _finish(args, source, result)
 
@@ -260,13 +212,12 @@ def _finish(args: argparse.Namespace, source: Any, result: Any) -> int:
             if args.log
             else "wrong URL or window? is anything scraping the engines?"
         )
-        print(
-            f"kvscope diagnose: none of the {result.rules_evaluated} rules could be evaluated: "
-            f"{source.description} holds none of the signals they read in this window ({why}); "
-            "exit 4, not an all-clear. -v lists what is missing.",
-            file=sys.stderr,
+        return fail(
+            "diagnose",
+            f"none of the {result.rules_evaluated} rules could be evaluated: {source.description} holds none of "
+            f"the signals they read in this window ({why}); exit 4, not an all-clear. -v lists what is missing.",
+            EXIT_SOURCE,
         )
-        return EXIT_SOURCE
     return result.exit_status()
 
 
@@ -286,15 +237,6 @@ def _source(args: argparse.Namespace) -> Any:
         from kvscope.diagnoser.sources.logs import LogSource
 
         return LogSource(args.log_read, "stdin" if args.log == "-" else args.log)
-    if args.prometheus:
-        from kvscope.diagnoser.sources.prometheus import PrometheusSource
-
-        return PrometheusSource(args.prometheus)
     from kvscope.diagnoser.sources.agent import AgentSource
 
     return AgentSource(args.agent)
-
-
-def _default_step(source: Any) -> float:
-    natural = getattr(source, "natural_step", None)
-    return natural() if natural else 15.0

@@ -15,26 +15,21 @@ from tqdm import tqdm
 from kvscope.agent.collectors.engine import EngineCollector
 from kvscope.agent.config import AgentConfig, ConfigError, parse_seconds
 from kvscope.agent.recording.omfile import RecordingWriter
+from kvscope.commands._checks import check_output_file
+from kvscope.commands._common import add_command, fail
 from kvscope.commands._flags import ENV_HELP, add_scrape_flags, config_from_args
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 
 DESCRIPTION = """\
 Record what engine (vLLM, SGLang) and dcgm-exporter /metrics endpoints expose, for a
-postmortem, a test fixture or the demo. Every --interval all targets are scraped concurrently
-and written with their native metric names plus the target labels (job, instance and a
-config target's `labels:`, such as the pod/namespace/container that the engine<->GPU join
-matches on), with `up` and `scrape_duration_seconds` per scrape, as Prometheus would have
-stored them (a scraped label that a target label also names becomes exported_<name>). A failed
-scrape is recorded as `up 0`.
-
-The output is OpenMetrics text with timestamps (gzip when the name ends in .gz). It can be
-replayed by kvscope (diagnose, report) or loaded into Prometheus with
-`promtool tsdb create-blocks-from openmetrics FILE DIR`. Ctrl-C (or SIGTERM) stops early and
-still writes a complete, valid file.
+postmortem, a test fixture or the demo: every --interval all targets are scraped and written as
+Prometheus would store them (native names, target labels, `up` and `scrape_duration_seconds`;
+a failed scrape is `up 0`). The output is OpenMetrics text with timestamps (gzip for .gz), for
+kvscope diagnose / report / ui, or `promtool tsdb create-blocks-from openmetrics FILE DIR`.
+Ctrl-C (or SIGTERM) stops early and still writes a complete file.
 
 With --log FILE, no scraping: the engine log's stats lines are written as the recording a scrape
-at each line's time would have given (kvscope's canonical series, `kvscope_<signal>`, with `up`
-per line time), for `diagnose --recording`, the UI and the webhook.
+at each line's time would have given (kvscope_<signal> series, `up` per line time).
 
 {log_help}"""
 
@@ -48,43 +43,31 @@ examples:
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "record",
-        help="record engine /metrics to an OpenMetrics file (promtool-compatible)",
-        description=DESCRIPTION,
-        epilog=EXAMPLES + "\n" + ENV_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    help = "record engine /metrics to an OpenMetrics file (promtool-compatible)"
+    parser = add_command(subparsers, "record", help, DESCRIPTION, EXAMPLES + "\n" + ENV_HELP)
     add_scrape_flags(parser)
-    parser.add_argument(
-        "--duration",
-        metavar="DURATION",
-        help="how long to record: seconds or a duration (30s, 10m, 1h); required unless --log",
-    )
-    parser.add_argument(
-        "--interval",
-        metavar="DURATION",
-        help="time between scrapes (default: the config's scrape interval, 15s); same as --scrape.interval",
-    )
-    parser.add_argument(
-        "--out", "-o", required=True, metavar="FILE", help="recording to write (.om, or .om.gz for gzip)"
-    )
+    duration_help = "how long to record: seconds or a duration (30s, 10m, 1h); required unless --log"
+    parser.add_argument("--duration", metavar="DURATION", help=duration_help)
+    interval_help = "time between scrapes (default: the config's scrape interval, 15s); same as --scrape.interval"
+    parser.add_argument("--interval", metavar="DURATION", help=interval_help)
+    out_help = "recording to write (.om, or .om.gz for gzip)"
+    parser.add_argument("--out", "-o", required=True, metavar="FILE", help=out_help)
     parser.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
-    parser.add_argument(
-        "--log",
-        metavar="FILE",
-        help="write the recording of an engine log instead of scraping (- for stdin; see above)",
-    )
+    log_help = "write the recording of an engine log instead of scraping (- for stdin; see above)"
+    parser.add_argument("--log", metavar="FILE", help=log_help)
     add_log_flags(parser, job=False)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        out = check_output_file("--out", args.out)
+    except ValueError as exc:
+        return fail("record", exc, 2)
     if args.log:
-        return _record_log(args)
+        return _record_log(args, out)
     if args.duration is None:
-        print("kvscope record: --duration is required (or give --log FILE)", file=sys.stderr)
-        return 2
+        return fail("record", "--duration is required (or give --log FILE)", 2)
     if args.interval is not None:
         args.scrape_interval = args.interval
     try:
@@ -92,42 +75,27 @@ def run(args: argparse.Namespace) -> int:
         if duration_s <= 0:
             raise ValueError
     except ValueError:
-        print(
-            f"kvscope record: --duration: must be a positive duration (30s, 10m), got {args.duration!r}",
-            file=sys.stderr,
-        )
-        return 2
+        return fail("record", f"--duration: must be a positive duration (30s, 10m), got {args.duration!r}", 2)
     try:
         config = config_from_args(args, None)
     except ConfigError as e:
-        print(f"kvscope record: config error: {e}", file=sys.stderr)
-        return 2
+        return fail("record", f"config error: {e}", 2)
     if not config.targets:
-        print("kvscope record: no targets: give --target URL or a --config with targets", file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    if not out.parent.is_dir():
-        print(f"kvscope record: --out: directory {out.parent} does not exist", file=sys.stderr)
-        return 2
+        return fail("record", "no targets: give --target URL or a --config with targets", 2)
     summary = asyncio.run(record(config, duration_s, out, progress=not args.no_progress))
     print(summary, file=sys.stderr)
     return 0
 
 
-def _record_log(args: argparse.Namespace) -> int:
+def _record_log(args: argparse.Namespace, out: Path) -> int:
     import zlib
 
     from kvscope.agent.recording.fromlog import write_log_recording
 
-    out = Path(args.out)
-    if not out.parent.is_dir():
-        print(f"kvscope record: --out: directory {out.parent} does not exist", file=sys.stderr)
-        return 2
     try:
         read = read_log_arg(args)
     except (ValueError, OSError, EOFError, zlib.error) as exc:
-        print(f"kvscope record: cannot read log {args.log}: {exc}", file=sys.stderr)
-        return 2
+        return fail("record", f"cannot read log {args.log}: {exc}", 2)
     path = write_log_recording(read, out)
     samples = sum(len(s) for _, _, s in read.scrapes)
     print(f"{read.summary.text()}\nwrote {path} ({len(read.scrapes)} scrapes, {samples} samples)", file=sys.stderr)

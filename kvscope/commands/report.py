@@ -5,81 +5,49 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 from kvscope.commands._checks import check_http_url, check_output_file, check_recording, parse_time, source_hint
+from kvscope.commands._common import add_command, fail
 
 HELP = """\
-Write the weekly efficiency review: output tokens per GPU-hour per model/pool, GPU utilisation and
-the utilisation trap (002 §9.2), $ per 1M output tokens at --gpu-hour-cost, prefill tokens saved
-by prefix caching, per-tenant usage and hit ratio, week-over-week deltas and the week's top
-findings, one row per incident (a likely cause with its supporting findings, as `kvscope diagnose`
-groups them). Numbers the source lacks are printed as "absent", never as zero. When the data
-covers part of the week, the SourceSpec line says how much data is held, over what span, with how
-many gaps. The HTML plots share the week's UTC time axis and shade the stretches without data.
+Write the weekly efficiency review: output tokens per GPU-hour per model/pool, GPU utilisation,
+$ per 1M output tokens at --gpu-hour-cost, prefill tokens saved by prefix caching, per-tenant
+usage, week-over-week deltas and the week's incidents (as `kvscope diagnose` groups findings).
+Numbers the source lacks print as "absent", never zero; a partial week is said with its span and
+gaps. GPU-hours are split per pool through the engine-GPU join (GPUs it cannot place are
+"unattributed"). What each section means: docs/ui.md.
 
   kvscope report weekly --recording incident.om --gpu-hour-cost 2.5 --html week.html --markdown week.md
   kvscope report weekly --prometheus http://127.0.0.1:9090 --end 2026-11-22T00:00:00Z
-
-With --prometheus the report reads kvscope's recording rules (kvscope:*), the agent's kvscope_*
-series, or the engines' own series, whichever the TSDB has, as 15-minute server-side increases
-and means (a week is 672 points per series), and runs the diagnosis rules in the TSDB over the
-week (5-minute step) for its top findings.
   kvscope report weekly --store /var/lib/kvscope/kvscope.sqlite
   kvscope report weekly --recording fleet.om --gpu-mapping gpus.yaml   # gpus.yaml: {GPU-8f2c...: replica-0}
-
-GPU-hours are split per pool through the engine-GPU join the agent records
-(engine_gpu_memory_used_bytes: its gpu_mapping, Kubernetes pod labels, or the NVML process list),
-else through a node that runs engines of one pool. GPUs that neither places are reported as
-"unattributed", with the missing labels named; fleet totals count them either way. For
-recordings, the join is re-derived from the recorded series, and --gpu-mapping supplies the map.
 """
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "report",
-        help="weekly efficiency review (HTML + Markdown)",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "period",
-        choices=("weekly",),
-        nargs="?",
-        default="weekly",
-        help="the report to write: weekly (the default; the only one so far)",
-    )
+    p = add_command(subparsers, "report", "weekly efficiency review (HTML + Markdown)", HELP)
+    p.add_argument("period", choices=("weekly",), nargs="?", default="weekly", help="the report to write")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--recording", nargs="+", type=Path, metavar="FILE", help="one or more recordings")
-    src.add_argument(
-        "--prometheus", metavar="URL", help="a Prometheus-compatible TSDB holding the engines' or the agent's series"
-    )
+    prom_help = "a Prometheus-compatible TSDB holding the engines' or the agent's series"
+    src.add_argument("--prometheus", metavar="URL", help=prom_help)
     src.add_argument("--store", type=Path, metavar="FILE", help="the agent's SQLite store")
-    p.add_argument(
-        "--end",
-        metavar="TIME",
-        help="end of the week: ISO 8601 (UTC if no zone) or unix seconds (default: now, or the recordings' end)",
-    )
-    p.add_argument("--gpu-hour-cost", type=float, default=2.5, help="$ per GPU-hour (default 2.5)")
+    end_help = "end of the week: ISO 8601 (UTC if no zone) or unix seconds (default: now, or the recordings' end)"
+    p.add_argument("--end", metavar="TIME", help=end_help)
+    p.add_argument("--gpu-hour-cost", type=float, default=2.5, help="$ per GPU-hour")
     p.add_argument("--html", type=Path, help="write the HTML report here")
     p.add_argument("--markdown", type=Path, help="write the Markdown report here (default: print it)")
     p.add_argument(
         "--gpu-mapping",
         type=Path,
         metavar="FILE",
-        help="with --recording: YAML mapping of GPU uuid (or index) to the engine instance(s) "
-        "on it, the agent's gpu_mapping format, to split GPU-hours per pool when the "
-        "recording has no pod labels or NVML process list",
+        help="with --recording: YAML mapping of GPU uuid (or index) to the engine instance(s) on it (the agent's "
+        "gpu_mapping format), to split GPU-hours per pool when the recording has no pod labels or NVML process list",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--no-diagnose",
-        action="store_true",
-        help="--prometheus: skip the week's diagnosis (by default the rules run in the TSDB over the "
-        "week at a 5-minute step, kvscope diagnose's fleet path)",
-    )
+    no_diag_help = "--prometheus: skip the week's diagnosis (the rules run in the TSDB at a 5-minute step)"
+    p.add_argument("--no-diagnose", action="store_true", help=no_diag_help)
     p.set_defaults(func=run)
 
 
@@ -116,28 +84,20 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def read_gpu_mapping(args: argparse.Namespace) -> dict:
-    """The --gpu-mapping file, validated the way the agent validates its gpu_mapping. Raises
-    ValueError (usage) or FileNotFoundError."""
-    import yaml
-
-    from kvscope.agent.config import parse_gpu_mapping
+    """The --gpu-mapping file (bounded YAML), validated the way the agent validates its gpu_mapping.
+    Raises ValueError (usage) or FileNotFoundError."""
+    from kvscope.agent.config import MAX_CONFIG_BYTES, parse_config_yaml, parse_gpu_mapping
 
     if not args.recording:
-        raise ValueError(
-            "--gpu-mapping: only with --recording (the agent applies its own gpu_mapping "
-            "to what it stores and re-exports)"
-        )
+        raise ValueError("--gpu-mapping: only with --recording (the agent applies its own gpu_mapping)")
     if not args.gpu_mapping.is_file():
         raise FileNotFoundError(f"--gpu-mapping: {args.gpu_mapping} does not exist")
-    if args.gpu_mapping.stat().st_size > 1 << 20:
-        raise ValueError(f"--gpu-mapping: {args.gpu_mapping} is over 1 MiB; expected a small YAML mapping")
     try:
-        raw = yaml.safe_load(args.gpu_mapping.read_text())
+        with args.gpu_mapping.open("rb") as fh:
+            raw = parse_config_yaml(fh.read(MAX_CONFIG_BYTES + 1), f"--gpu-mapping {args.gpu_mapping}")
         parse_gpu_mapping(raw)
-    except (yaml.YAMLError, ValueError) as exc:
-        raise ValueError(
-            f"--gpu-mapping {args.gpu_mapping}: {exc} (expected e.g. 'GPU-8f2c...: replica-0' per line)"
-        ) from None
+    except ValueError as exc:  # ConfigError included
+        raise ValueError(f"{exc} (expected e.g. 'GPU-8f2c...: replica-0' per line)") from None
     return raw
 
 
@@ -176,21 +136,11 @@ def _load(args: argparse.Namespace):
     return read_store_series(str(args.store), end - 2 * WEEK_S, end), end, f"store {args.store}", []
 
 
-def _check_not_empty(ss, source: str, end: float) -> None:
-    """A source with none of the report's signals in the two weeks gets a message, not a crash."""
-    from kvscope.report.weekly import WEEK_S
-
-    if ss.first_ts() is None:
-        raise ValueError(
-            f"{source} has no kvscope samples between {_iso(end - 2 * WEEK_S)} and {_iso(end)} "
-            "(does it hold the agent's series? is --end right?)"
-        )
-
-
 def coverage_note(ss, end: float) -> str:
     """'' when the data fills (nearly) the whole week ending at `end`; else a sentence naming both
     the data actually held and the span it is spread over, with its gaps, so a 10-minute
     recording's GPU cost is not read as a week's, nor two recordings 9 h apart as 9 h of data."""
+    from kvscope.agent.recording.timespan import iso_utc
     from kvscope.diagnoser.render import fmt_duration
     from kvscope.report.weekly import WEEK_S, data_coverage
 
@@ -198,7 +148,7 @@ def coverage_note(ss, end: float) -> str:
     if not cov.spans or cov.held_s >= 0.9 * WEEK_S:
         return ""
     first, last = cov.spans[0][0], cov.spans[-1][1]
-    where = f"{_iso(first)} to {_iso(last)}"
+    where = f"{iso_utc(first)} to {iso_utc(last)}"
     spread = ""
     if cov.inner_gaps:
         where += f", {cov.inner_gaps} gap{'s' if cov.inner_gaps > 1 else ''} without data"
@@ -209,30 +159,29 @@ def coverage_note(ss, end: float) -> str:
     )
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from kvscope.agent.recording.timespan import iso_utc
     from kvscope.diagnoser.sources import SourceError
     from kvscope.report.render import render_html, render_markdown
-    from kvscope.report.weekly import build_report
+    from kvscope.report.weekly import WEEK_S, build_report
 
     try:
         check_args(args)
     except ValueError as exc:
-        print(f"kvscope report: {exc}", file=sys.stderr)
-        return 3
+        return fail("report", exc, 3)
     except FileNotFoundError as exc:
-        print(f"kvscope report: {exc}", file=sys.stderr)
-        return 4
+        return fail("report", exc, 4)
     steps = tqdm(total=4, desc="weekly report", unit="step", disable=args.no_progress, file=sys.stderr)
     try:
         steps.set_postfix_str("reading")
         ss, end, source, diagnoses = _load(args)
-        _check_not_empty(ss, source, end)
+        if ss.first_ts() is None:  # none of the report's signals in the two weeks: a message, not a crash
+            raise ValueError(
+                f"{source} has no kvscope samples between {iso_utc(end - 2 * WEEK_S)} and {iso_utc(end)} "
+                "(does it hold the agent's series? is --end right?)"
+            )
         source += coverage_note(ss, end)
         steps.update()
         steps.set_postfix_str("computing")
@@ -244,11 +193,7 @@ def run(args: argparse.Namespace) -> int:
         steps.update()
     except (OSError, ValueError, EOFError, SourceError) as exc:
         steps.close()
-        print(
-            f"kvscope report: {source_hint('prometheus', args.prometheus, str(exc)) if args.prometheus else exc}",
-            file=sys.stderr,
-        )
-        return 4
+        return fail("report", source_hint("prometheus", args.prometheus, str(exc)) if args.prometheus else exc, 4)
     try:
         if page is not None:
             args.html.write_text(page)
@@ -256,8 +201,7 @@ def run(args: argparse.Namespace) -> int:
             args.markdown.write_text(markdown)
     except OSError as exc:
         steps.close()
-        print(f"kvscope report: cannot write the report: {exc}", file=sys.stderr)
-        return 4
+        return fail("report", f"cannot write the report: {exc}", 4)
     steps.update()
     steps.close()
     if not args.markdown:

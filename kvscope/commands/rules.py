@@ -8,20 +8,15 @@ import sys
 from pathlib import Path
 
 from kvscope.commands._checks import check_rules_dir
+from kvscope.commands._common import add_command, fail
 
 BUILD_HELP = """\
 Generate Prometheus recording and alerting rules from agent/normalize/catalog.yaml and
-rules/diagnosis/*.yaml, and one runbook per alert:
-
-  kvscope:<signal>            canonical series from native vLLM/SGLang/DCGM names and the
-                              agent's kvscope_* series (old and new engine names both read)
-  instance:<signal>:<op>      dashboard aggregates (p99 TTFT, KV usage max 5m, hit ratio ...)
-  LlmTtftSloBurnRate          multi-window multi-burn-rate alert on the TTFT SLO
-  LlmEngineMetrics*           engine metrics absent, vanished or renamed
-  Llm<RuleName>               one alert per diagnosis rule that PromQL can express
-
-Load every file in --out with Prometheus' rule_files (see docs/alerting.md). With --check
-nothing is written; the exit status is 1 when a file on disk differs from a fresh build.
+rules/diagnosis/*.yaml (kvscope:<signal> canonical series, instance:<signal>:<op> dashboard
+aggregates, the TTFT SLO burn-rate alert, engine-metrics-absent alerts, one Llm<RuleName> alert
+per rule PromQL can express), and one runbook per alert. Load every file in --out with
+Prometheus' rule_files (docs/alerting.md). With --check nothing is written; exit 1 when a file on
+disk differs from a fresh build.
 
 examples:
   kvscope rules build                                   # after editing catalog, rules or levers
@@ -56,89 +51,48 @@ examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "rules",
-        help="check the diagnosis rules; build Prometheus rules from them",
-        description=RULES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(subparsers, "rules", "check the diagnosis rules; build Prometheus rules from them", RULES_HELP)
     sub = parser.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
-    build = sub.add_parser(
-        "build",
-        help="generate rules/prometheus/*.yml and docs/runbooks/*.md",
-        description=BUILD_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    build.add_argument(
-        "--out",
-        type=Path,
-        default=Path("rules/prometheus"),
-        help="directory for the *.yml rule files (default: %(default)s)",
-    )
-    build.add_argument(
-        "--runbooks",
-        type=Path,
-        default=Path("docs/runbooks"),
-        help="directory for the generated runbooks (default: %(default)s)",
-    )
-    build.add_argument(
-        "--rules-dir", type=Path, default=None, help="diagnosis rules to compile (default: the shipped rules/diagnosis)"
-    )
-    build.add_argument(
-        "--slo-ttft-seconds",
-        type=float,
-        default=1.0,
-        help="TTFT SLO bound in seconds; must be a histogram bucket bound (default: %(default)s)",
-    )
-    build.add_argument(
-        "--slo-target",
-        type=float,
-        default=0.99,
-        help="share of requests that must meet the TTFT bound (default: %(default)s)",
-    )
+    build = add_command(sub, "build", "generate rules/prometheus/*.yml and docs/runbooks/*.md", BUILD_HELP)
+    build.add_argument("--out", type=Path, default=Path("rules/prometheus"), help="directory for the *.yml rule files")
+    build.add_argument("--runbooks", type=Path, default=Path("docs/runbooks"), help="directory for the runbooks")
+    _rules_dir_flag(build, "diagnosis rules to compile")
+    slo_help = "TTFT SLO bound in seconds; must be a histogram bucket bound"
+    build.add_argument("--slo-ttft-seconds", type=float, default=1.0, help=slo_help)
+    build.add_argument("--slo-target", type=float, default=0.99, help="share of requests that must meet the TTFT bound")
     build.add_argument(
         "--canonical",
         choices=("used", "all"),
         default="used",
-        help="record only the kvscope:* series the generated rules read (default), or every "
-        "catalog signal (for dashboards written against kvscope:*)",
+        help="record only the kvscope:* series the generated rules read, or every catalog signal "
+        "(for dashboards written against kvscope:*)",
     )
     build.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files on disk are stale")
     build.set_defaults(func=run_build)
-    check = sub.add_parser(
+    check = add_command(
+        sub,
         "check",
-        help="validate rules/diagnosis/*.yaml (signals, levers, operators, parameters)",
-        description="Validate the diagnosis rules: unknown signals, levers, operators, series and "
+        "validate rules/diagnosis/*.yaml (signals, levers, operators, parameters)",
+        "Validate the diagnosis rules: unknown signals, levers, operators, series and "
         "parameters, bad durations, missing test files and LEVERS.md rows without a rule. "
         "Problems print as file:line: message; exit 1 when there is any.\n\nexamples:\n"
         "  kvscope rules check\n  kvscope rules check --rules-dir my-rules/   # your own rules",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    check.add_argument(
-        "--rules-dir",
-        type=Path,
-        default=None,
-        help="directory of rules to check (default: the shipped rules/diagnosis)",
-    )
+    _rules_dir_flag(check, "directory of rules to check")
     check.set_defaults(func=run_check)
-    cov = sub.add_parser(
-        "coverage",
-        help="which engine versions give the signals kvscope reads",
-        description=COVERAGE_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    cov.add_argument(
-        "--names",
-        type=Path,
-        default=Path("tests/fixtures/engine_names"),
-        help="directory of engine name lists, meanings.yaml and allow.yaml (default: %(default)s)",
-    )
-    cov.add_argument("--allow", type=Path, default=None, help="allow-list (default: NAMES/allow.yaml)")
+    cov = add_command(sub, "coverage", "which engine versions give the signals kvscope reads", COVERAGE_HELP)
+    names_help = "directory of engine name lists, meanings.yaml and allow.yaml"
+    cov.add_argument("--names", type=Path, default=Path("tests/fixtures/engine_names"), help=names_help)
+    cov.add_argument("--allow", type=Path, help="allow-list (default: NAMES/allow.yaml)")
     out = cov.add_mutually_exclusive_group()
-    out.add_argument("--write", type=Path, default=None, help="write the table (Markdown) to this file")
-    out.add_argument("--check", type=Path, default=None, help="exit 1 if this file differs from a fresh table")
+    out.add_argument("--write", type=Path, help="write the table (Markdown) to this file")
+    out.add_argument("--check", type=Path, help="exit 1 if this file differs from a fresh table")
     cov.set_defaults(func=run_coverage)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
+
+
+def _rules_dir_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--rules-dir", type=Path, help=f"{what} (default: the shipped rules/diagnosis)")
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -146,13 +100,11 @@ def run_build(args: argparse.Namespace) -> int:
     from kvscope.diagnoser.promql.rulefiles import SloConfig
 
     if not 0 < args.slo_target < 1:
-        print("kvscope rules build: --slo-target must be between 0 and 1", file=sys.stderr)
-        return 3
+        return fail("rules build", "--slo-target must be between 0 and 1", 3)
     try:
         check_rules_dir("--rules-dir", args.rules_dir)
     except ValueError as exc:
-        print(f"kvscope rules build: {exc}", file=sys.stderr)
-        return 3
+        return fail("rules build", exc, 3)
     slo = SloConfig(ttft_seconds=args.slo_ttft_seconds, target=args.slo_target)
     for engine in slo.unaligned_engines():
         print(
@@ -187,8 +139,7 @@ def run_check(args: argparse.Namespace) -> int:
     try:
         check_rules_dir("--rules-dir", args.rules_dir)
     except ValueError as exc:
-        print(f"kvscope rules check: {exc}", file=sys.stderr)
-        return 3
+        return fail("rules check", exc, 3)
     issues = validate_rules(args.rules_dir)
     for issue in issues:
         print(issue)
@@ -221,19 +172,14 @@ def run_coverage(args: argparse.Namespace) -> int:
 
     names: Path = args.names
     if not names.is_dir():
-        print(
-            f"kvscope rules coverage: --names {names}: not a directory (run from the repository root, "
-            f"or pass --names tests/fixtures/engine_names)",
-            file=sys.stderr,
-        )
-        return 3
+        why = "not a directory (run from the repository root, or pass --names tests/fixtures/engine_names)"
+        return fail("rules coverage", f"--names {names}: {why}", 3)
     try:
         catalog = load_catalog()
         cov = Coverage(catalog, load_name_lists(names), load_meanings(names / "meanings.yaml"))
         allowed = load_allowed(args.allow or names / "allow.yaml")
     except (OSError, ValueError) as exc:
-        print(f"kvscope rules coverage: {exc}", file=sys.stderr)
-        return 3
+        return fail("rules coverage", exc, 3)
     signals = sorted(s for s in needed_signals(catalog) if catalog.signals[s].aliases)
     text = render_markdown(cov, signals, allowed, COVERAGE_HEADER)
     bad, stale = problems(cov, signals, allowed)

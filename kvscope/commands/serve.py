@@ -6,9 +6,9 @@ import argparse
 import asyncio
 import logging
 import signal
-import sys
 
 from kvscope.commands._checks import check_http_url, parse_listen
+from kvscope.commands._common import add_command, fail
 from kvscope.commands._params import add_param_flag, parse_params
 
 DESCRIPTION = """\
@@ -31,40 +31,17 @@ example:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "serve",
-        help="Alertmanager webhook that attaches a diagnosis to alerts",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "serve", "Alertmanager webhook that attaches a diagnosis to alerts", DESCRIPTION)
     p.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus HTTP API base URL")
-    p.add_argument(
-        "--listen", default="127.0.0.1:9465", metavar="HOST:PORT", help="address to serve on (default: %(default)s)"
-    )
+    p.add_argument("--listen", default="127.0.0.1:9465", metavar="HOST:PORT", help="address to serve on")
     p.add_argument("--forward-url", metavar="URL", help="POST every enriched payload here")
-    p.add_argument(
-        "--store",
-        default="kvscope-diagnoses.sqlite",
-        metavar="FILE",
-        help="SQLite file for diagnoses (default: %(default)s; ':memory:' keeps none)",
-    )
-    p.add_argument(
-        "--max-stored", type=int, default=1000, metavar="N", help="keep the newest N webhooks (default: %(default)s)"
-    )
-    p.add_argument("--step", default="15s", metavar="DURATION", help="diagnosis grid step (default: %(default)s)")
-    p.add_argument(
-        "--before",
-        default="30m",
-        metavar="DURATION",
-        help="diagnose from this long before the alert started (default: %(default)s)",
-    )
-    p.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=1024 * 1024,
-        metavar="N",
-        help="largest webhook body accepted; larger gets 413 (default: %(default)s)",
-    )
+    store_help = "SQLite file for diagnoses (':memory:' keeps none)"
+    p.add_argument("--store", default="kvscope-diagnoses.sqlite", metavar="FILE", help=store_help)
+    p.add_argument("--max-stored", type=int, default=1000, metavar="N", help="keep the newest N webhooks")
+    p.add_argument("--step", default="15s", metavar="DURATION", help="diagnosis grid step")
+    p.add_argument("--before", default="30m", metavar="DURATION", help="diagnose from this long before the alert began")
+    body_help = "largest webhook body accepted; larger gets 413"
+    p.add_argument("--max-body-bytes", type=int, default=1024 * 1024, metavar="N", help=body_help)
     add_param_flag(p)
     p.set_defaults(func=run)
 
@@ -89,18 +66,13 @@ def run(args: argparse.Namespace) -> int:
             params=params,
         )
     except ValueError as exc:
-        print(f"kvscope serve: {exc}", file=sys.stderr)
-        return 3
+        return fail("serve", exc, 3)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     store = DiagnosisStore(args.store, max_rows=args.max_stored)
     try:
         asyncio.run(_serve(WebhookServer(config, store), *listen))
     except OSError as exc:
-        print(
-            f"kvscope serve: cannot listen on {args.listen}: {exc.strerror or exc}; pick another with --listen",
-            file=sys.stderr,
-        )
-        return 1
+        return fail("serve", f"cannot listen on {args.listen}: {exc.strerror or exc}; pick another with --listen", 1)
     finally:
         store.close()
     return 0

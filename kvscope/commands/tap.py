@@ -5,42 +5,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 from collections.abc import Callable
 from typing import Any
 
 from kvscope.agent.derive.fairness import fairness_json_since_start, fairness_since_start
+from kvscope.agent.runtime import _freeze_startup_objects
 from kvscope.agent.tap.eventloop import loop_name, run_event_loop
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_upstream
 from kvscope.agent.traces.export import SpanBatchExporter
 from kvscope.agent.traces.otlp import Span
+from kvscope.commands._common import add_command
 
 DESCRIPTION = """\
-Put kvscope between clients (or a router) and an OpenAI-compatible engine (vLLM, SGLang).
-Every /v1/chat/completions and /v1/completions request passes through unchanged, byte for
-byte, while the tap records per tenant: requests, prompt tokens, tokens the engine served from
-its prefix cache (usage.prompt_tokens_details.cached_tokens; vLLM needs
---enable-prompt-tokens-details, SGLang --enable-cache-report), client-side TTFT and gaps
-between streamed chunks, and how much of each prompt had already been seen recently (reuse
-potential, from chained hashes of prompt blocks; no prompt text is ever kept). The difference
-between reusable and cached tokens is reuse the cache lost.
-
-The tenant is the --tenant-header value, else the OpenAI `user` field, else a short hash of the
-API key (never the key). The --max-tenants busiest tenants by recent traffic (request counts
-halving every 5 min) keep their own label; the rest are counted as `other`. A quieter tenant that
-is pushed out keeps its last values and `other` takes its traffic from then on.
-
-With several --upstream URLs requests are spread round-robin, and the tap also measures how
-often one prefix is served by more than one replica (split cache domains).
-
-The tap starts a trace per request and sends `traceparent` upstream, so the engine's own spans
-(vLLM --otlp-traces-endpoint) join it; with --otlp-endpoint the tap's spans, carrying the
-tenant, go to kvscope's OTLP receiver, which stitches both.
-
-Reserved paths on the listen address: /kvscope/metrics (Prometheus text) and
-/kvscope/fairness (JSON per-tenant fairness since start).
+Put kvscope between clients (or a router) and OpenAI-compatible engines (vLLM, SGLang).
+/v1/chat/completions and /v1/completions requests pass through unchanged while the tap records
+per tenant: requests, prompt tokens, tokens served from the engine's prefix cache
+(usage.prompt_tokens_details.cached_tokens; vLLM needs --enable-prompt-tokens-details, SGLang
+--enable-cache-report), client-side TTFT and inter-chunk gaps, and prefix reuse potential
+(chained hashes of prompt blocks; no prompt text is kept). The tenant is the --tenant-header
+value, else the OpenAI `user` field, else a hash of the API key (never the key); beyond
+--max-tenants the quieter ones count as `other`. Several --upstream URLs are used round-robin.
+The tap sends `traceparent` upstream and, with --otlp-endpoint, its spans. It serves
+/kvscope/metrics (Prometheus text) and /kvscope/fairness (JSON) itself. Details: docs/requests.md.
 """
 
 EXAMPLES = """\
@@ -52,118 +40,46 @@ examples:
 """
 
 
+# (flag, TapConfig field, metavar, help); the default is TapConfig's
+_CONFIG_FLAGS = (
+    ("--max-tenants", "max_tenants", "N", "busiest tenants with their own label; the rest are counted as `other`"),
+    ("--block-chars", "block_chars", "N", "prompt block size for reuse hashing, in characters (about N/4 tokens)"),
+    ("--prefix-window", "prefix_window_s", "SECONDS", "a prompt block counts as reusable if seen this recently"),
+    ("--max-connections", "max_connections", "N", "client connections at most; more get 503 + Retry-After"),
+    ("--header-timeout", "header_timeout_s", "SECONDS", "a request head must arrive whole within this"),
+    ("--request-timeout", "request_timeout_s", "SECONDS", "the whole request (head and body) within this"),
+    ("--idle-timeout", "idle_timeout_s", "SECONDS", "close a keep-alive client connection idle this long"),
+)
+
+
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "tap",
-        help="per-tenant measuring reverse proxy for OpenAI-compatible engines",
-        description=DESCRIPTION,
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--upstream",
-        action="append",
-        required=True,
-        metavar="URL",
-        help="engine base URL, e.g. http://127.0.0.1:8000 (repeat for round-robin over replicas)",
-    )
-    p.add_argument(
-        "--listen",
-        default="127.0.0.1:8001",
-        metavar="HOST:PORT",
-        help="where clients connect (default 127.0.0.1:8001; loopback unless you choose otherwise)",
-    )
-    p.add_argument(
-        "--tenant-header",
-        default="X-Tenant",
-        metavar="NAME",
-        help="request header naming the tenant (default X-Tenant; '' to use only `user` / key hash)",
-    )
-    p.add_argument(
-        "--max-tenants",
-        type=int,
-        default=50,
-        metavar="N",
-        help="busiest tenants with their own label; the rest are counted as `other` (default 50)",
-    )
-    p.add_argument(
-        "--no-inject-usage",
-        action="store_true",
-        help="never add stream_options.include_usage upstream (streams that did not ask for "
-        "usage then give no token counts)",
-    )
-    p.add_argument(
-        "--otlp-endpoint",
-        metavar="URL",
-        help="send the tap's spans (OTLP/HTTP protobuf) here, e.g. http://127.0.0.1:4318/v1/traces",
-    )
-    p.add_argument(
-        "--block-chars",
-        type=int,
-        default=64,
-        metavar="N",
-        help="prompt block size for reuse hashing, in characters (about N/4 tokens; default 64)",
-    )
-    p.add_argument(
-        "--prefix-window",
-        type=float,
-        default=900.0,
-        metavar="SECONDS",
-        help="a prompt block counts as reusable if seen within this many seconds (default 900)",
-    )
-    p.add_argument(
-        "--max-connections",
-        type=int,
-        default=TapConfig.max_connections,
-        metavar="N",
-        help="client connections at most; a new one over it is answered 503 with Retry-After "
-        f"and closed (default {TapConfig.max_connections})",
-    )
-    p.add_argument(
-        "--header-timeout",
-        type=float,
-        default=TapConfig.header_timeout_s,
-        metavar="SECONDS",
-        help="a request head must arrive whole within this, however slowly its bytes come "
-        f"(default {TapConfig.header_timeout_s:g})",
-    )
-    p.add_argument(
-        "--request-timeout",
-        type=float,
-        default=TapConfig.request_timeout_s,
-        metavar="SECONDS",
-        help=f"the whole request (head and body) within this (default {TapConfig.request_timeout_s:g})",
-    )
-    p.add_argument(
-        "--idle-timeout",
-        type=float,
-        default=TapConfig.idle_timeout_s,
-        metavar="SECONDS",
-        help=f"close a keep-alive client connection idle this long (default {TapConfig.idle_timeout_s:g})",
-    )
+    help = "per-tenant measuring reverse proxy for OpenAI-compatible engines"
+    p = add_command(subparsers, "tap", help, DESCRIPTION, EXAMPLES)
+    up_help = "engine base URL, e.g. http://127.0.0.1:8000 (repeat for round-robin over replicas)"
+    p.add_argument("--upstream", action="append", required=True, metavar="URL", help=up_help)
+    p.add_argument("--listen", default="127.0.0.1:8001", metavar="HOST:PORT", help="where clients connect")
+    tenant_help = "request header naming the tenant ('' to use only `user` / key hash)"
+    p.add_argument("--tenant-header", default="X-Tenant", metavar="NAME", help=tenant_help)
+    usage_help = "never add stream_options.include_usage upstream (streams that did not ask give no token counts)"
+    p.add_argument("--no-inject-usage", action="store_true", help=usage_help)
+    otlp_help = "send the tap's spans (OTLP/HTTP protobuf) here, e.g. http://127.0.0.1:4318/v1/traces"
+    p.add_argument("--otlp-endpoint", metavar="URL", help=otlp_help)
+    for flag, field, metavar, help_ in _CONFIG_FLAGS:
+        default = getattr(TapConfig, field)
+        p.add_argument(flag, dest=field, type=type(default), default=default, metavar=metavar, help=help_)
     p.set_defaults(func=run)
-
-
-def config_from_args(args: argparse.Namespace) -> TapConfig:
-    return TapConfig(
-        upstreams=tuple(args.upstream),
-        listen=args.listen,
-        tenant_header=args.tenant_header or None,
-        inject_usage=not args.no_inject_usage,
-        max_tenants=args.max_tenants,
-        block_chars=args.block_chars,
-        prefix_window_s=args.prefix_window,
-        max_connections=args.max_connections,
-        header_timeout_s=args.header_timeout,
-        request_timeout_s=args.request_timeout,
-        idle_timeout_s=args.idle_timeout,
-    )
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = config_from_args(args)
+        cfg = TapConfig(
+            upstreams=tuple(args.upstream),
+            listen=args.listen,
+            tenant_header=args.tenant_header or None,
+            inject_usage=not args.no_inject_usage,
+            **{field: getattr(args, field) for _, field, _, _ in _CONFIG_FLAGS},
+        )
         cfg.host_port()
         for url in cfg.upstreams:
             parse_upstream(url)
@@ -176,21 +92,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvscope tap: cannot listen on {cfg.listen}: {e}")
         return 1
     return 0
-
-
-GC_YOUNG_THRESHOLD = 10_000
-
-
-def _quiet_gc() -> None:
-    """Startup objects out of the cyclic GC's reach, and a young collection every 10k net
-    allocations instead of 700 (as the agent does, agent/runtime.py): a proxied request leaves
-    no reference cycle behind (only a closed connection does: protocol and parser), its objects
-    are freed by reference counting, so frequent young collections only walk the objects of
-    live streams again and again."""
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 def build_tap(cfg: TapConfig, span_sink: Callable[[list[Span]], None] | None = None) -> RequestTap:
@@ -213,7 +114,7 @@ async def _serve(cfg: TapConfig, otlp_endpoint: str | None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     sender = asyncio.create_task(exporter.run()) if exporter else None
-    _quiet_gc()
+    _freeze_startup_objects()  # as the agent does: a proxied request leaves no reference cycle
     print(
         f"kvscope tap: listening on {cfg.host_port()[0]}:{tap.port}, forwarding to {', '.join(cfg.upstreams)}"
         f" ({loop_name()} event loop)",

@@ -3,57 +3,38 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+from typing import Any
 
 from kvscope.commands._checks import check_http_url, check_port_free, check_recording, parse_seconds, parse_time
+from kvscope.commands._common import add_command, fail
 
 HELP = """\
-Start the triage UI (Streamlit) on 127.0.0.1. The triage page's first screen answers "what is
-wrong and what do I change": the likely cause (what, where, when, severity, LEVERS.md row) and
-the top lever's exact config change per engine. Below: the evidence (value, threshold, when it
-was taken, the PromQL-like series), a chart per evidence signal on one UTC time axis with the
-finding's period shaded, every lever ranked with its cost and source section, competing
-hypotheses, a timeline, and the rules that could not be evaluated (missing signals: unknown,
-not healthy). Other pages: tenants & fairness, cascades, efficiency, a sizing calculator, and
-the rule/lever catalog.
-
-A recording is read once (in the background while the server starts); Prometheus and an agent
-are queried again on the first page view after 60 s, over the last --since.
+Start the triage UI (Streamlit) on 127.0.0.1. Its first screen answers "what is wrong and what
+do I change": the likely cause and the top lever's exact config change per engine; below, the
+evidence with its charts, every lever ranked, competing hypotheses, and the rules that could not
+be evaluated. Other pages: tenants & fairness, cascades, efficiency, sizing, the rule catalog
+(docs/ui.md). A recording is read once; Prometheus and an agent are queried again on the first
+page view after 60 s, over the last --since. Runs in the foreground; Ctrl-C stops it.
 
   kvscope ui --recording tests/recordings/kv-pressure-cascade.om.gz
   kvscope ui --prometheus http://127.0.0.1:9090 --since 1h
   kvscope ui --agent http://127.0.0.1:9464
-
-Runs in the foreground; Ctrl-C stops it.
 """
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "ui",
-        help="start the triage UI (Streamlit, 127.0.0.1)",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "ui", "start the triage UI (Streamlit, 127.0.0.1)", HELP)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--recording", type=Path, metavar="FILE", help="an OpenMetrics recording (.om, .om.gz)")
     src.add_argument("--prometheus", metavar="URL", help="a Prometheus holding the agent's kvscope_* series")
     src.add_argument("--agent", metavar="URL", help="a running kvscope agent")
-    p.add_argument(
-        "--since",
-        default="30m",
-        metavar="DURATION",
-        help="window to diagnose for --prometheus/--agent: seconds or a duration (default 30m)",
-    )
-    p.add_argument(
-        "--end",
-        default=None,
-        metavar="TIME",
-        help="window end for --prometheus/--agent: unix seconds or ISO 8601 UTC (default: now)",
-    )
-    p.add_argument("--port", type=int, default=8501, help="port on 127.0.0.1 (default 8501)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; think before exposing)")
+    since_help = "window to diagnose for --prometheus/--agent: seconds or a duration"
+    p.add_argument("--since", default="30m", metavar="DURATION", help=since_help)
+    end_help = "window end for --prometheus/--agent: unix seconds or ISO 8601 UTC (default: now)"
+    p.add_argument("--end", metavar="TIME", help=end_help)
+    p.add_argument("--port", type=int, default=8501, help="port to serve on")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (think before exposing)")
     p.set_defaults(func=run)
 
 
@@ -72,32 +53,36 @@ def source_of(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope.ui.server import TerminateRequested, UiServer, stop_on_sigterm
-
     try:
         source = source_of(args)
         if not 0 < args.port < 65536:
             raise ValueError(f"--port: expected 1-65535, got {args.port}")
         check_port_free("--port", args.host, args.port)
     except ValueError as exc:
-        print(f"kvscope ui: {exc}", file=sys.stderr)
-        return 3
-    if args.recording:
-        try:
-            check_recording(args.recording)
-        except (ValueError, OSError) as exc:
-            print(f"kvscope ui: {exc}", file=sys.stderr)
-            return 4
-    stop_on_sigterm()
-    server = UiServer(source, args.port, args.host).start()
+        return fail("ui", exc, 3)
     try:
+        if args.recording:
+            check_recording(args.recording)
+    except (ValueError, OSError) as exc:
+        return fail("ui", exc, 4)
+    return serve_ui("ui", source, args.port, args.host)
+
+
+def serve_ui(command: str, source: Any, port: int, host: str = "127.0.0.1") -> int:
+    """Run the UI in the foreground until Ctrl-C or SIGTERM (`kvscope ui`, `kvscope demo`)."""
+    from kvscope.ui.server import TerminateRequested, UiServer, stop_on_sigterm
+
+    stop_on_sigterm()
+    server = UiServer(source, port, host)
+    try:
+        server.start()
         server.wait_healthy()
         print(f"kvscope UI: {server.url}  (Ctrl-C to stop)", flush=True)
         return server.wait()
     except RuntimeError as exc:
-        print(f"kvscope ui: {exc}", file=sys.stderr)
-        return 1
+        return fail(command, exc, 1)
     except (KeyboardInterrupt, TerminateRequested):
+        print(f"\nkvscope {command}: stopped", flush=True)
         return 0
     finally:
         server.stop()

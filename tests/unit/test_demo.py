@@ -21,12 +21,14 @@ from testbed.procs import free_port, http_get, start_reporting_port, stop_proces
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_check_prints_the_likely_cause_and_exits(tmp_path, capsys):
+def test_check_prints_the_likely_cause_and_exits(tmp_path, capsys, monkeypatch):
+    """The diagnosis is the diagnoser's card: the lever table's first row and the citations."""
+    monkeypatch.setenv("COLUMNS", "200")
     rec = write_kv_incident(tmp_path / "kv-incident.om")
     assert main(["demo", "--check", "--recording", str(rec)]) == 0
     out = capsys.readouterr().out
     assert "LIKELY CAUSE" in out
-    assert "lever 1:" in out and "sources: 002 §7.4" in out
+    assert re.search(r"^│ 1  \w", out, re.M) and "sources: 002 §7.4" in out
 
 
 def test_check_with_a_missing_recording_is_a_clear_error(tmp_path, capsys):
@@ -45,15 +47,16 @@ def test_default_recording_prefers_a_library_kv_incident_over_the_bundled_one(tm
     assert default_recording(tmp_path / "missing", tmp_path / "none.om") is None
 
 
-def test_check_on_the_default_real_incident(capsys):
+def test_check_on_the_default_real_incident(capsys, monkeypatch):
     """The demo's default recording is a real vLLM incident and the diagnoser finds its cause:
     one of the LEVERS rows the incident library's YAML expects, when the recording has one."""
+    monkeypatch.setenv("COLUMNS", "200")
     path = default_recording()
     assert path is not None
     assert main(["demo", "--check"]) == 0
     out = capsys.readouterr().out
     assert "LIKELY CAUSE" in out
-    row = re.search(r"LEVERS (\w+)\)", out).group(1)
+    row = re.search(r"\(([A-Z]\d+) [a-z_]+\)", out).group(1)  # the card's title: (K2 kv_pressure_cascade)
     meta = path.parent / (path.name.split(".")[0] + ".yaml")
     expected = (
         {lv for e in yaml.safe_load(meta.read_text())["expected"] for lv in e.get("levers", [])}

@@ -3,6 +3,7 @@ evidence value was taken, the windows actually used, why nothing fired, repeats 
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -80,6 +81,30 @@ def test_same_mechanism_is_supporting_evidence_not_a_competing_hypothesis():
     supporting_line = next(line for line in text.splitlines() if "title of eviction_rate_high" in line)
     assert "K3" in supporting_line and "something measured" in supporting_line
     assert text.count("vllm.max_num_seqs (set)") == 1  # the supporting finding is a line, not a card with levers
+
+
+def test_evidence_has_readable_units_and_thresholds_and_a_competing_card_shows_labels():
+    """Ratios as %, rates as /s, seconds as ms, counts bare; the competing card's place is labels."""
+    evidence = (
+        Evidence("KV cache usage", 0.987, "ratio", "max(engine_kv_cache_usage_ratio)", threshold=0.9, op=">="),
+        Evidence("preemptions", 4.42, "per_second", "rate(engine_preemptions_total[1m])"),
+        Evidence("mean TTFT", 0.25, "seconds", "ttft_mean"),
+        Evidence("waiting requests", 6.0, "count", "engine_requests_waiting"),
+    )
+    head = replace(_finding("kv_pressure_preemption", "K1", KV_LEVERS, evidence=evidence), until=T0 + 90)
+    other = _finding("itl_tail_prefill_interference", "L4", ("vllm.enable_chunked_prefill",))
+    text = _text(Diagnosis(window=head.window, source="t", likely_cause=head, competing=(other,), rules_evaluated=2))
+    for row in (
+        r"KV cache usage +98\.7% +>= 90\.0% ",
+        r"preemptions +4\.42 /s ",
+        r"mean TTFT +250\.0 ms ",
+        r"waiting requests +6 ",
+    ):
+        assert re.search(row, text), row
+    assert "(until 2023-11-14 22:14:50 UTC, 1m30s)" in text and "2 fired, 0 not evaluable" in text
+    card = text[text.index("COMPETING HYPOTHESIS") :]
+    assert "(L4 itl_tail_prefill_interference)" in card and "where: instance=replica-0" in card
+    assert "{'instance'" not in text
 
 
 def test_same_family_and_lead_lever_is_the_same_mechanism_but_a_shared_lever_alone_is_not():

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvscope.agent.tap.prefix import PrefixIndex, parse_block_hashes, render_prompt
-from kvscope.agent.tap.sse import SseSplitter, classify_event, parse_usage
+from kvscope.agent.tap.sse import classify_event, parse_usage, split_events
 from kvscope.agent.tenants import OTHER, TenantLimiter, parse_tenant
 
 
@@ -71,16 +71,14 @@ def test_render_prompt_covers_chat_completions_and_token_ids():
     assert render_prompt({"model": "m"}) is None
 
 
-def test_sse_splitter_returns_complete_events_byte_for_byte():
-    sp = SseSplitter()
+def test_split_events_returns_complete_events_byte_for_byte():
     stream = (
         b'data: {"choices":[{"text":"a"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":3}}\r\n\r\ndata: [DONE]\n\n'
     )
-    got = []
-    for i in range(0, len(stream), 7):  # arbitrary chunking
-        got += sp.feed(stream[i : i + 7])
-    assert b"".join(got) == stream and len(got) == 3 and sp.rest() == b""
+    got = split_events(stream)
+    assert b"".join(got) == stream and len(got) == 3
     assert [classify_event(e).kind for e in got] == ["token", "usage_only", "done"]
+    assert split_events(stream + b"data: x") == [*got, b"data: x"]  # a partial tail is kept, not lost
 
 
 def test_usage_parsing_keeps_absent_cached_tokens_absent():
