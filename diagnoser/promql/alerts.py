@@ -169,7 +169,7 @@ def info_gauges(catalog: Catalog) -> tuple[str, ...]:
     return tuple(f.name for f in catalog.facts if f.fact is None)
 
 
-def compile_rule(rule: Rule, runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]] | PythonOnly:
+def compile_rule(rule: Rule) -> list[dict[str, Any]] | PythonOnly:
     """Alerting rules for one diagnosis rule, or PythonOnly with the reason."""
     if "cascade" in rule.doc:
         return PythonOnly(rule.id, "cascade: ordered stage onsets have no PromQL form")
@@ -188,12 +188,12 @@ def compile_rule(rule: Rule, runbook_base: str = RUNBOOK_BASE) -> list[dict[str,
         ]
     except (NotExpressible, KeyError, ValueError) as exc:
         return PythonOnly(rule.id, str(exc) or type(exc).__name__)
-    return [_alert(rule, expr, rule.severity, when, runbook_base)] + [
-        _alert(rule, f"{expr}\nand\n{cond}", sev, when, runbook_base) for sev, cond in raised
+    return [_alert(rule, expr, rule.severity, when)] + [
+        _alert(rule, f"{expr}\nand\n{cond}", sev, when) for sev, cond in raised
     ]
 
 
-def _alert(rule: Rule, expr: str, severity: str, when: tree.Block, runbook_base: str) -> dict[str, Any]:
+def _alert(rule: Rule, expr: str, severity: str, when: tree.Block) -> dict[str, Any]:
     where = " ".join(f"{{{{ $labels.{label} }}}}" for label in rule.by) or "the fleet"
     alert: dict[str, Any] = {"alert": alert_name(rule.id), "expr": expr}
     if when.hold > 0:
@@ -208,17 +208,17 @@ def _alert(rule: Rule, expr: str, severity: str, when: tree.Block, runbook_base:
     alert["annotations"] = {
         "summary": f"{rule.title} on {where} (value {{{{ $value | humanize }}}})",
         "description": " ".join(str(meta.get("description", "")).split()) + (f" Levers: {levers}." if levers else ""),
-        "runbook_url": f"{runbook_base}{rule.id}.md",
+        "runbook_url": f"{RUNBOOK_BASE}{rule.id}.md",
     }
     return alert
 
 
-def compile_rules(rules: list[Rule], runbook_base: str = RUNBOOK_BASE) -> tuple[list[dict[str, Any]], list[PythonOnly]]:
+def compile_rules(rules: list[Rule]) -> tuple[list[dict[str, Any]], list[PythonOnly]]:
     """(alerting rules in rule-id order, rules that stay Python-only)."""
     alerts: list[dict[str, Any]] = []
     python_only: list[PythonOnly] = []
     for rule in sorted(rules, key=lambda r: r.id):
-        out = compile_rule(rule, runbook_base)
+        out = compile_rule(rule)
         if isinstance(out, PythonOnly):
             python_only.append(out)
         else:

@@ -1,19 +1,17 @@
 """PromQL for a rule's named series: the one writer of a rule series in PromQL.
 
-`SeriesCompiler(rule, reader, step).expr(name)` writes the series `name` of a rule
-(rules/diagnosis/*.yaml `series:`) grouped by its `by`. How each canonical signal is read is the
-reader's (promql/signals.py): `RecordedSignals` reads the `kvscope:<series>` recording rules (the
-alert files), `InlineSignals` the engines' own series (the pushdown prefilter),
-`CanonicalSignals` the canonical names as they are (the evidence text of a finding,
-diagnoser/evaluate/expr.py `promql`). With a grid `step`, ranges are the ones the numpy
-evaluator uses on that grid (time-scaled, whole steps); with `held`, no longer than the data.
+`SeriesCompiler(rule, reader, step).expr(name)` writes the series `name` of a rule grouped by its
+`by`; the reader (promql/signals.py) says how a canonical signal is read: `NamedSignals` the
+`kvscope:<series>` records (alert files) or canonical names (a finding's evidence text),
+`InlineSignals` the engines' own series (the candidate records). With a grid `step`, ranges are
+the evaluator's on that grid (time-scaled, whole steps); with `held`, no longer than the data.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from kvscope.diagnoser.promql.signals import PromQL, RecordedSignals, _escape_re
+from kvscope.diagnoser.promql.signals import NamedSignals, PromQL, _escape_re
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule, parse_duration
 
@@ -69,7 +67,7 @@ def _number(value: Any) -> str:
 
 
 class SignalReader(Protocol):
-    """How a canonical series is read (promql/signals.py: RecordedSignals, InlineSignals)."""
+    """How a canonical series is read (promql/signals.py: NamedSignals, InlineSignals)."""
 
     def read(
         self,
@@ -98,7 +96,7 @@ class SeriesCompiler:
         self.held = held
         self.nodes: dict[str, tree.Node] = rule.tree.series
         self.rule_by = rule.by
-        self.reader = reader or RecordedSignals()
+        self.reader = reader or NamedSignals()
         self.step = step
         self.sub = _duration(step) if step else SUBQUERY_STEP
         self.sub_for: Any = None

@@ -1,25 +1,14 @@
 """PromQL that reads one canonical signal from every place it can come from.
 
-A canonical signal (agent/normalize/catalog.yaml) reaches Prometheus either under its engines'
-own names (vLLM old and new names, SGLang, dcgm-exporter; Ray's `vllm_x` spelling too) or
-re-exported by the kvscope agent as `kvscope_<signal>`. `source_union` writes one expression
-that reads all of them, maps upstream labels to canonical ones with `label_replace`, and
-aggregates the way the Python normalizer does (gauges: max, counters and histograms: sum), so
-a query over the result means the same thing with or without the agent.
-
-Each source becomes one term; terms are joined with `or`, which keeps the first term's series
-and adds another term's only for label sets the first did not have. Native names come first,
-so an engine scraped both directly and through the agent is counted once — provided the agent
-job is scraped with `honor_labels: true`, which keeps the engine's `instance` (docs/alerting.md).
-An old name the catalog marks `fallback` is read only for instances that have none of the
-engine's current names (`old unless on (instance) current`), as the normalizer does per scrape:
-vLLM <= 0.11 exports both, and they are never added up. A dialect's `worker_labels` (an
-aggregating endpoint's per-worker label, e.g. sglang-router's `worker_addr`) becomes `instance`.
-
-What PromQL cannot express is left out and returned as skipped by `source_terms`: histograms whose
-buckets need rescaling (SGLang `kv_transfer_latency_ms`: `le` values cannot be multiplied in
-PromQL) and info-label values (`vllm:cache_config_info{kv_cache_size_tokens}`). Those signals
-still arrive through the agent's `kvscope_*` series.
+A canonical signal (agent/normalize/catalog.yaml) reaches Prometheus under its engines' own names
+(old and new, Ray's `vllm_x` spelling) or re-exported by the agent as `kvscope_<signal>`.
+`source_union` reads all of them as one expression: upstream labels mapped to canonical ones
+with `label_replace`, aggregated as the Python normalizer does (gauges max, the rest sum), terms
+joined with `or` native names first (an engine scraped directly and through the agent counts once
+with `honor_labels: true`, docs/alerting.md). A `fallback` (old) name is read only for instances
+without the current ones; a dialect's `worker_labels` become `instance`. Rescaled histogram
+buckets and info-label values have no PromQL form: `source_terms` returns them as skipped (the
+agent's `kvscope_*` series still carry them).
 """
 
 from __future__ import annotations
@@ -89,11 +78,11 @@ def source_terms(signal: Signal, catalog: Catalog, suffix: str = "") -> tuple[li
         matchers = tuple(sorted((k, "|".join(_escape_re(v) for v in vs)) for k, vs in alias.match.items()))
         sets = tuple(sorted(alias.set.items()))
         key = (alias.engine, matchers, renames, alias.scale, alias.collapse, alias.fallback, sets)
-        names = wire_names(alias.name, signal.kind, suffix, alias.part)
         prev = grouped.get(key)
+        names = (prev.names if prev else ()) + wire_names(alias.name, signal.kind, suffix, alias.part)
         grouped[key] = SourceTerm(
             alias.engine,
-            (prev.names if prev else ()) + names,
+            names,
             matchers,
             renames,
             alias.scale,
@@ -199,10 +188,7 @@ def quote(text: str) -> str:
 
 
 def _escape_re(text: str) -> str:
-    out = []
-    for ch in text:
-        out.append("\\" + ch if ch in ".+*?()[]{}|^$\\" else ch)
-    return "".join(out)
+    return "".join("\\" + ch if ch in ".+*?()[]{}|^$\\" else ch for ch in text)
 
 
 # ------------------------------------------------------------------------------ signal readers
@@ -250,8 +236,13 @@ def _format_matchers(matchers: list[Matcher] | tuple[Matcher, ...]) -> list[str]
     return [f'{label}{op}"{quote(value)}"' for label, op, value in matchers]
 
 
-class RecordedSignals:
-    """Reads `kvscope:<series>`, the recording rules `kvscope rules build` writes."""
+class NamedSignals:
+    """Reads each canonical series by one name: `kvscope:<series>`, the recording rules `kvscope
+    rules build` writes (the default, for the alert files), or with `prefix=""` the canonical name
+    itself, as a finding's evidence shows what the rule computed."""
+
+    def __init__(self, prefix: str = "kvscope:") -> None:
+        self.prefix = prefix
 
     def read(
         self,
@@ -263,26 +254,7 @@ class RecordedSignals:
         outer: str | None = None,
     ) -> str:
         parts = _format_matchers(matchers)
-        sel = f"kvscope:{series}" + ("{" + ",".join(parts) + "}" if parts else "")
-        return f"{fn}({sel}[{rng}])" if fn else sel
-
-
-class CanonicalSignals:
-    """Reads each canonical series by its own name (`engine_preemptions_total`), as a finding's
-    evidence shows what the rule computed: the form is the alert files', the names the catalog's
-    canonical ones (`kvscope rules build` records each as `kvscope:<name>`)."""
-
-    def read(
-        self,
-        series: str,
-        matchers: list[Matcher],
-        fn: str | None = None,
-        rng: str | None = None,
-        by: tuple[str, ...] | None = None,
-        outer: str | None = None,
-    ) -> str:
-        parts = _format_matchers(matchers)
-        sel = series + ("{" + ",".join(parts) + "}" if parts else "")
+        sel = self.prefix + series + ("{" + ",".join(parts) + "}" if parts else "")
         return f"{fn}({sel}[{rng}])" if fn else sel
 
 
@@ -336,12 +308,7 @@ class InlineSignals:
             ]
             op = "max" if term.collapse == "max" else agg
             expr = _range_read(term.names, selectors, fn, rng) if fn else name_selector(term.names, selectors)
-            expr = relabel(
-                expr,
-                term
-                if fn != "resets"
-                else SourceTerm(term.dialect, term.names, term.matchers, term.renames, workers=term.workers),
-            )
+            expr = relabel(expr, term if fn != "resets" else replace(term, scale=1.0, sets=()))
             if suffix == "_bucket":
                 expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
             parts.append(f"{op} by ({clause}) ({expr})")

@@ -2,28 +2,19 @@
 the rule's `for`.
 
 `kvscope rules build` writes each rule's loosened condition (prefilter.py) as a recording rule
-(`kvscope-candidates.yml`), evaluated every CANDIDATE_INTERVAL; the same expression adds a series
-`{version=...}` at every evaluation that succeeded, which says when the records cover the window
-and for which version of the rule. One range query at that interval reads them for every rule
-(`read_candidates`).
-
-Where the evaluator's condition holds, the candidate's does too (a superset), so a run of the
-rule's `for` (hold + 1 grid points, `hold_s` seconds) holds the candidate at every evaluation
-inside it: at least hold_s // interval consecutive query points (the record read at a query time
-is the last evaluation before it). Groups without such a run cannot fire; for the others the
-runs, widened by two intervals before and one after (the evaluations' phase), bound where the
-evaluator's runs can lie (`Group.first`, `Group.last`).
-
-A rule whose records do not cover the window (installed later, another version of the rule,
-gaps) is `uncovered`: it is judged on every engine's series (the exact full fetch), and the
-spans are said.
+(`kvscope-candidates.yml`) evaluated every CANDIDATE_INTERVAL, plus a series `{version=...}` at
+every evaluation that succeeded (when the records cover the window, for which rule version).
+`read_candidates` reads all of them in one range query. The candidate holds wherever the
+evaluator's condition does, so a run of the rule's `for` holds it at >= hold_s // interval
+consecutive query points; groups without such a run cannot fire, and for the others the runs
+(widened by two intervals before and one after) bound the evaluator's (`Group.first/last`). A rule
+whose records do not cover the window is `uncovered`: judged on every engine's series.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -84,14 +75,6 @@ class Hits:
     why: str = ""
     uncovered: list[tuple[float, float]] = field(default_factory=list)
 
-    @property
-    def first(self) -> int:
-        return min(g.first for g in self.groups)
-
-    @property
-    def last(self) -> int:
-        return max(g.last for g in self.groups)
-
 
 def read_candidates(
     client: PromClient, versions: dict[str, str], holds: dict[str, float], grid: np.ndarray
@@ -119,7 +102,7 @@ def read_candidates(
         rows[rid].append((labels, ~np.isnan(row)))
     out = {}
     for rid in versions:
-        gaps = _spans(~up[rid], times)
+        gaps = [(float(times[a]), float(times[b])) for a, b in _runs(~up[rid])]
         if gaps:
             out[rid] = Hits(everywhere=True, why="no kvscope:candidate records (or of another version)", uncovered=gaps)
             continue
@@ -146,10 +129,6 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return [(int(a), int(b) - 1) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
-def _spans(mask: np.ndarray, times: np.ndarray) -> list[tuple[float, float]]:
-    return [(float(times[a]), float(times[b])) for a, b in _runs(mask)]
-
-
 def describe(hits: dict[str, Hits]) -> list[str]:
     """Lines naming the rules judged by the full fetch because their records do not cover the
     window, with the spans, and how to backfill them."""
@@ -169,7 +148,8 @@ def describe(hits: dict[str, Hits]) -> list[str]:
     for rid, h in sorted(bad.items()):
         by_spans.setdefault(tuple(h.uncovered), []).append(rid)
     for spans, rids in by_spans.items():
-        out.append(f"  {', '.join(rids)}: " + ", ".join(f"{at(a)} - {at(b)}" for a, b in spans[:3]) + _more(spans))
+        more = f" (+{len(spans) - 3} more)" if len(spans) > 3 else ""
+        out.append(f"  {', '.join(rids)}: " + ", ".join(f"{at(a)} - {at(b)}" for a, b in spans[:3]) + more)
     lo, hi = min(h.uncovered[0][0] for h in bad.values()), max(h.uncovered[-1][1] for h in bad.values())
     out.append(
         "  backfill them (docs/fleet.md): promtool tsdb create-blocks-from rules "
@@ -178,7 +158,3 @@ def describe(hits: dict[str, Hits]) -> list[str]:
         f"{at(lo)} -replay.timeTo={at(hi)} -datasource.url=<vm> -remoteWrite.url=<vm>"
     )
     return out
-
-
-def _more(spans: Any) -> str:
-    return f" (+{len(spans) - 3} more)" if len(spans) > 3 else ""

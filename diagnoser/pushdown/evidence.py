@@ -1,23 +1,13 @@
 """The evidence a rule's candidates need: which raw series, of which instances, over which span.
 
-A rule reads its signals through leaf series (`gauge`, `rate`, `quantile`, ...), each grouped by
-its own labels. For a candidate group, a leaf grouped by `instance` needs only that instance's
-series; a leaf grouped by `model` (peers: replicas of the model, its queue share) needs every
-instance serving the candidates' models, and only that leaf's signal; a leaf grouped by nothing
-(the fleet) needs every instance's. So evidence is planned per leaf and candidate (`rule_needs`),
-and only what some candidate needs is fetched (`fetch_needs`): every-instance needs in one fetch,
-instance needs batched by instances that need the same names over the same (rounded) span.
-
-Spans, per candidate group: conditions are judged over the stretch where the rule can fire
-(candidates.py: the `kvscope:candidate` records) widened by SAFETY_S on both sides
-(`judged_spans`), to the window's end for cascades (later stages may start after the root's
-stretch); data is fetched from the first point judged minus the rule's reach (ranges, offsets,
-baselines), to the last point judged, or to the window's end for the leaves `resolved_when`
-reads (it is read from a finding's onset on).
-
-The rule is then evaluated on a frame of its own rows (`rule_frame`) whose `judged` stretches are
-the candidates': a peer fetched for a model-level leaf, or a group outside its stretches, is not
-judged on data fetched for someone else.
+Evidence is planned per leaf series and candidate (`rule_needs`): a leaf grouped by `instance`
+needs that instance's series, one grouped by `model` every instance serving the candidates'
+models, one grouped by nothing every instance's; only what some candidate needs is fetched
+(`fetch_needs`: every-instance needs in one fetch, the others batched by instances needing the
+same names over the same rounded span). Conditions are judged over the candidate's stretch
+widened by SAFETY_S (to the window's end for cascades); data is fetched from there minus the
+rule's reach, to the window's end for the leaves `resolved_when` reads. The rule then runs on a
+frame of its own rows (`rule_frame`) judged only on its candidates' stretches.
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
 """The fleet path: diagnose a fleet in a Prometheus-compatible TSDB from the candidates it keeps.
 
 `diagnose --prometheus`, the UI, the weekly report and the Alertmanager webhook all come here.
-
-1. **Inventory** (index only): which sample names exist in the window (rules whose signals are
-   all absent are skipped exactly as the evaluator skips them).
-2. **Candidates** (candidates.py): one range query of the `kvscope:candidate` records the TSDB
-   evaluates continuously (`kvscope-candidates.yml`); per rule, the groups that held long enough
-   for its `for`. A rule whose records do not cover the window, that has no record (no PromQL
-   form), or that runs with other parameters or a time scale than the records' is judged on
-   every engine's series: the exact full fetch (sources/prometheus.py), said in the summary.
-   Instances whose data starts within the rules' reach are candidates everywhere (near a
-   series' first samples the evaluator clips its windows while PromQL extrapolates).
-3. **Evidence** (evidence.py): for the rules with candidates, the raw series their leaves read,
-   per leaf: the candidates' own instances, their models' replicas for model-level leaves, every
-   instance for fleet-level leaves; over the stretches where they can fire.
-4. **Evaluate**: the numpy evaluator runs each such rule over its own rows, judging conditions only
-   inside those stretches; findings then settle and rank as in `diagnose()` (evaluate/confidence.py).
-
-Findings equal the full fetch's as long as each candidate holds wherever the evaluator's condition
-does (tests/integration/test_pushdown.py).
+1. Inventory (index only): which sample names exist; rules whose signals are all absent are
+   skipped as the evaluator skips them.
+2. Candidates (candidates.py): per rule, the groups whose `kvscope:candidate` records held for its
+   `for`. Rules without trustworthy records (uncovered, no PromQL form, other parameters or time
+   scale) are judged on every engine's series (sources/prometheus.py), said in the summary;
+   instances younger than a rule's reach are candidates everywhere.
+3. Evidence (evidence.py): the raw series the candidates' leaves read, where they can fire.
+4. Evaluate: the numpy evaluator on each rule's own rows, then settle and rank as `diagnose()`.
+Findings equal the full fetch's (tests/integration/test_pushdown.py).
 """
 
 from __future__ import annotations
@@ -33,15 +24,10 @@ import numpy as np
 
 from kvscope.agent.signals import Catalog, load_catalog
 from kvscope.diagnoser.evaluate.confidence import before_symptom, direct_present, settle
-from kvscope.diagnoser.evaluate.evaluator import (
-    auto_time_scale,
-    evaluate_rule,
-    rank,
-    required_absent,
-    sample_names,
-)
+from kvscope.diagnoser.evaluate.evaluator import auto_time_scale, evaluate_rule, rank, required_absent, sample_names
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid
 from kvscope.diagnoser.findings import MECHANISM_OFF, MECHANISM_UNKNOWN, Diagnosis, Finding, Skipped
+from kvscope.diagnoser.promql.series import SeriesCompiler
 from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown.candidates import Group, Hits, candidate_exprs, describe, read_candidates
 from kvscope.diagnoser.pushdown.evidence import fetch_needs, rule_frame, rule_needs
@@ -50,7 +36,7 @@ from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources.promapi import PromClient, PromError
-from kvscope.diagnoser.sources.prometheus import KVSCOPE_PREFIX, fetch_frame, native_names
+from kvscope.diagnoser.sources.prometheus import fetch_frame, wire_pattern
 
 NO_GROUPS = "no series for any group"
 
@@ -217,18 +203,6 @@ def inventory(client: PromClient, rules: list[Rule], start: float, end: float, c
     return {n for n in names if any(re.fullmatch(wire_pattern({n}, catalog), r) for r in window)}
 
 
-def wire_pattern(names: set[str], catalog: Catalog) -> str:
-    """A regex of every name on the wire that produces the canonical sample names."""
-    alternatives = set()
-    for declared in native_names(names, catalog) - {f.name for f in catalog.facts}:
-        alternatives.add(re.escape(declared))
-        if ":" in declared:
-            alternatives.add(re.escape(declared.replace(":", "_", 1)))
-    native = "|".join(sorted(alternatives)) or "$^"
-    kv = "|".join(sorted(re.escape(KVSCOPE_PREFIX + n) for n in names))
-    return f"(({native})(_total|_bucket|_sum|_count)?)|({kv})"
-
-
 def _skip(rule: Rule, shell: Frame) -> Skipped | None:
     """The evaluator's own reasons to skip a rule before reading any value."""
     missing = rule.missing_params()
@@ -315,8 +289,6 @@ def _mechanism(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.n
     """The rule's mechanism over the fleet and window (evaluator.mechanism_off): None when on or
     not declared, Skipped when off (present, never above 0) or unknown (absent); False when
     PromQL cannot tell. One instant query over a subquery at the grid step."""
-    from kvscope.diagnoser.promql.series import SeriesCompiler
-
     mech = rule.tree.mechanism
     if mech is None:
         return None
@@ -343,8 +315,6 @@ def _has_groups(
     evaluator skips the rule as "no series for any group"): an instant query, then one coarse
     range query. None when PromQL cannot tell (a leaf it cannot read whose samples the index
     has, and the others have none)."""
-    from kvscope.diagnoser.promql.series import SeriesCompiler
-
     step = float(grid[1] - grid[0]) if len(grid) > 1 else None
     comp = SeriesCompiler(rule, reader, step=step)
     by = ", ".join(rule.by)
