@@ -1,13 +1,10 @@
-"""Alertmanager webhook payloads, and the diagnosis attached to each alert.
+"""Alertmanager webhook payloads (v4), and the diagnosis attached to each alert.
 
-Alertmanager posts a JSON document (webhook `version: "4"`) with a list of alerts. For each
-firing alert, the receiver (server.py) diagnoses the alert's time window and picks the findings
-at the alert's place (its `instance`, `model`, ... labels). When the alert came from
-a generated kvscope rule (label `rule_id`), the finding of that same rule is `matched`; the
-top-ranked finding at that place is the `likely_cause`, which may be a different, earlier rule
-(the root of a cascade precedes its symptom).
-
-The enriched payload is the original webhook with one `kvscope` object added to every alert:
+For each firing alert the receiver (server.py) diagnoses the alert's window and picks the
+findings at the alert's place (its `instance`, `model`, ... labels). The finding of the alert's
+own rule (label `rule_id`) is `matched`; the top-ranked one there is the `likely_cause`, which
+may be an earlier rule (a cascade's root precedes its symptom). Every alert gains a `kvscope`
+object:
 
     {"window": [start, end], "rule_id": "...", "matched": Finding | null,
      "likely_cause": Finding | null, "findings": [Finding...], "skipped": int,
@@ -15,11 +12,8 @@ The enriched payload is the original webhook with one `kvscope` object added to 
      "routers": [{"instance", "job", "decisions": {policy: n}, "branches": {"policy:branch": n},
                   "kept", "gave_away", "kept_share", "load_only", "prefix_tokens_kept_share"}...]}
 
-`routers` (diagnoser/routing.py) is what every router in the window decided, beside the engine
-findings: present only when a router exports decision series, each router with only the keys its
-series give.
-
-Findings use the JSON layout of diagnoser/findings.py (`Finding.to_dict`).
+`routers` (diagnoser/routing.py) is present only when a router exports decision series, with the
+keys its series give. Findings use `Finding.to_dict`'s layout (diagnoser/findings.py).
 """
 
 from __future__ import annotations

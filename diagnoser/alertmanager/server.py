@@ -227,18 +227,9 @@ class WebhookServer:
 
         source = PrometheusSource(self.config.prometheus_url, timeout_s=30.0)
         try:
+            args = (self.rules, self.config.params, None, self.levers, source.description, source.catalog)
             result, report = await asyncio.to_thread(
-                diagnose_fleet,
-                source.client,
-                start,
-                end,
-                self.config.step_s,
-                self.rules,
-                self.config.params,
-                None,
-                self.levers,
-                source.description,
-                source.catalog,
+                diagnose_fleet, source.client, start, end, self.config.step_s, *args
             )
             # the fleet path's frame holds only candidates' evidence: the routers are read apart
             routers = await asyncio.to_thread(source.read_frame, set(ROUTER_SIGNALS), start, end, self.config.step_s)

@@ -23,6 +23,7 @@ CREATE TABLE IF NOT EXISTS diagnoses (
   forward TEXT NOT NULL DEFAULT ''
 );
 """
+_SELECT = "SELECT id, received_at, status, alertnames, payload, forward FROM diagnoses"
 
 
 class DiagnosisStore:
@@ -60,14 +61,12 @@ class DiagnosisStore:
 
     def get(self, row_id: int) -> dict[str, Any] | None:
         with self._lock:
-            row = self._db.execute(
-                "SELECT id, received_at, status, alertnames, payload, forward FROM diagnoses WHERE id = ?", (row_id,)
-            ).fetchone()
+            row = self._db.execute(_SELECT + " WHERE id = ?", (row_id,)).fetchone()
         return _row(row, full=True) if row else None
 
     def list(self, limit: int = 50, alertname: str | None = None) -> list[dict[str, Any]]:
         """Newest first; `alertname` filters on one alert name."""
-        query = "SELECT id, received_at, status, alertnames, payload, forward FROM diagnoses"
+        query = _SELECT
         args: tuple[Any, ...] = ()
         if alertname:
             query += " WHERE ',' || alertnames || ',' LIKE ?"

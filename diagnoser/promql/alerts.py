@@ -1,15 +1,10 @@
 """Compile diagnosis rules (rules/diagnosis/*.yaml) into Prometheus alerting rules.
 
-The rule's thresholds, `for`, grouping and severity carry over unchanged, so the Python engine
-(diagnoser/evaluate/evaluator.py) and Prometheus fire on the same data (tests/integration/test_parity.py
-checks it). Each canonical signal `S` is read from the recorded `kvscope:S` series
-(promrules.py), which exist whether the engines are scraped directly or through the agent.
-
-A rule becomes `Llm<CamelCaseId>` with labels `severity`, `rule_id`, `levers_md`; a rule with
-`warning_when` / `critical_when` gets a further rule of the same name with that severity. Rules that
-PromQL cannot express are returned as `PythonOnly` with the reason (cascades, a parameter
-without a default, absence tests, a condition on a coarser series only); the generated file
-lists them in its header.
+Thresholds, `for`, grouping and severity carry over, so the Python engine and Prometheus fire on
+the same data (tests/integration/test_parity.py); signals are read from the recorded `kvscope:S`
+series (rulefiles.py). A rule becomes `Llm<CamelCaseId>` with labels `severity`, `rule_id`,
+`levers_md` (plus one rule per higher `warning_when`/`critical_when` severity); rules PromQL
+cannot express come back as `PythonOnly` with the reason, listed in the file's header.
 """
 
 from __future__ import annotations
@@ -148,7 +143,7 @@ class ConditionCompiler:
             raise NotExpressible(f"fact operator {fact.op!r}")
         name, value = fact.fact, quote(fact.value)
         matchers = [f'{name}="{value}"'] if fact.op == "==" else [f'{name}!="{value}"', f'{name}!=""']
-        names = (KVSCOPE_PREFIX + "engine_info", *info_gauges(self.catalog))
+        names = (KVSCOPE_PREFIX + "engine_info", *(f.name for f in self.catalog.facts if f.fact is None))
         return f"group by (instance) ({name_selector(names, matchers)})"
 
 
@@ -162,11 +157,6 @@ def signed(rule: Rule, name: str, seen: frozenset[str] = frozenset()) -> bool:
     if isinstance(node, tree.Pair) and node.op == "diff" or isinstance(node, tree.Scale) and node.k < 0:
         return True
     return any(signed(rule, r, seen | {name}) for r in node.refs)
-
-
-def info_gauges(catalog: Catalog) -> tuple[str, ...]:
-    """Engine info-style gauges whose labels are facts (from the catalog's `facts`)."""
-    return tuple(f.name for f in catalog.facts if f.fact is None)
 
 
 def compile_rule(rule: Rule) -> list[dict[str, Any]] | PythonOnly:

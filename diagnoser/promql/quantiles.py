@@ -1,20 +1,14 @@
 """Recorded quantiles: each histogram quantile the diagnosis rules read, as a recording rule.
 
-Prometheus evaluates every part of a query on every series at every step and shares nothing
-between queries, so a fleet-wide prefilter (diagnoser/pushdown/) that names a quantile computes
-the rate of every bucket series of every engine again, each time it names it (a baseline's
-subquery: at every inner step too). `kvscope rules build` writes one recording rule per distinct
-quantile node of the shipped rules (`kvscope-quantiles.yml`), keyed by what its value depends
-on: histogram, quantile, range and grouping, at time scale 1 and the rule's default parameters.
-Nothing in kvscope reads them back now (the fleet path reads its candidate records,
-diagnoser/pushdown/); they are shipped for ad-hoc queries (docs/alerting.md).
+`kvscope rules build` writes one recording rule per distinct quantile node of the shipped rules
+(`kvscope-quantiles.yml`), keyed by histogram, quantile, range and grouping, at time scale 1 and
+the rule's defaults. Nothing in kvscope reads them back (the fleet path reads its candidate
+records); they are shipped for ad-hoc queries (docs/alerting.md):
 
     kvscope:<histogram>:quantile_<range>{quantile="0.99", kvscope_by="instance,model"}
 
-The expression is the node's own, over the engines' own series with every source written out
-(not over `kvscope:*` canonical records), so that it holds the same values as the inline
-PromQL and `promtool tsdb create-blocks-from rules` can backfill it. A node with label
-matchers (`match`, `require_labels`) is not recorded.
+The expression is the node's own over the engines' series, every source written out, so it holds
+the inline PromQL's values and can be backfilled; nodes with label matchers are not recorded.
 """
 
 from __future__ import annotations

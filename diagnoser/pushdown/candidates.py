@@ -33,12 +33,11 @@ def candidate_exprs(rules: list[Rule], catalog: Catalog) -> dict[str, tuple[str 
     the version label: a hash of that text, or why there is none)}, at the rules' defaults
     and time scale 1. The fleet path compiles the same to know which records it can trust."""
     out: dict[str, tuple[str | None, str]] = {}
-    step = INTERVAL_S
     for rule in rules:
         if rule.missing_params():
             out[rule.id] = (None, f"parameter(s) without a default: {', '.join(rule.missing_params())}")
             continue
-        pre = compile_prefilter(rule, InlineSignals(catalog), catalog, step)
+        pre = compile_prefilter(rule, InlineSignals(catalog), catalog, INTERVAL_S)
         if pre.expr is None:
             out[rule.id] = (None, "; ".join(pre.dropped))
             continue

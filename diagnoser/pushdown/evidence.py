@@ -135,14 +135,11 @@ def rule_needs(
             values = {label: sorted({g.labels[label] for g in hits.groups}) for label in pinned}
             instances = resolve_instances(client, sorted(names)[0], values, grid, first, last, reader)
         needs.append(Need(names, instances, first, last))
-    judged = (
-        None
-        if hits.everywhere
-        else JudgedSpans(
-            tuple((tuple(sorted((k, v) for k, v in g.labels.items() if k in rule.by)), lo, hi) for g, lo, hi in spans)
-        )
+    if hits.everywhere:
+        return needs, None
+    return needs, JudgedSpans(
+        tuple((tuple(sorted((k, v) for k, v in g.labels.items() if k in rule.by)), lo, hi) for g, lo, hi in spans)
     )
-    return needs, judged
 
 
 def resolve_instances(
@@ -217,27 +214,17 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
         for (lo, hi), span_names in by_span.items():
             batches.setdefault((frozenset(span_names), lo, hi), []).append(inst)
     plans += [(names, sorted(insts), lo, hi) for (names, lo, hi), insts in sorted(batches.items(), key=str)]
-    out = Fetched(Frame(ts=grid))
+    out = Fetched(Frame(ts=grid), fetches=len(plans))
+    t0, t1 = float(grid[0]), float(grid[-1])
     for names, instances, lo, hi in plans:
         who = "every instance" if instances is None else f"{len(instances)} instance(s)"
-        client.say(
-            f"pushdown: evidence, {len(names)} series names for {who}, "
-            f"{time.strftime('%H:%M', time.gmtime(float(grid[lo])))}-"
-            f"{time.strftime('%H:%M', time.gmtime(float(grid[hi])))}"
-        )
+        since, until = float(grid[lo]), float(grid[hi])
+        span = "-".join(time.strftime("%H:%M", time.gmtime(t)) for t in (since, until))
+        client.say(f"pushdown: evidence, {len(names)} series names for {who}, {span}")
         frame = fetch_frame(
-            client,
-            set(names),
-            float(grid[0]),
-            float(grid[-1]),
-            step,
-            instances=instances,
-            fetch_from=float(grid[lo]),
-            fetch_to=float(grid[hi]),
-            catalog=catalog,
+            client, set(names), t0, t1, step, instances=instances, fetch_from=since, fetch_to=until, catalog=catalog
         )
         _absorb(out, frame)
-        out.fetches += 1
     for block in out.frame.blocks.values():
         out.series += len(block.labels)
         out.points += int(np.count_nonzero(~np.isnan(block.values)))

@@ -144,14 +144,9 @@ def diagnose_fleet(
     answers = client.map(lambda rule: _quiet(client, rule, reader, grid, step, present, catalog, levers), quiet)
     results.update({rule.id: res for rule, res in zip(quiet, answers, strict=True)})
     report.seconds["evaluate"] = time.perf_counter() - t0
-    findings: list[Finding] = []
-    skipped_list: list[Skipped] = []
-    for rule in prepared:
-        res = results[rule.id]
-        if isinstance(res, Skipped):
-            skipped_list.append(res)
-        else:
-            findings.extend(res)
+    ordered = [results[rule.id] for rule in prepared]
+    skipped_list = [res for res in ordered if isinstance(res, Skipped)]
+    findings = [f for res in ordered if not isinstance(res, Skipped) for f in res]
     evaluated = [rid for rid, res in results.items() if not isinstance(res, Skipped)]
     findings, skipped_list = settle(findings, skipped_list, evaluated, direct_present(prepared, present))
     findings = before_symptom(findings)
@@ -297,9 +292,7 @@ def _mechanism(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.n
         expr = SeriesCompiler(rule, reader, step=step).expr(mech.series)
         span = int(np.ceil(float(grid[-1] - grid[0]) + step))
         answer = client.query(f"max(max_over_time(({expr})[{span}s:{int(step)}s]))", float(grid[-1]))
-    except PromError:
-        return False
-    except Exception:  # noqa: BLE001 - a series PromQL cannot write
+    except Exception:  # noqa: BLE001 - a refused query, or a series PromQL cannot write
         return False
     values = [float(s["value"][1]) for s in answer if s.get("value")]
     if any(v > 0 for v in values):

@@ -1,7 +1,9 @@
 """Where the diagnoser reads a window of canonical series from.
 
-Every source returns a `Frame` (diagnoser/evaluate/frame.py): canonical series sampled on one grid with
-Prometheus' lookback, plus engine facts. The same data gives the same frame from each source:
+Every source has `description` and `read_frame(names, start, end, step)`: a `Frame`
+(diagnoser/evaluate/frame.py) of the canonical series whose sample name is in `names` on the grid
+[start, end] by `step` with Prometheus' lookback, plus engine facts (start/end None: the source's
+natural window; SourceError when it cannot be read). The same data gives the same frame from each:
 
 * `recording.RecordingSource` - an OpenMetrics recording, through agent/replay (postmortems, tests);
 * `prometheus.PrometheusSource` - range queries against a Prometheus-compatible HTTP API (fleets);
@@ -13,9 +15,6 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from typing import Protocol
-
-from kvscope.diagnoser.evaluate.frame import Frame
 
 
 class SourceError(RuntimeError):
@@ -48,17 +47,3 @@ def read_url(
     if len(body) > max_bytes:
         raise error(f"{what}: answer larger than {max_bytes} bytes; narrow the window")
     return body
-
-
-class Source(Protocol):
-    """A window of canonical series."""
-
-    description: str
-
-    def read_frame(self, names: set[str], start: float | None, end: float | None, step: float) -> Frame:
-        """Series whose canonical sample name is in `names`, on the grid [start, end] by `step`.
-
-        None for start/end means the source's natural window (a recording's first and last scrape,
-        or the last 30 minutes of a live source). Raises SourceError when it cannot be read.
-        """
-        ...

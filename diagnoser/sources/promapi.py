@@ -110,12 +110,8 @@ class PromClient:
         return doc.get("data")
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        """One range query as sent (no splitting): the matrix, at start + k x step.
-
-        VictoriaMetrics with its rollup cache on (its default) moves the start of a range query
-        of 50 steps or more down to a multiple of the step, so that the answer can be cached: a
-        query that starts elsewhere is sent with `nocache=1`, so that it is answered at the times
-        asked, as the Prometheus API says (and is not cached)."""
+        """One range query as sent (no splitting): the matrix, at start + k x step. VictoriaMetrics'
+        rollup cache moves a start off the step's multiples; such a query is sent with `nocache=1`."""
         params = {"query": expr, "start": _ts(start), "end": _ts(end), "step": f"{step:g}"}
         if not on_step(start, step) and self.flavor() == "victoriametrics":
             params["nocache"] = "1"
