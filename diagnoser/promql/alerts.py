@@ -122,17 +122,17 @@ class ConditionCompiler:
             raise NotExpressible(f"no `all` condition is grouped by the rule's labels {list(self.rule.by)}")
         out = f"({first})"
         for e in rest:
-            out += f"\nand{self._on(e.by)}\n({e})"
+            out += f"\nand{on_clause(self.rule.by, e.by)}\n({e})"
         if anys:
             ref = self.series.expr(block.all[0].series) if any(set(e.by) != set(first.by) for e in anys) else ""
-            terms = [f"({e})" if set(e.by) == set(first.by) else f"(({ref})\nand{self._on(e.by)}\n({e}))" for e in anys]
+            terms = [
+                f"({e})" if set(e.by) == set(first.by) else f"(({ref})\nand{on_clause(self.rule.by, e.by)}\n({e}))"
+                for e in anys
+            ]
             out += "\nand\n(\n" + "\nor\n".join(terms) + "\n)"
         for fact in facts:
             out += f"\nand on (instance)\n{self.fact(fact)}"
         return out
-
-    def _on(self, by: tuple[str, ...]) -> str:
-        return "" if set(by) == set(self.rule.by) else f" on ({', '.join(by)})"
 
     def fact(self, fact: tree.Fact) -> str:
         """Instances whose info gauge (agent `kvscope_engine_info` or the engine's own, e.g.
@@ -145,6 +145,11 @@ class ConditionCompiler:
         matchers = [f'{name}="{value}"'] if fact.op == "==" else [f'{name}!="{value}"', f'{name}!=""']
         names = (KVSCOPE_PREFIX + "engine_info", *(f.name for f in self.catalog.facts if f.fact is None))
         return f"group by (instance) ({name_selector(names, matchers)})"
+
+
+def on_clause(by: tuple[str, ...], other: tuple[str, ...]) -> str:
+    """The `on (...)` modifier joining a result grouped by `other` onto one grouped by `by`."""
+    return "" if set(other) == set(by) else f" on ({', '.join(other)})"
 
 
 def signed(rule: Rule, name: str, seen: frozenset[str] = frozenset()) -> bool:

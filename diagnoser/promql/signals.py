@@ -119,10 +119,7 @@ def kept(term: SourceTerm, keep: set[str]) -> SourceTerm:
 
 def relabel(expr: str, term: SourceTerm) -> str:
     """Map upstream labels to canonical ones, set `engine` to the dialect, apply the scale.
-
-    Renames run before `engine` is overwritten because vLLM's own `engine` label is the
-    data-parallel rank (→ `dp_rank`). `(.+)` leaves the target alone when the source label is
-    absent."""
+    Renames run first: vLLM's own `engine` label is the data-parallel rank (-> `dp_rank`)."""
     for upstream, canonical in term.renames:
         expr = f'label_replace({expr}, "{canonical}", "$1", "{upstream}", "(.+)")'
     for label, value in term.sets:
@@ -137,13 +134,9 @@ def relabel(expr: str, term: SourceTerm) -> str:
 
 
 def source_union(signal: Signal, catalog: Catalog, suffix: str = "") -> str:
-    """The canonical series `signal.name + suffix` as one expression over every source.
-
-    Gauges are max-ed and counters and histogram series summed over the series that collapse
-    onto one canonical label set, as the normalizer does (old and new names of one engine
-    included); an alias marked `collapse: max` (every rank repeats one count) is max-ed. Bucket
-    bounds written as integers (`le="1"`) are rewritten as `1.0` so buckets from different client
-    libraries line up."""
+    """The canonical series `signal.name + suffix` as one expression over every source: gauges
+    max-ed, the rest summed over the series that collapse onto one label set (an alias marked
+    `collapse: max` max-ed); integer bucket bounds (`le="1"`) rewritten as `1.0` to line up."""
     terms, _ = source_terms(signal, catalog, suffix)
     agg = "max" if signal.kind == "gauge" else "sum"
     by = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
@@ -169,11 +162,8 @@ def canonical_by(signal: Signal, *extra: str) -> tuple[str, ...]:
 
 
 def le_regex(bound: float) -> str:
-    """A regex matching a histogram bound however it is spelled (`1` or `1.0`), quoted for
-    use inside a PromQL string.
-
-    Client libraries format `le` differently (prometheus_client writes `1.0`, Go `1`), and
-    Prometheus 3 normalises it on ingestion, so a bucket is selected by its value."""
+    """A regex, quoted for a PromQL string, matching a histogram bound however a client library
+    spells it (`1` or `1.0`; Prometheus 3 normalises it on ingestion)."""
     spellings = {repr(float(bound)), _number(bound)}
     return quote("|".join(sorted(_escape_re(s) for s in spellings)))
 

@@ -219,8 +219,8 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
     for names, instances, lo, hi in plans:
         who = "every instance" if instances is None else f"{len(instances)} instance(s)"
         since, until = float(grid[lo]), float(grid[hi])
-        span = "-".join(time.strftime("%H:%M", time.gmtime(t)) for t in (since, until))
-        client.say(f"pushdown: evidence, {len(names)} series names for {who}, {span}")
+        hours = "-".join(time.strftime("%H:%M", time.gmtime(t)) for t in (since, until))
+        client.say(f"pushdown: evidence, {len(names)} series names for {who}, {hours}")
         frame = fetch_frame(
             client, set(names), t0, t1, step, instances=instances, fetch_from=since, fetch_to=until, catalog=catalog
         )

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from kvscope.agent.signals import Catalog
-from kvscope.diagnoser.promql.alerts import ConditionCompiler
+from kvscope.diagnoser.promql.alerts import ConditionCompiler, on_clause
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, SignalReader, _duration
 from kvscope.diagnoser.promql.signals import PromQL, wire_names
 from kvscope.diagnoser.rulebook import tree
@@ -91,7 +91,7 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
         parts.append((ored, by))
     elif anys:
         dropped.append("`any` branches on another grouping")
-    out = f"({parts[0][0]})" + "".join(f"\nand{_on(by, b)}\n({e})" for e, b in parts[1:])
+    out = f"({parts[0][0]})" + "".join(f"\nand{on_clause(by, b)}\n({e})" for e, b in parts[1:])
     return Prefilter(out, tuple(dropped), facts)
 
 
@@ -169,10 +169,6 @@ def _without_absence(cond: tree.Cond) -> tree.Cond:
     if cond.op == "absent":
         raise NotExpressible("an absence test")
     return cond
-
-
-def _on(by: tuple[str, ...], other: tuple[str, ...]) -> str:
-    return "" if set(other) == set(by) else f" on ({', '.join(other)})"
 
 
 def _describe(cond: tree.Cond) -> str:

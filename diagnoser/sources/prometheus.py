@@ -60,14 +60,10 @@ def fetch_frame(
     catalog: Catalog | None = None,
     fetch_to: float | None = None,
 ) -> Frame:
-    """The canonical series `names` on the grid [start, end] by `step`.
-
-    `instances` restricts the fetch to those scrape targets (batched `instance=~` matchers);
-    `fetch_from` and `fetch_to` (grid times) leave the grid points before and after them absent
-    (NaN): the grid stays the whole window's, only the data is fetched between them. A fetch of
-    every instance that would answer more than BATCH_POINTS points is cut into instance batches
-    too (plus one query for series without an `instance`), each batch turned into rows as it
-    arrives, so the client never holds more than a few batches' answers."""
+    """The canonical series `names` on the grid [start, end] by `step`, of `instances` only when
+    given (batched `instance=~` matchers), fetched only between grid times `fetch_from` and
+    `fetch_to` (absent outside). A fetch of every instance over BATCH_POINTS points is cut into
+    instance batches too, each turned into rows as it arrives, to bound the answers held."""
     catalog = catalog or load_catalog()
     grid = make_grid(start, end, step)
     first = (
@@ -185,13 +181,10 @@ def frame_from_matrix(
     lookback_s: float = DEFAULT_LOOKBACK_S,
     offset: int = 0,
 ) -> Frame:
-    """A range-query matrix on the grid [start, end] by `step` -> a Frame of canonical series.
-
-    Native series are mapped per scrape target through its dialect, one plan per upstream series
-    applied to the whole row (collapsing series combined as the normalizer does: max for gauges,
-    sum otherwise, over the series present at each step). A point the answer lacks takes the
-    series' previous point within the lookback, as a recording's samples are put on the grid.
-    `offset`: the matrix starts at grid index `offset` (earlier points are absent)."""
+    """A range-query matrix on the grid [start, end] by `step` -> a Frame of canonical series:
+    native series mapped per scrape target through its dialect (collapsing series combined as the
+    normalizer does), a missing point carried from the previous one within the lookback. `offset`:
+    the matrix starts at grid index `offset` (earlier points are absent)."""
     catalog = catalog or load_catalog()
     grid = make_grid(start, end, step)
     n = len(grid)
