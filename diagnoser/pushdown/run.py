@@ -103,14 +103,8 @@ def diagnose_fleet(
     client.say("fleet: inventory")
     present = inventory(client, prepared, start, end, catalog)
     shell = Frame(ts=grid, blocks={n: Block([], np.zeros((0, len(grid)))) for n in present})
-    results: dict[str, list[Finding] | Skipped] = {}
-    todo: list[Rule] = []
-    for rule in prepared:
-        skipped = _skip(rule, shell)
-        if skipped is None:
-            todo.append(rule)
-        else:
-            results[rule.id] = skipped
+    results: dict[str, list[Finding] | Skipped] = {r.id: s for r in prepared if (s := _skip(r, shell)) is not None}
+    todo = [rule for rule in prepared if rule.id not in results]
     report.seconds["inventory"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     client.say(f"fleet: candidates of {len(todo)} rules")
