@@ -14,6 +14,7 @@ whose records do not cover the window is `uncovered`: judged on every engine's s
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -131,7 +132,6 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
 def describe(hits: dict[str, Hits]) -> list[str]:
     """Lines naming the rules judged by the full fetch because their records do not cover the
     window, with the spans, and how to backfill them."""
-    import time
 
     def at(t: float) -> str:
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

@@ -129,17 +129,11 @@ def fact_selectors(rule: Rule, catalog: Catalog) -> tuple[tuple[str, ...], list[
     if "instance" not in rule.by:
         return (), ["engine facts (checked by the evaluator)"]
     out, left = [], []
+    gauges = [f for f in catalog.facts if f.fact is None]  # info gauges: their labels are facts
     for test in tests:
         name = test.fact
         static = any(f.fact == name for f in catalog.facts)
-        info = sorted(
-            {
-                n
-                for f in catalog.facts
-                if f.fact is None and (not f.labels or name in f.labels)
-                for n in wire_names(f.name, "gauge")
-            }
-        )
+        info = sorted({n for f in gauges if not f.labels or name in f.labels for n in wire_names(f.name, "gauge")})
         if test.op != "==" or static or not info or not _LABEL.fullmatch(name):
             left.append(f"fact {name}: checked by the evaluator")
             continue
