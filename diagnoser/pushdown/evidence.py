@@ -264,22 +264,16 @@ def rule_frame(fetched: Fetched, rule_needs_: list[Need], grid: np.ndarray, judg
                 continue
             wanted[name] = None if nd.instances is None else (wanted.get(name) or set()) | set(nd.instances)
     blocks = {}
-    instances: set[str] | None = set()
     for name, keep in wanted.items():
         block = fetched.frame.blocks.get(name)
-        if keep is None:
-            instances = None
-        elif instances is not None:
-            instances |= keep
         if block is None:
             continue
-        if keep is None:
-            blocks[name] = block
-            continue
-        rows = [i for i, lab in enumerate(block.labels) if dict(lab).get("instance", "") in keep]
-        if rows:
-            blocks[name] = Block([block.labels[i] for i in rows], block.values[rows])
-    facts = {k: v for k, v in fetched.frame.facts.items() if instances is None or k in instances}
+        rows = [i for i, lab in enumerate(block.labels) if keep is None or dict(lab).get("instance", "") in keep]
+        if keep is None or rows:
+            blocks[name] = block if keep is None else Block([block.labels[i] for i in rows], block.values[rows])
+    every = any(keep is None for keep in wanted.values())
+    instances = set().union(*(keep for keep in wanted.values() if keep is not None))
+    facts = {k: v for k, v in fetched.frame.facts.items() if every or k in instances}
     return Frame(ts=grid, blocks=blocks, facts=facts, judged=judged)
 
 
