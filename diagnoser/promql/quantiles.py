@@ -25,12 +25,6 @@ QUANTILE_BY = "kvscope_by"
 """The label naming a recorded quantile's grouping (one record name serves every grouping)."""
 
 
-def quantile_key(histogram: str, q: str, rng: str, by: tuple[str, ...]) -> tuple[str, str, str]:
-    """(record name `kvscope:<histogram>:quantile_<range>`, its `quantile` label, its
-    `kvscope_by` label) of one recorded quantile."""
-    return f"kvscope:{histogram}:quantile_{rng}", q, ",".join(by)
-
-
 def quantile_rules(rules: list[Rule], catalog: Catalog) -> list[dict[str, Any]]:
     """One recording rule per distinct quantile the rules read (first rule's expression wins; the
     same key gives the same series), in key order."""
@@ -46,7 +40,7 @@ def quantile_rules(rules: list[Rule], catalog: Catalog) -> list[dict[str, Any]]:
             if compiler._matchers(node, ", ".join(by)):
                 continue
             q = _number(node.q)
-            key = quantile_key(node.signal, q, compiler._range(node.rng), by)
+            key = (f"kvscope:{node.signal}:quantile_{compiler._range(node.rng)}", q, ",".join(by))  # name, labels
             if key in out:
                 continue
             try:
