@@ -22,15 +22,11 @@ def add_param_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_params(
-    items: list[str],
-    known: Iterable[str] | Mapping[str, Iterable[str]] | None = None,
-) -> dict[str, dict[str, Any]]:
+def parse_params(items: list[str], known: Mapping[str, Iterable[str]]) -> dict[str, dict[str, Any]]:
     """['rule.name=value', ...] -> {rule: {name: value}}, values read as YAML scalars.
 
-    `known` is the rule ids, or a mapping of rule id -> its parameter names. Raises ValueError
-    on a malformed item, on a rule id not in `known`, and (for a mapping) on a parameter the rule
-    does not have; the message suggests the closest spelling and lists what there is.
+    `known` maps each rule id to its parameter names. Raises ValueError on a malformed item, an
+    unknown rule or parameter; the message suggests the closest spelling and lists what there is.
     """
     out: dict[str, dict[str, Any]] = {}
     for item in items:
@@ -43,8 +39,6 @@ def parse_params(
         except yaml.YAMLError:
             value = raw
         out.setdefault(rule, {})[name] = value
-    if known is None:
-        return out
     ids = list(known)
     unknown = sorted(set(out) - set(ids))
     if unknown:
@@ -53,14 +47,13 @@ def parse_params(
             f"--param names unknown rule(s): {hints} (rule ids: kvscope rules check, "
             "or the id: line of rules/diagnosis/*.yaml)"
         )
-    if isinstance(known, Mapping):
-        for rule, values in out.items():
-            names = sorted(known[rule])
-            for name in sorted(set(values) - set(names)):
-                raise ValueError(
-                    f"--param {rule}.{name}: rule {rule} has no parameter {name!r}"
-                    f"{_did_you_mean(name, names)}; its parameters: {', '.join(names) or 'none'}"
-                )
+    for rule, values in out.items():
+        names = sorted(known[rule])
+        for name in sorted(set(values) - set(names)):
+            raise ValueError(
+                f"--param {rule}.{name}: rule {rule} has no parameter {name!r}"
+                f"{_did_you_mean(name, names)}; its parameters: {', '.join(names) or 'none'}"
+            )
     return out
 
 

@@ -167,13 +167,14 @@ def test_pending_webhooks_survive_a_restart(tmp_path):
 
 
 def test_parse_params_reads_rule_dot_name_pairs():
-    assert parse_params(["kv_pressure_preemption.for=5s", "kv_pressure_preemption.kv_full=0.95"]) == {
+    known = {"kv_pressure_preemption": ["for", "kv_full"]}
+    assert parse_params(["kv_pressure_preemption.for=5s", "kv_pressure_preemption.kv_full=0.95"], known) == {
         "kv_pressure_preemption": {"for": "5s", "kv_full": 0.95}
     }
     with pytest.raises(ValueError, match="RULE.NAME=VALUE"):
-        parse_params(["kv_full=0.9"])
+        parse_params(["kv_full=0.9"], known)
     with pytest.raises(ValueError, match="unknown rule.*kv_pressure_preemptoin"):
-        parse_params(["kv_pressure_preemptoin.kv_full=0.9"], ["kv_pressure_preemption"])
+        parse_params(["kv_pressure_preemptoin.kv_full=0.9"], known)
 
 
 def test_unreachable_prometheus_is_recorded_on_the_row_and_the_receiver_keeps_serving():
