@@ -1,19 +1,8 @@
 """Alertmanager webhook payloads (v4), and the diagnosis attached to each alert.
 
-For each firing alert the receiver (server.py) diagnoses the alert's window and picks the
-findings at the alert's place (its `instance`, `model`, ... labels). The finding of the alert's
-own rule (label `rule_id`) is `matched`; the top-ranked one there is the `likely_cause`, which
-may be an earlier rule (a cascade's root precedes its symptom). Every alert gains a `kvscope`
-object:
-
-    {"window": [start, end], "rule_id": "...", "matched": Finding | null,
-     "likely_cause": Finding | null, "findings": [Finding...], "skipped": int,
-     "errors": [str...], "status": "diagnosed" | "resolved" | "error" | "truncated",
-     "routers": [{"instance", "job", "decisions": {policy: n}, "branches": {"policy:branch": n},
-                  "kept", "gave_away", "kept_share", "load_only", "prefix_tokens_kept_share"}...]}
-
-`routers` (diagnoser/routing.py) is present only when a router exports decision series, with the
-keys its series give. Findings use `Finding.to_dict`'s layout (diagnoser/findings.py).
+Every firing alert gains a `kvscope` object (shape: docs/alerting.md): the findings at the alert's
+place (its `instance`, `model`, ... labels), `matched` (the finding of its own `rule_id`) and
+`likely_cause` (the top-ranked one there, which may be a cascade's earlier stage).
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """`kvscope serve`: the Alertmanager webhook receiver that attaches a diagnosis to every alert.
 
-    POST /api/v1/alerts          Alertmanager webhook (v4). 200 {"id": N} once stored; the diagnosis
-                                 runs in the background. 400 malformed, 413 over the size limit,
-                                 503 when the work queue is full (Alertmanager retries).
-    GET  /api/v1/diagnoses       newest first: id, status, alert names, likely cause per alert
-                                 (?limit=N, ?alertname=X)
-    GET  /api/v1/diagnoses/<id>  the enriched payload (alertmanager.py describes the shape)
-    GET  /-/healthy              200 while the process and its diagnosis worker run, else 503
-    GET  /metrics                the receiver's own counters (kvscope_webhook_*), Prometheus text
-
-One worker diagnoses webhooks in arrival order: for each firing alert it diagnoses the window
-through the fleet path (diagnoser/pushdown/run.py: the TSDB's candidate records), keeps the findings at the alert's
-place, stores the result, and POSTs the enriched payload to `forward_url` when one is set.
-Nothing here raises into the event loop: a bad webhook is a 400, a failed diagnosis or forward
-is recorded on the stored row.
+Endpoints, status codes and the enriched payload: docs/alerting.md. One worker diagnoses webhooks
+in arrival order through the fleet path (diagnoser/pushdown/run.py); a bad webhook is a 400, a
+failed diagnosis or forward is recorded on the stored row, nothing raises into the event loop.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The one client of the Prometheus HTTP query API (Prometheus, Thanos, Mimir, VictoriaMetrics).
 
-Every reader of a Prometheus-compatible TSDB (`kvscope diagnose --prometheus`, the webhook, the
-weekly report, the UI) goes through `PromClient`. It keeps range queries within the server's
-limits (`max_points` steps per series; estimated series x steps under `max_samples`, else split
-in time; a 422 "too many samples" halved and retried; every split noted in `notes`), runs split
-parts on `concurrency` threads, turns failures into `PromError` with what to do, asks
-VictoriaMetrics for answers at the times asked (`nocache=1`), and decodes matrices with msgspec
-into float (time, value) pairs (`matrix_on_grid`: one row per series on the query grid).
+`PromClient` keeps range queries within the server's limits (split in time; a query refused as
+too large halved and retried; every split noted in `notes`), runs parts on a few threads, turns
+failures into `PromError` saying what to do, and decodes matrices into float (time, value) pairs.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""Diagnose from a Prometheus-compatible HTTP API (Prometheus, Thanos, Mimir, VictoriaMetrics).
+"""Diagnose from a Prometheus-compatible HTTP API: the full fetch (docs/architecture.md).
 
-The full fetch: range queries (through `promapi.PromClient`, split in time and by instance
-batches) for the native engine series the rules need, by every upstream name the catalog knows,
-plus the agent's re-exported `kvscope_<signal>` series. Native series go through the same
-dialects as live scrapes, one detection per scrape target, each series' mapping planned once and
-applied to its whole row (`frame_from_matrix`). Range queries answer on start + k x step with
-Prometheus' 5-minute lookback, the Frame's own sampling rule, so a recording and the same
-recording loaded into Prometheus give the same frame. The fleet path (diagnoser/pushdown/)
-fetches through here only the engines and spans where a rule can fire.
+Range queries (through `promapi.PromClient`, split in time and in instance batches) for every
+upstream name of the native series the rules need and the agent's `kvscope_<signal>` series,
+mapped through the live scrape's dialects once per row (`frame_from_matrix`). Answers on
+start + k x step with Prometheus' 5-minute lookback, the Frame's own sampling rule.
 """
 
 from __future__ import annotations
