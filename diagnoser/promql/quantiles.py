@@ -1,14 +1,7 @@
-"""Recorded quantiles: each histogram quantile the diagnosis rules read, as a recording rule.
-
-`kvscope rules build` writes one recording rule per distinct quantile node of the shipped rules
-(`kvscope-quantiles.yml`), keyed by histogram, quantile, range and grouping, at time scale 1 and
-the rule's defaults. Nothing in kvscope reads them back (the fleet path reads its candidate
-records); they are shipped for ad-hoc queries (docs/alerting.md):
-
-    kvscope:<histogram>:quantile_<range>{quantile="0.99", kvscope_by="instance,model"}
-
-The expression is the node's own over the engines' series, every source written out, so it holds
-the inline PromQL's values and can be backfilled; nodes with label matchers are not recorded.
+"""Recorded quantiles (`kvscope-quantiles.yml`, docs/alerting.md): one recording rule per distinct
+histogram quantile node of the shipped rules, at time scale 1 and the rules' defaults, shipped for
+ad-hoc queries (nothing in kvscope reads them back). The expression is the node's own over the
+engines' series, so it can be backfilled; nodes with label matchers are not recorded.
 """
 
 from __future__ import annotations

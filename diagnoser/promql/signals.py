@@ -1,14 +1,10 @@
 """PromQL that reads one canonical signal from every place it can come from.
 
 A canonical signal (agent/normalize/catalog.yaml) reaches Prometheus under its engines' own names
-(old and new, Ray's `vllm_x` spelling) or re-exported by the agent as `kvscope_<signal>`.
-`source_union` reads all of them as one expression: upstream labels mapped to canonical ones
-with `label_replace`, aggregated as the Python normalizer does (gauges max, the rest sum), terms
-joined with `or` native names first (an engine scraped directly and through the agent counts once
-with `honor_labels: true`, docs/alerting.md). A `fallback` (old) name is read only for instances
-without the current ones; a dialect's `worker_labels` become `instance`. Rescaled histogram
-buckets and info-label values have no PromQL form: `source_terms` returns them as skipped (the
-agent's `kvscope_*` series still carry them).
+(old and new, Ray's `vllm_x`) or as the agent's `kvscope_<signal>`. `source_union` reads them all
+as one expression, relabelled and aggregated as the Python normalizer does, native names first
+(docs/alerting.md); a `fallback` name only for instances without the current ones. Rescaled
+buckets and info-label values have no PromQL form (`source_terms` returns them as skipped).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Which groups a rule can fire for, and when: the TSDB's `kvscope:candidate` records read against
-the rule's `for`.
+the rule's `for` (docs/fleet.md).
 
-`kvscope rules build` writes each rule's loosened condition (prefilter.py) as a recording rule
-(`kvscope-candidates.yml`) evaluated every CANDIDATE_INTERVAL, plus a series `{version=...}` at
-every evaluation that succeeded (when the records cover the window, for which rule version).
-`read_candidates` reads all of them in one range query. The candidate holds wherever the
-evaluator's condition does, so a run of the rule's `for` holds it at >= hold_s // interval
-consecutive query points; groups without such a run cannot fire, and for the others the runs
-(widened by two intervals before and one after) bound the evaluator's (`Group.first/last`). A rule
-whose records do not cover the window is `uncovered`: judged on every engine's series.
+`read_candidates` reads every rule's records and `{version}` series in one range query. A run of
+the rule's `for` holds the candidate at >= hold_s // interval consecutive points; groups without
+one cannot fire, and for the others the runs (widened by two intervals before and one after)
+bound the evaluator's (`Group.first/last`). Records not covering the window make it `uncovered`.
 """
 
 from __future__ import annotations

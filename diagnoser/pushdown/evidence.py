@@ -1,13 +1,10 @@
 """The evidence a rule's candidates need: which raw series, of which instances, over which span.
 
-Evidence is planned per leaf series and candidate (`rule_needs`): a leaf grouped by `instance`
-needs that instance's series, one grouped by `model` every instance serving the candidates'
-models, one grouped by nothing every instance's; only what some candidate needs is fetched
-(`fetch_needs`: every-instance needs in one fetch, the others batched by instances needing the
-same names over the same rounded span). Conditions are judged over the candidate's stretch
-widened by SAFETY_S (to the window's end for cascades); data is fetched from there minus the
-rule's reach, to the window's end for the leaves `resolved_when` reads. The rule then runs on a
-frame of its own rows (`rule_frame`) judged only on its candidates' stretches.
+`rule_needs` plans per leaf and candidate: a leaf by `instance` needs that instance's series, by
+`model` every instance serving the candidates' models, by nothing every instance's. `fetch_needs`
+fetches the every-instance needs at once, the rest batched by names and rounded span: the
+candidate's stretch widened by SAFETY_S (to the window's end for cascades and `resolved_when`
+leaves) minus the rule's reach. `rule_frame` gives the rule a frame of its own rows.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""Each rule's prefilter: its conditions as PromQL loosened to a superset, as one expression
-(candidates.py records it as `kvscope:candidate`).
-
-Written by the alerts' compiler (diagnoser/promql/alerts.py) with three differences, each of
-which makes it hold wherever the numpy evaluator's condition holds: no `for`; every comparison
-loosened by `SLACK` (covers rate extrapolation, subquery alignment, scrape jitter); parts without
-a loosened PromQL form left out, never guessed (equality tests, zero thresholds on signed series,
-engine facts, absence tests, `any` branches on other groupings, signals PromQL cannot read).
-`resets` ranges reach RESETS_BRIDGE_S further back; cascades are prefiltered by their root
-stage. A rule left with nothing is a candidate everywhere. Ranges are the evaluator's (time-scaled,
-whole grid steps); subqueries run at the grid step.
+"""Each rule's prefilter: its conditions as PromQL loosened to a superset (docs/fleet.md), written
+by the alerts' compiler with no `for` and every comparison loosened by `SLACK`; parts without a
+loosened form are left out, never guessed (equality tests, zero thresholds on signed series, facts,
+absence, `any` on other groupings, unreadable signals). `resets` ranges reach RESETS_BRIDGE_S
+further back; cascades are prefiltered by their root stage; a rule left with nothing is a
+candidate everywhere. Ranges are the evaluator's (time-scaled, whole grid steps).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The fleet path: diagnose a fleet in a Prometheus-compatible TSDB from the candidates it keeps.
 
-`diagnose --prometheus`, the UI, the weekly report and the Alertmanager webhook all come here.
-1. Inventory (index only): which sample names exist; rules whose signals are all absent are
-   skipped as the evaluator skips them.
-2. Candidates (candidates.py): per rule, the groups whose `kvscope:candidate` records held for its
-   `for`. Rules without trustworthy records (uncovered, no PromQL form, other parameters or time
-   scale) are judged on every engine's series (sources/prometheus.py), said in the summary;
-   instances younger than a rule's reach are candidates everywhere.
-3. Evidence (evidence.py): the raw series the candidates' leaves read, where they can fire.
-4. Evaluate: the numpy evaluator on each rule's own rows, then settle and rank as `diagnose()`.
-Findings equal the full fetch's (tests/integration/test_pushdown.py).
+`diagnose --prometheus`, the UI, the weekly report and the webhook come here (docs/fleet.md):
+inventory (rules whose signals are all absent skipped), candidates (candidates.py; rules without
+trustworthy records judged on every engine's series), evidence (evidence.py), then the numpy
+evaluator on each rule's own rows, settled and ranked as `diagnose()`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Where the diagnoser reads a window of canonical series from.
 
-Every source has `description` and `read_frame(names, start, end, step)`: a `Frame`
-(diagnoser/evaluate/frame.py) of the canonical series whose sample name is in `names` on the grid
-[start, end] by `step` with Prometheus' lookback, plus engine facts (start/end None: the source's
-natural window; SourceError when it cannot be read). The same data gives the same frame from each:
-
-* `recording.RecordingSource` - an OpenMetrics recording, through agent/replay (postmortems, tests);
-* `prometheus.PrometheusSource` - range queries against a Prometheus-compatible HTTP API (fleets);
-* `agent.AgentSource` - the agent's JSON API `/api/v1/samples` (one node, the embedded store).
+Every source has `description` and `read_frame(names, start, end, step)`: the `Frame` of the
+canonical series named in `names` on the grid [start, end] by `step` with Prometheus' lookback,
+plus engine facts (None: the source's natural window; SourceError when it cannot be read). The
+same data gives the same frame from each: recording.py, prometheus.py, agent.py, logs.py.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Prometheus staleness for series that vanish from a target that is still scraped.
-
-Prometheus marks a series stale when a successful scrape of its target no longer contains it,
-so from then on it is absent, not carried for the 5-minute lookback (`mark_stale` covers failed
-scrapes, `mark_removed` targets that left discovery). Only series whose every sample sits on a
-successful scrape of its instance are judged; series kvscope derives (stitched spans) keep the
-lookback.
+"""Prometheus staleness for series that vanish from a target that is still scraped: absent from
+the first successful scrape without them, not carried for the lookback. Only series whose every
+sample sits on a successful scrape of its instance are judged (derived series keep the lookback).
 """
 
 from __future__ import annotations
