@@ -15,8 +15,8 @@ from typing import Any
 
 from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, load_catalog
 from kvscope.diagnoser.findings import SEVERITY_RANK
-from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _duration, _number
-from kvscope.diagnoser.promql.signals import PromQL, name_selector, quote
+from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _duration
+from kvscope.diagnoser.promql.signals import PromQL, _number, name_selector, quote
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
 
@@ -210,12 +210,6 @@ def _alert(rule: Rule, expr: str, severity: str, when: tree.Block) -> dict[str, 
 
 def compile_rules(rules: list[Rule]) -> tuple[list[dict[str, Any]], list[PythonOnly]]:
     """(alerting rules in rule-id order, rules that stay Python-only)."""
-    alerts: list[dict[str, Any]] = []
-    python_only: list[PythonOnly] = []
-    for rule in sorted(rules, key=lambda r: r.id):
-        out = compile_rule(rule)
-        if isinstance(out, PythonOnly):
-            python_only.append(out)
-        else:
-            alerts.extend(out)
-    return alerts, python_only
+    outs = [compile_rule(rule) for rule in sorted(rules, key=lambda r: r.id)]
+    alerts = [alert for out in outs if not isinstance(out, PythonOnly) for alert in out]
+    return alerts, [out for out in outs if isinstance(out, PythonOnly)]

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvscope.agent.signals import Catalog
-from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _number
-from kvscope.diagnoser.promql.signals import InlineSignals
+from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler
+from kvscope.diagnoser.promql.signals import InlineSignals, _number
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from kvscope.diagnoser.promql.signals import NamedSignals, PromQL, _escape_re
+from kvscope.diagnoser.promql.signals import NamedSignals, PromQL, _escape_re, _number
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule, parse_duration
 
@@ -59,11 +59,6 @@ def _aggregate(agg: str, by: str, inner: str) -> str:
     if agg in IDENTITY_AGGS and getattr(inner, "labels", None) == labels:
         return str(inner)
     return f"{agg} by ({by}) ({inner})"
-
-
-def _number(value: Any) -> str:
-    x = float(value)
-    return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
 
 
 class SignalReader(Protocol):

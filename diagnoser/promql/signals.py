@@ -164,8 +164,9 @@ def le_regex(bound: float) -> str:
     return quote("|".join(sorted(_escape_re(s) for s in spellings)))
 
 
-def _number(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else repr(float(x))
+def _number(value: float) -> str:
+    x = float(value)
+    return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
 
 
 def quote(text: str) -> str:
