@@ -94,19 +94,15 @@ class DiagnosisStore:
 
 def _row(row: tuple, full: bool) -> dict[str, Any]:
     row_id, received, status, names, payload, forward = row
-    out: dict[str, Any] = {
+    doc = json.loads(payload)
+    return {
         "id": row_id,
         "received_at": received,
         "status": status,
         "alertnames": [n for n in names.split(",") if n],
         "forward": forward,
+        **({"payload": doc} if full else {"summary": [_brief(a) for a in doc.get("alerts", [])]}),
     }
-    doc = json.loads(payload)
-    if full:
-        out["payload"] = doc
-    else:
-        out["summary"] = [_brief(a) for a in doc.get("alerts", [])]
-    return out
 
 
 def _brief(alert: dict[str, Any]) -> dict[str, Any]:

@@ -236,14 +236,11 @@ def _absorb(out: Fetched, frame: Frame) -> None:
             out.frame.blocks[name] = block
             continue
         index = {lab: i for i, lab in enumerate(have.labels)}
-        new_rows = []
         for i, lab in enumerate(block.labels):
-            j = index.get(lab)
-            if j is None:
-                new_rows.append(i)
-                continue
-            row = have.values[j]
-            np.copyto(row, block.values[i], where=np.isnan(row))
+            if lab in index:
+                row = have.values[index[lab]]
+                np.copyto(row, block.values[i], where=np.isnan(row))
+        new_rows = [i for i, lab in enumerate(block.labels) if lab not in index]
         if new_rows:
             out.frame.blocks[name] = Block(
                 have.labels + [block.labels[i] for i in new_rows], np.vstack([have.values, block.values[new_rows]])

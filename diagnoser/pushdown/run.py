@@ -217,11 +217,8 @@ def _young_instances(
 
     distinct = sorted(set(reaches.values()))
     olds = dict(zip(distinct, client.map(old, distinct), strict=True))
-    out: dict[str, list[str] | None] = {}
-    for rid, reach in reaches.items():
-        young = every - olds[reach]
-        out[rid] = None if young >= every else sorted(young)
-    return out
+    young = {rid: every - olds[reach] for rid, reach in reaches.items()}
+    return {rid: None if ids >= every else sorted(ids) for rid, ids in young.items()}
 
 
 def _with_young(h: Hits, young: list[str] | None, n: int) -> Hits:
@@ -259,13 +256,9 @@ def _quiet(
     if isinstance(mech, Skipped):
         return mech
     state = _has_groups(client, rule, reader, grid, present)
-    return (
-        []
-        if state
-        else Skipped(rule.id, NO_GROUPS)
-        if state is False
-        else _judged_in_full(client, rule, grid, step, catalog, levers)
-    )
+    if state is None:
+        return _judged_in_full(client, rule, grid, step, catalog, levers)
+    return [] if state else Skipped(rule.id, NO_GROUPS)
 
 
 def _mechanism(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.ndarray) -> Skipped | bool | None:

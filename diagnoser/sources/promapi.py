@@ -206,12 +206,8 @@ class PromClient:
                 raise
             mid = start + (steps // 2) * step
             self.note(f"{what or 'query'}: the server refused {steps} steps (too many samples); split in two")
-            return merge_matrices(
-                [
-                    self._bisecting(expr, start, mid - step, step, what, depth + 1),
-                    self._bisecting(expr, mid, end, step, what, depth + 1),
-                ]
-            )
+            halves = [(start, mid - step), (mid, end)]
+            return merge_matrices([self._bisecting(expr, a, b, step, what, depth + 1) for a, b in halves])
 
     def map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
         """fn over items on at most `concurrency` threads, results in order."""
@@ -319,12 +315,8 @@ def merge_matrices(parts: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]
     for part in parts:
         for series in part:
             metric = series.get("metric") or {}
-            key = tuple(sorted(metric.items()))
-            have = out.get(key)
-            if have is None:
-                out[key] = {"metric": metric, "values": list(series.get("values") or [])}
-            else:
-                have["values"].extend(series.get("values") or [])
+            have = out.setdefault(tuple(sorted(metric.items())), {"metric": metric, "values": []})
+            have["values"].extend(series.get("values") or [])
     return list(out.values())
 
 
