@@ -466,11 +466,9 @@ CANDIDATE_INTERVAL = "15s"
 
 
 def candidate_file(exprs: dict[str, tuple[str | None, str]]) -> tuple[str, str]:
-    """(file name, YAML text) of `kvscope-candidates.yml` from each rule's loosened condition
-    (diagnoser/pushdown/candidates.py `candidate_exprs`: rule id -> (PromQL or None, version or
-    why not)): recorded as `kvscope:candidate{rule_id, <grouping>}` (present where it held), with
-    `kvscope:candidate{rule_id, version}` from the same expression at every evaluation that
-    succeeded: the span the records cover (an evaluation the TSDB refused covers nothing)."""
+    """(file name, YAML text) of `kvscope-candidates.yml` from `candidate_exprs` (rule id -> (PromQL
+    or None, version or why not)): `kvscope:candidate{rule_id, <grouping>}` where it held, and
+    `{rule_id, version}` at every evaluation that succeeded (docs/fleet.md)."""
     groups: list[dict[str, Any]] = []
     left = []
     for rid, (expr, version) in exprs.items():

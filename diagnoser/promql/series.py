@@ -81,12 +81,9 @@ class SeriesCompiler:
     def __init__(
         self, rule: Rule, reader: SignalReader | None = None, step: float | None = None, held: float | None = None
     ) -> None:
-        """`reader` writes how a canonical signal is read (default: the recorded `kvscope:<series>`;
-        `InlineSignals` reads the engines' own series). `step`: ranges, offsets and subquery
-        steps as the evaluator uses them on a grid of that step (time-scaled, whole steps); None
-        writes the rule's durations as they are (the alert files). `held`: the seconds of data
-        the window holds; a range is clipped to the data it can reach, as the evaluator's
-        trailing windows are (for an `offset` window, `held` minus the offset)."""
+        """`reader`: default the recorded `kvscope:<series>`. `step`: durations as the evaluator's
+        on that grid (None: as written, the alert files). `held`: seconds of data the window
+        holds; a range is clipped to the data it can reach, as the evaluator's windows are."""
         self.rule = rule
         self.held = held
         self.nodes: dict[str, tree.Node] = rule.tree.series

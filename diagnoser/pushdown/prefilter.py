@@ -113,11 +113,9 @@ def _chain_same_series(cc: ConditionCompiler, conds: list[tree.Cond], kept: list
 
 
 def fact_selectors(rule: Rule, catalog: Catalog) -> tuple[tuple[str, ...], list[str]]:
-    """(one selector per `fact == value` test whose fact only info-gauge labels carry, the tests
-    left to the evaluator with the reason). The evaluator reads a fact from the labels of an
-    engine's info gauges anywhere in the window (an unknown fact fails), so an engine without such
-    a series carrying that label value cannot fire. Tests on facts a static gauge's value carries,
-    and other operators, are left out (a superset). Only for rules grouped by instance."""
+    """(one selector per `fact == value` test whose fact only info-gauge labels carry: an engine
+    without such a series cannot fire; the tests left to the evaluator, with the reason). Only
+    for rules grouped by instance."""
     tests = rule.tree.facts
     if not tests:
         return (), []

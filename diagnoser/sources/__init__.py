@@ -26,11 +26,9 @@ def read_url(
     error: type[SourceError] = SourceError,
     on_status: Callable[[urllib.error.HTTPError], SourceError] | None = None,
 ) -> bytes:
-    """The body of one synchronous HTTP request: a GET, or a form POST of `data`. The diagnoser's
-    callers (CLI, Streamlit, worker threads) run no event loop, so this is the standard library's
-    client; the agent's async code uses aiohttp. At most `max_bytes` are read. An error status
-    raises `on_status(exc)` (else `error`); no answer, or an answer over `max_bytes`, raises
-    `error` with a message that starts with `what`."""
+    """The body of one synchronous HTTP GET (or form POST of `data`), at most `max_bytes`. An error
+    status raises `on_status(exc)` (else `error`); no answer, or a larger one, raises `error`
+    with a message that starts with `what`."""
     try:
         with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=timeout_s) as resp:  # noqa: S310
             body = resp.read(max_bytes + 1)
