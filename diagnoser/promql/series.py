@@ -9,9 +9,9 @@ the evaluator's on that grid (time-scaled, whole steps); with `held`, no longer 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
-from kvscope.diagnoser.promql.signals import NamedSignals, PromQL, _escape_re, _number
+from kvscope.diagnoser.promql.signals import NamedSignals, PromQL, SignalReader, _escape_re, _number
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule, parse_duration
 
@@ -59,20 +59,6 @@ def _aggregate(agg: str, by: str, inner: str) -> str:
     if agg in IDENTITY_AGGS and getattr(inner, "labels", None) == labels:
         return str(inner)
     return f"{agg} by ({by}) ({inner})"
-
-
-class SignalReader(Protocol):
-    """How a canonical series is read (promql/signals.py: NamedSignals, InlineSignals)."""
-
-    def read(
-        self,
-        series: str,
-        matchers: list[tuple[str, str, str]],
-        fn: str | None = None,
-        rng: str | None = None,
-        by: tuple[str, ...] | None = None,
-        outer: str | None = None,
-    ) -> str: ...
 
 
 class SeriesCompiler:

@@ -302,6 +302,10 @@ class InlineSignals:
         return Aggregated("(" + "\nor\n".join(parts) + ")", needed, len(parts))
 
 
+SignalReader = NamedSignals | InlineSignals
+"""How the rule compiler (promql/series.py) reads a canonical series."""
+
+
 def _range_read(names: tuple[str, ...], matchers: list[str], fn: str, rng: str | None) -> str:
     """`fn(selector[rng])` over `names`. A range function drops `__name__`, so two series of one
     engine under different names (llama.cpp's `prompt_tokens` and `prompt_tokens_cached`, summed

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from kvscope.agent.signals import Catalog
 from kvscope.diagnoser.promql.alerts import ConditionCompiler, on_clause
-from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, SignalReader, _duration
-from kvscope.diagnoser.promql.signals import PromQL, wire_names
+from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _duration
+from kvscope.diagnoser.promql.signals import PromQL, SignalReader, wire_names
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
 
