@@ -118,10 +118,7 @@ def render_rule_file(groups: list[dict[str, Any]], header: str) -> str:
 
 
 def record(name: str, expr: str, **labels: str) -> dict[str, Any]:
-    rule: dict[str, Any] = {"record": name, "expr": expr}
-    if labels:
-        rule["labels"] = dict(labels)
-    return rule
+    return {"record": name, "expr": expr, **({"labels": dict(labels)} if labels else {})}
 
 
 # ---------------------------------------------------------------- canonical layer

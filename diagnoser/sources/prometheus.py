@@ -232,12 +232,8 @@ def _map_target(
     for metric, row in zip(metrics, values, strict=True):
         labels = make_labels({k: v for k, v in metric.items() if k not in ("__name__", "job", "instance")})
         present = np.flatnonzero(~np.isnan(row))
-        raws.append(
-            (
-                RawSample(metric["__name__"], labels, float(row[present[-1]]) if present.size else 0.0, None),
-                int(present.size),
-            )
-        )
+        last = float(row[present[-1]]) if present.size else 0.0
+        raws.append((RawSample(metric["__name__"], labels, last, None), int(present.size)))
     mine: dict[tuple[str, Labels], list] = {}
     votes = Exposition(samples=[r for r, count in raws for _ in range(min(count, 1))])
     engine = detect_engine(votes, catalog)
@@ -297,11 +293,8 @@ def _combine(rows: dict, name: str, labels: Labels, how: str, vals: np.ndarray) 
     prev = have[1]
     if how == "max":
         have[1] = np.fmax(prev, vals)
-    else:
-        both = np.isnan(prev) & np.isnan(vals)
-        summed = np.nan_to_num(prev) + np.nan_to_num(vals)
-        summed[both] = np.nan
-        have[1] = summed
+    else:  # NaN where both are
+        have[1] = np.where(np.isnan(prev) & np.isnan(vals), np.nan, np.nan_to_num(prev) + np.nan_to_num(vals))
 
 
 def _carry_steps(step: float, lookback_s: float) -> int:
