@@ -34,7 +34,7 @@ from kvscope.diagnoser.alertmanager.store import DiagnosisStore
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.routing import SIGNALS as ROUTER_SIGNALS
 from kvscope.diagnoser.routing import router_decisions
-from kvscope.diagnoser.rulebook.levers import Lever, load_levers
+from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources import SourceError
 from kvscope.diagnoser.sources.prometheus import PrometheusSource
@@ -60,16 +60,10 @@ class ServeConfig:
 class WebhookServer:
     """The aiohttp application and its background worker."""
 
-    def __init__(
-        self,
-        config: ServeConfig,
-        store: DiagnosisStore,
-        rules: list[Rule] | None = None,
-        levers: dict[str, Lever] | None = None,
-    ) -> None:
+    def __init__(self, config: ServeConfig, store: DiagnosisStore, rules: list[Rule] | None = None) -> None:
         self.config, self.store = config, store
         self.rules = rules if rules is not None else read_rules()
-        self.levers = levers if levers is not None else load_levers()
+        self.levers = load_levers()
         self.queue: asyncio.Queue[tuple[int, dict[str, Any]]] | None = None
         self.session: aiohttp.ClientSession | None = None
         self._worker: asyncio.Task[None] | None = None
@@ -210,8 +204,7 @@ class WebhookServer:
     async def _diagnose_window(
         self, start: float, end: float
     ) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[str]]:
-        """The fleet path over the window (diagnoser/pushdown/run.py: the TSDB's candidate records,
-        evidence where they held; rules without records judged on every engine's series)."""
+        """(diagnosis, instance places, errors) of the fleet path over the window."""
         from kvscope.diagnoser.pushdown.run import diagnose_fleet
 
         source = PrometheusSource(self.config.prometheus_url, timeout_s=30.0)
