@@ -179,11 +179,8 @@ def _escape_re(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------ signal readers
-# How the rule compiler (promql/series.py SeriesCompiler) reads a canonical series: the recorded
-# `kvscope:<series>` (alert files, a TSDB with kvscope's recording rules) or each source written
-# out inline (a TSDB holding only the engines' own series). A range function (`rate`, `increase`,
-# `resets`) is applied to each source's raw samples before relabelling, as a recording rule's
-# input would be: never to a subquery of the union.
+# A range function (`rate`, `increase`, `resets`) applies to each source's raw samples before
+# relabelling, as a recording rule's input would be: never to a subquery of the union.
 
 
 class PromQL(str):
