@@ -32,7 +32,7 @@ class Prefilter:
     dropped: tuple[str, ...] = ()  # conditions left to the evaluator, with the reason
     facts: tuple[str, ...] = ()
     """Selectors of the info gauges that carry the rule's `fact == value` tests: only engines
-    with such a series anywhere in the window can be candidates (candidates.py, `fact_instances`)."""
+    with such a series anywhere in the window can be candidates (candidates.py `candidate_exprs` joins them on)."""
 
 
 def conditions_of(rule: Rule) -> tuple[tuple[tree.Cond, ...], tuple[tree.Cond, ...]]:
