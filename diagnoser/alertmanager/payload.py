@@ -1,25 +1,8 @@
-"""Alertmanager webhook payloads, and the diagnosis attached to each alert.
+"""Alertmanager webhook payloads (v4), and the diagnosis attached to each alert.
 
-Alertmanager posts a JSON document (webhook `version: "4"`) with a list of alerts. For each
-firing alert, `enrich_alert` diagnoses the alert's time window with the rule engine and picks
-the findings at the alert's place (its `instance`, `model`, ... labels). When the alert came from
-a generated kvscope rule (label `rule_id`), the finding of that same rule is `matched`; the
-top-ranked finding at that place is the `likely_cause`, which may be a different, earlier rule
-(the root of a cascade precedes its symptom).
-
-The enriched payload is the original webhook with one `kvscope` object added to every alert:
-
-    {"window": [start, end], "rule_id": "...", "matched": Finding | null,
-     "likely_cause": Finding | null, "findings": [Finding...], "skipped": int,
-     "errors": [str...], "status": "diagnosed" | "resolved" | "error" | "truncated",
-     "routers": [{"instance", "job", "decisions": {policy: n}, "branches": {"policy:branch": n},
-                  "kept", "gave_away", "kept_share", "load_only", "prefix_tokens_kept_share"}...]}
-
-`routers` (diagnoser/routing.py) is what every router in the window decided, beside the engine
-findings: present only when a router exports decision series, each router with only the keys its
-series give.
-
-Findings use the JSON layout of diagnoser/findings.py (`Finding.to_dict`).
+Every firing alert gains a `kvscope` object (shape: docs/alerting.md): the findings at the alert's
+place (its `instance`, `model`, ... labels), `matched` (the finding of its own `rule_id`) and
+`likely_cause` (the top-ranked one there, which may be a cascade's earlier stage).
 """
 
 from __future__ import annotations
@@ -50,15 +33,8 @@ class Alert:
 
     status: str
     labels: dict[str, str]
-    annotations: dict[str, str]
     starts_at: float
     ends_at: float | None
-    fingerprint: str
-    raw: dict[str, Any]
-
-    @property
-    def name(self) -> str:
-        return self.labels.get("alertname", "")
 
     def place(self) -> dict[str, str]:
         return {k: v for k, v in self.labels.items() if k in PLACE_LABELS and v}
@@ -107,15 +83,7 @@ def parse_alert(raw: Any, index: int = 0) -> Alert:
     starts = parse_time(raw.get("startsAt"))
     if starts is None:
         raise WebhookError(f"alerts[{index}].startsAt is missing")
-    return Alert(
-        status=status,
-        labels=dict(labels),
-        annotations={str(k): str(v) for k, v in annotations.items()},
-        starts_at=starts,
-        ends_at=parse_time(raw.get("endsAt")),
-        fingerprint=str(raw.get("fingerprint", "")),
-        raw=raw,
-    )
+    return Alert(status, dict(labels), starts, parse_time(raw.get("endsAt")))
 
 
 def diagnosis_window(alert: Alert, now: float, before_s: float, max_s: float) -> tuple[float, float]:

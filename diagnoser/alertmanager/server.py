@@ -1,19 +1,8 @@
 """`kvscope serve`: the Alertmanager webhook receiver that attaches a diagnosis to every alert.
 
-    POST /api/v1/alerts          Alertmanager webhook (v4). 200 {"id": N} once stored; the diagnosis
-                                 runs in the background. 400 malformed, 413 over the size limit,
-                                 503 when the work queue is full (Alertmanager retries).
-    GET  /api/v1/diagnoses       newest first: id, status, alert names, likely cause per alert
-                                 (?limit=N, ?alertname=X)
-    GET  /api/v1/diagnoses/<id>  the enriched payload (alertmanager.py describes the shape)
-    GET  /-/healthy              200 while the process and its diagnosis worker run, else 503
-    GET  /metrics                the receiver's own counters (kvscope_webhook_*), Prometheus text
-
-One worker diagnoses webhooks in arrival order: for each firing alert it diagnoses the window
-through the fleet path (diagnoser/pushdown/run.py: the TSDB's candidate records), keeps the findings at the alert's
-place, stores the result, and POSTs the enriched payload to `forward_url` when one is set.
-Nothing here raises into the event loop: a bad webhook is a 400, a failed diagnosis or forward
-is recorded on the stored row.
+Endpoints, status codes and the enriched payload: docs/alerting.md. One worker diagnoses webhooks
+in arrival order through the fleet path (diagnoser/pushdown/run.py); a bad webhook is a 400, a
+failed diagnosis or forward is recorded on the stored row, nothing raises into the event loop.
 """
 
 from __future__ import annotations
@@ -45,7 +34,7 @@ from kvscope.diagnoser.alertmanager.store import DiagnosisStore
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.routing import SIGNALS as ROUTER_SIGNALS
 from kvscope.diagnoser.routing import router_decisions
-from kvscope.diagnoser.rulebook.levers import Lever, load_levers
+from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources import SourceError
 from kvscope.diagnoser.sources.prometheus import PrometheusSource
@@ -71,16 +60,10 @@ class ServeConfig:
 class WebhookServer:
     """The aiohttp application and its background worker."""
 
-    def __init__(
-        self,
-        config: ServeConfig,
-        store: DiagnosisStore,
-        rules: list[Rule] | None = None,
-        levers: dict[str, Lever] | None = None,
-    ) -> None:
+    def __init__(self, config: ServeConfig, store: DiagnosisStore, rules: list[Rule] | None = None) -> None:
         self.config, self.store = config, store
         self.rules = rules if rules is not None else read_rules()
-        self.levers = levers if levers is not None else load_levers()
+        self.levers = load_levers()
         self.queue: asyncio.Queue[tuple[int, dict[str, Any]]] | None = None
         self.session: aiohttp.ClientSession | None = None
         self._worker: asyncio.Task[None] | None = None
@@ -221,24 +204,14 @@ class WebhookServer:
     async def _diagnose_window(
         self, start: float, end: float
     ) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[str]]:
-        """The fleet path over the window (diagnoser/pushdown/run.py: the TSDB's candidate records,
-        evidence where they held; rules without records judged on every engine's series)."""
+        """(diagnosis, instance places, errors) of the fleet path over the window."""
         from kvscope.diagnoser.pushdown.run import diagnose_fleet
 
         source = PrometheusSource(self.config.prometheus_url, timeout_s=30.0)
         try:
+            args = (self.rules, self.config.params, None, self.levers, source.description, source.catalog)
             result, report = await asyncio.to_thread(
-                diagnose_fleet,
-                source.client,
-                start,
-                end,
-                self.config.step_s,
-                self.rules,
-                self.config.params,
-                None,
-                self.levers,
-                source.description,
-                source.catalog,
+                diagnose_fleet, source.client, start, end, self.config.step_s, *args
             )
             # the fleet path's frame holds only candidates' evidence: the routers are read apart
             routers = await asyncio.to_thread(source.read_frame, set(ROUTER_SIGNALS), start, end, self.config.step_s)

@@ -23,6 +23,7 @@ CREATE TABLE IF NOT EXISTS diagnoses (
   forward TEXT NOT NULL DEFAULT ''
 );
 """
+_SELECT = "SELECT id, received_at, status, alertnames, payload, forward FROM diagnoses"
 
 
 class DiagnosisStore:
@@ -60,14 +61,12 @@ class DiagnosisStore:
 
     def get(self, row_id: int) -> dict[str, Any] | None:
         with self._lock:
-            row = self._db.execute(
-                "SELECT id, received_at, status, alertnames, payload, forward FROM diagnoses WHERE id = ?", (row_id,)
-            ).fetchone()
+            row = self._db.execute(_SELECT + " WHERE id = ?", (row_id,)).fetchone()
         return _row(row, full=True) if row else None
 
     def list(self, limit: int = 50, alertname: str | None = None) -> list[dict[str, Any]]:
         """Newest first; `alertname` filters on one alert name."""
-        query = "SELECT id, received_at, status, alertnames, payload, forward FROM diagnoses"
+        query = _SELECT
         args: tuple[Any, ...] = ()
         if alertname:
             query += " WHERE ',' || alertnames || ',' LIKE ?"
@@ -95,19 +94,15 @@ class DiagnosisStore:
 
 def _row(row: tuple, full: bool) -> dict[str, Any]:
     row_id, received, status, names, payload, forward = row
-    out: dict[str, Any] = {
+    doc = json.loads(payload)
+    return {
         "id": row_id,
         "received_at": received,
         "status": status,
         "alertnames": [n for n in names.split(",") if n],
         "forward": forward,
+        **({"payload": doc} if full else {"summary": [_brief(a) for a in doc.get("alerts", [])]}),
     }
-    doc = json.loads(payload)
-    if full:
-        out["payload"] = doc
-    else:
-        out["summary"] = [_brief(a) for a in doc.get("alerts", [])]
-    return out
 
 
 def _brief(alert: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from kvscope.diagnoser.evaluate import grid
 from kvscope.diagnoser.evaluate.buckets import bucket_layout, group_buckets
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler
-from kvscope.diagnoser.promql.signals import CanonicalSignals
+from kvscope.diagnoser.promql.signals import NamedSignals
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.grammar import ExprError
 from kvscope.diagnoser.rulebook.rule import Rule
@@ -380,7 +380,7 @@ def promql(rule: Rule, name: str, step: float | None = None, held: float | None 
     grid `step`s, and clipped to the `held` seconds of data (minus any offset). A series PromQL
     cannot write says so instead."""
     try:
-        text = SeriesCompiler(rule, CanonicalSignals(), step=step, held=held).expr(name)
+        text = SeriesCompiler(rule, NamedSignals(""), step=step, held=held).expr(name)
     except NotExpressible as exc:
         return f"{name} (no PromQL form: {exc})"
     return re.sub(r"\s*\n\s*", " ", text)

@@ -1,15 +1,10 @@
 """Compile diagnosis rules (rules/diagnosis/*.yaml) into Prometheus alerting rules.
 
-The rule's thresholds, `for`, grouping and severity carry over unchanged, so the Python engine
-(diagnoser/evaluate/evaluator.py) and Prometheus fire on the same data (tests/integration/test_parity.py
-checks it). Each canonical signal `S` is read from the recorded `kvscope:S` series
-(promrules.py), which exist whether the engines are scraped directly or through the agent.
-
-A rule becomes `Llm<CamelCaseId>` with labels `severity`, `rule_id`, `levers_md`; a rule with
-`warning_when` / `critical_when` gets a further rule of the same name with that severity. Rules that
-PromQL cannot express are returned as `PythonOnly` with the reason (cascades, a parameter
-without a default, absence tests, a condition on a coarser series only); the generated file
-lists them in its header.
+Thresholds, `for`, grouping and severity carry over, so the Python engine and Prometheus fire on
+the same data (tests/integration/test_parity.py); signals are read from the recorded `kvscope:S`
+series (rulefiles.py). A rule becomes `Llm<CamelCaseId>` with labels `severity`, `rule_id`,
+`levers_md` (plus one rule per higher `warning_when`/`critical_when` severity); rules PromQL
+cannot express come back as `PythonOnly` with the reason, listed in the file's header.
 """
 
 from __future__ import annotations
@@ -20,8 +15,8 @@ from typing import Any
 
 from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, load_catalog
 from kvscope.diagnoser.findings import SEVERITY_RANK
-from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _duration, _number
-from kvscope.diagnoser.promql.signals import PromQL, name_selector, quote
+from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _duration
+from kvscope.diagnoser.promql.signals import PromQL, _number, name_selector, quote
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
 
@@ -127,17 +122,17 @@ class ConditionCompiler:
             raise NotExpressible(f"no `all` condition is grouped by the rule's labels {list(self.rule.by)}")
         out = f"({first})"
         for e in rest:
-            out += f"\nand{self._on(e.by)}\n({e})"
+            out += f"\nand{on_clause(self.rule.by, e.by)}\n({e})"
         if anys:
             ref = self.series.expr(block.all[0].series) if any(set(e.by) != set(first.by) for e in anys) else ""
-            terms = [f"({e})" if set(e.by) == set(first.by) else f"(({ref})\nand{self._on(e.by)}\n({e}))" for e in anys]
+            terms = [
+                f"({e})" if set(e.by) == set(first.by) else f"(({ref})\nand{on_clause(self.rule.by, e.by)}\n({e}))"
+                for e in anys
+            ]
             out += "\nand\n(\n" + "\nor\n".join(terms) + "\n)"
         for fact in facts:
             out += f"\nand on (instance)\n{self.fact(fact)}"
         return out
-
-    def _on(self, by: tuple[str, ...]) -> str:
-        return "" if set(by) == set(self.rule.by) else f" on ({', '.join(by)})"
 
     def fact(self, fact: tree.Fact) -> str:
         """Instances whose info gauge (agent `kvscope_engine_info` or the engine's own, e.g.
@@ -148,8 +143,13 @@ class ConditionCompiler:
             raise NotExpressible(f"fact operator {fact.op!r}")
         name, value = fact.fact, quote(fact.value)
         matchers = [f'{name}="{value}"'] if fact.op == "==" else [f'{name}!="{value}"', f'{name}!=""']
-        names = (KVSCOPE_PREFIX + "engine_info", *info_gauges(self.catalog))
+        names = (KVSCOPE_PREFIX + "engine_info", *(f.name for f in self.catalog.facts if f.fact is None))
         return f"group by (instance) ({name_selector(names, matchers)})"
+
+
+def on_clause(by: tuple[str, ...], other: tuple[str, ...]) -> str:
+    """The `on (...)` modifier joining a result grouped by `other` onto one grouped by `by`."""
+    return "" if set(other) == set(by) else f" on ({', '.join(other)})"
 
 
 def signed(rule: Rule, name: str, seen: frozenset[str] = frozenset()) -> bool:
@@ -164,12 +164,7 @@ def signed(rule: Rule, name: str, seen: frozenset[str] = frozenset()) -> bool:
     return any(signed(rule, r, seen | {name}) for r in node.refs)
 
 
-def info_gauges(catalog: Catalog) -> tuple[str, ...]:
-    """Engine info-style gauges whose labels are facts (from the catalog's `facts`)."""
-    return tuple(f.name for f in catalog.facts if f.fact is None)
-
-
-def compile_rule(rule: Rule, runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]] | PythonOnly:
+def compile_rule(rule: Rule) -> list[dict[str, Any]] | PythonOnly:
     """Alerting rules for one diagnosis rule, or PythonOnly with the reason."""
     if "cascade" in rule.doc:
         return PythonOnly(rule.id, "cascade: ordered stage onsets have no PromQL form")
@@ -188,12 +183,12 @@ def compile_rule(rule: Rule, runbook_base: str = RUNBOOK_BASE) -> list[dict[str,
         ]
     except (NotExpressible, KeyError, ValueError) as exc:
         return PythonOnly(rule.id, str(exc) or type(exc).__name__)
-    return [_alert(rule, expr, rule.severity, when, runbook_base)] + [
-        _alert(rule, f"{expr}\nand\n{cond}", sev, when, runbook_base) for sev, cond in raised
+    return [_alert(rule, expr, rule.severity, when)] + [
+        _alert(rule, f"{expr}\nand\n{cond}", sev, when) for sev, cond in raised
     ]
 
 
-def _alert(rule: Rule, expr: str, severity: str, when: tree.Block, runbook_base: str) -> dict[str, Any]:
+def _alert(rule: Rule, expr: str, severity: str, when: tree.Block) -> dict[str, Any]:
     where = " ".join(f"{{{{ $labels.{label} }}}}" for label in rule.by) or "the fleet"
     alert: dict[str, Any] = {"alert": alert_name(rule.id), "expr": expr}
     if when.hold > 0:
@@ -208,19 +203,13 @@ def _alert(rule: Rule, expr: str, severity: str, when: tree.Block, runbook_base:
     alert["annotations"] = {
         "summary": f"{rule.title} on {where} (value {{{{ $value | humanize }}}})",
         "description": " ".join(str(meta.get("description", "")).split()) + (f" Levers: {levers}." if levers else ""),
-        "runbook_url": f"{runbook_base}{rule.id}.md",
+        "runbook_url": f"{RUNBOOK_BASE}{rule.id}.md",
     }
     return alert
 
 
-def compile_rules(rules: list[Rule], runbook_base: str = RUNBOOK_BASE) -> tuple[list[dict[str, Any]], list[PythonOnly]]:
+def compile_rules(rules: list[Rule]) -> tuple[list[dict[str, Any]], list[PythonOnly]]:
     """(alerting rules in rule-id order, rules that stay Python-only)."""
-    alerts: list[dict[str, Any]] = []
-    python_only: list[PythonOnly] = []
-    for rule in sorted(rules, key=lambda r: r.id):
-        out = compile_rule(rule, runbook_base)
-        if isinstance(out, PythonOnly):
-            python_only.append(out)
-        else:
-            alerts.extend(out)
-    return alerts, python_only
+    outs = [compile_rule(rule) for rule in sorted(rules, key=lambda r: r.id)]
+    alerts = [alert for out in outs if not isinstance(out, PythonOnly) for alert in out]
+    return alerts, [out for out in outs if isinstance(out, PythonOnly)]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvscope.agent.signals import load_catalog
-from kvscope.diagnoser.promql.alerts import RUNBOOK_BASE, PythonOnly, alert_name, compile_rules
+from kvscope.diagnoser.promql.alerts import PythonOnly, alert_name, compile_rules
 from kvscope.diagnoser.promql.quantiles import quantile_file
 from kvscope.diagnoser.promql.rulefiles import HEADER, SloConfig, build_rule_files, candidate_file, render_rule_file
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
@@ -31,7 +31,6 @@ class Built:
 def build_all(
     slo: SloConfig | None = None,
     rules: list[Rule] | None = None,
-    runbook_base: str = RUNBOOK_BASE,
     canonical: str = "used",
     candidates: dict[str, tuple[str | None, str]] | None = None,
 ) -> Built:
@@ -39,7 +38,7 @@ def build_all(
     loosened conditions (diagnoser/pushdown/candidates.py `candidate_exprs`) for
     `kvscope-candidates.yml` (None leaves that file out)."""
     rules = read_rules() if rules is None else rules
-    alerts, python_only = compile_rules(rules, runbook_base)
+    alerts, python_only = compile_rules(rules)
     note = _alerts_note(rules, python_only)
     groups = [{"name": "kvscope-diagnosis", "rules": alerts}]
     files = build_rule_files(slo=slo, alert_groups=(groups, note), canonical=canonical)

@@ -1,20 +1,7 @@
-"""Recorded quantiles: each histogram quantile the diagnosis rules read, as a recording rule.
-
-Prometheus evaluates every part of a query on every series at every step and shares nothing
-between queries, so a fleet-wide prefilter (diagnoser/pushdown/) that names a quantile computes
-the rate of every bucket series of every engine again, each time it names it (a baseline's
-subquery: at every inner step too). `kvscope rules build` writes one recording rule per distinct
-quantile node of the shipped rules (`kvscope-quantiles.yml`), keyed by what its value depends
-on: histogram, quantile, range and grouping, at time scale 1 and the rule's default parameters.
-Nothing in kvscope reads them back now (the fleet path reads its candidate records,
-diagnoser/pushdown/); they are shipped for ad-hoc queries (docs/alerting.md).
-
-    kvscope:<histogram>:quantile_<range>{quantile="0.99", kvscope_by="instance,model"}
-
-The expression is the node's own, over the engines' own series with every source written out
-(not over `kvscope:*` canonical records), so that it holds the same values as the inline
-PromQL and `promtool tsdb create-blocks-from rules` can backfill it. A node with label
-matchers (`match`, `require_labels`) is not recorded.
+"""Recorded quantiles (`kvscope-quantiles.yml`, docs/alerting.md): one recording rule per distinct
+histogram quantile node of the shipped rules, at time scale 1 and the rules' defaults, shipped for
+ad-hoc queries (nothing in kvscope reads them back). The expression is the node's own over the
+engines' series, so it can be backfilled; nodes with label matchers are not recorded.
 """
 
 from __future__ import annotations
@@ -22,19 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from kvscope.agent.signals import Catalog
-from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _number
-from kvscope.diagnoser.promql.signals import InlineSignals
+from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler
+from kvscope.diagnoser.promql.signals import InlineSignals, _number
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
 
 QUANTILE_BY = "kvscope_by"
 """The label naming a recorded quantile's grouping (one record name serves every grouping)."""
-
-
-def quantile_key(histogram: str, q: str, rng: str, by: tuple[str, ...]) -> tuple[str, str, str]:
-    """(record name `kvscope:<histogram>:quantile_<range>`, its `quantile` label, its
-    `kvscope_by` label) of one recorded quantile."""
-    return f"kvscope:{histogram}:quantile_{rng}", q, ",".join(by)
 
 
 def quantile_rules(rules: list[Rule], catalog: Catalog) -> list[dict[str, Any]]:
@@ -52,7 +33,7 @@ def quantile_rules(rules: list[Rule], catalog: Catalog) -> list[dict[str, Any]]:
             if compiler._matchers(node, ", ".join(by)):
                 continue
             q = _number(node.q)
-            key = quantile_key(node.signal, q, compiler._range(node.rng), by)
+            key = (f"kvscope:{node.signal}:quantile_{compiler._range(node.rng)}", q, ",".join(by))  # name, labels
             if key in out:
                 continue
             try:

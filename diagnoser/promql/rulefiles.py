@@ -1,21 +1,11 @@
-"""Build kvscope's Prometheus rule files (`kvscope rules build` → rules/prometheus/*.yml).
+"""Build kvscope's Prometheus rule files (`kvscope rules build` -> rules/prometheus/*.yml).
 
-Five files, all generated, all loaded together:
-
-* `kvscope-canonical.yml` — one recording rule per canonical series the other files read
-  (`canonical="all"`: every catalog series), `kvscope:<series>`, read from the engines' own
-  names *and* the agent's `kvscope_*` re-export
-  (promrules_sources.py). Everything else reads these, so dashboards and alerts work with
-  or without the agent, on vLLM old and new names and on SGLang alike.
-* `kvscope-derived.yml` — `level:signal:operation` aggregates for dashboards
-  (`instance:engine_kv_cache_usage_ratio:max5m`, `instance:request_ttft_seconds:p99_5m`,
-  `instance:engine_prefix_cache_hit_ratio:rate5m`, `model:` and `gpu:` series ...).
-* `kvscope-slo.yml` — the TTFT SLO error ratios and the multi-window multi-burn-rate alerts.
-* `kvscope-absent.yml` — engine metrics that vanished, or arrive under an old name only.
-* `kvscope-alerts.yml` — one alert per diagnosis rule that has a PromQL form
-  (promrules_alerts.py); the others are listed in its header with the reason.
-
-Pure functions: `build_rule_files()` returns {file name: YAML text}; the command writes them.
+All generated, all loaded together: `kvscope-canonical.yml` records each canonical series the
+others read as `kvscope:<series>` from the engines' own names and the agent's `kvscope_*`
+re-export (so everything works with or without the agent); `kvscope-derived.yml` dashboard
+aggregates (`level:signal:operation`); `kvscope-slo.yml` the TTFT SLO burn-rate alerts;
+`kvscope-absent.yml` vanished or renamed engine metrics; `kvscope-alerts.yml` one alert per
+diagnosis rule with a PromQL form (alerts.py). `build_rule_files()` returns {name: YAML text}.
 """
 
 from __future__ import annotations
@@ -128,18 +118,10 @@ def render_rule_file(groups: list[dict[str, Any]], header: str) -> str:
 
 
 def record(name: str, expr: str, **labels: str) -> dict[str, Any]:
-    rule: dict[str, Any] = {"record": name, "expr": expr}
-    if labels:
-        rule["labels"] = dict(labels)
-    return rule
+    return {"record": name, "expr": expr, **({"labels": dict(labels)} if labels else {})}
 
 
 # ---------------------------------------------------------------- canonical layer
-
-
-def canonical_name(signal: Signal, suffix: str = "") -> str:
-    """`kvscope:<series>`: the canonical series recorded from every source."""
-    return f"kvscope:{signal.name}{suffix}"
 
 
 def canonical_rules(catalog: Catalog) -> list[dict[str, Any]]:
@@ -148,7 +130,7 @@ def canonical_rules(catalog: Catalog) -> list[dict[str, Any]]:
     for signal in catalog.signals.values():
         suffixes = ("_bucket", "_sum", "_count") if signal.kind == "histogram" else ("",)
         for suffix in suffixes:
-            rules.append(record(canonical_name(signal, suffix), source_union(signal, catalog, suffix)))
+            rules.append(record(f"kvscope:{signal.name}{suffix}", source_union(signal, catalog, suffix)))
     return rules
 
 
@@ -187,15 +169,11 @@ def guarded_ratio(num: str, den: str) -> str:
     return f"{num}\n/\n({den} > 0)"
 
 
-def _level_name(level: tuple[str, ...]) -> str:
-    return "instance" if level == INSTANCE_BY else "model"
-
-
 def derived_rules() -> list[dict[str, Any]]:
     """Dashboard aggregates per instance, per model and per GPU, read from the canonical layer."""
     rules = []
     for level in (INSTANCE_BY, MODEL_BY):
-        n = _level_name(level)
+        n = "instance" if level == INSTANCE_BY else "model"
         if level == INSTANCE_BY:
             rules += [
                 record(
@@ -424,13 +402,10 @@ def build_rule_files(
     alert_groups: tuple[list[dict[str, Any]], str] | None = None,
     canonical: str = "used",
 ) -> dict[str, str]:
-    """{file name: YAML text} for every generated rule file. `alert_groups` is the compiled
-    diagnosis alerts and their header note (promrules_alerts.py); None leaves that file out.
-
-    `canonical="used"` records only the `kvscope:*` series the other files read; `"all"`
-    records the whole catalog (for dashboards written against `kvscope:*`). Every recorded
-    series is a second copy of engine series in the TSDB, and bench/promrules_cost.py measured
-    the full vocabulary at 1.7x the engines' own head series against 1.4x for the used set."""
+    """{file name: YAML text} for every generated rule file. `alert_groups`: the compiled
+    diagnosis alerts and their header note (None leaves that file out). `canonical="used"`
+    records only the `kvscope:*` series the other files read, `"all"` the whole catalog (its
+    cost on the TSDB: docs/alerting.md)."""
     catalog = catalog or load_catalog()
     slo = slo or SloConfig()
     files = {
@@ -488,11 +463,9 @@ CANDIDATE_INTERVAL = "15s"
 
 
 def candidate_file(exprs: dict[str, tuple[str | None, str]]) -> tuple[str, str]:
-    """(file name, YAML text) of `kvscope-candidates.yml` from each rule's loosened condition
-    (diagnoser/pushdown/candidates.py `candidate_exprs`: rule id -> (PromQL or None, version or
-    why not)): recorded as `kvscope:candidate{rule_id, <grouping>}` (present where it held), with
-    `kvscope:candidate{rule_id, version}` from the same expression at every evaluation that
-    succeeded: the span the records cover (an evaluation the TSDB refused covers nothing)."""
+    """(file name, YAML text) of `kvscope-candidates.yml` from `candidate_exprs` (rule id -> (PromQL
+    or None, version or why not)): `kvscope:candidate{rule_id, <grouping>}` where it held, and
+    `{rule_id, version}` at every evaluation that succeeded (docs/fleet.md)."""
     groups: list[dict[str, Any]] = []
     left = []
     for rid, (expr, version) in exprs.items():

@@ -1,19 +1,17 @@
 """PromQL for a rule's named series: the one writer of a rule series in PromQL.
 
-`SeriesCompiler(rule, reader, step).expr(name)` writes the series `name` of a rule
-(rules/diagnosis/*.yaml `series:`) grouped by its `by`. How each canonical signal is read is the
-reader's (promql/signals.py): `RecordedSignals` reads the `kvscope:<series>` recording rules (the
-alert files), `InlineSignals` the engines' own series (the pushdown prefilter),
-`CanonicalSignals` the canonical names as they are (the evidence text of a finding,
-diagnoser/evaluate/expr.py `promql`). With a grid `step`, ranges are the ones the numpy
-evaluator uses on that grid (time-scaled, whole steps); with `held`, no longer than the data.
+`SeriesCompiler(rule, reader, step).expr(name)` writes the series `name` of a rule grouped by its
+`by`; the reader (promql/signals.py) says how a canonical signal is read: `NamedSignals` the
+`kvscope:<series>` records (alert files) or canonical names (a finding's evidence text),
+`InlineSignals` the engines' own series (the candidate records). With a grid `step`, ranges are
+the evaluator's on that grid (time-scaled, whole steps); with `held`, no longer than the data.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
-from kvscope.diagnoser.promql.signals import PromQL, RecordedSignals, _escape_re
+from kvscope.diagnoser.promql.signals import NamedSignals, PromQL, SignalReader, _escape_re, _number
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule, parse_duration
 
@@ -63,42 +61,20 @@ def _aggregate(agg: str, by: str, inner: str) -> str:
     return f"{agg} by ({by}) ({inner})"
 
 
-def _number(value: Any) -> str:
-    x = float(value)
-    return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
-
-
-class SignalReader(Protocol):
-    """How a canonical series is read (promql/signals.py: RecordedSignals, InlineSignals)."""
-
-    def read(
-        self,
-        series: str,
-        matchers: list[tuple[str, str, str]],
-        fn: str | None = None,
-        rng: str | None = None,
-        by: tuple[str, ...] | None = None,
-        outer: str | None = None,
-    ) -> str: ...
-
-
 class SeriesCompiler:
     """PromQL for the named series of one rule; each result is grouped by the series' `by`."""
 
     def __init__(
         self, rule: Rule, reader: SignalReader | None = None, step: float | None = None, held: float | None = None
     ) -> None:
-        """`reader` writes how a canonical signal is read (default: the recorded `kvscope:<series>`;
-        `InlineSignals` reads the engines' own series). `step`: ranges, offsets and subquery
-        steps as the evaluator uses them on a grid of that step (time-scaled, whole steps); None
-        writes the rule's durations as they are (the alert files). `held`: the seconds of data
-        the window holds; a range is clipped to the data it can reach, as the evaluator's
-        trailing windows are (for an `offset` window, `held` minus the offset)."""
+        """`reader`: default the recorded `kvscope:<series>`. `step`: durations as the evaluator's
+        on that grid (None: as written, the alert files). `held`: seconds of data the window
+        holds; a range is clipped to the data it can reach, as the evaluator's windows are."""
         self.rule = rule
         self.held = held
         self.nodes: dict[str, tree.Node] = rule.tree.series
         self.rule_by = rule.by
-        self.reader = reader or RecordedSignals()
+        self.reader = reader or NamedSignals()
         self.step = step
         self.sub = _duration(step) if step else SUBQUERY_STEP
         self.sub_for: Any = None

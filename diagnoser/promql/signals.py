@@ -1,25 +1,10 @@
 """PromQL that reads one canonical signal from every place it can come from.
 
-A canonical signal (agent/normalize/catalog.yaml) reaches Prometheus either under its engines'
-own names (vLLM old and new names, SGLang, dcgm-exporter; Ray's `vllm_x` spelling too) or
-re-exported by the kvscope agent as `kvscope_<signal>`. `source_union` writes one expression
-that reads all of them, maps upstream labels to canonical ones with `label_replace`, and
-aggregates the way the Python normalizer does (gauges: max, counters and histograms: sum), so
-a query over the result means the same thing with or without the agent.
-
-Each source becomes one term; terms are joined with `or`, which keeps the first term's series
-and adds another term's only for label sets the first did not have. Native names come first,
-so an engine scraped both directly and through the agent is counted once — provided the agent
-job is scraped with `honor_labels: true`, which keeps the engine's `instance` (docs/alerting.md).
-An old name the catalog marks `fallback` is read only for instances that have none of the
-engine's current names (`old unless on (instance) current`), as the normalizer does per scrape:
-vLLM <= 0.11 exports both, and they are never added up. A dialect's `worker_labels` (an
-aggregating endpoint's per-worker label, e.g. sglang-router's `worker_addr`) becomes `instance`.
-
-What PromQL cannot express is left out and returned as skipped by `source_terms`: histograms whose
-buckets need rescaling (SGLang `kv_transfer_latency_ms`: `le` values cannot be multiplied in
-PromQL) and info-label values (`vllm:cache_config_info{kv_cache_size_tokens}`). Those signals
-still arrive through the agent's `kvscope_*` series.
+A canonical signal (agent/normalize/catalog.yaml) reaches Prometheus under its engines' own names
+(old and new, Ray's `vllm_x`) or as the agent's `kvscope_<signal>`. `source_union` reads them all
+as one expression, relabelled and aggregated as the Python normalizer does, native names first
+(docs/alerting.md); a `fallback` name only for instances without the current ones. Rescaled
+buckets and info-label values have no PromQL form (`source_terms` returns them as skipped).
 """
 
 from __future__ import annotations
@@ -89,11 +74,11 @@ def source_terms(signal: Signal, catalog: Catalog, suffix: str = "") -> tuple[li
         matchers = tuple(sorted((k, "|".join(_escape_re(v) for v in vs)) for k, vs in alias.match.items()))
         sets = tuple(sorted(alias.set.items()))
         key = (alias.engine, matchers, renames, alias.scale, alias.collapse, alias.fallback, sets)
-        names = wire_names(alias.name, signal.kind, suffix, alias.part)
         prev = grouped.get(key)
+        names = (prev.names if prev else ()) + wire_names(alias.name, signal.kind, suffix, alias.part)
         grouped[key] = SourceTerm(
             alias.engine,
-            (prev.names if prev else ()) + names,
+            names,
             matchers,
             renames,
             alias.scale,
@@ -130,10 +115,7 @@ def kept(term: SourceTerm, keep: set[str]) -> SourceTerm:
 
 def relabel(expr: str, term: SourceTerm) -> str:
     """Map upstream labels to canonical ones, set `engine` to the dialect, apply the scale.
-
-    Renames run before `engine` is overwritten because vLLM's own `engine` label is the
-    data-parallel rank (→ `dp_rank`). `(.+)` leaves the target alone when the source label is
-    absent."""
+    Renames run first: vLLM's own `engine` label is the data-parallel rank (-> `dp_rank`)."""
     for upstream, canonical in term.renames:
         expr = f'label_replace({expr}, "{canonical}", "$1", "{upstream}", "(.+)")'
     for label, value in term.sets:
@@ -148,13 +130,9 @@ def relabel(expr: str, term: SourceTerm) -> str:
 
 
 def source_union(signal: Signal, catalog: Catalog, suffix: str = "") -> str:
-    """The canonical series `signal.name + suffix` as one expression over every source.
-
-    Gauges are max-ed and counters and histogram series summed over the series that collapse
-    onto one canonical label set, as the normalizer does (old and new names of one engine
-    included); an alias marked `collapse: max` (every rank repeats one count) is max-ed. Bucket
-    bounds written as integers (`le="1"`) are rewritten as `1.0` so buckets from different client
-    libraries line up."""
+    """The canonical series `signal.name + suffix` as one expression over every source: gauges
+    max-ed, the rest summed over the series that collapse onto one label set (an alias marked
+    `collapse: max` max-ed); integer bucket bounds (`le="1"`) rewritten as `1.0` to line up."""
     terms, _ = source_terms(signal, catalog, suffix)
     agg = "max" if signal.kind == "gauge" else "sum"
     by = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
@@ -180,17 +158,15 @@ def canonical_by(signal: Signal, *extra: str) -> tuple[str, ...]:
 
 
 def le_regex(bound: float) -> str:
-    """A regex matching a histogram bound however it is spelled (`1` or `1.0`), quoted for
-    use inside a PromQL string.
-
-    Client libraries format `le` differently (prometheus_client writes `1.0`, Go `1`), and
-    Prometheus 3 normalises it on ingestion, so a bucket is selected by its value."""
+    """A regex, quoted for a PromQL string, matching a histogram bound however a client library
+    spells it (`1` or `1.0`; Prometheus 3 normalises it on ingestion)."""
     spellings = {repr(float(bound)), _number(bound)}
     return quote("|".join(sorted(_escape_re(s) for s in spellings)))
 
 
-def _number(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else repr(float(x))
+def _number(value: float) -> str:
+    x = float(value)
+    return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
 
 
 def quote(text: str) -> str:
@@ -199,18 +175,12 @@ def quote(text: str) -> str:
 
 
 def _escape_re(text: str) -> str:
-    out = []
-    for ch in text:
-        out.append("\\" + ch if ch in ".+*?()[]{}|^$\\" else ch)
-    return "".join(out)
+    return "".join("\\" + ch if ch in ".+*?()[]{}|^$\\" else ch for ch in text)
 
 
 # ------------------------------------------------------------------------------ signal readers
-# How the rule compiler (promql/series.py SeriesCompiler) reads a canonical series: the recorded
-# `kvscope:<series>` (alert files, a TSDB with kvscope's recording rules) or each source written
-# out inline (a TSDB holding only the engines' own series). A range function (`rate`, `increase`,
-# `resets`) is applied to each source's raw samples before relabelling, as a recording rule's
-# input would be: never to a subquery of the union.
+# A range function (`rate`, `increase`, `resets`) applies to each source's raw samples before
+# relabelling, as a recording rule's input would be: never to a subquery of the union.
 
 
 class PromQL(str):
@@ -250,8 +220,13 @@ def _format_matchers(matchers: list[Matcher] | tuple[Matcher, ...]) -> list[str]
     return [f'{label}{op}"{quote(value)}"' for label, op, value in matchers]
 
 
-class RecordedSignals:
-    """Reads `kvscope:<series>`, the recording rules `kvscope rules build` writes."""
+class NamedSignals:
+    """Reads each canonical series by one name: `kvscope:<series>`, the recording rules `kvscope
+    rules build` writes (the default, for the alert files), or with `prefix=""` the canonical name
+    itself, as a finding's evidence shows what the rule computed."""
+
+    def __init__(self, prefix: str = "kvscope:") -> None:
+        self.prefix = prefix
 
     def read(
         self,
@@ -263,26 +238,7 @@ class RecordedSignals:
         outer: str | None = None,
     ) -> str:
         parts = _format_matchers(matchers)
-        sel = f"kvscope:{series}" + ("{" + ",".join(parts) + "}" if parts else "")
-        return f"{fn}({sel}[{rng}])" if fn else sel
-
-
-class CanonicalSignals:
-    """Reads each canonical series by its own name (`engine_preemptions_total`), as a finding's
-    evidence shows what the rule computed: the form is the alert files', the names the catalog's
-    canonical ones (`kvscope rules build` records each as `kvscope:<name>`)."""
-
-    def read(
-        self,
-        series: str,
-        matchers: list[Matcher],
-        fn: str | None = None,
-        rng: str | None = None,
-        by: tuple[str, ...] | None = None,
-        outer: str | None = None,
-    ) -> str:
-        parts = _format_matchers(matchers)
-        sel = series + ("{" + ",".join(parts) + "}" if parts else "")
+        sel = self.prefix + series + ("{" + ",".join(parts) + "}" if parts else "")
         return f"{fn}({sel}[{rng}])" if fn else sel
 
 
@@ -336,16 +292,15 @@ class InlineSignals:
             ]
             op = "max" if term.collapse == "max" else agg
             expr = _range_read(term.names, selectors, fn, rng) if fn else name_selector(term.names, selectors)
-            expr = relabel(
-                expr,
-                term
-                if fn != "resets"
-                else SourceTerm(term.dialect, term.names, term.matchers, term.renames, workers=term.workers),
-            )
+            expr = relabel(expr, term if fn != "resets" else replace(term, scale=1.0, sets=()))
             if suffix == "_bucket":
                 expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
             parts.append(f"{op} by ({clause}) ({expr})")
         return Aggregated("(" + "\nor\n".join(parts) + ")", needed, len(parts))
+
+
+SignalReader = NamedSignals | InlineSignals
+"""How the rule compiler (promql/series.py) reads a canonical series."""
 
 
 def _range_read(names: tuple[str, ...], matchers: list[str], fn: str, rng: str | None) -> str:

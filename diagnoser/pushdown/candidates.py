@@ -1,29 +1,16 @@
 """Which groups a rule can fire for, and when: the TSDB's `kvscope:candidate` records read against
-the rule's `for`.
+the rule's `for` (docs/fleet.md).
 
-`kvscope rules build` writes each rule's loosened condition (prefilter.py) as a recording rule
-(`kvscope-candidates.yml`), evaluated every CANDIDATE_INTERVAL; the same expression adds a series
-`{version=...}` at every evaluation that succeeded, which says when the records cover the window
-and for which version of the rule. One range query at that interval reads them for every rule
-(`read_candidates`).
-
-Where the evaluator's condition holds, the candidate's does too (a superset), so a run of the
-rule's `for` (hold + 1 grid points, `hold_s` seconds) holds the candidate at every evaluation
-inside it: at least hold_s // interval consecutive query points (the record read at a query time
-is the last evaluation before it). Groups without such a run cannot fire; for the others the
-runs, widened by two intervals before and one after (the evaluations' phase), bound where the
-evaluator's runs can lie (`Group.first`, `Group.last`).
-
-A rule whose records do not cover the window (installed later, another version of the rule,
-gaps) is `uncovered`: it is judged on every engine's series (the exact full fetch), and the
-spans are said.
+`read_candidates` reads every rule's records and `{version}` series in one range query. A run of
+the rule's `for` holds the candidate at >= hold_s // interval consecutive points; groups without
+one cannot fire, and for the others the runs (widened by two intervals before and one after)
+bound the evaluator's (`Group.first/last`). Records not covering the window make it `uncovered`.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -43,12 +30,11 @@ def candidate_exprs(rules: list[Rule], catalog: Catalog) -> dict[str, tuple[str 
     the version label: a hash of that text, or why there is none)}, at the rules' defaults
     and time scale 1. The fleet path compiles the same to know which records it can trust."""
     out: dict[str, tuple[str | None, str]] = {}
-    step = INTERVAL_S
     for rule in rules:
         if rule.missing_params():
             out[rule.id] = (None, f"parameter(s) without a default: {', '.join(rule.missing_params())}")
             continue
-        pre = compile_prefilter(rule, InlineSignals(catalog), catalog, step)
+        pre = compile_prefilter(rule, InlineSignals(catalog), catalog, INTERVAL_S)
         if pre.expr is None:
             out[rule.id] = (None, "; ".join(pre.dropped))
             continue
@@ -85,14 +71,6 @@ class Hits:
     why: str = ""
     uncovered: list[tuple[float, float]] = field(default_factory=list)
 
-    @property
-    def first(self) -> int:
-        return min(g.first for g in self.groups)
-
-    @property
-    def last(self) -> int:
-        return max(g.last for g in self.groups)
-
 
 def read_candidates(
     client: PromClient, versions: dict[str, str], holds: dict[str, float], grid: np.ndarray
@@ -120,7 +98,7 @@ def read_candidates(
         rows[rid].append((labels, ~np.isnan(row)))
     out = {}
     for rid in versions:
-        gaps = _spans(~up[rid], times)
+        gaps = [(float(times[a]), float(times[b])) for a, b in _runs(~up[rid])]
         if gaps:
             out[rid] = Hits(everywhere=True, why="no kvscope:candidate records (or of another version)", uncovered=gaps)
             continue
@@ -147,10 +125,6 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return [(int(a), int(b) - 1) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
-def _spans(mask: np.ndarray, times: np.ndarray) -> list[tuple[float, float]]:
-    return [(float(times[a]), float(times[b])) for a, b in _runs(mask)]
-
-
 def describe(hits: dict[str, Hits]) -> list[str]:
     """Lines naming the rules judged by the full fetch because their records do not cover the
     window, with the spans, and how to backfill them."""
@@ -165,9 +139,8 @@ def describe(hits: dict[str, Hits]) -> list[str]:
     for rid, h in sorted(bad.items()):
         by_spans.setdefault(tuple(h.uncovered), []).append(rid)
     for spans, rids in by_spans.items():
-        out.append(
-            f"  {', '.join(rids)}: " + ", ".join(f"{iso_utc(a)} - {iso_utc(b)}" for a, b in spans[:3]) + _more(spans)
-        )
+        more = f" (+{len(spans) - 3} more)" if len(spans) > 3 else ""
+        out.append(f"  {', '.join(rids)}: " + ", ".join(f"{iso_utc(a)} - {iso_utc(b)}" for a, b in spans[:3]) + more)
     lo, hi = min(h.uncovered[0][0] for h in bad.values()), max(h.uncovered[-1][1] for h in bad.values())
     out.append(
         "  backfill them (docs/fleet.md): promtool tsdb create-blocks-from rules "
@@ -176,7 +149,3 @@ def describe(hits: dict[str, Hits]) -> list[str]:
         f"{iso_utc(lo)} -replay.timeTo={iso_utc(hi)} -datasource.url=<vm> -remoteWrite.url=<vm>"
     )
     return out
-
-
-def _more(spans: Any) -> str:
-    return f" (+{len(spans) - 3} more)" if len(spans) > 3 else ""

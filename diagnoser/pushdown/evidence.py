@@ -1,23 +1,10 @@
 """The evidence a rule's candidates need: which raw series, of which instances, over which span.
 
-A rule reads its signals through leaf series (`gauge`, `rate`, `quantile`, ...), each grouped by
-its own labels. For a candidate group, a leaf grouped by `instance` needs only that instance's
-series; a leaf grouped by `model` (peers: replicas of the model, its queue share) needs every
-instance serving the candidates' models, and only that leaf's signal; a leaf grouped by nothing
-(the fleet) needs every instance's. So evidence is planned per leaf and candidate (`rule_needs`),
-and only what some candidate needs is fetched (`fetch_needs`): every-instance needs in one fetch,
-instance needs batched by instances that need the same names over the same (rounded) span.
-
-Spans, per candidate group: conditions are judged over the stretch where the rule can fire
-(candidates.py: the `kvscope:candidate` records) widened by SAFETY_S on both sides
-(`judged_spans`), to the window's end for cascades (later stages may start after the root's
-stretch); data is fetched from the first point judged minus the rule's reach (ranges, offsets,
-baselines), to the last point judged, or to the window's end for the leaves `resolved_when`
-reads (it is read from a finding's onset on).
-
-The rule is then evaluated on a frame of its own rows (`rule_frame`) whose `judged` stretches are
-the candidates': a peer fetched for a model-level leaf, or a group outside its stretches, is not
-judged on data fetched for someone else.
+`rule_needs` plans per leaf and candidate: a leaf by `instance` needs that instance's series, by
+`model` every instance serving the candidates' models, by nothing every instance's. `fetch_needs`
+fetches the every-instance needs at once, the rest batched by names and rounded span: the
+candidate's stretch widened by SAFETY_S (to the window's end for cascades and `resolved_when`
+leaves) minus the rule's reach. `rule_frame` gives the rule a frame of its own rows.
 """
 
 from __future__ import annotations
@@ -145,14 +132,11 @@ def rule_needs(
             values = {label: sorted({g.labels[label] for g in hits.groups}) for label in pinned}
             instances = resolve_instances(client, sorted(names)[0], values, grid, first, last, reader)
         needs.append(Need(names, instances, first, last))
-    judged = (
-        None
-        if hits.everywhere
-        else JudgedSpans(
-            tuple((tuple(sorted((k, v) for k, v in g.labels.items() if k in rule.by)), lo, hi) for g, lo, hi in spans)
-        )
+    if hits.everywhere:
+        return needs, None
+    return needs, JudgedSpans(
+        tuple((tuple(sorted((k, v) for k, v in g.labels.items() if k in rule.by)), lo, hi) for g, lo, hi in spans)
     )
-    return needs, judged
 
 
 def resolve_instances(
@@ -227,27 +211,17 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
         for (lo, hi), span_names in by_span.items():
             batches.setdefault((frozenset(span_names), lo, hi), []).append(inst)
     plans += [(names, sorted(insts), lo, hi) for (names, lo, hi), insts in sorted(batches.items(), key=str)]
-    out = Fetched(Frame(ts=grid))
+    out = Fetched(Frame(ts=grid), fetches=len(plans))
+    t0, t1 = float(grid[0]), float(grid[-1])
     for names, instances, lo, hi in plans:
         who = "every instance" if instances is None else f"{len(instances)} instance(s)"
-        client.say(
-            f"pushdown: evidence, {len(names)} series names for {who}, "
-            f"{time.strftime('%H:%M', time.gmtime(float(grid[lo])))}-"
-            f"{time.strftime('%H:%M', time.gmtime(float(grid[hi])))}"
-        )
+        since, until = float(grid[lo]), float(grid[hi])
+        hours = "-".join(time.strftime("%H:%M", time.gmtime(t)) for t in (since, until))
+        client.say(f"pushdown: evidence, {len(names)} series names for {who}, {hours}")
         frame = fetch_frame(
-            client,
-            set(names),
-            float(grid[0]),
-            float(grid[-1]),
-            step,
-            instances=instances,
-            fetch_from=float(grid[lo]),
-            fetch_to=float(grid[hi]),
-            catalog=catalog,
+            client, set(names), t0, t1, step, instances=instances, fetch_from=since, fetch_to=until, catalog=catalog
         )
         _absorb(out, frame)
-        out.fetches += 1
     for block in out.frame.blocks.values():
         out.series += len(block.labels)
         out.points += int(np.count_nonzero(~np.isnan(block.values)))
@@ -262,14 +236,11 @@ def _absorb(out: Fetched, frame: Frame) -> None:
             out.frame.blocks[name] = block
             continue
         index = {lab: i for i, lab in enumerate(have.labels)}
-        new_rows = []
         for i, lab in enumerate(block.labels):
-            j = index.get(lab)
-            if j is None:
-                new_rows.append(i)
-                continue
-            row = have.values[j]
-            np.copyto(row, block.values[i], where=np.isnan(row))
+            if lab in index:
+                row = have.values[index[lab]]
+                np.copyto(row, block.values[i], where=np.isnan(row))
+        new_rows = [i for i, lab in enumerate(block.labels) if lab not in index]
         if new_rows:
             out.frame.blocks[name] = Block(
                 have.labels + [block.labels[i] for i in new_rows], np.vstack([have.values, block.values[new_rows]])
@@ -287,22 +258,16 @@ def rule_frame(fetched: Fetched, rule_needs_: list[Need], grid: np.ndarray, judg
                 continue
             wanted[name] = None if nd.instances is None else (wanted.get(name) or set()) | set(nd.instances)
     blocks = {}
-    instances: set[str] | None = set()
     for name, keep in wanted.items():
         block = fetched.frame.blocks.get(name)
-        if keep is None:
-            instances = None
-        elif instances is not None:
-            instances |= keep
         if block is None:
             continue
-        if keep is None:
-            blocks[name] = block
-            continue
-        rows = [i for i, lab in enumerate(block.labels) if dict(lab).get("instance", "") in keep]
-        if rows:
-            blocks[name] = Block([block.labels[i] for i in rows], block.values[rows])
-    facts = {k: v for k, v in fetched.frame.facts.items() if instances is None or k in instances}
+        rows = [i for i, lab in enumerate(block.labels) if keep is None or dict(lab).get("instance", "") in keep]
+        if keep is None or rows:
+            blocks[name] = block if keep is None else Block([block.labels[i] for i in rows], block.values[rows])
+    every = any(keep is None for keep in wanted.values())
+    instances = set().union(*(keep for keep in wanted.values() if keep is not None))
+    facts = {k: v for k, v in fetched.frame.facts.items() if every or k in instances}
     return Frame(ts=grid, blocks=blocks, facts=facts, judged=judged)
 
 

@@ -1,23 +1,9 @@
-"""Each rule's prefilter: its conditions as PromQL, loosened to a superset, as one expression
-(candidates.py records it as `kvscope:candidate`).
-
-The prefilter is written by the same compiler as `kvscope rules build`'s alerts
-(diagnoser/promql/alerts.py) with three differences, all of which make it hold wherever the
-numpy evaluator's condition holds (a superset), so the findings stay the evaluator's own:
-
-* no `for`: a group is a candidate from its first matching step on;
-* every comparison is loosened by `SLACK` (x 0.75 of a `>` threshold, x 1.25 of a `<` one;
-  the same for `than`/`baseline` factors), which covers the differences between PromQL's and
-  the grid's arithmetic (rate extrapolation, subquery alignment, scrape jitter);
-* parts with no loosened or no PromQL form are left out, never guessed: equality tests, zero
-  thresholds on series that can be negative (differences, slopes), engine facts, absence tests,
-  `any` branches on other groupings, signals some of whose sources PromQL cannot read
-  (rescaled buckets); `resets` ranges reach RESETS_BRIDGE_S further back (the evaluator counts
-  a reset across a scrape gap of any length). A rule left with nothing is a candidate everywhere (its
-  evidence is fetched for every engine). Cascades (kv_pressure_cascade) are prefiltered by
-  their root stage, which every later stage needs first.
-
-Ranges are the evaluator's (time-scaled, whole grid steps), subqueries run at the grid step.
+"""Each rule's prefilter: its conditions as PromQL loosened to a superset (docs/fleet.md), written
+by the alerts' compiler with no `for` and every comparison loosened by `SLACK`; parts without a
+loosened form are left out, never guessed (equality tests, zero thresholds on signed series, facts,
+absence, `any` on other groupings, unreadable signals). `resets` ranges reach RESETS_BRIDGE_S
+further back; cascades are prefiltered by their root stage; a rule left with nothing is a
+candidate everywhere. Ranges are the evaluator's (time-scaled, whole grid steps).
 """
 
 from __future__ import annotations
@@ -26,9 +12,9 @@ import re
 from dataclasses import dataclass
 
 from kvscope.agent.signals import Catalog
-from kvscope.diagnoser.promql.alerts import ConditionCompiler
-from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, SignalReader
-from kvscope.diagnoser.promql.signals import PromQL, wire_names
+from kvscope.diagnoser.promql.alerts import ConditionCompiler, on_clause
+from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _duration
+from kvscope.diagnoser.promql.signals import PromQL, SignalReader, wire_names
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
 
@@ -40,15 +26,13 @@ RESETS_BRIDGE_S = 3600.0
 
 @dataclass(frozen=True)
 class Prefilter:
-    """One rule's server-side condition, the grouping of its answer and what was left out."""
+    """One rule's server-side condition and what was left out."""
 
-    rule_id: str
     expr: str | None  # None: no server-side form; every group is a candidate
-    by: tuple[str, ...]
     dropped: tuple[str, ...] = ()  # conditions left to the evaluator, with the reason
     facts: tuple[str, ...] = ()
     """Selectors of the info gauges that carry the rule's `fact == value` tests: only engines
-    with such a series anywhere in the window can be candidates (candidates.py, `fact_instances`)."""
+    with such a series anywhere in the window can be candidates (candidates.py `candidate_exprs` joins them on)."""
 
 
 def conditions_of(rule: Rule) -> tuple[tuple[tree.Cond, ...], tuple[tree.Cond, ...]]:
@@ -59,16 +43,14 @@ def conditions_of(rule: Rule) -> tuple[tuple[tree.Cond, ...], tuple[tree.Cond, .
     return (t.when.all, t.when.any) if t.when else ((), ())
 
 
-def compile_prefilter(
-    rule: Rule, reader: SignalReader, catalog: Catalog, step: float, slack: float = SLACK
-) -> Prefilter:
+def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: float) -> Prefilter:
     """The prefilter of a prepared rule (parameters applied, time-scaled) on a grid of `step`."""
     hold = hold_steps(rule, step)
     series = SeriesCompiler(rule, reader, step=step)
     coarse = step * max(1, min(MAX_QUERY_STEPS, hold))
     series.sub_for = lambda rng_s: _duration(step if rng_s <= LONG_SUBQUERY_S else max(step, min(coarse, rng_s / 30)))
     series.resets_bridge_s = RESETS_BRIDGE_S
-    cc = ConditionCompiler(rule, series, catalog, slack=slack)
+    cc = ConditionCompiler(rule, series, catalog, slack=SLACK)
     all_conds, any_conds = conditions_of(rule)
     kept: list[PromQL] = []
     compiled: list[tree.Cond] = []
@@ -94,7 +76,7 @@ def compile_prefilter(
     if not kept and anys and len({frozenset(e.by) for e in anys}) == 1:
         kept, anys = [PromQL("\nor\n".join(f"({e})" for e in anys), anys[0].by, sum(e.cost for e in anys))], []
     if not kept:
-        return Prefilter(rule.id, None, rule.by, tuple(dropped) or ("no condition has a PromQL form",), facts)
+        return Prefilter(None, tuple(dropped) or ("no condition has a PromQL form",), facts)
     kept.sort(key=lambda c: -len(c.by))
     by = kept[0].by
     parts = [(e, e.by) for e in kept]
@@ -104,8 +86,8 @@ def compile_prefilter(
         parts.append((ored, by))
     elif anys:
         dropped.append("`any` branches on another grouping")
-    out = f"({parts[0][0]})" + "".join(f"\nand{_on(by, b)}\n({e})" for e, b in parts[1:])
-    return Prefilter(rule.id, out, tuple(by), tuple(dropped), facts)
+    out = f"({parts[0][0]})" + "".join(f"\nand{on_clause(by, b)}\n({e})" for e, b in parts[1:])
+    return Prefilter(out, tuple(dropped), facts)
 
 
 def _chain_same_series(cc: ConditionCompiler, conds: list[tree.Cond], kept: list[PromQL]) -> list[PromQL]:
@@ -131,28 +113,20 @@ def _chain_same_series(cc: ConditionCompiler, conds: list[tree.Cond], kept: list
 
 
 def fact_selectors(rule: Rule, catalog: Catalog) -> tuple[tuple[str, ...], list[str]]:
-    """(one selector per `fact == value` test whose fact only info-gauge labels carry, the tests
-    left to the evaluator with the reason). The evaluator reads a fact from the labels of an
-    engine's info gauges anywhere in the window (an unknown fact fails), so an engine without such
-    a series carrying that label value cannot fire. Tests on facts a static gauge's value carries,
-    and other operators, are left out (a superset). Only for rules grouped by instance."""
+    """(one selector per `fact == value` test whose fact only info-gauge labels carry: an engine
+    without such a series cannot fire; the tests left to the evaluator, with the reason). Only
+    for rules grouped by instance."""
     tests = rule.tree.facts
     if not tests:
         return (), []
     if "instance" not in rule.by:
         return (), ["engine facts (checked by the evaluator)"]
     out, left = [], []
+    gauges = [f for f in catalog.facts if f.fact is None]  # info gauges: their labels are facts
     for test in tests:
         name = test.fact
         static = any(f.fact == name for f in catalog.facts)
-        info = sorted(
-            {
-                n
-                for f in catalog.facts
-                if f.fact is None and (not f.labels or name in f.labels)
-                for n in wire_names(f.name, "gauge")
-            }
-        )
+        info = sorted({n for f in gauges if not f.labels or name in f.labels for n in wire_names(f.name, "gauge")})
         if test.op != "==" or static or not info or not _LABEL.fullmatch(name):
             left.append(f"fact {name}: checked by the evaluator")
             continue
@@ -178,20 +152,10 @@ def hold_steps(rule: Rule, step: float) -> int:
     return max(0, int(round((block.hold if block else 0.0) * rule.time_scale / step)))
 
 
-def _duration(seconds: float) -> str:
-    from kvscope.diagnoser.promql.series import _duration as fmt
-
-    return fmt(seconds)
-
-
 def _without_absence(cond: tree.Cond) -> tree.Cond:
     if cond.op == "absent":
         raise NotExpressible("an absence test")
     return cond
-
-
-def _on(by: tuple[str, ...], other: tuple[str, ...]) -> str:
-    return "" if set(other) == set(by) else f" on ({', '.join(other)})"
 
 
 def _describe(cond: tree.Cond) -> str:

@@ -1,24 +1,9 @@
 """The fleet path: diagnose a fleet in a Prometheus-compatible TSDB from the candidates it keeps.
 
-`diagnose --prometheus`, the UI, the weekly report and the Alertmanager webhook all come here.
-
-1. **Inventory** (index only): which sample names exist in the window (rules whose signals are
-   all absent are skipped exactly as the evaluator skips them).
-2. **Candidates** (candidates.py): one range query of the `kvscope:candidate` records the TSDB
-   evaluates continuously (`kvscope-candidates.yml`); per rule, the groups that held long enough
-   for its `for`. A rule whose records do not cover the window, that has no record (no PromQL
-   form), or that runs with other parameters or a time scale than the records' is judged on
-   every engine's series: the exact full fetch (sources/prometheus.py), said in the summary.
-   Instances whose data starts within the rules' reach are candidates everywhere (near a
-   series' first samples the evaluator clips its windows while PromQL extrapolates).
-3. **Evidence** (evidence.py): for the rules with candidates, the raw series their leaves read,
-   per leaf: the candidates' own instances, their models' replicas for model-level leaves, every
-   instance for fleet-level leaves; over the stretches where they can fire.
-4. **Evaluate**: the numpy evaluator runs each such rule over its own rows, judging conditions only
-   inside those stretches; findings then settle and rank as in `diagnose()` (evaluate/confidence.py).
-
-Findings equal the full fetch's as long as each candidate holds wherever the evaluator's condition
-does (tests/integration/test_pushdown.py).
+`diagnose --prometheus`, the UI, the weekly report and the webhook come here (docs/fleet.md):
+inventory (rules whose signals are all absent skipped), candidates (candidates.py; rules without
+trustworthy records judged on every engine's series), evidence (evidence.py), then the numpy
+evaluator on each rule's own rows, settled and ranked as `diagnose()`.
 """
 
 from __future__ import annotations
@@ -33,15 +18,10 @@ import numpy as np
 
 from kvscope.agent.signals import Catalog, load_catalog
 from kvscope.diagnoser.evaluate.confidence import before_symptom, direct_present, settle
-from kvscope.diagnoser.evaluate.evaluator import (
-    auto_time_scale,
-    evaluate_rule,
-    rank,
-    required_absent,
-    sample_names,
-)
+from kvscope.diagnoser.evaluate.evaluator import auto_time_scale, evaluate_rule, rank, required_absent, sample_names
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid
 from kvscope.diagnoser.findings import MECHANISM_OFF, MECHANISM_UNKNOWN, Diagnosis, Finding, Skipped
+from kvscope.diagnoser.promql.series import SeriesCompiler
 from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown.candidates import Group, Hits, candidate_exprs, describe, read_candidates
 from kvscope.diagnoser.pushdown.evidence import fetch_needs, rule_frame, rule_needs
@@ -50,7 +30,7 @@ from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources.promapi import PromClient, PromError
-from kvscope.diagnoser.sources.prometheus import KVSCOPE_PREFIX, fetch_frame, native_names
+from kvscope.diagnoser.sources.prometheus import fetch_frame, wire_pattern
 
 NO_GROUPS = "no series for any group"
 
@@ -117,14 +97,8 @@ def diagnose_fleet(
     client.say("fleet: inventory")
     present = inventory(client, prepared, start, end, catalog)
     shell = Frame(ts=grid, blocks={n: Block([], np.zeros((0, len(grid)))) for n in present})
-    results: dict[str, list[Finding] | Skipped] = {}
-    todo: list[Rule] = []
-    for rule in prepared:
-        skipped = _skip(rule, shell)
-        if skipped is None:
-            todo.append(rule)
-        else:
-            results[rule.id] = skipped
+    results: dict[str, list[Finding] | Skipped] = {r.id: s for r in prepared if (s := _skip(r, shell)) is not None}
+    todo = [rule for rule in prepared if rule.id not in results]
     report.seconds["inventory"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     client.say(f"fleet: candidates of {len(todo)} rules")
@@ -158,14 +132,9 @@ def diagnose_fleet(
     answers = client.map(lambda rule: _quiet(client, rule, reader, grid, step, present, catalog, levers), quiet)
     results.update({rule.id: res for rule, res in zip(quiet, answers, strict=True)})
     report.seconds["evaluate"] = time.perf_counter() - t0
-    findings: list[Finding] = []
-    skipped_list: list[Skipped] = []
-    for rule in prepared:
-        res = results[rule.id]
-        if isinstance(res, Skipped):
-            skipped_list.append(res)
-        else:
-            findings.extend(res)
+    ordered = [results[rule.id] for rule in prepared]
+    skipped_list = [res for res in ordered if isinstance(res, Skipped)]
+    findings = [f for res in ordered if not isinstance(res, Skipped) for f in res]
     evaluated = [rid for rid, res in results.items() if not isinstance(res, Skipped)]
     findings, skipped_list = settle(findings, skipped_list, evaluated, direct_present(prepared, present))
     findings = before_symptom(findings)
@@ -217,18 +186,6 @@ def inventory(client: PromClient, rules: list[Rule], start: float, end: float, c
     return {n for n in names if any(re.fullmatch(wire_pattern({n}, catalog), r) for r in window)}
 
 
-def wire_pattern(names: set[str], catalog: Catalog) -> str:
-    """A regex of every name on the wire that produces the canonical sample names."""
-    alternatives = set()
-    for declared in native_names(names, catalog) - {f.name for f in catalog.facts}:
-        alternatives.add(re.escape(declared))
-        if ":" in declared:
-            alternatives.add(re.escape(declared.replace(":", "_", 1)))
-    native = "|".join(sorted(alternatives)) or "$^"
-    kv = "|".join(sorted(re.escape(KVSCOPE_PREFIX + n) for n in names))
-    return f"(({native})(_total|_bucket|_sum|_count)?)|({kv})"
-
-
 def _skip(rule: Rule, shell: Frame) -> Skipped | None:
     """The evaluator's own reasons to skip a rule before reading any value."""
     missing = rule.missing_params()
@@ -260,11 +217,8 @@ def _young_instances(
 
     distinct = sorted(set(reaches.values()))
     olds = dict(zip(distinct, client.map(old, distinct), strict=True))
-    out: dict[str, list[str] | None] = {}
-    for rid, reach in reaches.items():
-        young = every - olds[reach]
-        out[rid] = None if young >= every else sorted(young)
-    return out
+    young = {rid: every - olds[reach] for rid, reach in reaches.items()}
+    return {rid: None if ids >= every else sorted(ids) for rid, ids in young.items()}
 
 
 def _with_young(h: Hits, young: list[str] | None, n: int) -> Hits:
@@ -302,21 +256,15 @@ def _quiet(
     if isinstance(mech, Skipped):
         return mech
     state = _has_groups(client, rule, reader, grid, present)
-    return (
-        []
-        if state
-        else Skipped(rule.id, NO_GROUPS)
-        if state is False
-        else _judged_in_full(client, rule, grid, step, catalog, levers)
-    )
+    if state is None:
+        return _judged_in_full(client, rule, grid, step, catalog, levers)
+    return [] if state else Skipped(rule.id, NO_GROUPS)
 
 
 def _mechanism(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.ndarray) -> Skipped | bool | None:
     """The rule's mechanism over the fleet and window (evaluator.mechanism_off): None when on or
     not declared, Skipped when off (present, never above 0) or unknown (absent); False when
     PromQL cannot tell. One instant query over a subquery at the grid step."""
-    from kvscope.diagnoser.promql.series import SeriesCompiler
-
     mech = rule.tree.mechanism
     if mech is None:
         return None
@@ -325,9 +273,7 @@ def _mechanism(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.n
         expr = SeriesCompiler(rule, reader, step=step).expr(mech.series)
         span = int(np.ceil(float(grid[-1] - grid[0]) + step))
         answer = client.query(f"max(max_over_time(({expr})[{span}s:{int(step)}s]))", float(grid[-1]))
-    except PromError:
-        return False
-    except Exception:  # noqa: BLE001 - a series PromQL cannot write
+    except Exception:  # noqa: BLE001 - a refused query, or a series PromQL cannot write
         return False
     values = [float(s["value"][1]) for s in answer if s.get("value")]
     if any(v > 0 for v in values):
@@ -343,8 +289,6 @@ def _has_groups(
     evaluator skips the rule as "no series for any group"): an instant query, then one coarse
     range query. None when PromQL cannot tell (a leaf it cannot read whose samples the index
     has, and the others have none)."""
-    from kvscope.diagnoser.promql.series import SeriesCompiler
-
     step = float(grid[1] - grid[0]) if len(grid) > 1 else None
     comp = SeriesCompiler(rule, reader, step=step)
     by = ", ".join(rule.by)

@@ -1,11 +1,9 @@
 """Where the diagnoser reads a window of canonical series from.
 
-Every source returns a `Frame` (diagnoser/evaluate/frame.py): canonical series sampled on one grid with
-Prometheus' lookback, plus engine facts. The same data gives the same frame from each source:
-
-* `recording.RecordingSource` - an OpenMetrics recording, through agent/replay (postmortems, tests);
-* `prometheus.PrometheusSource` - range queries against a Prometheus-compatible HTTP API (fleets);
-* `agent.AgentSource` - the agent's JSON API `/api/v1/samples` (one node, the embedded store).
+Every source has `description` and `read_frame(names, start, end, step)`: the `Frame` of the
+canonical series named in `names` on the grid [start, end] by `step` with Prometheus' lookback,
+plus engine facts (None: the source's natural window; SourceError when it cannot be read). The
+same data gives the same frame from each: recording.py, prometheus.py, agent.py, logs.py.
 """
 
 from __future__ import annotations
@@ -13,9 +11,6 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from typing import Protocol
-
-from kvscope.diagnoser.evaluate.frame import Frame
 
 
 class SourceError(RuntimeError):
@@ -31,11 +26,9 @@ def read_url(
     error: type[SourceError] = SourceError,
     on_status: Callable[[urllib.error.HTTPError], SourceError] | None = None,
 ) -> bytes:
-    """The body of one synchronous HTTP request: a GET, or a form POST of `data`. The diagnoser's
-    callers (CLI, Streamlit, worker threads) run no event loop, so this is the standard library's
-    client; the agent's async code uses aiohttp. At most `max_bytes` are read. An error status
-    raises `on_status(exc)` (else `error`); no answer, or an answer over `max_bytes`, raises
-    `error` with a message that starts with `what`."""
+    """The body of one synchronous HTTP GET (or form POST of `data`), at most `max_bytes`. An error
+    status raises `on_status(exc)` (else `error`); no answer, or a larger one, raises `error`
+    with a message that starts with `what`."""
     try:
         with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=timeout_s) as resp:  # noqa: S310
             body = resp.read(max_bytes + 1)
@@ -48,17 +41,3 @@ def read_url(
     if len(body) > max_bytes:
         raise error(f"{what}: answer larger than {max_bytes} bytes; narrow the window")
     return body
-
-
-class Source(Protocol):
-    """A window of canonical series."""
-
-    description: str
-
-    def read_frame(self, names: set[str], start: float | None, end: float | None, step: float) -> Frame:
-        """Series whose canonical sample name is in `names`, on the grid [start, end] by `step`.
-
-        None for start/end means the source's natural window (a recording's first and last scrape,
-        or the last 30 minutes of a live source). Raises SourceError when it cannot be read.
-        """
-        ...

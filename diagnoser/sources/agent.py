@@ -74,12 +74,6 @@ def parse_facts_answer(data: dict[str, Any]) -> dict[str, dict[str, str]]:
     """`{instance: {"facts": {...}}}` -> instance -> facts (per-rank facts are merged)."""
     out: dict[str, dict[str, str]] = {}
     for instance, entry in (data or {}).items():
-        facts = (entry or {}).get("facts") or {}
-        merged: dict[str, str] = {}
-        for k, v in facts.items():
-            if isinstance(v, dict):
-                merged.update({str(a): str(b) for a, b in v.items()})
-            else:
-                merged[str(k)] = str(v)
-        out[str(instance)] = merged
+        facts = [v if isinstance(v, dict) else {k: v} for k, v in ((entry or {}).get("facts") or {}).items()]
+        out[str(instance)] = {str(a): str(b) for per in facts for a, b in per.items()}
     return out

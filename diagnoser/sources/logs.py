@@ -17,5 +17,5 @@ class LogSource(RecordingSource):
         self.summary = read.summary
         self._log = log_replay(read)
 
-    def _load(self):  # noqa: ANN202 - Replay
+    def replay(self):  # noqa: ANN201 - Replay
         return self._log

@@ -1,24 +1,8 @@
 """The one client of the Prometheus HTTP query API (Prometheus, Thanos, Mimir, VictoriaMetrics).
 
-Every reader of a Prometheus-compatible TSDB goes through `PromClient`: `kvscope diagnose
---prometheus` (both evaluation paths), the Alertmanager webhook, `kvscope report weekly
---prometheus` and the UI. It owns:
-
-* **limits**: a range query never asks for more than `max_points` (11,000: Prometheus refuses
-  more points per series) steps, and a query whose estimated load (series x steps) is over
-  `max_samples` (Prometheus' default `--query.max-samples` is 50M) is split in time before it is
-  sent; a 422 "would load too many samples" that still comes back is split in halves and
-  retried. Every split is recorded in `notes`, which the commands print.
-* **concurrency**: split parts run on at most `concurrency` threads (default 4).
-* **errors**: `PromError` (a SourceError) says what happened: unreachable, not a Prometheus API
-  (404 and non-JSON answers), a query the server rejected (400/422 with Prometheus' own error
-  text, and for a sample limit which knob to turn), an overloaded or timed-out server (503).
-* **answers at the times asked**: VictoriaMetrics' rollup cache moves a range query's start to a
-  multiple of its step; a query that starts elsewhere is sent with `nocache=1` (`query_range`).
-* **answers as arrays**: range-query answers are decoded by msgspec into typed (time, value)
-  pairs of floats (the JSON module's objects and strings are what the old path spent its time
-  on); `matrix_on_grid` turns a matrix into one float row per series on the query grid (NaN
-  where the answer has no point).
+`PromClient` keeps range queries within the server's limits (split in time; a query refused as
+too large halved and retried; every split noted in `notes`), runs parts on a few threads, turns
+failures into `PromError` saying what to do, and decodes matrices into float (time, value) pairs.
 """
 
 from __future__ import annotations
@@ -26,13 +10,13 @@ from __future__ import annotations
 import json
 import math
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -92,7 +76,7 @@ class PromClient:
     concurrency: int = CONCURRENCY
     progress: Callable[[str], None] | None = None
     notes: list[str] = field(default_factory=list)
-    stats: dict[str, float] = field(default_factory=lambda: {"queries": 0, "bytes": 0, "points": 0, "seconds": 0.0})
+    stats: dict[str, int] = field(default_factory=lambda: {"queries": 0, "bytes": 0})
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
@@ -101,7 +85,6 @@ class PromClient:
 
     # ---------------------------------------------------------------- raw calls
     def _call(self, path: str, params: dict[str, str] | list[tuple[str, str]], matrix: bool = False) -> Any:
-        t0 = time.perf_counter()
         raw = self._read(path, urllib.parse.urlencode(params).encode())
         typed = doc = _typed_matrix(raw) if matrix else None
         if typed is None:
@@ -115,7 +98,6 @@ class PromClient:
         with self._lock:
             self.stats["queries"] += 1
             self.stats["bytes"] += len(raw)
-            self.stats["seconds"] += time.perf_counter() - t0
         if typed is not None:
             return typed
         if not isinstance(doc, dict) or doc.get("status") != "success":
@@ -124,12 +106,8 @@ class PromClient:
         return doc.get("data")
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        """One range query as sent (no splitting): the matrix, at start + k x step.
-
-        VictoriaMetrics with its rollup cache on (its default) moves the start of a range query
-        of 50 steps or more down to a multiple of the step, so that the answer can be cached: a
-        query that starts elsewhere is sent with `nocache=1`, so that it is answered at the times
-        asked, as the Prometheus API says (and is not cached)."""
+        """One range query as sent (no splitting): the matrix, at start + k x step. VictoriaMetrics'
+        rollup cache moves a start off the step's multiples; such a query is sent with `nocache=1`."""
         params = {"query": expr, "start": _ts(start), "end": _ts(end), "step": f"{step:g}"}
         if not on_step(start, step) and self.flavor() == "victoriametrics":
             params["nocache"] = "1"
@@ -137,10 +115,7 @@ class PromClient:
         if not isinstance(data, dict) or data.get("resultType") != "matrix":
             kind = data.get("resultType") if isinstance(data, dict) else repr(data)
             raise PromError(f"prometheus {self.url}: range query answered {kind}, not a matrix")
-        result = list(data.get("result") or [])
-        with self._lock:
-            self.stats["points"] += sum(len(s.get("values") or ()) for s in result)
-        return result
+        return list(data.get("result") or [])
 
     def query(self, expr: str, at: float) -> list[dict[str, Any]]:
         """Instant query at `at`: the vector."""
@@ -150,26 +125,7 @@ class PromClient:
     def label_values(self, label: str, matchers: Iterable[str], start: float, end: float) -> list[str]:
         """Values of `label` over series matching any of `matchers` in [start, end] (the index
         only, no samples are read)."""
-        return self._index(f"/api/v1/label/{urllib.parse.quote(label)}/values", matchers, start, end)
-
-    def label_names(self, matchers: Iterable[str], start: float, end: float) -> list[str]:
-        """Names of the labels that series matching any of `matchers` carry in [start, end] (the
-        index only)."""
-        return self._index("/api/v1/labels", matchers, start, end)
-
-    def series(self, matchers: Iterable[str], start: float, end: float) -> list[dict[str, str]]:
-        """The label sets of the series matching any of `matchers` in [start, end] (the index
-        only)."""
-        return [
-            {str(k): str(v) for k, v in labels.items()}
-            for labels in self._index_data("/api/v1/series", matchers, start, end)
-            if isinstance(labels, dict)
-        ]
-
-    def _index(self, path: str, matchers: Iterable[str], start: float, end: float) -> list[str]:
-        return [str(v) for v in self._index_data(path, matchers, start, end)]
-
-    def _index_data(self, path: str, matchers: Iterable[str], start: float, end: float) -> list[Any]:
+        path = f"/api/v1/label/{urllib.parse.quote(label)}/values"
         params = [("match[]", m) for m in matchers] + [("start", _ts(start)), ("end", _ts(end))]
         try:
             data = self._call(path, params)
@@ -178,7 +134,7 @@ class PromClient:
                 raise
             qs = urllib.parse.urlencode(params)  # servers that only take GET here
             data = self._get(f"{path}?{qs}")
-        return list(data or [])
+        return [str(v) for v in data or []]
 
     def flavor(self) -> str:
         """ "victoriametrics" when the server is VictoriaMetrics (it marks every answer with an
@@ -207,16 +163,8 @@ class PromClient:
 
     def _read(self, path: str, form: bytes | None = None) -> bytes:
         """The answer's body (a form POST when `form`); PromError for every failure."""
-        what = f"prometheus {self.url}"
-        return read_url(
-            self.url + path,
-            what,
-            self.timeout_s,
-            MAX_RESPONSE_BYTES,
-            form,
-            PromError,
-            lambda e: http_error(self.url, e),
-        )
+        what, limit = f"prometheus {self.url}", MAX_RESPONSE_BYTES
+        return read_url(self.url + path, what, self.timeout_s, limit, form, PromError, partial(http_error, self.url))
 
     # ---------------------------------------------------------------- bounded range queries
     def plan_chunks(
@@ -237,12 +185,7 @@ class PromClient:
                 f"under {int(self.max_samples * SAMPLE_BUDGET):,} samples)"
             )
         size = math.ceil(steps / n_parts)
-        out = []
-        for k in range(0, steps, size):
-            a = start + k * step
-            b = start + min(steps - 1, k + size - 1) * step
-            out.append((a, b))
-        return out
+        return [(start + k * step, start + min(steps - 1, k + size - 1) * step) for k in range(0, steps, size)]
 
     def range_parts(
         self, expr: str, start: float, end: float, step: float, series: int = 0, reach_s: float = 0.0, what: str = ""
@@ -263,12 +206,8 @@ class PromClient:
                 raise
             mid = start + (steps // 2) * step
             self.note(f"{what or 'query'}: the server refused {steps} steps (too many samples); split in two")
-            return merge_matrices(
-                [
-                    self._bisecting(expr, start, mid - step, step, what, depth + 1),
-                    self._bisecting(expr, mid, end, step, what, depth + 1),
-                ]
-            )
+            halves = [(start, mid - step), (mid, end)]
+            return merge_matrices([self._bisecting(expr, a, b, step, what, depth + 1) for a, b in halves])
 
     def map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
         """fn over items on at most `concurrency` threads, results in order."""
@@ -300,6 +239,17 @@ def _typed_matrix(raw: bytes) -> dict[str, Any] | None:
     return {"resultType": "matrix", "result": [{"metric": s.metric, "values": s.values} for s in doc.data.result]}
 
 
+_TOO_LARGE = (
+    "too many samples",
+    "max-samples",
+    "maxsamplesperquery",
+    "exceeded maximum resolution",
+    "too many points",
+    "maxpointsperseries",
+)
+"""How Prometheus, Mimir/Thanos and VictoriaMetrics say a query is over their size limits."""
+
+
 def http_error(url: str, exc: urllib.error.HTTPError) -> PromError:
     """What an HTTP error status means for a query, in words."""
     text = _error_text(exc)
@@ -310,15 +260,8 @@ def http_error(url: str, exc: urllib.error.HTTPError) -> PromError:
             "API (the part before /api/v1)?",
             code,
         )
-    low = text.lower()
-    if (
-        "too many samples" in low
-        or "max-samples" in low
-        or "maxsamplesperquery" in low.replace("_", "")
-        or "exceeded maximum resolution" in low
-        or "too many points" in low
-        or "maxpointsperseries" in low
-    ):
+    low = text.lower().replace("_", "")
+    if any(k in low for k in _TOO_LARGE):
         return PromError(
             f"prometheus {url}: HTTP {code}: the server refused the query for its size: {text}. "
             "Raise --step, narrow the window, or raise the server's limit (Prometheus "
@@ -372,12 +315,8 @@ def merge_matrices(parts: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]
     for part in parts:
         for series in part:
             metric = series.get("metric") or {}
-            key = tuple(sorted(metric.items()))
-            have = out.get(key)
-            if have is None:
-                out[key] = {"metric": metric, "values": list(series.get("values") or [])}
-            else:
-                have["values"].extend(series.get("values") or [])
+            have = out.setdefault(tuple(sorted(metric.items())), {"metric": metric, "values": []})
+            have["values"].extend(series.get("values") or [])
     return list(out.values())
 
 

@@ -1,21 +1,9 @@
-"""Diagnose from a Prometheus-compatible HTTP API (Prometheus, Thanos, Mimir, VictoriaMetrics).
+"""Diagnose from a Prometheus-compatible HTTP API: the full fetch (docs/architecture.md).
 
-The full fetch: range queries (`/api/v1/query_range`, through `promapi.PromClient`, split in
-time and by instance batches within the server's limits) fetch the native engine series the
-rules need, by every upstream name the catalog knows (old and new vLLM names, Ray's `vllm_`
-spelling, SGLang, DCGM), plus the agent's re-exported `kvscope_<signal>` series. Native series
-go through the same dialects as live scrapes and recordings, one detection per scrape target;
-`kvscope_*` series are already canonical. Range queries answer on the grid start + k x step
-with Prometheus' 5-minute lookback, which is the Frame's own sampling rule, so a recording and
-the same recording loaded into Prometheus give the same frame.
-
-The dialect's label mapping runs once per series, not per point: each upstream series' mapping
-(canonical name, labels, scale, how collapsing series combine) is planned once and applied to
-its whole row of values (`frame_from_matrix`).
-
-`kvscope diagnose --prometheus` uses this path for small fleets and windows (and with
-`--no-pushdown`); for fleets it evaluates rule conditions in the TSDB first
-(diagnoser/pushdown/) and fetches through here only the engines and spans where a rule fired.
+Range queries (through `promapi.PromClient`, split in time and in instance batches) for every
+upstream name of the native series the rules need and the agent's `kvscope_<signal>` series,
+mapped through the live scrape's dialects once per row (`frame_from_matrix`). Answers on
+start + k x step with Prometheus' 5-minute lookback, the Frame's own sampling rule.
 """
 
 from __future__ import annotations
@@ -29,16 +17,9 @@ import numpy as np
 
 from kvscope.agent.normalize.dialect import Normalized, _Mapper, detect_engine
 from kvscope.agent.scrape.exposition import Exposition, RawSample
-from kvscope.agent.signals import (
-    HISTOGRAM_SUFFIXES,
-    KVSCOPE_PREFIX,
-    Catalog,
-    Labels,
-    load_catalog,
-    make_labels,
-    signal_of,
-)
+from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, Labels, load_catalog, make_labels, signal_of
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid, merge_facts
+from kvscope.diagnoser.promql.signals import quote
 from kvscope.diagnoser.sources.promapi import PromClient, matrix_on_grid
 
 DEFAULT_WINDOW_S = 1800.0
@@ -75,14 +56,10 @@ def fetch_frame(
     catalog: Catalog | None = None,
     fetch_to: float | None = None,
 ) -> Frame:
-    """The canonical series `names` on the grid [start, end] by `step`.
-
-    `instances` restricts the fetch to those scrape targets (batched `instance=~` matchers);
-    `fetch_from` and `fetch_to` (grid times) leave the grid points before and after them absent
-    (NaN): the grid stays the whole window's, only the data is fetched between them. A fetch of
-    every instance that would answer more than BATCH_POINTS points is cut into instance batches
-    too (plus one query for series without an `instance`), each batch turned into rows as it
-    arrives, so the client never holds more than a few batches' answers."""
+    """The canonical series `names` on the grid [start, end] by `step`, of `instances` only when
+    given (batched `instance=~` matchers), fetched only between grid times `fetch_from` and
+    `fetch_to` (absent outside). A fetch of every instance over BATCH_POINTS points is cut into
+    instance batches too, each turned into rows as it arrives, to bound the answers held."""
     catalog = catalog or load_catalog()
     grid = make_grid(start, end, step)
     first = (
@@ -159,23 +136,21 @@ def _batches(instances: list[str] | None) -> list[list[str] | None]:
 
 def native_names(names: set[str], catalog: Catalog) -> set[str]:
     """Declared upstream names (all dialects) that produce the canonical sample names."""
-    signals = {sig for n in names if (sig := _signal_of(n, catalog)) is not None}
-    out = set()
-    for sig in signals:
-        for alias in catalog.signals[sig].aliases:
-            out.add(alias.name)
-    out |= {f.name for f in catalog.facts}
-    return out
+    signals = {signal_of(n, catalog) for n in names} & catalog.signals.keys()
+    return {alias.name for sig in signals for alias in catalog.signals[sig].aliases} | {f.name for f in catalog.facts}
 
 
-def _signal_of(sample_name: str, catalog: Catalog) -> str | None:
-    if sample_name in catalog.signals:
-        return sample_name
-    for suffix in HISTOGRAM_SUFFIXES:
-        base = sample_name[: -len(suffix)]
-        if sample_name.endswith(suffix) and base in catalog.signals:
-            return base
-    return None
+def wire_pattern(names: set[str], catalog: Catalog, facts: bool = False) -> str:
+    """A regex of every name on the wire that produces the canonical sample names (native names,
+    Ray's `vllm_x` spelling of `vllm:x`, the agent's `kvscope_*`; the facts' info gauges with `facts`)."""
+    alternatives = set()
+    for declared in native_names(names, catalog) - (set() if facts else {f.name for f in catalog.facts}):
+        alternatives.add(re.escape(declared))
+        if ":" in declared:
+            alternatives.add(re.escape(declared.replace(":", "_", 1)))
+    native = "|".join(sorted(alternatives)) or "$^"
+    kv = "|".join(sorted(re.escape(KVSCOPE_PREFIX + n) for n in names))
+    return f"(({native})(_total|_bucket|_sum|_count)?)|({kv})"
 
 
 def selector_for(
@@ -183,23 +158,10 @@ def selector_for(
 ) -> str:
     """One `{__name__=~"..."}` selector for every native and kvscope_* name needed (restricted
     to `instances` when given, to series without an `instance` with `no_instance`)."""
-    alternatives = set()
-    for declared in native_names(names, catalog):
-        base = re.escape(declared)
-        alternatives.add(base)
-        if ":" in declared:  # Ray / some builds spell vllm:x as vllm_x
-            alternatives.add(re.escape(declared.replace(":", "_", 1)))
-    native = "|".join(sorted(alternatives))
-    suffix = "(_total|_bucket|_sum|_count)?"
-    kv = "|".join(sorted(re.escape(KVSCOPE_PREFIX + n) for n in names))
     inst = ',instance=""' if no_instance else ""
     if instances is not None:
-        inst = ',instance=~"' + "|".join(_quote(re.escape(i)) for i in instances) + '"'
-    return f'{{__name__=~"(({_quote(native)}){suffix})|({_quote(kv)})"{inst}}}'
-
-
-def _quote(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')
+        inst = ',instance=~"' + "|".join(quote(re.escape(i)) for i in instances) + '"'
+    return f'{{__name__=~"{quote(wire_pattern(names, catalog, facts=True))}"{inst}}}'
 
 
 # ------------------------------------------------------------------------------ matrix -> frame
@@ -215,13 +177,10 @@ def frame_from_matrix(
     lookback_s: float = DEFAULT_LOOKBACK_S,
     offset: int = 0,
 ) -> Frame:
-    """A range-query matrix on the grid [start, end] by `step` -> a Frame of canonical series.
-
-    Native series are mapped per scrape target through its dialect, one plan per upstream series
-    applied to the whole row (collapsing series combined as the normalizer does: max for gauges,
-    sum otherwise, over the series present at each step). A point the answer lacks takes the
-    series' previous point within the lookback, as a recording's samples are put on the grid.
-    `offset`: the matrix starts at grid index `offset` (earlier points are absent)."""
+    """A range-query matrix on the grid [start, end] by `step` -> a Frame of canonical series:
+    native series mapped per scrape target through its dialect (collapsing series combined as the
+    normalizer does), a missing point carried from the previous one within the lookback. `offset`:
+    the matrix starts at grid index `offset` (earlier points are absent)."""
     catalog = catalog or load_catalog()
     grid = make_grid(start, end, step)
     n = len(grid)
@@ -273,12 +232,8 @@ def _map_target(
     for metric, row in zip(metrics, values, strict=True):
         labels = make_labels({k: v for k, v in metric.items() if k not in ("__name__", "job", "instance")})
         present = np.flatnonzero(~np.isnan(row))
-        raws.append(
-            (
-                RawSample(metric["__name__"], labels, float(row[present[-1]]) if present.size else 0.0, None),
-                int(present.size),
-            )
-        )
+        last = float(row[present[-1]]) if present.size else 0.0
+        raws.append((RawSample(metric["__name__"], labels, last, None), int(present.size)))
     mine: dict[tuple[str, Labels], list] = {}
     votes = Exposition(samples=[r for r, count in raws for _ in range(min(count, 1))])
     engine = detect_engine(votes, catalog)
@@ -338,11 +293,8 @@ def _combine(rows: dict, name: str, labels: Labels, how: str, vals: np.ndarray) 
     prev = have[1]
     if how == "max":
         have[1] = np.fmax(prev, vals)
-    else:
-        both = np.isnan(prev) & np.isnan(vals)
-        summed = np.nan_to_num(prev) + np.nan_to_num(vals)
-        summed[both] = np.nan
-        have[1] = summed
+    else:  # NaN where both are
+        have[1] = np.where(np.isnan(prev) & np.isnan(vals), np.nan, np.nan_to_num(prev) + np.nan_to_num(vals))
 
 
 def _carry_steps(step: float, lookback_s: float) -> int:

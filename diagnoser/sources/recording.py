@@ -39,7 +39,8 @@ class RecordingSource:
             self.description += f"+spans:{os.path.basename(self.spans_path)}"
         self._replay = None
 
-    def _load(self):  # noqa: ANN202 - Replay, loaded once
+    def replay(self):  # noqa: ANN201 - agent.replay.Replay
+        """The replayed recording (canonical samples, engines, facts, span statistics), read once."""
         if self._replay is None:
             try:
                 replay = replay_recording(self.path)
@@ -58,22 +59,18 @@ class RecordingSource:
         """What reading the recording left out, and why (timestamps far from the rest)."""
         return self._replay.notes if self._replay is not None else []
 
-    def replay(self):  # noqa: ANN201 - agent.replay.Replay
-        """The replayed recording (canonical samples, engines, facts, span statistics), read once."""
-        return self._load()
-
     def natural_step(self) -> float:
         """The recording's scrape interval (median gap between scrapes), at least 1 s."""
         import numpy as np
 
-        replay = self._load()
+        replay = self.replay()
         ts = sorted({s.timestamp for s in replay.samples if s.name == "kvscope_target_up"})
         if len(ts) < 2:
             return 15.0
         return max(1.0, float(np.median(np.diff(ts))))
 
     def read_frame(self, names: set[str], start: float | None, end: float | None, step: float) -> Frame:
-        replay = self._load()
+        replay = self.replay()
         if replay.start is None or replay.end is None:
             raise SourceError(f"recording {self.path} holds no scrapes")
         start = replay.start if start is None else start

@@ -1,14 +1,6 @@
-"""Prometheus staleness for series that vanish from a target that is still scraped.
-
-Prometheus writes a stale marker for a series that a successful scrape of its target no longer
-contains (a process restarted and does not export it any more, a gauge an exporter drops, a
-worker a router forgot), so from that scrape on the series is absent, not its last value
-carried for the 5-minute lookback. `mark_stale` covers failed scrapes and `mark_removed` targets
-that left service discovery; this covers the series of a target that answers.
-
-Only series scraped from a target are judged: every sample of the series must sit on a
-successful scrape of its instance (recordings stamp each sample with its scrape time). Series
-kvscope derives elsewhere (stitched spans) keep the lookback.
+"""Prometheus staleness for series that vanish from a target that is still scraped: absent from
+the first successful scrape without them, not carried for the lookback. Only series whose every
+sample sits on a successful scrape of its instance are judged (derived series keep the lookback).
 """
 
 from __future__ import annotations

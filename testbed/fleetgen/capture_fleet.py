@@ -58,8 +58,8 @@ class Family:
 def read_capture(path: Path = CAPTURE) -> list[Family]:
     """The capture's families that kvscope's catalog reads (by upstream name)."""
     from kvscope.diagnoser.evaluate.evaluator import sample_names
-    from kvscope.diagnoser.pushdown.run import wire_pattern
     from kvscope.diagnoser.rulebook.rule import read_rules
+    from kvscope.diagnoser.sources.prometheus import wire_pattern
 
     catalog_names = set().union(*(sample_names(r) for r in read_rules()))
     from kvscope.agent.signals import load_catalog

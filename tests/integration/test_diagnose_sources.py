@@ -78,7 +78,7 @@ def prometheus_url(plain_recording, tmp_path_factory):
 @pytest.mark.prometheus
 def test_recording_and_real_prometheus_give_the_same_frame_and_diagnosis(plain_recording, prometheus_url):
     rec = RecordingSource(plain_recording)
-    start, end = _window(rec._load())
+    start, end = _window(rec.replay())
     names = _names()
     a = rec.read_frame(names, start, end, STEP)
     b = PrometheusSource(prometheus_url).read_frame(names, start, end, STEP)

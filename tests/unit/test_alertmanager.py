@@ -58,7 +58,7 @@ def _body(doc) -> bytes:
 def test_parse_webhook_accepts_an_alertmanager_v4_payload():
     doc = parse_webhook(_body(WEBHOOK))
     alert = parse_alert(doc["alerts"][0])
-    assert alert.name == "LlmKvPressurePreemption"
+    assert alert.labels["alertname"] == "LlmKvPressurePreemption"
     assert alert.starts_at == pytest.approx(1795324067.169)
     assert alert.ends_at is None  # the zero time means "still firing"
     assert alert.place() == {"instance": "e0:8000"}  # job, severity, rule_id do not locate a finding

@@ -111,7 +111,7 @@ def test_the_compiler_leaves_out_an_aggregation_the_read_already_did():
     """`sum by (instance, le)` of a read summed by (instance, le) returns it unchanged: the
     compiler writes it once. A read it cannot see aggregated (the recordings) keeps it."""
     from kvscope.diagnoser.promql.series import SeriesCompiler
-    from kvscope.diagnoser.promql.signals import InlineSignals, RecordedSignals
+    from kvscope.diagnoser.promql.signals import InlineSignals, NamedSignals
     from kvscope.diagnoser.rulebook.rule import Rule, parse_yaml
 
     rule = Rule(
@@ -127,7 +127,7 @@ series:
     inline = SeriesCompiler(rule, InlineSignals(load_catalog())).expr("p99")
     assert inline.count("sum by (instance, le)") == inline.count("\nor\n") + 1
     assert inline.startswith("histogram_quantile(0.99, (sum by (instance, le)")
-    recorded = SeriesCompiler(rule, RecordedSignals()).expr("p99")
+    recorded = SeriesCompiler(rule, NamedSignals()).expr("p99")
     assert recorded.startswith(
         "histogram_quantile(0.99, sum by (instance, le) (rate(kvscope:request_ttft_seconds_bucket"
     )
