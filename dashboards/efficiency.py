@@ -20,7 +20,7 @@ COST = Row(
             "Tokens per GPU-hour by engine",
             "Per engine, GPUs counted from the agent's engine-GPU join "
             "(engine_gpu_memory_used_bytes, by gpu_mapping, Kubernetes pod labels or NVML pid).",
-            (q.tokens_per_gpu_hour_by_engine(),),
+            (q.tokens_per_gpu_hour(("instance",), "engine_gpu_memory_used_bytes"),),
             "tokens_per_gpu_hour",
             width=6,
         ),

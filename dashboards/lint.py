@@ -37,7 +37,6 @@ GRAFANA_VARS = ("__rate_interval", "__range", "__interval", "__all_variables", "
 _METRIC = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
 _RATE = re.compile(r"\b(rate|increase|irate)\(\s*$")
 _VAR = re.compile(r"\$\{?([a-zA-Z_][a-zA-Z0-9_]*)")
-_COUNTERISH = ("_total", "_sum", "_count", "_bucket")
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,6 @@ import streamlit as st
 from kvscope.diagnoser.render import render_summary
 from kvscope.ui.data import TriageData, render_when, tenant_table
 
-TENANT_SIGNALS = (
-    "tenant_requests_total",
-    "tenant_prompt_tokens_total",
-    "tenant_cached_tokens_total",
-    "tenant_prefix_hit_ratio",
-    "tenant_lost_reuse_ratio",
-)
 FLEET_GAUGES = {
     "fleet_tenant_hit_jain_ratio": "Jain index of tenant hit ratios (1 = even)",
     "fleet_cold_tenant_ratio": "Share of cold tenants",
