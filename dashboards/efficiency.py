@@ -27,14 +27,14 @@ COST = Row(
         Panel(
             "$ per 1M output tokens",
             "GPU-hours at $gpu_hour_cost over output tokens. Idle GPUs count: 002 §9.2's utilisation trap.",
-            (q.cost_per_million_tokens(),),
+            (q.COST_PER_MILLION_TOKENS,),
             "currency",
             width=6,
         ),
         Panel(
             "Energy per output token",
             "GPU energy (joules) per generated token.",
-            (q.joules_per_token(),),
+            (q.JOULES_PER_TOKEN,),
             "joules",
             width=6,
         ),
@@ -63,13 +63,13 @@ UTILISATION = Row(
         Panel(
             "Prefill tokens saved by prefix caching",
             "Prompt tokens per second served from the prefix cache instead of recomputed.",
-            (q.prefill_tokens_saved(),),
+            (q.PREFILL_TOKENS_SAVED,),
             "tokens_per_s",
         ),
         Panel(
             "Prompt tokens by source",
             "Computed vs cached vs transferred prompt tokens.",
-            (q.prompt_tokens_by_source(),),
+            (q.PROMPT_TOKENS_BY_SOURCE,),
             "tokens_per_s",
             stack=True,
         ),

@@ -13,7 +13,7 @@ ACTIVE = Row(
             "Firing now",
             "kvscope diagnosis rules exported as Prometheus alerts (Llm* names), firing now. "
             "Open the triage UI for the likely cause, evidence, levers and citations.",
-            (q.firing_alerts(),),
+            (q.FIRING_ALERTS,),
             "count",
             "table",
             width=24,
@@ -22,7 +22,7 @@ ACTIVE = Row(
         Panel(
             "Findings over time",
             "Firing kvscope alerts per rule over the time range.",
-            (q.alert_history(),),
+            (q.ALERT_HISTORY,),
             "count",
             stack=True,
             width=24,

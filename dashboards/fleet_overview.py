@@ -16,7 +16,7 @@ TILES = Row(
         Panel(
             "Requests / s",
             "Finished requests per second across the selection.",
-            (q.request_rate(),),
+            (q.REQUEST_RATE,),
             "reqps",
             "stat",
             width=3,
@@ -57,7 +57,7 @@ TILES = Row(
         Panel(
             "KV cache (fullest engine)",
             "Highest KV pool usage of any engine (0-1). 002 §9.3 target 75-90 %.",
-            (q.kv_usage_spread()[0],),
+            (q.KV_USAGE_SPREAD[0],),
             "ratio",
             "stat",
             "kv_usage",
@@ -77,7 +77,7 @@ TILES = Row(
         Panel(
             "Targets down",
             "Scrape targets whose last scrape failed (kvscope_target_up == 0).",
-            (q.targets_down(),),
+            (q.TARGETS_DOWN,),
             "count",
             "stat",
             "down",
@@ -92,17 +92,17 @@ LATENCY = Row(
         Panel(
             "Time to first token",
             "TTFT p50, p99 and windowed mean (rate(_sum)/rate(_count)).",
-            tuple(q.ttft()),
+            q.TTFT,
             "seconds",
             links=(drilldown("kvscope-phases", "Request phases"),),
         ),
         Panel(
             "Inter-token latency",
             "ITL p50, p99 and mean. SGLang and older vLLM call this TPOT.",
-            tuple(q.itl()),
+            q.ITL,
             "seconds",
         ),
-        Panel("End-to-end latency", "Request E2E p50, p99 and mean.", tuple(q.e2e()), "seconds"),
+        Panel("End-to-end latency", "Request E2E p50, p99 and mean.", q.E2E, "seconds"),
         Panel(
             "ITL SLO attainment",
             "Share of inter-token gaps under the $itl_slo bucket.",
@@ -144,7 +144,7 @@ THROUGHPUT = Row(
         Panel(
             "Finished requests by reason",
             "Finished requests per second by finish reason (stop, length, abort...).",
-            (q.finish_reasons(),),
+            (q.FINISH_REASONS,),
             "reqps",
             stack=True,
         ),
@@ -162,13 +162,11 @@ THROUGHPUT = Row(
 SATURATION = Row(
     "Saturation",
     (
-        Panel(
-            "Scheduler queue", "Running and waiting requests summed over engines.", tuple(q.running_waiting()), "count"
-        ),
+        Panel("Scheduler queue", "Running and waiting requests summed over engines.", q.RUNNING_WAITING, "count"),
         Panel(
             "KV cache usage",
             "Max, average and min KV pool usage across engines: a wide spread is a load-balance problem.",
-            tuple(q.kv_usage_spread()),
+            q.KV_USAGE_SPREAD,
             "ratio",
             palette="kv_usage",
         ),

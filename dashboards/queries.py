@@ -118,18 +118,11 @@ def latency(signal: str, by: tuple[str, ...] = (), extra: str = "", what: str = 
 
 
 # ------------------------------------------------------------------------------ request latency
+# Queries a single panel uses are constants; those used with different groupings are functions.
 
-
-def ttft() -> list[Query]:
-    return latency("request_ttft_seconds")
-
-
-def itl() -> list[Query]:
-    return latency("request_itl_seconds")
-
-
-def e2e() -> list[Query]:
-    return latency("request_e2e_seconds")
+TTFT = tuple(latency("request_ttft_seconds"))
+ITL = tuple(latency("request_itl_seconds"))
+E2E = tuple(latency("request_e2e_seconds"))
 
 
 def p99(signal: str, by: tuple[str, ...] = (), extra: str = "") -> Query:
@@ -159,9 +152,8 @@ def slo_attainment(signal: str, var: str) -> Query:
 
 # ------------------------------------------------------------------------------ throughput
 
-
-def request_rate(by: tuple[str, ...] = ()) -> Query:
-    return Query(sum_rate("engine_requests_finished_total", by), _legend(by, "req/s"))
+REQUEST_RATE = Query(sum_rate("engine_requests_finished_total"), "req/s")
+FINISH_REASONS = Query(sum_rate("engine_requests_finished_total", ("reason",)), "{{reason}}")
 
 
 def token_rates(by: tuple[str, ...] = ()) -> list[Query]:
@@ -169,15 +161,6 @@ def token_rates(by: tuple[str, ...] = ()) -> list[Query]:
         Query(sum_rate(f"engine_{s}_tokens_total", by), f"{_prefix(by)}{what}")
         for s, what in (("prompt", "input"), ("generation", "output"))
     ]
-
-
-def finish_reasons() -> Query:
-    return Query(sum_rate("engine_requests_finished_total", ("reason",)), "{{reason}}")
-
-
-def gpu_count() -> str:
-    """GPUs reporting utilisation in the selection (DCGM or NVML)."""
-    return f"count ({series('gpu_utilization_ratio')}{_sel()})"
 
 
 def tokens_per_gpu_hour(by: tuple[str, ...] = (), gpus: str = "gpu_utilization_ratio") -> Query:
@@ -188,25 +171,21 @@ def tokens_per_gpu_hour(by: tuple[str, ...] = (), gpus: str = "gpu_utilization_r
     return Query(guard(num, f"count{_by(by)} ({series(gpus)}{_sel()})"), _legend(by, "tokens / GPU-hour"))
 
 
-def cost_per_million_tokens() -> Query:
-    """$ per 1M output tokens at `$gpu_hour_cost` $/GPU-hour; idle GPUs count (002 §9.2)."""
-    num = f"{gpu_count()} * $gpu_hour_cost / 3600"
-    return Query(guard(num, f"{sum_rate('engine_generation_tokens_total')} / 1e6"), "$ / 1M output tokens")
-
-
-def joules_per_token() -> Query:
-    return Query(ratio("gpu_energy_joules_total", "engine_generation_tokens_total"), "J / output token")
-
+COST_PER_MILLION_TOKENS = Query(
+    guard(
+        f"count ({series('gpu_utilization_ratio')}{_sel()}) * $gpu_hour_cost / 3600",
+        f"{sum_rate('engine_generation_tokens_total')} / 1e6",
+    ),
+    "$ / 1M output tokens",
+)
+"""$ per 1M output tokens at `$gpu_hour_cost` $/GPU-hour; every GPU reporting utilisation counts,
+idle ones too (002 §9.2)."""
+JOULES_PER_TOKEN = Query(ratio("gpu_energy_joules_total", "engine_generation_tokens_total"), "J / output token")
 
 # ------------------------------------------------------------------------------ saturation
 
-
-def running_waiting(by: tuple[str, ...] = ()) -> list[Query]:
-    return [Query(gauge(f"engine_requests_{s}", "sum", by), f"{_prefix(by)}{s}") for s in ("running", "waiting")]
-
-
-def kv_usage_spread() -> list[Query]:
-    return [Query(gauge("engine_kv_cache_usage_ratio", agg), agg) for agg in ("max", "avg", "min")]
+RUNNING_WAITING = tuple(Query(gauge(f"engine_requests_{s}", "sum"), s) for s in ("running", "waiting"))
+KV_USAGE_SPREAD = tuple(Query(gauge("engine_kv_cache_usage_ratio", agg), agg) for agg in ("max", "avg", "min"))
 
 
 def kv_usage(by: tuple[str, ...]) -> Query:
@@ -217,14 +196,12 @@ def preemptions(by: tuple[str, ...] = ()) -> Query:
     return Query(sum_rate("engine_preemptions_total", by), _legend(by, "preemptions/s"))
 
 
-def targets_down() -> Query:
-    """Targets whose last scrape failed: the agent's (kvscope_target_up) plus Prometheus' own (up)."""
-    sel = '{job=~"$job", instance=~"$instance"}'
-    return Query(
-        f"(count ({KVSCOPE_PREFIX}target_up{sel} == 0) or vector(0)) + (count (up{sel} == 0) or vector(0))",
-        "targets down",
-    )
-
+_TARGETS = '{job=~"$job", instance=~"$instance"}'
+TARGETS_DOWN = Query(
+    f"(count ({KVSCOPE_PREFIX}target_up{_TARGETS} == 0) or vector(0)) + (count (up{_TARGETS} == 0) or vector(0))",
+    "targets down",
+)
+"""Targets whose last scrape failed: the agent's (kvscope_target_up) plus Prometheus' own (up)."""
 
 # ------------------------------------------------------------------------------ prefix cache & KV
 
@@ -235,92 +212,55 @@ def prefix_hit_ratio(by: tuple[str, ...] = (), extra: str = "") -> Query:
     return Query(ratio(hits, queries, by, extra), _legend(by, "hit ratio"))
 
 
-def external_hit_ratio(by: tuple[str, ...] = ()) -> Query:
-    hits, queries = (
-        "engine_external_prefix_cache_hits_tokens_total",
-        "engine_external_prefix_cache_queries_tokens_total",
+EXTERNAL_HIT_RATIO = Query(
+    ratio("engine_external_prefix_cache_hits_tokens_total", "engine_external_prefix_cache_queries_tokens_total"),
+    "external tier",
+)
+HOST_TIER_USAGE = Query(
+    gauge_ratio("engine_kv_host_used_tokens", "engine_kv_host_capacity_tokens", ("instance",)), "host tier {{instance}}"
+)
+TIER_HIT_RATIO = Query(ratio("kv_tier_hit_tokens_total", "kv_tier_lookup_tokens_total", ("tier",)), "tier {{tier}}")
+"""Hit ratio of each KV tier beyond the device that counts its lookups (LMCache)."""
+_BRANCH = "router_policy_branch_total"
+_KEPT = 'branch=~"ring_hit|target_worker_hit|routing_key_hit|tree_match"'
+ROUTER_LOCALITY = (
+    Query(mean("router_prefix_match_ratio", ("instance",)), "prefix match {{instance}}"),
+    Query(
+        guard(sum_rate(_BRANCH, ("policy",), extra=_KEPT), sum_rate(_BRANCH, ("policy",))),
+        "kept on prefix worker {{policy}}",
+    ),
+)
+"""What the router did with prefixes: mean prefix match at routing (llm-d, Dynamo) and the share of
+decisions kept on the prefix's worker (SMG policy branches)."""
+PROMPT_TOKENS_BY_SOURCE = Query(sum_rate("engine_prompt_tokens_by_source_total", ("source",)), "{{source}}")
+PREFILL_TOKENS_SAVED = Query(sum_rate("engine_prefix_cache_hits_tokens_total"), "prefill tokens saved / s")
+"""Prompt tokens per second not recomputed thanks to the local prefix cache."""
+EVICTED_TOKENS = Query(sum_rate("engine_kv_evicted_tokens_total", ("instance",)), "{{instance}}")
+RESIDENCY = tuple(
+    Query(quantile(0.5, s), f"{label} p50")
+    for s, label in (
+        ("kv_block_lifetime_seconds", "lifetime"),
+        ("kv_block_idle_before_evict_seconds", "idle before evict"),
+        ("kv_block_reuse_gap_seconds", "reuse gap"),
     )
-    return Query(ratio(hits, queries, by), "external " + _legend(by) if by else "external tier")
-
-
-def host_tier_usage(by: tuple[str, ...] = ("instance",)) -> Query:
-    return Query(
-        gauge_ratio("engine_kv_host_used_tokens", "engine_kv_host_capacity_tokens", by), "host tier " + _legend(by)
-    )
-
-
-def tier_hit_ratio() -> Query:
-    """Hit ratio of each KV tier beyond the device that counts its lookups (LMCache)."""
-    return Query(ratio("kv_tier_hit_tokens_total", "kv_tier_lookup_tokens_total", ("tier",)), "tier {{tier}}")
-
-
-def router_locality() -> list[Query]:
-    """What the router did with prefixes: mean prefix match at routing (llm-d, Dynamo) and the share of
-    decisions kept on the prefix's worker (SMG policy branches)."""
-    branch = "router_policy_branch_total"
-    kept = sum_rate(branch, ("policy",), extra='branch=~"ring_hit|target_worker_hit|routing_key_hit|tree_match"')
-    return [
-        Query(mean("router_prefix_match_ratio", ("instance",)), "prefix match {{instance}}"),
-        Query(guard(kept, sum_rate(branch, ("policy",))), "kept on prefix worker {{policy}}"),
-    ]
-
-
-def prompt_tokens_by_source() -> Query:
-    return Query(sum_rate("engine_prompt_tokens_by_source_total", ("source",)), "{{source}}")
-
-
-def prefill_tokens_saved() -> Query:
-    """Prompt tokens per second not recomputed thanks to the local prefix cache."""
-    return Query(sum_rate("engine_prefix_cache_hits_tokens_total"), "prefill tokens saved / s")
-
-
-def evicted_tokens(by: tuple[str, ...] = ("instance",)) -> Query:
-    return Query(sum_rate("engine_kv_evicted_tokens_total", by), _legend(by))
-
-
-def residency() -> list[Query]:
-    """Block lifetime, idle time before eviction and reuse gap (vLLM KV residency histograms)."""
-    return [
-        Query(quantile(0.5, s), f"{label} p50")
-        for s, label in (
-            ("kv_block_lifetime_seconds", "lifetime"),
-            ("kv_block_idle_before_evict_seconds", "idle before evict"),
-            ("kv_block_reuse_gap_seconds", "reuse gap"),
-        )
-    ]
-
-
-def kv_capacity(by: tuple[str, ...] = ("instance",)) -> Query:
-    return Query(gauge("engine_kv_capacity_tokens", "max", by), _legend(by))
-
-
-def cascade_stage() -> Query:
-    """Memory-pressure cascade stage per engine (002 §7.4): 0 healthy .. 4 latency symptom."""
-    return Query(gauge("engine_cascade_stage_code", "max", ("instance", "dp_rank")), "{{instance}} rank {{dp_rank}}")
-
-
-def cascade_lead() -> Query:
-    """How long the root (KV high) preceded the latency symptom: the time an operator had to act."""
-    return Query(gauge("engine_cascade_lead_seconds", "max", ("instance",)), "{{instance}}")
-
-
-def kv_event_rates() -> list[Query]:
-    """Block churn from the engines' KV events: removed, evicted-then-recomputed, hot blocks evicted."""
-    return [
-        Query(sum_rate("kv_blocks_removed_total", ("medium",)), "removed {{medium}}"),
-        Query(sum_rate("kv_blocks_evicted_recomputed_total"), "evicted then recomputed"),
-        Query(sum_rate("kv_hot_blocks_evicted_total"), "hot blocks evicted"),
-    ]
-
-
-def block_residency_events() -> list[Query]:
-    """Stored-to-removed time of every block (from KV events, not sampled)."""
-    return [Query(quantile(q, "kv_block_residency_seconds"), f"p{q * 100:g}") for q in (0.5, 0.99)]
-
-
-def prefix_split() -> Query:
-    return Query(gauge("prefix_split_ratio", "max"), "prefixes split across replicas")
-
+)
+"""Block lifetime, idle time before eviction and reuse gap (vLLM KV residency histograms)."""
+KV_CAPACITY = Query(gauge("engine_kv_capacity_tokens", "max", ("instance",)), "{{instance}}")
+CASCADE_STAGE = Query(
+    gauge("engine_cascade_stage_code", "max", ("instance", "dp_rank")), "{{instance}} rank {{dp_rank}}"
+)
+"""Memory-pressure cascade stage per engine (002 §7.4): 0 healthy .. 4 latency symptom."""
+CASCADE_LEAD = Query(gauge("engine_cascade_lead_seconds", "max", ("instance",)), "{{instance}}")
+"""How long the root (KV high) preceded the latency symptom: the time an operator had to act."""
+KV_EVENT_RATES = (
+    Query(sum_rate("kv_blocks_removed_total", ("medium",)), "removed {{medium}}"),
+    Query(sum_rate("kv_blocks_evicted_recomputed_total"), "evicted then recomputed"),
+    Query(sum_rate("kv_hot_blocks_evicted_total"), "hot blocks evicted"),
+)
+"""Block churn from the engines' KV events: removed, evicted-then-recomputed, hot blocks evicted."""
+BLOCK_RESIDENCY_EVENTS = tuple(Query(quantile(q, "kv_block_residency_seconds"), f"p{q * 100:g}") for q in (0.5, 0.99))
+"""Stored-to-removed time of every block (from KV events, not sampled)."""
+PREFIX_SPLIT = Query(gauge("prefix_split_ratio", "max"), "prefixes split across replicas")
 
 # ------------------------------------------------------------------------------ tenants
 
@@ -334,48 +274,27 @@ def tenant_gauge(signal: str) -> Query:
     return Query(gauge(signal, "max", ("tenant",), TENANT), "{{tenant}}")
 
 
-def tenant_cache_hit_ratio() -> Query:
-    """Cached / prompt tokens per tenant over the panel window (from usage objects)."""
-    return Query(ratio("tenant_cached_tokens_total", "tenant_prompt_tokens_total", ("tenant",), TENANT), "{{tenant}}")
-
-
-def tenant_ttft_p99() -> Query:
-    return p99("tenant_ttft_seconds", ("tenant",), TENANT)
-
-
-def fleet_fairness() -> list[Query]:
-    return [
-        Query(gauge("fleet_tenant_hit_jain_ratio", "min"), "Jain index (1 = even)"),
-        Query(gauge("fleet_cold_tenant_ratio", "max"), "cold tenants"),
-        Query(gauge("fleet_tenant_hit_ratio_tail_gap_ratio", "max"), "aggregate - worst tenant"),
-    ]
-
+TENANT_CACHE_HIT_RATIO = Query(
+    ratio("tenant_cached_tokens_total", "tenant_prompt_tokens_total", ("tenant",), TENANT), "{{tenant}}"
+)
+"""Cached / prompt tokens per tenant over the panel window (from usage objects)."""
+TENANT_TTFT_P99 = p99("tenant_ttft_seconds", ("tenant",), TENANT)
+FLEET_FAIRNESS = (
+    Query(gauge("fleet_tenant_hit_jain_ratio", "min"), "Jain index (1 = even)"),
+    Query(gauge("fleet_cold_tenant_ratio", "max"), "cold tenants"),
+    Query(gauge("fleet_tenant_hit_ratio_tail_gap_ratio", "max"), "aggregate - worst tenant"),
+)
 
 # ------------------------------------------------------------------------------ P/D phases
 
-
-def phase_p99_by_phase() -> Query:
-    """Stitched per-request phase p99 from traces: queue, prefill, kv_transfer, decode, per role
-    (a P/D request's decode instance has its own prefill step, where a synchronous connector
-    reads the KV: kept apart from the prefill instance's prefill)."""
-    return p99("request_phase_seconds", ("phase", "role"))
-
-
-def phase_mean_by_phase() -> Query:
-    return Query(mean("request_phase_seconds", ("phase", "role")), "{{phase}} {{role}}")
-
-
-def kv_transfer() -> list[Query]:
-    return [p99("kv_transfer_seconds", ("role",)), Query(mean("kv_transfer_seconds", ("role",)), "{{role}} mean")]
-
-
-def kv_transfer_bandwidth() -> Query:
-    return Query(sum_rate("kv_transfer_bytes", ("role",), "_sum"), "{{role}}")
-
-
-def kv_transfer_failures() -> Query:
-    return Query(sum_rate("kv_transfer_failures_total", ("role",)), "{{role}}")
-
+PHASE_P99 = p99("request_phase_seconds", ("phase", "role"))
+"""Stitched per-request phase p99 from traces: queue, prefill, kv_transfer, decode, per role
+(a P/D request's decode instance has its own prefill step, where a synchronous connector
+reads the KV: kept apart from the prefill instance's prefill)."""
+PHASE_MEAN = Query(mean("request_phase_seconds", ("phase", "role")), "{{phase}} {{role}}")
+KV_TRANSFER = (p99("kv_transfer_seconds", ("role",)), Query(mean("kv_transfer_seconds", ("role",)), "{{role}} mean"))
+KV_TRANSFER_BANDWIDTH = Query(sum_rate("kv_transfer_bytes", ("role",), "_sum"), "{{role}}")
+KV_TRANSFER_FAILURES = Query(sum_rate("kv_transfer_failures_total", ("role",)), "{{role}}")
 
 # ------------------------------------------------------------------------------ GPU and host
 
@@ -384,56 +303,30 @@ def gpu_gauge(signal: str, agg: str = "avg") -> Query:
     return Query(gauge(signal, agg, ("node", "gpu")), "{{node}} gpu {{gpu}}")
 
 
-def gpu_memory_used_ratio() -> Query:
-    return Query(
-        gauge_ratio("gpu_memory_used_bytes", "gpu_memory_total_bytes", ("node", "gpu")), "{{node}} gpu {{gpu}}"
-    )
-
-
-def tokens_per_sm_active() -> Query:
-    """Output tokens/s per unit of SM activity, engine and GPU joined on `node`."""
-    num = sum_rate("engine_generation_tokens_total", ("node",))
-    return Query(guard(num, gauge("gpu_sm_active_ratio", "sum", ("node",))), "{{node}}")
-
-
-def kv_vs_hbm() -> list[Query]:
-    """KV pressure next to HBM used, per node: are the engines' pools and the GPUs' memory in step."""
-    return [
-        Query(gauge("engine_kv_cache_usage_ratio", "max", ("node",)), "{{node}} KV used"),
-        Query(gauge_ratio("gpu_memory_used_bytes", "gpu_memory_total_bytes", ("node",)), "{{node}} HBM used"),
-    ]
-
-
-def host_cpu() -> Query:
-    return Query(gauge("host_cpu_utilization_ratio", "max", ("node",)), "{{node}}")
-
-
-def host_memory_ratio() -> Query:
-    return Query(gauge_ratio("host_memory_used_bytes", "host_memory_total_bytes", ("node",)), "{{node}}")
-
-
-def engine_rss() -> Query:
-    return Query(
-        gauge("engine_process_resident_memory_bytes", "sum", ("instance", "process")), "{{instance}} {{process}}"
-    )
-
-
-def engine_cpu() -> Query:
-    return Query(sum_rate("engine_process_cpu_seconds_total", ("instance", "process")), "{{instance}} {{process}}")
-
+GPU_MEMORY_USED_RATIO = Query(
+    gauge_ratio("gpu_memory_used_bytes", "gpu_memory_total_bytes", ("node", "gpu")), "{{node}} gpu {{gpu}}"
+)
+TOKENS_PER_SM_ACTIVE = Query(
+    guard(sum_rate("engine_generation_tokens_total", ("node",)), gauge("gpu_sm_active_ratio", "sum", ("node",))),
+    "{{node}}",
+)
+"""Output tokens/s per unit of SM activity, engine and GPU joined on `node`."""
+KV_VS_HBM = (
+    Query(gauge("engine_kv_cache_usage_ratio", "max", ("node",)), "{{node}} KV used"),
+    Query(gauge_ratio("gpu_memory_used_bytes", "gpu_memory_total_bytes", ("node",)), "{{node}} HBM used"),
+)
+"""KV pressure next to HBM used, per node: are the engines' pools and the GPUs' memory in step."""
+HOST_CPU = Query(gauge("host_cpu_utilization_ratio", "max", ("node",)), "{{node}}")
+HOST_MEMORY_RATIO = Query(gauge_ratio("host_memory_used_bytes", "host_memory_total_bytes", ("node",)), "{{node}}")
+_PROCESS = ("instance", "process")
+ENGINE_RSS = Query(gauge("engine_process_resident_memory_bytes", "sum", _PROCESS), "{{instance}} {{process}}")
+ENGINE_CPU = Query(sum_rate("engine_process_cpu_seconds_total", _PROCESS), "{{instance}} {{process}}")
 
 # ------------------------------------------------------------------------------ findings
 
-
-def firing_alerts() -> Query:
-    """kvscope's diagnosis rules exported as Prometheus alerts (rules/prometheus/), firing now."""
-    return Query(
-        "sum by (alertname, severity, instance, model) "
-        f'(ALERTS{{alertstate="firing", alertname=~"Llm.*", {SELECTOR}}})',
-        "{{alertname}} {{instance}}",
-        instant=True,
-    )
-
-
-def alert_history() -> Query:
-    return Query(f'sum by (alertname) (ALERTS{{alertstate="firing", alertname=~"Llm.*", {SELECTOR}}})', "{{alertname}}")
+_FIRING = f'ALERTS{{alertstate="firing", alertname=~"Llm.*", {SELECTOR}}}'
+FIRING_ALERTS = Query(
+    f"sum by (alertname, severity, instance, model) ({_FIRING})", "{{alertname}} {{instance}}", instant=True
+)
+"""kvscope's diagnosis rules exported as Prometheus alerts (rules/prometheus/), firing now."""
+ALERT_HISTORY = Query(f"sum by (alertname) ({_FIRING})", "{{alertname}}")

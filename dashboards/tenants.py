@@ -18,7 +18,7 @@ FLEET = Row(
             "Traffic-weighted Jain index of tenant hit ratios (1 = even), the share of cold "
             "tenants (hit < 0.3 with reuse potential >= 0.5) and how far the worst tenant sits below the "
             "aggregate. 001: the aggregate can look healthy while long-tail tenants almost never hit.",
-            tuple(q.fleet_fairness()),
+            q.FLEET_FAIRNESS,
             "ratio",
             width=12,
             links=(ui_link("Tenants", "Tenants in the UI"),),
@@ -27,7 +27,7 @@ FLEET = Row(
             "Prefix split across replicas",
             "Share of re-seen prompt prefixes served by more than one replica "
             "or DP rank: one prefix, several cache domains (000, 003).",
-            (q.prefix_split(),),
+            (q.PREFIX_SPLIT,),
             "ratio",
             width=12,
         ),
@@ -56,7 +56,7 @@ USAGE = Row(
         Panel(
             "Cache hit ratio by tenant",
             "Cached / prompt tokens per tenant over the panel window.",
-            (q.tenant_cache_hit_ratio(),),
+            (q.TENANT_CACHE_HIT_RATIO,),
             "ratio",
             palette="hit_ratio",
             width=8,
@@ -72,7 +72,7 @@ USAGE = Row(
             "Client TTFT p99 by tenant",
             "99th percentile client-side TTFT per tenant (request tap, network "
             "included): unfair caching shows up here first.",
-            (q.tenant_ttft_p99(),),
+            (q.TENANT_TTFT_P99,),
             "seconds",
             width=8,
         ),

@@ -346,9 +346,9 @@ def test_core_panels_show_the_incident(loaded):
         assert values, expr
         return max(values)
 
-    assert 0 < last(q.kv_usage_spread()[0].expr) <= 1
+    assert 0 < last(q.KV_USAGE_SPREAD[0].expr) <= 1
     assert last(q.token_rates()[1].expr) > 0
-    assert 0 < last(q.ttft()[1].expr) < 600
+    assert 0 < last(q.TTFT[1].expr) < 600
 
 
 def test_ui_diagnoses_the_same_cause_from_prometheus(loaded, recording):
