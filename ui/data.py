@@ -417,21 +417,22 @@ def scale_note(diagnosis: Diagnosis) -> str:
 
 def timeline(diagnosis: Diagnosis) -> pd.DataFrame:
     """One row per finding: rule, severity, place, active period; likely cause first."""
-    rows = []
-    for rank, f in enumerate(diagnosis.findings):
-        rows.append(
-            {
-                "rank": rank + 1,
-                "rule": f.rule_id,
-                "row": f.levers_md,
-                "severity": f.severity,
-                "where": ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet",
-                "since": pd.to_datetime(f.since, unit="s", utc=True),
-                "until": pd.to_datetime(f.until, unit="s", utc=True),
-                "active": f.active,
-                "title": f.title,
-            }
-        )
+    from kvscope.diagnoser.render import fmt_where
+
+    rows = [
+        {
+            "rank": rank + 1,
+            "rule": f.rule_id,
+            "row": f.levers_md,
+            "severity": f.severity,
+            "where": fmt_where(f),
+            "since": pd.to_datetime(f.since, unit="s", utc=True),
+            "until": pd.to_datetime(f.until, unit="s", utc=True),
+            "active": f.active,
+            "title": f.title,
+        }
+        for rank, f in enumerate(diagnosis.findings)
+    ]
     return pd.DataFrame(rows)
 
 

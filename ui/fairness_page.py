@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from kvscope.diagnoser.render import render_summary
+from kvscope.diagnoser.render import fmt_where, render_summary
 from kvscope.ui.data import TriageData, render_when, tenant_table
 
 FLEET_GAUGES = {
@@ -59,8 +59,7 @@ def render(data: TriageData) -> None:
     if findings:
         st.header("Tenant findings")
         for f in findings:
-            where = ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet"
-            st.markdown(f"- **{f.title}** on `{where}` since {render_when(f.since)}: {render_summary(f)}")
+            st.markdown(f"- **{f.title}** on `{fmt_where(f)}` since {render_when(f.since)}: {render_summary(f)}")
 
 
 def _latest(data: TriageData, name: str) -> float | None:
