@@ -109,7 +109,6 @@ LATENCY = Row(
             (q.slo_attainment("request_itl_seconds", "itl_slo"),),
             "ratio",
             palette="slo",
-            width=8,
         ),
         Panel(
             "TTFT p99 per instance (recorded)",
@@ -118,7 +117,6 @@ LATENCY = Row(
             "the SLO alerts read. Needs the rules loaded in Prometheus.",
             (q.recorded("instance:request_ttft_seconds:p99_5m"),),
             "seconds",
-            width=8,
         ),
         Panel(
             "Mean time per request phase",
@@ -126,7 +124,6 @@ LATENCY = Row(
             tuple(q.phase_means()),
             "seconds",
             stack=True,
-            width=8,
             links=(drilldown("kvscope-phases", "Request phases"),),
         ),
     ),

@@ -103,7 +103,6 @@ CASCADE = Row(
             "preempting, 3 queueing, 4 latency symptom. Act at stage 2, before latency alerts.",
             (q.CASCADE_STAGE,),
             "stage",
-            palette="none",
         ),
         Panel(
             "Cascade lead time",

@@ -59,14 +59,12 @@ USAGE = Row(
             (q.TENANT_CACHE_HIT_RATIO,),
             "ratio",
             palette="hit_ratio",
-            width=8,
         ),
         Panel(
             "Lost reuse by tenant",
             "Reuse the cache did not deliver: max(0, reusable - cached) / prompt tokens.",
             (q.tenant_gauge("tenant_lost_reuse_ratio"),),
             "ratio",
-            width=8,
         ),
         Panel(
             "Client TTFT p99 by tenant",
@@ -74,7 +72,6 @@ USAGE = Row(
             "included): unfair caching shows up here first.",
             (q.TENANT_TTFT_P99,),
             "seconds",
-            width=8,
         ),
     ),
 )

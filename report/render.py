@@ -100,10 +100,9 @@ def _trap_lines(report: WeeklyReport) -> list[str]:
 
 def _table(df: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: str) -> list[list[str]]:
     head = [index_name] + [label for c, (label, _) in columns.items() if c in df]
-    rows = [head]
-    for key, row in df.iterrows():
-        rows.append([str(key)] + [fmt(row[c], kind) for c, (_, kind) in columns.items() if c in df])
-    return rows
+    return [head] + [
+        [str(k)] + [fmt(r[c], kind) for c, (_, kind) in columns.items() if c in df] for k, r in df.iterrows()
+    ]
 
 
 def finding_where(where: dict[str, str]) -> str:
@@ -395,15 +394,14 @@ def render_plots(report: WeeklyReport) -> list[tuple[str, str]]:
     """(title, base64 PNG) per plot of `render_figures`."""
     from matplotlib import pyplot as plt
 
-    return [(title, _png(fig, plt)) for title, fig in render_figures(report)]
-
-
-def _png(fig, plt) -> str:
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
+    out = []
+    for title, fig in render_figures(report):
+        buf = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=90)
+        plt.close(fig)
+        out.append((title, base64.b64encode(buf.getvalue()).decode()))
+    return out
 
 
 def render_html(report: WeeklyReport) -> str:

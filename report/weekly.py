@@ -277,15 +277,12 @@ def counter_increments(ss: SeriesSet, name: str) -> tuple[Points, np.ndarray]:
     the Prometheus way (a drop means the counter restarted from zero)."""
     key = ("inc", name)
     if key not in ss.memo:
-        ss.memo[key] = _increments(ss.of(name))
+        pts = ss.of(name)
+        inc = np.empty_like(pts.value)
+        inc[1:] = step_increases(pts.value)
+        inc[pts.first | np.isnan(inc)] = 0.0  # a NaN reading counts nothing, before or after it
+        ss.memo[key] = pts, inc
     return ss.memo[key]
-
-
-def _increments(pts: Points) -> tuple[Points, np.ndarray]:
-    inc = np.empty_like(pts.value)
-    inc[1:] = step_increases(pts.value)
-    inc[pts.first | np.isnan(inc)] = 0.0  # a NaN reading counts nothing, before or after it
-    return pts, inc
 
 
 def utilisation_signal(ss: SeriesSet) -> str:
@@ -293,22 +290,25 @@ def utilisation_signal(ss: SeriesSet) -> str:
     return next((n for n in UTILISATION_SIGNALS if ss.of(n).sid.size), UTILISATION_SIGNALS[-1])
 
 
+def _gap_limit(pts: Points, max_gap_s: float) -> tuple[np.ndarray, float]:
+    """(dt, limit): time since each point's predecessor (NaN first) and the longest step that is no
+    gap in the data: max_gap_s or twice the typical interval, whichever is larger."""
+    dt = np.diff(pts.ts, prepend=np.nan)
+    typical = float(np.median(dt[~pts.first])) if (~pts.first).any() else 0.0
+    return dt, max(max_gap_s, 2 * typical)
+
+
 def gauge_coverage(ss: SeriesSet, name: str, max_gap_s: float = MAX_GAP_S) -> tuple[Points, np.ndarray]:
     """(points, dt): each point weighted by the time since the previous point, capped at the
     larger of max_gap_s and twice the typical interval."""
     key = ("cov", name, max_gap_s)
     if key not in ss.memo:
-        ss.memo[key] = _coverage(ss.of(name), max_gap_s)
+        pts = ss.of(name)
+        dt, limit = _gap_limit(pts, max_gap_s)
+        dt = np.clip(dt, 0.0, limit)
+        dt[pts.first] = 0.0
+        ss.memo[key] = pts, dt
     return ss.memo[key]
-
-
-def _coverage(pts: Points, max_gap_s: float) -> tuple[Points, np.ndarray]:
-    dt = np.diff(pts.ts, prepend=np.nan)
-    first = pts.first
-    typical = float(np.median(dt[~first])) if (~first).any() else 0.0
-    dt = np.clip(dt, 0.0, max(max_gap_s, 2 * typical))
-    dt[first] = 0.0
-    return pts, dt
 
 
 def _per_sid(ss: SeriesSet, pts: Points, weights: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -672,9 +672,8 @@ def _bins(ts: np.ndarray, origin: float, step: float, n: int) -> np.ndarray:
 def _after_gap(pts: Points, max_gap_s: float = MAX_GAP_S) -> np.ndarray:
     """True where a point follows its series' previous point by more than the gap limit: what
     it adds happened somewhere in the gap, so a timeline cannot place it in time."""
-    dt = np.diff(pts.ts, prepend=np.nan)
-    typical = float(np.median(dt[~pts.first])) if (~pts.first).any() else 0.0
-    return ~pts.first & (dt > max(max_gap_s, 2 * typical))
+    dt, limit = _gap_limit(pts, max_gap_s)
+    return ~pts.first & (dt > limit)
 
 
 def _timeline(ss: SeriesSet, start: float, end: float, cov: DataCoverage) -> pd.DataFrame:
