@@ -250,25 +250,6 @@ def read_prometheus_series(
     return series_set_from_arrays(series, np.concatenate(sids), np.concatenate(times), np.concatenate(values))
 
 
-def prometheus_diagnoses(
-    url: str,
-    start: float,
-    end: float,
-    step: float = 300.0,
-    client=None,  # noqa: ANN001
-    timeout_s: float = 300.0,
-) -> list[Diagnosis]:
-    """The week's findings from the TSDB itself: the fleet path (diagnoser/pushdown/run.py: the
-    `kvscope:candidate` records, evidence where they held) over [start, end] on a `step` grid
-    (5 minutes by default: rule ranges shorter than a step are read over one step)."""
-    from kvscope.diagnoser.pushdown.run import diagnose_fleet
-    from kvscope.diagnoser.sources.promapi import PromClient
-
-    client = client or PromClient(url, timeout_s=timeout_s)
-    diagnosis, _ = diagnose_fleet(client, start, end, step, source=f"prometheus:{url}", time_scale=1.0)
-    return [diagnosis]
-
-
 # ------------------------------------------------------------------------------ maths
 
 

@@ -330,26 +330,17 @@ def spread(df: pd.DataFrame, most: int = SPREAD_ABOVE) -> pd.DataFrame:
 
 _UNIT_WORDS = {
     "ratio": "ratio (0-1)",
-    "count": "count",
-    "seconds": "seconds",
-    "tokens": "tokens",
-    "bytes": "bytes",
     "bytes_per_second": "bytes/s",
-}
-
-
-_EVIDENCE_UNITS = {
-    "ratio": "ratio (0-1)",
     "per_second": "per second",
     "tokens_per_second": "tokens/s",
-    "bytes_per_second": "bytes/s",
     "duration": "seconds",
 }
+"""Axis words for catalog and evidence units; any other unit is its name with spaces."""
 
 
 def evidence_unit(unit: str) -> str:
     """The y-axis title for an evidence unit of a rule ('per_second' -> 'per second')."""
-    return _EVIDENCE_UNITS.get(unit, unit.replace("_", " ") or "value")
+    return _UNIT_WORDS.get(unit, unit.replace("_", " ") or "value")
 
 
 def axis_unit(signal: str, quantile: float | None = None) -> str:
@@ -357,7 +348,7 @@ def axis_unit(signal: str, quantile: float | None = None) -> str:
     for token counters, 'seconds (mean)' for a latency histogram, 'seconds (p50)'
     for its quantile."""
     sig = load_catalog().signals[signal]
-    unit = _UNIT_WORDS.get(sig.unit, sig.unit)
+    unit = _UNIT_WORDS.get(sig.unit, sig.unit.replace("_", " "))
     if sig.kind == "counter":
         return "per second" if sig.unit == "count" else f"{unit}/s"
     if sig.kind == "histogram":

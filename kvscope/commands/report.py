@@ -164,12 +164,15 @@ def _load(args: argparse.Namespace):
         return series_set_from_samples(samples), _end(args, max(ends)), f"recordings {names}", diagnoses
     end = _end(args, time.time())
     if args.prometheus:
+        from kvscope.diagnoser.pushdown.run import diagnose_fleet
         from kvscope.diagnoser.sources.promapi import PromClient
-        from kvscope.report.weekly import prometheus_diagnoses
 
         client = PromClient(args.prometheus, timeout_s=300.0)
         ss = read_prometheus_series(args.prometheus, end - 2 * WEEK_S, end, client=client)
-        diagnoses = [] if args.no_diagnose else prometheus_diagnoses(args.prometheus, end - WEEK_S, end, client=client)
+        diagnoses = []  # the week's findings from the TSDB itself (the fleet path), on a 5-minute grid
+        if not args.no_diagnose:
+            source = f"prometheus:{args.prometheus}"
+            diagnoses = [diagnose_fleet(client, end - WEEK_S, end, 300.0, source=source, time_scale=1.0)[0]]
         for note in client.notes:
             print(f"split: {note}", file=sys.stderr)
         return ss, end, args.prometheus, diagnoses
