@@ -8,10 +8,14 @@ import io
 import math
 import re
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from kvscope.report.weekly import UTILISATION_TRAP, Incident, WeeklyReport
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ABSENT = "absent"
 FLEET_ROWS = (
@@ -268,7 +272,7 @@ TIME_PLOTS = (
 """(timeline column, title, y-axis label with its unit) of each time plot."""
 
 
-def render_figures(report: WeeklyReport) -> list[tuple[str, object]]:
+def render_figures(report: WeeklyReport) -> list[tuple[str, Figure]]:
     """(title, matplotlib Figure) per plot. Every time plot spans the report's window on one UTC
     axis, with the stretches that hold no data shaded (absent, not zero); ratios are in %."""
     import matplotlib
@@ -276,7 +280,7 @@ def render_figures(report: WeeklyReport) -> list[tuple[str, object]]:
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    figures: list[tuple[str, object]] = []
+    figures: list[tuple[str, Figure]] = []
     week = report.this
     timeline = week.timeline
     step = timeline.attrs.get("step_s", 3600.0)
