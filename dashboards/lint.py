@@ -126,15 +126,8 @@ class QueryLinter:
 
     @staticmethod
     def _division(body: str) -> list[tuple[str, str]]:
-        out = []
-        for i, ch in enumerate(body):
-            if ch != "/":
-                continue
-            rest = body[i + 1 :].lstrip()
-            if re.match(r"[\d.]+", rest) or _guarded(rest):
-                continue
-            out.append(("unguarded-division", rest[:60]))
-        return out
+        rests = (body[m.end() :].lstrip() for m in re.finditer("/", body))
+        return [("unguarded-division", r[:60]) for r in rests if not (re.match(r"[\d.]+", r) or _guarded(r))]
 
 
 def _strip_strings(expr: str) -> str:

@@ -1,20 +1,11 @@
 """The weekly efficiency review: what the fleet produced, what it cost, and what went wrong.
 
-From canonical series (a recording, the agent's SQLite store, or Prometheus scraping the agent's
-`kvscope_*` re-export) it computes, per model/pool (model × role) and for the fleet:
-
-* output tokens per GPU-hour (002 §9.3's core efficiency number) and GPU-hours;
-* mean GPU utilisation and the utilisation trap (002 §9.2: below 40 % the fleet pays 2.5× the
-  efficient cost per token; cost per token scales with 1 / utilisation);
-* $ per 1M output tokens at a configured $/GPU-hour (idle GPU-hours count);
-* prefill tokens saved by prefix caching (tokens served from the cache instead of recomputed);
-* per-tenant requests, prompt tokens and cache hit ratio;
-* achieved FLOP/s and memory traffic per GPU (the engines' MFU estimates), the recompute tax of
-  preemptions, and prompt tokens served from each KV tier (`efficiency`), where exported;
-* week-over-week deltas, and the week's top findings.
-
-Series are held columnar (`SeriesSet`: one row per series, one row per point) so the maths is
-vectorised pandas/numpy; a signal the source lacks stays absent (None), never zero.
+From canonical series (a recording, the agent's SQLite store, or Prometheus) it computes per
+model/pool (model × role) and for the fleet: output tokens per GPU-hour (002 §9.3), GPU-hours,
+mean utilisation and the utilisation trap (002 §9.2), $ per 1M output tokens, prefill tokens
+saved by prefix caching, per-tenant usage, the engines' efficiency counters (`Efficiency`),
+week-over-week deltas and the week's top findings. Series are held columnar (`SeriesSet`) so the
+maths is vectorised; a signal the source lacks stays absent (None), never zero.
 """
 
 from __future__ import annotations
