@@ -3,8 +3,6 @@
 from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 
-UID = "kvscope-efficiency"
-
 COST = Row(
     "Cost",
     (
@@ -77,7 +75,7 @@ UTILISATION = Row(
 )
 
 BOARD = Board(
-    UID,
+    "kvscope-efficiency",
     "kvscope / Efficiency & cost",
     "Tokens per GPU-hour, cost per token, utilisation, savings.",
     (COST, UTILISATION),

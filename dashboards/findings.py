@@ -4,8 +4,6 @@ from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 from kvscope.dashboards.style import ui_link
 
-UID = "kvscope-findings"
-
 ACTIVE = Row(
     "Findings",
     (
@@ -32,5 +30,8 @@ ACTIVE = Row(
 )
 
 BOARD = Board(
-    UID, "kvscope / Active findings", "Diagnosis findings firing now, with links to the triage UI.", (ACTIVE,)
+    "kvscope-findings",
+    "kvscope / Active findings",
+    "Diagnosis findings firing now, with links to the triage UI.",
+    (ACTIVE,),
 )

@@ -8,8 +8,6 @@ from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 from kvscope.dashboards.style import drilldown
 
-UID = "kvscope-fleet"
-
 TILES = Row(
     "At a glance",
     (
@@ -179,7 +177,7 @@ SATURATION = Row(
 )
 
 BOARD = Board(
-    UID,
+    "kvscope-fleet",
     "kvscope / Fleet overview",
     "Latency SLOs, throughput, saturation and efficiency across vLLM and SGLang engines.",
     (TILES, LATENCY, THROUGHPUT, SATURATION),

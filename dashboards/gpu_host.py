@@ -3,8 +3,6 @@
 from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 
-UID = "kvscope-gpu"
-
 JOINED = Row(
     "Serving vs GPU",
     (
@@ -67,5 +65,8 @@ HOST = Row(
 )
 
 BOARD = Board(
-    UID, "kvscope / GPU & host", "GPU telemetry (DCGM / NVML) and host metrics joined to engines.", (JOINED, GPU, HOST)
+    "kvscope-gpu",
+    "kvscope / GPU & host",
+    "GPU telemetry (DCGM / NVML) and host metrics joined to engines.",
+    (JOINED, GPU, HOST),
 )

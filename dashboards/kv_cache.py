@@ -3,8 +3,6 @@
 from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 
-UID = "kvscope-kv"
-
 POOL = Row(
     "KV pool",
     (
@@ -127,7 +125,7 @@ CASCADE = Row(
 )
 
 BOARD = Board(
-    UID,
+    "kvscope-kv",
     "kvscope / KV cache & prefix",
     "KV pool usage, prefix-cache effectiveness per replica, DP rank and tier, evictions, "
     "preemptions and block residency.",

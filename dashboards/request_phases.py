@@ -3,8 +3,6 @@
 from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 
-UID = "kvscope-phases"
-
 PHASES = Row(
     "Phases",
     (
@@ -81,7 +79,7 @@ TRANSFER = Row(
 )
 
 BOARD = Board(
-    UID,
+    "kvscope-phases",
     "kvscope / Request phases (P/D)",
     "Queue, prefill, decode and KV transfer time, split by prefill/decode role.",
     (PHASES, TRACED, TRANSFER),

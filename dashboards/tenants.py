@@ -8,8 +8,6 @@ from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 from kvscope.dashboards.style import ui_link
 
-UID = "kvscope-tenants"
-
 FLEET = Row(
     "Fairness",
     (
@@ -77,7 +75,7 @@ USAGE = Row(
 )
 
 BOARD = Board(
-    UID,
+    "kvscope-tenants",
     "kvscope / Tenants & fairness",
     "Per-tenant usage, prefix hit ratio, lost reuse and tail latency.",
     (FLEET, USAGE),
