@@ -1,17 +1,8 @@
 """PromQL lint over the generated dashboard queries: the defects of anchor-dashboards.md §10.
 
-Rules (each issue names the board, panel and rule):
-
-* `quantile-without-sum-by-le`  histogram_quantile not over `sum by (le, ...) (rate(..._bucket[w]))`
-* `rate-on-non-counter`         rate()/increase() over something that is not a counter, bucket, _sum or _count
-* `lifetime-maths`              a counter, _sum, _count or _bucket used outside rate()/increase()
-* `unguarded-division`          `a / b` where b is neither a number nor `(... > 0)`
-* `unknown-metric`              a series that is neither a catalog signal, an agent self-health series,
-                                a recording-rule output nor a Prometheus built-in
-* `wrong-unit`                  a latency (seconds histogram) panel whose unit is not seconds
-* `undefined-variable` / `unused-variable`   `$var` used but not declared, or declared and never used
-* `pod-name-role`               a role inferred from a pod-name regex instead of the `role` label
-* `no-description`              a panel without a description
+Each issue names the board, panel and rule; docs/dashboards.md tables the rules (guarded
+division, rate() only on counters, histogram_quantile over sum by (le), known series, units,
+variables, role label, descriptions).
 """
 
 from __future__ import annotations

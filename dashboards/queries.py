@@ -1,20 +1,10 @@
 """Every PromQL query the dashboards use, each written once.
 
-Panels read the agent's canonical re-export `kvscope_<signal>` (agent/serve/export.py), so one set of
-panels serves vLLM and SGLang fleets: the agent has already mapped the native names (old and new)
-and units through agent/normalize/catalog.yaml. Per-instance tail latencies read the recorded
-`instance:<signal>:<op>` series of rules/prometheus/kvscope-derived.yml where those exist. The
-`kvscope:<signal>` canonical recordings are not read directly: the rules generator records only
-the ones its own files use (a TSDB-cost choice), and a dashboard must not depend on that set.
-Target health reads the agent's `kvscope_target_up` and Prometheus' own `up`. Helpers keep the
-patterns right by construction:
-
-* quantiles are always `histogram_quantile(q, sum by (le, ...) (rate(<h>_bucket[w])))`;
-* means are `rate(_sum) / rate(_count)`, never a bare rate of `_sum` shown as a latency;
-* every division is guarded, `num / (den > 0)`, so idle periods give no series, not NaN;
-* `rate()`/`increase()` only ever wrap counters, histogram buckets, `_sum` or `_count`.
-
-dashboards/lint.py checks all of this again on the generated queries.
+Panels read the agent's canonical re-export `kvscope_<signal>`, so one set of panels serves vLLM
+and SGLang (docs/dashboards.md, "How they are built"). The helpers make the right pattern the only
+one available: quantiles over `sum by (le, ...) (rate(..._bucket[w]))`, means as
+`rate(_sum) / rate(_count)`, every division guarded (`num / (den > 0)`), rate() only over counters,
+buckets, `_sum` or `_count`. dashboards/lint.py checks all of this again on the generated queries.
 """
 
 from __future__ import annotations
