@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from kvscope.agent.derive.rates import step_increases
 from kvscope.agent.signals import Labels, load_catalog
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding
 from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
 
 if TYPE_CHECKING:
+    from kvscope.diagnoser.sources.recording import RecordingSource
     from kvscope.report.weekly import SeriesSet
 
 KINDS = ("recording", "prometheus", "agent")
@@ -120,46 +122,36 @@ def take_preloaded(location: str) -> TriageData | None:
     return None if future is None else future.result()
 
 
-def grid_step(duration_s: float) -> float:
-    """The diagnoser's 15 s grid, finer for short recordings (at least ~60 points, at least 1 s)."""
-    return float(min(15.0, max(1.0, round(duration_s / 60.0))))
-
-
 def _from_recording(source: SourceSpec, step_s: float | None) -> TriageData:
     from kvscope.diagnoser.sources.recording import RecordingSource
 
-    path = Path(source.location)
-    if not path.is_file():
-        raise SourceError(f"recording {path} does not exist")
+    if not Path(source.location).is_file():
+        raise SourceError(f"recording {source.location} does not exist")
+    return triage_from_recording(source, RecordingSource(source.location), step_s)
+
+
+def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s: float | None = None) -> TriageData:
+    """Diagnose a recording as `kvscope diagnose --recording` does: the same frame (its scrape
+    interval as the step unless `step_s`; failed scrapes, vanished series and removed targets
+    marked) and rules. The frame keeps every recorded series, for the pages' charts and tables."""
+    from kvscope.agent.derive.cascade import evaluate_cascade
+    from kvscope.diagnoser.evaluate.evaluator import diagnose
+    from kvscope.report.weekly import series_set_from_samples
+
+    path = recording.path
     try:
-        replay = RecordingSource(str(path)).replay()  # its spans sidecar too, when there is one
-    except SourceError as exc:
+        replay = recording.replay()
+        if replay.start is None or replay.end is None or replay.end <= replay.start:
+            raise SourceError("it holds fewer than two scrapes")
+        names = {s.name for s in replay.samples}
+        frame = recording.read_frame(names, None, None, step_s or recording.natural_step())
+    except (SourceError, ValueError) as exc:  # ValueError: over the grid's bounds (diagnoser/evaluate/frame.py)
         raise SourceError(f"recording {path} could not be read: {exc}") from exc
     except (EOFError, zlib.error) as exc:  # a gzip cut short (recorder killed mid-write)
         raise SourceError(f"recording {path} is truncated or corrupt: {exc}") from exc
-    return triage_from_replay(source, replay, step_s)
-
-
-def triage_from_replay(source: SourceSpec, replay, step_s: float | None = None) -> TriageData:
-    """Diagnose an already replayed recording (agent.replay.Replay)."""
-    from kvscope.agent.derive.cascade import evaluate_cascade
-    from kvscope.diagnoser.evaluate.evaluator import diagnose
-    from kvscope.diagnoser.evaluate.frame import frame_from_samples, merge_facts
-    from kvscope.report.weekly import series_set_from_samples
-
-    path = Path(source.location)
-    if replay.start is None or replay.end is None or replay.end <= replay.start:
-        raise SourceError(f"recording {path} holds fewer than two scrapes")
-    step = step_s or grid_step(replay.end - replay.start)
-    try:
-        frame = frame_from_samples(replay.samples, replay.start, replay.end, step)
-    except ValueError as exc:  # over the grid's bounds (diagnoser/evaluate/frame.py)
-        raise SourceError(f"recording {path}: {exc}") from exc
-    frame.facts = merge_facts(replay.facts)
-    diagnosis = diagnose(frame, source=f"recording:{path.name}")
     return TriageData(
         source,
-        diagnosis,
+        diagnose(frame, source=recording.description),
         frame,
         dict(replay.engines),
         evaluate_cascade(replay.samples),
@@ -443,7 +435,7 @@ def render_when(ts: float) -> str:
 
 
 def _per_tenant(frame: Frame, name: str, rate: bool) -> dict[tuple[str, str], float]:
-    """(tenant, instance) -> mean rate over the window (counters, summed over the pair's series)
+    """(tenant, instance) -> mean rate over the window (counters, resets counted, summed over the pair's series)
     or latest value (ratio gauges, averaged over the pair's series: a ratio is never summed)."""
     block = frame.block(name)
     if block is None:
@@ -455,7 +447,7 @@ def _per_tenant(frame: Frame, name: str, rate: bool) -> dict[tuple[str, str], fl
         present = row[~np.isnan(row)]
         if "tenant" not in have or present.size == 0:
             continue
-        value = (max(present[-1] - present[0], 0.0) / span) if rate else float(present[-1])
+        value = float(step_increases(present).sum()) / span if rate else float(present[-1])
         found.setdefault((have["tenant"], have.get("instance", "")), []).append(value)
     return {k: (sum(v) if rate else sum(v) / len(v)) for k, v in found.items()}
 

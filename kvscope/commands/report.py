@@ -146,18 +146,19 @@ def _load(args: argparse.Namespace):
     from kvscope.report.weekly import WEEK_S, read_prometheus_series, read_store_series, series_set_from_samples
 
     if args.recording:
-        from kvscope.agent.recording.replay import replay_recording
-        from kvscope.ui.data import SourceError, SourceSpec, triage_from_replay
+        from kvscope.diagnoser.sources.recording import RecordingSource
+        from kvscope.ui.data import SourceError, SourceSpec, triage_from_recording
 
         samples, diagnoses, ends = [], [], []
         for path in args.recording:
-            replay = replay_recording(path, gpu_mapping=getattr(args, "gpu_mapping_value", None))  # joins GPUs
-            samples += replay.samples
-            ends.append(replay.end or 0.0)
-            for note in replay.notes:
-                print(f"kvscope report: {note}", file=sys.stderr)
+            recording = RecordingSource(path, spans=False, gpu_mapping=getattr(args, "gpu_mapping_value", None))
             try:
-                diagnoses.append(triage_from_replay(SourceSpec("recording", str(path)), replay).diagnosis)
+                replay = recording.replay()  # joins GPUs
+                samples += replay.samples
+                ends.append(replay.end or 0.0)
+                for note in replay.notes:
+                    print(f"kvscope report: {note}", file=sys.stderr)
+                diagnoses.append(triage_from_recording(SourceSpec("recording", str(path)), recording).diagnosis)
             except SourceError as exc:
                 raise ValueError(str(exc)) from exc
         names = ", ".join(p.name for p in args.recording)
