@@ -209,28 +209,15 @@ def _matches(labels: Labels, where: Mapping[str, str]) -> bool:
     return all(have.get(k, v) == v for k, v in where.items())
 
 
-def _steps(frame: Frame, range_s: float | None) -> int:
-    step = frame.step or 1.0
-    return max(1, int(round((range_s or step) / step)))
-
-
-def signal_frame(
-    frame: Frame,
-    signal: str,
-    where: Mapping[str, str] | None = None,
-    limit: int | None = MAX_CHART_SERIES,
-    range_s: float | None = None,
-) -> pd.DataFrame:
-    """One signal on the grid as a DataFrame (index: UTC time; columns: series labels).
-
-    Counters become per-second rates, histograms their mean (sum rate over count rate), gauges stay
-    as they are; rates are the evaluator's (`grid.counter_rate`: resets handled, gaps bridged) over
-    `range_s`, else step to step. Rows are filtered to `where` (labels a row lacks do not exclude
-    it); at most `limit` series are kept (None: all).
+def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """One signal on the grid as a DataFrame (index: UTC time; columns: series labels, at most
+    MAX_CHART_SERIES). Counters become per-second rates step to step (the evaluator's
+    `grid.counter_rate`: resets handled, gaps bridged), histograms their mean (sum rate over count
+    rate), gauges stay as they are. Rows are filtered to `where` (labels a row lacks do not exclude it).
     """
     from kvscope.diagnoser.evaluate.grid import counter_rate
 
-    k, step = _steps(frame, range_s), frame.step or 1.0
+    k, step = 1, frame.step or 1.0
     sig = load_catalog().signals[signal]
     where = where or {}
     if sig.kind == "histogram":
@@ -251,7 +238,7 @@ def signal_frame(
         if sig.kind == "counter":
             values = counter_rate(values, k, step)
     index = pd.to_datetime(frame.ts, unit="s", utc=True)
-    cols = {_column(lab, where): values[i] for i, lab in enumerate(labels[:limit])}
+    cols = {_column(lab, where): values[i] for i, lab in enumerate(labels[:MAX_CHART_SERIES])}
     return pd.DataFrame(cols, index=index)
 
 
@@ -335,16 +322,15 @@ def evidence_unit(unit: str) -> str:
     return _UNIT_WORDS.get(unit, unit.replace("_", " ") or "value")
 
 
-def axis_unit(signal: str, quantile: float | None = None) -> str:
-    """The y-axis title of a signal as it is plotted: 'per second' for counted events, 'tokens/s'
-    for token counters, 'seconds (mean)' for a latency histogram, 'seconds (p50)'
-    for its quantile."""
+def axis_unit(signal: str) -> str:
+    """The y-axis title of a signal as signal_frame plots it: 'per second' for counted events,
+    'tokens/s' for token counters, 'seconds (mean)' for a latency histogram."""
     sig = load_catalog().signals[signal]
     unit = _UNIT_WORDS.get(sig.unit, sig.unit.replace("_", " "))
     if sig.kind == "counter":
         return "per second" if sig.unit == "count" else f"{unit}/s"
     if sig.kind == "histogram":
-        return f"{unit} (p{quantile * 100:g})" if quantile is not None else f"{unit} (mean)"
+        return f"{unit} (mean)"
     return unit
 
 
