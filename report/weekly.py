@@ -182,10 +182,9 @@ PROMETHEUS_STEP_S = 900.0
 points per series whatever the scrape interval (the timeline's finest bins over a week are 1 h)."""
 
 
-def read_prometheus_series(
-    url: str, start: float, end: float, timeout_s: float = 120.0, step: float | None = None, client=None
-) -> SeriesSet:  # noqa: ANN001
-    """The report's signals from a Prometheus-compatible TSDB, aggregated server-side at `step`.
+def read_prometheus_series(url: str, start: float, end: float, timeout_s: float = 120.0, client=None) -> SeriesSet:  # noqa: ANN001
+    """The report's signals from a Prometheus-compatible TSDB, aggregated server-side: 15 min steps
+    over two weeks, finer (down to 15 s) over a shorter span.
 
     Per signal, the first source that has it: the canonical recorded `kvscope:<signal>`
     (rules/prometheus/kvscope-canonical.yml), the agent's `kvscope_<signal>` re-export, or the
@@ -198,8 +197,7 @@ def read_prometheus_series(
 
     client = client or PromClient(url, timeout_s=timeout_s)
     catalog = load_catalog()
-    if step is None:  # 15 min over two weeks, finer (down to 15 s) over a shorter span
-        step = float(min(PROMETHEUS_STEP_S, max(15.0, math.ceil((end - start) / 1344 / 15) * 15)))
+    step = float(min(PROMETHEUS_STEP_S, max(15.0, math.ceil((end - start) / 1344 / 15) * 15)))
     start = math.floor(start / step) * step
     n = int((end - start) // step) + 1
     grid = start + step * np.arange(n)
