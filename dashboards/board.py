@@ -95,17 +95,10 @@ def render_board(board: Board) -> Dashboard:
     next_id = iter(range(1, 10_000))
     for row in board.rows:
         laid, y_after = _layout(row.panels, y + 1, next_id)
-        if row.collapsed:
-            panels.append(
-                RowPanel(
-                    title=row.title, collapsed=True, panels=laid, id=next(next_id), gridPos=GridPos(h=1, w=24, x=0, y=y)
-                )
-            )
-        else:
-            panels.append(
-                RowPanel(title=row.title, collapsed=False, id=next(next_id), gridPos=GridPos(h=1, w=24, x=0, y=y))
-            )
-            panels.extend(laid)
+        inside = laid if row.collapsed else []  # a collapsed row holds its panels; an open one precedes them
+        grid = GridPos(h=1, w=24, x=0, y=y)
+        panels.append(RowPanel(title=row.title, collapsed=row.collapsed, panels=inside, id=next(next_id), gridPos=grid))
+        panels.extend([] if row.collapsed else laid)
         y = y_after
     return Dashboard(
         title=board.title,

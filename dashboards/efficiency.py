@@ -3,8 +3,6 @@
 from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 
-UID = "kvscope-efficiency"
-
 COST = Row(
     "Cost",
     (
@@ -20,21 +18,21 @@ COST = Row(
             "Tokens per GPU-hour by engine",
             "Per engine, GPUs counted from the agent's engine-GPU join "
             "(engine_gpu_memory_used_bytes, by gpu_mapping, Kubernetes pod labels or NVML pid).",
-            (q.tokens_per_gpu_hour_by_engine(),),
+            (q.tokens_per_gpu_hour(("instance",), "engine_gpu_memory_used_bytes"),),
             "tokens_per_gpu_hour",
             width=6,
         ),
         Panel(
             "$ per 1M output tokens",
             "GPU-hours at $gpu_hour_cost over output tokens. Idle GPUs count: 002 §9.2's utilisation trap.",
-            (q.cost_per_million_tokens(),),
+            (q.COST_PER_MILLION_TOKENS,),
             "currency",
             width=6,
         ),
         Panel(
             "Energy per output token",
             "GPU energy (joules) per generated token.",
-            (q.joules_per_token(),),
+            (q.JOULES_PER_TOKEN,),
             "joules",
             width=6,
         ),
@@ -63,13 +61,13 @@ UTILISATION = Row(
         Panel(
             "Prefill tokens saved by prefix caching",
             "Prompt tokens per second served from the prefix cache instead of recomputed.",
-            (q.prefill_tokens_saved(),),
+            (q.PREFILL_TOKENS_SAVED,),
             "tokens_per_s",
         ),
         Panel(
             "Prompt tokens by source",
             "Computed vs cached vs transferred prompt tokens.",
-            (q.prompt_tokens_by_source(),),
+            (q.PROMPT_TOKENS_BY_SOURCE,),
             "tokens_per_s",
             stack=True,
         ),
@@ -77,7 +75,7 @@ UTILISATION = Row(
 )
 
 BOARD = Board(
-    UID,
+    "kvscope-efficiency",
     "kvscope / Efficiency & cost",
     "Tokens per GPU-hour, cost per token, utilisation, savings.",
     (COST, UTILISATION),

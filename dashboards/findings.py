@@ -4,8 +4,6 @@ from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 from kvscope.dashboards.style import ui_link
 
-UID = "kvscope-findings"
-
 ACTIVE = Row(
     "Findings",
     (
@@ -13,7 +11,7 @@ ACTIVE = Row(
             "Firing now",
             "kvscope diagnosis rules exported as Prometheus alerts (Llm* names), firing now. "
             "Open the triage UI for the likely cause, evidence, levers and citations.",
-            (q.firing_alerts(),),
+            (q.FIRING_ALERTS,),
             "count",
             "table",
             width=24,
@@ -22,7 +20,7 @@ ACTIVE = Row(
         Panel(
             "Findings over time",
             "Firing kvscope alerts per rule over the time range.",
-            (q.alert_history(),),
+            (q.ALERT_HISTORY,),
             "count",
             stack=True,
             width=24,
@@ -32,5 +30,8 @@ ACTIVE = Row(
 )
 
 BOARD = Board(
-    UID, "kvscope / Active findings", "Diagnosis findings firing now, with links to the triage UI.", (ACTIVE,)
+    "kvscope-findings",
+    "kvscope / Active findings",
+    "Diagnosis findings firing now, with links to the triage UI.",
+    (ACTIVE,),
 )

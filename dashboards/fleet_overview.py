@@ -8,15 +8,13 @@ from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 from kvscope.dashboards.style import drilldown
 
-UID = "kvscope-fleet"
-
 TILES = Row(
     "At a glance",
     (
         Panel(
             "Requests / s",
             "Finished requests per second across the selection.",
-            (q.request_rate(),),
+            (q.REQUEST_RATE,),
             "reqps",
             "stat",
             width=3,
@@ -57,7 +55,7 @@ TILES = Row(
         Panel(
             "KV cache (fullest engine)",
             "Highest KV pool usage of any engine (0-1). 002 §9.3 target 75-90 %.",
-            (q.kv_usage_spread()[0],),
+            (q.KV_USAGE_SPREAD[0],),
             "ratio",
             "stat",
             "kv_usage",
@@ -77,7 +75,7 @@ TILES = Row(
         Panel(
             "Targets down",
             "Scrape targets whose last scrape failed (kvscope_target_up == 0).",
-            (q.targets_down(),),
+            (q.TARGETS_DOWN,),
             "count",
             "stat",
             "down",
@@ -92,24 +90,23 @@ LATENCY = Row(
         Panel(
             "Time to first token",
             "TTFT p50, p99 and windowed mean (rate(_sum)/rate(_count)).",
-            tuple(q.ttft()),
+            q.TTFT,
             "seconds",
             links=(drilldown("kvscope-phases", "Request phases"),),
         ),
         Panel(
             "Inter-token latency",
             "ITL p50, p99 and mean. SGLang and older vLLM call this TPOT.",
-            tuple(q.itl()),
+            q.ITL,
             "seconds",
         ),
-        Panel("End-to-end latency", "Request E2E p50, p99 and mean.", tuple(q.e2e()), "seconds"),
+        Panel("End-to-end latency", "Request E2E p50, p99 and mean.", q.E2E, "seconds"),
         Panel(
             "ITL SLO attainment",
             "Share of inter-token gaps under the $itl_slo bucket.",
             (q.slo_attainment("request_itl_seconds", "itl_slo"),),
             "ratio",
             palette="slo",
-            width=8,
         ),
         Panel(
             "TTFT p99 per instance (recorded)",
@@ -118,7 +115,6 @@ LATENCY = Row(
             "the SLO alerts read. Needs the rules loaded in Prometheus.",
             (q.recorded("instance:request_ttft_seconds:p99_5m"),),
             "seconds",
-            width=8,
         ),
         Panel(
             "Mean time per request phase",
@@ -126,7 +122,6 @@ LATENCY = Row(
             tuple(q.phase_means()),
             "seconds",
             stack=True,
-            width=8,
             links=(drilldown("kvscope-phases", "Request phases"),),
         ),
     ),
@@ -144,7 +139,7 @@ THROUGHPUT = Row(
         Panel(
             "Finished requests by reason",
             "Finished requests per second by finish reason (stop, length, abort...).",
-            (q.finish_reasons(),),
+            (q.FINISH_REASONS,),
             "reqps",
             stack=True,
         ),
@@ -162,13 +157,11 @@ THROUGHPUT = Row(
 SATURATION = Row(
     "Saturation",
     (
-        Panel(
-            "Scheduler queue", "Running and waiting requests summed over engines.", tuple(q.running_waiting()), "count"
-        ),
+        Panel("Scheduler queue", "Running and waiting requests summed over engines.", q.RUNNING_WAITING, "count"),
         Panel(
             "KV cache usage",
             "Max, average and min KV pool usage across engines: a wide spread is a load-balance problem.",
-            tuple(q.kv_usage_spread()),
+            q.KV_USAGE_SPREAD,
             "ratio",
             palette="kv_usage",
         ),
@@ -184,7 +177,7 @@ SATURATION = Row(
 )
 
 BOARD = Board(
-    UID,
+    "kvscope-fleet",
     "kvscope / Fleet overview",
     "Latency SLOs, throughput, saturation and efficiency across vLLM and SGLang engines.",
     (TILES, LATENCY, THROUGHPUT, SATURATION),

@@ -3,8 +3,6 @@
 from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 
-UID = "kvscope-gpu"
-
 JOINED = Row(
     "Serving vs GPU",
     (
@@ -12,14 +10,14 @@ JOINED = Row(
             "Output tokens / s per SM-active",
             "Generated tokens per second divided by summed SM activity, per "
             "node: falling while SM activity stays high means the GPUs are busy on something else.",
-            (q.tokens_per_sm_active(),),
+            (q.TOKENS_PER_SM_ACTIVE,),
             "tokens_per_s",
             width=12,
         ),
         Panel(
             "KV pressure vs HBM used",
             "Fullest engine KV pool next to GPU memory used, per node.",
-            tuple(q.kv_vs_hbm()),
+            q.KV_VS_HBM,
             "ratio",
             palette="kv_usage",
             width=12,
@@ -41,7 +39,7 @@ GPU = Row(
         Panel(
             "GPU memory used",
             "Framebuffer used / total per GPU. 002 §9.3 target 80-90 %.",
-            (q.gpu_memory_used_ratio(),),
+            (q.GPU_MEMORY_USED_RATIO,),
             "ratio",
             palette="kv_usage",
         ),
@@ -59,13 +57,16 @@ GPU = Row(
 HOST = Row(
     "Host and engine processes",
     (
-        Panel("Host CPU", "Host CPU utilisation (0-1) per node.", (q.host_cpu(),), "ratio"),
-        Panel("Host memory", "Host memory used / total per node.", (q.host_memory_ratio(),), "ratio"),
-        Panel("Engine process RSS", "Resident memory of engine processes.", (q.engine_rss(),), "bytes"),
-        Panel("Engine process CPU", "CPU seconds per second used by engine processes.", (q.engine_cpu(),), "cores"),
+        Panel("Host CPU", "Host CPU utilisation (0-1) per node.", (q.HOST_CPU,), "ratio"),
+        Panel("Host memory", "Host memory used / total per node.", (q.HOST_MEMORY_RATIO,), "ratio"),
+        Panel("Engine process RSS", "Resident memory of engine processes.", (q.ENGINE_RSS,), "bytes"),
+        Panel("Engine process CPU", "CPU seconds per second used by engine processes.", (q.ENGINE_CPU,), "cores"),
     ),
 )
 
 BOARD = Board(
-    UID, "kvscope / GPU & host", "GPU telemetry (DCGM / NVML) and host metrics joined to engines.", (JOINED, GPU, HOST)
+    "kvscope-gpu",
+    "kvscope / GPU & host",
+    "GPU telemetry (DCGM / NVML) and host metrics joined to engines.",
+    (JOINED, GPU, HOST),
 )

@@ -3,8 +3,6 @@
 from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 
-UID = "kvscope-kv"
-
 POOL = Row(
     "KV pool",
     (
@@ -21,7 +19,7 @@ POOL = Row(
             "KV capacity",
             "Tokens each engine's device KV pool can hold (from vLLM cache_config_info or "
             "SGLang max_total_num_tokens).",
-            (q.kv_capacity(),),
+            (q.KV_CAPACITY,),
             "tokens",
             width=12,
         ),
@@ -43,7 +41,7 @@ PREFIX = Row(
             "Hit ratio by tier",
             "Local (device) vs external (KV connector / offload) tier hit ratios, LMCache's "
             "own lookup hit ratio, plus the host-memory tier usage where SGLang HiCache reports it.",
-            (q.prefix_hit_ratio(), q.external_hit_ratio(), q.tier_hit_ratio(), q.host_tier_usage()),
+            (q.prefix_hit_ratio(), q.EXTERNAL_HIT_RATIO, q.TIER_HIT_RATIO, q.HOST_TIER_USAGE),
             "ratio",
             palette="hit_ratio",
         ),
@@ -52,14 +50,14 @@ PREFIX = Row(
             "Where a router exports it: the mean share of a request's prefix found on "
             "the worker it was routed to (llm-d EPP, Dynamo KV router) and the share of decisions kept on the "
             "prefix's worker (SMG policy branches). A fall means locality given away (R1).",
-            tuple(q.router_locality()),
+            q.ROUTER_LOCALITY,
             "ratio",
             palette="hit_ratio",
         ),
         Panel(
             "Prompt tokens by source",
             "Where prompt tokens came from: computed locally, local cache hit, or external KV transfer.",
-            (q.prompt_tokens_by_source(),),
+            (q.PROMPT_TOKENS_BY_SOURCE,),
             "tokens_per_s",
             stack=True,
         ),
@@ -80,7 +78,7 @@ EVICTION = Row(
         Panel(
             "Evicted KV tokens / s",
             "KV tokens evicted per second (SGLang), per instance.",
-            (q.evicted_tokens(),),
+            (q.EVICTED_TOKENS,),
             "tokens_per_s",
         ),
         Panel(
@@ -88,7 +86,7 @@ EVICTION = Row(
             "Median KV block lifetime, idle time before eviction and reuse gap (vLLM KV "
             "residency histograms, sampled). A reuse gap near the idle-before-evict time means reused blocks "
             "are evicted just before they are needed (K4).",
-            tuple(q.residency()),
+            q.RESIDENCY,
             "seconds",
         ),
     ),
@@ -101,34 +99,33 @@ CASCADE = Row(
             "Cascade stage",
             "Cascade stage per engine (002 §7.4): 0 healthy, 1 KV high, 2 evicting / "
             "preempting, 3 queueing, 4 latency symptom. Act at stage 2, before latency alerts.",
-            (q.cascade_stage(),),
+            (q.CASCADE_STAGE,),
             "stage",
-            palette="none",
         ),
         Panel(
             "Cascade lead time",
             "Seconds the root (KV high) preceded the latency symptom.",
-            (q.cascade_lead(),),
+            (q.CASCADE_LEAD,),
             "seconds",
         ),
         Panel(
             "KV block churn",
             "Blocks removed per second by medium, blocks evicted and then recomputed, and "
             "hot (reused) blocks evicted: the LRU failure of K4 (from the engines' KV events).",
-            tuple(q.kv_event_rates()),
+            q.KV_EVENT_RATES,
             "per_s",
         ),
         Panel(
             "Block residency (KV events)",
             "Stored-to-removed time of every KV block, p50 and p99.",
-            tuple(q.block_residency_events()),
+            q.BLOCK_RESIDENCY_EVENTS,
             "seconds",
         ),
     ),
 )
 
 BOARD = Board(
-    UID,
+    "kvscope-kv",
     "kvscope / KV cache & prefix",
     "KV pool usage, prefix-cache effectiveness per replica, DP rank and tier, evictions, "
     "preemptions and block residency.",

@@ -1,17 +1,8 @@
 """PromQL lint over the generated dashboard queries: the defects of anchor-dashboards.md §10.
 
-Rules (each issue names the board, panel and rule):
-
-* `quantile-without-sum-by-le`  histogram_quantile not over `sum by (le, ...) (rate(..._bucket[w]))`
-* `rate-on-non-counter`         rate()/increase() over something that is not a counter, bucket, _sum or _count
-* `lifetime-maths`              a counter, _sum, _count or _bucket used outside rate()/increase()
-* `unguarded-division`          `a / b` where b is neither a number nor `(... > 0)`
-* `unknown-metric`              a series that is neither a catalog signal, an agent self-health series,
-                                a recording-rule output nor a Prometheus built-in
-* `wrong-unit`                  a latency (seconds histogram) panel whose unit is not seconds
-* `undefined-variable` / `unused-variable`   `$var` used but not declared, or declared and never used
-* `pod-name-role`               a role inferred from a pod-name regex instead of the `role` label
-* `no-description`              a panel without a description
+Each issue names the board, panel and rule; docs/dashboards.md tables the rules (guarded
+division, rate() only on counters, histogram_quantile over sum by (le), known series, units,
+variables, role label, descriptions).
 """
 
 from __future__ import annotations
@@ -37,7 +28,6 @@ GRAFANA_VARS = ("__rate_interval", "__range", "__interval", "__all_variables", "
 _METRIC = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
 _RATE = re.compile(r"\b(rate|increase|irate)\(\s*$")
 _VAR = re.compile(r"\$\{?([a-zA-Z_][a-zA-Z0-9_]*)")
-_COUNTERISH = ("_total", "_sum", "_count", "_bucket")
 
 
 @dataclass(frozen=True)
@@ -127,15 +117,8 @@ class QueryLinter:
 
     @staticmethod
     def _division(body: str) -> list[tuple[str, str]]:
-        out = []
-        for i, ch in enumerate(body):
-            if ch != "/":
-                continue
-            rest = body[i + 1 :].lstrip()
-            if re.match(r"[\d.]+", rest) or _guarded(rest):
-                continue
-            out.append(("unguarded-division", rest[:60]))
-        return out
+        rests = (body[m.end() :].lstrip() for m in re.finditer("/", body))
+        return [("unguarded-division", r[:60]) for r in rests if not (re.match(r"[\d.]+", r) or _guarded(r))]
 
 
 def _strip_strings(expr: str) -> str:

@@ -3,8 +3,6 @@
 from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 
-UID = "kvscope-phases"
-
 PHASES = Row(
     "Phases",
     (
@@ -39,14 +37,14 @@ TRACED = Row(
             "Phase p99 (traces)",
             "Per-request phase p99 stitched from OTLP traces across P/D hops: queue, "
             "prefill, kv_transfer, decode. kv_transfer is measured, not inferred.",
-            (q.phase_p99_by_phase(),),
+            (q.PHASE_P99,),
             "seconds",
             width=12,
         ),
         Panel(
             "Phase mean (traces)",
             "Mean per-request phase time from traces, stacked.",
-            (q.phase_mean_by_phase(),),
+            (q.PHASE_MEAN,),
             "seconds",
             stack=True,
             width=12,
@@ -60,19 +58,19 @@ TRANSFER = Row(
         Panel(
             "KV transfer time",
             "Prefill-to-decode KV transfer p99 and mean per role (NIXL / Mooncake).",
-            tuple(q.kv_transfer()),
+            q.KV_TRANSFER,
             "seconds",
         ),
         Panel(
             "KV transfer bandwidth",
             "Bytes moved per second between pools.",
-            (q.kv_transfer_bandwidth(),),
+            (q.KV_TRANSFER_BANDWIDTH,),
             "bytes_per_s",
         ),
         Panel(
             "KV transfer failures / s",
             "Failed KV transfers per second.",
-            (q.kv_transfer_failures(),),
+            (q.KV_TRANSFER_FAILURES,),
             "per_s",
             palette="rate_bad",
         ),
@@ -81,7 +79,7 @@ TRANSFER = Row(
 )
 
 BOARD = Board(
-    UID,
+    "kvscope-phases",
     "kvscope / Request phases (P/D)",
     "Queue, prefill, decode and KV transfer time, split by prefill/decode role.",
     (PHASES, TRACED, TRANSFER),

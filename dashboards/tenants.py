@@ -8,8 +8,6 @@ from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 from kvscope.dashboards.style import ui_link
 
-UID = "kvscope-tenants"
-
 FLEET = Row(
     "Fairness",
     (
@@ -18,7 +16,7 @@ FLEET = Row(
             "Traffic-weighted Jain index of tenant hit ratios (1 = even), the share of cold "
             "tenants (hit < 0.3 with reuse potential >= 0.5) and how far the worst tenant sits below the "
             "aggregate. 001: the aggregate can look healthy while long-tail tenants almost never hit.",
-            tuple(q.fleet_fairness()),
+            q.FLEET_FAIRNESS,
             "ratio",
             width=12,
             links=(ui_link("Tenants", "Tenants in the UI"),),
@@ -27,7 +25,7 @@ FLEET = Row(
             "Prefix split across replicas",
             "Share of re-seen prompt prefixes served by more than one replica "
             "or DP rank: one prefix, several cache domains (000, 003).",
-            (q.prefix_split(),),
+            (q.PREFIX_SPLIT,),
             "ratio",
             width=12,
         ),
@@ -56,31 +54,28 @@ USAGE = Row(
         Panel(
             "Cache hit ratio by tenant",
             "Cached / prompt tokens per tenant over the panel window.",
-            (q.tenant_cache_hit_ratio(),),
+            (q.TENANT_CACHE_HIT_RATIO,),
             "ratio",
             palette="hit_ratio",
-            width=8,
         ),
         Panel(
             "Lost reuse by tenant",
             "Reuse the cache did not deliver: max(0, reusable - cached) / prompt tokens.",
             (q.tenant_gauge("tenant_lost_reuse_ratio"),),
             "ratio",
-            width=8,
         ),
         Panel(
             "Client TTFT p99 by tenant",
             "99th percentile client-side TTFT per tenant (request tap, network "
             "included): unfair caching shows up here first.",
-            (q.tenant_ttft_p99(),),
+            (q.TENANT_TTFT_P99,),
             "seconds",
-            width=8,
         ),
     ),
 )
 
 BOARD = Board(
-    UID,
+    "kvscope-tenants",
     "kvscope / Tenants & fairness",
     "Per-tenant usage, prefix hit ratio, lost reuse and tail latency.",
     (FLEET, USAGE),

@@ -8,10 +8,14 @@ import io
 import math
 import re
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from kvscope.report.weekly import UTILISATION_TRAP, Incident, WeeklyReport
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ABSENT = "absent"
 FLEET_ROWS = (
@@ -100,10 +104,9 @@ def _trap_lines(report: WeeklyReport) -> list[str]:
 
 def _table(df: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: str) -> list[list[str]]:
     head = [index_name] + [label for c, (label, _) in columns.items() if c in df]
-    rows = [head]
-    for key, row in df.iterrows():
-        rows.append([str(key)] + [fmt(row[c], kind) for c, (_, kind) in columns.items() if c in df])
-    return rows
+    return [head] + [
+        [str(k)] + [fmt(r[c], kind) for c, (_, kind) in columns.items() if c in df] for k, r in df.iterrows()
+    ]
 
 
 def finding_where(where: dict[str, str]) -> str:
@@ -269,7 +272,7 @@ TIME_PLOTS = (
 """(timeline column, title, y-axis label with its unit) of each time plot."""
 
 
-def render_figures(report: WeeklyReport) -> list[tuple[str, object]]:
+def render_figures(report: WeeklyReport) -> list[tuple[str, Figure]]:
     """(title, matplotlib Figure) per plot. Every time plot spans the report's window on one UTC
     axis, with the stretches that hold no data shaded (absent, not zero); ratios are in %."""
     import matplotlib
@@ -277,7 +280,7 @@ def render_figures(report: WeeklyReport) -> list[tuple[str, object]]:
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    figures: list[tuple[str, object]] = []
+    figures: list[tuple[str, Figure]] = []
     week = report.this
     timeline = week.timeline
     step = timeline.attrs.get("step_s", 3600.0)
@@ -395,15 +398,14 @@ def render_plots(report: WeeklyReport) -> list[tuple[str, str]]:
     """(title, base64 PNG) per plot of `render_figures`."""
     from matplotlib import pyplot as plt
 
-    return [(title, _png(fig, plt)) for title, fig in render_figures(report)]
-
-
-def _png(fig, plt) -> str:
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
+    out = []
+    for title, fig in render_figures(report):
+        buf = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=90)
+        plt.close(fig)
+        out.append((title, base64.b64encode(buf.getvalue()).decode()))
+    return out
 
 
 def render_html(report: WeeklyReport) -> str:

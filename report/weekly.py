@@ -1,20 +1,11 @@
 """The weekly efficiency review: what the fleet produced, what it cost, and what went wrong.
 
-From canonical series (a recording, the agent's SQLite store, or Prometheus scraping the agent's
-`kvscope_*` re-export) it computes, per model/pool (model × role) and for the fleet:
-
-* output tokens per GPU-hour (002 §9.3's core efficiency number) and GPU-hours;
-* mean GPU utilisation and the utilisation trap (002 §9.2: below 40 % the fleet pays 2.5× the
-  efficient cost per token; cost per token scales with 1 / utilisation);
-* $ per 1M output tokens at a configured $/GPU-hour (idle GPU-hours count);
-* prefill tokens saved by prefix caching (tokens served from the cache instead of recomputed);
-* per-tenant requests, prompt tokens and cache hit ratio;
-* achieved FLOP/s and memory traffic per GPU (the engines' MFU estimates), the recompute tax of
-  preemptions, and prompt tokens served from each KV tier (`efficiency`), where exported;
-* week-over-week deltas, and the week's top findings.
-
-Series are held columnar (`SeriesSet`: one row per series, one row per point) so the maths is
-vectorised pandas/numpy; a signal the source lacks stays absent (None), never zero.
+From canonical series (a recording, the agent's SQLite store, or Prometheus) it computes per
+model/pool (model × role) and for the fleet: output tokens per GPU-hour (002 §9.3), GPU-hours,
+mean utilisation and the utilisation trap (002 §9.2), $ per 1M output tokens, prefill tokens
+saved by prefix caching, per-tenant usage, the engines' efficiency counters (`Efficiency`),
+week-over-week deltas and the week's top findings. Series are held columnar (`SeriesSet`) so the
+maths is vectorised; a signal the source lacks stays absent (None), never zero.
 """
 
 from __future__ import annotations
@@ -191,10 +182,9 @@ PROMETHEUS_STEP_S = 900.0
 points per series whatever the scrape interval (the timeline's finest bins over a week are 1 h)."""
 
 
-def read_prometheus_series(
-    url: str, start: float, end: float, timeout_s: float = 120.0, step: float | None = None, client=None
-) -> SeriesSet:  # noqa: ANN001
-    """The report's signals from a Prometheus-compatible TSDB, aggregated server-side at `step`.
+def read_prometheus_series(url: str, start: float, end: float, timeout_s: float = 120.0, client=None) -> SeriesSet:  # noqa: ANN001
+    """The report's signals from a Prometheus-compatible TSDB, aggregated server-side: 15 min steps
+    over two weeks, finer (down to 15 s) over a shorter span.
 
     Per signal, the first source that has it: the canonical recorded `kvscope:<signal>`
     (rules/prometheus/kvscope-canonical.yml), the agent's `kvscope_<signal>` re-export, or the
@@ -207,8 +197,7 @@ def read_prometheus_series(
 
     client = client or PromClient(url, timeout_s=timeout_s)
     catalog = load_catalog()
-    if step is None:  # 15 min over two weeks, finer (down to 15 s) over a shorter span
-        step = float(min(PROMETHEUS_STEP_S, max(15.0, math.ceil((end - start) / 1344 / 15) * 15)))
+    step = float(min(PROMETHEUS_STEP_S, max(15.0, math.ceil((end - start) / 1344 / 15) * 15)))
     start = math.floor(start / step) * step
     n = int((end - start) // step) + 1
     grid = start + step * np.arange(n)
@@ -250,25 +239,6 @@ def read_prometheus_series(
     return series_set_from_arrays(series, np.concatenate(sids), np.concatenate(times), np.concatenate(values))
 
 
-def prometheus_diagnoses(
-    url: str,
-    start: float,
-    end: float,
-    step: float = 300.0,
-    client=None,  # noqa: ANN001
-    timeout_s: float = 300.0,
-) -> list[Diagnosis]:
-    """The week's findings from the TSDB itself: the fleet path (diagnoser/pushdown/run.py: the
-    `kvscope:candidate` records, evidence where they held) over [start, end] on a `step` grid
-    (5 minutes by default: rule ranges shorter than a step are read over one step)."""
-    from kvscope.diagnoser.pushdown.run import diagnose_fleet
-    from kvscope.diagnoser.sources.promapi import PromClient
-
-    client = client or PromClient(url, timeout_s=timeout_s)
-    diagnosis, _ = diagnose_fleet(client, start, end, step, source=f"prometheus:{url}", time_scale=1.0)
-    return [diagnosis]
-
-
 # ------------------------------------------------------------------------------ maths
 
 
@@ -277,15 +247,12 @@ def counter_increments(ss: SeriesSet, name: str) -> tuple[Points, np.ndarray]:
     the Prometheus way (a drop means the counter restarted from zero)."""
     key = ("inc", name)
     if key not in ss.memo:
-        ss.memo[key] = _increments(ss.of(name))
+        pts = ss.of(name)
+        inc = np.empty_like(pts.value)
+        inc[1:] = step_increases(pts.value)
+        inc[pts.first | np.isnan(inc)] = 0.0  # a NaN reading counts nothing, before or after it
+        ss.memo[key] = pts, inc
     return ss.memo[key]
-
-
-def _increments(pts: Points) -> tuple[Points, np.ndarray]:
-    inc = np.empty_like(pts.value)
-    inc[1:] = step_increases(pts.value)
-    inc[pts.first | np.isnan(inc)] = 0.0  # a NaN reading counts nothing, before or after it
-    return pts, inc
 
 
 def utilisation_signal(ss: SeriesSet) -> str:
@@ -293,22 +260,25 @@ def utilisation_signal(ss: SeriesSet) -> str:
     return next((n for n in UTILISATION_SIGNALS if ss.of(n).sid.size), UTILISATION_SIGNALS[-1])
 
 
+def _gap_limit(pts: Points, max_gap_s: float) -> tuple[np.ndarray, float]:
+    """(dt, limit): time since each point's predecessor (NaN first) and the longest step that is no
+    gap in the data: max_gap_s or twice the typical interval, whichever is larger."""
+    dt = np.diff(pts.ts, prepend=np.nan)
+    typical = float(np.median(dt[~pts.first])) if (~pts.first).any() else 0.0
+    return dt, max(max_gap_s, 2 * typical)
+
+
 def gauge_coverage(ss: SeriesSet, name: str, max_gap_s: float = MAX_GAP_S) -> tuple[Points, np.ndarray]:
     """(points, dt): each point weighted by the time since the previous point, capped at the
     larger of max_gap_s and twice the typical interval."""
     key = ("cov", name, max_gap_s)
     if key not in ss.memo:
-        ss.memo[key] = _coverage(ss.of(name), max_gap_s)
+        pts = ss.of(name)
+        dt, limit = _gap_limit(pts, max_gap_s)
+        dt = np.clip(dt, 0.0, limit)
+        dt[pts.first] = 0.0
+        ss.memo[key] = pts, dt
     return ss.memo[key]
-
-
-def _coverage(pts: Points, max_gap_s: float) -> tuple[Points, np.ndarray]:
-    dt = np.diff(pts.ts, prepend=np.nan)
-    first = pts.first
-    typical = float(np.median(dt[~first])) if (~first).any() else 0.0
-    dt = np.clip(dt, 0.0, max(max_gap_s, 2 * typical))
-    dt[first] = 0.0
-    return pts, dt
 
 
 def _per_sid(ss: SeriesSet, pts: Points, weights: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -672,9 +642,8 @@ def _bins(ts: np.ndarray, origin: float, step: float, n: int) -> np.ndarray:
 def _after_gap(pts: Points, max_gap_s: float = MAX_GAP_S) -> np.ndarray:
     """True where a point follows its series' previous point by more than the gap limit: what
     it adds happened somewhere in the gap, so a timeline cannot place it in time."""
-    dt = np.diff(pts.ts, prepend=np.nan)
-    typical = float(np.median(dt[~pts.first])) if (~pts.first).any() else 0.0
-    return ~pts.first & (dt > max(max_gap_s, 2 * typical))
+    dt, limit = _gap_limit(pts, max_gap_s)
+    return ~pts.first & (dt > limit)
 
 
 def _timeline(ss: SeriesSet, start: float, end: float, cov: DataCoverage) -> pd.DataFrame:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from kvscope.diagnoser.render import fmt_where
 from kvscope.ui.charts import incident_label, render_series_chart
 from kvscope.ui.data import TriageData, axis_unit, cascade_rows, signal_frame
 
@@ -39,10 +40,9 @@ def render(data: TriageData) -> None:
     findings = [f for f in data.diagnosis.findings if f.cascade]
     for f in findings:
         assert f.cascade is not None  # kept above for having one
-        where = ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet"
         lead = "not reached" if f.cascade.lead_time_s is None else f"{f.cascade.lead_time_s:.0f} s"
         st.markdown(
-            f"**{f.title}** on `{where}`: stage {f.cascade.stage} of {f.cascade.stages_total} "
+            f"**{f.title}** on `{fmt_where(f)}`: stage {f.cascade.stage} of {f.cascade.stages_total} "
             f"({f.cascade.stage_name}), {incident_label(f.since, f.until, f.active)}; the root led the "
             f"latency symptom by {lead}"
         )
@@ -54,7 +54,7 @@ def render(data: TriageData) -> None:
     ]
     shown = [(s, df) for s, df in shown if not df.empty and df.notna().any().any()]
     if band is not None and shown:
-        st.caption(f"Shaded: the cascade finding's period on `{where_text(band.where)}`.")
+        st.caption(f"Shaded: the cascade finding's period on `{fmt_where(band)}`.")
     for i in range(0, len(shown), 2):
         cols = st.columns(2)
         for col, (signal, df) in zip(cols, shown[i : i + 2], strict=False):
@@ -65,7 +65,3 @@ def render(data: TriageData) -> None:
                 ),
                 width="stretch",
             )
-
-
-def where_text(where: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(where.items())) or "fleet"

@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from kvscope.agent.derive.rates import step_increases
 from kvscope.agent.signals import Labels, load_catalog
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding
 from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
 
 if TYPE_CHECKING:
+    from kvscope.diagnoser.sources.recording import RecordingSource
     from kvscope.report.weekly import SeriesSet
 
 KINDS = ("recording", "prometheus", "agent")
@@ -120,46 +122,36 @@ def take_preloaded(location: str) -> TriageData | None:
     return None if future is None else future.result()
 
 
-def grid_step(duration_s: float) -> float:
-    """The diagnoser's 15 s grid, finer for short recordings (at least ~60 points, at least 1 s)."""
-    return float(min(15.0, max(1.0, round(duration_s / 60.0))))
-
-
 def _from_recording(source: SourceSpec, step_s: float | None) -> TriageData:
     from kvscope.diagnoser.sources.recording import RecordingSource
 
-    path = Path(source.location)
-    if not path.is_file():
-        raise SourceError(f"recording {path} does not exist")
+    if not Path(source.location).is_file():
+        raise SourceError(f"recording {source.location} does not exist")
+    return triage_from_recording(source, RecordingSource(source.location), step_s)
+
+
+def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s: float | None = None) -> TriageData:
+    """Diagnose a recording as `kvscope diagnose --recording` does: the same frame (its scrape
+    interval as the step unless `step_s`; failed scrapes, vanished series and removed targets
+    marked) and rules. The frame keeps every recorded series, for the pages' charts and tables."""
+    from kvscope.agent.derive.cascade import evaluate_cascade
+    from kvscope.diagnoser.evaluate.evaluator import diagnose
+    from kvscope.report.weekly import series_set_from_samples
+
+    path = recording.path
     try:
-        replay = RecordingSource(str(path)).replay()  # its spans sidecar too, when there is one
-    except SourceError as exc:
+        replay = recording.replay()
+        if replay.start is None or replay.end is None or replay.end <= replay.start:
+            raise SourceError("it holds fewer than two scrapes")
+        names = {s.name for s in replay.samples}
+        frame = recording.read_frame(names, None, None, step_s or recording.natural_step())
+    except (SourceError, ValueError) as exc:  # ValueError: over the grid's bounds (diagnoser/evaluate/frame.py)
         raise SourceError(f"recording {path} could not be read: {exc}") from exc
     except (EOFError, zlib.error) as exc:  # a gzip cut short (recorder killed mid-write)
         raise SourceError(f"recording {path} is truncated or corrupt: {exc}") from exc
-    return triage_from_replay(source, replay, step_s)
-
-
-def triage_from_replay(source: SourceSpec, replay, step_s: float | None = None) -> TriageData:
-    """Diagnose an already replayed recording (agent.replay.Replay)."""
-    from kvscope.agent.derive.cascade import evaluate_cascade
-    from kvscope.diagnoser.evaluate.evaluator import diagnose
-    from kvscope.diagnoser.evaluate.frame import frame_from_samples, merge_facts
-    from kvscope.report.weekly import series_set_from_samples
-
-    path = Path(source.location)
-    if replay.start is None or replay.end is None or replay.end <= replay.start:
-        raise SourceError(f"recording {path} holds fewer than two scrapes")
-    step = step_s or grid_step(replay.end - replay.start)
-    try:
-        frame = frame_from_samples(replay.samples, replay.start, replay.end, step)
-    except ValueError as exc:  # over the grid's bounds (diagnoser/evaluate/frame.py)
-        raise SourceError(f"recording {path}: {exc}") from exc
-    frame.facts = merge_facts(replay.facts)
-    diagnosis = diagnose(frame, source=f"recording:{path.name}")
     return TriageData(
         source,
-        diagnosis,
+        diagnose(frame, source=recording.description),
         frame,
         dict(replay.engines),
         evaluate_cascade(replay.samples),
@@ -217,28 +209,15 @@ def _matches(labels: Labels, where: Mapping[str, str]) -> bool:
     return all(have.get(k, v) == v for k, v in where.items())
 
 
-def _steps(frame: Frame, range_s: float | None) -> int:
-    step = frame.step or 1.0
-    return max(1, int(round((range_s or step) / step)))
-
-
-def signal_frame(
-    frame: Frame,
-    signal: str,
-    where: Mapping[str, str] | None = None,
-    limit: int | None = MAX_CHART_SERIES,
-    range_s: float | None = None,
-) -> pd.DataFrame:
-    """One signal on the grid as a DataFrame (index: UTC time; columns: series labels).
-
-    Counters become per-second rates, histograms their mean (sum rate over count rate), gauges stay
-    as they are; rates are the evaluator's (`grid.counter_rate`: resets handled, gaps bridged) over
-    `range_s`, else step to step. Rows are filtered to `where` (labels a row lacks do not exclude
-    it); at most `limit` series are kept (None: all).
+def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """One signal on the grid as a DataFrame (index: UTC time; columns: series labels, at most
+    MAX_CHART_SERIES). Counters become per-second rates step to step (the evaluator's
+    `grid.counter_rate`: resets handled, gaps bridged), histograms their mean (sum rate over count
+    rate), gauges stay as they are. Rows are filtered to `where` (labels a row lacks do not exclude it).
     """
     from kvscope.diagnoser.evaluate.grid import counter_rate
 
-    k, step = _steps(frame, range_s), frame.step or 1.0
+    k, step = 1, frame.step or 1.0
     sig = load_catalog().signals[signal]
     where = where or {}
     if sig.kind == "histogram":
@@ -259,7 +238,7 @@ def signal_frame(
         if sig.kind == "counter":
             values = counter_rate(values, k, step)
     index = pd.to_datetime(frame.ts, unit="s", utc=True)
-    cols = {_column(lab, where): values[i] for i, lab in enumerate(labels[:limit])}
+    cols = {_column(lab, where): values[i] for i, lab in enumerate(labels[:MAX_CHART_SERIES])}
     return pd.DataFrame(cols, index=index)
 
 
@@ -330,38 +309,28 @@ def spread(df: pd.DataFrame, most: int = SPREAD_ABOVE) -> pd.DataFrame:
 
 _UNIT_WORDS = {
     "ratio": "ratio (0-1)",
-    "count": "count",
-    "seconds": "seconds",
-    "tokens": "tokens",
-    "bytes": "bytes",
     "bytes_per_second": "bytes/s",
-}
-
-
-_EVIDENCE_UNITS = {
-    "ratio": "ratio (0-1)",
     "per_second": "per second",
     "tokens_per_second": "tokens/s",
-    "bytes_per_second": "bytes/s",
     "duration": "seconds",
 }
+"""Axis words for catalog and evidence units; any other unit is its name with spaces."""
 
 
 def evidence_unit(unit: str) -> str:
     """The y-axis title for an evidence unit of a rule ('per_second' -> 'per second')."""
-    return _EVIDENCE_UNITS.get(unit, unit.replace("_", " ") or "value")
+    return _UNIT_WORDS.get(unit, unit.replace("_", " ") or "value")
 
 
-def axis_unit(signal: str, quantile: float | None = None) -> str:
-    """The y-axis title of a signal as it is plotted: 'per second' for counted events, 'tokens/s'
-    for token counters, 'seconds (mean)' for a latency histogram, 'seconds (p50)'
-    for its quantile."""
+def axis_unit(signal: str) -> str:
+    """The y-axis title of a signal as signal_frame plots it: 'per second' for counted events,
+    'tokens/s' for token counters, 'seconds (mean)' for a latency histogram."""
     sig = load_catalog().signals[signal]
-    unit = _UNIT_WORDS.get(sig.unit, sig.unit)
+    unit = _UNIT_WORDS.get(sig.unit, sig.unit.replace("_", " "))
     if sig.kind == "counter":
         return "per second" if sig.unit == "count" else f"{unit}/s"
     if sig.kind == "histogram":
-        return f"{unit} (p{quantile * 100:g})" if quantile is not None else f"{unit} (mean)"
+        return f"{unit} (mean)"
     return unit
 
 
@@ -417,21 +386,22 @@ def scale_note(diagnosis: Diagnosis) -> str:
 
 def timeline(diagnosis: Diagnosis) -> pd.DataFrame:
     """One row per finding: rule, severity, place, active period; likely cause first."""
-    rows = []
-    for rank, f in enumerate(diagnosis.findings):
-        rows.append(
-            {
-                "rank": rank + 1,
-                "rule": f.rule_id,
-                "row": f.levers_md,
-                "severity": f.severity,
-                "where": ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet",
-                "since": pd.to_datetime(f.since, unit="s", utc=True),
-                "until": pd.to_datetime(f.until, unit="s", utc=True),
-                "active": f.active,
-                "title": f.title,
-            }
-        )
+    from kvscope.diagnoser.render import fmt_where
+
+    rows = [
+        {
+            "rank": rank + 1,
+            "rule": f.rule_id,
+            "row": f.levers_md,
+            "severity": f.severity,
+            "where": fmt_where(f),
+            "since": pd.to_datetime(f.since, unit="s", utc=True),
+            "until": pd.to_datetime(f.until, unit="s", utc=True),
+            "active": f.active,
+            "title": f.title,
+        }
+        for rank, f in enumerate(diagnosis.findings)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -451,7 +421,7 @@ def render_when(ts: float) -> str:
 
 
 def _per_tenant(frame: Frame, name: str, rate: bool) -> dict[tuple[str, str], float]:
-    """(tenant, instance) -> mean rate over the window (counters, summed over the pair's series)
+    """(tenant, instance) -> mean rate over the window (counters, resets counted, summed over the pair's series)
     or latest value (ratio gauges, averaged over the pair's series: a ratio is never summed)."""
     block = frame.block(name)
     if block is None:
@@ -463,7 +433,7 @@ def _per_tenant(frame: Frame, name: str, rate: bool) -> dict[tuple[str, str], fl
         present = row[~np.isnan(row)]
         if "tenant" not in have or present.size == 0:
             continue
-        value = (max(present[-1] - present[0], 0.0) / span) if rate else float(present[-1])
+        value = float(step_increases(present).sum()) / span if rate else float(present[-1])
         found.setdefault((have["tenant"], have.get("instance", "")), []).append(value)
     return {k: (sum(v) if rate else sum(v) / len(v)) for k, v in found.items()}
 

@@ -5,29 +5,16 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from kvscope.diagnoser.render import render_summary
+from kvscope.diagnoser.render import fmt_where, render_summary
 from kvscope.ui.data import TriageData, render_when, tenant_table
 
-TENANT_SIGNALS = (
-    "tenant_requests_total",
-    "tenant_prompt_tokens_total",
-    "tenant_cached_tokens_total",
-    "tenant_prefix_hit_ratio",
-    "tenant_lost_reuse_ratio",
-)
 FLEET_GAUGES = {
-    "fleet_tenant_hit_jain_ratio": "Jain index of tenant hit ratios (1 = even)",
-    "fleet_cold_tenant_ratio": "Share of cold tenants",
-    "fleet_tenant_hit_ratio_tail_gap_ratio": "Aggregate minus worst tenant hit ratio",
+    "fleet_tenant_hit_jain_ratio": ("Jain index of tenant hit ratios (1 = even)", lambda v: f"{v:.2f}"),
+    "fleet_cold_tenant_ratio": ("Share of cold tenants", lambda v: f"{v:.0%}"),
+    "fleet_tenant_hit_ratio_tail_gap_ratio": ("Aggregate minus worst tenant hit ratio", lambda v: f"{v * 100:.0f} pp"),
 }
-
-
-FLEET_FORMAT = {
-    "fleet_tenant_hit_jain_ratio": lambda v: f"{v:.2f}",
-    "fleet_cold_tenant_ratio": lambda v: f"{v:.0%}",
-    "fleet_tenant_hit_ratio_tail_gap_ratio": lambda v: f"{v * 100:.0f} pp",
-}
-"""The Jain index is a number in (0, 1]; a share is a percent; a gap of two ratios is percentage points."""
+"""Gauge -> (label, format). The Jain index is a number in (0, 1]; a share is a percent; a gap of
+two ratios is percentage points."""
 
 
 def render(data: TriageData) -> None:
@@ -41,9 +28,9 @@ def render(data: TriageData) -> None:
         )
     else:
         cols = st.columns(len(FLEET_GAUGES))
-        for col, (name, label) in zip(cols, FLEET_GAUGES.items(), strict=True):
+        for col, (name, (label, show)) in zip(cols, FLEET_GAUGES.items(), strict=True):
             latest = _latest(data, name)
-            col.metric(label, "absent" if latest is None else FLEET_FORMAT[name](latest))
+            col.metric(label, "absent" if latest is None else show(latest))
         pct = st.column_config.NumberColumn(format="percent")
         st.dataframe(
             table,
@@ -66,8 +53,7 @@ def render(data: TriageData) -> None:
     if findings:
         st.header("Tenant findings")
         for f in findings:
-            where = ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet"
-            st.markdown(f"- **{f.title}** on `{where}` since {render_when(f.since)}: {render_summary(f)}")
+            st.markdown(f"- **{f.title}** on `{fmt_where(f)}` since {render_when(f.since)}: {render_summary(f)}")
 
 
 def _latest(data: TriageData, name: str) -> float | None:

@@ -70,26 +70,17 @@ class UiServer:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "kvscope.ui.launch",
-            "run",
-            str(APP),
-            "--server.headless",
-            "true",
-            "--server.address",
-            self.host,
-            "--server.port",
-            str(self.port),
-            "--browser.gatherUsageStats",
-            "false",
-            "--server.fileWatcherType",
-            "none",
-            "--global.developmentMode",
-            "false",
-            "--client.toolbarMode",
-            "minimal",
+        flags = {
+            "server.headless": "true",
+            "server.address": self.host,
+            "server.port": str(self.port),
+            "browser.gatherUsageStats": "false",
+            "server.fileWatcherType": "none",
+            "global.developmentMode": "false",
+            "client.toolbarMode": "minimal",
+        }
+        return [sys.executable, "-m", "kvscope.ui.launch", "run", str(APP)] + [
+            arg for k, v in flags.items() for arg in (f"--{k}", v)
         ]
 
     def environment(self) -> dict[str, str]:

@@ -11,6 +11,7 @@ from kvscope.diagnoser.render import (
     baseline_lines,
     fact_rows,
     fmt_duration,
+    fmt_where,
     missing_summary,
     render_line,
     render_summary,
@@ -67,7 +68,7 @@ def render(data: TriageData) -> None:
     if d.hypotheses:
         st.header("Competing hypotheses")
         for f in d.hypotheses:
-            with st.expander(f"{SEVERITY_ICON.get(f.severity, '')} {f.title} — {_where(f)}"):
+            with st.expander(f"{SEVERITY_ICON.get(f.severity, '')} {f.title} — {fmt_where(f)}"):
                 render_card(data, f, charts=False)
     if d.findings:
         st.header("Timeline")
@@ -77,7 +78,7 @@ def render(data: TriageData) -> None:
     if other:
         st.header("Other findings")
         for f in other:
-            with st.expander(f"{SEVERITY_ICON.get(f.severity, '')} {f.title} — {_where(f)}"):
+            with st.expander(f"{SEVERITY_ICON.get(f.severity, '')} {f.title} — {fmt_where(f)}"):
                 render_card(data, f, charts=False)
     if d.skipped:
         with st.expander(f"Rules not evaluated ({len(d.skipped)})"):
@@ -86,10 +87,6 @@ def render(data: TriageData) -> None:
                 hide_index=True,
                 width="stretch",
             )
-
-
-def _where(f: Finding) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet"
 
 
 def render_card(data: TriageData, f: Finding, charts: bool) -> None:
@@ -101,7 +98,7 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
         st.markdown(f"**What:** {render_summary(f)}")
     state = "still active at the end of the window" if f.active else "ended"
     st.markdown(
-        f"**Where:** `{_where(f)}` · **When:** {render_when(f.since)} → {render_when(f.until)[11:]} "
+        f"**Where:** `{fmt_where(f)}` · **When:** {render_when(f.since)} → {render_when(f.until)[11:]} "
         f"({fmt_duration(f.until - f.since)}, {state}) · **Rule:** `{f.rule_id}` (LEVERS.md row {f.levers_md})"
     )
     if f.cascade:

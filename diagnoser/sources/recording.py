@@ -8,6 +8,7 @@ the `tenant_*` counters of traced tenants), so request-phase rules can judge the
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from kvscope.agent.recording.replay import add_spans, replay_recording, spans_path_for
 from kvscope.diagnoser.evaluate.frame import (
@@ -26,9 +27,13 @@ from kvscope.diagnoser.sources.vanished import mark_vanished
 class RecordingSource:
     """A recording file: native engine series normalized exactly as live scrapes are."""
 
-    def __init__(self, path: str | os.PathLike[str], spans: str | os.PathLike[str] | bool | None = None) -> None:
-        """`spans`: None finds the sidecar next to the recording, a path names one, False ignores spans."""
+    def __init__(
+        self, path: str | os.PathLike[str], spans: str | os.PathLike[str] | bool | None = None, gpu_mapping: Any = None
+    ) -> None:
+        """`spans`: None finds the sidecar next to the recording, a path names one, False ignores spans.
+        `gpu_mapping`: the engine-GPU join's map (agent/recording/replay.py), as `kvscope report` takes it."""
         self.path = str(path)
+        self.gpu_mapping = gpu_mapping
         if spans is None or spans is True:
             found = spans_path_for(self.path)
             self.spans_path = str(found) if found else None
@@ -43,7 +48,7 @@ class RecordingSource:
         """The replayed recording (canonical samples, engines, facts, span statistics), read once."""
         if self._replay is None:
             try:
-                replay = replay_recording(self.path)
+                replay = replay_recording(self.path, gpu_mapping=self.gpu_mapping)
             except (OSError, ValueError, UnicodeDecodeError) as exc:
                 raise SourceError(f"cannot read recording {self.path}: {exc}") from exc
             if self.spans_path:

@@ -106,30 +106,34 @@ def _load(args: argparse.Namespace):
     from kvscope.report.weekly import WEEK_S, read_prometheus_series, read_store_series, series_set_from_samples
 
     if args.recording:
-        from kvscope.agent.recording.replay import replay_recording
-        from kvscope.ui.data import SourceError, SourceSpec, triage_from_replay
+        from kvscope.diagnoser.sources.recording import RecordingSource
+        from kvscope.ui.data import SourceError, SourceSpec, triage_from_recording
 
         samples, diagnoses, ends = [], [], []
         for path in args.recording:
-            replay = replay_recording(path, gpu_mapping=getattr(args, "gpu_mapping_value", None))  # joins GPUs
-            samples += replay.samples
-            ends.append(replay.end or 0.0)
-            for note in replay.notes:
-                print(f"kvscope report: {note}", file=sys.stderr)
+            recording = RecordingSource(path, spans=False, gpu_mapping=getattr(args, "gpu_mapping_value", None))
             try:
-                diagnoses.append(triage_from_replay(SourceSpec("recording", str(path)), replay).diagnosis)
+                replay = recording.replay()  # joins GPUs
+                samples += replay.samples
+                ends.append(replay.end or 0.0)
+                for note in replay.notes:
+                    print(f"kvscope report: {note}", file=sys.stderr)
+                diagnoses.append(triage_from_recording(SourceSpec("recording", str(path)), recording).diagnosis)
             except SourceError as exc:
                 raise ValueError(str(exc)) from exc
         names = ", ".join(p.name for p in args.recording)
         return series_set_from_samples(samples), _end(args, max(ends)), f"recordings {names}", diagnoses
     end = _end(args, time.time())
     if args.prometheus:
+        from kvscope.diagnoser.pushdown.run import diagnose_fleet
         from kvscope.diagnoser.sources.promapi import PromClient
-        from kvscope.report.weekly import prometheus_diagnoses
 
         client = PromClient(args.prometheus, timeout_s=300.0)
         ss = read_prometheus_series(args.prometheus, end - 2 * WEEK_S, end, client=client)
-        diagnoses = [] if args.no_diagnose else prometheus_diagnoses(args.prometheus, end - WEEK_S, end, client=client)
+        diagnoses = []  # the week's findings from the TSDB itself (the fleet path), on a 5-minute grid
+        if not args.no_diagnose:
+            source = f"prometheus:{args.prometheus}"
+            diagnoses = [diagnose_fleet(client, end - WEEK_S, end, 300.0, source=source, time_scale=1.0)[0]]
         for note in client.notes:
             print(f"split: {note}", file=sys.stderr)
         return ss, end, args.prometheus, diagnoses

@@ -346,9 +346,9 @@ def test_core_panels_show_the_incident(loaded):
         assert values, expr
         return max(values)
 
-    assert 0 < last(q.kv_usage_spread()[0].expr) <= 1
+    assert 0 < last(q.KV_USAGE_SPREAD[0].expr) <= 1
     assert last(q.token_rates()[1].expr) > 0
-    assert 0 < last(q.ttft()[1].expr) < 600
+    assert 0 < last(q.TTFT[1].expr) < 600
 
 
 def test_ui_diagnoses_the_same_cause_from_prometheus(loaded, recording):
@@ -393,7 +393,8 @@ def test_ui_router_decisions_from_prometheus_match_the_recording(tmp_path):
     """The triage page's router lines read from a Prometheus holding the real sglang-router recording
     (its native series, as Prometheus scraping the router stores them) say what they say from the
     recording itself on the same grid: the same keys and policies, the counts within 5 %."""
-    from kvscope.ui.data import SourceSpec, grid_step, load_triage
+    from kvscope.diagnoser.sources.recording import RecordingSource
+    from kvscope.ui.data import SourceSpec, load_triage
 
     prom, tool = _binaries()
     rec = RECORDINGS / "router-cache-aware-vs-round-robin.om.gz"
@@ -402,7 +403,7 @@ def test_ui_router_decisions_from_prometheus_match_the_recording(tmp_path):
     backfill_openmetrics(tmp_path / "native.om", tmp_path / "data", binary=tool)
     with _prometheus(prom, tmp_path) as server:
         spec = SourceSpec("prometheus", server.url, replay.end - replay.start + 60, replay.end + 30)
-        (got,) = load_triage(spec, grid_step(replay.end - replay.start)).router_rows()
+        (got,) = load_triage(spec, RecordingSource(rec).natural_step()).router_rows()
     (want,) = load_triage(SourceSpec("recording", str(rec))).router_rows()
     assert got["instance"] == want["instance"] and set(got) == set(want), (got, want)
     assert got["decisions"].keys() == want["decisions"].keys()

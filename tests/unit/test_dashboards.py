@@ -128,7 +128,7 @@ def test_board_level_lint_finds_units_variables_roles_and_descriptions(linter):
             Row(
                 "r",
                 (
-                    Panel("TTFT", "", tuple(q.ttft()), "count"),
+                    Panel("TTFT", "", q.TTFT, "count"),
                     Panel(
                         "by pod",
                         "role by name",

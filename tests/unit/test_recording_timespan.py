@@ -70,9 +70,11 @@ def test_replay_carries_the_note_and_spans_only_the_bulk(tmp_path):
     bad, line = _copy(tmp_path / "bad", 28 * YEAR_S)
     replay = replay_recording(bad)
     assert replay.end - replay.start < 3600 and len(replay.notes) == 1 and f":{line}:" in replay.notes[0]
-    from kvscope.ui.data import SourceSpec, triage_from_replay
+    from kvscope.diagnoser.sources.recording import RecordingSource
+    from kvscope.ui.data import SourceSpec, triage_from_recording
 
-    assert triage_from_replay(SourceSpec("recording", str(bad)), replay).notes == replay.notes  # the UI warns
+    ui = triage_from_recording(SourceSpec("recording", str(bad)), RecordingSource(bad))
+    assert ui.notes == replay.notes  # the UI warns
 
 
 def test_a_window_past_the_grid_bound_is_refused_before_allocation_with_what_to_pass(tmp_path):

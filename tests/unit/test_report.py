@@ -210,13 +210,12 @@ LIBRARY_CASCADE = Path(__file__).resolve().parents[1] / "recordings" / "kv-press
 def test_a_real_incident_is_one_top_finding_with_its_supporting_findings(tmp_path):
     """On the library's KV-pressure recording the diagnoser's likely cause has supporting
     findings; the report lists them under it, not as top findings of their own."""
-    from kvscope.agent.recording.replay import replay_recording
     from kvscope.cli import main
-    from kvscope.ui.data import SourceSpec, triage_from_replay
+    from kvscope.diagnoser.sources.recording import RecordingSource
+    from kvscope.ui.data import SourceSpec, triage_from_recording
 
-    diagnosis = triage_from_replay(
-        SourceSpec("recording", str(LIBRARY_CASCADE)), replay_recording(LIBRARY_CASCADE)
-    ).diagnosis
+    source = RecordingSource(LIBRARY_CASCADE, spans=False)  # as the report reads it
+    diagnosis = triage_from_recording(SourceSpec("recording", str(LIBRARY_CASCADE)), source).diagnosis
     assert diagnosis.likely_cause is not None and diagnosis.supporting
     assert (
         main(

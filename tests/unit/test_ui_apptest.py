@@ -178,6 +178,18 @@ def test_tenant_table_from_kvscope_tenant_series():
     assert ui_data.tenant_table(frame_from_samples(samples[:0], T0, T0 + 600, 10)).empty
 
 
+def test_tenant_rate_counts_a_counter_reset():
+    """A tap restart halfway resets tenant_requests_total (600 -> 20) at 2 requests/s throughout:
+    the mean rate is 2.0 (last minus first, 600 - 0 over 600 s, said 1.0)."""
+    from kvscope.agent.signals import Sample, make_labels
+    from kvscope.diagnoser.evaluate.frame import frame_from_samples
+
+    lab = make_labels({"tenant": "acme"})
+    samples = [Sample("tenant_requests_total", lab, 20.0 * (i if i <= 30 else i - 30), T0 + 10 * i) for i in range(61)]
+    table = ui_data.tenant_table(frame_from_samples(samples, T0, T0 + 600, 10))
+    assert table.set_index("tenant").loc["acme", "requests/s"] == pytest.approx(2.0, rel=0.05)
+
+
 def test_tenant_ratios_of_two_instances_are_not_added_up():
     """Real recording: two taps (round robin and sticky) each report tenant-0's hit ratio
     (0.69 and 0.76 at the end); the table has a row per instance and no ratio above 1."""

@@ -229,3 +229,17 @@ def test_the_evidence_numbers_can_be_read_off_the_charts(recording):
             assert read == pytest.approx(ev.value, rel=1e-5, abs=1e-6), (f.rule_id, ev.name, ev.stat)
             checked += 1
     assert checked >= 3
+
+
+def test_the_ui_diagnoses_a_recording_exactly_as_kvscope_diagnose_does(capsys):
+    """Same step, same failed-scrape / vanished / removed-target marking, same findings: the UI
+    reads a recording through RecordingSource as the CLI does (a router drain removes a replica)."""
+    import json
+
+    from kvscope.cli import main
+
+    rec = RECORDINGS / "router-drain-restart-rejoin.om.gz"
+    main(["diagnose", "--recording", str(rec), "--json"])
+    cli = json.loads(capsys.readouterr().out)
+    assert cli["likely_cause"] or cli["other"]  # it finds something to agree on
+    assert json.loads(load_triage(SourceSpec("recording", str(rec))).diagnosis.to_json()) == cli

@@ -1,6 +1,6 @@
 """Record the bundled demo incident: real vLLM on CPU, a small KV pool, 16 concurrent clients.
 
-.venv/bin/python ui/recordings/record_kv_pressure.py OUT.om    (from the repository root)
+.venv/bin/python testbed/record_kv_pressure.py OUT.om    (from the repository root)
 """
 
 import asyncio
