@@ -117,9 +117,9 @@ class MappingMemo:
     def mapper(self, catalog: Catalog, engine: str, target_labels: dict[str, str]) -> _Mapper:
         key = (id(catalog), engine, tuple(sorted(target_labels.items())))
         if self._mapper is None or key != self._key or self._mapper.catalog is not catalog:
-            self._mapper = _Mapper(catalog, engine, target_labels, plans={})
+            self._mapper = _Mapper(catalog, engine, target_labels)
             self._key = key
-        elif self._mapper.plans is not None and len(self._mapper.plans) > self.max_series:
+        elif len(self._mapper.plans) > self.max_series:
             self._mapper.plans.clear()
         return self._mapper
 
@@ -127,15 +127,10 @@ class MappingMemo:
 class _Mapper:
     """Applies one dialect to raw samples; caches name resolution across samples."""
 
-    def __init__(
-        self,
-        catalog: Catalog,
-        engine: str,
-        target_labels: dict[str, str],
-        plans: dict[tuple[str, Labels], list[tuple]] | None = None,
-    ) -> None:
+    def __init__(self, catalog: Catalog, engine: str, target_labels: dict[str, str]) -> None:
         self.catalog = catalog
-        self.plans = plans  # (raw name, raw labels) -> per alias: (name, labels, kind, mode, factor, rank)
+        # (raw name, raw labels) -> per alias: (name, labels, kind, mode, factor, rank)
+        self.plans: dict[tuple[str, Labels], list[tuple]] = {}
         self.dialect = catalog.dialects[engine]
         self.sentinels = self.dialect.sentinels
         self.index = catalog.aliases_for(engine)
@@ -185,10 +180,6 @@ class _Mapper:
             out.dropped["sentinel"] += 1  # the engine's "no value" code, not a measurement
             return
         ts = raw.timestamp if raw.timestamp is not None else timestamp
-        if self.plans is None:
-            for alias in aliases:
-                self._apply(alias, suffix, raw, ts, out.pending if alias.fallback else acc, out)
-            return
         plan = self.plans.get((raw.name, raw.labels))
         if plan is None:
             plan = self.plans[(raw.name, raw.labels)] = [self._plan(a, suffix, raw) for a in aliases]
@@ -209,8 +200,6 @@ class _Mapper:
         its value being `samples[index].value * factor`. None when that is not the whole story:
         a fact source, an info gauge (value from a label), a bad `le`, two outputs collapsing
         into one series, a sample carrying its own timestamp, or no memoized plan to read."""
-        if self.plans is None:
-            return None
         out: list[tuple[int, float, str, Labels]] = []
         for k, raw in enumerate(samples):
             if raw.timestamp is not None:
@@ -236,8 +225,8 @@ class _Mapper:
         return out
 
     def _plan(self, alias: Alias, suffix: str, raw: RawSample) -> tuple:
-        """What `_apply` does with this series, minus the value: (name, labels, kind, mode,
-        factor, rank); name None when the alias does not match or the `le` is bad."""
+        """How `map_sample` maps this series with this alias, minus the value: (name, labels, kind,
+        mode, factor, rank); name None when the alias does not match or the `le` is bad."""
         signal = self.catalog.signals[alias.signal]
         upstream = dict(raw.labels)
         if not _matches(alias, suffix, upstream):
@@ -269,7 +258,7 @@ class _Mapper:
     ) -> None:
         """Check the value, its finiteness, then the `le` label (`name` None), counting a drop by
         reason; else accumulate into `acc` (max for gauges, the series with the largest `order`
-        (raw value) for `latest`, sum otherwise). Both paths use it."""
+        (raw value) for `latest`, sum otherwise)."""
         if value is None:
             out.dropped["bad_value"] += 1
             return
@@ -292,28 +281,6 @@ class _Mapper:
             acc[key] = max(prev, value)
         else:
             acc[key] = prev + value
-
-    def _apply(
-        self,
-        alias: Alias,
-        suffix: str,
-        raw: RawSample,
-        ts: float | None,
-        acc: dict[tuple[str, Labels, float | None], float],
-        out: Normalized,
-    ) -> None:
-        signal = self.catalog.signals[alias.signal]
-        upstream = dict(raw.labels)
-        if not _matches(alias, suffix, upstream):
-            return
-        value = self._value(alias, signal.kind, suffix, raw, upstream)
-        if value is _UNKNOWN:
-            return
-        labels = self._labels(alias, signal.labels, signal.kind, suffix, upstream)
-        name = None if labels is None else signal.name + (suffix if signal.kind == "histogram" else "")
-        self._add(
-            name, "" if labels is None else labels, _combine_kind(alias, signal.kind), ts, value, acc, out, raw.value
-        )  # checks value, then le
 
     @staticmethod
     def _value(alias: Alias, kind: str, suffix: str, raw: RawSample, upstream: dict[str, str]) -> float | None:
