@@ -58,18 +58,6 @@ class TargetScrape:
         return self._expo
 
 
-async def scrape_target(
-    session: aiohttp.ClientSession, target: Target, timeout_s: float, max_bytes: int
-) -> TargetScrape:
-    """Scrape one target. Never raises for a target problem."""
-    ts, t0 = time.time(), time.monotonic()
-    try:
-        payload = await read_exposition(session, target.url, timeout_s, max_bytes)
-    except ScrapeError as e:
-        return TargetScrape(target, ts, time.monotonic() - t0, reason=e.reason)
-    return TargetScrape(target, ts, time.monotonic() - t0, text=payload.text, openmetrics=payload.openmetrics)
-
-
 @register_collector(NAME, default_enabled=True)
 class EngineCollector:
     """Canonical samples from engine and dcgm-exporter /metrics endpoints."""
@@ -91,9 +79,17 @@ class EngineCollector:
         return list(await asyncio.gather(*(self._scrape_one(t) for t in self.config.targets)))
 
     async def _scrape_one(self, target: Target) -> TargetScrape:
+        """Scrape one target. Never raises for a target problem."""
         async with self._limit:
             assert self._session is not None
-            return await scrape_target(self._session, target, self.config.timeout_s, self.config.max_body_bytes)
+            ts, t0 = time.time(), time.monotonic()
+            try:
+                payload = await read_exposition(
+                    self._session, target.url, self.config.timeout_s, self.config.max_body_bytes
+                )
+            except ScrapeError as e:
+                return TargetScrape(target, ts, time.monotonic() - t0, reason=e.reason)
+        return TargetScrape(target, ts, time.monotonic() - t0, text=payload.text, openmetrics=payload.openmetrics)
 
     async def collect(self) -> Collection:
         """`samples` is a `Parts` (agent/scrape/stamped.py): one part per target, a `Stamped` when the
@@ -115,8 +111,7 @@ class EngineCollector:
         health = next((h for h in reversed(out.health) if h.target == instance), None)
         if health is None:
             out.health.append(health := Health(collector=NAME, target=instance))
-        health.up, health.reason = False, reason
-        health.errors[reason] += 1
+        _down(health, reason)
         warn_every(log, f"engine:{reason}", "reading the payload of %s failed: %r; target reported down", instance, e)
 
     def _normalize_into(self, scrape: TargetScrape, out: Collection) -> None:
@@ -130,21 +125,18 @@ class EngineCollector:
                 scrape.exposition(deadline)  # stops at the first sample past the limit
             engine = self._engine_of(target, scrape, deadline) if not self._failed(scrape) else None
         if reason := scrape.reason or self._failed(scrape):
-            health.up, health.reason = False, reason
-            health.errors[reason] += 1
+            _down(health, reason)
             return
         out.engines[target.instance] = engine
         if engine is None:
-            health.up, health.reason = False, "unknown_engine"
-            health.errors["unknown_engine"] += 1
+            _down(health, "unknown_engine")
             expo = scrape.exposition(deadline)
             assert expo is not None  # the scrape has text (checked above)
             health.dropped.update(i.reason for i in expo.issues)
             return
         norm, issues = self._normalize(scrape, engine, deadline)
         if reason := _failed(issues):
-            health.up, health.reason = False, reason
-            health.errors[reason] += 1
+            _down(health, reason)
             return
         if issues:
             health.dropped.update(i.reason for i in issues)
@@ -152,8 +144,7 @@ class EngineCollector:
             health.dropped.update(norm.dropped)
         health.series = len(norm.samples)
         if not norm.samples:
-            health.up, health.reason = False, "no_canonical_series"
-            health.errors["no_canonical_series"] += 1
+            _down(health, "no_canonical_series")
         elif _aggregated(scrape.text, self.catalog.dialects[engine].worker_labels):
             health.reason = "aggregated_workers"
         if isinstance(out.samples, Parts):
@@ -213,6 +204,11 @@ def _over_sample_limit(scrape: TargetScrape) -> bool:
     are not comments bound its samples from above (one C-level count; a parse only past it)."""
     text, limit = scrape.text or "", dict(scrape.target.limits).get("sample_limit", 0)
     return 0 < limit < text.count("\n") + 1 - text.count("\n#") - text.startswith("#")
+
+
+def _down(health: Health, reason: str) -> None:
+    health.up, health.reason = False, reason
+    health.errors[reason] += 1
 
 
 def _failed(issues: list[ParseIssue] | None) -> str:

@@ -42,7 +42,6 @@ class KvEvent(NamedTuple):
     block_hashes: tuple[Any, ...]
     medium: str | None = None
     session_id: str | None = None
-    parent_block_hash: Any = None
 
 
 def parse_seq(frame: bytes) -> int:
@@ -110,7 +109,6 @@ def _event(raw: Any, ts: float, dp: int | None) -> KvEvent | None:
         tuple(hashes),
         medium if isinstance(medium, str) else None,
         str(session) if isinstance(session, (str, int)) else None,
-        parent,
     )
 
 

@@ -46,10 +46,6 @@ class _Block:
     fallback: frozenset[str] = frozenset()  # signals this block has only under a fallback (old) name
     signals: frozenset[str] = frozenset()  # signals of its outputs
 
-    def with_values(self, heads: list[tuple[str, Labels, float]]) -> _Block:
-        """The same block with new values (what `template.apply` gave for its next text)."""
-        return replace(self, samples=heads)
-
     def without(self, signals: frozenset[str], catalog: Catalog) -> _Block:
         """The block minus the outputs of `signals` (another block has them under a preferred name)."""
         heads = [h for h in self.samples if signal_of(h[0], catalog) not in signals]
@@ -160,7 +156,7 @@ class BlockCache:
             if tpl is not None:
                 heads = tpl.apply(block_text(keys[i]))
                 if heads is not None:
-                    ordered[i] = prev[i].with_values(heads)
+                    ordered[i] = replace(prev[i], samples=heads)
                     filled += 1
         self.values += filled
         return filled
