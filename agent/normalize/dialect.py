@@ -186,13 +186,23 @@ class _Mapper:
         for name, labels, kind, mode, factor, rank in plan:
             if labels is _NO_MATCH:
                 continue
-            if mode == "info":
-                value = factor
-            elif mode == "raw":
-                value = raw.value
+            value = factor if mode == "info" else raw.value if mode == "raw" else raw.value * factor
+            reason = "bad_value" if value is None else "non_finite" if not math.isfinite(value) else ""
+            if reason or name is None:  # a bad `le` leaves no name
+                out.dropped[reason or "bad_le"] += 1
+                continue
+            # series that collapse into one: max for gauges, the largest raw value's for `latest`, else summed
+            into, key = out.pending if rank else acc, (name, labels, ts)
+            prev = into.get(key)
+            if kind == "latest":
+                if prev is None or raw.value >= out.newest[key]:
+                    into[key], out.newest[key] = value, raw.value
+            elif prev is None:
+                into[key] = value
+            elif kind == "gauge":
+                into[key] = max(prev, value)
             else:
-                value = raw.value * factor
-            self._add(name, labels, kind, ts, value, out.pending if rank else acc, out, raw.value)
+                into[key] = prev + value
 
     def linear_plan(self, samples: list[RawSample]) -> list[tuple[int, float, str, Labels]] | None:
         """How `map_sample` turns these raw samples into canonical ones when only their values
@@ -232,7 +242,7 @@ class _Mapper:
         if not _matches(alias, suffix, upstream):
             return None, _NO_MATCH, signal.kind, "", 0.0, alias.rank
         if alias.info_label or alias.info_count:
-            mode, factor = "info", self._value(alias, signal.kind, suffix, raw, upstream)
+            mode, factor = "info", self._info_value(alias, upstream)
             if factor is _UNKNOWN:
                 return None, _NO_MATCH, signal.kind, "", 0.0, alias.rank
         elif signal.kind == "histogram" and suffix in ("_bucket", "_count"):
@@ -246,57 +256,17 @@ class _Mapper:
         return name, labels, _combine_kind(alias, signal.kind), mode, factor, alias.rank
 
     @staticmethod
-    def _add(
-        name: str | None,
-        labels: Labels | str,
-        kind: str,
-        ts: float | None,
-        value: float | None,
-        acc: dict[tuple[str, Labels, float | None], float],
-        out: Normalized,
-        order: float = 0.0,
-    ) -> None:
-        """Check the value, its finiteness, then the `le` label (`name` None), counting a drop by
-        reason; else accumulate into `acc` (max for gauges, the series with the largest `order`
-        (raw value) for `latest`, sum otherwise)."""
-        if value is None:
-            out.dropped["bad_value"] += 1
-            return
-        if not math.isfinite(value):
-            out.dropped["non_finite"] += 1
-            return
-        if name is None:
-            out.dropped["bad_le"] += 1
-            return
-        # labels is a str (a drop reason) only together with name None, handled above; no
-        # runtime check on this per-sample path
-        key: tuple[str, Labels, float | None] = (name, labels, ts)  # type: ignore[assignment]
-        prev = acc.get(key)
-        if kind == "latest":
-            if prev is None or order >= out.newest[key]:
-                acc[key], out.newest[key] = value, order
-        elif prev is None:
-            acc[key] = value
-        elif kind == "gauge":
-            acc[key] = max(prev, value)
-        else:
-            acc[key] = prev + value
-
-    @staticmethod
-    def _value(alias: Alias, kind: str, suffix: str, raw: RawSample, upstream: dict[str, str]) -> float | None:
+    def _info_value(alias: Alias, upstream: dict[str, str]) -> float | None:
+        """An info gauge's value, from its labels (None: not a number, _UNKNOWN: not known)."""
         if alias.info_count:  # distinct names in comma-joined labels (vLLM lora_requests_info)
             return float(len({n for label in alias.info_count for n in upstream.get(label, "").split(",") if n}))
-        if alias.info_label:  # the product of the labels' values; unknown when one is absent
-            texts = [upstream.get(label, "") for label in alias.info_label]
-            if any(t in _UNKNOWN_INFO for t in texts):
-                return _UNKNOWN
-            try:
-                return math.prod(float(t) for t in texts) * alias.scale
-            except ValueError:
-                return None
-        if kind == "histogram" and suffix in ("_bucket", "_count"):
-            return raw.value
-        return raw.value * alias.scale
+        texts = [upstream.get(label, "") for label in alias.info_label]  # their product; unknown when one is absent
+        if any(t in _UNKNOWN_INFO for t in texts):
+            return _UNKNOWN
+        try:
+            return math.prod(float(t) for t in texts) * alias.scale
+        except ValueError:
+            return None
 
     def _labels(
         self, alias: Alias, keep: tuple[str, ...], kind: str, suffix: str, upstream: dict[str, str]
