@@ -138,10 +138,8 @@ class EngineCollector:
         if reason := _failed(issues):
             _down(health, reason)
             return
-        if issues:
-            health.dropped.update(i.reason for i in issues)
-        if norm.dropped:
-            health.dropped.update(norm.dropped)
+        health.dropped.update(i.reason for i in issues)
+        health.dropped.update(norm.dropped)
         health.series = len(norm.samples)
         if not norm.samples:
             _down(health, "no_canonical_series")

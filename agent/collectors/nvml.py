@@ -227,11 +227,9 @@ class NvmlCollector:
 
     def _device_labels(self, r: _Reader, handle: Any, index: int) -> dict[str, str]:
         labels = {"gpu": str(index), "node": self.node}
-        uuid, name = r.get("nvmlDeviceGetUUID", handle), r.get("nvmlDeviceGetName", handle)
-        if uuid is not None:
-            labels["gpu_uuid"] = _text(uuid)
-        if name is not None:
-            labels["gpu_model"] = _text(name)
+        for label, getter in (("gpu_uuid", "nvmlDeviceGetUUID"), ("gpu_model", "nvmlDeviceGetName")):
+            if (value := r.get(getter, handle)) is not None:
+                labels[label] = _text(value)
         return labels
 
     def _read_device(self, r: _Reader, handle: Any, index: int, now: float) -> Iterator[Sample]:

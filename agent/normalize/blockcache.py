@@ -239,12 +239,12 @@ class BlockCache:
             for name, labels, value in b.samples:
                 key = (name, labels)
                 prev = acc.get(key)
-                acc[key] = value if prev is None else self._collapse(name, prev, value)
+                if prev is None:
+                    acc[key] = value
+                else:
+                    sig = self.catalog.signals.get(signal_of(name, self.catalog))
+                    acc[key] = max(prev, value) if sig is not None and sig.kind == "gauge" else prev + value
         return [Sample(n, lab, v, timestamp) for (n, lab), v in acc.items()]
-
-    def _collapse(self, name: str, prev: float, value: float) -> float:
-        sig = self.catalog.signals.get(signal_of(name, self.catalog))
-        return max(prev, value) if sig is not None and sig.kind == "gauge" else prev + value
 
 
 BlockKey = str | tuple[str, str]

@@ -239,8 +239,8 @@ def _map_target(
     engine = detect_engine(votes, catalog)
     if engine is None or engine not in catalog.dialects:
         return
-    plans: dict[tuple[str, Labels], list[tuple]] = {}
-    mapper = _Mapper(catalog, engine, {"job": job, "instance": instance}, plans=plans)
+    mapper = _Mapper(catalog, engine, {"job": job, "instance": instance})
+    plans = mapper.plans
     out = Normalized(engine=engine)
     sentinels = np.array(sorted(mapper.sentinels or ()), dtype=float)
     fallback: dict[tuple[str, Labels], list] = {}
