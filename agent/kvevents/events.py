@@ -41,7 +41,6 @@ class KvEvent(NamedTuple):
     dp_rank: int | None
     block_hashes: tuple[Any, ...]
     medium: str | None = None
-    session_id: str | None = None
 
 
 def parse_seq(frame: bytes) -> int:
@@ -100,16 +99,8 @@ def _event(raw: Any, ts: float, dp: int | None) -> KvEvent | None:
     parent = f.get("parent_block_hash")
     if not all(type(h) in _HASH_TYPES for h in hashes) or parent is not None and type(parent) not in _HASH_TYPES:
         raise KvEventError(f"{tag}: block hashes must be ints, bytes or strings")
-    session = f.get("session_id")
     medium = f.get("medium")
-    return KvEvent(
-        kind,
-        ts,
-        dp,
-        tuple(hashes),
-        medium if isinstance(medium, str) else None,
-        str(session) if isinstance(session, (str, int)) else None,
-    )
+    return KvEvent(kind, ts, dp, tuple(hashes), medium if isinstance(medium, str) else None)
 
 
 _HASH_TYPES = (int, bytes, str)

@@ -9,7 +9,7 @@ hash: vLLM emits those with `kv_cache_report_mode=full`) or recomputed at least
 prompt slid to the bottom of the recency queue).
 
 Memory: at most `max_blocks` resident and `max_blocks` recently evicted hashes (oldest dropped,
-counted), and at most `max_sessions` session ids for attribution.
+counted).
 """
 
 from __future__ import annotations
@@ -39,11 +39,10 @@ class ResidencyTracker:
         churn_window_s: float = 300.0,
         hot_min_uses: int = 2,
         max_blocks: int = 200_000,
-        max_sessions: int = 1000,
     ) -> None:
         self.instance = instance
         self.churn_window_s, self.hot_min_uses = churn_window_s, hot_min_uses
-        self.max_blocks, self.max_sessions = max_blocks, max_sessions
+        self.max_blocks = max_blocks
         self._resident: OrderedDict[tuple[int | None, object], _Resident] = OrderedDict()
         self._evicted: OrderedDict[tuple[int | None, object], tuple[float, int]] = OrderedDict()
         self.stored = CounterSet("kv_blocks_stored_total")
@@ -51,7 +50,6 @@ class ResidencyTracker:
         self.recomputed = CounterSet("kv_blocks_evicted_recomputed_total")
         self.hot_evicted = CounterSet("kv_hot_blocks_evicted_total")
         self.residency = HistogramSet("kv_block_residency_seconds", RESIDENCY_BUCKETS)
-        self.session_recomputed: Counter[str] = Counter()
         self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -90,10 +88,6 @@ class ResidencyTracker:
             if (gone := self._evicted.pop(key, None)) is not None and ev.ts - gone[0] <= self.churn_window_s:
                 uses = gone[1] + 1
                 self.recomputed.inc(base)
-                if ev.session_id and (
-                    ev.session_id in self.session_recomputed or len(self.session_recomputed) < self.max_sessions
-                ):
-                    self.session_recomputed[ev.session_id] += 1
             self._resident[key] = _Resident(ev.ts, uses)
             self._bound(self._resident, "resident_overflow")
 
