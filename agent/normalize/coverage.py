@@ -64,29 +64,17 @@ class Cell:
     detail: str = ""
 
 
-def declared(name: str, kind: str) -> str:
-    """The catalog's spelling of an upstream name: counters without `_total`."""
-    return name[: -len("_total")] if kind == "counter" and name.endswith("_total") else name
-
-
 def load_name_list(path: Path) -> NameList:
     """Read one name-list file; raises ValueError naming the file when it is malformed."""
     doc = yaml.safe_load(path.read_text()) or {}
     try:
         dialect = doc.get("dialect")
-        role = str(doc.get("role") or ("gpu" if dialect in GPU_DIALECTS else "engine"))
-        out = NameList(
-            engine=str(doc["engine"]),
-            dialect=dialect,
-            version=str(doc["version"]),
-            source=dict(doc.get("source") or {}),
-            path=str(path),
-            role=role,
-        )
+        out = NameList(str(doc["engine"]), dialect, str(doc["version"]), dict(doc.get("source") or {}), path=str(path))
+        out.role = str(doc.get("role") or ("gpu" if dialect in GPU_DIALECTS else "engine"))
         for entry in doc.get("names") or []:
-            kind = str(entry["type"])
-            labels = entry.get("labels")
-            name = declared(str(entry["name"]), kind)
+            kind, labels = str(entry["type"]), entry.get("labels")
+            name = str(entry["name"])
+            name = name.removesuffix("_total") if kind == "counter" else name  # the catalog's spelling
             out.names[name] = UpstreamName(
                 name, kind, None if labels is None else tuple(labels), bool(entry.get("enabled", True))
             )
