@@ -221,7 +221,4 @@ def _aggregated(text: str | None, worker_labels: tuple[str, ...]) -> bool:
 
 def _merge_ranks(by_rank: dict[str, dict[str, str]]) -> dict[str, str]:
     """One fact set per engine: rank 0 wins where DP ranks disagree."""
-    merged: dict[str, str] = {}
-    for rank in sorted(by_rank, reverse=True):
-        merged.update(by_rank[rank])
-    return merged
+    return {k: v for rank in sorted(by_rank, reverse=True) for k, v in by_rank[rank].items()}

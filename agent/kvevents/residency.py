@@ -112,7 +112,5 @@ class ResidencyTracker:
 
     def render_samples(self, timestamp: float | None = None) -> list[Sample]:
         with self._lock:
-            out: list[Sample] = []
-            for fam in (self.stored, self.removed, self.recomputed, self.hot_evicted, self.residency):
-                out.extend(fam.render(timestamp))
-            return out
+            families = (self.stored, self.removed, self.recomputed, self.hot_evicted, self.residency)
+            return [s for fam in families for s in fam.render(timestamp)]
