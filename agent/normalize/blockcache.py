@@ -86,9 +86,7 @@ class BlockCache:
         self._layout: list[_Block] = []
         self._layout_whole = False
         self._layout_disjoint = True
-        self.hits = 0
-        self.misses = 0
-        self.whole = 0
+        self.hits = self.misses = self.whole = 0  # blocks reused, blocks parsed, whole-payload parses
         self.values = 0  # changed blocks re-read by their value template
 
     def normalize(
