@@ -84,7 +84,9 @@ class GpmSampler:
             return
         if dev.status in (None, MIG_ENABLED):
             dev.status = self._support(r, handle)
-        if dev.status != ON or not self._ensure_buffers(r, dev):
+        while dev.status == ON and len(dev.buffers) < 2 and (buffer := r.get("nvmlGpmSampleAlloc")) is not None:
+            dev.buffers.append(buffer)  # a failed allocation is counted; what was allocated is kept
+        if dev.status != ON or len(dev.buffers) < 2:
             return
         previous, current = dev.buffers
         if r.get("nvmlGpmSampleGet", handle, current) is None:
@@ -102,14 +104,6 @@ class GpmSampler:
         if support is None:  # an error: ask again next collection; unsupported: remember
             return None if sum(r.errors.values()) > seen else DRIVER_WITHOUT_GPM
         return ON if getattr(support, "isSupportedDevice", 0) else DEVICE_WITHOUT_GPM
-
-    def _ensure_buffers(self, r: Any, dev: _Device) -> bool:
-        while len(dev.buffers) < 2:
-            buffer = r.get("nvmlGpmSampleAlloc")
-            if buffer is None:
-                return False  # counted by the reader; what was allocated is kept for next time
-            dev.buffers.append(buffer)
-        return True
 
     def _metrics_between(self, r: Any, first: Any, second: Any, labels: dict[str, str], now: float) -> Iterator[Sample]:
         nv = self._nvml

@@ -330,18 +330,13 @@ class NvmlCollector:
             (FI_NVLINK_DATA_TX, "gpu_nvlink_transmit_bytes_per_second"),
             (FI_NVLINK_DATA_RX, "gpu_nvlink_receive_bytes_per_second"),
         ):
-            if fid in totals:
-                rate = self._rate((labels["gpu"], sig), totals[fid], now)
-                if rate is not None:
-                    yield Sample(sig, make_labels(labels), rate, now)
-
-    def _rate(self, key: tuple[str, str], total: float, now: float) -> float | None:
-        prev = self._nvlink_prev.get(key)
-        self._nvlink_prev[key] = (now, total)
-        if prev is None or now <= prev[0]:
-            return None
-        delta = total - prev[1] if total >= prev[1] else total  # a reset counts from zero
-        return delta / (now - prev[0])
+            if fid not in totals:
+                continue
+            total, prev = totals[fid], self._nvlink_prev.get((labels["gpu"], sig))
+            self._nvlink_prev[(labels["gpu"], sig)] = (now, total)
+            if prev is not None and now > prev[0]:
+                delta = total - prev[1] if total >= prev[1] else total  # a reset counts from zero
+                yield Sample(sig, make_labels(labels), delta / (now - prev[0]), now)
 
     def _mig_enabled(self, r: _Reader, h: Any) -> bool | None:
         mode = r.get("nvmlDeviceGetMigMode", h)
