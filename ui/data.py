@@ -25,6 +25,7 @@ from kvscope.agent.derive.rates import step_increases
 from kvscope.agent.signals import Labels, load_catalog
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding
+from kvscope.diagnoser.render import fmt_time
 from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
 
 if TYPE_CHECKING:
@@ -409,15 +410,10 @@ def window_text(start: float, end: float) -> str:
     """'2026-11-22 07:25:13 → 07:27:25 UTC (2m12s)': the span numbers on a page are totals over."""
     from kvscope.diagnoser.render import fmt_duration
 
-    first, last = render_when(start), render_when(end)
+    first, last = fmt_time(start), fmt_time(end)
     if first[:10] == last[:10]:
         last = last[11:]
     return f"{first.removesuffix(' UTC')} → {last} ({fmt_duration(end - start)})"
-
-
-def render_when(ts: float) -> str:
-    """A UTC timestamp as text."""
-    return pd.to_datetime(ts, unit="s", utc=True).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _per_tenant(frame: Frame, name: str, rate: bool) -> dict[tuple[str, str], float]:
@@ -490,7 +486,7 @@ def cascade_rows(cascades: Mapping) -> pd.DataFrame:
                 "stage at end of window": stage(r.stage),
                 "root led latency by": "not reached" if r.lead_time_s is None else f"{r.lead_time_s:.0f} s",
                 "onsets (UTC)": " · ".join(
-                    f"{STAGES[n]}{f' (from {r.evicting_from})' if n == 2 else ''} {render_when(t)[11:19]}"
+                    f"{STAGES[n]}{f' (from {r.evicting_from})' if n == 2 else ''} {fmt_time(t)[11:19]}"
                     for n, t in sorted(r.onsets.items())
                 ),
                 "stages not evaluable": ", ".join(r.not_evaluable) or "none",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from kvscope.diagnoser.render import fmt_where, render_summary
-from kvscope.ui.data import TriageData, render_when, tenant_table
+from kvscope.diagnoser.render import fmt_time, fmt_where, render_summary
+from kvscope.ui.data import TriageData, tenant_table
 
 FLEET_GAUGES = {
     "fleet_tenant_hit_jain_ratio": ("Jain index of tenant hit ratios (1 = even)", lambda v: f"{v:.2f}"),
@@ -53,7 +53,7 @@ def render(data: TriageData) -> None:
     if findings:
         st.header("Tenant findings")
         for f in findings:
-            st.markdown(f"- **{f.title}** on `{fmt_where(f)}` since {render_when(f.since)}: {render_summary(f)}")
+            st.markdown(f"- **{f.title}** on `{fmt_where(f)}` since {fmt_time(f.since)}: {render_summary(f)}")
 
 
 def _latest(data: TriageData, name: str) -> float | None:

@@ -11,6 +11,7 @@ from kvscope.diagnoser.render import (
     baseline_lines,
     fact_rows,
     fmt_duration,
+    fmt_time,
     fmt_where,
     missing_summary,
     render_line,
@@ -23,7 +24,6 @@ from kvscope.ui.data import (
     counts_caption,
     evidence_charts,
     evidence_table,
-    render_when,
     scale_note,
     timeline,
 )
@@ -35,7 +35,7 @@ SEVERITY_ICON = {"critical": ":red[CRITICAL]", "warning": ":orange[WARNING]", "i
 def render(data: TriageData) -> None:
     d = data.diagnosis
     st.title("kvscope triage")
-    st.caption(f"{d.source} · window {render_when(d.window[0])} → {render_when(d.window[1])} · {counts_caption(d)}")
+    st.caption(f"{d.source} · window {fmt_time(d.window[0])} → {fmt_time(d.window[1])} · {counts_caption(d)}")
     if scale_note(d):
         st.caption(scale_note(d))
     for note in data.notes:
@@ -98,7 +98,7 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
         st.markdown(f"**What:** {render_summary(f)}")
     state = "still active at the end of the window" if f.active else "ended"
     st.markdown(
-        f"**Where:** `{fmt_where(f)}` · **When:** {render_when(f.since)} → {render_when(f.until)[11:]} "
+        f"**Where:** `{fmt_where(f)}` · **When:** {fmt_time(f.since)} → {fmt_time(f.until)[11:]} "
         f"({fmt_duration(f.until - f.since)}, {state}) · **Rule:** `{f.rule_id}` (LEVERS.md row {f.levers_md})"
     )
     if f.cascade:
