@@ -72,6 +72,15 @@ class Count(Signal):
     distinct: tuple[str, ...] = ("instance",)
 
 
+def leaf_names(node: Signal) -> set[str]:
+    """Sample names one leaf series reads (a histogram's buckets, a mean's sum and count)."""
+    if isinstance(node, Quantile):
+        return {f"{node.signal}_bucket"}
+    if isinstance(node, Mean):
+        return {f"{node.signal}_sum", f"{node.signal}_count"}
+    return {node.signal}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Pair(Node):
     """Two named series combined point by point: ratio, sum, diff, product or coalesce."""
