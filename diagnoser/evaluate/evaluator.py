@@ -191,15 +191,11 @@ def missing_signals(rule: Rule, name: str, names: set[str], seen: frozenset[str]
     if node is None or name in seen:
         return set()
     if isinstance(node, tree.Signal):
-        return set() if names & _expansions(node.signal) else {node.signal}
+        return set() if names & tree.expansions(node.signal) else {node.signal}
     parts = [missing_signals(rule, ref, names, seen | {name}) for ref in node.refs]
     if isinstance(node, tree.Pair) and node.op == "coalesce":
         return set().union(*parts) if all(parts) else set()
     return set().union(*parts)
-
-
-def _expansions(signal: str) -> set[str]:
-    return {signal, f"{signal}_bucket", f"{signal}_sum", f"{signal}_count"}
 
 
 def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:

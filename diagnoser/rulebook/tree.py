@@ -81,6 +81,11 @@ def leaf_names(node: Signal) -> set[str]:
     return {node.signal}
 
 
+def expansions(signal: str) -> set[str]:
+    """Every sample name a signal may appear as: itself or a histogram's series."""
+    return {signal, f"{signal}_bucket", f"{signal}_sum", f"{signal}_count"}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Pair(Node):
     """Two named series combined point by point: ratio, sum, diff, product or coalesce."""
