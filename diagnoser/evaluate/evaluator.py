@@ -457,12 +457,8 @@ def rank(
     skipped: list[Skipped] | None = None,
     rules_evaluated: int = 0,
 ) -> Diagnosis:
-    """Order findings: likely cause first, then competing hypotheses, then the rest.
-
-    Score = 100 x severity + 10 x specificity + strength (0-5) + earliness (0-5): among
-    findings, the one whose onset came first is favoured, since a cascade's root precedes its
-    symptoms (002 §7.4).
-    """
+    """Order findings: likely cause first, then competing hypotheses, then the rest; the score
+    (severity, specificity, strength, earliness) is docs/rules.md "Ranking"."""
     rest = tuple(skipped or ())
     if not findings:
         return Diagnosis(window, source, likely_cause=None, skipped=rest, rules_evaluated=rules_evaluated)
