@@ -16,17 +16,12 @@ from typing import Any
 SCHEMA_VERSION = 1
 
 SEVERITIES = ("info", "warning", "critical")
-"""info: worth knowing, no action needed now. warning: a lever should be pulled within hours;
-users are or will soon be affected. critical: users are affected now (SLO at risk or degraded
-state); act now. See docs/rules.md."""
+"""What each means and the exit status it gives: docs/rules.md "Severity"."""
 
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 CONFIDENCES = ("moderate", "high")
-"""How directly a rule's signals show its mechanism. high: the signals show the mechanism itself
-(the default). moderate: the mechanism is inferred from indirect evidence (e.g. routing read from
-engine hit rates alone); the finding says what would confirm it, and a rule that judges the same
-mechanism from direct evidence overrules it where it could look (docs/rules.md, "Confidence")."""
+"""How directly a rule's signals show its mechanism (high by default): docs/rules.md "Confidence"."""
 
 
 @dataclass(frozen=True)

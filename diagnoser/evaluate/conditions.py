@@ -135,7 +135,7 @@ def _run_lengths(truth: np.ndarray) -> np.ndarray:
     return c - reset
 
 
-def latest_run(truth_row: np.ndarray, runs_row: np.ndarray, for_steps: int) -> tuple[int, int] | None:
+def latest_run(runs_row: np.ndarray, for_steps: int) -> tuple[int, int] | None:
     """(start, end) indices of the latest run that lasted `for_steps` steps, or None."""
     ok = np.flatnonzero(runs_row - 1 >= for_steps)
     if not ok.size:
@@ -144,7 +144,7 @@ def latest_run(truth_row: np.ndarray, runs_row: np.ndarray, for_steps: int) -> t
     return end - int(runs_row[end]) + 1, end
 
 
-def first_run(truth_row: np.ndarray, runs_row: np.ndarray, for_steps: int, not_before: int) -> int | None:
+def first_run(runs_row: np.ndarray, for_steps: int, not_before: int) -> int | None:
     """Start index of the first run lasting `for_steps` that starts at or after `not_before`."""
     ends = np.flatnonzero(runs_row - 1 >= for_steps)
     starts = ends - runs_row[ends] + 1

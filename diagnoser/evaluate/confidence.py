@@ -15,13 +15,11 @@ from kvscope.diagnoser.findings import (
     SEVERITY_RANK,
     Finding,
     Skipped,
-    not_evaluable,
     same_mechanism,
     same_place,
 )
+from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
-
-__all__ = ["BELOW", "OVERRULED", "before_symptom", "direct_present", "not_evaluable", "settle"]
 
 BELOW = 10.0
 """A deferring finding's score stays this far below the direct finding it folds into: more than
@@ -31,12 +29,8 @@ the earliness bonus (0-5) ranking adds, so the direct reading always leads."""
 def direct_present(rules: Iterable[Rule], names: set[str]) -> dict[str, bool]:
     """Per rule with `defers_to`: whether any of its `direct_evidence` signals (or the signal's
     histogram series) has samples in the window, `names` being the sample names present."""
-
-    def seen(sig: str) -> bool:
-        return bool(names & {sig, f"{sig}_bucket", f"{sig}_sum", f"{sig}_count"})
-
     return {
-        r.id: any(seen(str(sig)) for sig in r.tree.meta.get("direct_evidence") or ())
+        r.id: any(names & tree.expansions(str(sig)) for sig in r.tree.meta.get("direct_evidence") or ())
         for r in rules
         if r.tree.meta.get("defers_to")
     }

@@ -75,12 +75,24 @@ def diagnose(
             results = list(pool.map(lambda r: evaluate_rule(r, frame, levers), prepared))
     else:
         results = [evaluate_rule(r, frame, levers) for r in prepared]
+    return conclude(prepared, results, frame.names(), frame.window, source, scale)
+
+
+def conclude(
+    prepared: list[Rule],
+    results: list[list[Finding] | Skipped],
+    present: set[str],
+    window: tuple[float, float],
+    source: str,
+    scale: float,
+) -> Diagnosis:
+    """The Diagnosis of every rule's result (in `prepared`'s order): `defers_to` settled, a
+    cascade's root put before its symptoms, ranked. `present`: sample names in the window."""
     skipped = [r for r in results if isinstance(r, Skipped)]
     findings = [f for r in results if not isinstance(r, Skipped) for f in r]
     evaluated = [r.id for r, res in zip(prepared, results, strict=True) if not isinstance(res, Skipped)]
-    findings, skipped = settle(findings, skipped, evaluated, direct_present(prepared, frame.names()))
-    findings = before_symptom(findings)
-    return replace(rank(findings, frame.window, source, skipped, len(rules)), time_scale=scale)
+    findings, skipped = settle(findings, skipped, evaluated, direct_present(prepared, present))
+    return replace(rank(before_symptom(findings), window, source, skipped, len(prepared)), time_scale=scale)
 
 
 def evaluated_series(rule: Rule, frame: Frame, name: str, time_scale: float) -> Grouped:
@@ -146,15 +158,7 @@ def mechanism_off(rule: Rule, ev: SeriesEvaluator, facts: dict[str, dict[str, st
 # ---------------------------------------------------------------------------- signals needed
 def sample_names(rule: Rule) -> set[str]:
     """Sample names a rule reads from a source (histograms expanded to _bucket/_sum/_count)."""
-    out: set[str] = set()
-    for node in rule.tree.series.values():
-        if isinstance(node, tree.Quantile):
-            out.add(f"{node.signal}_bucket")
-        elif isinstance(node, tree.Mean):
-            out |= {f"{node.signal}_sum", f"{node.signal}_count"}
-        elif isinstance(node, tree.Signal):
-            out.add(node.signal)
-    return out
+    return set().union(*(tree.leaf_names(n) for n in rule.tree.series.values() if isinstance(n, tree.Signal)))
 
 
 def required_absent(rule: Rule, frame: Frame) -> set[str]:
@@ -187,15 +191,11 @@ def missing_signals(rule: Rule, name: str, names: set[str], seen: frozenset[str]
     if node is None or name in seen:
         return set()
     if isinstance(node, tree.Signal):
-        return set() if names & _expansions(node.signal) else {node.signal}
+        return set() if names & tree.expansions(node.signal) else {node.signal}
     parts = [missing_signals(rule, ref, names, seen | {name}) for ref in node.refs]
     if isinstance(node, tree.Pair) and node.op == "coalesce":
         return set().union(*parts) if all(parts) else set()
     return set().union(*parts)
-
-
-def _expansions(signal: str) -> set[str]:
-    return {signal, f"{signal}_bucket", f"{signal}_sum", f"{signal}_count"}
 
 
 def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
@@ -227,7 +227,7 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     direct = ce.all_of([t.moderate_unless])[0] if t.moderate_unless else None
     out = []
     for gi in map(int, np.flatnonzero(truth.any(axis=1))):  # a group never true cannot fire
-        span = latest_run(truth[gi], runs[gi], for_steps)
+        span = latest_run(runs[gi], for_steps)
         if span is None:
             continue
         found = _finding(rule, ce, gi, span, done, crit, levers, None, warn)
@@ -429,11 +429,11 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
 def _stage_onsets(evaluated: list, gi: int, slack: int) -> list[int | None]:
     onsets: list[int | None] = []
     not_before = 0
-    for i, (truth, runs, for_steps, _) in enumerate(evaluated):
+    for i, (_, runs, for_steps, _) in enumerate(evaluated):
         if i > 0 and onsets[-1] is None:
             onsets.append(None)
             continue
-        onset = first_run(truth[gi], runs[gi], for_steps, not_before)
+        onset = first_run(runs[gi], for_steps, not_before)
         onsets.append(onset)
         if onset is not None:
             not_before = max(0, onset - slack)
@@ -457,12 +457,8 @@ def rank(
     skipped: list[Skipped] | None = None,
     rules_evaluated: int = 0,
 ) -> Diagnosis:
-    """Order findings: likely cause first, then competing hypotheses, then the rest.
-
-    Score = 100 x severity + 10 x specificity + strength (0-5) + earliness (0-5): among
-    findings, the one whose onset came first is favoured, since a cascade's root precedes its
-    symptoms (002 §7.4).
-    """
+    """Order findings: likely cause first, then competing hypotheses, then the rest; the score
+    (severity, specificity, strength, earliness) is docs/rules.md "Ranking"."""
     rest = tuple(skipped or ())
     if not findings:
         return Diagnosis(window, source, likely_cause=None, skipped=rest, rules_evaluated=rules_evaluated)

@@ -258,10 +258,7 @@ def mark_removed(frame: Frame, removed: dict[str, list[tuple[float, float]]]) ->
 
 def merge_facts(per_rank: dict[str, dict[str, dict[str, str]]]) -> dict[str, dict[str, str]]:
     """instance -> dp_rank -> facts  to  instance -> facts (rank "" or the first rank wins)."""
-    out: dict[str, dict[str, str]] = {}
-    for instance, ranks in per_rank.items():
-        merged: dict[str, str] = {}
-        for rank in sorted(ranks, reverse=True):
-            merged.update(ranks[rank])
-        out[instance] = merged
-    return out
+    return {
+        instance: {k: v for rank in sorted(ranks, reverse=True) for k, v in ranks[rank].items()}
+        for instance, ranks in per_rank.items()
+    }

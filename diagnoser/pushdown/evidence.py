@@ -54,15 +54,6 @@ def judged_spans(rule: Rule, hits: Hits, n: int, step: float) -> list[tuple[Grou
     return [(g, max(0, g.first - margin), n - 1 if open_end else min(n - 1, g.last + margin)) for g in hits.groups]
 
 
-def leaf_names(node: tree.Signal) -> set[str]:
-    """Sample names one leaf series reads (a histogram's buckets, a mean's sum and count)."""
-    if isinstance(node, tree.Quantile):
-        return {f"{node.signal}_bucket"}
-    if isinstance(node, tree.Mean):
-        return {f"{node.signal}_sum", f"{node.signal}_count"}
-    return {node.signal}
-
-
 def _below(rule: Rule, names: list[str]) -> set[str]:
     """The named series `names` read, directly or through others (themselves included)."""
     nodes, todo, seen = rule.tree.series, list(names), set()
@@ -113,7 +104,7 @@ def rule_needs(
     for name, node in rule.tree.series.items():
         if not isinstance(node, tree.Signal):
             continue
-        names = frozenset(leaf_names(node))
+        names = frozenset(tree.leaf_names(node))
         by = reads[name]
         first = max(0, min(lo for _, lo, _ in spans) - reach)
         last = n - 1 if name in to_end else max(hi for _, _, hi in spans)

@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 
 from kvscope.agent.signals import Catalog, load_catalog
-from kvscope.diagnoser.evaluate.confidence import before_symptom, direct_present, settle
-from kvscope.diagnoser.evaluate.evaluator import auto_time_scale, evaluate_rule, rank, required_absent, sample_names
+from kvscope.diagnoser.evaluate.evaluator import auto_time_scale, conclude, evaluate_rule, required_absent, sample_names
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid
 from kvscope.diagnoser.findings import MECHANISM_OFF, MECHANISM_UNKNOWN, Diagnosis, Finding, Skipped
 from kvscope.diagnoser.promql.series import SeriesCompiler
@@ -133,13 +132,7 @@ def diagnose_fleet(
     results.update({rule.id: res for rule, res in zip(quiet, answers, strict=True)})
     report.seconds["evaluate"] = time.perf_counter() - t0
     ordered = [results[rule.id] for rule in prepared]
-    skipped_list = [res for res in ordered if isinstance(res, Skipped)]
-    findings = [f for res in ordered if not isinstance(res, Skipped) for f in res]
-    evaluated = [rid for rid, res in results.items() if not isinstance(res, Skipped)]
-    findings, skipped_list = settle(findings, skipped_list, evaluated, direct_present(prepared, present))
-    findings = before_symptom(findings)
-    window = (float(grid[0]), float(grid[-1]))
-    return replace(rank(findings, window, source, skipped_list, len(rules)), time_scale=scale), report
+    return conclude(prepared, ordered, present, (float(grid[0]), float(grid[-1])), source, scale), report
 
 
 def _candidates(

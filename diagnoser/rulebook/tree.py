@@ -72,6 +72,20 @@ class Count(Signal):
     distinct: tuple[str, ...] = ("instance",)
 
 
+def leaf_names(node: Signal) -> set[str]:
+    """Sample names one leaf series reads (a histogram's buckets, a mean's sum and count)."""
+    if isinstance(node, Quantile):
+        return {f"{node.signal}_bucket"}
+    if isinstance(node, Mean):
+        return {f"{node.signal}_sum", f"{node.signal}_count"}
+    return {node.signal}
+
+
+def expansions(signal: str) -> set[str]:
+    """Every sample name a signal may appear as: itself or a histogram's series."""
+    return {signal, f"{signal}_bucket", f"{signal}_sum", f"{signal}_count"}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Pair(Node):
     """Two named series combined point by point: ratio, sum, diff, product or coalesce."""

@@ -16,9 +16,17 @@ import pytest
 import yaml
 from rich.console import Console
 
-from kvscope.diagnoser.evaluate.confidence import OVERRULED, not_evaluable, settle
+from kvscope.diagnoser.evaluate.confidence import settle
 from kvscope.diagnoser.evaluate.evaluator import diagnose, rank, sample_names
-from kvscope.diagnoser.findings import Diagnosis, Finding, LeverAdvice, Skipped, same_mechanism
+from kvscope.diagnoser.findings import (
+    OVERRULED,
+    Diagnosis,
+    Finding,
+    LeverAdvice,
+    Skipped,
+    not_evaluable,
+    same_mechanism,
+)
 from kvscope.diagnoser.render import confidence_text, render_diagnosis, render_line, render_not_fired
 from kvscope.diagnoser.rulebook.rule import read_rules, rules_dir
 from kvscope.diagnoser.rulebook.validate import validate_rules
