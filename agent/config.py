@@ -84,6 +84,12 @@ def parse_count(value: Any) -> int:
     return int(str(value).strip())
 
 
+def split_host_port(address: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` -> (host, port); no host is 127.0.0.1. Raises ValueError."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
 def parse_bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -193,8 +199,7 @@ class AgentConfig:
 
     @property
     def listen_host_port(self) -> tuple[str, int]:
-        host, _, port = self.listen_address.rpartition(":")
-        return host.strip("[]"), int(port)
+        return split_host_port(self.listen_address)
 
 
 # ------------------------------------------------------------------------------------------- layers

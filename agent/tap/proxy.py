@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from kvscope.agent.config import split_host_port
 from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
 from kvscope.agent.serve.export import canonical_families
 from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels
@@ -85,8 +86,7 @@ class TapConfig:
             raise ValueError("max_connections, header/request/idle timeouts must be positive")
 
     def host_port(self) -> tuple[str, int]:
-        host, _, port = self.listen.rpartition(":")
-        return host.strip("[]") or "127.0.0.1", int(port)
+        return split_host_port(self.listen)
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
-from kvscope.agent.config import ConfigError, parse_bytes, parse_seconds, register_section
+from kvscope.agent.config import ConfigError, parse_bytes, parse_seconds, register_section, split_host_port
 from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.ratelog import warn_every
 from kvscope.agent.serve.site import HttpSite
@@ -51,8 +51,7 @@ class OtlpConfig:
     stitch: StitchConfig = field(default_factory=StitchConfig)
 
     def host_port(self) -> tuple[str, int]:
-        host, _, port = self.listen.rpartition(":")
-        return host.strip("[]") or "127.0.0.1", int(port)
+        return split_host_port(self.listen)
 
 
 def parse_otlp_config(raw: Any) -> OtlpConfig:
