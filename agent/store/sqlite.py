@@ -398,7 +398,11 @@ class SqliteStore:
             self._writer.execute("COMMIT")
         except sqlite3.Error as exc:
             self._undo(exc)
-            self._requeue(batch, exc)
+            with self._qlock:  # back to the head of the queue, still bounded by max_queue
+                self._queue.extendleft(reversed(batch))
+                self._queued += sum(len(chunk) for _, chunk in batch)
+                self._trim_queue()
+            self._failed(exc)
             return False
         except BaseException as exc:
             self._undo(exc)
@@ -419,13 +423,6 @@ class SqliteStore:
             st.max_write_latency_s = max(st.max_write_latency_s, elapsed)
         return True
 
-    def _requeue(self, batch: list[tuple[float, Sequence[Sample]]], exc: sqlite3.Error) -> None:
-        with self._qlock:
-            self._queue.extendleft(reversed(batch))
-            self._queued += sum(len(chunk) for _, chunk in batch)
-            self._trim_queue()
-        self._failed(exc)
-
     def _undo(self, exc: BaseException) -> None:
         """A batch failed: roll back, forget the series its transaction created and the
         encoder's state (it described rows that are not on disk)."""
@@ -440,10 +437,8 @@ class SqliteStore:
 
     def _series_for(self, name: str, labels: Labels) -> int | None:
         """The id of a series, created on first sight; None past max_series."""
-        sid = self._ids.get((name, labels))
-        return sid if sid is not None else self._new_series(name, labels)
-
-    def _new_series(self, name: str, labels: Labels) -> int | None:
+        if (sid := self._ids.get((name, labels))) is not None:
+            return sid
         if len(self._ids) >= self.max_series:
             return None
         text = json.dumps(labels, separators=(",", ":"))
