@@ -265,7 +265,8 @@ class SqliteStore:
             self._writer = self._connect()
             self._init_schema()
             self._reader = self._connect()
-            self._load_series()
+            for sid, name, labels in self._writer.execute("SELECT id, name, labels FROM series ORDER BY id"):
+                self._index(sid, name, tuple((str(k), str(v)) for k, v in json.loads(labels)))
             last_group = self._writer.execute("SELECT MAX(group_id) FROM stamps").fetchone()[0]
             self._encoder = ChangeEncoder(self._series_for, int(last_group or 0) + 1)
         except sqlite3.DatabaseError as exc:  # a damaged file: pages the first reads touch
@@ -306,10 +307,6 @@ class SqliteStore:
             raise StoreError(f"{self.path}: not a kvscope store: {exc}") from exc
         if cols != ["series_id", "ts_ms", "value"]:
             raise StoreError(f"{self.path}: not a kvscope store (samples columns {cols})")
-
-    def _load_series(self) -> None:
-        for sid, name, labels in self._writer.execute("SELECT id, name, labels FROM series ORDER BY id").fetchall():
-            self._index(sid, name, tuple((str(k), str(v)) for k, v in json.loads(labels)))
 
     def _index(self, sid: int, name: str, labels: Labels) -> None:
         with self._slock:

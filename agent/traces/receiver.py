@@ -69,6 +69,9 @@ def parse_otlp_config(raw: Any) -> OtlpConfig:
     labels = raw.get("service_labels") or {}
     if not isinstance(labels, dict) or not all(isinstance(v, dict) for v in labels.values()):
         raise ConfigError("otlp.service_labels: must map service.name -> {label: value}")
+    max_tenants = raw.get("max_tenants", 50)
+    if isinstance(max_tenants, bool) or not isinstance(max_tenants, int) or max_tenants < 1:
+        raise ConfigError(f"otlp.max_tenants: must be a positive integer, got {max_tenants!r}")
     stitch = StitchConfig(
         max_traces=int(raw.get("max_traces", 10_000)),
         max_spans_per_trace=int(raw.get("max_spans_per_trace", 512)),
@@ -83,15 +86,9 @@ def parse_otlp_config(raw: Any) -> OtlpConfig:
         stitched_url=raw.get("stitched_url"),
         forward_timeout_s=parse_seconds(raw.get("forward_timeout_s", 5.0)),
         stitch=stitch,
-        max_tenants=_positive_int(raw.get("max_tenants", 50), "otlp.max_tenants"),
+        max_tenants=max_tenants,
         fairness_window_s=parse_seconds(raw.get("fairness_window_s", 300)),
     )
-
-
-def _positive_int(v: Any, key: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(f"{key}: must be a positive integer, got {v!r}")
-    return v
 
 
 register_section("otlp", parse_otlp_config)
