@@ -341,9 +341,7 @@ def build_config(
     `known_collectors` maps registered collector names to their default (for validation).
     """
     layers = Layers(doc=copy.deepcopy(file_doc or {}))
-    for path, value, origin in env_overrides(environ if environ is not None else os.environ):
-        layers.set(path, value, origin)
-    for path, value, origin in flags or []:
+    for path, value, origin in [*env_overrides(environ if environ is not None else os.environ), *(flags or [])]:
         layers.set(path, value, origin)
     return _validate(layers, known_collectors)
 
@@ -443,14 +441,12 @@ def _targets(layers: Layers) -> list[Target]:
     if not isinstance(raw, list):
         raise ConfigError(f"targets: must be a list of {{url, job, engine, labels}}, got {_show(raw)}{where}")
     out = [_target(i, item, where) for i, item in enumerate(raw)]
-    seen: dict[str, int] = {}  # instance identifies one serving process: health, facts, recordings
+    first: dict[str, int] = {}  # instance identifies one serving process: health, facts, recordings
     for i, t in enumerate(out):
-        if t.instance in seen:
+        if (j := first.setdefault(t.instance, i)) != i:
             raise ConfigError(
-                f"targets[{i}]: instance {t.instance!r} repeats targets[{seen[t.instance]}]; "
-                f"set labels.instance on one of them{where}"
+                f"targets[{i}]: instance {t.instance!r} repeats targets[{j}]; set labels.instance on one of them{where}"
             )
-        seen[t.instance] = i
     return out
 
 

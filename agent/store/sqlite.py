@@ -176,8 +176,7 @@ class InMemoryStore:
     def flush(self) -> None:
         return None
 
-    def close(self) -> None:
-        return None
+    close = flush
 
 
 _SCHEMA = (
