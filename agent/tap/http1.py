@@ -267,15 +267,9 @@ class Downstream(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def send_whole(
-        self,
-        status: int,
-        body: bytes,
-        content_type: bytes = b"application/json",
-        headers: tuple[tuple[bytes, bytes], ...] = (),
-    ) -> None:
+    def send_whole(self, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
         """A complete response with a body the tap made itself."""
-        self.send_head(status, b"", [(b"Content-Type", content_type), *headers], len(body))
+        self.send_head(status, b"", [(b"Content-Type", content_type)], len(body))
         self.send_body(body)
         self.finish()
 
@@ -360,8 +354,6 @@ class Upstream(asyncio.Protocol):
 
     def _take_body(self) -> bytes:
         body = self._body
-        if not body:
-            return b""
         data = body[0] if len(body) == 1 else b"".join(body)
         body.clear()
         return data
@@ -380,14 +372,12 @@ class Upstream(asyncio.Protocol):
         h = self.handler
         if h is None:
             return
-        data = self._take_body()
+        data, self.handler = self._take_body(), None
         if self.responded and not self._framed and exc is None:
-            self.handler = None
             h.on_end(data)  # a response delimited by closing the connection
             return
         if data:
             h.on_body(data)
-        self.handler = None
         h.on_fail(exc, self.responded)
 
     def fail_timeout(self) -> None:
