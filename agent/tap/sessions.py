@@ -54,12 +54,8 @@ def parse_session_id(
     headers: Mapping[str, str], body: Mapping[str, Any] | None, header: str | None = SESSION_HEADER
 ) -> str | None:
     """The caller's session id: the configured header, else the body's `session_id` (pure)."""
-    if header and (v := headers.get(header)):
-        return v.strip() or None
-    v = body.get("session_id") if body else None
-    if not isinstance(v, str):
-        return None
-    return v.strip() or None
+    v = (headers.get(header) if header else None) or (body.get("session_id") if body else None)
+    return (v.strip() or None) if isinstance(v, str) else None
 
 
 class SessionTracker:
@@ -108,9 +104,7 @@ class SessionTracker:
 
     def _live(self, key: int | bytes, now: float) -> _Session | None:
         s = self._sessions.get(key)
-        if s is None or now - s.last_seen > self.window_s:
-            return None
-        return s
+        return s if s is not None and now - s.last_seen <= self.window_s else None
 
     def finish(
         self, turn: Turn | None, tenant: str, upstream: str, prompt_tokens: int | None, cached_tokens: int | None
@@ -122,7 +116,8 @@ class SessionTracker:
         missed = None
         if prev is not None and cached_tokens is not None:
             missed = cached_tokens < prev.prompt_tokens - self.slack_tokens
-            lab = make_labels({"tenant": tenant, "instance": _instance(upstream)})
+            # instance: the upstream's host:port, the label engines' own series carry
+            lab = make_labels({"tenant": tenant, "instance": urlsplit(upstream).netloc or upstream})
             self.turns.inc(lab)
             if missed:
                 self.misses.inc(lab)
@@ -142,9 +137,3 @@ class SessionTracker:
     def render(self, timestamp: float | None = None) -> list[Sample]:
         """`session_turns_total` and `session_turn_misses_total` (cumulative)."""
         return self.turns.render(timestamp) + self.misses.render(timestamp)
-
-
-def _instance(upstream: str) -> str:
-    """`host:port` of an upstream base URL (the label engines' own series carry as `instance`)."""
-    parts = urlsplit(upstream)
-    return parts.netloc or upstream
