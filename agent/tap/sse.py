@@ -187,14 +187,11 @@ def _token_events(whole: bytes) -> int:
 
 def _first_special(whole: bytes) -> int:
     """Where the first usage object or [DONE] marker starts (len(whole) if neither occurs)."""
-    found = [i for i in (whole.find(b'"usage"'), whole.find(b"[DONE]")) if i >= 0]
-    return min(found) if found else len(whole)
+    return min((i for i in (whole.find(b'"usage"'), whole.find(b"[DONE]")) if i >= 0), default=len(whole))
 
 
 def _last_event_end(buf: bytes) -> int:
     """Index just past the last blank-line event terminator in buf, -1 if there is none."""
     i = buf.rfind(b"\n\n")
     j = buf.rfind(b"\r\n\r\n")
-    if i < 0 and j < 0:
-        return -1
     return max(i + 2 if i >= 0 else -1, j + 4 if j >= 0 else -1)
