@@ -27,6 +27,7 @@ HOP_BY_HOP = frozenset(
     b"connection keep-alive proxy-authenticate proxy-authorization te trailers transfer-encoding upgrade "
     b"host content-length expect proxy-connection".split()
 )
+_REASONS = {s.value: s.phrase.encode() for s in http.HTTPStatus}
 
 
 class Headers(dict):
@@ -204,7 +205,7 @@ class Downstream(asyncio.Protocol):
 
         `length` None means the body length is unknown: chunked for HTTP/1.1 clients, else the
         connection is closed at the end."""
-        out = [b"HTTP/1.1 %d %s\r\n" % (status, reason or _reason(status))]
+        out = [b"HTTP/1.1 %d %s\r\n" % (status, reason or _REASONS.get(status, b"Unknown"))]
         out.extend(b"%s: %s\r\n" % kv for kv in headers)
         self._chunked = length is None and has_body and not self._head_request and self._http11
         if length is not None:
@@ -495,8 +496,7 @@ def render_request(method: str, target: bytes, host: bytes, headers: list[tuple[
     out.extend(b"%s: %s\r\n" % kv for kv in headers)
     if body or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
         out.append(b"Content-Length: %d\r\n" % len(body))
-    out.append(b"\r\n")
-    out.append(body)
+    out += (b"\r\n", body)
     return b"".join(out)
 
 
@@ -513,10 +513,3 @@ def linger(tr: asyncio.Transport) -> None:
 def error_body(message: str, kind: str = "invalid_request") -> bytes:
     """An OpenAI-style JSON error body naming the tap."""
     return b'{"error":{"message":"kvscope tap: %s","type":"%s"}}' % (message.encode(), kind.encode())
-
-
-def _reason(status: int) -> bytes:
-    try:
-        return http.HTTPStatus(status).phrase.encode()
-    except ValueError:
-        return b"Unknown"
