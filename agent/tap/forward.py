@@ -133,8 +133,7 @@ class Forward:
             self._copy(data)
         self.conn.finish(data)  # the last bytes and the end of the response in one write
         if ex is not None:
-            if self.scanner is not None:
-                s = self.scanner
+            if (s := self.scanner) is not None:
                 ex.first_token, ex.gaps, ex.usage = s.first_token, s.gaps, s.usage
             else:
                 ex.first_token = time.perf_counter()
