@@ -1,10 +1,7 @@
-"""Prefix reuse potential from chained block hashes of the rendered prompt (docs/requests.md).
-
-The prompt is cut into `block_chars`-character blocks (token ids: `block_tokens` per block) with
-chained hashes (h_i = H(h_{i-1}, block_i), H Python's per-process keyed `hash`), so a hash stands
-for its whole prefix; the leading hashes seen within `window_s` are the reusable share. Each
-block records the replicas that served it: a re-seen block served by several lives in split
-cache domains (seeds 000, 003). No text is kept; at most `max_blocks` hashes (LRU).
+"""Prefix reuse potential from chained block hashes of the rendered prompt (docs/requests.md,
+"Reuse potential"): the leading blocks seen within `window_s` are the reusable share; a re-seen
+block served by several replicas lives in split cache domains (seeds 000, 003). No text is
+kept; at most `max_blocks` hashes (LRU).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Multi-turn sessions seen by the tap: did turn N+1 find turn N's context in the prefix cache?
-(LEVERS.md K5; docs/requests.md.)
-
-Turns are linked by a session id (`X-Session-ID` header or the body's `session_id`), else by
-prefix chain (turn N's last full block hash among turn N+1's). A follow-up turn whose
-engine-reported `cached_tokens` is below the previous turn's `prompt_tokens` minus `slack_tokens`
-(one KV block) is a miss; without cached tokens the outcome is absent. Counted per
-{tenant, instance}; a session idle over `window_s` starts over. Only hashes are kept, never
-text; at most `max_sessions` sessions (LRU).
+(LEVERS.md K5; docs/requests.md "Sessions".) Turns link by session id, else by prefix chain; a
+follow-up whose `cached_tokens` falls over `slack_tokens` short of the previous turn's
+`prompt_tokens` is a miss. Only hashes are kept, never text; at most `max_sessions` (LRU).
 """
 
 from __future__ import annotations
@@ -91,9 +86,8 @@ class SessionTracker:
             if match is None or match.full_blocks == 0:
                 return Turn(None, None, "none")
             last = match.hashes[match.full_blocks - 1]
-            # the deepest earlier turn whose last full block this prompt contains, with more after
-            # it: block hashes that are session keys, found deepest first by a C-level filter
-            # (a long prompt with no earlier turn costs one pass, not a lookup per block in Python)
+            # the deepest earlier turn whose last full block this prompt contains, with more after it,
+            # found by a C-level filter (one pass, not a Python lookup per block)
             earlier = reversed(match.hashes[: match.full_blocks - 1])
             for h in filter(self._sessions.__contains__, earlier):
                 prev = self._live(h, now)
