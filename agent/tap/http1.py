@@ -1,6 +1,4 @@
-"""HTTP/1.1 for the tap on plain asyncio protocols (llhttp via `httptools`): a lean server side
-and keep-alive upstreams; a framework's per-request objects and tasks cost several times more
-CPU per streamed chunk (bench/tap_latency.py).
+"""HTTP/1.1 for the tap on plain asyncio protocols (llhttp via `httptools`; docs/requests.md "Hot path").
 
 `Downstream` is one client connection: it parses requests (head and body size capped), hands
 each to `on_request(conn, request)`, answers them in order (`send_head`, `send_body`, `finish`,

@@ -33,10 +33,7 @@ class PrefixMatch(NamedTuple):
 
 def render_prompt(body: dict[str, Any]) -> str | list[int] | None:
     """The prompt an OpenAI-style request body stands for: text, token ids, or None if absent.
-
-    Chat messages are rendered as role and text in order (tools first), a stable stand-in for
-    the engine's chat template: equal message prefixes give equal rendered prefixes.
-    """
+    Chat: role and text per message (tools first), so equal message prefixes render equal prefixes."""
     if "messages" in body and isinstance(body["messages"], list):
         parts = []
         if body.get("tools"):
