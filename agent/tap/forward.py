@@ -3,9 +3,8 @@
 A `Forward` writes the request to a pooled upstream connection and passes every response byte to
 the client from the upstream's read callback. An accounted SSE stream goes through `SseScanner`;
 an accounted non-streamed answer is copied (bounded) for its usage. Tenant and prefix bookkeeping
-run once the request is upstream, accounting once the client has its bytes. No response head:
-502 (a reused keep-alive connection is retried once, fresh); upstream breaks mid-response: the
-client connection is cut; client gone: the upstream request is closed.
+run once the request is upstream, accounting once the client has its bytes. Failure modes:
+docs/requests.md.
 """
 
 from __future__ import annotations
@@ -133,8 +132,7 @@ class Forward:
             self._copy(data)
         self.conn.finish(data)  # the last bytes and the end of the response in one write
         if ex is not None:
-            if self.scanner is not None:
-                s = self.scanner
+            if (s := self.scanner) is not None:
                 ex.first_token, ex.gaps, ex.usage = s.first_token, s.gaps, s.usage
             else:
                 ex.first_token = time.perf_counter()
@@ -159,9 +157,8 @@ class Forward:
             self.retried = True  # the engine closed an idle keep-alive connection: once more, fresh
             self._connect_later()
             return
-        name = type(exc).__name__ if exc is not None else "closed"
         if not responded:
-            self.tap.stats[f"upstream_{name}"] += 1
+            self.tap.stats[f"upstream_{type(exc).__name__ if exc is not None else 'closed'}"] += 1
             self._outcome("upstream_unreachable")
             host, port, _ = self.target.key
             self.conn.send_whole(502, error_body(f"upstream {host}:{port} unreachable", "bad_gateway"))

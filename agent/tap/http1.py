@@ -1,6 +1,4 @@
-"""HTTP/1.1 for the tap on plain asyncio protocols (llhttp via `httptools`): a lean server side
-and keep-alive upstreams; a framework's per-request objects and tasks cost several times more
-CPU per streamed chunk (bench/tap_latency.py).
+"""HTTP/1.1 for the tap on plain asyncio protocols (llhttp via `httptools`; docs/requests.md "Hot path").
 
 `Downstream` is one client connection: it parses requests (head and body size capped), hands
 each to `on_request(conn, request)`, answers them in order (`send_head`, `send_body`, `finish`,
@@ -27,6 +25,7 @@ HOP_BY_HOP = frozenset(
     b"connection keep-alive proxy-authenticate proxy-authorization te trailers transfer-encoding upgrade "
     b"host content-length expect proxy-connection".split()
 )
+_REASONS = {s.value: s.phrase.encode() for s in http.HTTPStatus}
 
 
 class Headers(dict):
@@ -204,7 +203,7 @@ class Downstream(asyncio.Protocol):
 
         `length` None means the body length is unknown: chunked for HTTP/1.1 clients, else the
         connection is closed at the end."""
-        out = [b"HTTP/1.1 %d %s\r\n" % (status, reason or _reason(status))]
+        out = [b"HTTP/1.1 %d %s\r\n" % (status, reason or _REASONS.get(status, b"Unknown"))]
         out.extend(b"%s: %s\r\n" % kv for kv in headers)
         self._chunked = length is None and has_body and not self._head_request and self._http11
         if length is not None:
@@ -267,15 +266,9 @@ class Downstream(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def send_whole(
-        self,
-        status: int,
-        body: bytes,
-        content_type: bytes = b"application/json",
-        headers: tuple[tuple[bytes, bytes], ...] = (),
-    ) -> None:
+    def send_whole(self, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
         """A complete response with a body the tap made itself."""
-        self.send_head(status, b"", [(b"Content-Type", content_type), *headers], len(body))
+        self.send_head(status, b"", [(b"Content-Type", content_type)], len(body))
         self.send_body(body)
         self.finish()
 
@@ -360,8 +353,6 @@ class Upstream(asyncio.Protocol):
 
     def _take_body(self) -> bytes:
         body = self._body
-        if not body:
-            return b""
         data = body[0] if len(body) == 1 else b"".join(body)
         body.clear()
         return data
@@ -380,14 +371,12 @@ class Upstream(asyncio.Protocol):
         h = self.handler
         if h is None:
             return
-        data = self._take_body()
+        data, self.handler = self._take_body(), None
         if self.responded and not self._framed and exc is None:
-            self.handler = None
             h.on_end(data)  # a response delimited by closing the connection
             return
         if data:
             h.on_body(data)
-        self.handler = None
         h.on_fail(exc, self.responded)
 
     def fail_timeout(self) -> None:
@@ -505,8 +494,7 @@ def render_request(method: str, target: bytes, host: bytes, headers: list[tuple[
     out.extend(b"%s: %s\r\n" % kv for kv in headers)
     if body or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
         out.append(b"Content-Length: %d\r\n" % len(body))
-    out.append(b"\r\n")
-    out.append(body)
+    out += (b"\r\n", body)
     return b"".join(out)
 
 
@@ -523,10 +511,3 @@ def linger(tr: asyncio.Transport) -> None:
 def error_body(message: str, kind: str = "invalid_request") -> bytes:
     """An OpenAI-style JSON error body naming the tap."""
     return b'{"error":{"message":"kvscope tap: %s","type":"%s"}}' % (message.encode(), kind.encode())
-
-
-def _reason(status: int) -> bytes:
-    try:
-        return http.HTTPStatus(status).phrase.encode()
-    except ValueError:
-        return b"Unknown"

@@ -1,10 +1,7 @@
-"""Prefix reuse potential from chained block hashes of the rendered prompt (docs/requests.md).
-
-The prompt is cut into `block_chars`-character blocks (token ids: `block_tokens` per block) with
-chained hashes (h_i = H(h_{i-1}, block_i), H Python's per-process keyed `hash`), so a hash stands
-for its whole prefix; the leading hashes seen within `window_s` are the reusable share. Each
-block records the replicas that served it: a re-seen block served by several lives in split
-cache domains (seeds 000, 003). No text is kept; at most `max_blocks` hashes (LRU).
+"""Prefix reuse potential from chained block hashes of the rendered prompt (docs/requests.md,
+"Reuse potential"): the leading blocks seen within `window_s` are the reusable share; a re-seen
+block served by several replicas lives in split cache domains (seeds 000, 003). No text is
+kept; at most `max_blocks` hashes (LRU).
 """
 
 from __future__ import annotations
@@ -36,10 +33,7 @@ class PrefixMatch(NamedTuple):
 
 def render_prompt(body: dict[str, Any]) -> str | list[int] | None:
     """The prompt an OpenAI-style request body stands for: text, token ids, or None if absent.
-
-    Chat messages are rendered as role and text in order (tools first), a stable stand-in for
-    the engine's chat template: equal message prefixes give equal rendered prefixes.
-    """
+    Chat: role and text per message (tools first), so equal message prefixes render equal prefixes."""
     if "messages" in body and isinstance(body["messages"], list):
         parts = []
         if body.get("tools"):

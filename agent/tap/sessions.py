@@ -1,12 +1,7 @@
 """Multi-turn sessions seen by the tap: did turn N+1 find turn N's context in the prefix cache?
-(LEVERS.md K5; docs/requests.md.)
-
-Turns are linked by a session id (`X-Session-ID` header or the body's `session_id`), else by
-prefix chain (turn N's last full block hash among turn N+1's). A follow-up turn whose
-engine-reported `cached_tokens` is below the previous turn's `prompt_tokens` minus `slack_tokens`
-(one KV block) is a miss; without cached tokens the outcome is absent. Counted per
-{tenant, instance}; a session idle over `window_s` starts over. Only hashes are kept, never
-text; at most `max_sessions` sessions (LRU).
+(LEVERS.md K5; docs/requests.md "Sessions".) Turns link by session id, else by prefix chain; a
+follow-up whose `cached_tokens` falls over `slack_tokens` short of the previous turn's
+`prompt_tokens` is a miss. Only hashes are kept, never text; at most `max_sessions` (LRU).
 """
 
 from __future__ import annotations
@@ -54,12 +49,8 @@ def parse_session_id(
     headers: Mapping[str, str], body: Mapping[str, Any] | None, header: str | None = SESSION_HEADER
 ) -> str | None:
     """The caller's session id: the configured header, else the body's `session_id` (pure)."""
-    if header and (v := headers.get(header)):
-        return v.strip() or None
-    v = body.get("session_id") if body else None
-    if not isinstance(v, str):
-        return None
-    return v.strip() or None
+    v = (headers.get(header) if header else None) or (body.get("session_id") if body else None)
+    return (v.strip() or None) if isinstance(v, str) else None
 
 
 class SessionTracker:
@@ -95,9 +86,8 @@ class SessionTracker:
             if match is None or match.full_blocks == 0:
                 return Turn(None, None, "none")
             last = match.hashes[match.full_blocks - 1]
-            # the deepest earlier turn whose last full block this prompt contains, with more after
-            # it: block hashes that are session keys, found deepest first by a C-level filter
-            # (a long prompt with no earlier turn costs one pass, not a lookup per block in Python)
+            # the deepest earlier turn whose last full block this prompt contains, with more after it,
+            # found by a C-level filter (one pass, not a Python lookup per block)
             earlier = reversed(match.hashes[: match.full_blocks - 1])
             for h in filter(self._sessions.__contains__, earlier):
                 prev = self._live(h, now)
@@ -108,9 +98,7 @@ class SessionTracker:
 
     def _live(self, key: int | bytes, now: float) -> _Session | None:
         s = self._sessions.get(key)
-        if s is None or now - s.last_seen > self.window_s:
-            return None
-        return s
+        return s if s is not None and now - s.last_seen <= self.window_s else None
 
     def finish(
         self, turn: Turn | None, tenant: str, upstream: str, prompt_tokens: int | None, cached_tokens: int | None
@@ -122,7 +110,8 @@ class SessionTracker:
         missed = None
         if prev is not None and cached_tokens is not None:
             missed = cached_tokens < prev.prompt_tokens - self.slack_tokens
-            lab = make_labels({"tenant": tenant, "instance": _instance(upstream)})
+            # instance: the upstream's host:port, the label engines' own series carry
+            lab = make_labels({"tenant": tenant, "instance": urlsplit(upstream).netloc or upstream})
             self.turns.inc(lab)
             if missed:
                 self.misses.inc(lab)
@@ -142,9 +131,3 @@ class SessionTracker:
     def render(self, timestamp: float | None = None) -> list[Sample]:
         """`session_turns_total` and `session_turn_misses_total` (cumulative)."""
         return self.turns.render(timestamp) + self.misses.render(timestamp)
-
-
-def _instance(upstream: str) -> str:
-    """`host:port` of an upstream base URL (the label engines' own series carry as `instance`)."""
-    parts = urlsplit(upstream)
-    return parts.netloc or upstream

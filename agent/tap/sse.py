@@ -99,8 +99,7 @@ class SseScanner:
     `feed(data, now)` returns the bytes to pass on: the complete events as received (a partial one
     waits for its end), minus the usage-only event when `drop_usage`. It keeps the first token
     event's time, the gaps between token events (0 s within one read) and the last usage seen.
-    Reads of compact token chunks only are counted with `bytes.count`; anything else is split
-    and classified event by event. Pure: the caller passes the clock.
+    Pure: the caller passes the clock.
     """
 
     __slots__ = ("drop_usage", "max_event_bytes", "first_token", "last_token", "gaps", "usage", "_buf")
@@ -171,11 +170,9 @@ class SseScanner:
 
 def _token_events(whole: bytes) -> int:
     """How many events `whole` (complete events from an event boundary on) holds if every one
-    is a compact token chunk, else 0.
-
-    Every `data:` must open an event (at the start or right after a blank line), so no event
-    has two data lines; events without one (comments) are not tokens on either path. No scan
-    for `[DONE]`: its event opens with `data:` but has no `"choices":[{`, so the counts cannot
+    is a compact token chunk, else 0. Every `data:` must open an event (at the start or after a
+    blank line), so no event has two data lines; events without one (comments) are not tokens on
+    either path. `[DONE]` needs no scan: its `data:` has no `"choices":[{`, so the counts cannot
     match (a JSON string cannot hold `"choices":[{` unescaped)."""
     if b'"usage"' in whole:
         return 0
@@ -187,14 +184,11 @@ def _token_events(whole: bytes) -> int:
 
 def _first_special(whole: bytes) -> int:
     """Where the first usage object or [DONE] marker starts (len(whole) if neither occurs)."""
-    found = [i for i in (whole.find(b'"usage"'), whole.find(b"[DONE]")) if i >= 0]
-    return min(found) if found else len(whole)
+    return min((i for i in (whole.find(b'"usage"'), whole.find(b"[DONE]")) if i >= 0), default=len(whole))
 
 
 def _last_event_end(buf: bytes) -> int:
     """Index just past the last blank-line event terminator in buf, -1 if there is none."""
     i = buf.rfind(b"\n\n")
     j = buf.rfind(b"\r\n\r\n")
-    if i < 0 and j < 0:
-        return -1
     return max(i + 2 if i >= 0 else -1, j + 4 if j >= 0 else -1)
