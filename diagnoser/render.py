@@ -159,9 +159,7 @@ def _baseline_window(rng: float, off: float, held: float, onset: float, last: fl
 
 
 def _grid_seconds(seconds: float, step: float, least: int) -> float:
-    if not step:
-        return seconds
-    return max(least, int(round(seconds / step))) * step
+    return max(least, int(round(seconds / step))) * step if step else seconds
 
 
 _SECONDS_FIELD = re.compile(r"\{(\w+)(?::[^}]*)?\}s(?![/\w])")
@@ -199,13 +197,11 @@ def shown_evidence(f: Finding) -> list[Evidence]:
     """The evidence rows worth printing: an absent value that is one engine's alternative
     ("draft acceptance (SGLang)") is dropped when a sibling ("draft acceptance") has a value."""
     present = {_base_name(e.name)[0] for e in f.evidence if e.value is not None}
-    out = []
-    for e in f.evidence:
-        base, qualifier = _base_name(e.name)
-        if e.value is None and base in present and qualifier.lower() in _ENGINES:
-            continue
-        out.append(e)
-    return out
+    return [
+        e
+        for e, (base, qualifier) in ((e, _base_name(e.name)) for e in f.evidence)
+        if e.value is not None or base not in present or qualifier.lower() not in _ENGINES
+    ]
 
 
 def _base_name(name: str) -> tuple[str, str]:
@@ -232,9 +228,7 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
     )
     if f.cascade:
         c = f.cascade
-        lead = ""
-        if c.lead_time_s is not None:
-            lead = f"; the root led the latency symptom by {fmt_duration(c.lead_time_s)}"
+        lead = "" if c.lead_time_s is None else f"; the root led the latency symptom by {fmt_duration(c.lead_time_s)}"
         rows.append(Text(f"cascade stage {c.stage}/{c.stages_total}: {c.stage_name}{lead}", style="bold"))
     rows.append(_evidence_table(f))
     for line in baseline_lines(f, time_scale):
@@ -361,8 +355,7 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
         console.print(render_card(d.likely_cause, "LIKELY CAUSE", supporting, d.time_scale))
     for f in d.hypotheses:
         console.print(render_card(f, "COMPETING HYPOTHESIS (different mechanism)", (), d.time_scale))
-    support = set(id(f) for f in supporting)
-    other = tuple(f for f in d.other if id(f) not in support)
+    other = tuple(f for f in d.other if all(f is not g for g in supporting))
     if other:
         console.print("[bold]Other findings[/bold]")
         for worst, members in group_repeats(other):
