@@ -17,6 +17,7 @@ from typing import Any
 from kvscope.agent.signals import Catalog, load_catalog
 from kvscope.diagnoser.findings import CONFIDENCES, SEVERITIES
 from kvscope.diagnoser.rulebook import tree
+from kvscope.diagnoser.rulebook.grammar import BASELINE_AGGS
 from kvscope.diagnoser.rulebook.levers import DIRECTIONS, Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import LineDict, Rule, RuleError, parse_duration, read_rule, rule_paths
 
@@ -25,9 +26,6 @@ LEVERS_MD_ROWS = tuple(f"{row}{i}" for row, n in (("P", 9), ("K", 8), ("L", 14),
 BEYOND_ROWS = tuple(f"R{i}" for i in range(1, 8))
 """LEVERS.md "Beyond the documents" rows (issue 27): a rule may name one; none is required yet."""
 
-AGGS = ("sum", "max", "min", "avg")
-GROUP_AGGS = ("sum", "max", "min", "avg", "median", "count")
-OVER_TIME = ("avg", "max", "min", "median")
 STATS = ("max", "min", "mean", "first", "last")
 _PARAM = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
 
@@ -125,9 +123,9 @@ def _conds(t: tree.Tree) -> list[tree.Cond]:
 
 
 _AGG_KEYS = {
-    tree.Gauge: ("agg", AGGS),
-    tree.Aggregate: ("aggregate", GROUP_AGGS),
-    tree.OverTime: ("over_time", OVER_TIME),
+    tree.Gauge: ("agg", ("sum", "max", "min", "avg")),
+    tree.Aggregate: ("aggregate", ("sum", "max", "min", "avg", "median", "count")),
+    tree.OverTime: ("over_time", BASELINE_AGGS),  # avg, max, min, median: the baseline's aggregations
 }
 
 
@@ -254,10 +252,8 @@ def check_confidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
     if direct is not None and not (isinstance(direct, list) and direct and all(isinstance(x, str) for x in direct)):
         yield _issue(rule, doc, "direct_evidence must be a non-empty list of signals", "direct_evidence")
     elif direct:
-        known = ctx.known_series()
-        for sig in direct:
-            if sig not in known:
-                yield _issue(rule, doc, f"direct_evidence: unknown signal {sig!r}", "direct_evidence")
+        for sig in (s for s in direct if s not in ctx.known_series()):
+            yield _issue(rule, doc, f"direct_evidence: unknown signal {sig!r}", "direct_evidence")
     if level != "high":
         needs = {
             "direct_evidence": (
