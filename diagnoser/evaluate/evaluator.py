@@ -392,12 +392,10 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
     for stage in cas.stages:
         truth, done = ce.block(stage)
         _judged(truth, ce)
-        for_steps = ce.ev._k(stage.hold, 0)
         truth = ce.bridge_outages(truth)
-        evaluated.append((truth, run_lengths(truth), for_steps, done))
+        evaluated.append((truth, run_lengths(truth), ce.ev._k(stage.hold, 0), done))
     fire_at = names.index(cas.fire_at)
     done = [e for (_, _, _, d) in evaluated for e in d]
-    ts = ce.ev.frame.ts
     out = []
     for gi in range(len(ce.keys)):
         onsets = _stage_onsets(evaluated, gi, slack)
@@ -408,7 +406,7 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
         assert start is not None  # `reached` lists the stages with an onset
         any_true = np.logical_or.reduce([evaluated[i][0][gi] for i in reached])
         end = int(np.flatnonzero(any_true)[-1]) if any_true.any() else start
-        info = _cascade_info(cas, names, onsets, reached[-1], ts)
+        info = _cascade_info(cas, names, onsets, reached[-1], ce.ev.frame.ts)
         out.append(_finding(rule, ce, gi, (start, max(end, start)), done, None, levers, info))
     return out
 
@@ -416,11 +414,8 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
 def _stage_onsets(evaluated: list, gi: int, slack: int) -> list[int | None]:
     onsets: list[int | None] = []
     not_before = 0
-    for i, (_, runs, for_steps, _) in enumerate(evaluated):
-        if i > 0 and onsets[-1] is None:
-            onsets.append(None)
-            continue
-        onset = first_run(runs[gi], for_steps, not_before)
+    for _, runs, for_steps, _ in evaluated:  # a stage counts only once the one before it began
+        onset = first_run(runs[gi], for_steps, not_before) if not onsets or onsets[-1] is not None else None
         onsets.append(onset)
         if onset is not None:
             not_before = max(0, onset - slack)
