@@ -300,10 +300,8 @@ def group_repeats(findings: tuple[Finding, ...]) -> list[tuple[Finding, list[Fin
 def missing_summary(d: Diagnosis, top: int = 4) -> str:
     """'missing signals: gpu_utilization_ratio (7 rules), ...': the absent signals that kept the
     most rules from being evaluated; empty when no rule was skipped for an absent signal."""
-    missing: Counter[str] = Counter()
-    for s in d.skipped:
-        if s.reason.startswith("signal(s) absent:"):
-            missing.update(x.strip() for x in s.reason.split(":", 1)[1].split(","))
+    absent = (s.reason.split(":", 1)[1] for s in d.skipped if s.reason.startswith("signal(s) absent:"))
+    missing = Counter(x.strip() for reason in absent for x in reason.split(","))
     if not missing:
         return ""
     common = ", ".join(f"{name} ({n} rules)" for name, n in missing.most_common(top))
@@ -318,8 +316,7 @@ def render_not_fired(d: Diagnosis, top: int = 4) -> str:
     also = f" ({also})" if also else ""
     if not blind:
         return f"No rule fired among {evaluable} evaluable rules{also}: nothing to act on in this window."
-    missing = missing_summary(d, top)
-    why = f" ({missing})" if missing else ""
+    why = f" ({missing})" if (missing := missing_summary(d, top)) else ""
     return (
         f"No rule fired among {evaluable} evaluable{also}; {len(blind)} could not be evaluated{why}. "
         "Missing signals are unknown, not healthy: -v lists every skipped rule."
