@@ -57,10 +57,9 @@ Validator = Callable[[Rule, Context], Iterable[RuleIssue]]
 
 
 def _issue(rule: Rule, node: Any, message: str, key: str | None = None) -> RuleIssue:
-    line = 1
     if isinstance(node, LineDict):
-        line = node.line_of(key) if key else node.line
-    return RuleIssue(rule.path, line, message)
+        return RuleIssue(rule.path, node.line_of(key) if key else node.line, message)
+    return RuleIssue(rule.path, 1, message)
 
 
 def check_header(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
@@ -111,10 +110,8 @@ def _param_refs(obj: Any, parent: Any = None, key: str | None = None) -> Iterabl
     elif isinstance(obj, list):
         for v in obj:
             yield from _param_refs(v, parent, key)
-    elif isinstance(obj, str):
-        m = _PARAM.match(obj)
-        if m:
-            yield parent, key, m.group(1)
+    elif isinstance(obj, str) and (m := _PARAM.match(obj)):
+        yield parent, key, m.group(1)
 
 
 def _conds(t: tree.Tree) -> list[tree.Cond]:
@@ -172,11 +169,9 @@ def _check_cycles(rule: Rule, series: dict[str, tree.Node]) -> Iterable[RuleIssu
         refs = series[name].refs if name in series else ()
         return next((cycle for ref in refs if (cycle := visit(ref, (*path, name)))), None)
 
-    for name in series:
-        cycle = visit(name, ())
-        if cycle:
-            yield _issue(rule, rule.doc.get("series"), f"series cycle: {cycle}", name)
-            return
+    found = next(((name, cycle) for name in series if (cycle := visit(name, ()))), None)
+    if found:
+        yield _issue(rule, rule.doc.get("series"), f"series cycle: {found[1]}", found[0])
 
 
 def check_conditions(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
