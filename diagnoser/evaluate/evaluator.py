@@ -134,11 +134,8 @@ def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[F
 
 # ---------------------------------------------------------------------------- mechanism on?
 def mechanism_off(rule: Rule, ev: SeriesEvaluator, facts: dict[str, dict[str, str]]) -> Skipped | None:
-    """Why a rule cannot judge its mechanism here, or None when it can.
-
-    The `mechanism` series (docs/rules.md "Is the mechanism on?") present and never above 0 =
-    off; absent = unknown (not evaluable), as are `facts` that no instance exports.
-    """
+    """Why a rule cannot judge its mechanism here, or None when it can: its `mechanism` series present
+    and never above 0 = off; absent = unknown (not evaluable), as are `facts` no instance exports."""
     wanted = {f.fact for f in rule.tree.facts}
     if wanted and not any(wanted <= set(known) for known in facts.values()):
         return Skipped(rule.id, f"{MECHANISM_UNKNOWN} engine fact(s) {', '.join(sorted(wanted))} not exported")
@@ -219,8 +216,7 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     direct = ce.all_of([t.moderate_unless])[0] if t.moderate_unless else None
     out = []
     for gi in map(int, np.flatnonzero(truth.any(axis=1))):  # a group never true cannot fire
-        span = latest_run(runs[gi], for_steps)
-        if span is None:
+        if (span := latest_run(runs[gi], for_steps)) is None:
             continue
         found = _finding(rule, ce, gi, span, done, crit, levers, None, warn)
         if direct is not None and not direct[gi, span[0] : span[1] + 1].any():
@@ -325,8 +321,7 @@ def _evidence(
     thresholds = {e.cond.series: e.cond for e in done if isinstance(e.cond.right, tree.Value)}
     out = []
     for item in rule.tree.evidence:
-        row = ce.ev.aligned(item.series, rule.by, ce.keys)[gi, start : end + 1]
-        value, at = _stat(row, item.stat, ts)
+        value, at = _stat(ce.ev.aligned(item.series, rule.by, ce.keys)[gi, start : end + 1], item.stat, ts)
         cond = thresholds.get(item.series)
         out.append(
             Evidence(
@@ -368,9 +363,7 @@ def _summary(rule: Rule, evidence: list[Evidence]) -> str:
     values = {item.series: ev.value for item, ev in zip(rule.tree.evidence, evidence, strict=False)}
     try:
         fields = {f for _, f, _, _ in string.Formatter().parse(text) if f}
-        if any(values.get(f) is None for f in fields):
-            return rule.title
-        return text.format_map(values)
+        return rule.title if any(values.get(f) is None for f in fields) else text.format_map(values)
     except (KeyError, ValueError, TypeError, IndexError):
         return rule.title
 
