@@ -181,8 +181,7 @@ def render_summary(f: Finding) -> str:
             return m.group(0)
         return fmt_value(ev).replace("{", "{{").replace("}", "}}")
 
-    cut = f.summary.find(" (resolved: ")  # the engine's note on an episode already resolved
-    tail = f.summary[cut:] if cut >= 0 else ""
+    tail = f.summary[cut:] if (cut := f.summary.find(" (resolved: ")) >= 0 else ""  # the engine's resolved note
     try:
         text = _SECONDS_FIELD.sub(seconds, str(template))
         return text.format_map({k: e.value for k, e in by_series.items()}) + tail
