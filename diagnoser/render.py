@@ -159,9 +159,7 @@ def _baseline_window(rng: float, off: float, held: float, onset: float, last: fl
 
 
 def _grid_seconds(seconds: float, step: float, least: int) -> float:
-    if not step:
-        return seconds
-    return max(least, int(round(seconds / step))) * step
+    return max(least, int(round(seconds / step))) * step if step else seconds
 
 
 _SECONDS_FIELD = re.compile(r"\{(\w+)(?::[^}]*)?\}s(?![/\w])")
@@ -183,8 +181,7 @@ def render_summary(f: Finding) -> str:
             return m.group(0)
         return fmt_value(ev).replace("{", "{{").replace("}", "}}")
 
-    cut = f.summary.find(" (resolved: ")  # the engine's note on an episode already resolved
-    tail = f.summary[cut:] if cut >= 0 else ""
+    tail = f.summary[cut:] if (cut := f.summary.find(" (resolved: ")) >= 0 else ""  # the engine's resolved note
     try:
         text = _SECONDS_FIELD.sub(seconds, str(template))
         return text.format_map({k: e.value for k, e in by_series.items()}) + tail
@@ -199,13 +196,11 @@ def shown_evidence(f: Finding) -> list[Evidence]:
     """The evidence rows worth printing: an absent value that is one engine's alternative
     ("draft acceptance (SGLang)") is dropped when a sibling ("draft acceptance") has a value."""
     present = {_base_name(e.name)[0] for e in f.evidence if e.value is not None}
-    out = []
-    for e in f.evidence:
-        base, qualifier = _base_name(e.name)
-        if e.value is None and base in present and qualifier.lower() in _ENGINES:
-            continue
-        out.append(e)
-    return out
+    return [
+        e
+        for e, (base, qualifier) in ((e, _base_name(e.name)) for e in f.evidence)
+        if e.value is not None or base not in present or qualifier.lower() not in _ENGINES
+    ]
 
 
 def _base_name(name: str) -> tuple[str, str]:
@@ -232,9 +227,7 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
     )
     if f.cascade:
         c = f.cascade
-        lead = ""
-        if c.lead_time_s is not None:
-            lead = f"; the root led the latency symptom by {fmt_duration(c.lead_time_s)}"
+        lead = "" if c.lead_time_s is None else f"; the root led the latency symptom by {fmt_duration(c.lead_time_s)}"
         rows.append(Text(f"cascade stage {c.stage}/{c.stages_total}: {c.stage_name}{lead}", style="bold"))
     rows.append(_evidence_table(f))
     for line in baseline_lines(f, time_scale):
@@ -306,10 +299,8 @@ def group_repeats(findings: tuple[Finding, ...]) -> list[tuple[Finding, list[Fin
 def missing_summary(d: Diagnosis, top: int = 4) -> str:
     """'missing signals: gpu_utilization_ratio (7 rules), ...': the absent signals that kept the
     most rules from being evaluated; empty when no rule was skipped for an absent signal."""
-    missing: Counter[str] = Counter()
-    for s in d.skipped:
-        if s.reason.startswith("signal(s) absent:"):
-            missing.update(x.strip() for x in s.reason.split(":", 1)[1].split(","))
+    absent = (s.reason.split(":", 1)[1] for s in d.skipped if s.reason.startswith("signal(s) absent:"))
+    missing = Counter(x.strip() for reason in absent for x in reason.split(","))
     if not missing:
         return ""
     common = ", ".join(f"{name} ({n} rules)" for name, n in missing.most_common(top))
@@ -324,8 +315,7 @@ def render_not_fired(d: Diagnosis, top: int = 4) -> str:
     also = f" ({also})" if also else ""
     if not blind:
         return f"No rule fired among {evaluable} evaluable rules{also}: nothing to act on in this window."
-    missing = missing_summary(d, top)
-    why = f" ({missing})" if missing else ""
+    why = f" ({missing})" if (missing := missing_summary(d, top)) else ""
     return (
         f"No rule fired among {evaluable} evaluable{also}; {len(blind)} could not be evaluated{why}. "
         "Missing signals are unknown, not healthy: -v lists every skipped rule."
@@ -361,8 +351,7 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
         console.print(render_card(d.likely_cause, "LIKELY CAUSE", supporting, d.time_scale))
     for f in d.hypotheses:
         console.print(render_card(f, "COMPETING HYPOTHESIS (different mechanism)", (), d.time_scale))
-    support = set(id(f) for f in supporting)
-    other = tuple(f for f in d.other if id(f) not in support)
+    other = tuple(f for f in d.other if all(f is not g for g in supporting))
     if other:
         console.print("[bold]Other findings[/bold]")
         for worst, members in group_repeats(other):

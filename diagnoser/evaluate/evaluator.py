@@ -118,14 +118,11 @@ def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[F
     ev = SeriesEvaluator(rule, frame)
     try:
         # absent signals first: the fleet path knows them from the index alone and says the same
-        absent = required_absent(rule, frame)
-        if absent:
+        if absent := required_absent(rule, frame):
             return Skipped(rule.id, f"signal(s) absent: {', '.join(sorted(absent))}")
-        off = mechanism_off(rule, ev, frame.facts)
-        if off is not None:
+        if (off := mechanism_off(rule, ev, frame.facts)) is not None:
             return off
-        keys = _rule_keys(ev)
-        if not keys:
+        if not (keys := _rule_keys(ev)):
             return Skipped(rule.id, "no series for any group")
         ce = ConditionEvaluator(ev, rule.by, keys, frame.facts)
         if rule.tree.cascade:
@@ -137,11 +134,8 @@ def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[F
 
 # ---------------------------------------------------------------------------- mechanism on?
 def mechanism_off(rule: Rule, ev: SeriesEvaluator, facts: dict[str, dict[str, str]]) -> Skipped | None:
-    """Why a rule cannot judge its mechanism here, or None when it can.
-
-    The `mechanism` series (docs/rules.md "Is the mechanism on?") present and never above 0 =
-    off; absent = unknown (not evaluable), as are `facts` that no instance exports.
-    """
+    """Why a rule cannot judge its mechanism here, or None when it can: its `mechanism` series present
+    and never above 0 = off; absent = unknown (not evaluable), as are `facts` no instance exports."""
     wanted = {f.fact for f in rule.tree.facts}
     if wanted and not any(wanted <= set(known) for known in facts.values()):
         return Skipped(rule.id, f"{MECHANISM_UNKNOWN} engine fact(s) {', '.join(sorted(wanted))} not exported")
@@ -201,13 +195,8 @@ def missing_signals(rule: Rule, name: str, names: set[str], seen: frozenset[str]
 def _rule_keys(ev: SeriesEvaluator) -> list[tuple[str, ...]]:
     """Groups of the rule: every key of its rule-level series (SeriesEvaluator.get has already
     dropped keys that lack a label the rule requires, `require_labels`)."""
-    keys: set[tuple[str, ...]] = set()
-    for name in ev.nodes:
-        if ev.by_of(name) == ev.rule.by:
-            g = ev.get(name)
-            if g.by == ev.rule.by:
-                keys.update(g.keys)
-    return sorted(keys)
+    at_rule = (ev.get(name) for name in ev.nodes if ev.by_of(name) == ev.rule.by)
+    return sorted({key for g in at_rule if g.by == ev.rule.by for key in g.keys})
 
 
 # ---------------------------------------------------------------------------- plain rules
@@ -227,8 +216,7 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
     direct = ce.all_of([t.moderate_unless])[0] if t.moderate_unless else None
     out = []
     for gi in map(int, np.flatnonzero(truth.any(axis=1))):  # a group never true cannot fire
-        span = latest_run(runs[gi], for_steps)
-        if span is None:
+        if (span := latest_run(runs[gi], for_steps)) is None:
             continue
         found = _finding(rule, ce, gi, span, done, crit, levers, None, warn)
         if direct is not None and not direct[gi, span[0] : span[1] + 1].any():
@@ -278,30 +266,27 @@ def _finding(
     if cascade is not None and cascade.stage_name in _critical_stages(rule):
         severity = "critical"
     evidence = _evidence(rule, ce, gi, span, done)
-    where = {k: v for k, v in zip(rule.by, ce.keys[gi], strict=True) if v}
     meta = rule.tree.meta
     spec = int(meta.get("specificity", 2))
-    strength = _strength(done, gi, span)
-    base = 100 * SEVERITY_RANK[severity] + 10 * spec + strength
     return Finding(
         rule_id=rule.id,
         levers_md=str(meta.get("levers_md", "")),
         title=rule.title,
         severity=severity,
-        where=where,
+        where={k: v for k, v in zip(rule.by, ce.keys[gi], strict=True) if v},
         since=float(ts[start]),
         until=float(ts[end]),
         active=end == len(ts) - 1,
         window=ce.ev.frame.window,
         step_s=ce.ev.frame.step,
-        score=round(base, 3),
+        score=round(100 * SEVERITY_RANK[severity] + 10 * spec + _strength(done, gi, span), 3),
         summary=_summary(rule, evidence),
         evidence=tuple(evidence),
         levers=tuple(_levers(rule, levers)),
         citations=tuple(meta.get("citations") or ()),
         cascade=cascade,
         false_positives=tuple(meta.get("false_positives") or ()),
-        params={k: v for k, v in rule.params.items()},
+        params=dict(rule.params),
         specificity=spec,
         confidence=str(meta.get("confidence", "high")),
         confirm=str(meta.get("confirm", "")),
@@ -322,9 +307,8 @@ def _stat(values: np.ndarray, stat: str, ts: np.ndarray) -> tuple[float | None, 
     idx = np.flatnonzero(ok)
     if stat == "mean":
         return float(np.mean(values[ok])), None
-    pick = {"max": idx[np.argmax(values[ok])], "min": idx[np.argmin(values[ok])], "first": idx[0], "last": idx[-1]}.get(
-        stat, idx[-1]
-    )
+    picks = {"max": idx[np.argmax(values[ok])], "min": idx[np.argmin(values[ok])], "first": idx[0]}
+    pick = picks.get(stat, idx[-1])  # "last" and any other stat: the latest value
     return float(values[pick]), float(ts[pick])
 
 
@@ -337,8 +321,7 @@ def _evidence(
     thresholds = {e.cond.series: e.cond for e in done if isinstance(e.cond.right, tree.Value)}
     out = []
     for item in rule.tree.evidence:
-        row = ce.ev.aligned(item.series, rule.by, ce.keys)[gi, start : end + 1]
-        value, at = _stat(row, item.stat, ts)
+        value, at = _stat(ce.ev.aligned(item.series, rule.by, ce.keys)[gi, start : end + 1], item.stat, ts)
         cond = thresholds.get(item.series)
         out.append(
             Evidence(
@@ -380,9 +363,7 @@ def _summary(rule: Rule, evidence: list[Evidence]) -> str:
     values = {item.series: ev.value for item, ev in zip(rule.tree.evidence, evidence, strict=False)}
     try:
         fields = {f for _, f, _, _ in string.Formatter().parse(text) if f}
-        if any(values.get(f) is None for f in fields):
-            return rule.title
-        return text.format_map(values)
+        return rule.title if any(values.get(f) is None for f in fields) else text.format_map(values)
     except (KeyError, ValueError, TypeError, IndexError):
         return rule.title
 
@@ -404,24 +385,21 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
     for stage in cas.stages:
         truth, done = ce.block(stage)
         _judged(truth, ce)
-        for_steps = ce.ev._k(stage.hold, 0)
         truth = ce.bridge_outages(truth)
-        evaluated.append((truth, run_lengths(truth), for_steps, done))
+        evaluated.append((truth, run_lengths(truth), ce.ev._k(stage.hold, 0), done))
     fire_at = names.index(cas.fire_at)
-    ts = ce.ev.frame.ts
+    done = [e for (_, _, _, d) in evaluated for e in d]
     out = []
     for gi in range(len(ce.keys)):
         onsets = _stage_onsets(evaluated, gi, slack)
         reached = [i for i, o in enumerate(onsets) if o is not None]
         if not reached or reached[-1] < fire_at:
             continue
-        last = reached[-1]
         start = onsets[0] if onsets[0] is not None else onsets[reached[0]]
         assert start is not None  # `reached` lists the stages with an onset
         any_true = np.logical_or.reduce([evaluated[i][0][gi] for i in reached])
         end = int(np.flatnonzero(any_true)[-1]) if any_true.any() else start
-        info = _cascade_info(cas, names, onsets, last, ts)
-        done = [e for (_, _, _, d) in evaluated for e in d]
+        info = _cascade_info(cas, names, onsets, reached[-1], ce.ev.frame.ts)
         out.append(_finding(rule, ce, gi, (start, max(end, start)), done, None, levers, info))
     return out
 
@@ -429,11 +407,8 @@ def _cascade_findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Leve
 def _stage_onsets(evaluated: list, gi: int, slack: int) -> list[int | None]:
     onsets: list[int | None] = []
     not_before = 0
-    for i, (_, runs, for_steps, _) in enumerate(evaluated):
-        if i > 0 and onsets[-1] is None:
-            onsets.append(None)
-            continue
-        onset = first_run(runs[gi], for_steps, not_before)
+    for _, runs, for_steps, _ in evaluated:  # a stage counts only once the one before it began
+        onset = first_run(runs[gi], for_steps, not_before) if not onsets or onsets[-1] is not None else None
         onsets.append(onset)
         if onset is not None:
             not_before = max(0, onset - slack)

@@ -316,12 +316,8 @@ class _Parser:
         if form in _SIGNALS:
             cls, rng = _SIGNALS[form]
             kw["signal"] = self.need(m, "histogram" if form == "quantile" else form)
-            kw["match"] = tuple(
-                sorted(
-                    (str(k), tuple(str(x) for x in (v if isinstance(v, list) else [v])))
-                    for k, v in m.get("match", {}).items()
-                )
-            )
+            match = m.get("match", {}).items()
+            kw["match"] = tuple(sorted((str(k), tuple(map(str, v if isinstance(v, list) else [v]))) for k, v in match))
             kw["rng"] = self.dur(m, "range", rng)
             if form == "gauge":
                 kw["agg"] = str(m.get("agg", "sum"))
@@ -370,8 +366,7 @@ class _Parser:
         times, plus = self.num(m, "times", 1.0), self.num(m, "plus", 0.0)
         right: Value | Than | Baseline
         if "value" in m:
-            v = self.value(m["value"])
-            right = Value(None if v is None else self.num(m, "value", 0.0))
+            right = Value(None if self.value(m["value"]) is None else self.num(m, "value", 0.0))
         elif "than" in m:
             right = Than(str(m["than"]))
         elif isinstance(m["baseline"], dict):

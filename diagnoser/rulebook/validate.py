@@ -17,6 +17,7 @@ from typing import Any
 from kvscope.agent.signals import Catalog, load_catalog
 from kvscope.diagnoser.findings import CONFIDENCES, SEVERITIES
 from kvscope.diagnoser.rulebook import tree
+from kvscope.diagnoser.rulebook.grammar import BASELINE_AGGS
 from kvscope.diagnoser.rulebook.levers import DIRECTIONS, Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import LineDict, Rule, RuleError, parse_duration, read_rule, rule_paths
 
@@ -25,9 +26,6 @@ LEVERS_MD_ROWS = tuple(f"{row}{i}" for row, n in (("P", 9), ("K", 8), ("L", 14),
 BEYOND_ROWS = tuple(f"R{i}" for i in range(1, 8))
 """LEVERS.md "Beyond the documents" rows (issue 27): a rule may name one; none is required yet."""
 
-AGGS = ("sum", "max", "min", "avg")
-GROUP_AGGS = ("sum", "max", "min", "avg", "median", "count")
-OVER_TIME = ("avg", "max", "min", "median")
 STATS = ("max", "min", "mean", "first", "last")
 _PARAM = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
 
@@ -59,10 +57,9 @@ Validator = Callable[[Rule, Context], Iterable[RuleIssue]]
 
 
 def _issue(rule: Rule, node: Any, message: str, key: str | None = None) -> RuleIssue:
-    line = 1
     if isinstance(node, LineDict):
-        line = node.line_of(key) if key else node.line
-    return RuleIssue(rule.path, line, message)
+        return RuleIssue(rule.path, node.line_of(key) if key else node.line, message)
+    return RuleIssue(rule.path, 1, message)
 
 
 def check_header(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
@@ -113,10 +110,8 @@ def _param_refs(obj: Any, parent: Any = None, key: str | None = None) -> Iterabl
     elif isinstance(obj, list):
         for v in obj:
             yield from _param_refs(v, parent, key)
-    elif isinstance(obj, str):
-        m = _PARAM.match(obj)
-        if m:
-            yield parent, key, m.group(1)
+    elif isinstance(obj, str) and (m := _PARAM.match(obj)):
+        yield parent, key, m.group(1)
 
 
 def _conds(t: tree.Tree) -> list[tree.Cond]:
@@ -125,9 +120,9 @@ def _conds(t: tree.Tree) -> list[tree.Cond]:
 
 
 _AGG_KEYS = {
-    tree.Gauge: ("agg", AGGS),
-    tree.Aggregate: ("aggregate", GROUP_AGGS),
-    tree.OverTime: ("over_time", OVER_TIME),
+    tree.Gauge: ("agg", ("sum", "max", "min", "avg")),
+    tree.Aggregate: ("aggregate", ("sum", "max", "min", "avg", "median", "count")),
+    tree.OverTime: ("over_time", BASELINE_AGGS),  # avg, max, min, median: the baseline's aggregations
 }
 
 
@@ -174,11 +169,9 @@ def _check_cycles(rule: Rule, series: dict[str, tree.Node]) -> Iterable[RuleIssu
         refs = series[name].refs if name in series else ()
         return next((cycle for ref in refs if (cycle := visit(ref, (*path, name)))), None)
 
-    for name in series:
-        cycle = visit(name, ())
-        if cycle:
-            yield _issue(rule, rule.doc.get("series"), f"series cycle: {cycle}", name)
-            return
+    found = next(((name, cycle) for name in series if (cycle := visit(name, ()))), None)
+    if found:
+        yield _issue(rule, rule.doc.get("series"), f"series cycle: {found[1]}", found[0])
 
 
 def check_conditions(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
@@ -254,10 +247,8 @@ def check_confidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
     if direct is not None and not (isinstance(direct, list) and direct and all(isinstance(x, str) for x in direct)):
         yield _issue(rule, doc, "direct_evidence must be a non-empty list of signals", "direct_evidence")
     elif direct:
-        known = ctx.known_series()
-        for sig in direct:
-            if sig not in known:
-                yield _issue(rule, doc, f"direct_evidence: unknown signal {sig!r}", "direct_evidence")
+        for sig in (s for s in direct if s not in ctx.known_series()):
+            yield _issue(rule, doc, f"direct_evidence: unknown signal {sig!r}", "direct_evidence")
     if level != "high":
         needs = {
             "direct_evidence": (
