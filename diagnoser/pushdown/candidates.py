@@ -9,10 +9,12 @@ and for which version of the rule. One range query at that interval reads them f
 
 Where the evaluator's condition holds, the candidate's does too (a superset), so a run of the
 rule's `for` (hold + 1 grid points, `hold_s` seconds) holds the candidate at every evaluation
-inside it: at least hold_s // interval consecutive query points (the record read at a query time
-is the last evaluation before it). Groups without such a run cannot fire; for the others the
-runs, widened by two intervals before and one after (the evaluations' phase), bound where the
-evaluator's runs can lie (`Group.first`, `Group.last`).
+inside it: at least hold_s // interval consecutive query points. A query point reads the
+evaluations of the last RECORD_LOOKBACK_S (the last one, or two), never the 5-minute lookback:
+backfilled records (promtool, vmalert -replay) carry no staleness markers, so a bare selector
+would stretch every evaluation that held over the next five minutes. Groups without such a run
+cannot fire; for the others the runs, widened by two intervals before and one after (the
+evaluations' phase), bound where the evaluator's runs can lie (`Group.first`, `Group.last`).
 
 A rule whose records do not cover the window (installed later, another version of the rule,
 gaps) is `uncovered`: it is judged on every engine's series (the exact full fetch), and the
@@ -35,6 +37,8 @@ from kvscope.diagnoser.rulebook.rule import Rule
 from kvscope.diagnoser.sources.promapi import PromClient, matrix_on_grid
 
 INTERVAL_S = float(_seconds(CANDIDATE_INTERVAL))
+RECORD_LOOKBACK_S = INTERVAL_S + 5.0
+"""One evaluation interval and a margin for the evaluations' jitter."""
 
 
 def candidate_exprs(rules: list[Rule], catalog: Catalog) -> dict[str, tuple[str | None, str]]:
@@ -102,7 +106,7 @@ def read_candidates(
     start, end = float(grid[0]), float(grid[-1])
     times = np.arange(start, end + INTERVAL_S / 2, INTERVAL_S)
     ids = "|".join(sorted(versions))
-    expr = f'{CANDIDATE}{{rule_id=~"{ids}"}}'
+    expr = f'last_over_time({CANDIDATE}{{rule_id=~"{ids}"}}[{RECORD_LOOKBACK_S:g}s])'
     result = client.range_parts(expr, start, float(times[-1]), INTERVAL_S, what="candidate records")
     metrics, values = matrix_on_grid(result, start, INTERVAL_S, len(times))
     up: dict[str, np.ndarray] = {rid: np.zeros(len(times), dtype=bool) for rid in versions}
