@@ -303,15 +303,7 @@ def rule_frame(fetched: Fetched, rule_needs_: list[Need], grid: np.ndarray, judg
         if rows:
             blocks[name] = Block([block.labels[i] for i in rows], block.values[rows])
     facts = {k: v for k, v in fetched.frame.facts.items() if instances is None or k in instances}
-    # the grid from the first point any row has: evidence is fetched from a candidate's stretch
-    # less the rule's reach, and the evaluator's cost grows with the grid (nothing before it to judge)
-    cols = [np.flatnonzero(~np.isnan(b.values).all(axis=0)) for b in blocks.values()]
-    lo = min((int(c[0]) for c in cols if c.size), default=0)
-    if lo:
-        blocks = {name: Block(b.labels, b.values[:, lo:]) for name, b in blocks.items()}
-        if judged is not None:
-            judged = JudgedSpans(tuple((k, max(0, a - lo), b - lo) for k, a, b in judged.spans if b >= lo))
-    return Frame(ts=grid[lo:], blocks=blocks, facts=facts, judged=judged)
+    return Frame(ts=grid, blocks=blocks, facts=facts, judged=judged)
 
 
 def _steps(seconds: float, step: float) -> int:
