@@ -9,7 +9,8 @@ The candidate records (rules/prometheus/kvscope-candidates.yml) are backfilled o
 a live TSDB would have evaluated them every 15 s: `promtool tsdb create-blocks-from rules` for
 Prometheus 2.42 (Debian), `vmalert -replay` for VictoriaMetrics 1.79 (Debian; started with
 -search.maxQueryLen=131072: the longest candidate expression is 44 kB). Data directories are kept
-under $KVSCOPE_BENCH_CACHE (/tmp/kvscope-bench-fleet3) between runs.
+under $KVSCOPE_BENCH_CACHE (/tmp/kvscope-bench-fleet3) between runs, keyed by the generator's
+source and, for the records, by the candidate file.
 
 Measured per TSDB and size, in one run, each command a subprocess under GNU time: the whole
 `kvscope diagnose --prometheus URL --start S --end E --json` (wall, peak RSS, CPU seconds, what
@@ -65,6 +66,7 @@ WEEKLY_GOAL_S = 30.0
 VM_SHIFT_S = -120 * 86400.0
 """VictoriaMetrics refuses samples far in the future: its copy of the fleet is 120 days earlier."""
 CANDIDATES = ROOT / "rules" / "prometheus" / "kvscope-candidates.yml"
+FLEETGEN = ROOT / "testbed" / "fleetgen"
 VM_FLAGS = ("-search.maxQueryDuration=30m", "-search.maxQueryLen=131072")
 KVSCOPE = str(ROOT / ".venv" / "bin" / "kvscope")
 OLD_MAX_RESPONSE = 256 * 1024 * 1024
@@ -86,31 +88,53 @@ def span(hours: float, shift_s: float = 0.0) -> tuple[float, float, float]:
 
 
 # ------------------------------------------------------------------------------ datasets
+def _digest(*paths: Path) -> str:
+    return hashlib.sha256(b"".join(p.read_bytes() for p in paths)).hexdigest()[:12]
+
+
+GENERATOR = (FLEETGEN / "capture_fleet.py", FLEETGEN / "calibration.yaml")
+
+
+def dataset_dir(tsdb: str, engines: int, hours: float) -> Path:
+    """The kept data of one size, keyed by the generator's source (a changed fleet is rebuilt)."""
+    return CACHE / tsdb / f"{size_name(engines, hours)}-{_digest(*GENERATOR)}"
+
+
 def vm_dataset(engines: int, hours: float) -> Path:
-    """A VictoriaMetrics data directory holding the fleet and its candidate records (kept)."""
+    """A VictoriaMetrics data directory holding the fleet (kept) and, in a copy per version of the
+    candidate file, its candidate records replayed by vmalert over the window (kept)."""
     from testbed.fleetgen.capture_fleet import import_capture_fleet
 
-    d = CACHE / "vm" / size_name(engines, hours)
+    d = dataset_dir("vm", engines, hours)
     meta = d / "meta.json"
+    first, start, end = span(hours, VM_SHIFT_S)
     if not meta.exists():
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
-        first, start, end = span(hours, VM_SHIFT_S)
         with running_victoria(d / "data", *VM_FLAGS, log_path=d / "import.log") as vm:
             t0, l0 = time.perf_counter(), load()
             info = import_capture_fleet(vm.url, engines, first, end, STEP, shift_s=0.0)
             info.update(import_s=time.perf_counter() - t0, import_load=[l0, load()])
-            info.update(records_s=replay_rules(vm.url, CANDIDATES, start - 60, end, d / "vmalert.log"))
         info.pop("incident_instances", None)
         meta.write_text(json.dumps(info))
     info = json.loads(meta.read_text())
+    rd = d / ("records-" + _digest(CANDIDATES))
+    if not (rd / "meta.json").exists():
+        shutil.rmtree(rd, ignore_errors=True)
+        shutil.copytree(d / "data", rd / "data")
+        with running_victoria(rd / "data", *VM_FLAGS, log_path=rd / "replay.log") as vm:
+            l0 = load()
+            took = replay_rules(vm.url, CANDIDATES, start - 60, end, rd / "vmalert.log")
+        (rd / "meta.json").write_text(json.dumps({"records_s": took, "load": [l0, load()]}))
+    rec = json.loads((rd / "meta.json").read_text())
     print(
         f"  dataset {size_name(engines, hours)} (+{WARMUP_S / 3600:.1f} h before) on VictoriaMetrics: "
-        f"{info['samples']:,} samples, streamed import {info['import_s']:.0f} s; candidate records "
-        f"replayed by vmalert in {info['records_s']:.0f} s",
+        f"{info['samples']:,} samples, streamed import {info['import_s']:.0f} s (load {info['import_load'][0]:.1f}-"
+        f"{info['import_load'][1]:.1f}); candidate records replayed by vmalert in {rec['records_s']:.0f} s "
+        f"(load {rec['load'][0]:.1f}-{rec['load'][1]:.1f})",
         flush=True,
     )
-    return d / "data"
+    return rd / "data"
 
 
 def prom_dataset(engines: int, hours: float) -> Path:
@@ -118,7 +142,7 @@ def prom_dataset(engines: int, hours: float) -> Path:
     candidate records (promtool rule backfill over the window), kept."""
     from testbed.fleetgen.capture_fleet import write_capture_fleet
 
-    d = CACHE / "prom" / size_name(engines, hours)
+    d = dataset_dir("prom", engines, hours)
     meta = d / "meta.json"
     if not meta.exists():
         shutil.rmtree(d, ignore_errors=True)
@@ -141,7 +165,7 @@ def prom_dataset(engines: int, hours: float) -> Path:
         f"(load {info['backfill_load'][0]:.1f}-{info['backfill_load'][1]:.1f})",
         flush=True,
     )
-    rd = d / ("records-" + hashlib.sha256(CANDIDATES.read_bytes()).hexdigest()[:12])  # the records of these rules
+    rd = d / ("records-" + _digest(CANDIDATES))  # the records of these rules
     if not (rd / "meta.json").exists():  # the candidate records of the current rules, over the window
         shutil.rmtree(rd, ignore_errors=True)
         shutil.copytree(d / "data", rd / "data")

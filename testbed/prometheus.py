@@ -149,7 +149,7 @@ def backfill_rules(
 
     out = data.parent / f"rule-blocks-{rule_file.stem}"
     shutil.rmtree(out, ignore_errors=True)
-    with running_prometheus(config, data, "--storage.tsdb.retention.time=100y") as prom:
+    with running_prometheus(config, data, "--storage.tsdb.retention.time=100y", "--query.timeout=30m") as prom:
         t0 = time.perf_counter()
         res = subprocess.run(
             [
@@ -170,6 +170,7 @@ def backfill_rules(
         )
         took = time.perf_counter() - t0
     out_text = res.stdout + res.stderr
+    (data.parent / f"promtool-{rule_file.stem}.log").write_text(out_text)
     # a rule the TSDB refuses ("rule importer error") leaves its records out, the others are written
     refused = res.returncode != 0 and all(
         "rule importer error" in line or "error importing rules" in line

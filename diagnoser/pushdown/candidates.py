@@ -1,10 +1,13 @@
 """Which groups a rule can fire for, and when: the TSDB's `kvscope:candidate` records read against
 the rule's `for` (docs/fleet.md).
 
-`read_candidates` reads every rule's records and `{version}` series in one range query. A run of
-the rule's `for` holds the candidate at >= hold_s // interval consecutive points; groups without
-one cannot fire, and for the others the runs (widened by two intervals before and one after)
-bound the evaluator's (`Group.first/last`). Records not covering the window make it `uncovered`.
+`read_candidates` reads every rule's records and `{version}` series in one range query, each point
+the evaluations of the last RECORD_LOOKBACK_S, never the 5-minute lookback: backfilled records
+(promtool, vmalert -replay) carry no staleness markers, so a bare selector would stretch every held
+evaluation over five minutes. A run of the rule's `for` holds the candidate at >= hold_s // interval
+consecutive points; groups without one cannot fire, and for the others the runs (widened by two
+intervals before and one after) bound the evaluator's (`Group.first/last`). Records not covering the
+window make it `uncovered`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from kvscope.diagnoser.rulebook.rule import Rule
 from kvscope.diagnoser.sources.promapi import PromClient, matrix_on_grid
 
 INTERVAL_S = float(_seconds(CANDIDATE_INTERVAL))
+RECORD_LOOKBACK_S = INTERVAL_S + 5.0
+"""One evaluation interval and a margin for the evaluations' jitter."""
 
 
 def candidate_exprs(rules: list[Rule], catalog: Catalog) -> dict[str, tuple[str | None, str]]:
@@ -81,7 +86,7 @@ def read_candidates(
     start, end = float(grid[0]), float(grid[-1])
     times = np.arange(start, end + INTERVAL_S / 2, INTERVAL_S)
     ids = "|".join(sorted(versions))
-    expr = f'{CANDIDATE}{{rule_id=~"{ids}"}}'
+    expr = f'last_over_time({CANDIDATE}{{rule_id=~"{ids}"}}[{RECORD_LOOKBACK_S:g}s])'
     result = client.range_parts(expr, start, float(times[-1]), INTERVAL_S, what="candidate records")
     metrics, values = matrix_on_grid(result, start, INTERVAL_S, len(times))
     up: dict[str, np.ndarray] = {rid: np.zeros(len(times), dtype=bool) for rid in versions}

@@ -36,11 +36,12 @@ class Prefilter:
 
 
 def conditions_of(rule: Rule) -> tuple[tuple[tree.Cond, ...], tuple[tree.Cond, ...]]:
-    """(`all` conditions, `any` conditions) the prefilter is built from (a cascade's root stage)."""
+    """(`all` conditions, `any` conditions) the prefilter is built from: a cascade's root stage,
+    else `when` with the mechanism's gate (`Tree.gated`: the evaluator judges only there)."""
     t = rule.tree
     if t.cascade:
         return (t.cascade.stages[0].all if t.cascade.stages else ()), ()
-    return (t.when.all, t.when.any) if t.when else ((), ())
+    return (t.gated.all, t.gated.any) if t.when else ((), ())
 
 
 def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: float) -> Prefilter:

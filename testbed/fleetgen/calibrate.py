@@ -7,7 +7,10 @@ Reads tests/recordings/<scenario>.om.gz (native vLLM names) and derives, per scr
   vllm:num_preemptions_total increased, and how often high / low usage intervals preempt;
 * routing: prefix hit rate under round-robin vs sticky across 2 replicas (round-robin-vs-sticky);
 * cold start: time until a restarted replica's hit rate reaches 90 % of the warm one's, also
-  expressed as requests per tenant prefix (what transfers to a fleet with other traffic).
+  expressed as requests per tenant prefix (what transfers to a fleet with other traffic);
+* a healthy engine's queue (HEALTHY, the real recordings without pressure): queue time as a share
+  of TTFT (delta sums of vllm:request_queue_time_seconds / vllm:time_to_first_token_seconds) and
+  the share of scrapes with a request waiting.
 `python -m testbed.fleetgen.calibrate` prints the numbers and writes calibration.yaml next to it.
 """
 
@@ -147,6 +150,31 @@ def cold_start() -> dict:
     return {"warm_hit_rate": round(warm, 3), "seconds_to_90pct_of_warm": None, "requests_per_prefix_to_90pct": None}
 
 
+HEALTHY = ("healthy-shared-prefix", "metrics-only-healthy-busy-sticky", "metrics-only-sticky-2-steady")
+"""Real recordings of engines below their knee (roomy pools, no preemption, steady load)."""
+
+
+def healthy_queue() -> dict:
+    """Queue time against TTFT, and how often a request waits, on the HEALTHY recordings."""
+    queue = ttft = scrapes = waiting = 0.0
+    for name in HEALTHY:
+        for rows in read_series(LIBRARY / f"{name}.om.gz").values():
+            queue += rows[-1][1].get("vllm:request_queue_time_seconds_sum", 0.0) - rows[0][1].get(
+                "vllm:request_queue_time_seconds_sum", 0.0
+            )
+            ttft += rows[-1][1].get("vllm:time_to_first_token_seconds_sum", 0.0) - rows[0][1].get(
+                "vllm:time_to_first_token_seconds_sum", 0.0
+            )
+            scrapes += len(rows)
+            waiting += sum(r[1].get("vllm:num_requests_waiting", 0.0) > 0 for r in rows)
+    return {
+        "recordings": list(HEALTHY),
+        "queue_share_of_ttft": float(f"{queue / ttft:.3g}"),
+        "scrapes_with_waiting": round(waiting / scrapes, 4),
+        "scrapes": int(scrapes),
+    }
+
+
 def calibrate() -> dict:
     pressure = read_series(LIBRARY / "kv-pressure-cascade.om.gz")["replica-0"]
     return {
@@ -155,6 +183,7 @@ def calibrate() -> dict:
         "preemption": preemption_onset(pressure),
         "routing_2_replicas": routing_ratio(),
         "cold_start": cold_start(),
+        "healthy_queue": healthy_queue(),
     }
 
 

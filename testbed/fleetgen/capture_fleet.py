@@ -11,8 +11,12 @@ never sits in memory at once:
   engines) go through a KV-pressure episode from 55 % to 75 % of the window: KV usage at 97-99 %,
   preemptions, a growing queue, more running requests, and latency histograms observed 3x slower;
 * counters advance from the capture's values by increments proportional to the load;
-* histograms keep the capture's bucket shape (its empirical CDF over its real bounds); the
-  stressed engines observe latencies 3x longer (the CDF read at le / 3);
+* histograms: lognormal around the capture's means over its real bounds; the stressed engines
+  observe latencies 3x longer. The capture was taken right after a load burst on CPU, so its
+  queue time is 96 % of its TTFT: a healthy engine instead queues the share of TTFT, and has a
+  request waiting in the share of scrapes, measured on the real healthy recordings
+  (calibration.yaml `healthy_queue`: 0.01 % and none); a stressed engine queues as the capture
+  did, 3x longer;
 * gauges: KV usage, running and waiting requests as above; the other gauges keep their captured
   value.
 
@@ -42,6 +46,7 @@ CAPTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "scrapes"
 MODELS = 4
 STRESS_FACTOR = 3.0
 EPISODE = (0.55, 0.75)
+QUEUE, QUEUED_OF = "request_queue_time_seconds", "vllm:time_to_first_token_seconds"
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -141,6 +146,13 @@ class CaptureFleet:
         self.episode = (int(EPISODE[0] * n_t), int(EPISODE[1] * n_t))
         self.families = read_capture(capture)
         self._state: dict[tuple, np.ndarray] = {}
+        from testbed.fleetgen.sim import load_calibration
+
+        healthy = load_calibration()["healthy_queue"]
+        self.queue_share = healthy["queue_share_of_ttft"]
+        self.waiting_rate = -np.log1p(-healthy["scrapes_with_waiting"])  # Poisson mean: P(> 0) as measured
+        ttft = {n[len(QUEUED_OF) :]: v for f in self.families for n, _, v in f.series if n.startswith(QUEUED_OF)}
+        self.ttft_mean = ttft.get("_sum", 0.0) / ttft["_count"] if ttft.get("_count") else 0.1
 
     def info(self) -> dict:
         """Incident instances, episode, samples and steps (what the benches print)."""
@@ -201,7 +213,7 @@ class CaptureFleet:
                 out.append(rng.poisson(8.0, size=(n_e, n_t)) + np.where(stressed, 16.0, 0.0))
             elif name.endswith("num_requests_waiting"):
                 ramp = self._carry(key, stressed.astype(float)) * 0.05
-                out.append(rng.poisson(0.2, size=(n_e, n_t)) + np.where(stressed, 2.0 + ramp, 0.0))
+                out.append(rng.poisson(self.waiting_rate, size=(n_e, n_t)) + np.where(stressed, 2.0 + ramp, 0.0))
             else:
                 out.append(np.full(n_t, value))
         return out
@@ -226,17 +238,18 @@ class CaptureFleet:
             counts = np.array([got[le] for le in les])
             total = max(counts[-1], 1.0)
             mean = got.get("_sum", 0.0) / total if counts[-1] > 0 else 0.1
+            healthy = self.queue_share * self.ttft_mean if fam.name.endswith(QUEUE) else mean
             finite = np.array([le for le in les if np.isfinite(le)])
             # a healthy engine's observations: lognormal around the capture's mean (the CPU capture's
             # own spread is a tiny model's, wide enough to trip tail rules on every engine)
-            cdf = np.r_[lognormal_cdf(finite, max(mean, 1e-6), SIGMA), 1.0]
+            cdf = np.r_[lognormal_cdf(finite, max(healthy, 1e-6), SIGMA), 1.0]
             slow = np.r_[lognormal_cdf(finite, max(mean, 1e-6) * STRESS_FACTOR, SIGMA), 1.0] if latency else cdf
             obs = rng.poisson(np.maximum(load, 0.0) * 2.0 * self.interval / 15.0).astype(float)  # [E, T]
             cum = {}
             for j, le in enumerate(les):
                 per = obs * np.where(stressed, slow[j], cdf[j]) if latency else obs * cdf[j]
                 cum[le] = got[le] + np.floor(self._carry((fam.name, key, le), per))  # whole counts, monotone
-            slow_sum = obs * mean * np.where(stressed & latency, 3.0, 1.0)
+            slow_sum = obs * np.where(stressed & latency, mean * STRESS_FACTOR, healthy)
             rows[key] = {
                 "les": les,
                 "cum": cum,

@@ -273,3 +273,27 @@ def test_the_candidate_holds_wherever_the_evaluator_fires(rule_path, test_file, 
         f"{test_file.path}:{case.line}: the evaluator fires for {sorted(want)} after "
         f"{judged} steps, the candidate record only for {sorted(got)}\n{expr}\n{out[-3000:]}"
     )
+
+
+def test_backfilled_records_are_read_one_evaluation_at_a_time(tmp_path):
+    """Backfilled records (promtool, vmalert -replay) carry no staleness markers: read with the
+    5-minute lookback, an evaluation that held would seem to hold for the next five minutes, and
+    isolated holds would pass a 3-minute `for` (every engine of the bench fleet was a candidate of
+    ttft_knee that way)."""
+    from kvscope.diagnoser.pushdown.candidates import INTERVAL_S, read_candidates
+
+    start = 1_795_003_960.0
+    grid = start + INTERVAL_S * np.arange(241)
+    held = {
+        'rule_id="r",version="v1"': grid,  # the record evaluated every time
+        'instance="blips",rule_id="r"': grid[::16],  # held at one evaluation in 16: never 3 minutes on end
+        'instance="held",rule_id="r"': grid[40:53],  # 13 evaluations on end
+    }
+    text = "".join(f"kvscope:candidate{{{labels}}} 1 {t:.0f}\n" for labels, times in held.items() for t in times)
+    (tmp_path / "records.om").write_text("# TYPE kvscope:candidate gauge\n" + text + "# EOF\n")
+    backfill_openmetrics(tmp_path / "records.om", tmp_path / "data")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(EMPTY_CONFIG)
+    with running_prometheus(config, tmp_path / "data", "--storage.tsdb.retention.time=100y") as prom:
+        hits = read_candidates(PromClient(prom.url), {"r": "v1"}, {"r": 180.0}, grid)["r"]
+    assert [g.labels for g in hits.groups] == [{"instance": "held"}]
