@@ -1,4 +1,4 @@
-"""HTTP/1.1 for the tap on plain asyncio protocols (llhttp via `httptools`; docs/requests.md "Hot path").
+"""HTTP/1.1 for the tap on plain asyncio protocols (llhttp via `httptools`; docs/requests.md §2, Hot path).
 
 `Downstream` is one client connection: it parses requests (head and body size capped), hands
 each to `on_request(conn, request)`, answers them in order (`send_head`, `send_body`, `finish`,

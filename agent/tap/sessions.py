@@ -1,5 +1,5 @@
 """Multi-turn sessions seen by the tap: did turn N+1 find turn N's context in the prefix cache?
-(LEVERS.md K5; docs/requests.md "Sessions".) Turns link by session id, else by prefix chain; a
+(LEVERS.md K5; docs/requests.md §2, Sessions.) Turns link by session id, else by prefix chain; a
 follow-up whose `cached_tokens` falls over `slack_tokens` short of the previous turn's
 `prompt_tokens` is a miss. Only hashes are kept, never text; at most `max_sessions` (LRU).
 """
