@@ -73,7 +73,9 @@ def test_live_agent_exports_the_stage_the_offline_detector_reaches(vllm_small_kv
         seen += samples
         report = evaluate_cascade(seen).get(INSTANCE)
         live.append(code)
-        offline.append(None if report is None else float(report.stage))
+        # a cycle whose engine scrape failed (a loaded box) has no samples of the instance: the hook
+        # exports nothing for it then (absent, never a stale stage), so the expected code is absent
+        offline.append(None if report is None or not samples else float(report.stage))
     final = evaluate_cascade(seen)[INSTANCE]
     t0 = cycles[0][0][0].timestamp
     print(
