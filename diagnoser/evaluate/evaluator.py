@@ -276,7 +276,7 @@ def _finding(
         where={k: v for k, v in zip(rule.by, ce.keys[gi], strict=True) if v},
         since=float(ts[start]),
         until=float(ts[end]),
-        active=end == len(ts) - 1,
+        active=float(ts[end]) == ce.ev.frame.window[1],
         window=ce.ev.frame.window,
         step_s=ce.ev.frame.step,
         score=round(100 * SEVERITY_RANK[severity] + 10 * spec + _strength(done, gi, span), 3),

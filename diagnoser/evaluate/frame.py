@@ -78,6 +78,9 @@ class Frame:
     judged: JudgedSpans | None = None
     """Where conditions are judged, per group (None: everywhere from `judged_from`): the pushdown
     path fetches each candidate's data only around the stretches where it can fire."""
+    outer: tuple[float, float] | None = None
+    """The whole window when the grid is a stretch of it (the fleet path evaluates a rule only
+    where its evidence was fetched); findings name this window."""
     profile: dict[tuple[str, ...], float] | None = None
     """When a dict: CPU seconds per rule (`("rule", id)`) and per series node (`("node", rule id,
     name, form, signal)`, inclusive of what it refers to) are added to it (bench --profile)."""
@@ -88,7 +91,7 @@ class Frame:
 
     @property
     def window(self) -> tuple[float, float]:
-        return float(self.ts[0]), float(self.ts[-1])
+        return self.outer or (float(self.ts[0]), float(self.ts[-1]))
 
     def names(self) -> set[str]:
         return set(self.blocks)

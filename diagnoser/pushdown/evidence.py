@@ -241,13 +241,16 @@ def _absorb(out: Fetched, frame: Frame) -> None:
 
 
 def rule_frame(fetched: Fetched, rule_needs_: list[Need], grid: np.ndarray, judged: JudgedSpans | None) -> Frame:
-    """The rule's own frame: the rows of its needs, judged where its candidates can fire."""
+    """The rule's own frame: the rows of its needs over the stretch they span (the grid outside
+    it holds nothing the rule reads), judged where its candidates can fire."""
     wanted: dict[str, set[str] | None] = {}
     for nd in rule_needs_:
         for name in nd.names:
             if name in wanted and wanted[name] is None:
                 continue
             wanted[name] = None if nd.instances is None else (wanted.get(name) or set()) | set(nd.instances)
+    lo = min((nd.first for nd in rule_needs_), default=0)
+    hi = max((nd.last for nd in rule_needs_), default=len(grid) - 1)
     blocks = {}
     for name, keep in wanted.items():
         block = fetched.frame.blocks.get(name)
@@ -255,11 +258,16 @@ def rule_frame(fetched: Fetched, rule_needs_: list[Need], grid: np.ndarray, judg
             continue
         rows = [i for i, lab in enumerate(block.labels) if keep is None or dict(lab).get("instance", "") in keep]
         if keep is None or rows:
-            blocks[name] = block if keep is None else Block([block.labels[i] for i in rows], block.values[rows])
+            labels = block.labels if keep is None else [block.labels[i] for i in rows]
+            values = block.values[:, lo : hi + 1] if keep is None else block.values[rows, lo : hi + 1]
+            blocks[name] = Block(labels, values)
     every = any(keep is None for keep in wanted.values())
     instances = set().union(*(keep for keep in wanted.values() if keep is not None))
     facts = {k: v for k, v in fetched.frame.facts.items() if every or k in instances}
-    return Frame(ts=grid, blocks=blocks, facts=facts, judged=judged)
+    if judged is not None:
+        judged = JudgedSpans(tuple((labels, a - lo, b - lo) for labels, a, b in judged.spans))
+    window = (float(grid[0]), float(grid[-1]))
+    return Frame(ts=grid[lo : hi + 1], blocks=blocks, facts=facts, judged=judged, outer=window)
 
 
 def _steps(seconds: float, step: float) -> int:
