@@ -10,7 +10,7 @@ leaves) minus the rule's reach. `rule_frame` gives the rule a frame of its own r
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -162,12 +162,26 @@ def resolve_instances(
 # ------------------------------------------------------------------------------ fetching
 @dataclass
 class Fetched:
-    """Evidence fetched for all rules: one block per sample name, rows unique by labels."""
+    """Evidence fetched for all rules: per fetch, its first grid index and its frame (on the grid
+    from there; a row fetched in two spans is in both)."""
 
-    frame: Frame
+    grid: np.ndarray
+    parts: list[tuple[int, Frame]] = field(default_factory=list)
     series: int = 0
     points: int = 0
     fetches: int = 0
+
+    def facts(self) -> dict[str, dict[str, str]]:
+        out: dict[str, dict[str, str]] = {}
+        for _, part in self.parts:
+            for inst, facts in part.facts.items():
+                out.setdefault(inst, {}).update(facts)
+        return out
+
+    def whole(self) -> Frame:
+        """Every row on the whole grid (the UI plots the evidence)."""
+        names = {name for _, part in self.parts for name in part.blocks}
+        return rows_frame(self, dict.fromkeys(names), 0, len(self.grid) - 1)
 
 
 def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: float, catalog: Catalog) -> Fetched:
@@ -202,42 +216,19 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
         for (lo, hi), span_names in by_span.items():
             batches.setdefault((frozenset(span_names), lo, hi), []).append(inst)
     plans += [(names, sorted(insts), lo, hi) for (names, lo, hi), insts in sorted(batches.items(), key=str)]
-    out = Fetched(Frame(ts=grid), fetches=len(plans))
-    t0, t1 = float(grid[0]), float(grid[-1])
+    out = Fetched(grid, fetches=len(plans))
     for names, instances, lo, hi in plans:
         who = "every instance" if instances is None else f"{len(instances)} instance(s)"
         since, until = float(grid[lo]), float(grid[hi])
         hours = "-".join(time.strftime("%H:%M", time.gmtime(t)) for t in (since, until))
         client.say(f"pushdown: evidence, {len(names)} series names for {who}, {hours}")
-        frame = fetch_frame(
-            client, set(names), t0, t1, step, instances=instances, fetch_from=since, fetch_to=until, catalog=catalog
+        out.parts.append(
+            (lo, fetch_frame(client, set(names), since, until, step, instances=instances, catalog=catalog))
         )
-        _absorb(out, frame)
-    for block in out.frame.blocks.values():
-        out.series += len(block.labels)
-        out.points += int(np.count_nonzero(~np.isnan(block.values)))
+    rows = {(name, lab) for _, part in out.parts for name, block in part.blocks.items() for lab in block.labels}
+    out.series = len(rows)
+    out.points = sum(int(np.count_nonzero(~np.isnan(b.values))) for _, part in out.parts for b in part.blocks.values())
     return out
-
-
-def _absorb(out: Fetched, frame: Frame) -> None:
-    """Add a fetched frame's rows; a row fetched twice (other spans) keeps every point either had."""
-    for name, block in frame.blocks.items():
-        have = out.frame.blocks.get(name)
-        if have is None:
-            out.frame.blocks[name] = block
-            continue
-        index = {lab: i for i, lab in enumerate(have.labels)}
-        for i, lab in enumerate(block.labels):
-            if lab in index:
-                row = have.values[index[lab]]
-                np.copyto(row, block.values[i], where=np.isnan(row))
-        new_rows = [i for i, lab in enumerate(block.labels) if lab not in index]
-        if new_rows:
-            out.frame.blocks[name] = Block(
-                have.labels + [block.labels[i] for i in new_rows], np.vstack([have.values, block.values[new_rows]])
-            )
-    for inst, facts in frame.facts.items():
-        out.frame.facts.setdefault(inst, {}).update(facts)
 
 
 def rule_frame(fetched: Fetched, rule_needs_: list[Need], grid: np.ndarray, judged: JudgedSpans | None) -> Frame:
@@ -251,23 +242,40 @@ def rule_frame(fetched: Fetched, rule_needs_: list[Need], grid: np.ndarray, judg
             wanted[name] = None if nd.instances is None else (wanted.get(name) or set()) | set(nd.instances)
     lo = min((nd.first for nd in rule_needs_), default=0)
     hi = max((nd.last for nd in rule_needs_), default=len(grid) - 1)
-    blocks = {}
-    for name, keep in wanted.items():
-        block = fetched.frame.blocks.get(name)
-        if block is None:
-            continue
-        rows = [i for i, lab in enumerate(block.labels) if keep is None or dict(lab).get("instance", "") in keep]
-        if keep is None or rows:
-            labels = block.labels if keep is None else [block.labels[i] for i in rows]
-            values = block.values[:, lo : hi + 1] if keep is None else block.values[rows, lo : hi + 1]
-            blocks[name] = Block(labels, values)
+    frame = rows_frame(fetched, wanted, lo, hi)
+    if judged is not None:
+        frame.judged = JudgedSpans(tuple((labels, a - lo, b - lo) for labels, a, b in judged.spans))
+    return frame
+
+
+def rows_frame(fetched: Fetched, wanted: dict[str, set[str] | None], lo: int, hi: int) -> Frame:
+    """The fetched rows of `wanted` names (of those instances; None: every one) on grid[lo:hi+1],
+    each row with every point any fetch gave it."""
+    n = hi - lo + 1
+    rows: dict[str, dict] = {}
+    for first, part in fetched.parts:
+        a, b = max(lo, first), min(hi, first + len(part.ts) - 1)
+        for name, block in part.blocks.items():
+            if name not in wanted:
+                continue
+            keep, have = wanted[name], rows.setdefault(name, {})
+            for i, lab in enumerate(block.labels):
+                if keep is not None and dict(lab).get("instance", "") not in keep:
+                    continue
+                row = have.setdefault(lab, np.full(n, np.nan))
+                if a <= b:
+                    seg = row[a - lo : b - lo + 1]
+                    np.copyto(seg, block.values[i, a - first : b - first + 1], where=np.isnan(seg))
+    blocks = {
+        name: Block(list(have), np.array(list(have.values())).reshape(len(have), n))
+        for name, have in rows.items()
+        if have or wanted[name] is None
+    }
     every = any(keep is None for keep in wanted.values())
     instances = set().union(*(keep for keep in wanted.values() if keep is not None))
-    facts = {k: v for k, v in fetched.frame.facts.items() if every or k in instances}
-    if judged is not None:
-        judged = JudgedSpans(tuple((labels, a - lo, b - lo) for labels, a, b in judged.spans))
-    window = (float(grid[0]), float(grid[-1]))
-    return Frame(ts=grid[lo : hi + 1], blocks=blocks, facts=facts, judged=judged, outer=window)
+    facts = {k: v for k, v in fetched.facts().items() if every or k in instances}
+    grid = fetched.grid
+    return Frame(ts=grid[lo : hi + 1], blocks=blocks, facts=facts, outer=(float(grid[0]), float(grid[-1])))
 
 
 def _steps(seconds: float, step: float) -> int:

@@ -24,7 +24,7 @@ from kvscope.diagnoser.findings import MECHANISM_OFF, MECHANISM_UNKNOWN, Diagnos
 from kvscope.diagnoser.promql.series import SeriesCompiler
 from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown.candidates import Group, Hits, candidate_exprs, describe, read_candidates
-from kvscope.diagnoser.pushdown.evidence import fetch_needs, rule_frame, rule_needs
+from kvscope.diagnoser.pushdown.evidence import Fetched, fetch_needs, rule_frame, rule_needs
 from kvscope.diagnoser.pushdown.prefilter import hold_steps, rule_reach
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
@@ -41,11 +41,16 @@ class FleetReport:
 
     hits: dict[str, Hits] = field(default_factory=dict)
     young: int = 0  # the most instances whose data starts within one rule's reach
-    frame: Frame | None = None  # the evidence fetched (every rule's series where it matched)
+    fetched: Fetched | None = None  # the evidence fetched (every rule's series where it matched)
     evidence_series: int = 0
     evidence_points: int = 0
     evidence_fetches: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def frame(self) -> Frame | None:
+        """The evidence on the whole grid (built on demand: the UI plots it)."""
+        return self.fetched.whole() if self.fetched else None
 
     def summary(self, client: PromClient) -> list[str]:
         """Lines for stderr: what was read from the records, fetched and split."""
@@ -116,7 +121,7 @@ def diagnose_fleet(
         lambda item: rule_needs(client, item[0], rule_reach(item[0]), item[1], grid, step, reader), plans
     )
     fetched = fetch_needs(client, [nd for rule_needs_, _ in needs for nd in rule_needs_], grid, step, catalog)
-    report.frame = fetched.frame
+    report.fetched = fetched
     report.evidence_series, report.evidence_points = fetched.series, fetched.points
     report.evidence_fetches = fetched.fetches
     report.seconds["evidence"] = time.perf_counter() - t0
