@@ -192,9 +192,9 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
                 source=reader.description,
                 catalog=reader.catalog,
             )
-            assert report.frame is not None
+            assert report.fetched is not None
             routers = reader.read_frame(set(ROUTER_SIGNALS), end - source.since_s, end, step_s)
-            return TriageData(source, diagnosis, report.frame, routers=router_decisions(routers))
+            return TriageData(source, diagnosis, report.fetched.whole(), routers=router_decisions(routers))
         reader = AgentSource(source.location)
         frame = reader.read_frame(names | set(ROUTER_SIGNALS), end - source.since_s, end, step_s)
     except (SourceError, OSError, ValueError) as exc:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import numpy as np
 from aiohttp import web
 
 from kvscope.diagnoser.alertmanager.payload import (
@@ -31,7 +30,6 @@ from kvscope.diagnoser.alertmanager.payload import (
     select_findings,
 )
 from kvscope.diagnoser.alertmanager.store import DiagnosisStore
-from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.routing import SIGNALS as ROUTER_SIGNALS
 from kvscope.diagnoser.routing import router_decisions
 from kvscope.diagnoser.rulebook.levers import load_levers
@@ -217,8 +215,10 @@ class WebhookServer:
             routers = await asyncio.to_thread(source.read_frame, set(ROUTER_SIGNALS), start, end, self.config.step_s)
         except SourceError as exc:
             return {"likely_cause": None, "competing": [], "other": [], "skipped": []}, {}, [str(exc)]
-        frame = report.frame or Frame(ts=np.zeros(0))
-        places = instance_places([dict(lbl) for block in frame.blocks.values() for lbl in block.labels])
+        parts = report.fetched.parts if report.fetched else []
+        places = instance_places(
+            [dict(lbl) for _, part in parts for block in part.blocks.values() for lbl in block.labels]
+        )
         return {**result.to_dict(), "routers": router_decisions(routers)}, places, []
 
     async def forward(self, row_id: int, payload: dict[str, Any]) -> str:

@@ -167,16 +167,10 @@ class Fetched:
 
     grid: np.ndarray
     parts: list[tuple[int, Frame]] = field(default_factory=list)
+    facts: dict[str, dict[str, str]] = field(default_factory=dict)  # instance -> facts, later fetches win
     series: int = 0
     points: int = 0
     fetches: int = 0
-
-    def facts(self) -> dict[str, dict[str, str]]:
-        out: dict[str, dict[str, str]] = {}
-        for _, part in self.parts:
-            for inst, facts in part.facts.items():
-                out.setdefault(inst, {}).update(facts)
-        return out
 
     def whole(self) -> Frame:
         """Every row on the whole grid (the UI plots the evidence)."""
@@ -273,7 +267,7 @@ def rows_frame(fetched: Fetched, wanted: dict[str, set[str] | None], lo: int, hi
     }
     every = any(keep is None for keep in wanted.values())
     instances = set().union(*(keep for keep in wanted.values() if keep is not None))
-    facts = {k: v for k, v in fetched.facts().items() if every or k in instances}
+    facts = {k: v for k, v in fetched.facts.items() if every or k in instances}
     grid = fetched.grid
     return Frame(ts=grid[lo : hi + 1], blocks=blocks, facts=facts, outer=(float(grid[0]), float(grid[-1])))
 

@@ -47,11 +47,6 @@ class FleetReport:
     evidence_fetches: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def frame(self) -> Frame | None:
-        """The evidence on the whole grid (built on demand: the UI plots it)."""
-        return self.fetched.whole() if self.fetched else None
-
     def summary(self, client: PromClient) -> list[str]:
         """Lines for stderr: what was read from the records, fetched and split."""
         read = [h for h in self.hits.values() if not h.everywhere]
