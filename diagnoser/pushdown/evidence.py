@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvscope.agent.signals import Catalog
-from kvscope.diagnoser.evaluate.frame import Block, Frame, JudgedSpans
+from kvscope.agent.signals import Catalog, make_labels
+from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, JudgedSpans
 from kvscope.diagnoser.promql.series import NotExpressible
-from kvscope.diagnoser.promql.signals import InlineSignals, _escape_re
+from kvscope.diagnoser.promql.signals import InlineSignals, Matcher, _escape_re
 from kvscope.diagnoser.pushdown.candidates import Group, Hits
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
-from kvscope.diagnoser.sources.promapi import PromClient, PromError
+from kvscope.diagnoser.sources.promapi import PromClient, PromError, matrix_on_grid
 from kvscope.diagnoser.sources.prometheus import fetch_frame
 
 SAFETY_S = 300.0
@@ -43,6 +43,7 @@ class Need:
     instances: frozenset[str] | None
     first: int
     last: int
+    summed: Block | None = field(default=None, compare=False)  # buckets the TSDB summed (summed_buckets)
 
 
 def judged_spans(rule: Rule, hits: Hits, n: int, step: float) -> list[tuple[Group, int, int]]:
@@ -100,6 +101,8 @@ def rule_needs(
     reach = _steps(reach_s, step) + 1
     to_end = resolved_leaves(rule)
     reads = leaf_groupings(rule)
+    leaves = [name for name, node in rule.tree.series.items() if isinstance(node, tree.Signal)]
+    one_span = "instance" not in rule.by and len({name in to_end for name in leaves}) == 1
     needs = []
     for name, node in rule.tree.series.items():
         if not isinstance(node, tree.Signal):
@@ -118,10 +121,13 @@ def rule_needs(
                     Need(names, frozenset({g.labels["instance"]}), max(0, lo - reach), n - 1 if name in to_end else hi)
                 )
             continue
-        instances = None
-        if pinned:
-            values = {label: sorted({g.labels[label] for g in hits.groups}) for label in pinned}
-            instances = resolve_instances(client, sorted(names)[0], values, grid, first, last, reader)
+        values = {label: sorted({g.labels[label] for g in hits.groups}) for label in pinned}
+        matchers = [(label, "=~", "|".join(_escape_re(v) for v in vs)) for label, vs in sorted(values.items())]
+        if one_span and isinstance(node, tree.Quantile) and "instance" not in by:
+            if (block := summed_buckets(client, node, matchers, by, grid, first, last, reader)) is not None:
+                needs.append(Need(names, None, first, last, block))
+                continue
+        instances = resolve_instances(client, sorted(names)[0], matchers, grid, first, last, reader) if pinned else None
         needs.append(Need(names, instances, first, last))
     if hits.everywhere:
         return needs, None
@@ -133,15 +139,14 @@ def rule_needs(
 def resolve_instances(
     client: PromClient,
     series: str,
-    values: dict[str, list[str]],
+    matchers: list[Matcher],
     grid: np.ndarray,
     first: int,
     last: int,
     reader: InlineSignals,
 ) -> frozenset[str] | None:
-    """Instances with a series of the canonical `series` whose labels take one of `values` in
-    the span (one instant query over a subquery of the span); None when PromQL cannot say."""
-    matchers = [(label, "=~", "|".join(_escape_re(v) for v in vs)) for label, vs in sorted(values.items())]
+    """Instances with a series of the canonical `series` that `matchers` match in the span (one
+    instant query over a subquery of the span); None when PromQL cannot say."""
     if series.endswith("_bucket"):
         series = series[: -len("_bucket")] + "_count"  # one series per histogram is enough
     try:
@@ -157,6 +162,42 @@ def resolve_instances(
     except PromError:
         return None
     return frozenset(str((s.get("metric") or {}).get("instance", "")) for s in answer)
+
+
+def summed_buckets(
+    client: PromClient,
+    node: tree.Quantile,
+    pinned: list[Matcher],
+    by: tuple[str, ...],
+    grid: np.ndarray,
+    first: int,
+    last: int,
+    reader: InlineSignals,
+) -> Block | None:
+    """The leaf's buckets summed by the TSDB over `by` and `le`, on grid[first:last+1], when that
+    is exactly the sum the evaluator takes (of integer counts): the same series present at every
+    grid point of the span, none reset, every sum finite. None otherwise (the raw series are read)."""
+    name, t0, t1, steps = node.signal + "_bucket", float(grid[first]), float(grid[last]), last - first + 1
+    match = [(label, "=~", "|".join(_escape_re(v) for v in vs)) for label, vs in node.match] + pinned
+    group, rng = ", ".join((*by, "le")), f"{int(np.ceil(t1 - t0 + DEFAULT_LOOKBACK_S))}s"
+    try:
+        series = client.query(f"count by ({group}) ({reader.read(name, match, 'last_over_time', rng)})", t1)
+        resets = client.query(f"sum by ({group}) ({reader.read(name, match, 'resets', rng)}) > 0", t1)
+        counts = client.range_parts(f"count by ({group}) ({reader.read(name, match)})", t0, t1, grid[1] - grid[0])
+        sums = client.range_parts(
+            f"sum by ({group}) ({reader.read(name, match, by=by, outer='sum')})", t0, t1, grid[1] - grid[0]
+        )
+    except (NotExpressible, KeyError, ValueError, PromError):
+        return None
+    want = {make_labels(s.get("metric") or {}): float(s["value"][1]) for s in series}
+    keys, n = matrix_on_grid(counts, t0, float(grid[1] - grid[0]), steps)
+    labels, values = matrix_on_grid(sums, t0, float(grid[1] - grid[0]), steps)
+    same = [want.get(make_labels(k), np.nan) for k in keys]
+    if resets or not want or len(keys) != len(want) or not (n == np.array(same)[:, None]).all():
+        return None
+    if {make_labels(k) for k in labels} != set(want) or not np.isfinite(values).all():
+        return None
+    return Block([make_labels(k) for k in labels], values)
 
 
 # ------------------------------------------------------------------------------ fetching
@@ -180,7 +221,9 @@ class Fetched:
 
 def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: float, catalog: Catalog) -> Fetched:
     """Every need fetched once: the every-instance needs together, the others batched by
-    instances needing the same names over the same span."""
+    instances needing the same names over the same span (summed buckets are fetched already)."""
+    summed = [nd.summed for nd in needs if nd.summed is not None]
+    needs = [nd for nd in needs if nd.summed is None]
     every = [nd for nd in needs if nd.instances is None]
     plans: list[tuple[frozenset[str], list[str] | None, int, int]] = []
     covered: dict[str, tuple[int, int]] = {}
@@ -220,8 +263,9 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
             (lo, fetch_frame(client, set(names), since, until, step, instances=instances, catalog=catalog))
         )
     rows = {(name, lab) for _, part in out.parts for name, block in part.blocks.items() for lab in block.labels}
-    out.series = len(rows)
-    out.points = sum(int(np.count_nonzero(~np.isnan(b.values))) for _, part in out.parts for b in part.blocks.values())
+    blocks = [b for _, part in out.parts for b in part.blocks.values()] + summed
+    out.series = len(rows) + sum(len(b.labels) for b in summed)
+    out.points = sum(int(np.count_nonzero(~np.isnan(b.values))) for b in blocks)
     return out
 
 
@@ -230,13 +274,16 @@ def rule_frame(fetched: Fetched, rule_needs_: list[Need], grid: np.ndarray, judg
     it holds nothing the rule reads), judged where its candidates can fire."""
     wanted: dict[str, set[str] | None] = {}
     for nd in rule_needs_:
-        for name in nd.names:
+        for name in nd.names if nd.summed is None else ():
             if name in wanted and wanted[name] is None:
                 continue
             wanted[name] = None if nd.instances is None else (wanted.get(name) or set()) | set(nd.instances)
     lo = min((nd.first for nd in rule_needs_), default=0)
     hi = max((nd.last for nd in rule_needs_), default=len(grid) - 1)
     frame = rows_frame(fetched, wanted, lo, hi)
+    for nd in rule_needs_:
+        if nd.summed is not None:  # on the frame's own stretch: the rule's needs share one span
+            frame.blocks.update(dict.fromkeys(nd.names, nd.summed))
     if judged is not None:
         frame.judged = JudgedSpans(tuple((labels, a - lo, b - lo) for labels, a, b in judged.spans))
     return frame
