@@ -134,23 +134,26 @@ def _batches(instances: list[str] | None) -> list[list[str] | None]:
     return [ordered[i : i + INSTANCE_BATCH] for i in range(0, len(ordered), INSTANCE_BATCH)]
 
 
-def native_names(names: set[str], catalog: Catalog) -> set[str]:
-    """Declared upstream names (all dialects) that produce the canonical sample names."""
-    signals = {signal_of(n, catalog) for n in names} & catalog.signals.keys()
-    return {alias.name for sig in signals for alias in catalog.signals[sig].aliases} | {f.name for f in catalog.facts}
-
-
 def wire_pattern(names: set[str], catalog: Catalog, facts: bool = False) -> str:
     """A regex of every name on the wire that produces the canonical sample names (native names,
     Ray's `vllm_x` spelling of `vllm:x`, the agent's `kvscope_*`; the facts' info gauges with `facts`)."""
-    alternatives = set()
-    for declared in native_names(names, catalog) - (set() if facts else {f.name for f in catalog.facts}):
-        alternatives.add(re.escape(declared))
-        if ":" in declared:
-            alternatives.add(re.escape(declared.replace(":", "_", 1)))
-    native = "|".join(sorted(alternatives)) or "$^"
+    groups: dict[str, set[str]] = defaultdict(set)  # suffixes on the wire -> native names
+    for sig in {signal_of(n, catalog) for n in names} & catalog.signals.keys():
+        signal = catalog.signals[sig]
+        # a histogram's series as asked (no buckets for a mean); others as any part may map
+        tails = sorted(n[len(sig) :] for n in names if signal.kind == "histogram" and n.startswith(sig))
+        for alias in signal.aliases:
+            groups[f"({'|'.join(tails)})" if tails else "(_total|_bucket|_sum|_count)?"].add(alias.name)
+    if facts:
+        groups["(_total|_bucket|_sum|_count)?"].update(f.name for f in catalog.facts)
+    parts = []
+    for tails, declared in sorted(groups.items()):
+        alternatives = {re.escape(d) for d in declared} | {
+            re.escape(d.replace(":", "_", 1)) for d in declared if ":" in d
+        }
+        parts.append(f"(({'|'.join(sorted(alternatives))}){tails})")
     kv = "|".join(sorted(re.escape(KVSCOPE_PREFIX + n) for n in names))
-    return f"(({native})(_total|_bucket|_sum|_count)?)|({kv})"
+    return "|".join(parts or ["($^)"]) + f"|({kv})"
 
 
 def selector_for(

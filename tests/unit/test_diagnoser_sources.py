@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from kvscope.agent.signals import load_catalog
 from kvscope.diagnoser.sources.agent import parse_facts_answer, parse_samples_answer
-from kvscope.diagnoser.sources.prometheus import frame_from_matrix, native_names, selector_for
+from kvscope.diagnoser.sources.prometheus import frame_from_matrix, selector_for, wire_pattern
 
 
 def test_selector_asks_for_every_upstream_alias_and_the_kvscope_reexport():
@@ -20,7 +22,22 @@ def test_selector_asks_for_every_upstream_alias_and_the_kvscope_reexport():
         "kvscope_engine_kv_cache_usage_ratio",
     ):
         assert name.replace(":", "\\:") in sel or name in sel, name
-    assert "vllm:cache_config_info" in native_names({"engine_requests_waiting"}, load_catalog())
+    assert "vllm:cache_config_info" in selector_for({"engine_requests_waiting"}, load_catalog())
+
+
+def test_wire_pattern_asks_for_a_histograms_series_as_named():
+    """A mean reads `_sum` and `_count`: its buckets (ten to twenty series each) are not fetched;
+    counters still match every part a dialect may map (a histogram's `_sum` read as a counter)."""
+    catalog = load_catalog()
+    mean = wire_pattern({"request_ttft_seconds_sum", "request_ttft_seconds_count"}, catalog)
+    assert re.fullmatch(mean, "vllm:time_to_first_token_seconds_count")
+    assert re.fullmatch(mean, "vllm_time_to_first_token_seconds_sum")  # Ray's spelling
+    assert not re.fullmatch(mean, "vllm:time_to_first_token_seconds_bucket")
+    assert re.fullmatch(
+        wire_pattern({"request_ttft_seconds_bucket"}, catalog), "vllm:time_to_first_token_seconds_bucket"
+    )
+    assert re.fullmatch(wire_pattern({"engine_preemptions_total"}, catalog), "vllm:num_preemptions_total")
+    assert re.fullmatch(wire_pattern({"engine_preemptions_total"}, catalog), "kvscope_engine_preemptions_total")
 
 
 def test_frame_from_matrix_normalizes_native_series_per_target():
