@@ -113,10 +113,10 @@ def _chain_same_series(cc: ConditionCompiler, conds: list[tree.Cond], kept: list
     return out
 
 
-def fact_selectors(rule: Rule, catalog: Catalog) -> tuple[tuple[str, ...], list[str]]:
+def fact_selectors(rule: Rule, catalog: Catalog, exported: bool = False) -> tuple[tuple[str, ...], list[str]]:
     """(one selector per `fact == value` test whose fact only info-gauge labels carry: an engine
     without such a series cannot fire; the tests left to the evaluator, with the reason). Only
-    for rules grouped by instance."""
+    for rules grouped by instance. `exported`: the series that carry the fact with any value."""
     tests = rule.tree.facts
     if not tests:
         return (), []
@@ -132,7 +132,8 @@ def fact_selectors(rule: Rule, catalog: Catalog) -> tuple[tuple[str, ...], list[
             left.append(f"fact {name}: checked by the evaluator")
             continue
         value = re.escape(test.value).replace("\\", "\\\\").replace('"', '\\"')
-        out.append(f'{{__name__=~"{"|".join(re.escape(n) for n in info)}",{name}=~"(?i){value}"}}')
+        cond = '!=""' if exported else f'=~"(?i){value}"'
+        out.append(f'{{__name__=~"{"|".join(re.escape(n) for n in info)}",{name}{cond}}}')
     return tuple(out), left
 
 

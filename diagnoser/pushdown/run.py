@@ -25,7 +25,7 @@ from kvscope.diagnoser.promql.series import SeriesCompiler
 from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown.candidates import Group, Hits, candidate_exprs, describe, read_candidates
 from kvscope.diagnoser.pushdown.evidence import Fetched, fetch_needs, rule_frame, rule_needs
-from kvscope.diagnoser.pushdown.prefilter import hold_steps, rule_reach
+from kvscope.diagnoser.pushdown.prefilter import fact_selectors, hold_steps, rule_reach
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
@@ -261,8 +261,15 @@ def _quiet(
     """A rule no candidate can fire for: no findings, or why the full path skips it (its
     mechanism off or unknown, no series for any group), from the TSDB; judged on every engine's
     series where PromQL cannot tell."""
-    if rule.tree.facts:
-        return _judged_in_full(client, rule, grid, step, catalog, levers)  # facts: from every engine's info series
+    if rule.tree.facts:  # the full path's first test: does any engine export them (info gauges)?
+        sels, left = fact_selectors(rule, catalog, exported=True)
+        if left or not sels:
+            return _judged_in_full(client, rule, grid, step, catalog, levers)
+        span = int(np.ceil(float(grid[-1] - grid[0]) + DEFAULT_LOOKBACK_S))
+        each = [f"group by (instance) (last_over_time({sel}[{span}s]))" for sel in sels]
+        if not client.query(f"count({' and on (instance) '.join(each)})", float(grid[-1])):
+            names = ", ".join(sorted({f.fact for f in rule.tree.facts}))
+            return Skipped(rule.id, f"{MECHANISM_UNKNOWN} engine fact(s) {names} not exported")
     mech = _mechanism(client, rule, reader, grid)
     if mech is False:
         return _judged_in_full(client, rule, grid, step, catalog, levers)
