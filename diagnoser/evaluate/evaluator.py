@@ -228,13 +228,9 @@ def _findings(rule: Rule, ce: ConditionEvaluator, levers: dict[str, Lever]) -> l
 
 
 def _judged(truth: np.ndarray, ce: ConditionEvaluator) -> None:
-    """No condition holds before the frame's `judged_from` (points fetched only to feed ranges),
-    nor outside its `judged` stretches."""
-    frame = ce.ev.frame
-    if frame.judged_from > 0:
-        truth[:, : frame.judged_from] = False
-    if frame.judged is not None:
-        truth &= frame.judged.mask(ce.by, ce.keys, truth.shape[1])
+    """No condition holds outside the frame's `judged` stretches."""
+    if ce.ev.frame.judged is not None:
+        truth &= ce.ev.frame.judged.mask(ce.by, ce.keys, truth.shape[1])
 
 
 def _resolved(rule: Rule, f: Finding) -> Finding:

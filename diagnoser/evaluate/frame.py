@@ -72,11 +72,8 @@ class Frame:
     cache: dict | None = field(default_factory=dict)  # series computed once, shared by rules (None = off)
     down: dict[str, np.ndarray] = field(default_factory=dict)
     """instance -> grid points at which its latest scrape had failed (mark_stale)."""
-    judged_from: int = 0
-    """Grid index from which conditions are judged; earlier points only feed ranges (a frame the
-    pushdown path fetched from where a rule's prefilter first held: diagnoser/pushdown/)."""
     judged: JudgedSpans | None = None
-    """Where conditions are judged, per group (None: everywhere from `judged_from`): the pushdown
+    """Where conditions are judged, per group (None: everywhere): the pushdown
     path fetches each candidate's data only around the stretches where it can fire."""
     outer: tuple[float, float] | None = None
     """The whole window when the grid is a stretch of it (the fleet path evaluates a rule only

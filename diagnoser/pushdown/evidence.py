@@ -177,27 +177,25 @@ def summed_buckets(
     """The leaf's buckets summed by the TSDB over `by` and `le`, on grid[first:last+1], when that
     is exactly the sum the evaluator takes (of integer counts): the same series present at every
     grid point of the span, none reset, every sum finite. None otherwise (the raw series are read)."""
-    name, t0, t1, steps = node.signal + "_bucket", float(grid[first]), float(grid[last]), last - first + 1
+    name, t0, t1, step = node.signal + "_bucket", float(grid[first]), float(grid[last]), float(grid[1] - grid[0])
     match = [(label, "=~", "|".join(_escape_re(v) for v in vs)) for label, vs in node.match] + pinned
     group, rng = ", ".join((*by, "le")), f"{int(np.ceil(t1 - t0 + DEFAULT_LOOKBACK_S))}s"
     try:
         series = client.query(f"count by ({group}) ({reader.read(name, match, 'last_over_time', rng)})", t1)
         resets = client.query(f"sum by ({group}) ({reader.read(name, match, 'resets', rng)}) > 0", t1)
-        counts = client.range_parts(f"count by ({group}) ({reader.read(name, match)})", t0, t1, grid[1] - grid[0])
-        sums = client.range_parts(
-            f"sum by ({group}) ({reader.read(name, match, by=by, outer='sum')})", t0, t1, grid[1] - grid[0]
-        )
+        each, summed = reader.read(name, match), reader.read(name, match, by=by, outer="sum")
+        counts, sums = [
+            client.range_parts(f"{op} by ({group}) ({e})", t0, t1, step) for op, e in (("count", each), ("sum", summed))
+        ]
     except (NotExpressible, KeyError, ValueError, PromError):
         return None
     want = {make_labels(s.get("metric") or {}): float(s["value"][1]) for s in series}
-    keys, n = matrix_on_grid(counts, t0, float(grid[1] - grid[0]), steps)
-    labels, values = matrix_on_grid(sums, t0, float(grid[1] - grid[0]), steps)
-    same = [want.get(make_labels(k), np.nan) for k in keys]
-    if resets or not want or len(keys) != len(want) or not (n == np.array(same)[:, None]).all():
-        return None
-    if {make_labels(k) for k in labels} != set(want) or not np.isfinite(values).all():
-        return None
-    return Block([make_labels(k) for k in labels], values)
+    keys, n = matrix_on_grid(counts, t0, step, last - first + 1)
+    metrics, values = matrix_on_grid(sums, t0, step, last - first + 1)
+    labels, full = [make_labels(m) for m in metrics], [make_labels(k) for k in keys]
+    held = all((row == want.get(key)).all() for key, row in zip(full, n, strict=True))
+    exact = not resets and want and sorted(full) == sorted(want) == sorted(labels) and held
+    return Block(labels, values) if exact and np.isfinite(values).all() else None
 
 
 # ------------------------------------------------------------------------------ fetching

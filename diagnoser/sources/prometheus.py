@@ -52,43 +52,28 @@ def fetch_frame(
     end: float,
     step: float,
     instances: list[str] | None = None,
-    fetch_from: float | None = None,
     catalog: Catalog | None = None,
-    fetch_to: float | None = None,
 ) -> Frame:
     """The canonical series `names` on the grid [start, end] by `step`, of `instances` only when
-    given (batched `instance=~` matchers), fetched only between grid times `fetch_from` and
-    `fetch_to` (absent outside). A fetch of every instance over BATCH_POINTS points is cut into
-    instance batches too, each turned into rows as it arrives, to bound the answers held."""
+    given (batched `instance=~` matchers). A fetch of every instance over BATCH_POINTS points is
+    cut into instance batches too, each turned into rows as it arrives, to bound the answers held."""
     catalog = catalog or load_catalog()
     grid = make_grid(start, end, step)
-    first = (
-        start
-        if fetch_from is None
-        else max(start, grid[int(np.searchsorted(grid, fetch_from - 1e-6))] if fetch_from <= end else end)
-    )
-    last = end if fetch_to is None else float(grid[max(0, int(np.searchsorted(grid, fetch_to + 1e-6)) - 1)])
-    last = max(first, last)
+    last = float(grid[-1])
     batched = instances
     if instances is None:
-        batched = _every_instance_if_large(client, names, catalog, first, last, step)
+        batched = _every_instance_if_large(client, names, catalog, start, last, step)
     selectors = [selector_for(names, catalog, batch) for batch in _batches(batched)]
     if instances is None and batched is not None:
         selectors.append(selector_for(names, catalog, no_instance=True))
     what = f"raw series of {len(batched)} instance(s)" if batched is not None else "raw series"
     n_series = 0 if batched is None else min(len(batched), INSTANCE_BATCH) * max(1, len(names)) * 4
-    offset = int(round((first - start) / step))
 
     def one(sel: str) -> Frame:
-        result = client.range_parts(sel, first, last, step, series=n_series, what=what)
-        return frame_from_matrix(result, start, end, step, names, catalog, offset=offset)
+        result = client.range_parts(sel, start, last, step, series=n_series, what=what)
+        return frame_from_matrix(result, start, end, step, names, catalog)
 
-    frame = _concat_frames(client.map(one, selectors), grid)
-    if last < end:  # nothing was fetched after `last`: absent, not carried
-        until = int(round((last - start) / step)) + 1
-        for block in frame.blocks.values():
-            block.values[:, until:] = np.nan
-    return frame
+    return _concat_frames(client.map(one, selectors), grid)
 
 
 BATCH_POINTS = 4_000_000
@@ -138,20 +123,18 @@ def wire_pattern(names: set[str], catalog: Catalog, facts: bool = False) -> str:
     """A regex of every name on the wire that produces the canonical sample names (native names,
     Ray's `vllm_x` spelling of `vllm:x`, the agent's `kvscope_*`; the facts' info gauges with `facts`)."""
     groups: dict[str, set[str]] = defaultdict(set)  # suffixes on the wire -> native names
+    any_part = "(_total|_bucket|_sum|_count)?"
     for sig in {signal_of(n, catalog) for n in names} & catalog.signals.keys():
         signal = catalog.signals[sig]
         # a histogram's series as asked (no buckets for a mean); others as any part may map
-        tails = sorted(n[len(sig) :] for n in names if signal.kind == "histogram" and n.startswith(sig))
-        for alias in signal.aliases:
-            groups[f"({'|'.join(tails)})" if tails else "(_total|_bucket|_sum|_count)?"].add(alias.name)
+        tails = sorted(n[len(sig) :] for n in names if signal.kind == "histogram" and signal_of(n, catalog) == sig)
+        groups[f"({'|'.join(tails)})" if tails else any_part].update(a.name for a in signal.aliases)
     if facts:
-        groups["(_total|_bucket|_sum|_count)?"].update(f.name for f in catalog.facts)
-    parts = []
-    for tails, declared in sorted(groups.items()):
-        alternatives = {re.escape(d) for d in declared} | {
-            re.escape(d.replace(":", "_", 1)) for d in declared if ":" in d
-        }
-        parts.append(f"(({'|'.join(sorted(alternatives))}){tails})")
+        groups[any_part].update(f.name for f in catalog.facts)
+    spelled = {
+        sfx: {re.escape(w) for d in declared for w in (d, d.replace(":", "_", 1))} for sfx, declared in groups.items()
+    }
+    parts = [f"(({'|'.join(sorted(alts))}){sfx})" for sfx, alts in sorted(spelled.items())]
     kv = "|".join(sorted(re.escape(KVSCOPE_PREFIX + n) for n in names))
     return "|".join(parts or ["($^)"]) + f"|({kv})"
 
@@ -178,18 +161,14 @@ def frame_from_matrix(
     names: set[str] | None = None,
     catalog: Catalog | None = None,
     lookback_s: float = DEFAULT_LOOKBACK_S,
-    offset: int = 0,
 ) -> Frame:
     """A range-query matrix on the grid [start, end] by `step` -> a Frame of canonical series:
     native series mapped per scrape target through its dialect (collapsing series combined as the
-    normalizer does), a missing point carried from the previous one within the lookback. `offset`:
-    the matrix starts at grid index `offset` (earlier points are absent)."""
+    normalizer does), a missing point carried from the previous one within the lookback."""
     catalog = catalog or load_catalog()
     grid = make_grid(start, end, step)
     n = len(grid)
-    metrics, values = matrix_on_grid(result, grid[min(offset, n - 1)], step, n - offset)
-    if offset:
-        values = np.concatenate([np.full((values.shape[0], offset), np.nan), values], axis=1)
+    metrics, values = matrix_on_grid(result, start, step, n)
     rows: dict[tuple[str, Labels], list] = {}
     exported: dict[tuple[str, Labels], list] = {}
     per_target: dict[tuple[str, str], list[int]] = defaultdict(list)

@@ -34,7 +34,7 @@ import yaml
 
 from kvscope.agent.signals import load_catalog
 from kvscope.diagnoser.evaluate.evaluator import diagnose, evaluate_rule, sample_names
-from kvscope.diagnoser.evaluate.frame import frame_from_samples
+from kvscope.diagnoser.evaluate.frame import JudgedSpans, frame_from_samples
 from kvscope.diagnoser.promql.rulefiles import render_rule_file
 from kvscope.diagnoser.pushdown.candidates import candidate_exprs, describe
 from kvscope.diagnoser.pushdown.prefilter import rule_reach
@@ -177,7 +177,7 @@ def _judged_cases():
                 why = "shorter than the rule's reach"
             else:
                 frame = frame_from_samples(case_samples(case, tf.interval), 0.0, case.eval_time, tf.interval)
-                frame.facts, frame.judged_from = case.facts, judged
+                frame.facts, frame.judged = case.facts, JudgedSpans((((), judged, len(frame.ts) - 1),))
                 fired = evaluate_rule(rule, frame, levers)
                 why = None if isinstance(fired, list) and fired else "fires nothing after the reach"
             out.append((pytest.param(path, tf, case, (rule, expr), judged, fired, id=f"{path.stem}::{case.name}"), why))
