@@ -260,6 +260,8 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
         out.parts.append(
             (lo, fetch_frame(client, set(names), since, until, step, instances=instances, catalog=catalog))
         )
+        for inst, facts in out.parts[-1][1].facts.items():
+            out.facts.setdefault(inst, {}).update(facts)
     rows = {(name, lab) for _, part in out.parts for name, block in part.blocks.items() for lab in block.labels}
     blocks = [b for _, part in out.parts for b in part.blocks.values()] + summed
     out.series = len(rows) + sum(len(b.labels) for b in summed)

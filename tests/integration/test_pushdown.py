@@ -34,9 +34,12 @@ import yaml
 
 from kvscope.agent.signals import load_catalog
 from kvscope.diagnoser.evaluate.evaluator import diagnose, evaluate_rule, sample_names
-from kvscope.diagnoser.evaluate.frame import JudgedSpans, frame_from_samples
+from kvscope.diagnoser.evaluate.expr import SeriesEvaluator
+from kvscope.diagnoser.evaluate.frame import Frame, JudgedSpans, frame_from_samples, make_grid
 from kvscope.diagnoser.promql.rulefiles import render_rule_file
+from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown.candidates import candidate_exprs, describe
+from kvscope.diagnoser.pushdown.evidence import summed_buckets
 from kvscope.diagnoser.pushdown.prefilter import rule_reach
 from kvscope.diagnoser.pushdown.run import diagnose_fleet
 from kvscope.diagnoser.rulebook.levers import load_levers
@@ -297,3 +300,29 @@ def test_backfilled_records_are_read_one_evaluation_at_a_time(tmp_path):
     with running_prometheus(config, tmp_path / "data", "--storage.tsdb.retention.time=100y") as prom:
         hits = read_candidates(PromClient(prom.url), {"r": "v1"}, {"r": 180.0}, grid)["r"]
     assert [g.labels for g in hits.groups] == [{"instance": "held"}]
+
+
+def test_a_models_quantile_from_buckets_the_tsdb_summed_is_the_evaluators_own(tmp_path):
+    """length_drift takes p99s over a model's replicas: summed by Prometheus (`sum by (model, le)`)
+    the buckets give bit for bit the quantiles of every replica's buckets summed by the evaluator,
+    and a stretch where series start (or any check fails) gets no sum: the raw series are read."""
+    start, end, step = _backfilled_fleet(tmp_path, candidates=False)
+    rule = next(r for r in read_rules() if r.id == "length_drift")
+    reader, catalog = InlineSignals(load_catalog()), load_catalog()
+    with running_prometheus(
+        tmp_path / "prometheus.yml", tmp_path / "data", "--storage.tsdb.retention.time=100y"
+    ) as prom:
+        client = PromClient(prom.url)
+        grid = make_grid(start, end, step)
+        models = sorted(client.label_values("model_name", ['{__name__=~"vllm:.+"}'], start, end))
+        pinned = [("model", "=~", "|".join(models))]
+        node = rule.tree.series["prompt_p99"]
+        block = summed_buckets(client, node, pinned, ("model",), grid, 0, len(grid) - 1, reader)
+        assert block is not None and {dict(lab)["model"] for lab in block.labels} == set(models)
+        raw = fetch_frame(client, {"request_prompt_tokens_bucket"}, start, end, step, catalog=catalog)
+        summed = Frame(ts=grid, blocks={"request_prompt_tokens_bucket": block})
+        a, b = SeriesEvaluator(rule, summed).get("prompt_p99"), SeriesEvaluator(rule, raw).get("prompt_p99")
+        assert a.keys == b.keys and np.count_nonzero(~np.isnan(a.values)) > len(grid)
+        assert np.array_equal(a.values, b.values, equal_nan=True)
+        early = make_grid(start - 4500, start - 3000, step)  # the fleet's series start inside it
+        assert summed_buckets(client, node, pinned, ("model",), early, 0, len(early) - 1, reader) is None
