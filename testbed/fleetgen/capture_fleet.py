@@ -62,14 +62,16 @@ class Family:
 
 def read_capture(path: Path = CAPTURE) -> list[Family]:
     """The capture's families that kvscope's catalog reads (by upstream name)."""
+    from kvscope.agent.signals import load_catalog, signal_of
     from kvscope.diagnoser.evaluate.evaluator import sample_names
     from kvscope.diagnoser.rulebook.rule import read_rules
     from kvscope.diagnoser.sources.prometheus import wire_pattern
 
-    catalog_names = set().union(*(sample_names(r) for r in read_rules()))
-    from kvscope.agent.signals import load_catalog
-
-    wanted = re.compile(wire_pattern(catalog_names, load_catalog()))
+    catalog = load_catalog()
+    read = set().union(*(sample_names(r) for r in read_rules()))
+    # every series of a signal the rules read (a histogram's buckets too where a rule reads its mean)
+    signals = [catalog.signals[s] for s in {signal_of(n, catalog) for n in read} & catalog.signals.keys()]
+    wanted = re.compile(wire_pattern(read | {n for sig in signals for n in sig.series_names()}, catalog))
     types: dict[str, str] = {}
     fams: dict[str, Family] = {}
     for line in path.read_text().splitlines():
