@@ -97,22 +97,17 @@ def gauge_ratio(num: str, den: str, by: tuple[str, ...]) -> str:
     return guard(gauge(num, "sum", by), gauge(den, "sum", by))
 
 
-def latency(signal: str, by: tuple[str, ...] = (), extra: str = "", what: str = "") -> list[Query]:
+def latency(signal: str) -> tuple[Query, ...]:
     """p50, p99 and the mean of a seconds histogram."""
-    tag = _prefix(by)
-    return [
-        Query(quantile(0.5, signal, by, extra), f"{tag}p50{what}"),
-        Query(quantile(0.99, signal, by, extra), f"{tag}p99{what}"),
-        Query(mean(signal, by, extra), f"{tag}mean{what}"),
-    ]
+    return (Query(quantile(0.5, signal), "p50"), Query(quantile(0.99, signal), "p99"), Query(mean(signal), "mean"))
 
 
 # ------------------------------------------------------------------------------ request latency
 # Queries a single panel uses are constants; those used with different groupings are functions.
 
-TTFT = tuple(latency("request_ttft_seconds"))
-ITL = tuple(latency("request_itl_seconds"))
-E2E = tuple(latency("request_e2e_seconds"))
+TTFT = latency("request_ttft_seconds")
+ITL = latency("request_itl_seconds")
+E2E = latency("request_e2e_seconds")
 
 
 def p99(signal: str, by: tuple[str, ...] = (), extra: str = "") -> Query:

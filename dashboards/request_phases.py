@@ -18,12 +18,12 @@ PHASES = Row(
         Panel(
             "Queue time",
             "Time requests wait before scheduling: p50, p99, mean.",
-            tuple(q.latency("request_queue_seconds")),
+            q.latency("request_queue_seconds"),
             "seconds",
             width=12,
         ),
-        Panel("Prefill time", "Prefill phase p50, p99, mean.", tuple(q.latency("request_prefill_seconds")), "seconds"),
-        Panel("Decode time", "Decode phase p50, p99, mean.", tuple(q.latency("request_decode_seconds")), "seconds"),
+        Panel("Prefill time", "Prefill phase p50, p99, mean.", q.latency("request_prefill_seconds"), "seconds"),
+        Panel("Decode time", "Decode phase p50, p99, mean.", q.latency("request_decode_seconds"), "seconds"),
         Panel(
             "TTFT p99 by role", "99th percentile TTFT per role.", (q.p99("request_ttft_seconds", ("role",)),), "seconds"
         ),

@@ -164,22 +164,12 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
     out: list[tuple[str, list[list[str]] | list[str]]] = [("Fleet", fleet), ("Utilisation", _trap_lines(report))]
     if not report.this.pools.empty:
         out.append(("Per model / pool", _table(report.this.pools, POOL_COLUMNS, "Pool")))
-    if report.this.tenants.empty:
-        out.append(
-            (
-                "Tenants",
-                [
-                    "No per-tenant series in this source (tenant_* come from kvscope's request tap "
-                    "or trace receiver; vLLM has no tenant label)."
-                ],
-            )
-        )
-    else:
-        out.append(("Tenants", _table(report.this.tenants, TENANT_COLUMNS, "Tenant")))
+    tenants = report.this.tenants
+    out.append(("Tenants", [NO_TENANTS] if tenants.empty else _table(tenants, TENANT_COLUMNS, "Tenant")))
     out += _efficiency_sections(report)
+    rows: list[list[str]] | list[str] = ["No findings this week."]
     if report.incidents:
-        rows = [["Severity", "Finding", "Where", "Since", "Levers"]]
-        rows += [
+        rows = [["Severity", "Finding", "Where", "Since", "Levers"]] + [
             [
                 i.severity,
                 incident_text(i),
@@ -189,12 +179,14 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
             ]
             for i in report.incidents
         ]
-        out.append(("Top findings", rows))
-    else:
-        out.append(("Top findings", ["No findings this week."]))
+    out.append(("Top findings", rows))
     return out
 
 
+NO_TENANTS = (
+    "No per-tenant series in this source (tenant_* come from kvscope's request tap or trace receiver; "
+    "vLLM has no tenant label)."
+)
 NOT_EXPORTED = "not exported by these engines"
 
 

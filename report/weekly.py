@@ -758,18 +758,15 @@ def build_report(
     end: float,
     gpu_hour_cost: float,
     source: str,
-    findings: Sequence[Finding] = (),
     top: int = 10,
     diagnoses: Sequence[Diagnosis] = (),
 ) -> WeeklyReport:
     """The week ending at `end` and, when the data reaches back, the week before it. The top
-    findings are the `top` highest-scoring incidents: `diagnoses` grouped by `group_incidents`,
-    plus loose `findings`, one incident each."""
+    findings are the `top` highest-scoring incidents of `diagnoses` (grouped by `group_incidents`)."""
     this = compute_week(ss, end - WEEK_S, end, gpu_hour_cost)
     first = ss.first_ts()
     previous = None
     if first is not None and first <= end - WEEK_S:
         previous = compute_week(ss, end - 2 * WEEK_S, end - WEEK_S, gpu_hour_cost)
-    incidents = group_incidents(diagnoses) + [Incident(f) for f in findings]
-    ranked = sorted(incidents, key=lambda i: (-i.head.score, -(i.head.until - i.head.since)))[:top]
+    ranked = sorted(group_incidents(diagnoses), key=lambda i: (-i.head.score, -(i.head.until - i.head.since)))[:top]
     return WeeklyReport(this, previous, gpu_hour_cost, source, ranked, attribution_note(ss))

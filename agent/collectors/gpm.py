@@ -1,12 +1,9 @@
-"""GPU Performance Monitoring (GPM, Hopper and later) through NVML: SM activity and occupancy,
-tensor, FP pipe and DRAM bandwidth utilisation, under the canonical signals dcgm-exporter's
-profiling fields (DCGM_FI_PROF_*) normalize to, so rules read one signal whatever the source.
-
-A GPM metric is computed between two samples: `GpmSampler` keeps two NVML sample buffers per GPU
-and swaps them each collection, so a GPU's first collection yields nothing. A GPU that cannot do
-GPM (pre-Hopper, MIG enabled, bindings or driver without the calls) is asked once, then skipped;
-`status()` says why, per GPU. All calls go through the collector's `_Reader` (errors counted,
-never raised); constants and ctypes structures come from the loaded bindings.
+"""GPU Performance Monitoring (GPM, Hopper and later) through NVML, under the canonical signals
+dcgm-exporter's profiling fields (DCGM_FI_PROF_*) normalize to. A metric is computed between two
+samples (`GpmSampler` swaps two NVML buffers per GPU, so a GPU's first collection yields nothing);
+a GPU that cannot do GPM is asked once, then skipped, `status()` saying why (docs/collectors.md
+"nvml"). All calls go through the collector's `_Reader` (errors counted, never raised); constants
+and ctypes structures come from the loaded bindings.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Host collector: CPU, memory and network of the node, and CPU time / resident memory of the
-local engine processes (vLLM, SGLang), read through psutil.
-
-Engine processes are found by matching their command line against regular expressions; the
-command line itself is never recorded (it can carry model paths, tokens, API keys): a process is
-labelled only with its `pid` and its short `process` name. Each engine process is tied to the
-scrape target it serves when it (or its nearest matching ancestor, e.g. the API server above a
-vLLM `EngineCore`) listens on the port of a local target; it then carries that target's
-`instance` label.
+local engine processes (vLLM, SGLang), read through psutil; which processes, and how each is tied
+to the `instance` of the local target it serves: docs/collectors.md "host". The command line is
+only matched, never recorded (it can carry model paths, tokens, API keys): a process is labelled
+only with its `pid` and its short `process` name.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """NVML collector: per-GPU utilisation, memory, power, energy, temperature, clocks and clock-event
 (throttle) reasons, PCIe and NVLink throughput, per-process memory, MIG layout and GPM metrics
-(agent/collectors/gpm.py), through NVIDIA's `nvidia-ml-py` bindings (`import pynvml`).
-
-A getter the GPU or driver does not support yields nothing (absent, never 0). Without a driver the
-collector is down with the NVML error class as reason (`NVMLError_LibraryNotFound`...) and emits no
-values; it retries the initialisation at most every `retry_s` seconds. The unit tests run it
-against `FakeNvml` (testbed/nvml_fake.py), fed from a JSON recording (tests/fixtures/nvml/).
+(agent/collectors/gpm.py), through NVIDIA's `nvidia-ml-py` bindings (`import pynvml`). An
+unsupported getter yields nothing (absent, never 0); without a driver the collector is down and
+retries every `retry_s`. Calls, failure modes and the fake it is tested on: docs/collectors.md "nvml".
 """
 
 from __future__ import annotations

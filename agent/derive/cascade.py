@@ -70,10 +70,6 @@ class CascadeReport:
     evicting_from: str | None = None  # stage 2 first shown by "counter" or "queues"
 
     @property
-    def stage_name(self) -> str:
-        return STAGES[self.stage]
-
-    @property
     def lead_time_s(self) -> float | None:
         """Seconds from the root (KV high) to the latency symptom; None until both happened."""
         if 1 in self.onsets and 4 in self.onsets:

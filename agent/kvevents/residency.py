@@ -1,15 +1,8 @@
-"""Block residency and churn from KV events (002 §7.4 LRU failure, §7.7 "KV residency time").
-
-For every block hash the tracker remembers when it was stored; a BlockRemoved gives its
-residency (stored -> evicted, every block, not sampled like vLLM's --kv-cache-metrics). A hash
-stored again within `churn_window_s` of its eviction was *evicted then recomputed*: work the
-cache had done and threw away. A block is *hot* when it was reused (BlockStored for a resident
-hash: vLLM emits those with `kv_cache_report_mode=full`) or recomputed at least
-`hot_min_uses` times; evicting a hot block is the LRU failure of 002 §7.4 (a shared system
-prompt slid to the bottom of the recency queue).
-
-Memory: at most `max_blocks` resident and `max_blocks` recently evicted hashes (oldest dropped,
-counted).
+"""Block residency and churn from KV events (002 §7.4 LRU failure, §7.7 "KV residency time"):
+the residency of every evicted block, hashes evicted then stored again within `churn_window_s`
+(recomputed), and evictions of hot blocks (reused, or recomputed `hot_min_uses` times); the
+definitions are in docs/requests.md §4. Memory: at most `max_blocks` resident and `max_blocks`
+recently evicted hashes (oldest dropped, counted).
 """
 
 from __future__ import annotations

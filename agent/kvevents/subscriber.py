@@ -1,15 +1,10 @@
 """ZMQ subscriber for engine KV events; a collector that reports residency and churn series.
 
-Config (agent YAML, section `kv_events`; one entry per engine publisher)::
-
-    kv_events:
-      - endpoint: ipc:///run/vllm/kv-events.sock   # vLLM binds ipc/`*` endpoints; we connect
-        instance: 127.0.0.1:8000                    # the engine's scrape instance, for joins
-        topic: kv                                   # optional ZMQ topic prefix ("" = all)
-
-vLLM adds the DP rank to a tcp port per rank: list one entry per rank. PUB/SUB drops what was
-published before the subscriber connected (slow joiner), so start the agent before traffic, or
-accept that early blocks show up as `removed_unknown`.
+Config: agent YAML section `kv_events`, one entry per engine publisher (docs/requests.md §4):
+`endpoint` (vLLM binds ipc/`*` endpoints; we connect), `instance` (the engine's scrape instance,
+for joins), optional `topic` (ZMQ topic prefix, "" = all). vLLM adds the DP rank to a tcp port per
+rank: list one entry per rank. PUB/SUB drops what was published before the subscriber connected
+(slow joiner), so start the agent before traffic, or accept early blocks as `removed_unknown`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Recognised log lines -> canonical samples, one snapshot per engine and log time.
-
-An engine (stream) is one (instance, engine, DP rank). At each of its log times it gets what a
-scrape then would have read: running / waiting requests, KV usage and prefix hit ratio as logged;
-token counters integrated from the logged rates (vLLM: over the gap to the previous stats line,
-at most the stream's median gap; SGLang: summed from Prefill lines, generation integrated between
-Decode lines); preemptions from vLLM V1 `Preemptions`, V0's cumulative warning (every 50th) or
-SGLang's retractions. docs/logs.md has each source. A signal no line carries is absent, never
-zero; counters start at 0 at the stream's first line."""
+"""Recognised log lines -> canonical samples, one snapshot per engine stream (instance, engine, DP
+rank) and log time: what a scrape then would have read, token counters integrated from the logged
+rates, preemptions summed from the warnings (docs/logs.md, "What a line gives", has each source and
+rule). A signal no line carries is absent, never zero; counters start at 0 at the stream's first line."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """Parse Prometheus text (0.0.4) and OpenMetrics exposition into raw samples (upstream names kept;
-agent/normalize/dialect.py maps them). Pure text -> data. Prometheus 3 quoted UTF-8 names are read.
-
-Bad lines never raise: each becomes a `ParseIssue` (line number, reason) and parsing goes on.
-Linear time on any input: every regex is possessive (`*+`, `?+`), so none can backtrack, and each
-line is matched once (a second, diagnosing pass runs only on a line that failed). Per line at most
-`MAX_LINE` characters, `MAX_LABELS` labels, `MAX_VALUE` characters per label value (else dropped:
-line_too_long / too_many_labels / label_value_too_long). Passing one of a target's `Limits` or the
-`deadline` (time.monotonic) stops the parse with a `*_exceeded` / parse_timeout issue.
-
-Numbers are read as Prometheus does: `[+-]` decimal/exponent, `Inf`, `NaN` (ASCII digits only);
-text-format timestamps are integer milliseconds, OpenMetrics ones decimal seconds. OpenMetrics
-lines take single spaces and no blank lines.
+agent/normalize/dialect.py maps them). Pure text -> data. Bad lines never raise: each becomes a
+`ParseIssue` (line number, reason) and parsing goes on. Linear time on any input: every regex is
+possessive (`*+`, `?+`) and each line is matched once (a diagnosing pass runs only on a failed line).
+The per-line bounds, `Limits`, `deadline` and every drop reason: docs/collectors.md "Bounds and
+limits". Timestamps: integer ms (text format), decimal seconds (OpenMetrics).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""Span stitching: spans of one trace -> request records with queue / prefill / KV transfer / decode.
-
-Reads vLLM's `llm_request` span (phases from `gen_ai.latency.*`), SGLang's request tree (root
-`"<role> Req <rid>"` and its stage slices; the root's `gen_ai.latency.*` fill phases without a
-slice), and a prefill/decode pair in one trace, whose KV transfer is an explicit transfer span or
-else the gap from the prefill span's end to the decode instance running the request. Tenant,
-model, instance and role come from `kvscope.*` / `gen_ai.*` attributes or per-`service.name`
-labels (docs/requests.md §1).
-
-Bounded: `max_traces` open traces of `max_spans_per_trace` spans; a trace is finished `settle_s`
-after its last span (a lone P/D half waits up to `ttl_s` for the other) and dropped, counted,
-after `ttl_s` without a request span."""
+"""Span stitching: spans of one trace -> request records with queue / prefill / KV transfer / decode,
+from vLLM's `llm_request` span, SGLang's request tree or a prefill/decode pair in one trace
+(docs/requests.md §1 says which spans and attributes give each phase and label). Bounded:
+`max_traces` open traces of `max_spans_per_trace` spans; a trace is finished `settle_s` after its
+last span (a lone P/D half waits up to `ttl_s` for the other) and dropped, counted, after `ttl_s`
+without a request span."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.agent.derive.cascade import CascadeConfig, evaluate_cascade, render_cascade_samples
+from kvscope.agent.derive.cascade import STAGES, CascadeConfig, evaluate_cascade, render_cascade_samples
 from kvscope.agent.recording.replay import replay_recording
 from kvscope.agent.signals import Sample, make_labels
 
@@ -49,7 +49,7 @@ def _cascade_run():
 
 def test_full_cascade_reaches_stage_4_with_ordered_onsets_and_lead_time():
     rep = evaluate_cascade(_cascade_run())["e0:8000"]
-    assert rep.stage == 4 and rep.stage_name == "latency"
+    assert rep.stage == 4 and STAGES[rep.stage] == "latency"
     assert rep.onsets == {1: 10.0, 2: 20.0, 3: 25.0, 4: 35.0}
     assert _ordered(rep)
     assert rep.lead_time_s == 25.0
