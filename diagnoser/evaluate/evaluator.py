@@ -138,7 +138,7 @@ def mechanism_off(rule: Rule, ev: SeriesEvaluator, facts: dict[str, dict[str, st
     and never above 0 = off; absent = unknown (not evaluable), as are `facts` no instance exports."""
     wanted = {f.fact for f in rule.tree.facts}
     if wanted and not any(wanted <= set(known) for known in facts.values()):
-        return Skipped(rule.id, f"{MECHANISM_UNKNOWN} engine fact(s) {', '.join(sorted(wanted))} not exported")
+        return facts_unknown(rule)
     mech = rule.tree.mechanism
     if not mech:
         return None
@@ -147,6 +147,14 @@ def mechanism_off(rule: Rule, ev: SeriesEvaluator, facts: dict[str, dict[str, st
         return None
     state = MECHANISM_OFF if (~np.isnan(values)).any() else MECHANISM_UNKNOWN
     return Skipped(rule.id, f"{state} {mech.name} ({mech.how})")
+
+
+def facts_unknown(rule: Rule) -> Skipped:
+    """No engine exports every fact the rule tests: not evaluable."""
+    return Skipped(
+        rule.id,
+        f"{MECHANISM_UNKNOWN} engine fact(s) {', '.join(sorted({f.fact for f in rule.tree.facts}))} not exported",
+    )
 
 
 # ---------------------------------------------------------------------------- signals needed

@@ -18,7 +18,14 @@ from typing import Any
 import numpy as np
 
 from kvscope.agent.signals import Catalog, load_catalog
-from kvscope.diagnoser.evaluate.evaluator import auto_time_scale, conclude, evaluate_rule, required_absent, sample_names
+from kvscope.diagnoser.evaluate.evaluator import (
+    auto_time_scale,
+    conclude,
+    evaluate_rule,
+    facts_unknown,
+    required_absent,
+    sample_names,
+)
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid
 from kvscope.diagnoser.findings import MECHANISM_OFF, MECHANISM_UNKNOWN, Diagnosis, Finding, Skipped
 from kvscope.diagnoser.promql.series import SeriesCompiler
@@ -268,8 +275,7 @@ def _quiet(
         span = int(np.ceil(float(grid[-1] - grid[0]) + DEFAULT_LOOKBACK_S))
         each = [f"group by (instance) (last_over_time({sel}[{span}s]))" for sel in sels]
         if not client.query(f"count({' and on (instance) '.join(each)})", float(grid[-1])):
-            names = ", ".join(sorted({f.fact for f in rule.tree.facts}))
-            return Skipped(rule.id, f"{MECHANISM_UNKNOWN} engine fact(s) {names} not exported")
+            return facts_unknown(rule)
     mech = _mechanism(client, rule, reader, grid)
     if mech is False:
         return _judged_in_full(client, rule, grid, step, catalog, levers)
