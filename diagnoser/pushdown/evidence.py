@@ -1,7 +1,8 @@
 """The evidence a rule's candidates need: which raw series, of which instances, over which span.
 
 `rule_needs` plans per leaf and candidate: a leaf by `instance` needs that instance's series, by
-`model` every instance serving the candidates' models, by nothing every instance's. `fetch_needs`
+`model` every instance serving the candidates' models (a quantile's buckets summed by the TSDB
+when that is exact: `summed_buckets`), by nothing every instance's. `fetch_needs`
 fetches the every-instance needs at once, the rest batched by names and rounded span: the
 candidate's stretch widened by SAFETY_S (to the window's end for cascades and `resolved_when`
 leaves) minus the rule's reach. `rule_frame` gives the rule a frame of its own rows.
@@ -101,12 +102,14 @@ def rule_needs(
     reach = _steps(reach_s, step) + 1
     to_end = resolved_leaves(rule)
     reads = leaf_groupings(rule)
-    leaves = [name for name, node in rule.tree.series.items() if isinstance(node, tree.Signal)]
-    one_span = "instance" not in rule.by and len({name in to_end for name in leaves}) == 1
+    leaves = {name: node for name, node in rule.tree.series.items() if isinstance(node, tree.Signal)}
+    one_span = len(grid) > 1 and "instance" not in rule.by and len({name in to_end for name in leaves}) == 1
+    reads_of: dict[str, set] = {}  # sample name -> how leaves read it: summed only where all read it alike
+    for name, leaf in leaves.items():
+        for sample in tree.leaf_names(leaf):
+            reads_of.setdefault(sample, set()).add((reads[name], isinstance(leaf, tree.Quantile), leaf.match))
     needs = []
-    for name, node in rule.tree.series.items():
-        if not isinstance(node, tree.Signal):
-            continue
+    for name, node in leaves.items():
         names = frozenset(tree.leaf_names(node))
         by = reads[name]
         first = max(0, min(lo for _, lo, _ in spans) - reach)
@@ -123,7 +126,7 @@ def rule_needs(
             continue
         values = {label: sorted({g.labels[label] for g in hits.groups}) for label in pinned}
         matchers = [(label, "=~", "|".join(_escape_re(v) for v in vs)) for label, vs in sorted(values.items())]
-        if one_span and isinstance(node, tree.Quantile) and "instance" not in by:
+        if one_span and isinstance(node, tree.Quantile) and "instance" not in by and len(reads_of[min(names)]) == 1:
             if (block := summed_buckets(client, node, matchers, by, grid, first, last, reader)) is not None:
                 needs.append(Need(names, None, first, last, block))
                 continue
