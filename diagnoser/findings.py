@@ -8,10 +8,11 @@ by `SCHEMA_VERSION`: add fields, never rename them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 SCHEMA_VERSION = 1
 
@@ -102,7 +103,7 @@ class Finding:
     defers_to: tuple[str, ...] = ()  # rules that judge the same mechanism from direct evidence
 
     def to_dict(self) -> dict[str, Any]:
-        return _clean(asdict(self))
+        return _plain(self)
 
 
 @dataclass(frozen=True)
@@ -155,20 +156,12 @@ class Diagnosis:
         return max((SEVERITY_RANK[f.severity] for f in self.findings), default=0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema_version": self.schema_version,
-            "window": list(self.window),
-            "source": self.source,
-            "likely_cause": self.likely_cause.to_dict() if self.likely_cause else None,
-            "competing": [f.to_dict() for f in self.competing],
-            "other": [f.to_dict() for f in self.other],
-            "skipped": [asdict(s) for s in self.skipped],
-            "rules_evaluated": self.rules_evaluated,
-            "time_scale": self.time_scale,
-        }
+        return _plain(self)
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+        """Strict JSON, keys sorted (NaN and infinities as null)."""
+        raw = _encode(self)
+        return (msgspec.json.format(raw, indent=indent) if indent else raw).decode()
 
 
 OVERRULED = "overruled:"
@@ -214,12 +207,17 @@ def _family(row: str) -> str:
     return row.rstrip("0123456789")
 
 
-def _clean(obj: Any) -> Any:
-    """Tuples to lists and NaN to None so the dict is strict JSON."""
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, float) and obj != obj:
-        return None
-    return obj
+def _encode(obj: Any) -> bytes:
+    """`obj` (dataclasses, tuples, numpy scalars) as strict JSON, keys sorted, NaN as null."""
+    return msgspec.json.encode(obj, order="sorted", enc_hook=_scalar)
+
+
+def _scalar(obj: Any) -> Any:
+    if hasattr(obj, "item"):  # a numpy scalar
+        return obj.item()
+    raise TypeError(f"cannot write {type(obj).__name__} as JSON")
+
+
+def _plain(obj: Any) -> Any:
+    """`obj` as the JSON reader gives it back: dicts, lists, None for NaN."""
+    return msgspec.json.decode(_encode(obj))
