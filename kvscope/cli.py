@@ -21,22 +21,27 @@ moved, and names the tuning lever that fixes it, with evidence and a citation.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; with `argv` naming a command, only that command's module is
+    imported (the others get a bare parser that nothing shows), so a command starts quickly."""
     parser = argparse.ArgumentParser(
         prog="kvscope", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"kvscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
+    names = sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
+    asked = next((a for a in argv or () if not a.startswith("-")), None)
+    for name in names:
+        if asked in names and name != asked:
+            sub.add_parser(name)
             continue
-        module = importlib.import_module(f"kvscope.commands.{info.name}")
-        module.register(sub)
+        importlib.import_module(f"kvscope.commands.{name}").register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -52,3 +52,14 @@ def test_help_has_a_description_and_an_example(name):
 def test_agent_examples_use_the_agents_port_not_dcgms(name):
     text = COMMANDS[name].format_help()
     assert "127.0.0.1:9464" in text and ":9400" not in text
+
+
+def test_a_named_command_imports_no_other_command(tmp_path):
+    """`kvscope diagnose` does not pay for the agent's server and collectors at start."""
+    import subprocess
+    import sys
+
+    code = "import sys; from kvscope.cli import build_parser; build_parser(['diagnose', '--help']); "
+    code += "print(sorted(m for m in sys.modules if m.startswith('kvscope.commands.') and '._' not in m))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['kvscope.commands.diagnose']"
