@@ -108,7 +108,7 @@ def rule_needs(
     for name, leaf in leaves.items():
         for sample in tree.leaf_names(leaf):
             reads_of.setdefault(sample, set()).add((reads[name], isinstance(leaf, tree.Quantile), leaf.match))
-    needs = []
+    needs, summed = [], {}  # summed: p50 and p99 of one histogram share one sum
     for name, node in leaves.items():
         names = frozenset(tree.leaf_names(node))
         by = reads[name]
@@ -127,8 +127,11 @@ def rule_needs(
         values = {label: sorted({g.labels[label] for g in hits.groups}) for label in pinned}
         matchers = [(label, "=~", "|".join(_escape_re(v) for v in vs)) for label, vs in sorted(values.items())]
         if one_span and isinstance(node, tree.Quantile) and "instance" not in by and len(reads_of[min(names)]) == 1:
-            if (block := summed_buckets(client, node, matchers, by, grid, first, last, reader)) is not None:
-                needs.append(Need(names, None, first, last, block))
+            key = (node.signal, node.match, tuple(matchers), by)
+            if key not in summed:
+                summed[key] = summed_buckets(client, node, matchers, by, grid, first, last, reader)
+            if summed[key] is not None:
+                needs.append(Need(names, None, first, last, summed[key]))
                 continue
         instances = resolve_instances(client, sorted(names)[0], matchers, grid, first, last, reader) if pinned else None
         needs.append(Need(names, instances, first, last))
@@ -184,12 +187,16 @@ def summed_buckets(
     match = [(label, "=~", "|".join(_escape_re(v) for v in vs)) for label, vs in node.match] + pinned
     group, rng = ", ".join((*by, "le")), f"{int(np.ceil(t1 - t0 + DEFAULT_LOOKBACK_S))}s"
     try:
-        series = client.query(f"count by ({group}) ({reader.read(name, match, 'last_over_time', rng)})", t1)
-        resets = client.query(f"sum by ({group}) ({reader.read(name, match, 'resets', rng)}) > 0", t1)
-        each, summed = reader.read(name, match), reader.read(name, match, by=by, outer="sum")
-        counts, sums = [
-            client.range_parts(f"{op} by ({group}) ({e})", t0, t1, step) for op, e in (("count", each), ("sum", summed))
+        instant = [
+            f"count by ({group}) ({reader.read(name, match, 'last_over_time', rng)})",
+            f"sum by ({group}) ({reader.read(name, match, 'resets', rng)}) > 0",
         ]
+        each, summed = reader.read(name, match), reader.read(name, match, by=by, outer="sum")
+        ranged = [f"count by ({group}) ({each})", f"sum by ({group}) ({summed})"]
+        series, resets, counts, sums = client.map(
+            lambda q: client.query(q[1], t1) if q[0] else client.range_parts(q[1], t0, t1, step),
+            [(True, e) for e in instant] + [(False, e) for e in ranged],
+        )
     except (NotExpressible, KeyError, ValueError, PromError):
         return None
     want = {make_labels(s.get("metric") or {}): float(s["value"][1]) for s in series}
