@@ -1,7 +1,8 @@
 """Prefix reuse potential from chained block hashes of the rendered prompt (docs/requests.md,
 "Reuse potential"): the leading blocks seen within `window_s` are the reusable share; a re-seen
 block served by several replicas lives in split cache domains (seeds 000, 003). No text is
-kept; at most `max_blocks` hashes (LRU).
+kept; at most `max_blocks` hashes (LRU), each a tuple of numbers (last seen, hits, replicas as a
+bit mask) that the garbage collector does not track: a full index costs a collection nothing.
 """
 
 from __future__ import annotations
@@ -9,15 +10,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
-
-
-@dataclass(slots=True)
-class _Block:
-    last_seen: float
-    hits: int
-    replicas: set[str]
 
 
 class PrefixMatch(NamedTuple):
@@ -95,7 +88,8 @@ class PrefixIndex:
         self.window_s, self.max_blocks, self.max_replicas = window_s, max_blocks, max_replicas
         self.block_chars, self.block_tokens = block_chars, block_tokens
         self._clock = clock
-        self._blocks: OrderedDict[int, _Block] = OrderedDict()
+        self._blocks: OrderedDict[int, tuple[float, int, int]] = OrderedDict()  # (last seen, hits, mask)
+        self._bits: dict[str, int] = {}  # replica -> its bit (replicas: the tap's upstreams, a few)
         self.reseen = 0  # remembered blocks seen at least twice
         self.split = 0  # ... of which served by more than one replica
 
@@ -108,49 +102,46 @@ class PrefixIndex:
         step = self.block_chars if isinstance(prompt, str) else self.block_tokens * 4
         hashes = _chain(data, step)
         now = self._clock()
-        window, max_replicas = self.window_s, self.max_replicas
-        get, refresh = self._blocks.get, self._blocks.move_to_end
-        matched = 0
-        deepest: _Block | None = None
+        bit = self._bits.setdefault(replica, 1 << len(self._bits))
+        window, max_replicas, blocks = self.window_s, self.max_replicas, self._blocks
+        matched = deepest = 0  # deepest: the replicas of the deepest matched block
         matching = True
         for h in hashes:  # one pass: match the leading blocks and remember every block
-            b = get(h)
-            if b is None or now - b.last_seen > window:
+            b = blocks.get(h)
+            if b is None or now - b[0] > window:
                 matching = False
-                self._add(h, b, now, replica)
+                self._add(h, b, now, bit)
                 continue
-            if matching:
-                matched += 1
-                deepest = b
-            refresh(h)
-            b.last_seen = now
-            b.hits += 1
-            reps = b.replicas
-            if b.hits == 2:
+            _, hits, mask = b
+            hits += 1
+            if hits == 2:
                 self.reseen += 1
-                if len(reps) > 1:
+                if mask.bit_count() > 1:
                     self.split += 1
-            if replica not in reps and len(reps) < max_replicas:
-                reps.add(replica)
-                if len(reps) == 2 and b.hits >= 2:
+            if not mask & bit and mask.bit_count() < max_replicas:
+                mask |= bit
+                if mask.bit_count() == 2 and hits >= 2:
                     self.split += 1
-        replicas = len(deepest.replicas) if deepest else 0  # this request's replica included
+            blocks.move_to_end(h)
+            blocks[h] = (now, hits, mask)
+            if matching:
+                matched, deepest = matched + 1, mask
         share = min(1.0, matched * step / len(data)) if data else 0.0  # by characters / token ids
-        return PrefixMatch(len(hashes), matched, share, replicas, tuple(hashes), len(data) // step)
+        return PrefixMatch(len(hashes), matched, share, deepest.bit_count(), tuple(hashes), len(data) // step)
 
-    def _add(self, h: int, stale: _Block | None, now: float, replica: str) -> None:
+    def _add(self, h: int, stale: tuple[float, int, int] | None, now: float, bit: int) -> None:
         """A block not seen within the window: (re)start it, evicting the least recently seen."""
         if stale is not None:
             self._forget(h)
-        self._blocks[h] = _Block(now, 1, {replica})
+        self._blocks[h] = (now, 1, bit)
         while len(self._blocks) > self.max_blocks:
             self._forget(next(iter(self._blocks)))
 
     def _forget(self, h: int) -> None:
-        b = self._blocks.pop(h)
-        if b.hits >= 2:
+        _, hits, mask = self._blocks.pop(h)
+        if hits >= 2:
             self.reseen -= 1
-            if len(b.replicas) > 1:
+            if mask.bit_count() > 1:
                 self.split -= 1
 
     @property

@@ -165,3 +165,14 @@ def test_one_pass_observe_agrees_with_the_plain_two_pass_contract(steps):
         matched, replicas, split = ref.observe(prompt, replica, clock.t)
         assert (m.matched, m.replicas, idx.split_ratio) == (matched, replicas, split)
         assert len(idx) == len(ref.blocks)
+
+
+def test_a_full_index_holds_nothing_the_garbage_collector_walks():
+    """A full collection pauses the tap's event loop; 200k remembered blocks must not lengthen it."""
+    import gc
+
+    idx = PrefixIndex(max_blocks=2000, block_chars=8)
+    for i in range(400):
+        idx.observe(f"{i:08d}" * 8, "a" if i % 2 else "b")
+    gc.collect()
+    assert len(idx) == 2000 and not any(gc.is_tracked(v) for v in idx._blocks.values())
