@@ -108,22 +108,21 @@ def rule_needs(
     for name, leaf in leaves.items():
         for sample in tree.leaf_names(leaf):
             reads_of.setdefault(sample, set()).add((reads[name], isinstance(leaf, tree.Quantile), leaf.match))
-    needs, summed = [], {}  # summed: p50 and p99 of one histogram share one sum
-    for name, node in leaves.items():
+    summed: dict = {}  # p50 and p99 of one histogram share one sum (leaves of one histogram: one task)
+
+    def leaf(name: str, node: tree.Signal) -> list[Need]:
         names = frozenset(tree.leaf_names(node))
         by = reads[name]
         first = max(0, min(lo for _, lo, _ in spans) - reach)
         last = n - 1 if name in to_end else max(hi for _, _, hi in spans)
         if hits.everywhere:
-            needs.append(Need(names, None, first, last))
-            continue
+            return [Need(names, None, first, last)]
         pinned = [label for label in by if label in rule.by and all(label in g.labels for g in hits.groups)]
         if "instance" in pinned:  # each candidate's own series, around its own stretch
-            for g, lo, hi in spans:
-                needs.append(
-                    Need(names, frozenset({g.labels["instance"]}), max(0, lo - reach), n - 1 if name in to_end else hi)
-                )
-            continue
+            return [
+                Need(names, frozenset({g.labels["instance"]}), max(0, lo - reach), n - 1 if name in to_end else hi)
+                for g, lo, hi in spans
+            ]
         values = {label: sorted({g.labels[label] for g in hits.groups}) for label in pinned}
         matchers = [(label, "=~", "|".join(_escape_re(v) for v in vs)) for label, vs in sorted(values.items())]
         if one_span and isinstance(node, tree.Quantile) and "instance" not in by and len(reads_of[min(names)]) == 1:
@@ -131,10 +130,16 @@ def rule_needs(
             if key not in summed:
                 summed[key] = summed_buckets(client, node, matchers, by, grid, first, last, reader)
             if summed[key] is not None:
-                needs.append(Need(names, None, first, last, summed[key]))
-                continue
+                return [Need(names, None, first, last, summed[key])]
         instances = resolve_instances(client, sorted(names)[0], matchers, grid, first, last, reader) if pinned else None
-        needs.append(Need(names, instances, first, last))
+        return [Need(names, instances, first, last)]
+
+    tasks: dict[object, list[str]] = {}  # the leaves' queries run at once
+    for name, node in leaves.items():
+        tasks.setdefault((node.signal, node.match) if isinstance(node, tree.Quantile) else name, []).append(name)
+    done = client.map(lambda names: {name: leaf(name, leaves[name]) for name in names}, list(tasks.values()))
+    found = {name: part for group in done for name, part in group.items()}
+    needs = [nd for name in leaves for nd in found[name]]
     if hits.everywhere:
         return needs, None
     return needs, JudgedSpans(
