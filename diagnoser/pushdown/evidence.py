@@ -27,9 +27,6 @@ from kvscope.diagnoser.sources.prometheus import fetch_frame
 
 SAFETY_S = 300.0
 """Conditions are judged from this long before a candidate's stretch to this long after it."""
-RESOLVE_STEP_S = 300.0
-"""Step of the subquery that lists the instances of a model (at most the 5-minute lookback, so
-no series present in the span is missed)."""
 SPAN_QUANTUM_S = 1200.0
 """Fetch spans are rounded out to multiples of this, so that instances with nearly the same
 stretches are fetched together."""
@@ -156,20 +153,18 @@ def resolve_instances(
     last: int,
     reader: InlineSignals,
 ) -> frozenset[str] | None:
-    """Instances with a series of the canonical `series` that `matchers` match in the span (one
-    instant query over a subquery of the span); None when PromQL cannot say."""
+    """Instances with a series of the canonical `series` that `matchers` match in the span or its
+    lookback (one instant query, `last_over_time` over raw samples); None when PromQL cannot say."""
     if series.endswith("_bucket"):
         series = series[: -len("_bucket")] + "_count"  # one series per histogram is enough
+    step = float(grid[1] - grid[0]) if len(grid) > 1 else 0.0
+    rng = f"{int(np.ceil(float(grid[last] - grid[first]) + step + DEFAULT_LOOKBACK_S))}s"
     try:
-        sel = reader.read(series, matchers, by=("instance",), outer="count_series")
+        sel = reader.read(series, matchers, "last_over_time", rng, by=("instance",), outer="count_series")
     except (NotExpressible, KeyError, ValueError):
         return None
-    step = float(grid[1] - grid[0]) if len(grid) > 1 else RESOLVE_STEP_S
-    span = float(grid[last] - grid[first]) + step
-    sub = max(step, min(RESOLVE_STEP_S, span))
-    expr = f"group by (instance) (count_over_time(({sel})[{int(np.ceil(span))}s:{int(sub)}s]))"
     try:
-        answer = client.query(expr, float(grid[last]))
+        answer = client.query(f"group by (instance) ({sel})", float(grid[last]))
     except PromError:
         return None
     return frozenset(str((s.get("metric") or {}).get("instance", "")) for s in answer)
