@@ -12,7 +12,6 @@ import math
 import re
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -110,10 +109,8 @@ def diagnose_fleet(
     report.seconds["inventory"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     client.say(f"fleet: candidates of {len(todo)} rules")
-    background = ThreadPoolExecutor(1)  # the young instances while the records are read; then the quiet rules
-    aged = background.submit(_young_instances, client, todo, start, end, catalog)
     report.hits = hits = _candidates(client, rules, todo, params, scale, grid, catalog)
-    young = aged.result()
+    young = _young_instances(client, todo, start, end, catalog)
     report.young = max((len(v) for v in young.values() if v is not None), default=0)
     for rule in todo:
         if rule.id in young and young[rule.id] != []:
@@ -122,10 +119,6 @@ def diagnose_fleet(
     t0 = time.perf_counter()
     reader = InlineSignals(catalog)
     plans = [(rule, hits[rule.id]) for rule in todo if hits[rule.id].everywhere or hits[rule.id].groups]
-    quiet = [rule for rule in todo if not (hits[rule.id].everywhere or hits[rule.id].groups)]
-    answers = background.submit(
-        client.map, lambda r: _quiet(client, r, reader, grid, step, present, catalog, levers), quiet
-    )
     needs = client.map(
         lambda item: rule_needs(client, item[0], rule_reach(item[0]), item[1], grid, step, reader), plans
     )
@@ -142,8 +135,9 @@ def diagnose_fleet(
             # its mechanism is on (where it is off a candidate cannot fire)
             res = _quiet(client, rule, reader, grid, step, present, catalog, levers)
         results[rule.id] = res
-    results.update({rule.id: res for rule, res in zip(quiet, answers.result(), strict=True)})
-    background.shutdown()
+    quiet = [rule for rule in todo if rule.id not in results]
+    answers = client.map(lambda rule: _quiet(client, rule, reader, grid, step, present, catalog, levers), quiet)
+    results.update({rule.id: res for rule, res in zip(quiet, answers, strict=True)})
     report.seconds["evaluate"] = time.perf_counter() - t0
     ordered = [results[rule.id] for rule in prepared]
     return conclude(prepared, ordered, present, (float(grid[0]), float(grid[-1])), source, scale), report
