@@ -107,7 +107,7 @@ def rule_needs(
             reads_of.setdefault(sample, set()).add((reads[name], isinstance(leaf, tree.Quantile), leaf.match))
     summed: dict = {}  # p50 and p99 of one histogram share one sum (leaves of one histogram: one task)
 
-    def leaf(name: str, node: tree.Signal) -> list[Need]:
+    def of_leaf(name: str, node: tree.Signal) -> list[Need]:
         names = frozenset(tree.leaf_names(node))
         by = reads[name]
         first = max(0, min(lo for _, lo, _ in spans) - reach)
@@ -134,7 +134,7 @@ def rule_needs(
     tasks: dict[object, list[str]] = {}  # the leaves' queries run at once
     for name, node in leaves.items():
         tasks.setdefault((node.signal, node.match) if isinstance(node, tree.Quantile) else name, []).append(name)
-    done = client.map(lambda names: {name: leaf(name, leaves[name]) for name in names}, list(tasks.values()))
+    done = client.map(lambda names: {name: of_leaf(name, leaves[name]) for name in names}, list(tasks.values()))
     found = {name: part for group in done for name, part in group.items()}
     needs = [nd for name in leaves for nd in found[name]]
     if hits.everywhere:

@@ -54,7 +54,7 @@ def test_agent_examples_use_the_agents_port_not_dcgms(name):
     assert "127.0.0.1:9464" in text and ":9400" not in text
 
 
-def test_a_named_command_imports_no_other_command(tmp_path):
+def test_a_named_command_imports_no_other_command():
     """`kvscope diagnose` does not pay for the agent's server and collectors at start."""
     import subprocess
     import sys
