@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -105,7 +106,9 @@ def rule_needs(
     for name, leaf in leaves.items():
         for sample in tree.leaf_names(leaf):
             reads_of.setdefault(sample, set()).add((reads[name], isinstance(leaf, tree.Quantile), leaf.match))
-    summed: dict = {}  # p50 and p99 of one histogram share one sum (leaves of one histogram: one task)
+    summed: dict[
+        tuple, Block | None
+    ] = {}  # p50 and p99 of one histogram share one sum (leaves of one histogram: one task)
 
     def of_leaf(name: str, node: tree.Signal) -> list[Need]:
         names = frozenset(tree.leaf_names(node))
@@ -193,10 +196,10 @@ def summed_buckets(
         ]
         each, summed = reader.read(name, match), reader.read(name, match, by=by, outer="sum")
         ranged = [f"count by ({group}) ({each})", f"sum by ({group}) ({summed})"]
-        series, resets, counts, sums = client.map(
-            lambda q: client.query(q[1], t1) if q[0] else client.range_parts(q[1], t0, t1, step),
-            [(True, e) for e in instant] + [(False, e) for e in ranged],
-        )
+        calls = [partial(client.query, e, t1) for e in instant] + [
+            partial(client.range_parts, e, t0, t1, step) for e in ranged
+        ]
+        series, resets, counts, sums = client.map(lambda call: call(), calls)
     except (NotExpressible, KeyError, ValueError, PromError):
         return None
     want = {make_labels(s.get("metric") or {}): float(s["value"][1]) for s in series}

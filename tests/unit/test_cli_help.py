@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -56,9 +58,6 @@ def test_agent_examples_use_the_agents_port_not_dcgms(name):
 
 def test_a_named_command_imports_no_other_command():
     """`kvscope diagnose` does not pay for the agent's server and collectors at start."""
-    import subprocess
-    import sys
-
     code = "import sys; from kvscope.cli import build_parser; build_parser(['diagnose', '--help']); "
     code += "print(sorted(m for m in sys.modules if m.startswith('kvscope.commands.') and '._' not in m))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
