@@ -263,16 +263,7 @@ class InlineSignals:
         """`by`/`outer`: the grouping and aggregation the caller applies next. When the sources'
         own aggregation can be folded into it (sums of counters, max of max), only the labels
         it needs are relabelled and kept: the same values for a fraction of the work."""
-        from kvscope.diagnoser.promql.series import NotExpressible
-
-        signal, suffix = split_series(series, self.catalog)
-        if signal is None:
-            raise NotExpressible(f"{series} is not a catalog signal")
-        terms, skipped = source_terms(signal, self.catalog, suffix)
-        if skipped:
-            raise NotExpressible(
-                f"{signal.name} has sources PromQL cannot read ({', '.join(sorted({a.name for a in skipped}))})"
-            )
+        signal, suffix, terms = self._terms(series)
         agg = "max" if signal.kind == "gauge" else "sum"
         full = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
         foldable = by is not None and (outer == agg or outer == "count_series")
@@ -286,10 +277,7 @@ class InlineSignals:
         for term in terms:
             if needed != list(full):
                 term = kept(term, set(needed))
-            selectors = [
-                *(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
-                *_format_matchers(_upstream(list(matchers), term)),
-            ]
+            selectors = _selectors(term, matchers)
             op = "max" if term.collapse == "max" else agg
             expr = _range_read(term.names, selectors, fn, rng) if fn else name_selector(term.names, selectors)
             expr = relabel(expr, term if fn != "resets" else replace(term, scale=1.0, sets=()))
@@ -297,6 +285,28 @@ class InlineSignals:
                 expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
             parts.append(f"{op} by ({clause}) ({expr})")
         return Aggregated("(" + "\nor\n".join(parts) + ")", needed, len(parts))
+
+    def raw_reads(
+        self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None
+    ) -> list[str]:
+        """The upstream series `read` relabels and aggregates, per source term as they are on the
+        wire (`fn(...[rng])` with `fn`): a series present or reset upstream is so in the sum."""
+        _, _, terms = self._terms(series)
+        sels = [(term.names, _selectors(term, matchers)) for term in terms]
+        return [_range_read(names, sel, fn, rng) if fn else name_selector(names, sel) for names, sel in sels]
+
+    def _terms(self, series: str) -> tuple[Signal, str, list[SourceTerm]]:
+        from kvscope.diagnoser.promql.series import NotExpressible
+
+        signal, suffix = split_series(series, self.catalog)
+        if signal is None:
+            raise NotExpressible(f"{series} is not a catalog signal")
+        terms, skipped = source_terms(signal, self.catalog, suffix)
+        if skipped:
+            raise NotExpressible(
+                f"{signal.name} has sources PromQL cannot read ({', '.join(sorted({a.name for a in skipped}))})"
+            )
+        return signal, suffix, terms
 
 
 SignalReader = NamedSignals | InlineSignals
@@ -316,6 +326,14 @@ def _range_read(names: tuple[str, ...], matchers: list[str], fn: str, rng: str |
     if len(reads) == 1:
         return reads[0][1]
     return "(" + "\nor\n".join(f'label_replace({r}, "kvscope_name", "{quote(n)}", "", "")' for n, r in reads) + ")"
+
+
+def _selectors(term: SourceTerm, matchers: list[Matcher]) -> list[str]:
+    """The term's own matchers and the caller's, as the term's upstream labels."""
+    return [
+        *(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
+        *_format_matchers(_upstream(matchers, term)),
+    ]
 
 
 def _upstream(matchers: list[Matcher], term: SourceTerm) -> list[Matcher]:

@@ -184,31 +184,31 @@ def summed_buckets(
     reader: InlineSignals,
 ) -> Block | None:
     """The leaf's buckets summed by the TSDB over `by` and `le`, on grid[first:last+1], when that
-    is exactly the sum the evaluator takes (of integer counts): the same series present at every
-    grid point of the span, none reset, every sum finite. None otherwise (the raw series are read)."""
+    is exactly the sum the evaluator takes (of integer counts): every upstream series seen in the
+    span or its lookback present at every grid point and none reset, so every canonical series is
+    too (counted on the wire, which the TSDB aggregates as it reads). None otherwise (the raw
+    series are read)."""
     name, t0, t1, step = node.signal + "_bucket", float(grid[first]), float(grid[last]), float(grid[1] - grid[0])
     match = [(label, "=~", "|".join(_escape_re(v) for v in vs)) for label, vs in node.match] + pinned
-    group, rng = ", ".join((*by, "le")), f"{int(np.ceil(t1 - t0 + DEFAULT_LOOKBACK_S))}s"
+    rng, n = f"{int(np.ceil(t1 - t0 + DEFAULT_LOOKBACK_S))}s", last - first + 1
     try:
-        instant = [
-            f"count by ({group}) ({reader.read(name, match, 'last_over_time', rng)})",
-            f"sum by ({group}) ({reader.read(name, match, 'resets', rng)}) > 0",
+        wire = reader.raw_reads(name, match)
+        seen = [f"count({e})" for e in reader.raw_reads(name, match, "last_over_time", rng)]
+        resets = [f"sum({e})" for e in reader.raw_reads(name, match, "resets", rng)]
+        summed = f"sum by ({', '.join((*by, 'le'))}) ({reader.read(name, match, by=by, outer='sum')})"
+        calls = [partial(client.query, e, t1) for e in seen + resets] + [
+            partial(client.range_parts, e, t0, t1, step) for e in [summed, *(f"count({e})" for e in wire)]
         ]
-        each, summed = reader.read(name, match), reader.read(name, match, by=by, outer="sum")
-        ranged = [f"count by ({group}) ({each})", f"sum by ({group}) ({summed})"]
-        calls = [partial(client.query, e, t1) for e in instant] + [
-            partial(client.range_parts, e, t0, t1, step) for e in ranged
-        ]
-        series, resets, counts, sums = client.map(lambda call: call(), calls)
+        answers = client.map(lambda call: call(), calls)
     except (NotExpressible, KeyError, ValueError, PromError):
         return None
-    want = {make_labels(s.get("metric") or {}): float(s["value"][1]) for s in series}
-    keys, n = matrix_on_grid(counts, t0, step, last - first + 1)
-    metrics, values = matrix_on_grid(sums, t0, step, last - first + 1)
-    labels, full = [make_labels(m) for m in metrics], [make_labels(k) for k in keys]
-    held = all((row == want.get(key)).all() for key, row in zip(full, n, strict=True))
-    exact = not resets and want and sorted(full) == sorted(want) == sorted(labels) and held
-    return Block(labels, values) if exact and np.isfinite(values).all() else None
+    k = len(wire)
+    series = [float(a[0]["value"][1]) if a else 0.0 for a in answers[: 2 * k]]
+    metrics, values = matrix_on_grid(answers[2 * k], t0, step, n)
+    counts = [matrix_on_grid(a, t0, step, n)[1] for a in answers[2 * k + 1 :]]
+    held = all(len(c) == (want > 0) and (c == want).all() for c, want in zip(counts, series, strict=False))
+    exact = held and not any(series[k:]) and metrics and np.isfinite(values).all()
+    return Block([make_labels(m) for m in metrics], values) if exact else None
 
 
 # ------------------------------------------------------------------------------ fetching
@@ -265,15 +265,18 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
             batches.setdefault((frozenset(span_names), lo, hi), []).append(inst)
     plans += [(names, sorted(insts), lo, hi) for (names, lo, hi), insts in sorted(batches.items(), key=str)]
     out = Fetched(grid, fetches=len(plans))
-    for names, instances, lo, hi in plans:
+    span = {"step": step, "catalog": catalog}
+    calls = [
+        partial(fetch_frame, names=set(names), start=float(grid[lo]), end=float(grid[hi]), instances=instances, **span)
+        for names, instances, lo, hi in plans
+    ]
+    for k, frame in enumerate(client.map_processes(calls)):
+        names, instances, lo, hi = plans[k]
         who = "every instance" if instances is None else f"{len(instances)} instance(s)"
-        since, until = float(grid[lo]), float(grid[hi])
-        hours = "-".join(time.strftime("%H:%M", time.gmtime(t)) for t in (since, until))
-        client.say(f"pushdown: evidence, {len(names)} series names for {who}, {hours}")
-        out.parts.append(
-            (lo, fetch_frame(client, set(names), since, until, step, instances=instances, catalog=catalog))
-        )
-        for inst, facts in out.parts[-1][1].facts.items():
+        hours = "-".join(time.strftime("%H:%M", time.gmtime(float(grid[i]))) for i in (lo, hi))
+        client.say(f"pushdown: evidence {k + 1}/{len(plans)}, {len(names)} series names for {who}, {hours}")
+        out.parts.append((lo, frame))
+        for inst, facts in frame.facts.items():
             out.facts.setdefault(inst, {}).update(facts)
     rows = {(name, lab) for _, part in out.parts for name, block in part.blocks.items() for lab in block.labels}
     blocks = [b for _, part in out.parts for b in part.blocks.values()] + summed

@@ -12,6 +12,7 @@ import math
 import re
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -128,15 +129,20 @@ def diagnose_fleet(
     report.evidence_fetches = fetched.fetches
     report.seconds["evidence"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    for (rule, h), (rule_needs_, judged) in zip(plans, needs, strict=True):
-        res = evaluate_rule(rule, rule_frame(fetched, rule_needs_, grid, judged), levers)
-        if isinstance(res, Skipped) and not h.everywhere and res.reason.startswith(_FLEET_WIDE):
-            # judged on the candidates' rows: the fleet's decides whether the rule has groups and
-            # its mechanism is on (where it is off a candidate cannot fire)
-            res = _quiet(client, rule, reader, grid, step, present, catalog, levers)
-        results[rule.id] = res
-    quiet = [rule for rule in todo if rule.id not in results]
-    answers = client.map(lambda rule: _quiet(client, rule, reader, grid, step, present, catalog, levers), quiet)
+    judged_here = {rule.id for rule, _ in plans}
+    quiet = [rule for rule in todo if rule.id not in judged_here]
+    with ThreadPoolExecutor(1) as side:  # the quiet rules' queries keep the TSDB busy while rules are evaluated
+        later = side.submit(
+            client.map, lambda rule: _quiet(client, rule, reader, grid, step, present, catalog, levers), quiet
+        )
+        for (rule, h), (rule_needs_, judged) in zip(plans, needs, strict=True):
+            res = evaluate_rule(rule, rule_frame(fetched, rule_needs_, grid, judged), levers)
+            if isinstance(res, Skipped) and not h.everywhere and res.reason.startswith(_FLEET_WIDE):
+                # judged on the candidates' rows: the fleet's decides whether the rule has groups and
+                # its mechanism is on (where it is off a candidate cannot fire)
+                res = _quiet(client, rule, reader, grid, step, present, catalog, levers)
+            results[rule.id] = res
+        answers = later.result()
     results.update({rule.id: res for rule, res in zip(quiet, answers, strict=True)})
     report.seconds["evaluate"] = time.perf_counter() - t0
     ordered = [results[rule.id] for rule in prepared]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
+import threading
 import urllib.error
+from functools import partial
 
 import numpy as np
 import pytest
@@ -83,3 +86,34 @@ def test_only_victoriametrics_queries_off_its_step_lattice_ask_it_not_to_cache()
         client.query_range("up", 1789639200, 1789642800, 15)  # on the lattice: cacheable
         client.query_range("up", 1789639207, 1789642807, 15)  # off it
     assert ["nocache" in p for p in sent] == [False, True, False, False]
+
+
+def _note_pid(item: int, client: PromClient) -> tuple[int, int]:
+    client.note(f"note {item % 2}")
+    client.stats["queries"] += 1
+    if item < 0:
+        raise PromError("refused", status=422, too_many_samples=True)
+    return item, os.getpid()
+
+
+def test_fetches_run_on_forked_processes_in_order_and_report_back_here():
+    client = PromClient("http://p", progress=print)
+    assert threading.active_count() == 1  # forking is only safe with no other thread running
+    out = list(client.map_processes([partial(_note_pid, i) for i in range(6)]))
+    assert [item for item, _ in out] == list(range(6)) and {pid for _, pid in out} - {os.getpid()}
+    assert sorted(client.notes) == ["note 0", "note 1"] and client.stats["queries"] == 6 and client.progress is print
+    with pytest.raises(PromError) as err:  # raised there, whole here
+        list(client.map_processes([partial(_note_pid, 1), partial(_note_pid, -1)]))
+    assert err.value.status == 422 and err.value.too_many_samples
+
+
+def test_with_threads_running_fetches_stay_in_this_process():
+    client, stop = PromClient("http://p"), threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        out = list(client.map_processes([partial(_note_pid, 1), partial(_note_pid, 2)]))
+    finally:
+        stop.set()
+        other.join()
+    assert out == [(1, os.getpid()), (2, os.getpid())] and client.stats["queries"] == 2
