@@ -19,6 +19,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
@@ -241,6 +242,10 @@ class PromClient:
                     self.notes += [n for n in notes if n not in self.notes]
                     self.stats.update((key, self.stats[key] + value) for key, value in stats.items())
                 yield out
+        except BrokenProcessPool as exc:
+            raise PromError(
+                f"prometheus {self.url}: a process fetching from it died (killed for memory?): {exc}"
+            ) from exc
         finally:
             pool.shutdown(cancel_futures=True)  # a failed fetch ends the others
 

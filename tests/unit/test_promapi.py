@@ -105,6 +105,12 @@ def test_fetches_run_on_forked_processes_in_order_and_report_back_here():
     with pytest.raises(PromError) as err:  # raised there, whole here
         list(client.map_processes([partial(_note_pid, 1), partial(_note_pid, -1)]))
     assert err.value.status == 422 and err.value.too_many_samples
+    with pytest.raises(PromError, match="died"):  # a worker killed (for memory, say) is an error in words
+        list(client.map_processes([partial(_note_pid, 1), _exit]))
+
+
+def _exit(client: PromClient) -> None:
+    os._exit(9)
 
 
 def test_with_threads_running_fetches_stay_in_this_process():
