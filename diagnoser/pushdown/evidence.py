@@ -265,10 +265,10 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
             batches.setdefault((frozenset(span_names), lo, hi), []).append(inst)
     plans += [(names, sorted(insts), lo, hi) for (names, lo, hi), insts in sorted(batches.items(), key=str)]
     out = Fetched(grid, fetches=len(plans))
-    span = {"step": step, "catalog": catalog}
+    fetch = partial(fetch_frame, step=step, catalog=catalog)
     calls = [
-        partial(fetch_frame, names=set(names), start=float(grid[lo]), end=float(grid[hi]), instances=instances, **span)
-        for names, instances, lo, hi in plans
+        partial(fetch, names=set(nms), start=float(grid[lo]), end=float(grid[hi]), instances=insts)
+        for nms, insts, lo, hi in plans
     ]
     for k, frame in enumerate(client.map_processes(calls)):
         names, instances, lo, hi = plans[k]

@@ -17,7 +17,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -227,7 +227,7 @@ class PromClient:
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
             return list(pool.map(fn, items))
 
-    def map_processes(self, calls: list[Callable[[PromClient], Any]]) -> Iterator[Any]:
+    def map_processes(self, calls: Sequence[Callable[[PromClient], Any]]) -> Iterator[Any]:
         """call(client) for each call (a partial of a module-level function) on forked processes,
         results in order as they come, the workers' notes and query counts added here; in this
         process, one by one, where forking is not safe (threads are running) or not available."""
