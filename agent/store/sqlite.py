@@ -447,10 +447,6 @@ class SqliteStore:
             self._created.append((sid, name, labels))
         return sid
 
-    def enforce_retention(self, now: float | None = None) -> int:
-        """Delete rows past retention_s, then the oldest until under max_bytes (agent/store/retention.py)."""
-        return retention.enforce_retention(self, now)
-
     # ------------------------------------------------------------------ background
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -459,7 +455,7 @@ class SqliteStore:
             try:
                 self.flush()
                 if time.monotonic() >= self._next_retention:
-                    self.enforce_retention()
+                    retention.enforce_retention(self)
                     self._next_retention = time.monotonic() + RETENTION_CHECK_INTERVAL_S
                 # file sizes and row count for snapshot(), on this thread and its connection: a
                 # long API read holding the reader never delays the writer
