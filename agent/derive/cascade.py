@@ -216,10 +216,7 @@ def _mean(values: list[float]) -> float:
 
 
 def _over(
-    points: list[tuple[float, float]],
-    grid: list[float],
-    width_s: float,
-    agg: Callable[[list[float]], float] | None,
+    points: list[tuple[float, float]], grid: list[float], width_s: float, agg: Callable[[list[float]], float] | None
 ) -> list[float | None]:
     """`agg` of the point values in (t - width_s, t] at each grid time, at least the last point;
     with agg None, the least-squares slope of those points, at least the last three (a range
