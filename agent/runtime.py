@@ -26,7 +26,7 @@ from kvscope.agent.collectors.base import Collection, Collector, Health, registe
 from kvscope.agent.config import AgentConfig
 from kvscope.agent.ratelog import warn_every
 from kvscope.agent.scrape.stamped import Parts, Stamped
-from kvscope.agent.signals import Labels, Sample, make_labels
+from kvscope.agent.signals import Labels, NameTest, Sample, make_labels
 
 log = logging.getLogger("kvscope.agent")
 
@@ -137,7 +137,7 @@ class CounterResets:
     """
 
     def __init__(self) -> None:
-        self._counter = _CounterNames()  # name -> is a counter (names are few)
+        self._counter = NameTest(lambda name: name.endswith(("_total", "_count")), 100_000)  # name -> is a counter
         self._prev: dict[str, _Seen] = {}  # source ("": the rest) -> its previous part
 
     def observe(self, samples: Iterable[Sample], into: Counter[str]) -> None:
@@ -198,17 +198,6 @@ class _Seen(NamedTuple):
 
 
 _name, _labels, _value = itemgetter(0), itemgetter(1), itemgetter(2)
-
-
-class _CounterNames(dict):
-    """name -> whether it is a counter series; a miss is decided once (`__missing__`), a hit is a
-    C-level lookup. Bounded: cleared past 100k names."""
-
-    def __missing__(self, name: str) -> bool:
-        if len(self) > 100_000:
-            self.clear()
-        counter = self[name] = name.endswith(("_total", "_count"))
-        return counter
 
 
 def _freeze_startup_objects() -> None:

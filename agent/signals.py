@@ -7,6 +7,7 @@ timestamp in seconds. Histograms are flattened the Prometheus way (`<name>_bucke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -46,6 +47,21 @@ class Sample(NamedTuple):
 def make_labels(mapping: dict[str, str]) -> Labels:
     """Sorted, hashable label tuple from a dict."""
     return tuple(sorted(mapping.items()))
+
+
+class NameTest(dict[str, bool]):
+    """name -> `test(name)`, decided once per name (`__missing__`) so that a hit is a C-level dict
+    lookup; cleared past `limit` names (they come from outside)."""
+
+    def __init__(self, test: Callable[[str], bool], limit: int) -> None:
+        super().__init__()
+        self.test, self.limit = test, limit
+
+    def __missing__(self, name: str) -> bool:
+        if len(self) > self.limit:
+            self.clear()
+        hit = self[name] = self.test(name)
+        return hit
 
 
 class CatalogError(ValueError):

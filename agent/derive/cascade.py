@@ -216,10 +216,7 @@ def _mean(values: list[float]) -> float:
 
 
 def _over(
-    points: list[tuple[float, float]],
-    grid: list[float],
-    width_s: float,
-    agg: Callable[[list[float]], float] | None,
+    points: list[tuple[float, float]], grid: list[float], width_s: float, agg: Callable[[list[float]], float] | None
 ) -> list[float | None]:
     """`agg` of the point values in (t - width_s, t] at each grid time, at least the last point;
     with agg None, the least-squares slope of those points, at least the last three (a range
@@ -362,7 +359,9 @@ class CascadeWindow:
             return []
         for inst, ser in new.items():  # each trimmed by its own newest point: a skewed clock skews only itself
             since = max((p[-1][0] for p in ser.values() if p), default=now) - self.window_s
-            self._extend(self.series.setdefault(inst, _Series()), ser, since)
+            old = self.series.setdefault(inst, _Series())
+            for name in old.keys() | ser.keys():
+                self._append(old.setdefault(name, []), ser[name], since)
         last = {inst: max((p[-1][0] for p in ser.values() if p), default=-1.0) for inst, ser in self.series.items()}
         for inst in sorted(last, key=last.__getitem__)[: max(0, len(last) - self.max_instances)]:
             del self.series[inst]  # the least recently seen past max_instances (hostile labels)
@@ -377,10 +376,6 @@ class CascadeWindow:
             except Exception as e:  # noqa: BLE001 - one instance's bad data must not silence the others
                 self.dropped[f"exception_{type(e).__name__}"] += 1
         return out
-
-    def _extend(self, ser: _Series, new: _Series, since: float) -> None:
-        for name in ser.keys() | new.keys():
-            self._append(ser.setdefault(name, []), new[name], since)
 
     def _append(self, old: list[tuple[float, float]], new: list[tuple[float, float]], since: float) -> None:
         """Append the points after old's last, keep those from `since` on (at most max_points)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from kvscope.agent.config import parse_gpu_mapping
 from kvscope.agent.scrape.stamped import Parts, Stamped, pick
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.agent.signals import NameTest, Sample, make_labels
 
 JOIN_NAME = "engine_gpu_memory_used_bytes"
 PROCESS_MEMORY = "gpu_process_memory_used_bytes"
@@ -26,18 +26,7 @@ ENGINE_PROCESS_PREFIX = "engine_process_"
 _JOIN_PREFIXES = ("gpu_", ENGINE_PROCESS_PREFIX)  # every series the joins read, but the engines' pods
 
 
-class _JoinedNames(dict):
-    """name -> whether the joins read it; a miss is decided once (`__missing__`), a hit is a
-    C-level dict lookup (names are few: a few hundred signals)."""
-
-    def __missing__(self, name: str) -> bool:
-        if len(self) > 10_000:
-            self.clear()
-        joined = self[name] = name.startswith(_JOIN_PREFIXES)
-        return joined
-
-
-_joined_name = _JoinedNames()
+_joined_name = NameTest(lambda name: name.startswith(_JOIN_PREFIXES), 10_000)  # name -> the joins read it
 
 
 @dataclass(frozen=True)

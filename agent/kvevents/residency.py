@@ -27,11 +27,7 @@ class ResidencyTracker:
     """Consumes KV events of one engine instance and keeps the churn / residency series."""
 
     def __init__(
-        self,
-        instance: str,
-        churn_window_s: float = 300.0,
-        hot_min_uses: int = 2,
-        max_blocks: int = 200_000,
+        self, instance: str, churn_window_s: float = 300.0, hot_min_uses: int = 2, max_blocks: int = 200_000
     ) -> None:
         self.instance = instance
         self.churn_window_s, self.hot_min_uses = churn_window_s, hot_min_uses

@@ -135,16 +135,14 @@ class _Mapper:
         self.sentinels = self.dialect.sentinels
         self.index = catalog.aliases_for(engine)
         self.fact_sources = catalog.fact_sources(engine)
-        self.base = dict(target_labels)
-        self.base["engine"] = engine
+        self.base = {**target_labels, "engine": engine}
         self._resolved: dict[str, tuple[str, str, list[Alias]]] = {}
 
     def resolve(self, raw_name: str) -> tuple[str, str, list[Alias]]:
         """(declared name, suffix, aliases) for a raw sample name."""
         hit = self._resolved.get(raw_name)
         if hit is None:
-            hit = self._resolve(fold_name(raw_name, self.catalog))
-            self._resolved[raw_name] = hit
+            hit = self._resolved[raw_name] = self._resolve(fold_name(raw_name, self.catalog))
         return hit
 
     def _resolve(self, name: str) -> tuple[str, str, list[Alias]]:
@@ -253,7 +251,10 @@ class _Mapper:
         if labels is None:
             return None, _BAD_LE, signal.kind, mode, factor, alias.rank
         name = signal.name + (suffix if signal.kind == "histogram" else "")
-        return name, labels, _combine_kind(alias, signal.kind), mode, factor, alias.rank
+        # how series that collapse into one combine: `collapse: max` (a count each TP rank repeats)
+        # as a gauge, `collapse: latest` the newest series, else by the signal's kind
+        kind = {"max": "gauge", "latest": "latest"}.get(alias.collapse or "", signal.kind)
+        return name, labels, kind, mode, factor, alias.rank
 
     @staticmethod
     def _info_value(alias: Alias, upstream: dict[str, str]) -> float | None:
@@ -323,9 +324,3 @@ def _matches(alias: Alias, suffix: str, upstream: dict[str, str]) -> bool:
 def worker_instance(address: str) -> str:
     """`http://10.0.0.5:8000/` -> `10.0.0.5:8000`: a worker URL as an instance, like a target's."""
     return address.split("://", 1)[-1].split("/", 1)[0]
-
-
-def _combine_kind(alias: Alias, kind: str) -> str:
-    """How `_add` combines this alias's series that collapse into one: `collapse: max` (a count each
-    TP rank repeats) as a gauge, `collapse: latest` the newest series, else by the signal's kind."""
-    return {"max": "gauge", "latest": "latest"}.get(alias.collapse or "", kind)

@@ -33,21 +33,13 @@ def write_log_recording(read: LogRead, path: str | os.PathLike[str]) -> Path:
     writer = RecordingWriter(path)
     try:
         for instance, ts, samples in read.scrapes:
-            expo = Exposition(
-                samples=[
-                    RawSample(
-                        KVSCOPE_PREFIX + s.name,
-                        tuple((k, v) for k, v in s.labels if k not in ("job", "instance")),
-                        s.value,
-                    )
-                    for s in samples
-                ]
-            )
+            expo = Exposition()
             for s in samples:
-                expo.types[KVSCOPE_PREFIX + s.name] = catalog.signals[s.name].kind
-                expo.helps[KVSCOPE_PREFIX + s.name.removesuffix("_total")] = HELP.get(
-                    s.name, catalog.signals[s.name].help
-                )
+                name, sig = KVSCOPE_PREFIX + s.name, catalog.signals[s.name]
+                labels = tuple((k, v) for k, v in s.labels if k not in ("job", "instance"))
+                expo.samples.append(RawSample(name, labels, s.value))
+                expo.types[name] = sig.kind
+                expo.helps[name.removesuffix("_total")] = HELP.get(s.name, sig.help)
             writer.add_scrape(read.job, instance, ts, expo)
     except BaseException:
         writer.abort()

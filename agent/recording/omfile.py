@@ -20,13 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from kvscope.agent.recording.timespan import drop_time_outliers
-from kvscope.agent.scrape.exposition import (
-    Exposition,
-    RawSample,
-    format_labels,
-    format_value,
-    parse_exposition,
-)
+from kvscope.agent.scrape.exposition import Exposition, RawSample, format_labels, format_value, parse_exposition
 from kvscope.agent.signals import Labels
 
 _OM_TYPES = {"counter", "gauge", "histogram", "summary", "info", "stateset", "gaugehistogram", "unknown"}

@@ -58,9 +58,7 @@ def kvscope_signal(name: str, catalog: Catalog) -> str | None:
     prefix (`kvscope_engine_kv_cache_usage_ratio`); None for anything else."""
     bare = name.removeprefix(KVSCOPE_PREFIX)
     hit = signal_of(bare, catalog)
-    if hit is None:
-        return None
-    return bare if bare != name or KVSCOPE in hit[0].producers else None
+    return bare if hit is not None and (bare != name or KVSCOPE in hit[0].producers) else None
 
 
 def parse_kvscope_samples(raw: list, target: dict[str, str], timestamp: float, catalog: Catalog) -> list[Sample]:

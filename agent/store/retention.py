@@ -38,12 +38,8 @@ def enforce_retention(store: SqliteStore, now: float | None = None) -> int:
 
 def _prune_series(store: SqliteStore) -> None:
     """Forget series left without samples (engines and pods come and go)."""
-    empty = [
-        r[0]
-        for r in store._writer.execute(
-            "SELECT id FROM series WHERE NOT EXISTS (SELECT 1 FROM samples WHERE series_id = series.id)"
-        )
-    ]
+    q = "SELECT id FROM series WHERE NOT EXISTS (SELECT 1 FROM samples WHERE series_id = series.id)"
+    empty = [r[0] for r in store._writer.execute(q)]
     if not empty:
         return
     store._writer.executemany("DELETE FROM series WHERE id = ?", [(i,) for i in empty])

@@ -1,15 +1,9 @@
 """Where canonical samples live on one node: the `Store` contract, an embedded SQLite store and
 its in-memory twin.
 
-SQLite layout (WAL mode; every table clustered on its primary key, timestamps integer ms)::
-
-    series (id INTEGER PRIMARY KEY, name TEXT, labels TEXT /* compact JSON of the sorted pairs */)
-    samples (series_id, ts_ms, value) -- change points only
-    stamps (group_id, ts_ms)          -- one row per scrape of a group of series (one target)
-    marks (series_id, ts_ms, group_id) -- from when a series follows a group, or went stale
-
-`query` fills the unchanged points back in, so it returns exactly the points written
-(agent/store/changepoints.py). One writer thread commits queued writes in batches, so `write()`
+SQLite (WAL mode; tables in `_SCHEMA`, clustered on their primary keys; timestamps integer ms)
+holds the rows of agent/store/changepoints.py; `query` fills the unchanged points back in, so it
+returns exactly the points written. One writer thread commits queued writes in batches, so `write()`
 never waits on disk; past `max_queue` the *oldest* queued samples are dropped (`queue_full`). A
 committed batch survives a crash of the process (WAL, `synchronous=NORMAL`). Retention
 (agent/store/retention.py) runs on the writer thread; a full VACUUM is never run automatically.
@@ -447,10 +441,6 @@ class SqliteStore:
             self._created.append((sid, name, labels))
         return sid
 
-    def enforce_retention(self, now: float | None = None) -> int:
-        """Delete rows past retention_s, then the oldest until under max_bytes (agent/store/retention.py)."""
-        return retention.enforce_retention(self, now)
-
     # ------------------------------------------------------------------ background
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -459,7 +449,7 @@ class SqliteStore:
             try:
                 self.flush()
                 if time.monotonic() >= self._next_retention:
-                    self.enforce_retention()
+                    retention.enforce_retention(self)
                     self._next_retention = time.monotonic() + RETENTION_CHECK_INTERVAL_S
                 # file sizes and row count for snapshot(), on this thread and its connection: a
                 # long API read holding the reader never delays the writer

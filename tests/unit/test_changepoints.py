@@ -14,6 +14,7 @@ import random
 import pytest
 
 from kvscope.agent.signals import Sample, make_labels
+from kvscope.agent.store import retention
 from kvscope.agent.store.changepoints import ChangeEncoder, fill_points
 from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore
 from testbed.promref import raw_increase, window_quantiles
@@ -124,7 +125,7 @@ def test_split_batches_restart_and_retention_keep_the_answers(tmp_path, cycles):
     _assert_same(dense, sparse)
     cut = BASE + 70.5  # mid-run for every series that does not move
     sparse.retention_s = 0.0
-    assert sparse.enforce_retention(now=cut) > 0
+    assert retention.enforce_retention(sparse, now=cut) > 0
     kept = [(max(lo, cut), hi) for lo, hi in WINDOWS if hi >= cut]
     _assert_same(dense, sparse, kept)
     assert sparse.query("engine_kv_cache_usage_ratio", BASE, cut - 0.001) == {}

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from kvscope.agent.signals import Sample, make_labels
+from kvscope.agent.store import retention
 from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore, StoreError
 
 A = make_labels({"instance": "e0:8000", "engine": "vllm"})
@@ -99,7 +100,7 @@ def test_retention_by_age_deletes_old_rows(tmp_path):
     s = SqliteStore(tmp_path / "kv.db", retention_s=100, background=False)
     s.write([Sample("x", A, float(t), float(t)) for t in range(0, 1000, 10)])
     s.flush()
-    assert s.enforce_retention(now=1000.0) == 90
+    assert retention.enforce_retention(s, now=1000.0) == 90
     assert [t for t, _ in s.query("x", 0, 2000)[A]][0] == 900.0
     assert s.stats().deleted["age"] == 90 and s.stats().rows == 10
     s.close()
@@ -109,7 +110,7 @@ def test_retention_forgets_series_left_empty(tmp_path):
     s = SqliteStore(tmp_path / "kv.db", retention_s=100, max_series=2, background=False)
     s.write([Sample("x", A, 1.0, 10.0), Sample("y", B, 1.0, 950.0)])
     s.flush()
-    s.enforce_retention(now=1000.0)
+    retention.enforce_retention(s, now=1000.0)
     assert s.names() == {"y"} and s.stats().series == 1
     s.write([Sample("z", A, 1.0, 990.0)])  # the freed slot takes a new series
     s.flush()
@@ -128,7 +129,7 @@ def test_retention_by_size_keeps_newest_under_limit(tmp_path):
     s.flush()
     before = s.stats()
     assert before.used_bytes > 256 * 1024
-    s.enforce_retention(now=2000.0)
+    retention.enforce_retention(s, now=2000.0)
     after = s.stats()
     assert after.used_bytes <= 256 * 1024
     assert after.deleted["size"] > 0 and after.rows == before.rows - after.deleted["size"]
