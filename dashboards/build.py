@@ -15,12 +15,9 @@ def build_dashboards(out: Path) -> list[Path]:
     for stray in out.glob("*.json"):
         if stray.name not in wanted:
             stray.unlink()
-    paths = []
     for name, text in wanted.items():
-        path = out / name
-        path.write_text(text)
-        paths.append(path)
-    return paths
+        (out / name).write_text(text)
+    return [out / name for name in wanted]
 
 
 def check_golden(folder: Path) -> list[str]:

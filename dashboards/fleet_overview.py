@@ -8,78 +8,54 @@ from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 from kvscope.dashboards.style import drilldown
 
+
+def _tile(
+    title: str, description: str, query: q.Query, unit: str, palette: str = "none", link: dict | None = None
+) -> Panel:
+    """A stat tile of the 'At a glance' row: one query, 3 of 24 columns."""
+    return Panel(title, description, (query,), unit, "stat", palette, width=3, links=(link,) if link else ())
+
+
 TILES = Row(
     "At a glance",
     (
-        Panel(
-            "Requests / s",
-            "Finished requests per second across the selection.",
-            (q.REQUEST_RATE,),
-            "reqps",
-            "stat",
-            width=3,
+        _tile("Requests / s", "Finished requests per second across the selection.", q.REQUEST_RATE, "reqps"),
+        _tile("Output tok/s", "Generated tokens per second across the selection.", q.token_rates()[1], "tokens_per_s"),
+        _tile(
+            "TTFT p99", "99th percentile time to first token over the window.", q.p99("request_ttft_seconds"), "seconds"
         ),
-        Panel(
-            "Output tok/s",
-            "Generated tokens per second across the selection.",
-            (q.token_rates()[1],),
-            "tokens_per_s",
-            "stat",
-            width=3,
+        _tile(
+            "ITL p99", "99th percentile inter-token latency over the window.", q.p99("request_itl_seconds"), "seconds"
         ),
-        Panel(
-            "TTFT p99",
-            "99th percentile time to first token over the window.",
-            (q.p99("request_ttft_seconds"),),
-            "seconds",
-            "stat",
-            width=3,
-        ),
-        Panel(
-            "ITL p99",
-            "99th percentile inter-token latency over the window.",
-            (q.p99("request_itl_seconds"),),
-            "seconds",
-            "stat",
-            width=3,
-        ),
-        Panel(
+        _tile(
             "TTFT SLO attainment",
             "Share of requests whose TTFT was under the $ttft_slo bucket.",
-            (q.slo_attainment("request_ttft_seconds", "ttft_slo"),),
+            q.slo_attainment("request_ttft_seconds", "ttft_slo"),
             "ratio",
-            "stat",
             "slo",
-            width=3,
         ),
-        Panel(
+        _tile(
             "KV cache (fullest engine)",
             "Highest KV pool usage of any engine (0-1). 002 §9.3 target 75-90 %.",
-            (q.KV_USAGE_SPREAD[0],),
+            q.KV_USAGE_SPREAD[0],
             "ratio",
-            "stat",
             "kv_usage",
-            width=3,
-            links=(drilldown("kvscope-kv", "KV cache & prefix"),),
+            drilldown("kvscope-kv", "KV cache & prefix"),
         ),
-        Panel(
+        _tile(
             "Prefix hit ratio",
             "Token-weighted local prefix-cache hit ratio over the window.",
-            (q.prefix_hit_ratio(),),
+            q.prefix_hit_ratio(),
             "ratio",
-            "stat",
             "hit_ratio",
-            width=3,
-            links=(drilldown("kvscope-kv", "KV cache & prefix"),),
+            drilldown("kvscope-kv", "KV cache & prefix"),
         ),
-        Panel(
+        _tile(
             "Targets down",
             "Scrape targets whose last scrape failed (kvscope_target_up == 0).",
-            (q.TARGETS_DOWN,),
+            q.TARGETS_DOWN,
             "count",
-            "stat",
             "down",
-            width=3,
         ),
     ),
 )

@@ -137,25 +137,14 @@ def series_set_from_arrays(
 def series_set_from_samples(samples: Iterable[Sample], names: Iterable[str] = SIGNALS) -> SeriesSet:
     """Columnar series from canonical samples (a replayed recording), keeping only `names`."""
     wanted = set(names)
+    kept = [s for s in samples if s.name in wanted and s.timestamp is not None]
     ids: dict[tuple[str, Labels], int] = {}
-    series: list[dict[str, str]] = []
-    sids, ts, values = [], [], []
-    for s in samples:
-        if s.name not in wanted or s.timestamp is None:
-            continue
-        key = (s.name, s.labels)
-        sid = ids.get(key)
-        if sid is None:
-            sid = ids[key] = len(series)
-            series.append({"name": s.name, **dict(s.labels)})
-        sids.append(sid)
-        ts.append(s.timestamp)
-        values.append(s.value)
+    sids = [ids.setdefault((s.name, s.labels), len(ids)) for s in kept]
     return series_set_from_arrays(
-        series or [{"name": ""}],
+        [{"name": name, **dict(labels)} for name, labels in ids] or [{"name": ""}],
         np.array(sids, dtype=np.int32),
-        np.array(ts, dtype=float),
-        np.array(values, dtype=float),
+        np.array([s.timestamp for s in kept], dtype=float),
+        np.array([s.value for s in kept], dtype=float),
     )
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import streamlit as st
 
 from kvscope.ui import cascade_page, catalog_page, efficiency_page, fairness_page, sizing_page, triage_page
-from kvscope.ui.data import SourceError, SourceSpec, TriageData, load_triage, source_from_env
+from kvscope.ui.data import SourceError, SourceSpec, TriageData, load_triage, source_from_env, take_preloaded
 
 PAGES: dict[str, Callable[..., None]] = {  # render() or, for NEEDS_DATA, render(data)
     "Triage": triage_page.render,
@@ -29,16 +29,12 @@ NEEDS_DATA = {"Triage", "Tenants & fairness", "Cascades", "Efficiency"}
 def _load_recording(location: str, stamp: tuple[int, int] | None) -> TriageData:
     """A recording does not change while it is shown: cached until the file does (`stamp` is its
     mtime and size), and read by the launcher's background thread when that has started it."""
-    from kvscope.ui.data import SourceSpec, take_preloaded
-
     return take_preloaded(location) or load_triage(SourceSpec("recording", location))
 
 
 @st.cache_resource(show_spinner="Querying the source and running the diagnoser…", max_entries=4, ttl=60)
 def _load_live(kind: str, location: str, since_s: float, end: float | None) -> TriageData:
     """Prometheus or an agent: the window ends now, so it is read again after 60 s."""
-    from kvscope.ui.data import SourceSpec
-
     return load_triage(SourceSpec(kind, location, since_s, end))
 
 

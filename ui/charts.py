@@ -40,12 +40,10 @@ def render_series_chart(
     since: float | None = None,
     until: float | None = None,
     window: tuple[float, float] | None = None,
-    height: int = 200,
 ) -> alt.LayerChart | alt.Chart:
-    """Lines for each column of `df` (index: UTC time; a column may be named "value") with `unit`
-    as the y-axis title, and the
-    period [since, until] shaded red so cause and timing read together. The band gets a legend
-    entry ("finding active") rather than relying on a caption alone. `window` fixes the x axis."""
+    """Lines for each column of `df` (index: UTC time; a column may be named "value"), `unit` as the
+    y-axis title, and the period [since, until] shaded red with a legend entry ("finding active") so
+    cause and timing read together. `window` fixes the x axis."""
     long = df.rename_axis("time").reset_index().melt("time", var_name="series", value_name="reading").dropna()
     lines = (
         alt.Chart(long)
@@ -67,7 +65,7 @@ def render_series_chart(
         )
     )
     if since is None or until is None:
-        return lines.properties(height=height)
+        return lines.properties(height=200)
     period = pd.DataFrame(
         {
             "since": [pd.to_datetime(since, unit="s", utc=True)],
@@ -93,4 +91,4 @@ def render_series_chart(
             ],
         )
     )
-    return alt.layer(band, lines).resolve_scale(color="independent").properties(height=height)
+    return alt.layer(band, lines).resolve_scale(color="independent").properties(height=200)

@@ -218,26 +218,21 @@ def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = No
     """
     from kvscope.diagnoser.evaluate.grid import counter_rate
 
-    k, step = 1, frame.step or 1.0
+    step = frame.step or 1.0
     sig = load_catalog().signals[signal]
+    names = [signal + "_sum", signal + "_count"] if sig.kind == "histogram" else [signal]
+    blocks = [b for b in map(frame.block, names) if b is not None]
+    if len(blocks) < len(names):
+        return pd.DataFrame()
     where = where or {}
+    keep = [i for i, lab in enumerate(blocks[0].labels) if _matches(lab, where)]
+    values, labels = blocks[0].values[keep], [blocks[0].labels[i] for i in keep]
     if sig.kind == "histogram":
-        s, c = frame.block(signal + "_sum"), frame.block(signal + "_count")
-        if s is None or c is None:
-            return pd.DataFrame()
-        keep = [i for i, lab in enumerate(s.labels) if _matches(lab, where)]
-        num, den = counter_rate(s.values[keep], k, step), counter_rate(c.values[keep], k, step)
+        num, den = counter_rate(values, 1, step), counter_rate(blocks[1].values[keep], 1, step)
         with np.errstate(invalid="ignore", divide="ignore"):
             values = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
-        labels = [s.labels[i] for i in keep]
-    else:
-        block = frame.block(signal)
-        if block is None:
-            return pd.DataFrame()
-        keep = [i for i, lab in enumerate(block.labels) if _matches(lab, where)]
-        values, labels = block.values[keep], [block.labels[i] for i in keep]
-        if sig.kind == "counter":
-            values = counter_rate(values, k, step)
+    elif sig.kind == "counter":
+        values = counter_rate(values, 1, step)
     index = pd.to_datetime(frame.ts, unit="s", utc=True)
     cols = {_column(lab, where): values[i] for i, lab in enumerate(labels[:MAX_CHART_SERIES])}
     return pd.DataFrame(cols, index=index)

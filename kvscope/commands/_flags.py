@@ -139,6 +139,3 @@ def check_section_typos(doc: Any) -> None:
             raise ConfigError(
                 f"{name}: unknown section; did you mean {close[0]}? (sections: {', '.join(sorted(known))})"
             )
-
-
-__all__ = ["ENV_HELP", "ConfigError", "add_agent_flags", "add_scrape_flags", "config_from_args", "flags_of"]

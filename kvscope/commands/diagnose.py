@@ -138,13 +138,8 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
                 # queries for their caches (VictoriaMetrics, query frontends) answer at the times asked
                 end = math.floor(time.time() / step) * step if args.prometheus else time.time()
             start = end - since
-        if (
-            start is not None
-            and end is not None
-            and not args.prometheus
-            and (end - start) / step > MAX_POINTS_PER_SERIES
-        ):
-            step = (end - start) / MAX_POINTS_PER_SERIES  # Prometheus refuses > 11,000 points per series
+        if start is not None and end is not None and not args.prometheus:
+            step = max(step, (end - start) / MAX_POINTS_PER_SERIES)  # Prometheus refuses > 11,000 points per series
         if args.prometheus and not args.full_fetch:
             return _finish(args, source, _fleet(args, source, rules, params, start, end, step))
         names = set().union(*(sample_names(r) for r in rules))
