@@ -206,8 +206,8 @@ def summed_buckets(
     series = [float(a[0]["value"][1]) if a else 0.0 for a in answers[: 2 * k]]
     metrics, values = matrix_on_grid(answers[2 * k], t0, step, n)
     counts = [matrix_on_grid(a, t0, step, n)[1] for a in answers[2 * k + 1 :]]
-    held = all(len(c) == (want > 0) and (c == want).all() for c, want in zip(counts, series, strict=False))
-    exact = held and not any(series[k:]) and metrics and np.isfinite(values).all()
+    held = all(len(c) == (want > 0) and (c == want).all() for c, want in zip(counts, series[:k], strict=True))
+    exact = held and not any(series[k:]) and bool(metrics) and np.isfinite(values).all()
     return Block([make_labels(m) for m in metrics], values) if exact else None
 
 

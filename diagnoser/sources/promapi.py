@@ -13,6 +13,7 @@ import json
 import math
 import multiprocessing
 import os
+import sys
 import threading
 import urllib.error
 import urllib.parse
@@ -230,9 +231,10 @@ class PromClient:
     def map_processes(self, calls: Sequence[Callable[[PromClient], Any]]) -> Iterator[Any]:
         """call(client) for each call (a partial of a module-level function) on forked processes,
         results in order as they come, the workers' notes and query counts added here; in this
-        process, one by one, where forking is not safe (threads are running) or not available."""
+        process, one by one, where forking is not safe: threads are running, or not Linux (macOS'
+        system libraries, which urllib asks for proxies, do not survive a fork)."""
         workers = min(PROCESSES, os.cpu_count() or 1, len(calls))
-        if workers <= 1 or threading.active_count() > 1 or "fork" not in multiprocessing.get_all_start_methods():
+        if workers <= 1 or threading.active_count() > 1 or sys.platform != "linux":
             yield from (call(self) for call in calls)
             return
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
