@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 import threading
 import urllib.error
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -97,8 +100,17 @@ def _note_pid(item: int, client: PromClient) -> tuple[int, int]:
 
 
 def test_fetches_run_on_forked_processes_in_order_and_report_back_here():
+    # in a fresh interpreter: forking needs no other thread, and tests before this one leave
+    # threads running (tqdm's monitor)
+    here = str(Path(__file__).parent)
+    code = f"import sys; sys.path.insert(0, {here!r}); import test_promapi; test_promapi._forked_checks()"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+
+
+def _forked_checks() -> None:
     client = PromClient("http://p", progress=print)
-    assert threading.active_count() == 1  # forking is only safe with no other thread running
+    assert threading.active_count() == 1
     out = list(client.map_processes([partial(_note_pid, i) for i in range(6)]))
     assert [item for item, _ in out] == list(range(6)) and {pid for _, pid in out} - {os.getpid()}
     assert sorted(client.notes) == ["note 0", "note 1"] and client.stats["queries"] == 6 and client.progress is print
