@@ -25,19 +25,21 @@ INSTANCE = "vllm-0"
 
 
 async def _cycles(rt, url, stop, out, interval_s=0.3):
-    """Run agent cycles until `stop`; append (cycle's cascade samples, stage code on /metrics)."""
+    """Run agent cycles until `stop`; append (cycle's cascade samples, stage code on /metrics, why
+    the cycle's engine scrape failed: "" when it did not) per cycle."""
     while not stop.is_set():
         await rt.run_cycle()
         _, expo = await fetch_metrics(url)
         samples = pick(rt.state.samples.get("engine", []), CASCADE_SIGNALS.__contains__)
-        out.append((samples, value(expo, "kvscope_engine_cascade_stage_code", instance=INSTANCE)))
+        down = [h.reason or "down" for h in rt.state.health.get("engine", []) if h.target and not h.up]
+        out.append((samples, value(expo, "kvscope_engine_cascade_stage_code", instance=INSTANCE), ",".join(down)))
         await asyncio.sleep(interval_s)
 
 
 async def _root_on_metrics(out, poll_s=0.2):
     """The time of the first cycle whose /metrics showed the root (stage code >= 1)."""
     while True:
-        hit = next((s[0].timestamp for s, code in out if code is not None and code >= 1 and s), None)
+        hit = next((s[0].timestamp for s, code, _ in out if code is not None and code >= 1 and s), None)
         if hit is not None:
             return hit
         await asyncio.sleep(poll_s)
@@ -68,22 +70,29 @@ def test_live_agent_exports_the_stage_the_offline_detector_reaches(vllm_small_kv
     cycles, requests, root_t, dropped = _run(vllm_small_kv)
     assert {status for status, _, _ in requests} == {200}
     assert root_t is not None, "the agent's /metrics never showed the root within 180 s of fill requests"
-    seen, live, offline = [], [], []
-    for samples, code in cycles:
+    seen, live, offline, failed = [], [], [], {}
+    for i, (samples, code, down) in enumerate(cycles):
         seen += samples
         report = evaluate_cascade(seen).get(INSTANCE)
         live.append(code)
-        # a cycle whose engine scrape failed (a loaded box) has no samples of the instance: the hook
-        # exports nothing for it then (absent, never a stale stage), so the expected code is absent
+        # a cycle whose engine scrape failed (the API server of a loaded box answers /metrics past
+        # the scrape timeout) has no samples of the instance: the hook exports nothing for it then
+        # (absent, never a stale stage), so the expected code is absent
         offline.append(None if report is None or not samples else float(report.stage))
+        if down:
+            failed[i] = down
+    # a cycle without the instance's samples is one whose scrape the agent reports as failed, and
+    # the other way round: the absent codes come from failed scrapes, not from a silent hook
+    assert {i for i, (samples, _, _) in enumerate(cycles) if not samples} == set(failed), (failed, live)
     final = evaluate_cascade(seen)[INSTANCE]
-    t0 = cycles[0][0][0].timestamp
+    t0 = seen[0].timestamp
     print(
-        f"{len(cycles)} cycles; live stage codes {live}",
+        f"{len(cycles)} cycles; live stage codes {live}; failed scrapes {failed}",
         json.dumps({STAGES[k]: round(v - t0, 2) for k, v in final.onsets.items()}),
         json.dumps(final.evidence),
     )
     assert live == offline  # the same stage, cycle by cycle, over the same samples
-    assert max(live) >= 2 and {1, 2} <= set(final.onsets)  # the pool filled and requests were preempted
+    shown = [code for code in live if code is not None]  # the cycles whose scrape succeeded
+    assert max(shown) >= 2 and {1, 2} <= set(final.onsets)  # the pool filled and requests were preempted
     assert final.evicting_from == "counter" and final.evidence["evictions_window_total"] > 0
     assert not [k for k in dropped if k[0] == "derive_cascade"]  # nothing skipped on real data
