@@ -24,8 +24,9 @@ def test_log_of_a_real_kv_pressure_run_matches_its_scrapes(vllm_small_kv):
     scrapes, requests, root_t, _ = _run_pressure(srv)
     assert root_t is not None and {s for s, _, _ in requests} == {200}
     time.sleep(12)  # the stats interval holding the end of the run is logged (10 s in 0.32)
+    t = time.time()  # when it was sent, like `_scrape_until`'s
     with urllib.request.urlopen(srv.metrics_url, timeout=30) as r:
-        scrapes.append((time.time(), r.read().decode()))
+        scrapes.append((t, r.read().decode()))
     with open(srv.log_path, "rb") as f:
         f.seek(start)
         text = f.read()
@@ -45,32 +46,79 @@ def test_log_of_a_real_kv_pressure_run_matches_its_scrapes(vllm_small_kv):
         if not dict(s.labels).get("dp_rank", "0") == "0" or s.name.endswith(("_bucket", "_sum", "_count")):
             continue
         scraped.setdefault(s.name, []).append((s.timestamp, s.value))
+    times = [t for t, _ in scrapes]
     preempted = scraped["engine_preemptions_total"][-1][1] - scraped["engine_preemptions_total"][0][1]
     print(summary.text(), f"preemptions in the run: {preempted:.0f}")
     # vLLM 0.12-0.33 build a `Preemptions: N` part but zero N (`_update_stats` -> `_reset`) before
     # testing N > 0, so no stats line prints it (docs/logs.md): the log has no preemption counter
     # even where /metrics counted some. Absent, not zero.
     assert "engine_preemptions_total" not in logged
-    # the log's KV usage is the engine's own: its peak near the scrapes' peak (a 10 s stats line need
-    # not catch the peak, which on a loaded box may also stay below full)
-    kv_scraped = [v for _, v in scraped["engine_kv_cache_usage_ratio"]]
-    kv_logged = max(v for _, v in logged["engine_kv_cache_usage_ratio"])
-    # (both sample one process at different instants: near, not equal; a percent read unscaled or a
-    # wrong field would be far off)
-    # A 10 s stats line can miss a short peak entirely (a quiet box logged 0.173 against a scraped
-    # 1.0), so the log is held to the range the scrapes saw, not to their peak.
-    kv_all = [v for _, v in logged["engine_kv_cache_usage_ratio"]]
-    lo, hi = min(kv_scraped) - 0.05, max(kv_scraped) + 0.05
-    assert 0.0 < kv_logged <= 1.0 and all(lo <= v <= hi for v in kv_all), (kv_all, min(kv_scraped), max(kv_scraped))
-    # tokens/s x the time between stats lines: the run's generated tokens to within the
-    # one-second resolution of the log's times
-    t0, t1 = logged["engine_generation_tokens_total"][0][0], logged["engine_generation_tokens_total"][-1][0]
-    gen = scraped["engine_generation_tokens_total"]
+    # The log's KV usage is the engine's own gauge, printed once per 10 s interval: each line is compared
+    # with the scrapes taken around it (both sample one process at different instants: near, not
+    # equal; a percent read unscaled or a wrong field would be far off). Not with the run's whole
+    # range: under the wave the API server of a loaded box left /metrics unanswered for seconds,
+    # and one run's scrapes never saw the peak its log line caught (0.89 logged, 0.386 scraped).
+    kv_scraped = _observed(scraped["engine_kv_cache_usage_ratio"])
+    kv_logged = logged["engine_kv_cache_usage_ratio"]
+    assert all(0.0 <= v <= 1.0 for _, v in kv_logged) and max(v for _, v in kv_logged) > 0.0, kv_logged
+    compared, blind = [], []
+    for ts, v in kv_logged:
+        near = _around(kv_scraped, ts)
+        if near is None:
+            blind.append((round(ts - times[0], 1), v))
+            continue
+        compared.append((round(ts - times[0], 1), v, min(near), max(near)))
+        assert min(near) - 0.05 <= v <= max(near) + 0.05, (ts - times[0], v, near, _gaps(times))
+    print(f"KV lines (s, logged, scraped min, max) {compared}; lines in a /metrics gap {blind}")
+    # tokens/s x the time between stats lines: the run's generated tokens to within the one-second
+    # resolution of the log's times. The counter only grows, so the scrapes bound what was generated
+    # between the first and the last line however far apart they are
+    (t0, _), (t1, got) = logged["engine_generation_tokens_total"][0], logged["engine_generation_tokens_total"][-1]
+    gen = _observed(scraped["engine_generation_tokens_total"])
+    lo = _at_most(gen, t1) - _at_least(gen, t0 + 1)  # seen by the end of the last line's second ...
+    hi = _at_least(gen, t1 + 1) - _at_most(gen, t0)  # ... and from before the first line's second
+    print(f"generation tokens: log {got:.0f}, scrapes between {lo:.0f} and {hi:.0f}")
+    assert lo * 0.75 <= got <= hi * 1.25, (got, lo, hi, _gaps(times))
+    if not [c for c in compared if c[1] > 0.0]:
+        # /metrics went unanswered around every busy line (the cascade test's harness limit, see
+        # test_cascade_vllm BLIND_S): nothing to compare the log's KV with on this run; the
+        # ratio's range and the token counts were asserted above
+        pytest.xfail(f"no busy stats line had scrapes within {NEAR_S} s on both sides: {blind}; {_gaps(times)}")
 
-    def at(t: float) -> float:  # the log's time is truncated to the second
-        return max((v for ts, v in gen if ts <= t + 1), default=gen[0][1])
 
-    truth = at(t1) - at(t0)
-    got = logged["engine_generation_tokens_total"][-1][1]
-    print(f"generation tokens: log {got:.0f}, scrapes {truth:.0f}")
-    assert got == pytest.approx(truth, rel=0.25)
+NEAR_S = 3.0  # a log line is compared with the scrapes observed within this many seconds of it
+
+
+def _observed(points: list[tuple[float, float]]) -> list[tuple[float, float, float]]:
+    """(sent, next sent, value) per scrape: `_scrape_until` sends the next scrape after the answer
+    to this one, so the engine's value was read somewhere in between (the last: within 30 s)."""
+    ends = [t for t, _ in points[1:]] + [points[-1][0] + 30.0]
+    return [(t, end, v) for (t, v), end in zip(points, ends, strict=True)]
+
+
+def _around(points: list[tuple[float, float, float]], ts: float) -> list[float] | None:
+    """The values read within NEAR_S of a log line stamped `ts` (printed within [ts, ts + 1): its
+    time is truncated to the second), or None unless some were read before that second and some
+    after it (the line's instant lies between them)."""
+    near = [(a, b, v) for a, b, v in points if a >= ts - NEAR_S and b <= ts + 1 + NEAR_S]
+    if not any(b <= ts for _, b, _ in near) or not any(a >= ts + 1 for a, _, _ in near):
+        return None
+    return [v for _, _, v in near]
+
+
+def _at_most(points: list[tuple[float, float, float]], t: float) -> float:
+    """A counter's value at `t` or below: the last one read entirely before `t`."""
+    return max((v for _, b, v in points if b <= t), default=0.0)
+
+
+def _at_least(points: list[tuple[float, float, float]], t: float) -> float:
+    """A counter's value at `t` or above: the first one read entirely after `t`."""
+    return min((v for a, _, v in points if a >= t), default=points[-1][2])
+
+
+def _gaps(times: list[float]) -> str:
+    """The scrape gaps over 1 s (offset from the first scrape: length), the evidence of a CPU-starved
+    API server."""
+    return "scrape gaps " + ", ".join(
+        f"{a - times[0]:.1f}: {b - a:.1f} s" for a, b in zip(times, times[1:], strict=False) if b - a > 1
+    )
