@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -116,6 +117,33 @@ _DIE_WITH_PARENT = (
     "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0); "
     "os.getppid() == 1 and sys.exit(1); os.execv(sys.argv[1], sys.argv[1:])"
 )
+
+
+ERROR_LINE = re.compile(r"died unexpectedly|exit code|Traceback|Error:|ERROR", re.IGNORECASE)
+KERNEL_KILL = re.compile(r"out of memory|oom-kill|killed process|segfault|general protection", re.IGNORECASE)
+
+
+def kernel_kill_lines(limit: int = 8) -> list[str]:
+    """The kernel log's last lines about processes it killed or that crashed (the OOM killer, a
+    segfault), or why they cannot be read (dmesg needs privileges on some hosts)."""
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [f"(dmesg: {e})"]
+    if out.returncode != 0:
+        return [f"(dmesg exited {out.returncode}: {out.stderr.strip()[:200]})"]
+    return [ln for ln in out.stdout.splitlines() if KERNEL_KILL.search(ln)][-limit:] or ["(no OOM kill or crash)"]
+
+
+def memory_left() -> str:
+    """MemAvailable of /proc/meminfo, in words."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(ln.split(":", 1) for ln in f if ":" in ln)
+        free, total = (int(info[k].split()[0]) / 2**20 for k in ("MemAvailable", "MemTotal"))
+        return f"{free:.1f} of {total:.1f} GiB available"
+    except (OSError, KeyError, ValueError) as e:
+        return f"(unknown: {e})"
 
 
 class VllmStartError(RuntimeError):
@@ -254,6 +282,21 @@ class VllmServer(ServerProcess):
                 pass
             time.sleep(0.5)
         raise VllmStartError(f"vLLM not healthy after {self.startup_timeout_s:.0f} s:\n" + self.log_tail())
+
+    def failure_evidence(self, lines: int = 12) -> str:
+        """Why a request to this server failed, from its own log and the kernel: the log's error
+        lines (a worker that died names its exit code there: -9 is SIGKILL, as the OOM killer sends,
+        -7 SIGBUS, -11 SIGSEGV), the log's last lines, the kernel's OOM-killer lines and the memory
+        left. A test that gets an HTTP 5xx puts this in its failure message."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            text = []
+        errors = [ln for ln in text if ERROR_LINE.search(ln)][-lines:]
+        return "\n".join(
+            [f"--- {self.config.service_name} log, error lines:", *errors, "--- last lines:", *text[-lines:]]
+            + ["--- kernel:", *kernel_kill_lines(), "--- memory: " + memory_left()]
+        )
 
     def restart(self) -> VllmServer:
         """Stop and start again on the same port: the prefix cache comes back cold."""

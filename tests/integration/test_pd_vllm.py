@@ -18,6 +18,7 @@ look up (a prompt of k * 32 + 1 tokens): that one the decode server computes in 
 import asyncio
 import json
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -65,9 +66,12 @@ def _complete(srv: VllmServer, prompt: str, max_tokens: int, headers: dict[str, 
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json", **headers},
     )
-    with urllib.request.urlopen(req, timeout=120) as r:
-        assert r.status == 200
-        return json.loads(r.read())["usage"]
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            assert r.status == 200
+            return json.loads(r.read())["usage"]
+    except urllib.error.HTTPError as e:  # the server's own account of why, not only the status
+        raise AssertionError(f"HTTP {e.code} from {srv.url}: {e.read()[:300]!r}\n{srv.failure_evidence()}") from e
 
 
 def _loaded(prompt_tokens: int) -> int:
