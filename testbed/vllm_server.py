@@ -136,12 +136,14 @@ def kernel_kill_lines(limit: int = 8) -> list[str]:
 
 
 def memory_left() -> str:
-    """MemAvailable of /proc/meminfo, in words."""
+    """MemAvailable of /proc/meminfo and the OOM kills since boot (/proc/vmstat), in words."""
     try:
         with open("/proc/meminfo") as f:
             info = dict(ln.split(":", 1) for ln in f if ":" in ln)
+        with open("/proc/vmstat") as f:
+            kills = next((ln.split()[1] for ln in f if ln.startswith("oom_kill ")), "unknown")
         free, total = (int(info[k].split()[0]) / 2**20 for k in ("MemAvailable", "MemTotal"))
-        return f"{free:.1f} of {total:.1f} GiB available"
+        return f"{free:.1f} of {total:.1f} GiB available, {kills} OOM kills since boot"
     except (OSError, KeyError, ValueError) as e:
         return f"(unknown: {e})"
 
