@@ -179,7 +179,7 @@ class VllmServer(ServerProcess):
         # A start takes ~30 s on an idle 2-core box and took 410 s on one shared by other test runs (load
         # average 25): 180 s failed every start there. The wait only ends early on a hang (a dead
         # process fails at once), so the default is generous; KVSCOPE_VLLM_STARTUP_TIMEOUT sets it.
-        self.startup_timeout_s = startup_timeout_s or float(os.environ.get("KVSCOPE_VLLM_STARTUP_TIMEOUT", 900))
+        self.startup_timeout_s = startup_timeout_s or float(os.environ.get("KVSCOPE_VLLM_STARTUP_TIMEOUT") or 900)
         self.python = python or vllm_python()
         super().__init__("vllm")
         self.startup_s: float | None = None
