@@ -35,6 +35,10 @@ from testbed.httpstub import serving
 from testbed.procs import ProcessGroup, free_port, retry_port_clash, wait_http
 from testbed.prometheus import prometheus_argv
 
+# A wait for a real server to be ready (or Prometheus to have scraped) ends as soon as it is; the limit
+# only bounds a hang, sized for a box whose cores other test runs saturate (a vLLM start took 13x its
+# idle time at load average 25).
+READY_S = 180
 RULE_ID = "kv_pressure_preemption"
 OVERRIDE = {"for": "5s"}
 
@@ -161,7 +165,7 @@ def _start_chain(tmp, target_port: int, sink_port: int, procs: ProcessGroup) -> 
         (am, f"http://127.0.0.1:{am_port}/-/ready"),
         (prom, f"http://127.0.0.1:{prom_port}/-/ready"),
     ):
-        wait_http(url, 30, procs=(proc,), request_timeout_s=1, interval_s=0.2)
+        wait_http(url, READY_S, procs=(proc,), request_timeout_s=5, interval_s=0.2)
     return {"serve": f"http://127.0.0.1:{serve_port}", "tmp": tmp, "procs": procs}
 
 

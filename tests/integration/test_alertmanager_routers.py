@@ -33,6 +33,11 @@ from testbed.prometheus import prometheus_argv, wait_query
 from testbed.tiny_model import cache_root, model_key
 from tests.integration.test_dynamo_mocker import PER_TENANT, TENANTS, _chat
 
+# A wait for a real server to be ready (or Prometheus to have scraped) ends as soon as it is; the limit
+# only bounds a hang, sized for a box whose cores other test runs saturate (a vLLM start took 13x its
+# idle time at load average 25).
+READY_S = 180
+
 pytestmark = [pytest.mark.prometheus, pytest.mark.needs("prometheus", "prometheus-alertmanager")]
 
 
@@ -81,17 +86,21 @@ def test_the_enriched_alert_shows_the_kv_routers_decisions(tmp_path):
             (am, f"{am_port}/-/ready"),
             (serve, f"{serve_port}/-/healthy"),
         ):
-            wait_http(f"http://127.0.0.1:{url}", 30, procs=(proc,), request_timeout_s=1, interval_s=0.2)
+            wait_http(f"http://127.0.0.1:{url}", READY_S, procs=(proc,), request_timeout_s=5, interval_s=0.2)
         prom_url = f"http://127.0.0.1:{prom_port}"
-        wait_query(prom_url, 'up{job="dynamo"} == 1', 30, procs=(prom,))
+        wait_query(prom_url, 'up{job="dynamo"} == 1', READY_S, procs=(prom,))
         # the router's counters are born at its first decision: one warm-up request, and a scrape that
         # holds them, so the window sees the decisions that follow as an increase (as increase() would)
         assert _chat(fleet.url, "am-warmup", 0) == 200
-        wait_query(prom_url, "dynamo_component_router_kv_best_eligible_cached_prefix_tokens_total", 30, procs=(prom,))
+        wait_query(
+            prom_url, "dynamo_component_router_kv_best_eligible_cached_prefix_tokens_total", READY_S, procs=(prom,)
+        )
         assert [_chat(fleet.url, f"am-{t}", i) for t in range(TENANTS) for i in range(PER_TENANT)] == [200] * 12
-        wait_query(prom_url, f"sum(dynamo_frontend_requests_total) >= {TENANTS * PER_TENANT + 1}", 30, procs=(prom,))
+        wait_query(
+            prom_url, f"sum(dynamo_frontend_requests_total) >= {TENANTS * PER_TENANT + 1}", READY_S, procs=(prom,)
+        )
         best = "dynamo_component_router_kv_best_eligible_cached_prefix_tokens_total"
-        wait_query(prom_url, f"sum(delta({best}[2m])) > 0", 30, procs=(prom,))
+        wait_query(prom_url, f"sum(delta({best}[2m])) > 0", READY_S, procs=(prom,))
         started = datetime.fromtimestamp(time.time() - 30, UTC).isoformat().replace("+00:00", "Z")
         alert = [{"labels": {"alertname": "TtftHigh", "instance": "engine-0"}, "startsAt": started}]
         req = urllib.request.Request(
