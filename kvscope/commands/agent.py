@@ -24,7 +24,7 @@ maps everything to canonical signals, keeps history in a local SQLite store, and
 
   /metrics          canonical series as kvscope_<signal>, plus self-health
                     (kvscope_target_up, kvscope_scrape_errors_total{reason}, ...)
-  /api/v1/samples   stored samples as JSON (?match=<regex>&start=&end=)
+  /api/v1/samples   stored samples as JSON (?match=<names, | and .* wildcards>&start=&end=)
   /api/v1/facts     engine configuration facts (block size, prefix caching, kv dtype)
   /api/v1/health    collectors and targets with the reason of any failure
   /-/ready          200 once the first cycle finished
