@@ -62,7 +62,10 @@ class AgentServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (port 0 picks a free one). Returns the bound port."""
-        self._site = HttpSite(self.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
+        limits = getattr(self.runtime.config, "server_limits", None)
+        self._site = HttpSite(
+            self.app(), limits, name="agent", access_log=None, handle_signals=False, shutdown_timeout=2.0
+        )
         return await self._site.start(host, port, backlog=64)
 
     async def stop(self) -> None:
@@ -77,6 +80,12 @@ class AgentServer:
 
     async def metrics(self, request: web.Request) -> web.Response:
         state = self.runtime.state
+        if self._site is not None and self._site.closed:  # this server's own unserved connections
+            where = self.runtime.config.listen_address
+            closed = {("agent", where, reason): n for reason, n in self._site.closed.items()}
+            if any(state.closed.get(k) != n for k, n in closed.items()):
+                state.closed.update(closed)
+                state.version += 1
         if self._cache is None or self._cache[0] != state.version:
             self._cache = (state.version, render_metrics(state, self.catalog).encode())
         return web.Response(body=self._cache[1], headers={"Content-Type": CONTENT_TYPE})

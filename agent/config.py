@@ -134,10 +134,14 @@ KEYS: tuple[Key, ...] = (
     Key("store.path", "kvscope.db"),  # "" keeps history in memory only
     Key("store.retention_s", 7 * 86400.0, parse_seconds),
     Key("store.max_bytes", 1 << 30, parse_bytes, lambda v: v >= 1 << 20, "a size >= 1MiB"),
+    # every listener of the agent (/metrics and API, OTLP receiver): agent/serve/limits.py
+    Key("server.header_timeout_s", 10.0, parse_seconds, lambda v: 0.1 <= v <= 3600, "a duration from 100ms to 1h"),
+    Key("server.idle_timeout_s", 75.0, parse_seconds, lambda v: 0.1 <= v <= 86400, "a duration from 100ms to 1d"),
+    Key("server.max_connections", 256, parse_count, lambda v: 1 <= v <= 1_000_000, "an integer from 1 to 1000000"),
 )
 KEY_BY_PATH = {k.path: k for k in KEYS}
 
-SECTIONS = ("scrape", "store", "targets", "collectors", "gpu_mapping")
+SECTIONS = ("scrape", "store", "server", "targets", "collectors", "gpu_mapping")
 """Declared top-level sections besides the scalar `listen_address` (README.md shows each)."""
 
 _EXTENSIONS: dict[str, Callable[[Any], Any] | None] = {}
@@ -148,6 +152,19 @@ def register_section(name: str, validate: Callable[[Any], Any] | None = None) ->
     """Declare a top-level section owned by an extension (e.g. `otlp`). `validate(raw)` may return
     a parsed value and must raise ConfigError naming the key."""
     _EXTENSIONS[name] = validate
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Per-listener limits (config `server.*`), applied by agent/serve/limits.py."""
+
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 75.0
+    max_connections: int = 256
+
+    def __post_init__(self) -> None:
+        if not (self.header_timeout_s > 0 and self.idle_timeout_s > 0 and self.max_connections >= 1):
+            raise ValueError("header/idle timeouts must be > 0 and max_connections >= 1")
 
 
 @dataclass(frozen=True)
@@ -186,6 +203,7 @@ class AgentConfig:
     retention_s: float = 7 * 86400.0
     store_max_bytes: int = 1 << 30
     gpu_mapping: Any = None
+    server_limits: ServerLimits = field(default_factory=ServerLimits)
     extensions: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -366,6 +384,11 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     cfg.store_path = str(_value(layers, "store.path") or "")
     cfg.retention_s = _number(layers, "store.retention_s")
     cfg.store_max_bytes = int(_number(layers, "store.max_bytes"))
+    cfg.server_limits = ServerLimits(
+        header_timeout_s=_number(layers, "server.header_timeout_s"),
+        idle_timeout_s=_number(layers, "server.idle_timeout_s"),
+        max_connections=int(_number(layers, "server.max_connections")),
+    )
     limits = {n: int(_number(layers, f"scrape.{n}")) for n in LIMIT_KEYS}
     cfg.targets = [replace(t, limits=tuple({**limits, **dict(t.limits)}.items())) for t in _targets(layers)]
     cfg.collectors = _collectors(layers, known_collectors)
@@ -387,7 +410,7 @@ def _check_sections(layers: Layers, cfg: AgentConfig) -> None:
             cfg.warnings.append(
                 f"{name}: unknown section, kept for extensions (declared: listen_address, {', '.join(SECTIONS)})"
             )
-    for section in ("scrape", "store"):
+    for section in ("scrape", "store", "server"):
         body = layers.get(section, {})
         if not isinstance(body, dict):
             raise ConfigError(f"{section}: must be a mapping, got {_show(body)}")

@@ -172,8 +172,8 @@ def _counter_families(state: Any) -> list[Family]:
     closed = Family(
         "kvscope_connections_closed_total",
         "counter",
-        "Client connections a kvscope listener closed unserved, by reason (the request tap: max_connections "
-        "answered 503, header_timeout, request_timeout, idle_timeout).",
+        "Client connections a kvscope listener closed unserved, by reason: max_connections (answered 503), "
+        "displaced (half-open, closed at the cap for a new one), header_timeout, request_timeout, idle_timeout.",
     )
     for (coll, inst, reason), n in sorted(state.closed.items()):
         closed.add({"collector": coll, "instance": inst, "reason": reason}, float(n))

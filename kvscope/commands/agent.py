@@ -69,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
 async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     """Run collectors and the HTTP server until SIGTERM/SIGINT. Returns the exit code."""
     log = logging.getLogger("kvscope.agent")
+    from kvscope.agent.serve.limits import OPEN_FILES, raise_open_files
     from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore, StoreError
+
+    if (files := raise_open_files()) < OPEN_FILES:
+        log.warning("open-file limit %d (wanted %d): listeners accept fewer connections", files, OPEN_FILES)
 
     try:
         retention = config.retention_s

@@ -108,3 +108,172 @@ def test_name_pattern_scan_agrees_with_re_on_generated_inputs():
             pattern = "".join(toks)
             m = compile_pattern(pattern)
             assert [x for x in names if m.matches(x)] == [x for x in names if re.fullmatch(pattern, x)], pattern
+
+
+# ---------------------------------------------------------------- N6: server limits on every listener
+
+HALF_OPEN = b"GET /metrics HTTP/1.1\r\nHost: x\r\n"  # never finished
+
+
+async def _read_http(reader: asyncio.StreamReader) -> bytes:
+    """One response (head and Content-Length body) without waiting for the connection's end."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+    return head + await reader.readexactly(length)
+
+
+def test_half_open_connections_do_not_stop_metrics_and_are_closed():
+    """300 connections that never finish a request head: /metrics still answers, and the server
+    closes every one of them (displaced at the cap or past the head timeout), counted in /metrics."""
+    doc = {"server": {"header_timeout_s": "1s", "idle_timeout_s": "2s", "max_connections": 100}}
+
+    async def main():
+        server = _agent(None, doc)
+        port = await server.start("127.0.0.1", 0)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            conns = []
+            for _ in range(300):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(HALF_OPEN)
+                conns.append((reader, writer))
+            async with aiohttp.ClientSession() as s:
+                during = await _get(s, base + "/metrics")
+            # the server ends every one of them (the bound only turns a hang into a failure)
+            ends = await asyncio.wait_for(asyncio.gather(*(r.read() for r, _ in conns)), 120)
+            for _, w in conns:
+                w.close()
+            # a keep-alive connection that went idle after its request is closed too
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = await _read_http(reader)
+            rest = await asyncio.wait_for(reader.read(), 120)
+            writer.close()
+            async with aiohttp.ClientSession() as s:
+                after = await _get(s, base + "/metrics")
+            return during, ends, first, rest, after
+        finally:
+            await server.stop()
+
+    during, ends, first, rest, after = asyncio.run(main())
+    assert during[0] == 200 and "kvscope_cycles_total" in during[1]
+    assert ends == [b""] * 300
+    assert first.startswith(b"HTTP/1.1 200") and rest == b""
+    closed = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r'kvscope_connections_closed_total\{collector="agent",.*reason="(\w+)"\} (\S+)', after[1])
+    }
+    assert closed.get("displaced", 0) + closed.get("header_timeout", 0) >= 300, closed
+
+
+def test_connections_over_the_cap_are_answered_503_when_none_can_be_displaced():
+    doc = {"server": {"max_connections": 3, "idle_timeout_s": "10m"}}
+
+    async def main():
+        server = _agent(None, doc)
+        port = await server.start("127.0.0.1", 0)
+        try:
+            held = []
+            for _ in range(3):  # each has sent a whole request: none is displaced
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+                await _read_http(reader)
+                held.append(writer)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            over = await asyncio.wait_for(reader.read(), 120)
+            for w in [*held, writer]:
+                w.close()
+            return over
+        finally:
+            await server.stop()
+
+    over = asyncio.run(main())
+    assert over.startswith(b"HTTP/1.1 503") and b"max_connections" in over
+
+
+def test_otlp_receiver_closes_a_half_open_connection():
+    """The OTLP receiver is served by the same HttpSite with the agent's `server.*` limits."""
+    from kvscope.agent.traces.receiver import OtlpTraceReceiver, parse_otlp_config
+
+    config = build_config({"server": {"header_timeout_s": "500ms"}}, environ={}, flags=[])
+    config.extensions["otlp"] = parse_otlp_config({"listen": "127.0.0.1:0"})
+    receiver = OtlpTraceReceiver(config)
+
+    async def main():
+        await receiver.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", receiver.port)
+            writer.write(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\n")
+            end = await asyncio.wait_for(reader.read(), 120)
+            writer.close()
+            return end, (await receiver.collect()).health[0].closed
+        finally:
+            await receiver.stop()
+
+    end, closed = asyncio.run(main())
+    assert end == b"" and closed["header_timeout"] == 1
+
+
+def test_kvscope_serve_closes_a_half_open_connection(tmp_path):
+    """The real `kvscope serve` process: a request head that never ends is closed (default
+    header timeout, 10 s) while /-/healthy answers."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvscope", "serve", "--listen", "127.0.0.1:0", "--store", ":memory:",
+         "--prometheus", "http://127.0.0.1:9"],
+        stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        port = None
+        for line in proc.stderr:
+            if m := re.search(r"listening on http://127.0.0.1:(\d+)", line):
+                port = int(m.group(1))
+                break
+        assert port, "kvscope serve did not start"
+
+        async def main():
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /api/v1/alerts HTTP/1.1\r\nHost: x\r\n")
+            async with aiohttp.ClientSession() as s:
+                healthy = await _get(s, f"http://127.0.0.1:{port}/-/healthy")
+            end = await asyncio.wait_for(reader.read(), 120)
+            writer.close()
+            return healthy, end
+
+        healthy, end = asyncio.run(main())
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        proc.stderr.close()
+    assert healthy[0] == 200 and end == b""
+
+
+def test_systemd_units_set_the_open_file_limit():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
+    for unit in ("kvscope-agent.service", "kvscope-serve.service"):
+        m = re.search(r"(?m)^LimitNOFILE=(\d+)$", (root / unit).read_text())
+        assert m and int(m.group(1)) >= 4096, unit
+
+
+def test_a_low_soft_open_file_limit_is_raised_at_start():
+    """What stands in for LimitNOFILE in a pod: a process started with a soft limit of 256 (the
+    issue's case) raises it up to its hard limit."""
+    import resource
+    import subprocess
+    import sys
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    code = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "from kvscope.agent.serve.limits import raise_open_files\n"
+        "print(raise_open_files(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    want = 8192 if hard == resource.RLIM_INFINITY else min(8192, hard)
+    assert out == [str(want), str(want)]
