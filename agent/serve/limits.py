@@ -175,7 +175,7 @@ class _Guarded(asyncio.Protocol):
         self.inner.data_received(data)  # type: ignore[attr-defined]
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received()  # type: ignore[attr-defined, no-any-return]
+        return self.inner.eof_received()  # type: ignore[attr-defined]
 
     def pause_writing(self) -> None:
         self.inner.pause_writing()

@@ -277,3 +277,113 @@ def test_a_low_soft_open_file_limit_is_raised_at_start():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     want = 8192 if hard == resource.RLIM_INFINITY else min(8192, hard)
     assert out == [str(want), str(want)]
+
+
+# ---------------------------------------------------------------- N5: KV-event messages bounded
+
+
+def _kv_batch(seq_hashes, ts=1.0):
+    import msgspec
+
+    events = [{"type": "BlockStored", "block_hashes": list(h), "parent_block_hash": None, "token_ids": [], "block_size": 16, "medium": "GPU"} for h in seq_hashes]  # fmt: skip
+    return msgspec.msgpack.encode([ts, events, 0])
+
+
+def test_an_oversized_kv_event_message_is_refused_counted_and_the_subscriber_goes_on():
+    """Over real TCP: a 1 MB batch against a 64 KiB cap is never applied, the drop is counted in
+    health, and later batches are received again (libzmq drops the connection; we reconnect)."""
+    import zmq
+    import zmq.asyncio
+
+    from kvscope.agent.kvevents.subscriber import KvEventsCollector, KvEventSource, KvEventSubscriber
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        pub = ctx.socket(zmq.PUB)
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        source = KvEventSource(f"tcp://127.0.0.1:{port}", "e0:8000", "", max_message_bytes=64 << 10)
+        sub = KvEventSubscriber(source, context=ctx)
+        coll = KvEventsCollector(None)
+        coll.subscribers = [sub]
+        await sub.start()
+        seq = 0
+        huge = _kv_batch([range(i * 100, i * 100 + 100) for i in range(2000)])  # 200k blocks, about 1 MB
+
+        async def until(cond, make):
+            nonlocal seq
+            for _ in range(3000):  # bounded: a hang turns into a failure
+                seq += 1
+                await pub.send_multipart([b"kv", seq.to_bytes(8, "big"), make()])
+                await asyncio.sleep(0.02)
+                if cond():
+                    return True
+            return False
+
+        try:
+            joined = await until(lambda: sub.stats["batches"] > 0, lambda: _kv_batch([[1]]))
+            seq += 1
+            await pub.send_multipart([b"kv", seq.to_bytes(8, "big"), huge])
+            again = await until(
+                lambda: sub.stats["batches"] > 1 and sub.errors["disconnected"] > 0, lambda: _kv_batch([[2]])
+            )
+            health = (await coll.collect()).health[0]
+        finally:
+            await sub.stop()
+            pub.close(linger=0)
+            ctx.term()
+        return joined, again, sub, health, len(huge)
+
+    joined, again, sub, health, size = asyncio.run(main())
+    assert joined and again and size > 10 * (64 << 10)
+    assert sub.stats["events"] < 100  # the 2000 events of the huge batch never reached the tracker
+    assert health.errors["disconnected"] >= 1 and health.up
+
+
+def test_a_big_kv_event_batch_is_applied_in_pieces_that_let_the_loop_run():
+    """Under the cap, a 10k-event batch is applied APPLY_CHUNK events at a time; another task on
+    the loop runs between the pieces."""
+    from kvscope.agent.kvevents import subscriber as mod
+
+    big = _kv_batch([[i] for i in range(10_000)])
+    order: list[str] = []
+
+    class OneMessage:
+        sent = False
+
+        async def recv_multipart(self):
+            if self.sent:
+                await asyncio.Event().wait()  # nothing more
+            self.sent = True
+            return [b"kv", (1).to_bytes(8, "big"), big]
+
+    async def main():
+        sub = mod.KvEventSubscriber(mod.KvEventSource("inproc://x", "e0", "", max_message_bytes=1 << 20))
+        real = sub.tracker.apply
+        sub.tracker.apply = lambda evs: (order.append(f"apply {len(evs)}"), real(evs))[1]
+        sub._sock = OneMessage()
+
+        async def other():
+            for _ in range(10):
+                order.append("other")
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(sub._loop())
+        await other()
+        task.cancel()
+        return sub
+
+    sub = asyncio.run(main())
+    applies = [o for o in order if o.startswith("apply")]
+    assert sub.stats["events"] == 10_000 and len(applies) == 10_000 // mod.APPLY_CHUNK
+    first, last = order.index(applies[0]), len(order) - 1 - order[::-1].index(applies[-1])
+    assert "other" in order[first:last]
+
+
+def test_kv_event_message_cap_is_validated():
+    from kvscope.agent.config import ConfigError
+    from kvscope.agent.kvevents.subscriber import parse_kv_events_config
+
+    src = parse_kv_events_config([{"endpoint": "tcp://127.0.0.1:5557", "instance": "e", "max_message_bytes": "4MiB"}])
+    assert src[0].max_message_bytes == 4 << 20
+    with pytest.raises(ConfigError, match=r"kv_events\[0\].max_message_bytes"):
+        parse_kv_events_config([{"endpoint": "tcp://127.0.0.1:5557", "instance": "e", "max_message_bytes": "1e20GiB"}])
