@@ -139,7 +139,18 @@ class AgentServer:
             for h in hs
             if h.target
         ]
-        data = {"cycles": st.cycles, "last_cycle_end": st.last_cycle_end, "collectors": collectors, "targets": targets}
+        closed = [
+            {"collector": c, "instance": i, "reason": r, "total": n} for (c, i, r), n in sorted(st.closed.items())
+        ]
+        data = {
+            "cycles": st.cycles,
+            "cycles_skipped": st.cycles_skipped,
+            "last_cycle_s": st.last_cycle_s,
+            "last_cycle_end": st.last_cycle_end,
+            "collectors": collectors,
+            "targets": targets,
+            "connections_closed": closed,
+        }
         return web.json_response({"status": "success", "data": data})
 
     async def ready(self, request: web.Request) -> web.Response:

@@ -183,10 +183,16 @@ def _counter_families(state: Any) -> list[Family]:
 def _cycle_families(state: Any) -> list[Family]:
     dur = Family("kvscope_cycle_duration_seconds", "gauge", "Duration of the last collection cycle.")
     cycles = Family("kvscope_cycles_total", "counter", "Collection cycles completed.")
+    skipped = Family(
+        "kvscope_cycles_skipped_total",
+        "counter",
+        "Collection ticks skipped because a cycle ran longer than the scrape interval.",
+    )
     if state.cycles:
         dur.add({}, state.last_cycle_s)
     cycles.add({}, float(state.cycles))
-    return [dur, cycles]
+    skipped.add({}, float(getattr(state, "cycles_skipped", 0)))
+    return [dur, cycles, skipped]
 
 
 def _store_families(stats: Any) -> list[Family]:

@@ -387,3 +387,45 @@ def test_kv_event_message_cap_is_validated():
     assert src[0].max_message_bytes == 4 << 20
     with pytest.raises(ConfigError, match=r"kv_events\[0\].max_message_bytes"):
         parse_kv_events_config([{"endpoint": "tcp://127.0.0.1:5557", "instance": "e", "max_message_bytes": "1e20GiB"}])
+
+
+# ---------------------------------------------------------------- N13: skipped ticks counted
+
+
+def test_a_cycle_that_overruns_the_interval_counts_the_skipped_ticks():
+    """A collector that takes 0.35 s at a 100 ms interval: the runtime skips the ticks it missed,
+    counts them, and /metrics and /api/v1/health show the count."""
+    from kvscope.agent.collectors.base import Collection
+    from kvscope.agent.serve.export import render_metrics
+    from kvscope.agent.signals import load_catalog
+
+    class Slow:
+        name = "slow"
+
+        async def collect(self):
+            await asyncio.sleep(0.35)
+            return Collection()
+
+        async def close(self):
+            return None
+
+    config = build_config({"scrape": {"interval_s": "100ms"}}, environ={}, flags=[])
+    runtime = AgentRuntime(config, [Slow()], None)
+
+    async def main():
+        server = AgentServer(runtime)
+        port = await server.start("127.0.0.1", 0)
+        task = asyncio.create_task(runtime.run())
+        while runtime.state.cycles < 2:
+            await asyncio.sleep(0.05)
+        runtime.stop()
+        await task
+        async with aiohttp.ClientSession() as s:
+            health = await _get(s, f"http://127.0.0.1:{port}/api/v1/health")
+        await server.stop()
+        return json.loads(health[1])["data"]
+
+    health = asyncio.run(main())
+    skipped = runtime.state.cycles_skipped
+    assert skipped >= 2 and health["cycles_skipped"] == skipped  # each 0.35 s cycle misses >= 2 ticks of 0.1 s
+    assert f"kvscope_cycles_skipped_total {skipped}" in render_metrics(runtime.state, load_catalog())
