@@ -429,3 +429,45 @@ def test_a_cycle_that_overruns_the_interval_counts_the_skipped_ticks():
     skipped = runtime.state.cycles_skipped
     assert skipped >= 2 and health["cycles_skipped"] == skipped  # each 0.35 s cycle misses >= 2 ticks of 0.1 s
     assert f"kvscope_cycles_skipped_total {skipped}" in render_metrics(runtime.state, load_catalog())
+
+
+# ---------------------------------------------------------------- N9: config values in a sane range
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("scrape: {interval_s: 1ms}\n", "scrape.interval_s"),
+        ("scrape: {interval_s: 0.001}\n", "scrape.interval_s"),
+        ("store: {retention_s: 1.0e+308}\n", "store.retention_s"),
+        ("store: {retention_s: 1s}\n", "store.retention_s"),
+        ("scrape: {max_body_bytes: 107374182400000000000000000000}\n", "scrape.max_body_bytes"),
+        ("store: {max_bytes: 107374182400000000000000000000}\n", "store.max_bytes"),
+        ('targets: ["http://127.0.0.1:8000/metrics\\r\\nX-Injected: 1"]\n', "targets[0].url"),
+        ('targets: [{url: "http://127.0.0.1:8000/me\\ttrics"}]\n', "targets[0].url"),
+        ('targets: ["http://127.0.0.1:8000/metrics\\u0000"]\n', "targets[0].url"),
+        ("scrape:\n  interval_s: 5\n  interval_s: 50\n", "scrape.interval_s: duplicate key"),
+        ("store: {path: a.db, path: b.db}\n", "store.path: duplicate key"),
+        ("targets: []\ntargets: [http://x:1/metrics]\n", "targets: duplicate key"),
+        ("server: {max_connections: 0}\n", "server.max_connections"),
+    ],
+)
+def test_config_values_out_of_range_are_refused_naming_the_key(text, key):
+    from kvscope.agent.config import ConfigError, parse_config_yaml
+
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        build_config(parse_config_yaml(text.encode(), "--config x.yaml"), environ={}, flags=[])
+
+
+def test_agent_refuses_a_1ms_interval_at_start():
+    """The real command: exit 2 and one line naming the flag's key, before anything runs."""
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-m", "kvscope", "agent", "--scrape.interval", "1ms", "--store.path", ""],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and "scrape.interval_s: must be a duration from 100ms to 1d" in res.stderr
