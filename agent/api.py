@@ -124,6 +124,7 @@ class AgentServer:
             name: {"up": up, "reason": reason, "duration_s": dur}
             for name, (up, reason, dur) in sorted(st.collector_status.items())
         }
+        over_budget = getattr(st.store_stats, "over_budget", {})
         targets = [
             {
                 "job": st.jobs.get(h.target, h.collector),
@@ -134,6 +135,7 @@ class AgentServer:
                 "series": h.series,
                 "engine": st.engines.get(h.target),
                 "dropped": dict(h.dropped),
+                "store_series_dropped": over_budget.get(h.target, 0),  # its series budget used up
             }
             for hs in st.health.values()
             for h in hs

@@ -139,6 +139,7 @@ KEYS: tuple[Key, ...] = (
         "store.retention_s", 7 * 86400.0, parse_seconds, lambda v: 60 <= v <= 3660 * 86400, "a duration from 1m to 10y"
     ),
     Key("store.max_bytes", 1 << 30, parse_bytes, lambda v: 1 << 20 <= v <= 1 << 50, "a size from 1MiB to 1PiB"),
+    Key("store.max_series_per_target", 50_000, parse_count, lambda v: 1 <= v <= 200_000, "an integer from 1 to 200000"),
     # every listener of the agent (/metrics and API, OTLP receiver): agent/serve/limits.py
     Key("server.header_timeout_s", 10.0, parse_seconds, lambda v: 0.1 <= v <= 3600, "a duration from 100ms to 1h"),
     Key("server.idle_timeout_s", 75.0, parse_seconds, lambda v: 0.1 <= v <= 86400, "a duration from 100ms to 1d"),
@@ -207,6 +208,7 @@ class AgentConfig:
     store_path: str = "kvscope.db"
     retention_s: float = 7 * 86400.0
     store_max_bytes: int = 1 << 30
+    store_max_series_per_target: int = 50_000
     gpu_mapping: Any = None
     server_limits: ServerLimits = field(default_factory=ServerLimits)
     extensions: dict[str, Any] = field(default_factory=dict)
@@ -405,6 +407,7 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     cfg.store_path = str(_value(layers, "store.path") or "")
     cfg.retention_s = _number(layers, "store.retention_s")
     cfg.store_max_bytes = int(_number(layers, "store.max_bytes"))
+    cfg.store_max_series_per_target = int(_number(layers, "store.max_series_per_target"))
     cfg.server_limits = ServerLimits(
         header_timeout_s=_number(layers, "server.header_timeout_s"),
         idle_timeout_s=_number(layers, "server.idle_timeout_s"),

@@ -216,7 +216,15 @@ def _store_families(stats: Any) -> list[Family]:
     )
     for reason, n in sorted(getattr(stats, "errors", {}).items()):
         errors.add({"reason": reason}, float(n))
-    return fams + [dropped, errors]
+    budget = Family(
+        "kvscope_store_target_series_dropped_total",
+        "counter",
+        "Samples of new series the store dropped because their target (instance) used up its series "
+        "budget (store.max_series_per_target); the other targets' series are still stored.",
+    )
+    for instance, n in sorted(getattr(stats, "over_budget", {}).items()):
+        budget.add({"instance": instance}, float(n))
+    return fams + [dropped, errors, budget]
 
 
 def render_metrics(state: Any, catalog: Catalog) -> str:

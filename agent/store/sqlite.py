@@ -85,11 +85,18 @@ class StoreStats:
     errors: Counter[str] = field(default_factory=Counter)  # failed writes / retention passes, by reason
     failing: str | None = None  # reason while the latest write failed (disk_full...), None once one succeeds
     deleted: Counter[str] = field(default_factory=Counter)  # rows removed by retention: age | size
+    over_budget: Counter[str] = field(default_factory=Counter)  # instance -> samples refused: its series budget used up
     max_write_latency_s: float = 0.0
 
     def copy(self) -> StoreStats:
         """A copy whose counters are not shared with this one."""
-        return replace(self, dropped=Counter(self.dropped), errors=Counter(self.errors), deleted=Counter(self.deleted))
+        return replace(
+            self,
+            dropped=Counter(self.dropped),
+            errors=Counter(self.errors),
+            deleted=Counter(self.deleted),
+            over_budget=Counter(self.over_budget),
+        )
 
 
 class InMemoryStore:
@@ -198,6 +205,11 @@ _REASONS = {
 }
 
 
+def _instance(labels: Labels) -> str:
+    """The `instance` label ("" without one): the target a series' budget is counted against."""
+    return next((v for k, v in labels if k == "instance"), "")
+
+
 def error_reason(exc: BaseException) -> str:
     """A stable token for a store failure: disk_full, io_error, corrupt, busy, read_only... or the
     exception's type name when SQLite gives no error code."""
@@ -219,7 +231,11 @@ class SqliteStore:
     """Embedded SQLite store for one node (see the module docstring for layout and guarantees).
 
     `retention_s` and `max_bytes` bound the data kept; `batch_size` caps one transaction;
-    `flush_interval_s` is the longest a queued sample waits before it is committed.
+    `flush_interval_s` is the longest a queued sample waits before it is committed. Series are
+    capped twice: `max_series` in all, and `max_series_per_target` per `instance` label (default a
+    quarter of `max_series`), so one target churning label values cannot use up the shared cap;
+    samples of refused series are dropped as `series_limit` / `target_series_limit`, the latter also
+    counted per instance in `StoreStats.over_budget`.
     """
 
     def __init__(
@@ -231,6 +247,7 @@ class SqliteStore:
         flush_interval_s: float = 1.0,
         max_queue: int = 200_000,  # samples waiting for the writer (about 40 MiB at worst)
         max_series: int = 200_000,  # samples of further new series are dropped (`series_limit`)
+        max_series_per_target: int | None = None,  # per instance label; None: max_series // 4
         background: bool = True,
         busy_timeout_s: float = 30.0,
     ) -> None:
@@ -241,6 +258,8 @@ class SqliteStore:
         self.flush_interval_s = flush_interval_s
         self.max_queue = max(1, max_queue)
         self.max_series = max_series
+        self.max_series_per_target = max(1, max_series // 4 if max_series_per_target is None else max_series_per_target)
+        self._per_target: Counter[str] = Counter()  # instance -> series in the index
         self.busy_timeout_s = busy_timeout_s
         self._queue: deque[tuple[float, Sequence[Sample]]] = deque()  # (time of write(), samples)
         self._queued = 0
@@ -305,11 +324,13 @@ class SqliteStore:
         with self._slock:
             self._ids[(name, labels)] = sid
             self._by_name.setdefault(name, []).append((labels, sid))
+            self._per_target[_instance(labels)] += 1
 
     def _unindex(self, gone: set[int]) -> None:
         """Forget series ids (rolled back, or pruned by retention)."""
         with self._slock:
             self._ids = {k: v for k, v in self._ids.items() if v not in gone}
+            self._per_target = Counter(_instance(labels) for _, labels in self._ids)
             self._by_name = {
                 n: kept
                 for n, lst in self._by_name.items()
@@ -425,12 +446,23 @@ class SqliteStore:
         with contextlib.suppress(sqlite3.Error):
             self._writer.execute("ROLLBACK")
 
-    def _series_for(self, name: str, labels: Labels) -> int | None:
-        """The id of a series, created on first sight; None past max_series."""
+    def _series_for(self, name: str, labels: Labels) -> int | str:
+        """The id of a series, created on first sight; past a cap, the reason it is refused."""
         if (sid := self._ids.get((name, labels))) is not None:
             return sid
         if len(self._ids) >= self.max_series:
-            return None
+            return "series_limit"
+        if self._per_target[instance := _instance(labels)] >= self.max_series_per_target:
+            with self._qlock:
+                self._stats.over_budget[instance] += 1
+            warn_every(
+                log,
+                f"store:budget:{instance}",
+                "store: target %r has %d series (max_series_per_target); samples of its new series are dropped",
+                instance,
+                self._per_target[instance],
+            )
+            return "target_series_limit"
         text = json.dumps(labels, separators=(",", ":"))
         self._writer.execute("INSERT OR IGNORE INTO series (name, labels) VALUES (?, ?)", (name, text))
         sid = int(

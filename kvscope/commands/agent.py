@@ -78,7 +78,12 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     try:
         retention = config.retention_s
         store = (
-            SqliteStore(config.store_path, retention_s=retention, max_bytes=config.store_max_bytes)
+            SqliteStore(
+                config.store_path,
+                retention_s=retention,
+                max_bytes=config.store_max_bytes,
+                max_series_per_target=config.store_max_series_per_target,
+            )
             if config.store_path
             else InMemoryStore(retention_s=retention)
         )

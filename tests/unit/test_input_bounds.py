@@ -254,7 +254,9 @@ def test_kvscope_serve_closes_a_half_open_connection(tmp_path):
 def test_systemd_units_set_the_open_file_limit():
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
+    import kvscope.agent
+
+    root = Path(kvscope.agent.__file__).resolve().parents[1] / "deploy" / "systemd"  # the checkout under test
     for unit in ("kvscope-agent.service", "kvscope-serve.service"):
         m = re.search(r"(?m)^LimitNOFILE=(\d+)$", (root / unit).read_text())
         assert m and int(m.group(1)) >= 4096, unit
@@ -471,3 +473,42 @@ def test_agent_refuses_a_1ms_interval_at_start():
         timeout=120,
     )
     assert res.returncode == 2 and "scrape.interval_s: must be a duration from 100ms to 1d" in res.stderr
+
+
+# ---------------------------------------------------------------- N12: per-target series budgets
+
+
+def test_one_churning_target_cannot_use_up_the_stores_series_cap(tmp_path):
+    """A target that churns 2000 new label values per scrape against a 1000-series store: the
+    other target's series are still stored, and the churning one's drops are counted per
+    instance (health) and by reason."""
+    from kvscope.agent.serve.export import render_metrics
+    from kvscope.agent.signals import load_catalog
+    from kvscope.agent.store.sqlite import SqliteStore
+
+    store = SqliteStore(tmp_path / "s.db", max_series=1000, background=False)
+    try:
+        for scrape in range(3):
+            ts = 1000.0 + scrape
+            churn = [Sample("engine_requests_running", (("instance", "bad"), ("req", f"{scrape}-{i}")), 1.0, ts) for i in range(2000)]  # fmt: skip
+            good = [
+                Sample("engine_requests_running", (("instance", "good"), ("n", str(i))), 2.0, ts) for i in range(50)
+            ]
+            store.write(churn + good)
+            store.flush()
+        stored = store.query("engine_requests_running", 0, 2000)
+        stats = store.stats()
+    finally:
+        store.close()
+    by_target: dict[str, int] = {}
+    for labels in stored:
+        by_target[dict(labels)["instance"]] = by_target.get(dict(labels)["instance"], 0) + 1
+    assert by_target["good"] == 50  # every series of the quiet target
+    assert by_target["bad"] == 250  # its budget: a quarter of max_series
+    assert stats.over_budget == {"bad": 3 * 2000 - 250} and stats.dropped["target_series_limit"] == 3 * 2000 - 250
+
+    runtime = AgentRuntime(build_config({}, environ={}, flags=[]), [], None)
+    runtime.state.store_stats = stats
+    assert 'kvscope_store_target_series_dropped_total{instance="bad"} 5750' in render_metrics(
+        runtime.state, load_catalog()
+    )
