@@ -12,6 +12,7 @@ committed batch survives a crash of the process (WAL, `synchronous=NORMAL`). Ret
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -221,10 +222,63 @@ class StoreError(OSError):
     """The database cannot be opened or has an unexpected schema; the message names the file."""
 
 
-DAMAGED = (
-    "; the file is damaged or is not a kvscope store: move it aside (or delete it) and "
-    "start again, a new store is created"
-)
+LOW_SPACE_BYTES = 1 << 20
+"""Free space under which an open that fails is put down to a full disk."""
+
+
+def open_failure(path: Path, exc: BaseException) -> str:
+    """Why the store at `path` cannot be opened and what to do, in one line. History is never
+    at stake for a cause that is not damage: only a damaged file is to be moved aside (kept, never
+    deleted), and a full disk, a missing directory, a dangling link, missing permissions or another
+    program's file say so and leave the file alone."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    err = getattr(exc, "errno", None)
+    if path.is_symlink() and not path.exists():
+        return (
+            f"{path} is a symbolic link to {os.readlink(path)}, which does not exist (a volume not mounted or "
+            "moved?): restore the link's target or point store.path at the store; nothing was changed"
+        )
+    if err == errno.ENOSPC or name.startswith("SQLITE_FULL") or _free_bytes(path) < LOW_SPACE_BYTES:
+        return (
+            f"{path}: no space left on the device ({_free_bytes(path)} bytes free; {exc}): free space or set "
+            "store.path on a disk with room; the store itself is not damaged, keep it"
+        )
+    if not path.parent.is_dir():
+        what = "is not a directory" if path.parent.exists() else "does not exist and cannot be created"
+        return f"{path}: {path.parent} {what} ({exc}): fix store.path or create the directory"
+    if err in (errno.EACCES, errno.EPERM, errno.EROFS) or name.startswith(("SQLITE_READONLY", "SQLITE_PERM")):
+        return (
+            f"{path}: cannot be written as uid {os.getuid()} ({exc}): fix the ownership or permissions of the file "
+            f"and {path.parent}, or the read-only mount; the store is not damaged"
+        )
+    if name.startswith("SQLITE_NOTADB"):
+        return (
+            f"{path}: not a SQLite database ({exc}): if it is another program's file, set store.path to a new "
+            "file; if it was a kvscope store it is damaged: move it aside (keep it) and start again, a new store "
+            "is created"
+        )
+    if (
+        name.startswith("SQLITE_CORRUPT")
+        or isinstance(exc, sqlite3.DatabaseError)
+        and not name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_BUSY", "SQLITE_LOCKED"))
+    ):
+        return (
+            f"{path}: {exc}; the store is damaged: move it aside (keep it; `sqlite3 FILE .recover` may save its "
+            "history) and start again, a new store is created"
+        )
+    return f"{path}: cannot open store: {exc}"
+
+
+def _free_bytes(path: Path) -> int:
+    """Bytes free to this user on the file system of `path` (its nearest existing directory)."""
+    probe = path.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        st = os.statvfs(probe)
+    except OSError:
+        return LOW_SPACE_BYTES  # unknown: not put down to a full disk
+    return st.f_bavail * st.f_frsize
 
 
 class SqliteStore:
@@ -281,8 +335,8 @@ class SqliteStore:
                 self._index(sid, name, tuple((str(k), str(v)) for k, v in json.loads(labels)))
             last_group = self._writer.execute("SELECT MAX(group_id) FROM stamps").fetchone()[0]
             self._encoder = ChangeEncoder(self._series_for, int(last_group or 0) + 1)
-        except sqlite3.DatabaseError as exc:  # a damaged file: pages the first reads touch
-            raise StoreError(f"{self.path}: {exc}{DAMAGED}") from exc
+        except sqlite3.DatabaseError as exc:  # a damaged file (pages the first reads touch), a full disk...
+            raise StoreError(open_failure(self.path, exc)) from exc
         self._created: list[tuple[int, str, Labels]] | None = None
         self._snapshot: StoreStats | None = None
         self._row_offset: int | None = None  # rows at open, counted on first stats() (a full scan)
@@ -306,11 +360,18 @@ class SqliteStore:
             conn.execute("PRAGMA synchronous=NORMAL")
             return conn
         except (OSError, sqlite3.Error) as exc:
-            raise StoreError(
-                f"{self.path}: cannot open store: {exc}{DAMAGED if isinstance(exc, sqlite3.DatabaseError) else ''}"
-            ) from exc
+            raise StoreError(open_failure(self.path, exc)) from exc
 
     def _init_schema(self) -> None:
+        try:
+            tables = {r[0] for r in self._writer.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.Error as exc:
+            raise StoreError(open_failure(self.path, exc)) from exc
+        if tables and "samples" not in tables:  # another program's database: never written to
+            raise StoreError(
+                f"{self.path}: a SQLite database of another program (tables: {', '.join(sorted(tables)[:5])}), "
+                "not a kvscope store; it was left unchanged: set store.path to a new file"
+            )
         try:
             for stmt in _SCHEMA:
                 self._writer.execute(stmt)

@@ -4,6 +4,7 @@ Real servers on ephemeral ports, real sockets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import re
@@ -512,3 +513,85 @@ def test_one_churning_target_cannot_use_up_the_stores_series_cap(tmp_path):
     assert 'kvscope_store_target_series_dropped_total{instance="bad"} 5750' in render_metrics(
         runtime.state, load_catalog()
     )
+
+
+# ---------------------------------------------------------------- N8: a store that cannot be opened says why
+
+
+def _open_error(path) -> str:
+    from kvscope.agent.store.sqlite import SqliteStore, StoreError
+
+    with pytest.raises(StoreError) as info:
+        SqliteStore(path, background=False)
+    return str(info.value)
+
+
+def test_a_dangling_store_symlink_says_so_and_never_advises_deleting(tmp_path):
+    link = tmp_path / "kvscope.db"
+    link.symlink_to(tmp_path / "unmounted" / "volume" / "kvscope.db")
+    msg = _open_error(link)
+    assert "symbolic link" in msg and "does not exist" in msg
+    assert "delete" not in msg and "damaged" not in msg
+
+
+def test_another_programs_sqlite_file_is_left_unchanged(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "app.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE users (id INTEGER)")
+        db.commit()
+    before = path.read_bytes()
+    msg = _open_error(path)
+    assert "another program" in msg and "users" in msg and "delete" not in msg
+    assert path.read_bytes() == before  # no kvscope table was added to it
+
+
+def test_a_store_path_under_a_file_names_it(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    msg = _open_error(tmp_path / "afile" / "kvscope.db")
+    assert "is not a directory" in msg and "delete" not in msg
+
+
+FULL_DISK = """
+import os, sys
+from kvscope.agent.signals import Sample
+from kvscope.agent.store.sqlite import SqliteStore, StoreError
+d = sys.argv[1]
+store = SqliteStore(os.path.join(d, "k.db"), background=False)
+store.write([Sample("x", (("instance", "a"),), 1.0, 1e9)])
+store.flush()
+store.close()
+fd = os.open(os.path.join(d, "fill"), os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, bytes(4096))
+except OSError:
+    pass
+os.close(fd)
+try:
+    SqliteStore(os.path.join(d, "k.db"), background=False)
+except StoreError as e:
+    print(e)
+"""
+
+
+def test_a_store_on_a_full_disk_says_the_disk_is_full_not_damaged(tmp_path):
+    """A real full file system (a 256 KiB tmpfs in a private mount namespace): restarting on it
+    says the disk is full and that the store is to be kept."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) for a private tmpfs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    script = tmp_path / "full.py"
+    script.write_text(FULL_DISK)
+    cmd = f"mount -t tmpfs -o size=256k tmpfs {mnt} && {sys.executable} {script} {mnt}"
+    res = subprocess.run(["unshare", "-rm", "sh", "-c", cmd], capture_output=True, text=True, timeout=120)
+    if "mount" in res.stderr and res.returncode:
+        pytest.skip(f"this box cannot mount a private tmpfs: {res.stderr.strip()[:200]}")
+    assert "no space left on the device" in res.stdout, res.stdout + res.stderr
+    assert "not damaged" in res.stdout and "delete" not in res.stdout
