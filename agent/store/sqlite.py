@@ -353,25 +353,25 @@ class SqliteStore:
             conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s
             )
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and "samples" not in tables:  # another program's database: never written to
+                conn.close()
+                raise StoreError(
+                    f"{self.path}: a SQLite database of another program (tables: {', '.join(sorted(tables)[:5])}), "
+                    "not a kvscope store; it was left unchanged: set store.path to a new file"
+                )
             conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # only before WAL writes a new file's header
             conn.execute("PRAGMA journal_mode=WAL")
             # a checkpoint cuts the WAL back to this size, so max_bytes plus this bounds the disk used
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
             conn.execute("PRAGMA synchronous=NORMAL")
             return conn
+        except StoreError:
+            raise
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(open_failure(self.path, exc)) from exc
 
     def _init_schema(self) -> None:
-        try:
-            tables = {r[0] for r in self._writer.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        except sqlite3.Error as exc:
-            raise StoreError(open_failure(self.path, exc)) from exc
-        if tables and "samples" not in tables:  # another program's database: never written to
-            raise StoreError(
-                f"{self.path}: a SQLite database of another program (tables: {', '.join(sorted(tables)[:5])}), "
-                "not a kvscope store; it was left unchanged: set store.path to a new file"
-            )
         try:
             for stmt in _SCHEMA:
                 self._writer.execute(stmt)
