@@ -124,20 +124,30 @@ class Key:
 # What each key means: README.md (configuration) and docs/collectors.md (scrape limits).
 KEYS: tuple[Key, ...] = (
     Key("listen_address", "127.0.0.1:9464"),  # loopback by default; port 0 picks a free port
-    Key("scrape.interval_s", 15.0, parse_seconds),
+    # ranges: a value outside them is a typo or a unit slip (1ms, 1e308 s, 1e20GiB), refused at start
+    Key("scrape.interval_s", 15.0, parse_seconds, lambda v: 0.1 <= v <= 86400, "a duration from 100ms to 1d"),
     Key("scrape.timeout_s", 5.0, parse_seconds),  # < interval; unset: min(5, 0.8 x interval)
-    Key("scrape.max_body_bytes", 16 << 20, parse_bytes, lambda v: v >= 1024, "a size >= 1024 bytes (e.g. 16MiB)"),
+    Key(
+        "scrape.max_body_bytes", 16 << 20, parse_bytes, lambda v: 1024 <= v <= 1 << 30, "a size from 1024 bytes to 1GiB"
+    ),
     *(
         Key(f"scrape.{n}", 50_000 if n == "sample_limit" else 0, parse_count, lambda v: v >= 0, _COUNT)
         for n in LIMIT_KEYS
     ),
     Key("store.path", "kvscope.db"),  # "" keeps history in memory only
-    Key("store.retention_s", 7 * 86400.0, parse_seconds),
-    Key("store.max_bytes", 1 << 30, parse_bytes, lambda v: v >= 1 << 20, "a size >= 1MiB"),
+    Key(
+        "store.retention_s", 7 * 86400.0, parse_seconds, lambda v: 60 <= v <= 3660 * 86400, "a duration from 1m to 10y"
+    ),
+    Key("store.max_bytes", 1 << 30, parse_bytes, lambda v: 1 << 20 <= v <= 1 << 50, "a size from 1MiB to 1PiB"),
+    Key("store.max_series_per_target", 50_000, parse_count, lambda v: 1 <= v <= 200_000, "an integer from 1 to 200000"),
+    # every listener of the agent (/metrics and API, OTLP receiver): agent/serve/limits.py
+    Key("server.header_timeout_s", 10.0, parse_seconds, lambda v: 0.1 <= v <= 3600, "a duration from 100ms to 1h"),
+    Key("server.idle_timeout_s", 75.0, parse_seconds, lambda v: 0.1 <= v <= 86400, "a duration from 100ms to 1d"),
+    Key("server.max_connections", 256, parse_count, lambda v: 1 <= v <= 1_000_000, "an integer from 1 to 1000000"),
 )
 KEY_BY_PATH = {k.path: k for k in KEYS}
 
-SECTIONS = ("scrape", "store", "targets", "collectors", "gpu_mapping")
+SECTIONS = ("scrape", "store", "server", "targets", "collectors", "gpu_mapping")
 """Declared top-level sections besides the scalar `listen_address` (README.md shows each)."""
 
 _EXTENSIONS: dict[str, Callable[[Any], Any] | None] = {}
@@ -148,6 +158,19 @@ def register_section(name: str, validate: Callable[[Any], Any] | None = None) ->
     """Declare a top-level section owned by an extension (e.g. `otlp`). `validate(raw)` may return
     a parsed value and must raise ConfigError naming the key."""
     _EXTENSIONS[name] = validate
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Per-listener limits (config `server.*`), applied by agent/serve/limits.py."""
+
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 75.0
+    max_connections: int = 256
+
+    def __post_init__(self) -> None:
+        if not (self.header_timeout_s > 0 and self.idle_timeout_s > 0 and self.max_connections >= 1):
+            raise ValueError("header/idle timeouts must be > 0 and max_connections >= 1")
 
 
 @dataclass(frozen=True)
@@ -185,7 +208,9 @@ class AgentConfig:
     store_path: str = "kvscope.db"
     retention_s: float = 7 * 86400.0
     store_max_bytes: int = 1 << 30
+    store_max_series_per_target: int = 50_000
     gpu_mapping: Any = None
+    server_limits: ServerLimits = field(default_factory=ServerLimits)
     extensions: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -306,9 +331,25 @@ def _check_yaml_shape(root: yaml.Node | None, where: str) -> None:
             raise ConfigError(f"{at}: nested deeper than {MAX_CONFIG_DEPTH} levels")
         inner = (*above, id(node))
         if isinstance(node, yaml.MappingNode):
+            _no_duplicate_keys(node, key, where)
             todo += [(v, f"{key}.{k.value}" if key else str(k.value), inner) for k, v in node.value]
         elif isinstance(node, yaml.SequenceNode):
             todo += [(v, f"{key}[{i}]", inner) for i, v in enumerate(node.value)]
+
+
+def _no_duplicate_keys(node: yaml.MappingNode, key: str, where: str) -> None:
+    """ConfigError naming a key that a mapping repeats (PyYAML would keep the last one silently)."""
+    first: dict[str, int] = {}
+    for k, _ in node.value:
+        if not isinstance(k, yaml.ScalarNode):
+            continue
+        if k.value in first:
+            path = _short(f"{key}.{k.value}" if key else str(k.value))
+            raise ConfigError(
+                f"{where}: line {k.start_mark.line + 1}: {path}: duplicate key (first on line {first[k.value] + 1}); "
+                "YAML would keep only the last one"
+            )
+        first[k.value] = k.start_mark.line
 
 
 def _short(key: str) -> str:
@@ -366,6 +407,12 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     cfg.store_path = str(_value(layers, "store.path") or "")
     cfg.retention_s = _number(layers, "store.retention_s")
     cfg.store_max_bytes = int(_number(layers, "store.max_bytes"))
+    cfg.store_max_series_per_target = int(_number(layers, "store.max_series_per_target"))
+    cfg.server_limits = ServerLimits(
+        header_timeout_s=_number(layers, "server.header_timeout_s"),
+        idle_timeout_s=_number(layers, "server.idle_timeout_s"),
+        max_connections=int(_number(layers, "server.max_connections")),
+    )
     limits = {n: int(_number(layers, f"scrape.{n}")) for n in LIMIT_KEYS}
     cfg.targets = [replace(t, limits=tuple({**limits, **dict(t.limits)}.items())) for t in _targets(layers)]
     cfg.collectors = _collectors(layers, known_collectors)
@@ -387,7 +434,7 @@ def _check_sections(layers: Layers, cfg: AgentConfig) -> None:
             cfg.warnings.append(
                 f"{name}: unknown section, kept for extensions (declared: listen_address, {', '.join(SECTIONS)})"
             )
-    for section in ("scrape", "store"):
+    for section in ("scrape", "store", "server"):
         body = layers.get(section, {})
         if not isinstance(body, dict):
             raise ConfigError(f"{section}: must be a mapping, got {_show(body)}")
@@ -467,6 +514,10 @@ def _target(i: int, item: Any, where: str) -> Target:
         parts = urlsplit(url) if isinstance(url, str) else None
     except ValueError:  # "Invalid IPv6 URL": an unbalanced [ in the host
         parts = None
+    if isinstance(url, str) and (bad := next((c for c in url if not c.isprintable() or c.isspace()), None)):
+        raise ConfigError(
+            f"{key}.url: must not contain whitespace or control characters (found {bad!r}), got {url[:200]!r}{where}"
+        )
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{key}.url: must be an http:// or https:// URL with a host, got {_show(url)}{where}")
     try:

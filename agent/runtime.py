@@ -118,6 +118,7 @@ class AgentState:
     closed: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (coll, inst, reason): totals
     counter_resets: Counter[str] = field(default_factory=Counter)  # instance -> resets seen
     cycles: int = 0
+    cycles_skipped: int = 0  # ticks missed because a cycle overran the interval
     last_cycle_s: float = 0.0
     last_cycle_end: float | None = None
     store_stats: Any = None  # StoreStats after the cycle
@@ -321,7 +322,8 @@ class AgentRuntime:
             self.state.dropped[("store", "", f"exception_{type(e).__name__}")] += len(samples)
 
     async def run(self) -> None:
-        """Cycle every `interval_s` until `stop()`; ticks missed by a long cycle are skipped."""
+        """Cycle every `interval_s` until `stop()`; ticks missed by a long cycle are skipped and
+        counted (`cycles_skipped`, warned at most once a minute)."""
         interval = self.config.interval_s
         next_tick = time.monotonic()
         while not self._stop.is_set():
@@ -338,7 +340,19 @@ class AgentRuntime:
             next_tick += interval
             now = time.monotonic()
             if next_tick < now:
-                next_tick += math.ceil((now - next_tick) / interval) * interval
+                missed = math.ceil((now - next_tick) / interval)
+                next_tick += missed * interval
+                self.state.cycles_skipped += missed
+                self.state.version += 1
+                warn_every(
+                    log,
+                    "cycle:overrun",
+                    "a collection cycle took %.2f s, longer than scrape.interval_s=%g: %d tick(s) skipped (%d so far)",
+                    self.state.last_cycle_s,
+                    interval,
+                    missed,
+                    self.state.cycles_skipped,
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=next_tick - now)
 

@@ -5,6 +5,13 @@ Config: agent YAML section `kv_events`, one entry per engine publisher (docs/req
 for joins), optional `topic` (ZMQ topic prefix, "" = all). vLLM adds the DP rank to a tcp port per
 rank: list one entry per rank. PUB/SUB drops what was published before the subscriber connected
 (slow joiner), so start the agent before traffic, or accept early blocks as `removed_unknown`.
+
+Bounds: a message over `max_message_bytes` (default 1 MiB; a vLLM step's batch is far smaller) is
+refused by ZMQ before it is buffered (ZMQ_MAXMSGSIZE: libzmq drops the connection, the subscriber
+reconnects; counted as `disconnected`, the lost batches as `missed_batches`) or, where ZMQ cannot
+check (inproc), dropped as `too_large`; at most `QUEUE_BYTES` wait in ZMQ's queue (its high-water
+mark is set from the cap); a batch's events are applied `APPLY_CHUNK` at a time, yielding to the
+agent loop between chunks.
 """
 
 from __future__ import annotations
@@ -21,12 +28,18 @@ import zmq
 import zmq.asyncio
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
-from kvscope.agent.config import ConfigError, register_section
-from kvscope.agent.kvevents.events import KvEventError, parse_kv_batch, parse_seq
+from kvscope.agent.config import ConfigError, parse_bytes, register_section
+from kvscope.agent.kvevents.events import KvEvent, KvEventError, parse_kv_batch, parse_seq
 from kvscope.agent.kvevents.residency import ResidencyTracker
 from kvscope.agent.ratelog import warn_every
 
 log = logging.getLogger("kvscope.kvevents")
+
+MAX_MESSAGE_BYTES = 1 << 20
+QUEUE_BYTES = 128 << 20
+"""Messages ZMQ may hold for one subscriber, in bytes at the cap (RCVHWM = QUEUE_BYTES / cap)."""
+APPLY_CHUNK = 2000
+"""Events applied to the residency tracker between two yields to the agent loop."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +47,7 @@ class KvEventSource:
     endpoint: str
     instance: str
     topic: str = ""
+    max_message_bytes: int = MAX_MESSAGE_BYTES
 
 
 def parse_kv_events_config(raw: Any) -> list[KvEventSource]:
@@ -46,7 +60,17 @@ def parse_kv_events_config(raw: Any) -> list[KvEventSource]:
             raise ConfigError(f"kv_events[{i}]: needs endpoint and instance, got {item!r}")
         if not str(item["endpoint"]).startswith(("ipc://", "tcp://", "inproc://")):
             raise ConfigError(f"kv_events[{i}].endpoint: must be ipc://, tcp:// or inproc://")
-        out.append(KvEventSource(str(item["endpoint"]), str(item["instance"]), str(item.get("topic", ""))))
+        cap = item.get("max_message_bytes", MAX_MESSAGE_BYTES)
+        try:
+            cap = parse_bytes(cap)
+        except ValueError:
+            cap = -1
+        if not 1024 <= cap <= 1 << 30:
+            raise ConfigError(
+                f"kv_events[{i}].max_message_bytes: must be a size from 1KiB to 1GiB, got {item['max_message_bytes']!r}"
+            )
+        topic = str(item.get("topic", ""))
+        out.append(KvEventSource(str(item["endpoint"]), str(item["instance"]), topic, cap))
     return out
 
 
@@ -64,26 +88,34 @@ class KvEventSubscriber:
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._last_seq: int | None = None
 
     async def start(self) -> None:
         if self._task is not None:
             return
+        cap = self.source.max_message_bytes
         sock = self._ctx.socket(zmq.SUB)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, max(16, min(100_000, QUEUE_BYTES // cap)))
+        sock.setsockopt(zmq.MAXMSGSIZE, cap)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sock.connect(self.source.endpoint)
         self._sock = sock
         self._task = asyncio.create_task(self._loop())
+        self._watch = asyncio.create_task(self._reconnect(monitor))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):  # a dead loop's error is in `dead`
-                await self._task
-            self._task = None
+        for task in (self._task, self._watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):  # a dead loop's error is in `dead`
+                    await task
+        self._task = self._watch = None
         if self._sock is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.disable_monitor()
             self._sock.close(linger=0)
             self._sock = None
 
@@ -92,9 +124,27 @@ class KvEventSubscriber:
         while True:
             frames = await self._sock.recv_multipart()  # a socket error ends the loop: `dead` says why
             try:
-                self.handle(frames)
+                events = self.parse(frames)
+                for i in range(0, len(events), APPLY_CHUNK):
+                    if i:
+                        await asyncio.sleep(0)  # a big batch never holds the loop in one piece
+                    self.tracker.apply(events[i : i + APPLY_CHUNK])
             except Exception as e:  # noqa: BLE001 - a bug on one message must not lose the later ones
                 self._bad(f"exception_{type(e).__name__}", e)
+
+    async def _reconnect(self, monitor: zmq.asyncio.Socket) -> None:
+        """Count each lost connection and connect again: libzmq ends (and does not retry) a
+        connection whose peer sent a message over ZMQ_MAXMSGSIZE."""
+        try:
+            while True:
+                await monitor.recv_multipart()  # only EVENT_DISCONNECTED is monitored
+                self._bad("disconnected", ConnectionError("publisher connection lost; reconnecting"))
+                if self._sock is not None:
+                    with contextlib.suppress(zmq.ZMQError):
+                        self._sock.disconnect(self.source.endpoint)
+                    self._sock.connect(self.source.endpoint)
+        finally:
+            monitor.close(linger=0)
 
     @property
     def dead(self) -> str | None:
@@ -105,15 +155,21 @@ class KvEventSubscriber:
         return f"loop_{type(t.exception()).__name__}"
 
     def handle(self, frames: list[bytes]) -> None:
-        """One multipart message: [topic, seq, payload] (or [seq, payload] without topic).
-        A bad message or event is counted in `errors` by reason, never raised."""
+        """Parse and apply one multipart message (`parse`), all at once."""
+        self.tracker.apply(self.parse(frames))
+
+    def parse(self, frames: list[bytes]) -> list[KvEvent]:
+        """One multipart message: [topic, seq, payload] (or [seq, payload] without topic) -> its
+        events. A bad message or event is counted in `errors` by reason, never raised."""
         try:
+            if sum(map(len, frames)) > self.source.max_message_bytes:
+                raise KvEventError(f"message over max_message_bytes={self.source.max_message_bytes}", "too_large")
             if len(frames) not in (2, 3):
                 raise KvEventError(f"{len(frames)} frames, want [topic, seq, payload]", "bad_frames")
             seq = parse_seq(frames[-2])
         except KvEventError as e:
             self._bad(e.reason, e)
-            return
+            return []
         if self._last_seq is not None and seq > self._last_seq + 1:
             self.stats["missed_batches"] += seq - self._last_seq - 1
         self._last_seq = seq  # received, even if its payload turns out bad
@@ -121,10 +177,10 @@ class KvEventSubscriber:
             events = parse_kv_batch(frames[-1], self.errors)
         except KvEventError as e:
             self._bad(e.reason, e)
-            return
+            return []
         self.stats["batches"] += 1
         self.stats["events"] += len(events)
-        self.tracker.apply(events)
+        return events
 
     def _bad(self, reason: str, e: Exception) -> None:
         self.errors[reason] += 1

@@ -172,8 +172,8 @@ def _counter_families(state: Any) -> list[Family]:
     closed = Family(
         "kvscope_connections_closed_total",
         "counter",
-        "Client connections a kvscope listener closed unserved, by reason (the request tap: max_connections "
-        "answered 503, header_timeout, request_timeout, idle_timeout).",
+        "Client connections a kvscope listener closed unserved, by reason: max_connections (answered 503), "
+        "displaced (half-open, closed at the cap for a new one), header_timeout, request_timeout, idle_timeout.",
     )
     for (coll, inst, reason), n in sorted(state.closed.items()):
         closed.add({"collector": coll, "instance": inst, "reason": reason}, float(n))
@@ -183,10 +183,16 @@ def _counter_families(state: Any) -> list[Family]:
 def _cycle_families(state: Any) -> list[Family]:
     dur = Family("kvscope_cycle_duration_seconds", "gauge", "Duration of the last collection cycle.")
     cycles = Family("kvscope_cycles_total", "counter", "Collection cycles completed.")
+    skipped = Family(
+        "kvscope_cycles_skipped_total",
+        "counter",
+        "Collection ticks skipped because a cycle ran longer than the scrape interval.",
+    )
     if state.cycles:
         dur.add({}, state.last_cycle_s)
     cycles.add({}, float(state.cycles))
-    return [dur, cycles]
+    skipped.add({}, float(getattr(state, "cycles_skipped", 0)))
+    return [dur, cycles, skipped]
 
 
 def _store_families(stats: Any) -> list[Family]:
@@ -210,7 +216,15 @@ def _store_families(stats: Any) -> list[Family]:
     )
     for reason, n in sorted(getattr(stats, "errors", {}).items()):
         errors.add({"reason": reason}, float(n))
-    return fams + [dropped, errors]
+    budget = Family(
+        "kvscope_store_target_series_dropped_total",
+        "counter",
+        "Samples of new series the store dropped because their target (instance) used up its series "
+        "budget (store.max_series_per_target); the other targets' series are still stored.",
+    )
+    for instance, n in sorted(getattr(stats, "over_budget", {}).items()):
+        budget.add({"instance": instance}, float(n))
+    return fams + [dropped, errors, budget]
 
 
 def render_metrics(state: Any, catalog: Catalog) -> str:

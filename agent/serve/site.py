@@ -1,21 +1,41 @@
 """One aiohttp application served on host:port: the bind/serve/stop boilerplate of the agent's
-HTTP server, the OTLP receiver and `kvscope serve`, in one copy."""
+HTTP server, the OTLP receiver and `kvscope serve`, in one copy, with the connection limits of
+agent/serve/limits.py (a request-head timeout, aiohttp's idle timeout, a connection cap)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections import Counter
 from typing import Any
 
 from aiohttp import web
 
+from kvscope.agent.config import ServerLimits
+from kvscope.agent.serve.limits import ConnectionGuard
+
 
 class HttpSite:
-    """Serve `app` on one TCP address until `stop()`; `runner_options` go to `web.AppRunner`."""
+    """Serve `app` on one TCP address until `stop()`; `runner_options` go to `web.AppRunner`
+    (`keepalive_timeout` there is `limits.idle_timeout_s`)."""
 
-    def __init__(self, app: web.Application, **runner_options: Any) -> None:
-        self.app = app
-        self.runner_options = runner_options
+    def __init__(
+        self, app: web.Application, limits: ServerLimits | None = None, name: str = "kvscope", **runner_options: Any
+    ) -> None:
+        """`name` says which listener it is in the log and in the 503 over the cap."""
+        self.app, self.name = app, name
+        self.limits = limits or ServerLimits()
+        self.runner_options = {"keepalive_timeout": self.limits.idle_timeout_s, **runner_options}
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self._guard: ConnectionGuard | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    @property
+    def closed(self) -> Counter[str]:
+        """Client connections closed unserved, by reason (agent/serve/limits.py)."""
+        return self._guard.closed if self._guard is not None else Counter()
 
     async def start(self, host: str, port: int, backlog: int = 128) -> int:
         """Bind and serve; the bound port, or OSError (nothing left running) if it is taken."""
@@ -23,18 +43,28 @@ class HttpSite:
             raise RuntimeError("HttpSite already started")
         runner = web.AppRunner(self.app, **self.runner_options)
         await runner.setup()
+        assert runner.server is not None
+        guard = ConnectionGuard(runner.server, self.limits, self.name)
         try:
-            await web.TCPSite(runner, host, port, backlog=backlog).start()
+            server = await asyncio.get_running_loop().create_server(guard, host, port, backlog=backlog)
         except BaseException:
             await runner.cleanup()
             raise
-        self._runner = runner
-        bound = runner.addresses
-        self.port = bound[0][1] if bound else port
+        self._runner, self._server, self._guard = runner, server, guard
+        self._sweeper = asyncio.get_running_loop().create_task(guard.sweep())
+        self.port = server.sockets[0].getsockname()[1] if server.sockets else port
         return self.port
 
     async def stop(self) -> None:
         """Stop accepting, finish or cancel open requests, run the app's cleanup hooks. Idempotent."""
         if self._runner is not None:
             runner, self._runner = self._runner, None
+            if self._sweeper is not None:
+                self._sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._sweeper
+            if self._server is not None:
+                self._server.close()
             await runner.cleanup()
+            if self._guard is not None:
+                self._guard.abort_all()  # what aiohttp did not close (connections still sending a head)

@@ -50,9 +50,10 @@ class ChangeEncoder:
     """Writer-side state: the last point of every series and the members of every group. In memory
     only: after `reset()` (a failed commit) or in a new process every series starts a new run in a
     new group, always correct, at one row per series once. `series_id(name, labels)`: the store's
-    id of a series (created on first sight), None when the store refuses new series."""
+    id of a series (created on first sight), or when the store refuses it None or the reason
+    (counted in `dropped`)."""
 
-    def __init__(self, series_id: Callable[[str, Labels], int | None], next_group: int = 1) -> None:
+    def __init__(self, series_id: Callable[[str, Labels], int | str | None], next_group: int = 1) -> None:
         self._series_id = series_id
         self._next_group = max(1, next_group)
         self._last: dict[Key, list] = {}  # key -> [sid, last ts_ms unless in a group, value, group]
@@ -218,8 +219,8 @@ class ChangeEncoder:
                 continue
             if st is None:
                 sid = self._series_id(s[0], s[1])
-                if sid is None:
-                    dropped["series_limit"] += 1
+                if not isinstance(sid, int):  # refused: None, or the reason
+                    dropped[sid or "series_limit"] += 1
                     continue
                 st = last[(s[0], s[1])] = by_sid[sid] = [sid, -1, v, 0]
             previous = group_ts[st[3]] if st[3] else st[1]  # a member's last point is its group's last stamp

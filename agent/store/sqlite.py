@@ -12,6 +12,7 @@ committed batch survives a crash of the process (WAL, `synchronous=NORMAL`). Ret
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -85,11 +86,18 @@ class StoreStats:
     errors: Counter[str] = field(default_factory=Counter)  # failed writes / retention passes, by reason
     failing: str | None = None  # reason while the latest write failed (disk_full...), None once one succeeds
     deleted: Counter[str] = field(default_factory=Counter)  # rows removed by retention: age | size
+    over_budget: Counter[str] = field(default_factory=Counter)  # instance -> samples refused: its series budget used up
     max_write_latency_s: float = 0.0
 
     def copy(self) -> StoreStats:
         """A copy whose counters are not shared with this one."""
-        return replace(self, dropped=Counter(self.dropped), errors=Counter(self.errors), deleted=Counter(self.deleted))
+        return replace(
+            self,
+            dropped=Counter(self.dropped),
+            errors=Counter(self.errors),
+            deleted=Counter(self.deleted),
+            over_budget=Counter(self.over_budget),
+        )
 
 
 class InMemoryStore:
@@ -198,6 +206,11 @@ _REASONS = {
 }
 
 
+def _instance(labels: Labels) -> str:
+    """The `instance` label ("" without one): the target a series' budget is counted against."""
+    return next((v for k, v in labels if k == "instance"), "")
+
+
 def error_reason(exc: BaseException) -> str:
     """A stable token for a store failure: disk_full, io_error, corrupt, busy, read_only... or the
     exception's type name when SQLite gives no error code."""
@@ -209,17 +222,74 @@ class StoreError(OSError):
     """The database cannot be opened or has an unexpected schema; the message names the file."""
 
 
-DAMAGED = (
-    "; the file is damaged or is not a kvscope store: move it aside (or delete it) and "
-    "start again, a new store is created"
-)
+LOW_SPACE_BYTES = 1 << 20
+"""Free space under which an open that fails is put down to a full disk."""
+
+
+def open_failure(path: Path, exc: BaseException) -> str:
+    """Why the store at `path` cannot be opened and what to do, in one line. History is never
+    at stake for a cause that is not damage: only a damaged file is to be moved aside (kept, never
+    deleted), and a full disk, a missing directory, a dangling link, missing permissions or another
+    program's file say so and leave the file alone."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    err = getattr(exc, "errno", None)
+    if path.is_symlink() and not path.exists():
+        return (
+            f"{path} is a symbolic link to {os.readlink(path)}, which does not exist (a volume not mounted or "
+            "moved?): restore the link's target or point store.path at the store; nothing was changed"
+        )
+    if err == errno.ENOSPC or name.startswith("SQLITE_FULL") or _free_bytes(path) < LOW_SPACE_BYTES:
+        return (
+            f"{path}: no space left on the device ({_free_bytes(path)} bytes free; {exc}): free space or set "
+            "store.path on a disk with room; the store itself is not damaged, keep it"
+        )
+    if not path.parent.is_dir():
+        what = "is not a directory" if path.parent.exists() else "does not exist and cannot be created"
+        return f"{path}: {path.parent} {what} ({exc}): fix store.path or create the directory"
+    if err in (errno.EACCES, errno.EPERM, errno.EROFS) or name.startswith(("SQLITE_READONLY", "SQLITE_PERM")):
+        return (
+            f"{path}: cannot be written as uid {os.getuid()} ({exc}): fix the ownership or permissions of the file "
+            f"and {path.parent}, or the read-only mount; the store is not damaged"
+        )
+    if name.startswith("SQLITE_NOTADB"):
+        return (
+            f"{path}: not a SQLite database ({exc}): if it is another program's file, set store.path to a new "
+            "file; if it was a kvscope store it is damaged: move it aside (keep it) and start again, a new store "
+            "is created"
+        )
+    if (
+        name.startswith("SQLITE_CORRUPT")
+        or isinstance(exc, sqlite3.DatabaseError)
+        and not name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_BUSY", "SQLITE_LOCKED"))
+    ):
+        return (
+            f"{path}: {exc}; the store is damaged: move it aside (keep it; `sqlite3 FILE .recover` may save its "
+            "history) and start again, a new store is created"
+        )
+    return f"{path}: cannot open store: {exc}"
+
+
+def _free_bytes(path: Path) -> int:
+    """Bytes free to this user on the file system of `path` (its nearest existing directory)."""
+    probe = path.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        st = os.statvfs(probe)
+    except OSError:
+        return LOW_SPACE_BYTES  # unknown: not put down to a full disk
+    return st.f_bavail * st.f_frsize
 
 
 class SqliteStore:
     """Embedded SQLite store for one node (see the module docstring for layout and guarantees).
 
     `retention_s` and `max_bytes` bound the data kept; `batch_size` caps one transaction;
-    `flush_interval_s` is the longest a queued sample waits before it is committed.
+    `flush_interval_s` is the longest a queued sample waits before it is committed. Series are
+    capped twice: `max_series` in all, and `max_series_per_target` per `instance` label (default a
+    quarter of `max_series`), so one target churning label values cannot use up the shared cap;
+    samples of refused series are dropped as `series_limit` / `target_series_limit`, the latter also
+    counted per instance in `StoreStats.over_budget`.
     """
 
     def __init__(
@@ -231,6 +301,7 @@ class SqliteStore:
         flush_interval_s: float = 1.0,
         max_queue: int = 200_000,  # samples waiting for the writer (about 40 MiB at worst)
         max_series: int = 200_000,  # samples of further new series are dropped (`series_limit`)
+        max_series_per_target: int | None = None,  # per instance label; None: max_series // 4
         background: bool = True,
         busy_timeout_s: float = 30.0,
     ) -> None:
@@ -241,6 +312,8 @@ class SqliteStore:
         self.flush_interval_s = flush_interval_s
         self.max_queue = max(1, max_queue)
         self.max_series = max_series
+        self.max_series_per_target = max(1, max_series // 4 if max_series_per_target is None else max_series_per_target)
+        self._per_target: Counter[str] = Counter()  # instance -> series in the index
         self.busy_timeout_s = busy_timeout_s
         self._queue: deque[tuple[float, Sequence[Sample]]] = deque()  # (time of write(), samples)
         self._queued = 0
@@ -262,8 +335,8 @@ class SqliteStore:
                 self._index(sid, name, tuple((str(k), str(v)) for k, v in json.loads(labels)))
             last_group = self._writer.execute("SELECT MAX(group_id) FROM stamps").fetchone()[0]
             self._encoder = ChangeEncoder(self._series_for, int(last_group or 0) + 1)
-        except sqlite3.DatabaseError as exc:  # a damaged file: pages the first reads touch
-            raise StoreError(f"{self.path}: {exc}{DAMAGED}") from exc
+        except sqlite3.DatabaseError as exc:  # a damaged file (pages the first reads touch), a full disk...
+            raise StoreError(open_failure(self.path, exc)) from exc
         self._created: list[tuple[int, str, Labels]] | None = None
         self._snapshot: StoreStats | None = None
         self._row_offset: int | None = None  # rows at open, counted on first stats() (a full scan)
@@ -280,16 +353,23 @@ class SqliteStore:
             conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s
             )
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and "samples" not in tables:  # another program's database: never written to
+                conn.close()
+                raise StoreError(
+                    f"{self.path}: a SQLite database of another program (tables: {', '.join(sorted(tables)[:5])}), "
+                    "not a kvscope store; it was left unchanged: set store.path to a new file"
+                )
             conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # only before WAL writes a new file's header
             conn.execute("PRAGMA journal_mode=WAL")
             # a checkpoint cuts the WAL back to this size, so max_bytes plus this bounds the disk used
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
             conn.execute("PRAGMA synchronous=NORMAL")
             return conn
+        except StoreError:
+            raise
         except (OSError, sqlite3.Error) as exc:
-            raise StoreError(
-                f"{self.path}: cannot open store: {exc}{DAMAGED if isinstance(exc, sqlite3.DatabaseError) else ''}"
-            ) from exc
+            raise StoreError(open_failure(self.path, exc)) from exc
 
     def _init_schema(self) -> None:
         try:
@@ -305,11 +385,13 @@ class SqliteStore:
         with self._slock:
             self._ids[(name, labels)] = sid
             self._by_name.setdefault(name, []).append((labels, sid))
+            self._per_target[_instance(labels)] += 1
 
     def _unindex(self, gone: set[int]) -> None:
         """Forget series ids (rolled back, or pruned by retention)."""
         with self._slock:
             self._ids = {k: v for k, v in self._ids.items() if v not in gone}
+            self._per_target = Counter(_instance(labels) for _, labels in self._ids)
             self._by_name = {
                 n: kept
                 for n, lst in self._by_name.items()
@@ -425,12 +507,23 @@ class SqliteStore:
         with contextlib.suppress(sqlite3.Error):
             self._writer.execute("ROLLBACK")
 
-    def _series_for(self, name: str, labels: Labels) -> int | None:
-        """The id of a series, created on first sight; None past max_series."""
+    def _series_for(self, name: str, labels: Labels) -> int | str:
+        """The id of a series, created on first sight; past a cap, the reason it is refused."""
         if (sid := self._ids.get((name, labels))) is not None:
             return sid
         if len(self._ids) >= self.max_series:
-            return None
+            return "series_limit"
+        if self._per_target[instance := _instance(labels)] >= self.max_series_per_target:
+            with self._qlock:
+                self._stats.over_budget[instance] += 1
+            warn_every(
+                log,
+                f"store:budget:{instance}",
+                "store: target %r has %d series (max_series_per_target); samples of its new series are dropped",
+                instance,
+                self._per_target[instance],
+            )
+            return "target_series_limit"
         text = json.dumps(labels, separators=(",", ":"))
         self._writer.execute("INSERT OR IGNORE INTO series (name, labels) VALUES (?, ?)", (name, text))
         sid = int(

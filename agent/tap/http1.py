@@ -19,8 +19,9 @@ from typing import Any, Protocol
 
 import httptools
 
+from kvscope.agent.serve.limits import linger
+
 MAX_HEADER_BYTES = 64 << 10
-LINGER_S = 1.0  # after an error answer, what the client still sends is read and dropped this long at most
 HOP_BY_HOP = frozenset(
     b"connection keep-alive proxy-authenticate proxy-authorization te trailers transfer-encoding upgrade "
     b"host content-length expect proxy-connection".split()
@@ -496,16 +497,6 @@ def render_request(method: str, target: bytes, host: bytes, headers: list[tuple[
         out.append(b"Content-Length: %d\r\n" % len(body))
     out += (b"\r\n", body)
     return b"".join(out)
-
-
-def linger(tr: asyncio.Transport) -> None:
-    """Close after an error answer without resetting the connection under the client while it is
-    still sending (a reset can destroy the answer before the client reads it): end our side, read
-    on (the caller drops what comes), close at the client's end or after `LINGER_S`."""
-    if tr.can_write_eof():
-        tr.write_eof()
-    tr.resume_reading()
-    asyncio.get_running_loop().call_later(LINGER_S, tr.close)
 
 
 def error_body(message: str, kind: str = "invalid_request") -> bytes:

@@ -12,13 +12,11 @@ server's lifecycle, connection limits and accounting.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import logging
 import os
 import random
-import resource
 import time
 from bisect import bisect_left
 from collections import Counter
@@ -32,6 +30,7 @@ import msgspec
 from kvscope.agent.config import split_host_port
 from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
 from kvscope.agent.serve.export import canonical_families
+from kvscope.agent.serve.limits import Refused, connection_cap, http_answer
 from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels
 from kvscope.agent.tap.forward import Forward
 from kvscope.agent.tap.http1 import (
@@ -41,7 +40,6 @@ from kvscope.agent.tap.http1 import (
     UpstreamPool,
     error_body,
     filter_headers,
-    linger,
     render_request,
 )
 from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
@@ -58,6 +56,10 @@ _UPSTREAM_DROP = HOP_BY_HOP | {b"accept-encoding"}  # the tap reads the body: as
 _UPSTREAM_DROP_TRACED = _UPSTREAM_DROP | {b"traceparent", b"tracestate"}
 BACKLOG = 2048  # a burst of new client connections must not overflow the accept queue
 SWEEP_S = 1.0  # at most; shorter when a configured timeout is short
+REFUSED = http_answer(
+    "503 Service Unavailable", error_body("too many connections to the tap (max_connections)", "service_unavailable")
+)
+"""The answer to a connection over `max_connections` (then closed)."""
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ class RequestTap:
             return
         loop = asyncio.get_running_loop()
         host, port = self.config.host_port()
-        self.max_connections = connection_cap(self.config.max_connections)
+        self.max_connections = connection_cap(self.config.max_connections, "tap", fds_each=2, reserve=256)
         self._server = await loop.create_server(self._accept, host, port, backlog=BACKLOG)
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.create_task(self._sweep())
@@ -229,7 +231,7 @@ class RequestTap:
                 len(self._clients),
                 self.stats["connections_refused"],
             )
-        return Refused()
+        return Refused(REFUSED)
 
     async def _sweep(self) -> None:
         """Time out silent upstreams (read timeout) and client connections: a request head that
@@ -371,44 +373,6 @@ class RequestTap:
             out.append(Sample("prefix_split_ratio", (), split, timestamp))
         out.extend(self.sessions.render(timestamp))
         return out
-
-
-class Refused(asyncio.Protocol):
-    """A connection over the tap's cap: 503 with Retry-After at once, then closed (`linger`)."""
-
-    BODY = error_body("too many connections to the tap (max_connections)", "service_unavailable")
-    ANSWER = (
-        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
-    )
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.write(self.ANSWER)  # type: ignore[attr-defined]
-        linger(transport)  # type: ignore[arg-type]
-
-    def data_received(self, data: bytes) -> None:
-        pass
-
-    def eof_received(self) -> bool:
-        return False  # the client is done too: close
-
-
-def connection_cap(wanted: int) -> int:
-    """`wanted` client connections, or fewer if the process may not open the file descriptors
-    they need (two each while a request is upstream, plus a margin): the soft RLIMIT_NOFILE is
-    raised toward the hard limit first, as Go's runtime does."""
-    need = 2 * wanted + 256
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < need:
-        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-    if soft != resource.RLIM_INFINITY and soft < need:
-        cap = max(1, (soft - 256) // 2)
-        log.warning("tap: open-file limit %d allows %d client connections, not max_connections=%d", soft, cap, wanted)
-        return cap
-    return wanted
 
 
 class GapHistogram(HistogramSet):

@@ -115,6 +115,7 @@ class OtlpTraceReceiver:
         else:
             section = getattr(config, "extensions", {}).get("otlp")
             self.config = section if isinstance(section, OtlpConfig) or section is None else parse_otlp_config(section)
+        self.limits = getattr(config, "server_limits", None)  # the agent's `server.*` keys
         cfg = self.config or OtlpConfig()
         self.stitcher = TraceStitcher(cfg.stitch, clock=clock)
         self.phases = HistogramSet("request_phase_seconds", PHASE_BUCKETS)
@@ -139,7 +140,7 @@ class OtlpTraceReceiver:
         app = web.Application(client_max_size=self.config.max_body_bytes)
         app.router.add_post("/v1/traces", self._handle)
         # auto_decompress off: we decompress ourselves, under the max_body_bytes cap (zip bombs)
-        site = HttpSite(app, access_log=None, auto_decompress=False)
+        site = HttpSite(app, self.limits, name="otlp receiver", access_log=None, auto_decompress=False)
         host, port = self.config.host_port()
         await site.start(host, port)
         self._site = site
@@ -256,6 +257,8 @@ class OtlpTraceReceiver:
             {k: v for k, v in delta.items() if k == "bad_payload" or k.startswith(("internal_", "forward_"))}
         )
         health.dropped.update({k: v for k, v in delta.items() if k.startswith("trace_")})
+        if self._site is not None:
+            health.closed.update(self._site.closed)
         health.series, health.duration_s = len(samples), time.perf_counter() - t0
         return Collection(samples=samples, health=[health])
 

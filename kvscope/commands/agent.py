@@ -24,7 +24,7 @@ maps everything to canonical signals, keeps history in a local SQLite store, and
 
   /metrics          canonical series as kvscope_<signal>, plus self-health
                     (kvscope_target_up, kvscope_scrape_errors_total{reason}, ...)
-  /api/v1/samples   stored samples as JSON (?match=<regex>&start=&end=)
+  /api/v1/samples   stored samples as JSON (?match=<names, | and .* wildcards>&start=&end=)
   /api/v1/facts     engine configuration facts (block size, prefix caching, kv dtype)
   /api/v1/health    collectors and targets with the reason of any failure
   /-/ready          200 once the first cycle finished
@@ -69,12 +69,21 @@ def run(args: argparse.Namespace) -> int:
 async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     """Run collectors and the HTTP server until SIGTERM/SIGINT. Returns the exit code."""
     log = logging.getLogger("kvscope.agent")
+    from kvscope.agent.serve.limits import OPEN_FILES, raise_open_files
     from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore, StoreError
+
+    if (files := raise_open_files()) < OPEN_FILES:
+        log.warning("open-file limit %d (wanted %d): listeners accept fewer connections", files, OPEN_FILES)
 
     try:
         retention = config.retention_s
         store = (
-            SqliteStore(config.store_path, retention_s=retention, max_bytes=config.store_max_bytes)
+            SqliteStore(
+                config.store_path,
+                retention_s=retention,
+                max_bytes=config.store_max_bytes,
+                max_series_per_target=config.store_max_series_per_target,
+            )
             if config.store_path
             else InMemoryStore(retention_s=retention)
         )

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(server: object, host: str, port: int) -> None:
     from kvscope.agent.serve.site import HttpSite
 
-    site = HttpSite(server.app(), access_log=None)  # type: ignore[attr-defined]
+    site = HttpSite(server.app(), name="kvscope serve", access_log=None)  # type: ignore[attr-defined]
     bound = await site.start(host, port)
     logging.getLogger("kvscope.serve").info("listening on http://%s:%d", host, bound)
     stop = asyncio.Event()

@@ -373,7 +373,7 @@ def test_samples_api_serves_stored_canonical_samples_and_rejects_bad_requests():
     kv = by_name["engine_kv_cache_usage_ratio"]
     assert kv["labels"]["instance"] == "good" and len(kv["points"]) == 2
     assert [p[1] for p in by_name["kvscope_target_up"]["points"]] == [1.0, 1.0]
-    assert bad[0] == 400 and "match: not a valid regular expression" in json.loads(bad[1])["error"]
+    assert bad[0] == 400 and "match: not a supported pattern" in json.loads(bad[1])["error"]
     assert missing[0] == 400 and "match: required" in json.loads(missing[1])["error"]
     assert json.loads(facts[1])["data"]["good"]["facts"]["block_size"] == "32"
 

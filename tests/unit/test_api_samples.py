@@ -1,10 +1,9 @@
 """/api/v1/samples answers at most MAX_POINTS points and says when it stopped (agent/api.py)."""
 
-import re
-
 import pytest
 
 from kvscope.agent import api
+from kvscope.agent.namematch import compile_pattern
 from kvscope.agent.signals import Sample
 from kvscope.agent.store.sqlite import InMemoryStore
 
@@ -17,6 +16,6 @@ def test_samples_answer_is_bounded(monkeypatch, limit, lengths, truncated):
     store = InMemoryStore()
     store.write([Sample("x", (("i", i),), float(t), 1000.0 + t) for i in ("a", "b") for t in range(3)])
     monkeypatch.setattr(api, "MAX_POINTS", limit)
-    data = api._query_store(store, re.compile("x"), 0.0, 2000.0)
+    data = api._query_store(store, compile_pattern("x"), 0.0, 2000.0)
     assert [len(s["points"]) for s in data["series"]] == lengths
     assert data["truncated"] is truncated

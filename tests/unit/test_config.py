@@ -80,7 +80,7 @@ def test_default_timeout_follows_a_short_interval():
         ),
         (
             {"scrape": {"max_body_bytes": "lots"}},
-            'scrape.max_body_bytes: must be a size >= 1024 bytes (e.g. 16MiB), got "lots"',
+            'scrape.max_body_bytes: must be a size from 1024 bytes to 1GiB, got "lots"',
         ),
         ({"scrape": 5}, "scrape: must be a mapping, got 5"),
         ({"listen_address": "9464"}, 'listen_address: must be host:port (e.g. 127.0.0.1:9464), got "9464"'),

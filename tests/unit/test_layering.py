@@ -28,6 +28,7 @@ LAYERS = {
     "agent": {
         "signals": 0,
         "ratelog": 0,
+        "namematch": 0,
         "config": 1,
         "metricsets": 1,
         "tenants": 1,
