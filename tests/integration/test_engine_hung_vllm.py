@@ -183,6 +183,10 @@ def test_engine_hung_fires_on_a_stopped_vllm_engine_core_and_not_on_idle_or_slow
     # the first scrape that showed the counter's final value: the last progress seen
     last_progress = min(t for t, v in gen if v == max(hung_values))
     stated = (parse_duration(rule.params["stall"]) + parse_duration(rule.params["for"])) * SCALE
+    print(
+        f"onset {finding.since - start:.1f}s, last progress {last_progress - start:.1f}s, hang {m['hang'] - start:.1f}s:"
+        f" fired {finding.since - last_progress:.1f}s after the last progress (stated bound {stated + 2 * STEP:.0f}s)"
+    )
     assert m["slow_end"] - STEP <= finding.since <= last_progress + stated + 2 * STEP, (
         finding.since - start,
         last_progress - start,
