@@ -72,6 +72,8 @@ def check_header(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
             yield _issue(rule, doc, f"missing {key!r}")
     if doc.get("severity") and doc["severity"] not in SEVERITIES:
         yield _issue(rule, doc, f"severity {doc['severity']!r} is not one of {list(SEVERITIES)}", "severity")
+    if doc.get("durations", "scaled") not in ("scaled", "absolute"):
+        yield _issue(rule, doc, f"durations {doc['durations']!r} is not scaled or absolute", "durations")
     if doc.get("levers_md") and doc["levers_md"] not in LEVERS_MD_ROWS + BEYOND_ROWS:
         yield _issue(rule, doc, f"levers_md {doc['levers_md']!r} is not a LEVERS.md row", "levers_md")
     if not ("when" in doc) ^ ("cascade" in doc):

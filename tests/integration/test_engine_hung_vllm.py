@@ -12,9 +12,9 @@ Verdicts, written before the first run (EXPECTED below):
   later than the rule's stated time after the last progress: `stall` + `for` (x the time scale)
   plus two scrape steps.
 
-The rule runs with its default parameters at time scale 0.5 (stall 90 s, for 15 s: what
-`kvscope diagnose` applies to a 7.5-minute window), so the run takes about 7 minutes after the
-server started. The agent's own engine collector scrapes every 2 s (the scrape timeout is long:
+The rule's durations are absolute (never time-scaled); the test sets its `stall` to 90 s and `for`
+to 15 s (parameters a user may set the same way), so the run takes about 7 minutes after the server
+started. The agent's own engine collector scrapes every 2 s (the scrape timeout is long:
 a loaded 2-core box may answer /metrics late); nothing asserts a wall-clock duration: the onset
 bound is in the data's own time.
 """
@@ -42,7 +42,8 @@ from testbed.vllm_server import VllmConfig, VllmServer
 
 pytestmark = pytest.mark.vllm
 
-SCALE, STEP = 0.5, 2.0
+STEP = 2.0
+PARAMS = {"stall": "90s", "for": "15s"}
 IDLE_S, SLOW_S, HUNG_S = 100.0, 120.0, 150.0
 STOP_S, RUN_S = 6.0, 2.0  # the slow phase: engine core stopped, then running, per cycle
 CLIENTS = 4
@@ -145,7 +146,7 @@ async def _run(srv: VllmServer) -> dict:
 
 def _verdict(rule, samples: list, start: float, end: float):
     frame = frame_from_samples(samples, start, end, STEP)
-    return diagnose(frame, rules=[rule], source="test", time_scale=SCALE, workers=1)
+    return diagnose(frame, rules=[rule], params={"engine_hung": PARAMS}, source="test", workers=1)
 
 
 def test_engine_hung_fires_on_a_stopped_vllm_engine_core_and_not_on_idle_or_slow():
@@ -182,7 +183,7 @@ def test_engine_hung_fires_on_a_stopped_vllm_engine_core_and_not_on_idle_or_slow
     assert finding.severity == "critical" and finding.active
     # the first scrape that showed the counter's final value: the last progress seen
     last_progress = min(t for t, v in gen if v == max(hung_values))
-    stated = (parse_duration(rule.params["stall"]) + parse_duration(rule.params["for"])) * SCALE
+    stated = parse_duration(PARAMS["stall"]) + parse_duration(PARAMS["for"])
     print(
         f"onset {finding.since - start:.1f}s, last progress {last_progress - start:.1f}s, hang {m['hang'] - start:.1f}s:"
         f" fired {finding.since - last_progress:.1f}s after the last progress (stated bound {stated + 2 * STEP:.0f}s)"
