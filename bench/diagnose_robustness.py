@@ -75,14 +75,15 @@ def run_case(meta_path: Path, variant: str, rule_sets: list[list], work: Path) -
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated scenario names (default: all)")
-    ap.add_argument("--variants", help=f"comma-separated variants (default: all: {', '.join(VARIANTS)})")
+    ap.add_argument("--variants", help=f"comma-separated variants, or none (default: all: {', '.join(VARIANTS)})")
     ap.add_argument("--baseline-rules", type=Path, help="a second rules directory judged on the same cases")
     args = ap.parse_args()
     scenarios = sorted(LIBRARY.glob("*.yaml"))
     if args.only:
         keep = set(args.only.split(","))
         scenarios = [p for p in scenarios if p.stem in keep]
-    variants = ["original"] + (args.variants.split(",") if args.variants else list(VARIANTS))
+    chosen = [] if args.variants == "none" else args.variants.split(",") if args.variants else list(VARIANTS)
+    variants = ["original"] + chosen
     unknown = [v for v in variants[1:] if v not in VARIANTS]
     if unknown:
         ap.error(f"unknown variant(s) {unknown}; known: {list(VARIANTS)}")
