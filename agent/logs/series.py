@@ -138,9 +138,9 @@ def read_log(
             ] += 1
         streams[(got.source or instance, got.engine, got.rank)].append(got)
     if untimed and not streams:  # an excerpt without headers: order as printed, times assumed
-        base = float(calendar.timegm(day.timetuple()))
+        t0 = float(calendar.timegm(day.timetuple()))
         for k, got in enumerate(untimed):
-            got = got._replace(ts=base + k * UNTIMED_SPACING_S, missing="")
+            got = got._replace(ts=t0 + k * UNTIMED_SPACING_S, missing="")
             summary.formats[_format(got)] += 1
             streams[(got.source or instance, got.engine, got.rank)].append(got)
         summary.untimed = len(untimed)
