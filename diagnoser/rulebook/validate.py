@@ -72,6 +72,13 @@ def check_header(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
             yield _issue(rule, doc, f"missing {key!r}")
     if doc.get("severity") and doc["severity"] not in SEVERITIES:
         yield _issue(rule, doc, f"severity {doc['severity']!r} is not one of {list(SEVERITIES)}", "severity")
+    if "max_step" in doc:
+        limit = doc["max_step"]
+        ref = limit[1:] if isinstance(limit, str) and limit.startswith("$") else None
+        try:
+            parse_duration(rule.params.get(ref) if ref else limit)
+        except (RuleError, ValueError, TypeError):
+            yield _issue(rule, doc, f"max_step {limit!r} is not a duration or a duration parameter", "max_step")
     if doc.get("durations", "scaled") not in ("scaled", "absolute"):
         yield _issue(rule, doc, f"durations {doc['durations']!r} is not scaled or absolute", "durations")
     if doc.get("levers_md") and doc["levers_md"] not in LEVERS_MD_ROWS + BEYOND_ROWS:
