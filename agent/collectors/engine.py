@@ -8,6 +8,11 @@ normalizes the payload to canonical samples, re-reading only the families that c
 `Health`, never raised: docs/collectors.md ("Bounds and limits", "Failure modes") lists them.
 
 `scrape_all()` returns the payloads (native names), which `kvscope record` writes.
+
+Beside each successful scrape of an engine that serves /health (vLLM, SGLang, llama.cpp, TGI), the
+collector probes that /health (same host and port, same timeout) and records the answer as
+`engine_health_probe_up` (1 = 2xx): what a load balancer's health check sees, shown next to the
+engine_hung rule, which reads forward progress instead. Option `health_probe: false` turns it off.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -25,12 +31,15 @@ from kvscope.agent.normalize.blockcache import BlockCache
 from kvscope.agent.normalize.dialect import Normalized, detect_engine, normalize
 from kvscope.agent.ratelog import warn_every
 from kvscope.agent.scrape.exposition import FATAL, Exposition, Limits, ParseIssue, parse_exposition
-from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
+from kvscope.agent.scrape.fetch import ScrapeError, new_session, probe_ok, read_exposition
 from kvscope.agent.scrape.stamped import Parts
-from kvscope.agent.signals import load_catalog
+from kvscope.agent.signals import Sample, load_catalog, make_labels
 
 NAME = "engine"
 log = logging.getLogger("kvscope.engine")
+HEALTH_SIGNAL = "engine_health_probe_up"
+HEALTH_ENGINES = frozenset({"vllm", "sglang", "llamacpp", "tgi"})
+"""Dialects whose servers answer GET /health (200 while serving)."""
 
 
 @dataclass
@@ -63,9 +72,15 @@ class EngineCollector:
     """Canonical samples from engine and dcgm-exporter /metrics endpoints."""
 
     name = NAME
+    OPTIONS = {
+        "health_probe": "probe each vLLM, SGLang, llama.cpp and TGI target's /health beside its /metrics "
+        "(engine_health_probe_up; default true)",
+    }
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        opts = config.collector_options(NAME) if hasattr(config, "collector_options") else {}
+        self.health_probe = str(opts.get("health_probe", True)).strip().lower() not in ("false", "0", "no", "off")
         self.catalog = load_catalog()
         self._session: aiohttp.ClientSession | None = None
         self._limit = asyncio.Semaphore(32)  # targets scraped at once
@@ -96,12 +111,35 @@ class EngineCollector:
         block memo made it (its blocks reach the store and the reset check as they are)."""
         out = Collection()
         out.samples = Parts()  # type: ignore[assignment]
-        for scrape in await self.scrape_all():
+        scrapes = await self.scrape_all()
+        for scrape in scrapes:
             try:
                 self._normalize_into(scrape, out)
             except Exception as e:  # noqa: BLE001 - one target's payload must not cost the other targets
                 self._reader_failed(scrape.target.instance, e, out)
+        if self.health_probe:
+            await self._probe_health(scrapes, out)
         return out
+
+    async def _probe_health(self, scrapes: list[TargetScrape], out: Collection) -> None:
+        """`engine_health_probe_up` for each target scraped up whose engine serves /health, stamped
+        with its scrape's time (the probes run side by side, each within the scrape timeout)."""
+        up = {h.target for h in out.health if h.up}
+        probed = [
+            s for s in scrapes if s.target.instance in up and out.engines.get(s.target.instance) in HEALTH_ENGINES
+        ]
+        if not probed or self._session is None:
+            return
+        session = self._session
+        answers = await asyncio.gather(
+            *(probe_ok(session, health_url(s.target.url), self.config.timeout_s) for s in probed)
+        )
+        for scrape, ok in zip(probed, answers, strict=True):
+            sample = Sample(HEALTH_SIGNAL, make_labels(scrape.target.target_labels()), float(ok), scrape.timestamp)
+            if isinstance(out.samples, Parts):
+                out.samples.add([sample], scrape.target.instance)
+            else:
+                out.samples.append(sample)
 
     def _reader_failed(self, instance: str, e: Exception, out: Collection) -> None:
         """A bug reading one target's payload: that target is down with reason `parse_<error>`,
@@ -190,6 +228,12 @@ class EngineCollector:
         if self._session is not None:
             await self._session.close()
         self._session = None
+
+
+def health_url(metrics_url: str) -> str:
+    """The /health URL on the host and port of a /metrics URL."""
+    parts = urlsplit(metrics_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/health", "", ""))
 
 
 def limits_of(target: Target) -> Limits:

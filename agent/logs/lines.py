@@ -3,8 +3,13 @@
 Recognised: vLLM's periodic stats line (V0 and V1), V0's prefix-cache hit line and preemption
 warning; SGLang's `Prefill batch` / `Decode batch` lines and retraction warnings. A `kubectl logs`
 `--prefix` (the pod becomes the instance) and `--timestamps` (RFC 3339, used instead of the
-engine's own second-resolution time) are read first. The formats and the releases that print
-them: docs/logs.md. Parsing is str.find/partition/split only: linear in the line, no regex."""
+engine's own second-resolution time) are read first. SGLang lines may also start with a date-time
+without brackets (`2026-06-07 10:59:31,659 [INFO] logger: Decode batch ...`, or `YYYY-MM-DD
+HH:MM:SS LEVEL PID [file.py:line] ...` as forks print it). A recognised line with no time at all
+(an excerpt pasted without its header) is returned with `ts` NaN and `missing` "time": the reader
+orders such lines as printed when no line of the log has a time (agent/logs/series.py). The
+formats and the releases that print them: docs/logs.md. Parsing is str.find/partition/split only:
+linear in the line, no regex."""
 
 from __future__ import annotations
 
@@ -75,7 +80,7 @@ class Line(NamedTuple):
 def parse_line(line: str, day: datetime.date) -> Line | str:
     """A recognised line, or why not (other, too_long, no_timestamp, bad_value, tp_rank_copy).
     `day`: supplies the year of vLLM's own `MM-DD HH:MM:SS` time and the date of SGLang's
-    `HH:MM:SS` (releases before its log format carried the date)."""
+    `HH:MM:SS` (releases before its log format carried the date). A line with no time gets ts NaN."""
     if len(line) > MAX_LINE:
         return "too_long"
     source = ""
@@ -108,13 +113,15 @@ def parse_line(line: str, day: datetime.date) -> Line | str:
 
 def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year: int) -> Line | str:
     head = line[:i].split()
-    ts = kube_ts
+    ts, shaped = kube_ts, False
     for k in range(len(head) - 1):
         if ts is None and len(head[k]) == 5 and head[k][2] == "-" and len(head[k + 1]) == 8:
-            ts = _time(year, head[k][:2], head[k][3:], head[k + 1])
-    if ts is None:
-        return "no_timestamp"
+            shaped, ts = True, _time(year, head[k][:2], head[k][3:], head[k + 1])
     missing = "" if kube_ts is not None else "year"
+    if ts is None and shaped:
+        return "no_timestamp"  # a time that does not parse is a bad line, not an untimed one
+    if ts is None:
+        ts, missing = NAN, "time"
     rank = _rank(head[-1][:-1]) if len(head) > 1 and head[-2] == "Engine" else ""
     body = line[i:].rstrip()
     if kind == "prefix":
@@ -135,6 +142,8 @@ def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year
 
 def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, day: datetime.date) -> Line | str:
     ts, rank, missing = kube_ts, "", ""
+    if ts is None and _dated(line):  # an unbracketed date-time first (python logging's default, forks)
+        ts = _time(_year(line[:4]), line[5:7], line[8:10], line[11:19])
     open_, close = line.find("["), line.find("]")
     if 0 <= open_ < close < i:
         inside = line[open_ + 1 : close]
@@ -146,10 +155,12 @@ def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, da
                 rank = _rank(tag[2:])
         if ts is None and dated:
             ts = _time(_year(inside[:4]), inside[5:7], inside[8:10], inside[11:19])
-        elif ts is None:
+        elif ts is None and inside[2:3] == ":" and inside[5:6] == ":":
             ts, missing = _time(day.year, str(day.month), str(day.day), inside[:8]), "date"
+    if ts is None and (0 <= open_ < close < i) and _hms(line[open_ + 1 : close]):
+        return "no_timestamp"  # a time that does not parse is a bad line, not an untimed one
     if ts is None:
-        return "no_timestamp"
+        ts, missing = NAN, "time"
     if kind == "retract":
         if (value := _value(line[i + len("#retracted_reqs: ") :].partition(",")[0])) is None:
             return "bad_value"
@@ -171,6 +182,17 @@ def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, da
 
 
 Known = dict[str, tuple[str, float] | None]
+NAN = float("nan")
+
+
+def _dated(text: str) -> bool:
+    """`text` starts with `YYYY-MM-DD HH:MM:SS`."""
+    return len(text) >= 19 and text[4] == "-" and text[7] == "-" and text[10] == " " and _hms(text[11:19])
+
+
+def _hms(text: str) -> bool:
+    """`text` starts with `HH:MM:SS` shaped characters (digits checked when parsed)."""
+    return len(text) >= 8 and text[2] == ":" and text[5] == ":"
 
 
 def _fields(parts: list[str], known: Known) -> tuple[dict[str, float] | str, tuple[str, ...]]:

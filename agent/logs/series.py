@@ -5,6 +5,7 @@ rule). A signal no line carries is absent, never zero; counters start at 0 at th
 
 from __future__ import annotations
 
+import calendar
 import datetime
 import statistics
 from collections import Counter, defaultdict
@@ -17,6 +18,9 @@ from kvscope.agent.signals import Sample, make_labels
 
 MAX_RECORDS = 500_000
 """Recognised lines kept per read (about 1.7 KiB of samples each); the rest are counted (over_limit)."""
+UNTIMED_SPACING_S = 10.0
+"""Seconds between consecutive lines of a log no line of which carries a time: vLLM's default stats
+interval (VLLM_LOG_STATS_INTERVAL). An assumption, said in the summary, never the engine's time."""
 MAX_UNKNOWN = 64
 """Distinct unknown field names counted by name (outside text: bounded)."""
 GAUGES = {
@@ -53,6 +57,7 @@ class LogSummary:
     formats: Counter[str] = field(default_factory=Counter)
     skipped: Counter[str] = field(default_factory=Counter)
     unknown_fields: Counter[str] = field(default_factory=Counter)
+    untimed: int = 0  # lines given times by their order (no line of the log carries a time)
 
     def text(self) -> str:
         seen = ", ".join(f"{n} {k}" for k, n in sorted(self.formats.items())) or "none"
@@ -64,6 +69,12 @@ class LogSummary:
         if self.unknown_fields:
             out += "; unknown fields (ignored): " + ", ".join(
                 f"{k!r} x{n}" for k, n in self.unknown_fields.most_common(8)
+            )
+        if self.untimed:
+            out += (
+                f"; times unknown: no line carries a time, so the {self.untimed} recognised lines are ordered as "
+                f"printed and placed {UNTIMED_SPACING_S:g} s apart (an assumption): durations and rates are not "
+                "the engine's, levels (KV usage, queues, running requests) are"
             )
         return out
 
@@ -100,8 +111,15 @@ def read_log(
     day = day or datetime.datetime.now(datetime.UTC).date()
     streams: dict[tuple[str, str, str], list[Line]] = defaultdict(list)
     kept, newest = 0, 0.0
+    untimed: list[Line] = []  # recognised lines without a time, in printed order
     for text in iter_lines(stream, summary):
         got = parse_line(text, day)
+        if isinstance(got, Line) and got.missing == "time":
+            if len(untimed) < MAX_RECORDS:
+                untimed.append(got)
+            else:
+                summary.skipped["over_limit"] += 1
+            continue
         if isinstance(got, Line) and got.missing and got.ts < newest - ROLL[got.missing][0]:
             ahead = ROLL[got.missing][1](day)
             if isinstance(again := parse_line(text, ahead), Line):
@@ -119,6 +137,15 @@ def read_log(
                 name if name in summary.unknown_fields or len(summary.unknown_fields) < MAX_UNKNOWN else "(others)"
             ] += 1
         streams[(got.source or instance, got.engine, got.rank)].append(got)
+    if untimed and not streams:  # an excerpt without headers: order as printed, times assumed
+        t0 = float(calendar.timegm(day.timetuple()))
+        for k, got in enumerate(untimed):
+            got = got._replace(ts=t0 + k * UNTIMED_SPACING_S, missing="")
+            summary.formats[_format(got)] += 1
+            streams[(got.source or instance, got.engine, got.rank)].append(got)
+        summary.untimed = len(untimed)
+    elif untimed:  # the log has times: a line without one is not placed by guess
+        summary.skipped["no_timestamp"] += len(untimed)
     by_time: dict[tuple[str, float], list[Sample]] = defaultdict(list)
     for (inst, engine, rank), lines in streams.items():
         base = (

@@ -93,6 +93,17 @@ def _reason(e: aiohttp.ClientError) -> str:
     return "connect_error"
 
 
+async def probe_ok(session: aiohttp.ClientSession, url: str, timeout_s: float, max_bytes: int = 64 << 10) -> bool:
+    """Whether GET `url` answers 2xx within `timeout_s` (at most `max_bytes` of the body read, then
+    discarded). Any failure (timeout, refused, a redirect, a bad URL) is False, never raised."""
+    try:
+        async with asyncio.timeout(timeout_s), session.get(url, allow_redirects=False) as resp:
+            await resp.content.read(max_bytes)
+            return 200 <= resp.status < 300
+    except (TimeoutError, aiohttp.ClientError, ValueError, OSError):
+        return False
+
+
 def new_session() -> aiohttp.ClientSession:
     """A scrape client: kept-alive connections per target (up to 5 min idle), no connection cap,
     no cookies, no proxies, no redirects; time is bounded by each read's timeout."""

@@ -36,7 +36,7 @@ from kvscope.diagnoser.findings import (
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.grammar import ExprError
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
-from kvscope.diagnoser.rulebook.rule import Rule, read_rules
+from kvscope.diagnoser.rulebook.rule import Rule, parse_duration, read_rules
 
 REFERENCE_WINDOW_S = 900.0
 """Rule durations are written for windows of at least this length (15 minutes)."""
@@ -115,6 +115,8 @@ def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[F
     missing = rule.missing_params()
     if missing and len(missing) == rule.nullable_params():
         return Skipped(rule.id, f"parameter(s) not set: {', '.join(missing)}")
+    if coarse := too_coarse(rule, frame):
+        return Skipped(rule.id, coarse)
     ev = SeriesEvaluator(rule, frame)
     try:
         # absent signals first: the fleet path knows them from the index alone and says the same
@@ -133,6 +135,20 @@ def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[F
 
 
 # ---------------------------------------------------------------------------- mechanism on?
+def too_coarse(rule: Rule, frame: Frame) -> str:
+    """Why the frame is sampled too sparsely for a rule with `max_step` (a duration or a `$param`),
+    or "": a counter cannot be seen to stay flat between samples further apart than that."""
+    limit = rule.doc.get("max_step")
+    if limit is None or not frame.step:
+        return ""
+    if isinstance(limit, str) and limit.startswith("$"):
+        limit = rule.params.get(limit[1:])
+    seconds = parse_duration(limit)
+    if frame.step <= seconds:
+        return ""
+    return f"data sampled every {frame.step:g} s, sparser than max_step {seconds:g} s: too coarse to judge"
+
+
 def mechanism_off(rule: Rule, ev: SeriesEvaluator, facts: dict[str, dict[str, str]]) -> Skipped | None:
     """Why a rule cannot judge its mechanism here, or None when it can: its `mechanism` series present
     and never above 0 = off; absent = unknown (not evaluable), as are `facts` no instance exports."""

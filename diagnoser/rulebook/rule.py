@@ -111,7 +111,10 @@ class Rule:
         return Rule(self.id, self.path, self.doc, merged, self.time_scale)
 
     def scaled(self, time_scale: float) -> Rule:
-        """The same rule with every duration (for, ranges, baselines) multiplied by time_scale."""
+        """The same rule with every duration (for, ranges, baselines) multiplied by time_scale; a rule
+        whose durations are `absolute` (a hang is minutes of real time) keeps them."""
+        if self.doc.get("durations") == "absolute":
+            time_scale = 1.0
         out = Rule(self.id, self.path, self.doc, dict(self.params), time_scale)
         if "tree" in self.__dict__:  # durations are scaled at use: the same tree serves
             out.__dict__["tree"] = self.tree

@@ -23,7 +23,7 @@ from kvscope.diagnoser.rulebook.rule import LineDict, Rule, RuleError, parse_dur
 
 LEVERS_MD_ROWS = tuple(f"{row}{i}" for row, n in (("P", 9), ("K", 8), ("L", 14), ("U", 11)) for i in range(1, n + 1))
 """The 42 symptom rows of LEVERS.md; every one needs at least one rule."""
-BEYOND_ROWS = tuple(f"R{i}" for i in range(1, 8))
+BEYOND_ROWS = tuple(f"R{i}" for i in range(1, 9))
 """LEVERS.md "Beyond the documents" rows (issue 27): a rule may name one; none is required yet."""
 
 STATS = ("max", "min", "mean", "first", "last")
@@ -72,6 +72,15 @@ def check_header(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
             yield _issue(rule, doc, f"missing {key!r}")
     if doc.get("severity") and doc["severity"] not in SEVERITIES:
         yield _issue(rule, doc, f"severity {doc['severity']!r} is not one of {list(SEVERITIES)}", "severity")
+    if "max_step" in doc:
+        limit = doc["max_step"]
+        ref = limit[1:] if isinstance(limit, str) and limit.startswith("$") else None
+        try:
+            parse_duration(rule.params.get(ref) if ref else limit)
+        except (RuleError, ValueError, TypeError):
+            yield _issue(rule, doc, f"max_step {limit!r} is not a duration or a duration parameter", "max_step")
+    if doc.get("durations", "scaled") not in ("scaled", "absolute"):
+        yield _issue(rule, doc, f"durations {doc['durations']!r} is not scaled or absolute", "durations")
     if doc.get("levers_md") and doc["levers_md"] not in LEVERS_MD_ROWS + BEYOND_ROWS:
         yield _issue(rule, doc, f"levers_md {doc['levers_md']!r} is not a LEVERS.md row", "levers_md")
     if not ("when" in doc) ^ ("cascade" in doc):

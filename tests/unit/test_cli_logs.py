@@ -98,3 +98,21 @@ def test_record_log_output_loads_into_prometheus_tsdb(capsys, tmp_path: Path):
         timeout=120,
     )
     assert made.returncode == 0, made.stderr[-2000:]
+
+
+def test_vllm_v0_preemption_warnings_alone_without_headers_name_kv_pressure_at_moderate_confidence(capsys, tmp_path):
+    """Issue 38: the V0 warning pasted without its log header, several times (GAIR-NLP/LIMO#29's line,
+    its cumulative count rising): no KV gauge, no stats line, times unknown; a preemption happens
+    only when KV blocks run out, so K1 is named, moderate."""
+    line = Path(__file__).resolve().parents[1] / "outside" / "logs" / "vllm-v0-preempt-warning-alone-limo-29.log"
+    text = line.read_text().strip().rpartition("=")[0]
+    path = tmp_path / "warnings.log"
+    path.write_text("".join(f"{text}={n}\n" for n in (101, 104, 108, 111, 115, 120, 124, 129)))
+    code, result, err = diagnose(capsys, "--log", str(path))
+    assert "times unknown" in err
+    cause = result["likely_cause"]
+    assert cause["rule_id"] == "kv_pressure_preemption" and cause["confidence"] == "moderate", findings(result)
+    one = tmp_path / "one.log"
+    one.write_text(f"{text}=101\n")  # one cumulative count: no rate, nothing named
+    code, result, _ = diagnose(capsys, "--log", str(one))
+    assert code == 0 and result["likely_cause"] is None

@@ -79,3 +79,19 @@ def test_kv_pressure_recordings_without_a_preemption_counter_still_name_kv_press
     k1 = [f for f in d.findings if f.rule_id == "kv_pressure_preemption"]
     assert k1 and all(f.confidence == "moderate" for f in k1)
     assert "queue_growing" not in {f.rule_id for f in d.findings}
+
+
+# ------------------------------------------------------------ a batch preempted into the queue
+def test_a_batch_preempted_into_the_queue_names_kv_pressure_not_a_stuck_scheduler():
+    """KV full, then the whole running batch moved to waiting (running 8 -> 0, waiting 0 -> 8) and
+    the freed pool reads nearly empty: R3 (scheduler_stuck, critical) defers while the pool was full
+    within its kv_lookback, so KV pressure is the likely cause (issue 38, item 4). The input is R3's
+    own quiet case (rules/diagnosis/scheduler_stuck.test.yaml)."""
+    tf = read_test_file(CASES.parent / "scheduler_stuck.test.yaml")
+    case = next(c for c in tf.cases if c.name.startswith("quiet while the KV pool was full"))
+    frame = frame_from_samples(case_samples(case, tf.interval), 0.0, case.eval_time, tf.interval)
+    d = diagnose(frame, time_scale=1.0, workers=1)
+    assert d.likely_cause is not None and d.likely_cause.levers_md in ("K1", "K2", "K3"), [
+        (f.rule_id, f.severity) for f in d.findings
+    ]
+    assert "scheduler_stuck" not in {f.rule_id for f in d.findings}

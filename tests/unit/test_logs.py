@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import math
 import time
 from pathlib import Path
 
@@ -175,7 +176,8 @@ def test_sglang_020_lines_carry_no_time_but_kubectl_gives_one():
     got = parse_line(line, DAY)
     assert isinstance(got, Line) and got.ts == rfc3339("2026-01-02T03:04:05Z")
     assert got.fields == {"running": 4, "kv": 0.5, "gen_tps": 12.0, "waiting": 1}
-    assert parse_line(line.partition(" ")[2], DAY) == "no_timestamp"
+    untimed = parse_line(line.partition(" ")[2], DAY)  # no time at all: placed by the reader, in order
+    assert isinstance(untimed, Line) and untimed.missing == "time" and math.isnan(untimed.ts)
     retract = parse_line(
         "2026-01-02T03:04:06Z decode out of memory happened, #retracted_reqs: 3, #new_token_ratio: 0.4000 -> 0.6000",
         DAY,
@@ -214,7 +216,6 @@ def test_kubectl_prefix_names_the_instance():
     ("line", "reason"),
     [
         ("INFO 05-01 10:00:00 [api_server.py:1] vLLM API server version 0.9.0", "other"),
-        ("Avg prompt throughput: 1.0 tokens/s, Running: 3 reqs", "no_timestamp"),
         ("INFO 13-01 10:00:00 x] Avg prompt throughput: 1.0 tokens/s, Running: 3 reqs", "no_timestamp"),
         ("INFO 05-01 10:00:00 x] Avg prompt throughput: 1.0 tokens/s, Running: many reqs", "bad_value"),
         ("INFO 05-01 10:00:00 x] Avg prompt throughput: 1e5 tokens/s", "bad_value"),
@@ -270,3 +271,37 @@ def test_parsing_is_linear_on_hostile_lines():
         t0 = time.perf_counter()
         parse_line(line[:MAX_LINE], DAY)
         assert time.perf_counter() - t0 < 0.05
+
+
+# ------------------------------------------------------------ issue 38: header shapes users paste
+OUTSIDE_LOGS = Path(__file__).resolve().parents[1] / "outside" / "logs"
+
+
+def test_sglang_lines_under_an_unbracketed_date_time_header_are_read_with_their_times():
+    """sglang-omni PR #712's server log (Python logging's default header) and the fork shape
+    `YYYY-MM-DD HH:MM:SS LEVEL PID [file.py:line] Decode batch ...`."""
+    with open(OUTSIDE_LOGS / "sglang-omni-unbracketed-header-712.log", "rb") as f:
+        read = read_log(f, "omni")
+    assert read.summary.formats == {"SGLang decode lines": 3, "SGLang prefill lines": 2}, read.summary.text()
+    assert read.summary.untimed == 0
+    assert read.scrapes[0][1] == rfc3339("2026-06-07T10:59:31Z")
+    fork = "2026-05-24 03:51:44 INFO 1234 [scheduler.py:1502] Decode batch, #running-req: 4, token usage: 0.50"
+    got = parse_line(fork, DAY)
+    assert isinstance(got, Line) and got.ts == rfc3339("2026-05-24T03:51:44Z") and got.fields["running"] == 4
+
+
+def test_an_excerpt_without_any_time_is_ordered_as_printed_and_says_the_times_are_unknown():
+    text = (OUTSIDE_LOGS / "sglang-no-timestamp-938.log").read_bytes()
+    read = read_log(io.BytesIO(text + text.replace(b"0.93", b"0.95")), "s938", day=DAY)
+    assert read.summary.untimed == 2 and "times unknown" in read.summary.text()
+    (_, t0, first), (_, t1, second) = read.scrapes
+    assert t1 - t0 == 10.0
+    kv = [next(s.value for s in samples if s.name == "engine_kv_cache_usage_ratio") for samples in (first, second)]
+    assert kv == [0.93, 0.95]
+
+
+def test_a_line_without_a_time_in_a_log_with_times_is_skipped_not_placed():
+    timed = b"[2025-02-27 04:46:39 TP0] Decode batch. #running-req: 8, token usage: 0.12, #queue-req: 0\n"
+    untimed = b"Decode batch. #running-req: 9, token usage: 0.13, #queue-req: 0\n"
+    read = read_log(io.BytesIO(timed + untimed), "x", day=DAY)
+    assert read.summary.untimed == 0 and read.summary.skipped["no_timestamp"] == 1 and len(read.scrapes) == 1

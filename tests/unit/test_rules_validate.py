@@ -54,15 +54,15 @@ def test_unknown_lever_and_direction_are_reported(tmp_path):
 
 
 def test_undeclared_parameter_and_bad_duration_are_reported(tmp_path):
-    msgs = _messages(_copy_with(tmp_path, "value: $min_preempt_rate", "value: $min_rate"))
+    msgs = _messages(_copy_with(tmp_path, "min_den: $min_preempt_rate", "min_den: $min_rate"))
     assert any("unknown parameter $min_rate" in m for m in msgs)
     msgs = _messages(_copy_with(tmp_path, "default: 1m, unit: duration", "default: 1 minute, unit: duration"))
     assert any("not a duration" in m for m in msgs)
 
 
 def test_unknown_series_reference_and_summary_field(tmp_path):
-    msgs = _messages(_copy_with(tmp_path, "{series: preempt_rate, op:", "{series: preempt_rates, op:"))
-    assert any("unknown series 'preempt_rates'" in m for m in msgs)
+    msgs = _messages(_copy_with(tmp_path, "{series: kv_gate, op:", "{series: kv_gates, op:"))
+    assert any("unknown series 'kv_gates'" in m for m in msgs)
 
 
 def test_yaml_syntax_error_has_a_line(tmp_path):

@@ -1,0 +1,197 @@
+"""R8 (engine_hung) on a real vLLM on CPU made to hang: its engine-core process is stopped (SIGSTOP)
+while the API server keeps answering /health and /metrics, the way a deadlocked collective or a
+stuck kernel leaves a GPU engine.
+
+Verdicts, written before the first run (EXPECTED below):
+
+* idle (no request, 100 s): quiet. Nothing is in the engine, so flat counters are expected.
+* slow but progressing (a closed loop of 4 long requests, the engine core stopped 6 s of every 8 s,
+  120 s): quiet. Tokens are produced in every cycle, so no stall window is flat.
+* hung (the same load, the engine core stopped for good, 150 s): fires, critical, with kvscope's
+  /health probe at 1 (the API server still says healthy), its onset no earlier than the hang and no
+  later than the rule's stated time after the last progress: `stall` + `for` (x the time scale)
+  plus two scrape steps.
+
+The rule's durations are absolute (never time-scaled); the test sets its `stall` to 90 s and `for`
+to 15 s (parameters a user may set the same way), so the run takes about 7 minutes after the server
+started. The agent's own engine collector scrapes every 2 s (the scrape timeout is long:
+a loaded 2-core box may answer /metrics late); nothing asserts a wall-clock duration: the onset
+bound is in the data's own time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import aiohttp
+import psutil
+import pytest
+
+from kvscope.agent.collectors.engine import HEALTH_SIGNAL, EngineCollector
+from kvscope.agent.config import AgentConfig, Target
+from kvscope.agent.scrape.stamped import Parts
+from kvscope.diagnoser.evaluate.evaluator import diagnose
+from kvscope.diagnoser.evaluate.frame import frame_from_samples
+from kvscope.diagnoser.rulebook.rule import parse_duration, read_rules
+from testbed.tenants import synthetic_text
+from testbed.tiny_model import SERVED_NAME
+from testbed.vllm_server import VllmConfig, VllmServer
+
+pytestmark = pytest.mark.vllm
+
+STEP = 2.0
+PARAMS = {"stall": "90s", "for": "15s"}
+IDLE_S, SLOW_S, HUNG_S = 100.0, 120.0, 150.0
+STOP_S, RUN_S = 6.0, 2.0  # the slow phase: engine core stopped, then running, per cycle
+CLIENTS = 4
+EXPECTED = {"idle": [], "slow": [], "hung": ["engine_hung"]}
+# its own server (not the session pool's): the test stops its engine and drops it afterwards
+CONFIG = VllmConfig(service_name="vllm-hung", kv_cache_metrics=False)
+GEN = "engine_generation_tokens_total"
+
+
+def _engine_core(server_pid: int) -> psutil.Process:
+    """The engine-core process (vLLM titles it VLLM::EngineCore) under the API server."""
+    for child in psutil.Process(server_pid).children(recursive=True):
+        try:
+            if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name():
+                return child
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no EngineCore process under pid {server_pid}")
+
+
+async def _client(session: aiohttp.ClientSession, base: str, key: str, stop: asyncio.Event, done: list) -> None:
+    """A closed loop of long completions until `stop` (the last one may stay pending in a hang)."""
+    i = 0
+    while not stop.is_set():
+        body = {
+            "model": SERVED_NAME,
+            "prompt": synthetic_text(f"{key}/{i}", 60),
+            "max_tokens": 600,
+            "ignore_eos": True,
+            "temperature": 0.0,
+        }
+        async with session.post(base + "/v1/completions", json=body) as r:
+            await r.read()
+            done.append(r.status)
+        i += 1
+
+
+async def _scraper(collector: EngineCollector, out: list, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        got = await collector.collect()
+        out.extend(got.samples.samples() if isinstance(got.samples, Parts) else got.samples)
+        await asyncio.sleep(STEP)
+
+
+def _gen_points(samples: list) -> list[tuple[float, float]]:
+    return sorted((s.timestamp, s.value) for s in samples if s.name == GEN)
+
+
+async def _wait_progress(samples: list, since: float, timeout_s: float = 300.0) -> None:
+    """Until the scrapes after `since` show generated tokens rising."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        pts = [p for p in _gen_points(samples) if p[0] >= since]
+        if len(pts) >= 2 and pts[-1][1] > pts[0][1]:
+            return
+        await asyncio.sleep(1.0)
+    raise AssertionError("the load never produced tokens")
+
+
+async def _run(srv: VllmServer) -> dict:
+    core = _engine_core(srv.proc.pid)
+    collector = EngineCollector(AgentConfig(targets=[Target(srv.metrics_url, "vllm", "vllm-0")], timeout_s=30.0))
+    samples: list = []
+    marks: dict[str, float] = {}
+    health_during_hang: list[int] = []
+    stop_scrape, stop_load = asyncio.Event(), asyncio.Event()
+    done: list[int] = []
+    timeout = aiohttp.ClientTimeout(total=1800)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(force_close=True)) as session:
+        scraper = asyncio.create_task(_scraper(collector, samples, stop_scrape))
+        try:
+            marks["start"] = time.time()
+            await asyncio.sleep(IDLE_S)
+            marks["idle_end"] = time.time()
+            clients = [asyncio.create_task(_client(session, srv.url, f"c{i}", stop_load, done)) for i in range(CLIENTS)]
+            await _wait_progress(samples, marks["idle_end"])
+            marks["slow_start"] = time.time()
+            while time.time() - marks["slow_start"] < SLOW_S:
+                core.send_signal(signal.SIGSTOP)
+                await asyncio.sleep(STOP_S)
+                core.send_signal(signal.SIGCONT)
+                await asyncio.sleep(RUN_S)
+            marks["slow_end"] = time.time()
+            core.send_signal(signal.SIGSTOP)
+            marks["hang"] = time.time()
+            while time.time() - marks["hang"] < HUNG_S:
+                async with session.get(srv.url + "/health") as r:
+                    health_during_hang.append(r.status)
+                await asyncio.sleep(10.0)
+            marks["end"] = time.time()
+        finally:
+            core.send_signal(signal.SIGCONT)
+            stop_load.set()
+            stop_scrape.set()
+            await scraper
+            await collector.close()
+        await asyncio.wait_for(asyncio.gather(*clients), timeout=600)
+    return {"samples": samples, "marks": marks, "health": health_during_hang, "done": done}
+
+
+def _verdict(rule, samples: list, start: float, end: float):
+    frame = frame_from_samples(samples, start, end, STEP)
+    return diagnose(frame, rules=[rule], params={"engine_hung": PARAMS}, source="test", workers=1)
+
+
+def test_engine_hung_fires_on_a_stopped_vllm_engine_core_and_not_on_idle_or_slow():
+    rule = next(r for r in read_rules() if r.id == "engine_hung")
+    with VllmServer(CONFIG) as srv:
+        got = asyncio.run(_run(srv))
+    samples, m = got["samples"], got["marks"]
+    gen = _gen_points(samples)
+    start = m["start"]
+    timeline = [(round(t - start, 1), v) for t, v in gen]
+    # the phases are what they claim: progress in every slow cycle's reach, none during the hang
+    slow = [(t, v) for t, v in gen if m["slow_start"] <= t <= m["slow_end"]]
+    assert slow and slow[-1][1] > slow[0][1], timeline
+    assert set(got["health"]) == {200}, got["health"]  # the API server calls the hung engine healthy
+    probes = {s.value for s in samples if s.name == HEALTH_SIGNAL and s.timestamp > m["hang"]}
+    assert probes == {1.0}, probes  # and so does kvscope's own /health probe
+    hung_values = {v for t, v in gen if t > m["hang"] + 2 * STEP}
+    assert len(hung_values) == 1, timeline
+
+    verdicts = {}
+    for phase, end in (("idle", m["idle_end"]), ("slow", m["slow_end"]), ("hung", m["end"])):
+        d = _verdict(rule, samples, start, end)
+        found = [f for f in [d.likely_cause, *d.competing, *d.other] if f is not None]
+        verdicts[phase] = found
+    print(
+        json.dumps({k: [f.summary for f in v] for k, v in verdicts.items()}),
+        "marks",
+        json.dumps({k: round(v - start, 1) for k, v in m.items()}),
+    )
+    assert [f.rule_id for f in verdicts["idle"]] == EXPECTED["idle"], timeline
+    assert [f.rule_id for f in verdicts["slow"]] == EXPECTED["slow"], timeline
+    assert [f.rule_id for f in verdicts["hung"]] == EXPECTED["hung"], timeline
+    finding = verdicts["hung"][0]
+    assert finding.severity == "critical" and finding.active
+    # the first scrape that showed the counter's final value: the last progress seen
+    last_progress = min(t for t, v in gen if v == max(hung_values))
+    stated = parse_duration(PARAMS["stall"]) + parse_duration(PARAMS["for"])
+    print(
+        f"onset {finding.since - start:.1f}s, last progress {last_progress - start:.1f}s, hang {m['hang'] - start:.1f}s:"
+        f" fired {finding.since - last_progress:.1f}s after the last progress (stated bound {stated + 2 * STEP:.0f}s)"
+    )
+    assert m["slow_end"] - STEP <= finding.since <= last_progress + stated + 2 * STEP, (
+        finding.since - start,
+        last_progress - start,
+        stated,
+    )
+    health = next(e for e in finding.evidence if e.key == "health")
+    assert health.value == 1.0, finding.evidence
