@@ -46,9 +46,10 @@ class Evidence:
 class EngineChange:
     """How to pull one lever on one system: the flag/key and the value or direction."""
 
-    system: str  # vllm | sglang | router | gateway | k8s | ops
-    change: str  # e.g. "--kv-cache-dtype fp8"
-    note: str = ""
+    system: str  # vllm | sglang | router | gateway | k8s | app | ops
+    change: str  # the exact flag or setting, e.g. "--kv-cache-dtype fp8"
+    note: str = ""  # how to pick the value, caveats
+    product: str = ""  # which product of the system takes it ("SGLang Model Gateway", "Envoy"), "" = any
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,19 @@ class LeverAdvice:
     changes: tuple[EngineChange, ...] = ()
     cost: str = ""
     citations: tuple[str, ...] = ()
+    kind: str = "fix"  # mitigate (do now, during the incident) | fix (for good)
+    restart: bool = False  # pulling it restarts the engine
+    quality_risk: bool = False  # output quality must be re-validated
+    capacity: str = ""  # what it does to capacity ("adds GPUs", "rejects requests over the limit")
+
+    def cost_tags(self) -> list[str]:
+        """The costs an on-call engineer weighs first: restart, quality risk, capacity."""
+        tags = ["needs an engine restart"] if self.restart else ["no engine restart"]
+        if self.quality_risk:
+            tags.append("quality risk: validate on your evaluations")
+        if self.capacity:
+            tags.append(self.capacity)
+        return tags
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_heading, plan
 from kvscope.diagnoser.findings import MECHANISM_OFF, Diagnosis, Evidence, Finding, not_evaluable
 from kvscope.diagnoser.rulebook.rule import Rule
 from kvscope.diagnoser.rulebook.tree import Baseline, Tree
@@ -232,7 +233,7 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
     rows.append(_evidence_table(f))
     for line in baseline_lines(f, time_scale):
         rows.append(Text(f"compared with its earlier level: {line}", style="dim"))
-    rows.append(_lever_table(f))
+    rows.extend(_action_rows(f))
     rows.append(Text("sources: " + ", ".join(f.citations), style="dim"))
     if supporting:
         rows.append(Text("also fired (supporting evidence, same mechanism and levers):", style="bold"))
@@ -274,15 +275,18 @@ def _evidence_table(f: Finding) -> Table:
     return t
 
 
-def _lever_table(f: Finding) -> Table:
-    t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    t.add_column("#")
-    t.add_column("lever")
-    t.add_column("how", overflow="fold")
-    for lv in f.levers:
-        how = "\n".join(f"{c.system}: {c.change}" for c in lv.changes)
-        t.add_row(str(lv.rank), f"{lv.title}\n[dim]{lv.id} ({lv.direction})[/dim]", how)
-    return t
+def _action_rows(f: Finding) -> list:
+    """'Do now' then 'Fix for good': each lever with its costs, then one line per system and
+    product with the exact setting."""
+    rows: list = []
+    for kind, levers in zip(KIND_LABEL, plan(f), strict=True):
+        if not levers:
+            continue
+        rows.append(Text(f"{KIND_LABEL[kind].upper()}: {KIND_HELP[kind]}", style="bold"))
+        for lv in levers:
+            rows.append(Text(f"  {lv.rank}. {lever_heading(lv)}"))
+            rows.extend(Text(f"       {change_text(c)}", style="cyan") for c in lv.changes)
+    return rows
 
 
 def group_repeats(findings: tuple[Finding, ...]) -> list[tuple[Finding, list[Finding]]]:

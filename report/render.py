@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from kvscope.diagnoser.actions import lever_heading, plan
+from kvscope.diagnoser.findings import LeverAdvice
 from kvscope.report.weekly import UTILISATION_TRAP, Incident, WeeklyReport
 
 if TYPE_CHECKING:
@@ -169,18 +171,23 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
     out += _efficiency_sections(report)
     rows: list[list[str]] | list[str] = ["No findings this week."]
     if report.incidents:
-        rows = [["Severity", "Finding", "Where", "Since", "Levers"]] + [
+        rows = [["Severity", "Finding", "Where", "Since", "Do now", "Fix for good"]] + [
             [
                 i.severity,
                 incident_text(i),
                 incident_where(i),
                 _when(min(f.since for f in i.members)),
-                ", ".join(lv.id for lv in i.head.levers[:3]),
+                *(_lever_titles(levers) for levers in plan(i.head)),
             ]
             for i in report.incidents
         ]
     out.append(("Top findings", rows))
     return out
+
+
+def _lever_titles(levers: list[LeverAdvice], top: int = 2) -> str:
+    """The first levers of one kind by title, each with its costs ('-' for none)."""
+    return "; ".join(lever_heading(lv) for lv in levers[:top]) or "-"
 
 
 NO_TENANTS = (

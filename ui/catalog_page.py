@@ -7,6 +7,7 @@ import streamlit as st
 
 
 def render() -> None:
+    from kvscope.diagnoser.actions import KIND_LABEL, change_text
     from kvscope.diagnoser.rulebook.levers import load_levers
     from kvscope.diagnoser.rulebook.rule import read_rules
 
@@ -38,9 +39,10 @@ def render() -> None:
                 {
                     "lever": lv.id,
                     "title": lv.title,
+                    "kind": KIND_LABEL[lv.kind],
                     "changes": lv.changes,
                     "cost": lv.cost,
-                    "how": "\n".join(f"{k}: {v}" for k, v in lv.how.items()),
+                    "how": "\n".join(change_text(c) for c in lv.how),
                     "citations": "; ".join(lv.citations),
                 }
                 for lv in levers.values()

@@ -2,7 +2,8 @@
 
 Every firing alert gains a `kvscope` object (shape: docs/alerting.md): the findings at the alert's
 place (its `instance`, `model`, ... labels), `matched` (the finding of its own `rule_id`) and
-`likely_cause` (the top-ranked one there, which may be a cascade's earlier stage).
+`likely_cause` (the top-ranked one there, which may be a cascade's earlier stage) and `actions`
+(its levers split into `do_now` and `fix`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import msgspec
+
 from kvscope.agent.serve.jsonbody import loads_bounded
+from kvscope.diagnoser.actions import actions_dict
+from kvscope.diagnoser.findings import LeverAdvice
 
 WEBHOOK_VERSION = "4"
 MAX_ALERTS = 50
@@ -132,5 +137,12 @@ def select_findings(
         "likely_cause": here[0] if here else None,
         "findings": here,
         "skipped": len(diagnosis.get("skipped", [])),
+        **finding_actions(here[0] if here else None),
         **({"routers": diagnosis["routers"]} if diagnosis.get("routers") else {}),
     }
+
+
+def finding_actions(finding: dict[str, Any] | None) -> dict[str, Any]:
+    """The alert's likely cause as actions: `do_now` then `fix` (docs/alerting.md)."""
+    levers = [msgspec.convert(lv, LeverAdvice) for lv in (finding or {}).get("levers", [])]
+    return {"actions": actions_dict(levers)}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvscope.agent.signals import load_catalog
+from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_heading, split
 from kvscope.diagnoser.promql.alerts import PythonOnly, alert_name, compile_rules
 from kvscope.diagnoser.promql.quantiles import quantile_file
 from kvscope.diagnoser.promql.rulefiles import HEADER, SloConfig, build_rule_files, candidate_file, render_rule_file
@@ -131,6 +132,8 @@ def _thresholds(rule: Rule) -> list[str]:
 
 
 def _levers(levers: list[Any]) -> list[str]:
+    """'Do now' then 'Fix for good' (diagnoser/actions.py), each lever with its costs and exact
+    setting per system, in the rule's rank order."""
     if not levers:
         return []
     try:
@@ -139,13 +142,18 @@ def _levers(levers: list[Any]) -> list[str]:
         table = load_levers()
     except (OSError, ValueError):
         table = {}
-    out = ["## Levers, best first", ""]
+    advice = []
     for i, lv in enumerate(levers, 1):
         lid = str(lv.get("id")) if isinstance(lv, dict) else str(lv)
-        known = table.get(lid)
-        title = f" — {known.title}" if known else ""
-        direction = lv.get("direction", "") if isinstance(lv, dict) else ""
-        out.append(f"{i}. `{lid}` ({direction}){title}")
-        for system, change in known.how.items() if known else ():
-            out.append(f"   * {system}: `{change}`")
-    return out + [""]
+        direction = str(lv.get("direction", "review")) if isinstance(lv, dict) else "review"
+        if lid in table:
+            advice.append(table[lid].advice(i, direction))
+    out = ["## What to do, best first", ""]
+    for kind, group in zip(KIND_LABEL, split(advice), strict=True):
+        if group:
+            out += [f"### {KIND_LABEL[kind]}", "", f"{KIND_HELP[kind].capitalize()}.", ""]
+            for lv in group:
+                out.append(f"{lv.rank}. **{lever_heading(lv)}** (`{lv.id}`)")
+                out += [f"   * {change_text(c, '`')}" for c in lv.changes]
+            out.append("")
+    return out

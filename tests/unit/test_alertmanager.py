@@ -254,3 +254,30 @@ def test_nested_json_at_any_depth_is_a_400_and_every_answer_is_counted():
     assert ok == 200 and broken == 500
     assert 'kvscope_webhook_requests_total{code="400"} 3' in metrics
     assert 'kvscope_webhook_requests_total{code="500"} 1' in metrics
+
+
+def test_the_likely_cause_comes_with_do_now_before_fix():
+    """`actions` splits the likely cause's levers by kind, each with its exact setting per system."""
+    import msgspec
+
+    from kvscope.diagnoser.rulebook.levers import load_levers
+
+    levers = load_levers()
+    cause = {
+        **_finding("kv_pressure_cascade", {"instance": "e0:8000"}, 300),
+        "levers": [
+            msgspec.to_builtins(levers["vllm.kv_cache_dtype"].advice(1, "set")),
+            msgspec.to_builtins(levers["vllm.max_num_seqs"].advice(2, "decrease")),
+        ],
+    }
+    out = select_findings({"likely_cause": cause}, parse_alert(WEBHOOK["alerts"][0]))
+    assert [lv["id"] for lv in out["actions"]["do_now"]] == ["vllm.max_num_seqs"]
+    assert [lv["id"] for lv in out["actions"]["fix"]] == ["vllm.kv_cache_dtype"]
+    fix = out["actions"]["fix"][0]
+    assert fix["restart"] and fix["quality_risk"] and fix["kind"] == "fix"
+    assert {"system": "vllm", "set": "--kv-cache-dtype fp8"}.items() <= fix["how"][0].items()
+    assert out["actions"]["do_now"][0]["how"][0]["text"].startswith("vLLM: --max-num-seqs N (lower than now")
+    assert select_findings({"likely_cause": None}, parse_alert(WEBHOOK["alerts"][0]))["actions"] == {
+        "do_now": [],
+        "fix": [],
+    }

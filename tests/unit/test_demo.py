@@ -28,7 +28,8 @@ def test_check_prints_the_likely_cause_and_exits(tmp_path, capsys, monkeypatch):
     assert main(["demo", "--check", "--recording", str(rec)]) == 0
     out = capsys.readouterr().out
     assert "LIKELY CAUSE" in out
-    assert re.search(r"^│ 1  \w", out, re.M) and "sources: 002 §7.4" in out
+    assert re.search(r"^│ (DO NOW|FIX FOR GOOD): ", out, re.M) and re.search(r"^│   1\. \w", out, re.M)
+    assert "sources: 002 §7.4" in out
 
 
 def test_check_with_a_missing_recording_is_a_clear_error(tmp_path, capsys):

@@ -237,6 +237,14 @@ def test_a_real_incident_is_one_top_finding_with_its_supporting_findings(tmp_pat
     for f in diagnosis.supporting:
         assert f"({f.rule_id})" in head.split("supported by:")[1]
         assert sum(f"({f.rule_id})" in r for r in rows) == 1
+    # the likely cause's levers by title, what to do now before what fixes it for good
+    from kvscope.diagnoser.actions import plan
+
+    now, fix = plan(diagnosis.likely_cause)
+    header = next(line for line in md.split("## Top findings")[1].splitlines() if line.startswith("| "))
+    assert header.index("Do now") < header.index("Fix for good")
+    assert now[0].title in head and fix[0].title in head and head.index(now[0].title) < head.index(fix[0].title)
+    assert now[0].id not in head
 
 
 def test_unattributed_gpus_say_why_and_a_gpu_mapping_attributes_them(tmp_path, capsys):

@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from kvscope.agent.recording.omfile import RecordingWriter
 from kvscope.agent.scrape.exposition import parse_exposition
+from kvscope.diagnoser.actions import change_text, lever_heading, plan
 from kvscope.ui import data as ui_data
 
 APP = str(Path(ui_data.__file__).with_name("app.py"))
@@ -77,10 +78,17 @@ def test_triage_shows_the_likely_cause_with_evidence_and_levers(monkeypatch, kv_
     text = " ".join(m.value for m in at.markdown)
     assert "127.0.0.1:8000" in text and "When:" in text
     assert "002 §7.4" in text
-    for change in likely.levers[0].changes:  # the exact config change of the top lever
-        assert f"{change.system}: `{change.change}`" in text
-        assert f"{change.system}: `{change.change}`" in at.success[0].value  # ... in the first-screen box
-    assert at.success[0].value.startswith(f"**Change first: {likely.levers[0].title}**")
+    now, fix = plan(likely)
+    assert now and fix, "a KV-memory cause has both a mitigation and a fix"
+    boxes = [b.value for b in (*at.warning, *at.info)]
+    do_now = next(b for b in boxes if b.startswith("**Do now**"))
+    for_good = next(b for b in boxes if b.startswith("**Fix for good**"))
+    assert boxes.index(do_now) < len(at.warning) <= boxes.index(for_good)  # do now (warning) before fix (info)
+    for lv in now:
+        assert lever_heading(lv) in do_now and lever_heading(lv) not in for_good
+        assert all(change_text(c, "`") in do_now for c in lv.changes)  # the exact setting per system
+    for lv in fix:
+        assert lever_heading(lv) in for_good
     assert any("Timeline" == h.value for h in at.header)
 
 
