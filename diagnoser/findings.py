@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from kvscope.diagnoser.citations import Citation
+
 SCHEMA_VERSION = 1
 
 SEVERITIES = ("info", "warning", "critical")
@@ -107,7 +109,7 @@ class Finding:
     summary: str  # one line, numbers filled in
     evidence: tuple[Evidence, ...] = ()
     levers: tuple[LeverAdvice, ...] = ()
-    citations: tuple[str, ...] = ()  # "002 §7.4" style: seed file prefix + section
+    citations: tuple[str, ...] = ()  # as shown: "Sizing LLM Inference for Production §7.4" (docs/sources.md)
     cascade: CascadeInfo | None = None
     false_positives: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)  # the parameter values used
@@ -115,6 +117,7 @@ class Finding:
     confidence: str = "high"  # one of CONFIDENCES (rule field)
     confirm: str = ""  # what would confirm a moderate-confidence finding
     defers_to: tuple[str, ...] = ()  # rules that judge the same mechanism from direct evidence
+    sources: tuple[Citation, ...] = ()  # the citations with their public URL where one exists
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(self)
@@ -188,6 +191,17 @@ MECHANISM_OFF = "mechanism off:"
 shows is not running: it looked, and there is nothing to judge."""
 MECHANISM_UNKNOWN = "mechanism unknown:"
 """Start of a Skipped reason for a rule that cannot tell whether its mechanism runs: not evaluable."""
+
+
+def confidence_words(confidence: str, confirm: str = "") -> str:
+    """How sure a finding is, in the words every consumer uses (CLI card, UI card, webhook,
+    report): 'likely, moderate confidence (inferred from indirect evidence): the request tap ...
+    would confirm it', or 'measured, high confidence: ...' for a rule whose signals show the
+    mechanism itself."""
+    if confidence == "high":
+        return "measured, high confidence: the rule's own signals show the mechanism"
+    confirm = f": {confirm.strip()}" if confirm.strip() else ""
+    return f"likely, {confidence} confidence (inferred from indirect evidence){confirm}"
 
 
 def not_evaluable(skipped: Iterable[Skipped]) -> list[Skipped]:

@@ -13,7 +13,14 @@ from rich.table import Table
 from rich.text import Text
 
 from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_heading, plan
-from kvscope.diagnoser.findings import MECHANISM_OFF, Diagnosis, Evidence, Finding, not_evaluable
+from kvscope.diagnoser.findings import (
+    MECHANISM_OFF,
+    Diagnosis,
+    Evidence,
+    Finding,
+    confidence_words,
+    not_evaluable,
+)
 from kvscope.diagnoser.rulebook.rule import Rule
 from kvscope.diagnoser.rulebook.tree import Baseline, Tree
 
@@ -216,11 +223,10 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
     findings that corroborate it (same mechanism) as one-liners."""
     state = "still active" if f.active else f"until {fmt_time(f.until)}"
     head = Text.assemble(
-        (f"[{f.severity.upper()}] ", _STYLE.get(f.severity, "")), (f.title, "bold"), f"  ({f.levers_md} {f.rule_id})"
+        (f"[{f.severity.upper()}] ", _STYLE.get(f.severity, "")), (f.title, "bold"), f"  (rule {f.rule_id})"
     )
     rows: list = [head]
-    if f.confidence != "high":
-        rows.append(Text(confidence_text(f), style="bold"))
+    rows.append(Text(confidence_text(f), style="bold" if f.confidence != "high" else ""))
     if f.summary.strip() != f.title.strip():
         rows.append(Text(render_summary(f)))
     rows.append(
@@ -234,25 +240,29 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
     for line in baseline_lines(f, time_scale):
         rows.append(Text(f"compared with its earlier level: {line}", style="dim"))
     rows.extend(_action_rows(f))
-    rows.append(Text("sources: " + ", ".join(f.citations), style="dim"))
+    rows.append(Text("sources: " + sources_text(f), style="dim"))
     if supporting:
         rows.append(Text("also fired (supporting evidence, same mechanism and levers):", style="bold"))
         rows.extend(Text("  " + render_line(g)) for g in supporting)
     return Panel(Group(*rows), title=heading, title_align="left", border_style=_STYLE.get(f.severity, ""))
 
 
+def sources_text(f: Finding) -> str:
+    """'Sizing LLM Inference for Production §7.4, vLLM issue #45325 <https://...>': the finding's
+    citations as a user reads them, each public URL after its title."""
+    if not f.sources:
+        return ", ".join(f.citations)
+    return ", ".join(f"{c.text} <{c.url}>" if c.url else c.text for c in f.sources)
+
+
 def confidence_text(f: Finding) -> str:
-    """'likely, moderate confidence (inferred from indirect evidence): the request tap ... would
-    confirm'; empty for a high-confidence finding (its signals show the mechanism itself)."""
-    if f.confidence == "high":
-        return ""
-    confirm = f": {f.confirm.strip()}" if f.confirm.strip() else ""
-    return f"likely, {f.confidence} confidence (inferred from indirect evidence){confirm}"
+    """How sure the finding is, with what would confirm it (`findings.confidence_words`)."""
+    return confidence_words(f.confidence, f.confirm)
 
 
 def render_line(f: Finding) -> str:
     """One finding as one line: severity, row, title, its first evidence and how it was taken."""
-    text = f"{f.severity:8} {f.levers_md:4} {f.title}"
+    text = f"{f.severity:8} {f.title}"
     if f.confidence != "high":
         text += f" [{f.confidence} confidence]"
     if f.summary.strip() != f.title.strip():
@@ -360,7 +370,7 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
         console.print("[bold]Other findings[/bold]")
         for worst, members in group_repeats(other):
             console.print(
-                f"  [{_STYLE.get(worst.severity, '')}]{worst.severity:8}[/] {worst.levers_md:4} "
+                f"  [{_STYLE.get(worst.severity, '')}]{worst.severity:8}[/] "
                 f"{worst.title} ({_where_of(members)}) - {_other_detail(worst, len(members))}"
             )
     if verbose and d.skipped:
@@ -383,11 +393,13 @@ def _where_of(members: list[Finding]) -> str:
     return f"{len(members)} instances: {names}" + (f"; {rest}" if rest else "")
 
 
-def _other_detail(worst: Finding, n: int) -> str:
+def what_text(f: Finding) -> str:
     """The summary, or the first evidence value when the summary only repeats the title."""
-    if worst.summary.strip() != worst.title.strip():
-        text = render_summary(worst)
-    else:
-        ev = next((e for e in shown_evidence(worst) if e.value is not None), None)
-        text = f"{ev.name} {fmt_value(ev)} ({render_taken(worst, ev)})" if ev else "no evidence value"
-    return (f"worst ({fmt_where(worst)}): " if n > 1 else "") + text
+    if f.summary.strip() != f.title.strip():
+        return render_summary(f)
+    ev = next((e for e in shown_evidence(f) if e.value is not None), None)
+    return f"{ev.name} {fmt_value(ev)} ({render_taken(f, ev)})" if ev else "no evidence value"
+
+
+def _other_detail(worst: Finding, n: int) -> str:
+    return (f"worst ({fmt_where(worst)}): " if n > 1 else "") + what_text(worst)

@@ -388,7 +388,6 @@ def timeline(diagnosis: Diagnosis) -> pd.DataFrame:
         {
             "rank": rank + 1,
             "rule": f.rule_id,
-            "row": f.levers_md,
             "severity": f.severity,
             "where": fmt_where(f),
             "since": pd.to_datetime(f.since, unit="s", utc=True),

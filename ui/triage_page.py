@@ -10,13 +10,14 @@ from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_
 from kvscope.diagnoser.findings import Finding
 from kvscope.diagnoser.render import (
     baseline_lines,
+    confidence_text,
     fact_rows,
     fmt_duration,
     fmt_time,
     fmt_where,
     missing_summary,
     render_line,
-    render_summary,
+    what_text,
 )
 from kvscope.diagnoser.routing import router_line
 from kvscope.ui.charts import UTC_CLOCK, incident_label, render_series_chart, time_scale
@@ -95,12 +96,13 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
     period shaded), every lever with the config to change, citations. The first screen answers
     "what is wrong, where, since when, what do I change"."""
     st.subheader(f"{SEVERITY_ICON.get(f.severity, '')} {f.title}")
-    if f.summary.strip() != f.title.strip():
-        st.markdown(f"**What:** {render_summary(f)}")
+    st.markdown(f"**What:** {what_text(f)}")
+    confidence = f"**Confidence:** {confidence_text(f)}"
+    (st.warning if f.confidence != "high" else st.markdown)(confidence)
     state = "still active at the end of the window" if f.active else "ended"
     st.markdown(
         f"**Where:** `{fmt_where(f)}` · **When:** {fmt_time(f.since)} → {fmt_time(f.until)[11:]} "
-        f"({fmt_duration(f.until - f.since)}, {state}) · **Rule:** `{f.rule_id}` (LEVERS.md row {f.levers_md})"
+        f"({fmt_duration(f.until - f.since)}, {state}) · **Rule:** `{f.rule_id}`"
     )
     if f.cascade:
         c = f.cascade
@@ -111,7 +113,7 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
         )
         st.markdown(
             f"**Cascade:** stage {c.stage} of {c.stages_total} reached ({c.stage_name}) on the path KV full → "
-            f"preemption → queueing → TTFT (002 §7.4); {lead}."
+            f"preemption → queueing → TTFT (Sizing LLM Inference for Production §7.4); {lead}."
         )
     render_actions(f)
     if f.evidence:
@@ -124,7 +126,9 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
     if charts:
         render_charts(data, f)
     if f.citations:
-        st.markdown("**Sources:** " + "; ".join(f.citations))
+        shown = [c.markdown() for c in f.sources] or list(f.citations)
+        st.markdown("**Sources:** " + "; ".join(shown))
+        st.caption("What each source is and what the cited sections say: docs/sources.md in the kvscope repository.")
     if f.false_positives:
         st.caption("Could also be: " + " · ".join(f.false_positives))
 

@@ -16,7 +16,7 @@ import msgspec
 
 from kvscope.agent.serve.jsonbody import loads_bounded
 from kvscope.diagnoser.actions import actions_dict
-from kvscope.diagnoser.findings import LeverAdvice
+from kvscope.diagnoser.findings import LeverAdvice, confidence_words
 
 WEBHOOK_VERSION = "4"
 MAX_ALERTS = 50
@@ -143,6 +143,10 @@ def select_findings(
 
 
 def finding_actions(finding: dict[str, Any] | None) -> dict[str, Any]:
-    """The alert's likely cause as actions: `do_now` then `fix` (docs/alerting.md)."""
+    """The alert's likely cause as the CLI and UI show it: how sure it is (`confidence`, with what
+    would confirm it) and its levers as actions, `do_now` then `fix` (docs/alerting.md)."""
     levers = [msgspec.convert(lv, LeverAdvice) for lv in (finding or {}).get("levers", [])]
-    return {"actions": actions_dict(levers)}
+    if finding is None:
+        return {"actions": actions_dict(levers)}
+    words = confidence_words(str(finding.get("confidence", "high")), str(finding.get("confirm", "")))
+    return {"confidence": words, "actions": actions_dict(levers)}

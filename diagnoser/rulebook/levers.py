@@ -17,6 +17,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from kvscope.diagnoser.citations import cite_all, cite_text
 from kvscope.diagnoser.findings import EngineChange, LeverAdvice
 from kvscope.diagnoser.rulebook.rule import LineDict, RuleError, parse_yaml
 
@@ -104,10 +105,10 @@ def _parse_lever(lid: str, spec: Any, line: int, path: str) -> Lever:
     return Lever(
         id=lid,
         title=str(spec.get("title", lid)),
-        changes=str(spec.get("changes", "")).strip(),
-        cost=str(spec.get("cost", "")).strip(),
+        changes=cite_text(str(spec.get("changes", "")).strip()),
+        cost=cite_text(str(spec.get("cost", "")).strip()),
         how=_parse_how(lid, spec["how"], line, path),
-        citations=tuple(spec["citations"]),
+        citations=tuple(c.text for c in cite_all(spec["citations"])),
         kind=kind,
         restart=bool(spec.get("restart", False)),
         quality_risk=bool(spec.get("quality_risk", False)),
@@ -132,13 +133,13 @@ def _parse_how(lid: str, how: Any, line: int, path: str) -> tuple[EngineChange, 
                 out.append(
                     EngineChange(
                         system=str(system),
-                        change=str(item["set"]).strip(),
-                        note=str(item.get("note", "")).strip(),
+                        change=cite_text(str(item["set"]).strip()),
+                        note=cite_text(str(item.get("note", "")).strip()),
                         product=str(item.get("product", "")).strip(),
                     )
                 )
             else:
-                out.append(EngineChange(system=str(system), change=str(item).strip()))
+                out.append(EngineChange(system=str(system), change=cite_text(str(item).strip())))
     return tuple(out)
 
 

@@ -277,6 +277,10 @@ def test_the_likely_cause_comes_with_do_now_before_fix():
     assert fix["restart"] and fix["quality_risk"] and fix["kind"] == "fix"
     assert {"system": "vllm", "set": "--kv-cache-dtype fp8"}.items() <= fix["how"][0].items()
     assert out["actions"]["do_now"][0]["how"][0]["text"].startswith("vLLM: --max-num-seqs N (lower than now")
+    assert out["confidence"].startswith("measured, high confidence")  # the CLI's and UI's words
+    moderate = {**cause, "confidence": "moderate", "confirm": "the request tap would confirm it"}
+    words = select_findings({"likely_cause": moderate}, parse_alert(WEBHOOK["alerts"][0]))["confidence"]
+    assert words == "likely, moderate confidence (inferred from indirect evidence): the request tap would confirm it"
     assert select_findings({"likely_cause": None}, parse_alert(WEBHOOK["alerts"][0]))["actions"] == {
         "do_now": [],
         "fix": [],

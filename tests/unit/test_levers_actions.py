@@ -74,3 +74,13 @@ def test_the_old_form_still_loads_as_a_fix_with_the_string_as_setting():
 def test_bad_lever_entries_say_what_is_wrong(edit, message):
     with pytest.raises(RuleError, match=message):
         parse_levers(OLD_FORM.replace(*edit))
+
+
+def test_docs_levers_md_is_generated_from_the_yaml():
+    """docs/levers.md is the lever table users read; scripts/gen-levers-doc.py regenerates it."""
+    from pathlib import Path
+
+    from kvscope.diagnoser.actions import levers_markdown
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "levers.md"
+    assert doc.read_text(encoding="utf-8") == levers_markdown(load_levers()), "run scripts/gen-levers-doc.py"

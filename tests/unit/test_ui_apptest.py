@@ -77,7 +77,8 @@ def test_triage_shows_the_likely_cause_with_evidence_and_levers(monkeypatch, kv_
     assert likely.title in at.subheader[0].value
     text = " ".join(m.value for m in at.markdown)
     assert "127.0.0.1:8000" in text and "When:" in text
-    assert "002 §7.4" in text
+    assert "Sizing LLM Inference for Production §7.4" in text
+    assert "**Confidence:** measured, high confidence" in text  # how sure, in the CLI's words
     now, fix = plan(likely)
     assert now and fix, "a KV-memory cause has both a mitigation and a fix"
     boxes = [b.value for b in (*at.warning, *at.info)]
@@ -240,3 +241,20 @@ def test_efficiency_page_says_which_gpu_utilisation_it_uses(monkeypatch):
     assert {m.label: m.value for m in at.metric}["Mean GPU utilisation"] == "21.8%"
     assert any("DCGM graphics-engine activity" in c.value for c in at.caption)
     assert any("utilisation trap" in w.value for w in at.warning)
+
+
+MODERATE = Path(__file__).resolve().parents[1] / "recordings" / "metrics-only-round-robin-2-steady.om.gz"
+
+
+def test_an_inferred_cause_says_how_sure_and_what_would_confirm_it(monkeypatch):
+    """Engine metrics only: routing is inferred, not seen; the card says so in the CLI's words,
+    in a warning box under its What: line."""
+    from kvscope.diagnoser.render import confidence_text, what_text
+
+    likely = ui_data.load_triage(ui_data.SourceSpec("recording", str(MODERATE))).diagnosis.likely_cause
+    assert likely is not None and likely.confidence == "moderate" and likely.confirm
+    at = _app(monkeypatch, MODERATE).run()
+    assert not at.exception
+    assert f"**What:** {what_text(likely)}" in [m.value for m in at.markdown]
+    assert f"**Confidence:** {confidence_text(likely)}" in [w.value for w in at.warning]
+    assert likely.confirm in confidence_text(likely)
