@@ -193,6 +193,34 @@ MECHANISM_UNKNOWN = "mechanism unknown:"
 """Start of a Skipped reason for a rule that cannot tell whether its mechanism runs: not evaluable."""
 
 
+@dataclass(frozen=True)
+class Counts:
+    """How many rules looked and what became of them: one set of numbers for the CLI header, the
+    UI caption, the webhook answer and the weekly report (`Diagnosis.counts`)."""
+
+    rules: int  # rules run over the window
+    fired: int  # findings (a rule can fire at several places)
+    not_evaluable: int  # could not look: absent signals, unset parameters, mechanism unknown
+    mechanism_off: int  # looked, and the source shows the mechanism is not running
+    overruled: int  # looked, and direct evidence overruled the inferred reading
+
+    def text(self) -> str:
+        """'55 rules, 3 fired, 29 not evaluable, 1 with the mechanism off'."""
+        parts = [f"{self.rules} rules", f"{self.fired} fired", f"{self.not_evaluable} not evaluable"]
+        if self.overruled:
+            parts.append(f"{self.overruled} overruled by direct evidence")
+        if self.mechanism_off:
+            parts.append(f"{self.mechanism_off} with the mechanism off")
+        return ", ".join(parts)
+
+
+def count(d: Diagnosis) -> Counts:
+    """The diagnosis' counts, from its findings and skipped rules."""
+    blind = len(not_evaluable(d.skipped))
+    off = sum(s.reason.startswith(MECHANISM_OFF) for s in d.skipped)
+    return Counts(d.rules_evaluated, len(d.findings), blind, off, len(d.skipped) - blind - off)
+
+
 def confidence_words(confidence: str, confirm: str = "") -> str:
     """How sure a finding is, in the words every consumer uses (CLI card, UI card, webhook,
     report): 'likely, moderate confidence (inferred from indirect evidence): the request tap ...

@@ -14,11 +14,11 @@ from rich.text import Text
 
 from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_heading, plan
 from kvscope.diagnoser.findings import (
-    MECHANISM_OFF,
     Diagnosis,
     Evidence,
     Finding,
     confidence_words,
+    count,
     not_evaluable,
 )
 from kvscope.diagnoser.rulebook.rule import Rule
@@ -342,8 +342,8 @@ def scale_text(d: Diagnosis) -> str:
     if d.time_scale >= 1:
         return ""
     return (
-        f"rule durations and ranges scaled x{d.time_scale:.2f} to fit the window "
-        "(the series shown are the ranges used, none longer than the data held)"
+        f"shorter than the 15 minutes the rules are written for, so every rule's durations and ranges "
+        f"were shortened to {d.time_scale:.0%} of their usual length (the series shown are the ranges used)"
     )
 
 
@@ -355,8 +355,7 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
     scale = f"; {scale_text(d)}" if scale_text(d) else ""
     console.print(
         f"[bold]kvscope diagnose[/bold]  {d.source}  {fmt_time(start)} -> {fmt_time(end)} "
-        f"({fmt_duration(end - start)}){scale}; {d.rules_evaluated} rules, "
-        f"{len(d.findings)} fired, {len(not_evaluable(d.skipped))} not evaluable" + _overruled_text(d)
+        f"({fmt_duration(end - start)}){scale}; {count(d).text()}"
     )
     supporting = d.supporting
     if d.likely_cause is None:
@@ -380,9 +379,10 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
 
 
 def _overruled_text(d: Diagnosis) -> str:
-    off = sum(s.reason.startswith(MECHANISM_OFF) for s in d.skipped)
-    n = len(d.skipped) - len(not_evaluable(d.skipped)) - off
-    return (f", {n} overruled by direct evidence" if n else "") + (f", {off} with the mechanism off" if off else "")
+    c = count(d)
+    return (f", {c.overruled} overruled by direct evidence" if c.overruled else "") + (
+        f", {c.mechanism_off} with the mechanism off" if c.mechanism_off else ""
+    )
 
 
 def _where_of(members: list[Finding]) -> str:

@@ -185,6 +185,8 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
             for i in report.incidents
         ]
     out.append(("Top findings", rows))
+    if report.counts:
+        out.append(("Rules", [f"Diagnosis over the window: {c.text()}." for c in report.counts]))
     return out
 
 

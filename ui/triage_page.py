@@ -15,8 +15,8 @@ from kvscope.diagnoser.render import (
     fmt_duration,
     fmt_time,
     fmt_where,
-    missing_summary,
     render_line,
+    render_not_fired,
     what_text,
 )
 from kvscope.diagnoser.routing import router_line
@@ -43,13 +43,7 @@ def render(data: TriageData) -> None:
     for note in data.notes:
         st.warning(note)
     if d.likely_cause is None and d.skipped:
-        missing = missing_summary(d)
-        st.info(
-            f"No rule fired among the {d.rules_evaluated - len(d.skipped)} rules this source could feed; "
-            f"{len(d.skipped)} could not be evaluated because their signals are missing"
-            f"{f' ({missing})' if missing else ''}; the full list is at the bottom. "
-            "Missing signals are unknown, not healthy."
-        )
+        st.info(render_not_fired(d) + " The full list is at the bottom.")
     elif d.likely_cause is None:
         st.success("No rule fired in this window.")
     else:

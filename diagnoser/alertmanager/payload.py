@@ -16,7 +16,7 @@ import msgspec
 
 from kvscope.agent.serve.jsonbody import loads_bounded
 from kvscope.diagnoser.actions import actions_dict
-from kvscope.diagnoser.findings import LeverAdvice, confidence_words
+from kvscope.diagnoser.findings import Diagnosis, LeverAdvice, confidence_words, count
 
 WEBHOOK_VERSION = "4"
 MAX_ALERTS = 50
@@ -137,9 +137,19 @@ def select_findings(
         "likely_cause": here[0] if here else None,
         "findings": here,
         "skipped": len(diagnosis.get("skipped", [])),
+        **_counts(diagnosis),
         **finding_actions(here[0] if here else None),
         **({"routers": diagnosis["routers"]} if diagnosis.get("routers") else {}),
     }
+
+
+def _counts(diagnosis: dict[str, Any]) -> dict[str, Any]:
+    """`counts` (rules, fired, not_evaluable, mechanism_off, overruled) and `counts_text`, the
+    numbers and words of the CLI header and the UI caption; nothing when the source was unread."""
+    if "window" not in diagnosis:
+        return {}
+    c = count(msgspec.convert(diagnosis, Diagnosis))
+    return {"counts": msgspec.to_builtins(c), "counts_text": c.text()}
 
 
 def finding_actions(finding: dict[str, Any] | None) -> dict[str, Any]:

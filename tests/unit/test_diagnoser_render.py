@@ -251,7 +251,7 @@ def test_kv_pressure_cascade_recording_reads_as_one_cause_with_supporting_eviden
     assert {f.levers_md for f in d.supporting} == {"K1", "K3"} and d.hypotheses == ()
     text = _text(d)
     assert "COMPETING HYPOTHESIS" not in text
-    assert "rule durations and ranges scaled x0.15" in text
+    assert "were shortened to 15% of their usual length" in text
     # the ranges used, not the rule's 1m: 1m x0.15 = 9 s, evaluated as 4 whole steps of the 2 s grid
     assert "[1m]" not in text and "[9s]" not in text and "[8s]" in text
     evidence = [ev for f in (d.likely_cause, *d.supporting) for ev in f.evidence]
