@@ -129,13 +129,19 @@ def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
         rng = _grid_seconds(spec.rng * time_scale, f.step_s, 1)
         off = _grid_seconds(spec.offset * time_scale, f.step_s, 0)
         factor = "" if c.times == 1.0 else f"{c.times:g} x "
-        of = "its" if (spec.of or c.series) == c.series else f"the {names.get(str(spec.of), str(spec.of))}"
+        of = "its" if (spec.of or c.series) == c.series else f"the {_series_words(names, str(spec.of))}"
         start, end = f.window
         out.append(
-            f"{names.get(c.series, c.series)} {c.op} {factor}{of} {spec.agg} "
+            f"{_series_words(names, c.series)} {c.op} {factor}{of} {spec.agg} "
             + _baseline_window(rng, off, end - start, f.since - start, f.until - start)
         )
     return out
+
+
+def _series_words(names: dict[str, str], series: str) -> str:
+    """The evidence name of a rule series, or for a series the card does not show, its id in
+    words ("hit times n same workload (derived)"): never a bare identifier in user text."""
+    return names.get(series) or f"{series.replace('_', ' ')} (derived)"
 
 
 def _baseline_window(rng: float, off: float, held: float, onset: float, last: float) -> str:

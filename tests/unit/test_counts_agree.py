@@ -45,3 +45,20 @@ def test_counts_are_the_same_everywhere(name, tmp_path, capsys, monkeypatch):
     out = tmp_path / "w.md"
     assert main(["report", "weekly", "--recording", str(rec), "--markdown", str(out), "--no-progress"]) == 0
     assert f"Diagnosis over the window: {words}." in out.read_text()
+
+
+def test_a_derived_series_is_named_in_words_not_by_its_identifier():
+    """routing_ignores_cache_locality compares a derived series (hit rate x replicas, on the same
+    workload) with the fleet hit rate: the card says it in words, never `hit_times_n_same_workload`."""
+    import re
+
+    from kvscope.diagnoser.render import baseline_lines
+
+    d = ui_data.load_triage(
+        ui_data.SourceSpec("recording", str(RECORDINGS / "metrics-only-round-robin-2-steady.om.gz"))
+    )
+    likely = d.diagnosis.likely_cause
+    assert likely is not None and likely.rule_id == "routing_ignores_cache_locality"
+    lines = baseline_lines(likely, d.diagnosis.time_scale)
+    assert lines and "the fleet hit rate" in lines[0]
+    assert not re.search(r"\b[a-z]+_[a-z_]+\b", " ".join(lines)), lines
