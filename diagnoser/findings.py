@@ -221,6 +221,12 @@ def count(d: Diagnosis) -> Counts:
     return Counts(d.rules_evaluated, len(d.findings), blind, off, len(d.skipped) - blind - off)
 
 
+def nothing_evaluable(d: Diagnosis) -> bool:
+    """True when rules ran and none could look: the source held none of their signals in the
+    window ("no data", exit 4 in the CLI, status `no_data` in the webhook), not an all-clear."""
+    return d.rules_evaluated > 0 and len(d.skipped) == d.rules_evaluated and not d.findings
+
+
 def confidence_words(confidence: str, confirm: str = "") -> str:
     """How sure a finding is, in the words every consumer uses (CLI card, UI card, webhook,
     report): 'likely, moderate confidence (inferred from indirect evidence): the request tap ...

@@ -16,7 +16,7 @@ import msgspec
 
 from kvscope.agent.serve.jsonbody import loads_bounded
 from kvscope.diagnoser.actions import actions_dict
-from kvscope.diagnoser.findings import Diagnosis, LeverAdvice, confidence_words, count
+from kvscope.diagnoser.findings import Diagnosis, LeverAdvice, confidence_words, count, nothing_evaluable
 
 WEBHOOK_VERSION = "4"
 MAX_ALERTS = 50
@@ -141,6 +141,14 @@ def select_findings(
         **finding_actions(here[0] if here else None),
         **({"routers": diagnosis["routers"]} if diagnosis.get("routers") else {}),
     }
+
+
+def window_status(diagnosis: dict[str, Any]) -> str:
+    """`no_data` when no rule could look at the window (the source held none of their signals:
+    the CLI's exit 4), else `diagnosed` (looked; the findings may be empty)."""
+    if "window" not in diagnosis:
+        return "diagnosed"
+    return "no_data" if nothing_evaluable(msgspec.convert(diagnosis, Diagnosis)) else "diagnosed"
 
 
 def _counts(diagnosis: dict[str, Any]) -> dict[str, Any]:
