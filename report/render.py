@@ -145,14 +145,14 @@ def is_numeric_cell(text: str) -> bool:
     return bool(_NUMERIC.match(text)) or text in (ABSENT, "n/a")
 
 
-_MD_SPECIAL = re.compile(r"([\\`\[\]|])")
+_MD_SPECIAL = re.compile(r"([\\`\[\]|<>&])")
 
 
 def md_escape(text: object) -> str:
-    """Text as literal Markdown: line breaks become spaces (no heading or row of its own), HTML is
-    escaped, and so are pipes, backticks, brackets and backslashes (a label value stays one table
-    cell and makes no code span or link)."""
-    return _MD_SPECIAL.sub(r"\\\1", html.escape(" ".join(str(text).splitlines()), quote=False))
+    """Text as literal Markdown: line breaks become spaces (no heading or row of its own), and
+    pipes, backticks, brackets, backslashes and HTML's < > & are backslash-escaped (a label value
+    stays one table cell and makes no code span, link or tag; no HTML entities in the text)."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).splitlines()))
 
 
 def _md_table(rows: list[list[str]]) -> list[str]:

@@ -1,5 +1,6 @@
 """Weekly report maths on a small fleet whose right answers are known by construction."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -354,10 +355,13 @@ def test_markdown_escapes_hostile_model_and_tenant_labels():
         head = lines.index(next(ln for ln in lines if ln.startswith(table)))
         body = lines[head + 2 : lines.index("", head)]
         assert body and all(cells(row) == cells(lines[head]) for row in body), body
-    assert "<img" not in md and "<b>" not in md and "[x](" not in md
+    assert not re.search(r"(?<!\\)<(img|b>)", md) and "[x](" not in md  # every < is escaped: no tag
     assert "# Owned" not in lines and not any(ln.startswith("| injected") for ln in lines)
-    assert r"evil\|model\`code\` \[x\](http://e.example) &lt;img src=x onerror=alert(1)&gt; # Owned *bold* _it_" in md
-    assert r"t\|en\`ant\[1\]&lt;b&gt; \| injected \| row \|" in md and r"test\|\`src\`" in md
+    assert r"evil\|model\`code\` \[x\](http://e.example) \<img src=x onerror=alert(1)\> # Owned *bold* _it_" in md
+    assert r"t\|en\`ant\[1\]\<b\> \| injected \| row \|" in md
+    assert (
+        "&lt;" not in md and "&gt;" not in md and "&amp;" not in md
+    )  # no HTML entities in the Markdown and r"test\|\`src\`" in md
 
 
 def _efficiency_samples() -> list[Sample]:
