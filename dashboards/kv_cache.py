@@ -69,7 +69,7 @@ EVICTION = Row(
     (
         Panel(
             "Preemptions / s per engine",
-            "Preemptions per second per instance. 002 §9.3: eviction above 5 % of "
+            "Preemptions per second per instance. Sizing LLM Inference for Production §9.3: eviction above 5 % of "
             "active requests is a warning, above 20 % degraded.",
             (q.preemptions(("instance",)),),
             "per_s",
@@ -97,7 +97,7 @@ CASCADE = Row(
     (
         Panel(
             "Cascade stage",
-            "Cascade stage per engine (002 §7.4): 0 healthy, 1 KV high, 2 evicting / "
+            "Cascade stage per engine (Sizing LLM Inference for Production §7.4): 0 healthy, 1 KV high, 2 evicting / "
             "preempting, 3 queueing, 4 latency symptom. Act at stage 2, before latency alerts.",
             (q.CASCADE_STAGE,),
             "stage",

@@ -149,7 +149,7 @@ def token_rates(by: tuple[str, ...] = ()) -> list[Query]:
 
 
 def tokens_per_gpu_hour(by: tuple[str, ...] = (), gpus: str = "gpu_utilization_ratio") -> Query:
-    """Output tokens per GPU-hour (002 §9.3's core efficiency number), GPUs counted from `gpus`:
+    """Output tokens per GPU-hour (the sizing field guide §9.3's core number), GPUs counted from `gpus`:
     utilisation (DCGM or NVML), or per engine the agent's engine-GPU join
     (engine_gpu_memory_used_bytes: one series per engine and GPU)."""
     num = f"{sum_rate('engine_generation_tokens_total', by)} * 3600"
@@ -164,7 +164,7 @@ COST_PER_MILLION_TOKENS = Query(
     "$ / 1M output tokens",
 )
 """$ per 1M output tokens at `$gpu_hour_cost` $/GPU-hour; every GPU reporting utilisation counts,
-idle ones too (002 §9.2)."""
+idle ones too (Sizing LLM Inference for Production §9.2)."""
 JOULES_PER_TOKEN = Query(ratio("gpu_energy_joules_total", "engine_generation_tokens_total"), "J / output token")
 
 # ------------------------------------------------------------------------------ saturation
@@ -234,7 +234,7 @@ KV_CAPACITY = Query(gauge("engine_kv_capacity_tokens", "max", ("instance",)), "{
 CASCADE_STAGE = Query(
     gauge("engine_cascade_stage_code", "max", ("instance", "dp_rank")), "{{instance}} rank {{dp_rank}}"
 )
-"""Memory-pressure cascade stage per engine (002 §7.4): 0 healthy .. 4 latency symptom."""
+"""Memory-pressure cascade stage per engine (sizing field guide §7.4): 0 healthy .. 4 latency symptom."""
 CASCADE_LEAD = Query(gauge("engine_cascade_lead_seconds", "max", ("instance",)), "{{instance}}")
 """How long the root (KV high) preceded the latency symptom: the time an operator had to act."""
 KV_EVENT_RATES = (

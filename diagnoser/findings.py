@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from kvscope.diagnoser.citations import Citation
+
 SCHEMA_VERSION = 1
 
 SEVERITIES = ("info", "warning", "critical")
@@ -46,9 +48,10 @@ class Evidence:
 class EngineChange:
     """How to pull one lever on one system: the flag/key and the value or direction."""
 
-    system: str  # vllm | sglang | router | gateway | k8s | ops
-    change: str  # e.g. "--kv-cache-dtype fp8"
-    note: str = ""
+    system: str  # vllm | sglang | router | gateway | k8s | app | ops
+    change: str  # the exact flag or setting, e.g. "--kv-cache-dtype fp8"
+    note: str = ""  # how to pick the value, caveats
+    product: str = ""  # which product of the system takes it ("SGLang Model Gateway", "Envoy"), "" = any
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,19 @@ class LeverAdvice:
     changes: tuple[EngineChange, ...] = ()
     cost: str = ""
     citations: tuple[str, ...] = ()
+    kind: str = "fix"  # mitigate (do now, during the incident) | fix (for good)
+    restart: bool = False  # pulling it restarts the engine
+    quality_risk: bool = False  # output quality must be re-validated
+    capacity: str = ""  # what it does to capacity ("adds GPUs", "rejects requests over the limit")
+
+    def cost_tags(self) -> list[str]:
+        """The costs an on-call engineer weighs first: restart, quality risk, capacity."""
+        tags = ["needs an engine restart"] if self.restart else ["no engine restart"]
+        if self.quality_risk:
+            tags.append("quality risk: validate on your evaluations")
+        if self.capacity:
+            tags.append(self.capacity)
+        return tags
 
 
 @dataclass(frozen=True)
@@ -93,7 +109,7 @@ class Finding:
     summary: str  # one line, numbers filled in
     evidence: tuple[Evidence, ...] = ()
     levers: tuple[LeverAdvice, ...] = ()
-    citations: tuple[str, ...] = ()  # "002 §7.4" style: seed file prefix + section
+    citations: tuple[str, ...] = ()  # as shown: "Sizing LLM Inference for Production §7.4" (docs/sources.md)
     cascade: CascadeInfo | None = None
     false_positives: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)  # the parameter values used
@@ -101,6 +117,7 @@ class Finding:
     confidence: str = "high"  # one of CONFIDENCES (rule field)
     confirm: str = ""  # what would confirm a moderate-confidence finding
     defers_to: tuple[str, ...] = ()  # rules that judge the same mechanism from direct evidence
+    sources: tuple[Citation, ...] = ()  # the citations with their public URL where one exists
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(self)
@@ -174,6 +191,51 @@ MECHANISM_OFF = "mechanism off:"
 shows is not running: it looked, and there is nothing to judge."""
 MECHANISM_UNKNOWN = "mechanism unknown:"
 """Start of a Skipped reason for a rule that cannot tell whether its mechanism runs: not evaluable."""
+
+
+@dataclass(frozen=True)
+class Counts:
+    """How many rules looked and what became of them: one set of numbers for the CLI header, the
+    UI caption, the webhook answer and the weekly report (`Diagnosis.counts`)."""
+
+    rules: int  # rules run over the window
+    fired: int  # findings (a rule can fire at several places)
+    not_evaluable: int  # could not look: absent signals, unset parameters, mechanism unknown
+    mechanism_off: int  # looked, and the source shows the mechanism is not running
+    overruled: int  # looked, and direct evidence overruled the inferred reading
+
+    def text(self) -> str:
+        """'55 rules, 3 fired, 29 not evaluable, 1 with the mechanism off'."""
+        parts = [f"{self.rules} rules", f"{self.fired} fired", f"{self.not_evaluable} not evaluable"]
+        if self.overruled:
+            parts.append(f"{self.overruled} overruled by direct evidence")
+        if self.mechanism_off:
+            parts.append(f"{self.mechanism_off} with the mechanism off")
+        return ", ".join(parts)
+
+
+def count(d: Diagnosis) -> Counts:
+    """The diagnosis' counts, from its findings and skipped rules."""
+    blind = len(not_evaluable(d.skipped))
+    off = sum(s.reason.startswith(MECHANISM_OFF) for s in d.skipped)
+    return Counts(d.rules_evaluated, len(d.findings), blind, off, len(d.skipped) - blind - off)
+
+
+def nothing_evaluable(d: Diagnosis) -> bool:
+    """True when rules ran and none could look: the source held none of their signals in the
+    window ("no data", exit 4 in the CLI, status `no_data` in the webhook), not an all-clear."""
+    return d.rules_evaluated > 0 and len(d.skipped) == d.rules_evaluated and not d.findings
+
+
+def confidence_words(confidence: str, confirm: str = "") -> str:
+    """How sure a finding is, in the words every consumer uses (CLI card, UI card, webhook,
+    report): 'likely, moderate confidence (inferred from indirect evidence): the request tap ...
+    would confirm it', or 'measured, high confidence: ...' for a rule whose signals show the
+    mechanism itself."""
+    if confidence == "high":
+        return "measured, high confidence: the rule's own signals show the mechanism"
+    confirm = f": {confirm.strip()}" if confirm.strip() else ""
+    return f"likely, {confidence} confidence (inferred from indirect evidence){confirm}"
 
 
 def not_evaluable(skipped: Iterable[Skipped]) -> list[Skipped]:

@@ -12,7 +12,15 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from kvscope.diagnoser.findings import MECHANISM_OFF, Diagnosis, Evidence, Finding, not_evaluable
+from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_heading, plan
+from kvscope.diagnoser.findings import (
+    Diagnosis,
+    Evidence,
+    Finding,
+    confidence_words,
+    count,
+    not_evaluable,
+)
 from kvscope.diagnoser.rulebook.rule import Rule
 from kvscope.diagnoser.rulebook.tree import Baseline, Tree
 
@@ -121,13 +129,19 @@ def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
         rng = _grid_seconds(spec.rng * time_scale, f.step_s, 1)
         off = _grid_seconds(spec.offset * time_scale, f.step_s, 0)
         factor = "" if c.times == 1.0 else f"{c.times:g} x "
-        of = "its" if (spec.of or c.series) == c.series else f"the {names.get(str(spec.of), str(spec.of))}"
+        of = "its" if (spec.of or c.series) == c.series else f"the {_series_words(names, str(spec.of))}"
         start, end = f.window
         out.append(
-            f"{names.get(c.series, c.series)} {c.op} {factor}{of} {spec.agg} "
+            f"{_series_words(names, c.series)} {c.op} {factor}{of} {spec.agg} "
             + _baseline_window(rng, off, end - start, f.since - start, f.until - start)
         )
     return out
+
+
+def _series_words(names: dict[str, str], series: str) -> str:
+    """The evidence name of a rule series, or for a series the card does not show, its id in
+    words ("hit times n same workload (derived)"): never a bare identifier in user text."""
+    return names.get(series) or f"{series.replace('_', ' ')} (derived)"
 
 
 def _baseline_window(rng: float, off: float, held: float, onset: float, last: float) -> str:
@@ -215,11 +229,10 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
     findings that corroborate it (same mechanism) as one-liners."""
     state = "still active" if f.active else f"until {fmt_time(f.until)}"
     head = Text.assemble(
-        (f"[{f.severity.upper()}] ", _STYLE.get(f.severity, "")), (f.title, "bold"), f"  ({f.levers_md} {f.rule_id})"
+        (f"[{f.severity.upper()}] ", _STYLE.get(f.severity, "")), (f.title, "bold"), f"  (rule {f.rule_id})"
     )
     rows: list = [head]
-    if f.confidence != "high":
-        rows.append(Text(confidence_text(f), style="bold"))
+    rows.append(Text(confidence_text(f), style="bold" if f.confidence != "high" else ""))
     if f.summary.strip() != f.title.strip():
         rows.append(Text(render_summary(f)))
     rows.append(
@@ -232,26 +245,30 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
     rows.append(_evidence_table(f))
     for line in baseline_lines(f, time_scale):
         rows.append(Text(f"compared with its earlier level: {line}", style="dim"))
-    rows.append(_lever_table(f))
-    rows.append(Text("sources: " + ", ".join(f.citations), style="dim"))
+    rows.extend(_action_rows(f))
+    rows.append(Text("sources: " + sources_text(f), style="dim"))
     if supporting:
         rows.append(Text("also fired (supporting evidence, same mechanism and levers):", style="bold"))
         rows.extend(Text("  " + render_line(g)) for g in supporting)
     return Panel(Group(*rows), title=heading, title_align="left", border_style=_STYLE.get(f.severity, ""))
 
 
+def sources_text(f: Finding) -> str:
+    """'Sizing LLM Inference for Production §7.4, vLLM issue #45325 <https://...>': the finding's
+    citations as a user reads them, each public URL after its title."""
+    if not f.sources:
+        return ", ".join(f.citations)
+    return ", ".join(f"{c.text} <{c.url}>" if c.url else c.text for c in f.sources)
+
+
 def confidence_text(f: Finding) -> str:
-    """'likely, moderate confidence (inferred from indirect evidence): the request tap ... would
-    confirm'; empty for a high-confidence finding (its signals show the mechanism itself)."""
-    if f.confidence == "high":
-        return ""
-    confirm = f": {f.confirm.strip()}" if f.confirm.strip() else ""
-    return f"likely, {f.confidence} confidence (inferred from indirect evidence){confirm}"
+    """How sure the finding is, with what would confirm it (`findings.confidence_words`)."""
+    return confidence_words(f.confidence, f.confirm)
 
 
 def render_line(f: Finding) -> str:
     """One finding as one line: severity, row, title, its first evidence and how it was taken."""
-    text = f"{f.severity:8} {f.levers_md:4} {f.title}"
+    text = f"{f.severity:8} {f.title}"
     if f.confidence != "high":
         text += f" [{f.confidence} confidence]"
     if f.summary.strip() != f.title.strip():
@@ -274,15 +291,18 @@ def _evidence_table(f: Finding) -> Table:
     return t
 
 
-def _lever_table(f: Finding) -> Table:
-    t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    t.add_column("#")
-    t.add_column("lever")
-    t.add_column("how", overflow="fold")
-    for lv in f.levers:
-        how = "\n".join(f"{c.system}: {c.change}" for c in lv.changes)
-        t.add_row(str(lv.rank), f"{lv.title}\n[dim]{lv.id} ({lv.direction})[/dim]", how)
-    return t
+def _action_rows(f: Finding) -> list:
+    """'Do now' then 'Fix for good': each lever with its costs, then one line per system and
+    product with the exact setting."""
+    rows: list = []
+    for kind, levers in zip(KIND_LABEL, plan(f), strict=True):
+        if not levers:
+            continue
+        rows.append(Text(f"{KIND_LABEL[kind].upper()}: {KIND_HELP[kind]}", style="bold"))
+        for lv in levers:
+            rows.append(Text(f"  {lv.rank}. {lever_heading(lv)}"))
+            rows.extend(Text(f"       {change_text(c)}", style="cyan") for c in lv.changes)
+    return rows
 
 
 def group_repeats(findings: tuple[Finding, ...]) -> list[tuple[Finding, list[Finding]]]:
@@ -328,8 +348,8 @@ def scale_text(d: Diagnosis) -> str:
     if d.time_scale >= 1:
         return ""
     return (
-        f"rule durations and ranges scaled x{d.time_scale:.2f} to fit the window "
-        "(the series shown are the ranges used, none longer than the data held)"
+        f"shorter than the 15 minutes the rules are written for, so every rule's durations and ranges "
+        f"were shortened to {d.time_scale:.0%} of their usual length (the series shown are the ranges used)"
     )
 
 
@@ -341,8 +361,7 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
     scale = f"; {scale_text(d)}" if scale_text(d) else ""
     console.print(
         f"[bold]kvscope diagnose[/bold]  {d.source}  {fmt_time(start)} -> {fmt_time(end)} "
-        f"({fmt_duration(end - start)}){scale}; {d.rules_evaluated} rules, "
-        f"{len(d.findings)} fired, {len(not_evaluable(d.skipped))} not evaluable" + _overruled_text(d)
+        f"({fmt_duration(end - start)}){scale}; {count(d).text()}"
     )
     supporting = d.supporting
     if d.likely_cause is None:
@@ -356,7 +375,7 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
         console.print("[bold]Other findings[/bold]")
         for worst, members in group_repeats(other):
             console.print(
-                f"  [{_STYLE.get(worst.severity, '')}]{worst.severity:8}[/] {worst.levers_md:4} "
+                f"  [{_STYLE.get(worst.severity, '')}]{worst.severity:8}[/] "
                 f"{worst.title} ({_where_of(members)}) - {_other_detail(worst, len(members))}"
             )
     if verbose and d.skipped:
@@ -366,9 +385,10 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
 
 
 def _overruled_text(d: Diagnosis) -> str:
-    off = sum(s.reason.startswith(MECHANISM_OFF) for s in d.skipped)
-    n = len(d.skipped) - len(not_evaluable(d.skipped)) - off
-    return (f", {n} overruled by direct evidence" if n else "") + (f", {off} with the mechanism off" if off else "")
+    c = count(d)
+    return (f", {c.overruled} overruled by direct evidence" if c.overruled else "") + (
+        f", {c.mechanism_off} with the mechanism off" if c.mechanism_off else ""
+    )
 
 
 def _where_of(members: list[Finding]) -> str:
@@ -379,11 +399,13 @@ def _where_of(members: list[Finding]) -> str:
     return f"{len(members)} instances: {names}" + (f"; {rest}" if rest else "")
 
 
-def _other_detail(worst: Finding, n: int) -> str:
+def what_text(f: Finding) -> str:
     """The summary, or the first evidence value when the summary only repeats the title."""
-    if worst.summary.strip() != worst.title.strip():
-        text = render_summary(worst)
-    else:
-        ev = next((e for e in shown_evidence(worst) if e.value is not None), None)
-        text = f"{ev.name} {fmt_value(ev)} ({render_taken(worst, ev)})" if ev else "no evidence value"
-    return (f"worst ({fmt_where(worst)}): " if n > 1 else "") + text
+    if f.summary.strip() != f.title.strip():
+        return render_summary(f)
+    ev = next((e for e in shown_evidence(f) if e.value is not None), None)
+    return f"{ev.name} {fmt_value(ev)} ({render_taken(f, ev)})" if ev else "no evidence value"
+
+
+def _other_detail(worst: Finding, n: int) -> str:
+    return (f"worst ({fmt_where(worst)}): " if n > 1 else "") + what_text(worst)

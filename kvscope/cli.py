@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from kvscope import __version__, commands
 
 DESCRIPTION = """\
-kvscope watches LLM inference engines (vLLM, SGLang) and their GPUs, finds why latency
+kvscope watches LLM inference engines (vLLM, SGLang, llama.cpp, routers, KV tiers) and their GPUs, finds why latency
 moved, and names the tuning lever that fixes it, with evidence and a citation.
 """
 

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from kvscope.diagnoser.actions import lever_heading, plan
+from kvscope.diagnoser.findings import LeverAdvice, confidence_words
 from kvscope.report.weekly import UTILISATION_TRAP, Incident, WeeklyReport
 
 if TYPE_CHECKING:
@@ -81,21 +83,23 @@ def _trap_lines(report: WeeklyReport) -> list[str]:
     )
     lines = [
         f"Mean GPU utilisation {util:.0%} ({basis}): cost per token is {1 / util:.1f}× what the same fleet "
-        "would pay fully utilised (002 §9.2)."
+        "would pay fully utilised (Sizing LLM Inference for Production §9.2)."
         if util > 0
         else "GPUs were idle all week."
     ]
     if util < UTILISATION_TRAP:
         lines.append(
-            f"Below {UTILISATION_TRAP:.0%}: the fleet is in the utilisation trap (002 §9.3). Levers: "
-            "scale down faster, fill idle hours with offline batch work, colocate models (002 §9.2)."
+            f"Below {UTILISATION_TRAP:.0%}: the fleet is in the utilisation trap "
+            "(Sizing LLM Inference for Production §9.3). "
+            "Levers: scale down faster, fill idle hours with offline batch work, colocate models "
+            "(Sizing LLM Inference for Production §9.2)."
         )
     pools = report.this.pools
     trapped = pools.index[pools["utilisation_trap"].fillna(False).astype(bool)] if "utilisation_trap" in pools else []
     for pool in trapped:
         lines.append(
             f"Pool {pool} averages {pools.loc[pool, 'gpu_util']:.0%} GPU utilisation: below "
-            f"{UTILISATION_TRAP:.0%}, in the utilisation trap (002 §9.2, §9.3)."
+            f"{UTILISATION_TRAP:.0%}, in the utilisation trap (Sizing LLM Inference for Production §9.2, §9.3)."
         )
     if report.attribution:
         lines.append(report.attribution)
@@ -141,14 +145,14 @@ def is_numeric_cell(text: str) -> bool:
     return bool(_NUMERIC.match(text)) or text in (ABSENT, "n/a")
 
 
-_MD_SPECIAL = re.compile(r"([\\`\[\]|])")
+_MD_SPECIAL = re.compile(r"([\\`\[\]|<>&])")
 
 
 def md_escape(text: object) -> str:
-    """Text as literal Markdown: line breaks become spaces (no heading or row of its own), HTML is
-    escaped, and so are pipes, backticks, brackets and backslashes (a label value stays one table
-    cell and makes no code span or link)."""
-    return _MD_SPECIAL.sub(r"\\\1", html.escape(" ".join(str(text).splitlines()), quote=False))
+    """Text as literal Markdown: line breaks become spaces (no heading or row of its own), and
+    pipes, backticks, brackets, backslashes and HTML's < > & are backslash-escaped (a label value
+    stays one table cell and makes no code span, link or tag; no HTML entities in the text)."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).splitlines()))
 
 
 def _md_table(rows: list[list[str]]) -> list[str]:
@@ -169,18 +173,26 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
     out += _efficiency_sections(report)
     rows: list[list[str]] | list[str] = ["No findings this week."]
     if report.incidents:
-        rows = [["Severity", "Finding", "Where", "Since", "Levers"]] + [
+        rows = [["Severity", "Finding", "Confidence", "Where", "Since", "Do now", "Fix for good"]] + [
             [
                 i.severity,
                 incident_text(i),
+                confidence_words(i.head.confidence, i.head.confirm),
                 incident_where(i),
                 _when(min(f.since for f in i.members)),
-                ", ".join(lv.id for lv in i.head.levers[:3]),
+                *(_lever_titles(levers) for levers in plan(i.head)),
             ]
             for i in report.incidents
         ]
     out.append(("Top findings", rows))
+    if report.counts:
+        out.append(("Rules", [f"Diagnosis over the window: {c.text()}." for c in report.counts]))
     return out
+
+
+def _lever_titles(levers: list[LeverAdvice], top: int = 2) -> str:
+    """The first levers of one kind by title, each with its costs ('-' for none)."""
+    return "; ".join(lever_heading(lv) for lv in levers[:top]) or "-"
 
 
 NO_TENANTS = (

@@ -19,7 +19,7 @@ import pandas as pd
 
 from kvscope.agent.derive.rates import step_increases
 from kvscope.agent.signals import Labels, Sample
-from kvscope.diagnoser.findings import SEVERITY_RANK, Diagnosis, Finding
+from kvscope.diagnoser.findings import SEVERITY_RANK, Counts, Diagnosis, Finding, count
 
 WEEK_S = 7 * 86400.0
 UTILISATION_TRAP = 0.4
@@ -731,6 +731,7 @@ class WeeklyReport:
     source: str
     incidents: list[Incident] = field(default_factory=list)
     attribution: str = ""  # why GPUs are not attributed to a pool ('' = all are)
+    counts: tuple[Counts, ...] = ()  # per diagnosis: the CLI header's numbers (findings.count)
 
     def deltas(self) -> dict[str, float | None]:
         """Relative week-over-week change per fleet number (None when either week lacks it)."""
@@ -758,4 +759,5 @@ def build_report(
     if first is not None and first <= end - WEEK_S:
         previous = compute_week(ss, end - 2 * WEEK_S, end - WEEK_S, gpu_hour_cost)
     ranked = sorted(group_incidents(diagnoses), key=lambda i: (-i.head.score, -(i.head.until - i.head.since)))[:top]
-    return WeeklyReport(this, previous, gpu_hour_cost, source, ranked, attribution_note(ss))
+    counts = tuple(count(d) for d in diagnoses)
+    return WeeklyReport(this, previous, gpu_hour_cost, source, ranked, attribution_note(ss), counts)

@@ -1,4 +1,4 @@
-"""Memory-pressure cascades (002 §7.4): how far each engine went, when, and the series behind it."""
+"""Memory-pressure cascades (sizing field guide §7.4): how far each engine went, when, and the series behind it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ CASCADE_SIGNALS = (
 def render(data: TriageData) -> None:
     st.title("Memory-pressure cascades")
     st.caption(
-        "002 §7.4: KV cache full (stage 1) → evictions/preemptions (2; without a counter: requests wait while "
+        "Sizing LLM Inference for Production §7.4: KV cache full (stage 1) → evictions/preemptions "
+        "(2; without a counter: requests wait while "
         "the running batch does not grow) → queue grows (3) → TTFT grows (4), and GPU utilisation drops. "
         "Act at stage 2, before the latency alerts fire."
     )

@@ -7,6 +7,8 @@ import streamlit as st
 
 
 def render() -> None:
+    from kvscope.diagnoser.actions import KIND_LABEL, change_text
+    from kvscope.diagnoser.citations import cite_all
     from kvscope.diagnoser.rulebook.levers import load_levers
     from kvscope.diagnoser.rulebook.rule import read_rules
 
@@ -18,11 +20,10 @@ def render() -> None:
             [
                 {
                     "rule": r.id,
-                    "LEVERS row": r.tree.meta.get("levers_md", ""),
                     "title": r.title,
                     "severity": r.severity,
                     "by": ", ".join(r.by),
-                    "citations": "; ".join(map(str, r.tree.meta.get("citations") or ())),
+                    "citations": "; ".join(c.text for c in cite_all(r.tree.meta.get("citations") or ())),
                 }
                 for r in rules
             ]
@@ -38,9 +39,10 @@ def render() -> None:
                 {
                     "lever": lv.id,
                     "title": lv.title,
+                    "kind": KIND_LABEL[lv.kind],
                     "changes": lv.changes,
                     "cost": lv.cost,
-                    "how": "\n".join(f"{k}: {v}" for k, v in lv.how.items()),
+                    "how": "\n".join(change_text(c) for c in lv.how),
                     "citations": "; ".join(lv.citations),
                 }
                 for lv in levers.values()

@@ -359,12 +359,12 @@ def evidence_table(finding: Finding) -> pd.DataFrame:
 
 
 def counts_caption(diagnosis: Diagnosis) -> str:
-    """'45 rules, 3 fired, 21 not evaluable (missing signals; ...)' for the page header, worded as
-    `kvscope diagnose` words its header (a rule that could not be evaluated was not 'evaluated')."""
-    text = f"{diagnosis.rules_evaluated} rules, {len(diagnosis.findings)} fired"
-    if diagnosis.skipped:
-        text += f", {len(diagnosis.skipped)} not evaluable (missing signals; listed at the bottom)"
-    return text
+    """'55 rules, 3 fired, 29 not evaluable, 1 with the mechanism off' for the page header: the
+    numbers and words of `kvscope diagnose`'s header (`findings.count`)."""
+    from kvscope.diagnoser.findings import count
+
+    text = count(diagnosis).text()
+    return text + (" (every skipped rule and why: at the bottom)" if diagnosis.skipped else "")
 
 
 def scale_note(diagnosis: Diagnosis) -> str:
@@ -388,7 +388,6 @@ def timeline(diagnosis: Diagnosis) -> pd.DataFrame:
         {
             "rank": rank + 1,
             "rule": f.rule_id,
-            "row": f.levers_md,
             "severity": f.severity,
             "where": fmt_where(f),
             "since": pd.to_datetime(f.since, unit="s", utc=True),

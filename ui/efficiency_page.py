@@ -43,7 +43,7 @@ def render(data: TriageData) -> None:
     elif util < UTILISATION_TRAP:
         st.warning(
             f"Mean GPU utilisation {util:.0%} is below {UTILISATION_TRAP:.0%}: the utilisation trap "
-            f"(002 §9.2). Cost per token is {1 / util:.1f}× the fully utilised cost."
+            f"(Sizing LLM Inference for Production §9.2). Cost per token is {1 / util:.1f}× the fully utilised cost."
         )
     if not week.pools.empty:
         shown = pd.DataFrame(

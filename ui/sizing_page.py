@@ -12,7 +12,8 @@ GB = 1e9
 def render() -> None:
     st.title("Sizing calculator")
     st.caption(
-        "Pure arithmetic from 002 §2, §6.5, §8.3 and §9.4. KV bytes per token is computed from first "
+        "Pure arithmetic from Sizing LLM Inference for Production §2, §6.5, §8.3 and §9.4. "
+        "KV bytes per token is computed from first "
         "principles (2 × layers × KV heads × head dim × bytes), not from the documents' rounded figures."
     )
     memory_section()
@@ -22,7 +23,7 @@ def render() -> None:
 
 
 def memory_section() -> None:
-    st.header("Memory floor and KV cache (002 §2)")
+    st.header("Memory floor and KV cache (Sizing LLM Inference for Production §2)")
     c = st.columns(4)
     params_b = c[0].number_input("Parameters (billions)", 0.1, 2000.0, 70.0, key="params_b")
     wdtype = c[1].selectbox("Weight dtype", list(sizing.BYTES_PER_DTYPE), index=1, key="wdtype")
@@ -60,12 +61,12 @@ def memory_section() -> None:
         f"2 × {layers} × {kv_heads} × {head_dim} × {sizing.dtype_bytes(kvdtype):g} B = {kv:,.0f} B/token. "
         f"Weights {budget.weights_bytes / GB:,.1f} GB + KV {budget.kv_bytes / GB:,.1f} GB + activations "
         f"{budget.activations_bytes / GB:,.1f} GB + overhead {budget.overhead_bytes / GB:,.1f} GB "
-        "(5 % of VRAM per GPU, 002 §2.4)."
+        "(5 % of VRAM per GPU, Sizing LLM Inference for Production §2.4)."
     )
 
 
 def fleet_section() -> None:
-    st.header("Fleet size with a Little's Law check (002 §8.3)")
+    st.header("Fleet size with a Little's Law check (Sizing LLM Inference for Production §8.3)")
     c = st.columns(6)
     peak = c[0].number_input("Peak RPS", 0.01, 1e6, 120.0, key="peak")
     usable = c[1].number_input("Usable RPS / instance at C_max", 0.01, 1e5, 12.0, key="usable")
@@ -100,7 +101,7 @@ def fleet_section() -> None:
 
 
 def queue_section() -> None:
-    st.header("Maximum queue depth (002 §9.4)")
+    st.header("Maximum queue depth (Sizing LLM Inference for Production §9.4)")
     c = st.columns(2)
     wait = c[0].number_input("Acceptable queue wait (s)", 0.01, 3600.0, 2.0, key="wait")
     arrival = c[1].number_input("Arrival rate (RPS)", 0.01, 1e6, 50.0, key="arrival")
@@ -110,7 +111,7 @@ def queue_section() -> None:
 
 
 def pd_section() -> None:
-    st.header("Prefill : decode ratio (002 §6.5)")
+    st.header("Prefill : decode ratio (Sizing LLM Inference for Production §6.5)")
     c = st.columns(5)
     rps = c[0].number_input("Peak RPS", 0.01, 1e6, 10.0, key="pd_rps")
     isl = c[1].number_input("Avg input tokens", 1.0, 1e7, 4000.0, key="isl")
@@ -129,4 +130,7 @@ def pd_section() -> None:
     m[1].metric("Prefill GPUs", f"{pd_.prefill_gpus:,.1f}")
     m[2].metric("Decode GPUs", f"{pd_.decode_gpus:,.1f}")
     if isl < 500:
-        st.info("Prompts under ~500 tokens: 002 §6.5 suggests chunked prefill on a colocated system instead.")
+        st.info(
+            "Prompts under ~500 tokens: Sizing LLM Inference for Production §6.5 suggests chunked prefill "
+            "on a colocated system instead."
+        )

@@ -6,16 +6,18 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_heading, plan
 from kvscope.diagnoser.findings import Finding
 from kvscope.diagnoser.render import (
     baseline_lines,
+    confidence_text,
     fact_rows,
     fmt_duration,
     fmt_time,
     fmt_where,
-    missing_summary,
     render_line,
-    render_summary,
+    render_not_fired,
+    what_text,
 )
 from kvscope.diagnoser.routing import router_line
 from kvscope.ui.charts import UTC_CLOCK, incident_label, render_series_chart, time_scale
@@ -41,13 +43,7 @@ def render(data: TriageData) -> None:
     for note in data.notes:
         st.warning(note)
     if d.likely_cause is None and d.skipped:
-        missing = missing_summary(d)
-        st.info(
-            f"No rule fired among the {d.rules_evaluated - len(d.skipped)} rules this source could feed; "
-            f"{len(d.skipped)} could not be evaluated because their signals are missing"
-            f"{f' ({missing})' if missing else ''}; the full list is at the bottom. "
-            "Missing signals are unknown, not healthy."
-        )
+        st.info(render_not_fired(d) + " The full list is at the bottom.")
     elif d.likely_cause is None:
         st.success("No rule fired in this window.")
     else:
@@ -94,12 +90,13 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
     period shaded), every lever with the config to change, citations. The first screen answers
     "what is wrong, where, since when, what do I change"."""
     st.subheader(f"{SEVERITY_ICON.get(f.severity, '')} {f.title}")
-    if f.summary.strip() != f.title.strip():
-        st.markdown(f"**What:** {render_summary(f)}")
+    st.markdown(f"**What:** {what_text(f)}")
+    confidence = f"**Confidence:** {confidence_text(f)}"
+    (st.warning if f.confidence != "high" else st.markdown)(confidence)
     state = "still active at the end of the window" if f.active else "ended"
     st.markdown(
         f"**Where:** `{fmt_where(f)}` · **When:** {fmt_time(f.since)} → {fmt_time(f.until)[11:]} "
-        f"({fmt_duration(f.until - f.since)}, {state}) · **Rule:** `{f.rule_id}` (LEVERS.md row {f.levers_md})"
+        f"({fmt_duration(f.until - f.since)}, {state}) · **Rule:** `{f.rule_id}`"
     )
     if f.cascade:
         c = f.cascade
@@ -110,10 +107,9 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
         )
         st.markdown(
             f"**Cascade:** stage {c.stage} of {c.stages_total} reached ({c.stage_name}) on the path KV full → "
-            f"preemption → queueing → TTFT (002 §7.4); {lead}."
+            f"preemption → queueing → TTFT (Sizing LLM Inference for Production §7.4); {lead}."
         )
-    if charts:
-        render_first_lever(f)
+    render_actions(f)
     if f.evidence:
         st.markdown("**Evidence** (values over the finding's period; `taken` says how and when)")
         st.dataframe(evidence_table(f), hide_index=True, width="stretch")
@@ -123,25 +119,26 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
         st.caption(f"Compared with its earlier level: {line}")
     if charts:
         render_charts(data, f)
-    render_levers(f)
     if f.citations:
-        st.markdown("**Sources:** " + "; ".join(f.citations))
+        shown = [c.markdown() for c in f.sources] or list(f.citations)
+        st.markdown("**Sources:** " + "; ".join(shown))
+        st.caption("What each source is and what the cited sections say: docs/sources.md in the kvscope repository.")
     if f.false_positives:
         st.caption("Could also be: " + " · ".join(f.false_positives))
 
 
-def render_first_lever(f: Finding) -> None:
-    """The top-ranked lever with its exact change per system, in a box on the first screen."""
-    if not f.levers:
-        return
-    top = min(f.levers, key=lambda x: x.rank)
-    changes = " · ".join(f"{c.system}: `{c.change}`" for c in top.changes)
-    more = len(f.levers) - 1
-    st.success(
-        f"**Change first: {top.title or top.id}** — {changes}"
-        + (f"  \nCost: {top.cost}" if top.cost else "")
-        + (f"  \n{more} more lever{'s' if more > 1 else ''} in rank order below." if more else "")
-    )
+def render_actions(f: Finding) -> None:
+    """'Do now' (mitigations) then 'Fix for good', each lever with its costs (restart, quality
+    risk, capacity) and one line per system and product with the exact setting."""
+    boxes = {"mitigate": st.warning, "fix": st.info}
+    for kind, levers in zip(KIND_LABEL, plan(f), strict=True):
+        if not levers:
+            continue
+        lines = [f"**{KIND_LABEL[kind]}** — {KIND_HELP[kind]}"]
+        for lv in levers:
+            lines.append(f"- **{lv.rank}. {lever_heading(lv)}**")
+            lines += [f"    - {change_text(c, '`')}" for c in lv.changes]
+        boxes[kind]("\n".join(lines))
 
 
 def render_charts(data: TriageData, f: Finding) -> None:
@@ -159,20 +156,6 @@ def render_charts(data: TriageData, f: Finding) -> None:
         for col, (name, unit, df) in zip(cols, shown[i : i + 2], strict=False):
             col.markdown(f"**{name}**")
             col.altair_chart(render_series_chart(df, unit, f.since, f.until, data.frame.window), width="stretch")
-
-
-def render_levers(f: Finding) -> None:
-    if not f.levers:
-        return
-    st.markdown("**Levers**")
-    for lever in sorted(f.levers, key=lambda x: x.rank):
-        st.markdown(
-            f"{lever.rank}. **{lever.title or lever.id}** (`{lever.id}`, {lever.direction})"
-            + (f" — cost: {lever.cost}" if lever.cost else "")
-        )
-        st.markdown("\n".join(f"- {c.system}: `{c.change}`" for c in lever.changes))
-        if lever.citations:
-            st.caption("Cited: " + "; ".join(lever.citations))
 
 
 def render_timeline(d) -> None:

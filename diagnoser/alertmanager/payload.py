@@ -2,7 +2,8 @@
 
 Every firing alert gains a `kvscope` object (shape: docs/alerting.md): the findings at the alert's
 place (its `instance`, `model`, ... labels), `matched` (the finding of its own `rule_id`) and
-`likely_cause` (the top-ranked one there, which may be a cascade's earlier stage).
+`likely_cause` (the top-ranked one there, which may be a cascade's earlier stage) and `actions`
+(its levers split into `do_now` and `fix`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import msgspec
+
 from kvscope.agent.serve.jsonbody import loads_bounded
+from kvscope.diagnoser.actions import actions_dict
+from kvscope.diagnoser.findings import Diagnosis, LeverAdvice, confidence_words, count, nothing_evaluable
 
 WEBHOOK_VERSION = "4"
 MAX_ALERTS = 50
@@ -132,5 +137,34 @@ def select_findings(
         "likely_cause": here[0] if here else None,
         "findings": here,
         "skipped": len(diagnosis.get("skipped", [])),
+        **_counts(diagnosis),
+        **finding_actions(here[0] if here else None),
         **({"routers": diagnosis["routers"]} if diagnosis.get("routers") else {}),
     }
+
+
+def window_status(diagnosis: dict[str, Any]) -> str:
+    """`no_data` when no rule could look at the window (the source held none of their signals:
+    the CLI's exit 4), else `diagnosed` (looked; the findings may be empty)."""
+    if "window" not in diagnosis:
+        return "diagnosed"
+    return "no_data" if nothing_evaluable(msgspec.convert(diagnosis, Diagnosis)) else "diagnosed"
+
+
+def _counts(diagnosis: dict[str, Any]) -> dict[str, Any]:
+    """`counts` (rules, fired, not_evaluable, mechanism_off, overruled) and `counts_text`, the
+    numbers and words of the CLI header and the UI caption; nothing when the source was unread."""
+    if "window" not in diagnosis:
+        return {}
+    c = count(msgspec.convert(diagnosis, Diagnosis))
+    return {"counts": msgspec.to_builtins(c), "counts_text": c.text()}
+
+
+def finding_actions(finding: dict[str, Any] | None) -> dict[str, Any]:
+    """The alert's likely cause as the CLI and UI show it: how sure it is (`confidence`, with what
+    would confirm it) and its levers as actions, `do_now` then `fix` (docs/alerting.md)."""
+    levers = [msgspec.convert(lv, LeverAdvice) for lv in (finding or {}).get("levers", [])]
+    if finding is None:
+        return {"actions": actions_dict(levers)}
+    words = confidence_words(str(finding.get("confidence", "high")), str(finding.get("confirm", "")))
+    return {"confidence": words, "actions": actions_dict(levers)}

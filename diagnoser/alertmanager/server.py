@@ -28,6 +28,7 @@ from kvscope.diagnoser.alertmanager.payload import (
     parse_alert,
     parse_webhook,
     select_findings,
+    window_status,
 )
 from kvscope.diagnoser.alertmanager.store import DiagnosisStore
 from kvscope.diagnoser.routing import SIGNALS as ROUTER_SIGNALS
@@ -87,6 +88,8 @@ class WebhookServer:
         self._worker = asyncio.create_task(self._run_worker())
 
     async def _stop(self, app: web.Application) -> None:
+        left = self.queue.qsize() if self.queue else 0
+        log.info("shutting down: %d webhook(s) not yet diagnosed stay stored and are diagnosed on the next start", left)
         if self._worker:
             self._worker.cancel()
             try:
@@ -120,6 +123,7 @@ class WebhookServer:
             return _error(503, "diagnosis queue full; retry later")
         row_id = self.store.add(doc)
         self.queue.put_nowait((row_id, doc))
+        log.info("webhook %s received: %d alert(s), status %s", row_id, len(doc["alerts"]), doc.get("status", "?"))
         return web.json_response({"id": row_id, "status": "pending"})
 
     async def handle_list(self, request: web.Request) -> web.Response:
@@ -182,12 +186,14 @@ class WebhookServer:
         alerts = []
         for i, raw in enumerate(doc["alerts"]):
             alert = parse_alert(raw, i)
+            started = time.monotonic()
             if i >= MAX_ALERTS:
                 alerts.append({**raw, "kvscope": {"status": "truncated"}})
             elif alert.status == "resolved":
                 alerts.append({**raw, "kvscope": {"status": "resolved"}})
             else:
                 alerts.append({**raw, "kvscope": await self._diagnose_alert(alert, now, cache)})
+            _log_alert(alert, alerts[-1]["kvscope"], time.monotonic() - started)
         return {**doc, "alerts": alerts, "kvscope_version": 1}
 
     async def _diagnose_alert(self, alert: Alert, now: float, cache: dict) -> dict[str, Any]:
@@ -197,7 +203,7 @@ class WebhookServer:
             cache[window] = await self._diagnose_window(*window)
         diagnosis, places, errors = cache[window]
         out = select_findings(diagnosis, alert, places)
-        return {"status": "diagnosed", "window": list(window), **out, "errors": errors}
+        return {"status": window_status(diagnosis), "window": list(window), **out, "errors": errors}
 
     async def _diagnose_window(
         self, start: float, end: float
@@ -271,6 +277,26 @@ def render_metrics(counters: Counter[tuple[str, str]], queued: int, stored: int 
             f"kvscope_webhook_stored {stored}",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _log_alert(alert: Alert, answer: dict[str, Any], seconds: float) -> None:
+    """One line per alert: its name and place, what kvscope made of it, and how long it took."""
+    name = alert.labels.get("alertname", "?")
+    place = ",".join(f"{k}={v}" for k, v in sorted(alert.place().items())) or "fleet"
+    status = answer.get("status", "?")
+    likely = (answer.get("likely_cause") or {}).get("rule_id", "-")
+    errors = answer.get("errors") or []
+    level = logging.WARNING if errors else logging.INFO
+    log.log(
+        level,
+        "alert %s {%s}: %s, likely cause %s, %.2f s%s",
+        name,
+        place,
+        status,
+        likely,
+        seconds,
+        f", error: {'; '.join(map(str, errors))}" if errors else "",
+    )
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from kvscope.diagnoser.citations import cite_all, cite_text
 from kvscope.diagnoser.evaluate.conditions import ConditionEvaluator, Evaluated, first_run, latest_run, run_lengths
 from kvscope.diagnoser.evaluate.confidence import before_symptom, direct_present, settle
 from kvscope.diagnoser.evaluate.expr import Grouped, SeriesEvaluator, promql
@@ -288,6 +289,7 @@ def _finding(
     evidence = _evidence(rule, ce, gi, span, done)
     meta = rule.tree.meta
     spec = int(meta.get("specificity", 2))
+    sources = cite_all(meta.get("citations") or ())
     return Finding(
         rule_id=rule.id,
         levers_md=str(meta.get("levers_md", "")),
@@ -303,13 +305,14 @@ def _finding(
         summary=_summary(rule, evidence),
         evidence=tuple(evidence),
         levers=tuple(_levers(rule, levers)),
-        citations=tuple(meta.get("citations") or ()),
+        citations=tuple(c.text for c in sources),
+        sources=sources,
         cascade=cascade,
-        false_positives=tuple(meta.get("false_positives") or ()),
+        false_positives=tuple(cite_text(str(fp)) for fp in meta.get("false_positives") or ()),
         params=dict(rule.params),
         specificity=spec,
         confidence=str(meta.get("confidence", "high")),
-        confirm=str(meta.get("confirm", "")),
+        confirm=cite_text(str(meta.get("confirm", ""))),
         defers_to=tuple(str(x) for x in meta.get("defers_to") or ()),
     )
 

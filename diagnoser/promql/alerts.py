@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, load_catalog
+from kvscope.diagnoser.citations import cite_text
 from kvscope.diagnoser.findings import SEVERITY_RANK
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _duration
 from kvscope.diagnoser.promql.signals import PromQL, _number, name_selector, quote
@@ -202,7 +203,8 @@ def _alert(rule: Rule, expr: str, severity: str, when: tree.Block) -> dict[str, 
     levers = ", ".join(str(lv.get("id")) for lv in meta.get("levers") or [] if isinstance(lv, dict))
     alert["annotations"] = {
         "summary": f"{rule.title} on {where} (value {{{{ $value | humanize }}}})",
-        "description": " ".join(str(meta.get("description", "")).split()) + (f" Levers: {levers}." if levers else ""),
+        "description": cite_text(" ".join(str(meta.get("description", "")).split()))
+        + (f" Levers: {levers}." if levers else ""),
         "runbook_url": f"{RUNBOOK_BASE}{rule.id}.md",
     }
     return alert

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvscope.agent.signals import load_catalog
+from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_heading, split
+from kvscope.diagnoser.citations import cite_all, cite_text
 from kvscope.diagnoser.promql.alerts import PythonOnly, alert_name, compile_rules
 from kvscope.diagnoser.promql.quantiles import quantile_file
 from kvscope.diagnoser.promql.rulefiles import HEADER, SloConfig, build_rule_files, candidate_file, render_rule_file
@@ -72,6 +74,9 @@ def _alerts_note(rules: list[Rule], python_only: list[PythonOnly]) -> str:
     return "\n# ".join(lines)
 
 
+SOURCES_NOTE = "What each source is and what the cited sections say: [docs/sources.md](../sources.md)."
+
+
 def render_runbook(rule: Rule, expr: str | None) -> str:
     """Markdown runbook for one rule, from the rule's own fields and its alert expression
     (None for a Python-only rule)."""
@@ -79,22 +84,23 @@ def render_runbook(rule: Rule, expr: str | None) -> str:
     out = [RUNBOOK_MARK.format(id=rule.id), "", f"# {rule.title}", ""]
     alert = f"`{alert_name(rule.id)}`" if expr else "none (Python-only: `kvscope diagnose` reports it)"
     out += [
-        f"* Rule: `rules/diagnosis/{rule.id}.yaml` ({doc.get('levers_md', '-')} in LEVERS.md)",
+        f"* Rule: `rules/diagnosis/{rule.id}.yaml`",
         f"* Prometheus alert: {alert}",
         f"* Severity: {rule.severity}; grouped by {', '.join(rule.by) or 'the whole fleet'}",
     ]
     if doc.get("confidence", "high") != "high":
         out += [
-            f"* Confidence: {doc['confidence']} (inferred from indirect evidence): {doc.get('confirm', '')}; "
+            f"* Confidence: {doc['confidence']} (inferred from indirect evidence): "
+            f"{cite_text(str(doc.get('confirm', '')))}; "
             f"defers to {', '.join(f'`{d}`' for d in doc.get('defers_to') or [])} where that can look"
         ]
     out += [""]
-    out += ["## What it means", "", " ".join(str(doc.get("description", "")).split()), ""]
+    out += ["## What it means", "", cite_text(" ".join(str(doc.get("description", "")).split())), ""]
     out += _thresholds(rule)
     out += _levers(doc.get("levers") or [])
     fps = doc.get("false_positives") or []
     if fps:
-        out += ["## When it is not the problem", "", *[f"* {fp}" for fp in fps], ""]
+        out += ["## When it is not the problem", "", *[f"* {cite_text(str(fp))}" for fp in fps], ""]
     out += [
         "## Confirm",
         "",
@@ -114,7 +120,7 @@ def render_runbook(rule: Rule, expr: str | None) -> str:
         ]
     cites = doc.get("citations") or []
     if cites:
-        out += ["## Sources", "", ", ".join(str(c) for c in cites), ""]
+        out += ["## Sources", "", ", ".join(c.markdown() for c in cite_all(cites)), "", SOURCES_NOTE, ""]
     return "\n".join(out)
 
 
@@ -126,11 +132,13 @@ def _thresholds(rule: Rule) -> list[str]:
     for name, spec in params.items():
         spec = spec if isinstance(spec, dict) else {"default": spec}
         unit = f" {spec['unit']}" if spec.get("unit") else ""
-        out.append(f"| `{name}` | {spec.get('default')}{unit} | {spec.get('help', '')} |")
+        out.append(f"| `{name}` | {spec.get('default')}{unit} | {cite_text(str(spec.get('help', '')))} |")
     return out + [""]
 
 
 def _levers(levers: list[Any]) -> list[str]:
+    """'Do now' then 'Fix for good' (diagnoser/actions.py), each lever with its costs and exact
+    setting per system, in the rule's rank order."""
     if not levers:
         return []
     try:
@@ -139,13 +147,18 @@ def _levers(levers: list[Any]) -> list[str]:
         table = load_levers()
     except (OSError, ValueError):
         table = {}
-    out = ["## Levers, best first", ""]
+    advice = []
     for i, lv in enumerate(levers, 1):
         lid = str(lv.get("id")) if isinstance(lv, dict) else str(lv)
-        known = table.get(lid)
-        title = f" — {known.title}" if known else ""
-        direction = lv.get("direction", "") if isinstance(lv, dict) else ""
-        out.append(f"{i}. `{lid}` ({direction}){title}")
-        for system, change in known.how.items() if known else ():
-            out.append(f"   * {system}: `{change}`")
-    return out + [""]
+        direction = str(lv.get("direction", "review")) if isinstance(lv, dict) else "review"
+        if lid in table:
+            advice.append(table[lid].advice(i, direction))
+    out = ["## What to do, best first", ""]
+    for kind, group in zip(KIND_LABEL, split(advice), strict=True):
+        if group:
+            out += [f"### {KIND_LABEL[kind]}", "", f"{KIND_HELP[kind].capitalize()}.", ""]
+            for lv in group:
+                out.append(f"{lv.rank}. **{lever_heading(lv)}** (`{lv.id}`)")
+                out += [f"   * {change_text(c, '`')}" for c in lv.changes]
+            out.append("")
+    return out

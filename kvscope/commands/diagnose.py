@@ -193,13 +193,14 @@ def _print_notes(args: argparse.Namespace, source: Any) -> None:
 
 
 def _finish(args: argparse.Namespace, source: Any, result: Any) -> int:
+    from kvscope.diagnoser.findings import nothing_evaluable
     from kvscope.diagnoser.render import render_diagnosis
 
     if args.json:
         print(result.to_json())
     else:
         render_diagnosis(result, verbose=args.verbose)
-    if result.rules_evaluated and len(result.skipped) == result.rules_evaluated:
+    if nothing_evaluable(result):
         why = (
             "is it a recording of vLLM / SGLang / dcgm-exporter /metrics?"
             if args.recording

@@ -74,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "check",
         "validate rules/diagnosis/*.yaml (signals, levers, operators, parameters)",
         "Validate the diagnosis rules: unknown signals, levers, operators, series and "
-        "parameters, bad durations, missing test files and LEVERS.md rows without a rule. "
+        "parameters, bad durations, missing test files and symptom rows of the project checklist without a rule. "
         "Problems print as file:line: message; exit 1 when there is any.\n\nexamples:\n"
         "  kvscope rules check\n  kvscope rules check --rules-dir my-rules/   # your own rules",
     )

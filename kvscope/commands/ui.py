@@ -53,11 +53,12 @@ def source_of(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    """Validate the flags, then the source, then the port: a bad recording is reported as such
+    (exit 4) even while another UI holds the port."""
     try:
         source = source_of(args)
         if not 0 < args.port < 65536:
             raise ValueError(f"--port: expected 1-65535, got {args.port}")
-        check_port_free("--port", args.host, args.port)
     except ValueError as exc:
         return fail("ui", exc, 3)
     try:
@@ -65,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
             check_recording(args.recording)
     except (ValueError, OSError) as exc:
         return fail("ui", exc, 4)
+    try:
+        check_port_free("--port", args.host, args.port)
+    except ValueError as exc:
+        return fail("ui", exc, 3)
     return serve_ui("ui", source, args.port, args.host)
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvscope.commands.demo import default_recording
+from kvscope.diagnoser.actions import lever_heading, plan
+from kvscope.diagnoser.render import confidence_text
 from kvscope.ui.data import SourceSpec, evidence_charts, load_triage
 from kvscope.ui.server import UiServer, free_port
 from testbed.prometheus import require_binaries
@@ -89,11 +91,15 @@ def test_triage_page_shows_the_likely_cause(served, page):
     assert "Router decisions" not in body and not data.router_rows()  # no router exported decisions: not shown
     for citation in likely.citations[:1]:
         assert citation in body
-    top = min(likely.levers, key=lambda lv: lv.rank)
     # first screen, no scrolling: what is wrong, where, and the exact change of the top lever
     assert _on_first_screen(page, likely.title)
-    assert _on_first_screen(page, f"Change first: {top.title}")
-    assert _on_first_screen(page, top.changes[0].change)
+    # how sure, in the CLI's words; then what to do now before what fixes it for good
+    assert _on_first_screen(page, "Confidence:") and confidence_text(likely) in body
+    now, fix = plan(likely)
+    assert _on_first_screen(page, "Do now") and _on_first_screen(page, lever_heading(now[0]))
+    assert _on_first_screen(page, now[0].changes[0].change)
+    assert body.index("Do now") < body.index("Fix for good") < body.index("Evidence")
+    assert lever_heading(fix[0]) in body
     assert _on_first_screen(page, "When:")
     # one chart per evidence signal, TTFT (the symptom) included, each with the period shaded
     charts = page.locator('[data-testid="stVegaLiteChart"], .vega-embed')

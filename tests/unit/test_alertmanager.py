@@ -177,8 +177,11 @@ def test_parse_params_reads_rule_dot_name_pairs():
         parse_params(["kv_pressure_preemptoin.kv_full=0.9"], known)
 
 
-def test_unreachable_prometheus_is_recorded_on_the_row_and_the_receiver_keeps_serving():
+def test_unreachable_prometheus_is_recorded_on_the_row_and_the_receiver_keeps_serving(caplog):
     import asyncio
+    import logging
+
+    caplog.set_level(logging.INFO, logger="kvscope.serve")
 
     from aiohttp.test_utils import TestClient, TestServer
 
@@ -204,6 +207,29 @@ def test_unreachable_prometheus_is_recorded_on_the_row_and_the_receiver_keeps_se
     ks = row["payload"]["alerts"][0]["kvscope"]
     assert row["status"] == "done" and healthy == 200
     assert ks["matched"] is None and ks["errors"] and "prometheus" in ks["errors"][0]
+    lines = [r.getMessage() for r in caplog.records if r.name == "kvscope.serve"]
+    assert any(f"webhook {row['id']} received: 1 alert(s), status firing" in line for line in lines)
+    alert_line = next(line for line in lines if line.startswith("alert LlmKvPressurePreemption {instance=e0:8000}"))
+    assert " s, error: " in alert_line and "prometheus" in alert_line  # one line per alert, timed, with the error
+    assert any(line.startswith("shutting down: 0 webhook(s) not yet diagnosed") for line in lines)
+
+
+def test_a_window_no_rule_could_look_at_is_no_data_not_diagnosed():
+    """Every rule skipped for absent signals: `no_data` (the CLI's exit 4), not an empty all-clear."""
+    from kvscope.diagnoser.alertmanager.payload import window_status
+    from kvscope.diagnoser.findings import Diagnosis, Skipped
+
+    blind = Diagnosis(
+        window=(0.0, 60.0),
+        source="prometheus",
+        likely_cause=None,
+        skipped=(Skipped("a", "signal(s) absent: x"), Skipped("b", "signal(s) absent: y")),
+        rules_evaluated=2,
+    )
+    assert window_status(blind.to_dict()) == "no_data"
+    looked = Diagnosis(window=(0.0, 60.0), source="p", likely_cause=None, skipped=blind.skipped[:1], rules_evaluated=2)
+    assert window_status(looked.to_dict()) == "diagnosed"  # one rule looked and found nothing
+    assert window_status({"likely_cause": None, "skipped": []}) == "diagnosed"  # unread: errors say why
 
 
 def test_nested_json_at_any_depth_is_a_400_and_every_answer_is_counted():
@@ -254,3 +280,34 @@ def test_nested_json_at_any_depth_is_a_400_and_every_answer_is_counted():
     assert ok == 200 and broken == 500
     assert 'kvscope_webhook_requests_total{code="400"} 3' in metrics
     assert 'kvscope_webhook_requests_total{code="500"} 1' in metrics
+
+
+def test_the_likely_cause_comes_with_do_now_before_fix():
+    """`actions` splits the likely cause's levers by kind, each with its exact setting per system."""
+    import msgspec
+
+    from kvscope.diagnoser.rulebook.levers import load_levers
+
+    levers = load_levers()
+    cause = {
+        **_finding("kv_pressure_cascade", {"instance": "e0:8000"}, 300),
+        "levers": [
+            msgspec.to_builtins(levers["vllm.kv_cache_dtype"].advice(1, "set")),
+            msgspec.to_builtins(levers["vllm.max_num_seqs"].advice(2, "decrease")),
+        ],
+    }
+    out = select_findings({"likely_cause": cause}, parse_alert(WEBHOOK["alerts"][0]))
+    assert [lv["id"] for lv in out["actions"]["do_now"]] == ["vllm.max_num_seqs"]
+    assert [lv["id"] for lv in out["actions"]["fix"]] == ["vllm.kv_cache_dtype"]
+    fix = out["actions"]["fix"][0]
+    assert fix["restart"] and fix["quality_risk"] and fix["kind"] == "fix"
+    assert {"system": "vllm", "set": "--kv-cache-dtype fp8"}.items() <= fix["how"][0].items()
+    assert out["actions"]["do_now"][0]["how"][0]["text"].startswith("vLLM: --max-num-seqs N (lower than now")
+    assert out["confidence"].startswith("measured, high confidence")  # the CLI's and UI's words
+    moderate = {**cause, "confidence": "moderate", "confirm": "the request tap would confirm it"}
+    words = select_findings({"likely_cause": moderate}, parse_alert(WEBHOOK["alerts"][0]))["confidence"]
+    assert words == "likely, moderate confidence (inferred from indirect evidence): the request tap would confirm it"
+    assert select_findings({"likely_cause": None}, parse_alert(WEBHOOK["alerts"][0]))["actions"] == {
+        "do_now": [],
+        "fix": [],
+    }

@@ -96,7 +96,15 @@ def test_report_refuses_a_non_openmetrics_recording_before_reading(capsys, not_o
 
 
 def test_ui_refuses_a_non_openmetrics_recording_before_starting(capsys, not_openmetrics):
-    code, err = run_cli(capsys, "ui", "--recording", str(not_openmetrics))
+    """The source is checked before the port: with the port held (another UI, `make demo`), the
+    error is still about the recording."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        code, err = run_cli(capsys, "ui", "--recording", str(not_openmetrics), "--port", str(port))
     assert code == 4 and "is not OpenMetrics text" in err
 
 

@@ -16,6 +16,7 @@ from test_ui_apptest import write_kv_incident
 
 from kvscope.cli import main
 from kvscope.commands.demo import default_recording
+from kvscope.diagnoser.rulebook.rule import read_rules
 from testbed.procs import free_port, http_get, start_reporting_port, stop_process, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +29,8 @@ def test_check_prints_the_likely_cause_and_exits(tmp_path, capsys, monkeypatch):
     assert main(["demo", "--check", "--recording", str(rec)]) == 0
     out = capsys.readouterr().out
     assert "LIKELY CAUSE" in out
-    assert re.search(r"^│ 1  \w", out, re.M) and "sources: 002 §7.4" in out
+    assert re.search(r"^│ (DO NOW|FIX FOR GOOD): ", out, re.M) and re.search(r"^│   1\. \w", out, re.M)
+    assert "sources: Sizing LLM Inference for Production §7.4" in out
 
 
 def test_check_with_a_missing_recording_is_a_clear_error(tmp_path, capsys):
@@ -56,7 +58,8 @@ def test_check_on_the_default_real_incident(capsys, monkeypatch):
     assert main(["demo", "--check"]) == 0
     out = capsys.readouterr().out
     assert "LIKELY CAUSE" in out
-    row = re.search(r"\(([A-Z]\d+) [a-z_]+\)", out).group(1)  # the card's title: (K2 kv_pressure_cascade)
+    rule_id = re.search(r"\(rule ([a-z_]+)\)", out).group(1)  # the card's title: (rule kv_pressure_cascade)
+    row = next(r.doc.get("levers_md") for r in read_rules() if r.id == rule_id)
     meta = path.parent / (path.name.split(".")[0] + ".yaml")
     expected = (
         {lv for e in yaml.safe_load(meta.read_text())["expected"] for lv in e.get("levers", [])}

@@ -39,7 +39,7 @@ def test_cascade_is_the_likely_cause_with_stage_and_lead_time():
     assert head.cascade.lead_time_s == onsets["latency"] - onsets["kv_high"] > 0
     assert head.levers[0].id == "vllm.kv_cache_dtype"
     assert any(c.system == "vllm" and "--kv-cache-dtype fp8" in c.change for c in head.levers[0].changes)
-    assert "002 §7.4" in head.citations
+    assert "Sizing LLM Inference for Production §7.4" in head.citations
     fired = {f.rule_id for f in d.findings}
     assert "kv_pressure_preemption" in fired and "eviction_rate_high" not in fired  # 0.8%/s < 5%
     assert d.exit_status() == 2

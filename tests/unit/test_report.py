@@ -1,5 +1,6 @@
 """Weekly report maths on a small fleet whose right answers are known by construction."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -237,6 +238,14 @@ def test_a_real_incident_is_one_top_finding_with_its_supporting_findings(tmp_pat
     for f in diagnosis.supporting:
         assert f"({f.rule_id})" in head.split("supported by:")[1]
         assert sum(f"({f.rule_id})" in r for r in rows) == 1
+    # the likely cause's levers by title, what to do now before what fixes it for good
+    from kvscope.diagnoser.actions import plan
+
+    now, fix = plan(diagnosis.likely_cause)
+    header = next(line for line in md.split("## Top findings")[1].splitlines() if line.startswith("| "))
+    assert header.index("Do now") < header.index("Fix for good")
+    assert now[0].title in head and fix[0].title in head and head.index(now[0].title) < head.index(fix[0].title)
+    assert now[0].id not in head
 
 
 def test_unattributed_gpus_say_why_and_a_gpu_mapping_attributes_them(tmp_path, capsys):
@@ -346,10 +355,13 @@ def test_markdown_escapes_hostile_model_and_tenant_labels():
         head = lines.index(next(ln for ln in lines if ln.startswith(table)))
         body = lines[head + 2 : lines.index("", head)]
         assert body and all(cells(row) == cells(lines[head]) for row in body), body
-    assert "<img" not in md and "<b>" not in md and "[x](" not in md
+    assert not re.search(r"(?<!\\)<(img|b>)", md) and "[x](" not in md  # every < is escaped: no tag
     assert "# Owned" not in lines and not any(ln.startswith("| injected") for ln in lines)
-    assert r"evil\|model\`code\` \[x\](http://e.example) &lt;img src=x onerror=alert(1)&gt; # Owned *bold* _it_" in md
-    assert r"t\|en\`ant\[1\]&lt;b&gt; \| injected \| row \|" in md and r"test\|\`src\`" in md
+    assert r"evil\|model\`code\` \[x\](http://e.example) \<img src=x onerror=alert(1)\> # Owned *bold* _it_" in md
+    assert r"t\|en\`ant\[1\]\<b\> \| injected \| row \|" in md
+    assert (
+        "&lt;" not in md and "&gt;" not in md and "&amp;" not in md
+    )  # no HTML entities in the Markdown and r"test\|\`src\`" in md
 
 
 def _efficiency_samples() -> list[Sample]:

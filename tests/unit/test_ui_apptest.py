@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from kvscope.agent.recording.omfile import RecordingWriter
 from kvscope.agent.scrape.exposition import parse_exposition
+from kvscope.diagnoser.actions import change_text, lever_heading, plan
 from kvscope.ui import data as ui_data
 
 APP = str(Path(ui_data.__file__).with_name("app.py"))
@@ -76,11 +77,19 @@ def test_triage_shows_the_likely_cause_with_evidence_and_levers(monkeypatch, kv_
     assert likely.title in at.subheader[0].value
     text = " ".join(m.value for m in at.markdown)
     assert "127.0.0.1:8000" in text and "When:" in text
-    assert "002 §7.4" in text
-    for change in likely.levers[0].changes:  # the exact config change of the top lever
-        assert f"{change.system}: `{change.change}`" in text
-        assert f"{change.system}: `{change.change}`" in at.success[0].value  # ... in the first-screen box
-    assert at.success[0].value.startswith(f"**Change first: {likely.levers[0].title}**")
+    assert "Sizing LLM Inference for Production §7.4" in text
+    assert "**Confidence:** measured, high confidence" in text  # how sure, in the CLI's words
+    now, fix = plan(likely)
+    assert now and fix, "a KV-memory cause has both a mitigation and a fix"
+    boxes = [b.value for b in (*at.warning, *at.info)]
+    do_now = next(b for b in boxes if b.startswith("**Do now**"))
+    for_good = next(b for b in boxes if b.startswith("**Fix for good**"))
+    assert boxes.index(do_now) < len(at.warning) <= boxes.index(for_good)  # do now (warning) before fix (info)
+    for lv in now:
+        assert lever_heading(lv) in do_now and lever_heading(lv) not in for_good
+        assert all(change_text(c, "`") in do_now for c in lv.changes)  # the exact setting per system
+    for lv in fix:
+        assert lever_heading(lv) in for_good
     assert any("Timeline" == h.value for h in at.header)
 
 
@@ -218,7 +227,7 @@ def test_nothing_fired_but_signals_missing_is_not_shown_as_all_clear(monkeypatch
     at.run()
     assert not at.exception
     assert not at.success
-    assert any("could not be evaluated because their signals are missing" in i.value for i in at.info)
+    assert any("could not be evaluated" in i.value and "unknown, not healthy" in i.value for i in at.info)
     assert any("not evaluable" in c.value for c in at.caption)
 
 
@@ -232,3 +241,20 @@ def test_efficiency_page_says_which_gpu_utilisation_it_uses(monkeypatch):
     assert {m.label: m.value for m in at.metric}["Mean GPU utilisation"] == "21.8%"
     assert any("DCGM graphics-engine activity" in c.value for c in at.caption)
     assert any("utilisation trap" in w.value for w in at.warning)
+
+
+MODERATE = Path(__file__).resolve().parents[1] / "recordings" / "metrics-only-round-robin-2-steady.om.gz"
+
+
+def test_an_inferred_cause_says_how_sure_and_what_would_confirm_it(monkeypatch):
+    """Engine metrics only: routing is inferred, not seen; the card says so in the CLI's words,
+    in a warning box under its What: line."""
+    from kvscope.diagnoser.render import confidence_text, what_text
+
+    likely = ui_data.load_triage(ui_data.SourceSpec("recording", str(MODERATE))).diagnosis.likely_cause
+    assert likely is not None and likely.confidence == "moderate" and likely.confirm
+    at = _app(monkeypatch, MODERATE).run()
+    assert not at.exception
+    assert f"**What:** {what_text(likely)}" in [m.value for m in at.markdown]
+    assert f"**Confidence:** {confidence_text(likely)}" in [w.value for w in at.warning]
+    assert likely.confirm in confidence_text(likely)

@@ -24,8 +24,8 @@ def test_a_short_recording_note_is_the_diagnose_header_wording():
     assert said == scale_text(d)
     assert f"(2m12s); {said}; " in _header(d)  # verbatim in diagnose's header
     assert said == (
-        "rule durations and ranges scaled x0.15 to fit the window (the series shown are the "
-        "ranges used, none longer than the data held)"
+        "shorter than the 15 minutes the rules are written for, so every rule's durations and ranges "
+        "were shortened to 15% of their usual length (the series shown are the ranges used)"
     )
 
 
@@ -33,4 +33,4 @@ def test_an_unscaled_window_has_no_note_in_either():
     d = _diagnose("blind-vllm-output-length-drift")  # 59m30s: not scaled
     assert d.time_scale == 1.0
     assert scale_note(d) == "" and scale_text(d) == ""
-    assert "scaled" not in _header(d)
+    assert "shortened" not in _header(d)

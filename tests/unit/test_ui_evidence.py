@@ -63,10 +63,13 @@ def test_evidence_says_when_and_how_each_value_was_taken():
 def test_header_says_how_many_rules_could_not_be_evaluated():
     skipped = (Skipped("fleet_util_low", "signal(s) absent: gpu_utilization_ratio"),)
     d = Diagnosis(window=(T0, T0 + 60), source="s", likely_cause=None, skipped=skipped, rules_evaluated=45)
-    assert counts_caption(d) == "45 rules, 0 fired, 1 not evaluable (missing signals; listed at the bottom)"
+    assert counts_caption(d) == "45 rules, 0 fired, 1 not evaluable (every skipped rule and why: at the bottom)"
+    off = (*skipped, Skipped("spec_decode_poor_acceptance", "mechanism off: speculative decoding is not configured"))
+    d = Diagnosis(window=(T0, T0 + 60), source="s", likely_cause=None, skipped=off, rules_evaluated=45)
+    assert counts_caption(d).startswith("45 rules, 0 fired, 1 not evaluable, 1 with the mechanism off")
     assert (
         counts_caption(Diagnosis(window=(T0, T0), source="s", likely_cause=None, rules_evaluated=3))
-        == "3 rules, 0 fired"
+        == "3 rules, 0 fired, 0 not evaluable"
     )
 
 
@@ -149,8 +152,8 @@ def test_short_windows_say_their_rule_durations_were_scaled():
 
     d = Diagnosis(window=(T0, T0 + 132), source="s", likely_cause=None, time_scale=0.1467)
     assert scale_note(d) == (
-        "This window is only 2m12s: rule durations and ranges scaled x0.15 to fit the window "
-        "(the series shown are the ranges used, none longer than the data held)."
+        "This window is only 2m12s: shorter than the 15 minutes the rules are written for, so every rule's "
+        "durations and ranges were shortened to 15% of their usual length (the series shown are the ranges used)."
     )
     assert scale_note(Diagnosis(window=(T0, T0 + 3600), source="s", likely_cause=None)) == ""
 
