@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from agentharness import fetch_metrics, fetch_text, running_agent, target_server, value
+from agentharness import fetch_metrics, fetch_text, running_agent, start_target_process, target_server, value
 from aiohttp import web
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -25,6 +27,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from kvscope.agent.otel.push import OtlpPusher, push_config
 from kvscope.agent.serve.site import HttpSite
+from testbed.procs import start_reporting_port, stop_process
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes"
 VLLM = (FIXTURES / "vllm-0.32.0-cpu-after-load.txt").read_text()  # real vLLM 0.32 on CPU after load
@@ -183,3 +186,40 @@ def test_a_failing_receiver_is_counted_and_shown_down_and_delta_sends_increases(
     assert first.data_points[0].count == value(expo, "kvscope_request_ttft_seconds_count", model="tiny-llama")
     assert second.data_points[0].count == 0 and sum(second.data_points[0].bucket_counts) == 0
     assert second.data_points[0].start_time_unix_nano == first.data_points[0].time_unix_nano
+
+
+def test_kvscope_agent_process_pushes_when_the_standard_variables_say_so(tmp_path):
+    """`kvscope agent` as users run it: only OTEL_* variables switch the push on."""
+    (tmp_path / "metrics").write_text(VLLM)
+
+    async def main():
+        async with otlp_receiver() as (endpoint, got):
+            target, url = await asyncio.to_thread(start_target_process, tmp_path)
+            env = {
+                **os.environ,
+                "OTEL_METRICS_EXPORTER": "otlp",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint.removesuffix("/v1/metrics"),
+                "OTEL_METRIC_EXPORT_INTERVAL": "300",
+            }
+            argv = [sys.executable, "-m", "kvscope", "agent", "--target", url + "/metrics"]
+            argv += ["--scrape.interval", "1s", "--web.listen-address", "127.0.0.1:0", "--store.path", ""]
+            agent, port = await asyncio.to_thread(
+                start_reporting_port, argv, r"listening on http://127\.0\.0\.1:(\d+)/metrics", env=env
+            )
+            try:
+                for _ in range(600):  # until a push carried the scraped engine (bounded wait, no timing)
+                    if any("gen_ai.server.time_to_first_token" in _metrics(req) for _, req in got):
+                        break
+                    await asyncio.sleep(0.1)
+                _, expo = await fetch_metrics(f"http://127.0.0.1:{port}")
+            finally:
+                await asyncio.to_thread(stop_process, agent)
+                await asyncio.to_thread(stop_process, target)
+            return got, expo, agent.output_lines
+
+    got, expo, lines = asyncio.run(main())
+    pushed = [_metrics(req) for _, req in got if "gen_ai.server.time_to_first_token" in _metrics(req)]
+    assert pushed, "".join(lines)
+    point = pushed[-1]["gen_ai.server.time_to_first_token"].histogram.data_points[0]
+    assert point.count == value(expo, "kvscope_request_ttft_seconds_count", model="tiny-llama") == 247
+    assert any("pushing metrics over OTLP to " + "http://127.0.0.1" in line for line in lines)
