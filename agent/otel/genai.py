@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS
 from kvscope.agent.signals import Sample
 
 
@@ -51,14 +52,14 @@ CONVENTIONS: tuple[Convention, ...] = (
         "gen_ai.server.time_to_first_token",
         "s",
         "Time to generate first token for successful responses.",
-        (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
+        GENAI_TTFT_BUCKETS,
         "request_ttft_seconds",
     ),
     Convention(
         "gen_ai.server.time_per_output_token",
         "s",
         "Time per output token generated after the first token for successful responses.",
-        (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5),
+        GENAI_TPOT_BUCKETS,
         "request_tpot_seconds",
     ),
 )
