@@ -540,7 +540,9 @@ def _tenants(ss: SeriesSet, start: float, end: float) -> pd.DataFrame:
     )
     le = ss.label("le", "")
     for col, bound in (("ttft_good", _le_match(le, TENANT_SLO.ttft_seconds)), ("ttft_total", le == "+Inf")):
-        got = _counter_by(ss, "tenant_ttft_seconds_bucket", np.where(bound, keys, None), start, end)
+        only = keys.copy()
+        only[~np.asarray(bound, dtype=bool)] = None  # the other buckets: no key, left out
+        got = _counter_by(ss, "tenant_ttft_seconds_bucket", only, start, end)
         if got is not None and not (got := got[got.index.notna()]).empty:
             cols[col] = got
     if not cols:

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from kvscope.agent.signals import Catalog, Signal, load_catalog
+from kvscope.diagnoser.promql.runbooklinks import link_alerts
 from kvscope.diagnoser.promql.signals import (
     KVSCOPE_PREFIX,
     le_regex,
@@ -258,7 +259,6 @@ def slo_rules(slo: SloConfig) -> list[dict[str, Any]]:
                         f"allows {budget:.4g} ({slo.target:.4g} within {slo.ttft_seconds:g}s). At this rate a "
                         f"30-day error budget lasts {30 / burn:.3g} days."
                     ),
-                    "runbook_url": "docs/runbooks/ttft_slo_burn.md",
                 },
             }
         )
@@ -288,7 +288,6 @@ def slo_bucket_alert(slo: SloConfig) -> dict[str, Any]:
                 f"rules with a bound the engine has (kvscope rules build --slo-ttft-seconds), or add the bound "
                 f"to the engine's buckets (SGLang --bucket-time-to-first-token, vLLM --custom-histogram-buckets)."
             ),
-            "runbook_url": "docs/runbooks/ttft_slo_burn.md",
         },
     }
 
@@ -348,7 +347,6 @@ def _renamed_alert(signal: Signal, engine: str, current: str, old: str) -> dict[
                 f"{current} show nothing for this instance. Upgrade the engine or query the "
                 f"kvscope:{signal.name} series."
             ),
-            "runbook_url": "docs/runbooks/engine_metrics_absent.md",
         },
     }
 
@@ -370,7 +368,6 @@ def absent_alerts() -> list[dict[str, Any]]:
                     "kvscope rule files are not loaded, or the engines renamed their metrics. "
                     "Every kvscope alert is blind until this is fixed."
                 ),
-                "runbook_url": "docs/runbooks/engine_metrics_absent.md",
             },
         },
         {
@@ -392,7 +389,6 @@ def absent_alerts() -> list[dict[str, Any]]:
                     "renamed them, metrics disabled (vLLM --disable-log-stats, SGLang without "
                     "--enable-metrics), or a different process now answers on that port."
                 ),
-                "runbook_url": "docs/runbooks/engine_metrics_absent.md",
             },
         },
     ]
@@ -406,27 +402,34 @@ def build_rule_files(
     slo: SloConfig | None = None,
     alert_groups: tuple[list[dict[str, Any]], str] | None = None,
     canonical: str = "used",
+    runbook_base_url: str | None = None,
 ) -> dict[str, str]:
     """{file name: YAML text} for every generated rule file. `alert_groups`: the compiled
-    diagnosis alerts and their header note (None leaves that file out). `canonical="used"`
+    diagnosis alerts and their header note (None leaves that file out). `runbook_base_url`: the
+    UI's address every alert's `runbook_url` links to (runbooklinks.py; None: no runbook_url).
+    `canonical="used"`
     records only the `kvscope:*` series the other files read, `"all"` the whole catalog (its
     cost on the TSDB: docs/alerting.md)."""
     catalog = catalog or load_catalog()
     slo = slo or SloConfig()
+    alert_rules = (slo_rules(slo), tenant_slo_rules_of(slo), absent_alerts() + renamed_alerts(catalog))
+    for rules in alert_rules + tuple(g["rules"] for g in (alert_groups or ([], ""))[0]):
+        link_alerts(rules, runbook_base_url)
+    slo_file, tenant_file, absent_file = alert_rules
     files = {
         "kvscope-derived.yml": render_rule_file(
             [{"name": "kvscope-derived", "rules": derived_rules()}],
             HEADER.format(extra="", what="Per-instance and per-model aggregates (level:signal:operation)."),
         ),
         "kvscope-slo.yml": render_rule_file(
-            [{"name": "kvscope-slo", "rules": slo_rules(slo)}], HEADER.format(extra="", what=_slo_note(slo))
+            [{"name": "kvscope-slo", "rules": slo_file}], HEADER.format(extra="", what=_slo_note(slo))
         ),
         "kvscope-tenant-slo.yml": render_rule_file(
-            [{"name": "kvscope-tenant-slo", "rules": tenant_slo_rules_of(slo)}],
+            [{"name": "kvscope-tenant-slo", "rules": tenant_file}],
             HEADER.format(extra="", what=_tenant_slo_note(slo)),
         ),
         "kvscope-absent.yml": render_rule_file(
-            [{"name": "kvscope-absent", "rules": absent_alerts() + renamed_alerts(catalog)}],
+            [{"name": "kvscope-absent", "rules": absent_file}],
             HEADER.format(extra="", what="Engine metrics that are absent, vanished, or exported under an old name."),
         ),
     }

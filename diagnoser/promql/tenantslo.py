@@ -27,7 +27,6 @@ TTFT_BUCKET = "kvscope:tenant_ttft_seconds_bucket"
 REQUESTS = "kvscope:tenant_requests_total"
 ERRORS = "kvscope:tenant_request_errors_total"
 OTHER = "other"
-RUNBOOK = "docs/runbooks/tenant_slo_burn.md"
 
 
 def top_record(window: str) -> str:
@@ -128,7 +127,6 @@ def _alert(
                 f"{budget:.4g} ({slo}). At this rate a 30-day error budget lasts {30 / burn:.3g} days. "
                 f'Tenant "{OTHER}" is every tenant outside the top by request rate, summed.'
             ),
-            "runbook_url": RUNBOOK,
         },
     }
 

@@ -74,6 +74,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(each recording holds at most N+1 series)",
     )
     build.add_argument(
+        "--runbook-base-url",
+        metavar="URL",
+        help="address of the kvscope UI (kvscope ui): every alert's runbook_url opens its triage page there with "
+        "the alert's labels and window filled in; unset, the alerts carry no runbook_url",
+    )
+    build.add_argument(
         "--canonical",
         choices=("used", "all"),
         default="used",
@@ -139,7 +145,16 @@ def run_build(args: argparse.Namespace) -> int:
     from kvscope.diagnoser.rulebook.rule import read_rules
 
     rules = read_rules(args.rules_dir) if args.rules_dir else read_rules()
-    built = build_all(slo, rules=rules, canonical=args.canonical, candidates=candidate_exprs(rules, load_catalog()))
+    base = args.runbook_base_url
+    if base is not None and not base.startswith(("http://", "https://")):
+        return fail("rules build", f"--runbook-base-url must be an http:// or https:// URL, got {base!r}", 3)
+    built = build_all(
+        slo,
+        rules=rules,
+        canonical=args.canonical,
+        candidates=candidate_exprs(rules, load_catalog()),
+        runbook_base_url=base,
+    )
     outputs = {args.out / name: text for name, text in built.rule_files.items()}
     outputs |= {args.runbooks / name: text for name, text in built.runbooks.items()}
     stale = [p for p, text in outputs.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
