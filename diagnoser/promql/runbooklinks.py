@@ -20,13 +20,14 @@ from typing import Any
 from urllib.parse import quote
 
 DEFAULT_WINDOW = "1h"
-SKIPPED_LABEL = "levers_md"
-"""The label left out of the link: long text, not part of the alert's identity."""
+SKIPPED_LABELS = "^__|^levers_md$"
+"""Labels left out of the link (a regex for Prometheus' template function `match`): `__name__`
+of a recorded series the alert compares, and `levers_md`, long text that is no identity."""
 
 
 def runbook_url(base: str, alertname: str, window: str) -> str:
     """The templated triage link of one alert rule."""
-    skip = f'{{{{ if ne $k "{SKIPPED_LABEL}" }}}}'
+    skip = f'{{{{ if not (match "{SKIPPED_LABELS}" $k) }}}}'
     labels = "{{ range $k, $v := $labels }}" + skip + "&label.{{ $k | urlquery }}={{ $v | urlquery }}{{ end }}{{ end }}"
     return f"{base.rstrip('/')}/?page=Triage&alertname={quote(alertname)}&window={quote(window)}{labels}"
 
