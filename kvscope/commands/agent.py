@@ -79,6 +79,11 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore, StoreError
 
     try:
+        push = push_config(config.extensions.get(PUSH_SECTION), os.environ)
+    except ConfigError as e:
+        log.error("config error: %s", e)
+        return 2
+    try:
         retention = config.retention_s
         store = (
             SqliteStore(config.store_path, retention_s=retention, max_bytes=config.store_max_bytes)
@@ -88,11 +93,6 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     except (StoreError, OSError) as e:
         log.error("store: %s", e)
         return 1
-    try:
-        push = push_config(config.extensions.get(PUSH_SECTION), os.environ)
-    except ConfigError as e:
-        log.error("config error: %s", e)
-        return 2
     runtime = AgentRuntime(config, build_collectors(config), store, derive=derive_hooks(config), freeze_gc=True)
     server = AgentServer(runtime)
     pusher = OtlpPusher(push, runtime.state) if push is not None else None
