@@ -117,6 +117,8 @@ class AgentState:
     dropped: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (coll, inst, reason)
     closed: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (coll, inst, reason): totals
     counter_resets: Counter[str] = field(default_factory=Counter)  # instance -> resets seen
+    exports: Counter[tuple[str, str]] = field(default_factory=Counter)  # (exporter, result): pushes
+    exported_points: Counter[str] = field(default_factory=Counter)  # exporter -> points accepted
     cycles: int = 0
     cycles_skipped: int = 0  # ticks missed because a cycle overran the interval
     last_cycle_s: float = 0.0

@@ -7,6 +7,10 @@ Per-tenant series come from kvscope's request tap / trace receiver (tenant_*, to
 from kvscope.dashboards import queries as q
 from kvscope.dashboards.board import Board, Panel, Row
 from kvscope.dashboards.style import ui_link
+from kvscope.diagnoser.promql.tenantslo import error_record, ttft_record
+
+TTFT_1H = ttft_record("1h")
+ERRORS_1H = error_record("1h")
 
 FLEET = Row(
     "Fairness",
@@ -74,10 +78,55 @@ USAGE = Row(
     ),
 )
 
+SLO = Row(
+    "Per-tenant SLOs",
+    (
+        Panel(
+            "TTFT SLO miss ratio by tenant (1h)",
+            "Share of each tenant's requests slower than the TTFT SLO bound over the last hour, from "
+            "rules/prometheus/kvscope-tenant-slo.yml: the top-N tenants by request rate and `other` "
+            "(the rest, summed). The SLO allows 1 - target; the fast-burn page fires at 14.4x that.",
+            (
+                q.Query(
+                    f"max by (tenant) ({TTFT_1H}{{{q.TENANT}}})",
+                    "{{tenant}}",
+                    (TTFT_1H, "tenant_ttft_seconds"),
+                ),
+            ),
+            "ratio",
+        ),
+        Panel(
+            "Error SLO miss ratio by tenant (1h)",
+            "Share of each tenant's requests that failed upstream (unreachable, broken, 5xx; counted by "
+            "the request tap) over the last hour, top-N tenants and `other`.",
+            (
+                q.Query(
+                    f"max by (tenant) ({ERRORS_1H}{{{q.TENANT}}})",
+                    "{{tenant}}",
+                    (ERRORS_1H, "tenant_request_errors_total"),
+                ),
+            ),
+            "ratio",
+        ),
+        Panel(
+            "Tenant SLO alerts firing",
+            "LlmTenantTtftSloBurnRate and LlmTenantErrorSloBurnRate alerts firing, by tenant and severity.",
+            (
+                q.Query(
+                    'count by (tenant, alertname, severity) (ALERTS{alertname=~"LlmTenant.*SloBurnRate", '
+                    'alertstate="firing"})',
+                    "{{tenant}} {{alertname}} {{severity}}",
+                ),
+            ),
+            "count",
+        ),
+    ),
+)
+
 BOARD = Board(
     "kvscope-tenants",
     "kvscope / Tenants & fairness",
     "Per-tenant usage, prefix hit ratio, lost reuse and tail latency.",
-    (FLEET, USAGE),
+    (FLEET, USAGE, SLO),
     tenant_var=True,
 )

@@ -14,7 +14,7 @@ import pandas as pd
 
 from kvscope.diagnoser.actions import lever_heading, plan
 from kvscope.diagnoser.findings import LeverAdvice, confidence_words
-from kvscope.report.weekly import UTILISATION_TRAP, Incident, WeeklyReport
+from kvscope.report.weekly import TENANT_SLO, UTILISATION_TRAP, Incident, WeeklyReport
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -38,12 +38,16 @@ POOL_COLUMNS = {
     "usd_per_1m_tokens": ("$ / 1M tok", "usd"),
     "prefill_tokens_saved": ("Prefill saved", "count"),
     "hit_ratio": ("Hit ratio", "pct"),
+    "ttft_slo": (f"TTFT within {TENANT_SLO.ttft_seconds:g}s (SLO {TENANT_SLO.target:.4g})", "pct"),
+    "error_slo": (f"No upstream error (SLO {TENANT_SLO.error_target:.4g})", "pct"),
 }
 TENANT_COLUMNS = {
     "requests": ("Requests", "count"),
     "prompt_tokens": ("Prompt tokens", "count"),
     "cached_tokens": ("Cached tokens", "count"),
     "hit_ratio": ("Hit ratio", "pct"),
+    "ttft_slo": (f"TTFT within {TENANT_SLO.ttft_seconds:g}s (SLO {TENANT_SLO.target:.4g})", "pct"),
+    "error_slo": (f"No upstream error (SLO {TENANT_SLO.error_target:.4g})", "pct"),
 }
 
 

@@ -20,10 +20,14 @@ import pandas as pd
 from kvscope.agent.derive.rates import step_increases
 from kvscope.agent.signals import Labels, Sample
 from kvscope.diagnoser.findings import SEVERITY_RANK, Counts, Diagnosis, Finding, count
+from kvscope.diagnoser.promql.rulefiles import SloConfig
+from kvscope.diagnoser.promql.signals import le_regex
 
 WEEK_S = 7 * 86400.0
 UTILISATION_TRAP = 0.4
 """002 §9.3 'Fleet utilization ... below 40 % - you are in the utilization trap'."""
+TENANT_SLO = SloConfig()
+"""The per-tenant SLO the attainment columns measure: the generated rules' defaults."""
 MAX_GAP_S = 300.0
 """A GPU sample covers the time since the previous one, at most this long or twice the typical
 sampling interval, whichever is larger (a gap in the data is not a GPU-hour)."""
@@ -37,6 +41,8 @@ COUNTERS = (
     "tenant_requests_total",
     "tenant_prompt_tokens_total",
     "tenant_cached_tokens_total",
+    "tenant_request_errors_total",
+    "tenant_ttft_seconds_bucket",  # the SLO bound's and +Inf's buckets: TTFT SLO attainment per tenant
     "engine_estimated_flops_per_gpu_total",
     "engine_estimated_read_bytes_per_gpu_total",
     "engine_estimated_write_bytes_per_gpu_total",
@@ -165,6 +171,9 @@ def read_store_series(path: str, start: float, end: float) -> SeriesSet:
     return series_set_from_samples(samples)
 
 
+_MATCHERS = {"tenant_ttft_seconds_bucket": f'{{le=~"{le_regex(TENANT_SLO.ttft_seconds)}|\\\\+Inf"}}'}
+"""Series of a signal the report reads from a TSDB: of a histogram, only the buckets it uses."""
+
 PROMETHEUS_STEP_S = 900.0
 """Resolution of the report's Prometheus reads over two weeks: each point is the server-side
 `increase` (counters) or `avg_over_time` (gauges) of the 15 minutes before it, so 14 days are 1,344
@@ -197,7 +206,8 @@ def read_prometheus_series(url: str, start: float, end: float, timeout_s: float 
     for name in SIGNALS:
         fn = "increase" if name in COUNTERS else "avg_over_time"
         result: list[dict] = []
-        for sel in (f"kvscope:{name}", f"kvscope_{name}", None):
+        only = _MATCHERS.get(name, "")
+        for sel in (f"kvscope:{name}{only}", f"kvscope_{name}{only}", None):
             if sel is None:
                 try:
                     expr = inline.read(name, [], fn, rng)
@@ -513,6 +523,10 @@ def _fleet(pools: pd.DataFrame, cost: float) -> dict[str, float | None]:
 
 
 def _tenants(ss: SeriesSet, start: float, end: float) -> pd.DataFrame:
+    """Per tenant: usage, hit ratio, and SLO attainment over the week: the share of requests with a
+    first token within the TTFT SLO bound (tenant_ttft_seconds buckets) and the share that did not
+    fail upstream (tenant_request_errors_total, counted by the request tap). The SLO is the one the
+    generated rules use (SloConfig; rules/prometheus/kvscope-tenant-slo.yml); absent without data."""
     keys = ss.label("tenant", "unknown")
     cols = _counters(
         ss,
@@ -522,13 +536,38 @@ def _tenants(ss: SeriesSet, start: float, end: float) -> pd.DataFrame:
         requests="tenant_requests_total",
         prompt_tokens="tenant_prompt_tokens_total",
         cached_tokens="tenant_cached_tokens_total",
+        errors="tenant_request_errors_total",
     )
+    le = ss.label("le", "")
+    for col, bound in (("ttft_good", _le_match(le, TENANT_SLO.ttft_seconds)), ("ttft_total", le == "+Inf")):
+        only = keys.copy()
+        only[~np.asarray(bound, dtype=bool)] = None  # the other buckets: no key, left out
+        got = _counter_by(ss, "tenant_ttft_seconds_bucket", only, start, end)
+        if got is not None and not (got := got[got.index.notna()]).empty:
+            cols[col] = got
     if not cols:
         return pd.DataFrame()
     df = pd.DataFrame(cols)
     if {"prompt_tokens", "cached_tokens"} <= set(df):
         df["hit_ratio"] = df["cached_tokens"] / df["prompt_tokens"].where(df["prompt_tokens"] > 0)
+    if {"ttft_good", "ttft_total"} <= set(df):
+        df["ttft_slo"] = df["ttft_good"] / df["ttft_total"].where(df["ttft_total"] > 0)
+    if {"errors", "requests"} <= set(df):
+        df["error_slo"] = 1 - df["errors"] / df["requests"].where(df["requests"] > 0)
+    df = df.drop(columns=[c for c in ("ttft_good", "ttft_total", "errors") if c in df])
     return df.sort_values(df.columns[0], ascending=False)
+
+
+def _le_match(le: np.ndarray, bound: float) -> np.ndarray:
+    """Which `le` label values are the bucket bound `bound` ("1", "1.0", "1e+00" alike)."""
+
+    def same(text: object) -> bool:
+        try:
+            return abs(float(str(text)) - bound) < 1e-9
+        except ValueError:
+            return False
+
+    return np.array([same(v) for v in le], dtype=bool)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from kvscope.ui import cascade_page, catalog_page, efficiency_page, fairness_page, sizing_page, triage_page
+from kvscope.ui import alert_link, cascade_page, catalog_page, efficiency_page, fairness_page, sizing_page, triage_page
 from kvscope.ui.data import SourceError, SourceSpec, TriageData, load_triage, source_from_env, take_preloaded
 
 PAGES: dict[str, Callable[..., None]] = {  # render() or, for NEEDS_DATA, render(data)
@@ -53,8 +53,13 @@ def main() -> None:
     st.set_page_config(page_title="kvscope", layout="wide")
     # Streamlit's default top padding (6rem) pushes the lever off a laptop's first screen
     st.html("<style>[data-testid='stMainBlockContainer']{padding-top:2rem}</style>")
-    page = st.sidebar.radio("Page", list(PAGES), key="page")
+    link = alert_link.from_query(st.query_params.to_dict())  # an alert's runbook_url opened this page
+    asked = st.query_params.get("page")
+    start = list(PAGES).index(asked) if asked in PAGES else 0
+    page = st.sidebar.radio("Page", list(PAGES), key="page", index=start)
     source = source_from_env()
+    if source is not None:
+        source = alert_link.windowed(source, link)
     st.sidebar.caption(source.describe() if source else "no source: start with kvscope ui --recording FILE")
     if page not in NEEDS_DATA:
         PAGES[page]()
@@ -66,6 +71,9 @@ def main() -> None:
         data = _load(source)
     except SourceError as exc:
         st.error(str(exc))
+        return
+    if page == "Triage":
+        triage_page.render(data, link)
         return
     PAGES[page](data)
 

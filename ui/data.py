@@ -36,6 +36,8 @@ KINDS = ("recording", "prometheus", "agent")
 ENV = {"recording": "KVSCOPE_UI_RECORDING", "prometheus": "KVSCOPE_UI_PROMETHEUS", "agent": "KVSCOPE_UI_AGENT"}
 ENV_SINCE = "KVSCOPE_UI_SINCE_S"
 ENV_END = "KVSCOPE_UI_END"
+ENV_SERVE = "KVSCOPE_UI_SERVE_URL"
+"""The `kvscope serve` address (`kvscope ui --serve-url`): ui/alert_link.py reads stored diagnoses there."""
 MAX_CHART_SERIES = 8
 SPREAD_ABOVE = 4
 """Evidence charts with more series than this show their min / mean / max instead."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TextIO
 
 from kvscope.diagnoser.sources import SourceError, read_url
-from kvscope.ui.data import ENV, ENV_END, ENV_SINCE, SourceSpec
+from kvscope.ui.data import ENV, ENV_END, ENV_SERVE, ENV_SINCE, SourceSpec
 
 APP = Path(__file__).with_name("app.py")
 
@@ -59,9 +59,16 @@ class UiServer:
     """`streamlit run ui/app.py` for one source; use as a context manager or start()/stop()."""
 
     def __init__(
-        self, source: SourceSpec | None, port: int = 8501, host: str = "127.0.0.1", log_path: Path | None = None
+        self,
+        source: SourceSpec | None,
+        port: int = 8501,
+        host: str = "127.0.0.1",
+        log_path: Path | None = None,
+        serve_url: str | None = None,
     ) -> None:
+        """`serve_url`: the `kvscope serve` whose stored diagnoses the triage page links to."""
         self.source, self.port, self.host, self.log_path = source, port, host, log_path
+        self.serve_url = serve_url
         self.proc: subprocess.Popen | None = None
         self._log: TextIO | None = None
 
@@ -84,7 +91,9 @@ class UiServer:
         ]
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in (*ENV.values(), ENV_SINCE, ENV_END)}
+        env = {k: v for k, v in os.environ.items() if k not in (*ENV.values(), ENV_SINCE, ENV_END, ENV_SERVE)}
+        if self.serve_url:
+            env[ENV_SERVE] = self.serve_url
         if self.source is not None:
             env[ENV[self.source.kind]] = self.source.location
             env[ENV_SINCE] = str(self.source.since_s)

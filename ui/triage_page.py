@@ -20,6 +20,7 @@ from kvscope.diagnoser.render import (
     what_text,
 )
 from kvscope.diagnoser.routing import router_line
+from kvscope.ui.alert_link import AlertLink, at_labels, serve_url, stored_diagnosis
 from kvscope.ui.charts import UTC_CLOCK, incident_label, render_series_chart, time_scale
 from kvscope.ui.data import (
     TriageData,
@@ -34,10 +35,12 @@ SEVERITY_ICON = {"critical": ":red[CRITICAL]", "warning": ":orange[WARNING]", "i
 """Severity as coloured text (Streamlit markdown), readable without an emoji font."""
 
 
-def render(data: TriageData) -> None:
+def render(data: TriageData, link: AlertLink | None = None) -> None:
     d = data.diagnosis
     st.title("kvscope triage")
     st.caption(f"{d.source} · window {fmt_time(d.window[0])} → {fmt_time(d.window[1])} · {counts_caption(d)}")
+    if link is not None:
+        render_alert(data, link)
     if scale_note(d):
         st.caption(scale_note(d))
     for note in data.notes:
@@ -83,6 +86,33 @@ def render(data: TriageData) -> None:
                 hide_index=True,
                 width="stretch",
             )
+
+
+def render_alert(data: TriageData, link: AlertLink) -> None:
+    """The alert a runbook_url named: its labels and window, the findings at its labels, and the
+    diagnosis `kvscope serve` stored for it (when the UI knows serve's address)."""
+    st.header(f"Alert {link.alertname}")
+    window = f"last {link.window}" if link.window else "the source's window"
+    st.markdown(f"**Labels:** {link.label_text()}  \n**Window:** {window}")
+    here = at_labels(data.diagnosis.findings, link)
+    if here:
+        st.markdown("**Findings at these labels:**\n" + "\n".join(f"- {render_line(f)}" for f in here))
+    else:
+        st.caption("No finding of this window is located at the alert's labels; the fleet view follows.")
+    base = serve_url()
+    if base is None:
+        st.caption("Start the UI with --serve-url to show the diagnosis kvscope serve stored for this alert.")
+        return
+    row, where = stored_diagnosis(base, link)
+    if row is None:
+        st.caption(f"kvscope serve: {where}")
+        return
+    ks = row.get("alert", {}).get("kvscope") or {}
+    cause = ks.get("likely_cause") or {}
+    title = cause.get("title") or cause.get("rule_id") or "no rule fired"
+    status = ks.get("status", row.get("status"))
+    st.markdown(f"**Stored diagnosis** (kvscope serve, #{row.get('id')}, {status}): {title}")
+    st.caption(where)
 
 
 def render_card(data: TriageData, f: Finding, charts: bool) -> None:

@@ -259,4 +259,26 @@ def render_markdown(cov: Coverage, signals: list[str], allowed: list[Allowed], h
         for nl, s, cell in issues:
             why = next((a.reason for a in allowed if a.covers(nl.engine, nl.version, s, cell.status)), "NOT ALLOWED")
             out.append(f"* {nl.key}, `{s}` {cell.status}: {cell.detail}. {why}")
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n\n" + OTHER_CONVENTIONS + "\n"
+
+
+OTHER_CONVENTIONS = """\
+## The same quantities under other conventions
+
+kvscope pushes the OpenTelemetry GenAI server histograms (docs/otel.md). The Gateway API Inference
+Extension (and llm-d's EPP, which took it over) names the gateway-side view of the same
+quantities differently, and its model-server protocol reads only load gauges from the engine:
+
+| canonical signal | OTel GenAI (pushed by kvscope) | GIE / llm-d EPP (gateway side) | engine metric the EPP scrapes |
+|---|---|---|---|
+| `request_e2e_seconds` | `gen_ai.server.request.duration` | `inference_objective_request_duration_seconds` → `llm_d_epp_request_duration_seconds` | – |
+| `request_ttft_seconds` | `gen_ai.server.time_to_first_token` | `inference_objective_request_ttft_seconds` → `llm_d_epp_request_ttft_seconds` | – |
+| `request_tpot_seconds` | `gen_ai.server.time_per_output_token` | `inference_objective_request_tpot_seconds` → `llm_d_epp_request_streaming_tpot_seconds` (`…_ntpot_seconds` is e2e ÷ output tokens, a different quantity) | – |
+| `engine_requests_waiting` | – | `inference_pool_average_queue_size` → `llm_d_epp_average_queue_size` | `vllm:num_requests_waiting`, `sglang:num_queue_reqs` |
+| `engine_requests_running` | – | `inference_pool_average_running_requests` → `llm_d_epp_average_running_requests` | `vllm:num_requests_running`, `sglang:num_running_reqs` |
+| `engine_kv_cache_usage_ratio` | – | `inference_pool_average_kv_cache_utilization` → `llm_d_epp_average_kv_cache_utilization` | `vllm:kv_cache_usage_perc`, `sglang:token_usage` |
+
+The gateway's histograms include the network and the gateway's own queueing; the engine's (and so
+kvscope's `gen_ai.server.*`) start when the engine receives the request."""  # noqa: E501
+"""The canonical latency and load signals under the OpenTelemetry GenAI conventions (agent/otel/) and
+the Gateway API Inference Extension / llm-d EPP names, closing docs/engine-coverage.md."""

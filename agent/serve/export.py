@@ -177,7 +177,25 @@ def _counter_families(state: Any) -> list[Family]:
     )
     for (coll, inst, reason), n in sorted(state.closed.items()):
         closed.add({"collector": coll, "instance": inst, "reason": reason}, float(n))
-    return [errors, dropped, resets] + ([closed] if state.closed else [])
+    return [errors, dropped, resets] + ([closed] if state.closed else []) + _export_families(state)
+
+
+def _export_families(state: Any) -> list[Family]:
+    """Pushes to an exporter (agent/otel/push.py) by result; absent while none is configured."""
+    exports = getattr(state, "exports", None)
+    if not exports:
+        return []
+    pushes = Family(
+        "kvscope_exports_total",
+        "counter",
+        "Pushes of kvscope's metrics by exporter and result (ok, failed, timeout, skipped_busy, exception_*).",
+    )
+    for (exporter, result), n in sorted(exports.items()):
+        pushes.add({"exporter": exporter, "result": result}, float(n))
+    points = Family("kvscope_exported_points_total", "counter", "Data points an exporter's receiver accepted.")
+    for exporter, n in sorted(state.exported_points.items()):
+        points.add({"exporter": exporter}, float(n))
+    return [pushes, points]
 
 
 def _cycle_families(state: Any) -> list[Family]:

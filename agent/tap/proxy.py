@@ -173,6 +173,7 @@ class RequestTap:
             window_s=config.prefix_window_s, max_blocks=config.prefix_max_blocks, block_chars=config.block_chars
         )
         self.requests = CounterSet("tenant_requests_total")
+        self.errors = CounterSet("tenant_request_errors_total")
         self.prompt_tokens = CounterSet("tenant_prompt_tokens_total")
         self.cached_tokens = CounterSet("tenant_cached_tokens_total")
         self.reusable_tokens = CounterSet("tenant_reusable_tokens_total")
@@ -311,6 +312,7 @@ class RequestTap:
         if lab is None:
             lab = self._labels[ex.tenant] = make_labels({"tenant": ex.tenant})
         self.requests.inc(lab)
+        self.errors.inc(lab, 1.0 if ex.outcome.startswith("upstream_") else 0.0)  # 0: the series exists
         self.stats["requests"] += 1
         if ex.outcome != "ok":
             self.stats[ex.outcome] += 1
@@ -367,7 +369,15 @@ class RequestTap:
     def render_samples(self, timestamp: float | None = None) -> list[Sample]:
         """Every tap series: tenant counters, TTFT/ITL histograms, prefix split ratio, session turns."""
         out: list[Sample] = []
-        for fam in (self.requests, self.prompt_tokens, self.cached_tokens, self.reusable_tokens, self.ttft, self.itl):
+        for fam in (
+            self.requests,
+            self.errors,
+            self.prompt_tokens,
+            self.cached_tokens,
+            self.reusable_tokens,
+            self.ttft,
+            self.itl,
+        ):
             out.extend(fam.render(timestamp))
         if (split := self.prefixes.split_ratio) is not None:
             out.append(Sample("prefix_split_ratio", (), split, timestamp))

@@ -72,6 +72,7 @@ class WebhookServer:
         app = web.Application(client_max_size=self.config.max_body_bytes)
         app.router.add_post("/api/v1/alerts", self.handle_alerts)
         app.router.add_get("/api/v1/diagnoses", self.handle_list)
+        app.router.add_get("/api/v1/diagnoses/latest", self.handle_latest)
         app.router.add_get("/api/v1/diagnoses/{id}", self.handle_get)
         app.router.add_get("/-/healthy", self.handle_healthy)
         app.router.add_get("/metrics", self.handle_metrics)
@@ -139,6 +140,19 @@ class WebhookServer:
         except ValueError:
             return _error(400, "id must be an integer")
         return web.json_response(row) if row else _error(404, "no such diagnosis")
+
+    async def handle_latest(self, request: web.Request) -> web.Response:
+        """The stable address of an alert's diagnosis: `?alertname=X&label.instance=Y...` gives the
+        newest stored diagnosis of that alert with those labels (what a generated alert's
+        runbook_url leads the triage page to; diagnoser/promql/runbooklinks.py)."""
+        alertname = request.query.get("alertname", "")
+        if not alertname:
+            return _error(400, "alertname is required (e.g. ?alertname=LlmTtftSloBurnRate&label.instance=host:8000)")
+        labels = {k[len("label.") :]: v for k, v in request.query.items() if k.startswith("label.") and v}
+        if len(labels) > 64:
+            return _error(400, "at most 64 label.<name> parameters")
+        row = await asyncio.to_thread(self.store.latest, alertname, labels)
+        return web.json_response(row) if row else _error(404, f"no stored diagnosis of {alertname} with those labels")
 
     async def handle_healthy(self, request: web.Request) -> web.Response:
         if self._worker is not None and self._worker.done():

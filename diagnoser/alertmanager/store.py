@@ -75,6 +75,22 @@ class DiagnosisStore:
             rows = self._db.execute(query + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [_row(r, full=False) for r in rows]
 
+    def latest(self, alertname: str, labels: dict[str, str], scan: int = 200) -> dict[str, Any] | None:
+        """The newest stored diagnosis of an alert named `alertname` whose labels include `labels`
+        (among the newest `scan` webhooks that carried that alert name): {id, received_at, status,
+        alert}, the alert with its `kvscope` object; None if there is none."""
+        with self._lock:
+            rows = self._db.execute(
+                _SELECT + " WHERE ',' || alertnames || ',' LIKE ? ORDER BY id DESC LIMIT ?",
+                (f"%,{alertname},%", scan),
+            ).fetchall()
+        for row_id, received, status, _, payload, _ in rows:
+            for alert in json.loads(payload).get("alerts", []):
+                have = alert.get("labels", {})
+                if have.get("alertname") == alertname and all(have.get(k) == v for k, v in labels.items()):
+                    return {"id": row_id, "received_at": received, "status": status, "alert": alert}
+        return None
+
     def pending(self, limit: int) -> builtins.list[tuple[int, dict[str, Any]]]:  # `list` is a method here
         """Oldest webhooks still waiting for a diagnosis (e.g. the process stopped mid-queue)."""
         with self._lock:

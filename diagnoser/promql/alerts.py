@@ -21,8 +21,6 @@ from kvscope.diagnoser.promql.signals import PromQL, _number, name_selector, quo
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
 
-RUNBOOK_BASE = "docs/runbooks/"
-
 
 @dataclass(frozen=True)
 class PythonOnly:
@@ -205,7 +203,6 @@ def _alert(rule: Rule, expr: str, severity: str, when: tree.Block) -> dict[str, 
         "summary": f"{rule.title} on {where} (value {{{{ $value | humanize }}}})",
         "description": cite_text(" ".join(str(meta.get("description", "")).split()))
         + (f" Levers: {levers}." if levers else ""),
-        "runbook_url": f"{RUNBOOK_BASE}{rule.id}.md",
     }
     return alert
 

@@ -35,6 +35,7 @@ def build_all(
     rules: list[Rule] | None = None,
     canonical: str = "used",
     candidates: dict[str, tuple[str | None, str]] | None = None,
+    runbook_base_url: str | None = None,
 ) -> Built:
     """Compile the shipped (or given) diagnosis rules and build every file; `candidates`: their
     loosened conditions (diagnoser/pushdown/candidates.py `candidate_exprs`) for
@@ -43,7 +44,9 @@ def build_all(
     alerts, python_only = compile_rules(rules)
     note = _alerts_note(rules, python_only)
     groups = [{"name": "kvscope-diagnosis", "rules": alerts}]
-    files = build_rule_files(slo=slo, alert_groups=(groups, note), canonical=canonical)
+    files = build_rule_files(
+        slo=slo, alert_groups=(groups, note), canonical=canonical, runbook_base_url=runbook_base_url
+    )
     name, quantiles = quantile_file(rules, load_catalog())
     files[name] = render_rule_file(
         quantiles,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -12,6 +13,8 @@ from typing import Any
 from kvscope.agent.api import AgentServer
 from kvscope.agent.config import AgentConfig, ConfigError
 from kvscope.agent.derive.hooks import derive_hooks
+from kvscope.agent.otel.push import SECTION as PUSH_SECTION
+from kvscope.agent.otel.push import OtlpPusher, push_config
 from kvscope.agent.runtime import AgentRuntime, build_collectors, known_collectors
 from kvscope.agent.tap.eventloop import run_event_loop
 from kvscope.commands._common import add_command, fail
@@ -28,6 +31,10 @@ maps everything to canonical signals, keeps history in a local SQLite store, and
   /api/v1/facts     engine configuration facts (block size, prefix caching, kv dtype)
   /api/v1/health    collectors and targets with the reason of any failure
   /-/ready          200 once the first cycle finished
+
+With an otlp_push: section, or OTEL_METRICS_EXPORTER=otlp, it also pushes the same metrics
+plus the OpenTelemetry GenAI server histograms (gen_ai.server.*) over OTLP/HTTP protobuf
+(OTEL_EXPORTER_OTLP_ENDPOINT, _HEADERS, OTEL_METRIC_EXPORT_INTERVAL; docs/otel.md).
 
 A bad target never stops the agent: it is reported with a reason. A bad config stops it at
 start with a message naming the key. SIGTERM or Ctrl-C stop it cleanly (the store is flushed).
@@ -76,6 +83,11 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
         log.warning("open-file limit %d (wanted %d): listeners accept fewer connections", files, OPEN_FILES)
 
     try:
+        push = push_config(config.extensions.get(PUSH_SECTION), os.environ)
+    except ConfigError as e:
+        log.error("config error: %s", e)
+        return 2
+    try:
         retention = config.retention_s
         store = (
             SqliteStore(
@@ -92,6 +104,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
         return 1
     runtime = AgentRuntime(config, build_collectors(config), store, derive=derive_hooks(config), freeze_gc=True)
     server = AgentServer(runtime)
+    pusher = OtlpPusher(push, runtime.state) if push is not None else None
     host, port = config.listen_host_port
     try:
         bound = await server.start(host, port)
@@ -104,11 +117,18 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
         loop.add_signal_handler(sig, runtime.stop)
     names = ", ".join(c.name for c in runtime.collectors)
     log.info("listening on http://%s:%d/metrics; %d target(s), collectors: %s", host, bound, len(config.targets), names)
+    if push is not None:
+        log.info("pushing metrics over OTLP to %s every %gs (%s)", push.endpoint, push.interval_s, push.temporality)
     if ready is not None:
         ready.set()
+    push_task = asyncio.create_task(pusher.run()) if pusher is not None else None
     try:
         await runtime.run()
     finally:
+        if pusher is not None and push_task is not None:
+            pusher.stop()
+            await push_task
+            await pusher.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await server.stop()

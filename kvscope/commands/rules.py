@@ -61,6 +61,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--slo-ttft-seconds", type=float, default=1.0, help=slo_help)
     build.add_argument("--slo-target", type=float, default=0.99, help="share of requests that must meet the TTFT bound")
     build.add_argument(
+        "--slo-error-target",
+        type=float,
+        default=0.999,
+        help="per-tenant error SLO: share of a tenant's requests that must not fail upstream",
+    )
+    build.add_argument(
+        "--slo-tenant-top-n",
+        type=int,
+        default=20,
+        help="per-tenant SLO rules keep the N busiest tenants and sum the rest as tenant=other "
+        "(each recording holds at most N+1 series)",
+    )
+    build.add_argument(
+        "--runbook-base-url",
+        metavar="URL",
+        help="address of the kvscope UI (kvscope ui): every alert's runbook_url opens its triage page there with "
+        "the alert's labels and window filled in; unset, the alerts carry no runbook_url",
+    )
+    build.add_argument(
         "--canonical",
         choices=("used", "all"),
         default="used",
@@ -101,11 +120,20 @@ def run_build(args: argparse.Namespace) -> int:
 
     if not 0 < args.slo_target < 1:
         return fail("rules build", "--slo-target must be between 0 and 1", 3)
+    if not 0 < args.slo_error_target < 1:
+        return fail("rules build", "--slo-error-target must be between 0 and 1 (e.g. 0.999)", 3)
+    if args.slo_tenant_top_n < 1:
+        return fail("rules build", "--slo-tenant-top-n must be at least 1", 3)
     try:
         check_rules_dir("--rules-dir", args.rules_dir)
     except ValueError as exc:
         return fail("rules build", exc, 3)
-    slo = SloConfig(ttft_seconds=args.slo_ttft_seconds, target=args.slo_target)
+    slo = SloConfig(
+        ttft_seconds=args.slo_ttft_seconds,
+        target=args.slo_target,
+        error_target=args.slo_error_target,
+        tenant_top_n=args.slo_tenant_top_n,
+    )
     for engine in slo.unaligned_engines():
         print(
             f"warning: {args.slo_ttft_seconds:g}s is not a default TTFT bucket bound of {engine}; "
@@ -117,7 +145,16 @@ def run_build(args: argparse.Namespace) -> int:
     from kvscope.diagnoser.rulebook.rule import read_rules
 
     rules = read_rules(args.rules_dir) if args.rules_dir else read_rules()
-    built = build_all(slo, rules=rules, canonical=args.canonical, candidates=candidate_exprs(rules, load_catalog()))
+    base = args.runbook_base_url
+    if base is not None and not base.startswith(("http://", "https://")):
+        return fail("rules build", f"--runbook-base-url must be an http:// or https:// URL, got {base!r}", 3)
+    built = build_all(
+        slo,
+        rules=rules,
+        canonical=args.canonical,
+        candidates=candidate_exprs(rules, load_catalog()),
+        runbook_base_url=base,
+    )
     outputs = {args.out / name: text for name, text in built.rule_files.items()}
     outputs |= {args.runbooks / name: text for name, text in built.runbooks.items()}
     stale = [p for p, text in outputs.items() if not p.exists() or p.read_text(encoding="utf-8") != text]

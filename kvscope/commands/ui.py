@@ -33,6 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--since", default="30m", metavar="DURATION", help=since_help)
     end_help = "window end for --prometheus/--agent: unix seconds or ISO 8601 UTC (default: now)"
     p.add_argument("--end", metavar="TIME", help=end_help)
+    p.add_argument(
+        "--serve-url",
+        metavar="URL",
+        help="the kvscope serve webhook: the triage page an alert's runbook_url opens shows the diagnosis it stored",
+    )
     p.add_argument("--port", type=int, default=8501, help="port to serve on")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (think before exposing)")
     p.set_defaults(func=run)
@@ -57,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     (exit 4) even while another UI holds the port."""
     try:
         source = source_of(args)
+        serve = check_http_url("--serve-url", args.serve_url, "http://127.0.0.1:9095") if args.serve_url else None
         if not 0 < args.port < 65536:
             raise ValueError(f"--port: expected 1-65535, got {args.port}")
     except ValueError as exc:
@@ -70,15 +76,15 @@ def run(args: argparse.Namespace) -> int:
         check_port_free("--port", args.host, args.port)
     except ValueError as exc:
         return fail("ui", exc, 3)
-    return serve_ui("ui", source, args.port, args.host)
+    return serve_ui("ui", source, args.port, args.host, serve)
 
 
-def serve_ui(command: str, source: Any, port: int, host: str = "127.0.0.1") -> int:
+def serve_ui(command: str, source: Any, port: int, host: str = "127.0.0.1", serve_url: str | None = None) -> int:
     """Run the UI in the foreground until Ctrl-C or SIGTERM (`kvscope ui`, `kvscope demo`)."""
     from kvscope.ui.server import TerminateRequested, UiServer, stop_on_sigterm
 
     stop_on_sigterm()
-    server = UiServer(source, port, host)
+    server = UiServer(source, port, host, serve_url=serve_url)
     try:
         server.start()
         server.wait_healthy()

@@ -65,6 +65,7 @@ DECLARED_ABSENT = {
         s: KVSCOPE_LIVE
         for s in (
             "tenant_requests_total",
+            "tenant_request_errors_total",
             "tenant_prompt_tokens_total",
             "tenant_cached_tokens_total",
             "tenant_ttft_seconds",

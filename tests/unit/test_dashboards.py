@@ -56,7 +56,7 @@ def test_board_json_uses_variables_and_describes_signals(board):
         assert p["datasource"] == "$datasource", p["title"]
         assert "Reads: " in p["description"], p["title"]
         for t in p["targets"]:
-            for series in ("kvscope_", "instance:", "ALERTS"):
+            for series in ("kvscope_", "instance:", "tenant:", "ALERTS"):
                 if series in t["expr"]:
                     break
             else:

@@ -37,6 +37,7 @@ LAYERS = {
         "normalize": 2,
         "collectors": 3,
         "logs": 3,
+        "otel": 3,
         "traces": 4,
         "kvevents": 4,
         "store": 4,

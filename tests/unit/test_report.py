@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from kvscope.agent.signals import Sample, make_labels
@@ -108,6 +109,32 @@ def test_tenants_usage_and_hit_ratio():
     assert list(tenants.index) == ["acme", "tail"]
     assert tenants.loc["tail", "hit_ratio"] == pytest.approx(0.05)
     assert tenants.loc["acme", "requests"] == pytest.approx(4 * 0.75 * WEEK_S / STEP)
+
+
+def test_tenants_slo_attainment_from_ttft_buckets_and_upstream_errors():
+    samples = _fleet()
+    n_points = {s.timestamp for s in samples}
+    for t in sorted(n_points):
+        n = (t - (END - 2 * WEEK_S)) / STEP
+        for tenant, slow, failed in (("acme", 0.02, 0.001), ("tail", 0.5, 0.0)):
+            lab = {"tenant": tenant}
+            total = 4 * n
+            samples.append(
+                Sample("tenant_ttft_seconds_bucket", make_labels({**lab, "le": "1.0"}), total * (1 - slow), t)
+            )
+            samples.append(Sample("tenant_ttft_seconds_bucket", make_labels({**lab, "le": "2.5"}), total, t))
+            samples.append(Sample("tenant_ttft_seconds_bucket", make_labels({**lab, "le": "+Inf"}), total, t))
+            if tenant == "acme":  # the tail tenant is seen through traces only: no error counter
+                samples.append(Sample("tenant_request_errors_total", make_labels(lab), 4 * 0.75 * n * failed, t))
+    report = build_report(series_set_from_samples(samples), END, 2.0, "test")
+    tenants = report.this.tenants
+    assert tenants.loc["acme", "ttft_slo"] == pytest.approx(0.98)
+    assert tenants.loc["tail", "ttft_slo"] == pytest.approx(0.5)
+    assert tenants.loc["acme", "error_slo"] == pytest.approx(0.999)
+    assert pd.isna(tenants.loc["tail", "error_slo"])  # absent, not 100 %
+    md = render_markdown(report)
+    assert "TTFT within 1s (SLO 0.99)" in md and "No upstream error (SLO 0.999)" in md
+    assert "| tail |" in md and "| absent |" in md
 
 
 def test_no_previous_week_gives_no_deltas():

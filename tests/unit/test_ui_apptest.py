@@ -258,3 +258,22 @@ def test_an_inferred_cause_says_how_sure_and_what_would_confirm_it(monkeypatch):
     assert f"**What:** {what_text(likely)}" in [m.value for m in at.markdown]
     assert f"**Confidence:** {confidence_text(likely)}" in [w.value for w in at.warning]
     assert likely.confirm in confidence_text(likely)
+
+
+def test_a_triage_link_from_an_alert_shows_the_alert_and_the_findings_at_its_labels(monkeypatch, kv_incident):
+    """What a generated alert's runbook_url opens (diagnoser/promql/runbooklinks.py)."""
+    monkeypatch.delenv(ui_data.ENV_SERVE, raising=False)
+    at = _app(monkeypatch, kv_incident)
+    at.query_params["page"] = "Triage"
+    at.query_params["alertname"] = "LlmKvPressurePreemption"
+    at.query_params["window"] = "1h"
+    at.query_params["label.instance"] = "127.0.0.1:8000"
+    at.query_params["label.bad name"] = "dropped"
+    at.run()
+    assert not at.exception
+    assert "Alert LlmKvPressurePreemption" in [h.value for h in at.header]
+    text = " ".join(m.value for m in at.markdown)
+    assert "**Labels:** instance=127.0.0.1:8000" in text and "**Window:** last 1h" in text
+    assert "Findings at these labels:" in text and "dropped" not in text
+    assert any("--serve-url" in c.value for c in at.caption)
+    assert "Likely cause" in [h.value for h in at.header]  # the triage of the source follows

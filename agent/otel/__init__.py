@@ -1,0 +1,2 @@
+"""OpenTelemetry: GenAI server metrics from canonical signals and the OTLP/HTTP metrics push
+(docs/otel.md)."""

@@ -1,0 +1,102 @@
+"""Per-tenant SLO rules on 10,000 tenants stay within their cardinality cap (real Prometheus).
+
+The rules are built with top_n = 5 and loaded into a real Prometheus that scrapes a target
+exporting 10k tenants as the agent does (tenant i sends i+1 requests a second; some of its first
+tokens are slow and some requests fail). Every per-tenant recording must hold exactly the 5
+busiest tenants plus `other`. promtool's rule-test engine cannot take this input (it refuses a
+query loading more than 10,000 samples), hence the live server; the fire / no-fire cases are
+promtool tests in rules/tests/tenant-slo.test.yml."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kvscope.diagnoser.promql.rulefiles import SloConfig, build_rule_files
+from kvscope.diagnoser.promql.tenantslo import error_record, top_record, ttft_record
+from testbed.procs import wait_until
+from testbed.prometheus import query, require_binaries, running_prometheus
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.needs("prometheus")]
+
+TENANTS = 10_000
+TOP_N = 5
+
+
+def _exposition(elapsed: float) -> bytes:
+    """kvscope_tenant_* series of every tenant after `elapsed` seconds."""
+    out = [
+        "# TYPE kvscope_tenant_requests_total counter\n",
+        "# TYPE kvscope_tenant_request_errors_total counter\n",
+        "# TYPE kvscope_tenant_ttft_seconds histogram\n",
+    ]
+    for i in range(TENANTS):
+        n = (i + 1) * elapsed
+        t = f'tenant="t{i}"'
+        out.append(f"kvscope_tenant_requests_total{{{t}}} {n:.3f}\n")
+        out.append(f"kvscope_tenant_request_errors_total{{{t}}} {n * (i % 7) / 100:.3f}\n")
+        out.append(f'kvscope_tenant_ttft_seconds_bucket{{{t},le="1.0"}} {n * 0.9:.3f}\n')
+        out.append(f'kvscope_tenant_ttft_seconds_bucket{{{t},le="+Inf"}} {n:.3f}\n')
+        out.append(f"kvscope_tenant_ttft_seconds_sum{{{t}}} {n * 0.5:.3f}\n")
+        out.append(f"kvscope_tenant_ttft_seconds_count{{{t}}} {n:.3f}\n")
+    return "".join(out).encode()
+
+
+class _Target(http.server.BaseHTTPRequestHandler):
+    started = time.time()
+
+    def do_GET(self) -> None:  # noqa: N802
+        body = _exposition(time.time() - self.started)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+def test_ten_thousand_tenants_keep_top_n_plus_other(tmp_path: Path):
+    require_binaries("prometheus")
+    files = build_rule_files(slo=SloConfig(tenant_top_n=TOP_N), alert_groups=None)
+    for name in ("kvscope-canonical.yml", "kvscope-tenant-slo.yml"):
+        (tmp_path / name).write_text(files[name])
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Target)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 5s, scrape_timeout: 5s, evaluation_interval: 5s}\n"
+        "rule_files: [kvscope-canonical.yml, kvscope-tenant-slo.yml]\n"
+        "scrape_configs:\n"
+        f"  - job_name: tap\n    static_configs: [{{targets: ['127.0.0.1:{server.server_address[1]}']}}]\n"
+    )
+    top = {f"t{i}" for i in range(TENANTS - TOP_N, TENANTS)}
+    try:
+        with running_prometheus(config, tmp_path / "data") as prom:
+
+            def tenants(record: str) -> set[str] | None:
+                got = query(prom.url, f"count by (tenant) ({record})")
+                return {r["metric"]["tenant"] for r in got} or None
+
+            records = (ttft_record("5m"), ttft_record("6h"), error_record("5m"), error_record("1h"))
+            # the records settle on the top five and other once two scrapes are in (bounded wait)
+            for record in records:
+                wait_until(lambda r=record: tenants(r) == top | {"other"}, 300, record, procs=(prom.proc,))
+            assert tenants(top_record("6h")) == top
+            # and never held more than top_n + 1 series at any evaluation since the start
+            for record in (top_record("6h"), *records):
+                most = query(prom.url, f"max_over_time(count({record})[10m:5s])")
+                assert float(most[0]["value"][1]) <= TOP_N + 1, record
+            # other sums the rest: its error ratio is that of the 9,995 quieter tenants together
+            other = query(prom.url, f'{error_record("5m")}{{tenant="other"}}')
+            rest = range(TENANTS - TOP_N)
+            expected = sum((i + 1) * (i % 7) / 100 for i in rest) / sum(i + 1 for i in rest)
+            assert abs(float(other[0]["value"][1]) - expected) < 1e-3
+    finally:
+        server.shutdown()
+        server.server_close()
