@@ -38,6 +38,11 @@ class PrometheusSource:
         self.url = self.client.url
         self.catalog = catalog or load_catalog()
         self.description = f"prometheus:{self.url}"
+        self.notes: list[str] = []  # how queries were split is the client's (`client.notes`)
+
+    def natural_step(self) -> float | None:
+        """None: a TSDB holds many scrape intervals (callers pick a step)."""
+        return None
 
     def read_frame(self, names: set[str], start: float | None, end: float | None, step: float) -> Frame:
         end = time.time() if end is None else end
