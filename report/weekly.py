@@ -4,8 +4,9 @@ From canonical series (a recording, the agent's SQLite store, or Prometheus) it 
 model/pool (model × role) and for the fleet: output tokens per GPU-hour (002 §9.3), GPU-hours,
 mean utilisation and the utilisation trap (002 §9.2), $ per 1M output tokens, prefill tokens
 saved by prefix caching, per-tenant usage, the engines' efficiency counters (`Efficiency`),
-week-over-week deltas and the week's top findings. Series are held columnar (`SeriesSet`) so the
-maths is vectorised; a signal the source lacks stays absent (None), never zero.
+week-over-week deltas and the week's top findings. It reads one `Frame` through `read_window`
+(`report_window`) and holds its points as columns (`Columns`) so the maths is vectorised; a signal
+the source lacks stays absent (None), never zero.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import numpy as np
 import pandas as pd
 
 from kvscope.agent.derive.rates import step_increases
-from kvscope.agent.signals import Labels, Sample
+from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import SEVERITY_RANK, Diagnosis, Finding
+from kvscope.diagnoser.sources.window import Source, Span, read_window
 
 WEEK_S = 7 * 86400.0
 UTILISATION_TRAP = 0.4
@@ -60,7 +62,34 @@ SIGNALS = COUNTERS + GAUGES
 """Every canonical sample name the report reads."""
 
 
-# ------------------------------------------------------------------------------ columnar series
+# ------------------------------------------------------------------------------ the window, as columns
+
+
+def report_window(source: Source, end: float | None = None, start: float | None = None) -> Frame:
+    """The report's signals from `source` through `read_window`: a source with its own step (a
+    recording) over its whole span at that step; any other (a TSDB, the agent's store) over
+    [start, end] (start: two weeks before `end` when None) on `report_step`'s grid. Read the
+    source with `carry=False` where it has the option: a grid point then holds only the point
+    taken in the step before it, not one carried from further back."""
+    natural = source.natural_step()
+    if natural:
+        return read_window(source, SIGNALS, Span(), natural)
+    if end is None:
+        raise ValueError(f"{source.description}: the report needs the end of its week")
+    start = end - 2 * WEEK_S if start is None else start
+    step = report_step(end - start)
+    return read_window(source, SIGNALS, Span(math.floor(start / step) * step, end), step)
+
+
+REPORT_STEP_S = 900.0
+"""The coarsest grid of a report read (two weeks are 1,344 points per series whatever the scrape
+interval; the timeline's finest bins over a week are 1 h)."""
+
+
+def report_step(span_s: float) -> float:
+    """The grid step for a source without its own: 1,344 points over `span_s`, on whole 15 s, from
+    15 s to REPORT_STEP_S."""
+    return float(min(REPORT_STEP_S, max(15.0, math.ceil(span_s / 1344 / 15) * 15)))
 
 
 @dataclass
@@ -78,9 +107,9 @@ class Points:
 
 
 @dataclass
-class SeriesSet:
-    """series: one row per series (index = sid, 0..n-1; columns name + labels). Points are held
-    per sample name, each a contiguous run sorted by (sid, ts)."""
+class Columns:
+    """A Frame's report signals as columns: one row of `series` per Frame row (index = sid, 0..n-1;
+    columns name + labels) and, per sample name, its present grid points sorted by (sid, ts)."""
 
     series: pd.DataFrame
     by_name: dict[str, Points]
@@ -102,136 +131,27 @@ class SeriesSet:
         return min(firsts) if firsts else None
 
 
-def series_set_from_arrays(
-    series: Sequence[dict[str, str]], sids: np.ndarray, ts: np.ndarray, values: np.ndarray
-) -> SeriesSet:
-    """Build from a list of label dicts (each with 'name') and parallel point arrays.
-
-    Points already in time order per series (what stores and Prometheus return) need only a
-    stable sort by series; anything else is sorted fully.
-    """
-    frame = pd.DataFrame(list(series))
-    frame.index.name = "sid"
-    sids = np.asarray(sids, dtype=np.int32)
-    ts, values = np.asarray(ts, dtype=float), np.asarray(values, dtype=float)
-    if np.any(sids[1:] < sids[:-1]):
-        order = np.argsort(sids, kind="stable")
-        sids, ts, values = sids[order], ts[order], values[order]
-    if np.any((sids[1:] == sids[:-1]) & (ts[1:] < ts[:-1])):
-        order = np.lexsort((ts, sids))
-        sids, ts, values = sids[order], ts[order], values[order]
-    codes, uniques = pd.factorize(frame["name"]) if "name" in frame else (np.zeros(0, int), [])
-    bounds = np.searchsorted(sids, np.arange(len(frame) + 1))  # sid k's points: bounds[k]:bounds[k+1]
-    by_name = {}
-    for code, name in enumerate(uniques):
-        members = np.flatnonzero(codes == code)
-        if members.size and np.all(np.diff(members) == 1):  # contiguous sids: one slice
-            sl = slice(bounds[members[0]], bounds[members[-1] + 1])
-            by_name[str(name)] = Points(sids[sl], ts[sl], values[sl])
-        else:
-            idx = np.concatenate([np.arange(bounds[m], bounds[m + 1]) for m in members])
-            by_name[str(name)] = Points(sids[idx], ts[idx], values[idx])
-    return SeriesSet(frame, by_name)
-
-
-def series_set_from_samples(samples: Iterable[Sample], names: Iterable[str] = SIGNALS) -> SeriesSet:
-    """Columnar series from canonical samples (a replayed recording), keeping only `names`."""
-    wanted = set(names)
-    kept = [s for s in samples if s.name in wanted and s.timestamp is not None]
-    ids: dict[tuple[str, Labels], int] = {}
-    sids = [ids.setdefault((s.name, s.labels), len(ids)) for s in kept]
-    return series_set_from_arrays(
-        [{"name": name, **dict(labels)} for name, labels in ids] or [{"name": ""}],
-        np.array(sids, dtype=np.int32),
-        np.array([s.timestamp for s in kept], dtype=float),
-        np.array([s.value for s in kept], dtype=float),
-    )
-
-
-def read_store_series(path: str, start: float, end: float) -> SeriesSet:
-    """The report's signals from an agent SQLite store."""
-    from kvscope.agent.store.sqlite import SqliteStore
-
-    store = SqliteStore(path, background=False)
-    try:
-        samples = [
-            Sample(name, labels, v, t)
-            for name in sorted(store.names() & set(SIGNALS))
-            for labels, points in store.query(name, start, end).items()
-            for t, v in points
-        ]
-    finally:
-        store.close()
-    return series_set_from_samples(samples)
-
-
-PROMETHEUS_STEP_S = 900.0
-"""Resolution of the report's Prometheus reads over two weeks: each point is the server-side
-`increase` (counters) or `avg_over_time` (gauges) of the 15 minutes before it, so 14 days are 1,344
-points per series whatever the scrape interval (the timeline's finest bins over a week are 1 h)."""
-
-
-def read_prometheus_series(url: str, start: float, end: float, timeout_s: float = 120.0, client=None) -> SeriesSet:  # noqa: ANN001
-    """The report's signals from a Prometheus-compatible TSDB, aggregated server-side: 15 min steps
-    over two weeks, finer (down to 15 s) over a shorter span.
-
-    Per signal, the first source that has it: the canonical recorded `kvscope:<signal>`
-    (rules/prometheus/kvscope-canonical.yml), the agent's `kvscope_<signal>` re-export, or the
-    engines' own series read through the catalog (`InlineSignals`: every upstream name, relabelled
-    to canonical labels). Counters come back as cumulative sums of per-step increases (resets
-    handled by the server), gauges as per-step means."""
-    from kvscope.agent.signals import load_catalog
-    from kvscope.diagnoser.promql.signals import InlineSignals
-    from kvscope.diagnoser.sources.promapi import PromClient, matrix_on_grid
-
-    client = client or PromClient(url, timeout_s=timeout_s)
-    catalog = load_catalog()
-    step = float(min(PROMETHEUS_STEP_S, max(15.0, math.ceil((end - start) / 1344 / 15) * 15)))
-    start = math.floor(start / step) * step
-    n = int((end - start) // step) + 1
-    grid = start + step * np.arange(n)
-    rng = f"{int(step)}s"
-    inline = InlineSignals(catalog)
-    series: list[dict[str, str]] = []
-    sids, times, values = [], [], []
-    for name in SIGNALS:
-        fn = "increase" if name in COUNTERS else "avg_over_time"
-        result: list[dict] = []
-        for sel in (f"kvscope:{name}", f"kvscope_{name}", None):
-            if sel is None:
-                try:
-                    expr = inline.read(name, [], fn, rng)
-                except Exception:  # noqa: BLE001 - a signal PromQL cannot read from its sources
-                    break
-            else:
-                expr = f"{fn}({sel}[{rng}])"
-            result = client.range_parts(expr, float(grid[0]), float(grid[-1]), step, what=f"report {name}")
-            if result:
-                break
-        metrics, rows = matrix_on_grid(result, float(grid[0]), step, n)
-        for metric, row in zip(metrics, rows, strict=True):
-            ok = ~np.isnan(row)
-            if not ok.any():
-                continue
-            vals = row[ok]
-            ts = grid[ok]
-            if name in COUNTERS:  # cumulative from increases, from 0 one step before the first
-                vals = np.r_[0.0, np.cumsum(vals)]
-                ts = np.r_[ts[0] - step, ts]
-            labels = {k: v for k, v in metric.items() if k not in ("__name__", "job")}
-            sids.append(np.full(ts.size, len(series), dtype=np.int32))
-            series.append({"name": name, **labels})
-            times.append(ts)
-            values.append(vals)
-    if not series:
-        return series_set_from_arrays([{"name": ""}], np.zeros(0, np.int32), np.zeros(0), np.zeros(0))
-    return series_set_from_arrays(series, np.concatenate(sids), np.concatenate(times), np.concatenate(values))
+def columns(frame: Frame) -> Columns:
+    """The report's view of `frame` (absent cells left out), built once per frame."""
+    cache = frame.cache if frame.cache is not None else {}
+    if "report.columns" not in cache:
+        series: list[dict[str, str]] = []
+        by_name = {}
+        for name in sorted(frame.names() & set(SIGNALS)):
+            block = frame.blocks[name]
+            rows, cells = np.nonzero(~np.isnan(block.values))
+            by_name[name] = Points((rows + len(series)).astype(np.int32), frame.ts[cells], block.values[rows, cells])
+            series += [{"name": name, **dict(labels)} for labels in block.labels]
+        frame_ = pd.DataFrame(series or [{"name": ""}])
+        frame_.index.name = "sid"
+        cache["report.columns"] = Columns(frame_, by_name)
+    return cache["report.columns"]
 
 
 # ------------------------------------------------------------------------------ maths
 
 
-def counter_increments(ss: SeriesSet, name: str) -> tuple[Points, np.ndarray]:
+def counter_increments(ss: Columns, name: str) -> tuple[Points, np.ndarray]:
     """(points, inc): the increase since the previous point of the same series, resets handled
     the Prometheus way (a drop means the counter restarted from zero)."""
     key = ("inc", name)
@@ -244,7 +164,7 @@ def counter_increments(ss: SeriesSet, name: str) -> tuple[Points, np.ndarray]:
     return ss.memo[key]
 
 
-def utilisation_signal(ss: SeriesSet) -> str:
+def utilisation_signal(ss: Columns) -> str:
     """The utilisation signal this source has (see UTILISATION_SIGNALS)."""
     return next((n for n in UTILISATION_SIGNALS if ss.of(n).sid.size), UTILISATION_SIGNALS[-1])
 
@@ -257,7 +177,7 @@ def _gap_limit(pts: Points, max_gap_s: float) -> tuple[np.ndarray, float]:
     return dt, max(max_gap_s, 2 * typical)
 
 
-def gauge_coverage(ss: SeriesSet, name: str, max_gap_s: float = MAX_GAP_S) -> tuple[Points, np.ndarray]:
+def gauge_coverage(ss: Columns, name: str, max_gap_s: float = MAX_GAP_S) -> tuple[Points, np.ndarray]:
     """(points, dt): each point weighted by the time since the previous point, capped at the
     larger of max_gap_s and twice the typical interval."""
     key = ("cov", name, max_gap_s)
@@ -270,7 +190,7 @@ def gauge_coverage(ss: SeriesSet, name: str, max_gap_s: float = MAX_GAP_S) -> tu
     return ss.memo[key]
 
 
-def _per_sid(ss: SeriesSet, pts: Points, weights: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def _per_sid(ss: Columns, pts: Points, weights: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Sum of weights per sid over the masked points."""
     return np.bincount(pts.sid[mask], weights=weights[mask], minlength=len(ss.series))
 
@@ -280,12 +200,12 @@ def _group(keys: np.ndarray, per_sid: np.ndarray, sids: np.ndarray) -> pd.Series
     return pd.Series(per_sid[sids]).groupby(keys[sids]).sum()
 
 
-def pools(ss: SeriesSet) -> np.ndarray:
+def pools(ss: Columns) -> np.ndarray:
     """'model / role' per sid (role defaults to unified)."""
     return ss.label("model", "unknown") + " / " + ss.label("role", "unified")
 
 
-def gpu_pools(ss: SeriesSet) -> np.ndarray:
+def gpu_pools(ss: Columns) -> np.ndarray:
     """The pool each series' GPU serves: via the engine-GPU join (engine_gpu_memory_used_bytes by
     gpu_uuid), else via a node that runs engines of a single pool; 'unattributed' otherwise."""
     out = np.full(len(ss.series), "unattributed", dtype=object)
@@ -342,9 +262,10 @@ class DataCoverage:
         return max(0, len(self.spans) - 1)
 
 
-def data_coverage(ss: SeriesSet, start: float, end: float, max_gap_s: float = MAX_GAP_S) -> DataCoverage:
+def data_coverage(frame: Frame, start: float, end: float, max_gap_s: float = MAX_GAP_S) -> DataCoverage:
     """The spans of (start, end] that hold samples of any report signal. Consecutive sample
     times further apart than max_gap_s, or twice the typical interval, start a new span."""
+    ss = columns(frame)
     parts = [p.ts[_window(p, start, end)] for p in ss.by_name.values()]
     before = [p.ts[p.ts <= start].max() for p in ss.by_name.values() if (p.ts <= start).any()]
     inside = np.unique(np.concatenate(parts)) if parts else np.zeros(0)
@@ -361,9 +282,10 @@ def data_coverage(ss: SeriesSet, start: float, end: float, max_gap_s: float = MA
     return DataCoverage(start, end, tuple((a, b) for a, b in spans if b > start))
 
 
-def attribution_note(ss: SeriesSet) -> str:
+def attribution_note(frame: Frame) -> str:
     """'' when every GPU series is attributed to a pool; else why some are not (which labels the
     source lacks) and the config that fixes it. Fleet totals count those GPUs either way."""
+    ss = columns(frame)
     gpu = ss.of(utilisation_signal(ss))
     if not gpu.sid.size:
         return ""
@@ -431,21 +353,22 @@ def _window(pts: Points, start: float, end: float) -> np.ndarray:
     return (pts.ts > start) & (pts.ts <= end)
 
 
-def _counter_by(ss: SeriesSet, name: str, keys: np.ndarray, start: float, end: float) -> pd.Series | None:
+def _counter_by(ss: Columns, name: str, keys: np.ndarray, start: float, end: float) -> pd.Series | None:
     pts, inc = counter_increments(ss, name)
     if pts.sid.size == 0:
         return None
     return _group(keys, _per_sid(ss, pts, inc, _window(pts, start, end)), np.unique(pts.sid))
 
 
-def _counters(ss: SeriesSet, keys: np.ndarray, start: float, end: float, **names: str) -> dict[str, pd.Series]:
+def _counters(ss: Columns, keys: np.ndarray, start: float, end: float, **names: str) -> dict[str, pd.Series]:
     """column -> its counter's increase per key, for the counters the source has (absent: no column)."""
     cols = {col: _counter_by(ss, name, keys, start, end) for col, name in names.items()}
     return {col: v for col, v in cols.items() if v is not None}
 
 
-def compute_week(ss: SeriesSet, start: float, end: float, gpu_hour_cost: float) -> WeekStats:
+def compute_week(frame: Frame, start: float, end: float, gpu_hour_cost: float) -> WeekStats:
     """All the week's numbers over (start, end]."""
+    ss = columns(frame)
     keys = pools(ss)
     table = pd.DataFrame(
         {
@@ -465,7 +388,7 @@ def compute_week(ss: SeriesSet, start: float, end: float, gpu_hour_cost: float) 
         busy = _group(gkeys, _per_sid(ss, gpu, dt * gpu.value, mask), sids) / 3600
         table = table.join(pd.DataFrame({"gpu_hours": hours, "gpu_util": busy / hours.where(hours > 0)}), how="outer")
     table = _derive(table, gpu_hour_cost)
-    cov = data_coverage(ss, start, end)
+    cov = data_coverage(frame, start, end)
     return WeekStats(
         start,
         end,
@@ -475,7 +398,7 @@ def compute_week(ss: SeriesSet, start: float, end: float, gpu_hour_cost: float) 
         _tenants(ss, start, end),
         cov,
         _timeline(ss, start, end, cov),
-        efficiency(ss, start, end),
+        efficiency(frame, start, end),
     )
 
 
@@ -512,7 +435,7 @@ def _fleet(pools: pd.DataFrame, cost: float) -> dict[str, float | None]:
     return out
 
 
-def _tenants(ss: SeriesSet, start: float, end: float) -> pd.DataFrame:
+def _tenants(ss: Columns, start: float, end: float) -> pd.DataFrame:
     keys = ss.label("tenant", "unknown")
     cols = _counters(
         ss,
@@ -547,7 +470,7 @@ class Efficiency:
     tiers: pd.Series
 
 
-def _pool_rate(ss: SeriesSet, name: str, keys: np.ndarray, start: float, end: float) -> pd.Series | None:
+def _pool_rate(ss: Columns, name: str, keys: np.ndarray, start: float, end: float) -> pd.Series | None:
     """Per key, a counter's increase per second of the time its series covered (gaps excluded),
     over the series that moved (one that never did is an estimate switched off); NaN where none did."""
     pts, inc = counter_increments(ss, name)
@@ -562,8 +485,9 @@ def _pool_rate(ss: SeriesSet, name: str, keys: np.ndarray, start: float, end: fl
     return (total / secs.where(secs > 0)).reindex(pd.unique(keys[sids]))
 
 
-def efficiency(ss: SeriesSet, start: float, end: float) -> Efficiency:
+def efficiency(frame: Frame, start: float, end: float) -> Efficiency:
     """The week's `Efficiency` over (start, end]."""
+    ss = columns(frame)
     keys = pools(ss)
     rows = []
     for k in (keys, np.full(len(keys), "fleet", dtype=object)):
@@ -635,7 +559,7 @@ def _after_gap(pts: Points, max_gap_s: float = MAX_GAP_S) -> np.ndarray:
     return ~pts.first & (dt > limit)
 
 
-def _timeline(ss: SeriesSet, start: float, end: float, cov: DataCoverage) -> pd.DataFrame:
+def _timeline(ss: Columns, start: float, end: float, cov: DataCoverage) -> pd.DataFrame:
     """Fleet numbers per time bin over the whole window (index: bin start, UTC); a bin without
     data is NaN (absent), never zero. Rates are per second of data held in the bin."""
     step = timeline_step(cov.held_s)
@@ -743,7 +667,7 @@ class WeeklyReport:
 
 
 def build_report(
-    ss: SeriesSet,
+    frame: Frame,
     end: float,
     gpu_hour_cost: float,
     source: str,
@@ -752,10 +676,10 @@ def build_report(
 ) -> WeeklyReport:
     """The week ending at `end` and, when the data reaches back, the week before it. The top
     findings are the `top` highest-scoring incidents of `diagnoses` (grouped by `group_incidents`)."""
-    this = compute_week(ss, end - WEEK_S, end, gpu_hour_cost)
-    first = ss.first_ts()
+    this = compute_week(frame, end - WEEK_S, end, gpu_hour_cost)
+    first = columns(frame).first_ts()
     previous = None
     if first is not None and first <= end - WEEK_S:
-        previous = compute_week(ss, end - 2 * WEEK_S, end - WEEK_S, gpu_hour_cost)
+        previous = compute_week(frame, end - 2 * WEEK_S, end - WEEK_S, gpu_hour_cost)
     ranked = sorted(group_incidents(diagnoses), key=lambda i: (-i.head.score, -(i.head.until - i.head.since)))[:top]
-    return WeeklyReport(this, previous, gpu_hour_cost, source, ranked, attribution_note(ss))
+    return WeeklyReport(this, previous, gpu_hour_cost, source, ranked, attribution_note(frame))

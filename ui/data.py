@@ -31,7 +31,6 @@ from kvscope.diagnoser.sources.window import Span, read_window
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.sources.recording import RecordingSource
-    from kvscope.report.weekly import SeriesSet
 
 KINDS = ("recording", "prometheus", "agent")
 ENV = {"recording": "KVSCOPE_UI_RECORDING", "prometheus": "KVSCOPE_UI_PROMETHEUS", "agent": "KVSCOPE_UI_AGENT"}
@@ -75,7 +74,7 @@ class TriageData:
     frame: Frame
     engines: dict[str, str | None] = field(default_factory=dict)
     cascades: dict = field(default_factory=dict)  # instance -> agent.derive.cascade.CascadeReport
-    series: SeriesSet | None = None  # for the efficiency page
+    series: Frame | None = None  # the report's window (report/weekly.py), for the efficiency page
     notes: list[str] = field(default_factory=list)  # what reading the source left out, and why
     routers: list[dict] | None = None  # diagnoser/routing.py; None: read from `frame`
 
@@ -138,7 +137,8 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
     marked) and rules. The frame keeps every recorded series, for the pages' charts and tables."""
     from kvscope.agent.derive.cascade import evaluate_cascade
     from kvscope.diagnoser.evaluate.evaluator import diagnose
-    from kvscope.report.weekly import series_set_from_samples
+    from kvscope.diagnoser.sources.samples import SamplesSource
+    from kvscope.report.weekly import report_window
 
     path = recording.path
     try:
@@ -157,7 +157,7 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
         frame,
         dict(replay.engines),
         evaluate_cascade(replay.samples),
-        series_set_from_samples(replay.samples),
+        report_window(SamplesSource(replay.samples, recording.description, carry=False)),
         list(replay.notes),
     )
 
