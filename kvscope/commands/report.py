@@ -70,6 +70,11 @@ def check_args(args: argparse.Namespace) -> None:
             check_output_file(f"--{flag}", getattr(args, flag))
     if getattr(args, "gpu_mapping", None) is not None:
         args.gpu_mapping_value = read_gpu_mapping(args)
+    _check_source(args)
+
+
+def _check_source(args: argparse.Namespace) -> None:
+    """The source flag: a URL that can be one, a store or recordings that are there."""
     if args.prometheus:
         check_http_url("--prometheus", args.prometheus)
     if args.store and not args.store.is_file():
