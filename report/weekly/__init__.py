@@ -9,14 +9,13 @@ week-over-week deltas and the week's top findings. It reads one `Frame` through 
 the source lacks stays absent (None), never zero.
 
 One module per concern: series.py (the window, its columns and their primitives), gpus.py (GPU to
-pool attribution), coverage.py (data held, the timeline), week.py (a week's numbers), incidents.py
-(top findings), build.py (the report). The names below are the package's interface.
+pool attribution), coverage.py (data held, the timeline), week.py (a week's numbers), build.py (top
+findings and the report). The names imported here are the package's interface.
 """
 
-from kvscope.report.weekly.build import DELTA_KEYS, WeeklyReport, build_report
+from kvscope.report.weekly.build import DELTA_KEYS, Incident, WeeklyReport, build_report, group_incidents
 from kvscope.report.weekly.coverage import DataCoverage, data_coverage, timeline_step
 from kvscope.report.weekly.gpus import attribution_note, gpu_pools, pools
-from kvscope.report.weekly.incidents import Incident, group_incidents
 from kvscope.report.weekly.series import (
     COUNTERS,
     GAUGES,
@@ -35,36 +34,3 @@ from kvscope.report.weekly.series import (
     utilisation_signal,
 )
 from kvscope.report.weekly.week import Efficiency, WeekStats, compute_week, efficiency
-
-__all__ = [
-    "COUNTERS",
-    "DELTA_KEYS",
-    "GAUGES",
-    "MAX_GAP_S",
-    "SIGNALS",
-    "UTILISATION_SIGNALS",
-    "UTILISATION_TRAP",
-    "WEEK_S",
-    "Columns",
-    "DataCoverage",
-    "Efficiency",
-    "Incident",
-    "Points",
-    "WeekStats",
-    "WeeklyReport",
-    "attribution_note",
-    "build_report",
-    "columns",
-    "compute_week",
-    "counter_increments",
-    "data_coverage",
-    "efficiency",
-    "gauge_coverage",
-    "gpu_pools",
-    "group_incidents",
-    "pools",
-    "report_step",
-    "report_window",
-    "timeline_step",
-    "utilisation_signal",
-]
