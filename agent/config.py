@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import yaml
 
@@ -510,20 +510,7 @@ def _target(i: int, item: Any, where: str) -> Target:
         if k not in _TARGET_KEYS:
             raise ConfigError(f"{key}.{k}: unknown key (allowed: {', '.join(_TARGET_KEYS)}){where}")
     url = item.get("url")
-    try:
-        parts = urlsplit(url) if isinstance(url, str) else None
-    except ValueError:  # "Invalid IPv6 URL": an unbalanced [ in the host
-        parts = None
-    if isinstance(url, str) and (bad := next((c for c in url if not c.isprintable() or c.isspace()), None)):
-        raise ConfigError(
-            f"{key}.url: must not contain whitespace or control characters (found {bad!r}), got {url[:200]!r}{where}"
-        )
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{key}.url: must be an http:// or https:// URL with a host, got {_show(url)}{where}")
-    try:
-        parts.port  # noqa: B018 - raises ValueError for a bad port
-    except ValueError as e:
-        raise ConfigError(f"{key}.url: bad port in {_show(url)}{where}") from e
+    parts = _target_url(key, url, where)
     job = item.get("job", "engine")
     if not isinstance(job, str) or not job:
         raise ConfigError(f"{key}.job: must be a non-empty string, got {_show(job)}{where}")
@@ -543,6 +530,25 @@ def _target(i: int, item: Any, where: str) -> Target:
         except ValueError:
             raise ConfigError(f"{key}.{name}: must be {_COUNT}, got {_show(item[name])}{where}") from None
     return Target(url=str(url), job=job, instance=instance, engine=engine, labels=labels, limits=tuple(own))
+
+
+def _target_url(key: str, url: Any, where: str) -> SplitResult:
+    """A target's URL, split: http(s) with a host and a valid port, else a ConfigError."""
+    try:
+        parts = urlsplit(url) if isinstance(url, str) else None
+    except ValueError:  # "Invalid IPv6 URL": an unbalanced [ in the host
+        parts = None
+    if isinstance(url, str) and (bad := next((c for c in url if not c.isprintable() or c.isspace()), None)):
+        raise ConfigError(
+            f"{key}.url: must not contain whitespace or control characters (found {bad!r}), got {url[:200]!r}{where}"
+        )
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{key}.url: must be an http:// or https:// URL with a host, got {_show(url)}{where}")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError as e:
+        raise ConfigError(f"{key}.url: bad port in {_show(url)}{where}") from e
+    return parts
 
 
 def _target_labels(key: str, raw: Any, where: str) -> tuple[tuple[str, str], ...]:

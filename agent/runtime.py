@@ -203,7 +203,7 @@ class _Seen(NamedTuple):
 _name, _labels, _value = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
-def _freeze_startup_objects() -> None:
+def freeze_startup_objects() -> None:
     """Freeze what is alive after the first cycle (it lives as long as the process) and collect the
     youngest generation every 10k net allocations instead of 700 (docs/performance.md)."""
     gc.collect()
@@ -224,7 +224,7 @@ class AgentRuntime:
         clock: Callable[[], float] = time.time,
         freeze_gc: bool = False,
     ) -> None:
-        """`freeze_gc`: `_freeze_startup_objects` after the first cycle (process-wide: only the
+        """`freeze_gc`: `freeze_startup_objects` after the first cycle (process-wide: only the
         `kvscope agent` process asks for it)."""
         self.freeze_gc = freeze_gc
         self.config = config
@@ -338,7 +338,7 @@ class AgentRuntime:
                 self.state.collector_status["cycle"] = (False, f"exception_{type(e).__name__}", 0.0)
                 self.state.version += 1
             if self.state.cycles == 1 and self.freeze_gc:
-                _freeze_startup_objects()
+                freeze_startup_objects()
             next_tick += interval
             now = time.monotonic()
             if next_tick < now:

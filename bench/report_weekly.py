@@ -2,8 +2,8 @@
 
 The fleet: 25 engines at TP=4 (100 GPUs) on 13 nodes, 4 pools (2 models x prefill/decode),
 20 tenants. Per 15 s point: GPU utilisation per GPU, four token counters per engine and three
-counters per tenant, about 10.5 M points. Timed: building the columnar series set from arrays
-(what the store and Prometheus loaders produce), every computation, Markdown and HTML with plots.
+counters per tenant, about 10.5 M points. Timed: the report's columns built from the Frame (what
+`read_window` hands it from any source), every computation, Markdown and HTML with plots.
 
     .venv/bin/python bench/report_weekly.py
 """
@@ -15,8 +15,10 @@ import time
 
 import numpy as np
 
+from kvscope.agent.signals import make_labels
+from kvscope.diagnoser.evaluate.frame import Block, Frame
 from kvscope.report.render import render_html, render_markdown
-from kvscope.report.weekly import WEEK_S, build_report, series_set_from_arrays
+from kvscope.report.weekly import WEEK_S, build_report, columns
 
 GOAL_S = 10.0
 STEP_S = 15.0
@@ -29,16 +31,14 @@ COUNTERS = (
 )
 
 
-def make_fleet(end: float, rng: np.random.Generator):
-    """Label dicts and parallel (sid, ts, value) arrays for one week."""
+def make_fleet(end: float, rng: np.random.Generator) -> Frame:
+    """One week of the fleet on a 15 s grid."""
     ts = np.arange(end - WEEK_S + STEP_S, end + 1, STEP_S)
-    series, sids, times, values = [], [], [], []
+    series, values = [], []
     diurnal = 0.5 + 0.4 * np.sin(2 * np.pi * (ts % 86400) / 86400)
 
     def add(labels: dict, vals: np.ndarray) -> None:
-        sids.append(np.full(ts.size, len(series), dtype=np.int32))
         series.append(labels)
-        times.append(ts)
         values.append(vals)
 
     for e in range(GPUS // TP):
@@ -59,22 +59,31 @@ def make_fleet(end: float, rng: np.random.Generator):
             ("tenant_cached_tokens_total", 900 * rng.uniform(0, 0.8)),
         ):
             add({"name": name, "tenant": f"tenant-{t:02d}"}, np.cumsum(share * per * diurnal))
-    return series, np.concatenate(sids), np.concatenate(times), np.concatenate(values)
+    frame = Frame(ts=ts)
+    for name in sorted({s["name"] for s in series}):
+        rows = [
+            (make_labels({k: v for k, v in s.items() if k != "name"}), v)
+            for s, v in zip(series, values, strict=True)
+            if s["name"] == name
+        ]
+        frame.blocks[name] = Block([r[0] for r in rows], np.vstack([r[1] for r in rows]))
+    return frame
 
 
 def main() -> None:
     end = 1_800_000_000.0
-    series, sids, ts, values = make_fleet(end, np.random.default_rng(7))
-    print(f"fleet: {GPUS} GPUs, {len(series)} series, {ts.size / 1e6:.1f} M points over 7 days at {STEP_S:g} s")
+    frame = make_fleet(end, np.random.default_rng(7))
+    n = sum(len(b.labels) for b in frame.blocks.values())
+    print(f"fleet: {GPUS} GPUs, {n} series, {n * frame.ts.size / 1e6:.1f} M points over 7 days at {STEP_S:g} s")
     c0, t0 = time.process_time(), time.perf_counter()
-    ss = series_set_from_arrays(series, sids, ts, values)
+    columns(frame)
     t1 = time.perf_counter()
-    report = build_report(ss, end, gpu_hour_cost=2.5, source="bench")
+    report = build_report(frame, end, gpu_hour_cost=2.5, source="bench")
     t2 = time.perf_counter()
     md, page = render_markdown(report), render_html(report)
     t3, c3 = time.perf_counter(), time.process_time()
     total = t3 - t0
-    print(f"build series set {t1 - t0:6.2f} s")
+    print(f"columns of frame {t1 - t0:6.2f} s")
     print(f"compute          {t2 - t1:6.2f} s")
     print(f"render md + html {t3 - t2:6.2f} s  ({len(md):,} + {len(page):,} bytes)")
     print(

@@ -27,10 +27,10 @@ from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding
 from kvscope.diagnoser.render import fmt_time
 from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
+from kvscope.diagnoser.sources.window import Span, read_window
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.sources.recording import RecordingSource
-    from kvscope.report.weekly import SeriesSet
 
 KINDS = ("recording", "prometheus", "agent")
 ENV = {"recording": "KVSCOPE_UI_RECORDING", "prometheus": "KVSCOPE_UI_PROMETHEUS", "agent": "KVSCOPE_UI_AGENT"}
@@ -76,7 +76,7 @@ class TriageData:
     frame: Frame
     engines: dict[str, str | None] = field(default_factory=dict)
     cascades: dict = field(default_factory=dict)  # instance -> agent.derive.cascade.CascadeReport
-    series: SeriesSet | None = None  # for the efficiency page
+    series: Frame | None = None  # the report's window (report/weekly.py), for the efficiency page
     notes: list[str] = field(default_factory=list)  # what reading the source left out, and why
     routers: list[dict] | None = None  # diagnoser/routing.py; None: read from `frame`
 
@@ -139,7 +139,8 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
     marked) and rules. The frame keeps every recorded series, for the pages' charts and tables."""
     from kvscope.agent.derive.cascade import evaluate_cascade
     from kvscope.diagnoser.evaluate.evaluator import diagnose
-    from kvscope.report.weekly import series_set_from_samples
+    from kvscope.diagnoser.sources.samples import SamplesSource
+    from kvscope.report.weekly import report_window
 
     path = recording.path
     try:
@@ -147,7 +148,7 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
         if replay.start is None or replay.end is None or replay.end <= replay.start:
             raise SourceError("it holds fewer than two scrapes")
         names = {s.name for s in replay.samples}
-        frame = recording.read_frame(names, None, None, step_s or recording.natural_step())
+        frame = read_window(recording, names, Span(), step_s)
     except (SourceError, ValueError) as exc:  # ValueError: over the grid's bounds (diagnoser/evaluate/frame.py)
         raise SourceError(f"recording {path} could not be read: {exc}") from exc
     except (EOFError, zlib.error) as exc:  # a gzip cut short (recorder killed mid-write)
@@ -158,7 +159,7 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
         frame,
         dict(replay.engines),
         evaluate_cascade(replay.samples),
-        series_set_from_samples(replay.samples),
+        report_window(SamplesSource(replay.samples, recording.description, carry=False)),
         list(replay.notes),
     )
 
@@ -195,10 +196,10 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
                 catalog=reader.catalog,
             )
             assert report.fetched is not None
-            routers = reader.read_frame(set(ROUTER_SIGNALS), end - source.since_s, end, step_s)
+            routers = read_window(reader, ROUTER_SIGNALS, Span.last(source.since_s, end), step_s)
             return TriageData(source, diagnosis, report.fetched.whole(), routers=router_decisions(routers))
         reader = AgentSource(source.location)
-        frame = reader.read_frame(names | set(ROUTER_SIGNALS), end - source.since_s, end, step_s)
+        frame = read_window(reader, names | set(ROUTER_SIGNALS), Span.last(source.since_s, end), step_s)
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read: {exc}") from exc
     return TriageData(source, diagnose(frame, rules, source=reader.description), frame)

@@ -177,12 +177,7 @@ class EngineCollector:
             _down(health, reason)
             return
         health.dropped.update(i.reason for i in issues)
-        health.dropped.update(norm.dropped)
-        health.series = len(norm.samples)
-        if not norm.samples:
-            _down(health, "no_canonical_series")
-        elif _aggregated(scrape.text, self.catalog.dialects[engine].worker_labels):
-            health.reason = "aggregated_workers"
+        self._judge(health, norm, scrape.text, engine)
         if isinstance(out.samples, Parts):
             out.samples.add(norm.samples, target.instance)
         else:
@@ -191,6 +186,16 @@ class EngineCollector:
             out.facts[target.instance] = _merge_ranks(norm.facts)
         if not norm.samples and target.engine is None:
             self._engines.pop(target.instance, None)  # detect again next time
+
+    def _judge(self, health: Health, norm: Normalized, text: str | None, engine: str) -> None:
+        """A normalized payload's health: its series and drops, down without a canonical series,
+        `aggregated_workers` when the engine summed its workers before exporting."""
+        health.dropped.update(norm.dropped)
+        health.series = len(norm.samples)
+        if not norm.samples:
+            _down(health, "no_canonical_series")
+        elif _aggregated(text, self.catalog.dialects[engine].worker_labels):
+            health.reason = "aggregated_workers"
 
     @staticmethod
     def _failed(scrape: TargetScrape) -> str:

@@ -174,17 +174,7 @@ def _snapshots(lines: list[Line], summary: LogSummary) -> list[tuple[float, dict
     stats_ts = [ln.ts for ln in lines if ln.kind == "stats"]
     gaps = [b - a for a, b in zip(stats_ts, stats_ts[1:], strict=False) if b > a]
     cap = statistics.median(gaps) if len(gaps) >= 2 else float("inf")
-    counters: dict[str, float] = {}
-    if "stats" in kinds:
-        counters |= {
-            k: 0.0 for k, f in (("prompt", "prompt_tps"), ("gen", "gen_tps"), ("preempt", "preempt_n")) if f in keys
-        }
-    if "prefill" in kinds and "new" in keys:
-        counters |= {"prompt": 0.0} | ({"queries": 0.0, "hits": 0.0} if "cached" in keys else {})
-    if "decode" in kinds and "gen_tps" in keys:
-        counters["gen"] = 0.0
-    if "retract" in kinds or next((ln.fields["preempt_total"] for ln in lines if ln.kind == "preempt"), None) == 1:
-        counters["preempt"] = 0.0
+    counters = _counters_kept(lines, kinds, keys)
     gauges: dict[str, float] = {}
     last: dict[str, float] = {}  # kind -> time of the previous line of that kind
     out: dict[float, dict[str, float]] = {}  # one snapshot per time: the last line's values
@@ -196,26 +186,52 @@ def _snapshots(lines: list[Line], summary: LogSummary) -> list[tuple[float, dict
         gauges.update((k, f[k]) for k in GAUGES if k in f)
         dt = ln.ts - last[ln.kind] if ln.kind in last else 0.0
         last[ln.kind] = ln.ts
-        if ln.kind == "stats":
-            dt = min(dt, cap)
-            for key, field_ in (("prompt", "prompt_tps"), ("gen", "gen_tps")):
-                if key in counters:
-                    counters[key] += f.get(field_, 0.0) * dt
-            if "preempt" in counters:
-                counters["preempt"] += f.get("preempt_n", 0.0)
-        elif ln.kind == "preempt":
-            counters["preempt"] = max(counters.get("preempt", 0.0), f["preempt_total"])
-        elif ln.kind == "prefill" and "new" in f:
-            counters["prompt"] += f["new"] + f.get("cached", 0.0)
-            if "queries" in counters:
-                counters["queries"] += f["new"] + f.get("cached", 0.0)
-                counters["hits"] += f.get("cached", 0.0)
-            if f["new"] + f.get("cached", 0.0) > 0 and "cached" in f:
-                gauges["prefix_hit"] = f["cached"] / (f["new"] + f["cached"])
-        elif ln.kind == "decode" and "gen" in counters:
-            counters["gen"] += f.get("gen_tps", 0.0) * dt
-        elif ln.kind == "retract":
-            counters["preempt"] += f["retracted"]
+        _advance(ln.kind, f, min(dt, cap) if ln.kind == "stats" else dt, counters, gauges)
         if values := {GAUGES[k]: v for k, v in gauges.items()} | {COUNTERS[k]: v for k, v in counters.items()}:
             out[round(ln.ts, 3)] = values
     return list(out.items())
+
+
+def _counters_kept(lines: list[Line], kinds: set[str], keys: set[str]) -> dict[str, float]:
+    """The counters this stream's lines can feed, each from 0 (a counter none of them feed is absent)."""
+    counters: dict[str, float] = {}
+    if "stats" in kinds:
+        counters |= {
+            k: 0.0 for k, f in (("prompt", "prompt_tps"), ("gen", "gen_tps"), ("preempt", "preempt_n")) if f in keys
+        }
+    if "prefill" in kinds and "new" in keys:
+        counters |= {"prompt": 0.0} | ({"queries": 0.0, "hits": 0.0} if "cached" in keys else {})
+    if "decode" in kinds and "gen_tps" in keys:
+        counters["gen"] = 0.0
+    if "retract" in kinds or next((ln.fields["preempt_total"] for ln in lines if ln.kind == "preempt"), None) == 1:
+        counters["preempt"] = 0.0
+    return counters
+
+
+def _advance(kind: str, f: dict[str, float], dt: float, counters: dict[str, float], gauges: dict[str, float]) -> None:
+    """In place: the counters (and the prefix-hit gauge) after one line of `kind` with fields `f`,
+    `dt` seconds after the previous line of its kind (a stats line's rates count over dt)."""
+    if kind == "stats":
+        for key, field_ in (("prompt", "prompt_tps"), ("gen", "gen_tps")):
+            if key in counters:
+                counters[key] += f.get(field_, 0.0) * dt
+        if "preempt" in counters:
+            counters["preempt"] += f.get("preempt_n", 0.0)
+    elif kind == "preempt":
+        counters["preempt"] = max(counters.get("preempt", 0.0), f["preempt_total"])
+    elif kind == "prefill" and "new" in f:
+        _prefill(f, counters, gauges)
+    elif kind == "decode" and "gen" in counters:
+        counters["gen"] += f.get("gen_tps", 0.0) * dt
+    elif kind == "retract":
+        counters["preempt"] += f["retracted"]
+
+
+def _prefill(f: dict[str, float], counters: dict[str, float], gauges: dict[str, float]) -> None:
+    """A prefill line: its new and cached prompt tokens, and the prefix-hit share when it says both."""
+    counters["prompt"] += f["new"] + f.get("cached", 0.0)
+    if "queries" in counters:
+        counters["queries"] += f["new"] + f.get("cached", 0.0)
+        counters["hits"] += f.get("cached", 0.0)
+    if f["new"] + f.get("cached", 0.0) > 0 and "cached" in f:
+        gauges["prefix_hit"] = f["cached"] / (f["new"] + f["cached"])

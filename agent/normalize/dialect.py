@@ -75,7 +75,7 @@ def normalize(
     if engine is None or engine not in catalog.dialects:
         out.unmapped = len(expo.samples)
         return out
-    mapper = memo.mapper(catalog, engine, target_labels) if memo else _Mapper(catalog, engine, target_labels)
+    mapper = memo.mapper(catalog, engine, target_labels) if memo else Mapper(catalog, engine, target_labels)
     acc: dict[tuple[str, Labels, float | None], float] = {}
     for raw in expo.samples:
         mapper.map_sample(raw, timestamp, acc, out)
@@ -111,20 +111,20 @@ class MappingMemo:
 
     def __init__(self, max_series: int = 50_000) -> None:
         self.max_series = max_series
-        self._mapper: _Mapper | None = None
+        self._mapper: Mapper | None = None
         self._key: tuple[int, str, tuple[tuple[str, str], ...]] | None = None
 
-    def mapper(self, catalog: Catalog, engine: str, target_labels: dict[str, str]) -> _Mapper:
+    def mapper(self, catalog: Catalog, engine: str, target_labels: dict[str, str]) -> Mapper:
         key = (id(catalog), engine, tuple(sorted(target_labels.items())))
         if self._mapper is None or key != self._key or self._mapper.catalog is not catalog:
-            self._mapper = _Mapper(catalog, engine, target_labels)
+            self._mapper = Mapper(catalog, engine, target_labels)
             self._key = key
         elif len(self._mapper.plans) > self.max_series:
             self._mapper.plans.clear()
         return self._mapper
 
 
-class _Mapper:
+class Mapper:
     """Applies one dialect to raw samples; caches name resolution across samples."""
 
     def __init__(self, catalog: Catalog, engine: str, target_labels: dict[str, str]) -> None:

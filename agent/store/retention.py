@@ -7,17 +7,49 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import threading
 import time
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from kvscope.agent.store.sqlite import SqliteStore
+from kvscope.agent.signals import Labels
+from kvscope.agent.store.changepoints import ChangeEncoder
+
+
+class _Counts(Protocol):
+    rows: int
+    deleted: Counter[str]
+
+
+class RetainedStore(Protocol):
+    """What retention reads and writes of the store it cuts (agent/store/sqlite.py `SqliteStore`,
+    which calls it on its writer thread): its connections' locks, the writer connection, the
+    series index and counters."""
+
+    retention_s: float
+    max_bytes: int
+    _wlock: threading.RLock
+    _slock: threading.Lock
+    _qlock: threading.Lock
+    _writer: sqlite3.Connection
+    _ids: dict[tuple[str, Labels], int]
+    _encoder: ChangeEncoder
+
+    @property
+    def _stats(self) -> _Counts: ...
+
+    def unindex(self, gone: set[int]) -> None:
+        """Forget series ids."""
+
+    def rollback(self) -> None:
+        """Roll the writer's transaction back."""
+
 
 SIZE_TARGET_FRACTION = 0.9
 """A size-retention pass deletes until the pages in use are below this fraction of max_bytes."""
 
 
-def enforce_retention(store: SqliteStore, now: float | None = None) -> int:
+def enforce_retention(store: RetainedStore, now: float | None = None) -> int:
     """Delete rows older than retention_s, then the oldest rows until the pages in use are
     under max_bytes; give freed pages back with incremental_vacuum. Returns rows deleted."""
     now = time.time() if now is None else now
@@ -36,7 +68,7 @@ def enforce_retention(store: SqliteStore, now: float | None = None) -> int:
         return deleted
 
 
-def _prune_series(store: SqliteStore) -> None:
+def _prune_series(store: RetainedStore) -> None:
     """Forget series left without samples (engines and pods come and go)."""
     q = "SELECT id FROM series WHERE NOT EXISTS (SELECT 1 FROM samples WHERE series_id = series.id)"
     empty = [r[0] for r in store._writer.execute(q)]
@@ -46,15 +78,15 @@ def _prune_series(store: SqliteStore) -> None:
     store._writer.executemany("DELETE FROM marks WHERE series_id = ?", [(i,) for i in empty])
     gone = set(empty)
     store._encoder.forget(gone)
-    store._unindex(gone)
+    store.unindex(gone)
 
 
-def _series_ids(store: SqliteStore) -> list[int]:
+def _series_ids(store: RetainedStore) -> list[int]:
     with store._slock:
         return list(store._ids.values())
 
 
-def _delete_before(store: SqliteStore, cutoff_s: float, reason: str) -> int:
+def _delete_before(store: RetainedStore, cutoff_s: float, reason: str) -> int:
     cutoff = round(cutoff_s * 1000)
     params = [(sid, cutoff) for sid in _series_ids(store)]
     if not params:
@@ -70,7 +102,7 @@ def _delete_before(store: SqliteStore, cutoff_s: float, reason: str) -> int:
         )
         store._writer.execute("COMMIT")
     except sqlite3.Error:
-        store._rollback()
+        store.rollback()
         raise
     with store._qlock:
         store._stats.rows += added - n
@@ -78,7 +110,7 @@ def _delete_before(store: SqliteStore, cutoff_s: float, reason: str) -> int:
     return n
 
 
-def _groups(store: SqliteStore) -> list[int]:
+def _groups(store: RetainedStore) -> list[int]:
     """Group ids that have stamps (a skip scan over the stamps primary key)."""
     out: list[int] = []
     row = store._writer.execute("SELECT MIN(group_id) FROM stamps").fetchone()
@@ -88,14 +120,14 @@ def _groups(store: SqliteStore) -> list[int]:
     return out
 
 
-def _has_stamps_before(store: SqliteStore, cutoff: int) -> bool:
+def _has_stamps_before(store: RetainedStore, cutoff: int) -> bool:
     return any(
         store._writer.execute("SELECT 1 FROM stamps WHERE group_id = ? AND ts_ms < ? LIMIT 1", (g, cutoff)).fetchone()
         for g in _groups(store)
     )
 
 
-def _reanchor(store: SqliteStore, cutoff: int) -> int:
+def _reanchor(store: RetainedStore, cutoff: int) -> int:
     """Before rows older than `cutoff` go: a series whose run crosses the cut gets its carried
     value written as a point (and a mark) at its group's first stamp at or after the cut, so
     the points it keeps read back unchanged. Returns the points added."""
@@ -130,7 +162,7 @@ def _reanchor(store: SqliteStore, cutoff: int) -> int:
     return max(0, cur.rowcount)
 
 
-def _delete_oldest_fraction(store: SqliteStore, fraction: float) -> int:
+def _delete_oldest_fraction(store: RetainedStore, fraction: float) -> int:
     """Delete the oldest `fraction` of the time span stored (samples arrive at a steady rate,
     so time is a good proxy for rows; the caller loops until under the limit)."""
     lo, hi = _time_span(store)
@@ -140,7 +172,7 @@ def _delete_oldest_fraction(store: SqliteStore, fraction: float) -> int:
     return _delete_before(store, cutoff_ms / 1000, "size")
 
 
-def _time_span(store: SqliteStore) -> tuple[int | None, int | None]:
+def _time_span(store: RetainedStore) -> tuple[int | None, int | None]:
     """Oldest and newest stored point (per series: each a range scan of its primary key)."""
     q = "SELECT MIN(ts_ms), MAX(ts_ms) FROM samples WHERE series_id = ?"
     spans = [row for sid in _series_ids(store) if (row := store._writer.execute(q, (sid,)).fetchone())[0] is not None]

@@ -387,7 +387,7 @@ class SqliteStore:
             self._by_name.setdefault(name, []).append((labels, sid))
             self._per_target[_instance(labels)] += 1
 
-    def _unindex(self, gone: set[int]) -> None:
+    def unindex(self, gone: set[int]) -> None:
         """Forget series ids (rolled back, or pruned by retention)."""
         with self._slock:
             self._ids = {k: v for k, v in self._ids.items() if v not in gone}
@@ -498,12 +498,13 @@ class SqliteStore:
     def _undo(self, exc: BaseException) -> None:
         """A batch failed: roll back, forget the series its transaction created and the
         encoder's state (it described rows that are not on disk)."""
-        self._rollback()
+        self.rollback()
         self._encoder.reset()
         if self._created:
-            self._unindex({sid for sid, _, _ in self._created})
+            self.unindex({sid for sid, _, _ in self._created})
 
-    def _rollback(self) -> None:
+    def rollback(self) -> None:
+        """Roll the writer's open transaction back (none open: nothing)."""
         with contextlib.suppress(sqlite3.Error):
             self._writer.execute("ROLLBACK")
 
@@ -548,7 +549,7 @@ class SqliteStore:
                 # long API read holding the reader never delays the writer
                 self._snapshot = self._stats_via(self._writer, self._wlock)
             except Exception as exc:  # noqa: BLE001 - the writer thread must outlive any one failure
-                self._rollback()
+                self.rollback()
                 self._failed(exc)
 
     def _failed(self, exc: Exception) -> None:

@@ -12,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kvscope.agent.tap.exchange import Exchange, Tap
 from kvscope.agent.tap.http1 import Downstream, Request, Upstream, error_body, filter_headers
 from kvscope.agent.tap.sse import SseScanner, parse_json_object, usage_of
-
-if TYPE_CHECKING:
-    from kvscope.agent.tap.proxy import RequestTap, _Exchange
 
 log = logging.getLogger("kvscope.tap")
 MAX_COPY_BYTES = 16 << 20  # an accounted non-streamed answer is read for usage up to this size
@@ -31,10 +29,10 @@ class Forward:
 
     def __init__(
         self,
-        tap: RequestTap,
+        tap: Tap,
         conn: Downstream,
         req: Request,
-        ex: _Exchange | None,
+        ex: Exchange | None,
         doc: dict[str, Any] | None,
         injected: bool,
         target: Any,

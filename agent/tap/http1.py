@@ -237,15 +237,7 @@ class Downstream(asyncio.Protocol):
         self.busy = False
         if tr is None:
             return
-        if self._head_request:
-            data = b""
-        if self._chunked:
-            tail = b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n"
-        else:
-            tail = data
-        if self._head is not None:
-            tail, self._head = self._head + tail, None
-        if tail:
+        if tail := self._last_write(data):
             tr.write(tail)
         self.since = time.monotonic()  # the idle (or the next head's) timer starts now
         if self._close_after and self._error is not None:
@@ -259,6 +251,19 @@ class Downstream(asyncio.Protocol):
             self._dispatch(self._pending.popleft())
             if not self._pending and self.transport is not None:
                 self.transport.resume_reading()
+
+    def _last_write(self, data: bytes) -> bytes:
+        """The response's last bytes on the wire: `data` (none for HEAD), chunked with the end
+        marker when chunked, after a head not yet written."""
+        if self._head_request:
+            data = b""
+        if self._chunked:
+            tail = b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n"
+        else:
+            tail = data
+        if self._head is not None:
+            tail, self._head = self._head + tail, None
+        return tail
 
     def abort(self) -> None:
         """Cut the connection without ending the response (the client sees a broken stream)."""

@@ -21,7 +21,7 @@ import time
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
@@ -32,6 +32,7 @@ from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, Cou
 from kvscope.agent.serve.export import canonical_families
 from kvscope.agent.serve.limits import Refused, connection_cap, http_answer
 from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels
+from kvscope.agent.tap.exchange import Exchange
 from kvscope.agent.tap.forward import Forward
 from kvscope.agent.tap.http1 import (
     HOP_BY_HOP,
@@ -43,7 +44,7 @@ from kvscope.agent.tap.http1 import (
     render_request,
 )
 from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
-from kvscope.agent.tap.sessions import SessionTracker, Turn, parse_session_id
+from kvscope.agent.tap.sessions import SessionTracker, parse_session_id
 from kvscope.agent.tap.sse import parse_json_object, parse_usage
 from kvscope.agent.tenants import TenantLimiter, parse_tenant
 from kvscope.agent.traces.otlp import Span
@@ -89,29 +90,6 @@ class TapConfig:
 
     def host_port(self) -> tuple[str, int]:
         return split_host_port(self.listen)
-
-
-@dataclass(slots=True)
-class _Exchange:
-    """What the tap learned about one request while it passed."""
-
-    tenant: str
-    path: str
-    model: str | None
-    start: float
-    trace_id: str
-    span_id: str
-    parent_id: str
-    replica: str = ""
-    reusable_ratio: float | None = None
-    first_token: float | None = None
-    status: int = 0
-    usage: dict[str, Any] | None = None
-    outcome: str = "ok"
-    start_ns: int = 0
-    gaps: list[float] = field(default_factory=list)
-    session_id: str | None = None
-    turn: Turn | None = None
 
 
 def _hex(nbytes: int) -> str:
@@ -279,21 +257,21 @@ class RequestTap:
         wire = render_request(req.method, target.prefix + req.target, target.host, upstream_headers(req, ex), body)
         Forward(self, conn, req, ex, doc, injected, target, wire).start()
 
-    def _begin(self, req: Request, doc: dict[str, Any]) -> _Exchange:
+    def _begin(self, req: Request, doc: dict[str, Any]) -> Exchange:
         """What the request needs before it goes upstream: its trace context and replica. Who sent
         it (`identify`) is worked out after it went, so that work never delays the engine."""
         trace_id, parent = parse_traceparent(req.headers.get("traceparent")) or (_hex(16), "")
         start, replica, start_ns = time.perf_counter(), next(self._rr), time.time_ns()
-        return _Exchange("", req.path, None, start, trace_id, _hex(8), parent, replica, start_ns=start_ns)
+        return Exchange("", req.path, None, start, trace_id, _hex(8), parent, replica, start_ns=start_ns)
 
-    def identify(self, ex: _Exchange, req: Request, doc: dict[str, Any]) -> None:
+    def identify(self, ex: Exchange, req: Request, doc: dict[str, Any]) -> None:
         """The request's tenant label, model and session id (called once the request is upstream,
         or when it ends without having got there)."""
         ex.tenant = self.tenants.label(parse_tenant(req.headers, doc, self.config.tenant_header))
         ex.model = model if isinstance(model := doc.get("model"), str) else None
         ex.session_id = parse_session_id(req.headers, doc)
 
-    def observe_prefix(self, ex: _Exchange, doc: dict[str, Any]) -> None:
+    def observe_prefix(self, ex: Exchange, doc: dict[str, Any]) -> None:
         """Reuse potential of the request's prompt, matched in arrival order (in-flight ones included),
         and the session turn it continues (agent/tap/sessions.py).
 
@@ -305,7 +283,7 @@ class RequestTap:
         ex.turn = self.sessions.begin(match, ex.session_id)  # which earlier turn this one follows
 
     # ------------------------------------------------------------ accounting
-    def account(self, ex: _Exchange) -> None:
+    def account(self, ex: Exchange) -> None:
         """Count one finished exchange: tenant counters, TTFT / ITL, session turn, the tap's span."""
         prompt_tokens, completion_tokens, cached = parse_usage(ex.usage)
         lab = self._labels.get(ex.tenant)
@@ -331,7 +309,7 @@ class RequestTap:
             self._emit_span(ex, prompt_tokens, completion_tokens, cached)
 
     def _emit_span(
-        self, ex: _Exchange, prompt_tokens: int | None, completion_tokens: int | None, cached: int | None
+        self, ex: Exchange, prompt_tokens: int | None, completion_tokens: int | None, cached: int | None
     ) -> None:
         end_ns = ex.start_ns + int((time.perf_counter() - ex.start) * 1e9)
         attrs = {
@@ -411,7 +389,7 @@ class GapHistogram(HistogramSet):
             row[-1] += total
 
 
-def upstream_headers(req: Request, ex: _Exchange | None) -> list[tuple[bytes, bytes]]:
+def upstream_headers(req: Request, ex: Exchange | None) -> list[tuple[bytes, bytes]]:
     """The headers a request goes upstream with (pure): the client's minus hop-by-hop ones and
     Accept-Encoding; an accounted one carries the tap's traceparent (and the client's tracestate)."""
     if ex is None:

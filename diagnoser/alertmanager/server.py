@@ -37,6 +37,7 @@ from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources import SourceError
 from kvscope.diagnoser.sources.prometheus import PrometheusSource
+from kvscope.diagnoser.sources.window import Span, read_window
 
 log = logging.getLogger("kvscope.serve")
 
@@ -232,7 +233,7 @@ class WebhookServer:
                 diagnose_fleet, source.client, start, end, self.config.step_s, *args
             )
             # the fleet path's frame holds only candidates' evidence: the routers are read apart
-            routers = await asyncio.to_thread(source.read_frame, set(ROUTER_SIGNALS), start, end, self.config.step_s)
+            routers = await asyncio.to_thread(read_window, source, ROUTER_SIGNALS, Span(start, end), self.config.step_s)
         except SourceError as exc:
             return {"likely_cause": None, "competing": [], "other": [], "skipped": []}, {}, [str(exc)]
         parts = report.fetched.parts if report.fetched else []

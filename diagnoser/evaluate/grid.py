@@ -130,28 +130,33 @@ def reduce_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: s
     sv, si = values[order], inverse[order]
     starts = np.flatnonzero(np.r_[True, si[1:] != si[:-1]])
     gids = si[starts]
-    present = ~np.isnan(sv)
-    counts = np.add.reduceat(present, starts, axis=0).astype(float)
-    if agg == "median":
-        ends = list(starts[1:]) + [len(sv)]
-        with _quiet_nan_warnings():
-            red = np.vstack([np.nanmedian(sv[a:b], axis=0) for a, b in zip(starts, ends, strict=True)])
-    elif agg == "count":
-        red = counts.copy()
-    elif agg == "max":
-        red = np.fmax.reduceat(sv, starts, axis=0)
-    elif agg == "min":
-        red = np.fmin.reduceat(sv, starts, axis=0)
-    else:
-        red = np.add.reduceat(_zero_nan(sv), starts, axis=0)
-        if agg == "avg":
-            with np.errstate(invalid="ignore", divide="ignore"):
-                red = red / counts
+    counts = np.add.reduceat(~np.isnan(sv), starts, axis=0).astype(float)
+    red = _reduce_sorted(sv, starts, counts, agg)
     if agg != "count":
         red[counts == 0] = np.nan
     out = np.full((n_groups, n_t), np.nan)
     out[gids] = red
     return out
+
+
+def _reduce_sorted(sv: np.ndarray, starts: np.ndarray, counts: np.ndarray, agg: str) -> np.ndarray:
+    """`agg` over runs of rows sorted by group (each run starts at `starts`; `counts`: present
+    values per run and time), absent values ignored."""
+    if agg == "median":
+        ends = list(starts[1:]) + [len(sv)]
+        with _quiet_nan_warnings():
+            return np.vstack([np.nanmedian(sv[a:b], axis=0) for a, b in zip(starts, ends, strict=True)])
+    if agg == "count":
+        return counts.copy()
+    if agg == "max":
+        return np.fmax.reduceat(sv, starts, axis=0)
+    if agg == "min":
+        return np.fmin.reduceat(sv, starts, axis=0)
+    red = np.add.reduceat(_zero_nan(sv), starts, axis=0)
+    if agg == "avg":
+        with np.errstate(invalid="ignore", divide="ignore"):
+            red = red / counts
+    return red
 
 
 def sum_dense_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int) -> np.ndarray:

@@ -16,8 +16,8 @@ from typing import Any
 from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, load_catalog
 from kvscope.diagnoser.citations import cite_text
 from kvscope.diagnoser.findings import SEVERITY_RANK
-from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _duration
-from kvscope.diagnoser.promql.signals import PromQL, _number, name_selector, quote
+from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, prom_duration
+from kvscope.diagnoser.promql.signals import PromQL, name_selector, prom_number, quote
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
 
@@ -82,14 +82,14 @@ class ConditionCompiler:
 
     def _right(self, cond: tree.Cond) -> str:
         op, r, name = cond.op if self.slack else None, cond.right, cond.series
-        times, plus = _number(self._loose(cond.times, op)), _number(self._loose(cond.plus, op))
+        times, plus = prom_number(self._loose(cond.times, op)), prom_number(self._loose(cond.plus, op))
         if isinstance(r, tree.Value):
             x = cond.threshold()
             if x is None:
                 raise NotExpressible(f"threshold of {name} has no value")
             if op is not None and r.x == 0 and signed(self.rule, name):
                 raise NotExpressible(f"{name} can be negative; a zero threshold has no loosened form")
-            return _number(self._loose(x, op))
+            return prom_number(self._loose(x, op))
         if isinstance(r, tree.Than):
             other = self.series.expr(r.series)
             join = self.series._join(name, r.series).strip()
@@ -191,7 +191,7 @@ def _alert(rule: Rule, expr: str, severity: str, when: tree.Block) -> dict[str, 
     where = " ".join(f"{{{{ $labels.{label} }}}}" for label in rule.by) or "the fleet"
     alert: dict[str, Any] = {"alert": alert_name(rule.id), "expr": expr}
     if when.hold > 0:
-        alert["for"] = _duration(when.hold)
+        alert["for"] = prom_duration(when.hold)
     alert["labels"] = {"severity": severity, "rule_id": rule.id}
     meta = rule.tree.meta
     if meta.get("levers_md"):

@@ -10,7 +10,7 @@ from typing import Any
 
 from kvscope.agent.signals import Catalog
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler
-from kvscope.diagnoser.promql.signals import InlineSignals, _number
+from kvscope.diagnoser.promql.signals import InlineSignals, prom_number
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
 
@@ -32,7 +32,7 @@ def quantile_rules(rules: list[Rule], catalog: Catalog) -> list[dict[str, Any]]:
             by = compiler.by_of(name)
             if compiler._matchers(node, ", ".join(by)):
                 continue
-            q = _number(node.q)
+            q = prom_number(node.q)
             key = (f"kvscope:{node.signal}:quantile_{compiler._range(node.rng)}", q, ",".join(by))  # name, labels
             if key in out:
                 continue

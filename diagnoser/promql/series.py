@@ -11,16 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvscope.diagnoser.promql.signals import NamedSignals, PromQL, SignalReader, _escape_re, _number
+from kvscope.diagnoser.promql.signals import (
+    NamedSignals,
+    NotExpressible,
+    PromQL,
+    SignalReader,
+    escape_re,
+    prom_number,
+)
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule, parse_duration
 
 SUBQUERY_STEP = "15s"
 """Resolution of `[range:step]` subqueries: the engine's default grid step (docs/rules.md)."""
-
-
-class NotExpressible(Exception):
-    """The rule (or one of its parts) has no faithful PromQL form; str() says why."""
 
 
 Part = tuple[str, int]
@@ -29,7 +32,7 @@ SUBQUERY_COST = 10
 """A subquery's price beyond its inner expression's: the inner expression again at every step."""
 
 
-def _duration(value: Any) -> str:
+def prom_duration(value: Any) -> str:
     """A Prometheus duration for a rule duration (`2m`, `90s`, or seconds as a number), compound
     and exact: `2m`, `1m30s`, `39m19s800ms`."""
     left, parts = int(round(parse_duration(value) * 1000)), []
@@ -76,7 +79,7 @@ class SeriesCompiler:
         self.rule_by = rule.by
         self.reader = reader or NamedSignals()
         self.step = step
-        self.sub = _duration(step) if step else SUBQUERY_STEP
+        self.sub = prom_duration(step) if step else SUBQUERY_STEP
         self.sub_for: Any = None
         """Optional: range seconds -> the subquery step for a subquery over that range."""
 
@@ -108,7 +111,7 @@ class SeriesCompiler:
         text = self.dur(seconds)
         limit = self.held if reach is None else reach
         if limit is not None and parse_duration(text) > limit:
-            return _duration(max(self.step or 1.0, limit))
+            return prom_duration(max(self.step or 1.0, limit))
         return text
 
     def dur(self, seconds: float, least: int = 1) -> str:
@@ -116,7 +119,7 @@ class SeriesCompiler:
         seconds *= self.rule.time_scale
         if self.step:
             seconds = max(least, int(round(seconds / self.step))) * self.step
-        return _duration(seconds)
+        return prom_duration(seconds)
 
     def _join(self, a: str, b: str) -> str:
         """Binary-operator modifier joining series b onto series a (b coarser or equal)."""
@@ -150,7 +153,7 @@ class SeriesCompiler:
         return text
 
     def _matchers(self, node: tree.Signal, by: str) -> list[tuple[str, str, str]]:
-        out = [(label, "=~", "|".join(_escape_re(v) for v in values)) for label, values in node.match]
+        out = [(label, "=~", "|".join(escape_re(v) for v in values)) for label, values in node.match]
         grouped = {b.strip() for b in by.split(",")}
         return out + [(label, "!=", "") for label in self.rule.tree.require_labels if label in grouped]
 
@@ -164,7 +167,7 @@ class SeriesCompiler:
         return _aggregate("sum", by, text), text.cost
 
     def _quantile(self, node: tree.Quantile, by: str) -> Part:
-        q, rng = _number(node.q), self._range(node.rng)
+        q, rng = prom_number(node.q), self._range(node.rng)
         rates = self._read(node, node.signal + "_bucket", _plus(by, "le"), "rate", rng)
         return f"histogram_quantile({q}, {_aggregate('sum', _plus(by, 'le'), rates)})", rates.cost
 
@@ -180,7 +183,7 @@ class SeriesCompiler:
     def _resets(self, node: tree.Resets, by: str) -> Part:
         rng = self._range(node.rng)
         if self.resets_bridge_s:
-            rng = _duration(parse_duration(rng) + self.resets_bridge_s)
+            rng = prom_duration(parse_duration(rng) + self.resets_bridge_s)
         text = self._read(node, node.signal, by, "resets", rng)
         return _aggregate("sum", by, text), text.cost
 
@@ -193,7 +196,7 @@ class SeriesCompiler:
         a, b = self.expr(node.a), self.expr(node.b)
         cost = a.cost + b.cost
         if node.op == "ratio":
-            guard = f"> {_number(node.min_den)}" if node.min_den <= 0 else f">= {_number(node.min_den)}"
+            guard = f"> {prom_number(node.min_den)}" if node.min_den <= 0 else f">= {prom_number(node.min_den)}"
             return f"({a})\n/{self._join(node.a, node.b)}\n(({b}) {guard})", cost
         if node.op == "coalesce":
             if set(a.by) != set(b.by):
@@ -204,7 +207,7 @@ class SeriesCompiler:
 
     def _scale(self, node: tree.Scale, by: str) -> Part:
         a = self.expr(node.of)
-        return f"({a}) * {_number(node.k)}", a.cost
+        return f"({a}) * {prom_number(node.k)}", a.cost
 
     def _overtime(self, node: tree.OverTime, by: str) -> Part:
         if node.agg not in ("avg", "max", "min", "sum"):
@@ -220,7 +223,7 @@ class SeriesCompiler:
 
     def _predict(self, node: tree.Predict, by: str) -> Part:
         sub, cost = self.subquery(self.expr(node.of), self._range(node.rng))
-        return f"predict_linear({sub}, {_number(node.ahead * self.rule.time_scale)})", cost
+        return f"predict_linear({sub}, {prom_number(node.ahead * self.rule.time_scale)})", cost
 
     def _changes(self, node: tree.Changes, by: str) -> Part:
         # the engine's leading edge (grid.changes `settle`): a value counts only once the series

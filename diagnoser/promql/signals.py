@@ -43,7 +43,7 @@ def name_selector(names: tuple[str, ...], matchers: list[str] | None = None) -> 
     matchers = matchers or []
     if len(names) == 1:
         return names[0] + ("{" + ",".join(matchers) + "}" if matchers else "")
-    regex = quote("|".join(_escape_re(n) for n in names))
+    regex = quote("|".join(escape_re(n) for n in names))
     return "{" + ",".join([f'__name__=~"{regex}"', *matchers]) + "}"
 
 
@@ -71,7 +71,7 @@ def source_terms(signal: Signal, catalog: Catalog, suffix: str = "") -> tuple[li
             continue
         dialect = catalog.dialects[alias.engine]
         renames = _renames(dialect, alias, signal)
-        matchers = tuple(sorted((k, "|".join(_escape_re(v) for v in vs)) for k, vs in alias.match.items()))
+        matchers = tuple(sorted((k, "|".join(escape_re(v) for v in vs)) for k, vs in alias.match.items()))
         sets = tuple(sorted(alias.set.items()))
         key = (alias.engine, matchers, renames, alias.scale, alias.collapse, alias.fallback, sets)
         prev = grouped.get(key)
@@ -125,7 +125,7 @@ def relabel(expr: str, term: SourceTerm) -> str:
     if term.dialect is not None:
         expr = f'label_replace({expr}, "engine", "{term.dialect}", "__name__", ".*")'
     if term.scale != 1.0:
-        expr = f"{expr} * {_number(term.scale)}"
+        expr = f"{expr} * {prom_number(term.scale)}"
     return expr
 
 
@@ -157,14 +157,18 @@ def canonical_by(signal: Signal, *extra: str) -> tuple[str, ...]:
     return (*GROUP_LABELS, *signal.labels, *extra)
 
 
+class NotExpressible(Exception):
+    """The rule (or one of its parts) has no faithful PromQL form; str() says why."""
+
+
 def le_regex(bound: float) -> str:
     """A regex, quoted for a PromQL string, matching a histogram bound however a client library
     spells it (`1` or `1.0`; Prometheus 3 normalises it on ingestion)."""
-    spellings = {repr(float(bound)), _number(bound)}
-    return quote("|".join(sorted(_escape_re(s) for s in spellings)))
+    spellings = {repr(float(bound)), prom_number(bound)}
+    return quote("|".join(sorted(escape_re(s) for s in spellings)))
 
 
-def _number(value: float) -> str:
+def prom_number(value: float) -> str:
     x = float(value)
     return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
 
@@ -174,7 +178,7 @@ def quote(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def _escape_re(text: str) -> str:
+def escape_re(text: str) -> str:
     return "".join("\\" + ch if ch in ".+*?()[]{}|^$\\" else ch for ch in text)
 
 
@@ -296,8 +300,6 @@ class InlineSignals:
         return [_range_read(names, sel, fn, rng) if fn else name_selector(names, sel) for names, sel in sels]
 
     def _terms(self, series: str) -> tuple[Signal, str, list[SourceTerm]]:
-        from kvscope.diagnoser.promql.series import NotExpressible
-
         signal, suffix = split_series(series, self.catalog)
         if signal is None:
             raise NotExpressible(f"{series} is not a catalog signal")

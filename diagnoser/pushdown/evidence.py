@@ -19,7 +19,7 @@ import numpy as np
 from kvscope.agent.signals import Catalog, make_labels
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, JudgedSpans
 from kvscope.diagnoser.promql.series import NotExpressible
-from kvscope.diagnoser.promql.signals import InlineSignals, Matcher, _escape_re
+from kvscope.diagnoser.promql.signals import InlineSignals, Matcher, escape_re
 from kvscope.diagnoser.pushdown.candidates import Group, Hits
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
@@ -102,10 +102,7 @@ def rule_needs(
     reads = leaf_groupings(rule)
     leaves = {name: node for name, node in rule.tree.series.items() if isinstance(node, tree.Signal)}
     one_span = len(grid) > 1 and "instance" not in rule.by and len({name in to_end for name in leaves}) == 1
-    reads_of: dict[str, set] = {}  # sample name -> how leaves read it: summed only where all read it alike
-    for name, leaf in leaves.items():
-        for sample in tree.leaf_names(leaf):
-            reads_of.setdefault(sample, set()).add((reads[name], isinstance(leaf, tree.Quantile), leaf.match))
+    reads_of = _reads_of(leaves, reads)
     summed: dict[
         tuple, Block | None
     ] = {}  # p50 and p99 of one histogram share one sum (leaves of one histogram: one task)
@@ -124,7 +121,7 @@ def rule_needs(
                 for g, lo, hi in spans
             ]
         values = {label: sorted({g.labels[label] for g in hits.groups}) for label in pinned}
-        matchers = [(label, "=~", "|".join(_escape_re(v) for v in vs)) for label, vs in sorted(values.items())]
+        matchers = [(label, "=~", "|".join(escape_re(v) for v in vs)) for label, vs in sorted(values.items())]
         if one_span and isinstance(node, tree.Quantile) and "instance" not in by and len(reads_of[min(names)]) == 1:
             key = (node.signal, node.match, tuple(matchers), by)
             if key not in summed:
@@ -145,6 +142,16 @@ def rule_needs(
     return needs, JudgedSpans(
         tuple((tuple(sorted((k, v) for k, v in g.labels.items() if k in rule.by)), lo, hi) for g, lo, hi in spans)
     )
+
+
+def _reads_of(leaves: dict[str, tree.Signal], reads: dict[str, tuple[str, ...]]) -> dict[str, set]:
+    """sample name -> how the leaves read it (grouping, quantile or not, matchers): a histogram's
+    buckets are summed by the TSDB only where every leaf reads them alike."""
+    reads_of: dict[str, set] = {}
+    for name, leaf in leaves.items():
+        for sample in tree.leaf_names(leaf):
+            reads_of.setdefault(sample, set()).add((reads[name], isinstance(leaf, tree.Quantile), leaf.match))
+    return reads_of
 
 
 def resolve_instances(
@@ -189,7 +196,7 @@ def summed_buckets(
     too (counted on the wire, which the TSDB aggregates as it reads). None otherwise (the raw
     series are read)."""
     name, t0, t1, step = node.signal + "_bucket", float(grid[first]), float(grid[last]), float(grid[1] - grid[0])
-    match = [(label, "=~", "|".join(_escape_re(v) for v in vs)) for label, vs in node.match] + pinned
+    match = [(label, "=~", "|".join(escape_re(v) for v in vs)) for label, vs in node.match] + pinned
     rng, n = f"{int(np.ceil(t1 - t0 + DEFAULT_LOOKBACK_S))}s", last - first + 1
     try:
         wire = reader.raw_reads(name, match)
@@ -243,26 +250,7 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
         span = (min(nd.first for nd in every), max(nd.last for nd in every))
         plans.append((names, None, *span))
         covered = {name: span for name in names}
-    per_instance: dict[str, dict[str, list[int]]] = {}
-    for nd in needs:
-        if nd.instances is None:
-            continue
-        for name in nd.names:
-            have = covered.get(name)
-            if have is not None and have[0] <= nd.first and have[1] >= nd.last:
-                continue
-            for inst in nd.instances:
-                have_span = per_instance.setdefault(inst, {}).setdefault(name, [nd.first, nd.last])
-                have_span[0], have_span[1] = min(have_span[0], nd.first), max(have_span[1], nd.last)
-    batches: dict[tuple[frozenset[str], int, int], list[str]] = {}
-    quantum = max(1, int(round(SPAN_QUANTUM_S / step)))
-    for inst, spans in per_instance.items():
-        by_span: dict[tuple[int, int], set[str]] = {}
-        for name, (lo, hi) in spans.items():
-            rounded = (lo // quantum * quantum, min(len(grid) - 1, (hi // quantum + 1) * quantum - 1))
-            by_span.setdefault(rounded, set()).add(name)
-        for (lo, hi), span_names in by_span.items():
-            batches.setdefault((frozenset(span_names), lo, hi), []).append(inst)
+    batches = _instance_batches(_instance_spans(needs, covered), max(1, int(round(SPAN_QUANTUM_S / step))), len(grid))
     plans += [(names, sorted(insts), lo, hi) for (names, lo, hi), insts in sorted(batches.items(), key=str)]
     out = Fetched(grid, fetches=len(plans))
     fetch = partial(fetch_frame, step=step, catalog=catalog)
@@ -283,6 +271,39 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
     out.series = len(rows) + sum(len(b.labels) for b in summed)
     out.points = sum(int(np.count_nonzero(~np.isnan(b.values))) for b in blocks)
     return out
+
+
+def _instance_spans(needs: list[Need], covered: dict[str, tuple[int, int]]) -> dict[str, dict[str, list[int]]]:
+    """instance -> name -> [first, last] grid index it is needed over, for the needs of some
+    instances, less what the every-instance fetch `covered` already reads."""
+    per_instance: dict[str, dict[str, list[int]]] = {}
+    for nd in needs:
+        if nd.instances is None:
+            continue
+        for name in nd.names:
+            have = covered.get(name)
+            if have is not None and have[0] <= nd.first and have[1] >= nd.last:
+                continue
+            for inst in nd.instances:
+                have_span = per_instance.setdefault(inst, {}).setdefault(name, [nd.first, nd.last])
+                have_span[0], have_span[1] = min(have_span[0], nd.first), max(have_span[1], nd.last)
+    return per_instance
+
+
+def _instance_batches(
+    per_instance: dict[str, dict[str, list[int]]], quantum: int, n: int
+) -> dict[tuple[frozenset[str], int, int], list[str]]:
+    """(names, first, last) -> the instances needing those names over that span, spans rounded
+    out to `quantum` grid steps so instances alike share one query."""
+    batches: dict[tuple[frozenset[str], int, int], list[str]] = {}
+    for inst, spans in per_instance.items():
+        by_span: dict[tuple[int, int], set[str]] = {}
+        for name, (lo, hi) in spans.items():
+            rounded = (lo // quantum * quantum, min(n - 1, (hi // quantum + 1) * quantum - 1))
+            by_span.setdefault(rounded, set()).add(name)
+        for (lo, hi), span_names in by_span.items():
+            batches.setdefault((frozenset(span_names), lo, hi), []).append(inst)
+    return batches
 
 
 def rule_frame(fetched: Fetched, rule_needs_: list[Need], grid: np.ndarray, judged: JudgedSpans | None) -> Frame:

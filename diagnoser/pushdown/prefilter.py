@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kvscope.agent.signals import Catalog
 from kvscope.diagnoser.promql.alerts import ConditionCompiler, on_clause
-from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, _duration
+from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, prom_duration
 from kvscope.diagnoser.promql.signals import PromQL, SignalReader, wire_names
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
@@ -49,7 +49,9 @@ def compile_prefilter(rule: Rule, reader: SignalReader, catalog: Catalog, step: 
     hold = hold_steps(rule, step)
     series = SeriesCompiler(rule, reader, step=step)
     coarse = step * max(1, min(MAX_QUERY_STEPS, hold))
-    series.sub_for = lambda rng_s: _duration(step if rng_s <= LONG_SUBQUERY_S else max(step, min(coarse, rng_s / 30)))
+    series.sub_for = lambda rng_s: prom_duration(
+        step if rng_s <= LONG_SUBQUERY_S else max(step, min(coarse, rng_s / 30))
+    )
     series.resets_bridge_s = RESETS_BRIDGE_S
     cc = ConditionCompiler(rule, series, catalog, slack=SLACK)
     all_conds, any_conds = conditions_of(rule)

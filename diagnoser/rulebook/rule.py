@@ -4,7 +4,6 @@ parameters; `Rule.tree` is the parsed form every backend reads, validate.py the 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
@@ -13,20 +12,9 @@ from typing import Any
 
 import yaml
 
+from kvscope.diagnoser.rulebook.grammar import RuleError
+from kvscope.diagnoser.rulebook.grammar import parse_duration as parse_duration  # its home is grammar.py
 from kvscope.diagnoser.rulebook.tree import Tree, parse
-
-_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+$")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-class RuleError(ValueError):
-    """A rule file that cannot be used; str() is `file:line: message`."""
-
-    def __init__(self, message: str, path: str = "", line: int | None = None) -> None:
-        self.message, self.path, self.line = message, path, line
-        where = f"{path}:{line}" if line else path
-        super().__init__(f"{where}: {message}" if where else message)
 
 
 class LineDict(dict):
@@ -65,16 +53,6 @@ def parse_yaml(text: str, path: str = "") -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise RuleError(f"YAML error: {getattr(exc, 'problem', exc)}", path, mark.line + 1 if mark else None) from exc
-
-
-def parse_duration(value: Any) -> float:
-    """'30s', '5m', '1h', '1m30s' or a number of seconds -> seconds."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    text = str(value).strip()
-    if not _DURATION.match(text):
-        raise ValueError(f"not a duration: {value!r} (use 30s, 5m, 1h, 1m30s)")
-    return sum(float(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(text))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.diagnoser.rulebook.grammar import BASELINE_AGGS, FORMS, OPS, PAIR_FORMS, RIGHT_SIDES
+from kvscope.diagnoser.rulebook.grammar import (
+    BASELINE_AGGS,
+    FORMS,
+    OPS,
+    PAIR_FORMS,
+    RIGHT_SIDES,
+    RuleError,
+    parse_duration,
+)
 
 Match = tuple[tuple[str, tuple[str, ...]], ...]
 """`match: {label: value | [values]}` as sorted (label, allowed values) pairs."""
@@ -273,8 +281,6 @@ class _Parser:
         self.doc, self.params, self.path = doc, params, path
 
     def fail(self, message: str, where: Any) -> Exception:
-        from kvscope.diagnoser.rulebook.rule import RuleError
-
         return RuleError(message, self.path, getattr(where, "line", None) or None)
 
     def value(self, v: Any) -> Any:
@@ -298,8 +304,6 @@ class _Parser:
             raise self.fail(f"{key}: not a number: {v!r}", m) from exc
 
     def dur(self, m: dict[str, Any], key: str, default: float) -> float:
-        from kvscope.diagnoser.rulebook.rule import parse_duration
-
         try:
             return parse_duration(self.value(m.get(key, default)))
         except (TypeError, ValueError) as exc:
@@ -314,25 +318,16 @@ class _Parser:
             raise self.fail(f"expression must have exactly one of {', '.join(FORMS)}; got {sorted(m)}", m)
         form = forms[0]
         if form in _SIGNALS:
-            cls, rng = _SIGNALS[form]
-            kw["signal"] = self.need(m, "histogram" if form == "quantile" else form)
-            match = m.get("match", {}).items()
-            kw["match"] = tuple(sorted((str(k), tuple(map(str, v if isinstance(v, list) else [v]))) for k, v in match))
-            kw["rng"] = self.dur(m, "range", rng)
-            if form == "gauge":
-                kw["agg"] = str(m.get("agg", "sum"))
-            elif form == "increase":
-                kw["increase"] = True
-            elif form == "quantile":
-                kw["q"] = self.num(m, "quantile", 0.5)
-            elif form == "count":
-                kw["distinct"] = tuple(str(d) for d in m.get("distinct", ["instance"]))
-            return cls(**kw)
+            return self.signal_node(form, m, kw)
         if form in PAIR_FORMS:
             refs = m[form]
             if not isinstance(refs, list) or len(refs) != 2:
                 raise self.fail(f"{form} takes two named series", m)
             return Pair(op=form, a=str(refs[0]), b=str(refs[1]), min_den=self.num(m, "min_den", 0.0), **kw)
+        return self.derived_node(form, m, kw)
+
+    def derived_node(self, form: str, m: dict[str, Any], kw: dict[str, Any]) -> Node:
+        """A series computed from one named series (scale, over_time, deriv, predict, changes, aggregate)."""
         if form == "scale":
             return Scale(of=str(m["scale"]), k=self.num(m, "by_value", 1.0), **kw)
         if form == "over_time":
@@ -350,6 +345,23 @@ class _Parser:
         if form == "changes":
             return Changes(of=str(m["changes"]), rng=self.dur(m, "range", 900), settle=self.dur(m, "settle", 60), **kw)
         return Aggregate(of=self.need(m, "of"), agg=str(m["aggregate"]), **kw)
+
+    def signal_node(self, form: str, m: dict[str, Any], kw: dict[str, Any]) -> Node:
+        """A series that reads a canonical signal (gauge, rate, increase, quantile, mean, count, resets)."""
+        cls, rng = _SIGNALS[form]
+        kw["signal"] = self.need(m, "histogram" if form == "quantile" else form)
+        match = m.get("match", {}).items()
+        kw["match"] = tuple(sorted((str(k), tuple(map(str, v if isinstance(v, list) else [v]))) for k, v in match))
+        kw["rng"] = self.dur(m, "range", rng)
+        if form == "gauge":
+            kw["agg"] = str(m.get("agg", "sum"))
+        elif form == "increase":
+            kw["increase"] = True
+        elif form == "quantile":
+            kw["q"] = self.num(m, "quantile", 0.5)
+        elif form == "count":
+            kw["distinct"] = tuple(str(d) for d in m.get("distinct", ["instance"]))
+        return cls(**kw)
 
     def cond(self, m: Any) -> Cond:
         if not isinstance(m, dict) or "series" not in m:
@@ -458,6 +470,4 @@ def parse(doc: Any, params: dict[str, Any], path: str = "") -> Tree:
     try:
         return _Parser(doc, params, path).tree()
     except (KeyError, TypeError, AttributeError) as exc:  # a part missing or of the wrong shape
-        from kvscope.diagnoser.rulebook.rule import RuleError
-
         raise RuleError(f"malformed rule: {type(exc).__name__}: {exc}", path, getattr(doc, "line", 1)) from exc

@@ -1,9 +1,9 @@
 """Where the diagnoser reads a window of canonical series from.
 
-Every source has `description` and `read_frame(names, start, end, step)`: the `Frame` of the
-canonical series named in `names` on the grid [start, end] by `step` with Prometheus' lookback,
-plus engine facts (None: the source's natural window; SourceError when it cannot be read). The
-same data gives the same frame from each: recording.py, prometheus.py, agent.py, logs.py.
+Every source implements `window.Source` and is read through `window.read_window`: the `Frame`
+of the canonical series asked for on a grid with Prometheus' lookback, plus engine facts
+(SourceError when it cannot be read). The same data gives the same frame from each:
+recording.py, logs.py, agent.py, store.py, prometheus.py.
 """
 
 from __future__ import annotations

@@ -23,6 +23,11 @@ class AgentSource:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.description = f"agent:{self.url}"
+        self.notes: list[str] = []
+
+    def natural_step(self) -> float | None:
+        """None: the agent's scrape interval is its own config (callers pick a step)."""
+        return None
 
     def read_frame(self, names: set[str], start: float | None, end: float | None, step: float) -> Frame:
         end = time.time() if end is None else end

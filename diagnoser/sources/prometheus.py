@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.agent.normalize.dialect import Normalized, _Mapper, detect_engine
+from kvscope.agent.normalize.dialect import Mapper, Normalized, detect_engine
 from kvscope.agent.scrape.exposition import Exposition, RawSample
 from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, Labels, load_catalog, make_labels, signal_of
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid, merge_facts
@@ -38,6 +38,11 @@ class PrometheusSource:
         self.url = self.client.url
         self.catalog = catalog or load_catalog()
         self.description = f"prometheus:{self.url}"
+        self.notes: list[str] = []  # how queries were split is the client's (`client.notes`)
+
+    def natural_step(self) -> float | None:
+        """None: a TSDB holds many scrape intervals (callers pick a step)."""
+        return None
 
     def read_frame(self, names: set[str], start: float | None, end: float | None, step: float) -> Frame:
         end = time.time() if end is None else end
@@ -221,7 +226,7 @@ def _map_target(
     engine = detect_engine(votes, catalog)
     if engine is None or engine not in catalog.dialects:
         return
-    mapper = _Mapper(catalog, engine, {"job": job, "instance": instance})
+    mapper = Mapper(catalog, engine, {"job": job, "instance": instance})
     plans = mapper.plans
     out = Normalized(engine=engine)
     sentinels = np.array(sorted(mapper.sentinels or ()), dtype=float)
@@ -232,21 +237,28 @@ def _map_target(
         mapper.map_sample(raw, None, {}, out)
         if sentinels.size:
             row = np.where(np.isin(row, sentinels), np.nan, row)  # "no value" codes, as the normalizer drops them
-        for name, labels, kind, mode, factor, rank in plans.get((raw.name, raw.labels)) or ():
-            if name is None or not isinstance(labels, tuple):
-                continue
-            if mode == "info":
-                if factor is None or not np.isfinite(factor):
-                    continue
-                vals = np.where(np.isnan(row), np.nan, factor)
-            else:
-                vals = row if mode == "raw" else row * factor
-            _combine(fallback if rank else mine, name, labels, "max" if kind == "gauge" else "sum", vals)
+        for plan in plans.get((raw.name, raw.labels)) or ():
+            _apply_plan(plan, row, mine, fallback)
     _settle_fallbacks(mine, fallback, catalog)
     for key, (how, vals) in mine.items():
         _combine(rows, *key, how, vals)
     for rank, f in out.facts.items():
         facts.setdefault(instance, {}).setdefault(rank, {}).update(f)
+
+
+def _apply_plan(plan: tuple, row: np.ndarray, rows: dict, fallback: dict) -> None:
+    """One mapping of a native row (`Mapper.plans`: name, labels, kind, mode, factor, rank) into
+    the target's canonical rows, a fallback alias (rank > 0) kept apart until settled."""
+    name, labels, kind, mode, factor, rank = plan
+    if name is None or not isinstance(labels, tuple):
+        return
+    if mode == "info":
+        if factor is None or not np.isfinite(factor):
+            return
+        vals = np.where(np.isnan(row), np.nan, factor)
+    else:
+        vals = row if mode == "raw" else row * factor
+    _combine(fallback if rank else rows, name, labels, "max" if kind == "gauge" else "sum", vals)
 
 
 def _settle_fallbacks(rows: dict, fallback: dict, catalog: Catalog) -> None:

@@ -17,13 +17,9 @@ from kvscope.diagnoser.evaluate.frame import Frame
 def mark_vanished(frame: Frame, samples: Iterable[Sample], up: Iterable[tuple[str, float, bool]]) -> None:
     """In place: a series of the frame is absent at grid times after a successful scrape of its
     instance that did not contain it, until its next sample."""
-    scraped: dict[str, list[float]] = defaultdict(list)
-    for instance, t, ok in up:
-        if ok:
-            scraped[instance].append(t)
-    if not scraped:
+    scrapes = _successful_scrapes(up)
+    if not scrapes:
         return
-    scrapes = {i: np.array(sorted(ts)) for i, ts in scraped.items()}
     times: dict[tuple[str, Labels], list[float]] = defaultdict(list)
     for s in samples:
         if s.timestamp is not None and s.name in frame.blocks:
@@ -39,6 +35,15 @@ def mark_vanished(frame: Frame, samples: Iterable[Sample], up: Iterable[tuple[st
                 block.values[i, mask] = np.nan
                 if block.seen is not None:
                     block.seen[i, mask] = np.nan
+
+
+def _successful_scrapes(up: Iterable[tuple[str, float, bool]]) -> dict[str, np.ndarray]:
+    """instance -> the sorted times of its successful scrapes."""
+    scraped: dict[str, list[float]] = defaultdict(list)
+    for instance, t, ok in up:
+        if ok:
+            scraped[instance].append(t)
+    return {i: np.array(sorted(ts)) for i, ts in scraped.items()}
 
 
 def _vanished(sample_ts: np.ndarray, scrape_ts: np.ndarray, grid: np.ndarray) -> np.ndarray | None:

@@ -7,7 +7,7 @@ import math
 import sys
 import time
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvscope.commands._checks import (
     check_http_url,
@@ -20,6 +20,11 @@ from kvscope.commands._checks import (
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._params import add_param_flag, parse_params
+
+if TYPE_CHECKING:
+    from kvscope.diagnoser.findings import Diagnosis
+    from kvscope.diagnoser.sources.prometheus import PrometheusSource
+    from kvscope.diagnoser.sources.window import Source
 
 HELP = """\
 Evaluate every rule in rules/diagnosis/ over one window of engine, GPU and request signals and
@@ -126,11 +131,12 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
     from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
     from kvscope.diagnoser.rulebook.rule import parse_duration
     from kvscope.diagnoser.sources import SourceError
+    from kvscope.diagnoser.sources.prometheus import PrometheusSource
+    from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
 
     source = _source(args)
     try:
-        natural = getattr(source, "natural_step", None)
-        step = parse_duration(args.step) if args.step else natural() if natural else 15.0
+        step = parse_duration(args.step) if args.step else source.natural_step() or DEFAULT_STEP_S
         start, end = args.start, args.end
         if start is None and not (args.recording or args.log):
             if end is None:
@@ -140,10 +146,9 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
             start = end - since
         if start is not None and end is not None and not args.prometheus:
             step = max(step, (end - start) / MAX_POINTS_PER_SERIES)  # Prometheus refuses > 11,000 points per series
-        if args.prometheus and not args.full_fetch:
+        if isinstance(source, PrometheusSource) and not args.full_fetch:
             return _finish(args, source, _fleet(args, source, rules, params, start, end, step))
-        names = set().union(*(sample_names(r) for r in rules))
-        frame = source.read_frame(names, start, end, step)
+        frame = read_window(source, set().union(*(sample_names(r) for r in rules)), Span(start, end), step)
         _print_notes(args, source)
     except SourceError as exc:
         kind = "prometheus" if args.prometheus else "agent" if args.agent else ""
@@ -158,8 +163,8 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
 
 
 def _fleet(
-    args: argparse.Namespace, source: Any, rules: list, params: dict, start: float, end: float, step: float
-) -> Any:
+    args: argparse.Namespace, source: PrometheusSource, rules: list, params: dict, start: float, end: float, step: float
+) -> Diagnosis:
     from kvscope.diagnoser.pushdown.run import diagnose_fleet
 
     result, report = diagnose_fleet(
@@ -181,18 +186,20 @@ def _fleet(
     return result
 
 
-def _print_notes(args: argparse.Namespace, source: Any) -> None:
-    if getattr(source, "summary", None) is not None and not args.quiet:
+def _print_notes(args: argparse.Namespace, source: Source) -> None:
+    from kvscope.diagnoser.sources.logs import LogSource
+    from kvscope.diagnoser.sources.prometheus import PrometheusSource
+
+    if isinstance(source, LogSource) and not args.quiet:
         print(source.summary.text(), file=sys.stderr)
-    client = getattr(source, "client", None)
-    if client is not None and not args.quiet:
-        for note in client.notes:
+    if isinstance(source, PrometheusSource) and not args.quiet:
+        for note in source.client.notes:
             print(f"split: {note}", file=sys.stderr)
-    for note in getattr(source, "notes", ()):  # what a recording's reader left out: always said
+    for note in source.notes:  # what a recording's reader left out: always said
         print(f"kvscope diagnose: {note}", file=sys.stderr)
 
 
-def _finish(args: argparse.Namespace, source: Any, result: Any) -> int:
+def _finish(args: argparse.Namespace, source: Source, result: Diagnosis) -> int:
     from kvscope.diagnoser.findings import nothing_evaluable
     from kvscope.diagnoser.render import render_diagnosis
 
@@ -217,7 +224,7 @@ def _finish(args: argparse.Namespace, source: Any, result: Any) -> int:
     return result.exit_status()
 
 
-def _source(args: argparse.Namespace) -> Any:
+def _source(args: argparse.Namespace) -> Source:
     if args.prometheus:
         from kvscope.diagnoser.sources.promapi import PromClient
         from kvscope.diagnoser.sources.prometheus import PrometheusSource

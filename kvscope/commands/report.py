@@ -70,6 +70,11 @@ def check_args(args: argparse.Namespace) -> None:
             check_output_file(f"--{flag}", getattr(args, flag))
     if getattr(args, "gpu_mapping", None) is not None:
         args.gpu_mapping_value = read_gpu_mapping(args)
+    _check_source(args)
+
+
+def _check_source(args: argparse.Namespace) -> None:
+    """The source flag: a URL that can be one, a store or recordings that are there."""
     if args.prometheus:
         check_http_url("--prometheus", args.prometheus)
     if args.store and not args.store.is_file():
@@ -102,8 +107,9 @@ def read_gpu_mapping(args: argparse.Namespace) -> dict:
 
 
 def _load(args: argparse.Namespace):
-    """(SeriesSet, end, source text, diagnoses: one per recording)."""
-    from kvscope.report.weekly import WEEK_S, read_prometheus_series, read_store_series, series_set_from_samples
+    """(Frame, end, source text, diagnoses: one per recording), read by `report_window`."""
+    from kvscope.diagnoser.sources.samples import SamplesSource, StoreSource
+    from kvscope.report.weekly import WEEK_S, report_window
 
     if args.recording:
         from kvscope.diagnoser.sources.recording import RecordingSource
@@ -122,25 +128,27 @@ def _load(args: argparse.Namespace):
             except SourceError as exc:
                 raise ValueError(str(exc)) from exc
         names = ", ".join(p.name for p in args.recording)
-        return series_set_from_samples(samples), _end(args, max(ends)), f"recordings {names}", diagnoses
+        read = SamplesSource(samples, f"recordings {names}", carry=False)
+        return report_window(read), _end(args, max(ends)), read.description, diagnoses
     end = _end(args, time.time())
     if args.prometheus:
         from kvscope.diagnoser.pushdown.run import diagnose_fleet
         from kvscope.diagnoser.sources.promapi import PromClient
+        from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
         client = PromClient(args.prometheus, timeout_s=300.0)
-        ss = read_prometheus_series(args.prometheus, end - 2 * WEEK_S, end, client=client)
+        frame = report_window(PrometheusSource(args.prometheus, client=client), end)
         diagnoses = []  # the week's findings from the TSDB itself (the fleet path), on a 5-minute grid
         if not args.no_diagnose:
             source = f"prometheus:{args.prometheus}"
             diagnoses = [diagnose_fleet(client, end - WEEK_S, end, 300.0, source=source, time_scale=1.0)[0]]
         for note in client.notes:
             print(f"split: {note}", file=sys.stderr)
-        return ss, end, args.prometheus, diagnoses
-    return read_store_series(str(args.store), end - 2 * WEEK_S, end), end, f"store {args.store}", []
+        return frame, end, args.prometheus, diagnoses
+    return report_window(StoreSource(args.store, carry=False), end), end, f"store {args.store}", []
 
 
-def coverage_note(ss, end: float) -> str:
+def coverage_note(frame, end: float) -> str:  # noqa: ANN001 - a Frame
     """'' when the data fills (nearly) the whole week ending at `end`; else a sentence naming both
     the data actually held and the span it is spread over, with its gaps, so a 10-minute
     recording's GPU cost is not read as a week's, nor two recordings 9 h apart as 9 h of data."""
@@ -148,7 +156,7 @@ def coverage_note(ss, end: float) -> str:
     from kvscope.diagnoser.render import fmt_duration
     from kvscope.report.weekly import WEEK_S, data_coverage
 
-    cov = data_coverage(ss, end - WEEK_S, end)
+    cov = data_coverage(frame, end - WEEK_S, end)
     if not cov.spans or cov.held_s >= 0.9 * WEEK_S:
         return ""
     first, last = cov.spans[0][0], cov.spans[-1][1]
@@ -169,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     from kvscope.agent.recording.timespan import iso_utc
     from kvscope.diagnoser.sources import SourceError
     from kvscope.report.render import render_html, render_markdown
-    from kvscope.report.weekly import WEEK_S, build_report
+    from kvscope.report.weekly import WEEK_S, build_report, columns
 
     try:
         check_args(args)
@@ -180,16 +188,16 @@ def run(args: argparse.Namespace) -> int:
     steps = tqdm(total=4, desc="weekly report", unit="step", disable=args.no_progress, file=sys.stderr)
     try:
         steps.set_postfix_str("reading")
-        ss, end, source, diagnoses = _load(args)
-        if ss.first_ts() is None:  # none of the report's signals in the two weeks: a message, not a crash
+        frame, end, source, diagnoses = _load(args)
+        if columns(frame).first_ts() is None:  # none of the report's signals in the two weeks: a message, not a crash
             raise ValueError(
                 f"{source} has no kvscope samples between {iso_utc(end - 2 * WEEK_S)} and {iso_utc(end)} "
                 "(does it hold the agent's series? is --end right?)"
             )
-        source += coverage_note(ss, end)
+        source += coverage_note(frame, end)
         steps.update()
         steps.set_postfix_str("computing")
-        report = build_report(ss, end, args.gpu_hour_cost, source, diagnoses=diagnoses)
+        report = build_report(frame, end, args.gpu_hour_cost, source, diagnoses=diagnoses)
         steps.update()
         steps.set_postfix_str("rendering")
         markdown = render_markdown(report)

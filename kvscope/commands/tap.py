@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvscope.agent.derive.fairness import fairness_json_since_start, fairness_since_start
-from kvscope.agent.runtime import _freeze_startup_objects
+from kvscope.agent.runtime import freeze_startup_objects
 from kvscope.agent.tap.eventloop import loop_name, run_event_loop
 from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_upstream
 from kvscope.agent.traces.export import SpanBatchExporter
@@ -114,7 +114,7 @@ async def _serve(cfg: TapConfig, otlp_endpoint: str | None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     sender = asyncio.create_task(exporter.run()) if exporter else None
-    _freeze_startup_objects()  # as the agent does: a proxied request leaves no reference cycle
+    freeze_startup_objects()  # as the agent does: a proxied request leaves no reference cycle
     print(
         f"kvscope tap: listening on {cfg.host_port()[0]}:{tap.port}, forwarding to {', '.join(cfg.upstreams)}"
         f" ({loop_name()} event loop)",

@@ -366,12 +366,16 @@ def test_ui_diagnoses_the_same_cause_from_prometheus(loaded, recording):
 
 
 def test_weekly_report_from_prometheus_matches_the_recording(loaded):
-    from kvscope.report.weekly import build_report, read_prometheus_series, series_set_from_samples
+    from kvscope.diagnoser.sources.prometheus import PrometheusSource
+    from kvscope.diagnoser.sources.samples import SamplesSource
+    from kvscope.report.weekly import build_report, report_window
 
     url, replay = loaded
-    direct = build_report(series_set_from_samples(replay.samples), replay.end + 1, 2.5, "recording").this
+    direct = build_report(
+        report_window(SamplesSource(replay.samples, carry=False)), replay.end + 1, 2.5, "recording"
+    ).this
     via_prom = build_report(
-        read_prometheus_series(url, replay.start, replay.end + 1), replay.end + 1, 2.5, "prometheus"
+        report_window(PrometheusSource(url), replay.end + 1, replay.start), replay.end + 1, 2.5, "prometheus"
     ).this
     tokens = direct.fleet["output_tokens"]
     assert tokens and tokens > 0

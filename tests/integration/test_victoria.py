@@ -139,12 +139,14 @@ def test_every_generated_rule_expression_evaluates_on_victoria(victoria):
 
 
 def test_weekly_report_reads_the_engines_own_series_from_victoria(victoria):
-    from kvscope.report.weekly import build_report, read_prometheus_series, series_set_from_samples
+    from kvscope.diagnoser.sources.prometheus import PrometheusSource
+    from kvscope.diagnoser.sources.samples import SamplesSource
+    from kvscope.report.weekly import build_report, report_window
 
     source, start, end, _ = _window()
     replay = source.replay()
-    direct = build_report(series_set_from_samples(replay.samples), end + 1, 2.5, "recording").this
-    via_vm = build_report(read_prometheus_series(victoria, start, end + 1), end + 1, 2.5, "vm").this
+    direct = build_report(report_window(SamplesSource(replay.samples, carry=False)), end + 1, 2.5, "recording").this
+    via_vm = build_report(report_window(PrometheusSource(victoria), end + 1, start), end + 1, 2.5, "vm").this
     tokens = direct.fleet["output_tokens"]
     assert tokens and via_vm.fleet["output_tokens"] == pytest.approx(tokens, rel=0.1)
     assert re.match(r"^[\w.-]+ / \w+$", str(via_vm.pools.index[0]))

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from kvscope.agent.signals import Sample
 from kvscope.commands.report import coverage_note
-from kvscope.report.weekly import WEEK_S, data_coverage, series_set_from_samples
+from kvscope.diagnoser.sources.samples import SamplesSource
+from kvscope.report.weekly import WEEK_S, columns, data_coverage, report_window
+
+
+def report_frame(samples):
+    """The report's window of canonical samples, read as `kvscope report weekly --recording` reads."""
+    return report_window(SamplesSource(list(samples), carry=False))
+
 
 END = 1_800_000_000.0
 LABELS = (("instance", "a"),)
@@ -13,7 +20,7 @@ LABELS = (("instance", "a"),)
 
 def _series(start: float, stop: float, step: float = 600.0):
     n = int((stop - start) // step) + 1
-    return series_set_from_samples(
+    return report_frame(
         [Sample("engine_generation_tokens_total", LABELS, float(i), start + i * step) for i in range(n)]
     )
 
@@ -39,15 +46,15 @@ def test_two_recordings_nine_hours_apart_name_the_data_held_not_just_the_span():
     early = _series(END - 9 * 3600 - 360, END - 9 * 3600, step=15.0)
     late = _series(END - 360, END, step=15.0)
     samples = [Sample(n, labels, v, t) for ss in (early, late) for n, labels, v, t in _points(ss)]
-    note = coverage_note(series_set_from_samples(samples), END)
+    note = coverage_note(report_frame(samples), END)
     assert "covers only 12m00s of the 7 days, spread across 9h06m" in note
     assert "1 gap without data" in note
-    cov = data_coverage(series_set_from_samples(samples), END - WEEK_S, END)
+    cov = data_coverage(report_frame(samples), END - WEEK_S, END)
     assert cov.held_s == 720.0 and cov.inner_gaps == 1
     assert cov.gaps[1] == (END - 9 * 3600, END - 360)
 
 
 def _points(ss):
-    pts = ss.of("engine_generation_tokens_total")
+    pts = columns(ss).of("engine_generation_tokens_total")
     for t, v in zip(pts.ts, pts.value, strict=True):
         yield "engine_generation_tokens_total", LABELS, float(v), float(t)

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from kvscope.diagnoser.evaluate.expr import promql
 from kvscope.diagnoser.findings import Diagnosis, Evidence, Finding, LeverAdvice, Skipped, same_mechanism
-from kvscope.diagnoser.promql.series import SeriesCompiler, _duration
+from kvscope.diagnoser.promql.series import SeriesCompiler, prom_duration
 from kvscope.diagnoser.render import (
     baseline_lines,
     fact_rows,
@@ -167,7 +167,7 @@ def test_evidence_promql_is_the_rule_compilers_text_over_canonical_names():
     ("seconds", "text"), [(81, "1m21s"), (3600, "1h"), (0.2, "200ms"), (2359.8, "39m19s800ms"), (120, "2m")]
 )
 def test_durations_are_exact(seconds, text):
-    assert _duration(seconds) == text
+    assert prom_duration(seconds) == text
 
 
 def test_nothing_fired_says_how_many_rules_could_look_and_what_was_missing():

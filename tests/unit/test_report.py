@@ -8,13 +8,21 @@ import pandas as pd
 import pytest
 
 from kvscope.agent.signals import Sample, make_labels
+from kvscope.diagnoser.sources.samples import SamplesSource
 from kvscope.report.render import md_escape, render_html, render_markdown
 from kvscope.report.weekly import (
     WEEK_S,
     build_report,
+    columns,
     counter_increments,
-    series_set_from_samples,
+    report_window,
 )
+
+
+def report_frame(samples):
+    """The report's window of canonical samples, read as `kvscope report weekly --recording` reads."""
+    return report_window(SamplesSource(list(samples), carry=False))
+
 
 STEP = 900.0  # 15 min
 END = 1_800_000_000.0  # a Saturday-ish epoch, any value works
@@ -61,7 +69,7 @@ gen_at_reset = [0.0]
 
 
 def test_tokens_gpu_hours_cost_and_trap_per_pool():
-    report = build_report(series_set_from_samples(_fleet()), END, gpu_hour_cost=2.0, source="test")
+    report = build_report(report_frame(_fleet()), END, gpu_hour_cost=2.0, source="test")
     pools = report.this.pools
     assert pools.loc["m1 / unified", "output_tokens"] == pytest.approx(20.0 * WEEK_S)
     assert pools.loc["m2 / unified", "output_tokens"] == pytest.approx(5.0 * WEEK_S)
@@ -80,7 +88,7 @@ def test_tokens_gpu_hours_cost_and_trap_per_pool():
 
 
 def test_week_over_week_deltas():
-    report = build_report(series_set_from_samples(_fleet()), END, gpu_hour_cost=2.0, source="test")
+    report = build_report(report_frame(_fleet()), END, gpu_hour_cost=2.0, source="test")
     d = report.deltas()
     assert d["output_tokens"] == pytest.approx(25 / 15 - 1)
     assert d["gpu_hours"] == pytest.approx(0.0, abs=1e-9)
@@ -88,15 +96,15 @@ def test_week_over_week_deltas():
 
 def test_counter_reset_is_not_a_negative_increase():
     samples = _fleet(gpus=False, tenants=False, reset=True)
-    ss = series_set_from_samples(samples)
-    _, inc = counter_increments(ss, "engine_generation_tokens_total")
+    ss = report_frame(samples)
+    _, inc = counter_increments(columns(ss), "engine_generation_tokens_total")
     assert (inc >= 0).all() and inc.sum() > 0
     report = build_report(ss, END, 2.0, "test")
     assert report.this.pools.loc["m2 / unified", "output_tokens"] == pytest.approx(5.0 * WEEK_S, rel=0.01)
 
 
 def test_absent_gpus_stay_absent_not_zero():
-    report = build_report(series_set_from_samples(_fleet(gpus=False)), END, 2.0, "test")
+    report = build_report(report_frame(_fleet(gpus=False)), END, 2.0, "test")
     assert report.this.fleet["gpu_hours"] is None
     assert report.this.fleet["tokens_per_gpu_hour"] is None
     md = render_markdown(report)
@@ -105,7 +113,7 @@ def test_absent_gpus_stay_absent_not_zero():
 
 
 def test_tenants_usage_and_hit_ratio():
-    tenants = build_report(series_set_from_samples(_fleet()), END, 2.0, "test").this.tenants
+    tenants = build_report(report_frame(_fleet()), END, 2.0, "test").this.tenants
     assert list(tenants.index) == ["acme", "tail"]
     assert tenants.loc["tail", "hit_ratio"] == pytest.approx(0.05)
     assert tenants.loc["acme", "requests"] == pytest.approx(4 * 0.75 * WEEK_S / STEP)
@@ -126,7 +134,7 @@ def test_tenants_slo_attainment_from_ttft_buckets_and_upstream_errors():
             samples.append(Sample("tenant_ttft_seconds_bucket", make_labels({**lab, "le": "+Inf"}), total, t))
             if tenant == "acme":  # the tail tenant is seen through traces only: no error counter
                 samples.append(Sample("tenant_request_errors_total", make_labels(lab), 4 * 0.75 * n * failed, t))
-    report = build_report(series_set_from_samples(samples), END, 2.0, "test")
+    report = build_report(report_frame(samples), END, 2.0, "test")
     tenants = report.this.tenants
     assert tenants.loc["acme", "ttft_slo"] == pytest.approx(0.98)
     assert tenants.loc["tail", "ttft_slo"] == pytest.approx(0.5)
@@ -139,13 +147,13 @@ def test_tenants_slo_attainment_from_ttft_buckets_and_upstream_errors():
 
 def test_no_previous_week_gives_no_deltas():
     late = [s for s in _fleet() if s.timestamp > END - WEEK_S]
-    report = build_report(series_set_from_samples(late), END, 2.0, "test")
+    report = build_report(report_frame(late), END, 2.0, "test")
     assert report.previous is None
     assert all(v is None for v in report.deltas().values())
 
 
 def test_html_embeds_plots_and_markdown_has_sections():
-    report = build_report(series_set_from_samples(_fleet()), END, 2.0, "test")
+    report = build_report(report_frame(_fleet()), END, 2.0, "test")
     page = render_html(report)
     assert page.count("data:image/png;base64,") == 4
     assert "utilisation trap" in page
@@ -156,15 +164,15 @@ def test_html_embeds_plots_and_markdown_has_sections():
 
 def test_report_from_the_agent_sqlite_store_matches_the_samples(tmp_path):
     from kvscope.agent.store.sqlite import SqliteStore
-    from kvscope.report.weekly import read_store_series
+    from kvscope.diagnoser.sources.samples import StoreSource
 
     samples = [s for s in _fleet() if s.timestamp > END - WEEK_S - STEP]
     store = SqliteStore(tmp_path / "kvscope.sqlite", retention_s=10 * 365 * 86400, background=False)
     store.write(samples)
     store.flush()
     store.close()
-    via_store = build_report(read_store_series(str(tmp_path / "kvscope.sqlite"), END - 2 * WEEK_S, END), END, 2.0, "s")
-    direct = build_report(series_set_from_samples(samples), END, 2.0, "direct")
+    via_store = build_report(report_window(StoreSource(tmp_path / "kvscope.sqlite", carry=False), END), END, 2.0, "s")
+    direct = build_report(report_frame(samples), END, 2.0, "direct")
     assert via_store.this.fleet["output_tokens"] == pytest.approx(direct.this.fleet["output_tokens"])
     assert via_store.this.fleet["gpu_hours"] == pytest.approx(direct.this.fleet["gpu_hours"])
     assert list(via_store.this.tenants.index) == list(direct.this.tenants.index)
@@ -207,7 +215,7 @@ def test_utilisation_prefers_graphics_engine_activity_over_gpu_util():
         for s in samples
         if s.name == "gpu_utilization_ratio"
     ]
-    report = build_report(series_set_from_samples(samples), END, 2.0, "test")
+    report = build_report(report_frame(samples), END, 2.0, "test")
     assert report.this.utilisation_signal == "gpu_graphics_engine_active_ratio"
     assert report.this.fleet["gpu_util"] == pytest.approx(0.1)
     assert "graphics-engine activity" in render_markdown(report)
@@ -224,7 +232,7 @@ def test_real_dcgm_fleet_recording_is_in_the_utilisation_trap():
     replay = replay_recording(LIBRARY_TRAP)
     engine_active = [s for s in replay.samples if s.name == "gpu_graphics_engine_active_ratio"]
     gpus = {s.label("gpu_uuid") for s in engine_active}
-    report = build_report(series_set_from_samples(replay.samples), replay.end + 1, 2.5, "library")
+    report = build_report(report_frame(replay.samples), replay.end + 1, 2.5, "library")
     fleet = report.this.fleet
     assert fleet["gpu_util"] == pytest.approx(np.mean([s.value for s in engine_active]), abs=0.02)
     assert fleet["gpu_util"] < 0.4
@@ -282,9 +290,9 @@ def test_unattributed_gpus_say_why_and_a_gpu_mapping_attributes_them(tmp_path, c
     from kvscope.agent.recording.replay import replay_recording
     from kvscope.cli import main
 
-    assert build_report(series_set_from_samples(_fleet()), END, 2.0, "test").attribution == ""  # node join
+    assert build_report(report_frame(_fleet()), END, 2.0, "test").attribution == ""  # node join
     replay = replay_recording(LIBRARY_TRAP)
-    report = build_report(series_set_from_samples(replay.samples), replay.end + 1, 2.5, "library")
+    report = build_report(report_frame(replay.samples), replay.end + 1, 2.5, "library")
     assert "8 GPU(s) on node-0, node-1 are not attributed" in report.attribution
     assert "no pod/namespace labels" in report.attribution and "no node label" in report.attribution
     assert "gpu_mapping" in report.attribution
@@ -330,7 +338,7 @@ def test_a_node_shared_by_two_pools_is_named_as_the_reason():
         s._replace(labels=make_labels({**dict(s.labels), "node": "n1"})) if s.name.startswith("engine_") else s
         for s in _fleet(tenants=False)
     ]
-    report = build_report(series_set_from_samples(samples), END, 2.0, "test")
+    report = build_report(report_frame(samples), END, 2.0, "test")
     assert "3 GPU(s) on n1, n2 are not attributed" in report.attribution
     assert "n1 run engines of more than one pool" in report.attribution
     assert "labels: {node:" not in report.attribution
@@ -372,7 +380,7 @@ def _relabel(samples: list[Sample], key: str, old: str, new: str) -> list[Sample
 
 def test_markdown_escapes_hostile_model_and_tenant_labels():
     samples = _relabel(_relabel(_fleet(), "model", "m1", HOSTILE_MODEL), "tenant", "acme", HOSTILE_TENANT)
-    md = render_markdown(build_report(series_set_from_samples(samples), END, 2.0, "test|`src`"))
+    md = render_markdown(build_report(report_frame(samples), END, 2.0, "test|`src`"))
     lines = md.splitlines()
 
     def cells(line: str) -> int:  # table cells: pipes not escaped by a backslash
@@ -421,7 +429,7 @@ def _efficiency_samples() -> list[Sample]:
 
 
 def test_efficiency_compute_per_gpu_recompute_tax_and_tier_savings():
-    eff = build_report(series_set_from_samples(_efficiency_samples()), END, 2.0, "test").this.efficiency
+    eff = build_report(report_frame(_efficiency_samples()), END, 2.0, "test").this.efficiency
     assert eff.compute.loc["m1 / unified", "tflops_per_gpu"] == pytest.approx(1.0)
     assert eff.compute.loc["m1 / unified", "gb_per_s_per_gpu"] == pytest.approx(2.5)
     assert "m2 / unified" not in eff.compute.index  # no estimate there: absent, not 0
@@ -438,11 +446,11 @@ def test_efficiency_compute_per_gpu_recompute_tax_and_tier_savings():
 
 
 def test_efficiency_sections_say_not_exported_instead_of_zero():
-    md = render_markdown(build_report(series_set_from_samples(_fleet()), END, 2.0, "test"))
+    md = render_markdown(build_report(report_frame(_fleet()), END, 2.0, "test"))
     for title in ("Compute per GPU", "Preemption recompute tax"):
         section = md.split(f"## {title}")[1].split("##")[0]
         assert "not exported by these engines" in section and "| 0" not in section
     tiers = md.split("## Cache savings per tier")[1].split("##")[0]
     assert "device (GPU prefix cache)" in tiers  # the fleet's prefix-cache hits, with no per-source split
-    full = render_markdown(build_report(series_set_from_samples(_efficiency_samples()), END, 2.0, "test"))
+    full = render_markdown(build_report(report_frame(_efficiency_samples()), END, 2.0, "test"))
     assert "| m1 / unified | 1.0 | 2.5 |" in full and "(est.)" in full and "lmcache tier (loaded)" in full

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kvscope.diagnoser.findings import Finding
+from kvscope.diagnoser.sources.samples import SamplesSource
 from kvscope.report.render import (
     TIME_PLOTS,
     finding_where,
@@ -18,8 +19,13 @@ from kvscope.report.render import (
     render_html,
     render_markdown,
 )
-from kvscope.report.weekly import WEEK_S, Incident, build_report, series_set_from_samples, timeline_step
+from kvscope.report.weekly import WEEK_S, Incident, build_report, report_window, timeline_step
 from tests.unit.test_report import END, _fleet
+
+
+def report_frame(samples):
+    """The report's window of canonical samples, read as `kvscope report weekly --recording` reads."""
+    return report_window(SamplesSource(list(samples), carry=False))
 
 
 def _finding(where: dict[str, str]) -> Finding:
@@ -43,7 +49,7 @@ def test_a_fleet_wide_finding_says_fleet_and_a_placed_one_its_labels():
     assert finding_where({}) == "fleet"
     assert finding_where({"model": "m1", "instance": "a"}) == "instance=a, model=m1"
     report = replace(
-        build_report(series_set_from_samples(_fleet()), END, 2.0, "test"),
+        build_report(report_frame(_fleet()), END, 2.0, "test"),
         incidents=[Incident(_finding({})), Incident(_finding({"model": "m1"}))],
     )
     md = render_markdown(report)
@@ -63,9 +69,7 @@ def test_html_right_aligns_numbers_only():
         "fleet",
     ):
         assert not is_numeric_cell(text), text
-    report = replace(
-        build_report(series_set_from_samples(_fleet()), END, 2.0, "test"), incidents=[Incident(_finding({}))]
-    )
+    report = replace(build_report(report_frame(_fleet()), END, 2.0, "test"), incidents=[Incident(_finding({}))])
     page = render_html(report)
     assert "td.num{text-align:right}" in page and "text-align:left" in page
     assert re.search(r'<td class="num">[\d,]+</td>', page)
@@ -76,14 +80,14 @@ def _with_a_gap():
     """The test fleet with one day of this week missing (all series)."""
     hole = (END - 3 * 86400, END - 2 * 86400)
     samples = [s for s in _fleet() if not hole[0] < s.timestamp < hole[1]]
-    return build_report(series_set_from_samples(samples), END, 2.0, "test"), hole
+    return build_report(report_frame(samples), END, 2.0, "test"), hole
 
 
 def test_every_time_plot_spans_the_report_window_in_utc_with_units_and_percent():
     from matplotlib import dates as mdates
     from matplotlib import pyplot as plt
 
-    short = build_report(series_set_from_samples([s for s in _fleet() if s.timestamp > END - 3600]), END, 2.0, "t")
+    short = build_report(report_frame([s for s in _fleet() if s.timestamp > END - 3600]), END, 2.0, "t")
     for report in (short, _with_a_gap()[0]):  # an hour of data still gets the week's axis
         figures = render_figures(report)
         for (title, fig), (_, _, unit) in zip(figures[:3], TIME_PLOTS, strict=True):
@@ -161,7 +165,7 @@ def test_findings_of_one_incident_are_one_row_as_diagnose_groups_them():
         competing=(preempt,),
         other=(eviction, queue_a, queue_b),
     )
-    report = build_report(series_set_from_samples(_fleet()), END, 2.0, "test", diagnoses=[d])
+    report = build_report(report_frame(_fleet()), END, 2.0, "test", diagnoses=[d])
     assert [i.head.rule_id for i in report.incidents] == ["kv_pressure_cascade", "queue_high"]
     md = render_markdown(report)
     rows = [line for line in md.split("## Top findings")[1].splitlines() if line.startswith("| ")][1:]
@@ -183,7 +187,7 @@ def test_a_short_real_recording_keeps_the_week_axis_and_adds_a_zoom_onto_its_dat
 
     path = Path(__file__).resolve().parents[2] / "ui" / "recordings" / "vllm-0.32.0-cpu-kv-pressure.om.gz"
     replay = replay_recording(path)
-    report = build_report(series_set_from_samples(replay.samples), replay.end, 2.5, "real")
+    report = build_report(report_frame(replay.samples), replay.end, 2.5, "real")
     figures = render_figures(report)
     assert figures and [t for t, _ in figures][0] == "Output token throughput"
     for _, fig in figures:

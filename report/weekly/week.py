@@ -1,0 +1,240 @@
+"""One week's numbers: per pool, fleet, tenants and the engines' efficiency counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kvscope.diagnoser.evaluate.frame import Frame
+from kvscope.report.weekly.coverage import DataCoverage, data_coverage, timeline
+from kvscope.report.weekly.gpus import gpu_pools, pools
+from kvscope.report.weekly.series import (
+    TENANT_SLO,
+    UTILISATION_TRAP,
+    Columns,
+    after_gap,
+    columns,
+    counter_by,
+    counter_increments,
+    counters_by,
+    gauge_coverage,
+    group_sum,
+    in_window,
+    per_sid,
+    utilisation_signal,
+)
+
+
+@dataclass
+class WeekStats:
+    """One week's numbers. `pools` is indexed by 'model / role'."""
+
+    start: float
+    end: float
+    utilisation_signal: str
+    pools: pd.DataFrame
+    fleet: dict[str, float | None]
+    tenants: pd.DataFrame
+    coverage: DataCoverage
+    timeline: pd.DataFrame
+    efficiency: Efficiency | None = None
+
+
+def compute_week(frame: Frame, start: float, end: float, gpu_hour_cost: float) -> WeekStats:
+    """All the week's numbers over (start, end]."""
+    ss = columns(frame)
+    keys = pools(ss)
+    table = pd.DataFrame(
+        {
+            col: counter_by(ss, name, keys, start, end)
+            for col, name in (
+                ("output_tokens", "engine_generation_tokens_total"),
+                ("prompt_tokens", "engine_prompt_tokens_total"),
+                ("prefill_tokens_saved", "engine_prefix_cache_hits_tokens_total"),
+                ("prefix_queries", "engine_prefix_cache_queries_tokens_total"),
+            )
+        }
+    )
+    gpu, dt = gauge_coverage(ss, utilisation_signal(ss))
+    if gpu.sid.size:
+        mask, sids, gkeys = in_window(gpu, start, end), np.unique(gpu.sid), gpu_pools(ss)
+        hours = group_sum(gkeys, per_sid(ss, gpu, dt, mask), sids) / 3600
+        busy = group_sum(gkeys, per_sid(ss, gpu, dt * gpu.value, mask), sids) / 3600
+        table = table.join(pd.DataFrame({"gpu_hours": hours, "gpu_util": busy / hours.where(hours > 0)}), how="outer")
+    table = _derive(table, gpu_hour_cost)
+    cov = data_coverage(frame, start, end)
+    return WeekStats(
+        start,
+        end,
+        utilisation_signal(ss),
+        table,
+        _fleet(table, gpu_hour_cost),
+        _tenants(ss, start, end),
+        cov,
+        timeline(ss, start, end, cov),
+        efficiency(frame, start, end),
+    )
+
+
+def _derive(pools: pd.DataFrame, cost: float) -> pd.DataFrame:
+    pools = pools.reindex(
+        columns=["output_tokens", "prompt_tokens", "prefill_tokens_saved", "prefix_queries", "gpu_hours", "gpu_util"]
+    )
+    hours = pools["gpu_hours"].where(pools["gpu_hours"] > 0)
+    out_tok = pools["output_tokens"].where(pools["output_tokens"] > 0)
+    pools["tokens_per_gpu_hour"] = pools["output_tokens"] / hours
+    pools["cost_usd"] = pools["gpu_hours"] * cost
+    pools["usd_per_1m_tokens"] = pools["cost_usd"] / out_tok * 1e6
+    pools["hit_ratio"] = pools["prefill_tokens_saved"] / pools["prefix_queries"].where(pools["prefix_queries"] > 0)
+    pools["utilisation_trap"] = pools["gpu_util"] < UTILISATION_TRAP
+    return pools.sort_index()
+
+
+def _fleet(pools: pd.DataFrame, cost: float) -> dict[str, float | None]:
+    def total(col: str) -> float | None:
+        s = pools[col].dropna()
+        return float(s.sum()) if not s.empty else None
+
+    out = {
+        k: total(k) for k in ("output_tokens", "prompt_tokens", "prefill_tokens_saved", "prefix_queries", "gpu_hours")
+    }
+    hours, tokens = out["gpu_hours"], out["output_tokens"]
+    busy = (pools["gpu_hours"] * pools["gpu_util"]).dropna()
+    out["gpu_util"] = float(busy.sum() / hours) if hours and not busy.empty else None
+    out["tokens_per_gpu_hour"] = tokens / hours if hours and tokens is not None else None
+    out["cost_usd"] = hours * cost if hours else None
+    out["usd_per_1m_tokens"] = out["cost_usd"] / tokens * 1e6 if out["cost_usd"] and tokens else None
+    q = out["prefix_queries"]
+    out["hit_ratio"] = out["prefill_tokens_saved"] / q if q and out["prefill_tokens_saved"] is not None else None
+    return out
+
+
+def _tenants(ss: Columns, start: float, end: float) -> pd.DataFrame:
+    """Per tenant: usage, hit ratio, and SLO attainment over the week: the share of requests with a
+    first token within the TTFT SLO bound (tenant_ttft_seconds buckets) and the share that did not
+    fail upstream (tenant_request_errors_total, counted by the request tap). The SLO is the one the
+    generated rules use (SloConfig; rules/prometheus/kvscope-tenant-slo.yml); absent without data."""
+    keys = ss.label("tenant", "unknown")
+    cols = counters_by(
+        ss,
+        keys,
+        start,
+        end,
+        requests="tenant_requests_total",
+        prompt_tokens="tenant_prompt_tokens_total",
+        cached_tokens="tenant_cached_tokens_total",
+        errors="tenant_request_errors_total",
+    )
+    le = ss.label("le", "")
+    for col, bound in (("ttft_good", _le_match(le, TENANT_SLO.ttft_seconds)), ("ttft_total", le == "+Inf")):
+        only = keys.copy()
+        only[~np.asarray(bound, dtype=bool)] = None  # the other buckets: no key, left out
+        got = counter_by(ss, "tenant_ttft_seconds_bucket", only, start, end)
+        if got is not None and not (got := got[got.index.notna()]).empty:
+            cols[col] = got
+    if not cols:
+        return pd.DataFrame()
+    df = pd.DataFrame(cols)
+    if {"prompt_tokens", "cached_tokens"} <= set(df):
+        df["hit_ratio"] = df["cached_tokens"] / df["prompt_tokens"].where(df["prompt_tokens"] > 0)
+    if {"ttft_good", "ttft_total"} <= set(df):
+        df["ttft_slo"] = df["ttft_good"] / df["ttft_total"].where(df["ttft_total"] > 0)
+    if {"errors", "requests"} <= set(df):
+        df["error_slo"] = 1 - df["errors"] / df["requests"].where(df["requests"] > 0)
+    df = df.drop(columns=[c for c in ("ttft_good", "ttft_total", "errors") if c in df])
+    return df.sort_values(df.columns[0], ascending=False)
+
+
+def _le_match(le: np.ndarray, bound: float) -> np.ndarray:
+    """Which `le` label values are the bucket bound `bound` ("1", "1.0", "1e+00" alike)."""
+
+    def same(text: object) -> bool:
+        try:
+            return abs(float(str(text)) - bound) < 1e-9
+        except ValueError:
+            return False
+
+    return np.array([same(v) for v in le], dtype=bool)
+
+
+@dataclass
+class Efficiency:
+    """What the engines' own efficiency counters say about a week; each frame is empty where no
+    engine exports its signals (absent, never 0). `compute`: per pool and `fleet`, mean estimated
+    TFLOP/s and GB/s per GPU (vLLM/SGLang --enable-mfu-metrics; counters that never moved = the
+    estimate is off, absent); `recompute`: per pool, preemptions and the prompt tokens they made the
+    engine prefill again (SGLang counts them; elsewhere estimated as preemptions x mean prompt
+    tokens per request, `estimated`), and their share of all prompt tokens; `tiers`: prompt
+    tokens served from each KV tier (by `source`: device = the GPU prefix cache, host, disk, ...;
+    HiCache host load-back; LMCache and HiCache storage tiers), tiers that served none left out."""
+
+    compute: pd.DataFrame
+    recompute: pd.DataFrame
+    tiers: pd.Series
+
+
+def _pool_rate(ss: Columns, name: str, keys: np.ndarray, start: float, end: float) -> pd.Series | None:
+    """Per key, a counter's increase per second of the time its series covered (gaps excluded),
+    over the series that moved (one that never did is an estimate switched off); NaN where none did."""
+    pts, inc = counter_increments(ss, name)
+    if not pts.sid.size:
+        return None
+    _, dt = gauge_coverage(ss, name)
+    mask = in_window(pts, start, end) & ~after_gap(pts)
+    per_inc = per_sid(ss, pts, inc, mask)
+    sids = np.unique(pts.sid)
+    moved = sids[per_inc[sids] > 0]
+    total, secs = group_sum(keys, per_inc, moved), group_sum(keys, per_sid(ss, pts, dt, mask), moved)
+    return (total / secs.where(secs > 0)).reindex(pd.unique(keys[sids]))
+
+
+def efficiency(frame: Frame, start: float, end: float) -> Efficiency:
+    """The week's `Efficiency` over (start, end]."""
+    ss = columns(frame)
+    keys = pools(ss)
+    rows = []
+    for k in (keys, np.full(len(keys), "fleet", dtype=object)):
+        flops = _pool_rate(ss, "engine_estimated_flops_per_gpu_total", k, start, end)
+        moved = [_pool_rate(ss, f"engine_estimated_{d}_bytes_per_gpu_total", k, start, end) for d in ("read", "write")]
+        cols = {} if flops is None else {"tflops_per_gpu": flops / 1e12}
+        if parts := [m for m in moved if m is not None]:
+            cols["gb_per_s_per_gpu"] = pd.concat(parts, axis=1).sum(axis=1, min_count=1) / 1e9
+        if cols:
+            rows.append(pd.DataFrame(cols))
+    comp = pd.concat(rows).dropna(how="all") if rows else pd.DataFrame()
+    rec = pd.DataFrame(
+        counters_by(
+            ss,
+            keys,
+            start,
+            end,
+            preemptions="engine_preemptions_total",
+            recomputed_tokens="engine_preempted_prompt_tokens_total",
+            prompt_tokens="engine_prompt_tokens_total",
+            requests="engine_requests_finished_total",
+        )
+    )
+    if "preemptions" in rec:
+        rec = rec.reindex(columns=["preemptions", "recomputed_tokens", "prompt_tokens", "requests"])
+        per_request = rec["prompt_tokens"] / rec["requests"].where(rec["requests"] > 0)
+        rec["estimated"] = rec["recomputed_tokens"].isna() & per_request.notna()
+        rec["recomputed_tokens"] = rec["recomputed_tokens"].fillna(rec["preemptions"] * per_request)
+        rec["recompute_share"] = rec["recomputed_tokens"] / rec["prompt_tokens"].where(rec["prompt_tokens"] > 0)
+        rec = rec[["preemptions", "recomputed_tokens", "estimated", "recompute_share"]]
+    else:
+        rec = pd.DataFrame()
+    tiers: dict[str, float] = {}
+    for name, label, what in (
+        ("engine_prompt_tokens_cached_total", "source", "{} (engine cache)"),
+        ("engine_kv_offload_loaded_tokens_total", "", "host (HiCache load-back)"),
+        ("kv_tier_loaded_tokens_total", "tier", "{} tier (loaded)"),
+    ):
+        got = counter_by(ss, name, ss.label(label, "?") if label else np.full(len(keys), "", dtype=object), start, end)
+        tiers.update({what.format(k): float(v) for k, v in (got if got is not None else {}).items() if v > 0})
+    if not any(k.endswith("(engine cache)") for k in tiers):  # no per-source split: the device hits
+        hits = counter_by(ss, "engine_prefix_cache_hits_tokens_total", np.full(len(keys), "", dtype=object), start, end)
+        if hits is not None and hits.sum() > 0:
+            tiers = {"device (GPU prefix cache)": float(hits.sum()), **tiers}
+    return Efficiency(comp, rec, pd.Series(tiers, dtype=float))
