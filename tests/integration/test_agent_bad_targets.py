@@ -193,7 +193,7 @@ def test_agent_metrics_say_why_each_target_is_down(bad_run, instance, up, reason
     assert_target_status(expo, instance, up, reason)
 
 
-def test_a_target_past_the_default_sample_limit_is_down_and_says_so():
+def test_agent_metrics_say_the_many_series_target_is_past_the_default_sample_limit():
     assert_target_status(asyncio.run(many_series_run()), "many_series", 0, "sample_limit_exceeded")
 
 
