@@ -1,0 +1,163 @@
+"""A window as per-instance scrape intervals: what happened in each (t[i], t[i+1]] per engine.
+
+One row per (instance, interval) where the concurrency signal is present: the running requests
+(mean of the gauge at the interval's two ends), waiting and KV usage likewise, the reset-aware
+increases of the counters (a counter that drops was reset: the increase is the value after it,
+as in Prometheus) and of every histogram bucket. Absent stays NaN: a signal the engine does not
+export never reads as zero.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvscope.agent.derive.rates import step_increases
+from kvscope.agent.signals import Labels
+from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, CONFIG_GAUGES, COUNTERS, GAUGES, HISTOGRAMS
+from kvscope.diagnoser.evaluate.frame import Block, Frame
+
+Pool = tuple[str, str]  # (model, engine)
+Unit = tuple[str, str]  # (instance, dp_rank)
+
+
+@dataclass
+class Intervals:
+    """One pool's intervals: arrays over rows (instance, interval), time-ordered per instance."""
+
+    step: float
+    t_end: np.ndarray  # interval end (unix s)
+    unit: np.ndarray  # index into `units`
+    units: list[Unit]
+    gauges: dict[str, np.ndarray] = field(default_factory=dict)  # interval mean
+    ends: dict[str, np.ndarray] = field(default_factory=dict)  # gauge at (start, end): [rows, 2]
+    counters: dict[str, np.ndarray] = field(default_factory=dict)  # increase in the interval
+    hists: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # les, [rows, les]
+    resets: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # a counter dropped
+
+    def take(self, mask: np.ndarray) -> Intervals:
+        """The rows where mask holds."""
+        return Intervals(
+            self.step,
+            self.t_end[mask],
+            self.unit[mask],
+            self.units,
+            {k: v[mask] for k, v in self.gauges.items()},
+            {k: v[mask] for k, v in self.ends.items()},
+            {k: v[mask] for k, v in self.counters.items()},
+            {k: (les, v[mask]) for k, (les, v) in self.hists.items()},
+            self.resets[mask],
+        )
+
+    def __len__(self) -> int:
+        return len(self.t_end)
+
+
+def _unit(labels: Labels) -> Unit:
+    d = dict(labels)
+    return d.get("instance", ""), d.get("dp_rank", "")
+
+
+def _rows_by_unit(block: Block, index: dict[Unit, int]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = defaultdict(list)
+    for r, labels in enumerate(block.labels):
+        u = index.get(_unit(labels))
+        if u is not None:
+            out[u].append(r)
+    return out
+
+
+def _gauge(block: Block | None, index: dict[Unit, int], n_t: int) -> np.ndarray:
+    out = np.full((len(index), n_t), np.nan)
+    if block is not None:
+        for u, rows in _rows_by_unit(block, index).items():
+            out[u] = np.fmax.reduce(block.values[rows], axis=0)
+    return out
+
+
+def _increases(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reset-aware increases along the last axis and where a value dropped (a reset)."""
+    d = np.diff(values, axis=-1)
+    with np.errstate(invalid="ignore"):
+        return step_increases(values), d < 0
+
+
+def _counter(block: Block | None, index: dict[Unit, int], n_t: int) -> tuple[np.ndarray, np.ndarray]:
+    out = np.full((len(index), n_t - 1), np.nan)
+    dropped = np.zeros((len(index), n_t - 1), dtype=bool)
+    if block is not None:
+        for u, rows in _rows_by_unit(block, index).items():
+            inc, drop = _increases(block.values[rows])
+            present = ~np.isnan(inc)
+            out[u] = np.where(present.any(axis=0), np.nansum(np.where(present, inc, 0.0), axis=0), np.nan)
+            dropped[u] = drop.any(axis=0)
+    return out, dropped
+
+
+def _histogram(block: Block | None, index: dict[Unit, int], n_t: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(sorted finite-and-+Inf bounds, cumulative bucket increases [units, les, intervals])."""
+    if block is None:
+        return None
+    by: dict[tuple[int, float], list[int]] = defaultdict(list)
+    for r, labels in enumerate(block.labels):
+        u = index.get(_unit(labels))
+        try:
+            le = float(dict(labels).get("le", ""))
+        except ValueError:
+            continue
+        if u is not None:
+            by[(u, le)].append(r)
+    les = np.array(sorted({le for _, le in by}))
+    if len(les) < 2 or not np.isinf(les[-1]):
+        return None
+    pos = {le: i for i, le in enumerate(les)}
+    out = np.full((len(index), len(les), n_t - 1), np.nan)
+    for (u, le), rows in by.items():
+        inc = step_increases(block.values[rows])
+        out[u, pos[le]] = np.where(np.isnan(inc).all(axis=0), np.nan, np.nansum(inc, axis=0))
+    return les, out
+
+
+def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
+    """Each pool's intervals (model x engine, from the concurrency signal's labels)."""
+    running = frame.block(CONCURRENCY_SIGNAL)
+    n_t = len(frame.ts)
+    if running is None or n_t < 2:
+        return {}
+    pools: dict[Pool, list[Unit]] = defaultdict(list)
+    for labels in running.labels:
+        d = dict(labels)
+        pool, unit = (d.get("model", ""), d.get("engine", "")), _unit(labels)
+        if unit not in pools[pool]:
+            pools[pool].append(unit)
+    out = {}
+    for pool, units in sorted(pools.items()):
+        index = {u: i for i, u in enumerate(units)}
+        gauges = {name: _gauge(frame.block(name), index, n_t) for name in GAUGES + CONFIG_GAUGES}
+        counters, drops = {}, np.zeros((len(units), n_t - 1), dtype=bool)
+        for name in COUNTERS + tuple(f"{h}_count" for h in HISTOGRAMS):
+            counters[name], dropped = _counter(frame.block(name), index, n_t)
+            drops |= dropped
+        hists = {h: got for h in HISTOGRAMS if (got := _histogram(frame.block(f"{h}_bucket"), index, n_t))}
+        conc = gauges[CONCURRENCY_SIGNAL]
+        keep = ~np.isnan(conc[:, 1:]) & ~np.isnan(conc[:, :-1])
+        u_idx, i_idx = np.nonzero(keep)
+        iv = Intervals(frame.step, frame.ts[1:][i_idx], u_idx, units, resets=drops[u_idx, i_idx])
+        for name, g in gauges.items():
+            pair = np.stack([g[u_idx, i_idx], g[u_idx, i_idx + 1]], axis=1)
+            iv.ends[name] = pair
+            iv.gauges[name] = _pair_mean(pair)
+        iv.counters = {name: c[u_idx, i_idx] for name, c in counters.items()}
+        iv.hists = {h: (les, arr[u_idx, :, i_idx]) for h, (les, arr) in hists.items()}
+        out[pool] = iv
+    return out
+
+
+def _pair_mean(pair: np.ndarray) -> np.ndarray:
+    """Mean of the two ends, the one present where the other is absent, NaN where both are."""
+    present = ~np.isnan(pair)
+    n = present.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, np.where(present, pair, 0.0).sum(axis=1) / n, np.nan)
