@@ -1,10 +1,10 @@
 """A window as per-instance scrape intervals: what happened in each (t[i], t[i+1]] per engine.
 
-One row per (instance, interval) where the concurrency signal is present: the running requests
-(mean of the gauge at the interval's two ends), waiting and KV usage likewise, the reset-aware
-increases of the counters (a counter that drops was reset: the increase is the value after it,
-as in Prometheus) and of every histogram bucket. Absent stays NaN: a signal the engine does not
-export never reads as zero.
+One row per (instance, interval) where the concurrency signal is present: the requests in the
+engine (running + waiting, the mean of the gauges at the interval's two ends), waiting and KV
+usage likewise, the reset-aware increases of the counters (a counter that drops was reset: the
+increase is the value after it, as in Prometheus) and of every histogram bucket. Absent stays
+NaN: a signal the engine does not export never reads as zero.
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, CONFIG_GAUGES, CO
 from kvscope.diagnoser.evaluate.frame import Block, Frame
 
 Pool = tuple[str, str]  # (model, engine)
+WAITING = "engine_requests_waiting"
+CONCURRENCY = "concurrency"
+"""The curve's concurrency per instance: requests in the engine, running plus waiting where the
+engine exports its queue (the load a client's concurrency sweep offers, §8.2), else running."""
 Unit = tuple[str, str]  # (instance, dp_rank)
 
 
@@ -28,6 +32,7 @@ class Intervals:
     """One pool's intervals: arrays over rows (instance, interval), time-ordered per instance."""
 
     step: float
+    signal: str  # what `gauges["concurrency"]` is made of
     t_end: np.ndarray  # interval end (unix s)
     unit: np.ndarray  # index into `units`
     units: list[Unit]
@@ -41,6 +46,7 @@ class Intervals:
         """The rows where mask holds."""
         return Intervals(
             self.step,
+            self.signal,
             self.t_end[mask],
             self.unit[mask],
             self.units,
@@ -141,10 +147,16 @@ def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
             counters[name], dropped = _counter(frame.block(name), index, n_t)
             drops |= dropped
         hists = {h: got for h in HISTOGRAMS if (got := _histogram(frame.block(f"{h}_bucket"), index, n_t))}
-        conc = gauges[CONCURRENCY_SIGNAL]
+        running, waiting = gauges[CONCURRENCY_SIGNAL], gauges[WAITING]
+        has_wait = ~np.isnan(waiting).all(axis=1)
+        gauges[CONCURRENCY] = np.where(has_wait[:, None], running + np.nan_to_num(waiting), running)
+        signal = CONCURRENCY_SIGNAL + (
+            f" + {WAITING}" if has_wait.all() else f" (+ {WAITING} where exported)" if has_wait.any() else ""
+        )
+        conc = gauges[CONCURRENCY]
         keep = ~np.isnan(conc[:, 1:]) & ~np.isnan(conc[:, :-1])
         u_idx, i_idx = np.nonzero(keep)
-        iv = Intervals(frame.step, frame.ts[1:][i_idx], u_idx, units, resets=drops[u_idx, i_idx])
+        iv = Intervals(frame.step, signal, frame.ts[1:][i_idx], u_idx, units, resets=drops[u_idx, i_idx])
         for name, g in gauges.items():
             pair = np.stack([g[u_idx, i_idx], g[u_idx, i_idx + 1]], axis=1)
             iv.ends[name] = pair

@@ -1,15 +1,16 @@
 """Where a pool operates on its curve ("Sizing LLM Inference for Production", §8.1 and §8.3).
 
 The knee (§8.1): the lowest concurrency from which TTFT p99 leaves p50 (p99/p50 grows by
-`spread_factor` over the lowest bucket's while p50 stays within `flat_factor` of its level), with
-at least one of the other signs the engine exports: throughput flattening (the marginal output
-tokens/s per added running request falls below `flat_gain` of the first bucket's tokens/s per
-request), requests starting to wait (mean waiting >= `wait_min`), preemptions; the divergence
-alone where the engine exports none of them. The signs must hold at the next measured bucket too (the knee is a region). None when the data shows no knee:
-it is never extrapolated. C_max (§8.3): where TTFT p99 crosses the SLO, interpolated between the
-last bucket under it and the first over it; the usable RPS is the RPS there. The Little's Law gap
-(§8.3): the ceiling C_max / SLO over the usable RPS (under 2 the curve is consistent). Headroom:
-the window's peak concurrency against the knee and C_max.
+`spread_factor` over the lowest bucket's while p50 stays within `flat_factor` of its level),
+with at least one of the other signs the engine exports: throughput flattening (the marginal
+output tokens/s per added running request falls below `flat_gain` of the first bucket's tokens/s
+per request), requests starting to wait (mean waiting >= `wait_min`), preemptions; the
+divergence alone where the engine exports none of them. The signs must hold at the next measured
+bucket too (the knee is a region). None when the data shows no knee: it is never extrapolated.
+C_max (§8.3): where TTFT p99 crosses the SLO, interpolated between the last bucket under it and
+the first over it; the usable RPS is the RPS there. The Little's Law gap (§8.3): the ceiling
+C_max / SLO over the usable RPS (under 2 the curve is consistent). Headroom: the window's peak
+concurrency against the knee and C_max.
 """
 
 from __future__ import annotations

@@ -16,8 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from kvscope.agent.derive.quantiles import histogram_quantile
-from kvscope.diagnoser.curve.intervals import Intervals
-from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL
+from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals
 
 Z95 = 1.96
 MIN_INTERVALS = 5
@@ -33,7 +32,7 @@ Interval = tuple[float, float] | None
 class Point:
     """One concurrency bucket of a pool's curve (per instance)."""
 
-    concurrency: float  # mean running requests of its intervals
+    concurrency: float  # mean requests in the engine (intervals.CONCURRENCY) over its intervals
     bucket: tuple[float, float]  # its edges
     intervals: int
     requests: float | None  # requests with a first token in it (the TTFT histogram's count)
@@ -96,8 +95,8 @@ def placed(iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
     """(bucket per interval, whether it is placed): an interval is left out when the engine was idle
     or when the gauge at its two ends sits more than one bucket apart (the signal moved faster than
     it was sampled: which bucket the interval belongs to is unknown, so it is not guessed)."""
-    ends = iv.ends[CONCURRENCY_SIGNAL]
-    b = bucket_of(iv.gauges[CONCURRENCY_SIGNAL])
+    ends = iv.ends[CONCURRENCY]
+    b = bucket_of(iv.gauges[CONCURRENCY])
     b_ends = bucket_of(np.nan_to_num(ends, nan=-1.0))
     coarse = np.abs(b_ends[:, 0] - b_ends[:, 1]) > 1
     return b, (b >= 0) & (b < len(EDGES) - 1) & ~coarse
@@ -134,7 +133,7 @@ def curve_points(iv: Intervals, min_intervals: int = MIN_INTERVALS, min_requests
         sparse = n < min_intervals or (requests is not None and requests < min_requests)
         out.append(
             Point(
-                concurrency=round(float(iv.gauges[CONCURRENCY_SIGNAL][sel].mean()), 3),
+                concurrency=round(float(iv.gauges[CONCURRENCY][sel].mean()), 3),
                 bucket=(float(EDGES[k]), float(EDGES[k + 1])),
                 intervals=n,
                 requests=requests,

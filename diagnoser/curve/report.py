@@ -9,7 +9,7 @@ import numpy as np
 
 from kvscope.diagnoser.curve.changes import Change, raw_changes
 from kvscope.diagnoser.curve.compare import Thresholds, deltas, verdict
-from kvscope.diagnoser.curve.intervals import Intervals, pool_intervals
+from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals, pool_intervals
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point, peak_concurrency
 from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points
 from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL
@@ -54,12 +54,13 @@ class PoolCurve:
     changes: list[JudgedChange] = field(default_factory=list)
     intervals: int = 0
     coarse_share: float = 0.0
+    signal: str = CONCURRENCY_SIGNAL
 
     def to_dict(self) -> dict:
         op = self.operating
         return {
             "labels": self.labels,
-            "concurrency_signal": CONCURRENCY_SIGNAL,
+            "concurrency_signal": self.signal,
             "points": [p.to_dict() for p in self.points],
             "knee_concurrency": op.knee_concurrency,
             "c_max": op.c_max,
@@ -107,11 +108,11 @@ def pool_curves(
     out = []
     for (model, engine), iv in pool_intervals(frame).items():
         pts = curve_points(iv.take(~iv.resets))
-        op = operating_point(pts, peak_concurrency(iv.gauges[CONCURRENCY_SIGNAL]), slo_s)
+        op = operating_point(pts, peak_concurrency(iv.gauges[CONCURRENCY]), slo_s)
         changes = events.get((model, engine), [])
         judged = judge(iv, changes, settle_s, th) if changes else [s for s in [curve_shift(iv, th)] if s]
         labels = {k: v for k, v in (("model", model), ("engine", engine)) if v}
-        out.append(PoolCurve(labels, pts, op, judged, len(iv), round(coarse_share(iv), 3)))
+        out.append(PoolCurve(labels, pts, op, judged, len(iv), round(coarse_share(iv), 3), iv.signal))
     return out
 
 
@@ -209,7 +210,7 @@ def render_text(curves: list[PoolCurve], slo_s: float) -> str:
         return f"no pool reports {CONCURRENCY_SIGNAL} in this window: no curve"
     for pc in curves:
         name = " ".join(f"{k}={v}" for k, v in pc.labels.items())
-        lines.append(f"pool {name}  (concurrency: {CONCURRENCY_SIGNAL} per instance; {pc.intervals} intervals)")
+        lines.append(f"pool {name}  (concurrency per instance: {pc.signal}; {pc.intervals} intervals)")
         lines.append(" ".join(f"{h:>{w}}" for h, w, _, _ in COLUMNS))
         for p in pc.points:
             cells = [_f(getattr(p, attr), fmt).rjust(w) for _, w, attr, fmt in COLUMNS]

@@ -36,7 +36,7 @@ def synth(
     kv_cap: list[float] | None = None,
     start: float = 1000.0,
 ) -> Frame:
-    """One vLLM instance; interval i ends at grid point i+1 and runs at conc[i+1]. At each grid
+    """One vLLM instance with conc[i] requests in it (running + waiting); interval i ends at grid point i+1 and runs at conc[i+1]. At each grid
     index in `resets` every counter starts again from that interval's increase."""
     T = len(conc)
     ts = start + STEP * np.arange(T)
@@ -52,7 +52,7 @@ def synth(
         gen[i] = keep * gen[i - 1] + tokens(conc[i]) * STEP
     lab = lambda **extra: make_labels(BASE | extra)  # noqa: E731
     blocks = {
-        "engine_requests_running": Block([lab()], np.array([conc], dtype=float)),
+        "engine_requests_running": Block([lab()], np.array([[c - waiting(c) for c in conc]])),
         "engine_requests_waiting": Block([lab()], np.array([[waiting(c) for c in conc]])),
         "engine_requests_finished_total": Block([lab(reason="stop")], fin[None, :]),
         "engine_generation_tokens_total": Block([lab()], gen[None, :]),
