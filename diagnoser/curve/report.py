@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,7 @@ from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating,
 from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points
 from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL
 from kvscope.diagnoser.evaluate.frame import Frame
-from kvscope.diagnoser.findings import EngineChange, Evidence, Finding, LeverAdvice
+from kvscope.diagnoser.findings import Diagnosis, EngineChange, Evidence, Finding, LeverAdvice
 
 RULE_ID = "regression_after_change"
 SETTLE_S = 30.0
@@ -55,6 +55,7 @@ class PoolCurve:
     intervals: int = 0
     coarse_share: float = 0.0
     signal: str = CONCURRENCY_SIGNAL
+    step: float = 0.0
 
     def to_dict(self) -> dict:
         op = self.operating
@@ -74,15 +75,17 @@ class PoolCurve:
 
 def judge(iv: Intervals, changes: list[Change], settle_s: float, th: Thresholds) -> list[JudgedChange]:
     """Each change's before (since the previous change) against its after (until the next one,
-    less the settle time), over the buckets both sides measured."""
+    less the settle time), over the buckets both sides measured: the changed instances' intervals
+    where the change names instances, else the whole pool's."""
     times = [c.time for c in changes]
     out = []
-    clean = ~iv.resets
     for i, c in enumerate(changes):
         lo = times[i - 1] + settle_s if i else -np.inf
         hi = times[i + 1] if i + 1 < len(times) else np.inf
-        before = iv.take(clean & (iv.t_end > lo) & (iv.t_end < c.time))
-        after = iv.take(clean & (iv.t_end > c.time + settle_s) & (iv.t_end < hi))
+        mine = [u for u, (instance, _) in enumerate(iv.units) if instance in c.instances]
+        keep = ~iv.resets & (np.isin(iv.unit, mine) if mine else True)
+        before = iv.take(keep & (iv.t_end > lo) & (iv.t_end < c.time))
+        after = iv.take(keep & (iv.t_end > c.time + settle_s) & (iv.t_end < hi))
         d, matched = deltas(curve_points(before), curve_points(after))
         v, worse, better = verdict(d, th)
         out.append(JudgedChange(c, v, d, worse, better, matched))
@@ -112,7 +115,7 @@ def pool_curves(
         changes = events.get((model, engine), [])
         judged = judge(iv, changes, settle_s, th) if changes else [s for s in [curve_shift(iv, th)] if s]
         labels = {k: v for k, v in (("model", model), ("engine", engine)) if v}
-        out.append(PoolCurve(labels, pts, op, judged, len(iv), round(coarse_share(iv), 3), iv.signal))
+        out.append(PoolCurve(labels, pts, op, judged, len(iv), round(coarse_share(iv), 3), iv.signal, iv.step))
     return out
 
 
@@ -121,11 +124,14 @@ def to_json(curves: list[PoolCurve], slo_s: float) -> dict[str, Any]:
 
 
 def regression_findings(curves: list[PoolCurve], window: tuple[float, float], step: float) -> list[Finding]:
-    """One `regression_after_change` finding per change judged a regression."""
+    """One `regression_after_change` finding per change judged a regression. Not for a replica-count
+    change: more or fewer replicas leave the per-instance curve where it is (§8.5, data
+    parallelism), so a per-instance shift then is the new replicas' warm-up, judged by the cold
+    replica rule; its verdict is still reported with the changes."""
     out = []
     for pc in curves:
         for j in pc.changes:
-            if j.verdict != "regression":
+            if j.verdict != "regression" or j.change.kind == "replicas":
                 continue
             c = j.change
             ev = tuple(
@@ -178,6 +184,24 @@ def regression_findings(curves: list[PoolCurve], window: tuple[float, float], st
     return out
 
 
+def attach(diagnosis: Diagnosis, curves: list[PoolCurve]) -> Diagnosis:
+    """The diagnosis with each pool's changes and a finding per regression (the likely cause when
+    nothing else fired)."""
+    changes = tuple(
+        {"pool": pc.labels, **j.to_dict(), "text": f"{_name(pc)}: {line}"}
+        for pc in curves
+        for j, line in zip(pc.changes, changes_text(pc), strict=True)
+    )
+    found = regression_findings(curves, diagnosis.window, curves[0].step if curves else 0.0)
+    if diagnosis.likely_cause is None and found:
+        return replace(diagnosis, likely_cause=found[0], other=diagnosis.other + tuple(found[1:]), changes=changes)
+    return replace(diagnosis, other=diagnosis.other + tuple(found), changes=changes)
+
+
+def _name(pc: PoolCurve) -> str:
+    return " ".join(f"{k}={v}" for k, v in pc.labels.items()) or "pool"
+
+
 def _diff(diff: dict, side: int | None = None) -> str:
     if side is None:
         return ", ".join(f"{k} {a:g} -> {b:g}" for k, (a, b) in diff.items())
@@ -209,8 +233,7 @@ def render_text(curves: list[PoolCurve], slo_s: float) -> str:
     if not curves:
         return f"no pool reports {CONCURRENCY_SIGNAL} in this window: no curve"
     for pc in curves:
-        name = " ".join(f"{k}={v}" for k, v in pc.labels.items())
-        lines.append(f"pool {name}  (concurrency per instance: {pc.signal}; {pc.intervals} intervals)")
+        lines.append(f"pool {_name(pc)}  (concurrency per instance: {pc.signal}; {pc.intervals} intervals)")
         lines.append(" ".join(f"{h:>{w}}" for h, w, _, _ in COLUMNS))
         for p in pc.points:
             cells = [_f(getattr(p, attr), fmt).rjust(w) for _, w, attr, fmt in COLUMNS]
