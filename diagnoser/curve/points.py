@@ -92,18 +92,19 @@ def bucket_of(concurrency: np.ndarray) -> np.ndarray:
 
 
 def placed(iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
-    """(bucket per interval, whether it is placed): an interval is left out when the engine was idle
-    or when the gauge at its two ends sits more than one bucket apart (the signal moved faster than
-    it was sampled: which bucket the interval belongs to is unknown, so it is not guessed)."""
-    ends = iv.ends[CONCURRENCY]
-    b = bucket_of(iv.gauges[CONCURRENCY])
-    b_ends = bucket_of(np.nan_to_num(ends, nan=-1.0))
-    coarse = np.abs(b_ends[:, 0] - b_ends[:, 1]) > 1
-    return b, (b >= 0) & (b < len(EDGES) - 1) & ~coarse
+    """(bucket per interval, whether it is placed). An interval is left out when the engine was idle
+    or when the standard error of its concurrency (the gauge's samples in its window) is wider than
+    its bucket: the signal moved faster than it was sampled, which bucket the interval belongs to
+    is unknown, and it is not guessed."""
+    conc = iv.gauges[CONCURRENCY]
+    b = bucket_of(conc)
+    inside = (b >= 0) & (b < len(EDGES) - 1)
+    width = np.diff(EDGES)[np.clip(b, 0, len(EDGES) - 2)]
+    return b, inside & ~(iv.spread > width)
 
 
 def coarse_share(iv: Intervals) -> float:
-    """Share of busy intervals left out because the concurrency moved more than a bucket."""
+    """Share of busy intervals left out because the concurrency swung faster than it was sampled."""
     b, ok = placed(iv)
     busy = b >= 0
     return float((busy & ~ok).sum() / busy.sum()) if busy.any() else 0.0

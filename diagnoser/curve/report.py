@@ -257,8 +257,8 @@ def render_text(curves: list[PoolCurve], slo_s: float) -> str:
         )
         if pc.coarse_share > 0.25:
             lines.append(
-                f"note: {100 * pc.coarse_share:.0f}% of busy intervals moved more than a bucket between scrapes "
-                "and are left out (scrape more often)"
+                f"note: {100 * pc.coarse_share:.0f}% of busy intervals are left out: the concurrency swung "
+                "faster than it was scraped (scrape more often)"
             )
         lines += [f"note: {n}" for n in op.notes]
         lines += changes_text(pc)

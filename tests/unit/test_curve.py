@@ -69,7 +69,7 @@ STAIRS = [c for c in (1, 2, 3, 4.2, 8, 12, 16) for _ in range(8)]
 
 def test_points_merge_histograms_and_rates():
     pts = curve_points(pool_intervals(synth(STAIRS))[("m", "vllm")])
-    assert [p.concurrency for p in pts] == pytest.approx([1, 2, 3, 4.2, 8, 12, 16], abs=0.3)
+    assert [p.concurrency for p in pts] == pytest.approx([1, 2, 3, 4.2, 6.1, 8, 12, 16], abs=0.3)
     low, high = pts[0], pts[-1]
     # 97 % in (0.05, 0.1]: p50 interpolated there; 3 % tail at 2.5 s past the knee
     assert low.ttft_p50_s == pytest.approx(0.075) and high.ttft_p50_s == pytest.approx(0.05 + 0.05 * (0.5 / 0.97))
@@ -77,7 +77,8 @@ def test_points_merge_histograms_and_rates():
     assert high.ttft_p99_ci[0] <= high.ttft_p99_s <= high.ttft_p99_ci[1]
     assert low.rps == pytest.approx(40 / STEP) and low.output_tokens_per_s == pytest.approx(10)
     assert low.intervals == 7 and not low.sparse  # the first grid point opens no interval
-    # an interval between two levels sits in the bucket of its mean, or is left out (4.2 -> 8)
+    # an interval between two levels sits in the bucket of its mean (4.2 -> 8: a sparse 6.1)
+    assert pts[4].sparse and pts[4].intervals == 1
     assert low.itl_p99_s is None  # no ITL histogram: absent, not zero
 
 
@@ -117,7 +118,7 @@ def test_counter_reset_inside_a_bucket():
 
 
 def test_concurrency_sampled_coarser_than_it_moves():
-    swing = [1.0, 16.0] * 20  # the gauge jumps 1 <-> 16 between scrapes: bucket unknown
+    swing = [1.0, 16.0] * 20  # the gauge jumps 1 <-> 16 at every 15 s scrape: the load is unknown
     (pc,) = pool_curves(synth(swing))
     assert pc.points == [] and pc.coarse_share == 1.0
     assert pc.operating.knee_concurrency is None
