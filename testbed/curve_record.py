@@ -41,7 +41,7 @@ from testbed.incidents import (
 )
 from testbed.loadgen import LoadSpec, percentile, run_load
 from testbed.tenants import Dist, Tenant
-from testbed.vllm_server import VllmConfig, VllmServer
+from testbed.vllm_server import VllmConfig, VllmServer, VllmStartError
 
 REPO = Path(__file__).resolve().parent.parent
 INTERVAL_S = 2.0
@@ -179,12 +179,27 @@ def level(srv: VllmServer, streams: int, seconds: float, poller: Poller, seed: i
     }
 
 
+def _start(srv: VllmServer, attempts: int = 3) -> None:
+    """Start on the same port; a start that fails on the loaded box (an engine core that dies while
+    initializing) is retried, and the failure stays in the server log."""
+    for attempt in range(attempts):
+        try:
+            srv.start()
+            return
+        except VllmStartError as exc:
+            print(f"start {attempt + 1} failed: {str(exc)[-3000:]}", flush=True)
+            if attempt + 1 == attempts:
+                raise
+            time.sleep(10)
+
+
 def record(name: str, out_dir: Path) -> Path:
     work = Path(tempfile.mkdtemp(prefix="kvs-curve-"))
     rec_path = out_dir / f"{name}.om.gz"
     phases: list[dict] = []
     cfg = ROOMY if name.endswith("staircase") else CHANGE_PHASES[0][1]
-    srv = VllmServer(cfg, startup_timeout_s=900).start()
+    srv = VllmServer(cfg, startup_timeout_s=900)
+    _start(srv)
     try:
         warm_up([srv], 4)
         seen = _metrics_gets(srv)
@@ -200,7 +215,7 @@ def record(name: str, out_dir: Path) -> Path:
                 if i:
                     srv.stop()
                     srv.config = c
-                    srv.start()
+                    _start(srv)
                     warm_up([srv], 4)
                 phases.append({"name": phase, "flags": c.args()} | level(srv, CHANGE_STREAMS, PHASE_S, poller, i))
         poller.stop.set()
