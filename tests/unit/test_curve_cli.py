@@ -57,3 +57,11 @@ def test_bad_usage_and_unreadable_sources(capsys, tmp_path):
     assert main(["curve", "--recording", str(tmp_path / "missing.om.gz")]) == 4
     err = capsys.readouterr().err
     assert "pick a source" in err and "--slo-ttft-p99 must be a positive" in err
+
+
+def test_an_engine_log_gives_a_pool_without_latency_it_never_printed(capsys):
+    fixture = LIB.parent / "fixtures" / "logs" / "vllm-0.32-cpu-kv-pressure.log"
+    doc = _json(capsys, "--log", str(fixture), "--date", "2026-11-20")
+    (pool,) = doc["pools"]
+    assert pool["labels"] == {"engine": "vllm"} and pool["operating"]["peak_concurrency"] > 0
+    assert all(p["ttft_p99_s"] is None for p in pool["points"])  # vLLM's stats lines carry no TTFT
