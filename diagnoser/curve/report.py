@@ -19,6 +19,7 @@ from kvscope.diagnoser.findings import Diagnosis, EngineChange, Evidence, Findin
 RULE_ID = "regression_after_change"
 SETTLE_S = 30.0
 """Seconds after a change left out of the 'after' side (a restarted engine warms up: §8.2)."""
+FINDING_KINDS = ("config", "version", "restart")
 KNOB_LEVERS = {"kv_capacity_tokens": "--num-gpu-blocks-override / --gpu-memory-utilization / --kv-cache-dtype"}
 
 
@@ -124,14 +125,15 @@ def to_json(curves: list[PoolCurve], slo_s: float) -> dict[str, Any]:
 
 
 def regression_findings(curves: list[PoolCurve], window: tuple[float, float], step: float) -> list[Finding]:
-    """One `regression_after_change` finding per change judged a regression. Not for a replica-count
-    change: more or fewer replicas leave the per-instance curve where it is (§8.5, data
-    parallelism), so a per-instance shift then is the new replicas' warm-up, judged by the cold
-    replica rule; its verdict is still reported with the changes."""
+    """One `regression_after_change` finding per change to the engines (config, version, restart)
+    judged a regression. Not for a replica-count change: more or fewer replicas leave the
+    per-instance curve where it is (§8.5, data parallelism), so a per-instance shift then is the new
+    replicas' warm-up (the cold replica rule's); nor for a `curve` shift, which has nothing to roll
+    back (the rules name its mechanism). Their verdicts are still reported with the changes."""
     out = []
     for pc in curves:
         for j in pc.changes:
-            if j.verdict != "regression" or j.change.kind == "replicas":
+            if j.verdict != "regression" or j.change.kind not in FINDING_KINDS:
                 continue
             c = j.change
             ev = tuple(

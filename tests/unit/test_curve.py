@@ -172,3 +172,12 @@ def test_json_shape():
     }
     assert set(pool["changes"][0]) >= {"time", "kind", "diff", "verdict", "deltas"}
     assert pool["labels"] == {"model": "m", "engine": "vllm"}
+
+
+def test_a_curve_shift_with_no_label_change_is_a_change_without_a_finding():
+    half = len(STAIRS)
+    shifted = synth(STAIRS * 2, tail=lambda c, i: hump(c) if i < half else 5)  # no restart, no config
+    (pc,) = pool_curves(shifted, settle_s=0.0)
+    (j,) = pc.changes
+    assert j.change.kind == "curve" and j.verdict == "regression" and j.worse == ["ttft_p99_s"]
+    assert regression_findings([pc], (0.0, 1.0), STEP) == []  # nothing to roll back: the rules say why
