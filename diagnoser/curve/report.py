@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -33,18 +33,7 @@ class JudgedChange:
     matched_concurrency: list[float]
 
     def to_dict(self) -> dict:
-        c = self.change
-        return {
-            "time": c.time,
-            "kind": c.kind,
-            "diff": c.diff,
-            "instances": c.instances,
-            "verdict": self.verdict,
-            "deltas": self.deltas,
-            "worse": self.worse,
-            "better": self.better,
-            "matched_concurrency": self.matched_concurrency,
-        }
+        return asdict(self.change) | {k: v for k, v in vars(self).items() if k != "change"}
 
 
 @dataclass
@@ -60,16 +49,10 @@ class PoolCurve:
 
     def to_dict(self) -> dict:
         op = self.operating
-        return {
-            "labels": self.labels,
-            "concurrency_signal": self.signal,
-            "points": [p.to_dict() for p in self.points],
-            "knee_concurrency": op.knee_concurrency,
-            "c_max": op.c_max,
-            "usable_rps": op.usable_rps,
-            "operating": op.to_dict(),
-            "intervals": self.intervals,
-            "coarse_share": self.coarse_share,
+        head = {"labels": self.labels, "concurrency_signal": self.signal, "points": [p.to_dict() for p in self.points]}
+        return head | {
+            **{k: getattr(op, k) for k in ("knee_concurrency", "c_max", "usable_rps")},
+            **{"operating": op.to_dict(), "intervals": self.intervals, "coarse_share": self.coarse_share},
             "changes": [c.to_dict() for c in self.changes],
         }
 
