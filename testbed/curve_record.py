@@ -8,7 +8,7 @@
   polled once a second.
 * `curve-vllm-config-changes`: one engine under the same closed-loop load through four phases,
   restarted on the same port between them: roomy KV (256 blocks) -> a much smaller KV budget
-  (`--num-gpu-blocks-override 16`) -> roomy again -> roomy again (same flags, restarted).
+  (`--num-gpu-blocks-override 20`) -> roomy again -> roomy again (same flags, restarted).
 
 The expected verdicts are written into each YAML from the scenario below, before kvscope ever
 reads the recording. Run: .venv/bin/python -m testbed.curve_record [--only NAME] (3-8 min each).
@@ -50,10 +50,10 @@ TENANTS = [
     for i in range(4)
 ]
 ROOMY = VllmConfig(max_model_len=512, num_gpu_blocks=256, max_num_seqs=32, kv_cache_metrics=False)
-TINY_KV = replace(ROOMY, num_gpu_blocks=16)
+TINY_KV = replace(ROOMY, num_gpu_blocks=20)  # 16 cannot hold one 512-token request (one block is vLLM's null block)
 STAIRS = (1, 2, 4, 8, 16)
 STAIR_S = 50.0
-PHASE_S = 90.0
+PHASE_S = 80.0
 CHANGE_STREAMS = 10
 CHANGE_PHASES = (("roomy", ROOMY), ("tiny-kv", TINY_KV), ("roomy-again", ROOMY), ("same-restart", ROOMY))
 
@@ -61,12 +61,12 @@ SUMMARY = {
     "curve-vllm-staircase": "one roomy engine, closed-loop levels of 1, 2, 4, 8, 16 streams (50 s each): the "
     "operating curve against two truths per level",
     "curve-vllm-config-changes": "one engine at 10 streams through 4 phases, restarted between them: roomy KV -> "
-    "--num-gpu-blocks-override 16 -> roomy again -> roomy again (same flags)",
+    "--num-gpu-blocks-override 20 -> roomy again -> roomy again (same flags)",
 }
 RULES_EXPECTED = {  # what the diagnosis rules should say (tests/unit/test_diagnose_recordings.py)
     "curve-vllm-staircase": "no warning",
     "curve-vllm-config-changes": [
-        {"levers": ["K1", "K2", "K3"], "phase": "tiny-kv", "why": "16 KV blocks for 10 streams: KV full, preemptions"}
+        {"levers": ["K1", "K2", "K3"], "phase": "tiny-kv", "why": "20 KV blocks for 10 streams: KV full, preemptions"}
     ],
 }
 EXPECTED = {
@@ -84,10 +84,10 @@ EXPECTED = {
             {
                 "after_phase": "tiny-kv",
                 "kind": "config",
-                "diff": "kv_capacity_tokens 8192 -> 512",
+                "diff": "kv_capacity_tokens 8192 -> 640",
                 "verdict": "regression",
                 "finding": "regression_after_change",
-                "why": "16 KV blocks hold ~3 of the 10 streams' requests: the rest wait, TTFT p99 rises at the "
+                "why": "20 KV blocks hold ~3 of the 10 streams' requests: the rest wait, TTFT p99 rises at the "
                 "same requests in the engine",
             },
             {"after_phase": "roomy-again", "kind": "config", "verdict": "improvement", "why": "the inverse change"},
