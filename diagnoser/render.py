@@ -363,6 +363,8 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
         console.print("[bold]What changed in this window[/bold] (the curve before against after, at matched load)")
         for change in d.changes:
             console.print(f"  {change['text']}", markup=False)
+            if "text_follow_up" in change:
+                console.print(f"    {change['text_follow_up']}", markup=False)
     if verbose and d.skipped:
         console.print("[bold]Not evaluable[/bold]")
         for s in d.skipped:

@@ -20,6 +20,10 @@ RULE_ID = "regression_after_change"
 SETTLE_S = 30.0
 """Seconds after a change left out of the 'after' side (a restarted engine warms up: §8.2)."""
 FINDING_KINDS = ("config", "version", "restart")
+KNOB_LEVER_IDS = {  # a config knob kvscope can see change -> (lever id, direction) it applies
+    "kv_capacity_tokens": (("vllm.gpu_memory_utilization", "increase"), ("vllm.kv_cache_dtype", "increase")),
+    "lora_max_adapters": (("vllm.max_loras", "increase"),),
+}
 KNOB_LEVERS = {"kv_capacity_tokens": "--num-gpu-blocks-override / --gpu-memory-utilization / --kv-cache-dtype"}
 
 
@@ -173,7 +177,7 @@ def attach(diagnosis: Diagnosis, curves: list[PoolCurve]) -> Diagnosis:
     """The diagnosis with each pool's changes and a finding per regression (the likely cause when
     nothing else fired)."""
     changes = tuple(
-        {"pool": pc.labels, **j.to_dict(), "text": f"{_name(pc)}: {line}"}
+        {"pool": pc.labels, **j.to_dict(), "text": f"{_name(pc)}: {line}"} | _follow_up(j, diagnosis)
         for pc in curves
         for j, line in zip(pc.changes, changes_text(pc), strict=True)
     )
@@ -181,6 +185,30 @@ def attach(diagnosis: Diagnosis, curves: list[PoolCurve]) -> Diagnosis:
     if diagnosis.likely_cause is None and found:
         return replace(diagnosis, likely_cause=found[0], other=diagnosis.other + tuple(found[1:]), changes=changes)
     return replace(diagnosis, other=diagnosis.other + tuple(found), changes=changes)
+
+
+def _follow_up(j: JudgedChange, diagnosis: Diagnosis) -> dict:
+    """Lever follow-up: the findings before a config change whose levers it applied (a knob moved in
+    the lever's direction), whether their symptom ended by the change's settle time, and the verdict
+    at matched load; {} when none."""
+    out = []
+    for knob, (a, b) in j.change.diff.items():
+        for lever_id, direction in KNOB_LEVER_IDS.get(knob, ()):
+            if (b > a) != (direction == "increase"):
+                continue
+            for f in diagnosis.findings:
+                if f.since < j.change.time and any(lv.id == lever_id for lv in f.levers):
+                    cleared = not f.active and f.until <= j.change.time + SETTLE_S
+                    out.append(
+                        {"finding": f.rule_id, "levers_md": f.levers_md, "lever": lever_id, "symptom_cleared": cleared}
+                    )
+    if not out:
+        return {}
+    said = "; ".join(
+        f"{x['levers_md'] or x['finding']} ({x['lever']}): {'cleared' if x['symptom_cleared'] else 'still there'}"
+        for x in out
+    )
+    return {"follow_up": out, "text_follow_up": f"lever follow-up: {said}; at matched load: {j.verdict}"}
 
 
 def _name(pc: PoolCurve) -> str:

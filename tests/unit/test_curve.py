@@ -181,3 +181,43 @@ def test_a_curve_shift_with_no_label_change_is_a_change_without_a_finding():
     (j,) = pc.changes
     assert j.change.kind == "curve" and j.verdict == "regression" and j.worse == ["ttft_p99_s"]
     assert regression_findings([pc], (0.0, 1.0), STEP) == []  # nothing to roll back: the rules say why
+
+
+def test_lever_follow_up_after_a_change_that_applied_a_findings_lever():
+    from kvscope.diagnoser.curve.report import attach
+    from kvscope.diagnoser.findings import Diagnosis, Finding, LeverAdvice
+
+    (pc,) = pool_curves(_two_phases(lambda c: 1, 2000.0), settle_s=0.0)  # KV 1000 -> 2000: better
+    t = pc.changes[0].change.time
+
+    def k1(until: float, active: bool) -> Finding:
+        lever = LeverAdvice("vllm.gpu_memory_utilization", 1, "increase")
+        return Finding(
+            "kv_pressure_preemption",
+            "K1",
+            "KV full",
+            "warning",
+            {},
+            1000.0,
+            until,
+            active,
+            (0, 1),
+            STEP,
+            1,
+            "s",
+            levers=(lever,),
+        )
+
+    cleared = attach(Diagnosis((0, 1), "x", k1(t - STEP, False)), [pc]).changes[0]
+    assert cleared["follow_up"] == [
+        {
+            "finding": "kv_pressure_preemption",
+            "levers_md": "K1",
+            "lever": "vllm.gpu_memory_utilization",
+            "symptom_cleared": True,
+        }
+    ]
+    assert "K1 (vllm.gpu_memory_utilization): cleared; at matched load: improvement" in cleared["text_follow_up"]
+    still = attach(Diagnosis((0, 1), "x", k1(t + 600, True)), [pc]).changes[0]
+    assert still["follow_up"][0]["symptom_cleared"] is False
+    assert "follow_up" not in attach(Diagnosis((0, 1), "x", None), [pc]).changes[0]
