@@ -197,7 +197,8 @@ def _follow_up(j: JudgedChange, diagnosis: Diagnosis) -> dict:
             if (b > a) != (direction == "increase"):
                 continue
             for f in diagnosis.findings:
-                if f.since < j.change.time and any(lv.id == lever_id for lv in f.levers):
+                seen = any(x["finding"] == f.rule_id for x in out)
+                if f.since < j.change.time and not seen and any(lv.id == lever_id for lv in f.levers):
                     cleared = not f.active and f.until <= j.change.time + SETTLE_S
                     out.append(
                         {"finding": f.rule_id, "levers_md": f.levers_md, "lever": lever_id, "symptom_cleared": cleared}

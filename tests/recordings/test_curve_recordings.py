@@ -6,6 +6,7 @@ and the load driver's client-side TTFT. Expected verdicts were written into each
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+from kvscope.cli import main
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, pool_intervals
 from kvscope.diagnoser.curve.points import quantile_ci
 from kvscope.diagnoser.curve.report import pool_curves
@@ -77,3 +79,54 @@ def test_staircase_knee_and_c_max_against_the_engine_truth():
     assert pc.operating.c_max is not None and min(under) <= pc.operating.c_max <= min(over)
     assert pc.operating.usable_rps and pc.operating.littles_law_gap
     assert pc.changes == []  # one engine, one config, never restarted
+
+
+CHANGES = "curve-vllm-config-changes"
+
+
+def test_config_changes_read_as_written_before_the_run():
+    """Each restart between phases is found where it happened, with its KV-capacity diff, and
+    judged as `expected_curve` says; the engine's own per-phase TTFT p99 (truth) moved the same way."""
+    meta = _meta(CHANGES)
+    (pc,) = pool_curves(_frame(CHANGES))
+    t0 = meta["recorded_at_unix"]
+    phases = {p["name"]: p for p in meta["phases"]}
+    names = [p["name"] for p in meta["phases"]]
+    assert len(pc.changes) == len(meta["expected_curve"]["changes"])
+    assert pc.changes[0].change.diff == {"kv_capacity_tokens": [8192.0, 640.0]}
+    assert pc.changes[1].change.diff == {"kv_capacity_tokens": [640.0, 8192.0]}
+    assert pc.changes[2].change.diff == {}
+    missed = []
+    for want, got in zip(meta["expected_curve"]["changes"], pc.changes, strict=True):
+        after = phases[want["after_phase"]]
+        before = phases[names[names.index(want["after_phase"]) - 1]]
+        assert t0 + before["end_s"] <= got.change.time <= t0 + after["start_s"] + 4, want
+        assert got.change.kind == want["kind"], want
+        truth = after["engine_ttft_p99_s"] / before["engine_ttft_p99_s"]
+        if want["verdict"] == "no_change" and got.verdict != "no_change" and not 1 / 1.1 < truth < 1.1:
+            missed.append((want["after_phase"], got.verdict, round(truth, 2)))
+            continue
+        assert got.verdict == want["verdict"], (want, got.deltas)
+        assert {"regression": truth > 1.1, "improvement": truth < 1 / 1.1, "no_change": True}[want["verdict"]], truth
+    if missed:
+        pytest.xfail(
+            f"{missed}: the restart with the same flags was expected to read no_change, but the shared box's "
+            "load changed between the phases and the engine's own TTFT histogram moved too (p99 x truth ratio): "
+            "kvscope reads the engine right; the scenario could not hold the load still (docs/curve.md)"
+        )
+
+
+def test_the_regression_is_a_finding_naming_the_knob_and_diagnose_carries_it(capsys):
+    main(["diagnose", "--recording", str(HERE / f"{CHANGES}.om.gz"), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    found = [f for f in (doc["likely_cause"], *doc["competing"], *doc["other"]) if f]
+    (f,) = [f for f in found if f["rule_id"] == "regression_after_change" and f["params"]["change_kind"] == "config"]
+    assert "kv_capacity_tokens 8192 -> 640" in f["summary"] and f["where"]["instance"] == "replica-0"
+    assert [lv["id"] for lv in f["levers"]] == ["rollback", "changed_knob"]
+    assert "--num-gpu-blocks-override" in f["levers"][1]["changes"][0]["change"]
+    assert [c["verdict"] for c in doc["changes"]][:2] == ["regression", "improvement"]
+    # the inverse change applied the K rows' lever (more KV budget): their symptom cleared
+    follow = doc["changes"][1]["follow_up"]
+    assert (
+        follow and {x["levers_md"] for x in follow} <= {"K1", "K2", "K3"} and all(x["symptom_cleared"] for x in follow)
+    )
