@@ -191,7 +191,7 @@ def _follow_up(j: JudgedChange, diagnosis: Diagnosis) -> dict:
     """Lever follow-up: the findings before a config change whose levers it applied (a knob moved in
     the lever's direction), whether their symptom ended by the change's settle time, and the verdict
     at matched load; {} when none."""
-    out = []
+    out: list[dict] = []
     for knob, (a, b) in j.change.diff.items():
         for lever_id, direction in KNOB_LEVER_IDS.get(knob, ()):
             if (b > a) != (direction == "increase"):
