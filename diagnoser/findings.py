@@ -144,6 +144,9 @@ class Diagnosis:
     rules_evaluated: int = 0
     time_scale: float = 1.0  # rule durations were multiplied by this (short windows)
     schema_version: int = SCHEMA_VERSION
+    changes: tuple[dict[str, Any], ...] = ()
+    """What changed in the window, per pool, and its effect at matched load (kvscope.diagnoser.curve):
+    {pool, time, kind, diff, verdict, deltas, text}."""
 
     @property
     def findings(self) -> tuple[Finding, ...]:

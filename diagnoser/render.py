@@ -378,6 +378,12 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
                 f"  [{_STYLE.get(worst.severity, '')}]{worst.severity:8}[/] "
                 f"{worst.title} ({_where_of(members)}) - {_other_detail(worst, len(members))}"
             )
+    if d.changes:
+        console.print("[bold]What changed in this window[/bold] (the curve before against after, at matched load)")
+        for change in d.changes:
+            console.print(f"  {change['text']}", markup=False)
+            if "text_follow_up" in change:
+                console.print(f"    {change['text_follow_up']}", markup=False)
     if verbose and d.skipped:
         console.print("[bold]Not evaluable[/bold]")
         for s in d.skipped:

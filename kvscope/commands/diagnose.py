@@ -56,6 +56,11 @@ Examples:
 
 Rules whose signals the source lacks are "not evaluable" (never healthy); -v lists them.
 
+"What changed in this window": config changes, restarts and replica-count changes found in the
+window, each judged by the curve before against after at matched load; a regression is the finding
+regression_after_change (docs/curve.md; `kvscope curve` shows the curves). Not with --prometheus
+unless --full-fetch (it reads every engine's TTFT buckets).
+
 {log_help}
 Exit status: 0 nothing at warning or critical fired (info findings may be printed),
 1 the worst finding is a warning, 2 the worst is critical, 3 bad usage, 4 the source could not
@@ -159,7 +164,15 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
     except ValueError as exc:
         return fail("diagnose", exc, EXIT_USAGE)
     result = diagnose(frame, rules, params=params, source=source.description, time_scale=args.time_scale)
-    return _finish(args, source, result)
+    return _finish(args, source, _with_changes(source, result, start, end, step))
+
+
+def _with_changes(source: Any, result: Any, start: float | None, end: float | None, step: float) -> Any:
+    """The diagnosis with what changed in the window and regressions at matched load (docs/curve.md)."""
+    from kvscope.diagnoser.curve.report import attach, pool_curves
+    from kvscope.diagnoser.curve.window import read_window
+
+    return attach(result, pool_curves(read_window(source, start, end, step)))
 
 
 def _fleet(

@@ -118,3 +118,17 @@ def test_prometheus_source_reports_a_clear_error_when_unreachable():
         PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout_s=2).read_frame(
             {"engine_requests_waiting"}, 0, 60, 15
         )
+
+
+@pytest.mark.prometheus
+def test_the_operating_curve_is_the_same_from_the_recording_and_real_prometheus(plain_recording, prometheus_url):
+    """`kvscope curve` reads its window through the same sources: same curve, knee, C_max, changes."""
+    from kvscope.diagnoser.curve.report import pool_curves, to_json
+    from kvscope.diagnoser.curve.window import read_window
+
+    rec = RecordingSource(plain_recording)
+    start, end = _window(rec.replay())
+    a = pool_curves(read_window(rec, start, end, STEP))
+    b = pool_curves(read_window(PrometheusSource(prometheus_url), start, end, STEP))
+    assert a and a[0].points
+    assert to_json(a, 1.0) == to_json(b, 1.0)

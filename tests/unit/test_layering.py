@@ -57,6 +57,7 @@ LAYERS = {
         "sources": 4,
         "routing": 4,
         "pushdown": 5,
+        "curve": 5,
         "alertmanager": 6,
     },
 }

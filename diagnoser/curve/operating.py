@@ -1,0 +1,144 @@
+"""Where a pool operates on its curve ("Sizing LLM Inference for Production", §8.1 and §8.3).
+
+The knee (§8.1): the lowest concurrency from which TTFT p99 leaves p50 (p99/p50 grows by
+`spread_factor` over the lowest bucket's while p50 stays within `flat_factor` of its level),
+with at least one of the other signs the engine exports: throughput flattening (the marginal
+output tokens/s per added running request falls below `flat_gain` of the first bucket's tokens/s
+per request), requests starting to wait (mean waiting >= `wait_min`), preemptions; the
+divergence alone where the engine exports none of them. The signs must hold at the next measured
+bucket too (the knee is a region). None when the data shows no knee: it is never extrapolated.
+C_max (§8.3): where TTFT p99 crosses the SLO, interpolated between the last bucket under it and
+the first over it; the usable RPS is the RPS there. The Little's Law gap (§8.3): the ceiling
+C_max / SLO over the usable RPS (under 2 the curve is consistent). Headroom: the window's peak
+concurrency against the knee and C_max.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from kvscope.diagnoser.curve.points import Point
+
+DEFAULT_SLO_TTFT_P99_S = 1.0
+"""The TTFT SLO rules' default bound (`kvscope rules build --slo-ttft-seconds`, SloConfig)."""
+
+
+@dataclass(frozen=True)
+class KneeParams:
+    spread_factor: float = 2.0
+    flat_factor: float = 1.5
+    flat_gain: float = 0.5
+    wait_min: float = 0.5
+
+
+@dataclass
+class Operating:
+    knee_concurrency: float | None
+    knee_signs: list[str]
+    c_max: float | None
+    c_max_note: str
+    usable_rps: float | None
+    littles_law_gap: float | None
+    peak_concurrency: float | None
+    headroom_to_knee: float | None  # knee / peak (below 1: the peak is past the knee)
+    headroom_to_c_max: float | None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _signs(points: list[Point], p: KneeParams) -> list[set[str]]:
+    base = points[0]
+    p50_0, p99_0 = base.ttft_p50_s, base.ttft_p99_s
+    per_req0 = base.output_tokens_per_s / base.concurrency if base.output_tokens_per_s is not None else None
+    out = []
+    for prev, pt in zip([None, *points], points, strict=False):
+        s = set()
+        p50, p99 = pt.ttft_p50_s, pt.ttft_p99_s
+        if (
+            p50_0
+            and p99_0
+            and p50
+            and p99
+            and p99 / p50 >= p.spread_factor * p99_0 / p50_0
+            and p50 <= p.flat_factor * p50_0
+        ):
+            s.add("p99_leaves_p50")
+        if (
+            prev is not None
+            and per_req0
+            and pt.output_tokens_per_s is not None
+            and prev.output_tokens_per_s is not None
+        ):
+            gain = (pt.output_tokens_per_s - prev.output_tokens_per_s) / max(pt.concurrency - prev.concurrency, 1e-9)
+            if gain < p.flat_gain * per_req0:
+                s.add("throughput_flat")
+        if pt.waiting is not None and pt.waiting >= p.wait_min:
+            s.add("requests_wait")
+        if pt.preemptions_per_s is not None and pt.preemptions_per_s > 0:
+            s.add("preemptions")
+        out.append(s)
+    return out
+
+
+def knee(points: list[Point], p: KneeParams = KneeParams()) -> tuple[float | None, list[str]]:
+    """The knee's concurrency and the signs seen there, or (None, []) when the data shows none."""
+    dense = [pt for pt in points if not pt.sparse]
+    if len(dense) < 3:
+        return None, []
+    signs = _signs(dense, p)
+    others = any(pt.output_tokens_per_s is not None or pt.waiting is not None for pt in dense)
+    held = [("p99_leaves_p50" in s and (len(s) >= 2 or not others)) for s in signs]
+    for i in range(1, len(dense)):
+        if held[i] and (i + 1 == len(dense) or held[i + 1]):
+            return dense[i].concurrency, sorted(signs[i])
+    return None, []
+
+
+def c_max(points: list[Point], slo_s: float) -> tuple[float | None, float | None, str]:
+    """(C_max, usable RPS there, note): p99 interpolated across the SLO between measured buckets."""
+    dense = [pt for pt in points if not pt.sparse and pt.ttft_p99_s is not None]
+    if not dense:
+        return None, None, "no bucket with enough data"
+    over = [i for i, pt in enumerate(dense) if pt.ttft_p99_s > slo_s]  # type: ignore[operator]
+    if not over:
+        return (
+            None,
+            None,
+            f"TTFT p99 stays under the SLO up to the highest measured concurrency ({dense[-1].concurrency:g})",
+        )
+    i = over[0]
+    if i == 0:
+        return (
+            None,
+            None,
+            f"TTFT p99 is over the SLO already at the lowest measured concurrency ({dense[0].concurrency:g})",
+        )
+    a, b = dense[i - 1], dense[i]
+    frac = (slo_s - a.ttft_p99_s) / (b.ttft_p99_s - a.ttft_p99_s)  # type: ignore[operator]
+    c = a.concurrency + frac * (b.concurrency - a.concurrency)
+    rps = None if a.rps is None or b.rps is None else a.rps + frac * (b.rps - a.rps)
+    return round(c, 3), rps, "interpolated between measured buckets"
+
+
+def operating_point(points: list[Point], peak: float | None, slo_s: float, p: KneeParams = KneeParams()) -> Operating:
+    """Knee, C_max, usable RPS, Little's Law gap and headroom of one pool's points."""
+    k, signs = knee(points, p)
+    c, rps, note = c_max(points, slo_s)
+    gap = (c / slo_s) / rps if c is not None and rps else None
+    notes = []
+    if k is None and len([pt for pt in points if not pt.sparse]) >= 3:
+        notes.append("no knee in the measured range: TTFT p99 does not leave p50 with another sign of saturation")
+    if gap is not None and gap > 2:
+        notes.append(f"Little's Law gap {gap:.1f}x > 2: the traffic's latency is far from the SLO at C_max")
+    ratio = lambda x: None if x is None or not peak else round(float(x) / peak, 3)  # noqa: E731
+    return Operating(k, signs, c, note, rps, gap, peak, ratio(k), ratio(c), notes)
+
+
+def peak_concurrency(conc: np.ndarray) -> float | None:
+    """The window's peak per-instance concurrency: the 99th percentile of interval means."""
+    v = conc[~np.isnan(conc)]
+    return round(float(np.percentile(v, 99)), 3) if len(v) else None

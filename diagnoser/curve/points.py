@@ -1,0 +1,157 @@
+"""The curve's points: intervals bucketed by concurrency, latency quantiles from merged histograms.
+
+A bucket's TTFT/ITL quantiles come from the bucket increases summed over all its intervals, then
+one histogram_quantile (never an average of per-interval percentiles). Each quantile carries a
+95 % distribution-free interval (the binomial order-statistic interval for the rank, read off the
+same merged histogram), each rate a 95 % normal interval over its intervals. A bucket with fewer
+than `min_intervals` intervals or `min_requests` requests is flagged sparse and kept as measured:
+it is never smoothed, and the knee and C_max do not read it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from kvscope.agent.derive.quantiles import histogram_quantile
+from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals
+
+Z95 = 1.96
+MIN_INTERVALS = 5
+MIN_REQUESTS = 50
+EDGES = np.array([0.5, 1.5, 2.5, 3.5, 5, 7, 10, 14, 20, 28, 40, 56, 80, 113, 160, 226, 320, 453, 640, 905, 1280])
+"""Concurrency bucket edges: one running request wide up to 3, then about x1.41 (half a
+doubling), so a bucket holds the normal jitter of a steady load. Below 0.5 the engine is idle."""
+
+Interval = tuple[float, float] | None
+
+
+@dataclass
+class Point:
+    """One concurrency bucket of a pool's curve (per instance)."""
+
+    concurrency: float  # mean requests in the engine (intervals.CONCURRENCY) over its intervals
+    bucket: tuple[float, float]  # its edges
+    intervals: int
+    requests: float | None  # requests with a first token in it (the TTFT histogram's count)
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    ttft_p99_ci: Interval
+    itl_p50_s: float | None
+    itl_p99_s: float | None
+    itl_p99_ci: Interval
+    rps: float | None  # finished requests per second per instance
+    rps_ci: Interval
+    output_tokens_per_s: float | None
+    output_tokens_per_s_ci: Interval
+    kv_usage: float | None
+    waiting: float | None  # mean requests waiting per instance
+    preemptions_per_s: float | None
+    sparse: bool
+
+    def to_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+
+def _q(q: float, les: np.ndarray, counts: np.ndarray) -> float | None:
+    return histogram_quantile(q, list(zip(les.tolist(), counts.tolist(), strict=True)))
+
+
+def quantile_ci(q: float, les: np.ndarray, counts: np.ndarray) -> tuple[float | None, Interval]:
+    """The q-quantile of merged cumulative bucket counts and its 95 % interval (ranks
+    q ± 1.96 sqrt(q(1-q)/n), clipped to [0, 1])."""
+    n = float(counts[-1]) if len(counts) else 0.0
+    value = _q(q, les, counts)
+    if value is None or n <= 0:
+        return None, None
+    half = Z95 * math.sqrt(q * (1 - q) / n)
+    lo, hi = _q(max(0.0, q - half), les, counts), _q(min(1.0, q + half), les, counts)
+    return value, (lo, hi) if lo is not None and hi is not None else None
+
+
+def _rate(values: np.ndarray, seconds: float) -> tuple[float | None, Interval]:
+    """Mean per-second rate over intervals and its 95 % interval; None when absent."""
+    v = values[~np.isnan(values)] / seconds
+    if not len(v):
+        return None, None
+    mean = float(v.mean())
+    half = Z95 * float(v.std(ddof=1)) / math.sqrt(len(v)) if len(v) > 1 else math.inf
+    return mean, (max(0.0, mean - half), mean + half)
+
+
+def _mean(values: np.ndarray) -> float | None:
+    v = values[~np.isnan(values)]
+    return float(v.mean()) if len(v) else None
+
+
+def bucket_of(concurrency: np.ndarray) -> np.ndarray:
+    """Bucket index per value (-1: idle, below the first edge; len(EDGES)-1 beyond the last)."""
+    return np.searchsorted(EDGES, concurrency, side="right") - 1
+
+
+def placed(iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
+    """(bucket per interval, whether it is placed). An interval is left out when the engine was idle
+    or when the standard error of its concurrency (the gauge's samples in its window) is wider than
+    its bucket: the signal moved faster than it was sampled, which bucket the interval belongs to
+    is unknown, and it is not guessed."""
+    conc = iv.gauges[CONCURRENCY]
+    b = bucket_of(conc)
+    inside = (b >= 0) & (b < len(EDGES) - 1)
+    width = np.diff(EDGES)[np.clip(b, 0, len(EDGES) - 2)]
+    return b, inside & ~(iv.spread > width)
+
+
+def coarse_share(iv: Intervals) -> float:
+    """Share of busy intervals left out because the concurrency swung faster than it was sampled."""
+    b, ok = placed(iv)
+    busy = b >= 0
+    return float((busy & ~ok).sum() / busy.sum()) if busy.any() else 0.0
+
+
+def curve_points(iv: Intervals, min_intervals: int = MIN_INTERVALS, min_requests: int = MIN_REQUESTS) -> list[Point]:
+    """The pool's points, lowest concurrency first; buckets without intervals are not points."""
+    b, ok = placed(iv)
+    out = []
+    for k in np.unique(b[ok]):
+        sel = ok & (b == k)
+        n = int(sel.sum())
+        seconds = iv.step
+        quant: dict[str, tuple] = {}
+        for h, (les, arr) in iv.hists.items():
+            merged = np.nansum(arr[sel], axis=0)
+            merged = np.maximum.accumulate(merged)
+            p50, _ = quantile_ci(0.5, les, merged)
+            p99, ci = quantile_ci(0.99, les, merged)
+            quant[h] = (p50, p99, ci, float(merged[-1]))
+        ttft = quant.get("request_ttft_seconds", (None, None, None, None))
+        itl = quant.get("request_itl_seconds", (None, None, None, None))
+        rps, rps_ci = _rate(iv.counters["engine_requests_finished_total"][sel], seconds)
+        tok, tok_ci = _rate(iv.counters["engine_generation_tokens_total"][sel], seconds)
+        pre, _ = _rate(iv.counters["engine_preemptions_total"][sel], seconds)
+        requests = ttft[3]
+        sparse = n < min_intervals or (requests is not None and requests < min_requests)
+        out.append(
+            Point(
+                concurrency=round(float(iv.gauges[CONCURRENCY][sel].mean()), 3),
+                bucket=(float(EDGES[k]), float(EDGES[k + 1])),
+                intervals=n,
+                requests=requests,
+                ttft_p50_s=ttft[0],
+                ttft_p99_s=ttft[1],
+                ttft_p99_ci=ttft[2],
+                itl_p50_s=itl[0],
+                itl_p99_s=itl[1],
+                itl_p99_ci=itl[2],
+                rps=rps,
+                rps_ci=rps_ci,
+                output_tokens_per_s=tok,
+                output_tokens_per_s_ci=tok_ci,
+                kv_usage=_mean(iv.gauges["engine_kv_cache_usage_ratio"][sel]),
+                waiting=_mean(iv.gauges["engine_requests_waiting"][sel]),
+                preemptions_per_s=pre,
+                sparse=sparse,
+            )
+        )
+    return out

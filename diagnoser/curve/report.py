@@ -1,0 +1,299 @@
+"""Each pool's curve, operating point and judged changes from one Frame; JSON, text, findings."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from kvscope.diagnoser.curve.changes import Change, raw_changes
+from kvscope.diagnoser.curve.compare import Thresholds, deltas, verdict
+from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals, pool_intervals
+from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point, peak_concurrency
+from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points
+from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL
+from kvscope.diagnoser.evaluate.frame import Frame
+from kvscope.diagnoser.findings import Diagnosis, EngineChange, Evidence, Finding, LeverAdvice
+
+RULE_ID = "regression_after_change"
+SETTLE_S = 30.0
+"""Seconds after a change left out of the 'after' side (a restarted engine warms up: §8.2)."""
+FINDING_KINDS = ("config", "version", "restart")
+KNOB_LEVER_IDS = {  # a config knob kvscope can see change -> (lever id, direction) it applies
+    "kv_capacity_tokens": (("vllm.gpu_memory_utilization", "increase"), ("vllm.kv_cache_dtype", "increase")),
+    "lora_max_adapters": (("vllm.max_loras", "increase"),),
+}
+KNOB_LEVERS = {"kv_capacity_tokens": "--num-gpu-blocks-override / --gpu-memory-utilization / --kv-cache-dtype"}
+
+
+@dataclass
+class JudgedChange:
+    change: Change
+    verdict: str
+    deltas: dict
+    worse: list[str]
+    better: list[str]
+    matched_concurrency: list[float]
+
+    def to_dict(self) -> dict:
+        return asdict(self.change) | {k: v for k, v in vars(self).items() if k != "change"}
+
+
+@dataclass
+class PoolCurve:
+    labels: dict[str, str]
+    points: list[Point]
+    operating: Operating
+    changes: list[JudgedChange] = field(default_factory=list)
+    intervals: int = 0
+    coarse_share: float = 0.0
+    signal: str = CONCURRENCY_SIGNAL
+    step: float = 0.0
+
+    def to_dict(self) -> dict:
+        op = self.operating
+        head = {"labels": self.labels, "concurrency_signal": self.signal, "points": [p.to_dict() for p in self.points]}
+        return head | {
+            **{k: getattr(op, k) for k in ("knee_concurrency", "c_max", "usable_rps")},
+            **{"operating": op.to_dict(), "intervals": self.intervals, "coarse_share": self.coarse_share},
+            "changes": [c.to_dict() for c in self.changes],
+        }
+
+
+def judge(iv: Intervals, changes: list[Change], settle_s: float, th: Thresholds) -> list[JudgedChange]:
+    """Each change's before (since the previous change) against its after (until the next one,
+    less the settle time), over the buckets both sides measured: the changed instances' intervals
+    where the change names instances, else the whole pool's."""
+    times = [c.time for c in changes]
+    out = []
+    for i, c in enumerate(changes):
+        lo = times[i - 1] + settle_s if i else -np.inf
+        hi = times[i + 1] if i + 1 < len(times) else np.inf
+        mine = [u for u, (instance, _) in enumerate(iv.units) if instance in c.instances]
+        keep = ~iv.resets & (np.isin(iv.unit, mine) if mine else True)
+        before = iv.take(keep & (iv.t_end > lo) & (iv.t_end < c.time))
+        after = iv.take(keep & (iv.t_end > c.time + settle_s) & (iv.t_end < hi))
+        d, matched = deltas(curve_points(before), curve_points(after))
+        v, worse, better = verdict(d, th)
+        out.append(JudgedChange(c, v, d, worse, better, matched))
+    return out
+
+
+def curve_shift(iv: Intervals, th: Thresholds) -> JudgedChange | None:
+    """Where no label changed: the window's first half against its second at matched load; a
+    change of kind `curve` when that is a regression or an improvement."""
+    if len(iv) < 4:
+        return None
+    mid = float(np.median(iv.t_end))
+    j = judge(iv, [Change(mid, "curve")], 0.0, th)[0]
+    return j if j.verdict in ("regression", "improvement") else None
+
+
+def pool_curves(
+    frame: Frame, slo_s: float = DEFAULT_SLO_TTFT_P99_S, th: Thresholds | None = None, settle_s: float = SETTLE_S
+) -> list[PoolCurve]:
+    """The curve of every pool in the frame, its operating point and its judged changes."""
+    th = th or Thresholds()
+    events = raw_changes(frame)
+    out = []
+    for (model, engine), iv in pool_intervals(frame).items():
+        pts = curve_points(iv.take(~iv.resets))
+        op = operating_point(pts, peak_concurrency(iv.gauges[CONCURRENCY]), slo_s)
+        changes = events.get((model, engine), [])
+        judged = judge(iv, changes, settle_s, th) if changes else [s for s in [curve_shift(iv, th)] if s]
+        labels = {k: v for k, v in (("model", model), ("engine", engine)) if v}
+        out.append(PoolCurve(labels, pts, op, judged, len(iv), round(coarse_share(iv), 3), iv.signal, iv.step))
+    return out
+
+
+def to_json(curves: list[PoolCurve], slo_s: float) -> dict[str, Any]:
+    return {"slo_ttft_p99_s": slo_s, "pools": [c.to_dict() for c in curves]}
+
+
+def regression_findings(curves: list[PoolCurve], window: tuple[float, float], step: float) -> list[Finding]:
+    """One `regression_after_change` finding per change to the engines (config, version, restart)
+    judged a regression. Not for a replica-count change: more or fewer replicas leave the
+    per-instance curve where it is (§8.5, data parallelism), so a per-instance shift then is the new
+    replicas' warm-up (the cold replica rule's); nor for a `curve` shift, which has nothing to roll
+    back (the rules name its mechanism). Their verdicts are still reported with the changes."""
+    out = []
+    for pc in curves:
+        for j in pc.changes:
+            if j.verdict != "regression" or j.change.kind not in FINDING_KINDS:
+                continue
+            c = j.change
+            ev = tuple(
+                Evidence(f"{m} change at matched load", j.deltas[m]["delta"], "", m, at=c.time, stat="before->after")
+                for m in j.worse
+            )
+            knobs = [KNOB_LEVERS.get(k, k) for k in c.diff]
+            levers = [
+                LeverAdvice(
+                    "rollback",
+                    1,
+                    "review",
+                    "Roll back the change",
+                    (EngineChange("ops", f"restore {_diff(c.diff, 0)}"),),
+                )
+            ]
+            if knobs:
+                levers.append(
+                    LeverAdvice(
+                        "changed_knob",
+                        2,
+                        "review",
+                        "Revisit the knob that changed",
+                        (EngineChange("ops", ", ".join(knobs)),),
+                    )
+                )
+            worst = ", ".join(f"{m} {100 * j.deltas[m]['relative']:+.0f}%" for m in j.worse)
+            out.append(
+                Finding(
+                    rule_id=RULE_ID,
+                    levers_md="",
+                    title="Serving got worse at the same load after a change",
+                    severity="warning",
+                    where=pc.labels | ({"instance": ",".join(c.instances)} if c.instances else {}),
+                    since=c.time,
+                    until=window[1],
+                    active=True,
+                    window=window,
+                    step_s=step,
+                    score=230.0,
+                    summary=f"after the {c.kind} change {_diff(c.diff) or ''} at matched concurrency: {worst}".replace(
+                        "  ", " "
+                    ),
+                    evidence=ev,
+                    levers=tuple(levers),
+                    citations=("002 §8.5", "002 §8.1"),
+                    params={"change_kind": c.kind},
+                )
+            )
+    return out
+
+
+def attach(diagnosis: Diagnosis, curves: list[PoolCurve]) -> Diagnosis:
+    """The diagnosis with each pool's changes and a finding per regression (the likely cause when
+    nothing else fired)."""
+    changes = tuple(
+        {"pool": pc.labels, **j.to_dict(), "text": f"{_name(pc)}: {line}"} | _follow_up(j, diagnosis)
+        for pc in curves
+        for j, line in zip(pc.changes, changes_text(pc), strict=True)
+    )
+    found = regression_findings(curves, diagnosis.window, curves[0].step if curves else 0.0)
+    if diagnosis.likely_cause is None and found:
+        return replace(diagnosis, likely_cause=found[0], other=diagnosis.other + tuple(found[1:]), changes=changes)
+    return replace(diagnosis, other=diagnosis.other + tuple(found), changes=changes)
+
+
+def _follow_up(j: JudgedChange, diagnosis: Diagnosis) -> dict:
+    """Lever follow-up: the findings before a config change whose levers it applied (a knob moved in
+    the lever's direction), whether their symptom ended by the change's settle time, and the verdict
+    at matched load; {} when none."""
+    out: list[dict] = []
+    for knob, (a, b) in j.change.diff.items():
+        for lever_id, direction in KNOB_LEVER_IDS.get(knob, ()):
+            if (b > a) != (direction == "increase"):
+                continue
+            for f in diagnosis.findings:
+                seen = any(x["finding"] == f.rule_id for x in out)
+                if f.since < j.change.time and not seen and any(lv.id == lever_id for lv in f.levers):
+                    cleared = not f.active and f.until <= j.change.time + SETTLE_S
+                    out.append(
+                        {"finding": f.rule_id, "levers_md": f.levers_md, "lever": lever_id, "symptom_cleared": cleared}
+                    )
+    if not out:
+        return {}
+    said = "; ".join(
+        f"{x['levers_md'] or x['finding']} ({x['lever']}): {'cleared' if x['symptom_cleared'] else 'still there'}"
+        for x in out
+    )
+    return {"follow_up": out, "text_follow_up": f"lever follow-up: {said}; at matched load: {j.verdict}"}
+
+
+def _name(pc: PoolCurve) -> str:
+    return " ".join(f"{k}={v}" for k, v in pc.labels.items()) or "pool"
+
+
+def _diff(diff: dict, side: int | None = None) -> str:
+    if side is None:
+        return ", ".join(f"{k} {a:g} -> {b:g}" for k, (a, b) in diff.items())
+    return ", ".join(f"{k}={v[side]:g}" for k, v in diff.items()) or "the previous version/config"
+
+
+def _f(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+COLUMNS = [  # header, width, Point field, format
+    ("conc", 6, "concurrency", "{:.2f}"),
+    ("ivals", 5, "intervals", "{:d}"),
+    ("reqs", 6, "requests", "{:.0f}"),
+    ("ttft p50", 9, "ttft_p50_s", "{:.3f}"),
+    ("ttft p99", 9, "ttft_p99_s", "{:.3f}"),
+    ("itl p50", 8, "itl_p50_s", "{:.3f}"),
+    ("itl p99", 8, "itl_p99_s", "{:.3f}"),
+    ("rps", 7, "rps", "{:.2f}"),
+    ("tok/s", 8, "output_tokens_per_s", "{:.1f}"),
+    ("kv", 5, "kv_usage", "{:.2f}"),
+    ("wait", 5, "waiting", "{:.1f}"),
+]
+
+
+def render_text(curves: list[PoolCurve], slo_s: float) -> str:
+    """A readable table per pool, then its operating point and changes."""
+    lines = []
+    if not curves:
+        return f"no pool reports {CONCURRENCY_SIGNAL} in this window: no curve"
+    for pc in curves:
+        lines.append(f"pool {_name(pc)}  (concurrency per instance: {pc.signal}; {pc.intervals} intervals)")
+        lines.append(" ".join(f"{h:>{w}}" for h, w, _, _ in COLUMNS))
+        for p in pc.points:
+            cells = [_f(getattr(p, attr), fmt).rjust(w) for _, w, attr, fmt in COLUMNS]
+            lines.append(" ".join(cells) + ("  sparse" if p.sparse else ""))
+        op = pc.operating
+        knee = (
+            f"{op.knee_concurrency:g} ({', '.join(op.knee_signs)})"
+            if op.knee_concurrency is not None
+            else "none in the data"
+        )
+        lines.append(f"knee: {knee}")
+        lines.append(
+            f"C_max at TTFT p99 <= {slo_s:g} s: {_f(op.c_max, '{:g}')} ({op.c_max_note}); "
+            f"usable RPS {_f(op.usable_rps, '{:.2f}')}"
+        )
+        if op.littles_law_gap is not None:
+            lines.append(f"Little's Law gap: {op.littles_law_gap:.2f}x")
+        lines.append(
+            f"peak concurrency {_f(op.peak_concurrency, '{:g}')}: knee/peak {_f(op.headroom_to_knee, '{:g}')}, "
+            f"C_max/peak {_f(op.headroom_to_c_max, '{:g}')}"
+        )
+        if pc.coarse_share > 0.25:
+            lines.append(
+                f"note: {100 * pc.coarse_share:.0f}% of busy intervals are left out: the concurrency swung "
+                "faster than it was scraped (scrape more often)"
+            )
+        lines += [f"note: {n}" for n in op.notes]
+        lines += changes_text(pc)
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def changes_text(pc: PoolCurve) -> list[str]:
+    """'What changed in this window' lines of one pool."""
+    from kvscope.agent.recording.timespan import iso_utc
+
+    out = []
+    for j in pc.changes:
+        c = j.change
+        where = f" on {', '.join(c.instances)}" if c.instances else ""
+        moved = "; ".join(
+            f"{m} {d['before']:.3g} -> {d['after']:.3g} ({100 * d['relative']:+.0f}%)"
+            for m, d in j.deltas.items()
+            if d["relative"] is not None
+        )
+        out.append(
+            f"change {iso_utc(c.time)} {c.kind}{where} {_diff(c.diff)}: {j.verdict}" + (f" [{moved}]" if moved else "")
+        )
+    return out

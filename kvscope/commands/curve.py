@@ -1,0 +1,121 @@
+"""`kvscope curve`: each pool's latency-throughput curve from its own history, and what changed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+import zlib
+
+from kvscope.commands._checks import check_http_url, check_recording, parse_seconds, parse_time, source_hint
+from kvscope.commands._common import add_command, fail
+from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
+
+HELP = """\
+Read each pool's (model x engine) operating curve passively from the traffic it served: the
+window cut into scrape intervals per instance, bucketed by concurrency (engine_requests_running,
+the requests in one engine's running batch), and per bucket TTFT and ITL p50/p99 from the
+engines' histograms merged over the bucket's intervals, requests/s, output tokens/s, KV usage and
+how many intervals stand behind each number. Buckets with too little data are marked sparse and
+not used. From the curve: the knee (TTFT p99 leaving p50 while throughput flattens or requests
+start to wait), C_max (where TTFT p99 crosses --slo-ttft-p99) and the usable RPS there, the Little's
+Law gap, and the headroom of the window's peak. Method: docs/curve.md ("Sizing LLM Inference for
+Production", §8.1-8.5).
+
+What changed: config changes (the engines' info series: vLLM cache_config_info's KV capacity),
+restarts (counter resets) and replica-count changes split the window; each change's curve before
+is compared with the curve after over the concurrency buckets both sides measured: regression,
+improvement, no_change, or not_comparable where the load does not overlap.
+
+Sources (pick one), as for `kvscope diagnose`:
+  --recording FILE.om[.gz]   --log FILE   --prometheus URL --since 1h   --agent URL --since 30m
+
+Examples:
+  kvscope curve --recording tests/recordings/curve-vllm-staircase.om.gz
+  kvscope curve --prometheus http://127.0.0.1:9090 --since 6h --slo-ttft-p99 2 --json | jq '.pools[].c_max'
+
+{log_help}
+Exit status: 0 printed, 3 bad usage, 4 the source could not be read or holds no concurrency signal.
+"""
+HELP = HELP.format(log_help=LOG_HELP)
+EXAMPLE_URL = {"prometheus": "http://127.0.0.1:9090", "agent": "http://127.0.0.1:9464"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = add_command(subparsers, "curve", "each pool's latency-throughput curve, knee, C_max and what changed", HELP)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--recording", metavar="FILE", help="OpenMetrics recording (.om or .om.gz)")
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible base URL")
+    src.add_argument("--agent", metavar="URL", help="kvscope agent base URL")
+    src.add_argument("--log", metavar="FILE", help="engine log: vLLM / SGLang stats lines (- for stdin)")
+    p.add_argument("--since", default="1h", metavar="DURATION", help="live sources: window length, e.g. 30m, 6h")
+    p.add_argument("--start", metavar="TIME", help="window start, unix seconds or ISO 8601 UTC (overrides --since)")
+    p.add_argument("--end", metavar="TIME", help="window end (default: now / end of recording)")
+    p.add_argument("--step", help="interval length, e.g. 15s (default: the recording's scrape interval, else 15s)")
+    p.add_argument("--slo-ttft-p99", type=float, default=1.0, metavar="SECONDS", help="TTFT p99 SLO for C_max")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="--prometheus/--agent: per query")
+    p.add_argument("--json", action="store_true", help="print JSON (shape: docs/curve.md)")
+    add_log_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvscope.diagnoser.rulebook.rule import parse_duration
+
+    if not (args.recording or args.prometheus or args.agent or args.log):
+        return fail("curve", "pick a source: --recording, --log, --prometheus or --agent (see --help)", 3)
+    try:
+        since = parse_seconds("--since", args.since)
+        args.end = None if args.end is None else parse_time("--end", args.end)
+        args.start = None if args.start is None else parse_time("--start", args.start)
+        step = parse_duration(args.step) if args.step else None
+        if not (args.slo_ttft_p99 > 0 and math.isfinite(args.slo_ttft_p99)):
+            raise ValueError("--slo-ttft-p99 must be a positive number of seconds, e.g. 1 or 2.5")
+        for flag in ("prometheus", "agent"):
+            if getattr(args, flag):
+                check_http_url(f"--{flag}", getattr(args, flag), EXAMPLE_URL[flag])
+    except ValueError as exc:
+        return fail("curve", exc, 3)
+    try:
+        if args.recording:
+            check_recording(args.recording)
+        if args.log:
+            args.log_read = read_log_arg(args)
+    except (ValueError, OSError, EOFError, zlib.error) as exc:
+        return fail("curve", exc, 4)
+    return _curve(args, since, step)
+
+
+def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
+    from kvscope.commands.diagnose import _source
+    from kvscope.diagnoser.curve.report import pool_curves, render_text, to_json
+    from kvscope.diagnoser.curve.window import read_window
+    from kvscope.diagnoser.sources import SourceError
+
+    args.quiet = True
+    source = _source(args)
+    try:
+        natural = getattr(source, "natural_step", None)
+        step = step or (natural() if natural else 15.0)
+        start, end = args.start, args.end
+        if start is None and not (args.recording or args.log):
+            end = end if end is not None else math.floor(time.time() / step) * step
+            start = end - since
+        frame = read_window(source, start, end, step)
+    except SourceError as exc:
+        url = args.prometheus or args.agent
+        kind = "prometheus" if args.prometheus else "agent"
+        return fail("curve", source_hint(kind, url, str(exc)) if url else exc, 4)
+    except (EOFError, zlib.error) as exc:
+        return fail("curve", f"recording {args.recording} is truncated or corrupt: {exc}", 4)
+    except ValueError as exc:
+        return fail("curve", exc, 3)
+    curves = pool_curves(frame, slo_s=args.slo_ttft_p99)
+    if args.json:
+        print(json.dumps(to_json(curves, args.slo_ttft_p99), indent=2, sort_keys=True))
+    else:
+        print(render_text(curves, args.slo_ttft_p99))
+    if not curves:
+        return fail("curve", f"{source.description} has no engine_requests_running in this window: no curve", 4)
+    return 0

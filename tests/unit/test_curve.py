@@ -1,0 +1,223 @@
+"""The operating curve on synthetic pools: merged quantiles, sparse buckets, resets, coarse
+sampling, knee and C_max, and the verdicts of changes at matched load."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from kvscope.agent.signals import make_labels
+from kvscope.diagnoser.curve.intervals import pool_intervals
+from kvscope.diagnoser.curve.operating import knee
+from kvscope.diagnoser.curve.points import curve_points
+from kvscope.diagnoser.curve.report import pool_curves, regression_findings, render_text, to_json
+from kvscope.diagnoser.evaluate.frame import Block, Frame
+
+LES = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, math.inf]
+STEP = 15.0
+BASE = {"instance": "a", "engine": "vllm", "model": "m", "job": "vllm"}
+
+
+def hump(c: float, i: int = 0) -> int:
+    """TTFT bucket of the slowest 3 % of requests: the median's bucket up to 6 running, 2.5 s after."""
+    return 1 if c < 6 else 5
+
+
+def synth(
+    conc: list[float],
+    tail=hump,
+    tokens=lambda c: 10 * min(c, 6),
+    waiting=lambda c: 0.0 if c < 6 else 2.0,
+    n: int = 40,
+    resets: tuple[int, ...] = (),
+    kv_cap: list[float] | None = None,
+    start: float = 1000.0,
+) -> Frame:
+    """One vLLM instance with conc[i] requests in it (running + waiting); interval i ends at grid point i+1 and runs at conc[i+1]. At each grid
+    index in `resets` every counter starts again from that interval's increase."""
+    T = len(conc)
+    ts = start + STEP * np.arange(T)
+    buckets = np.zeros((len(LES), T))
+    fin, gen = np.zeros(T), np.zeros(T)
+    for i in range(1, T):
+        keep = 0.0 if i in resets else 1.0
+        inc = np.zeros(len(LES))
+        inc[1] += n * 0.97  # the median request: (0.05, 0.1]
+        inc[tail(conc[i], i)] += n * 0.03
+        buckets[:, i] = keep * buckets[:, i - 1] + np.cumsum(inc)
+        fin[i] = keep * fin[i - 1] + n
+        gen[i] = keep * gen[i - 1] + tokens(conc[i]) * STEP
+    lab = lambda **extra: make_labels(BASE | extra)  # noqa: E731
+    blocks = {
+        "engine_requests_running": Block([lab()], np.array([[c - waiting(c) for c in conc]])),
+        "engine_requests_waiting": Block([lab()], np.array([[waiting(c) for c in conc]])),
+        "engine_requests_finished_total": Block([lab(reason="stop")], fin[None, :]),
+        "engine_generation_tokens_total": Block([lab()], gen[None, :]),
+        "request_ttft_seconds_bucket": Block([lab(le=str(le) if le != math.inf else "+Inf") for le in LES], buckets),
+        "request_ttft_seconds_count": Block([lab()], buckets[-1:].copy()),
+    }
+    if kv_cap is not None:
+        blocks["engine_kv_capacity_tokens"] = Block([lab()], np.array([kv_cap]))
+    return Frame(ts=ts, blocks=blocks)
+
+
+STAIRS = [c for c in (1, 2, 3, 4.2, 8, 12, 16) for _ in range(8)]
+
+
+def test_points_merge_histograms_and_rates():
+    pts = curve_points(pool_intervals(synth(STAIRS))[("m", "vllm")])
+    assert [p.concurrency for p in pts] == pytest.approx([1, 2, 3, 4.2, 6.1, 8, 12, 16], abs=0.3)
+    low, high = pts[0], pts[-1]
+    # 97 % in (0.05, 0.1]: p50 interpolated there; 3 % tail at 2.5 s past the knee
+    assert low.ttft_p50_s == pytest.approx(0.075) and high.ttft_p50_s == pytest.approx(0.05 + 0.05 * (0.5 / 0.97))
+    assert low.ttft_p99_s < 0.1 < 1.9 < high.ttft_p99_s <= 2.5
+    assert high.ttft_p99_ci[0] <= high.ttft_p99_s <= high.ttft_p99_ci[1]
+    assert low.rps == pytest.approx(40 / STEP) and low.output_tokens_per_s == pytest.approx(10)
+    assert low.intervals == 7 and not low.sparse  # the first grid point opens no interval
+    # an interval between two levels sits in the bucket of its mean (4.2 -> 8: a sparse 6.1)
+    assert pts[4].sparse and pts[4].intervals == 1
+    assert low.itl_p99_s is None  # no ITL histogram: absent, not zero
+
+
+def test_knee_c_max_and_headroom():
+    (pc,) = pool_curves(synth(STAIRS), slo_s=1.0)
+    op = pc.operating
+    assert op.knee_concurrency == 8 and "p99_leaves_p50" in op.knee_signs and "requests_wait" in op.knee_signs
+    assert 4.2 < op.c_max < 8 and 40 / STEP == pytest.approx(op.usable_rps)
+    assert op.littles_law_gap == pytest.approx((op.c_max / 1.0) / op.usable_rps)
+    assert op.peak_concurrency == 16 and op.headroom_to_knee == 0.5
+
+
+def test_no_knee_is_none_never_invented():
+    flat = synth(STAIRS, tail=lambda c, i: 1, tokens=lambda c: 10 * c, waiting=lambda c: 0.0)
+    (pc,) = pool_curves(flat, slo_s=1.0)
+    assert pc.operating.knee_concurrency is None and pc.operating.c_max is None
+    assert "stays under the SLO" in pc.operating.c_max_note
+    assert pc.changes == []  # one steady config: no change, and no curve shift
+
+
+def test_sparse_bucket_is_flagged_and_not_a_knee():
+    conc = [1.0] * 8 + [2.0] * 8 + [3.0] * 8 + [16.0] * 3  # the saturated bucket has 3 intervals
+    pts = curve_points(pool_intervals(synth(conc))[("m", "vllm")])
+    assert pts[-1].sparse and pts[-1].ttft_p99_s > 2  # kept as measured, flagged
+    assert knee(pts) == (None, [])
+
+
+def test_counter_reset_inside_a_bucket():
+    plain = curve_points(pool_intervals(synth(STAIRS))[("m", "vllm")])
+    (pc,) = pool_curves(synth(STAIRS, resets=(5, 12)))  # restarts inside the c=1 and c=2 buckets
+    iv = pool_intervals(synth(STAIRS, resets=(5,)))[("m", "vllm")]
+    assert (iv.counters["engine_requests_finished_total"] >= 0).all()
+    assert iv.counters["engine_requests_finished_total"][4] == 40  # the value after the reset
+    for a, b in zip(plain, pc.points, strict=True):
+        assert (a.ttft_p99_s, a.rps) == pytest.approx((b.ttft_p99_s, b.rps))
+    assert [c.change.kind for c in pc.changes] == ["restart", "restart"]
+
+
+def test_concurrency_sampled_coarser_than_it_moves():
+    swing = [1.0, 16.0] * 20  # the gauge jumps 1 <-> 16 at every 15 s scrape: the load is unknown
+    (pc,) = pool_curves(synth(swing))
+    assert pc.points == [] and pc.coarse_share == 1.0
+    assert pc.operating.knee_concurrency is None
+    assert "scrape more often" in render_text([pc], 1.0)
+
+
+def _two_phases(tail_after, cap_after: float, conc_after=STAIRS) -> Frame:
+    conc = STAIRS + list(conc_after)
+    half = len(STAIRS)
+    cap = [1000.0] * half + [cap_after] * len(conc_after)
+    return synth(conc, tail=lambda c, i: hump(c) if i < half else tail_after(c), resets=(half,), kv_cap=cap)
+
+
+def test_config_change_regression_improvement_no_change_not_comparable():
+    worse = _two_phases(lambda c: 5, 200.0)  # tail at 2.5 s at every load after
+    (pc,) = pool_curves(worse, settle_s=0.0)
+    (j,) = pc.changes
+    assert j.change.kind == "config" and j.change.diff == {"kv_capacity_tokens": [1000.0, 200.0]}
+    assert j.verdict == "regression" and j.worse == ["ttft_p99_s"]
+    (f,) = regression_findings([pc], (0.0, 1.0), STEP)
+    assert f.rule_id == "regression_after_change" and "kv_capacity_tokens" in f.summary
+    assert "num-gpu-blocks-override" in f.levers[1].changes[0].change
+
+    inverse = _two_phases(lambda c: 1, 2000.0)  # the tail gone at every load: better
+    (pc,) = pool_curves(inverse, settle_s=0.0)
+    (j,) = pc.changes
+    assert j.verdict == "improvement" and j.better == ["ttft_p99_s"] and j.worse == []
+
+    same = _two_phases(hump, 1000.0)  # restarted, same config, same load
+    (pc,) = pool_curves(same, settle_s=0.0)
+    (j,) = pc.changes
+    assert j.change.kind == "restart" and j.verdict == "no_change"
+    assert regression_findings([pc], (0.0, 1.0), STEP) == []
+
+    moved = _two_phases(hump, 200.0, conc_after=[40.0] * 20)  # after: a load never seen before
+    (pc,) = pool_curves(moved, settle_s=0.0)
+    assert pc.changes[0].verdict == "not_comparable"
+
+
+def test_json_shape():
+    doc = json.loads(json.dumps(to_json(pool_curves(_two_phases(lambda c: 5, 200.0), settle_s=0.0), 1.0)))
+    (pool,) = doc["pools"]
+    assert set(pool) >= {"labels", "concurrency_signal", "points", "knee_concurrency", "c_max", "usable_rps", "changes"}
+    assert set(pool["points"][0]) >= {
+        "concurrency",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "rps",
+        "output_tokens_per_s",
+        "intervals",
+    }
+    assert set(pool["changes"][0]) >= {"time", "kind", "diff", "verdict", "deltas"}
+    assert pool["labels"] == {"model": "m", "engine": "vllm"}
+
+
+def test_a_curve_shift_with_no_label_change_is_a_change_without_a_finding():
+    half = len(STAIRS)
+    shifted = synth(STAIRS * 2, tail=lambda c, i: hump(c) if i < half else 5)  # no restart, no config
+    (pc,) = pool_curves(shifted, settle_s=0.0)
+    (j,) = pc.changes
+    assert j.change.kind == "curve" and j.verdict == "regression" and j.worse == ["ttft_p99_s"]
+    assert regression_findings([pc], (0.0, 1.0), STEP) == []  # nothing to roll back: the rules say why
+
+
+def test_lever_follow_up_after_a_change_that_applied_a_findings_lever():
+    from kvscope.diagnoser.curve.report import attach
+    from kvscope.diagnoser.findings import Diagnosis, Finding, LeverAdvice
+
+    (pc,) = pool_curves(_two_phases(lambda c: 1, 2000.0), settle_s=0.0)  # KV 1000 -> 2000: better
+    t = pc.changes[0].change.time
+
+    def k1(until: float, active: bool) -> Finding:
+        lever = LeverAdvice("vllm.gpu_memory_utilization", 1, "increase")
+        return Finding(
+            "kv_pressure_preemption",
+            "K1",
+            "KV full",
+            "warning",
+            {},
+            1000.0,
+            until,
+            active,
+            (0, 1),
+            STEP,
+            1,
+            "s",
+            levers=(lever,),
+        )
+
+    cleared = attach(Diagnosis((0, 1), "x", k1(t - STEP, False)), [pc]).changes[0]
+    assert cleared["follow_up"] == [
+        {
+            "finding": "kv_pressure_preemption",
+            "levers_md": "K1",
+            "lever": "vllm.gpu_memory_utilization",
+            "symptom_cleared": True,
+        }
+    ]
+    assert "K1 (vllm.gpu_memory_utilization): cleared; at matched load: improvement" in cleared["text_follow_up"]
+    still = attach(Diagnosis((0, 1), "x", k1(t + 600, True)), [pc]).changes[0]
+    assert still["follow_up"][0]["symptom_cleared"] is False
+    assert "follow_up" not in attach(Diagnosis((0, 1), "x", None), [pc]).changes[0]
