@@ -1,10 +1,10 @@
-"""The one place the curve obtains its window: a Frame of the signals it reads."""
+"""The signals the curve reads and its window, through the one reader (`sources.window.read_window`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvscope.diagnoser.evaluate.frame import Frame
+from kvscope.diagnoser.sources.window import Source, Span
+from kvscope.diagnoser.sources.window import read_window as read_signals
 
 CONCURRENCY_SIGNAL = "engine_requests_running"
 """Requests in one engine's running batch (vLLM num_requests_running, SGLang num_running_reqs,
@@ -22,6 +22,6 @@ SIGNALS = frozenset(
 ) | frozenset(CONFIG_GAUGES)
 
 
-def read_window(source: Any, start: float | None, end: float | None, step: float) -> Frame:
-    """The curve's window from any diagnose source (recording, log, agent, Prometheus)."""
-    return source.read_frame(set(SIGNALS), start, end, step)
+def read_window(source: Source, start: float | None, end: float | None, step: float) -> Frame:
+    """The curve's signals from any diagnose source (recording, log, agent, Prometheus)."""
+    return read_signals(source, SIGNALS, Span(start, end), step)
