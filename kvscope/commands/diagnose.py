@@ -84,7 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--time-scale", type=float, help="multiply every rule duration by this (default: auto under 15 min)")
     p.add_argument("--rules-dir", help="rules directory (default: the shipped rules/diagnosis)")
     p.add_argument("--full-fetch", action="store_true", help="--prometheus: judge every rule on every engine's series")
-    timeout_help = "--prometheus/--agent: seconds one HTTP query may take"
+    timeout_help = "--prometheus/--agent: seconds one HTTP query may take, connect to last byte"
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help=timeout_help)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or fleet summary on stderr")
     p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON (schema: docs/rules.md)")
@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return fail("diagnose", "pick a source: --recording, --log, --prometheus or --agent (see --help)", EXIT_USAGE)
     try:
         since = parse_seconds("--since", args.since)
+        parse_seconds("--timeout", str(args.timeout))
         args.end = None if args.end is None else parse_time("--end", args.end)
         args.start = None if args.start is None else parse_time("--start", args.start)
         if args.step is not None:

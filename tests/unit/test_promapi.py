@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-import io
+import json
 import os
 import subprocess
 import sys
 import threading
-import urllib.error
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from kvscope.diagnoser.sources.http import FetchError
 from kvscope.diagnoser.sources.promapi import PromClient, PromError, http_error, matrix_on_grid, merge_matrices, on_step
 
 
-def _http(code: int, body: bytes) -> urllib.error.HTTPError:
-    return urllib.error.HTTPError("http://p/api/v1/query_range", code, "x", {}, io.BytesIO(body))  # type: ignore[arg-type]
+def _http(code: int, body: bytes) -> FetchError:
+    text = str(json.loads(body)["error"]) if body.startswith(b"{") else body.decode()
+    return FetchError(f"t: HTTP {code}: {text}", code, text)
 
 
 def test_a_sample_limit_is_reported_as_what_it_is_not_as_a_wrong_url():
