@@ -67,7 +67,8 @@ def test_matrix_on_grid_places_points_by_time_and_leaves_the_rest_absent():
     merged = merge_matrices(
         [[{"metric": {"a": "1"}, "values": [[0, "1"]]}], [{"metric": {"a": "1"}, "values": [[15, "2"]]}]]
     )
-    assert merged == [{"metric": {"a": "1"}, "values": [[0, "1"], [15, "2"]]}]
+    assert len(merged) == 1 and merged[0]["metric"] == {"a": "1"}
+    assert merged[0]["values"].tolist() == [[0.0, 1.0], [15.0, 2.0]]  # float (time, value) pairs
 
 
 def test_an_unreachable_server_says_so():
