@@ -118,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
             check_recording(args.recording)
         if args.log:
             args.log_read = read_log_arg(args)
+            for warning in args.log_read.summary.warnings():  # said even with -q: the window is not the log's
+                print(f"kvscope diagnose: {warning}", file=sys.stderr)
     except (ValueError, OSError, EOFError, zlib.error) as exc:
         return fail("diagnose", f"cannot read log {args.log}: {exc}" if args.log else exc, EXIT_SOURCE)
     return _diagnose(args, rules, params, since)
