@@ -155,25 +155,63 @@ def fetch(
     except FetchError:
         raise
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-        if deadline.expired or isinstance(exc, TimeoutError) or "timed out" in str(exc):
-            raise FetchError(
-                f"{what}: no complete answer within {timeout_s:.3g} s (the server is slow or stalled; "
-                "raise --timeout, narrow the window or raise --step)",
-                timed_out=True,
-            ) from None
-        raise FetchError(f"{what}: {_failure(exc)}") from None
+        raise _mapped(exc, what, timeout_s, deadline) from None
     finally:
         deadline.close()
 
 
+def _mapped(exc: BaseException, what: str, timeout_s: float, deadline: Deadline) -> FetchError:
+    """The FetchError for an exchange that failed with `exc`."""
+    if deadline.expired or isinstance(exc, TimeoutError) or "timed out" in str(exc):
+        return FetchError(
+            f"{what}: no complete answer within {timeout_s:.3g} s (the server is slow or stalled; "
+            "raise --timeout, narrow the window or raise --step)",
+            timed_out=True,
+        )
+    return FetchError(f"{what}: {_failure(exc)}")
+
+
+class _Wire:
+    """A socket stand-in that reads from bytes (`answer_from_bytes`)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def makefile(self, mode: str) -> Any:
+        import io
+
+        return io.BufferedReader(io.BytesIO(self.raw))
+
+
+def answer_from_bytes(raw: bytes, what: str, max_bytes: int) -> bytearray:
+    """The body `fetch` reads from an answer whose wire bytes are `raw` (status line, headers,
+    framing and body parsed by the same code, with the same errors): the fuzz bench's entry."""
+    deadline = Deadline(60.0)
+    resp = http.client.HTTPResponse(_Wire(raw), method="POST")  # type: ignore[arg-type]
+    try:
+        resp.begin()
+        if resp.status >= 400:
+            text = printable(resp.read(65536).decode("utf-8", "replace").strip() or resp.reason, MAX_ERROR_CHARS)
+            raise FetchError(f"{what}: HTTP {resp.status}: {text}", resp.status, text)
+        return _read_body(resp, what, max_bytes, deadline)
+    except FetchError:
+        raise
+    except (http.client.HTTPException, OSError, ValueError) as exc:
+        raise _mapped(exc, what, 60.0, deadline) from None
+    finally:
+        resp.close()
+
+
 def _read_body(resp: http.client.HTTPResponse, what: str, max_bytes: int, deadline: Deadline) -> bytearray:
-    declared = resp.headers.get("Content-Length")
-    if declared is not None and declared.strip().isdigit() and int(declared) > max_bytes:
+    declared = (resp.headers.get("Content-Length") or "").strip()
+    digits = declared.isascii() and declared.isdigit()
+    size = int(declared) if digits and len(declared) <= 18 else -1
+    if size > max_bytes or (digits and size < 0):
+        said = in_words(size) if size >= 0 else f"a {len(declared)}-digit length"
         raise FetchError(
-            f"{what}: the answer declares {in_words(int(declared))}, more than the {in_words(max_bytes)} "
+            f"{what}: the answer declares {said}, more than the {in_words(max_bytes)} "
             "read at most; narrow the window, raise --step or select fewer series"
         )
-    size = int(declared) if declared is not None and declared.strip().isdigit() else -1
     buf = bytearray(max(size, 0))
     view, got = memoryview(buf), 0
     while got != size:

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from kvscope.diagnoser.sources import SourceError, read_url
+from kvscope.diagnoser.sources.http import FetchError, answer_from_bytes
 from tests.unit.test_hostile_answers import RawServer
 
 N_SERIES, N_POINTS = 240, 10_000
@@ -76,3 +77,25 @@ def test_an_answer_past_the_cap_is_refused_with_its_size_in_words():
     finally:
         declared.close()
         chunked.close()
+
+
+def test_the_prometheus_answer_fuzz_target_reads_its_real_seeds_and_a_huge_declared_length():
+    """The seeds (a real Prometheus' answers) decode to what they hold; a Content-Length of
+    hundreds of digits (found by the fuzz bench: an OverflowError) is refused in words."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "fuzz_answers.py"
+    spec = importlib.util.spec_from_file_location("fuzz_answers", path)
+    area = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(area)
+    parse, seeds_fn, _ = area.TARGETS["prom-answer"]
+    seeds = seeds_fn()
+    assert len(seeds) >= 12
+    for seed in seeds:
+        parse(seed)
+    matrix = parse(next(s for s in seeds if b'"+Inf"' in s))[0][1]
+    assert matrix[0, 1] == float("inf") and matrix[0, 2] == float("-inf") and matrix[0, 3] == 0.5
+    huge = b"HTTP/1.1 200 OK\r\nContent-Length: " + b"16" * 400 + b"\r\n\r\n{}"
+    with pytest.raises(FetchError, match="declares a 800-digit length"):
+        answer_from_bytes(huge, "t", 1 << 20)
