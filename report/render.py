@@ -402,6 +402,18 @@ def _time_axis(
     ax.set_xlabel("time (UTC)")
 
 
+PLOTS_NEED = "the plots need matplotlib, in kvscope's `ui` extra: pip install 'kvscope[ui]'"
+
+
+def plots_available() -> bool:
+    """Whether matplotlib can be imported (it is in the `ui` extra, not the base install)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def render_plots(report: WeeklyReport) -> list[tuple[str, str]]:
     """(title, base64 PNG) per plot of `render_figures`."""
     from matplotlib import pyplot as plt
@@ -429,8 +441,10 @@ def render_html(report: WeeklyReport) -> str:
             parts.append(_html_table(body))
         else:
             parts += [f"<p>{html.escape(str(x))}</p>" for x in body]
-    plots = render_plots(report)
-    if plots:
+    plots = render_plots(report) if plots_available() else None
+    if plots is None:
+        parts.append(f"<p>No plots: {html.escape(PLOTS_NEED)}.</p>")
+    elif plots:
         parts.append("<h2>Plots</h2>")
         parts += [
             f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,{b64}"></figure>' for t, b64 in plots

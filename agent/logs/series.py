@@ -41,6 +41,12 @@ ROLL = {
     "date": (43200, lambda d: d + datetime.timedelta(days=1)),
 }
 """What a line's own time lacks -> (how far back it must fall to roll over, the next day to try)."""
+ROLL_AHEAD_S = {"year": 31 * 86400, "date": 43200}
+"""A roll is taken only when the rolled time lands at most this far after the newest line (a
+dormant engine's gap); further on, the line is not a new year or day but a log out of order."""
+BACKWARDS_S = 60.0
+"""A line of one stream (pod, engine, rank) earlier than that stream's newest by more than this is
+out of order beyond jitter: skipped and counted (`time_backwards`), never rolled."""
 HELP = {
     "engine_prompt_tokens_total": "From engine log lines: vLLM's logged prompt tokens/s integrated over "
     "the interval between stats lines; SGLang: #new-token + #cached-token.",
@@ -58,6 +64,26 @@ class LogSummary:
     skipped: Counter[str] = field(default_factory=Counter)
     unknown_fields: Counter[str] = field(default_factory=Counter)
     untimed: int = 0  # lines given times by their order (no line of the log carries a time)
+    backwards_s: float = 0.0  # the furthest a skipped line went back in time
+
+    def warnings(self) -> list[str]:
+        """What the user must hear even with -q: lines whose time ran backwards."""
+        n = self.skipped.get("time_backwards", 0)
+        if not n:
+            return []
+        back = self.backwards_s
+        span = (
+            f"{back / 86400:,.1f} days"
+            if back >= 86400
+            else f"{back / 3600:,.1f} h"
+            if back >= 3600
+            else f"{back:,.0f} s"
+        )
+        return [
+            f"{n} log line(s) went back in time by more than {BACKWARDS_S:g} s (up to {span}) against the "
+            "lines before them from the same engine: skipped, not read as a new day or year. Is the log "
+            "several runs or files joined out of order? Sort it by time or split it."
+        ]
 
     def text(self) -> str:
         seen = ", ".join(f"{n} {k}" for k, n in sorted(self.formats.items())) or "none"
@@ -112,6 +138,7 @@ def read_log(
     streams: dict[tuple[str, str, str], list[Line]] = defaultdict(list)
     kept, newest = 0, 0.0
     untimed: list[Line] = []  # recognised lines without a time, in printed order
+    newest_of: dict[str, float] = {}  # per stream source (pod or the log's instance)
     for text in iter_lines(stream, summary):
         got = parse_line(text, day)
         if isinstance(got, Line) and got.missing == "time":
@@ -122,11 +149,18 @@ def read_log(
             continue
         if isinstance(got, Line) and got.missing and got.ts < newest - ROLL[got.missing][0]:
             ahead = ROLL[got.missing][1](day)
-            if isinstance(again := parse_line(text, ahead), Line):
+            again = parse_line(text, ahead)
+            if isinstance(again, Line) and again.ts <= newest + ROLL_AHEAD_S[got.missing]:
                 day, got = ahead, again
         if isinstance(got, str):
             summary.skipped[got] += 1
             continue
+        last = newest_of.get(got.source or instance)
+        if last is not None and got.ts < last - BACKWARDS_S:
+            summary.skipped["time_backwards"] += 1
+            summary.backwards_s = max(summary.backwards_s, last - got.ts)
+            continue
+        newest_of[got.source or instance] = max(last or got.ts, got.ts)
         if kept >= MAX_RECORDS:
             summary.skipped["over_limit"] += 1
             continue

@@ -1,8 +1,11 @@
 """`kvscope serve`: the Alertmanager webhook receiver that attaches a diagnosis to every alert.
 
-Endpoints, status codes and the enriched payload: docs/alerting.md. One worker diagnoses webhooks
-in arrival order through the fleet path (diagnoser/pushdown/run.py); a bad webhook is a 400, a
-failed diagnosis or forward is recorded on the stored row, nothing raises into the event loop.
+Endpoints, status codes and the enriched payload: docs/alerting.md. `workers` tasks diagnose
+webhooks in arrival order through the fleet path (diagnoser/pushdown/run.py), each within
+`diagnosis_timeout_s` (every Prometheus read inside it ends by then too); a bad webhook is a 400,
+a failed or timed-out diagnosis or forward is recorded on the stored row and the worker takes the
+next one; nothing raises into the event loop. /-/healthy answers 503 while a diagnosis thread runs
+on past its deadline (wedged), or a worker stopped.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import json
 import logging
 import sqlite3
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -53,6 +57,10 @@ class ServeConfig:
     max_window_s: float = 6 * 3600.0  # never read more than this from Prometheus
     max_body_bytes: int = 1024 * 1024
     queue_size: int = 100
+    workers: int = 2  # diagnoses at once: one slow Prometheus call does not hold every alert
+    diagnosis_timeout_s: float = 120.0  # one webhook's whole diagnosis, every query in it included
+    query_timeout_s: float = 30.0  # one Prometheus read, connect to last byte
+    wedged_after_s: float = 30.0  # a diagnosis thread this long past its deadline: /-/healthy 503
     forward_attempts: int = 3
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # rule id -> overrides
 
@@ -66,7 +74,9 @@ class WebhookServer:
         self.levers = load_levers()
         self.queue: asyncio.Queue[tuple[int, dict[str, Any]]] | None = None
         self.session: aiohttp.ClientSession | None = None
-        self._worker: asyncio.Task[None] | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        self._threads: dict[int, float] = {}  # diagnosis threads running: id -> deadline (monotonic)
+        self._threads_lock = threading.Lock()
         self.counters: Counter[tuple[str, str]] = Counter()  # (metric, label value) -> count
 
     def app(self) -> web.Application:
@@ -87,15 +97,15 @@ class WebhookServer:
         for row_id, doc in self.store.pending(self.config.queue_size):  # left over from a stop
             self.queue.put_nowait((row_id, doc))
         self.session = aiohttp.ClientSession()
-        self._worker = asyncio.create_task(self._run_worker())
+        self._workers = [asyncio.create_task(self._run_worker()) for _ in range(max(1, self.config.workers))]
 
     async def _stop(self, app: web.Application) -> None:
         left = self.queue.qsize() if self.queue else 0
         log.info("shutting down: %d webhook(s) not yet diagnosed stay stored and are diagnosed on the next start", left)
-        if self._worker:
-            self._worker.cancel()
+        for worker in self._workers:
+            worker.cancel()
             try:
-                await self._worker
+                await worker
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - a dead worker was shown in /-/healthy
                 pass
         if self.session:
@@ -156,9 +166,22 @@ class WebhookServer:
         return web.json_response(row) if row else _error(404, f"no stored diagnosis of {alertname} with those labels")
 
     async def handle_healthy(self, request: web.Request) -> web.Response:
-        if self._worker is not None and self._worker.done():
-            return web.Response(status=503, text="the diagnosis worker stopped; see the log\n")
+        if any(worker.done() for worker in self._workers):
+            return web.Response(status=503, text="a diagnosis worker stopped; see the log\n")
+        wedged = self.wedged()
+        if wedged:
+            return web.Response(
+                status=503,
+                text=f"{wedged} diagnosis thread(s) still running more than {self.config.wedged_after_s:g} s "
+                f"past their {self.config.diagnosis_timeout_s:g} s deadline (wedged); see the log\n",
+            )
         return web.Response(text="ok\n")
+
+    def wedged(self) -> int:
+        """How many diagnosis threads run on more than `wedged_after_s` past their deadline."""
+        now = time.monotonic()
+        with self._threads_lock:
+            return sum(now > deadline + self.config.wedged_after_s for deadline in self._threads.values())
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         try:
@@ -177,25 +200,64 @@ class WebhookServer:
         while True:
             row_id, doc = await self.queue.get()
             try:
-                enriched = await self.enrich(doc)
-                self.store.update(row_id, enriched)
-                self.counters["kvscope_webhook_diagnoses_total", "done"] += 1
-                if self.config.forward_url:
-                    outcome = await self.forward(row_id, enriched)
-                    self.store.set_forward(row_id, outcome)
-                    self.counters["kvscope_webhook_forwards_total", outcome.split(" ")[0]] += 1
-            except Exception as exc:  # noqa: BLE001 - one bad webhook must not stop the worker
-                log.exception("diagnosis %s failed", row_id)
-                self.counters["kvscope_webhook_diagnoses_total", "error"] += 1
-                try:
-                    self.store.update(row_id, {**doc, "kvscope_error": f"{type(exc).__name__}: {exc}"}, "error")
-                except sqlite3.Error:
-                    log.exception("diagnosis %s: its error could not be stored", row_id)
+                await self._work(row_id, doc)
             finally:
                 self.queue.task_done()
 
-    async def enrich(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """The webhook with a `kvscope` object on every alert."""
+    async def _work(self, row_id: int, doc: dict[str, Any]) -> None:
+        """One webhook: diagnosed within the deadline, stored, forwarded; any failure stored on its row."""
+        limit = self.config.diagnosis_timeout_s
+        try:
+            try:
+                # reads end a second after the diagnosis is given up, so that its thread ends too
+                enriched = await asyncio.wait_for(self.enrich(doc, time.monotonic() + limit + 1.0), limit)
+            except TimeoutError:
+                self.counters["kvscope_webhook_diagnoses_total", "timeout"] += 1
+                why = f"the diagnosis did not finish within {limit:g} s (Prometheus slow or stalled?); not diagnosed"
+                log.warning("diagnosis %s: %s", row_id, why)
+                self._store_error(row_id, doc, why)
+                return
+            self.store.update(row_id, enriched)
+            self.counters["kvscope_webhook_diagnoses_total", "done"] += 1
+            if self.config.forward_url:
+                outcome = await self.forward(row_id, enriched)
+                self.store.set_forward(row_id, outcome)
+                self.counters["kvscope_webhook_forwards_total", outcome.split(" ")[0]] += 1
+        except Exception as exc:  # noqa: BLE001 - one bad webhook must not stop the worker
+            log.exception("diagnosis %s failed", row_id)
+            self.counters["kvscope_webhook_diagnoses_total", "error"] += 1
+            self._store_error(row_id, doc, f"{type(exc).__name__}: {exc}")
+
+    def _store_error(self, row_id: int, doc: dict[str, Any], why: str) -> None:
+        """The row marked `error`, the reason on the payload and on every alert in it."""
+        alerts = [
+            {**a, "kvscope": {"status": "error", "errors": [why]}} if isinstance(a, dict) else a
+            for a in doc.get("alerts", [])
+        ]
+        try:
+            self.store.update(row_id, {**doc, "alerts": alerts, "kvscope_error": why}, "error")
+        except sqlite3.Error:
+            log.exception("diagnosis %s: its error could not be stored", row_id)
+
+    async def _in_thread(self, deadline: float | None, fn: Any, *args: Any) -> Any:
+        """fn(*args) on a thread, registered until it returns (a thread cannot be cancelled: one
+        that runs on long past `deadline` shows in /-/healthy)."""
+
+        def run() -> Any:
+            key = threading.get_ident()
+            with self._threads_lock:
+                self._threads[key] = deadline if deadline is not None else float("inf")
+            try:
+                return fn(*args)
+            finally:
+                with self._threads_lock:
+                    self._threads.pop(key, None)
+
+        return await asyncio.to_thread(run)
+
+    async def enrich(self, doc: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
+        """The webhook with a `kvscope` object on every alert; Prometheus reads end by `deadline`
+        (time.monotonic())."""
         now = time.time()
         cache: dict[tuple[float, float], tuple[dict[str, Any], list[str]]] = {}
         alerts = []
@@ -207,33 +269,35 @@ class WebhookServer:
             elif alert.status == "resolved":
                 alerts.append({**raw, "kvscope": {"status": "resolved"}})
             else:
-                alerts.append({**raw, "kvscope": await self._diagnose_alert(alert, now, cache)})
+                alerts.append({**raw, "kvscope": await self._diagnose_alert(alert, now, cache, deadline)})
             _log_alert(alert, alerts[-1]["kvscope"], time.monotonic() - started)
         return {**doc, "alerts": alerts, "kvscope_version": 1}
 
-    async def _diagnose_alert(self, alert: Alert, now: float, cache: dict) -> dict[str, Any]:
+    async def _diagnose_alert(
+        self, alert: Alert, now: float, cache: dict, deadline: float | None = None
+    ) -> dict[str, Any]:
         window = diagnosis_window(alert, now, self.config.before_s, self.config.max_window_s)
         window = (_floor(window[0], self.config.step_s), _floor(window[1], self.config.step_s))
         if window not in cache:
-            cache[window] = await self._diagnose_window(*window)
+            cache[window] = await self._diagnose_window(*window, deadline=deadline)
         diagnosis, places, errors = cache[window]
         out = select_findings(diagnosis, alert, places)
         return {"status": window_status(diagnosis), "window": list(window), **out, "errors": errors}
 
     async def _diagnose_window(
-        self, start: float, end: float
+        self, start: float, end: float, deadline: float | None = None
     ) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[str]]:
         """(diagnosis, instance places, errors) of the fleet path over the window."""
         from kvscope.diagnoser.pushdown.run import diagnose_fleet
 
-        source = PrometheusSource(self.config.prometheus_url, timeout_s=30.0)
+        source = PrometheusSource(self.config.prometheus_url, timeout_s=self.config.query_timeout_s)
+        source.client.deadline = deadline
+        step = self.config.step_s
         try:
             args = (self.rules, self.config.params, None, self.levers, source.description, source.catalog)
-            result, report = await asyncio.to_thread(
-                diagnose_fleet, source.client, start, end, self.config.step_s, *args
-            )
+            result, report = await self._in_thread(deadline, diagnose_fleet, source.client, start, end, step, *args)
             # the fleet path's frame holds only candidates' evidence: the routers are read apart
-            routers = await asyncio.to_thread(read_window, source, ROUTER_SIGNALS, Span(start, end), self.config.step_s)
+            routers = await self._in_thread(deadline, read_window, source, ROUTER_SIGNALS, Span(start, end), step)
         except SourceError as exc:
             return {"likely_cause": None, "competing": [], "other": [], "skipped": []}, {}, [str(exc)]
         parts = report.fetched.parts if report.fetched else []
@@ -267,7 +331,7 @@ class WebhookServer:
 
 _METRICS = {
     "kvscope_webhook_requests_total": ("code", "Webhook POSTs by HTTP status answered."),
-    "kvscope_webhook_diagnoses_total": ("result", "Webhooks diagnosed (done) or failed (error)."),
+    "kvscope_webhook_diagnoses_total": ("result", "Webhooks diagnosed (done), failed (error) or timed out (timeout)."),
     "kvscope_webhook_forwards_total": ("result", "Enriched payloads forwarded (ok) or given up (failed)."),
 }
 

@@ -87,14 +87,11 @@ def before_symptom(findings: list[Finding]) -> list[Finding]:
     symptom stage is reached the cascade is the fuller account (and critical), and leads."""
     out = []
     for f in findings:
+        before = f.cascade is not None and f.cascade.lead_time_s is None  # asked once, not per peer
         peers = [
             g
             for g in findings
-            if f.cascade is not None
-            and f.cascade.lead_time_s is None
-            and g.cascade is None
-            and same_place(g.where, f.where)
-            and same_mechanism(f, g)
+            if before and g.cascade is None and same_place(g.where, f.where) and same_mechanism(f, g)
         ]
         if peers:
             f = replace(f, score=min(f.score, round(min(g.score for g in peers) - BELOW, 3)))

@@ -472,5 +472,6 @@ def rank(
     competing = tuple(
         f for f in tail if f.specificity >= 2 and same_place(f.where, head.where) and f.rule_id != head.rule_id
     )
-    other = tuple(f for f in tail if f not in competing)
+    picked = {id(f) for f in competing}  # by identity: comparing findings field by field is O(n^2)
+    other = tuple(f for f in tail if id(f) not in picked)
     return Diagnosis(window, source, head, competing, other, rest, rules_evaluated)

@@ -244,16 +244,19 @@ def removed_target_spans(
 def mark_removed(frame: Frame, removed: dict[str, list[tuple[float, float]]]) -> None:
     """Prometheus staleness for targets that left service discovery, in place: their series are
     absent there and, unlike mark_stale, `seen` too (the target is no longer a replica)."""
+    rows: dict[str, list[tuple[Block, int]]] = defaultdict(list)  # instance -> its series: one pass
+    if removed:
+        for block in frame.blocks.values():
+            for i, labels in enumerate(block.labels):
+                rows[dict(labels).get("instance", "")].append((block, i))
     for instance, spans in removed.items():
         mask = _span_mask(frame.ts, spans)
         if not mask.any():
             continue
-        for block in frame.blocks.values():
-            for i, labels in enumerate(block.labels):
-                if dict(labels).get("instance", "") == instance:
-                    block.values[i, mask] = np.nan
-                    if block.seen is not None:
-                        block.seen[i, mask] = np.nan
+        for block, i in rows.get(instance, ()):
+            block.values[i, mask] = np.nan
+            if block.seen is not None:
+                block.seen[i, mask] = np.nan
 
 
 def merge_facts(per_rank: dict[str, dict[str, dict[str, str]]]) -> dict[str, dict[str, str]]:

@@ -37,7 +37,7 @@ from kvscope.diagnoser.pushdown.prefilter import fact_selectors, hold_steps, rul
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
-from kvscope.diagnoser.sources.promapi import PromClient, PromError
+from kvscope.diagnoser.sources.promapi import PromClient, PromError, as_points
 from kvscope.diagnoser.sources.prometheus import fetch_frame, wire_pattern
 
 NO_GROUPS = "no series for any group"
@@ -230,7 +230,9 @@ def _young_instances(
             f"group by (instance) ({sel})", start - ranged[-1], start - ranged[0], math.gcd(*ranged)
         )
         held = {
-            str((s.get("metric") or {}).get("instance", "")): {round(float(t)) for t, _ in s.get("values") or ()}
+            str((s.get("metric") or {}).get("instance", "")): {
+                round(float(t)) for t in as_points(s.get("values"))[:, 0]
+            }
             for s in answer
         }
         for r in ranged:
@@ -348,7 +350,7 @@ def _has_groups(
         result = client.range_parts(expr, float(grid[0]), float(grid[-1]), coarse, what="groups")
     except PromError:
         return None
-    if any(s.get("values") for s in result):
+    if any(len(as_points(s.get("values"))) for s in result):
         return True
     return None if unreadable else False
 

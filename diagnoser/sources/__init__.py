@@ -8,9 +8,9 @@ recording.py, logs.py, agent.py, store.py, prometheus.py.
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from collections.abc import Callable
+
+from kvscope.diagnoser.sources.http import FetchError, fetch
 
 
 class SourceError(RuntimeError):
@@ -24,20 +24,13 @@ def read_url(
     max_bytes: int,
     data: bytes | None = None,
     error: type[SourceError] = SourceError,
-    on_status: Callable[[urllib.error.HTTPError], SourceError] | None = None,
-) -> bytes:
-    """The body of one synchronous HTTP GET (or form POST of `data`), at most `max_bytes`. An error
-    status raises `on_status(exc)` (else `error`); no answer, or a larger one, raises `error`
-    with a message that starts with `what`."""
+    on_status: Callable[[FetchError], SourceError] | None = None,
+) -> bytearray:
+    """The body of one synchronous HTTP GET (or form POST of `data`), at most `max_bytes`, read
+    whole within `timeout_s` seconds, connect to last byte (http.fetch). An error status raises
+    `on_status(failure)` (else `error`); no answer, a late, larger or malformed one raises
+    `error` with one printable line that starts with `what`."""
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=timeout_s) as resp:  # noqa: S310
-            body = resp.read(max_bytes + 1)
-    except urllib.error.HTTPError as exc:
-        with exc:  # its body is read by on_status, then the connection closed
-            failure = on_status(exc) if on_status else error(f"{what}: {exc}")
-        raise failure from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise error(f"{what}: cannot connect: {getattr(exc, 'reason', exc)}") from exc
-    if len(body) > max_bytes:
-        raise error(f"{what}: answer larger than {max_bytes} bytes; narrow the window")
-    return body
+        return fetch(url, what, timeout_s, max_bytes, data)[0]
+    except FetchError as exc:
+        raise (on_status(exc) if on_status and exc.status else error(str(exc))) from None

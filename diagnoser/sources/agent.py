@@ -11,6 +11,7 @@ from typing import Any
 from kvscope.agent.signals import Sample, make_labels
 from kvscope.diagnoser.evaluate.frame import Frame, frame_from_samples
 from kvscope.diagnoser.sources import SourceError, read_url
+from kvscope.diagnoser.sources.http import printable
 
 DEFAULT_WINDOW_S = 1800.0
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -33,24 +34,33 @@ class AgentSource:
         end = time.time() if end is None else end
         start = end - DEFAULT_WINDOW_S if start is None else start
         samples = []
-        for pattern in _patterns(sorted(names)):
-            query = urllib.parse.urlencode(
-                {"match": f"({pattern})", "start": f"{start - 300:.3f}", "end": f"{end:.3f}"}
-            )
-            samples += parse_samples_answer(self._get(f"/api/v1/samples?{query}"))
+        try:
+            for pattern in _patterns(sorted(names)):
+                query = urllib.parse.urlencode(
+                    {"match": f"({pattern})", "start": f"{start - 300:.3f}", "end": f"{end:.3f}"}
+                )
+                samples += parse_samples_answer(self._get(f"/api/v1/samples?{query}"))
+            facts = parse_facts_answer(self._get("/api/v1/facts"))
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise SourceError(f"agent {self.url}: malformed answer ({printable(exc, 200)})") from None
         frame = frame_from_samples(samples, start, end, step, names=names)
-        frame.facts = parse_facts_answer(self._get("/api/v1/facts"))
+        frame.facts = facts
         return frame
 
     def _get(self, path: str) -> dict[str, Any]:
         body = read_url(self.url + path, f"agent {self.url}", self.timeout_s, MAX_RESPONSE_BYTES)
         try:
             doc = json.loads(body)
-        except ValueError as exc:
-            raise SourceError(f"agent {self.url}{path.split('?')[0]}: not JSON ({exc})") from exc
-        if doc.get("status") != "success":
-            raise SourceError(f"agent {self.url}: {doc.get('error', 'error answer')}")
-        return doc.get("data") or {}
+        except (ValueError, RecursionError) as exc:
+            why = "nested too deep" if isinstance(exc, RecursionError) else printable(exc, 200)
+            raise SourceError(f"agent {self.url}{path.split('?')[0]}: not JSON ({why})") from None
+        if not isinstance(doc, dict) or doc.get("status") != "success":
+            error = doc.get("error") if isinstance(doc, dict) else None
+            raise SourceError(f"agent {self.url}: {printable(error or 'malformed answer', 500)}")
+        data = doc.get("data") or {}
+        if not isinstance(data, dict):
+            raise SourceError(f"agent {self.url}{path.split('?')[0]}: malformed answer: data is not an object")
+        return data
 
 
 def _patterns(names: list[str], max_chars: int = 1500) -> list[str]:

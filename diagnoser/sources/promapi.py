@@ -15,9 +15,8 @@ import multiprocessing
 import os
 import sys
 import threading
-import urllib.error
+import time
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -30,6 +29,7 @@ import msgspec
 import numpy as np
 
 from kvscope.diagnoser.sources import SourceError, read_url
+from kvscope.diagnoser.sources.http import FetchError, fetch, printable
 
 MAX_POINTS = 11_000
 """Prometheus refuses a range query with more points per series than this."""
@@ -47,7 +47,7 @@ MAX_BISECT = 6
 
 class _Series(msgspec.Struct):
     metric: dict[str, str] = {}
-    values: list[tuple[float, float]] = []
+    values: msgspec.Raw = msgspec.Raw(b"[]")  # decoded one series at a time (`_points`)
 
 
 class _Data(msgspec.Struct):
@@ -61,8 +61,9 @@ class _Answer(msgspec.Struct):
 
 
 _MATRIX = msgspec.json.Decoder(_Answer, strict=False)
-"""A range query's answer with its values as floats ("1.5" and "NaN" read as numbers; an answer
-this cannot read, e.g. "+Inf", is read by the json module instead)."""
+"""A range query's answer; each series' values kept as raw JSON and decoded by `_points`."""
+_POINTS = msgspec.json.Decoder(list[tuple[float, float]], strict=False)
+"""One series' values as float pairs ("1.5", "NaN", "Inf" read as numbers)."""
 
 
 class PromError(SourceError):
@@ -87,6 +88,8 @@ class PromClient:
     max_samples: int = MAX_SAMPLES
     concurrency: int = CONCURRENCY
     progress: Callable[[str], None] | None = None
+    deadline: float | None = None
+    """time.monotonic() by which every read ends (a whole diagnosis' budget); None: per read only."""
     notes: list[str] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=lambda: {"queries": 0, "bytes": 0})
 
@@ -98,41 +101,69 @@ class PromClient:
     # ---------------------------------------------------------------- raw calls
     def _call(self, path: str, params: dict[str, str] | list[tuple[str, str]], matrix: bool = False) -> Any:
         raw = self._read(path, urllib.parse.urlencode(params).encode())
-        typed = doc = _typed_matrix(raw) if matrix else None
+        try:
+            typed = doc = _typed_matrix(raw) if matrix else None
+        except ValueError as exc:
+            raise self.malformed(path, f"a matrix series' values are not [[time, value]...] ({exc})") from None
         if typed is None:
-            try:
-                doc = json.loads(raw)
-            except ValueError as exc:
-                raise PromError(
-                    f"prometheus {self.url}{path}: the answer is not JSON ({exc}); is {self.url} the "
-                    "base URL of a Prometheus-compatible API?"
-                ) from exc
+            doc = self._json(path, raw)
         with self._lock:
             self.stats["queries"] += 1
             self.stats["bytes"] += len(raw)
         if typed is not None:
             return typed
         if not isinstance(doc, dict) or doc.get("status") != "success":
-            err = doc.get("error", "unexpected answer") if isinstance(doc, dict) else "unexpected answer"
-            raise PromError(f"prometheus {self.url}: {err}")
+            err = doc.get("error") if isinstance(doc, dict) else None
+            if not isinstance(err, str):
+                raise self.malformed(path, 'no status "success" and no error text', doc)
+            raise PromError(f"prometheus {self.url}: {printable(err, 500)}")
         return doc.get("data")
 
+    def _json(self, path: str, raw: bytes | bytearray) -> Any:
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            why = "nested too deep" if isinstance(exc, RecursionError) else printable(exc, 200)
+            raise PromError(
+                f"prometheus {self.url}{path}: the answer is not JSON ({why}); is {self.url} the "
+                "base URL of a Prometheus-compatible API?"
+            ) from None
+
+    def malformed(self, path: str, what: str, got: Any = None) -> PromError:
+        """The error for an answer of the wrong shape: where, what was expected, what came."""
+        seen = "" if got is None else f", got {printable(repr(got), 80)}"
+        return PromError(f"prometheus {self.url}{path}: malformed answer: {what}{seen}")
+
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        """One range query as sent (no splitting): the matrix, at start + k x step. VictoriaMetrics'
-        rollup cache moves a start off the step's multiples; such a query is sent with `nocache=1`."""
+        """One range query as sent (no splitting): the matrix, at start + k x step, values as float
+        (time, value) pairs. VictoriaMetrics' rollup cache moves a start off the step's multiples;
+        such a query is sent with `nocache=1`."""
         params = {"query": expr, "start": _ts(start), "end": _ts(end), "step": f"{step:g}"}
         if not on_step(start, step) and self.flavor() == "victoriametrics":
             params["nocache"] = "1"
-        data = self._call("/api/v1/query_range", params, matrix=True)
+        path = "/api/v1/query_range"
+        data = self._call(path, params, matrix=True)
         if not isinstance(data, dict) or data.get("resultType") != "matrix":
             kind = data.get("resultType") if isinstance(data, dict) else repr(data)
-            raise PromError(f"prometheus {self.url}: range query answered {kind}, not a matrix")
-        return list(data.get("result") or [])
+            raise self.malformed(path, f"range query answered {printable(kind, 40)}, not a matrix")
+        if data.get("typed"):  # read by the typed decoder: already float pairs
+            return list(data["result"])
+        try:
+            return [_series(s, "values") for s in _items(data.get("result"))]
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            shape = "{metric, values: [[time, value]...]}"
+            raise self.malformed(path, f"a matrix series is not {shape} ({exc})") from None
 
     def query(self, expr: str, at: float) -> list[dict[str, Any]]:
-        """Instant query at `at`: the vector."""
-        data = self._call("/api/v1/query", {"query": expr, "time": _ts(at)})
-        return list((data or {}).get("result") or [])
+        """Instant query at `at`: the vector, each value a float (time, value) pair."""
+        path = "/api/v1/query"
+        data = self._call(path, {"query": expr, "time": _ts(at)})
+        if not isinstance(data, dict):
+            raise self.malformed(path, "data is not an object", data)
+        try:
+            return [_series(s, "value") for s in _items(data.get("result"))]
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise self.malformed(path, f"a vector sample is not {{metric, value: [time, value]}} ({exc})") from None
 
     def label_values(self, label: str, matchers: Iterable[str], start: float, end: float) -> list[str]:
         """Values of `label` over series matching any of `matchers` in [start, end] (the index
@@ -146,6 +177,8 @@ class PromClient:
                 raise
             qs = urllib.parse.urlencode(params)  # servers that only take GET here
             data = self._get(f"{path}?{qs}")
+        if data is not None and not isinstance(data, list):
+            raise self.malformed(path, "label values are not a list", data)
         return [str(v) for v in data or []]
 
     def flavor(self) -> str:
@@ -154,29 +187,27 @@ class PromClient:
         API: Thanos, Mimir), also when the server cannot tell. Asked once."""
         if self._flavor is None:
             try:
-                with urllib.request.urlopen(
-                    self.url + "/api/v1/status/buildinfo",  # noqa: S310
-                    timeout=min(self.timeout_s, 10.0),
-                ) as resp:
-                    vm = resp.headers.get("X-Server-Hostname") is not None
-            except urllib.error.HTTPError as exc:
-                vm = exc.headers.get("X-Server-Hostname") is not None if exc.headers else False
-            except (urllib.error.URLError, OSError):
+                url, seconds = self.url + "/api/v1/status/buildinfo", min(self.timeout_s, 10.0)
+                if self.deadline is not None:
+                    seconds = max(0.001, min(seconds, self.deadline - time.monotonic()))
+                vm = fetch(url, "buildinfo", seconds, 0, headers_only=True)[1].get("X-Server-Hostname") is not None
+            except FetchError:
                 vm = False
             self._flavor = "victoriametrics" if vm else "prometheus"
         return self._flavor
 
     def _get(self, path_qs: str) -> Any:
-        try:
-            doc = json.loads(self._read(path_qs))
-        except ValueError as exc:
-            raise PromError(f"prometheus {self.url}{path_qs.split('?')[0]}: the answer is not JSON ({exc})") from exc
+        doc = self._json(path_qs.split("?")[0], self._read(path_qs))
         return doc.get("data") if isinstance(doc, dict) else None
 
-    def _read(self, path: str, form: bytes | None = None) -> bytes:
+    def _read(self, path: str, form: bytes | None = None) -> bytearray:
         """The answer's body (a form POST when `form`); PromError for every failure."""
-        what, limit = f"prometheus {self.url}", MAX_RESPONSE_BYTES
-        return read_url(self.url + path, what, self.timeout_s, limit, form, PromError, partial(http_error, self.url))
+        what, limit, seconds = f"prometheus {self.url}", MAX_RESPONSE_BYTES, self.timeout_s
+        if self.deadline is not None:
+            seconds = min(seconds, self.deadline - time.monotonic())
+            if seconds <= 0:
+                raise PromError(f"{what}: the diagnosis' time is up; no more queries are sent")
+        return read_url(self.url + path, what, seconds, limit, form, PromError, partial(http_error, self.url))
 
     # ---------------------------------------------------------------- bounded range queries
     def plan_chunks(
@@ -273,16 +304,70 @@ def _in_worker(client: PromClient, call: Callable[[PromClient], Any]) -> tuple[A
     return call(client), client.notes, client.stats
 
 
-def _typed_matrix(raw: bytes) -> dict[str, Any] | None:
-    """A successful matrix answer as {"resultType", "result": [{"metric", "values": [(t, v)]}]}
-    with float pairs; None for anything else (errors, other result types, values it cannot read)."""
+def _items(result: Any) -> list[Any]:
+    if result is None:
+        return []
+    if not isinstance(result, list):
+        raise TypeError(f"result is {type(result).__name__}, not a list")
+    return result
+
+
+def _series(item: Any, key: str) -> dict[str, Any]:
+    """One matrix series (`key` "values") or vector sample ("value") checked and read: labels as
+    str, points as float (time, value) pairs ("NaN" and "+Inf" read as numbers). Raises TypeError
+    or ValueError for any other shape."""
+    if not isinstance(item, dict) or not isinstance(item.get("metric", {}), dict):
+        raise TypeError(f"{printable(repr(item), 60)} is not {{metric: {{...}}, {key}: ...}}")
+    metric = {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
+    raw = item.get(key)
+    if key == "value":
+        return {"metric": metric, "value": _point(raw) if raw is not None else None}
+    if raw is not None and not isinstance(raw, list):
+        raise TypeError(f"values is {type(raw).__name__}, not a list")
+    pairs = [_point(p) for p in raw or []]
+    return {"metric": metric, "values": np.array(pairs, dtype=float).reshape(-1, 2)}
+
+
+def _point(p: Any) -> tuple[float, float]:
+    if not isinstance(p, list | tuple) or len(p) != 2 or not all(isinstance(x, str | int | float) for x in p):
+        raise TypeError(f"{printable(repr(p), 40)} is not [time, value]")
+    return float(p[0]), float(p[1])
+
+
+def _typed_matrix(raw: bytes | bytearray) -> dict[str, Any] | None:
+    """A successful matrix answer as {"resultType", "result": [{"metric", "values": float array
+    (n, 2) of (time, value)}]}, decoded one series at a time, so that an answer of N bytes takes
+    about N / 2 more (16 bytes a point) rather than Python objects for every point; None for
+    anything else (errors, other result types). Raises TypeError or ValueError for a series
+    whose values are not [time, value] pairs."""
     try:
         doc = _MATRIX.decode(raw)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return None
     if doc.status != "success" or doc.data is None or doc.data.resultType != "matrix":
         return None
-    return {"resultType": "matrix", "result": [{"metric": s.metric, "values": s.values} for s in doc.data.result]}
+    result = [{"metric": s.metric, "values": _points(s.values)} for s in doc.data.result]
+    return {"resultType": "matrix", "typed": True, "result": result}
+
+
+def _points(raw: msgspec.Raw) -> np.ndarray:
+    """One series' raw JSON values -> float array (n, 2)."""
+    try:
+        pairs = _POINTS.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        text = bytes(raw).replace(b'"+Inf"', b'"Inf"')  # Prometheus' spelling; msgspec reads "Inf"
+        try:
+            pairs = _POINTS.decode(text)
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+            raise ValueError(printable(exc, 120)) from None
+    return np.fromiter(chain.from_iterable(pairs), float, 2 * len(pairs)).reshape(-1, 2)
+
+
+def as_points(values: Any) -> np.ndarray:
+    """A series' values (a float array from this client, or [[t, "v"], ...] text) as float (n, 2)."""
+    if isinstance(values, np.ndarray):
+        return values
+    return np.asarray(values if values else np.empty((0, 2)), dtype=float).reshape(-1, 2)
 
 
 _TOO_LARGE = (
@@ -296,10 +381,9 @@ _TOO_LARGE = (
 """How Prometheus, Mimir/Thanos and VictoriaMetrics say a query is over their size limits."""
 
 
-def http_error(url: str, exc: urllib.error.HTTPError) -> PromError:
-    """What an HTTP error status means for a query, in words."""
-    text = _error_text(exc)
-    code = exc.code
+def http_error(url: str, failure: FetchError) -> PromError:
+    """What an HTTP error status means for a query, in words (the server's text made printable)."""
+    text, code = failure.text, failure.status
     if code == 404:
         return PromError(
             f"prometheus {url}: HTTP 404 ({text}); is {url} the base URL of a Prometheus-compatible "
@@ -329,19 +413,6 @@ def http_error(url: str, exc: urllib.error.HTTPError) -> PromError:
     return PromError(f"prometheus {url}: HTTP {code}: {text}", code)
 
 
-def _error_text(exc: urllib.error.HTTPError) -> str:
-    try:
-        raw = exc.read(65536)
-    except OSError:
-        return str(exc.reason)
-    try:
-        doc = json.loads(raw)
-        return str(doc.get("error", exc.reason)) if isinstance(doc, dict) else str(exc.reason)
-    except ValueError:
-        text = raw.decode("utf-8", "replace").strip()
-        return text[:500] or str(exc.reason)
-
-
 def _ts(t: float) -> str:
     return f"{t:.3f}"
 
@@ -362,7 +433,9 @@ def merge_matrices(parts: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]
         for series in part:
             metric = series.get("metric") or {}
             have = out.setdefault(tuple(sorted(metric.items())), {"metric": metric, "values": []})
-            have["values"].extend(series.get("values") or [])
+            have["values"].append(as_points(series.get("values")))
+    for have in out.values():
+        have["values"] = np.concatenate(have["values"]) if have["values"] else np.empty((0, 2))
     return list(out.values())
 
 
@@ -374,14 +447,10 @@ def matrix_on_grid(
     metrics = [dict(s.get("metric") or {}) for s in result]
     out = np.full((len(result), n), np.nan)
     for i, series in enumerate(result):
-        values = series.get("values")
-        if not values:
+        arr = as_points(series.get("values"))
+        if not len(arr):
             continue
-        if isinstance(values[0], tuple):  # the typed decoder's float pairs: flat, at C speed
-            arr = np.fromiter(chain.from_iterable(values), float, 2 * len(values)).reshape(-1, 2)
-        else:  # [t, "1.5"] text (numpy parses it)
-            arr = np.array(values, dtype=float)
-        idx = np.rint((arr[:, 0] - start) / step).astype(np.int64)
-        ok = (idx >= 0) & (idx < n)
-        out[i, idx[ok]] = arr[ok, 1]
+        pos = np.rint((arr[:, 0] - start) / step)
+        ok = np.isfinite(pos) & (pos >= 0) & (pos < n)
+        out[i, pos[ok].astype(np.int64)] = arr[ok, 1]
     return metrics, out

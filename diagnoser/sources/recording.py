@@ -7,6 +7,7 @@ the `tenant_*` counters of traced tenants), so request-phase rules can judge the
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -22,6 +23,13 @@ from kvscope.diagnoser.evaluate.frame import (
 )
 from kvscope.diagnoser.sources import SourceError
 from kvscope.diagnoser.sources.vanished import mark_vanished
+
+GRID_CELLS = 12_000_000
+"""Series x grid points a recording's or log's frame is built with (~100 MB a float64 array; the
+frame and the evaluator hold a few): a finer grid is stepped coarser, and said so."""
+MIN_STEPS = 60
+"""Fewer grid points than this over the window is no diagnosis: more series than GRID_CELLS /
+MIN_STEPS are refused instead."""
 
 
 class RecordingSource:
@@ -43,6 +51,7 @@ class RecordingSource:
         if self.spans_path:
             self.description += f"+spans:{os.path.basename(self.spans_path)}"
         self._replay = None
+        self._notes: list[str] = []
 
     def replay(self):  # noqa: ANN201 - agent.replay.Replay
         """The replayed recording (canonical samples, engines, facts, span statistics), read once."""
@@ -62,7 +71,7 @@ class RecordingSource:
     @property
     def notes(self) -> list[str]:
         """What reading the recording left out, and why (timestamps far from the rest)."""
-        return self._replay.notes if self._replay is not None else []
+        return (self._replay.notes if self._replay is not None else []) + self._notes
 
     def natural_step(self) -> float:
         """The recording's scrape interval (median gap between scrapes), at least 1 s."""
@@ -80,6 +89,7 @@ class RecordingSource:
             raise SourceError(f"recording {self.path} holds no scrapes")
         start = replay.start if start is None else start
         end = replay.end if end is None else end
+        step = self._sized_step(replay.samples, names, start, end, step)
         frame = frame_from_samples(replay.samples, start, end, step, names=names)
         up = [
             (s.label("instance") or "", s.timestamp, s.value == 1.0)
@@ -91,3 +101,24 @@ class RecordingSource:
         mark_removed(frame, removed_target_spans(up))
         frame.facts = merge_facts(replay.facts)
         return frame
+
+    def _sized_step(self, samples: list[Any], names: set[str], start: float, end: float, step: float) -> float:
+        """`step`, or a coarser one (noted) when series x grid points would pass GRID_CELLS; counted
+        before anything is allocated. SourceError when even MIN_STEPS points are too many."""
+        series = {(s.name, s.labels) for s in samples if s.name in names and s.timestamp is not None}
+        n, steps = len(series), int((end - start) // step) + 1 if end >= start and step > 0 else 1
+        if n * steps <= GRID_CELLS:
+            return step
+        instances = len({dict(labels).get("instance", "") for _, labels in series})
+        if n * MIN_STEPS > GRID_CELLS:
+            raise SourceError(
+                f"{self.description}: {n:,} series from {instances:,} instances (engines or DP ranks) are more "
+                f"than one diagnosis reads at {MIN_STEPS} grid points ({GRID_CELLS:,} values); split the "
+                "input by instance (e.g. grep one pod's lines) and diagnose each part"
+            )
+        coarse = step * math.ceil(n * steps / GRID_CELLS)
+        self._notes.append(
+            f"{n:,} series from {instances:,} instances x {steps:,} grid points at a {step:g} s step would be "
+            f"{n * steps:,} values (over {GRID_CELLS:,}): stepped coarser, every {coarse:g} s"
+        )
+        return coarse

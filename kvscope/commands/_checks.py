@@ -118,8 +118,8 @@ def parse_seconds(flag: str, value: str) -> float:
             seconds = parse_duration(value)
         except ValueError:
             raise ValueError(f"{flag}: expected seconds or a duration such as 30m, 1h, 1m30s, got {value!r}") from None
-    if not seconds > 0:
-        raise ValueError(f"{flag}: must be > 0, got {value!r}")
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{flag}: must be a finite number of seconds > 0, got {value!r}")
     return seconds
 
 

@@ -94,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--time-scale", type=float, help="multiply every rule duration by this (default: auto under 15 min)")
     p.add_argument("--rules-dir", help="rules directory (default: the shipped rules/diagnosis)")
     p.add_argument("--full-fetch", action="store_true", help="--prometheus: judge every rule on every engine's series")
-    timeout_help = "--prometheus/--agent: seconds one HTTP query may take"
+    timeout_help = "--prometheus/--agent: seconds one HTTP query may take, connect to last byte"
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help=timeout_help)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or fleet summary on stderr")
     p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON (schema: docs/rules.md)")
@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         return fail("diagnose", "pick a source: --recording, --log, --prometheus or --agent (see --help)", EXIT_USAGE)
     try:
         since = parse_seconds("--since", args.since)
+        parse_seconds("--timeout", str(args.timeout))
         args.end = None if args.end is None else parse_time("--end", args.end)
         args.start = None if args.start is None else parse_time("--start", args.start)
         if args.step is not None:
@@ -127,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
             check_recording(args.recording)
         if args.log:
             args.log_read = read_log_arg(args)
+            for warning in args.log_read.summary.warnings():  # said even with -q: the window is not the log's
+                print(f"kvscope diagnose: {warning}", file=sys.stderr)
     except (ValueError, OSError, EOFError, zlib.error) as exc:
         return fail("diagnose", f"cannot read log {args.log}: {exc}" if args.log else exc, EXIT_SOURCE)
     return _diagnose(args, rules, params, since)

@@ -99,6 +99,8 @@ def _record_log(args: argparse.Namespace, out: Path) -> int:
     path = write_log_recording(read, out)
     samples = sum(len(s) for _, _, s in read.scrapes)
     print(f"{read.summary.text()}\nwrote {path} ({len(read.scrapes)} scrapes, {samples} samples)", file=sys.stderr)
+    for warning in read.summary.warnings():
+        print(f"kvscope record: {warning}", file=sys.stderr)
     return 0
 
 

@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvscope.agent.recording.timespan import iso_utc
     from kvscope.diagnoser.sources import SourceError
-    from kvscope.report.render import render_html, render_markdown
+    from kvscope.report.render import PLOTS_NEED, plots_available, render_html, render_markdown
     from kvscope.report.weekly import WEEK_S, build_report, columns
 
     try:
@@ -221,4 +221,6 @@ def run(args: argparse.Namespace) -> int:
     for path in (args.html, args.markdown):
         if path:
             print(f"wrote {path}", file=sys.stderr)
+    if args.html and not plots_available():
+        print(f"kvscope report: {args.html} has no plots: {PLOTS_NEED}", file=sys.stderr)
     return 0

@@ -40,6 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-stored", type=int, default=1000, metavar="N", help="keep the newest N webhooks")
     p.add_argument("--step", default="15s", metavar="DURATION", help="diagnosis grid step")
     p.add_argument("--before", default="30m", metavar="DURATION", help="diagnose from this long before the alert began")
+    p.add_argument("--workers", type=int, default=2, metavar="N", help="webhooks diagnosed at once")
+    timeout_help = "one webhook's whole diagnosis, every Prometheus read in it included; later: recorded as an error"
+    p.add_argument("--diagnosis-timeout", default="2m", metavar="DURATION", help=timeout_help)
     body_help = "largest webhook body accepted; larger gets 413"
     p.add_argument("--max-body-bytes", type=int, default=1024 * 1024, metavar="N", help=body_help)
     add_param_flag(p)
@@ -62,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
             forward_url=args.forward_url,
             step_s=parse_duration(args.step),
             before_s=parse_duration(args.before),
+            workers=_workers(args.workers),
+            diagnosis_timeout_s=parse_duration(args.diagnosis_timeout),
             max_body_bytes=args.max_body_bytes,
             params=params,
         )
@@ -76,6 +81,12 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _workers(n: int) -> int:
+    if not 1 <= n <= 64:
+        raise ValueError(f"--workers: between 1 and 64, got {n}")
+    return n
 
 
 async def _serve(server: object, host: str, port: int) -> None:

@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-import io
+import json
 import os
 import subprocess
 import sys
 import threading
-import urllib.error
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from kvscope.diagnoser.sources.http import FetchError
 from kvscope.diagnoser.sources.promapi import PromClient, PromError, http_error, matrix_on_grid, merge_matrices, on_step
 
 
-def _http(code: int, body: bytes) -> urllib.error.HTTPError:
-    return urllib.error.HTTPError("http://p/api/v1/query_range", code, "x", {}, io.BytesIO(body))  # type: ignore[arg-type]
+def _http(code: int, body: bytes) -> FetchError:
+    text = str(json.loads(body)["error"]) if body.startswith(b"{") else body.decode()
+    return FetchError(f"t: HTTP {code}: {text}", code, text)
 
 
 def test_a_sample_limit_is_reported_as_what_it_is_not_as_a_wrong_url():
@@ -66,7 +67,8 @@ def test_matrix_on_grid_places_points_by_time_and_leaves_the_rest_absent():
     merged = merge_matrices(
         [[{"metric": {"a": "1"}, "values": [[0, "1"]]}], [{"metric": {"a": "1"}, "values": [[15, "2"]]}]]
     )
-    assert merged == [{"metric": {"a": "1"}, "values": [[0, "1"], [15, "2"]]}]
+    assert len(merged) == 1 and merged[0]["metric"] == {"a": "1"}
+    assert merged[0]["values"].tolist() == [[0.0, 1.0], [15.0, 2.0]]  # float (time, value) pairs
 
 
 def test_an_unreachable_server_says_so():

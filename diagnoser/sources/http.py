@@ -1,0 +1,272 @@
+"""The diagnoser's one way to make an outbound HTTP read: an overall deadline, bounded bodies, clean errors.
+
+urllib's `timeout` bounds each socket operation, so a server that sends one byte every 2 s keeps a
+read going for as long as it likes. `fetch` gives the whole exchange (connect, status line,
+headers, body) one deadline: a watchdog shuts the connection's socket down when it passes, which
+ends any read blocked on it at once. The body is read in pieces into a buffer sized from what
+the answer declares (Content-Length) and refused, with the size in words, before it grows past
+the cap. Every way an answer can be malformed (status line, headers, chunking) ends as one
+`FetchError` line naming the URL and what was wrong; `printable` strips what a server wrote from
+control characters before it can reach a terminal.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+CHUNK = 1 << 20
+"""Bytes read per call while the deadline is checked in between."""
+MAX_ERROR_CHARS = 500
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: object, limit: int = 0, lines: bool = False) -> str:
+    """`text` with every control character (escape codes, carriage returns, bidi overrides) shown
+    as `?`, on one line (newlines and tabs as spaces; kept with `lines`); cut to `limit`
+    characters when given."""
+    out = _CONTROL.sub("?", str(text))
+    out = out if lines else out.replace("\n", " ").replace("\t", " ").strip()
+    return out if not limit or len(out) <= limit else out[:limit] + "…"
+
+
+def in_words(n: float) -> str:
+    """A byte count as people say it: 512 MiB, 3.2 GiB, 900 bytes."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} bytes"
+
+
+class FetchError(RuntimeError):
+    """The read failed; the message starts with what was read. `status` is the HTTP status when
+    the server answered one (its error body in `text`), `timed_out` when the deadline passed."""
+
+    def __init__(self, message: str, status: int = 0, text: str = "", timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.status, self.text, self.timed_out = status, text, timed_out
+
+
+class Deadline:
+    """A point in time (monotonic) after which every socket registered here is shut down."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.expired = False
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._timer: threading.Timer | None = None
+
+    def left(self) -> float:
+        return self.at - time.monotonic()
+
+    def watch(self, sock: socket.socket) -> None:
+        """Shut `sock` down when the deadline passes (at once if it already has)."""
+        with self._lock:
+            self._socks.append(sock)
+            if self._timer is None:
+                self._timer = threading.Timer(max(0.0, self.left()), self._expire)
+                self._timer.daemon = True
+                self._timer.start()
+        if self.left() <= 0:
+            self._expire()
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            socks, self._socks = self._socks, []
+        for sock in socks:
+            try:  # socket.socket's own shutdown: an SSL socket's would drop its state under a reader
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Stop the watchdog (joined: no thread outlives the read, so forking stays safe)."""
+        with self._lock:
+            timer, self._timer, self._socks = self._timer, None, []
+        if timer is not None:
+            timer.cancel()
+            if timer is not threading.current_thread():
+                timer.join()
+
+
+def _connection(base: type[http.client.HTTPConnection], deadline: Deadline) -> Callable[..., Any]:
+    class _Watched(base):  # type: ignore[valid-type, misc]
+        def connect(self) -> None:
+            asked: float | None = getattr(self, "timeout", None)
+            self.timeout = max(0.001, min(asked or deadline.seconds, deadline.left()))
+            super().connect()
+            deadline.watch(self.sock)
+
+    return _Watched
+
+
+class _HTTP(urllib.request.HTTPHandler):
+    def __init__(self, deadline: Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_connection(http.client.HTTPConnection, self.deadline), req)
+
+
+class _HTTPS(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_connection(http.client.HTTPSConnection, self.deadline), req)
+
+
+def fetch(
+    url: str,
+    what: str,
+    timeout_s: float,
+    max_bytes: int,
+    data: bytes | None = None,
+    headers_only: bool = False,
+) -> tuple[bytearray, http.client.HTTPMessage]:
+    """(body, headers) of one GET (or form POST of `data`) that ends within `timeout_s` seconds,
+    connect to last byte, with a body of at most `max_bytes`. Raises FetchError (message starting
+    with `what`) for no answer, an error status, the deadline, a larger answer, or a malformed one.
+    `headers_only` skips the body."""
+    deadline = Deadline(timeout_s)
+    opener = urllib.request.build_opener(_HTTP(deadline), _HTTPS(deadline))
+    try:
+        with opener.open(urllib.request.Request(url, data=data), timeout=timeout_s) as resp:
+            body = bytearray() if headers_only else _read_body(resp, what, max_bytes, deadline)
+            return body, resp.headers
+    except urllib.error.HTTPError as exc:
+        with exc:
+            text = _error_body(exc)
+        raise FetchError(f"{what}: HTTP {exc.code}: {text}", exc.code, text) from None
+    except FetchError:
+        raise
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        raise _mapped(exc, what, timeout_s, deadline) from None
+    finally:
+        deadline.close()
+
+
+def _mapped(exc: BaseException, what: str, timeout_s: float, deadline: Deadline) -> FetchError:
+    """The FetchError for an exchange that failed with `exc`."""
+    if deadline.expired or isinstance(exc, TimeoutError) or "timed out" in str(exc):
+        return FetchError(
+            f"{what}: no complete answer within {timeout_s:.3g} s (the server is slow or stalled; "
+            "raise --timeout, narrow the window or raise --step)",
+            timed_out=True,
+        )
+    return FetchError(f"{what}: {_failure(exc)}")
+
+
+class _Wire:
+    """A socket stand-in that reads from bytes (`answer_from_bytes`)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def makefile(self, mode: str) -> Any:
+        import io
+
+        return io.BufferedReader(io.BytesIO(self.raw))
+
+
+def answer_from_bytes(raw: bytes, what: str, max_bytes: int) -> bytearray:
+    """The body `fetch` reads from an answer whose wire bytes are `raw` (status line, headers,
+    framing and body parsed by the same code, with the same errors): the fuzz bench's entry."""
+    deadline = Deadline(60.0)
+    resp = http.client.HTTPResponse(_Wire(raw), method="POST")  # type: ignore[arg-type]
+    try:
+        resp.begin()
+        if resp.status >= 400:
+            text = printable(resp.read(65536).decode("utf-8", "replace").strip() or resp.reason, MAX_ERROR_CHARS)
+            raise FetchError(f"{what}: HTTP {resp.status}: {text}", resp.status, text)
+        return _read_body(resp, what, max_bytes, deadline)
+    except FetchError:
+        raise
+    except (http.client.HTTPException, OSError, ValueError) as exc:
+        raise _mapped(exc, what, 60.0, deadline) from None
+    finally:
+        resp.close()
+
+
+def _read_body(resp: http.client.HTTPResponse, what: str, max_bytes: int, deadline: Deadline) -> bytearray:
+    declared = (resp.headers.get("Content-Length") or "").strip()
+    digits = declared.isascii() and declared.isdigit()
+    size = int(declared) if digits and len(declared) <= 18 else -1
+    if size > max_bytes or (digits and size < 0):
+        said = in_words(size) if size >= 0 else f"a {len(declared)}-digit length"
+        raise FetchError(
+            f"{what}: the answer declares {said}, more than the {in_words(max_bytes)} "
+            "read at most; narrow the window, raise --step or select fewer series"
+        )
+    buf = bytearray(max(size, 0))
+    view, got = memoryview(buf), 0
+    while got != size:
+        if got == len(buf):  # undeclared (chunked) or longer than declared: grow, up to the cap
+            if got > max_bytes:
+                raise FetchError(
+                    f"{what}: the answer is larger than the {in_words(max_bytes)} read at most; "
+                    "narrow the window, raise --step or select fewer series"
+                )
+            view.release()
+            buf.extend(bytes(min(max(CHUNK, got // 2), max_bytes + 1 - got) or 1))
+            view = memoryview(buf)
+        n = resp.readinto(view[got : got + CHUNK])
+        if not n:
+            break
+        got += n
+        if deadline.expired:
+            raise TimeoutError
+    view.release()
+    if 0 <= got < size:
+        raise FetchError(f"{what}: the answer ended early: {got} of the {size} bytes it declared")
+    del buf[got:]
+    return buf  # not copied to bytes: callers decode it as it is
+
+
+def _error_body(exc: urllib.error.HTTPError) -> str:
+    try:
+        raw = exc.read(65536)
+    except (OSError, http.client.HTTPException, ValueError):
+        raw = b""
+    text = raw.decode("utf-8", "replace").strip()
+    try:
+        doc = json.loads(raw) if raw[:1] == b"{" else None
+        if isinstance(doc, dict) and doc.get("error") is not None:
+            text = str(doc["error"])
+    except (ValueError, RecursionError):
+        pass
+    return printable(text or exc.reason, MAX_ERROR_CHARS)
+
+
+def _failure(exc: BaseException) -> str:
+    """What went wrong with the exchange, in words (one line, printable)."""
+    reason = getattr(exc, "reason", None)
+    if isinstance(exc, urllib.error.URLError) and not isinstance(reason, str):
+        exc = reason if isinstance(reason, BaseException) else exc
+    if isinstance(exc, http.client.BadStatusLine):
+        return f"the answer's status line is not HTTP ({printable(exc, 100)!s}); is this an HTTP server?"
+    if isinstance(exc, http.client.LineTooLong):
+        return f"malformed answer: {printable(exc)} (a header or status line too long)"
+    if isinstance(exc, http.client.IncompleteRead):
+        return f"the answer ended early: {exc.partial.__len__()} bytes read, more expected"
+    if isinstance(exc, http.client.HTTPException):
+        return f"malformed answer: {printable(exc, 200) or type(exc).__name__}"
+    if isinstance(exc, ConnectionResetError | BrokenPipeError | ConnectionAbortedError):
+        return f"the connection was cut mid-answer ({printable(exc, 200)})"
+    if isinstance(exc, ValueError):  # http.client's int() of a bad chunk size line
+        return f"malformed answer (bad chunked encoding?): {printable(exc, 200)}"
+    return f"cannot connect: {printable(getattr(exc, 'strerror', None) or exc, 200)}"
