@@ -102,7 +102,7 @@ def stored_diagnosis(base: str, link: AlertLink, timeout_s: float = 5.0) -> tupl
     """(the stored row, its stable URL) or (None, why not) from `kvscope serve`."""
     url = f"{base.rstrip('/')}/api/v1/diagnoses/latest?{link.query()}"
     try:
-        body = read_url(url, "kvscope serve", timeout_s, 8 << 20, on_status=lambda e: SourceError(f"HTTP {e.code}"))
+        body = read_url(url, "kvscope serve", timeout_s, 8 << 20, on_status=lambda e: SourceError(f"HTTP {e.status}"))
         return json.loads(body), url
     except SourceError as exc:
         text = str(exc)

@@ -170,7 +170,7 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
     return _finish(args, source, _with_changes(source, result, start, end, step))
 
 
-def _with_changes(source: Any, result: Any, start: float | None, end: float | None, step: float) -> Any:
+def _with_changes(source: Source, result: Diagnosis, start: float | None, end: float | None, step: float) -> Diagnosis:
     """The diagnosis with what changed in the window and regressions at matched load (docs/curve.md)."""
     from kvscope.diagnoser.curve.report import attach, pool_curves
     from kvscope.diagnoser.curve.window import read_window
