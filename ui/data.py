@@ -27,7 +27,7 @@ from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding
 from kvscope.diagnoser.render import fmt_time
 from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
-from kvscope.diagnoser.sources.window import Span, read_window
+from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.sources.recording import RecordingSource
@@ -138,6 +138,7 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
     interval as the step unless `step_s`; failed scrapes, vanished series and removed targets
     marked) and rules. The frame keeps every recorded series, for the pages' charts and tables."""
     from kvscope.agent.derive.cascade import evaluate_cascade
+    from kvscope.diagnoser.curve.report import with_changes
     from kvscope.diagnoser.evaluate.evaluator import diagnose
     from kvscope.diagnoser.sources.samples import SamplesSource
     from kvscope.report.weekly import report_window
@@ -149,13 +150,15 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
             raise SourceError("it holds fewer than two scrapes")
         names = {s.name for s in replay.samples}
         frame = read_window(recording, names, Span(), step_s)
+        step = step_s or recording.natural_step() or DEFAULT_STEP_S
+        diagnosis = with_changes(recording, diagnose(frame, source=recording.description), None, None, step)
     except (SourceError, ValueError) as exc:  # ValueError: over the grid's bounds (diagnoser/evaluate/frame.py)
         raise SourceError(f"recording {path} could not be read: {exc}") from exc
     except (EOFError, zlib.error) as exc:  # a gzip cut short (recorder killed mid-write)
         raise SourceError(f"recording {path} is truncated or corrupt: {exc}") from exc
     return TriageData(
         source,
-        diagnose(frame, source=recording.description),
+        diagnosis,
         frame,
         dict(replay.engines),
         evaluate_cascade(replay.samples),

@@ -12,9 +12,10 @@ from kvscope.diagnoser.curve.compare import Thresholds, deltas, verdict
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals, pool_intervals
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point, peak_concurrency
 from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points
-from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL
+from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, read_window
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, EngineChange, Evidence, Finding, LeverAdvice
+from kvscope.diagnoser.sources.window import Source
 
 RULE_ID = "regression_after_change"
 SETTLE_S = 30.0
@@ -185,6 +186,14 @@ def attach(diagnosis: Diagnosis, curves: list[PoolCurve]) -> Diagnosis:
     if diagnosis.likely_cause is None and found:
         return replace(diagnosis, likely_cause=found[0], other=diagnosis.other + tuple(found[1:]), changes=changes)
     return replace(diagnosis, other=diagnosis.other + tuple(found), changes=changes)
+
+
+def with_changes(
+    source: Source, diagnosis: Diagnosis, start: float | None, end: float | None, step: float
+) -> Diagnosis:
+    """`diagnosis` with what changed in the window and regressions at matched load, from the curve
+    of the same window of `source` (docs/curve.md): what `kvscope diagnose` and the UI both show."""
+    return attach(diagnosis, pool_curves(read_window(source, start, end, step)))
 
 
 def _follow_up(j: JudgedChange, diagnosis: Diagnosis) -> dict:

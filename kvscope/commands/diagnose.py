@@ -167,15 +167,9 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
     except ValueError as exc:
         return fail("diagnose", exc, EXIT_USAGE)
     result = diagnose(frame, rules, params=params, source=source.description, time_scale=args.time_scale)
-    return _finish(args, source, _with_changes(source, result, start, end, step))
+    from kvscope.diagnoser.curve.report import with_changes
 
-
-def _with_changes(source: Source, result: Diagnosis, start: float | None, end: float | None, step: float) -> Diagnosis:
-    """The diagnosis with what changed in the window and regressions at matched load (docs/curve.md)."""
-    from kvscope.diagnoser.curve.report import attach, pool_curves
-    from kvscope.diagnoser.curve.window import read_window
-
-    return attach(result, pool_curves(read_window(source, start, end, step)))
+    return _finish(args, source, with_changes(source, result, start, end, step))
 
 
 def _fleet(
