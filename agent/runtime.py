@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from kvscope.agent import collectors as collectors_pkg
 from kvscope.agent.collectors.base import Collection, Collector, Health, registered_collectors
 from kvscope.agent.config import AgentConfig
-from kvscope.agent.ratelog import warn_every
+from kvscope.agent.ratelog import ChangeLog, warn_every
 from kvscope.agent.scrape.stamped import Parts, Stamped
 from kvscope.agent.signals import Labels, NameTest, Sample, make_labels
 
@@ -235,6 +235,9 @@ class AgentRuntime:
         self.state = AgentState(jobs={t.instance: t.job for t in config.targets})
         self._resets = CounterResets()
         self._stop = asyncio.Event()
+        self._urls = {t.instance: t.url for t in config.targets}
+        self.changes = ChangeLog(log)
+        """Logs each target's and collector's state changes (down with reason, up again)."""
 
     async def run_cycle(self) -> None:
         """Collect once from every collector (concurrently), then derive and store."""
@@ -278,12 +281,15 @@ class AgentRuntime:
     def _absorb(self, name: str, collection: Collection, status: tuple[bool, str, float]) -> None:
         st = self.state
         st.collector_status[name] = status
+        self.changes.observe(f"collector:{name}", f"collector {name}", status[0], status[1])
         st.samples[name] = collection.samples
         st.health[name] = collection.health
         st.facts.update(collection.facts)
         st.engines.update(collection.engines)
         for h in collection.health:
             if h.target:
+                what = f"target {self._urls.get(h.target, h.target)} ({name})"
+                self.changes.observe(f"target:{name}:{h.target}", what, h.up, h.reason)
                 for reason, n in h.errors.items():
                     st.scrape_errors[(st.jobs.get(h.target, name), h.target, reason)] += n
             for reason, n in h.dropped.items():

@@ -120,7 +120,7 @@ def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
     t = _tree(f)
     if t is None:
         return []
-    names = {i.series: i.name for i in t.evidence}
+    names = {i.series: i.name for i in t.evidence} | {e.key: e.name for e in f.evidence if e.key}  # as evaluated
     blocks = [t.when] + list(t.cascade.stages if t.cascade else ())
     out = []
     for c in (c for b in blocks if b for c in b.conds if isinstance(c.right, Baseline)):
@@ -185,7 +185,9 @@ def render_summary(f: Finding) -> str:
     rule = _shipped().get(f.rule_id)
     items = rule.tree.evidence if rule else ()
     template = rule.tree.meta.get("summary") if rule else None
-    if not template or [i.name for i in items] != [e.name for e in f.evidence]:
+    keys = [e.key for e in f.evidence]  # names carry the range used ({range}): match by series
+    same = keys == [i.series for i in items] if all(keys) else [i.name for i in items] == [e.name for e in f.evidence]
+    if not template or not same:
         return f.summary
     by_series = {i.series: e for i, e in zip(items, f.evidence, strict=True)}
 

@@ -21,7 +21,7 @@ import numpy as np
 from kvscope.diagnoser.citations import cite_all, cite_text
 from kvscope.diagnoser.evaluate.conditions import ConditionEvaluator, Evaluated, first_run, latest_run, run_lengths
 from kvscope.diagnoser.evaluate.confidence import before_symptom, direct_present, settle
-from kvscope.diagnoser.evaluate.expr import Grouped, SeriesEvaluator, promql
+from kvscope.diagnoser.evaluate.expr import Grouped, SeriesEvaluator, evidence_name, promql
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import (
     MECHANISM_OFF,
@@ -348,7 +348,7 @@ def _evidence(
         cond = thresholds.get(item.series)
         out.append(
             Evidence(
-                name=item.name,
+                name=evidence_name(rule, item, ce.ev.frame.step, held),
                 value=None if value is None else round(value, 6),
                 unit=item.unit,
                 series=promql(rule, item.series, ce.ev.frame.step, held),

@@ -109,7 +109,7 @@ class SeriesEvaluator:
 
     def _k(self, seconds: float, least: int = 1) -> int:
         """A rule duration (time-scaled) in whole grid steps, at least `least`."""
-        return max(least, int(round(seconds * self.rule.time_scale / (self.frame.step or 1.0))))
+        return grid_steps(seconds * self.rule.time_scale, self.frame.step, least)
 
     def _rows(
         self, name: str, by: tuple[str, ...], extra: tuple[str, ...] = (), match: tree.Match = (), seen: bool = False
@@ -372,6 +372,54 @@ def _quantiles(
             rows = key_rows[rows]
         out[gis] = grid.bucket_quantile(q, les, summed, rows)
     return groups, out
+
+
+def grid_steps(seconds: float, step: float, least: int = 1) -> int:
+    """`seconds` in whole grid steps (at least `least`): how the evaluator reads every range."""
+    return max(least, int(round(seconds / (step or 1.0))))
+
+
+RANGE_FIELD = "{range}"
+"""In an evidence name, the range its series was read over, in words ("mean over {range}")."""
+
+
+def range_used(rule: Rule, name: str, step: float | None = None, held: float | None = None) -> float | None:
+    """Seconds of the trailing range the series `name` is read over: time-scaled, in whole grid
+    `step`s (a slope at least three) and no longer than the `held` seconds of data, as evaluated
+    and as `promql` prints it; as written without a step. None for a series without a range."""
+    node = rule.tree.series.get(name)
+    rng = float(getattr(node, "rng", 0.0) or 0.0)
+    if not rng:
+        return None
+    seconds = rng * rule.time_scale
+    if step:
+        least = grid.DERIV_MIN_POINTS if isinstance(node, tree.Deriv | tree.Predict) else 1
+        seconds = grid_steps(seconds, step, least) * step
+    return seconds if held is None else min(seconds, max(step or 0.0, held))
+
+
+def duration_words(seconds: float) -> str:
+    """A range for a reader: "5 s", "2.5 s", "1 min", "1 min 30 s", "2 h 5 min" (to the whole
+    second from 10 s up: a 10.001 s grid step reads "10 s")."""
+    if seconds < 10:
+        return f"{round(seconds, 1):g} s"
+    m, s = divmod(int(round(seconds)), 60)
+    if not m:
+        return f"{s} s"
+    h, m = divmod(m, 60)
+    if not h:
+        return f"{m} min" + (f" {s} s" if s else "")
+    return f"{h} h" + (f" {m} min" if m else "")
+
+
+def evidence_name(rule: Rule, item: tree.Evidence, step: float | None = None, held: float | None = None) -> str:
+    """An evidence item's label, its `{range}` written from the range its series was read over
+    (`range_used`): "waiting requests (mean over 9 s)" where a scaled window read 9 s, never the
+    words of the rule as written."""
+    if RANGE_FIELD not in item.name:
+        return item.name
+    seconds = range_used(rule, item.series, step, held)
+    return item.name.replace(RANGE_FIELD, "its range" if seconds is None else duration_words(seconds))
 
 
 def promql(rule: Rule, name: str, step: float | None = None, held: float | None = None) -> str:

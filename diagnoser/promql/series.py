@@ -33,10 +33,14 @@ SUBQUERY_COST = 10
 
 
 def prom_duration(value: Any) -> str:
-    """A Prometheus duration for a rule duration (`2m`, `90s`, or seconds as a number), compound
-    and exact: `2m`, `1m30s`, `39m19s800ms`."""
-    left, parts = int(round(parse_duration(value) * 1000)), []
-    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+    """A Prometheus duration for a rule duration (`2m`, `90s`, or seconds as a number), exact to
+    the millisecond: whole seconds compound (`2m`, `1m30s`, `1h5m`), anything else in milliseconds
+    alone (`200ms`, `10001ms`: a 10.001 s grid step), never a mix such as `10s1ms`."""
+    ms = int(round(parse_duration(value) * 1000))
+    if ms % 1000:
+        return f"{ms}ms"
+    left, parts = ms // 1000, []
+    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
         n, left = divmod(left, size)
         if n:
             parts.append(f"{n}{unit}")

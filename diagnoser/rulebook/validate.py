@@ -230,6 +230,8 @@ def check_evidence(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
             yield _issue(rule, at, f"evidence reads unknown series {item.series!r}", "series")
         if item.stat not in STATS:
             yield _issue(rule, at, f"stat {item.stat!r} is not one of {list(STATS)}", "stat")
+        if "{range}" in item.name and not getattr(t.series.get(item.series), "rng", 0.0):
+            yield _issue(rule, at, f"name says {{range}} but series {item.series!r} has no range", "name")
     try:
         fields = {f for _, f, _, _ in string.Formatter().parse(str(t.meta.get("summary", ""))) if f}
     except ValueError as exc:
