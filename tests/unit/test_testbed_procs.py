@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import socket
 import sys
-import time
 
 import pytest
 
@@ -55,12 +54,12 @@ def test_wait_until_times_out_with_what_and_the_logs():
 
 
 def test_a_process_that_exits_fails_the_wait_at_once_with_its_log(tmp_path):
-    t0 = time.monotonic()
+    # Causal, not timed: ProcessExited (not WaitTimeout) before the 300 s ceiling means the wait
+    # ended on the exit; a loaded box can slow that, never turn it into a timeout.
     with ProcessGroup(tmp_path) as group:
         proc = group.start("crasher", [PY, "-c", "import sys; print('boom: bad flag'); sys.exit(3)"])
         with pytest.raises(ProcessExited, match=r"(?s)crasher exited with 3.*boom: bad flag"):
-            wait_http(f"http://127.0.0.1:{free_port()}/", 30, procs=(proc,))
-    assert time.monotonic() - t0 < 20
+            wait_http(f"http://127.0.0.1:{free_port()}/", 300, procs=(proc,))
 
 
 def test_running_kills_and_reaps_a_process_that_ignores_sigterm(tmp_path):
