@@ -87,7 +87,7 @@ def test_agent_process_serves_stores_and_stops_cleanly_on_sigterm(target, tmp_pa
 def stop_and_read(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
     proc.send_signal(sig)
     try:
-        _, err = proc.communicate(timeout=20)
+        _, err = proc.communicate(timeout=300)  # flushes the store on the way out; a hang guard only
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()

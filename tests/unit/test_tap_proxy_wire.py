@@ -257,7 +257,7 @@ def test_a_slow_client_pauses_the_upstream_and_still_gets_every_byte():
         w.write(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         # the client does not read for a while: the kernel buffers (tap -> client send buffer at most
         # tcp_wmem's 4 MiB) fill up, then the tap's own buffer, then the tap stops reading upstream
-        await until(lambda: any(u.paused for u in tap.pool.busy), timeout_s=20)
+        await until(lambda: any(u.paused for u in tap.pool.busy), timeout_s=120)  # hang guard only
         paused = [u.paused for u in tap.pool.busy]
         data = bytearray()
         while not data.endswith(b"0\r\n\r\n"):
