@@ -27,6 +27,7 @@ def get(url: str) -> bytes | None:
 
 
 def wait_for(pred, timeout_s: float, what: str):
+    """Poll until pred() holds; ceilings are hang guards only, sized for a loaded 2-core box."""
     return wait_until(pred, timeout_s, what, interval_s=0.2)
 
 
@@ -60,13 +61,13 @@ def test_agent_process_serves_stores_and_stops_cleanly_on_sigterm(target, tmp_pa
         ]
     )
     try:
-        wait_for(lambda: get(base + "/-/ready"), 30, "agent ready")
+        wait_for(lambda: get(base + "/-/ready"), 180, "agent ready")
 
         def healthy_after_three_cycles():  # a loaded CI box may time a scrape out now and then
             data = json.loads(get(base + "/api/v1/health") or b'{"data": {"cycles": 0}}')["data"]
             return data["cycles"] >= 3 and [t["reason"] for t in data["targets"]] == ["ok"] and data
 
-        health = wait_for(healthy_after_three_cycles, 60, "three cycles with the target up")
+        health = wait_for(healthy_after_three_cycles, 180, "three cycles with the target up")
         assert set(health["collectors"]) == {
             "engine",
             "derive_engine_gpu",
@@ -160,7 +161,7 @@ def test_record_stops_on_ctrl_c_and_leaves_a_valid_file(target, tmp_path):
         env=env,
     )
     try:
-        wait_for(lambda: sum(f.stat().st_size for f in spool.rglob("*.om")) > 150_000, 60, "two scrapes spooled")
+        wait_for(lambda: sum(f.stat().st_size for f in spool.rglob("*.om")) > 150_000, 180, "two scrapes spooled")
     finally:
         rc, err = stop_and_read(proc, signal.SIGINT)
     assert rc == 0, err

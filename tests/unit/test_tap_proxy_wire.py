@@ -21,8 +21,9 @@ def _chunked(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-async def _exchange(port: int, raw: bytes, until: bytes = b"\x00", timeout_s: float = 10.0) -> bytes:
-    """Send raw bytes to the tap; read until `until` appeared once per request sent, or the tap closes."""
+async def _exchange(port: int, raw: bytes, until: bytes = b"\x00", timeout_s: float = 60.0) -> bytes:
+    """Send raw bytes to the tap; read until `until` appeared once per request sent, or the tap closes.
+    `timeout_s` per read is a hang guard only (a loaded box is slow)."""
     r, w = await asyncio.open_connection("127.0.0.1", port)
     w.write(raw)
     want = max(1, raw.count(b" HTTP/1.1\r\n"))
