@@ -70,7 +70,7 @@ def _active_alert(prom_url: str) -> dict | None:
 
 def _post(url: str, doc: dict) -> dict:
     req = urllib.request.Request(url, json.dumps(doc).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - a local test server
+    with urllib.request.urlopen(req, timeout=120) as resp:  # noqa: S310 - a local test server
         return json.load(resp)
 
 
@@ -140,9 +140,10 @@ def test_an_alerts_runbook_url_opens_its_triage_page(tmp_path: Path):
                 browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
                 try:
                     page = browser.new_page(viewport={"width": 1400, "height": 1600})
+                    page.set_default_timeout(180_000)  # waits end when the UI shows; a hang guard only
                     page.goto(url)
                     page.get_by_text(f"Alert {ALERT}", exact=True).wait_for(timeout=120_000)
-                    page.get_by_text("Stored diagnosis").first.wait_for(timeout=60_000)
+                    page.get_by_text("Stored diagnosis").first.wait_for(timeout=180_000)
                     body = page.inner_text("body")
                     page.screenshot(path=str(tmp_path / "alert-link.png"))
                 finally:

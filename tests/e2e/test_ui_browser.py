@@ -56,7 +56,11 @@ def page(served):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
         try:
-            yield browser.new_page(viewport={"width": 1400, "height": 2400})
+            page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            # Every wait ends as soon as Streamlit shows what it waits for; the generous ceiling is a
+            # hang guard only (a loaded 2-core box renders slowly).
+            page.set_default_timeout(180_000)
+            yield page
         finally:
             browser.close()
 
@@ -66,7 +70,7 @@ FIRST_SCREEN = {"width": 1400, "height": 900}
 
 
 def _settled(page) -> None:
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=180_000)
 
 
 def _on_first_screen(page, text: str) -> bool:
@@ -80,12 +84,12 @@ def test_triage_page_shows_the_likely_cause(served, page):
     assert likely is not None, "the real incident recording should produce a likely cause"
     page.set_viewport_size(FIRST_SCREEN)
     page.goto(server.url)
-    page.get_by_text("Likely cause", exact=True).wait_for(timeout=90_000)
-    page.get_by_text(likely.title).first.wait_for(timeout=30_000)
+    page.get_by_text("Likely cause", exact=True).wait_for(timeout=180_000)
+    page.get_by_text(likely.title).first.wait_for(timeout=180_000)
     _settled(page)
     # the script streams the page top-down and the status widget can be gone before the last
     # element arrives: wait for the card's last line (its sources) before reading the text
-    page.get_by_text("Sources: ").first.wait_for(timeout=60_000)
+    page.get_by_text("Sources: ").first.wait_for(timeout=180_000)
     body = page.inner_text("body")
     assert likely.rule_id in body
     assert "Router decisions" not in body and not data.router_rows()  # no router exported decisions: not shown
@@ -103,14 +107,14 @@ def test_triage_page_shows_the_likely_cause(served, page):
     assert _on_first_screen(page, "When:")
     # one chart per evidence signal, TTFT (the symptom) included, each with the period shaded
     charts = page.locator('[data-testid="stVegaLiteChart"], .vega-embed')
-    charts.first.wait_for(timeout=60_000)
+    charts.first.wait_for(timeout=180_000)
     shown = [name for name, _, _ in evidence_charts(data, likely)]
     assert any("TTFT" in name for name in shown), shown  # the symptom is charted with the cause
     for name in shown:
         assert name in body
     assert page.locator(".vega-embed").count() >= len(shown) + 1  # the evidence charts + the timeline
     assert "shaded: the finding's period" in body
-    page.locator('[data-testid="stDataFrame"] canvas').first.wait_for(timeout=60_000)
+    page.locator('[data-testid="stDataFrame"] canvas').first.wait_for(timeout=180_000)
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "ui-triage-first-screen.png"))
     page.set_viewport_size({"width": 1400, "height": 3400})
@@ -124,13 +128,13 @@ def test_cascades_page_says_how_far_the_incident_went(served, page):
     ARTIFACTS.mkdir(exist_ok=True)
     page.set_viewport_size({"width": 1400, "height": 1400})
     page.goto(server.url)
-    page.get_by_text("Likely cause", exact=True).wait_for(timeout=90_000)
+    page.get_by_text("Likely cause", exact=True).wait_for(timeout=180_000)
     page.locator('[data-testid="stSidebar"]').get_by_text("Cascades", exact=True).click()
-    page.get_by_text("Memory-pressure cascades").first.wait_for(timeout=60_000)
+    page.get_by_text("Memory-pressure cascades").first.wait_for(timeout=180_000)
     _settled(page)
     cascade = next((f for f in data.diagnosis.findings if f.cascade), None)
     if cascade is not None:
-        page.get_by_text("Shaded: the cascade finding's period").first.wait_for(timeout=60_000)
+        page.get_by_text("Shaded: the cascade finding's period").first.wait_for(timeout=180_000)
         assert page.locator(".vega-embed").count() >= 3
     page.wait_for_timeout(1000)
     page.screenshot(path=str(ARTIFACTS / "ui-cascades.png"))
@@ -140,7 +144,7 @@ def test_sizing_page_in_the_browser(served, page):
     server, _ = served
     page.goto(server.url)
     page.get_by_text("Sizing calculator").first.click()
-    page.get_by_text("327,680").first.wait_for(timeout=60_000)
+    page.get_by_text("327,680").first.wait_for(timeout=180_000)
     page.screenshot(path=str(ARTIFACTS / "ui-sizing.png"), full_page=True)
 
 
@@ -157,7 +161,7 @@ def test_triage_page_shows_the_routers_decisions_beside_the_findings(page, tmp_p
     with UiServer(source, free_port(), log_path=tmp_path / "streamlit.log") as server:
         server.wait_healthy(90)
         page.goto(server.url)
-        page.get_by_text("Router decisions", exact=True).wait_for(timeout=90_000)
+        page.get_by_text("Router decisions", exact=True).wait_for(timeout=180_000)
         _settled(page)
         body = page.inner_text("body")
         n = row["decisions"]

@@ -27,6 +27,7 @@ def get(url: str) -> bytes | None:
 
 
 def wait_for(pred, timeout_s: float, what: str):
+    """Poll until pred() holds; ceilings are hang guards only, sized for a loaded 2-core box."""
     return wait_until(pred, timeout_s, what, interval_s=0.2)
 
 
@@ -60,13 +61,13 @@ def test_agent_process_serves_stores_and_stops_cleanly_on_sigterm(target, tmp_pa
         ]
     )
     try:
-        wait_for(lambda: get(base + "/-/ready"), 30, "agent ready")
+        wait_for(lambda: get(base + "/-/ready"), 180, "agent ready")
 
         def healthy_after_three_cycles():  # a loaded CI box may time a scrape out now and then
             data = json.loads(get(base + "/api/v1/health") or b'{"data": {"cycles": 0}}')["data"]
             return data["cycles"] >= 3 and [t["reason"] for t in data["targets"]] == ["ok"] and data
 
-        health = wait_for(healthy_after_three_cycles, 60, "three cycles with the target up")
+        health = wait_for(healthy_after_three_cycles, 180, "three cycles with the target up")
         assert set(health["collectors"]) == {
             "engine",
             "derive_engine_gpu",
@@ -87,7 +88,7 @@ def test_agent_process_serves_stores_and_stops_cleanly_on_sigterm(target, tmp_pa
 def stop_and_read(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
     proc.send_signal(sig)
     try:
-        _, err = proc.communicate(timeout=20)
+        _, err = proc.communicate(timeout=300)  # flushes the store on the way out; a hang guard only
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
@@ -104,7 +105,7 @@ def test_agent_refuses_a_port_in_use(tmp_path):
             [sys.executable, "-m", "kvscope", "agent", "--store.path", "", "--web.listen-address", f"127.0.0.1:{port}"],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=300,  # a hang guard only (slow on a loaded 2-core box)
         )
     assert res.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in res.stderr
@@ -126,7 +127,7 @@ def test_agent_stops_at_start_when_the_store_cannot_be_opened(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=300,  # a hang guard only (slow on a loaded 2-core box)
     )
     assert res.returncode == 1
     assert "store:" in res.stderr and "Traceback" not in res.stderr
@@ -160,7 +161,7 @@ def test_record_stops_on_ctrl_c_and_leaves_a_valid_file(target, tmp_path):
         env=env,
     )
     try:
-        wait_for(lambda: sum(f.stat().st_size for f in spool.rglob("*.om")) > 150_000, 60, "two scrapes spooled")
+        wait_for(lambda: sum(f.stat().st_size for f in spool.rglob("*.om")) > 150_000, 180, "two scrapes spooled")
     finally:
         rc, err = stop_and_read(proc, signal.SIGINT)
     assert rc == 0, err
@@ -190,14 +191,14 @@ def test_record_rejects_a_bad_duration_and_missing_targets(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=300,  # a hang guard only (slow on a loaded 2-core box)
     )
     assert bad.returncode == 2 and "--duration: must be a positive duration" in bad.stderr
     none = subprocess.run(
         [sys.executable, "-m", "kvscope", "record", "--duration", "1s", "--out", str(tmp_path / "x.om")],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=300,  # a hang guard only (slow on a loaded 2-core box)
         env={"PATH": "/usr/bin:/bin"},
     )
     assert none.returncode == 2 and "no targets" in none.stderr

@@ -62,7 +62,7 @@ def llama_server():
         yield srv
 
 
-def _collector(srv: LlamaCppServer, timeout_s: float = 10.0) -> EngineCollector:
+def _collector(srv: LlamaCppServer, timeout_s: float = 30.0) -> EngineCollector:  # generous: engine busy on 2 cores
     target = Target(url=srv.metrics_url, job="llamacpp", instance="replica-0")
     return EngineCollector(AgentConfig(targets=[target], interval_s=60.0, timeout_s=timeout_s))
 

@@ -44,8 +44,9 @@ def _sdk_export(port: int, compression: Compression = Compression.NoCompression,
     provider.shutdown()
 
 
-async def until(cond, timeout_s=15.0):
-    """Wait until cond() holds: stitching runs on a timer, and a busy machine is slow."""
+async def until(cond, timeout_s=120.0):
+    """Wait until cond() holds: stitching runs on a timer, and a busy machine is slow (the
+    generous ceiling is a hang guard only; the wait ends as soon as cond() holds)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not cond() and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)

@@ -18,8 +18,15 @@ pytestmark = [
 ]
 
 
+# Only a guard against a hung promtool: `test rules candidates.test.yml` alone took 154 s on a
+# loaded 2-core CI box, so the ceiling is generous; a normal run returns as soon as promtool exits.
+PROMTOOL_TIMEOUT_S = 900
+
+
 def _promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["promtool", *map(str, args)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run(
+        ["promtool", *map(str, args)], capture_output=True, text=True, timeout=PROMTOOL_TIMEOUT_S, cwd=ROOT
+    )
 
 
 def test_generated_rule_files_exist():

@@ -263,7 +263,11 @@ def test_the_candidate_holds_wherever_the_evaluator_fires(rule_path, test_file, 
     }
     (tmp_path / "case.test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
     proc = subprocess.run(
-        ["promtool", "test", "rules", "case.test.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        ["promtool", "test", "rules", "case.test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,  # a hang guard only (slow on a loaded 2-core box)
     )
     out = proc.stdout + proc.stderr
     got: set[tuple] = set()

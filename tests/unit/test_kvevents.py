@@ -219,7 +219,10 @@ def test_a_dead_subscriber_loop_shows_in_health(tmp_path):
         sub._task.cancel()
         sub._sock.close(linger=0)  # the receive loop's socket fails:
         sub._task = asyncio.create_task(sub._loop())  # recv raises ZMQError, the loop ends
-        await asyncio.sleep(0.1)
+        for _ in range(1200):  # until it has ended: 60 s is a hang guard only (a loaded box is slow)
+            if sub._task.done():
+                break
+            await asyncio.sleep(0.05)
         down = (await coll.collect()).health[0]
         await sub.stop()
         ctx.term()

@@ -210,8 +210,10 @@ def test_driver_stops_at_duration():
             await site.stop()
 
     res = asyncio.run(go())
-    assert res.wall_s < 3.0  # stops taking requests at 1 s; in-flight ones (0.3 s) finish
-    assert 2 <= len(res.records) <= 10  # 2 clients x ~0.3 s per request within the 1 s bound
+    # Stopped by duration, not by max_requests: each request takes at least 0.3 s, so 2 clients fit
+    # at most ~8 in 1 s (a loaded box only makes fewer), far from the 10,000 allowed. A count, not a
+    # wall-clock bound, so a stalled process cannot fail it.
+    assert 2 <= len(res.records) <= 10
     assert {r.error for r in res.records} == {"http_503"}
 
 

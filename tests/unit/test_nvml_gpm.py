@@ -250,5 +250,7 @@ def test_the_reexported_gpm_and_clock_event_series_pass_promtool(h100):
     body = "".join(lines)
     assert 'kvscope_gpu_sm_occupancy_ratio{gpu="0"' in body
     assert 'kvscope_gpu_clock_event_active_by_reason{gpu="1"' in body and 'reason="sync_boost"} 1' in body
-    res = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=300
+    )  # a hang guard only (slow on a loaded 2-core box)
     assert res.returncode == 0 and not (res.stdout + res.stderr).strip(), res.stdout + res.stderr

@@ -78,7 +78,9 @@ def test_ui_pages(monkeypatch, page):
     for var in ui_data.ENV.values():
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv(ui_data.ENV["recording"], str(RECORDING))
-    at = AppTest.from_file(str(Path(ui_data.__file__).with_name("app.py")), default_timeout=120).run()
+    at = AppTest.from_file(
+        str(Path(ui_data.__file__).with_name("app.py")), default_timeout=300
+    ).run()  # a hang guard only (slow on a loaded 2-core box)
     if page != "Triage":
         at.sidebar.radio[0].set_value(page).run()
     assert not at.exception

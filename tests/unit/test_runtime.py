@@ -40,7 +40,7 @@ class HangingCollector:
     name = "hanging"
 
     async def collect(self) -> Collection:
-        await asyncio.sleep(60)
+        await asyncio.sleep(3600)  # far past any timeout: the cycle ends only if the runtime cuts it
         return Collection()
 
     async def close(self) -> None:
@@ -88,11 +88,12 @@ def test_derive_hook_output_is_stored_and_reexported_and_a_failing_hook_is_repor
 
 
 def test_a_hanging_collector_times_out_and_the_cycle_completes():
+    """Causal, not timed: the collector sleeps an hour, so a cycle that returns was cut by the
+    runtime's collect timeout (1 s here). The 300 s ceiling only turns a regression into a failure
+    instead of an hour-long hang."""
     static = StaticCollector()
     rt = AgentRuntime(config(1.0), [HangingCollector(), static], None)
-    t0 = time.monotonic()
-    asyncio.run(rt.run_cycle())
-    assert time.monotonic() - t0 < 5
+    asyncio.run(asyncio.wait_for(rt.run_cycle(), 300))
     assert rt.state.collector_status["hanging"][:2] == (False, "collect_timeout")
     assert rt.state.collector_status["static"][:2] == (True, "ok")
     assert static.calls == 1
@@ -105,20 +106,43 @@ def test_a_collector_reporting_itself_down_carries_its_reason():
 
 
 def test_run_keeps_the_cadence_and_stops_promptly():
+    """Load-proof: ticks keep coming (wait for 3, however slow the box), never faster than the
+    interval (a stalled loop only makes fewer ticks), and stop() ends the loop without another cycle."""
     static = StaticCollector()
     rt = AgentRuntime(config(0.2), [static], None)
 
     async def main():
         task = asyncio.create_task(rt.run())
-        await asyncio.sleep(0.9)
-        rt.stop()
         t0 = time.monotonic()
+        while static.calls < 3:  # a generous ceiling only guards against a loop that stopped ticking
+            assert time.monotonic() - t0 < 300 and not task.done(), f"{static.calls} ticks"
+            await asyncio.sleep(0.05)
+        elapsed = time.monotonic() - t0
+        calls = static.calls
+        rt.stop()
         await task
-        return time.monotonic() - t0
+        return elapsed, calls
 
-    stop_s = asyncio.run(main())
-    assert stop_s < 0.5
-    assert 3 <= static.calls <= 6  # 0.9 s at 0.2 s: ticks at 0, 0.2, ... 0.8 (slack for a busy CI box)
+    elapsed, calls = asyncio.run(main())
+    assert calls <= elapsed / 0.2 + 2  # ticks at 0, 0.2, 0.4, ...: never ahead of the cadence
+    assert static.calls == calls  # stopped: no cycle after stop()
+
+
+def test_stop_wakes_the_loop_instead_of_sleeping_out_the_interval():
+    """Causal, not timed: with an hour between ticks, the loop ends after stop() only if stop()
+    wakes it; the 300 s ceiling turns a regression into a failure instead of an hour-long hang."""
+    static = StaticCollector()
+    rt = AgentRuntime(config(3600.0), [static], None)
+
+    async def main():
+        task = asyncio.create_task(rt.run())
+        while static.calls < 1:
+            await asyncio.sleep(0.01)
+        rt.stop()
+        await asyncio.wait_for(task, 300)
+
+    asyncio.run(main())
+    assert static.calls == 1
 
 
 def test_a_cycle_that_raises_is_reported_and_the_loop_goes_on():

@@ -27,8 +27,10 @@ async def _serve(handler: Handler) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}/metrics"
 
 
-def scrape(handler: Handler, timeout_s: float = 2.0, max_bytes: int = 1 << 20):
-    """Serve `handler`, scrape it once, stop the server; returns the Payload or raises ScrapeError."""
+def scrape(handler: Handler, timeout_s: float = 60.0, max_bytes: int = 1 << 20):
+    """Serve `handler`, scrape it once, stop the server; returns the Payload or raises ScrapeError.
+    The default deadline is a hang guard only (a scrape ends at the reply); tests of the timeout
+    itself pass a short one to a handler that never answers in time."""
 
     async def main():
         runner, url = await _serve(handler)
@@ -74,9 +76,9 @@ def test_read_exposition_sends_accept_and_timeout_headers():
         seen.update(request.headers)
         return web.Response(text=BODY)
 
-    scrape(echo, timeout_s=1.5)
+    scrape(echo, timeout_s=59.5)  # generous: a stalled box must not time the scrape out
     assert "text/plain;version=0.0.4" in seen["Accept"]
-    assert seen["X-Prometheus-Scrape-Timeout-Seconds"] == "1.5"
+    assert seen["X-Prometheus-Scrape-Timeout-Seconds"] == "59.5"
 
 
 @pytest.mark.parametrize("status", [404, 500, 503])

@@ -240,7 +240,7 @@ def test_snapshot_gives_counters_now_and_file_sizes_from_the_writer_thread(tmp_p
     s = SqliteStore(tmp_path / "kv.db", flush_interval_s=0.05)
     now = time.time()  # recent: the writer thread also applies age retention
     s.write([Sample("x", A, 1.0, now), Sample("x", B, 2.0, now)])
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # ends at the writer pass; the ceiling is a hang guard only
     while s.snapshot().rows < 2 and time.monotonic() < deadline:  # the writer pass after the commit
         time.sleep(0.02)
     snap = s.snapshot()

@@ -67,8 +67,9 @@ class Stub:
         return SimpleNamespace(cleanup=self.stop)
 
 
-async def until(cond, timeout_s=10.0):
-    """Wait until cond() holds (a busy machine may take a while to notice a closed socket)."""
+async def until(cond, timeout_s=120.0):
+    """Wait until cond() holds (a busy machine may take a while to notice a closed socket); the
+    generous ceiling is a hang guard only, the wait ends as soon as cond() holds."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not cond() and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.02)

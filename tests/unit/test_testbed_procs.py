@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import socket
 import sys
-import time
 
 import pytest
 
@@ -46,7 +45,7 @@ def test_wait_until_returns_the_first_truthy_result_and_treats_oserror_as_not_ye
             raise item
         return item
 
-    assert wait_until(check, 5, "ready", interval_s=0.01) == "ready"
+    assert wait_until(check, 60, "ready", interval_s=0.01) == "ready"
 
 
 def test_wait_until_times_out_with_what_and_the_logs():
@@ -55,18 +54,18 @@ def test_wait_until_times_out_with_what_and_the_logs():
 
 
 def test_a_process_that_exits_fails_the_wait_at_once_with_its_log(tmp_path):
-    t0 = time.monotonic()
+    # Causal, not timed: ProcessExited (not WaitTimeout) before the 300 s ceiling means the wait
+    # ended on the exit; a loaded box can slow that, never turn it into a timeout.
     with ProcessGroup(tmp_path) as group:
         proc = group.start("crasher", [PY, "-c", "import sys; print('boom: bad flag'); sys.exit(3)"])
         with pytest.raises(ProcessExited, match=r"(?s)crasher exited with 3.*boom: bad flag"):
-            wait_http(f"http://127.0.0.1:{free_port()}/", 30, procs=(proc,))
-    assert time.monotonic() - t0 < 20
+            wait_http(f"http://127.0.0.1:{free_port()}/", 300, procs=(proc,))
 
 
 def test_running_kills_and_reaps_a_process_that_ignores_sigterm(tmp_path):
     log = tmp_path / "stubborn.log"
     with running([PY, "-u", "-c", IGNORES_SIGTERM], log, stop_timeout_s=0.5) as proc:
-        wait_until(lambda: "up" in log.read_text(), 20, "the child to start")
+        wait_until(lambda: "up" in log.read_text(), 120, "the child to start")
     assert proc.returncode == -signal.SIGKILL
 
 
@@ -75,7 +74,7 @@ def test_process_group_stops_everything_even_when_the_test_fails(tmp_path):
     with pytest.raises(RuntimeError), group:
         a = group.start("a", [PY, "-c", "import time; time.sleep(60)"])
         b = group.start("b", [PY, "-u", "-c", IGNORES_SIGTERM])
-        wait_until(lambda: "up" in group.log("b"), 20, "b to start")
+        wait_until(lambda: "up" in group.log("b"), 120, "b to start")
         raise RuntimeError("the test failed")
     assert a.returncode == -signal.SIGTERM and b.returncode == -signal.SIGKILL
     assert group.procs == []

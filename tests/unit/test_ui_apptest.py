@@ -65,7 +65,7 @@ def _app(monkeypatch, recording: Path | None) -> AppTest:
         monkeypatch.delenv(var, raising=False)
     if recording is not None:
         monkeypatch.setenv(ui_data.ENV["recording"], str(recording))
-    return AppTest.from_file(APP, default_timeout=120)
+    return AppTest.from_file(APP, default_timeout=300)  # a hang guard only (slow on a loaded 2-core box)
 
 
 def test_triage_shows_the_likely_cause_with_evidence_and_levers(monkeypatch, kv_incident):
