@@ -286,7 +286,8 @@ def gap(rec: Recording, meta: dict[str, Any]) -> Recording:
 
 def counter_reset(rec: Recording, meta: dict[str, Any]) -> Recording:
     """One replica restarts its counters mid-recording (every counter and histogram restarts
-    from 0 and keeps counting at the same rate); its gauges are unchanged."""
+    from 0 and keeps counting at the same rate, until the recording's own next restart of that
+    series); its gauges are unchanged."""
     target = _chosen_target(rec)
     mine = sorted((sc for sc in rec.scrapes if (sc.job, sc.instance) == target), key=lambda s: s.timestamp)
     lo, hi = _phase_span(rec, meta)
@@ -298,21 +299,32 @@ def counter_reset(rec: Recording, meta: dict[str, Any]) -> Recording:
     if not before:
         return rec
     # the restart happened right after the previous scrape: from `at` on, each counter shows
-    # what it counted since then
+    # what it counted since then. A series that falls below its previous recorded value has
+    # restarted on its own (a replica the recording itself restarts): from there on it already
+    # counts from 0 and is kept as recorded. Subtracting the earlier base from it (clamped at 0)
+    # would make a counter that stays at 0 while the replica's gauges show it busy: a replica
+    # counting nothing, which no restart produces (it is what a hung engine looks like).
     base = {(s.name, s.labels): s.value for s in before[-1].samples if _is_counter(s.name, expo)}
+    last = dict(base)
+
+    def shifted(s: Any) -> Any:
+        key = (s.name, s.labels)
+        if key not in base:
+            return s
+        if s.value < last[key]:  # the recording's own restart of this series
+            del base[key]
+            return s
+        last[key] = s.value
+        return s._replace(value=s.value - base[key])
 
     def restarted(sc: Scrape) -> Scrape:
         if (sc.job, sc.instance) != target or sc.timestamp < at:
             return sc
-        return replace(
-            sc,
-            samples=[
-                s._replace(value=max(0.0, s.value - base[(s.name, s.labels)])) if (s.name, s.labels) in base else s
-                for s in sc.samples
-            ],
-        )
+        return replace(sc, samples=[shifted(s) for s in sc.samples])
 
-    return replace(rec, scrapes=[restarted(sc) for sc in rec.scrapes])
+    ordered = sorted(rec.scrapes, key=lambda sc: sc.timestamp)
+    new = {id(sc): restarted(sc) for sc in ordered}
+    return replace(rec, scrapes=[new[id(sc)] for sc in rec.scrapes])
 
 
 def metrics_only(rec: Recording, meta: dict[str, Any]) -> Recording:

@@ -7,6 +7,7 @@ module tests/unit/test_rules_cases.py runs every case of every rule.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from kvscope.diagnoser.rulebook.rule import Rule, parse_duration, parse_yaml
 _SERIES = re.compile(r"^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{(.*)\})?\s*$")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _UNSIGNED = r"(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
-_TERM = re.compile(r"^(-?" + _UNSIGNED + r"|_)(?:([+-])(" + _UNSIGNED + r"))?(?:x(\d+))?$")
+_TERM = re.compile(r"^(-?" + _UNSIGNED + r"|_|stale)(?:([+-])(" + _UNSIGNED + r"))?(?:x(\d+))?$")
 
 
 def parse_series(text: str) -> tuple[str, dict[str, str]]:
@@ -45,15 +46,17 @@ def parse_series(text: str) -> tuple[str, dict[str, str]]:
 
 
 def parse_values(text: str) -> list[float | None]:
-    """promtool expanding notation: 'a+bxn' (n+1 values), 'axn' (a, n+1 times), '_' (gap)."""
+    """promtool expanding notation: 'a+bxn' (n+1 values), 'axn' (a, n+1 times), '_' (gap), 'stale'
+    (a staleness marker, NaN: the series is absent from there on, as Prometheus writes when a target
+    leaves service discovery, instead of carried by the lookback)."""
     out: list[float | None] = []
     for term in str(text).split():
         m = _TERM.match(term)
         if not m:
             raise ValueError(f"bad value term {term!r}")
         start, sign, delta, times = m.groups()
-        if start == "_":
-            out.extend([None] * (int(times) + 1 if times else 1))
+        if start in ("_", "stale"):
+            out.extend([None if start == "_" else math.nan] * (int(times) + 1 if times else 1))
             continue
         a = float(start)
         if times is None:

@@ -162,3 +162,27 @@ def test_metrics_only_drops_the_tap_targets_and_the_spans(tmp_path):
         applicable("metrics_only", fleet_meta, read_variant_source(LIBRARY / fleet_meta["recording"]))
         == "already engine metrics only"
     )
+
+
+def test_counter_reset_keeps_counting_through_the_recordings_own_restarts():
+    """A replica the recording itself restarts (scaled in and out) keeps counting after the
+    injected reset: wherever the recorded counter rose between two scrapes, the variant's rises
+    too. Subtracting the earlier base from a series that already restarted (clamped at 0) made
+    replica-5 of the flapping recording count nothing for minutes with 43 requests running."""
+    meta = yaml.safe_load((LIBRARY / "blind-vllm-replica-flapping.yaml").read_text())
+    rec = read_variant_source(LIBRARY / meta["recording"])
+    reset = VARIANTS["counter_reset"].apply(rec, meta)
+
+    def generated(r):
+        out = {}
+        for sc in r.scrapes:
+            if sc.instance == "replica-5":
+                out[sc.timestamp] = sum(s.value for s in sc.samples if s.name == "vllm:generation_tokens_total")
+        return out
+
+    before, after = generated(rec), generated(reset)
+    assert before.keys() == after.keys()
+    times = sorted(before)
+    rose = [(a, b) for a, b in zip(times, times[1:], strict=False) if before[b] > before[a]]
+    assert rose
+    assert all(after[b] > after[a] for a, b in rose)

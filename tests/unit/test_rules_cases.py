@@ -40,3 +40,14 @@ def test_every_rule_has_a_firing_and_a_quiet_case():
 
 def test_rules_dir_is_the_shipped_one():
     assert rules_dir().name == "diagnosis"
+
+
+def test_stale_marker_ends_the_lookback():
+    """`stale` (promtool's staleness marker) makes a series absent from there on; `_` leaves the
+    last value carried by the lookback."""
+    import math
+
+    from testbed.rulecases import parse_values
+
+    vals = parse_values("1x1 stale _x1 2")
+    assert vals[:2] == [1.0, 1.0] and math.isnan(vals[2]) and vals[3:] == [None, None, 2.0]
