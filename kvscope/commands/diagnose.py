@@ -7,7 +7,7 @@ import math
 import sys
 import time
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvscope.commands._checks import (
     check_http_url,
