@@ -42,6 +42,9 @@ class RecordingSource:
         `gpu_mapping`: the engine-GPU join's map (agent/recording/replay.py), as `kvscope report` takes it."""
         self.path = str(path)
         self.gpu_mapping = gpu_mapping
+        self.step_given = False
+        """True when the user chose the step (`--step`): a grid too large is then refused, naming what
+        to pass, instead of stepped coarser behind their back."""
         if spans is None or spans is True:
             found = spans_path_for(self.path)
             self.spans_path = str(found) if found else None
@@ -110,13 +113,19 @@ class RecordingSource:
         if n * steps <= GRID_CELLS:
             return step
         instances = len({dict(labels).get("instance", "") for _, labels in series})
+        coarse = step * math.ceil(n * steps / GRID_CELLS)
+        if self.step_given:
+            raise ValueError(
+                f"{n:,} series x {steps:,} grid points at the {step:g} s step asked for would be {n * steps:,} "
+                f"values (over {GRID_CELLS:,}): pass a coarser --step (at least {coarse:g}s) or pass "
+                "--start/--end for a shorter window"
+            )
         if n * MIN_STEPS > GRID_CELLS:
             raise SourceError(
                 f"{self.description}: {n:,} series from {instances:,} instances (engines or DP ranks) are more "
                 f"than one diagnosis reads at {MIN_STEPS} grid points ({GRID_CELLS:,} values); split the "
                 "input by instance (e.g. grep one pod's lines) and diagnose each part"
             )
-        coarse = step * math.ceil(n * steps / GRID_CELLS)
         self._notes.append(
             f"{n:,} series from {instances:,} instances x {steps:,} grid points at a {step:g} s step would be "
             f"{n * steps:,} values (over {GRID_CELLS:,}): stepped coarser, every {coarse:g} s"
