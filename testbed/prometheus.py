@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import shutil
 import subprocess
 import urllib.parse
@@ -26,16 +27,24 @@ EMPTY_CONFIG = "global: {scrape_interval: 15s}\nscrape_configs: []\n"
 
 def promtool_input_series(samples: Iterable, interval: float) -> list[dict[str, str]]:
     """Canonical samples -> promtool `input_series` (one value per `interval`, `_` where a
-    series has none), named as the agent exports them (`kvscope_<name>`)."""
+    series has none, `stale` for a NaN: the rule cases' staleness marker, which the engine reads
+    as the series ending there; a plain `nan` would be a NaN sample that `resets` and `increase`
+    compare against), named as the agent exports them (`kvscope_<name>`)."""
     series: dict[tuple, dict[int, float]] = {}
     for s in samples:
         series.setdefault((s.name, s.labels), {})[round(s.timestamp / interval)] = s.value
     out = []
     for (name, labels), points in sorted(series.items()):
         body = ",".join(f'{k}="{v}"' for k, v in labels)
-        values = " ".join(repr(float(points[i])) if i in points else "_" for i in range(max(points) + 1))
+        values = " ".join(_promtool_value(points.get(i)) for i in range(max(points) + 1))
         out.append({"series": f"kvscope_{name}{{{body}}}", "values": values})
     return out
+
+
+def _promtool_value(value: float | None) -> str:
+    if value is None:
+        return "_"
+    return "stale" if math.isnan(value) else repr(float(value))
 
 
 def missing_binaries(*names: str) -> str | None:

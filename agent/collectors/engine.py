@@ -135,7 +135,8 @@ class EngineCollector:
             *(probe_ok(session, health_url(s.target.url), self.config.timeout_s) for s in probed)
         )
         for scrape, ok in zip(probed, answers, strict=True):
-            sample = Sample(HEALTH_SIGNAL, make_labels(scrape.target.target_labels()), float(ok), scrape.timestamp)
+            labels = {**scrape.target.target_labels(), "engine": str(out.engines[scrape.target.instance])}
+            sample = Sample(HEALTH_SIGNAL, make_labels(labels), float(ok), scrape.timestamp)
             if isinstance(out.samples, Parts):
                 out.samples.add([sample], scrape.target.instance)
             else:

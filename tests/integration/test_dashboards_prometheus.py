@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kvscope.agent.derive.cascade import evaluate_cascade, render_cascade_samples
 from kvscope.agent.recording.omfile import read_recording_text
@@ -150,9 +152,34 @@ def recording() -> Path:
 
 
 RULES = Path(__file__).resolve().parents[2] / "rules" / "prometheus"
-RULE_PASSES = ("kvscope-canonical.yml", "kvscope-derived.yml")
-"""Backfilled in order: derived rules read the canonical kvscope:<signal> series, and promtool
-evaluates a rule file only against data already in the TSDB."""
+RULE_FILES = ("kvscope-canonical.yml", "kvscope-derived.yml", "kvscope-tenant-slo.yml")
+
+
+def rule_layers(paths: list[Path]) -> list[str]:
+    """The recording rules of `paths` as rule files to backfill in order, each rule in a layer after
+    every record it reads: promtool's backfill evaluates rules against data already in the TSDB only,
+    so the derived and tenant SLO rules, which read the canonical kvscope:<signal> records, and the
+    tenant SLO ratios, which read the top-N record of their own file, each wait for what they read.
+    Alert rules are left out (not backfilled)."""
+    rules = [r for p in paths for g in yaml.safe_load(p.read_text())["groups"] for r in g["rules"] if "record" in r]
+    names = {r["record"] for r in rules}
+    layer: dict[str, int] = {}
+    pending = list(rules)
+    while pending:
+        ready = [r for r in pending if all(n in layer for n in (names & _reads(r["expr"])) - {r["record"]})]
+        assert ready, "recording rules that read each other in a cycle"
+        for r in ready:
+            reads = (names & _reads(r["expr"])) - {r["record"]}
+            layer[r["record"]] = 1 + max((layer[n] for n in reads), default=-1)
+            pending.remove(r)
+    return [
+        yaml.safe_dump({"groups": [{"name": f"layer-{i}", "rules": [r for r in rules if layer[r["record"]] == i]}]})
+        for i in range(max(layer.values(), default=-1) + 1)
+    ]
+
+
+def _reads(expr: str) -> set[str]:
+    return set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr))
 
 
 def _prometheus(prom: str, work: Path):
@@ -191,8 +218,9 @@ def serve_recording(path: Path, work: Path):
             timeout=120,
         )
     start, end = int(replay.start) - 1, int(replay.end) + 2
-    for rule_file in RULE_PASSES:
-        out = work / f"rules-{rule_file}"
+    for i, text in enumerate(rule_layers([RULES / name for name in RULE_FILES])):
+        rule_file, out = work / f"rules-{i}.yml", work / f"rules-{i}"
+        rule_file.write_text(text)
         with _prometheus(prom, work) as server:
             subprocess.run(
                 [
@@ -206,7 +234,7 @@ def serve_recording(path: Path, work: Path):
                     f"--output-dir={out}",
                     "--eval-interval=2s",
                     "--quiet",
-                    str(RULES / rule_file),
+                    str(rule_file),
                 ],
                 check=True,
                 capture_output=True,

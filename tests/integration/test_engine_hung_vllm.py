@@ -51,6 +51,8 @@ EXPECTED = {"idle": [], "slow": [], "hung": ["engine_hung"]}
 # its own server (not the session pool's): the test stops its engine and drops it afterwards
 CONFIG = VllmConfig(service_name="vllm-hung", kv_cache_metrics=False)
 GEN = "engine_generation_tokens_total"
+PROGRESS = (GEN, "engine_prompt_tokens_total", "engine_iteration_tokens_count", "request_itl_seconds_count")
+"""Every forward-progress counter the rule reads: the stall starts after the last of them moved."""
 
 
 def _engine_core(server_pid: int) -> psutil.Process:
@@ -88,8 +90,35 @@ async def _scraper(collector: EngineCollector, out: list, stop: asyncio.Event) -
         await asyncio.sleep(STEP)
 
 
-def _gen_points(samples: list) -> list[tuple[float, float]]:
-    return sorted((s.timestamp, s.value) for s in samples if s.name == GEN)
+def _gen_points(samples: list, name: str = GEN) -> list[tuple[float, float]]:
+    return sorted((s.timestamp, sum(x.value for x in group)) for s, group in _by_scrape(samples, name))
+
+
+def _by_scrape(samples: list, name: str) -> list:
+    """(a sample, every sample of `name` with its timestamp): one entry per scrape."""
+    groups: dict[float, list] = {}
+    for s in samples:
+        if s.name == name:
+            groups.setdefault(s.timestamp, []).append(s)
+    return [(g[0], g) for g in groups.values()]
+
+
+def _last_progress(samples: list, until: float) -> tuple[float, str]:
+    """The first scrape that showed the final value of the last progress counter to move before
+    `until`, and its name."""
+    last = (0.0, "")
+    for name in PROGRESS:
+        points = [(t, v) for t, v in _gen_points(samples, name) if t <= until]
+        changed = [t for (_, a), (t, b) in zip(points, points[1:], strict=False) if b != a]
+        if changed and changed[-1] > last[0]:
+            last = (changed[-1], name)
+    return last
+
+
+def _widest_gap(samples: list, start: float, end: float) -> float:
+    """The longest interval between two scrapes in [start, end]: the data's own sampling step."""
+    times = [t for t, _ in _gen_points(samples) if start <= t <= end]
+    return max((b - a for a, b in zip(times, times[1:], strict=False)), default=STEP)
 
 
 async def _wait_progress(samples: list, since: float, timeout_s: float = 300.0) -> None:
@@ -181,17 +210,23 @@ def test_engine_hung_fires_on_a_stopped_vllm_engine_core_and_not_on_idle_or_slow
     assert [f.rule_id for f in verdicts["hung"]] == EXPECTED["hung"], timeline
     finding = verdicts["hung"][0]
     assert finding.severity == "critical" and finding.active
-    # the first scrape that showed the counter's final value: the last progress seen
-    last_progress = min(t for t, v in gen if v == max(hung_values))
+    # the first scrape that showed the final value of the last counter to move: the last progress
+    # seen (the prompt, step and inter-token counters can move a scrape after the generated tokens)
+    last_progress, moved = _last_progress(samples, finding.since)
     stated = parse_duration(PARAMS["stall"]) + parse_duration(PARAMS["for"])
+    # two of the data's own steps: a loaded box stretches the scrape interval beyond STEP
+    step = max(STEP, _widest_gap(samples, last_progress - STEP, finding.since))
     print(
-        f"onset {finding.since - start:.1f}s, last progress {last_progress - start:.1f}s, hang {m['hang'] - start:.1f}s:"
-        f" fired {finding.since - last_progress:.1f}s after the last progress (stated bound {stated + 2 * STEP:.0f}s)"
+        f"onset {finding.since - start:.1f}s, last progress ({moved}) {last_progress - start:.1f}s, hang"
+        f" {m['hang'] - start:.1f}s: fired {finding.since - last_progress:.1f}s after the last progress (stated"
+        f" bound {stated:.0f}s + 2 scrape steps of {step:.1f}s)"
     )
-    assert m["slow_end"] - STEP <= finding.since <= last_progress + stated + 2 * STEP, (
+    assert m["slow_end"] - STEP <= finding.since <= last_progress + stated + 2 * step, (
         finding.since - start,
         last_progress - start,
+        moved,
         stated,
+        step,
     )
     health = next(e for e in finding.evidence if e.key == "health")
     assert health.value == 1.0, finding.evidence
