@@ -11,18 +11,37 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from kvscope.ui import alert_link, cascade_page, catalog_page, efficiency_page, fairness_page, sizing_page, triage_page
-from kvscope.ui.data import SourceError, SourceSpec, TriageData, load_triage, source_from_env, take_preloaded
+from kvscope.diagnoser.curve.report import PoolCurve
+from kvscope.ui import (
+    alert_link,
+    cascade_page,
+    catalog_page,
+    efficiency_page,
+    fairness_page,
+    operating_page,
+    sizing_page,
+    triage_page,
+)
+from kvscope.ui.data import (
+    SourceError,
+    SourceSpec,
+    TriageData,
+    live_curves,
+    load_triage,
+    source_from_env,
+    take_preloaded,
+)
 
 PAGES: dict[str, Callable[..., None]] = {  # render() or, for NEEDS_DATA, render(data)
     "Triage": triage_page.render,
     "Tenants & fairness": fairness_page.render,
     "Cascades": cascade_page.render,
     "Efficiency": efficiency_page.render,
+    "Operating point": operating_page.render,
     "Sizing calculator": sizing_page.render,
     "Rules & levers": catalog_page.render,
 }
-NEEDS_DATA = {"Triage", "Tenants & fairness", "Cascades", "Efficiency"}
+NEEDS_DATA = {"Triage", "Tenants & fairness", "Cascades", "Efficiency", "Operating point"}
 
 
 @st.cache_resource(show_spinner="Reading the recording and running the diagnoser…", max_entries=4)
@@ -36,6 +55,31 @@ def _load_recording(location: str, stamp: tuple[int, int] | None) -> TriageData:
 def _load_live(kind: str, location: str, since_s: float, end: float | None) -> TriageData:
     """Prometheus or an agent: the window ends now, so it is read again after 60 s."""
     return load_triage(SourceSpec(kind, location, since_s, end))
+
+
+@st.cache_resource(show_spinner="Reading each pool's operating curve…", max_entries=4, ttl=60)
+def _live_curves(kind: str, location: str, since_s: float, end: float | None) -> list[PoolCurve]:
+    return live_curves(SourceSpec(kind, location, since_s, end))
+
+
+def _curves(source: SourceSpec) -> list[PoolCurve]:
+    """Each pool's curve over the source's window: a recording's were read with its diagnosis
+    (the triage page's changes come from them); a live source's are read when a page asks."""
+    if source.kind == "recording":
+        return _load(source).curves or []
+    return _live_curves(source.kind, source.location, source.since_s, source.end)
+
+
+def _sizing(source: SourceSpec | None) -> None:
+    """The sizing calculator, its C_max and usable RPS filled from the measured curve when there is
+    a source (the user can type over them); the typed defaults when there is none or it fails."""
+    if source is None:
+        sizing_page.render()
+        return
+    try:
+        sizing_page.render(_curves(source), source.describe())
+    except SourceError as exc:
+        sizing_page.render(None, source.describe(), str(exc))
 
 
 def _load(source: SourceSpec) -> TriageData:
@@ -61,6 +105,9 @@ def main() -> None:
     if source is not None:
         source = alert_link.windowed(source, link)
     st.sidebar.caption(source.describe() if source else "no source: start with kvscope ui --recording FILE")
+    if page == "Sizing calculator":
+        _sizing(source)
+        return
     if page not in NEEDS_DATA:
         PAGES[page]()
         return
@@ -68,6 +115,9 @@ def main() -> None:
         st.error("No source. Start the UI with `kvscope ui --recording FILE`, `--prometheus URL` or `--agent URL`.")
         return
     try:
+        if page == "Operating point":  # the curve alone: a live source's diagnosis is not needed for it
+            operating_page.render(_curves(source), source.describe())
+            return
         data = _load(source)
     except SourceError as exc:
         st.error(str(exc))

@@ -92,3 +92,117 @@ def render_series_chart(
         )
     )
     return alt.layer(band, lines).resolve_scale(color="independent").properties(height=200)
+
+
+SPARSE_SHAPES = alt.Scale(domain=["enough data", "sparse (not used)"], range=["circle", "cross"])
+"""A sparse bucket is drawn as measured, as a cross, and no line runs through it (never smoothed)."""
+MARK_COLOURS = {"knee": "#9467bd", "C_max": "#d62728", "window peak": "#7f7f7f", "compared here": "#2ca02c"}
+VERDICT_COLOURS = {
+    "regression": "#d62728",
+    "improvement": "#2ca02c",
+    "no_change": "#1f77b4",
+    "not_comparable": "#7f7f7f",
+}
+
+
+def _curve_layers(rows: pd.DataFrame, colour: alt.Color, dash: alt.StrokeDash | None = None) -> list:
+    """Lines through the buckets with enough data, every bucket as a point (sparse ones as crosses),
+    and each TTFT p99's 95 % interval as a bar."""
+    x = alt.X("concurrency:Q", title="requests in the engine per instance (concurrency)")
+    y = alt.Y("seconds:Q", title="TTFT (seconds)")
+    tips = [
+        alt.Tooltip("series:N", title="curve"),
+        alt.Tooltip("concurrency:Q", format=".3~g"),
+        alt.Tooltip("seconds:Q", format=".3~g", title="seconds"),
+        alt.Tooltip("intervals:Q", title="intervals"),
+        alt.Tooltip("requests:Q", format=".0f", title="requests"),
+        alt.Tooltip("data:N", title="data"),
+    ]
+    dense = rows[rows["data"] == "enough data"]
+    line_enc = {"x": x, "y": y, "color": colour, "detail": "series:N"}
+    if dash is not None:
+        line_enc["strokeDash"] = dash
+    layers = [alt.Chart(dense).mark_line().encode(**line_enc)]
+    ci = rows.dropna(subset=["ci_low", "ci_high"])
+    if not ci.empty:
+        layers.append(
+            alt.Chart(ci)
+            .mark_rule(opacity=0.5)
+            .encode(x=x, y=alt.Y("ci_low:Q"), y2="ci_high:Q", color=colour, tooltip=tips)
+        )
+    layers.append(
+        alt.Chart(rows)
+        .mark_point(size=90, filled=True)
+        .encode(x=x, y=y, color=colour, shape=alt.Shape("data:N", title=None, scale=SPARSE_SHAPES), tooltip=tips)
+    )
+    return layers
+
+
+def _mark_colour(name: str) -> str:
+    return next((c for k, c in MARK_COLOURS.items() if name.startswith(k)), "#7f7f7f")
+
+
+def _marks_layer(marks: pd.DataFrame) -> alt.Chart:
+    """Vertical rules at named concurrencies (knee, C_max, the window's peak) with their names."""
+    names = list(marks["mark"].unique())
+    colour = alt.Color(
+        "mark:N",
+        title=None,
+        scale=alt.Scale(domain=names, range=[_mark_colour(n) for n in names]),
+        legend=alt.Legend(orient="top", labelLimit=320),
+    )
+    return (
+        alt.Chart(marks)
+        .mark_rule(strokeDash=[6, 3], size=2)
+        .encode(x="concurrency:Q", color=colour, tooltip=["mark:N", alt.Tooltip("concurrency:Q", format=".3~g")])
+    )
+
+
+def render_curve_chart(
+    rows: pd.DataFrame,
+    slo_s: float,
+    knee: float | None,
+    c_max: float | None,
+    peak: float | None,
+) -> alt.LayerChart:
+    """TTFT p50 and p99 against concurrency (ui/operating.curve_rows), the SLO as a horizontal rule,
+    the knee, C_max and the window's peak as vertical rules named in the legend."""
+    colour = alt.Color(
+        "series:N",
+        title=None,
+        scale=alt.Scale(domain=["TTFT p50", "TTFT p99"], range=["#1f77b4", "#ff7f0e"]),
+        legend=alt.Legend(orient="top"),
+    )
+    layers = _curve_layers(rows, colour)
+    slo = pd.DataFrame({"seconds": [slo_s], "mark": [f"SLO: TTFT p99 ≤ {slo_s:g} s"]})
+    layers.append(alt.Chart(slo).mark_rule(color=BAND_COLOUR, size=2).encode(y="seconds:Q", tooltip=["mark:N"]))
+    layers.append(
+        alt.Chart(slo).mark_text(align="left", dx=4, dy=-7, color=BAND_COLOUR).encode(y="seconds:Q", text="mark:N")
+    )
+    named = [("knee", knee), ("C_max", c_max), ("window peak", peak)]
+    marks = pd.DataFrame([{"mark": f"{n} {v:g}", "concurrency": v} for n, v in named if v is not None])
+    if not marks.empty:
+        layers.append(_marks_layer(marks))
+    return alt.layer(*layers).resolve_scale(color="independent").properties(height=320)
+
+
+def render_change_chart(rows: pd.DataFrame, verdict: str, matched: list[float]) -> alt.LayerChart:
+    """A change's curve before (grey) and after (the verdict's colour) overlaid, p50 dashed and p99
+    solid, the concurrencies the verdict compared marked."""
+    colour = alt.Color(
+        "side:N",
+        title=None,
+        scale=alt.Scale(domain=["before", "after"], range=["#7f7f7f", VERDICT_COLOURS.get(verdict, "#1f77b4")]),
+        legend=alt.Legend(orient="top"),
+    )
+    dash = alt.StrokeDash(
+        "statistic:N",
+        title=None,
+        scale=alt.Scale(domain=["TTFT p50", "TTFT p99"], range=[[4, 3], [1, 0]]),
+        legend=alt.Legend(orient="top"),
+    )
+    layers = _curve_layers(rows, colour, dash)
+    if matched:
+        marks = pd.DataFrame({"mark": ["compared here"] * len(matched), "concurrency": matched})
+        layers.insert(0, _marks_layer(marks))
+    return alt.layer(*layers).resolve_scale(color="independent").properties(height=260)

@@ -30,6 +30,7 @@ from kvscope.diagnoser.sources import SourceError  # what every loader here rais
 from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
 
 if TYPE_CHECKING:
+    from kvscope.diagnoser.curve.report import PoolCurve
     from kvscope.diagnoser.sources.recording import RecordingSource
 
 KINDS = ("recording", "prometheus", "agent")
@@ -79,6 +80,7 @@ class TriageData:
     series: Frame | None = None  # the report's window (report/weekly.py), for the efficiency page
     notes: list[str] = field(default_factory=list)  # what reading the source left out, and why
     routers: list[dict] | None = None  # diagnoser/routing.py; None: read from `frame`
+    curves: list[PoolCurve] | None = None  # diagnoser/curve: each pool's curve; None: not read (live_curves)
 
     def router_rows(self) -> list[dict]:
         """What each router in the window decided (empty when no router exports decisions)."""
@@ -138,7 +140,8 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
     interval as the step unless `step_s`; failed scrapes, vanished series and removed targets
     marked) and rules. The frame keeps every recorded series, for the pages' charts and tables."""
     from kvscope.agent.derive.cascade import evaluate_cascade
-    from kvscope.diagnoser.curve.report import with_changes
+    from kvscope.diagnoser.curve.report import attach, pool_curves
+    from kvscope.diagnoser.curve.window import read_window as read_curve_window
     from kvscope.diagnoser.evaluate.evaluator import diagnose
     from kvscope.diagnoser.sources.samples import SamplesSource
     from kvscope.report.weekly import report_window
@@ -151,7 +154,9 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
         names = {s.name for s in replay.samples}
         frame = read_window(recording, names, Span(), step_s)
         step = step_s or recording.natural_step() or DEFAULT_STEP_S
-        diagnosis = with_changes(recording, diagnose(frame, source=recording.description), None, None, step)
+        # what `kvscope diagnose` does (curve.report.with_changes), keeping the curves for the Operating point page
+        curves = pool_curves(read_curve_window(recording, None, None, step))
+        diagnosis = attach(diagnose(frame, source=recording.description), curves)
     except (SourceError, ValueError) as exc:  # ValueError: over the grid's bounds (diagnoser/evaluate/frame.py)
         raise SourceError(f"recording {path} could not be read: {exc}") from exc
     except (EOFError, zlib.error) as exc:  # a gzip cut short (recorder killed mid-write)
@@ -164,7 +169,27 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
         evaluate_cascade(replay.samples),
         report_window(SamplesSource(replay.samples, recording.description, carry=False)),
         list(replay.notes),
+        curves=curves,
     )
+
+
+def live_curves(source: SourceSpec, step_s: float = 15.0) -> list[PoolCurve]:
+    """Each pool's curve over a live source's window (the triage page's: the last `since_s` seconds
+    ending at `end` or now), read as `kvscope curve --prometheus/--agent` reads it: the curve's
+    series in full through the one window reader. Raises SourceError with a readable reason."""
+    import time
+
+    from kvscope.diagnoser.curve.report import pool_curves
+    from kvscope.diagnoser.curve.window import read_window as read_curve_window
+    from kvscope.diagnoser.sources.agent import AgentSource
+    from kvscope.diagnoser.sources.prometheus import PrometheusSource
+
+    end = source.end or time.time() // step_s * step_s
+    reader = PrometheusSource(source.location) if source.kind == "prometheus" else AgentSource(source.location)
+    try:
+        return pool_curves(read_curve_window(reader, end - source.since_s, end, step_s))
+    except (SourceError, OSError, ValueError) as exc:
+        raise SourceError(f"{source.describe()} could not be read for the curve: {exc}") from exc
 
 
 def _from_remote(source: SourceSpec, step_s: float) -> TriageData:

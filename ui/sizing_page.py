@@ -1,15 +1,27 @@
-"""Sizing calculator: 002's formulas with the working shown (kvscope.diagnoser.sizing)."""
+"""Sizing calculator: 002's formulas with the working shown (kvscope.diagnoser.sizing).
+
+With a source, the fleet section's C_max and usable RPS start from the measured operating curve
+(ui/operating.py `measured_sizing`, `kvscope curve`'s numbers); the user can type over them.
+"""
 
 from __future__ import annotations
+
+import math
 
 import streamlit as st
 
 from kvscope.diagnoser import sizing
+from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S
+from kvscope.diagnoser.curve.report import PoolCurve
+from kvscope.ui.operating import MeasuredSizing, measured_sizing, pool_name
 
 GB = 1e9
+TYPED_C_MAX, TYPED_USABLE = 48.0, 12.0
+"""The calculator's own example values, used where no curve gives a C_max."""
 
 
-def render() -> None:
+def render(curves: list[PoolCurve] | None = None, source: str = "", error: str = "") -> None:
+    """`curves`: the source's measured curves (None: no source); `error`: why they could not be read."""
     st.title("Sizing calculator")
     st.caption(
         "Pure arithmetic from Sizing LLM Inference for Production §2, §6.5, §8.3 and §9.4. "
@@ -17,7 +29,7 @@ def render() -> None:
         "principles (2 × layers × KV heads × head dim × bytes), not from the documents' rounded figures."
     )
     memory_section()
-    fleet_section()
+    fleet_section(curves, source, error)
     queue_section()
     pd_section()
 
@@ -65,14 +77,47 @@ def memory_section() -> None:
     )
 
 
-def fleet_section() -> None:
+def measured(curves: list[PoolCurve] | None, source: str, error: str) -> tuple[MeasuredSizing | None, str]:
+    """The measured C_max and usable RPS of the pool the user picks, and a key suffix so the inputs
+    start again from the measurement when the pool or the SLO changes. Says where the numbers come from."""
+    if error:
+        st.warning(f"The measured curve could not be read ({error}): C_max and usable RPS are typed values.")
+        return None, ""
+    if curves is None:
+        st.caption("No source: C_max and usable RPS are typed values (start kvscope ui with a source to measure them).")
+        return None, ""
+    if not curves:
+        st.caption(f"{source} has no operating curve (no engine_requests_running): C_max and usable RPS are typed.")
+        return None, ""
+    c = st.columns(2)
+    names = [pool_name(pc) for pc in curves]
+    name = c[0].selectbox("Measured pool", names, key="sizing_pool") if len(names) > 1 else names[0]
+    slo = c[1].number_input("TTFT p99 SLO (s) for C_max", 0.001, 3600.0, DEFAULT_SLO_TTFT_P99_S, key="sizing_slo")
+    found = measured_sizing(curves[names.index(name)], float(slo), source)
+    st.info(found.provenance)
+    return found, f"{name}@{slo:g}"
+
+
+def _same(typed: tuple, measured_: tuple) -> bool:
+    return all(m is not None and math.isclose(t, m, rel_tol=1e-6) for t, m in zip(typed, measured_, strict=True))
+
+
+def fleet_section(curves: list[PoolCurve] | None = None, source: str = "", error: str = "") -> None:
     st.header("Fleet size with a Little's Law check (Sizing LLM Inference for Production §8.3)")
+    found, suffix = measured(curves, source, error)
+    usable_0 = found.usable_rps if found and found.usable_rps is not None else TYPED_USABLE
+    c_max_0 = found.c_max if found and found.c_max is not None else TYPED_C_MAX
     c = st.columns(6)
     peak = c[0].number_input("Peak RPS", 0.01, 1e6, 120.0, key="peak")
-    usable = c[1].number_input("Usable RPS / instance at C_max", 0.01, 1e5, 12.0, key="usable")
+    usable = c[1].number_input("Usable RPS / instance at C_max", 0.001, 1e5, usable_0, key=f"usable{suffix}")
     tp = c[2].number_input("TP degree", 1, 64, 4, key="tp")
     safety = c[3].number_input("Safety factor", 1.0, 3.0, 1.3, key="safety")
-    c_max = c[4].number_input("C_max (concurrency at SLO)", 1.0, 1e5, 48.0, key="c_max")
+    c_max = c[4].number_input("C_max (concurrency at SLO)", 0.001, 1e5, c_max_0, key=f"c_max{suffix}")
+    if found and found.c_max is not None and not _same((c_max, usable), (found.c_max, found.usable_rps)):
+        st.caption(
+            f"Overridden: typed C_max {c_max:g} and usable RPS {usable:g} "
+            f"(measured {found.c_max:g} and {found.usable_rps:.2f})."
+        )
     latency = c[5].number_input("Average latency (s)", 0.001, 3600.0, 2.0, key="latency")
     fleet = sizing.fleet_size(
         peak_rps=peak,

@@ -36,9 +36,13 @@ class JudgedChange:
     worse: list[str]
     better: list[str]
     matched_concurrency: list[float]
+    before: list[Point] = field(default_factory=list, repr=False)
+    """The curve before the change and after it, as compared (the UI overlays them); not in the JSON."""
+    after: list[Point] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict:
-        return asdict(self.change) | {k: v for k, v in vars(self).items() if k != "change"}
+        skip = ("change", "before", "after")
+        return asdict(self.change) | {k: v for k, v in vars(self).items() if k not in skip}
 
 
 @dataclass
@@ -75,9 +79,10 @@ def judge(iv: Intervals, changes: list[Change], settle_s: float, th: Thresholds)
         keep = ~iv.resets & (np.isin(iv.unit, mine) if mine else True)
         before = iv.take(keep & (iv.t_end > lo) & (iv.t_end < c.time))
         after = iv.take(keep & (iv.t_end > c.time + settle_s) & (iv.t_end < hi))
-        d, matched = deltas(curve_points(before), curve_points(after))
+        sides = curve_points(before), curve_points(after)
+        d, matched = deltas(*sides)
         v, worse, better = verdict(d, th)
-        out.append(JudgedChange(c, v, d, worse, better, matched))
+        out.append(JudgedChange(c, v, d, worse, better, matched, *sides))
     return out
 
 

@@ -1,0 +1,193 @@
+"""What the Operating point page says, computed without Streamlit from the diagnoser's own curve.
+
+Every number here is read off `diagnoser.curve.report.pool_curves` (what `kvscope curve` prints):
+the points, the knee, C_max and usable RPS (re-read at another SLO with the same
+`operating_point`, over the same points and peak), and each change's before and after curves as
+they were compared. Nothing is interpolated or smoothed here; sparse buckets stay flagged.
+Method: docs/curve.md ("Sizing LLM Inference for Production" §8.1-8.5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point
+from kvscope.diagnoser.curve.points import Point
+from kvscope.diagnoser.curve.report import JudgedChange, PoolCurve
+from kvscope.diagnoser.render import fmt_time
+
+VERDICT_WORDS = {
+    "regression": "regression: worse at the same load",
+    "improvement": "improvement: better at the same load",
+    "no_change": "no_change: nothing moved beyond the thresholds at the same load",
+    "not_comparable": "not_comparable: the load before and after did not overlap, so no verdict",
+}
+METRIC_WORDS = {"ttft_p99_s": "TTFT p99", "itl_p99_s": "ITL p99", "output_tokens_per_s": "output tokens/s"}
+METRIC_UNITS = {"ttft_p99_s": "s", "itl_p99_s": "s", "output_tokens_per_s": "tokens/s"}
+
+
+def pool_name(pc: PoolCurve) -> str:
+    """'model=tiny-llama engine=vllm', the CLI's name of a pool."""
+    return " ".join(f"{k}={v}" for k, v in pc.labels.items()) or "pool"
+
+
+def at_slo(pc: PoolCurve, slo_s: float) -> Operating:
+    """The pool's operating point at another TTFT p99 SLO: `operating_point` over the same points and
+    peak (what `kvscope curve --slo-ttft-p99` computes); the curve's own at the default SLO."""
+    if slo_s == DEFAULT_SLO_TTFT_P99_S:
+        return pc.operating
+    return operating_point(pc.points, pc.operating.peak_concurrency, slo_s)
+
+
+def curve_rows(points: list[Point], side: str = "") -> pd.DataFrame:
+    """Long rows for the chart: one per bucket and statistic (TTFT p50, TTFT p99) with the p99's 95 %
+    interval, the bucket's intervals and requests, and whether it is sparse. Absent values are left
+    out (never zero)."""
+    rows = []
+    for p in points:
+        for stat, value, ci in (("TTFT p50", p.ttft_p50_s, None), ("TTFT p99", p.ttft_p99_s, p.ttft_p99_ci)):
+            if value is None:
+                continue
+            rows.append(
+                {
+                    "concurrency": p.concurrency,
+                    "statistic": stat,
+                    "seconds": value,
+                    "ci_low": ci[0] if ci else None,
+                    "ci_high": ci[1] if ci else None,
+                    "intervals": p.intervals,
+                    "requests": p.requests,
+                    "data": "sparse (not used)" if p.sparse else "enough data",
+                    "side": side,
+                    "series": f"{stat} {side}".strip(),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def points_table(points: list[Point]) -> pd.DataFrame:
+    """The points as `kvscope curve` prints them, one row per concurrency bucket."""
+    return pd.DataFrame(
+        [
+            {
+                "concurrency": p.concurrency,
+                "bucket": f"{p.bucket[0]:g}-{p.bucket[1]:g}",
+                "intervals": p.intervals,
+                "requests": p.requests,
+                "TTFT p50 (s)": p.ttft_p50_s,
+                "TTFT p99 (s)": p.ttft_p99_s,
+                "ITL p50 (s)": p.itl_p50_s,
+                "ITL p99 (s)": p.itl_p99_s,
+                "requests/s": p.rps,
+                "output tokens/s": p.output_tokens_per_s,
+                "KV usage": p.kv_usage,
+                "waiting": p.waiting,
+                "sparse": p.sparse,
+            }
+            for p in points
+        ]
+    )
+
+
+def knee_text(op: Operating) -> str:
+    """Where the knee is, with the signs seen there, or that the data shows none."""
+    if op.knee_concurrency is None:
+        return "Knee: none in the measured range (TTFT p99 does not leave p50 with another sign of saturation)."
+    return f"Knee: at {op.knee_concurrency:g} requests in the engine per instance ({', '.join(op.knee_signs)})."
+
+
+def c_max_text(op: Operating, slo_s: float) -> str:
+    """C_max at the SLO and the usable RPS there, or why there is none."""
+    if op.c_max is None:
+        return f"C_max at TTFT p99 ≤ {slo_s:g} s: none ({op.c_max_note})."
+    rps = f"{op.usable_rps:.2f} requests/s per instance" if op.usable_rps is not None else "absent"
+    return f"C_max at TTFT p99 ≤ {slo_s:g} s: {op.c_max:g} ({op.c_max_note}); usable RPS there: {rps}."
+
+
+def headroom_text(op: Operating) -> str:
+    """Where the window's peak sits against the knee and C_max, in words (§8.1: size for the burst)."""
+    if op.peak_concurrency is None:
+        return "The window has no concurrency sample: no peak to place on the curve."
+    said = [
+        f"The window's peak is {op.peak_concurrency:g} requests in the engine per instance "
+        "(99th percentile of the intervals)."
+    ]
+    for name, mark, ratio in (
+        ("the knee", op.knee_concurrency, op.headroom_to_knee),
+        ("C_max", op.c_max, op.headroom_to_c_max),
+    ):
+        if mark is None or ratio is None:
+            said.append(f"Against {name}: none measured, so no headroom to it can be read.")
+        elif ratio >= 1:
+            said.append(f"It is below {name} ({mark:g}): {ratio:g}x headroom.")
+        else:
+            said.append(f"It is past {name} ({mark:g}): {name}/peak is {ratio:g}, no headroom.")
+    return " ".join(said)
+
+
+@dataclass(frozen=True)
+class ChangeView:
+    """One change as the page shows it."""
+
+    heading: str
+    verdict: str
+    verdict_words: str
+    deltas: pd.DataFrame
+    rows: pd.DataFrame  # before and after curves, long (curve_rows with side)
+
+
+def change_view(j: JudgedChange) -> ChangeView:
+    """Heading (time, kind, where, diff, verdict), the deltas at matched load, and both curves."""
+    c = j.change
+    where = f" on {', '.join(c.instances)}" if c.instances else ""
+    diff = ", ".join(f"{k} {a:g} → {b:g}" for k, (a, b) in c.diff.items())
+    heading = f"{c.kind} change at {fmt_time(c.time)}{where}{': ' + diff if diff else ''} — {j.verdict}"
+    deltas = pd.DataFrame(
+        [
+            {
+                "metric": METRIC_WORDS.get(m, m),
+                "before": d["before"],
+                "after": d["after"],
+                "change": d["delta"],
+                "relative": None if d["relative"] is None else f"{100 * d['relative']:+.0f}%",
+                "95 % interval": _interval(d.get("interval")),
+                "unit": METRIC_UNITS.get(m, ""),
+                "buckets compared": d.get("buckets"),
+            }
+            for m, d in j.deltas.items()
+        ]
+    )
+    rows = pd.concat([curve_rows(j.before, "before"), curve_rows(j.after, "after")], ignore_index=True)
+    return ChangeView(heading, j.verdict, VERDICT_WORDS.get(j.verdict, j.verdict), deltas, rows)
+
+
+def _interval(iv: list[float] | None) -> str | None:
+    return None if iv is None else f"{iv[0]:.3g} … {iv[1]:.3g}"
+
+
+@dataclass(frozen=True)
+class MeasuredSizing:
+    """C_max and usable RPS for the sizing page, from one pool's measured curve, and where from."""
+
+    c_max: float | None
+    usable_rps: float | None
+    provenance: str
+
+
+def measured_sizing(pc: PoolCurve, slo_s: float, source: str) -> MeasuredSizing:
+    """The pool's C_max and usable RPS at the SLO, with a sentence saying where they come from
+    (or why the curve gives none, so the typed values stand)."""
+    op = at_slo(pc, slo_s)
+    where = f"the measured operating curve of {pool_name(pc)} ({source}; per instance, `kvscope curve`)"
+    if op.c_max is None or op.usable_rps is None:
+        return MeasuredSizing(
+            None, None, f"From {where}: no C_max at TTFT p99 ≤ {slo_s:g} s ({op.c_max_note}); typed values used."
+        )
+    return MeasuredSizing(
+        op.c_max,
+        op.usable_rps,
+        f"From {where}: C_max {op.c_max:g} and usable RPS {op.usable_rps:.2f} at TTFT p99 ≤ {slo_s:g} s "
+        f"({op.c_max_note}). Type over them to override.",
+    )
