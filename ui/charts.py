@@ -108,7 +108,7 @@ VERDICT_COLOURS = {
 def _curve_layers(rows: pd.DataFrame, colour: alt.Color, dash: alt.StrokeDash | None = None) -> list:
     """Lines through the buckets with enough data, every bucket as a point (sparse ones as crosses),
     and each TTFT p99's 95 % interval as a bar."""
-    x = alt.X("concurrency:Q", title="requests in the engine per instance (concurrency)")
+    x = alt.X("concurrency:Q", title="requests in the engine per instance (concurrency)", scale=alt.Scale(zero=True))
     y = alt.Y("seconds:Q", title="TTFT (seconds)")
     tips = [
         alt.Tooltip("series:N", title="curve"),
@@ -133,7 +133,13 @@ def _curve_layers(rows: pd.DataFrame, colour: alt.Color, dash: alt.StrokeDash | 
     layers.append(
         alt.Chart(rows)
         .mark_point(size=90, filled=True)
-        .encode(x=x, y=y, color=colour, shape=alt.Shape("data:N", title=None, scale=SPARSE_SHAPES), tooltip=tips)
+        .encode(
+            x=x,
+            y=y,
+            color=colour,
+            shape=alt.Shape("data:N", title=None, scale=SPARSE_SHAPES, legend=alt.Legend(orient="top")),
+            tooltip=tips,
+        )
     )
     return layers
 
@@ -142,20 +148,23 @@ def _mark_colour(name: str) -> str:
     return next((c for k, c in MARK_COLOURS.items() if name.startswith(k)), "#7f7f7f")
 
 
-def _marks_layer(marks: pd.DataFrame) -> alt.Chart:
-    """Vertical rules at named concurrencies (knee, C_max, the window's peak) with their names."""
-    names = list(marks["mark"].unique())
-    colour = alt.Color(
-        "mark:N",
-        title=None,
-        scale=alt.Scale(domain=names, range=[_mark_colour(n) for n in names]),
-        legend=alt.Legend(orient="top", labelLimit=320),
-    )
-    return (
-        alt.Chart(marks)
-        .mark_rule(strokeDash=[6, 3], size=2)
-        .encode(x="concurrency:Q", color=colour, tooltip=["mark:N", alt.Tooltip("concurrency:Q", format=".3~g")])
-    )
+def _marks_layers(marks: pd.DataFrame) -> list:
+    """Vertical dashed rules at named concurrencies (knee, C_max, the window's peak), each in its
+    own colour with its name written at the top (no colour legend of their own to confuse with the
+    curves')."""
+    out = []
+    for name, group in marks.groupby("mark", sort=False):
+        colour = _mark_colour(str(name))
+        tip = ["mark:N", alt.Tooltip("concurrency:Q", format=".3~g")]
+        out.append(
+            alt.Chart(group).mark_rule(strokeDash=[6, 3], size=2, color=colour).encode(x="concurrency:Q", tooltip=tip)
+        )
+        out.append(
+            alt.Chart(group.head(1))
+            .mark_text(align="left", dx=4, baseline="top", color=colour, y=4)
+            .encode(x="concurrency:Q", text="mark:N")
+        )
+    return out
 
 
 def render_curve_chart(
@@ -182,8 +191,8 @@ def render_curve_chart(
     named = [("knee", knee), ("C_max", c_max), ("window peak", peak)]
     marks = pd.DataFrame([{"mark": f"{n} {v:g}", "concurrency": v} for n, v in named if v is not None])
     if not marks.empty:
-        layers.append(_marks_layer(marks))
-    return alt.layer(*layers).resolve_scale(color="independent").properties(height=320)
+        layers += _marks_layers(marks)
+    return alt.layer(*layers).properties(height=320)
 
 
 def render_change_chart(rows: pd.DataFrame, verdict: str, matched: list[float]) -> alt.LayerChart:
@@ -204,5 +213,5 @@ def render_change_chart(rows: pd.DataFrame, verdict: str, matched: list[float]) 
     layers = _curve_layers(rows, colour, dash)
     if matched:
         marks = pd.DataFrame({"mark": ["compared here"] * len(matched), "concurrency": matched})
-        layers.insert(0, _marks_layer(marks))
-    return alt.layer(*layers).resolve_scale(color="independent").properties(height=260)
+        layers = _marks_layers(marks) + layers
+    return alt.layer(*layers).properties(height=260)
