@@ -192,7 +192,7 @@ def render_curve_chart(
     marks = pd.DataFrame([{"mark": f"{n} {v:g}", "concurrency": v} for n, v in named if v is not None])
     if not marks.empty:
         layers += _marks_layers(marks)
-    return alt.layer(*layers).properties(height=320)
+    return alt.LayerChart(layer=layers, height=320)
 
 
 def render_change_chart(rows: pd.DataFrame, verdict: str, matched: list[float]) -> alt.LayerChart:
@@ -214,4 +214,4 @@ def render_change_chart(rows: pd.DataFrame, verdict: str, matched: list[float]) 
     if matched:
         marks = pd.DataFrame({"mark": ["compared here"] * len(matched), "concurrency": matched})
         layers = _marks_layers(marks) + layers
-    return alt.layer(*layers).properties(height=260)
+    return alt.LayerChart(layer=layers, height=260)
