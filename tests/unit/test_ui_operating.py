@@ -176,3 +176,13 @@ def test_operating_and_sizing_pages_on_a_real_vllm_recording(monkeypatch):
     assert any(f"C_max {found.c_max:g} and usable RPS" in i.value for i in at.info)
     at.number_input(key=f"c_max{key}").set_value(3.0).run()
     assert any("Overridden: typed C_max 3" in c.value for c in at.caption)
+
+
+def test_a_live_source_that_cannot_be_read_says_so():
+    """Live sources are read through the reader `kvscope curve --agent/--prometheus` uses (its
+    recording-vs-real-Prometheus equality: tests/integration/test_diagnose_sources.py); an agent
+    that does not answer is a readable error, not an empty page."""
+    from kvscope.ui.server import free_port
+
+    with pytest.raises(ui_data.SourceError, match="could not be read for the curve"):
+        ui_data.live_curves(ui_data.SourceSpec("agent", f"http://127.0.0.1:{free_port()}", 600.0))
