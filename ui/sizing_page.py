@@ -92,7 +92,9 @@ def measured(curves: list[PoolCurve] | None, source: str, error: str) -> tuple[M
     c = st.columns(2)
     names = [pool_name(pc) for pc in curves]
     name = c[0].selectbox("Measured pool", names, key="sizing_pool") if len(names) > 1 else names[0]
-    slo = c[1].number_input("TTFT p99 SLO (s) for C_max", 0.001, 3600.0, DEFAULT_SLO_TTFT_P99_S, key="sizing_slo")
+    slo = c[1 if len(names) > 1 else 0].number_input(
+        "TTFT p99 SLO (s) for C_max", 0.001, 3600.0, DEFAULT_SLO_TTFT_P99_S, key="sizing_slo"
+    )
     found = measured_sizing(curves[names.index(name)], float(slo), source)
     st.info(found.provenance)
     return found, f"{name}@{slo:g}"
