@@ -1,7 +1,9 @@
 """One engine log line -> the stats it carries, or the reason it carries none.
 
 Recognised: vLLM's periodic stats line (V0 and V1), V0's prefix-cache hit line and preemption
-warning; SGLang's `Prefill batch` / `Decode batch` lines and retraction warnings. A `kubectl logs`
+warning, V1's `SpecDecoding metrics:` and NIXL `KV Transfer metrics:` lines; SGLang's `Prefill
+batch` / `Decode batch` lines and retraction warnings; LMCache's per-request lookup (`LMCache hit
+tokens`) and retrieve (`Retrieved N out of M required tokens`) lines. A `kubectl logs`
 `--prefix` (the pod becomes the instance) and `--timestamps` (RFC 3339, used instead of the
 engine's own second-resolution time) are read first. SGLang lines may also start with a date-time
 without brackets (`2026-06-07 10:59:31,659 [INFO] logger: Decode batch ...`, or `YYYY-MM-DD
@@ -56,6 +58,39 @@ SGLANG_FIELDS: dict[str, tuple[str, float] | None] = {
         ).split("|")
     ),
 }
+VLLM_SPEC_FIELDS: dict[str, tuple[str, float] | None] = {  # vllm/v1/spec_decode/metrics.py, 0.8.3+
+    "Accepted": ("spec_acc", 1.0),  # accepted draft tokens since the previous line (a count, reset)
+    "Drafted": ("spec_draft", 1.0),  # drafted tokens since the previous line
+    "Mean acceptance length": ("spec_len", 1.0),  # 1 + accepted / drafts: the bonus token included
+    **dict.fromkeys(
+        (
+            "Draft acceptance rate",
+            "Avg Draft acceptance rate",
+            "Accepted throughput",
+            "Drafted throughput",
+            "Per-position acceptance rate",
+        )
+    ),
+}
+NIXL_FIELDS: dict[str, tuple[str, float] | None] = {  # nixl_connector.py / nixl/stats.py reduce(), 0.11+
+    "Num successful transfers": ("xfer_n", 1.0),
+    "Avg xfer time (ms)": ("xfer_s", 0.001),  # mean over the interval's transfers
+    "Avg MB per transfer": ("xfer_bytes", 2.0**20),  # MiB: bytes / 2**20 in the source
+    "Num failed transfers": ("xfer_fail", 1.0),  # transfers + handshakes + notifications (0.33)
+    **dict.fromkeys(
+        (
+            "P90 xfer time (ms)",
+            "Avg post time (ms)",
+            "P90 post time (ms)",
+            "Throughput (MB/s)",
+            "Avg number of descriptors",
+            "Num KV expired reqs",
+            "Num notifs after expiry",
+        )
+    ),
+}
+LMCACHE_LOOKUP = "LMCache hit tokens: "
+LMCACHE_RETRIEVE = ("Retrieved ", " out of ", " required tokens")
 SGLANG_RETRACT = (
     "KV cache pool is full. Retract requests.",
     "Decode out of memory happened.",
@@ -64,8 +99,9 @@ SGLANG_RETRACT = (
 
 
 class Line(NamedTuple):
-    """The stats of one recognised line. `kind`: stats (vLLM), prefix, preempt (vLLM V0),
-    prefill, decode, retract (SGLang). `source`: the pod of a `kubectl logs --prefix` header."""
+    """The stats of one recognised line. `kind`: stats (vLLM), prefix, preempt (vLLM V0), spec,
+    kvxfer (vLLM V1), prefill, decode, retract (SGLang), lookup, retrieve (LMCache). `source`: the
+    pod of a `kubectl logs --prefix` header."""
 
     engine: str
     kind: str
@@ -100,10 +136,14 @@ def parse_line(line: str, day: datetime.date) -> Line | str:
         ("] Running: ", "stats"),  # V1 in 0.7.0
         ("Prefix cache hit rate: GPU: ", "prefix"),
         ("total_num_cumulative_preemption=", "preempt"),
+        ("SpecDecoding metrics: ", "spec"),
+        ("KV Transfer metrics: ", "kvxfer"),
     ):
         i = line.find(marker)
         if i >= 0:
             return _vllm(line, i + 2 * (marker[0] == "]"), kind, kube_ts, source, day.year)
+    if (i := line.find(LMCACHE_LOOKUP)) >= 0 or (i := _retrieved(line)) >= 0:
+        return _lmcache(line, i, kube_ts, source, day.year)
     for marker, kind in (("Prefill batch", "prefill"), ("Decode batch", "decode"), ("#retracted_reqs: ", "retract")):
         i = line.find(marker)
         if i >= 0 and (kind != "retract" or any(line.find(w) >= 0 for w in SGLANG_RETRACT)):
@@ -132,6 +172,13 @@ def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year
         if (value := _value(body[len("total_num_cumulative_preemption=") :])) is None:
             return "bad_value"
         return Line("vllm", kind, ts, rank, source, {"preempt_total": value}, missing=missing)
+    if kind in ("spec", "kvxfer"):
+        body = body.partition(": ")[2]
+        known, sep = (VLLM_SPEC_FIELDS, ": ") if kind == "spec" else (NIXL_FIELDS, "=")
+        fields, unknown = _fields(body.split(", "), known, sep)
+        if isinstance(fields, str):
+            return fields
+        return Line("vllm", kind, ts, rank, source, fields, unknown, missing)
     fields, unknown = _fields(body.removesuffix(".").split(", "), VLLM_FIELDS)
     if isinstance(fields, str):
         return fields
@@ -185,6 +232,50 @@ Known = dict[str, tuple[str, float] | None]
 NAN = float("nan")
 
 
+def _retrieved(line: str) -> int:
+    """Where LMCache's `Retrieved N out of M required tokens` starts, or -1."""
+    i = line.find(LMCACHE_RETRIEVE[0])
+    if i < 0:
+        return -1
+    j = line.find(LMCACHE_RETRIEVE[1], i)
+    count = line[i + len(LMCACHE_RETRIEVE[0]) : j] if 0 <= j < i + 40 else ""
+    r = line.find(LMCACHE_RETRIEVE[2], j) if count.isdigit() and count.isascii() else -1
+    return i if r >= 0 and r == line.find(" ", j + len(LMCACHE_RETRIEVE[1])) else -1
+
+
+def _lmcache(line: str, i: int, kube_ts: float | None, source: str, year: int) -> Line | str:
+    """LMCache's lookup or retrieve line. Its own header is `[YYYY-MM-DD HH:MM:SS,mmm] LMCache
+    LEVEL:` (lmcache/logging.py, ANSI colours around it on a terminal); vLLM's header when the
+    line came through vLLM's logger."""
+    ts, missing = kube_ts, ""
+    k = line.rfind("] LMCache ", 0, i)
+    o = line.rfind("[", 0, k) + 1 if k > 0 else 0
+    if ts is None and o > 0 and _dated(line[o:k]):  # `,mmm` dropped: the second is enough here
+        ts = _time(_year(line[o : o + 4]), line[o + 5 : o + 7], line[o + 8 : o + 10], line[o + 11 : o + 19])
+        if ts is None:
+            return "no_timestamp"
+    if ts is None:
+        head = line[:i].split()
+        for a, b in zip(head, head[1:], strict=False):
+            if ts is None and len(a) == 5 and a[2] == "-" and len(b) == 8:
+                if (ts := _time(year, a[:2], a[3:], b)) is None:
+                    return "no_timestamp"
+                missing = "year"
+    if ts is None:
+        ts, missing = NAN, "time"
+    if line.startswith(LMCACHE_LOOKUP, i):  # `Reqid: R, Total tokens N, LMCache hit tokens: H, ...`
+        t = line.rfind("Total tokens ", 0, i)
+        total = _value(line[t + len("Total tokens ") :].partition(",")[0]) if t >= 0 else None
+        hit = _value(line[i + len(LMCACHE_LOOKUP) :].partition(",")[0])
+        if total is None or hit is None:  # `LMCache hit tokens: None.`: the lookup had no answer
+            return "no_fields"
+        return Line("lmcache", "lookup", ts, "", source, {"lookup": total, "hit": min(hit, total)}, missing=missing)
+    got = _value(line[i + len(LMCACHE_RETRIEVE[0]) :])
+    if got is None:
+        return "bad_value"
+    return Line("lmcache", "retrieve", ts, "", source, {"loaded": got}, missing=missing)
+
+
 def _dated(text: str) -> bool:
     """`text` starts with `YYYY-MM-DD HH:MM:SS`."""
     return len(text) >= 19 and text[4] == "-" and text[7] == "-" and text[10] == " " and _hms(text[11:19])
@@ -195,11 +286,11 @@ def _hms(text: str) -> bool:
     return len(text) >= 8 and text[2] == ":" and text[5] == ":"
 
 
-def _fields(parts: list[str], known: Known) -> tuple[dict[str, float] | str, tuple[str, ...]]:
+def _fields(parts: list[str], known: Known, sep_: str = ": ") -> tuple[dict[str, float] | str, tuple[str, ...]]:
     fields: dict[str, float] = {}
     unknown = []
     for part in parts:
-        key, sep, raw = part.partition(": ")
+        key, sep, raw = part.partition(sep_)
         key = key.strip()
         if not sep:
             continue  # a continuation (`KV fetch: a, b in progress`) or ''

@@ -28,6 +28,7 @@ GAUGES = {
     "waiting": "engine_requests_waiting",
     "kv": "engine_kv_cache_usage_ratio",
     "prefix_hit": "engine_prefix_cache_hit_ratio",
+    "spec_len": "engine_spec_accept_length_tokens",
 }
 COUNTERS = {
     "prompt": "engine_prompt_tokens_total",
@@ -35,7 +36,25 @@ COUNTERS = {
     "queries": "engine_prefix_cache_queries_tokens_total",
     "hits": "engine_prefix_cache_hits_tokens_total",
     "preempt": "engine_preemptions_total",
+    "spec_acc": "engine_spec_accepted_tokens_total",
+    "spec_draft": "engine_spec_draft_tokens_total",
+    "xfer_n": "kv_transfer_seconds_count",
+    "xfer_s": "kv_transfer_seconds_sum",
+    "xfer_bytes_n": "kv_transfer_bytes_count",
+    "xfer_bytes": "kv_transfer_bytes_sum",
+    "xfer_fail": "kv_transfer_failures_total",
+    "lookup": "kv_tier_lookup_tokens_total",
+    "hit": "kv_tier_hit_tokens_total",
+    "loaded": "kv_tier_loaded_tokens_total",
 }
+SUMMED = {
+    "spec": ("spec_acc", "spec_draft"),
+    "kvxfer": ("xfer_fail",),
+    "lookup": ("lookup", "hit"),
+    "retrieve": ("loaded",),
+}
+"""Line kind -> the fields that are counts since the previous line of that kind (or per request),
+summed into counters as printed: exact, no rate integrated."""
 ROLL = {
     "year": (183 * 86400, lambda d: d.replace(year=d.year + 1, day=min(d.day, 28))),
     "date": (43200, lambda d: d + datetime.timedelta(days=1)),
@@ -186,6 +205,7 @@ def read_log(
             {"instance": inst, "job": job, "engine": engine}
             | ({"model": model} if model else {})
             | ({"dp_rank": rank} if rank else {})
+            | ({"tier": "lmcache"} if engine == "lmcache" else {})  # kv_tier_* carry the tier
         )
         for ts, values in _snapshots(lines, summary):
             by_time[(inst, ts)].extend(Sample(n, make_labels(base), v, ts) for n, v in values.items())
@@ -194,6 +214,14 @@ def read_log(
 
 
 def _format(line: Line) -> str:
+    other = {
+        "spec": "vLLM SpecDecoding lines",
+        "kvxfer": "vLLM KV Transfer (NIXL) lines",
+        "lookup": "LMCache lookup lines",
+        "retrieve": "LMCache retrieve lines",
+    }
+    if line.kind in other:
+        return other[line.kind]
     if line.engine == "sglang":
         return "SGLang " + ("retraction warnings" if line.kind == "retract" else f"{line.kind} lines")
     if line.kind == "stats":
@@ -237,6 +265,12 @@ def _counters_kept(lines: list[Line], kinds: set[str], keys: set[str]) -> dict[s
         counters |= {"prompt": 0.0} | ({"queries": 0.0, "hits": 0.0} if "cached" in keys else {})
     if "decode" in kinds and "gen_tps" in keys:
         counters["gen"] = 0.0
+    for kind, fields in SUMMED.items():
+        if kind in kinds:
+            counters |= {k: 0.0 for k in fields if k in keys}
+    if "kvxfer" in kinds and "xfer_n" in keys:  # the transfer histograms' _count and _sum
+        counters |= {"xfer_n": 0.0} | ({"xfer_s": 0.0} if "xfer_s" in keys else {})
+        counters |= {"xfer_bytes_n": 0.0, "xfer_bytes": 0.0} if "xfer_bytes" in keys else {}
     if "retract" in kinds or next((ln.fields["preempt_total"] for ln in lines if ln.kind == "preempt"), None) == 1:
         counters["preempt"] = 0.0
     return counters
@@ -259,6 +293,23 @@ def _advance(kind: str, f: dict[str, float], dt: float, counters: dict[str, floa
         counters["gen"] += f.get("gen_tps", 0.0) * dt
     elif kind == "retract":
         counters["preempt"] += f["retracted"]
+    elif kind == "kvxfer":
+        _transfers(f, counters)
+    for key in SUMMED.get(kind, ()):
+        if key in counters:
+            counters[key] += f.get(key, 0.0)
+
+
+def _transfers(f: dict[str, float], counters: dict[str, float]) -> None:
+    """A NIXL line: its transfer count, and their time and bytes as count x the printed mean."""
+    n = f.get("xfer_n", 0.0)
+    if "xfer_n" in counters:
+        counters["xfer_n"] += n
+    if "xfer_s" in counters:
+        counters["xfer_s"] += n * f.get("xfer_s", 0.0)
+    if "xfer_bytes" in counters:
+        counters["xfer_bytes_n"] += n
+        counters["xfer_bytes"] += n * f.get("xfer_bytes", 0.0)
 
 
 def _prefill(f: dict[str, float], counters: dict[str, float], gauges: dict[str, float]) -> None:
