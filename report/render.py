@@ -14,7 +14,8 @@ import pandas as pd
 
 from kvscope.diagnoser.actions import lever_heading, plan
 from kvscope.diagnoser.findings import LeverAdvice, confidence_words
-from kvscope.report.weekly import TENANT_SLO, UTILISATION_TRAP, Incident, WeekChange, WeeklyReport
+from kvscope.diagnoser.render import fmt_duration
+from kvscope.report.weekly import TENANT_SLO, UTILISATION_TRAP, Incident, WeekChanges, WeeklyReport
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -210,16 +211,21 @@ VERDICT_WORDS = {
 }
 
 
-def _changes_rows(changes: list[WeekChange] | None) -> list[list[str]] | list[str]:
+def _changes_rows(week: WeekChanges | None) -> list[list[str]] | list[str]:
     """One row per change (time, pool, kind, where, label diff, verdict, deltas per metric with
     the concurrency levels compared); a sentence when there are none or none could be judged."""
-    if changes is None:
+    if week is None:
         return [
             "Not measured: no engine in this source reports requests running (the operating curve's "
             "concurrency), so changes cannot be judged at matched load."
         ]
+    changes = week.changes
     if not changes:
-        return ["No config, version, restart or replica-count change this week, and no shift of the curve."]
+        return [
+            "No config, version, restart or replica-count change this week, and no shift of the curve "
+            f"(read from {week.intervals} scrape interval{'s' * (week.intervals != 1)} on a "
+            f"{fmt_duration(week.step_s)} grid)."
+        ]
     head = ["When", "Pool", "Change", "Where", "Verdict"] + [m[1] for m in CHANGE_METRICS] + ["Matched concurrency"]
     rows = [head]
     for wc in changes:

@@ -16,7 +16,7 @@ package's interface.
 """
 
 from kvscope.report.weekly.build import DELTA_KEYS, Incident, WeeklyReport, build_report, group_incidents
-from kvscope.report.weekly.changes import WeekChange, week_changes
+from kvscope.report.weekly.changes import WeekChange, WeekChanges, week_changes
 from kvscope.report.weekly.coverage import DataCoverage, data_coverage, timeline_step
 from kvscope.report.weekly.gpus import attribution_note, gpu_pools, pools
 from kvscope.report.weekly.series import (

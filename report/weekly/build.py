@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import SEVERITY_RANK, Counts, Diagnosis, Finding, count
-from kvscope.report.weekly.changes import WeekChange, week_changes
+from kvscope.report.weekly.changes import WeekChanges, week_changes
 from kvscope.report.weekly.gpus import attribution_note
 from kvscope.report.weekly.series import WEEK_S, columns
 from kvscope.report.weekly.week import WeekStats, compute_week
@@ -75,7 +75,7 @@ class WeeklyReport:
     incidents: list[Incident] = field(default_factory=list)
     attribution: str = ""  # why GPUs are not attributed to a pool ('' = all are)
     counts: tuple[Counts, ...] = ()  # per diagnosis: the CLI header's numbers (findings.count)
-    changes: list[WeekChange] | None = None  # what changed this week (None: no curve could be read)
+    changes: WeekChanges | None = None  # what changed this week (None: no curve could be read)
 
     def deltas(self) -> dict[str, float | None]:
         """Relative week-over-week change per fleet number (None when either week lacks it)."""

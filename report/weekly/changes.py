@@ -11,7 +11,7 @@ from kvscope.diagnoser.curve.report import JudgedChange, pool_curves
 from kvscope.diagnoser.curve.window import SIGNALS as CURVE_SIGNALS
 from kvscope.diagnoser.evaluate.frame import Frame
 
-__all__ = ["CURVE_SIGNALS", "WeekChange", "week_changes"]
+__all__ = ["CURVE_SIGNALS", "WeekChange", "WeekChanges", "week_changes"]
 
 
 @dataclass(frozen=True)
@@ -22,11 +22,23 @@ class WeekChange:
     judged: JudgedChange
 
 
-def week_changes(frame: Frame, start: float, end: float) -> list[WeekChange] | None:
-    """The changes of every pool in (start, end], oldest first; None when no pool reports the
-    curve's concurrency signal in the window (nothing could be judged: not "no change")."""
+@dataclass(frozen=True)
+class WeekChanges:
+    """The week's changes, oldest first, and what they were read from: the grid step and the
+    number of scrape intervals the pools' curves hold (a coarse grid over little data places no
+    short-lived change: the report says so rather than "no change" alone)."""
+
+    changes: list[WeekChange]
+    step_s: float
+    intervals: int
+
+
+def week_changes(frame: Frame, start: float, end: float) -> WeekChanges | None:
+    """The changes of every pool in (start, end]; None when no pool reports the curve's
+    concurrency signal in the window (nothing could be judged: not "no change")."""
     curves = pool_curves(frame)
     if not curves:
         return None
     out = [WeekChange(pc.labels, j) for pc in curves for j in pc.changes if start < j.change.time <= end]
-    return sorted(out, key=lambda c: c.judged.change.time)
+    out.sort(key=lambda c: c.judged.change.time)
+    return WeekChanges(out, frame.step, sum(pc.intervals for pc in curves))

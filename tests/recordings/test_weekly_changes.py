@@ -21,7 +21,7 @@ from kvscope.diagnoser.curve.report import JudgedChange
 from kvscope.diagnoser.sources.recording import RecordingSource
 from kvscope.diagnoser.sources.samples import SamplesSource
 from kvscope.report.render import CHANGES_TITLE, render_html, render_markdown
-from kvscope.report.weekly import WeekChange, build_report, report_window
+from kvscope.report.weekly import WeekChange, WeekChanges, build_report, report_window
 
 HERE = Path(__file__).resolve().parent
 NAME = "curve-vllm-config-changes"
@@ -45,9 +45,9 @@ def test_the_weekly_report_says_what_changed_as_kvscope_curve_does(tmp_path, cap
     # the report's changes, read as the command reads them (report_window over the replayed samples)
     replay = RecordingSource(PATH, spans=False).replay()
     report = build_report(report_window(SamplesSource(replay.samples, carry=False)), replay.end, 2.5, "r")
-    assert report.changes is not None and len(report.changes) == len(curve)
+    assert report.changes is not None and len(report.changes.changes) == len(curve)
     step = 2.0  # the recording's scrape interval
-    for got, want in zip(report.changes, curve, strict=True):
+    for got, want in zip(report.changes.changes, curve, strict=True):
         j = got.judged
         assert (j.change.kind, j.change.diff, j.change.instances) == (want["kind"], want["diff"], want["instances"])
         assert abs(j.change.time - want["time"]) <= step
@@ -59,14 +59,14 @@ def test_the_weekly_report_says_what_changed_as_kvscope_curve_does(tmp_path, cap
     # the verdicts written before the recording was read (the third, a restart with the same flags on a
     # shared box, is the curve test's documented miss, not this report's concern)
     expected = yaml.safe_load((HERE / f"{NAME}.yaml").read_text())["expected_curve"]["changes"]
-    assert [c.judged.verdict for c in report.changes][:2] == [c["verdict"] for c in expected][:2]
+    assert [c.judged.verdict for c in report.changes.changes][:2] == [c["verdict"] for c in expected][:2]
 
     rows = _section(md.read_text())
     assert len(rows) == 2 + len(curve)  # header, rule, one row per change
     assert "Verdict" in rows[0] and "TTFT p99" in rows[0]
     assert "config: kv_capacity_tokens 8192 → 640" in rows[2] and "regression: worse at matched load" in rows[2]
     assert "config: kv_capacity_tokens 640 → 8192" in rows[3] and "improvement: better at matched load" in rows[3]
-    for row, c in zip(rows[2:], report.changes, strict=True):
+    for row, c in zip(rows[2:], report.changes.changes, strict=True):
         ttft = c.judged.deltas["ttft_p99_s"]
         assert f"{ttft['before']:.3g} → {ttft['after']:.3g} s ({ttft['relative']:+.0%})" in row
     body = page.read_text()
@@ -82,7 +82,7 @@ def _judged(verdict: str, deltas: dict) -> WeekChange:
 def test_not_comparable_is_said_as_such_and_no_curve_is_not_no_change():
     replay = RecordingSource(PATH, spans=False).replay()
     report = build_report(report_window(SamplesSource(replay.samples, carry=False)), replay.end, 2.5, "r")
-    report.changes = [_judged("not_comparable", {})]
+    report.changes = WeekChanges([_judged("not_comparable", {})], 2.0, 169)
     (row,) = _section(render_markdown(report))[2:]
     assert "not comparable: the load before and after did not overlap" in row and "no verdict" in row
     assert "regression" not in row and "| - | - | - | - |" in row
@@ -91,5 +91,8 @@ def test_not_comparable_is_said_as_such_and_no_curve_is_not_no_change():
         "Not measured: no engine in this source reports requests running (the operating curve's concurrency), "
         "so changes cannot be judged at matched load."
     ]
-    report.changes = []
-    assert "No config, version, restart or replica-count change this week" in render_html(report)
+    report.changes = WeekChanges([], 900.0, 1)
+    assert (
+        "No config, version, restart or replica-count change this week, and no shift of the curve "
+        "(read from 1 scrape interval on a 15m00s grid)" in render_html(report)
+    )
