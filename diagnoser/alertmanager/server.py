@@ -317,7 +317,8 @@ class WebhookServer:
         """The diagnosis with what changed in the window and its effect at matched load, by the one
         function `kvscope diagnose` and the UI use (`curve.report.with_changes`: the curve's signals
         read from the same Prometheus). Its reads end CHANGES_MARGIN_S before the diagnosis' own
-        deadline, so a slow curve read costs the changes (said in `errors`), never the findings."""
+        deadline, so a slow curve read (or a fault in the curve) costs the changes (said in `errors`),
+        never the findings."""
         from kvscope.diagnoser.curve.report import with_changes
 
         source = PrometheusSource(self.config.prometheus_url, timeout_s=self.config.query_timeout_s)
@@ -326,6 +327,9 @@ class WebhookServer:
             got = await self._in_thread(deadline, with_changes, source, result, start, end, self.config.step_s)
         except SourceError as exc:
             return result, [f"what changed in the window could not be read: {exc}"]
+        except Exception as exc:  # noqa: BLE001 - a fault in the curve costs the changes, not the findings
+            log.exception("what changed in [%s, %s] could not be computed", start, end)
+            return result, [f"what changed in the window could not be computed: {type(exc).__name__}: {exc}"]
         return got, []
 
     async def forward(self, row_id: int, payload: dict[str, Any]) -> str:

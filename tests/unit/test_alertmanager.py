@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 
+import numpy as np
 import pytest
 
 from kvscope.commands._params import parse_params
@@ -366,3 +367,51 @@ def test_without_an_engine_change_the_headline_is_the_likely_cause():
     assert [c["kind"] for c in out["changes"]] == ["replicas"]
     assert out["headline"] == "no change to the engines and no finding at this place"
     assert select_findings({"likely_cause": None}, alert)["changes"] == []
+
+
+@pytest.mark.parametrize("fault", ["read", "compute"])
+def test_a_failed_curve_read_costs_the_changes_not_the_findings(monkeypatch, fault):
+    """The findings of the fleet path stay when what changed cannot be read (a stalled Prometheus
+    past the curve's own deadline) or computed; `errors` says which."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from kvscope.diagnoser.alertmanager import server as server_mod
+    from kvscope.diagnoser.curve import report as curve_report
+    from kvscope.diagnoser.evaluate.frame import Frame
+    from kvscope.diagnoser.findings import Diagnosis, Finding
+    from kvscope.diagnoser.pushdown import run as pushdown_run
+    from kvscope.diagnoser.sources import SourceError
+
+    found = Finding(
+        "kv_pressure_preemption",
+        "K1",
+        "KV cache full",
+        "warning",
+        {"instance": "e0:8000"},
+        0.0,
+        60.0,
+        True,
+        (0.0, 60.0),
+        15.0,
+        250.0,
+        "KV cache at 97%",
+    )
+    diagnosis = Diagnosis((0.0, 60.0), "prometheus", found)
+    monkeypatch.setattr(pushdown_run, "diagnose_fleet", lambda *a, **k: (diagnosis, SimpleNamespace(fetched=None)))
+    monkeypatch.setattr(server_mod, "read_window", lambda *a, **k: Frame(ts=np.arange(0.0, 60.0, 15.0)))
+
+    def broken(*args, **kwargs):
+        raise SourceError("prometheus: read timed out") if fault == "read" else ZeroDivisionError("bucket")
+
+    monkeypatch.setattr(curve_report, "with_changes", broken)
+    server = server_mod.WebhookServer(
+        server_mod.ServeConfig(prometheus_url="http://127.0.0.1:9"), DiagnosisStore(":memory:")
+    )
+    doc, _, errors = asyncio.run(server._diagnose_window(0.0, 60.0))
+    assert doc["likely_cause"]["rule_id"] == "kv_pressure_preemption" and doc["changes"] == []
+    word = {
+        "read": "could not be read: prometheus: read timed out",
+        "compute": "could not be computed: ZeroDivisionError",
+    }
+    assert len(errors) == 1 and errors[0].startswith(f"what changed in the window {word[fault]}")
