@@ -149,6 +149,16 @@ SATURATION = Row(
             palette="rate_bad",
             links=(drilldown("kvscope-kv", "KV cache & prefix"),),
         ),
+        Panel(
+            "Restarts and KV-capacity changes",
+            "Per engine, restarts (its finished-requests counter dropped) and KV-capacity changes in the 15 minutes "
+            "before each point: a step up is a change (a restart down for longer than 15 minutes is not seen). "
+            "Whether serving got better or worse after one, at the same load, is what `kvscope curve` and the "
+            "Alertmanager webhook judge (the curve before against after).",
+            q.CHANGES,
+            "count",
+            width=24,
+        ),
     ),
 )
 

@@ -26,7 +26,8 @@ CANONICAL_PREFIX = "kvscope:"
 """Canonical series recorded by rules/prometheus/kvscope-canonical.yml."""
 GRAFANA_VARS = ("__rate_interval", "__range", "__interval", "__all_variables", "__url_time_range")
 _METRIC = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
-_RATE = re.compile(r"\b(rate|increase|irate)\(\s*$")
+_RATE = re.compile(r"\b(rate|increase|irate|resets)\(\s*$")
+"""Functions that read a counter's increments (`resets` counts its drops: the process restarted)."""
 _VAR = re.compile(r"\$\{?([a-zA-Z_][a-zA-Z0-9_]*)")
 
 

@@ -231,6 +231,24 @@ RESIDENCY = tuple(
 )
 """Block lifetime, idle time before eviction and reuse gap (vLLM KV residency histograms)."""
 KV_CAPACITY = Query(gauge("engine_kv_capacity_tokens", "max", ("instance",)), "{{instance}}")
+CHANGE_WINDOW = "15m"
+"""How far back each point of the changes panel looks. A restarted engine is down while it loads its
+model, often for minutes, and resets()/changes() only see a drop between two samples inside one
+window: $__rate_interval (1 m) would miss most restarts; a restart down for longer than this is
+not counted either."""
+CHANGES = (
+    Query(
+        f"max by (instance) (resets({series('engine_requests_finished_total')}{_sel()}[{CHANGE_WINDOW}]))",
+        f"{{{{instance}}}} restarts in the last {CHANGE_WINDOW}",
+    ),
+    Query(
+        f"max by (instance) (changes({series('engine_kv_capacity_tokens')}{_sel()}[{CHANGE_WINDOW}]))",
+        f"{{{{instance}}}} KV-capacity changes in the last {CHANGE_WINDOW}",
+    ),
+)
+"""What changed, per engine: restarts (its finished-requests counter dropped) and new KV capacities
+(vLLM cache_config_info, SGLang max_total_num_tokens) in the CHANGE_WINDOW before each point:
+where `kvscope curve` and the webhook judge the curve before against after (docs/curve.md)."""
 CASCADE_STAGE = Query(
     gauge("engine_cascade_stage_code", "max", ("instance", "dp_rank")), "{{instance}} rank {{dp_rank}}"
 )

@@ -14,7 +14,8 @@ import pandas as pd
 
 from kvscope.diagnoser.actions import lever_heading, plan
 from kvscope.diagnoser.findings import LeverAdvice, confidence_words
-from kvscope.report.weekly import TENANT_SLO, UTILISATION_TRAP, Incident, WeeklyReport
+from kvscope.diagnoser.render import fmt_duration
+from kvscope.report.weekly import TENANT_SLO, UTILISATION_TRAP, Incident, WeekChanges, WeeklyReport
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -175,6 +176,7 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
     tenants = report.this.tenants
     out.append(("Tenants", [NO_TENANTS] if tenants.empty else _table(tenants, TENANT_COLUMNS, "Tenant")))
     out += _efficiency_sections(report)
+    out.append((CHANGES_TITLE, _changes_rows(report.changes)))
     rows: list[list[str]] | list[str] = ["No findings this week."]
     if report.incidents:
         rows = [["Severity", "Finding", "Confidence", "Where", "Since", "Do now", "Fix for good"]] + [
@@ -192,6 +194,73 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
     if report.counts:
         out.append(("Rules", [f"Diagnosis over the window: {c.text()}." for c in report.counts]))
     return out
+
+
+CHANGES_TITLE = "What changed this week and its effect at matched load"
+CHANGE_METRICS = (  # deltas key, column, unit scale, unit
+    ("ttft_p99_s", "TTFT p99", 1.0, "s"),
+    ("itl_p99_s", "ITL p99", 1000.0, "ms"),
+    ("output_tokens_per_s", "Output tok/s per instance", 1.0, ""),
+)
+VERDICT_WORDS = {
+    "regression": "regression: worse at matched load",
+    "improvement": "improvement: better at matched load",
+    "no_change": "no change at matched load",
+    "not_comparable": "not comparable: the load before and after did not overlap (no concurrency level "
+    "measured on both sides), so no verdict",
+}
+
+
+def _changes_rows(week: WeekChanges | None) -> list[list[str]] | list[str]:
+    """One row per change (time, pool, kind, where, label diff, verdict, deltas per metric with
+    the concurrency levels compared); a sentence when there are none or none could be judged."""
+    if week is None:
+        return [
+            "Not measured: no engine in this source reports requests running (the operating curve's "
+            "concurrency), so changes cannot be judged at matched load."
+        ]
+    changes = week.changes
+    if not changes:
+        return [
+            "No config, version, restart or replica-count change this week, and no shift of the curve "
+            f"(read from {week.intervals} scrape interval{'s' * (week.intervals != 1)} on a "
+            f"{fmt_duration(week.step_s)} grid)."
+        ]
+    head = ["When", "Pool", "Change", "Where", "Verdict"] + [m[1] for m in CHANGE_METRICS] + ["Matched concurrency"]
+    rows = [head]
+    for wc in changes:
+        j, c = wc.judged, wc.judged.change
+        verdict = VERDICT_WORDS[j.verdict]
+        named = [label for key, label, _, _ in CHANGE_METRICS if key in j.worse + j.better]
+        if named and j.verdict in ("regression", "improvement"):
+            verdict += f" ({', '.join(named)})"
+        rows.append(
+            [
+                _when(c.time),
+                finding_where(wc.pool),
+                _change_text(c.kind, c.diff),
+                ", ".join(c.instances) or "pool",
+                verdict,
+                *(_delta_cell(j.deltas.get(key), scale, unit) for key, _, scale, unit in CHANGE_METRICS),
+                ", ".join(f"{x:.1f}" for x in j.matched_concurrency) or "-",
+            ]
+        )
+    return rows
+
+
+def _change_text(kind: str, diff: dict) -> str:
+    if kind == "curve":
+        return "curve shift (no label changed): the window's first half against its second"
+    moved = ", ".join(f"{k} {a:g} → {b:g}" for k, (a, b) in diff.items())
+    return f"{kind}: {moved}" if moved else kind
+
+
+def _delta_cell(d: dict | None, scale: float, unit: str) -> str:
+    """'before → after (relative)' in the metric's unit; '-' where no matched level measured it."""
+    if d is None:
+        return "-"
+    rel = "" if d["relative"] is None else f" ({d['relative']:+.0%})"
+    return f"{d['before'] * scale:.3g} → {d['after'] * scale:.3g}{' ' + unit if unit else ''}{rel}"
 
 
 def _lever_titles(levers: list[LeverAdvice], top: int = 2) -> str:

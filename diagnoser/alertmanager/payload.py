@@ -1,7 +1,10 @@
 """Alertmanager webhook payloads (v4), and the diagnosis attached to each alert.
 
-Every firing alert gains a `kvscope` object (shape: docs/alerting.md): the findings at the alert's
-place (its `instance`, `model`, ... labels), `matched` (the finding of its own `rule_id`) and
+Every firing alert gains a `kvscope` object (shape: docs/alerting.md). It leads with what changed
+at the alert's place in its window (`changes`, a change to the engines first, each with its verdict
+at matched load and deltas, as `kvscope.diagnoser.curve.report.with_changes` attached them) and a
+`headline` that names that change before the likely cause; then the findings at the alert's place
+(its `instance`, `model`, ... labels), `matched` (the finding of its own `rule_id`) and
 `likely_cause` (the top-ranked one there, which may be a cascade's earlier stage) and `actions`
 (its levers split into `do_now` and `fix`).
 """
@@ -16,6 +19,7 @@ import msgspec
 
 from kvscope.agent.serve.jsonbody import loads_bounded
 from kvscope.diagnoser.actions import actions_dict
+from kvscope.diagnoser.curve.report import FINDING_KINDS as ENGINE_CHANGE_KINDS
 from kvscope.diagnoser.findings import Diagnosis, LeverAdvice, confidence_words, count, nothing_evaluable
 
 WEBHOOK_VERSION = "4"
@@ -131,7 +135,10 @@ def select_findings(
     here = [f for f in ranked if f and at_place(f.get("where", {}), place)]
     rule_id = alert.labels.get("rule_id")
     matched = next((f for f in here if rule_id and f.get("rule_id") == rule_id), None)
+    changes = changes_at_place(diagnosis.get("changes", []), place, alert.starts_at)
     return {
+        "changes": changes,
+        "headline": headline(changes, here[0] if here else None),
         "rule_id": rule_id,
         "matched": matched,
         "likely_cause": here[0] if here else None,
@@ -141,6 +148,43 @@ def select_findings(
         **finding_actions(here[0] if here else None),
         **({"routers": diagnosis["routers"]} if diagnosis.get("routers") else {}),
     }
+
+
+def changes_at_place(changes: list[dict[str, Any]], place: dict[str, str], starts_at: float) -> list[dict[str, Any]]:
+    """The window's changes (`Diagnosis.changes`) at the alert's place, the one to read first first:
+    changes to the engines (config, version, restart) before replica-count changes and bare curve
+    shifts; among those, one judged a regression at matched load first; then the changes before the
+    alert began, nearest first (the cause precedes the symptom), then those after it, earliest first.
+    A change is at the place unless its pool's model or its instances disagree with the alert's."""
+    here = [c for c in changes if _change_here(c, place)]
+    return sorted(
+        here,
+        key=lambda c: (
+            c.get("kind") not in ENGINE_CHANGE_KINDS,
+            c.get("verdict") != "regression",
+            c["time"] > starts_at,
+            abs(starts_at - c["time"]),
+        ),
+    )
+
+
+def _change_here(change: dict[str, Any], place: dict[str, str]) -> bool:
+    model = change.get("pool", {}).get("model")
+    if model and place.get("model", model) != model:
+        return False
+    instances = change.get("instances") or []
+    return not instances or place.get("instance") in (None, *instances)
+
+
+def headline(changes: list[dict[str, Any]], likely: dict[str, Any] | None) -> str:
+    """One line for a chat message: the change to the engines that leads `changes` (what, when,
+    its verdict at matched load and deltas) when there is one, then the likely cause."""
+    parts = []
+    if changes and changes[0].get("kind") in ENGINE_CHANGE_KINDS:
+        parts.append(f"what changed: {changes[0]['text']}")
+    if likely:
+        parts.append(f"likely cause: {likely.get('title')} ({likely.get('summary')})")
+    return "; ".join(parts) or "no change to the engines and no finding at this place"
 
 
 def window_status(diagnosis: dict[str, Any]) -> str:

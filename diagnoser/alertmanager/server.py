@@ -35,6 +35,7 @@ from kvscope.diagnoser.alertmanager.payload import (
     window_status,
 )
 from kvscope.diagnoser.alertmanager.store import DiagnosisStore
+from kvscope.diagnoser.findings import Diagnosis
 from kvscope.diagnoser.routing import SIGNALS as ROUTER_SIGNALS
 from kvscope.diagnoser.routing import router_decisions
 from kvscope.diagnoser.rulebook.levers import load_levers
@@ -44,6 +45,9 @@ from kvscope.diagnoser.sources.prometheus import PrometheusSource
 from kvscope.diagnoser.sources.window import Span, read_window
 
 log = logging.getLogger("kvscope.serve")
+
+CHANGES_MARGIN_S = 5.0
+"""The curve read for what changed ends this long before the diagnosis' deadline (findings kept)."""
 
 
 @dataclass
@@ -300,11 +304,33 @@ class WebhookServer:
             routers = await self._in_thread(deadline, read_window, source, ROUTER_SIGNALS, Span(start, end), step)
         except SourceError as exc:
             return {"likely_cause": None, "competing": [], "other": [], "skipped": []}, {}, [str(exc)]
+        result, errors = await self._with_changes(result, start, end, deadline)
         parts = report.fetched.parts if report.fetched else []
         places = instance_places(
             [dict(lbl) for _, part in parts for block in part.blocks.values() for lbl in block.labels]
         )
-        return {**result.to_dict(), "routers": router_decisions(routers)}, places, []
+        return {**result.to_dict(), "routers": router_decisions(routers)}, places, errors
+
+    async def _with_changes(
+        self, result: Diagnosis, start: float, end: float, deadline: float | None
+    ) -> tuple[Diagnosis, list[str]]:
+        """The diagnosis with what changed in the window and its effect at matched load, by the one
+        function `kvscope diagnose` and the UI use (`curve.report.with_changes`: the curve's signals
+        read from the same Prometheus). Its reads end CHANGES_MARGIN_S before the diagnosis' own
+        deadline, so a slow curve read (or a fault in the curve) costs the changes (said in `errors`),
+        never the findings."""
+        from kvscope.diagnoser.curve.report import with_changes
+
+        source = PrometheusSource(self.config.prometheus_url, timeout_s=self.config.query_timeout_s)
+        source.client.deadline = None if deadline is None else deadline - 1.0 - CHANGES_MARGIN_S
+        try:
+            got = await self._in_thread(deadline, with_changes, source, result, start, end, self.config.step_s)
+        except SourceError as exc:
+            return result, [f"what changed in the window could not be read: {exc}"]
+        except Exception as exc:  # noqa: BLE001 - a fault in the curve costs the changes, not the findings
+            log.exception("what changed in [%s, %s] could not be computed", start, end)
+            return result, [f"what changed in the window could not be computed: {type(exc).__name__}: {exc}"]
+        return got, []
 
     async def forward(self, row_id: int, payload: dict[str, Any]) -> str:
         """POST the enriched payload; returns what happened (stored on the row)."""

@@ -127,6 +127,7 @@ def _brief(alert: dict[str, Any]) -> dict[str, Any]:
     return {
         "alertname": alert.get("labels", {}).get("alertname"),
         "status": alert.get("status"),
+        "headline": ks.get("headline"),
         "likely_cause": cause.get("rule_id"),
         "summary": cause.get("summary"),
     }

@@ -13,7 +13,8 @@ from kvscope.commands._common import add_command, fail
 HELP = """\
 Write the weekly efficiency review: output tokens per GPU-hour per model/pool, GPU utilisation,
 $ per 1M output tokens at --gpu-hour-cost, prefill tokens saved by prefix caching, per-tenant
-usage, week-over-week deltas and the week's incidents (as `kvscope diagnose` groups findings).
+usage, week-over-week deltas, the week's incidents (as `kvscope diagnose` groups findings) and
+what changed this week (restarts, config changes) with its effect at matched load (docs/curve.md).
 Numbers the source lacks print as "absent", never zero; a partial week is said with its span and
 gaps. GPU-hours are split per pool through the engine-GPU join (GPUs it cannot place are
 "unattributed"). What each section means: docs/ui.md.

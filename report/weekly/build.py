@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import SEVERITY_RANK, Counts, Diagnosis, Finding, count
+from kvscope.report.weekly.changes import WeekChanges, week_changes
 from kvscope.report.weekly.gpus import attribution_note
 from kvscope.report.weekly.series import WEEK_S, columns
 from kvscope.report.weekly.week import WeekStats, compute_week
@@ -74,6 +75,7 @@ class WeeklyReport:
     incidents: list[Incident] = field(default_factory=list)
     attribution: str = ""  # why GPUs are not attributed to a pool ('' = all are)
     counts: tuple[Counts, ...] = ()  # per diagnosis: the CLI header's numbers (findings.count)
+    changes: WeekChanges | None = None  # what changed this week (None: no curve could be read)
 
     def deltas(self) -> dict[str, float | None]:
         """Relative week-over-week change per fleet number (None when either week lacks it)."""
@@ -94,7 +96,8 @@ def build_report(
     diagnoses: Sequence[Diagnosis] = (),
 ) -> WeeklyReport:
     """The week ending at `end` and, when the data reaches back, the week before it. The top
-    findings are the `top` highest-scoring incidents of `diagnoses` (grouped by `group_incidents`)."""
+    findings are the `top` highest-scoring incidents of `diagnoses` (grouped by `group_incidents`);
+    the week's changes are judged on the operating curve of the whole frame (`week_changes`)."""
     this = compute_week(frame, end - WEEK_S, end, gpu_hour_cost)
     first = columns(frame).first_ts()
     previous = None
@@ -102,4 +105,5 @@ def build_report(
         previous = compute_week(frame, end - 2 * WEEK_S, end - WEEK_S, gpu_hour_cost)
     ranked = sorted(group_incidents(diagnoses), key=lambda i: (-i.head.score, -(i.head.until - i.head.since)))[:top]
     counts = tuple(count(d) for d in diagnoses)
-    return WeeklyReport(this, previous, gpu_hour_cost, source, ranked, attribution_note(frame), counts)
+    changes = week_changes(frame, end - WEEK_S, end)
+    return WeeklyReport(this, previous, gpu_hour_cost, source, ranked, attribution_note(frame), counts, changes)

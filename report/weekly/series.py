@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kvscope.agent.derive.rates import step_increases
+from kvscope.diagnoser.curve.window import SIGNALS as CURVE_SIGNALS
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.promql.rulefiles import SloConfig
 from kvscope.diagnoser.sources.window import Source, Span, read_window
@@ -68,7 +69,12 @@ profiling reports graphics-engine activity, that is the utilisation the report u
 
 
 SIGNALS = COUNTERS + GAUGES
-"""Every canonical sample name the report reads."""
+"""Every canonical sample name the report's tables read (`columns`)."""
+
+
+READ_SIGNALS = SIGNALS + tuple(sorted(CURVE_SIGNALS - set(SIGNALS)))
+"""What `report_window` reads: the tables' signals and the operating curve's (histogram buckets,
+concurrency, the config gauges), from which "what changed this week" is judged (changes.py)."""
 
 
 def report_window(source: Source, end: float | None = None, start: float | None = None) -> Frame:
@@ -79,12 +85,12 @@ def report_window(source: Source, end: float | None = None, start: float | None 
     taken in the step before it, not one carried from further back."""
     natural = source.natural_step()
     if natural:
-        return read_window(source, SIGNALS, Span(), natural)
+        return read_window(source, READ_SIGNALS, Span(), natural)
     if end is None:
         raise ValueError(f"{source.description}: the report needs the end of its week")
     start = end - 2 * WEEK_S if start is None else start
     step = report_step(end - start)
-    return read_window(source, SIGNALS, Span(math.floor(start / step) * step, end), step)
+    return read_window(source, READ_SIGNALS, Span(math.floor(start / step) * step, end), step)
 
 
 REPORT_STEP_S = 900.0

@@ -442,3 +442,29 @@ def test_ui_router_decisions_from_prometheus_match_the_recording(tmp_path):
     assert got["decisions"].keys() == want["decisions"].keys()
     for key in ("kept", "load_only"):
         assert abs(got[key] - want[key]) <= 0.05 * want[key], (key, got, want)
+
+
+def test_the_changes_panel_shows_the_config_change_recordings_restarts_and_kv_cuts(tmp_path):
+    """The fleet board's "Restarts and KV-capacity changes" on the real vLLM recording restarted
+    between phases (--num-gpu-blocks-override 256 -> 20 -> 256 -> 256): a restart at each change
+    `kvscope curve` finds in the same recording, a KV-capacity change at the first two only (the
+    third restart kept its flags)."""
+    from kvscope.dashboards import queries as q
+    from kvscope.diagnoser.curve.report import pool_curves
+    from kvscope.diagnoser.curve.window import read_window
+    from kvscope.diagnoser.sources.recording import RecordingSource
+
+    path = RECORDINGS / "curve-vllm-config-changes.om.gz"
+    source = RecordingSource(path)
+    (pc,) = pool_curves(read_window(source, None, None, source.natural_step()))
+    times = [j.change.time for j in pc.changes]
+    assert [bool(j.change.diff) for j in pc.changes] == [True, True, False]
+    with serve_recording(path, tmp_path) as (url, replay):
+
+        def at(query, t: float) -> float:  # the panel query's value at t (one engine)
+            (series,) = prometheus_query_range(url, substitute(query.expr, t, t), t, t, step=1.0)
+            return float(series["values"][-1][1])
+
+        # a step up at each change: the 15-minute window before a point just after it holds one more
+        stepped = [[at(query, t + 30) - at(query, t - 30) for t in times] for query in q.CHANGES]
+    assert stepped == [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], (times, stepped)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 
+import numpy as np
 import pytest
 
 from kvscope.commands._params import parse_params
@@ -311,3 +312,106 @@ def test_the_likely_cause_comes_with_do_now_before_fix():
         "do_now": [],
         "fix": [],
     }
+
+
+def _change(kind, t, verdict, instances=(), model="llama"):
+    """One entry of `Diagnosis.changes` as `curve.report.attach` writes it."""
+    return {
+        "pool": {"model": model, "engine": "vllm"},
+        "time": t,
+        "kind": kind,
+        "diff": {"kv_capacity_tokens": [8192.0, 640.0]} if kind == "config" else {},
+        "instances": list(instances),
+        "verdict": verdict,
+        "deltas": {},
+        "text": f"{kind} at {t:g}: {verdict}",
+    }
+
+
+def test_a_change_to_the_engines_leads_the_alerts_payload_before_its_findings():
+    """The change to read first leads: an engine change (config, version, restart) before replica
+    counts and curve shifts, a regression first, then the nearest before the alert began; changes
+    of another instance or model are not this alert's."""
+    alert = parse_alert(WEBHOOK["alerts"][0] | {"labels": WEBHOOK["alerts"][0]["labels"] | {"model": "llama"}})
+    t0 = alert.starts_at
+    changes = [
+        _change("restart", t0 - 600, "no_change", ["e0:8000"]),
+        _change("config", t0 - 300, "regression", ["e0:8000"]),
+        _change("replicas", t0 - 60, "regression"),
+        _change("config", t0 - 100, "regression", ["e1:8000"]),
+        _change("restart", t0 + 120, "regression", ["e0:8000"]),
+        _change("curve", t0 - 30, "regression", model="qwen"),
+        _change("restart", t0 - 10, "no_change", ["e0:8000"]),
+    ]
+    likely = _finding("kv_pressure_preemption", {"instance": "e0:8000"}, 250) | {"title": "KV cache full"}
+    diagnosis = {"likely_cause": likely, "changes": changes}
+    out = select_findings(diagnosis, alert)
+    assert list(out)[:2] == ["changes", "headline"]  # before rule_id, matched, likely_cause, findings
+    assert [(c["kind"], c["time"] - t0) for c in out["changes"]] == [
+        ("config", -300),
+        ("restart", 120),
+        ("restart", -10),
+        ("restart", -600),
+        ("replicas", -60),
+    ]
+    assert out["headline"] == (
+        f"what changed: config at {t0 - 300:g}: regression; likely cause: KV cache full (kv_pressure_preemption)"
+    )
+
+
+def test_without_an_engine_change_the_headline_is_the_likely_cause():
+    alert = parse_alert(WEBHOOK["alerts"][0])
+    t0 = alert.starts_at
+    diagnosis = {"likely_cause": None, "changes": [_change("replicas", t0 - 60, "no_change")]}
+    out = select_findings(diagnosis, alert)
+    assert [c["kind"] for c in out["changes"]] == ["replicas"]
+    assert out["headline"] == "no change to the engines and no finding at this place"
+    assert select_findings({"likely_cause": None}, alert)["changes"] == []
+
+
+@pytest.mark.parametrize("fault", ["read", "compute"])
+def test_a_failed_curve_read_costs_the_changes_not_the_findings(monkeypatch, fault):
+    """The findings of the fleet path stay when what changed cannot be read (a stalled Prometheus
+    past the curve's own deadline) or computed; `errors` says which."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from kvscope.diagnoser.alertmanager import server as server_mod
+    from kvscope.diagnoser.curve import report as curve_report
+    from kvscope.diagnoser.evaluate.frame import Frame
+    from kvscope.diagnoser.findings import Diagnosis, Finding
+    from kvscope.diagnoser.pushdown import run as pushdown_run
+    from kvscope.diagnoser.sources import SourceError
+
+    found = Finding(
+        "kv_pressure_preemption",
+        "K1",
+        "KV cache full",
+        "warning",
+        {"instance": "e0:8000"},
+        0.0,
+        60.0,
+        True,
+        (0.0, 60.0),
+        15.0,
+        250.0,
+        "KV cache at 97%",
+    )
+    diagnosis = Diagnosis((0.0, 60.0), "prometheus", found)
+    monkeypatch.setattr(pushdown_run, "diagnose_fleet", lambda *a, **k: (diagnosis, SimpleNamespace(fetched=None)))
+    monkeypatch.setattr(server_mod, "read_window", lambda *a, **k: Frame(ts=np.arange(0.0, 60.0, 15.0)))
+
+    def broken(*args, **kwargs):
+        raise SourceError("prometheus: read timed out") if fault == "read" else ZeroDivisionError("bucket")
+
+    monkeypatch.setattr(curve_report, "with_changes", broken)
+    server = server_mod.WebhookServer(
+        server_mod.ServeConfig(prometheus_url="http://127.0.0.1:9"), DiagnosisStore(":memory:")
+    )
+    doc, _, errors = asyncio.run(server._diagnose_window(0.0, 60.0))
+    assert doc["likely_cause"]["rule_id"] == "kv_pressure_preemption" and doc["changes"] == []
+    word = {
+        "read": "could not be read: prometheus: read timed out",
+        "compute": "could not be computed: ZeroDivisionError",
+    }
+    assert len(errors) == 1 and errors[0].startswith(f"what changed in the window {word[fault]}")

@@ -84,6 +84,7 @@ def test_latency_panels_are_in_seconds_and_ratios_in_percentunit():
             "quantile-without-sum-by-le",
         ),
         (f"rate(kvscope_engine_requests_running{SEL}[5m])", "rate-on-non-counter"),
+        (f"resets(kvscope_engine_kv_capacity_tokens{SEL}[5m])", "rate-on-non-counter"),
         (f"sum(kvscope_engine_preemptions_total{SEL})", "lifetime-maths"),
         (
             f"sum(kvscope_request_queue_seconds_sum{SEL}) / (sum(rate(kvscope_request_queue_seconds_count{SEL}[5m])) > 0)",
@@ -108,6 +109,7 @@ def test_lint_catches_each_defect(linter, expr, rule):
     [
         q.quantile(0.99, "request_ttft_seconds", ("instance",)),
         q.mean("request_queue_seconds"),
+        *(c.expr for c in q.CHANGES),
         q.prefix_hit_ratio(("tenant",)).expr,
         'sum(model:request_ttft_seconds:p99_5m{job=~"$job"})',
         f"{q.sum_rate('engine_generation_tokens_total')} / 1e6",

@@ -1,0 +1,44 @@
+"""What changed this week and its effect at matched load: the changes `kvscope curve` finds in the
+report's window (`diagnoser.curve.report.pool_curves` on the report's own Frame), kept where they
+happened inside the week. A change is judged against the curve since the previous change, so one on
+Monday is compared with the end of the week before when the data reaches back (docs/curve.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvscope.diagnoser.curve.report import JudgedChange, pool_curves
+from kvscope.diagnoser.curve.window import SIGNALS as CURVE_SIGNALS
+from kvscope.diagnoser.evaluate.frame import Frame
+
+__all__ = ["CURVE_SIGNALS", "WeekChange", "WeekChanges", "week_changes"]
+
+
+@dataclass(frozen=True)
+class WeekChange:
+    """One change of one pool (`pool`: its model and engine labels), as the curve judged it."""
+
+    pool: dict[str, str]
+    judged: JudgedChange
+
+
+@dataclass(frozen=True)
+class WeekChanges:
+    """The week's changes, oldest first, and what they were read from: the grid step and the
+    number of scrape intervals the pools' curves hold (a coarse grid over little data places no
+    short-lived change: the report says so rather than "no change" alone)."""
+
+    changes: list[WeekChange]
+    step_s: float
+    intervals: int
+
+
+def week_changes(frame: Frame, start: float, end: float) -> WeekChanges | None:
+    """The changes of every pool in (start, end]; None when no pool reports the curve's
+    concurrency signal in the window (nothing could be judged: not "no change")."""
+    curves = pool_curves(frame)
+    if not curves:
+        return None
+    out = [WeekChange(pc.labels, j) for pc in curves for j in pc.changes if start < j.change.time <= end]
+    out.sort(key=lambda c: c.judged.change.time)
+    return WeekChanges(out, frame.step, sum(pc.intervals for pc in curves))
