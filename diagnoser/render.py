@@ -17,6 +17,7 @@ from kvscope.diagnoser.findings import (
     Diagnosis,
     Evidence,
     Finding,
+    ScaleChange,
     confidence_words,
     count,
     not_evaluable,
@@ -344,15 +345,54 @@ def render_not_fired(d: Diagnosis, top: int = 4) -> str:
     )
 
 
-def scale_text(d: Diagnosis) -> str:
-    """What a time-scaled window did to the rules, the one wording of the CLI header and the UI's
-    note; empty when the window was not scaled."""
-    if d.time_scale >= 1:
+def scale_text(d: Diagnosis, top: int = 3) -> str:
+    """What a time-scaled window did to the verdicts, the one wording of the CLI header and the UI's
+    note: empty when the window was not scaled or when the shortening changed no rule's verdict
+    (`Diagnosis.scale_changes`); where that was not compared (the fleet path) the shortening is
+    said without its effect. `top` changes are named, the rest counted."""
+    if d.time_scale >= 1 or d.scale_changes == ():
         return ""
-    return (
-        f"shorter than the 15 minutes the rules are written for, so every rule's durations and ranges "
-        f"were shortened to {d.time_scale:.0%} of their usual length (the series shown are the ranges used)"
+    shortened = (
+        "shorter than the 15 minutes the rules are written for, so rule durations and ranges were "
+        f"shortened to {d.time_scale:.0%} of their usual length"
     )
+    if d.scale_changes is None:
+        return f"{shortened} (the series shown are the ranges used)"
+    changes = d.scale_changes
+    named = "; ".join(_scale_change(c) for c in changes[:top])
+    more = f"; {len(changes) - top} more (-v lists them)" if len(changes) > top else ""
+    verdicts = "1 verdict" if len(changes) == 1 else f"{len(changes)} verdicts"
+    return f"{shortened}, which changed {verdicts}: {named}{more}"
+
+
+def scale_note(d: Diagnosis) -> str:
+    """The short-window note as a sentence, the line under `kvscope diagnose`'s header and the UI's
+    caption: 'This window is only 2m12s: shorter than ...'; empty where `scale_text` is."""
+    text = scale_text(d)
+    if not text:
+        return ""
+    start, end = d.window
+    return f"This window is only {fmt_duration(end - start)}: {text}."
+
+
+_VERDICT_WORDS = {"fired": "fired", "did not fire": "did not fire", "not evaluable": "could not be evaluated"}
+
+
+def _scale_change(c: ScaleChange) -> str:
+    full = "fired at other places or severities" if c.shortened == c.full else _VERDICT_WORDS[c.full]
+    return f"{c.title} {_VERDICT_WORDS[c.shortened]} (at the usual length it {full})"
+
+
+def _scale_verbose(d: Diagnosis) -> str:
+    """-v's line on a shortened window: every changed verdict, or that none changed."""
+    changes = d.scale_changes or ()
+    head = (
+        f"Rule durations and ranges were shortened to {d.time_scale:.0%} of their usual length "
+        "(a window under 15 minutes)"
+    )
+    if not changes:
+        return f"{head}; judged at their usual length, every rule reached the same verdict."
+    return f"{head}; judged at their usual length: " + "; ".join(_scale_change(c) for c in changes)
 
 
 def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool = False) -> None:
@@ -360,11 +400,12 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
     hypotheses (other mechanisms), other findings (repeats per replica collapsed)."""
     console = console or Console()
     start, end = d.window
-    scale = f"; {scale_text(d)}" if scale_text(d) else ""
     console.print(
         f"[bold]kvscope diagnose[/bold]  {d.source}  {fmt_time(start)} -> {fmt_time(end)} "
-        f"({fmt_duration(end - start)}){scale}; {count(d).text()}"
+        f"({fmt_duration(end - start)}); {count(d).text()}"
     )
+    if note := scale_note(d):
+        console.print(note, style="yellow", markup=False)
     supporting = d.supporting
     if d.likely_cause is None:
         console.print(render_not_fired(d), style="yellow" if d.skipped else "green")
@@ -386,6 +427,8 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
             console.print(f"  {change['text']}", markup=False)
             if "text_follow_up" in change:
                 console.print(f"    {change['text_follow_up']}", markup=False)
+    if verbose and d.time_scale < 1 and d.scale_changes is not None:
+        console.print(_scale_verbose(d), style="dim")
     if verbose and d.skipped:
         console.print("[bold]Not evaluable[/bold]")
         for s in d.skipped:
