@@ -279,19 +279,40 @@ def render_line(f: Finding) -> str:
     return text + f"  (since {fmt_clock(f.since)}, {fmt_duration(f.until - f.since)})"
 
 
-def _evidence_table(f: Finding) -> Table:
+SERIES_INLINE = 30
+"""A series (PromQL) up to this many characters is shown whole in the evidence table; a longer
+one is a note number there, written in full under the table (`series_cells`): a query folded into
+a narrow column read as one row of twelve lines."""
+
+
+def series_cells(f: Finding) -> tuple[list[str], list[str]]:
+    """The evidence table's series column (one line each) and the notes under the table that give
+    each shortened series whole: '[1] sum by (instance) (rate(...[8s]))'."""
+    cells: list[str] = []
+    notes: list[str] = []
+    for ev in shown_evidence(f):
+        if len(ev.series) <= SERIES_INLINE:
+            cells.append(ev.series)
+            continue
+        notes.append(f"[{len(notes) + 1}] {ev.series}")
+        cells.append(f"[{len(notes)}]")
+    return cells, notes
+
+
+def _evidence_table(f: Finding) -> Group:
     t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     t.add_column("evidence")
     t.add_column("value", justify="right")
     t.add_column("threshold", justify="right")
     t.add_column("taken")
     t.add_column("series", style="dim", overflow="fold")
-    for ev in shown_evidence(f):
+    cells, notes = series_cells(f)
+    for ev, series in zip(shown_evidence(f), cells, strict=True):
         thr = "" if ev.threshold is None else f"{ev.op} {fmt_value(Evidence('', ev.threshold, ev.unit, ''))}"
-        t.add_row(ev.name, fmt_value(ev), thr, render_taken(f, ev), ev.series)
+        t.add_row(ev.name, fmt_value(ev), thr, render_taken(f, ev), series)
     for name, value, how in fact_rows(f):
         t.add_row(name, value, "", how, "")
-    return t
+    return Group(t, *(Text(note, style="dim") for note in notes))
 
 
 def _action_rows(f: Finding) -> list:
