@@ -141,6 +141,7 @@ class ScaleChange:
     title: str
     shortened: str
     full: str
+    detail: str = ""  # where both fired: how they differ, "as critical (at the usual length as warning)"
 
 
 VERDICTS = ("fired", "did not fire", "not evaluable")

@@ -400,8 +400,9 @@ _VERDICT_WORDS = {"fired": "fired", "did not fire": "did not fire", "not evaluab
 
 
 def _scale_change(c: ScaleChange) -> str:
-    full = "fired at other places or severities" if c.shortened == c.full else _VERDICT_WORDS[c.full]
-    return f"{c.title} {_VERDICT_WORDS[c.shortened]} (at the usual length it {full})"
+    if c.shortened == c.full == "fired":
+        return f"{c.title} fired {c.detail}"
+    return f"{c.title} {_VERDICT_WORDS[c.shortened]} (at the usual length it {_VERDICT_WORDS[c.full]})"
 
 
 def _scale_verbose(d: Diagnosis) -> str:

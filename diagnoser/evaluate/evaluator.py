@@ -95,8 +95,28 @@ def scale_changes(
             continue
         full = evaluate_rule(rule.scaled(1.0), frame, levers)
         if _found(res) != _found(full):
-            out.append(ScaleChange(rule.id, rule.title, _verdict(res), _verdict(full)))
+            detail = ""
+            if isinstance(res, list) and isinstance(full, list) and res and full:
+                detail = _both_fired(res, full)
+            out.append(ScaleChange(rule.id, rule.title, _verdict(res), _verdict(full), detail))
     return tuple(out)
+
+
+def _both_fired(shortened: list[Finding], full: list[Finding]) -> str:
+    """How two firings of one rule differ: 'as critical (at the usual length as warning)' at the
+    same places, else the places: 'at instance=a, instance=b (at the usual length at instance=a)'."""
+    places = [sorted({_place(f) for f in fs}) for fs in (shortened, full)]
+    if places[0] == places[1]:
+        worst = [max((f.severity for f in fs), key=SEVERITY_RANK.__getitem__) for fs in (shortened, full)]
+        if worst[0] != worst[1]:
+            return f"as {worst[0]} (at the usual length as {worst[1]})"
+        return "at the same places, some with another severity than at the usual length"
+    shown = [", ".join(p[:3]) + (f" and {len(p) - 3} more" if len(p) > 3 else "") for p in places]
+    return f"at {shown[0]} (at the usual length at {shown[1]})"
+
+
+def _place(f: Finding) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "the fleet"
 
 
 def _verdict(res: list[Finding] | Skipped) -> str:

@@ -38,6 +38,11 @@ def test_a_short_window_whose_verdicts_changed_says_which_in_both():
         "shortened to 15% of their usual length, which changed "
     )
     assert "Eviction (preemption) rate is a capacity signal fired (at the usual length it did not fire)" in said
+    # fired either way, at the same instance, but reached the latency stage (critical) only shortened
+    assert (
+        "Memory-pressure cascade (KV full, then preemption, queueing, TTFT) fired as critical (at the usual length as warning)"
+        in said
+    )
     assert "eviction_rate_high" not in said  # titles, not rule ids
     assert scale_note(d) == f"This window is only 2m12s: {said}."
     assert _text(d).splitlines()[1] == scale_note(d)  # verbatim under diagnose's header
