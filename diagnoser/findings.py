@@ -132,6 +132,23 @@ class Skipped:
 
 
 @dataclass(frozen=True)
+class ScaleChange:
+    """A rule whose verdict on a short window depended on its durations being shortened: what it
+    found with them shortened (`Diagnosis.time_scale`) and at their usual length, each one of
+    VERDICTS."""
+
+    rule_id: str
+    title: str
+    shortened: str
+    full: str
+    detail: str = ""  # where both fired: how they differ, "as critical (at the usual length as warning)"
+
+
+VERDICTS = ("fired", "did not fire", "not evaluable")
+"""A rule's verdict on a window, as `ScaleChange` compares them."""
+
+
+@dataclass(frozen=True)
 class Diagnosis:
     """The ranked result of one diagnoser run over one window."""
 
@@ -143,6 +160,10 @@ class Diagnosis:
     skipped: tuple[Skipped, ...] = ()
     rules_evaluated: int = 0
     time_scale: float = 1.0  # rule durations were multiplied by this (short windows)
+    scale_changes: tuple[ScaleChange, ...] | None = None
+    """With time_scale < 1, the rules whose verdict differs from the same window judged with their
+    usual durations (() = none: the shortening changed nothing); None where that was not compared
+    (an unscaled window, the fleet path)."""
     schema_version: int = SCHEMA_VERSION
     changes: tuple[dict[str, Any], ...] = ()
     """What changed in the window, per pool, and its effect at matched load (kvscope.diagnoser.curve):

@@ -17,6 +17,7 @@ from kvscope.diagnoser.findings import (
     Diagnosis,
     Evidence,
     Finding,
+    ScaleChange,
     confidence_words,
     count,
     not_evaluable,
@@ -278,19 +279,40 @@ def render_line(f: Finding) -> str:
     return text + f"  (since {fmt_clock(f.since)}, {fmt_duration(f.until - f.since)})"
 
 
-def _evidence_table(f: Finding) -> Table:
+SERIES_INLINE = 30
+"""A series (PromQL) up to this many characters is shown whole in the evidence table; a longer
+one is a note number there, written in full under the table (`series_cells`): a query folded into
+a narrow column read as one row of twelve lines."""
+
+
+def series_cells(f: Finding) -> tuple[list[str], list[str]]:
+    """The evidence table's series column (one line each) and the notes under the table that give
+    each shortened series whole: '[1] sum by (instance) (rate(...[8s]))'."""
+    cells: list[str] = []
+    notes: list[str] = []
+    for ev in shown_evidence(f):
+        if len(ev.series) <= SERIES_INLINE:
+            cells.append(ev.series)
+            continue
+        notes.append(f"[{len(notes) + 1}] {ev.series}")
+        cells.append(f"[{len(notes)}]")
+    return cells, notes
+
+
+def _evidence_table(f: Finding) -> Group:
     t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     t.add_column("evidence")
     t.add_column("value", justify="right")
     t.add_column("threshold", justify="right")
     t.add_column("taken")
     t.add_column("series", style="dim", overflow="fold")
-    for ev in shown_evidence(f):
+    cells, notes = series_cells(f)
+    for ev, series in zip(shown_evidence(f), cells, strict=True):
         thr = "" if ev.threshold is None else f"{ev.op} {fmt_value(Evidence('', ev.threshold, ev.unit, ''))}"
-        t.add_row(ev.name, fmt_value(ev), thr, render_taken(f, ev), ev.series)
+        t.add_row(ev.name, fmt_value(ev), thr, render_taken(f, ev), series)
     for name, value, how in fact_rows(f):
         t.add_row(name, value, "", how, "")
-    return t
+    return Group(t, *(Text(note, style="dim") for note in notes))
 
 
 def _action_rows(f: Finding) -> list:
@@ -344,15 +366,55 @@ def render_not_fired(d: Diagnosis, top: int = 4) -> str:
     )
 
 
-def scale_text(d: Diagnosis) -> str:
-    """What a time-scaled window did to the rules, the one wording of the CLI header and the UI's
-    note; empty when the window was not scaled."""
-    if d.time_scale >= 1:
+def scale_text(d: Diagnosis, top: int = 3) -> str:
+    """What a time-scaled window did to the verdicts, the one wording of the CLI header and the UI's
+    note: empty when the window was not scaled or when the shortening changed no rule's verdict
+    (`Diagnosis.scale_changes`); where that was not compared (the fleet path) the shortening is
+    said without its effect. `top` changes are named, the rest counted."""
+    if d.time_scale >= 1 or d.scale_changes == ():
         return ""
-    return (
-        f"shorter than the 15 minutes the rules are written for, so every rule's durations and ranges "
-        f"were shortened to {d.time_scale:.0%} of their usual length (the series shown are the ranges used)"
+    shortened = (
+        "shorter than the 15 minutes the rules are written for, so rule durations and ranges were "
+        f"shortened to {d.time_scale:.0%} of their usual length"
     )
+    if d.scale_changes is None:
+        return f"{shortened} (the series shown are the ranges used)"
+    changes = d.scale_changes
+    named = "; ".join(_scale_change(c) for c in changes[:top])
+    more = f"; {len(changes) - top} more (-v lists them)" if len(changes) > top else ""
+    verdicts = "1 verdict" if len(changes) == 1 else f"{len(changes)} verdicts"
+    return f"{shortened}, which changed {verdicts}: {named}{more}"
+
+
+def scale_note(d: Diagnosis) -> str:
+    """The short-window note as a sentence, the line under `kvscope diagnose`'s header and the UI's
+    caption: 'This window is only 2m12s: shorter than ...'; empty where `scale_text` is."""
+    text = scale_text(d)
+    if not text:
+        return ""
+    start, end = d.window
+    return f"This window is only {fmt_duration(end - start)}: {text}."
+
+
+_VERDICT_WORDS = {"fired": "fired", "did not fire": "did not fire", "not evaluable": "could not be evaluated"}
+
+
+def _scale_change(c: ScaleChange) -> str:
+    if c.shortened == c.full == "fired":
+        return f"{c.title} fired {c.detail}"
+    return f"{c.title} {_VERDICT_WORDS[c.shortened]} (at the usual length it {_VERDICT_WORDS[c.full]})"
+
+
+def _scale_verbose(d: Diagnosis) -> str:
+    """-v's line on a shortened window: every changed verdict, or that none changed."""
+    changes = d.scale_changes or ()
+    head = (
+        f"Rule durations and ranges were shortened to {d.time_scale:.0%} of their usual length "
+        "(a window under 15 minutes)"
+    )
+    if not changes:
+        return f"{head}; judged at their usual length, every rule reached the same verdict."
+    return f"{head}; judged at their usual length: " + "; ".join(_scale_change(c) for c in changes)
 
 
 def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool = False) -> None:
@@ -360,11 +422,12 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
     hypotheses (other mechanisms), other findings (repeats per replica collapsed)."""
     console = console or Console()
     start, end = d.window
-    scale = f"; {scale_text(d)}" if scale_text(d) else ""
     console.print(
         f"[bold]kvscope diagnose[/bold]  {d.source}  {fmt_time(start)} -> {fmt_time(end)} "
-        f"({fmt_duration(end - start)}){scale}; {count(d).text()}"
+        f"({fmt_duration(end - start)}); {count(d).text()}"
     )
+    if note := scale_note(d):
+        console.print(note, style="yellow", markup=False)
     supporting = d.supporting
     if d.likely_cause is None:
         console.print(render_not_fired(d), style="yellow" if d.skipped else "green")
@@ -386,6 +449,8 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
             console.print(f"  {change['text']}", markup=False)
             if "text_follow_up" in change:
                 console.print(f"    {change['text_follow_up']}", markup=False)
+    if verbose and d.time_scale < 1 and d.scale_changes is not None:
+        console.print(_scale_verbose(d), style="dim")
     if verbose and d.skipped:
         console.print("[bold]Not evaluable[/bold]")
         for s in d.skipped:

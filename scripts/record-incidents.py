@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for sc in chosen:
         t0 = time.monotonic()
-        with tqdm(desc=sc.name, unit="req", leave=True) as bar:
+        with tqdm(desc=sc.name, unit="req", leave=True, disable=None) as bar:  # no bar where stderr is no terminal
             try:
                 path = run_scenario(sc, a.out, tick=lambda: bar.update(1))
             except Exception as e:  # keep going: one broken scenario must not lose the others

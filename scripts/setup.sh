@@ -18,8 +18,10 @@ if [ "${KVSCOPE_SKIP_APT:-0}" != 1 ] && ! dpkg -s $APT_PKGS >/dev/null 2>&1; the
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends $APT_PKGS >/tmp/kvscope-apt.log 2>&1 \
-    || { tail -30 /tmp/kvscope-apt.log; echo "setup: apt-get install failed" >&2; exit 1; }
+  log=$(mktemp /tmp/kvscope-apt.XXXXXX.log)   # one per run: concurrent setups must not share a log
+  $SUDO apt-get install -y -qq --no-install-recommends $APT_PKGS >"$log" 2>&1 \
+    || { tail -30 "$log"; echo "setup: apt-get install failed (log: $log)" >&2; exit 1; }
+  rm -f "$log"
 fi
 
 if [ ! -x "$VENV/bin/python" ] || [ ! -x "$VENV/bin/pip" ]; then
@@ -32,7 +34,8 @@ if { [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; } && { [ ! -f "$full"
   echo "setup: installing kvscope[$EXTRAS] into $VENV"
   log=$(mktemp /tmp/kvscope-pip.XXXXXX.log)
   "$VENV/bin/pip" install -q -e ".[$EXTRAS]" >"$log" 2>&1 \
-    || { grep -v 'is ignored: it is neither' "$log" | tail -30; echo "setup: pip install failed" >&2; exit 1; }
+    || { grep -v 'is ignored: it is neither' "$log" | tail -30; echo "setup: pip install failed (log: $log)" >&2; exit 1; }
+  rm -f "$log"
   touch "$stamp"
 fi
 [ "$EXTRAS" = ui ] && exit 0   # the demo needs no npm
@@ -40,7 +43,9 @@ fi
 # deploy/validate/package-lock.json); the machine's Node.js runs it.
 if command -v npm >/dev/null 2>&1 && [ ! -d deploy/validate/node_modules/@kubernetes-models ]; then
   echo "setup: installing deploy/validate (npm ci)"
-  npm ci --prefix deploy/validate --no-audit --no-fund >/tmp/kvscope-npm.log 2>&1 \
-    || { tail -20 /tmp/kvscope-npm.log; echo "setup: npm ci in deploy/validate failed" >&2; exit 1; }
+  log=$(mktemp /tmp/kvscope-npm.XXXXXX.log)
+  npm ci --prefix deploy/validate --no-audit --no-fund >"$log" 2>&1 \
+    || { tail -20 "$log"; echo "setup: npm ci in deploy/validate failed (log: $log)" >&2; exit 1; }
+  rm -f "$log"
 fi
 echo "setup: ok ($("$VENV/bin/kvscope" --version))"

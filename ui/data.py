@@ -399,16 +399,11 @@ def counts_caption(diagnosis: Diagnosis) -> str:
 
 
 def scale_note(diagnosis: Diagnosis) -> str:
-    """Why a short recording's ranges read '[8s:]' instead of '[1m:]': rule durations were scaled
-    to fit the window and ranges clipped to the data held, in the words of `kvscope diagnose`'s
-    header (`scale_text`, the one wording); empty when they were not scaled."""
-    from kvscope.diagnoser.render import fmt_duration, scale_text
+    """The short-window note: `kvscope diagnose`'s line under its header (`render.scale_note`, one
+    wording), shown only where shortening the rules' durations changed a verdict."""
+    from kvscope.diagnoser.render import scale_note as note
 
-    text = scale_text(diagnosis)
-    if not text:
-        return ""
-    start, end = diagnosis.window
-    return f"This window is only {fmt_duration(end - start)}: {text}."
+    return note(diagnosis)
 
 
 def timeline(diagnosis: Diagnosis) -> pd.DataFrame:

@@ -31,6 +31,7 @@ from kvscope.diagnoser.findings import (
     Diagnosis,
     Evidence,
     Finding,
+    ScaleChange,
     Skipped,
     same_place,
 )
@@ -76,7 +77,60 @@ def diagnose(
             results = list(pool.map(lambda r: evaluate_rule(r, frame, levers), prepared))
     else:
         results = [evaluate_rule(r, frame, levers) for r in prepared]
-    return conclude(prepared, results, frame.names(), frame.window, source, scale)
+    d = conclude(prepared, results, frame.names(), frame.window, source, scale)
+    if scale >= 1:
+        return d
+    return replace(d, scale_changes=scale_changes(prepared, results, frame, levers))
+
+
+def scale_changes(
+    prepared: list[Rule], results: list[list[Finding] | Skipped], frame: Frame, levers: dict[str, Lever]
+) -> tuple[ScaleChange, ...]:
+    """The rules whose verdict on `frame` (`results`, durations shortened) differs from the same
+    rule judged with its usual durations: what the short-window note must tell (render.scale_text).
+    Rules whose durations are absolute were not shortened and are not judged again."""
+    out = []
+    for rule, res in zip(prepared, results, strict=True):
+        if rule.time_scale == 1.0:
+            continue
+        full = evaluate_rule(rule.scaled(1.0), frame, levers)
+        if _found(res) != _found(full):
+            detail = ""
+            if isinstance(res, list) and isinstance(full, list) and res and full:
+                detail = _both_fired(res, full)
+            out.append(ScaleChange(rule.id, rule.title, _verdict(res), _verdict(full), detail))
+    return tuple(out)
+
+
+def _both_fired(shortened: list[Finding], full: list[Finding]) -> str:
+    """How two firings of one rule differ: 'as critical (at the usual length as warning)' at the
+    same places, else the places: 'at instance=a, instance=b (at the usual length at instance=a)'."""
+    places = [sorted({_place(f) for f in fs}) for fs in (shortened, full)]
+    if places[0] == places[1]:
+        worst = [max((f.severity for f in fs), key=SEVERITY_RANK.__getitem__) for fs in (shortened, full)]
+        if worst[0] != worst[1]:
+            return f"as {worst[0]} (at the usual length as {worst[1]})"
+        return "at the same places, some with another severity than at the usual length"
+    shown = [", ".join(p[:3]) + (f" and {len(p) - 3} more" if len(p) > 3 else "") for p in places]
+    return f"at {shown[0]} (at the usual length at {shown[1]})"
+
+
+def _place(f: Finding) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "the fleet"
+
+
+def _verdict(res: list[Finding] | Skipped) -> str:
+    """One of VERDICTS: a rule that saw its mechanism off looked, and found nothing."""
+    if isinstance(res, Skipped):
+        return "did not fire" if res.reason.startswith(MECHANISM_OFF) else "not evaluable"
+    return "fired" if res else "did not fire"
+
+
+def _found(res: list[Finding] | Skipped) -> tuple[str, frozenset[tuple[str, str]]]:
+    """A rule's verdict with the places and severities it fired at: what a changed verdict means."""
+    if isinstance(res, Skipped):
+        return _verdict(res), frozenset()
+    return _verdict(res), frozenset((f.severity, repr(sorted(f.where.items()))) for f in res)
 
 
 def conclude(

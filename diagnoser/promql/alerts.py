@@ -2,9 +2,10 @@
 
 Thresholds, `for`, grouping and severity carry over, so the Python engine and Prometheus fire on
 the same data (tests/integration/test_parity.py); signals are read from the recorded `kvscope:S`
-series (rulefiles.py). A rule becomes `Llm<CamelCaseId>` with labels `severity`, `rule_id`,
-`levers_md` (plus one rule per higher `warning_when`/`critical_when` severity); rules PromQL
-cannot express come back as `PythonOnly` with the reason, listed in the file's header.
+series (rulefiles.py). A rule becomes `Llm<CamelCaseId>` with labels `severity`, `rule_id` (and
+`confidence` when moderate), annotations `summary`, `description` and `levers` (titles and their
+docs/levers.md sections), plus one rule per higher `warning_when`/`critical_when` severity; rules
+PromQL cannot express come back as `PythonOnly` with the reason, listed in the file's header.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from kvscope.diagnoser.findings import SEVERITY_RANK
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, prom_duration
 from kvscope.diagnoser.promql.signals import PromQL, name_selector, prom_number, quote
 from kvscope.diagnoser.rulebook import tree
+from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import Rule
 
 
@@ -194,17 +196,31 @@ def _alert(rule: Rule, expr: str, severity: str, when: tree.Block) -> dict[str, 
         alert["for"] = prom_duration(when.hold)
     alert["labels"] = {"severity": severity, "rule_id": rule.id}
     meta = rule.tree.meta
-    if meta.get("levers_md"):
-        alert["labels"]["levers_md"] = str(meta["levers_md"])
     if meta.get("confidence", "high") != "high":  # inferred: Alertmanager can inhibit it with
         alert["labels"]["confidence"] = str(meta["confidence"])  # the defers_to rules' alerts
-    levers = ", ".join(str(lv.get("id")) for lv in meta.get("levers") or [] if isinstance(lv, dict))
     alert["annotations"] = {
         "summary": f"{rule.title} on {where} (value {{{{ $value | humanize }}}})",
-        "description": cite_text(" ".join(str(meta.get("description", "")).split()))
-        + (f" Levers: {levers}." if levers else ""),
+        "description": cite_text(" ".join(str(meta.get("description", "")).split())),
     }
+    if levers := levers_text(meta.get("levers") or []):
+        alert["annotations"]["levers"] = levers
     return alert
+
+
+def levers_text(named: list[Any]) -> str:
+    """The `levers` annotation: each lever a rule names by its title and direction, with its
+    section of docs/levers.md (per-engine settings, costs, sources): 'Concurrency limit per engine
+    (decrease): docs/levers.md#vllmmax_num_seqs; ...'. A lever id levers.yaml lacks is skipped
+    (`kvscope rules validate` refuses it)."""
+    levers = load_levers()
+    out = []
+    for ref in named:
+        if not isinstance(ref, dict) or (lever := levers.get(str(ref.get("id")))) is None:
+            continue
+        direction = str(ref.get("direction", ""))
+        shown = "" if direction in ("set", "review", "") else f" ({direction})"
+        out.append(f"{lever.title}{shown}: docs/levers.md#{lever.id.replace('.', '')}")
+    return "; ".join(out)
 
 
 def compile_rules(rules: list[Rule]) -> tuple[list[dict[str, Any]], list[PythonOnly]]:

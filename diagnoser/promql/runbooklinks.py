@@ -20,9 +20,9 @@ from typing import Any
 from urllib.parse import quote
 
 DEFAULT_WINDOW = "1h"
-SKIPPED_LABELS = "^__|^levers_md$"
+SKIPPED_LABELS = "^__"
 """Labels left out of the link (a regex for Prometheus' template function `match`): `__name__`
-of a recorded series the alert compares, and `levers_md`, long text that is no identity."""
+of a recorded series the alert compares."""
 
 
 def runbook_url(base: str, alertname: str, window: str) -> str:

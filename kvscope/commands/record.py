@@ -10,8 +10,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from kvscope.agent.collectors.engine import EngineCollector
 from kvscope.agent.config import AgentConfig, ConfigError, parse_seconds
 from kvscope.agent.recording.omfile import RecordingWriter
@@ -19,6 +17,7 @@ from kvscope.commands._checks import check_output_file
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._flags import ENV_HELP, add_scrape_flags, config_from_args
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
+from kvscope.commands._progress import progress_bar
 
 DESCRIPTION = """\
 Record what engine (vLLM, SGLang) and dcgm-exporter /metrics endpoints expose, for a
@@ -113,11 +112,10 @@ async def record(config: AgentConfig, duration_s: float, out: Path, progress: bo
     collector = EngineCollector(config)
     writer = RecordingWriter(out)
     failed = 0
-    bar = tqdm(
+    bar = progress_bar(
+        progress,
         total=round(duration_s),
         unit="s",
-        disable=not progress,
-        file=sys.stderr,
         desc=f"recording {len(config.targets)} target(s)",
         bar_format="{l_bar}{bar}| {n:.0f}/{total}s{postfix}",
     )

@@ -21,7 +21,7 @@ gaps. GPU-hours are split per pool through the engine-GPU join (GPUs it cannot p
 
   kvscope report weekly --recording incident.om --gpu-hour-cost 2.5 --html week.html --markdown week.md
   kvscope report weekly --prometheus http://127.0.0.1:9090 --end 2026-11-22T00:00:00Z
-  kvscope report weekly --store /var/lib/kvscope/kvscope.sqlite
+  kvscope report weekly --store /var/lib/kvscope/kvscope.db
   kvscope report weekly --recording fleet.om --gpu-mapping gpus.yaml   # gpus.yaml: {GPU-8f2c...: replica-0}
 """
 
@@ -173,9 +173,8 @@ def coverage_note(frame, end: float) -> str:  # noqa: ANN001 - a Frame
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from kvscope.agent.recording.timespan import iso_utc
+    from kvscope.commands._progress import Stages
     from kvscope.diagnoser.sources import SourceError
     from kvscope.report.render import PLOTS_NEED, plots_available, render_html, render_markdown
     from kvscope.report.weekly import WEEK_S, build_report, columns
@@ -186,9 +185,9 @@ def run(args: argparse.Namespace) -> int:
         return fail("report", exc, 3)
     except FileNotFoundError as exc:
         return fail("report", exc, 4)
-    steps = tqdm(total=4, desc="weekly report", unit="step", disable=args.no_progress, file=sys.stderr)
+    steps = Stages("weekly report", 4, enabled=not args.no_progress)
     try:
-        steps.set_postfix_str("reading")
+        steps.stage("reading")
         frame, end, source, diagnoses = _load(args)
         if columns(frame).first_ts() is None:  # none of the report's signals in the two weeks: a message, not a crash
             raise ValueError(
@@ -196,18 +195,19 @@ def run(args: argparse.Namespace) -> int:
                 "(does it hold the agent's series? is --end right?)"
             )
         source += coverage_note(frame, end)
-        steps.update()
-        steps.set_postfix_str("computing")
+        steps.done()
+        steps.stage("computing")
         report = build_report(frame, end, args.gpu_hour_cost, source, diagnoses=diagnoses)
-        steps.update()
-        steps.set_postfix_str("rendering")
+        steps.done()
+        steps.stage("rendering")
         markdown = render_markdown(report)
         page = render_html(report) if args.html else None
-        steps.update()
+        steps.done()
     except (OSError, ValueError, EOFError, SourceError) as exc:
         steps.close()
         return fail("report", source_hint("prometheus", args.prometheus, str(exc)) if args.prometheus else exc, 4)
     try:
+        steps.stage("writing")
         if page is not None:
             args.html.write_text(page)
         if args.markdown:
@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         steps.close()
         return fail("report", f"cannot write the report: {exc}", 4)
-    steps.update()
+    steps.done()
     steps.close()
     if not args.markdown:
         print(markdown)

@@ -35,8 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus HTTP API base URL")
     p.add_argument("--listen", default="127.0.0.1:9465", metavar="HOST:PORT", help="address to serve on")
     p.add_argument("--forward-url", metavar="URL", help="POST every enriched payload here")
-    store_help = "SQLite file for diagnoses (':memory:' keeps none)"
-    p.add_argument("--store", default="kvscope-diagnoses.sqlite", metavar="FILE", help=store_help)
+    store_help = (
+        "SQLite file for the enriched webhooks, apart from the agent's history (kvscope.db); ':memory:' keeps none"
+    )
+    p.add_argument("--store", default="kvscope-diagnoses.db", metavar="FILE", help=store_help)
     p.add_argument("--max-stored", type=int, default=1000, metavar="N", help="keep the newest N webhooks")
     p.add_argument("--step", default="15s", metavar="DURATION", help="diagnosis grid step")
     p.add_argument("--before", default="30m", metavar="DURATION", help="diagnose from this long before the alert began")

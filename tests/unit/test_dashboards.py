@@ -144,3 +144,21 @@ def test_board_level_lint_finds_units_variables_roles_and_descriptions(linter):
     )
     rules = {i.rule for i in lint_board(bad, linter)}
     assert {"wrong-unit", "no-description", "pod-name-role", "undefined-variable", "unused-variable"} <= rules
+
+
+def test_cli_build_without_out_writes_a_folder_and_says_where(tmp_path, capsys, monkeypatch):
+    """Issue 39 item 9: `build` with no --out used to only check the repository's copies and say
+    'up to date'. It writes ./kvscope-dashboards/ and names it; --check is the staleness check."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["dashboards", "build"]) == 0
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "kvscope-dashboards").glob("*.json")) == sorted(
+        file_name(b) for b in BOARDS
+    )
+    assert "wrote 7 dashboards to kvscope-dashboards/" in out
+    assert str(tmp_path / "kvscope-dashboards") in out and "Grafana" in out
+    assert check_golden(tmp_path / "kvscope-dashboards") == []
+    assert main(["dashboards", "build", "--check"]) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert main(["dashboards", "build", "--check", "--out", str(tmp_path / "x")]) == 3
+    assert not (tmp_path / "x").exists()

@@ -322,3 +322,22 @@ def test_summary_and_table_write_durations_with_one_formatter():
     assert render_summary(cascade) == "KV 100% -> 7.25 preemptions/s -> 6 waiting -> TTFT 1.07 s"
     unknown = _finding("not_a_shipped_rule", "X1", ("a",), summary="as the engine wrote it")
     assert render_summary(unknown) == "as the engine wrote it"
+
+
+def test_a_long_promql_is_a_note_under_the_table_not_a_twelve_line_row():
+    """Issue 39 item 9: at 80 columns a query folded into the series column made one evidence row
+    twelve lines tall. Each row is now one line; each long query is written whole under the table
+    (and in --json), so nothing is cut."""
+    d = _diagnose("kv-pressure-cascade")
+    console = Console(record=True, width=80, color_system=None)
+    render_diagnosis(d, console=console)
+    lines = [line.strip("│ ") for line in console.export_text().splitlines()]
+    card = lines[lines.index(next(x for x in lines if x.startswith("evidence "))) :]
+    for ev, number in zip(d.likely_cause.evidence, ("[1]", "[2]", "[3]", "[4]"), strict=True):
+        assert len(ev.series) > 30
+        row = next(x for x in card if x.startswith(ev.name.split(" (")[0]))
+        assert row.endswith(number) and ev.value is not None
+        note = next(i for i, x in enumerate(card) if x.startswith(f"{number} "))
+        # the note, rejoined from its wrapped lines, is the query whole
+        text = " ".join(card[note : note + 3]).removeprefix(f"{number} ")
+        assert ev.series in text or ev.series.replace(" ", "") in text.replace(" ", "")

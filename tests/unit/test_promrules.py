@@ -338,3 +338,31 @@ def test_each_quantile_the_rules_read_is_recorded_once_with_its_grouping():
         == ("kvscope:request_ttft_seconds:quantile_2m", "0.99", "instance,model")
     )
     assert p99["expr"] == SeriesCompiler(knee, InlineSignals(load_catalog())).expr("p99")
+
+
+def test_alerts_name_their_levers_by_title_and_a_section_a_user_can_open():
+    """Issue 39: alerts carried `levers_md: R8`, a row of a file users do not have, and lever ids in
+    the description. The `levers` annotation names each lever by title (and direction) with its
+    section of docs/levers.md, and every such section exists."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    alerts = [
+        r
+        for g in yaml.safe_load((root / "rules" / "prometheus" / "kvscope-alerts.yml").read_text())["groups"]
+        for r in g["rules"]
+    ]
+    headings = re.findall(r"^## (\S+)$", (root / "docs" / "levers.md").read_text(), re.M)
+    anchors = {h.replace(".", "") for h in headings}
+    assert alerts and not [a["alert"] for a in alerts if "levers_md" in a["labels"]]
+    assert not [a["alert"] for a in alerts if "Levers: " in a["annotations"]["description"]]
+    named = [a for a in alerts if "levers" in a["annotations"]]
+    assert len(named) == len(alerts)  # every diagnosis rule names levers
+    for a in named:
+        for part in a["annotations"]["levers"].split("; "):
+            title, _, link = part.rpartition(": docs/levers.md#")
+            assert title and link in anchors, part
+    hung = next(a for a in alerts if a["alert"] == "LlmEngineHung")
+    assert hung["annotations"]["levers"] == (
+        "Restart the hung engine, after capturing why it hung: docs/levers.md#opsrestart_hung_engine"
+    )

@@ -3,6 +3,7 @@ command line the UI server runs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -147,14 +148,16 @@ def test_cascade_table_shows_how_far_it_went_and_whether_it_is_over():
     assert cascade_rows({}).empty
 
 
-def test_short_windows_say_their_rule_durations_were_scaled():
+def test_short_windows_say_their_rule_durations_were_scaled_where_it_was_not_compared():
+    """The fleet path does not judge twice (`scale_changes` None): the shortening is said alone."""
     from kvscope.ui.data import scale_note
 
     d = Diagnosis(window=(T0, T0 + 132), source="s", likely_cause=None, time_scale=0.1467)
     assert scale_note(d) == (
-        "This window is only 2m12s: shorter than the 15 minutes the rules are written for, so every rule's "
+        "This window is only 2m12s: shorter than the 15 minutes the rules are written for, so rule "
         "durations and ranges were shortened to 15% of their usual length (the series shown are the ranges used)."
     )
+    assert scale_note(replace(d, scale_changes=())) == ""  # compared, and no verdict changed
     assert scale_note(Diagnosis(window=(T0, T0 + 3600), source="s", likely_cause=None)) == ""
 
 
