@@ -28,11 +28,18 @@ def test_shipped_queries_lint_clean():
     assert [str(i) for i in lint_boards(BOARDS)] == []
 
 
-def test_build_writes_every_board_and_removes_strays(tmp_path):
-    (tmp_path / "old.json").write_text("{}")
+def test_build_writes_every_board_and_removes_only_its_own_strays(tmp_path):
+    (tmp_path / "old.json").write_text('{"uid": "kvscope-retired", "title": "a board kvscope no longer builds"}')
+    theirs = '{"uid": "node-exporter-full", "title": "another team\'s board in the same folder"}'
+    (tmp_path / "node.json").write_text(theirs)
+    (tmp_path / "notes.json").write_text("not json at all")
     paths = build_dashboards(tmp_path)
     assert sorted(p.name for p in paths) == sorted(file_name(b) for b in BOARDS)
     assert not (tmp_path / "old.json").exists()
+    assert (tmp_path / "node.json").read_text() == theirs
+    assert (tmp_path / "notes.json").read_text() == "not json at all"
+    (tmp_path / "node.json").unlink()
+    (tmp_path / "notes.json").unlink()
     assert check_golden(tmp_path) == []
     (tmp_path / "kv.json").write_text("{}")
     assert check_golden(tmp_path) == ["kv.json"]
