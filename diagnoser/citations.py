@@ -121,11 +121,13 @@ def cite_all(raws: Iterable[str]) -> tuple[Citation, ...]:
 
 
 _INLINE_INTERNAL = re.compile(r"LEVERS\.md (?:row )?[A-Z]\d+(?:-[A-Z]?\d+)?(?:, [A-Z]\d+)*(?::\s*|;\s*|,\s*)?")
-_INLINE_DOC = re.compile(r"\b(00[0-4])(?= [§\"'A-Za-z(])")
+_INLINE_DOC = re.compile(r"(?<![\w.])(00[0-4])(?= [§\"'A-Za-z(]|[),;])")
+_LEADING_ROW = re.compile(r"^[A-Z]\d+\. ")
 
 
 def cite_text(text: str) -> str:
     """Free text with its source references as a user reads them: "(002 §7.4)" becomes
-    "(Sizing LLM Inference for Production §7.4)"; checklist rows ("LEVERS.md R7: ") are dropped."""
-    text = _INLINE_INTERNAL.sub("", text)
+    "(Sizing LLM Inference for Production §7.4)", a bare "(000)" names its source too; checklist
+    rows ("LEVERS.md R7: ", a description's leading "R8. ") are dropped."""
+    text = _LEADING_ROW.sub("", _INLINE_INTERNAL.sub("", text))
     return _INLINE_DOC.sub(lambda m: SOURCES[m.group(1)].title, text).replace("( ", "(").replace(" )", ")")

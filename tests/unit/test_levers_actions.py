@@ -84,3 +84,11 @@ def test_docs_levers_md_is_generated_from_the_yaml():
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "levers.md"
     assert doc.read_text(encoding="utf-8") == levers_markdown(load_levers()), "run scripts/gen-levers-doc.py"
+
+
+def test_cite_text_names_bare_sources_and_drops_checklist_rows():
+    from kvscope.diagnoser.citations import cite_text
+
+    assert cite_text("R8. An engine hangs (000).") == "An engine hangs (Why more GPUs is not enough for LLM inference)."
+    assert cite_text("about 1/N (003, option 2)") == "about 1/N (Welcome to the Disaggregation Cliff, option 2)"
+    assert cite_text("a ratio of 0.003) and 1000) stays") == "a ratio of 0.003) and 1000) stays"
