@@ -142,6 +142,7 @@ KEYS: tuple[Key, ...] = (
     Key("store.max_series_per_target", 50_000, parse_count, lambda v: 1 <= v <= 200_000, "an integer from 1 to 200000"),
     # every listener of the agent (/metrics and API, OTLP receiver): agent/serve/limits.py
     Key("server.header_timeout_s", 10.0, parse_seconds, lambda v: 0.1 <= v <= 3600, "a duration from 100ms to 1h"),
+    Key("server.request_timeout_s", 60.0, parse_seconds, lambda v: 0.1 <= v <= 3600, "a duration from 100ms to 1h"),
     Key("server.idle_timeout_s", 75.0, parse_seconds, lambda v: 0.1 <= v <= 86400, "a duration from 100ms to 1d"),
     Key("server.max_connections", 256, parse_count, lambda v: 1 <= v <= 1_000_000, "an integer from 1 to 1000000"),
 )
@@ -167,10 +168,13 @@ class ServerLimits:
     header_timeout_s: float = 10.0
     idle_timeout_s: float = 75.0
     max_connections: int = 256
+    request_timeout_s: float = 60.0
+    """A request's body must arrive whole within this of its head (however slowly it trickles)."""
 
     def __post_init__(self) -> None:
-        if not (self.header_timeout_s > 0 and self.idle_timeout_s > 0 and self.max_connections >= 1):
-            raise ValueError("header/idle timeouts must be > 0 and max_connections >= 1")
+        timeouts = (self.header_timeout_s, self.idle_timeout_s, self.request_timeout_s)
+        if not (all(t > 0 for t in timeouts) and self.max_connections >= 1):
+            raise ValueError("header/idle/request timeouts must be > 0 and max_connections >= 1")
 
 
 @dataclass(frozen=True)
@@ -412,6 +416,7 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
         header_timeout_s=_number(layers, "server.header_timeout_s"),
         idle_timeout_s=_number(layers, "server.idle_timeout_s"),
         max_connections=int(_number(layers, "server.max_connections")),
+        request_timeout_s=_number(layers, "server.request_timeout_s"),
     )
     limits = {n: int(_number(layers, f"scrape.{n}")) for n in LIMIT_KEYS}
     cfg.targets = [replace(t, limits=tuple({**limits, **dict(t.limits)}.items())) for t in _targets(layers)]

@@ -173,7 +173,8 @@ def _counter_families(state: Any) -> list[Family]:
         "kvscope_connections_closed_total",
         "counter",
         "Client connections a kvscope listener closed unserved, by reason: max_connections (answered 503), "
-        "displaced (half-open, closed at the cap for a new one), header_timeout, request_timeout, idle_timeout.",
+        "displaced (half-open, closed at the cap for a new one), header_timeout, request_timeout (a body not whole "
+        "within request_timeout_s of its head: answered 408), idle_timeout.",
     )
     for (coll, inst, reason), n in sorted(state.closed.items()):
         closed.add({"collector": coll, "instance": inst, "reason": reason}, float(n))

@@ -7,7 +7,8 @@ its connections itself, with the same cap and refusal.
 
 The guard, per connection: its first request head must arrive whole within `header_timeout_s` of
 the accept, however slowly its bytes trickle; after that aiohttp closes it once it has been
-`idle_timeout_s` without a request (also before a later request's head is whole). At
+`idle_timeout_s` without a request (also before a later request's head is whole); a request's
+body must then arrive whole within `request_timeout_s` of its head (agent/serve/site.py). At
 `max_connections`, a new connection displaces the oldest one that has not yet sent a whole head (a
 slow or half-open client), so 300 half-open sockets cannot keep a Prometheus scrape out; only
 when every open connection has sent a request is the new one answered 503 and closed.
@@ -103,7 +104,7 @@ class Refused(asyncio.Protocol):
 class ConnectionGuard:
     """Wraps a protocol factory (aiohttp's `web.Server`): call it for each accepted connection.
     `closed` counts connections closed unserved by reason (`max_connections`, `displaced`,
-    `header_timeout`); `sweep()` runs until cancelled."""
+    `header_timeout`, and `request_timeout` from agent/serve/site.py); `sweep()` runs until cancelled."""
 
     def __init__(self, factory: Callable[[], asyncio.BaseProtocol], limits: ServerLimits, who: str) -> None:
         self.factory, self.limits, self.who = factory, limits, who
@@ -117,9 +118,9 @@ class ConnectionGuard:
         if len(self.open) >= self.cap:
             victim = next((c for c in self.open if c.waiting_head), None)
             if victim is None:
-                self._count("max_connections")
+                self.count("max_connections")
                 return Refused(self._answer)
-            self._count("displaced")
+            self.count("displaced")
             victim.close()
         return _Guarded(self.factory(), self)
 
@@ -130,14 +131,15 @@ class ConnectionGuard:
             await asyncio.sleep(min(SWEEP_S, limit / 4))
             late = time.monotonic() - limit
             for conn in [c for c in self.open if c.waiting_head and c.since < late]:
-                self._count("header_timeout")
+                self.count("header_timeout")
                 conn.close()
 
     def abort_all(self) -> None:
         for conn in list(self.open):
             conn.close()
 
-    def _count(self, reason: str) -> None:
+    def count(self, reason: str) -> None:
+        """Count one connection closed unserved for `reason` (a warning at the 1st, 10th, 100th...)."""
         self.closed[reason] += 1
         n = self.closed[reason]
         if n in (1, 10, 100) or n % 1000 == 0:

@@ -1,6 +1,9 @@
 """One aiohttp application served on host:port: the bind/serve/stop boilerplate of the agent's
 HTTP server, the OTLP receiver and `kvscope serve`, in one copy, with the connection limits of
-agent/serve/limits.py (a request-head timeout, aiohttp's idle timeout, a connection cap)."""
+agent/serve/limits.py (a request-head timeout, aiohttp's idle timeout, a connection cap) and a
+request-body deadline: a body still arriving `request_timeout_s` after its head (a client that
+trickles it a byte at a time) ends its handler, is answered 408 and its connection closed, counted
+as `request_timeout`. The body's size is the application's own `client_max_size` (413 past it)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,9 @@ from typing import Any
 from aiohttp import web
 
 from kvscope.agent.config import ServerLimits
-from kvscope.agent.serve.limits import ConnectionGuard
+from kvscope.agent.serve.limits import ConnectionGuard, linger
+
+_LATE = b'{"status":"error","error":"%s: the request body did not arrive whole within %gs (request_timeout_s)"}'
 
 
 class HttpSite:
@@ -41,6 +46,7 @@ class HttpSite:
         """Bind and serve; the bound port, or OSError (nothing left running) if it is taken."""
         if self._runner is not None:
             raise RuntimeError("HttpSite already started")
+        self.app.middlewares.insert(0, self._body_deadline)  # outermost: it ends whatever the handler awaits
         runner = web.AppRunner(self.app, **self.runner_options)
         await runner.setup()
         assert runner.server is not None
@@ -54,6 +60,44 @@ class HttpSite:
         self._sweeper = asyncio.get_running_loop().create_task(guard.sweep())
         self.port = server.sockets[0].getsockname()[1] if server.sockets else port
         return self.port
+
+    @web.middleware
+    async def _body_deadline(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Run `handler`; if the request's body is not whole `request_timeout_s` after its head,
+        cancel the handler (it can only be waiting for the body, or ignoring it) and answer 408."""
+        if not request.body_exists or request.content.is_eof():
+            return await handler(request)
+        task = asyncio.current_task()
+        assert task is not None
+        late = False
+
+        def expire() -> None:
+            nonlocal late
+            if not request.content.is_eof():
+                late = True
+                task.cancel()
+
+        limit = self.limits.request_timeout_s
+        timer = asyncio.get_running_loop().call_later(limit, expire)
+        try:
+            return await handler(request)
+        except asyncio.CancelledError:
+            if not late or task.uncancel() > 0:  # not ours, or cancelled for another reason too
+                raise
+            return await self._late(request, limit)
+        finally:
+            timer.cancel()
+
+    async def _late(self, request: web.Request, limit: float) -> web.StreamResponse:
+        if self._guard is not None:
+            self._guard.count("request_timeout")
+        resp = web.Response(status=408, body=_LATE % (self.name.encode(), limit), content_type="application/json")
+        resp.force_close()
+        await resp.prepare(request)
+        await resp.write_eof()
+        if request.transport is not None:
+            linger(request.transport)
+        return resp
 
     async def stop(self) -> None:
         """Stop accepting, finish or cancel open requests, run the app's cleanup hooks. Idempotent."""

@@ -7,7 +7,8 @@ confidence saying what would confirm it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
 from kvscope.diagnoser.findings import (
@@ -16,7 +17,6 @@ from kvscope.diagnoser.findings import (
     Finding,
     Skipped,
     same_mechanism,
-    same_place,
 )
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.rule import Rule
@@ -47,9 +47,10 @@ def settle(
     findings = lift(findings)
     kept: list[Finding] = []
     overruled: dict[str, list[str]] = {}
+    by_rule = _ByPlace.per_key(findings, lambda g: (g.rule_id,))
     for f in findings:
         direct = [rid for rid in f.defers_to if rid in could_look]
-        fired = [g for g in findings if g.rule_id in direct and same_place(g.where, f.where)]
+        fired = [g for rid in dict.fromkeys(direct) if rid in by_rule for g in by_rule[rid].at(f.where)]
         if fired:
             ceiling = min(g.score for g in fired) - BELOW
             kept.append(replace(f, score=min(f.score, round(ceiling, 3))))
@@ -57,12 +58,13 @@ def settle(
             overruled.setdefault(f.rule_id, direct)
         else:
             kept.append(f)
+    kept_ids = {f.rule_id for f in kept}
     notes = [
         Skipped(
             rid, f"{OVERRULED} {', '.join(direct)} read the same mechanism from direct evidence and did not fire there"
         )
         for rid, direct in overruled.items()
-        if not any(f.rule_id == rid for f in kept)
+        if rid not in kept_ids
     ]
     return kept, list(skipped) + notes
 
@@ -71,9 +73,10 @@ def lift(findings: list[Finding]) -> list[Finding]:
     """A direct finding takes the worst severity of the findings that fold into it (they defer to
     it and sit at its place), its score raised by the same 100 per level as ranking gives: the
     direct reading confirms the mechanism, the inferred one says how much it hurts now."""
+    deferring = _ByPlace.per_key(findings, lambda f: f.defers_to)
     out = []
     for g in findings:
-        folded = [f.severity for f in findings if g.rule_id in f.defers_to and same_place(g.where, f.where)]
+        folded = [f.severity for f in deferring[g.rule_id].at(g.where)] if g.rule_id in deferring else []
         worst = max([g.severity, *folded], key=SEVERITY_RANK.__getitem__)
         up = 100 * (SEVERITY_RANK[worst] - SEVERITY_RANK[g.severity])
         out.append(replace(g, severity=worst, score=round(g.score + up, 3)) if up else g)
@@ -85,15 +88,46 @@ def before_symptom(findings: list[Finding]) -> list[Finding]:
     finding of the same mechanism at the same place (K1, K3): that finding already names the
     stage reached, and 002 §7.4 acts there, before the latency the cascade is named for. Once the
     symptom stage is reached the cascade is the fuller account (and critical), and leads."""
+    plain = _ByPlace([g for g in findings if g.cascade is None])
     out = []
     for f in findings:
-        before = f.cascade is not None and f.cascade.lead_time_s is None  # asked once, not per peer
-        peers = [
-            g
-            for g in findings
-            if before and g.cascade is None and same_place(g.where, f.where) and same_mechanism(f, g)
-        ]
+        before = f.cascade is not None and f.cascade.lead_time_s is None
+        peers = [g for g in plain.at(f.where) if same_mechanism(f, g)] if before else []
         if peers:
             f = replace(f, score=min(f.score, round(min(g.score for g in peers) - BELOW, 3)))
         out.append(f)
     return out
+
+
+class _ByPlace:
+    """Findings looked up by place: `at(where)` is every one whose own place agrees with `where`
+    on the labels both carry (`same_place`, a fleet-wide place matching any), found through a
+    dict per set of label names rather than by comparing every pair: linear in the findings
+    for the few label sets a run has, where the pairwise scan was quadratic (5000 pods)."""
+
+    def __init__(self, findings: Iterable[Finding]) -> None:
+        self._groups: dict[frozenset[str], list[Finding]] = defaultdict(list)
+        for f in findings:
+            self._groups[frozenset(f.where)].append(f)
+        self._index: dict[tuple[frozenset[str], tuple[str, ...]], dict[tuple[str, ...], list[Finding]]] = {}
+
+    @classmethod
+    def per_key(cls, findings: list[Finding], keys: Callable[[Finding], Iterable[str]]) -> dict[str, _ByPlace]:
+        """One index per key (a rule id), of the findings whose `keys` include it."""
+        members: dict[str, list[Finding]] = defaultdict(list)
+        for f in findings:
+            for key in dict.fromkeys(keys(f)):
+                members[key].append(f)
+        return {key: cls(group) for key, group in members.items()}
+
+    def at(self, where: Mapping[str, str]) -> list[Finding]:
+        out: list[Finding] = []
+        for names, group in self._groups.items():
+            shared = tuple(sorted(names & where.keys()))
+            index = self._index.get((names, shared))
+            if index is None:
+                index = self._index[names, shared] = defaultdict(list)
+                for f in group:
+                    index[tuple(f.where[k] for k in shared)].append(f)
+            out += index.get(tuple(where[k] for k in shared), ())
+        return out

@@ -1,9 +1,11 @@
 """The diagnoser's one way to make an outbound HTTP read: an overall deadline, bounded bodies, clean errors.
 
-urllib's `timeout` bounds each socket operation, so a server that sends one byte every 2 s keeps a
-read going for as long as it likes. `fetch` gives the whole exchange (connect, status line,
-headers, body) one deadline: a watchdog shuts the connection's socket down when it passes, which
-ends any read blocked on it at once. The body is read in pieces into a buffer sized from what
+urllib's `timeout` bounds each socket operation, and name resolution not at all, so a server that
+sends one byte every 2 s (or a resolver that never answers) keeps a read going for as long as it
+likes. `fetch` gives the whole exchange (name lookup, connect, status line, headers, body) one
+deadline: the lookup runs on a thread waited for only as long as the deadline leaves, and then
+a watchdog shuts the connection's socket down when the deadline passes, which ends any read
+blocked on it at once. The body is read in pieces into a buffer sized from what
 the answer declares (Content-Length) and refused, with the size in words, before it grows past
 the cap. Every way an answer can be malformed (status line, headers, chunking) ends as one
 `FetchError` line naming the URL and what was wrong; `printable` strips what a server wrote from
@@ -12,6 +14,7 @@ control characters before it can reach a terminal.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import re
@@ -101,11 +104,64 @@ class Deadline:
                 timer.join()
 
 
+class ResolveTimeout(TimeoutError):
+    """The host name did not resolve before the deadline (the resolver is slow or unreachable)."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(f"the name {host} did not resolve in time")
+        self.host = host
+
+
+def _resolve(host: str, port: int, deadline: Deadline) -> list[Any]:
+    """getaddrinfo within the deadline. The C resolver takes no timeout (glibc waits out its own
+    timeouts and retries per nameserver), so a name is resolved on a daemon thread that is waited
+    for only as long as the deadline leaves, then abandoned (it ends when the resolver answers)."""
+    try:
+        return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+    except (socket.gaierror, UnicodeError):
+        pass  # a name, not an address
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["infos"] = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name=f"resolve {host}", daemon=True)
+    worker.start()
+    worker.join(max(0.0, deadline.left()))
+    if worker.is_alive():
+        raise ResolveTimeout(host)
+    if "error" in box:
+        raise box["error"]
+    return box["infos"]
+
+
+def _connect(deadline: Deadline, address: tuple[str, int], timeout: float, source: Any = None) -> socket.socket:
+    """socket.create_connection with the name resolved, and every address tried, within `deadline`."""
+    host, port = address
+    error: OSError | None = None
+    for family, kind, proto, _, sockaddr in _resolve(host, port, deadline):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(max(0.001, min(timeout, deadline.left())))
+            if source:
+                sock.bind(source)
+            sock.connect(sockaddr)
+            return sock
+        except OSError as exc:
+            error = exc
+            sock.close()
+    raise error or OSError(f"no address for {host}")
+
+
 def _connection(base: type[http.client.HTTPConnection], deadline: Deadline) -> Callable[..., Any]:
     class _Watched(base):  # type: ignore[valid-type, misc]
         def connect(self) -> None:
             asked: float | None = getattr(self, "timeout", None)
             self.timeout = max(0.001, min(asked or deadline.seconds, deadline.left()))
+            self._create_connection = functools.partial(_connect, deadline)
             super().connect()
             deadline.watch(self.sock)
 
@@ -162,6 +218,12 @@ def fetch(
 
 def _mapped(exc: BaseException, what: str, timeout_s: float, deadline: Deadline) -> FetchError:
     """The FetchError for an exchange that failed with `exc`."""
+    if isinstance(late := getattr(exc, "reason", exc), ResolveTimeout):
+        return FetchError(
+            f"{what}: the host name {printable(late.host, 200)} did not resolve within {timeout_s:.3g} s (the DNS "
+            "resolver is slow or unreachable; check the name and the resolver, or raise --timeout)",
+            timed_out=True,
+        )
     if deadline.expired or isinstance(exc, TimeoutError) or "timed out" in str(exc):
         return FetchError(
             f"{what}: no complete answer within {timeout_s:.3g} s (the server is slow or stalled; "

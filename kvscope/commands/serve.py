@@ -6,10 +6,14 @@ import argparse
 import asyncio
 import logging
 import signal
+from typing import TYPE_CHECKING
 
 from kvscope.commands._checks import check_http_url, parse_listen
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._params import add_param_flag, parse_params
+
+if TYPE_CHECKING:
+    from kvscope.agent.config import ServerLimits
 
 DESCRIPTION = """\
 Receive Alertmanager webhooks, diagnose every firing alert's instance and time window from
@@ -45,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=2, metavar="N", help="webhooks diagnosed at once")
     timeout_help = "one webhook's whole diagnosis, every Prometheus read in it included; later: recorded as an error"
     p.add_argument("--diagnosis-timeout", default="2m", metavar="DURATION", help=timeout_help)
+    request_help = "a webhook's body must arrive whole within this of its head; later: 408, connection closed"
+    p.add_argument("--request-timeout", default="60s", metavar="DURATION", help=request_help)
     body_help = "largest webhook body accepted; larger gets 413"
     p.add_argument("--max-body-bytes", type=int, default=1024 * 1024, metavar="N", help=body_help)
     add_param_flag(p)
@@ -52,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvscope.agent.config import ServerLimits
     from kvscope.diagnoser.alertmanager.server import ServeConfig, WebhookServer
     from kvscope.diagnoser.alertmanager.store import DiagnosisStore
     from kvscope.diagnoser.rulebook.rule import parse_duration, read_rules
@@ -72,12 +79,16 @@ def run(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             params=params,
         )
+        request_timeout = parse_duration(args.request_timeout)
+        if not request_timeout > 0:
+            raise ValueError(f"--request-timeout: a duration above 0, got {args.request_timeout!r}")
+        limits = ServerLimits(request_timeout_s=request_timeout)
     except ValueError as exc:
         return fail("serve", exc, 3)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     store = DiagnosisStore(args.store, max_rows=args.max_stored)
     try:
-        asyncio.run(_serve(WebhookServer(config, store), *listen))
+        asyncio.run(_serve(WebhookServer(config, store), limits, *listen))
     except OSError as exc:
         return fail("serve", f"cannot listen on {args.listen}: {exc.strerror or exc}; pick another with --listen", 1)
     finally:
@@ -91,10 +102,10 @@ def _workers(n: int) -> int:
     return n
 
 
-async def _serve(server: object, host: str, port: int) -> None:
+async def _serve(server: object, limits: ServerLimits, host: str, port: int) -> None:
     from kvscope.agent.serve.site import HttpSite
 
-    site = HttpSite(server.app(), name="kvscope serve", access_log=None)  # type: ignore[attr-defined]
+    site = HttpSite(server.app(), limits, name="kvscope serve", access_log=None)  # type: ignore[attr-defined]
     bound = await site.start(host, port)
     logging.getLogger("kvscope.serve").info("listening on http://%s:%d", host, bound)
     stop = asyncio.Event()
