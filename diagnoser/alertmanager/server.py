@@ -17,6 +17,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,8 @@ class WebhookServer:
         self._threads: dict[int, float] = {}  # diagnosis threads running: id -> deadline (monotonic)
         self._threads_lock = threading.Lock()
         self.counters: Counter[tuple[str, str]] = Counter()  # (metric, label value) -> count
+        # client connections its listener closed unserved, by reason (set by whoever serves the app)
+        self.connections_closed: Callable[[], Counter[str]] = Counter
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
@@ -193,7 +196,9 @@ class WebhookServer:
         except sqlite3.Error:  # a broken store: the counters still answer, the gauge is absent
             stored = None
         return web.Response(
-            text=render_metrics(self.counters, self.queue.qsize() if self.queue else 0, stored),
+            text=render_metrics(
+                self.counters, self.queue.qsize() if self.queue else 0, stored, self.connections_closed()
+            ),
             content_type="text/plain",
             charset="utf-8",
         )
@@ -257,7 +262,27 @@ class WebhookServer:
                 with self._threads_lock:
                     self._threads.pop(key, None)
 
-        return await asyncio.to_thread(run)
+        # a thread of its own, not the loop's shared pool: a wedged diagnosis must not take a slot
+        # that later diagnoses and the other handlers' store reads wait for
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def settle(ok: bool, value: Any) -> None:
+            if not done.done():
+                (done.set_result if ok else done.set_exception)(value)
+
+        def main() -> None:
+            try:
+                result, ok = run(), True
+            except BaseException as e:  # noqa: BLE001 - handed to the awaiting worker
+                result, ok = e, False
+            try:
+                loop.call_soon_threadsafe(settle, ok, result)
+            except RuntimeError:  # the loop closed while this thread ran past its deadline
+                pass
+
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=main, name="kvscope-diagnosis", daemon=True).start()
+        return await done
 
     async def enrich(self, doc: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
         """The webhook with a `kvscope` object on every alert; Prometheus reads end by `deadline`
@@ -355,15 +380,21 @@ class WebhookServer:
         return f"failed after {self.config.forward_attempts} attempts: {last}"
 
 
+CLOSED_METRIC = "kvscope_connections_closed_total"
 _METRICS = {
     "kvscope_webhook_requests_total": ("code", "Webhook POSTs by HTTP status answered."),
     "kvscope_webhook_diagnoses_total": ("result", "Webhooks diagnosed (done), failed (error) or timed out (timeout)."),
     "kvscope_webhook_forwards_total": ("result", "Enriched payloads forwarded (ok) or given up (failed)."),
+    CLOSED_METRIC: ("reason", "Client connections the listener closed unserved, by reason (agent/serve/limits.py)."),
 }
 
 
-def render_metrics(counters: Counter[tuple[str, str]], queued: int, stored: int | None) -> str:
-    """The receiver's own metrics in Prometheus text format 0.0.4."""
+def render_metrics(
+    counters: Counter[tuple[str, str]], queued: int, stored: int | None, closed: Counter[str] | None = None
+) -> str:
+    """The receiver's own metrics in Prometheus text format 0.0.4; `closed`: connections its listener
+    closed unserved, by reason (agent/serve/limits.py), as the agent exports them."""
+    counters = counters + Counter({(CLOSED_METRIC, reason): n for reason, n in (closed or Counter()).items()})
     lines = []
     for name, (label, help_) in _METRICS.items():
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} counter"]

@@ -107,6 +107,7 @@ async def _serve(server: object, limits: ServerLimits, host: str, port: int) -> 
 
     site = HttpSite(server.app(), limits, name="kvscope serve", access_log=None)  # type: ignore[attr-defined]
     bound = await site.start(host, port)
+    server.connections_closed = lambda: site.closed  # type: ignore[attr-defined]
     logging.getLogger("kvscope.serve").info("listening on http://%s:%d", host, bound)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

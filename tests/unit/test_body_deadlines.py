@@ -123,9 +123,13 @@ def test_kvscope_serve_cuts_off_a_trickled_webhook_and_accepts_others_meanwhile(
                     healthy = r.status
                 async with s.post(f"http://127.0.0.1:{port}/api/v1/alerts", data=json.dumps(webhook)) as r:
                     accepted = r.status, await r.text()
-            return healthy, accepted, await slow
+            answer = await slow
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
+                    metrics = await r.text()
+            return healthy, accepted, answer, metrics
 
-        healthy, accepted, answer = asyncio.run(main())
+        healthy, accepted, answer, metrics = asyncio.run(main())
     finally:
         proc.terminate()
         log = proc.stderr.read()
@@ -135,3 +139,4 @@ def test_kvscope_serve_cuts_off_a_trickled_webhook_and_accepts_others_meanwhile(
     assert accepted[0] in (200, 400), accepted  # answered (an empty alert list may be refused as such)
     assert answer.startswith(b"HTTP/1.1 408") and b"kvscope serve" in answer, answer[:300]
     assert "1 client connection(s) closed unserved (request_timeout)" in log, log[-2000:]
+    assert 'kvscope_connections_closed_total{reason="request_timeout"} 1' in metrics, metrics
