@@ -20,7 +20,6 @@ Prometheus would have evaluated them (`promtool tsdb create-blocks-from rules`).
 from __future__ import annotations
 
 import gzip
-import json
 import math
 import re
 import shutil
@@ -47,6 +46,7 @@ from kvscope.diagnoser.rulebook.rule import read_rule, read_rules, rule_paths
 from kvscope.diagnoser.sources.promapi import PromClient
 from kvscope.diagnoser.sources.prometheus import fetch_frame
 from kvscope.diagnoser.sources.recording import RecordingSource
+from testbed.diagnoses import assert_same_diagnosis
 from testbed.fleetgen.capture_fleet import write_capture_fleet
 from testbed.prometheus import (
     EMPTY_CONFIG,
@@ -92,18 +92,18 @@ def test_the_fleet_path_gives_the_full_fetch_diagnosis_on_every_recording(record
     ) as prom:
         assert PromClient(prom.url).flavor() == "prometheus"
         full, fleet, _, _ = _both(prom.url, start, end, step, None)
-        assert json.loads(fleet.to_json()) == json.loads(full.to_json())
+        assert_same_diagnosis(fleet, full)
         if recording.name.startswith("llamacpp"):
             # llama.cpp's prompt tokens are two counters summed into one signal: read apart
             # (signals.py `_range_read`), every condition has a record, none left to the full fetch
             full, fleet, report, _ = _both(prom.url, start, end, step, 1.0)
-            assert json.loads(fleet.to_json()) == json.loads(full.to_json())
+            assert_same_diagnosis(fleet, full)
             assert not describe(report.hits), describe(report.hits)
             return
         if end - start < 2 * LATER_S:
             return
         full, fleet, report, _ = _both(prom.url, start + LATER_S, end, step, 1.0)
-    assert json.loads(fleet.to_json()) == json.loads(full.to_json())
+    assert_same_diagnosis(fleet, full)
     read = [rid for rid, h in report.hits.items() if not h.everywhere]
     assert read, "no rule was read from the candidate records"
     assert not describe(report.hits), describe(report.hits)
@@ -130,7 +130,7 @@ def test_a_fleet_with_history_is_read_from_the_records_with_the_full_fetch_diagn
         tmp_path / "prometheus.yml", tmp_path / "data", "--storage.tsdb.retention.time=100y"
     ) as prom:
         full, fleet, report, points = _both(prom.url, start, end, step, None)
-    assert json.loads(fleet.to_json()) == json.loads(full.to_json())
+    assert_same_diagnosis(fleet, full)
     assert fleet.findings
     records = {rid for rid, (expr, _) in candidate_exprs(read_rules(), load_catalog()).items() if expr}
     everywhere = {rid for rid, h in report.hits.items() if h.everywhere}
@@ -147,7 +147,7 @@ def test_without_the_records_the_full_fetch_is_used_and_said(tmp_path):
         tmp_path / "prometheus.yml", tmp_path / "data", "--storage.tsdb.retention.time=100y"
     ) as prom:
         full, fleet, report, _ = _both(prom.url, start, end, step, None)
-    assert json.loads(fleet.to_json()) == json.loads(full.to_json())
+    assert_same_diagnosis(fleet, full)
     text = "\n".join(describe(report.hits))
     assert "judged on every engine's series (exact full fetch)" in text
     assert "promtool tsdb create-blocks-from rules" in text and "vmalert" in text

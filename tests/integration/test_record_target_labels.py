@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from agentharness import start_target_process
 
-from kvscope.agent.collectors.engine import EngineCollector
+from kvscope.agent.collectors.engine import HEALTH_SIGNAL, EngineCollector
 from kvscope.agent.config import build_config, read_config_file
 from kvscope.agent.derive.gpu_join import JOIN_NAME, derive_engine_gpu
 from kvscope.agent.recording.omfile import read_recording
@@ -170,8 +170,14 @@ def _collect_live(config: Path) -> list:
 
 
 def _label_sets(samples) -> set:
-    """(name, labels) of the engine and GPU series, timestamps and values aside."""
-    return {(s.name, s.labels) for s in samples if s.name.startswith(("engine_", "gpu_")) and s.name != JOIN_NAME}
+    """(name, labels) of the engine and GPU series, timestamps and values aside. The live agent's
+    own /health probe (`engine_health_probe_up`) is left out: it is the agent's observation beside
+    the scrape, not part of the /metrics bodies a recording holds, so a replay has none."""
+    return {
+        (s.name, s.labels)
+        for s in samples
+        if s.name.startswith(("engine_", "gpu_")) and s.name not in (JOIN_NAME, HEALTH_SIGNAL)
+    }
 
 
 def test_old_record_output_has_no_target_labels_and_no_join(targets, tmp_path):
