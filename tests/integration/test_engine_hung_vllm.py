@@ -115,6 +115,13 @@ def _last_progress(samples: list, until: float) -> tuple[float, str]:
     return last
 
 
+def _print_phase_series(samples: list, m: dict[str, float]) -> None:
+    """Every series the rule reads, from 30 s before the hang, relative to the run's start."""
+    for name in ("engine_requests_running", "engine_requests_waiting", *PROGRESS):
+        points = [(round(t - m["start"], 1), v) for t, v in _gen_points(samples, name) if t >= m["hang"] - 30]
+        print(name, points)
+
+
 def _widest_gap(samples: list, start: float, end: float) -> float:
     """The longest interval between two scrapes in [start, end]: the data's own sampling step."""
     times = [t for t, _ in _gen_points(samples) if start <= t <= end]
@@ -205,6 +212,7 @@ def test_engine_hung_fires_on_a_stopped_vllm_engine_core_and_not_on_idle_or_slow
         "marks",
         json.dumps({k: round(v - start, 1) for k, v in m.items()}),
     )
+    _print_phase_series(samples, m)  # what the rule read around the hang, for a failure's record
     assert [f.rule_id for f in verdicts["idle"]] == EXPECTED["idle"], timeline
     assert [f.rule_id for f in verdicts["slow"]] == EXPECTED["slow"], timeline
     assert [f.rule_id for f in verdicts["hung"]] == EXPECTED["hung"], timeline
