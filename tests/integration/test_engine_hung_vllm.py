@@ -5,7 +5,7 @@ stuck kernel leaves a GPU engine.
 Verdicts, written before the first run (EXPECTED below):
 
 * idle (no request, 100 s): quiet. Nothing is in the engine, so flat counters are expected.
-* slow but progressing (a closed loop of 4 long requests, the engine core stopped 6 s of every 8 s,
+* slow but progressing (a closed loop of 4 long requests of different lengths, the engine core stopped 6 s of every 8 s,
   120 s): quiet. Tokens are produced in every cycle, so no stall window is flat.
 * hung (the same load, the engine core stopped for good, 150 s): fires, critical, with kvscope's
   /health probe at 1 (the API server still says healthy), its onset no earlier than the hang and no
@@ -66,14 +66,18 @@ def _engine_core(server_pid: int) -> psutil.Process:
     raise AssertionError(f"no EngineCore process under pid {server_pid}")
 
 
-async def _client(session: aiohttp.ClientSession, base: str, key: str, stop: asyncio.Event, done: list) -> None:
-    """A closed loop of long completions until `stop` (the last one may stay pending in a hang)."""
+async def _client(
+    session: aiohttp.ClientSession, base: str, key: str, stop: asyncio.Event, done: list, max_tokens: int = 600
+) -> None:
+    """A closed loop of long completions until `stop` (the last one may stay pending in a hang).
+    Each client asks for a different length, so the clients do not finish in the same engine step
+    and leave the engine empty for a scrape (the engine could then stop with nothing in it)."""
     i = 0
     while not stop.is_set():
         body = {
             "model": SERVED_NAME,
             "prompt": synthetic_text(f"{key}/{i}", 60),
-            "max_tokens": 600,
+            "max_tokens": max_tokens,
             "ignore_eos": True,
             "temperature": 0.0,
         }
@@ -154,7 +158,10 @@ async def _run(srv: VllmServer) -> dict:
             marks["start"] = time.time()
             await asyncio.sleep(IDLE_S)
             marks["idle_end"] = time.time()
-            clients = [asyncio.create_task(_client(session, srv.url, f"c{i}", stop_load, done)) for i in range(CLIENTS)]
+            clients = [
+                asyncio.create_task(_client(session, srv.url, f"c{i}", stop_load, done, 600 + 70 * i))
+                for i in range(CLIENTS)
+            ]
             await _wait_progress(samples, marks["idle_end"])
             marks["slow_start"] = time.time()
             while time.time() - marks["slow_start"] < SLOW_S:
@@ -201,6 +208,11 @@ def test_engine_hung_fires_on_a_stopped_vllm_engine_core_and_not_on_idle_or_slow
     assert probes == {1.0}, probes  # and so does kvscope's own /health probe
     hung_values = {v for t, v in gen if t > m["hang"] + 2 * STEP}
     assert len(hung_values) == 1, timeline
+    # and the engine stopped with requests in it (what a hang with traffic is; not the rule's doing)
+    running = dict(_gen_points(samples, "engine_requests_running"))
+    waiting = dict(_gen_points(samples, "engine_requests_waiting"))
+    held = [running[t] + waiting.get(t, 0.0) for t in running if t > m["hang"] + 2 * STEP]
+    assert held and min(held) >= 1, ("the engine stopped with no request in it", held)
 
     verdicts = {}
     for phase, end in (("idle", m["idle_end"]), ("slow", m["slow_end"]), ("hung", m["end"])):
