@@ -32,7 +32,8 @@ PREFIX = Row(
         Panel(
             "Hit ratio per engine and DP rank",
             "Token-weighted local prefix hit ratio. DP ranks are separate "
-            "cache domains (000): a spread between ranks means sessions land on several ranks (P6).",
+            "cache domains (Why more GPUs is not enough for LLM inference): a spread between ranks "
+            "means sessions land on several ranks (rule dp_rank_cache_split).",
             (q.prefix_hit_ratio(("instance", "dp_rank")),),
             "ratio",
             palette="hit_ratio",
@@ -49,7 +50,7 @@ PREFIX = Row(
             "Router prefix locality",
             "Where a router exports it: the mean share of a request's prefix found on "
             "the worker it was routed to (llm-d EPP, Dynamo KV router) and the share of decisions kept on the "
-            "prefix's worker (SMG policy branches). A fall means locality given away (R1).",
+            "prefix's worker (SMG policy branches). A fall means locality given away (rule router_gave_locality_away).",
             q.ROUTER_LOCALITY,
             "ratio",
             palette="hit_ratio",
@@ -85,7 +86,7 @@ EVICTION = Row(
             "Block residency",
             "Median KV block lifetime, idle time before eviction and reuse gap (vLLM KV "
             "residency histograms, sampled). A reuse gap near the idle-before-evict time means reused blocks "
-            "are evicted just before they are needed (K4).",
+            "are evicted just before they are needed (rule hot_prefix_churn).",
             q.RESIDENCY,
             "seconds",
         ),
@@ -111,7 +112,7 @@ CASCADE = Row(
         Panel(
             "KV block churn",
             "Blocks removed per second by medium, blocks evicted and then recomputed, and "
-            "hot (reused) blocks evicted: the LRU failure of K4 (from the engines' KV events).",
+            "hot (reused) blocks evicted: the LRU failure that hot_prefix_churn reads (from the engines' KV events).",
             q.KV_EVENT_RATES,
             "per_s",
         ),

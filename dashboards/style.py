@@ -16,7 +16,8 @@ UI_URL_DEFAULT = "http://127.0.0.1:8501"
 PALETTES: dict[str, list[tuple[str, float | None]]] = {
     # 002 §9.3: KV cache utilisation target 75-90 %, near 100 % is the ceiling.
     "kv_usage": [("green", None), ("orange", 0.9), ("red", 0.98)],
-    # Higher is better: prefix hit ratio below 30 % on a reuse workload is P1 (002 §9.3).
+    # Higher is better: prefix hit ratio below 30 % on a reuse workload is what
+    # prefix_hit_low_with_reuse reads (002 §9.3).
     "hit_ratio": [("red", None), ("orange", 0.3), ("green", 0.6)],
     "slo": [("red", None), ("orange", 0.9), ("green", 0.99)],
     "rate_bad": [("green", None), ("orange", 0.001), ("red", 1.0)],

@@ -1,4 +1,4 @@
-"""Tenants & fairness: is a healthy aggregate hit ratio hiding tenants that never hit (P8)?
+"""Tenants & fairness: is a healthy aggregate hit ratio hiding tenants that never hit (rule tenant_cache_unfairness)?
 
 Per-tenant series come from kvscope's request tap / trace receiver (tenant_*, top-K tenants plus
 `other`); the fleet fairness gauges from agent/derive (docs/requests.md).
@@ -19,7 +19,8 @@ FLEET = Row(
             "Tenant fairness",
             "Traffic-weighted Jain index of tenant hit ratios (1 = even), the share of cold "
             "tenants (hit < 0.3 with reuse potential >= 0.5) and how far the worst tenant sits below the "
-            "aggregate. 001: the aggregate can look healthy while long-tail tenants almost never hit.",
+            "aggregate. llm-d on a GH200, multi-tenant test: the aggregate can look healthy while "
+            "long-tail tenants almost never hit.",
             q.FLEET_FAIRNESS,
             "ratio",
             width=12,
@@ -28,7 +29,8 @@ FLEET = Row(
         Panel(
             "Prefix split across replicas",
             "Share of re-seen prompt prefixes served by more than one replica "
-            "or DP rank: one prefix, several cache domains (000, 003).",
+            "or DP rank: one prefix, several cache domains (Why more GPUs is not enough for LLM "
+            "inference; Welcome to the Disaggregation Cliff).",
             (q.PREFIX_SPLIT,),
             "ratio",
             width=12,

@@ -206,6 +206,7 @@ def _follow_up(j: JudgedChange, diagnosis: Diagnosis) -> dict:
     the lever's direction), whether their symptom ended by the change's settle time, and the verdict
     at matched load; {} when none."""
     out: list[dict] = []
+    titles: dict[str, str] = {}  # finding -> its title, as the text names it
     for knob, (a, b) in j.change.diff.items():
         for lever_id, direction in KNOB_LEVER_IDS.get(knob, ()):
             if (b > a) != (direction == "increase"):
@@ -214,14 +215,14 @@ def _follow_up(j: JudgedChange, diagnosis: Diagnosis) -> dict:
                 seen = any(x["finding"] == f.rule_id for x in out)
                 if f.since < j.change.time and not seen and any(lv.id == lever_id for lv in f.levers):
                     cleared = not f.active and f.until <= j.change.time + SETTLE_S
+                    titles[f.rule_id] = f.title
                     out.append(
                         {"finding": f.rule_id, "levers_md": f.levers_md, "lever": lever_id, "symptom_cleared": cleared}
                     )
     if not out:
         return {}
     said = "; ".join(
-        f"{x['levers_md'] or x['finding']} ({x['lever']}): {'cleared' if x['symptom_cleared'] else 'still there'}"
-        for x in out
+        f"{titles[x['finding']]} ({x['lever']}): {'cleared' if x['symptom_cleared'] else 'still there'}" for x in out
     )
     return {"follow_up": out, "text_follow_up": f"lever follow-up: {said}; at matched load: {j.verdict}"}
 

@@ -217,7 +217,7 @@ def test_lever_follow_up_after_a_change_that_applied_a_findings_lever():
             "symptom_cleared": True,
         }
     ]
-    assert "K1 (vllm.gpu_memory_utilization): cleared; at matched load: improvement" in cleared["text_follow_up"]
+    assert "KV full (vllm.gpu_memory_utilization): cleared; at matched load: improvement" in cleared["text_follow_up"]
     still = attach(Diagnosis((0, 1), "x", k1(t + 600, True)), [pc]).changes[0]
     assert still["follow_up"][0]["symptom_cleared"] is False
     assert "follow_up" not in attach(Diagnosis((0, 1), "x", None), [pc]).changes[0]

@@ -167,12 +167,10 @@ def test_generated_files():
     assert len(files) > 40
     found = {f.name: hits for f in files if (hits := _old(f.read_text(encoding="utf-8")))}
     assert found == {}
-    # Checklist rows and "001:" too, in everything but the dashboards (their panel descriptions,
-    # written in dashboards/*.py, still carry both: not yet rewritten).
-    later = {
+    # checklist rows and "001:" too
+    rows = {
         f.name: hits
         for f in files
-        if f.suffix != ".json"
-        and (hits := _row_ids(text := f.read_text(encoding="utf-8")) + PREFIX_COLON.findall(text))
+        if (hits := _row_ids(text := f.read_text(encoding="utf-8")) + PREFIX_COLON.findall(text))
     }
-    assert later == {}
+    assert rows == {}
