@@ -1,0 +1,170 @@
+"""Benchmark: one Alertmanager webhook enriched by `kvscope serve` on a fleet-sized TSDB.
+
+The user's path from page to answer: an alert on one engine reaches `serve`, which diagnoses the
+alert's window through the fleet path (candidate records, then evidence), reads what changed in
+the window (the operating curve's signals) and stores the answer. Timed from the POST until
+`GET /api/v1/diagnoses/<id>` stops saying `pending`.
+
+The fleet: N vLLM engines from the real vLLM 0.32 capture (testbed/fleetgen/capture_fleet.py, 15 s
+scrapes, a tenth of the engines through a KV-pressure episode), with 1.1 h of history before the
+window, ending *now* (serve diagnoses up to the time it receives the alert), streamed into a real
+VictoriaMetrics 1.79; the candidate records are replayed over the window by vmalert, as a live
+vmalert would have kept them. The alert is on an engine of the KV-pressure episode and started
+`--before` after the window's start, so serve's window is the whole `--hours`.
+
+Measured in one run, each against the same data:
+* webhook: POST to stored diagnosis (median of `--webhooks`, each a fresh webhook);
+* `diagnose --prometheus` over the same window as a subprocess (the fleet path alone: what the
+  webhook costs beyond it is the changes and the receiver);
+* raw fetch (baseline): every raw series of every engine over the window, HTTP + JSON only, the
+  floor of a client that fetches the fleet (bench/diagnose_fleet.py `baseline_fetch`).
+
+    .venv/bin/python bench/webhook_fleet.py --engines 1000 --hours 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from diagnose_fleet import CANDIDATES, KVSCOPE, STEP, VM_FLAGS, WARMUP_S, baseline_fetch, load, run_child  # noqa: E402
+
+from testbed.fleetgen.capture_fleet import import_capture_fleet  # noqa: E402
+from testbed.procs import LoggedProcess, free_port, stop_process, wait_http  # noqa: E402
+from testbed.victoria import replay_rules, reset_cache, running_victoria  # noqa: E402
+
+GOAL_S = 2.0  # issue 37: one alert at 1000 engines (1 h window) from POST to a stored diagnosis
+
+
+def webhook(instance: str, starts_at: float) -> bytes:
+    stamp = datetime.fromtimestamp(starts_at, UTC).isoformat().replace("+00:00", "Z")
+    alert = {
+        "status": "firing",
+        "startsAt": stamp,
+        "endsAt": "0001-01-01T00:00:00Z",
+        "fingerprint": f"{instance}-{starts_at:.0f}",
+        "labels": {
+            "alertname": "LlmKvPressurePreemption",
+            "rule_id": "kv_pressure_preemption",
+            "instance": instance,
+            "severity": "warning",
+        },
+        "annotations": {},
+    }
+    return json.dumps({"version": "4", "status": "firing", "receiver": "kvscope", "alerts": [alert]}).encode()
+
+
+def time_webhook(serve: str, body: bytes, limit_s: float) -> tuple[float, dict]:
+    """Seconds from POST until the stored answer is no longer pending, and that answer."""
+    t0 = time.perf_counter()
+    req = urllib.request.Request(serve + "/api/v1/alerts", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - loopback
+        row = json.loads(resp.read())["id"]
+    while time.perf_counter() - t0 < limit_s:
+        with urllib.request.urlopen(f"{serve}/api/v1/diagnoses/{row}", timeout=30) as resp:  # noqa: S310
+            doc = json.loads(resp.read())
+        if doc["status"] != "pending":
+            return time.perf_counter() - t0, doc
+        time.sleep(0.05)
+    raise TimeoutError(f"webhook {row} still pending after {limit_s:.0f} s")
+
+
+def peak_rss_gb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1e6
+    return float("nan")
+
+
+def summary(doc: dict) -> str:
+    """What the stored answer says: status, changes listed, the likely cause, errors."""
+    alert = doc["payload"]["alerts"][0]["kvscope"]
+    likely = (alert.get("likely_cause") or {}).get("rule_id")
+    return (
+        f"status {alert.get('status')}, likely cause {likely}, {len(alert.get('changes') or [])} changes, "
+        f"errors {alert.get('errors') or []}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engines", type=int, default=1000)
+    ap.add_argument("--hours", type=float, default=1.0, help="the alert's window (serve's --before + the alert's age)")
+    ap.add_argument("--webhooks", type=int, default=3)
+    ap.add_argument("--limit", type=float, default=900.0, help="seconds to wait for one answer")
+    args = ap.parse_args()
+    before_s = 45 * 60 * args.hours
+    with tempfile.TemporaryDirectory(prefix="kvscope-webhook-fleet-") as d:
+        tmp = Path(d)
+        end = time.time() // STEP * STEP
+        first, start = end - args.hours * 3600 - WARMUP_S, end - args.hours * 3600
+        with running_victoria(tmp / "vm", *VM_FLAGS, log_path=tmp / "vm.log") as vm:
+            t0, l0 = time.perf_counter(), load()
+            info = import_capture_fleet(vm.url, args.engines, first, end, STEP)
+            took = replay_rules(vm.url, CANDIDATES, start - 60, end, tmp / "vmalert.log")
+            print(
+                f"{args.engines} engines x {args.hours:g} h (+{WARMUP_S / 3600:.1f} h before) on VictoriaMetrics: "
+                f"{info['samples']:,} samples; import + records {time.perf_counter() - t0:.0f} s "
+                f"(vmalert {took:.0f} s), "
+                f"load {l0:.1f}-{load():.1f}",
+                flush=True,
+            )
+            incident = sorted(info.get("incident_instances") or [])
+            port = free_port()
+            serve = f"http://127.0.0.1:{port}"
+            argv = [KVSCOPE, "serve", "--prometheus", vm.url, "--listen", f"127.0.0.1:{port}", "--store", ":memory:"]
+            argv += ["--before", f"{before_s:.0f}s", "--diagnosis-timeout", f"{args.limit:.0f}s"]
+            proc = LoggedProcess(argv, tmp / "serve.log", name="serve")
+            try:
+                wait_http(serve + "/-/healthy", 60, procs=(proc,))
+                hooks = []
+                for i in range(args.webhooks):
+                    reset_cache(vm.url)
+                    instance = incident[i % len(incident)] if incident else "10.0.0.0:8000"
+                    # the alert began `before_s` after the window's start: serve reads [start, now]
+                    took_s, doc = time_webhook(serve, webhook(instance, time.time() - 15 * 60 * args.hours), args.limit)
+                    hooks.append(took_s)
+                    print(f"  webhook {i + 1}: {took_s:.2f} s, load {load():.1f}; {summary(doc)}", flush=True)
+                rss = peak_rss_gb(proc.pid)
+            finally:
+                stop_process(proc, timeout_s=20.0)
+            w_end = time.time() // STEP * STEP
+            reset_cache(vm.url)
+            fleet = run_child(
+                [KVSCOPE, "diagnose", "--prometheus", vm.url, "--start", f"{w_end - args.hours * 3600:.0f}"]
+                + ["--end", f"{w_end:.0f}", "--json"]
+            )
+            reset_cache(vm.url)
+            raw = baseline_fetch(vm.url, w_end - args.hours * 3600, w_end, args.engines)
+    med = statistics.median(hooks)
+    print(
+        f"webhook -> stored diagnosis  median {med:7.2f} s (min {min(hooks):.2f}, max {max(hooks):.2f}), "
+        f"serve peak RSS {rss:.2f} GB; goal < {GOAL_S:g} s"
+    )
+    print(
+        f"diagnose --prometheus        {fleet['wall_s']:7.2f} s, {fleet['rss_gb']:.2f} GB "
+        f"(exit {fleet['exit']}): the fleet path alone"
+    )
+    print(
+        f"raw fetch (baseline)         {raw['baseline_s']:7.2f} s, {raw['baseline_mb']:.0f} MB, "
+        f"{raw['baseline_points']:,} points{' (in batches of 25 engines)' if raw['baseline_batched'] else ''}"
+    )
+    print(
+        f"ratios: webhook / raw fetch {med / raw['baseline_s']:.2f}x, "
+        f"webhook / diagnose {med / fleet['wall_s']:.2f}x, load {load():.1f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
