@@ -1,9 +1,10 @@
 """One engine log line -> the stats it carries, or the reason it carries none.
 
-Recognised: vLLM's periodic stats line (V0 and V1), V0's prefix-cache hit line and preemption
-warning, V1's `SpecDecoding metrics:` and NIXL `KV Transfer metrics:` lines; SGLang's `Prefill
-batch` / `Decode batch` lines and retraction warnings; LMCache's per-request lookup (`LMCache hit
-tokens`) and retrieve (`Retrieved N out of M required tokens`) lines. A `kubectl logs`
+Recognised: vLLM's periodic stats line (V0 and V1), V0's prefix-cache hit line, preemption
+warning and `Speculative metrics:` line, V1's `SpecDecoding metrics:` and NIXL `KV Transfer
+metrics:` lines; SGLang's `Prefill batch` / `Decode batch` lines and retraction warnings;
+LMCache's per-request lookup (`LMCache hit tokens`) and retrieve (`Retrieved N out of M required
+tokens`) lines. A `kubectl logs`
 `--prefix` (the pod becomes the instance) and `--timestamps` (RFC 3339, used instead of the
 engine's own second-resolution time) are read first. SGLang lines may also start with a date-time
 without brackets (`2026-06-07 10:59:31,659 [INFO] logger: Decode batch ...`, or `YYYY-MM-DD
@@ -72,6 +73,22 @@ VLLM_SPEC_FIELDS: dict[str, tuple[str, float] | None] = {  # vllm/v1/spec_decode
         )
     ),
 }
+VLLM_V0_SPEC_FIELDS: dict[str, tuple[str, float] | None] = {  # vllm/engine/metrics.py, V0 (to 0.10)
+    # The sampler's running totals since the engine started (vllm/spec_decode/metrics.py copies
+    # them whole): a counter's value, not an increase. `Number of speculative tokens` is k.
+    "Number of speculative tokens": ("spec_k", 1.0),
+    "Number of accepted tokens": ("spec_acc_total", 1.0),
+    "Number of draft tokens": ("spec_draft_total", 1.0),
+    "Number of draft tokens tokens": ("spec_draft_total", 1.0),  # the earlier wording (0.4-0.5 era)
+    **dict.fromkeys(
+        (
+            "Draft acceptance rate",  # accepted / draft of the totals: the whole run's, not the interval's
+            "System efficiency",
+            "Number of emitted tokens",
+            "Number of emitted tokens tokens",
+        )
+    ),
+}
 NIXL_FIELDS: dict[str, tuple[str, float] | None] = {  # nixl_connector.py / nixl/stats.py reduce(), 0.11+
     "Num successful transfers": ("xfer_n", 1.0),
     "Avg xfer time (ms)": ("xfer_s", 0.001),  # mean over the interval's transfers
@@ -89,6 +106,8 @@ NIXL_FIELDS: dict[str, tuple[str, float] | None] = {  # nixl_connector.py / nixl
         )
     ),
 }
+LINE_FIELDS = {"spec": (VLLM_SPEC_FIELDS, ": "), "spec0": (VLLM_V0_SPEC_FIELDS, ": "), "kvxfer": (NIXL_FIELDS, "=")}
+"""vLLM's `<name> metrics: ` lines: kind -> (the fields known, the key-value separator)."""
 LMCACHE_LOOKUP = "LMCache hit tokens: "
 LMCACHE_RETRIEVE = ("Retrieved ", " out of ", " required tokens")
 SGLANG_RETRACT = (
@@ -99,8 +118,8 @@ SGLANG_RETRACT = (
 
 
 class Line(NamedTuple):
-    """The stats of one recognised line. `kind`: stats (vLLM), prefix, preempt (vLLM V0), spec,
-    kvxfer (vLLM V1), prefill, decode, retract (SGLang), lookup, retrieve (LMCache). `source`: the
+    """The stats of one recognised line. `kind`: stats (vLLM), prefix, preempt, spec0 (vLLM V0),
+    spec, kvxfer (vLLM V1), prefill, decode, retract (SGLang), lookup, retrieve (LMCache). `source`: the
     pod of a `kubectl logs --prefix` header."""
 
     engine: str
@@ -137,6 +156,7 @@ def parse_line(line: str, day: datetime.date) -> Line | str:
         ("Prefix cache hit rate: GPU: ", "prefix"),
         ("total_num_cumulative_preemption=", "preempt"),
         ("SpecDecoding metrics: ", "spec"),
+        ("Speculative metrics: ", "spec0"),
         ("KV Transfer metrics: ", "kvxfer"),
     ):
         i = line.find(marker)
@@ -172,10 +192,9 @@ def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year
         if (value := _value(body[len("total_num_cumulative_preemption=") :])) is None:
             return "bad_value"
         return Line("vllm", kind, ts, rank, source, {"preempt_total": value}, missing=missing)
-    if kind in ("spec", "kvxfer"):
-        body = body.partition(": ")[2]
-        known, sep = (VLLM_SPEC_FIELDS, ": ") if kind == "spec" else (NIXL_FIELDS, "=")
-        fields, unknown = _fields(body.split(", "), known, sep)
+    if kind in LINE_FIELDS:
+        known, sep = LINE_FIELDS[kind]
+        fields, unknown = _fields(body.partition(": ")[2].split(", "), known, sep)
         if isinstance(fields, str):
             return fields
         return Line("vllm", kind, ts, rank, source, fields, unknown, missing)

@@ -38,6 +38,7 @@ COUNTERS = {
     "preempt": "engine_preemptions_total",
     "spec_acc": "engine_spec_accepted_tokens_total",
     "spec_draft": "engine_spec_draft_tokens_total",
+    "spec_drafts": "engine_spec_drafts_total",
     "xfer_n": "kv_transfer_seconds_count",
     "xfer_s": "kv_transfer_seconds_sum",
     "xfer_bytes_n": "kv_transfer_bytes_count",
@@ -216,6 +217,7 @@ def read_log(
 def _format(line: Line) -> str:
     other = {
         "spec": "vLLM SpecDecoding lines",
+        "spec0": "vLLM V0 Speculative metrics lines",
         "kvxfer": "vLLM KV Transfer (NIXL) lines",
         "lookup": "LMCache lookup lines",
         "retrieve": "LMCache retrieve lines",
@@ -295,9 +297,24 @@ def _advance(kind: str, f: dict[str, float], dt: float, counters: dict[str, floa
         counters["preempt"] += f["retracted"]
     elif kind == "kvxfer":
         _transfers(f, counters)
+    elif kind == "spec0":
+        _spec_totals(f, counters)
     for key in SUMMED.get(kind, ()):
         if key in counters:
             counters[key] += f.get(key, 0.0)
+
+
+def _spec_totals(f: dict[str, float], counters: dict[str, float]) -> None:
+    """vLLM V0's `Speculative metrics:` line: totals since the engine started, so each is the
+    counter's value, not an increase (a fall is a restart, undone by the rate's reset handling).
+    The counters appear at the first such line, never from 0 before it (that would count the
+    engine's whole past as one interval). Draft rounds: draft tokens / k, as V0's own system
+    efficiency counts the speculated sequences (vllm/spec_decode/metrics.py)."""
+    for key, field_ in (("spec_acc", "spec_acc_total"), ("spec_draft", "spec_draft_total")):
+        if field_ in f:
+            counters[key] = f[field_]
+    if "spec_draft_total" in f and f.get("spec_k", 0.0) >= 1:
+        counters["spec_drafts"] = f["spec_draft_total"] / f["spec_k"]
 
 
 def _transfers(f: dict[str, float], counters: dict[str, float]) -> None:
