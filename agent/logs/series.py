@@ -47,12 +47,21 @@ COUNTERS = {
     "lookup": "kv_tier_lookup_tokens_total",
     "hit": "kv_tier_hit_tokens_total",
     "loaded": "kv_tier_loaded_tokens_total",
+    "stored": "kv_tier_stored_tokens_total",
+    "offload_load_bytes": "engine_kv_offload_load_bytes_total",
+    "offload_store_bytes": "engine_kv_offload_store_bytes_total",
+    "offload_load_s": "engine_kv_offload_load_seconds_total",
+    "offload_alloc_fail": "kv_tier_failures_total",
 }
+SAMPLE_LABELS = {"kv_tier_failures_total": {"tier": "cpu", "op": "allocate"}}
+"""Labels a counter carries beyond its stream's: vLLM's offload allocation failures are the CPU
+tier's failed allocations, as the catalog labels `vllm:kv_offload_allocation_failure`."""
 SUMMED = {
     "spec": ("spec_acc", "spec_draft"),
-    "kvxfer": ("xfer_fail",),
+    "kvxfer": ("xfer_fail", "offload_load_bytes", "offload_store_bytes", "offload_load_s", "offload_alloc_fail"),
     "lookup": ("lookup", "hit"),
     "retrieve": ("loaded",),
+    "store": ("stored",),
 }
 """Line kind -> the fields that are counts since the previous line of that kind (or per request),
 summed into counters as printed: exact, no rate integrated."""
@@ -209,7 +218,9 @@ def read_log(
             | ({"tier": "lmcache"} if engine == "lmcache" else {})  # kv_tier_* carry the tier
         )
         for ts, values in _snapshots(lines, summary):
-            by_time[(inst, ts)].extend(Sample(n, make_labels(base), v, ts) for n, v in values.items())
+            by_time[(inst, ts)].extend(
+                Sample(n, make_labels(base | SAMPLE_LABELS.get(n, {})), v, ts) for n, v in values.items()
+            )
     scrapes = [(inst, ts, samples) for (inst, ts), samples in sorted(by_time.items())]
     return LogRead(job=job, scrapes=scrapes, summary=summary)
 
@@ -218,10 +229,14 @@ def _format(line: Line) -> str:
     other = {
         "spec": "vLLM SpecDecoding lines",
         "spec0": "vLLM V0 Speculative metrics lines",
-        "kvxfer": "vLLM KV Transfer (NIXL) lines",
         "lookup": "LMCache lookup lines",
         "retrieve": "LMCache retrieve lines",
+        "store": "LMCache store lines",
     }
+    if line.kind == "kvxfer":
+        f = line.fields
+        connector = "Mooncake" if "xfer_fail_recv" in f else "NIXL" if "xfer_n" in f else "offloading"
+        return f"vLLM KV Transfer ({connector}) lines"
     if line.kind in other:
         return other[line.kind]
     if line.engine == "sglang":
@@ -318,8 +333,11 @@ def _spec_totals(f: dict[str, float], counters: dict[str, float]) -> None:
 
 
 def _transfers(f: dict[str, float], counters: dict[str, float]) -> None:
-    """A NIXL line: its transfer count, and their time and bytes as count x the printed mean."""
+    """A NIXL or Mooncake line: its transfer count, and their time and bytes as count x the printed
+    mean (the offloading connector's counts are summed as SUMMED says)."""
     n = f.get("xfer_n", 0.0)
+    if "xfer_fail" in counters:  # Mooncake's failed receives are failed transfers too (summed after this)
+        counters["xfer_fail"] += f.get("xfer_fail_recv", 0.0)
     if "xfer_n" in counters:
         counters["xfer_n"] += n
     if "xfer_s" in counters:
