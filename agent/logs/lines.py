@@ -1,9 +1,10 @@
 """One engine log line -> the stats it carries, or the reason it carries none.
 
-Recognised: vLLM's periodic stats line (V0 and V1), V0's prefix-cache hit line and preemption
-warning, V1's `SpecDecoding metrics:` and NIXL `KV Transfer metrics:` lines; SGLang's `Prefill
-batch` / `Decode batch` lines and retraction warnings; LMCache's per-request lookup (`LMCache hit
-tokens`) and retrieve (`Retrieved N out of M required tokens`) lines. A `kubectl logs`
+Recognised: vLLM's periodic stats line (V0 and V1), V0's prefix-cache hit line, preemption
+warning and `Speculative metrics:` line, V1's `SpecDecoding metrics:` and NIXL `KV Transfer
+metrics:` lines; SGLang's `Prefill batch` / `Decode batch` lines and retraction warnings;
+LMCache's per-request lookup (`LMCache hit tokens`), retrieve (`Retrieved N out of M required
+tokens`) and store (`Stored N out of total M tokens`) lines. A `kubectl logs`
 `--prefix` (the pod becomes the instance) and `--timestamps` (RFC 3339, used instead of the
 engine's own second-resolution time) are read first. SGLang lines may also start with a date-time
 without brackets (`2026-06-07 10:59:31,659 [INFO] logger: Decode batch ...`, or `YYYY-MM-DD
@@ -72,11 +73,36 @@ VLLM_SPEC_FIELDS: dict[str, tuple[str, float] | None] = {  # vllm/v1/spec_decode
         )
     ),
 }
-NIXL_FIELDS: dict[str, tuple[str, float] | None] = {  # nixl_connector.py / nixl/stats.py reduce(), 0.11+
+VLLM_V0_SPEC_FIELDS: dict[str, tuple[str, float] | None] = {  # vllm/engine/metrics.py, V0 (to 0.10)
+    # The sampler's running totals since the engine started (vllm/spec_decode/metrics.py copies
+    # them whole): a counter's value, not an increase. `Number of speculative tokens` is k.
+    "Number of speculative tokens": ("spec_k", 1.0),
+    "Number of accepted tokens": ("spec_acc_total", 1.0),
+    "Number of draft tokens": ("spec_draft_total", 1.0),
+    "Number of draft tokens tokens": ("spec_draft_total", 1.0),  # the earlier wording (0.4-0.5 era)
+    **dict.fromkeys(
+        (
+            "Draft acceptance rate",  # accepted / draft of the totals: the whole run's, not the interval's
+            "System efficiency",
+            "Number of emitted tokens",
+            "Number of emitted tokens tokens",
+        )
+    ),
+}
+KVXFER_FIELDS: dict[str, tuple[str, float] | None] = {
+    # NIXL: nixl_connector.py / nixl/stats.py reduce(), 0.11+; Mooncake: mooncake/stats.py reduce()
+    # (the same keys, and `Num failed recvs`), vLLM 0.32
     "Num successful transfers": ("xfer_n", 1.0),
     "Avg xfer time (ms)": ("xfer_s", 0.001),  # mean over the interval's transfers
     "Avg MB per transfer": ("xfer_bytes", 2.0**20),  # MiB: bytes / 2**20 in the source
-    "Num failed transfers": ("xfer_fail", 1.0),  # transfers + handshakes + notifications (0.33)
+    "Num failed transfers": ("xfer_fail", 1.0),  # NIXL: transfers + handshakes + notifications (0.33)
+    "Num failed recvs": ("xfer_fail_recv", 1.0),  # Mooncake: pulls that failed on the receiving side
+    # The offloading connector (offloading/metrics.py reduce(), vLLM 0.32): its Prometheus names as
+    # keys, each a count since the previous line; times in seconds.
+    "vllm:kv_offload_load_bytes": ("offload_load_bytes", 1.0),
+    "vllm:kv_offload_store_bytes": ("offload_store_bytes", 1.0),
+    "vllm:kv_offload_load_time": ("offload_load_s", 1.0),
+    "vllm:kv_offload_allocation_failure": ("offload_alloc_fail", 1.0),
     **dict.fromkeys(
         (
             "P90 xfer time (ms)",
@@ -86,11 +112,20 @@ NIXL_FIELDS: dict[str, tuple[str, float] | None] = {  # nixl_connector.py / nixl
             "Avg number of descriptors",
             "Num KV expired reqs",
             "Num notifs after expiry",
+            "vllm:kv_offload_store_time",  # no canonical store-time signal
+            *(
+                f"vllm:kv_offload_{name}_{part}"
+                for name in ("load_size", "store_size", "lookup_sync_delay_seconds", "lookup_async_delay_seconds")
+                for part in ("count", "sum")
+            ),
         )
     ),
 }
+LINE_FIELDS = {"spec": (VLLM_SPEC_FIELDS, ": "), "spec0": (VLLM_V0_SPEC_FIELDS, ": "), "kvxfer": (KVXFER_FIELDS, "=")}
+"""vLLM's `<name> metrics: ` lines: kind -> (the fields known, the key-value separator)."""
 LMCACHE_LOOKUP = "LMCache hit tokens: "
 LMCACHE_RETRIEVE = ("Retrieved ", " out of ", " required tokens")
+LMCACHE_STORE = ("Stored ", " out of total ", " tokens")  # v1/cache_engine.py store()
 SGLANG_RETRACT = (
     "KV cache pool is full. Retract requests.",
     "Decode out of memory happened.",
@@ -99,9 +134,9 @@ SGLANG_RETRACT = (
 
 
 class Line(NamedTuple):
-    """The stats of one recognised line. `kind`: stats (vLLM), prefix, preempt (vLLM V0), spec,
-    kvxfer (vLLM V1), prefill, decode, retract (SGLang), lookup, retrieve (LMCache). `source`: the
-    pod of a `kubectl logs --prefix` header."""
+    """The stats of one recognised line. `kind`: stats (vLLM), prefix, preempt, spec0 (vLLM V0),
+    spec, kvxfer (vLLM V1), prefill, decode, retract (SGLang), lookup, retrieve, store (LMCache).
+    `source`: the pod of a `kubectl logs --prefix` header."""
 
     engine: str
     kind: str
@@ -137,12 +172,17 @@ def parse_line(line: str, day: datetime.date) -> Line | str:
         ("Prefix cache hit rate: GPU: ", "prefix"),
         ("total_num_cumulative_preemption=", "preempt"),
         ("SpecDecoding metrics: ", "spec"),
+        ("Speculative metrics: ", "spec0"),
         ("KV Transfer metrics: ", "kvxfer"),
     ):
         i = line.find(marker)
         if i >= 0:
             return _vllm(line, i + 2 * (marker[0] == "]"), kind, kube_ts, source, day.year)
-    if (i := line.find(LMCACHE_LOOKUP)) >= 0 or (i := _retrieved(line)) >= 0:
+    if (
+        (i := line.find(LMCACHE_LOOKUP)) >= 0
+        or (i := _counted(line, LMCACHE_RETRIEVE)) >= 0
+        or (i := _counted(line, LMCACHE_STORE)) >= 0
+    ):
         return _lmcache(line, i, kube_ts, source, day.year)
     for marker, kind in (("Prefill batch", "prefill"), ("Decode batch", "decode"), ("#retracted_reqs: ", "retract")):
         i = line.find(marker)
@@ -172,10 +212,9 @@ def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year
         if (value := _value(body[len("total_num_cumulative_preemption=") :])) is None:
             return "bad_value"
         return Line("vllm", kind, ts, rank, source, {"preempt_total": value}, missing=missing)
-    if kind in ("spec", "kvxfer"):
-        body = body.partition(": ")[2]
-        known, sep = (VLLM_SPEC_FIELDS, ": ") if kind == "spec" else (NIXL_FIELDS, "=")
-        fields, unknown = _fields(body.split(", "), known, sep)
+    if kind in LINE_FIELDS:
+        known, sep = LINE_FIELDS[kind]
+        fields, unknown = _fields(body.partition(": ")[2].split(", "), known, sep, reprs=kind == "kvxfer")
         if isinstance(fields, str):
             return fields
         return Line("vllm", kind, ts, rank, source, fields, unknown, missing)
@@ -232,15 +271,17 @@ Known = dict[str, tuple[str, float] | None]
 NAN = float("nan")
 
 
-def _retrieved(line: str) -> int:
-    """Where LMCache's `Retrieved N out of M required tokens` starts, or -1."""
-    i = line.find(LMCACHE_RETRIEVE[0])
+def _counted(line: str, shape: tuple[str, str, str]) -> int:
+    """Where LMCache's `Retrieved N out of M required tokens` or `Stored N out of total M tokens`
+    (`shape`: head, middle, tail) starts, or -1."""
+    head, middle, tail = shape
+    i = line.find(head)
     if i < 0:
         return -1
-    j = line.find(LMCACHE_RETRIEVE[1], i)
-    count = line[i + len(LMCACHE_RETRIEVE[0]) : j] if 0 <= j < i + 40 else ""
-    r = line.find(LMCACHE_RETRIEVE[2], j) if count.isdigit() and count.isascii() else -1
-    return i if r >= 0 and r == line.find(" ", j + len(LMCACHE_RETRIEVE[1])) else -1
+    j = line.find(middle, i)
+    count = line[i + len(head) : j] if 0 <= j < i + 40 else ""
+    r = line.find(tail, j) if count.isdigit() and count.isascii() else -1
+    return i if r >= 0 and r == line.find(" ", j + len(middle)) else -1
 
 
 def _lmcache(line: str, i: int, kube_ts: float | None, source: str, year: int) -> Line | str:
@@ -270,10 +311,15 @@ def _lmcache(line: str, i: int, kube_ts: float | None, source: str, year: int) -
         if total is None or hit is None:  # `LMCache hit tokens: None.`: the lookup had no answer
             return "no_fields"
         return Line("lmcache", "lookup", ts, "", source, {"lookup": total, "hit": min(hit, total)}, missing=missing)
-    got = _value(line[i + len(LMCACHE_RETRIEVE[0]) :])
+    kind, key, word = (
+        ("store", "stored", LMCACHE_STORE[0])
+        if line.startswith(LMCACHE_STORE[0], i)
+        else ("retrieve", "loaded", LMCACHE_RETRIEVE[0])
+    )
+    got = _value(line[i + len(word) :])
     if got is None:
         return "bad_value"
-    return Line("lmcache", "retrieve", ts, "", source, {"loaded": got}, missing=missing)
+    return Line("lmcache", kind, ts, "", source, {key: got}, missing=missing)
 
 
 def _dated(text: str) -> bool:
@@ -286,7 +332,11 @@ def _hms(text: str) -> bool:
     return len(text) >= 8 and text[2] == ":" and text[5] == ":"
 
 
-def _fields(parts: list[str], known: Known, sep_: str = ": ") -> tuple[dict[str, float] | str, tuple[str, ...]]:
+def _fields(
+    parts: list[str], known: Known, sep_: str = ": ", reprs: bool = False
+) -> tuple[dict[str, float] | str, tuple[str, ...]]:
+    """`key<sep_>value` parts -> (internal key -> value, unknown keys), or a skip reason. `reprs`:
+    the values are Python's repr of numbers (`1.2e-05` allowed), not a printf format's."""
     fields: dict[str, float] = {}
     unknown = []
     for part in parts:
@@ -300,7 +350,7 @@ def _fields(parts: list[str], known: Known, sep_: str = ": ") -> tuple[dict[str,
         target = known[key]
         if target is None:
             continue
-        value = _value(raw)
+        value = _value(raw, reprs)
         if value is None or (value < 0 and target[0] != "prefix_hit"):
             return "bad_value", ()
         if value >= 0:
@@ -310,10 +360,16 @@ def _fields(parts: list[str], known: Known, sep_: str = ": ") -> tuple[dict[str,
     return fields, tuple(unknown)
 
 
-def _value(raw: str) -> float | None:
-    """The leading number of `12.5 tokens/s`, `80.0%`, `3 reqs`; None if there is none."""
+def _value(raw: str, reprs: bool = False) -> float | None:
+    """The leading number of `12.5 tokens/s`, `80.0%`, `3 reqs`; None if there is none. `reprs`: also
+    `1.5e-05` (Python's repr of a small float, as `KV Transfer metrics:` prints its values; an
+    exponent of at most two digits)."""
     token = raw.strip().partition(" ")[0].removesuffix(".").removesuffix("%")
-    digits = token.lstrip("-").replace(".", "", 1)
+    mantissa, e, exponent = token.partition("e") if reprs else (token, "", "")
+    digits = mantissa.lstrip("-").replace(".", "", 1)
+    power = exponent.removeprefix("-").removeprefix("+")
+    if e and not (0 < len(power) <= 2 and power.isdigit() and power.isascii()):
+        return None
     if not token or len(token) > MAX_VALUE or not (digits.isdigit() and digits.isascii()):
         return None
     return float(token)

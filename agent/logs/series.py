@@ -38,6 +38,7 @@ COUNTERS = {
     "preempt": "engine_preemptions_total",
     "spec_acc": "engine_spec_accepted_tokens_total",
     "spec_draft": "engine_spec_draft_tokens_total",
+    "spec_drafts": "engine_spec_drafts_total",
     "xfer_n": "kv_transfer_seconds_count",
     "xfer_s": "kv_transfer_seconds_sum",
     "xfer_bytes_n": "kv_transfer_bytes_count",
@@ -46,12 +47,21 @@ COUNTERS = {
     "lookup": "kv_tier_lookup_tokens_total",
     "hit": "kv_tier_hit_tokens_total",
     "loaded": "kv_tier_loaded_tokens_total",
+    "stored": "kv_tier_stored_tokens_total",
+    "offload_load_bytes": "engine_kv_offload_load_bytes_total",
+    "offload_store_bytes": "engine_kv_offload_store_bytes_total",
+    "offload_load_s": "engine_kv_offload_load_seconds_total",
+    "offload_alloc_fail": "kv_tier_failures_total",
 }
+SAMPLE_LABELS = {"kv_tier_failures_total": {"tier": "cpu", "op": "allocate"}}
+"""Labels a counter carries beyond its stream's: vLLM's offload allocation failures are the CPU
+tier's failed allocations, as the catalog labels `vllm:kv_offload_allocation_failure`."""
 SUMMED = {
     "spec": ("spec_acc", "spec_draft"),
-    "kvxfer": ("xfer_fail",),
+    "kvxfer": ("xfer_fail", "offload_load_bytes", "offload_store_bytes", "offload_load_s", "offload_alloc_fail"),
     "lookup": ("lookup", "hit"),
     "retrieve": ("loaded",),
+    "store": ("stored",),
 }
 """Line kind -> the fields that are counts since the previous line of that kind (or per request),
 summed into counters as printed: exact, no rate integrated."""
@@ -208,7 +218,9 @@ def read_log(
             | ({"tier": "lmcache"} if engine == "lmcache" else {})  # kv_tier_* carry the tier
         )
         for ts, values in _snapshots(lines, summary):
-            by_time[(inst, ts)].extend(Sample(n, make_labels(base), v, ts) for n, v in values.items())
+            by_time[(inst, ts)].extend(
+                Sample(n, make_labels(base | SAMPLE_LABELS.get(n, {})), v, ts) for n, v in values.items()
+            )
     scrapes = [(inst, ts, samples) for (inst, ts), samples in sorted(by_time.items())]
     return LogRead(job=job, scrapes=scrapes, summary=summary)
 
@@ -216,10 +228,15 @@ def read_log(
 def _format(line: Line) -> str:
     other = {
         "spec": "vLLM SpecDecoding lines",
-        "kvxfer": "vLLM KV Transfer (NIXL) lines",
+        "spec0": "vLLM V0 Speculative metrics lines",
         "lookup": "LMCache lookup lines",
         "retrieve": "LMCache retrieve lines",
+        "store": "LMCache store lines",
     }
+    if line.kind == "kvxfer":
+        f = line.fields
+        connector = "Mooncake" if "xfer_fail_recv" in f else "NIXL" if "xfer_n" in f else "offloading"
+        return f"vLLM KV Transfer ({connector}) lines"
     if line.kind in other:
         return other[line.kind]
     if line.engine == "sglang":
@@ -295,14 +312,32 @@ def _advance(kind: str, f: dict[str, float], dt: float, counters: dict[str, floa
         counters["preempt"] += f["retracted"]
     elif kind == "kvxfer":
         _transfers(f, counters)
+    elif kind == "spec0":
+        _spec_totals(f, counters)
     for key in SUMMED.get(kind, ()):
         if key in counters:
             counters[key] += f.get(key, 0.0)
 
 
+def _spec_totals(f: dict[str, float], counters: dict[str, float]) -> None:
+    """vLLM V0's `Speculative metrics:` line: totals since the engine started, so each is the
+    counter's value, not an increase (a fall is a restart, undone by the rate's reset handling).
+    The counters appear at the first such line, never from 0 before it (that would count the
+    engine's whole past as one interval). Draft rounds: draft tokens / k, as V0's own system
+    efficiency counts the speculated sequences (vllm/spec_decode/metrics.py)."""
+    for key, field_ in (("spec_acc", "spec_acc_total"), ("spec_draft", "spec_draft_total")):
+        if field_ in f:
+            counters[key] = f[field_]
+    if "spec_draft_total" in f and f.get("spec_k", 0.0) >= 1:
+        counters["spec_drafts"] = f["spec_draft_total"] / f["spec_k"]
+
+
 def _transfers(f: dict[str, float], counters: dict[str, float]) -> None:
-    """A NIXL line: its transfer count, and their time and bytes as count x the printed mean."""
+    """A NIXL or Mooncake line: its transfer count, and their time and bytes as count x the printed
+    mean (the offloading connector's counts are summed as SUMMED says)."""
     n = f.get("xfer_n", 0.0)
+    if "xfer_fail" in counters:  # Mooncake's failed receives are failed transfers too (summed after this)
+        counters["xfer_fail"] += f.get("xfer_fail_recv", 0.0)
     if "xfer_n" in counters:
         counters["xfer_n"] += n
     if "xfer_s" in counters:
