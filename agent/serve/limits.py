@@ -10,8 +10,10 @@ the accept, however slowly its bytes trickle; after that aiohttp closes it once 
 `idle_timeout_s` without a request (also before a later request's head is whole); a request's
 body must then arrive whole within `request_timeout_s` of its head (agent/serve/site.py). At
 `max_connections`, a new connection displaces the oldest one that has not yet sent a whole head (a
-slow or half-open client), so 300 half-open sockets cannot keep a Prometheus scrape out; only
-when every open connection has sent a request is the new one answered 503 and closed.
+slow or half-open client), else the one whose request body has been arriving longest (a client
+trickling its body; agent/serve/site.py marks it), so 300 half-open sockets or body tricklers
+cannot keep a Prometheus scrape out; only when every open connection has sent a whole request is
+the new one answered 503 and closed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import resource
 import time
 from collections import Counter
 from collections.abc import Callable
+
+from aiohttp import StreamReader
 
 from kvscope.agent.config import ServerLimits
 
@@ -116,13 +120,27 @@ class ConnectionGuard:
 
     def __call__(self) -> asyncio.BaseProtocol:
         if len(self.open) >= self.cap:
-            victim = next((c for c in self.open if c.waiting_head), None)
+            victim = next((c for c in self.open if c.waiting_head), None) or self._slowest_body()
             if victim is None:
                 self.count("max_connections")
                 return Refused(self._answer)
             self.count("displaced")
             victim.close()
         return _Guarded(self.factory(), self)
+
+    def _slowest_body(self) -> _Guarded | None:
+        """The connection whose request body has been arriving longest, if one still is."""
+        arriving = [c for c in self.open if c.body is not None and not c.body[1].is_eof()]
+        return min(arriving, key=lambda c: c.body[0] if c.body else 0.0) if arriving else None
+
+    def receiving_body(self, transport: asyncio.BaseTransport | None, body: tuple[float, StreamReader] | None) -> None:
+        """Mark the connection on `transport` as receiving a request body, (since when in
+        time.monotonic(), its stream), or done with the request (None): over the cap, a
+        connection whose body is still arriving can be displaced."""
+        for conn in self.open:
+            if conn.transport is transport:
+                conn.body = body
+                return
 
     async def sweep(self) -> None:
         """Close every connection whose first request head is late."""
@@ -155,6 +173,7 @@ class _Guarded(asyncio.Protocol):
         self.transport: asyncio.BaseTransport | None = None
         self.since = time.monotonic()
         self.waiting_head = True
+        self.body: tuple[float, StreamReader] | None = None  # a request's body: since, its stream (site.py)
         self._tail = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
 from typing import Any
 
@@ -79,6 +80,8 @@ class HttpSite:
 
         limit = self.limits.request_timeout_s
         timer = asyncio.get_running_loop().call_later(limit, expire)
+        if self._guard is not None:  # over the connection cap, a body still arriving can be displaced
+            self._guard.receiving_body(request.transport, (time.monotonic(), request.content))
         try:
             return await handler(request)
         except asyncio.CancelledError:
@@ -87,6 +90,8 @@ class HttpSite:
             return await self._late(request, limit)
         finally:
             timer.cancel()
+            if self._guard is not None:
+                self._guard.receiving_body(request.transport, None)
 
     async def _late(self, request: web.Request, limit: float) -> web.StreamResponse:
         if self._guard is not None:

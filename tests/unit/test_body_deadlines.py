@@ -140,3 +140,42 @@ def test_kvscope_serve_cuts_off_a_trickled_webhook_and_accepts_others_meanwhile(
     assert answer.startswith(b"HTTP/1.1 408") and b"kvscope serve" in answer, answer[:300]
     assert "1 client connection(s) closed unserved (request_timeout)" in log, log[-2000:]
     assert 'kvscope_connections_closed_total{reason="request_timeout"} 1' in metrics, metrics
+
+
+def test_body_tricklers_at_the_cap_are_displaced_by_a_new_connection():
+    """Every connection slot held by a client trickling its request body (each sent a whole head):
+    a new connection displaces the one whose body has been arriving longest instead of being
+    answered 503, and the request on it is served. Before, it was refused until the tricklers'
+    request deadline (60 s by default) cut them."""
+    from kvscope.agent.traces.receiver import OtlpTraceReceiver, parse_otlp_config
+
+    doc = {"server": {"request_timeout_s": "10m", "max_connections": 3}}
+    config = build_config(doc, environ={}, flags=[])
+    config.extensions["otlp"] = parse_otlp_config({"listen": "127.0.0.1:0"})
+    receiver = OtlpTraceReceiver(config)
+
+    async def main():
+        await receiver.start()
+        try:
+            slow = []
+            for _ in range(3):
+                slow.append(asyncio.create_task(_trickle(receiver.port, _post_head("/v1/traces", "application/json"))))
+                await asyncio.sleep(0.3)  # in order: the first is the one whose body has been arriving longest
+            async with aiohttp.ClientSession() as s:
+                url = f"http://127.0.0.1:{receiver.port}/v1/traces"
+                async with s.post(
+                    url, data=b'{"resourceSpans": []}', headers={"Content-Type": "application/json"}
+                ) as r:
+                    meanwhile = r.status
+            first = await asyncio.wait_for(slow[0], HANG_GUARD_S)  # displaced: closed with no answer
+            closed = (await receiver.collect()).health[0].closed
+            for task in slow[1:]:
+                task.cancel()
+            return meanwhile, first, closed, [t.done() for t in slow[1:]]
+        finally:
+            await receiver.stop()
+
+    meanwhile, first, closed, others_done = asyncio.run(main())
+    assert meanwhile == 200
+    assert first == b"", first[:200]
+    assert closed["displaced"] == 1 and closed["max_connections"] == 0, closed
