@@ -194,6 +194,27 @@ def test_tenants_page_shows_a_row_per_tenant_of_the_demo(served, page):
     page.screenshot(path=str(ARTIFACTS / "ui-tenants.png"), full_page=True)
 
 
+def test_efficiency_page_says_what_is_missing_without_a_gpu(served, page):
+    """The demo's recording comes from vLLM on CPU: no GPU series. The Efficiency page says they are
+    absent and how to get them instead of drawing empty charts; the token counts it can show, it shows."""
+    server, data = served
+    if any(n.startswith("gpu_") for n in data.frame.blocks):
+        pytest.skip("this recording holds GPU series")
+    page.goto(f"{server.url}/?page=Efficiency")  # opened directly: no other page's charts linger
+    page.get_by_text("No GPU series in this source").first.wait_for(timeout=180_000)
+    _settled(page)
+    info = page.locator('[data-testid="stAlert"]').filter(has_text="No GPU series").first.inner_text()
+    assert "NVML collector" in info and "dcgm-exporter" in info
+    assert page.locator(".vega-embed").count() == 0
+    body = page.inner_text("body")
+    metrics = [m.inner_text() for m in page.locator('[data-testid="stMetric"]').all()]
+    gpu = [m for m in metrics if m.startswith(("Output tokens / GPU-hour", "Mean GPU utilisation"))]
+    assert len(gpu) == 2 and all(m.split()[-1] == "absent" for m in gpu), metrics
+    assert "Prefill tokens saved" in body
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-efficiency.png"), full_page=True)
+
+
 def _tap_per_tenant(recording: Path) -> dict[str, tuple[float, float]]:
     """tenant -> (the tap's last tenant_prefix_hit_ratio, mean TTFT over the recording from the
     tap's tenant_ttft_seconds sum and count), straight from the replayed samples."""

@@ -132,6 +132,8 @@ def test_every_data_page_renders(monkeypatch, kv_incident):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Output tokens / GPU-hour"] == "absent"  # no GPU in the recording: absent, not zero
     assert any("absent, not zero" in i.value for i in at.info)
+    assert any("NVML collector" in i.value and "dcgm-exporter" in i.value for i in at.info)  # how to get them
+    assert not at.get("vega_lite_chart")  # no empty charts
 
 
 def test_sizing_calculator_computes_the_002_examples(monkeypatch):
