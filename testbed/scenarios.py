@@ -118,6 +118,40 @@ SCENARIOS: tuple[Scenario, ...] = (
         ),
     ),
     Scenario(
+        "kv-pressure-tenants",
+        "kv-pressure-cascade behind kvscope's request tap, with three chat tenants that keep sending "
+        "through the burst. Small KV pool (128 blocks x 32 tokens). Light chat traffic, then a bulk "
+        "tenant's long generations fill the pool while the chat tenants go on: KV usage pins near "
+        "100%, preemptions climb, requests wait, every tenant's TTFT rises; then the burst stops and "
+        "the engine recovers. The demo's incident (`kvscope demo`).",
+        (SMALL,),
+        (
+            Phase("baseline", 30, chat_tenants(3, out=32), rate_per_s=2.0, concurrency=2),
+            Phase(
+                "pressure",
+                60,
+                (LONG_OUT,),
+                concurrency=16,
+                alongside=(Phase("chat", 0, chat_tenants(3, out=32), rate_per_s=1.0, concurrency=2),),
+            ),
+            Phase("recovery", 30, chat_tenants(3, out=32), rate_per_s=2.0, concurrency=2),
+        ),
+        expected=(
+            {
+                "levers": ["K1", "K2", "K3"],
+                "phase": "pressure",
+                "why": "KV usage ~1.0 with preemptions rising, then waiting requests and TTFT",
+            },
+        ),
+        notes="Traffic passes kvscope's request tap (testbed/tapfront.py), recorded as job kvscope-tap: "
+        "the tenant_* series (requests, prompt and cached tokens, TTFT and ITL per tenant, hit and "
+        "lost-reuse ratios) are what the tap measured; no prompt text is kept. The replica gets two "
+        "direct warm-up requests before recording, so no tenant's first request pays the engine's "
+        "first-request start-up. No GPU: this box has none, so the recording has no GPU series.",
+        tap_front=True,
+        warm_up=2,
+    ),
+    Scenario(
         "prefix-caching-disabled",
         "The healthy shared-prefix workload on a replica started with --no-enable-prefix-caching: "
         "every request recomputes its tenant's system prompt; vllm:cache_config_info says "

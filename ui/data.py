@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from kvscope.agent.derive.quantiles import histogram_quantile
 from kvscope.agent.derive.rates import step_increases
 from kvscope.agent.signals import Labels, load_catalog
 from kvscope.diagnoser.evaluate.frame import Frame
@@ -454,6 +455,23 @@ def _per_tenant(frame: Frame, name: str, rate: bool) -> dict[tuple[str, str], fl
     return {k: (sum(v) if rate else sum(v) / len(v)) for k, v in found.items()}
 
 
+def _bucket_increases(frame: Frame, name: str) -> dict[tuple[str, str], dict[float, float]]:
+    """(tenant, instance) -> {le: increase over the window (resets counted)} of a histogram's buckets."""
+    block = frame.block(name)
+    if block is None:
+        return {}
+    found: dict[tuple[str, str], dict[float, float]] = {}
+    for labels, row in zip(block.labels, block.values, strict=True):
+        have = dict(labels)
+        present = row[~np.isnan(row)]
+        if "tenant" not in have or "le" not in have or present.size == 0:
+            continue
+        per_le = found.setdefault((have["tenant"], have.get("instance", "")), {})
+        le = float(have["le"])
+        per_le[le] = per_le.get(le, 0.0) + float(step_increases(present).sum())
+    return found
+
+
 def _natural(text: str) -> tuple:
     """'tenant-2' before 'tenant-10'."""
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
@@ -467,14 +485,31 @@ TENANT_COLUMNS = {
     "lost reuse (latest)": ("tenant_lost_reuse_ratio", False),
 }
 """Column -> (signal, is a counter shown as its mean rate)."""
+TTFT_QUANTILE = 0.95
+
+
+def _tenant_ttft(frame: Frame) -> dict[str, dict[tuple[str, str], float]]:
+    """Per (tenant, instance): mean TTFT (increase of tenant_ttft_seconds_sum over that of
+    _count) and its p95 (histogram_quantile over the buckets' increases), both over the whole
+    window. A pair with no request in the window has neither."""
+    sums = _per_tenant(frame, "tenant_ttft_seconds_sum", True)
+    counts = _per_tenant(frame, "tenant_ttft_seconds_count", True)
+    mean = {k: sums[k] / n for k, n in counts.items() if n > 0 and k in sums}
+    p95 = {}
+    for key, per_le in _bucket_increases(frame, "tenant_ttft_seconds_bucket").items():
+        q = histogram_quantile(TTFT_QUANTILE, list(per_le.items()))
+        if q is not None:
+            p95[key] = q
+    return {"mean TTFT (s)": mean, "TTFT p95 (s)": p95}
 
 
 def tenant_table(frame: Frame) -> pd.DataFrame:
     """Per-tenant requests/s, prompt and cached tokens/s (mean over the window), hit ratio and
-    lost reuse (latest); one row per tenant, or per tenant and instance when the source has
-    several (two taps, two routing policies): ratios of different instances are not added up.
-    Empty if the source has no tenant series."""
+    lost reuse (latest), mean and p95 TTFT (over the window); one row per tenant, or per tenant
+    and instance when the source has several (two taps, two routing policies): ratios of
+    different instances are not added up. Empty if the source has no tenant series."""
     cols = {col: _per_tenant(frame, name, rate) for col, (name, rate) in TENANT_COLUMNS.items()}
+    cols.update(_tenant_ttft(frame))
     keys = sorted({k for c in cols.values() for k in c}, key=lambda k: (_natural(k[0]), _natural(k[1])))
     if not keys:
         return pd.DataFrame()

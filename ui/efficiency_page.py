@@ -9,6 +9,15 @@ from kvscope.report.render import POOL_COLUMNS, fmt
 from kvscope.report.weekly import UTILISATION_TRAP, compute_week
 from kvscope.ui.data import TriageData, window_text
 
+NO_GPU = (
+    "No GPU series in this source (no DCGM or NVML): GPU-hours, GPU utilisation, tokens per GPU-hour and "
+    "cost are absent, not zero. To get them, run the kvscope agent on the GPU node (its NVML collector "
+    "reads every local GPU and is on by default; it needs the NVIDIA driver) or add the node's "
+    'dcgm-exporter as a target (`{url: "http://NODE:9400/metrics", job: dcgm, engine: dcgm}`, '
+    "docs/collectors.md), then record or query that source."
+)
+"""What the page says when the source has no GPU series, and how to get them."""
+
 
 def render(data: TriageData) -> None:
     st.title("Efficiency")
@@ -36,10 +45,7 @@ def render(data: TriageData) -> None:
     if util is not None:
         st.caption(f"GPU utilisation here is {utilisation_basis(week.utilisation_signal)}.")
     if util is None:
-        st.info(
-            "No GPU series in this source (no DCGM or NVML): GPU-hours, tokens per GPU-hour and cost are "
-            "absent, not zero."
-        )
+        st.info(NO_GPU)
     elif util < UTILISATION_TRAP:
         st.warning(
             f"Mean GPU utilisation {util:.0%} is below {UTILISATION_TRAP:.0%}: the utilisation trap "

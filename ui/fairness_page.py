@@ -42,12 +42,16 @@ def render(data: TriageData) -> None:
                 "cached tok/s": st.column_config.NumberColumn(format="%.0f"),
                 "hit ratio (latest)": pct,
                 "lost reuse (latest)": pct,
+                "mean TTFT (s)": st.column_config.NumberColumn(format="%.3f"),
+                "TTFT p95 (s)": st.column_config.NumberColumn(format="%.3f"),
             },
         )
         st.caption(
             "Rates are means over the window; hit ratio = cached / prompt tokens and lost reuse = reusable "
             "prefix tokens the cache did not deliver / prompt tokens, both over the fairness window at its "
-            "end. A tenant served by several instances has a row per instance."
+            "end. TTFT is what the request tap measured (client side, network to the engine included; "
+            "from traces, the engine's own), mean and p95 over the window. A tenant served by several "
+            "instances has a row per instance."
         )
     findings = [f for f in data.diagnosis.findings if "tenant" in f.where or f.levers_md.startswith("P8")]
     if findings:

@@ -13,8 +13,11 @@ REPO = Path(__file__).resolve().parents[2]
 RECORDINGS = REPO / "tests" / "recordings"
 BUNDLED = REPO / "ui" / "recordings" / "vllm-0.32.0-cpu-kv-pressure.om.gz"
 """Real vLLM KV-pressure incident shipped with the UI (ui/recordings/README.md), the fallback."""
+DEMO = "kv-pressure-tenants"
+"""The library incident the demo shows: a KV-pressure cascade on real vLLM recorded behind kvscope's
+request tap with several tenants, so the Tenants page has data too (tests/recordings/README.md)."""
 PREFERRED = ("kv-pressure", "preempt", "cascade", "evict")
-"""Library recording names are matched against these, in order, to pick the default incident."""
+"""Without DEMO, library recording names are matched against these, in order."""
 
 HELP = """\
 Replay a bundled incident recorded from a real vLLM server (tests/recordings/) through the same
@@ -29,9 +32,7 @@ cause, and serve the triage UI on 127.0.0.1. Ctrl-C stops it.
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = add_command(subparsers, "demo", "replay a real incident through the diagnoser and the UI", HELP)
-    recording_help = (
-        f"recording to replay (default: a KV-pressure incident from tests/recordings/, else {BUNDLED.name})"
-    )
+    recording_help = f"recording to replay (default: tests/recordings/{DEMO}.om.gz, else {BUNDLED.name})"
     p.add_argument("--recording", type=Path, help=recording_help)
     p.add_argument("--port", type=int, default=8501, help="UI port on 127.0.0.1 (a free one if taken)")
     check_help = "print the diagnosis and exit without starting the UI"
@@ -40,13 +41,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def default_recording(folder: Path = RECORDINGS, bundled: Path = BUNDLED) -> Path | None:
-    """The incident to show: a KV-pressure recording from the incident library if there is
-    one (never a healthy baseline), else the recording bundled with the UI."""
+    """The incident to show: DEMO from the incident library, else a KV-pressure recording from it
+    (never a healthy baseline), else the recording bundled with the UI."""
     found = (
         sorted(p for p in folder.glob("*.om*") if p.is_file() and not p.name.startswith("healthy"))
         if folder.is_dir()
         else []
     )
+    for path in found:
+        if path.name.split(".")[0] == DEMO:
+            return path
     for word in PREFERRED:
         for path in found:
             if word in path.name:

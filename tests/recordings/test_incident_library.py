@@ -128,6 +128,42 @@ def test_kv_pressure_cascade():
     assert mean_ttft(n, "pressure") > 2 * mean_ttft(n, "baseline")
 
 
+def test_kv_pressure_tenants():
+    """The demo's incident: the same cascade, seen by the request tap per tenant. The chat tenants
+    keep sending through the burst and lose their cached prefixes to it (the bulk tenant's
+    sequences take the pool); every request passed the tap."""
+    n = "kv-pressure-tenants"
+    assert delta(n, "engine_preemptions_total", "baseline") == 0
+    assert delta(n, "engine_preemptions_total", "pressure") > 0
+    assert gauge(n, "engine_kv_cache_usage_ratio", "pressure") > 0.9
+    assert gauge(n, "engine_requests_waiting", "pressure") > 0
+    assert mean_ttft(n, "pressure") > 2 * mean_ttft(n, "baseline")
+    chat = [t for t in _meta(n)["phases"][0]["client"]["tenants"]]
+    assert len(chat) >= 3 and "bulk" not in chat
+    for phase in ("baseline", "pressure", "recovery"):
+        assert delta(n, "tenant_requests_total", phase) == pytest.approx(
+            delta(n, "engine_requests_finished_total", phase), rel=0.1
+        )
+    for t in chat:
+        before, during = (tenant_hit(n, t, p) for p in ("baseline", "pressure"))
+        assert during < 0.5 * before, (t, before, during)
+
+
+def tenant_hit(name: str, tenant: str, phase: str) -> float:
+    """Cached / prompt tokens of one tenant over a phase, as the request tap counted them."""
+    t0, t1 = _window(name, phase)
+    first: dict = {}
+    last: dict = {}
+    for s in _replay(name).samples:
+        if s.name in ("tenant_prompt_tokens_total", "tenant_cached_tokens_total") and t0 <= s.timestamp <= t1:
+            if dict(s.labels).get("tenant") == tenant:
+                first.setdefault(s.name, s.value)
+                last[s.name] = s.value
+    prompt = last["tenant_prompt_tokens_total"] - first["tenant_prompt_tokens_total"]
+    assert prompt > 0
+    return (last["tenant_cached_tokens_total"] - first["tenant_cached_tokens_total"]) / prompt
+
+
 def test_prefix_caching_disabled():
     n = "prefix-caching-disabled"
     facts = _replay(n).facts["replica-0"]["0"]

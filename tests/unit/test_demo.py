@@ -15,7 +15,7 @@ import yaml
 from test_ui_apptest import write_kv_incident
 
 from kvscope.cli import main
-from kvscope.commands.demo import default_recording
+from kvscope.commands.demo import DEMO, default_recording
 from kvscope.diagnoser.rulebook.rule import read_rules
 from testbed.procs import free_port, http_get, start_reporting_port, stop_process, wait_until
 
@@ -44,6 +44,9 @@ def test_default_recording_prefers_a_library_kv_incident_over_the_bundled_one(tm
     for name in ("healthy-kv.om.gz", "a-other.om", "b-kv-pressure.om.gz"):
         (tmp_path / name).write_text("# EOF\n")
     assert default_recording(tmp_path, bundled).name == "b-kv-pressure.om.gz"
+    (tmp_path / f"{DEMO}.om.gz").write_text("# EOF\n")  # the demo's own incident comes first
+    assert default_recording(tmp_path, bundled).name == f"{DEMO}.om.gz"
+    (tmp_path / f"{DEMO}.om.gz").unlink()
     (tmp_path / "b-kv-pressure.om.gz").unlink()
     assert default_recording(tmp_path, bundled) == bundled  # never the healthy baseline
     assert default_recording(tmp_path / "missing", tmp_path / "none.om") is None

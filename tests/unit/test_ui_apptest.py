@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -131,6 +132,8 @@ def test_every_data_page_renders(monkeypatch, kv_incident):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Output tokens / GPU-hour"] == "absent"  # no GPU in the recording: absent, not zero
     assert any("absent, not zero" in i.value for i in at.info)
+    assert any("NVML collector" in i.value and "dcgm-exporter" in i.value for i in at.info)  # how to get them
+    assert not at.get("vega_lite_chart")  # no empty charts
 
 
 def test_sizing_calculator_computes_the_002_examples(monkeypatch):
@@ -185,6 +188,33 @@ def test_tenant_table_from_kvscope_tenant_series():
     assert rows.loc["tail", "hit ratio (latest)"] == pytest.approx(0.05)
     assert rows.loc["tail", "cached tok/s"] == pytest.approx(0.05 * 500 * 0.5)
     assert ui_data.tenant_table(frame_from_samples(samples[:0], T0, T0 + 600, 10)).empty
+
+
+def test_tenant_ttft_mean_and_p95_over_the_window():
+    """acme: 10 requests/10 s, 9 of them under 0.1 s and 1 in (0.5, 1]: p95 interpolates inside
+    (0.5, 1] at rank 9.5 of 10 (0.75 s), the mean is sum / count (0.2 s). A tenant without
+    TTFT series has neither column (absent, not 0)."""
+    from kvscope.agent.signals import Sample, make_labels
+    from kvscope.diagnoser.evaluate.frame import frame_from_samples
+
+    samples = []
+    for i in range(61):
+        t = T0 + 10 * i
+        for le, per_step in (("0.1", 9), ("0.5", 9), ("1.0", 10), ("+Inf", 10)):
+            samples.append(
+                Sample("tenant_ttft_seconds_bucket", make_labels({"tenant": "acme", "le": le}), per_step * i, t)
+            )
+        acme = make_labels({"tenant": "acme"})
+        samples += [
+            Sample("tenant_ttft_seconds_sum", acme, 2.0 * i, t),
+            Sample("tenant_ttft_seconds_count", acme, 10.0 * i, t),
+            Sample("tenant_requests_total", acme, 10.0 * i, t),
+            Sample("tenant_requests_total", make_labels({"tenant": "quiet"}), 1.0 * i, t),
+        ]
+    rows = ui_data.tenant_table(frame_from_samples(samples, T0, T0 + 600, 10)).set_index("tenant")
+    assert rows.loc["acme", "mean TTFT (s)"] == pytest.approx(0.2)
+    assert rows.loc["acme", "TTFT p95 (s)"] == pytest.approx(0.75)
+    assert pd.isna(rows.loc["quiet", "mean TTFT (s)"]) and pd.isna(rows.loc["quiet", "TTFT p95 (s)"])
 
 
 def test_tenant_rate_counts_a_counter_reset():
