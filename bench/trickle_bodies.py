@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import contextlib
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -109,20 +108,24 @@ def closed_counts(port: int) -> dict[str, float]:
     return out
 
 
+def _p(lat: list[float], q: float) -> float:
+    """The q-quantile of sorted latencies, in ms (NaN when none)."""
+    return lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else float("nan")
+
+
 def show(name: str, got: dict, base: dict | None) -> str:
     lat = sorted(got["lat"])
     ok = len(lat) / max(1, len(got["statuses"]))
     counts: dict[str, int] = {}
     for s in got["statuses"]:
         counts[s] = counts.get(s, 0) + 1
-    p50 = statistics.median(lat) * 1000 if lat else float("nan")
-    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000 if lat else float("nan")
+    p50, p99 = _p(lat, 0.5), _p(lat, 0.99)
     text = (
         f"{name:<22} scrapes {len(got['statuses']):4d}, answered 200: {ok:6.1%}, p50 {p50:7.1f} ms, p99 {p99:7.1f} ms"
     )
     if base and base["lat"]:
         b = sorted(base["lat"])
-        text += f"  (x{p50 / (statistics.median(b) * 1000):.2f} p50, x{p99 / (b[min(len(b) - 1, int(0.99 * len(b)))] * 1000):.2f} p99)"
+        text += f"  (x{p50 / _p(b, 0.5):.2f} p50, x{p99 / _p(b, 0.99):.2f} p99)"
     return text + f"  {counts}"
 
 
@@ -148,7 +151,8 @@ def main() -> None:
             wait_http(f"http://127.0.0.1:{port}/-/healthy", 60, procs=(proc,))
             base, _ = asyncio.run(phase(port, 0, args.seconds))
             print(
-                f"kvscope serve, --request-timeout {args.request_timeout:g}s, probing /metrics every 0.1 s for {args.seconds:g} s"
+                f"kvscope serve, --request-timeout {args.request_timeout:g}s, "
+                f"probing /metrics every 0.1 s for {args.seconds:g} s"
             )
             print(show("baseline (no slow)", base, None))
             for n in (int(x) for x in args.slow.split(",") if x):
