@@ -16,6 +16,7 @@ Measured in one run, each against the same data:
 * webhook: POST to stored diagnosis (median of `--webhooks`, each a fresh webhook);
 * `diagnose --prometheus` over the same window as a subprocess (the fleet path alone: what the
   webhook costs beyond it is the changes and the receiver);
+* the changes alone: the curve's signals read and computed in-process (`curve.report.pool_curves`);
 * raw fetch (baseline): every raw series of every engine over the window, HTTP + JSON only, the
   floor of a client that fetches the fleet (bench/diagnose_fleet.py `baseline_fetch`).
 
@@ -40,6 +41,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from diagnose_fleet import CANDIDATES, KVSCOPE, STEP, VM_FLAGS, WARMUP_S, baseline_fetch, load, run_child  # noqa: E402
 
+from kvscope.diagnoser.curve.report import pool_curves  # noqa: E402
+from kvscope.diagnoser.curve.window import read_window  # noqa: E402
+from kvscope.diagnoser.sources.prometheus import PrometheusSource  # noqa: E402
 from testbed.fleetgen.capture_fleet import import_capture_fleet  # noqa: E402
 from testbed.procs import LoggedProcess, free_port, stop_process, wait_http  # noqa: E402
 from testbed.victoria import replay_rules, reset_cache, running_victoria  # noqa: E402
@@ -146,6 +150,10 @@ def main() -> None:
                 + ["--end", f"{w_end:.0f}", "--json"]
             )
             reset_cache(vm.url)
+            t0 = time.perf_counter()
+            curves = pool_curves(read_window(PrometheusSource(vm.url), w_end - args.hours * 3600, w_end, STEP))
+            curve_s = time.perf_counter() - t0
+            reset_cache(vm.url)
             raw = baseline_fetch(vm.url, w_end - args.hours * 3600, w_end, args.engines)
     med = statistics.median(hooks)
     print(
@@ -155,6 +163,10 @@ def main() -> None:
     print(
         f"diagnose --prometheus        {fleet['wall_s']:7.2f} s, {fleet['rss_gb']:.2f} GB "
         f"(exit {fleet['exit']}): the fleet path alone"
+    )
+    print(
+        f"the changes alone            {curve_s:7.2f} s in-process ({len(curves)} pools): the curve's read and "
+        "computation, the part of the webhook beyond the fleet path"
     )
     print(
         f"raw fetch (baseline)         {raw['baseline_s']:7.2f} s, {raw['baseline_mb']:.0f} MB, "
