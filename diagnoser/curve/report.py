@@ -12,7 +12,7 @@ from kvscope.diagnoser.curve.compare import Thresholds, deltas, verdict
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals, pool_intervals
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point, peak_concurrency
 from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points
-from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, read_window
+from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, curve_step, read_window
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, EngineChange, Evidence, Finding, LeverAdvice
 from kvscope.diagnoser.sources.window import Source
@@ -197,8 +197,10 @@ def with_changes(
     source: Source, diagnosis: Diagnosis, start: float | None, end: float | None, step: float
 ) -> Diagnosis:
     """`diagnosis` with what changed in the window and regressions at matched load, from the curve
-    of the same window of `source` (docs/curve.md): what `kvscope diagnose` and the UI both show."""
-    return attach(diagnosis, pool_curves(read_window(source, start, end, step)))
+    of the same window of `source` (docs/curve.md): what `kvscope diagnose`, the webhook and the UI
+    show. The curve is read at the source's scrape interval (`curve_step`; `step`, the findings',
+    where the source cannot say), as `kvscope curve` reads it without --step."""
+    return attach(diagnosis, pool_curves(read_window(source, start, end, curve_step(source, start, end, step))))
 
 
 def _follow_up(j: JudgedChange, diagnosis: Diagnosis) -> dict:
