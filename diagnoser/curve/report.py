@@ -21,11 +21,24 @@ RULE_ID = "regression_after_change"
 SETTLE_S = 30.0
 """Seconds after a change left out of the 'after' side (a restarted engine warms up: §8.2)."""
 FINDING_KINDS = ("config", "version", "restart")
-KNOB_LEVER_IDS = {  # a config knob kvscope can see change -> (lever id, direction) it applies
+KNOB_LEVER_IDS = {  # a config knob kvscope can see change -> (lever id, direction of the knob) it applies
     "kv_capacity_tokens": (("vllm.gpu_memory_utilization", "increase"), ("vllm.kv_cache_dtype", "increase")),
     "lora_max_adapters": (("vllm.max_loras", "increase"),),
+    "prefix_caching_mode_code": (("vllm.enable_prefix_caching", "increase"),),  # off (0) -> on (1)
+    "kv_cache_fp8_code": (("vllm.kv_cache_dtype", "increase"),),  # the model's dtype (0) -> FP8 (1)
+    "gpu_memory_utilization_ratio": (("vllm.gpu_memory_utilization", "increase"),),
 }
-KNOB_LEVERS = {"kv_capacity_tokens": "--num-gpu-blocks-override / --gpu-memory-utilization / --kv-cache-dtype"}
+"""Block size has no lever (a finding never recommends it): its change is judged, not followed up.
+vLLM exports no scheduler settings (max_num_seqs, chunked prefill, max_num_batched_tokens), so
+their levers cannot be followed up from a change (docs/curve.md)."""
+KNOB_LEVERS = {  # a config knob -> the flags that set it (the regression finding's "revisit" lever)
+    "kv_capacity_tokens": "--num-gpu-blocks-override / --gpu-memory-utilization / --kv-cache-dtype",
+    "lora_max_adapters": "--max-loras",
+    "prefix_caching_mode_code": "--enable-prefix-caching / --no-enable-prefix-caching",
+    "kv_cache_fp8_code": "--kv-cache-dtype",
+    "kv_block_size_tokens": "--block-size (SGLang --page-size)",
+    "gpu_memory_utilization_ratio": "--gpu-memory-utilization",
+}
 
 
 @dataclass
@@ -209,7 +222,9 @@ def _follow_up(j: JudgedChange, diagnosis: Diagnosis) -> dict:
     at matched load; {} when none."""
     out: list[dict] = []
     titles: dict[str, str] = {}  # finding -> its title, as the text names it
-    for knob, (a, b) in j.change.diff.items():
+    # the knob set by hand before the KV capacity it moves (FP8 or more memory also raise the capacity)
+    for knob in sorted(j.change.diff, key=lambda k: k == "kv_capacity_tokens"):
+        a, b = j.change.diff[knob]
         for lever_id, direction in KNOB_LEVER_IDS.get(knob, ()):
             if (b > a) != (direction == "increase"):
                 continue

@@ -14,9 +14,17 @@ llama.cpp requests_processing): the curve's concurrency, per instance."""
 HISTOGRAMS = ("request_ttft_seconds", "request_itl_seconds")
 GAUGES = (CONCURRENCY_SIGNAL, "engine_requests_waiting", "engine_kv_cache_usage_ratio")
 COUNTERS = ("engine_requests_finished_total", "engine_generation_tokens_total", "engine_preemptions_total")
-CONFIG_GAUGES = ("engine_kv_capacity_tokens", "engine_lora_max_adapters")
-"""Canonical gauges read from the engines' `*_info` series (vLLM cache_config_info,
-lora_requests_info): their value over time is the configuration over time."""
+CONFIG_GAUGES = (
+    "engine_kv_capacity_tokens",
+    "engine_lora_max_adapters",
+    "engine_prefix_caching_mode_code",
+    "engine_kv_cache_fp8_code",
+    "engine_kv_block_size_tokens",
+    "engine_gpu_memory_utilization_ratio",
+)
+"""Canonical gauges of the engines' settings, read from their `*_info` series (vLLM
+cache_config_info, lora_requests_info) and static gauges (SGLang max_total_num_tokens,
+page_size): their value over time is the configuration over time."""
 
 SIGNALS = frozenset(
     {f"{h}_bucket" for h in HISTOGRAMS} | {f"{h}_count" for h in HISTOGRAMS} | set(GAUGES) | set(COUNTERS)
