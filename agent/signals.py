@@ -80,6 +80,7 @@ class Alias:
     match: dict[str, tuple[str, ...]] = field(default_factory=dict)
     info_label: tuple[str, ...] = ()  # value = product of these labels of an info gauge
     info_count: tuple[str, ...] = ()  # value = distinct comma-joined names in these labels
+    info_values: dict[str, float] = field(default_factory=dict)  # info_label's text -> value (others unknown)
     collapse: str | None = None  # "max" | "latest" (see catalog.yaml)
     fallback: bool = False  # an old name: read only when the scrape has none of the others
     part: str | None = None  # "sum": a counter read from the `_sum` of histogram `name`
@@ -244,6 +245,16 @@ def _parse_alias(signal: str, a: dict[str, Any], dialects: dict[str, Dialect], s
         raise CatalogError(f"{source}: signal {signal}: alias {a.get('name')!r}: part must be 'sum', not {part!r}")
     info = a.get("info_label")
     info_label = () if info is None else (str(info),) if isinstance(info, str) else tuple(str(x) for x in info)
+    values = a.get("info_values") or {}
+    if values and (len(info_label) != 1 or not isinstance(values, dict)):
+        raise CatalogError(
+            f"{source}: signal {signal}: alias {a.get('name')!r}: info_values maps the text of one "
+            "info_label to numbers, e.g. {info_label: enable_prefix_caching, info_values: {'True': 1, 'False': 0}}"
+        )
+    try:
+        info_values = {str(k): float(v) for k, v in values.items()}
+    except (TypeError, ValueError):
+        raise CatalogError(f"{source}: signal {signal}: alias {a.get('name')!r}: info_values must be numbers") from None
     return Alias(
         signal=signal,
         engine=a["engine"],
@@ -253,6 +264,7 @@ def _parse_alias(signal: str, a: dict[str, Any], dialects: dict[str, Dialect], s
         match=match,
         info_label=info_label,
         info_count=tuple(str(x) for x in a.get("info_count") or ()),
+        info_values=info_values,
         collapse=collapse,
         fallback=bool(a.get("fallback", False)),
         part=part,

@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+import attr
+from attr.validators import instance_of
 from grafanalib._gen import DashboardEncoder
 from grafanalib.core import (
     Dashboard,
     GridPos,
+    Repeat,
     RowPanel,
     Stat,
     Table,
@@ -22,11 +25,12 @@ from grafanalib.core import (
     Time,
     TimeSeries,
 )
+from grafanalib.core import Panel as GrafanaPanel
 
 from kvscope.dashboards import style
 from kvscope.dashboards.queries import KVSCOPE_PREFIX, Query
 
-KINDS = ("timeseries", "stat", "table")
+KINDS = ("timeseries", "stat", "table", "xychart")
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class Panel:
     width: int = 8
     stack: bool = False
     links: tuple[dict, ...] = ()
+    repeat: str = ""  # a template variable: one copy of the panel per selected value
 
     def signals(self) -> tuple[str, ...]:
         seen: dict[str, None] = {}
@@ -153,6 +158,8 @@ def _render_panel(spec: Panel, pos: GridPos, pid: int):
         id=pid,
         links=list(spec.links),
     )
+    if spec.repeat:
+        common["repeat"] = Repeat("h", spec.repeat, 24 // spec.width)
     unit = style.UNITS[spec.unit]
     steps = style.thresholds(spec.palette)
     if spec.kind == "stat":
@@ -167,6 +174,8 @@ def _render_panel(spec: Panel, pos: GridPos, pid: int):
         )
     if spec.kind == "table":
         return Table(**common, unit=unit, transformations=[{"id": "merge", "options": {}}])
+    if spec.kind == "xychart":
+        return XYChart(**common, unit=unit, x_name=spec.queries[0].legend)
     return TimeSeries(
         **common,
         unit=unit,
@@ -179,6 +188,41 @@ def _render_panel(spec: Panel, pos: GridPos, pid: int):
         fillOpacity=10 if spec.stack else 0,
         tooltipMode="multi",
     )
+
+
+@attr.s
+class XYChart(GrafanaPanel):
+    """Grafana's built-in XY chart: the queries joined on time into one frame, the first query's
+    field on the x axis and the others against it, as points. Options in the panel's first format
+    (`seriesMapping: auto`, `dims`), which Grafana 10.4 and later migrate to theirs."""
+
+    unit = attr.ib(default="", validator=instance_of(str))
+    x_name = attr.ib(default="", validator=instance_of(str))  # the x field's display name (its legend)
+
+    def to_json_data(self) -> dict:
+        hidden = {"legend": False, "tooltip": False, "viz": False}
+        x_unit = {"matcher": {"id": "byName", "options": self.x_name}, "properties": [{"id": "unit", "value": "none"}]}
+        return self.panel_json(
+            {
+                "type": "xychart",
+                "transformations": [{"id": "joinByField", "options": {"byField": "Time", "mode": "outer"}}],
+                "fieldConfig": {
+                    "defaults": {
+                        "unit": self.unit,
+                        "color": {"mode": "palette-classic"},
+                        "custom": {"show": "points", "pointSize": {"fixed": 5}, "hideFrom": hidden},
+                    },
+                    "overrides": [x_unit],
+                },
+                "options": {
+                    "seriesMapping": "auto",
+                    "dims": {"frame": 0},
+                    "series": [],
+                    "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom", "calcs": []},
+                    "tooltip": {"mode": "single", "sort": "none"},
+                },
+            }
+        )
 
 
 def render_json(board: Board) -> str:

@@ -162,10 +162,30 @@ SATURATION = Row(
     ),
 )
 
+OPERATING = Row(
+    "Operating point",
+    (
+        Panel(
+            "TTFT p99 and p50 against concurrency: $model",
+            "One point per time step: the mean requests in an engine (running plus waiting, running alone where "
+            "the engine exports no queue) against TTFT p99 and p50 of the requests answered in the same window, "
+            "pooled over the model's engines and instances; one chart per selected model. Where p99 leaves p50 "
+            "while p50 stays flat is the knee (Sizing LLM Inference for Production §8.1). Windows that mix loads "
+            "land between levels: `kvscope curve` buckets scrape intervals by concurrency instead, and gives the "
+            "knee, C_max at the TTFT SLO, each point's interval and what changed at matched load.",
+            q.OPERATING_POINT,
+            "seconds",
+            kind="xychart",
+            width=12,
+            repeat="model",
+        ),
+    ),
+)
+
 BOARD = Board(
     "kvscope-fleet",
     "kvscope / Fleet overview",
     "Latency SLOs, throughput, saturation and efficiency across vLLM and SGLang engines.",
-    (TILES, LATENCY, THROUGHPUT, SATURATION),
+    (TILES, LATENCY, OPERATING, THROUGHPUT, SATURATION),
     slo_vars=True,
 )

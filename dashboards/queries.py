@@ -333,3 +333,22 @@ FIRING_ALERTS = Query(
 )
 """kvscope's diagnosis rules exported as Prometheus alerts (rules/prometheus/), firing now."""
 ALERT_HISTORY = Query(f"sum by (alertname) ({_FIRING})", "{{alertname}}")
+
+
+def _in_engine_mean(state: str) -> str:
+    """Mean requests `state` (running, waiting) per engine (instance x DP rank) over the window."""
+    return f"sum by (instance, dp_rank) (avg_over_time({series(f'engine_requests_{state}')}{_sel()}[{W}]))"
+
+
+OPERATING_POINT = (
+    Query(
+        f"avg ({_in_engine_mean('running')} + {_in_engine_mean('waiting')} or {_in_engine_mean('running')})",
+        "requests in the engine (per engine)",
+    ),
+    Query(quantile(0.99, "request_ttft_seconds"), "TTFT p99"),
+    Query(quantile(0.5, "request_ttft_seconds"), "TTFT p50"),
+)
+"""The operating curve as far as PromQL draws it (Sizing LLM Inference for Production §8.1): at each
+point, the mean requests in an engine (running + waiting, running alone where the engine exports no
+queue: `kvscope curve`'s concurrency) against TTFT p99 and p50 of the requests answered in the same
+window, pooled over the selection. The first query is the x axis of the XY chart."""

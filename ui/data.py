@@ -142,6 +142,7 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
     marked) and rules. The frame keeps every recorded series, for the pages' charts and tables."""
     from kvscope.agent.derive.cascade import evaluate_cascade
     from kvscope.diagnoser.curve.report import attach, pool_curves
+    from kvscope.diagnoser.curve.window import curve_step
     from kvscope.diagnoser.curve.window import read_window as read_curve_window
     from kvscope.diagnoser.evaluate.evaluator import diagnose
     from kvscope.diagnoser.sources.samples import SamplesSource
@@ -154,8 +155,8 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
             raise SourceError("it holds fewer than two scrapes")
         names = {s.name for s in replay.samples}
         frame = read_window(recording, names, Span(), step_s)
-        step = step_s or recording.natural_step() or DEFAULT_STEP_S
         # what `kvscope diagnose` does (curve.report.with_changes), keeping the curves for the Operating point page
+        step = curve_step(recording, None, None, step_s or DEFAULT_STEP_S)
         curves = pool_curves(read_curve_window(recording, None, None, step))
         diagnosis = attach(diagnose(frame, source=recording.description), curves)
     except (SourceError, ValueError) as exc:  # ValueError: over the grid's bounds (diagnoser/evaluate/frame.py)
@@ -177,10 +178,12 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
 def live_curves(source: SourceSpec, step_s: float = 15.0) -> list[PoolCurve]:
     """Each pool's curve over a live source's window (the triage page's: the last `since_s` seconds
     ending at `end` or now), read as `kvscope curve --prometheus/--agent` reads it: the curve's
-    series in full through the one window reader. Raises SourceError with a readable reason."""
+    series in full through the one window reader, at the source's scrape interval (`curve_step`,
+    `step_s` where it cannot say). Raises SourceError with a readable reason."""
     import time
 
     from kvscope.diagnoser.curve.report import pool_curves
+    from kvscope.diagnoser.curve.window import curve_step
     from kvscope.diagnoser.curve.window import read_window as read_curve_window
     from kvscope.diagnoser.sources.agent import AgentSource
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
@@ -188,7 +191,8 @@ def live_curves(source: SourceSpec, step_s: float = 15.0) -> list[PoolCurve]:
     end = source.end or time.time() // step_s * step_s
     reader = PrometheusSource(source.location) if source.kind == "prometheus" else AgentSource(source.location)
     try:
-        return pool_curves(read_curve_window(reader, end - source.since_s, end, step_s))
+        start = end - source.since_s
+        return pool_curves(read_curve_window(reader, start, end, curve_step(reader, start, end, step_s)))
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read for the curve: {exc}") from exc
 

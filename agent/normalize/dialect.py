@@ -264,6 +264,8 @@ class Mapper:
         texts = [upstream.get(label, "") for label in alias.info_label]  # their product; unknown when one is absent
         if any(t in _UNKNOWN_INFO for t in texts):
             return _UNKNOWN
+        if alias.info_values:  # a label that names a setting: its value when the catalog lists the text
+            return alias.info_values.get(texts[0], _UNKNOWN)
         try:
             return math.prod(float(t) for t in texts) * alias.scale
         except ValueError:

@@ -12,7 +12,7 @@ from kvscope.diagnoser.curve.compare import Thresholds, deltas, verdict
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals, pool_intervals
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point, peak_concurrency
 from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points
-from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, read_window
+from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, curve_step, read_window
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, EngineChange, Evidence, Finding, LeverAdvice
 from kvscope.diagnoser.sources.window import Source
@@ -21,11 +21,24 @@ RULE_ID = "regression_after_change"
 SETTLE_S = 30.0
 """Seconds after a change left out of the 'after' side (a restarted engine warms up: §8.2)."""
 FINDING_KINDS = ("config", "version", "restart")
-KNOB_LEVER_IDS = {  # a config knob kvscope can see change -> (lever id, direction) it applies
+KNOB_LEVER_IDS = {  # a config knob kvscope can see change -> (lever id, direction of the knob) it applies
     "kv_capacity_tokens": (("vllm.gpu_memory_utilization", "increase"), ("vllm.kv_cache_dtype", "increase")),
     "lora_max_adapters": (("vllm.max_loras", "increase"),),
+    "prefix_caching_mode_code": (("vllm.enable_prefix_caching", "increase"),),  # off (0) -> on (1)
+    "kv_cache_fp8_code": (("vllm.kv_cache_dtype", "increase"),),  # the model's dtype (0) -> FP8 (1)
+    "gpu_memory_utilization_ratio": (("vllm.gpu_memory_utilization", "increase"),),
 }
-KNOB_LEVERS = {"kv_capacity_tokens": "--num-gpu-blocks-override / --gpu-memory-utilization / --kv-cache-dtype"}
+"""Block size has no lever (a finding never recommends it): its change is judged, not followed up.
+vLLM exports no scheduler settings (max_num_seqs, chunked prefill, max_num_batched_tokens), so
+their levers cannot be followed up from a change (docs/curve.md)."""
+KNOB_LEVERS = {  # a config knob -> the flags that set it (the regression finding's "revisit" lever)
+    "kv_capacity_tokens": "--num-gpu-blocks-override / --gpu-memory-utilization / --kv-cache-dtype",
+    "lora_max_adapters": "--max-loras",
+    "prefix_caching_mode_code": "--enable-prefix-caching / --no-enable-prefix-caching",
+    "kv_cache_fp8_code": "--kv-cache-dtype",
+    "kv_block_size_tokens": "--block-size (SGLang --page-size)",
+    "gpu_memory_utilization_ratio": "--gpu-memory-utilization",
+}
 
 
 @dataclass
@@ -197,8 +210,10 @@ def with_changes(
     source: Source, diagnosis: Diagnosis, start: float | None, end: float | None, step: float
 ) -> Diagnosis:
     """`diagnosis` with what changed in the window and regressions at matched load, from the curve
-    of the same window of `source` (docs/curve.md): what `kvscope diagnose` and the UI both show."""
-    return attach(diagnosis, pool_curves(read_window(source, start, end, step)))
+    of the same window of `source` (docs/curve.md): what `kvscope diagnose`, the webhook and the UI
+    show. The curve is read at the source's scrape interval (`curve_step`; `step`, the findings',
+    where the source cannot say), as `kvscope curve` reads it without --step."""
+    return attach(diagnosis, pool_curves(read_window(source, start, end, curve_step(source, start, end, step))))
 
 
 def _follow_up(j: JudgedChange, diagnosis: Diagnosis) -> dict:
@@ -207,7 +222,9 @@ def _follow_up(j: JudgedChange, diagnosis: Diagnosis) -> dict:
     at matched load; {} when none."""
     out: list[dict] = []
     titles: dict[str, str] = {}  # finding -> its title, as the text names it
-    for knob, (a, b) in j.change.diff.items():
+    # the knob set by hand before the KV capacity it moves (FP8 or more memory also raise the capacity)
+    for knob in sorted(j.change.diff, key=lambda k: k == "kv_capacity_tokens"):
+        a, b = j.change.diff[knob]
         for lever_id, direction in KNOB_LEVER_IDS.get(knob, ()):
             if (b > a) != (direction == "increase"):
                 continue

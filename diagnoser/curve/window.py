@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvscope.diagnoser.evaluate.frame import Frame
+from kvscope.diagnoser.sources.promapi import MAX_POINTS
 from kvscope.diagnoser.sources.window import Source, Span
 from kvscope.diagnoser.sources.window import read_window as read_signals
 
@@ -13,9 +14,17 @@ llama.cpp requests_processing): the curve's concurrency, per instance."""
 HISTOGRAMS = ("request_ttft_seconds", "request_itl_seconds")
 GAUGES = (CONCURRENCY_SIGNAL, "engine_requests_waiting", "engine_kv_cache_usage_ratio")
 COUNTERS = ("engine_requests_finished_total", "engine_generation_tokens_total", "engine_preemptions_total")
-CONFIG_GAUGES = ("engine_kv_capacity_tokens", "engine_lora_max_adapters")
-"""Canonical gauges read from the engines' `*_info` series (vLLM cache_config_info,
-lora_requests_info): their value over time is the configuration over time."""
+CONFIG_GAUGES = (
+    "engine_kv_capacity_tokens",
+    "engine_lora_max_adapters",
+    "engine_prefix_caching_mode_code",
+    "engine_kv_cache_fp8_code",
+    "engine_kv_block_size_tokens",
+    "engine_gpu_memory_utilization_ratio",
+)
+"""Canonical gauges of the engines' settings, read from their `*_info` series (vLLM
+cache_config_info, lora_requests_info) and static gauges (SGLang max_total_num_tokens,
+page_size): their value over time is the configuration over time."""
 
 SIGNALS = frozenset(
     {f"{h}_bucket" for h in HISTOGRAMS} | {f"{h}_count" for h in HISTOGRAMS} | set(GAUGES) | set(COUNTERS)
@@ -25,3 +34,22 @@ SIGNALS = frozenset(
 def read_window(source: Source, start: float | None, end: float | None, step: float) -> Frame:
     """The curve's signals from any diagnose source (recording, log, agent, Prometheus)."""
     return read_signals(source, SIGNALS, Span(start, end), step)
+
+
+def curve_step(source: Source, start: float | None, end: float | None, fallback: float) -> float:
+    """The step the curve reads [start, end] at, whatever step the findings use: the interval the
+    source sampled the engines at. The curve's intervals are scrape intervals (docs/curve.md): a
+    coarser step merges loads into one interval and leaves a short phase a few intervals (too few
+    to compare at matched load), a finer one repeats the same sample and counts intervals that hold
+    no new data. A recording or log: its own scrape interval; a TSDB: the median gap between the
+    raw samples of the concurrency signal (`scrape_interval`), at least the window over
+    Prometheus' points-per-series limit; `fallback` when the source cannot say (the agent's API, a
+    TSDB without the signal in the window)."""
+    natural = source.natural_step()
+    if natural:
+        return natural
+    probe = getattr(source, "scrape_interval", None)
+    if probe is None or start is None or end is None or end <= start:
+        return fallback
+    measured = probe({CONCURRENCY_SIGNAL}, start, end)
+    return max(measured, (end - start) / MAX_POINTS) if measured else fallback

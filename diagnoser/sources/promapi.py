@@ -165,6 +165,23 @@ class PromClient:
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise self.malformed(path, f"a vector sample is not {{metric, value: [time, value]}} ({exc})") from None
 
+    def raw_samples(self, selector: str, seconds: float, at: float) -> list[dict[str, Any]]:
+        """The raw samples (as scraped, no lookback) of `selector` in (at - seconds, at]: an instant
+        query of a range vector, answered as a matrix by Prometheus and VictoriaMetrics alike."""
+        path = "/api/v1/query"
+        expr = f"{selector}[{max(1, round(seconds * 1000))}ms]"
+        data = self._call(path, {"query": expr, "time": _ts(at)}, matrix=True)
+        if not isinstance(data, dict) or data.get("resultType") != "matrix":
+            kind = data.get("resultType") if isinstance(data, dict) else repr(data)
+            raise self.malformed(path, f"a range vector answered {printable(kind, 40)}, not a matrix")
+        if data.get("typed"):
+            return list(data["result"])
+        try:
+            return [_series(s, "values") for s in _items(data.get("result"))]
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            shape = "{metric, values: [[time, value]...]}"
+            raise self.malformed(path, f"a matrix series is not {shape} ({exc})") from None
+
     def label_values(self, label: str, matchers: Iterable[str], start: float, end: float) -> list[str]:
         """Values of `label` over series matching any of `matchers` in [start, end] (the index
         only, no samples are read)."""

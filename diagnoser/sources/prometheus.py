@@ -20,10 +20,13 @@ from kvscope.agent.scrape.exposition import Exposition, RawSample
 from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, Labels, load_catalog, make_labels, signal_of
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid, merge_facts
 from kvscope.diagnoser.promql.signals import quote
-from kvscope.diagnoser.sources.promapi import PromClient, matrix_on_grid
+from kvscope.diagnoser.sources.promapi import PromClient, as_points, matrix_on_grid
 
 DEFAULT_WINDOW_S = 1800.0
 _TARGET_LABELS = ("job", "instance")
+PROBE_S = 3600.0
+PROBE_INSTANCES = 3
+"""`scrape_interval` reads at most this span of raw samples of at most this many instances."""
 INSTANCE_BATCH = 25
 """Instances per query when a fetch is restricted to some instances (`instance=~"a|b|..."`)."""
 
@@ -48,6 +51,20 @@ class PrometheusSource:
         end = time.time() if end is None else end
         start = end - DEFAULT_WINDOW_S if start is None else start
         return fetch_frame(self.client, names, start, end, step, catalog=self.catalog)
+
+    def scrape_interval(self, names: set[str], start: float, end: float) -> float | None:
+        """The interval the series `names` were scraped at: the median gap between the raw samples
+        of up to PROBE_INSTANCES instances (the first by name) over the last PROBE_S of [start, end];
+        None when none has two samples there. Index lookup plus one bounded read of raw samples."""
+        lo = max(start, end - PROBE_S)
+        sel = selector_for(names, self.catalog, facts=False)
+        instances = sorted(self.client.label_values("instance", [sel], lo, end))[:PROBE_INSTANCES]
+        if instances:
+            sel = selector_for(names, self.catalog, instances, facts=False)
+        gaps = [np.diff(as_points(s.get("values"))[:, 0]) for s in self.client.raw_samples(sel, end - lo, end)]
+        every = np.concatenate(gaps) if gaps else np.empty(0)
+        every = every[every > 0]
+        return float(np.median(every)) if len(every) else None
 
 
 def fetch_frame(
@@ -145,14 +162,19 @@ def wire_pattern(names: set[str], catalog: Catalog, facts: bool = False) -> str:
 
 
 def selector_for(
-    names: set[str], catalog: Catalog, instances: list[str] | None = None, no_instance: bool = False
+    names: set[str],
+    catalog: Catalog,
+    instances: list[str] | None = None,
+    no_instance: bool = False,
+    facts: bool = True,
 ) -> str:
     """One `{__name__=~"..."}` selector for every native and kvscope_* name needed (restricted
-    to `instances` when given, to series without an `instance` with `no_instance`)."""
+    to `instances` when given, to series without an `instance` with `no_instance`; the facts'
+    info gauges too unless `facts` is False)."""
     inst = ',instance=""' if no_instance else ""
     if instances is not None:
         inst = ',instance=~"' + "|".join(quote(re.escape(i)) for i in instances) + '"'
-    return f'{{__name__=~"{quote(wire_pattern(names, catalog, facts=True))}"{inst}}}'
+    return f'{{__name__=~"{quote(wire_pattern(names, catalog, facts=facts))}"{inst}}}'
 
 
 # ------------------------------------------------------------------------------ matrix -> frame

@@ -52,7 +52,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--since", default="1h", metavar="DURATION", help="live sources: window length, e.g. 30m, 6h")
     p.add_argument("--start", metavar="TIME", help="window start, unix seconds or ISO 8601 UTC (overrides --since)")
     p.add_argument("--end", metavar="TIME", help="window end (default: now / end of recording)")
-    p.add_argument("--step", help="interval length, e.g. 15s (default: the recording's scrape interval, else 15s)")
+    p.add_argument(
+        "--step",
+        help="interval length, e.g. 15s (default: the source's scrape interval: a recording's, or the median gap "
+        "between a TSDB's raw samples; else 15s)",
+    )
     p.add_argument("--slo-ttft-p99", type=float, default=1.0, metavar="SECONDS", help="TTFT p99 SLO for C_max")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="--prometheus/--agent: per query")
     p.add_argument("--json", action="store_true", help="print JSON (shape: docs/curve.md)")
@@ -90,19 +94,19 @@ def run(args: argparse.Namespace) -> int:
 def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
     from kvscope.commands.diagnose import _source
     from kvscope.diagnoser.curve.report import pool_curves, render_text, to_json
-    from kvscope.diagnoser.curve.window import read_window
+    from kvscope.diagnoser.curve.window import curve_step, read_window
     from kvscope.diagnoser.sources import SourceError
+    from kvscope.diagnoser.sources.window import DEFAULT_STEP_S
 
     args.quiet = True
     source = _source(args)
     try:
-        natural = getattr(source, "natural_step", None)
-        step = step or (natural() if natural else 15.0)
         start, end = args.start, args.end
         if start is None and not (args.recording or args.log):
-            end = end if end is not None else math.floor(time.time() / step) * step
+            lattice = step or DEFAULT_STEP_S  # now rounded down, as Grafana asks
+            end = end if end is not None else math.floor(time.time() / lattice) * lattice
             start = end - since
-        frame = read_window(source, start, end, step)
+        frame = read_window(source, start, end, step or curve_step(source, start, end, DEFAULT_STEP_S))
     except SourceError as exc:
         url = args.prometheus or args.agent
         kind = "prometheus" if args.prometheus else "agent"

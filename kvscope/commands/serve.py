@@ -44,7 +44,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--store", default="kvscope-diagnoses.db", metavar="FILE", help=store_help)
     p.add_argument("--max-stored", type=int, default=1000, metavar="N", help="keep the newest N webhooks")
-    p.add_argument("--step", default="15s", metavar="DURATION", help="diagnosis grid step")
+    p.add_argument(
+        "--step",
+        default="15s",
+        metavar="DURATION",
+        help="diagnosis grid step (what changed is read at the scrape interval Prometheus holds: docs/curve.md)",
+    )
     p.add_argument("--before", default="30m", metavar="DURATION", help="diagnose from this long before the alert began")
     p.add_argument("--workers", type=int, default=2, metavar="N", help="webhooks diagnosed at once")
     timeout_help = "one webhook's whole diagnosis, every Prometheus read in it included; later: recorded as an error"

@@ -6,10 +6,12 @@
       -> an alert posted to Alertmanager 0.25 (started during the small-KV phase)
       -> Alertmanager's webhook -> kvscope serve (diagnoses the alert's window from that Prometheus)
 
-The alert's `kvscope` object must lead with the KV-capacity change (the YAML's expected verdict,
-written before the recording was read: a regression), name the same changes, verdicts and deltas
-as `kvscope curve --json` on the same Prometheus window, and the stored row must be what the
-alert's stable link (`/api/v1/diagnoses/latest`) answers.
+`kvscope serve` runs at its default 15 s step (the findings'); the changes are read at the
+recording's 2 s scrape interval, measured from the raw samples (docs/curve.md), as `kvscope curve`
+reads them without --step. The alert's `kvscope` object must lead with the KV-capacity change
+(the YAML's expected verdict, written before the recording was read: a regression), name the same
+changes, verdicts and deltas as `kvscope curve --json` on the same Prometheus window, and the
+stored row must be what the alert's stable link (`/api/v1/diagnoses/latest`) answers.
 
 Backfilled blocks carry no staleness markers (promtool cannot write them), so without them a
 restarted engine's old series would be read for 5 minutes after it stopped. A live Prometheus
@@ -86,9 +88,10 @@ def _start(tmp: Path, procs: ProcessGroup) -> dict:
     )
     argv = [sys.executable, "-m", "kvscope.cli", "serve", "--prometheus", f"http://127.0.0.1:{prom_port}"]
     argv += ["--listen", f"127.0.0.1:{serve_port}", "--store", str(tmp / "diagnoses.sqlite")]
-    # a 2 s grid, the recording's scrape interval: each phase lasts ~80 s, too few 15 s intervals to
-    # compare at matched load (docs/alerting.md)
-    argv += ["--step", "2s", "--before", "20m", "--diagnosis-timeout", "8m"]
+    # serve's default 15 s grid for the findings: each phase lasts ~80 s, too few 15 s intervals to
+    # compare at matched load, so the changes must be read at the 2 s the recording was scraped at
+    # (curve.window.curve_step, from the raw samples' gaps)
+    argv += ["--before", "20m", "--diagnosis-timeout", "8m"]
     serve = procs.start("serve", argv)
     am = procs.start("alertmanager", alertmanager_argv(tmp / "alertmanager.yml", tmp / "am", am_port))
     prom = procs.start(
@@ -164,7 +167,7 @@ def test_the_kv_capacity_change_leads_the_alerts_diagnosis(served, capsys):
 
     # the same changes, verdicts and deltas as `kvscope curve --json` over the same window
     start, end = ks["window"]
-    main(["curve", "--prometheus", served["prom"], "--start", str(start), "--end", str(end), "--step", "2s", "--json"])
+    main(["curve", "--prometheus", served["prom"], "--start", str(start), "--end", str(end), "--json"])
     (pool,) = json.loads(capsys.readouterr().out)["pools"]
     by_time = {c["time"]: c for c in pool["changes"]}
     assert sorted(by_time) == sorted(c["time"] for c in ks["changes"])

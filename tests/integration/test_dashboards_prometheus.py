@@ -468,3 +468,37 @@ def test_the_changes_panel_shows_the_config_change_recordings_restarts_and_kv_cu
         # a step up at each change: the 15-minute window before a point just after it holds one more
         stepped = [[at(query, t + 30) - at(query, t - 30) for t in times] for query in q.CHANGES]
     assert stepped == [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], (times, stepped)
+
+
+def test_the_operating_point_panel_draws_the_staircase_against_its_truths(tmp_path):
+    """The fleet board's "TTFT p99 and p50 against concurrency" on the real vLLM staircase
+    (closed-loop levels of 1, 2, 4, 8, 16 streams). Each query is evaluated at the end of each
+    level over the level's own span (Grafana's $__rate_interval set to it) and compared with the
+    truths the recorder computed apart from kvscope: the engine's mean running + waiting polled
+    once a second, and its TTFT histogram read from /metrics at the level's start and end. The
+    panel reads the recorded 2 s scrapes instead, so its window may take in up to a scrape of the
+    neighbouring level at each edge (a few of a level's ~100 requests): each number is to agree
+    within 15 %, and the concurrency must rise level by level with p99 at the top above the bottom's."""
+    from kvscope.dashboards import queries as q
+
+    (panel,) = [p for b in BOARDS for p in b.panels() if p.kind == "xychart"]
+    assert panel.queries == q.OPERATING_POINT and panel.repeat == "model"
+    path = RECORDINGS / "curve-vllm-staircase.om.gz"
+    meta = yaml.safe_load(path.with_name("curve-vllm-staircase.yaml").read_text())
+    t0 = meta["recorded_at_unix"]
+    got = []
+    with serve_recording(path, tmp_path) as (url, _):
+        for phase in meta["phases"]:
+            start, end = t0 + phase["start_s"], t0 + phase["end_s"]
+            row = []
+            for query in panel.queries:
+                expr = query.expr.replace("$__rate_interval", f"{round(end - start)}s")
+                (series,) = prometheus_query_range(url, substitute(expr, start, end), end, end, step=1.0)
+                row.append(float(series["values"][-1][1]))
+            got.append(row)
+    truth = [[p["engine_in_flight_mean"], p["engine_ttft_p99_s"], p["engine_ttft_p50_s"]] for p in meta["phases"]]
+    for mine, want in zip(got, truth, strict=True):
+        assert all(abs(a - b) <= 0.15 * b for a, b in zip(mine, want, strict=True)), (got, truth)
+    concurrency = [row[0] for row in got]
+    assert concurrency == sorted(concurrency) and len(set(concurrency)) == len(concurrency), got
+    assert got[-1][1] > got[0][1], got

@@ -122,13 +122,19 @@ def test_prometheus_source_reports_a_clear_error_when_unreachable():
 
 @pytest.mark.prometheus
 def test_the_operating_curve_is_the_same_from_the_recording_and_real_prometheus(plain_recording, prometheus_url):
-    """`kvscope curve` reads its window through the same sources: same curve, knee, C_max, changes."""
+    """`kvscope curve` reads its window through the same sources: same curve, knee, C_max, changes,
+    at the same step: the step Prometheus' raw samples say the engines were scraped at is the
+    recording's own scrape interval (curve.window.curve_step)."""
     from kvscope.diagnoser.curve.report import pool_curves, to_json
-    from kvscope.diagnoser.curve.window import read_window
+    from kvscope.diagnoser.curve.window import curve_step, read_window
 
     rec = RecordingSource(plain_recording)
     start, end = _window(rec.replay())
+    prom = PrometheusSource(prometheus_url)
+    # both the median gap between scrapes (2 s, give or take the recorder's millisecond jitter)
+    assert curve_step(prom, start, end, 15.0) == pytest.approx(rec.natural_step(), abs=0.01)
+    assert rec.natural_step() == pytest.approx(STEP, abs=0.01)
     a = pool_curves(read_window(rec, start, end, STEP))
-    b = pool_curves(read_window(PrometheusSource(prometheus_url), start, end, STEP))
+    b = pool_curves(read_window(prom, start, end, STEP))
     assert a and a[0].points
     assert to_json(a, 1.0) == to_json(b, 1.0)

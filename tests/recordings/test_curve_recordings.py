@@ -130,3 +130,26 @@ def test_the_regression_is_a_finding_naming_the_knob_and_diagnose_carries_it(cap
     assert (
         follow and {x["levers_md"] for x in follow} <= {"K1", "K2", "K3"} and all(x["symptom_cleared"] for x in follow)
     )
+
+
+def test_config_changes_settings_read_as_the_flags_each_phase_ran_with():
+    """vLLM's cache_config_info as the curve's settings gauges, per phase, against the flags the
+    YAML recorded for it: --block-size 32 and --enable-prefix-caching in every phase, no
+    --kv-cache-dtype (auto: not FP8). They never move, so no change names them (the diffs above
+    hold the KV capacity only). --max-num-seqs is in the flags too, but vLLM exports no scheduler
+    setting: no series, never a guessed one."""
+    meta, frame = _meta(CHANGES), _frame(CHANGES)
+    t0 = meta["recorded_at_unix"]
+    for phase in meta["phases"]:
+        flags = phase["flags"]
+        assert "--kv-cache-dtype" not in flags
+        want = {
+            "engine_kv_block_size_tokens": float(flags[flags.index("--block-size") + 1]),
+            "engine_prefix_caching_mode_code": 1.0 if "--enable-prefix-caching" in flags else 0.0,
+            "engine_kv_cache_fp8_code": 0.0,
+        }
+        inside = (frame.ts > t0 + phase["start_s"] + 10) & (frame.ts < t0 + phase["end_s"])
+        for name, value in want.items():
+            seen = frame.block(name).values[:, inside]
+            assert set(np.unique(seen[~np.isnan(seen)])) == {value}, (phase["name"], name)
+    assert not any("max_num_seqs" in name for name in frame.blocks)

@@ -35,11 +35,12 @@ def synth(
     resets: tuple[int, ...] = (),
     kv_cap: list[float] | None = None,
     start: float = 1000.0,
+    step: float = STEP,
 ) -> Frame:
     """One vLLM instance with conc[i] requests in it (running + waiting); interval i ends at grid point i+1 and runs at conc[i+1]. At each grid
     index in `resets` every counter starts again from that interval's increase."""
     T = len(conc)
-    ts = start + STEP * np.arange(T)
+    ts = start + step * np.arange(T)
     buckets = np.zeros((len(LES), T))
     fin, gen = np.zeros(T), np.zeros(T)
     for i in range(1, T):
@@ -49,7 +50,7 @@ def synth(
         inc[tail(conc[i], i)] += n * 0.03
         buckets[:, i] = keep * buckets[:, i - 1] + np.cumsum(inc)
         fin[i] = keep * fin[i - 1] + n
-        gen[i] = keep * gen[i - 1] + tokens(conc[i]) * STEP
+        gen[i] = keep * gen[i - 1] + tokens(conc[i]) * step
     lab = lambda **extra: make_labels(BASE | extra)  # noqa: E731
     blocks = {
         "engine_requests_running": Block([lab()], np.array([[c - waiting(c) for c in conc]])),
@@ -130,6 +131,15 @@ def _two_phases(tail_after, cap_after: float, conc_after=STAIRS) -> Frame:
     half = len(STAIRS)
     cap = [1000.0] * half + [cap_after] * len(conc_after)
     return synth(conc, tail=lambda c, i: hump(c) if i < half else tail_after(c), resets=(half,), kv_cap=cap)
+
+
+def _two_phases_at(step: float, seconds: float = 80.0) -> Frame:
+    """Two phases of `seconds` each at 4 requests per engine scraped every `step`: KV capacity
+    1000 -> 500 with a restart between them, the slowest 3 % at 2.5 s after it."""
+    half = int(seconds / step)
+    conc = [4.0] * (2 * half)
+    tail = lambda c, i: hump(c) if i < half else 5  # noqa: E731
+    return synth(conc, tail=tail, resets=(half,), kv_cap=[1000.0] * half + [500.0] * half, step=step)
 
 
 def test_config_change_regression_improvement_no_change_not_comparable():
@@ -221,3 +231,45 @@ def test_lever_follow_up_after_a_change_that_applied_a_findings_lever():
     still = attach(Diagnosis((0, 1), "x", k1(t + 600, True)), [pc]).changes[0]
     assert still["follow_up"][0]["symptom_cleared"] is False
     assert "follow_up" not in attach(Diagnosis((0, 1), "x", None), [pc]).changes[0]
+
+
+class _Source:
+    """A source with a natural step (a recording) or a measured scrape interval (a TSDB), or neither."""
+
+    def __init__(self, natural: float | None = None, scraped: float | None = None, probes: bool = True) -> None:
+        self.natural, self.scraped, self.asked = natural, scraped, []
+        if probes:
+            self.scrape_interval = self._probe
+
+    def natural_step(self) -> float | None:
+        return self.natural
+
+    def _probe(self, names: set[str], start: float, end: float) -> float | None:
+        self.asked.append((names, start, end))
+        return self.scraped
+
+
+def test_the_curve_step_is_the_sources_scrape_interval_not_the_findings_step():
+    from kvscope.diagnoser.curve.window import curve_step
+
+    assert curve_step(_Source(natural=2.0), None, None, 15.0) == 2.0  # a recording: its own scrapes
+    tsdb = _Source(scraped=2.0)
+    assert curve_step(tsdb, 0.0, 1800.0, 15.0) == 2.0
+    assert tsdb.asked == [({"engine_requests_running"}, 0.0, 1800.0)]
+    # no finer than one range query answers (11,000 points per series)
+    assert curve_step(_Source(scraped=1.0), 0.0, 7 * 86400.0, 15.0) == pytest.approx(7 * 86400 / 11_000)
+    # the source cannot say: the caller's step
+    assert curve_step(_Source(scraped=None), 0.0, 1800.0, 15.0) == 15.0
+    assert curve_step(_Source(probes=False), 0.0, 1800.0, 15.0) == 15.0
+    assert curve_step(_Source(scraped=2.0), None, None, 15.0) == 15.0
+
+
+def test_a_short_phase_is_comparable_at_the_scrape_interval_and_not_at_a_coarser_step():
+    """The same two 80 s phases (KV cut in half, TTFT tail worse) read at their 2 s scrape
+    interval and at a 15 s grid: only the first has enough intervals per bucket to compare."""
+    fine = _two_phases_at(2.0)
+    coarse = Frame(ts=fine.ts[::8], blocks={k: Block(b.labels, b.values[:, ::8]) for k, b in fine.blocks.items()})
+    (at_scrape,) = pool_curves(fine, settle_s=0.0)
+    (at_grid,) = pool_curves(coarse, settle_s=0.0)
+    assert [j.verdict for j in at_scrape.changes] == ["regression"]
+    assert [j.verdict for j in at_grid.changes] == ["not_comparable"]
