@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvscope.diagnoser.curve.intervals import Pool, Unit, _unit
+from kvscope.diagnoser.curve.intervals import Pool, Unit, unit_of
 from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, CONFIG_GAUGES, COUNTERS, HISTOGRAMS
 from kvscope.diagnoser.evaluate.frame import Frame
 
@@ -46,7 +46,7 @@ def _pool_units(frame: Frame) -> dict[Unit, Pool]:
     out = {}
     for labels in block.labels if block else []:
         d = dict(labels)
-        out[_unit(labels)] = (d.get("model", ""), d.get("engine", ""))
+        out[unit_of(labels)] = (d.get("model", ""), d.get("engine", ""))
     return out
 
 
@@ -57,22 +57,22 @@ def raw_changes(frame: Frame) -> dict[Pool, list[Change]]:
     for name in CONFIG_GAUGES:
         block = frame.block(name)
         for r, labels in enumerate(block.labels if block else []):
-            pool = units.get(_unit(labels))
+            pool = units.get(unit_of(labels))
             for t, a, b in _finite_steps(frame.ts, block.values[r]) if pool else []:  # type: ignore[union-attr]
                 if a != b:
-                    out[pool].append(Change(t, "config", {name.removeprefix("engine_"): [a, b]}, [_unit(labels)[0]]))  # type: ignore[index]
+                    out[pool].append(Change(t, "config", {name.removeprefix("engine_"): [a, b]}, [unit_of(labels)[0]]))  # type: ignore[index]
     for name in COUNTERS + tuple(f"{h}_count" for h in HISTOGRAMS):
         block = frame.block(name)
         for r, labels in enumerate(block.labels if block else []):
-            pool = units.get(_unit(labels))
+            pool = units.get(unit_of(labels))
             for t, a, b in _finite_steps(frame.ts, block.values[r]) if pool else []:  # type: ignore[union-attr]
                 if b < a:
-                    out[pool].append(Change(t, "restart", {}, [_unit(labels)[0]]))  # type: ignore[index]
+                    out[pool].append(Change(t, "restart", {}, [unit_of(labels)[0]]))  # type: ignore[index]
     running = frame.block(CONCURRENCY_SIGNAL)
     if running is not None:
         by_pool: dict[Pool, list[int]] = defaultdict(list)
         for r, labels in enumerate(running.labels):
-            by_pool[units[_unit(labels)]].append(r)
+            by_pool[units[unit_of(labels)]].append(r)
         for pool, rows in by_pool.items():
             count = (~np.isnan(running.values[rows])).sum(axis=0)
             out[pool] += _count_changes(frame.ts, count)
