@@ -9,6 +9,7 @@ registered them (`register_section`); an unregistered one is a warning, never si
 from __future__ import annotations
 
 import copy
+import difflib
 import ipaddress
 import math
 import os
@@ -427,6 +428,22 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     except ValueError as e:
         raise ConfigError(f"{e}{layers.where('gpu_mapping')}") from None
     return cfg
+
+
+def check_section_typos(doc: Any) -> None:
+    """Unknown top-level sections are kept for extensions, but one spelled like a known section
+    (`scrapes:`, `colectors:`) is a typo that would silently run on defaults: ConfigError."""
+    if not isinstance(doc, dict):
+        return
+    known = {"listen_address", *SECTIONS, *_EXTENSIONS}
+    for name in doc:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.75)
+        if close:
+            raise ConfigError(
+                f"{name}: unknown section; did you mean {close[0]}? (sections: {', '.join(sorted(known))})"
+            )
 
 
 def _check_sections(layers: Layers, cfg: AgentConfig) -> None:

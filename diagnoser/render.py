@@ -435,7 +435,18 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
         console.print(render_card(d.likely_cause, "LIKELY CAUSE", supporting, d.time_scale))
     for f in d.hypotheses:
         console.print(render_card(f, "COMPETING HYPOTHESIS (different mechanism)", (), d.time_scale))
-    other = tuple(f for f in d.other if all(f is not g for g in supporting))
+    _print_other(console, tuple(f for f in d.other if all(f is not g for g in supporting)))
+    _print_changes(console, d)
+    if verbose and d.time_scale < 1 and d.scale_changes is not None:
+        console.print(_scale_verbose(d), style="dim")
+    if verbose and d.skipped:
+        console.print("[bold]Not evaluable[/bold]")
+        for s in d.skipped:
+            console.print(f"  {s.rule_id}: {s.reason}", style="dim")
+
+
+def _print_other(console: Console, other: tuple[Finding, ...]) -> None:
+    """The other findings, one line per rule and place (repeats per replica collapsed)."""
     if other:
         console.print("[bold]Other findings[/bold]")
         for worst, members in group_repeats(other):
@@ -443,18 +454,16 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
                 f"  [{_STYLE.get(worst.severity, '')}]{worst.severity:8}[/] "
                 f"{worst.title} ({_where_of(members)}) - {_other_detail(worst, len(members))}"
             )
+
+
+def _print_changes(console: Console, d: Diagnosis) -> None:
+    """What changed in the window, each change's verdict and its follow-up."""
     if d.changes:
         console.print("[bold]What changed in this window[/bold] (the curve before against after, at matched load)")
         for change in d.changes:
             console.print(f"  {change['text']}", markup=False)
             if "text_follow_up" in change:
                 console.print(f"    {change['text_follow_up']}", markup=False)
-    if verbose and d.time_scale < 1 and d.scale_changes is not None:
-        console.print(_scale_verbose(d), style="dim")
-    if verbose and d.skipped:
-        console.print("[bold]Not evaluable[/bold]")
-        for s in d.skipped:
-            console.print(f"  {s.rule_id}: {s.reason}", style="dim")
 
 
 def _overruled_text(d: Diagnosis) -> str:

@@ -53,45 +53,55 @@ def router_decisions(frame: Frame) -> list[dict[str, Any]]:
     the keys its series give (decisions, branches, kept, gave_away, kept_share, load_only,
     prefix_tokens_kept_share)."""
     out: dict[str, dict[str, Any]] = defaultdict(dict)
-
-    def add(inst: str, key: str, n: float, sub: str | None = None) -> None:
-        row = out[inst]
-        if sub is None:
-            row[key] = row.get(key, 0.0) + n
-        else:
-            per = row.setdefault(key, {})
-            per[sub] = per.get(sub, 0.0) + n
-
     for name in SIGNALS:
         for labels, n in _increases(frame, name):
-            inst = labels.get("instance", "")
-            out[inst].setdefault("job", labels.get("job", ""))
-            policy, branch = labels.get("policy", ""), labels.get("branch", "")
-            if name == "router_decisions_total":
-                add(inst, "decisions", n, policy or "unlabelled")
-                if policy in LOAD_ONLY_POLICIES:
-                    add(inst, "load_only", n)
-            elif name == "router_policy_branch_total":
-                add(inst, "branches", n, f"{policy}:{branch}")
-                for key, group in (("kept", KEPT), ("gave_away", GAVE_AWAY), ("load_only", LOAD_ONLY)):
-                    if branch in group:
-                        add(inst, key, n)
-            elif name in ("router_cache_hits_total", "router_cache_misses_total"):
-                add(inst, "kept" if name == "router_cache_hits_total" else "load_only", n)
-            elif name in ("router_load_balancing_events_total", "router_non_max_overlap_selections_total"):
-                add(inst, "gave_away", n)
-            else:
-                add(inst, name.split("_")[1], n)  # selected | best prefix tokens
+            row = out[labels.get("instance", "")]
+            row.setdefault("job", labels.get("job", ""))
+            _count(row, name, labels, n)
     rows = []
     for inst, row in sorted(out.items()):
-        if "kept" in row and row["kept"] + row.get("gave_away", 0.0) > 0:
-            row["kept_share"] = row["kept"] / (row["kept"] + row.get("gave_away", 0.0))
-        if row.get("best", 0.0) > 0 and "selected" in row:
-            row["prefix_tokens_kept_share"] = min(1.0, row["selected"] / row["best"])
-        shown = {k: _round(v) for k, v in row.items() if k not in ("selected", "best")}
+        shown = _shares(row)
         if len(shown) > 1:  # more than its job
             rows.append({"instance": inst, **shown})
     return rows
+
+
+def _add(row: dict[str, Any], key: str, n: float, sub: str | None = None) -> None:
+    """In place: `n` added to `row[key]`, or to `row[key][sub]` when `sub` is given."""
+    if sub is None:
+        row[key] = row.get(key, 0.0) + n
+    else:
+        per = row.setdefault(key, {})
+        per[sub] = per.get(sub, 0.0) + n
+
+
+def _count(row: dict[str, Any], name: str, labels: dict[str, str], n: float) -> None:
+    """In place: one series' increase `n` of the signal `name` counted into its router's row."""
+    policy, branch = labels.get("policy", ""), labels.get("branch", "")
+    if name == "router_decisions_total":
+        _add(row, "decisions", n, policy or "unlabelled")
+        if policy in LOAD_ONLY_POLICIES:
+            _add(row, "load_only", n)
+    elif name == "router_policy_branch_total":
+        _add(row, "branches", n, f"{policy}:{branch}")
+        for key, group in (("kept", KEPT), ("gave_away", GAVE_AWAY), ("load_only", LOAD_ONLY)):
+            if branch in group:
+                _add(row, key, n)
+    elif name in ("router_cache_hits_total", "router_cache_misses_total"):
+        _add(row, "kept" if name == "router_cache_hits_total" else "load_only", n)
+    elif name in ("router_load_balancing_events_total", "router_non_max_overlap_selections_total"):
+        _add(row, "gave_away", n)
+    else:
+        _add(row, name.split("_")[1], n)  # selected | best prefix tokens
+
+
+def _shares(row: dict[str, Any]) -> dict[str, Any]:
+    """A router's row as shown: the kept shares added, the raw prefix-token counts dropped, rounded."""
+    if "kept" in row and row["kept"] + row.get("gave_away", 0.0) > 0:
+        row["kept_share"] = row["kept"] / (row["kept"] + row.get("gave_away", 0.0))
+    if row.get("best", 0.0) > 0 and "selected" in row:
+        row["prefix_tokens_kept_share"] = min(1.0, row["selected"] / row["best"])
+    return {k: _round(v) for k, v in row.items() if k not in ("selected", "best")}
 
 
 def _round(v: Any) -> Any:

@@ -36,6 +36,8 @@ SEVERITY_ICON = {"critical": ":red[CRITICAL]", "warning": ":orange[WARNING]", "i
 
 
 def render(data: TriageData, link: AlertLink | None = None) -> None:
+    """The triage page: the alert a link named, the likely cause, routers, hypotheses, the
+    timeline, other findings and the rules not evaluated, in that order."""
     d = data.diagnosis
     st.title("kvscope triage")
     st.caption(f"{d.source} · window {fmt_time(d.window[0])} → {fmt_time(d.window[1])} · {counts_caption(d)}")
@@ -45,25 +47,8 @@ def render(data: TriageData, link: AlertLink | None = None) -> None:
         st.caption(scale_note(d))
     for note in data.notes:
         st.warning(note)
-    if d.likely_cause is None and d.skipped:
-        st.info(render_not_fired(d) + " The full list is at the bottom.")
-    elif d.likely_cause is None:
-        st.success("No rule fired in this window.")
-    else:
-        st.header("Likely cause")
-        render_card(data, d.likely_cause, charts=True)
-        if d.supporting:
-            st.markdown(
-                "**Also fired (supporting evidence, same mechanism and levers):**\n"
-                + "\n".join(f"- {render_line(f)}" for f in d.supporting)
-            )
-    if routers := data.router_rows():
-        st.header("Router decisions")
-        st.caption(
-            "What each router decided over the window, from its own series (what it does not export is not shown): "
-            "decisions by policy and branch, kept on the worker holding the prefix or given away, load-only routing."
-        )
-        st.markdown("\n".join(f"- {router_line(r)}" for r in routers))
+    render_cause(data)
+    render_routers(data)
     if d.hypotheses:
         st.header("Competing hypotheses")
         for f in d.hypotheses:
@@ -86,6 +71,35 @@ def render(data: TriageData, link: AlertLink | None = None) -> None:
                 hide_index=True,
                 width="stretch",
             )
+
+
+def render_cause(data: TriageData) -> None:
+    """The likely cause's card with its charts and what else fired beside it; else that nothing
+    fired, or which rules could not be judged."""
+    d = data.diagnosis
+    if d.likely_cause is None and d.skipped:
+        st.info(render_not_fired(d) + " The full list is at the bottom.")
+    elif d.likely_cause is None:
+        st.success("No rule fired in this window.")
+    else:
+        st.header("Likely cause")
+        render_card(data, d.likely_cause, charts=True)
+        if d.supporting:
+            st.markdown(
+                "**Also fired (supporting evidence, same mechanism and levers):**\n"
+                + "\n".join(f"- {render_line(f)}" for f in d.supporting)
+            )
+
+
+def render_routers(data: TriageData) -> None:
+    """What each router decided over the window, where a router exports its decisions."""
+    if routers := data.router_rows():
+        st.header("Router decisions")
+        st.caption(
+            "What each router decided over the window, from its own series (what it does not export is not shown): "
+            "decisions by policy and branch, kept on the worker holding the prefix or given away, load-only routing."
+        )
+        st.markdown("\n".join(f"- {router_line(r)}" for r in routers))
 
 
 def render_alert(data: TriageData, link: AlertLink) -> None:

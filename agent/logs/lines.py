@@ -154,18 +154,10 @@ def parse_line(line: str, day: datetime.date) -> Line | str:
     `HH:MM:SS` (releases before its log format carried the date). A line with no time gets ts NaN."""
     if len(line) > MAX_LINE:
         return "too_long"
-    source = ""
-    if line.startswith("[pod/"):
-        end = line.find("] ")
-        if end < 0:
-            return "other"
-        source, line = line[5:end].partition("/")[0], line[end + 2 :]
-    kube_ts = None
-    if len(line) > 20 and line[4] == "-" and line[10] == "T":
-        stamp, _, line = line.partition(" ")
-        kube_ts = rfc3339(stamp)
-        if kube_ts is None:
-            return "no_timestamp"
+    kubectl = _kubectl_headers(line)
+    if isinstance(kubectl, str):
+        return kubectl
+    source, kube_ts, line = kubectl
     for marker, kind in (
         ("Avg prompt throughput: ", "stats"),
         ("] Running: ", "stats"),  # V1 in 0.7.0
@@ -191,17 +183,31 @@ def parse_line(line: str, day: datetime.date) -> Line | str:
     return "other"
 
 
+def _kubectl_headers(line: str) -> tuple[str, float | None, str] | str:
+    """(pod, time, the rest of the line) after `kubectl logs --prefix` (`[pod/NAME/CONTAINER] `)
+    and `--timestamps` (RFC 3339) headers, each "" / None where absent; or why the line is not
+    read (other, no_timestamp)."""
+    source = ""
+    if line.startswith("[pod/"):
+        end = line.find("] ")
+        if end < 0:
+            return "other"
+        source, line = line[5:end].partition("/")[0], line[end + 2 :]
+    kube_ts = None
+    if len(line) > 20 and line[4] == "-" and line[10] == "T":
+        stamp, _, line = line.partition(" ")
+        kube_ts = rfc3339(stamp)
+        if kube_ts is None:
+            return "no_timestamp"
+    return source, kube_ts, line
+
+
 def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year: int) -> Line | str:
     head = line[:i].split()
-    ts, shaped = kube_ts, False
-    for k in range(len(head) - 1):
-        if ts is None and len(head[k]) == 5 and head[k][2] == "-" and len(head[k + 1]) == 8:
-            shaped, ts = True, _time(year, head[k][:2], head[k][3:], head[k + 1])
-    missing = "" if kube_ts is not None else "year"
-    if ts is None and shaped:
-        return "no_timestamp"  # a time that does not parse is a bad line, not an untimed one
-    if ts is None:
-        ts, missing = NAN, "time"
+    timed = _vllm_time(head, kube_ts, year)
+    if isinstance(timed, str):
+        return timed
+    ts, missing = timed
     rank = _rank(head[-1][:-1]) if len(head) > 1 and head[-2] == "Engine" else ""
     body = line[i:].rstrip()
     if kind == "prefix":
@@ -226,7 +232,44 @@ def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year
     return Line("vllm", kind, ts, rank, source, fields, unknown, missing)
 
 
+def _vllm_time(head: list[str], kube_ts: float | None, year: int) -> tuple[float, str] | str:
+    """(time, what it lacked) of a vLLM line from its header words (`MM-DD HH:MM:SS`, the year
+    from `year`) unless kubectl gave one; NaN and "time" with none; no_timestamp for a time that
+    does not parse."""
+    ts, shaped = kube_ts, False
+    for k in range(len(head) - 1):
+        if ts is None and len(head[k]) == 5 and head[k][2] == "-" and len(head[k + 1]) == 8:
+            shaped, ts = True, _time(year, head[k][:2], head[k][3:], head[k + 1])
+    missing = "" if kube_ts is not None else "year"
+    if ts is None and shaped:
+        return "no_timestamp"  # a time that does not parse is a bad line, not an untimed one
+    if ts is None:
+        return NAN, "time"
+    return ts, missing
+
+
 def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, day: datetime.date) -> Line | str:
+    header = _sglang_header(line, i, kube_ts, day)
+    if isinstance(header, str):
+        return header
+    ts, rank, missing = header
+    if kind == "retract":
+        if (value := _value(line[i + len("#retracted_reqs: ") :].partition(",")[0])) is None:
+            return "bad_value"
+        return Line("sglang", kind, ts, rank, source, {"retracted": value}, missing=missing)
+    fields, unknown = _fields(_batch_parts(line[i:]), SGLANG_FIELDS)
+    if isinstance(fields, str):
+        return fields
+    if "kv" not in fields and ("kv_full" in fields or "kv_swa" in fields):
+        fields["kv"] = max(fields.get("kv_full", 0.0), fields.get("kv_swa", 0.0))  # SGLang's own token_usage
+    return Line("sglang", kind, ts, rank, source, fields, unknown, missing)
+
+
+def _sglang_header(line: str, i: int, kube_ts: float | None, day: datetime.date) -> tuple[float, str, str] | str:
+    """(time, DP rank, what the time lacked) from the header before `i` of an SGLang line: an
+    unbracketed date-time, or the bracketed `[YYYY-MM-DD HH:MM:SS TPn DPn]` / `[HH:MM:SS ...]`
+    (the date from `day`); kubectl's time first. NaN and "time" with none; tp_rank_copy for a
+    rank other than TP0; no_timestamp for a time that does not parse."""
     ts, rank, missing = kube_ts, "", ""
     if ts is None and _dated(line):  # an unbracketed date-time first (python logging's default, forks)
         ts = _time(_year(line[:4]), line[5:7], line[8:10], line[11:19])
@@ -246,12 +289,14 @@ def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, da
     if ts is None and (0 <= open_ < close < i) and _hms(line[open_ + 1 : close]):
         return "no_timestamp"  # a time that does not parse is a bad line, not an untimed one
     if ts is None:
-        ts, missing = NAN, "time"
-    if kind == "retract":
-        if (value := _value(line[i + len("#retracted_reqs: ") :].partition(",")[0])) is None:
-            return "bad_value"
-        return Line("sglang", kind, ts, rank, source, {"retracted": value}, missing=missing)
-    body = line[i:].partition("batch")[2].rstrip(" ,")  # newer releases end with `, `
+        return NAN, rank, "time"
+    return ts, rank, missing
+
+
+def _batch_parts(body: str) -> list[str]:
+    """The `key: value` parts of an SGLang `Prefill batch` / `Decode batch` line from its marker
+    on: the `(mixed #running-req: N)` of a mixed batch first, a `[N]` iteration count dropped."""
+    body = body.partition("batch")[2].rstrip(" ,")  # newer releases end with `, `
     parts = []
     if body.startswith("(mixed "):  # Prefill batch(mixed #running-req: N). ...
         mixed, _, body = body[7:].partition(")")
@@ -259,12 +304,7 @@ def _sglang(line: str, i: int, kind: str, kube_ts: float | None, source: str, da
     body = body.lstrip(" .,")
     if body.startswith("["):  # SGLANG_LOG_FORWARD_ITERS: `Decode batch [N], ...`
         body = body[body.find("]") + 1 :].lstrip(" ,")
-    fields, unknown = _fields(parts + body.split(", "), SGLANG_FIELDS)
-    if isinstance(fields, str):
-        return fields
-    if "kv" not in fields and ("kv_full" in fields or "kv_swa" in fields):
-        fields["kv"] = max(fields.get("kv_full", 0.0), fields.get("kv_swa", 0.0))  # SGLang's own token_usage
-    return Line("sglang", kind, ts, rank, source, fields, unknown, missing)
+    return parts + body.split(", ")
 
 
 Known = dict[str, tuple[str, float] | None]
@@ -285,25 +325,13 @@ def _counted(line: str, shape: tuple[str, str, str]) -> int:
 
 
 def _lmcache(line: str, i: int, kube_ts: float | None, source: str, year: int) -> Line | str:
-    """LMCache's lookup or retrieve line. Its own header is `[YYYY-MM-DD HH:MM:SS,mmm] LMCache
+    """LMCache's lookup, retrieve or store line. Its own header is `[YYYY-MM-DD HH:MM:SS,mmm] LMCache
     LEVEL:` (lmcache/logging.py, ANSI colours around it on a terminal); vLLM's header when the
     line came through vLLM's logger."""
-    ts, missing = kube_ts, ""
-    k = line.rfind("] LMCache ", 0, i)
-    o = line.rfind("[", 0, k) + 1 if k > 0 else 0
-    if ts is None and o > 0 and _dated(line[o:k]):  # `,mmm` dropped: the second is enough here
-        ts = _time(_year(line[o : o + 4]), line[o + 5 : o + 7], line[o + 8 : o + 10], line[o + 11 : o + 19])
-        if ts is None:
-            return "no_timestamp"
-    if ts is None:
-        head = line[:i].split()
-        for a, b in zip(head, head[1:], strict=False):
-            if ts is None and len(a) == 5 and a[2] == "-" and len(b) == 8:
-                if (ts := _time(year, a[:2], a[3:], b)) is None:
-                    return "no_timestamp"
-                missing = "year"
-    if ts is None:
-        ts, missing = NAN, "time"
+    timed = _lmcache_time(line, i, kube_ts, year)
+    if isinstance(timed, str):
+        return timed
+    ts, missing = timed
     if line.startswith(LMCACHE_LOOKUP, i):  # `Reqid: R, Total tokens N, LMCache hit tokens: H, ...`
         t = line.rfind("Total tokens ", 0, i)
         total = _value(line[t + len("Total tokens ") :].partition(",")[0]) if t >= 0 else None
@@ -320,6 +348,29 @@ def _lmcache(line: str, i: int, kube_ts: float | None, source: str, year: int) -
     if got is None:
         return "bad_value"
     return Line("lmcache", kind, ts, "", source, {key: got}, missing=missing)
+
+
+def _lmcache_time(line: str, i: int, kube_ts: float | None, year: int) -> tuple[float, str] | str:
+    """(time, what it lacked) of an LMCache line: kubectl's, else LMCache's own bracketed
+    date-time, else vLLM's `MM-DD HH:MM:SS` (the year from `year`); NaN and "time" with none;
+    no_timestamp for a time that does not parse."""
+    ts, missing = kube_ts, ""
+    k = line.rfind("] LMCache ", 0, i)
+    o = line.rfind("[", 0, k) + 1 if k > 0 else 0
+    if ts is None and o > 0 and _dated(line[o:k]):  # `,mmm` dropped: the second is enough here
+        ts = _time(_year(line[o : o + 4]), line[o + 5 : o + 7], line[o + 8 : o + 10], line[o + 11 : o + 19])
+        if ts is None:
+            return "no_timestamp"
+    if ts is None:
+        head = line[:i].split()
+        for a, b in zip(head, head[1:], strict=False):
+            if ts is None and len(a) == 5 and a[2] == "-" and len(b) == 8:
+                if (ts := _time(year, a[:2], a[3:], b)) is None:
+                    return "no_timestamp"
+                missing = "year"
+    if ts is None:
+        return NAN, "time"
+    return ts, missing
 
 
 def _dated(text: str) -> bool:

@@ -164,7 +164,7 @@ def read_log(
     than the newest one by over half a year (vLLM) or half a day (SGLang) moves on a year / day."""
     summary = LogSummary()
     day = day or datetime.datetime.now(datetime.UTC).date()
-    streams: dict[tuple[str, str, str], list[Line]] = defaultdict(list)
+    streams: Streams = defaultdict(list)
     kept, newest = 0, 0.0
     untimed: list[Line] = []  # recognised lines without a time, in printed order
     newest_of: dict[str, float] = {}  # per stream source (pod or the log's instance)
@@ -200,6 +200,19 @@ def read_log(
                 name if name in summary.unknown_fields or len(summary.unknown_fields) < MAX_UNKNOWN else "(others)"
             ] += 1
         streams[(got.source or instance, got.engine, got.rank)].append(got)
+    _place_untimed(untimed, streams, day, instance, summary)
+    return LogRead(job=job, scrapes=_scrapes(streams, job, model, summary), summary=summary)
+
+
+Streams = dict[tuple[str, str, str], list[Line]]
+"""(instance, engine, rank) -> that stream's lines in log order."""
+
+
+def _place_untimed(
+    untimed: list[Line], streams: Streams, day: datetime.date, instance: str, summary: LogSummary
+) -> None:
+    """In place: the lines without a time, ordered as printed from the start of `day` when no
+    line of the log has a time (an excerpt without headers); else counted as no_timestamp."""
     if untimed and not streams:  # an excerpt without headers: order as printed, times assumed
         t0 = float(calendar.timegm(day.timetuple()))
         for k, got in enumerate(untimed):
@@ -209,6 +222,12 @@ def read_log(
         summary.untimed = len(untimed)
     elif untimed:  # the log has times: a line without one is not placed by guess
         summary.skipped["no_timestamp"] += len(untimed)
+
+
+def _scrapes(
+    streams: Streams, job: str, model: str | None, summary: LogSummary
+) -> list[tuple[str, float, list[Sample]]]:
+    """The streams' snapshots as scrapes: (instance, time, samples), in time order per instance."""
     by_time: dict[tuple[str, float], list[Sample]] = defaultdict(list)
     for (inst, engine, rank), lines in streams.items():
         base = (
@@ -221,8 +240,7 @@ def read_log(
             by_time[(inst, ts)].extend(
                 Sample(n, make_labels(base | SAMPLE_LABELS.get(n, {})), v, ts) for n, v in values.items()
             )
-    scrapes = [(inst, ts, samples) for (inst, ts), samples in sorted(by_time.items())]
-    return LogRead(job=job, scrapes=scrapes, summary=summary)
+    return [(inst, ts, samples) for (inst, ts), samples in sorted(by_time.items())]
 
 
 def _format(line: Line) -> str:
@@ -297,11 +315,7 @@ def _advance(kind: str, f: dict[str, float], dt: float, counters: dict[str, floa
     """In place: the counters (and the prefix-hit gauge) after one line of `kind` with fields `f`,
     `dt` seconds after the previous line of its kind (a stats line's rates count over dt)."""
     if kind == "stats":
-        for key, field_ in (("prompt", "prompt_tps"), ("gen", "gen_tps")):
-            if key in counters:
-                counters[key] += f.get(field_, 0.0) * dt
-        if "preempt" in counters:
-            counters["preempt"] += f.get("preempt_n", 0.0)
+        _stats(f, dt, counters)
     elif kind == "preempt":
         counters["preempt"] = max(counters.get("preempt", 0.0), f["preempt_total"])
     elif kind == "prefill" and "new" in f:
@@ -330,6 +344,15 @@ def _spec_totals(f: dict[str, float], counters: dict[str, float]) -> None:
             counters[key] = f[field_]
     if "spec_draft_total" in f and f.get("spec_k", 0.0) >= 1:
         counters["spec_drafts"] = f["spec_draft_total"] / f["spec_k"]
+
+
+def _stats(f: dict[str, float], dt: float, counters: dict[str, float]) -> None:
+    """A vLLM stats line: its prompt and generation throughputs over `dt`, and its preemptions."""
+    for key, field_ in (("prompt", "prompt_tps"), ("gen", "gen_tps")):
+        if key in counters:
+            counters[key] += f.get(field_, 0.0) * dt
+    if "preempt" in counters:
+        counters["preempt"] += f.get("preempt_n", 0.0)
 
 
 def _transfers(f: dict[str, float], counters: dict[str, float]) -> None:

@@ -118,12 +118,7 @@ def parse_exposition(
         openmetrics = stripped.endswith("# EOF")
     out = Exposition(openmetrics=openmetrics)
     lines = text.split("\n")
-    if openmetrics and not stripped.endswith("# EOF"):
-        while lines and not lines[-1].strip():
-            lines.pop()
-        _cut(lines, out)
-    elif not openmetrics and lines[-1].strip(" \t"):
-        _cut(lines, out)
+    _drop_unfinished(lines, stripped, out)
     grammar = _OM if openmetrics else _TEXT
     seen: set[tuple[str, Labels, float | None]] = set()
     cache: dict[str, Labels | str] = {} if label_cache is None else label_cache
@@ -131,14 +126,7 @@ def parse_exposition(
     for lineno, line in enumerate(lines, 1):
         c = line[:1]
         if c == "#" or c in " \t" and (not line.strip(" \t") or line.lstrip(" \t")[0] == "#"):
-            if not openmetrics:
-                if line.lstrip(" \t")[:1] == "#":
-                    _comment(line.lstrip(" \t"), lineno, out)
-            elif c != "#":
-                _issue(out, lineno, "blank_line" if not line.strip(" \t") else "bad_metadata", line)
-            elif _comment(line, lineno, out):
-                if any(map(str.strip, lines[lineno:])):
-                    _issue(out, lineno, "text_after_eof", line)
+            if _metadata_line(line, lineno, lines, out):
                 break
             continue
         if lineno & 1023 == 0 and deadline is not None and time.monotonic() > deadline:
@@ -172,6 +160,34 @@ def parse_values(texts: list[str]) -> list[float] | None:
 
 def _issue(out: Exposition, lineno: int, reason: str, line: str) -> None:
     out.issues.append(ParseIssue(lineno, reason, line[:200]))
+
+
+def _metadata_line(line: str, lineno: int, lines: list[str], out: Exposition) -> bool:
+    """A comment or blank line (1-based `lineno` of `lines`) read into `out`; True at
+    OpenMetrics' `# EOF`, where reading stops (text after it is an issue)."""
+    if not out.openmetrics:
+        if line.lstrip(" \t")[:1] == "#":
+            _comment(line.lstrip(" \t"), lineno, out)
+        return False
+    if line[:1] != "#":
+        _issue(out, lineno, "blank_line" if not line.strip(" \t") else "bad_metadata", line)
+        return False
+    if not _comment(line, lineno, out):
+        return False
+    if any(map(str.strip, lines[lineno:])):
+        _issue(out, lineno, "text_after_eof", line)
+    return True
+
+
+def _drop_unfinished(lines: list[str], stripped: str, out: Exposition) -> None:
+    """In place: a payload that does not end as its format ends (text: with a newline;
+    OpenMetrics: with `# EOF`) loses its last, possibly cut, line and is marked incomplete."""
+    if out.openmetrics and not stripped.endswith("# EOF"):
+        while lines and not lines[-1].strip():
+            lines.pop()
+        _cut(lines, out)
+    elif not out.openmetrics and lines[-1].strip(" \t"):
+        _cut(lines, out)
 
 
 def _cut(lines: list[str], out: Exposition) -> None:

@@ -13,11 +13,12 @@ a Frame merges over the window, so they are not placed in time here (docs/curve.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvscope.diagnoser.curve.intervals import Pool, Unit, _unit
+from kvscope.diagnoser.curve.intervals import Pool, Unit, unit_of
 from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, CONFIG_GAUGES, COUNTERS, HISTOGRAMS
 from kvscope.diagnoser.evaluate.frame import Frame
 
@@ -46,8 +47,34 @@ def _pool_units(frame: Frame) -> dict[Unit, Pool]:
     out = {}
     for labels in block.labels if block else []:
         d = dict(labels)
-        out[_unit(labels)] = (d.get("model", ""), d.get("engine", ""))
+        out[unit_of(labels)] = (d.get("model", ""), d.get("engine", ""))
     return out
+
+
+def _unit_steps(frame: Frame, name: str, units: dict[Unit, Pool]) -> Iterator[tuple[Pool, str, float, float, float]]:
+    """(pool, instance, time, value before, value after) for each step of each series of `name`
+    on a unit that belongs to a pool."""
+    block = frame.block(name)
+    if block is None:
+        return
+    for r, labels in enumerate(block.labels):
+        unit = unit_of(labels)
+        if unit in units:
+            for t, a, b in _finite_steps(frame.ts, block.values[r]):
+                yield units[unit], unit[0], t, a, b
+
+
+def _replica_changes(frame: Frame, units: dict[Unit, Pool]) -> dict[Pool, list[Change]]:
+    """Per pool, the changes in how many instances report the concurrency signal."""
+    running = frame.block(CONCURRENCY_SIGNAL)
+    if running is None:
+        return {}
+    by_pool: dict[Pool, list[int]] = defaultdict(list)
+    for r, labels in enumerate(running.labels):
+        by_pool[units[unit_of(labels)]].append(r)
+    return {
+        pool: _count_changes(frame.ts, (~np.isnan(running.values[rows])).sum(axis=0)) for pool, rows in by_pool.items()
+    }
 
 
 def raw_changes(frame: Frame) -> dict[Pool, list[Change]]:
@@ -55,27 +82,15 @@ def raw_changes(frame: Frame) -> dict[Pool, list[Change]]:
     units = _pool_units(frame)
     out: dict[Pool, list[Change]] = defaultdict(list)
     for name in CONFIG_GAUGES:
-        block = frame.block(name)
-        for r, labels in enumerate(block.labels if block else []):
-            pool = units.get(_unit(labels))
-            for t, a, b in _finite_steps(frame.ts, block.values[r]) if pool else []:  # type: ignore[union-attr]
-                if a != b:
-                    out[pool].append(Change(t, "config", {name.removeprefix("engine_"): [a, b]}, [_unit(labels)[0]]))  # type: ignore[index]
+        for pool, instance, t, a, b in _unit_steps(frame, name, units):
+            if a != b:
+                out[pool].append(Change(t, "config", {name.removeprefix("engine_"): [a, b]}, [instance]))
     for name in COUNTERS + tuple(f"{h}_count" for h in HISTOGRAMS):
-        block = frame.block(name)
-        for r, labels in enumerate(block.labels if block else []):
-            pool = units.get(_unit(labels))
-            for t, a, b in _finite_steps(frame.ts, block.values[r]) if pool else []:  # type: ignore[union-attr]
-                if b < a:
-                    out[pool].append(Change(t, "restart", {}, [_unit(labels)[0]]))  # type: ignore[index]
-    running = frame.block(CONCURRENCY_SIGNAL)
-    if running is not None:
-        by_pool: dict[Pool, list[int]] = defaultdict(list)
-        for r, labels in enumerate(running.labels):
-            by_pool[units[_unit(labels)]].append(r)
-        for pool, rows in by_pool.items():
-            count = (~np.isnan(running.values[rows])).sum(axis=0)
-            out[pool] += _count_changes(frame.ts, count)
+        for pool, instance, t, a, b in _unit_steps(frame, name, units):
+            if b < a:
+                out[pool].append(Change(t, "restart", {}, [instance]))
+    for pool, changes in _replica_changes(frame, units).items():
+        out[pool] += changes
     return {pool: merge(events, 3 * frame.step) for pool, events in out.items()}
 
 

@@ -66,7 +66,8 @@ class Intervals:
         return len(self.t_end)
 
 
-def _unit(labels: Labels) -> Unit:
+def unit_of(labels: Labels) -> Unit:
+    """The unit a series belongs to: its engine instance and data-parallel rank."""
     d = dict(labels)
     return d.get("instance", ""), d.get("dp_rank", "")
 
@@ -74,7 +75,7 @@ def _unit(labels: Labels) -> Unit:
 def _rows_by_unit(block: Block, index: dict[Unit, int]) -> dict[int, list[int]]:
     out: dict[int, list[int]] = defaultdict(list)
     for r, labels in enumerate(block.labels):
-        u = index.get(_unit(labels))
+        u = index.get(unit_of(labels))
         if u is not None:
             out[u].append(r)
     return out
@@ -113,7 +114,7 @@ def _histogram(block: Block | None, index: dict[Unit, int], n_t: int) -> tuple[n
         return None
     by: dict[tuple[int, float], list[int]] = defaultdict(list)
     for r, labels in enumerate(block.labels):
-        u = index.get(_unit(labels))
+        u = index.get(unit_of(labels))
         try:
             le = float(dict(labels).get("le", ""))
         except ValueError:
@@ -140,7 +141,7 @@ def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
     pools: dict[Pool, list[Unit]] = defaultdict(list)
     for labels in block.labels:
         d = dict(labels)
-        pool, unit = (d.get("model", ""), d.get("engine", "")), _unit(labels)
+        pool, unit = (d.get("model", ""), d.get("engine", "")), unit_of(labels)
         if unit not in pools[pool]:
             pools[pool].append(unit)
     out = {}

@@ -73,12 +73,7 @@ def check_header(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
     if doc.get("severity") and doc["severity"] not in SEVERITIES:
         yield _issue(rule, doc, f"severity {doc['severity']!r} is not one of {list(SEVERITIES)}", "severity")
     if "max_step" in doc:
-        limit = doc["max_step"]
-        ref = limit[1:] if isinstance(limit, str) and limit.startswith("$") else None
-        try:
-            parse_duration(rule.params.get(ref) if ref else limit)
-        except (RuleError, ValueError, TypeError):
-            yield _issue(rule, doc, f"max_step {limit!r} is not a duration or a duration parameter", "max_step")
+        yield from _check_max_step(rule)
     if doc.get("durations", "scaled") not in ("scaled", "absolute"):
         yield _issue(rule, doc, f"durations {doc['durations']!r} is not scaled or absolute", "durations")
     if doc.get("levers_md") and doc["levers_md"] not in LEVERS_MD_ROWS + BEYOND_ROWS:
@@ -88,6 +83,16 @@ def check_header(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
     spec = doc.get("specificity", 2)
     if spec not in (1, 2, 3):
         yield _issue(rule, doc, f"specificity must be 1, 2 or 3, not {spec!r}", "specificity")
+
+
+def _check_max_step(rule: Rule) -> Iterable[RuleIssue]:
+    """`max_step` is a duration or a `$parameter` whose value is one."""
+    limit = rule.doc["max_step"]
+    ref = limit[1:] if isinstance(limit, str) and limit.startswith("$") else None
+    try:
+        parse_duration(rule.params.get(ref) if ref else limit)
+    except (RuleError, ValueError, TypeError):
+        yield _issue(rule, rule.doc, f"max_step {limit!r} is not a duration or a duration parameter", "max_step")
 
 
 def check_params(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:

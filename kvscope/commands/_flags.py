@@ -8,11 +8,16 @@ config file.
 from __future__ import annotations
 
 import argparse
-import difflib
 from typing import Any
 
 from kvscope.agent.collectors.base import collector_option_help
-from kvscope.agent.config import AgentConfig, ConfigError, build_config, describe_keys, read_config_file
+from kvscope.agent.config import (
+    AgentConfig,
+    build_config,
+    check_section_typos,
+    describe_keys,
+    read_config_file,
+)
 from kvscope.agent.signals import load_catalog
 
 ENV_HELP = f"""\
@@ -121,21 +126,3 @@ def config_from_args(args: argparse.Namespace, collectors: dict[str, bool] | Non
     config = build_config(doc, flags=flags_of(args), known_collectors=collectors)
     check_section_typos(doc)
     return config
-
-
-def check_section_typos(doc: Any) -> None:
-    """Unknown top-level sections are kept for extensions, but one spelled like a known section
-    (`scrapes:`, `colectors:`) is a typo that would silently run on defaults: ConfigError."""
-    from kvscope.agent import config as agent_config
-
-    if not isinstance(doc, dict):
-        return
-    known = {"listen_address", *agent_config.SECTIONS, *agent_config._EXTENSIONS}
-    for name in doc:
-        if name in known:
-            continue
-        close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.75)
-        if close:
-            raise ConfigError(
-                f"{name}: unknown section; did you mean {close[0]}? (sections: {', '.join(sorted(known))})"
-            )

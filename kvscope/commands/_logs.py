@@ -7,7 +7,10 @@ import datetime
 import gzip
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvscope.agent.logs.series import LogRead
 
 LOG_HELP = """\
 Engine logs (--log FILE, - for stdin, .gz decompressed): vLLM stats lines (0.6 on), SGLang
@@ -40,7 +43,7 @@ def _date(text: str) -> datetime.date:
         raise argparse.ArgumentTypeError(f"not a date YYYY-MM-DD: {text!r}") from None
 
 
-def read_log_arg(args: argparse.Namespace) -> Any:
+def read_log_arg(args: argparse.Namespace) -> LogRead:
     """The LogRead of args.log; OSError / ValueError with a message for the user."""
     from kvscope.agent.logs.series import read_log
 

@@ -11,6 +11,7 @@ import zlib
 from kvscope.commands._checks import check_http_url, check_recording, parse_seconds, parse_time, source_hint
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
+from kvscope.commands._source import open_source
 
 HELP = """\
 Read each pool's (model x engine) operating curve passively from the traffic it served: the
@@ -92,14 +93,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
-    from kvscope.commands.diagnose import _source
     from kvscope.diagnoser.curve.report import pool_curves, render_text, to_json
     from kvscope.diagnoser.curve.window import curve_step, read_window
     from kvscope.diagnoser.sources import SourceError
     from kvscope.diagnoser.sources.window import DEFAULT_STEP_S
 
     args.quiet = True
-    source = _source(args)
+    source = open_source(args)
     try:
         start, end = args.start, args.end
         if start is None and not (args.recording or args.log):

@@ -65,7 +65,7 @@ def check_agent_config(text: str, origin: str) -> list[str]:
         raise DeployError(f"{origin}: not valid YAML after rendering: {e}") from e
     if not isinstance(doc, dict):
         raise DeployError(f"{origin}: the rendered configuration must be a mapping of sections")
-    from kvscope.commands._flags import check_section_typos
+    from kvscope.agent.config import check_section_typos
 
     try:
         warnings = list(build_config(doc, environ={}, known_collectors=known_collectors()).warnings)

@@ -20,6 +20,7 @@ from kvscope.commands._checks import (
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._params import add_param_flag, parse_params
+from kvscope.commands._source import open_source
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.findings import Diagnosis
@@ -143,7 +144,7 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
     from kvscope.diagnoser.sources.recording import RecordingSource
     from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
 
-    source = _source(args)
+    source = open_source(args)
     if isinstance(source, RecordingSource):  # logs too: a grid too large for the --step asked for is refused
         source.step_given = args.step is not None
     try:
@@ -235,24 +236,3 @@ def _finish(args: argparse.Namespace, source: Source, result: Diagnosis) -> int:
             EXIT_SOURCE,
         )
     return result.exit_status()
-
-
-def _source(args: argparse.Namespace) -> Source:
-    if args.prometheus:
-        from kvscope.diagnoser.sources.promapi import PromClient
-        from kvscope.diagnoser.sources.prometheus import PrometheusSource
-
-        progress = None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
-        client = PromClient(args.prometheus, timeout_s=args.timeout, progress=progress)
-        return PrometheusSource(args.prometheus, client=client)
-    if args.recording:
-        from kvscope.diagnoser.sources.recording import RecordingSource
-
-        return RecordingSource(args.recording)
-    if args.log:
-        from kvscope.diagnoser.sources.logs import LogSource
-
-        return LogSource(args.log_read, "stdin" if args.log == "-" else args.log)
-    from kvscope.diagnoser.sources.agent import AgentSource
-
-    return AgentSource(args.agent)

@@ -6,9 +6,13 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvscope.commands._checks import check_http_url, check_output_file, check_recording, parse_time, source_hint
 from kvscope.commands._common import add_command, fail
+
+if TYPE_CHECKING:
+    from kvscope.commands._progress import Stages
 
 HELP = """\
 Write the weekly efficiency review: output tokens per GPU-hour per model/pool, GPU utilisation,
@@ -173,11 +177,9 @@ def coverage_note(frame, end: float) -> str:  # noqa: ANN001 - a Frame
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope.agent.recording.timespan import iso_utc
     from kvscope.commands._progress import Stages
     from kvscope.diagnoser.sources import SourceError
-    from kvscope.report.render import PLOTS_NEED, plots_available, render_html, render_markdown
-    from kvscope.report.weekly import WEEK_S, build_report, columns
+    from kvscope.report.render import PLOTS_NEED, plots_available
 
     try:
         check_args(args)
@@ -187,31 +189,13 @@ def run(args: argparse.Namespace) -> int:
         return fail("report", exc, 4)
     steps = Stages("weekly report", 4, enabled=not args.no_progress)
     try:
-        steps.stage("reading")
-        frame, end, source, diagnoses = _load(args)
-        if columns(frame).first_ts() is None:  # none of the report's signals in the two weeks: a message, not a crash
-            raise ValueError(
-                f"{source} has no kvscope samples between {iso_utc(end - 2 * WEEK_S)} and {iso_utc(end)} "
-                "(does it hold the agent's series? is --end right?)"
-            )
-        source += coverage_note(frame, end)
-        steps.done()
-        steps.stage("computing")
-        report = build_report(frame, end, args.gpu_hour_cost, source, diagnoses=diagnoses)
-        steps.done()
-        steps.stage("rendering")
-        markdown = render_markdown(report)
-        page = render_html(report) if args.html else None
-        steps.done()
+        markdown, page = _report(args, steps)
     except (OSError, ValueError, EOFError, SourceError) as exc:
         steps.close()
         return fail("report", source_hint("prometheus", args.prometheus, str(exc)) if args.prometheus else exc, 4)
     try:
         steps.stage("writing")
-        if page is not None:
-            args.html.write_text(page)
-        if args.markdown:
-            args.markdown.write_text(markdown)
+        _write(args, markdown, page)
     except OSError as exc:
         steps.close()
         return fail("report", f"cannot write the report: {exc}", 4)
@@ -225,3 +209,38 @@ def run(args: argparse.Namespace) -> int:
     if args.html and not plots_available():
         print(f"kvscope report: {args.html} has no plots: {PLOTS_NEED}", file=sys.stderr)
     return 0
+
+
+def _report(args: argparse.Namespace, steps: Stages) -> tuple[str, str | None]:
+    """The report as Markdown, and as HTML when --html asks: read, computed, rendered, each a
+    progress stage. Raises what reading raises, ValueError when the source holds none of the
+    report's signals."""
+    from kvscope.agent.recording.timespan import iso_utc
+    from kvscope.report.render import render_html, render_markdown
+    from kvscope.report.weekly import WEEK_S, build_report, columns
+
+    steps.stage("reading")
+    frame, end, source, diagnoses = _load(args)
+    if columns(frame).first_ts() is None:  # none of the report's signals in the two weeks: a message, not a crash
+        raise ValueError(
+            f"{source} has no kvscope samples between {iso_utc(end - 2 * WEEK_S)} and {iso_utc(end)} "
+            "(does it hold the agent's series? is --end right?)"
+        )
+    source += coverage_note(frame, end)
+    steps.done()
+    steps.stage("computing")
+    report = build_report(frame, end, args.gpu_hour_cost, source, diagnoses=diagnoses)
+    steps.done()
+    steps.stage("rendering")
+    markdown = render_markdown(report)
+    page = render_html(report) if args.html else None
+    steps.done()
+    return markdown, page
+
+
+def _write(args: argparse.Namespace, markdown: str, page: str | None) -> None:
+    """The --html and --markdown files. Raises OSError."""
+    if page is not None:
+        args.html.write_text(page)
+    if args.markdown:
+        args.markdown.write_text(markdown)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvscope.commands._checks import check_http_url, check_port_free, check_recording, parse_seconds, parse_time
 from kvscope.commands._common import add_command, fail
+
+if TYPE_CHECKING:
+    from kvscope.ui.data import SourceSpec
 
 HELP = """\
 Start the triage UI (Streamlit) on 127.0.0.1. Its first screen answers "what is wrong and what
@@ -43,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def source_of(args: argparse.Namespace):
+def source_of(args: argparse.Namespace) -> SourceSpec | None:
     from kvscope.ui.data import SourceSpec
 
     since = parse_seconds("--since", str(args.since))
@@ -79,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
     return serve_ui("ui", source, args.port, args.host, serve)
 
 
-def serve_ui(command: str, source: Any, port: int, host: str = "127.0.0.1", serve_url: str | None = None) -> int:
+def serve_ui(
+    command: str, source: SourceSpec | None, port: int, host: str = "127.0.0.1", serve_url: str | None = None
+) -> int:
     """Run the UI in the foreground until Ctrl-C or SIGTERM (`kvscope ui`, `kvscope demo`)."""
     from kvscope.ui.server import TerminateRequested, UiServer, stop_on_sigterm
 

@@ -294,7 +294,7 @@ def test_a_misspelt_config_section_stops_the_agent_instead_of_running_on_default
 
 
 def test_an_unrelated_unknown_section_is_still_kept_for_extensions():
-    from kvscope.commands._flags import check_section_typos
+    from kvscope.agent.config import check_section_typos
 
     check_section_typos({"my_extension": {"a": 1}, "scrape": {}})  # no error: not a near miss
 

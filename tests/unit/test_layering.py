@@ -128,3 +128,127 @@ def test_the_check_rejects_an_upward_import():
     assert violations("dashboards", "lint", imports_of("from kvscope.ui.data import x"))
     assert not violations("agent", "recording", imports_of("from kvscope.agent.derive.gpu_join import x"))
     assert violations("agent", "newstage", imports_of("from kvscope.agent.signals import x"))
+
+
+PACKAGE_OF = {
+    "kvscope": "kvscope",
+    "agent": "kvscope.agent",
+    "diagnoser": "kvscope.diagnoser",
+    "dashboards": "kvscope.dashboards",
+    "ui": "kvscope.ui",
+    "report": "kvscope.report",
+    "rules": "kvscope.rules",
+}
+"""Product folder -> the package it installs as (pyproject.toml's package-dir)."""
+
+
+def product_modules() -> dict[str, Path]:
+    """Every product module's dotted name -> its file."""
+    out = {}
+    for folder, package in PACKAGE_OF.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if folder == "kvscope" and parts[0] in PACKAGE_OF:
+                continue
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            out[name] = path
+    return out
+
+
+def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
+    """Module -> the product modules it imports (module level and inside functions alike);
+    `from package import name` counts as importing `package.name` where that is a module."""
+    graph = {}
+    for name, source in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    edges.add(sub if sub in modules else node.module)
+            elif isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names)
+        graph[name] = {e for e in edges if e in modules and e != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def private_imports(source: str) -> list[str]:
+    """The private names (`_x`, not dunders) a source takes from another product module:
+    `from kvscope.m import _x`, or `m._x` on a product module it imported."""
+    tree = ast.parse(source)
+    modules, bad = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kvscope"):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    bad.append(f"{node.module}.{alias.name}")
+                modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            modules.update(a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith("kvscope"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            if node.attr.startswith("_") and not node.attr.startswith("__"):
+                bad.append(f"{node.value.id}.{node.attr}")
+    return bad
+
+
+def test_product_imports_have_no_cycle():
+    """No import circle in product code, counting imports inside functions too: a shared piece
+    lives in the module that owns it, and both sides import it from there."""
+    modules = {name: path.read_text() for name, path in product_modules().items()}
+    assert len(modules) > 100  # the walk found the product
+    assert cycles(import_graph(modules)) == []
+
+
+def test_no_private_name_crosses_modules():
+    """A name one module needs from another is public there (or the code moves to its user)."""
+    found = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in product_modules().values()
+        for name in private_imports(path.read_text())
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_checks_find_a_cycle_and_a_private_import():
+    """Negative controls: a circle through a lazy import and a private name, by `from` and by
+    attribute, are each reported; a dunder is not private."""
+    modules = {
+        "kvscope.a": "from kvscope import b\n",
+        "kvscope.b": "def f():\n    from kvscope.c import g\n",
+        "kvscope.c": "import kvscope.a\n",
+        "kvscope.d": "from kvscope.a import x\n",
+    }
+    assert cycles(import_graph(modules)) == [["kvscope.a", "kvscope.b", "kvscope.c"]]
+    assert private_imports("from kvscope.agent.dialect import _Mapper") == ["kvscope.agent.dialect._Mapper"]
+    assert private_imports("from kvscope.agent import config\nconfig._EXTENSIONS") == ["config._EXTENSIONS"]
+    assert private_imports("from kvscope import __version__") == []

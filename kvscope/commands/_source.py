@@ -1,0 +1,34 @@
+"""The diagnose source a command's flags name (`--prometheus`, `--recording`, `--log`, `--agent`),
+shared by `kvscope diagnose` and `kvscope curve`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvscope.diagnoser.sources.window import Source
+
+
+def open_source(args: argparse.Namespace) -> Source:
+    """The Source the flags name; `args.log_read` must hold the log already read (`read_log_arg`).
+    With --prometheus, progress goes to stderr unless `args.quiet`."""
+    if args.prometheus:
+        from kvscope.diagnoser.sources.promapi import PromClient
+        from kvscope.diagnoser.sources.prometheus import PrometheusSource
+
+        progress = None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
+        client = PromClient(args.prometheus, timeout_s=args.timeout, progress=progress)
+        return PrometheusSource(args.prometheus, client=client)
+    if args.recording:
+        from kvscope.diagnoser.sources.recording import RecordingSource
+
+        return RecordingSource(args.recording)
+    if args.log:
+        from kvscope.diagnoser.sources.logs import LogSource
+
+        return LogSource(args.log_read, "stdin" if args.log == "-" else args.log)
+    from kvscope.diagnoser.sources.agent import AgentSource
+
+    return AgentSource(args.agent)
