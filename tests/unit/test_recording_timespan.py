@@ -7,6 +7,7 @@ import os
 import resource
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -46,8 +47,13 @@ def _diagnose(path: Path, *flags: str) -> tuple[int, str, str, float]:
         text=True,
         preexec_fn=limit,
     )
-    out, err = proc.communicate(timeout=300)
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # peak over the children so far: this one dominates
+    with ThreadPoolExecutor(2) as pool, proc.stdout, proc.stderr:  # read both pipes, then reap the child
+        got_out, got_err = pool.submit(proc.stdout.read), pool.submit(proc.stderr.read)
+        out, err = got_out.result(timeout=300), got_err.result(timeout=300)
+    # this child's own peak: RUSAGE_CHILDREN would be the peak of every child the session has had
+    # (a streamlit run by another test reached 1.8 GiB)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
     return proc.returncode, out, err, usage.ru_maxrss / 1024
 
 
