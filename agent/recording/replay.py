@@ -12,8 +12,10 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import statistics
 from bisect import bisect_right
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
@@ -26,7 +28,7 @@ from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.recording.omfile import read_recording, scrapes_by_target
 from kvscope.agent.scrape.exposition import Exposition
 from kvscope.agent.serve.export import KVSCOPE_PREFIX, signal_of
-from kvscope.agent.signals import Catalog, Sample, load_catalog, make_labels
+from kvscope.agent.signals import Catalog, Labels, Sample, load_catalog, make_labels
 from kvscope.agent.traces.otlp import Span
 from kvscope.agent.traces.receiver import observe_phases
 from kvscope.agent.traces.stitch import StitchConfig, stitch_trace
@@ -243,18 +245,32 @@ def service_labels_from(spans: list[Span], replay: Replay) -> dict[str, dict[str
     return out
 
 
+def scrape_interval(samples: Iterable[Sample]) -> float | None:
+    """The recording's scrape interval, from its `kvscope_target_up` samples: the median gap
+    between one target's scrapes (a target: the labels of its `up`, job and instance), then the
+    lower median over targets, an interval some target was scraped at (of an engine every 2 s and
+    a GPU exporter every 10 s, 2 s; never their mean). Taken per target because the scrape times
+    of several targets interleave: two engines scraped 3 ms apart every 2 s put gaps of 3 ms and
+    1.997 s between the scrape times of the recording. None when no target was scraped twice."""
+    per_target: dict[Labels, set[float]] = defaultdict(set)
+    for s in samples:
+        if s.name == "kvscope_target_up" and s.timestamp is not None:
+            per_target[s.labels].add(s.timestamp)
+    gaps = [statistics.median(_gaps(sorted(ts))) for ts in per_target.values() if len(ts) > 1]
+    return float(statistics.median_low(gaps)) if gaps else None
+
+
+def _gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+
 def scrape_times(replay: Replay) -> list[float]:
     """One time per scrape round: all targets' scrape times, merged when closer than half the
-    median scrape interval of a target (the targets of one recording are scraped together)."""
-    per_target: dict[str, list[float]] = {}
-    for s in replay.samples:
-        if s.name == "kvscope_target_up":
-            assert s.timestamp is not None  # replay_recording stamps each one with its scrape time
-            per_target.setdefault(dict(s.labels).get("instance", ""), []).append(s.timestamp)
-    gaps = sorted(b - a for ts in per_target.values() for a, b in zip(ts, ts[1:], strict=False) if b > a)
-    min_gap = gaps[len(gaps) // 2] / 2 if gaps else 0.0
+    scrape interval (`scrape_interval`; the targets of one recording are scraped together)."""
+    interval = scrape_interval(replay.samples)
+    min_gap = interval / 2 if interval else 0.0
     out: list[float] = []
-    for t in sorted({t for ts in per_target.values() for t in ts}):
+    for t in sorted({s.timestamp for s in replay.samples if s.name == "kvscope_target_up" and s.timestamp is not None}):
         if not out or t - out[-1] >= min_gap:
             out.append(t)
     return out

@@ -11,7 +11,7 @@ import math
 import os
 from typing import Any
 
-from kvscope.agent.recording.replay import add_spans, replay_recording, spans_path_for
+from kvscope.agent.recording.replay import add_spans, replay_recording, scrape_interval, spans_path_for
 from kvscope.diagnoser.evaluate.frame import (
     Frame,
     failed_scrape_spans,
@@ -77,14 +77,10 @@ class RecordingSource:
         return (self._replay.notes if self._replay is not None else []) + self._notes
 
     def natural_step(self) -> float:
-        """The recording's scrape interval (median gap between scrapes), at least 1 s."""
-        import numpy as np
-
-        replay = self.replay()
-        ts = sorted({s.timestamp for s in replay.samples if s.name == "kvscope_target_up"})
-        if len(ts) < 2:
-            return 15.0
-        return max(1.0, float(np.median(np.diff(ts))))
+        """The recording's scrape interval (`scrape_interval`: per target, the lower median over
+        targets), at least 1 s; 15 s when no target was scraped twice."""
+        interval = scrape_interval(self.replay().samples)
+        return 15.0 if interval is None else max(1.0, interval)
 
     def read_frame(self, names: set[str], start: float | None, end: float | None, step: float) -> Frame:
         replay = self.replay()
