@@ -27,7 +27,20 @@ def assert_same_diagnosis(fleet, full) -> None:
     assert a.pop("scale_changes") is None
     _print_skipped(a["skipped"], b["skipped"])
     differ = findings_differ(a, b)
-    assert not differ, {k: {"fleet": a.get(k), "full": b.get(k)} for k in differ}
+    assert not differ, "\n".join(_told(a, b, k) for k in differ)
+
+
+def _told(fleet: dict[str, Any], full: dict[str, Any], key: str) -> str:
+    """One differing Diagnosis field in short: per finding (rule, place), the fields that differ."""
+    if key not in FINDINGS:
+        return f"{key}: fleet {fleet.get(key)!r}, full {full.get(key)!r}"
+    mine, theirs = ([f for f in ([d[key]] if key == "likely_cause" else d[key]) if f] for d in (fleet, full))
+    lines = [f"{key}: fleet {len(mine)} finding(s), full {len(theirs)}"]
+    for a, b in zip(mine, theirs, strict=False):
+        fields = {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+        if fields:
+            lines.append(f"  {a['rule_id']} {a['where']} / {b['rule_id']} {b['where']}: {fields}")
+    return "\n".join(lines)
 
 
 def _print_skipped(fleet: list[dict[str, str]], full: list[dict[str, str]]) -> None:
