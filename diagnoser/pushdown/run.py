@@ -23,6 +23,7 @@ from kvscope.diagnoser.evaluate.evaluator import (
     auto_time_scale,
     conclude,
     evaluate_rule,
+    facts_unknown,
     required_absent,
     sample_names,
     too_coarse,
@@ -102,7 +103,7 @@ def diagnose_fleet(
     report = FleetReport()
     t0 = time.perf_counter()
     client.say("fleet: inventory")
-    present = inventory(client, prepared, start, end, catalog)
+    present, facts = inventory(client, prepared, start, end, catalog)
     shell = Frame(ts=grid, blocks={n: Block([], np.zeros((0, len(grid)))) for n in present})
     results: dict[str, list[Finding] | Skipped] = {r.id: s for r in prepared if (s := _skip(r, shell)) is not None}
     todo = [rule for rule in prepared if rule.id not in results]
@@ -130,11 +131,11 @@ def diagnose_fleet(
     t0 = time.perf_counter()
     judged_here = {rule.id for rule, _ in plans}
     guessed = {rule.id for rule in todo if rule.id not in judged_here}
-    results.update({rule.id: _unread(rule, present) for rule in todo if rule.id in guessed})
+    results.update({rule.id: _unread(rule, present, facts) for rule in todo if rule.id in guessed})
     for (rule, h), (rule_needs_, judged) in zip(plans, needs, strict=True):
         res = evaluate_rule(rule, rule_frame(fetched, rule_needs_, grid, judged), levers)
         if isinstance(res, Skipped) and not h.everywhere and res.reason.startswith(_FLEET_WIDE):
-            res = _unread(rule, present)  # the candidates' rows do not speak for the fleet's mechanism
+            res = _unread(rule, present, facts)  # the candidates' rows do not speak for the fleet's mechanism
             guessed.add(rule.id)
         results[rule.id] = res
     deciding = guessed & _deciding(prepared, results, present)
@@ -182,12 +183,22 @@ def _candidates(
 
 
 # ------------------------------------------------------------------------------ inventory
-def inventory(client: PromClient, rules: list[Rule], start: float, end: float, catalog: Catalog) -> set[str]:
-    """The canonical sample names with any series in the window, from the TSDB's index."""
+def inventory(
+    client: PromClient, rules: list[Rule], start: float, end: float, catalog: Catalog
+) -> tuple[set[str], set[str]]:
+    """(the canonical sample names with any series in the window, the engine facts some series
+    in it may carry: an info gauge's labels or a static gauge's value), from the TSDB's index."""
     names = set().union(*(sample_names(r) for r in rules))
-    pattern = wire_pattern(names, catalog)
+    pattern = wire_pattern(names, catalog, facts=True)
     window = set(client.label_values("__name__", [f'{{__name__=~"{pattern}"}}'], start - DEFAULT_LOOKBACK_S, end))
-    return {n for n in names if any(map(re.compile(wire_pattern({n}, catalog)).fullmatch, window))}
+    present = {n for n in names if any(map(re.compile(wire_pattern({n}, catalog)).fullmatch, window))}
+    wanted = {f.fact for r in rules for f in r.tree.facts}
+    carried = set()
+    for src in catalog.facts:
+        spelled = re.compile("|".join(re.escape(n) for n in {src.name, src.name.replace(":", "_", 1)}))
+        if any(map(spelled.fullmatch, window)):
+            carried |= {src.fact} if src.fact else {w for w in wanted if not src.labels or w in src.labels}
+    return present, carried
 
 
 def _skip(rule: Rule, shell: Frame) -> Skipped | None:
@@ -262,11 +273,13 @@ def _with_young(h: Hits, young: list[str] | None, n: int) -> Hits:
 _FLEET_WIDE = (NO_GROUPS, MECHANISM_OFF, MECHANISM_UNKNOWN)
 
 
-def _unread(rule: Rule, present: set[str]) -> list[Finding] | Skipped:
-    """A rule no candidate can fire for, from the inventory alone: not evaluable where none of
-    its mechanism series' signals has a series in the window (mechanism unknown), else quiet.
-    The full fetch may instead say the mechanism is off, or no series for any group: the
-    findings are the same, none (docs/fleet.md)."""
+def _unread(rule: Rule, present: set[str], facts: set[str]) -> list[Finding] | Skipped:
+    """A rule no candidate can fire for, from the inventory alone: not evaluable where no series
+    in the window can carry one of its engine facts, or none of its mechanism series' signals has
+    a series (mechanism unknown), else quiet. The full fetch may instead say the mechanism is
+    off, or no series for any group: the findings are the same, none (docs/fleet.md)."""
+    if {f.fact for f in rule.tree.facts} - facts:
+        return facts_unknown(rule)
     mech = rule.tree.mechanism
     if mech is None:
         return []
