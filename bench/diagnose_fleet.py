@@ -17,7 +17,8 @@ Measured per TSDB and size, in one run, each command a subprocess under GNU time
 its summary says it read), the raw-fetch baseline (every raw series of every engine in one
 `query_range`, cut only where 11k points per series forces it, HTTP + json only: the floor of any
 client that fetches the fleet), and with --compare `--full-fetch` (the exact batched full fetch),
-whose whole Diagnosis must equal the fleet path's. Ratios are printed; the load average with
+whose findings and evidence values must equal the fleet path's
+(testbed/diagnoses.py `findings_differ`). Ratios are printed; the load average with
 every number (the box is shared).
 
 --tsdb-cost N: the records' continuous cost. N engines' last 70 minutes, ending now, backfilled
@@ -54,6 +55,7 @@ from kvscope.agent.signals import load_catalog  # noqa: E402
 from kvscope.diagnoser.evaluate.evaluator import sample_names  # noqa: E402
 from kvscope.diagnoser.rulebook.rule import read_rules  # noqa: E402
 from kvscope.diagnoser.sources.prometheus import selector_for  # noqa: E402
+from testbed.diagnoses import findings_differ  # noqa: E402
 from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, backfill_rules, running_prometheus  # noqa: E402
 from testbed.victoria import replay_rules, reset_cache, running_victoria  # noqa: E402
 
@@ -345,13 +347,12 @@ def bench(
             full_rss_gb=full["rss_gb"],
             full_cpu_s=full["cpu_s"],
             full_exit=full["exit"],
-            identical=full_d is not None and full_d == pushed,
+            identical=full_d is not None and pushed is not None and not findings_differ(pushed, full_d),
         )
         if full_d is None:
             row["full_error"] = (full["err"].strip().splitlines() or ["?"])[-1][:200]
-        elif full_d != pushed:
-            keys = [k for k in full_d if full_d.get(k) != (pushed or {}).get(k)]
-            print(f"    DIFFERENT in {keys}")
+        elif pushed is None or findings_differ(pushed, full_d):
+            print(f"    DIFFERENT in {findings_differ(pushed or {}, full_d)}")
     row["tsdb_rss_gb"] = tsdb_hwm(pid)
     return row
 
@@ -390,7 +391,7 @@ def show(row: dict) -> str:
                 f" | full fetch {row['full_wall_s']:.2f} s, {row['full_rss_gb']:.2f} GB "
                 f"(full/fleet {row['full_wall_s'] / row['wall_s']:.1f}x time, "
                 f"{row['full_rss_gb'] / row['rss_gb']:.1f}x RSS), "
-                f"whole diagnosis identical: {row['identical']}"
+                f"same findings and evidence: {row['identical']}"
             )
     goal = GOALS.get((row["engines"], row["hours"]))
     if goal:
@@ -557,7 +558,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--victoria", default="", help="engines x hours on VictoriaMetrics, comma-separated (e.g. 1000x6)")
     ap.add_argument("--prometheus", default="", help="engines x hours on Prometheus 2.42 (e.g. 100x1,200x6)")
-    ap.add_argument("--compare", action="store_true", help="also --full-fetch; the whole diagnosis must be equal")
+    ap.add_argument("--compare", action="store_true", help="also --full-fetch; the findings must be equal")
     ap.add_argument("--weekly", default="", help="engines x hours for `kvscope report weekly` (e.g. 100x168)")
     ap.add_argument("--tsdb-cost", default="", help="engine counts whose live record evaluation to measure (100,200)")
     ap.add_argument(

@@ -54,7 +54,7 @@ def judged_spans(rule: Rule, hits: Hits, n: int, step: float) -> list[tuple[Grou
     return [(g, max(0, g.first - margin), n - 1 if open_end else min(n - 1, g.last + margin)) for g in hits.groups]
 
 
-def _below(rule: Rule, names: list[str]) -> set[str]:
+def below(rule: Rule, names: list[str]) -> set[str]:
     """The named series `names` read, directly or through others (themselves included)."""
     nodes, todo, seen = rule.tree.series, list(names), set()
     while todo:
@@ -75,7 +75,7 @@ def resolved_leaves(rule: Rule) -> set[str]:
         todo += [cond.series] + ([r.series] if isinstance(r, tree.Than) else [])
         if isinstance(r, tree.Baseline) and r.of:
             todo.append(r.of)
-    return _below(rule, todo)
+    return below(rule, todo)
 
 
 def leaf_groupings(rule: Rule) -> dict[str, tuple[str, ...]]:
@@ -86,7 +86,7 @@ def leaf_groupings(rule: Rule) -> dict[str, tuple[str, ...]]:
     for node in nodes.values():
         if isinstance(node, tree.Aggregate):
             keep = set(node.by or ())
-            for name in _below(rule, list(node.refs)) & out.keys():
+            for name in below(rule, list(node.refs)) & out.keys():
                 out[name] = tuple(label for label in out[name] if label in keep)
     return out
 

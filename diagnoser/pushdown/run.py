@@ -12,13 +12,13 @@ import math
 import re
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from kvscope.agent.signals import Catalog, load_catalog
+from kvscope.diagnoser.evaluate.confidence import direct_present
 from kvscope.diagnoser.evaluate.evaluator import (
     auto_time_scale,
     conclude,
@@ -26,14 +26,14 @@ from kvscope.diagnoser.evaluate.evaluator import (
     facts_unknown,
     required_absent,
     sample_names,
+    too_coarse,
 )
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid
 from kvscope.diagnoser.findings import MECHANISM_OFF, MECHANISM_UNKNOWN, Diagnosis, Finding, Skipped
-from kvscope.diagnoser.promql.series import SeriesCompiler
 from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown.candidates import Group, Hits, candidate_exprs, describe, read_candidates
-from kvscope.diagnoser.pushdown.evidence import Fetched, fetch_needs, rule_frame, rule_needs
-from kvscope.diagnoser.pushdown.prefilter import fact_selectors, hold_steps, rule_reach
+from kvscope.diagnoser.pushdown.evidence import Fetched, below, fetch_needs, rule_frame, rule_needs
+from kvscope.diagnoser.pushdown.prefilter import hold_steps, rule_reach
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
@@ -103,7 +103,7 @@ def diagnose_fleet(
     report = FleetReport()
     t0 = time.perf_counter()
     client.say("fleet: inventory")
-    present = inventory(client, prepared, start, end, catalog)
+    present, facts = inventory(client, prepared, start, end, catalog)
     shell = Frame(ts=grid, blocks={n: Block([], np.zeros((0, len(grid)))) for n in present})
     results: dict[str, list[Finding] | Skipped] = {r.id: s for r in prepared if (s := _skip(r, shell)) is not None}
     todo = [rule for rule in prepared if rule.id not in results]
@@ -130,20 +130,18 @@ def diagnose_fleet(
     report.seconds["evidence"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     judged_here = {rule.id for rule, _ in plans}
-    quiet = [rule for rule in todo if rule.id not in judged_here]
-    with ThreadPoolExecutor(1) as side:  # the quiet rules' queries keep the TSDB busy while rules are evaluated
-        later = side.submit(
-            client.map, lambda rule: _quiet(client, rule, reader, grid, step, present, catalog, levers), quiet
-        )
-        for (rule, h), (rule_needs_, judged) in zip(plans, needs, strict=True):
-            res = evaluate_rule(rule, rule_frame(fetched, rule_needs_, grid, judged), levers)
-            if isinstance(res, Skipped) and not h.everywhere and res.reason.startswith(_FLEET_WIDE):
-                # judged on the candidates' rows: the fleet's decides whether the rule has groups and
-                # its mechanism is on (where it is off a candidate cannot fire)
-                res = _quiet(client, rule, reader, grid, step, present, catalog, levers)
-            results[rule.id] = res
-        answers = later.result()
-    results.update({rule.id: res for rule, res in zip(quiet, answers, strict=True)})
+    guessed = {rule.id for rule in todo if rule.id not in judged_here}
+    results.update({rule.id: _unread(rule, present, facts) for rule in todo if rule.id in guessed})
+    for (rule, h), (rule_needs_, judged) in zip(plans, needs, strict=True):
+        res = evaluate_rule(rule, rule_frame(fetched, rule_needs_, grid, judged), levers)
+        if isinstance(res, Skipped) and not h.everywhere and res.reason.startswith(_FLEET_WIDE):
+            res = _unread(rule, present, facts)  # the candidates' rows do not speak for the fleet's mechanism
+            guessed.add(rule.id)
+        results[rule.id] = res
+    deciding = guessed & _deciding(prepared, results, present)
+    for rule in prepared:
+        if rule.id in deciding and results[rule.id] == []:
+            results[rule.id] = _judged_in_full(client, rule, grid, step, catalog, levers)
     report.seconds["evaluate"] = time.perf_counter() - t0
     ordered = [results[rule.id] for rule in prepared]
     return conclude(prepared, ordered, present, (float(grid[0]), float(grid[-1])), source, scale), report
@@ -185,12 +183,22 @@ def _candidates(
 
 
 # ------------------------------------------------------------------------------ inventory
-def inventory(client: PromClient, rules: list[Rule], start: float, end: float, catalog: Catalog) -> set[str]:
-    """The canonical sample names with any series in the window, from the TSDB's index."""
+def inventory(
+    client: PromClient, rules: list[Rule], start: float, end: float, catalog: Catalog
+) -> tuple[set[str], set[str]]:
+    """(the canonical sample names with any series in the window, the engine facts some series
+    in it may carry: an info gauge's labels or a static gauge's value), from the TSDB's index."""
     names = set().union(*(sample_names(r) for r in rules))
-    pattern = wire_pattern(names, catalog)
+    pattern = wire_pattern(names, catalog, facts=True)
     window = set(client.label_values("__name__", [f'{{__name__=~"{pattern}"}}'], start - DEFAULT_LOOKBACK_S, end))
-    return {n for n in names if any(map(re.compile(wire_pattern({n}, catalog)).fullmatch, window))}
+    present = {n for n in names if any(map(re.compile(wire_pattern({n}, catalog)).fullmatch, window))}
+    wanted = {f.fact for r in rules for f in r.tree.facts}
+    carried = set()
+    for src in catalog.facts:
+        spelled = re.compile("|".join(re.escape(n) for n in {src.name, src.name.replace(":", "_", 1)}))
+        if any(map(spelled.fullmatch, window)):
+            carried |= {src.fact} if src.fact else {w for w in wanted if not src.labels or w in src.labels}
+    return present, carried
 
 
 def _skip(rule: Rule, shell: Frame) -> Skipped | None:
@@ -198,6 +206,8 @@ def _skip(rule: Rule, shell: Frame) -> Skipped | None:
     missing = rule.missing_params()
     if missing and len(missing) == rule.nullable_params():
         return Skipped(rule.id, f"parameter(s) not set: {', '.join(missing)}")
+    if coarse := too_coarse(rule, shell):
+        return Skipped(rule.id, coarse)
     absent = required_absent(rule, shell)
     if absent:
         return Skipped(rule.id, f"signal(s) absent: {', '.join(sorted(absent))}")
@@ -263,102 +273,41 @@ def _with_young(h: Hits, young: list[str] | None, n: int) -> Hits:
 _FLEET_WIDE = (NO_GROUPS, MECHANISM_OFF, MECHANISM_UNKNOWN)
 
 
-def _quiet(
-    client: PromClient,
-    rule: Rule,
-    reader: InlineSignals,
-    grid: np.ndarray,
-    step: float,
-    present: set[str],
-    catalog: Catalog,
-    levers: dict[str, Lever],
-) -> list[Finding] | Skipped:
-    """A rule no candidate can fire for: no findings, or why the full path skips it (its
-    mechanism off or unknown, no series for any group), from the TSDB; judged on every engine's
-    series where PromQL cannot tell."""
-    if rule.tree.facts:  # the full path's first test: does any engine export them (info gauges)?
-        sels, left = fact_selectors(rule, catalog, exported=True)
-        if left or not sels:
-            return _judged_in_full(client, rule, grid, step, catalog, levers)
-        span = int(np.ceil(float(grid[-1] - grid[0]) + DEFAULT_LOOKBACK_S))
-        each = [f"group by (instance) (last_over_time({sel}[{span}s]))" for sel in sels]
-        if not client.query(f"count({' and on (instance) '.join(each)})", float(grid[-1])):
-            return facts_unknown(rule)
-    mech = _mechanism(client, rule, reader, grid)
-    if mech is False:
-        return _judged_in_full(client, rule, grid, step, catalog, levers)
-    if isinstance(mech, Skipped):
-        return mech
-    state = _has_groups(client, rule, reader, grid, present)
-    if state is None:
-        return _judged_in_full(client, rule, grid, step, catalog, levers)
-    return [] if state else Skipped(rule.id, NO_GROUPS)
-
-
-def _mechanism(client: PromClient, rule: Rule, reader: InlineSignals, grid: np.ndarray) -> Skipped | bool | None:
-    """The rule's mechanism over the fleet and window (evaluator.mechanism_off): None when on or
-    not declared, Skipped when off (present, never above 0) or unknown (absent); False when
-    PromQL cannot tell. One instant query over a subquery at the grid step."""
+def _unread(rule: Rule, present: set[str], facts: set[str]) -> list[Finding] | Skipped:
+    """A rule no candidate can fire for, from the inventory alone: not evaluable where no series
+    in the window can carry one of its engine facts, or none of its mechanism series' signals has
+    a series (mechanism unknown), else quiet. The full fetch may instead say the mechanism is
+    off, or no series for any group: the findings are the same, none (docs/fleet.md)."""
+    if {f.fact for f in rule.tree.facts} - facts:
+        return facts_unknown(rule)
     mech = rule.tree.mechanism
     if mech is None:
-        return None
-    step = float(grid[1] - grid[0]) if len(grid) > 1 else 15.0
-    try:
-        expr = SeriesCompiler(rule, reader, step=step).expr(mech.series)
-        span = int(np.ceil(float(grid[-1] - grid[0]) + step))
-        answer = client.query(f"max(max_over_time(({expr})[{span}s:{int(step)}s]))", float(grid[-1]))
-    except Exception:  # noqa: BLE001 - a refused query, or a series PromQL cannot write
-        return False
-    values = [float(s["value"][1]) for s in answer if s.get("value")]
-    if any(v > 0 for v in values):
-        return None
-    state = MECHANISM_OFF if values else MECHANISM_UNKNOWN
-    return Skipped(rule.id, f"{state} {mech.name} ({mech.how})")
+        return []
+    nodes = [rule.tree.series[n] for n in below(rule, [mech.series])]
+    if present & set().union(*(tree.leaf_names(n) for n in nodes if isinstance(n, tree.Signal))):
+        return []
+    return Skipped(rule.id, f"{MECHANISM_UNKNOWN} {mech.name} ({mech.how})")
 
 
-def _has_groups(
-    client: PromClient, rule: Rule, reader: InlineSignals, grid: np.ndarray, present: set[str]
-) -> bool | None:
-    """Whether any of the rule's own-grouping signal series has a series in the window (else the
-    evaluator skips the rule as "no series for any group"): an instant query, then one coarse
-    range query. None when PromQL cannot tell (a leaf it cannot read whose samples the index
-    has, and the others have none)."""
-    step = float(grid[1] - grid[0]) if len(grid) > 1 else None
-    comp = SeriesCompiler(rule, reader, step=step)
-    by = ", ".join(rule.by)
-    parts = []
-    unreadable = False
-    for node in rule.tree.series.values():
-        if not isinstance(node, tree.Signal) or (node.by is not None and node.by != rule.by):
-            continue
-        series = node.signal + (
-            "_bucket" if isinstance(node, tree.Quantile) else "_count" if isinstance(node, tree.Mean) else ""
-        )
-        if series not in present:
-            continue
-        try:  # a histogram's `_count` has its buckets' series, `le` aside: a tenth of the series to read
-            parts.append(f"count({comp._read(node, re.sub('_bucket$', '_count', series), by)})")
-        except Exception:  # noqa: BLE001 - a leaf PromQL cannot read
-            unreadable = True
-    if not parts:
-        return None
-    expr = " or ".join(dict.fromkeys(parts))
-    coarse = max(float(grid[1] - grid[0]) if len(grid) > 1 else 1.0, min(DEFAULT_LOOKBACK_S, (grid[-1] - grid[0]) / 20))
-    try:
-        if any(s.get("value") for s in client.query(expr, float(grid[-1]))):
-            return True
-        result = client.range_parts(expr, float(grid[0]), float(grid[-1]), coarse, what="groups")
-    except PromError:
-        return None
-    if any(len(as_points(s.get("values"))) for s in result):
-        return True
-    return None if unreadable else False
+def _deciding(prepared: list[Rule], results: dict[str, list[Finding] | Skipped], present: set[str]) -> set[str]:
+    """The rules a finding defers to where its direct evidence is in the window: whether they
+    could look decides whether the finding stands (evaluate/confidence.py `settle`), so a rule
+    among them that the inventory judged quiet is judged on its series."""
+    direct = direct_present(prepared, present)
+    return {
+        rid
+        for res in results.values()
+        if not isinstance(res, Skipped)
+        for f in res
+        if direct.get(f.rule_id)
+        for rid in f.defers_to
+    }
 
 
 def _judged_in_full(
     client: PromClient, rule: Rule, grid: np.ndarray, step: float, catalog: Catalog, levers: dict[str, Lever]
 ) -> list[Finding] | Skipped:
     """The rule on every instance's series over the whole window (what the full path does)."""
-    client.say(f"fleet: {rule.id}: judged on every instance's series (PromQL cannot tell whether it has groups)")
+    client.say(f"fleet: {rule.id}: judged on every instance's series (a finding that defers to it stands or not)")
     frame = fetch_frame(client, sample_names(rule), float(grid[0]), float(grid[-1]), step, catalog=catalog)
     return evaluate_rule(rule, frame, levers)
