@@ -50,6 +50,7 @@ ABSENT = {
     "request_generation_tokens_count",
 }
 SLOTS = 2
+FULL_SCRAPES = 5  # scrapes showing every slot busy before the deferral test's load stops
 
 
 @pytest.fixture(scope="module")
@@ -143,29 +144,39 @@ def test_token_counters_match_the_servers_own_usage(llama_server):
 
 
 def test_more_clients_than_slots_fill_every_slot_and_defer_the_rest(llama_server):
+    """Closed-loop clients, three per slot: while they all run, every slot is busy and the rest
+    wait as deferred tasks. The load ends on the engine's state, not on a request count: once
+    FULL_SCRAPES scrapes have shown every slot busy (at most 300 s). A count ended one CI run on a
+    CPU-starved box after 3 answered scrapes, the last in the run's tail with no client left to
+    defer. Only the scrapes answered before the stop are judged for waiting."""
     tenants = [Tenant("bulk", system_words=30, prompt_words=Dist("fixed", 20), output_tokens=Dist("fixed", 160))]
     clients = 3 * SLOTS
-    spec = LoadSpec(tenants, max_requests=4 * clients, duration_s=300, concurrency=clients, seed=5)
+    spec = LoadSpec(tenants, max_requests=100 * clients, duration_s=300, concurrency=clients, seed=5)
 
     async def run():
         stop = asyncio.Event()
         load = asyncio.create_task(run_load(spec, [llama_server.url], stop=stop))
         seen: list[tuple[float, float]] = []
+        stopped_at = None  # how many scrapes had been judged when the load was stopped
         collector = _collector(llama_server, timeout_s=30.0)
         try:
             while not load.done():
                 t = _totals(await collector.collect())
-                if "engine_requests_running" in t:
+                if "engine_requests_running" in t and not stop.is_set():
                     seen.append((t["engine_requests_running"], t["engine_requests_waiting"]))
+                    if sum(r == SLOTS for r, _ in seen) >= FULL_SCRAPES:
+                        stop.set()
+                        stopped_at = len(seen)
                 await asyncio.sleep(0.2)
         finally:
             stop.set()
             await collector.close()
-        return await load, seen
+        return await load, seen, stopped_at
 
-    result, seen = asyncio.run(run())
+    result, seen, stopped_at = asyncio.run(run())
     assert all(r.ok for r in result.records), [r.error for r in result.records if not r.ok]
     assert seen, "no scrape answered while the load ran"
+    assert stopped_at is not None, ("every slot busy in fewer than FULL_SCRAPES scrapes within 300 s", seen)
     assert max(r for r, _ in seen) == SLOTS, seen
     assert max(w for _, w in seen) >= 1, seen  # the clients beyond the slots wait as deferred tasks
     assert max(w for _, w in seen) <= clients - SLOTS, seen
