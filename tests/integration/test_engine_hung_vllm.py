@@ -103,11 +103,38 @@ async def _until_engine_holds_requests(
     """Until the engine's own gauges show a request running or waiting in it (the engine runs)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
-        async with session.get(metrics_url) as r:
-            if sum(float(v) for v in _IN_ENGINE.findall(await r.text())) >= 1:
-                return
+        if await _in_engine(session, metrics_url) >= 1:
+            return
         await asyncio.sleep(0.2)
     raise AssertionError("the load never put a request in the engine")
+
+
+async def _in_engine(session: aiohttp.ClientSession, metrics_url: str) -> float:
+    """Requests running plus waiting, as the engine's own gauges say now."""
+    async with session.get(metrics_url) as r:
+        return sum(float(v) for v in _IN_ENGINE.findall(await r.text()))
+
+
+async def _stop_holding_requests(
+    core: psutil.Process, session: aiohttp.ClientSession, metrics_url: str, attempts: int = 60
+) -> float:
+    """Stop the engine core so that it freezes with requests in it; the time of that stop.
+
+    A check before the stop cannot promise it: the tiny model finishes a request in under a second,
+    and between a check that saw one running and the SIGSTOP the engine can drain (one CI run froze
+    it with 0 in it after a check that saw 1). So the frozen gauges are read once the stats sent
+    before the stop have reached the API server; where they show nothing in the engine, it runs
+    again until it holds requests and is stopped again."""
+    for attempt in range(1, attempts + 1):
+        await _until_engine_holds_requests(session, metrics_url)
+        core.send_signal(signal.SIGSTOP)
+        stopped = time.time()
+        await asyncio.sleep(STEP)  # the last stats the core sent reach the API server's gauges
+        if await _in_engine(session, metrics_url) >= 1:
+            print(f"the engine froze holding requests at stop {attempt}")
+            return stopped
+        core.send_signal(signal.SIGCONT)
+    raise AssertionError(f"the engine drained before each of {attempts} stops")
 
 
 async def _scraper(collector: EngineCollector, out: list, stop: asyncio.Event) -> None:
@@ -201,10 +228,8 @@ async def _run(srv: VllmServer) -> dict:
                 await asyncio.sleep(RUN_S)
             # the hang starts while the engine holds requests (its gauges freeze at the last step's
             # values: stopped between a finish and the next arrival, it would report none in it)
-            await _until_engine_holds_requests(session, srv.metrics_url)
             marks["slow_end"] = time.time()
-            core.send_signal(signal.SIGSTOP)
-            marks["hang"] = time.time()
+            marks["hang"] = await _stop_holding_requests(core, session, srv.metrics_url)
             while time.time() - marks["hang"] < HUNG_S:
                 async with session.get(srv.url + "/health") as r:
                     health_during_hang.append(r.status)
