@@ -142,10 +142,14 @@ class PromClient:
         if not on_step(start, step) and self.flavor() == "victoriametrics":
             params["nocache"] = "1"
         path = "/api/v1/query_range"
-        data = self._call(path, params, matrix=True)
+        return self._matrix(path, self._call(path, params, matrix=True), "range query")
+
+    def _matrix(self, path: str, data: Any, what: str) -> list[dict[str, Any]]:
+        """The series of a matrix answer, each value a float (time, value) pair; a malformed
+        answer (`what` answered something else, or a series of another shape) raises."""
         if not isinstance(data, dict) or data.get("resultType") != "matrix":
             kind = data.get("resultType") if isinstance(data, dict) else repr(data)
-            raise self.malformed(path, f"range query answered {printable(kind, 40)}, not a matrix")
+            raise self.malformed(path, f"{what} answered {printable(kind, 40)}, not a matrix")
         if data.get("typed"):  # read by the typed decoder: already float pairs
             return list(data["result"])
         try:
@@ -170,17 +174,7 @@ class PromClient:
         query of a range vector, answered as a matrix by Prometheus and VictoriaMetrics alike."""
         path = "/api/v1/query"
         expr = f"{selector}[{max(1, round(seconds * 1000))}ms]"
-        data = self._call(path, {"query": expr, "time": _ts(at)}, matrix=True)
-        if not isinstance(data, dict) or data.get("resultType") != "matrix":
-            kind = data.get("resultType") if isinstance(data, dict) else repr(data)
-            raise self.malformed(path, f"a range vector answered {printable(kind, 40)}, not a matrix")
-        if data.get("typed"):
-            return list(data["result"])
-        try:
-            return [_series(s, "values") for s in _items(data.get("result"))]
-        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            shape = "{metric, values: [[time, value]...]}"
-            raise self.malformed(path, f"a matrix series is not {shape} ({exc})") from None
+        return self._matrix(path, self._call(path, {"query": expr, "time": _ts(at)}, matrix=True), "a range vector")
 
     def label_values(self, label: str, matchers: Iterable[str], start: float, end: float) -> list[str]:
         """Values of `label` over series matching any of `matchers` in [start, end] (the index
