@@ -8,12 +8,15 @@ import time
 import urllib.parse
 from typing import Any
 
+from kvscope.agent.recording.replay import scrape_interval as interval_of_targets
 from kvscope.agent.signals import Sample, make_labels
 from kvscope.diagnoser.evaluate.frame import Frame, frame_from_samples
 from kvscope.diagnoser.sources import SourceError, read_url
 from kvscope.diagnoser.sources.http import printable
 
 DEFAULT_WINDOW_S = 1800.0
+PROBE_S = 3600.0
+"""`scrape_interval` reads at most this span of the agent's scrape history."""
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
 
@@ -29,6 +32,20 @@ class AgentSource:
     def natural_step(self) -> float | None:
         """None: the agent's scrape interval is its own config (callers pick a step)."""
         return None
+
+    def scrape_interval(self, names: set[str], start: float, end: float) -> float | None:
+        """The interval the agent scraped its targets at, from the `kvscope_target_up` history it
+        stores for each target (the last PROBE_S of [start, end]), measured as a recording's is
+        (per target the median gap, then the lower median over targets). `names` is accepted for
+        the TSDB sources' signature: the agent scrapes every target of one node on one interval.
+        None when no target was scraped twice there."""
+        lo = max(start, end - PROBE_S)
+        query = urllib.parse.urlencode({"match": "kvscope_target_up", "start": f"{lo:.3f}", "end": f"{end:.3f}"})
+        try:
+            samples = parse_samples_answer(self._get(f"/api/v1/samples?{query}"))
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise SourceError(f"agent {self.url}: malformed answer ({printable(exc, 200)})") from None
+        return interval_of_targets(samples)
 
     def read_frame(self, names: set[str], start: float | None, end: float | None, step: float) -> Frame:
         end = time.time() if end is None else end

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +139,25 @@ def test_the_operating_curve_is_the_same_from_the_recording_and_real_prometheus(
     b = pool_curves(read_window(prom, start, end, STEP))
     assert a and a[0].points
     assert to_json(a, 1.0) == to_json(b, 1.0)
+
+
+def test_the_curve_reads_the_agent_at_the_interval_it_scraped_its_targets():
+    """`curve_step` on the agent's API: the agent stores each target's `kvscope_target_up` per
+    scrape, so the interval is measured there as a recording's is (two targets scraped every 5 s,
+    0.3 s apart); before, the agent source had no way to say and the caller's 15 s was used."""
+    from agentharness import running_agent
+
+    from kvscope.agent.signals import Sample, make_labels
+    from kvscope.diagnoser.curve.window import curve_step
+
+    t0 = time.time() - 600
+    store = InMemoryStore()
+    for k, instance in enumerate(("a:8000", "b:8000")):
+        labels = make_labels({"job": "vllm", "instance": instance})
+        store.write([Sample("kvscope_target_up", labels, 1.0, t0 + 0.3 * k + 5.0 * i) for i in range(100)])
+
+    async def run():
+        async with running_agent({"targets": []}, store=store, collectors=[]) as (_, url):
+            return await asyncio.to_thread(curve_step, AgentSource(url), t0, t0 + 500, 15.0)
+
+    assert asyncio.run(run()) == pytest.approx(5.0)
