@@ -42,6 +42,7 @@ from kvscope.diagnoser.routing import router_decisions
 from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources import SourceError
+from kvscope.diagnoser.sources.http import LOOKUPS
 from kvscope.diagnoser.sources.prometheus import PrometheusSource
 from kvscope.diagnoser.sources.window import Span, read_window
 
@@ -406,6 +407,7 @@ def render_metrics(
         "# TYPE kvscope_webhook_queue_length gauge",
         f"kvscope_webhook_queue_length {queued}",
     ]
+    lines += _lookup_lines()
     if stored is not None:
         lines += [
             "# HELP kvscope_webhook_stored Diagnoses kept in the store.",
@@ -413,6 +415,19 @@ def render_metrics(
             f"kvscope_webhook_stored {stored}",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _lookup_lines() -> list[str]:
+    """The name lookups of this process's Prometheus reads (diagnoser/sources/http.py LOOKUPS): a
+    resolver that never answers shows as abandoned lookups that stay in flight."""
+    return [
+        "# HELP kvscope_resolve_abandoned_total Name lookups given up at a read's deadline, left to the resolver.",
+        "# TYPE kvscope_resolve_abandoned_total counter",
+        f"kvscope_resolve_abandoned_total {LOOKUPS.abandoned_total}",
+        f"# HELP kvscope_resolve_in_flight Name lookups waiting on the resolver now (at most {LOOKUPS.limit}).",
+        "# TYPE kvscope_resolve_in_flight gauge",
+        f"kvscope_resolve_in_flight {LOOKUPS.in_flight()}",
+    ]
 
 
 def _log_alert(alert: Alert, answer: dict[str, Any], seconds: float) -> None:
