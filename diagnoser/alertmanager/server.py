@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from kvscope.agent.scrape.resolve import connector
 from kvscope.diagnoser.alertmanager.payload import (
     MAX_ALERTS,
     Alert,
@@ -104,7 +105,7 @@ class WebhookServer:
         self.queue = asyncio.Queue(maxsize=self.config.queue_size)
         for row_id, doc in self.store.pending(self.config.queue_size):  # left over from a stop
             self.queue.put_nowait((row_id, doc))
-        self.session = aiohttp.ClientSession()
+        self.session = aiohttp.ClientSession(connector=connector())
         self._workers = [asyncio.create_task(self._run_worker()) for _ in range(max(1, self.config.workers))]
 
     async def _stop(self, app: web.Application) -> None:
