@@ -18,12 +18,16 @@ exits without waiting for a lookup.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
+
+T = TypeVar("T")
 
 MAX_LOOKUPS = 8
 """Lookups on threads at once per client session."""
@@ -49,37 +53,58 @@ class ThreadResolver(AbstractResolver):
         slots = self._slots
         await slots.acquire()
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[tuple[list[ResolveResult], BaseException | None]] = loop.create_future()
 
-        def settle(out: tuple[list[ResolveResult], BaseException | None]) -> None:
+        def give_back() -> None:
             self.in_flight -= 1
             slots.release()
-            if not done.done():  # a reader that gave up cancelled it
-                done.set_result(out)
 
-        def work() -> None:
+        def lookup() -> list[ResolveResult]:
             try:
-                out: tuple[list[ResolveResult], BaseException | None] = (_lookup(host, port, family), None)
-            except (OSError, UnicodeError) as exc:
-                out = ([], exc if isinstance(exc, OSError) else OSError(f"bad host name {host!r}: {exc}"))
-            try:
-                loop.call_soon_threadsafe(settle, out)
-            except RuntimeError:  # the loop closed while the resolver kept this thread
-                pass
+                return _lookup(host, port, family)
+            except UnicodeError as exc:  # a label idna refuses
+                raise OSError(f"bad host name {host!r}: {exc}") from None
+            finally:  # the slot is free once the resolver answered, whether or not a reader still waits
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(give_back)
 
         try:
-            threading.Thread(target=work, name=f"resolve {host}", daemon=True).start()
+            answer = daemon_call(lookup, name=f"resolve {host}")
         except RuntimeError as exc:  # no thread to be had
             slots.release()
             raise OSError(f"cannot start a name lookup for {host}: {exc}") from None
         self.in_flight += 1
-        hosts, error = await done
-        if error is not None:
-            raise error
-        return hosts
+        return await answer
 
     async def close(self) -> None:
         """Nothing to release: a lookup thread ends when the resolver answers."""
+
+
+def daemon_call(fn: Callable[..., T], *args: Any, name: str) -> asyncio.Future[T]:
+    """fn(*args) on a daemon thread of its own, as a future of the running loop. Unlike
+    asyncio.to_thread it takes no thread of the loop's executor, so nothing else waits behind a call
+    that hangs (in getaddrinfo, say), and neither the loop's shutdown nor the process's exit waits for
+    it; cancelling the future leaves the call to end by itself."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not done.done():  # cancelled by a caller that gave up
+            if ok:
+                done.set_result(value)
+            else:
+                done.set_exception(value)
+
+    def main() -> None:
+        value: Any
+        try:
+            value, ok = fn(*args), True
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            value, ok = exc, False
+        with contextlib.suppress(RuntimeError):  # the loop closed while the call ran
+            loop.call_soon_threadsafe(settle, ok, value)
+
+    threading.Thread(target=main, name=name, daemon=True).start()
+    return done
 
 
 def connector(**options: Any) -> aiohttp.TCPConnector:

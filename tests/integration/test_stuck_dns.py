@@ -5,8 +5,9 @@ are allowed), /etc/resolv.conf names 127.0.0.1, where a UDP socket is bound and 
 glibc's longest waits (`timeout:30 attempts:5`: a lookup takes minutes, then fails; the next one
 starts over). The C library's getaddrinfo, the agent CLI on uvloop and `fetch` are the real ones.
 
-- The agent, scraping targets named by host name: its host collector keeps running, and SIGTERM
-  ends it (before: uvloop's close waited for every lookup in libuv's pool, minutes per name).
+- The agent, scraping targets named by host name and pushing OTLP to a collector by name: its host
+  collector keeps running, and SIGTERM ends it (before: uvloop's close waited for every lookup in
+  libuv's pool, and the loop's shutdown for the push's executor thread, minutes per name).
 - The diagnoser's reads (`fetch`), one name after another: at most MAX_LOOKUPS lookup threads stay
   behind, and a read then fails at once saying the resolver is not answering (before: one thread
   more per read, without bound).
@@ -52,7 +53,10 @@ cmd = [sys.executable, "-m", "kvscope", "agent", "--scrape.interval", "2s", "--s
        "--log-level", "warning"]
 for i in range(10):
     cmd += ["--target", f"http://engine{i}.inference.example:8000/metrics"]
-agent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(sys.argv[3], "w"))
+# and an OTLP push to a collector by name, whose export thread waits on the resolver too
+env = {**os.environ, "OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": "2000",
+       "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector.observability.example:4318"}
+agent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(sys.argv[3], "w"), env=env)
 health = None
 for _ in range(600):
     time.sleep(0.5)
