@@ -125,3 +125,43 @@ def test_the_lookup_of_one_name_is_shared_and_its_thread_freed_when_the_reader_g
     assert reasons == ["timeout"] * 12, reasons
     assert names == [f"resolve shared{STUCK}"], names
     assert in_flight == 0
+
+
+def test_the_taps_upstream_by_name_that_never_resolves_ends_at_its_connect_timeout(stuck_resolver):
+    """The request tap's upstream connections: 40 names that never resolve each end at the connect
+    timeout, the loop's executor stays free, and a name is connected once the resolver answers."""
+    from kvscope.agent.tap.http1 import UpstreamPool
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    async def scenario() -> tuple[list[str], int, int, bool]:
+        pool = UpstreamPool(connect_timeout_s=0.3)
+
+        async def connect(host: str) -> str:
+            try:
+                await pool.connect((host, port, False))
+            except TimeoutError:
+                return "timeout"
+            return "connected"
+
+        outcomes = await asyncio.gather(*(connect(f"engine{i}{STUCK}") for i in range(40)))
+        threads = len(_lookup_threads())
+        try:
+            ran = await asyncio.wait_for(asyncio.to_thread(lambda: 42), HANG_GUARD_S)
+        finally:  # else asyncio.run waits for a default executor stuck in the resolver
+            stuck_resolver.set()
+        pool.connect_timeout_s = 30
+        conn = await pool.connect((f"engine-after{STUCK}", port, False))
+        connected = conn.transport is not None
+        conn.transport.close()
+        return outcomes, threads, ran, connected
+
+    try:
+        outcomes, threads, ran, connected = asyncio.run(scenario())
+    finally:
+        server.close()
+    assert outcomes == ["timeout"] * 40, outcomes
+    assert threads <= resolve.MAX_LOOKUPS, threads
+    assert ran == 42
+    assert connected
