@@ -36,6 +36,7 @@ from kvscope.agent.config import ConfigError, parse_count, parse_seconds, regist
 from kvscope.agent.otel.convert import Converter
 from kvscope.agent.otel.genai import OPERATION_NAME, genai_points
 from kvscope.agent.ratelog import warn_every
+from kvscope.agent.scrape.resolve import daemon_call
 from kvscope.agent.serve.export import canonical_families, health_families
 from kvscope.agent.signals import Catalog, load_catalog
 
@@ -254,7 +255,8 @@ class OtlpPusher:
         for reason, n in (*dropped.items(), ("max_points", over)):
             if n:
                 st.dropped[("otlp_push", "", reason)] += n
-        self._busy = asyncio.ensure_future(asyncio.to_thread(self.exporter.export, data, self.cfg.timeout_s * 1000))
+        # a thread of its own: one stuck in a name lookup must hold neither the loop's executor nor the exit
+        self._busy = daemon_call(self.exporter.export, data, self.cfg.timeout_s * 1000, name="kvscope-otlp-push")
         try:
             # the exporter's own timeout bounds the request; the wait is bounded too
             result = await asyncio.wait_for(asyncio.shield(self._busy), timeout=self.cfg.timeout_s + 5.0)
@@ -296,4 +298,4 @@ class OtlpPusher:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.push_once(), timeout=self.cfg.timeout_s + 5.0)
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.exporter.shutdown)
+            await asyncio.wait_for(daemon_call(self.exporter.shutdown, name="kvscope-otlp-push"), self.cfg.timeout_s)

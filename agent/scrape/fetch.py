@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from kvscope.agent.scrape.resolve import connector
+
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 """Ask for text 0.0.4 only (the parser reads OpenMetrics too, if a server sends it anyway).
 prometheus_client, which vLLM and SGLang serve /metrics with, switches to OpenMetrics whenever
@@ -106,9 +108,10 @@ async def probe_ok(session: aiohttp.ClientSession, url: str, timeout_s: float, m
 
 def new_session() -> aiohttp.ClientSession:
     """A scrape client: kept-alive connections per target (up to 5 min idle), no connection cap,
-    no cookies, no proxies, no redirects; time is bounded by each read's timeout."""
+    no cookies, no proxies, no redirects; time is bounded by each read's timeout; names looked up
+    on bounded threads of their own (agent/scrape/resolve.py)."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=300),
+        connector=connector(limit=0, keepalive_timeout=300),
         timeout=aiohttp.ClientTimeout(total=None),
         cookie_jar=aiohttp.DummyCookieJar(),
         headers={"User-Agent": "kvscope"},

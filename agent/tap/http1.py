@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import http
+import ipaddress
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from typing import Any, Protocol
 
 import httptools
 
+from kvscope.agent.scrape.resolve import ThreadResolver
 from kvscope.agent.serve.limits import linger
 
 MAX_HEADER_BYTES = 64 << 10
@@ -440,6 +443,7 @@ class UpstreamPool:
     def __init__(self, connect_timeout_s: float = 10.0, max_idle: int = 1024) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.max_idle = max_idle
+        self.resolver = ThreadResolver()  # not the loop's: a lookup that hangs holds neither its executor nor its close
         self.idle: dict[tuple[str, int, bool], list[Upstream]] = {}
         self.busy: set[Upstream] = set()
 
@@ -455,14 +459,33 @@ class UpstreamPool:
         return None
 
     async def connect(self, key: tuple[str, int, bool]) -> Upstream:
-        """A new connection to key (raises OSError / TimeoutError when it cannot be had)."""
-        loop = asyncio.get_running_loop()
-        _, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: Upstream(self, key), key[0], key[1], ssl=True if key[2] else None),
-            self.connect_timeout_s,
-        )
+        """A new connection to key, the name looked up and every address tried within the connect
+        timeout (raises OSError / TimeoutError when it cannot be had)."""
+        _, conn = await asyncio.wait_for(self._dial(key), self.connect_timeout_s)
         self.busy.add(conn)
         return conn
+
+    async def _dial(self, key: tuple[str, int, bool]) -> tuple[asyncio.BaseTransport, Upstream]:
+        host, port, tls = key
+        loop = asyncio.get_running_loop()
+        try:
+            addresses = [str(ipaddress.ip_address(host))]
+        except ValueError:  # a name
+            found = await self.resolver.resolve(host, port, socket.AF_UNSPEC)
+            addresses = list(dict.fromkeys(str(r["host"]) for r in found))
+        error: OSError | None = None
+        for address in addresses:
+            try:
+                return await loop.create_connection(
+                    lambda: Upstream(self, key),
+                    address,
+                    port,
+                    ssl=True if tls else None,
+                    server_hostname=host if tls else None,
+                )
+            except OSError as exc:
+                error = exc
+        raise error or OSError(f"no address for {host}")
 
     def release(self, conn: Upstream) -> None:
         self.busy.discard(conn)

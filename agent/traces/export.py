@@ -11,6 +11,7 @@ import aiohttp
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from kvscope.agent.scrape.resolve import connector
 from kvscope.agent.traces.otlp import Span
 from kvscope.agent.traces.stitch import RequestRecord
 
@@ -117,7 +118,8 @@ class SpanBatchExporter:
         self.dropped += max(0, len(spans) - max(0, room))
 
     async def run(self) -> None:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as session:
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        async with aiohttp.ClientSession(connector=connector(), timeout=timeout) as session:
             try:
                 while True:
                     await asyncio.sleep(self.interval_s)

@@ -24,6 +24,7 @@ from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import ConfigError, parse_bytes, parse_seconds, register_section, split_host_port
 from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.ratelog import warn_every
+from kvscope.agent.scrape.resolve import connector
 from kvscope.agent.serve.site import HttpSite
 from kvscope.agent.signals import make_labels
 from kvscope.agent.traces.export import encode_spans, render_phase_spans
@@ -147,7 +148,9 @@ class OtlpTraceReceiver:
         self._tasks.append(asyncio.create_task(self._flush_loop()))
         if self.config.forward_url or self.config.stitched_url:
             self._forward_q = asyncio.Queue(self.config.forward_queue)
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.forward_timeout_s))
+            self._session = aiohttp.ClientSession(
+                connector=connector(), timeout=aiohttp.ClientTimeout(total=self.config.forward_timeout_s)
+            )
             self._tasks.append(asyncio.create_task(self._forward_loop()))
         log.info("OTLP receiver listening on %s:%s", host, site.port)
 

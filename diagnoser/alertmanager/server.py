@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from kvscope.agent.scrape.resolve import connector
 from kvscope.diagnoser.alertmanager.payload import (
     MAX_ALERTS,
     Alert,
@@ -42,6 +43,7 @@ from kvscope.diagnoser.routing import router_decisions
 from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources import SourceError
+from kvscope.diagnoser.sources.http import LOOKUPS
 from kvscope.diagnoser.sources.prometheus import PrometheusSource
 from kvscope.diagnoser.sources.window import Span, read_window
 
@@ -103,7 +105,7 @@ class WebhookServer:
         self.queue = asyncio.Queue(maxsize=self.config.queue_size)
         for row_id, doc in self.store.pending(self.config.queue_size):  # left over from a stop
             self.queue.put_nowait((row_id, doc))
-        self.session = aiohttp.ClientSession()
+        self.session = aiohttp.ClientSession(connector=connector())
         self._workers = [asyncio.create_task(self._run_worker()) for _ in range(max(1, self.config.workers))]
 
     async def _stop(self, app: web.Application) -> None:
@@ -406,6 +408,7 @@ def render_metrics(
         "# TYPE kvscope_webhook_queue_length gauge",
         f"kvscope_webhook_queue_length {queued}",
     ]
+    lines += _lookup_lines()
     if stored is not None:
         lines += [
             "# HELP kvscope_webhook_stored Diagnoses kept in the store.",
@@ -413,6 +416,19 @@ def render_metrics(
             f"kvscope_webhook_stored {stored}",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _lookup_lines() -> list[str]:
+    """The name lookups of this process's Prometheus reads (diagnoser/sources/http.py LOOKUPS): a
+    resolver that never answers shows as abandoned lookups that stay in flight."""
+    return [
+        "# HELP kvscope_resolve_abandoned_total Name lookups given up at a read's deadline, left to the resolver.",
+        "# TYPE kvscope_resolve_abandoned_total counter",
+        f"kvscope_resolve_abandoned_total {LOOKUPS.abandoned_total}",
+        f"# HELP kvscope_resolve_in_flight Name lookups waiting on the resolver now (at most {LOOKUPS.limit}).",
+        "# TYPE kvscope_resolve_in_flight gauge",
+        f"kvscope_resolve_in_flight {LOOKUPS.in_flight()}",
+    ]
 
 
 def _log_alert(alert: Alert, answer: dict[str, Any], seconds: float) -> None:

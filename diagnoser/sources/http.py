@@ -3,7 +3,9 @@
 urllib's `timeout` bounds each socket operation, and name resolution not at all, so a server that
 sends one byte every 2 s (or a resolver that never answers) keeps a read going for as long as it
 likes. `fetch` gives the whole exchange (name lookup, connect, status line, headers, body) one
-deadline: the lookup runs on a thread waited for only as long as the deadline leaves, and then
+deadline: the lookup runs on a thread waited for only as long as the deadline leaves (at most
+MAX_LOOKUPS such threads in the process, one per name, so a resolver that never answers leaves a
+bounded number behind and then fails new lookups at once, counted in `LOOKUPS`), and then
 a watchdog shuts the connection's socket down when the deadline passes, which ends any read
 blocked on it at once. The body is read in pieces into a buffer sized from what
 the answer declares (Content-Length) and refused, with the size in words, before it grows past
@@ -17,6 +19,7 @@ from __future__ import annotations
 import functools
 import http.client
 import json
+import os
 import re
 import socket
 import threading
@@ -112,30 +115,127 @@ class ResolveTimeout(TimeoutError):
         self.host = host
 
 
+class ResolverStuck(ResolveTimeout):
+    """Every lookup slot is held by a lookup that its callers gave up on: the resolver is not
+    answering, so `host` is not looked up at all (no thread is started for it)."""
+
+    def __init__(self, host: str, stuck: int, oldest_s: float) -> None:
+        super().__init__(host)
+        self.stuck, self.oldest_s = stuck, oldest_s
+
+
+MAX_LOOKUPS = 8
+"""Name lookups in flight at once, process-wide. getaddrinfo cannot be cancelled, so a lookup
+past its caller's deadline is abandoned, still holding its slot until the resolver answers."""
+
+
+class _Lookup:
+    """One getaddrinfo on its own thread, shared by every caller asking for the same (host, port)
+    while it runs."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.started = time.monotonic()
+        self.done = threading.Event()
+        self.infos: list[Any] = []
+        self.error: BaseException | None = None
+        self.abandoned = False  # a caller's deadline passed while it ran
+
+
+class Lookups:
+    """The process's name lookups: at most `limit` threads in getaddrinfo at once, one per
+    (host, port), and a count of those abandoned (`abandoned_total`, `in_flight()`, `stuck()`:
+    what `kvscope serve` exports on /metrics)."""
+
+    def __init__(self, limit: int = MAX_LOOKUPS) -> None:
+        self.limit = limit
+        self.abandoned_total = 0
+        self._cond = threading.Condition()
+        self._running: dict[tuple[str, int], _Lookup] = {}
+
+    def in_flight(self) -> int:
+        """Lookups whose thread is in getaddrinfo now (abandoned ones included)."""
+        with self._cond:
+            return len(self._running)
+
+    def stuck(self) -> int:
+        """Lookups still in getaddrinfo after a caller gave up on them."""
+        with self._cond:
+            return sum(lookup.abandoned for lookup in self._running.values())
+
+    def resolve(self, host: str, port: int, deadline: Deadline) -> list[Any]:
+        """getaddrinfo(host, port) for a stream socket, within `deadline`: raises ResolveTimeout
+        when it passes (the lookup runs on, for whoever asks next), ResolverStuck at once when
+        every slot is held by an abandoned lookup, or the resolver's own error."""
+        lookup = self._join_or_start(host, port, deadline)
+        if not lookup.done.wait(max(0.0, deadline.left())):
+            with self._cond:
+                if not lookup.done.is_set() and not lookup.abandoned:
+                    lookup.abandoned = True
+                    self.abandoned_total += 1
+            raise ResolveTimeout(host)
+        if lookup.error is not None:
+            raise lookup.error
+        return lookup.infos
+
+    def _join_or_start(self, host: str, port: int, deadline: Deadline) -> _Lookup:
+        """The lookup of (host, port) in flight, or a new one once a slot is free (waited for
+        within the deadline)."""
+        key = (host, port)
+        with self._cond:
+            while (lookup := self._running.get(key)) is None and len(self._running) >= self.limit:
+                stuck = [other for other in self._running.values() if other.abandoned]
+                if len(stuck) >= self.limit:
+                    oldest = time.monotonic() - min(other.started for other in stuck)
+                    raise ResolverStuck(host, len(stuck), oldest)
+                left = deadline.left()
+                if left <= 0 or not self._cond.wait(left):
+                    raise ResolveTimeout(host)
+            if lookup is not None:
+                return lookup
+            lookup = self._running[key] = _Lookup(host, port)
+        try:
+            threading.Thread(target=self._run, args=(lookup,), name=f"resolve {host}", daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had: the slot is given back
+            lookup.error = OSError(f"cannot start a name lookup: {exc}")
+            self._finish(lookup)
+        return lookup
+
+    def _run(self, lookup: _Lookup) -> None:
+        try:
+            lookup.infos = socket.getaddrinfo(lookup.host, lookup.port, 0, socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:
+            lookup.error = exc
+        finally:
+            self._finish(lookup)
+
+    def _finish(self, lookup: _Lookup) -> None:
+        with self._cond:
+            self._running.pop((lookup.host, lookup.port), None)
+            lookup.done.set()
+            self._cond.notify_all()
+
+    def forget(self) -> None:
+        """In a forked child: the parent's lookup threads do not exist here, so their slots are free."""
+        self._cond = threading.Condition()
+        self._running = {}
+
+
+LOOKUPS = Lookups()
+"""The process's one set of lookups."""
+os.register_at_fork(after_in_child=LOOKUPS.forget)
+
+
 def _resolve(host: str, port: int, deadline: Deadline) -> list[Any]:
     """getaddrinfo within the deadline. The C resolver takes no timeout (glibc waits out its own
-    timeouts and retries per nameserver), so a name is resolved on a daemon thread that is waited
-    for only as long as the deadline leaves, then abandoned (it ends when the resolver answers)."""
+    timeouts and retries per nameserver), so a name is resolved through LOOKUPS: on a thread
+    waited for only as long as the deadline leaves, then abandoned (it ends when the resolver
+    answers), with at most MAX_LOOKUPS such threads in the process."""
     try:
         return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
     except (socket.gaierror, UnicodeError):
         pass  # a name, not an address
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["infos"] = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
-        except (OSError, UnicodeError) as exc:
-            box["error"] = exc
-
-    worker = threading.Thread(target=work, name=f"resolve {host}", daemon=True)
-    worker.start()
-    worker.join(max(0.0, deadline.left()))
-    if worker.is_alive():
-        raise ResolveTimeout(host)
-    if "error" in box:
-        raise box["error"]
-    return box["infos"]
+    return LOOKUPS.resolve(host, port, deadline)
 
 
 def _connect(deadline: Deadline, address: tuple[str, int], timeout: float, source: Any = None) -> socket.socket:
@@ -218,7 +318,15 @@ def fetch(
 
 def _mapped(exc: BaseException, what: str, timeout_s: float, deadline: Deadline) -> FetchError:
     """The FetchError for an exchange that failed with `exc`."""
-    if isinstance(late := getattr(exc, "reason", exc), ResolveTimeout):
+    late = getattr(exc, "reason", exc)
+    if isinstance(late, ResolverStuck):
+        return FetchError(
+            f"{what}: the DNS resolver is not answering: {late.stuck} name lookups have waited on it for up to "
+            f"{late.oldest_s:.0f} s, so {printable(late.host, 200)} was not looked up (check the resolver, or use "
+            "an address instead of a name)",
+            timed_out=True,
+        )
+    if isinstance(late, ResolveTimeout):
         return FetchError(
             f"{what}: the host name {printable(late.host, 200)} did not resolve within {timeout_s:.3g} s (the DNS "
             "resolver is slow or unreachable; check the name and the resolver, or raise --timeout)",

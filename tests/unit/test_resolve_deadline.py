@@ -11,9 +11,12 @@ import socket
 import subprocess
 import sys
 import threading
+from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
+from kvscope.diagnoser.sources import http
 from kvscope.diagnoser.sources.http import FetchError, fetch
 
 HANGS = ".hang.test"
@@ -102,3 +105,119 @@ def test_diagnose_exits_in_time_with_one_line_naming_the_source_when_dns_hangs(t
     assert proc.returncode == 4, proc.stderr
     assert len(errors) == 1, proc.stderr  # one line (the hint under it is the usual one for an unreachable source)
     assert f"http://prom{HANGS}:9090: the host name prom{HANGS} did not resolve within 3 s" in errors[0], errors
+
+
+# ---------------------------------------------------------------- a resolver stuck for good
+# A long-running `kvscope serve` pointed at a resolver that never answers must not gain a thread
+# per read: at most http.MAX_LOOKUPS lookups wait on the resolver at once, and one name's lookup
+# is shared by every read of it meanwhile.
+
+STUCK = ".stuck.test"
+
+
+def _resolve_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("resolve ") and t.is_alive()]
+
+
+@pytest.fixture
+def stuck_resolver(monkeypatch):
+    """A resolver that does not answer names under `.stuck.test` until the test sets the event,
+    then answers them with 127.0.0.1."""
+    for t in _resolve_threads():  # another test's lookups, released by its own fixture
+        t.join(HANG_GUARD_S)
+    answered = threading.Event()
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):  # noqa: ANN001, A002
+        if isinstance(host, str) and host.endswith(STUCK) and not flags & socket.AI_NUMERICHOST:
+            answered.wait()
+            host = "127.0.0.1"
+        return real(host, port, family, type, proto, flags)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield answered
+    answered.set()
+
+
+def _serve_ok(count: int) -> tuple[int, Callable[[], None]]:
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        for _ in range(count):
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+    threading.Thread(target=answer, daemon=True).start()
+    return server.getsockname()[1], server.close
+
+
+def test_a_resolver_that_never_answers_leaves_a_bounded_number_of_threads_then_recovers(stuck_resolver):
+    limit = getattr(http, "MAX_LOOKUPS", 8)
+    abandoned_before = getattr(getattr(http, "LOOKUPS", None), "abandoned_total", 0)
+    port, close = _serve_ok(1)
+    errors = []
+    try:
+        for i in range(5 * limit):  # every read names another host, as many alerts' sources could
+            box = _in_thread(lambda i=i: fetch(f"http://prom{i}{STUCK}:{port}/", f"read {i}", 0.2, 100))
+            errors.append(box.get("error"))
+            assert len(_resolve_threads()) <= limit, f"{len(_resolve_threads())} lookup threads after {i + 1} reads"
+        assert all(isinstance(e, FetchError) and e.timed_out for e in errors), errors
+        # once every slot is held by an abandoned lookup, a new read fails at once, saying why
+        last = str(errors[-1])
+        assert last.startswith(f"read {5 * limit - 1}: the DNS resolver is not answering: {limit} name lookups"), last
+        assert f"so prom{5 * limit - 1}{STUCK} was not looked up" in last, last
+        assert http.LOOKUPS.abandoned_total - abandoned_before == limit
+        assert http.LOOKUPS.in_flight() == limit == http.LOOKUPS.stuck()
+
+        stuck_resolver.set()  # the resolver answers: its lookups end and their slots are free
+        for t in _resolve_threads():
+            t.join(HANG_GUARD_S)
+        box = _in_thread(lambda: fetch(f"http://prom-after{STUCK}:{port}/", "after", 30.0, 100)[0])
+    finally:
+        close()
+    assert box == {"value": bytearray(b"ok")}, box
+    assert http.LOOKUPS.in_flight() == 0
+
+
+def _in_resolve(thread: threading.Thread) -> bool:
+    """Whether `thread` is inside the name lookup of a read (waiting on the resolver or on a lookup)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None and frame.f_code.co_name != "_resolve":
+        frame = frame.f_back
+    return frame is not None
+
+
+def test_reads_of_one_name_share_its_lookup(stuck_resolver):
+    port, close = _serve_ok(12)
+    got: list = []
+
+    def read() -> None:
+        try:
+            got.append(fetch(f"http://prom-shared{STUCK}:{port}/", "read", HANG_GUARD_S, 100)[0])
+        except FetchError as exc:
+            got.append(exc)
+
+    readers = [threading.Thread(target=read, daemon=True) for _ in range(12)]
+    try:
+        for reader in readers:
+            reader.start()
+        pause = threading.Event()
+        while all(r.is_alive() for r in readers) and not all(_in_resolve(r) for r in readers):
+            pause.wait(0.01)  # until all 12 wait on the resolver
+        assert [t.name for t in _resolve_threads()] == [f"resolve prom-shared{STUCK}"]
+        stuck_resolver.set()
+        for reader in readers:
+            reader.join(HANG_GUARD_S)
+    finally:
+        close()
+    assert got == [bytearray(b"ok")] * 12, got
+
+
+def test_serve_exports_the_lookups_it_abandoned():
+    from kvscope.diagnoser.alertmanager.server import render_metrics
+
+    text = render_metrics(Counter(), 0, None)
+    assert f"kvscope_resolve_abandoned_total {http.LOOKUPS.abandoned_total}\n" in text, text
+    assert f"kvscope_resolve_in_flight {http.LOOKUPS.in_flight()}\n" in text, text

@@ -1,0 +1,139 @@
+"""Name lookups for the agent's HTTP clients, on daemon threads of their own, at most a few at once.
+
+aiohttp's default resolver runs getaddrinfo through the event loop. On asyncio's loop that is the
+loop's default executor (min(32, cores + 4) threads), which the host and NVML collectors' own
+threads and the OTLP push run on too; on uvloop it is libuv's pool, and a closing uvloop waits for
+every lookup still in it. getaddrinfo takes no timeout, so a DNS server that never answers, for a
+few targets named by host name, stalls those collectors (asyncio) or keeps a stopped agent from
+exiting until glibc gives up on every name (uvloop: timeout x attempts x nameservers x search
+domains per name; up to minutes under Kubernetes' ndots:5).
+
+`ThreadResolver` gives each lookup a daemon thread and runs at most `limit` of them at once per
+client session; aiohttp's connector already shares one lookup among the requests for one host and
+port, so the lookups waiting for a thread are at most one per name. A read still ends at its own
+deadline (the lookup is left to finish; its slot is free once the resolver answers), and a process
+exits without waiting for a lookup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+T = TypeVar("T")
+
+MAX_LOOKUPS = 8
+"""Lookups on threads at once per client session."""
+
+_NUMERIC = socket.AI_NUMERICHOST | socket.AI_NUMERICSERV
+
+
+class ThreadResolver(AbstractResolver):
+    """aiohttp's resolver interface over `socket.getaddrinfo` on bounded daemon threads (module
+    docstring). `in_flight` is how many lookups are on a thread now."""
+
+    def __init__(self, limit: int = MAX_LOOKUPS) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        self._slots: asyncio.Semaphore | None = None  # made on first use, in the loop that uses it
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        """The addresses of `host` (aiohttp's form), once a thread is free and the resolver answers."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.limit)
+        slots = self._slots
+        await slots.acquire()
+        loop = asyncio.get_running_loop()
+
+        def give_back() -> None:
+            self.in_flight -= 1
+            slots.release()
+
+        def lookup() -> list[ResolveResult]:
+            try:
+                return _lookup(host, port, family)
+            except UnicodeError as exc:  # a label idna refuses
+                raise OSError(f"bad host name {host!r}: {exc}") from None
+            finally:  # the slot is free once the resolver answered, whether or not a reader still waits
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(give_back)
+
+        try:
+            answer = daemon_call(lookup, name=f"resolve {host}")
+        except RuntimeError as exc:  # no thread to be had
+            slots.release()
+            raise OSError(f"cannot start a name lookup for {host}: {exc}") from None
+        self.in_flight += 1
+        return await answer
+
+    async def close(self) -> None:
+        """Nothing to release: a lookup thread ends when the resolver answers."""
+
+
+def daemon_call(fn: Callable[..., T], *args: Any, name: str) -> asyncio.Future[T]:
+    """fn(*args) on a daemon thread of its own, as a future of the running loop. Unlike
+    asyncio.to_thread it takes no thread of the loop's executor, so nothing else waits behind a call
+    that hangs (in getaddrinfo, say), and neither the loop's shutdown nor the process's exit waits for
+    it; cancelling the future leaves the call to end by itself."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not done.done():  # cancelled by a caller that gave up
+            if ok:
+                done.set_result(value)
+            else:
+                done.set_exception(value)
+
+    def main() -> None:
+        value: Any
+        try:
+            value, ok = fn(*args), True
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            value, ok = exc, False
+        with contextlib.suppress(RuntimeError):  # the loop closed while the call ran
+            loop.call_soon_threadsafe(settle, ok, value)
+
+    threading.Thread(target=main, name=name, daemon=True).start()
+    return done
+
+
+def connector(**options: Any) -> aiohttp.TCPConnector:
+    """An aiohttp connector (TCPConnector `options`) whose names are looked up by a ThreadResolver:
+    what every HTTP client of the agent and `kvscope serve` connects through."""
+    return aiohttp.TCPConnector(resolver=ThreadResolver(), **options)
+
+
+def _lookup(host: str, port: int, family: socket.AddressFamily) -> list[ResolveResult]:
+    """getaddrinfo for a stream socket, in aiohttp's ResolveResult form (as its ThreadedResolver)."""
+    flags = socket.AI_ADDRCONFIG
+    out: list[ResolveResult] = []
+    for fam, _, proto, _, address in socket.getaddrinfo(
+        host, port, family=family, type=socket.SOCK_STREAM, flags=flags
+    ):
+        addr: Any = address
+        if fam == socket.AF_INET6:
+            if len(addr) < 3:  # no IPv6 in this Python build
+                continue
+            if addr[3]:  # a link-local address: its scope as the host's %suffix
+                resolved, numeric_port = socket.getnameinfo(addr, socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)
+                resolved_port = int(numeric_port)
+            else:
+                resolved, resolved_port = addr[0], addr[1]
+        elif fam == socket.AF_INET:
+            resolved, resolved_port = addr[0], addr[1]
+        else:
+            continue
+        out.append(
+            ResolveResult(hostname=host, host=resolved, port=resolved_port, family=fam, proto=proto, flags=_NUMERIC)
+        )
+    return out
