@@ -43,13 +43,23 @@ def fmt_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m"
 
 
+NUMBER_UNITS = {"ratio": "", "per_second": "/s", "tokens_per_second": "tokens/s", "count": "", "tokens": "tokens"}
+"""Units whose value `fmt_number` writes (a summary then writes the unit in its own words)."""
+
+
+def fmt_number(v: float, unit: str) -> str:
+    """The number of a `NUMBER_UNITS` value as the evidence table writes it, without the unit:
+    ratios as percent to a tenth (`100.0%`), others to 3 significant digits (`5.8`, `18,101`)."""
+    if unit == "ratio":
+        return f"{v:.1%}"
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
 def fmt_value(ev: Evidence) -> str:
     """A number with its unit, readable (ratios as percent)."""
     v = ev.value
     if v is None:
         return "absent"
-    if ev.unit == "ratio":
-        return f"{v:.1%}"
     if ev.unit == "seconds":
         return f"{v * 1000:.1f} ms" if abs(v) < 1 else f"{v:.2f} s"
     if ev.unit == "bytes" or ev.unit == "bytes_per_second":
@@ -59,9 +69,7 @@ def fmt_value(ev: Evidence) -> str:
                 return f"{v:.1f} {unit}{suffix}"
             v /= 1000
         return f"{v:.1f} PB{suffix}"
-    text = f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-    unit = {"per_second": "/s", "tokens_per_second": "tokens/s", "count": "", "tokens": "tokens"}.get(ev.unit, ev.unit)
-    return f"{text} {unit}".strip()
+    return f"{fmt_number(v, ev.unit)} {NUMBER_UNITS.get(ev.unit, ev.unit)}".strip()
 
 
 def fmt_clock(ts: float) -> str:
@@ -178,11 +186,14 @@ def _grid_seconds(seconds: float, step: float, least: int) -> float:
 
 
 _SECONDS_FIELD = re.compile(r"\{(\w+)(?::[^}]*)?\}s(?![/\w])")
+_FIELD = re.compile(r"\{(\w+)(?::[^}]*)?\}")
 
 
 def render_summary(f: Finding) -> str:
-    """The finding's summary with durations written by `fmt_value`, as the evidence table writes
-    them ("226.0 ms", not "0.226s"); the engine's summary when the rule's template is unknown."""
+    """The finding's summary with each evidence value written as the evidence table writes it:
+    durations by `fmt_value` ("226.0 ms", not "0.226s"), counts, rates and ratios by `fmt_number`
+    ("5.8 waiting" beside a row reading 5.8, not "6 waiting"); the engine's summary when the rule's
+    template is unknown."""
     rule = _shipped().get(f.rule_id)
     items = rule.tree.evidence if rule else ()
     template = rule.tree.meta.get("summary") if rule else None
@@ -198,9 +209,15 @@ def render_summary(f: Finding) -> str:
             return m.group(0)
         return fmt_value(ev).replace("{", "{{").replace("}", "}}")
 
+    def number(m: re.Match[str]) -> str:
+        ev = by_series.get(m.group(1))
+        if ev is None or ev.unit not in NUMBER_UNITS or ev.value is None:
+            return m.group(0)
+        return fmt_number(ev.value, ev.unit)
+
     tail = f.summary[cut:] if (cut := f.summary.find(" (resolved: ")) >= 0 else ""  # the engine's resolved note
     try:
-        text = _SECONDS_FIELD.sub(seconds, str(template))
+        text = _FIELD.sub(number, _SECONDS_FIELD.sub(seconds, str(template)))
         return text.format_map({k: e.value for k, e in by_series.items()}) + tail
     except (KeyError, ValueError, TypeError, IndexError):
         return f.summary

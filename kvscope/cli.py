@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from kvscope import __version__, commands
 
 DESCRIPTION = """\
-kvscope watches LLM inference engines (vLLM, SGLang, llama.cpp, routers, KV tiers) and their GPUs, finds why latency
-moved, and names the tuning lever that fixes it, with evidence and a citation.
+kvscope watches LLM inference engines (vLLM, SGLang, llama.cpp, TGI, routers, KV tiers) and their GPUs, finds why
+latency moved, and names the tuning lever that fixes it, with evidence and a citation.
 """
 
 

@@ -245,11 +245,32 @@ def service_labels_from(spans: list[Span], replay: Replay) -> dict[str, dict[str
     return out
 
 
+INTERVAL_JITTER = 0.01
+"""A measured interval within this fraction of a whole number of seconds (at least 1 s) is that
+whole number (`configured_interval`)."""
+
+
+def configured_interval(measured: float) -> float:
+    """The scrape interval a scraper was configured at, from the interval measured between its
+    scrapes: scrapers are configured in durations (`scrape_interval: 2s`) and start each scrape a
+    little late or early (a loaded scraper, the clock read after the request went out), so the
+    measured median is the configured interval plus jitter (2.001 s, 1.998 s, 2.0025 s in the
+    incident library). A measured interval within INTERVAL_JITTER (1 %) of a whole number of
+    seconds, at least 1 s, is that whole number; any other is kept as measured, to the
+    millisecond (timestamps' resolution): 0.25 s, 1.5 s, and 2.05 s, which is no 2 s scraper's
+    jitter."""
+    ms, whole = round(measured * 1000), round(measured)
+    if whole >= 1 and abs(ms - 1000 * whole) <= INTERVAL_JITTER * 1000 * whole:
+        return float(whole)
+    return ms / 1000
+
+
 def scrape_interval(samples: Iterable[Sample]) -> float | None:
     """The recording's scrape interval, from its `kvscope_target_up` samples: the median gap
     between one target's scrapes (a target: the labels of its `up`, job and instance), then the
     lower median over targets, an interval some target was scraped at (of an engine every 2 s and
-    a GPU exporter every 10 s, 2 s; never their mean). Taken per target because the scrape times
+    a GPU exporter every 10 s, 2 s; never their mean), read as the interval it was configured at
+    (`configured_interval`: 2.001 s measured is 2 s). Taken per target because the scrape times
     of several targets interleave: two engines scraped 3 ms apart every 2 s put gaps of 3 ms and
     1.997 s between the scrape times of the recording. None when no target was scraped twice."""
     per_target: dict[Labels, set[float]] = defaultdict(set)
@@ -257,7 +278,7 @@ def scrape_interval(samples: Iterable[Sample]) -> float | None:
         if s.name == "kvscope_target_up" and s.timestamp is not None:
             per_target[s.labels].add(s.timestamp)
     gaps = [statistics.median(_gaps(sorted(ts))) for ts in per_target.values() if len(ts) > 1]
-    return float(statistics.median_low(gaps)) if gaps else None
+    return configured_interval(float(statistics.median_low(gaps))) if gaps else None
 
 
 def _gaps(times: list[float]) -> list[float]:

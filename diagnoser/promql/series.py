@@ -32,15 +32,28 @@ SUBQUERY_COST = 10
 """A subquery's price beyond its inner expression's: the inner expression again at every step."""
 
 
+PROM_UNITS_MS: tuple[tuple[str, int, bool], ...] = (
+    ("y", 365 * 86_400_000, True),
+    ("w", 7 * 86_400_000, True),
+    ("d", 86_400_000, False),
+    ("h", 3_600_000, False),
+    ("m", 60_000, False),
+    ("s", 1000, False),
+    ("ms", 1, False),
+)
+"""Prometheus' duration units, largest first, and whether a unit is written only when it divides
+the whole duration (years and weeks: `90d`, not `12w6d`)."""
+
+
 def prom_duration(value: Any) -> str:
-    """A Prometheus duration for a rule duration (`2m`, `90s`, or seconds as a number), exact to
-    the millisecond: whole seconds compound (`2m`, `1m30s`, `1h5m`), anything else in milliseconds
-    alone (`200ms`, `10001ms`: a 10.001 s grid step), never a mix such as `10s1ms`."""
+    """A rule duration (`2m`, `90s`, or seconds as a number) written as Prometheus writes it
+    (`model.Duration.String`, what /api/v1/format_query prints), to the millisecond: `2m`,
+    `1m30s`, `1h5m`, `1d`, `200ms`, `7s500ms`."""
     ms = int(round(parse_duration(value) * 1000))
-    if ms % 1000:
-        return f"{ms}ms"
-    left, parts = ms // 1000, []
-    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
+    left, parts = ms, []
+    for unit, size, exact in PROM_UNITS_MS:
+        if exact and ms % size:
+            continue
         n, left = divmod(left, size)
         if n:
             parts.append(f"{n}{unit}")

@@ -24,9 +24,10 @@ OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
 RIGHT_SIDES = ("value", "than", "baseline", "present")
 BASELINE_AGGS = ("avg", "max", "min", "median")
 
-_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+$")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w|y))+$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0, "y": 365 * 86400.0}
+"""Prometheus' duration units (a year is 365 days), the ones `prom_duration` writes."""
 
 
 class RuleError(ValueError):
@@ -39,7 +40,7 @@ class RuleError(ValueError):
 
 
 def parse_duration(value: Any) -> float:
-    """'30s', '5m', '1h', '1m30s' or a number of seconds -> seconds."""
+    """'30s', '5m', '1h', '1m30s', '10s1ms', '1w' (Prometheus' durations) or a number of seconds -> seconds."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     text = str(value).strip()

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kvscope.agent.normalize.dialect import Mapper, Normalized, detect_engine
+from kvscope.agent.recording.replay import configured_interval
 from kvscope.agent.scrape.exposition import Exposition, RawSample
 from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, Labels, load_catalog, make_labels, signal_of
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid, merge_facts
@@ -55,7 +56,8 @@ class PrometheusSource:
     def scrape_interval(self, names: set[str], start: float, end: float) -> float | None:
         """The interval the series `names` were scraped at: the median gap between the raw samples
         of up to PROBE_INSTANCES instances (the first by name) over the last PROBE_S of [start, end];
-        None when none has two samples there. Index lookup plus one bounded read of raw samples."""
+        None when none has two samples there; read as the interval it was configured at
+        (`configured_interval`). Index lookup plus one bounded read of raw samples."""
         lo = max(start, end - PROBE_S)
         sel = selector_for(names, self.catalog, facts=False)
         instances = sorted(self.client.label_values("instance", [sel], lo, end))[:PROBE_INSTANCES]
@@ -64,7 +66,7 @@ class PrometheusSource:
         gaps = [np.diff(as_points(s.get("values"))[:, 0]) for s in self.client.raw_samples(sel, end - lo, end)]
         every = np.concatenate(gaps) if gaps else np.empty(0)
         every = every[every > 0]
-        return float(np.median(every)) if len(every) else None
+        return configured_interval(float(np.median(every))) if len(every) else None
 
 
 def fetch_frame(

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import re
 import shutil
 import time
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,7 @@ from kvscope.diagnoser.sources.agent import AgentSource
 from kvscope.diagnoser.sources.prometheus import PrometheusSource
 from kvscope.diagnoser.sources.recording import RecordingSource
 from testbed.procs import free_port
-from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, require_binaries, running_prometheus
+from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, get_json, require_binaries, running_prometheus
 
 RECORDING = Path(__file__).resolve().parent.parent / "recordings" / "healthy-shared-prefix.om.gz"
 PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
@@ -161,3 +163,33 @@ def test_the_curve_reads_the_agent_at_the_interval_it_scraped_its_targets():
             return await asyncio.to_thread(curve_step, AgentSource(url), t0, t0 + 500, 15.0)
 
     assert asyncio.run(run()) == pytest.approx(5.0)
+
+
+@pytest.mark.prometheus
+def test_the_scrape_interval_and_ranges_read_as_prometheus_writes_them(plain_recording, prometheus_url):
+    """This recording's one engine was scraped every 2.001 s (median, the recorder's jitter): the
+    recording and Prometheus' raw samples both read it as the 2 s it was configured at, and every
+    range of the rules' evidence PromQL is written as the real Prometheus writes it
+    (/api/v1/format_query), at the step read and at a step off the second (--step 2.5)."""
+    from kvscope.diagnoser.promql.series import prom_duration
+
+    rec = RecordingSource(plain_recording)
+    start, end = _window(rec.replay())
+    assert rec.natural_step() == 2.0
+    assert PrometheusSource(prometheus_url).scrape_interval({"engine_requests_running"}, start, end) == 2.0
+    # every rule's evidence as a diagnosis of this recording prints it, at the step read and at 2.5 s
+    from kvscope.diagnoser.evaluate.expr import promql
+
+    texts = [
+        promql(rule, item.series, step)
+        for rule in (r.scaled(0.2) for r in read_rules())
+        for item in rule.tree.evidence
+        for step in (rec.natural_step(), 2.5)
+    ]
+    texts = [t for t in texts if "no PromQL form" not in t and "[" in t]
+    assert len(texts) > 50 and any(re.search(r"\[\d+s500ms", t) for t in texts)
+    texts.append("rate(x[" + "]) + rate(x[".join(prom_duration(s) for s in (10.001, 7.5, 86400, 93784.005)) + "])")
+    for text in texts:
+        asked = urllib.parse.urlencode({"query": text})
+        formatted = get_json(f"{prometheus_url}/api/v1/format_query?{asked}")["data"]
+        assert re.findall(r"\[[^\]]*\]", formatted) == re.findall(r"\[[^\]]*\]", text), (text, formatted)

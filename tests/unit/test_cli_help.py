@@ -56,6 +56,30 @@ def test_agent_examples_use_the_agents_port_not_dcgms(name):
     assert "127.0.0.1:9464" in text and ":9400" not in text
 
 
+# How `kvscope --help` names what each dialect of the catalog (agent/normalize/catalog.yaml) reads:
+# a dialect added to the catalog without a word here fails.
+DIALECT_WORDS = {
+    "vllm": "vLLM",
+    "sglang": "SGLang",
+    "llamacpp": "llama.cpp",
+    "tgi": "TGI",
+    "sglang_router": "routers",
+    "epp": "routers",
+    "dynamo": "routers",
+    "lmcache": "KV tiers",
+    "dcgm": "GPUs",
+}
+
+
+def test_the_top_help_names_every_engine_the_catalog_reads():
+    from kvscope.agent.signals import load_catalog
+
+    assert set(DIALECT_WORDS) == set(load_catalog().dialects)
+    text = " ".join(build_parser().format_help().split())
+    missing = {d: w for d, w in DIALECT_WORDS.items() if w not in text}
+    assert not missing, f"kvscope --help does not name {missing}"
+
+
 def test_a_named_command_imports_no_other_command():
     """`kvscope diagnose` does not pay for the agent's server and collectors at start."""
     code = "import sys; from kvscope.cli import build_parser; build_parser(['diagnose', '--help']); "

@@ -16,6 +16,8 @@ from kvscope.diagnoser.promql.series import SeriesCompiler, prom_duration
 from kvscope.diagnoser.render import (
     baseline_lines,
     fact_rows,
+    fmt_number,
+    fmt_value,
     group_repeats,
     render_diagnosis,
     render_not_fired,
@@ -144,7 +146,7 @@ def _rule(time_scale: float):
 def test_promql_prints_the_scaled_range_actually_evaluated():
     assert "[5m]" in promql(_rule(1.0), "p") and "[1h:15s]" in promql(_rule(1.0), "u_avg")
     assert "rate(engine_preemptions_total[27s])" in promql(_rule(0.09), "p")
-    assert "[2359800ms:15s]" in promql(_rule(0.6555), "u_avg")  # no grid: exact, as scaled
+    assert "[39m19s800ms:15s]" in promql(_rule(0.6555), "u_avg")  # no grid: exact, as scaled
 
 
 def test_promql_with_the_grid_step_prints_the_whole_steps_the_evaluator_uses():
@@ -165,7 +167,7 @@ def test_evidence_promql_is_the_rule_compilers_text_over_canonical_names():
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(81, "1m21s"), (3600, "1h"), (0.2, "200ms"), (2359.8, "2359800ms"), (10.001, "10001ms"), (120, "2m")],
+    [(81, "1m21s"), (3600, "1h"), (0.2, "200ms"), (2359.8, "39m19s800ms"), (10.001, "10s1ms"), (120, "2m")],
 )
 def test_durations_are_exact(seconds, text):
     assert prom_duration(seconds) == text
@@ -319,9 +321,20 @@ def test_summary_and_table_write_durations_with_one_formatter():
             ),
         )
     )
-    assert render_summary(cascade) == "KV 100% -> 7.25 preemptions/s -> 6 waiting -> TTFT 1.07 s"
+    # every number as its row in the table reads (issue 39 item 5: "6 waiting" beside a row reading 5.8)
+    assert render_summary(cascade) == "KV 100.0% -> 7.25 preemptions/s -> 5.8 waiting -> TTFT 1.07 s"
     unknown = _finding("not_a_shipped_rule", "X1", ("a",), summary="as the engine wrote it")
     assert render_summary(unknown) == "as the engine wrote it"
+
+
+def test_the_library_cascade_says_the_numbers_its_table_shows():
+    """kv-pressure-cascade's card said "6 waiting" above a row reading 5.8 (issue 39 item 5)."""
+    likely = _diagnose("kv-pressure-cascade").likely_cause
+    assert likely is not None and likely.rule_id == "kv_pressure_cascade"
+    summary = render_summary(likely)
+    rows = {e.key: e for e in likely.evidence}
+    assert f"{fmt_number(rows['waiting'].value, 'count')} waiting" in summary
+    assert f"KV {fmt_value(rows['kv'])} -> " in summary and fmt_value(rows["preempt_rate"]).split()[0] in summary
 
 
 def test_a_long_promql_is_a_note_under_the_table_not_a_twelve_line_row():

@@ -1,6 +1,6 @@
 """Evidence says the range the evaluation used: a label's `{range}` is written from the scaled,
 whole-step range its series was read over (never "a minute" over an 8 s range), and PromQL ranges
-are whole seconds (`1m30s`) or whole milliseconds (`10001ms`), never `10s1ms`."""
+are written as Prometheus writes durations (`1m30s`, `7s500ms`, `1d`)."""
 
 from __future__ import annotations
 
@@ -63,12 +63,45 @@ def test_range_used_matches_the_promql_range():
     assert range_used(_rule(0.01), "slope", 2.0) == 6.0
 
 
-def test_a_jittery_grid_step_renders_whole_milliseconds():
-    text = promql(_rule(0.15), "w_avg", step=10.001)
-    assert "[10001ms:10001ms]" in text
-    assert not re.search(r"\d+[hms]\d+ms", text)
+def test_a_grid_step_off_the_second_renders_as_prometheus_writes_it():
+    text = promql(_rule(0.15), "w_avg", step=10.001)  # --step 10.001: a step no recording is read at
+    assert "[10s1ms:10s1ms]" in text
     assert prom_duration(90.0) == "1m30s" and prom_duration(10.0) == "10s" and prom_duration(0.0) == "0s"
     assert parse_duration(prom_duration(10.001)) == pytest.approx(10.001)
+
+
+# What a real Prometheus prints for these durations: 2.42.0 (Debian 12), /api/v1/format_query of
+# `rate(x[<ms>ms])` (model.Duration.String); tests/integration/test_diagnose_sources.py asks it again.
+PROMETHEUS_WRITES = [
+    (10.001, "10s1ms"),
+    (28.035, "28s35ms"),
+    (2.003, "2s3ms"),
+    (7.5, "7s500ms"),
+    (0.5, "500ms"),
+    (90, "1m30s"),
+    (3600, "1h"),
+    (86400, "1d"),
+    (604800, "1w"),
+    (93784.005, "1d2h3m4s5ms"),
+]
+
+
+@pytest.mark.parametrize(("seconds", "text"), PROMETHEUS_WRITES)
+def test_durations_are_written_as_prometheus_writes_them(seconds, text):
+    assert prom_duration(seconds) == text
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("name", "ranges"),
+    [("spec-decode-poor-acceptance", "[28s:2s]"), ("kv-pressure-cascade", "[8s:2s]")],
+)
+def test_library_recordings_scraped_with_jitter_print_whole_second_ranges(name, ranges):
+    # spec-decode-poor-acceptance was scraped every 2.0025 s (median): it printed [28035ms:2003ms]
+    d = _diagnose(name)
+    series = " ".join(e.series for f in d.findings for e in f.evidence)
+    assert ranges in series
+    assert not re.search(r"\[[^\]]*\dms", series), series
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,14 @@
 """`RecordingSource.natural_step()`: a recording's scrape interval is taken per target, so the
 scrape times of several targets interleaving do not shorten it (the demo's two engines, scraped
-a few milliseconds apart every 2 s, read 1.997 s; a fleet scraped every 5 s read 1 s)."""
+a few milliseconds apart every 2 s, read 1.997 s; a fleet scraped every 5 s read 1 s), and the
+interval measured is read as the whole second it was configured at (2.001 s is 2 s)."""
 
 from __future__ import annotations
 
+import pytest
+
 from kvscope.agent.recording.omfile import RecordingWriter
+from kvscope.agent.recording.replay import configured_interval
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.diagnoser.sources.recording import RecordingSource
 
@@ -58,3 +62,49 @@ def test_at_least_one_second_and_fifteen_when_unknown(tmp_path):
     # no target scraped twice: no interval to measure
     single = [("vllm", "a:8000", T0, 2.0, 1), ("vllm", "b:8000", T0 + 1.0, 2.0, 1)]
     assert _record(tmp_path, single, "single").natural_step() == 15.0
+
+
+@pytest.mark.parametrize("interval", [2.001, 1.998, 2.0025, 0.999, 15.1, 29.8])
+def test_a_jittery_interval_is_the_whole_second_it_was_configured_at(tmp_path, interval):
+    # one target: no interleaving, the measured median is the scraper's own period
+    source = _record(tmp_path, [("vllm", "a:8000", T0, interval, 40)])
+    assert source.natural_step() == round(interval)
+
+
+@pytest.mark.parametrize(
+    ("measured", "configured"),
+    [
+        (2.001, 2.0),
+        (1.98, 2.0),  # 1 % of 2 s
+        (2.05, 2.05),  # 2.5 %: no 2 s scraper's jitter, kept
+        (1.5, 1.5),
+        (2.5, 2.5),
+        (0.25, 0.25),  # sub-second: as measured
+        (0.2504, 0.25),  # to the millisecond
+        (0.995, 1.0),
+        (2.0009999275, 2.0),
+        (30.2, 30.0),
+        (60.5, 60.0),
+        (61.0, 61.0),
+    ],
+)
+def test_configured_interval(measured, configured):
+    assert configured_interval(measured) == configured
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "healthy-shared-prefix",  # 2.001 s measured
+        "llamacpp-healthy",  # 2.001 s
+        "noisy-tenant-long-prompts",  # 2.001 s
+        "metrics-only-round-robin-2-skewed",  # 1.999 s
+        "metrics-only-sticky-2-poisson",  # 1.998 s
+        "spec-decode-poor-acceptance",  # 2.0025 s
+    ],
+)
+def test_library_recordings_read_at_the_interval_they_were_configured_at(name):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "recordings" / f"{name}.om.gz"
+    assert RecordingSource(path).natural_step() == 2.0

@@ -394,9 +394,8 @@ def test_markdown_escapes_hostile_model_and_tenant_labels():
     assert "# Owned" not in lines and not any(ln.startswith("| injected") for ln in lines)
     assert r"evil\|model\`code\` \[x\](http://e.example) \<img src=x onerror=alert(1)\> # Owned *bold* _it_" in md
     assert r"t\|en\`ant\[1\]\<b\> \| injected \| row \|" in md
-    assert (
-        "&lt;" not in md and "&gt;" not in md and "&amp;" not in md
-    )  # no HTML entities in the Markdown and r"test\|\`src\`" in md
+    assert "&lt;" not in md and "&gt;" not in md and "&amp;" not in md  # no HTML entities in the Markdown
+    assert r"test\|\`src\`" in md
 
 
 def _efficiency_samples() -> list[Sample]:
