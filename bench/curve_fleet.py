@@ -146,6 +146,41 @@ def raw_fetch(url: str, start: float, end: float, step: float, engines: int, per
     return {"mb": total_bytes / 1e6, "points": points, "series": series, "batch": size}
 
 
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+LATENCY = ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket")
+
+
+def reduction_query(bucket: str, lo: float, hi: float, start: float, end: float, step: float) -> str:
+    """The per-concurrency-bucket merge as PromQL: each instance's bucket increases over the
+    intervals whose requests in the engine (running + waiting, averaged over the interval) fall in
+    [lo, hi), summed per pool and `le` over the window (one instant query at `end`)."""
+    s = f"{step:g}s"
+    mean = "sum by (instance) (avg_over_time({}[" + s + "]))"
+    conc = f"({mean.format(RUNNING)} + on (instance) {mean.format(WAITING)})"
+    inner = f"increase({bucket}[{s}]) and on (instance) ({conc} >= {lo:g} < {hi:g})"
+    return f"sum by (model_name, le) (sum_over_time(({inner})[{end - start:.0f}s:{s}]))"
+
+
+def promql_reduction(url: str, start: float, end: float, step: float) -> dict:
+    """Seconds and answer size of the server-side reduction: one query per concurrency bucket and
+    latency histogram (points.EDGES), what the TSDB would have to do per pool instead of handing
+    over every engine's series. A cost probe: its counts are PromQL's (extrapolating `increase`,
+    no reset or placement filter), not the curve's points."""
+    from kvscope.diagnoser.curve.points import EDGES
+
+    t0, nbytes, series = time.perf_counter(), 0, 0
+    for bucket in LATENCY:
+        for lo, hi in zip(EDGES[:-1], EDGES[1:], strict=True):
+            body = urllib.parse.urlencode(
+                {"query": reduction_query(bucket, lo, hi, start, end, step), "time": f"{end:.0f}"}
+            ).encode()
+            with urllib.request.urlopen(url + "/api/v1/query", data=body, timeout=1800) as resp:  # noqa: S310
+                raw = resp.read()
+            nbytes += len(raw)
+            series += len(json.loads(raw)["data"]["result"])
+    return {"promql_s": time.perf_counter() - t0, "promql_kb": nbytes / 1e3, "promql_series": series}
+
+
 def curve_summary(out: str) -> str:
     """Pools, points and changes the curve's JSON holds."""
     try:
@@ -201,6 +236,15 @@ def bench(args: argparse.Namespace) -> dict:
             if raw["exit"] != 0 and raw["err"]:
                 print("    | " + "\n    | ".join(raw["err"].strip().splitlines()[-6:]))
             row.setdefault("raw", []).append({**{k: v for k, v in raw.items() if k not in ("out", "err")}, **fetched})
+        if args.promql:
+            l0 = load()
+            reset_cache(vm.url)
+            row["promql"] = promql_reduction(vm.url, start, end, step)
+            print(
+                f"  PromQL reduction: {row['promql']['promql_s']:.2f} s, {row['promql']['promql_series']} series "
+                f"answered ({row['promql']['promql_kb']:.0f} kB) | load {l0:.1f}-{load():.1f}",
+                flush=True,
+            )
         row["tsdb_rss_gb"] = tsdb_hwm(vm.proc.pid)
     return row
 
@@ -224,6 +268,9 @@ def main() -> None:
     ap.add_argument("--all-families", action="store_true", help="import every series of the capture")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--limit", type=float, default=1800.0, help="seconds one command may take")
+    ap.add_argument(
+        "--promql", action="store_true", help="also time the per-concurrency-bucket histogram merge done in PromQL"
+    )
     ap.add_argument("--json-out", type=Path, help="append the row as one JSON line")
     ap.add_argument("--raw-fetch", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--start", type=float, help=argparse.SUPPRESS)
