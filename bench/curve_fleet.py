@@ -150,25 +150,35 @@ RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 LATENCY = ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket")
 
 
+def _in_engine(offset: str) -> str:
+    """Requests in each engine (running + waiting) at the evaluation time less `offset`."""
+    run, wait = (f"sum by (instance) ({name}{offset})" for name in (RUNNING, WAITING))
+    return f"({run} + on (instance) {wait})"
+
+
 def reduction_query(bucket: str, lo: float, hi: float, start: float, end: float, step: float) -> str:
-    """The per-concurrency-bucket merge as PromQL: each instance's bucket increases over the
-    intervals whose requests in the engine (running + waiting, averaged over the interval) fall in
-    [lo, hi), summed per pool and `le` over the window (one instant query at `end`)."""
+    """The per-concurrency-bucket merge as PromQL, in the curve's terms at a step of one scrape
+    interval (intervals.WINDOW_S under two steps: an interval's gauge window is its two ends):
+    each instance's bucket increases over the intervals whose requests in the engine (running +
+    waiting, the mean of the two ends) fall in [lo, hi) and whose standard error (half the
+    difference of the ends) is within the bucket's width, summed per pool and `le` over the
+    window: one instant query at `end`, its subquery's steps the curve's interval ends."""
     s = f"{step:g}s"
-    mean = "sum by (instance) (avg_over_time({}[" + s + "]))"
-    conc = f"({mean.format(RUNNING)} + on (instance) {mean.format(WAITING)})"
-    inner = f"increase({bucket}[{s}]) and on (instance) ({conc} >= {lo:g} < {hi:g})"
+    now, before = _in_engine(""), _in_engine(f" offset {s}")
+    placed = f"(({now} + {before}) / 2 >= {lo:g} < {hi:g}) and on (instance) (abs({now} - {before}) / 2 <= {hi - lo:g})"
+    inner = f"increase({bucket}[{s}]) and on (instance) ({placed})"
     return f"sum by (model_name, le) (sum_over_time(({inner})[{end - start:.0f}s:{s}]))"
 
 
 def promql_reduction(url: str, start: float, end: float, step: float) -> dict:
     """Seconds and answer size of the server-side reduction: one query per concurrency bucket and
     latency histogram (points.EDGES), what the TSDB would have to do per pool instead of handing
-    over every engine's series. A cost probe: its counts are PromQL's (extrapolating `increase`,
-    no reset or placement filter), not the curve's points."""
+    over every engine's series, and the merged TTFT requests per (model, bucket) it answered. A
+    cost probe of the histogram merge only (no rates, KV, peak, resets or changes)."""
     from kvscope.diagnoser.curve.points import EDGES
 
     t0, nbytes, series = time.perf_counter(), 0, 0
+    merged: dict[str, dict[float, float]] = {}
     for bucket in LATENCY:
         for lo, hi in zip(EDGES[:-1], EDGES[1:], strict=True):
             body = urllib.parse.urlencode(
@@ -177,8 +187,54 @@ def promql_reduction(url: str, start: float, end: float, step: float) -> dict:
             with urllib.request.urlopen(url + "/api/v1/query", data=body, timeout=1800) as resp:  # noqa: S310
                 raw = resp.read()
             nbytes += len(raw)
-            series += len(json.loads(raw)["data"]["result"])
-    return {"promql_s": time.perf_counter() - t0, "promql_kb": nbytes / 1e3, "promql_series": series}
+            result = json.loads(raw)["data"]["result"]
+            series += len(result)
+            for r in result:
+                if bucket == LATENCY[0]:
+                    le = float(r["metric"].get("le", "nan"))
+                    merged.setdefault(f"{r['metric'].get('model_name')} {lo:g}-{hi:g}", {})[le] = float(r["value"][1])
+    took = time.perf_counter() - t0
+    return {"promql_s": took, "promql_kb": nbytes / 1e3, "promql_series": series, "ttft": _ttft(merged)}
+
+
+def _ttft(merged: dict[str, dict[float, float]]) -> dict[str, tuple[float, float | None]]:
+    """(requests, TTFT p99) per (model, bucket) from the merged cumulative buckets, read as the
+    curve reads them (points.quantile_ci)."""
+    import numpy as np
+
+    from kvscope.diagnoser.curve.points import quantile_ci
+
+    out = {}
+    for key, by_le in merged.items():
+        les = np.array(sorted(by_le))
+        counts = np.maximum.accumulate(np.array([by_le[le] for le in les]))
+        out[key] = (float(counts[-1]), quantile_ci(0.99, les, counts)[0])
+    return out
+
+
+def curve_ttft(out: str) -> dict[str, tuple[float, float | None]]:
+    """(TTFT requests, TTFT p99) per (model, bucket) in `kvscope curve --json`."""
+    got = {}
+    for pool in json.loads(out).get("pools") or []:
+        for pt in pool.get("points") or []:
+            lo, hi = pt["bucket"]
+            got[f"{pool['labels'].get('model')} {lo:g}-{hi:g}"] = (pt.get("requests") or 0.0, pt.get("ttft_p99_s"))
+    return got
+
+
+def same_ttft(curve: dict[str, tuple], promql: dict[str, tuple]) -> str:
+    """Whether the PromQL merge gives the curve's TTFT requests and p99 in every (model, bucket)."""
+
+    def close(a: float | None, b: float | None) -> bool:
+        return (a is None) == (b is None) and (a is None or math.isclose(a, b or 0.0, rel_tol=1e-9, abs_tol=1e-9))
+
+    keys = sorted(set(curve) | set(promql))
+    none = (0.0, None)
+    off = [k for k in keys if not all(map(close, curve.get(k, none), promql.get(k, none)))]
+    shown = ", ".join(f"{k}: curve {curve.get(k)} PromQL {promql.get(k)}" for k in off[:4])
+    return f"{len(keys) - len(off)}/{len(keys)} (model, bucket) TTFT requests and p99 equal to the curve's" + (
+        f"; differ: {shown}" if off else ""
+    )
 
 
 def curve_summary(out: str) -> str:
@@ -240,9 +296,10 @@ def bench(args: argparse.Namespace) -> dict:
             l0 = load()
             reset_cache(vm.url)
             row["promql"] = promql_reduction(vm.url, start, end, step)
+            same = same_ttft(curve_ttft(got["out"]), row["promql"].pop("ttft")) if got["exit"] == 0 else ""
             print(
                 f"  PromQL reduction: {row['promql']['promql_s']:.2f} s, {row['promql']['promql_series']} series "
-                f"answered ({row['promql']['promql_kb']:.0f} kB) | load {l0:.1f}-{load():.1f}",
+                f"answered ({row['promql']['promql_kb']:.0f} kB); {same} | load {l0:.1f}-{load():.1f}",
                 flush=True,
             )
         row["tsdb_rss_gb"] = tsdb_hwm(vm.proc.pid)
