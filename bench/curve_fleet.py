@@ -17,10 +17,15 @@ RSS, CPU seconds), VictoriaMetrics' rollup cache emptied before each:
   measured scrape interval, raised to window / 11,000, docs/curve.md "The curve's step");
 * raw fetch (baseline): every engine's series of the curve's signals over the window at the
   same step, HTTP + JSON decoding only, in instance batches of about 4M points (the product's
-  batch size): the floor of any client that fetches the fleet's series to compute the curve.
+  batch size): the floor of any client that fetches the fleet's series to compute the curve;
+* with --promql, a cost probe of the server-side reduction: the TTFT and ITL histograms merged per
+  pool and concurrency bucket by the TSDB (`reduction_query`, one instant query per bucket and
+  histogram), in the curve's terms where its gauge window is an interval's two ends (a step of
+  10 s or more) and on VictoriaMetrics (whose `increase` does not extrapolate); its TTFT request
+  counts and p99 are compared with the curve's points, (model, bucket) by (model, bucket).
 
     .venv/bin/python bench/curve_fleet.py --engines 50 --hours 6
-    .venv/bin/python bench/curve_fleet.py --engines 1000 --hours 168 --interval 60
+    .venv/bin/python bench/curve_fleet.py --engines 1000 --hours 24 --interval 60 --promql
 """
 
 from __future__ import annotations
