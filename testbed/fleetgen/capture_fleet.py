@@ -308,11 +308,15 @@ def import_capture_fleet(
     seed: int = 7,
     shift_s: float = 0.0,
     timeout_s: float = 1800.0,
+    names: re.Pattern[str] | None = None,
 ) -> dict:
     """Stream the fleet into VictoriaMetrics' `/api/v1/import` (JSON lines: metric, values,
     millisecond timestamps), timestamps moved by `shift_s`; generation and posting overlap (one
-    posting thread). Returns `CaptureFleet.info()`."""
+    posting thread). `names`: only the families with a sample name it matches in full (a bench of
+    one command's signals at sizes the whole capture would not fit). Returns `CaptureFleet.info()`."""
     fleet = CaptureFleet(engines, start, end, interval, seed)
+    if names is not None:
+        fleet.families = [f for f in fleet.families if any(names.fullmatch(n) for n, _, _ in f.series)]
     enc = msgspec.json.Encoder()
     todo: Queue[bytes | None] = Queue(maxsize=2)
     failed: list[BaseException] = []
