@@ -42,9 +42,9 @@ def curve_step(source: Source, start: float | None, end: float | None, fallback:
     coarser step merges loads into one interval and leaves a short phase a few intervals (too few
     to compare at matched load), a finer one repeats the same sample and counts intervals that hold
     no new data. A recording or log: its own scrape interval; a TSDB: the median gap between the
-    raw samples of the concurrency signal (`scrape_interval`), at least the window over
-    Prometheus' points-per-series limit; `fallback` when the source cannot say (the agent's API, a
-    TSDB without the signal in the window)."""
+    raw samples of the concurrency signal; the agent: its targets' scrape history (each source's
+    `scrape_interval`); at least the window over Prometheus' points-per-series limit; `fallback`
+    when the source cannot say (no target scraped twice, a TSDB without the signal in the window)."""
     natural = source.natural_step()
     if natural:
         return natural
