@@ -86,16 +86,9 @@ class RecordingSource:
         replay = self.replay()
         if replay.start is None or replay.end is None:
             raise SourceError(f"recording {self.path} holds no scrapes")
-        anchor_end = start is None
         start = replay.start if start is None else start
         end = replay.end if end is None else end
         step = self._sized_step(replay.samples, names, start, end, step)
-        if anchor_end:
-            # no start asked for: the grid ends on `end` (the last scrape, the one a diagnosis
-            # judges "now"), not up to a step before it; its first point may fall up to a step
-            # after the first scrape, which the lookback still reads. A given start is kept, as
-            # Prometheus' query_range keeps it.
-            start = end - math.floor((end - start) / step + 1e-9) * step
         frame = frame_from_samples(replay.samples, start, end, step, names=names)
         up = [
             (s.label("instance") or "", s.timestamp, s.value == 1.0)

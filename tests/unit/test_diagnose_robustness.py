@@ -49,9 +49,6 @@ CASES = [
     # P2 on a 160 s window at 15 s: its 2m rates, shortened to 20 s, read one step, which scrape
     # times drifting against the grid leave holding one sample (no increase); rate_steps keeps two
     ("round-robin-vs-sticky", "resample_15s"),
-    # P4 in a 66 s rejoin at 15 s: the grid ended before the last scrape, so the rejoined
-    # replica showed one rate; the grid now ends on the last scrape
-    ("router-drain-restart-rejoin", "resample_15s"),
     # a target first scraped most of a 30 s interval after its peers is no replica that joins
     ("blind-vllm-long-prompt-surge", "stagger"),
 ]
