@@ -21,7 +21,7 @@ from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler
 from kvscope.diagnoser.promql.signals import NamedSignals
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.grammar import ExprError
-from kvscope.diagnoser.rulebook.rule import Rule
+from kvscope.diagnoser.rulebook.rule import Rule, grid_steps, rate_steps
 
 
 @dataclass
@@ -111,6 +111,10 @@ class SeriesEvaluator:
         """A rule duration (time-scaled) in whole grid steps, at least `least`."""
         return grid_steps(seconds * self.rule.time_scale, self.frame.step, least)
 
+    def _rk(self, seconds: float) -> int:
+        """A counter-rate range (time-scaled) in whole grid steps (`rate_steps`)."""
+        return rate_steps(seconds, self.rule.time_scale, self.frame.step)
+
     def _rows(
         self, name: str, by: tuple[str, ...], extra: tuple[str, ...] = (), match: tree.Match = (), seen: bool = False
     ) -> tuple[list, np.ndarray, np.ndarray]:
@@ -185,13 +189,13 @@ class SeriesEvaluator:
         keys, inv, values = self._rows(name, by, match=match)
         if not keys:
             return self._empty(by)
-        rates = self._counter_rates(name, match, values, self._k(rng))
+        rates = self._counter_rates(name, match, values, self._rk(rng))
         return Grouped(by, keys, grid.reduce_groups(rates, inv, len(keys), "sum"))
 
     def _form_rate(self, node: tree.Rate, by: tuple[str, ...]) -> Grouped:
         g = self._sum_rates(node.signal, node.match, node.rng, by)
         if node.increase:
-            g.values = g.values * self._k(node.rng) * (self.frame.step or 1.0)
+            g.values = g.values * self._rk(node.rng) * (self.frame.step or 1.0)
         return g
 
     def _form_mean(self, node: tree.Mean, by: tuple[str, ...]) -> Grouped:
@@ -224,7 +228,7 @@ class SeriesEvaluator:
         keys, inv, values = self._rows(name, by, ("le",), match=match)
         if not keys:
             return self._empty(by)
-        k, q = self._k(node.rng), node.q
+        k, q = self._rk(node.rng), node.q
         adj = self._adjusted(name, match, values)
         if adj is not None and adj.shape[1] >= 2:
             return Grouped(by, *self._dense_quantiles(q, name, match, by, keys, inv, adj, k))
@@ -282,7 +286,7 @@ class SeriesEvaluator:
             n.q
             for name, n in self.nodes.items()
             if isinstance(n, tree.Quantile) and n.signal + "_bucket" == bucket_name and n.match == match
-            if self.by_of(name) == by and self._k(n.rng) == k
+            if self.by_of(name) == by and self._rk(n.rng) == k
         }
 
     def _form_pair(self, node: tree.Pair, by: tuple[str, ...]) -> Grouped:
@@ -374,11 +378,6 @@ def _quantiles(
     return groups, out
 
 
-def grid_steps(seconds: float, step: float, least: int = 1) -> int:
-    """`seconds` in whole grid steps (at least `least`): how the evaluator reads every range."""
-    return max(least, int(round(seconds / (step or 1.0))))
-
-
 RANGE_FIELD = "{range}"
 """In an evidence name, the range its series was read over, in words ("mean over {range}")."""
 
@@ -392,7 +391,9 @@ def range_used(rule: Rule, name: str, step: float | None = None, held: float | N
     if not rng:
         return None
     seconds = rng * rule.time_scale
-    if step:
+    if step and isinstance(node, tree.Rate | tree.Mean | tree.Quantile):
+        seconds = rate_steps(rng, rule.time_scale, step) * step
+    elif step:
         least = grid.DERIV_MIN_POINTS if isinstance(node, tree.Deriv | tree.Predict) else 1
         seconds = grid_steps(seconds, step, least) * step
     return seconds if held is None else min(seconds, max(step or 0.0, held))

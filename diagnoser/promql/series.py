@@ -20,7 +20,7 @@ from kvscope.diagnoser.promql.signals import (
     prom_number,
 )
 from kvscope.diagnoser.rulebook import tree
-from kvscope.diagnoser.rulebook.rule import Rule, parse_duration
+from kvscope.diagnoser.rulebook.rule import Rule, parse_duration, rate_steps
 
 SUBQUERY_STEP = "15s"
 """Resolution of `[range:step]` subqueries: the engine's default grid step (docs/rules.md)."""
@@ -131,6 +131,14 @@ class SeriesCompiler:
             return prom_duration(max(self.step or 1.0, limit))
         return text
 
+    def _rate_range(self, seconds: float) -> str:
+        """A counter-rate range (rate, increase, histogram mean or quantile): `_range`, but with a
+        step no shorter than the evaluator reads it (`rate_steps`)."""
+        if not self.step:
+            return self._range(seconds)
+        steps = rate_steps(seconds, self.rule.time_scale, self.step)
+        return self._range(steps * self.step / self.rule.time_scale)
+
     def dur(self, seconds: float, least: int = 1) -> str:
         """A rule duration as PromQL: as written, or (with a step) scaled and in whole steps."""
         seconds *= self.rule.time_scale
@@ -180,16 +188,16 @@ class SeriesCompiler:
 
     def _rate(self, node: tree.Rate, by: str) -> Part:
         fn = "increase" if node.increase else "rate"
-        text = self._read(node, node.signal, by, fn, self._range(node.rng))
+        text = self._read(node, node.signal, by, fn, self._rate_range(node.rng))
         return _aggregate("sum", by, text), text.cost
 
     def _quantile(self, node: tree.Quantile, by: str) -> Part:
-        q, rng = prom_number(node.q), self._range(node.rng)
+        q, rng = prom_number(node.q), self._rate_range(node.rng)
         rates = self._read(node, node.signal + "_bucket", _plus(by, "le"), "rate", rng)
         return f"histogram_quantile({q}, {_aggregate('sum', _plus(by, 'le'), rates)})", rates.cost
 
     def _mean(self, node: tree.Mean, by: str) -> Part:
-        rng = self._range(node.rng)
+        rng = self._rate_range(node.rng)
         s, c = (self._read(node, node.signal + x, by, "rate", rng) for x in ("_sum", "_count"))
         return f"{_aggregate('sum', by, s)}\n/\n({_aggregate('sum', by, c)} > 0)", s.cost + c.cost
 

@@ -138,3 +138,24 @@ def rule_paths(directory: str | Path | None = None) -> list[Path]:
 def read_rules(directory: str | Path | None = None) -> list[Rule]:
     """Every rule in a directory (default: the shipped rules)."""
     return [read_rule(p) for p in rule_paths(directory)]
+
+
+def grid_steps(seconds: float, step: float, least: int = 1) -> int:
+    """`seconds` in whole grid steps (at least `least`): how the evaluator reads every range."""
+    return max(least, int(round(seconds / (step or 1.0))))
+
+
+RATE_MIN_STEPS = 2
+"""A counter's rate needs two samples in its range. On a grid at the scrape interval a range of
+one step can hold a single one (scrape times drift against the grid points), which reads as no
+increase at all. So a rate range that the short-window scaling shortens keeps at least this many
+steps, two scrape intervals (Grafana's `$__rate_interval` takes four for the same reason), and
+never more than the rule wrote."""
+
+
+def rate_steps(seconds: float, time_scale: float, step: float | None) -> int:
+    """A counter-rate range (rate, increase, histogram mean or quantile) in whole grid steps:
+    `seconds` x `time_scale`, but no fewer than RATE_MIN_STEPS steps unless `seconds` as written
+    is shorter (at time_scale 1 this is `grid_steps`)."""
+    written = grid_steps(seconds, step or 1.0)
+    return max(grid_steps(seconds * time_scale, step or 1.0), min(RATE_MIN_STEPS, written))

@@ -46,6 +46,11 @@ CASES = [
     ("fleet-pd-kv-transfer-rising", "cut_tail_10"),
     ("prefix-caching-disabled", "cut_head_20"),
     ("kv-pressure-cascade", "metrics_only"),  # spans dropped: K1-K3 need none of them
+    # P2 on a 160 s window at 15 s: its 2m rates, shortened to 20 s, read one step, which scrape
+    # times drifting against the grid leave holding one sample (no increase); rate_steps keeps two
+    ("round-robin-vs-sticky", "resample_15s"),
+    # a target first scraped most of a 30 s interval after its peers is no replica that joins
+    ("blind-vllm-long-prompt-surge", "stagger"),
 ]
 
 
