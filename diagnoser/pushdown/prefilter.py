@@ -16,7 +16,7 @@ from kvscope.diagnoser.promql.alerts import ConditionCompiler, on_clause
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, prom_duration
 from kvscope.diagnoser.promql.signals import PromQL, SignalReader, wire_names
 from kvscope.diagnoser.rulebook import tree
-from kvscope.diagnoser.rulebook.rule import Rule
+from kvscope.diagnoser.rulebook.rule import Rule, rate_steps
 
 SLACK = 0.25
 """Share by which each prefilter comparison is loosened."""
@@ -170,12 +170,18 @@ def _describe(cond: tree.Cond) -> str:
     return f"{cond.series} {cond.op} {right}".rstrip()
 
 
-def rule_reach(rule: Rule) -> float:
+def rule_reach(rule: Rule, step: float | None = None) -> float:
     """Seconds before a grid point that any of the rule's series or baselines read (ranges,
     offsets, settles, nested), plus one range-query lookback-free margin of nothing: the
-    frame's own lookback is the TSDB's, applied when the data is fetched."""
+    frame's own lookback is the TSDB's, applied when the data is fetched. With the grid's `step`,
+    a range the short-window scaling shortens reaches as far as the evaluator reads a counter
+    rate over it (`rate_steps`: at least two steps), read for every range (reaching further
+    only fetches more)."""
     memo: dict[str, float] = {}
     nodes, scale = rule.tree.series, rule.time_scale
+
+    def span(rng: float) -> float:
+        return max(rng * scale, rate_steps(rng, scale, step) * step) if step and rng else rng * scale
 
     def reach(name: str, seen: frozenset[str] = frozenset()) -> float:
         if name in memo:
@@ -183,7 +189,7 @@ def rule_reach(rule: Rule) -> float:
         node = nodes.get(name)
         if node is None or name in seen:
             return 0.0
-        own = sum(getattr(node, f, 0.0) for f in ("rng", "offset", "settle")) * scale
+        own = span(getattr(node, "rng", 0.0)) + sum(getattr(node, f, 0.0) for f in ("offset", "settle")) * scale
         memo[name] = own + max((reach(r, seen | {name}) for r in node.refs), default=0.0)
         return memo[name]
 

@@ -121,7 +121,7 @@ def diagnose_fleet(
     reader = InlineSignals(catalog)
     plans = [(rule, hits[rule.id]) for rule in todo if hits[rule.id].everywhere or hits[rule.id].groups]
     needs = client.map(
-        lambda item: rule_needs(client, item[0], rule_reach(item[0]), item[1], grid, step, reader), plans
+        lambda item: rule_needs(client, item[0], rule_reach(item[0], step), item[1], grid, step, reader), plans
     )
     fetched = fetch_needs(client, [nd for rule_needs_, _ in needs for nd in rule_needs_], grid, step, catalog)
     report.fetched = fetched
