@@ -7,12 +7,14 @@ the evaluations of the last RECORD_LOOKBACK_S, never the 5-minute lookback: back
 evaluation over five minutes. A run of the rule's `for` holds the candidate at >= hold_s // interval
 consecutive points; groups without one cannot fire, and for the others the runs (widened by two
 intervals before and one after) bound the evaluator's (`Group.first/last`). Records not covering the
-window make it `uncovered`.
+window make it `uncovered`, except the last RECORD_LAG_S before the present, which a live rule
+group has not evaluated yet: there the window ends at the records' newest evaluation (`records_end`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,11 +25,17 @@ from kvscope.diagnoser.promql.rulefiles import CANDIDATE, CANDIDATE_INTERVAL, du
 from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown.prefilter import compile_prefilter
 from kvscope.diagnoser.rulebook.rule import Rule
-from kvscope.diagnoser.sources.promapi import PromClient, matrix_on_grid
+from kvscope.diagnoser.sources.promapi import PromClient, as_points, matrix_on_grid
 
 INTERVAL_S = float(duration_seconds(CANDIDATE_INTERVAL))
 RECORD_LOOKBACK_S = INTERVAL_S + 5.0
 """One evaluation interval and a margin for the evaluations' jitter."""
+RECORD_LAG_S = 120.0
+"""How far the records' newest evaluation may lag the window's end for the window to end there
+instead of judging every rule on every engine's series: a live rule group's record of time t is
+written after its interval (15 s), its evaluation (about 13 s for the slowest group at 1000
+engines, below) and the write (vmalert's remote-write flush, VictoriaMetrics' default
+`-search.latencyOffset` of 30 s). Records that stop earlier are missing, not late."""
 
 
 def candidate_exprs(rules: list[Rule], catalog: Catalog) -> dict[str, tuple[str | None, str]]:
@@ -75,6 +83,26 @@ class Hits:
     everywhere: bool = False
     why: str = ""
     uncovered: list[tuple[float, float]] = field(default_factory=list)
+
+
+def records_end(client: PromClient, rule_ids: list[str], start: float, end: float) -> float:
+    """The end of [start, end] the records can judge: `end`, or the last time start + k x
+    INTERVAL_S at which every rule's record of any version had evaluated when that lies less than
+    RECORD_LAG_S before `end` (the window then ends at the records' newest evaluation: a window
+    ending at the present, as the webhook's does, would otherwise judge every rule in full for
+    its last seconds). `end` when no record evaluated in that span (missing, not late: the rules
+    are judged in full, `read_candidates`). One range query over at most RECORD_LAG_S."""
+    last = start + math.floor((end - start) / INTERVAL_S + 0.5) * INTERVAL_S  # read_candidates' last time
+    first = start + max(0, math.ceil((end - RECORD_LAG_S - start) / INTERVAL_S)) * INTERVAL_S
+    if not rule_ids or first > last:
+        return end
+    ids = "|".join(sorted(rule_ids))
+    expr = f'max by (rule_id) (last_over_time({CANDIDATE}{{rule_id=~"{ids}",version!=""}}[{RECORD_LOOKBACK_S:g}s]))'
+    newest = [as_points(s.get("values")) for s in client.query_range(expr, first, last, INTERVAL_S)]
+    lasts = [float(p[-1, 0]) for p in newest if len(p)]
+    if not lasts or min(lasts) >= last - 1e-6:
+        return end
+    return min(lasts)
 
 
 def read_candidates(
