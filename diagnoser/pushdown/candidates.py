@@ -14,7 +14,6 @@ group has not evaluated yet: there the window ends at the records' newest evalua
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +24,7 @@ from kvscope.diagnoser.promql.rulefiles import CANDIDATE, CANDIDATE_INTERVAL, du
 from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown.prefilter import compile_prefilter
 from kvscope.diagnoser.rulebook.rule import Rule
-from kvscope.diagnoser.sources.promapi import PromClient, as_points, matrix_on_grid
+from kvscope.diagnoser.sources.promapi import PromClient, matrix_on_grid
 
 INTERVAL_S = float(duration_seconds(CANDIDATE_INTERVAL))
 RECORD_LOOKBACK_S = INTERVAL_S + 5.0
@@ -86,23 +85,28 @@ class Hits:
 
 
 def records_end(client: PromClient, rule_ids: list[str], start: float, end: float) -> float:
-    """The end of [start, end] the records can judge: `end`, or the last time start + k x
-    INTERVAL_S at which every rule's record of any version had evaluated when that lies less than
-    RECORD_LAG_S before `end` (the window then ends at the records' newest evaluation: a window
-    ending at the present, as the webhook's does, would otherwise judge every rule in full for
-    its last seconds). `end` when no record evaluated in that span (missing, not late: the rules
-    are judged in full, `read_candidates`). One range query over at most RECORD_LAG_S."""
-    last = start + math.floor((end - start) / INTERVAL_S + 0.5) * INTERVAL_S  # read_candidates' last time
-    first = start + max(0, math.ceil((end - RECORD_LAG_S - start) / INTERVAL_S)) * INTERVAL_S
-    if not rule_ids or first > last:
+    """The end of [start, end] the records can judge: `end`, or, when some rule's records of any
+    version cover the window but for its last evaluations, less than RECORD_LAG_S, the newest time
+    start + k x INTERVAL_S at which every such rule's had evaluated (a window ending at the
+    present, as the webhook's does, would otherwise judge every rule in full for its last
+    seconds). Rules whose records miss more, or elsewhere, are judged in full whatever the end
+    (`read_candidates`), so they do not move it. One range query of the records' own series."""
+    times = np.arange(start, end + INTERVAL_S / 2, INTERVAL_S)
+    if not rule_ids or float(times[-1]) - start < RECORD_LAG_S:
         return end
     ids = "|".join(sorted(rule_ids))
     expr = f'max by (rule_id) (last_over_time({CANDIDATE}{{rule_id=~"{ids}",version!=""}}[{RECORD_LOOKBACK_S:g}s]))'
-    newest = [as_points(s.get("values")) for s in client.query_range(expr, first, last, INTERVAL_S)]
-    lasts = [float(p[-1, 0]) for p in newest if len(p)]
-    if not lasts or min(lasts) >= last - 1e-6:
-        return end
-    return min(lasts)
+    result = client.range_parts(expr, start, float(times[-1]), INTERVAL_S, what="candidate records' evaluations")
+    _, values = matrix_on_grid(result, start, INTERVAL_S, len(times))
+    lasts = []
+    for row in values:
+        gaps = _runs(np.isnan(row))
+        if len(gaps) == 1 and gaps[0][1] == len(times) - 1 and gaps[0][0] > 0:
+            lasts.append(float(times[gaps[0][0] - 1]))
+        elif not gaps:
+            lasts.append(float(times[-1]))
+    late = [t for t in lasts if times[-1] - t <= RECORD_LAG_S]
+    return end if not late or min(late) >= times[-1] else min(late)
 
 
 def read_candidates(

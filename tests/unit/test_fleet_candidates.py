@@ -34,18 +34,6 @@ class TableTSDB:
                 out.append({"metric": dict(labels), "values": [[t, "1"] for t in at]})
         return out
 
-    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        """`max by (rule_id)` of the records' own `{version}` series, at the query's steps."""
-        self.asked.append(expr)
-        steps = np.arange(start, end + step / 2, step)
-        held: dict[str, set[float]] = {}
-        for labels, times in self.series:
-            if "version" in labels:
-                held.setdefault(labels["rule_id"], set()).update(
-                    t for t in steps if min(abs(t - x) for x in times) < 1e-6
-                )
-        return [{"metric": {"rule_id": r}, "values": [[t, "1"] for t in sorted(at)]} for r, at in held.items() if at]
-
 
 def up(rule: str, version: str = "v1", times: list[float] | None = None) -> tuple[dict[str, str], list[float]]:
     every = list(np.arange(START, END + 1, INTERVAL_S)) if times is None else times
@@ -132,3 +120,12 @@ def test_records_that_stopped_earlier_or_never_ran_leave_the_window_as_asked() -
     assert records_end(stopped, ["r"], START, END) == END  # missing, not late: judged in full
     assert records_end(TableTSDB([]), ["r"], START, END) == END
     assert records_end(TableTSDB([up("r", times=until(END - 45))]), [], START, END) == END
+
+
+def test_a_rule_missing_records_elsewhere_is_judged_in_full_and_does_not_move_the_end() -> None:
+    holed = [t for t in until(END - 90) if not START + 600 <= t <= START + 900]
+    assert records_end(TableTSDB([up("r", times=holed)]), ["r"], START, END) == END
+    both = TableTSDB([up("r", times=holed), up("s", times=until(END - 30))])
+    assert records_end(both, ["r", "s"], START, END) == END - 30
+    late_start = TableTSDB([up("r", times=until(END - 30)[4:])])
+    assert records_end(late_start, ["r"], START, END) == END
