@@ -7,7 +7,8 @@ the evaluations of the last RECORD_LOOKBACK_S, never the 5-minute lookback: back
 evaluation over five minutes. A run of the rule's `for` holds the candidate at >= hold_s // interval
 consecutive points; groups without one cannot fire, and for the others the runs (widened by two
 intervals before and one after) bound the evaluator's (`Group.first/last`). Records not covering the
-window make it `uncovered`.
+window make it `uncovered`, except the last RECORD_LAG_S before the present, which a live rule
+group has not evaluated yet: there the window ends at the records' newest evaluation (`records_end`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ from kvscope.diagnoser.sources.promapi import PromClient, matrix_on_grid
 INTERVAL_S = float(duration_seconds(CANDIDATE_INTERVAL))
 RECORD_LOOKBACK_S = INTERVAL_S + 5.0
 """One evaluation interval and a margin for the evaluations' jitter."""
+RECORD_LAG_S = 120.0
+"""How far the records' newest evaluation may lag the window's end for the window to end there
+instead of judging every rule on every engine's series: a live rule group's record of time t is
+written after its interval (15 s), its evaluation (about 13 s for the slowest group at 1000
+engines, below) and the write (vmalert's remote-write flush, VictoriaMetrics' default
+`-search.latencyOffset` of 30 s). Records that stop earlier are missing, not late."""
 
 
 def candidate_exprs(rules: list[Rule], catalog: Catalog) -> dict[str, tuple[str | None, str]]:
@@ -75,6 +82,31 @@ class Hits:
     everywhere: bool = False
     why: str = ""
     uncovered: list[tuple[float, float]] = field(default_factory=list)
+
+
+def records_end(client: PromClient, rule_ids: list[str], start: float, end: float) -> float:
+    """The end of [start, end] the records can judge: `end`, or, when some rule's records of any
+    version cover the window but for its last evaluations, less than RECORD_LAG_S, the newest time
+    start + k x INTERVAL_S at which every such rule's had evaluated (a window ending at the
+    present, as the webhook's does, would otherwise judge every rule in full for its last
+    seconds). Rules whose records miss more, or elsewhere, are judged in full whatever the end
+    (`read_candidates`), so they do not move it. One range query of the records' own series."""
+    times = np.arange(start, end + INTERVAL_S / 2, INTERVAL_S)
+    if not rule_ids or float(times[-1]) - start < RECORD_LAG_S:
+        return end
+    ids = "|".join(sorted(rule_ids))
+    expr = f'max by (rule_id) (last_over_time({CANDIDATE}{{rule_id=~"{ids}",version!=""}}[{RECORD_LOOKBACK_S:g}s]))'
+    result = client.range_parts(expr, start, float(times[-1]), INTERVAL_S, what="candidate records' evaluations")
+    _, values = matrix_on_grid(result, start, INTERVAL_S, len(times))
+    lasts = []
+    for row in values:
+        gaps = _runs(np.isnan(row))
+        if len(gaps) == 1 and gaps[0][1] == len(times) - 1 and gaps[0][0] > 0:
+            lasts.append(float(times[gaps[0][0] - 1]))
+        elif not gaps:
+            lasts.append(float(times[-1]))
+    late = [t for t in lasts if times[-1] - t <= RECORD_LAG_S]
+    return end if not late or min(late) >= times[-1] else min(late)
 
 
 def read_candidates(

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from kvscope.agent.recording.timespan import iso_utc
 from kvscope.agent.signals import Catalog, load_catalog
 from kvscope.diagnoser.evaluate.confidence import direct_present
 from kvscope.diagnoser.evaluate.evaluator import (
@@ -31,7 +32,14 @@ from kvscope.diagnoser.evaluate.evaluator import (
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid
 from kvscope.diagnoser.findings import MECHANISM_OFF, MECHANISM_UNKNOWN, Diagnosis, Finding, Skipped
 from kvscope.diagnoser.promql.signals import InlineSignals
-from kvscope.diagnoser.pushdown.candidates import Group, Hits, candidate_exprs, describe, read_candidates
+from kvscope.diagnoser.pushdown.candidates import (
+    Group,
+    Hits,
+    candidate_exprs,
+    describe,
+    read_candidates,
+    records_end,
+)
 from kvscope.diagnoser.pushdown.evidence import Fetched, below, fetch_needs, rule_frame, rule_needs
 from kvscope.diagnoser.pushdown.prefilter import hold_steps, rule_reach
 from kvscope.diagnoser.rulebook import tree
@@ -49,6 +57,8 @@ class FleetReport:
 
     hits: dict[str, Hits] = field(default_factory=dict)
     young: int = 0  # the most instances whose data starts within one rule's reach
+    asked_end: float | None = None  # the window's end asked for
+    end: float = math.inf  # the window's end judged (the records' newest evaluation, when it cut the window)
     fetched: Fetched | None = None  # the evidence fetched (every rule's series where it matched)
     evidence_series: int = 0
     evidence_points: int = 0
@@ -66,6 +76,12 @@ class FleetReport:
             f"{int(client.stats['queries'])} queries, {client.stats['bytes'] / 1e6:.1f} MB; "
             + ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
         ]
+        if self.asked_end is not None and self.end < self.asked_end:
+            out.append(
+                f"fleet: the window ends at the candidate records' newest evaluation, {iso_utc(self.end)}, "
+                f"{self.asked_end - self.end:.0f} s before the end asked for (a live rule group writes a record "
+                "after its interval, evaluation and write; docs/fleet.md)"
+            )
         if self.young:
             out.append(
                 f"fleet: up to {self.young} instance(s) have no data from before the window's start minus a rule's "
@@ -102,6 +118,10 @@ def diagnose_fleet(
     prepared = [r.with_params(params.get(r.id, {})).scaled(scale) for r in rules]
     report = FleetReport()
     t0 = time.perf_counter()
+    if scale == 1.0:
+        report.asked_end = end
+        report.end = end = _records_end(client, rules, start, end)
+        grid = make_grid(start, end, step)
     client.say("fleet: inventory")
     present, facts = inventory(client, prepared, start, end, catalog)
     shell = Frame(ts=grid, blocks={n: Block([], np.zeros((0, len(grid)))) for n in present})
@@ -180,6 +200,17 @@ def _candidates(
                 raise
             out.update({rid: Hits(everywhere=True, why=f"candidate query refused: {exc}") for rid in versions})
     return out
+
+
+def _records_end(client: PromClient, rules: list[Rule], start: float, end: float) -> float:
+    """`end`, or the candidate records' newest evaluation when they lag it by less than
+    RECORD_LAG_S (candidates.py `records_end`); `end` where the TSDB refuses the query."""
+    try:
+        return records_end(client, [r.id for r in rules], start, end)
+    except PromError as exc:
+        if exc.status not in (400, 422, 503, 504):
+            raise
+        return end
 
 
 # ------------------------------------------------------------------------------ inventory

@@ -37,7 +37,7 @@ from kvscope.diagnoser.evaluate.expr import SeriesEvaluator
 from kvscope.diagnoser.evaluate.frame import Frame, JudgedSpans, frame_from_samples, make_grid
 from kvscope.diagnoser.promql.rulefiles import render_rule_file
 from kvscope.diagnoser.promql.signals import InlineSignals
-from kvscope.diagnoser.pushdown.candidates import candidate_exprs, describe
+from kvscope.diagnoser.pushdown.candidates import RECORD_LAG_S, candidate_exprs, describe
 from kvscope.diagnoser.pushdown.evidence import summed_buckets
 from kvscope.diagnoser.pushdown.prefilter import rule_reach
 from kvscope.diagnoser.pushdown.run import diagnose_fleet
@@ -109,9 +109,10 @@ def test_the_fleet_path_gives_the_full_fetch_diagnosis_on_every_recording(record
     assert not describe(report.hits), describe(report.hits)
 
 
-def _backfilled_fleet(tmp_path: Path, candidates: bool) -> tuple[float, float, float]:
+def _backfilled_fleet(tmp_path: Path, candidates: bool, records_lag_s: float = 0.0) -> tuple[float, float, float]:
     """20 engines of the real vLLM capture, two in an incident, with 1.1 h of history before an
-    hour's window, in tmp_path/data (prometheus.yml beside it), the candidates backfilled."""
+    hour's window, in tmp_path/data (prometheus.yml beside it), the candidates backfilled (up to
+    `records_lag_s` before the window's end)."""
     start, end = 1_795_003_960.0, 1_795_007_560.0
     plain = tmp_path / "rec.om"
     config = tmp_path / "prometheus.yml"
@@ -120,7 +121,9 @@ def _backfilled_fleet(tmp_path: Path, candidates: bool) -> tuple[float, float, f
         write_capture_fleet(out, 20, start - 3960, end)
     backfill_openmetrics(plain, tmp_path / "data")
     if candidates:
-        backfill_rules(config, tmp_path / "data", CANDIDATES, start - 3960, end)
+        backfill_rules(
+            config, tmp_path / "data", CANDIDATES, start - (60 if records_lag_s else 3960), end - records_lag_s
+        )
     return start, end, 15.0
 
 
@@ -154,6 +157,38 @@ def test_without_the_records_the_full_fetch_is_used_and_said(tmp_path):
     uncovered = {rid for rid, h in report.hits.items() if h.uncovered}
     lines = [ln for ln in text.splitlines() if ln.startswith("  ") and not ln.startswith("  backfill")]
     assert uncovered and uncovered == {r for line in lines for r in line.split(":")[0].strip().split(", ")}, text
+
+
+def test_records_a_little_behind_the_present_end_the_window_and_older_gaps_are_judged_in_full(tmp_path):
+    """A live rule group writes the record of time t after its interval and evaluation: a window
+    ending at the present (the webhook's) ends at the records' newest evaluation, with the full
+    fetch's Diagnosis over that window, every rule still read from the records; records that stop
+    more than RECORD_LAG_S before the end are missing, the window is kept and the rules judged in full."""
+    start, end, step = _backfilled_fleet(tmp_path, candidates=True, records_lag_s=45.0)
+    rules = read_rules()
+    names = set().union(*(sample_names(r) for r in rules))
+    records = {rid for rid, (expr, _) in candidate_exprs(rules, load_catalog()).items() if expr}
+    with running_prometheus(
+        tmp_path / "prometheus.yml", tmp_path / "data", "--storage.tsdb.retention.time=100y"
+    ) as prom:
+        fleet, report = diagnose_fleet(PromClient(prom.url), start, end, step, rules, source="p", time_scale=1.0)
+        cut = fleet.window[1]
+        full = diagnose(fetch_frame(PromClient(prom.url), names, start, cut, step), rules, source="p", time_scale=1.0)
+        late, late_report = diagnose_fleet(
+            PromClient(prom.url), start, end + RECORD_LAG_S, step, rules, source="p", time_scale=1.0
+        )
+        late_full = diagnose(
+            fetch_frame(PromClient(prom.url), names, start, end + RECORD_LAG_S, step), rules, source="p", time_scale=1.0
+        )
+    assert end - RECORD_LAG_S < cut < end, (cut, end)
+    assert report.end == cut and any("newest evaluation" in line for line in report.summary(PromClient(prom.url)))
+    assert_same_diagnosis(fleet, full)
+    assert fleet.findings
+    assert not {rid for rid, h in report.hits.items() if h.everywhere} & records
+    assert late.window[1] == end + RECORD_LAG_S
+    assert_same_diagnosis(late, late_full)
+    uncovered = {rid for rid, h in late_report.hits.items() if h.uncovered}
+    assert uncovered and uncovered == {rid for rid in late_report.hits if rid in records}, uncovered
 
 
 # ------------------------------------------------------------------------------ prefilters

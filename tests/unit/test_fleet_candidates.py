@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.diagnoser.pushdown.candidates import INTERVAL_S, describe, read_candidates
+from kvscope.diagnoser.pushdown.candidates import INTERVAL_S, RECORD_LAG_S, describe, read_candidates, records_end
 
 START = 1_800_000_000.0
 GRID = START + 15.0 * np.arange(241)  # one hour at 15 s
@@ -101,3 +101,31 @@ def test_the_candidate_file_is_up_to_date_and_versions_each_rule() -> None:
     assert versions == {rid: v for rid, (e, v) in exprs.items() if e is not None}
     assert all(r["record"] == "kvscope:candidate" for r in rows)
     assert len(versions) >= 45
+
+
+def until(end: float) -> list[float]:
+    return list(np.arange(START, end + 1, INTERVAL_S))
+
+
+def test_the_window_ends_at_the_records_newest_evaluation_when_they_lag_the_present() -> None:
+    # a live group writes its record after its interval and evaluation; the slowest rule decides
+    tsdb = TableTSDB([up("r", times=until(END - 45)), up("s", times=until(END - 30))])
+    assert records_end(tsdb, ["r", "s"], START, END) == END - 45
+    assert len(tsdb.asked) == 1 and 'rule_id=~"r|s"' in tsdb.asked[0]
+    assert records_end(TableTSDB([up("r"), up("s")]), ["r", "s"], START, END) == END
+
+
+def test_records_that_stopped_earlier_or_never_ran_leave_the_window_as_asked() -> None:
+    stopped = TableTSDB([up("r", times=until(END - RECORD_LAG_S - 60))])
+    assert records_end(stopped, ["r"], START, END) == END  # missing, not late: judged in full
+    assert records_end(TableTSDB([]), ["r"], START, END) == END
+    assert records_end(TableTSDB([up("r", times=until(END - 45))]), [], START, END) == END
+
+
+def test_a_rule_missing_records_elsewhere_is_judged_in_full_and_does_not_move_the_end() -> None:
+    holed = [t for t in until(END - 90) if not START + 600 <= t <= START + 900]
+    assert records_end(TableTSDB([up("r", times=holed)]), ["r"], START, END) == END
+    both = TableTSDB([up("r", times=holed), up("s", times=until(END - 30))])
+    assert records_end(both, ["r", "s"], START, END) == END - 30
+    late_start = TableTSDB([up("r", times=until(END - 30)[4:])])
+    assert records_end(late_start, ["r"], START, END) == END
