@@ -16,7 +16,8 @@ import pytest
 from kvscope.cli import main
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
-KV_PRESSURE = ("kv_pressure_preemption", "kv_pressure_cascade")
+KV_PRESSURE = ("kv_pressure_preemption", "kv_pressure_cascade", "eviction_rate_high")  # K1-K3: one mechanism
+EXIT = {"warning": 1, "critical": 2}
 
 
 def diagnose(capsys, *argv: str) -> tuple[int, dict, str]:
@@ -48,7 +49,20 @@ def test_diagnose_log_equals_diagnose_recording_of_record_log(capsys, tmp_path: 
 @pytest.mark.parametrize("name", ["vllm-0.6-v0-kv-pressure.log", "sglang-0.4-kv-pressure.log"])
 def test_kv_pressure_log_with_preemptions_names_kv_pressure_first(capsys, name: str):
     code, result, _ = diagnose(capsys, "--log", str(LOGS / name), "--date", "2026-11-24")
-    assert code == 1 and result["likely_cause"]["rule_id"] in KV_PRESSURE, findings(result)
+    assert result["likely_cause"]["rule_id"] in KV_PRESSURE, findings(result)
+    assert code == EXIT[result["likely_cause"]["severity"]]
+
+
+def test_a_v0_preemption_counter_read_at_its_own_lines_gives_the_eviction_band(capsys):
+    """vLLM 0.6's preemption warning carries the cumulative count (1, 51, 101 ten seconds apart)
+    and nothing else does: a rate needs two of those samples, which the 40 s window's shortened
+    1m range now keeps (two steps). 50 preemptions in 10 s over ~18 running requests is ~27 %
+    of active requests per second, past 002 §7.4's 20 % band: degraded, critical."""
+    code, result, _ = diagnose(capsys, "--log", str(LOGS / "vllm-0.6-v0-kv-pressure.log"), "--date", "2026-11-24")
+    lc = result["likely_cause"]
+    assert (lc["rule_id"], lc["severity"], code) == ("eviction_rate_high", "critical", 2), findings(result)
+    preemptions = next(e for e in lc["evidence"] if e["name"] == "preemptions")
+    assert preemptions["value"] == pytest.approx(5.0)
 
 
 def test_kv_pressure_log_without_a_preemption_counter_names_kv_pressure_first(capsys):
@@ -68,7 +82,7 @@ def test_stdin_and_labels(capsys, monkeypatch):
     code, result, err = diagnose(
         capsys, "--log", "-", "--instance", "vllm-7", "--model", "llama", "--date", "2026-11-24"
     )
-    assert code == 1 and result["likely_cause"]["where"]["instance"] == "vllm-7", result["likely_cause"]["where"]
+    assert code == 2 and result["likely_cause"]["where"]["instance"] == "vllm-7", result["likely_cause"]["where"]
     assert "9 vLLM V0 stats lines" in err
 
 
