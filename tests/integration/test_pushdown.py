@@ -37,6 +37,7 @@ from kvscope.diagnoser.evaluate.expr import SeriesEvaluator
 from kvscope.diagnoser.evaluate.frame import Frame, JudgedSpans, frame_from_samples, make_grid
 from kvscope.diagnoser.promql.rulefiles import render_rule_file
 from kvscope.diagnoser.promql.signals import InlineSignals
+from kvscope.diagnoser.pushdown import run
 from kvscope.diagnoser.pushdown.candidates import RECORD_LAG_S, candidate_exprs, describe
 from kvscope.diagnoser.pushdown.evidence import summed_buckets
 from kvscope.diagnoser.pushdown.prefilter import rule_reach
@@ -159,12 +160,13 @@ def test_without_the_records_the_full_fetch_is_used_and_said(tmp_path):
     assert uncovered and uncovered == {r for line in lines for r in line.split(":")[0].strip().split(", ")}, text
 
 
-def test_records_a_little_behind_the_present_end_the_window_and_older_gaps_are_judged_in_full(tmp_path):
+def test_records_a_little_behind_the_present_end_the_window_and_older_gaps_are_judged_in_full(tmp_path, monkeypatch):
     """A live rule group writes the record of time t after its interval and evaluation: a window
     ending at the present (the webhook's) ends at the records' newest evaluation, with the full
     fetch's Diagnosis over that window, every rule still read from the records; records that stop
     more than RECORD_LAG_S before the end are missing, the window is kept and the rules judged in full."""
     start, end, step = _backfilled_fleet(tmp_path, candidates=True, records_lag_s=45.0)
+    monkeypatch.setattr(run, "_present", lambda: end + 30.0)  # the backfilled fleet's end is "now"
     rules = read_rules()
     names = set().union(*(sample_names(r) for r in rules))
     records = {rid for rid, (expr, _) in candidate_exprs(rules, load_catalog()).items() if expr}
