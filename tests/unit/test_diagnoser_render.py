@@ -153,7 +153,8 @@ def test_promql_with_the_grid_step_prints_the_whole_steps_the_evaluator_uses():
     assert "[5m]" in promql(_rule(1.0), "p", step=15.0)  # 20 steps: as written
     assert "rate(engine_preemptions_total[30s])" in promql(_rule(0.09), "p", step=10.0)  # 27 s -> 3 steps
     assert "rate(engine_preemptions_total[5m1s])" in promql(_rule(1.0), "p", step=7.0)  # 42.9 -> 43 steps = 301 s
-    assert "[2s]" in promql(_rule(0.001), "p", step=2.0)  # never below one step
+    assert "rate(engine_preemptions_total[4s])" in promql(_rule(0.0001), "p", step=2.0)  # a rate: two steps at least
+    assert "[2s:2s]" in promql(_rule(0.0001), "u_avg", step=2.0)  # any other range: never below one step
 
 
 def test_evidence_promql_is_the_rule_compilers_text_over_canonical_names():
