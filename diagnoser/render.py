@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import re
 import time
 from collections import Counter
 
@@ -24,6 +23,7 @@ from kvscope.diagnoser.findings import (
 )
 from kvscope.diagnoser.rulebook.rule import Rule
 from kvscope.diagnoser.rulebook.tree import Baseline, Tree
+from kvscope.diagnoser.values import fmt_value
 
 _STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
 
@@ -41,35 +41,6 @@ def fmt_duration(seconds: float) -> str:
         return f"{m}m{s:02d}s"
     h, m = divmod(m, 60)
     return f"{h}h{m:02d}m"
-
-
-NUMBER_UNITS = {"ratio": "", "per_second": "/s", "tokens_per_second": "tokens/s", "count": "", "tokens": "tokens"}
-"""Units whose value `fmt_number` writes (a summary then writes the unit in its own words)."""
-
-
-def fmt_number(v: float, unit: str) -> str:
-    """The number of a `NUMBER_UNITS` value as the evidence table writes it, without the unit:
-    ratios as percent to a tenth (`100.0%`), others to 3 significant digits (`5.8`, `18,101`)."""
-    if unit == "ratio":
-        return f"{v:.1%}"
-    return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-
-
-def fmt_value(ev: Evidence) -> str:
-    """A number with its unit, readable (ratios as percent)."""
-    v = ev.value
-    if v is None:
-        return "absent"
-    if ev.unit == "seconds":
-        return f"{v * 1000:.1f} ms" if abs(v) < 1 else f"{v:.2f} s"
-    if ev.unit == "bytes" or ev.unit == "bytes_per_second":
-        suffix = "/s" if ev.unit.endswith("second") else ""
-        for unit in ("B", "KB", "MB", "GB", "TB"):
-            if abs(v) < 1000:
-                return f"{v:.1f} {unit}{suffix}"
-            v /= 1000
-        return f"{v:.1f} PB{suffix}"
-    return f"{fmt_number(v, ev.unit)} {NUMBER_UNITS.get(ev.unit, ev.unit)}".strip()
 
 
 def fmt_clock(ts: float) -> str:
@@ -185,44 +156,6 @@ def _grid_seconds(seconds: float, step: float, least: int) -> float:
     return max(least, int(round(seconds / step))) * step if step else seconds
 
 
-_SECONDS_FIELD = re.compile(r"\{(\w+)(?::[^}]*)?\}s(?![/\w])")
-_FIELD = re.compile(r"\{(\w+)(?::[^}]*)?\}")
-
-
-def render_summary(f: Finding) -> str:
-    """The finding's summary with each evidence value written as the evidence table writes it:
-    durations by `fmt_value` ("226.0 ms", not "0.226s"), counts, rates and ratios by `fmt_number`
-    ("5.8 waiting" beside a row reading 5.8, not "6 waiting"); the engine's summary when the rule's
-    template is unknown."""
-    rule = _shipped().get(f.rule_id)
-    items = rule.tree.evidence if rule else ()
-    template = rule.tree.meta.get("summary") if rule else None
-    keys = [e.key for e in f.evidence]  # names carry the range used ({range}): match by series
-    same = keys == [i.series for i in items] if all(keys) else [i.name for i in items] == [e.name for e in f.evidence]
-    if not template or not same:
-        return f.summary
-    by_series = {i.series: e for i, e in zip(items, f.evidence, strict=True)}
-
-    def seconds(m: re.Match[str]) -> str:
-        ev = by_series.get(m.group(1))
-        if ev is None or ev.unit != "seconds" or ev.value is None:
-            return m.group(0)
-        return fmt_value(ev).replace("{", "{{").replace("}", "}}")
-
-    def number(m: re.Match[str]) -> str:
-        ev = by_series.get(m.group(1))
-        if ev is None or ev.unit not in NUMBER_UNITS or ev.value is None:
-            return m.group(0)
-        return fmt_number(ev.value, ev.unit)
-
-    tail = f.summary[cut:] if (cut := f.summary.find(" (resolved: ")) >= 0 else ""  # the engine's resolved note
-    try:
-        text = _FIELD.sub(number, _SECONDS_FIELD.sub(seconds, str(template)))
-        return text.format_map({k: e.value for k, e in by_series.items()}) + tail
-    except (KeyError, ValueError, TypeError, IndexError):
-        return f.summary
-
-
 _ENGINES = ("vllm", "sglang", "dcgm", "nvml")
 
 
@@ -254,7 +187,7 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
     rows: list = [head]
     rows.append(Text(confidence_text(f), style="bold" if f.confidence != "high" else ""))
     if f.summary.strip() != f.title.strip():
-        rows.append(Text(render_summary(f)))
+        rows.append(Text(f.summary))
     rows.append(
         Text(f"where: {fmt_where(f)}    since: {fmt_time(f.since)} ({state}, {fmt_duration(f.until - f.since)})")
     )
@@ -292,7 +225,7 @@ def render_line(f: Finding) -> str:
     if f.confidence != "high":
         text += f" [{f.confidence} confidence]"
     if f.summary.strip() != f.title.strip():
-        text += f": {render_summary(f)}"
+        text += f": {f.summary}"
     return text + f"  (since {fmt_clock(f.since)}, {fmt_duration(f.until - f.since)})"
 
 
@@ -501,7 +434,7 @@ def _where_of(members: list[Finding]) -> str:
 def what_text(f: Finding) -> str:
     """The summary, or the first evidence value when the summary only repeats the title."""
     if f.summary.strip() != f.title.strip():
-        return render_summary(f)
+        return f.summary
     ev = next((e for e in shown_evidence(f) if e.value is not None), None)
     return f"{ev.name} {fmt_value(ev)} ({render_taken(f, ev)})" if ev else "no evidence value"
 

@@ -376,7 +376,8 @@ def evidence_table(finding: Finding) -> pd.DataFrame:
     and the series it came from. An absent engine alternative next to a present one is dropped."""
     from dataclasses import replace
 
-    from kvscope.diagnoser.render import fmt_value, render_taken, shown_evidence
+    from kvscope.diagnoser.render import render_taken, shown_evidence
+    from kvscope.diagnoser.values import fmt_value
 
     def bound(e) -> str:  # noqa: ANN001 - Evidence
         return "" if e.threshold is None else f"{e.op or ''} {fmt_value(replace(e, value=e.threshold))}".strip()

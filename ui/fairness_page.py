@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from kvscope.diagnoser.render import fmt_time, fmt_where, render_summary
+from kvscope.diagnoser.render import fmt_time, fmt_where
 from kvscope.ui.data import TriageData, tenant_table
 
 FLEET_GAUGES = {
@@ -57,7 +57,7 @@ def render(data: TriageData) -> None:
     if findings:
         st.header("Tenant findings")
         for f in findings:
-            st.markdown(f"- **{f.title}** on `{fmt_where(f)}` since {fmt_time(f.since)}: {render_summary(f)}")
+            st.markdown(f"- **{f.title}** on `{fmt_where(f)}` since {fmt_time(f.since)}: {f.summary}")
 
 
 def _latest(data: TriageData, name: str) -> float | None:

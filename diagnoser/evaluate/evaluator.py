@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import string
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +38,7 @@ from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.grammar import ExprError
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, parse_duration, read_rules
+from kvscope.diagnoser.values import fill_summary
 
 REFERENCE_WINDOW_S = 900.0
 """Rule durations are written for windows of at least this length (15 minutes)."""
@@ -435,14 +435,11 @@ def _strength(done: list[Evaluated], gi: int, span: tuple[int, int]) -> float:
 
 
 def _summary(rule: Rule, evidence: list[Evidence]) -> str:
-    """The rule's summary with evidence values filled in; the title when a value it names is absent."""
-    text = str(rule.tree.meta.get("summary", rule.title))
-    values = {item.series: ev.value for item, ev in zip(rule.tree.evidence, evidence, strict=False)}
-    try:
-        fields = {f for _, f, _, _ in string.Formatter().parse(text) if f}
-        return rule.title if any(values.get(f) is None for f in fields) else text.format_map(values)
-    except (KeyError, ValueError, TypeError, IndexError):
-        return rule.title
+    """The rule's summary with evidence values filled in as the evidence table writes them
+    (`values.fill_summary`); the title when a value it names is absent."""
+    template = str(rule.tree.meta.get("summary", rule.title))
+    filled = fill_summary(template, [item.series for item in rule.tree.evidence], evidence)
+    return rule.title if filled is None else filled
 
 
 def _levers(rule: Rule, levers: dict[str, Lever]) -> list[Any]:

@@ -62,15 +62,13 @@ def _knee_then(second_replica: str) -> list[dict]:
 
 def test_a_knee_the_autoscaler_answered_is_an_info_record_and_says_why():
     # blind-healthy-sglang-autoscaled-ramp: a 3.5-minute knee before a scale-out; it was a warning.
-    from kvscope.diagnoser.render import render_summary
-
     scaled = diagnose(_frame(_knee_then("_x76 0x44"), 30 * 60.0, 15.0), _rules("ttft_knee"), time_scale=1.0)
     held = diagnose(_frame(_knee_then("0x120"), 30 * 60.0, 15.0), _rules("ttft_knee"), time_scale=1.0)
     assert [f.severity for f in held.findings] == ["warning"]
     (f,) = scaled.findings
     assert f.severity == "info" and not f.active and scaled.exit_status() == 0
     assert f.score < held.findings[0].score
-    assert render_summary(f).endswith("(resolved: the fleet scaled out after the onset and the tail came back)")
+    assert f.summary.endswith("(resolved: the fleet scaled out after the onset and the tail came back)")
 
 
 def test_itl_up_at_every_percentile_outranks_the_generic_both_slos_degrade_finding():

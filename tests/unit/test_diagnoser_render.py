@@ -3,6 +3,7 @@ evidence value was taken, the windows actually used, why nothing fired, repeats 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -16,16 +17,14 @@ from kvscope.diagnoser.promql.series import SeriesCompiler, prom_duration
 from kvscope.diagnoser.render import (
     baseline_lines,
     fact_rows,
-    fmt_number,
-    fmt_value,
     group_repeats,
     render_diagnosis,
     render_not_fired,
-    render_summary,
     render_taken,
     shown_evidence,
 )
 from kvscope.diagnoser.rulebook.rule import parse_yaml, rule_from_doc
+from kvscope.diagnoser.values import fill_summary, fmt_number, fmt_value
 
 T0 = 1_700_000_000.0
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"
@@ -301,41 +300,45 @@ def test_summary_and_table_write_durations_with_one_formatter():
     ev = (
         Evidence("mean KV transfer (engine)", 0.226, "seconds", "s"),
         Evidence("mean kv_transfer phase (traces)", None, "seconds", "s"),
-        Evidence("mean bytes per transfer", None, "bytes", "s"),
+    )
+    template = "KV transfers are slower than before (mean {transfer_mean:.3f}s)"
+    assert (
+        fill_summary(template, ["transfer_mean", "phase"], ev) == "KV transfers are slower than before (mean 226.0 ms)"
     )
     f = replace(
         _finding("kv_transfer_slowing", "L7", ("ops.interconnect_check",), evidence=ev),
-        summary="KV transfers are slower than before (mean 0.226s)",
+        summary="KV transfers are slower than before (mean 226.0 ms)",
     )
-    assert render_summary(f) == "KV transfers are slower than before (mean 226.0 ms)"
     assert "226.0 ms" in _text(Diagnosis(window=f.window, source="t", likely_cause=f, rules_evaluated=1))
-    cascade = replace(
-        _finding(
-            "kv_pressure_cascade",
-            "K2",
-            KV_LEVERS,
-            evidence=(
-                Evidence("KV cache usage", 1.0, "ratio", "s"),
-                Evidence("preemptions", 7.25, "per_second", "s"),
-                Evidence("waiting requests", 5.8, "count", "s"),
-                Evidence("mean TTFT", 1.0706, "seconds", "s"),
-            ),
-        )
+    cascade = (
+        Evidence("KV cache usage", 1.0, "ratio", "s"),
+        Evidence("preemptions", 7.25, "per_second", "s"),
+        Evidence("waiting requests", 5.8, "count", "s"),
+        Evidence("mean TTFT", 1.0706, "seconds", "s"),
     )
+    template = "KV {kv:.0%} -> {preempt_rate:.2f} preemptions/s -> {waiting:.0f} waiting -> TTFT {ttft_mean:.2f}s"
     # every number as its row in the table reads (issue 39 item 5: "6 waiting" beside a row reading 5.8)
-    assert render_summary(cascade) == "KV 100.0% -> 7.25 preemptions/s -> 5.8 waiting -> TTFT 1.07 s"
-    unknown = _finding("not_a_shipped_rule", "X1", ("a",), summary="as the engine wrote it")
-    assert render_summary(unknown) == "as the engine wrote it"
+    filled = fill_summary(template, ["kv", "preempt_rate", "waiting", "ttft_mean"], cascade)
+    assert filled == "KV 100.0% -> 7.25 preemptions/s -> 5.8 waiting -> TTFT 1.07 s"
+    # a value the template names is absent: no summary (the evaluator then says the title)
+    assert fill_summary(template, ["kv", "preempt_rate", "waiting", "ttft_mean"], cascade[:3]) is None
+    absent = (*cascade[:3], Evidence("mean TTFT", None, "seconds", "s"))
+    assert fill_summary(template, ["kv", "preempt_rate", "waiting", "ttft_mean"], absent) is None
 
 
 def test_the_library_cascade_says_the_numbers_its_table_shows():
-    """kv-pressure-cascade's card said "6 waiting" above a row reading 5.8 (issue 39 item 5)."""
-    likely = _diagnose("kv-pressure-cascade").likely_cause
+    """kv-pressure-cascade's card said "6 waiting" above a row reading 5.8 (issue 39 item 5), and
+    the JSON (webhook, --json) still said "6 waiting" once the card did not: the evaluator now
+    writes the summary the way the table writes its values, so every reader gets the same words."""
+    d = _diagnose("kv-pressure-cascade")
+    likely = d.likely_cause
     assert likely is not None and likely.rule_id == "kv_pressure_cascade"
-    summary = render_summary(likely)
+    summary = likely.summary
     rows = {e.key: e for e in likely.evidence}
     assert f"{fmt_number(rows['waiting'].value, 'count')} waiting" in summary
     assert f"KV {fmt_value(rows['kv'])} -> " in summary and fmt_value(rows["preempt_rate"]).split()[0] in summary
+    assert json.loads(d.to_json())["likely_cause"]["summary"] == summary
+    assert summary in _text(d)
 
 
 def test_a_long_promql_is_a_note_under_the_table_not_a_twelve_line_row():
