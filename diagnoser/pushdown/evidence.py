@@ -258,7 +258,7 @@ def fetch_needs(client: PromClient, needs: list[Need], grid: np.ndarray, step: f
         partial(fetch, names=set(nms), start=float(grid[lo]), end=float(grid[hi]), instances=insts)
         for nms, insts, lo, hi in plans
     ]
-    for k, frame in enumerate(client.map_processes(calls)):
+    for k, frame in enumerate(call(client) for call in calls):
         names, instances, lo, hi = plans[k]
         who = "every instance" if instances is None else f"{len(instances)} instance(s)"
         hours = "-".join(time.strftime("%H:%M", time.gmtime(float(grid[i]))) for i in (lo, hi))

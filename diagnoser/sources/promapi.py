@@ -1,9 +1,7 @@
 """The one client of the Prometheus HTTP query API (Prometheus, Thanos, Mimir, VictoriaMetrics).
 
 `PromClient` keeps range queries within the server's limits (split in time; a query refused as
-too large halved and retried; every split noted in `notes`), runs parts on a few threads (whole
-fetches on forked processes with `map_processes`: decoding holds the GIL, so one process decodes
-on one core), turns failures into `PromError` saying what to do, and decodes matrices into float
+too large halved and retried; every split noted in `notes`), runs parts on a few threads, turns failures into `PromError` saying what to do, and decodes matrices into float
 (time, value) pairs.
 """
 
@@ -11,15 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
-import os
-import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
@@ -39,8 +33,6 @@ SAMPLE_BUDGET = 0.5
 """Share of max_samples a query is planned to load (the estimate is rough: ranges and lookback)."""
 MAX_RESPONSE_BYTES = 512 * 1024 * 1024
 CONCURRENCY = 4
-PROCESSES = 4
-"""At most this many forked processes fetch and decode at once (`map_processes`), no more than cores."""
 MAX_BISECT = 6
 """How many times a rejected (422 too many samples) range is halved before giving up."""
 
@@ -73,9 +65,6 @@ class PromError(SourceError):
         super().__init__(message)
         self.status = status
         self.too_many_samples = too_many_samples
-
-    def __reduce__(self) -> tuple[Any, ...]:  # raised in a worker process, re-raised whole here
-        return PromError, (str(self), self.status, self.too_many_samples)
 
 
 @dataclass
@@ -270,36 +259,6 @@ class PromClient:
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
             return list(pool.map(fn, items))
 
-    def map_processes(self, calls: Sequence[Callable[[PromClient], Any]]) -> Iterator[Any]:
-        """call(client) for each call (a partial of a module-level function) on forked processes,
-        results in order as they come, the workers' notes and query counts added here; in this
-        process, one by one, where forking is not safe: threads are running, or not Linux (macOS'
-        system libraries, which urllib asks for proxies, do not survive a fork)."""
-        workers = min(PROCESSES, os.cpu_count() or 1, len(calls))
-        if workers <= 1 or threading.active_count() > 1 or sys.platform != "linux":
-            yield from (call(self) for call in calls)
-            return
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
-        try:
-            for out, notes, stats in pool.map(partial(_in_worker, self), calls):
-                with self._lock:
-                    self.notes += [n for n in notes if n not in self.notes]
-                    self.stats.update((key, self.stats[key] + value) for key, value in stats.items())
-                yield out
-        except BrokenProcessPool as exc:
-            raise PromError(
-                f"prometheus {self.url}: a process fetching from it died (killed for memory?): {exc}"
-            ) from exc
-        finally:
-            pool.shutdown(cancel_futures=True)  # a failed fetch ends the others
-
-    def __getstate__(self) -> dict[str, Any]:
-        """For a worker process: the server and limits, no lock, progress, notes or counts."""
-        return {**self.__dict__, "_lock": None, "progress": None, "notes": [], "stats": dict.fromkeys(self.stats, 0)}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _lock=threading.Lock())
-
     def note(self, text: str) -> None:
         with self._lock:
             if text not in self.notes:
@@ -309,10 +268,6 @@ class PromClient:
         """Progress for long fetches (stderr in the commands)."""
         if self.progress is not None:
             self.progress(text)
-
-
-def _in_worker(client: PromClient, call: Callable[[PromClient], Any]) -> tuple[Any, list[str], dict[str, int]]:
-    return call(client), client.notes, client.stats
 
 
 def _items(result: Any) -> list[Any]:

@@ -3,12 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import threading
-from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,49 +85,3 @@ def test_only_victoriametrics_queries_off_its_step_lattice_ask_it_not_to_cache()
         client.query_range("up", 1789639200, 1789642800, 15)  # on the lattice: cacheable
         client.query_range("up", 1789639207, 1789642807, 15)  # off it
     assert ["nocache" in p for p in sent] == [False, True, False, False]
-
-
-def _note_pid(item: int, client: PromClient) -> tuple[int, int]:
-    client.note(f"note {item % 2}")
-    client.stats["queries"] += 1
-    if item < 0:
-        raise PromError("refused", status=422, too_many_samples=True)
-    return item, os.getpid()
-
-
-def test_fetches_run_on_forked_processes_in_order_and_report_back_here():
-    # in a fresh interpreter: forking needs no other thread, and tests before this one leave
-    # threads running (tqdm's monitor)
-    here = str(Path(__file__).parent)
-    code = f"import sys; sys.path.insert(0, {here!r}); import test_promapi; test_promapi._forked_checks()"
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-
-
-def _forked_checks() -> None:
-    client = PromClient("http://p", progress=print)
-    assert threading.active_count() == 1
-    out = list(client.map_processes([partial(_note_pid, i) for i in range(6)]))
-    assert [item for item, _ in out] == list(range(6)) and {pid for _, pid in out} - {os.getpid()}
-    assert sorted(client.notes) == ["note 0", "note 1"] and client.stats["queries"] == 6 and client.progress is print
-    with pytest.raises(PromError) as err:  # raised there, whole here
-        list(client.map_processes([partial(_note_pid, 1), partial(_note_pid, -1)]))
-    assert err.value.status == 422 and err.value.too_many_samples
-    with pytest.raises(PromError, match="died"):  # a worker killed (for memory, say) is an error in words
-        list(client.map_processes([partial(_note_pid, 1), _exit]))
-
-
-def _exit(client: PromClient) -> None:
-    os._exit(9)
-
-
-def test_with_threads_running_fetches_stay_in_this_process():
-    client, stop = PromClient("http://p"), threading.Event()
-    other = threading.Thread(target=stop.wait)
-    other.start()
-    try:
-        out = list(client.map_processes([partial(_note_pid, 1), partial(_note_pid, 2)]))
-    finally:
-        stop.set()
-        other.join()
-    assert out == [(1, os.getpid()), (2, os.getpid())] and client.stats["queries"] == 2
