@@ -51,6 +51,7 @@ LAYERS = {
         "citations": 0,
         "findings": 1,
         "sizing": 1,
+        "values": 2,
         "rulebook": 2,
         "actions": 3,
         "promql": 4,
