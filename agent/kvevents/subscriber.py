@@ -12,13 +12,24 @@ reconnects; counted as `disconnected`, the lost batches as `missed_batches`) or,
 check (inproc), dropped as `too_large`; at most `QUEUE_BYTES` wait in ZMQ's queue (its high-water
 mark is set from the cap); a batch's events are applied `APPLY_CHUNK` at a time, yielding to the
 agent loop between chunks.
+
+Names: libzmq would look a `tcp://` host name up with a blocking getaddrinfo on its context's I/O
+thread (shared by every subscriber), which a DNS server that never answers stalls. So the
+subscriber looks the name up itself, on a daemon thread of its own (`agent/scrape/resolve.py`),
+waits at most `RESOLVE_TIMEOUT_S` for it, and connects ZMQ to the address (IPv4 first, IPv6 in
+brackets). A lookup that fails or passes its deadline is counted (`resolve_failed`,
+`resolve_timeout`) and tried again after a backoff (`RETRY_S` doubling up to `MAX_RETRY_S`); the name
+is looked up again on each reconnect (a pod's address changes). A subscriber has at most one lookup
+on a thread: a retry waits for the one still running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
+import socket
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -32,6 +43,7 @@ from kvscope.agent.config import ConfigError, parse_bytes, register_section
 from kvscope.agent.kvevents.events import KvEvent, KvEventError, parse_kv_batch, parse_seq
 from kvscope.agent.kvevents.residency import ResidencyTracker
 from kvscope.agent.ratelog import warn_every
+from kvscope.agent.scrape.resolve import daemon_call, lookup
 
 log = logging.getLogger("kvscope.kvevents")
 
@@ -40,6 +52,10 @@ QUEUE_BYTES = 128 << 20
 """Messages ZMQ may hold for one subscriber, in bytes at the cap (RCVHWM = QUEUE_BYTES / cap)."""
 APPLY_CHUNK = 2000
 """Events applied to the residency tracker between two yields to the agent loop."""
+RESOLVE_TIMEOUT_S = 10.0
+"""How long one try waits for the lookup of a publisher's host name."""
+RETRY_S, MAX_RETRY_S = 1.0, 30.0
+"""Backoff between tries of a lookup that failed: RETRY_S, doubling up to MAX_RETRY_S."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,32 @@ def parse_kv_events_config(raw: Any) -> list[KvEventSource]:
 register_section("kv_events", parse_kv_events_config)
 
 
+def named_host(endpoint: str) -> tuple[str, str, int] | None:
+    """For a `tcp://[source;]host:port` endpoint whose host is a name: (the endpoint up to the
+    host, the host, the port). None for an IP literal, `*`, a port that is not a number, and
+    ipc:// or inproc://: ZMQ connects to those as they are."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    head, _, dest = endpoint.rpartition(";")
+    host, _, port = dest.removeprefix("tcp://").rpartition(":")
+    if not host or host == "*" or host.startswith("[") or not port.isdigit():
+        return None
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        return (f"{head};" if head else "tcp://"), host, int(port)
+
+
+def _with_address(head: str, answers: list[Any], port: int) -> str:
+    """The endpoint to an address of a lookup's `answers` (IPv4 first, IPv6 in brackets)."""
+    answers = sorted(answers, key=lambda a: a["family"] != socket.AF_INET)
+    if not answers:
+        raise OSError("no IPv4 or IPv6 address")
+    address = answers[0]["host"]
+    return f"{head}[{address}]:{port}" if ":" in address else f"{head}{address}:{port}"
+
+
 class KvEventSubscriber:
     """Subscribes to one publisher and feeds a ResidencyTracker. `start()` / `stop()`."""
 
@@ -90,8 +132,12 @@ class KvEventSubscriber:
         self._task: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
         self._last_seq: int | None = None
+        self._connected: str | None = None  # the endpoint ZMQ is connected to (a name's address)
+        self._lookup: asyncio.Future[list[Any]] | None = None  # the host name's lookup, at most one
 
     async def start(self) -> None:
+        """Open the socket and start receiving; the connection is made in a task of its own
+        (`_connect`), so a host name that does not resolve never holds the caller."""
         if self._task is not None:
             return
         cap = self.source.max_message_bytes
@@ -99,20 +145,22 @@ class KvEventSubscriber:
         sock.setsockopt(zmq.RCVHWM, max(16, min(100_000, QUEUE_BYTES // cap)))
         sock.setsockopt(zmq.MAXMSGSIZE, cap)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IPV6, 1)  # a name may resolve to an IPv6 address only
         sock.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
         monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        sock.connect(self.source.endpoint)
         self._sock = sock
         self._task = asyncio.create_task(self._loop())
         self._watch = asyncio.create_task(self._reconnect(monitor))
 
     async def stop(self) -> None:
+        """Stop receiving and close the socket; a lookup still running is left to end by itself."""
         for task in (self._task, self._watch):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):  # a dead loop's error is in `dead`
                     await task
         self._task = self._watch = None
+        self._connected = self._lookup = None
         if self._sock is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._sock.disable_monitor()
@@ -133,26 +181,65 @@ class KvEventSubscriber:
                 self._bad(f"exception_{type(e).__name__}", e)
 
     async def _reconnect(self, monitor: zmq.asyncio.Socket) -> None:
-        """Count each lost connection and connect again: libzmq ends (and does not retry) a
-        connection whose peer sent a message over ZMQ_MAXMSGSIZE."""
+        """Connect, then count each lost connection and connect again: libzmq ends (and does not
+        retry) a connection whose peer sent a message over ZMQ_MAXMSGSIZE."""
         try:
+            await self._connect()
             while True:
                 await monitor.recv_multipart()  # only EVENT_DISCONNECTED is monitored
                 self._bad("disconnected", ConnectionError("publisher connection lost; reconnecting"))
-                if self._sock is not None:
+                if self._sock is not None and self._connected is not None:
                     with contextlib.suppress(zmq.ZMQError):
-                        self._sock.disconnect(self.source.endpoint)
-                    self._sock.connect(self.source.endpoint)
+                        self._sock.disconnect(self._connected)
+                    self._connected = None
+                await self._connect()
         finally:
             monitor.close(linger=0)
 
+    async def _connect(self) -> None:
+        """Connect the socket to the publisher, a host name looked up first (`_address`): a lookup
+        that fails is counted and tried again after a backoff, until one answers."""
+        delay = RETRY_S
+        while True:
+            try:
+                endpoint = await self._address()
+                break
+            except OSError as e:
+                reason = "resolve_timeout" if isinstance(e, TimeoutError) else "resolve_failed"
+                self._bad(reason, e)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, MAX_RETRY_S)
+        if self._sock is not None:
+            self._sock.connect(endpoint)
+            self._connected = endpoint
+
+    async def _address(self) -> str:
+        """The endpoint with its host name (`named_host`) replaced by an address, looked up on a
+        daemon thread for at most RESOLVE_TIMEOUT_S (a lookup still running from an earlier try is
+        waited for, not started again). OSError if it does not resolve; TimeoutError past the
+        deadline (the lookup is left to finish)."""
+        named = named_host(self.source.endpoint)
+        if named is None:
+            return self.source.endpoint
+        head, host, port = named
+        if self._lookup is None or self._lookup.done():
+            self._lookup = daemon_call(lookup, host, port, socket.AF_UNSPEC, name=f"resolve {host}")
+        try:
+            answers = await asyncio.wait_for(asyncio.shield(self._lookup), RESOLVE_TIMEOUT_S)
+        except TimeoutError:
+            raise TimeoutError(f"{host} did not resolve within {RESOLVE_TIMEOUT_S:g} s") from None
+        except UnicodeError as e:  # a label idna refuses
+            raise OSError(f"bad host name {host!r}: {e}") from None
+        return _with_address(head, answers, port)
+
     @property
     def dead(self) -> str | None:
-        """Why the receive loop ended (`loop_<exception>`), or None while it runs."""
-        t = self._task
-        if t is None or not t.done() or t.cancelled():
-            return None
-        return f"loop_{type(t.exception()).__name__}"
+        """Why the receive loop ended (`loop_<exception>`) or the connecting task did
+        (`connect_<exception>`, e.g. an endpoint ZMQ refuses), or None while both run."""
+        for what, t in (("loop", self._task), ("connect", self._watch)):
+            if t is not None and t.done() and not t.cancelled():
+                return f"{what}_{type(t.exception()).__name__}"
+        return None
 
     def handle(self, frames: list[bytes]) -> None:
         """Parse and apply one multipart message (`parse`), all at once."""
@@ -184,7 +271,7 @@ class KvEventSubscriber:
 
     def _bad(self, reason: str, e: Exception) -> None:
         self.errors[reason] += 1
-        warn_every(log, f"kvevents:{reason}", "bad KV event message from %s (%s): %s", self.source.endpoint, reason, e)
+        warn_every(log, f"kvevents:{reason}", "KV events from %s (%s): %s", self.source.endpoint, reason, e)
 
 
 @register_collector("kv_events", default_enabled=True)

@@ -1,4 +1,5 @@
 """Name lookups for the agent's HTTP clients, on daemon threads of their own, at most a few at once.
+(The KV-event subscriber looks its publishers' names up with `daemon_call` and `lookup` too.)
 
 aiohttp's default resolver runs getaddrinfo through the event loop. On asyncio's loop that is the
 loop's default executor (min(32, cores + 4) threads), which the host and NVML collectors' own
@@ -58,9 +59,9 @@ class ThreadResolver(AbstractResolver):
             self.in_flight -= 1
             slots.release()
 
-        def lookup() -> list[ResolveResult]:
+        def run() -> list[ResolveResult]:
             try:
-                return _lookup(host, port, family)
+                return lookup(host, port, family)
             except UnicodeError as exc:  # a label idna refuses
                 raise OSError(f"bad host name {host!r}: {exc}") from None
             finally:  # the slot is free once the resolver answered, whether or not a reader still waits
@@ -68,7 +69,7 @@ class ThreadResolver(AbstractResolver):
                     loop.call_soon_threadsafe(give_back)
 
         try:
-            answer = daemon_call(lookup, name=f"resolve {host}")
+            answer = daemon_call(run, name=f"resolve {host}")
         except RuntimeError as exc:  # no thread to be had
             slots.release()
             raise OSError(f"cannot start a name lookup for {host}: {exc}") from None
@@ -113,8 +114,9 @@ def connector(**options: Any) -> aiohttp.TCPConnector:
     return aiohttp.TCPConnector(resolver=ThreadResolver(), **options)
 
 
-def _lookup(host: str, port: int, family: socket.AddressFamily) -> list[ResolveResult]:
-    """getaddrinfo for a stream socket, in aiohttp's ResolveResult form (as its ThreadedResolver)."""
+def lookup(host: str, port: int, family: socket.AddressFamily) -> list[ResolveResult]:
+    """getaddrinfo for a stream socket, in aiohttp's ResolveResult form (as its ThreadedResolver).
+    Blocking and without a timeout: call it on a thread of its own (`daemon_call`)."""
     flags = socket.AI_ADDRCONFIG
     out: list[ResolveResult] = []
     for fam, _, proto, _, address in socket.getaddrinfo(

@@ -8,6 +8,9 @@ starts over). The C library's getaddrinfo, the agent CLI on uvloop and `fetch` a
 - The agent, scraping targets named by host name and pushing OTLP to a collector by name: its host
   collector keeps running, and SIGTERM ends it (before: uvloop's close waited for every lookup in
   libuv's pool, and the loop's shutdown for the push's executor thread, minutes per name).
+- The agent subscribing to a KV-event publisher named by host name (tcp://): the subscriber looks
+  the name up on a thread of its own with a deadline and counts `resolve_timeout` (before: libzmq
+  looked it up on its context's I/O thread, which the stuck lookup held).
 - The diagnoser's reads (`fetch`), one name after another: at most MAX_LOOKUPS lookup threads stay
   behind, and a read then fails at once saying the resolver is not answering (before: one thread
   more per read, without bound).
@@ -50,7 +53,7 @@ out["max_lookups"] = LIMIT
 port = int(sys.argv[1])
 cmd = [sys.executable, "-m", "kvscope", "agent", "--scrape.interval", "2s", "--scrape.timeout", "1s",
        "--web.listen-address", f"127.0.0.1:{port}", "--store.path", sys.argv[2], "--no-collector.nvml",
-       "--log-level", "warning"]
+       "--log-level", "warning", "--config", sys.argv[4]]
 for i in range(10):
     cmd += ["--target", f"http://engine{i}.inference.example:8000/metrics"]
 # and an OTLP push to a collector by name, whose export thread waits on the resolver too
@@ -68,6 +71,16 @@ for _ in range(600):
         health = doc["data"]
         break
 out["health"] = health
+out["kv_resolve_timeout"] = False
+for _ in range(240 if health else 0):  # the subscriber's lookup deadline is 10 s
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    except OSError:
+        text = ""
+    if 'job="kv_events"' in text and 'reason="resolve_timeout"' in text:
+        out["kv_resolve_timeout"] = True
+        break
+    time.sleep(0.5)
 agent.send_signal(signal.SIGTERM)
 try:
     out["agent_rc"] = agent.wait(60)
@@ -100,7 +113,9 @@ def test_a_dns_server_that_never_answers(tmp_path: Path) -> None:
     (tmp_path / "inner.py").write_text(INNER)
     log = tmp_path / "agent.log"
     shell = f'mount --bind {resolv} /etc/resolv.conf && ip link set lo up && exec {sys.executable} inner.py "$@"'
-    args = ["19402", str(tmp_path / "store.db"), str(log)]  # a fresh network namespace: every port is free
+    config = tmp_path / "agent.yaml"  # a KV-event publisher by name, as a pod in a StatefulSet
+    config.write_text('kv_events:\n  - {endpoint: "tcp://engine0.inference.example:5557", instance: "engine0:8000"}\n')
+    args = ["19402", str(tmp_path / "store.db"), str(log), str(config)]  # a fresh network namespace: every port is free
     proc = subprocess.run(
         ["unshare", "-rnm", "sh", "-c", shell, "inner", *args],
         capture_output=True,
@@ -121,5 +136,7 @@ def test_a_dns_server_that_never_answers(tmp_path: Path) -> None:
     health = out["health"]
     assert health is not None, log.read_text()[-3000:]
     assert health["collectors"]["host"]["up"], health["collectors"]
-    assert {t["reason"] for t in health["targets"]} <= {"timeout", "dns_error"}, health["targets"]
+    scraped = [t for t in health["targets"] if t["job"] != "kv_events"]
+    assert {t["reason"] for t in scraped} <= {"timeout", "dns_error"}, health["targets"]
+    assert out["kv_resolve_timeout"], log.read_text()[-3000:]
     assert out["agent_rc"] == 0, (out["agent_rc"], log.read_text()[-3000:])

@@ -1,6 +1,8 @@
 """KV events: decoding (map- and array-encoded), residency / churn / hot-eviction logic, ZMQ wiring."""
 
 import asyncio
+import socket
+import threading
 from types import SimpleNamespace
 
 import msgspec
@@ -8,6 +10,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from kvscope.agent.kvevents import subscriber
 from kvscope.agent.kvevents.events import KvEventError, parse_kv_batch, parse_seq
 from kvscope.agent.kvevents.residency import ResidencyTracker
 from kvscope.agent.kvevents.subscriber import (
@@ -238,3 +241,163 @@ def test_deeply_nested_msgpack_is_a_bad_batch():
     with pytest.raises(KvEventError) as e:
         parse_kv_batch(b"\x93\xcb" + b"\x00" * 8 + b"\x91" * 100_000)
     assert e.value.reason == "bad_batch"
+
+
+# ---------------------------------------------------------------- publishers named by host name
+# libzmq would look a tcp:// name up with a blocking getaddrinfo on its context's I/O thread; the
+# subscriber looks it up itself on a daemon thread with a deadline (issue 41) and connects ZMQ to
+# the address.
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "named"),
+    [
+        ("tcp://engine-0.vllm.svc:5557", ("tcp://", "engine-0.vllm.svc", 5557)),
+        ("tcp://eth0;engine:5557", ("tcp://eth0;", "engine", 5557)),
+        ("tcp://127.0.0.1:5557", None),
+        ("tcp://[::1]:5557", None),
+        ("tcp://::1:5557", None),
+        ("tcp://*:5557", None),
+        ("tcp://engine:*", None),
+        ("ipc:///run/vllm/kv.sock", None),
+        ("inproc://kv", None),
+    ],
+)
+def test_which_endpoints_are_looked_up(endpoint, named):
+    assert subscriber.named_host(endpoint) == named
+
+
+def test_the_address_a_lookup_gives_ipv4_first_ipv6_in_brackets():
+    v4 = {"host": "10.0.0.7", "family": socket.AF_INET}
+    v6 = {"host": "fd00::7", "family": socket.AF_INET6}
+    assert subscriber._with_address("tcp://", [v6, v4], 5557) == "tcp://10.0.0.7:5557"
+    assert subscriber._with_address("tcp://", [v6], 5557) == "tcp://[fd00::7]:5557"
+
+
+def test_a_publisher_name_that_never_resolves_holds_neither_start_nor_stop_nor_the_loop(monkeypatch):
+    """A lookup that never answers: start() returns, each try that passes its deadline is counted
+    (and shows in health), one lookup thread serves every try, another task on the loop keeps
+    running, and stop() returns. Once the resolver answers with a failure, that is counted too."""
+    release = threading.Event()
+    lookups: list[str] = []
+
+    def never(host, port, family):
+        lookups.append(host)
+        release.wait()  # a DNS server that never answers
+        raise socket.gaierror(socket.EAI_AGAIN, "released by the test")
+
+    monkeypatch.setattr(subscriber, "lookup", never)
+    monkeypatch.setattr(subscriber, "RESOLVE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(subscriber, "RETRY_S", 0.05)
+    monkeypatch.setattr(subscriber, "MAX_RETRY_S", 0.1)
+
+    async def until(cond):
+        for _ in range(1200):  # 60 s: a hang guard only (a loaded box is slow)
+            if cond():
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        sub = KvEventSubscriber(KvEventSource("tcp://engine-0.stuck.test:5557", "e0:8000"), context=ctx)
+        ticks = 0
+
+        async def other_work():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        other = asyncio.create_task(other_work())
+        try:
+            await asyncio.wait_for(sub.start(), 60)
+            timed_out = await until(lambda: sub.errors["resolve_timeout"] >= 3)
+            threads = len(lookups)
+            ticks_then = ticks
+            await asyncio.sleep(0.2)
+            health = (await _collector(sub).collect()).health[0]
+            release.set()  # the resolver answers at last: with a failure
+            failed = await until(lambda: sub.errors["resolve_failed"] >= 1)
+            release.clear()  # the next try hangs again
+            await asyncio.wait_for(sub.stop(), 60)
+        finally:
+            release.set()
+            other.cancel()
+            ctx.term()
+        return sub, timed_out, failed, ticks > ticks_then > 0, health, threads
+
+    sub, timed_out, failed, loop_ran, health, threads = asyncio.run(main())
+    assert timed_out and failed and loop_ran
+    assert lookups[0] == "engine-0.stuck.test"
+    assert threads == 1  # a try past its deadline waits on the same lookup: one thread, not one per try
+    assert health.errors["resolve_timeout"] >= 3 and health.up and sub._connected is None
+
+
+def _until_batches(pub, sub, count, seq=0):
+    async def go():
+        nonlocal seq
+        for _ in range(3000):  # 60 s: a hang guard only
+            seq += 1
+            await pub.send_multipart([b"kv", seq.to_bytes(8, "big"), batch(1.0, stored(H1))])
+            await asyncio.sleep(0.02)
+            if sub.stats["batches"] >= count:
+                return seq
+        return None
+
+    return go()
+
+
+def test_a_publisher_named_localhost_is_looked_up_and_its_events_received():
+    async def main():
+        ctx = zmq.asyncio.Context()
+        pub = ctx.socket(zmq.PUB)
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        sub = KvEventSubscriber(KvEventSource(f"tcp://localhost:{port}", "e0:8000", "kv"), context=ctx)
+        await sub.start()
+        try:
+            joined = await _until_batches(pub, sub, 1)
+            connected = sub._connected
+        finally:
+            await sub.stop()
+            pub.close(linger=0)
+            ctx.term()
+        return joined, connected, port, sub
+
+    joined, connected, port, sub = asyncio.run(main())
+    assert joined and connected == f"tcp://127.0.0.1:{port}", connected
+    assert not any(k.startswith("resolve_") for k in sub.errors), sub.errors
+
+
+def test_a_reconnect_looks_the_name_up_again(monkeypatch):
+    """A pod's address changes: after a lost connection (here a message over the cap, which
+    libzmq answers by dropping the connection) the name is looked up again, then events flow."""
+    lookups: list[str] = []
+
+    def answer(host, port, family):
+        lookups.append(host)
+        return [{"host": "127.0.0.1", "family": socket.AF_INET}]
+
+    monkeypatch.setattr(subscriber, "lookup", answer)
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        pub = ctx.socket(zmq.PUB)
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        source = KvEventSource(f"tcp://engine-0.vllm.test:{port}", "e0:8000", "kv", max_message_bytes=1024)
+        sub = KvEventSubscriber(source, context=ctx)
+        await sub.start()
+        try:
+            seq = await _until_batches(pub, sub, 1)
+            if seq is not None:
+                await pub.send_multipart([b"kv", (seq + 1).to_bytes(8, "big"), b"x" * 4096])
+                seq = await _until_batches(pub, sub, 2, seq + 1)
+        finally:
+            await sub.stop()
+            pub.close(linger=0)
+            ctx.term()
+        return seq, sub
+
+    seq, sub = asyncio.run(main())
+    assert seq is not None and sub.errors["disconnected"] >= 1
+    assert len(lookups) >= 2 and set(lookups) == {"engine-0.vllm.test"}, lookups
