@@ -1,8 +1,8 @@
 """The one client of the Prometheus HTTP query API (Prometheus, Thanos, Mimir, VictoriaMetrics).
 
 `PromClient` keeps range queries within the server's limits (split in time; a query refused as
-too large halved and retried; every split noted in `notes`), runs parts on a few threads, turns failures into `PromError` saying what to do, and decodes matrices into float
-(time, value) pairs.
+too large halved and retried; every split noted in `notes`), runs parts on a few threads, turns
+failures into `PromError` saying what to do, and decodes matrices into float (time, value) pairs.
 """
 
 from __future__ import annotations
