@@ -36,7 +36,6 @@ import json
 import math
 import re
 import shutil
-import subprocess
 import sys
 import time
 import urllib.error
@@ -48,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from diagnose_fleet import CACHE, GENERATOR, KVSCOPE, VM_FLAGS, VM_SHIFT_S, WINDOW_END, load, tsdb_hwm  # noqa: E402
+from diagnose_fleet import CACHE, GENERATOR, KVSCOPE, VM_FLAGS, VM_SHIFT_S, WINDOW_END, load, run_child, tsdb_hwm  # noqa: E402
 
 from kvscope.agent.signals import load_catalog  # noqa: E402
 from kvscope.diagnoser.curve.window import SIGNALS  # noqa: E402
@@ -101,32 +100,6 @@ def dataset(engines: int, hours: float, interval: float, every_family: bool) -> 
         flush=True,
     )
     return d / "data", info
-
-
-def timed(argv: list[str], limit_s: float) -> dict:
-    """Wall, peak RSS, CPU seconds, exit status and stdout of one command under GNU time."""
-    stats = CACHE / "curve-time.txt"
-    stats.unlink(missing_ok=True)
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            ["/usr/bin/time", "-f", "%M %U %S %x", "-o", str(stats), *argv],
-            capture_output=True,
-            text=True,
-            timeout=limit_s,
-        )
-    except subprocess.TimeoutExpired:
-        return {"wall_s": math.inf, "rss_gb": math.nan, "cpu_s": math.nan, "exit": "timeout", "out": "", "err": ""}
-    wall = time.perf_counter() - t0
-    fields = stats.read_text().split()[-4:]
-    return {
-        "wall_s": wall,
-        "rss_gb": int(fields[0]) / 1e6,
-        "cpu_s": float(fields[1]) + float(fields[2]),
-        "exit": int(fields[3]),
-        "out": proc.stdout,
-        "err": proc.stderr,
-    }
 
 
 def raw_fetch(url: str, start: float, end: float, step: float, engines: int, per_engine: int) -> dict:
@@ -272,7 +245,7 @@ def bench(args: argparse.Namespace) -> dict:
             l0 = load()
             reset_cache(vm.url)
             argv = [KVSCOPE, "curve", "--prometheus", vm.url, "--start", f"{start:.0f}", "--end", f"{end:.0f}"]
-            got = timed([*argv, "--json", "--timeout", f"{args.limit:.0f}"], args.limit)
+            got = run_child([*argv, "--json", "--timeout", f"{args.limit:.0f}"], args.limit)
             print(
                 f"  curve {run + 1}: {got['wall_s']:.2f} s, peak RSS {got['rss_gb']:.2f} GB, {got['cpu_s']:.1f} CPU-s, "
                 f"exit {got['exit']}: {curve_summary(got['out'])} | load {l0:.1f}-{load():.1f}",
@@ -285,7 +258,7 @@ def bench(args: argparse.Namespace) -> dict:
             reset_cache(vm.url)
             child = [sys.executable, __file__, "--raw-fetch", vm.url, "--engines", str(args.engines)]
             child += ["--start", f"{start:.0f}", "--end", f"{end:.0f}", "--step", f"{step:g}"]
-            raw = timed([*child, "--per-engine", str(per_engine)], args.limit)
+            raw = run_child([*child, "--per-engine", str(per_engine)], args.limit)
             fetched = json.loads(raw["out"]) if raw["exit"] == 0 else {}
             print(
                 f"  raw fetch {run + 1}: {raw['wall_s']:.2f} s, peak RSS {raw['rss_gb']:.2f} GB, "

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -191,15 +192,22 @@ def _config(d: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------ measuring
-def run_child(argv: list[str]) -> dict:
+def run_child(argv: list[str], limit_s: float | None = None) -> dict:
     """Wall, peak RSS, CPU seconds, exit status, stdout and stderr of one command. Run under GNU
-    time: a child forked from this process would count this process's memory in its peak RSS."""
+    time: a child forked from this process would count this process's memory in its peak RSS. A
+    command still running after `limit_s` is killed and reads as exit "timeout", wall inf."""
     stats = CACHE / "time.txt"
     stats.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        ["/usr/bin/time", "-f", "%M %U %S %x", "-o", str(stats), *argv], capture_output=True, text=True
-    )
+    try:
+        proc = subprocess.run(
+            ["/usr/bin/time", "-f", "%M %U %S %x", "-o", str(stats), *argv],
+            capture_output=True,
+            text=True,
+            timeout=limit_s,
+        )
+    except subprocess.TimeoutExpired:
+        return {"wall_s": math.inf, "rss_gb": math.nan, "cpu_s": math.nan, "exit": "timeout", "out": "", "err": ""}
     wall = time.perf_counter() - t0
     fields = stats.read_text().split()[-4:]
     return {
