@@ -100,6 +100,8 @@ def test_triage_page_shows_the_likely_cause(served, page):
     # the script streams the page top-down and the status widget can be gone before the last
     # element arrives: wait for the card's last line (its sources) before reading the text
     page.get_by_text("Sources: ").first.wait_for(timeout=180_000)
+    # and for the card's rule line: one CI run (stop 44, loaded box) read the body before it was there
+    page.get_by_text(likely.rule_id).first.wait_for(timeout=180_000)
     body = page.inner_text("body")
     assert likely.rule_id in body
     assert "Router decisions" not in body and not data.router_rows()  # no router exported decisions: not shown
