@@ -20,7 +20,9 @@ waits at most `RESOLVE_TIMEOUT_S` for it, and connects ZMQ to the address (IPv4 
 brackets). A lookup that fails or passes its deadline is counted (`resolve_failed`,
 `resolve_timeout`) and tried again after a backoff (`RETRY_S` doubling up to `MAX_RETRY_S`); the name
 is looked up again on each reconnect (a pod's address changes). A subscriber has at most one lookup
-on a thread: a retry waits for the one still running.
+on a thread: a retry waits for the one still running. A `tcp://source;host:port` endpoint's source
+must be `*`, an IP address or a network interface of this host: a name there is refused at start,
+since ZMQ would look it up itself.
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ def parse_kv_events_config(raw: Any) -> list[KvEventSource]:
             raise ConfigError(f"kv_events[{i}]: needs endpoint and instance, got {item!r}")
         if not str(item["endpoint"]).startswith(("ipc://", "tcp://", "inproc://")):
             raise ConfigError(f"kv_events[{i}].endpoint: must be ipc://, tcp:// or inproc://")
+        if (source := named_source(str(item["endpoint"]))) is not None:
+            raise ConfigError(
+                f"kv_events[{i}].endpoint: the source {source!r} before ';' must be an IP address or a "
+                "network interface of this host (ZMQ would look a host name up with no deadline)"
+            )
         cap = item.get("max_message_bytes", MAX_MESSAGE_BYTES)
         try:
             cap = parse_bytes(cap)
@@ -108,6 +115,26 @@ def named_host(endpoint: str) -> tuple[str, str, int] | None:
         return None
     except ValueError:
         return (f"{head};" if head else "tcp://"), host, int(port)
+
+
+def named_source(endpoint: str) -> str | None:
+    """The source of a `tcp://source;host:port` endpoint when it is a host name: neither `*`, an
+    IP address nor one of this host's network interfaces (libzmq looks such a name up with a
+    blocking getaddrinfo on its I/O thread, which nothing here can bound). None otherwise."""
+    if not endpoint.startswith("tcp://") or ";" not in endpoint:
+        return None
+    source = endpoint.removeprefix("tcp://").partition(";")[0]
+    host, colon, port = source.rpartition(":")
+    if not colon or not port.isdigit() or host.endswith(":"):  # no ":port" (an IPv6 literal's colons are not one)
+        host = source
+    host = host.removeprefix("[").removesuffix("]")
+    if host == "*" or host in {name for _, name in socket.if_nameindex()}:
+        return None
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        return source
 
 
 def _with_address(head: str, answers: list[Any], port: int) -> str:

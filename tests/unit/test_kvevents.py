@@ -267,6 +267,31 @@ def test_which_endpoints_are_looked_up(endpoint, named):
     assert subscriber.named_host(endpoint) == named
 
 
+@pytest.mark.parametrize(
+    ("endpoint", "refused"),
+    [
+        ("tcp://gw.example;engine:5557", True),
+        ("tcp://gw.example:7000;engine:5557", True),
+        ("tcp://lo;engine:5557", False),
+        ("tcp://lo:7000;engine:5557", False),
+        ("tcp://10.0.0.1;engine:5557", False),
+        ("tcp://[fd00::1]:7000;engine:5557", False),
+        ("tcp://fd00::1;engine:5557", False),
+        ("tcp://*:7000;engine:5557", False),
+        ("tcp://engine:5557", False),
+    ],
+)
+def test_a_source_host_name_is_refused_at_start(endpoint, refused):
+    """libzmq looks a source name up itself, on its I/O thread with no deadline: refused with the
+    key named; `*`, IP literals and this host's interfaces (`lo` is on every Linux host) pass."""
+    config = [{"endpoint": endpoint, "instance": "e0:8000"}]
+    if not refused:
+        assert parse_kv_events_config(config)[0].endpoint == endpoint
+        return
+    with pytest.raises(ValueError, match=r"kv_events\[0\].endpoint: the source 'gw.example"):
+        parse_kv_events_config(config)
+
+
 def test_the_address_a_lookup_gives_ipv4_first_ipv6_in_brackets():
     v4 = {"host": "10.0.0.7", "family": socket.AF_INET}
     v6 = {"host": "fd00::7", "family": socket.AF_INET6}
