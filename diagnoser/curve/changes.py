@@ -13,7 +13,7 @@ a Frame merges over the window, so they are not placed in time here (docs/curve.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,13 +35,6 @@ class Change:
     instances: list[str] = field(default_factory=list)
 
 
-def _finite_steps(ts: np.ndarray, row: np.ndarray) -> list[tuple[float, float, float]]:
-    """(time, value before, value after) for each pair of consecutive present values."""
-    ok = ~np.isnan(row)
-    t, v = ts[ok], row[ok]
-    return [(float(t[i]), float(v[i - 1]), float(v[i])) for i in range(1, len(v))]
-
-
 def _pool_units(frame: Frame) -> dict[Unit, Pool]:
     block = frame.block(CONCURRENCY_SIGNAL)
     out = {}
@@ -51,17 +44,24 @@ def _pool_units(frame: Frame) -> dict[Unit, Pool]:
     return out
 
 
-def _unit_steps(frame: Frame, name: str, units: dict[Unit, Pool]) -> Iterator[tuple[Pool, str, float, float, float]]:
-    """(pool, instance, time, value before, value after) for each step of each series of `name`
-    on a unit that belongs to a pool."""
+def _unit_steps(
+    frame: Frame, name: str, units: dict[Unit, Pool], keep: Callable[[np.ndarray, np.ndarray], np.ndarray]
+) -> Iterator[tuple[Pool, str, float, float, float]]:
+    """(pool, instance, time, value before, value after) for each pair of consecutive present
+    values of each series of `name` on a unit that belongs to a pool, where `keep(before, after)`
+    holds (elementwise over the series' pairs)."""
     block = frame.block(name)
     if block is None:
         return
     for r, labels in enumerate(block.labels):
         unit = unit_of(labels)
-        if unit in units:
-            for t, a, b in _finite_steps(frame.ts, block.values[r]):
-                yield units[unit], unit[0], t, a, b
+        if unit not in units:
+            continue
+        row = block.values[r]
+        present = ~np.isnan(row)
+        t, v = frame.ts[present], row[present]
+        for i in np.flatnonzero(keep(v[:-1], v[1:])) + 1:
+            yield units[unit], unit[0], float(t[i]), float(v[i - 1]), float(v[i])
 
 
 def _replica_changes(frame: Frame, units: dict[Unit, Pool]) -> dict[Pool, list[Change]]:
@@ -82,13 +82,11 @@ def raw_changes(frame: Frame) -> dict[Pool, list[Change]]:
     units = _pool_units(frame)
     out: dict[Pool, list[Change]] = defaultdict(list)
     for name in CONFIG_GAUGES:
-        for pool, instance, t, a, b in _unit_steps(frame, name, units):
-            if a != b:
-                out[pool].append(Change(t, "config", {name.removeprefix("engine_"): [a, b]}, [instance]))
+        for pool, instance, t, a, b in _unit_steps(frame, name, units, np.not_equal):
+            out[pool].append(Change(t, "config", {name.removeprefix("engine_"): [a, b]}, [instance]))
     for name in COUNTERS + tuple(f"{h}_count" for h in HISTOGRAMS):
-        for pool, instance, t, a, b in _unit_steps(frame, name, units):
-            if b < a:
-                out[pool].append(Change(t, "restart", {}, [instance]))
+        for pool, instance, t, _, _ in _unit_steps(frame, name, units, np.greater):
+            out[pool].append(Change(t, "restart", {}, [instance]))
     for pool, changes in _replica_changes(frame, units).items():
         out[pool] += changes
     return {pool: merge(events, 3 * frame.step) for pool, events in out.items()}

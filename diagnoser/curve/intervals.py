@@ -126,9 +126,14 @@ def _histogram(block: Block | None, index: dict[Unit, int], n_t: int) -> tuple[n
         return None
     pos = {le: i for i, le in enumerate(les)}
     out = np.full((len(index), len(les), n_t - 1), np.nan)
+    single = [(u, pos[le], rows[0]) for (u, le), rows in by.items() if len(rows) == 1]
+    if single:  # one series per unit and bound (the usual case): every increase at once
+        u_at, le_at, rows_at = (np.array(c) for c in zip(*single, strict=True))
+        out[u_at, le_at] = step_increases(block.values[rows_at])
     for (u, le), rows in by.items():
-        inc = step_increases(block.values[rows])
-        out[u, pos[le]] = np.where(np.isnan(inc).all(axis=0), np.nan, np.nansum(inc, axis=0))
+        if len(rows) > 1:  # the unit's series of one bound summed (NaN where none is present)
+            inc = step_increases(block.values[rows])
+            out[u, pos[le]] = np.where(np.isnan(inc).all(axis=0), np.nan, np.nansum(inc, axis=0))
     return les, out
 
 
