@@ -144,6 +144,9 @@ def test_an_alerts_runbook_url_opens_its_triage_page(tmp_path: Path):
                     page.goto(url)
                     page.get_by_text(f"Alert {ALERT}", exact=True).wait_for(timeout=120_000)
                     page.get_by_text("Stored diagnosis").first.wait_for(timeout=180_000)
+                    # the triage of the window is rendered below the alert: wait for it before reading
+                    cause = page.get_by_text("Likely cause", exact=True).or_(page.get_by_text("No rule fired"))
+                    cause.first.wait_for(timeout=180_000)
                     body = page.inner_text("body")
                     page.screenshot(path=str(tmp_path / "alert-link.png"))
                 finally:

@@ -208,6 +208,7 @@ def test_efficiency_page_says_what_is_missing_without_a_gpu(served, page):
     info = page.locator('[data-testid="stAlert"]').filter(has_text="No GPU series").first.inner_text()
     assert "NVML collector" in info and "dcgm-exporter" in info
     assert page.locator(".vega-embed").count() == 0
+    page.get_by_text("Prefill tokens saved").first.wait_for(timeout=180_000)  # below the box: wait, then read
     body = page.inner_text("body")
     metrics = [m.inner_text() for m in page.locator('[data-testid="stMetric"]').all()]
     gpu = [m for m in metrics if m.startswith(("Output tokens / GPU-hour", "Mean GPU utilisation"))]
@@ -259,9 +260,10 @@ def test_triage_page_shows_the_routers_decisions_beside_the_findings(page, tmp_p
         server.wait_healthy(90)
         page.goto(server.url)
         page.get_by_text("Router decisions", exact=True).wait_for(timeout=180_000)
+        n = row["decisions"]
+        page.get_by_text(f"load-only {row['load_only']:,.0f}").first.wait_for(timeout=180_000)  # the list's line
         _settled(page)
         body = page.inner_text("body")
-        n = row["decisions"]
         assert f"decisions cache_aware {n['cache_aware']:,.0f}, round_robin {n['round_robin']:,.0f}" in body
         assert f"to the worker holding the prefix {row['kept_share']:.0%}" in body
         assert f"load-only {row['load_only']:,.0f}" in body
