@@ -20,7 +20,8 @@ Measured in one run, each against the same data:
 * webhook: POST to stored diagnosis (median of `--webhooks`, each a fresh webhook);
 * `diagnose --prometheus` over the same window as a subprocess (the fleet path alone: what the
   webhook costs beyond it is the changes and the receiver);
-* the changes alone: the curve's signals read and computed in-process (`curve.report.pool_curves`);
+* the changes of every pool: the curve's signals of the whole fleet read and computed in-process
+  (`curve.report.pool_curves`), what the webhook read before it read the alert's pool only;
 * raw fetch (baseline): every raw series of every engine over the window, HTTP + JSON only, the
   floor of a client that fetches the fleet (bench/diagnose_fleet.py `baseline_fetch`).
 
@@ -118,7 +119,7 @@ def summary(doc: dict) -> str:
     likely = (alert.get("likely_cause") or {}).get("rule_id")
     return (
         f"status {alert.get('status')}, likely cause {likely}, {len(alert.get('changes') or [])} changes, "
-        f"errors {alert.get('errors') or []}"
+        f"read {alert.get('changes_read')}, errors {alert.get('errors') or []}"
     )
 
 
@@ -197,8 +198,8 @@ def main() -> None:
         if line.startswith("fleet: ") and not line.startswith(("fleet: inventory", "fleet: candidates of")):
             print(f"  {line[:300]}")
     print(
-        f"the changes alone            {curve_s:7.2f} s in-process ({len(curves)} pools): the curve's read and "
-        "computation, the part of the webhook beyond the fleet path"
+        f"the changes of every pool    {curve_s:7.2f} s in-process ({len(curves)} pools): the curve's read and "
+        "computation over the whole fleet, what the webhook read before it read the alert's pool only"
     )
     print(
         f"raw fetch (baseline)         {raw['baseline_s']:7.2f} s, {raw['baseline_mb']:.0f} MB, "

@@ -123,6 +123,13 @@ def instance_places(label_sets: list[dict[str, str]]) -> dict[str, dict[str, str
     }
 
 
+def full_place(alert: Alert, places: dict[str, dict[str, str]] | None) -> dict[str, str]:
+    """The alert's place, completed from `places` (`instance_places`) where it names only its
+    instance: e.g. the model that instance serves."""
+    place = alert.place()
+    return {**(places or {}).get(place.get("instance", ""), {}), **place}
+
+
 def select_findings(
     diagnosis: dict[str, Any], alert: Alert, places: dict[str, dict[str, str]] | None = None
 ) -> dict[str, Any]:
@@ -130,8 +137,7 @@ def select_findings(
     from the alert's own rule. `places` (from `instance_places`) completes an alert that names
     only its instance, so a per-model finding of another model is not attached to it."""
     ranked = [diagnosis.get("likely_cause"), *diagnosis.get("competing", []), *diagnosis.get("other", [])]
-    place = alert.place()
-    place = {**(places or {}).get(place.get("instance", ""), {}), **place}
+    place = full_place(alert, places)
     here = [f for f in ranked if f and at_place(f.get("where", {}), place)]
     rule_id = alert.labels.get("rule_id")
     matched = next((f for f in here if rule_id and f.get("rule_id") == rule_id), None)

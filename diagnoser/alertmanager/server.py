@@ -30,6 +30,7 @@ from kvscope.diagnoser.alertmanager.payload import (
     Alert,
     WebhookError,
     diagnosis_window,
+    full_place,
     instance_places,
     parse_alert,
     parse_webhook,
@@ -44,7 +45,7 @@ from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources import SourceError
 from kvscope.diagnoser.sources.http import LOOKUPS
-from kvscope.diagnoser.sources.prometheus import PrometheusSource
+from kvscope.diagnoser.sources.prometheus import PrometheusSource, model_instances, model_of
 from kvscope.diagnoser.sources.window import Span, read_window
 
 log = logging.getLogger("kvscope.serve")
@@ -311,14 +312,25 @@ class WebhookServer:
         window = (_floor(window[0], self.config.step_s), _floor(window[1], self.config.step_s))
         if window not in cache:
             cache[window] = await self._diagnose_window(*window, deadline=deadline)
-        diagnosis, places, errors = cache[window]
+        fleet, routers, places, errors = cache[window]
+        diagnosis: dict[str, Any] = {"likely_cause": None, "competing": [], "other": [], "skipped": []}  # unread
+        if fleet is not None:
+            place = full_place(alert, places)
+            pool = (place.get("model"), None if place.get("model") else place.get("instance"))
+            if (window, pool) not in cache:
+                cache[window, pool] = await self._with_changes(fleet, *window, deadline, *pool)
+            found, change_errors, scope = cache[window, pool]
+            diagnosis, errors = {**found.to_dict(), **routers}, errors + change_errors
         out = select_findings(diagnosis, alert, places)
+        if fleet is not None:
+            out["changes_read"] = scope
         return {"status": window_status(diagnosis), "window": list(window), **out, "errors": errors}
 
     async def _diagnose_window(
         self, start: float, end: float, deadline: float | None = None
-    ) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[str]]:
-        """(diagnosis, instance places, errors) of the fleet path over the window."""
+    ) -> tuple[Diagnosis | None, dict[str, Any], dict[str, dict[str, str]], list[str]]:
+        """(diagnosis, its routers' decisions, instance places, errors) of the fleet path over the
+        window; no diagnosis when Prometheus could not be read (errors say why)."""
         from kvscope.diagnoser.pushdown.run import diagnose_fleet
 
         source = PrometheusSource(self.config.prometheus_url, timeout_s=self.config.query_timeout_s)
@@ -330,34 +342,54 @@ class WebhookServer:
             # the fleet path's frame holds only candidates' evidence: the routers are read apart
             routers = await self._in_thread(deadline, read_window, source, ROUTER_SIGNALS, Span(start, end), step)
         except SourceError as exc:
-            return {"likely_cause": None, "competing": [], "other": [], "skipped": []}, {}, [str(exc)]
-        result, errors = await self._with_changes(result, start, end, deadline)
+            return None, {}, {}, [str(exc)]
         parts = report.fetched.parts if report.fetched else []
         places = instance_places(
             [dict(lbl) for _, part in parts for block in part.blocks.values() for lbl in block.labels]
         )
-        return {**result.to_dict(), "routers": router_decisions(routers)}, places, errors
+        return result, {"routers": router_decisions(routers)}, places, []
 
     async def _with_changes(
-        self, result: Diagnosis, start: float, end: float, deadline: float | None
-    ) -> tuple[Diagnosis, list[str]]:
+        self,
+        result: Diagnosis,
+        start: float,
+        end: float,
+        deadline: float | None,
+        model: str | None = None,
+        instance: str | None = None,
+    ) -> tuple[Diagnosis, list[str], str]:
         """The diagnosis with what changed in the window and its effect at matched load, by the one
         function `kvscope diagnose` and the UI use (`curve.report.with_changes`: the curve's signals
-        read from the same Prometheus). Its reads end CHANGES_MARGIN_S before the diagnosis' own
-        deadline, so a slow curve read (or a fault in the curve) costs the changes (said in `errors`),
-        never the findings."""
+        read from the same Prometheus), for the pools of `model` only when the alert's place names
+        one, or of the model `instance` serves (its engines from the TSDB's index; every pool when
+        neither is known): an alert is about one place, and one model's engines are a fraction of
+        a fleet's. Its reads end CHANGES_MARGIN_S
+        before the diagnosis' own deadline, so a slow curve read (or a fault in the curve) costs the
+        changes (said in `errors`), never the findings. Third: which pools were read, in words."""
         from kvscope.diagnoser.curve.report import with_changes
 
         source = PrometheusSource(self.config.prometheus_url, timeout_s=self.config.query_timeout_s)
         source.client.deadline = None if deadline is None else deadline - 1.0 - CHANGES_MARGIN_S
+
+        scope = ["every pool"]
+
+        def read() -> Diagnosis:
+            served = model or (instance and model_of(source.client, source.catalog, instance, start, end))
+            if served:
+                source.instances = model_instances(source.client, source.catalog, served, start, end) or None
+            if served and source.instances:
+                scope[0] = f"the pools of model {served} ({len(source.instances)} instance(s))"
+            return with_changes(source, result, start, end, self.config.step_s)
+
         try:
-            got = await self._in_thread(deadline, with_changes, source, result, start, end, self.config.step_s)
+            got = await self._in_thread(deadline, read)
         except SourceError as exc:
-            return result, [f"what changed in the window could not be read: {exc}"]
+            return result, [f"what changed in the window could not be read: {exc}"], scope[0]
         except Exception as exc:  # noqa: BLE001 - a fault in the curve costs the changes, not the findings
             log.exception("what changed in [%s, %s] could not be computed", start, end)
-            return result, [f"what changed in the window could not be computed: {type(exc).__name__}: {exc}"]
-        return got, []
+            why = f"what changed in the window could not be computed: {type(exc).__name__}: {exc}"
+            return result, [why], scope[0]
+        return got, [], scope[0]
 
     async def forward(self, row_id: int, payload: dict[str, Any]) -> str:
         """POST the enriched payload; returns what happened (stored on the row)."""

@@ -36,13 +36,19 @@ class PrometheusSource:
     """Range queries against one Prometheus-compatible base URL."""
 
     def __init__(
-        self, url: str, timeout_s: float = 60.0, catalog: Catalog | None = None, client: PromClient | None = None
+        self,
+        url: str,
+        timeout_s: float = 60.0,
+        catalog: Catalog | None = None,
+        client: PromClient | None = None,
+        instances: list[str] | None = None,
     ) -> None:
         self.client = client or PromClient(url, timeout_s=timeout_s)
         self.url = self.client.url
         self.catalog = catalog or load_catalog()
         self.description = f"prometheus:{self.url}"
         self.notes: list[str] = []  # how queries were split is the client's (`client.notes`)
+        self.instances = instances  # only these instances' series (e.g. one pool's), else every one
 
     def natural_step(self) -> float | None:
         """None: a TSDB holds many scrape intervals (callers pick a step)."""
@@ -51,7 +57,7 @@ class PrometheusSource:
     def read_frame(self, names: set[str], start: float | None, end: float | None, step: float) -> Frame:
         end = time.time() if end is None else end
         start = end - DEFAULT_WINDOW_S if start is None else start
-        return fetch_frame(self.client, names, start, end, step, catalog=self.catalog)
+        return fetch_frame(self.client, names, start, end, step, self.instances, self.catalog)
 
     def scrape_interval(self, names: set[str], start: float, end: float) -> float | None:
         """The interval the series `names` were scraped at: the median gap between the raw samples
@@ -60,13 +66,36 @@ class PrometheusSource:
         (`configured_interval`). Index lookup plus one bounded read of raw samples."""
         lo = max(start, end - PROBE_S)
         sel = selector_for(names, self.catalog, facts=False)
-        instances = sorted(self.client.label_values("instance", [sel], lo, end))[:PROBE_INSTANCES]
+        instances = self.instances or self.client.label_values("instance", [sel], lo, end)
+        instances = sorted(instances)[:PROBE_INSTANCES]
         if instances:
             sel = selector_for(names, self.catalog, instances, facts=False)
         gaps = [np.diff(as_points(s.get("values"))[:, 0]) for s in self.client.raw_samples(sel, end - lo, end)]
         every = np.concatenate(gaps) if gaps else np.empty(0)
         every = every[every > 0]
         return configured_interval(float(np.median(every))) if len(every) else None
+
+
+def _model_labels(catalog: Catalog) -> list[str]:
+    """Every upstream label that carries the model (vLLM's and SGLang's `model_name`, Dynamo's
+    `model`, ...), and kvscope's own `model`."""
+    keys = {up for d in catalog.dialects.values() for up, canonical in d.labels.items() if canonical == "model"}
+    return sorted(keys | {"model"})
+
+
+def model_instances(client: PromClient, catalog: Catalog, model: str, start: float, end: float) -> list[str]:
+    """The instances with a series of `model` in [start, end] (the index only): one model's engines."""
+    matchers = [f'{{{key}="{quote(model)}"}}' for key in _model_labels(catalog)]
+    return sorted(client.label_values("instance", matchers, start - DEFAULT_LOOKBACK_S, end))
+
+
+def model_of(client: PromClient, catalog: Catalog, instance: str, start: float, end: float) -> str | None:
+    """The one model `instance` served in [start, end] (the index only); None when it names none
+    or several."""
+    matcher = [f'{{instance="{quote(instance)}"}}']
+    first = start - DEFAULT_LOOKBACK_S
+    models = {m for key in _model_labels(catalog) for m in client.label_values(key, matcher, first, end)}
+    return models.pop() if len(models) == 1 else None
 
 
 def fetch_frame(

@@ -151,6 +151,8 @@ def test_the_kv_capacity_change_leads_the_alerts_diagnosis(served, capsys):
     ks = row["alert"]["kvscope"]
     assert ks["status"] == "diagnosed" and ks["errors"] == [], ks.get("errors")
     assert list(ks)[:4] == ["status", "window", "changes", "headline"]  # what changed, before the findings
+    # read for the alert's pool only: the model its instance serves (from the TSDB's index)
+    assert ks["changes_read"] == "the pools of model tiny-llama (1 instance(s))"
 
     # the lead: the change the YAML expected a regression from (written before kvscope read it)
     want = meta["expected_curve"]["changes"][0]

@@ -408,8 +408,10 @@ def test_a_failed_curve_read_costs_the_changes_not_the_findings(monkeypatch, fau
     server = server_mod.WebhookServer(
         server_mod.ServeConfig(prometheus_url="http://127.0.0.1:9"), DiagnosisStore(":memory:")
     )
-    doc, _, errors = asyncio.run(server._diagnose_window(0.0, 60.0))
-    assert doc["likely_cause"]["rule_id"] == "kv_pressure_preemption" and doc["changes"] == []
+    alert = server_mod.Alert("firing", {"alertname": "KvCacheFull"}, 30.0, None)
+    out = asyncio.run(server._diagnose_alert(alert, 60.0, {}))
+    assert out["likely_cause"]["rule_id"] == "kv_pressure_preemption" and out["changes"] == []
+    errors = out["errors"]
     word = {
         "read": "could not be read: prometheus: read timed out",
         "compute": "could not be computed: ZeroDivisionError",
