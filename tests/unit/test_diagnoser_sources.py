@@ -178,3 +178,42 @@ def test_frame_from_matrix_reads_a_series_held_natively_and_as_the_agents_reexpo
     frame = frame_from_matrix(result, 100, 100, 15, catalog=load_catalog())
     assert frame.blocks["engine_preemptions_total"].values.tolist() == [[7.0]]
     assert frame.blocks["engine_requests_waiting"].values.tolist() == [[7.0]]
+
+
+class _IndexOnly:
+    """The index answers of a TSDB holding vLLM engines (`model_name`) and a Dynamo frontend
+    (`model`): label -> {instance -> values}. What the pool lookups ask is recorded."""
+
+    def __init__(self) -> None:
+        self.by_label = {
+            "model_name": {"e0": ["llama"], "e1": ["llama"], "e2": ["qwen"], "both": ["llama", "qwen"]},
+            "model": {"fe": ["llama"]},
+        }
+        self.asked: list[tuple[str, list[str]]] = []
+
+    def label_values(self, label, matchers, start, end):
+        self.asked.append((label, list(matchers)))
+        if label == "instance":  # matchers: {<model label>="<model>"}
+            out = set()
+            for m in matchers:
+                key, value = re.fullmatch(r'\{(\w+)="(.*)"\}', m).groups()
+                out |= {i for i, vs in self.by_label.get(key, {}).items() if value in vs}
+            return sorted(out)
+        (instance,) = re.fullmatch(r'\{instance="(.*)"\}', matchers[0]).groups()
+        return self.by_label.get(label, {}).get(instance, [])
+
+
+def test_a_pools_instances_are_found_under_every_dialects_model_label():
+    """The webhook reads what changed for the alert's pool only: the model its instance served
+    (one, else unknown) and that model's instances under any dialect's model label."""
+    from kvscope.diagnoser.sources.prometheus import model_instances, model_of
+
+    client, catalog = _IndexOnly(), load_catalog()
+    assert model_of(client, catalog, "e2", 0.0, 60.0) == "qwen"
+    assert model_of(client, catalog, "both", 0.0, 60.0) is None  # served two models: every pool is read
+    assert model_of(client, catalog, "nowhere", 0.0, 60.0) is None
+    assert model_instances(client, catalog, "llama", 0.0, 60.0) == ["both", "e0", "e1", "fe"]
+    asked = {m for label, ms in client.asked if label == "instance" for m in ms}
+    assert {'{model_name="llama"}', '{model="llama"}'} <= asked
+    assert model_instances(client, catalog, 'a"b', 0.0, 60.0) == []  # quoted, not a broken selector
+    assert '{model_name="a\\"b"}' in client.asked[-1][1]
