@@ -363,33 +363,30 @@ class WebhookServer:
         read from the same Prometheus), for the pools of `model` only when the alert's place names
         one, or of the model `instance` serves (its engines from the TSDB's index; every pool when
         neither is known): an alert is about one place, and one model's engines are a fraction of
-        a fleet's. Its reads end CHANGES_MARGIN_S
-        before the diagnosis' own deadline, so a slow curve read (or a fault in the curve) costs the
-        changes (said in `errors`), never the findings. Third: which pools were read, in words."""
+        a fleet's. Its reads end CHANGES_MARGIN_S before the diagnosis' own deadline, so a slow
+        curve read (or a fault in the curve) costs the changes (said in `errors`), never the
+        findings. Third: which pools were read, in words."""
         from kvscope.diagnoser.curve.report import with_changes
 
         source = PrometheusSource(self.config.prometheus_url, timeout_s=self.config.query_timeout_s)
         source.client.deadline = None if deadline is None else deadline - 1.0 - CHANGES_MARGIN_S
 
-        scope = ["every pool"]
-
-        def read() -> Diagnosis:
+        def read() -> tuple[Diagnosis, str]:
             served = model or (instance and model_of(source.client, source.catalog, instance, start, end))
             if served:
                 source.instances = model_instances(source.client, source.catalog, served, start, end) or None
-            if served and source.instances:
-                scope[0] = f"the pools of model {served} ({len(source.instances)} instance(s))"
-            return with_changes(source, result, start, end, self.config.step_s)
+            scope = f"the pools of model {served} ({len(source.instances)} instance(s))" if source.instances else ""
+            return with_changes(source, result, start, end, self.config.step_s), scope or "every pool"
 
         try:
-            got = await self._in_thread(deadline, read)
+            got, scope = await self._in_thread(deadline, read)
         except SourceError as exc:
-            return result, [f"what changed in the window could not be read: {exc}"], scope[0]
+            return result, [f"what changed in the window could not be read: {exc}"], "none"
         except Exception as exc:  # noqa: BLE001 - a fault in the curve costs the changes, not the findings
             log.exception("what changed in [%s, %s] could not be computed", start, end)
             why = f"what changed in the window could not be computed: {type(exc).__name__}: {exc}"
-            return result, [why], scope[0]
-        return got, [], scope[0]
+            return result, [why], "none"
+        return got, [], scope
 
     async def forward(self, row_id: int, payload: dict[str, Any]) -> str:
         """POST the enriched payload; returns what happened (stored on the row)."""
