@@ -23,6 +23,7 @@ from kvscope.ui import (
     triage_page,
 )
 from kvscope.ui.data import (
+    LIVE_TTL_S,
     SourceError,
     SourceSpec,
     TriageData,
@@ -48,16 +49,19 @@ NEEDS_DATA = {"Triage", "Tenants & fairness", "Cascades", "Efficiency", "Operati
 def _load_recording(location: str, stamp: tuple[int, int] | None) -> TriageData:
     """A recording does not change while it is shown: cached until the file does (`stamp` is its
     mtime and size), and read by the launcher's background thread when that has started it."""
-    return take_preloaded(location) or load_triage(SourceSpec("recording", location))
+    source = SourceSpec("recording", location)
+    return take_preloaded(source) or load_triage(source)
 
 
-@st.cache_resource(show_spinner="Querying the source and running the diagnoser…", max_entries=4, ttl=60)
+@st.cache_resource(show_spinner="Querying the source and running the diagnoser…", max_entries=4, ttl=LIVE_TTL_S)
 def _load_live(kind: str, location: str, since_s: float, end: float | None) -> TriageData:
-    """Prometheus or an agent: the window ends now, so it is read again after 60 s."""
-    return load_triage(SourceSpec(kind, location, since_s, end))
+    """Prometheus or an agent: the window ends now, so it is read again after 60 s (the first
+    view takes the read the launcher started, while it is that young)."""
+    source = SourceSpec(kind, location, since_s, end)
+    return take_preloaded(source) or load_triage(source)
 
 
-@st.cache_resource(show_spinner="Reading each pool's operating curve…", max_entries=4, ttl=60)
+@st.cache_resource(show_spinner="Reading each pool's operating curve…", max_entries=4, ttl=LIVE_TTL_S)
 def _live_curves(kind: str, location: str, since_s: float, end: float | None) -> list[PoolCurve]:
     return live_curves(SourceSpec(kind, location, since_s, end))
 

@@ -11,6 +11,7 @@ import functools
 import os
 import re
 import threading
+import time
 import zlib
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -99,15 +100,20 @@ def load_triage(source: SourceSpec, step_s: float | None = None) -> TriageData:
     raise SourceError(f"unknown source kind {source.kind!r}; use one of {KINDS}")
 
 
-_PRELOADED: dict[str, Future] = {}
-"""Recording path -> its TriageData being read by a background thread of the UI process."""
+LIVE_TTL_S = 60.0
+"""How long a live source's read stands: the page's cache keeps it this long, and a read started
+at launch is shown if the page asks within this time (its caption says the window)."""
+
+_PRELOADED: dict[SourceSpec, tuple[float, Future]] = {}
+"""Source -> (when its read started, its TriageData being read by a background thread)."""
 
 
 def start_preload(source: SourceSpec | None) -> None:
-    """Start reading and diagnosing a recording in a background thread, so the first page view
-    finds it done instead of waiting seconds (replay dominates). Live sources are not preloaded:
-    their window ends when the page asks."""
-    if source is None or source.kind != "recording" or source.location in _PRELOADED:
+    """Start reading and diagnosing `source` in a background thread, so the first page view finds
+    it done (or under way) instead of waiting seconds while Streamlit starts and the browser
+    connects. A recording is read whole; a live source over the window ending now, which the
+    first view takes only while it is younger than LIVE_TTL_S (`take_preloaded`)."""
+    if source is None or _key(source) in _PRELOADED:
         return
     future: Future = Future()
 
@@ -117,15 +123,25 @@ def start_preload(source: SourceSpec | None) -> None:
         except BaseException as exc:  # noqa: BLE001 - handed to the page that asks, as load_triage would raise it
             future.set_exception(exc)
 
-    _PRELOADED[source.location] = future
+    _PRELOADED[_key(source)] = (time.time(), future)
     threading.Thread(target=work, name="kvscope-preload", daemon=True).start()
 
 
-def take_preloaded(location: str) -> TriageData | None:
-    """The preloaded recording (waiting for it if still running), once; None if none was started.
-    Raises what load_triage raised (SourceError for a bad recording)."""
-    future = _PRELOADED.pop(location, None)
-    return None if future is None else future.result()
+def _key(source: SourceSpec) -> SourceSpec:
+    """A recording is read whole: its window fields do not tell two reads apart."""
+    return SourceSpec(source.kind, source.location) if source.kind == "recording" else source
+
+
+def take_preloaded(source: SourceSpec) -> TriageData | None:
+    """The preloaded read of `source` (waiting for it if still running), once; None if none was
+    started, or if a live source's read (window ending "now") started more than LIVE_TTL_S ago.
+    Raises what load_triage raised (SourceError for a bad source)."""
+    started, future = _PRELOADED.pop(_key(source), (0.0, None))
+    if future is None:
+        return None
+    if source.kind != "recording" and source.end is None and time.time() - started > LIVE_TTL_S:
+        return None  # stale: the page reads the window ending now
+    return future.result()
 
 
 def _from_recording(source: SourceSpec, step_s: float | None) -> TriageData:
@@ -180,8 +196,6 @@ def live_curves(source: SourceSpec, step_s: float = 15.0) -> list[PoolCurve]:
     ending at `end` or now), read as `kvscope curve --prometheus/--agent` reads it: the curve's
     series in full through the one window reader, at the source's scrape interval (`curve_step`,
     `step_s` where it cannot say). Raises SourceError with a readable reason."""
-    import time
-
     from kvscope.diagnoser.curve.report import pool_curves
     from kvscope.diagnoser.curve.window import curve_step
     from kvscope.diagnoser.curve.window import read_window as read_curve_window
@@ -199,8 +213,6 @@ def live_curves(source: SourceSpec, step_s: float = 15.0) -> list[PoolCurve]:
 
 def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
     """A live source: the last `since_s` seconds of Prometheus (kvscope:/native series) or an agent."""
-    import time
-
     from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
     from kvscope.diagnoser.routing import SIGNALS as ROUTER_SIGNALS
     from kvscope.diagnoser.routing import router_decisions

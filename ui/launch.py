@@ -1,20 +1,33 @@
 """`python -m kvscope.ui.launch run ui/app.py [streamlit flags]`: Streamlit's own command line,
-started after a background thread has begun reading the recording named by `KVSCOPE_UI_*`.
+started after a background thread has begun reading the source named by `KVSCOPE_UI_*`.
 
-Replaying and diagnosing a recording takes seconds; doing it while Streamlit starts and the
-browser connects means the first page view finds it done (`ui/data.py` start_preload /
-take_preloaded; the page's cache then holds it). Live sources are read when a page asks.
+Reading and diagnosing a source takes seconds (a recording's replay; a fleet's TSDB queries);
+doing it while Streamlit starts and the browser connects means the first page view finds it done
+or under way (`ui/data.py` start_preload / take_preloaded; the page's cache then holds it). A live
+source's read covers the window ending at launch, and a first view more than a minute later
+reads the window ending then instead. The pages' modules are imported meanwhile.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+
+PAGES = ("triage_page", "fairness_page", "cascade_page", "efficiency_page", "operating_page", "sizing_page")
+
+
+def _import_pages() -> None:
+    """Import the pages' modules (pandas, Altair, the diagnoser's renderers: about a second) while
+    the preload reads, rather than in the first view's script run."""
+    for name in PAGES:
+        importlib.import_module(f"kvscope.ui.{name}")
 
 
 def main() -> None:
     from kvscope.ui.data import source_from_env, start_preload
 
     start_preload(source_from_env())
+    _import_pages()  # not on a thread: two threads importing one cycle of modules can deadlock
     from streamlit.web import cli
 
     sys.argv = ["streamlit", *sys.argv[1:]]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import altair as alt
 import pandas as pd
 import streamlit as st
@@ -31,6 +33,8 @@ from kvscope.ui.data import (
     timeline,
 )
 
+CARDS_SHOWN = 20
+"""Findings per section shown as cards; the rest are a table with a picker (`render_cards`)."""
 SEVERITY_ICON = {"critical": ":red[CRITICAL]", "warning": ":orange[WARNING]", "info": ":blue[INFO]"}
 """Severity as coloured text (Streamlit markdown), readable without an emoji font."""
 
@@ -51,9 +55,7 @@ def render(data: TriageData, link: AlertLink | None = None) -> None:
     render_routers(data)
     if d.hypotheses:
         st.header("Competing hypotheses")
-        for f in d.hypotheses:
-            with st.expander(f"{SEVERITY_ICON.get(f.severity, '')} {f.title} — {fmt_where(f)}"):
-                render_card(data, f, charts=False)
+        render_cards(data, d.hypotheses, "hypothesis")
     if d.findings:
         st.header("Timeline")
         render_timeline(d)
@@ -61,9 +63,7 @@ def render(data: TriageData, link: AlertLink | None = None) -> None:
     other = [f for f in d.other if id(f) not in support]
     if other:
         st.header("Other findings")
-        for f in other:
-            with st.expander(f"{SEVERITY_ICON.get(f.severity, '')} {f.title} — {fmt_where(f)}"):
-                render_card(data, f, charts=False)
+        render_cards(data, other, "other")
     if d.skipped:
         with st.expander(f"Rules not evaluated ({len(d.skipped)})"):
             st.dataframe(
@@ -71,6 +71,43 @@ def render(data: TriageData, link: AlertLink | None = None) -> None:
                 hide_index=True,
                 width="stretch",
             )
+
+
+def render_cards(data: TriageData, findings: Sequence[Finding], key: str) -> None:
+    """Findings in ranked order: the first CARDS_SHOWN as collapsed cards, the rest as one table with
+    a picker that opens a card (a fleet's window holds hundreds; a page of hundreds of cards is
+    neither readable nor quick)."""
+    for f in findings[:CARDS_SHOWN]:
+        with st.expander(f"{SEVERITY_ICON.get(f.severity, '')} {f.title} — {fmt_where(f)}"):
+            render_card(data, f, charts=False)
+    rest = findings[CARDS_SHOWN:]
+    if not rest:
+        return
+    st.markdown(f"**{len(rest)} more**, in ranked order:")
+    st.dataframe(finding_rows(rest), hide_index=True, width="stretch")
+    labels = [f"{i + 1}. {f.title} — {fmt_where(f)}" for i, f in enumerate(rest)]
+    picked = st.selectbox(
+        "Show the card of", range(len(rest)), format_func=labels.__getitem__, index=None, key=f"card-{key}"
+    )
+    if picked is not None:
+        render_card(data, rest[picked], charts=False)
+
+
+def finding_rows(findings: Sequence[Finding]) -> pd.DataFrame:
+    """One row per finding: severity, what, where, when, rule."""
+    return pd.DataFrame(
+        [
+            {
+                "severity": f.severity,
+                "finding": f.title,
+                "where": fmt_where(f),
+                "since": fmt_time(f.since),
+                "for": fmt_duration(f.until - f.since),
+                "rule": f.rule_id,
+            }
+            for f in findings
+        ]
+    )
 
 
 def render_cause(data: TriageData) -> None:

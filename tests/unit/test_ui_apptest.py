@@ -307,3 +307,35 @@ def test_a_triage_link_from_an_alert_shows_the_alert_and_the_findings_at_its_lab
     assert "Findings at these labels:" in text and "dropped" not in text
     assert any("--serve-url" in c.value for c in at.caption)
     assert "Likely cause" in [h.value for h in at.header]  # the triage of the source follows
+
+
+def _triage(data):
+    from kvscope.ui import triage_page
+
+    triage_page.render(data)
+
+
+def test_a_fleet_of_findings_shows_the_first_as_cards_and_the_rest_as_a_table_with_a_picker(kv_incident):
+    """Hundreds of findings (a fleet's window): ranked cards for the first CARDS_SHOWN, then one
+    table of the rest, and a picker that opens any of them as a card."""
+    from dataclasses import replace
+
+    from kvscope.diagnoser.findings import Diagnosis
+    from kvscope.ui.triage_page import CARDS_SHOWN
+
+    data = ui_data.load_triage(ui_data.SourceSpec("recording", str(kv_incident)))
+    head = data.diagnosis.likely_cause
+    assert head is not None
+    other = tuple(replace(head, where={"instance": f"10.0.{i}.1:8000"}) for i in range(CARDS_SHOWN + 7))
+    d = Diagnosis(data.diagnosis.window, data.diagnosis.source, head, other=other)
+    at = AppTest.from_function(_triage, args=(replace(data, diagnosis=d),), default_timeout=300).run()
+    assert not at.exception
+    assert "Other findings" in [h.value for h in at.header]
+    shown = [e.label for e in at.expander if "10.0." in e.label]
+    assert len(shown) == CARDS_SHOWN and shown[0].endswith("instance=10.0.0.1:8000")
+    (table,) = [df.value for df in at.dataframe if "finding" in df.value.columns]
+    assert len(table) == 7 and table["where"].iloc[0] == f"instance=10.0.{CARDS_SHOWN}.1:8000"
+    before = len(at.subheader)
+    at.selectbox[0].set_value(6).run()
+    assert len(at.subheader) == before + 1 and at.markdown  # the picked finding's card
+    assert any(f"instance=10.0.{CARDS_SHOWN + 6}.1:8000" in m.value for m in at.markdown)

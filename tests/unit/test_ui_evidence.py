@@ -87,17 +87,43 @@ def test_a_preloaded_recording_is_handed_over_once(tmp_path):
     from kvscope.ui.data import start_preload, take_preloaded
 
     path = str(RECORDINGS / "kv-pressure-cascade.om.gz")
-    start_preload(SourceSpec("recording", path))
-    start_preload(SourceSpec("prometheus", "http://127.0.0.1:9"))  # live sources are read on demand
-    data = take_preloaded(path)
+    start_preload(SourceSpec("recording", path, since_s=600))  # a recording is read whole: since_s does not apply
+    data = take_preloaded(SourceSpec("recording", path))
     assert data is not None and data.diagnosis.likely_cause.rule_id == "kv_pressure_cascade"
-    assert take_preloaded(path) is None  # once; the page cache keeps it
-    assert take_preloaded("http://127.0.0.1:9") is None
+    assert take_preloaded(SourceSpec("recording", path)) is None  # once; the page cache keeps it
     bad = tmp_path / "empty.om"
     bad.write_text("")
     start_preload(SourceSpec("recording", str(bad)))
     with pytest.raises(SourceError):  # the page shows it as st.error
-        take_preloaded(str(bad))
+        take_preloaded(SourceSpec("recording", str(bad)))
+
+
+def test_a_live_preload_is_taken_only_while_young_and_for_the_same_window(monkeypatch):
+    from kvscope.ui import data as ui_data
+
+    read: list[SourceSpec] = []
+    monkeypatch.setattr(ui_data, "load_triage", lambda source: read.append(source) or source)
+    now = SourceSpec("prometheus", "http://127.0.0.1:9", since_s=3600)
+    ui_data.start_preload(now)
+    assert ui_data.take_preloaded(SourceSpec("prometheus", "http://127.0.0.1:9", since_s=600)) is None  # another window
+    assert ui_data.take_preloaded(now) is now and read == [now]
+    ui_data.start_preload(now)
+    started, future = ui_data._PRELOADED[now]
+    ui_data._PRELOADED[now] = (started - ui_data.LIVE_TTL_S - 1, future)
+    assert ui_data.take_preloaded(now) is None  # a minute old: the page reads the window ending now
+    fixed = SourceSpec("prometheus", "http://127.0.0.1:9", since_s=3600, end=started)
+    ui_data.start_preload(fixed)
+    assert ui_data.take_preloaded(fixed) is fixed  # a fixed window does not age
+
+
+def test_a_live_preload_that_failed_raises_for_the_page():
+    from kvscope.ui.data import start_preload, take_preloaded
+    from kvscope.ui.server import free_port
+
+    dead = SourceSpec("prometheus", f"http://127.0.0.1:{free_port()}", since_s=60)  # nothing listens there
+    start_preload(dead)
+    with pytest.raises(SourceError, match="could not be read"):
+        take_preloaded(dead)
 
 
 def test_a_truncated_gzip_recording_is_a_source_error_not_a_traceback(tmp_path):
