@@ -17,6 +17,7 @@ from kvscope.diagnoser.render import (
     fmt_duration,
     fmt_time,
     fmt_where,
+    group_repeats,
     render_line,
     render_not_fired,
     what_text,
@@ -74,38 +75,57 @@ def render(data: TriageData, link: AlertLink | None = None) -> None:
 
 
 def render_cards(data: TriageData, findings: Sequence[Finding], key: str) -> None:
-    """Findings in ranked order: the first CARDS_SHOWN as collapsed cards, the rest as one table with
-    a picker that opens a card (a fleet's window holds hundreds; a page of hundreds of cards is
-    neither readable nor quick)."""
-    for f in findings[:CARDS_SHOWN]:
-        with st.expander(f"{SEVERITY_ICON.get(f.severity, '')} {f.title} — {fmt_where(f)}"):
-            render_card(data, f, charts=False)
-    rest = findings[CARDS_SHOWN:]
+    """Findings in ranked order, one per rule and place with repeats on several instances collapsed
+    (the worst shown, as `kvscope diagnose` lists them): the first CARDS_SHOWN as collapsed cards,
+    the rest as one table with a picker that opens a card (a fleet's window holds hundreds; a page
+    of hundreds of cards is neither readable nor quick)."""
+    groups = group_repeats(tuple(findings))
+    for worst, members in groups[:CARDS_SHOWN]:
+        with st.expander(f"{SEVERITY_ICON.get(worst.severity, '')} {worst.title} — {group_where(worst, members)}"):
+            if len(members) > 1:
+                st.caption(instances_text(members))
+            render_card(data, worst, charts=False)
+    rest = groups[CARDS_SHOWN:]
     if not rest:
         return
     st.markdown(f"**{len(rest)} more**, in ranked order:")
     st.dataframe(finding_rows(rest), hide_index=True, width="stretch")
-    labels = [f"{i + 1}. {f.title} — {fmt_where(f)}" for i, f in enumerate(rest)]
+    labels = [f"{i + 1}. {worst.title} — {group_where(worst, members)}" for i, (worst, members) in enumerate(rest)]
     picked = st.selectbox(
         "Show the card of", range(len(rest)), format_func=labels.__getitem__, index=None, key=f"card-{key}"
     )
     if picked is not None:
-        render_card(data, rest[picked], charts=False)
+        worst, members = rest[picked]
+        if len(members) > 1:
+            st.caption(instances_text(members))
+        render_card(data, worst, charts=False)
 
 
-def finding_rows(findings: Sequence[Finding]) -> pd.DataFrame:
-    """One row per finding: severity, what, where, when, rule."""
+def group_where(worst: Finding, members: list[Finding]) -> str:
+    """Where a group of repeats is: the one place, or how many instances and the worst one."""
+    return fmt_where(worst) if len(members) == 1 else f"{len(members)} instances, worst {fmt_where(worst)}"
+
+
+def instances_text(members: list[Finding], most: int = 50) -> str:
+    """The instances a finding repeats on, the first `most` named."""
+    names = [m.where["instance"] for m in members]
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return f"The same finding on {len(names)} instances: {', '.join(names[:most])}{more}. The card shows the worst."
+
+
+def finding_rows(groups: Sequence[tuple[Finding, list[Finding]]]) -> pd.DataFrame:
+    """One row per finding (repeats collapsed): severity, what, where, when, rule."""
     return pd.DataFrame(
         [
             {
-                "severity": f.severity,
-                "finding": f.title,
-                "where": fmt_where(f),
-                "since": fmt_time(f.since),
-                "for": fmt_duration(f.until - f.since),
-                "rule": f.rule_id,
+                "severity": worst.severity,
+                "finding": worst.title,
+                "where": group_where(worst, members),
+                "since": fmt_time(worst.since),
+                "for": fmt_duration(worst.until - worst.since),
+                "rule": worst.rule_id,
             }
-            for f in findings
+            for worst, members in groups
         ]
     )
 

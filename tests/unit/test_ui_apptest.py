@@ -326,7 +326,9 @@ def test_a_fleet_of_findings_shows_the_first_as_cards_and_the_rest_as_a_table_wi
     data = ui_data.load_triage(ui_data.SourceSpec("recording", str(kv_incident)))
     head = data.diagnosis.likely_cause
     assert head is not None
-    other = tuple(replace(head, where={"instance": f"10.0.{i}.1:8000"}) for i in range(CARDS_SHOWN + 7))
+    other = tuple(
+        replace(head, rule_id=f"rule_{i}", where={"instance": f"10.0.{i}.1:8000"}) for i in range(CARDS_SHOWN + 7)
+    )
     d = Diagnosis(data.diagnosis.window, data.diagnosis.source, head, other=other)
     at = AppTest.from_function(_triage, args=(replace(data, diagnosis=d),), default_timeout=300).run()
     assert not at.exception
@@ -335,7 +337,29 @@ def test_a_fleet_of_findings_shows_the_first_as_cards_and_the_rest_as_a_table_wi
     assert len(shown) == CARDS_SHOWN and shown[0].endswith("instance=10.0.0.1:8000")
     (table,) = [df.value for df in at.dataframe if "finding" in df.value.columns]
     assert len(table) == 7 and table["where"].iloc[0] == f"instance=10.0.{CARDS_SHOWN}.1:8000"
+    assert list(table["rule"]) == [f"rule_{i}" for i in range(CARDS_SHOWN, CARDS_SHOWN + 7)]
     before = len(at.subheader)
     at.selectbox[0].set_value(6).run()
-    assert len(at.subheader) == before + 1 and at.markdown  # the picked finding's card
+    assert len(at.subheader) == before + 1  # the picked finding's card
     assert any(f"instance=10.0.{CARDS_SHOWN + 6}.1:8000" in m.value for m in at.markdown)
+
+
+def test_one_finding_on_many_instances_is_one_card_naming_them(kv_incident):
+    """The same rule at 30 instances (repeats per replica) is one card of the worst, as the CLI
+    lists it, with the instances named under it."""
+    from dataclasses import replace
+
+    from kvscope.diagnoser.findings import Diagnosis
+
+    data = ui_data.load_triage(ui_data.SourceSpec("recording", str(kv_incident)))
+    head = data.diagnosis.likely_cause
+    assert head is not None
+    other = tuple(replace(head, where={"instance": f"10.0.{i}.1:8000"}) for i in range(30))
+    d = Diagnosis(data.diagnosis.window, data.diagnosis.source, head, other=other)
+    at = AppTest.from_function(_triage, args=(replace(data, diagnosis=d),), default_timeout=300).run()
+    assert not at.exception
+    (label,) = [e.label for e in at.expander if "10.0." in e.label]
+    assert label.endswith("30 instances, worst instance=10.0.0.1:8000")
+    (names,) = [c.value for c in at.caption if c.value.startswith("The same finding on 30 instances")]
+    assert "10.0.0.1:8000, 10.0.1.1:8000" in names and "10.0.29.1:8000" in names
+    assert not [df for df in at.dataframe if "finding" in df.value.columns] and not at.selectbox
