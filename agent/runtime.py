@@ -282,11 +282,12 @@ class AgentRuntime:
         st = self.state
         st.collector_status[name] = status
         self.changes.observe(f"collector:{name}", f"collector {name}", status[0], status[1])
+        health = collection.health or self._unfinished(name, status)
         st.samples[name] = collection.samples
-        st.health[name] = collection.health
+        st.health[name] = health
         st.facts.update(collection.facts)
         st.engines.update(collection.engines)
-        for h in collection.health:
+        for h in health:
             if h.target:
                 what = f"target {self._urls.get(h.target, h.target)} ({name})"
                 self.changes.observe(f"target:{name}:{h.target}", what, h.up, h.reason)
@@ -295,6 +296,19 @@ class AgentRuntime:
             for reason, n in h.dropped.items():
                 st.dropped[(name, h.target, reason)] += n
             st.closed.update({(name, h.target, reason): n for reason, n in h.closed.items()})
+
+    def _unfinished(self, name: str, status: tuple[bool, str, float]) -> list[Health]:
+        """A collection that did not finish (it timed out or raised) reports nothing of its own:
+        each target it had is down this cycle with the collector's reason and one scrape error,
+        so `kvscope_target_up` reads 0 instead of vanishing for a cycle."""
+        if status[0]:
+            return []
+        reason = status[1]
+        return [
+            Health(name, h.target, up=False, reason=reason, errors=Counter({reason: 1}))
+            for h in self.state.health.get(name, [])
+            if h.target
+        ]
 
     def _target_up_samples(self, now: float) -> list[Sample]:
         """`kvscope_target_up` history for the store (as replay produces it from recordings)."""

@@ -76,8 +76,9 @@ def test_live_agent_exports_the_stage_the_offline_detector_reaches(vllm_small_kv
         report = evaluate_cascade(seen).get(INSTANCE)
         live.append(code)
         # a cycle whose engine scrape failed (the API server of a loaded box answers /metrics past
-        # the scrape timeout) has no samples of the instance: the hook exports nothing for it then
-        # (absent, never a stale stage), so the expected code is absent
+        # the scrape timeout, or the whole collection past the runtime's collect timeout: then the
+        # target reads down with reason collect_timeout) has no samples of the instance: the hook
+        # exports nothing for it then (absent, never a stale stage), so the expected code is absent
         offline.append(None if report is None or not samples else float(report.stage))
         if down:
             failed[i] = down

@@ -47,6 +47,25 @@ class HangingCollector:
         return None
 
 
+class StallingScraper:
+    """Scrapes one target fine, then hangs (an engine whose /metrics stops answering while the
+    event loop is too busy for the scrape's own timeout to fire first)."""
+
+    name = "engine"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def collect(self) -> Collection:
+        self.calls += 1
+        if self.calls > 1:
+            await asyncio.sleep(3600)
+        return Collection(health=[Health("engine", "10.0.0.1:8000", up=True)])
+
+    async def close(self) -> None:
+        return None
+
+
 class DownCollector:
     name = "nvmlish"
 
@@ -97,6 +116,32 @@ def test_a_hanging_collector_times_out_and_the_cycle_completes():
     assert rt.state.collector_status["hanging"][:2] == (False, "collect_timeout")
     assert rt.state.collector_status["static"][:2] == (True, "ok")
     assert static.calls == 1
+
+
+def test_the_targets_of_a_collection_that_timed_out_are_down_not_absent():
+    """A collector cut by the runtime's timeout reports no health of its own: its targets read
+    down with the collector's reason and one scrape error, instead of vanishing from
+    kvscope_target_up for the cycle."""
+    rt = AgentRuntime(config(1.0), [StallingScraper()], None)
+    asyncio.run(rt.run_cycle())
+    asyncio.run(asyncio.wait_for(rt.run_cycle(), 300))
+    (h,) = rt.state.health["engine"]
+    assert (h.target, h.up, h.reason) == ("10.0.0.1:8000", False, "collect_timeout")
+    values = {(s.name, s.labels): s.value for s in parse_exposition(render_metrics(rt.state, load_catalog())).samples}
+    up = [
+        v
+        for (name, labels), v in values.items()
+        if name == "kvscope_target_up" and ("instance", "10.0.0.1:8000") in labels
+    ]
+    errors = [
+        v
+        for (name, labels), v in values.items()
+        if name == "kvscope_scrape_errors_total" and ("reason", "collect_timeout") in labels
+    ]
+    assert up == [0.0] and errors == [1.0]
+    asyncio.run(asyncio.wait_for(rt.run_cycle(), 300))  # still hanging: still down, one more error
+    assert [(h.target, h.up) for h in rt.state.health["engine"]] == [("10.0.0.1:8000", False)]
+    assert sum(n for (_, _, reason), n in rt.state.scrape_errors.items() if reason == "collect_timeout") == 2
 
 
 def test_a_collector_reporting_itself_down_carries_its_reason():
