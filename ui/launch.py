@@ -11,16 +11,18 @@ reads the window ending then instead. The pages' modules are imported meanwhile.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import sys
-
-PAGES = ("triage_page", "fairness_page", "cascade_page", "efficiency_page", "operating_page", "sizing_page")
 
 
 def _import_pages() -> None:
-    """Import the pages' modules (pandas, Altair, the diagnoser's renderers: about a second) while
-    the preload reads, rather than in the first view's script run."""
-    for name in PAGES:
-        importlib.import_module(f"kvscope.ui.{name}")
+    """Import the UI's modules (pandas, Altair, the diagnoser's renderers: about a second) while
+    the preload reads, rather than in the first view's script run; not app.py, the script itself."""
+    import kvscope.ui
+
+    for module in pkgutil.iter_modules(kvscope.ui.__path__):
+        if module.name not in ("app", "launch"):
+            importlib.import_module(f"kvscope.ui.{module.name}")
 
 
 def main() -> None:

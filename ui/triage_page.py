@@ -35,7 +35,8 @@ from kvscope.ui.data import (
 )
 
 CARDS_SHOWN = 20
-"""Findings per section shown as cards; the rest are a table with a picker (`render_cards`)."""
+"""Cards per section (a finding and its repeats on other instances are one); the rest are a table
+with a picker (`render_cards`)."""
 SEVERITY_ICON = {"critical": ":red[CRITICAL]", "warning": ":orange[WARNING]", "info": ":blue[INFO]"}
 """Severity as coloured text (Streamlit markdown), readable without an emoji font."""
 
