@@ -157,9 +157,7 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
     interval as the step unless `step_s`; failed scrapes, vanished series and removed targets
     marked) and rules. The frame keeps every recorded series, for the pages' charts and tables."""
     from kvscope.agent.derive.cascade import evaluate_cascade
-    from kvscope.diagnoser.curve.report import attach, pool_curves
-    from kvscope.diagnoser.curve.window import curve_step
-    from kvscope.diagnoser.curve.window import read_window as read_curve_window
+    from kvscope.diagnoser.curve.report import attach, window_curves
     from kvscope.diagnoser.evaluate.evaluator import diagnose
     from kvscope.diagnoser.sources.samples import SamplesSource
     from kvscope.report.weekly import report_window
@@ -172,8 +170,7 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
         names = {s.name for s in replay.samples}
         frame = read_window(recording, names, Span(), step_s)
         # what `kvscope diagnose` does (curve.report.with_changes), keeping the curves for the Operating point page
-        step = curve_step(recording, None, None, step_s or DEFAULT_STEP_S)
-        curves = pool_curves(read_curve_window(recording, None, None, step))
+        curves = window_curves(recording, None, None, step_s or DEFAULT_STEP_S)
         diagnosis = attach(diagnose(frame, source=recording.description), curves)
     except (SourceError, ValueError) as exc:  # ValueError: over the grid's bounds (diagnoser/evaluate/frame.py)
         raise SourceError(f"recording {path} could not be read: {exc}") from exc
@@ -196,9 +193,7 @@ def live_curves(source: SourceSpec, step_s: float = 15.0) -> list[PoolCurve]:
     ending at `end` or now), read as `kvscope curve --prometheus/--agent` reads it: the curve's
     series in full through the one window reader, at the source's scrape interval (`curve_step`,
     `step_s` where it cannot say). Raises SourceError with a readable reason."""
-    from kvscope.diagnoser.curve.report import pool_curves
-    from kvscope.diagnoser.curve.window import curve_step
-    from kvscope.diagnoser.curve.window import read_window as read_curve_window
+    from kvscope.diagnoser.curve.report import window_curves
     from kvscope.diagnoser.sources.agent import AgentSource
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
@@ -206,7 +201,7 @@ def live_curves(source: SourceSpec, step_s: float = 15.0) -> list[PoolCurve]:
     reader = PrometheusSource(source.location) if source.kind == "prometheus" else AgentSource(source.location)
     try:
         start = end - source.since_s
-        return pool_curves(read_curve_window(reader, start, end, curve_step(reader, start, end, step_s)))
+        return window_curves(reader, start, end, step_s)
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read for the curve: {exc}") from exc
 

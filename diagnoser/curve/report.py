@@ -213,7 +213,13 @@ def with_changes(
     of the same window of `source` (docs/curve.md): what `kvscope diagnose`, the webhook and the UI
     show. The curve is read at the source's scrape interval (`curve_step`; `step`, the findings',
     where the source cannot say), as `kvscope curve` reads it without --step."""
-    return attach(diagnosis, pool_curves(read_window(source, start, end, curve_step(source, start, end, step))))
+    return attach(diagnosis, window_curves(source, start, end, step))
+
+
+def window_curves(source: Source, start: float | None, end: float | None, step: float) -> list[PoolCurve]:
+    """Each pool's curve and changes over the window of `source`, read at the source's scrape
+    interval (`curve_step`; `step` where the source cannot say): what `with_changes` attaches."""
+    return pool_curves(read_window(source, start, end, curve_step(source, start, end, step)))
 
 
 def _follow_up(j: JudgedChange, diagnosis: Diagnosis) -> dict:

@@ -369,10 +369,11 @@ def test_without_an_engine_change_the_headline_is_the_likely_cause():
     assert select_findings({"likely_cause": None}, alert)["changes"] == []
 
 
-@pytest.mark.parametrize("fault", ["read", "compute"])
+@pytest.mark.parametrize("fault", ["read", "compute", "attach"])
 def test_a_failed_curve_read_costs_the_changes_not_the_findings(monkeypatch, fault):
     """The findings of the fleet path stay when what changed cannot be read (a stalled Prometheus
-    past the curve's own deadline) or computed; `errors` says which."""
+    past the curve's own deadline), computed, or attached to the findings read beside it; `errors`
+    says which."""
     import asyncio
     from types import SimpleNamespace
 
@@ -404,7 +405,9 @@ def test_a_failed_curve_read_costs_the_changes_not_the_findings(monkeypatch, fau
     def broken(*args, **kwargs):
         raise SourceError("prometheus: read timed out") if fault == "read" else ZeroDivisionError("bucket")
 
-    monkeypatch.setattr(curve_report, "with_changes", broken)
+    if fault == "attach":
+        monkeypatch.setattr(curve_report, "window_curves", lambda *a, **k: [])
+    monkeypatch.setattr(curve_report, "attach" if fault == "attach" else "window_curves", broken)
     server = server_mod.WebhookServer(
         server_mod.ServeConfig(prometheus_url="http://127.0.0.1:9"), DiagnosisStore(":memory:")
     )
@@ -415,5 +418,6 @@ def test_a_failed_curve_read_costs_the_changes_not_the_findings(monkeypatch, fau
     word = {
         "read": "could not be read: prometheus: read timed out",
         "compute": "could not be computed: ZeroDivisionError",
+        "attach": "could not be computed: ZeroDivisionError",
     }
     assert len(errors) == 1 and errors[0].startswith(f"what changed in the window {word[fault]}")
