@@ -67,9 +67,10 @@ def _live_curves(kind: str, location: str, since_s: float, end: float | None) ->
 
 
 def _curves(source: SourceSpec) -> list[PoolCurve]:
-    """Each pool's curve over the source's window: a recording's were read with its diagnosis
-    (the triage page's changes come from them); a live source's are read when a page asks."""
-    if source.kind == "recording":
+    """Each pool's curve over the source's window: a recording's and an agent's were read with
+    the diagnosis (the triage page's changes come from them); Prometheus' (the fleet path reads
+    none) are read when a page asks."""
+    if source.kind != "prometheus":
         return _load(source).curves or []
     return _live_curves(source.kind, source.location, source.since_s, source.end)
 

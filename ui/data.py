@@ -189,25 +189,24 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
 
 
 def live_curves(source: SourceSpec, step_s: float = 15.0) -> list[PoolCurve]:
-    """Each pool's curve over a live source's window (the triage page's: the last `since_s` seconds
-    ending at `end` or now), read as `kvscope curve --prometheus/--agent` reads it: the curve's
-    series in full through the one window reader, at the source's scrape interval (`curve_step`,
-    `step_s` where it cannot say). Raises SourceError with a readable reason."""
+    """Each pool's curve over a Prometheus source's window (the triage page's: the last `since_s`
+    seconds ending at `end` or now), read as `kvscope curve --prometheus` reads it: the curve's
+    series in full through the one window reader, at the TSDB's scrape interval (`curve_step`,
+    `step_s` where it cannot say). The fleet path reads none with the diagnosis; an agent's and a
+    recording's are read with it (`TriageData.curves`). Raises SourceError with a readable reason."""
     from kvscope.diagnoser.curve.report import window_curves
-    from kvscope.diagnoser.sources.agent import AgentSource
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
     end = source.end or time.time() // step_s * step_s
-    reader = PrometheusSource(source.location) if source.kind == "prometheus" else AgentSource(source.location)
     try:
-        start = end - source.since_s
-        return window_curves(reader, start, end, step_s)
+        return window_curves(PrometheusSource(source.location), end - source.since_s, end, step_s)
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read for the curve: {exc}") from exc
 
 
 def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
     """A live source: the last `since_s` seconds of Prometheus (kvscope:/native series) or an agent."""
+    from kvscope.diagnoser.curve.report import attach, window_curves
     from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
     from kvscope.diagnoser.routing import SIGNALS as ROUTER_SIGNALS
     from kvscope.diagnoser.routing import router_decisions
@@ -240,9 +239,12 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
             return TriageData(source, diagnosis, report.fetched.whole(), routers=router_decisions(routers))
         reader = AgentSource(source.location)
         frame = read_window(reader, names | set(ROUTER_SIGNALS), Span.last(source.since_s, end), step_s)
+        # what `kvscope diagnose --agent` does (curve.report.with_changes), keeping the curves for the
+        # Operating point page
+        curves = window_curves(reader, end - source.since_s, end, step_s)
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read: {exc}") from exc
-    return TriageData(source, diagnose(frame, rules, source=reader.description), frame)
+    return TriageData(source, attach(diagnose(frame, rules, source=reader.description), curves), frame, curves=curves)
 
 
 # ------------------------------------------------------------------------------ evidence series

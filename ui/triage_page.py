@@ -42,8 +42,8 @@ SEVERITY_ICON = {"critical": ":red[CRITICAL]", "warning": ":orange[WARNING]", "i
 
 
 def render(data: TriageData, link: AlertLink | None = None) -> None:
-    """The triage page: the alert a link named, the likely cause, routers, hypotheses, the
-    timeline, other findings and the rules not evaluated, in that order."""
+    """The triage page: the alert a link named, the likely cause, what changed, routers,
+    hypotheses, the timeline, other findings and the rules not evaluated, in that order."""
     d = data.diagnosis
     st.title("kvscope triage")
     st.caption(f"{d.source} · window {fmt_time(d.window[0])} → {fmt_time(d.window[1])} · {counts_caption(d)}")
@@ -54,6 +54,7 @@ def render(data: TriageData, link: AlertLink | None = None) -> None:
     for note in data.notes:
         st.warning(note)
     render_cause(data)
+    render_changes(data)
     render_routers(data)
     if d.hypotheses:
         st.header("Competing hypotheses")
@@ -147,6 +148,37 @@ def render_cause(data: TriageData) -> None:
                 "**Also fired (supporting evidence, same mechanism and levers):**\n"
                 + "\n".join(f"- {render_line(f)}" for f in d.supporting)
             )
+
+
+def render_changes(data: TriageData) -> None:
+    """What changed in the window (a config change, an upgrade, a restart, replicas, or the curve's
+    own shift) and each change's verdict at matched load: `kvscope diagnose`'s section of the same
+    name, from the same `Diagnosis.changes`. The fleet path (Prometheus) does not read them; the
+    Operating point page does."""
+    d = data.diagnosis
+    if not d.changes:
+        if data.source.kind == "prometheus":
+            st.caption(
+                "What changed in this window is not read here (the fleet path reads only the candidates' evidence): "
+                "the Operating point page reads each pool's curve and its changes."
+            )
+        return
+    st.header("What changed in this window")
+    st.caption(
+        "Each change with the curve before it against the curve after it, compared only at the concurrency "
+        "both sides measured (the Operating point page draws both curves)."
+    )
+    rows = [
+        {
+            "time (UTC)": fmt_time(c["time"]),
+            "kind": c["kind"],
+            "verdict": c["verdict"].replace("_", " "),
+            "change": c["text"],
+            "lever follow-up": c.get("text_follow_up", ""),
+        }
+        for c in d.changes
+    ]
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
 
 
 def render_routers(data: TriageData) -> None:

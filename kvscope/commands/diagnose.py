@@ -173,7 +173,11 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
     result = diagnose(frame, rules, params=params, source=source.description, time_scale=args.time_scale)
     from kvscope.diagnoser.curve.report import with_changes
 
-    return _finish(args, source, with_changes(source, result, start, end, step))
+    try:
+        result = with_changes(source, result, start, end, step)
+    except SourceError as exc:  # the findings stand; what changed is said to be unread (as serve does)
+        print(f"kvscope diagnose: what changed in the window could not be read: {exc}", file=sys.stderr)
+    return _finish(args, source, result)
 
 
 def _fleet(

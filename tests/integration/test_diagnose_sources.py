@@ -193,3 +193,36 @@ def test_the_scrape_interval_and_ranges_read_as_prometheus_writes_them(plain_rec
         asked = urllib.parse.urlencode({"query": text})
         formatted = get_json(f"{prometheus_url}/api/v1/format_query?{asked}")["data"]
         assert re.findall(r"\[[^\]]*\]", formatted) == re.findall(r"\[[^\]]*\]", text), (text, formatted)
+
+
+def test_the_ui_reads_what_changed_from_the_agent_as_from_the_recording():
+    """The UI's triage on an agent (`kvscope ui --agent`) carries what changed in its window, as
+    `kvscope diagnose --agent` does: the real vLLM config-change recording (KV cut, its inverse,
+    a restart) served by the real agent API gives the changes the recording itself gives."""
+    from agentharness import running_agent
+
+    from kvscope.ui import data as ui_data
+
+    recording = RECORDING.with_name("curve-vllm-config-changes.om.gz")
+    replay = replay_recording(recording)
+    store = InMemoryStore()
+    store.write(list(replay.samples))
+    start, end = _window(replay)
+
+    async def run():
+        async with running_agent({"targets": []}, store=store, collectors=[]) as (runtime, url):
+            runtime.state.facts.update(replay.facts)
+            runtime.state.engines.update(replay.engines)
+            spec = ui_data.SourceSpec("agent", url, end - start, end)
+            return await asyncio.to_thread(ui_data.load_triage, spec, 2.0)
+
+    live = asyncio.run(run())
+    rec = ui_data.load_triage(ui_data.SourceSpec("recording", str(recording)))
+    assert [c["kind"] for c in rec.diagnosis.changes] == ["config", "config", "restart"]
+    assert [(c["kind"], c["diff"]) for c in live.diagnosis.changes] == [
+        (c["kind"], c["diff"]) for c in rec.diagnosis.changes
+    ]
+    for a, b in zip(live.diagnosis.changes, rec.diagnosis.changes, strict=True):  # on the agent's grid
+        assert abs(a["time"] - b["time"]) <= 2.0
+    assert [c["verdict"] for c in live.diagnosis.changes][:2] == ["regression", "improvement"]
+    assert live.curves is not None and len(live.curves) == len(rec.curves or [])

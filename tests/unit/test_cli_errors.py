@@ -384,3 +384,19 @@ def test_a_port_held_only_by_time_wait_connections_is_free_and_a_listening_one_i
     cli.close()
     srv.close()
     check_port_free("--port", "127.0.0.1", port)  # a restarted server may bind it again
+
+
+def test_diagnose_keeps_the_findings_when_what_changed_cannot_be_read(capsys, monkeypatch):
+    """The curve is a second read of the source (an agent or TSDB can go away between the two):
+    its failure costs the "what changed" section, said on stderr, never the findings or a traceback."""
+    from kvscope.diagnoser.curve import report as curve_report
+    from kvscope.diagnoser.sources import SourceError
+
+    def gone(*args, **kwargs):
+        raise SourceError("agent http://127.0.0.1:9: connection refused")
+
+    monkeypatch.setattr(curve_report, "window_curves", gone)
+    code = main(["diagnose", "--recording", str(RECORDINGS / "kv-pressure-cascade.om.gz"), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and '"likely_cause": {' in out  # 2: a rule fired
+    assert "what changed in the window could not be read: agent http://127.0.0.1:9" in err and "Traceback" not in err

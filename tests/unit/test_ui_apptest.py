@@ -315,6 +315,12 @@ def _triage(data):
     triage_page.render(data)
 
 
+def _changes(data):
+    from kvscope.ui import triage_page
+
+    triage_page.render_changes(data)
+
+
 def test_a_fleet_of_findings_shows_the_first_as_cards_and_the_rest_as_a_table_with_a_picker(kv_incident):
     """Hundreds of findings (a fleet's window): ranked cards for the first CARDS_SHOWN, then one
     table of the rest, and a picker that opens any of them as a card."""
@@ -363,3 +369,32 @@ def test_one_finding_on_many_instances_is_one_card_naming_them(kv_incident):
     (names,) = [c.value for c in at.caption if c.value.startswith("The same finding on 30 instances")]
     assert "10.0.0.1:8000, 10.0.1.1:8000" in names and "10.0.29.1:8000" in names
     assert not [df for df in at.dataframe if "finding" in df.value.columns] and not at.selectbox
+
+
+def test_the_triage_page_says_what_changed_with_the_verdicts_the_library_expects(monkeypatch):
+    """A real vLLM recording with a KV cut and its inverse (engine restarted between phases): the
+    triage page lists what changed, as `kvscope diagnose` does, with the verdicts at matched load
+    written in the recording's YAML before it was diagnosed, and the lever follow-up."""
+    import yaml
+
+    library = Path(__file__).resolve().parents[1] / "recordings"
+    expected = yaml.safe_load((library / "curve-vllm-config-changes.yaml").read_text())["expected_curve"]["changes"]
+    at = _app(monkeypatch, library / "curve-vllm-config-changes.om.gz").run()
+    assert not at.exception
+    headers = [h.value for h in at.header]
+    assert headers.index("Likely cause") < headers.index("What changed in this window")
+    (table,) = [df.value for df in at.dataframe if "verdict" in df.value.columns]
+    for want, (_, row) in list(zip(expected, table.iterrows(), strict=False))[:2]:  # the third: docs/curve.md
+        assert (row["kind"], row["verdict"]) == (want["kind"], want["verdict"].replace("_", " "))
+    assert "kv_capacity_tokens 8192 -> 640" in table["change"].iloc[0]
+    assert table["lever follow-up"].iloc[1].startswith("lever follow-up:")
+
+    # the fleet path reads no changes, and says where they are
+    data = ui_data.load_triage(ui_data.SourceSpec("recording", str(library / "curve-vllm-config-changes.om.gz")))
+    from dataclasses import replace
+
+    live = replace(data, source=ui_data.SourceSpec("prometheus", "http://prom:9090", 3600.0))
+    live = replace(live, diagnosis=replace(data.diagnosis, changes=()))
+    at = AppTest.from_function(_changes, args=(live,), default_timeout=300).run()
+    assert not at.exception and not at.header
+    assert "the Operating point page reads each pool's curve and its changes" in at.caption[0].value

@@ -179,10 +179,12 @@ def test_operating_and_sizing_pages_on_a_real_vllm_recording(monkeypatch):
 
 
 def test_a_live_source_that_cannot_be_read_says_so():
-    """Live sources are read through the reader `kvscope curve --agent/--prometheus` uses (its
-    recording-vs-real-Prometheus equality: tests/integration/test_diagnose_sources.py); an agent
-    that does not answer is a readable error, not an empty page."""
+    """Prometheus' curves are read through the reader `kvscope curve --prometheus` uses (its
+    recording-vs-real-Prometheus equality: tests/integration/test_diagnose_sources.py), and an
+    agent's with its diagnosis; a source that does not answer is a readable error, not an empty page."""
     from kvscope.ui.server import free_port
 
     with pytest.raises(ui_data.SourceError, match="could not be read for the curve"):
-        ui_data.live_curves(ui_data.SourceSpec("agent", f"http://127.0.0.1:{free_port()}", 600.0))
+        ui_data.live_curves(ui_data.SourceSpec("prometheus", f"http://127.0.0.1:{free_port()}", 600.0))
+    with pytest.raises(ui_data.SourceError, match="could not be read"):
+        ui_data.load_triage(ui_data.SourceSpec("agent", f"http://127.0.0.1:{free_port()}", 600.0))
