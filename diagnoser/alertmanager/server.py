@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -30,6 +30,7 @@ from kvscope.diagnoser.alertmanager.payload import (
     Alert,
     WebhookError,
     diagnosis_window,
+    full_place,
     instance_places,
     parse_alert,
     parse_webhook,
@@ -46,9 +47,6 @@ from kvscope.diagnoser.sources import SourceError
 from kvscope.diagnoser.sources.http import LOOKUPS
 from kvscope.diagnoser.sources.prometheus import PrometheusSource, model_instances, model_of
 from kvscope.diagnoser.sources.window import Span, read_window
-
-if TYPE_CHECKING:
-    from kvscope.diagnoser.curve.report import PoolCurve
 
 log = logging.getLogger("kvscope.serve")
 
@@ -312,47 +310,37 @@ class WebhookServer:
     ) -> dict[str, Any]:
         window = diagnosis_window(alert, now, self.config.before_s, self.config.max_window_s)
         window = (_floor(window[0], self.config.step_s), _floor(window[1], self.config.step_s))
-        place = alert.place()
-        pool = (place.get("model"), None if place.get("model") else place.get("instance"))
-        # the findings and the curve of the alert's pool are read at once: neither needs the other
         if window not in cache:
-            cache[window] = asyncio.ensure_future(self._diagnose_window(*window, deadline=deadline))
-        if (window, pool) not in cache:
-            cache[window, pool] = asyncio.ensure_future(self._pool_curves(*window, deadline, *pool))
-        (fleet, routers, places, errors), (curves, change_errors, scope) = await asyncio.gather(
-            cache[window], cache[window, pool]
-        )
+            cache[window] = await self._diagnose_window(*window, deadline=deadline)
+        fleet, routers, places, errors = cache[window]
         diagnosis: dict[str, Any] = {"likely_cause": None, "competing": [], "other": [], "skipped": []}  # unread
         if fleet is not None:
-            found, change_errors, scope = _with_changes(fleet, curves, change_errors, scope, window)
+            place = full_place(alert, places)
+            pool = (place.get("model"), None if place.get("model") else place.get("instance"))
+            if (window, pool) not in cache:
+                cache[window, pool] = await self._with_changes(fleet, *window, deadline, *pool)
+            found, change_errors, scope = cache[window, pool]
             diagnosis, errors = {**found.to_dict(), **routers}, errors + change_errors
         out = select_findings(diagnosis, alert, places)
         if fleet is not None:
             out["changes_read"] = scope
         return {"status": window_status(diagnosis), "window": list(window), **out, "errors": errors}
 
-    def _source(self, deadline: float | None) -> PrometheusSource:
-        """A client of the configured Prometheus whose reads end by `deadline` (one per thread)."""
-        source = PrometheusSource(self.config.prometheus_url, timeout_s=self.config.query_timeout_s)
-        source.client.deadline = deadline
-        return source
-
     async def _diagnose_window(
         self, start: float, end: float, deadline: float | None = None
     ) -> tuple[Diagnosis | None, dict[str, Any], dict[str, dict[str, str]], list[str]]:
         """(diagnosis, its routers' decisions, instance places, errors) of the fleet path over the
-        window; no diagnosis when Prometheus could not be read (errors say why). The routers are
-        read beside the fleet path, whose frame holds only the candidates' evidence."""
+        window; no diagnosis when Prometheus could not be read (errors say why)."""
         from kvscope.diagnoser.pushdown.run import diagnose_fleet
 
-        fleet, apart = self._source(deadline), self._source(deadline)
+        source = PrometheusSource(self.config.prometheus_url, timeout_s=self.config.query_timeout_s)
+        source.client.deadline = deadline
         step = self.config.step_s
-        args = (self.rules, self.config.params, None, self.levers, fleet.description, fleet.catalog)
         try:
-            (result, report), routers = await asyncio.gather(
-                self._in_thread(deadline, diagnose_fleet, fleet.client, start, end, step, *args),
-                self._in_thread(deadline, read_window, apart, ROUTER_SIGNALS, Span(start, end), step),
-            )
+            args = (self.rules, self.config.params, None, self.levers, source.description, source.catalog)
+            result, report = await self._in_thread(deadline, diagnose_fleet, source.client, start, end, step, *args)
+            # the fleet path's frame holds only candidates' evidence: the routers are read apart
+            routers = await self._in_thread(deadline, read_window, source, ROUTER_SIGNALS, Span(start, end), step)
         except SourceError as exc:
             return None, {}, {}, [str(exc)]
         parts = report.fetched.parts if report.fetched else []
@@ -361,41 +349,44 @@ class WebhookServer:
         )
         return result, {"routers": router_decisions(routers)}, places, []
 
-    async def _pool_curves(
+    async def _with_changes(
         self,
+        result: Diagnosis,
         start: float,
         end: float,
         deadline: float | None,
         model: str | None = None,
         instance: str | None = None,
-    ) -> tuple[list[PoolCurve] | None, list[str], str]:
-        """(curves, errors, which pools were read in words) of what changed in the window: the
-        operating curve's signals read from the same Prometheus, as `kvscope diagnose` and the UI
-        read them (`curve.report.window_curves`), for the pools of `model` only when the alert's
-        place names one, or of the model `instance` serves (its engines from the TSDB's index; every
-        pool when neither is known): an alert is about one place, and one model's engines are a
-        fraction of a fleet's. Its reads end CHANGES_MARGIN_S before the diagnosis' own deadline, so
-        a slow curve read (or a fault in the curve) costs the changes (said in the errors), never
-        the findings; no curves then."""
-        from kvscope.diagnoser.curve.report import window_curves
+    ) -> tuple[Diagnosis, list[str], str]:
+        """The diagnosis with what changed in the window and its effect at matched load, by the one
+        function `kvscope diagnose` and the UI use (`curve.report.with_changes`: the curve's signals
+        read from the same Prometheus), for the pools of `model` only when the alert's place names
+        one, or of the model `instance` serves (its engines from the TSDB's index; every pool when
+        neither is known): an alert is about one place, and one model's engines are a fraction of
+        a fleet's. Its reads end CHANGES_MARGIN_S before the diagnosis' own deadline, so a slow
+        curve read (or a fault in the curve) costs the changes (said in `errors`), never the
+        findings. Third: which pools were read, in words."""
+        from kvscope.diagnoser.curve.report import with_changes
 
-        source = self._source(None if deadline is None else deadline - 1.0 - CHANGES_MARGIN_S)
+        source = PrometheusSource(self.config.prometheus_url, timeout_s=self.config.query_timeout_s)
+        source.client.deadline = None if deadline is None else deadline - 1.0 - CHANGES_MARGIN_S
 
-        def read() -> tuple[list[PoolCurve], str]:
+        def read() -> tuple[Diagnosis, str]:
             served = model or (instance and model_of(source.client, source.catalog, instance, start, end))
             if served:
                 source.instances = model_instances(source.client, source.catalog, served, start, end) or None
             scope = f"the pools of model {served} ({len(source.instances)} instance(s))" if source.instances else ""
-            return window_curves(source, start, end, self.config.step_s), scope or "every pool"
+            return with_changes(source, result, start, end, self.config.step_s), scope or "every pool"
 
         try:
-            curves, scope = await self._in_thread(deadline, read)
+            got, scope = await self._in_thread(deadline, read)
         except SourceError as exc:
-            return None, [f"what changed in the window could not be read: {exc}"], "none"
+            return result, [f"what changed in the window could not be read: {exc}"], "none"
         except Exception as exc:  # noqa: BLE001 - a fault in the curve costs the changes, not the findings
             log.exception("what changed in [%s, %s] could not be computed", start, end)
-            return None, [f"what changed in the window could not be computed: {type(exc).__name__}: {exc}"], "none"
-        return curves, [], scope
+            why = f"what changed in the window could not be computed: {type(exc).__name__}: {exc}"
+            return result, [why], "none"
+        return got, [], scope
 
     async def forward(self, row_id: int, payload: dict[str, Any]) -> str:
         """POST the enriched payload; returns what happened (stored on the row)."""
@@ -491,22 +482,6 @@ def _log_alert(alert: Alert, answer: dict[str, Any], seconds: float) -> None:
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
-
-
-def _with_changes(
-    fleet: Diagnosis, curves: list[PoolCurve] | None, errors: list[str], scope: str, window: tuple[float, float]
-) -> tuple[Diagnosis, list[str], str]:
-    """(the diagnosis with what changed and the regressions of `curves`, errors, scope): the
-    diagnosis as it is when the curve was not read or cannot be attached (the errors say why)."""
-    from kvscope.diagnoser.curve.report import attach
-
-    if curves is None:
-        return fleet, errors, scope
-    try:
-        return attach(fleet, curves), errors, scope
-    except Exception as exc:  # noqa: BLE001 - a fault in the curve costs the changes, not the findings
-        log.exception("what changed in [%s, %s] could not be computed", *window)
-        return fleet, [f"what changed in the window could not be computed: {type(exc).__name__}: {exc}"], "none"
 
 
 def _floor(t: float, step: float) -> float:
