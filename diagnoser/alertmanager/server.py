@@ -45,7 +45,7 @@ from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources import SourceError
 from kvscope.diagnoser.sources.http import LOOKUPS
-from kvscope.diagnoser.sources.prometheus import PrometheusSource, model_instances, model_of
+from kvscope.diagnoser.sources.prometheus import PrometheusSource, scope_to_pool
 from kvscope.diagnoser.sources.window import Span, read_window
 
 log = logging.getLogger("kvscope.serve")
@@ -372,11 +372,8 @@ class WebhookServer:
         source.client.deadline = None if deadline is None else deadline - 1.0 - CHANGES_MARGIN_S
 
         def read() -> tuple[Diagnosis, str]:
-            served = model or (instance and model_of(source.client, source.catalog, instance, start, end))
-            if served:
-                source.instances = model_instances(source.client, source.catalog, served, start, end) or None
-            scope = f"the pools of model {served} ({len(source.instances)} instance(s))" if source.instances else ""
-            return with_changes(source, result, start, end, self.config.step_s), scope or "every pool"
+            scope = scope_to_pool(source, model, instance, start, end)
+            return with_changes(source, result, start, end, self.config.step_s), scope
 
         try:
             got, scope = await self._in_thread(deadline, read)

@@ -98,6 +98,16 @@ def model_of(client: PromClient, catalog: Catalog, instance: str, start: float, 
     return models.pop() if len(models) == 1 else None
 
 
+def scope_to_pool(source: PrometheusSource, model: str | None, instance: str | None, start: float, end: float) -> str:
+    """Narrow `source` to the engines of one pool: those of `model`, or of the one model `instance`
+    served in [start, end] (both from the TSDB's index); every engine when neither is known (or the
+    instance served several models). Returns which pools it reads, in words."""
+    served = model or (instance and model_of(source.client, source.catalog, instance, start, end))
+    if served:
+        source.instances = model_instances(source.client, source.catalog, served, start, end) or None
+    return f"the pools of model {served} ({len(source.instances)} instance(s))" if source.instances else "every pool"
+
+
 def fetch_frame(
     client: PromClient,
     names: set[str],

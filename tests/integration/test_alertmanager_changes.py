@@ -181,3 +181,31 @@ def test_the_kv_capacity_change_leads_the_alerts_diagnosis(served, capsys):
     assert stored == ks
     listing = _get(f"{served['serve']}/api/v1/diagnoses?alertname={ALERT['alertname']}")["diagnoses"]
     assert listing[0]["summary"][0]["headline"] == ks["headline"]
+
+
+def test_diagnose_on_the_fleet_path_reads_what_changed_in_the_likely_causes_pool(served, capsys):
+    """`kvscope diagnose --prometheus` (the fleet path) reads no changes by default and says so;
+    with --changes it reads those of the likely cause's pool (the pool `serve` reads for an alert
+    there), and they are the changes `kvscope curve --json` gives for the same window."""
+    meta, t0 = served["meta"], served["t0"]
+    start, end = t0 - 30, time.time() // 15 * 15  # the whole recording: every phase, both sides of each change
+    window = ["--prometheus", served["prom"], "--start", f"{start:.0f}", "--end", f"{end:.0f}"]
+    main(["diagnose", *window, "--json"])
+    plain = capsys.readouterr()
+    assert json.loads(plain.out)["changes"] == []
+    assert "what changed: not read on the fleet path (--changes reads the likely cause's pool)" in plain.err
+
+    main(["diagnose", *window, "--json", "--changes"])
+    got = capsys.readouterr()
+    doc = json.loads(got.out)
+    assert "what changed: read for the pools of model tiny-llama (1 instance(s))" in got.err
+    want = meta["expected_curve"]["changes"][0]  # the YAML's verdict, written before the recording was read
+    lead = next(c for c in doc["changes"] if c["diff"] == {"kv_capacity_tokens": [8192.0, 640.0]})
+    assert (lead["kind"], lead["verdict"]) == (want["kind"], want["verdict"])
+    assert any(f["rule_id"] == "regression_after_change" for f in [doc["likely_cause"], *doc["other"]] if f)
+
+    main(["curve", *window, "--json"])
+    (pool,) = json.loads(capsys.readouterr().out)["pools"]
+    assert [(c["time"], c["kind"], c["verdict"]) for c in doc["changes"]] == [
+        (c["time"], c["kind"], c["verdict"]) for c in pool["changes"]
+    ]
