@@ -239,12 +239,16 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
             return TriageData(source, diagnosis, report.fetched.whole(), routers=router_decisions(routers))
         reader = AgentSource(source.location)
         frame = read_window(reader, names | set(ROUTER_SIGNALS), Span.last(source.since_s, end), step_s)
-        # what `kvscope diagnose --agent` does (curve.report.with_changes), keeping the curves for the
-        # Operating point page
-        curves = window_curves(reader, end - source.since_s, end, step_s)
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read: {exc}") from exc
-    return TriageData(source, attach(diagnose(frame, rules, source=reader.description), curves), frame, curves=curves)
+    diagnosis = diagnose(frame, rules, source=reader.description)
+    # what `kvscope diagnose --agent` does (curve.report.with_changes, the findings kept when the curve
+    # cannot be read), keeping the curves for the Operating point page
+    try:
+        curves = window_curves(reader, end - source.since_s, end, step_s)
+    except (SourceError, OSError, ValueError) as exc:
+        return TriageData(source, diagnosis, frame, notes=[f"what changed in the window could not be read: {exc}"])
+    return TriageData(source, attach(diagnosis, curves), frame, curves=curves)
 
 
 # ------------------------------------------------------------------------------ evidence series

@@ -195,12 +195,16 @@ def test_the_scrape_interval_and_ranges_read_as_prometheus_writes_them(plain_rec
         assert re.findall(r"\[[^\]]*\]", formatted) == re.findall(r"\[[^\]]*\]", text), (text, formatted)
 
 
-def test_the_ui_reads_what_changed_from_the_agent_as_from_the_recording():
+def test_the_ui_reads_what_changed_from_the_agent_as_from_the_recording(monkeypatch):
     """The UI's triage on an agent (`kvscope ui --agent`) carries what changed in its window, as
     `kvscope diagnose --agent` does: the real vLLM config-change recording (KV cut, its inverse,
-    a restart) served by the real agent API gives the changes the recording itself gives."""
+    a restart) served by the real agent API gives the changes the recording itself gives. When the
+    curve cannot be read (the agent went away after the findings' read), the findings stay and a
+    note says what is missing."""
     from agentharness import running_agent
 
+    from kvscope.diagnoser.curve import report as curve_report
+    from kvscope.diagnoser.sources import SourceError
     from kvscope.ui import data as ui_data
 
     recording = RECORDING.with_name("curve-vllm-config-changes.om.gz")
@@ -214,9 +218,20 @@ def test_the_ui_reads_what_changed_from_the_agent_as_from_the_recording():
             runtime.state.facts.update(replay.facts)
             runtime.state.engines.update(replay.engines)
             spec = ui_data.SourceSpec("agent", url, end - start, end)
-            return await asyncio.to_thread(ui_data.load_triage, spec, 2.0)
+            whole = await asyncio.to_thread(ui_data.load_triage, spec, 2.0)
 
-    live = asyncio.run(run())
+            def gone(*args, **kwargs):
+                raise SourceError("connection refused")
+
+            monkeypatch.setattr(curve_report, "window_curves", gone)
+            return whole, await asyncio.to_thread(ui_data.load_triage, spec, 2.0)
+
+    live, without = asyncio.run(run())
+    monkeypatch.undo()
+    kept = [f.rule_id for f in live.diagnosis.findings if f.rule_id != "regression_after_change"]
+    assert [f.rule_id for f in without.diagnosis.findings] == kept
+    assert without.diagnosis.likely_cause is not None and without.diagnosis.changes == ()
+    assert without.notes == ["what changed in the window could not be read: connection refused"]
     rec = ui_data.load_triage(ui_data.SourceSpec("recording", str(recording)))
     assert [c["kind"] for c in rec.diagnosis.changes] == ["config", "config", "restart"]
     assert [(c["kind"], c["diff"]) for c in live.diagnosis.changes] == [
