@@ -372,8 +372,7 @@ def test_without_an_engine_change_the_headline_is_the_likely_cause():
 @pytest.mark.parametrize("fault", ["read", "compute", "attach"])
 def test_a_failed_curve_read_costs_the_changes_not_the_findings(monkeypatch, fault):
     """The findings of the fleet path stay when what changed cannot be read (a stalled Prometheus
-    past the curve's own deadline), computed, or attached to the findings read beside it; `errors`
-    says which."""
+    past the curve's own deadline), computed, or attached to the findings; `errors` says which."""
     import asyncio
     from types import SimpleNamespace
 
