@@ -189,8 +189,13 @@ def _with_changes(source: Source, result: Diagnosis, start: float | None, end: f
     try:
         return with_changes(source, result, start, end, step)
     except SourceError as exc:
-        print(f"kvscope diagnose: what changed in the window could not be read: {exc}", file=sys.stderr)
-        return result
+        return _changes_unread(result, exc)
+
+
+def _changes_unread(result: Diagnosis, exc: Exception) -> Diagnosis:
+    """The diagnosis as it is, with why what changed could not be read said on stderr."""
+    print(f"kvscope diagnose: what changed in the window could not be read: {exc}", file=sys.stderr)
+    return result
 
 
 def _pool_changes(
@@ -209,8 +214,7 @@ def _pool_changes(
     try:
         scope = scope_to_pool(source, where.get("model"), where.get("instance"), start, end)
     except SourceError as exc:
-        print(f"kvscope diagnose: what changed in the window could not be read: {exc}", file=sys.stderr)
-        return result
+        return _changes_unread(result, exc)
     if not args.quiet:
         print(f"what changed: read for {scope}", file=sys.stderr)
     return _with_changes(source, result, start, end, step)
