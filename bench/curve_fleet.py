@@ -18,14 +18,15 @@ RSS, CPU seconds), VictoriaMetrics' rollup cache emptied before each:
 * raw fetch (baseline): every engine's series of the curve's signals over the window at the
   same step, HTTP + JSON decoding only, in instance batches of about 4M points (the product's
   batch size): the floor of any client that fetches the fleet's series to compute the curve;
-* with --promql, a cost probe of the server-side reduction: the TTFT and ITL histograms merged per
-  pool and concurrency bucket by the TSDB (`reduction_query`, one instant query per bucket and
-  histogram), in the curve's terms where its gauge window is an interval's two ends (a step of
-  10 s or more) and on VictoriaMetrics (whose `increase` does not extrapolate); its TTFT request
-  counts and p99 are compared with the curve's points, (model, bucket) by (model, bucket).
+* with --recorded, `kvscope curve --prometheus URL --recorded`: the curve read back from
+  kvscope-curve.yml's records (diagnoser/curve/records.py), which vmalert replays into the dataset
+  first, once (the TSDB's work of evaluating the rules live, spread over the window; its seconds
+  are printed, not part of the command's); its points are compared with the full read's.
+  --skip-full leaves the full read out (a week of a large fleet does not fit this box beside it).
 
     .venv/bin/python bench/curve_fleet.py --engines 50 --hours 6
-    .venv/bin/python bench/curve_fleet.py --engines 1000 --hours 24 --interval 60 --promql
+    .venv/bin/python bench/curve_fleet.py --engines 100 --hours 24 --interval 60 --recorded
+    .venv/bin/python bench/curve_fleet.py --engines 1000 --hours 168 --interval 60 --recorded --skip-full
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import re
 import shutil
 import sys
@@ -50,11 +50,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 from diagnose_fleet import CACHE, GENERATOR, KVSCOPE, VM_FLAGS, VM_SHIFT_S, WINDOW_END, load, run_child, tsdb_hwm  # noqa: E402
 
 from kvscope.agent.signals import load_catalog  # noqa: E402
+from kvscope.diagnoser.curve.records import curve_file  # noqa: E402
 from kvscope.diagnoser.curve.window import SIGNALS  # noqa: E402
+from kvscope.diagnoser.promql.rulefiles import render_rule_file  # noqa: E402
+from kvscope.diagnoser.rulebook.rule import parse_duration  # noqa: E402
 from kvscope.diagnoser.sources.promapi import MAX_POINTS  # noqa: E402
 from kvscope.diagnoser.sources.prometheus import selector_for, wire_pattern  # noqa: E402
 from testbed.fleetgen.capture_fleet import import_capture_fleet  # noqa: E402
-from testbed.victoria import reset_cache, running_victoria  # noqa: E402
+from testbed.victoria import replay_in_order, reset_cache, running_victoria  # noqa: E402
 
 GOAL_S = 30.0  # issue 36 item 6: 1000 engines x 7 days end to end
 BATCH_POINTS = 4_000_000
@@ -124,70 +127,22 @@ def raw_fetch(url: str, start: float, end: float, step: float, engines: int, per
     return {"mb": total_bytes / 1e6, "points": points, "series": series, "batch": size}
 
 
-RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
-LATENCY = ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket")
-
-
-def _in_engine(offset: str) -> str:
-    """Requests in each engine (running + waiting) at the evaluation time less `offset`."""
-    run, wait = (f"sum by (instance) ({name}{offset})" for name in (RUNNING, WAITING))
-    return f"({run} + on (instance) {wait})"
-
-
-def reduction_query(bucket: str, lo: float, hi: float, start: float, end: float, step: float) -> str:
-    """The per-concurrency-bucket merge as PromQL, in the curve's terms at a step of one scrape
-    interval (intervals.WINDOW_S under two steps: an interval's gauge window is its two ends):
-    each instance's bucket increases over the intervals whose requests in the engine (running +
-    waiting, the mean of the two ends) fall in [lo, hi) and whose standard error (half the
-    difference of the ends) is within the bucket's width, summed per pool and `le` over the
-    window: one instant query at `end`, its subquery's steps the curve's interval ends."""
-    s = f"{step:g}s"
-    now, before = _in_engine(""), _in_engine(f" offset {s}")
-    placed = f"(({now} + {before}) / 2 >= {lo:g} < {hi:g}) and on (instance) (abs({now} - {before}) / 2 <= {hi - lo:g})"
-    inner = f"increase({bucket}[{s}]) and on (instance) ({placed})"
-    return f"sum by (model_name, le) (sum_over_time(({inner})[{end - start:.0f}s:{s}]))"
-
-
-def promql_reduction(url: str, start: float, end: float, step: float) -> dict:
-    """Seconds and answer size of the server-side reduction: one query per concurrency bucket and
-    latency histogram (points.EDGES), what the TSDB would have to do per pool instead of handing
-    over every engine's series, and the merged TTFT requests per (model, bucket) it answered. A
-    cost probe of the histogram merge only (no rates, KV, peak, resets or changes)."""
-    from kvscope.diagnoser.curve.points import EDGES
-
-    t0, nbytes, series = time.perf_counter(), 0, 0
-    merged: dict[str, dict[float, float]] = {}
-    for bucket in LATENCY:
-        for lo, hi in zip(EDGES[:-1], EDGES[1:], strict=True):
-            body = urllib.parse.urlencode(
-                {"query": reduction_query(bucket, lo, hi, start, end, step), "time": f"{end:.0f}"}
-            ).encode()
-            with urllib.request.urlopen(url + "/api/v1/query", data=body, timeout=1800) as resp:  # noqa: S310
-                raw = resp.read()
-            nbytes += len(raw)
-            result = json.loads(raw)["data"]["result"]
-            series += len(result)
-            for r in result:
-                if bucket == LATENCY[0]:
-                    le = float(r["metric"].get("le", "nan"))
-                    merged.setdefault(f"{r['metric'].get('model_name')} {lo:g}-{hi:g}", {})[le] = float(r["value"][1])
-    took = time.perf_counter() - t0
-    return {"promql_s": took, "promql_kb": nbytes / 1e3, "promql_series": series, "ttft": _ttft(merged)}
-
-
-def _ttft(merged: dict[str, dict[float, float]]) -> dict[str, tuple[float, float | None]]:
-    """(requests, TTFT p99) per (model, bucket) from the merged cumulative buckets, read as the
-    curve reads them (points.quantile_ci)."""
-    import numpy as np
-
-    from kvscope.diagnoser.curve.points import quantile_ci
-
-    out = {}
-    for key, by_le in merged.items():
-        les = np.array(sorted(by_le))
-        counts = np.maximum.accumulate(np.array([by_le[le] for le in les]))
-        out[key] = (float(counts[-1]), quantile_ci(0.99, les, counts)[0])
-    return out
+def records(data: Path, url: str, start: float, end: float, interval: str) -> dict:
+    """kvscope-curve.yml at `interval` replayed by vmalert over the window (what a TSDB evaluating
+    the rules live spreads over the week), once per dataset and rule text; its seconds."""
+    name, groups = curve_file(load_catalog(), interval)
+    text = render_rule_file(groups, "# kvscope-curve.yml as `kvscope rules build --curve-interval` writes it\n")
+    tag = hashlib.sha256(text.encode()).hexdigest()[:12]
+    marker = data.parent / f"records-{interval}-{tag}.json"
+    if not marker.exists():
+        rules = data.parent / f"{name}.{tag}"
+        rules.write_text(text)
+        logs = data.parent / f"replay-{tag}"
+        logs.mkdir(exist_ok=True)
+        l0 = load()
+        took = replay_in_order(url, rules, start - parse_duration(interval), end, logs)
+        marker.write_text(json.dumps({"replay_s": took, "load": [l0, load()]}))
+    return json.loads(marker.read_text())
 
 
 def curve_ttft(out: str) -> dict[str, tuple[float, float | None]]:
@@ -200,18 +155,19 @@ def curve_ttft(out: str) -> dict[str, tuple[float, float | None]]:
     return got
 
 
-def same_ttft(curve: dict[str, tuple], promql: dict[str, tuple]) -> str:
-    """Whether the PromQL merge gives the curve's TTFT requests and p99 in every (model, bucket)."""
-
-    def close(a: float | None, b: float | None) -> bool:
-        return (a is None) == (b is None) and (a is None or math.isclose(a, b or 0.0, rel_tol=1e-9, abs_tol=1e-9))
-
-    keys = sorted(set(curve) | set(promql))
-    none = (0.0, None)
-    off = [k for k in keys if not all(map(close, curve.get(k, none), promql.get(k, none)))]
-    shown = ", ".join(f"{k}: curve {curve.get(k)} PromQL {promql.get(k)}" for k in off[:4])
-    return f"{len(keys) - len(off)}/{len(keys)} (model, bucket) TTFT requests and p99 equal to the curve's" + (
-        f"; differ: {shown}" if off else ""
+def agreement(recorded: str, full: str) -> str:
+    """How the recorded curve's points compare with the full read's, (model, bucket) by (model,
+    bucket): TTFT requests (the same requests, in buckets placed by a coarser interval) and p99."""
+    rec, ful = curve_ttft(recorded), curve_ttft(full)
+    both = sorted(set(rec) & set(ful))
+    if not both:
+        return "no (model, bucket) in both"
+    requests = sum(rec[k][0] for k in rec), sum(ful[k][0] for k in ful)
+    ratios = [rec[k][1] / ful[k][1] for k in both if rec[k][1] and ful[k][1]]
+    spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "none"
+    return (
+        f"{len(both)} (model, bucket) in both ({len(rec)} recorded, {len(ful)} full); TTFT requests "
+        f"{requests[0]:,.0f} recorded vs {requests[1]:,.0f} full; TTFT p99 recorded / full {spread}"
     )
 
 
@@ -234,64 +190,72 @@ def curve_step(start: float, end: float, interval: float) -> float:
     return max(interval, (end - start) / MAX_POINTS)
 
 
+def _timed(label: str, argv: list[str], limit: float, url: str, summary) -> dict:
+    """One command under GNU time with the TSDB's rollup cache emptied first, printed."""
+    l0 = load()
+    reset_cache(url)
+    got = run_child(argv, limit)
+    print(
+        f"  {label}: {got['wall_s']:.2f} s, peak RSS {got['rss_gb']:.2f} GB, {got['cpu_s']:.1f} CPU-s, "
+        f"exit {got['exit']}: {summary(got['out']) if got['exit'] == 0 else ''} | load {l0:.1f}-{load():.1f}",
+        flush=True,
+    )
+    if got["exit"] != 0 and got["err"]:
+        print("    | " + "\n    | ".join(got["err"].strip().splitlines()[-6:]))
+    return got
+
+
+def _fetched(out: str) -> str:
+    f = json.loads(out)
+    return f"{f['series']:,} series, {f['points']:,} points, {f['mb']:.0f} MB in batches of {f['batch']} engines"
+
+
 def bench(args: argparse.Namespace) -> dict:
     data, info = dataset(args.engines, args.hours, args.interval, args.all_families)
     start, end = window(args.hours)
     per_engine = round(info["samples"] / args.engines / info["steps"])
     step = curve_step(start, end, args.interval)
     row: dict = {"engines": args.engines, "hours": args.hours, "interval_s": args.interval, "step_s": step}
+    window_args = ["--start", f"{start:.0f}", "--end", f"{end:.0f}"]
     with running_victoria(data, *VM_FLAGS, log_path=data.parent / "vm.log", cache=True) as vm:
-        for run in range(args.runs):
-            l0 = load()
-            reset_cache(vm.url)
-            argv = [KVSCOPE, "curve", "--prometheus", vm.url, "--start", f"{start:.0f}", "--end", f"{end:.0f}"]
-            got = run_child([*argv, "--json", "--timeout", f"{args.limit:.0f}"], args.limit)
+        if args.recorded:
+            interval = args.curve_interval or f"{max(60, 2 * int(args.interval))}s"
+            rec = records(data, vm.url, start, end, interval)
+            row["records"] = {"interval": interval, **rec}
             print(
-                f"  curve {run + 1}: {got['wall_s']:.2f} s, peak RSS {got['rss_gb']:.2f} GB, {got['cpu_s']:.1f} CPU-s, "
-                f"exit {got['exit']}: {curve_summary(got['out'])} | load {l0:.1f}-{load():.1f}",
+                f"  records: kvscope-curve.yml at {interval}, replayed by vmalert in {rec['replay_s']:.0f} s",
                 flush=True,
             )
-            if got["exit"] != 0 and got["err"]:
-                print("    | " + "\n    | ".join(got["err"].strip().splitlines()[-6:]))
-            row.setdefault("curve", []).append({k: v for k, v in got.items() if k not in ("out", "err")})
-            l0 = load()
-            reset_cache(vm.url)
-            child = [sys.executable, __file__, "--raw-fetch", vm.url, "--engines", str(args.engines)]
-            child += ["--start", f"{start:.0f}", "--end", f"{end:.0f}", "--step", f"{step:g}"]
-            raw = run_child([*child, "--per-engine", str(per_engine)], args.limit)
-            fetched = json.loads(raw["out"]) if raw["exit"] == 0 else {}
-            print(
-                f"  raw fetch {run + 1}: {raw['wall_s']:.2f} s, peak RSS {raw['rss_gb']:.2f} GB, "
-                f"{raw['cpu_s']:.1f} CPU-s, exit {raw['exit']}: {fetched.get('series', 0):,} series, "
-                f"{fetched.get('points', 0):,} points, {fetched.get('mb', 0):.0f} MB in batches of "
-                f"{fetched.get('batch', 0)} engines | load {l0:.1f}-{load():.1f}",
-                flush=True,
-            )
-            if raw["exit"] != 0 and raw["err"]:
-                print("    | " + "\n    | ".join(raw["err"].strip().splitlines()[-6:]))
-            row.setdefault("raw", []).append({**{k: v for k, v in raw.items() if k not in ("out", "err")}, **fetched})
-        if args.promql:
-            l0 = load()
-            reset_cache(vm.url)
-            row["promql"] = promql_reduction(vm.url, start, end, step)
-            same = same_ttft(curve_ttft(got["out"]), row["promql"].pop("ttft")) if got["exit"] == 0 else ""
-            print(
-                f"  PromQL reduction: {row['promql']['promql_s']:.2f} s, {row['promql']['promql_series']} series "
-                f"answered ({row['promql']['promql_kb']:.0f} kB); {same} | load {l0:.1f}-{load():.1f}",
-                flush=True,
-            )
+        curve = [KVSCOPE, "curve", "--prometheus", vm.url, *window_args, "--json", "--timeout", f"{args.limit:.0f}"]
+        raw = [sys.executable, __file__, "--raw-fetch", vm.url, "--engines", str(args.engines), *window_args]
+        raw += ["--step", f"{step:g}", "--per-engine", str(per_engine)]
+        for _ in range(args.runs):
+            if args.recorded:
+                got = _timed("curve --recorded", [*curve, "--recorded"], args.limit, vm.url, curve_summary)
+                row.setdefault("recorded", []).append(_kept(got))
+            if not args.skip_full:
+                got_full = _timed("curve (every engine's series)", curve, args.limit, vm.url, curve_summary)
+                row.setdefault("curve", []).append(_kept(got_full))
+            fetched = _timed("raw fetch (baseline)", raw, args.limit, vm.url, _fetched)
+            row.setdefault("raw", []).append(_kept(fetched))
+        if args.recorded and not args.skip_full and got["exit"] == 0 and got_full["exit"] == 0:
+            row["agreement"] = agreement(got["out"], got_full["out"])
+            print(f"  recorded against full: {row['agreement']}", flush=True)
         row["tsdb_rss_gb"] = tsdb_hwm(vm.proc.pid)
     return row
 
 
+def _kept(got: dict) -> dict:
+    return {k: v for k, v in got.items() if k not in ("out", "err")}
+
+
 def report(row: dict) -> None:
-    curve = min(r["wall_s"] for r in row["curve"])
-    raw = min(r["wall_s"] for r in row["raw"])
+    best = {k: min(r["wall_s"] for r in row[k]) for k in ("recorded", "curve", "raw") if k in row}
+    parts = [f"{k} {v:.2f} s ({v / best['raw']:.2f}x the raw fetch)" for k, v in best.items() if k != "raw"]
     print(
         f"{row['engines']} engines x {row['hours']:g} h at {row['interval_s']:g} s scrapes (curve step "
-        f"{row['step_s']:g} s): curve {curve:.2f} s (best of {len(row['curve'])}), raw fetch {raw:.2f} s, "
-        f"curve / raw fetch {curve / raw:.2f}x; TSDB peak RSS {row['tsdb_rss_gb']:.2f} GB; "
-        f"goal {GOAL_S:g} s at 1000 x 168 h"
+        f"{row['step_s']:g} s): raw fetch {best['raw']:.2f} s; {'; '.join(parts)}; TSDB peak RSS "
+        f"{row['tsdb_rss_gb']:.2f} GB; goal {GOAL_S:g} s at 1000 x 168 h"
     )
 
 
@@ -304,8 +268,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--limit", type=float, default=1800.0, help="seconds one command may take")
     ap.add_argument(
-        "--promql", action="store_true", help="also time the per-concurrency-bucket histogram merge done in PromQL"
+        "--recorded", action="store_true", help="also replay kvscope-curve.yml and time `kvscope curve --recorded`"
     )
+    ap.add_argument("--curve-interval", help="the records' interval (default: 1m, or two scrapes if longer)")
+    ap.add_argument("--skip-full", action="store_true", help="leave out the full `kvscope curve` (a week of a fleet)")
     ap.add_argument("--json-out", type=Path, help="append the row as one JSON line")
     ap.add_argument("--raw-fetch", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--start", type=float, help=argparse.SUPPRESS)

@@ -65,9 +65,9 @@ def render_pool(pc: PoolCurve, slo_s: float) -> None:
         st.caption(f"Little's Law gap at C_max: {op.littles_law_gap:.2f}x (over 2: far from the SLO at C_max, §8.3).")
     for note in op.notes:
         st.caption(f"Note: {note}")
-    if pc.coarse_share > 0.25:
+    if (share := pc.coarse_share or 0.0) > 0.25:
         st.warning(
-            f"{100 * pc.coarse_share:.0f}% of busy intervals are left out: the concurrency swung faster than it "
+            f"{100 * share:.0f}% of busy intervals are left out: the concurrency swung faster than it "
             "was scraped (scrape more often)."
         )
     rows = curve_rows(pc.points)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from kvscope.agent.derive.quantiles import histogram_quantile
-from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals
+from kvscope.diagnoser.curve.intervals import CONCURRENCY, WAITING, Intervals
 
 Z95 = 1.96
 MIN_INTERVALS = 5
@@ -71,19 +71,77 @@ def quantile_ci(q: float, les: np.ndarray, counts: np.ndarray) -> tuple[float | 
     return value, (lo, hi) if lo is not None and hi is not None else None
 
 
-def _rate(values: np.ndarray, seconds: float) -> tuple[float | None, Interval]:
+Moments = tuple[int, float, float]
+"""(values present, their sum, the sum of their squares): all a mean and its interval need."""
+
+
+def moments(values: np.ndarray) -> Moments:
+    v = values[~np.isnan(values)]
+    return len(v), float(v.sum()), float((v * v).sum())
+
+
+def _rate(m: Moments, seconds: float) -> tuple[float | None, Interval]:
     """Mean per-second rate over intervals and its 95 % interval; None when absent."""
-    v = values[~np.isnan(values)] / seconds
-    if not len(v):
+    n, total, squares = m
+    if not n:
         return None, None
-    mean = float(v.mean())
-    half = Z95 * float(v.std(ddof=1)) / math.sqrt(len(v)) if len(v) > 1 else math.inf
+    mean = total / n / seconds
+    var = max(0.0, (squares - total * total / n) / (n - 1)) if n > 1 else math.inf
+    half = Z95 * math.sqrt(var) / seconds / math.sqrt(n)
     return mean, (max(0.0, mean - half), mean + half)
 
 
-def _mean(values: np.ndarray) -> float | None:
-    v = values[~np.isnan(values)]
-    return float(v.mean()) if len(v) else None
+def _mean(m: Moments) -> float | None:
+    return m[1] / m[0] if m[0] else None
+
+
+@dataclass
+class BucketSums:
+    """What one concurrency bucket's intervals add up to: everything its point is computed from,
+    whether summed here from a window's intervals or by the TSDB's recording rules (records.py)."""
+
+    intervals: int
+    concurrency: float  # the sum of the intervals' concurrency
+    hists: dict[str, tuple[np.ndarray, np.ndarray]]  # bounds, bucket increases summed (cumulative)
+    counters: dict[str, Moments]  # per-interval increases
+    gauges: dict[str, Moments]  # per-interval means
+
+
+def point_of(k: int, s: BucketSums, seconds: float, min_intervals: int, min_requests: int) -> Point:
+    """Bucket k's point from its sums; `seconds`: the length of one interval."""
+    quant: dict[str, tuple] = {}
+    for h, (les, merged) in s.hists.items():
+        merged = np.maximum.accumulate(merged)
+        p50, _ = quantile_ci(0.5, les, merged)
+        p99, ci = quantile_ci(0.99, les, merged)
+        quant[h] = (p50, p99, ci, float(merged[-1]))
+    ttft = quant.get("request_ttft_seconds", (None, None, None, None))
+    itl = quant.get("request_itl_seconds", (None, None, None, None))
+    none: Moments = (0, 0.0, 0.0)
+    rps, rps_ci = _rate(s.counters.get("engine_requests_finished_total", none), seconds)
+    tok, tok_ci = _rate(s.counters.get("engine_generation_tokens_total", none), seconds)
+    pre, _ = _rate(s.counters.get("engine_preemptions_total", none), seconds)
+    requests = ttft[3]
+    return Point(
+        concurrency=round(s.concurrency / s.intervals, 3),
+        bucket=(float(EDGES[k]), float(EDGES[k + 1])),
+        intervals=s.intervals,
+        requests=requests,
+        ttft_p50_s=ttft[0],
+        ttft_p99_s=ttft[1],
+        ttft_p99_ci=ttft[2],
+        itl_p50_s=itl[0],
+        itl_p99_s=itl[1],
+        itl_p99_ci=itl[2],
+        rps=rps,
+        rps_ci=rps_ci,
+        output_tokens_per_s=tok,
+        output_tokens_per_s_ci=tok_ci,
+        kv_usage=_mean(s.gauges.get("engine_kv_cache_usage_ratio", none)),
+        waiting=_mean(s.gauges.get("engine_requests_waiting", none)),
+        preemptions_per_s=pre,
+        sparse=s.intervals < min_intervals or (requests is not None and requests < min_requests),
+    )
 
 
 def bucket_of(concurrency: np.ndarray) -> np.ndarray:
@@ -116,42 +174,12 @@ def curve_points(iv: Intervals, min_intervals: int = MIN_INTERVALS, min_requests
     out = []
     for k in np.unique(b[ok]):
         sel = ok & (b == k)
-        n = int(sel.sum())
-        seconds = iv.step
-        quant: dict[str, tuple] = {}
-        for h, (les, arr) in iv.hists.items():
-            merged = np.nansum(arr[sel], axis=0)
-            merged = np.maximum.accumulate(merged)
-            p50, _ = quantile_ci(0.5, les, merged)
-            p99, ci = quantile_ci(0.99, les, merged)
-            quant[h] = (p50, p99, ci, float(merged[-1]))
-        ttft = quant.get("request_ttft_seconds", (None, None, None, None))
-        itl = quant.get("request_itl_seconds", (None, None, None, None))
-        rps, rps_ci = _rate(iv.counters["engine_requests_finished_total"][sel], seconds)
-        tok, tok_ci = _rate(iv.counters["engine_generation_tokens_total"][sel], seconds)
-        pre, _ = _rate(iv.counters["engine_preemptions_total"][sel], seconds)
-        requests = ttft[3]
-        sparse = n < min_intervals or (requests is not None and requests < min_requests)
-        out.append(
-            Point(
-                concurrency=round(float(iv.gauges[CONCURRENCY][sel].mean()), 3),
-                bucket=(float(EDGES[k]), float(EDGES[k + 1])),
-                intervals=n,
-                requests=requests,
-                ttft_p50_s=ttft[0],
-                ttft_p99_s=ttft[1],
-                ttft_p99_ci=ttft[2],
-                itl_p50_s=itl[0],
-                itl_p99_s=itl[1],
-                itl_p99_ci=itl[2],
-                rps=rps,
-                rps_ci=rps_ci,
-                output_tokens_per_s=tok,
-                output_tokens_per_s_ci=tok_ci,
-                kv_usage=_mean(iv.gauges["engine_kv_cache_usage_ratio"][sel]),
-                waiting=_mean(iv.gauges["engine_requests_waiting"][sel]),
-                preemptions_per_s=pre,
-                sparse=sparse,
-            )
+        sums = BucketSums(
+            intervals=int(sel.sum()),
+            concurrency=float(iv.gauges[CONCURRENCY][sel].sum()),
+            hists={h: (les, np.nansum(arr[sel], axis=0)) for h, (les, arr) in iv.hists.items()},
+            counters={name: moments(c[sel]) for name, c in iv.counters.items()},
+            gauges={name: moments(iv.gauges[name][sel]) for name in ("engine_kv_cache_usage_ratio", WAITING)},
         )
+        out.append(point_of(int(k), sums, iv.step, min_intervals, min_requests))
     return out

@@ -65,7 +65,7 @@ class PoolCurve:
     operating: Operating
     changes: list[JudgedChange] = field(default_factory=list)
     intervals: int = 0
-    coarse_share: float = 0.0
+    coarse_share: float | None = 0.0  # None: not measured (the curve's records)
     signal: str = CONCURRENCY_SIGNAL
     step: float = 0.0
 
@@ -307,9 +307,9 @@ def render_text(curves: list[PoolCurve], slo_s: float) -> str:
             f"peak concurrency {_f(op.peak_concurrency, '{:g}')}: knee/peak {_f(op.headroom_to_knee, '{:g}')}, "
             f"C_max/peak {_f(op.headroom_to_c_max, '{:g}')}"
         )
-        if pc.coarse_share > 0.25:
+        if (share := pc.coarse_share or 0.0) > 0.25:
             lines.append(
-                f"note: {100 * pc.coarse_share:.0f}% of busy intervals are left out: the concurrency swung "
+                f"note: {100 * share:.0f}% of busy intervals are left out: the concurrency swung "
                 "faster than it was scraped (scrape more often)"
             )
         lines += [f"note: {n}" for n in op.notes]

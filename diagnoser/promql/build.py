@@ -13,6 +13,7 @@ from typing import Any
 from kvscope.agent.signals import load_catalog
 from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_heading, split
 from kvscope.diagnoser.citations import cite_all, cite_text
+from kvscope.diagnoser.curve.records import DEFAULT_INTERVAL, curve_file
 from kvscope.diagnoser.promql.alerts import PythonOnly, alert_name, compile_rules
 from kvscope.diagnoser.promql.quantiles import quantile_file
 from kvscope.diagnoser.promql.rulefiles import HEADER, SloConfig, build_rule_files, candidate_file, render_rule_file
@@ -36,10 +37,12 @@ def build_all(
     canonical: str = "used",
     candidates: dict[str, tuple[str | None, str]] | None = None,
     runbook_base_url: str | None = None,
+    curve_interval: str = DEFAULT_INTERVAL,
 ) -> Built:
     """Compile the shipped (or given) diagnosis rules and build every file; `candidates`: their
     loosened conditions (diagnoser/pushdown/candidates.py `candidate_exprs`) for
-    `kvscope-candidates.yml` (None leaves that file out)."""
+    `kvscope-candidates.yml` (None leaves that file out); `curve_interval`: the interval of
+    `kvscope-curve.yml`'s rules (diagnoser/curve/records.py)."""
     rules = read_rules() if rules is None else rules
     alerts, python_only = compile_rules(rules)
     note = _alerts_note(rules, python_only)
@@ -55,6 +58,15 @@ def build_all(
             what="Each histogram quantile the diagnosis rules read, recorded: "
             "fleet diagnosis (kvscope diagnose --prometheus) reads these instead of every bucket series "
             "(diagnoser/promql/quantiles.py).",
+        ),
+    )
+    name, curve = curve_file(load_catalog(), curve_interval)
+    files[name] = render_rule_file(
+        curve,
+        HEADER.format(
+            extra="",
+            what="The operating curve's sums per pool and concurrency bucket: kvscope curve --prometheus URL "
+            "--recorded reads a week from these instead of every engine's buckets (diagnoser/curve/records.py).",
         ),
     )
     if candidates is not None:

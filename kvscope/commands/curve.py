@@ -7,11 +7,15 @@ import json
 import math
 import time
 import zlib
+from typing import TYPE_CHECKING, Any
 
 from kvscope.commands._checks import check_http_url, check_recording, parse_seconds, parse_time, source_hint
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._source import open_source
+
+if TYPE_CHECKING:
+    from kvscope.diagnoser.curve.report import PoolCurve
 
 HELP = """\
 Read each pool's (model x engine) operating curve passively from the traffic it served: the
@@ -61,6 +65,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-ttft-p99", type=float, default=1.0, metavar="SECONDS", help="TTFT p99 SLO for C_max")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="--prometheus/--agent: per query")
     p.add_argument("--json", action="store_true", help="print JSON (shape: docs/curve.md)")
+    p.add_argument(
+        "--recorded",
+        action="store_true",
+        help="--prometheus: read the curve from kvscope's curve records (kvscope-curve.yml from kvscope rules build, "
+        "loaded into the TSDB) instead of every engine's histograms: a week of a large fleet in seconds; "
+        "changes are not judged on this path",
+    )
     add_log_flags(p)
     p.set_defaults(func=run)
 
@@ -70,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not (args.recording or args.prometheus or args.agent or args.log):
         return fail("curve", "pick a source: --recording, --log, --prometheus or --agent (see --help)", 3)
+    if args.recorded and not args.prometheus:
+        return fail("curve", "--recorded reads a TSDB's curve records: use it with --prometheus URL", 3)
     try:
         since = parse_seconds("--since", args.since)
         args.end = None if args.end is None else parse_time("--end", args.end)
@@ -106,7 +119,11 @@ def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
             lattice = step or DEFAULT_STEP_S  # now rounded down, as Grafana asks
             end = end if end is not None else math.floor(time.time() / lattice) * lattice
             start = end - since
-        frame = read_window(source, start, end, step or curve_step(source, start, end, DEFAULT_STEP_S))
+        if args.recorded:
+            curves = _recorded(source, start, end, args.slo_ttft_p99)
+        else:
+            frame = read_window(source, start, end, step or curve_step(source, start, end, DEFAULT_STEP_S))
+            curves = pool_curves(frame, slo_s=args.slo_ttft_p99)
     except SourceError as exc:
         url = args.prometheus or args.agent
         kind = "prometheus" if args.prometheus else "agent"
@@ -115,7 +132,6 @@ def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
         return fail("curve", f"recording {args.recording} is truncated or corrupt: {exc}", 4)
     except ValueError as exc:
         return fail("curve", exc, 3)
-    curves = pool_curves(frame, slo_s=args.slo_ttft_p99)
     if args.json:
         print(json.dumps(to_json(curves, args.slo_ttft_p99), indent=2, sort_keys=True))
     else:
@@ -123,3 +139,18 @@ def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
     if not curves:
         return fail("curve", f"{source.description} has no engine_requests_running in this window: no curve", 4)
     return 0
+
+
+def _recorded(source: Any, start: float, end: float, slo_s: float) -> list[PoolCurve]:
+    """The curve from the TSDB's curve records; a SourceError that says what to load when none is there."""
+    from kvscope.diagnoser.curve.records import FILE, read_recorded, recorded_interval
+    from kvscope.diagnoser.sources import SourceError
+
+    client = source.client
+    interval = recorded_interval(client, start, end)
+    if interval is None:
+        raise SourceError(
+            f"no kvscope:curve_* records in this window: load {FILE} (kvscope rules build) into the TSDB's "
+            "rules and wait an interval, or run without --recorded to read every engine's histograms"
+        )
+    return read_recorded(client, start, end, interval, slo_s)

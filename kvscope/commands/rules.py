@@ -4,6 +4,7 @@ and the diagnosis rules (diagnoser/promql/rulefiles.py)."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -86,6 +87,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="record only the kvscope:* series the generated rules read, or every catalog signal "
         "(for dashboards written against kvscope:*)",
     )
+    build.add_argument(
+        "--curve-interval",
+        default="1m",
+        metavar="DURATION",
+        help="interval of kvscope-curve.yml's rules, and the span each reads: at least two scrapes "
+        "(1m for scrapes of 30 s or less, 2m for 60 s)",
+    )
     build.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files on disk are stale")
     build.set_defaults(func=run_build)
     check = add_command(
@@ -126,6 +134,8 @@ def run_build(args: argparse.Namespace) -> int:
         return fail("rules build", "--slo-tenant-top-n must be at least 1", 3)
     try:
         check_rules_dir("--rules-dir", args.rules_dir)
+        if not re.fullmatch(r"[1-9][0-9]*[smh]", args.curve_interval):
+            raise ValueError(f"--curve-interval must be a duration such as 30s, 1m or 2m, got {args.curve_interval!r}")
     except ValueError as exc:
         return fail("rules build", exc, 3)
     slo = SloConfig(
@@ -154,6 +164,7 @@ def run_build(args: argparse.Namespace) -> int:
         canonical=args.canonical,
         candidates=candidate_exprs(rules, load_catalog()),
         runbook_base_url=base,
+        curve_interval=args.curve_interval,
     )
     outputs = {args.out / name: text for name, text in built.rule_files.items()}
     outputs |= {args.runbooks / name: text for name, text in built.runbooks.items()}

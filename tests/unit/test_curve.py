@@ -273,3 +273,16 @@ def test_a_short_phase_is_comparable_at_the_scrape_interval_and_not_at_a_coarser
     (at_grid,) = pool_curves(coarse, settle_s=0.0)
     assert [j.verdict for j in at_scrape.changes] == ["regression"]
     assert [j.verdict for j in at_grid.changes] == ["not_comparable"]
+
+
+def test_the_recorded_peak_is_the_99th_percentile_of_the_recorded_buckets():
+    """records._peak: the intervals' concurrency histogram (bucket -1: idle) read at its 99th
+    percentile, interpolated linearly inside the bucket that holds it; no intervals, no peak."""
+    from kvscope.diagnoser.curve.records import _peak
+
+    assert _peak({}) is None
+    assert _peak({-1: 0.0}) is None
+    # 98 idle intervals and 2 in [7, 10): rank 99 is the first half of the busy bucket's two
+    assert _peak({-1: 98.0, 5: 2.0}) == pytest.approx(7 + 3 * 1 / 2)
+    # everything in one bucket: 99 % of the way through it
+    assert _peak({2: 10.0}) == pytest.approx(2.5 + 0.99)

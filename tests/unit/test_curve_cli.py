@@ -55,8 +55,10 @@ def test_bad_usage_and_unreadable_sources(capsys, tmp_path):
     assert main(["curve"]) == 3
     assert main(["curve", "--recording", str(LIB / "kv-pressure-cascade.om.gz"), "--slo-ttft-p99", "0"]) == 3
     assert main(["curve", "--recording", str(tmp_path / "missing.om.gz")]) == 4
+    assert main(["curve", "--recording", str(LIB / "kv-pressure-cascade.om.gz"), "--recorded"]) == 3
     err = capsys.readouterr().err
     assert "pick a source" in err and "--slo-ttft-p99 must be a positive" in err
+    assert "--recorded reads a TSDB's curve records: use it with --prometheus URL" in err
 
 
 def test_an_engine_log_gives_a_pool_without_latency_it_never_printed(capsys):

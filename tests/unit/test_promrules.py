@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kvscope.agent.signals import load_catalog, parse_catalog
 from kvscope.cli import main
@@ -51,6 +52,18 @@ def test_rules_build_check_reports_stale_files_and_writes_nothing(tmp_path, caps
 
 def test_rules_build_rejects_a_target_outside_0_1(tmp_path):
     assert main(["rules", "build", "--out", str(tmp_path), "--slo-target", "99"]) == 3
+
+
+def test_the_curve_records_interval_is_the_groups_and_each_rules_span(tmp_path, capsys):
+    """--curve-interval sets kvscope-curve.yml's group interval and the span its rules read."""
+    assert main(["rules", "build", "--out", str(tmp_path), "--runbooks", str(tmp_path), "--curve-interval", "1 m"]) == 3
+    assert "--curve-interval must be a duration" in capsys.readouterr().err
+    assert main(["rules", "build", "--out", str(tmp_path), "--runbooks", str(tmp_path), "--curve-interval", "2m"]) == 0
+    (group,) = yaml.safe_load((tmp_path / "kvscope-curve.yml").read_text())["groups"]
+    assert group["interval"] == "2m"
+    exprs = [r["expr"] for r in group["rules"]]
+    assert "[2m]" in exprs[0] and "[1m]" not in "".join(exprs)
+    assert "last_over_time(kvscope:curve_bucket:avg[60s])" in exprs[-1]
 
 
 # ---------------------------------------------------------------- canonical sources

@@ -1,0 +1,133 @@
+"""The operating curve read back from kvscope-curve.yml's records (diagnoser/curve/records.py), on
+a real vLLM recording (curve-vllm-staircase: one engine, closed-loop levels of 1 to 16 streams,
+2 s scrapes) in a real VictoriaMetrics, the records written by a real `vmalert -replay` of the
+generated rule file at a 10 s interval.
+
+The truth is computed here from the recording's raw samples with plain Python, at the times the
+TSDB evaluated the rules: per interval (t - 10 s, t], the requests in the engine (the mean of
+vLLM's running gauge plus the mean of its waiting gauge), its concurrency bucket, and each TTFT
+bucket's increase (the last sample at or before t less the last at or before t - 10 s, as
+VictoriaMetrics' `increase` reads a counter without resets). Expected before the run: every
+bucket's interval count and TTFT requests equal the truth's, its p50/p99 equal the quantiles of
+the truth's merged buckets, and `kvscope curve --recorded` prints those points.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvscope.agent.signals import load_catalog
+from kvscope.cli import main
+from kvscope.diagnoser.curve.points import EDGES, quantile_ci
+from kvscope.diagnoser.curve.records import curve_file
+from kvscope.diagnoser.promql.rulefiles import render_rule_file
+from kvscope.diagnoser.sources.promapi import PromClient, as_points
+from testbed.victoria import import_prometheus_text, replay_in_order, running_victoria
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDING = ROOT / "tests" / "recordings" / "curve-vllm-staircase.om.gz"
+INTERVAL_S = 10
+pytestmark = [pytest.mark.needs("victoria-metrics"), pytest.mark.needs("vmalert")]
+SAMPLE = re.compile(r"^([a-z_:]+)(\{[^}]*\})? (\S+) (\S+)$")
+
+
+def _raw() -> dict[str, list[tuple[float, float]]]:
+    """(time, value) of the recording's running, waiting and TTFT-bucket series, by le for buckets."""
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    with gzip.open(RECORDING, "rt") as fh:
+        for line in fh:
+            m = SAMPLE.match(line.strip())
+            if not m:
+                continue
+            name, labels, value, ts = m.groups()
+            if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+                out[name].append((float(ts), float(value)))
+            elif name == "vllm:time_to_first_token_seconds_bucket":
+                le = re.search(r'le="([^"]+)"', labels or "").group(1)
+                out[f"le={float(le)}"].append((float(ts), float(value)))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _truth(raw: dict, times: list[float]) -> dict[float, dict]:
+    """Per concurrency bucket (its lower edge; 0: idle): intervals and merged TTFT buckets."""
+    les = sorted(float(k[3:]) for k in raw if k.startswith("le="))
+    out: dict[float, dict] = {}
+    for t in times:
+        means = []
+        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            inside = [v for ts, v in raw[name] if t - INTERVAL_S < ts <= t]
+            means.append(sum(inside) / len(inside) if inside else None)
+        if means[0] is None:
+            continue
+        conc = means[0] + (means[1] or 0.0)
+        edges = [0.0, *EDGES.tolist()]
+        k = max(i for i, e in enumerate(edges) if conc >= e)
+        if k == len(edges) - 1:
+            continue
+        incs = []
+        for le in les:
+            series = raw[f"le={le}"]
+            now = [v for ts, v in series if ts <= t]
+            before = [v for ts, v in series if ts <= t - INTERVAL_S]
+            incs.append(now[-1] - before[-1] if now and before else 0.0)
+        got = out.setdefault(edges[k], {"intervals": 0, "merged": np.zeros(len(les)), "les": np.array(les)})
+        got["intervals"] += 1
+        got["merged"] += incs
+    return out
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    """(VictoriaMetrics URL, window start, end, evaluation times) with the records replayed."""
+    tmp = tmp_path_factory.mktemp("curve-records")
+    name, groups = curve_file(load_catalog(), f"{INTERVAL_S}s")
+    rules = tmp / name
+    rules.write_text(render_rule_file(groups, "# kvscope rules build --curve-interval 10s\n"))
+    raw = _raw()
+    times = [t for t, _ in raw["vllm:num_requests_running"]]
+    start, end = min(times), max(times)
+    with running_victoria(tmp / "data", log_path=tmp / "vm.log") as vm:
+        assert import_prometheus_text(vm.url, RECORDING) > 10_000
+        lattice = (int(start) // INTERVAL_S + 1) * INTERVAL_S  # the first interval with a sample before it
+        replay_in_order(vm.url, rules, lattice, end + INTERVAL_S, tmp)
+        evals = PromClient(vm.url).raw_samples("kvscope:curve_concurrency:avg", end + 2 * INTERVAL_S - start, end + 10)
+        assert len(evals) == 1, "one engine"
+        yield vm.url, lattice, end + INTERVAL_S, as_points(evals[0]["values"])[:, 0].tolist(), raw
+
+
+def test_the_records_hold_the_truths_intervals_requests_and_quantiles_per_bucket(replayed, capsys):
+    url, start, end, evals, raw = replayed
+    truth = _truth(raw, [t for t in evals if t - INTERVAL_S >= start])
+    busy = {lo: v for lo, v in truth.items() if lo > 0}
+    assert len(busy) >= 5, f"the staircase spans at least five buckets: {sorted(busy)}"
+    code = main(["curve", "--prometheus", url, "--start", str(start), "--end", str(end), "--recorded", "--json"])
+    assert code == 0
+    (pool,) = json.loads(capsys.readouterr().out)["pools"]
+    assert pool["labels"] == {"model": "tiny-llama", "engine": "vllm"}
+    assert pool["changes"] == [] and pool["coarse_share"] is None
+    assert any("curve records" in n for n in pool["operating"]["notes"])
+    points = {p["bucket"][0]: p for p in pool["points"]}
+    assert sorted(points) == sorted(busy)
+    for lo, want in busy.items():
+        p = points[lo]
+        assert p["intervals"] == want["intervals"], lo
+        assert lo <= p["concurrency"] < p["bucket"][1], lo
+        merged = np.maximum.accumulate(want["merged"])
+        assert p["requests"] == pytest.approx(merged[-1], abs=1e-9), lo
+        assert p["ttft_p50_s"] == pytest.approx(quantile_ci(0.5, want["les"], merged)[0], rel=1e-9), lo
+        assert p["ttft_p99_s"] == pytest.approx(quantile_ci(0.99, want["les"], merged)[0], rel=1e-9), lo
+    assert pool["intervals"] == sum(v["intervals"] for v in truth.values())
+
+
+def test_no_records_in_the_window_says_what_to_load(replayed, capsys):
+    url, start, _, _, _ = replayed
+    code = main(["curve", "--prometheus", url, "--start", str(start - 7200), "--end", str(start - 3600), "--recorded"])
+    assert code == 4
+    assert "load kvscope-curve.yml" in capsys.readouterr().err
