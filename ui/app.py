@@ -62,17 +62,19 @@ def _load_live(kind: str, location: str, since_s: float, end: float | None) -> T
 
 
 @st.cache_resource(show_spinner="Reading each pool's operating curve…", max_entries=4, ttl=LIVE_TTL_S)
-def _live_curves(kind: str, location: str, since_s: float, end: float | None) -> list[PoolCurve]:
-    return live_curves(SourceSpec(kind, location, since_s, end))
+def _live_curves(
+    kind: str, location: str, since_s: float, end: float | None, recorded: bool = False
+) -> list[PoolCurve]:
+    return live_curves(SourceSpec(kind, location, since_s, end), recorded=recorded)
 
 
-def _curves(source: SourceSpec) -> list[PoolCurve]:
+def _curves(source: SourceSpec, recorded: bool = False) -> list[PoolCurve]:
     """Each pool's curve over the source's window: a recording's and an agent's were read with
     the diagnosis (the triage page's changes come from them); Prometheus' (the fleet path reads
-    none) are read when a page asks."""
+    none) are read when a page asks, from kvscope's curve records where `recorded`."""
     if source.kind != "prometheus":
         return _load(source).curves or []
-    return _live_curves(source.kind, source.location, source.since_s, source.end)
+    return _live_curves(source.kind, source.location, source.since_s, source.end, recorded)
 
 
 def _sizing(source: SourceSpec | None) -> None:
@@ -121,7 +123,14 @@ def main() -> None:
         return
     try:
         if page == "Operating point":  # the curve alone: a live source's diagnosis is not needed for it
-            operating_page.render(_curves(source), source.describe())
+            recorded = source.kind == "prometheus" and st.sidebar.toggle(
+                "Curve from kvscope's records",
+                key="curve_recorded",
+                help="Read each pool's curve from the TSDB's kvscope:curve_* records (kvscope-curve.yml from "
+                "`kvscope rules build`): a week of a large fleet in seconds, intervals of the rules' interval, "
+                "no changes judged. Off: every engine's histograms over the window, with the changes.",
+            )
+            operating_page.render(_curves(source, recorded), source.describe())
             return
         data = _load(source)
     except SourceError as exc:

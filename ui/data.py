@@ -188,18 +188,23 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
     )
 
 
-def live_curves(source: SourceSpec, step_s: float = 15.0) -> list[PoolCurve]:
+def live_curves(source: SourceSpec, step_s: float = 15.0, recorded: bool = False) -> list[PoolCurve]:
     """Each pool's curve over a Prometheus source's window (the triage page's: the last `since_s`
     seconds ending at `end` or now), read as `kvscope curve --prometheus` reads it: the curve's
     series in full through the one window reader, at the TSDB's scrape interval (`curve_step`,
-    `step_s` where it cannot say). The fleet path reads none with the diagnosis; an agent's and a
+    `step_s` where it cannot say); with `recorded`, from kvscope's curve records as `kvscope curve
+    --recorded` (no changes judged). The fleet path reads none with the diagnosis; an agent's and a
     recording's are read with it (`TriageData.curves`). Raises SourceError with a readable reason."""
+    from kvscope.diagnoser.curve.records import recorded_curves
     from kvscope.diagnoser.curve.report import window_curves
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
     end = source.end or time.time() // step_s * step_s
     try:
-        return window_curves(PrometheusSource(source.location), end - source.since_s, end, step_s)
+        prometheus = PrometheusSource(source.location)
+        if recorded:
+            return recorded_curves(prometheus.client, end - source.since_s, end)
+        return window_curves(prometheus, end - source.since_s, end, step_s)
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read for the curve: {exc}") from exc
 

@@ -42,6 +42,7 @@ from kvscope.diagnoser.curve.report import PoolCurve
 from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, COUNTERS, HISTOGRAMS
 from kvscope.diagnoser.promql.signals import InlineSignals, prom_number
 from kvscope.diagnoser.rulebook.rule import parse_duration
+from kvscope.diagnoser.sources import SourceError
 from kvscope.diagnoser.sources.promapi import PromClient, as_points
 
 FILE = "kvscope-curve.yml"
@@ -233,3 +234,17 @@ def read_recorded(
         signal = f"{CONCURRENCY_SIGNAL} (+ {WAITING} where exported), mean over {interval_s:g} s"
         out.append(PoolCurve(labels, points, op, [], int(sum(counts.values())), None, signal, interval_s))
     return out
+
+
+def recorded_curves(
+    client: PromClient, start: float, end: float, slo_s: float = DEFAULT_SLO_TTFT_P99_S
+) -> list[PoolCurve]:
+    """`read_recorded` at the records' own interval; a SourceError that says what to load when the
+    window holds none (`kvscope curve --recorded`, the UI's Operating point page)."""
+    interval = recorded_interval(client, start, end)
+    if interval is None:
+        raise SourceError(
+            f"no kvscope:curve_* records in this window: load {FILE} (kvscope rules build) into the TSDB's "
+            "rules and wait an interval, or read every engine's histograms instead (without --recorded)"
+        )
+    return read_recorded(client, start, end, interval, slo_s)

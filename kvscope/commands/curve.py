@@ -7,15 +7,11 @@ import json
 import math
 import time
 import zlib
-from typing import TYPE_CHECKING, Any
 
 from kvscope.commands._checks import check_http_url, check_recording, parse_seconds, parse_time, source_hint
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._source import open_source
-
-if TYPE_CHECKING:
-    from kvscope.diagnoser.curve.report import PoolCurve
 
 HELP = """\
 Read each pool's (model x engine) operating curve passively from the traffic it served: the
@@ -106,9 +102,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
+    from kvscope.diagnoser.curve.records import recorded_curves
     from kvscope.diagnoser.curve.report import pool_curves, render_text, to_json
     from kvscope.diagnoser.curve.window import curve_step, read_window
     from kvscope.diagnoser.sources import SourceError
+    from kvscope.diagnoser.sources.prometheus import PrometheusSource
     from kvscope.diagnoser.sources.window import DEFAULT_STEP_S
 
     args.quiet = True
@@ -119,8 +117,8 @@ def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
             lattice = step or DEFAULT_STEP_S  # now rounded down, as Grafana asks
             end = end if end is not None else math.floor(time.time() / lattice) * lattice
             start = end - since
-        if args.recorded:
-            curves = _recorded(source, start, end, args.slo_ttft_p99)
+        if args.recorded and isinstance(source, PrometheusSource):  # run() let --recorded through with it only
+            curves = recorded_curves(source.client, start, end, args.slo_ttft_p99)
         else:
             frame = read_window(source, start, end, step or curve_step(source, start, end, DEFAULT_STEP_S))
             curves = pool_curves(frame, slo_s=args.slo_ttft_p99)
@@ -139,18 +137,3 @@ def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
     if not curves:
         return fail("curve", f"{source.description} has no engine_requests_running in this window: no curve", 4)
     return 0
-
-
-def _recorded(source: Any, start: float, end: float, slo_s: float) -> list[PoolCurve]:
-    """The curve from the TSDB's curve records; a SourceError that says what to load when none is there."""
-    from kvscope.diagnoser.curve.records import FILE, read_recorded, recorded_interval
-    from kvscope.diagnoser.sources import SourceError
-
-    client = source.client
-    interval = recorded_interval(client, start, end)
-    if interval is None:
-        raise SourceError(
-            f"no kvscope:curve_* records in this window: load {FILE} (kvscope rules build) into the TSDB's "
-            "rules and wait an interval, or run without --recorded to read every engine's histograms"
-        )
-    return read_recorded(client, start, end, interval, slo_s)

@@ -131,3 +131,30 @@ def test_no_records_in_the_window_says_what_to_load(replayed, capsys):
     code = main(["curve", "--prometheus", url, "--start", str(start - 7200), "--end", str(start - 3600), "--recorded"])
     assert code == 4
     assert "load kvscope-curve.yml" in capsys.readouterr().err
+
+
+def test_the_ui_operating_page_reads_the_records_as_the_cli_does(replayed, monkeypatch, capsys):
+    """Streamlit's AppTest of the real page over the same VictoriaMetrics: with the sidebar's
+    records toggle on, the page shows the pool and the records' note; its curves are the CLI's."""
+    from streamlit.testing.v1 import AppTest
+
+    from kvscope.ui import data as ui_data
+    from kvscope.ui.operating import pool_name
+
+    url, start, end, _, _ = replayed
+    spec = ui_data.SourceSpec("prometheus", url, end - start, end)
+    (pc,) = ui_data.live_curves(spec, recorded=True)
+    assert main(["curve", "--prometheus", url, "--start", str(start), "--end", str(end), "--recorded", "--json"]) == 0
+    (cli,) = json.loads(capsys.readouterr().out)["pools"]
+    assert [p.to_dict() for p in pc.points] == cli["points"]
+    for var in ui_data.ENV.values():
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(ui_data.ENV["prometheus"], url)
+    monkeypatch.setenv(ui_data.ENV_SINCE, str(end - start))
+    monkeypatch.setenv(ui_data.ENV_END, str(end))
+    at = AppTest.from_file(str(Path(ui_data.__file__).with_name("app.py")), default_timeout=300).run()
+    at.sidebar.radio[0].set_value("Operating point").run()
+    at.sidebar.toggle(key="curve_recorded").set_value(True).run()
+    assert not at.exception
+    assert at.header[0].value == f"Pool {pool_name(pc)}"
+    assert any("curve records" in c.value for c in at.caption)
