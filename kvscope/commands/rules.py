@@ -122,20 +122,25 @@ def _rules_dir_flag(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--rules-dir", type=Path, help=f"{what} (default: the shipped rules/diagnosis)")
 
 
+def _check_build_args(args: argparse.Namespace) -> None:
+    """Raise ValueError saying which flag of `rules build` is wrong and how."""
+    if not 0 < args.slo_target < 1:
+        raise ValueError("--slo-target must be between 0 and 1")
+    if not 0 < args.slo_error_target < 1:
+        raise ValueError("--slo-error-target must be between 0 and 1 (e.g. 0.999)")
+    if args.slo_tenant_top_n < 1:
+        raise ValueError("--slo-tenant-top-n must be at least 1")
+    check_rules_dir("--rules-dir", args.rules_dir)
+    if not re.fullmatch(r"[1-9][0-9]*[smh]", args.curve_interval):
+        raise ValueError(f"--curve-interval must be a duration such as 30s, 1m or 2m, got {args.curve_interval!r}")
+
+
 def run_build(args: argparse.Namespace) -> int:
     from kvscope.diagnoser.promql.build import build_all
     from kvscope.diagnoser.promql.rulefiles import SloConfig
 
-    if not 0 < args.slo_target < 1:
-        return fail("rules build", "--slo-target must be between 0 and 1", 3)
-    if not 0 < args.slo_error_target < 1:
-        return fail("rules build", "--slo-error-target must be between 0 and 1 (e.g. 0.999)", 3)
-    if args.slo_tenant_top_n < 1:
-        return fail("rules build", "--slo-tenant-top-n must be at least 1", 3)
     try:
-        check_rules_dir("--rules-dir", args.rules_dir)
-        if not re.fullmatch(r"[1-9][0-9]*[smh]", args.curve_interval):
-            raise ValueError(f"--curve-interval must be a duration such as 30s, 1m or 2m, got {args.curve_interval!r}")
+        _check_build_args(args)
     except ValueError as exc:
         return fail("rules build", exc, 3)
     slo = SloConfig(
