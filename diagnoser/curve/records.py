@@ -219,10 +219,8 @@ def read_recorded(
                 intervals=n,
                 concurrency=_scalar(concurrency, key),
                 hists={h: got for h, rows in hists.items() if (got := _histogram(rows.get(key, [])))},
-                counters={
-                    c: (int(_scalar(p[0], key)), _scalar(p[1], key), _scalar(p[2], key)) for c, p in counters.items()
-                },
-                gauges={g: (int(_scalar(p[0], key)), _scalar(p[1], key), 0.0) for g, p in gauges.items()},
+                counters={c: _moments(parts, key) for c, parts in counters.items()},
+                gauges={g: _moments(parts, key) for g, parts in gauges.items()},
             )
             points.append(point_of(k, sums, interval_s, min_intervals, min_requests))
         op = operating_point(points, _peak(counts), slo_s)

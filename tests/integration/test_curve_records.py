@@ -9,7 +9,8 @@ vLLM's running gauge plus the mean of its waiting gauge), its concurrency bucket
 bucket's increase (the last sample at or before t less the last at or before t - 10 s, as
 VictoriaMetrics' `increase` reads a counter without resets). Expected before the run: every
 bucket's interval count and TTFT requests equal the truth's, its p50/p99 equal the quantiles of
-the truth's merged buckets, and `kvscope curve --recorded` prints those points.
+the truth's merged buckets, its RPS and 95 % interval the mean and normal interval of the
+truth's finished requests per interval, and `kvscope curve --recorded` prints those points.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ SAMPLE = re.compile(r"^([a-z_:]+)(\{[^}]*\})? (\S+) (\S+)$")
 
 
 def _raw() -> dict[str, list[tuple[float, float]]]:
-    """(time, value) of the recording's running, waiting and TTFT-bucket series, by le for buckets."""
+    """(time, value) of the recording's running, waiting, finished-request (by reason) and TTFT
+    bucket (by le) series."""
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
     with gzip.open(RECORDING, "rt") as fh:
         for line in fh:
@@ -49,10 +51,21 @@ def _raw() -> dict[str, list[tuple[float, float]]]:
             name, labels, value, ts = m.groups()
             if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
                 out[name].append((float(ts), float(value)))
+            elif name == "vllm:request_success_total":
+                reason = re.search(r'finished_reason="([^"]+)"', labels or "").group(1)
+                out[f"finished={reason}"].append((float(ts), float(value)))
             elif name == "vllm:time_to_first_token_seconds_bucket":
                 le = re.search(r'le="([^"]+)"', labels or "").group(1)
                 out[f"le={float(le)}"].append((float(ts), float(value)))
     return {k: sorted(v) for k, v in out.items()}
+
+
+def _increase(series: list[tuple[float, float]], t: float) -> float:
+    """The counter's increase over (t - INTERVAL_S, t]: its last sample at or before t less its last
+    at or before the interval's start (no resets in this recording)."""
+    now = [v for ts, v in series if ts <= t]
+    before = [v for ts, v in series if ts <= t - INTERVAL_S]
+    return now[-1] - before[-1] if now and before else 0.0
 
 
 def _truth(raw: dict, times: list[float]) -> dict[float, dict]:
@@ -71,15 +84,14 @@ def _truth(raw: dict, times: list[float]) -> dict[float, dict]:
         k = max(i for i, e in enumerate(edges) if conc >= e)
         if k == len(edges) - 1:
             continue
-        incs = []
-        for le in les:
-            series = raw[f"le={le}"]
-            now = [v for ts, v in series if ts <= t]
-            before = [v for ts, v in series if ts <= t - INTERVAL_S]
-            incs.append(now[-1] - before[-1] if now and before else 0.0)
-        got = out.setdefault(edges[k], {"intervals": 0, "merged": np.zeros(len(les)), "les": np.array(les)})
+        incs = [_increase(raw[f"le={le}"], t) for le in les]
+        finished = sum(_increase(series, t) for key, series in raw.items() if key.startswith("finished="))
+        got = out.setdefault(
+            edges[k], {"intervals": 0, "merged": np.zeros(len(les)), "les": np.array(les), "finished": []}
+        )
         got["intervals"] += 1
         got["merged"] += incs
+        got["finished"].append(finished)
     return out
 
 
@@ -123,6 +135,11 @@ def test_the_records_hold_the_truths_intervals_requests_and_quantiles_per_bucket
         assert p["requests"] == pytest.approx(merged[-1], abs=1e-9), lo
         assert p["ttft_p50_s"] == pytest.approx(quantile_ci(0.5, want["les"], merged)[0], rel=1e-9), lo
         assert p["ttft_p99_s"] == pytest.approx(quantile_ci(0.99, want["les"], merged)[0], rel=1e-9), lo
+        rates = np.array(want["finished"]) / INTERVAL_S  # finished requests per second, per interval
+        assert p["rps"] == pytest.approx(rates.mean(), rel=1e-9), lo
+        if len(rates) > 1:
+            half = 1.96 * rates.std(ddof=1) / np.sqrt(len(rates))
+            assert p["rps_ci"] == pytest.approx([max(0.0, rates.mean() - half), rates.mean() + half], rel=1e-6), lo
     assert pool["intervals"] == sum(v["intervals"] for v in truth.values())
 
 
