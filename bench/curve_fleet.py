@@ -251,7 +251,7 @@ def _kept(got: dict) -> dict:
 
 def report(row: dict) -> None:
     best = {k: min(r["wall_s"] for r in row[k]) for k in ("recorded", "curve", "raw") if k in row}
-    parts = [f"{k} {v:.2f} s ({v / best['raw']:.2f}x the raw fetch)" for k, v in best.items() if k != "raw"]
+    parts = [f"{k} {v:.2f} s ({v / best['raw']:.3g}x the raw fetch)" for k, v in best.items() if k != "raw"]
     print(
         f"{row['engines']} engines x {row['hours']:g} h at {row['interval_s']:g} s scrapes (curve step "
         f"{row['step_s']:g} s): raw fetch {best['raw']:.2f} s; {'; '.join(parts)}; TSDB peak RSS "
