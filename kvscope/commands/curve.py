@@ -5,13 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 import zlib
+from typing import TYPE_CHECKING
 
 from kvscope.commands._checks import check_http_url, check_recording, parse_seconds, parse_time, source_hint
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._source import open_source
+
+if TYPE_CHECKING:
+    from kvscope.diagnoser.sources.promapi import PromClient
 
 HELP = """\
 Read each pool's (model x engine) operating curve passively from the traffic it served: the
@@ -101,6 +106,26 @@ def run(args: argparse.Namespace) -> int:
     return _curve(args, since, step)
 
 
+LONG_WINDOW_S = 6 * 3600
+"""From this window on, reading every engine's histograms takes minutes at fleet size (docs/curve.md)."""
+
+
+def _long_window_hint(client: PromClient, start: float, end: float) -> str:
+    """What to run instead of reading every engine's histograms over a long window."""
+    from kvscope.diagnoser.curve.records import recorded_interval
+
+    hours = (end - start) / 3600
+    if recorded_interval(client, start, end) is not None:
+        return (
+            f"kvscope curve: reading every engine's histograms over {hours:g} h; this TSDB keeps kvscope's curve "
+            "records: --recorded reads the points in seconds (without judging changes)"
+        )
+    return (
+        f"kvscope curve: reading every engine's histograms over {hours:g} h (minutes at fleet size); "
+        "load kvscope-curve.yml (kvscope rules build) into the TSDB to read long windows with --recorded"
+    )
+
+
 def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
     from kvscope.diagnoser.curve.records import recorded_curves
     from kvscope.diagnoser.curve.report import pool_curves, render_text, to_json
@@ -117,9 +142,11 @@ def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
             lattice = step or DEFAULT_STEP_S  # now rounded down, as Grafana asks
             end = end if end is not None else math.floor(time.time() / lattice) * lattice
             start = end - since
-        if args.recorded and isinstance(source, PrometheusSource):  # run() let --recorded through with it only
+        if isinstance(source, PrometheusSource) and args.recorded:  # run() let --recorded through with it only
             curves = recorded_curves(source.client, start, end, args.slo_ttft_p99)
         else:
+            if isinstance(source, PrometheusSource) and end - start >= LONG_WINDOW_S:
+                print(_long_window_hint(source.client, start, end), file=sys.stderr)
             frame = read_window(source, start, end, step or curve_step(source, start, end, DEFAULT_STEP_S))
             curves = pool_curves(frame, slo_s=args.slo_ttft_p99)
     except SourceError as exc:

@@ -175,3 +175,16 @@ def test_the_ui_operating_page_reads_the_records_as_the_cli_does(replayed, monke
     assert not at.exception
     assert at.header[0].value == f"Pool {pool_name(pc)}"
     assert any("curve records" in c.value for c in at.caption)
+
+
+def test_a_long_full_read_says_when_the_records_would_do(replayed, capsys):
+    """Over six hours or more, the full read says on stderr that --recorded reads the records (when
+    the window holds them) or how to get them (when it does not); the full read still runs."""
+    url, _, end, _, _ = replayed
+    assert main(["curve", "--prometheus", url, "--start", str(end - 7 * 3600), "--end", str(end), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["pools"], "the full read still reads the staircase"
+    assert "keeps kvscope's curve records: --recorded reads the points in seconds" in captured.err
+    before = end - 8 * 3600
+    assert main(["curve", "--prometheus", url, "--start", str(before - 7 * 3600), "--end", str(before)]) == 4
+    assert "load kvscope-curve.yml (kvscope rules build) into the TSDB" in capsys.readouterr().err
