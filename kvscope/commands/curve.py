@@ -40,6 +40,11 @@ Sources (pick one), as for `kvscope diagnose`:
 Examples:
   kvscope curve --recording tests/recordings/curve-vllm-staircase.om.gz
   kvscope curve --prometheus http://127.0.0.1:9090 --since 6h --slo-ttft-p99 2 --json | jq '.pools[].c_max'
+  kvscope curve --prometheus http://127.0.0.1:9090 --since 7d --recorded   # from kvscope-curve.yml's records
+
+A week of a large fleet read in full is minutes and gigabytes; with kvscope-curve.yml (kvscope
+rules build) loaded into the TSDB, --recorded reads each pool's points from its records in seconds,
+at the rules' interval, without judging changes (docs/curve.md, "From recording rules").
 
 {log_help}
 Exit status: 0 printed, 3 bad usage, 4 the source could not be read or holds no concurrency signal.
