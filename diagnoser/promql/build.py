@@ -13,7 +13,6 @@ from typing import Any
 from kvscope.agent.signals import load_catalog
 from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_heading, split
 from kvscope.diagnoser.citations import cite_all, cite_text
-from kvscope.diagnoser.curve.records import DEFAULT_INTERVAL, curve_file
 from kvscope.diagnoser.promql.alerts import PythonOnly, alert_name, compile_rules
 from kvscope.diagnoser.promql.quantiles import quantile_file
 from kvscope.diagnoser.promql.rulefiles import HEADER, SloConfig, build_rule_files, candidate_file, render_rule_file
@@ -37,12 +36,12 @@ def build_all(
     canonical: str = "used",
     candidates: dict[str, tuple[str | None, str]] | None = None,
     runbook_base_url: str | None = None,
-    curve_interval: str = DEFAULT_INTERVAL,
+    curve: tuple[str, list[dict[str, Any]]] | None = None,
 ) -> Built:
     """Compile the shipped (or given) diagnosis rules and build every file; `candidates`: their
     loosened conditions (diagnoser/pushdown/candidates.py `candidate_exprs`) for
-    `kvscope-candidates.yml` (None leaves that file out); `curve_interval`: the interval of
-    `kvscope-curve.yml`'s rules (diagnoser/curve/records.py)."""
+    `kvscope-candidates.yml` (None leaves that file out); `curve`: (file name, rule groups) of
+    the operating curve's records (diagnoser/curve/records.py `curve_file`; None leaves it out)."""
     rules = read_rules() if rules is None else rules
     alerts, python_only = compile_rules(rules)
     note = _alerts_note(rules, python_only)
@@ -60,15 +59,15 @@ def build_all(
             "(diagnoser/promql/quantiles.py).",
         ),
     )
-    name, curve = curve_file(load_catalog(), curve_interval)
-    files[name] = render_rule_file(
-        curve,
-        HEADER.format(
-            extra="",
-            what="The operating curve's sums per pool and concurrency bucket: kvscope curve --prometheus URL "
-            "--recorded reads a week from these instead of every engine's buckets (diagnoser/curve/records.py).",
-        ),
-    )
+    if curve is not None:
+        files[curve[0]] = render_rule_file(
+            curve[1],
+            HEADER.format(
+                extra="",
+                what="The operating curve's sums per pool and concurrency bucket: kvscope curve --prometheus URL "
+                "--recorded reads a week from these instead of every engine's buckets (diagnoser/curve/records.py).",
+            ),
+        )
     if candidates is not None:
         name, text = candidate_file(candidates)
         files[name] = text

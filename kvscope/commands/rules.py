@@ -156,6 +156,7 @@ def run_build(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     from kvscope.agent.signals import load_catalog
+    from kvscope.diagnoser.curve.records import curve_file
     from kvscope.diagnoser.pushdown.candidates import candidate_exprs
     from kvscope.diagnoser.rulebook.rule import read_rules
 
@@ -169,7 +170,7 @@ def run_build(args: argparse.Namespace) -> int:
         canonical=args.canonical,
         candidates=candidate_exprs(rules, load_catalog()),
         runbook_base_url=base,
-        curve_interval=args.curve_interval,
+        curve=curve_file(load_catalog(), args.curve_interval),
     )
     outputs = {args.out / name: text for name, text in built.rule_files.items()}
     outputs |= {args.runbooks / name: text for name, text in built.runbooks.items()}

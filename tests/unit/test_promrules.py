@@ -11,6 +11,7 @@ import yaml
 
 from kvscope.agent.signals import load_catalog, parse_catalog
 from kvscope.cli import main
+from kvscope.diagnoser.curve.records import curve_file
 from kvscope.diagnoser.promql.alerts import PythonOnly, alert_name, compile_rule
 from kvscope.diagnoser.promql.build import RUNBOOK_MARK, build_all
 from kvscope.diagnoser.promql.rulefiles import SloConfig, build_rule_files, slo_error_ratio
@@ -31,6 +32,14 @@ def test_generated_rule_files_and_runbooks_are_up_to_date():
     for name, text in built.runbooks.items():
         path = ROOT / "docs" / "runbooks" / name
         assert path.exists() and path.read_text() == text, f"runbook {name} is stale: run `kvscope rules build`"
+
+
+def test_the_curve_records_file_is_up_to_date():
+    """kvscope-curve.yml as `kvscope rules build` writes it (the CLI hands build_all the curve's
+    rule groups: promql sits below diagnoser/curve)."""
+    name, groups = curve_file(load_catalog())
+    text = build_all(curve=(name, groups)).rule_files[name]
+    assert (ROOT / "rules" / "prometheus" / name).read_text() == text, f"{name} is stale: run `kvscope rules build`"
 
 
 def test_no_generated_runbook_outlives_its_rule():
