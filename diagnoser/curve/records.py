@@ -57,10 +57,6 @@ GAUGES = ("engine_kv_cache_usage_ratio", WAITING)
 PREFIX = "kvscope:curve_"
 
 
-def _edge(lo: float) -> str:
-    return prom_number(lo)
-
-
 def _this_evaluation(interval: str) -> Callable[[str], str]:
     """A record of this group as written by this evaluation only: its samples in the last half
     interval. Read as a plain instant vector, an engine's bucket of an earlier interval would stay
@@ -84,7 +80,7 @@ def curve_rules(catalog: Catalog, interval: str = DEFAULT_INTERVAL) -> list[dict
     now = _this_evaluation(interval)
     branches = [
         f'label_replace({now(f"{PREFIX}concurrency:avg")} >= {prom_number(lo)} < {prom_number(hi)}, "{BUCKET}", '
-        f'"{_edge(lo)}", "", "")'
+        f'"{prom_number(lo)}", "", "")'
         for lo, hi in zip(edges, edges[1:], strict=False)
     ]
     bucket = now(f"{PREFIX}bucket:avg")
