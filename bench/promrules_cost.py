@@ -10,8 +10,9 @@ scraped by a real Prometheus 2.42 on 127.0.0.1 in three configurations, one afte
              generated files read (`--canonical used`, the default)
 
 After a warm-up it reads Prometheus' own metrics: head series, rule-evaluation time per cycle
-(prometheus_rule_group_last_duration_seconds, summed over groups) and CPU seconds per second,
-and prints each configuration against the baseline.
+(prometheus_rule_group_last_duration_seconds, summed over groups; kvscope-curve.yml's group runs
+every minute, the others every `--interval`) and CPU seconds per second, and prints each
+configuration against the baseline and each group's last evaluation.
 
     .venv/bin/python bench/promrules_cost.py [--engines 50] [--seconds 60] [--interval 5]
 """
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import yaml
 
+from kvscope.agent.signals import load_catalog
+from kvscope.diagnoser.curve.records import curve_file
 from kvscope.diagnoser.promql.build import build_all
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +46,8 @@ def _build(tmp: Path, canonical: str) -> list[Path]:
     """Every generated rule file, built with `--canonical used|all`, written under tmp."""
     out = tmp / f"rules-{canonical}"
     out.mkdir()
-    for name, text in build_all(canonical=canonical).rule_files.items():
+    curve = curve_file(load_catalog())  # kvscope-curve.yml at its default interval (1m)
+    for name, text in build_all(canonical=canonical, curve=curve).rule_files.items():
         (out / name).write_text(text)
     return sorted(out.glob("*.yml"))
 
