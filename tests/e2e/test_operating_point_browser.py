@@ -102,9 +102,9 @@ def test_operating_point_page_says_what_kvscope_curve_says(browser, tmp_path, na
             assert box.split("\n")[0].endswith(f"— {c['verdict']}"), box
         if not pool["changes"]:
             assert "No change in this window" in body
-        charts = page.locator(".vega-embed")
-        charts.first.wait_for()
-        assert charts.count() == 1 + len(pool["changes"])
+        # the curve's chart and one per change; Streamlit draws them one after another, so wait for
+        # the count (a plain count right after the first one showed raced the others on a loaded box)
+        expect(page.locator(".vega-embed")).to_have_count(1 + len(pool["changes"]), timeout=180_000)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"ui-operating-{name}.png"), full_page=True)
 
