@@ -5,10 +5,10 @@ a large fleet is gigabytes through the client (docs/curve.md "From recording rul
 the curve's sums instead, at each evaluation of one rule group (every `interval`, each rule
 reading the last `interval` of samples):
 
-1. `kvscope:curve_bucket:avg` per engine: its concurrency over the interval (the mean of the
-   running gauge, plus waiting where the engine exports its queue, as `intervals.CONCURRENCY`),
-   labelled with its concurrency bucket (`concurrency_bucket`: the bucket's lower edge,
-   points.EDGES; "0" below the first: idle).
+1. `kvscope:curve_concurrency:avg` per engine: its concurrency over the interval (the mean of the
+   running gauge, plus waiting where the engine exports its queue, as `intervals.CONCURRENCY`);
+   `kvscope:curve_bucket:avg` the same, labelled with its concurrency bucket
+   (`concurrency_bucket`: the bucket's lower edge, points.EDGES; "0" below the first: idle).
 2. Per pool (model x engine) and concurrency bucket, the sums a point is computed from
    (points.BucketSums): the intervals and their concurrency, each histogram bucket's increase, each
    counter's increase and its square, the KV usage and waiting gauges and how many intervals
@@ -55,6 +55,8 @@ UNIT = ("instance", "engine", "model", "dp_rank")
 POOL = ("model", "engine")
 GAUGES = ("engine_kv_cache_usage_ratio", WAITING)
 PREFIX = "kvscope:curve_"
+BOUNDS = [0.0, *EDGES.tolist()]
+"""The buckets' edges with the idle one ([0, first edge)) in front: bucket k spans BOUNDS[k + 1:k + 3]."""
 
 
 def _this_evaluation(interval: str) -> Callable[[str], str]:
@@ -76,12 +78,11 @@ def curve_rules(catalog: Catalog, interval: str = DEFAULT_INTERVAL) -> list[dict
     running = over(CONCURRENCY_SIGNAL, "avg_over_time", "max")
     waiting = over(WAITING, "avg_over_time", "max")
     conc = f"({running} + on ({', '.join(UNIT)}) {waiting}) or {running}"
-    edges = [0.0, *EDGES.tolist()]
     now = _this_evaluation(interval)
     branches = [
         f'label_replace({now(f"{PREFIX}concurrency:avg")} >= {prom_number(lo)} < {prom_number(hi)}, "{BUCKET}", '
         f'"{prom_number(lo)}", "", "")'
-        for lo, hi in zip(edges, edges[1:], strict=False)
+        for lo, hi in zip(BOUNDS, BOUNDS[1:], strict=False)
     ]
     bucket = now(f"{PREFIX}bucket:avg")
     one = f"on ({', '.join(UNIT)}) group_left ({BUCKET}) ({bucket} * 0 + 1)"
@@ -152,11 +153,10 @@ def _peak(counts: dict[int, float]) -> float | None:
     total = sum(counts.values())
     if not total:
         return None
-    edges = [0.0, *EDGES.tolist()]
     seen = 0.0
     for k in sorted(counts):
         if seen + counts[k] >= 0.99 * total:
-            lo, hi = edges[k + 1], edges[k + 2]
+            lo, hi = BOUNDS[k + 1], BOUNDS[k + 2]
             return round(lo + (hi - lo) * (0.99 * total - seen) / counts[k], 3)
         seen += counts[k]
     return None
