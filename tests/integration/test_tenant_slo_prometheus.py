@@ -102,11 +102,23 @@ def test_ten_thousand_tenants_keep_top_n_plus_other(tmp_path: Path):
                 counts = query_range(prom.url, f"count({record})", first, end, step=1.0)
                 values = [float(v) for series in counts for _, v in series["values"]]
                 assert values and max(values) <= TOP_N + 1, (record, values and max(values))
-            # other sums the rest: its error ratio is that of the 9,995 quieter tenants together
-            other = query(prom.url, f'{error_record("5m")}{{tenant="other"}}')
+            # other sums the rest: its error ratio is that of the 9,995 quieter tenants together.
+            # Read until steady (bounded): in the first seconds each 5m rate holds two or three
+            # scrapes and is mostly extrapolation, so a numerator and denominator whose windows
+            # differ by one scrape read 1.5x apart (CI, 2026-11-26: 0.0449 for 0.0300 right after
+            # the records appeared; not reproduced here in ten runs under load)
             rest = range(TENANTS - TOP_N)
             expected = sum((i + 1) * (i % 7) / 100 for i in rest) / sum(i + 1 for i in rest)
-            assert abs(float(other[0]["value"][1]) - expected) < 1e-3
+            seen: list[float] = []
+
+            def other_ratio() -> bool:
+                other = query(prom.url, f'{error_record("5m")}{{tenant="other"}}')
+                seen.append(float(other[0]["value"][1]))
+                return abs(seen[-1] - expected) < 1e-3
+
+            wait_until(
+                other_ratio, 120, f"other's error ratio {expected}", procs=(prom.proc,), logs=lambda: str(seen[-20:])
+            )
     finally:
         server.shutdown()
         server.server_close()
