@@ -78,17 +78,20 @@ def window(hours: float) -> tuple[float, float]:
     return end - hours * 3600, end
 
 
-def dataset(engines: int, hours: float, interval: float, every_family: bool) -> tuple[Path, dict]:
+def dataset(
+    engines: int, hours: float, interval: float, every_family: bool, signals: frozenset[str] = SIGNALS, family="curve"
+) -> tuple[Path, dict]:
     """A VictoriaMetrics data directory holding the fleet over the window (plus one scrape before
-    it), kept between runs."""
-    tag = f"{engines}x{hours:g}h-{interval:g}s-{'all' if every_family else 'curve'}-{_digest()}"
+    it), kept between runs: the capture's families of `signals` (named `family` in the cache's
+    key), or all of them."""
+    tag = f"{engines}x{hours:g}h-{interval:g}s-{'all' if every_family else family}-{_digest()}"
     d = CACHE / "curve" / tag
     meta = d / "meta.json"
     if not meta.exists():
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
         start, end = window(hours)
-        names = None if every_family else re.compile(wire_pattern(set(SIGNALS), load_catalog(), facts=True))
+        names = None if every_family else re.compile(wire_pattern(set(signals), load_catalog(), facts=True))
         with running_victoria(d / "data", *VM_FLAGS, log_path=d / "import.log") as vm:
             t0, l0 = time.perf_counter(), load()
             info = import_capture_fleet(vm.url, engines, start - interval, end, interval, names=names)
@@ -105,15 +108,17 @@ def dataset(engines: int, hours: float, interval: float, every_family: bool) -> 
     return d / "data", info
 
 
-def raw_fetch(url: str, start: float, end: float, step: float, engines: int, per_engine: int) -> dict:
-    """Every engine's series of the curve's signals over [start, end] at `step`, HTTP + JSON only,
-    in instance batches of about BATCH_POINTS points."""
+def raw_fetch(
+    url: str, start: float, end: float, step: float, engines: int, per_engine: int, signals: frozenset[str] = SIGNALS
+) -> dict:
+    """Every engine's series of `signals` (the curve's) over [start, end] at `step`, HTTP + JSON
+    only, in instance batches of about BATCH_POINTS points."""
     steps = int((end - start) // step) + 1
     size = max(1, BATCH_POINTS // max(1, per_engine * steps))
     catalog = load_catalog()
     total_bytes, points, series = 0, 0, 0
     for i in range(0, engines, size):
-        sel = selector_for(set(SIGNALS), catalog, [instance(e) for e in range(i, min(engines, i + size))])
+        sel = selector_for(set(signals), catalog, [instance(e) for e in range(i, min(engines, i + size))])
         body = urllib.parse.urlencode(
             {"query": sel, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
         ).encode()

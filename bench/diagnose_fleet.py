@@ -65,7 +65,6 @@ WINDOW_END = 1_800_000_000.0 + 8 * 3600
 WARMUP_S = 1.1 * 3600
 STEP = 15.0
 GOALS = {(1000, 6.0): (5.0, 0.5)}
-WEEKLY_GOAL_S = 30.0
 VM_SHIFT_S = -120 * 86400.0
 """VictoriaMetrics refuses samples far in the future: its copy of the fleet is 120 days earlier."""
 CANDIDATES = ROOT / "rules" / "prometheus" / "kvscope-candidates.yml"
@@ -434,55 +433,6 @@ def growth(rows: list[dict]) -> None:
             )
 
 
-def weekly(engines: int, hours: float, cache: bool) -> dict:
-    """`kvscope report weekly --prometheus` over the fleet's last 7 days, on VictoriaMetrics."""
-    data = vm_dataset(engines, hours)
-    _, _, end = span(hours, VM_SHIFT_S)
-    out = CACHE / "weekly.md"
-    with running_victoria(data, *VM_FLAGS, log_path=data.parent / "vm.log", cache=cache) as vm:
-        print(f"  weekly report {size_name(engines, hours)} (load {load():.1f}) ...", flush=True)
-        l0 = load()
-        if cache:
-            reset_cache(vm.url)
-        got = run_child(
-            [
-                KVSCOPE,
-                "report",
-                "weekly",
-                "--prometheus",
-                vm.url,
-                "--end",
-                f"{end:.0f}",
-                "--no-progress",
-                "--markdown",
-                str(out),
-            ]
-        )
-        row = {
-            "engines": engines,
-            "hours": hours,
-            "wall_s": got["wall_s"],
-            "rss_gb": got["rss_gb"],
-            "cpu_s": got["cpu_s"],
-            "exit": got["exit"],
-            "load": [l0, load()],
-            "tsdb_rss_gb": tsdb_hwm(vm.proc.pid),
-        }
-    text = out.read_text() if out.exists() else ""
-    row["findings_section"] = "No findings" not in text and "finding" in text.lower()
-    if got["exit"] != 0:
-        print("    | " + "\n    | ".join(got["err"].strip().splitlines()[-6:]))
-    print(
-        f"weekly report {size_name(engines, hours)} on VictoriaMetrics"
-        f" (rollup cache {'on, emptied first' if cache else 'off'}): "
-        f"{row['wall_s']:.1f} s (exit {row['exit']}), client peak RSS {row['rss_gb']:.2f} GB, "
-        f"{row['cpu_s']:.1f} CPU-s, TSDB peak RSS {row['tsdb_rss_gb']:.2f} GB; goal < {WEEKLY_GOAL_S:g} s: "
-        f"{row['wall_s'] / WEEKLY_GOAL_S:.2f}x of it | load {l0:.1f}-{load():.1f}",
-        flush=True,
-    )
-    return row
-
-
 def parse_sizes(text: str) -> list[tuple[int, float]]:
     out = []
     for part in filter(None, text.split(",")):
@@ -567,7 +517,6 @@ def main() -> None:
     ap.add_argument("--victoria", default="", help="engines x hours on VictoriaMetrics, comma-separated (e.g. 1000x6)")
     ap.add_argument("--prometheus", default="", help="engines x hours on Prometheus 2.42 (e.g. 100x1,200x6)")
     ap.add_argument("--compare", action="store_true", help="also --full-fetch; the findings must be equal")
-    ap.add_argument("--weekly", default="", help="engines x hours for `kvscope report weekly` (e.g. 100x168)")
     ap.add_argument("--tsdb-cost", default="", help="engine counts whose live record evaluation to measure (100,200)")
     ap.add_argument(
         "--vm-cache",
@@ -608,16 +557,10 @@ def main() -> None:
                 )
             )
         print(show(rows[-1]), flush=True)
-    weekly_rows = [weekly(e, h, cache) for e, h in parse_sizes(args.weekly)]
     print("\nsummary:")
     for row in rows:
         print(show(row))
     growth(rows)
-    for row in weekly_rows:
-        print(
-            f"weekly {size_name(row['engines'], row['hours'])}: {row['wall_s']:.1f} s, {row['rss_gb']:.2f} GB, "
-            f"exit {row['exit']}"
-        )
 
 
 if __name__ == "__main__":

@@ -151,3 +151,27 @@ def test_weekly_report_reads_the_engines_own_series_from_victoria(victoria):
     tokens = direct.fleet["output_tokens"]
     assert tokens and via_vm.fleet["output_tokens"] == pytest.approx(tokens, rel=0.1)
     assert re.match(r"^[\w.-]+ / \w+$", str(via_vm.pools.index[0]))
+
+
+
+def test_weekly_report_says_which_rules_it_judged_on_every_engine(tmp_path, capsys):
+    """`report weekly --prometheus` runs the week's diagnosis by the fleet path; with no candidate
+    records in the TSDB every rule is judged on every engine's series, and the report says so with
+    the backfill command, as `kvscope diagnose` does (at fleet size that read is most of its time).
+    The fleet: 4 engines x 3 h of the real vLLM 0.32 capture at 60 s (testbed/fleetgen), ending an
+    hour ago (the report's 15-minute grid needs more than the kv-pressure recording's minutes)."""
+    import time
+
+    from kvscope.cli import main
+    from testbed.fleetgen.capture_fleet import import_capture_fleet
+
+    end = math.floor(time.time() / 60) * 60 - 3600.0
+    with running_victoria(tmp_path / "data", "-search.maxQueryLen=131072", log_path=tmp_path / "vm.log") as vm:
+        assert import_capture_fleet(vm.url, 4, end - 3 * 3600, end, 60.0)["samples"] > 0
+        out = tmp_path / "week.md"
+        argv = ["report", "weekly", "--prometheus", vm.url, "--end", f"{end:.0f}", "--markdown", str(out)]
+        assert main([*argv, "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "judged on every engine's series (exact full fetch)" in err
+    assert "vmalert -rule=rules/prometheus/kvscope-candidates.yml -replay.timeFrom=" in err
+    assert "## Top findings" in out.read_text()
