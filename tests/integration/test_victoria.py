@@ -153,7 +153,6 @@ def test_weekly_report_reads_the_engines_own_series_from_victoria(victoria):
     assert re.match(r"^[\w.-]+ / \w+$", str(via_vm.pools.index[0]))
 
 
-
 def test_weekly_report_says_which_rules_it_judged_on_every_engine(tmp_path, capsys):
     """`report weekly --prometheus` runs the week's diagnosis by the fleet path; with no candidate
     records in the TSDB every rule is judged on every engine's series, and the report says so with
