@@ -23,6 +23,11 @@ Numbers the source lacks print as "absent", never zero; a partial week is said w
 gaps. GPU-hours are split per pool through the engine-GPU join (GPUs it cannot place are
 "unattributed"). What each section means: docs/ui.md.
 
+From --prometheus the week's incidents come from the TSDB by the fleet path (a 5-minute step), which
+reads kvscope's candidate records (kvscope-candidates.yml, docs/fleet.md): where the TSDB lacks them
+every rule is judged on every engine's series, the longest part of the report for a large fleet;
+stderr names those rules and the backfill command.
+
   kvscope report weekly --recording incident.om --gpu-hour-cost 2.5 --html week.html --markdown week.md
   kvscope report weekly --prometheus http://127.0.0.1:9090 --end 2026-11-22T00:00:00Z
   kvscope report weekly --store /var/lib/kvscope/kvscope.db
