@@ -264,6 +264,15 @@ def report(row: dict) -> None:
     )
 
 
+def add_raw_fetch_args(ap: argparse.ArgumentParser) -> None:
+    """The hidden arguments of the raw-fetch baseline's child process (`--raw-fetch URL`)."""
+    ap.add_argument("--raw-fetch", metavar="URL", help=argparse.SUPPRESS)
+    ap.add_argument("--start", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--end", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--step", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--per-engine", type=int, default=60, help=argparse.SUPPRESS)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engines", type=int, default=50)
@@ -278,11 +287,7 @@ def main() -> None:
     ap.add_argument("--curve-interval", help="the records' interval (default: 1m, or two scrapes if longer)")
     ap.add_argument("--skip-full", action="store_true", help="leave out the full `kvscope curve` (a week of a fleet)")
     ap.add_argument("--json-out", type=Path, help="append the row as one JSON line")
-    ap.add_argument("--raw-fetch", metavar="URL", help=argparse.SUPPRESS)
-    ap.add_argument("--start", type=float, help=argparse.SUPPRESS)
-    ap.add_argument("--end", type=float, help=argparse.SUPPRESS)
-    ap.add_argument("--step", type=float, help=argparse.SUPPRESS)
-    ap.add_argument("--per-engine", type=int, default=60, help=argparse.SUPPRESS)
+    add_raw_fetch_args(ap)
     args = ap.parse_args()
     if args.raw_fetch:  # the baseline's child process
         print(json.dumps(raw_fetch(args.raw_fetch, args.start, args.end, args.step, args.engines, args.per_engine)))

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from curve_fleet import _kept, _timed, dataset, raw_fetch, window  # noqa: E402
+from curve_fleet import _fetched, _kept, _timed, add_raw_fetch_args, dataset, raw_fetch, window  # noqa: E402
 from diagnose_fleet import CANDIDATES, KVSCOPE, VM_FLAGS, _digest, load, tsdb_hwm  # noqa: E402
 
 from kvscope.report.weekly import READ_SIGNALS, WEEK_S, report_step  # noqa: E402
@@ -58,11 +58,6 @@ def _report_summary(markdown: Path):
         return f"{len(text):,} characters, {pools} pool rows, {findings} top findings"
 
     return summary
-
-
-def _fetched(out: str) -> str:
-    f = json.loads(out)
-    return f"{f['series']:,} series, {f['points']:,} points, {f['mb']:.0f} MB in batches of {f['batch']} engines"
 
 
 def with_candidates(data: Path, start: float, end: float, engines: int) -> tuple[Path, dict]:
@@ -141,11 +136,7 @@ def main() -> None:
     )
     ap.add_argument("--limit", type=float, default=1800.0, help="seconds one command may take")
     ap.add_argument("--json-out", type=Path, help="append the row as one JSON line")
-    ap.add_argument("--raw-fetch", metavar="URL", help=argparse.SUPPRESS)
-    ap.add_argument("--start", type=float, help=argparse.SUPPRESS)
-    ap.add_argument("--end", type=float, help=argparse.SUPPRESS)
-    ap.add_argument("--step", type=float, help=argparse.SUPPRESS)
-    ap.add_argument("--per-engine", type=int, default=60, help=argparse.SUPPRESS)
+    add_raw_fetch_args(ap)
     args = ap.parse_args()
     if args.raw_fetch:  # the baseline's child process
         got = raw_fetch(
