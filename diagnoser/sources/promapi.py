@@ -33,6 +33,7 @@ SAMPLE_BUDGET = 0.5
 """Share of max_samples a query is planned to load (the estimate is rough: ranges and lookback)."""
 MAX_RESPONSE_BYTES = 512 * 1024 * 1024
 CONCURRENCY = 4
+"""Queries one client keeps in flight at once (the TSDB's load from one command)."""
 MAX_BISECT = 6
 """How many times a rejected (422 too many samples) range is halved before giving up."""
 
@@ -85,6 +86,7 @@ class PromClient:
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
         self._lock = threading.Lock()
+        self._in_flight = threading.BoundedSemaphore(max(1, self.concurrency))
         self._flavor: str | None = None
 
     # ---------------------------------------------------------------- raw calls
@@ -207,7 +209,8 @@ class PromClient:
             seconds = min(seconds, self.deadline - time.monotonic())
             if seconds <= 0:
                 raise PromError(f"{what}: the diagnosis' time is up; no more queries are sent")
-        return read_url(self.url + path, what, seconds, limit, form, PromError, partial(http_error, self.url))
+        with self._in_flight:
+            return read_url(self.url + path, what, seconds, limit, form, PromError, partial(http_error, self.url))
 
     # ---------------------------------------------------------------- bounded range queries
     def plan_chunks(
@@ -253,10 +256,11 @@ class PromClient:
             return merge_matrices([self._bisecting(expr, a, b, step, what, depth + 1) for a, b in halves])
 
     def map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
-        """fn over items on at most `concurrency` threads, results in order."""
+        """fn over items on at most twice `concurrency` threads, results in order: at most
+        `concurrency` queries in flight (`_read`), the other threads decoding the answers."""
         if len(items) <= 1 or self.concurrency <= 1:
             return [fn(x) for x in items]
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
+        with ThreadPoolExecutor(max_workers=min(2 * self.concurrency, len(items))) as pool:
             return list(pool.map(fn, items))
 
     def note(self, text: str) -> None:

@@ -11,9 +11,9 @@ import pandas as pd
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.report.weekly.series import (
     MAX_GAP_S,
+    SIGNALS,
     Columns,
     after_gap,
-    columns,
     counter_increments,
     gauge_coverage,
     in_window,
@@ -56,13 +56,15 @@ class DataCoverage:
 def data_coverage(frame: Frame, start: float, end: float, max_gap_s: float = MAX_GAP_S) -> DataCoverage:
     """The spans of (start, end] that hold samples of any report signal. Consecutive sample
     times further apart than max_gap_s, or twice the typical interval, start a new span."""
-    ss = columns(frame)
-    parts = [p.ts[in_window(p, start, end)] for p in ss.by_name.values()]
-    before = [p.ts[p.ts <= start].max() for p in ss.by_name.values() if (p.ts <= start).any()]
-    inside = np.unique(np.concatenate(parts)) if parts else np.zeros(0)
+    held = np.zeros(len(frame.ts), dtype=bool)  # grid times at which any report signal has a sample
+    for name in frame.names() & set(SIGNALS):
+        held |= ~np.isnan(frame.blocks[name].values).all(axis=0)
+    times = frame.ts[held]
+    inside = times[(times > start) & (times <= end)]
     if not inside.size:
         return DataCoverage(start, end, ())
-    ts = np.unique(np.r_[max(before), inside]) if before else inside  # data running into the window
+    before = times[times <= start]
+    ts = np.r_[before.max(), inside] if before.size else inside  # data running into the window
     dt = np.diff(ts)
     limit = max(max_gap_s, 2 * float(np.median(dt))) if dt.size else max_gap_s
     breaks = np.flatnonzero(dt > limit)

@@ -85,3 +85,43 @@ def test_only_victoriametrics_queries_off_its_step_lattice_ask_it_not_to_cache()
         client.query_range("up", 1789639200, 1789642800, 15)  # on the lattice: cacheable
         client.query_range("up", 1789639207, 1789642807, 15)  # off it
     assert ["nocache" in p for p in sent] == [False, True, False, False]
+
+
+def test_queries_in_flight_stay_within_the_concurrency_while_more_threads_decode():
+    """A real HTTP server that holds each query a moment and counts how many it serves at once:
+    `map` runs twice `concurrency` threads, but no more than `concurrency` queries reach it."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    lock, now, peak = threading.Lock(), [0], [0]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            with lock:
+                now[0] += 1
+                peak[0] = max(peak[0], now[0])
+            time.sleep(0.05)
+            with lock:
+                now[0] -= 1
+            body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = PromClient(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=30, concurrency=2)
+        client._flavor = "prometheus"
+        assert client.map(lambda i: client.query("up", 0), list(range(12))) == [[]] * 12
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert 1 <= peak[0] <= 2  # four threads, never more than two queries at the server
