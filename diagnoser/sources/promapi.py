@@ -203,14 +203,24 @@ class PromClient:
         return doc.get("data") if isinstance(doc, dict) else None
 
     def _read(self, path: str, form: bytes | None = None) -> bytearray:
-        """The answer's body (a form POST when `form`); PromError for every failure."""
-        what, limit, seconds = f"prometheus {self.url}", MAX_RESPONSE_BYTES, self.timeout_s
-        if self.deadline is not None:
-            seconds = min(seconds, self.deadline - time.monotonic())
+        """The answer's body (a form POST when `form`); PromError for every failure. At most
+        `concurrency` reads are in flight; the wait for a free one counts against the read's time."""
+        what, limit, began = f"prometheus {self.url}", MAX_RESPONSE_BYTES, time.monotonic()
+        budget = self.timeout_s if self.deadline is None else min(self.timeout_s, self.deadline - began)
+        if budget <= 0:
+            raise PromError(f"{what}: the diagnosis' time is up; no more queries are sent")
+        if not self._in_flight.acquire(timeout=budget):
+            raise PromError(
+                f"{what}: no answer in {budget:.0f} s: this client's {self.concurrency} queries in flight were "
+                "all still running (the server is slow or overloaded: allow more time or narrow the window)"
+            )
+        try:
+            seconds = budget - (time.monotonic() - began)
             if seconds <= 0:
-                raise PromError(f"{what}: the diagnosis' time is up; no more queries are sent")
-        with self._in_flight:
+                raise PromError(f"{what}: no answer in {budget:.0f} s (waited for a query in flight to end)")
             return read_url(self.url + path, what, seconds, limit, form, PromError, partial(http_error, self.url))
+        finally:
+            self._in_flight.release()
 
     # ---------------------------------------------------------------- bounded range queries
     def plan_chunks(

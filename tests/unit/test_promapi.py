@@ -1,4 +1,4 @@
-"""The one Prometheus client's own logic: error messages, time splitting, merging (no server)."""
+"""The one Prometheus client's own logic: error messages, time splitting, merging, queries in flight."""
 
 from __future__ import annotations
 
@@ -119,7 +119,6 @@ def test_queries_in_flight_stay_within_the_concurrency_while_more_threads_decode
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         client = PromClient(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=30, concurrency=2)
-        client._flavor = "prometheus"
         assert client.map(lambda i: client.query("up", 0), list(range(12))) == [[]] * 12
     finally:
         server.shutdown()
