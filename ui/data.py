@@ -434,20 +434,19 @@ def timeline(diagnosis: Diagnosis) -> pd.DataFrame:
     """One row per finding: rule, severity, place, active period; likely cause first."""
     from kvscope.diagnoser.render import fmt_where
 
-    rows = [
+    found = diagnosis.findings
+    return pd.DataFrame(
         {
-            "rank": rank + 1,
-            "rule": f.rule_id,
-            "severity": f.severity,
-            "where": fmt_where(f),
-            "since": pd.to_datetime(f.since, unit="s", utc=True),
-            "until": pd.to_datetime(f.until, unit="s", utc=True),
-            "active": f.active,
-            "title": f.title,
+            "rank": range(1, len(found) + 1),
+            "rule": [f.rule_id for f in found],
+            "severity": [f.severity for f in found],
+            "where": [fmt_where(f) for f in found],
+            "since": pd.to_datetime([f.since for f in found], unit="s", utc=True),
+            "until": pd.to_datetime([f.until for f in found], unit="s", utc=True),
+            "active": [f.active for f in found],
+            "title": [f.title for f in found],
         }
-        for rank, f in enumerate(diagnosis.findings)
-    ]
-    return pd.DataFrame(rows)
+    )
 
 
 def window_text(start: float, end: float) -> str:
