@@ -92,7 +92,9 @@ def test_queries_in_flight_stay_within_the_concurrency_while_more_threads_decode
     `map` runs twice `concurrency` threads, but no more than `concurrency` queries reach it."""
     import threading
     import time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
+
+    from testbed.httpstub import serving
 
     lock, now, peak = threading.Lock(), [0], [0]
 
@@ -115,12 +117,7 @@ def test_queries_in_flight_stay_within_the_concurrency_while_more_threads_decode
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serving(Handler) as server:
         client = PromClient(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=30, concurrency=2)
         assert client.map(lambda i: client.query("up", 0), list(range(12))) == [[]] * 12
-    finally:
-        server.shutdown()
-        server.server_close()
     assert 1 <= peak[0] <= 2  # four threads, never more than two queries at the server
