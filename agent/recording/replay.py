@@ -26,12 +26,12 @@ from kvscope.agent.derive.gpu_join import derive_engine_gpu
 from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.recording.omfile import read_recording, scrapes_by_target
+from kvscope.agent.recording.timespan import configured_interval
 from kvscope.agent.scrape.exposition import Exposition
 from kvscope.agent.serve.export import KVSCOPE_PREFIX, signal_of
 from kvscope.agent.signals import Catalog, Labels, Sample, load_catalog, make_labels
 from kvscope.agent.traces.otlp import Span
-from kvscope.agent.traces.receiver import observe_phases
-from kvscope.agent.traces.stitch import StitchConfig, stitch_trace
+from kvscope.agent.traces.stitch import StitchConfig, observe_phases, stitch_trace
 from kvscope.agent.traces.tenants import TenantAccounting
 
 
@@ -243,26 +243,6 @@ def service_labels_from(spans: list[Span], replay: Replay) -> dict[str, dict[str
             labels["model"] = next(iter(models[hits[0]]))
         out[service] = labels
     return out
-
-
-INTERVAL_JITTER = 0.01
-"""A measured interval within this fraction of a whole number of seconds (at least 1 s) is that
-whole number (`configured_interval`)."""
-
-
-def configured_interval(measured: float) -> float:
-    """The scrape interval a scraper was configured at, from the interval measured between its
-    scrapes: scrapers are configured in durations (`scrape_interval: 2s`) and start each scrape a
-    little late or early (a loaded scraper, the clock read after the request went out), so the
-    measured median is the configured interval plus jitter (2.001 s, 1.998 s, 2.0025 s in the
-    incident library). A measured interval within INTERVAL_JITTER (1 %) of a whole number of
-    seconds, at least 1 s, is that whole number; any other is kept as measured, to the
-    millisecond (timestamps' resolution): 0.25 s, 1.5 s, and 2.05 s, which is no 2 s scraper's
-    jitter."""
-    ms, whole = round(measured * 1000), round(measured)
-    if whole >= 1 and abs(ms - 1000 * whole) <= INTERVAL_JITTER * 1000 * whole:
-        return float(whole)
-    return ms / 1000
 
 
 def scrape_interval(samples: Iterable[Sample]) -> float | None:

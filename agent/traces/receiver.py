@@ -26,10 +26,9 @@ from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.ratelog import warn_every
 from kvscope.agent.scrape.resolve import connector
 from kvscope.agent.serve.site import HttpSite
-from kvscope.agent.signals import make_labels
 from kvscope.agent.traces.export import encode_spans, render_phase_spans
 from kvscope.agent.traces.otlp import JSON, OtlpDecodeError, decompress, parse_otlp_traces
-from kvscope.agent.traces.stitch import RequestRecord, StitchConfig, TraceStitcher
+from kvscope.agent.traces.stitch import RequestRecord, StitchConfig, TraceStitcher, observe_phases
 from kvscope.agent.traces.tenants import TenantAccounting
 
 log = logging.getLogger("kvscope.traces")
@@ -93,14 +92,6 @@ def parse_otlp_config(raw: Any) -> OtlpConfig:
 
 
 register_section("otlp", parse_otlp_config)
-
-
-def observe_phases(phases: HistogramSet, record: RequestRecord) -> None:
-    """Count a stitched request's phases in `request_phase_seconds` (absent labels left out)."""
-    for obs in record.phases:
-        lab = {"phase": obs.phase, "engine": record.engine}
-        lab |= {k: v for k, v in (("instance", obs.instance), ("role", obs.role), ("model", record.model)) if v}
-        phases.observe(make_labels(lab), obs.seconds)
 
 
 @register_collector("otlp", default_enabled=True)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvscope.agent.metricsets import HistogramSet
+from kvscope.agent.signals import make_labels
 from kvscope.agent.traces.otlp import Span
 
 PHASES = ("queue", "prefill", "kv_transfer", "decode")
@@ -320,3 +322,11 @@ def _merge(p: RequestRecord, d: RequestRecord) -> RequestRecord:
         kv_transfer_source=source,
         anchors={**p.anchors, **d.anchors},
     )
+
+
+def observe_phases(phases: HistogramSet, record: RequestRecord) -> None:
+    """Count a stitched request's phases in `request_phase_seconds` (absent labels left out)."""
+    for obs in record.phases:
+        lab = {"phase": obs.phase, "engine": record.engine}
+        lab |= {k: v for k, v in (("instance", obs.instance), ("role", obs.role), ("model", record.model)) if v}
+        phases.observe(make_labels(lab), obs.seconds)

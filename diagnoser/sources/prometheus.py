@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from kvscope.agent.normalize.dialect import Mapper, Normalized, detect_engine
-from kvscope.agent.recording.replay import configured_interval
+from kvscope.agent.recording.timespan import configured_interval
 from kvscope.agent.scrape.exposition import Exposition, RawSample
 from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, Labels, load_catalog, make_labels, signal_of
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid, merge_facts

@@ -146,12 +146,14 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
     from kvscope.diagnoser.rulebook.rule import parse_duration
     from kvscope.diagnoser.sources import SourceError
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
-    from kvscope.diagnoser.sources.recording import RecordingSource
     from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
 
     source = open_source(args)
-    if isinstance(source, RecordingSource):  # logs too: a grid too large for the --step asked for is refused
-        source.step_given = args.step is not None
+    if args.recording or args.log:  # not imported for a TSDB: replay's readers are a tenth of its start
+        from kvscope.diagnoser.sources.recording import RecordingSource
+
+        if isinstance(source, RecordingSource):  # logs too: a grid too large for the --step asked for is refused
+            source.step_given = args.step is not None
     try:
         step = parse_duration(args.step) if args.step else source.natural_step() or DEFAULT_STEP_S
         start, end = args.start, args.end

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kvscope.agent.recording.omfile import RecordingWriter
-from kvscope.agent.recording.replay import configured_interval
+from kvscope.agent.recording.timespan import configured_interval
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.diagnoser.sources.recording import RecordingSource
 
