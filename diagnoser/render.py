@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import Counter
 
@@ -52,13 +51,12 @@ def fmt_where(f: Finding) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet"
 
 
-@functools.lru_cache(maxsize=1)
 def _shipped() -> dict[str, Rule]:
     """The shipped rules by id (their facts, baselines and summaries); empty when unreadable."""
-    from kvscope.diagnoser.rulebook.rule import RuleError, read_rules
+    from kvscope.diagnoser.rulebook.rule import RuleError, shipped_rules
 
     try:
-        return {r.id: r for r in read_rules()}
+        return shipped_rules()
     except (OSError, RuleError):
         return {}
 

@@ -7,13 +7,12 @@ charts show the very numbers the rules saw. Everything here is plain data and te
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import threading
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.curve.report import PoolCurve
+    from kvscope.diagnoser.evaluate.expr import Grouped
     from kvscope.diagnoser.sources.recording import RecordingSource
 
 KINDS = ("recording", "prometheus", "agent")
@@ -215,12 +215,12 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
     from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
     from kvscope.diagnoser.routing import SIGNALS as ROUTER_SIGNALS
     from kvscope.diagnoser.routing import router_decisions
-    from kvscope.diagnoser.rulebook.rule import read_rules
+    from kvscope.diagnoser.rulebook.rule import shipped_rules
     from kvscope.diagnoser.sources.agent import AgentSource
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
     reader: PrometheusSource | AgentSource
-    rules = read_rules()
+    rules = list(shipped_rules().values())
     names = set().union(*(sample_names(r) for r in rules))
     end = source.end or time.time()
     if source.kind == "prometheus" and not source.end:
@@ -297,18 +297,22 @@ def _column(labels: Labels, where: Mapping[str, str]) -> str:
     return ", ".join(shown) or "value"
 
 
-def evidence_series(data: TriageData, finding: Finding, key: str) -> pd.DataFrame:
+def evidence_series(
+    data: TriageData, finding: Finding, key: str, series: Callable[[str], Grouped] | None = None
+) -> pd.DataFrame:
     """The rule's own series `key` on the grid, at the finding's place: the evaluator's values
-    (`evaluated_series`), one column per group of the series' grouping that agrees with the
-    finding's labels. Empty when the rule or series is unknown (a diagnosis from other rules)."""
+    (`evaluated_series`, or `series` from it: one per finding, so the evidence shares its
+    evaluations), one column per group of the series' grouping that agrees with the finding's
+    labels. Empty when the rule or series is unknown (a diagnosis from other rules)."""
     from kvscope.diagnoser.evaluate.evaluator import evaluated_series
     from kvscope.diagnoser.rulebook.grammar import ExprError
+    from kvscope.diagnoser.rulebook.rule import shipped_rules
 
-    rule = _rules_by_id().get(finding.rule_id)
+    rule = shipped_rules().get(finding.rule_id)
     if rule is None or key not in rule.tree.series:
         return pd.DataFrame()
     try:
-        g = evaluated_series(rule, data.frame, key, data.diagnosis.time_scale or 1.0)
+        g = (series or evaluated_series(rule, data.frame, data.diagnosis.time_scale or 1.0))(key)
     except (ExprError, KeyError, ValueError):
         return pd.DataFrame()
     where = finding.where or {}
@@ -317,23 +321,21 @@ def evidence_series(data: TriageData, finding: Finding, key: str) -> pd.DataFram
     return pd.DataFrame(cols, index=pd.to_datetime(data.frame.ts, unit="s", utc=True))
 
 
-@functools.cache
-def _rules_by_id() -> dict:
-    from kvscope.diagnoser.rulebook.rule import read_rules
-
-    return {r.id: r for r in read_rules()}
-
-
 def evidence_charts(data: TriageData, finding: Finding) -> list[tuple[str, str, pd.DataFrame]]:
     """(evidence name, axis unit, series) per series the finding's evidence reads, in evidence
     order: the evaluator's own values for the rule's series at the finding's place, so each
     evidence number (max, mean, first... over the finding's period) is read off its chart."""
+    from kvscope.diagnoser.evaluate.evaluator import evaluated_series
+    from kvscope.diagnoser.rulebook.rule import shipped_rules
+
     out, seen = [], set()
+    rule = shipped_rules().get(finding.rule_id)
+    series = evaluated_series(rule, data.frame, data.diagnosis.time_scale or 1.0) if rule else None
     for ev in finding.evidence:
         if not ev.key or ev.key in seen:
             continue
         seen.add(ev.key)
-        df = evidence_series(data, finding, ev.key)
+        df = evidence_series(data, finding, ev.key, series)
         if not df.empty and df.notna().any().any():
             out.append((ev.name, evidence_unit(ev.unit), spread(df)))
     return out

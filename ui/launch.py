@@ -5,11 +5,13 @@ Reading and diagnosing a source takes seconds (a recording's replay; a fleet's T
 doing it while Streamlit starts and the browser connects means the first page view finds it done
 or under way (`ui/data.py` start_preload / take_preloaded; the page's cache then holds it). A live
 source's read covers the window ending at launch, and a first view more than a minute later
-reads the window ending then instead. The pages' modules are imported meanwhile.
+reads the window ending then instead. The pages' modules are imported meanwhile (and
+Streamlit's emoji pattern compiled).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
 import sys
@@ -23,6 +25,10 @@ def _import_pages() -> None:
     for module in pkgutil.iter_modules(kvscope.ui.__path__):
         if module.name not in ("app", "launch"):
             importlib.import_module(f"kvscope.ui.{module.name}")
+    # st.warning (every card's first lever) looks for a leading emoji with a regular expression of
+    # every emoji, compiled when its module is first imported: 0.2 s of the first view otherwise
+    with contextlib.suppress(ImportError):
+        importlib.import_module("streamlit.emojis")
 
 
 def main() -> None:

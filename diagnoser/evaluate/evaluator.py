@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -150,10 +150,11 @@ def conclude(
     return replace(rank(before_symptom(findings), window, source, skipped, len(prepared)), time_scale=scale)
 
 
-def evaluated_series(rule: Rule, frame: Frame, name: str, time_scale: float) -> Grouped:
-    """One named series of a rule over the frame, exactly as `diagnose` evaluated it (same
-    durations at `time_scale`): what charts of a finding's evidence read."""
-    return SeriesEvaluator(rule.scaled(time_scale), frame).get(name)
+def evaluated_series(rule: Rule, frame: Frame, time_scale: float) -> Callable[[str], Grouped]:
+    """A rule's named series over the frame, by name, exactly as `diagnose` evaluated them (same
+    durations at `time_scale`): what charts of a finding's evidence read. The series several of
+    them build on (the model's sum, the peers' mean) are evaluated once for all."""
+    return SeriesEvaluator(rule.scaled(time_scale), frame).get
 
 
 def evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[Finding] | Skipped:

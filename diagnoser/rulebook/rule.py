@@ -5,7 +5,7 @@ parameters; `Rule.tree` is the parsed form every backend reads, validate.py the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -138,6 +138,14 @@ def rule_paths(directory: str | Path | None = None) -> list[Path]:
 def read_rules(directory: str | Path | None = None) -> list[Rule]:
     """Every rule in a directory (default: the shipped rules)."""
     return [read_rule(p) for p in rule_paths(directory)]
+
+
+@cache
+def shipped_rules() -> dict[str, Rule]:
+    """The shipped rules by id, read once per process: a long-lived one (the UI, where the
+    launcher's read, the renderer and each page would otherwise read all of them again) shares
+    them. Nothing changes a Rule in place (`with_params` and `scaled` return new ones)."""
+    return {r.id: r for r in read_rules()}
 
 
 def grid_steps(seconds: float, step: float, least: int = 1) -> int:
