@@ -149,7 +149,7 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
     from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
 
     source = open_source(args)
-    if args.recording or args.log:  # not imported for a TSDB: replay's readers are a tenth of its start
+    if args.recording or args.log:  # not for a TSDB: the recording replay (and aiohttp with it) stays unimported
         from kvscope.diagnoser.sources.recording import RecordingSource
 
         if isinstance(source, RecordingSource):  # logs too: a grid too large for the --step asked for is refused
