@@ -297,22 +297,14 @@ def _column(labels: Labels, where: Mapping[str, str]) -> str:
     return ", ".join(shown) or "value"
 
 
-def evidence_series(
-    data: TriageData, finding: Finding, key: str, series: Callable[[str], Grouped] | None = None
-) -> pd.DataFrame:
+def evidence_series(data: TriageData, finding: Finding, key: str, series: Callable[[str], Grouped]) -> pd.DataFrame:
     """The rule's own series `key` on the grid, at the finding's place: the evaluator's values
-    (`evaluated_series`, or `series` from it: one per finding, so the evidence shares its
-    evaluations), one column per group of the series' grouping that agrees with the finding's
-    labels. Empty when the rule or series is unknown (a diagnosis from other rules)."""
-    from kvscope.diagnoser.evaluate.evaluator import evaluated_series
+    (`series`: the rule's series by name from `evaluated_series`), one column per group of the
+    series' grouping that agrees with the finding's labels. Empty when it cannot be evaluated."""
     from kvscope.diagnoser.rulebook.grammar import ExprError
-    from kvscope.diagnoser.rulebook.rule import shipped_rules
 
-    rule = shipped_rules().get(finding.rule_id)
-    if rule is None or key not in rule.tree.series:
-        return pd.DataFrame()
     try:
-        g = (series or evaluated_series(rule, data.frame, data.diagnosis.time_scale or 1.0))(key)
+        g = series(key)
     except (ExprError, KeyError, ValueError):
         return pd.DataFrame()
     where = finding.where or {}
@@ -324,15 +316,19 @@ def evidence_series(
 def evidence_charts(data: TriageData, finding: Finding) -> list[tuple[str, str, pd.DataFrame]]:
     """(evidence name, axis unit, series) per series the finding's evidence reads, in evidence
     order: the evaluator's own values for the rule's series at the finding's place, so each
-    evidence number (max, mean, first... over the finding's period) is read off its chart."""
+    evidence number (max, mean, first... over the finding's period) is read off its chart. One
+    evaluator serves all of them: the series they share are evaluated once. Empty for a rule this
+    install does not ship (a diagnosis from other rules)."""
     from kvscope.diagnoser.evaluate.evaluator import evaluated_series
     from kvscope.diagnoser.rulebook.rule import shipped_rules
 
-    out, seen = [], set()
     rule = shipped_rules().get(finding.rule_id)
-    series = evaluated_series(rule, data.frame, data.diagnosis.time_scale or 1.0) if rule else None
+    if rule is None:
+        return []
+    series = evaluated_series(rule, data.frame, data.diagnosis.time_scale or 1.0)
+    out, seen = [], set()
     for ev in finding.evidence:
-        if not ev.key or ev.key in seen:
+        if not ev.key or ev.key in seen or ev.key not in rule.tree.series:
             continue
         seen.add(ev.key)
         df = evidence_series(data, finding, ev.key, series)
