@@ -317,15 +317,18 @@ def evidence_charts(data: TriageData, finding: Finding) -> list[tuple[str, str, 
     """(evidence name, axis unit, series) per series the finding's evidence reads, in evidence
     order: the evaluator's own values for the rule's series at the finding's place, so each
     evidence number (max, mean, first... over the finding's period) is read off its chart. One
-    evaluator serves all of them: the series they share are evaluated once. Empty for a rule this
-    install does not ship (a diagnosis from other rules)."""
+    evaluator serves all of them, over the rows the finding's place reads (`place_frame`: its
+    model's engines, not the fleet's): the series they share are evaluated once. Empty for a rule
+    this install does not ship (a diagnosis from other rules)."""
     from kvscope.diagnoser.evaluate.evaluator import evaluated_series
+    from kvscope.diagnoser.pushdown.evidence import place_frame
     from kvscope.diagnoser.rulebook.rule import shipped_rules
 
     rule = shipped_rules().get(finding.rule_id)
     if rule is None:
         return []
-    series = evaluated_series(rule, data.frame, data.diagnosis.time_scale or 1.0)
+    frame = place_frame(rule, data.frame, finding.where or {})
+    series = evaluated_series(rule, frame, data.diagnosis.time_scale or 1.0)
     out, seen = [], set()
     for ev in finding.evidence:
         if not ev.key or ev.key in seen or ev.key not in rule.tree.series:

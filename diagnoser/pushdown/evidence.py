@@ -11,7 +11,8 @@ leaves) minus the rule's reach. `rule_frame` gives the rule a frame of its own r
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
@@ -89,6 +90,31 @@ def leaf_groupings(rule: Rule) -> dict[str, tuple[str, ...]]:
             for name in below(rule, list(node.refs)) & out.keys():
                 out[name] = tuple(label for label in out[name] if label in keep)
     return out
+
+
+def place_frame(rule: Rule, frame: Frame, where: Mapping[str, str]) -> Frame:
+    """The rows of `frame` that the rule's group at `where` reads: per sample name, the rows that
+    agree with `where` on the labels every leaf reading it keeps (`leaf_groupings`; a row without
+    such a label is kept), every row where a leaf sums over all of them. The rule's series at
+    `where` are the same over it as over the whole frame, on fewer rows: a finding at one instance
+    of a 1000-engine fleet reads its model's engines, as the fleet path fetched them for it."""
+    nodes = rule.tree.series
+    keeps: dict[str, set[str]] = {}
+    for name, labels in leaf_groupings(rule).items():
+        node = nodes[name]
+        assert isinstance(node, tree.Signal)  # leaf_groupings names leaves only
+        for sample in tree.leaf_names(node):
+            keeps[sample] = keeps.get(sample, set(labels)) & set(labels)
+    blocks = {}
+    for sample, block in frame.blocks.items():
+        pinned = [(k, v) for k, v in where.items() if k in keeps.get(sample, ())]
+        if not pinned:
+            blocks[sample] = block
+            continue
+        rows = [i for i, labels in enumerate(block.labels) if all(dict(labels).get(k, v) == v for k, v in pinned)]
+        seen = None if block.seen is None else block.seen[rows]
+        blocks[sample] = Block([block.labels[i] for i in rows], block.values[rows], seen)
+    return replace(frame, blocks=blocks, cache={} if frame.cache is not None else None)
 
 
 def rule_needs(

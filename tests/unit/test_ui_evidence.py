@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -275,3 +276,40 @@ def test_the_ui_diagnoses_a_recording_exactly_as_kvscope_diagnose_does(capsys):
     cli = json.loads(capsys.readouterr().out)
     assert cli["likely_cause"] or cli["other"]  # it finds something to agree on
     assert json.loads(load_triage(SourceSpec("recording", str(rec))).diagnosis.to_json()) == cli
+
+
+@pytest.mark.parametrize(
+    ("recording", "narrows"),
+    [
+        ("fleet-8-replicas-round-robin", True),
+        ("blind-sglang-hot-prefix-replica", True),
+        ("blind-vllm-replica-flapping", True),
+        ("fleet-scale-out-hash-mod", False),
+        ("fleet-pd-kv-transfer-rising", False),
+        ("round-robin-vs-sticky", False),
+    ],
+)
+def test_a_findings_charts_read_its_places_rows_with_the_whole_frames_values(recording, narrows, monkeypatch):
+    """The charts evaluate the rule over the rows the finding's place reads (`place_frame`), not
+    the fleet's: the same series as over the whole frame (to rounding: sums over fewer rows), on
+    fewer rows wherever the rule keeps a label of the place (`narrows`: some finding of the
+    recording does; the others' findings are fleet-wide or the fleet is one replica)."""
+    from kvscope.diagnoser.pushdown import evidence
+    from kvscope.diagnoser.rulebook.rule import shipped_rules
+    from kvscope.ui.data import evidence_charts
+
+    data = load_triage(SourceSpec("recording", str(RECORDINGS / f"{recording}.om.gz")))
+    fewer = 0
+    for f in data.diagnosis.findings:
+        placed = evidence_charts(data, f)
+        rule = shipped_rules()[f.rule_id]
+        rows = sum(len(b.labels) for b in evidence.place_frame(rule, data.frame, f.where).blocks.values())
+        fewer += rows < sum(len(b.labels) for b in data.frame.blocks.values())
+        with monkeypatch.context() as m:
+            m.setattr(evidence, "place_frame", lambda rule, frame, where: frame)
+            whole = evidence_charts(data, f)
+        assert [(n, u, list(df.columns)) for n, u, df in placed] == [(n, u, list(df.columns)) for n, u, df in whole]
+        for (name, _, a), (_, _, b) in zip(placed, whole, strict=True):
+            assert a.index.equals(b.index)
+            np.testing.assert_allclose(a.to_numpy(), b.to_numpy(), rtol=1e-9, atol=1e-12, err_msg=f"{f.rule_id} {name}")
+    assert bool(fewer) == narrows, f"{fewer} finding(s) read fewer rows than the whole frame"
