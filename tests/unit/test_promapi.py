@@ -58,6 +58,17 @@ def test_matrix_on_grid_places_points_by_time_and_leaves_the_rest_absent():
     metrics, values = matrix_on_grid([{"metric": {"__name__": "m"}, "values": [[30, "2"], [0, "NaN"]]}], 0, 15, 4)
     assert metrics == [{"__name__": "m"}]
     assert np.isnan(values[0, 0]) and np.isnan(values[0, 1]) and values[0, 2] == 2 and np.isnan(values[0, 3])
+    series = [
+        [[15, "1"], [30, "2"]],  # no gap, from the grid's second time: one slice
+        [[0, "1"], [30, "3"], [45, "4"]],  # a gap: each point at its time
+        [[0, "1"], [15, "2"], [30, "3"], [45, "4"], [60, "5"]],  # past the grid's end: the end dropped
+        [[7, "1"], [22, "2"]],  # off the grid's times: each point at the nearest
+    ]
+    _, values = matrix_on_grid([{"metric": {}, "values": v} for v in series], 0, 15, 4)
+    assert values[0, 1:3].tolist() == [1.0, 2.0] and np.isnan(values[0, [0, 3]]).all()
+    assert values[1, 0] == 1 and np.isnan(values[1, 1]) and values[1, 2:].tolist() == [3.0, 4.0]
+    assert values[2].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert values[3, 0] == 1 and values[3, 1] == 2 and np.isnan(values[3, 2:]).all()
     merged = merge_matrices(
         [[{"metric": {"a": "1"}, "values": [[0, "1"]]}], [{"metric": {"a": "1"}, "values": [[15, "2"]]}]]
     )
