@@ -25,7 +25,7 @@ from kvscope.agent.derive.quantiles import histogram_quantile
 from kvscope.agent.derive.rates import step_increases
 from kvscope.agent.signals import Labels, load_catalog
 from kvscope.diagnoser.evaluate.frame import Frame
-from kvscope.diagnoser.findings import Diagnosis, Finding
+from kvscope.diagnoser.findings import Diagnosis, Finding, same_place
 from kvscope.diagnoser.render import fmt_time
 from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
 from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
@@ -260,8 +260,7 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
 
 
 def _matches(labels: Labels, where: Mapping[str, str]) -> bool:
-    have = dict(labels)
-    return all(have.get(k, v) == v for k, v in where.items())
+    return same_place(dict(labels), dict(where))
 
 
 def signal_frame(frame: Frame, signal: str, where: Mapping[str, str] | None = None) -> pd.DataFrame:

@@ -19,6 +19,7 @@ import numpy as np
 
 from kvscope.agent.signals import Catalog, make_labels
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, JudgedSpans
+from kvscope.diagnoser.findings import same_place
 from kvscope.diagnoser.promql.series import NotExpressible
 from kvscope.diagnoser.promql.signals import InlineSignals, Matcher, escape_re
 from kvscope.diagnoser.pushdown.candidates import Group, Hits
@@ -107,11 +108,11 @@ def place_frame(rule: Rule, frame: Frame, where: Mapping[str, str]) -> Frame:
             keeps[sample] = keeps.get(sample, set(labels)) & set(labels)
     blocks = {}
     for sample, block in frame.blocks.items():
-        pinned = [(k, v) for k, v in where.items() if k in keeps.get(sample, ())]
+        pinned = {k: v for k, v in where.items() if k in keeps.get(sample, ())}
         if not pinned:
             blocks[sample] = block
             continue
-        rows = [i for i, labels in enumerate(block.labels) if all(dict(labels).get(k, v) == v for k, v in pinned)]
+        rows = [i for i, labels in enumerate(block.labels) if same_place(dict(labels), pinned)]
         seen = None if block.seen is None else block.seen[rows]
         blocks[sample] = Block([block.labels[i] for i in rows], block.values[rows], seen)
     return replace(frame, blocks=blocks, cache={} if frame.cache is not None else None)
