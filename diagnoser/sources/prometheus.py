@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -237,6 +237,7 @@ def frame_from_matrix(
     grid = make_grid(start, end, step)
     n = len(grid)
     metrics, values = matrix_on_grid(result, start, step, n)
+    values = np.where(np.isfinite(values), values, np.nan)  # NaN / Inf samples are dropped
     rows: dict[tuple[str, Labels], list] = {}
     exported: dict[tuple[str, Labels], list] = {}
     per_target: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -251,62 +252,69 @@ def frame_from_matrix(
         metric["__name__"] = name
         per_target[(metric.get("job", ""), metric.get("instance", ""))].append(i)
     facts: dict[str, dict[str, dict[str, str]]] = {}
+    engines: dict[tuple[str, ...], str | None] = {}
     for (job, instance), idx in per_target.items():
-        _map_target(job, instance, [metrics[i] for i in idx], values[idx], catalog, rows, facts)
+        target = _Target(job, instance, [metrics[i] for i in idx], values[idx])
+        _map_target(target, catalog, rows, facts, engines)
     # a TSDB scraping both the engine and the agent holds a series twice: the native one wins
     rows.update((key, row) for key, row in exported.items() if key not in rows)
-    limit = _carry_steps(step, lookback_s)
     blocks: dict[str, tuple[list[Labels], list[np.ndarray]]] = defaultdict(lambda: ([], []))
     for (name, labels), (_kind, row) in sorted(rows.items()):
         if names is not None and name not in names:
             continue
         labels_list, vals = blocks[name]
         labels_list.append(labels)
-        vals.append(_carry(row, limit))
-    frame = Frame(ts=grid, blocks={k: Block(lab, np.vstack(v)) for k, (lab, v) in blocks.items()})
+        vals.append(row)
+    limit = _carry_steps(step, lookback_s)
+    frame = Frame(ts=grid, blocks={k: Block(lab, _carry(np.vstack(v), limit)) for k, (lab, v) in blocks.items()})
     frame.facts = merge_facts(facts)
     return frame
 
 
+class _Target(NamedTuple):
+    """One scrape target's native series of an answer: their labels and their rows on the grid."""
+
+    job: str
+    instance: str
+    metrics: list[dict[str, str]]
+    values: np.ndarray
+
+
 def _map_target(
-    job: str,
-    instance: str,
-    metrics: list[dict[str, str]],
-    values: np.ndarray,
-    catalog: Catalog,
-    rows: dict,
-    facts: dict,
+    target: _Target, catalog: Catalog, rows: dict, facts: dict, engines: dict[tuple[str, ...], str | None]
 ) -> None:
-    """One target's native series through its dialect, a plan per series."""
-    raws = []
-    for metric, row in zip(metrics, values, strict=True):
-        labels = make_labels({k: v for k, v in metric.items() if k not in ("__name__", "job", "instance")})
-        present = np.flatnonzero(~np.isnan(row))
-        last = float(row[present[-1]]) if present.size else 0.0
-        raws.append((RawSample(metric["__name__"], labels, last, None), int(present.size)))
-    mine: dict[tuple[str, Labels], list] = {}
-    votes = Exposition(samples=[r for r, count in raws for _ in range(min(count, 1))])
-    engine = detect_engine(votes, catalog)
+    """One target's native series through its dialect, a plan per series. The dialect is
+    detected from the names of the series holding a sample; `engines` keeps it per sequence of
+    names, which the targets of one engine version share."""
+    counts = np.count_nonzero(~np.isnan(target.values), axis=1)
+    voters = tuple(m["__name__"] for m, count in zip(target.metrics, counts, strict=True) if count)
+    if voters not in engines:
+        engines[voters] = detect_engine(Exposition(samples=[RawSample(v, (), 0.0) for v in voters]), catalog)
+    engine = engines[voters]
     if engine is None or engine not in catalog.dialects:
         return
-    mapper = Mapper(catalog, engine, {"job": job, "instance": instance})
-    plans = mapper.plans
-    out = Normalized(engine=engine)
-    sentinels = np.array(sorted(mapper.sentinels or ()), dtype=float)
+    mapper = Mapper(catalog, engine, {"job": target.job, "instance": target.instance})
+    values = target.values
+    if mapper.sentinels:  # "no value" codes, as the normalizer drops them
+        values = np.where(np.isin(values, np.array(sorted(mapper.sentinels), dtype=float)), np.nan, values)
+    present = ~np.isnan(values)
+    newest = values[np.arange(len(values)), values.shape[1] - 1 - np.argmax(present[:, ::-1], axis=1)]
+    mine: dict[tuple[str, Labels], list] = {}
     fallback: dict[tuple[str, Labels], list] = {}
-    for (raw, count), row in zip(raws, values, strict=True):
-        if not count:
+    out = Normalized(engine=engine)
+    for metric, row, have, last in zip(target.metrics, values, present.any(axis=1), newest.tolist(), strict=True):
+        if not have:
             continue
+        labels = make_labels({k: v for k, v in metric.items() if k not in ("__name__", "job", "instance")})
+        raw = RawSample(metric["__name__"], labels, last, None)
         mapper.map_sample(raw, None, {}, out)
-        if sentinels.size:
-            row = np.where(np.isin(row, sentinels), np.nan, row)  # "no value" codes, as the normalizer drops them
-        for plan in plans.get((raw.name, raw.labels)) or ():
+        for plan in mapper.plans.get((raw.name, raw.labels)) or ():
             _apply_plan(plan, row, mine, fallback)
     _settle_fallbacks(mine, fallback, catalog)
     for key, (how, vals) in mine.items():
         _combine(rows, *key, how, vals)
     for rank, f in out.facts.items():
-        facts.setdefault(instance, {}).setdefault(rank, {}).update(f)
+        facts.setdefault(target.instance, {}).setdefault(rank, {}).update(f)
 
 
 def _apply_plan(plan: tuple, row: np.ndarray, rows: dict, fallback: dict) -> None:
@@ -319,8 +327,11 @@ def _apply_plan(plan: tuple, row: np.ndarray, rows: dict, fallback: dict) -> Non
         if factor is None or not np.isfinite(factor):
             return
         vals = np.where(np.isnan(row), np.nan, factor)
+    elif mode == "raw":
+        vals = row
     else:
-        vals = row if mode == "raw" else row * factor
+        vals = row * factor
+        vals = np.where(np.isfinite(vals), vals, np.nan)  # a factor can overflow a large value
     _combine(fallback if rank else rows, name, labels, "max" if kind == "gauge" else "sum", vals)
 
 
@@ -341,7 +352,8 @@ def _settle_fallbacks(rows: dict, fallback: dict, catalog: Catalog) -> None:
 
 
 def _combine(rows: dict, name: str, labels: Labels, how: str, vals: np.ndarray) -> None:
-    vals = np.where(np.isfinite(vals), vals, np.nan)  # NaN / Inf samples are dropped
+    """Adds a row of finite values (NaN where none) to `rows[name, labels]` as `how` says: "max"
+    or "sum" (NaN where both are)."""
     key = (name, labels)
     have = rows.get(key)
     if have is None:
@@ -359,14 +371,15 @@ def _carry_steps(step: float, lookback_s: float) -> int:
     return max(0, int(np.ceil(lookback_s / step - 1e-9)) - 1)
 
 
-def _carry(row: np.ndarray, limit: int) -> np.ndarray:
-    """Points the answer lacks filled from the previous point at most `limit` steps back."""
-    present = ~np.isnan(row)
+def _carry(rows: np.ndarray, limit: int) -> np.ndarray:
+    """Points the answer lacks (a row per series) filled from the previous point of their row at
+    most `limit` steps back."""
+    present = ~np.isnan(rows)
     if present.all() or not present.any() or limit <= 0:
-        return row
-    k = np.arange(row.size)
-    last = np.maximum.accumulate(np.where(present, k, -1))
+        return rows
+    k = np.arange(rows.shape[1])
+    last = np.maximum.accumulate(np.where(present, k, -1), axis=1)
     ok = (last >= 0) & (k - last <= limit)
-    out = np.full(row.shape, np.nan)
-    out[ok] = row[last[ok]]
+    out = np.full(rows.shape, np.nan)
+    out[ok] = rows[np.nonzero(ok)[0], last[ok]]
     return out

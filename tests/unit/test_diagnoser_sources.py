@@ -102,6 +102,40 @@ def test_frame_from_matrix_reads_an_old_name_only_where_the_new_one_is_missing_a
     assert np.isnan(temp.values[0][0]) and temp.values[0][1] == 41
 
 
+def test_frame_from_matrix_keeps_a_series_whose_newest_sample_is_a_blank_code():
+    """A DCGM field that reads the blank code at the window's end still had values before it: the
+    code is no value at its own steps only, not a reason to drop the series."""
+    result = [
+        {
+            "metric": {"__name__": "DCGM_FI_DEV_MEMORY_TEMP", "job": "dcgm", "instance": "n0", "gpu": "0"},
+            "values": [[100, "41"], [115, "2147483632"]],
+        },
+    ]
+    frame = frame_from_matrix(result, 100, 115, 15, catalog=load_catalog(), lookback_s=1.0)
+    temp = next(b for n, b in frame.blocks.items() if n.startswith("gpu_memory_temp"))
+    assert temp.values[0][0] == 41 and np.isnan(temp.values[0][1])
+
+
+def test_frame_from_matrix_maps_each_target_by_its_own_dialect():
+    """Targets of different engines in one answer: each is detected from its own series' names."""
+
+    def gauge(name: str, instance: str, value: str) -> dict:
+        return {"metric": {"__name__": name, "job": "j", "instance": instance}, "values": [[100, value]]}
+
+    result = [
+        gauge("vllm:num_requests_waiting", "v0", "3"),
+        gauge("sglang:num_queue_reqs", "s0", "4"),
+        gauge("vllm:num_requests_waiting", "v1", "5"),
+    ]
+    frame = frame_from_matrix(result, 100, 100, 15, catalog=load_catalog())
+    block = frame.blocks["engine_requests_waiting"]
+    got = {
+        (dict(lab)["instance"], dict(lab)["engine"]): row[0]
+        for lab, row in zip(block.labels, block.values, strict=True)
+    }
+    assert got == {("v0", "vllm"): 3.0, ("s0", "sglang"): 4.0, ("v1", "vllm"): 5.0}
+
+
 def test_frame_from_matrix_sums_collapsing_series_and_carries_points_within_the_lookback():
     def ttft(tp: str, values: list) -> dict:
         return {
