@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, compress
+from itertools import compress
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -25,7 +25,6 @@ from kvscope.agent import collectors as collectors_pkg
 from kvscope.agent.collectors.base import Collection, Collector, Health, registered_collectors
 from kvscope.agent.config import AgentConfig
 from kvscope.agent.ratelog import ChangeLog, warn_every
-from kvscope.agent.scrape.stamped import Parts, Stamped
 from kvscope.agent.signals import Labels, NameTest, Sample, make_labels
 
 log = logging.getLogger("kvscope.agent")
@@ -133,71 +132,53 @@ class AgentState:
 class CounterResets:
     """Counts decreases of canonical counters per instance (an engine restart, usually).
 
-    A counter is compared with its value in the previous cycle: one target's part (`Parts.sources`)
-    with that target's previous part, the other samples together by series (the last one wins).
-    Fast path, same answers (tests/unit/test_runtime.py): series in the same order as last time are
-    compared by position, skipping `Stamped` blocks that are the same objects as last time.
+    A counter is compared with its value in the previous cycle (where a series comes twice in a
+    cycle, the last one wins). Fast path, same answers (tests/unit/test_runtime.py): a cycle whose
+    series come in the same order as last time, none twice, is compared by position.
     """
 
     def __init__(self) -> None:
         self._counter = NameTest(lambda name: name.endswith(("_total", "_count")), 100_000)  # name -> is a counter
-        self._prev: dict[str, _Seen] = {}  # source ("": the rest) -> its previous part
+        self._prev: _Seen | None = None
 
     def observe(self, samples: Iterable[Sample], into: Counter[str]) -> None:
-        parts: dict[str, Sequence[Sample]] = {}
-        rest: list[Sample] = []
-        if isinstance(samples, Parts):
-            for part, source in zip(samples.parts, samples.sources, strict=True):
-                if source and source not in parts:
-                    parts[source] = part
-                else:
-                    rest.extend(part)
-        else:
-            rest = samples if isinstance(samples, list) else list(samples)
-        parts[""] = rest
+        """Add one to `into[instance]` for each instance a counter of this cycle went down on."""
+        cycle = samples if isinstance(samples, list) else list(samples)
         resets: set[str] = set()
-        # a source absent this cycle is compared afresh next time
-        self._prev = {src: self._compare(self._prev.get(src), part, resets) for src, part in parts.items()}
+        self._prev = self._compare(self._prev, cycle, resets)
         into.update(resets)  # one per instance per cycle
 
-    def _compare(self, prev: _Seen | None, part: Sequence[Sample], resets: set[str]) -> _Seen:
-        """Add the instances whose counters in `part` fell below `prev` (the source's previous
-        part) to `resets`; return what the next cycle compares with."""
-        blocks: Sequence[Sequence[Any]] = part.blocks if isinstance(part, Stamped) else [part]
-        if prev is not None and prev.unique and len(prev.blocks) == len(blocks):
-            moved = []
-            for new, old, (names, labels, idx) in zip(blocks, prev.blocks, prev.keys, strict=True):
-                if new is not old:
-                    if tuple(map(_name, new)) != names or tuple(map(_labels, new)) != labels:
-                        break
-                    moved.append((new, old, idx))
-            else:
-                for new, old, idx in moved:
-                    lower = map(
-                        operator.lt, map(_value, map(new.__getitem__, idx)), map(_value, map(old.__getitem__, idx))
-                    )
-                    resets.update(dict(new[j][1]).get("instance", "") for j in compress(idx, lower))
-                return _Seen(blocks, True, prev.keys)
-        heads = list(chain.from_iterable(blocks))
+    def _compare(self, prev: _Seen | None, cycle: list[Sample], resets: set[str]) -> _Seen:
+        """Add the instances whose counters in `cycle` fell below `prev` to `resets`; return what
+        the next cycle compares with (copied out: the caller may extend its list)."""
+        names, labels = tuple(map(_name, cycle)), tuple(map(_labels, cycle))
+        if prev is not None and prev.unique and prev.names == names and prev.labels == labels:
+            idx = prev.counters
+            values = list(map(_value, map(cycle.__getitem__, idx)))
+            lower = compress(idx, map(operator.lt, values, prev.values))
+            resets.update(dict(labels[j]).get("instance", "") for j in lower)
+            return prev._replace(values=values)
         if prev is not None:
-            last = {(h[0], h[1]): h[2] for h in chain.from_iterable(prev.blocks) if self._counter[h[0]]}
-            for h in heads:
-                if self._counter[h[0]] and (before := last.get((h[0], h[1]))) is not None and h[2] < before:
-                    resets.add(dict(h[1]).get("instance", ""))
-        block_names = [tuple(map(_name, block)) for block in blocks]
-        keys = [
-            (n, tuple(map(_labels, block)), list(compress(range(len(n)), map(self._counter.__getitem__, n))))
-            for n, block in zip(block_names, blocks, strict=True)
-        ]
-        return _Seen(blocks, len({(h[0], h[1]) for h in heads}) == len(heads), keys)
+            last = {(prev.names[j], prev.labels[j]): v for j, v in zip(prev.counters, prev.values, strict=True)}
+            for s in cycle:
+                if self._counter[s[0]] and (before := last.get((s[0], s[1]))) is not None and s[2] < before:
+                    resets.add(dict(s[1]).get("instance", ""))
+        counters = list(compress(range(len(names)), map(self._counter.__getitem__, names)))
+        unique = len(set(zip(names, labels, strict=True))) == len(names)
+        if not unique:  # the last one of a series wins
+            last_at = {key: j for j, key in enumerate(zip(names, labels, strict=True))}
+            counters = [j for j in counters if last_at[(names[j], labels[j])] == j]
+        return _Seen(names, labels, counters, list(map(_value, map(cycle.__getitem__, counters))), unique)
 
 
 class _Seen(NamedTuple):
-    """A source's part as `CounterResets` compares the next one with it."""
+    """A cycle's counters as `CounterResets` compares the next cycle with them."""
 
-    blocks: Sequence[Sequence[Any]]
+    names: tuple[str, ...]  # every sample's name and labels, in order
+    labels: tuple[Labels, ...]
+    counters: list[int]  # positions of the counters (the last of a series seen twice)
+    values: list[float]  # their values
     unique: bool  # no series twice: a comparison by position is the definition's
-    keys: list[tuple[tuple[str, ...], tuple[Labels, ...], list[int]]]  # per block: names, labels, counters' positions
 
 
 _name, _labels, _value = itemgetter(0), itemgetter(1), itemgetter(2)
@@ -243,16 +224,16 @@ class AgentRuntime:
         """Collect once from every collector (concurrently), then derive and store."""
         t0 = time.monotonic()
         results = await asyncio.gather(*(self._collect_one(c) for c in self.collectors))
-        cycle = Parts()  # the collections as they came (agent/scrape/stamped.py): no flat copy per cycle
+        cycle: list[Sample] = []
         for collector, (collection, status) in zip(self.collectors, results, strict=True):
             self._absorb(collector.name, collection, status)
-            cycle.add(collection.samples)
+            cycle.extend(collection.samples)
         self._resets.observe(cycle, self.state.counter_resets)
         now = self.clock()
-        cycle.add(self._target_up_samples(now))
+        cycle.extend(self._target_up_samples(now))
         derived = self._derived(cycle)
         self.state.samples["derive"] = derived  # catalog signals among them are re-exported too
-        cycle.add(derived)
+        cycle.extend(derived)
         self._store(cycle)
         if self.store is not None:
             failing = (st := self.store.snapshot()).failing  # no disk I/O: stays on the loop
@@ -320,7 +301,7 @@ class AgentRuntime:
                     out.append(Sample("kvscope_target_up", labels, 1.0 if h.up else 0.0, now))
         return out
 
-    def _derived(self, cycle: Parts) -> list[Sample]:
+    def _derived(self, cycle: list[Sample]) -> list[Sample]:
         out: list[Sample] = []
         for hook in self.derive:
             name = f"derive_{getattr(hook, '__name__', 'hook')}"
@@ -334,7 +315,7 @@ class AgentRuntime:
                 self.state.collector_status[name] = (False, f"exception_{type(e).__name__}", 0.0)
         return out
 
-    def _store(self, samples: Parts) -> None:
+    def _store(self, samples: list[Sample]) -> None:
         if self.store is None or not samples:
             return
         try:

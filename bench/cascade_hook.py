@@ -10,7 +10,7 @@ computed. The first window_s / interval cycles (60: 15 min) fill the hook's wind
 --cycles are measured. Per cycle, CPU time (time.process_time, this one thread) of
 
 * agent: what the agent does in process each cycle but the HTTP scrape: parse + normalize
-  through each target's BlockCache, the counter-reset check, the GPU-join and fairness hooks,
+  with each target's memo (as the engine collector does), the counter-reset check, the GPU-join and fairness hooks,
   and the change-point SQLite store's write + flush (background=False);
 * cascade: the cascade hook over the same cycle.
 
@@ -31,12 +31,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from kvscope.agent.collectors.engine import TargetMemo
 from kvscope.agent.config import build_config
 from kvscope.agent.derive.cascade import CascadeWindow
 from kvscope.agent.derive.hooks import derive_hooks
-from kvscope.agent.normalize.blockcache import BlockCache
+from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.runtime import CounterResets
-from kvscope.agent.scrape.stamped import Parts
+from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import load_catalog
 from kvscope.agent.store.sqlite import SqliteStore
 
@@ -92,7 +93,7 @@ def main() -> None:
     rng = random.Random(7)
     lines = FIXTURE.read_text().splitlines()
     catalog = load_catalog()
-    caches = [BlockCache(catalog) for _ in range(args.engines)]
+    memos = [TargetMemo() for _ in range(args.engines)]
     others = derive_hooks(build_config({"targets": []}, environ={}, flags=[]))
     others = [h for h in others if not isinstance(h, CascadeWindow)]
     hook, resets, counts = CascadeWindow(args.window), CounterResets(), Counter[str]()
@@ -104,17 +105,18 @@ def main() -> None:
             ts = 1.7e9 + cycle * args.interval
             texts = [body(lines, signals(e, cycle, rng), args.move, rng) for e in range(args.engines)]
             t0 = time.process_time()
-            parts = Parts()
-            for e, (cache, text) in enumerate(zip(caches, texts, strict=True)):
-                norm, _ = cache.normalize(text, "vllm", {"job": "vllm", "instance": f"10.0.0.{e}:8000"}, ts)
-                parts.add(norm.samples, f"10.0.0.{e}:8000")
+            parts: list = []
+            for e, (memo, text) in enumerate(zip(memos, texts, strict=True)):
+                expo = parse_exposition(text, label_cache=memo.labels())
+                labels = {"job": "vllm", "instance": f"10.0.0.{e}:8000"}
+                parts.extend(normalize(expo, "vllm", labels, ts, catalog, memo.mapping).samples)
             resets.observe(parts, counts)
             for h in others:
-                parts.add(list(h(parts)))
+                parts.extend(list(h(parts)))
             t1 = time.process_time()
             out = hook(parts)
             t2 = time.process_time()
-            parts.add(out)
+            parts.extend(out)
             store.write(parts)
             store.flush()
             t3 = time.process_time()

@@ -2,14 +2,14 @@
 
 * `exposition`: a scraped body as the agent reads it: UTF-8 (fetch.py refuses other bytes with
   decode_error, so the fuzzer's bytes are decoded with replacement), parsed with the format
-  detected, under limits, then the family-block memo path over the same text.
+  detected, under limits, then normalized twice with one target's memo as the engine collector does.
 * `openmetrics-recording`: a recording as `read_recording` reads it (OpenMetrics, then grouped
   into scrapes by target and timestamp).
 
 Neither parser has an error type: any exception is a crash. Seeds: the scrape fixtures, the
 shared reference capture, the OpenMetrics peer cases and records of the test recordings
 (decompressed, cut at line boundaries), each cut to ~3 KiB at a line boundary (a few families).
-The block-memo path runs on one input in 8.
+The normalize passes run on one input in 8.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
-from kvscope.agent.normalize.blockcache import BlockCache
+from kvscope.agent.collectors.engine import TargetMemo
+from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.recording.omfile import group_scrapes
 from kvscope.agent.scrape.exposition import Limits, parse_exposition
 from kvscope.agent.signals import load_catalog
@@ -83,10 +84,11 @@ def _om_seeds() -> list[bytes]:
 def fuzz_exposition(data: bytes) -> object:
     text = data.decode("utf-8", "replace")
     expo = parse_exposition(text, limits=_LIMITS)
-    if len(data) % 8 == 0:  # 1 in 8: the memo, then its value templates on a second pass
-        cache = BlockCache(_CATALOG, limits=_LIMITS)
+    if len(data) % 8 == 0:  # 1 in 8: normalized as a target's first and second scrape
+        memo = TargetMemo()
         for ts in (1.0, 2.0):
-            cache.normalize(text, "vllm", {"job": "j", "instance": "i"}, ts)
+            again = parse_exposition(text, label_cache=memo.labels(), limits=_LIMITS)
+            normalize(again, "vllm", {"job": "j", "instance": "i"}, ts, _CATALOG, memo.mapping)
     return expo
 
 

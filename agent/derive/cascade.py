@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvscope.agent.derive.rates import deltas
-from kvscope.agent.scrape.stamped import pick
 from kvscope.agent.signals import Sample, make_labels
 
 STAGES = ("healthy", "kv_high", "evicting", "queueing", "latency")
@@ -353,7 +352,7 @@ class CascadeWindow:
         self.dropped: Counter[str] = Counter()
 
     def __call__(self, cycle: Sequence[Sample]) -> list[Sample]:
-        new = _group(pick(cycle, CASCADE_SIGNALS.__contains__))
+        new = _group([s for s in cycle if s.name in CASCADE_SIGNALS])
         now = max((pts[-1][0] for ser in new.values() for pts in ser.values() if pts), default=None)
         if now is None:
             return []

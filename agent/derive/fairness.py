@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvscope.agent.derive.quantiles import histogram_quantile
-from kvscope.agent.scrape.stamped import Parts, Stamped
 from kvscope.agent.signals import Sample, make_labels
 
 # Canonical series read per tenant: kvscope-produced first, then engine series with a tenant label.
@@ -229,13 +228,12 @@ def fairness_json_since_start(samples: list[Sample]) -> dict[str, Any]:
 
 def fairness_hook(window_s: float = 300.0) -> Callable[[Iterable[Sample]], list[Sample]]:
     """A derive hook: fleet fairness gauges over the last `window_s` from the `tenant_*` counters of
-    kvscope's own sources (tap, OTLP receiver); engine scrapes (`Stamped` parts) are not read. The
+    kvscope's own sources (tap, OTLP receiver; engines export none). The
     usage is counted since the newest cumulative snapshot at least `window_s` old (else since start)."""
     snapshots: deque[tuple[float, dict[str, TenantUsage]]] = deque(maxlen=512)
 
     def fairness(cycle: Iterable[Sample]) -> list[Sample]:
-        parts = cycle.parts if isinstance(cycle, Parts) else [cycle]
-        own = [s for p in parts if not isinstance(p, Stamped) for s in p if s.name in _USAGE_NAMES]
+        own = [s for s in cycle if s.name in _USAGE_NAMES]
         if not own:
             return []
         now = max((s.timestamp for s in own if s.timestamp is not None), default=None)

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from itertools import chain
 from operator import itemgetter
 from typing import Any
 
 from kvscope.agent.config import parse_gpu_mapping
-from kvscope.agent.scrape.stamped import Parts, Stamped, pick
 from kvscope.agent.signals import NameTest, Sample, make_labels
 
 JOIN_NAME = "engine_gpu_memory_used_bytes"
@@ -69,8 +67,8 @@ def _is_engine(s: Sample) -> bool:
 def join_engines_to_gpus(samples: Iterable[Sample], gpu_mapping: Any = None) -> list[GpuAssignment]:
     """Every (engine instance, GPU) pair the samples and the mapping establish, strongest join
     first, one assignment per pair. `samples` are the latest canonical samples of all sources."""
-    samples = samples if isinstance(samples, list | Parts) else list(samples)
-    joined = pick(samples, _joined_name.__getitem__)
+    samples = samples if isinstance(samples, list) else list(samples)
+    joined = [s for s in samples if _joined_name[s.name]]
     devices = _devices(joined)
     used = _device_memory(joined)
     found = [
@@ -160,15 +158,11 @@ def render_engine_gpu_samples(assignments: Iterable[GpuAssignment], timestamp: f
 
 def derive_engine_gpu(samples: Iterable[Sample], gpu_mapping: Any = None) -> list[Sample]:
     """The join over one collection cycle as samples, stamped with the newest sample time."""
-    samples = samples if isinstance(samples, list | Parts) else list(samples)
+    samples = samples if isinstance(samples, list) else list(samples)
     assignments = join_engines_to_gpus(samples, gpu_mapping)
     if not any(a.memory_bytes is not None for a in assignments):
         return []  # nothing to render: skip the pass over every sample's timestamp
-    if isinstance(samples, Parts):  # a Stamped part has one timestamp: no pass over its samples
-        stamps = {p.timestamp for p in samples.parts if isinstance(p, Stamped)}
-        stamps.update(map(itemgetter(3), chain.from_iterable(p for p in samples.parts if not isinstance(p, Stamped))))
-    else:
-        stamps = set(map(itemgetter(3), samples))  # C-level pass: timestamps are few (one per target)
+    stamps = set(map(itemgetter(3), samples))  # C-level pass: timestamps are few (one per target)
     stamps.discard(None)
     return render_engine_gpu_samples(assignments, max(stamps, default=None))
 

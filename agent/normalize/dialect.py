@@ -202,36 +202,6 @@ class Mapper:
             else:
                 into[key] = prev + value
 
-    def linear_plan(self, samples: list[RawSample]) -> list[tuple[int, float, str, Labels]] | None:
-        """How `map_sample` turns these raw samples into canonical ones when only their values
-        can change: per output, in output order, (index of its raw sample, factor, name, labels),
-        its value being `samples[index].value * factor`. None when that is not the whole story:
-        a fact source, an info gauge (value from a label), a bad `le`, two outputs collapsing
-        into one series, a sample carrying its own timestamp, or no memoized plan to read."""
-        out: list[tuple[int, float, str, Labels]] = []
-        for k, raw in enumerate(samples):
-            if raw.timestamp is not None:
-                return None
-            if raw.name.endswith("_created"):
-                continue
-            declared, _, aliases = self.resolve(raw.name)
-            if declared in self.fact_sources:
-                return None
-            if not aliases:
-                continue
-            plan = self.plans.get((raw.name, raw.labels))
-            if plan is None:
-                return None
-            for name, labels, _, mode, factor, _ in plan:
-                if labels is _NO_MATCH:
-                    continue
-                if name is None or mode == "info":
-                    return None
-                out.append((k, 1.0 if mode == "raw" else factor, name, labels))
-        if len({(name, labels) for _, _, name, labels in out}) != len(out):
-            return None
-        return out
-
     def _plan(self, alias: Alias, suffix: str, raw: RawSample) -> tuple:
         """How `map_sample` maps this series with this alias, minus the value: (name, labels, kind,
         mode, factor, rank); name None when the alias does not match or the `le` is bad."""

@@ -1,2 +1,2 @@
-"""Scrape path: the keep-alive HTTP client, fetching a target's /metrics within bounds, parsing
-the exposition, and the per-scrape carrier of canonical blocks (Stamped/Parts)."""
+"""Scrape path: the keep-alive HTTP client, fetching a target's /metrics within bounds, and parsing
+the exposition."""

@@ -49,7 +49,6 @@ def _grammar(om: bool) -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str
 
 _TEXT, _OM = _grammar(False), _grammar(True)
 _VALUE = re.compile(_FLOAT)
-_VALUES = re.compile(rf"{_FLOAT}\r?+(?:\n{_FLOAT}\r?+)*+")
 _OM_META = re.compile(r"# (TYPE|HELP|UNIT) ([^ \t\n]++) (.*)", re.S)
 _UNESCAPE = re.compile(r"\\(.)")
 TYPES = ("counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset", "gaugehistogram")
@@ -148,14 +147,6 @@ def parse_exposition(
             _issue(out, lineno, "sample_limit_exceeded", line)
             break
     return out
-
-
-def parse_values(texts: list[str]) -> list[float] | None:
-    """Sample value spellings (a CRLF line's `\\r` allowed) -> floats, or None if one is not a
-    value; one C-level pass (agent/normalize/blockvalues.py re-reads values with it)."""
-    if texts and _VALUES.fullmatch("\n".join(texts)) is None:
-        return None
-    return list(map(float, texts))
 
 
 def _issue(out: Exposition, lineno: int, reason: str, line: str) -> None:

@@ -11,9 +11,9 @@ Most series keep their value between scrapes, so a batch becomes three kinds of 
 
 `fill_points` reads back exactly the dense series written (tests/unit/test_changepoints.py).
 Samples older than a series' previous point are dropped (`out_of_order`), as is a second one in
-the same millisecond (`duplicate`, first wins). Fast path, same rows (tests/unit/test_stamped.py):
+the same millisecond (`duplicate`, first wins). Fast path, same rows (tests/unit/test_changepoints.py):
 a cohort with the same series in the same order as its group's previous one is compared by
-position, skipping `Stamped` blocks (agent/scrape/stamped.py) that are the same objects as last time.
+position.
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, compress, groupby, islice
-from operator import is_not, itemgetter
+from itertools import compress, groupby
+from operator import itemgetter
 
-from kvscope.agent.scrape.stamped import Head, Parts, Stamped
 from kvscope.agent.signals import Labels, Sample
 
 Key = tuple[str, Labels]
@@ -60,8 +59,7 @@ class ChangeEncoder:
         self._by_sid: dict[int, list] = {}  # the same lists by series id
         self._members: dict[int, set[int]] = {}  # group -> series ids in its current run
         self._group_ts: dict[int, int] = {}  # group -> its latest stamp
-        self._previous: dict[int, _Blocks] = {}  # group -> its last cohort, for the fast paths
-        self.block_cohorts = 0  # cohorts written by the block path (for tests and benches)
+        self._previous: dict[int, _Previous] = {}  # group -> its last cohort, for the fast path
 
     def reset(self) -> None:
         """Forget all state (the rows it described may not be on disk)."""
@@ -81,28 +79,14 @@ class ChangeEncoder:
 
     def encode(self, batch: Iterable[Sample], now: float, out: Encoded | None = None) -> Encoded:
         """Rows for `batch` (in any order; samples without a timestamp are stamped `now`),
-        appended to `out` (a new `Encoded` if None). A `Parts` batch keeps its `Stamped` parts
-        whole (each its own cohort, read block by block) unless its timestamp is shared."""
+        appended to `out` (a new `Encoded` if None)."""
         out = Encoded() if out is None else out
-        stamped: list[Stamped] = []
-        if isinstance(batch, Parts):
-            stamped = [p for p in batch.parts if isinstance(p, Stamped)]
-            others = [p for p in batch.parts if not isinstance(p, Stamped)]
-            times = {p.timestamp for p in stamped}
-            if stamped and (
-                None in times
-                or len(times) != len(stamped)
-                or not times.isdisjoint(map(_timestamp, chain.from_iterable(others)))
-            ):
-                stamped = []  # a timestamp shared with other samples: one cohort, as a flat batch
-            batch = chain.from_iterable(others) if stamped else batch.samples()
-        flat: dict[object, list[Sample]] = {}
+        by_ts: dict[object, list[Sample]] = {}
         for ts, run in groupby(batch, _timestamp):  # runs of one timestamp (a target's scrape)
-            flat.setdefault(ts, []).extend(run)
-        by_ts: dict[object, list[Sample] | Stamped] = {**flat, **{p.timestamp: p for p in stamped}}
+            by_ts.setdefault(ts, []).extend(run)
         # A cohort is the samples of one exact timestamp: targets scraped within the same
         # millisecond stay apart (each keeps its own group), though their stamps round alike.
-        cohorts: list[tuple[int, float, list[Sample] | Stamped]] = []
+        cohorts: list[tuple[int, float, list[Sample]]] = []
         for ts, samples in by_ts.items():
             try:
                 exact = float(now if ts is None else ts)  # type: ignore[arg-type]
@@ -111,10 +95,13 @@ class ChangeEncoder:
                 out.dropped["bad_value"] += len(samples)
         used: set[int] = set()
         for ts_ms, _, samples in sorted(cohorts, key=lambda c: c[:2]):
-            self._encode_cohort(ts_ms, samples, used, out)
+            g = self._group_for(ts_ms, samples, used)
+            used.add(g)
+            if not self._encode_same_series(g, ts_ms, samples, out):
+                self._encode_general(g, ts_ms, samples, out)
         return out
 
-    def _group_for(self, ts_ms: int, cohort: Sequence[Sample | Head], used: set[int]) -> int:
+    def _group_for(self, ts_ms: int, cohort: list[Sample], used: set[int]) -> int:
         """The group this cohort's series followed last (if free and older), else a new one."""
         last = self._last
         for s in cohort[:8]:
@@ -128,64 +115,32 @@ class ChangeEncoder:
         self._next_group += 1
         return g
 
-    def _encode_cohort(self, ts_ms: int, cohort: list[Sample] | Stamped, used: set[int], out: Encoded) -> None:
-        """One cohort (a `Stamped` part is read block by block): the fast path, else the general one."""
-        blocks = cohort.blocks if isinstance(cohort, Stamped) else [cohort]
-        g = self._group_for(ts_ms, list(islice(chain.from_iterable(blocks), 8)), used)
-        used.add(g)
-        if self._encode_same_series(g, ts_ms, blocks, out):
-            if isinstance(cohort, Stamped):
-                self.block_cohorts += 1
-            return
-        self._encode_general(g, ts_ms, cohort.samples() if isinstance(cohort, Stamped) else cohort, out)
+    def _encode_same_series(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> bool:
+        """The fast path: the same series in the same order as the group's previous cohort.
+        Writes the rows and returns True, or changes nothing and returns False."""
         prev = self._previous.get(g)
-        if prev is not None and isinstance(cohort, Stamped):  # every sample a member: remember it by block
-            states = iter(prev.states[0])
-            self._previous[g] = _Blocks(blocks, [list(islice(states, len(b))) for b in blocks])
-
-    def _encode_same_series(self, g: int, ts_ms: int, blocks: list[list], out: Encoded) -> bool:
-        """The fast path: the same series in the same order as the group's previous cohort, block
-        by block (a flat cohort is one block); a block that is the same object as last time is
-        skipped. Writes the rows and returns True, or changes nothing and returns False."""
-        prev = self._previous.get(g)
-        if prev is None or len(prev.blocks) != len(blocks) or not any(map(len, blocks)):
+        if (
+            prev is None
+            or len(prev.names) != len(cohort)
+            or not cohort
+            or tuple(map(_name, cohort)) != prev.names
+            or tuple(map(_labels, cohort)) != prev.labels
+        ):
             return False
-        which = list(compress(range(len(blocks)), map(is_not, blocks, prev.blocks)))
-        if len(blocks) > 1 and 4 * len(which) > len(blocks):  # most blocks changed: one pass over all
-            pairs = [
-                (
-                    list(chain.from_iterable(blocks)),
-                    list(chain.from_iterable(prev.blocks)),
-                    list(chain.from_iterable(prev.states)),
-                )
-            ]
-        else:
-            pairs = [(blocks[i], prev.blocks[i], prev.states[i]) for i in which]
-        moved: list[tuple[list, list[int], list]] = []
-        for new, old, states in pairs:
-            if (
-                len(new) != len(old)
-                or list(map(_name, new)) != list(map(_name, old))
-                or list(map(_labels, new)) != list(map(_labels, old))
-            ):
+        values = list(map(_value, cohort))
+        changed = list(compress(range(len(cohort)), map(operator.ne, values, map(_value, prev.states))))
+        for j in changed:
+            v = values[j]
+            if type(v) is not float or v != v:  # NaN or a value to convert: the general path
                 return False
-            values = list(map(_value, new))
-            changed = list(compress(range(len(new)), map(operator.ne, values, map(_value, old))))
-            for j in changed:
-                v = values[j]
-                if type(v) is not float or v != v:  # NaN or a value to convert: the general path
-                    return False
-            moved.append((states, changed, values))
-        points = out.points
-        for states, changed, values in moved:
-            for j in changed:
-                st = states[j]
-                v = st[2] = values[j]
-                points.append((st[0], ts_ms, v))
-        prev.blocks = blocks
+        points, states = out.points, prev.states
+        for j in changed:
+            st = states[j]
+            v = st[2] = values[j]
+            points.append((st[0], ts_ms, v))
         self._group_ts[g] = ts_ms
         out.stamps.append((g, ts_ms))
-        out.accepted += sum(map(len, blocks))
+        out.accepted += len(cohort)
         return True
 
     def _encode_general(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> None:
@@ -246,15 +201,19 @@ class ChangeEncoder:
         out.stamps.append((g, ts_ms))
         out.accepted += len(present)
         if len(present) == len(cohort):  # every sample a member, in order: remember for the fast path
-            self._previous[g] = _Blocks([cohort], [[last[(s[0], s[1])] for s in cohort]])
+            self._previous[g] = _Previous(
+                tuple(map(_name, cohort)), tuple(map(_labels, cohort)), [last[(s[0], s[1])] for s in cohort]
+            )
 
 
 @dataclass(slots=True)
-class _Blocks:
-    """A group's previous cohort as blocks (a `Stamped`'s, or one), with the encoder states block by block."""
+class _Previous:
+    """A group's previous cohort as the fast path compares the next with it: its series in order
+    and their encoder states ([series id, last point's time, value, group], shared)."""
 
-    blocks: list[list]
-    states: list[list[list]]
+    names: tuple[str, ...]
+    labels: tuple[Labels, ...]
+    states: list[list]
 
 
 # ------------------------------------------------------------------------------------ read side

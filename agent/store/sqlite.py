@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Protocol
 
 from kvscope.agent.ratelog import warn_every
-from kvscope.agent.scrape.stamped import Parts
 from kvscope.agent.signals import Labels, Sample
 from kvscope.agent.store import retention
 from kvscope.agent.store.changepoints import ChangeEncoder, Encoded, StampIndex, fill_points
@@ -404,7 +403,7 @@ class SqliteStore:
             with self._qlock:
                 self._stats.dropped["closed"] += len(samples)
             return
-        chunk = samples if isinstance(samples, Parts) else list(samples)  # a cycle's Parts keep their blocks
+        chunk = samples if isinstance(samples, list) else list(samples)
         if not chunk:
             return
         with self._qlock:

@@ -18,7 +18,6 @@ from agentharness import fetch_metrics, running_agent, value
 from test_cascade_vllm import _pressure
 
 from kvscope.agent.derive.cascade import CASCADE_SIGNALS, STAGES, evaluate_cascade
-from kvscope.agent.scrape.stamped import pick
 
 pytestmark = pytest.mark.vllm
 INSTANCE = "vllm-0"
@@ -30,7 +29,7 @@ async def _cycles(rt, url, stop, out, interval_s=0.3):
     while not stop.is_set():
         await rt.run_cycle()
         _, expo = await fetch_metrics(url)
-        samples = pick(rt.state.samples.get("engine", []), CASCADE_SIGNALS.__contains__)
+        samples = [s for s in rt.state.samples.get("engine", []) if s.name in CASCADE_SIGNALS]
         down = [h.reason or "down" for h in rt.state.health.get("engine", []) if h.target and not h.up]
         out.append((samples, value(expo, "kvscope_engine_cascade_stage_code", instance=INSTANCE), ",".join(down)))
         await asyncio.sleep(interval_s)

@@ -39,7 +39,6 @@ import pytest
 
 from kvscope.agent.collectors.engine import HEALTH_SIGNAL, EngineCollector
 from kvscope.agent.config import AgentConfig, Target
-from kvscope.agent.scrape.stamped import Parts
 from kvscope.diagnoser.evaluate.evaluator import diagnose
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
 from kvscope.diagnoser.rulebook.rule import parse_duration, read_rules
@@ -140,7 +139,7 @@ async def _stop_holding_requests(
 async def _scraper(collector: EngineCollector, out: list, stop: asyncio.Event) -> None:
     while not stop.is_set():
         got = await collector.collect()
-        out.extend(got.samples.samples() if isinstance(got.samples, Parts) else got.samples)
+        out.extend(got.samples)
         await asyncio.sleep(STEP)
 
 

@@ -7,7 +7,6 @@ from kvscope.agent.derive import cascade
 from kvscope.agent.derive.cascade import CascadeConfig, CascadeWindow, evaluate_cascade, render_cascade_samples
 from kvscope.agent.derive.hooks import derive_hooks
 from kvscope.agent.runtime import AgentRuntime
-from kvscope.agent.scrape.stamped import Parts
 from kvscope.agent.signals import Sample
 from tests.unit.test_cascade import _cascade_run, _no_counter, _series
 
@@ -25,7 +24,7 @@ def _run(samples, hook=None):
     for cycle in _cycles(samples):
         seen += cycle
         ts = cycle[0].timestamp
-        out.append((hook(Parts([cycle])), render_cascade_samples(evaluate_cascade(seen), ts)))
+        out.append((hook(cycle), render_cascade_samples(evaluate_cascade(seen), ts)))
     return out
 
 
@@ -93,7 +92,7 @@ def test_a_bad_instance_is_counted_and_the_others_are_still_evaluated(monkeypatc
     runtime.derive = [CascadeWindow()]
     good = _series("engine_kv_cache_usage_ratio", [0.95])
     bad = _series("engine_kv_cache_usage_ratio", [0.95], labels={"instance": "bad"})
-    out = runtime._derived(Parts([good + bad]))
+    out = runtime._derived(good + bad)
     assert [(s.label("instance"), s.value) for s in out if s.name == "engine_cascade_stage_code"] == [("e0:8000", 1.0)]
     assert runtime.state.dropped[("derive_cascade", "", "exception_ValueError")] == 1
     assert runtime.state.collector_status["derive_cascade"][0]

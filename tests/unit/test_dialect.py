@@ -197,7 +197,7 @@ def test_catalog_signal_names_follow_the_naming_convention():
 
 
 def test_mapping_memo_gives_the_same_result_scrape_after_scrape(load_fixture):
-    """The per-target memo of how each upstream series maps (agent/normalize/blockcache.py keeps one per
+    """The per-target memo of how each upstream series maps (the engine collector keeps one per
     target) changes nothing: values move, bad values and bad `le` come and go, labels change."""
     import random
 

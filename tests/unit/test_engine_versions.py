@@ -1,16 +1,16 @@
 """Older and other engine versions read correctly (issue 18), on bodies rendered by the engines'
 own metric classes (tests/fixtures/engine_names/README.md says how each was made).
 
-Every case is checked on both normalization paths: the whole-payload path (parse + normalize)
-and the per-target block memo (agent/normalize/blockcache.py), including a second scrape whose values
-moved (the value templates of agent/normalize/blockvalues.py), because they must give the same answer.
+Every case is checked with and without the memo the engine collector keeps per target
+(agent/collectors/engine.py `TargetMemo`: parsed label bodies, each series' mapping), including a
+second scrape whose values moved, because they must give the same answer.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from kvscope.agent.normalize.blockcache import BlockCache
+from kvscope.agent.collectors.engine import TargetMemo
 from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.signals import load_catalog
@@ -20,13 +20,18 @@ LABELS = {"job": "engines", "instance": "engine-a:8000"}
 
 
 def both_paths(text: str, engine: str, second: str | None = None) -> list:
-    """The whole-payload result, then the block memo's for a first and a second scrape (`second`
-    defaults to the same text: every block a memo hit)."""
+    """The result without a memo, then with one target's memo for a first and a second scrape
+    (`second` defaults to the same text: every series a memo hit)."""
     whole = normalize(parse_exposition(text), engine, LABELS, 100.0, CATALOG)
-    cache = BlockCache(CATALOG)
-    first = cache.normalize(text, engine, LABELS, 100.0)[0]
+    memo = TargetMemo()
+
+    def memoized(body: str, timestamp: float):
+        expo = parse_exposition(body, label_cache=memo.labels())
+        return normalize(expo, engine, LABELS, timestamp, CATALOG, memo.mapping)
+
+    first = memoized(text, 100.0)
     later_text = second if second is not None else text
-    later = cache.normalize(later_text, engine, LABELS, 200.0)[0]
+    later = memoized(later_text, 200.0)
     again = normalize(parse_exposition(later_text), engine, LABELS, 200.0, CATALOG)
     assert sorted((s.name, s.labels, s.value) for s in first.samples) == sorted(
         (s.name, s.labels, s.value) for s in whole.samples

@@ -102,7 +102,7 @@ def test_format_round_trips_labels_and_values():
 
 
 def test_a_label_cache_kept_across_payloads_changes_nothing(load_fixture):
-    """A target's label cache (agent/normalize/blockcache.py keeps one) gives the same samples and issues,
+    """A target's label cache (the engine collector keeps one per target) gives the same samples and issues,
     a malformed label set included, payload after payload."""
     text = load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt")
     bad = 'vllm:num_requests_running{engine="0",=broken"} 1\n'

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not PEER.is_dir(), reason=f"{PEER} not present")
 
 _SEMANTIC = "a rule across samples of a family (kvscope reads each sample as exposed; numbers unchanged)"
 _COUNTER = "a value rule by family type (negative/NaN counts): kept as exposed; kvscope's rates treat a drop as a reset"
-_PLACE = "metadata placement/clashes across families: no sample changes; the block memo (agent/normalize/blockcache.py) parses families apart, so it is not checked"
+_PLACE = "metadata placement/clashes across families: no sample changes, so the parser does not check it"
 _EXEMPLAR = "exemplars are read for syntax and dropped, so which sample types may carry one is not checked"
 _NUMLABEL = "le/quantile label values are kept as label strings, not checked as numbers at parse time"
 _VALID_DIVERGENCES = {
