@@ -9,9 +9,9 @@ every third engine from cycle 30 on (the others stay healthy), so the detector's
 computed. The first window_s / interval cycles (60: 15 min) fill the hook's window; the next
 --cycles are measured. Per cycle, CPU time (time.process_time, this one thread) of
 
-* agent: what the agent does in process each cycle but the HTTP scrape: parse + normalize
-  with each target's memo (as the engine collector does), the counter-reset check, the GPU-join and fairness hooks,
-  and the change-point SQLite store's write + flush (background=False);
+* agent: what the agent does in process each cycle but the HTTP scrape: parse + normalize with
+  each target's memo (as the engine collector does), the counter-reset check, the GPU-join and
+  fairness hooks, and the change-point SQLite store's write + flush (background=False);
 * cascade: the cascade hook over the same cycle.
 
 Printed: the medians, the hook's share of agent + hook, and the points its window holds.

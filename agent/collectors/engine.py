@@ -2,10 +2,10 @@
 
 Each `collect()` scrapes all targets concurrently (each bounded by the scrape timeout and the body
 cap), detects each target's dialect from its metric names (or takes its `engine` override) and
-normalizes the payload to canonical samples, keeping per target how each upstream series and each
-label body mapped last time (`TargetMemo`). Every failure (the fetch, a target limit or the parse deadline,
-`unknown_engine`, `no_canonical_series`, dropped lines and values) is reported in the target's
-`Health`, never raised: docs/collectors.md ("Bounds and limits", "Failure modes") lists them.
+normalizes the payload to canonical samples, keeping per target how each label body parsed and
+each upstream series mapped last time (`TargetMemo`). Every failure (the fetch, a target limit or
+the parse deadline, `unknown_engine`, `no_canonical_series`, dropped lines and values) is reported
+in the target's `Health`, never raised: docs/collectors.md ("Bounds and limits", "Failure modes") lists them.
 
 `scrape_all()` returns the payloads (native names), which `kvscope record` writes.
 
@@ -46,8 +46,8 @@ MAX_LABEL_BODIES = 20_000
 class TargetMemo:
     """What one target's next scrape reuses: how each upstream series mapped to canonical ones and
     each label body's parse. Parse and normalize give the same samples with it or without it
-    (tests/unit/test_dialect.py, tests/unit/test_exposition.py); a vLLM payload parses ~23 % and
-    normalizes ~37 % faster with it."""
+    (tests/unit/test_engine_versions.py, test_dialect.py, test_exposition.py); a vLLM payload
+    parses ~23 % and normalizes ~37 % faster with it."""
 
     mapping: MappingMemo = field(default_factory=MappingMemo)
     label_bodies: dict[str, Labels | str] = field(default_factory=dict)

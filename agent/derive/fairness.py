@@ -228,8 +228,8 @@ def fairness_json_since_start(samples: list[Sample]) -> dict[str, Any]:
 
 def fairness_hook(window_s: float = 300.0) -> Callable[[Iterable[Sample]], list[Sample]]:
     """A derive hook: fleet fairness gauges over the last `window_s` from the `tenant_*` counters of
-    kvscope's own sources (tap, OTLP receiver; engines export none). The
-    usage is counted since the newest cumulative snapshot at least `window_s` old (else since start)."""
+    kvscope's own sources (tap, OTLP receiver; engines export none). The usage is counted since the
+    newest cumulative snapshot at least `window_s` old (else since start)."""
     snapshots: deque[tuple[float, dict[str, TenantUsage]]] = deque(maxlen=512)
 
     def fairness(cycle: Iterable[Sample]) -> list[Sample]:
