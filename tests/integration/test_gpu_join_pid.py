@@ -33,7 +33,10 @@ def _gpu_with_torch() -> bool:
     return True
 
 
-pytestmark = pytest.mark.skipif(not _gpu_with_torch(), reason="no NVIDIA driver or GPU (or no PyTorch) here")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _gpu_with_torch(), reason="no NVIDIA driver or GPU (or no PyTorch) here"),
+]
 
 CAPTURE = Path(__file__).parent.parent / "fixtures" / "scrapes" / "vllm-0.32.0-cpu-after-load.txt"
 STAND_IN = """
@@ -101,9 +104,10 @@ def test_engine_is_joined_to_its_gpu_by_pid(engine):
     collections = asyncio.run(collect())
     assert all(h.up for c in collections for h in c.health), [h for c in collections for h in c.health]
     samples = [s for c in collections for s in c.samples]
-    procs = {
-        dict(s.labels)["pid"]: dict(s.labels).get("instance") for s in samples if s.name.startswith("engine_process_")
-    }
+    # the host collector's per-process series carry `pid`; `engine_process_start_time_seconds`,
+    # mapped from the engine's own /metrics, does not
+    per_pid = [dict(s.labels) for s in samples if s.name.startswith("engine_process_") and "pid" in dict(s.labels)]
+    procs = {labels["pid"]: labels.get("instance") for labels in per_pid}
     assert procs.get(str(pid)) == "engine-0", procs
     held = [s.value for s in samples if s.name == "gpu_process_memory_used_bytes" and dict(s.labels)["pid"] == str(pid)]
     assert held and held[0] >= 1 << 30

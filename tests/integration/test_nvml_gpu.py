@@ -33,7 +33,10 @@ def _driver_answers() -> bool:
     return True
 
 
-pytestmark = pytest.mark.skipif(not _driver_answers(), reason="no NVIDIA driver or GPU on this machine")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _driver_answers(), reason="no NVIDIA driver or GPU on this machine"),
+]
 
 LOAD = """
 import sys, time, torch
