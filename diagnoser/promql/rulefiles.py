@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from kvscope.agent.scalars import parse_duration
 from kvscope.agent.signals import Catalog, Signal, load_catalog
 from kvscope.diagnoser.promql.runbooklinks import link_alerts
 from kvscope.diagnoser.promql.signals import (
@@ -236,7 +237,7 @@ def slo_error_ratio(slo: SloConfig, window: str, level: tuple[str, ...] = INSTAN
 
 def slo_rules(slo: SloConfig) -> list[dict[str, Any]]:
     """Error-ratio recordings for every window, then one burn-rate alert per window pair."""
-    windows = sorted({w for pair in slo.windows for w in pair[:2]}, key=duration_seconds)
+    windows = sorted({w for pair in slo.windows for w in pair[:2]}, key=parse_duration)
     rules = [record(_slo_record(w), slo_error_ratio(slo, w)) for w in windows]
     budget = round(1 - slo.target, 10)
     for long_w, short_w, burn, severity in slo.windows:
@@ -294,10 +295,6 @@ def slo_bucket_alert(slo: SloConfig) -> dict[str, Any]:
 
 def _slo_record(window: str) -> str:
     return f"instance:request_ttft_seconds:slo_error_ratio_rate{window}"
-
-
-def duration_seconds(duration: str) -> int:
-    return int(duration[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[duration[-1]]
 
 
 # ---------------------------------------------------------------- absent / renamed
