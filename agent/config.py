@@ -16,12 +16,14 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import accumulate
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 import yaml
 
+from kvscope.agent.scalars import parse_bool, parse_duration
 from kvscope.agent.signals import load_catalog
 
 LIMIT_KEYS = ("sample_limit", "label_limit", "label_name_length_limit", "label_value_length_limit")
@@ -32,7 +34,6 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key and what is allowed."""
 
 
-_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _UNITS_B = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 
 
@@ -50,18 +51,6 @@ def parse_gpu_mapping(raw: Any) -> dict[str, tuple[str, ...]]:
             raise ValueError(f"gpu_mapping.{key}: expected an instance name or a list of them, got {value!r}")
         out[str(key)] = tuple(values)
     return out
-
-
-def parse_seconds(value: Any) -> float:
-    """A number of seconds, or a duration string like `500ms`, `15s`, `10m`, `1h`."""
-    if isinstance(value, bool):
-        raise ValueError("a boolean is not a duration")
-    if isinstance(value, int | float):
-        return float(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(ms|s|m|h|d)?\s*", str(value), re.I)
-    if m is None:
-        raise ValueError("not a duration")
-    return float(m.group(1)) * _UNITS_S[(m.group(2) or "s").lower()]
 
 
 def parse_bytes(value: Any) -> int:
@@ -91,17 +80,8 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def parse_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("not a boolean")
-
-
+_SECONDS = partial(parse_duration, loose=True)
+"""A config duration: seconds, or `500ms`, `15s`, `10m`, `1h`, `1m30s`."""
 _COUNT = "an integer >= 0 (0 = no limit)"
 
 
@@ -126,8 +106,8 @@ class Key:
 KEYS: tuple[Key, ...] = (
     Key("listen_address", "127.0.0.1:9464"),  # loopback by default; port 0 picks a free port
     # ranges: a value outside them is a typo or a unit slip (1ms, 1e308 s, 1e20GiB), refused at start
-    Key("scrape.interval_s", 15.0, parse_seconds, lambda v: 0.1 <= v <= 86400, "a duration from 100ms to 1d"),
-    Key("scrape.timeout_s", 5.0, parse_seconds),  # < interval; unset: min(5, 0.8 x interval)
+    Key("scrape.interval_s", 15.0, _SECONDS, lambda v: 0.1 <= v <= 86400, "a duration from 100ms to 1d"),
+    Key("scrape.timeout_s", 5.0, _SECONDS),  # < interval; unset: min(5, 0.8 x interval)
     Key(
         "scrape.max_body_bytes", 16 << 20, parse_bytes, lambda v: 1024 <= v <= 1 << 30, "a size from 1024 bytes to 1GiB"
     ),
@@ -136,15 +116,13 @@ KEYS: tuple[Key, ...] = (
         for n in LIMIT_KEYS
     ),
     Key("store.path", "kvscope.db"),  # "" keeps history in memory only
-    Key(
-        "store.retention_s", 7 * 86400.0, parse_seconds, lambda v: 60 <= v <= 3660 * 86400, "a duration from 1m to 10y"
-    ),
+    Key("store.retention_s", 7 * 86400.0, _SECONDS, lambda v: 60 <= v <= 3660 * 86400, "a duration from 1m to 10y"),
     Key("store.max_bytes", 1 << 30, parse_bytes, lambda v: 1 << 20 <= v <= 1 << 50, "a size from 1MiB to 1PiB"),
     Key("store.max_series_per_target", 50_000, parse_count, lambda v: 1 <= v <= 200_000, "an integer from 1 to 200000"),
     # every listener of the agent (/metrics and API, OTLP receiver): agent/serve/limits.py
-    Key("server.header_timeout_s", 10.0, parse_seconds, lambda v: 0.1 <= v <= 3600, "a duration from 100ms to 1h"),
-    Key("server.request_timeout_s", 60.0, parse_seconds, lambda v: 0.1 <= v <= 3600, "a duration from 100ms to 1h"),
-    Key("server.idle_timeout_s", 75.0, parse_seconds, lambda v: 0.1 <= v <= 86400, "a duration from 100ms to 1d"),
+    Key("server.header_timeout_s", 10.0, _SECONDS, lambda v: 0.1 <= v <= 3600, "a duration from 100ms to 1h"),
+    Key("server.request_timeout_s", 60.0, _SECONDS, lambda v: 0.1 <= v <= 3600, "a duration from 100ms to 1h"),
+    Key("server.idle_timeout_s", 75.0, _SECONDS, lambda v: 0.1 <= v <= 86400, "a duration from 100ms to 1d"),
     Key("server.max_connections", 256, parse_count, lambda v: 1 <= v <= 1_000_000, "an integer from 1 to 1000000"),
 )
 KEY_BY_PATH = {k.path: k for k in KEYS}

@@ -85,6 +85,7 @@ class Alias:
     fallback: bool = False  # an old name: read only when the scrape has none of the others
     part: str | None = None  # "sum": a counter read from the `_sum` of histogram `name`
     set: dict[str, str] = field(default_factory=dict)  # constant labels every sample of the alias gets
+    buckets: tuple[float, ...] = ()  # a histogram's default `le` bounds on this engine (canonical unit)
 
     @property
     def rank(self) -> int:
@@ -153,6 +154,10 @@ class Catalog:
         """Every canonical sample name (histogram suffixes included)."""
         return {n for s in self.signals.values() for n in s.series_names()}
 
+    def buckets(self, signal: str, engine: str) -> tuple[float, ...]:
+        """The default bucket bounds of histogram `signal` on `engine`; () where the catalog has none."""
+        return next((a.buckets for a in self.signals[signal].aliases if a.engine == engine and a.buckets), ())
+
     def __hash__(self) -> int:  # catalogs are immutable after load; identity is enough
         return id(self)
 
@@ -212,6 +217,8 @@ def _parse_signal(name: str, d: dict[str, Any], dialects: dict[str, Dialect], so
                 f"{source}: signal {name}: alias {alias.name!r}: part reads a histogram's _sum "
                 f"as a counter; {name} is a {kind}"
             )
+        if alias.buckets and kind != "histogram":
+            raise CatalogError(f"{source}: signal {name}: alias {alias.name!r}: buckets are for histograms")
         if alias.fallback and not any(a.engine == alias.engine and not a.fallback for a in aliases):
             raise CatalogError(
                 f"{source}: signal {name}: alias {alias.name!r} is a fallback but {alias.engine} "
@@ -253,8 +260,13 @@ def _parse_alias(signal: str, a: dict[str, Any], dialects: dict[str, Dialect], s
         )
     try:
         info_values = {str(k): float(v) for k, v in values.items()}
+        buckets = tuple(float(b) for b in a.get("buckets") or ())
     except (TypeError, ValueError):
-        raise CatalogError(f"{source}: signal {signal}: alias {a.get('name')!r}: info_values must be numbers") from None
+        raise CatalogError(
+            f"{source}: signal {signal}: alias {a.get('name')!r}: info_values and buckets must be numbers"
+        ) from None
+    if any(lo >= hi for lo, hi in zip(buckets, buckets[1:], strict=False)):
+        raise CatalogError(f"{source}: signal {signal}: alias {a.get('name')!r}: buckets must increase")
     return Alias(
         signal=signal,
         engine=a["engine"],
@@ -269,6 +281,7 @@ def _parse_alias(signal: str, a: dict[str, Any], dialects: dict[str, Dialect], s
         fallback=bool(a.get("fallback", False)),
         part=part,
         set={str(k): str(v) for k, v in (a.get("set") or {}).items()},
+        buckets=buckets,
     )
 
 

@@ -31,7 +31,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from kvscope.agent.signals import make_labels  # noqa: E402
+from kvscope.agent.signals import load_catalog, make_labels  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from testbed.fleetgen.capture_fleet import lognormal_cdf  # noqa: E402
@@ -48,30 +48,7 @@ except ImportError:  # a revision before the per-stage layout, run by bench/diag
 GOAL_S = 5.0
 WORKERS = 1  # set by --workers; 1 measures the algorithm's own cost
 # vLLM 0.33 default buckets (reference/engine-metrics.md §1.4), +Inf appended.
-TTFT_LE = [
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-]
+TTFT_LE = list(load_catalog().buckets("request_ttft_seconds", "vllm"))
 ITL_LE = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
 LATENCY_LE = [
     0.3,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlencode
 
+from kvscope.agent.scalars import parse_duration
 from kvscope.diagnoser.findings import Finding
 from kvscope.diagnoser.sources import SourceError, read_url
 from kvscope.ui.data import ENV_SERVE, SourceSpec
@@ -25,8 +26,6 @@ LABEL = "label."
 MAX_LABELS = 32
 MAX_VALUE_CHARS = 512
 MAX_WINDOW_S = 31 * 86400.0
-_DURATION = re.compile(r"([0-9]+)([smhd])")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
@@ -60,8 +59,10 @@ def from_query(params: Mapping[str, Any]) -> AlertLink | None:
         if _NAME.fullmatch(label) and value and len(value) <= MAX_VALUE_CHARS and len(labels) < MAX_LABELS:
             labels.append((label, value))
     window = _first(params.get("window")) or ""
-    m = _DURATION.fullmatch(window)
-    seconds = float(m.group(1)) * _UNITS[m.group(2)] if m else None
+    try:
+        seconds: float | None = parse_duration(window)  # a Prometheus duration, as runbooklinks writes it
+    except ValueError:
+        seconds = None
     if seconds is not None and not 0 < seconds <= MAX_WINDOW_S:
         seconds = None
     return AlertLink(name, tuple(labels), seconds, window if seconds else "")

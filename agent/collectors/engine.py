@@ -26,9 +26,10 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
-from kvscope.agent.config import AgentConfig, Target
+from kvscope.agent.config import AgentConfig, ConfigError, Target
 from kvscope.agent.normalize.dialect import MappingMemo, Normalized, detect_engine, normalize
 from kvscope.agent.ratelog import warn_every
+from kvscope.agent.scalars import parse_bool
 from kvscope.agent.scrape.exposition import FATAL, Exposition, Limits, ParseIssue, parse_exposition
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, probe_ok, read_exposition
 from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels
@@ -100,7 +101,10 @@ class EngineCollector:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         opts = config.collector_options(NAME) if hasattr(config, "collector_options") else {}
-        self.health_probe = str(opts.get("health_probe", True)).strip().lower() not in ("false", "0", "no", "off")
+        try:
+            self.health_probe = parse_bool(opts.get("health_probe", True))
+        except ValueError as exc:
+            raise ConfigError(f"collectors.{NAME}.health_probe: {exc}") from None
         self.catalog = load_catalog()
         self._session: aiohttp.ClientSession | None = None
         self._limit = asyncio.Semaphore(32)  # targets scraped at once

@@ -20,6 +20,8 @@ import calendar
 import datetime
 from typing import NamedTuple
 
+from kvscope.agent.scalars import parse_timestamp
+
 MAX_LINE = 16384
 """Characters; a longer line is skipped (reason too_long), never parsed."""
 MAX_VALUE = 32
@@ -196,8 +198,9 @@ def _kubectl_headers(line: str) -> tuple[str, float | None, str] | str:
     kube_ts = None
     if len(line) > 20 and line[4] == "-" and line[10] == "T":
         stamp, _, line = line.partition(" ")
-        kube_ts = rfc3339(stamp)
-        if kube_ts is None:
+        try:
+            kube_ts = parse_timestamp(stamp)
+        except ValueError:
             return "no_timestamp"
     return source, kube_ts, line
 
@@ -450,29 +453,6 @@ def _time(year: int | None, month: str, day: str, hms: str) -> float | None:
         )
     except ValueError:
         return None
-
-
-def rfc3339(stamp: str) -> float | None:
-    """Unix seconds of `2026-11-24T08:00:01.123456789Z` (or a `+hh:mm` offset), None if malformed."""
-    if len(stamp) < 20 or len(stamp) > 40 or stamp[10] != "T":
-        return None
-    rest = stamp[19:]
-    frac = 0.0
-    if rest.startswith("."):
-        digits = rest[1:].rstrip("Z").partition("+")[0].partition("-")[0]
-        if not digits.isdigit() or not digits.isascii():
-            return None
-        frac, rest = float("0." + digits[:9]), rest[1 + len(digits) :]
-    offset = 0
-    if rest[:1] in ("+", "-") and len(rest) == 6 and rest[3] == ":":
-        try:
-            offset = (_int(rest[1:3], 0, 23) * 3600 + _int(rest[4:6], 0, 59) * 60) * (1 if rest[0] == "+" else -1)
-        except ValueError:
-            return None
-    elif rest != "Z":
-        return None
-    base = _time(_year(stamp[:4]), stamp[5:7], stamp[8:10], stamp[11:19])
-    return None if base is None or stamp[4] != "-" or stamp[7] != "-" else base + frac - offset
 
 
 def _year(text: str) -> int | None:

@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from kvscope.agent.config import ConfigError, parse_count, parse_seconds, register_section
+from kvscope.agent.config import ConfigError, parse_count, register_section
 from kvscope.agent.otel.convert import Converter
 from kvscope.agent.otel.genai import OPERATION_NAME, genai_points
 from kvscope.agent.ratelog import warn_every
+from kvscope.agent.scalars import parse_bool, parse_duration
 from kvscope.agent.scrape.resolve import daemon_call
 from kvscope.agent.serve.export import canonical_families, health_families
 from kvscope.agent.signals import Catalog, load_catalog
@@ -87,7 +88,7 @@ def push_config(section: Mapping[str, Any] | None, environ: Mapping[str, str]) -
             return None
         section = {}
     try:
-        enabled = _bool(section.get("enabled", True))
+        enabled = parse_bool(section.get("enabled", True))
     except ValueError:
         raise ConfigError(f"{SECTION}.enabled: must be true or false, got {section.get('enabled')!r}") from None
     if not enabled:
@@ -103,17 +104,6 @@ def push_config(section: Mapping[str, Any] | None, environ: Mapping[str, str]) -
         operation_name=_operation(section),
         max_points=_max_points(section),
     )
-
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(value)
 
 
 def _endpoint(section: Mapping[str, Any], environ: Mapping[str, str]) -> str:
@@ -163,7 +153,7 @@ def _duration(
     if key in section:
         where = f"{SECTION}.{key}"
         try:
-            value = parse_seconds(section[key])
+            value = parse_duration(section[key], loose=True)
         except ValueError:
             value = -1.0
     else:

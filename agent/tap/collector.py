@@ -9,10 +9,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
-from kvscope.agent.config import ConfigError, parse_seconds, register_section
+from kvscope.agent.config import ConfigError, register_section
+from kvscope.agent.scalars import parse_bool, parse_duration
 from kvscope.agent.tap.proxy import RequestTap, TapConfig
 from kvscope.agent.traces.export import SpanBatchExporter
 
@@ -26,10 +28,10 @@ _CLOSED = {  # tap.stats key -> reason of kvscope_connections_closed_total (the 
 _READ: dict[str, Callable[[Any], Any]] = {  # key -> how its value is read; absent: TapConfig's default
     "listen": str,
     "max_tenants": int,
-    "inject_usage": bool,
+    "inject_usage": parse_bool,
     "block_chars": int,
     "max_connections": int,
-    **dict.fromkeys(("prefix_window_s", *_LIMITS), parse_seconds),
+    **dict.fromkeys(("prefix_window_s", *_LIMITS), partial(parse_duration, loose=True)),
 }
 _KEYS = {*_READ, "upstreams", "tenant_header", "otlp_endpoint", "fairness_window_s"}
 
@@ -60,7 +62,7 @@ def parse_tap_config(raw: Any) -> dict[str, Any]:
     return {
         "tap": cfg,
         "otlp_endpoint": raw.get("otlp_endpoint"),
-        "fairness_window_s": parse_seconds(raw.get("fairness_window_s", 300)),
+        "fairness_window_s": parse_duration(raw.get("fairness_window_s", 300), loose=True),
     }
 
 

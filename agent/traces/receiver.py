@@ -21,9 +21,10 @@ from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
-from kvscope.agent.config import ConfigError, parse_bytes, parse_seconds, register_section, split_host_port
+from kvscope.agent.config import ConfigError, parse_bytes, register_section, split_host_port
 from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.ratelog import warn_every
+from kvscope.agent.scalars import parse_duration
 from kvscope.agent.scrape.resolve import connector
 from kvscope.agent.serve.site import HttpSite
 from kvscope.agent.traces.export import encode_spans, render_phase_spans
@@ -75,8 +76,8 @@ def parse_otlp_config(raw: Any) -> OtlpConfig:
     stitch = StitchConfig(
         max_traces=int(raw.get("max_traces", 10_000)),
         max_spans_per_trace=int(raw.get("max_spans_per_trace", 512)),
-        settle_s=parse_seconds(raw.get("settle_s", 1.0)),
-        ttl_s=parse_seconds(raw.get("ttl_s", 30.0)),
+        settle_s=parse_duration(raw.get("settle_s", 1.0), loose=True),
+        ttl_s=parse_duration(raw.get("ttl_s", 30.0), loose=True),
         service_labels={str(k): {str(a): str(b) for a, b in v.items()} for k, v in labels.items()},
     )
     return OtlpConfig(
@@ -84,10 +85,10 @@ def parse_otlp_config(raw: Any) -> OtlpConfig:
         max_body_bytes=parse_bytes(raw.get("max_body_bytes", 8 << 20)),
         forward_url=raw.get("forward_url"),
         stitched_url=raw.get("stitched_url"),
-        forward_timeout_s=parse_seconds(raw.get("forward_timeout_s", 5.0)),
+        forward_timeout_s=parse_duration(raw.get("forward_timeout_s", 5.0), loose=True),
         stitch=stitch,
         max_tenants=max_tenants,
-        fairness_window_s=parse_seconds(raw.get("fairness_window_s", 300)),
+        fairness_window_s=parse_duration(raw.get("fairness_window_s", 300), loose=True),
     )
 
 

@@ -12,11 +12,11 @@ at matched load and deltas, as `kvscope.diagnoser.curve.report.with_changes` att
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import msgspec
 
+from kvscope.agent.scalars import parse_timestamp
 from kvscope.agent.serve.jsonbody import loads_bounded
 from kvscope.diagnoser.actions import actions_dict
 from kvscope.diagnoser.curve.report import FINDING_KINDS as ENGINE_CHANGE_KINDS
@@ -54,7 +54,7 @@ def parse_time(text: Any) -> float | None:
     if not isinstance(text, str) or not text or text.startswith("0001-01-01"):
         return None
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        return parse_timestamp(text)
     except ValueError as exc:
         raise WebhookError(f"bad timestamp {text!r}") from exc
 

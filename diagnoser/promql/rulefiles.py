@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from kvscope.agent.scalars import parse_duration
 from kvscope.agent.signals import Catalog, Signal, load_catalog
 from kvscope.diagnoser.promql.runbooklinks import link_alerts
 from kvscope.diagnoser.promql.signals import (
@@ -45,35 +46,6 @@ MODEL_BY = ("model", "engine")
 """Labels of `model:` series. `engine` stays: vLLM and SGLang use different bucket bounds, and
 summing buckets of different layouts by `le` would break the cumulative counts a quantile needs."""
 
-VLLM_TTFT_BOUNDS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1,
-    2.5,
-    5,
-    7.5,
-    10,
-    20,
-    40,
-    80,
-    160,
-    640,
-    2560,
-)
-SGLANG_TTFT_BOUNDS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
-"""Default TTFT bucket bounds (../shared/reference/engine-metrics.md, vLLM 0.33 and SGLang
-0.5.23). The SLO threshold must be one of them on every engine, or the burn rate counts
-requests in the wrong bucket; both engines can override their buckets."""
-
 
 @dataclass(frozen=True)
 class SloConfig:
@@ -91,11 +63,11 @@ class SloConfig:
     )
 
     def unaligned_engines(self) -> list[str]:
-        """Engines whose default TTFT buckets have no bound at the threshold."""
+        """Engines whose default TTFT buckets (catalog.yaml) have no bound at the threshold: the
+        burn rate would count requests in the wrong bucket there. Both engines can override them."""
+        aliases = load_catalog().signals["request_ttft_seconds"].aliases
         return [
-            name
-            for name, bounds in (("vllm", VLLM_TTFT_BOUNDS), ("sglang", SGLANG_TTFT_BOUNDS))
-            if not any(abs(b - self.ttft_seconds) < 1e-9 for b in bounds)
+            a.engine for a in aliases if a.buckets and not any(abs(b - self.ttft_seconds) < 1e-9 for b in a.buckets)
         ]
 
 
@@ -236,7 +208,7 @@ def slo_error_ratio(slo: SloConfig, window: str, level: tuple[str, ...] = INSTAN
 
 def slo_rules(slo: SloConfig) -> list[dict[str, Any]]:
     """Error-ratio recordings for every window, then one burn-rate alert per window pair."""
-    windows = sorted({w for pair in slo.windows for w in pair[:2]}, key=duration_seconds)
+    windows = sorted({w for pair in slo.windows for w in pair[:2]}, key=parse_duration)
     rules = [record(_slo_record(w), slo_error_ratio(slo, w)) for w in windows]
     budget = round(1 - slo.target, 10)
     for long_w, short_w, burn, severity in slo.windows:
@@ -294,10 +266,6 @@ def slo_bucket_alert(slo: SloConfig) -> dict[str, Any]:
 
 def _slo_record(window: str) -> str:
     return f"instance:request_ttft_seconds:slo_error_ratio_rate{window}"
-
-
-def duration_seconds(duration: str) -> int:
-    return int(duration[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[duration[-1]]
 
 
 # ---------------------------------------------------------------- absent / renamed

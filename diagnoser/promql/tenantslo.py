@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvscope.agent.scalars import parse_duration
 from kvscope.diagnoser.promql.signals import le_regex
 
 TTFT_BUCKET = "kvscope:tenant_ttft_seconds_bucket"
@@ -67,7 +68,7 @@ def tenant_slo_rules(
     """The top-N selection, per-window error ratios for both SLOs, then their burn-rate alerts."""
     if top_n < 1:
         raise ValueError(f"top_n must be >= 1, got {top_n}")
-    spans = sorted({w for pair in windows for w in pair[:2]}, key=_seconds)
+    spans = sorted({w for pair in windows for w in pair[:2]}, key=parse_duration)
     longest = spans[-1]
     top = top_record(longest)
     rules: list[dict[str, Any]] = [
@@ -129,7 +130,3 @@ def _alert(
             ),
         },
     }
-
-
-def _seconds(duration: str) -> int:
-    return int(duration[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[duration[-1]]

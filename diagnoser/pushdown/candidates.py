@@ -19,14 +19,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvscope.agent.recording.timespan import iso_utc
+from kvscope.agent.scalars import parse_duration
 from kvscope.agent.signals import Catalog
-from kvscope.diagnoser.promql.rulefiles import CANDIDATE, CANDIDATE_INTERVAL, duration_seconds
+from kvscope.diagnoser.promql.rulefiles import CANDIDATE, CANDIDATE_INTERVAL
 from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown.prefilter import compile_prefilter
 from kvscope.diagnoser.rulebook.rule import Rule
 from kvscope.diagnoser.sources.promapi import PromClient, matrix_on_grid
 
-INTERVAL_S = float(duration_seconds(CANDIDATE_INTERVAL))
+INTERVAL_S = parse_duration(CANDIDATE_INTERVAL)
 RECORD_LOOKBACK_S = INTERVAL_S + 5.0
 """One evaluation interval and a margin for the evaluations' jitter."""
 RECORD_LAG_S = 120.0

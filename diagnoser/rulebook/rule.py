@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
+from kvscope.agent.scalars import parse_duration as parse_duration  # rule files' durations are Prometheus'
 from kvscope.diagnoser.rulebook.grammar import RuleError
-from kvscope.diagnoser.rulebook.grammar import parse_duration as parse_duration  # its home is grammar.py
 from kvscope.diagnoser.rulebook.tree import Tree, parse
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvscope.agent.scalars import parse_duration
 from kvscope.diagnoser.rulebook.grammar import (
     BASELINE_AGGS,
     FORMS,
@@ -18,7 +19,6 @@ from kvscope.diagnoser.rulebook.grammar import (
     PAIR_FORMS,
     RIGHT_SIDES,
     RuleError,
-    parse_duration,
 )
 
 Match = tuple[tuple[str, tuple[str, ...]], ...]

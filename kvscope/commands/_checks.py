@@ -11,9 +11,10 @@ import gzip
 import re
 import socket
 import zlib
-from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from kvscope.agent.scalars import parse_duration, parse_timestamp
 
 SNIFF_BYTES = 8192
 _SAMPLE_LINE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})?\s+[-+]?([0-9.]|Inf|NaN)", re.IGNORECASE)
@@ -109,15 +110,10 @@ def check_output_file(flag: str, path: str | Path) -> Path:
 
 def parse_seconds(flag: str, value: str) -> float:
     """A window length: plain seconds (1800) or a duration (30m, 1h, 1m30s). ValueError if neither."""
-    from kvscope.diagnoser.rulebook.rule import parse_duration
-
     try:
-        seconds = float(value)
+        seconds = parse_duration(value, loose=True)
     except ValueError:
-        try:
-            seconds = parse_duration(value)
-        except ValueError:
-            raise ValueError(f"{flag}: expected seconds or a duration such as 30m, 1h, 1m30s, got {value!r}") from None
+        raise ValueError(f"{flag}: expected seconds or a duration such as 30m, 1h, 1m30s, got {value!r}") from None
     if not 0 < seconds < float("inf"):
         raise ValueError(f"{flag}: must be a finite number of seconds > 0, got {value!r}")
     return seconds
@@ -126,18 +122,11 @@ def parse_seconds(flag: str, value: str) -> float:
 def parse_time(flag: str, value: str) -> float:
     """A point in time: unix seconds (1763769600) or ISO 8601 (2026-11-22T00:00:00Z; no zone = UTC)."""
     try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+        return parse_timestamp(value, loose=True)
     except ValueError:
         raise ValueError(
             f"{flag}: expected unix seconds or ISO 8601 such as 2026-11-22T00:00:00Z, got {value!r}"
         ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
 
 
 def parse_listen(flag: str, value: str) -> tuple[str, int]:

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.agent.collectors.engine import EngineCollector
-from kvscope.agent.config import AgentConfig, ConfigError, parse_seconds
+from kvscope.agent.config import AgentConfig, ConfigError
 from kvscope.agent.recording.omfile import RecordingWriter
+from kvscope.agent.scalars import parse_duration
 from kvscope.commands._checks import check_output_file
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._flags import ENV_HELP, add_scrape_flags, config_from_args
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if args.interval is not None:
         args.scrape_interval = args.interval
     try:
-        duration_s = parse_seconds(args.duration)
+        duration_s = parse_duration(args.duration, loose=True)
         if duration_s <= 0:
             raise ValueError
     except ValueError:

@@ -11,31 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kvscope.agent.signals import load_catalog
+
 # vLLM 0.33 default bucket families (vllm/v1/metrics/buckets.py)
-VLLM_TTFT = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1,
-    2.5,
-    5,
-    7.5,
-    10,
-    20,
-    40,
-    80,
-    160,
-    640,
-    2560,
-)
+VLLM_TTFT = load_catalog().buckets("request_ttft_seconds", "vllm")  # catalog.yaml: the one copy
 VLLM_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
 VLLM_LATENCY = (0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680)
 VLLM_NIXL_XFER = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 5)
@@ -53,7 +32,7 @@ def vllm_request_token_bounds(max_model_len: int) -> tuple[int, ...]:
 
 
 # SGLang 0.5.23
-SGL_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+SGL_TTFT = load_catalog().buckets("request_ttft_seconds", "sglang")
 SGL_ITL = (
     0.002,
     0.004,

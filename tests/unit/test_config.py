@@ -10,10 +10,10 @@ from kvscope.agent.config import (
     build_config,
     parse_bytes,
     parse_config_yaml,
-    parse_seconds,
     read_config_file,
     register_section,
 )
+from kvscope.agent.scalars import parse_duration
 
 KNOWN = {"engine": True, "nvml": True, "host": True}
 
@@ -241,7 +241,7 @@ def test_registered_sections_are_validated_by_their_owner():
     "text, seconds", [("500ms", 0.5), ("15s", 15.0), ("10m", 600.0), ("1h", 3600.0), (2, 2.0), ("2.5", 2.5)]
 )
 def test_parse_seconds(text, seconds):
-    assert parse_seconds(text) == seconds
+    assert parse_duration(text, loose=True) == seconds
 
 
 @pytest.mark.parametrize("text, size", [("16MiB", 16 << 20), ("1GB", 10**9), (4096, 4096), ("2kib", 2048)])

@@ -227,3 +227,21 @@ def test_mapping_memo_gives_the_same_result_scrape_after_scrape(load_fixture):
             assert sorted(got.samples) == sorted(want.samples)
             assert got.dropped == want.dropped and got.facts == want.facts and got.unmapped == want.unmapped
     assert sum(want.dropped.values()) > 0, want.dropped
+
+
+def test_catalog_buckets_are_increasing_and_only_on_histograms():
+    from importlib import resources
+
+    import pytest
+
+    from kvscope.agent.signals import CatalogError, parse_catalog
+
+    text = resources.files("kvscope.agent.normalize").joinpath("catalog.yaml").read_text()
+    assert parse_catalog(text).buckets("request_ttft_seconds", "sglang")[:2] == (0.1, 0.2)
+    assert parse_catalog(text).buckets("request_itl_seconds", "vllm") == ()
+    with pytest.raises(CatalogError, match="buckets must increase"):
+        parse_catalog(text.replace("buckets: [0.1, 0.2, 0.4,", "buckets: [0.2, 0.1, 0.4,"))
+    gauge = text.replace('name: "vllm:num_requests_running"', 'name: "vllm:num_requests_running", buckets: [1]')
+    assert gauge != text
+    with pytest.raises(CatalogError, match="buckets are for histograms"):
+        parse_catalog(gauge)

@@ -13,6 +13,7 @@ import yaml
 from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.recording.replay import replay_recording
 from kvscope.agent.scrape.exposition import parse_exposition
+from kvscope.agent.signals import load_catalog
 from testbed.fleetgen.families import (
     Histogram,
     SglangState,
@@ -28,32 +29,6 @@ CAL = {
     "routing_2_replicas": {"round-robin": 0.4, "sticky": 0.8, "rr_over_sticky": 0.5},
     "cold_start": {"warm_hit_rate": 0.8, "seconds_to_90pct_of_warm": 10, "requests_per_prefix_to_90pct": 2.0},
 }
-
-# vLLM 0.33 time_to_first_token bucket family, as listed in the engine-metrics reference
-VLLM_TTFT_BOUNDS = [
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1,
-    2.5,
-    5,
-    7.5,
-    10,
-    20,
-    40,
-    80,
-    160,
-    640,
-    2560,
-]
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +59,22 @@ def _counter_delta(samples, name, t0, t1, key) -> dict[str, float]:
     return {k: last[k][1] - first[k][1] for k in first}
 
 
+REAL_VLLM = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes" / "vllm-0.32.0-cpu-after-load.txt"
+
+
+def _ttft_les(expo) -> list[float]:
+    """The finite TTFT bucket bounds of a vLLM exposition, as the normalizer reads them."""
+    norm = normalize(expo, "vllm", {"job": "vllm", "instance": "r0"})
+    les = {dict(x.labels)["le"] for x in norm.samples if x.name == "request_ttft_seconds_bucket"}
+    return sorted(float(le) for le in les - {"+Inf"})
+
+
+def test_catalog_ttft_buckets_are_a_real_vllms():
+    assert _ttft_les(parse_exposition(REAL_VLLM.read_text())) == list(
+        load_catalog().buckets("request_ttft_seconds", "vllm")
+    )
+
+
 def test_vllm_render_is_a_valid_vllm_exposition_with_real_buckets():
     s = VllmState()
     s.ttft.observe(0.03, 5)
@@ -91,15 +82,8 @@ def test_vllm_render_is_a_valid_vllm_exposition_with_real_buckets():
     expo = parse_exposition(render_vllm(s))
     assert expo.issues == []
     assert detect_engine(expo) == "vllm"
+    assert _ttft_les(expo) == _ttft_les(parse_exposition(REAL_VLLM.read_text()))  # a real vLLM's bounds
     norm = normalize(expo, "vllm", {"job": "vllm", "instance": "r0"})
-    les = sorted(
-        {
-            float(dict(x.labels)["le"])
-            for x in norm.samples
-            if x.name == "request_ttft_seconds_bucket" and dict(x.labels)["le"] != "+Inf"
-        }
-    )
-    assert les == VLLM_TTFT_BOUNDS
     vals = {x.name: x.value for x in norm.samples if not x.name.startswith("request_")}
     assert vals["engine_prefix_cache_hits_tokens_total"] == 400.0
     assert vals["engine_prefix_cache_queries_tokens_total"] == 1000.0

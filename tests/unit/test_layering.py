@@ -29,6 +29,7 @@ LAYERS = {
         "signals": 0,
         "ratelog": 0,
         "namematch": 0,
+        "scalars": 0,
         "config": 1,
         "metricsets": 1,
         "tenants": 1,
