@@ -47,7 +47,9 @@ EXPIRED_21753 = (
     "retrieved by 0 decode worker(s) within 120 seconds."
 )
 # vLLM 0.32 push mode (push_worker.py) and the bidirectional turn-2 read (pull_worker.py): no posted line seen
-LATE_PUSH = "(Worker pid=7) ERROR 08-16 08:10:00 [push_worker.py:790] Unrecognized request cmpl-2 notif (may have expired)."
+LATE_PUSH = (
+    "(Worker pid=7) ERROR 08-16 08:10:00 [push_worker.py:790] Unrecognized request cmpl-2 notif (may have expired)."
+)
 DECLINED = "(Worker pid=7) WARNING 08-16 08:10:01 [pull_worker.py:153] Declining expired remote read for cmpl-3 from engine e1."
 
 
