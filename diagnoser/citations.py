@@ -66,6 +66,8 @@ _REPOS = {
     "vllm-metal": ("vllm-metal", "https://github.com/vllm-project/vllm-metal"),
     "TensorRT-LLM": ("TensorRT-LLM", "https://github.com/NVIDIA/TensorRT-LLM"),
     "llm-d-router": ("llm-d router", ""),
+    "llm-d": ("llm-d", "https://github.com/llm-d/llm-d"),
+    "aws-do-eks": ("aws-samples/aws-do-eks", "https://github.com/aws-samples/aws-do-eks"),
 }
 """Upstream projects whose issues and pull requests a rule cites; "" = no public URL given."""
 

@@ -99,6 +99,8 @@ KVXFER_FIELDS: dict[str, tuple[str, float] | None] = {
     "Avg MB per transfer": ("xfer_bytes", 2.0**20),  # MiB: bytes / 2**20 in the source
     "Num failed transfers": ("xfer_fail", 1.0),  # NIXL: transfers + handshakes + notifications (0.33)
     "Num failed recvs": ("xfer_fail_recv", 1.0),  # Mooncake: pulls that failed on the receiving side
+    "Num KV expired reqs": ("xfer_expired", 1.0),  # NIXL 0.32: leases expired (prefill) or declined reads
+    "Num notifs after expiry": ("xfer_late", 1.0),  # NIXL 0.32: reads reported after the lease expired
     # The offloading connector (offloading/metrics.py reduce(), vLLM 0.32): its Prometheus names as
     # keys, each a count since the previous line; times in seconds.
     "vllm:kv_offload_load_bytes": ("offload_load_bytes", 1.0),
@@ -112,8 +114,6 @@ KVXFER_FIELDS: dict[str, tuple[str, float] | None] = {
             "P90 post time (ms)",
             "Throughput (MB/s)",
             "Avg number of descriptors",
-            "Num KV expired reqs",
-            "Num notifs after expiry",
             "vllm:kv_offload_store_time",  # no canonical store-time signal
             *(
                 f"vllm:kv_offload_{name}_{part}"
@@ -128,6 +128,14 @@ LINE_FIELDS = {"spec": (VLLM_SPEC_FIELDS, ": "), "spec0": (VLLM_V0_SPEC_FIELDS, 
 LMCACHE_LOOKUP = "LMCache hit tokens: "
 LMCACHE_RETRIEVE = ("Retrieved ", " out of ", " required tokens")
 LMCACHE_STORE = ("Stored ", " out of total ", " tokens")  # v1/cache_engine.py store()
+NIXL_EVENTS = (
+    ("Releasing expired KV blocks for request ", "xfer_expired"),  # prefill: its lease elapsed, blocks freed
+    ("Declining expired remote read for ", "xfer_expired"),  # bidirectional turn-2 read past the lease
+    ("Potentially invalid KV blocks for unrecognized request ", "xfer_late"),  # a read of freed blocks
+    ("Unrecognized request ", "xfer_late"),  # push mode: `... %s notif (may have expired).`, decode side
+)
+"""vLLM NIXL per-request lines (nixl/base_worker.py, pull_worker.py, push_worker.py in 0.32;
+nixl_connector.py from 0.10): one event each, counted as the `KV Transfer metrics:` line counts it."""
 SGLANG_RETRACT = (
     "KV cache pool is full. Retract requests.",
     "Decode out of memory happened.",
@@ -137,7 +145,8 @@ SGLANG_RETRACT = (
 
 class Line(NamedTuple):
     """The stats of one recognised line. `kind`: stats (vLLM), prefix, preempt, spec0 (vLLM V0),
-    spec, kvxfer (vLLM V1), prefill, decode, retract (SGLang), lookup, retrieve, store (LMCache).
+    spec, kvxfer (vLLM V1), xferevent (a vLLM NIXL per-request expiry line), prefill, decode, retract
+    (SGLang), lookup, retrieve, store (LMCache).
     `source`: the pod of a `kubectl logs --prefix` header."""
 
     engine: str
@@ -172,6 +181,10 @@ def parse_line(line: str, day: datetime.date) -> Line | str:
         i = line.find(marker)
         if i >= 0:
             return _vllm(line, i + 2 * (marker[0] == "]"), kind, kube_ts, source, day.year)
+    for marker, key in NIXL_EVENTS:
+        if (i := line.find(marker)) >= 0 and (key != "xfer_late" or line.find("may have expired", i) >= 0):
+            got = _vllm(line, i, "xferevent", kube_ts, source, day.year)
+            return got if isinstance(got, str) else got._replace(fields={key: 1.0})
     if (
         (i := line.find(LMCACHE_LOOKUP)) >= 0
         or (i := _counted(line, LMCACHE_RETRIEVE)) >= 0
@@ -213,6 +226,8 @@ def _vllm(line: str, i: int, kind: str, kube_ts: float | None, source: str, year
     ts, missing = timed
     rank = _rank(head[-1][:-1]) if len(head) > 1 and head[-2] == "Engine" else ""
     body = line[i:].rstrip()
+    if kind == "xferevent":  # one event; the caller names it
+        return Line("vllm", kind, ts, rank, source, {}, missing=missing)
     if kind == "prefix":
         if (value := _value(body[len("Prefix cache hit rate: GPU: ") :].partition(",")[0])) is None:
             return "bad_value"

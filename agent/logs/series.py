@@ -44,6 +44,8 @@ COUNTERS = {
     "xfer_bytes_n": "kv_transfer_bytes_count",
     "xfer_bytes": "kv_transfer_bytes_sum",
     "xfer_fail": "kv_transfer_failures_total",
+    "xfer_expired": "kv_transfer_expired_requests_total",
+    "xfer_late": "kv_transfer_notifications_after_expiry_total",
     "lookup": "kv_tier_lookup_tokens_total",
     "hit": "kv_tier_hit_tokens_total",
     "loaded": "kv_tier_loaded_tokens_total",
@@ -58,7 +60,16 @@ SAMPLE_LABELS = {"kv_tier_failures_total": {"tier": "cpu", "op": "allocate"}}
 tier's failed allocations, as the catalog labels `vllm:kv_offload_allocation_failure`."""
 SUMMED = {
     "spec": ("spec_acc", "spec_draft"),
-    "kvxfer": ("xfer_fail", "offload_load_bytes", "offload_store_bytes", "offload_load_s", "offload_alloc_fail"),
+    "kvxfer": (
+        "xfer_fail",
+        "xfer_expired",
+        "xfer_late",
+        "offload_load_bytes",
+        "offload_store_bytes",
+        "offload_load_s",
+        "offload_alloc_fail",
+    ),
+    "xferevent": ("xfer_expired", "xfer_late"),
     "lookup": ("lookup", "hit"),
     "retrieve": ("loaded",),
     "store": ("stored",),
@@ -250,6 +261,7 @@ def _format(line: Line) -> str:
         "lookup": "LMCache lookup lines",
         "retrieve": "LMCache retrieve lines",
         "store": "LMCache store lines",
+        "xferevent": "vLLM NIXL expired-lease lines",
     }
     if line.kind == "kvxfer":
         f = line.fields
@@ -272,6 +284,8 @@ def _snapshots(lines: list[Line], summary: LogSummary) -> list[tuple[float, dict
     gaps = [b - a for a, b in zip(stats_ts, stats_ts[1:], strict=False) if b > a]
     cap = statistics.median(gaps) if len(gaps) >= 2 else float("inf")
     counters = _counters_kept(lines, kinds, keys)
+    # the `KV Transfer metrics:` line counts the per-request expiry lines' events too: one source
+    aggregated = set().union(*(ln.fields for ln in lines if ln.kind == "kvxfer"))
     gauges: dict[str, float] = {}
     last: dict[str, float] = {}  # kind -> time of the previous line of that kind
     out: dict[float, dict[str, float]] = {}  # one snapshot per time: the last line's values
@@ -279,7 +293,7 @@ def _snapshots(lines: list[Line], summary: LogSummary) -> list[tuple[float, dict
         if out and ln.ts < next(reversed(out)):
             summary.skipped["out_of_order"] += 1
             continue
-        f = ln.fields
+        f = {} if ln.kind == "xferevent" and ln.fields.keys() & aggregated else ln.fields
         gauges.update((k, f[k]) for k in GAUGES if k in f)
         dt = ln.ts - last[ln.kind] if ln.kind in last else 0.0
         last[ln.kind] = ln.ts

@@ -23,8 +23,9 @@ from kvscope.diagnoser.rulebook.rule import LineDict, Rule, RuleError, parse_dur
 
 LEVERS_MD_ROWS = tuple(f"{row}{i}" for row, n in (("P", 9), ("K", 8), ("L", 14), ("U", 11)) for i in range(1, n + 1))
 """The 42 symptom rows of LEVERS.md; every one needs at least one rule."""
-BEYOND_ROWS = tuple(f"R{i}" for i in range(1, 9))
-"""LEVERS.md "Beyond the documents" rows (issue 27): a rule may name one; none is required yet."""
+BEYOND_ROWS = tuple(f"R{i}" for i in range(1, 10))
+"""LEVERS.md "Beyond the documents" rows (issue 27): a rule may name one; none is required yet.
+R8 (engine_hung) and R9 (pd_kv_transfer_failing, issue 59) continue the table past the shared copy's R7."""
 
 STATS = ("max", "min", "mean", "first", "last")
 _PARAM = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
