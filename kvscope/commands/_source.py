@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 def open_source(args: argparse.Namespace) -> Source:
     """The Source the flags name; `args.log_read` must hold the log already read (`read_log_arg`).
-    With --prometheus, progress goes to stderr unless `args.quiet`."""
+    With --prometheus, progress goes to stderr unless `args.quiet`; --prometheus and --agent
+    reads each end within `args.timeout` seconds."""
     if args.prometheus:
         from kvscope.diagnoser.sources.promapi import PromClient
         from kvscope.diagnoser.sources.prometheus import PrometheusSource
@@ -31,4 +32,4 @@ def open_source(args: argparse.Namespace) -> Source:
         return LogSource(args.log_read, "stdin" if args.log == "-" else args.log)
     from kvscope.diagnoser.sources.agent import AgentSource
 
-    return AgentSource(args.agent)
+    return AgentSource(args.agent, timeout_s=args.timeout)
