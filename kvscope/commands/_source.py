@@ -23,9 +23,17 @@ def open_source(args: argparse.Namespace) -> Source:
         client = PromClient(args.prometheus, timeout_s=args.timeout, progress=progress)
         return PrometheusSource(args.prometheus, client=client)
     if args.recording:
+        from kvscope.agent.recording.omfile import RecordingLimits
         from kvscope.diagnoser.sources.recording import RecordingSource
 
-        return RecordingSource(args.recording)
+        default = RecordingLimits()
+        mib = getattr(args, "max_recording_mib", None)
+        limits = RecordingLimits(
+            max_bytes=default.max_bytes if mib is None else mib << 20,
+            max_series=getattr(args, "max_series", None) or default.max_series,
+            max_targets=getattr(args, "max_targets", None) or default.max_targets,
+        )
+        return RecordingSource(args.recording, limits=limits)
     if args.log:
         from kvscope.diagnoser.sources.logs import LogSource
 
