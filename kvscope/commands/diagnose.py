@@ -20,7 +20,7 @@ from kvscope.commands._checks import (
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._params import add_param_flag, parse_params
-from kvscope.commands._source import open_source
+from kvscope.commands._source import add_recording_cap_flags, open_source
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.findings import Diagnosis
@@ -77,13 +77,6 @@ MAX_POINTS_PER_SERIES = 10_000
 EXAMPLE_URL = {"prometheus": "http://127.0.0.1:9090", "agent": "http://127.0.0.1:9464"}
 
 
-def _positive(text: str) -> int:
-    """A whole number from 1 (a cap's flag)."""
-    if not (text.isascii() and text.isdigit() and int(text) >= 1):
-        raise argparse.ArgumentTypeError(f"not a whole number from 1: {text[:40]!r}")
-    return int(text)
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = add_command(subparsers, "diagnose", "find why latency moved and which lever fixes it", HELP)
     src = p.add_mutually_exclusive_group()
@@ -107,10 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--changes", action="store_true", help="--prometheus: also read what changed in the likely cause's pool"
     )
-    caps = "--recording: refuse a recording past this many "
-    p.add_argument("--max-series", type=_positive, metavar="N", help=caps + "series (default 100000)")
-    p.add_argument("--max-targets", type=_positive, metavar="N", help=caps + "targets (job, instance; default 1000)")
-    p.add_argument("--max-recording-mib", type=_positive, metavar="MIB", help=caps + "MiB of text (default 1024)")
+    add_recording_cap_flags(p)
     timeout_help = "--prometheus/--agent: seconds one HTTP query may take, connect to last byte"
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help=timeout_help)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or fleet summary on stderr")

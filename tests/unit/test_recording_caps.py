@@ -73,3 +73,13 @@ def test_a_cap_flag_takes_whole_numbers_from_one(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["diagnose", "--recording", "x.om", "--max-series", "0"])
     assert exc.value.code == 2 and "not a whole number from 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["curve"], ["report", "weekly"]])
+def test_every_command_that_reads_a_recording_takes_the_flag_its_error_names(tmp_path, capsys, command):
+    path = _bomb(tmp_path / "bomb.om.gz", 20)
+    code = main([*command, "--recording", str(path), "--max-targets", "5"])
+    err = capsys.readouterr().err
+    assert code == 4, err
+    assert "holds more than 5 targets" in err and "raise the cap with --max-targets" in err, err
+    assert "Traceback" not in err
