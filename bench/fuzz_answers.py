@@ -39,7 +39,7 @@ class _Answered(PromClient):
 
     body: bytearray = bytearray()
 
-    def _read(self, path: str, form: bytes | None = None) -> bytearray:
+    def _read(self, path: str, form: bytes | None = None, matrix: bool = False) -> bytearray:
         return self.body
 
 

@@ -25,7 +25,11 @@ from kvscope.ui.data import ENV_SERVE, SourceSpec
 LABEL = "label."
 MAX_LABELS = 32
 MAX_VALUE_CHARS = 512
-MAX_WINDOW_S = 31 * 86400.0
+MAX_WINDOW_S = 86400.0
+"""The longest window a link makes a live source read: four times the longest window of a generated
+burn-rate alert (6h); a link asking more is clamped to this and says so (a window=31d link made
+the triage page read 31 days of a whole fleet)."""
+MAX_WINDOW = "24h"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
@@ -49,7 +53,8 @@ class AlertLink:
 
 def from_query(params: Mapping[str, Any]) -> AlertLink | None:
     """The alert in a page's query parameters, or None (no alertname, or one that is no metric
-    name). Bad labels and windows are dropped, never trusted: the values come from a URL."""
+    name). Bad labels and windows are dropped, never trusted: the values come from a URL; a window
+    longer than MAX_WINDOW_S is clamped to it (and `window` says so)."""
     name = _first(params.get("alertname"))
     if not name or not _NAME.fullmatch(name):
         return None
@@ -63,8 +68,10 @@ def from_query(params: Mapping[str, Any]) -> AlertLink | None:
         seconds: float | None = parse_duration(window)  # a Prometheus duration, as runbooklinks writes it
     except ValueError:
         seconds = None
-    if seconds is not None and not 0 < seconds <= MAX_WINDOW_S:
+    if seconds is not None and seconds <= 0:
         seconds = None
+    if seconds is not None and seconds > MAX_WINDOW_S:
+        seconds, window = MAX_WINDOW_S, f"{MAX_WINDOW} (the link asked {window}: a link reads at most {MAX_WINDOW})"
     return AlertLink(name, tuple(labels), seconds, window if seconds else "")
 
 

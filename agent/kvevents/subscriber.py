@@ -8,8 +8,9 @@ rank: list one entry per rank. PUB/SUB drops what was published before the subsc
 
 Bounds: a message over `max_message_bytes` (default 1 MiB; a vLLM step's batch is far smaller) is
 refused by ZMQ before it is buffered (ZMQ_MAXMSGSIZE: libzmq drops the connection, the subscriber
-reconnects; counted as `disconnected`, the lost batches as `missed_batches`) or, where ZMQ cannot
-check (inproc), dropped as `too_large`; at most `QUEUE_BYTES` wait in ZMQ's queue (its high-water
+reconnects; counted as `too_large` when the connection is made again within REFUSED_S, else as
+`disconnected`, the lost batches as `missed_batches`) or, where ZMQ cannot check (inproc), dropped
+as `too_large`; at most `QUEUE_BYTES` wait in ZMQ's queue (its high-water
 mark is set from the cap); a batch's events are applied `APPLY_CHUNK` at a time, yielding to the
 agent loop between chunks.
 
@@ -56,6 +57,10 @@ APPLY_CHUNK = 2000
 """Events applied to the residency tracker between two yields to the agent loop."""
 RESOLVE_TIMEOUT_S = 10.0
 """How long one try waits for the lookup of a publisher's host name."""
+REFUSED_S = 3.0
+"""A connection lost and made again (its handshake done) within this is taken for one that libzmq
+dropped itself, for a message over ZMQ_MAXMSGSIZE: its monitor reports that as a plain disconnect,
+and a publisher that went away (an engine restart) is not back so soon. Counted `too_large`."""
 RETRY_S, MAX_RETRY_S = 1.0, 30.0
 """Backoff between tries of a lookup that failed: RETRY_S, doubling up to MAX_RETRY_S."""
 
@@ -174,7 +179,7 @@ class KvEventSubscriber:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IPV6, 1)  # a name may resolve to an IPv6 address only
         sock.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
-        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._sock = sock
         self._task = asyncio.create_task(self._loop())
         self._watch = asyncio.create_task(self._reconnect(monitor))
@@ -209,17 +214,30 @@ class KvEventSubscriber:
 
     async def _reconnect(self, monitor: zmq.asyncio.Socket) -> None:
         """Connect, then count each lost connection and connect again: libzmq ends (and does not
-        retry) a connection whose peer sent a message over ZMQ_MAXMSGSIZE."""
+        retry) a connection whose peer sent a message over ZMQ_MAXMSGSIZE. A connection made again
+        within REFUSED_S was dropped for such a message (`too_large`), else the publisher went away
+        (`disconnected`)."""
         try:
             await self._connect()
+            event = await _event(monitor)
             while True:
-                await monitor.recv_multipart()  # only EVENT_DISCONNECTED is monitored
-                self._bad("disconnected", ConnectionError("publisher connection lost; reconnecting"))
+                if event != zmq.EVENT_DISCONNECTED:
+                    event = await _event(monitor)
+                    continue
+                lost = time.monotonic()
                 if self._sock is not None and self._connected is not None:
                     with contextlib.suppress(zmq.ZMQError):
                         self._sock.disconnect(self._connected)
                     self._connected = None
                 await self._connect()
+                back = await _handshake_or_loss(monitor, REFUSED_S - (time.monotonic() - lost))
+                if back == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    cap = self.source.max_message_bytes
+                    why = f"a message over max_message_bytes={cap} (ZMQ dropped the connection; it was made again)"
+                    self._bad("too_large", KvEventError(why, "too_large"))
+                else:
+                    self._bad("disconnected", ConnectionError("publisher connection lost; reconnecting"))
+                event = back if back == zmq.EVENT_DISCONNECTED else await _event(monitor)
         finally:
             monitor.close(linger=0)
 
@@ -299,6 +317,26 @@ class KvEventSubscriber:
     def _bad(self, reason: str, e: Exception) -> None:
         self.errors[reason] += 1
         warn_every(log, f"kvevents:{reason}", "KV events from %s (%s): %s", self.source.endpoint, reason, e)
+
+
+async def _event(monitor: zmq.asyncio.Socket) -> int:
+    """The next event (zmq.EVENT_*) of a socket monitor."""
+    frames = await monitor.recv_multipart()
+    return int.from_bytes(frames[0][:2], "little")  # the event id, then the value (ZMTP monitor format)
+
+
+async def _handshake_or_loss(monitor: zmq.asyncio.Socket, seconds: float) -> int | None:
+    """The first finished handshake or lost connection (zmq.EVENT_*) the monitor reports within
+    `seconds`, or None."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            event = await asyncio.wait_for(_event(monitor), left)
+        except TimeoutError:
+            return None
+        if event in (zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_DISCONNECTED):
+            return event
+    return None
 
 
 @register_collector("kv_events", default_enabled=True)

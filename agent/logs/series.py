@@ -84,6 +84,11 @@ ROLL = {
 ROLL_AHEAD_S = {"year": 31 * 86400, "date": 43200}
 """A roll is taken only when the rolled time lands at most this far after the newest line (a
 dormant engine's gap); further on, the line is not a new year or day but a log out of order."""
+JUMP_S = 31 * 86400.0
+"""A line of one stream later than that stream's newest by more than this (a dormant engine's
+longest plausible silence, as ROLL_AHEAD_S says for a year's roll) is no time of the same run:
+counted (`LogSummary.jumps`), and a log with such lines is refused by the commands
+(`LogSummary.jump_error`), never read as a window of years that held nothing."""
 BACKWARDS_S = 60.0
 """A line of one stream (pod, engine, rank) earlier than that stream's newest by more than this is
 out of order beyond jitter: skipped and counted (`time_backwards`), never rolled."""
@@ -105,25 +110,33 @@ class LogSummary:
     unknown_fields: Counter[str] = field(default_factory=Counter)
     untimed: int = 0  # lines given times by their order (no line of the log carries a time)
     backwards_s: float = 0.0  # the furthest a skipped line went back in time
+    jumps: int = 0  # lines later than the newest of their stream by more than JUMP_S
+    jump_s: float = 0.0  # the furthest such a line jumped ahead
 
     def warnings(self) -> list[str]:
         """What the user must hear even with -q: lines whose time ran backwards."""
         n = self.skipped.get("time_backwards", 0)
         if not n:
             return []
-        back = self.backwards_s
-        span = (
-            f"{back / 86400:,.1f} days"
-            if back >= 86400
-            else f"{back / 3600:,.1f} h"
-            if back >= 3600
-            else f"{back:,.0f} s"
-        )
+        span = _span(self.backwards_s)
         return [
             f"{n} log line(s) went back in time by more than {BACKWARDS_S:g} s (up to {span}) against the "
             "lines before them from the same engine: skipped, not read as a new day or year. Is the log "
             "several runs or files joined out of order? Sort it by time or split it."
         ]
+
+    def jump_error(self) -> str | None:
+        """Why the log cannot be diagnosed when lines jumped ahead past JUMP_S (`jumps`), else
+        None: its times are not one run's, and the window they span was never read."""
+        n = self.jumps
+        if not n:
+            return None
+        return (
+            f"{n} line(s) jump ahead by more than {JUMP_S / 86400:g} days (up to {_span(self.jump_s)}) from the "
+            "lines before them from the same engine: the log's times are not one run's, and a window that long "
+            "would be judged on lines it never held. Check the log's timestamps, or split it where they jump "
+            "and read each part"
+        )
 
     def text(self) -> str:
         seen = ", ".join(f"{n} {k}" for k, n in sorted(self.formats.items())) or "none"
@@ -143,6 +156,15 @@ class LogSummary:
                 "the engine's, levels (KV usage, queues, running requests) are"
             )
         return out
+
+
+def _span(seconds: float) -> str:
+    """A time span as people say it: 3.2 years, 4.5 days, 2.0 h, 40 s."""
+    if seconds >= 365 * 86400:
+        return f"{seconds / (365.25 * 86400):,.1f} years"
+    if seconds >= 86400:
+        return f"{seconds / 86400:,.1f} days"
+    return f"{seconds / 3600:,.1f} h" if seconds >= 3600 else f"{seconds:,.0f} s"
 
 
 @dataclass
@@ -200,6 +222,9 @@ def read_log(
             summary.skipped["time_backwards"] += 1
             summary.backwards_s = max(summary.backwards_s, last - got.ts)
             continue
+        if last is not None and got.ts > last + JUMP_S:
+            summary.jumps += 1
+            summary.jump_s = max(summary.jump_s, got.ts - last)
         newest_of[got.source or instance] = max(last or got.ts, got.ts)
         if kept >= MAX_RECORDS:
             summary.skipped["over_limit"] += 1

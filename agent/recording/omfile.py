@@ -17,13 +17,45 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, ClassVar
 
 from kvscope.agent.recording.timespan import drop_time_outliers
-from kvscope.agent.scrape.exposition import Exposition, RawSample, format_labels, format_value, parse_exposition
+from kvscope.agent.scrape.exposition import (
+    Exposition,
+    Limits,
+    RawSample,
+    format_labels,
+    format_value,
+    parse_exposition,
+)
 from kvscope.agent.signals import Labels
 
 _OM_TYPES = {"counter", "gauge", "histogram", "summary", "info", "stateset", "gaugehistogram", "unknown"}
+
+
+@dataclass(frozen=True)
+class RecordingLimits:
+    """What one read of a recording holds at most, checked as it is read (before the series are
+    normalized or gridded): decompressed text, distinct series (name and labels) and targets (job,
+    instance). The defaults sit far above a real recording (the largest under tests/recordings:
+    69 MB of text, 2,062 series, 10 targets; an engine exports about 500 series, so 100,000 is a
+    200-engine fleet, which `kvscope diagnose` could not grid at 60 points anyway) and far below
+    what exhausts memory (a recording of one gauge from 1,000,000 instances, 6.5 MB gzipped, took
+    3.7 GB before failing). Each has a flag of `kvscope diagnose` (`flag`), named in the error."""
+
+    max_bytes: int = 1 << 30
+    max_series: int = 100_000
+    max_targets: int = 1_000
+
+    FLAGS: ClassVar[dict[str, str]] = {
+        "max_bytes": "--max-recording-mib",
+        "max_series": "--max-series",
+        "max_targets": "--max-targets",
+    }
+
+
+class RecordingTooLarge(ValueError):
+    """A recording past one of its RecordingLimits; the message names the cap and the flag."""
 
 
 @dataclass
@@ -165,31 +197,57 @@ def _escape_help(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
-def read_recording_text(path: str | os.PathLike[str]) -> str:
+def read_recording_text(path: str | os.PathLike[str], max_chars: int = 0) -> str:
+    """The recording's text (decompressed); RecordingTooLarge past `max_chars` (0: no cap), found
+    after reading one character more, never the whole."""
     with _open_text(path, "r") as f:
-        return f.read()
+        text = f.read(max_chars + 1) if max_chars else f.read()
+    if max_chars and len(text) > max_chars:
+        raise RecordingTooLarge(
+            f"recording {path} holds more than {max_chars / (1 << 20):,.0f} MiB of text (decompressed): read "
+            f"a shorter part of it, or raise the cap with {RecordingLimits.FLAGS['max_bytes']}"
+        )
+    return text
 
 
-def read_recording(path: str | os.PathLike[str]) -> tuple[list[Scrape], Exposition]:
+def read_recording(
+    path: str | os.PathLike[str], limits: RecordingLimits | None = None
+) -> tuple[list[Scrape], Exposition]:
     """All scrapes in a recording, ordered by (job, instance, timestamp), and the parsed exposition of
-    the whole file; far-off timestamps are dropped and reported in it (timespan.py)."""
-    text = read_recording_text(path)
-    expo = parse_exposition(text, openmetrics=True)
+    the whole file; far-off timestamps are dropped and reported in it (timespan.py). With `limits`,
+    RecordingTooLarge as soon as the text, its series or its targets pass one."""
+    text = read_recording_text(path, limits.max_bytes if limits else 0)
+    expo = parse_exposition(text, openmetrics=True, limits=Limits(series_limit=limits.max_series if limits else 0))
+    if limits and any(i.reason == "series_limit_exceeded" for i in expo.issues):
+        raise RecordingTooLarge(
+            f"recording {path} holds more than {limits.max_series:,} series (distinct names and labels; "
+            f"line {expo.issues[-1].line:,} is the first past the cap): split it by target, or raise the cap "
+            f"with {RecordingLimits.FLAGS['max_series']}"
+        )
     drop_time_outliers(expo, text, path)
-    return group_scrapes(expo.samples), expo
+    del text
+    return group_scrapes(expo.samples, limits.max_targets if limits else 0, str(path)), expo
 
 
-def group_scrapes(samples: Iterable[RawSample]) -> list[Scrape]:
+def group_scrapes(samples: Iterable[RawSample], max_targets: int = 0, path: str = "") -> list[Scrape]:
     """Group timestamped samples into scrapes by (job, instance, timestamp). A scrape's first `up`
     carries its target labels (`Scrape.labels`, taken off its other samples again) and a
-    `scrape_duration_seconds` with just those labels is its duration."""
+    `scrape_duration_seconds` with just those labels is its duration. RecordingTooLarge (naming
+    `path`) at the first target past `max_targets` (0: no cap)."""
     groups: dict[tuple[str, str, float], Scrape] = {}
+    targets: set[tuple[str, str]] = set()
     for raw in samples:
         rest = dict(raw.labels)  # the parser refuses a repeated label name
         job, instance = rest.pop("job", ""), rest.pop("instance", "")
         ts = raw.timestamp if raw.timestamp is not None else 0.0
         scrape = groups.get((job, instance, ts))
         if scrape is None:
+            targets.add((job, instance))
+            if len(targets) > max_targets > 0:
+                raise RecordingTooLarge(
+                    f"recording {path} holds more than {max_targets:,} targets (job, instance): split it by "
+                    f"target, or raise the cap with {RecordingLimits.FLAGS['max_targets']}"
+                )
             scrape = groups[(job, instance, ts)] = Scrape(job=job, instance=instance, timestamp=ts, up=True)
         scrape.samples.append(RawSample(raw.name, tuple(rest.items()), raw.value, raw.timestamp))
     for scrape in groups.values():

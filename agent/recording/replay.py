@@ -25,7 +25,7 @@ from typing import Any
 from kvscope.agent.derive.gpu_join import derive_engine_gpu
 from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.normalize.dialect import detect_engine, normalize
-from kvscope.agent.recording.omfile import read_recording, scrapes_by_target
+from kvscope.agent.recording.omfile import RecordingLimits, read_recording, scrapes_by_target
 from kvscope.agent.recording.timespan import configured_interval
 from kvscope.agent.scrape.exposition import Exposition
 from kvscope.agent.serve.export import KVSCOPE_PREFIX, signal_of
@@ -90,11 +90,17 @@ def parse_target_labels(samples: list) -> dict[str, str]:
     return out
 
 
-def replay_recording(path: str | os.PathLike[str], catalog: Catalog | None = None, gpu_mapping: Any = None) -> Replay:
+def replay_recording(
+    path: str | os.PathLike[str],
+    catalog: Catalog | None = None,
+    gpu_mapping: Any = None,
+    limits: RecordingLimits | None = None,
+) -> Replay:
     """Normalize every scrape of every target (engine detected once per target; a failed scrape gives
-    only `kvscope_target_up 0`), then run the engine<->GPU join per scrape round."""
+    only `kvscope_target_up 0`), then run the engine<->GPU join per scrape round. The recording is
+    read within `limits` (default RecordingLimits(): RecordingTooLarge past one)."""
     catalog = catalog or load_catalog()
-    scrapes, whole = read_recording(path)
+    scrapes, whole = read_recording(path, limits or RecordingLimits())
     out = Replay(notes=[i.text for i in whole.issues if i.reason == "timestamp_outlier"])
     for (job, instance), target_scrapes in scrapes_by_target(scrapes):
         union = Exposition(samples=[s for sc in target_scrapes for s in sc.samples[:2000]], types=whole.types)

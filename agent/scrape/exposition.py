@@ -21,6 +21,7 @@ MAX_LABELS = 256
 MAX_VALUE = 1 << 14
 LIMIT_REASONS = (
     "sample_limit_exceeded",
+    "series_limit_exceeded",
     "label_limit_exceeded",
     "label_name_length_limit_exceeded",
     "label_value_length_limit_exceeded",
@@ -82,6 +83,9 @@ class Limits:
     label_limit: int = 0
     label_name_length_limit: int = 0
     label_value_length_limit: int = 0
+    series_limit: int = 0
+    """Distinct series (name and labels, whatever their timestamps): a whole recording's bound
+    (agent/recording/omfile.py); a scrape has one sample per series and uses sample_limit."""
 
 
 NO_LIMITS = Limits()
@@ -120,6 +124,7 @@ def parse_exposition(
     _drop_unfinished(lines, stripped, out)
     grammar = _OM if openmetrics else _TEXT
     seen: set[tuple[str, Labels, float | None]] = set()
+    series: set[tuple[str, Labels]] | None = set() if limits.series_limit > 0 else None
     cache: dict[str, Labels | str] = {} if label_cache is None else label_cache
     append = out.samples.append
     for lineno, line in enumerate(lines, 1):
@@ -146,6 +151,11 @@ def parse_exposition(
         if len(seen) > limits.sample_limit > 0:
             _issue(out, lineno, "sample_limit_exceeded", line)
             break
+        if series is not None:
+            series.add(key[:2])
+            if len(series) > limits.series_limit:
+                _issue(out, lineno, "series_limit_exceeded", line)
+                break
     return out
 
 

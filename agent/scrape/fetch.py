@@ -4,7 +4,8 @@
 buffers more than `max_bytes`: the timeout covers connect, headers and body, and the body is
 streamed and abandoned past the cap (decompressed bytes counted, so a gzip bomb is capped too).
 Every failure is a `ScrapeError` whose `reason` (the `reason` label of
-`kvscope_scrape_errors_total`) is one of: timeout, connection_refused, connect_error, dns_error,
+`kvscope_scrape_errors_total`) is one of: timeout, dns_timeout (the name's lookup had not been
+answered when the time was up), connection_refused, connect_error, dns_error,
 server_disconnected, payload_error, http_<status>, body_too_large, decode_error, invalid_url,
 http_protocol_error. Keep-alive per target; a redirect is not followed (http_30x).
 """
@@ -15,8 +16,9 @@ import asyncio
 from dataclasses import dataclass
 
 import aiohttp
+import yarl
 
-from kvscope.agent.scrape.resolve import connector
+from kvscope.agent.scrape.resolve import connector, dns_unanswered
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 """Ask for text 0.0.4 only (the parser reads OpenMetrics too, if a server sends it anyway).
@@ -51,6 +53,8 @@ async def read_exposition(session: aiohttp.ClientSession, url: str, timeout_s: f
             ctype = resp.headers.get("Content-Type", "")
             body = await _body(resp, max_bytes)
     except TimeoutError:
+        if dns_unanswered(session, _host(url)):
+            raise ScrapeError("dns_timeout", f"the name did not resolve within {timeout_s:g}s") from None
         raise ScrapeError("timeout", f"no complete response within {timeout_s:g}s") from None
     except aiohttp.ClientError as e:
         raise ScrapeError(_reason(e), str(e)[:200]) from None
@@ -76,6 +80,13 @@ async def _body(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes:
             raise ScrapeError("body_too_large", f"more than {max_bytes} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _host(url: str) -> str | None:
+    try:
+        return yarl.URL(url).host
+    except (ValueError, TypeError):
+        return None
 
 
 def _reason(e: aiohttp.ClientError) -> str:

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import socket
 import threading
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -43,6 +44,9 @@ class ThreadResolver(AbstractResolver):
     def __init__(self, limit: int = MAX_LOOKUPS) -> None:
         self.limit = limit
         self.in_flight = 0
+        self.unanswered: Counter[str] = Counter()
+        """Host names whose lookup the resolver has not answered yet (waiting for a thread or in
+        getaddrinfo): a read that times out meanwhile timed out on DNS (`dns_timeout`)."""
         self._slots: asyncio.Semaphore | None = None  # made on first use, in the loop that uses it
 
     async def resolve(
@@ -52,11 +56,17 @@ class ThreadResolver(AbstractResolver):
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.limit)
         slots = self._slots
-        await slots.acquire()
+        self.unanswered[host] += 1
+        try:
+            await slots.acquire()
+        except BaseException:
+            self._answered(host)
+            raise
         loop = asyncio.get_running_loop()
 
         def give_back() -> None:
             self.in_flight -= 1
+            self._answered(host)
             slots.release()
 
         def run() -> list[ResolveResult]:
@@ -72,12 +82,26 @@ class ThreadResolver(AbstractResolver):
             answer = daemon_call(run, name=f"resolve {host}")
         except RuntimeError as exc:  # no thread to be had
             slots.release()
+            self._answered(host)
             raise OSError(f"cannot start a name lookup for {host}: {exc}") from None
         self.in_flight += 1
         return await answer
 
     async def close(self) -> None:
         """Nothing to release: a lookup thread ends when the resolver answers."""
+
+    def _answered(self, host: str) -> None:
+        self.unanswered[host] -= 1
+        if self.unanswered[host] <= 0:
+            del self.unanswered[host]
+
+
+class Connector(aiohttp.TCPConnector):
+    """An aiohttp TCPConnector whose names are looked up by its own ThreadResolver (`lookups`)."""
+
+    def __init__(self, **options: Any) -> None:
+        self.lookups = ThreadResolver()
+        super().__init__(resolver=self.lookups, **options)
 
 
 def daemon_call(fn: Callable[..., T], *args: Any, name: str) -> asyncio.Future[T]:
@@ -108,10 +132,17 @@ def daemon_call(fn: Callable[..., T], *args: Any, name: str) -> asyncio.Future[T
     return done
 
 
-def connector(**options: Any) -> aiohttp.TCPConnector:
+def connector(**options: Any) -> Connector:
     """An aiohttp connector (TCPConnector `options`) whose names are looked up by a ThreadResolver:
     what every HTTP client of the agent and `kvscope serve` connects through."""
-    return aiohttp.TCPConnector(resolver=ThreadResolver(), **options)
+    return Connector(**options)
+
+
+def dns_unanswered(session: aiohttp.ClientSession, host: str | None) -> bool:
+    """Whether `session`'s lookup of `host` is still waiting for the resolver (a read that timed
+    out then never got past DNS)."""
+    lookups = getattr(session.connector, "lookups", None)
+    return isinstance(lookups, ThreadResolver) and host is not None and lookups.unanswered.get(host, 0) > 0
 
 
 def lookup(host: str, port: int, family: socket.AddressFamily) -> list[ResolveResult]:

@@ -8,6 +8,7 @@ recording.py, logs.py, agent.py, store.py, prometheus.py.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from kvscope.diagnoser.sources.http import FetchError, fetch
@@ -15,6 +16,29 @@ from kvscope.diagnoser.sources.http import FetchError, fetch
 
 class SourceError(RuntimeError):
     """The source could not be read (file, HTTP, malformed answer); the message says which."""
+
+
+MAX_ANSWER_MIB = 64
+"""Default cap, in MiB, of an answer that is parsed whole into Python objects (a Prometheus instant
+query, label values, the agent's API): such an answer takes about 5-10 times its size once parsed.
+Range queries' matrices are decoded one series at a time and keep their own, larger cap."""
+ENV_MAX_ANSWER = "KVSCOPE_MAX_ANSWER_MIB"
+
+
+def answer_cap(env: dict[str, str] | None = None) -> int:
+    """The cap in bytes of an answer parsed whole: MAX_ANSWER_MIB, or $KVSCOPE_MAX_ANSWER_MIB
+    (a whole number of MiB from 1 to 65536; SourceError for anything else)."""
+    text = (os.environ if env is None else env).get(ENV_MAX_ANSWER, "").strip()
+    if not text:
+        return MAX_ANSWER_MIB << 20
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 65536):
+        raise SourceError(f"{ENV_MAX_ANSWER}={text[:40]!r} is not a whole number of MiB from 1 to 65536")
+    return int(text) << 20
+
+
+def raise_cap_hint(what: str) -> str:
+    """What to do about an answer past `answer_cap`: `what` (narrower asks), or the cap raised."""
+    return f"{what}, or raise the cap with {ENV_MAX_ANSWER}=<MiB> (default {MAX_ANSWER_MIB})"
 
 
 def read_url(
@@ -25,12 +49,14 @@ def read_url(
     data: bytes | None = None,
     error: type[SourceError] = SourceError,
     on_status: Callable[[FetchError], SourceError] | None = None,
+    too_large: str = "",
 ) -> bytearray:
     """The body of one synchronous HTTP GET (or form POST of `data`), at most `max_bytes`, read
     whole within `timeout_s` seconds, connect to last byte (http.fetch). An error status raises
     `on_status(failure)` (else `error`); no answer, a late, larger or malformed one raises
-    `error` with one printable line that starts with `what`."""
+    `error` with one printable line that starts with `what`; past `max_bytes` it says `too_large`
+    (what to do; default: a range query's remedies)."""
     try:
-        return fetch(url, what, timeout_s, max_bytes, data)[0]
+        return fetch(url, what, timeout_s, max_bytes, data, too_large=too_large)[0]
     except FetchError as exc:
         raise (on_status(exc) if on_status and exc.status else error(str(exc))) from None

@@ -11,19 +11,21 @@ from typing import Any
 from kvscope.agent.recording.replay import scrape_interval as interval_of_targets
 from kvscope.agent.signals import Sample, make_labels
 from kvscope.diagnoser.evaluate.frame import Frame, frame_from_samples
-from kvscope.diagnoser.sources import SourceError, read_url
-from kvscope.diagnoser.sources.http import printable
+from kvscope.diagnoser.sources import SourceError, answer_cap, raise_cap_hint, read_url
+from kvscope.diagnoser.sources.http import printable, quoted
 
 DEFAULT_WINDOW_S = 1800.0
 PROBE_S = 3600.0
 """`scrape_interval` reads at most this span of the agent's scrape history."""
-MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+DEFAULT_TIMEOUT_S = 30.0
 
 
 class AgentSource:
-    """The agent's stored canonical samples (already normalized by the agent)."""
+    """The agent's stored canonical samples (already normalized by the agent). Each read of the
+    API ends within `timeout_s` (a command's --timeout), connect to last byte, and its answer is
+    capped at `sources.answer_cap()` before it is parsed."""
 
-    def __init__(self, url: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.description = f"agent:{self.url}"
@@ -65,7 +67,8 @@ class AgentSource:
         return frame
 
     def _get(self, path: str) -> dict[str, Any]:
-        body = read_url(self.url + path, f"agent {self.url}", self.timeout_s, MAX_RESPONSE_BYTES)
+        too_large = raise_cap_hint("narrow the window (--since)")
+        body = read_url(self.url + path, f"agent {self.url}", self.timeout_s, answer_cap(), too_large=too_large)
         try:
             doc = json.loads(body)
         except (ValueError, RecursionError) as exc:
@@ -73,7 +76,9 @@ class AgentSource:
             raise SourceError(f"agent {self.url}{path.split('?')[0]}: not JSON ({why})") from None
         if not isinstance(doc, dict) or doc.get("status") != "success":
             error = doc.get("error") if isinstance(doc, dict) else None
-            raise SourceError(f"agent {self.url}: {printable(error or 'malformed answer', 500)}")
+            said = printable(error, 500) if isinstance(error, str) and error else "malformed answer"
+            said += "" if error is None or isinstance(error, str) else f" (error: {quoted(error)})"
+            raise SourceError(f"agent {self.url}: {said}")
         data = doc.get("data") or {}
         if not isinstance(data, dict):
             raise SourceError(f"agent {self.url}{path.split('?')[0]}: malformed answer: data is not an object")

@@ -21,6 +21,7 @@ import http.client
 import json
 import os
 import re
+import reprlib
 import socket
 import threading
 import time
@@ -39,10 +40,22 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2
 def printable(text: object, limit: int = 0, lines: bool = False) -> str:
     """`text` with every control character (escape codes, carriage returns, bidi overrides) shown
     as `?`, on one line (newlines and tabs as spaces; kept with `lines`); cut to `limit`
-    characters when given."""
-    out = _CONTROL.sub("?", str(text))
+    characters when given (cut before it is looked at: a long text costs no more than `limit`)."""
+    out = str(text)
+    out = _CONTROL.sub("?", out[: 2 * limit + 64] if limit else out)
     out = out if lines else out.replace("\n", " ").replace("\t", " ").strip()
     return out if not limit or len(out) <= limit else out[:limit] + "…"
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 60, 60, 40
+_REPR.maxdict = _REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxfrozenset = 4
+
+
+def quoted(value: object, limit: int = 80) -> str:
+    """What an answer held, for an error message: `repr` of at most a few items of at most a few
+    levels (reprlib: a 400 MiB answer is never written out whole), printable, cut to `limit`."""
+    return printable(_REPR.repr(value), limit)
 
 
 def in_words(n: float) -> str:
@@ -293,16 +306,18 @@ def fetch(
     max_bytes: int,
     data: bytes | None = None,
     headers_only: bool = False,
+    too_large: str = "",
 ) -> tuple[bytearray, http.client.HTTPMessage]:
     """(body, headers) of one GET (or form POST of `data`) that ends within `timeout_s` seconds,
     connect to last byte, with a body of at most `max_bytes`. Raises FetchError (message starting
     with `what`) for no answer, an error status, the deadline, a larger answer, or a malformed one.
-    `headers_only` skips the body."""
+    `headers_only` skips the body. `too_large` says what to do about an answer past `max_bytes`
+    (default: TOO_LARGE, a range query's remedies)."""
     deadline = Deadline(timeout_s)
     opener = urllib.request.build_opener(_HTTP(deadline), _HTTPS(deadline))
     try:
         with opener.open(urllib.request.Request(url, data=data), timeout=timeout_s) as resp:
-            body = bytearray() if headers_only else _read_body(resp, what, max_bytes, deadline)
+            body = bytearray() if headers_only else _read_body(resp, what, max_bytes, deadline, too_large)
             return body, resp.headers
     except urllib.error.HTTPError as exc:
         with exc:
@@ -372,25 +387,30 @@ def answer_from_bytes(raw: bytes, what: str, max_bytes: int) -> bytearray:
         resp.close()
 
 
-def _read_body(resp: http.client.HTTPResponse, what: str, max_bytes: int, deadline: Deadline) -> bytearray:
+TOO_LARGE = "narrow the window, raise --step or select fewer series"
+"""What to do about a range query's answer past the cap."""
+
+
+def _read_body(
+    resp: http.client.HTTPResponse, what: str, max_bytes: int, deadline: Deadline, too_large: str = ""
+) -> bytearray:
+    """The body, read in CHUNK pieces within `deadline`; refused, before it grows past `max_bytes`,
+    with the cap in words and `too_large` (what to do) in the message."""
+    remedy = too_large or TOO_LARGE
     declared = (resp.headers.get("Content-Length") or "").strip()
     digits = declared.isascii() and declared.isdigit()
     size = int(declared) if digits and len(declared) <= 18 else -1
     if size > max_bytes or (digits and size < 0):
         said = in_words(size) if size >= 0 else f"a {len(declared)}-digit length"
         raise FetchError(
-            f"{what}: the answer declares {said}, more than the {in_words(max_bytes)} "
-            "read at most; narrow the window, raise --step or select fewer series"
+            f"{what}: the answer declares {said}, more than the {in_words(max_bytes)} read at most; {remedy}"
         )
     buf = bytearray(max(size, 0))
     view, got = memoryview(buf), 0
     while got != size:
         if got == len(buf):  # undeclared (chunked) or longer than declared: grow, up to the cap
             if got > max_bytes:
-                raise FetchError(
-                    f"{what}: the answer is larger than the {in_words(max_bytes)} read at most; "
-                    "narrow the window, raise --step or select fewer series"
-                )
+                raise FetchError(f"{what}: the answer is larger than the {in_words(max_bytes)} read at most; {remedy}")
             view.release()
             buf.extend(bytes(min(max(CHUNK, got // 2), max_bytes + 1 - got) or 1))
             view = memoryview(buf)

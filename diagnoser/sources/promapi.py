@@ -22,8 +22,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from kvscope.diagnoser.sources import SourceError, read_url
-from kvscope.diagnoser.sources.http import FetchError, fetch, printable
+from kvscope.diagnoser.sources import SourceError, answer_cap, raise_cap_hint, read_url
+from kvscope.diagnoser.sources.http import FetchError, fetch, printable, quoted
 
 MAX_POINTS = 11_000
 """Prometheus refuses a range query with more points per series than this."""
@@ -32,6 +32,8 @@ MAX_SAMPLES = 50_000_000
 SAMPLE_BUDGET = 0.5
 """Share of max_samples a query is planned to load (the estimate is rough: ranges and lookback)."""
 MAX_RESPONSE_BYTES = 512 * 1024 * 1024
+"""Cap of a matrix answer (decoded one series at a time, `_typed_matrix`); every other answer is
+parsed whole and capped at `sources.answer_cap()` (64 MiB unless KVSCOPE_MAX_ANSWER_MIB says)."""
 CONCURRENCY = 4
 """Queries one client keeps in flight at once (the TSDB's load from one command)."""
 MAX_BISECT = 6
@@ -91,7 +93,7 @@ class PromClient:
 
     # ---------------------------------------------------------------- raw calls
     def _call(self, path: str, params: dict[str, str] | list[tuple[str, str]], matrix: bool = False) -> Any:
-        raw = self._read(path, urllib.parse.urlencode(params).encode())
+        raw = self._read(path, urllib.parse.urlencode(params).encode(), matrix)
         try:
             typed = doc = _typed_matrix(raw) if matrix else None
         except ValueError as exc:
@@ -122,7 +124,7 @@ class PromClient:
 
     def malformed(self, path: str, what: str, got: Any = None) -> PromError:
         """The error for an answer of the wrong shape: where, what was expected, what came."""
-        seen = "" if got is None else f", got {printable(repr(got), 80)}"
+        seen = "" if got is None else f", got {quoted(got)}"
         return PromError(f"prometheus {self.url}{path}: malformed answer: {what}{seen}")
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
@@ -139,8 +141,8 @@ class PromClient:
         """The series of a matrix answer, each value a float (time, value) pair; a malformed
         answer (`what` answered something else, or a series of another shape) raises."""
         if not isinstance(data, dict) or data.get("resultType") != "matrix":
-            kind = data.get("resultType") if isinstance(data, dict) else repr(data)
-            raise self.malformed(path, f"{what} answered {printable(kind, 40)}, not a matrix")
+            kind = data.get("resultType") if isinstance(data, dict) else data
+            raise self.malformed(path, f"{what} answered {quoted(kind, 40)}, not a matrix")
         if data.get("typed"):  # read by the typed decoder: already float pairs
             return list(data["result"])
         try:
@@ -202,10 +204,16 @@ class PromClient:
         doc = self._json(path_qs.split("?")[0], self._read(path_qs))
         return doc.get("data") if isinstance(doc, dict) else None
 
-    def _read(self, path: str, form: bytes | None = None) -> bytearray:
-        """The answer's body (a form POST when `form`); PromError for every failure. At most
-        `concurrency` reads are in flight; the wait for a free one counts against the read's time."""
-        what, limit, began = f"prometheus {self.url}", MAX_RESPONSE_BYTES, time.monotonic()
+    def _read(self, path: str, form: bytes | None = None, matrix: bool = False) -> bytearray:
+        """The answer's body (a form POST when `form`); PromError for every failure. A `matrix`
+        answer (decoded a series at a time) is capped at MAX_RESPONSE_BYTES, any other (parsed
+        whole) at `answer_cap()`, both before anything is parsed. At most `concurrency` reads are
+        in flight; the wait for a free one counts against the read's time."""
+        what, began = f"prometheus {self.url}", time.monotonic()
+        if matrix:
+            limit, too_large = MAX_RESPONSE_BYTES, ""
+        else:
+            limit, too_large = answer_cap(), raise_cap_hint("narrow the window or select fewer series")
         budget = self.timeout_s if self.deadline is None else min(self.timeout_s, self.deadline - began)
         if budget <= 0:
             raise PromError(f"{what}: the diagnosis' time is up; no more queries are sent")
@@ -218,7 +226,8 @@ class PromClient:
             seconds = budget - (time.monotonic() - began)
             if seconds <= 0:
                 raise PromError(f"{what}: no answer in {budget:.0f} s (waited for a query in flight to end)")
-            return read_url(self.url + path, what, seconds, limit, form, PromError, partial(http_error, self.url))
+            on_status = partial(http_error, self.url)
+            return read_url(self.url + path, what, seconds, limit, form, PromError, on_status, too_large)
         finally:
             self._in_flight.release()
 
@@ -297,7 +306,7 @@ def _series(item: Any, key: str) -> dict[str, Any]:
     str, points as float (time, value) pairs ("NaN" and "+Inf" read as numbers). Raises TypeError
     or ValueError for any other shape."""
     if not isinstance(item, dict) or not isinstance(item.get("metric", {}), dict):
-        raise TypeError(f"{printable(repr(item), 60)} is not {{metric: {{...}}, {key}: ...}}")
+        raise TypeError(f"{quoted(item, 60)} is not {{metric: {{...}}, {key}: ...}}")
     metric = {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
     raw = item.get(key)
     if key == "value":
@@ -310,7 +319,7 @@ def _series(item: Any, key: str) -> dict[str, Any]:
 
 def _point(p: Any) -> tuple[float, float]:
     if not isinstance(p, list | tuple) or len(p) != 2 or not all(isinstance(x, str | int | float) for x in p):
-        raise TypeError(f"{printable(repr(p), 40)} is not [time, value]")
+        raise TypeError(f"{quoted(p, 40)} is not [time, value]")
     return float(p[0]), float(p[1])
 
 

@@ -11,6 +11,7 @@ import math
 import os
 from typing import Any
 
+from kvscope.agent.recording.omfile import RecordingLimits, RecordingTooLarge
 from kvscope.agent.recording.replay import add_spans, replay_recording, scrape_interval, spans_path_for
 from kvscope.diagnoser.evaluate.frame import (
     Frame,
@@ -36,11 +37,17 @@ class RecordingSource:
     """A recording file: native engine series normalized exactly as live scrapes are."""
 
     def __init__(
-        self, path: str | os.PathLike[str], spans: str | os.PathLike[str] | bool | None = None, gpu_mapping: Any = None
+        self,
+        path: str | os.PathLike[str],
+        spans: str | os.PathLike[str] | bool | None = None,
+        gpu_mapping: Any = None,
+        limits: RecordingLimits | None = None,
     ) -> None:
         """`spans`: None finds the sidecar next to the recording, a path names one, False ignores spans.
-        `gpu_mapping`: the engine-GPU join's map (agent/recording/replay.py), as `kvscope report` takes it."""
+        `gpu_mapping`: the engine-GPU join's map (agent/recording/replay.py), as `kvscope report` takes it.
+        `limits`: what the read holds at most (default RecordingLimits(); SourceError past one)."""
         self.path = str(path)
+        self.limits = limits or RecordingLimits()
         self.gpu_mapping = gpu_mapping
         self.step_given = False
         """True when the user chose the step (`--step`): a grid too large is then refused, naming what
@@ -60,7 +67,9 @@ class RecordingSource:
         """The replayed recording (canonical samples, engines, facts, span statistics), read once."""
         if self._replay is None:
             try:
-                replay = replay_recording(self.path, gpu_mapping=self.gpu_mapping)
+                replay = replay_recording(self.path, gpu_mapping=self.gpu_mapping, limits=self.limits)
+            except RecordingTooLarge as exc:
+                raise SourceError(str(exc)) from None
             except (OSError, ValueError, UnicodeDecodeError) as exc:
                 raise SourceError(f"cannot read recording {self.path}: {exc}") from exc
             if self.spans_path:

@@ -44,7 +44,8 @@ def _date(text: str) -> datetime.date:
 
 
 def read_log_arg(args: argparse.Namespace) -> LogRead:
-    """The LogRead of args.log; OSError / ValueError with a message for the user."""
+    """The LogRead of args.log; OSError / ValueError with a message for the user. The caller says
+    its `summary.warnings()` and refuses a log whose `summary.jump_error()` is not None."""
     from kvscope.agent.logs.series import read_log
 
     name = "stdin" if args.log == "-" else os.path.basename(args.log)

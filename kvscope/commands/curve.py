@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from kvscope.commands._checks import check_http_url, check_recording, parse_seconds, parse_time, source_hint
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
-from kvscope.commands._source import open_source
+from kvscope.commands._source import add_recording_cap_flags, open_source
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.sources.promapi import PromClient
@@ -70,6 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--slo-ttft-p99", type=float, default=1.0, metavar="SECONDS", help="TTFT p99 SLO for C_max")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="--prometheus/--agent: per query")
+    add_recording_cap_flags(p)
     p.add_argument("--json", action="store_true", help="print JSON (shape: docs/curve.md)")
     p.add_argument(
         "--recorded",

@@ -20,7 +20,7 @@ from kvscope.commands._checks import (
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._params import add_param_flag, parse_params
-from kvscope.commands._source import open_source
+from kvscope.commands._source import add_recording_cap_flags, open_source
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.findings import Diagnosis
@@ -100,6 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--changes", action="store_true", help="--prometheus: also read what changed in the likely cause's pool"
     )
+    add_recording_cap_flags(p)
     timeout_help = "--prometheus/--agent: seconds one HTTP query may take, connect to last byte"
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help=timeout_help)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or fleet summary on stderr")
@@ -136,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
             args.log_read = read_log_arg(args)
             for warning in args.log_read.summary.warnings():  # said even with -q: the window is not the log's
                 print(f"kvscope diagnose: {warning}", file=sys.stderr)
+            if (jumped := args.log_read.summary.jump_error()) is not None:
+                raise ValueError(jumped)  # a window of years the log never held is no all-clear
     except (ValueError, OSError, EOFError, zlib.error) as exc:
         return fail("diagnose", f"cannot read log {args.log}: {exc}" if args.log else exc, EXIT_SOURCE)
     return _diagnose(args, rules, params, since)

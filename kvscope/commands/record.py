@@ -82,8 +82,11 @@ def run(args: argparse.Namespace) -> int:
         return fail("record", f"config error: {e}", 2)
     if not config.targets:
         return fail("record", "no targets: give --target URL or a --config with targets", 2)
-    summary = asyncio.run(record(config, duration_s, out, progress=not args.no_progress))
+    summary, failed, scrapes = asyncio.run(record(config, duration_s, out, progress=not args.no_progress))
     print(summary, file=sys.stderr)
+    if scrapes and failed == scrapes:  # a recording of nothing but `up 0` is no recording of the engines
+        said = f"all {scrapes} scrape(s) failed: the recording holds only `up 0`; check the targets"
+        return fail("record", said, 1)
     return 0
 
 
@@ -94,6 +97,10 @@ def _record_log(args: argparse.Namespace, out: Path) -> int:
 
     try:
         read = read_log_arg(args)
+        if (jumped := read.summary.jump_error()) is not None:
+            for warning in read.summary.warnings():
+                print(f"kvscope record: {warning}", file=sys.stderr)
+            raise ValueError(jumped)
     except (ValueError, OSError, EOFError, zlib.error) as exc:
         return fail("record", f"cannot read log {args.log}: {exc}", 2)
     path = write_log_recording(read, out)
@@ -104,8 +111,9 @@ def _record_log(args: argparse.Namespace, out: Path) -> int:
     return 0
 
 
-async def record(config: AgentConfig, duration_s: float, out: Path, progress: bool = True) -> str:
-    """Scrape every interval for `duration_s` (or until SIGINT/SIGTERM) and write `out`."""
+async def record(config: AgentConfig, duration_s: float, out: Path, progress: bool = True) -> tuple[str, int, int]:
+    """Scrape every interval for `duration_s` (or until SIGINT/SIGTERM) and write `out`. Returns
+    (what was written, in words; scrapes that failed; scrapes in all)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -155,7 +163,8 @@ async def record(config: AgentConfig, duration_s: float, out: Path, progress: bo
         await collector.close()
     path = writer.close()
     how = "stopped early" if stop.is_set() else "done"
-    return (
+    said = (
         f"{how}: wrote {path} ({writer.scrapes} scrapes of {len(config.targets)} target(s), "
         f"{failed} failed, {writer.samples} samples)"
     )
+    return said, failed, writer.scrapes

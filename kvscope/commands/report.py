@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from kvscope.commands._checks import check_http_url, check_output_file, check_recording, parse_time, source_hint
 from kvscope.commands._common import add_command, fail
+from kvscope.commands._source import add_recording_cap_flags, recording_limits
 
 if TYPE_CHECKING:
     from kvscope.commands._progress import Stages
@@ -56,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "gpu_mapping format), to split GPU-hours per pool when the recording has no pod labels or NVML process list",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_recording_cap_flags(p)
     no_diag_help = "--prometheus: skip the week's diagnosis (the rules run in the TSDB at a 5-minute step)"
     p.add_argument("--no-diagnose", action="store_true", help=no_diag_help)
     p.set_defaults(func=run)
@@ -127,7 +129,8 @@ def _load(args: argparse.Namespace):
 
         samples, diagnoses, ends = [], [], []
         for path in args.recording:
-            recording = RecordingSource(path, spans=False, gpu_mapping=getattr(args, "gpu_mapping_value", None))
+            mapping, limits = getattr(args, "gpu_mapping_value", None), recording_limits(args)
+            recording = RecordingSource(path, spans=False, gpu_mapping=mapping, limits=limits)
             try:
                 replay = recording.replay()  # joins GPUs
                 samples += replay.samples

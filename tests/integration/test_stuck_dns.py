@@ -137,6 +137,6 @@ def test_a_dns_server_that_never_answers(tmp_path: Path) -> None:
     assert health is not None, log.read_text()[-3000:]
     assert health["collectors"]["host"]["up"], health["collectors"]
     scraped = [t for t in health["targets"] if t["job"] != "kv_events"]
-    assert {t["reason"] for t in scraped} <= {"timeout", "dns_error"}, health["targets"]
+    assert {t["reason"] for t in scraped} <= {"dns_timeout", "dns_error"}, health["targets"]
     assert out["kv_resolve_timeout"], log.read_text()[-3000:]
     assert out["agent_rc"] == 0, (out["agent_rc"], log.read_text()[-3000:])

@@ -293,6 +293,17 @@ def test_a_misspelt_config_section_stops_the_agent_instead_of_running_on_default
     assert not (tmp_path / "x.om").exists()
 
 
+def test_record_exits_non_zero_when_every_scrape_failed(capsys, tmp_path):
+    """Issue 57 S9: it exited 0 with a recording of nothing but `up 0`; the file is kept."""
+    out = tmp_path / "x.om"
+    target = f"http://127.0.0.1:{_closed_port()}/metrics"
+    argv = ["record", "--target", target, "--duration", "1s", "--interval", "1s", "--no-progress", "--out", str(out)]
+    code, err = run_cli(capsys, *argv)
+    assert code == 1, err
+    assert "all 1 scrape(s) failed" in err and "Traceback" not in err, err
+    assert "up{" in out.read_text()
+
+
 def test_an_unrelated_unknown_section_is_still_kept_for_extensions():
     from kvscope.agent.config import check_section_typos
 

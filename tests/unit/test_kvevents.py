@@ -417,6 +417,10 @@ def test_a_reconnect_looks_the_name_up_again(monkeypatch):
             if seq is not None:
                 await pub.send_multipart([b"kv", (seq + 1).to_bytes(8, "big"), b"x" * 4096])
                 seq = await _until_batches(pub, sub, 2, seq + 1)
+                for _ in range(3000):  # the reconnect's handshake is counted by its own task
+                    if sub.errors:
+                        break
+                    await asyncio.sleep(0.02)
         finally:
             await sub.stop()
             pub.close(linger=0)
@@ -424,5 +428,29 @@ def test_a_reconnect_looks_the_name_up_again(monkeypatch):
         return seq, sub
 
     seq, sub = asyncio.run(main())
-    assert seq is not None and sub.errors["disconnected"] >= 1
+    # issue 57 S9: the oversized message is counted as such, not as the publisher going away
+    assert seq is not None and sub.errors["too_large"] >= 1 and not sub.errors["disconnected"], sub.errors
     assert len(lookups) >= 2 and set(lookups) == {"engine-0.vllm.test"}, lookups
+
+
+def test_a_publisher_that_goes_away_is_counted_disconnected_not_too_large():
+    async def main():
+        ctx = zmq.asyncio.Context()
+        pub = ctx.socket(zmq.PUB)
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        sub = KvEventSubscriber(KvEventSource(f"tcp://127.0.0.1:{port}", "e0:8000", "kv"), context=ctx)
+        await sub.start()
+        try:
+            seq = await _until_batches(pub, sub, 1)
+            pub.close(linger=0)  # the engine is gone: nothing accepts the connection again
+            for _ in range(3000):  # 60 s: a hang guard only
+                if sub.errors:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await sub.stop()
+            ctx.term()
+        return seq, sub
+
+    seq, sub = asyncio.run(main())
+    assert seq is not None and sub.errors == {"disconnected": 1}, sub.errors

@@ -116,3 +116,40 @@ def test_diagnose_says_a_log_ran_backwards_even_when_quiet(tmp_path, capsys):
     main(["diagnose", "--log", str(path), "--date", "2026-05-01", "-q"])
     err = capsys.readouterr().err
     assert "went back in time" in err and "not read as a new day or year" in err, err
+
+
+# --- issue 57 N11: times that only move forward, but by years -------------------------------------
+
+
+def _dated(year: int, second: int) -> str:
+    """A `kubectl logs --timestamps` line: its RFC 3339 time (with the year) is the line's time."""
+    return f"{year}-05-01T10:00:{second:02d}.000000000Z " + _vllm("05-01", f"10:00:{second:02d}")
+
+
+def test_lines_that_jump_ahead_by_years_are_counted_and_refused():
+    text = "".join(_dated(2026 + i, i % 60) for i in range(100))
+    read = read_log(io.BytesIO(text.encode()), "vllm-0", day=DAY)
+    assert read.summary.jumps == 99
+    said = read.summary.jump_error()
+    assert said is not None and "99 line(s) jump ahead by more than 31 days (up to 1.0 years)" in said
+
+
+def test_a_dormant_week_is_no_jump():
+    text = _dated(2026, 0) + _dated(2026, 10) + "2026-05-08T10:00:20.000000000Z " + _vllm("05-08", "10:00:20")
+    read = read_log(io.BytesIO(text.encode()), "vllm-0", day=DAY)
+    assert read.summary.jumps == 0 and read.summary.jump_error() is None and len(read.scrapes) == 3
+
+
+@pytest.mark.parametrize("command", ["diagnose", "record"])
+def test_a_log_spanning_two_thousand_years_is_not_diagnosed_healthy(tmp_path, capsys, command):
+    """It read as a 2026 -> 4026 window, exit 0, "No rule fired", and no warning."""
+    from kvscope.cli import main
+
+    path = tmp_path / "years.log"
+    path.write_text("".join(_dated(2026 + 20 * i, i % 60) for i in range(100)))
+    extra = ["-q"] if command == "diagnose" else ["-o", str(tmp_path / "out.om")]
+    code = main([command, "--log", str(path), *extra])
+    out = capsys.readouterr()
+    assert code == (4 if command == "diagnose" else 2), out
+    assert "jump ahead by more than 31 days" in out.err and "Traceback" not in out.err, out.err
+    assert "No rule fired" not in out.out

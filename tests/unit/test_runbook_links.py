@@ -8,6 +8,7 @@ import asyncio
 import copy
 import json
 
+import pytest
 import yaml
 from test_alertmanager import WEBHOOK
 
@@ -69,11 +70,22 @@ def test_the_link_is_read_back_and_what_a_url_cannot_be_trusted_with_is_dropped(
     )
     assert link.query() == "alertname=LlmTenantTtftSloBurnRate&label.severity=critical&label.tenant=team+a%26b"
     assert from_query({"alertname": "<script>"}) is None and from_query({}) is None
-    assert from_query({"alertname": "A", "window": "99999d"}).window_s is None
+    assert from_query({"alertname": "A", "window": "0s"}).window_s is None
+    assert from_query({"alertname": "A", "window": "9" * 400 + "d"}).window_s is None
     live = SourceSpec("prometheus", "http://p:9090", 1800.0, 123.0)
     assert windowed(live, link) == SourceSpec("prometheus", "http://p:9090", 6 * 3600.0, None)
     rec = SourceSpec("recording", "/r.om")
     assert windowed(rec, link) is rec
+
+
+@pytest.mark.parametrize("window", ["31d", "25h", "99999d"])
+def test_a_link_window_past_a_day_is_clamped_and_says_so(window):
+    """Issue 57 S9: window=31d made the triage page read 31 days of a live source."""
+    link = from_query({"alertname": "A", "window": window})
+    assert link.window_s == 86400.0 and link.window == f"24h (the link asked {window}: a link reads at most 24h)"
+    live = SourceSpec("prometheus", "http://p:9090", 1800.0, None)
+    assert windowed(live, link).since_s == 86400.0
+    assert from_query({"alertname": "A", "window": "24h"}).window == "24h"
 
 
 def _finding(rule_id: str, **where: str) -> Finding:
