@@ -15,6 +15,9 @@ from kvscope.commands._params import add_param_flag, parse_params
 if TYPE_CHECKING:
     from kvscope.agent.config import ServerLimits
 
+QUEUE_SIZE = 100
+"""Webhooks waiting for a diagnosis at most (more: 503 with Retry-After); --max-stored's floor."""
+
 DESCRIPTION = """\
 Receive Alertmanager webhooks, diagnose every firing alert's instance and time window from
 Prometheus with kvscope's rule engine, store the result and serve it back:
@@ -43,7 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "SQLite file for the enriched webhooks, apart from the agent's history (kvscope.db); ':memory:' keeps none"
     )
     p.add_argument("--store", default="kvscope-diagnoses.db", metavar="FILE", help=store_help)
-    p.add_argument("--max-stored", type=int, default=1000, metavar="N", help="keep the newest N webhooks")
+    stored_help = (
+        f"keep the newest N webhooks, at least {QUEUE_SIZE} (the diagnosis queue's size: a webhook waiting "
+        "for its diagnosis is never deleted)"
+    )
+    p.add_argument("--max-stored", type=int, default=1000, metavar="N", help=stored_help)
     p.add_argument(
         "--step",
         default="15s",
@@ -80,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             step_s=parse_duration(args.step),
             before_s=parse_duration(args.before),
             workers=_workers(args.workers),
+            queue_size=QUEUE_SIZE,
             diagnosis_timeout_s=parse_duration(args.diagnosis_timeout),
             max_body_bytes=args.max_body_bytes,
             params=params,
@@ -88,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         if not request_timeout > 0:
             raise ValueError(f"--request-timeout: a duration above 0, got {args.request_timeout!r}")
         limits = ServerLimits(request_timeout_s=request_timeout)
+        _max_stored(args.max_stored)
     except ValueError as exc:
         return fail("serve", exc, 3)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -99,6 +108,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _max_stored(n: int) -> int:
+    if n < QUEUE_SIZE:
+        raise ValueError(
+            f"--max-stored: at least {QUEUE_SIZE}, the diagnosis queue's size (up to {QUEUE_SIZE} webhooks wait "
+            f"for their diagnosis, and the store holds each of them until it is done), got {n}"
+        )
+    return n
 
 
 def _workers(n: int) -> int:
