@@ -23,14 +23,16 @@ Receive Alertmanager webhooks, diagnose every firing alert's instance and time w
 Prometheus with kvscope's rule engine, store the result and serve it back:
 
   POST /api/v1/alerts            point an Alertmanager webhook_config here
-  GET  /api/v1/diagnoses         recent webhooks with the likely cause of each alert
+  GET  /api/v1/diagnoses         recent webhooks with the likely cause of each alert (paged)
   GET  /api/v1/diagnoses/<id>    the enriched payload (findings, evidence, levers)
   GET  /metrics                  the receiver's own counters
 
 The alerts come from kvscope's generated rule files (kvscope rules build; docs/alerting.md);
 the diagnosis reads the engines' own series and the agent's kvscope_* series from the same
 Prometheus. With --forward-url the enriched payload is POSTed on (to a chat bridge, an
-incident tool, another webhook).
+incident tool, another webhook). An alert whose Prometheus could not be read is stored and
+forwarded as "not diagnosed: <reason>" (status not_diagnosed), never as an all-clear.
+Exit status: 1 cannot listen, 3 bad usage.
 
 example:
   kvscope serve --prometheus http://127.0.0.1:9090 --forward-url http://127.0.0.1:8080/hook
