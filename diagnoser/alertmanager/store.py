@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS diagnoses (
 _SELECT = "SELECT id, received_at, status, alertnames, payload, forward FROM diagnoses"
 SUMMARY_ALERTS = 50
 """Alerts summarised per webhook in a listing (as many as are diagnosed: payload.MAX_ALERTS)."""
-SUMMARY_CHARS = 300
+SUMMARY_CHARS = 1000
 """Characters kept of each text in a listing's summary (alert names, headlines, summaries)."""
 
 
