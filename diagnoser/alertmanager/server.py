@@ -94,6 +94,7 @@ class WebhookServer:
         self.rules = rules if rules is not None else read_rules()
         self.levers = load_levers()
         self.queue: asyncio.Queue[int] | None = None  # row ids: the payloads wait in the store
+        self._admitting = 0  # webhooks being stored, their places in the queue held
         self.session: aiohttp.ClientSession | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._threads: dict[int, float] = {}  # diagnosis threads running: id -> deadline (monotonic)
@@ -149,20 +150,29 @@ class WebhookServer:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"body over {self.config.max_body_bytes} bytes")
-        assert self.queue is not None
-        if self.queue.full():  # before the body is decoded: a storm of webhooks costs no parse
+        if not self._room():  # before the body is decoded: a storm of webhooks costs no parse
             return _error(503, "diagnosis queue full; retry later", {"Retry-After": str(RETRY_AFTER_S)})
         try:
             doc = await asyncio.to_thread(parse_webhook, body)
         except WebhookError as exc:
             return _error(400, str(exc))
-        if self.queue.full():
+        if not self._room():
             return _error(503, "diagnosis queue full; retry later", {"Retry-After": str(RETRY_AFTER_S)})
-        row_id = await asyncio.to_thread(self.store.add, doc)
-        self.queue.put_nowait(row_id)  # no await since the check: the queue has room
+        self._admitting += 1  # its place in the queue is held while it is stored
+        try:
+            row_id = await asyncio.to_thread(self.store.add, doc)
+        finally:
+            self._admitting -= 1
+        assert self.queue is not None
+        self.queue.put_nowait(row_id)
         status = shown(doc.get("status", "?"))
         log.info("webhook %s received: %d alert(s), status %s", row_id, len(doc["alerts"]), status)
         return web.json_response({"id": row_id, "status": "pending"})
+
+    def _room(self) -> bool:
+        """The queue has a place for one more webhook, counting those being stored now."""
+        assert self.queue is not None
+        return self.queue.qsize() + self._admitting < self.queue.maxsize
 
     async def handle_list(self, request: web.Request) -> web.Response:
         """A page of at most MAX_PAGE webhooks, newest first, each with a bounded summary; `next`

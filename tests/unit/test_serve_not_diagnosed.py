@@ -137,21 +137,26 @@ def test_hostile_labels_reach_the_log_escaped_and_cut(caplog):
     assert any(line.startswith("alert B {instance=\\ud800}") for line in lines), lines
 
 
-def test_a_full_queue_answers_503_with_retry_after():
-    async def scenario() -> web.Response:
+def test_a_full_queue_answers_503_with_retry_after_and_concurrent_webhooks_never_overfill_it():
+    """Five webhooks at once for one place: one is queued, four get 503 with Retry-After (none a
+    500 from a queue overfilled while the others were being stored)."""
+
+    async def scenario() -> list[tuple[int, str | None]]:
         config = ServeConfig(prometheus_url=_dead_url(), queue_size=1, workers=1)
         server = WebhookServer(config, DiagnosisStore(":memory:"))
         async with TestClient(TestServer(server.app())) as client:
             for worker in server._workers:  # nothing takes from the queue: it fills
                 worker.cancel()
-            for _ in range(3):
-                resp = await client.post("/api/v1/alerts", data=_body(WEBHOOK))
-                if resp.status == 503:
-                    return resp
-        raise AssertionError("the queue never filled")
 
-    resp = asyncio.run(scenario())
-    assert resp.status == 503 and int(resp.headers["Retry-After"]) > 0
+            async def post() -> tuple[int, str | None]:
+                resp = await client.post("/api/v1/alerts", data=_body(WEBHOOK))
+                return resp.status, resp.headers.get("Retry-After")
+
+            return sorted(await asyncio.gather(*(post() for _ in range(5))), key=lambda r: r[0])
+
+    answers = asyncio.run(scenario())
+    assert [status for status, _ in answers] == [200, 503, 503, 503, 503], answers
+    assert all(int(after) > 0 for status, after in answers if status == 503)
 
 
 @pytest.mark.parametrize("n", ["0", "-5", "99"])
