@@ -179,9 +179,9 @@ class WebhookServer:
         (when more may follow) is the address of the next page (`before=<the last id>`)."""
         try:
             limit = min(max(int(request.query.get("limit", "50")), 1), MAX_PAGE)
-            before = int(request.query["before"]) if "before" in request.query else None
+            before = _row_id(request.query["before"]) if "before" in request.query else None
         except ValueError:
-            return _error(400, "limit and before must be integers")
+            return _error(400, "limit and before must be integers (before: a diagnosis id)")
         alertname = request.query.get("alertname")
 
         def page() -> str:
@@ -200,9 +200,9 @@ class WebhookServer:
 
     async def handle_get(self, request: web.Request) -> web.Response:
         try:
-            row_id = int(request.match_info["id"])
+            row_id = _row_id(request.match_info["id"])
         except ValueError:
-            return _error(400, "id must be an integer")
+            return _error(400, "id must be an integer from 0 to 2^63-1")
         text = await asyncio.to_thread(self.store.get_json, row_id)
         return _json(text) if text is not None else _error(404, "no such diagnosis")
 
@@ -549,6 +549,14 @@ def _unread(doc: dict[str, Any], why: str, status: str) -> dict[str, Any]:
             a = {**a, "kvscope": {"status": "resolved"}}
         alerts.append(a)
     return {**doc, "alerts": alerts, "kvscope_error": why, "kvscope_version": 1}
+
+
+def _row_id(text: str) -> int:
+    """A diagnosis id from a request: an integer SQLite can hold; ValueError otherwise."""
+    n = int(text)
+    if not 0 <= n < 1 << 63:
+        raise ValueError(f"id out of range: {text[:40]}")
+    return n
 
 
 def _json(text: str) -> web.Response:

@@ -82,3 +82,13 @@ def test_a_listing_asks_for_at_most_a_page():
             return (await (await client.get("/api/v1/diagnoses?limit=500")).json())["diagnoses"]
 
     assert len(asyncio.run(scenario())) == 100
+
+
+def test_ids_sqlite_cannot_hold_are_a_400_not_a_traceback():
+    async def scenario() -> list[int]:
+        server = WebhookServer(ServeConfig(prometheus_url=_dead_url()), DiagnosisStore(":memory:"))
+        async with TestClient(TestServer(server.app())) as client:
+            paths = [f"/api/v1/diagnoses/{10**30}", f"/api/v1/diagnoses?before={10**30}", "/api/v1/diagnoses/-1"]
+            return [(await client.get(path)).status for path in paths]
+
+    assert asyncio.run(scenario()) == [400, 400, 400]
