@@ -67,7 +67,9 @@ in full, about 2 s per 250 engines and hour of 15 s scrapes.
 {log_help}
 Exit status: 0 nothing at warning or critical fired (info findings may be printed),
 1 the worst finding is a warning, 2 the worst is critical, 3 bad usage, 4 the source could not
-be read or holds none of the signals any rule reads (not an all-clear).
+be read or holds none of the signals any rule reads (not an all-clear). A source that could not be
+read says "not diagnosed: <reason>" on stderr; with --json stdout holds
+{{"status": "not_diagnosed", "reason": ...}}.
 """
 
 HELP = HELP.format(log_help=LOG_HELP)
