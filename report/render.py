@@ -177,7 +177,7 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
     out.append(("Tenants", [NO_TENANTS] if tenants.empty else _table(tenants, TENANT_COLUMNS, "Tenant")))
     out += _efficiency_sections(report)
     out.append((CHANGES_TITLE, _changes_rows(report.changes)))
-    rows: list[list[str]] | list[str] = ["No findings this week."]
+    rows: list[list[str]] | list[str] = [no_findings_text(report)]
     if report.incidents:
         rows = [["Severity", "Finding", "Confidence", "Where", "Since", "Do now", "Fix for good"]] + [
             [
@@ -194,6 +194,33 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
     if report.counts:
         out.append(("Rules", [f"Diagnosis over the window: {c.text()}." for c in report.counts]))
     return out
+
+
+def no_findings_text(report: WeeklyReport) -> str:
+    """What the top findings say when there are none: an all-clear only when some diagnosis looked.
+    No diagnosis run (--store, --no-diagnose) or none whose rules could look at the week is "not
+    diagnosed", never "no findings"."""
+    if not report.counts:
+        return (
+            "Not diagnosed: no diagnosis was run over this source (a --store report and --no-diagnose "
+            "read the numbers only); not an all-clear."
+        )
+    blind = [
+        c
+        for c in report.counts
+        if c.rules and not c.fired and c.rules == c.not_evaluable + c.mechanism_off + c.overruled
+    ]
+    if len(blind) == len(report.counts):
+        return (
+            "Not diagnosed: none of the rules could look at the week (the source holds none of their "
+            "signals); not an all-clear."
+        )
+    if blind:
+        return (
+            f"No findings this week in the data diagnosed; {len(blind)} of {len(report.counts)} sources held "
+            "none of the rules' signals (not diagnosed)."
+        )
+    return "No findings this week."
 
 
 CHANGES_TITLE = "What changed this week and its effect at matched load"

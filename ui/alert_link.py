@@ -117,3 +117,21 @@ def stored_diagnosis(base: str, link: AlertLink, timeout_s: float = 5.0) -> tupl
         return None, "no stored diagnosis of this alert yet" if "404" in text else f"{url}: {text}"
     except ValueError as exc:
         return None, f"{url}: not JSON ({exc})"
+
+
+def stored_text(row: dict[str, Any]) -> tuple[str, bool]:
+    """(the stored diagnosis of an alert in one Markdown line, whether it was diagnosed): its
+    likely cause; for an alert whose data could not be read (`not_diagnosed`, `error`) or held
+    none of the rules' signals (`no_data`) its headline ("not diagnosed: <reason>"), never "no
+    rule fired"."""
+    ks = row.get("alert", {}).get("kvscope") or {}
+    status = str(ks.get("status", row.get("status")))
+    cause = ks.get("likely_cause") or {}
+    diagnosed = status == "diagnosed"
+    if cause:
+        what = str(cause.get("title") or cause.get("rule_id"))
+    elif diagnosed:
+        what = "no rule fired"
+    else:
+        what = str(ks.get("headline") or f"not diagnosed ({status})")
+    return f"**Stored diagnosis** (kvscope serve, #{row.get('id')}, {status}): {what}", diagnosed

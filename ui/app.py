@@ -133,8 +133,8 @@ def main() -> None:
             operating_page.render(_curves(source, recorded), source.describe())
             return
         data = _load(source)
-    except SourceError as exc:
-        st.error(str(exc))
+    except SourceError as exc:  # not read: said as such, never an empty page that reads healthy
+        st.error(f"Not diagnosed: {exc}")
         return
     if page == "Triage":
         triage_page.render(data, link)

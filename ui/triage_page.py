@@ -23,7 +23,7 @@ from kvscope.diagnoser.render import (
     what_text,
 )
 from kvscope.diagnoser.routing import router_line
-from kvscope.ui.alert_link import AlertLink, at_labels, serve_url, stored_diagnosis
+from kvscope.ui.alert_link import AlertLink, at_labels, serve_url, stored_diagnosis, stored_text
 from kvscope.ui.charts import UTC_CLOCK, incident_label, render_series_chart, time_scale
 from kvscope.ui.data import (
     TriageData,
@@ -211,11 +211,8 @@ def render_alert(data: TriageData, link: AlertLink) -> None:
     if row is None:
         st.caption(f"kvscope serve: {where}")
         return
-    ks = row.get("alert", {}).get("kvscope") or {}
-    cause = ks.get("likely_cause") or {}
-    title = cause.get("title") or cause.get("rule_id") or "no rule fired"
-    status = ks.get("status", row.get("status"))
-    st.markdown(f"**Stored diagnosis** (kvscope serve, #{row.get('id')}, {status}): {title}")
+    line, diagnosed = stored_text(row)
+    (st.markdown if diagnosed else st.warning)(line)
     st.caption(where)
 
 

@@ -6,7 +6,9 @@ at matched load and deltas, as `kvscope.diagnoser.curve.report.with_changes` att
 `headline` that names that change before the likely cause; then the findings at the alert's place
 (its `instance`, `model`, ... labels), `matched` (the finding of its own `rule_id`) and
 `likely_cause` (the top-ranked one there, which may be a cascade's earlier stage) and `actions`
-(its levers split into `do_now` and `fix`).
+(its levers split into `do_now` and `fix`). An alert whose window could not be read (Prometheus
+down, unresolvable, stalled) gets `not_diagnosed` instead: status and headline say so first, never
+an empty all-clear.
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ WEBHOOK_VERSION = "4"
 MAX_ALERTS = 50
 """Alerts diagnosed per webhook; the rest are stored marked `truncated` (Alertmanager groups
 can be large, and every diagnosis reads a window from Prometheus)."""
+
+NOT_DIAGNOSED = "not_diagnosed"
+"""The status of an alert (and a stored row) whose data could not be read: not an all-clear."""
+
+NO_DATA_HEADLINE = (
+    "no data: no rule could look at this window (Prometheus held none of their signals); not an all-clear"
+)
 
 PLACE_LABELS = ("instance", "model", "dp_rank", "role", "tenant", "gpu", "node")
 """Labels that locate a finding (docs/rules.md `by`); other alert labels are ignored when
@@ -92,7 +101,22 @@ def parse_alert(raw: Any, index: int = 0) -> Alert:
     starts = parse_time(raw.get("startsAt"))
     if starts is None:
         raise WebhookError(f"alerts[{index}].startsAt is missing")
-    return Alert(status, dict(labels), starts, parse_time(raw.get("endsAt")))
+    return Alert(status, utf8_labels(labels), starts, parse_time(raw.get("endsAt")))
+
+
+def utf8_labels(labels: dict[str, str]) -> dict[str, str]:
+    """Labels that encode as UTF-8: a lone surrogate (`"\\ud800"`, valid JSON, no valid text and
+    never a Prometheus label) is written out as the six characters `\\ud800`, so the reads and
+    log lines built from the alert work (Prometheus refuses U+FFFD in a query as an invalid rune)."""
+    return {_utf8(k): _utf8(v) for k, v in labels.items()}
+
+
+def _utf8(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def diagnosis_window(alert: Alert, now: float, before_s: float, max_s: float) -> tuple[float, float]:
@@ -193,11 +217,37 @@ def headline(changes: list[dict[str, Any]], likely: dict[str, Any] | None) -> st
     return "; ".join(parts) or "no change to the engines and no finding at this place"
 
 
+def not_diagnosed(reason: str, rule_id: str | None = None, window: list[float] | None = None) -> dict[str, Any]:
+    """The `kvscope` object of an alert whose data could not be read: status `not_diagnosed` and a
+    headline "not diagnosed: <reason>" first (what a chat message shows), no finding, and the
+    reason in `errors` as on a diagnosed alert."""
+    return {
+        "status": NOT_DIAGNOSED,
+        "headline": f"not diagnosed: {reason}",
+        **({"window": window} if window else {}),
+        "rule_id": rule_id,
+        "matched": None,
+        "likely_cause": None,
+        "findings": [],
+        "errors": [reason],
+    }
+
+
+def row_status(payload: dict[str, Any]) -> str:
+    """A stored webhook's status once its alerts are through: `not_diagnosed` when any alert in it
+    could not be diagnosed (a webhook is not an all-clear while one of its alerts went unread),
+    else `done`."""
+    alerts = payload.get("alerts", [])
+    unread = any(isinstance(a, dict) and (a.get("kvscope") or {}).get("status") == NOT_DIAGNOSED for a in alerts)
+    return NOT_DIAGNOSED if unread else "done"
+
+
 def window_status(diagnosis: dict[str, Any]) -> str:
     """`no_data` when no rule could look at the window (the source held none of their signals:
-    the CLI's exit 4), else `diagnosed` (looked; the findings may be empty)."""
+    the CLI's exit 4), `not_diagnosed` when the window was not read at all, else `diagnosed`
+    (looked; the findings may be empty)."""
     if "window" not in diagnosis:
-        return "diagnosed"
+        return NOT_DIAGNOSED
     return "no_data" if nothing_evaluable(msgspec.convert(diagnosis, Diagnosis)) else "diagnosed"
 
 

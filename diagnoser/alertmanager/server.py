@@ -4,8 +4,11 @@ Endpoints, status codes and the enriched payload: docs/alerting.md. `workers` ta
 webhooks in arrival order through the fleet path (diagnoser/pushdown/run.py), each within
 `diagnosis_timeout_s` (every Prometheus read inside it ends by then too); a bad webhook is a 400,
 a failed or timed-out diagnosis or forward is recorded on the stored row and the worker takes the
-next one; nothing raises into the event loop. /-/healthy answers 503 while a diagnosis thread runs
-on past its deadline (wedged), or a worker stopped.
+next one; nothing raises into the event loop. A webhook whose data could not be read is stored and
+forwarded `not_diagnosed`, never as an all-clear. The queue holds row ids (payloads stay in the
+store until their diagnosis starts); every store read and write, and every JSON encoding of a
+stored payload, runs on a thread, so /-/healthy answers while a large listing is built. It answers
+503 while a diagnosis thread runs on past its deadline (wedged), or a worker stopped.
 """
 
 from __future__ import annotations
@@ -27,13 +30,17 @@ from aiohttp import web
 from kvscope.agent.scrape.resolve import connector
 from kvscope.diagnoser.alertmanager.payload import (
     MAX_ALERTS,
+    NO_DATA_HEADLINE,
+    NOT_DIAGNOSED,
     Alert,
     WebhookError,
     diagnosis_window,
     full_place,
     instance_places,
+    not_diagnosed,
     parse_alert,
     parse_webhook,
+    row_status,
     select_findings,
     window_status,
 )
@@ -44,7 +51,7 @@ from kvscope.diagnoser.routing import router_decisions
 from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources import SourceError
-from kvscope.diagnoser.sources.http import LOOKUPS
+from kvscope.diagnoser.sources.http import LOOKUPS, printable
 from kvscope.diagnoser.sources.prometheus import PrometheusSource, scope_to_pool
 from kvscope.diagnoser.sources.window import Span, read_window
 
@@ -52,6 +59,12 @@ log = logging.getLogger("kvscope.serve")
 
 CHANGES_MARGIN_S = 5.0
 """The curve read for what changed ends this long before the diagnosis' deadline (findings kept)."""
+MAX_PAGE = 100
+"""Webhooks one GET /api/v1/diagnoses lists at most; `next` in the answer pages on."""
+RETRY_AFTER_S = 10
+"""Seconds a 503 for a full queue asks the sender to wait (`Retry-After`)."""
+LOG_CHARS = 200
+"""Characters of one outside text (a label, the webhook's status, an error) a log line keeps."""
 
 
 @dataclass
@@ -80,7 +93,8 @@ class WebhookServer:
         self.config, self.store = config, store
         self.rules = rules if rules is not None else read_rules()
         self.levers = load_levers()
-        self.queue: asyncio.Queue[tuple[int, dict[str, Any]]] | None = None
+        self.queue: asyncio.Queue[int] | None = None  # row ids: the payloads wait in the store
+        self._admitting = 0  # webhooks being stored, their places in the queue held
         self.session: aiohttp.ClientSession | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._threads: dict[int, float] = {}  # diagnosis threads running: id -> deadline (monotonic)
@@ -104,8 +118,8 @@ class WebhookServer:
     # ---------------------------------------------------------------- lifecycle
     async def _start(self, app: web.Application) -> None:
         self.queue = asyncio.Queue(maxsize=self.config.queue_size)
-        for row_id, doc in self.store.pending(self.config.queue_size):  # left over from a stop
-            self.queue.put_nowait((row_id, doc))
+        for row_id in self.store.pending(self.config.queue_size):  # left over from a stop
+            self.queue.put_nowait(row_id)
         self.session = aiohttp.ClientSession(connector=connector())
         self._workers = [asyncio.create_task(self._run_worker()) for _ in range(max(1, self.config.workers))]
 
@@ -136,31 +150,61 @@ class WebhookServer:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"body over {self.config.max_body_bytes} bytes")
+        if not self._room():  # before the body is decoded: a storm of webhooks costs no parse
+            return _error(503, "diagnosis queue full; retry later", {"Retry-After": str(RETRY_AFTER_S)})
         try:
-            doc = parse_webhook(body)
+            doc = await asyncio.to_thread(parse_webhook, body)
         except WebhookError as exc:
             return _error(400, str(exc))
+        if not self._room():
+            return _error(503, "diagnosis queue full; retry later", {"Retry-After": str(RETRY_AFTER_S)})
+        self._admitting += 1  # its place in the queue is held while it is stored
+        try:
+            row_id = await asyncio.to_thread(self.store.add, doc)
+        finally:
+            self._admitting -= 1
         assert self.queue is not None
-        if self.queue.full():
-            return _error(503, "diagnosis queue full; retry later")
-        row_id = self.store.add(doc)
-        self.queue.put_nowait((row_id, doc))
-        log.info("webhook %s received: %d alert(s), status %s", row_id, len(doc["alerts"]), doc.get("status", "?"))
+        self.queue.put_nowait(row_id)
+        status = shown(doc.get("status", "?"))
+        log.info("webhook %s received: %d alert(s), status %s", row_id, len(doc["alerts"]), status)
         return web.json_response({"id": row_id, "status": "pending"})
 
+    def _room(self) -> bool:
+        """The queue has a place for one more webhook, counting those being stored now."""
+        assert self.queue is not None
+        return self.queue.qsize() + self._admitting < self.queue.maxsize
+
     async def handle_list(self, request: web.Request) -> web.Response:
+        """A page of at most MAX_PAGE webhooks, newest first, each with a bounded summary; `next`
+        (when more may follow) is the address of the next page (`before=<the last id>`)."""
         try:
-            limit = min(max(int(request.query.get("limit", "50")), 1), 500)
+            limit = min(max(int(request.query.get("limit", "50")), 1), MAX_PAGE)
+            before = _row_id(request.query["before"]) if "before" in request.query else None
         except ValueError:
-            return _error(400, "limit must be an integer")
-        return web.json_response({"diagnoses": self.store.list(limit, request.query.get("alertname"))})
+            return _error(400, "limit and before must be integers (before: a diagnosis id)")
+        alertname = request.query.get("alertname")
+
+        def page() -> str:
+            rows = self.store.list(limit, alertname, before)
+            answer: dict[str, Any] = {"diagnoses": rows}
+            if len(rows) == limit:
+                query = {
+                    "limit": str(limit),
+                    "before": str(rows[-1]["id"]),
+                    **({"alertname": alertname} if alertname else {}),
+                }
+                answer["next"] = str(request.url.relative().with_query(query))
+            return json.dumps(answer)
+
+        return _json(await asyncio.to_thread(page))
 
     async def handle_get(self, request: web.Request) -> web.Response:
         try:
-            row = self.store.get(int(request.match_info["id"]))
+            row_id = _row_id(request.match_info["id"])
         except ValueError:
-            return _error(400, "id must be an integer")
-        return web.json_response(row) if row else _error(404, "no such diagnosis")
+            return _error(400, "id must be an integer from 0 to 2^63-1")
+        text = await asyncio.to_thread(self.store.get_json, row_id)
+        return _json(text) if text is not None else _error(404, "no such diagnosis")
 
     async def handle_latest(self, request: web.Request) -> web.Response:
         """The stable address of an alert's diagnosis: `?alertname=X&label.instance=Y...` gives the
@@ -172,8 +216,13 @@ class WebhookServer:
         labels = {k[len("label.") :]: v for k, v in request.query.items() if k.startswith("label.") and v}
         if len(labels) > 64:
             return _error(400, "at most 64 label.<name> parameters")
-        row = await asyncio.to_thread(self.store.latest, alertname, labels)
-        return web.json_response(row) if row else _error(404, f"no stored diagnosis of {alertname} with those labels")
+
+        def find() -> str | None:
+            row = self.store.latest(alertname, labels)
+            return None if row is None else json.dumps(row)
+
+        text = await asyncio.to_thread(find)
+        return _json(text) if text else _error(404, f"no stored diagnosis of {alertname} with those labels")
 
     async def handle_healthy(self, request: web.Request) -> web.Response:
         if any(worker.done() for worker in self._workers):
@@ -195,7 +244,7 @@ class WebhookServer:
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         try:
-            stored: int | None = self.store.count()
+            stored: int | None = await asyncio.to_thread(self.store.count)
         except sqlite3.Error:  # a broken store: the counters still answer, the gauge is absent
             stored = None
         return web.Response(
@@ -210,46 +259,43 @@ class WebhookServer:
     async def _run_worker(self) -> None:
         assert self.queue is not None
         while True:
-            row_id, doc = await self.queue.get()
+            row_id = await self.queue.get()
             try:
-                await self._work(row_id, doc)
+                await self._work(row_id)
+            except Exception:  # noqa: BLE001 - one bad webhook must not stop the worker
+                log.exception("diagnosis %s: could not be stored or forwarded", row_id)
+                self.counters["kvscope_webhook_diagnoses_total", "error"] += 1
             finally:
                 self.queue.task_done()
 
-    async def _work(self, row_id: int, doc: dict[str, Any]) -> None:
-        """One webhook: diagnosed within the deadline, stored, forwarded; any failure stored on its row."""
+    async def _work(self, row_id: int) -> None:
+        """One webhook: read from the store, diagnosed within the deadline, stored, forwarded. A
+        diagnosis given up (timeout) or failed is stored and forwarded as `not_diagnosed` / `error`
+        with its reason on every alert, never as an all-clear."""
+        doc = await asyncio.to_thread(self.store.payload, row_id)
+        if doc is None:
+            log.warning("diagnosis %s: its webhook is no longer stored; skipped", row_id)
+            return
         limit = self.config.diagnosis_timeout_s
         try:
-            try:
-                # reads end a second after the diagnosis is given up, so that its thread ends too
-                enriched = await asyncio.wait_for(self.enrich(doc, time.monotonic() + limit + 1.0), limit)
-            except TimeoutError:
-                self.counters["kvscope_webhook_diagnoses_total", "timeout"] += 1
-                why = f"the diagnosis did not finish within {limit:g} s (Prometheus slow or stalled?); not diagnosed"
-                log.warning("diagnosis %s: %s", row_id, why)
-                self._store_error(row_id, doc, why)
-                return
-            self.store.update(row_id, enriched)
-            self.counters["kvscope_webhook_diagnoses_total", "done"] += 1
-            if self.config.forward_url:
-                outcome = await self.forward(row_id, enriched)
-                self.store.set_forward(row_id, outcome)
-                self.counters["kvscope_webhook_forwards_total", outcome.split(" ")[0]] += 1
+            # reads end a second after the diagnosis is given up, so that its thread ends too
+            enriched = await asyncio.wait_for(self.enrich(doc, time.monotonic() + limit + 1.0), limit)
+            status = row_status(enriched)
+            result = "done" if status == "done" else NOT_DIAGNOSED
+        except TimeoutError:
+            why = f"the diagnosis did not finish within {limit:g} s (Prometheus slow or stalled?)"
+            log.warning("diagnosis %s: %s; not diagnosed", row_id, why)
+            enriched, status, result = _unread(doc, why, NOT_DIAGNOSED), NOT_DIAGNOSED, "timeout"
         except Exception as exc:  # noqa: BLE001 - one bad webhook must not stop the worker
             log.exception("diagnosis %s failed", row_id)
-            self.counters["kvscope_webhook_diagnoses_total", "error"] += 1
-            self._store_error(row_id, doc, f"{type(exc).__name__}: {exc}")
-
-    def _store_error(self, row_id: int, doc: dict[str, Any], why: str) -> None:
-        """The row marked `error`, the reason on the payload and on every alert in it."""
-        alerts = [
-            {**a, "kvscope": {"status": "error", "errors": [why]}} if isinstance(a, dict) else a
-            for a in doc.get("alerts", [])
-        ]
-        try:
-            self.store.update(row_id, {**doc, "alerts": alerts, "kvscope_error": why}, "error")
-        except sqlite3.Error:
-            log.exception("diagnosis %s: its error could not be stored", row_id)
+            why = f"internal error: {type(exc).__name__}: {printable(exc, 500)}"
+            enriched, status, result = _unread(doc, why, "error"), "error", "error"
+        self.counters["kvscope_webhook_diagnoses_total", result] += 1
+        await asyncio.to_thread(self.store.update, row_id, enriched, status)
+        if self.config.forward_url:
+            outcome = await self.forward(row_id, enriched)
+            await asyncio.to_thread(self.store.set_forward, row_id, outcome)
+            self.counters["kvscope_webhook_forwards_total", outcome.split(" ")[0]] += 1
 
     async def _in_thread(self, deadline: float | None, fn: Any, *args: Any) -> Any:
         """fn(*args) on a thread, registered until it returns (a thread cannot be cancelled: one
@@ -294,11 +340,12 @@ class WebhookServer:
         cache: dict[tuple[float, float], tuple[dict[str, Any], list[str]]] = {}
         alerts = []
         for i, raw in enumerate(doc["alerts"]):
-            alert = parse_alert(raw, i)
-            started = time.monotonic()
             if i >= MAX_ALERTS:
                 alerts.append({**raw, "kvscope": {"status": "truncated"}})
-            elif alert.status == "resolved":
+                continue
+            alert = parse_alert(raw, i)
+            started = time.monotonic()
+            if alert.status == "resolved":
                 alerts.append({**raw, "kvscope": {"status": "resolved"}})
             else:
                 alerts.append({**raw, "kvscope": await self._diagnose_alert(alert, now, cache, deadline)})
@@ -313,18 +360,20 @@ class WebhookServer:
         if window not in cache:
             cache[window] = await self._diagnose_window(*window, deadline=deadline)
         fleet, routers, places, errors = cache[window]
-        diagnosis: dict[str, Any] = {"likely_cause": None, "competing": [], "other": [], "skipped": []}  # unread
-        if fleet is not None:
-            place = full_place(alert, places)
-            pool = (place.get("model"), None if place.get("model") else place.get("instance"))
-            if (window, pool) not in cache:
-                cache[window, pool] = await self._with_changes(fleet, *window, deadline, *pool)
-            found, change_errors, scope = cache[window, pool]
-            diagnosis, errors = {**found.to_dict(), **routers}, errors + change_errors
+        if fleet is None:  # Prometheus could not be read: said first, never an empty all-clear
+            return not_diagnosed("; ".join(errors), alert.labels.get("rule_id"), list(window))
+        place = full_place(alert, places)
+        pool = (place.get("model"), None if place.get("model") else place.get("instance"))
+        if (window, pool) not in cache:
+            cache[window, pool] = await self._with_changes(fleet, *window, deadline, *pool)
+        found, change_errors, scope = cache[window, pool]
+        diagnosis = {**found.to_dict(), **routers}
         out = select_findings(diagnosis, alert, places)
-        if fleet is not None:
-            out["changes_read"] = scope
-        return {"status": window_status(diagnosis), "window": list(window), **out, "errors": errors}
+        out["changes_read"] = scope
+        status = window_status(diagnosis)
+        if status == "no_data" and not out["findings"]:
+            out["headline"] = NO_DATA_HEADLINE
+        return {"status": status, "window": list(window), **out, "errors": errors + change_errors}
 
     async def _diagnose_window(
         self, start: float, end: float, deadline: float | None = None
@@ -388,7 +437,7 @@ class WebhookServer:
     async def forward(self, row_id: int, payload: dict[str, Any]) -> str:
         """POST the enriched payload; returns what happened (stored on the row)."""
         assert self.session is not None and self.config.forward_url
-        body = json.dumps({"kvscope_id": row_id, **payload})
+        body = await asyncio.to_thread(json.dumps, {"kvscope_id": row_id, **payload})
         last = ""
         for attempt in range(self.config.forward_attempts):
             try:
@@ -457,13 +506,21 @@ def _lookup_lines() -> list[str]:
     ]
 
 
+def shown(text: object, limit: int = LOG_CHARS) -> str:
+    """Outside text (an alert's labels, a webhook's fields, an error that may echo them) as a log
+    line may carry it: control characters and escape sequences shown as `?`, on one line
+    (`printable`), a lone surrogate as U+FFFD, at most `limit` characters."""
+    return printable(text, limit).encode("utf-8", "replace").decode("utf-8")
+
+
 def _log_alert(alert: Alert, answer: dict[str, Any], seconds: float) -> None:
-    """One line per alert: its name and place, what kvscope made of it, and how long it took."""
-    name = alert.labels.get("alertname", "?")
-    place = ",".join(f"{k}={v}" for k, v in sorted(alert.place().items())) or "fleet"
+    """One line per alert: its name and place, what kvscope made of it, and how long it took;
+    every outside text in it through `shown`."""
+    name = shown(alert.labels.get("alertname", "?"))
+    place = ",".join(f"{shown(k, 60)}={shown(v)}" for k, v in sorted(alert.place().items())) or "fleet"
     status = answer.get("status", "?")
     likely = (answer.get("likely_cause") or {}).get("rule_id", "-")
-    errors = answer.get("errors") or []
+    errors = [shown(e, 500) for e in answer.get("errors") or []]
     level = logging.WARNING if errors else logging.INFO
     log.log(
         level,
@@ -477,8 +534,38 @@ def _log_alert(alert: Alert, answer: dict[str, Any], seconds: float) -> None:
     )
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _unread(doc: dict[str, Any], why: str, status: str) -> dict[str, Any]:
+    """The webhook as stored and forwarded when its diagnosis was given up or failed: every firing
+    alert `not_diagnosed` (or `error`) with the reason in its headline, the reason on the payload."""
+    alerts = []
+    for i, a in enumerate(doc.get("alerts", [])):
+        if i >= MAX_ALERTS and isinstance(a, dict):
+            a = {**a, "kvscope": {"status": "truncated"}}
+        elif isinstance(a, dict) and a.get("status") == "firing":
+            labels = a.get("labels")
+            rule_id = labels.get("rule_id") if isinstance(labels, dict) else None
+            a = {**a, "kvscope": {**not_diagnosed(why, rule_id), "status": status}}
+        elif isinstance(a, dict):
+            a = {**a, "kvscope": {"status": "resolved"}}
+        alerts.append(a)
+    return {**doc, "alerts": alerts, "kvscope_error": why, "kvscope_version": 1}
+
+
+def _row_id(text: str) -> int:
+    """A diagnosis id from a request: an integer SQLite can hold; ValueError otherwise."""
+    n = int(text)
+    if not 0 <= n < 1 << 63:
+        raise ValueError(f"id out of range: {text[:40]}")
+    return n
+
+
+def _json(text: str) -> web.Response:
+    """A JSON answer encoded off the event loop (`text`, already JSON)."""
+    return web.Response(text=text, content_type="application/json")
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
 
 
 def _floor(t: float, step: float) -> float:

@@ -67,7 +67,9 @@ in full, about 2 s per 250 engines and hour of 15 s scrapes.
 {log_help}
 Exit status: 0 nothing at warning or critical fired (info findings may be printed),
 1 the worst finding is a warning, 2 the worst is critical, 3 bad usage, 4 the source could not
-be read or holds none of the signals any rule reads (not an all-clear).
+be read or holds none of the signals any rule reads (not an all-clear). A source that could not be
+read says "not diagnosed: <reason>" on stderr; with --json stdout holds
+{{"status": "not_diagnosed", "reason": ...}}.
 """
 
 HELP = HELP.format(log_help=LOG_HELP)
@@ -176,13 +178,23 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
     except SourceError as exc:
         kind = "prometheus" if args.prometheus else "agent" if args.agent else ""
         url = args.prometheus or args.agent
-        return fail("diagnose", source_hint(kind, url, str(exc)) if url else exc, EXIT_SOURCE)
+        return _not_diagnosed(args, source_hint(kind, url, str(exc)) if url else str(exc))
     except (EOFError, zlib.error) as exc:
-        return fail("diagnose", f"recording {args.recording} is truncated or corrupt: {exc}", EXIT_SOURCE)
+        return _not_diagnosed(args, f"recording {args.recording} is truncated or corrupt: {exc}")
     except ValueError as exc:
         return fail("diagnose", exc, EXIT_USAGE)
     result = diagnose(frame, rules, params=params, source=source.description, time_scale=args.time_scale)
     return _finish(args, source, _with_changes(source, result, start, end, step))
+
+
+def _not_diagnosed(args: argparse.Namespace, why: str) -> int:
+    """The source could not be read: "not diagnosed: <why>" on stderr, with --json also
+    `{"status": "not_diagnosed", "reason": ...}` on stdout (never an empty all-clear); exit 4."""
+    if args.json:
+        import json
+
+        print(json.dumps({"status": "not_diagnosed", "reason": why.splitlines()[0] if why else why}))
+    return fail("diagnose", f"not diagnosed: {why}", EXIT_SOURCE)
 
 
 def _with_changes(source: Source, result: Diagnosis, start: float | None, end: float | None, step: float) -> Diagnosis:

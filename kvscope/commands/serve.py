@@ -15,19 +15,24 @@ from kvscope.commands._params import add_param_flag, parse_params
 if TYPE_CHECKING:
     from kvscope.agent.config import ServerLimits
 
+QUEUE_SIZE = 100
+"""Webhooks waiting for a diagnosis at most (more: 503 with Retry-After); --max-stored's floor."""
+
 DESCRIPTION = """\
 Receive Alertmanager webhooks, diagnose every firing alert's instance and time window from
 Prometheus with kvscope's rule engine, store the result and serve it back:
 
   POST /api/v1/alerts            point an Alertmanager webhook_config here
-  GET  /api/v1/diagnoses         recent webhooks with the likely cause of each alert
+  GET  /api/v1/diagnoses         recent webhooks with the likely cause of each alert (paged)
   GET  /api/v1/diagnoses/<id>    the enriched payload (findings, evidence, levers)
   GET  /metrics                  the receiver's own counters
 
 The alerts come from kvscope's generated rule files (kvscope rules build; docs/alerting.md);
 the diagnosis reads the engines' own series and the agent's kvscope_* series from the same
 Prometheus. With --forward-url the enriched payload is POSTed on (to a chat bridge, an
-incident tool, another webhook).
+incident tool, another webhook). An alert whose Prometheus could not be read is stored and
+forwarded as "not diagnosed: <reason>" (status not_diagnosed), never as an all-clear.
+Exit status: 1 cannot listen, 3 bad usage.
 
 example:
   kvscope serve --prometheus http://127.0.0.1:9090 --forward-url http://127.0.0.1:8080/hook
@@ -43,7 +48,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "SQLite file for the enriched webhooks, apart from the agent's history (kvscope.db); ':memory:' keeps none"
     )
     p.add_argument("--store", default="kvscope-diagnoses.db", metavar="FILE", help=store_help)
-    p.add_argument("--max-stored", type=int, default=1000, metavar="N", help="keep the newest N webhooks")
+    stored_help = (
+        f"keep the newest N webhooks, at least {QUEUE_SIZE} (the diagnosis queue's size: a webhook waiting "
+        "for its diagnosis is never deleted)"
+    )
+    p.add_argument("--max-stored", type=int, default=1000, metavar="N", help=stored_help)
     p.add_argument(
         "--step",
         default="15s",
@@ -80,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
             step_s=parse_duration(args.step),
             before_s=parse_duration(args.before),
             workers=_workers(args.workers),
+            queue_size=QUEUE_SIZE,
             diagnosis_timeout_s=parse_duration(args.diagnosis_timeout),
             max_body_bytes=args.max_body_bytes,
             params=params,
@@ -88,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         if not request_timeout > 0:
             raise ValueError(f"--request-timeout: a duration above 0, got {args.request_timeout!r}")
         limits = ServerLimits(request_timeout_s=request_timeout)
+        _max_stored(args.max_stored)
     except ValueError as exc:
         return fail("serve", exc, 3)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -99,6 +110,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _max_stored(n: int) -> int:
+    if n < QUEUE_SIZE:
+        raise ValueError(
+            f"--max-stored: at least {QUEUE_SIZE}, the diagnosis queue's size (up to {QUEUE_SIZE} webhooks wait "
+            f"for their diagnosis, and the store holds each of them until it is done), got {n}"
+        )
+    return n
 
 
 def _workers(n: int) -> int:

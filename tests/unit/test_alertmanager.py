@@ -135,7 +135,10 @@ def test_at_place_ignores_labels_the_alert_does_not_carry():
 
 def test_store_is_bounded_and_lists_newest_first():
     store = DiagnosisStore(":memory:", max_rows=3)
-    ids = [store.add(WEBHOOK) for _ in range(5)]
+    ids = []
+    for _ in range(5):  # each diagnosed before the next arrives (a pending row is never trimmed)
+        ids.append(store.add(WEBHOOK))
+        store.update(ids[-1], WEBHOOK)
     assert store.count() == 3
     assert store.get(ids[0]) is None
     assert [d["id"] for d in store.list()] == ids[:1:-1]
@@ -163,7 +166,7 @@ def test_pending_webhooks_survive_a_restart(tmp_path):
     store.update(done, WEBHOOK)
     store.close()
     reopened = DiagnosisStore(path)
-    assert [row_id for row_id, _ in reopened.pending(10)] == [waiting]
+    assert reopened.pending(10) == [waiting]
     reopened.close()
 
 
@@ -206,12 +209,15 @@ def test_unreachable_prometheus_is_recorded_on_the_row_and_the_receiver_keeps_se
 
     row, healthy = asyncio.run(scenario())
     ks = row["payload"]["alerts"][0]["kvscope"]
-    assert row["status"] == "done" and healthy == 200
+    assert row["status"] == "not_diagnosed" and healthy == 200  # never `done`: nothing was read
     assert ks["matched"] is None and ks["errors"] and "prometheus" in ks["errors"][0]
+    assert ks["status"] == "not_diagnosed" and ks["headline"] == f"not diagnosed: {ks['errors'][0]}"
     lines = [r.getMessage() for r in caplog.records if r.name == "kvscope.serve"]
     assert any(f"webhook {row['id']} received: 1 alert(s), status firing" in line for line in lines)
     alert_line = next(line for line in lines if line.startswith("alert LlmKvPressurePreemption {instance=e0:8000}"))
-    assert " s, error: " in alert_line and "prometheus" in alert_line  # one line per alert, timed, with the error
+    assert (
+        ": not_diagnosed, " in alert_line and " s, error: " in alert_line and "prometheus" in alert_line
+    )  # one line per alert, timed, with the error
     assert any(line.startswith("shutting down: 0 webhook(s) not yet diagnosed") for line in lines)
 
 
@@ -230,7 +236,7 @@ def test_a_window_no_rule_could_look_at_is_no_data_not_diagnosed():
     assert window_status(blind.to_dict()) == "no_data"
     looked = Diagnosis(window=(0.0, 60.0), source="p", likely_cause=None, skipped=blind.skipped[:1], rules_evaluated=2)
     assert window_status(looked.to_dict()) == "diagnosed"  # one rule looked and found nothing
-    assert window_status({"likely_cause": None, "skipped": []}) == "diagnosed"  # unread: errors say why
+    assert window_status({"likely_cause": None, "skipped": []}) == "not_diagnosed"  # unread: never an all-clear
 
 
 def test_nested_json_at_any_depth_is_a_400_and_every_answer_is_counted():

@@ -411,3 +411,18 @@ def test_diagnose_keeps_the_findings_when_what_changed_cannot_be_read(capsys, mo
     out, err = capsys.readouterr()
     assert code == 2 and '"likely_cause": {' in out  # 2: a rule fired
     assert "what changed in the window could not be read: agent http://127.0.0.1:9" in err and "Traceback" not in err
+
+
+def test_diagnose_an_unreachable_prometheus_says_not_diagnosed_in_text_and_json(capsys):
+    """Issue 57: exit 4 with "not diagnosed: <reason>"; with --json stdout says so too (it was empty)."""
+    import json
+
+    url = f"http://127.0.0.1:{_closed_port()}"
+    code = main(["diagnose", "--prometheus", url, "--since", "30m", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 4 and "not diagnosed: prometheus" in err and "cannot connect" in err and "Traceback" not in err
+    answer = json.loads(out)
+    assert answer["status"] == "not_diagnosed" and "cannot connect" in answer["reason"]
+    assert main(["diagnose", "--prometheus", url, "--since", "30m"]) == 4
+    out, err = capsys.readouterr()
+    assert out == "" and "not diagnosed: prometheus" in err

@@ -453,3 +453,24 @@ def test_efficiency_sections_say_not_exported_instead_of_zero():
     assert "device (GPU prefix cache)" in tiers  # the fleet's prefix-cache hits, with no per-source split
     full = render_markdown(build_report(report_frame(_efficiency_samples()), END, 2.0, "test"))
     assert "| m1 / unified | 1.0 | 2.5 |" in full and "(est.)" in full and "lmcache tier (loaded)" in full
+
+
+def test_top_findings_say_not_diagnosed_when_no_diagnosis_looked():
+    """Issue 57: a --store report (no diagnosis run) or one whose rules could not look at the week
+    printed "No findings this week." - an all-clear where nothing was judged."""
+    from kvscope.diagnoser.findings import Diagnosis, Skipped
+
+    frame = report_frame(_fleet())
+    blind = Diagnosis(
+        window=(0.0, 1.0),
+        source="s",
+        likely_cause=None,
+        skipped=(Skipped("a", "signal(s) absent: x"),),
+        rules_evaluated=1,
+    )
+    looked = Diagnosis(window=(0.0, 1.0), source="s", likely_cause=None, rules_evaluated=1)
+    unread = render_markdown(build_report(frame, END, 2.0, "store s"))
+    assert "Not diagnosed: no diagnosis was run over this source" in unread and "No findings this week" not in unread
+    none_looked = render_markdown(build_report(frame, END, 2.0, "s", diagnoses=[blind]))
+    assert "Not diagnosed: none of the rules could look at the week" in none_looked
+    assert "No findings this week." in render_markdown(build_report(frame, END, 2.0, "s", diagnoses=[looked]))

@@ -47,6 +47,7 @@ def test_a_stalled_prometheus_times_the_diagnosis_out_on_the_stored_alert_and_th
         ks = row["payload"]["alerts"][0]["kvscope"]
         # the diagnosis given up at 1.5 s (or, on a loop stalled past that, its read cut at 2.5 s)
         assert "did not finish within 1.5 s" in ks["errors"][0] or "no complete answer within" in ks["errors"][0], ks
+        assert row["status"] == ks["status"] == "not_diagnosed" and ks["headline"].startswith("not diagnosed: "), ks
     assert "kvscope_webhook_diagnoses_total" in metrics
 
 

@@ -162,6 +162,20 @@ def test_missing_recording_is_a_clear_error(monkeypatch, tmp_path):
     assert "does not exist" in at.error[0].value
 
 
+def test_an_unreachable_prometheus_reads_not_diagnosed(monkeypatch):
+    """Issue 57: the triage page of a Prometheus nothing listens at says "Not diagnosed: <reason>"."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    at = _app(monkeypatch, None)
+    monkeypatch.setenv(ui_data.ENV["prometheus"], dead)
+    at = at.run()
+    assert not at.exception and not at.success
+    assert at.error[0].value.startswith("Not diagnosed: ") and "cannot connect" in at.error[0].value
+
+
 def test_no_source_explains_how_to_start(monkeypatch):
     at = _app(monkeypatch, None).run()
     assert "kvscope ui --recording" in at.error[0].value
