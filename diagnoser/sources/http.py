@@ -344,13 +344,13 @@ def _mapped(exc: BaseException, what: str, timeout_s: float, deadline: Deadline)
     if isinstance(late, ResolveTimeout):
         return FetchError(
             f"{what}: the host name {printable(late.host, 200)} did not resolve within {timeout_s:.3g} s (the DNS "
-            "resolver is slow or unreachable; check the name and the resolver, or raise --timeout)",
+            "resolver is slow or unreachable; check the name and the resolver, or raise the read timeout: --timeout)",
             timed_out=True,
         )
     if deadline.expired or isinstance(exc, TimeoutError) or "timed out" in str(exc):
         return FetchError(
             f"{what}: no complete answer within {timeout_s:.3g} s (the server is slow or stalled; "
-            "raise --timeout, narrow the window or raise --step)",
+            "raise the read timeout (--timeout), narrow the window or raise --step)",
             timed_out=True,
         )
     return FetchError(f"{what}: {_failure(exc)}")

@@ -8,7 +8,7 @@ import logging
 import signal
 from typing import TYPE_CHECKING
 
-from kvscope.commands._checks import check_http_url, parse_listen
+from kvscope.commands._checks import check_http_url, parse_listen, parse_seconds
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._params import add_param_flag, parse_params
 
@@ -63,6 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=2, metavar="N", help="webhooks diagnosed at once")
     timeout_help = "one webhook's whole diagnosis, every Prometheus read in it included; later: recorded as an error"
     p.add_argument("--diagnosis-timeout", default="2m", metavar="DURATION", help=timeout_help)
+    query_help = "one Prometheus read, connect to last byte; later: that read fails and the alert is not diagnosed"
+    p.add_argument("--timeout", default="30s", metavar="DURATION", help=query_help)
     request_help = "a webhook's body must arrive whole within this of its head; later: 408, connection closed"
     p.add_argument("--request-timeout", default="60s", metavar="DURATION", help=request_help)
     body_help = "largest webhook body accepted; larger gets 413"
@@ -91,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
             workers=_workers(args.workers),
             queue_size=QUEUE_SIZE,
             diagnosis_timeout_s=parse_duration(args.diagnosis_timeout),
+            query_timeout_s=parse_seconds("--timeout", args.timeout),
             max_body_bytes=args.max_body_bytes,
             params=params,
         )

@@ -203,3 +203,14 @@ def test_a_lone_surrogate_in_a_label_is_diagnosed_in_full_against_a_real_prometh
     assert ks["errors"] == [] and ks["changes_read"] == "every pool", ks
     assert ks["status"] == "no_data" and ks["headline"].startswith("no data: "), ks  # an empty TSDB: not an all-clear
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+@pytest.mark.parametrize("value", ["0s", "abc"])
+def test_a_read_timeout_that_is_not_a_positive_duration_is_a_usage_error(value):
+    """The read timeout that an unread alert's reason tells the user to raise is serve's --timeout."""
+    argv = ["serve", "--prometheus", "http://127.0.0.1:9090", "--store", ":memory:", "--listen", "127.0.0.1:0"]
+    done = subprocess.run(
+        [sys.executable, "-m", "kvscope", *argv, "--timeout", value], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 3, done.stderr
+    assert "--timeout" in done.stderr
