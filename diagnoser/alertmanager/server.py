@@ -26,6 +26,9 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from kvscope.agent.scrape.resolve import connector
 from kvscope.diagnoser.alertmanager.payload import (
@@ -460,7 +463,11 @@ class WebhookServer:
 CLOSED_METRIC = "kvscope_connections_closed_total"
 _METRICS = {
     "kvscope_webhook_requests_total": ("code", "Webhook POSTs by HTTP status answered."),
-    "kvscope_webhook_diagnoses_total": ("result", "Webhooks diagnosed (done), failed (error) or timed out (timeout)."),
+    "kvscope_webhook_diagnoses_total": (
+        "result",
+        "Webhooks diagnosed (done), not diagnosed for a source not read (not_diagnosed), "
+        "failed (error) or timed out (timeout).",
+    ),
     "kvscope_webhook_forwards_total": ("result", "Enriched payloads forwarded (ok) or given up (failed)."),
     CLOSED_METRIC: ("reason", "Client connections the listener closed unserved, by reason (agent/serve/limits.py)."),
 }
@@ -469,41 +476,36 @@ _METRICS = {
 def render_metrics(
     counters: Counter[tuple[str, str]], queued: int, stored: int | None, closed: Counter[str] | None = None
 ) -> str:
-    """The receiver's own metrics in Prometheus text format 0.0.4; `closed`: connections its listener
-    closed unserved, by reason (agent/serve/limits.py), as the agent exports them."""
+    """The receiver's own metrics in Prometheus text format 0.0.4, written by prometheus_client;
+    `closed`: connections its listener closed unserved, by reason (agent/serve/limits.py), as the
+    agent exports them; the name lookups of its Prometheus reads (diagnoser/sources/http.py
+    LOOKUPS: a resolver that never answers shows as abandoned lookups that stay in flight)."""
     counters = counters + Counter({(CLOSED_METRIC, reason): n for reason, n in (closed or Counter()).items()})
-    lines = []
+    families: list[Metric] = []
     for name, (label, help_) in _METRICS.items():
-        lines += [f"# HELP {name} {help_}", f"# TYPE {name} counter"]
-        lines += [
-            f'{name}{{{label}="{value}"}} {n}' for (metric, value), n in sorted(counters.items()) if metric == name
-        ]
-    lines += [
-        "# HELP kvscope_webhook_queue_length Webhooks waiting for diagnosis.",
-        "# TYPE kvscope_webhook_queue_length gauge",
-        f"kvscope_webhook_queue_length {queued}",
-    ]
-    lines += _lookup_lines()
+        family = CounterMetricFamily(name, help_, labels=[label])
+        for (metric, value), n in sorted(counters.items()):
+            if metric == name:
+                family.add_metric([value], n)
+        families.append(family)
+    families.append(GaugeMetricFamily("kvscope_webhook_queue_length", "Webhooks waiting for diagnosis.", queued))
+    abandoned = "Name lookups given up at a read's deadline, left to the resolver."
+    families.append(CounterMetricFamily("kvscope_resolve_abandoned_total", abandoned, LOOKUPS.abandoned_total))
+    in_flight = f"Name lookups waiting on the resolver now (at most {LOOKUPS.limit})."
+    families.append(GaugeMetricFamily("kvscope_resolve_in_flight", in_flight, LOOKUPS.in_flight()))
     if stored is not None:
-        lines += [
-            "# HELP kvscope_webhook_stored Diagnoses kept in the store.",
-            "# TYPE kvscope_webhook_stored gauge",
-            f"kvscope_webhook_stored {stored}",
-        ]
-    return "\n".join(lines) + "\n"
+        families.append(GaugeMetricFamily("kvscope_webhook_stored", "Diagnoses kept in the store.", stored))
+    return generate_latest(_Families(families)).decode("utf-8")
 
 
-def _lookup_lines() -> list[str]:
-    """The name lookups of this process's Prometheus reads (diagnoser/sources/http.py LOOKUPS): a
-    resolver that never answers shows as abandoned lookups that stay in flight."""
-    return [
-        "# HELP kvscope_resolve_abandoned_total Name lookups given up at a read's deadline, left to the resolver.",
-        "# TYPE kvscope_resolve_abandoned_total counter",
-        f"kvscope_resolve_abandoned_total {LOOKUPS.abandoned_total}",
-        f"# HELP kvscope_resolve_in_flight Name lookups waiting on the resolver now (at most {LOOKUPS.limit}).",
-        "# TYPE kvscope_resolve_in_flight gauge",
-        f"kvscope_resolve_in_flight {LOOKUPS.in_flight()}",
-    ]
+class _Families(Collector):
+    """One exposition's metric families, for prometheus_client's writer."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
 
 
 def shown(text: object, limit: int = LOG_CHARS) -> str:

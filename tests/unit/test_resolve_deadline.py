@@ -216,8 +216,9 @@ def test_reads_of_one_name_share_its_lookup(stuck_resolver):
 
 
 def test_serve_exports_the_lookups_it_abandoned():
+    from kvscope.agent.scrape.exposition import parse_exposition
     from kvscope.diagnoser.alertmanager.server import render_metrics
 
-    text = render_metrics(Counter(), 0, None)
-    assert f"kvscope_resolve_abandoned_total {http.LOOKUPS.abandoned_total}\n" in text, text
-    assert f"kvscope_resolve_in_flight {http.LOOKUPS.in_flight()}\n" in text, text
+    values = {s.name: s.value for s in parse_exposition(render_metrics(Counter(), 0, None)).samples}
+    assert values["kvscope_resolve_abandoned_total"] == http.LOOKUPS.abandoned_total, values
+    assert values["kvscope_resolve_in_flight"] == http.LOOKUPS.in_flight(), values
