@@ -81,6 +81,33 @@ def test_staircase_knee_and_c_max_against_the_engine_truth():
     assert pc.changes == []  # one engine, one config, never restarted
 
 
+def _every(frame, k: int):
+    """The frame as if scraped every k-th time (counters and histograms are cumulative: exact)."""
+    from kvscope.diagnoser.evaluate.frame import Block, Frame
+
+    return Frame(ts=frame.ts[::k], blocks={n: Block(b.labels, b.values[:, ::k]) for n, b in frame.blocks.items()})
+
+
+@pytest.mark.parametrize("every", [1, 7, 15])
+def test_staircase_at_2_14_and_30_s_scrapes_places_every_busy_interval(every):
+    """The same staircase read at its 2 s scrapes and resampled to 14 s and 30 s (issue 55): the
+    engine's queue + inference sums integrate the requests in it over each interval, so no busy
+    interval is left out as having swung faster than it was scraped (the gauges alone left out
+    8 %, 17 % and 38 %), and where a level holds whole intervals (2 and 14 s) their concurrency is
+    the engine's polled in-flight mean within the tolerance the gauges are held to above."""
+    frame = _every(_frame(STAIRS), every)
+    (pc,) = pool_curves(frame)
+    assert pc.coarse_share == 0.0
+    assert pc.estimator["sum"] == "request_queue_seconds + request_inference_seconds"
+    assert pc.estimator["littles_law_weight"] > 0.5
+    meta, iv = _meta(STAIRS), pool_intervals(frame)[POOL]
+    t0 = meta["recorded_at_unix"]
+    for p in meta["phases"] if every < 15 else []:  # a 50 s level holds 0-1 whole 30 s intervals
+        inside = (iv.t_end - iv.step >= t0 + p["start_s"]) & (iv.t_end <= t0 + p["end_s"])
+        got = np.nanmean(iv.gauges[CONCURRENCY][inside])
+        assert got == pytest.approx(p["engine_in_flight_mean"], rel=0.3), (p["name"], every)
+
+
 CHANGES = "curve-vllm-config-changes"
 
 
