@@ -279,6 +279,10 @@ def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
         seconds, done, iv.little_sum = _little_sums(frame, index, n_t)
         if iv.little_sum is not None:
             little, little_err = little_concurrency(conc, seconds, done, drops, frame.step, half)
+            if half:  # where the span is cut (a scrape gap, the window's edge): the interval alone
+                alone, alone_err = little_concurrency(conc, seconds, done, drops, frame.step, 0)
+                cut = np.isnan(little)
+                little, little_err = np.where(cut, alone, little), np.where(cut, alone_err, little_err)
             # the gauges' mean misses what moves between its samples: at least the error of the
             # arrivals and finishes in the span (about two per finished request) placed anywhere
             # in their interval, sqrt(events / 12) / intervals

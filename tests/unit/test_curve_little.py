@@ -183,3 +183,22 @@ def test_without_a_running_cap_the_knee_is_the_p99_rule():
     pts = curve_points(pool_intervals(max_num_seqs_staircase())[POOL])
     assert knee(pts, running_max=None) == (None, [], None)
     assert knee(pts, running_max=16.0)[2] == "running_pinned"
+
+
+def test_a_scrape_gap_cuts_the_span_to_the_interval_itself():
+    """2 s scrapes, the gauge swinging 1 <-> 16, the sums saying 8 (requests of 2 s), and 3 scrapes
+    missing in the middle: the intervals next to the gap, whose 10 s span it cuts, are read from
+    their own sums, not left to the swinging gauge (which would leave them out as coarse)."""
+    n = 60
+    frame = with_sums(
+        synth([1.0, 16.0] * (n // 2), waiting=lambda c: 0.0, step=2.0), [8 * 2.0] * (n - 1), [8.0] * (n - 1)
+    )
+    blocks = {}
+    for name, b in frame.blocks.items():
+        v = b.values.copy()
+        v[:, 30:33] = np.nan
+        blocks[name] = Block(b.labels, v)
+    (pc,) = pool_curves(Frame(ts=frame.ts, blocks=blocks))
+    assert pc.coarse_share == 0.0
+    (pt,) = pc.points
+    assert pt.bucket == (7.0, 10.0) and pt.intervals == n - 1 - 4  # 4 intervals touch the gap
