@@ -202,3 +202,11 @@ def test_a_scrape_gap_cuts_the_span_to_the_interval_itself():
     assert pc.coarse_share == 0.0
     (pt,) = pc.points
     assert pt.bucket == (7.0, 10.0) and pt.intervals == n - 1 - 4  # 4 intervals touch the gap
+
+
+@pytest.mark.parametrize("dwell_s, step", [(10.0, 2.0), (20.0, 2.0), (90.0, 15.0), (180.0, 30.0)])
+def test_the_max_num_seqs_knee_at_other_dwells_and_scrapes(dwell_s, step):
+    """The same engine at 10 and 20 s per level scraped every 2 s, and at 90 and 180 s per level
+    scraped every 15 and 30 s: the knee within one load level of the saturation at 16."""
+    (pc,) = pool_curves(max_num_seqs_staircase(dwell_s=dwell_s, step=step))
+    assert pc.operating.knee_sign == "running_pinned" and 16 <= pc.operating.knee_concurrency <= 24
