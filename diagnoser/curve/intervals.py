@@ -34,10 +34,12 @@ WAITING = "engine_requests_waiting"
 WINDOW_S = 10.0
 """Gauges are read as their mean over the samples within about this span around an interval (at
 least its two ends): at a 2 s scrape, a request's arrival or finish moves the gauge more than
-the interval's load does."""
+the interval's load does. Little's law reads the same span (the interval alone where it is cut)."""
 CONCURRENCY = "concurrency"
-"""The curve's concurrency per instance: requests in the engine, running plus waiting where the
-engine exports its queue (the load a client's concurrency sweep offers, §8.2), else running."""
+"""The curve's concurrency per instance: the time-average requests in the engine (running plus
+waiting where the engine exports its queue: the load a client's concurrency sweep offers, §8.2;
+else running), from Little's law on the latency sums weighed with the gauges' mean where the
+engine exports such a sum (`little_concurrency`, `weigh`), from the gauges alone elsewhere."""
 Unit = tuple[str, str]  # (instance, dp_rank)
 
 
