@@ -16,7 +16,8 @@ LITTLE_SUMS = (("request_queue_seconds", "request_inference_seconds"), ("request
 """Histograms whose `_sum` integrates the time requests spend in the engine, in the order the
 curve prefers them (intervals.py, Little's law): queue + inference time (scheduler queue to last
 token: the time a request is counted in running + waiting), else end to end (arrival to finish,
-the API server's own part included). Each is read with its `_count` (the requests behind it)."""
+the API server's own part included). Each family's last histogram is read with its `_count` too
+(the requests behind the sum)."""
 GAUGES = (CONCURRENCY_SIGNAL, "engine_requests_waiting", "engine_kv_cache_usage_ratio")
 COUNTERS = ("engine_requests_finished_total", "engine_generation_tokens_total", "engine_preemptions_total")
 CONFIG_GAUGES = (
@@ -34,7 +35,8 @@ page_size): their value over time is the configuration over time."""
 SIGNALS = (
     frozenset({f"{h}_bucket" for h in HISTOGRAMS} | {f"{h}_count" for h in HISTOGRAMS} | set(GAUGES) | set(COUNTERS))
     | frozenset(CONFIG_GAUGES)
-    | frozenset(f"{h}_{part}" for hs in LITTLE_SUMS for h in hs for part in ("sum", "count"))
+    | frozenset(f"{h}_sum" for hs in LITTLE_SUMS for h in hs)
+    | frozenset(f"{hs[-1]}_count" for hs in LITTLE_SUMS)
 )
 
 
