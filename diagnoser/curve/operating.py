@@ -118,6 +118,18 @@ def _placed_by(s: set[str], others: bool) -> str | None:
     return None
 
 
+def _placements(
+    points: list[Point], p: KneeParams, running_max: float | None
+) -> tuple[list[Point], list[set[str]], list[str | None]]:
+    """(the measured buckets, the signs at each, the sign that would place a knee there)."""
+    dense = [pt for pt in points if not pt.sparse]
+    if len(dense) < 3:
+        return [], [], []
+    signs = _signs(dense, p, running_max)
+    others = any(pt.output_tokens_per_s is not None or pt.waiting is not None for pt in dense)
+    return dense, signs, [_placed_by(s, others) for s in signs]
+
+
 def knee(
     points: list[Point], p: KneeParams = KneeParams(), running_max: float | None = None
 ) -> tuple[float | None, list[str], str | None]:
@@ -125,12 +137,7 @@ def knee(
     when the data shows none; `running_max`: the most requests the window saw running (None: the
     running_pinned sign is not read). A knee at the lowest measured bucket is below the measured
     range: (None, [], None) as well (`knee_below_range` says so)."""
-    dense = [pt for pt in points if not pt.sparse]
-    if len(dense) < 3:
-        return None, [], None
-    signs = _signs(dense, p, running_max)
-    others = any(pt.output_tokens_per_s is not None or pt.waiting is not None for pt in dense)
-    placed = [_placed_by(s, others) for s in signs]
+    dense, signs, placed = _placements(points, p, running_max)
     for i in range(len(dense)):
         if placed[i] and (i + 1 == len(dense) or placed[i + 1]):
             return (None, [], None) if i == 0 else (dense[i].concurrency, sorted(signs[i]), placed[i])
@@ -139,12 +146,8 @@ def knee(
 
 def knee_below_range(points: list[Point], p: KneeParams = KneeParams(), running_max: float | None = None) -> bool:
     """Whether the lowest measured bucket and the next are saturated already (the knee is below them)."""
-    dense = [pt for pt in points if not pt.sparse]
-    if len(dense) < 3:
-        return False
-    signs = _signs(dense, p, running_max)
-    others = any(pt.output_tokens_per_s is not None or pt.waiting is not None for pt in dense)
-    return bool(_placed_by(signs[0], others) and _placed_by(signs[1], others))
+    _, _, placed = _placements(points, p, running_max)
+    return bool(placed and placed[0] and placed[1])
 
 
 def c_max(points: list[Point], slo_s: float) -> tuple[float | None, float | None, str]:
