@@ -13,7 +13,9 @@ of these signs that holds there (`knee_sign`), each read from what the engine ex
   while p50 stays within `flat_factor` of its level) with at least one other sign: throughput
   flattening (the marginal output tokens/s per added request falls below `flat_gain` of the first
   bucket's tokens/s per request), requests starting to wait (mean waiting >= `wait_min`),
-  preemptions, KV full; the divergence alone where the engine exports none of them.
+  preemptions, KV full; the divergence alone where the engine exports none of them;
+* `throughput_flat`: throughput gains flatten (as above) while requests wait (mean waiting >=
+  `wait_min`): queueing dominates and each added request buys little (the guide's Figure 8.1).
 
 The signs must hold at the next measured bucket too (the knee is a region). None when the data
 shows no knee, and None (with a note) when the lowest measured bucket is saturated already: the
@@ -65,7 +67,7 @@ class Operating:
         return asdict(self)
 
 
-PLACING = ("running_pinned", "kv_full", "p99_leaves_p50")
+PLACING = ("running_pinned", "kv_full", "p99_leaves_p50", "throughput_flat")
 """The signs that place a knee, in the order one is named when several hold at it."""
 
 
@@ -110,11 +112,13 @@ def _signs(points: list[Point], p: KneeParams, running_max: float | None = None)
 
 def _placed_by(s: set[str], others: bool) -> str | None:
     """The sign that places a knee at a bucket with signs s, or None."""
-    for sign in PLACING[:-1]:
+    for sign in PLACING[:2]:
         if sign in s:
             return sign
     if "p99_leaves_p50" in s and (len(s) >= 2 or not others):
         return "p99_leaves_p50"
+    if "throughput_flat" in s and "requests_wait" in s:
+        return "throughput_flat"
     return None
 
 

@@ -180,3 +180,32 @@ def test_config_changes_settings_read_as_the_flags_each_phase_ran_with():
             seen = frame.block(name).values[:, inside]
             assert set(np.unique(seen[~np.isnan(seen)])) == {value}, (phase["name"], name)
     assert not any("max_num_seqs" in name for name in frame.blocks)
+
+
+CAPPED = "curve-vllm-max-num-seqs"
+
+
+def test_the_knee_of_a_max_num_seqs_16_engine_is_within_one_level_of_saturation():
+    """Real vLLM with --max-num-seqs 16 under a 1 -> 48 stream staircase, 20 s per level, 2 s
+    scrapes (issue 55). Truth from the recorder's own numbers (its poller once a second, its load
+    driver's request count): saturation is the first level where requests wait (mean >= 0.5) while
+    requests/s gain less than half the first level's requests/s per added stream (the YAML's
+    knee_after_run says why not the running cap). The knee lies between the poller's in-flight
+    means of the levels before and after it, placed by a sign the engine exports; the gauges alone
+    (every interval's concurrency from samples) would not place short requests on the curve."""
+    from kvscope.diagnoser.curve.operating import PLACING
+
+    levels = _meta(CAPPED)["phases"]
+    rps = [lv["requests"] / (lv["end_s"] - lv["start_s"]) for lv in levels]
+    per_stream = rps[0] / levels[0]["streams"]
+    sat = next(
+        i
+        for i in range(1, len(levels))
+        if levels[i]["engine_waiting_mean"] >= 0.5
+        and (rps[i] - rps[i - 1]) / (levels[i]["streams"] - levels[i - 1]["streams"]) < 0.5 * per_stream
+    )
+    assert levels[sat]["streams"] == 24
+    (pc,) = pool_curves(_frame(CAPPED))
+    op = pc.operating
+    below, above = levels[sat - 1]["engine_in_flight_mean"], levels[sat + 1]["engine_in_flight_mean"]
+    assert op.knee_sign in PLACING and below <= op.knee_concurrency <= above, (op, levels[sat]["name"])

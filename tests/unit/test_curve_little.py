@@ -178,11 +178,13 @@ def test_saturated_from_the_lowest_bucket_is_no_knee_and_says_why():
     assert any("below the measured range" in n for n in pc.operating.notes)
 
 
-def test_without_a_running_cap_the_knee_is_the_p99_rule():
-    """The records give no running gauge per bucket: running_pinned is not read, as before."""
+def test_without_a_running_cap_the_knee_is_placed_by_the_queue_and_flat_throughput():
+    """The records give no running gauge per bucket: running_pinned is not read, and the same
+    bucket is placed by requests waiting while throughput gains flatten."""
     pts = curve_points(pool_intervals(max_num_seqs_staircase())[POOL])
-    assert knee(pts, running_max=None) == (None, [], None)
-    assert knee(pts, running_max=16.0)[2] == "running_pinned"
+    with_cap = knee(pts, running_max=16.0)
+    assert with_cap[2] == "running_pinned"
+    assert knee(pts, running_max=None) == (with_cap[0], ["requests_wait", "throughput_flat"], "throughput_flat")
 
 
 def test_a_scrape_gap_cuts_the_span_to_the_interval_itself():
