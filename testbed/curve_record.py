@@ -6,6 +6,9 @@
   histogram over the level (raw /metrics text read at the level's start and end, bucket counts
   subtracted, quantiles by linear interpolation), plus the engine's mean running + waiting
   polled once a second.
+* `curve-vllm-max-num-seqs`: closed-loop levels of 1 -> 48 streams, 20 s each, on an engine that
+  runs at most 16 requests (`--max-num-seqs 16`): the knee's truth is where running pins at 16
+  while requests wait (the poller's running and waiting means per level).
 * `curve-vllm-config-changes`: one engine under the same closed-loop load through four phases,
   restarted on the same port between them: roomy KV (256 blocks) -> a much smaller KV budget
   (`--num-gpu-blocks-override 20`) -> roomy again -> roomy again (same flags, restarted).
@@ -53,6 +56,9 @@ ROOMY = VllmConfig(max_model_len=512, num_gpu_blocks=256, max_num_seqs=32, kv_ca
 TINY_KV = replace(ROOMY, num_gpu_blocks=20)  # 16 cannot hold one 512-token request (one block is vLLM's null block)
 STAIRS = (1, 2, 4, 8, 16)
 STAIR_S = 50.0
+CAPPED = replace(ROOMY, max_num_seqs=16)
+CAPPED_STAIRS = (1, 2, 4, 8, 16, 24, 32, 48)
+CAPPED_STAIR_S = 20.0
 PHASE_S = 80.0
 CHANGE_STREAMS = 10
 CHANGE_PHASES = (("roomy", ROOMY), ("tiny-kv", TINY_KV), ("roomy-again", ROOMY), ("same-restart", ROOMY))
@@ -62,14 +68,24 @@ SUMMARY = {
     "operating curve against two truths per level",
     "curve-vllm-config-changes": "one engine at 10 streams through 4 phases, restarted between them: roomy KV -> "
     "--num-gpu-blocks-override 20 -> roomy again -> roomy again (same flags)",
+    "curve-vllm-max-num-seqs": "one engine with --max-num-seqs 16, closed-loop levels of 1, 2, 4, 8, 16, 24, 32, 48 "
+    "streams (20 s each): the knee against where running pins at its cap while requests wait",
 }
 RULES_EXPECTED = {  # what the diagnosis rules should say (tests/unit/test_diagnose_recordings.py)
     "curve-vllm-staircase": "no warning",
+    "curve-vllm-max-num-seqs": "not judged here (the curve's knee is this recording's subject)",
     "curve-vllm-config-changes": [
         {"levers": ["K1", "K2", "K3"], "phase": "tiny-kv", "why": "20 KV blocks for 10 streams: KV full, preemptions"}
     ],
 }
 EXPECTED = {
+    "curve-vllm-max-num-seqs": {
+        "truth": "per level: the engine's running and waiting polled once a second (engine_running_mean, "
+        "engine_waiting_mean), its own TTFT histogram over the level, and the client's TTFT",
+        "knee": "saturation is the first level whose engine running mean is within one request of 16 with "
+        "requests waiting (mean >= 0.5); kvscope's knee lies within one level of it (between the in-flight "
+        "means of the levels before and after), placed by a sign the engine exports",
+    },
     "curve-vllm-staircase": {
         "truth": "per level: the engine's own TTFT histogram over the level (engine_ttft_*), and the load "
         "driver's client-side TTFT (client_ttft_*), both computed by testbed/curve_record.py",
@@ -146,12 +162,14 @@ class Poller(threading.Thread):
         while not self.stop.wait(1.0):
             try:
                 vals = GAUGE.findall(scrape(self.url))
-                self.samples.append((time.time(), sum(float(v) for _, v in vals)))
+                by = {k: sum(float(v) for name, v in vals if name == k) for k in ("running", "waiting")}
+                self.samples.append((time.time(), by["running"] + by["waiting"], by["running"], by["waiting"]))
             except OSError:
                 pass
 
-    def mean(self, t0: float, t1: float) -> float | None:
-        v = [x for t, x in self.samples if t0 <= t <= t1]
+    def mean(self, t0: float, t1: float, which: int = 1) -> float | None:
+        """Mean of running + waiting (which=1), running (2) or waiting (3) over [t0, t1]."""
+        v = [s[which] for s in self.samples if t0 <= s[0] <= t1]
         return round(sum(v) / len(v), 3) if v else None
 
 
@@ -176,6 +194,8 @@ def level(srv: VllmServer, streams: int, seconds: float, poller: Poller, seed: i
         "engine_ttft_p50_s": r4(quantile(0.5, before, after)),
         "engine_ttft_p99_s": r4(quantile(0.99, before, after)),
         "engine_in_flight_mean": poller.mean(t0, t1),
+        "engine_running_mean": poller.mean(t0, t1, 2),
+        "engine_waiting_mean": poller.mean(t0, t1, 3),
     }
 
 
@@ -197,7 +217,7 @@ def record(name: str, out_dir: Path) -> Path:
     work = Path(tempfile.mkdtemp(prefix="kvs-curve-"))
     rec_path = out_dir / f"{name}.om.gz"
     phases: list[dict] = []
-    cfg = ROOMY if name.endswith("staircase") else CHANGE_PHASES[0][1]
+    cfg = {"curve-vllm-staircase": ROOMY, "curve-vllm-max-num-seqs": CAPPED}.get(name, CHANGE_PHASES[0][1])
     srv = VllmServer(cfg, startup_timeout_s=900)
     _start(srv)
     try:
@@ -210,6 +230,10 @@ def record(name: str, out_dir: Path) -> Path:
         poller.start()
         if name.endswith("staircase"):
             phases = [level(srv, n, STAIR_S, poller, i) | {"name": f"streams-{n}"} for i, n in enumerate(STAIRS)]
+        elif name == "curve-vllm-max-num-seqs":
+            phases = [
+                level(srv, n, CAPPED_STAIR_S, poller, i) | {"name": f"streams-{n}"} for i, n in enumerate(CAPPED_STAIRS)
+            ]
         else:
             for i, (phase, c) in enumerate(CHANGE_PHASES):
                 if i:

@@ -38,7 +38,7 @@ def at_slo(pc: PoolCurve, slo_s: float) -> Operating:
     peak (what `kvscope curve --slo-ttft-p99` computes); the curve's own at the default SLO."""
     if slo_s == DEFAULT_SLO_TTFT_P99_S:
         return pc.operating
-    return operating_point(pc.points, pc.operating.peak_concurrency, slo_s)
+    return operating_point(pc.points, pc.operating.peak_concurrency, slo_s, running_max=pc.operating.running_max)
 
 
 def curve_rows(points: list[Point], side: str = "") -> pd.DataFrame:

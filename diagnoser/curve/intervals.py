@@ -1,10 +1,12 @@
 """A window as per-instance scrape intervals: what happened in each (t[i], t[i+1]] per engine.
 
 One row per (instance, interval) where the concurrency signal is present: the requests in the
-engine (running + waiting, the mean of the gauges around the interval: WINDOW_S), waiting and KV
-usage likewise, the reset-aware increases of the counters (a counter that drops was reset: the
-increase is the value after it, as in Prometheus) and of every histogram bucket. Absent stays
-NaN: a signal the engine does not export never reads as zero.
+engine over the interval (`little_concurrency`: Little's law on the latency histograms' sums,
+weighed against the gauges' mean by their uncertainty; the gauges alone where the engine exports
+no such sum), waiting and KV usage (the mean of the gauges around the interval: WINDOW_S), the
+reset-aware increases of the counters (a counter that drops was reset: the increase is the value
+after it, as in Prometheus) and of every histogram bucket. Absent stays NaN: a signal the engine
+does not export never reads as zero.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ import numpy as np
 
 from kvscope.agent.derive.rates import step_increases
 from kvscope.agent.signals import Labels
-from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, CONFIG_GAUGES, COUNTERS, GAUGES, HISTOGRAMS
+from kvscope.diagnoser.curve.window import (
+    CONCURRENCY_SIGNAL,
+    CONFIG_GAUGES,
+    COUNTERS,
+    GAUGES,
+    HISTOGRAMS,
+    LITTLE_SUMS,
+)
 from kvscope.diagnoser.evaluate.frame import Block, Frame
 
 Pool = tuple[str, str]  # (model, engine)
@@ -25,10 +34,12 @@ WAITING = "engine_requests_waiting"
 WINDOW_S = 10.0
 """Gauges are read as their mean over the samples within about this span around an interval (at
 least its two ends): at a 2 s scrape, a request's arrival or finish moves the gauge more than
-the interval's load does."""
+the interval's load does. Little's law reads the same span (the interval alone where it is cut)."""
 CONCURRENCY = "concurrency"
-"""The curve's concurrency per instance: requests in the engine, running plus waiting where the
-engine exports its queue (the load a client's concurrency sweep offers, §8.2), else running."""
+"""The curve's concurrency per instance: the time-average requests in the engine (running plus
+waiting where the engine exports its queue: the load a client's concurrency sweep offers, §8.2;
+else running), from Little's law on the latency sums weighed with the gauges' mean where the
+engine exports such a sum (`little_concurrency`, `weigh`), from the gauges alone elsewhere."""
 Unit = tuple[str, str]  # (instance, dp_rank)
 
 
@@ -46,6 +57,9 @@ class Intervals:
     counters: dict[str, np.ndarray] = field(default_factory=dict)  # increase in the interval
     hists: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # les, [rows, les]
     resets: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # a counter dropped
+    little_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))  # Little's law's share of it
+    little_sum: str | None = None  # the histogram sums Little's law read (None: gauges only)
+    running_max: float | None = None  # the running gauge's highest sample in the window (any unit)
 
     def take(self, mask: np.ndarray) -> Intervals:
         """The rows where mask holds."""
@@ -60,6 +74,9 @@ class Intervals:
             {k: v[mask] for k, v in self.counters.items()},
             {k: (les, v[mask]) for k, (les, v) in self.hists.items()},
             self.resets[mask],
+            self.little_weight[mask],
+            self.little_sum,
+            self.running_max,
         )
 
     def __len__(self) -> int:
@@ -137,6 +154,84 @@ def _histogram(block: Block | None, index: dict[Unit, int], n_t: int) -> tuple[n
     return les, out
 
 
+def _window_sum(x: np.ndarray, half: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per interval i: the sum of x over intervals i-half..i+half (within the window), how many of
+    them are present, and the grid points that open and close that span."""
+    n = x.shape[1]
+    lo = np.clip(np.arange(n) - half, 0, n)
+    hi = np.clip(np.arange(n) + half + 1, 0, n)
+    total = np.pad(np.cumsum(np.nan_to_num(x), axis=1), ((0, 0), (1, 0)))
+    present = np.pad(np.cumsum(~np.isnan(x), axis=1), ((0, 0), (1, 0)))
+    return total[:, hi] - total[:, lo], present[:, hi] - present[:, lo], lo, hi
+
+
+def _little_sums(frame: Frame, index: dict[Unit, int], n_t: int) -> tuple[np.ndarray, np.ndarray, str | None]:
+    """(seconds spent in the engine by the requests that finished in each interval, those requests)
+    per unit and interval, from the first of LITTLE_SUMS each unit exports; NaN where it exports none."""
+    seconds = np.full((len(index), n_t - 1), np.nan)
+    done = np.full((len(index), n_t - 1), np.nan)
+    used = []
+    for names in LITTLE_SUMS:
+        parts = [_counter(frame.block(f"{h}_sum"), index, n_t)[0] for h in names]
+        count = _counter(frame.block(f"{names[-1]}_count"), index, n_t)[0]
+        total = np.sum(parts, axis=0)  # NaN where any part is absent
+        fill = np.isnan(seconds).all(axis=1) & ~np.isnan(total).all(axis=1) & ~np.isnan(count).all(axis=1)
+        if fill.any():
+            seconds[fill], done[fill] = total[fill], count[fill]
+            used.append(" + ".join(names))
+    return seconds, done, ("; ".join(used) or None)
+
+
+def little_concurrency(
+    ends: np.ndarray, seconds: np.ndarray, done: np.ndarray, drops: np.ndarray, step: float, half: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Little's law per interval: (time-average requests in the engine, its standard error), over
+    the span of intervals i-half..i+half around interval i (the span the gauges are averaged over).
+
+    `seconds`: the increase of a latency histogram's sum in each interval; `done`: of its count;
+    `ends`: the requests in the engine at each grid point (the gauges). The integral of the requests
+    in the engine over a span is exactly the seconds the requests that finished in it spent in the
+    engine, plus the age of those in flight at its end, less the age of those in flight at its start
+    (before the span). The sum gives the first term; the ages are not exported. Estimated as
+    sum / span, the ages' difference is the error: it is zero in expectation at a steady load, and
+    its standard error is taken as that of N ages uniform in [0, W] at each edge (N the gauge there,
+    W the requests' mean time in the engine over the span): sqrt(N_start + N_end) W / sqrt(12) /
+    span. Exact where the engine is idle at both edges; the error shrinks as the span grows
+    against W. NaN where the span has no finished request (W unknown), a reset (the sums restarted)
+    or a missing value."""
+    total, present, lo, hi = _window_sum(seconds, half)
+    finished, _, _, _ = _window_sum(done, half)
+    dropped, _, _, _ = _window_sum(drops.astype(float), half)
+    span = (hi - lo) * step
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_w = np.where(finished > 0, total / finished, np.nan)
+        edge = ends[:, lo] + ends[:, hi]
+        value = total / span
+        err = np.sqrt(edge) * mean_w / np.sqrt(12.0) / span
+    idle_edges = edge == 0
+    err = np.where(idle_edges & ~np.isnan(value), 0.0, err)
+    bad = (present < (hi - lo)) | (dropped > 0) | np.isnan(err)
+    return np.where(bad, np.nan, value), np.where(bad, np.nan, err)
+
+
+def weigh(a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Two estimates of one quantity with their standard errors, combined by inverse variance:
+    (value, standard error, a's weight). Where one is missing, the other; where one is exact (zero
+    error), it alone; an estimate without an error counts only where the other is missing."""
+    has_a, has_b = ~np.isnan(a), ~np.isnan(b)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        wa = np.where(has_a, np.nan_to_num(np.where(sa == 0, np.inf, 1.0 / sa**2), nan=0.0, posinf=np.inf), 0.0)
+        wb = np.where(has_b, np.nan_to_num(np.where(sb == 0, np.inf, 1.0 / sb**2), nan=0.0, posinf=np.inf), 0.0)
+        share = np.where(
+            np.isinf(wa),
+            1.0,
+            np.where(np.isinf(wb), 0.0, np.where(wa + wb > 0, wa / (wa + wb), np.where(has_a, 1.0, 0.0))),
+        )
+        value = np.where(share == 1.0, a, np.where(share == 0.0, b, share * a + (1 - share) * b))
+        err = np.where(share == 1.0, sa, np.where(share == 0.0, sb, 1.0 / np.sqrt(wa + wb)))
+    return value, err, share
+
+
 def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
     """Each pool's intervals (model x engine, from the concurrency signal's labels)."""
     block = frame.block(CONCURRENCY_SIGNAL)
@@ -182,5 +277,24 @@ def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
                     iv.spread = np.nanstd(win, axis=1, ddof=1) / np.sqrt(n)
         iv.counters = {name: c[u_idx, i_idx] for name, c in counters.items()}
         iv.hists = {h: (les, arr[u_idx, :, i_idx]) for h, (les, arr) in hists.items()}
+        iv.little_weight = np.zeros(len(u_idx))
+        seconds, done, iv.little_sum = _little_sums(frame, index, n_t)
+        if iv.little_sum is not None:
+            little, little_err = little_concurrency(conc, seconds, done, drops, frame.step, half)
+            if half:  # where the span is cut (a scrape gap, the window's edge): the interval alone
+                alone, alone_err = little_concurrency(conc, seconds, done, drops, frame.step, 0)
+                cut = np.isnan(little)
+                little, little_err = np.where(cut, alone, little), np.where(cut, alone_err, little_err)
+            # the gauges' mean misses what moves between its samples: at least the error of the
+            # arrivals and finishes in the span (about two per finished request) placed anywhere
+            # in their interval, sqrt(events / 12) / intervals
+            finished, _, lo, hi = _window_sum(done, half)
+            floor = np.sqrt(2 * np.nan_to_num(finished) / 12.0) / (hi - lo)
+            gauge_err = np.fmax(iv.spread, floor[u_idx, i_idx])
+            iv.gauges[CONCURRENCY], iv.spread, iv.little_weight = weigh(
+                little[u_idx, i_idx], little_err[u_idx, i_idx], iv.gauges[CONCURRENCY], gauge_err
+            )
+        running_seen = running[~np.isnan(running)]
+        iv.running_max = float(running_seen.max()) if len(running_seen) else None
         out[pool] = iv
     return out

@@ -1,12 +1,25 @@
 """Where a pool operates on its curve ("Sizing LLM Inference for Production", §8.1 and §8.3).
 
-The knee (§8.1): the lowest concurrency from which TTFT p99 leaves p50 (p99/p50 grows by
-`spread_factor` over the lowest bucket's while p50 stays within `flat_factor` of its level),
-with at least one of the other signs the engine exports: throughput flattening (the marginal
-output tokens/s per added running request falls below `flat_gain` of the first bucket's tokens/s
-per request), requests starting to wait (mean waiting >= `wait_min`), preemptions; the
-divergence alone where the engine exports none of them. The signs must hold at the next measured
-bucket too (the knee is a region). None when the data shows no knee: it is never extrapolated.
+The knee (§8.1): the lowest concurrency from which the engine shows it is saturated, by the first
+of these signs that holds there (`knee_sign`), each read from what the engine exports:
+
+* `running_pinned`: the running batch at its limit while requests queue: mean running within one
+  request of the most the window ever saw running (`running_max`, the engine's cap: vLLM
+  --max-num-seqs, or what its KV cache admits) and mean waiting >= `wait_min`. The queue and the
+  batch's use move before latency does (the guide's leading indicator of the knee);
+* `kv_full`: KV usage at or above `kv_full` (the KV-pressure rules' "full") while requests wait or
+  are preempted: admission is bound by the KV cache;
+* `p99_leaves_p50`: TTFT p99 leaves p50 (p99/p50 grows by `spread_factor` over the lowest bucket's
+  while p50 stays within `flat_factor` of its level) with at least one other sign: throughput
+  flattening (the marginal output tokens/s per added request falls below `flat_gain` of the first
+  bucket's tokens/s per request), requests starting to wait (mean waiting >= `wait_min`),
+  preemptions, KV full; the divergence alone where the engine exports none of them;
+* `throughput_flat`: throughput gains flatten (as above) while requests wait (mean waiting >=
+  `wait_min`): queueing dominates and each added request buys little (the guide's Figure 8.1).
+
+The signs must hold at the next measured bucket too (the knee is a region). None when the data
+shows no knee, and None (with a note) when the lowest measured bucket is saturated already: the
+knee is below the measured range and is never extrapolated.
 C_max (§8.3): where TTFT p99 crosses the SLO, interpolated between the last bucket under it and
 the first over it; the usable RPS is the RPS there. The Little's Law gap (§8.3): the ceiling
 C_max / SLO over the usable RPS (under 2 the curve is consistent). Headroom: the window's peak
@@ -31,6 +44,8 @@ class KneeParams:
     flat_factor: float = 1.5
     flat_gain: float = 0.5
     wait_min: float = 0.5
+    kv_full: float = 0.9  # the KV-pressure rules' default kv_full (002 §9.3: target band 75-90 %)
+    pinned_slack: float = 1.0  # requests below the running cap still counted as pinned
 
 
 @dataclass
@@ -45,12 +60,18 @@ class Operating:
     headroom_to_knee: float | None  # knee / peak (below 1: the peak is past the knee)
     headroom_to_c_max: float | None
     notes: list[str] = field(default_factory=list)
+    knee_sign: str | None = None  # the sign that placed the knee (PLACING)
+    running_max: float | None = None  # the running_pinned sign's cap (None: not read)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _signs(points: list[Point], p: KneeParams) -> list[set[str]]:
+PLACING = ("running_pinned", "kv_full", "p99_leaves_p50", "throughput_flat")
+"""The signs that place a knee, in the order one is named when several hold at it."""
+
+
+def _signs(points: list[Point], p: KneeParams, running_max: float | None = None) -> list[set[str]]:
     base = points[0]
     p50_0, p99_0 = base.ttft_p50_s, base.ttft_p99_s
     per_req0 = base.output_tokens_per_s / base.concurrency if base.output_tokens_per_s is not None else None
@@ -80,22 +101,57 @@ def _signs(points: list[Point], p: KneeParams) -> list[set[str]]:
             s.add("requests_wait")
         if pt.preemptions_per_s is not None and pt.preemptions_per_s > 0:
             s.add("preemptions")
+        waits = "requests_wait" in s
+        if waits and running_max and pt.running is not None and pt.running >= running_max - p.pinned_slack:
+            s.add("running_pinned")
+        if pt.kv_usage is not None and pt.kv_usage >= p.kv_full and (waits or "preemptions" in s):
+            s.add("kv_full")
         out.append(s)
     return out
 
 
-def knee(points: list[Point], p: KneeParams = KneeParams()) -> tuple[float | None, list[str]]:
-    """The knee's concurrency and the signs seen there, or (None, []) when the data shows none."""
+def _placed_by(s: set[str], others: bool) -> str | None:
+    """The sign that places a knee at a bucket with signs s, or None."""
+    for sign in PLACING[:2]:
+        if sign in s:
+            return sign
+    if "p99_leaves_p50" in s and (len(s) >= 2 or not others):
+        return "p99_leaves_p50"
+    if "throughput_flat" in s and "requests_wait" in s:
+        return "throughput_flat"
+    return None
+
+
+def _placements(
+    points: list[Point], p: KneeParams, running_max: float | None
+) -> tuple[list[Point], list[set[str]], list[str | None]]:
+    """(the measured buckets, the signs at each, the sign that would place a knee there)."""
     dense = [pt for pt in points if not pt.sparse]
     if len(dense) < 3:
-        return None, []
-    signs = _signs(dense, p)
+        return [], [], []
+    signs = _signs(dense, p, running_max)
     others = any(pt.output_tokens_per_s is not None or pt.waiting is not None for pt in dense)
-    held = [("p99_leaves_p50" in s and (len(s) >= 2 or not others)) for s in signs]
-    for i in range(1, len(dense)):
-        if held[i] and (i + 1 == len(dense) or held[i + 1]):
-            return dense[i].concurrency, sorted(signs[i])
-    return None, []
+    return dense, signs, [_placed_by(s, others) for s in signs]
+
+
+def knee(
+    points: list[Point], p: KneeParams = KneeParams(), running_max: float | None = None
+) -> tuple[float | None, list[str], str | None]:
+    """The knee's concurrency, the signs seen there and the sign that placed it, or (None, [], None)
+    when the data shows none; `running_max`: the most requests the window saw running (None: the
+    running_pinned sign is not read). A knee at the lowest measured bucket is below the measured
+    range: (None, [], None) as well (`knee_below_range` says so)."""
+    dense, signs, placed = _placements(points, p, running_max)
+    for i in range(len(dense)):
+        if placed[i] and (i + 1 == len(dense) or placed[i + 1]):
+            return (None, [], None) if i == 0 else (dense[i].concurrency, sorted(signs[i]), placed[i])
+    return None, [], None
+
+
+def knee_below_range(points: list[Point], p: KneeParams = KneeParams(), running_max: float | None = None) -> bool:
+    """Whether the lowest measured bucket and the next are saturated already (the knee is below them)."""
+    _, _, placed = _placements(points, p, running_max)
+    return bool(placed and placed[0] and placed[1])
 
 
 def c_max(points: list[Point], slo_s: float) -> tuple[float | None, float | None, str]:
@@ -124,18 +180,30 @@ def c_max(points: list[Point], slo_s: float) -> tuple[float | None, float | None
     return round(c, 3), rps, "interpolated between measured buckets"
 
 
-def operating_point(points: list[Point], peak: float | None, slo_s: float, p: KneeParams = KneeParams()) -> Operating:
-    """Knee, C_max, usable RPS, Little's Law gap and headroom of one pool's points."""
-    k, signs = knee(points, p)
+def operating_point(
+    points: list[Point],
+    peak: float | None,
+    slo_s: float,
+    p: KneeParams = KneeParams(),
+    running_max: float | None = None,
+) -> Operating:
+    """Knee, C_max, usable RPS, Little's Law gap and headroom of one pool's points; `running_max`:
+    the most requests the window saw running (the running_pinned sign's cap; None: not read)."""
+    k, signs, placing = knee(points, p, running_max)
     c, rps, note = c_max(points, slo_s)
     gap = (c / slo_s) / rps if c is not None and rps else None
     notes = []
-    if k is None and len([pt for pt in points if not pt.sparse]) >= 3:
-        notes.append("no knee in the measured range: TTFT p99 does not leave p50 with another sign of saturation")
+    if k is None and knee_below_range(points, p, running_max):
+        notes.append("saturated from the lowest measured concurrency: the knee is below the measured range")
+    elif k is None and len([pt for pt in points if not pt.sparse]) >= 3:
+        notes.append(
+            "no knee in the measured range: the running batch is not pinned at its cap with requests waiting, "
+            "the KV cache is not full, and TTFT p99 does not leave p50 with another sign of saturation"
+        )
     if gap is not None and gap > 2:
         notes.append(f"Little's Law gap {gap:.1f}x > 2: the traffic's latency is far from the SLO at C_max")
     ratio = lambda x: None if x is None or not peak else round(float(x) / peak, 3)  # noqa: E731
-    return Operating(k, signs, c, note, rps, gap, peak, ratio(k), ratio(c), notes)
+    return Operating(k, signs, c, note, rps, gap, peak, ratio(k), ratio(c), notes, placing, running_max)
 
 
 def peak_concurrency(conc: np.ndarray) -> float | None:

@@ -17,6 +17,7 @@ import numpy as np
 
 from kvscope.agent.derive.quantiles import histogram_quantile
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, WAITING, Intervals
+from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL
 
 Z95 = 1.96
 MIN_INTERVALS = 5
@@ -50,6 +51,7 @@ class Point:
     waiting: float | None  # mean requests waiting per instance
     preemptions_per_s: float | None
     sparse: bool
+    running: float | None = None  # mean requests running per instance (None: not read, as from the records)
 
     def to_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
@@ -141,6 +143,7 @@ def point_of(k: int, s: BucketSums, seconds: float, min_intervals: int, min_requ
         waiting=_mean(s.gauges.get("engine_requests_waiting", none)),
         preemptions_per_s=pre,
         sparse=s.intervals < min_intervals or (requests is not None and requests < min_requests),
+        running=_mean(s.gauges.get(CONCURRENCY_SIGNAL, none)),
     )
 
 
@@ -151,9 +154,9 @@ def bucket_of(concurrency: np.ndarray) -> np.ndarray:
 
 def placed(iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
     """(bucket per interval, whether it is placed). An interval is left out when the engine was idle
-    or when the standard error of its concurrency (the gauge's samples in its window) is wider than
-    its bucket: the signal moved faster than it was sampled, which bucket the interval belongs to
-    is unknown, and it is not guessed."""
+    or when the standard error of its concurrency (intervals.py: Little's law's edge error weighed
+    with the gauges' samples, or the gauges' alone) is wider than its bucket: which bucket the
+    interval belongs to is unknown, and it is not guessed."""
     conc = iv.gauges[CONCURRENCY]
     b = bucket_of(conc)
     inside = (b >= 0) & (b < len(EDGES) - 1)
@@ -162,7 +165,8 @@ def placed(iv: Intervals) -> tuple[np.ndarray, np.ndarray]:
 
 
 def coarse_share(iv: Intervals) -> float:
-    """Share of busy intervals left out because the concurrency swung faster than it was sampled."""
+    """Share of busy intervals left out because their concurrency is less certain than a bucket is
+    wide (the gauges swung faster than they were sampled and no latency sum integrates them)."""
     b, ok = placed(iv)
     busy = b >= 0
     return float((busy & ~ok).sum() / busy.sum()) if busy.any() else 0.0
@@ -179,7 +183,10 @@ def curve_points(iv: Intervals, min_intervals: int = MIN_INTERVALS, min_requests
             concurrency=float(iv.gauges[CONCURRENCY][sel].sum()),
             hists={h: (les, np.nansum(arr[sel], axis=0)) for h, (les, arr) in iv.hists.items()},
             counters={name: moments(c[sel]) for name, c in iv.counters.items()},
-            gauges={name: moments(iv.gauges[name][sel]) for name in ("engine_kv_cache_usage_ratio", WAITING)},
+            gauges={
+                name: moments(iv.gauges[name][sel])
+                for name in ("engine_kv_cache_usage_ratio", WAITING, CONCURRENCY_SIGNAL)
+            },
         )
         out.append(point_of(int(k), sums, iv.step, min_intervals, min_requests))
     return out

@@ -68,6 +68,7 @@ class PoolCurve:
     coarse_share: float | None = 0.0  # None: not measured (the curve's records)
     signal: str = CONCURRENCY_SIGNAL
     step: float = 0.0
+    estimator: dict | None = None  # how the concurrency was estimated (`estimator`); None: the records
 
     def to_dict(self) -> dict:
         op = self.operating
@@ -75,8 +76,20 @@ class PoolCurve:
         return head | {
             **{k: getattr(op, k) for k in ("knee_concurrency", "c_max", "usable_rps")},
             **{"operating": op.to_dict(), "intervals": self.intervals, "coarse_share": self.coarse_share},
+            "concurrency_estimator": self.estimator,
             "changes": [c.to_dict() for c in self.changes],
         }
+
+
+def estimator(iv: Intervals) -> dict:
+    """How the pool's interval concurrency was estimated (docs/curve.md "Concurrency"): `method`
+    `littles_law+gauges` where the engines export a latency sum (Little's law over the interval's
+    span, weighed with the gauges' mean by their standard errors) or `gauges`; `sum` the histograms
+    read; `littles_law_weight` the mean weight Little's law had over the busy intervals."""
+    busy = iv.gauges[CONCURRENCY] >= 0.5 if len(iv) else np.zeros(0, dtype=bool)
+    weight = round(float(iv.little_weight[busy].mean()), 3) if iv.little_sum and busy.any() else None
+    method = "littles_law+gauges" if iv.little_sum else "gauges"
+    return {"method": method, "sum": iv.little_sum, "littles_law_weight": weight}
 
 
 def judge(iv: Intervals, changes: list[Change], settle_s: float, th: Thresholds) -> list[JudgedChange]:
@@ -118,11 +131,12 @@ def pool_curves(
     out = []
     for (model, engine), iv in pool_intervals(frame).items():
         pts = curve_points(iv.take(~iv.resets))
-        op = operating_point(pts, peak_concurrency(iv.gauges[CONCURRENCY]), slo_s)
+        op = operating_point(pts, peak_concurrency(iv.gauges[CONCURRENCY]), slo_s, running_max=iv.running_max)
         changes = events.get((model, engine), [])
         judged = judge(iv, changes, settle_s, th) if changes else [s for s in [curve_shift(iv, th)] if s]
         labels = {k: v for k, v in (("model", model), ("engine", engine)) if v}
-        out.append(PoolCurve(labels, pts, op, judged, len(iv), round(coarse_share(iv), 3), iv.signal, iv.step))
+        est = estimator(iv)
+        out.append(PoolCurve(labels, pts, op, judged, len(iv), round(coarse_share(iv), 3), iv.signal, iv.step, est))
     return out
 
 
@@ -285,14 +299,20 @@ def render_text(curves: list[PoolCurve], slo_s: float) -> str:
     if not curves:
         return f"no pool reports {CONCURRENCY_SIGNAL} in this window: no curve"
     for pc in curves:
-        lines.append(f"pool {_name(pc)}  (concurrency per instance: {pc.signal}; {pc.intervals} intervals)")
+        how = pc.estimator or {}
+        little = (
+            f"Little's law on {how['sum']} sums, weight {_f(how['littles_law_weight'], '{:.2f}')}, with "
+            if how.get("sum")
+            else ""
+        )
+        lines.append(f"pool {_name(pc)}  (concurrency per instance: {little}{pc.signal}; {pc.intervals} intervals)")
         lines.append(" ".join(f"{h:>{w}}" for h, w, _, _ in COLUMNS))
         for p in pc.points:
             cells = [_f(getattr(p, attr), fmt).rjust(w) for _, w, attr, fmt in COLUMNS]
             lines.append(" ".join(cells) + ("  sparse" if p.sparse else ""))
         op = pc.operating
         knee = (
-            f"{op.knee_concurrency:g} ({', '.join(op.knee_signs)})"
+            f"{op.knee_concurrency:g} (placed by {op.knee_sign}; signs: {', '.join(op.knee_signs)})"
             if op.knee_concurrency is not None
             else "none in the data"
         )
@@ -311,6 +331,7 @@ def render_text(curves: list[PoolCurve], slo_s: float) -> str:
             lines.append(
                 f"note: {100 * share:.0f}% of busy intervals are left out: the concurrency swung "
                 "faster than it was scraped (scrape more often)"
+                + ("" if (pc.estimator or {}).get("sum") else ", and the engine exports no latency sum to integrate it")
             )
         lines += [f"note: {n}" for n in op.notes]
         lines += changes_text(pc)

@@ -12,6 +12,12 @@ CONCURRENCY_SIGNAL = "engine_requests_running"
 llama.cpp requests_processing): the curve's concurrency, per instance."""
 
 HISTOGRAMS = ("request_ttft_seconds", "request_itl_seconds")
+LITTLE_SUMS = (("request_queue_seconds", "request_inference_seconds"), ("request_e2e_seconds",))
+"""Histograms whose `_sum` integrates the time requests spend in the engine, in the order the
+curve prefers them (intervals.py, Little's law): queue + inference time (scheduler queue to last
+token: the time a request is counted in running + waiting), else end to end (arrival to finish,
+the API server's own part included). Each family's last histogram is read with its `_count` too
+(the requests behind the sum)."""
 GAUGES = (CONCURRENCY_SIGNAL, "engine_requests_waiting", "engine_kv_cache_usage_ratio")
 COUNTERS = ("engine_requests_finished_total", "engine_generation_tokens_total", "engine_preemptions_total")
 CONFIG_GAUGES = (
@@ -26,9 +32,12 @@ CONFIG_GAUGES = (
 cache_config_info, lora_requests_info) and static gauges (SGLang max_total_num_tokens,
 page_size): their value over time is the configuration over time."""
 
-SIGNALS = frozenset(
-    {f"{h}_bucket" for h in HISTOGRAMS} | {f"{h}_count" for h in HISTOGRAMS} | set(GAUGES) | set(COUNTERS)
-) | frozenset(CONFIG_GAUGES)
+SIGNALS = (
+    frozenset({f"{h}_bucket" for h in HISTOGRAMS} | {f"{h}_count" for h in HISTOGRAMS} | set(GAUGES) | set(COUNTERS))
+    | frozenset(CONFIG_GAUGES)
+    | frozenset(f"{h}_sum" for hs in LITTLE_SUMS for h in hs)
+    | frozenset(f"{hs[-1]}_count" for hs in LITTLE_SUMS)
+)
 
 
 def read_window(source: Source, start: float | None, end: float | None, step: float) -> Frame:

@@ -31,7 +31,7 @@ CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking"]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 RECORDINGS = Path(__file__).resolve().parents[1] / "recordings"
-OTHER_SLO = 4.2
+OTHER_SLO = 3.5  # crossed on both recordings' curves (Little's law concurrency, issue 55)
 """A TTFT p99 SLO both recordings' curves cross between two measured buckets (the CLI says where)."""
 
 

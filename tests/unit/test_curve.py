@@ -104,7 +104,7 @@ def test_sparse_bucket_is_flagged_and_not_a_knee():
     conc = [1.0] * 8 + [2.0] * 8 + [3.0] * 8 + [16.0] * 3  # the saturated bucket has 3 intervals
     pts = curve_points(pool_intervals(synth(conc))[("m", "vllm")])
     assert pts[-1].sparse and pts[-1].ttft_p99_s > 2  # kept as measured, flagged
-    assert knee(pts) == (None, [])
+    assert knee(pts) == (None, [], None)
 
 
 def test_counter_reset_inside_a_bucket():

@@ -162,15 +162,15 @@ def test_operating_and_sizing_pages_on_a_real_vllm_recording(monkeypatch):
     for j in pc.changes:
         assert change_view(j).heading in boxes
     assert len(at.get("vega_lite_chart")) == 1 + len(pc.changes)
-    at.number_input(key="curve_slo").set_value(4.2).run()
-    assert c_max_text(at_slo(pc, 4.2), 4.2) in " ".join(m.value for m in at.markdown)
+    at.number_input(key="curve_slo").set_value(3.5).run()
+    assert c_max_text(at_slo(pc, 3.5), 3.5) in " ".join(m.value for m in at.markdown)
 
     at.sidebar.radio[0].set_value("Sizing calculator").run()
     assert not at.exception
     assert any("typed values used" in i.value for i in at.info)  # no C_max at 1 s on this recording
-    at.number_input(key="sizing_slo").set_value(4.2).run()
-    found = measured_sizing(pc, 4.2, "")
-    key = f"{pool_name(pc)}@4.2"
+    at.number_input(key="sizing_slo").set_value(3.5).run()
+    found = measured_sizing(pc, 3.5, "")
+    key = f"{pool_name(pc)}@3.5"
     assert at.number_input(key=f"c_max{key}").value == pytest.approx(found.c_max)
     assert at.number_input(key=f"usable{key}").value == pytest.approx(found.usable_rps)
     assert any(f"C_max {found.c_max:g} and usable RPS" in i.value for i in at.info)
