@@ -30,7 +30,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvscope.agent.scrape.resolve import connector
+from kvscope.agent.scrape.resolve import connector, daemon_call
 from kvscope.diagnoser.alertmanager.payload import (
     MAX_ALERTS,
     NO_DATA_HEADLINE,
@@ -316,25 +316,7 @@ class WebhookServer:
 
         # a thread of its own, not the loop's shared pool: a wedged diagnosis must not take a slot
         # that later diagnoses and the other handlers' store reads wait for
-        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-        def settle(ok: bool, value: Any) -> None:
-            if not done.done():
-                (done.set_result if ok else done.set_exception)(value)
-
-        def main() -> None:
-            try:
-                result, ok = run(), True
-            except BaseException as e:  # noqa: BLE001 - handed to the awaiting worker
-                result, ok = e, False
-            try:
-                loop.call_soon_threadsafe(settle, ok, result)
-            except RuntimeError:  # the loop closed while this thread ran past its deadline
-                pass
-
-        loop = asyncio.get_running_loop()
-        threading.Thread(target=main, name="kvscope-diagnosis", daemon=True).start()
-        return await done
+        return await daemon_call(run, name="kvscope-diagnosis")
 
     async def enrich(self, doc: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
         """The webhook with a `kvscope` object on every alert; Prometheus reads end by `deadline`
