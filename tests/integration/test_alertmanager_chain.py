@@ -45,6 +45,7 @@ OVERRIDE = {"for": "5s"}
 pytestmark = [
     pytest.mark.prometheus,
     pytest.mark.needs("prometheus", "prometheus-alertmanager"),
+    pytest.mark.servers,
 ]
 
 

@@ -30,7 +30,7 @@ from kvscope.dashboards.registry import BOARDS
 from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, require_binaries, running_prometheus
 from testbed.prometheus import query_range as prometheus_query_range
 
-pytestmark = pytest.mark.prometheus
+pytestmark = [pytest.mark.prometheus, pytest.mark.servers]
 
 NO_GPU = "CPU-only recording: no DCGM or NVML, so no GPU series"
 KVSCOPE_LIVE = (

@@ -41,6 +41,7 @@ from testbed.rulecases import case_samples, read_test_file
 pytestmark = [
     pytest.mark.prometheus,
     pytest.mark.needs("promtool"),
+    pytest.mark.servers,
 ]
 
 

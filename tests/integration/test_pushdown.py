@@ -60,7 +60,7 @@ from testbed.rulecases import case_samples, read_test_file
 
 RECORDINGS = sorted((Path(__file__).resolve().parent.parent / "recordings").glob("*.om.gz"))
 CANDIDATES = Path(__file__).resolve().parents[2] / "rules" / "prometheus" / "kvscope-candidates.yml"
-pytestmark = [pytest.mark.prometheus, pytest.mark.needs("prometheus", "promtool")]
+pytestmark = [pytest.mark.prometheus, pytest.mark.needs("prometheus", "promtool"), pytest.mark.servers]
 LATER_S = 600.0
 """The second window of a long recording starts this long after it (rules reaching back less
 than this are read from the records there)."""
