@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import IO
 
 from kvscope.agent.recording.timespan import drop_time_outliers
-from kvscope.agent.scrape.exposition import Exposition, RawSample, format_labels, format_value, parse_exposition
+from kvscope.agent.scrape.exposition import (
+    Exposition,
+    RawSample,
+    format_name,
+    format_series,
+    format_value,
+    parse_exposition,
+)
 from kvscope.agent.signals import Labels
 
 _OM_TYPES = {"counter", "gauge", "histogram", "summary", "info", "stateset", "gaugehistogram", "unknown"}
@@ -108,7 +115,7 @@ class RecordingWriter:
         if f is None:
             f = self._files[family] = open(self._spool / f"{len(self._files)}.om", "w", encoding="utf-8")
             self._meta[family] = (kind, help_)
-        f.write(f"{name}{format_labels(labels)} {format_value(value)} {ts}\n")
+        f.write(f"{format_series(name, labels)} {format_value(value)} {ts}\n")
         self.samples += 1
 
     def close(self) -> Path:
@@ -118,9 +125,9 @@ class RecordingWriter:
             for family, f in self._files.items():
                 f.close()
                 kind, help_ = self._meta[family]
-                out.write(f"# TYPE {family} {kind}\n")
+                out.write(f"# TYPE {format_name(family)} {kind}\n")
                 if help_:
-                    out.write(f"# HELP {family} {_escape_help(help_)}\n")
+                    out.write(f"# HELP {format_name(family)} {_escape_help(help_)}\n")
                 with open(f.name, encoding="utf-8") as src:
                     shutil.copyfileobj(src, out)
             out.write("# EOF\n")
