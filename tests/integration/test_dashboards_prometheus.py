@@ -431,7 +431,7 @@ def test_weekly_report_from_prometheus_matches_the_recording(loaded):
         assert b.recompute["preemptions"].to_numpy() == pytest.approx(a.recompute["preemptions"].to_numpy(), rel=0.1)
 
 
-@pytest.mark.servers
+# not in the server matrix: it checks which router series a query finds, not how a range reads them
 def test_ui_router_decisions_from_prometheus_match_the_recording(tmp_path):
     """The triage page's router lines read from a Prometheus holding the real sglang-router recording
     (its native series, as Prometheus scraping the router stores them) say what they say from the
