@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-runtime setup-vllm setup-router setup-smg setup-dynamo setup-llamacpp demo check typecheck test lint rules
+.PHONY: setup setup-runtime setup-vllm setup-router setup-smg setup-dynamo setup-llamacpp setup-servers-current demo check typecheck test lint rules
 setup:
 	@bash scripts/setup.sh
 
@@ -21,6 +21,12 @@ setup-smg: setup
 # Real NVIDIA Dynamo (ai-dynamo 1.6.1: frontend, KV router, CPU mocker engines) for the Dynamo tests.
 setup-dynamo: setup
 	@if [ -x scripts/install-dynamo.sh ]; then bash scripts/install-dynamo.sh; fi
+
+# The servers users run today (Debian sid's Prometheus 3.x + promtool, Alertmanager, VictoriaMetrics +
+# vmalert) for the second half of the server matrix, extracted into ~/.cache/kvscope/servers-current
+# (nothing installed system-wide).
+setup-servers-current: setup
+	@if [ -x scripts/install-servers-current.sh ]; then bash scripts/install-servers-current.sh; fi
 
 # The demo needs the runtime and the UI only: no Debian test daemons, no test toolchain.
 setup-runtime:
@@ -44,12 +50,15 @@ check: setup
 typecheck: setup
 	$(PY) scripts/typecheck.py
 
-# The whole suite: `make check` first, then everything that needs real engines and servers. A cold
-# llama.cpp build runs in the background meanwhile; its tests run last and wait for it.
-test: setup setup-vllm setup-router setup-smg setup-dynamo
+# The whole suite: `make check` first, then everything that needs real engines and servers (on
+# Debian 12's Prometheus, Alertmanager and VictoriaMetrics). A cold llama.cpp build runs in the
+# background meanwhile; its tests run last and wait for it. Then the server matrix's second half:
+# the tests marked `servers` again on the current servers (testbed/servers.py).
+test: setup setup-vllm setup-router setup-smg setup-dynamo setup-servers-current
 	@if [ -x scripts/install-llamacpp.sh ]; then bash scripts/install-llamacpp.sh --background; fi
 	$(MAKE) --no-print-directory check
 	$(PY) -m pytest -q -rs tests --ignore=tests/unit
+	KVSCOPE_SERVERS=current $(PY) -m pytest -q -rs -m servers tests/integration
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -13,6 +13,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # not an installed package: make it importable and load its fixtures.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 pytest_plugins = ["testbed.fixtures"]
+from testbed import servers  # noqa: E402
 from testbed.prometheus import require_binaries  # noqa: E402
 
 
@@ -39,6 +40,17 @@ def pytest_addoption(parser):
 def update_golden(request) -> bool:
     """True when pytest runs with --update-golden."""
     return bool(request.config.getoption("--update-golden"))
+
+
+def pytest_configure(config):
+    """KVSCOPE_SERVERS=current: the current servers go first on PATH for the whole run (the second
+    half of the server matrix, testbed/servers.py); a run asked for them stops when they are absent
+    rather than testing Debian 12's under the other name."""
+    try:
+        if servers.generation() == "current" and (why := servers.use_current()):
+            pytest.exit(why, returncode=4)
+    except ValueError as e:
+        pytest.exit(str(e), returncode=4)
 
 
 def pytest_runtest_setup(item):

@@ -24,7 +24,8 @@ from kvscope.agent.scrape.exposition import (
     Exposition,
     Limits,
     RawSample,
-    format_labels,
+    format_name,
+    format_series,
     format_value,
     parse_exposition,
 )
@@ -140,7 +141,7 @@ class RecordingWriter:
         if f is None:
             f = self._files[family] = open(self._spool / f"{len(self._files)}.om", "w", encoding="utf-8")
             self._meta[family] = (kind, help_)
-        f.write(f"{name}{format_labels(labels)} {format_value(value)} {ts}\n")
+        f.write(f"{format_series(name, labels)} {format_value(value)} {ts}\n")
         self.samples += 1
 
     def close(self) -> Path:
@@ -150,9 +151,9 @@ class RecordingWriter:
             for family, f in self._files.items():
                 f.close()
                 kind, help_ = self._meta[family]
-                out.write(f"# TYPE {family} {kind}\n")
+                out.write(f"# TYPE {format_name(family)} {kind}\n")
                 if help_:
-                    out.write(f"# HELP {family} {_escape_help(help_)}\n")
+                    out.write(f"# HELP {format_name(family)} {_escape_help(help_)}\n")
                 with open(f.name, encoding="utf-8") as src:
                     shutil.copyfileobj(src, out)
             out.write("# EOF\n")

@@ -354,11 +354,36 @@ def escape_label_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+_LEGACY_METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LEGACY_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def format_name(name: str, metric: bool = True) -> str:
+    """A metric (or, with metric=False, label) name as exposition writes it: as it is when it is a
+    classic name, else quoted (`"gen_ai.probe.ttft"`, the UTF-8 form Prometheus 3 and the parser
+    above read; Prometheus 2.x refuses it, as it refuses the name unquoted)."""
+    if (_LEGACY_METRIC if metric else _LEGACY_LABEL).fullmatch(name):
+        return name
+    return f'"{escape_label_value(name)}"'
+
+
+def _label_items(labels: Labels) -> list[str]:
+    return [f'{format_name(k, metric=False)}="{escape_label_value(v)}"' for k, v in labels]
+
+
 def format_labels(labels: Labels) -> str:
-    """`{a="1",b="2"}` or the empty string."""
+    """`{a="1",b="2"}` (a UTF-8 label name quoted, `format_name`) or the empty string."""
     if not labels:
         return ""
-    return "{" + ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels) + "}"
+    return "{" + ",".join(_label_items(labels)) + "}"
+
+
+def format_series(name: str, labels: Labels) -> str:
+    """`name{a="1"}`, or `{"dotted.name",a="1"}` for a UTF-8 metric name (its name inside the braces)."""
+    quoted = format_name(name)
+    if quoted == name:
+        return name + format_labels(labels)
+    return "{" + ",".join([quoted, *_label_items(labels)]) + "}"
 
 
 def format_value(value: float) -> str:

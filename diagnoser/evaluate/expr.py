@@ -426,10 +426,11 @@ def evidence_name(rule: Rule, item: tree.Evidence, step: float | None = None, he
 def promql(rule: Rule, name: str, step: float | None = None, held: float | None = None) -> str:
     """The named series in PromQL on one line, as evidence shows it (the rule compiler's text,
     diagnoser/promql/series.py). Ranges are printed as evaluated: time-scaled, rounded to whole
-    grid `step`s, and clipped to the `held` seconds of data (minus any offset). A series PromQL
-    cannot write says so instead."""
+    grid `step`s, and clipped to the `held` seconds of data (minus any offset), without the
+    generated rules' extra millisecond (promql/ranges.py `range_text`). A series PromQL cannot
+    write says so instead."""
     try:
-        text = SeriesCompiler(rule, NamedSignals(""), step=step, held=held).expr(name)
+        text = SeriesCompiler(rule, NamedSignals(""), step=step, held=held, edge=False).expr(name)
     except NotExpressible as exc:
         return f"{name} (no PromQL form: {exc})"
     return re.sub(r"\s*\n\s*", " ", text)

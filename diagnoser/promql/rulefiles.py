@@ -19,6 +19,7 @@ import yaml
 
 from kvscope.agent.scalars import parse_duration
 from kvscope.agent.signals import Catalog, Signal, load_catalog
+from kvscope.diagnoser.promql.ranges import range_text
 from kvscope.diagnoser.promql.runbooklinks import link_alerts
 from kvscope.diagnoser.promql.signals import (
     KVSCOPE_PREFIX,
@@ -131,15 +132,16 @@ def _by(labels: Iterable[str]) -> str:
 
 def gauge_over_time(signal: str, op: str, level: tuple[str, ...], window: str = "5m") -> str:
     outer = "sum" if op == "avg" else op
-    return f"{outer} by ({_by(level)}) ({op}_over_time(kvscope:{signal}[{window}]))"
+    return f"{outer} by ({_by(level)}) ({op}_over_time(kvscope:{signal}[{range_text(window)}]))"
 
 
 def counter_rate(signal: str, level: tuple[str, ...], window: str = "5m") -> str:
-    return f"sum by ({_by(level)}) (rate(kvscope:{signal}[{window}]))"
+    return f"sum by ({_by(level)}) (rate(kvscope:{signal}[{range_text(window)}]))"
 
 
 def quantile(histogram: str, q: float, level: tuple[str, ...], window: str = "5m") -> str:
-    return f"histogram_quantile({q}, sum by ({_by((*level, 'le'))}) (rate(kvscope:{histogram}_bucket[{window}])))"
+    rate = f"rate(kvscope:{histogram}_bucket[{range_text(window)}])"
+    return f"histogram_quantile({q}, sum by ({_by((*level, 'le'))}) ({rate}))"
 
 
 def guarded_ratio(num: str, den: str) -> str:
@@ -183,7 +185,7 @@ def derived_rules() -> list[dict[str, Any]]:
     # One GPU can be reported twice (dcgm-exporter and the agent's NVML collector, two instances):
     # the outer max keeps one reading instead of adding them.
     rules += [
-        record(f"gpu:{signal}:{op}5m", f"max by ({_by(GPU_BY)}) ({op}_over_time(kvscope:{signal}[5m]))")
+        record(f"gpu:{signal}:{op}5m", f"max by ({_by(GPU_BY)}) ({op}_over_time(kvscope:{signal}[{range_text('5m')}]))")
         for signal, op in (
             ("gpu_utilization_ratio", "avg"),
             ("gpu_memory_used_bytes", "max"),
@@ -201,8 +203,8 @@ def slo_error_ratio(slo: SloConfig, window: str, level: tuple[str, ...] = INSTAN
 
     good = rate of the bucket whose `le` is the SLO bound, total = rate of `le="+Inf"`."""
     bucket = "kvscope:request_ttft_seconds_bucket"
-    good = f'sum by ({_by(level)}) (rate({bucket}{{le=~"{le_regex(slo.ttft_seconds)}"}}[{window}]))'
-    total = f'sum by ({_by(level)}) (rate({bucket}{{le="+Inf"}}[{window}]))'
+    good = f'sum by ({_by(level)}) (rate({bucket}{{le=~"{le_regex(slo.ttft_seconds)}"}}[{range_text(window)}]))'
+    total = f'sum by ({_by(level)}) (rate({bucket}{{le="+Inf"}}[{range_text(window)}]))'
     return f"1 - (\n  {good}\n  /\n  ({total} > 0)\n)"
 
 
@@ -244,9 +246,9 @@ def slo_bucket_alert(slo: SloConfig) -> dict[str, Any]:
     return {
         "alert": "LlmTtftSloBucketMissing",
         "expr": (
-            f'sum by ({by}) (rate({bucket}{{le="+Inf"}}[30m])) > 0\n'
+            f'sum by ({by}) (rate({bucket}{{le="+Inf"}}[{range_text("30m")}])) > 0\n'
             f"unless on ({by})\n"
-            f'sum by ({by}) (rate({bucket}{{le=~"{le_regex(slo.ttft_seconds)}"}}[30m]))'
+            f'sum by ({by}) (rate({bucket}{{le=~"{le_regex(slo.ttft_seconds)}"}}[{range_text("30m")}]))'
         ),
         "for": "30m",
         "labels": {"severity": "warning", "slo": "ttft"},

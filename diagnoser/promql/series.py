@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvscope.diagnoser.promql.ranges import prom_duration, range_text
 from kvscope.diagnoser.promql.signals import (
     NamedSignals,
     NotExpressible,
@@ -30,34 +31,6 @@ Part = tuple[str, int]
 """PromQL text and its price (PromQL.cost)."""
 SUBQUERY_COST = 10
 """A subquery's price beyond its inner expression's: the inner expression again at every step."""
-
-
-PROM_UNITS_MS: tuple[tuple[str, int, bool], ...] = (
-    ("y", 365 * 86_400_000, True),
-    ("w", 7 * 86_400_000, True),
-    ("d", 86_400_000, False),
-    ("h", 3_600_000, False),
-    ("m", 60_000, False),
-    ("s", 1000, False),
-    ("ms", 1, False),
-)
-"""Prometheus' duration units, largest first, and whether a unit is written only when it divides
-the whole duration (years and weeks: `90d`, not `12w6d`)."""
-
-
-def prom_duration(value: Any) -> str:
-    """A rule duration (`2m`, `90s`, or seconds as a number) written as Prometheus writes it
-    (`model.Duration.String`, what /api/v1/format_query prints), to the millisecond: `2m`,
-    `1m30s`, `1h5m`, `1d`, `200ms`, `7s500ms`."""
-    ms = int(round(parse_duration(value) * 1000))
-    left, parts = ms, []
-    for unit, size, exact in PROM_UNITS_MS:
-        if exact and ms % size:
-            continue
-        n, left = divmod(left, size)
-        if n:
-            parts.append(f"{n}{unit}")
-    return "".join(parts) or "0s"
 
 
 def _plus(by: str, labels: str) -> str:
@@ -85,12 +58,20 @@ class SeriesCompiler:
     """PromQL for the named series of one rule; each result is grouped by the series' `by`."""
 
     def __init__(
-        self, rule: Rule, reader: SignalReader | None = None, step: float | None = None, held: float | None = None
+        self,
+        rule: Rule,
+        reader: SignalReader | None = None,
+        step: float | None = None,
+        held: float | None = None,
+        edge: bool = True,
     ) -> None:
         """`reader`: default the recorded `kvscope:<series>`. `step`: durations as the evaluator's
         on that grid (None: as written, the alert files). `held`: seconds of data the window
-        holds; a range is clipped to the data it can reach, as the evaluator's windows are."""
+        holds; a range is clipped to the data it can reach, as the evaluator's windows are.
+        `edge`: ranges written for a server to run (`range_text`: the same samples on Prometheus
+        2.x and 3.x); False writes them as the rule says, for a reader (a finding's evidence)."""
         self.rule = rule
+        self.edge = edge
         self.held = held
         self.nodes: dict[str, tree.Node] = rule.tree.series
         self.rule_by = rule.by
@@ -99,6 +80,10 @@ class SeriesCompiler:
         self.sub = prom_duration(step) if step else SUBQUERY_STEP
         self.sub_for: Any = None
         """Optional: range seconds -> the subquery step for a subquery over that range."""
+
+    def bracket(self, rng: str) -> str:
+        """A range as written inside `[...]` (`edge`: `range_text`)."""
+        return range_text(rng) if self.edge else rng
 
     def sub_step(self, rng: str) -> str:
         return self.sub if self.sub_for is None else self.sub_for(parse_duration(rng))
@@ -160,7 +145,7 @@ class SeriesCompiler:
     def subquery(self, inner: PromQL | str, rng: str, offset: str = "") -> tuple[str, int]:
         """`(inner)[rng:step]` (with ` offset ...`) and its price: the inner expression again at
         every step, ten times a selector."""
-        return f"({inner})[{rng}:{self.sub_step(rng)}]{offset}", getattr(inner, "cost", 1) + SUBQUERY_COST
+        return f"({inner})[{self.bracket(rng)}:{self.sub_step(rng)}]{offset}", getattr(inner, "cost", 1) + SUBQUERY_COST
 
     # ---------------------------------------------------------------- signal forms
     def _read(self, node: tree.Signal, series: str, by: str, fn: str | None = None, rng: str | None = None) -> PromQL:
@@ -170,6 +155,7 @@ class SeriesCompiler:
         labels = tuple(b.strip() for b in by.split(",") if b.strip())
         if isinstance(node, tree.Count):
             labels += node.distinct
+        rng = self.bracket(rng) if rng else rng
         text = self.reader.read(series, self._matchers(node, by), fn, rng, by=labels, outer=outer)
         cost = getattr(text, "cost", 1) * (10 if series.endswith("_bucket") else 1)
         if not isinstance(text, PromQL):
@@ -254,9 +240,12 @@ class SeriesCompiler:
         # the engine's leading edge (grid.changes `settle`): a value counts only once the series
         # also existed `settle` earlier
         inner = self.expr(node.of)
-        earlier = f"last_over_time(({inner})[{self.sub}:{self.sub}] offset {self.dur(node.settle)})"
+        earlier = f"last_over_time(({inner})[{self.bracket(self.sub)}:{self.sub}] offset {self.dur(node.settle)})"
         rng = self._range(node.rng)
-        return f"changes((({inner})\nand\n{earlier})[{rng}:{self.sub}])", 2 * inner.cost + 2 * SUBQUERY_COST
+        return (
+            f"changes((({inner})\nand\n{earlier})[{self.bracket(rng)}:{self.sub}])",
+            2 * inner.cost + 2 * SUBQUERY_COST,
+        )
 
     def _aggregate(self, node: tree.Aggregate, by: str) -> Part:
         inner = self.expr(node.of)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvscope.agent.scalars import parse_duration
+from kvscope.diagnoser.promql.ranges import range_text
 from kvscope.diagnoser.promql.signals import le_regex
 
 TTFT_BUCKET = "kvscope:tenant_ttft_seconds_bucket"
@@ -48,8 +49,8 @@ def _split(num: str, den: str, top: str, window: str, good: bool) -> str:
     one = "1 - " if good else ""
 
     def part(by: str, op: str) -> str:
-        n = f"sum{by} (rate({num}[{window}]) {op} on (tenant) {top})"
-        d = f"sum{by} (rate({den}[{window}]) {op} on (tenant) {top})"
+        n = f"sum{by} (rate({num}[{range_text(window)}]) {op} on (tenant) {top})"
+        d = f"sum{by} (rate({den}[{range_text(window)}]) {op} on (tenant) {top})"
         return f"{one}(\n    {n}\n    /\n    ({d} > 0)\n  )"
 
     return (
@@ -74,7 +75,7 @@ def tenant_slo_rules(
     rules: list[dict[str, Any]] = [
         {
             "record": top,
-            "expr": f'topk({top_n}, sum by (tenant) (rate({REQUESTS}{{tenant!="{OTHER}"}}[{longest}])))',
+            "expr": f'topk({top_n}, sum by (tenant) (rate({REQUESTS}{{tenant!="{OTHER}"}}[{range_text(longest)}])))',
         }
     ]
     good = f'{TTFT_BUCKET}{{le=~"{le_regex(ttft_seconds)}"}}'

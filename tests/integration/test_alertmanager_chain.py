@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -29,6 +30,7 @@ import yaml
 from kvscope.agent.signals import load_catalog
 from kvscope.diagnoser.promql.alerts import compile_rule
 from kvscope.diagnoser.promql.rulefiles import canonical_rules, render_rule_file
+from kvscope.diagnoser.promql.runbooklinks import link_alerts
 from kvscope.diagnoser.rulebook.rule import read_rule, rules_dir
 from testbed.alertmanager import alertmanager_argv
 from testbed.httpstub import serving
@@ -41,10 +43,12 @@ from testbed.prometheus import prometheus_argv
 READY_S = 180
 RULE_ID = "kv_pressure_preemption"
 OVERRIDE = {"for": "5s"}
+RUNBOOK_BASE = "https://kvscope-ui.example"
 
 pytestmark = [
     pytest.mark.prometheus,
     pytest.mark.needs("prometheus", "prometheus-alertmanager"),
+    pytest.mark.servers,
 ]
 
 
@@ -92,6 +96,7 @@ def _write_configs(tmp: Path, target_port: int, am_port: int, serve_port: int) -
     rule = read_rule(rules_dir() / f"{RULE_ID}.yaml").with_params(OVERRIDE)
     alerts = compile_rule(rule)
     assert isinstance(alerts, list)
+    link_alerts(alerts, RUNBOOK_BASE)  # as `kvscope rules build --runbook-base-url` does
     (tmp / "rules.yml").write_text(
         render_rule_file(
             [{"name": "canonical", "rules": canonical_rules(load_catalog())}, {"name": "alerts", "rules": alerts}], ""
@@ -233,6 +238,11 @@ def test_firing_alert_reaches_the_forward_target_with_the_rule_and_its_lever(cha
     evidence = {e["name"]: e["value"] for e in ks["matched"]["evidence"]}
     assert any(v is not None and abs(v - 0.97) < 1e-9 for v in evidence.values()), evidence
     assert ks["likely_cause"] is not None
+    # the runbook link, filled in by Prometheus and carried by Alertmanager, opens this alert's triage page
+    instance = urllib.parse.quote_plus(alert["labels"]["instance"])
+    link = alert["annotations"]["runbook_url"]
+    assert link.startswith(f"{RUNBOOK_BASE}/?page=Triage&alertname=LlmKvPressurePreemption&window=1h"), link
+    assert link.endswith(f"&label.instance={instance}"), link  # the series' labels ($labels), not the rule's
 
     stored = _get(f"{chain['serve']}/api/v1/diagnoses/{payload['kvscope_id']}")
     assert stored["status"] == "done" and stored["forward"].startswith("ok")

@@ -47,7 +47,11 @@ ALERT = {
     "instance": "replica-0",
 }
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.needs("prometheus", "promtool", "prometheus-alertmanager")]
+pytestmark = [
+    pytest.mark.prometheus,
+    pytest.mark.needs("prometheus", "promtool", "prometheus-alertmanager"),
+    pytest.mark.servers,
+]
 
 
 def _shifted(text: str, end: float) -> tuple[str, float]:

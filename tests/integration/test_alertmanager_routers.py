@@ -38,7 +38,7 @@ from tests.integration.test_dynamo_mocker import PER_TENANT, TENANTS, _chat
 # idle time at load average 25).
 READY_S = 180
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.needs("prometheus", "prometheus-alertmanager")]
+pytestmark = [pytest.mark.prometheus, pytest.mark.needs("prometheus", "prometheus-alertmanager"), pytest.mark.servers]
 
 
 class _Sink(BaseHTTPRequestHandler):

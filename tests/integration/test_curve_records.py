@@ -35,7 +35,7 @@ from testbed.victoria import import_prometheus_text, replay_in_order, running_vi
 ROOT = Path(__file__).resolve().parents[2]
 RECORDING = ROOT / "tests" / "recordings" / "curve-vllm-staircase.om.gz"
 INTERVAL_S = 10
-pytestmark = [pytest.mark.needs("victoria-metrics"), pytest.mark.needs("vmalert")]
+pytestmark = [pytest.mark.needs("victoria-metrics"), pytest.mark.needs("vmalert"), pytest.mark.servers]
 SAMPLE = re.compile(r"^([a-z_:]+)(\{[^}]*\})? (\S+) (\S+)$")
 
 

@@ -329,12 +329,16 @@ def silent_panels(url: str, replay, strict: bool = True, explained: list[str] | 
     return ran, silent
 
 
+@pytest.mark.servers
 def test_every_panel_query_returns_data_or_is_declared_absent(loaded):
     ran, silent = silent_panels(*loaded)
     assert ran > 60
     assert silent == [], "panels silently empty:\n" + "\n".join(silent)
 
 
+# not in the server matrix (`servers`): one Prometheus and a rule backfill per library recording
+# (44) is the slowest part of this file, and it checks which series exist, not how a range reads
+# them; the panels' PromQL runs on both generations through the tests marked `servers`.
 @pytest.mark.parametrize("path", LIBRARY, ids=lambda p: p.name)
 def test_library_recordings_show_data_or_declared_absence(path, tmp_path):
     """Every real recording of the incident library: no silently empty panel either."""
@@ -349,6 +353,7 @@ def test_library_recordings_show_data_or_declared_absence(path, tmp_path):
     assert silent == [], f"{path.name}: panels silently empty:\n" + "\n".join(silent)
 
 
+@pytest.mark.servers
 def test_declared_absent_signals_really_are_absent(loaded):
     _, replay = loaded
     present = _present(replay)
@@ -356,6 +361,7 @@ def test_declared_absent_signals_really_are_absent(loaded):
     assert sorted(s for s in CONDITIONAL if s not in present) == []  # the incident reaches them
 
 
+@pytest.mark.servers
 def test_declared_idle_signals_really_never_move(loaded):
     url, replay = loaded
     for signal in DECLARED_IDLE:
@@ -364,6 +370,7 @@ def test_declared_idle_signals_really_never_move(loaded):
         assert result and all(float(v) == 0 for s in result for _, v in s["values"]), signal
 
 
+@pytest.mark.servers
 def test_core_panels_show_the_incident(loaded):
     """Not just 'some data': the headline panels carry real, plausible numbers."""
     url, replay = loaded
@@ -380,6 +387,7 @@ def test_core_panels_show_the_incident(loaded):
     assert 0 < last(q.TTFT[1].expr) < 600
 
 
+@pytest.mark.servers
 def test_ui_diagnoses_the_same_cause_from_prometheus(loaded, recording):
     """The UI's Prometheus path (kvscope.diagnoser.sources over kvscope: series) and its recording
     path agree on the likely cause of the same incident."""
@@ -393,6 +401,7 @@ def test_ui_diagnoses_the_same_cause_from_prometheus(loaded, recording):
     assert from_rec.likely_cause.rule_id in {f.rule_id for f in from_prom.findings}
 
 
+@pytest.mark.servers
 def test_weekly_report_from_prometheus_matches_the_recording(loaded):
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
     from kvscope.diagnoser.sources.samples import SamplesSource
@@ -422,6 +431,7 @@ def test_weekly_report_from_prometheus_matches_the_recording(loaded):
         assert b.recompute["preemptions"].to_numpy() == pytest.approx(a.recompute["preemptions"].to_numpy(), rel=0.1)
 
 
+# not in the server matrix: it checks which router series a query finds, not how a range reads them
 def test_ui_router_decisions_from_prometheus_match_the_recording(tmp_path):
     """The triage page's router lines read from a Prometheus holding the real sglang-router recording
     (its native series, as Prometheus scraping the router stores them) say what they say from the
@@ -444,6 +454,7 @@ def test_ui_router_decisions_from_prometheus_match_the_recording(tmp_path):
         assert abs(got[key] - want[key]) <= 0.05 * want[key], (key, got, want)
 
 
+@pytest.mark.servers
 def test_the_changes_panel_shows_the_config_change_recordings_restarts_and_kv_cuts(tmp_path):
     """The fleet board's "Restarts and KV-capacity changes" on the real vLLM recording restarted
     between phases (--num-gpu-blocks-override 256 -> 20 -> 256 -> 256): a restart at each change
@@ -470,6 +481,7 @@ def test_the_changes_panel_shows_the_config_change_recordings_restarts_and_kv_cu
     assert stepped == [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], (times, stepped)
 
 
+@pytest.mark.servers
 def test_the_operating_point_panel_draws_the_staircase_against_its_truths(tmp_path):
     """The fleet board's "TTFT p99 and p50 against concurrency" on the real vLLM staircase
     (closed-loop levels of 1, 2, 4, 8, 16 streams). Each query is evaluated at the end of each

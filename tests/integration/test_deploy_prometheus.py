@@ -26,7 +26,7 @@ from testbed.httpstub import serving, static_body_handler
 from testbed.procs import ProcessGroup, free_port, wait_http, wait_until
 from testbed.prometheus import get_json, prometheus_argv, query, require_binaries
 
-pytestmark = pytest.mark.prometheus
+pytestmark = [pytest.mark.prometheus, pytest.mark.servers]
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"

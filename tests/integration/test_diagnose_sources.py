@@ -31,6 +31,7 @@ from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, get_json, req
 RECORDING = Path(__file__).resolve().parent.parent / "recordings" / "healthy-shared-prefix.om.gz"
 PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
 STEP = 2.0
+pytestmark = pytest.mark.servers
 
 
 def _names() -> set[str]:

@@ -10,16 +10,17 @@ For each case of each `rules/diagnosis/<id>.test.yaml` the same input series go 
   firing `ALERTS` series at eval_time (with severity), and every group whose alert fired at
   any evaluation up to it.
 
-Both pairs of sets must be equal. Prometheus 2.42 (Debian, used here) includes a
-sample exactly 5m old in its lookback and the engine does not (it follows Prometheus 3); the
-Python side is run with the 2.x window, and a case whose outcome hangs on that edge (a gap of
-exactly the lookback in grid-aligned data, which real scrape jitter never produces) is exempt
-from the must-fire check. Cases cover each rule's must-fire and must-not-fire boundary, so this
+Both pairs of sets must be equal, on promtool 2.42 and 3.x (the server matrix). Prometheus 2.x
+includes a sample exactly 5m old in its lookback and the engine does not (it follows Prometheus
+3); against promtool 2.x the Python side is run with the 2.x window, and a case whose outcome
+hangs on that edge (a gap of exactly the lookback in grid-aligned data, which real scrape jitter
+never produces) is exempt from the must-fire check. Cases cover each rule's must-fire and must-not-fire boundary, so this
 also checks that every generated alert fires and stays quiet where the rule says.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -35,12 +36,14 @@ from kvscope.diagnoser.promql.alerts import alert_name, compile_rule
 from kvscope.diagnoser.promql.rulefiles import canonical_rules, render_rule_file
 from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import read_rule, rule_paths
+from testbed import servers
 from testbed.prometheus import promtool_input_series
 from testbed.rulecases import case_samples, read_test_file
 
 pytestmark = [
     pytest.mark.prometheus,
     pytest.mark.needs("promtool"),
+    pytest.mark.servers,
 ]
 
 
@@ -62,6 +65,14 @@ def _fact_series(facts: dict[str, dict[str, str]], steps: int) -> list[dict[str,
         body = ",".join(f'{k}="{v}"' for k, v in sorted({"instance": instance, **known}.items()))
         out.append({"series": f"kvscope_engine_info{{{body}}}", "values": f"1x{steps}"})
     return out
+
+
+@functools.cache
+def _promtool_major() -> int:
+    """2 or 3: the promtool on PATH (the server matrix runs this file on both, testbed/servers.py)."""
+    version = servers.prometheus_version("promtool")
+    assert version is not None, "promtool --version says no version"
+    return version[0]
 
 
 PROMETHEUS2_LOOKBACK_S = DEFAULT_LOOKBACK_S + 1e-3
@@ -153,7 +164,8 @@ def _got_label_sets(block: str) -> list[dict[str, str]]:
 @pytest.mark.parametrize(("rule_path", "test_file", "case"), _cases())
 def test_python_and_prometheus_agree(rule_path, test_file, case, tmp_path):
     rule = read_rule(rule_path).with_params(case.params)
-    py_end, py_ever = _python_firing(rule, case, test_file.interval, PROMETHEUS2_LOOKBACK_S)
+    lookback = PROMETHEUS2_LOOKBACK_S if _promtool_major() == 2 else DEFAULT_LOOKBACK_S
+    py_end, py_ever = _python_firing(rule, case, test_file.interval, lookback)
     on_the_edge = (py_end, py_ever) != _python_firing(rule, case, test_file.interval)
     prom_end, prom_ever, log = _prometheus_firing(rule, case, test_file.interval, tmp_path)
     where = f"{test_file.path}:{case.line}"

@@ -19,7 +19,7 @@ from agentharness import start_agent_process, start_target_process
 from testbed.procs import ProcessGroup, free_port, http_get, wait_http, wait_until
 from testbed.prometheus import backfill_openmetrics, prometheus_argv, query
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.needs("prometheus", "promtool")]
+pytestmark = [pytest.mark.prometheus, pytest.mark.needs("prometheus", "promtool"), pytest.mark.servers]
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "scrapes" / "vllm-0.32.0-cpu-after-load.txt"
 PROMETHEUS = shutil.which("prometheus")

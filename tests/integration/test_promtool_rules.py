@@ -15,6 +15,7 @@ TEST_FILES = sorted((ROOT / "rules" / "tests").glob("*.test.yml"))
 pytestmark = [
     pytest.mark.prometheus,
     pytest.mark.needs("promtool"),
+    pytest.mark.servers,
 ]
 
 

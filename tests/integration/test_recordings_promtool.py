@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.prometheus
+pytestmark = [pytest.mark.prometheus, pytest.mark.servers]
 
 LIBRARY = Path(__file__).resolve().parent.parent / "recordings"
 RECORDINGS = sorted(LIBRARY.glob("*.om.gz"))

@@ -22,7 +22,7 @@ from kvscope.diagnoser.promql.tenantslo import error_record, top_record, ttft_re
 from testbed.procs import wait_until
 from testbed.prometheus import query, query_range, require_binaries, running_prometheus
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.needs("prometheus")]
+pytestmark = [pytest.mark.prometheus, pytest.mark.needs("prometheus"), pytest.mark.servers]
 
 TENANTS = 10_000
 TOP_N = 5

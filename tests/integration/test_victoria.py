@@ -32,7 +32,7 @@ from testbed.victoria import import_prometheus_text, replay_rules, running_victo
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDING = ROOT / "tests" / "recordings" / "kv-pressure-cascade.om.gz"
-pytestmark = pytest.mark.needs("victoria-metrics")
+pytestmark = [pytest.mark.needs("victoria-metrics"), pytest.mark.servers]
 
 
 @pytest.fixture(scope="module")

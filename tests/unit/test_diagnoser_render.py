@@ -158,10 +158,12 @@ def test_promql_with_the_grid_step_prints_the_whole_steps_the_evaluator_uses():
 
 def test_evidence_promql_is_the_rule_compilers_text_over_canonical_names():
     """One writer: the evidence text is what promql/series.py writes for the alert files, with
-    the canonical names in place of the recorded `kvscope:` series, on one line."""
+    the canonical names in place of the recorded `kvscope:` series, on one line, and its ranges
+    as the rule wrote them (the alert files' are one millisecond longer, promql/ranges.py)."""
     rule = _rule(1.0)
     recorded = " ".join(SeriesCompiler(rule).expr("u_avg").split())
-    assert promql(rule, "u_avg") == recorded.replace("kvscope:", "")
+    assert "[1h1ms:15s]" in recorded
+    assert promql(rule, "u_avg") == recorded.replace("kvscope:", "").replace("[1h1ms:", "[1h:")
     assert promql(rule, "u_avg") == "avg_over_time((avg by (instance) (gpu_utilization_ratio))[1h:15s])"
 
 

@@ -244,7 +244,7 @@ def test_compile_carries_threshold_for_and_severity_and_adds_a_critical_twin():
     warning, critical = compile_rule(_rule(KV_RULE))
     assert warning["alert"] == critical["alert"] == "LlmKvFull"
     assert "max by (instance) (kvscope:engine_kv_cache_usage_ratio)) >= 0.95" in warning["expr"]
-    assert "rate(kvscope:engine_preemptions_total[1m])" in warning["expr"]
+    assert "rate(kvscope:engine_preemptions_total[1m1ms])" in warning["expr"]
     assert warning["for"] == "2m"
     assert (warning["labels"]["severity"], critical["labels"]["severity"]) == ("warning", "critical")
     assert critical["expr"].startswith(warning["expr"]) and "> 1" in critical["expr"]
@@ -334,10 +334,10 @@ when:
     expr = alert["expr"]
     assert 'kvscope:engine_kv_cache_usage_ratio{dp_rank!=""}' in expr  # require_labels
     assert "count by (instance, dp_rank, gpu)" in expr  # distinct
-    assert "resets(kvscope:engine_prompt_tokens_total" in expr and "[10m]" in expr
+    assert "resets(kvscope:engine_prompt_tokens_total" in expr and "[10m1ms]" in expr
     assert "\nor\n" in expr  # coalesce
     assert "max_over_time((max by (instance, dp_rank) (kvscope:engine_requests_running" in expr
-    assert "[20m:15s] offset 10m)" in expr  # the engine's default offset
+    assert "[20m1ms:15s] offset 10m)" in expr  # the engine's default offset
 
 
 def test_each_quantile_the_rules_read_is_recorded_once_with_its_grouping():
@@ -388,3 +388,31 @@ def test_alerts_name_their_levers_by_title_and_a_section_a_user_can_open():
     assert hung["annotations"]["levers"] == (
         "Restart the hung engine, after capturing why it hung: docs/levers.md#opsrestart_hung_engine"
     )
+
+
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
+_LOOKUP = re.compile(r"last_over_time\([^()\[]*\[[^\]]*\]")
+_RANGE = re.compile(r"\[([0-9][0-9a-z]*)(?::[0-9a-z]+)?\]")
+
+
+def _unedged_ranges(text: str) -> list[str]:
+    """The ranges in generated rule text that Prometheus 2.x and 3.x read differently on grid-aligned
+    samples: every `[r]` and `[r:step]` not one millisecond past the rule's range, other than a
+    plain selector's `last_over_time` (a presence lookup: the same latest sample on both)."""
+    text = _LOOKUP.sub("", _QUOTED.sub('""', text))
+    return [m.group(1) for m in _RANGE.finditer(text) if not m.group(1).endswith("1ms")]
+
+
+def test_every_range_in_the_rule_files_reads_the_same_samples_on_prometheus_2_and_3():
+    """Prometheus 3 ranges are left-open, (t - r, t]; 2.x reads [t - r, t]. On grid-aligned samples
+    (a group's records read by its alerts, subquery steps, promtool tests) a rule written `[1m]`
+    would read one sample less on 3.x; the generated rules write `[1m1ms]` (promql/ranges.py). The
+    curve's records are the exception: their windows tile the time axis, one per evaluation, and
+    read engine scrapes, never samples on the group's grid (diagnoser/curve/records.py)."""
+    assert _unedged_ranges("rate(x[1m]) + (y)[10m:15s] + last_over_time(z[30s])") == ["1m", "10m"]
+    for path in sorted((ROOT / "rules" / "prometheus").glob("*.yml")):
+        if path.name == "kvscope-curve.yml":
+            continue
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                assert not _unedged_ranges(rule["expr"]), (path.name, rule.get("record") or rule.get("alert"))

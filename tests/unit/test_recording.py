@@ -48,3 +48,28 @@ def test_gzip_recordings_replay_to_canonical_samples(tmp_path, load_fixture):
     pre = [s for s in replay.samples if s.name == "engine_preemptions_total"]
     assert [s.timestamp for s in pre] == [1_700_000_000.0, 1_700_000_030.0]
     assert replay.facts["127.0.0.1:8000"]["0"]["block_size"] == "32"
+
+
+UTF8_SCRAPE = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m","gen_ai.pool"="p1"} 3
+# TYPE "gen_ai.probe.ttft" gauge
+{"gen_ai.probe.ttft",model_name="m","say \\"hi\\""="x"} 1.5
+"""
+
+
+def test_utf8_metric_and_label_names_survive_a_recording(tmp_path):
+    """A scrape with Prometheus 3's quoted UTF-8 names parses, and the recording writes them quoted
+    (unquoted, `gen_ai.pool="p1"` would be a line no parser reads: the sample lost)."""
+    expo = parse_exposition(UTF8_SCRAPE)
+    assert not expo.issues
+    got = {(s.name, s.labels): s.value for s in expo.samples}
+    assert got[("gen_ai.probe.ttft", (("model_name", "m"), ('say "hi"', "x")))] == 1.5
+    path = write_three_scrapes(tmp_path / "r.om", UTF8_SCRAPE)
+    body = path.read_text()
+    assert '# TYPE "gen_ai.probe.ttft" gauge' in body
+    assert '{"gen_ai.probe.ttft",' in body and '"gen_ai.pool"="p1"' in body
+    scrapes, expo = read_recording(path)
+    assert not expo.issues
+    first = {(s.name, s.labels): s.value for s in scrapes[0].samples}
+    assert first[("gen_ai.probe.ttft", (("model_name", "m"), ('say "hi"', "x")))] == 1.5
+    assert first[("vllm:num_requests_running", (("gen_ai.pool", "p1"), ("model_name", "m")))] == 3.0

@@ -61,7 +61,8 @@ def test_alert_is_predict_linear_and_promtool_agrees(tmp_path: Path):
     alerts = compile_rule(_rule())
     assert isinstance(alerts, list), alerts
     assert (
-        "predict_linear((max by (instance) (kvscope:engine_kv_cache_usage_ratio))[10m:15s], 900)" in alerts[0]["expr"]
+        "predict_linear((max by (instance) (kvscope:engine_kv_cache_usage_ratio))[10m1ms:15s], 900)"
+        in alerts[0]["expr"]
     )
     promtool = shutil.which("promtool")
     assert promtool, "promtool is installed with the project's Debian packages"
