@@ -1,19 +1,21 @@
 """OTLP push of kvscope's metrics (HTTP/protobuf), beside `/metrics`.
 
 On when the config has an `otlp_push:` section (without `enabled: false`) or the environment says
-`OTEL_METRICS_EXPORTER=otlp`. Each key comes from the section, else from the standard variable,
-else the default (the SDK's own precedence: an explicit setting over the environment):
+`OTEL_METRICS_EXPORTER=otlp`. The SDK's exporter (`OTLPMetricExporter`) reads the standard
+variables itself: a key in the section is passed to it and wins over its variable, as an explicit
+setting does in the SDK; what the section leaves out the SDK resolves, default in brackets:
 
-key (`otlp_push:`) and standard variable, default:
+- endpoint: OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/metrics
+  (http://localhost:4318/v1/metrics)
+- headers: OTEL_EXPORTER_OTLP_METRICS_HEADERS, else OTEL_EXPORTER_OTLP_HEADERS (none)
+- timeout_s: OTEL_EXPORTER_OTLP_METRICS_TIMEOUT, else OTEL_EXPORTER_OTLP_TIMEOUT (seconds, as the
+  Python SDK reads them; 10 s)
+- temporality: OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE (lowmemory = delta; cumulative)
 
-- endpoint: OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/metrics;
-  http://localhost:4318/v1/metrics
-- headers: OTEL_EXPORTER_OTLP_METRICS_HEADERS, else OTEL_EXPORTER_OTLP_HEADERS (k=v,k=v); none
-- interval_s: OTEL_METRIC_EXPORT_INTERVAL (milliseconds); 60 s
-- timeout_s: OTEL_EXPORTER_OTLP_METRICS_TIMEOUT, else OTEL_EXPORTER_OTLP_TIMEOUT (ms); 10 s
-- temporality: OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE (lowmemory = delta); cumulative
-- operation_name (`gen_ai.operation.name`): text_completion
-- max_points (data points per push; the rest are counted as dropped): 200000
+kvscope's own loop pushes (the SDK's periodic reader collects from instruments, kvscope's points
+are engine histograms), so kvscope reads OTEL_METRIC_EXPORT_INTERVAL itself (`interval_s`,
+milliseconds; 60 s). Its own keys: operation_name (`gen_ai.operation.name`, text_completion) and
+max_points (data points per push, the rest counted as dropped; 200000).
 
 Every push is bounded: the points per request are capped (the rest counted as dropped), the
 SDK exporter's request has a timeout, and a push still running when the next is due is skipped
@@ -26,11 +28,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from kvscope.agent.config import ConfigError, parse_count, register_section
 from kvscope.agent.otel.convert import Converter
@@ -45,26 +48,26 @@ log = logging.getLogger("kvscope.agent.otel")
 
 SECTION = "otlp_push"
 EXPORTER = "otlp"
-DEFAULT_ENDPOINT = "http://localhost:4318/v1/metrics"
+INTERVAL_VAR = "OTEL_METRIC_EXPORT_INTERVAL"
 _KEYS = ("enabled", "endpoint", "headers", "interval_s", "timeout_s", "temporality", "operation_name", "max_points")
 
 
 @dataclass(frozen=True)
 class PushConfig:
-    """Where and how often kvscope's metrics are pushed."""
+    """Where and how often kvscope's metrics are pushed, as resolved with the SDK's exporter."""
 
-    endpoint: str = DEFAULT_ENDPOINT
-    headers: tuple[tuple[str, str], ...] = ()
+    exporter: Any
+    endpoint: str
+    timeout_s: float
+    temporality: str
     interval_s: float = 60.0
-    timeout_s: float = 10.0
-    temporality: str = "cumulative"
     operation_name: str = OPERATION_NAME
     max_points: int = 200_000
 
 
 def parse_section(raw: Any) -> dict[str, Any]:
-    """Validate the `otlp_push:` section's shape (values are resolved with the environment by
-    `push_config`). Raises ConfigError naming the key."""
+    """Validate the `otlp_push:` section (the environment is read by `push_config` at start).
+    Raises ConfigError naming the key."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -72,19 +75,19 @@ def parse_section(raw: Any) -> dict[str, Any]:
     for key in raw:
         if key not in _KEYS:
             raise ConfigError(f"{SECTION}.{key}: unknown key (allowed: {', '.join(_KEYS)})")
-    push_config(raw, {})  # every value checked at start
+    _section_values(raw, {})
     return raw
 
 
 register_section(SECTION, parse_section)
 
 
-def push_config(section: Mapping[str, Any] | None, environ: Mapping[str, str]) -> PushConfig | None:
-    """The push configuration, or None when pushing is off. Raises ConfigError naming the key
-    (or the variable) that is wrong."""
-    exporters = {e.strip().lower() for e in environ.get("OTEL_METRICS_EXPORTER", "").split(",")}
+def push_config(section: Mapping[str, Any] | None, environ: Mapping[str, str] = os.environ) -> PushConfig | None:
+    """The push configuration with its exporter, or None when pushing is off. The exporter reads
+    the standard variables from the process environment. Raises ConfigError naming the key (or
+    the variable) that is wrong."""
     if section is None:
-        if "otlp" not in exporters:
+        if "otlp" not in {e.strip().lower() for e in environ.get("OTEL_METRICS_EXPORTER", "").split(",")}:
             return None
         section = {}
     try:
@@ -93,29 +96,64 @@ def push_config(section: Mapping[str, Any] | None, environ: Mapping[str, str]) -
         raise ConfigError(f"{SECTION}.enabled: must be true or false, got {section.get('enabled')!r}") from None
     if not enabled:
         return None
+    given = _section_values(section, environ)
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics import Histogram
+    from opentelemetry.sdk.metrics.export import AggregationTemporality
+
+    exporter = OTLPMetricExporter(
+        endpoint=given.get("endpoint"), headers=given.get("headers"), timeout=given.get("timeout_s")
+    )
+    # what the SDK resolved (its 1.45 exporter keeps them there): the loop bounds its wait by the
+    # timeout and converts with the temporality
+    endpoint = _url(exporter._endpoint, "otlp_push.endpoint or OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT")
+    delta = (exporter._preferred_temporality or {}).get(Histogram) == AggregationTemporality.DELTA
     return PushConfig(
-        endpoint=_endpoint(section, environ),
-        headers=_headers(section, environ),
-        interval_s=_duration(section, environ, "interval_s", ("OTEL_METRIC_EXPORT_INTERVAL",), 60.0),
-        timeout_s=_duration(
-            section, environ, "timeout_s", ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"), 10.0
-        ),
-        temporality=_temporality(section, environ),
-        operation_name=_operation(section),
-        max_points=_max_points(section),
+        exporter,
+        endpoint,
+        given.get("timeout_s", exporter._client._timeout),
+        given.get("temporality", "delta" if delta else "cumulative"),
+        **{k: given[k] for k in ("interval_s", "operation_name", "max_points") if k in given},
     )
 
 
-def _endpoint(section: Mapping[str, Any], environ: Mapping[str, str]) -> str:
+def _section_values(section: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """The section's keys checked and parsed, `interval_s` from its variable when the section
+    leaves it out; a key absent from both is absent (the SDK or the default decides)."""
+    out: dict[str, Any] = {}
     if "endpoint" in section:
-        url, where = section["endpoint"], f"{SECTION}.endpoint"
-    elif environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
-        url, where = environ["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"], "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
-    elif environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):  # the base URL: the signal path is appended
-        url = environ["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/metrics"
-        where = "OTEL_EXPORTER_OTLP_ENDPOINT"
-    else:
-        return DEFAULT_ENDPOINT
+        out["endpoint"] = _url(section["endpoint"], f"{SECTION}.endpoint")
+    if "headers" in section:
+        raw = section["headers"] or {}
+        if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+            raise ConfigError(f"{SECTION}.headers: must be a mapping of header name to string value")
+        out["headers"] = raw
+    for key in ("interval_s", "timeout_s"):
+        if key in section:
+            out[key] = _duration(section[key], f"{SECTION}.{key}", loose=True)
+    if "interval_s" not in out and INTERVAL_VAR in environ:
+        out["interval_s"] = _duration(environ[INTERVAL_VAR], INTERVAL_VAR, loose=False)
+    if "temporality" in section:
+        value = {"cumulative": "cumulative", "delta": "delta", "lowmemory": "delta"}.get(
+            str(section["temporality"]).strip().lower()
+        )
+        if value is None:
+            raise ConfigError(f"{SECTION}.temporality: must be cumulative or delta (lowmemory reads as delta)")
+        out["temporality"] = value
+    name = section.get("operation_name", OPERATION_NAME)
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{SECTION}.operation_name: must be a non-empty string such as chat or text_completion")
+    out["operation_name"] = name.strip()
+    try:
+        out["max_points"] = parse_count(section.get("max_points", 200_000))
+    except ValueError:
+        out["max_points"] = 0
+    if out["max_points"] < 1:
+        raise ConfigError(f"{SECTION}.max_points: must be an integer >= 1, got {section.get('max_points')!r}")
+    return out
+
+
+def _url(url: Any, where: str) -> str:
     try:
         parts = urlsplit(url) if isinstance(url, str) else None
     except ValueError:
@@ -128,85 +166,18 @@ def _endpoint(section: Mapping[str, Any], environ: Mapping[str, str]) -> str:
     return url
 
 
-def _headers(section: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    if "headers" in section:
-        raw = section["headers"] or {}
-        if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
-            raise ConfigError(f"{SECTION}.headers: must be a mapping of header name to string value")
-        return tuple(sorted(raw.items()))
-    for var in ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"):
-        if text := environ.get(var, "").strip():
-            out = []
-            for item in text.split(","):
-                name, sep, value = item.partition("=")
-                if not sep or not name.strip():
-                    raise ConfigError(f"{var}: must be comma-separated name=value pairs, got {item.strip()!r}")
-                out.append((unquote(name.strip()), unquote(value.strip())))
-            return tuple(out)
-    return ()
-
-
-def _duration(
-    section: Mapping[str, Any], environ: Mapping[str, str], key: str, variables: tuple[str, ...], default: float
-) -> float:
-    value, where = default, ""
-    if key in section:
-        where = f"{SECTION}.{key}"
-        try:
-            value = parse_duration(section[key], loose=True)
-        except ValueError:
-            value = -1.0
-    else:
-        for var in variables:
-            if var in environ:
-                where = var
-                try:
-                    value = float(environ[var]) / 1000.0  # the standard variables are milliseconds
-                except ValueError:
-                    value = -1.0
-                break
-    if not 0 < value < 86400:
-        raise ConfigError(f"{where}: must be a duration > 0 (the variables in milliseconds), got {value!r}")
-    return value
-
-
-def _temporality(section: Mapping[str, Any], environ: Mapping[str, str]) -> str:
-    if "temporality" in section:
-        raw, where = str(section["temporality"]), f"{SECTION}.temporality"
-    else:
-        var = "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE"
-        raw, where = environ.get(var, "cumulative"), var
-    value = {"cumulative": "cumulative", "delta": "delta", "lowmemory": "delta"}.get(raw.strip().lower())
-    if value is None:
-        raise ConfigError(f"{where}: must be cumulative or delta (lowmemory reads as delta), got {raw!r}")
-    return value
-
-
-def _operation(section: Mapping[str, Any]) -> str:
-    value = section.get("operation_name", OPERATION_NAME)
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{SECTION}.operation_name: must be a non-empty string such as chat or text_completion")
-    return value.strip()
-
-
-def _max_points(section: Mapping[str, Any]) -> int:
+def _duration(raw: Any, where: str, loose: bool) -> float:
+    """A duration in seconds from the section (`30s`, 30) or the variable (milliseconds)."""
     try:
-        value = parse_count(section.get("max_points", 200_000))
+        value = parse_duration(raw, loose=True) if loose else float(raw) / 1000.0
     except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"{SECTION}.max_points: must be an integer >= 1, got {section.get('max_points')!r}")
+        value = -1.0
+    if not 0 < value < 86400:
+        raise ConfigError(f"{where}: must be a duration > 0 (the variable in milliseconds), got {raw!r}")
     return value
 
 
 # ------------------------------------------------------------------------------------------ push loop
-
-
-def build_exporter(cfg: PushConfig) -> Any:
-    """The OpenTelemetry SDK's OTLP/HTTP protobuf metric exporter for `cfg`."""
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-    return OTLPMetricExporter(endpoint=cfg.endpoint, headers=dict(cfg.headers), timeout=cfg.timeout_s)
 
 
 class OtlpPusher:
@@ -217,12 +188,11 @@ class OtlpPusher:
         cfg: PushConfig,
         state: Any,
         catalog: Catalog | None = None,
-        exporter: Any = None,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self.cfg, self.state, self.clock = cfg, state, clock
         self.catalog = catalog or load_catalog()
-        self.exporter = exporter if exporter is not None else build_exporter(cfg)
+        self.exporter = cfg.exporter
         self.converter = Converter(cfg.temporality, started_ns=clock())
         self._busy: asyncio.Future[Any] | None = None
         self._stop = asyncio.Event()
@@ -246,7 +216,7 @@ class OtlpPusher:
             if n:
                 st.dropped[("otlp_push", "", reason)] += n
         # a thread of its own: one stuck in a name lookup must hold neither the loop's executor nor the exit
-        self._busy = daemon_call(self.exporter.export, data, self.cfg.timeout_s * 1000, name="kvscope-otlp-push")
+        self._busy = daemon_call(self.exporter.export, data, name="kvscope-otlp-push")
         try:
             # the exporter's own timeout bounds the request; the wait is bounded too
             result = await asyncio.wait_for(asyncio.shield(self._busy), timeout=self.cfg.timeout_s + 5.0)

@@ -13,8 +13,7 @@ an empty all-clear.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -24,7 +23,6 @@ from kvscope.diagnoser.actions import actions_dict
 from kvscope.diagnoser.curve.report import FINDING_KINDS as ENGINE_CHANGE_KINDS
 from kvscope.diagnoser.findings import Diagnosis, LeverAdvice, confidence_words, count, nothing_evaluable
 
-WEBHOOK_VERSION = "4"
 MAX_ALERTS = 50
 """Alerts diagnosed per webhook; the rest are stored marked `truncated` (Alertmanager groups
 can be large, and every diagnosis reads a window from Prometheus)."""
@@ -45,22 +43,61 @@ class WebhookError(ValueError):
     """The request body is not a usable Alertmanager webhook; str() says what is wrong."""
 
 
-@dataclass(frozen=True)
-class Alert:
-    """One alert of a webhook, as Alertmanager sent it."""
+class Alert(msgspec.Struct, rename="camel"):
+    """One alert of a webhook, Alertmanager's webhook v4 schema, its times checked at decode
+    (`starts_at`, `ends_at`: unix seconds). A lone surrogate in a label (`"\\ud800"`, valid JSON, no
+    valid text and never a Prometheus label) is written out as the six characters `\\ud800`, so
+    the reads and log lines built from the alert work (Prometheus refuses U+FFFD in a query)."""
 
-    status: str
+    status: Literal["firing", "resolved"]
     labels: dict[str, str]
-    starts_at: float
-    ends_at: float | None
+    starts: str = msgspec.field(name="startsAt")
+    ends: str = msgspec.field(default="", name="endsAt")
+    annotations: dict[str, str] = {}
+    generator_url: str = msgspec.field(default="", name="generatorURL")
+    fingerprint: str = ""
+
+    def __post_init__(self) -> None:
+        self.labels = {_utf8(k): _utf8(v) for k, v in self.labels.items()}
+        if parse_time(self.starts) is None:
+            raise WebhookError("startsAt is missing")
+        parse_time(self.ends)
+
+    @property
+    def starts_at(self) -> float:
+        return parse_time(self.starts) or 0.0  # never the zero time: refused at decode
+
+    @property
+    def ends_at(self) -> float | None:  # None while firing (Alertmanager's zero time)
+        return parse_time(self.ends)
 
     def place(self) -> dict[str, str]:
         return {k: v for k, v in self.labels.items() if k in PLACE_LABELS and v}
 
 
-def parse_time(text: Any) -> float | None:
+class Webhook(msgspec.Struct, rename="camel"):
+    """An Alertmanager webhook, v4 schema. It validates a body; what is stored and forwarded is
+    the decoded document itself, so fields Alertmanager adds later are kept."""
+
+    version: Literal["4"]
+    alerts: Annotated[list[Alert], msgspec.Meta(min_length=1)]
+    status: str = ""
+    receiver: str = ""
+    group_key: str = ""
+    group_labels: dict[str, str] = {}
+    common_labels: dict[str, str] = {}
+    common_annotations: dict[str, str] = {}
+    external_url: str = msgspec.field(default="", name="externalURL")
+    truncated_alerts: int = 0
+
+
+def _utf8(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def parse_time(text: str) -> float | None:
     """RFC 3339 (as Alertmanager writes it) → unix seconds; the zero time → None."""
-    if not isinstance(text, str) or not text or text.startswith("0001-01-01"):
+    if not text or text.startswith("0001-01-01"):
         return None
     try:
         return parse_timestamp(text)
@@ -69,54 +106,25 @@ def parse_time(text: Any) -> float | None:
 
 
 def parse_webhook(body: bytes) -> dict[str, Any]:
-    """Validate a webhook body; returns the decoded document. Raises WebhookError."""
+    """Validate a webhook body (nesting bounded first, then `Webhook`); returns the decoded
+    document. Raises WebhookError."""
     try:
         doc = loads_bounded(body)
     except ValueError as exc:  # UnicodeDecodeError is one
         raise WebhookError(f"body is not JSON: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise WebhookError("body must be a JSON object")
-    if str(doc.get("version", "")) != WEBHOOK_VERSION:
-        raise WebhookError(f"unsupported webhook version {doc.get('version')!r} (expected {WEBHOOK_VERSION!r})")
-    alerts = doc.get("alerts")
-    if not isinstance(alerts, list) or not alerts:
-        raise WebhookError("'alerts' must be a non-empty list")
-    for i, alert in enumerate(alerts):
-        parse_alert(alert, i)
+    try:
+        msgspec.convert(doc, Webhook)
+    except msgspec.ValidationError as exc:
+        raise WebhookError(f"not an Alertmanager v4 webhook: {exc}") from exc
     return doc
 
 
-def parse_alert(raw: Any, index: int = 0) -> Alert:
+def parse_alert(raw: object, index: int = 0) -> Alert:
     """One entry of `alerts`; raises WebhookError naming the entry."""
-    if not isinstance(raw, dict):
-        raise WebhookError(f"alerts[{index}] must be an object")
-    labels, annotations = raw.get("labels"), raw.get("annotations", {})
-    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
-        raise WebhookError(f"alerts[{index}].labels must be an object of strings")
-    if not isinstance(annotations, dict):
-        raise WebhookError(f"alerts[{index}].annotations must be an object")
-    status = raw.get("status")
-    if status not in ("firing", "resolved"):
-        raise WebhookError(f"alerts[{index}].status must be 'firing' or 'resolved'")
-    starts = parse_time(raw.get("startsAt"))
-    if starts is None:
-        raise WebhookError(f"alerts[{index}].startsAt is missing")
-    return Alert(status, utf8_labels(labels), starts, parse_time(raw.get("endsAt")))
-
-
-def utf8_labels(labels: dict[str, str]) -> dict[str, str]:
-    """Labels that encode as UTF-8: a lone surrogate (`"\\ud800"`, valid JSON, no valid text and
-    never a Prometheus label) is written out as the six characters `\\ud800`, so the reads and
-    log lines built from the alert work (Prometheus refuses U+FFFD in a query as an invalid rune)."""
-    return {_utf8(k): _utf8(v) for k, v in labels.items()}
-
-
-def _utf8(text: str) -> str:
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
+        return msgspec.convert(raw, Alert)
+    except msgspec.ValidationError as exc:
+        raise WebhookError(f"alerts[{index}]: {exc}") from exc
 
 
 def diagnosis_window(alert: Alert, now: float, before_s: float, max_s: float) -> tuple[float, float]:

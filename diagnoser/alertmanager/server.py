@@ -520,18 +520,17 @@ def _log_alert(alert: Alert, answer: dict[str, Any], seconds: float) -> None:
 
 def _unread(doc: dict[str, Any], why: str, status: str) -> dict[str, Any]:
     """The webhook as stored and forwarded when its diagnosis was given up or failed: every firing
-    alert `not_diagnosed` (or `error`) with the reason in its headline, the reason on the payload."""
-    alerts = []
-    for i, a in enumerate(doc.get("alerts", [])):
-        if i >= MAX_ALERTS and isinstance(a, dict):
-            a = {**a, "kvscope": {"status": "truncated"}}
-        elif isinstance(a, dict) and a.get("status") == "firing":
-            labels = a.get("labels")
-            rule_id = labels.get("rule_id") if isinstance(labels, dict) else None
-            a = {**a, "kvscope": {**not_diagnosed(why, rule_id), "status": status}}
-        elif isinstance(a, dict):
-            a = {**a, "kvscope": {"status": "resolved"}}
-        alerts.append(a)
+    alert `not_diagnosed` (or `error`) with the reason in its headline, the reason on the payload.
+    `doc` passed `parse_webhook` when it was received (its alerts objects, their labels too)."""
+
+    def kvscope(i: int, alert: dict[str, Any]) -> dict[str, Any]:
+        if i >= MAX_ALERTS:
+            return {"status": "truncated"}
+        if alert.get("status") != "firing":
+            return {"status": "resolved"}
+        return {**not_diagnosed(why, alert["labels"].get("rule_id")), "status": status}
+
+    alerts = [{**a, "kvscope": kvscope(i, a)} for i, a in enumerate(doc["alerts"])]
     return {**doc, "alerts": alerts, "kvscope_error": why, "kvscope_version": 1}
 
 

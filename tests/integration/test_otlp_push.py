@@ -17,6 +17,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from agentharness import fetch_metrics, fetch_text, running_agent, start_target_process, target_server, value
 from aiohttp import web
@@ -79,7 +80,8 @@ async def _run(environ: dict[str, str], status: int = 200, pushes: int = 1):
         doc = {"targets": [{"url": base + "/metrics", "job": "vllm"}], "store": {"path": ""}}
         environ = {k: v.replace("{endpoint}", endpoint) for k, v in environ.items()}
         async with running_agent(doc) as (runtime, agent):
-            cfg = push_config(None, environ)
+            with mock.patch.dict(os.environ, environ):  # the SDK's exporter reads the process's
+                cfg = push_config(None)
             assert cfg is not None
             pusher = OtlpPusher(cfg, runtime.state)
             results = []

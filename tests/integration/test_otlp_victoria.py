@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from agentharness import fetch_metrics, running_agent, target_server, value
@@ -52,7 +54,8 @@ async def _push(endpoint: str) -> tuple[str, str, str]:
         doc = {"targets": [{"url": base + "/metrics", "job": "vllm"}], "store": {"path": ""}}
         async with running_agent(doc) as (runtime, agent):
             env = {"OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": endpoint}
-            cfg = push_config(None, env)
+            with mock.patch.dict(os.environ, env):  # the SDK's exporter reads the process's
+                cfg = push_config(None)
             assert cfg is not None
             pusher = OtlpPusher(cfg, runtime.state)
             await runtime.run_cycle()

@@ -3,40 +3,53 @@ the SDK exporter in tests/integration/test_otlp_push.py)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kvscope.agent.config import ConfigError
 from kvscope.agent.otel.convert import Converter
 from kvscope.agent.otel.genai import CONVENTIONS, genai_points
-from kvscope.agent.otel.push import DEFAULT_ENDPOINT, parse_section, push_config
+from kvscope.agent.otel.push import parse_section, push_config
 from kvscope.agent.signals import Sample, make_labels
 
 
-def test_push_is_off_unless_configured_or_asked_for_by_the_standard_variable():
-    assert push_config(None, {}) is None
-    assert push_config(None, {"OTEL_METRICS_EXPORTER": "prometheus"}) is None
-    assert push_config({"enabled": False}, {"OTEL_METRICS_EXPORTER": "otlp"}) is None
-    cfg = push_config(None, {"OTEL_METRICS_EXPORTER": "console,otlp"})
-    assert cfg is not None and cfg.endpoint == DEFAULT_ENDPOINT and cfg.interval_s == 60.0
+def _config(section, env, monkeypatch):
+    """push_config with `env` as the whole OTEL_* environment (the SDK's exporter reads the process's)."""
+    for var in [v for v in os.environ if v.startswith("OTEL_")]:
+        monkeypatch.delenv(var)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    return push_config(section, env)
 
 
-def test_standard_variables_fill_what_the_section_leaves_out():
+def test_push_is_off_unless_configured_or_asked_for_by_the_standard_variable(monkeypatch):
+    assert _config(None, {}, monkeypatch) is None
+    assert _config(None, {"OTEL_METRICS_EXPORTER": "prometheus"}, monkeypatch) is None
+    assert _config({"enabled": False}, {"OTEL_METRICS_EXPORTER": "otlp"}, monkeypatch) is None
+    cfg = _config(None, {"OTEL_METRICS_EXPORTER": "console,otlp"}, monkeypatch)
+    assert cfg is not None and cfg.endpoint == "http://localhost:4318/v1/metrics" and cfg.interval_s == 60.0
+    assert (cfg.timeout_s, cfg.temporality) == (10.0, "cumulative")
+
+
+def test_the_sdk_reads_the_standard_variables_the_section_leaves_out(monkeypatch):
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
         "OTEL_EXPORTER_OTLP_HEADERS": "api-key=a%3Db,x=1",
         "OTEL_METRIC_EXPORT_INTERVAL": "5000",
-        "OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "2.5",  # seconds, as the Python SDK reads it
         "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "LowMemory",
     }
-    cfg = push_config({}, env)
+    cfg = _config({}, env, monkeypatch)
     assert cfg is not None
     assert cfg.endpoint == "http://collector:4318/v1/metrics"
-    assert cfg.headers == (("api-key", "a=b"), ("x", "1"))
     assert (cfg.interval_s, cfg.timeout_s, cfg.temporality) == (5.0, 2.5, "delta")
     env["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"] = "https://m.example/otlp/v1/metrics"
-    assert push_config({}, env).endpoint == "https://m.example/otlp/v1/metrics"
-    own = push_config({"endpoint": "http://vm:8428/opentelemetry/v1/metrics", "interval_s": "15s"}, env)
+    assert _config({}, env, monkeypatch).endpoint == "https://m.example/otlp/v1/metrics"
+    section = {"endpoint": "http://vm:8428/opentelemetry/v1/metrics", "interval_s": "15s", "timeout_s": "3s"}
+    own = _config({**section, "temporality": "cumulative"}, env, monkeypatch)
     assert own.endpoint == "http://vm:8428/opentelemetry/v1/metrics" and own.interval_s == 15.0
+    assert (own.timeout_s, own.temporality) == (3.0, "cumulative")
 
 
 @pytest.mark.parametrize(
@@ -46,18 +59,17 @@ def test_standard_variables_fill_what_the_section_leaves_out():
         (
             {},
             {"OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "ftp://x"},
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            r"OTEL_EXPORTER_OTLP_\[METRICS_\]ENDPOINT",
         ),
         ({"temporality": "sometimes"}, {}, "otlp_push.temporality"),
         ({}, {"OTEL_METRIC_EXPORT_INTERVAL": "soon"}, "OTEL_METRIC_EXPORT_INTERVAL"),
         ({"headers": "a=b"}, {}, "otlp_push.headers"),
-        ({}, {"OTEL_EXPORTER_OTLP_HEADERS": "novalue"}, "OTEL_EXPORTER_OTLP_HEADERS"),
         ({"max_points": 0}, {}, "otlp_push.max_points"),
     ],
 )
-def test_bad_settings_stop_the_agent_naming_the_key(section, env, names):
+def test_bad_settings_stop_the_agent_naming_the_key(section, env, names, monkeypatch):
     with pytest.raises(ConfigError, match=names):
-        push_config(section, env)
+        _config(section, env, monkeypatch)
 
 
 def test_an_unknown_key_in_the_section_is_refused():
