@@ -82,7 +82,7 @@ class PoolCurve:
 
 
 def estimator(iv: Intervals) -> dict:
-    """How the pool's interval concurrency was estimated (docs/curve.md "Concurrency"): `method`
+    """How the pool's interval concurrency was estimated (docs/curve.md "The curve"): `method`
     `littles_law+gauges` where the engines export a latency sum (Little's law over the interval's
     span, weighed with the gauges' mean by their standard errors) or `gauges`; `sum` the histograms
     read; `littles_law_weight` the mean weight Little's law had over the busy intervals."""
