@@ -132,7 +132,10 @@ def _dribble_bytes(conn: socket.socket, closed: threading.Event, data: bytes) ->
 def test_diagnose_against_a_dribbling_prometheus_ends_with_exit_4_naming_the_timeout(serve, capsys):
     code, err = _diagnose(capsys, serve(_dribble))
     assert code == 4, err
-    assert err.startswith("kvscope diagnose: prometheus http://127.0.0.1:") and "no complete answer within 2 s" in err
+    assert (
+        err.startswith("kvscope diagnose: not diagnosed: prometheus http://127.0.0.1:")
+        and "no complete answer within 2 s" in err
+    )
 
 
 # --- N7: every malformed answer is one line, exit 4 ----------------------------------------------
@@ -171,7 +174,7 @@ def test_a_malformed_answer_is_one_line_naming_the_source_and_what_was_wrong_exi
     url = serve(answer)
     code, err = _diagnose(capsys, url, "--full-fetch")
     assert code == 4, err
-    assert err.startswith(f"kvscope diagnose: prometheus {url}") and words in err, err
+    assert err.startswith(f"kvscope diagnose: not diagnosed: prometheus {url}") and words in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
