@@ -88,7 +88,10 @@ def block_weights(
     `length` consecutive intervals (per instance, in time) with replacement until the replicate
     holds at least as many intervals as the side."""
     n = len(rows)
-    size = max(1, min(n, math.ceil(length)))
+    # at most min(3 sqrt(n), n / 3) (Patton's bound on the estimate): at least three blocks, so a
+    # side whose drift is as long as the side itself never resamples into one block, which
+    # would repeat the side and give an interval of zero width
+    size = max(1, min(math.ceil(length), math.ceil(min(3 * math.sqrt(n), n / 3))))
     blocks: list[np.ndarray] = []
     for u in np.unique(iv.unit[rows]):
         mine = np.flatnonzero(iv.unit[rows] == u)

@@ -12,7 +12,8 @@ not_comparable (never a verdict on different load).
 
 Matched load is more than matched concurrency (§8.2: one curve per input/output length
 combination; §8.4: compare at matched input/output lengths). Where the two sides' requests differ
-in prompt or output tokens per request by more than the relative threshold, the sides carry
+in prompt or output tokens per request by more than the relative threshold (over the whole of
+the difference's bootstrap interval), the sides carry
 different workloads: the verdict is `not_comparable` with the reason (`offered_load`), never a
 regression or an improvement of the engine. Thresholds: docs/rules.md.
 """
@@ -104,7 +105,14 @@ def deltas(
             continue
         # the point estimate: the replicates' median (every replicate weighs the same buckets)
         mb, ma = float(np.median(rb[ok_b])), float(np.median(ra[ok_a]))
-        mix[name] = {"before": mb, "after": ma, "relative": (ma - mb) / mb if mb else None}
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(rb > 0, ra / rb - 1.0, np.nan)
+        mix[name] = {
+            "before": mb,
+            "after": ma,
+            "relative": (ma - mb) / mb if mb else None,
+            "relative_interval": bootstrap.interval(rel),
+        }
     return out, [a.concurrency for _, a in pairs], mix
 
 
@@ -118,15 +126,19 @@ def _beyond(d: dict, sign: int, abs_min: float, rel_min: float) -> bool:
 
 
 def mix_differs(mix: dict, th: Thresholds) -> list[str]:
-    """The token-mix measures on which the two sides differ by more than the relative threshold;
-    every measure where none could be read (the engine exports neither finished nor first-token
-    requests beside its token counters, as llama.cpp: no offered load was read at all, and a match
-    is not assumed). One measure read and matched is a match on what was read."""
+    """The token-mix measures on which the two sides differ by more than the relative threshold
+    over the whole of the difference's bootstrap interval (the test a verdict passes, the other way
+    round); every measure where none could be read (the engine exports neither finished nor
+    first-token requests beside its token counters, as llama.cpp: no offered load was read at all,
+    and a match is not assumed). One measure read and matched is a match on what was read."""
     if mix and all(x is None for x in mix.values()):
         return list(mix)
-    return [
-        m for m, x in mix.items() if x is not None and x["relative"] is not None and abs(x["relative"]) > th.relative
-    ]
+    out = []
+    for m, x in mix.items():
+        iv = x and x.get("relative_interval")
+        if iv and (iv[0] > th.relative or iv[1] < -th.relative):
+            out.append(m)
+    return out
 
 
 def verdict(d: dict, th: Thresholds = Thresholds(), mix: dict | None = None) -> tuple[str, list[str], list[str]]:

@@ -317,3 +317,14 @@ def test_a_different_token_mix_at_matched_concurrency_is_not_judged():
     assert j.verdict == "not_comparable" and j.reason and "output_tokens_per_request" in j.reason
     assert j.offered_load["output_tokens_per_request"]["relative"] == pytest.approx(1.0, rel=0.05)
     assert regression_findings([pc], (0.0, 1.0), STEP) == []
+
+
+def test_a_block_as_long_as_the_side_never_collapses_the_bootstrap():
+    """A side that drifts as slowly as it is long gets an estimated block length beyond its size;
+    resampling one block would repeat the side in every replicate (an interval of zero width)."""
+    from kvscope.diagnoser.curve.bootstrap import block_weights
+
+    (iv,) = pool_intervals(synth([4.0] * 30)).values()
+    rows = np.arange(len(iv))
+    w = block_weights(iv, rows, np.random.default_rng(0), 50, length=1e9)
+    assert w.sum(axis=1).min() >= len(rows) and len({tuple(r) for r in w}) > 1
