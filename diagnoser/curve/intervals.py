@@ -26,6 +26,7 @@ from kvscope.diagnoser.curve.window import (
     GAUGES,
     HISTOGRAMS,
     LITTLE_SUMS,
+    MIX_COUNTERS,
 )
 from kvscope.diagnoser.evaluate.frame import Block, Frame
 
@@ -249,7 +250,7 @@ def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
         index = {u: i for i, u in enumerate(units)}
         gauges = {name: _gauge(frame.block(name), index, n_t) for name in GAUGES + CONFIG_GAUGES}
         counters, drops = {}, np.zeros((len(units), n_t - 1), dtype=bool)
-        for name in COUNTERS + tuple(f"{h}_count" for h in HISTOGRAMS):
+        for name in COUNTERS + MIX_COUNTERS + tuple(f"{h}_count" for h in HISTOGRAMS):
             counters[name], dropped = _counter(frame.block(name), index, n_t)
             drops |= dropped
         hists = {h: got for h in HISTOGRAMS if (got := _histogram(frame.block(f"{h}_bucket"), index, n_t))}

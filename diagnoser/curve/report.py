@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from kvscope.diagnoser.curve.changes import Change, raw_changes
-from kvscope.diagnoser.curve.compare import Thresholds, deltas, verdict
+from kvscope.diagnoser.curve.compare import Thresholds, deltas, mix_differs, verdict
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals, pool_intervals
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point, peak_concurrency
 from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points
@@ -49,6 +49,10 @@ class JudgedChange:
     worse: list[str]
     better: list[str]
     matched_concurrency: list[float]
+    offered_load: dict = field(default_factory=dict)
+    """The token mix each side's requests carried at the matched buckets (compare.MIX)."""
+    reason: str | None = None
+    """Why no verdict was given where buckets matched (the sides carried different workloads)."""
     before: list[Point] = field(default_factory=list, repr=False)
     """The curve before the change and after it, as compared (the UI overlays them); not in the JSON."""
     after: list[Point] = field(default_factory=list, repr=False)
@@ -106,9 +110,18 @@ def judge(iv: Intervals, changes: list[Change], settle_s: float, th: Thresholds)
         before = iv.take(keep & (iv.t_end > lo) & (iv.t_end < c.time))
         after = iv.take(keep & (iv.t_end > c.time + settle_s) & (iv.t_end < hi))
         sides = curve_points(before), curve_points(after)
-        d, matched = deltas(*sides)
-        v, worse, better = verdict(d, th)
-        out.append(JudgedChange(c, v, d, worse, better, matched, *sides))
+        d, matched, mix = deltas(*sides, before, after)
+        v, worse, better = verdict(d, th, mix)
+        differs = mix_differs(mix, th)
+        reason = (
+            "different workloads at matched concurrency: "
+            + ", ".join(
+                f"{m} {mix[m]['before']:.0f} -> {mix[m]['after']:.0f}" if mix[m] else f"{m} not read" for m in differs
+            )
+            if d and differs
+            else None
+        )
+        out.append(JudgedChange(c, v, d, worse, better, matched, mix, reason, *sides))
     return out
 
 

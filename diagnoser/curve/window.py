@@ -20,6 +20,9 @@ the API server's own part included). Each family's last histogram is read with i
 (the requests behind the sum)."""
 GAUGES = (CONCURRENCY_SIGNAL, "engine_requests_waiting", "engine_kv_cache_usage_ratio")
 COUNTERS = ("engine_requests_finished_total", "engine_generation_tokens_total", "engine_preemptions_total")
+MIX_COUNTERS = ("engine_prompt_tokens_total",)
+"""Read per interval only to compare the two sides' token mix (prompt tokens per request) at a
+change; not a point's field and not in the records."""
 CONFIG_GAUGES = (
     "engine_kv_capacity_tokens",
     "engine_lora_max_adapters",
@@ -34,6 +37,7 @@ page_size): their value over time is the configuration over time."""
 
 SIGNALS = (
     frozenset({f"{h}_bucket" for h in HISTOGRAMS} | {f"{h}_count" for h in HISTOGRAMS} | set(GAUGES) | set(COUNTERS))
+    | frozenset(MIX_COUNTERS)
     | frozenset(CONFIG_GAUGES)
     | frozenset(f"{h}_sum" for hs in LITTLE_SUMS for h in hs)
     | frozenset(f"{hs[-1]}_count" for hs in LITTLE_SUMS)

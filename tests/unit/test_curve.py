@@ -286,3 +286,45 @@ def test_the_recorded_peak_is_the_99th_percentile_of_the_recorded_buckets():
     assert _peak({-1: 98.0, 5: 2.0}) == pytest.approx(7 + 3 * 1 / 2)
     # everything in one bucket: 99 % of the way through it
     assert _peak({2: 10.0}) == pytest.approx(2.5 + 0.99)
+
+
+def test_drift_between_intervals_is_in_the_verdicts_interval():
+    """A noisy neighbour slows some intervals' tails (a run of slow intervals on each side, a few more
+    of them after the window's middle): with 4000 requests per interval the order-statistic interval
+    of the merged p99 is narrow and excluded zero (a `curve` regression, +12 %); the bootstrap over
+    intervals sees the slow intervals come and go within each side and gives no verdict."""
+    slow = set(range(1, 11)) | set(range(20, 33))  # 10 of the first half's intervals, 13 of the second's
+    drifting = synth([4.0] * 40, tail=lambda c, i: 5 if i in slow else 1, n=4000)
+    (pc,) = pool_curves(drifting, settle_s=0.0)
+    assert pc.changes == [], [(j.verdict, j.deltas) for j in pc.changes]
+
+
+def test_a_different_token_mix_at_matched_concurrency_is_not_judged():
+    """After the change the requests carry twice the output tokens (a different workload, §8.2: one
+    curve per input/output length) and their tails are slower: not a regression of the engine."""
+    half = 20
+    frame = synth(
+        [4.0] * (2 * half),
+        tail=lambda c, i: hump(c) if i < half else 5,
+        tokens=lambda c: 10 * min(c, 6),
+        resets=(half,),
+        kv_cap=[1000.0] * half + [500.0] * half,
+    )
+    gen = frame.blocks["engine_generation_tokens_total"].values
+    gen[:, half:] *= 2.0  # every interval after the change: twice the tokens for the same requests
+    (pc,) = pool_curves(frame, settle_s=0.0)
+    (j,) = pc.changes
+    assert j.verdict == "not_comparable" and j.reason and "output_tokens_per_request" in j.reason
+    assert j.offered_load["output_tokens_per_request"]["relative"] == pytest.approx(1.0, rel=0.05)
+    assert regression_findings([pc], (0.0, 1.0), STEP) == []
+
+
+def test_a_block_as_long_as_the_side_never_collapses_the_bootstrap():
+    """A side that drifts as slowly as it is long gets an estimated block length beyond its size;
+    resampling one block would repeat the side in every replicate (an interval of zero width)."""
+    from kvscope.diagnoser.curve.bootstrap import block_weights
+
+    (iv,) = pool_intervals(synth([4.0] * 30)).values()
+    rows = np.arange(len(iv))
+    w = block_weights(iv, rows, np.random.default_rng(0), 50, length=1e9)
+    assert w.sum(axis=1).min() >= len(rows) and len({tuple(r) for r in w}) > 1

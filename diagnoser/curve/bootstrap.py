@@ -1,0 +1,182 @@
+"""The uncertainty of a comparison at matched load: a block bootstrap over intervals.
+
+A bucket's TTFT p99 comes from the merged histogram of its intervals; the order-statistic interval
+of that quantile treats every request as independent of every other, and the rates' normal
+interval treats every interval so. On a shared box neither holds: the engine's step time drifts
+with the machine's load from one interval to the next, and the requests of one interval share it.
+Here each side's intervals are resampled with replacement, within each matched concurrency bucket
+(the comparison holds the bucket fixed), in blocks of consecutive intervals of one instance (so a
+drift that lasts several intervals moves a whole block), and each metric is recomputed from the
+resampled intervals exactly as the point computes it: quantiles from the merged bucket increases,
+rates and means from the summed counters. The spread of the replicates is the spread of the
+estimate under the drift the side itself shows; drift that lands exactly at the change, and nowhere
+inside either side, is not in it (nothing in the metrics tells it from the change).
+
+Block length: chosen from the side's own autocorrelation (`block_length`: Politis and White 2004,
+with Patton, Politis and White's 2009 correction, for the circular block bootstrap) on the series
+the drift shows in, the output tokens per interval of each instance in time: a side whose load
+drifts slowly gets long blocks and so a wide interval, a side that holds still gets short ones.
+Seeded: the same window gives the same intervals.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+
+from kvscope.agent.derive.quantiles import histogram_quantile
+from kvscope.diagnoser.curve.intervals import Intervals
+
+REPLICATES = 400
+SEED = 55
+LEVEL = 0.95
+
+Stat = Callable[[Intervals, np.ndarray], np.ndarray]
+"""(intervals of one bucket-side, replicate weights [replicates, rows]) -> the metric per replicate."""
+
+
+def _acf(series: list[np.ndarray], lags: int) -> np.ndarray:
+    """Autocovariances R(0..lags) pooled over the series (each about its own mean)."""
+    out, n = np.zeros(lags + 1), 0
+    for x in series:
+        x = x - x.mean()
+        for k in range(min(lags, len(x) - 1) + 1):
+            out[k] += float(x[: len(x) - k] @ x[k:])
+        n += len(x)
+    return out / max(n, 1)
+
+
+def block_length(iv: Intervals, series: str = "engine_generation_tokens_total") -> float:
+    """The circular block bootstrap's block length for these intervals (Politis-White): from the
+    autocorrelation of `series` per instance in time order. 1 where the series is absent or flat."""
+    parts = []
+    for u in np.unique(iv.unit):
+        x = iv.counters.get(series, np.full(len(iv), np.nan))[iv.unit == u]
+        x = x[np.argsort(iv.t_end[iv.unit == u], kind="stable")]
+        x = x[~np.isnan(x)]
+        if len(x) > 2:
+            parts.append(x)
+    n = sum(len(x) for x in parts)
+    if n < 4:
+        return 1.0
+    k_n = max(5, math.ceil(math.sqrt(math.log10(n))))
+    m_max = math.ceil(math.sqrt(n)) + k_n
+    r = _acf(parts, m_max + k_n)
+    if r[0] <= 0:
+        return 1.0
+    rho, bound = r / r[0], 2.0 * math.sqrt(math.log10(n) / n)
+    m_hat = next((m for m in range(1, m_max + 1) if np.all(np.abs(rho[m : m + k_n]) < bound)), m_max)
+    big_m = min(2 * m_hat, m_max)
+    k = np.arange(-big_m, big_m + 1)
+    t = np.abs(k) / big_m
+    lam = np.where(t <= 0.5, 1.0, 2.0 * (1.0 - t))
+    rk = r[np.abs(k)]
+    g = float(np.sum(lam * np.abs(k) * rk))
+    d = 4.0 / 3.0 * float(np.sum(lam * rk)) ** 2
+    if d <= 0:
+        return 1.0
+    return max(1.0, (2.0 * g * g / d) ** (1 / 3) * n ** (1 / 3))
+
+
+def block_weights(
+    iv: Intervals, rows: np.ndarray, rng: np.random.Generator, replicates: int, length: float
+) -> np.ndarray:
+    """[replicates, len(rows)]: how often each row is drawn in each replicate, drawing blocks of
+    `length` consecutive intervals (per instance, in time) with replacement until the replicate
+    holds at least as many intervals as the side."""
+    n = len(rows)
+    # at most min(3 sqrt(n), n / 3) (Patton's bound on the estimate): at least three blocks, so a
+    # side whose drift is as long as the side itself never resamples into one block, which
+    # would repeat the side and give an interval of zero width
+    size = max(1, min(math.ceil(length), math.ceil(min(3 * math.sqrt(n), n / 3))))
+    blocks: list[np.ndarray] = []
+    for u in np.unique(iv.unit[rows]):
+        mine = np.flatnonzero(iv.unit[rows] == u)
+        mine = mine[np.argsort(iv.t_end[rows][mine], kind="stable")]
+        blocks += [mine[i : i + size] for i in range(0, len(mine), size)]
+    draws = math.ceil(n / size) + 1
+    picks = rng.integers(0, len(blocks), size=(replicates, draws))
+    weights = np.zeros((replicates, n))
+    for r in range(replicates):
+        taken = np.concatenate([blocks[b] for b in picks[r]])[:n]
+        np.add.at(weights[r], taken, 1.0)
+    return weights
+
+
+def quantile_stat(name: str, q: float) -> Stat:
+    """The q-quantile of the merged increases of histogram `name` per replicate (NaN: none)."""
+
+    def stat(iv: Intervals, w: np.ndarray) -> np.ndarray:
+        if name not in iv.hists:
+            return np.full(len(w), np.nan)
+        les, arr = iv.hists[name]
+        merged = np.maximum.accumulate(w @ np.nan_to_num(arr), axis=1)
+        out = [histogram_quantile(q, list(zip(les.tolist(), row.tolist(), strict=True))) for row in merged]
+        return np.array([np.nan if v is None else v for v in out], dtype=float)
+
+    return stat
+
+
+def ratio_stat(num: str, den: str | None, seconds: float = 1.0) -> Stat:
+    """Per replicate: the summed counter `num` over the summed counter `den` (over the intervals
+    where both are present; `den` None: per interval of `seconds`). NaN where absent."""
+
+    def stat(iv: Intervals, w: np.ndarray) -> np.ndarray:
+        a = iv.counters.get(num)
+        if a is None:
+            return np.full(len(w), np.nan)
+        b = iv.counters.get(den) if den else np.full(len(a), seconds)
+        if b is None:
+            return np.full(len(w), np.nan)
+        ok = ~np.isnan(a) & ~np.isnan(b)
+        top, bottom = w[:, ok] @ a[ok], w[:, ok] @ b[ok]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.where(bottom > 0, top / np.where(bottom > 0, bottom, 1.0), np.nan)
+
+    return stat
+
+
+def matched_replicates(
+    before: Intervals,
+    after: Intervals,
+    buckets: list[tuple[np.ndarray, np.ndarray, float]],
+    stats: dict[str, Stat],
+    replicates: int = REPLICATES,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per metric, (before, after) per replicate: the bucket-weighted mean over the matched buckets
+    of the metric recomputed on each side's resampled intervals. `buckets`: per matched bucket, the
+    before side's rows, the after side's rows, and the bucket's weight. A replicate whose bucket
+    has no value for a metric weighs the buckets that have one."""
+    rng = np.random.default_rng(SEED)
+    sums = {m: [np.zeros(replicates), np.zeros(replicates)] for m in stats}
+    weights = {m: [np.zeros(replicates), np.zeros(replicates)] for m in stats}
+    lengths = block_length(before), block_length(after)
+    for rows_b, rows_a, weight in buckets:
+        for side, (iv, rows) in enumerate(((before, rows_b), (after, rows_a))):
+            w = block_weights(iv, rows, rng, replicates, lengths[side])
+            part = iv.take(np.isin(np.arange(len(iv)), rows))
+            for m, stat in stats.items():
+                v = stat(part, w)
+                have = ~np.isnan(v)
+                sums[m][side] += np.where(have, v * weight, 0.0)
+                weights[m][side] += np.where(have, weight, 0.0)
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for m in stats:
+            b, a = (sums[m][s] / np.where(weights[m][s] > 0, weights[m][s], np.nan) for s in (0, 1))
+            out[m] = (b, a)
+    return out
+
+
+def interval(values: np.ndarray, level: float = LEVEL) -> list[float] | None:
+    """The central `level` percentile interval of the replicates (NaN replicates left out)."""
+    v = values[~np.isnan(values)]
+    if not len(v):
+        return None
+    tail = 100 * (1 - level) / 2
+    return [float(np.percentile(v, tail)), float(np.percentile(v, 100 - tail))]

@@ -1,0 +1,81 @@
+"""The change verdicts on library recordings whose engines did not change, against their provenance.
+
+Each recording's YAML says how it was made: one engine configuration held for the whole run (the
+flags per replica), the load phases the driver offered, and what the scenario changed. None of
+the recordings below changed an engine: a verdict of `regression` or `improvement` on any of them
+(a `curve` shift between the window's halves, or a replica change judged per instance) says the
+engine moved where only the shared box's load or the offered workload did, and is wrong
+(docs/curve.md "Did it help"). The truth was written from the YAMLs before the code was changed.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvscope.diagnoser.curve.report import pool_curves
+from kvscope.diagnoser.curve.window import read_window
+from kvscope.diagnoser.sources.recording import RecordingSource
+
+HERE = Path(__file__).resolve().parent
+ENGINE_VERDICTS = ("regression", "improvement")
+
+STEADY = {
+    # one replica, one steady phase (4 req/s, --no-enable-prefix-caching from the start)
+    "prefix-caching-disabled": "one steady phase on one engine",
+    # one replica, one steady phase (3 req/s, the same speculative config throughout)
+    "spec-decode-poor-acceptance": "one steady phase on one engine",
+    # two replicas, one phase of Poisson arrivals at 3 req/s
+    "metrics-only-round-robin-2-poisson": "one Poisson phase on two engines",
+    # two replicas, one phase of Poisson arrivals at 6 req/s, sticky by tenant
+    "metrics-only-healthy-busy-sticky": "one Poisson phase on two engines",
+    # one engine; the offered workload moves (light, a burst of long generations, light again)
+    "kv-pressure-cascade": "the workload moves, the engine does not",
+    # one engine; the same 3 req/s of three tenants throughout, a fourth sends long prompts mid-run
+    "noisy-tenant-long-prompts": "the workload moves, the engine does not",
+    # one llama-server; open-loop overload, then the queue drains (it exports no finished requests)
+    "llamacpp-saturated": "the queue grows and drains, the engine does not change",
+}
+
+
+@cache
+def _curves(name: str):
+    source = RecordingSource(HERE / f"{name}.om.gz")
+    return pool_curves(read_window(source, None, None, source.natural_step()))
+
+
+def _flags_constant(name: str) -> bool:
+    meta = yaml.safe_load((HERE / f"{name}.yaml").read_text())
+    return all(p.get("action") is None for p in meta.get("phases", []))
+
+
+DRIFT_AT_THE_MIDDLE = ("metrics-only-healthy-busy-sticky", "noisy-tenant-long-prompts")
+NOISY_NEIGHBOUR = pytest.mark.xfail(
+    strict=True,
+    reason="the engines' own ITL p99 fell ~70 % and tokens/s rose from the window's first half to its second "
+    "with no change to them (healthy-busy-sticky; noisy-tenant-long-prompts at the same token mix): the shared "
+    "box's load moved at the middle of the window, and a drift that lands between the halves and not inside "
+    "either is not in the bootstrap's interval (docs/curve.md)",
+)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=NOISY_NEIGHBOUR) if n in DRIFT_AT_THE_MIDDLE else n for n in sorted(STEADY)],
+)
+def test_no_engine_verdict_where_no_engine_changed(name):
+    """No change event (no label moved) and no `curve` shift called a regression or an improvement."""
+    assert _flags_constant(name), "the provenance this truth rests on"
+    judged = [(j.change.kind, j.verdict, j.worse, j.better) for pc in _curves(name) for j in pc.changes]
+    assert not [j for j in judged if j[1] in ENGINE_VERDICTS], (STEADY[name], judged)
+
+
+def test_a_replica_joining_is_not_a_per_instance_change():
+    """fleet-scale-out-hash-mod: a 9th replica joins 8 with the same flags (synthetic, testbed/fleetgen):
+    more replicas leave the per-instance curve where it is (§8.5, data parallelism)."""
+    judged = [(j.change.kind, j.verdict) for pc in _curves("fleet-scale-out-hash-mod") for j in pc.changes]
+    assert [k for k, _ in judged] == ["replicas"]
+    assert judged[0][1] in ("no_change", "not_comparable"), judged
