@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Fetch the servers users run today (Debian sid's `prometheus` 3.x with promtool,
 # `prometheus-alertmanager` and `victoria-metrics` with vmalert) for the second half of the test
-# matrix (tests/integration/test_server_matrix.py, the "current" generation), WITHOUT installing
+# matrix (testbed/servers.py, the "current" generation; tests marked `servers`), WITHOUT installing
 # anything system-wide: a private apt configuration (its own sources.list with one sid entry on the
 # machine's Debian mirror, its own lists and cache under ~/.cache/kvscope/apt-sid), `apt-get
 # download` of the three packages (no dependencies: they are Go binaries that run on Debian 12's
-# libraries) and `dpkg-deb -x` into ~/.cache/kvscope/servers-current. About 106 MB, 20 s cold.
+# libraries) and `dpkg-deb -x` into ~/.cache/kvscope/servers-current. About 106 MB to fetch (458 MB
+# extracted: the packages carry vmagent, vmctl and the like), 10-20 s cold.
 #
 # sid holds one version per package and moves: this script prints the versions it got and checks
 # them against the floors below (any Prometheus 3.x, Alertmanager >= 0.28, VictoriaMetrics >= 1.100);
