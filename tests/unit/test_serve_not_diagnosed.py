@@ -22,6 +22,7 @@ from kvscope.diagnoser.alertmanager.server import ServeConfig, WebhookServer
 from kvscope.diagnoser.alertmanager.store import DiagnosisStore
 from tests.unit.test_alertmanager import WEBHOOK, _body
 from tests.unit.test_hostile_answers import RawServer, _dribble
+from tests.unit.test_serve_deadlines import _until_done
 
 ALL_CLEAR = "no change to the engines and no finding at this place"
 
@@ -31,15 +32,6 @@ def _dead_url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"http://127.0.0.1:{s.getsockname()[1]}"
-
-
-async def _until_done(client: TestClient, row_id: int, rounds: int = 1200) -> dict:
-    for _ in range(rounds):
-        row = await (await client.get(f"/api/v1/diagnoses/{row_id}")).json()
-        if row["status"] != "pending":
-            return row
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"row {row_id} still pending")
 
 
 async def _served(prometheus_url: str, doc: dict, **config: float) -> dict:
