@@ -15,6 +15,7 @@ WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY kvscope/ kvscope/
 COPY agent/ agent/
+COPY core/ core/
 COPY diagnoser/ diagnoser/
 COPY report/ report/
 COPY rules/ rules/

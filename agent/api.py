@@ -24,7 +24,7 @@ from kvscope.agent.namematch import NameMatcher, compile_pattern
 from kvscope.agent.runtime import AgentRuntime
 from kvscope.agent.serve.export import CONTENT_TYPE, render_metrics
 from kvscope.agent.serve.site import HttpSite
-from kvscope.agent.signals import Catalog, load_catalog
+from kvscope.core.signals import Catalog, load_catalog
 
 MAX_POINTS = 500_000
 """Points one /api/v1/samples answer may carry (about 20 MB of JSON)."""

@@ -23,8 +23,8 @@ from urllib.parse import SplitResult, urlsplit
 
 import yaml
 
-from kvscope.agent.scalars import parse_bool, parse_duration
-from kvscope.agent.signals import load_catalog
+from kvscope.core.scalars import parse_bool, parse_duration
+from kvscope.core.signals import load_catalog
 
 LIMIT_KEYS = ("sample_limit", "label_limit", "label_name_length_limit", "label_value_length_limit")
 """Prometheus' per-target limits (agent/scrape/exposition.py `Limits`), under `scrape:` or per target."""

@@ -12,7 +12,7 @@ import threading
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from kvscope.agent.signals import Labels, Sample
+from kvscope.core.signals import Labels, Sample
 
 GENAI_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 """`gen_ai.server.time_to_first_token` explicit bucket boundaries (seconds)."""

@@ -25,7 +25,7 @@ from kvscope.agent import collectors as collectors_pkg
 from kvscope.agent.collectors.base import Collection, Collector, Health, registered_collectors
 from kvscope.agent.config import AgentConfig
 from kvscope.agent.ratelog import ChangeLog, warn_every
-from kvscope.agent.signals import Labels, NameTest, Sample, make_labels
+from kvscope.core.signals import Labels, NameTest, Sample, make_labels
 
 log = logging.getLogger("kvscope.agent")
 

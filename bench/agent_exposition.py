@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.serve.export import Family, canonical_families
-from kvscope.agent.signals import Sample, load_catalog
+from kvscope.core.signals import Sample, load_catalog
 
 CAPTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/scrapes/vllm-0.32.0-cpu-after-load.txt"
 TARGETS = 9

@@ -38,8 +38,8 @@ from kvscope.agent.derive.hooks import derive_hooks
 from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.runtime import CounterResets
 from kvscope.agent.scrape.exposition import parse_exposition
-from kvscope.agent.signals import load_catalog
 from kvscope.agent.store.sqlite import SqliteStore
+from kvscope.core.signals import load_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests/fixtures/scrapes/vllm-0.32.0-cpu-after-load.txt"

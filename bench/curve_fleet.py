@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from diagnose_fleet import CACHE, GENERATOR, KVSCOPE, VM_FLAGS, VM_SHIFT_S, WINDOW_END, load, run_child, tsdb_hwm  # noqa: E402
 
-from kvscope.agent.signals import load_catalog  # noqa: E402
+from kvscope.core.signals import load_catalog  # noqa: E402
 from kvscope.diagnoser.curve.records import curve_file  # noqa: E402
 from kvscope.diagnoser.curve.window import SIGNALS  # noqa: E402
 from kvscope.diagnoser.promql.rulefiles import render_rule_file  # noqa: E402

@@ -52,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvscope.agent.signals import load_catalog  # noqa: E402
+from kvscope.core.signals import load_catalog  # noqa: E402
 from kvscope.diagnoser.evaluate.evaluator import sample_names  # noqa: E402
 from kvscope.diagnoser.rulebook.rule import read_rules  # noqa: E402
 from kvscope.diagnoser.sources.prometheus import selector_for  # noqa: E402

@@ -31,7 +31,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from kvscope.agent.signals import load_catalog, make_labels  # noqa: E402
+from kvscope.core.signals import load_catalog, make_labels  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from testbed.fleetgen.capture_fleet import lognormal_cdf  # noqa: E402

@@ -21,7 +21,7 @@ from kvscope.agent.collectors.engine import TargetMemo
 from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.recording.omfile import group_scrapes
 from kvscope.agent.scrape.exposition import Limits, parse_exposition
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "reference"

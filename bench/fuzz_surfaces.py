@@ -28,8 +28,8 @@ from yarl import URL
 
 from kvscope.agent import api
 from kvscope.agent.kvevents.subscriber import APPLY_CHUNK, KvEventSource, KvEventSubscriber
-from kvscope.agent.signals import Sample, load_catalog
 from kvscope.agent.store.sqlite import InMemoryStore
+from kvscope.core.signals import Sample, load_catalog
 from kvscope.diagnoser.sources.agent import _patterns
 
 _STORE: InMemoryStore | None = None

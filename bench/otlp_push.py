@@ -28,7 +28,7 @@ from kvscope.agent.otel.genai import genai_points
 from kvscope.agent.runtime import AgentState
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.serve.export import canonical_families, health_families, render_metrics
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTURE = ROOT / "tests" / "fixtures" / "scrapes" / "vllm-0.32.0-cpu-after-load.txt"

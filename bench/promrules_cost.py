@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 from kvscope.diagnoser.curve.records import curve_file
 from kvscope.diagnoser.promql.build import build_all
 

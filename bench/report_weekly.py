@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from kvscope.agent.signals import make_labels
+from kvscope.core.signals import make_labels
 from kvscope.diagnoser.evaluate.frame import Block, Frame
 from kvscope.report.render import render_html, render_markdown
 from kvscope.report.weekly import WEEK_S, build_report, columns

@@ -24,8 +24,8 @@ from tqdm import tqdm
 
 from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.scrape.exposition import parse_exposition
-from kvscope.agent.signals import Sample
 from kvscope.agent.store.sqlite import SqliteStore
+from kvscope.core.signals import Sample
 
 CAPTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/scrapes/vllm-0.32.0-cpu-after-load.txt"
 TARGETS = 9

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Catalog, load_catalog
+from kvscope.core.signals import HISTOGRAM_SUFFIXES, Catalog, load_catalog
 from kvscope.dashboards.board import Board, Panel
 from kvscope.dashboards.queries import KVSCOPE_PREFIX
 

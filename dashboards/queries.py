@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kvscope.agent.signals import KVSCOPE_PREFIX
+from kvscope.core.signals import KVSCOPE_PREFIX
 
 W = "$__rate_interval"
 SELECTOR = 'job=~"$job", namespace=~"$namespace", model=~"$model", instance=~"$instance"'

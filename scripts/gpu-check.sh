@@ -59,14 +59,14 @@ import importlib, pkgutil, sys
 sys.path.insert(0, ".")  # as tests/conftest.py does: the checkout's own kvscope/ must not shadow the install
 import kvscope
 failed = []
-for sub in ("agent", "diagnoser"):
+for sub in ("core", "agent", "diagnoser"):
     pkg = importlib.import_module(f"kvscope.{sub}")
     for mod in pkgutil.walk_packages(pkg.__path__, f"kvscope.{sub}."):
         try:
             importlib.import_module(mod.name)
         except Exception as exc:  # noqa: BLE001 - reported, then the run fails
             failed.append(f"{mod.name}: {type(exc).__name__}: {exc}")
-print("gpu-check: kvscope.agent and kvscope.diagnoser import" if not failed else "\n".join(failed))
+print("gpu-check: kvscope.core, kvscope.agent and kvscope.diagnoser import" if not failed else "\n".join(failed))
 sys.exit(1 if failed else 0)
 EOF
   if ! nvidia-smi >"$out/gpu.txt" 2>&1; then

@@ -42,7 +42,7 @@ fi
 # is set (some CI images and sandboxes), an editable install would compile every module it imports
 # at every start (with the lighter imports, `diagnose --prometheus` imports in 0.23 s, not 0.52 s).
 # Quick when nothing changed.
-"$VENV/bin/python" -m compileall -q -j 0 agent diagnoser dashboards ui report kvscope >/dev/null
+"$VENV/bin/python" -m compileall -q -j 0 core agent diagnoser dashboards ui report kvscope >/dev/null
 [ "$EXTRAS" = ui ] && exit 0   # the demo needs no npm
 # CRD schema validator for the Prometheus Operator objects in deploy/kubernetes (npm, pinned by
 # deploy/validate/package-lock.json); the machine's Node.js runs it.

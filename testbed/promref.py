@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from kvscope.agent.derive.quantiles import Bucket, histogram_quantile
-from kvscope.agent.derive.rates import Points
-from kvscope.agent.signals import Labels
+from kvscope.core.quantiles import Bucket, histogram_quantile
+from kvscope.core.rates import Points
+from kvscope.core.signals import Labels
 
 
 def raw_increase(points: Points) -> float | None:

@@ -8,7 +8,7 @@ such a recording, at the level of the raw upstream samples, and writes it next t
 original spans sidecar, so `kvscope diagnose --recording` reads it exactly as it would read one
 recorded that way. `check_diagnosis` says whether a Diagnosis still matches the scenario YAML.
 
-Renames are derived from agent/normalize/catalog.yaml only: a name is replaced by another alias
+Renames are derived from core/catalog.yaml only: a name is replaced by another alias
 of the same signal for the same engine with the same scale, label handling and filter.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from kvscope.agent.recording.omfile import RecordingWriter, Scrape, om_family, read_recording
 from kvscope.agent.scrape.exposition import Exposition, RawSample
-from kvscope.agent.signals import Alias, Catalog, load_catalog
+from kvscope.core.signals import Alias, Catalog, load_catalog
 
 SHIFT_S = 86_400.0 * 3 + 17.3
 """Clock offset of the `shift` variant: three days and an odd number of seconds."""

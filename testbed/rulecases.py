@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.signals import Sample, make_labels
 from kvscope.diagnoser.evaluate.evaluator import evaluate_rule
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
 from kvscope.diagnoser.findings import Finding, Skipped

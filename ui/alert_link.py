@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlencode
 
-from kvscope.agent.scalars import parse_duration
+from kvscope.core.scalars import parse_duration
 from kvscope.diagnoser.findings import Finding
 from kvscope.diagnoser.sources import SourceError, read_url
 from kvscope.ui.data import ENV_SERVE, SourceSpec

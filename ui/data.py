@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from kvscope.agent.derive.quantiles import histogram_quantile
-from kvscope.agent.derive.rates import step_increases
-from kvscope.agent.signals import Labels, load_catalog
+from kvscope.core.quantiles import histogram_quantile
+from kvscope.core.rates import step_increases
+from kvscope.core.signals import Labels, load_catalog
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding, same_place
 from kvscope.diagnoser.render import fmt_time

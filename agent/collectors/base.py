@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvscope.agent.signals import Sample
+from kvscope.core.signals import Sample
 
 
 @dataclass

@@ -29,10 +29,10 @@ from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import AgentConfig, ConfigError, Target
 from kvscope.agent.normalize.dialect import MappingMemo, Normalized, detect_engine, normalize
 from kvscope.agent.ratelog import warn_every
-from kvscope.agent.scalars import parse_bool
 from kvscope.agent.scrape.exposition import FATAL, Exposition, Limits, ParseIssue, parse_exposition
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, probe_ok, read_exposition
-from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels
+from kvscope.core.scalars import parse_bool
+from kvscope.core.signals import Labels, Sample, load_catalog, make_labels
 
 NAME = "engine"
 log = logging.getLogger("kvscope.engine")

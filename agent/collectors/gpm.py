@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.signals import Sample, make_labels
 
 # canonical signal <- NVML_GPM_METRIC_* constant (percent 0..100 in NVML, ratio 0..1 here)
 GPM_METRICS = (

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.signals import Sample, make_labels
 
 NAME = "host"
 DEFAULT_PATTERNS = (

@@ -17,7 +17,7 @@ from typing import Any
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.collectors.gpm import GpmSampler
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.signals import Sample, make_labels
 
 NAME = "nvml"
 RETRY_S = 60.0

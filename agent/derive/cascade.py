@@ -16,8 +16,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kvscope.agent.derive.rates import deltas
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.rates import deltas
+from kvscope.core.signals import Sample, make_labels
 
 STAGES = ("healthy", "kv_high", "evicting", "queueing", "latency")
 """Stage number -> name (002 §7.4, Figure 7.4)."""
@@ -313,7 +313,7 @@ def _gpu_dropped(
 
 
 def render_cascade_samples(reports: Mapping[str, CascadeReport], timestamp: float | None = None) -> list[Sample]:
-    """The kvscope-produced cascade series (agent/normalize/catalog.yaml): the stage code for every
+    """The kvscope-produced cascade series (core/catalog.yaml): the stage code for every
     instance with KV usage, onsets and lead time only once reached (absent, never zero)."""
     out: list[Sample] = []
     for inst, rep in reports.items():

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from kvscope.agent.derive.quantiles import histogram_quantile
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.quantiles import histogram_quantile
+from kvscope.core.signals import Sample, make_labels
 
 # Canonical series read per tenant: kvscope-produced first, then engine series with a tenant label.
 _REQUESTS = ("tenant_requests_total", "engine_requests_finished_total")
@@ -194,7 +194,7 @@ def _usage(
 
 
 def render_fairness_samples(report: FairnessReport, timestamp: float | None = None) -> list[Sample]:
-    """The kvscope-produced fairness gauges (declared in agent/normalize/catalog.yaml). Absent stays absent."""
+    """The kvscope-produced fairness gauges (declared in core/catalog.yaml). Absent stays absent."""
     out: list[Sample] = []
     for name, t in report.tenants.items():
         lab = make_labels({"tenant": name})

@@ -15,7 +15,7 @@ from operator import itemgetter
 from typing import Any
 
 from kvscope.agent.config import parse_gpu_mapping
-from kvscope.agent.signals import NameTest, Sample, make_labels
+from kvscope.core.signals import NameTest, Sample, make_labels
 
 JOIN_NAME = "engine_gpu_memory_used_bytes"
 PROCESS_MEMORY = "gpu_process_memory_used_bytes"

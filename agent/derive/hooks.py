@@ -9,7 +9,7 @@ from kvscope.agent.config import AgentConfig
 from kvscope.agent.derive.cascade import CascadeWindow
 from kvscope.agent.derive.fairness import fairness_hook
 from kvscope.agent.derive.gpu_join import engine_gpu_hook
-from kvscope.agent.signals import Sample
+from kvscope.core.signals import Sample
 
 Hook = Callable[[Sequence[Sample]], Iterable[Sample]]
 """A derive hook: the cycle's samples in, the derived samples out (agent/runtime.py DeriveHook)."""

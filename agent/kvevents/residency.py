@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kvscope.agent.kvevents.events import KvEvent
 from kvscope.agent.metricsets import RESIDENCY_BUCKETS, CounterSet, HistogramSet
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.signals import Sample, make_labels
 
 
 @dataclass

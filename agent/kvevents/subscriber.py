@@ -16,7 +16,7 @@ agent loop between chunks.
 
 Names: libzmq would look a `tcp://` host name up with a blocking getaddrinfo on its context's I/O
 thread (shared by every subscriber), which a DNS server that never answers stalls. So the
-subscriber looks the name up itself, on a daemon thread of its own (`agent/scrape/resolve.py`),
+subscriber looks the name up itself, on a daemon thread of its own (`core/resolve.py`),
 waits at most `RESOLVE_TIMEOUT_S` for it, and connects ZMQ to the address (IPv4 first, IPv6 in
 brackets). A lookup that fails or passes its deadline is counted (`resolve_failed`,
 `resolve_timeout`) and tried again after a backoff (`RETRY_S` doubling up to `MAX_RETRY_S`); the name
@@ -46,7 +46,7 @@ from kvscope.agent.config import ConfigError, parse_bytes, register_section
 from kvscope.agent.kvevents.events import KvEvent, KvEventError, parse_kv_batch, parse_seq
 from kvscope.agent.kvevents.residency import ResidencyTracker
 from kvscope.agent.ratelog import warn_every
-from kvscope.agent.scrape.resolve import daemon_call, lookup
+from kvscope.core.resolve import daemon_call, lookup
 
 log = logging.getLogger("kvscope.kvevents")
 

@@ -20,7 +20,7 @@ import calendar
 import datetime
 from typing import NamedTuple
 
-from kvscope.agent.scalars import parse_timestamp
+from kvscope.core.scalars import parse_timestamp
 
 MAX_LINE = 16384
 """Characters; a longer line is skipped (reason too_long), never parsed."""

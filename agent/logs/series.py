@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from kvscope.agent.logs.lines import MAX_LINE, Line, parse_line
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.signals import Sample, make_labels
 
 MAX_RECORDS = 500_000
 """Recognised lines kept per read (about 1.7 KiB of samples each); the rest are counted (over_limit)."""

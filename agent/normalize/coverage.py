@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from kvscope.agent.signals import Alias, Catalog, Signal
+from kvscope.core.signals import Alias, Catalog, Signal
 
 MAPS, MAPS_OFF, UNMAPPED, RENAMED, ABSENT = "maps", "maps (off)", "unmapped", "renamed", "absent"
 PROBLEMS = (UNMAPPED, RENAMED)

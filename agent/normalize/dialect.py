@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from kvscope.agent.scrape.exposition import Exposition, RawSample, format_value
-from kvscope.agent.signals import HISTOGRAM_SUFFIXES, Alias, Catalog, Labels, Sample, load_catalog, signal_of
+from kvscope.core.signals import HISTOGRAM_SUFFIXES, Alias, Catalog, Labels, Sample, load_catalog, signal_of
 
 _FACT_SKIP_LABELS = {"engine", "model_name", "__name__"}
 _UNKNOWN_INFO = ("", "None")  # an info label with this value is not known: the alias gives nothing

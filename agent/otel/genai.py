@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS
-from kvscope.agent.signals import Sample
+from kvscope.core.signals import Sample
 
 
 @dataclass(frozen=True)

@@ -39,10 +39,10 @@ from kvscope.agent.config import ConfigError, parse_count, register_section
 from kvscope.agent.otel.convert import Converter
 from kvscope.agent.otel.genai import OPERATION_NAME, genai_points
 from kvscope.agent.ratelog import warn_every
-from kvscope.agent.scalars import parse_bool, parse_duration
-from kvscope.agent.scrape.resolve import daemon_call
 from kvscope.agent.serve.export import canonical_families, health_families
-from kvscope.agent.signals import Catalog, load_catalog
+from kvscope.core.resolve import daemon_call
+from kvscope.core.scalars import parse_bool, parse_duration
+from kvscope.core.signals import Catalog, load_catalog
 
 log = logging.getLogger("kvscope.agent.otel")
 

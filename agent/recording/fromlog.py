@@ -11,7 +11,7 @@ from kvscope.agent.logs.series import HELP, LogRead
 from kvscope.agent.recording.omfile import RecordingWriter
 from kvscope.agent.recording.replay import KVSCOPE, Replay, render_engine_gpu_rounds
 from kvscope.agent.scrape.exposition import Exposition, RawSample
-from kvscope.agent.signals import KVSCOPE_PREFIX, Sample, load_catalog, make_labels
+from kvscope.core.signals import KVSCOPE_PREFIX, Sample, load_catalog, make_labels
 
 
 def log_replay(read: LogRead) -> Replay:

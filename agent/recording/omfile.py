@@ -29,7 +29,7 @@ from kvscope.agent.scrape.exposition import (
     format_value,
     parse_exposition,
 )
-from kvscope.agent.signals import Labels
+from kvscope.core.signals import Labels
 
 _OM_TYPES = {"counter", "gauge", "histogram", "summary", "info", "stateset", "gaugehistogram", "unknown"}
 

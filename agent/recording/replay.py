@@ -26,13 +26,13 @@ from kvscope.agent.derive.gpu_join import derive_engine_gpu
 from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.recording.omfile import RecordingLimits, read_recording, scrapes_by_target
-from kvscope.agent.recording.timespan import configured_interval
 from kvscope.agent.scrape.exposition import Exposition
 from kvscope.agent.serve.export import KVSCOPE_PREFIX, signal_of
-from kvscope.agent.signals import Catalog, Labels, Sample, load_catalog, make_labels
 from kvscope.agent.traces.otlp import Span
 from kvscope.agent.traces.stitch import StitchConfig, observe_phases, stitch_trace
 from kvscope.agent.traces.tenants import TenantAccounting
+from kvscope.core.rates import configured_interval
+from kvscope.core.signals import Catalog, Labels, Sample, load_catalog, make_labels
 
 
 @dataclass

@@ -4,21 +4,18 @@ The evaluation grid spans a recording's earliest to latest timestamp, so one sam
 years off (a clock reset, a hand edit) would make it hundreds of millions of points long. A
 sample more than `MAX_SPREAD_S` from the median timestamp (or without one, where others have one)
 is dropped before anything is allocated, and one `timestamp_outlier` issue says how many, the
-median and the file:line of the first ones; replay passes it on as a note.
-
-Also the scrape interval a scraper was configured at, from the one it was measured at
-(`configured_interval`), which replay and the Prometheus source both read."""
+median and the file:line of the first ones; replay passes it on as a note."""
 
 from __future__ import annotations
 
 import io
 import math
 import os
-from datetime import UTC, datetime
 
 import numpy as np
 
 from kvscope.agent.scrape.exposition import Exposition, ParseIssue
+from kvscope.core.scalars import iso_utc
 
 MAX_SPREAD_S = 31 * 86400.0
 """How far from the median timestamp a sample may be: a recording may span up to 62 days."""
@@ -74,31 +71,3 @@ def _lines_of(text: str, wanted: set[float], limit: int = 3) -> list[int]:
         if len(out) >= limit:
             break
     return out
-
-
-def iso_utc(t: float) -> str:
-    """A Unix time as 2023-11-14T22:13:20Z (UTC, whole seconds); as a number where no date fits."""
-    try:
-        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    except (ValueError, OverflowError, OSError):
-        return f"{t:g}"
-
-
-INTERVAL_JITTER = 0.01
-"""A measured interval within this fraction of a whole number of seconds (at least 1 s) is that
-whole number (`configured_interval`)."""
-
-
-def configured_interval(measured: float) -> float:
-    """The scrape interval a scraper was configured at, from the interval measured between its
-    scrapes: scrapers are configured in durations (`scrape_interval: 2s`) and start each scrape a
-    little late or early (a loaded scraper, the clock read after the request went out), so the
-    measured median is the configured interval plus jitter (2.001 s, 1.998 s, 2.0025 s in the
-    incident library). A measured interval within INTERVAL_JITTER (1 %) of a whole number of
-    seconds, at least 1 s, is that whole number; any other is kept as measured, to the
-    millisecond (timestamps' resolution): 0.25 s, 1.5 s, and 2.05 s, which is no 2 s scraper's
-    jitter."""
-    ms, whole = round(measured * 1000), round(measured)
-    if whole >= 1 and abs(ms - 1000 * whole) <= INTERVAL_JITTER * 1000 * whole:
-        return float(whole)
-    return ms / 1000

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kvscope.agent.signals import Labels
+from kvscope.core.signals import Labels
 
 MAX_LINE = 1 << 16
 MAX_LABELS = 256

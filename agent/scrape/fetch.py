@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import aiohttp
 import yarl
 
-from kvscope.agent.scrape.resolve import connector, dns_unanswered
+from kvscope.core.resolve import connector, dns_unanswered
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 """Ask for text 0.0.4 only (the parser reads OpenMetrics too, if a server sends it anyway).
@@ -120,7 +120,7 @@ async def probe_ok(session: aiohttp.ClientSession, url: str, timeout_s: float, m
 def new_session() -> aiohttp.ClientSession:
     """A scrape client: kept-alive connections per target (up to 5 min idle), no connection cap,
     no cookies, no proxies, no redirects; time is bounded by each read's timeout; names looked up
-    on bounded threads of their own (agent/scrape/resolve.py)."""
+    on bounded threads of their own (core/resolve.py)."""
     return aiohttp.ClientSession(
         connector=connector(limit=0, keepalive_timeout=300),
         timeout=aiohttp.ClientTimeout(total=None),

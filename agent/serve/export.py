@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvscope.agent.scrape.exposition import format_labels, format_value
-from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, Labels, Sample, Signal
-from kvscope.agent.signals import signal_of as signal_name
+from kvscope.core.signals import KVSCOPE_PREFIX, Catalog, Labels, Sample, Signal
+from kvscope.core.signals import signal_of as signal_name
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")

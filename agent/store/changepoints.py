@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from itertools import compress, groupby
 from operator import itemgetter
 
-from kvscope.agent.signals import Labels, Sample
+from kvscope.core.signals import Labels, Sample
 
 Key = tuple[str, Labels]
 _timestamp = operator.itemgetter(3)

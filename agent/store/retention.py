@@ -12,8 +12,8 @@ import time
 from collections import Counter
 from typing import Protocol
 
-from kvscope.agent.signals import Labels
 from kvscope.agent.store.changepoints import ChangeEncoder
+from kvscope.core.signals import Labels
 
 
 class _Counts(Protocol):

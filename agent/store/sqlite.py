@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Protocol
 
 from kvscope.agent.ratelog import warn_every
-from kvscope.agent.signals import Labels, Sample
 from kvscope.agent.store import retention
 from kvscope.agent.store.changepoints import ChangeEncoder, Encoded, StampIndex, fill_points
 from kvscope.agent.store.retention import used_bytes
+from kvscope.core.signals import Labels, Sample
 
 Points = list[tuple[float, float]]
 log = logging.getLogger("kvscope.store")

@@ -14,9 +14,9 @@ from typing import Any
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import ConfigError, register_section
-from kvscope.agent.scalars import parse_bool, parse_duration
 from kvscope.agent.tap.proxy import RequestTap, TapConfig
 from kvscope.agent.traces.export import SpanBatchExporter
+from kvscope.core.scalars import parse_bool, parse_duration
 
 _LIMITS = ("header_timeout_s", "request_timeout_s", "idle_timeout_s")
 _CLOSED = {  # tap.stats key -> reason of kvscope_connections_closed_total (the config key that closed it)

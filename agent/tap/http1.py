@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import httptools
 
-from kvscope.agent.scrape.resolve import ThreadResolver
 from kvscope.agent.serve.limits import linger
+from kvscope.core.resolve import ThreadResolver
 
 MAX_HEADER_BYTES = 64 << 10
 HOP_BY_HOP = frozenset(

@@ -31,7 +31,6 @@ from kvscope.agent.config import split_host_port
 from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
 from kvscope.agent.serve.export import canonical_families
 from kvscope.agent.serve.limits import Refused, connection_cap, http_answer
-from kvscope.agent.signals import Labels, Sample, load_catalog, make_labels
 from kvscope.agent.tap.exchange import Exchange
 from kvscope.agent.tap.forward import Forward
 from kvscope.agent.tap.http1 import (
@@ -48,6 +47,7 @@ from kvscope.agent.tap.sessions import SessionTracker, parse_session_id
 from kvscope.agent.tap.sse import parse_json_object, parse_usage
 from kvscope.agent.tenants import TenantLimiter, parse_tenant
 from kvscope.agent.traces.otlp import Span
+from kvscope.core.signals import Labels, Sample, load_catalog, make_labels
 
 log = logging.getLogger("kvscope.tap")
 _RANDOM = random.Random(int.from_bytes(os.urandom(16), "big"))

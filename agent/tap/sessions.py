@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from kvscope.agent.metricsets import CounterSet
-from kvscope.agent.signals import Sample, make_labels
 from kvscope.agent.tap.prefix import PrefixMatch
+from kvscope.core.signals import Sample, make_labels
 
 SESSION_HEADER = "X-Session-ID"
 

@@ -11,9 +11,9 @@ import aiohttp
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from kvscope.agent.scrape.resolve import connector
 from kvscope.agent.traces.otlp import Span
 from kvscope.agent.traces.stitch import RequestRecord
+from kvscope.core.resolve import connector
 
 SCOPE = "kvscope.traces.stitch"
 _INTERNAL = 1

@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
-from kvscope.agent.serve.jsonbody import loads_bounded
+from kvscope.core.jsonbody import loads_bounded
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"

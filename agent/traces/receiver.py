@@ -24,13 +24,13 @@ from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import ConfigError, parse_bytes, register_section, split_host_port
 from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.ratelog import warn_every
-from kvscope.agent.scalars import parse_duration
-from kvscope.agent.scrape.resolve import connector
 from kvscope.agent.serve.site import HttpSite
 from kvscope.agent.traces.export import encode_spans, render_phase_spans
 from kvscope.agent.traces.otlp import JSON, OtlpDecodeError, decompress, parse_otlp_traces
 from kvscope.agent.traces.stitch import RequestRecord, StitchConfig, TraceStitcher, observe_phases
 from kvscope.agent.traces.tenants import TenantAccounting
+from kvscope.core.resolve import connector
+from kvscope.core.scalars import parse_duration
 
 log = logging.getLogger("kvscope.traces")
 

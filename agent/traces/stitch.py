@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvscope.agent.metricsets import HistogramSet
-from kvscope.agent.signals import make_labels
 from kvscope.agent.traces.otlp import Span
+from kvscope.core.signals import make_labels
 
 PHASES = ("queue", "prefill", "kv_transfer", "decode")
 TAP_SCOPE = "kvscope.tap"

@@ -12,9 +12,9 @@ import threading
 from collections import Counter
 
 from kvscope.agent.metricsets import GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
-from kvscope.agent.signals import Sample, make_labels
 from kvscope.agent.tenants import TenantLimiter
 from kvscope.agent.traces.stitch import RequestRecord
+from kvscope.core.signals import Sample, make_labels
 
 
 class TenantAccounting:

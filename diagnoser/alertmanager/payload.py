@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from kvscope.agent.scalars import parse_timestamp
-from kvscope.agent.serve.jsonbody import loads_bounded
+from kvscope.core.jsonbody import loads_bounded
+from kvscope.core.scalars import parse_timestamp
 from kvscope.diagnoser.actions import actions_dict
 from kvscope.diagnoser.curve.report import FINDING_KINDS as ENGINE_CHANGE_KINDS
 from kvscope.diagnoser.findings import Diagnosis, LeverAdvice, confidence_words, count, nothing_evaluable

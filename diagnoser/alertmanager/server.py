@@ -30,7 +30,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvscope.agent.scrape.resolve import connector, daemon_call
+from kvscope.core.resolve import connector, daemon_call
 from kvscope.diagnoser.alertmanager.payload import (
     MAX_ALERTS,
     NO_DATA_HEADLINE,

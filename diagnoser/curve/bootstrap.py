@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvscope.agent.derive.quantiles import histogram_quantile
+from kvscope.core.quantiles import histogram_quantile
 from kvscope.diagnoser.curve.intervals import Intervals
 
 REPLICATES = 400

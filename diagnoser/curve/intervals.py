@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvscope.agent.derive.rates import step_increases
-from kvscope.agent.signals import Labels
+from kvscope.core.rates import step_increases
+from kvscope.core.signals import Labels
 from kvscope.diagnoser.curve.window import (
     CONCURRENCY_SIGNAL,
     CONFIG_GAUGES,

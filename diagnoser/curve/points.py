@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from kvscope.agent.derive.quantiles import histogram_quantile
+from kvscope.core.quantiles import histogram_quantile
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, WAITING, Intervals
 from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.agent.signals import Catalog
+from kvscope.core.signals import Catalog
 from kvscope.diagnoser.curve.intervals import WAITING
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, operating_point
 from kvscope.diagnoser.curve.points import EDGES, MIN_INTERVALS, MIN_REQUESTS, BucketSums, point_of

@@ -354,7 +354,7 @@ def render_text(curves: list[PoolCurve], slo_s: float) -> str:
 
 def changes_text(pc: PoolCurve) -> list[str]:
     """'What changed in this window' lines of one pool."""
-    from kvscope.agent.recording.timespan import iso_utc
+    from kvscope.core.scalars import iso_utc
 
     out = []
     for j in pc.changes:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvscope.agent.recording.timespan import iso_utc
-from kvscope.agent.signals import Labels, Sample
+from kvscope.core.scalars import iso_utc
+from kvscope.core.signals import Labels, Sample
 
 DEFAULT_LOOKBACK_S = 300.0
 

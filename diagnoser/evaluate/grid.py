@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from kvscope.agent.derive.rates import step_increases
+from kvscope.core.rates import step_increases
 
 _AGGS = ("sum", "max", "min", "avg", "median", "count")
 _CHUNK_ROWS = 256

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, load_catalog
+from kvscope.core.signals import KVSCOPE_PREFIX, Catalog, load_catalog
 from kvscope.diagnoser.citations import cite_text
 from kvscope.diagnoser.findings import SEVERITY_RANK
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, prom_duration

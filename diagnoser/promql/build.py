@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_heading, split
 from kvscope.diagnoser.citations import cite_all, cite_text
 from kvscope.diagnoser.promql.alerts import PythonOnly, alert_name, compile_rules

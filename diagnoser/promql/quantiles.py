@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvscope.agent.signals import Catalog
+from kvscope.core.signals import Catalog
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler
 from kvscope.diagnoser.promql.signals import InlineSignals, prom_number
 from kvscope.diagnoser.rulebook import tree

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvscope.agent.scalars import parse_duration
+from kvscope.core.scalars import parse_duration
 
 RANGE_EDGE_S = 0.001
 """How much longer than the rule's range every PromQL range is written (`range_text`)."""

@@ -1,6 +1,6 @@
 """PromQL that reads one canonical signal from every place it can come from.
 
-A canonical signal (agent/normalize/catalog.yaml) reaches Prometheus under its engines' own names
+A canonical signal (core/catalog.yaml) reaches Prometheus under its engines' own names
 (old and new, Ray's `vllm_x`) or as the agent's `kvscope_<signal>`. `source_union` reads them all
 as one expression, relabelled and aggregated as the Python normalizer does, native names first
 (docs/alerting.md); a `fallback` name only for instances without the current ones. Rescaled
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kvscope.agent.signals import COMMON_LABELS, KVSCOPE_PREFIX, Alias, Catalog, Dialect, Signal
+from kvscope.core.signals import COMMON_LABELS, KVSCOPE_PREFIX, Alias, Catalog, Dialect, Signal
 
 GROUP_LABELS = tuple(label for label in COMMON_LABELS if label != "job")
 """Labels a canonical series keeps. `job` is dropped: the same engine scraped directly and

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvscope.agent.scalars import parse_duration
+from kvscope.core.scalars import parse_duration
 from kvscope.diagnoser.promql.ranges import range_text
 from kvscope.diagnoser.promql.signals import le_regex
 

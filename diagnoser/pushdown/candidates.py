@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvscope.agent.recording.timespan import iso_utc
-from kvscope.agent.scalars import parse_duration
-from kvscope.agent.signals import Catalog
+from kvscope.core.scalars import iso_utc, parse_duration
+from kvscope.core.signals import Catalog
 from kvscope.diagnoser.promql.rulefiles import CANDIDATE, CANDIDATE_INTERVAL
 from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown.prefilter import compile_prefilter

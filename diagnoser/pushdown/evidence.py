@@ -17,7 +17,7 @@ from functools import partial
 
 import numpy as np
 
-from kvscope.agent.signals import Catalog, make_labels
+from kvscope.core.signals import Catalog, make_labels
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, JudgedSpans
 from kvscope.diagnoser.findings import same_place
 from kvscope.diagnoser.promql.series import NotExpressible

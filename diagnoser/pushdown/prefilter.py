@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kvscope.agent.signals import Catalog
+from kvscope.core.signals import Catalog
 from kvscope.diagnoser.promql.alerts import ConditionCompiler, on_clause
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, prom_duration
 from kvscope.diagnoser.promql.signals import PromQL, SignalReader, wire_names

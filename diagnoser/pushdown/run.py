@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.agent.recording.timespan import iso_utc
-from kvscope.agent.signals import Catalog, load_catalog
+from kvscope.core.scalars import iso_utc
+from kvscope.core.signals import Catalog, load_catalog
 from kvscope.diagnoser.evaluate.confidence import direct_present
 from kvscope.diagnoser.evaluate.evaluator import (
     auto_time_scale,

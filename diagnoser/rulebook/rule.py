@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from kvscope.agent.scalars import parse_duration as parse_duration  # rule files' durations are Prometheus'
+from kvscope.core.scalars import parse_duration as parse_duration  # rule files' durations are Prometheus'
 from kvscope.diagnoser.rulebook.grammar import RuleError
 from kvscope.diagnoser.rulebook.tree import Tree, parse
 

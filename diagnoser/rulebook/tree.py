@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.agent.scalars import parse_duration
+from kvscope.core.scalars import parse_duration
 from kvscope.diagnoser.rulebook.grammar import (
     BASELINE_AGGS,
     FORMS,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvscope.agent.signals import Catalog, load_catalog
+from kvscope.core.signals import Catalog, load_catalog
 from kvscope.diagnoser.findings import CONFIDENCES, SEVERITIES
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.grammar import BASELINE_AGGS
@@ -157,9 +157,7 @@ def check_series(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
             if node.signal + suffix not in known and suffix:
                 yield _issue(rule, at, f"series {name!r}: {node.signal!r} is not a histogram in the catalog")
             elif node.signal not in known and not suffix:
-                yield _issue(
-                    rule, at, f"series {name!r}: unknown signal {node.signal!r} (not in agent/normalize/catalog.yaml)"
-                )
+                yield _issue(rule, at, f"series {name!r}: unknown signal {node.signal!r} (not in core/catalog.yaml)")
         for ref in node.refs:
             if ref not in t.series:
                 yield _issue(rule, at, f"series {name!r}: refers to unknown series {ref!r}")

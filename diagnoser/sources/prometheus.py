@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from kvscope.agent.normalize.dialect import Mapper, Normalized, detect_engine
-from kvscope.agent.recording.timespan import configured_interval
 from kvscope.agent.scrape.exposition import Exposition, RawSample
-from kvscope.agent.signals import KVSCOPE_PREFIX, Catalog, Labels, load_catalog, make_labels, signal_of
+from kvscope.core.rates import configured_interval
+from kvscope.core.signals import KVSCOPE_PREFIX, Catalog, Labels, load_catalog, make_labels, signal_of
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid, merge_facts
 from kvscope.diagnoser.promql.signals import quote
 from kvscope.diagnoser.sources.promapi import PromClient, as_points, matrix_on_grid

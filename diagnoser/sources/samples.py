@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from kvscope.agent.signals import Labels, Sample
+from kvscope.core.signals import Labels, Sample
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Frame, frame_from_samples
 from kvscope.diagnoser.sources import SourceError
 

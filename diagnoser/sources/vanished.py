@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from kvscope.agent.signals import Labels, Sample
+from kvscope.core.signals import Labels, Sample
 from kvscope.diagnoser.evaluate.frame import Frame
 
 

@@ -14,7 +14,7 @@ import zlib
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from kvscope.agent.scalars import parse_duration, parse_timestamp
+from kvscope.core.scalars import parse_duration, parse_timestamp
 
 SNIFF_BYTES = 8192
 _SAMPLE_LINE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})?\s+[-+]?([0-9.]|Inf|NaN)", re.IGNORECASE)

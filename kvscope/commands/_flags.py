@@ -18,7 +18,7 @@ from kvscope.agent.config import (
     describe_keys,
     read_config_file,
 )
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 
 ENV_HELP = f"""\
 configuration precedence: flag > KVSCOPE_* environment variable > --config file > default.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from kvscope.agent.signals import Catalog, signal_of
+from kvscope.core.signals import Catalog, signal_of
 
 
 def needed_signals(catalog: Catalog) -> dict[str, set[str]]:

@@ -13,12 +13,12 @@ from typing import Any
 from kvscope.agent.collectors.engine import EngineCollector
 from kvscope.agent.config import AgentConfig, ConfigError
 from kvscope.agent.recording.omfile import RecordingWriter
-from kvscope.agent.scalars import parse_duration
 from kvscope.commands._checks import check_output_file
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._flags import ENV_HELP, add_scrape_flags, config_from_args
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._progress import progress_bar
+from kvscope.core.scalars import parse_duration
 
 DESCRIPTION = """\
 Record what engine (vLLM, SGLang) and dcgm-exporter /metrics endpoints expose, for a

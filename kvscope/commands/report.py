@@ -172,7 +172,7 @@ def coverage_note(frame, end: float) -> str:  # noqa: ANN001 - a Frame
     """'' when the data fills (nearly) the whole week ending at `end`; else a sentence naming both
     the data actually held and the span it is spread over, with its gaps, so a 10-minute
     recording's GPU cost is not read as a week's, nor two recordings 9 h apart as 9 h of data."""
-    from kvscope.agent.recording.timespan import iso_utc
+    from kvscope.core.scalars import iso_utc
     from kvscope.diagnoser.render import fmt_duration
     from kvscope.report.weekly import WEEK_S, data_coverage
 
@@ -230,7 +230,7 @@ def _report(args: argparse.Namespace, steps: Stages) -> tuple[str, str | None]:
     """The report as Markdown, and as HTML when --html asks: read, computed, rendered, each a
     progress stage. Raises what reading raises, ValueError when the source holds none of the
     report's signals."""
-    from kvscope.agent.recording.timespan import iso_utc
+    from kvscope.core.scalars import iso_utc
     from kvscope.report.render import render_html, render_markdown
     from kvscope.report.weekly import WEEK_S, build_report, columns
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from kvscope.agent.derive.rates import step_increases
+from kvscope.core.rates import step_increases
 from kvscope.diagnoser.curve.window import SIGNALS as CURVE_SIGNALS
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.promql.rulefiles import SloConfig

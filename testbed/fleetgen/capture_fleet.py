@@ -62,7 +62,7 @@ class Family:
 
 def read_capture(path: Path = CAPTURE) -> list[Family]:
     """The capture's families that kvscope's catalog reads (by upstream name)."""
-    from kvscope.agent.signals import load_catalog, signal_of
+    from kvscope.core.signals import load_catalog, signal_of
     from kvscope.diagnoser.evaluate.evaluator import sample_names
     from kvscope.diagnoser.rulebook.rule import read_rules
     from kvscope.diagnoser.sources.prometheus import wire_pattern

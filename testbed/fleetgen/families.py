@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 
 # vLLM 0.33 default bucket families (vllm/v1/metrics/buckets.py)
 VLLM_TTFT = load_catalog().buckets("request_ttft_seconds", "vllm")  # catalog.yaml: the one copy

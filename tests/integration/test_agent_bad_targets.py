@@ -21,8 +21,8 @@ from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.runtime import AgentState
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.serve.export import render_metrics
-from kvscope.agent.signals import load_catalog
 from kvscope.agent.store.sqlite import InMemoryStore
+from kvscope.core.signals import load_catalog
 from testbed.procs import free_port
 from testbed.prometheus import require_binaries
 

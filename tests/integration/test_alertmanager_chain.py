@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 from kvscope.diagnoser.promql.alerts import compile_rule
 from kvscope.diagnoser.promql.rulefiles import canonical_rules, render_rule_file
 from kvscope.diagnoser.promql.runbooklinks import link_alerts

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvscope.agent.signals import load_catalog
 from kvscope.cli import main
+from kvscope.core.signals import load_catalog
 from kvscope.diagnoser.curve.points import EDGES, quantile_ci
 from kvscope.diagnoser.curve.records import curve_file
 from kvscope.diagnoser.promql.rulefiles import render_rule_file

@@ -23,8 +23,8 @@ from kvscope.agent.derive.cascade import evaluate_cascade, render_cascade_sample
 from kvscope.agent.recording.omfile import read_recording_text
 from kvscope.agent.recording.replay import replay_recording
 from kvscope.agent.scrape.exposition import format_labels, format_value
-from kvscope.agent.signals import KVSCOPE_PREFIX, load_catalog
 from kvscope.commands.demo import BUNDLED, RECORDINGS
+from kvscope.core.signals import KVSCOPE_PREFIX, load_catalog
 from kvscope.dashboards.lint import read_recorded_names
 from kvscope.dashboards.registry import BOARDS
 from testbed.prometheus import EMPTY_CONFIG, backfill_openmetrics, require_binaries, running_prometheus

@@ -150,7 +150,7 @@ def test_the_curve_reads_the_agent_at_the_interval_it_scraped_its_targets():
     0.3 s apart); before, the agent source had no way to say and the caller's 15 s was used."""
     from agentharness import running_agent
 
-    from kvscope.agent.signals import Sample, make_labels
+    from kvscope.core.signals import Sample, make_labels
     from kvscope.diagnoser.curve.window import curve_step
 
     t0 = time.time() - 600

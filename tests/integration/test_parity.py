@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 from kvscope.diagnoser.evaluate.evaluator import evaluate_rule
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, frame_from_samples
 from kvscope.diagnoser.findings import SEVERITY_RANK

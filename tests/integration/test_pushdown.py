@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 import yaml
 
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 from kvscope.diagnoser.evaluate.evaluator import diagnose, evaluate_rule, sample_names
 from kvscope.diagnoser.evaluate.expr import SeriesEvaluator
 from kvscope.diagnoser.evaluate.frame import Frame, JudgedSpans, frame_from_samples, make_grid

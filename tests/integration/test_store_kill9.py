@@ -10,12 +10,12 @@ import sys
 import textwrap
 import time
 
-from kvscope.agent.signals import make_labels
 from kvscope.agent.store.sqlite import SqliteStore
+from kvscope.core.signals import make_labels
 
 WRITER = textwrap.dedent("""
     import sys, time
-    from kvscope.agent.signals import Sample, make_labels
+    from kvscope.core.signals import Sample, make_labels
     from kvscope.agent.store.sqlite import SqliteStore
 
     store = SqliteStore(sys.argv[1], flush_interval_s=0.05, batch_size=3000)

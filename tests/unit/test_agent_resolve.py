@@ -1,7 +1,7 @@
 """Issue 41: a DNS resolver that never answers, for targets named by host name, must not take the
 agent's other threads. aiohttp's default resolver looks names up on the event loop's default
 executor, where the host and NVML collectors' threads and the OTLP push run too; the agent's
-clients now look names up on bounded threads of their own (agent/scrape/resolve.py).
+clients now look names up on bounded threads of their own (core/resolve.py).
 
 The resolver here is a stand-in that does not answer names under `.stuck.test` until the test
 lets it (then it answers 127.0.0.1); the scrape client, its connector and the reads are the real

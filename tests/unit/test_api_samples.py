@@ -4,8 +4,8 @@ import pytest
 
 from kvscope.agent import api
 from kvscope.agent.namematch import compile_pattern
-from kvscope.agent.signals import Sample
 from kvscope.agent.store.sqlite import InMemoryStore
+from kvscope.core.signals import Sample
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import pytest
 
 from kvscope.agent.derive.cascade import STAGES, CascadeConfig, evaluate_cascade, render_cascade_samples
 from kvscope.agent.recording.replay import replay_recording
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.signals import Sample, make_labels
 
 INST = {"instance": "e0:8000", "engine": "vllm"}
 

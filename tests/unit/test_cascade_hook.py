@@ -7,7 +7,7 @@ from kvscope.agent.derive import cascade
 from kvscope.agent.derive.cascade import CascadeConfig, CascadeWindow, evaluate_cascade, render_cascade_samples
 from kvscope.agent.derive.hooks import derive_hooks
 from kvscope.agent.runtime import AgentRuntime
-from kvscope.agent.signals import Sample
+from kvscope.core.signals import Sample
 from tests.unit.test_cascade import _cascade_run, _no_counter, _series
 
 

@@ -13,10 +13,10 @@ import random
 
 import pytest
 
-from kvscope.agent.signals import Sample, make_labels
 from kvscope.agent.store import retention
 from kvscope.agent.store.changepoints import ChangeEncoder, fill_points
 from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore
+from kvscope.core.signals import Sample, make_labels
 from testbed.promref import raw_increase, window_quantiles
 
 BASE = 1_700_000_000.0

@@ -56,7 +56,7 @@ def test_agent_examples_use_the_agents_port_not_dcgms(name):
     assert "127.0.0.1:9464" in text and ":9400" not in text
 
 
-# How `kvscope --help` names what each dialect of the catalog (agent/normalize/catalog.yaml) reads:
+# How `kvscope --help` names what each dialect of the catalog (core/catalog.yaml) reads:
 # a dialect added to the catalog without a word here fails.
 DIALECT_WORDS = {
     "vllm": "vLLM",
@@ -72,7 +72,7 @@ DIALECT_WORDS = {
 
 
 def test_the_top_help_names_every_engine_the_catalog_reads():
-    from kvscope.agent.signals import load_catalog
+    from kvscope.core.signals import load_catalog
 
     assert set(DIALECT_WORDS) == set(load_catalog().dialects)
     text = " ".join(build_parser().format_help().split())

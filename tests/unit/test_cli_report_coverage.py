@@ -3,8 +3,8 @@ recording's totals are not read as a week's."""
 
 from __future__ import annotations
 
-from kvscope.agent.signals import Sample
 from kvscope.commands.report import coverage_note
+from kvscope.core.signals import Sample
 from kvscope.diagnoser.sources.samples import SamplesSource
 from kvscope.report.weekly import WEEK_S, columns, data_coverage, report_window
 

@@ -13,7 +13,7 @@ from kvscope.agent.config import (
     read_config_file,
     register_section,
 )
-from kvscope.agent.scalars import parse_duration
+from kvscope.core.scalars import parse_duration
 
 KNOWN = {"engine": True, "nvml": True, "host": True}
 

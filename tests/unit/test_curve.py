@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from kvscope.agent.signals import make_labels
+from kvscope.core.signals import make_labels
 from kvscope.diagnoser.curve.intervals import pool_intervals
 from kvscope.diagnoser.curve.operating import knee
 from kvscope.diagnoser.curve.points import curve_points

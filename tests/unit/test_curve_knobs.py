@@ -19,7 +19,7 @@ import pytest
 
 from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 from kvscope.diagnoser.curve.report import attach, pool_curves, regression_findings
 from kvscope.diagnoser.evaluate.frame import Block
 from kvscope.diagnoser.findings import Diagnosis, Finding, LeverAdvice

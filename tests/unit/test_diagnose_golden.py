@@ -197,7 +197,7 @@ def test_package_layout_follows_package_dir(tmp_path):
     dirs = golden.parse_package_dirs(pyproject)
     assert dirs == {"kvscope": "kvscope", "kvscope.agent": "agent", "kvscope.diagnoser": "diagnoser"}
     tree, overlay = tmp_path / "tree", tmp_path / "overlay"
-    for d in ("kvscope", "agent", "diagnoser"):
+    for d in ("kvscope", "core", "agent", "diagnoser"):
         (tree / d).mkdir(parents=True)
         (tree / d / "__init__.py").write_text(f"NAME = {d!r}\n")
     overlay.mkdir()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvscope.agent.signals import make_labels
+from kvscope.core.signals import make_labels
 from kvscope.diagnoser.evaluate import grid
 from kvscope.diagnoser.evaluate.conditions import _run_lengths, run_lengths
 from kvscope.diagnoser.evaluate.evaluator import diagnose

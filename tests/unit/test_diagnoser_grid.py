@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscope.agent.derive.quantiles import histogram_quantile
+from kvscope.core.quantiles import histogram_quantile
 from kvscope.diagnoser.evaluate import grid
 from kvscope.diagnoser.evaluate.frame import make_grid, sample_on_grid
 from testbed.promref import increase, window_quantile

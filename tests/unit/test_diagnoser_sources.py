@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 from kvscope.diagnoser.sources.agent import parse_facts_answer, parse_samples_answer
 from kvscope.diagnoser.sources.prometheus import frame_from_matrix, selector_for, wire_pattern
 

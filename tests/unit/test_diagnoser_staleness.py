@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.signals import Sample, make_labels
 from kvscope.diagnoser.evaluate import grid
 from kvscope.diagnoser.evaluate.frame import failed_scrape_spans, frame_from_samples, mark_stale
 from kvscope.diagnoser.sources.recording import RecordingSource

@@ -1,6 +1,6 @@
 from kvscope.agent.normalize.dialect import detect_engine, fold_name, normalize
 from kvscope.agent.scrape.exposition import parse_exposition
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 
 TARGET = {"instance": "127.0.0.1:8000", "job": "engines"}
 
@@ -143,7 +143,7 @@ def test_catalog_rejects_an_unknown_collapse_mode():
 
     import pytest
 
-    from kvscope.agent.signals import CatalogError, parse_catalog
+    from kvscope.core.signals import CatalogError, parse_catalog
 
     text = resources.files("kvscope.agent.normalize").joinpath("catalog.yaml").read_text()
     assert parse_catalog(text).signals["engine_kv_offload_loaded_tokens_total"].aliases[0].collapse == "max"
@@ -234,7 +234,7 @@ def test_catalog_buckets_are_increasing_and_only_on_histograms():
 
     import pytest
 
-    from kvscope.agent.signals import CatalogError, parse_catalog
+    from kvscope.core.signals import CatalogError, parse_catalog
 
     text = resources.files("kvscope.agent.normalize").joinpath("catalog.yaml").read_text()
     assert parse_catalog(text).buckets("request_ttft_seconds", "sglang")[:2] == (0.1, 0.2)

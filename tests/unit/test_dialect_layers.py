@@ -265,7 +265,7 @@ def test_smg_1_13_kv_event_feed_health(load_fixture):
 
 
 def test_catalog_rejects_a_set_label_the_signal_does_not_keep():
-    from kvscope.agent.signals import CatalogError, parse_catalog
+    from kvscope.core.signals import CatalogError, parse_catalog
 
     text = """
 dialects:

@@ -8,7 +8,7 @@ import pytest
 
 from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.scrape.exposition import parse_exposition
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 from kvscope.diagnoser.promql.rulefiles import renamed_alerts
 
 TARGET = {"instance": "replica-0", "job": "llamacpp"}

@@ -86,7 +86,19 @@ def test_every_named_module_exists_somewhere(doc):
 
 def _citing_files() -> list[Path]:
     out = []
-    for top in ("agent", "diagnoser", "dashboards", "ui", "report", "kvscope", "tests", "docs", "deploy", "rules"):
+    for top in (
+        "agent",
+        "core",
+        "diagnoser",
+        "dashboards",
+        "ui",
+        "report",
+        "kvscope",
+        "tests",
+        "docs",
+        "deploy",
+        "rules",
+    ):
         for ext in ("py", "md", "yaml", "yml"):
             out += (ROOT / top).rglob(f"*.{ext}")
     return [p for p in out if ".venv" not in p.parts and p.name != Path(__file__).name] + [ROOT / "README.md"]

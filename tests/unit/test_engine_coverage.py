@@ -24,9 +24,9 @@ from kvscope.agent.normalize.coverage import (
     load_name_lists,
     problems,
 )
-from kvscope.agent.signals import load_catalog, parse_catalog
 from kvscope.cli import main
 from kvscope.commands._needed import needed_signals
+from kvscope.core.signals import load_catalog, parse_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ROOT / "tests" / "fixtures" / "engine_names"

@@ -4,7 +4,7 @@ sparse source read an engine that was generating as hung (issue 38)."""
 
 from __future__ import annotations
 
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.signals import Sample, make_labels
 from kvscope.diagnoser.evaluate.evaluator import diagnose
 from kvscope.diagnoser.evaluate.frame import frame_from_samples
 from kvscope.diagnoser.rulebook.rule import read_rules

@@ -13,7 +13,7 @@ import pytest
 from kvscope.agent.collectors.engine import TargetMemo
 from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.scrape.exposition import parse_exposition
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 
 CATALOG = load_catalog()
 LABELS = {"job": "engines", "instance": "engine-a:8000"}
@@ -188,7 +188,7 @@ def test_dcgm_blank_values_are_dropped_and_counted(load_fixture, blank):
 
 # ------------------------------------------------------------------ the catalog fields themselves
 def test_catalog_rejects_a_fallback_with_nothing_to_prefer_and_a_part_on_a_gauge():
-    from kvscope.agent.signals import CatalogError, parse_catalog
+    from kvscope.core.signals import CatalogError, parse_catalog
 
     head = 'dialects:\n  x: {prefixes: ["x:"], detect: ["x:"], labels: {}}\nsignals:\n'
     with pytest.raises(CatalogError, match="fallback but x has no other alias"):

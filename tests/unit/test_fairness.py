@@ -14,7 +14,7 @@ from kvscope.agent.derive.fairness import (
     render_fairness_samples,
     weighted_jain_index,
 )
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.signals import Sample, make_labels
 
 
 def _usage():

@@ -85,7 +85,7 @@ def test_the_candidate_file_is_up_to_date_and_versions_each_rule() -> None:
 
     import yaml
 
-    from kvscope.agent.signals import load_catalog
+    from kvscope.core.signals import load_catalog
     from kvscope.diagnoser.promql.rulefiles import candidate_file
     from kvscope.diagnoser.pushdown.candidates import candidate_exprs
     from kvscope.diagnoser.rulebook.rule import read_rules

@@ -13,7 +13,7 @@ import yaml
 from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.recording.replay import replay_recording
 from kvscope.agent.scrape.exposition import parse_exposition
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 from testbed.fleetgen.families import (
     Histogram,
     SglangState,

@@ -16,7 +16,7 @@ from kvscope.agent.derive.gpu_join import (
 )
 from kvscope.agent.normalize.dialect import detect_engine, normalize
 from kvscope.agent.scrape.exposition import parse_exposition
-from kvscope.agent.signals import Sample, load_catalog, make_labels
+from kvscope.core.signals import Sample, load_catalog, make_labels
 from testbed.nvml_fake import FakeNvml
 
 UUID0 = "GPU-5b8f2c1e-7a3d-4e9b-9c2f-1d0e6a4b8c71"

@@ -21,7 +21,7 @@ from kvscope.agent.collectors.host import (
     parse_cpu_ratio,
     resolve_instances,
 )
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 
 MARKER = "standin-engine-7c1f"
 SECRET = "sk-do-not-record"

@@ -15,8 +15,8 @@ import pytest
 from kvscope.agent.api import AgentServer
 from kvscope.agent.config import build_config
 from kvscope.agent.runtime import AgentRuntime
-from kvscope.agent.signals import Sample
 from kvscope.agent.store.sqlite import InMemoryStore
+from kvscope.core.signals import Sample
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
@@ -400,7 +400,7 @@ def test_a_cycle_that_overruns_the_interval_counts_the_skipped_ticks():
     counts them, and /metrics and /api/v1/health show the count."""
     from kvscope.agent.collectors.base import Collection
     from kvscope.agent.serve.export import render_metrics
-    from kvscope.agent.signals import load_catalog
+    from kvscope.core.signals import load_catalog
 
     class Slow:
         name = "slow"
@@ -484,8 +484,8 @@ def test_one_churning_target_cannot_use_up_the_stores_series_cap(tmp_path):
     other target's series are still stored, and the churning one's drops are counted per
     instance (health) and by reason."""
     from kvscope.agent.serve.export import render_metrics
-    from kvscope.agent.signals import load_catalog
     from kvscope.agent.store.sqlite import SqliteStore
+    from kvscope.core.signals import load_catalog
 
     store = SqliteStore(tmp_path / "s.db", max_series=1000, background=False)
     try:
@@ -555,7 +555,7 @@ def test_a_store_path_under_a_file_names_it(tmp_path):
 
 FULL_DISK = """
 import os, sys
-from kvscope.agent.signals import Sample
+from kvscope.core.signals import Sample
 from kvscope.agent.store.sqlite import SqliteStore, StoreError
 d = sys.argv[1]
 store = SqliteStore(os.path.join(d, "k.db"), background=False)

@@ -1,4 +1,4 @@
-"""The import graph runs one way: presenters -> diagnoser -> agent, and inside the agent and the
+"""The import graph runs one way: presenters -> diagnoser -> agent -> core (the shared kernel), and inside the agent and the
 diagnoser, each stage imports only the stages below it (docs/architecture.md, "Layout").
 
 An import that goes the other way (a source importing derive, the agent importing the
@@ -15,21 +15,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 TOP_ALLOWED = {
-    "agent": {"agent"},
+    "core": {"core"},
+    "agent": {"agent", "core"},
     "rules": {"rules"},
-    "diagnoser": {"diagnoser", "agent", "rules"},
-    "report": {"report", "diagnoser", "agent", "rules"},
-    "dashboards": {"dashboards", "diagnoser", "agent", "rules"},
-    "ui": {"ui", "report", "diagnoser", "agent", "rules"},
+    "diagnoser": {"diagnoser", "core", "agent", "rules"},
+    "report": {"report", "core", "diagnoser", "agent", "rules"},
+    "dashboards": {"dashboards", "core", "diagnoser", "agent", "rules"},
+    "ui": {"ui", "core", "report", "diagnoser", "agent", "rules"},
 }
 """Top-level package -> the top-level packages it may import (the CLI, `kvscope`, may import all)."""
 
 LAYERS = {
     "agent": {
-        "signals": 0,
         "ratelog": 0,
         "namematch": 0,
-        "scalars": 0,
         "config": 1,
         "metricsets": 1,
         "tenants": 1,
@@ -127,14 +126,16 @@ def test_the_check_rejects_an_upward_import():
     assert violations("agent", "tap", imports_of("from kvscope.agent.derive.fairness import x"))
     assert violations("agent", "store", imports_of("import kvscope.diagnoser.findings"))
     assert violations("diagnoser", "rulebook", imports_of("from kvscope.diagnoser.evaluate.expr import x"))
+    assert violations("core", "signals", imports_of("from kvscope.agent.ratelog import x"))
     assert violations("dashboards", "lint", imports_of("from kvscope.ui.data import x"))
     assert not violations("agent", "recording", imports_of("from kvscope.agent.derive.gpu_join import x"))
-    assert violations("agent", "newstage", imports_of("from kvscope.agent.signals import x"))
+    assert violations("agent", "newstage", imports_of("from kvscope.agent.ratelog import x"))
 
 
 PACKAGE_OF = {
     "kvscope": "kvscope",
     "agent": "kvscope.agent",
+    "core": "kvscope.core",
     "diagnoser": "kvscope.diagnoser",
     "dashboards": "kvscope.dashboards",
     "ui": "kvscope.ui",

@@ -13,7 +13,7 @@ import pytest
 
 from kvscope.agent.logs.lines import MAX_LINE, Line, parse_line
 from kvscope.agent.logs.series import read_log
-from kvscope.agent.scalars import parse_timestamp as rfc3339
+from kvscope.core.scalars import parse_timestamp as rfc3339
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 DAY = datetime.date(2026, 11, 24)

@@ -12,7 +12,7 @@ import pytest
 
 from kvscope.agent.collectors.base import registered_collectors
 from kvscope.agent.collectors.nvml import NvmlCollector, parse_mig_profile
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 from testbed.nvml_fake import FakeNvml
 
 RECORDING = "nvml/h100-2gpu.json"

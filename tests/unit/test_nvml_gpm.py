@@ -13,7 +13,7 @@ import pytest
 from kvscope.agent.collectors.gpm import GPM_METRICS, GpmSampler
 from kvscope.agent.collectors.nvml import NvmlCollector
 from kvscope.agent.serve.export import canonical_families
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 from testbed.nvml_fake import FakeNvml
 from testbed.prometheus import require_binaries
 

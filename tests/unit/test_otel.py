@@ -11,7 +11,7 @@ from kvscope.agent.config import ConfigError
 from kvscope.agent.otel.convert import Converter
 from kvscope.agent.otel.genai import CONVENTIONS, genai_points
 from kvscope.agent.otel.push import parse_section, push_config
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.signals import Sample, make_labels
 
 
 def _config(section, env, monkeypatch):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvscope.agent.signals import load_catalog, parse_catalog
 from kvscope.cli import main
+from kvscope.core.signals import load_catalog, parse_catalog
 from kvscope.diagnoser.curve.records import curve_file
 from kvscope.diagnoser.promql.alerts import PythonOnly, alert_name, compile_rule
 from kvscope.diagnoser.promql.build import RUNBOOK_MARK, build_all

@@ -12,8 +12,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvscope.agent.derive.quantiles import histogram_quantile
-from kvscope.agent.signals import make_labels
+from kvscope.core.quantiles import histogram_quantile
+from kvscope.core.signals import make_labels
 from testbed.promref import group_buckets, increase, parse_le, rate, window_quantile, window_quantiles
 
 INF = math.inf

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvscope.agent.derive.rates import deltas
+from kvscope.core.rates import deltas
 from testbed.promref import increase, rate, raw_increase
 
 
@@ -87,7 +87,7 @@ def test_the_array_form_is_the_scalar_rule(values):
     """One reset rule: `step_increases` (grid, weekly report, UI) equals `deltas` (agent)."""
     import numpy as np
 
-    from kvscope.agent.derive.rates import step_increases
+    from kvscope.core.rates import step_increases
 
     pts = [(float(i), v) for i, v in enumerate(values)]
     assert step_increases(np.array(values)).tolist() == [d for _, d in deltas(pts)]
@@ -98,7 +98,7 @@ def test_a_chart_reads_a_counter_reset_as_the_rule_does():
     reset), not a gap: both come from grid.counter_rate."""
     import numpy as np
 
-    from kvscope.agent.signals import make_labels
+    from kvscope.core.signals import make_labels
     from kvscope.diagnoser.evaluate.frame import Block, Frame, make_grid
     from kvscope.diagnoser.evaluate.grid import counter_rate
     from kvscope.ui.data import signal_frame

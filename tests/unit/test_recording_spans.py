@@ -18,7 +18,7 @@ from kvscope.agent.recording.replay import (
     service_labels_from,
     spans_path_for,
 )
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.signals import Sample, make_labels
 from kvscope.diagnoser.sources.recording import RecordingSource
 
 LIBRARY = Path(__file__).resolve().parents[1] / "recordings"

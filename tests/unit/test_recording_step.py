@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from kvscope.agent.recording.omfile import RecordingWriter
-from kvscope.agent.recording.timespan import configured_interval
 from kvscope.agent.scrape.exposition import parse_exposition
+from kvscope.core.rates import configured_interval
 from kvscope.diagnoser.sources.recording import RecordingSource
 
 T0 = 1_800_000_000.0

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.signals import Sample, make_labels
 from kvscope.diagnoser.sources.samples import SamplesSource
 from kvscope.report.render import md_escape, render_html, render_markdown
 from kvscope.report.weekly import (

@@ -3,7 +3,7 @@ are read in tests/e2e/test_ui_browser.py and tests/integration/test_alertmanager
 
 import numpy as np
 
-from kvscope.agent.signals import make_labels
+from kvscope.core.signals import make_labels
 from kvscope.diagnoser.evaluate.frame import Block, Frame
 from kvscope.diagnoser.routing import router_decisions, router_line
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvscope.agent.signals import load_catalog
+from kvscope.core.signals import load_catalog
 from kvscope.diagnoser.promql.alerts import compile_rule
 from kvscope.diagnoser.rulebook.rule import parse_yaml, rule_from_doc
 from kvscope.diagnoser.rulebook.tree import Predict

@@ -11,8 +11,8 @@ from kvscope.agent.config import build_config
 from kvscope.agent.runtime import AgentRuntime, CounterResets
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.serve.export import render_metrics
-from kvscope.agent.signals import Sample, load_catalog, make_labels
 from kvscope.agent.store.sqlite import InMemoryStore
+from kvscope.core.signals import Sample, load_catalog, make_labels
 
 GPU = make_labels({"gpu": "0", "node": "n1"})
 

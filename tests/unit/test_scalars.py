@@ -1,4 +1,4 @@
-"""The one reader of durations, booleans and timestamps (agent/scalars.py), and the callers whose
+"""The one reader of durations, booleans and timestamps (core/scalars.py), and the callers whose
 input differs choosing an option instead of keeping a copy."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 from kvscope.agent.collectors.engine import EngineCollector
 from kvscope.agent.config import ConfigError, build_config
-from kvscope.agent.scalars import MAX_TEXT, parse_bool, parse_duration, parse_timestamp
 from kvscope.agent.tap.collector import parse_tap_config
+from kvscope.core.scalars import MAX_TEXT, parse_bool, parse_duration, parse_timestamp
 from kvscope.ui.alert_link import from_query
 
 

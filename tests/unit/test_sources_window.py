@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvscope.agent.signals import Sample, make_labels
+from kvscope.core.signals import Sample, make_labels
 from kvscope.diagnoser.sources.agent import AgentSource
 from kvscope.diagnoser.sources.prometheus import PrometheusSource
 from kvscope.diagnoser.sources.recording import RecordingSource

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from kvscope.agent.signals import Sample, make_labels
 from kvscope.agent.store import retention
 from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore, StoreError
+from kvscope.core.signals import Sample, make_labels
 
 A = make_labels({"instance": "e0:8000", "engine": "vllm"})
 B = make_labels({"instance": "e1:8000", "engine": "vllm"})

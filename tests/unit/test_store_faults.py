@@ -12,8 +12,8 @@ import pytest
 from kvscope.agent.config import build_config
 from kvscope.agent.runtime import AgentRuntime
 from kvscope.agent.serve.export import render_metrics
-from kvscope.agent.signals import Sample, load_catalog, make_labels
 from kvscope.agent.store.sqlite import SqliteStore, StoreError
+from kvscope.core.signals import Sample, load_catalog, make_labels
 
 
 @pytest.fixture

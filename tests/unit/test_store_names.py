@@ -14,7 +14,7 @@ OLD_NAMES = ("kvscope.sqlite", "kvscope-diagnoses.sqlite")
 
 
 def _texts():
-    for folder in ("docs", "deploy", "kvscope", "agent", "diagnoser", "ui", "report"):
+    for folder in ("docs", "deploy", "kvscope", "core", "agent", "diagnoser", "ui", "report"):
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in (".md", ".py", ".yaml", ".yml", ".service") and "node_modules" not in path.parts:
                 yield path

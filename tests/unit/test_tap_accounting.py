@@ -4,8 +4,8 @@ import math
 import random
 
 from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, HistogramSet
-from kvscope.agent.signals import make_labels
 from kvscope.agent.tap.proxy import GapHistogram
+from kvscope.core.signals import make_labels
 
 
 def test_observe_all_renders_exactly_what_observe_per_gap_renders():

@@ -182,7 +182,7 @@ def test_no_source_explains_how_to_start(monkeypatch):
 
 
 def test_tenant_table_from_kvscope_tenant_series():
-    from kvscope.agent.signals import Sample, make_labels
+    from kvscope.core.signals import Sample, make_labels
     from kvscope.diagnoser.evaluate.frame import frame_from_samples
 
     samples = []
@@ -208,7 +208,7 @@ def test_tenant_ttft_mean_and_p95_over_the_window():
     """acme: 10 requests/10 s, 9 of them under 0.1 s and 1 in (0.5, 1]: p95 interpolates inside
     (0.5, 1] at rank 9.5 of 10 (0.75 s), the mean is sum / count (0.2 s). A tenant without
     TTFT series has neither column (absent, not 0)."""
-    from kvscope.agent.signals import Sample, make_labels
+    from kvscope.core.signals import Sample, make_labels
     from kvscope.diagnoser.evaluate.frame import frame_from_samples
 
     samples = []
@@ -234,7 +234,7 @@ def test_tenant_ttft_mean_and_p95_over_the_window():
 def test_tenant_rate_counts_a_counter_reset():
     """A tap restart halfway resets tenant_requests_total (600 -> 20) at 2 requests/s throughout:
     the mean rate is 2.0 (last minus first, 600 - 0 over 600 s, said 1.0)."""
-    from kvscope.agent.signals import Sample, make_labels
+    from kvscope.core.signals import Sample, make_labels
     from kvscope.diagnoser.evaluate.frame import frame_from_samples
 
     lab = make_labels({"tenant": "acme"})

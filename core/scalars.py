@@ -1,7 +1,7 @@
 """The one reader of each scalar that config files, flags, rule files and payloads write as text:
 durations, booleans and timestamps.
 
-Agent and diagnoser both import it, so it sits at the agent's lowest layer and imports nothing
+Every package imports it, so it sits in the shared kernel (core/) and imports nothing
 of kvscope's (docs/architecture.md, "Layout"). A caller whose input legitimately differs picks
 an option (`loose`) and words its own error around the ValueError; it never keeps a copy.
 """
@@ -100,3 +100,11 @@ def parse_timestamp(text: Any, *, loose: bool = False) -> float:
             raise ValueError(f"not a timestamp: {text!r} (offset {zone})")
         offset = (hours * 3600 + minutes * 60) * (1 if zone[0] == "+" else -1)
     return moment.timestamp() + (float("0." + frac[:9]) if frac else 0.0) - offset
+
+
+def iso_utc(t: float) -> str:
+    """A Unix time as 2023-11-14T22:13:20Z (UTC, whole seconds); as a number where no date fits."""
+    try:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):
+        return f"{t:g}"

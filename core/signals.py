@@ -1,4 +1,4 @@
-"""Canonical samples and the signal catalog (agent/normalize/catalog.yaml).
+"""Canonical samples and the signal catalog (core/catalog.yaml).
 
 A sample is one point of one series: a name, a sorted tuple of labels, a value and an optional
 timestamp in seconds. Histograms are flattened the Prometheus way (`<name>_bucket{le=..}`,
@@ -294,5 +294,5 @@ def _parse_fact(f: dict[str, Any], dialects: dict[str, Dialect], source: str) ->
 @lru_cache(maxsize=1)
 def load_catalog() -> Catalog:
     """The catalog shipped with the package."""
-    text = resources.files("kvscope.agent.normalize").joinpath("catalog.yaml").read_text()
+    text = resources.files("kvscope.core").joinpath("catalog.yaml").read_text()
     return parse_catalog(text)
