@@ -91,7 +91,7 @@ def _run_from_wheel(root: Path, args: list[str], **env: str) -> subprocess.Compl
 
 def test_the_wheel_carries_the_package_data(wheel_root):
     pkg = wheel_root / "kvscope"
-    assert (pkg / "agent" / "normalize" / "catalog.yaml").is_file()
+    assert (pkg / "core" / "catalog.yaml").is_file()
     assert sorted(p.name for p in (pkg / "rules" / "prometheus").glob("*.yml")) == sorted(
         p.name for p in (ROOT / "rules" / "prometheus").glob("*.yml")
     )

@@ -16,7 +16,7 @@ import threading
 
 import pytest
 
-from kvscope.agent.scrape import resolve
+from kvscope.core import resolve
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
 
 STUCK = ".stuck.test"

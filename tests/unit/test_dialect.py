@@ -145,7 +145,7 @@ def test_catalog_rejects_an_unknown_collapse_mode():
 
     from kvscope.core.signals import CatalogError, parse_catalog
 
-    text = resources.files("kvscope.agent.normalize").joinpath("catalog.yaml").read_text()
+    text = resources.files("kvscope.core").joinpath("catalog.yaml").read_text()
     assert parse_catalog(text).signals["engine_kv_offload_loaded_tokens_total"].aliases[0].collapse == "max"
     bad = text.replace(
         'name: "sglang:load_back_tokens", collapse: max', 'name: "sglang:load_back_tokens", collapse: sum'
@@ -236,7 +236,7 @@ def test_catalog_buckets_are_increasing_and_only_on_histograms():
 
     from kvscope.core.signals import CatalogError, parse_catalog
 
-    text = resources.files("kvscope.agent.normalize").joinpath("catalog.yaml").read_text()
+    text = resources.files("kvscope.core").joinpath("catalog.yaml").read_text()
     assert parse_catalog(text).buckets("request_ttft_seconds", "sglang")[:2] == (0.1, 0.2)
     assert parse_catalog(text).buckets("request_itl_seconds", "vllm") == ()
     with pytest.raises(CatalogError, match="buckets must increase"):

@@ -79,7 +79,7 @@ def test_real_statuses_of_known_versions():
 def test_the_check_would_have_caught_the_sglang_cached_tokens_match():
     """Before issue 18 the alias matched cache_source in [device, total] only: every SGLang up to
     0.5.8 (no cache_source label) lost its prefix-hit signal. The check names it."""
-    text = (ROOT / "agent" / "normalize" / "catalog.yaml").read_text()
+    text = (ROOT / "core" / "catalog.yaml").read_text()
     old = text.replace('match: {cache_source: [total, ""]}', "match: {cache_source: [total]}")
     assert old != text
     cov = Coverage(parse_catalog(old), LISTS, MEANINGS)
