@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 
 from kvscope.core.signals import KVSCOPE_PREFIX
+from kvscope.diagnoser.promql import compose
+from kvscope.diagnoser.promql.compose import guard
 
 W = "$__rate_interval"
 SELECTOR = 'job=~"$job", namespace=~"$namespace", model=~"$model", instance=~"$instance"'
@@ -48,10 +50,6 @@ def _sel(extra: str = "") -> str:
     return "{" + SELECTOR + (", " + extra if extra else "") + "}"
 
 
-def _by(labels: tuple[str, ...]) -> str:
-    return f" by ({', '.join(labels)})" if labels else ""
-
-
 def _legend(by: tuple[str, ...], default: str = "") -> str:
     """'{{a}} {{b}}' for the labels a query is grouped by, else `default`."""
     return "{{" + "}} {{".join(by) + "}}" if by else default
@@ -64,17 +62,12 @@ def _prefix(by: tuple[str, ...]) -> str:
 
 def sum_rate(signal: str, by: tuple[str, ...] = (), suffix: str = "", extra: str = "", w: str = W) -> str:
     """sum by (...) (rate(kvscope_<signal><suffix>{sel}[w])) for a counter."""
-    return f"sum{_by(by)} (rate({series(signal, suffix)}{_sel(extra)}[{w}]))"
-
-
-def guard(num: str, den: str) -> str:
-    """num / (den > 0): no series instead of NaN or Inf when the denominator is zero."""
-    return f"({num}) / (({den}) > 0)"
+    return compose.sum_rate(series(signal, suffix) + _sel(extra), w, by)
 
 
 def quantile(q: float, signal: str, by: tuple[str, ...] = (), extra: str = "") -> str:
     """histogram_quantile over a windowed rate, summed by le (plus `by`)."""
-    return f"histogram_quantile({q}, {sum_rate(signal, ('le',) + by, '_bucket', extra)})"
+    return compose.quantile(q, series(signal, "_bucket") + _sel(extra), W, by)
 
 
 def mean(signal: str, by: tuple[str, ...] = (), extra: str = "", w: str = W) -> str:
@@ -84,7 +77,7 @@ def mean(signal: str, by: tuple[str, ...] = (), extra: str = "", w: str = W) -> 
 
 def gauge(signal: str, agg: str = "sum", by: tuple[str, ...] = (), extra: str = "") -> str:
     """agg by (...) (kvscope_<signal>{sel}) for a gauge."""
-    return f"{agg}{_by(by)} ({series(signal)}{_sel(extra)})"
+    return f"{agg}{compose.by(by)} ({series(signal)}{_sel(extra)})"
 
 
 def ratio(num: str, den: str, by: tuple[str, ...] = (), extra: str = "") -> str:
@@ -121,7 +114,7 @@ RECORDED_SELECTOR = 'model=~"$model", instance=~"$instance"'
 def recorded(name: str, agg: str = "max", by: tuple[str, ...] = ("instance",)) -> Query:
     """A series recorded by rules/prometheus/kvscope-derived.yml, e.g. instance:request_ttft_seconds:p99_5m.
     It reads the canonical signal in the name's middle too: an engine without it leaves the panel empty."""
-    return Query(f"{agg}{_by(by)} ({name}{{{RECORDED_SELECTOR}}})", _legend(by), (name, name.split(":")[1]))
+    return Query(f"{agg}{compose.by(by)} ({name}{{{RECORDED_SELECTOR}}})", _legend(by), (name, name.split(":")[1]))
 
 
 def phase_means(by: tuple[str, ...] = ()) -> list[Query]:
@@ -153,7 +146,7 @@ def tokens_per_gpu_hour(by: tuple[str, ...] = (), gpus: str = "gpu_utilization_r
     utilisation (DCGM or NVML), or per engine the agent's engine-GPU join
     (engine_gpu_memory_used_bytes: one series per engine and GPU)."""
     num = f"{sum_rate('engine_generation_tokens_total', by)} * 3600"
-    return Query(guard(num, f"count{_by(by)} ({series(gpus)}{_sel()})"), _legend(by, "tokens / GPU-hour"))
+    return Query(guard(num, f"count{compose.by(by)} ({series(gpus)}{_sel()})"), _legend(by, "tokens / GPU-hour"))
 
 
 COST_PER_MILLION_TOKENS = Query(

@@ -15,7 +15,7 @@ import pandas as pd
 
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point
 from kvscope.diagnoser.curve.points import Point
-from kvscope.diagnoser.curve.report import JudgedChange, PoolCurve
+from kvscope.diagnoser.curve.report import JudgedChange, PoolCurve, pool_name
 from kvscope.diagnoser.render import fmt_time
 
 VERDICT_WORDS = {
@@ -26,11 +26,6 @@ VERDICT_WORDS = {
 }
 METRIC_WORDS = {"ttft_p99_s": "TTFT p99", "itl_p99_s": "ITL p99", "output_tokens_per_s": "output tokens/s"}
 METRIC_UNITS = {"ttft_p99_s": "s", "itl_p99_s": "s", "output_tokens_per_s": "tokens/s"}
-
-
-def pool_name(pc: PoolCurve) -> str:
-    """'model=tiny-llama engine=vllm', the CLI's name of a pool."""
-    return " ".join(f"{k}={v}" for k, v in pc.labels.items()) or "pool"
 
 
 def at_slo(pc: PoolCurve, slo_s: float) -> Operating:
@@ -89,42 +84,6 @@ def points_table(points: list[Point]) -> pd.DataFrame:
             for p in points
         ]
     )
-
-
-def knee_text(op: Operating) -> str:
-    """Where the knee is, with the signs seen there, or that the data shows none."""
-    if op.knee_concurrency is None:
-        return "Knee: none in the measured range (TTFT p99 does not leave p50 with another sign of saturation)."
-    return f"Knee: at {op.knee_concurrency:g} requests in the engine per instance ({', '.join(op.knee_signs)})."
-
-
-def c_max_text(op: Operating, slo_s: float) -> str:
-    """C_max at the SLO and the usable RPS there, or why there is none."""
-    if op.c_max is None:
-        return f"C_max at TTFT p99 ≤ {slo_s:g} s: none ({op.c_max_note})."
-    rps = f"{op.usable_rps:.2f} requests/s per instance" if op.usable_rps is not None else "absent"
-    return f"C_max at TTFT p99 ≤ {slo_s:g} s: {op.c_max:g} ({op.c_max_note}); usable RPS there: {rps}."
-
-
-def headroom_text(op: Operating) -> str:
-    """Where the window's peak sits against the knee and C_max, in words (§8.1: size for the burst)."""
-    if op.peak_concurrency is None:
-        return "The window has no concurrency sample: no peak to place on the curve."
-    said = [
-        f"The window's peak is {op.peak_concurrency:g} requests in the engine per instance "
-        "(99th percentile of the intervals)."
-    ]
-    for name, mark, ratio in (
-        ("the knee", op.knee_concurrency, op.headroom_to_knee),
-        ("C_max", op.c_max, op.headroom_to_c_max),
-    ):
-        if mark is None or ratio is None:
-            said.append(f"Against {name}: none measured, so no headroom to it can be read.")
-        elif ratio >= 1:
-            said.append(f"It is below {name} ({mark:g}): {ratio:g}x headroom.")
-        else:
-            said.append(f"It is past {name} ({mark:g}): {name}/peak is {ratio:g}, no headroom.")
-    return " ".join(said)
 
 
 @dataclass(frozen=True)

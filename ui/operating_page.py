@@ -10,18 +10,9 @@ from __future__ import annotations
 import streamlit as st
 
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S
-from kvscope.diagnoser.curve.report import SETTLE_S, PoolCurve
+from kvscope.diagnoser.curve.report import SETTLE_S, PoolCurve, c_max_text, headroom_text, knee_text, pool_name
 from kvscope.ui.charts import render_change_chart, render_curve_chart
-from kvscope.ui.operating import (
-    at_slo,
-    c_max_text,
-    change_view,
-    curve_rows,
-    headroom_text,
-    knee_text,
-    points_table,
-    pool_name,
-)
+from kvscope.ui.operating import at_slo, change_view, curve_rows, points_table
 
 VERDICT_BOX = {"regression": st.error, "improvement": st.success, "no_change": st.info, "not_comparable": st.warning}
 

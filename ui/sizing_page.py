@@ -12,8 +12,8 @@ import streamlit as st
 
 from kvscope.diagnoser import sizing
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S
-from kvscope.diagnoser.curve.report import PoolCurve
-from kvscope.ui.operating import MeasuredSizing, measured_sizing, pool_name
+from kvscope.diagnoser.curve.report import PoolCurve, pool_name
+from kvscope.ui.operating import MeasuredSizing, measured_sizing
 
 GB = 1e9
 TYPED_C_MAX, TYPED_USABLE = 48.0, 12.0

@@ -223,7 +223,7 @@ def attach(diagnosis: Diagnosis, curves: list[PoolCurve]) -> Diagnosis:
     """The diagnosis with each pool's changes and a finding per regression (the likely cause when
     nothing else fired)."""
     changes = tuple(
-        {"pool": pc.labels, **j.to_dict(), "text": f"{_name(pc)}: {line}"} | _follow_up(j, diagnosis)
+        {"pool": pc.labels, **j.to_dict(), "text": f"{pool_name(pc)}: {line}"} | _follow_up(j, diagnosis)
         for pc in curves
         for j, line in zip(pc.changes, changes_text(pc), strict=True)
     )
@@ -277,7 +277,8 @@ def _follow_up(j: JudgedChange, diagnosis: Diagnosis) -> dict:
     return {"follow_up": out, "text_follow_up": f"lever follow-up: {said}; at matched load: {j.verdict}"}
 
 
-def _name(pc: PoolCurve) -> str:
+def pool_name(pc: PoolCurve) -> str:
+    """'model=tiny-llama engine=vllm', the CLI's name of a pool."""
     return " ".join(f"{k}={v}" for k, v in pc.labels.items()) or "pool"
 
 
@@ -318,28 +319,16 @@ def render_text(curves: list[PoolCurve], slo_s: float) -> str:
             if how.get("sum")
             else ""
         )
-        lines.append(f"pool {_name(pc)}  (concurrency per instance: {little}{pc.signal}; {pc.intervals} intervals)")
+        lines.append(f"pool {pool_name(pc)}  (concurrency per instance: {little}{pc.signal}; {pc.intervals} intervals)")
         lines.append(" ".join(f"{h:>{w}}" for h, w, _, _ in COLUMNS))
         for p in pc.points:
             cells = [_f(getattr(p, attr), fmt).rjust(w) for _, w, attr, fmt in COLUMNS]
             lines.append(" ".join(cells) + ("  sparse" if p.sparse else ""))
         op = pc.operating
-        knee = (
-            f"{op.knee_concurrency:g} (placed by {op.knee_sign}; signs: {', '.join(op.knee_signs)})"
-            if op.knee_concurrency is not None
-            else "none in the data"
-        )
-        lines.append(f"knee: {knee}")
-        lines.append(
-            f"C_max at TTFT p99 <= {slo_s:g} s: {_f(op.c_max, '{:g}')} ({op.c_max_note}); "
-            f"usable RPS {_f(op.usable_rps, '{:.2f}')}"
-        )
+        lines += [knee_text(op), c_max_text(op, slo_s)]
         if op.littles_law_gap is not None:
             lines.append(f"Little's Law gap: {op.littles_law_gap:.2f}x")
-        lines.append(
-            f"peak concurrency {_f(op.peak_concurrency, '{:g}')}: knee/peak {_f(op.headroom_to_knee, '{:g}')}, "
-            f"C_max/peak {_f(op.headroom_to_c_max, '{:g}')}"
-        )
+        lines.append(headroom_text(op))
         if (share := pc.coarse_share or 0.0) > 0.25:
             lines.append(
                 f"note: {100 * share:.0f}% of busy intervals are left out: the concurrency swung "
@@ -350,6 +339,43 @@ def render_text(curves: list[PoolCurve], slo_s: float) -> str:
         lines += changes_text(pc)
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def knee_text(op: Operating) -> str:
+    """Where the knee is, with the signs seen there, or that the data shows none."""
+    if op.knee_concurrency is None:
+        return "Knee: none in the measured range (TTFT p99 does not leave p50 with another sign of saturation)."
+    where = f"at {op.knee_concurrency:g} requests in the engine per instance"
+    return f"Knee: {where} (placed by {op.knee_sign}; signs: {', '.join(op.knee_signs)})."
+
+
+def c_max_text(op: Operating, slo_s: float) -> str:
+    """C_max at the SLO and the usable RPS there, or why there is none."""
+    if op.c_max is None:
+        return f"C_max at TTFT p99 ≤ {slo_s:g} s: none ({op.c_max_note})."
+    rps = f"{op.usable_rps:.2f} requests/s per instance" if op.usable_rps is not None else "absent"
+    return f"C_max at TTFT p99 ≤ {slo_s:g} s: {op.c_max:g} ({op.c_max_note}); usable RPS there: {rps}."
+
+
+def headroom_text(op: Operating) -> str:
+    """Where the window's peak sits against the knee and C_max, in words (§8.1: size for the burst)."""
+    if op.peak_concurrency is None:
+        return "The window has no concurrency sample: no peak to place on the curve."
+    said = [
+        f"The window's peak is {op.peak_concurrency:g} requests in the engine per instance "
+        "(99th percentile of the intervals)."
+    ]
+    for name, mark, ratio in (
+        ("the knee", op.knee_concurrency, op.headroom_to_knee),
+        ("C_max", op.c_max, op.headroom_to_c_max),
+    ):
+        if mark is None or ratio is None:
+            said.append(f"Against {name}: none measured, so no headroom to it can be read.")
+        elif ratio >= 1:
+            said.append(f"It is below {name} ({mark:g}): {ratio:g}x headroom.")
+        else:
+            said.append(f"It is past {name} ({mark:g}): {name}/peak is {ratio:g}, no headroom.")
+    return " ".join(said)
 
 
 def changes_text(pc: PoolCurve) -> list[str]:

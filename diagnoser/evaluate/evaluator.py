@@ -168,17 +168,11 @@ def evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[Fi
 
 
 def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[Finding] | Skipped:
-    missing = rule.missing_params()
-    if missing and len(missing) == rule.nullable_params():
-        return Skipped(rule.id, f"parameter(s) not set: {', '.join(missing)}")
-    if coarse := too_coarse(rule, frame):
-        return Skipped(rule.id, coarse)
     ev = SeriesEvaluator(rule, frame)
     try:
-        # absent signals first: the fleet path knows them from the index alone and says the same
-        if absent := required_absent(rule, frame):
-            return Skipped(rule.id, f"signal(s) absent: {', '.join(sorted(absent))}")
-        if (off := mechanism_off(rule, ev, frame.facts)) is not None:
+        if (before := precheck(rule, frame)) is not None:
+            return before
+        if (off := mechanism_off(rule, ev)) is not None:
             return off
         if not (keys := _rule_keys(ev)):
             return Skipped(rule.id, "no series for any group")
@@ -188,6 +182,27 @@ def _evaluate_rule(rule: Rule, frame: Frame, levers: dict[str, Lever]) -> list[F
         return _findings(rule, ce, levers)
     except (ExprError, KeyError, ValueError) as exc:
         return Skipped(rule.id, f"evaluation error: {exc}")
+
+
+def precheck(rule: Rule, frame: Frame) -> Skipped | None:
+    """Why the rule is skipped before any value is read, from the frame's step, sample names and
+    engine facts alone, or None: parameters not set, too coarse a step, a required signal absent,
+    an engine fact no instance exports, every signal of its mechanism absent (unknown). The fleet
+    path asks it of a frame of the TSDB's index (pushdown/run.py): the same reasons, the same words."""
+    missing = rule.missing_params()
+    if missing and len(missing) == rule.nullable_params():
+        return Skipped(rule.id, f"parameter(s) not set: {', '.join(missing)}")
+    if coarse := too_coarse(rule, frame):
+        return Skipped(rule.id, coarse)
+    if absent := required_absent(rule, frame):
+        return Skipped(rule.id, f"signal(s) absent: {', '.join(sorted(absent))}")
+    wanted = {f.fact for f in rule.tree.facts}
+    if wanted and not any(wanted <= set(known) for known in frame.facts.values()):
+        return facts_unknown(rule)
+    mech = rule.tree.mechanism
+    if mech and missing_signals(rule, mech.series, frame.names()):
+        return Skipped(rule.id, f"{MECHANISM_UNKNOWN} {mech.name} ({mech.how})")
+    return None
 
 
 # ---------------------------------------------------------------------------- mechanism on?
@@ -205,12 +220,9 @@ def too_coarse(rule: Rule, frame: Frame) -> str:
     return f"data sampled every {frame.step:g} s, sparser than max_step {seconds:g} s: too coarse to judge"
 
 
-def mechanism_off(rule: Rule, ev: SeriesEvaluator, facts: dict[str, dict[str, str]]) -> Skipped | None:
+def mechanism_off(rule: Rule, ev: SeriesEvaluator) -> Skipped | None:
     """Why a rule cannot judge its mechanism here, or None when it can: its `mechanism` series present
-    and never above 0 = off; absent = unknown (not evaluable), as are `facts` no instance exports."""
-    wanted = {f.fact for f in rule.tree.facts}
-    if wanted and not any(wanted <= set(known) for known in facts.values()):
-        return facts_unknown(rule)
+    and never above 0 = off; without a value = unknown (not evaluable). After `precheck`."""
     mech = rule.tree.mechanism
     if not mech:
         return None

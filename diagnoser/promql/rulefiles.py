@@ -11,7 +11,6 @@ diagnosis rule with a PromQL form (alerts.py). `build_rule_files()` returns {nam
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ import yaml
 
 from kvscope.core.scalars import parse_duration
 from kvscope.core.signals import Catalog, Signal, load_catalog
+from kvscope.diagnoser.promql import compose
 from kvscope.diagnoser.promql.ranges import range_text
 from kvscope.diagnoser.promql.runbooklinks import link_alerts
 from kvscope.diagnoser.promql.signals import (
@@ -126,27 +126,15 @@ def skipped_sources(catalog: Catalog) -> list[str]:
 # ---------------------------------------------------------------- derived layer
 
 
-def _by(labels: Iterable[str]) -> str:
-    return ", ".join(labels)
+W5 = range_text("5m")
 
 
-def gauge_over_time(signal: str, op: str, level: tuple[str, ...], window: str = "5m") -> str:
-    outer = "sum" if op == "avg" else op
-    return f"{outer} by ({_by(level)}) ({op}_over_time(kvscope:{signal}[{range_text(window)}]))"
+def _gauge(signal: str, op: str, level: tuple[str, ...]) -> str:
+    return compose.over_time("sum" if op == "avg" else op, op, f"kvscope:{signal}", W5, level)
 
 
-def counter_rate(signal: str, level: tuple[str, ...], window: str = "5m") -> str:
-    return f"sum by ({_by(level)}) (rate(kvscope:{signal}[{range_text(window)}]))"
-
-
-def quantile(histogram: str, q: float, level: tuple[str, ...], window: str = "5m") -> str:
-    rate = f"rate(kvscope:{histogram}_bucket[{range_text(window)}])"
-    return f"histogram_quantile({q}, sum by ({_by((*level, 'le'))}) ({rate}))"
-
-
-def guarded_ratio(num: str, den: str) -> str:
-    """num / den, absent (not zero, not NaN) when nothing was looked up."""
-    return f"{num}\n/\n({den} > 0)"
+def _rate(signal: str, level: tuple[str, ...]) -> str:
+    return compose.sum_rate(f"kvscope:{signal}", W5, level)
 
 
 def derived_rules() -> list[dict[str, Any]]:
@@ -158,22 +146,22 @@ def derived_rules() -> list[dict[str, Any]]:
             rules += [
                 record(
                     f"{n}:engine_kv_cache_usage_ratio:max5m",
-                    gauge_over_time("engine_kv_cache_usage_ratio", "max", level),
+                    _gauge("engine_kv_cache_usage_ratio", "max", level),
                 ),
-                record(f"{n}:engine_requests_waiting:avg5m", gauge_over_time("engine_requests_waiting", "avg", level)),
-                record(f"{n}:engine_requests_running:avg5m", gauge_over_time("engine_requests_running", "avg", level)),
+                record(f"{n}:engine_requests_waiting:avg5m", _gauge("engine_requests_waiting", "avg", level)),
+                record(f"{n}:engine_requests_running:avg5m", _gauge("engine_requests_running", "avg", level)),
             ]
         rules += [
             record(
                 f"{n}:engine_prefix_cache_hit_ratio:rate5m",
-                guarded_ratio(
-                    counter_rate("engine_prefix_cache_hits_tokens_total", level),
-                    counter_rate("engine_prefix_cache_queries_tokens_total", level),
+                compose.guard(
+                    _rate("engine_prefix_cache_hits_tokens_total", level),
+                    _rate("engine_prefix_cache_queries_tokens_total", level),
                 ),
             ),
-            record(f"{n}:engine_preemptions:rate5m", counter_rate("engine_preemptions_total", level)),
-            record(f"{n}:engine_prompt_tokens:rate5m", counter_rate("engine_prompt_tokens_total", level)),
-            record(f"{n}:engine_generation_tokens:rate5m", counter_rate("engine_generation_tokens_total", level)),
+            record(f"{n}:engine_preemptions:rate5m", _rate("engine_preemptions_total", level)),
+            record(f"{n}:engine_prompt_tokens:rate5m", _rate("engine_prompt_tokens_total", level)),
+            record(f"{n}:engine_generation_tokens:rate5m", _rate("engine_generation_tokens_total", level)),
         ]
         for hist, qs in (
             ("request_ttft_seconds", (0.5, 0.9, 0.99)),
@@ -181,11 +169,12 @@ def derived_rules() -> list[dict[str, Any]]:
             ("request_e2e_seconds", (0.99,)),
             ("request_queue_seconds", (0.99,)),
         ):
-            rules += [record(f"{n}:{hist}:p{round(q * 100)}_5m", quantile(hist, q, level)) for q in qs]
+            bucket = f"kvscope:{hist}_bucket"
+            rules += [record(f"{n}:{hist}:p{round(q * 100)}_5m", compose.quantile(q, bucket, W5, level)) for q in qs]
     # One GPU can be reported twice (dcgm-exporter and the agent's NVML collector, two instances):
     # the outer max keeps one reading instead of adding them.
     rules += [
-        record(f"gpu:{signal}:{op}5m", f"max by ({_by(GPU_BY)}) ({op}_over_time(kvscope:{signal}[{range_text('5m')}]))")
+        record(f"gpu:{signal}:{op}5m", compose.over_time("max", op, f"kvscope:{signal}", W5, GPU_BY))
         for signal, op in (
             ("gpu_utilization_ratio", "avg"),
             ("gpu_memory_used_bytes", "max"),
@@ -202,10 +191,15 @@ def slo_error_ratio(slo: SloConfig, window: str, level: tuple[str, ...] = INSTAN
     """Share of requests slower than the SLO bound over `window`: 1 - good/total.
 
     good = rate of the bucket whose `le` is the SLO bound, total = rate of `le="+Inf"`."""
+    good, total = _slo_buckets(slo, range_text(window), level)
+    return f"1 - {compose.guard(good, total)}"
+
+
+def _slo_buckets(slo: SloConfig, w: str, level: tuple[str, ...]) -> tuple[str, str]:
+    """The summed rates of the TTFT bucket at the SLO bound and of every request (`le="+Inf"`)."""
     bucket = "kvscope:request_ttft_seconds_bucket"
-    good = f'sum by ({_by(level)}) (rate({bucket}{{le=~"{le_regex(slo.ttft_seconds)}"}}[{range_text(window)}]))'
-    total = f'sum by ({_by(level)}) (rate({bucket}{{le="+Inf"}}[{range_text(window)}]))'
-    return f"1 - (\n  {good}\n  /\n  ({total} > 0)\n)"
+    good = compose.sum_rate(f'{bucket}{{le=~"{le_regex(slo.ttft_seconds)}"}}', w, level)
+    return good, compose.sum_rate(f'{bucket}{{le="+Inf"}}', w, level)
 
 
 def slo_rules(slo: SloConfig) -> list[dict[str, Any]]:
@@ -242,14 +236,10 @@ def slo_rules(slo: SloConfig) -> list[dict[str, Any]]:
 def slo_bucket_alert(slo: SloConfig) -> dict[str, Any]:
     """Requests are measured but no bucket sits at the SLO bound: the burn rate cannot be
     computed, and without this alert the SLO alerts would stay silent."""
-    bucket, by = "kvscope:request_ttft_seconds_bucket", _by(INSTANCE_BY)
+    good, total = _slo_buckets(slo, range_text("30m"), INSTANCE_BY)
     return {
         "alert": "LlmTtftSloBucketMissing",
-        "expr": (
-            f'sum by ({by}) (rate({bucket}{{le="+Inf"}}[{range_text("30m")}])) > 0\n'
-            f"unless on ({by})\n"
-            f'sum by ({by}) (rate({bucket}{{le=~"{le_regex(slo.ttft_seconds)}"}}[{range_text("30m")}]))'
-        ),
+        "expr": (f"{total} > 0\nunless on ({', '.join(INSTANCE_BY)})\n{good}"),
         "for": "30m",
         "labels": {"severity": "warning", "slo": "ttft"},
         "annotations": {

@@ -20,15 +20,7 @@ import numpy as np
 from kvscope.core.scalars import iso_utc
 from kvscope.core.signals import Catalog, load_catalog
 from kvscope.diagnoser.evaluate.confidence import direct_present
-from kvscope.diagnoser.evaluate.evaluator import (
-    auto_time_scale,
-    conclude,
-    evaluate_rule,
-    facts_unknown,
-    required_absent,
-    sample_names,
-    too_coarse,
-)
+from kvscope.diagnoser.evaluate.evaluator import auto_time_scale, conclude, evaluate_rule, precheck, sample_names
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid
 from kvscope.diagnoser.findings import MECHANISM_OFF, MECHANISM_UNKNOWN, Diagnosis, Finding, Skipped
 from kvscope.diagnoser.promql.signals import InlineSignals
@@ -41,9 +33,8 @@ from kvscope.diagnoser.pushdown.candidates import (
     read_candidates,
     records_end,
 )
-from kvscope.diagnoser.pushdown.evidence import Fetched, below, fetch_needs, rule_frame, rule_needs
+from kvscope.diagnoser.pushdown.evidence import Fetched, fetch_needs, rule_frame, rule_needs
 from kvscope.diagnoser.pushdown.prefilter import hold_steps, rule_reach
-from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.levers import Lever, load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources.promapi import PromClient, PromError, as_points
@@ -125,8 +116,11 @@ def diagnose_fleet(
         grid = make_grid(start, end, step)
     client.say("fleet: inventory")
     present, facts = inventory(client, prepared, start, end, catalog)
-    shell = Frame(ts=grid, blocks={n: Block([], np.zeros((0, len(grid)))) for n in present})
-    results: dict[str, list[Finding] | Skipped] = {r.id: s for r in prepared if (s := _skip(r, shell)) is not None}
+    # the index as a frame: its sample names, and the facts some series carries (not whose)
+    shell = Frame(
+        ts=grid, blocks={n: Block([], np.zeros((0, len(grid)))) for n in present}, facts={"": dict.fromkeys(facts, "")}
+    )
+    results: dict[str, list[Finding] | Skipped] = {r.id: s for r in prepared if (s := precheck(r, shell)) is not None}
     todo = [rule for rule in prepared if rule.id not in results]
     report.seconds["inventory"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -152,11 +146,13 @@ def diagnose_fleet(
     t0 = time.perf_counter()
     judged_here = {rule.id for rule, _ in plans}
     guessed = {rule.id for rule in todo if rule.id not in judged_here}
-    results.update({rule.id: _unread(rule, present, facts) for rule in todo if rule.id in guessed})
+    # no candidate: quiet, as the full fetch finds it (or with its mechanism off, or no series for
+    # any group: no finding either way; `precheck` above said what the index can say)
+    results.update({rid: [] for rid in guessed})
     for (rule, h), (rule_needs_, judged) in zip(plans, needs, strict=True):
         res = evaluate_rule(rule, rule_frame(fetched, rule_needs_, grid, judged), levers)
         if isinstance(res, Skipped) and not h.everywhere and res.reason.startswith(_FLEET_WIDE):
-            res = _unread(rule, present, facts)  # the candidates' rows do not speak for the fleet's mechanism
+            res = []  # the candidates' rows do not speak for the fleet's mechanism
             guessed.add(rule.id)
         results[rule.id] = res
     deciding = guessed & _deciding(prepared, results, present)
@@ -242,19 +238,6 @@ def inventory(
     return present, carried
 
 
-def _skip(rule: Rule, shell: Frame) -> Skipped | None:
-    """The evaluator's own reasons to skip a rule before reading any value."""
-    missing = rule.missing_params()
-    if missing and len(missing) == rule.nullable_params():
-        return Skipped(rule.id, f"parameter(s) not set: {', '.join(missing)}")
-    if coarse := too_coarse(rule, shell):
-        return Skipped(rule.id, coarse)
-    absent = required_absent(rule, shell)
-    if absent:
-        return Skipped(rule.id, f"signal(s) absent: {', '.join(sorted(absent))}")
-    return None
-
-
 def _young_instances(
     client: PromClient, rules: list[Rule], start: float, end: float, catalog: Catalog
 ) -> dict[str, list[str] | None]:
@@ -312,22 +295,6 @@ def _with_young(h: Hits, young: list[str] | None, n: int) -> Hits:
 
 # ------------------------------------------------------------------------------ no candidates
 _FLEET_WIDE = (NO_GROUPS, MECHANISM_OFF, MECHANISM_UNKNOWN)
-
-
-def _unread(rule: Rule, present: set[str], facts: set[str]) -> list[Finding] | Skipped:
-    """A rule no candidate can fire for, from the inventory alone: not evaluable where no series
-    in the window can carry one of its engine facts, or none of its mechanism series' signals has
-    a series (mechanism unknown), else quiet. The full fetch may instead say the mechanism is
-    off, or no series for any group: the findings are the same, none (docs/fleet.md)."""
-    if {f.fact for f in rule.tree.facts} - facts:
-        return facts_unknown(rule)
-    mech = rule.tree.mechanism
-    if mech is None:
-        return []
-    nodes = [rule.tree.series[n] for n in below(rule, [mech.series])]
-    if present & set().union(*(tree.leaf_names(n) for n in nodes if isinstance(n, tree.Signal))):
-        return []
-    return Skipped(rule.id, f"{MECHANISM_UNKNOWN} {mech.name} ({mech.how})")
 
 
 def _deciding(prepared: list[Rule], results: dict[str, list[Finding] | Skipped], present: set[str]) -> set[str]:

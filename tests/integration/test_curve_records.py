@@ -155,8 +155,8 @@ def test_the_ui_operating_page_reads_the_records_as_the_cli_does(replayed, monke
     records toggle on, the page shows the pool and the records' note; its curves are the CLI's."""
     from streamlit.testing.v1 import AppTest
 
+    from kvscope.diagnoser.curve.report import pool_name
     from kvscope.ui import data as ui_data
-    from kvscope.ui.operating import pool_name
 
     url, start, end, _, _ = replayed
     spec = ui_data.SourceSpec("prometheus", url, end - start, end)

@@ -37,7 +37,8 @@ def test_json_shape_on_a_real_vllm_recording(capsys):
 def test_text_table_and_changes(capsys):
     assert main(["curve", "--recording", str(LIB / "replica-restart-cold-cache.om.gz")]) == 0
     out = capsys.readouterr().out
-    assert "ttft p99" in out and "knee:" in out and "C_max at TTFT p99 <= 1 s" in out
+    # the operating point in the UI's words (curve/report.py knee_text, c_max_text, headroom_text)
+    assert "ttft p99" in out and "Knee: " in out and "C_max at TTFT p99 ≤ 1 s" in out and "The window's peak" in out
     assert "replicas 2 -> 1" in out and "replicas 1 -> 2" in out
 
 

@@ -61,3 +61,13 @@ def test_an_evidence_value_severity_lever_or_finding_that_differs_fails(full):
     for changed in (evidence, severity, lever, dropped):
         assert findings_differ(changed, base) == ["likely_cause"]
     assert findings_differ(base, copy.deepcopy(base)) == []
+
+
+def test_a_finding_worded_differently_with_the_same_values_passes(full):
+    """The contract is the findings and their evidence values, not their sentences."""
+    base = _json(full)
+    reworded = copy.deepcopy(base)
+    reworded["likely_cause"]["summary"] = "the same numbers, said another way"
+    reworded["likely_cause"]["title"] = "another title"
+    reworded["likely_cause"]["evidence"][0]["series"] = "another spelling of the same query"
+    assert findings_differ(reworded, base) == []

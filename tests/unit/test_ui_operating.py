@@ -13,19 +13,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S
-from kvscope.diagnoser.curve.report import pool_curves, to_json
+from kvscope.diagnoser.curve.report import c_max_text, headroom_text, knee_text, pool_curves, pool_name, to_json
 from kvscope.ui import data as ui_data
 from kvscope.ui.charts import render_change_chart, render_curve_chart
-from kvscope.ui.operating import (
-    at_slo,
-    c_max_text,
-    change_view,
-    curve_rows,
-    headroom_text,
-    knee_text,
-    measured_sizing,
-    pool_name,
-)
+from kvscope.ui.operating import at_slo, change_view, curve_rows, measured_sizing
 from tests.unit.test_curve import STAIRS, _two_phases, hump, synth
 
 APP = str(Path(ui_data.__file__).with_name("app.py"))
@@ -42,7 +33,7 @@ def test_statements_read_the_curves_own_knee_c_max_and_headroom(stairs):
     op = stairs.operating
     assert op.knee_concurrency is not None and op.c_max is not None  # the staircase has both
     assert knee_text(op) == f"Knee: at {op.knee_concurrency:g} requests in the engine per instance " + (
-        f"({', '.join(op.knee_signs)})."
+        f"(placed by {op.knee_sign}; signs: {', '.join(op.knee_signs)})."
     )
     assert f"C_max at TTFT p99 ≤ 1 s: {op.c_max:g} ({op.c_max_note})" in c_max_text(op, 1.0)
     words = headroom_text(op)
