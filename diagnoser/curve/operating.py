@@ -32,10 +32,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from kvscope.core.objectives import Objectives
 from kvscope.diagnoser.curve.points import Point
 
-DEFAULT_SLO_TTFT_P99_S = 1.0
-"""The TTFT SLO rules' default bound (`kvscope rules build --slo-ttft-seconds`, SloConfig)."""
+DEFAULT_SLO_TTFT_P99_S = float(Objectives().ttft or 0.0)
+"""The default TTFT objective (core/objectives.py), the bound the generated SLO rules burn on."""
 
 
 @dataclass(frozen=True)

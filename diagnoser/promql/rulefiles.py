@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from kvscope.core.objectives import Objectives
 from kvscope.core.scalars import parse_duration
 from kvscope.core.signals import Catalog, Signal, load_catalog
 from kvscope.diagnoser.promql.ranges import range_text
@@ -50,12 +51,12 @@ summing buckets of different layouts by `le` would break the cumulative counts a
 
 @dataclass(frozen=True)
 class SloConfig:
-    """The TTFT SLO: `target` of requests see a first token within `ttft_seconds`. Per tenant
-    (tenantslo.py) the same TTFT SLO plus an error SLO (`error_target` of requests succeed), for
-    the `tenant_top_n` busiest tenants and `other`."""
+    """The SLOs the generated rules burn on. `objectives` (core/objectives.py, the one
+    declaration): the TTFT SLO is `objectives.target` of requests see a first token within
+    `objectives.ttft`. Per tenant (tenantslo.py) the same TTFT SLO plus an error SLO
+    (`error_target` of requests succeed), for the `tenant_top_n` busiest tenants and `other`."""
 
-    ttft_seconds: float = 1.0
-    target: float = 0.99
+    objectives: Objectives = Objectives()
     error_target: float = 0.999
     tenant_top_n: int = 20
     windows: tuple[tuple[str, str, float, str], ...] = (
@@ -63,13 +64,24 @@ class SloConfig:
         ("6h", "30m", 6.0, "warning"),  # 5 % of the budget in 6 h: ticket
     )
 
+    def __post_init__(self) -> None:
+        if self.objectives.ttft is None:
+            raise ValueError("the TTFT SLO rules need a ttft objective (objectives.ttft, --slo-ttft)")
+
+    @property
+    def ttft_seconds(self) -> float:
+        """The TTFT bound (`objectives.ttft`)."""
+        return float(self.objectives.ttft or 0.0)
+
+    @property
+    def target(self) -> float:
+        """The share of requests that must meet the objectives (`objectives.target`)."""
+        return self.objectives.target
+
     def unaligned_engines(self) -> list[str]:
         """Engines whose default TTFT buckets (catalog.yaml) have no bound at the threshold: the
         burn rate would count requests in the wrong bucket there. Both engines can override them."""
-        aliases = load_catalog().signals["request_ttft_seconds"].aliases
-        return [
-            a.engine for a in aliases if a.buckets and not any(abs(b - self.ttft_seconds) < 1e-9 for b in a.buckets)
-        ]
+        return [u.engine for u in self.objectives.unaligned() if u.kind == "ttft"]
 
 
 class _Block(str):
