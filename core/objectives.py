@@ -65,6 +65,15 @@ class Objectives:
         parts = [f"{k.upper()} <= {b:g}s" for k, b in self.bounds().items()]
         return f"{', '.join(parts) or 'no latency objective'} for {self.target:.4g} of requests"
 
+    def met(self, measured: Mapping[str, float | None]) -> bool:
+        """Whether one request met every objective set, from its measured latencies by kind; a
+        set objective the request has no measurement of is not met (no first token, no answer)."""
+        for kind, bound in self.bounds().items():
+            value = measured.get(kind)
+            if value is None or not value <= bound:
+                return False
+        return True
+
     def unaligned(self, catalog: Catalog | None = None) -> list[Unaligned]:
         """Each objective and engine whose default buckets (catalog.yaml) have no bound at the
         objective's bound: rules read that engine's share under the bound from the wrong bucket,
