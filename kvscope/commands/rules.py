@@ -140,13 +140,17 @@ def run_build(args: argparse.Namespace) -> int:
         _check_build_args(args)
         objectives = objectives_from_args(args)
         slo = SloConfig(
-            objectives=objectives.default,
+            objectives=objectives,
             error_target=args.slo_error_target,
             tenant_top_n=args.slo_tenant_top_n,
         )
     except ValueError as exc:
         return fail("rules build", exc, 3)
-    for unaligned in objectives.default.unaligned():
+    for unaligned in {
+        u
+        for obj in (objectives.default, *(o for _, o in objectives.pools + objectives.tenants))
+        for u in obj.unaligned()
+    }:
         print(f"warning: {unaligned.message()}", file=sys.stderr)
     from kvscope.core.signals import load_catalog
     from kvscope.diagnoser.curve.records import curve_file

@@ -85,3 +85,18 @@ def test_rules_build_reads_the_same_objectives_from_file_and_flags(tmp_path, cap
     assert "0.995 within 1s" in (out / "kvscope-slo.yml").read_text()
     assert main([*args, "--slo-tpot", "soon"]) == 3
     assert "--slo-tpot: not a duration" in capsys.readouterr().err
+
+
+def test_goodput_rules_follow_each_pools_objectives_and_sum_the_misses():
+    from kvscope.diagnoser.promql.goodput import goodput_rules
+    from kvscope.diagnoser.promql.rulefiles import SloConfig
+
+    objectives = parse_objectives({"pools": {"big": {"ttft": "2.5s", "tpot": "100ms", "target": 0.9}}})
+    text = "\n".join(r["expr"] for r in goodput_rules(objectives, SloConfig().windows))
+    assert 'kvscope:request_tpot_seconds_bucket{model="big",le=~"0\\\\.1"}' in text
+    assert 'kvscope:request_ttft_seconds_bucket{model!~"big",le=~"1|1\\\\.0"}' in text  # the rest: the default
+    assert (
+        'clamp_max((1 - pool:request_ttft_seconds:attainment_rate5m{model="big"}) + '
+        '(1 - pool:request_tpot_seconds:attainment_rate5m{model="big"}), 1)'
+    ) in text
+    assert 'pool:goodput:error_ratio_rate1h{model="big"} > 1.44' in text  # 14.4 x the 10 % budget
