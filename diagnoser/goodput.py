@@ -92,13 +92,15 @@ def _times(g: Goodput, rate: float | None) -> tuple[float | None, float | None]:
     return (None if g.lower is None else g.lower * rate), (None if g.upper is None else g.upper * rate)
 
 
-def _increase(frame: Frame, name: str) -> list[tuple[dict[str, str], float]]:
-    """(labels, increase over the window) of each series of `name` (reset-aware; NaN gaps skipped)."""
+def _increase(frame: Frame, name: str, cols: np.ndarray) -> list[tuple[dict[str, str], float]]:
+    """(labels, increase over the grid points `cols`) of each series of `name` (reset-aware; NaN
+    gaps skipped)."""
     block = frame.block(name)
-    if block is None or block.values.shape[1] < 2:
+    if block is None or int(cols.sum()) < 2:
         return []
-    inc = np.nansum(step_increases(block.values), axis=1)
-    seen = ~np.isnan(block.values).all(axis=1)
+    values = block.values[:, cols]
+    inc = np.nansum(step_increases(values), axis=1)
+    seen = ~np.isnan(values).all(axis=1)
     return [(dict(labels), float(v)) for labels, v, ok in zip(block.labels, inc, seen, strict=True) if ok]
 
 
@@ -109,10 +111,10 @@ def _per_pool(rows: Iterable[tuple[dict[str, str], float]]) -> dict[str, float]:
     return dict(out)
 
 
-def _attainments(frame: Frame, kind: str, objectives: ObjectiveSet) -> dict[str, Attainment]:
+def _attainments(frame: Frame, kind: str, objectives: ObjectiveSet, cols: np.ndarray) -> dict[str, Attainment]:
     """Pool -> requests within its bound of `kind`, summed over its engines' histograms."""
     buckets: dict[tuple[str, str], dict[float, float]] = defaultdict(lambda: defaultdict(float))
-    for labels, v in _increase(frame, f"{HISTOGRAMS[kind]}_bucket"):
+    for labels, v in _increase(frame, f"{HISTOGRAMS[kind]}_bucket", cols):
         try:
             le = float(labels.get("le", "nan"))
         except ValueError:
@@ -129,14 +131,18 @@ def _attainments(frame: Frame, kind: str, objectives: ObjectiveSet) -> dict[str,
     return out
 
 
-def pool_goodput(frame: Frame, objectives: ObjectiveSet | None = None) -> list[PoolGoodput]:
-    """Each pool's goodput over the frame's window, one entry per pool that counted requests on
-    any objective's histogram (or on the tap's exact counters), sorted by pool."""
+def pool_goodput(
+    frame: Frame, objectives: ObjectiveSet | None = None, window: tuple[float, float] | None = None
+) -> list[PoolGoodput]:
+    """Each pool's goodput over the frame's grid points in `window` (None: all), one entry per pool
+    that counted requests on any objective's histogram (or on the tap's exact counters), by pool."""
     objectives = objectives or ObjectiveSet()
-    span = float(frame.ts[-1] - frame.ts[0]) if len(frame.ts) > 1 else 0.0
-    per_kind = {kind: _attainments(frame, kind, objectives) for kind in HISTOGRAMS}
-    exact = {k: _per_pool(_increase(frame, k)) for k in (EXACT_REQUESTS, EXACT_GOOD, EXACT_GOOD_TOKENS)}
-    tokens = _per_pool(_increase(frame, TOKENS))
+    cols = np.ones(len(frame.ts), dtype=bool) if window is None else (frame.ts >= window[0]) & (frame.ts <= window[1])
+    ts = frame.ts[cols]
+    span = float(ts[-1] - ts[0]) if len(ts) > 1 else 0.0
+    per_kind = {kind: _attainments(frame, kind, objectives, cols) for kind in HISTOGRAMS}
+    exact = {k: _per_pool(_increase(frame, k, cols)) for k in (EXACT_REQUESTS, EXACT_GOOD, EXACT_GOOD_TOKENS)}
+    tokens = _per_pool(_increase(frame, TOKENS, cols))
     engines: dict[str, set[str]] = defaultdict(set)
     for kind in HISTOGRAMS.values():
         hist = frame.block(f"{kind}_bucket")
@@ -178,6 +184,21 @@ def pool_goodput(frame: Frame, objectives: ObjectiveSet | None = None) -> list[P
             )
         )
     return out
+
+
+def share_text(row: PoolGoodput | None) -> str | None:
+    """Goodput as one cell: `90.0% exact (tap)`, `85.0% .. 88.4%`, `<= 88.4% (tpot not evaluable)`;
+    None when nothing was read (the report and the UI show it as absent)."""
+    if row is None:
+        return None
+    g = row.goodput
+    if row.exact is not None:
+        return f"{row.exact:.1%} exact (tap)"
+    if g.upper is None:
+        return None
+    if g.lower is None:
+        return f"<= {g.upper:.1%} ({', '.join(g.not_evaluable)} not evaluable)"
+    return f"{g.upper:.1%}" if g.lower == g.upper else f"{g.lower:.1%} .. {g.upper:.1%}"
 
 
 def render_text(rows: list[PoolGoodput]) -> str:

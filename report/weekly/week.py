@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from kvscope.diagnoser.evaluate.frame import Frame
+from kvscope.diagnoser.goodput import pool_goodput, share_text
 from kvscope.report.weekly.coverage import DataCoverage, data_coverage, timeline
 from kvscope.report.weekly.gpus import gpu_pools, pools
 from kvscope.report.weekly.series import (
@@ -64,6 +65,7 @@ def compute_week(frame: Frame, start: float, end: float, gpu_hour_cost: float) -
         busy = group_sum(gkeys, per_sid(ss, gpu, dt * gpu.value, mask), sids) / 3600
         table = table.join(pd.DataFrame({"gpu_hours": hours, "gpu_util": busy / hours.where(hours > 0)}), how="outer")
     table = _derive(table, gpu_hour_cost)
+    table["goodput"] = _goodput(frame, table.index, start, end)
     cov = data_coverage(frame, start, end)
     return WeekStats(
         start,
@@ -76,6 +78,13 @@ def compute_week(frame: Frame, start: float, end: float, gpu_hour_cost: float) -
         timeline(ss, start, end, cov),
         efficiency(frame, start, end),
     )
+
+
+def _goodput(frame: Frame, keys: pd.Index, start: float, end: float) -> list[str | None]:
+    """Per 'model / role' row, its model's goodput over the week against the generated rules'
+    objectives (TENANT_SLO.objectives): exact from the request tap, else the histograms' bounds."""
+    by_model = {g.pool: g for g in pool_goodput(frame, TENANT_SLO.objectives, (start, end))}
+    return [share_text(by_model.get(str(k).split(" / ", 1)[0])) for k in keys]
 
 
 def _derive(pools: pd.DataFrame, cost: float) -> pd.DataFrame:

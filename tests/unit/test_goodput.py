@@ -90,3 +90,17 @@ def test_goodput_command_prints_bounds_and_refuses_bad_objectives(capsys):
     assert row["goodput"]["lower"] <= row["goodput"]["upper"]
     assert main(["goodput", "--recording", rec, "--slo-target", "1.5"]) == 3
     assert "--slo-target: must be a share between 0 and 1" in capsys.readouterr().err
+
+
+def test_the_weekly_report_shows_goodput_beside_output_tokens():
+    from kvscope.report.render import POOL_COLUMNS, _table
+    from kvscope.report.weekly.series import report_window
+    from kvscope.report.weekly.week import compute_week
+
+    frame = report_window(RecordingSource(str(LIB / "kv-pressure-cascade.om.gz")))
+    week = compute_week(frame, float(frame.ts[0]), float(frame.ts[-1]), 2.0)
+    (expected,) = pool_goodput(frame)  # the generated rules' default objectives: TTFT <= 1 s
+    assert expected.goodput.upper is not None
+    head, row = _table(week.pools, POOL_COLUMNS, "Pool")
+    assert head[1:3] == ["Output tokens", "Goodput (TTFT <= 1s for 0.99 of requests)"]
+    assert row[0] == "tiny-llama / unified" and row[2] == f"{expected.goodput.upper:.1%}"
