@@ -149,12 +149,21 @@ def pool_goodput(
         for labels in hist.labels if hist is not None else ():
             d = dict(labels)
             engines[d.get("model", "")].add(d.get("engine", ""))
+    # the engine-GPU join names the instance, not its model: the pool is the instance's model
+    model_of = {
+        d["instance"]: d["model"]
+        for name in (TOKENS, *(f"{h}_bucket" for h in HISTOGRAMS.values()))
+        if (b := frame.block(name)) is not None
+        for d in map(dict, b.labels)
+        if d.get("instance") and d.get("model")
+    }
     gpus: dict[str, set[str]] = defaultdict(set)
     block = frame.block(GPU_JOIN)
     for labels in block.labels if block is not None else ():
         d = dict(labels)
-        if d.get("gpu_uuid"):
-            gpus[d.get("model", "")].add(d["gpu_uuid"])
+        pool = d.get("model") or model_of.get(d.get("instance", ""))
+        if d.get("gpu_uuid") and pool is not None:
+            gpus[pool].add(d["gpu_uuid"])
     pools = sorted(
         {p for got in per_kind.values() for p in got} | {p for p, n in exact[EXACT_REQUESTS].items() if n > 0}
     )

@@ -7,11 +7,14 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvscope.cli import main
 from kvscope.core.goodput import Attainment, attainment, frechet
 from kvscope.core.objectives import Objectives, ObjectiveSet
+from kvscope.core.signals import make_labels
+from kvscope.diagnoser.evaluate.frame import Block
 from kvscope.diagnoser.goodput import SIGNALS, pool_goodput
 from kvscope.diagnoser.sources.recording import RecordingSource
 from kvscope.diagnoser.sources.window import read_window
@@ -73,6 +76,17 @@ def test_pool_goodput_on_a_real_vllm_recording_reads_all_three_objectives():
     assert lo == pytest.approx(g.lower * pool.requests_per_s) and hi == pytest.approx(g.upper * pool.requests_per_s)
     assert pool.gpus is None and pool.good_tokens_per_gpu_hour() == (None, None)  # a CPU recording: no GPU
     assert pool.unaligned == ()  # 30 s is a vLLM e2e bound; SGLang's are not named for a vLLM pool
+
+
+def test_good_tokens_per_gpu_hour_where_the_engine_gpu_join_counts_the_pools_gpus():
+    frame = _frame("kv-pressure-cascade.om.gz")
+    instance = dict(frame.blocks["engine_generation_tokens_total"].labels[0])["instance"]
+    join = [make_labels({"instance": instance, "gpu_uuid": f"GPU-{i}", "join": "pid"}) for i in range(2)]
+    frame.blocks["engine_gpu_memory_used_bytes"] = Block(join, np.ones((2, len(frame.ts))))
+    (pool,) = pool_goodput(frame, ObjectiveSet(Objectives(ttft=1.0, tpot=0.1, e2e=30.0)))
+    lo, hi = pool.good_tokens_per_s()
+    assert pool.gpus == 2 and lo is not None and hi is not None
+    assert pool.good_tokens_per_gpu_hour() == (pytest.approx(lo * 1800), pytest.approx(hi * 1800))
 
 
 def test_an_objective_without_its_histogram_is_not_evaluable_never_zero():
