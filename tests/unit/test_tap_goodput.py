@@ -125,3 +125,16 @@ def test_a_request_of_one_token_or_no_first_token_is_judged_as_documented():
     assert not o.met({"ttft": None, "tpot": 0.0, "e2e": 2.0})  # no first token: not good
     assert not o.met({"ttft": 0.5, "tpot": 0.0, "e2e": 12.0})
     assert Objectives(ttft=1.0).met({"ttft": 1.0})  # at the bound is within it, as le counts it
+
+
+def test_the_agents_objectives_reach_the_tap_it_runs():
+    import types
+
+    from kvscope.agent.tap.collector import TapCollector
+
+    objectives = ObjectiveSet(Objectives(ttft=2.0, tpot=0.05))
+    cfg = types.SimpleNamespace(
+        extensions={"tap": {"upstreams": ["http://127.0.0.1:9"], "listen": "127.0.0.1:0"}}, objectives=objectives
+    )
+    tap = TapCollector(cfg).tap
+    assert tap is not None and tap.config.objectives == objectives
