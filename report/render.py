@@ -48,6 +48,7 @@ TENANT_COLUMNS = {
     "prompt_tokens": ("Prompt tokens", "count"),
     "cached_tokens": ("Cached tokens", "count"),
     "hit_ratio": ("Hit ratio", "pct"),
+    "goodput": ("Goodput, exact (tap)", "pct"),
     "ttft_slo": (f"TTFT within {TENANT_SLO.ttft_seconds:g}s (SLO {TENANT_SLO.target:.4g})", "pct"),
     "error_slo": (f"No upstream error (SLO {TENANT_SLO.error_target:.4g})", "pct"),
 }

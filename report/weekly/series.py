@@ -43,6 +43,8 @@ COUNTERS = (
     "tenant_prompt_tokens_total",
     "tenant_cached_tokens_total",
     "tenant_request_errors_total",
+    "goodput_requests_total",  # the request tap's per-request goodput counts, per tenant (exact)
+    "goodput_good_requests_total",
     "tenant_ttft_seconds_bucket",  # the SLO bound's and +Inf's buckets: TTFT SLO attainment per tenant
     "engine_estimated_flops_per_gpu_total",
     "engine_estimated_read_bytes_per_gpu_total",

@@ -121,7 +121,8 @@ def _fleet(pools: pd.DataFrame, cost: float) -> dict[str, float | None]:
 
 
 def _tenants(ss: Columns, start: float, end: float) -> pd.DataFrame:
-    """Per tenant: usage, hit ratio, and SLO attainment over the week: the share of requests with a
+    """Per tenant: usage, hit ratio, goodput (exact, from the request tap's per-request counts;
+    docs/goodput.md) and SLO attainment over the week: the share of requests with a
     first token within the TTFT SLO bound (tenant_ttft_seconds buckets) and the share that did not
     fail upstream (tenant_request_errors_total, counted by the request tap). The SLO is the one the
     generated rules use (SloConfig; rules/prometheus/kvscope-tenant-slo.yml); absent without data."""
@@ -135,6 +136,8 @@ def _tenants(ss: Columns, start: float, end: float) -> pd.DataFrame:
         prompt_tokens="tenant_prompt_tokens_total",
         cached_tokens="tenant_cached_tokens_total",
         errors="tenant_request_errors_total",
+        judged="goodput_requests_total",
+        good="goodput_good_requests_total",
     )
     le = ss.label("le", "")
     for col, bound in (("ttft_good", _le_match(le, TENANT_SLO.ttft_seconds)), ("ttft_total", le == "+Inf")):
@@ -152,7 +155,9 @@ def _tenants(ss: Columns, start: float, end: float) -> pd.DataFrame:
         df["ttft_slo"] = df["ttft_good"] / df["ttft_total"].where(df["ttft_total"] > 0)
     if {"errors", "requests"} <= set(df):
         df["error_slo"] = 1 - df["errors"] / df["requests"].where(df["requests"] > 0)
-    df = df.drop(columns=[c for c in ("ttft_good", "ttft_total", "errors") if c in df])
+    if {"good", "judged"} <= set(df):  # every latency objective, counted per request by the tap
+        df["goodput"] = df["good"] / df["judged"].where(df["judged"] > 0)
+    df = df.drop(columns=[c for c in ("ttft_good", "ttft_total", "errors", "good", "judged") if c in df])
     return df.sort_values(df.columns[0], ascending=False)
 
 
