@@ -23,6 +23,7 @@ from urllib.parse import SplitResult, urlsplit
 
 import yaml
 
+from kvscope.core.objectives import ObjectiveSet, parse_objectives
 from kvscope.core.scalars import parse_bool, parse_duration
 from kvscope.core.signals import load_catalog
 
@@ -127,7 +128,7 @@ KEYS: tuple[Key, ...] = (
 )
 KEY_BY_PATH = {k.path: k for k in KEYS}
 
-SECTIONS = ("scrape", "store", "server", "targets", "collectors", "gpu_mapping")
+SECTIONS = ("scrape", "store", "server", "targets", "collectors", "gpu_mapping", "objectives")
 """Declared top-level sections besides the scalar `listen_address` (README.md shows each)."""
 
 _EXTENSIONS: dict[str, Callable[[Any], Any] | None] = {}
@@ -194,6 +195,8 @@ class AgentConfig:
     store_max_series_per_target: int = 50_000
     gpu_mapping: Any = None
     server_limits: ServerLimits = field(default_factory=ServerLimits)
+    objectives: ObjectiveSet = field(default_factory=ObjectiveSet)
+    """The latency objectives a request must meet to be good (core/objectives.py; docs/goodput.md)."""
     extensions: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -405,6 +408,10 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
         parse_gpu_mapping(cfg.gpu_mapping)  # fail at start, not per cycle of the join
     except ValueError as e:
         raise ConfigError(f"{e}{layers.where('gpu_mapping')}") from None
+    try:
+        cfg.objectives = parse_objectives(layers.get("objectives"))
+    except ValueError as e:
+        raise ConfigError(f"{e}{layers.where('objectives')}") from None
     return cfg
 
 

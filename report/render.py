@@ -33,6 +33,7 @@ FLEET_ROWS = (
 )
 POOL_COLUMNS = {
     "output_tokens": ("Output tokens", "count"),
+    "goodput": (f"Goodput ({TENANT_SLO.objectives.default.describe()})", "text"),
     "gpu_hours": ("GPU-hours", "num"),
     "tokens_per_gpu_hour": ("Tokens / GPU-h", "count"),
     "gpu_util": ("GPU util", "pct"),
@@ -47,6 +48,7 @@ TENANT_COLUMNS = {
     "prompt_tokens": ("Prompt tokens", "count"),
     "cached_tokens": ("Cached tokens", "count"),
     "hit_ratio": ("Hit ratio", "pct"),
+    "goodput": ("Goodput, exact (tap)", "pct"),
     "ttft_slo": (f"TTFT within {TENANT_SLO.ttft_seconds:g}s (SLO {TENANT_SLO.target:.4g})", "pct"),
     "error_slo": (f"No upstream error (SLO {TENANT_SLO.error_target:.4g})", "pct"),
 }
@@ -56,6 +58,8 @@ def fmt(value: float | None, kind: str) -> str:
     """A number for a table cell; absent stays visibly absent."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ABSENT
+    if kind == "text":
+        return str(value)
     if kind == "pct":
         return f"{value:.1%}"
     if kind == "usd":

@@ -221,7 +221,7 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
 
     reader: PrometheusSource | AgentSource
     rules = list(shipped_rules().values())
-    names = set().union(*(sample_names(r) for r in rules))
+    names = set().union(*(sample_names(r) for r in rules)) | set(GOODPUT_COUNTS)  # the Tenants page's goodput
     end = source.end or time.time()
     if source.kind == "prometheus" and not source.end:
         end = end // step_s * step_s  # on the step's lattice, as `diagnose --prometheus` asks
@@ -507,6 +507,8 @@ TENANT_COLUMNS = {
     "lost reuse (latest)": ("tenant_lost_reuse_ratio", False),
 }
 """Column -> (signal, is a counter shown as its mean rate)."""
+GOODPUT_COUNTS = ("goodput_requests_total", "goodput_good_requests_total")
+"""The request tap's per-request goodput counts (docs/goodput.md): a tenant's exact goodput."""
 TTFT_QUANTILE = 0.95
 
 
@@ -527,11 +529,14 @@ def _tenant_ttft(frame: Frame) -> dict[str, dict[tuple[str, str], float]]:
 
 def tenant_table(frame: Frame) -> pd.DataFrame:
     """Per-tenant requests/s, prompt and cached tokens/s (mean over the window), hit ratio and
-    lost reuse (latest), mean and p95 TTFT (over the window); one row per tenant, or per tenant
+    lost reuse (latest), mean and p95 TTFT and goodput (the share of the requests the tap judged
+    that met every latency objective; over the window); one row per tenant, or per tenant
     and instance when the source has several (two taps, two routing policies): ratios of
     different instances are not added up. Empty if the source has no tenant series."""
     cols = {col: _per_tenant(frame, name, rate) for col, (name, rate) in TENANT_COLUMNS.items()}
     cols.update(_tenant_ttft(frame))
+    judged, good = (_per_tenant(frame, name, True) for name in GOODPUT_COUNTS)
+    cols["goodput (exact)"] = {k: good.get(k, 0.0) / n for k, n in judged.items() if n > 0}
     keys = sorted({k for c in cols.values() for k in c}, key=lambda k: (_natural(k[0]), _natural(k[1])))
     if not keys:
         return pd.DataFrame()

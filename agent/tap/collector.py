@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -81,8 +82,12 @@ class TapCollector:
             section = parse_tap_config(section)
         self.section = section
         self.exporter = SpanBatchExporter(section["otlp_endpoint"]) if section and section["otlp_endpoint"] else None
+        objectives = getattr(config, "objectives", None)  # the agent config's `objectives:` section
+        tap_config = replace(section["tap"], objectives=objectives) if section and objectives else None
         self.tap = (
-            RequestTap(section["tap"], span_sink=self.exporter.add if self.exporter else None) if section else None
+            RequestTap(tap_config or section["tap"], span_sink=self.exporter.add if self.exporter else None)
+            if section
+            else None
         )
         self._sender: asyncio.Task[None] | None = None
 

@@ -47,6 +47,7 @@ from kvscope.agent.tap.sessions import SessionTracker, parse_session_id
 from kvscope.agent.tap.sse import parse_json_object, parse_usage
 from kvscope.agent.tenants import TenantLimiter, parse_tenant
 from kvscope.agent.traces.otlp import Span
+from kvscope.core.objectives import ObjectiveSet
 from kvscope.core.signals import Labels, Sample, load_catalog, make_labels
 
 log = logging.getLogger("kvscope.tap")
@@ -82,6 +83,8 @@ class TapConfig:
     header_timeout_s: float = 10.0  # a request head must arrive whole within this (from accept / first byte)
     request_timeout_s: float = 60.0  # ... and its body with it, counted from the head's start
     idle_timeout_s: float = 75.0  # a keep-alive connection with no request is closed after this
+    objectives: ObjectiveSet = ObjectiveSet()  # what a good request meets (core/objectives.py)
+    max_models: int = 20  # `model` label values of the goodput counters (the busiest; the rest: other)
 
     def __post_init__(self) -> None:
         limits = (self.header_timeout_s, self.request_timeout_s, self.idle_timeout_s, self.max_connections)
@@ -157,6 +160,10 @@ class RequestTap:
         self.reusable_tokens = CounterSet("tenant_reusable_tokens_total")
         self.ttft = HistogramSet("tenant_ttft_seconds", GENAI_TTFT_BUCKETS)
         self.itl = GapHistogram("tenant_itl_seconds", GENAI_TPOT_BUCKETS)
+        self.models = TenantLimiter(config.max_models)
+        self.goodput_requests = CounterSet("goodput_requests_total")
+        self.goodput_good = CounterSet("goodput_good_requests_total")
+        self.goodput_good_tokens = CounterSet("goodput_good_output_tokens_total")
         self._labels: dict[str, Labels] = {}  # tenant label -> its label set (as many as TenantLimiter hands out)
         self.stats: Counter[str] = Counter()
         self.sessions = SessionTracker()
@@ -304,9 +311,27 @@ class RequestTap:
             self.ttft.observe(lab, ex.first_token - ex.start)
             if ex.gaps:
                 self.itl.observe_all(lab, ex.gaps)
+        if ex.outcome == "ok" and 0 < ex.status < 400:
+            self._count_goodput(ex, completion_tokens)
         self.sessions.finish(ex.turn, ex.tenant, ex.replica, prompt_tokens, cached)
         if self.span_sink is not None:
             self._emit_span(ex, prompt_tokens, completion_tokens, cached)
+
+    def _count_goodput(self, ex: Exchange, completion_tokens: int | None) -> None:
+        """Whether this answered request met every objective of its pool (model) and tenant, counted
+        exactly: TTFT to the first token event, end to end to the answer's last byte, TPOT as
+        (end - first token) / (output tokens - 1), the tokens from usage or else one per token
+        event; a request of one token has no time per output token to miss."""
+        end = time.perf_counter()
+        ttft = None if ex.first_token is None else ex.first_token - ex.start
+        tokens = completion_tokens if completion_tokens is not None else len(ex.gaps) + 1
+        tpot = None if ttft is None else (0.0 if tokens < 2 else (end - ex.first_token) / (tokens - 1))  # type: ignore[operator]
+        objectives = self.config.objectives.of(pool=ex.model, tenant=ex.tenant)
+        lab = make_labels({"tenant": ex.tenant, "model": self.models.label(ex.model or "")})
+        self.goodput_requests.inc(lab)
+        good = objectives.met({"ttft": ttft, "tpot": tpot, "e2e": end - ex.start})
+        self.goodput_good.inc(lab, 1.0 if good else 0.0)  # 0: the series exists
+        self.goodput_good_tokens.inc(lab, float(completion_tokens or 0) if good else 0.0)
 
     def _emit_span(
         self, ex: Exchange, prompt_tokens: int | None, completion_tokens: int | None, cached: int | None
@@ -355,6 +380,9 @@ class RequestTap:
             self.reusable_tokens,
             self.ttft,
             self.itl,
+            self.goodput_requests,
+            self.goodput_good,
+            self.goodput_good_tokens,
         ):
             out.extend(fam.render(timestamp))
         if (split := self.prefixes.split_ratio) is not None:

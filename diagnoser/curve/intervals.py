@@ -27,6 +27,7 @@ from kvscope.diagnoser.curve.window import (
     HISTOGRAMS,
     LITTLE_SUMS,
     MIX_COUNTERS,
+    OBJECTIVE_HISTOGRAMS,
 )
 from kvscope.diagnoser.evaluate.frame import Block, Frame
 
@@ -253,7 +254,11 @@ def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
         for name in COUNTERS + MIX_COUNTERS + tuple(f"{h}_count" for h in HISTOGRAMS):
             counters[name], dropped = _counter(frame.block(name), index, n_t)
             drops |= dropped
-        hists = {h: got for h in HISTOGRAMS if (got := _histogram(frame.block(f"{h}_bucket"), index, n_t))}
+        hists = {
+            h: got
+            for h in HISTOGRAMS + OBJECTIVE_HISTOGRAMS
+            if (got := _histogram(frame.block(f"{h}_bucket"), index, n_t))
+        }
         running, waiting = gauges[CONCURRENCY_SIGNAL], gauges[WAITING]
         has_wait = ~np.isnan(waiting).all(axis=1)
         gauges[CONCURRENCY] = np.where(has_wait[:, None], running + np.nan_to_num(waiting), running)

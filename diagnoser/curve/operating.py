@@ -32,10 +32,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from kvscope.core.objectives import Objectives
 from kvscope.diagnoser.curve.points import Point
 
-DEFAULT_SLO_TTFT_P99_S = 1.0
-"""The TTFT SLO rules' default bound (`kvscope rules build --slo-ttft-seconds`, SloConfig)."""
+DEFAULT_SLO_TTFT_P99_S = float(Objectives().ttft or 0.0)
+"""The default TTFT objective (core/objectives.py), the bound the generated SLO rules burn on."""
 
 
 @dataclass(frozen=True)
@@ -154,30 +155,47 @@ def knee_below_range(points: list[Point], p: KneeParams = KneeParams(), running_
     return bool(placed and placed[0] and placed[1])
 
 
-def c_max(points: list[Point], slo_s: float) -> tuple[float | None, float | None, str]:
-    """(C_max, usable RPS there, note): p99 interpolated across the SLO between measured buckets."""
+P99_FIELDS = {"ttft": "ttft_p99_s", "tpot": "tpot_p99_s", "e2e": "e2e_p99_s"}
+"""The Point field each objective's p99 is read from."""
+
+
+def c_max(
+    points: list[Point], slo_s: float, objectives: Objectives | None = None
+) -> tuple[float | None, float | None, str]:
+    """(C_max, usable RPS there, note): the lowest concurrency where the p99 of an objective
+    crosses its bound (TTFT at `slo_s`; TPOT and e2e at `objectives`' bounds where set and the
+    points measure them), interpolated between measured buckets. The note names the objectives
+    judged, and those set but not measured."""
+    bounds = {"ttft": slo_s} | {k: b for k, b in (objectives.bounds() if objectives else {}).items() if k != "ttft"}
     dense = [pt for pt in points if not pt.sparse and pt.ttft_p99_s is not None]
     if not dense:
         return None, None, "no bucket with enough data"
-    over = [i for i, pt in enumerate(dense) if pt.ttft_p99_s > slo_s]  # type: ignore[operator]
-    if not over:
-        return (
-            None,
-            None,
-            f"TTFT p99 stays under the SLO up to the highest measured concurrency ({dense[-1].concurrency:g})",
-        )
-    i = over[0]
-    if i == 0:
-        return (
-            None,
-            None,
-            f"TTFT p99 is over the SLO already at the lowest measured concurrency ({dense[0].concurrency:g})",
-        )
-    a, b = dense[i - 1], dense[i]
-    frac = (slo_s - a.ttft_p99_s) / (b.ttft_p99_s - a.ttft_p99_s)  # type: ignore[operator]
+    judged = {k: b for k, b in bounds.items() if all(getattr(pt, P99_FIELDS[k]) is not None for pt in dense)}
+    missing = sorted(set(bounds) - set(judged))
+    what = "TTFT p99" if len(judged) == 1 else f"the p99 of {', '.join(k.upper() for k in judged)}"
+    unread = f"; {', '.join(k.upper() for k in missing)} not measured by these engines, not judged" * bool(missing)
+
+    def over(pt: Point) -> bool:
+        return any(getattr(pt, P99_FIELDS[k]) > b for k, b in judged.items())
+
+    first = next((i for i, pt in enumerate(dense) if over(pt)), None)
+    if first is None:
+        top = dense[-1].concurrency
+        return None, None, f"{what} stays under the SLO up to the highest measured concurrency ({top:g}){unread}"
+    if first == 0:
+        low = dense[0].concurrency
+        return None, None, f"{what} is over the SLO already at the lowest measured concurrency ({low:g}){unread}"
+    a, b = dense[first - 1], dense[first]
+    fracs = []
+    for k, bound in judged.items():
+        va, vb = getattr(a, P99_FIELDS[k]), getattr(b, P99_FIELDS[k])
+        if vb > bound:
+            fracs.append((bound - va) / (vb - va) if vb != va else 0.0)
+    frac = min(fracs)
     c = a.concurrency + frac * (b.concurrency - a.concurrency)
     rps = None if a.rps is None or b.rps is None else a.rps + frac * (b.rps - a.rps)
-    return round(c, 3), rps, "interpolated between measured buckets"
+    judged_text = f" ({what})" if len(judged) > 1 else ""
+    return round(c, 3), rps, f"interpolated between measured buckets{judged_text}{unread}"
 
 
 def operating_point(
@@ -186,11 +204,12 @@ def operating_point(
     slo_s: float,
     p: KneeParams = KneeParams(),
     running_max: float | None = None,
+    objectives: Objectives | None = None,
 ) -> Operating:
     """Knee, C_max, usable RPS, Little's Law gap and headroom of one pool's points; `running_max`:
     the most requests the window saw running (the running_pinned sign's cap; None: not read)."""
     k, signs, placing = knee(points, p, running_max)
-    c, rps, note = c_max(points, slo_s)
+    c, rps, note = c_max(points, slo_s, objectives)
     gap = (c / slo_s) / rps if c is not None and rps else None
     notes = []
     if k is None and knee_below_range(points, p, running_max):

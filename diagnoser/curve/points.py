@@ -52,6 +52,8 @@ class Point:
     preemptions_per_s: float | None
     sparse: bool
     running: float | None = None  # mean requests running per instance (None: not read, as from the records)
+    tpot_p99_s: float | None = None  # per-request TPOT p99 (None: the engine exports no per-request histogram)
+    e2e_p99_s: float | None = None  # end-to-end p99 (None: not exported, or read from the records)
 
     def to_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
@@ -144,6 +146,8 @@ def point_of(k: int, s: BucketSums, seconds: float, min_intervals: int, min_requ
         preemptions_per_s=pre,
         sparse=s.intervals < min_intervals or (requests is not None and requests < min_requests),
         running=_mean(s.gauges.get(CONCURRENCY_SIGNAL, none)),
+        tpot_p99_s=quant.get("request_tpot_seconds", (None, None))[1],
+        e2e_p99_s=quant.get("request_e2e_seconds", (None, None))[1],
     )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser.curve.changes import Change, raw_changes
 from kvscope.diagnoser.curve.compare import Thresholds, deltas, mix_differs, verdict
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals, pool_intervals
@@ -136,15 +137,23 @@ def curve_shift(iv: Intervals, th: Thresholds) -> JudgedChange | None:
 
 
 def pool_curves(
-    frame: Frame, slo_s: float = DEFAULT_SLO_TTFT_P99_S, th: Thresholds | None = None, settle_s: float = SETTLE_S
+    frame: Frame,
+    slo_s: float = DEFAULT_SLO_TTFT_P99_S,
+    th: Thresholds | None = None,
+    settle_s: float = SETTLE_S,
+    objectives: ObjectiveSet | None = None,
 ) -> list[PoolCurve]:
-    """The curve of every pool in the frame, its operating point and its judged changes."""
+    """The curve of every pool in the frame, its operating point and its judged changes; C_max
+    also judges each pool's TPOT and e2e objectives (`objectives`) where the engines measure them."""
     th = th or Thresholds()
     events = raw_changes(frame)
     out = []
     for (model, engine), iv in pool_intervals(frame).items():
         pts = curve_points(iv.take(~iv.resets))
-        op = operating_point(pts, peak_concurrency(iv.gauges[CONCURRENCY]), slo_s, running_max=iv.running_max)
+        own = objectives.of(pool=model) if objectives else None
+        op = operating_point(
+            pts, peak_concurrency(iv.gauges[CONCURRENCY]), slo_s, running_max=iv.running_max, objectives=own
+        )
         changes = events.get((model, engine), [])
         judged = judge(iv, changes, settle_s, th) if changes else [s for s in [curve_shift(iv, th)] if s]
         labels = {k: v for k, v in (("model", model), ("engine", engine)) if v}

@@ -12,6 +12,10 @@ CONCURRENCY_SIGNAL = "engine_requests_running"
 llama.cpp requests_processing): the curve's concurrency, per instance."""
 
 HISTOGRAMS = ("request_ttft_seconds", "request_itl_seconds")
+OBJECTIVE_HISTOGRAMS = ("request_tpot_seconds", "request_e2e_seconds")
+"""The per-request TPOT and e2e histograms: their p99 per point, judged against the TPOT and e2e
+objectives beside TTFT for C_max (operating.py `c_max`); read on the full path only, not recorded
+(records.py), so the recorded curve judges C_max on TTFT alone and says so."""
 LITTLE_SUMS = (("request_queue_seconds", "request_inference_seconds"), ("request_e2e_seconds",))
 """Histograms whose `_sum` integrates the time requests spend in the engine, in the order the
 curve prefers them (intervals.py, Little's law): queue + inference time (scheduler queue to last
@@ -37,6 +41,7 @@ page_size): their value over time is the configuration over time."""
 
 SIGNALS = (
     frozenset({f"{h}_bucket" for h in HISTOGRAMS} | {f"{h}_count" for h in HISTOGRAMS} | set(GAUGES) | set(COUNTERS))
+    | frozenset(f"{h}_bucket" for h in OBJECTIVE_HISTOGRAMS)
     | frozenset(MIX_COUNTERS)
     | frozenset(CONFIG_GAUGES)
     | frozenset(f"{h}_sum" for hs in LITTLE_SUMS for h in hs)

@@ -16,9 +16,11 @@ from typing import Any
 
 import yaml
 
+from kvscope.core.objectives import ObjectiveSet
 from kvscope.core.scalars import parse_duration
 from kvscope.core.signals import Catalog, Signal, load_catalog
 from kvscope.diagnoser.promql import compose
+from kvscope.diagnoser.promql.goodput import goodput_rules
 from kvscope.diagnoser.promql.ranges import range_text
 from kvscope.diagnoser.promql.runbooklinks import link_alerts
 from kvscope.diagnoser.promql.signals import (
@@ -50,12 +52,12 @@ summing buckets of different layouts by `le` would break the cumulative counts a
 
 @dataclass(frozen=True)
 class SloConfig:
-    """The TTFT SLO: `target` of requests see a first token within `ttft_seconds`. Per tenant
-    (tenantslo.py) the same TTFT SLO plus an error SLO (`error_target` of requests succeed), for
-    the `tenant_top_n` busiest tenants and `other`."""
+    """The SLOs the generated rules burn on. `objectives` (core/objectives.py, the one
+    declaration): the TTFT SLO is `objectives.target` of requests see a first token within
+    `objectives.ttft`. Per tenant (tenantslo.py) the same TTFT SLO plus an error SLO
+    (`error_target` of requests succeed), for the `tenant_top_n` busiest tenants and `other`."""
 
-    ttft_seconds: float = 1.0
-    target: float = 0.99
+    objectives: ObjectiveSet = ObjectiveSet()
     error_target: float = 0.999
     tenant_top_n: int = 20
     windows: tuple[tuple[str, str, float, str], ...] = (
@@ -63,13 +65,24 @@ class SloConfig:
         ("6h", "30m", 6.0, "warning"),  # 5 % of the budget in 6 h: ticket
     )
 
+    def __post_init__(self) -> None:
+        if self.objectives.default.ttft is None:
+            raise ValueError("the TTFT SLO rules need a ttft objective (objectives.ttft, --slo-ttft)")
+
+    @property
+    def ttft_seconds(self) -> float:
+        """The TTFT bound (`objectives.ttft`)."""
+        return float(self.objectives.default.ttft or 0.0)
+
+    @property
+    def target(self) -> float:
+        """The share of requests that must meet the objectives (`objectives.target`)."""
+        return self.objectives.default.target
+
     def unaligned_engines(self) -> list[str]:
         """Engines whose default TTFT buckets (catalog.yaml) have no bound at the threshold: the
         burn rate would count requests in the wrong bucket there. Both engines can override them."""
-        aliases = load_catalog().signals["request_ttft_seconds"].aliases
-        return [
-            a.engine for a in aliases if a.buckets and not any(abs(b - self.ttft_seconds) < 1e-9 for b in a.buckets)
-        ]
+        return [u.engine for u in self.objectives.default.unaligned() if u.kind == "ttft"]
 
 
 class _Block(str):
@@ -372,10 +385,15 @@ def build_rule_files(
     cost on the TSDB: docs/alerting.md)."""
     catalog = catalog or load_catalog()
     slo = slo or SloConfig()
-    alert_rules = (slo_rules(slo), tenant_slo_rules_of(slo), absent_alerts() + renamed_alerts(catalog))
+    alert_rules = (
+        slo_rules(slo),
+        tenant_slo_rules_of(slo),
+        absent_alerts() + renamed_alerts(catalog),
+        goodput_rules(slo.objectives, slo.windows),
+    )
     for rules in alert_rules + tuple(g["rules"] for g in (alert_groups or ([], ""))[0]):
         link_alerts(rules, runbook_base_url)
-    slo_file, tenant_file, absent_file = alert_rules
+    slo_file, tenant_file, absent_file, goodput_file = alert_rules
     files = {
         "kvscope-derived.yml": render_rule_file(
             [{"name": "kvscope-derived", "rules": derived_rules()}],
@@ -387,6 +405,9 @@ def build_rule_files(
         "kvscope-tenant-slo.yml": render_rule_file(
             [{"name": "kvscope-tenant-slo", "rules": tenant_file}],
             HEADER.format(extra="", what=_tenant_slo_note(slo)),
+        ),
+        "kvscope-goodput.yml": render_rule_file(
+            [{"name": "kvscope-goodput", "rules": goodput_file}], HEADER.format(extra="", what=_goodput_note(slo))
         ),
         "kvscope-absent.yml": render_rule_file(
             [{"name": "kvscope-absent", "rules": absent_file}],
@@ -426,6 +447,14 @@ def _tenant_slo_note(slo: SloConfig) -> str:
         f"Per-tenant SLOs: TTFT {slo.target:.4g} within {slo.ttft_seconds:g}s and errors {slo.error_target:.4g} "
         f"succeed, for the top {slo.tenant_top_n} tenants by request rate and `other`; multi-window burn-rate "
         f"alerts (docs/alerting.md)."
+    )
+
+
+def _goodput_note(slo: SloConfig) -> str:
+    return (
+        f"Goodput SLO per pool (model) and per tenant: {slo.objectives.default.describe()} (pools and tenants with "
+        f"their own objectives: their own rules); exact from the request tap's counters where present, else the "
+        f"bound from the engines' per-objective histograms; multi-window burn-rate alerts (docs/goodput.md)."
     )
 
 

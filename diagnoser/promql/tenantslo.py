@@ -43,7 +43,7 @@ def error_record(window: str) -> str:
     return f"tenant:tenant_request_errors:ratio_rate{window}"
 
 
-def _split(num: str, den: str, top: str, window: str, good: bool) -> str:
+def split_ratio(num: str, den: str, top: str, window: str, good: bool) -> str:
     """`num/den` per top tenant, or summed over the rest as `tenant="other"`; with `good`, the
     ratio is of good events and the error ratio is 1 minus it."""
     one = "1 - " if good else ""
@@ -81,10 +81,10 @@ def tenant_slo_rules(
     good = f'{TTFT_BUCKET}{{le=~"{le_regex(ttft_seconds)}"}}'
     total = f'{TTFT_BUCKET}{{le="+Inf"}}'
     for w in spans:
-        rules.append({"record": ttft_record(w), "expr": _split(good, total, top, w, good=True)})
+        rules.append({"record": ttft_record(w), "expr": split_ratio(good, total, top, w, good=True)})
     for w in spans:
         # a tenant without a single error has its 0 (the tap creates the error series at 0)
-        rules.append({"record": error_record(w), "expr": _split(ERRORS, REQUESTS, top, w, good=False)})
+        rules.append({"record": error_record(w), "expr": split_ratio(ERRORS, REQUESTS, top, w, good=False)})
     for kind, target, record_of in (("ttft", ttft_target, ttft_record), ("errors", error_target, error_record)):
         budget = round(1 - target, 10)
         for long_w, short_w, burn, severity in windows:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from kvscope.commands._checks import check_http_url, check_recording, parse_seconds, parse_time, source_hint
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
+from kvscope.commands._objectives import add_objective_flags, objectives_from_args
 from kvscope.commands._source import add_recording_cap_flags, open_source
 
 if TYPE_CHECKING:
@@ -25,7 +26,9 @@ the requests in one engine's running batch), and per bucket TTFT and ITL p50/p99
 engines' histograms merged over the bucket's intervals, requests/s, output tokens/s, KV usage and
 how many intervals stand behind each number. Buckets with too little data are marked sparse and
 not used. From the curve: the knee (TTFT p99 leaving p50 while throughput flattens or requests
-start to wait), C_max (where TTFT p99 crosses --slo-ttft-p99) and the usable RPS there, the Little's
+start to wait), C_max (where TTFT p99 crosses --slo-ttft, or the p99 of TPOT or e2e crosses
+--slo-tpot / --slo-e2e where the engines export per-request histograms of them; the recorded path
+judges TTFT alone) and the usable RPS there, the Little's
 Law gap, and the headroom of the window's peak. Method: docs/curve.md ("Sizing LLM Inference for
 Production", §8.1-8.5).
 
@@ -68,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="interval length, e.g. 15s (default: the source's scrape interval: a recording's, or the median gap "
         "between a TSDB's raw samples; else 15s)",
     )
-    p.add_argument("--slo-ttft-p99", type=float, default=1.0, metavar="SECONDS", help="TTFT p99 SLO for C_max")
+    add_objective_flags(p, ttft_aliases=("--slo-ttft-p99",))
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="--prometheus/--agent: per query")
     add_recording_cap_flags(p)
     p.add_argument("--json", action="store_true", help="print JSON (shape: docs/curve.md)")
@@ -95,8 +98,10 @@ def run(args: argparse.Namespace) -> int:
         args.end = None if args.end is None else parse_time("--end", args.end)
         args.start = None if args.start is None else parse_time("--start", args.start)
         step = parse_duration(args.step) if args.step else None
-        if not (args.slo_ttft_p99 > 0 and math.isfinite(args.slo_ttft_p99)):
-            raise ValueError("--slo-ttft-p99 must be a positive number of seconds, e.g. 1 or 2.5")
+        args.objectives_set = objectives_from_args(args)
+        if args.objectives_set.default.ttft is None:
+            raise ValueError("--slo-ttft: C_max needs a TTFT bound, e.g. 1s or 2.5s")
+        args.slo_ttft_p99 = args.objectives_set.default.ttft
         for flag in ("prometheus", "agent"):
             if getattr(args, flag):
                 check_http_url(f"--{flag}", getattr(args, flag), EXAMPLE_URL[flag])
@@ -154,7 +159,7 @@ def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
             if isinstance(source, PrometheusSource) and end - start >= LONG_WINDOW_S:
                 print(_long_window_hint(source.client, start, end), file=sys.stderr)
             frame = read_window(source, start, end, step or curve_step(source, start, end, DEFAULT_STEP_S))
-            curves = pool_curves(frame, slo_s=args.slo_ttft_p99)
+            curves = pool_curves(frame, slo_s=args.slo_ttft_p99, objectives=args.objectives_set)
     except SourceError as exc:
         url = args.prometheus or args.agent
         kind = "prometheus" if args.prometheus else "agent"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kvscope.commands._checks import check_rules_dir
 from kvscope.commands._common import add_command, fail
+from kvscope.commands._objectives import add_objective_flags, objectives_from_args
 
 BUILD_HELP = """\
 Generate Prometheus recording and alerting rules from core/catalog.yaml and
@@ -22,7 +23,7 @@ disk differs from a fresh build.
 examples:
   kvscope rules build                                   # after editing catalog, rules or levers
   kvscope rules build --check                           # CI: exit 1 when the committed files are stale
-  kvscope rules build --slo-ttft-seconds 1 --slo-target 0.995 --out /etc/prometheus/rules/kvscope
+  kvscope rules build --slo-ttft 1s --slo-target 0.995 --out /etc/prometheus/rules/kvscope
 """
 
 RULES_HELP = """\
@@ -58,9 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--out", type=Path, default=Path("rules/prometheus"), help="directory for the *.yml rule files")
     build.add_argument("--runbooks", type=Path, default=Path("docs/runbooks"), help="directory for the runbooks")
     _rules_dir_flag(build, "diagnosis rules to compile")
-    slo_help = "TTFT SLO bound in seconds; must be a histogram bucket bound"
-    build.add_argument("--slo-ttft-seconds", type=float, default=1.0, help=slo_help)
-    build.add_argument("--slo-target", type=float, default=0.99, help="share of requests that must meet the TTFT bound")
+    add_objective_flags(build, ttft_aliases=("--slo-ttft-seconds",))
     build.add_argument(
         "--slo-error-target",
         type=float,
@@ -124,8 +123,6 @@ def _rules_dir_flag(parser: argparse.ArgumentParser, what: str) -> None:
 
 def _check_build_args(args: argparse.Namespace) -> None:
     """Raise ValueError saying which flag of `rules build` is wrong and how."""
-    if not 0 < args.slo_target < 1:
-        raise ValueError("--slo-target must be between 0 and 1")
     if not 0 < args.slo_error_target < 1:
         raise ValueError("--slo-error-target must be between 0 and 1 (e.g. 0.999)")
     if args.slo_tenant_top_n < 1:
@@ -141,20 +138,20 @@ def run_build(args: argparse.Namespace) -> int:
 
     try:
         _check_build_args(args)
+        objectives = objectives_from_args(args)
+        slo = SloConfig(
+            objectives=objectives,
+            error_target=args.slo_error_target,
+            tenant_top_n=args.slo_tenant_top_n,
+        )
     except ValueError as exc:
         return fail("rules build", exc, 3)
-    slo = SloConfig(
-        ttft_seconds=args.slo_ttft_seconds,
-        target=args.slo_target,
-        error_target=args.slo_error_target,
-        tenant_top_n=args.slo_tenant_top_n,
-    )
-    for engine in slo.unaligned_engines():
-        print(
-            f"warning: {args.slo_ttft_seconds:g}s is not a default TTFT bucket bound of {engine}; "
-            f"the burn rate will be computed from the wrong bucket",
-            file=sys.stderr,
-        )
+    for unaligned in {
+        u
+        for obj in (objectives.default, *(o for _, o in objectives.pools + objectives.tenants))
+        for u in obj.unaligned()
+    }:
+        print(f"warning: {unaligned.message()}", file=sys.stderr)
     from kvscope.core.signals import load_catalog
     from kvscope.diagnoser.curve.records import curve_file
     from kvscope.diagnoser.pushdown.candidates import candidate_exprs

@@ -17,6 +17,7 @@ from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_upstream
 from kvscope.agent.traces.export import SpanBatchExporter
 from kvscope.agent.traces.otlp import Span
 from kvscope.commands._common import add_command
+from kvscope.commands._objectives import add_objective_flags, objectives_from_args
 
 DESCRIPTION = """\
 Put kvscope between clients (or a router) and OpenAI-compatible engines (vLLM, SGLang).
@@ -67,6 +68,7 @@ def register(subparsers: Any) -> None:
     for flag, field, metavar, help_ in _CONFIG_FLAGS:
         default = getattr(TapConfig, field)
         p.add_argument(flag, dest=field, type=type(default), default=default, metavar=metavar, help=help_)
+    add_objective_flags(p)
     p.set_defaults(func=run)
 
 
@@ -78,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
             listen=args.listen,
             tenant_header=args.tenant_header or None,
             inject_usage=not args.no_inject_usage,
+            objectives=objectives_from_args(args),
             **{field: getattr(args, field) for _, field, _, _ in _CONFIG_FLAGS},
         )
         cfg.host_port()

@@ -13,6 +13,7 @@ import pandas as pd
 from kvscope.core.rates import step_increases
 from kvscope.diagnoser.curve.window import SIGNALS as CURVE_SIGNALS
 from kvscope.diagnoser.evaluate.frame import Frame
+from kvscope.diagnoser.goodput import SIGNALS as GOODPUT_SIGNALS
 from kvscope.diagnoser.promql.rulefiles import SloConfig
 from kvscope.diagnoser.sources.window import Source, Span, read_window
 
@@ -42,6 +43,8 @@ COUNTERS = (
     "tenant_prompt_tokens_total",
     "tenant_cached_tokens_total",
     "tenant_request_errors_total",
+    "goodput_requests_total",  # the request tap's per-request goodput counts, per tenant (exact)
+    "goodput_good_requests_total",
     "tenant_ttft_seconds_bucket",  # the SLO bound's and +Inf's buckets: TTFT SLO attainment per tenant
     "engine_estimated_flops_per_gpu_total",
     "engine_estimated_read_bytes_per_gpu_total",
@@ -72,9 +75,10 @@ SIGNALS = COUNTERS + GAUGES
 """Every canonical sample name the report's tables read (`columns`)."""
 
 
-READ_SIGNALS = SIGNALS + tuple(sorted(CURVE_SIGNALS - set(SIGNALS)))
-"""What `report_window` reads: the tables' signals and the operating curve's (histogram buckets,
-concurrency, the config gauges), from which "what changed this week" is judged (changes.py)."""
+READ_SIGNALS = SIGNALS + tuple(sorted((CURVE_SIGNALS | GOODPUT_SIGNALS) - set(SIGNALS)))
+"""What `report_window` reads: the tables' signals, the operating curve's (histogram buckets,
+concurrency, the config gauges), from which "what changed this week" is judged (changes.py), and
+goodput's (the per-objective histograms and the request tap's goodput counters)."""
 
 
 def report_window(source: Source, end: float | None = None, start: float | None = None) -> Frame:

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from kvscope.diagnoser.evaluate.frame import Frame
+from kvscope.diagnoser.goodput import pool_goodput, share_text
 from kvscope.report.weekly.coverage import DataCoverage, data_coverage, timeline
 from kvscope.report.weekly.gpus import gpu_pools, pools
 from kvscope.report.weekly.series import (
@@ -64,6 +65,7 @@ def compute_week(frame: Frame, start: float, end: float, gpu_hour_cost: float) -
         busy = group_sum(gkeys, per_sid(ss, gpu, dt * gpu.value, mask), sids) / 3600
         table = table.join(pd.DataFrame({"gpu_hours": hours, "gpu_util": busy / hours.where(hours > 0)}), how="outer")
     table = _derive(table, gpu_hour_cost)
+    table["goodput"] = _goodput(frame, table.index, start, end)
     cov = data_coverage(frame, start, end)
     return WeekStats(
         start,
@@ -76,6 +78,13 @@ def compute_week(frame: Frame, start: float, end: float, gpu_hour_cost: float) -
         timeline(ss, start, end, cov),
         efficiency(frame, start, end),
     )
+
+
+def _goodput(frame: Frame, keys: pd.Index, start: float, end: float) -> list[str | None]:
+    """Per 'model / role' row, its model's goodput over the week against the generated rules'
+    objectives (TENANT_SLO.objectives): exact from the request tap, else the histograms' bounds."""
+    by_model = {g.pool: g for g in pool_goodput(frame, TENANT_SLO.objectives, (start, end))}
+    return [share_text(by_model.get(str(k).split(" / ", 1)[0])) for k in keys]
 
 
 def _derive(pools: pd.DataFrame, cost: float) -> pd.DataFrame:
@@ -112,7 +121,8 @@ def _fleet(pools: pd.DataFrame, cost: float) -> dict[str, float | None]:
 
 
 def _tenants(ss: Columns, start: float, end: float) -> pd.DataFrame:
-    """Per tenant: usage, hit ratio, and SLO attainment over the week: the share of requests with a
+    """Per tenant: usage, hit ratio, goodput (exact, from the request tap's per-request counts;
+    docs/goodput.md) and SLO attainment over the week: the share of requests with a
     first token within the TTFT SLO bound (tenant_ttft_seconds buckets) and the share that did not
     fail upstream (tenant_request_errors_total, counted by the request tap). The SLO is the one the
     generated rules use (SloConfig; rules/prometheus/kvscope-tenant-slo.yml); absent without data."""
@@ -126,6 +136,8 @@ def _tenants(ss: Columns, start: float, end: float) -> pd.DataFrame:
         prompt_tokens="tenant_prompt_tokens_total",
         cached_tokens="tenant_cached_tokens_total",
         errors="tenant_request_errors_total",
+        judged="goodput_requests_total",
+        good="goodput_good_requests_total",
     )
     le = ss.label("le", "")
     for col, bound in (("ttft_good", _le_match(le, TENANT_SLO.ttft_seconds)), ("ttft_total", le == "+Inf")):
@@ -143,7 +155,9 @@ def _tenants(ss: Columns, start: float, end: float) -> pd.DataFrame:
         df["ttft_slo"] = df["ttft_good"] / df["ttft_total"].where(df["ttft_total"] > 0)
     if {"errors", "requests"} <= set(df):
         df["error_slo"] = 1 - df["errors"] / df["requests"].where(df["requests"] > 0)
-    df = df.drop(columns=[c for c in ("ttft_good", "ttft_total", "errors") if c in df])
+    if {"good", "judged"} <= set(df):  # every latency objective, counted per request by the tap
+        df["goodput"] = df["good"] / df["judged"].where(df["judged"] > 0)
+    df = df.drop(columns=[c for c in ("ttft_good", "ttft_total", "errors", "good", "judged") if c in df])
     return df.sort_values(df.columns[0], ascending=False)
 
 

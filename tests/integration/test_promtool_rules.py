@@ -40,6 +40,7 @@ def test_generated_rule_files_exist():
         "kvscope-alerts.yml",
         "kvscope-quantiles.yml",
         "kvscope-candidates.yml",
+        "kvscope-goodput.yml",
     } <= names
 
 

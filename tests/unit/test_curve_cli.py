@@ -58,7 +58,7 @@ def test_bad_usage_and_unreadable_sources(capsys, tmp_path):
     assert main(["curve", "--recording", str(tmp_path / "missing.om.gz")]) == 4
     assert main(["curve", "--recording", str(LIB / "kv-pressure-cascade.om.gz"), "--recorded"]) == 3
     err = capsys.readouterr().err
-    assert "pick a source" in err and "--slo-ttft-p99 must be a positive" in err
+    assert "pick a source" in err and "--slo-ttft: must be a positive duration" in err
     assert "--recorded reads a TSDB's curve records: use it with --prometheus URL" in err
 
 
@@ -68,3 +68,15 @@ def test_an_engine_log_gives_a_pool_without_latency_it_never_printed(capsys):
     (pool,) = doc["pools"]
     assert pool["labels"] == {"engine": "vllm"} and pool["operating"]["peak_concurrency"] > 0
     assert all(p["ttft_p99_s"] is None for p in pool["points"])  # vLLM's stats lines carry no TTFT
+
+
+def test_c_max_judges_every_objective_the_engines_measure(capsys):
+    """On the staircase, e2e p99 crosses 5 s between the 5.8 and 8.3 buckets, before TTFT p99
+    crosses 2.5 s: C_max and the usable RPS move down to it, and the note says what was judged."""
+    rec = str(LIB / "curve-vllm-staircase.om.gz")
+    (ttft_only,) = _json(capsys, "--recording", rec, "--slo-ttft-p99", "2.5")["pools"]
+    (every,) = _json(capsys, "--recording", rec, "--slo-ttft", "2.5s", "--slo-e2e", "5s")["pools"]
+    assert 5.807 < every["operating"]["c_max"] < ttft_only["operating"]["c_max"]
+    assert every["operating"]["usable_rps"] < ttft_only["operating"]["usable_rps"]
+    assert "(the p99 of TTFT, E2E)" in every["operating"]["c_max_note"]
+    assert all(p["e2e_p99_s"] is not None and p["tpot_p99_s"] is not None for p in every["points"])

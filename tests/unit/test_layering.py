@@ -61,6 +61,7 @@ LAYERS = {
         "routing": 6,
         "pushdown": 7,
         "curve": 7,
+        "goodput": 6,
         "alertmanager": 8,
     },
 }

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from kvscope.cli import main
+from kvscope.core.objectives import Objectives, ObjectiveSet
 from kvscope.core.signals import load_catalog, parse_catalog
 from kvscope.diagnoser.curve.records import curve_file
 from kvscope.diagnoser.promql.alerts import PythonOnly, alert_name, compile_rule
@@ -197,13 +198,13 @@ def test_le_regex_matches_both_spellings_of_a_bound():
 
 
 def test_slo_error_ratio_guards_against_no_traffic():
-    expr = slo_error_ratio(SloConfig(ttft_seconds=2.5), "5m")
+    expr = slo_error_ratio(SloConfig(ObjectiveSet(Objectives(ttft=2.5))), "5m")
     assert 'le="+Inf"' in expr and "> 0)" in expr and "2\\\\.5" in expr
 
 
 def test_slo_bound_between_buckets_is_flagged_in_the_file():
-    assert SloConfig(ttft_seconds=2.5).unaligned_engines() == ["sglang"]
-    text = build_rule_files(slo=SloConfig(ttft_seconds=0.3))["kvscope-slo.yml"]
+    assert SloConfig(ObjectiveSet(Objectives(ttft=2.5))).unaligned_engines() == ["sglang"]
+    text = build_rule_files(slo=SloConfig(ObjectiveSet(Objectives(ttft=0.3))))["kvscope-slo.yml"]
     assert "WARNING: 0.3s is not a default TTFT bucket bound of vllm, sglang" in text
 
 

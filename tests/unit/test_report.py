@@ -145,6 +145,19 @@ def test_tenants_slo_attainment_from_ttft_buckets_and_upstream_errors():
     assert "| tail |" in md and "| absent |" in md
 
 
+def test_tenants_goodput_is_the_taps_exact_share_and_absent_without_its_counts():
+    samples = _fleet()
+    for t in sorted({s.timestamp for s in samples}):
+        n = (t - (END - 2 * WEEK_S)) / STEP
+        lab = make_labels({"tenant": "acme", "model": "m1"})
+        samples.append(Sample("goodput_requests_total", lab, 3 * n, t))
+        samples.append(Sample("goodput_good_requests_total", lab, 2.7 * n, t))
+    report = build_report(report_frame(samples), END, 2.0, "test")
+    assert report.this.tenants.loc["acme", "goodput"] == pytest.approx(0.9)
+    assert pd.isna(report.this.tenants.loc["tail", "goodput"])  # no tap count: absent, not 0
+    assert "Goodput, exact (tap)" in render_markdown(report)
+
+
 def test_no_previous_week_gives_no_deltas():
     late = [s for s in _fleet() if s.timestamp > END - WEEK_S]
     report = build_report(report_frame(late), END, 2.0, "test")
@@ -320,8 +333,9 @@ def test_unattributed_gpus_say_why_and_a_gpu_mapping_attributes_them(tmp_path, c
     )
     md = md_path.read_text()
     assert "unattributed" not in md and "not attributed" not in md
+    head = next(line for line in md.splitlines() if line.startswith("| Pool |"))
     row = next(line for line in md.splitlines() if line.startswith("| meta-llama/Llama-3.1-8B-Instruct / unified"))
-    gpu_hours = float(row.split("|")[3])
+    gpu_hours = float(row.split("|")[[c.strip() for c in head.split("|")].index("GPU-hours")])
     assert gpu_hours == pytest.approx(report.this.fleet["gpu_hours"], abs=0.05)
 
     mapping.write_text("- not a mapping\n")

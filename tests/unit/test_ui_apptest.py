@@ -196,8 +196,15 @@ def test_tenant_table_from_kvscope_tenant_series():
                 Sample("tenant_cached_tokens_total", lab, hit * 500 * rps * 10 * i, t),
                 Sample("tenant_prefix_hit_ratio", lab, hit, t),
             ]
+        judged = make_labels({"tenant": "acme", "model": "m"})  # the tap judged acme's requests only
+        samples += [
+            Sample("goodput_requests_total", judged, 2.0 * 10 * i, t),
+            Sample("goodput_good_requests_total", judged, 1.5 * 10 * i, t),
+        ]
     table = ui_data.tenant_table(frame_from_samples(samples, T0, T0 + 600, 10))
     rows = table.set_index("tenant")
+    assert rows.loc["acme", "goodput (exact)"] == pytest.approx(0.75)
+    assert pd.isna(rows.loc["tail", "goodput (exact)"])  # not judged: absent, not 0
     assert rows.loc["acme", "requests/s"] == pytest.approx(2.0)
     assert rows.loc["tail", "hit ratio (latest)"] == pytest.approx(0.05)
     assert rows.loc["tail", "cached tok/s"] == pytest.approx(0.05 * 500 * 0.5)

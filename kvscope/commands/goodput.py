@@ -1,0 +1,98 @@
+"""`kvscope goodput`: each pool's share of requests that met every latency objective, beside its raw
+throughput (diagnoser/goodput.py; docs/goodput.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+import zlib
+
+from kvscope.commands._checks import check_http_url, check_recording, parse_seconds, parse_time, source_hint
+from kvscope.commands._common import add_command, fail
+from kvscope.commands._objectives import add_objective_flags, objectives_from_args
+from kvscope.commands._source import add_recording_cap_flags, open_source
+
+HELP = """\
+Goodput per pool (model): the share of requests that met every latency objective at once (time to
+first token, time per output token, end to end; --slo-* or an `objectives:` section), good
+requests/s and good output tokens/s beside the raw rates, and good tokens per GPU-hour where the
+engine-GPU join counts the pool's GPUs.
+
+From the engines' histograms the share is known only as bounds: each objective's share is read
+from its histogram's buckets, and no engine exports which requests failed which objective, so the
+combined share lies between max(0, 1 - sum of the misses) and the smallest share. An objective
+whose histogram the pool does not export is not evaluable (named; the lower bound is then
+unknown). Where the request tap counted each request against the objectives, the exact share of
+the requests it saw is printed too. Method: docs/goodput.md.
+
+Sources (pick one):
+  --recording FILE.om[.gz]   --prometheus URL --since 1h   --agent URL --since 30m
+
+Examples:
+  kvscope goodput --recording tests/recordings/kv-pressure-cascade.om.gz --slo-tpot 100ms --slo-e2e 30s
+  kvscope goodput --prometheus http://127.0.0.1:9090 --since 6h --objectives /etc/kvscope/agent.yaml --json
+
+Exit status: 0 printed, 3 bad usage, 4 the source could not be read or counted no request.
+"""
+EXAMPLE_URL = {"prometheus": "http://127.0.0.1:9090", "agent": "http://127.0.0.1:9464"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = add_command(subparsers, "goodput", "each pool's share of requests meeting every latency objective", HELP)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--recording", metavar="FILE", help="OpenMetrics recording (.om or .om.gz)")
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible base URL")
+    src.add_argument("--agent", metavar="URL", help="kvscope agent base URL")
+    p.add_argument("--since", default="1h", metavar="DURATION", help="live sources: window length, e.g. 30m, 6h")
+    p.add_argument("--start", metavar="TIME", help="window start, unix seconds or ISO 8601 UTC (overrides --since)")
+    p.add_argument("--end", metavar="TIME", help="window end (default: now / end of recording)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="--prometheus/--agent: per query")
+    add_recording_cap_flags(p)
+    add_objective_flags(p)
+    p.add_argument("--json", action="store_true", help="print JSON: one object per pool")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not (args.recording or args.prometheus or args.agent):
+        return fail("goodput", "pick a source: --recording, --prometheus or --agent (see --help)", 3)
+    try:
+        since = parse_seconds("--since", args.since)
+        end = None if args.end is None else parse_time("--end", args.end)
+        start = None if args.start is None else parse_time("--start", args.start)
+        objectives = objectives_from_args(args)
+        for flag in ("prometheus", "agent"):
+            if getattr(args, flag):
+                check_http_url(f"--{flag}", getattr(args, flag), EXAMPLE_URL[flag])
+        if args.recording:
+            check_recording(args.recording)
+    except ValueError as exc:
+        return fail("goodput", exc, 3)
+    except (OSError, EOFError, zlib.error) as exc:
+        return fail("goodput", exc, 4)
+    from kvscope.diagnoser.goodput import SIGNALS, pool_goodput, render_text
+    from kvscope.diagnoser.sources import SourceError
+    from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
+
+    args.quiet, args.log_read = True, None
+    source = open_source(args)
+    try:
+        if start is None and not args.recording:
+            end = end if end is not None else math.floor(time.time() / DEFAULT_STEP_S) * DEFAULT_STEP_S
+            start = end - since
+        rows = pool_goodput(read_window(source, SIGNALS, Span(start, end)), objectives)
+    except SourceError as exc:
+        url = args.prometheus or args.agent
+        return fail(
+            "goodput", source_hint("prometheus" if args.prometheus else "agent", url, str(exc)) if url else exc, 4
+        )
+    except (EOFError, zlib.error) as exc:
+        return fail("goodput", f"recording {args.recording} is truncated or corrupt: {exc}", 4)
+    except ValueError as exc:
+        return fail("goodput", exc, 3)
+    print(json.dumps([r.to_dict() for r in rows], indent=2, sort_keys=True) if args.json else render_text(rows))
+    if not rows:
+        return fail("goodput", f"{source.description} counted no request on any objective's histogram", 4)
+    return 0
