@@ -244,7 +244,7 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
             routers = read_window(reader, ROUTER_SIGNALS, Span.last(source.since_s, end), step_s)
             return TriageData(source, diagnosis, report.fetched.whole(), routers=router_decisions(routers))
         reader = AgentSource(source.location)
-        frame = read_window(reader, names | set(ROUTER_SIGNALS), Span.last(source.since_s, end), step_s)
+        frame = read_window(reader, names | set(ROUTER_SIGNALS) | GROUP_SAMPLES, Span.last(source.since_s, end), step_s)
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read: {exc}") from exc
     diagnosis = diagnose(frame, rules, source=reader.description)
@@ -518,6 +518,19 @@ LATENCY_COLUMNS = {  # column -> (histogram after `<group>_`, quantile; None: th
     "ITL p95 (s)": ("itl_seconds", 0.95),
 }
 SHARE_COLUMN = "GPU-time share"
+GROUP_SAMPLES = {
+    f"{group}_{name}{part}"
+    for group in ("tenant", "adapter")
+    for name, part_list in (
+        *((c, ("",)) for c, _ in GROUP_COLUMNS.values()),
+        ("request_seconds_total", ("",)),
+        *((h, ("_sum", "_count", "_bucket")) for h, _ in LATENCY_COLUMNS.values()),
+    )
+    for part in part_list
+    if f"{group}_{name}" in load_catalog().signals
+}
+"""The sample names the tenant and adapter tables read (those the catalog has), read from a live
+agent beside the rules'."""
 
 
 def _group_latency(frame: Frame, group: str) -> dict[str, dict[tuple[str, str], float]]:

@@ -44,8 +44,13 @@ def render(data: TriageData) -> None:
     adapters = group_table(data.frame, "adapter")
     if adapters.empty:
         st.info(
-            "This source has no per-adapter series. Engines label their series with the base model only; "
-            "kvscope's request tap produces adapter_* series from each request's model (docs/requests.md)."
+            (
+                "In Prometheus mode this page reads only the series the rules' candidates held; "
+                if data.source.kind == "prometheus"
+                else "This source has no per-adapter series. "
+            )
+            + "Engines label their series with the base model only; kvscope's request tap produces "
+            "adapter_* series from each request's model (docs/requests.md)."
         )
     else:
         _table(adapters)

@@ -136,6 +136,19 @@ def test_every_data_page_renders(monkeypatch, kv_incident):
     assert not at.get("vega_lite_chart")  # no empty charts
 
 
+def test_tenants_page_shows_the_adapter_table_of_the_lora_recording(monkeypatch):
+    """Real vLLM serving two LoRA adapters behind the tap: the Tenants page has the tenant table
+    and below it one row per requested model, with the GPU-time share."""
+    rec = Path(__file__).resolve().parents[1] / "recordings" / "lora-two-adapters.om.gz"
+    at = _app(monkeypatch, rec).run()
+    at.sidebar.radio[0].set_value("Tenants & fairness").run()
+    assert not at.exception
+    tenants, adapters = at.dataframe[0].value, at.dataframe[1].value
+    assert set(tenants["tenant"]) == {"tenant-0", "tenant-1"}
+    assert set(adapters["adapter"]) == {"a", "b", "tiny-llama"}
+    assert adapters["GPU-time share"].sum() == pytest.approx(1.0)
+
+
 def test_sizing_calculator_computes_the_002_examples(monkeypatch):
     at = _app(monkeypatch, None).run()
     at.sidebar.radio[0].set_value("Sizing calculator").run()
