@@ -70,6 +70,8 @@ def group_week(ss: Columns, start: float, end: float, group: str, cost_usd: floa
         df["ttft_slo"] = df["ttft_good"] / df["ttft_total"].where(df["ttft_total"] > 0)
     if {"errors", "requests"} <= set(df):
         df["error_slo"] = 1 - df["errors"] / df["requests"].where(df["requests"] > 0)
+    # Goodput per group (issue 59 part 1) plugs in here: one more column per row from the same
+    # `<group>_ttft_seconds` / `<group>_itl_seconds` histograms, so tenants and adapters get it alike.
     if "request_seconds" in df:
         df["gpu_time_share"] = gpu_time_share(df["request_seconds"].fillna(0.0))
         if cost_usd is not None:
