@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -41,6 +42,11 @@ def render(data: TriageData) -> None:
             "(docs/requests.md). A tenant served by several instances has a row per instance."
         )
     st.header("Adapters")
+    slots, in_flight = _peak(data, "engine_lora_max_adapters"), _peak(data, "engine_lora_in_flight_adapters")
+    if slots is not None:  # the engine serves LoRA (vLLM lora_requests_info, SGLang's LoRA pool)
+        left, right = st.columns(2)
+        left.metric("Adapter slots per batch (engine, max)", f"{slots:.0f}")
+        right.metric("Adapters in flight at once (engine, max)", "absent" if in_flight is None else f"{in_flight:.0f}")
     adapters = group_table(data.frame, "adapter")
     if adapters.empty:
         st.info(
@@ -84,6 +90,14 @@ def _table(table: pd.DataFrame) -> None:
             **{c: seconds for c in table.columns if c.endswith("(s)")},
         },
     )
+
+
+def _peak(data: TriageData, name: str) -> float | None:
+    """The largest value of a gauge over the window and its series; None where it is absent."""
+    block = data.frame.block(name)
+    if block is None or np.isnan(block.values).all():
+        return None
+    return float(np.nanmax(block.values))
 
 
 def _latest(data: TriageData, name: str) -> float | None:
