@@ -21,9 +21,9 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.:@/-]")
 def parse_tenant(headers: Mapping[str, str], body: Mapping[str, Any] | None, tenant_header: str | None) -> str:
     """The tenant id of one request (pure). `unknown` when nothing identifies the caller."""
     if tenant_header and (v := headers.get(tenant_header)):
-        return _clean(v)
+        return clean_id(v)
     if body and isinstance(body.get("user"), str) and body["user"]:
-        return _clean(body["user"])
+        return clean_id(body["user"])
     auth = headers.get("Authorization") or headers.get("authorization") or ""
     bearer = auth[7:] if auth.lower().startswith("bearer ") and len(auth) > 7 else None
     if key := bearer or headers.get("api-key") or headers.get("x-api-key"):
@@ -31,7 +31,9 @@ def parse_tenant(headers: Mapping[str, str], body: Mapping[str, Any] | None, ten
     return UNKNOWN
 
 
-def _clean(v: str) -> str:
+def clean_id(v: str) -> str:
+    """An id from a request (tenant, adapter name) as a label value: at most 64 characters of
+    [A-Za-z0-9_.:@/-], every other character `_` (pure)."""
     return _SAFE.sub("_", v.strip())[:64] or UNKNOWN
 
 

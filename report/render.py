@@ -43,15 +43,23 @@ POOL_COLUMNS = {
     "ttft_slo": (f"TTFT within {TENANT_SLO.ttft_seconds:g}s (SLO {TENANT_SLO.target:.4g})", "pct"),
     "error_slo": (f"No upstream error (SLO {TENANT_SLO.error_target:.4g})", "pct"),
 }
-TENANT_COLUMNS = {
+GROUP_COLUMNS = {
     "requests": ("Requests", "count"),
     "prompt_tokens": ("Prompt tokens", "count"),
+    "completion_tokens": ("Completion tokens", "count"),
     "cached_tokens": ("Cached tokens", "count"),
     "hit_ratio": ("Hit ratio", "pct"),
+    "ttft_p50_s": ("TTFT p50 (s)", "sec"),
+    "ttft_p95_s": ("TTFT p95 (s)", "sec"),
+    "itl_p50_s": ("ITL p50 (s)", "sec"),
+    "itl_p95_s": ("ITL p95 (s)", "sec"),
     "goodput": ("Goodput, exact (tap)", "pct"),
     "ttft_slo": (f"TTFT within {TENANT_SLO.ttft_seconds:g}s (SLO {TENANT_SLO.target:.4g})", "pct"),
     "error_slo": (f"No upstream error (SLO {TENANT_SLO.error_target:.4g})", "pct"),
+    "gpu_time_share": ("GPU-time share", "pct"),
+    "cost_usd": ("GPU cost", "usd"),
 }
+"""The tenant and adapter tables' columns (report/weekly/groups.py); a column without data is left out."""
 
 
 def fmt(value: float | None, kind: str) -> str:
@@ -66,6 +74,8 @@ def fmt(value: float | None, kind: str) -> str:
         return f"${value:,.2f}"
     if kind == "count":
         return f"{value:,.0f}"
+    if kind == "sec":
+        return f"{value:.3g}"
     return f"{value:,.1f}"
 
 
@@ -177,8 +187,9 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
     out: list[tuple[str, list[list[str]] | list[str]]] = [("Fleet", fleet), ("Utilisation", _trap_lines(report))]
     if not report.this.pools.empty:
         out.append(("Per model / pool", _table(report.this.pools, POOL_COLUMNS, "Pool")))
-    tenants = report.this.tenants
-    out.append(("Tenants", [NO_TENANTS] if tenants.empty else _table(tenants, TENANT_COLUMNS, "Tenant")))
+    tenants, adapters = report.this.tenants, report.this.adapters
+    out.append(("Tenants", [NO_TENANTS] if tenants.empty else _table(tenants, GROUP_COLUMNS, "Tenant")))
+    out.append(("Adapters", [NO_ADAPTERS] if adapters.empty else _table(adapters, GROUP_COLUMNS, "Adapter (model)")))
     out += _efficiency_sections(report)
     out.append((CHANGES_TITLE, _changes_rows(report.changes)))
     rows: list[list[str]] | list[str] = [no_findings_text(report)]
@@ -302,6 +313,10 @@ def _lever_titles(levers: list[LeverAdvice], top: int = 2) -> str:
 NO_TENANTS = (
     "No per-tenant series in this source (tenant_* come from kvscope's request tap or trace receiver; "
     "vLLM has no tenant label)."
+)
+NO_ADAPTERS = (
+    "No per-adapter series in this source (adapter_* come from kvscope's request tap: the request's model, "
+    "a LoRA adapter or the base model; engines label their series with the base model only)."
 )
 NOT_EXPORTED = "not exported by these engines"
 

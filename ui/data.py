@@ -29,6 +29,7 @@ from kvscope.diagnoser.findings import Diagnosis, Finding, same_place
 from kvscope.diagnoser.render import fmt_time
 from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
 from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
+from kvscope.report.weekly.groups import gpu_time_share
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.curve.report import PoolCurve
@@ -243,7 +244,7 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
             routers = read_window(reader, ROUTER_SIGNALS, Span.last(source.since_s, end), step_s)
             return TriageData(source, diagnosis, report.fetched.whole(), routers=router_decisions(routers))
         reader = AgentSource(source.location)
-        frame = read_window(reader, names | set(ROUTER_SIGNALS), Span.last(source.since_s, end), step_s)
+        frame = read_window(reader, names | set(ROUTER_SIGNALS) | GROUP_SAMPLES, Span.last(source.since_s, end), step_s)
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read: {exc}") from exc
     diagnosis = diagnose(frame, rules, source=reader.description)
@@ -459,8 +460,8 @@ def window_text(start: float, end: float) -> str:
     return f"{first.removesuffix(' UTC')} → {last} ({fmt_duration(end - start)})"
 
 
-def _per_tenant(frame: Frame, name: str, rate: bool) -> dict[tuple[str, str], float]:
-    """(tenant, instance) -> mean rate over the window (counters, resets counted, summed over the pair's series)
+def _per_group(frame: Frame, name: str, rate: bool, group: str) -> dict[tuple[str, str], float]:
+    """(group value, instance) -> mean rate over the window (counters, resets counted, summed over the pair's series)
     or latest value (ratio gauges, averaged over the pair's series: a ratio is never summed)."""
     block = frame.block(name)
     if block is None:
@@ -470,15 +471,15 @@ def _per_tenant(frame: Frame, name: str, rate: bool) -> dict[tuple[str, str], fl
     for labels, row in zip(block.labels, block.values, strict=True):
         have = dict(labels)
         present = row[~np.isnan(row)]
-        if "tenant" not in have or present.size == 0:
+        if group not in have or present.size == 0:
             continue
         value = float(step_increases(present).sum()) / span if rate else float(present[-1])
-        found.setdefault((have["tenant"], have.get("instance", "")), []).append(value)
+        found.setdefault((have[group], have.get("instance", "")), []).append(value)
     return {k: (sum(v) if rate else sum(v) / len(v)) for k, v in found.items()}
 
 
-def _bucket_increases(frame: Frame, name: str) -> dict[tuple[str, str], dict[float, float]]:
-    """(tenant, instance) -> {le: increase over the window (resets counted)} of a histogram's buckets."""
+def _bucket_increases(frame: Frame, name: str, group: str) -> dict[tuple[str, str], dict[float, float]]:
+    """(group value, instance) -> {le: increase over the window (resets counted)} of a histogram's buckets."""
     block = frame.block(name)
     if block is None:
         return {}
@@ -486,9 +487,9 @@ def _bucket_increases(frame: Frame, name: str) -> dict[tuple[str, str], dict[flo
     for labels, row in zip(block.labels, block.values, strict=True):
         have = dict(labels)
         present = row[~np.isnan(row)]
-        if "tenant" not in have or "le" not in have or present.size == 0:
+        if group not in have or "le" not in have or present.size == 0:
             continue
-        per_le = found.setdefault((have["tenant"], have.get("instance", "")), {})
+        per_le = found.setdefault((have[group], have.get("instance", "")), {})
         le = float(have["le"])
         per_le[le] = per_le.get(le, 0.0) + float(step_increases(present).sum())
     return found
@@ -499,50 +500,85 @@ def _natural(text: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
 
 
-TENANT_COLUMNS = {
-    "requests/s": ("tenant_requests_total", True),
-    "prompt tok/s": ("tenant_prompt_tokens_total", True),
-    "cached tok/s": ("tenant_cached_tokens_total", True),
-    "hit ratio (latest)": ("tenant_prefix_hit_ratio", False),
-    "lost reuse (latest)": ("tenant_lost_reuse_ratio", False),
+GROUP_COLUMNS = {
+    "requests/s": ("requests_total", True),
+    "prompt tok/s": ("prompt_tokens_total", True),
+    "completion tok/s": ("completion_tokens_total", True),
+    "cached tok/s": ("cached_tokens_total", True),
+    "hit ratio (latest)": ("prefix_hit_ratio", False),
+    "lost reuse (latest)": ("lost_reuse_ratio", False),
 }
-"""Column -> (signal, is a counter shown as its mean rate)."""
+"""Column -> (signal after `<group>_`, is a counter shown as its mean rate). A column whose signal
+no row of a grouping has (the hit ratios are per tenant only) is left out."""
+LATENCY_COLUMNS = {  # column -> (histogram after `<group>_`, quantile; None: the mean)
+    "mean TTFT (s)": ("ttft_seconds", None),
+    "TTFT p50 (s)": ("ttft_seconds", 0.5),
+    "TTFT p95 (s)": ("ttft_seconds", 0.95),
+    "ITL p50 (s)": ("itl_seconds", 0.5),
+    "ITL p95 (s)": ("itl_seconds", 0.95),
+}
+SHARE_COLUMN = "GPU-time share"
+GROUP_SAMPLES = {
+    f"{group}_{name}{part}"
+    for group in ("tenant", "adapter")
+    for name, part_list in (
+        *((c, ("",)) for c, _ in GROUP_COLUMNS.values()),
+        ("request_seconds_total", ("",)),
+        *((h, ("_sum", "_count", "_bucket")) for h, _ in LATENCY_COLUMNS.values()),
+    )
+    for part in part_list
+    if f"{group}_{name}" in load_catalog().signals
+}
+"""The sample names the tenant and adapter tables read (those the catalog has), read from a live
+agent beside the rules'."""
 GOODPUT_COUNTS = ("goodput_requests_total", "goodput_good_requests_total")
-"""The request tap's per-request goodput counts (docs/goodput.md): a tenant's exact goodput."""
-TTFT_QUANTILE = 0.95
+"""The request tap's per-request goodput counts (docs/goodput.md): exact goodput per tenant, and per
+adapter through their `model` label (the request's adapter)."""
+GOODPUT_KEY = {"tenant": "tenant", "adapter": "model"}
 
 
-def _tenant_ttft(frame: Frame) -> dict[str, dict[tuple[str, str], float]]:
-    """Per (tenant, instance): mean TTFT (increase of tenant_ttft_seconds_sum over that of
-    _count) and its p95 (histogram_quantile over the buckets' increases), both over the whole
-    window. A pair with no request in the window has neither."""
-    sums = _per_tenant(frame, "tenant_ttft_seconds_sum", True)
-    counts = _per_tenant(frame, "tenant_ttft_seconds_count", True)
-    mean = {k: sums[k] / n for k, n in counts.items() if n > 0 and k in sums}
-    p95 = {}
-    for key, per_le in _bucket_increases(frame, "tenant_ttft_seconds_bucket").items():
-        q = histogram_quantile(TTFT_QUANTILE, list(per_le.items()))
-        if q is not None:
-            p95[key] = q
-    return {"mean TTFT (s)": mean, "TTFT p95 (s)": p95}
+def _group_latency(frame: Frame, group: str) -> dict[str, dict[tuple[str, str], float]]:
+    """Per (group value, instance): mean TTFT (increase of `_sum` over that of `_count`) and TTFT
+    and ITL quantiles (histogram_quantile over the buckets' increases), all over the whole window.
+    A pair with no request in the window has none of them."""
+    out: dict[str, dict[tuple[str, str], float]] = {}
+    for col, (hist, q) in LATENCY_COLUMNS.items():
+        name = f"{group}_{hist}"
+        if q is None:
+            sums = _per_group(frame, name + "_sum", True, group)
+            counts = _per_group(frame, name + "_count", True, group)
+            out[col] = {k: sums[k] / n for k, n in counts.items() if n > 0 and k in sums}
+            continue
+        got = {}
+        for key, per_le in _bucket_increases(frame, name + "_bucket", group).items():
+            if (v := histogram_quantile(q, list(per_le.items()))) is not None:
+                got[key] = v
+        out[col] = got
+    return out
 
 
-def tenant_table(frame: Frame) -> pd.DataFrame:
-    """Per-tenant requests/s, prompt and cached tokens/s (mean over the window), hit ratio and
-    lost reuse (latest), mean and p95 TTFT and goodput (the share of the requests the tap judged
-    that met every latency objective; over the window); one row per tenant, or per tenant
-    and instance when the source has several (two taps, two routing policies): ratios of
-    different instances are not added up. Empty if the source has no tenant series."""
-    cols = {col: _per_tenant(frame, name, rate) for col, (name, rate) in TENANT_COLUMNS.items()}
-    cols.update(_tenant_ttft(frame))
-    judged, good = (_per_tenant(frame, name, True) for name in GOODPUT_COUNTS)
-    cols["goodput (exact)"] = {k: good.get(k, 0.0) / n for k, n in judged.items() if n > 0}
+def group_table(frame: Frame, group: str = "tenant") -> pd.DataFrame:
+    """Per value of the grouping label `group` (`tenant`, `adapter`) from the `<group>_*` series:
+    requests/s and tokens/s (mean over the window), hit ratio and lost reuse (latest; tenants),
+    TTFT mean and TTFT/ITL quantiles (over the window) and its share of the tapped GPU time
+    (`gpu_time_share`, report/weekly/groups.py); one row per value, or per value and instance when
+    the source has several (two taps, two routing policies): ratios of different instances are
+    not added up. Empty if the source has no such series; a column no row has is left out."""
+    cols = {col: _per_group(frame, f"{group}_{name}", rate, group) for col, (name, rate) in GROUP_COLUMNS.items()}
+    cols.update(_group_latency(frame, group))
+    seconds = _per_group(frame, f"{group}_request_seconds_total", True, group)
+    if seconds:
+        cols[SHARE_COLUMN] = gpu_time_share(pd.Series(seconds)).to_dict()
+    judged, good = (_per_group(frame, name, True, GOODPUT_KEY.get(group, group)) for name in GOODPUT_COUNTS)
+    if judged:
+        cols["goodput (exact)"] = {k: good.get(k, 0.0) / n for k, n in judged.items() if n > 0}
     keys = sorted({k for c in cols.values() for k in c}, key=lambda k: (_natural(k[0]), _natural(k[1])))
     if not keys:
         return pd.DataFrame()
     several = len({inst for _, inst in keys}) > 1
+    cols = {c: v for c, v in cols.items() if v or c in ("requests/s",)}
     rows = [
-        {"tenant": t, **({"instance": i} if several else {}), **{c: v.get((t, i)) for c, v in cols.items()}}
+        {group: t, **({"instance": i} if several else {}), **{c: v.get((t, i)) for c, v in cols.items()}}
         for t, i in keys
     ]
     return pd.DataFrame(rows)

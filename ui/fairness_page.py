@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
 from kvscope.diagnoser.render import fmt_time, fmt_where
-from kvscope.ui.data import TriageData, tenant_table
+from kvscope.ui.data import TriageData, group_table
 
 FLEET_GAUGES = {
     "fleet_tenant_hit_jain_ratio": ("Jain index of tenant hit ratios (1 = even)", lambda v: f"{v:.2f}"),
@@ -19,7 +20,7 @@ two ratios is percentage points."""
 
 def render(data: TriageData) -> None:
     st.title("Tenants & fairness")
-    table = tenant_table(data.frame)
+    table = group_table(data.frame, "tenant")
     if table.empty:
         st.info(
             "This source has no per-tenant series. vLLM exports no tenant label; kvscope's request tap or "
@@ -31,33 +32,72 @@ def render(data: TriageData) -> None:
         for col, (name, (label, show)) in zip(cols, FLEET_GAUGES.items(), strict=True):
             latest = _latest(data, name)
             col.metric(label, "absent" if latest is None else show(latest))
-        pct = st.column_config.NumberColumn(format="percent")
-        st.dataframe(
-            table,
-            hide_index=True,
-            width="stretch",
-            column_config={
-                "requests/s": st.column_config.NumberColumn(format="%.2f"),
-                "prompt tok/s": st.column_config.NumberColumn(format="%.0f"),
-                "cached tok/s": st.column_config.NumberColumn(format="%.0f"),
-                "hit ratio (latest)": pct,
-                "lost reuse (latest)": pct,
-                "mean TTFT (s)": st.column_config.NumberColumn(format="%.3f"),
-                "TTFT p95 (s)": st.column_config.NumberColumn(format="%.3f"),
-            },
-        )
+        _table(table)
         st.caption(
             "Rates are means over the window; hit ratio = cached / prompt tokens and lost reuse = reusable "
             "prefix tokens the cache did not deliver / prompt tokens, both over the fairness window at its "
             "end. TTFT is what the request tap measured (client side, network to the engine included; "
-            "from traces, the engine's own), mean and p95 over the window. A tenant served by several "
-            "instances has a row per instance."
+            "from traces, the engine's own), mean, p50 and p95 over the window, ITL the gaps between streamed "
+            "chunks. GPU-time share = the tenant's in-flight seconds at the tap over all tenants' "
+            "(docs/requests.md). A tenant served by several instances has a row per instance."
+        )
+    st.header("Adapters")
+    slots, in_flight = _peak(data, "engine_lora_max_adapters"), _peak(data, "engine_lora_in_flight_adapters")
+    if slots is not None:  # the engine serves LoRA (vLLM lora_requests_info, SGLang's LoRA pool)
+        left, right = st.columns(2)
+        left.metric("Adapter slots per batch (engine, max)", f"{slots:.0f}")
+        right.metric("Adapters in flight at once (engine, max)", "absent" if in_flight is None else f"{in_flight:.0f}")
+    adapters = group_table(data.frame, "adapter")
+    if adapters.empty:
+        st.info(
+            (
+                "In Prometheus mode this page reads only the series the rules' candidates held; "
+                if data.source.kind == "prometheus"
+                else "This source has no per-adapter series. "
+            )
+            + "Engines label their series with the base model only; kvscope's request tap produces "
+            "adapter_* series from each request's model (docs/requests.md)."
+        )
+    else:
+        _table(adapters)
+        st.caption(
+            "adapter = the request's model (a LoRA adapter's name, or the base model's), top-K by traffic + "
+            "other. GPU-time share = the rows' in-flight seconds at the tap over all rows' (docs/requests.md)."
         )
     findings = [f for f in data.diagnosis.findings if "tenant" in f.where or f.levers_md.startswith("P8")]
     if findings:
         st.header("Tenant findings")
         for f in findings:
             st.markdown(f"- **{f.title}** on `{fmt_where(f)}` since {fmt_time(f.since)}: {f.summary}")
+
+
+def _table(table: pd.DataFrame) -> None:
+    """One group table (tenants or adapters) with its columns formatted."""
+    pct = st.column_config.NumberColumn(format="percent")
+    seconds = st.column_config.NumberColumn(format="%.3f")
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "requests/s": st.column_config.NumberColumn(format="%.2f"),
+            "prompt tok/s": st.column_config.NumberColumn(format="%.0f"),
+            "completion tok/s": st.column_config.NumberColumn(format="%.0f"),
+            "cached tok/s": st.column_config.NumberColumn(format="%.0f"),
+            "hit ratio (latest)": pct,
+            "lost reuse (latest)": pct,
+            "GPU-time share": pct,
+            **{c: seconds for c in table.columns if c.endswith("(s)")},
+        },
+    )
+
+
+def _peak(data: TriageData, name: str) -> float | None:
+    """The largest value of a gauge over the window and its series; None where it is absent."""
+    block = data.frame.block(name)
+    if block is None or np.isnan(block.values).all():
+        return None
+    return float(np.nanmax(block.values))
 
 
 def _latest(data: TriageData, name: str) -> float | None:

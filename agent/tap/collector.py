@@ -29,6 +29,7 @@ _CLOSED = {  # tap.stats key -> reason of kvscope_connections_closed_total (the 
 _READ: dict[str, Callable[[Any], Any]] = {  # key -> how its value is read; absent: TapConfig's default
     "listen": str,
     "max_tenants": int,
+    "max_adapters": int,
     "inject_usage": parse_bool,
     "block_chars": int,
     "max_connections": int,

@@ -33,6 +33,7 @@ class Exchange:
     gaps: list[float] = field(default_factory=list)
     session_id: str | None = None
     turn: Turn | None = None
+    adapter: str | None = None  # the bounded adapter label of `model`; None without a model
 
 
 class Tap(Protocol):

@@ -18,7 +18,6 @@ import logging
 import os
 import random
 import time
-from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,11 +27,12 @@ from urllib.parse import urlsplit
 import msgspec
 
 from kvscope.agent.config import split_host_port
-from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
+from kvscope.agent.metricsets import CounterSet
 from kvscope.agent.serve.export import canonical_families
 from kvscope.agent.serve.limits import Refused, connection_cap, http_answer
 from kvscope.agent.tap.exchange import Exchange
 from kvscope.agent.tap.forward import Forward
+from kvscope.agent.tap.groups import GroupSeries
 from kvscope.agent.tap.http1 import (
     HOP_BY_HOP,
     Downstream,
@@ -45,10 +45,10 @@ from kvscope.agent.tap.http1 import (
 from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
 from kvscope.agent.tap.sessions import SessionTracker, parse_session_id
 from kvscope.agent.tap.sse import parse_json_object, parse_usage
-from kvscope.agent.tenants import TenantLimiter, parse_tenant
+from kvscope.agent.tenants import TenantLimiter, clean_id, parse_tenant
 from kvscope.agent.traces.otlp import Span
 from kvscope.core.objectives import ObjectiveSet
-from kvscope.core.signals import Labels, Sample, load_catalog, make_labels
+from kvscope.core.signals import Sample, load_catalog, make_labels
 
 log = logging.getLogger("kvscope.tap")
 _RANDOM = random.Random(int.from_bytes(os.urandom(16), "big"))
@@ -73,6 +73,7 @@ class TapConfig:
     tenant_header: str | None = "X-Tenant"
     inject_usage: bool = True
     max_tenants: int = 50
+    max_adapters: int = 20  # request `model` values with their own adapter series; the rest `other`
     max_request_bytes: int = 16 << 20
     read_timeout_s: float = 600.0
     prefix_window_s: float = 900.0
@@ -84,7 +85,6 @@ class TapConfig:
     request_timeout_s: float = 60.0  # ... and its body with it, counted from the head's start
     idle_timeout_s: float = 75.0  # a keep-alive connection with no request is closed after this
     objectives: ObjectiveSet = ObjectiveSet()  # what a good request meets (core/objectives.py)
-    max_models: int = 20  # `model` label values of the goodput counters (the busiest; the rest: other)
 
     def __post_init__(self) -> None:
         limits = (self.header_timeout_s, self.request_timeout_s, self.idle_timeout_s, self.max_connections)
@@ -153,18 +153,13 @@ class RequestTap:
         self.prefixes = PrefixIndex(
             window_s=config.prefix_window_s, max_blocks=config.prefix_max_blocks, block_chars=config.block_chars
         )
-        self.requests = CounterSet("tenant_requests_total")
-        self.errors = CounterSet("tenant_request_errors_total")
-        self.prompt_tokens = CounterSet("tenant_prompt_tokens_total")
-        self.cached_tokens = CounterSet("tenant_cached_tokens_total")
+        self.adapters = TenantLimiter(config.max_adapters)  # the request's `model`: a LoRA adapter or the base
+        self.by_tenant = GroupSeries("tenant")
+        self.by_adapter = GroupSeries("adapter")
         self.reusable_tokens = CounterSet("tenant_reusable_tokens_total")
-        self.ttft = HistogramSet("tenant_ttft_seconds", GENAI_TTFT_BUCKETS)
-        self.itl = GapHistogram("tenant_itl_seconds", GENAI_TPOT_BUCKETS)
-        self.models = TenantLimiter(config.max_models)
         self.goodput_requests = CounterSet("goodput_requests_total")
         self.goodput_good = CounterSet("goodput_good_requests_total")
         self.goodput_good_tokens = CounterSet("goodput_good_output_tokens_total")
-        self._labels: dict[str, Labels] = {}  # tenant label -> its label set (as many as TenantLimiter hands out)
         self.stats: Counter[str] = Counter()
         self.sessions = SessionTracker()
         self.targets = {base: parse_upstream(base) for base in config.upstreams}
@@ -275,7 +270,8 @@ class RequestTap:
         """The request's tenant label, model and session id (called once the request is upstream,
         or when it ends without having got there)."""
         ex.tenant = self.tenants.label(parse_tenant(req.headers, doc, self.config.tenant_header))
-        ex.model = model if isinstance(model := doc.get("model"), str) else None
+        ex.model = model if isinstance(model := doc.get("model"), str) and model.strip() else None
+        ex.adapter = self.adapters.label(clean_id(ex.model)) if ex.model is not None else None
         ex.session_id = parse_session_id(req.headers, doc)
 
     def observe_prefix(self, ex: Exchange, doc: dict[str, Any]) -> None:
@@ -291,26 +287,21 @@ class RequestTap:
 
     # ------------------------------------------------------------ accounting
     def account(self, ex: Exchange) -> None:
-        """Count one finished exchange: tenant counters, TTFT / ITL, session turn, the tap's span."""
+        """Count one finished exchange: tenant and adapter series, session turn, the tap's span.
+        A request without a `model` has no adapter series (absent, never a made-up name)."""
         prompt_tokens, completion_tokens, cached = parse_usage(ex.usage)
-        lab = self._labels.get(ex.tenant)
-        if lab is None:
-            lab = self._labels[ex.tenant] = make_labels({"tenant": ex.tenant})
-        self.requests.inc(lab)
-        self.errors.inc(lab, 1.0 if ex.outcome.startswith("upstream_") else 0.0)  # 0: the series exists
+        seconds = time.perf_counter() - ex.start
+        lab = self.by_tenant.labels(ex.tenant)
+        self.by_tenant.count(lab, ex, prompt_tokens, completion_tokens, cached, seconds)
+        if ex.adapter is not None:
+            self.by_adapter.count(
+                self.by_adapter.labels(ex.adapter), ex, prompt_tokens, completion_tokens, cached, seconds
+            )
         self.stats["requests"] += 1
         if ex.outcome != "ok":
             self.stats[ex.outcome] += 1
-        if prompt_tokens is not None:
-            self.prompt_tokens.inc(lab, prompt_tokens)
-            if ex.reusable_ratio is not None:
-                self.reusable_tokens.inc(lab, round(prompt_tokens * ex.reusable_ratio))
-        if cached is not None:
-            self.cached_tokens.inc(lab, cached)
-        if ex.first_token is not None and ex.outcome == "ok" and ex.status < 400:
-            self.ttft.observe(lab, ex.first_token - ex.start)
-            if ex.gaps:
-                self.itl.observe_all(lab, ex.gaps)
+        if prompt_tokens is not None and ex.reusable_ratio is not None:
+            self.reusable_tokens.inc(lab, round(prompt_tokens * ex.reusable_ratio))
         if ex.outcome == "ok" and 0 < ex.status < 400:
             self._count_goodput(ex, completion_tokens)
         self.sessions.finish(ex.turn, ex.tenant, ex.replica, prompt_tokens, cached)
@@ -327,7 +318,7 @@ class RequestTap:
         tokens = completion_tokens if completion_tokens is not None else len(ex.gaps) + 1
         tpot = None if ttft is None else (0.0 if tokens < 2 else (end - ex.first_token) / (tokens - 1))  # type: ignore[operator]
         objectives = self.config.objectives.of(pool=ex.model, tenant=ex.tenant)
-        lab = make_labels({"tenant": ex.tenant, "model": self.models.label(ex.model or "")})
+        lab = make_labels({"tenant": ex.tenant, "model": ex.adapter or ""})  # the adapter limiter's bound
         self.goodput_requests.inc(lab)
         good = objectives.met({"ttft": ttft, "tpot": tpot, "e2e": end - ex.start})
         self.goodput_good.inc(lab, 1.0 if good else 0.0)  # 0: the series exists
@@ -370,51 +361,15 @@ class RequestTap:
             log.debug("span sink failed: %r", e)
 
     def render_samples(self, timestamp: float | None = None) -> list[Sample]:
-        """Every tap series: tenant counters, TTFT/ITL histograms, prefix split ratio, session turns."""
-        out: list[Sample] = []
-        for fam in (
-            self.requests,
-            self.errors,
-            self.prompt_tokens,
-            self.cached_tokens,
-            self.reusable_tokens,
-            self.ttft,
-            self.itl,
-            self.goodput_requests,
-            self.goodput_good,
-            self.goodput_good_tokens,
-        ):
+        """Every tap series: tenant and adapter counters, TTFT/ITL histograms, prefix split ratio, session turns."""
+        out = self.by_tenant.render(timestamp) + self.reusable_tokens.render(timestamp)
+        out += self.by_adapter.render(timestamp)
+        for fam in (self.goodput_requests, self.goodput_good, self.goodput_good_tokens):
             out.extend(fam.render(timestamp))
         if (split := self.prefixes.split_ratio) is not None:
             out.append(Sample("prefix_split_ratio", (), split, timestamp))
         out.extend(self.sessions.render(timestamp))
         return out
-
-
-class GapHistogram(HistogramSet):
-    """A `HistogramSet` that takes a stream's token gaps in one call: one lock and one series
-    lookup per stream instead of per gap; gaps of 0 s (events that came in one read) are counted
-    in one step. Same series and rendering as `observe` per gap."""
-
-    def observe_all(self, labels: Labels, values: list[float]) -> None:
-        with self._lock:
-            row = self._series.get(labels)
-            if row is None:
-                if len(self._series) >= self.max_series:
-                    self.dropped += len(values)
-                    return
-                row = self._series[labels] = [0.0] * (len(self.bounds) + 2)
-            bounds = self.bounds
-            zeros = values.count(0.0)
-            row[0] += zeros  # 0 s is below every bound (bounds are positive)
-            if zeros == len(values):
-                return
-            total = 0.0
-            for v in values:
-                if v > 0:  # NaN and negative values are refused, as in `observe`
-                    row[bisect_left(bounds, v)] += 1
-                    total += v
-            row[-1] += total
 
 
 def upstream_headers(req: Request, ex: Exchange | None) -> list[tuple[bytes, bytes]]:

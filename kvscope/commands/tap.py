@@ -44,6 +44,7 @@ examples:
 # (flag, TapConfig field, metavar, help); the default is TapConfig's
 _CONFIG_FLAGS = (
     ("--max-tenants", "max_tenants", "N", "busiest tenants with their own label; the rest are counted as `other`"),
+    ("--max-adapters", "max_adapters", "N", "request models (LoRA adapters) with their own label; the rest `other`"),
     ("--block-chars", "block_chars", "N", "prompt block size for reuse hashing, in characters (about N/4 tokens)"),
     ("--prefix-window", "prefix_window_s", "SECONDS", "a prompt block counts as reusable if seen this recently"),
     ("--max-connections", "max_connections", "N", "client connections at most; more get 503 + Retry-After"),

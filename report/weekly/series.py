@@ -33,19 +33,28 @@ MAX_GAP_S = 300.0
 sampling interval, whichever is larger (a gap in the data is not a GPU-hour)."""
 
 
+GROUP_COUNTERS = (
+    "requests_total",
+    "prompt_tokens_total",
+    "completion_tokens_total",
+    "cached_tokens_total",
+    "request_errors_total",
+    "request_seconds_total",
+    "ttft_seconds_bucket",  # TTFT SLO attainment and quantiles per tenant / adapter (groups.py)
+    "itl_seconds_bucket",
+)
+"""The request tap's per-group counters (`<group>_<name>`) the tenant and adapter tables read."""
+
+
 COUNTERS = (
     "engine_generation_tokens_total",
     "engine_prompt_tokens_total",
     "engine_prefix_cache_hits_tokens_total",
     "engine_prefix_cache_queries_tokens_total",
     "engine_requests_finished_total",
-    "tenant_requests_total",
-    "tenant_prompt_tokens_total",
-    "tenant_cached_tokens_total",
-    "tenant_request_errors_total",
-    "goodput_requests_total",  # the request tap's per-request goodput counts, per tenant (exact)
+    *(f"{group}_{name}" for group in ("tenant", "adapter") for name in GROUP_COUNTERS),
+    "goodput_requests_total",  # the request tap's per-request goodput counts, per tenant and model (exact)
     "goodput_good_requests_total",
-    "tenant_ttft_seconds_bucket",  # the SLO bound's and +Inf's buckets: TTFT SLO attainment per tenant
     "engine_estimated_flops_per_gpu_total",
     "engine_estimated_read_bytes_per_gpu_total",
     "engine_estimated_write_bytes_per_gpu_total",

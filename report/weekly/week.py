@@ -1,8 +1,8 @@
-"""One week's numbers: per pool, fleet, tenants and the engines' efficiency counters."""
+"""One week's numbers: per pool, fleet, tenants, adapters and the engines' efficiency counters."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -11,6 +11,7 @@ from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.goodput import pool_goodput, share_text
 from kvscope.report.weekly.coverage import DataCoverage, data_coverage, timeline
 from kvscope.report.weekly.gpus import gpu_pools, pools
+from kvscope.report.weekly.groups import group_week
 from kvscope.report.weekly.series import (
     TENANT_SLO,
     UTILISATION_TRAP,
@@ -41,6 +42,7 @@ class WeekStats:
     coverage: DataCoverage
     timeline: pd.DataFrame
     efficiency: Efficiency | None = None
+    adapters: pd.DataFrame = field(default_factory=pd.DataFrame)  # as `tenants`, per requested model
 
 
 def compute_week(frame: Frame, start: float, end: float, gpu_hour_cost: float) -> WeekStats:
@@ -67,16 +69,18 @@ def compute_week(frame: Frame, start: float, end: float, gpu_hour_cost: float) -
     table = _derive(table, gpu_hour_cost)
     table["goodput"] = _goodput(frame, table.index, start, end)
     cov = data_coverage(frame, start, end)
+    fleet = _fleet(table, gpu_hour_cost)
     return WeekStats(
         start,
         end,
         utilisation_signal(ss),
         table,
-        _fleet(table, gpu_hour_cost),
-        _tenants(ss, start, end),
+        fleet,
+        group_week(ss, start, end, "tenant", fleet["cost_usd"]),
         cov,
         timeline(ss, start, end, cov),
         efficiency(frame, start, end),
+        group_week(ss, start, end, "adapter", fleet["cost_usd"]),
     )
 
 
@@ -118,59 +122,6 @@ def _fleet(pools: pd.DataFrame, cost: float) -> dict[str, float | None]:
     q = out["prefix_queries"]
     out["hit_ratio"] = out["prefill_tokens_saved"] / q if q and out["prefill_tokens_saved"] is not None else None
     return out
-
-
-def _tenants(ss: Columns, start: float, end: float) -> pd.DataFrame:
-    """Per tenant: usage, hit ratio, goodput (exact, from the request tap's per-request counts;
-    docs/goodput.md) and SLO attainment over the week: the share of requests with a
-    first token within the TTFT SLO bound (tenant_ttft_seconds buckets) and the share that did not
-    fail upstream (tenant_request_errors_total, counted by the request tap). The SLO is the one the
-    generated rules use (SloConfig; rules/prometheus/kvscope-tenant-slo.yml); absent without data."""
-    keys = ss.label("tenant", "unknown")
-    cols = counters_by(
-        ss,
-        keys,
-        start,
-        end,
-        requests="tenant_requests_total",
-        prompt_tokens="tenant_prompt_tokens_total",
-        cached_tokens="tenant_cached_tokens_total",
-        errors="tenant_request_errors_total",
-        judged="goodput_requests_total",
-        good="goodput_good_requests_total",
-    )
-    le = ss.label("le", "")
-    for col, bound in (("ttft_good", _le_match(le, TENANT_SLO.ttft_seconds)), ("ttft_total", le == "+Inf")):
-        only = keys.copy()
-        only[~np.asarray(bound, dtype=bool)] = None  # the other buckets: no key, left out
-        got = counter_by(ss, "tenant_ttft_seconds_bucket", only, start, end)
-        if got is not None and not (got := got[got.index.notna()]).empty:
-            cols[col] = got
-    if not cols:
-        return pd.DataFrame()
-    df = pd.DataFrame(cols)
-    if {"prompt_tokens", "cached_tokens"} <= set(df):
-        df["hit_ratio"] = df["cached_tokens"] / df["prompt_tokens"].where(df["prompt_tokens"] > 0)
-    if {"ttft_good", "ttft_total"} <= set(df):
-        df["ttft_slo"] = df["ttft_good"] / df["ttft_total"].where(df["ttft_total"] > 0)
-    if {"errors", "requests"} <= set(df):
-        df["error_slo"] = 1 - df["errors"] / df["requests"].where(df["requests"] > 0)
-    if {"good", "judged"} <= set(df):  # every latency objective, counted per request by the tap
-        df["goodput"] = df["good"] / df["judged"].where(df["judged"] > 0)
-    df = df.drop(columns=[c for c in ("ttft_good", "ttft_total", "errors", "good", "judged") if c in df])
-    return df.sort_values(df.columns[0], ascending=False)
-
-
-def _le_match(le: np.ndarray, bound: float) -> np.ndarray:
-    """Which `le` label values are the bucket bound `bound` ("1", "1.0", "1e+00" alike)."""
-
-    def same(text: object) -> bool:
-        try:
-            return abs(float(str(text)) - bound) < 1e-9
-        except ValueError:
-            return False
-
-    return np.array([same(v) for v in le], dtype=bool)
 
 
 @dataclass

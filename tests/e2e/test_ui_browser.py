@@ -16,7 +16,7 @@ from kvscope.agent.recording.replay import replay_recording
 from kvscope.commands.demo import default_recording
 from kvscope.diagnoser.actions import lever_heading, plan
 from kvscope.diagnoser.render import confidence_text, scale_note
-from kvscope.ui.data import SourceSpec, evidence_charts, load_triage, tenant_table
+from kvscope.ui.data import SourceSpec, evidence_charts, group_table, load_triage
 from kvscope.ui.server import UiServer, free_port
 from testbed.prometheus import require_binaries
 
@@ -160,7 +160,7 @@ def test_tenants_page_shows_a_row_per_tenant_of_the_demo(served, page):
     server, data = served
     recording = _recording()
     meta_path = recording.parent / (recording.name.split(".")[0] + ".yaml")
-    table = tenant_table(data.frame)
+    table = group_table(data.frame, "tenant")
     if os.environ.get("KVSCOPE_TEST_RECORDING") and table.empty:
         pytest.skip(f"{recording.name} holds no tenant series")
     assert not table.empty, f"the demo's recording {recording.name} should hold the request tap's tenant series"

@@ -4,7 +4,7 @@ import math
 import random
 
 from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, HistogramSet
-from kvscope.agent.tap.proxy import GapHistogram
+from kvscope.agent.tap.groups import GapHistogram
 from kvscope.core.signals import make_labels
 
 

@@ -209,3 +209,27 @@ def test_tenant_cardinality_is_bounded_and_fairness_input_is_built():
     usage = parse_tenant_usage(tap.render_samples())
     assert set(usage) == {"u0", "u1", "other"} and usage["other"].requests == 3
     assert usage["u1"].reusable_tokens == 12  # same prompt as u0: every full block already seen
+
+
+def test_adapter_series_are_bounded_and_a_request_without_model_has_none():
+    """The request's `model` (a LoRA adapter or the base) is the `adapter` label, top-K + `other`;
+    a request without a model (or an empty one) counts under its tenant only, in no adapter series."""
+
+    async def scenario(s, tap, direct):
+        for model in ("lora-a", "lora-a", "lora-b", "lora-c", "lora-d"):
+            await _raw(s, tap, {"model": model, "prompt": "hi", "stream": True}, {"X-Tenant": "acme"})
+        await _raw(s, tap, {"prompt": "hi", "stream": True}, {"X-Tenant": "acme"})
+        await _raw(s, tap, {"model": " ", "prompt": "hi"}, {"X-Tenant": "acme"})
+
+    _, tap, *_ = run(scenario, max_adapters=2, poll=lambda t: t.stats["requests"] == 7)
+    samples = {(x.name, x.label("adapter") or x.label("tenant")): x.value for x in tap.render_samples()}
+    assert samples[("tenant_requests_total", "acme")] == 7
+    reqs = {k[1]: v for k, v in samples.items() if k[0] == "adapter_requests_total"}
+    assert reqs == {"lora-a": 2, "lora-b": 1, "other": 2}
+    assert samples[("adapter_prompt_tokens_total", "lora-a")] == 24
+    assert samples[("adapter_completion_tokens_total", "lora-a")] == 6
+    assert samples[("adapter_ttft_seconds_count", "lora-a")] == 2
+    assert samples[("adapter_itl_seconds_count", "lora-b")] == 2
+    assert samples[("adapter_request_seconds_total", "lora-a")] > 0
+    assert samples[("tenant_completion_tokens_total", "acme")] == 21
+    assert all(x.label("tenant") is None for x in tap.render_samples() if x.name.startswith("adapter_"))

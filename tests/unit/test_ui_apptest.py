@@ -136,6 +136,22 @@ def test_every_data_page_renders(monkeypatch, kv_incident):
     assert not at.get("vega_lite_chart")  # no empty charts
 
 
+def test_tenants_page_shows_the_adapter_table_of_the_lora_recording(monkeypatch):
+    """Real vLLM serving two LoRA adapters behind the tap: the Tenants page has the tenant table
+    and below it one row per requested model, with the GPU-time share."""
+    rec = Path(__file__).resolve().parents[1] / "recordings" / "lora-two-adapters.om.gz"
+    at = _app(monkeypatch, rec).run()
+    at.sidebar.radio[0].set_value("Tenants & fairness").run()
+    assert not at.exception
+    tenants, adapters = at.dataframe[0].value, at.dataframe[1].value
+    assert set(tenants["tenant"]) == {"tenant-0", "tenant-1"}
+    assert set(adapters["adapter"]) == {"a", "b", "tiny-llama"}
+    assert adapters["GPU-time share"].sum() == pytest.approx(1.0)
+    metrics = {m.label: m.value for m in at.metric}  # vLLM's lora_requests_info: --max-loras 2, a and b at once
+    assert metrics["Adapter slots per batch (engine, max)"] == "2"
+    assert metrics["Adapters in flight at once (engine, max)"] == "2"
+
+
 def test_sizing_calculator_computes_the_002_examples(monkeypatch):
     at = _app(monkeypatch, None).run()
     at.sidebar.radio[0].set_value("Sizing calculator").run()
@@ -201,14 +217,14 @@ def test_tenant_table_from_kvscope_tenant_series():
             Sample("goodput_requests_total", judged, 2.0 * 10 * i, t),
             Sample("goodput_good_requests_total", judged, 1.5 * 10 * i, t),
         ]
-    table = ui_data.tenant_table(frame_from_samples(samples, T0, T0 + 600, 10))
+    table = ui_data.group_table(frame_from_samples(samples, T0, T0 + 600, 10), "tenant")
     rows = table.set_index("tenant")
     assert rows.loc["acme", "goodput (exact)"] == pytest.approx(0.75)
     assert pd.isna(rows.loc["tail", "goodput (exact)"])  # not judged: absent, not 0
     assert rows.loc["acme", "requests/s"] == pytest.approx(2.0)
     assert rows.loc["tail", "hit ratio (latest)"] == pytest.approx(0.05)
     assert rows.loc["tail", "cached tok/s"] == pytest.approx(0.05 * 500 * 0.5)
-    assert ui_data.tenant_table(frame_from_samples(samples[:0], T0, T0 + 600, 10)).empty
+    assert ui_data.group_table(frame_from_samples(samples[:0], T0, T0 + 600, 10), "tenant").empty
 
 
 def test_tenant_ttft_mean_and_p95_over_the_window():
@@ -232,7 +248,7 @@ def test_tenant_ttft_mean_and_p95_over_the_window():
             Sample("tenant_requests_total", acme, 10.0 * i, t),
             Sample("tenant_requests_total", make_labels({"tenant": "quiet"}), 1.0 * i, t),
         ]
-    rows = ui_data.tenant_table(frame_from_samples(samples, T0, T0 + 600, 10)).set_index("tenant")
+    rows = ui_data.group_table(frame_from_samples(samples, T0, T0 + 600, 10), "tenant").set_index("tenant")
     assert rows.loc["acme", "mean TTFT (s)"] == pytest.approx(0.2)
     assert rows.loc["acme", "TTFT p95 (s)"] == pytest.approx(0.75)
     assert pd.isna(rows.loc["quiet", "mean TTFT (s)"]) and pd.isna(rows.loc["quiet", "TTFT p95 (s)"])
@@ -246,7 +262,7 @@ def test_tenant_rate_counts_a_counter_reset():
 
     lab = make_labels({"tenant": "acme"})
     samples = [Sample("tenant_requests_total", lab, 20.0 * (i if i <= 30 else i - 30), T0 + 10 * i) for i in range(61)]
-    table = ui_data.tenant_table(frame_from_samples(samples, T0, T0 + 600, 10))
+    table = ui_data.group_table(frame_from_samples(samples, T0, T0 + 600, 10), "tenant")
     assert table.set_index("tenant").loc["acme", "requests/s"] == pytest.approx(2.0, rel=0.05)
 
 
@@ -255,7 +271,7 @@ def test_tenant_ratios_of_two_instances_are_not_added_up():
     (0.69 and 0.76 at the end); the table has a row per instance and no ratio above 1."""
     rec = Path(__file__).resolve().parents[1] / "recordings" / "round-robin-vs-sticky.om.gz"
     table = ui_data.load_triage(ui_data.SourceSpec("recording", str(rec))).frame
-    rows = ui_data.tenant_table(table)
+    rows = ui_data.group_table(table, "tenant")
     assert list(rows.columns[:2]) == ["tenant", "instance"]
     assert rows["hit ratio (latest)"].max() <= 1.0 and rows["lost reuse (latest)"].max() <= 1.0
     t0 = rows[rows["tenant"] == "tenant-0"].set_index("instance")["hit ratio (latest)"]

@@ -1,0 +1,103 @@
+"""The tap's per-request series of one grouping label (`tenant`, `adapter`): requests, errors,
+tokens, in-flight seconds, TTFT and token gaps, the same families under `<group>_*` names
+(docs/requests.md "Per adapter"). One implementation for every grouping."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
+from kvscope.agent.tap.exchange import Exchange
+from kvscope.core.signals import Labels, Sample, make_labels
+
+
+class GroupSeries:
+    """Counters and histograms of the tap's requests keyed by one label. The label values are
+    bounded by the caller (a `TenantLimiter` hands them out); `labels()` keeps one label set per
+    value it was given."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.requests = CounterSet(f"{group}_requests_total")
+        self.errors = CounterSet(f"{group}_request_errors_total")
+        self.prompt_tokens = CounterSet(f"{group}_prompt_tokens_total")
+        self.completion_tokens = CounterSet(f"{group}_completion_tokens_total")
+        self.cached_tokens = CounterSet(f"{group}_cached_tokens_total")
+        self.request_seconds = CounterSet(f"{group}_request_seconds_total")
+        self.ttft = HistogramSet(f"{group}_ttft_seconds", GENAI_TTFT_BUCKETS)
+        self.itl = GapHistogram(f"{group}_itl_seconds", GENAI_TPOT_BUCKETS)
+        self._labels: dict[str, Labels] = {}
+
+    def labels(self, value: str) -> Labels:
+        """The label set of one (already bounded) label value."""
+        lab = self._labels.get(value)
+        if lab is None:
+            lab = self._labels[value] = make_labels({self.group: value})
+        return lab
+
+    def count(
+        self,
+        lab: Labels,
+        ex: Exchange,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+        cached: int | None,
+        seconds: float,
+    ) -> None:
+        """Count one finished exchange under `lab`. Tokens the engine's usage did not give stay
+        uncounted (absent, not 0); TTFT and gaps only for a request answered ok with a first token."""
+        self.requests.inc(lab)
+        self.errors.inc(lab, 1.0 if ex.outcome.startswith("upstream_") else 0.0)  # 0: the series exists
+        self.request_seconds.inc(lab, seconds)
+        if prompt_tokens is not None:
+            self.prompt_tokens.inc(lab, prompt_tokens)
+        if completion_tokens is not None:
+            self.completion_tokens.inc(lab, completion_tokens)
+        if cached is not None:
+            self.cached_tokens.inc(lab, cached)
+        if ex.first_token is not None and ex.outcome == "ok" and ex.status < 400:
+            self.ttft.observe(lab, ex.first_token - ex.start)
+            if ex.gaps:
+                self.itl.observe_all(lab, ex.gaps)
+
+    def render(self, timestamp: float | None = None) -> list[Sample]:
+        """Every family's samples."""
+        out: list[Sample] = []
+        for fam in (
+            self.requests,
+            self.errors,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.cached_tokens,
+            self.request_seconds,
+            self.ttft,
+            self.itl,
+        ):
+            out.extend(fam.render(timestamp))
+        return out
+
+
+class GapHistogram(HistogramSet):
+    """A `HistogramSet` that takes a stream's token gaps in one call: one lock and one series
+    lookup per stream instead of per gap; gaps of 0 s (events that came in one read) are counted
+    in one step. Same series and rendering as `observe` per gap."""
+
+    def observe_all(self, labels: Labels, values: list[float]) -> None:
+        with self._lock:
+            row = self._series.get(labels)
+            if row is None:
+                if len(self._series) >= self.max_series:
+                    self.dropped += len(values)
+                    return
+                row = self._series[labels] = [0.0] * (len(self.bounds) + 2)
+            bounds = self.bounds
+            zeros = values.count(0.0)
+            row[0] += zeros  # 0 s is below every bound (bounds are positive)
+            if zeros == len(values):
+                return
+            total = 0.0
+            for v in values:
+                if v > 0:  # NaN and negative values are refused, as in `observe`
+                    row[bisect_left(bounds, v)] += 1
+                    total += v
+            row[-1] += total
