@@ -16,8 +16,8 @@ import threading
 
 import pytest
 
-from kvscope.agent.scrape import resolve
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, read_exposition
+from kvscope.core import resolve
 
 STUCK = ".stuck.test"
 HANG_GUARD_S = 60  # only turns a hang into a failure
