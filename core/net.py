@@ -114,7 +114,7 @@ async def read(
     with `what`) for no answer, an error status, the deadline, a larger answer, or a malformed one.
     `headers_only` skips the body. `too_large` says what to do about an answer past `max_bytes`
     (default: TOO_LARGE, a range query's remedies)."""
-    host = _host(url)
+    host = host_of(url)
     _reading[host] += 1
     try:
         return await _read(session, url, host, what, timeout_s, max_bytes, data, headers_only, too_large)
@@ -237,7 +237,8 @@ async def _error_text(resp: aiohttp.ClientResponse) -> str:
     return printable(text or resp.reason or "", MAX_ERROR_CHARS)
 
 
-def _host(url: str) -> str | None:
+def host_of(url: str) -> str | None:
+    """The host name of `url`; None for what is not a URL."""
     try:
         return yarl.URL(url).host
     except (ValueError, TypeError):
