@@ -1,8 +1,8 @@
 """Fuzz target for Prometheus HTTP API answers (bench/fuzz.py runs it; issue 41).
 
 prom-answer: one whole answer as it comes off the wire (status line, headers, Content-Length or
-chunked framing, JSON body) read by `answer_from_bytes` (the same http.client parsing, body
-bounding and error mapping as every outbound read, diagnoser/sources/http.py), then decoded by
+chunked framing, JSON body) read by `answer_from_bytes` (the same aiohttp parsing, body
+bounding and error mapping as every outbound read, core/net.py), then decoded by
 PromClient as a range query (typed matrix decoder, shape checks, `matrix_on_grid`), an instant
 query and a label-values call. Clean errors: FetchError (the read) and PromError (the answer);
 anything else escaping is a crash.
@@ -26,7 +26,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from kvscope.diagnoser.sources.http import FetchError, answer_from_bytes
+from kvscope.core.net import FetchError, answer_from_bytes
 from kvscope.diagnoser.sources.promapi import PromClient, PromError, matrix_on_grid
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -37,13 +38,27 @@ MAX_LOOKUPS = 8
 _NUMERIC = socket.AI_NUMERICHOST | socket.AI_NUMERICSERV
 
 
+class ResolverStuck(OSError):
+    """Every lookup slot is held by a lookup that its readers gave up on: the resolver is not
+    answering, so `host` is not looked up at all (no thread is started for it)."""
+
+    def __init__(self, host: str, stuck: int, oldest_s: float) -> None:
+        super().__init__(f"the DNS resolver is not answering, {host} was not looked up")
+        self.host, self.stuck, self.oldest_s = host, stuck, oldest_s
+
+
 class ThreadResolver(AbstractResolver):
     """aiohttp's resolver interface over `socket.getaddrinfo` on bounded daemon threads (module
-    docstring). `in_flight` is how many lookups are on a thread now."""
+    docstring). `in_flight` is how many lookups are on a thread now; `abandoned_total` how many a
+    read gave up on at its deadline (`abandon`), `stuck()` how many of those are still running.
+    Once every thread is held by an abandoned lookup a new name fails at once (ResolverStuck)."""
 
     def __init__(self, limit: int = MAX_LOOKUPS) -> None:
         self.limit = limit
         self.in_flight = 0
+        self.abandoned_total = 0
+        self._threads: dict[str, list[float]] = {}  # host -> start times of its lookups on a thread
+        self._abandoned: set[str] = set()
         self.unanswered: Counter[str] = Counter()
         """Host names whose lookup the resolver has not answered yet (waiting for a thread or in
         getaddrinfo): a read that times out meanwhile timed out on DNS (`dns_timeout`)."""
@@ -56,6 +71,10 @@ class ThreadResolver(AbstractResolver):
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.limit)
         slots = self._slots
+        stuck = self.stuck()
+        if stuck >= self.limit:
+            oldest = time.monotonic() - min(t for h in self._abandoned for t in self._threads.get(h, ()))
+            raise ResolverStuck(host, stuck, oldest)
         self.unanswered[host] += 1
         try:
             await slots.acquire()
@@ -66,6 +85,12 @@ class ThreadResolver(AbstractResolver):
 
         def give_back() -> None:
             self.in_flight -= 1
+            started = self._threads.get(host, [])
+            if started:
+                started.pop(0)
+            if not started:
+                self._threads.pop(host, None)
+                self._abandoned.discard(host)
             self._answered(host)
             slots.release()
 
@@ -85,10 +110,21 @@ class ThreadResolver(AbstractResolver):
             self._answered(host)
             raise OSError(f"cannot start a name lookup for {host}: {exc}") from None
         self.in_flight += 1
+        self._threads.setdefault(host, []).append(time.monotonic())
         return await answer
 
     async def close(self) -> None:
         """Nothing to release: a lookup thread ends when the resolver answers."""
+
+    def abandon(self, host: str) -> None:
+        """A read gave up on `host`'s lookup at its deadline: counted once per lookup thread."""
+        if host in self._threads and host not in self._abandoned:
+            self._abandoned.add(host)
+            self.abandoned_total += len(self._threads[host])
+
+    def stuck(self) -> int:
+        """Lookups still on a thread after a read gave up on them."""
+        return sum(len(self._threads.get(host, ())) for host in self._abandoned)
 
     def _answered(self, host: str) -> None:
         self.unanswered[host] -= 1

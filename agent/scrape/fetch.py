@@ -16,8 +16,8 @@ import asyncio
 from dataclasses import dataclass
 
 import aiohttp
-import yarl
 
+from kvscope.core.net import host_of
 from kvscope.core.resolve import connector, dns_unanswered
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
@@ -53,7 +53,7 @@ async def read_exposition(session: aiohttp.ClientSession, url: str, timeout_s: f
             ctype = resp.headers.get("Content-Type", "")
             body = await _body(resp, max_bytes)
     except TimeoutError:
-        if dns_unanswered(session, _host(url)):
+        if dns_unanswered(session, host_of(url)):
             raise ScrapeError("dns_timeout", f"the name did not resolve within {timeout_s:g}s") from None
         raise ScrapeError("timeout", f"no complete response within {timeout_s:g}s") from None
     except aiohttp.ClientError as e:
@@ -80,13 +80,6 @@ async def _body(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes:
             raise ScrapeError("body_too_large", f"more than {max_bytes} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _host(url: str) -> str | None:
-    try:
-        return yarl.URL(url).host
-    except (ValueError, TypeError):
-        return None
 
 
 def _reason(e: aiohttp.ClientError) -> str:

@@ -30,6 +30,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvscope.core.net import lookups, printable
 from kvscope.core.resolve import connector, daemon_call
 from kvscope.diagnoser.alertmanager.payload import (
     MAX_ALERTS,
@@ -54,7 +55,6 @@ from kvscope.diagnoser.routing import router_decisions
 from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources import SourceError
-from kvscope.diagnoser.sources.http import LOOKUPS, printable
 from kvscope.diagnoser.sources.prometheus import PrometheusSource, scope_to_pool
 from kvscope.diagnoser.sources.window import Span, read_window
 
@@ -460,8 +460,8 @@ def render_metrics(
 ) -> str:
     """The receiver's own metrics in Prometheus text format 0.0.4, written by prometheus_client;
     `closed`: connections its listener closed unserved, by reason (agent/serve/limits.py), as the
-    agent exports them; the name lookups of its Prometheus reads (diagnoser/sources/http.py
-    LOOKUPS: a resolver that never answers shows as abandoned lookups that stay in flight)."""
+    agent exports them; the name lookups of its Prometheus reads (core/net.py
+    `lookups`: a resolver that never answers shows as abandoned lookups that stay in flight)."""
     counters = counters + Counter({(CLOSED_METRIC, reason): n for reason, n in (closed or Counter()).items()})
     families: list[Metric] = []
     for name, (label, help_) in _METRICS.items():
@@ -471,10 +471,11 @@ def render_metrics(
                 family.add_metric([value], n)
         families.append(family)
     families.append(GaugeMetricFamily("kvscope_webhook_queue_length", "Webhooks waiting for diagnosis.", queued))
+    resolver = lookups()
     abandoned = "Name lookups given up at a read's deadline, left to the resolver."
-    families.append(CounterMetricFamily("kvscope_resolve_abandoned_total", abandoned, LOOKUPS.abandoned_total))
-    in_flight = f"Name lookups waiting on the resolver now (at most {LOOKUPS.limit})."
-    families.append(GaugeMetricFamily("kvscope_resolve_in_flight", in_flight, LOOKUPS.in_flight()))
+    families.append(CounterMetricFamily("kvscope_resolve_abandoned_total", abandoned, resolver.abandoned_total))
+    in_flight = f"Name lookups waiting on the resolver now (at most {resolver.limit})."
+    families.append(GaugeMetricFamily("kvscope_resolve_in_flight", in_flight, resolver.in_flight))
     if stored is not None:
         families.append(GaugeMetricFamily("kvscope_webhook_stored", "Diagnoses kept in the store.", stored))
     return generate_latest(_Families(families)).decode("utf-8")

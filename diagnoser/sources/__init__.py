@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from kvscope.diagnoser.sources.http import FetchError, fetch
+from kvscope.core.net import FetchError, fetch
 
 
 class SourceError(RuntimeError):
@@ -52,7 +52,7 @@ def read_url(
     too_large: str = "",
 ) -> bytearray:
     """The body of one synchronous HTTP GET (or form POST of `data`), at most `max_bytes`, read
-    whole within `timeout_s` seconds, connect to last byte (http.fetch). An error status raises
+    whole within `timeout_s` seconds, connect to last byte (core/net.py `fetch`). An error status raises
     `on_status(failure)` (else `error`); no answer, a late, larger or malformed one raises
     `error` with one printable line that starts with `what`; past `max_bytes` it says `too_large`
     (what to do; default: a range query's remedies)."""

@@ -9,10 +9,10 @@ import urllib.parse
 from typing import Any
 
 from kvscope.agent.recording.replay import scrape_interval as interval_of_targets
+from kvscope.core.net import printable, quoted
 from kvscope.core.signals import Sample, make_labels
 from kvscope.diagnoser.evaluate.frame import Frame, frame_from_samples
 from kvscope.diagnoser.sources import SourceError, answer_cap, raise_cap_hint, read_url
-from kvscope.diagnoser.sources.http import printable, quoted
 
 DEFAULT_WINDOW_S = 1800.0
 PROBE_S = 3600.0

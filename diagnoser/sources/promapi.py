@@ -22,8 +22,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from kvscope.core.net import FetchError, fetch, printable, quoted
 from kvscope.diagnoser.sources import SourceError, answer_cap, raise_cap_hint, read_url
-from kvscope.diagnoser.sources.http import FetchError, fetch, printable, quoted
 
 MAX_POINTS = 11_000
 """Prometheus refuses a range query with more points per series than this."""

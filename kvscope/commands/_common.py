@@ -25,7 +25,7 @@ def add_command(subparsers: Any, name: str, help: str, description: str | None, 
 def fail(command: str, message: object, status: int) -> int:
     """Print `kvscope <command>: <message>` on stderr and return `status`. Control characters
     (escape codes a server put in its error text) are shown as `?`, never sent to the terminal."""
-    from kvscope.diagnoser.sources.http import printable
+    from kvscope.core.net import printable
 
     print(f"kvscope {command}: {printable(message, lines=True)}", file=sys.stderr)
     return status

@@ -36,8 +36,8 @@ dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 dns.bind(("127.0.0.1", 53))
 out = {}
 
-from kvscope.diagnoser.sources import http
-from kvscope.diagnoser.sources.http import FetchError, fetch
+from kvscope.core import net as http
+from kvscope.core.net import FetchError, fetch
 
 errors = []
 LIMIT = getattr(http, "MAX_LOOKUPS", 8)  # 8: what the test expects where the module has no bound

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from kvscope.diagnoser.sources.http import FetchError
+from kvscope.core.net import FetchError
 from kvscope.diagnoser.sources.promapi import PromClient, PromError, http_error, matrix_on_grid, merge_matrices, on_step
 
 

@@ -1,6 +1,6 @@
 """Issue 41 N2, name lookup: a DNS resolver that never answers must not hold a read past its
-overall deadline. `socket.getaddrinfo` takes no timeout, so diagnoser/sources/http.py resolves on
-a thread it waits for only as long as the deadline leaves. The resolver here is a stand-in that
+overall deadline. `socket.getaddrinfo` takes no timeout, so core/net.py's reads resolve on
+a thread they wait for only as long as the deadline leaves. The resolver here is a stand-in that
 hangs for names under `.hang.test` (the real one on this box answers at once, even for unknown
 names); the read, the connection code and the CLI are the real ones."""
 
@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import pytest
 
-from kvscope.diagnoser.sources import http
-from kvscope.diagnoser.sources.http import FetchError, fetch
+from kvscope.core import net as http
+from kvscope.core.net import FetchError, fetch
 
 HANGS = ".hang.test"
 HANG_GUARD_S = 120  # only turns a hang into a failure; the deadlines under test are 1-3 s
@@ -109,7 +109,7 @@ def test_diagnose_exits_in_time_with_one_line_naming_the_source_when_dns_hangs(t
 
 # ---------------------------------------------------------------- a resolver stuck for good
 # A long-running `kvscope serve` pointed at a resolver that never answers must not gain a thread
-# per read: at most http.MAX_LOOKUPS lookups wait on the resolver at once, and one name's lookup
+# per read: at most MAX_LOOKUPS lookups wait on the resolver at once, and one name's lookup
 # is shared by every read of it meanwhile.
 
 STUCK = ".stuck.test"
@@ -155,7 +155,7 @@ def _serve_ok(count: int) -> tuple[int, Callable[[], None]]:
 
 def test_a_resolver_that_never_answers_leaves_a_bounded_number_of_threads_then_recovers(stuck_resolver):
     limit = getattr(http, "MAX_LOOKUPS", 8)
-    abandoned_before = getattr(getattr(http, "LOOKUPS", None), "abandoned_total", 0)
+    abandoned_before = http.lookups().abandoned_total
     port, close = _serve_ok(1)
     errors = []
     try:
@@ -168,8 +168,8 @@ def test_a_resolver_that_never_answers_leaves_a_bounded_number_of_threads_then_r
         last = str(errors[-1])
         assert last.startswith(f"read {5 * limit - 1}: the DNS resolver is not answering: {limit} name lookups"), last
         assert f"so prom{5 * limit - 1}{STUCK} was not looked up" in last, last
-        assert http.LOOKUPS.abandoned_total - abandoned_before == limit
-        assert http.LOOKUPS.in_flight() == limit == http.LOOKUPS.stuck()
+        assert http.lookups().abandoned_total - abandoned_before == limit
+        assert http.lookups().in_flight == limit == http.lookups().stuck()
 
         stuck_resolver.set()  # the resolver answers: its lookups end and their slots are free
         for t in _resolve_threads():
@@ -178,15 +178,7 @@ def test_a_resolver_that_never_answers_leaves_a_bounded_number_of_threads_then_r
     finally:
         close()
     assert box == {"value": bytearray(b"ok")}, box
-    assert http.LOOKUPS.in_flight() == 0
-
-
-def _in_resolve(thread: threading.Thread) -> bool:
-    """Whether `thread` is inside the name lookup of a read (waiting on the resolver or on a lookup)."""
-    frame = sys._current_frames().get(thread.ident or 0)
-    while frame is not None and frame.f_code.co_name != "_resolve":
-        frame = frame.f_back
-    return frame is not None
+    assert http.lookups().in_flight == 0
 
 
 def test_reads_of_one_name_share_its_lookup(stuck_resolver):
@@ -204,7 +196,7 @@ def test_reads_of_one_name_share_its_lookup(stuck_resolver):
         for reader in readers:
             reader.start()
         pause = threading.Event()
-        while all(r.is_alive() for r in readers) and not all(_in_resolve(r) for r in readers):
+        while all(r.is_alive() for r in readers) and http.reads_waiting_on(f"prom-shared{STUCK}") < 12:
             pause.wait(0.01)  # until all 12 wait on the resolver
         assert [t.name for t in _resolve_threads()] == [f"resolve prom-shared{STUCK}"]
         stuck_resolver.set()
@@ -220,5 +212,5 @@ def test_serve_exports_the_lookups_it_abandoned():
     from kvscope.diagnoser.alertmanager.server import render_metrics
 
     values = {s.name: s.value for s in parse_exposition(render_metrics(Counter(), 0, None)).samples}
-    assert values["kvscope_resolve_abandoned_total"] == http.LOOKUPS.abandoned_total, values
-    assert values["kvscope_resolve_in_flight"] == http.LOOKUPS.in_flight(), values
+    assert values["kvscope_resolve_abandoned_total"] == http.lookups().abandoned_total, values
+    assert values["kvscope_resolve_in_flight"] == http.lookups().in_flight, values
