@@ -237,15 +237,15 @@ def window_bucket_planes(
 
 
 PLANES_CHUNK_BYTES = 8 << 20
-"""Bucket planes are built for this many bytes' worth of groups at a time (window_quantiles):
+"""Bucket planes are built for this many bytes' worth of groups at a time (window_quantile):
 small enough to stay in cache between building the planes and reading the quantiles."""
 
 
-def window_quantiles(
-    qs: list[float], les: np.ndarray, cumulative: np.ndarray, rows: np.ndarray, k: int, order: np.ndarray | None = None
-) -> list[np.ndarray]:
-    """histogram_quantile for each q of the increases over a trailing window of k steps of
-    gap-free cumulative bucket counters: one [G, T] array per q.
+def window_quantile(
+    q: float, les: np.ndarray, cumulative: np.ndarray, rows: np.ndarray, k: int, order: np.ndarray | None = None
+) -> np.ndarray:
+    """histogram_quantile of the increases over a trailing window of k steps of gap-free
+    cumulative bucket counters: [G, T].
 
     `rows` [G, buckets] as for window_bucket_planes; with `order` (a permutation of range(G)),
     group i's quantiles go to output row order[i]. Groups go a cache-sized chunk at a time.
@@ -253,14 +253,13 @@ def window_quantiles(
     n_g, n_b = rows.shape
     n_t = cumulative.shape[1]
     chunk = max(1, PLANES_CHUNK_BYTES // (8 * n_b * n_t))
-    outs = [np.empty((n_g, n_t)) for _ in qs]
+    out = np.empty((n_g, n_t))
     scratch = np.empty(min(n_g, chunk) * n_b * n_t)
     for a in range(0, n_g, chunk):
         planes = window_bucket_planes(cumulative, rows[a : a + chunk], k, scratch)
         dest = slice(a, a + chunk) if order is None else order[a : a + chunk]
-        for out, q in zip(outs, qs, strict=True):
-            out[dest] = quantile_from_planes(q, les, planes)
-    return outs
+        out[dest] = quantile_from_planes(q, les, planes)
+    return out
 
 
 def _rows_view(values: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
