@@ -194,45 +194,6 @@ def test_sliding_max_min_equal_a_reduce_over_each_window(agg):
         np.testing.assert_array_equal(grid.over_time(values, k, agg), expected)
 
 
-def _frame_with_bounds(bounds_per_engine: list[list[str]]) -> Frame:
-    rng = np.random.default_rng(17)
-    labels, rows = [], []
-    for e, bounds in enumerate(bounds_per_engine):
-        finite = sorted((b for b in bounds if b != "+Inf"), key=lambda b: float(b) if b != "x" else 0)
-        running = np.zeros(40)
-        for b in finite + [x for x in bounds if x == "+Inf"]:
-            running = running + np.cumsum(rng.poisson(2, 40).astype(float))
-            labels.append(make_labels({"instance": f"e{e}", "le": b}))
-            rows.append(running.copy())
-    return Frame(ts=make_grid(1e9, 1e9 + 15 * 39, 15), blocks={"h_bucket": Block(labels, np.vstack(rows))})
-
-
-@pytest.mark.parametrize(
-    "bounds",
-    [
-        [["0.1", "1.0", "+Inf"]] * 4,  # uniform: the fast layout
-        [["0.1", "1.0", "+Inf"], ["0.5", "+Inf"], ["0.1", "1.0", "+Inf"]],  # two bound sets
-        [["0.1", "1.0"], ["0.1", "1.0", "+Inf"]],  # one without +Inf: absent
-        [["0.1", "x", "+Inf"], ["0.1", "1.0", "+Inf"]],  # an unparseable bound
-        [["10", "9", "+Inf"]] * 3,  # string order is not bound order
-    ],
-)
-def test_uniform_bucket_layout_equals_the_general_layout(bounds, monkeypatch):
-    from kvscope.diagnoser.evaluate import buckets
-
-    frame = _frame_with_bounds(bounds)
-    rule = rule_from_doc(
-        parse_yaml("id: t\nby: [instance]\nseries:\n  p: {quantile: 0.9, histogram: h, range: 1m}\n"), "t.yaml"
-    )
-    fast = SeriesEvaluator(rule, frame).get("p")
-    frame.cache = {}
-    monkeypatch.setattr(buckets, "uniform_buckets", lambda keys, n_by: None)
-    general = SeriesEvaluator(rule, frame).get("p")
-    assert fast.keys == general.keys
-    np.testing.assert_array_equal(fast.values, general.values)
-    assert np.isfinite(fast.values).any()
-
-
 def test_lazy_all_of_stops_once_nothing_holds_and_gives_the_same_truth():
     from kvscope.diagnoser.evaluate.conditions import ConditionEvaluator
 
