@@ -124,8 +124,6 @@ def reduce_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: s
         out = np.empty_like(values)
         out[inverse] = values  # one series per group: the aggregate is the series
         return out
-    if agg in ("sum", "avg", "count") and n_groups <= 64:
-        return _reduce_by_matmul(values, inverse, n_groups, agg)
     order = np.argsort(inverse, kind="stable")
     sv, si = values[order], inverse[order]
     starts = np.flatnonzero(np.r_[True, si[1:] != si[:-1]])
@@ -175,22 +173,6 @@ def sum_dense_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int) -> 
         return out
     sorted_rows = values if (order == np.arange(len(order))).all() else values[order]
     out[si[starts]] = np.add.reduceat(sorted_rows, starts, axis=0)
-    return out
-
-
-def _reduce_by_matmul(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: str) -> np.ndarray:
-    """sum / avg / count into a few groups as one matrix product (BLAS) instead of sort + reduceat."""
-    member = np.zeros((n_groups, values.shape[0]))
-    member[inverse, np.arange(values.shape[0])] = 1.0
-    present = ~np.isnan(values)
-    counts = member @ present.astype(float)
-    if agg == "count":
-        return counts
-    out = member @ np.where(present, values, 0.0)
-    if agg == "avg":
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out /= counts
-    out[counts == 0] = np.nan
     return out
 
 
