@@ -11,15 +11,12 @@ import gc
 import importlib
 import logging
 import math
-import operator
 import pkgutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
-from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any
 
 from kvscope.agent import collectors as collectors_pkg
 from kvscope.agent.collectors.base import Collection, Collector, Health, registered_collectors
@@ -133,55 +130,25 @@ class CounterResets:
     """Counts decreases of canonical counters per instance (an engine restart, usually).
 
     A counter is compared with its value in the previous cycle (where a series comes twice in a
-    cycle, the last one wins). Fast path, same answers (tests/unit/test_runtime.py): a cycle whose
-    series come in the same order as last time, none twice, is compared by position.
+    cycle, the last one wins).
     """
 
     def __init__(self) -> None:
         self._counter = NameTest(lambda name: name.endswith(("_total", "_count")), 100_000)  # name -> is a counter
-        self._prev: _Seen | None = None
+        self._prev: dict[tuple[str, Labels], float] = {}
 
     def observe(self, samples: Iterable[Sample], into: Counter[str]) -> None:
         """Add one to `into[instance]` for each instance a counter of this cycle went down on."""
-        cycle = samples if isinstance(samples, list) else list(samples)
         resets: set[str] = set()
-        self._prev = self._compare(self._prev, cycle, resets)
-        into.update(resets)  # one per instance per cycle
-
-    def _compare(self, prev: _Seen | None, cycle: list[Sample], resets: set[str]) -> _Seen:
-        """Add the instances whose counters in `cycle` fell below `prev` to `resets`; return what
-        the next cycle compares with (copied out: the caller may extend its list)."""
-        names, labels = tuple(map(_name, cycle)), tuple(map(_labels, cycle))
-        if prev is not None and prev.unique and prev.names == names and prev.labels == labels:
-            idx = prev.counters
-            values = list(map(_value, map(cycle.__getitem__, idx)))
-            lower = compress(idx, map(operator.lt, values, prev.values))
-            resets.update(dict(labels[j]).get("instance", "") for j in lower)
-            return prev._replace(values=values)
-        if prev is not None:
-            last = {(prev.names[j], prev.labels[j]): v for j, v in zip(prev.counters, prev.values, strict=True)}
-            for s in cycle:
-                if self._counter[s[0]] and (before := last.get((s[0], s[1]))) is not None and s[2] < before:
+        seen: dict[tuple[str, Labels], float] = {}
+        for s in samples:
+            if self._counter[s[0]]:
+                before = self._prev.get((s[0], s[1]))
+                if before is not None and s[2] < before:
                     resets.add(dict(s[1]).get("instance", ""))
-        counters = list(compress(range(len(names)), map(self._counter.__getitem__, names)))
-        unique = len(set(zip(names, labels, strict=True))) == len(names)
-        if not unique:  # the last one of a series wins
-            last_at = {key: j for j, key in enumerate(zip(names, labels, strict=True))}
-            counters = [j for j in counters if last_at[(names[j], labels[j])] == j]
-        return _Seen(names, labels, counters, list(map(_value, map(cycle.__getitem__, counters))), unique)
-
-
-class _Seen(NamedTuple):
-    """A cycle's counters as `CounterResets` compares the next cycle with them."""
-
-    names: tuple[str, ...]  # every sample's name and labels, in order
-    labels: tuple[Labels, ...]
-    counters: list[int]  # positions of the counters (the last of a series seen twice)
-    values: list[float]  # their values
-    unique: bool  # no series twice: a comparison by position is the definition's
-
-
-_name, _labels, _value = itemgetter(0), itemgetter(1), itemgetter(2)
+                seen[(s[0], s[1])] = s[2]
+        self._prev = seen
+        into.update(resets)  # one per instance per cycle
 
 
 def freeze_startup_objects() -> None:

@@ -31,11 +31,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from kvscope.agent.collectors.engine import TargetMemo
 from kvscope.agent.config import build_config
 from kvscope.agent.derive.cascade import CascadeWindow
 from kvscope.agent.derive.hooks import derive_hooks
-from kvscope.agent.normalize.dialect import normalize
+from kvscope.agent.normalize.dialect import MappingMemo, normalize
 from kvscope.agent.runtime import CounterResets
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.store.sqlite import SqliteStore
@@ -93,7 +92,7 @@ def main() -> None:
     rng = random.Random(7)
     lines = FIXTURE.read_text().splitlines()
     catalog = load_catalog()
-    memos = [TargetMemo() for _ in range(args.engines)]
+    memos = [MappingMemo() for _ in range(args.engines)]
     others = derive_hooks(build_config({"targets": []}, environ={}, flags=[]))
     others = [h for h in others if not isinstance(h, CascadeWindow)]
     hook, resets, counts = CascadeWindow(args.window), CounterResets(), Counter[str]()
@@ -107,9 +106,9 @@ def main() -> None:
             t0 = time.process_time()
             parts: list = []
             for e, (memo, text) in enumerate(zip(memos, texts, strict=True)):
-                expo = parse_exposition(text, label_cache=memo.labels())
+                expo = parse_exposition(text)
                 labels = {"job": "vllm", "instance": f"10.0.0.{e}:8000"}
-                parts.extend(normalize(expo, "vllm", labels, ts, catalog, memo.mapping).samples)
+                parts.extend(normalize(expo, "vllm", labels, ts, catalog, memo).samples)
             resets.observe(parts, counts)
             for h in others:
                 parts.extend(list(h(parts)))

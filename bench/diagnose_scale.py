@@ -25,8 +25,8 @@ import resource
 import sys
 import time
 
-# One BLAS thread: the few matrix products (group sums) are small, and on a shared machine idle
-# BLAS threads spin and inflate the CPU time without making anything faster.
+# One BLAS thread: on a shared machine idle BLAS threads spin and inflate the CPU time without
+# making anything faster.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402

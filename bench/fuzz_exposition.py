@@ -17,8 +17,7 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
-from kvscope.agent.collectors.engine import TargetMemo
-from kvscope.agent.normalize.dialect import normalize
+from kvscope.agent.normalize.dialect import MappingMemo, normalize
 from kvscope.agent.recording.omfile import group_scrapes
 from kvscope.agent.scrape.exposition import Limits, parse_exposition
 from kvscope.core.signals import load_catalog
@@ -85,10 +84,9 @@ def fuzz_exposition(data: bytes) -> object:
     text = data.decode("utf-8", "replace")
     expo = parse_exposition(text, limits=_LIMITS)
     if len(data) % 8 == 0:  # 1 in 8: normalized as a target's first and second scrape
-        memo = TargetMemo()
+        memo = MappingMemo()
         for ts in (1.0, 2.0):
-            again = parse_exposition(text, label_cache=memo.labels(), limits=_LIMITS)
-            normalize(again, "vllm", {"job": "j", "instance": "i"}, ts, _CATALOG, memo.mapping)
+            normalize(expo, "vllm", {"job": "j", "instance": "i"}, ts, _CATALOG, memo)
     return expo
 
 

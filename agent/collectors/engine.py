@@ -2,8 +2,8 @@
 
 Each `collect()` scrapes all targets concurrently (each bounded by the scrape timeout and the body
 cap), detects each target's dialect from its metric names (or takes its `engine` override) and
-normalizes the payload to canonical samples, keeping per target how each label body parsed and
-each upstream series mapped last time (`TargetMemo`). Every failure (the fetch, a target limit or
+normalizes the payload to canonical samples, keeping per target how each upstream series mapped
+last time (`MappingMemo`). Every failure (the fetch, a target limit or
 the parse deadline, `unknown_engine`, `no_canonical_series`, dropped lines and values) is reported
 in the target's `Health`, never raised: docs/collectors.md ("Bounds and limits", "Failure modes") lists them.
 
@@ -32,32 +32,13 @@ from kvscope.agent.ratelog import warn_every
 from kvscope.agent.scrape.exposition import FATAL, Exposition, Limits, ParseIssue, parse_exposition
 from kvscope.agent.scrape.fetch import ScrapeError, new_session, probe_ok, read_exposition
 from kvscope.core.scalars import parse_bool
-from kvscope.core.signals import Labels, Sample, load_catalog, make_labels
+from kvscope.core.signals import Sample, load_catalog, make_labels
 
 NAME = "engine"
 log = logging.getLogger("kvscope.engine")
 HEALTH_SIGNAL = "engine_health_probe_up"
 HEALTH_ENGINES = frozenset({"vllm", "sglang", "llamacpp", "tgi"})
 """Dialects whose servers answer GET /health (200 while serving)."""
-MAX_LABEL_BODIES = 20_000
-"""Label bodies a target's memo keeps parsed; past it the memo starts afresh."""
-
-
-@dataclass
-class TargetMemo:
-    """What one target's next scrape reuses: how each upstream series mapped to canonical ones and
-    each label body's parse. Parse and normalize give the same samples with it or without it
-    (tests/unit/test_engine_versions.py, test_dialect.py, test_exposition.py); a vLLM payload
-    parses ~23 % and normalizes ~37 % faster with it."""
-
-    mapping: MappingMemo = field(default_factory=MappingMemo)
-    label_bodies: dict[str, Labels | str] = field(default_factory=dict)
-
-    def labels(self) -> dict[str, Labels | str]:
-        """The label-body cache, cleared when it has grown past `MAX_LABEL_BODIES`."""
-        if len(self.label_bodies) > MAX_LABEL_BODIES:
-            self.label_bodies.clear()
-        return self.label_bodies
 
 
 @dataclass
@@ -72,16 +53,13 @@ class TargetScrape:
     reason: str = ""  # failure reason token; "" when it succeeded
     _expo: Exposition | None = field(default=None, repr=False)
 
-    def exposition(
-        self, deadline: float | None = None, label_cache: dict[str, Labels | str] | None = None
-    ) -> Exposition | None:
+    def exposition(self, deadline: float | None = None) -> Exposition | None:
         """The whole payload parsed (once) under the target's limits, with native names; None
-        when the scrape failed. `label_cache`: the target's parsed label bodies (`TargetMemo`)."""
+        when the scrape failed."""
         if self.text is not None and self._expo is None:
             self._expo = parse_exposition(
                 self.text,
                 openmetrics=True if self.openmetrics else None,
-                label_cache=label_cache,
                 limits=limits_of(self.target),
                 deadline=deadline,
             )
@@ -109,7 +87,7 @@ class EngineCollector:
         self._session: aiohttp.ClientSession | None = None
         self._limit = asyncio.Semaphore(32)  # targets scraped at once
         self._engines: dict[str, str | None] = {}  # instance -> detected engine (cached)
-        self._memos: dict[str, TargetMemo] = {}  # instance -> what its next scrape reuses
+        self._memos: dict[str, MappingMemo] = {}  # instance -> what its next scrape reuses
 
     async def scrape_all(self) -> list[TargetScrape]:
         """Scrape every target concurrently; one result per target, in config order."""
@@ -223,10 +201,10 @@ class EngineCollector:
         target = scrape.target
         memo = self._memos.get(target.instance)
         if memo is None:
-            memo = self._memos[target.instance] = TargetMemo()
-        expo = scrape.exposition(deadline, memo.labels())
+            memo = self._memos[target.instance] = MappingMemo()
+        expo = scrape.exposition(deadline)
         assert expo is not None  # the caller returned early for a failed scrape
-        norm = normalize(expo, engine, target.target_labels(), scrape.timestamp, self.catalog, memo.mapping)
+        norm = normalize(expo, engine, target.target_labels(), scrape.timestamp, self.catalog, memo)
         return norm, expo.issues
 
     def _engine_of(self, target: Target, scrape: TargetScrape, deadline: float) -> str | None:

@@ -107,15 +107,12 @@ class Exposition:
 def parse_exposition(
     text: str,
     openmetrics: bool | None = None,
-    label_cache: dict[str, Labels | str] | None = None,
     limits: Limits = NO_LIMITS,
     deadline: float | None = None,
 ) -> Exposition:
     """Parse one exposition (timestamps in seconds). `openmetrics=None` detects the format from a
     trailing `# EOF`. A text payload whose last line lacks its newline, or an OpenMetrics one
-    without `# EOF`, is marked incomplete and its last, possibly cut, line is dropped.
-    `label_cache` (label body -> parsed labels or refusal reason) may be kept by the caller, who
-    bounds it, across payloads of one target with the same `limits`."""
+    without `# EOF`, is marked incomplete and its last, possibly cut, line is dropped."""
     stripped = text.rstrip()
     if openmetrics is None:
         openmetrics = stripped.endswith("# EOF")
@@ -125,7 +122,7 @@ def parse_exposition(
     grammar = _OM if openmetrics else _TEXT
     seen: set[tuple[str, Labels, float | None]] = set()
     series: set[tuple[str, Labels]] | None = set() if limits.series_limit > 0 else None
-    cache: dict[str, Labels | str] = {} if label_cache is None else label_cache
+    cache: dict[str, Labels | str] = {}  # label body -> parsed labels or refusal reason
     append = out.samples.append
     for lineno, line in enumerate(lines, 1):
         c = line[:1]

@@ -25,14 +25,6 @@ def bucket_layout(
         key_rows[inv] = np.arange(len(keys))
     else:
         source, key_rows = grid.sum_dense_groups(adj, inv, len(keys)), np.arange(len(keys))
-    uniform = uniform_buckets(keys, n_by)
-    if uniform is not None:
-        groups, les, key_index = uniform
-        if len(les) < 2 or not np.isinf(les[-1]):
-            return groups, source, []
-        rows = key_rows[key_index]
-        order = np.argsort(rows[:, 0], kind="stable")
-        return groups, source, [(np.array(les), order, rows[order])]
     groups, key_sets = group_buckets(keys, n_by)
     sets = []
     for bounds, gis, idx in key_sets:
@@ -67,30 +59,3 @@ def group_buckets(
         (np.array(les), np.array(gis), np.array([[i for _, i in sorted(by_group[groups[gi]])] for gi in gis]))
         for les, gis in by_les.items()
     ]
-
-
-def uniform_buckets(
-    keys: list[tuple[str, ...]], n_by: int
-) -> tuple[list[tuple[str, ...]], tuple[float, ...], np.ndarray] | None:
-    """bucket_layout's common case without a sort per group, every group with the same bounds:
-    (groups, sorted bounds, key indices [G, buckets] in bound order, ties by position), or None."""
-    n = len(keys)
-    parsed: dict[str, float] = {}
-    for text in {k[n_by] for k in keys}:
-        try:
-            parsed[text] = float(text)
-        except ValueError:
-            return None
-        if np.isnan(parsed[text]):
-            return None
-    starts = [0] + [i for i in range(1, n) if keys[i][:n_by] != keys[i - 1][:n_by]]
-    sizes = np.diff(np.array(starts + [n]))
-    if n == 0 or (sizes != sizes[0]).any():
-        return None
-    les = np.fromiter((parsed[k[n_by]] for k in keys), dtype=float, count=n).reshape(len(starts), int(sizes[0]))
-    order = np.argsort(les, axis=1, kind="stable")
-    bounds = np.take_along_axis(les, order, axis=1)
-    if not (bounds == bounds[0]).all():
-        return None
-    key_index = np.take_along_axis(np.arange(n).reshape(les.shape), order, axis=1)
-    return [keys[i][:n_by] for i in starts], tuple(float(x) for x in bounds[0]), key_index

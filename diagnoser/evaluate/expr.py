@@ -256,38 +256,26 @@ class SeriesEvaluator:
         adj: np.ndarray,
         k: int,
     ) -> tuple[list, np.ndarray]:
-        """Quantiles of gap-free bucket counters (grid.window_quantiles) over counters summed once
-        per grouping; the rule's sibling quantiles (p50 next to p99) come out of the same pass."""
+        """Quantiles of gap-free bucket counters (grid.window_quantile) over counters summed once
+        per grouping."""
         cache = self.frame.cache if self.frame.cache is not None else {}
         lkey = ("bucket_layout", name, by, match)
         if lkey not in cache:
             cache[lkey] = bucket_layout(keys, inv, adj, len(by))
         groups, source, sets = cache[lkey]
-        qs = sorted({q} | self._sibling_quantiles(name, match, by, k))
         if len(sets) == 1 and len(sets[0][1]) == len(groups):  # one bound set: no assembly
             les, gis, rows = sets[0]
             pkey: tuple[Any, ...] = (name, match, k, rows.shape, rows.tobytes(), gis.tobytes(), id(source))
             if ("bucket_quantile_all", q, pkey) not in cache:
-                for qq, values in zip(qs, grid.window_quantiles(qs, les, source, rows, k, gis), strict=True):
-                    cache[("bucket_quantile_all", qq, pkey)] = values
+                cache[("bucket_quantile_all", q, pkey)] = grid.window_quantile(q, les, source, rows, k, gis)
             return groups, cache[("bucket_quantile_all", q, pkey)]
         out = np.full((len(groups), adj.shape[1]), np.nan)
         for les, gis, rows in sets:
             pkey = (name, match, k, rows.shape, rows.tobytes(), id(source))
             if ("bucket_quantile", q, pkey) not in cache:
-                for qq, values in zip(qs, grid.window_quantiles(qs, les, source, rows, k), strict=True):
-                    cache[("bucket_quantile", qq, pkey)] = values
+                cache[("bucket_quantile", q, pkey)] = grid.window_quantile(q, les, source, rows, k)
             out[gis] = cache[("bucket_quantile", q, pkey)]
         return groups, out
-
-    def _sibling_quantiles(self, bucket_name: str, match: tree.Match, by: tuple[str, ...], k: int) -> set[float]:
-        """Quantiles this rule asks of the same histogram, match, grouping and range."""
-        return {
-            n.q
-            for name, n in self.nodes.items()
-            if isinstance(n, tree.Quantile) and n.signal + "_bucket" == bucket_name and n.match == match
-            if self.by_of(name) == by and self._rk(n.rng) == k
-        }
 
     def _form_pair(self, node: tree.Pair, by: tuple[str, ...]) -> Grouped:
         a, b = self.get(node.a), self.get(node.b)

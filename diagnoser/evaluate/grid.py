@@ -124,8 +124,6 @@ def reduce_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: s
         out = np.empty_like(values)
         out[inverse] = values  # one series per group: the aggregate is the series
         return out
-    if agg in ("sum", "avg", "count") and n_groups <= 64:
-        return _reduce_by_matmul(values, inverse, n_groups, agg)
     order = np.argsort(inverse, kind="stable")
     sv, si = values[order], inverse[order]
     starts = np.flatnonzero(np.r_[True, si[1:] != si[:-1]])
@@ -178,22 +176,6 @@ def sum_dense_groups(values: np.ndarray, inverse: np.ndarray, n_groups: int) -> 
     return out
 
 
-def _reduce_by_matmul(values: np.ndarray, inverse: np.ndarray, n_groups: int, agg: str) -> np.ndarray:
-    """sum / avg / count into a few groups as one matrix product (BLAS) instead of sort + reduceat."""
-    member = np.zeros((n_groups, values.shape[0]))
-    member[inverse, np.arange(values.shape[0])] = 1.0
-    present = ~np.isnan(values)
-    counts = member @ present.astype(float)
-    if agg == "count":
-        return counts
-    out = member @ np.where(present, values, 0.0)
-    if agg == "avg":
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out /= counts
-    out[counts == 0] = np.nan
-    return out
-
-
 def bucket_quantile(q: float, les: np.ndarray, buckets: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
     """histogram_quantile over [groups, buckets, T] of per-bucket cumulative rates; with `rows`
     ([groups, buckets] row numbers), `buckets` is [rows, T] and each group's buckets are read from
@@ -237,15 +219,15 @@ def window_bucket_planes(
 
 
 PLANES_CHUNK_BYTES = 8 << 20
-"""Bucket planes are built for this many bytes' worth of groups at a time (window_quantiles):
+"""Bucket planes are built for this many bytes' worth of groups at a time (window_quantile):
 small enough to stay in cache between building the planes and reading the quantiles."""
 
 
-def window_quantiles(
-    qs: list[float], les: np.ndarray, cumulative: np.ndarray, rows: np.ndarray, k: int, order: np.ndarray | None = None
-) -> list[np.ndarray]:
-    """histogram_quantile for each q of the increases over a trailing window of k steps of
-    gap-free cumulative bucket counters: one [G, T] array per q.
+def window_quantile(
+    q: float, les: np.ndarray, cumulative: np.ndarray, rows: np.ndarray, k: int, order: np.ndarray | None = None
+) -> np.ndarray:
+    """histogram_quantile of the increases over a trailing window of k steps of gap-free
+    cumulative bucket counters: [G, T].
 
     `rows` [G, buckets] as for window_bucket_planes; with `order` (a permutation of range(G)),
     group i's quantiles go to output row order[i]. Groups go a cache-sized chunk at a time.
@@ -253,14 +235,13 @@ def window_quantiles(
     n_g, n_b = rows.shape
     n_t = cumulative.shape[1]
     chunk = max(1, PLANES_CHUNK_BYTES // (8 * n_b * n_t))
-    outs = [np.empty((n_g, n_t)) for _ in qs]
+    out = np.empty((n_g, n_t))
     scratch = np.empty(min(n_g, chunk) * n_b * n_t)
     for a in range(0, n_g, chunk):
         planes = window_bucket_planes(cumulative, rows[a : a + chunk], k, scratch)
         dest = slice(a, a + chunk) if order is None else order[a : a + chunk]
-        for out, q in zip(outs, qs, strict=True):
-            out[dest] = quantile_from_planes(q, les, planes)
-    return outs
+        out[dest] = quantile_from_planes(q, les, planes)
+    return out
 
 
 def _rows_view(values: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

@@ -61,18 +61,17 @@ def test_window_bucket_planes_writes_into_scratch_and_reads_strided_rows_in_plac
     assert grid._rows_view(cumulative, rows[:, 1]).base is not None  # a view, not a copy
 
 
-def test_window_quantiles_in_chunks_equal_one_pass_per_quantile(monkeypatch):
+def test_window_quantile_in_chunks_equals_one_pass(monkeypatch):
     rng = np.random.default_rng(4)
     n_g, n_b, n_t = 37, 6, 50
     cumulative = np.cumsum(rng.random((n_g * n_b, n_t)) * 5, axis=1)
     les = np.array([0.1, 0.2, 0.5, 1.0, 5.0, np.inf])
     rows = rng.permutation(n_g * n_b).reshape(n_g, n_b)
     monkeypatch.setattr(grid, "PLANES_CHUNK_BYTES", 8 * n_b * n_t * 5)  # chunks of 5 groups
-    qs = [0.5, 0.9, 0.99]
-    got = grid.window_quantiles(qs, les, cumulative, rows, 7)
     order = rng.permutation(n_g)
-    scattered = grid.window_quantiles(qs, les, cumulative, rows, 7, order)
-    for q, values, moved in zip(qs, got, scattered, strict=True):
+    for q in (0.5, 0.9, 0.99):
+        values = grid.window_quantile(q, les, cumulative, rows, 7)
+        moved = grid.window_quantile(q, les, cumulative, rows, 7, order)
         expected = grid.bucket_quantile(q, les, grid.window_increase(cumulative, 7), rows)
         np.testing.assert_array_equal(values, expected)
         np.testing.assert_array_equal(moved[order], expected)  # group i went to row order[i]
@@ -145,7 +144,7 @@ def test_dense_quantile_path_equals_increase_then_sum_then_quantile(by, q):
     block = frame.blocks["request_ttft_seconds_bucket"]
     keys, inv = grid.group_index([tuple(dict(lbl).get(k, "") for k in (*by, "le")) for lbl in block.labels])
     summed = grid.reduce_groups(grid.window_increase(block.values, 8), inv, len(keys), "sum")
-    for name, quantile in (("p", q), ("sibling", 0.75)):  # the sibling comes from p's pass
+    for name, quantile in (("p", q), ("sibling", 0.75)):
         got = ev.get(name)
         groups, expected = _quantiles(quantile, keys, summed, len(by))
         assert got.keys == groups
@@ -193,45 +192,6 @@ def test_sliding_max_min_equal_a_reduce_over_each_window(agg):
         k = int(rng.integers(0, 60))
         expected = ufunc.reduce(grid.window_view(values, k), axis=-1)
         np.testing.assert_array_equal(grid.over_time(values, k, agg), expected)
-
-
-def _frame_with_bounds(bounds_per_engine: list[list[str]]) -> Frame:
-    rng = np.random.default_rng(17)
-    labels, rows = [], []
-    for e, bounds in enumerate(bounds_per_engine):
-        finite = sorted((b for b in bounds if b != "+Inf"), key=lambda b: float(b) if b != "x" else 0)
-        running = np.zeros(40)
-        for b in finite + [x for x in bounds if x == "+Inf"]:
-            running = running + np.cumsum(rng.poisson(2, 40).astype(float))
-            labels.append(make_labels({"instance": f"e{e}", "le": b}))
-            rows.append(running.copy())
-    return Frame(ts=make_grid(1e9, 1e9 + 15 * 39, 15), blocks={"h_bucket": Block(labels, np.vstack(rows))})
-
-
-@pytest.mark.parametrize(
-    "bounds",
-    [
-        [["0.1", "1.0", "+Inf"]] * 4,  # uniform: the fast layout
-        [["0.1", "1.0", "+Inf"], ["0.5", "+Inf"], ["0.1", "1.0", "+Inf"]],  # two bound sets
-        [["0.1", "1.0"], ["0.1", "1.0", "+Inf"]],  # one without +Inf: absent
-        [["0.1", "x", "+Inf"], ["0.1", "1.0", "+Inf"]],  # an unparseable bound
-        [["10", "9", "+Inf"]] * 3,  # string order is not bound order
-    ],
-)
-def test_uniform_bucket_layout_equals_the_general_layout(bounds, monkeypatch):
-    from kvscope.diagnoser.evaluate import buckets
-
-    frame = _frame_with_bounds(bounds)
-    rule = rule_from_doc(
-        parse_yaml("id: t\nby: [instance]\nseries:\n  p: {quantile: 0.9, histogram: h, range: 1m}\n"), "t.yaml"
-    )
-    fast = SeriesEvaluator(rule, frame).get("p")
-    frame.cache = {}
-    monkeypatch.setattr(buckets, "uniform_buckets", lambda keys, n_by: None)
-    general = SeriesEvaluator(rule, frame).get("p")
-    assert fast.keys == general.keys
-    np.testing.assert_array_equal(fast.values, general.values)
-    assert np.isfinite(fast.values).any()
 
 
 def test_lazy_all_of_stops_once_nothing_holds_and_gives_the_same_truth():

@@ -2,16 +2,15 @@
 own metric classes (tests/fixtures/engine_names/README.md says how each was made).
 
 Every case is checked with and without the memo the engine collector keeps per target
-(agent/collectors/engine.py `TargetMemo`: parsed label bodies, each series' mapping), including a
-second scrape whose values moved, because they must give the same answer.
+(`MappingMemo`: how each series mapped), including a second scrape whose values moved, because
+they must give the same answer.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from kvscope.agent.collectors.engine import TargetMemo
-from kvscope.agent.normalize.dialect import normalize
+from kvscope.agent.normalize.dialect import MappingMemo, normalize
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.core.signals import load_catalog
 
@@ -23,11 +22,10 @@ def both_paths(text: str, engine: str, second: str | None = None) -> list:
     """The result without a memo, then with one target's memo for a first and a second scrape
     (`second` defaults to the same text: every series a memo hit)."""
     whole = normalize(parse_exposition(text), engine, LABELS, 100.0, CATALOG)
-    memo = TargetMemo()
+    memo = MappingMemo()
 
     def memoized(body: str, timestamp: float):
-        expo = parse_exposition(body, label_cache=memo.labels())
-        return normalize(expo, engine, LABELS, timestamp, CATALOG, memo.mapping)
+        return normalize(parse_exposition(body), engine, LABELS, timestamp, CATALOG, memo)
 
     first = memoized(text, 100.0)
     later_text = second if second is not None else text

@@ -101,21 +101,6 @@ def test_format_round_trips_labels_and_values():
     assert back.labels == labels and math.isnan(back.value)
 
 
-def test_a_label_cache_kept_across_payloads_changes_nothing(load_fixture):
-    """A target's label cache (the engine collector keeps one per target) gives the same samples and issues,
-    a malformed label set included, payload after payload."""
-    text = load_fixture("scrapes/vllm-0.32.0-cpu-after-load.txt")
-    bad = 'vllm:num_requests_running{engine="0",=broken"} 1\n'
-    cache: dict = {}
-    for i in range(3):
-        payload = text.replace(" 0.0\n", f" {i}.5\n") + bad
-        got, want = parse_exposition(payload, label_cache=cache), parse_exposition(payload)
-        assert got.samples == want.samples and got.types == want.types
-        assert [(x.line, x.reason) for x in got.issues] == [(x.line, x.reason) for x in want.issues]
-        assert [x.reason for x in got.issues] == ["malformed_labels"]
-    assert cache
-
-
 def _pathological(size: int) -> str:
     """Label pairs with two spaces and no comma between them, then a pair with no name: the
     shape on which the old label regex backtracked exponentially (122 bytes: 13 s)."""

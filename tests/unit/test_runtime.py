@@ -256,7 +256,7 @@ def _resets_by_key(cycles):
     return into
 
 
-def test_counter_resets_same_series_fast_path_counts_like_the_definition():
+def test_counter_resets_count_like_the_definition():
     import random
 
     rng = random.Random(5)
