@@ -122,13 +122,14 @@ def quantile_stat(name: str, q: float) -> Stat:
 
 def ratio_stat(num: str, den: str | None, seconds: float = 1.0) -> Stat:
     """Per replicate: the summed counter `num` over the summed counter `den` (over the intervals
-    where both are present; `den` None: per interval of `seconds`). NaN where absent."""
+    where both are present; `den` None: per interval of `seconds`, a row holding `iv.weight`
+    engine-intervals). NaN where absent."""
 
     def stat(iv: Intervals, w: np.ndarray) -> np.ndarray:
         a = iv.counters.get(num)
         if a is None:
             return np.full(len(w), np.nan)
-        b = iv.counters.get(den) if den else np.full(len(a), seconds)
+        b = iv.counters.get(den) if den else np.full(len(a), seconds) * (1.0 if iv.weight is None else iv.weight)
         if b is None:
             return np.full(len(w), np.nan)
         ok = ~np.isnan(a) & ~np.isnan(b)

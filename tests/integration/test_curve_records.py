@@ -184,7 +184,7 @@ def test_a_long_full_read_says_when_the_records_would_do(replayed, capsys):
     assert main(["curve", "--prometheus", url, "--start", str(end - 7 * 3600), "--end", str(end), "--json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["pools"], "the full read still reads the staircase"
-    assert "keeps kvscope's curve records: --recorded reads the points in seconds" in captured.err
+    assert "keeps kvscope's curve records: --recorded reads the points and judges the changes" in captured.err
     before = end - 8 * 3600
     assert main(["curve", "--prometheus", url, "--start", str(before - 7 * 3600), "--end", str(before)]) == 4
     assert "load kvscope-curve.yml (kvscope rules build) into the TSDB" in capsys.readouterr().err

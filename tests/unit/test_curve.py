@@ -276,9 +276,9 @@ def test_a_short_phase_is_comparable_at_the_scrape_interval_and_not_at_a_coarser
 
 
 def test_the_recorded_peak_is_the_99th_percentile_of_the_recorded_buckets():
-    """records._peak: the intervals' concurrency histogram (bucket -1: idle) read at its 99th
+    """recorded._peak: the intervals' concurrency histogram (bucket -1: idle) read at its 99th
     percentile, interpolated linearly inside the bucket that holds it; no intervals, no peak."""
-    from kvscope.diagnoser.curve.records import _peak
+    from kvscope.diagnoser.curve.recorded import _peak
 
     assert _peak({}) is None
     assert _peak({-1: 0.0}) is None
