@@ -78,7 +78,9 @@ def _aligned(pts: np.ndarray | None, t: np.ndarray) -> np.ndarray:
     return out
 
 
-def _pool_rows(interval_s: float, buckets: dict[str, dict], restarts: np.ndarray | None) -> Intervals | None:
+def _pool_rows(
+    interval_s: float, start: float, buckets: dict[str, dict], restarts: np.ndarray | None
+) -> Intervals | None:
     """One pool's rows from its records' samples per bucket (lower edge -> record -> points, or
     (record, le) -> points for the histograms)."""
     parts = []
@@ -131,7 +133,7 @@ def _pool_rows(interval_s: float, buckets: dict[str, dict], restarts: np.ndarray
         np.zeros(len(t_end)),
         counters,
         hists,
-        np.isin(t_end, restart_times(restarts, interval_s)),
+        np.isin(t_end, restart_times(restarts, interval_s, start)),
         np.zeros(len(t_end)),
         None,
         None,
@@ -141,18 +143,16 @@ def _pool_rows(interval_s: float, buckets: dict[str, dict], restarts: np.ndarray
     return iv
 
 
-def restart_times(restarts: np.ndarray | None, step: float) -> np.ndarray:
-    """The evaluations at which the pool's count of restarts in the last RESTART_SPAN_S
-    rose (the restart's first sample after its gap arrived), not the window's first evaluation
-    (a restart before the window may be what it counts)."""
+def restart_times(restarts: np.ndarray | None, step: float, start: float) -> np.ndarray:
+    """The evaluations at which the pool's count of restarts in the last RESTART_SPAN_S rose (the
+    restart's first sample after its gap arrived), except at the window's first evaluation (what it
+    counts may lie before the window)."""
     if restarts is None or not len(restarts):
         return np.zeros(0)
     t, n = restarts[:, 0], restarts[:, 1]
-    prev = np.concatenate([[np.nan], n[:-1]])
+    prev = np.concatenate([[0.0], n[:-1]])
     prev = np.where(np.concatenate([[False], np.diff(t) <= 1.5 * step]), prev, 0.0)
-    rose = n > prev
-    rose[0] = False  # the window's first record: what it counts may lie before the window
-    return t[rose]
+    return t[(n > prev) & (t > start + step)]
 
 
 def read_rows(
@@ -189,7 +189,7 @@ def read_rows(
         by_pool[pool][m[BUCKET]][key] = pts
     out = {}
     for pool, buckets in sorted(by_pool.items()):
-        iv = _pool_rows(interval_s, buckets, restarts.get(pool))
+        iv = _pool_rows(interval_s, start, buckets, restarts.get(pool))
         if iv is not None:
             out[pool] = iv
     return out, restarts
@@ -228,7 +228,12 @@ def recorded_points(iv: Intervals, min_intervals: int = MIN_INTERVALS, min_reque
 
 
 def recorded_events(
-    iv: Intervals, restarts: np.ndarray | None, pool: Pool, settings: SettingsReader | None, notes: list[str]
+    iv: Intervals,
+    restarts: np.ndarray | None,
+    start: float,
+    pool: Pool,
+    settings: SettingsReader | None,
+    notes: list[str],
 ) -> list[Change]:
     """The pool's changes from its rows and restart record: replica counts, restarts, and the
     settings that moved at each restart (read by `settings` around it; MAX_SETTING_READS at most)."""
@@ -241,7 +246,7 @@ def recorded_events(
         at = np.clip(np.searchsorted(grid, iv.t_end - step / 2), 0, len(grid) - 1)
         np.add.at(engines, at, np.nan_to_num(iv.weight if iv.weight is not None else np.ones(len(iv))))
         out += count_changes(grid, np.round(engines))
-    restarted = [Change(float(t), "restart") for t in restart_times(restarts, step)]
+    restarted = [Change(float(t), "restart") for t in restart_times(restarts, step, start)]
     restarted = merge(restarted, 3 * step)
     if settings is not None:
         for c in restarted[:MAX_SETTING_READS]:
@@ -311,7 +316,7 @@ def read_recorded(
         counts = {k: float(s.intervals) for k, s in bucket_sums(iv).items()}
         points = recorded_points(iv.take(~iv.resets))
         op = operating_point(points, _peak(counts), slo_s)
-        events = recorded_events(iv, restarts.get((name, engine)), (name, engine), settings, notes)
+        events = recorded_events(iv, restarts.get((name, engine)), start, (name, engine), settings, notes)
         judged = (
             judge(iv, events, SETTLE_S, th, recorded_points)
             if events
