@@ -392,14 +392,17 @@ class WebhookServer:
         model: str | None = None,
         instance: str | None = None,
     ) -> tuple[Diagnosis, list[str], str]:
-        """The diagnosis with what changed in the window and its effect at matched load, by the one
-        function `kvscope diagnose` and the UI use (`curve.report.with_changes`: the curve's signals
-        read from the same Prometheus), for the pools of `model` only when the alert's place names
-        one, or of the model `instance` serves (its engines from the TSDB's index; every pool when
-        neither is known): an alert is about one place, and one model's engines are a fraction of
-        a fleet's. Its reads end CHANGES_MARGIN_S before the diagnosis' own deadline, so a slow
-        curve read (or a fault in the curve) costs the changes (said in `errors`), never the
-        findings. Third: which pools were read, in words."""
+        """The diagnosis with what changed in the window and its effect at matched load, for the
+        pools of `model` only when the alert's place names one, or of the model `instance` serves
+        (its engines from the TSDB's index; every pool when neither is known): an alert is about
+        one place, and one model's engines are a fraction of a fleet's. Where the TSDB keeps the
+        curve's records (kvscope-curve.yml) over the window, read from them
+        (`curve.recorded.recorded_changes`, as `kvscope curve --recorded`); else from the curve's
+        signals of every engine of the pool, by the one function `kvscope diagnose` and the UI use
+        (`curve.report.with_changes`). Its reads end CHANGES_MARGIN_S before the diagnosis' own
+        deadline, so a slow curve read (or a fault in the curve) costs the changes (said in
+        `errors`), never the findings. Third: which pools were read, in words."""
+        from kvscope.diagnoser.curve.recorded import recorded_changes
         from kvscope.diagnoser.curve.report import with_changes
 
         source = PrometheusSource(self.config.prometheus_url, timeout_s=self.config.query_timeout_s)
@@ -407,6 +410,9 @@ class WebhookServer:
 
         def read() -> tuple[Diagnosis, str]:
             scope = scope_to_pool(source, model, instance, start, end)
+            recorded = recorded_changes(source, result, start, end)
+            if recorded is not None:
+                return recorded, f"{scope}, from the curve's records"
             return with_changes(source, result, start, end, self.config.step_s), scope
 
         try:

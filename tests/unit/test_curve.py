@@ -328,3 +328,15 @@ def test_a_block_as_long_as_the_side_never_collapses_the_bootstrap():
     rows = np.arange(len(iv))
     w = block_weights(iv, rows, np.random.default_rng(0), 50, length=1e9)
     assert w.sum(axis=1).min() >= len(rows) and len({tuple(r) for r in w}) > 1
+
+
+def test_a_restart_is_where_the_recorded_restart_count_rises():
+    """recorded.restart_times: the restarts record counts drops over the last five minutes, so one
+    restart shows at several evaluations; it is placed at the first, a second within the span at
+    the count's rise, and not at the window's first evaluation (that one may count an older one)."""
+    from kvscope.diagnoser.curve.recorded import restart_times
+
+    pts = np.array([[100.0, 1], [110, 1], [120, 1], [200, 1], [210, 2], [220, 2], [230, 1]])
+    assert restart_times(pts, 10.0, 0.0).tolist() == [100.0, 200.0, 210.0]
+    assert restart_times(pts, 10.0, 95.0).tolist() == [200.0, 210.0]
+    assert restart_times(None, 10.0, 0.0).tolist() == []
