@@ -28,6 +28,7 @@ is that engine's interval. docs/curve.md "From recording rules".
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -58,6 +59,9 @@ ROW_RECORDS = (
     *(f"{c}:increase" for c in MIX_COUNTERS),
 )
 """The records a row is made of, per pool and concurrency bucket."""
+MAX_ROWS = 1000
+"""Rows per pool bucket at most: a longer window's rows each span several of the records'
+intervals (`block_length`; their sums add up exactly, the bootstrap resamples the spans)."""
 MAX_SETTING_READS = 20
 """Restarts per window whose engines' settings are read around them (each a narrow read of the
 pool's info series); later ones stay restarts, their settings not read (said in a note)."""
@@ -81,10 +85,11 @@ def _aligned(pts: np.ndarray | None, t: np.ndarray) -> np.ndarray:
 
 
 def _pool_rows(
-    interval_s: float, start: float, buckets: dict[str, dict], restarts: np.ndarray | None
+    interval_s: float, block: float, start: float, buckets: dict[str, dict], restarts: np.ndarray | None
 ) -> Intervals | None:
-    """One pool's rows from its records' samples per bucket (lower edge -> record -> points, or
-    (record, le) -> points for the histograms)."""
+    """One pool's rows from its records' sums per bucket and span of `block` seconds (lower edge ->
+    record -> points, or (record, le) -> points for the histograms); a row holds a restart where
+    one of `restart_times` falls in its span."""
     parts = []
     units = []
     for lo_text, series in sorted(buckets.items(), key=lambda kv: float(kv[0])):
@@ -135,7 +140,7 @@ def _pool_rows(
         np.zeros(len(t_end)),
         counters,
         hists,
-        np.isin(t_end, restart_times(restarts, interval_s, start)),
+        _holds(t_end, block, restart_times(restarts, interval_s, start)),
         np.zeros(len(t_end)),
         None,
         None,
@@ -143,6 +148,14 @@ def _pool_rows(
         sums,
     )
     return iv
+
+
+def _holds(t_end: np.ndarray, block: float, times: np.ndarray) -> np.ndarray:
+    """Whether each row's span (t_end - block, t_end] holds one of `times`."""
+    if not len(times):
+        return np.zeros(len(t_end), dtype=bool)
+    times = np.sort(times)
+    return np.searchsorted(times, t_end, side="right") > np.searchsorted(times, t_end - block, side="right")
 
 
 def restart_times(restarts: np.ndarray | None, step: float, start: float) -> np.ndarray:
@@ -157,26 +170,34 @@ def restart_times(restarts: np.ndarray | None, step: float, start: float) -> np.
     return t[(n > prev) & (t > start + step)]
 
 
+def block_length(start: float, end: float, interval_s: float) -> float:
+    """Seconds one row spans: the records' interval, or as many of them as keep a series of the
+    window within MAX_ROWS rows (a week of 1-minute records: 11 minutes)."""
+    return interval_s * max(1, math.ceil((end - start) / interval_s / MAX_ROWS))
+
+
 def read_rows(
     client: PromClient, start: float, end: float, interval_s: float, model: str | None = None
-) -> tuple[dict[Pool, Intervals], dict[Pool, np.ndarray]]:
-    """Each pool's rows over (start, end] (of `model`'s pools only when given), and each pool's
-    restart record ((time, engines restarted) points): one raw-samples query of the records."""
-    names = "|".join(PREFIX + r for r in (*ROW_RECORDS, RESTARTS))
-    scope = f",model={json.dumps(model)}" if model else ""
-    # (start, end]: Prometheus 2 includes both ends of a range
-    series = client.raw_samples(f'{{__name__=~"{names}"{scope}}}', end - start - 0.001, end)
+) -> tuple[dict[Pool, Intervals], dict[Pool, np.ndarray], float]:
+    """Each pool's rows over the window (of `model`'s pools only when given), each pool's restart
+    record ((time, restarts) points), and the rows' span (`block_length`): per record, one range
+    query of its sums over consecutive spans ending at `end` (the window's first partial span, if
+    any, left out), and the restarts' raw samples."""
+    block = block_length(start, end, interval_s)
+    n = max(1, int((end - start + 1e-6) // block))
+    first = end - (n - 1) * block
+    scope = f"{{model={json.dumps(model)}}}" if model else ""
+    span = f"[{max(1, round(block * 1000) - 1)}ms]"  # (t - block, t]: Prometheus 2 includes both ends
+
+    def one(record: str) -> list[dict]:
+        got = client.query_range(f"sum_over_time({PREFIX}{record}{scope}{span})", first, end, block)
+        return [{**s, "record": record} for s in got]
+
     by_pool: dict[Pool, dict[str, dict]] = defaultdict(lambda: defaultdict(dict))
-    restarts: dict[Pool, np.ndarray] = {}
-    for s in series:
-        m = s["metric"]
-        record = m.get("__name__", "").removeprefix(PREFIX)
+    for s in (s for part in client.map(one, list(ROW_RECORDS)) for s in part):
+        m, record = s["metric"], s["record"]
         pool = (m.get("model", ""), m.get("engine", ""))
         pts = as_points(s.get("values"))
-        pts = pts[np.argsort(pts[:, 0], kind="stable")]
-        if record == RESTARTS:
-            restarts[pool] = pts
-            continue
         try:
             float(m.get(BUCKET, ""))
         except ValueError:
@@ -188,13 +209,18 @@ def read_rows(
                 continue
         else:
             key = record
-        by_pool[pool][m[BUCKET]][key] = pts
+        by_pool[pool][m[BUCKET]][key] = pts[np.argsort(pts[:, 0], kind="stable")]
+    restarts: dict[Pool, np.ndarray] = {}
+    for s in client.raw_samples(f"{PREFIX}{RESTARTS}{scope}", end - start - 0.001, end):
+        m = s["metric"]
+        pts = as_points(s.get("values"))
+        restarts[(m.get("model", ""), m.get("engine", ""))] = pts[np.argsort(pts[:, 0], kind="stable")]
     out = {}
     for pool, buckets in sorted(by_pool.items()):
-        iv = _pool_rows(interval_s, start, buckets, restarts.get(pool))
+        iv = _pool_rows(interval_s, block, start, buckets, restarts.get(pool))
         if iv is not None:
             out[pool] = iv
-    return out, restarts
+    return out, restarts, block
 
 
 def _moments(iv: Intervals, total: np.ndarray, n: str, squares: str | None = None) -> tuple[int, float, float]:
@@ -231,15 +257,17 @@ def recorded_points(iv: Intervals, min_intervals: int = MIN_INTERVALS, min_reque
 
 def recorded_events(
     iv: Intervals,
+    block: float,
     restarts: np.ndarray | None,
     start: float,
     pool: Pool,
     settings: SettingsReader | None,
     notes: list[str],
 ) -> list[Change]:
-    """The pool's changes from its rows and restart record: replica counts, restarts, and the
-    settings that moved at each restart (read by `settings` around it; MAX_SETTING_READS at most)."""
-    step = iv.step
+    """The pool's changes from its rows (each spanning `block` seconds) and restart record: replica
+    counts (the engines per evaluation, averaged over a row's span), restarts, and the settings that
+    moved at each restart (read by `settings` around it; MAX_SETTING_READS at most)."""
+    step, interval = block, iv.step
     times = np.unique(iv.t_end)
     out: list[Change] = []
     if len(times):
@@ -247,12 +275,12 @@ def recorded_events(
         engines = np.zeros(len(grid))
         at = np.clip(np.searchsorted(grid, iv.t_end - step / 2), 0, len(grid) - 1)
         np.add.at(engines, at, np.nan_to_num(iv.weight if iv.weight is not None else np.ones(len(iv))))
-        out += count_changes(grid, np.round(engines))
-    restarted = [Change(float(t), "restart") for t in restart_times(restarts, step, start)]
+        out += count_changes(grid, np.round(engines * interval / block))
+    restarted = [Change(float(t), "restart") for t in restart_times(restarts, interval, start)]
     restarted = merge(restarted, 3 * step)
     if settings is not None:
         for c in restarted[:MAX_SETTING_READS]:
-            found = raw_changes(settings(c.time - RESTART_SPAN_S, c.time + step, step / 2)).get(pool, [])
+            found = raw_changes(settings(c.time - RESTART_SPAN_S, c.time + interval, interval / 2)).get(pool, [])
             for f in found:
                 if f.kind == "config":
                     c.kind, c.diff = "config", {**c.diff, **f.diff}
@@ -311,14 +339,14 @@ def read_recorded(
     pools only when given). `interval_s`: the rules' interval; `settings`: reads the engines'
     settings around a restart (None: restarts are not looked into)."""
     th = th or Thresholds()
-    rows, restarts = read_rows(client, start, end, interval_s, model)
+    rows, restarts, block = read_rows(client, start, end, interval_s, model)
     out = []
     for (name, engine), iv in rows.items():
         notes: list[str] = []
         counts = {k: float(s.intervals) for k, s in bucket_sums(iv).items()}
         points = recorded_points(iv.take(~iv.resets))
         op = operating_point(points, _peak(counts), slo_s)
-        events = recorded_events(iv, restarts.get((name, engine)), start, (name, engine), settings, notes)
+        events = recorded_events(iv, block, restarts.get((name, engine)), start, (name, engine), settings, notes)
         judged = (
             judge(iv, events, SETTLE_S, th, recorded_points)
             if events
