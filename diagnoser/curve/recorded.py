@@ -40,10 +40,9 @@ from kvscope.diagnoser.curve.intervals import CONCURRENCY, WAITING, Intervals, P
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, operating_point
 from kvscope.diagnoser.curve.points import EDGES, MIN_INTERVALS, MIN_REQUESTS, BucketSums, Point, point_of
 from kvscope.diagnoser.curve.records import BOUNDS, BUCKET, FILE, GAUGES, PREFIX, RESTART_SPAN_S
-from kvscope.diagnoser.curve.report import SETTLE_S, PoolCurve, attach, curve_shift, judge
+from kvscope.diagnoser.curve.report import SETTLE_S, PoolCurve, curve_shift, judge
 from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, CONFIG_GAUGES, COUNTERS, HISTOGRAMS, MIX_COUNTERS
 from kvscope.diagnoser.evaluate.frame import Frame
-from kvscope.diagnoser.findings import Diagnosis
 from kvscope.diagnoser.sources import SourceError
 from kvscope.diagnoser.sources.promapi import PromClient, as_points
 from kvscope.diagnoser.sources.prometheus import PrometheusSource
@@ -382,13 +381,8 @@ def recorded_curves(
     return read_recorded(client, start, end, interval, slo_s, settings, model)
 
 
-def recorded_changes(source: PrometheusSource, diagnosis: Diagnosis, start: float, end: float) -> Diagnosis | None:
-    """`diagnosis` with what changed in the window and the verdicts at matched load, judged from the
-    curve's records (of `source.model`'s pools only, when `scope_to_pool` narrowed it): what
-    `report.with_changes` attaches from every engine's series; None where the window holds no
-    records (the caller reads the series)."""
-    interval = recorded_interval(source.client, start, end)
-    if interval is None:
-        return None
-    curves = read_recorded(source.client, start, end, interval, settings=settings_reader(source), model=source.model)
-    return attach(diagnosis, curves)
+def recorded_pool_curves(source: PrometheusSource, start: float, end: float, interval_s: float) -> list[PoolCurve]:
+    """The curves and judged changes of `source.model`'s pools (every pool when `scope_to_pool`
+    found no model) from the records at `interval_s`, the settings read from `source` around
+    restarts: what the webhook attaches where the TSDB keeps the records."""
+    return read_recorded(source.client, start, end, interval_s, settings=settings_reader(source), model=source.model)
