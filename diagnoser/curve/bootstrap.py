@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvscope.core.quantiles import histogram_quantile
+from kvscope.core.quantiles import histogram_quantiles
 from kvscope.diagnoser.curve.intervals import Intervals
 
 REPLICATES = 400
@@ -113,9 +113,7 @@ def quantile_stat(name: str, q: float) -> Stat:
         if name not in iv.hists:
             return np.full(len(w), np.nan)
         les, arr = iv.hists[name]
-        merged = np.maximum.accumulate(w @ np.nan_to_num(arr), axis=1)
-        out = [histogram_quantile(q, list(zip(les.tolist(), row.tolist(), strict=True))) for row in merged]
-        return np.array([np.nan if v is None else v for v in out], dtype=float)
+        return histogram_quantiles(q, les, np.maximum.accumulate(w @ np.nan_to_num(arr), axis=1))
 
     return stat
 
