@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kvscope.core.scalars import iso_utc
 from kvscope.diagnoser.curve.changes import Change, count_changes, merge, raw_changes
 from kvscope.diagnoser.curve.compare import Thresholds
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, WAITING, Intervals, Pool
@@ -356,6 +357,11 @@ def read_recorded(
             "buckets' 99th percentile; changes judged per pool on the records' intervals"
         )
         op.notes += notes
+        if len(iv) and float(iv.t_end.min()) - block > start + 2 * block:
+            op.notes.append(
+                f"the records of this pool begin at {iso_utc(float(iv.t_end.min()) - block)}, after the window's "
+                "start: what changed before it is not judged (backfill the records: docs/curve.md)"
+            )
         labels = {k: v for k, v in (("model", name), ("engine", engine)) if v}
         total = int(sum(counts.values()))
         out.append(PoolCurve(labels, points, op, judged, total, None, iv.signal, interval_s))
