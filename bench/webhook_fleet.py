@@ -166,6 +166,7 @@ def main() -> None:
                 for phase in ("raw", "records"):
                     if phase == "records":
                         t0 = time.perf_counter()
+                        (tmp / "curve-replay").mkdir(exist_ok=True)
                         replay_in_order(vm.url, CURVE, first, time.time() // 60 * 60, tmp / "curve-replay")
                         print(f"  curve records replayed by vmalert in {time.perf_counter() - t0:.0f} s", flush=True)
                     hooks = timed.setdefault(phase, [])
