@@ -194,9 +194,9 @@ def live_curves(source: SourceSpec, step_s: float = 15.0, recorded: bool = False
     seconds ending at `end` or now), read as `kvscope curve --prometheus` reads it: the curve's
     series in full through the one window reader, at the TSDB's scrape interval (`curve_step`,
     `step_s` where it cannot say); with `recorded`, from kvscope's curve records as `kvscope curve
-    --recorded` (no changes judged). The fleet path reads none with the diagnosis; an agent's and a
+    --recorded` (changes judged from the records). The fleet path reads none with the diagnosis; an agent's and a
     recording's are read with it (`TriageData.curves`). Raises SourceError with a readable reason."""
-    from kvscope.diagnoser.curve.records import recorded_curves
+    from kvscope.diagnoser.curve.recorded import recorded_curves, settings_reader
     from kvscope.diagnoser.curve.report import window_curves
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
@@ -204,7 +204,7 @@ def live_curves(source: SourceSpec, step_s: float = 15.0, recorded: bool = False
     try:
         prometheus = PrometheusSource(source.location)
         if recorded:
-            return recorded_curves(prometheus.client, end - source.since_s, end)
+            return recorded_curves(prometheus.client, end - source.since_s, end, settings=settings_reader(prometheus))
         return window_curves(prometheus, end - source.since_s, end, step_s)
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read for the curve: {exc}") from exc

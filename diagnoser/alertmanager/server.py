@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -39,7 +39,6 @@ from kvscope.diagnoser.alertmanager.payload import (
     Alert,
     WebhookError,
     diagnosis_window,
-    full_place,
     instance_places,
     not_diagnosed,
     parse_alert,
@@ -57,6 +56,9 @@ from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 from kvscope.diagnoser.sources import SourceError
 from kvscope.diagnoser.sources.prometheus import PrometheusSource, scope_to_pool
 from kvscope.diagnoser.sources.window import Span, read_window
+
+if TYPE_CHECKING:
+    from kvscope.diagnoser.curve.report import PoolCurve
 
 log = logging.getLogger("kvscope.serve")
 
@@ -342,17 +344,21 @@ class WebhookServer:
     ) -> dict[str, Any]:
         window = diagnosis_window(alert, now, self.config.before_s, self.config.max_window_s)
         window = (_floor(window[0], self.config.step_s), _floor(window[1], self.config.step_s))
+        # the alert's pool from its own labels (the model, else the model its instance serves, from
+        # the TSDB's index): its changes are read while the fleet path runs, not after it
+        model = alert.labels.get("model")
+        pool = (model, None if model else alert.labels.get("instance"))
+        if (window, pool) not in cache:
+            cache[window, pool] = asyncio.ensure_future(self._changes(*window, deadline, *pool))
         if window not in cache:
             cache[window] = await self._diagnose_window(*window, deadline=deadline)
         fleet, routers, places, errors = cache[window]
+        curves, change_errors, scope = await cache[window, pool]
         if fleet is None:  # Prometheus could not be read: said first, never an empty all-clear
             return not_diagnosed("; ".join(errors), alert.labels.get("rule_id"), list(window))
-        place = full_place(alert, places)
-        pool = (place.get("model"), None if place.get("model") else place.get("instance"))
-        if (window, pool) not in cache:
-            cache[window, pool] = await self._with_changes(fleet, *window, deadline, *pool)
-        found, change_errors, scope = cache[window, pool]
-        diagnosis = {**found.to_dict(), **routers}
+        if curves is not None:
+            fleet, change_errors = _with_changes(fleet, curves, window)
+        diagnosis = {**fleet.to_dict(), **routers}
         out = select_findings(diagnosis, alert, places)
         out["changes_read"] = scope
         status = window_status(diagnosis)
@@ -383,40 +389,46 @@ class WebhookServer:
         )
         return result, {"routers": router_decisions(routers)}, places, []
 
-    async def _with_changes(
+    async def _changes(
         self,
-        result: Diagnosis,
         start: float,
         end: float,
         deadline: float | None,
         model: str | None = None,
         instance: str | None = None,
-    ) -> tuple[Diagnosis, list[str], str]:
-        """The diagnosis with what changed in the window and its effect at matched load, by the one
-        function `kvscope diagnose` and the UI use (`curve.report.with_changes`: the curve's signals
-        read from the same Prometheus), for the pools of `model` only when the alert's place names
-        one, or of the model `instance` serves (its engines from the TSDB's index; every pool when
-        neither is known): an alert is about one place, and one model's engines are a fraction of
-        a fleet's. Its reads end CHANGES_MARGIN_S before the diagnosis' own deadline, so a slow
-        curve read (or a fault in the curve) costs the changes (said in `errors`), never the
-        findings. Third: which pools were read, in words."""
-        from kvscope.diagnoser.curve.report import with_changes
+    ) -> tuple[list[PoolCurve] | None, list[str], str]:
+        """The curves with what changed in the window and its effect at matched load, for the
+        pools of `model` only when the alert's place names one, or of the model `instance` serves
+        (its engines from the TSDB's index; every pool when neither is known): an alert is about
+        one place, and one model's engines are a fraction of a fleet's. Where the TSDB keeps the
+        curve's records (kvscope-curve.yml) over the window, read from them
+        (`curve.recorded.recorded_curves`, as `kvscope curve --recorded`); else from the curve's
+        signals of every engine of the pool, by the one function `kvscope diagnose` and the UI use
+        (`curve.report.window_curves`, what `with_changes` attaches). Read on a thread of its own
+        while the fleet path runs; its reads end CHANGES_MARGIN_S before the diagnosis' own
+        deadline, so a slow curve read (or a fault in the curve) costs the changes (None, said in
+        `errors`), never the findings. Third: which pools were read, in words."""
+        from kvscope.diagnoser.curve.recorded import recorded_interval, recorded_pool_curves
+        from kvscope.diagnoser.curve.report import window_curves
 
         source = PrometheusSource(self.config.prometheus_url, timeout_s=self.config.query_timeout_s)
         source.client.deadline = None if deadline is None else deadline - 1.0 - CHANGES_MARGIN_S
 
-        def read() -> tuple[Diagnosis, str]:
+        def read() -> tuple[list[PoolCurve], str]:
             scope = scope_to_pool(source, model, instance, start, end)
-            return with_changes(source, result, start, end, self.config.step_s), scope
+            interval = recorded_interval(source.client, start, end)
+            if interval is not None:
+                return recorded_pool_curves(source, start, end, interval), f"{scope}, from the curve's records"
+            return window_curves(source, start, end, self.config.step_s), scope
 
         try:
             got, scope = await self._in_thread(deadline, read)
         except SourceError as exc:
-            return result, [f"what changed in the window could not be read: {exc}"], "none"
+            return None, [f"what changed in the window could not be read: {exc}"], "none"
         except Exception as exc:  # noqa: BLE001 - a fault in the curve costs the changes, not the findings
             log.exception("what changed in [%s, %s] could not be computed", start, end)
             why = f"what changed in the window could not be computed: {type(exc).__name__}: {exc}"
-            return result, [why], "none"
+            return None, [why], "none"
         return got, [], scope
 
     async def forward(self, row_id: int, payload: dict[str, Any]) -> str:
@@ -533,6 +545,20 @@ def _unread(doc: dict[str, Any], why: str, status: str) -> dict[str, Any]:
 
     alerts = [{**a, "kvscope": kvscope(i, a)} for i, a in enumerate(doc["alerts"])]
     return {**doc, "alerts": alerts, "kvscope_error": why, "kvscope_version": 1}
+
+
+def _with_changes(
+    diagnosis: Diagnosis, curves: list[PoolCurve], window: tuple[float, float]
+) -> tuple[Diagnosis, list[str]]:
+    """The diagnosis with the curves' changes attached (`curve.report.attach`), and the error when
+    that failed: a fault in the curve costs the changes, never the findings."""
+    from kvscope.diagnoser.curve.report import attach
+
+    try:
+        return attach(diagnosis, curves), []
+    except Exception as exc:  # noqa: BLE001 - a fault in the curve costs the changes, not the findings
+        log.exception("what changed in [%s, %s] could not be computed", *window)
+        return diagnosis, [f"what changed in the window could not be computed: {type(exc).__name__}: {exc}"]
 
 
 def _row_id(text: str) -> int:

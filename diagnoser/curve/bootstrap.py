@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvscope.core.quantiles import histogram_quantile
+from kvscope.core.quantiles import histogram_quantiles
 from kvscope.diagnoser.curve.intervals import Intervals
 
 REPLICATES = 400
@@ -113,22 +113,21 @@ def quantile_stat(name: str, q: float) -> Stat:
         if name not in iv.hists:
             return np.full(len(w), np.nan)
         les, arr = iv.hists[name]
-        merged = np.maximum.accumulate(w @ np.nan_to_num(arr), axis=1)
-        out = [histogram_quantile(q, list(zip(les.tolist(), row.tolist(), strict=True))) for row in merged]
-        return np.array([np.nan if v is None else v for v in out], dtype=float)
+        return histogram_quantiles(q, les, np.maximum.accumulate(w @ np.nan_to_num(arr), axis=1))
 
     return stat
 
 
 def ratio_stat(num: str, den: str | None, seconds: float = 1.0) -> Stat:
     """Per replicate: the summed counter `num` over the summed counter `den` (over the intervals
-    where both are present; `den` None: per interval of `seconds`). NaN where absent."""
+    where both are present; `den` None: per interval of `seconds`, a row holding `iv.weight`
+    engine-intervals). NaN where absent."""
 
     def stat(iv: Intervals, w: np.ndarray) -> np.ndarray:
         a = iv.counters.get(num)
         if a is None:
             return np.full(len(w), np.nan)
-        b = iv.counters.get(den) if den else np.full(len(a), seconds)
+        b = iv.counters.get(den) if den else np.full(len(a), seconds) * (1.0 if iv.weight is None else iv.weight)
         if b is None:
             return np.full(len(w), np.nan)
         ok = ~np.isnan(a) & ~np.isnan(b)

@@ -73,7 +73,7 @@ def _replica_changes(frame: Frame, units: dict[Unit, Pool]) -> dict[Pool, list[C
     for r, labels in enumerate(running.labels):
         by_pool[units[unit_of(labels)]].append(r)
     return {
-        pool: _count_changes(frame.ts, (~np.isnan(running.values[rows])).sum(axis=0)) for pool, rows in by_pool.items()
+        pool: count_changes(frame.ts, (~np.isnan(running.values[rows])).sum(axis=0)) for pool, rows in by_pool.items()
     }
 
 
@@ -92,7 +92,7 @@ def raw_changes(frame: Frame) -> dict[Pool, list[Change]]:
     return {pool: merge(events, 3 * frame.step) for pool, events in out.items()}
 
 
-def _count_changes(ts: np.ndarray, count: np.ndarray) -> list[Change]:
+def count_changes(ts: np.ndarray, count: np.ndarray) -> list[Change]:
     """Replica-count changes between runs of at least MIN_STABLE equal counts (0 is no count)."""
     runs, start = [], 0
     for i in range(1, len(count) + 1):

@@ -62,6 +62,8 @@ class Intervals:
     little_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))  # Little's law's share of it
     little_sum: str | None = None  # the histogram sums Little's law read (None: gauges only)
     running_max: float | None = None  # the running gauge's highest sample in the window (any unit)
+    weight: np.ndarray | None = None  # engine-intervals per row (None: one each; the records: a bucket's engines)
+    sums: dict[str, np.ndarray] = field(default_factory=dict)  # the records' other sums per row (record_intervals)
 
     def take(self, mask: np.ndarray) -> Intervals:
         """The rows where mask holds."""
@@ -79,6 +81,8 @@ class Intervals:
             self.little_weight[mask],
             self.little_sum,
             self.running_max,
+            None if self.weight is None else self.weight[mask],
+            {k: v[mask] for k, v in self.sums.items()},
         )
 
     def __len__(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -97,10 +98,17 @@ def estimator(iv: Intervals) -> dict:
     return {"method": method, "sum": iv.little_sum, "littles_law_weight": weight}
 
 
-def judge(iv: Intervals, changes: list[Change], settle_s: float, th: Thresholds) -> list[JudgedChange]:
+def judge(
+    iv: Intervals,
+    changes: list[Change],
+    settle_s: float,
+    th: Thresholds,
+    points: Callable[[Intervals], list[Point]] = curve_points,
+) -> list[JudgedChange]:
     """Each change's before (since the previous change) against its after (until the next one,
     less the settle time), over the buckets both sides measured: the changed instances' intervals
-    where the change names instances, else the whole pool's."""
+    where the change names instances, else the whole pool's. `points`: each side's curve from its
+    intervals (the records' rows: `record_intervals.recorded_points`)."""
     times = [c.time for c in changes]
     out = []
     for i, c in enumerate(changes):
@@ -110,7 +118,7 @@ def judge(iv: Intervals, changes: list[Change], settle_s: float, th: Thresholds)
         keep = ~iv.resets & (np.isin(iv.unit, mine) if mine else True)
         before = iv.take(keep & (iv.t_end > lo) & (iv.t_end < c.time))
         after = iv.take(keep & (iv.t_end > c.time + settle_s) & (iv.t_end < hi))
-        sides = curve_points(before), curve_points(after)
+        sides = points(before), points(after)
         d, matched, mix = deltas(*sides, before, after)
         v, worse, better = verdict(d, th, mix)
         differs = mix_differs(mix, th)
@@ -126,13 +134,15 @@ def judge(iv: Intervals, changes: list[Change], settle_s: float, th: Thresholds)
     return out
 
 
-def curve_shift(iv: Intervals, th: Thresholds) -> JudgedChange | None:
+def curve_shift(
+    iv: Intervals, th: Thresholds, points: Callable[[Intervals], list[Point]] = curve_points
+) -> JudgedChange | None:
     """Where no label changed: the window's first half against its second at matched load; a
     change of kind `curve` when that is a regression or an improvement."""
     if len(iv) < 4:
         return None
     mid = float(np.median(iv.t_end))
-    j = judge(iv, [Change(mid, "curve")], 0.0, th)[0]
+    j = judge(iv, [Change(mid, "curve")], 0.0, th, points)[0]
     return j if j.verdict in ("regression", "improvement") else None
 
 

@@ -49,6 +49,7 @@ class PrometheusSource:
         self.description = f"prometheus:{self.url}"
         self.notes: list[str] = []  # how queries were split is the client's (`client.notes`)
         self.instances = instances  # only these instances' series (e.g. one pool's), else every one
+        self.model: str | None = None  # the model whose pools `instances` are (`scope_to_pool`)
 
     def natural_step(self) -> float | None:
         """None: a TSDB holds many scrape intervals (callers pick a step)."""
@@ -103,6 +104,7 @@ def scope_to_pool(source: PrometheusSource, model: str | None, instance: str | N
     served in [start, end] (both from the TSDB's index); every engine when neither is known (or the
     instance served several models). Returns which pools it reads, in words."""
     served = model or (instance and model_of(source.client, source.catalog, instance, start, end))
+    source.model = served or None
     if served:
         source.instances = model_instances(source.client, source.catalog, served, start, end) or None
     return f"the pools of model {served} ({len(source.instances)} instance(s))" if source.instances else "every pool"

@@ -123,13 +123,13 @@ LONG_WINDOW_S = 6 * 3600
 
 def _long_window_hint(client: PromClient, start: float, end: float) -> str:
     """What to run instead of reading every engine's histograms over a long window."""
-    from kvscope.diagnoser.curve.records import recorded_interval
+    from kvscope.diagnoser.curve.recorded import recorded_interval
 
     hours = (end - start) / 3600
     if recorded_interval(client, start, end) is not None:
         return (
             f"kvscope curve: reading every engine's histograms over {hours:g} h; this TSDB keeps kvscope's curve "
-            "records: --recorded reads the points in seconds (without judging changes)"
+            "records: --recorded reads the points and judges the changes in seconds"
         )
     return (
         f"kvscope curve: reading every engine's histograms over {hours:g} h (minutes at fleet size); "
@@ -138,7 +138,7 @@ def _long_window_hint(client: PromClient, start: float, end: float) -> str:
 
 
 def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
-    from kvscope.diagnoser.curve.records import recorded_curves
+    from kvscope.diagnoser.curve.recorded import recorded_curves, settings_reader
     from kvscope.diagnoser.curve.report import pool_curves, render_text, to_json
     from kvscope.diagnoser.curve.window import curve_step, read_window
     from kvscope.diagnoser.sources import SourceError
@@ -154,7 +154,7 @@ def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
             end = end if end is not None else math.floor(time.time() / lattice) * lattice
             start = end - since
         if isinstance(source, PrometheusSource) and args.recorded:  # run() let --recorded through with it only
-            curves = recorded_curves(source.client, start, end, args.slo_ttft_p99)
+            curves = recorded_curves(source.client, start, end, args.slo_ttft_p99, settings_reader(source))
         else:
             if isinstance(source, PrometheusSource) and end - start >= LONG_WINDOW_S:
                 print(_long_window_hint(source.client, start, end), file=sys.stderr)

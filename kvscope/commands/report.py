@@ -119,7 +119,8 @@ def read_gpu_mapping(args: argparse.Namespace) -> dict:
 
 
 def _load(args: argparse.Namespace):
-    """(Frame, end, source text, diagnoses: one per recording), read by `report_window`."""
+    """(Frame, end, source text, diagnoses: one per recording, the week's changes where the TSDB's
+    curve records judged them: else None, judged on the frame), read by `report_window`."""
     from kvscope.diagnoser.sources.samples import SamplesSource, StoreSource
     from kvscope.report.weekly import WEEK_S, report_window
 
@@ -142,7 +143,7 @@ def _load(args: argparse.Namespace):
                 raise ValueError(str(exc)) from exc
         names = ", ".join(p.name for p in args.recording)
         read = SamplesSource(samples, f"recordings {names}", carry=False)
-        return report_window(read), _end(args, max(ends)), read.description, diagnoses
+        return report_window(read), _end(args, max(ends)), read.description, diagnoses, None
     end = _end(args, time.time())
     if args.prometheus:
         from kvscope.diagnoser.pushdown.run import diagnose_fleet
@@ -151,6 +152,7 @@ def _load(args: argparse.Namespace):
 
         client = PromClient(args.prometheus, timeout_s=300.0)
         frame = report_window(PrometheusSource(args.prometheus, client=client), end)
+        recorded = _recorded_changes(PrometheusSource(args.prometheus, client=client), end)
         diagnoses = []  # the week's findings from the TSDB itself (the fleet path), on a 5-minute grid
         if not args.no_diagnose:
             from kvscope.diagnoser.pushdown.candidates import describe
@@ -164,8 +166,23 @@ def _load(args: argparse.Namespace):
                 print(line, file=sys.stderr)
         for note in client.notes:
             print(f"split: {note}", file=sys.stderr)
-        return frame, end, args.prometheus, diagnoses
-    return report_window(StoreSource(args.store, carry=False), end), end, f"store {args.store}", []
+        return frame, end, args.prometheus, diagnoses, recorded
+    return report_window(StoreSource(args.store, carry=False), end), end, f"store {args.store}", [], None
+
+
+def _recorded_changes(source, end: float):  # noqa: ANN001, ANN202 - a PrometheusSource; WeekChanges | None
+    """The week's changes judged from the TSDB's curve records over the two weeks the report reads
+    (`kvscope curve --recorded`), None where it keeps none (judged on the report's frame then)."""
+    from kvscope.diagnoser.curve.recorded import read_recorded, recorded_interval, settings_reader
+    from kvscope.report.weekly import WEEK_S
+    from kvscope.report.weekly.changes import changes_of
+
+    start = end - 2 * WEEK_S
+    interval = recorded_interval(source.client, start, end)
+    if interval is None:
+        return None
+    curves = read_recorded(source.client, start, end, interval, settings=settings_reader(source))
+    return changes_of(curves, interval, end - WEEK_S, end)
 
 
 def coverage_note(frame, end: float) -> str:  # noqa: ANN001 - a Frame
@@ -235,7 +252,7 @@ def _report(args: argparse.Namespace, steps: Stages) -> tuple[str, str | None]:
     from kvscope.report.weekly import WEEK_S, build_report, columns
 
     steps.stage("reading")
-    frame, end, source, diagnoses = _load(args)
+    frame, end, source, diagnoses, changes = _load(args)
     if columns(frame).first_ts() is None:  # none of the report's signals in the two weeks: a message, not a crash
         raise ValueError(
             f"{source} has no kvscope samples between {iso_utc(end - 2 * WEEK_S)} and {iso_utc(end)} "
@@ -244,7 +261,7 @@ def _report(args: argparse.Namespace, steps: Stages) -> tuple[str, str | None]:
     source += coverage_note(frame, end)
     steps.done()
     steps.stage("computing")
-    report = build_report(frame, end, args.gpu_hour_cost, source, diagnoses=diagnoses)
+    report = build_report(frame, end, args.gpu_hour_cost, source, diagnoses=diagnoses, changes=changes)
     steps.done()
     steps.stage("rendering")
     markdown = render_markdown(report)

@@ -94,10 +94,12 @@ def build_report(
     source: str,
     top: int = 10,
     diagnoses: Sequence[Diagnosis] = (),
+    changes: WeekChanges | None = None,
 ) -> WeeklyReport:
     """The week ending at `end` and, when the data reaches back, the week before it. The top
     findings are the `top` highest-scoring incidents of `diagnoses` (grouped by `group_incidents`);
-    the week's changes are judged on the operating curve of the whole frame (`week_changes`)."""
+    the week's changes are judged on the operating curve of the whole frame (`week_changes`) unless
+    `changes` gives them (judged from the TSDB's curve records: `changes_of`)."""
     this = compute_week(frame, end - WEEK_S, end, gpu_hour_cost)
     first = columns(frame).first_ts()
     previous = None
@@ -105,5 +107,5 @@ def build_report(
         previous = compute_week(frame, end - 2 * WEEK_S, end - WEEK_S, gpu_hour_cost)
     ranked = sorted(group_incidents(diagnoses), key=lambda i: (-i.head.score, -(i.head.until - i.head.since)))[:top]
     counts = tuple(count(d) for d in diagnoses)
-    changes = week_changes(frame, end - WEEK_S, end)
+    changes = changes or week_changes(frame, end - WEEK_S, end)
     return WeeklyReport(this, previous, gpu_hour_cost, source, ranked, attribution_note(frame), counts, changes)

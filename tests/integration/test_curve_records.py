@@ -184,7 +184,17 @@ def test_a_long_full_read_says_when_the_records_would_do(replayed, capsys):
     assert main(["curve", "--prometheus", url, "--start", str(end - 7 * 3600), "--end", str(end), "--json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["pools"], "the full read still reads the staircase"
-    assert "keeps kvscope's curve records: --recorded reads the points in seconds" in captured.err
+    assert "keeps kvscope's curve records: --recorded reads the points and judges the changes" in captured.err
     before = end - 8 * 3600
     assert main(["curve", "--prometheus", url, "--start", str(before - 7 * 3600), "--end", str(before)]) == 4
     assert "load kvscope-curve.yml (kvscope rules build) into the TSDB" in capsys.readouterr().err
+
+
+def test_records_that_begin_after_the_windows_start_say_so(replayed, capsys):
+    """A window reaching an hour before the records began: the curve is read from what there is,
+    and a note says from when, so that "no change" is not read into the part without records."""
+    url, start, end, _, _ = replayed
+    code = main(["curve", "--prometheus", url, "--start", str(start - 3600), "--end", str(end), "--recorded", "--json"])
+    assert code == 0
+    (pool,) = json.loads(capsys.readouterr().out)["pools"]
+    assert any("records of this pool begin at" in n for n in pool["operating"]["notes"]), pool["operating"]["notes"]

@@ -397,6 +397,7 @@ def test_a_failed_curve_read_costs_the_changes_not_the_findings(monkeypatch, fau
     from types import SimpleNamespace
 
     from kvscope.diagnoser.alertmanager import server as server_mod
+    from kvscope.diagnoser.curve import recorded as curve_recorded
     from kvscope.diagnoser.curve import report as curve_report
     from kvscope.diagnoser.evaluate.frame import Frame
     from kvscope.diagnoser.findings import Diagnosis, Finding
@@ -424,6 +425,7 @@ def test_a_failed_curve_read_costs_the_changes_not_the_findings(monkeypatch, fau
     def broken(*args, **kwargs):
         raise SourceError("prometheus: read timed out") if fault == "read" else ZeroDivisionError("bucket")
 
+    monkeypatch.setattr(curve_recorded, "recorded_interval", lambda *a, **k: None)  # no curve records
     if fault == "attach":
         monkeypatch.setattr(curve_report, "window_curves", lambda *a, **k: [])
     monkeypatch.setattr(curve_report, "attach" if fault == "attach" else "window_curves", broken)

@@ -276,9 +276,9 @@ def test_a_short_phase_is_comparable_at_the_scrape_interval_and_not_at_a_coarser
 
 
 def test_the_recorded_peak_is_the_99th_percentile_of_the_recorded_buckets():
-    """records._peak: the intervals' concurrency histogram (bucket -1: idle) read at its 99th
+    """recorded._peak: the intervals' concurrency histogram (bucket -1: idle) read at its 99th
     percentile, interpolated linearly inside the bucket that holds it; no intervals, no peak."""
-    from kvscope.diagnoser.curve.records import _peak
+    from kvscope.diagnoser.curve.recorded import _peak
 
     assert _peak({}) is None
     assert _peak({-1: 0.0}) is None
@@ -328,3 +328,15 @@ def test_a_block_as_long_as_the_side_never_collapses_the_bootstrap():
     rows = np.arange(len(iv))
     w = block_weights(iv, rows, np.random.default_rng(0), 50, length=1e9)
     assert w.sum(axis=1).min() >= len(rows) and len({tuple(r) for r in w}) > 1
+
+
+def test_a_restart_is_where_the_recorded_restart_count_rises():
+    """recorded.restart_times: the restarts record counts drops over the last five minutes, so one
+    restart shows at several evaluations; it is placed at the first, a second within the span at
+    the count's rise, and not at the window's first evaluation (that one may count an older one)."""
+    from kvscope.diagnoser.curve.recorded import restart_times
+
+    pts = np.array([[100.0, 1], [110, 1], [120, 1], [200, 1], [210, 2], [220, 2], [230, 1]])
+    assert restart_times(pts, 10.0, 0.0).tolist() == [100.0, 200.0, 210.0]
+    assert restart_times(pts, 10.0, 95.0).tolist() == [200.0, 210.0]
+    assert restart_times(None, 10.0, 0.0).tolist() == []

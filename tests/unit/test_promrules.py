@@ -73,7 +73,9 @@ def test_the_curve_records_interval_is_the_groups_and_each_rules_span(tmp_path, 
     assert group["interval"] == "2m"
     exprs = [r["expr"] for r in group["rules"]]
     assert "[2m]" in exprs[0] and "[1m]" not in "".join(exprs)
-    assert "last_over_time(kvscope:curve_bucket:avg[60s])" in exprs[-1]
+    assert "last_over_time(kvscope:curve_bucket:avg[60s])" in exprs[-2]
+    # the restarts are looked for over five intervals (at least RESTART_SPAN_S): a restart's gap
+    assert group["rules"][-1]["record"] == "kvscope:curve_restarts:count" and "[600s]" in exprs[-1]
 
 
 # ---------------------------------------------------------------- canonical sources
