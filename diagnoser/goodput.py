@@ -56,6 +56,29 @@ class PoolGoodput:
     def good_requests_per_s(self) -> tuple[float | None, float | None]:
         return _times(self.goodput, self.requests_per_s)
 
+    def outside_engine(self) -> str | None:
+        """Why the tap's exact share lies outside the engine histograms' bounds, or None where it
+        lies inside (or either is unknown). The engine times a request from its own arrival to its
+        own last token; the tap times it as the client sees it, so time spent outside the engine
+        (its API server tokenizing and streaming, the network, a queue in front) fails objectives
+        the engine's histograms count as met; a client that hangs up early the other way round."""
+        g, exact = self.goodput, self.exact
+        if exact is None or g.upper is None:
+            return None
+        if exact < (g.lower if g.lower is not None else 0.0) - 1e-9:
+            return (
+                f"the tap saw {exact:.1%} of requests meet every objective, under the engine histograms' "
+                f"{g.lower:.1%}: requests lose time outside the engine (its API server, the network, a "
+                "queue in front of it), which the engine's own histograms do not count"
+            )
+        if exact > g.upper + 1e-9:
+            return (
+                f"the tap saw {exact:.1%} of requests meet every objective, over the engine histograms' "
+                f"{g.upper:.1%}: the engine counts requests the tap did not see (other clients, or "
+                "requests the tap's labels assign to another pool, such as LoRA adapters by name)"
+            )
+        return None
+
     def good_tokens_per_s(self) -> tuple[float | None, float | None]:
         return _times(self.goodput, self.output_tokens_per_s)
 
@@ -83,6 +106,7 @@ class PoolGoodput:
             "gpus": self.gpus,
             "good_output_tokens_per_gpu_hour": list(self.good_tokens_per_gpu_hour()),
             "unaligned": list(self.unaligned),
+            "outside_engine": self.outside_engine(),
         }
 
 
@@ -241,4 +265,6 @@ def render_text(rows: list[PoolGoodput]) -> str:
         if g.not_evaluable:
             lines.append(f"  not evaluable (no histogram): {', '.join(g.not_evaluable)}; the lower bound is unknown")
         lines += [f"  warning: {u}" for u in r.unaligned]
+        if (gap := r.outside_engine()) is not None:
+            lines.append(f"  note: {gap}")
     return "\n".join(lines) if lines else "no pool counted requests on any objective's histogram in this window"

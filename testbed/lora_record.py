@@ -26,12 +26,16 @@ from pathlib import Path
 import aiohttp
 import yaml
 
+from kvscope.core.objectives import Objectives, ObjectiveSet
 from testbed.incidents import start_recorder, stop_recorder
 from testbed.tapfront import TapFront
 from testbed.tiny_model import SERVED_NAME
 from testbed.vllm_server import VllmConfig, VllmServer
 
 NAME = "lora-two-adapters"
+OBJECTIVES = Objectives(ttft=0.25, tpot=0.05, e2e=2.5)
+"""What the tap judges each request against (exact goodput); bounds vLLM's default buckets have, so
+the engine's histograms give the same objectives' bounds (docs/goodput.md)."""
 ADAPTER_SCRIPT = """
 import json, os, sys, torch
 from safetensors.torch import save_file
@@ -108,7 +112,7 @@ def main() -> None:
             "2",
         )
         server = VllmServer(VllmConfig(max_num_seqs=8, extra_args=flags))
-        with server, TapFront([server.url]) as front:
+        with server, TapFront([server.url], objectives=ObjectiveSet(OBJECTIVES)) as front:
             raw = work / f"{NAME}.om"
             rec = start_recorder([server], raw, 2.0, work, args.duration + 60, taps=front.metrics_urls)
             time.sleep(6)
@@ -150,6 +154,7 @@ def main() -> None:
                     "client": counts,
                 }
             ],
+            "objectives": {"ttft_s": OBJECTIVES.ttft, "tpot_s": OBJECTIVES.tpot, "e2e_s": OBJECTIVES.e2e},
             "expected": "no warning",
             "regenerate": "testbed/lora_record.py",
         }

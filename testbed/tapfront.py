@@ -26,6 +26,7 @@ import threading
 from kvscope.agent.tap.proxy import TapConfig
 from kvscope.agent.traces.export import SpanBatchExporter
 from kvscope.commands.tap import build_tap
+from kvscope.core.objectives import ObjectiveSet
 
 
 class TapFront:
@@ -37,6 +38,7 @@ class TapFront:
         tenant_header: str = "X-Tenant-Id",
         prefix_window_s: float = 900.0,
         spans_endpoint: str | None = None,
+        objectives: ObjectiveSet | None = None,
     ) -> None:
         if not upstreams:
             raise ValueError("need at least one upstream")
@@ -50,6 +52,7 @@ class TapFront:
                     tenant_header=tenant_header,
                     prefix_window_s=prefix_window_s,
                     service_name=f"kvscope-tap-{i}",
+                    objectives=objectives or ObjectiveSet(),
                 ),
                 span_sink=sink,
             )
