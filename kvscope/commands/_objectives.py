@@ -5,6 +5,7 @@ parser: the file's `objectives:` section with the flags set over it (docs/goodpu
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 from kvscope.core.objectives import ObjectiveSet, merge_flags, parse_objectives
@@ -41,12 +42,22 @@ def add_objective_flags(parser: argparse.ArgumentParser, ttft_aliases: tuple[str
 def objectives_from_args(args: argparse.Namespace) -> ObjectiveSet:
     """The objectives the flags and --objectives declare. ValueError (or the config reader's
     ConfigError, a ValueError) saying which flag or key is wrong."""
+    return read_objectives(getattr(args, "objectives", None), flags_of(args))
+
+
+def flags_of(args: argparse.Namespace) -> dict[str, Any]:
+    """{kind or "target": the --slo-* flag's text, None where not given}."""
+    return {k: getattr(args, f"slo_{k}", None) for k in ("ttft", "tpot", "e2e", "target")}
+
+
+def read_objectives(path: str | None, flags: Mapping[str, Any]) -> ObjectiveSet:
+    """The `objectives:` section of the YAML at `path` (None: no file) with `flags` (`flags_of`)
+    set over it, through the one parser. ValueError naming the flag or key that is wrong."""
     doc: Any = None
-    if getattr(args, "objectives", None):
+    if path:
         from kvscope.agent.config import read_config_file
 
-        doc = read_config_file(args.objectives).get("objectives")
-    flags = {k: getattr(args, f"slo_{k}", None) for k in ("ttft", "tpot", "e2e", "target")}
+        doc = read_config_file(path).get("objectives")
     try:
         return parse_objectives(merge_flags(doc, flags))
     except ValueError as exc:
