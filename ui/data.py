@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from kvscope.core.objectives import ObjectiveSet
+from kvscope.core.objectives import ObjectiveSet, merge_flags, parse_objectives
 from kvscope.core.quantiles import histogram_quantile
 from kvscope.core.rates import step_increases
 from kvscope.core.signals import Labels, load_catalog
@@ -46,7 +46,8 @@ ENV_SERVE = "KVSCOPE_UI_SERVE_URL"
 """The `kvscope serve` address (`kvscope ui --serve-url`): ui/alert_link.py reads stored diagnoses there."""
 ENV_OBJECTIVES = "KVSCOPE_UI_OBJECTIVES"
 """`kvscope ui`'s --objectives FILE and --slo-* flags as JSON ({"file": path or null, "flags": {kind:
-text}}): the pages read them through the same parser (`objectives_from_env`)."""
+text}}): the pages read them through the same parser (`objectives_from_env`); the file is read
+again, not copied, so no size limit of the environment applies."""
 MAX_CHART_SERIES = 8
 SPREAD_ABOVE = 4
 """Evidence charts with more series than this show their min / mean / max instead."""
@@ -77,10 +78,11 @@ def source_from_env(env: Mapping[str, str] | None = None) -> SourceSpec | None:
 
 
 def objectives_from_env(env: Mapping[str, str] | None = None) -> ObjectiveSet:
-    """The latency objectives `kvscope ui` was started with (the defaults without any), read by
-    commands/_objectives.py's reader from the file and flags it passed. ValueError when the file
-    no longer reads or the variable is not what `kvscope ui` writes."""
-    from kvscope.commands._objectives import read_objectives
+    """The latency objectives `kvscope ui` was started with (the defaults without any): the file's
+    `objectives:` section with the flags set over it, through core/objectives.py's one parser, as
+    `kvscope ui` checked them before starting. ValueError when the file no longer reads or the
+    variable is not what `kvscope ui` writes."""
+    from kvscope.agent.config import read_config_file
 
     raw = (os.environ if env is None else env).get(ENV_OBJECTIVES)
     if not raw:
@@ -91,7 +93,8 @@ def objectives_from_env(env: Mapping[str, str] | None = None) -> ObjectiveSet:
         raise ValueError(f"{ENV_OBJECTIVES}: not JSON ({exc})") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("flags") or {}, dict):
         raise ValueError(f'{ENV_OBJECTIVES}: expected {{"file": ..., "flags": {{...}}}}')
-    return read_objectives(spec.get("file"), spec.get("flags") or {})
+    doc = read_config_file(spec["file"]).get("objectives") if spec.get("file") else None
+    return parse_objectives(merge_flags(doc, spec.get("flags") or {}))
 
 
 @dataclass
