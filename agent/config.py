@@ -23,7 +23,7 @@ from urllib.parse import SplitResult, urlsplit
 
 import yaml
 
-from kvscope.core.objectives import ObjectiveSet, parse_objectives
+from kvscope.core.objectives import ObjectiveSet, merge_flags, parse_objectives
 from kvscope.core.scalars import parse_bool, parse_duration
 from kvscope.core.signals import load_catalog
 
@@ -600,3 +600,16 @@ def _collector(path: str, value: Any, where: str) -> CollectorConfig:
 def describe_keys() -> str:
     """Text table of every scalar key, its env variable and default (for --help)."""
     return "\n".join(f"  {k.path:<22} {k.env:<30} default {k.default!r}" for k in KEYS)
+
+
+def read_objectives(path: str | None, flags: Mapping[str, Any]) -> ObjectiveSet:
+    """The `objectives:` section of the YAML at `path` (None: no file) with `flags` ({kind or "target": text})
+    set over it, through the one parser. ValueError naming the flag or key that is wrong."""
+    doc: Any = read_config_file(path).get("objectives") if path else None
+    try:
+        return parse_objectives(merge_flags(doc, flags))
+    except ValueError as exc:
+        flag = next((k for k, v in flags.items() if v is not None and str(exc).startswith(f"objectives.{k}:")), None)
+        if flag is None:
+            raise
+        raise ValueError(f"--slo-{flag}: {str(exc).split(': ', 1)[1]}") from None

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser.actions import lever_heading, plan
 from kvscope.diagnoser.findings import LeverAdvice, confidence_words
 from kvscope.diagnoser.render import fmt_duration
@@ -33,7 +34,7 @@ FLEET_ROWS = (
 )
 POOL_COLUMNS = {
     "output_tokens": ("Output tokens", "count"),
-    "goodput": (f"Goodput ({TENANT_SLO.objectives.default.describe()})", "text"),
+    "goodput": ("Goodput", "text"),  # its header names the objectives: _pool_columns
     "gpu_hours": ("GPU-hours", "num"),
     "tokens_per_gpu_hour": ("Tokens / GPU-h", "count"),
     "gpu_util": ("GPU util", "pct"),
@@ -60,6 +61,13 @@ GROUP_COLUMNS = {
     "cost_usd": ("GPU cost", "usd"),
 }
 """The tenant and adapter tables' columns (report/weekly/groups.py); a column without data is left out."""
+
+
+def pool_columns(objectives: ObjectiveSet | None = None) -> dict[str, tuple[str, str]]:
+    """POOL_COLUMNS with the goodput header naming the objectives goodput was judged against
+    (None: the generated rules' defaults, TENANT_SLO.objectives)."""
+    default = (objectives or TENANT_SLO.objectives).default
+    return {**POOL_COLUMNS, "goodput": (f"Goodput ({default.describe()})", "text")}
 
 
 def fmt(value: float | None, kind: str) -> str:
@@ -186,7 +194,7 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
     fleet += [[label, fmt(report.this.fleet.get(k), kind), _delta(deltas.get(k))] for k, label, kind in FLEET_ROWS]
     out: list[tuple[str, list[list[str]] | list[str]]] = [("Fleet", fleet), ("Utilisation", _trap_lines(report))]
     if not report.this.pools.empty:
-        out.append(("Per model / pool", _table(report.this.pools, POOL_COLUMNS, "Pool")))
+        out.append(("Per model / pool", _table(report.this.pools, pool_columns(report.objectives), "Pool")))
     tenants, adapters = report.this.tenants, report.this.adapters
     out.append(("Tenants", [NO_TENANTS] if tenants.empty else _table(tenants, GROUP_COLUMNS, "Tenant")))
     out.append(("Adapters", [NO_ADAPTERS] if adapters.empty else _table(adapters, GROUP_COLUMNS, "Adapter (model)")))

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import streamlit as st
 
+from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser.curve.report import PoolCurve
 from kvscope.ui import (
     alert_link,
@@ -29,6 +30,7 @@ from kvscope.ui.data import (
     TriageData,
     live_curves,
     load_triage,
+    objectives_from_env,
     source_from_env,
     take_preloaded,
 )
@@ -77,16 +79,17 @@ def _curves(source: SourceSpec, recorded: bool = False) -> list[PoolCurve]:
     return _live_curves(source.kind, source.location, source.since_s, source.end, recorded)
 
 
-def _sizing(source: SourceSpec | None) -> None:
-    """The sizing calculator, its C_max and usable RPS filled from the measured curve when there is
-    a source (the user can type over them); the typed defaults when there is none or it fails."""
+def _sizing(source: SourceSpec | None, objectives: ObjectiveSet) -> None:
+    """The sizing calculator, its C_max and usable RPS filled from the measured curve at the
+    objectives when there is a source (the user can type over them); the typed defaults when there
+    is none or it fails."""
     if source is None:
-        sizing_page.render()
+        sizing_page.render(objectives=objectives)
         return
     try:
-        sizing_page.render(_curves(source), source.describe())
+        sizing_page.render(_curves(source), source.describe(), objectives=objectives)
     except SourceError as exc:
-        sizing_page.render(None, source.describe(), str(exc))
+        sizing_page.render(None, source.describe(), str(exc), objectives)
 
 
 def _load(source: SourceSpec) -> TriageData:
@@ -112,8 +115,14 @@ def main() -> None:
     if source is not None:
         source = alert_link.windowed(source, link)
     st.sidebar.caption(source.describe() if source else "no source: start with kvscope ui --recording FILE")
+    try:
+        objectives = objectives_from_env()
+    except ValueError as exc:  # the objectives file changed since `kvscope ui` read it
+        st.error(f"The latency objectives do not read: {exc}")
+        return
+    st.sidebar.caption(f"Objectives: {objectives.default.describe()} (kvscope ui --objectives, --slo-*)")
     if page == "Sizing calculator":
-        _sizing(source)
+        _sizing(source, objectives)
         return
     if page not in NEEDS_DATA:
         PAGES[page]()
@@ -130,7 +139,7 @@ def main() -> None:
                 "`kvscope rules build`): a week of a large fleet in seconds, intervals of the rules' interval, "
                 "no changes judged. Off: every engine's histograms over the window, with the changes.",
             )
-            operating_page.render(_curves(source, recorded), source.describe())
+            operating_page.render(_curves(source, recorded), source.describe(), objectives)
             return
         data = _load(source)
     except SourceError as exc:  # not read: said as such, never an empty page that reads healthy
@@ -138,6 +147,9 @@ def main() -> None:
         return
     if page == "Triage":
         triage_page.render(data, link)
+        return
+    if page == "Efficiency":
+        efficiency_page.render(data, objectives)
         return
     PAGES[page](data)
 

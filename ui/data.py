@@ -7,6 +7,7 @@ charts show the very numbers the rules saw. Everything here is plain data and te
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from kvscope.core.objectives import ObjectiveSet
 from kvscope.core.quantiles import histogram_quantile
 from kvscope.core.rates import step_increases
 from kvscope.core.signals import Labels, load_catalog
@@ -42,6 +44,10 @@ ENV_SINCE = "KVSCOPE_UI_SINCE_S"
 ENV_END = "KVSCOPE_UI_END"
 ENV_SERVE = "KVSCOPE_UI_SERVE_URL"
 """The `kvscope serve` address (`kvscope ui --serve-url`): ui/alert_link.py reads stored diagnoses there."""
+ENV_OBJECTIVES = "KVSCOPE_UI_OBJECTIVES"
+"""`kvscope ui`'s --objectives FILE and --slo-* flags as JSON ({"file": path or null, "flags": {kind:
+text}}): the pages read them through the same parser (`objectives_from_env`); the file is read
+again, not copied, so no size limit of the environment applies."""
 MAX_CHART_SERIES = 8
 SPREAD_ABOVE = 4
 """Evidence charts with more series than this show their min / mean / max instead."""
@@ -69,6 +75,25 @@ def source_from_env(env: Mapping[str, str] | None = None) -> SourceSpec | None:
         if env.get(var):
             return SourceSpec(kind, env[var], since, end)
     return None
+
+
+def objectives_from_env(env: Mapping[str, str] | None = None) -> ObjectiveSet:
+    """The latency objectives `kvscope ui` was started with (the defaults without any): the file's
+    `objectives:` section with the flags set over it, through core/objectives.py's one parser, as
+    `kvscope ui` checked them before starting. ValueError when the file no longer reads or the
+    variable is not what `kvscope ui` writes."""
+    from kvscope.agent.config import read_objectives
+
+    raw = (os.environ if env is None else env).get(ENV_OBJECTIVES)
+    if not raw:
+        return ObjectiveSet()
+    try:
+        spec = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{ENV_OBJECTIVES}: not JSON ({exc})") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("flags") or {}, dict):
+        raise ValueError(f'{ENV_OBJECTIVES}: expected {{"file": ..., "flags": {{...}}}}')
+    return read_objectives(spec.get("file"), spec.get("flags") or {})
 
 
 @dataclass

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from kvscope.report.render import POOL_COLUMNS, fmt
+from kvscope.core.objectives import ObjectiveSet
+from kvscope.report.render import fmt, pool_columns
 from kvscope.report.weekly import UTILISATION_TRAP, compute_week
 from kvscope.ui.data import TriageData, window_text
 
@@ -19,7 +20,9 @@ NO_GPU = (
 """What the page says when the source has no GPU series, and how to get them."""
 
 
-def render(data: TriageData) -> None:
+def render(data: TriageData, objectives: ObjectiveSet | None = None) -> None:
+    """`objectives`: what the goodput column is judged against (`kvscope ui --objectives/--slo-*`;
+    None: the generated rules' defaults)."""
     st.title("Efficiency")
     if data.series is None:
         st.info(
@@ -29,7 +32,7 @@ def render(data: TriageData) -> None:
         return
     cost = st.columns(4)[0].number_input("$ per GPU-hour", 0.01, 1000.0, 2.5, key="gpu_hour_cost")
     start, end = data.frame.window
-    week = compute_week(data.series, start - 1e-9, end, cost)
+    week = compute_week(data.series, start - 1e-9, end, cost, objectives)
     f = week.fleet
     cols = st.columns(4)
     cols[0].metric("Output tokens / GPU-hour", fmt(f.get("tokens_per_gpu_hour"), "count"))
@@ -55,7 +58,7 @@ def render(data: TriageData) -> None:
         shown = pd.DataFrame(
             {
                 label: [fmt(v, kind) for v in week.pools[col]]
-                for col, (label, kind) in POOL_COLUMNS.items()
+                for col, (label, kind) in pool_columns(objectives).items()
                 if col in week.pools
             },
             index=week.pools.index,

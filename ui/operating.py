@@ -9,10 +9,11 @@ Method: docs/curve.md ("Sizing LLM Inference for Production" §8.1-8.5).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
+from kvscope.core.objectives import Objectives, ObjectiveSet
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point
 from kvscope.diagnoser.curve.points import Point
 from kvscope.diagnoser.curve.report import JudgedChange, PoolCurve, pool_name
@@ -28,12 +29,29 @@ METRIC_WORDS = {"ttft_p99_s": "TTFT p99", "itl_p99_s": "ITL p99", "output_tokens
 METRIC_UNITS = {"ttft_p99_s": "s", "itl_p99_s": "s", "output_tokens_per_s": "tokens/s"}
 
 
-def at_slo(pc: PoolCurve, slo_s: float) -> Operating:
-    """The pool's operating point at another TTFT p99 SLO: `operating_point` over the same points and
-    peak (what `kvscope curve --slo-ttft-p99` computes); the curve's own at the default SLO."""
-    if slo_s == DEFAULT_SLO_TTFT_P99_S:
+def at_slo(pc: PoolCurve, slo_s: float, objectives: Objectives | None = None) -> Operating:
+    """The pool's operating point at another TTFT p99 SLO, its TPOT and e2e objectives judged too
+    where `objectives` sets them: `operating_point` over the same points and peak (what `kvscope
+    curve --slo-ttft-p99 --slo-tpot ...` computes); the curve's own at the default TTFT alone."""
+    if slo_s == DEFAULT_SLO_TTFT_P99_S and not set(objectives.bounds() if objectives else ()) - {"ttft"}:
         return pc.operating
-    return operating_point(pc.points, pc.operating.peak_concurrency, slo_s, running_max=pc.operating.running_max)
+    return operating_point(
+        pc.points, pc.operating.peak_concurrency, slo_s, running_max=pc.operating.running_max, objectives=objectives
+    )
+
+
+def pool_objectives(objectives: ObjectiveSet, pc: PoolCurve, ttft_s: float) -> Objectives:
+    """The objectives the pool's C_max is judged at: its own (`objectives.of` its model) with the
+    page's TTFT input over them where the input differs from the fleet's TTFT (or the pool sets none)."""
+    own = objectives.of(pool=pc.labels.get("model"))
+    if ttft_s != fleet_ttft(objectives) or own.ttft is None:
+        own = replace(own, ttft=ttft_s)
+    return own
+
+
+def fleet_ttft(objectives: ObjectiveSet) -> float:
+    """The TTFT input's start value: the fleet's TTFT objective (the rules' default where none is set)."""
+    return objectives.default.ttft if objectives.default.ttft is not None else DEFAULT_SLO_TTFT_P99_S
 
 
 def curve_rows(points: list[Point], side: str = "") -> pd.DataFrame:
@@ -135,18 +153,19 @@ class MeasuredSizing:
     provenance: str
 
 
-def measured_sizing(pc: PoolCurve, slo_s: float, source: str) -> MeasuredSizing:
-    """The pool's C_max and usable RPS at the SLO, with a sentence saying where they come from
-    (or why the curve gives none, so the typed values stand)."""
-    op = at_slo(pc, slo_s)
+def measured_sizing(pc: PoolCurve, slo_s: float, source: str, objectives: Objectives | None = None) -> MeasuredSizing:
+    """The pool's C_max and usable RPS at the SLO (and `objectives`' TPOT and e2e where set), with a
+    sentence saying where they come from (or why the curve gives none, so the typed values stand)."""
+    op = at_slo(pc, slo_s, objectives)
     where = f"the measured operating curve of {pool_name(pc)} ({source}; per instance, `kvscope curve`)"
+    at = f"TTFT p99 ≤ {slo_s:g} s" + "".join(
+        f", {k.upper()} p99 ≤ {b:g} s" for k, b in (objectives.bounds() if objectives else {}).items() if k != "ttft"
+    )
     if op.c_max is None or op.usable_rps is None:
-        return MeasuredSizing(
-            None, None, f"From {where}: no C_max at TTFT p99 ≤ {slo_s:g} s ({op.c_max_note}); typed values used."
-        )
+        return MeasuredSizing(None, None, f"From {where}: no C_max at {at} ({op.c_max_note}); typed values used.")
     return MeasuredSizing(
         op.c_max,
         op.usable_rps,
-        f"From {where}: C_max {op.c_max:g} and usable RPS {op.usable_rps:.2f} at TTFT p99 ≤ {slo_s:g} s "
+        f"From {where}: C_max {op.c_max:g} and usable RPS {op.usable_rps:.2f} at {at} "
         f"({op.c_max_note}). Type over them to override.",
     )

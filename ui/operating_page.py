@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import streamlit as st
 
+from kvscope.core.objectives import Objectives, ObjectiveSet
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S
 from kvscope.diagnoser.curve.report import SETTLE_S, PoolCurve, c_max_text, headroom_text, knee_text, pool_name
 from kvscope.ui.charts import render_change_chart, render_curve_chart
-from kvscope.ui.operating import at_slo, change_view, curve_rows, points_table
+from kvscope.ui.operating import at_slo, change_view, curve_rows, fleet_ttft, points_table, pool_objectives
 
 VERDICT_BOX = {"regression": st.error, "improvement": st.success, "no_change": st.info, "not_comparable": st.warning}
 
 
-def render(curves: list[PoolCurve], source: str) -> None:
+def render(curves: list[PoolCurve], source: str, objectives: ObjectiveSet | None = None) -> None:
+    """`objectives`: what C_max is judged at (`kvscope ui --objectives/--slo-*`; None: the defaults)."""
+    objectives = objectives or ObjectiveSet()
     st.title("Operating point")
     st.caption(
         f"{source} · each pool's TTFT p50 and p99 against the requests in its engines, read passively "
@@ -29,9 +32,10 @@ def render(curves: list[PoolCurve], source: str) -> None:
         "TTFT p99 SLO (seconds), for C_max",
         min_value=0.001,
         max_value=3600.0,
-        value=DEFAULT_SLO_TTFT_P99_S,
+        value=fleet_ttft(objectives),
         key="curve_slo",
-        help="kvscope curve --slo-ttft-p99; the default is the SLO rules' default",
+        help="starts at the fleet's TTFT objective (kvscope ui --objectives/--slo-ttft); changed, it is "
+        "every pool's TTFT bound. TPOT and e2e objectives are judged where the engines measure them",
     )
     if not curves:
         st.info(
@@ -40,16 +44,18 @@ def render(curves: list[PoolCurve], source: str) -> None:
         )
         return
     for pc in curves:
-        render_pool(pc, float(slo))
+        render_pool(pc, pool_objectives(objectives, pc, float(slo)))
 
 
-def render_pool(pc: PoolCurve, slo_s: float) -> None:
-    """One pool: the chart, the statements, the points, then its changes."""
-    op = at_slo(pc, slo_s)
+def render_pool(pc: PoolCurve, objectives: Objectives) -> None:
+    """One pool: the chart, the statements, the points, then its changes; C_max at `objectives`."""
+    slo_s = objectives.ttft if objectives.ttft is not None else DEFAULT_SLO_TTFT_P99_S
+    op = at_slo(pc, slo_s, objectives)
     st.header(f"Pool {pool_name(pc)}")
     st.caption(
         f"Concurrency per instance: {pc.signal}; {pc.intervals} scrape intervals"
         + (f" of {pc.step:g} s" if pc.step else "")
+        + f". Objectives: {objectives.describe()}."
     )
     st.markdown("\n".join(f"- {line}" for line in (knee_text(op), c_max_text(op, slo_s), headroom_text(op))))
     if op.littles_law_gap is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TextIO
 
 from kvscope.diagnoser.sources import SourceError, read_url
-from kvscope.ui.data import ENV, ENV_END, ENV_SERVE, ENV_SINCE, SourceSpec
+from kvscope.ui.data import ENV, ENV_END, ENV_OBJECTIVES, ENV_SERVE, ENV_SINCE, SourceSpec
 
 APP = Path(__file__).with_name("app.py")
 
@@ -65,10 +65,12 @@ class UiServer:
         host: str = "127.0.0.1",
         log_path: Path | None = None,
         serve_url: str | None = None,
+        objectives: str | None = None,
     ) -> None:
-        """`serve_url`: the `kvscope serve` whose stored diagnoses the triage page links to."""
+        """`serve_url`: the `kvscope serve` whose stored diagnoses the triage page links to;
+        `objectives`: the latency objectives' file and flags as ui/data.py's ENV_OBJECTIVES holds them."""
         self.source, self.port, self.host, self.log_path = source, port, host, log_path
-        self.serve_url = serve_url
+        self.serve_url, self.objectives = serve_url, objectives
         self.proc: subprocess.Popen | None = None
         self._log: TextIO | None = None
 
@@ -91,9 +93,12 @@ class UiServer:
         ]
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in (*ENV.values(), ENV_SINCE, ENV_END, ENV_SERVE)}
+        ours = (*ENV.values(), ENV_SINCE, ENV_END, ENV_SERVE, ENV_OBJECTIVES)
+        env = {k: v for k, v in os.environ.items() if k not in ours}
         if self.serve_url:
             env[ENV_SERVE] = self.serve_url
+        if self.objectives:
+            env[ENV_OBJECTIVES] = self.objectives
         if self.source is not None:
             env[ENV[self.source.kind]] = self.source.location
             env[ENV_SINCE] = str(self.source.since_s)

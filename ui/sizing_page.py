@@ -10,18 +10,21 @@ import math
 
 import streamlit as st
 
+from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser import sizing
-from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S
 from kvscope.diagnoser.curve.report import PoolCurve, pool_name
-from kvscope.ui.operating import MeasuredSizing, measured_sizing
+from kvscope.ui.operating import MeasuredSizing, fleet_ttft, measured_sizing, pool_objectives
 
 GB = 1e9
 TYPED_C_MAX, TYPED_USABLE = 48.0, 12.0
 """The calculator's own example values, used where no curve gives a C_max."""
 
 
-def render(curves: list[PoolCurve] | None = None, source: str = "", error: str = "") -> None:
-    """`curves`: the source's measured curves (None: no source); `error`: why they could not be read."""
+def render(
+    curves: list[PoolCurve] | None = None, source: str = "", error: str = "", objectives: ObjectiveSet | None = None
+) -> None:
+    """`curves`: the source's measured curves (None: no source); `error`: why they could not be read;
+    `objectives`: what C_max is judged at (`kvscope ui --objectives/--slo-*`; None: the defaults)."""
     st.title("Sizing calculator")
     st.caption(
         "Pure arithmetic from Sizing LLM Inference for Production §2, §6.5, §8.3 and §9.4. "
@@ -29,7 +32,7 @@ def render(curves: list[PoolCurve] | None = None, source: str = "", error: str =
         "principles (2 × layers × KV heads × head dim × bytes), not from the documents' rounded figures."
     )
     memory_section()
-    fleet_section(curves, source, error)
+    fleet_section(curves, source, error, objectives)
     queue_section()
     pd_section()
 
@@ -77,9 +80,12 @@ def memory_section() -> None:
     )
 
 
-def measured(curves: list[PoolCurve] | None, source: str, error: str) -> tuple[MeasuredSizing | None, str]:
-    """The measured C_max and usable RPS of the pool the user picks, and a key suffix so the inputs
-    start again from the measurement when the pool or the SLO changes. Says where the numbers come from."""
+def measured(
+    curves: list[PoolCurve] | None, source: str, error: str, objectives: ObjectiveSet
+) -> tuple[MeasuredSizing | None, str]:
+    """The measured C_max and usable RPS of the pool the user picks at its objectives (the TTFT
+    input over them where changed: `pool_objectives`), and a key suffix so the inputs start again
+    from the measurement when the pool or the SLO changes. Says where the numbers come from."""
     if error:
         st.warning(f"The measured curve could not be read ({error}): C_max and usable RPS are typed values.")
         return None, ""
@@ -93,9 +99,11 @@ def measured(curves: list[PoolCurve] | None, source: str, error: str) -> tuple[M
     names = [pool_name(pc) for pc in curves]
     name = c[0].selectbox("Measured pool", names, key="sizing_pool") if len(names) > 1 else names[0]
     slo = c[1 if len(names) > 1 else 0].number_input(
-        "TTFT p99 SLO (s) for C_max", 0.001, 3600.0, DEFAULT_SLO_TTFT_P99_S, key="sizing_slo"
+        "TTFT p99 SLO (s) for C_max", 0.001, 3600.0, fleet_ttft(objectives), key="sizing_slo"
     )
-    found = measured_sizing(curves[names.index(name)], float(slo), source)
+    pc = curves[names.index(name)]
+    own = pool_objectives(objectives, pc, float(slo))
+    found = measured_sizing(pc, own.ttft if own.ttft is not None else float(slo), source, own)
     st.info(found.provenance)
     return found, f"{name}@{slo:g}"
 
@@ -104,9 +112,11 @@ def _same(typed: tuple, measured_: tuple) -> bool:
     return all(m is not None and math.isclose(t, m, rel_tol=1e-6) for t, m in zip(typed, measured_, strict=True))
 
 
-def fleet_section(curves: list[PoolCurve] | None = None, source: str = "", error: str = "") -> None:
+def fleet_section(
+    curves: list[PoolCurve] | None = None, source: str = "", error: str = "", objectives: ObjectiveSet | None = None
+) -> None:
     st.header("Fleet size with a Little's Law check (Sizing LLM Inference for Production §8.3)")
-    found, suffix = measured(curves, source, error)
+    found, suffix = measured(curves, source, error, objectives or ObjectiveSet())
     usable_0 = found.usable_rps if found and found.usable_rps is not None else TYPED_USABLE
     c_max_0 = found.c_max if found and found.c_max is not None else TYPED_C_MAX
     c = st.columns(6)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvscope.core.objectives import ObjectiveSet, merge_flags, parse_objectives
+from kvscope.agent.config import read_objectives
+from kvscope.core.objectives import ObjectiveSet
 
 
 def add_objective_flags(parser: argparse.ArgumentParser, ttft_aliases: tuple[str, ...] = ()) -> None:
@@ -41,16 +42,9 @@ def add_objective_flags(parser: argparse.ArgumentParser, ttft_aliases: tuple[str
 def objectives_from_args(args: argparse.Namespace) -> ObjectiveSet:
     """The objectives the flags and --objectives declare. ValueError (or the config reader's
     ConfigError, a ValueError) saying which flag or key is wrong."""
-    doc: Any = None
-    if getattr(args, "objectives", None):
-        from kvscope.agent.config import read_config_file
+    return read_objectives(getattr(args, "objectives", None), flags_of(args))
 
-        doc = read_config_file(args.objectives).get("objectives")
-    flags = {k: getattr(args, f"slo_{k}", None) for k in ("ttft", "tpot", "e2e", "target")}
-    try:
-        return parse_objectives(merge_flags(doc, flags))
-    except ValueError as exc:
-        flag = next((k for k, v in flags.items() if v is not None and str(exc).startswith(f"objectives.{k}:")), None)
-        if flag is None:
-            raise
-        raise ValueError(f"--slo-{flag}: {str(exc).split(': ', 1)[1]}") from None
+
+def flags_of(args: argparse.Namespace) -> dict[str, Any]:
+    """{kind or "target": the --slo-* flag's text, None where not given}."""
+    return {k: getattr(args, f"slo_{k}", None) for k in ("ttft", "tpot", "e2e", "target")}

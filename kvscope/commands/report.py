@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from kvscope.commands._checks import check_http_url, check_output_file, check_recording, parse_time, source_hint
 from kvscope.commands._common import add_command, fail
+from kvscope.commands._objectives import add_objective_flags, objectives_from_args
 from kvscope.commands._source import add_recording_cap_flags, recording_limits
 
 if TYPE_CHECKING:
@@ -22,7 +23,9 @@ usage, week-over-week deltas, the week's incidents (as `kvscope diagnose` groups
 what changed this week (restarts, config changes) with its effect at matched load (docs/curve.md).
 Numbers the source lacks print as "absent", never zero; a partial week is said with its span and
 gaps. GPU-hours are split per pool through the engine-GPU join (GPUs it cannot place are
-"unattributed"). What each section means: docs/ui.md.
+"unattributed"). Goodput per pool is judged against the latency objectives of --objectives FILE
+and --slo-* (each pool's own where the file sets one; default TTFT <= 1s for 0.99 of requests,
+docs/goodput.md). What each section means: docs/ui.md.
 
 From --prometheus the week's incidents come from the TSDB by the fleet path (a 5-minute step), which
 reads kvscope's candidate records (kvscope-candidates.yml, docs/fleet.md): where the TSDB lacks them
@@ -60,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_recording_cap_flags(p)
     no_diag_help = "--prometheus: skip the week's diagnosis (the rules run in the TSDB at a 5-minute step)"
     p.add_argument("--no-diagnose", action="store_true", help=no_diag_help)
+    add_objective_flags(p)
     p.set_defaults(func=run)
 
 
@@ -75,6 +79,7 @@ def check_args(args: argparse.Namespace) -> None:
         if not args.recording:
             raise ValueError("--recording: give at least one recording file")
     _end(args, 0.0)
+    args.objectives_set = objectives_from_args(args)
     if not args.gpu_hour_cost > 0:
         raise ValueError(f"--gpu-hour-cost: must be > 0 ($ per GPU-hour), got {args.gpu_hour_cost:g}")
     for flag in ("html", "markdown"):
@@ -261,7 +266,9 @@ def _report(args: argparse.Namespace, steps: Stages) -> tuple[str, str | None]:
     source += coverage_note(frame, end)
     steps.done()
     steps.stage("computing")
-    report = build_report(frame, end, args.gpu_hour_cost, source, diagnoses=diagnoses, changes=changes)
+    report = build_report(
+        frame, end, args.gpu_hour_cost, source, diagnoses=diagnoses, changes=changes, objectives=args.objectives_set
+    )
     steps.done()
     steps.stage("rendering")
     markdown = render_markdown(report)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvscope.commands._checks import check_http_url, check_port_free, check_recording, parse_seconds, parse_time
 from kvscope.commands._common import add_command, fail
+from kvscope.commands._objectives import add_objective_flags, flags_of, objectives_from_args
 
 if TYPE_CHECKING:
     from kvscope.ui.data import SourceSpec
@@ -17,8 +19,10 @@ Start the triage UI (Streamlit) on 127.0.0.1. Its first screen answers "what is 
 do I change": the likely cause and the top lever's exact config change per engine; below, the
 evidence with its charts, every lever ranked, competing hypotheses, and the rules that could not
 be evaluated. Other pages: tenants & fairness, cascades, efficiency, sizing, the rule catalog
-(docs/ui.md). A recording is read once; Prometheus and an agent are queried again on the first
-page view after 60 s, over the last --since. Runs in the foreground; Ctrl-C stops it.
+(docs/ui.md). The Operating point and Sizing pages' C_max and the Efficiency page's goodput are
+judged against the latency objectives of --objectives FILE and --slo-* (docs/goodput.md). A
+recording is read once; Prometheus and an agent are queried again on the first page view after
+60 s, over the last --since. Runs in the foreground; Ctrl-C stops it.
 
   kvscope ui --recording tests/recordings/kv-pressure-cascade.om.gz
   kvscope ui --prometheus http://127.0.0.1:9090 --since 1h
@@ -43,6 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--port", type=int, default=8501, help="port to serve on")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (think before exposing)")
+    add_objective_flags(p)
     p.set_defaults(func=run)
 
 
@@ -68,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         serve = check_http_url("--serve-url", args.serve_url, "http://127.0.0.1:9095") if args.serve_url else None
         if not 0 < args.port < 65536:
             raise ValueError(f"--port: expected 1-65535, got {args.port}")
+        objectives_from_args(args)  # read here to fail now; the pages read the same file and flags again
     except ValueError as exc:
         return fail("ui", exc, 3)
     try:
@@ -79,17 +85,32 @@ def run(args: argparse.Namespace) -> int:
         check_port_free("--port", args.host, args.port)
     except ValueError as exc:
         return fail("ui", exc, 3)
-    return serve_ui("ui", source, args.port, args.host, serve)
+    return serve_ui("ui", source, args.port, args.host, serve, objectives_spec(args))
+
+
+def objectives_spec(args: argparse.Namespace) -> str | None:
+    """The objective flags as the UI process reads them (ui/data.py ENV_OBJECTIVES); None: none given."""
+    flags = flags_of(args)
+    if not args.objectives and all(v is None for v in flags.values()):
+        return None
+    path = str(Path(args.objectives).resolve()) if args.objectives else None
+    return json.dumps({"file": path, "flags": flags})
 
 
 def serve_ui(
-    command: str, source: SourceSpec | None, port: int, host: str = "127.0.0.1", serve_url: str | None = None
+    command: str,
+    source: SourceSpec | None,
+    port: int,
+    host: str = "127.0.0.1",
+    serve_url: str | None = None,
+    objectives: str | None = None,
 ) -> int:
-    """Run the UI in the foreground until Ctrl-C or SIGTERM (`kvscope ui`, `kvscope demo`)."""
+    """Run the UI in the foreground until Ctrl-C or SIGTERM (`kvscope ui`, `kvscope demo`);
+    `objectives`: `objectives_spec`'s JSON."""
     from kvscope.ui.server import TerminateRequested, UiServer, stop_on_sigterm
 
     stop_on_sigterm()
-    server = UiServer(source, port, host, serve_url=serve_url)
+    server = UiServer(source, port, host, serve_url=serve_url, objectives=objectives)
     try:
         server.start()
         server.wait_healthy()

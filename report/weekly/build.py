@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import SEVERITY_RANK, Counts, Diagnosis, Finding, count
 from kvscope.report.weekly.changes import WeekChanges, week_changes
@@ -76,6 +77,7 @@ class WeeklyReport:
     attribution: str = ""  # why GPUs are not attributed to a pool ('' = all are)
     counts: tuple[Counts, ...] = ()  # per diagnosis: the CLI header's numbers (findings.count)
     changes: WeekChanges | None = None  # what changed this week (None: no curve could be read)
+    objectives: ObjectiveSet | None = None  # what goodput was judged against (None: TENANT_SLO.objectives)
 
     def deltas(self) -> dict[str, float | None]:
         """Relative week-over-week change per fleet number (None when either week lacks it)."""
@@ -95,17 +97,21 @@ def build_report(
     top: int = 10,
     diagnoses: Sequence[Diagnosis] = (),
     changes: WeekChanges | None = None,
+    objectives: ObjectiveSet | None = None,
 ) -> WeeklyReport:
     """The week ending at `end` and, when the data reaches back, the week before it. The top
     findings are the `top` highest-scoring incidents of `diagnoses` (grouped by `group_incidents`);
     the week's changes are judged on the operating curve of the whole frame (`week_changes`) unless
-    `changes` gives them (judged from the TSDB's curve records: `changes_of`)."""
-    this = compute_week(frame, end - WEEK_S, end, gpu_hour_cost)
+    `changes` gives them (judged from the TSDB's curve records: `changes_of`). Goodput is judged
+    against `objectives` (None: the generated rules' defaults, TENANT_SLO.objectives)."""
+    this = compute_week(frame, end - WEEK_S, end, gpu_hour_cost, objectives)
     first = columns(frame).first_ts()
     previous = None
     if first is not None and first <= end - WEEK_S:
-        previous = compute_week(frame, end - 2 * WEEK_S, end - WEEK_S, gpu_hour_cost)
+        previous = compute_week(frame, end - 2 * WEEK_S, end - WEEK_S, gpu_hour_cost, objectives)
     ranked = sorted(group_incidents(diagnoses), key=lambda i: (-i.head.score, -(i.head.until - i.head.since)))[:top]
     counts = tuple(count(d) for d in diagnoses)
     changes = changes or week_changes(frame, end - WEEK_S, end)
-    return WeeklyReport(this, previous, gpu_hour_cost, source, ranked, attribution_note(frame), counts, changes)
+    return WeeklyReport(
+        this, previous, gpu_hour_cost, source, ranked, attribution_note(frame), counts, changes, objectives
+    )

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.goodput import pool_goodput, share_text
 from kvscope.report.weekly.coverage import DataCoverage, data_coverage, timeline
@@ -45,8 +46,11 @@ class WeekStats:
     adapters: pd.DataFrame = field(default_factory=pd.DataFrame)  # as `tenants`, per requested model
 
 
-def compute_week(frame: Frame, start: float, end: float, gpu_hour_cost: float) -> WeekStats:
-    """All the week's numbers over (start, end]."""
+def compute_week(
+    frame: Frame, start: float, end: float, gpu_hour_cost: float, objectives: ObjectiveSet | None = None
+) -> WeekStats:
+    """All the week's numbers over (start, end]; goodput against `objectives` (default: the
+    generated rules' defaults, TENANT_SLO.objectives)."""
     ss = columns(frame)
     keys = pools(ss)
     table = pd.DataFrame(
@@ -67,7 +71,7 @@ def compute_week(frame: Frame, start: float, end: float, gpu_hour_cost: float) -
         busy = group_sum(gkeys, per_sid(ss, gpu, dt * gpu.value, mask), sids) / 3600
         table = table.join(pd.DataFrame({"gpu_hours": hours, "gpu_util": busy / hours.where(hours > 0)}), how="outer")
     table = _derive(table, gpu_hour_cost)
-    table["goodput"] = _goodput(frame, table.index, start, end)
+    table["goodput"] = _goodput(frame, table.index, start, end, objectives or TENANT_SLO.objectives)
     cov = data_coverage(frame, start, end)
     fleet = _fleet(table, gpu_hour_cost)
     return WeekStats(
@@ -84,10 +88,10 @@ def compute_week(frame: Frame, start: float, end: float, gpu_hour_cost: float) -
     )
 
 
-def _goodput(frame: Frame, keys: pd.Index, start: float, end: float) -> list[str | None]:
-    """Per 'model / role' row, its model's goodput over the week against the generated rules'
-    objectives (TENANT_SLO.objectives): exact from the request tap, else the histograms' bounds."""
-    by_model = {g.pool: g for g in pool_goodput(frame, TENANT_SLO.objectives, (start, end))}
+def _goodput(frame: Frame, keys: pd.Index, start: float, end: float, objectives: ObjectiveSet) -> list[str | None]:
+    """Per 'model / role' row, its model's goodput over the week against `objectives` (each
+    pool's own where they set one): exact from the request tap, else the histograms' bounds."""
+    by_model = {g.pool: g for g in pool_goodput(frame, objectives, (start, end))}
     return [share_text(by_model.get(str(k).split(" / ", 1)[0])) for k in keys]
 
 

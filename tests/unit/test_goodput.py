@@ -108,7 +108,7 @@ def test_goodput_command_prints_bounds_and_refuses_bad_objectives(capsys):
 
 
 def test_the_weekly_report_shows_goodput_beside_output_tokens():
-    from kvscope.report.render import POOL_COLUMNS, _table
+    from kvscope.report.render import _table, pool_columns
     from kvscope.report.weekly.series import report_window
     from kvscope.report.weekly.week import compute_week
 
@@ -116,7 +116,7 @@ def test_the_weekly_report_shows_goodput_beside_output_tokens():
     week = compute_week(frame, float(frame.ts[0]), float(frame.ts[-1]), 2.0)
     (expected,) = pool_goodput(frame)  # the generated rules' default objectives: TTFT <= 1 s
     assert expected.goodput.upper is not None
-    head, row = _table(week.pools, POOL_COLUMNS, "Pool")
+    head, row = _table(week.pools, pool_columns(), "Pool")
     assert head[1:3] == ["Output tokens", "Goodput (TTFT <= 1s for 0.99 of requests)"]
     assert row[0] == "tiny-llama / unified" and row[2] == f"{expected.goodput.upper:.1%}"
 
@@ -139,3 +139,21 @@ def test_on_real_vllm_behind_the_tap_the_engine_bounds_miss_time_spent_outside_i
         assert rows[adapter].outside_engine() is None  # nothing to compare with: no note
     judged = sum(r.exact_requests_per_s or 0.0 for r in rows.values())
     assert judged == pytest.approx(base.requests_per_s, rel=0.05)  # the same requests, seen from both sides
+
+
+def test_report_weekly_judges_goodput_against_the_objective_flags(tmp_path, capsys):
+    from kvscope.report.weekly.series import report_window
+
+    rec = str(LIB / "kv-pressure-cascade.om.gz")
+    frame = report_window(RecordingSource(rec))
+    (default,) = pool_goodput(frame)
+    md = tmp_path / "week.md"
+    args = ["report", "weekly", "--recording", rec, "--markdown", str(md), "--no-progress", "--no-diagnose"]
+    assert main([*args, "--slo-ttft", "100ms", "--slo-target", "0.95"]) == 0
+    table = md.read_text()
+    assert "Goodput (TTFT \\<= 0.1s for 0.95 of requests)" in table and "TTFT \\<= 1s" not in table
+    (tight,) = pool_goodput(frame, ObjectiveSet(Objectives(ttft=0.1, target=0.95)))
+    assert tight.goodput.upper is not None and tight.goodput.upper < default.goodput.upper
+    assert f"| {tight.goodput.upper:.1%} |" in table and f"| {default.goodput.upper:.1%} |" not in table
+    assert main([*args, "--slo-target", "2"]) == 3
+    assert "--slo-target: must be a share between 0 and 1" in capsys.readouterr().err

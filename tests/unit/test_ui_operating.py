@@ -136,6 +136,7 @@ def _app(monkeypatch, recording: Path) -> AppTest:
     for var in ui_data.ENV.values():
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv(ui_data.ENV["recording"], str(recording))
+    monkeypatch.delenv(ui_data.ENV_OBJECTIVES, raising=False)
     return AppTest.from_file(APP, default_timeout=300)  # a hang guard only (slow on a loaded 2-core box)
 
 
@@ -167,6 +168,47 @@ def test_operating_and_sizing_pages_on_a_real_vllm_recording(monkeypatch):
     assert any(f"C_max {found.c_max:g} and usable RPS" in i.value for i in at.info)
     at.number_input(key=f"c_max{key}").set_value(3.0).run()
     assert any("Overridden: typed C_max 3" in c.value for c in at.caption)
+
+
+def test_the_pages_judge_c_max_and_goodput_at_kvscope_ui_s_objectives(monkeypatch, tmp_path):
+    """`kvscope ui --objectives FILE --slo-*`: the Operating point and Sizing pages judge each
+    pool's C_max at its own objectives (here its TTFT and the fleet's e2e, which these engines
+    measure), the TTFT input an override; the Efficiency page's goodput is judged against them."""
+    from kvscope.cli import build_parser, main
+    from kvscope.commands.ui import objectives_spec
+    from kvscope.core.objectives import Objectives
+    from kvscope.ui.server import UiServer
+
+    conf = tmp_path / "agent.yaml"
+    conf.write_text("objectives:\n  e2e: 6s\n  pools: {tiny-llama: {ttft: 3.5s}}\n")
+    args = build_parser().parse_args(["ui", "--recording", str(CONFIG_CHANGES), "--objectives", str(conf)])
+    at = _app(monkeypatch, CONFIG_CHANGES)
+    spec = UiServer(None, objectives=objectives_spec(args)).environment()[ui_data.ENV_OBJECTIVES]  # what it passes
+    monkeypatch.setenv(ui_data.ENV_OBJECTIVES, spec)
+    at.run()
+    at.sidebar.radio[0].set_value("Operating point").run()
+    assert not at.exception
+    (pc,) = ui_data.load_triage(ui_data.SourceSpec("recording", str(CONFIG_CHANGES))).curves
+    own = Objectives(ttft=3.5, e2e=6.0)
+    op = at_slo(pc, 3.5, own)
+    assert op.c_max is not None and op.c_max < at_slo(pc, 3.5).c_max  # e2e crosses 6 s before TTFT crosses 3.5 s
+    assert at.number_input(key="curve_slo").value == 1.0  # the fleet's TTFT; the pool has its own
+    text = " ".join(m.value for m in at.markdown)
+    assert c_max_text(op, 3.5) in text and "E2E" in op.c_max_note
+    at.number_input(key="curve_slo").set_value(4.0).run()  # the input overrides every pool's TTFT
+    assert c_max_text(at_slo(pc, 4.0, Objectives(ttft=4.0, e2e=6.0)), 4.0) in " ".join(m.value for m in at.markdown)
+
+    at.sidebar.radio[0].set_value("Sizing calculator").run()
+    assert not at.exception
+    found = measured_sizing(pc, 3.5, "", own)
+    assert found.c_max == op.c_max
+    assert at.number_input(key=f"c_max{pool_name(pc)}@1").value == pytest.approx(found.c_max)
+    assert any("E2E p99 ≤ 6 s" in i.value for i in at.info)
+
+    at.sidebar.radio[0].set_value("Efficiency").run()
+    assert not at.exception
+    assert "Goodput (TTFT <= 1s, E2E <= 6s for 0.99 of requests)" in at.dataframe[0].value.columns
+    assert main(["ui", "--recording", str(CONFIG_CHANGES), "--objectives", str(conf), "--slo-e2e", "0"]) == 3
 
 
 def test_a_live_source_that_cannot_be_read_says_so():
