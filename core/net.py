@@ -14,6 +14,8 @@ from control characters before it can reach a terminal.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import json
 import os
 import re
@@ -278,9 +280,17 @@ class _Client:
         self.session: aiohttp.ClientSession | None = None
         threading.Thread(target=self.loop.run_forever, name="kvscope net", daemon=True).start()
         self.session = self.run(self._open())
+        atexit.register(self.close)
 
     async def _open(self) -> aiohttp.ClientSession:
         return new_session(limit=0)
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Close the session at exit (no "Unclosed client session" warning); a loop that does not
+        answer within `timeout_s` is left to die with the process."""
+        if self.session is not None and not self.session.closed and self.loop.is_running():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self.session.close(), self.loop).result(timeout_s)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
