@@ -350,9 +350,11 @@ class WebhookServer:
         pool = (model, None if model else alert.labels.get("instance"))
         if (window, pool) not in cache:
             cache[window, pool] = asyncio.ensure_future(self._changes(*window, deadline, *pool))
-        if window not in cache:
-            cache[window] = await self._diagnose_window(*window, deadline=deadline)
-        fleet, routers, places, errors = cache[window]
+        # the fleet path for the alert's place only (its findings there are the whole fleet's)
+        place = tuple(sorted(alert.place().items()))
+        if ("fleet", window, place) not in cache:
+            cache["fleet", window, place] = await self._diagnose_window(*window, deadline=deadline, place=dict(place))
+        fleet, routers, places, errors = cache["fleet", window, place]
         curves, change_errors, scope = await cache[window, pool]
         if fleet is None:  # Prometheus could not be read: said first, never an empty all-clear
             return not_diagnosed("; ".join(errors), alert.labels.get("rule_id"), list(window))
@@ -367,17 +369,18 @@ class WebhookServer:
         return {"status": status, "window": list(window), **out, "errors": errors + change_errors}
 
     async def _diagnose_window(
-        self, start: float, end: float, deadline: float | None = None
+        self, start: float, end: float, deadline: float | None = None, place: dict[str, str] | None = None
     ) -> tuple[Diagnosis | None, dict[str, Any], dict[str, dict[str, str]], list[str]]:
         """(diagnosis, its routers' decisions, instance places, errors) of the fleet path over the
-        window; no diagnosis when Prometheus could not be read (errors say why)."""
+        window, for `place` only (`diagnose_fleet`: its findings there are the whole fleet's);
+        no diagnosis when Prometheus could not be read (errors say why)."""
         from kvscope.diagnoser.pushdown.run import diagnose_fleet
 
         source = PrometheusSource(self.config.prometheus_url, timeout_s=self.config.query_timeout_s)
         source.client.deadline = deadline
         step = self.config.step_s
         try:
-            args = (self.rules, self.config.params, None, self.levers, source.description, source.catalog)
+            args = (self.rules, self.config.params, None, self.levers, source.description, source.catalog, place)
             result, report = await self._in_thread(deadline, diagnose_fleet, source.client, start, end, step, *args)
             # the fleet path's frame holds only candidates' evidence: the routers are read apart
             routers = await self._in_thread(deadline, read_window, source, ROUTER_SIGNALS, Span(start, end), step)

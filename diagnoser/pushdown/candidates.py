@@ -14,6 +14,7 @@ group has not evaluated yet: there the window ends at the records' newest evalua
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy as np
 from kvscope.core.scalars import iso_utc, parse_duration
 from kvscope.core.signals import Catalog
 from kvscope.diagnoser.promql.rulefiles import CANDIDATE, CANDIDATE_INTERVAL
-from kvscope.diagnoser.promql.signals import InlineSignals
+from kvscope.diagnoser.promql.signals import InlineSignals, escape_re, quote
 from kvscope.diagnoser.pushdown.prefilter import compile_prefilter
 from kvscope.diagnoser.rulebook.rule import Rule
 from kvscope.diagnoser.sources.promapi import PromClient, matrix_on_grid
@@ -110,15 +111,20 @@ def records_end(client: PromClient, rule_ids: list[str], start: float, end: floa
 
 
 def read_candidates(
-    client: PromClient, versions: dict[str, str], holds: dict[str, float], grid: np.ndarray
+    client: PromClient,
+    versions: dict[str, str],
+    holds: dict[str, float],
+    grid: np.ndarray,
+    place: Mapping[str, str] | None = None,
 ) -> dict[str, Hits]:
     """Every rule's candidates from one range query of the records over the grid's window.
     `versions`: rule id -> the version its record must carry; `holds`: rule id -> its `for` in
-    seconds. A rule not in `versions` is not asked for."""
+    seconds. A rule not in `versions` is not asked for. `place` (label -> value): only the
+    groups at that place (`place_matchers`), as the webhook asks for an alert's."""
     start, end = float(grid[0]), float(grid[-1])
     times = np.arange(start, end + INTERVAL_S / 2, INTERVAL_S)
     ids = "|".join(sorted(versions))
-    expr = f'last_over_time({CANDIDATE}{{rule_id=~"{ids}"}}[{RECORD_LOOKBACK_S:g}s])'
+    expr = f'last_over_time({CANDIDATE}{{rule_id=~"{ids}"{place_matchers(place)}}}[{RECORD_LOOKBACK_S:g}s])'
     result = client.range_parts(expr, start, float(times[-1]), INTERVAL_S, what="candidate records")
     metrics, values = matrix_on_grid(result, start, INTERVAL_S, len(times))
     up: dict[str, np.ndarray] = {rid: np.zeros(len(times), dtype=bool) for rid in versions}
@@ -142,6 +148,14 @@ def read_candidates(
         need = max(1, int(holds.get(rid, 0.0) // INTERVAL_S))
         out[rid] = Hits([g for labels, held in rows[rid] if (g := _group(labels, held, need, times, grid))])
     return out
+
+
+def place_matchers(place: Mapping[str, str] | None) -> str:
+    """`,label=~"value|"` per label of `place`: the series that carry the place's value or do not
+    carry the label at all (a record grouped by fewer labels, e.g. per model, and the records' own
+    `{version}` series), the groups `alertmanager.payload.at_place` keeps for the place. Label
+    names must be identifiers (the webhook's place labels are)."""
+    return "".join(f',{k}=~"{quote(escape_re(v))}|"' for k, v in sorted((place or {}).items()))
 
 
 def _group(labels: dict[str, str], held: np.ndarray, need: int, times: np.ndarray, grid: np.ndarray) -> Group | None:

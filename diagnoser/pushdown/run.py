@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -99,8 +99,14 @@ def diagnose_fleet(
     levers: dict[str, Lever] | None = None,
     source: str = "",
     catalog: Catalog | None = None,
+    place: Mapping[str, str] | None = None,
 ) -> tuple[Diagnosis, FleetReport]:
-    """The Diagnosis `diagnose()` would give on the full window, from the TSDB's candidates."""
+    """The Diagnosis `diagnose()` would give on the full window, from the TSDB's candidates.
+    `place` (label -> value, the webhook's alert's): the findings at that place only, the same
+    as the whole fleet's there: only the candidate groups at the place are read
+    (candidates.py `place_matchers`), and their evidence fetched; groups of other places are
+    left out, so findings elsewhere are missing, not quiet. Rules judged on every engine's
+    series are judged on every engine's as without it."""
     rules = list(rules) if rules is not None else read_rules()
     levers = levers if levers is not None else load_levers()
     catalog = catalog or load_catalog()
@@ -125,8 +131,8 @@ def diagnose_fleet(
     report.seconds["inventory"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     client.say(f"fleet: candidates of {len(todo)} rules")
-    report.hits = hits = _candidates(client, rules, todo, params, scale, grid, catalog)
-    young = _young_instances(client, todo, start, end, catalog)
+    report.hits = hits = _candidates(client, rules, todo, params, scale, grid, catalog, place)
+    young = _young_instances(client, todo, start, end, catalog, (place or {}).get("instance"))
     report.young = max((len(v) for v in young.values() if v is not None), default=0)
     for rule in todo:
         if rule.id in young and young[rule.id] != []:
@@ -172,8 +178,10 @@ def _candidates(
     scale: float,
     grid: np.ndarray,
     catalog: Catalog,
+    place: Mapping[str, str] | None = None,
 ) -> dict[str, Hits]:
-    """Per rule to judge, its candidates from the records, or why every engine is judged."""
+    """Per rule to judge, its candidates from the records (those at `place` only, when given),
+    or why every engine is judged."""
     ids = {r.id for r in todo}
     own = [r for r in rules if r.id in ids]
     out: dict[str, Hits] = {}
@@ -191,7 +199,7 @@ def _candidates(
     if versions:
         holds = {r.id: float(hold_steps(r, 1.0)) for r in own}
         try:
-            out.update(read_candidates(client, versions, holds, grid))
+            out.update(read_candidates(client, versions, holds, grid, place))
         except PromError as exc:
             if exc.status not in (400, 422, 503, 504):
                 raise
@@ -239,12 +247,13 @@ def inventory(
 
 
 def _young_instances(
-    client: PromClient, rules: list[Rule], start: float, end: float, catalog: Catalog
+    client: PromClient, rules: list[Rule], start: float, end: float, catalog: Catalog, instance: str | None = None
 ) -> dict[str, list[str] | None]:
     """Per rule, the instances in the window without data at its start minus the rule's reach
     (None: every instance is): one range query with a point at each reach (instant queries for
     the others), over every series but the histograms' buckets (a histogram's `_count` ages with
-    them, at a tenth of the series)."""
+    them, at a tenth of the series). With `instance` (the webhook's alert's), a young instance
+    other than it is left out: it is no candidate at the alert's place."""
     if not rules:
         return {}
     names = {re.sub("_bucket$", "_count", n) for r in rules for n in sample_names(r)}
@@ -280,7 +289,9 @@ def _young_instances(
     rest = [r for r in distinct if r not in olds]
     olds.update(zip(rest, client.map(old, rest), strict=True))
     young = {rid: every - olds[reach] for rid, reach in reaches.items()}
-    return {rid: None if ids >= every else sorted(ids) for rid, ids in young.items()}
+    return {
+        rid: None if ids >= every else sorted(i for i in ids if instance in (None, i)) for rid, ids in young.items()
+    }
 
 
 def _with_young(h: Hits, young: list[str] | None, n: int) -> Hits:

@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from kvscope.core.signals import load_catalog
+from kvscope.diagnoser.alertmanager.payload import parse_alert, select_findings
 from kvscope.diagnoser.evaluate.evaluator import diagnose, evaluate_rule, sample_names
 from kvscope.diagnoser.evaluate.expr import SeriesEvaluator
 from kvscope.diagnoser.evaluate.frame import Frame, JudgedSpans, frame_from_samples, make_grid
@@ -141,8 +142,23 @@ def test_a_fleet_with_history_is_read_from_the_records_with_the_full_fetch_diagn
         tmp_path / "prometheus.yml", tmp_path / "data", "--storage.tsdb.retention.time=100y"
     ) as prom:
         full, fleet, report, points = _both(prom.url, start, end, step, None)
+        # the webhook's run for one alert's place: the whole fleet's findings there, fewer series
+        hot = sorted({f.where["instance"] for f in fleet.findings if f.where.get("instance")})
+        assert hot, [f.where for f in fleet.findings]
+        quiet = next(i for n in range(20) if (i := f"10.0.0.{n}:8000") not in hot)
+        places = [{"instance": hot[0]}, {"instance": quiet}, {"model": "no-such-model"}]
+        scoped = [
+            (place, *diagnose_fleet(PromClient(prom.url), start, end, step, read_rules(), source="p", place=place))
+            for place in places
+        ]
     assert_same_diagnosis(fleet, full)
     assert fleet.findings
+    for place, diagnosis, scoped_report in scoped:
+        alert = parse_alert({"status": "firing", "labels": place, "startsAt": "2026-01-01T00:00:00Z"})
+        here = select_findings(diagnosis.to_dict(), alert)["findings"]
+        assert here == select_findings(fleet.to_dict(), alert)["findings"], place
+        assert scoped_report.evidence_series < report.evidence_series, place
+    assert scoped[0][1].findings, "no finding at the hot instance"
     records = {rid for rid, (expr, _) in candidate_exprs(read_rules(), load_catalog()).items() if expr}
     everywhere = {rid for rid, h in report.hits.items() if h.everywhere}
     assert not everywhere & records, sorted(everywhere & records)

@@ -55,7 +55,7 @@ def test_healthy_is_503_while_a_diagnosis_thread_runs_on_past_its_deadline():
     release = threading.Event()
 
     class Wedged(WebhookServer):
-        async def _diagnose_window(self, start, end, deadline=None):  # noqa: ANN001, ANN202
+        async def _diagnose_window(self, start, end, deadline=None, place=None):  # noqa: ANN001, ANN202
             await self._in_thread(deadline, release.wait, 60)  # a call the deadline cannot end
             return {}, {}, []
 
