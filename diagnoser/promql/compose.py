@@ -7,6 +7,7 @@ series, not NaN or Inf, when the denominator is zero). `selected` is a series wi
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 
 def by(labels: Iterable[str]) -> str:
@@ -33,3 +34,18 @@ def over_time(agg: str, op: str, selected: str, w: str, labels: Iterable[str] = 
 def guard(num: str, den: str) -> str:
     """num / (den > 0): no series instead of NaN or Inf where the denominator is zero."""
     return f"({num}) / (({den}) > 0)"
+
+
+def burn_rate_alert(
+    name: str, long_ratio: str, short_ratio: str, limit: float, severity: str, labels: dict[str, str], **notes: str
+) -> dict[str, Any]:
+    """One multi-window burn-rate alert, as every SLO rule file writes it: both windows' error
+    ratios over `limit`, held 2m (critical) or 15m; `labels` after `severity`, `notes` as
+    annotations (summary, description)."""
+    return {
+        "alert": name,
+        "expr": f"{long_ratio} > {limit}\nand\n{short_ratio} > {limit}",
+        "for": "2m" if severity == "critical" else "15m",
+        "labels": {"severity": severity, **labels},
+        "annotations": notes,
+    }

@@ -134,26 +134,24 @@ def _limit(obj: Objectives, burn: float) -> tuple[float, float]:
 def _alert(obj: Objectives, matcher: str, long_w: str, short_w: str, burn: float, severity: str) -> dict[str, Any]:
     budget, limit = _limit(obj, burn)
     sel = _sel(matcher)
-    return {
-        "alert": "LlmGoodputSloBurnRate",
-        "expr": f"{error_record(long_w)}{sel} > {limit}\nand\n{error_record(short_w)}{sel} > {limit}",
-        "for": "2m" if severity == "critical" else "15m",
-        "labels": {"severity": severity, "slo": "goodput", "window": f"{long_w}/{short_w}"},
-        "annotations": {
-            "summary": (
-                f"Goodput SLO of {{{{ $labels.model }}}} burning {burn}x budget ({long_w} and {short_w} windows)"
-            ),
-            "description": (
-                f"{{{{ $value | humanizePercentage }}}} of {{{{ $labels.model }}}}'s requests missed at least one "
-                f"latency objective ({obj.describe()}) over the last {long_w}, and more than {limit:.4g} over the "
-                f"last {short_w}; the SLO allows {budget:.4g}. "
-                f'{{{{ if eq $labels.goodput_source "tap" }}}}Exact: each request the request tap saw, counted.'
-                f"{{{{ else }}}}A bound from the engines' per-objective histograms (no request tap): the sum of "
-                f"the objectives' miss ratios, the most that can have missed one; the true share may be lower."
-                f"{{{{ end }}}} At this rate a 30-day error budget lasts {30 / burn:.3g} days."
-            ),
-        },
-    }
+    return compose.burn_rate_alert(
+        "LlmGoodputSloBurnRate",
+        f"{error_record(long_w)}{sel}",
+        f"{error_record(short_w)}{sel}",
+        limit,
+        severity,
+        {"slo": "goodput", "window": f"{long_w}/{short_w}"},
+        summary=f"Goodput SLO of {{{{ $labels.model }}}} burning {burn}x budget ({long_w} and {short_w} windows)",
+        description=(
+            f"{{{{ $value | humanizePercentage }}}} of {{{{ $labels.model }}}}'s requests missed at least one "
+            f"latency objective ({obj.describe()}) over the last {long_w}, and more than {limit:.4g} over the "
+            f"last {short_w}; the SLO allows {budget:.4g}. "
+            f'{{{{ if eq $labels.goodput_source "tap" }}}}Exact: each request the request tap saw, counted.'
+            f"{{{{ else }}}}A bound from the engines' per-objective histograms (no request tap): the sum of "
+            f"the objectives' miss ratios, the most that can have missed one; the true share may be lower."
+            f"{{{{ end }}}} At this rate a 30-day error budget lasts {30 / burn:.3g} days."
+        ),
+    )
 
 
 def _tenant_alert(
@@ -161,22 +159,21 @@ def _tenant_alert(
 ) -> dict[str, Any]:
     budget, limit = _limit(obj, burn)
     sel = _sel(matcher)
-    return {
-        "alert": "LlmTenantGoodputSloBurnRate",
-        "expr": f"{tenant_record(long_w)}{sel} > {limit}\nand\n{tenant_record(short_w)}{sel} > {limit}",
-        "for": "2m" if severity == "critical" else "15m",
-        "labels": {"severity": severity, "slo": "tenant_goodput", "window": f"{long_w}/{short_w}"},
-        "annotations": {
-            "summary": (
-                f"Goodput SLO of tenant {{{{ $labels.tenant }}}} burning {burn}x budget "
-                f"({long_w} and {short_w} windows)"
-            ),
-            "description": (
-                f"{{{{ $value | humanizePercentage }}}} of tenant {{{{ $labels.tenant }}}}'s requests missed at "
-                f"least one latency objective over the last {long_w}, and more than {limit:.4g} over the last "
-                f"{short_w}; the SLO allows {budget:.4g} ({obj.describe()}, each tenant's own objectives where "
-                f"declared). Counted exactly per request by the request tap. At this rate a 30-day error budget "
-                f'lasts {30 / burn:.3g} days. Tenant "other" is every tenant outside the top by request rate, summed.'
-            ),
-        },
-    }
+    return compose.burn_rate_alert(
+        "LlmTenantGoodputSloBurnRate",
+        f"{tenant_record(long_w)}{sel}",
+        f"{tenant_record(short_w)}{sel}",
+        limit,
+        severity,
+        {"slo": "tenant_goodput", "window": f"{long_w}/{short_w}"},
+        summary=(
+            f"Goodput SLO of tenant {{{{ $labels.tenant }}}} burning {burn}x budget ({long_w} and {short_w} windows)"
+        ),
+        description=(
+            f"{{{{ $value | humanizePercentage }}}} of tenant {{{{ $labels.tenant }}}}'s requests missed at "
+            f"least one latency objective over the last {long_w}, and more than {limit:.4g} over the last "
+            f"{short_w}; the SLO allows {budget:.4g} ({obj.describe()}, each tenant's own objectives where "
+            f"declared). Counted exactly per request by the request tap. At this rate a 30-day error budget "
+            f'lasts {30 / burn:.3g} days. Tenant "other" is every tenant outside the top by request rate, summed.'
+        ),
+    )

@@ -223,25 +223,24 @@ def slo_rules(slo: SloConfig) -> list[dict[str, Any]]:
     for long_w, short_w, burn, severity in slo.windows:
         limit = round(burn * budget, 10)
         rules.append(
-            {
-                "alert": "LlmTtftSloBurnRate",
-                "expr": (f"{_slo_record(long_w)} > {limit}\nand\n{_slo_record(short_w)} > {limit}"),
-                "for": "2m" if severity == "critical" else "15m",
-                "labels": {"severity": severity, "slo": "ttft", "window": f"{long_w}/{short_w}"},
-                "annotations": {
-                    "summary": (
-                        f"TTFT SLO burning {burn}x budget on {{{{ $labels.instance }}}} "
-                        f"({long_w} and {short_w} windows)"
-                    ),
-                    "description": (
-                        f"{{{{ $value | humanizePercentage }}}} of requests on {{{{ $labels.instance }}}} "
-                        f"({{{{ $labels.model }}}}) took longer than {slo.ttft_seconds:g}s to the first token "
-                        f"over the last {long_w}, and more than {limit:.4g} over the last {short_w}; the SLO "
-                        f"allows {budget:.4g} ({slo.target:.4g} within {slo.ttft_seconds:g}s). At this rate a "
-                        f"30-day error budget lasts {30 / burn:.3g} days."
-                    ),
-                },
-            }
+            compose.burn_rate_alert(
+                "LlmTtftSloBurnRate",
+                _slo_record(long_w),
+                _slo_record(short_w),
+                limit,
+                severity,
+                {"slo": "ttft", "window": f"{long_w}/{short_w}"},
+                summary=(
+                    f"TTFT SLO burning {burn}x budget on {{{{ $labels.instance }}}} ({long_w} and {short_w} windows)"
+                ),
+                description=(
+                    f"{{{{ $value | humanizePercentage }}}} of requests on {{{{ $labels.instance }}}} "
+                    f"({{{{ $labels.model }}}}) took longer than {slo.ttft_seconds:g}s to the first token "
+                    f"over the last {long_w}, and more than {limit:.4g} over the last {short_w}; the SLO "
+                    f"allows {budget:.4g} ({slo.target:.4g} within {slo.ttft_seconds:g}s). At this rate a "
+                    f"30-day error budget lasts {30 / burn:.3g} days."
+                ),
+            )
         )
     return [*rules, slo_bucket_alert(slo)]
 

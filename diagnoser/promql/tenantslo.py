@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvscope.core.scalars import parse_duration
+from kvscope.diagnoser.promql import compose
 from kvscope.diagnoser.promql.ranges import range_text
 from kvscope.diagnoser.promql.signals import le_regex
 
@@ -113,21 +114,20 @@ def _alert(
     slo = f"{target:.4g} within {ttft_seconds:g}s" if kind == "ttft" else f"{target:.4g} succeed"
     name = "LlmTenantTtftSloBurnRate" if kind == "ttft" else "LlmTenantErrorSloBurnRate"
     label = "TTFT" if kind == "ttft" else "Error"
-    return {
-        "alert": name,
-        "expr": f"{record_of(long_w)} > {limit}\nand\n{record_of(short_w)} > {limit}",
-        "for": "2m" if severity == "critical" else "15m",
-        "labels": {"severity": severity, "slo": f"tenant_{kind}", "window": f"{long_w}/{short_w}"},
-        "annotations": {
-            "summary": (
-                f"{label} SLO of tenant {{{{ $labels.tenant }}}} burning {burn}x budget "
-                f"({long_w} and {short_w} windows)"
-            ),
-            "description": (
-                f"{{{{ $value | humanizePercentage }}}} of tenant {{{{ $labels.tenant }}}}'s requests {what} over "
-                f"the last {long_w}, and more than {limit:.4g} over the last {short_w}; the SLO allows "
-                f"{budget:.4g} ({slo}). At this rate a 30-day error budget lasts {30 / burn:.3g} days. "
-                f'Tenant "{OTHER}" is every tenant outside the top by request rate, summed.'
-            ),
-        },
-    }
+    return compose.burn_rate_alert(
+        name,
+        record_of(long_w),
+        record_of(short_w),
+        limit,
+        severity,
+        {"slo": f"tenant_{kind}", "window": f"{long_w}/{short_w}"},
+        summary=(
+            f"{label} SLO of tenant {{{{ $labels.tenant }}}} burning {burn}x budget ({long_w} and {short_w} windows)"
+        ),
+        description=(
+            f"{{{{ $value | humanizePercentage }}}} of tenant {{{{ $labels.tenant }}}}'s requests {what} over "
+            f"the last {long_w}, and more than {limit:.4g} over the last {short_w}; the SLO allows "
+            f"{budget:.4g} ({slo}). At this rate a 30-day error budget lasts {30 / burn:.3g} days. "
+            f'Tenant "{OTHER}" is every tenant outside the top by request rate, summed.'
+        ),
+    )
