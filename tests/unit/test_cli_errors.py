@@ -116,6 +116,8 @@ def test_ui_refuses_a_non_openmetrics_recording_before_starting(capsys, not_open
     [
         ("diagnose", "--prometheus", "localhost:9090"),
         ("diagnose", "--agent", "127.0.0.1:9464"),
+        ("curve", "--prometheus", "localhost:9090"),
+        ("goodput", "--agent", "127.0.0.1:9464"),
         ("ui", "--prometheus", "localhost:9090"),
         ("serve", "--prometheus", "localhost:9090"),
         ("report", "weekly", "--prometheus", "localhost:9090", "--no-progress"),
@@ -142,6 +144,10 @@ def test_unreachable_prometheus_gets_a_hint(capsys):
         (("diagnose", "--prometheus", "http://127.0.0.1:1", "--end", "yesterday"), "--end"),
         (("ui", "--prometheus", "http://127.0.0.1:1", "--since", "30x"), "--since"),
         (("report", "weekly", "--prometheus", "http://127.0.0.1:1", "--end", "yesterday"), "--end"),
+        (("curve", "--agent", "http://127.0.0.1:1", "--start", "noon"), "--start"),
+        (("curve", "--agent", "http://127.0.0.1:1", "--timeout", "-1"), "--timeout"),
+        (("goodput", "--prometheus", "http://127.0.0.1:1", "--timeout", "0"), "--timeout"),
+        (("goodput", "--agent", "http://127.0.0.1:1", "--since", "30x"), "--since"),
     ],
 )
 def test_bad_durations_and_times_name_their_flag(capsys, argv, flag):
