@@ -448,14 +448,6 @@ def counts_caption(diagnosis: Diagnosis) -> str:
     return text + (" (every skipped rule and why: at the bottom)" if diagnosis.skipped else "")
 
 
-def scale_note(diagnosis: Diagnosis) -> str:
-    """The short-window note: `kvscope diagnose`'s line under its header (`render.scale_note`, one
-    wording), shown only where shortening the rules' durations changed a verdict."""
-    from kvscope.diagnoser.render import scale_note as note
-
-    return note(diagnosis)
-
-
 def timeline(diagnosis: Diagnosis) -> pd.DataFrame:
     """One row per finding: rule, severity, place, active period; likely cause first."""
     from kvscope.diagnoser.render import fmt_where
