@@ -1,5 +1,6 @@
-"""Where canonical samples live on one node: the `Store` contract and the embedded SQLite store,
-in a file or (path `MEMORY`, for tests and an agent without a store file) in memory.
+"""Where canonical samples live on one node: the embedded SQLite store, in a file or (path
+`MEMORY`, for tests and an agent without a store file) in memory; thread-safe (the runtime writes
+from the scrape loop while the server, the diagnoser and the UI query).
 
 SQLite (WAL mode; tables in `_SCHEMA`, clustered on their primary keys; timestamps integer ms)
 holds the rows of agent/store/changepoints.py; `query` fills the unchanged points back in, so it
@@ -23,7 +24,6 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
 from kvscope.agent.ratelog import warn_every
 from kvscope.agent.store import retention
@@ -40,37 +40,6 @@ MEMORY = ":memory:"
 """The path of a store kept in memory: one connection (reads wait for a commit), no file."""
 MEMORY_MAX_BYTES = 128 << 20
 """The most pages an agent without a store file keeps in memory (store.max_bytes if smaller)."""
-
-
-class Store(Protocol):
-    """Time-series storage for canonical samples.
-
-    Implementations are thread-safe: the runtime writes from the scrape loop while the server,
-    the diagnoser and the UI query from other threads.
-    """
-
-    def write(self, samples: Sequence[Sample]) -> None:
-        """Queue samples for storage. Must not block on disk or raise for bad samples: a sample
-        that cannot be stored is dropped and counted by reason in `stats()`. A sample without a
-        timestamp is stamped with the time of the call."""
-        ...
-
-    def query(self, name: str, start: float, end: float) -> dict[Labels, Points]:
-        """Points of every series named `name` with start <= ts <= end (seconds), sorted by time.
-        Sees what `flush()` has committed."""
-        ...
-
-    def names(self) -> set[str]:
-        """Canonical sample names that have at least one series stored."""
-        ...
-
-    def flush(self) -> None:
-        """Commit everything queued so far; returns once it is durable and visible to `query`."""
-        ...
-
-    def close(self) -> None:
-        """Flush, stop background work and release files. Idempotent."""
-        ...
 
 
 @dataclass
@@ -323,6 +292,8 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ write path
     def write(self, samples: Sequence[Sample]) -> None:
+        """Queue samples; never blocks on disk or raises for a bad sample (dropped, counted by
+        reason in `stats()`). A sample without a timestamp is stamped with the time of the call."""
         if self._closed:
             with self._qlock:
                 self._stats.dropped["closed"] += len(samples)
@@ -366,9 +337,10 @@ class SqliteStore:
             return self._pop(self.batch_size)
 
     def flush(self) -> None:
-        """Commit everything queued. On a database error (locked past the busy timeout, disk
-        full, I/O error) the batch goes back to the head of the queue, the error is counted in
-        `stats().errors`, and the next flush retries it; the queue bound still applies."""
+        """Commit everything queued (visible to `query` once it returns). On a database error
+        (locked past the busy timeout, disk full, I/O error) the batch goes back to the head of the
+        queue, the error is counted in `stats().errors`, and the next flush retries it; the queue
+        bound still applies."""
         with self._wlock:
             while batch := self._take():
                 if not self._commit(batch):
@@ -508,6 +480,8 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ read path
     def query(self, name: str, start: float, end: float) -> dict[Labels, Points]:
+        """Points of every series named `name` with start <= ts <= end (seconds), sorted by time,
+        as committed (`flush()`)."""
         with self._slock:
             targets = list(self._by_name.get(name, ()))
         lo, hi = round(start * 1000), round(end * 1000)
@@ -545,6 +519,7 @@ class SqliteStore:
         return fill_points(real, carry, marks, stamps, lo, hi)
 
     def names(self) -> set[str]:
+        """Canonical sample names that have at least one series stored."""
         with self._slock:
             return {n for n, series in self._by_name.items() if series}
 
@@ -581,6 +556,7 @@ class SqliteStore:
         return (self._row_offset or 0) + delta
 
     def close(self) -> None:
+        """Flush, stop the writer thread and release the database. Idempotent."""
         if self._closed:
             return
         self._stop.set()
