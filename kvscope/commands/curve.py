@@ -10,7 +10,7 @@ import time
 import zlib
 from typing import TYPE_CHECKING
 
-from kvscope.commands._checks import check_recording, source_hint
+from kvscope.commands._checks import check_recording, parse_seconds, source_hint
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._objectives import add_objective_flags, objectives_from_args
@@ -77,13 +77,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope.diagnoser.rulebook.rule import parse_duration
-
     try:
         since = read_source_flags(args)
         if args.recorded and not args.prometheus:
             raise ValueError("--recorded reads a TSDB's curve records: use it with --prometheus URL")
-        step = parse_duration(args.step) if args.step else None
+        step = None if args.step is None else parse_seconds("--step", args.step)
         args.objectives_set = objectives_from_args(args)
         if args.objectives_set.default.ttft is None:
             raise ValueError("--slo-ttft: C_max needs a TTFT bound, e.g. 1s or 2.5s")

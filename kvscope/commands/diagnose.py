@@ -9,7 +9,7 @@ import time
 import zlib
 from typing import TYPE_CHECKING
 
-from kvscope.commands._checks import check_recording, check_rules_dir, source_hint
+from kvscope.commands._checks import check_recording, check_rules_dir, parse_seconds, source_hint
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._params import add_param_flag, parse_params
@@ -94,12 +94,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope.diagnoser.rulebook.rule import RuleError, parse_duration, read_rules
+    from kvscope.diagnoser.rulebook.rule import RuleError, read_rules
 
     try:
         since = read_source_flags(args)
-        if args.step is not None:
-            parse_duration(args.step)
+        args.step = None if args.step is None else parse_seconds("--step", args.step)
         check_rules_dir("--rules-dir", args.rules_dir)
         rules = read_rules(args.rules_dir)
         params = parse_params(args.param, {r.id: r.params for r in rules})
@@ -121,7 +120,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float) -> int:
     from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
-    from kvscope.diagnoser.rulebook.rule import parse_duration
     from kvscope.diagnoser.sources import SourceError
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
     from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
@@ -133,7 +131,7 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         if isinstance(source, RecordingSource):  # logs too: a grid too large for the --step asked for is refused
             source.step_given = args.step is not None
     try:
-        step = parse_duration(args.step) if args.step else source.natural_step() or DEFAULT_STEP_S
+        step = args.step or source.natural_step() or DEFAULT_STEP_S
         start, end = args.start, args.end
         if start is None and not (args.recording or args.log):
             if end is None:

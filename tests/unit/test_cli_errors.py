@@ -148,6 +148,10 @@ def test_unreachable_prometheus_gets_a_hint(capsys):
         (("curve", "--agent", "http://127.0.0.1:1", "--timeout", "-1"), "--timeout"),
         (("goodput", "--prometheus", "http://127.0.0.1:1", "--timeout", "0"), "--timeout"),
         (("goodput", "--agent", "http://127.0.0.1:1", "--since", "30x"), "--since"),
+        (("diagnose", "--prometheus", "http://127.0.0.1:1", "--step", "0s"), "--step"),
+        (("curve", "--agent", "http://127.0.0.1:1", "--step", "0s"), "--step"),
+        (("serve", "--prometheus", "http://127.0.0.1:1", "--before=-5m"), "--before"),
+        (("serve", "--prometheus", "http://127.0.0.1:1", "--step", "fast"), "--step"),
     ],
 )
 def test_bad_durations_and_times_name_their_flag(capsys, argv, flag):
