@@ -159,6 +159,13 @@ def test_bad_durations_and_times_name_their_flag(capsys, argv, flag):
     assert code == 3 and err.startswith(f"kvscope {argv[0]}: {flag}:") and "got '" in err
 
 
+@pytest.mark.parametrize("duration", ["0", "1e400"])
+def test_record_refuses_a_duration_not_finite_and_above_zero(capsys, tmp_path, duration):
+    argv = ("record", "--target", "http://127.0.0.1:1/metrics", "--duration", duration, "--out", str(tmp_path / "x.om"))
+    code, err = run_cli(capsys, *argv)
+    assert code == 2 and err.startswith("kvscope record: --duration: must be a finite number of seconds > 0")
+
+
 def test_window_lengths_take_seconds_or_durations():
     assert parse_seconds("--since", "1800") == parse_seconds("--since", "30m") == 1800.0
     assert parse_seconds("--since", "1h") == 3600.0
