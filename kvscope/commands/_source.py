@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from kvscope.commands._checks import check_http_url, parse_seconds, parse_time
+from kvscope.commands._checks import check_http_url, parse_seconds, parse_time, source_hint
 
 if TYPE_CHECKING:
     from kvscope.agent.recording.omfile import RecordingLimits
@@ -62,6 +62,12 @@ def read_source_flags(args: argparse.Namespace) -> float:
         if getattr(args, flag):
             check_http_url(f"--{flag}", getattr(args, flag), EXAMPLE_URL[flag])
     return since
+
+
+def unread(args: argparse.Namespace, exc: Exception) -> str:
+    """Why the source could not be read; for --prometheus or --agent with the hint `source_hint` gives."""
+    url = args.prometheus or args.agent
+    return source_hint("prometheus" if args.prometheus else "agent", url, str(exc)) if url else str(exc)
 
 
 def add_recording_cap_flags(parser: argparse.ArgumentParser) -> None:

@@ -10,11 +10,11 @@ import time
 import zlib
 from typing import TYPE_CHECKING
 
-from kvscope.commands._checks import check_recording, parse_seconds, source_hint
+from kvscope.commands._checks import check_recording, parse_seconds
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._objectives import add_objective_flags, objectives_from_args
-from kvscope.commands._source import add_source_flags, open_source, read_source_flags
+from kvscope.commands._source import add_source_flags, open_source, read_source_flags, unread
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.sources.promapi import PromClient
@@ -142,9 +142,7 @@ def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
             frame = read_window(source, start, end, step or curve_step(source, start, end, DEFAULT_STEP_S))
             curves = pool_curves(frame, slo_s=args.slo_ttft_p99, objectives=args.objectives_set)
     except SourceError as exc:
-        url = args.prometheus or args.agent
-        kind = "prometheus" if args.prometheus else "agent"
-        return fail("curve", source_hint(kind, url, str(exc)) if url else exc, 4)
+        return fail("curve", unread(args, exc), 4)
     except (EOFError, zlib.error) as exc:
         return fail("curve", f"recording {args.recording} is truncated or corrupt: {exc}", 4)
     except ValueError as exc:

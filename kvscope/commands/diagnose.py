@@ -9,11 +9,11 @@ import time
 import zlib
 from typing import TYPE_CHECKING
 
-from kvscope.commands._checks import check_recording, check_rules_dir, parse_seconds, source_hint
+from kvscope.commands._checks import check_recording, check_rules_dir, parse_seconds
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._params import add_param_flag, parse_params
-from kvscope.commands._source import add_source_flags, open_source, read_source_flags
+from kvscope.commands._source import add_source_flags, open_source, read_source_flags, unread
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.findings import Diagnosis
@@ -147,9 +147,7 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         frame = read_window(source, set().union(*(sample_names(r) for r in rules)), Span(start, end), step)
         _print_notes(args, source)
     except SourceError as exc:
-        kind = "prometheus" if args.prometheus else "agent" if args.agent else ""
-        url = args.prometheus or args.agent
-        return _not_diagnosed(args, source_hint(kind, url, str(exc)) if url else str(exc))
+        return _not_diagnosed(args, unread(args, exc))
     except (EOFError, zlib.error) as exc:
         return _not_diagnosed(args, f"recording {args.recording} is truncated or corrupt: {exc}")
     except ValueError as exc:

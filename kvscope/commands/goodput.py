@@ -9,10 +9,10 @@ import math
 import time
 import zlib
 
-from kvscope.commands._checks import check_recording, source_hint
+from kvscope.commands._checks import check_recording
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._objectives import add_objective_flags, objectives_from_args
-from kvscope.commands._source import add_source_flags, open_source, read_source_flags
+from kvscope.commands._source import add_source_flags, open_source, read_source_flags, unread
 
 HELP = """\
 Goodput per pool (model): the share of requests that met every latency objective at once (time to
@@ -69,10 +69,7 @@ def run(args: argparse.Namespace) -> int:
             start = end - since
         rows = pool_goodput(read_window(source, SIGNALS, Span(start, end)), objectives)
     except SourceError as exc:
-        url = args.prometheus or args.agent
-        return fail(
-            "goodput", source_hint("prometheus" if args.prometheus else "agent", url, str(exc)) if url else exc, 4
-        )
+        return fail("goodput", unread(args, exc), 4)
     except (EOFError, zlib.error) as exc:
         return fail("goodput", f"recording {args.recording} is truncated or corrupt: {exc}", 4)
     except ValueError as exc:

@@ -130,9 +130,10 @@ def test_a_url_without_scheme_is_refused_with_an_example(capsys, argv):
     assert "expected an http:// or https:// URL such as http://127.0.0.1:" in err
 
 
-def test_unreachable_prometheus_gets_a_hint(capsys):
+@pytest.mark.parametrize("command", ["diagnose", "curve", "goodput"])
+def test_unreachable_prometheus_gets_a_hint(capsys, command):
     url = f"http://127.0.0.1:{_closed_port()}"
-    code, err = run_cli(capsys, "diagnose", "--prometheus", url, "--since", "5m")
+    code, err = run_cli(capsys, command, "--prometheus", url, "--since", "5m")
     assert code == 4
     assert "refused" in err.lower() and f"curl -s {url}/-/ready" in err
 
