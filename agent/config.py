@@ -116,7 +116,7 @@ KEYS: tuple[Key, ...] = (
         Key(f"scrape.{n}", 50_000 if n == "sample_limit" else 0, parse_count, lambda v: v >= 0, _COUNT)
         for n in LIMIT_KEYS
     ),
-    Key("store.path", "kvscope.db"),  # "" keeps history in memory only
+    Key("store.path", "kvscope.db"),  # "" keeps history in memory only (SQLite, 128 MiB at most)
     Key("store.retention_s", 7 * 86400.0, _SECONDS, lambda v: 60 <= v <= 3660 * 86400, "a duration from 1m to 10y"),
     Key("store.max_bytes", 1 << 30, parse_bytes, lambda v: 1 << 20 <= v <= 1 << 50, "a size from 1MiB to 1PiB"),
     Key("store.max_series_per_target", 50_000, parse_count, lambda v: 1 <= v <= 200_000, "an integer from 1 to 200000"),

@@ -26,10 +26,13 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from kvscope.core.net import FetchError, answer_from_bytes
+from kvscope.core.net import FetchError
 from kvscope.diagnoser.sources.promapi import PromClient, PromError, matrix_on_grid
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # testbed/, run as a script too
+from testbed.answers import answer_from_bytes  # noqa: E402
+
 SEEDS = ROOT / "tests" / "fixtures" / "prometheus-answers"
 MAX_BODY = 1 << 20
 

@@ -28,19 +28,19 @@ from yarl import URL
 
 from kvscope.agent import api
 from kvscope.agent.kvevents.subscriber import APPLY_CHUNK, KvEventSource, KvEventSubscriber
-from kvscope.agent.store.sqlite import InMemoryStore
+from kvscope.agent.store.sqlite import MEMORY, SqliteStore
 from kvscope.core.signals import Sample, load_catalog
 from kvscope.diagnoser.sources.agent import _patterns
 
-_STORE: InMemoryStore | None = None
+_STORE: SqliteStore | None = None
 
 
-def _store() -> InMemoryStore:
+def _store() -> SqliteStore:
     """Canonical names as the agent stores them (the catalog's, 40-70 characters with the
     histogram suffixes), 3 series each, 5 points each."""
     global _STORE
     if _STORE is None:
-        _STORE = InMemoryStore()
+        _STORE = SqliteStore(MEMORY, background=False)
         names = sorted(load_catalog().signals)[:60]
         _STORE.write(
             [
@@ -50,6 +50,7 @@ def _store() -> InMemoryStore:
                 for t in range(5)
             ]
         )
+        _STORE.flush()
     return _STORE
 
 

@@ -31,7 +31,7 @@ from kvscope.diagnoser.findings import Diagnosis, Finding, same_place
 from kvscope.diagnoser.render import fmt_time
 from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
 from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
-from kvscope.report.weekly.groups import gpu_time_share
+from kvscope.report.weekly.groups import GOODPUT_KEY, gpu_time_share
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.curve.report import PoolCurve
@@ -448,14 +448,6 @@ def counts_caption(diagnosis: Diagnosis) -> str:
     return text + (" (every skipped rule and why: at the bottom)" if diagnosis.skipped else "")
 
 
-def scale_note(diagnosis: Diagnosis) -> str:
-    """The short-window note: `kvscope diagnose`'s line under its header (`render.scale_note`, one
-    wording), shown only where shortening the rules' durations changed a verdict."""
-    from kvscope.diagnoser.render import scale_note as note
-
-    return note(diagnosis)
-
-
 def timeline(diagnosis: Diagnosis) -> pd.DataFrame:
     """One row per finding: rule, severity, place, active period; likely cause first."""
     from kvscope.diagnoser.render import fmt_where
@@ -558,8 +550,7 @@ GROUP_SAMPLES = {
 agent beside the rules'."""
 GOODPUT_COUNTS = ("goodput_requests_total", "goodput_good_requests_total")
 """The request tap's per-request goodput counts (docs/goodput.md): exact goodput per tenant, and per
-adapter through their `model` label (the request's adapter)."""
-GOODPUT_KEY = {"tenant": "tenant", "adapter": "model"}
+adapter through their `model` label (the request's adapter: GOODPUT_KEY)."""
 
 
 def _group_latency(frame: Frame, group: str) -> dict[str, dict[tuple[str, str], float]]:

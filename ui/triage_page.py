@@ -20,6 +20,7 @@ from kvscope.diagnoser.render import (
     group_repeats,
     render_line,
     render_not_fired,
+    scale_note,
     what_text,
 )
 from kvscope.diagnoser.routing import router_line
@@ -30,7 +31,6 @@ from kvscope.ui.data import (
     counts_caption,
     evidence_charts,
     evidence_table,
-    scale_note,
     timeline,
 )
 

@@ -1,1 +1,1 @@
-"""The node store: change-point SQLite store, its retention, and the in-memory twin."""
+"""The node store: change-point SQLite store (in a file or in memory) and its retention."""

@@ -1,5 +1,6 @@
-"""Where canonical samples live on one node: the `Store` contract, an embedded SQLite store and
-its in-memory twin.
+"""Where canonical samples live on one node: the embedded SQLite store, in a file or (path
+`MEMORY`, for tests and an agent without a store file) in memory; thread-safe (the runtime writes
+from the scrape loop while the server, the diagnoser and the UI query).
 
 SQLite (WAL mode; tables in `_SCHEMA`, clustered on their primary keys; timestamps integer ms)
 holds the rows of agent/store/changepoints.py; `query` fills the unchanged points back in, so it
@@ -15,16 +16,14 @@ import contextlib
 import errno
 import json
 import logging
-import math
 import os
 import sqlite3
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
 from kvscope.agent.ratelog import warn_every
 from kvscope.agent.store import retention
@@ -37,37 +36,10 @@ log = logging.getLogger("kvscope.store")
 
 RETENTION_CHECK_INTERVAL_S = 60.0
 WAL_SIZE_LIMIT_BYTES = 64 << 20
-
-
-class Store(Protocol):
-    """Time-series storage for canonical samples.
-
-    Implementations are thread-safe: the runtime writes from the scrape loop while the server,
-    the diagnoser and the UI query from other threads.
-    """
-
-    def write(self, samples: Sequence[Sample]) -> None:
-        """Queue samples for storage. Must not block on disk or raise for bad samples: a sample
-        that cannot be stored is dropped and counted by reason in `stats()`. A sample without a
-        timestamp is stamped with the time of the call."""
-        ...
-
-    def query(self, name: str, start: float, end: float) -> dict[Labels, Points]:
-        """Points of every series named `name` with start <= ts <= end (seconds), sorted by time.
-        Sees what `flush()` has committed."""
-        ...
-
-    def names(self) -> set[str]:
-        """Canonical sample names that have at least one series stored."""
-        ...
-
-    def flush(self) -> None:
-        """Commit everything queued so far; returns once it is durable and visible to `query`."""
-        ...
-
-    def close(self) -> None:
-        """Flush, stop background work and release files. Idempotent."""
-        ...
+MEMORY = ":memory:"
+"""The path of a store kept in memory: one connection (reads wait for a commit), no file."""
+MEMORY_MAX_BYTES = 128 << 20
+"""The most pages an agent without a store file keeps in memory (store.max_bytes if smaller)."""
 
 
 @dataclass
@@ -97,87 +69,6 @@ class StoreStats:
             deleted=Counter(self.deleted),
             over_budget=Counter(self.over_budget),
         )
-
-
-class InMemoryStore:
-    """Keeps samples in memory, with the same contract as `SqliteStore` (writes are visible at
-    once). Used by tests, replay and the agent without a store file. Bounded by age
-    (`retention_s`) and by count (`max_points`, 1M by default: roughly 150 MiB): the oldest
-    written points go first, counted in `stats().deleted` as `age` and `size`."""
-
-    def __init__(self, retention_s: float | None = None, max_points: int = 1_000_000) -> None:
-        self._series: dict[str, dict[Labels, dict[float, float]]] = {}
-        self._order: deque[tuple[float, str, Labels]] = deque()  # write order ~ time order
-        self._lock = threading.Lock()
-        self._retention_s = retention_s
-        self._max_points = max(1, max_points)
-        self._stats = StoreStats()
-
-    def write(self, samples: Sequence[Sample]) -> None:
-        now = time.time()
-        with self._lock:
-            for s in samples:
-                self._add(s, now)
-            if (retention_s := self._retention_s) is not None:
-                self._evict(lambda ts: ts < now - retention_s, "age")
-            self._evict(lambda ts: len(self._order) > self._max_points, "size")
-
-    def _add(self, s: Sample, now: float) -> None:
-        try:
-            value = float(s.value)
-            ts = float(s.timestamp) if s.timestamp is not None else now
-        except (TypeError, ValueError):
-            self._stats.dropped["bad_value"] += 1
-            return
-        if math.isnan(value):
-            self._stats.dropped["nan"] += 1
-            return
-        points = self._series.setdefault(s.name, {}).setdefault(s.labels, {})
-        key = round(ts * 1000) / 1000
-        if key in points:  # same series and millisecond: first write wins, as in SQLite
-            self._stats.dropped["duplicate"] += 1
-            return
-        points[key] = value
-        self._order.append((key, s.name, s.labels))
-        self._stats.written += 1
-
-    def _evict(self, should: Callable[[float], bool], reason: str) -> None:
-        """Remove points from the oldest written while `should(their ts)` holds."""
-        while self._order and should(self._order[0][0]):
-            ts, name, labels = self._order.popleft()
-            by_labels = self._series[name]
-            points = by_labels[labels]
-            del points[ts]
-            self._stats.deleted[reason] += 1
-            if not points:
-                del by_labels[labels]
-                if not by_labels:
-                    del self._series[name]
-
-    def query(self, name: str, start: float, end: float) -> dict[Labels, Points]:
-        with self._lock:
-            series = self._series.get(name, {}).items()
-            return {
-                lab: sel for lab, pts in series if (sel := sorted((t, v) for t, v in pts.items() if start <= t <= end))
-            }
-
-    def names(self) -> set[str]:
-        with self._lock:
-            return set(self._series)
-
-    def stats(self) -> StoreStats:
-        with self._lock:
-            st = self._stats.copy()
-            st.series = sum(len(b) for b in self._series.values())
-            st.rows = len(self._order)
-            return st
-
-    snapshot = stats  # nothing on disk: as cheap as SqliteStore.snapshot
-
-    def flush(self) -> None:
-        return None
-
-    close = flush
 
 
 _SCHEMA = (
@@ -288,7 +179,8 @@ class SqliteStore:
     capped twice: `max_series` in all, and `max_series_per_target` per `instance` label (default a
     quarter of `max_series`), so one target churning label values cannot use up the shared cap;
     samples of refused series are dropped as `series_limit` / `target_series_limit`, the latter also
-    counted per instance in `StoreStats.over_budget`.
+    counted per instance in `StoreStats.over_budget`. `path` MEMORY keeps the database in memory;
+    with `background=False` nothing is committed until `flush()`.
     """
 
     def __init__(
@@ -305,6 +197,7 @@ class SqliteStore:
         busy_timeout_s: float = 30.0,
     ) -> None:
         self.path = Path(path)
+        self.memory = str(path) == MEMORY
         self.retention_s = retention_s
         self.max_bytes = max_bytes
         self.batch_size = max(1, batch_size)
@@ -318,7 +211,7 @@ class SqliteStore:
         self._queued = 0
         self._qlock = threading.Lock()  # guards _queue and _stats.dropped (cheap, never I/O)
         self._wlock = threading.RLock()  # guards the writer connection
-        self._rlock = threading.Lock()  # guards the reader connection
+        self._rlock = self._wlock if self.memory else threading.Lock()  # guards the reader connection
         self._slock = threading.Lock()  # guards the series index
         self._stats = StoreStats()
         self._closed = False
@@ -329,7 +222,7 @@ class SqliteStore:
         try:
             self._writer = self._connect()
             self._init_schema()
-            self._reader = self._connect()
+            self._reader = self._writer if self.memory else self._connect()
             for sid, name, labels in self._writer.execute("SELECT id, name, labels FROM series ORDER BY id"):
                 self._index(sid, name, tuple((str(k), str(v)) for k, v in json.loads(labels)))
             last_group = self._writer.execute("SELECT MAX(group_id) FROM stamps").fetchone()[0]
@@ -399,6 +292,8 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ write path
     def write(self, samples: Sequence[Sample]) -> None:
+        """Queue samples; never blocks on disk or raises for a bad sample (dropped, counted by
+        reason in `stats()`). A sample without a timestamp is stamped with the time of the call."""
         if self._closed:
             with self._qlock:
                 self._stats.dropped["closed"] += len(samples)
@@ -442,9 +337,10 @@ class SqliteStore:
             return self._pop(self.batch_size)
 
     def flush(self) -> None:
-        """Commit everything queued. On a database error (locked past the busy timeout, disk
-        full, I/O error) the batch goes back to the head of the queue, the error is counted in
-        `stats().errors`, and the next flush retries it; the queue bound still applies."""
+        """Commit everything queued (visible to `query` once it returns). On a database error
+        (locked past the busy timeout, disk full, I/O error) the batch goes back to the head of the
+        queue, the error is counted in `stats().errors`, and the next flush retries it; the queue
+        bound still applies."""
         with self._wlock:
             while batch := self._take():
                 if not self._commit(batch):
@@ -584,6 +480,8 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ read path
     def query(self, name: str, start: float, end: float) -> dict[Labels, Points]:
+        """Points of every series named `name` with start <= ts <= end (seconds), sorted by time,
+        as committed (`flush()`)."""
         with self._slock:
             targets = list(self._by_name.get(name, ()))
         lo, hi = round(start * 1000), round(end * 1000)
@@ -621,6 +519,7 @@ class SqliteStore:
         return fill_points(real, carry, marks, stamps, lo, hi)
 
     def names(self) -> set[str]:
+        """Canonical sample names that have at least one series stored."""
         with self._slock:
             return {n for n, series in self._by_name.items() if series}
 
@@ -640,7 +539,7 @@ class SqliteStore:
     def _stats_via(self, conn: sqlite3.Connection, lock: threading.Lock | threading.RLock) -> StoreStats:
         st = self._counters()
         st.rows = self._row_count(st.rows)
-        st.bytes = sum(_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal"))
+        st.bytes = 0 if self.memory else sum(_size(Path(f"{self.path}{suffix}")) for suffix in ("", "-wal"))
         if not self._closed:
             with lock:
                 st.used_bytes = used_bytes(conn)
@@ -657,6 +556,7 @@ class SqliteStore:
         return (self._row_offset or 0) + delta
 
     def close(self) -> None:
+        """Flush, stop the writer thread and release the database. Idempotent."""
         if self._closed:
             return
         self._stop.set()

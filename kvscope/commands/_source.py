@@ -1,5 +1,6 @@
-"""The diagnose source a command's flags name (`--prometheus`, `--recording`, `--log`, `--agent`),
-shared by `kvscope diagnose` and `kvscope curve`."""
+"""The diagnose source and window a command's flags name (`--prometheus`, `--recording`, `--log`,
+`--agent`; `--since`, `--start`, `--end`, `--timeout`), shared by `kvscope diagnose`, `kvscope curve`
+and `kvscope goodput`."""
 
 from __future__ import annotations
 
@@ -7,9 +8,66 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from kvscope.commands._checks import check_http_url, parse_seconds, parse_time, source_hint
+
 if TYPE_CHECKING:
     from kvscope.agent.recording.omfile import RecordingLimits
     from kvscope.diagnoser.sources.window import Source
+
+
+EXAMPLE_URL = {"prometheus": "http://127.0.0.1:9090", "agent": "http://127.0.0.1:9464"}
+END_HELP = "window end, unix seconds or ISO 8601 UTC (default: now / end of recording)"
+
+
+def add_source_flags(
+    parser: argparse.ArgumentParser,
+    since: str,
+    log: bool = True,
+    end_help: str = END_HELP,
+    timeout_help: str = "--prometheus/--agent: seconds one HTTP query may take, connect to last byte",
+) -> None:
+    """One source (--recording, --prometheus, --agent and, with `log`, --log), the window (--since,
+    default `since`; --start, --end), --timeout and the recording caps; read by `read_source_flags`."""
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--recording", metavar="FILE", help="OpenMetrics recording (.om or .om.gz)")
+    src.add_argument(
+        "--prometheus", metavar="URL", help=f"Prometheus-compatible base URL, e.g. {EXAMPLE_URL['prometheus']}"
+    )
+    src.add_argument("--agent", metavar="URL", help=f"kvscope agent base URL, e.g. {EXAMPLE_URL['agent']}")
+    if log:
+        src.add_argument("--log", metavar="FILE", help="engine log: vLLM / SGLang stats lines (- for stdin; see below)")
+    parser.add_argument("--since", default=since, metavar="DURATION", help="live sources: window length, e.g. 30m, 6h")
+    parser.add_argument(
+        "--start", metavar="TIME", help="window start, unix seconds or ISO 8601 UTC (overrides --since)"
+    )
+    parser.add_argument("--end", metavar="TIME", help=end_help)
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help=timeout_help)
+    add_recording_cap_flags(parser)
+
+
+def read_source_flags(args: argparse.Namespace) -> float:
+    """Check the flags of `add_source_flags`: one source picked, URLs, --timeout; --start and --end
+    made unix seconds in `args`. Returns --since in seconds; ValueError (bad usage) naming the flag."""
+    flags = (
+        ("recording", "log", "prometheus", "agent") if hasattr(args, "log") else ("recording", "prometheus", "agent")
+    )
+    if not any(getattr(args, f) for f in flags):
+        named = ", ".join(f"--{f}" for f in flags[:-1])
+        raise ValueError(f"pick a source: {named} or --{flags[-1]} (see --help)")
+    since = parse_seconds("--since", args.since)
+    parse_seconds("--timeout", str(args.timeout))
+    args.end = None if args.end is None else parse_time("--end", args.end)
+    args.start = None if args.start is None else parse_time("--start", args.start)
+    for flag in ("prometheus", "agent"):
+        if getattr(args, flag):
+            check_http_url(f"--{flag}", getattr(args, flag), EXAMPLE_URL[flag])
+    return since
+
+
+def unread(args: argparse.Namespace, exc: Exception) -> str:
+    """Why the source could not be read; for --prometheus or --agent with the hint `source_hint` gives."""
+    url = args.prometheus or args.agent
+    return source_hint("prometheus" if args.prometheus else "agent", url, str(exc)) if url else str(exc)
 
 
 def add_recording_cap_flags(parser: argparse.ArgumentParser) -> None:

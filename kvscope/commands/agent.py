@@ -77,7 +77,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     """Run collectors and the HTTP server until SIGTERM/SIGINT. Returns the exit code."""
     log = logging.getLogger("kvscope.agent")
     from kvscope.agent.serve.limits import OPEN_FILES, raise_open_files
-    from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore, StoreError
+    from kvscope.agent.store.sqlite import MEMORY, MEMORY_MAX_BYTES, SqliteStore, StoreError
 
     if (files := raise_open_files()) < OPEN_FILES:
         log.warning("open-file limit %d (wanted %d): listeners accept fewer connections", files, OPEN_FILES)
@@ -88,16 +88,11 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
         log.error("config error: %s", e)
         return 2
     try:
-        retention = config.retention_s
-        store = (
-            SqliteStore(
-                config.store_path,
-                retention_s=retention,
-                max_bytes=config.store_max_bytes,
-                max_series_per_target=config.store_max_series_per_target,
-            )
-            if config.store_path
-            else InMemoryStore(retention_s=retention)
+        store = SqliteStore(
+            config.store_path or MEMORY,
+            retention_s=config.retention_s,
+            max_bytes=config.store_max_bytes if config.store_path else min(config.store_max_bytes, MEMORY_MAX_BYTES),
+            max_series_per_target=config.store_max_series_per_target,
         )
     except (StoreError, OSError) as e:
         log.error("store: %s", e)

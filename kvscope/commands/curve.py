@@ -10,11 +10,11 @@ import time
 import zlib
 from typing import TYPE_CHECKING
 
-from kvscope.commands._checks import check_http_url, check_recording, parse_seconds, parse_time, source_hint
+from kvscope.commands._checks import check_recording, parse_seconds
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._objectives import add_objective_flags, objectives_from_args
-from kvscope.commands._source import add_recording_cap_flags, open_source
+from kvscope.commands._source import add_source_flags, open_source, read_source_flags, unread
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.sources.promapi import PromClient
@@ -53,27 +53,17 @@ at the rules' interval, without judging changes (docs/curve.md, "From recording 
 Exit status: 0 printed, 3 bad usage, 4 the source could not be read or holds no concurrency signal.
 """
 HELP = HELP.format(log_help=LOG_HELP)
-EXAMPLE_URL = {"prometheus": "http://127.0.0.1:9090", "agent": "http://127.0.0.1:9464"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = add_command(subparsers, "curve", "each pool's latency-throughput curve, knee, C_max and what changed", HELP)
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--recording", metavar="FILE", help="OpenMetrics recording (.om or .om.gz)")
-    src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible base URL")
-    src.add_argument("--agent", metavar="URL", help="kvscope agent base URL")
-    src.add_argument("--log", metavar="FILE", help="engine log: vLLM / SGLang stats lines (- for stdin)")
-    p.add_argument("--since", default="1h", metavar="DURATION", help="live sources: window length, e.g. 30m, 6h")
-    p.add_argument("--start", metavar="TIME", help="window start, unix seconds or ISO 8601 UTC (overrides --since)")
-    p.add_argument("--end", metavar="TIME", help="window end (default: now / end of recording)")
+    add_source_flags(p, since="1h")
     p.add_argument(
         "--step",
         help="interval length, e.g. 15s (default: the source's scrape interval: a recording's, or the median gap "
         "between a TSDB's raw samples; else 15s)",
     )
     add_objective_flags(p, ttft_aliases=("--slo-ttft-p99",))
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="--prometheus/--agent: per query")
-    add_recording_cap_flags(p)
     p.add_argument("--json", action="store_true", help="print JSON (shape: docs/curve.md)")
     p.add_argument(
         "--recorded",
@@ -87,24 +77,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope.diagnoser.rulebook.rule import parse_duration
-
-    if not (args.recording or args.prometheus or args.agent or args.log):
-        return fail("curve", "pick a source: --recording, --log, --prometheus or --agent (see --help)", 3)
-    if args.recorded and not args.prometheus:
-        return fail("curve", "--recorded reads a TSDB's curve records: use it with --prometheus URL", 3)
     try:
-        since = parse_seconds("--since", args.since)
-        args.end = None if args.end is None else parse_time("--end", args.end)
-        args.start = None if args.start is None else parse_time("--start", args.start)
-        step = parse_duration(args.step) if args.step else None
+        since = read_source_flags(args)
+        if args.recorded and not args.prometheus:
+            raise ValueError("--recorded reads a TSDB's curve records: use it with --prometheus URL")
+        step = None if args.step is None else parse_seconds("--step", args.step)
         args.objectives_set = objectives_from_args(args)
         if args.objectives_set.default.ttft is None:
             raise ValueError("--slo-ttft: C_max needs a TTFT bound, e.g. 1s or 2.5s")
         args.slo_ttft_p99 = args.objectives_set.default.ttft
-        for flag in ("prometheus", "agent"):
-            if getattr(args, flag):
-                check_http_url(f"--{flag}", getattr(args, flag), EXAMPLE_URL[flag])
     except ValueError as exc:
         return fail("curve", exc, 3)
     try:
@@ -161,9 +142,7 @@ def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
             frame = read_window(source, start, end, step or curve_step(source, start, end, DEFAULT_STEP_S))
             curves = pool_curves(frame, slo_s=args.slo_ttft_p99, objectives=args.objectives_set)
     except SourceError as exc:
-        url = args.prometheus or args.agent
-        kind = "prometheus" if args.prometheus else "agent"
-        return fail("curve", source_hint(kind, url, str(exc)) if url else exc, 4)
+        return fail("curve", unread(args, exc), 4)
     except (EOFError, zlib.error) as exc:
         return fail("curve", f"recording {args.recording} is truncated or corrupt: {exc}", 4)
     except ValueError as exc:

@@ -9,18 +9,11 @@ import time
 import zlib
 from typing import TYPE_CHECKING
 
-from kvscope.commands._checks import (
-    check_http_url,
-    check_recording,
-    check_rules_dir,
-    parse_seconds,
-    parse_time,
-    source_hint,
-)
+from kvscope.commands._checks import check_recording, check_rules_dir, parse_seconds
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._params import add_param_flag, parse_params
-from kvscope.commands._source import add_recording_cap_flags, open_source
+from kvscope.commands._source import add_source_flags, open_source, read_source_flags, unread
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.findings import Diagnosis
@@ -76,24 +69,15 @@ HELP = HELP.format(log_help=LOG_HELP)
 EXIT_USAGE = 3
 EXIT_SOURCE = 4
 MAX_POINTS_PER_SERIES = 10_000
-EXAMPLE_URL = {"prometheus": "http://127.0.0.1:9090", "agent": "http://127.0.0.1:9464"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = add_command(subparsers, "diagnose", "find why latency moved and which lever fixes it", HELP)
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--recording", metavar="FILE", help="OpenMetrics recording (.om or .om.gz)")
-    src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible base URL, e.g. http://127.0.0.1:9090")
-    src.add_argument("--agent", metavar="URL", help="kvscope agent base URL, e.g. http://127.0.0.1:9464")
-    src.add_argument("--log", metavar="FILE", help="engine log: vLLM / SGLang stats lines (- for stdin; see below)")
-    p.add_argument("--since", default="30m", metavar="DURATION", help="live sources: window length, e.g. 30m, 2h, 1800")
-    p.add_argument(
-        "--end",
-        metavar="TIME",
-        help="window end, unix seconds or ISO 8601 UTC (default: now / end of recording; with --prometheus, "
-        "now rounded down to a multiple of --step, as Grafana asks, so that caching TSDBs answer at the times asked)",
+    end_help = (
+        "window end, unix seconds or ISO 8601 UTC (default: now / end of recording; with --prometheus, "
+        "now rounded down to a multiple of --step, as Grafana asks, so that caching TSDBs answer at the times asked)"
     )
-    p.add_argument("--start", metavar="TIME", help="window start, unix seconds or ISO 8601 UTC (overrides --since)")
+    add_source_flags(p, since="30m", end_help=end_help)
     p.add_argument("--step", help="grid step, e.g. 15s (default: the recording's scrape interval, else 15s)")
     add_param_flag(p)
     p.add_argument("--time-scale", type=float, help="multiply every rule duration by this (default: auto under 15 min)")
@@ -102,9 +86,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--changes", action="store_true", help="--prometheus: also read what changed in the likely cause's pool"
     )
-    add_recording_cap_flags(p)
-    timeout_help = "--prometheus/--agent: seconds one HTTP query may take, connect to last byte"
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help=timeout_help)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or fleet summary on stderr")
     p.add_argument("--json", action="store_true", help="print the Diagnosis as JSON (schema: docs/rules.md)")
     p.add_argument("--verbose", "-v", action="store_true", help="also list the rules that were skipped and why")
@@ -113,20 +94,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope.diagnoser.rulebook.rule import RuleError, parse_duration, read_rules
+    from kvscope.diagnoser.rulebook.rule import RuleError, read_rules
 
-    if not (args.recording or args.prometheus or args.agent or args.log):
-        return fail("diagnose", "pick a source: --recording, --log, --prometheus or --agent (see --help)", EXIT_USAGE)
     try:
-        since = parse_seconds("--since", args.since)
-        parse_seconds("--timeout", str(args.timeout))
-        args.end = None if args.end is None else parse_time("--end", args.end)
-        args.start = None if args.start is None else parse_time("--start", args.start)
-        if args.step is not None:
-            parse_duration(args.step)
-        for flag in ("prometheus", "agent"):
-            if getattr(args, flag):
-                check_http_url(f"--{flag}", getattr(args, flag), EXAMPLE_URL[flag])
+        since = read_source_flags(args)
+        args.step = None if args.step is None else parse_seconds("--step", args.step)
         check_rules_dir("--rules-dir", args.rules_dir)
         rules = read_rules(args.rules_dir)
         params = parse_params(args.param, {r.id: r.params for r in rules})
@@ -148,7 +120,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float) -> int:
     from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
-    from kvscope.diagnoser.rulebook.rule import parse_duration
     from kvscope.diagnoser.sources import SourceError
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
     from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
@@ -160,7 +131,7 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         if isinstance(source, RecordingSource):  # logs too: a grid too large for the --step asked for is refused
             source.step_given = args.step is not None
     try:
-        step = parse_duration(args.step) if args.step else source.natural_step() or DEFAULT_STEP_S
+        step = args.step or source.natural_step() or DEFAULT_STEP_S
         start, end = args.start, args.end
         if start is None and not (args.recording or args.log):
             if end is None:
@@ -176,9 +147,7 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
         frame = read_window(source, set().union(*(sample_names(r) for r in rules)), Span(start, end), step)
         _print_notes(args, source)
     except SourceError as exc:
-        kind = "prometheus" if args.prometheus else "agent" if args.agent else ""
-        url = args.prometheus or args.agent
-        return _not_diagnosed(args, source_hint(kind, url, str(exc)) if url else str(exc))
+        return _not_diagnosed(args, unread(args, exc))
     except (EOFError, zlib.error) as exc:
         return _not_diagnosed(args, f"recording {args.recording} is truncated or corrupt: {exc}")
     except ValueError as exc:

@@ -9,10 +9,10 @@ import math
 import time
 import zlib
 
-from kvscope.commands._checks import check_http_url, check_recording, parse_seconds, parse_time, source_hint
+from kvscope.commands._checks import check_recording
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._objectives import add_objective_flags, objectives_from_args
-from kvscope.commands._source import add_recording_cap_flags, open_source
+from kvscope.commands._source import add_source_flags, open_source, read_source_flags, unread
 
 HELP = """\
 Goodput per pool (model): the share of requests that met every latency objective at once (time to
@@ -36,36 +36,20 @@ Examples:
 
 Exit status: 0 printed, 3 bad usage, 4 the source could not be read or counted no request.
 """
-EXAMPLE_URL = {"prometheus": "http://127.0.0.1:9090", "agent": "http://127.0.0.1:9464"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = add_command(subparsers, "goodput", "each pool's share of requests meeting every latency objective", HELP)
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--recording", metavar="FILE", help="OpenMetrics recording (.om or .om.gz)")
-    src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible base URL")
-    src.add_argument("--agent", metavar="URL", help="kvscope agent base URL")
-    p.add_argument("--since", default="1h", metavar="DURATION", help="live sources: window length, e.g. 30m, 6h")
-    p.add_argument("--start", metavar="TIME", help="window start, unix seconds or ISO 8601 UTC (overrides --since)")
-    p.add_argument("--end", metavar="TIME", help="window end (default: now / end of recording)")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="--prometheus/--agent: per query")
-    add_recording_cap_flags(p)
+    add_source_flags(p, since="1h", log=False)
     add_objective_flags(p)
     p.add_argument("--json", action="store_true", help="print JSON: one object per pool")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not (args.recording or args.prometheus or args.agent):
-        return fail("goodput", "pick a source: --recording, --prometheus or --agent (see --help)", 3)
     try:
-        since = parse_seconds("--since", args.since)
-        end = None if args.end is None else parse_time("--end", args.end)
-        start = None if args.start is None else parse_time("--start", args.start)
+        since = read_source_flags(args)
         objectives = objectives_from_args(args)
-        for flag in ("prometheus", "agent"):
-            if getattr(args, flag):
-                check_http_url(f"--{flag}", getattr(args, flag), EXAMPLE_URL[flag])
         if args.recording:
             check_recording(args.recording)
     except ValueError as exc:
@@ -78,16 +62,14 @@ def run(args: argparse.Namespace) -> int:
 
     args.quiet, args.log_read = True, None
     source = open_source(args)
+    start, end = args.start, args.end
     try:
         if start is None and not args.recording:
             end = end if end is not None else math.floor(time.time() / DEFAULT_STEP_S) * DEFAULT_STEP_S
             start = end - since
         rows = pool_goodput(read_window(source, SIGNALS, Span(start, end)), objectives)
     except SourceError as exc:
-        url = args.prometheus or args.agent
-        return fail(
-            "goodput", source_hint("prometheus" if args.prometheus else "agent", url, str(exc)) if url else exc, 4
-        )
+        return fail("goodput", unread(args, exc), 4)
     except (EOFError, zlib.error) as exc:
         return fail("goodput", f"recording {args.recording} is truncated or corrupt: {exc}", 4)
     except ValueError as exc:

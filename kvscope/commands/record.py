@@ -13,12 +13,11 @@ from typing import Any
 from kvscope.agent.collectors.engine import EngineCollector
 from kvscope.agent.config import AgentConfig, ConfigError
 from kvscope.agent.recording.omfile import RecordingWriter
-from kvscope.commands._checks import check_output_file
+from kvscope.commands._checks import check_output_file, parse_seconds
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._flags import ENV_HELP, add_scrape_flags, config_from_args
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._progress import progress_bar
-from kvscope.core.scalars import parse_duration
 
 DESCRIPTION = """\
 Record what engine (vLLM, SGLang) and dcgm-exporter /metrics endpoints expose, for a
@@ -71,11 +70,9 @@ def run(args: argparse.Namespace) -> int:
     if args.interval is not None:
         args.scrape_interval = args.interval
     try:
-        duration_s = parse_duration(args.duration, loose=True)
-        if duration_s <= 0:
-            raise ValueError
-    except ValueError:
-        return fail("record", f"--duration: must be a positive duration (30s, 10m), got {args.duration!r}", 2)
+        duration_s = parse_seconds("--duration", args.duration)
+    except ValueError as exc:
+        return fail("record", exc, 2)
     try:
         config = config_from_args(args, None)
     except ConfigError as e:

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from kvscope.agent.config import ServerLimits
     from kvscope.diagnoser.alertmanager.server import ServeConfig, WebhookServer
     from kvscope.diagnoser.alertmanager.store import DiagnosisStore
-    from kvscope.diagnoser.rulebook.rule import parse_duration, read_rules
+    from kvscope.diagnoser.rulebook.rule import read_rules
 
     try:
         listen = parse_listen("--listen", args.listen)
@@ -88,19 +88,16 @@ def run(args: argparse.Namespace) -> int:
         config = ServeConfig(
             prometheus_url=args.prometheus,
             forward_url=args.forward_url,
-            step_s=parse_duration(args.step),
-            before_s=parse_duration(args.before),
+            step_s=parse_seconds("--step", args.step),
+            before_s=parse_seconds("--before", args.before),
             workers=_workers(args.workers),
             queue_size=QUEUE_SIZE,
-            diagnosis_timeout_s=parse_duration(args.diagnosis_timeout),
+            diagnosis_timeout_s=parse_seconds("--diagnosis-timeout", args.diagnosis_timeout),
             query_timeout_s=parse_seconds("--timeout", args.timeout),
             max_body_bytes=args.max_body_bytes,
             params=params,
         )
-        request_timeout = parse_duration(args.request_timeout)
-        if not request_timeout > 0:
-            raise ValueError(f"--request-timeout: a duration above 0, got {args.request_timeout!r}")
-        limits = ServerLimits(request_timeout_s=request_timeout)
+        limits = ServerLimits(request_timeout_s=parse_seconds("--request-timeout", args.request_timeout))
         _max_stored(args.max_stored)
     except ValueError as exc:
         return fail("serve", exc, 3)

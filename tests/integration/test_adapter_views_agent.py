@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from kvscope.agent.recording.replay import replay_recording
-from kvscope.agent.store.sqlite import InMemoryStore
+from kvscope.agent.store.sqlite import MEMORY, SqliteStore
 from kvscope.ui import data as ui_data
 
 RECORDING = Path(__file__).resolve().parent.parent / "recordings" / "lora-two-adapters.om.gz"
@@ -20,8 +20,9 @@ def test_the_ui_reads_the_adapter_table_from_the_agent_as_from_the_recording():
     from agentharness import running_agent
 
     replay = replay_recording(RECORDING)
-    store = InMemoryStore()
+    store = SqliteStore(MEMORY, background=False)
     store.write(list(replay.samples))
+    store.flush()
     start, end = float(np.ceil(replay.start)), float(np.floor(replay.end))
 
     async def run():

@@ -21,7 +21,7 @@ from kvscope.agent.normalize.dialect import normalize
 from kvscope.agent.runtime import AgentState
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.serve.export import render_metrics
-from kvscope.agent.store.sqlite import InMemoryStore
+from kvscope.agent.store.sqlite import MEMORY, SqliteStore
 from kvscope.core.signals import load_catalog
 from testbed.procs import free_port
 from testbed.prometheus import require_binaries
@@ -134,7 +134,10 @@ def agent_doc(base: str, down_port: int) -> dict:
 
 async def bad_targets_run(cycles: int = 2):
     routes = {f"/{name}": handler for name, handler in SCENARIOS.items()}
-    async with target_server(routes) as base, running_agent(agent_doc(base, free_port()), InMemoryStore()) as (rt, url):
+    async with (
+        target_server(routes) as base,
+        running_agent(agent_doc(base, free_port()), SqliteStore(MEMORY, background=False)) as (rt, url),
+    ):
         for _ in range(cycles):
             await rt.run_cycle()
         body, expo = await fetch_metrics(url)
@@ -153,7 +156,7 @@ async def many_series_run(cycles: int = 2):
     async with target_server({"/many_series": text(MANY_SERIES)}) as base:
         target = {"url": f"{base}/many_series", "job": "many_series", "labels": {"instance": "many_series"}}
         doc = {"scrape": {"interval_s": 60, "timeout_s": 30}, "targets": [target]}
-        async with running_agent(doc, InMemoryStore()) as (rt, url):
+        async with running_agent(doc, SqliteStore(MEMORY, background=False)) as (rt, url):
             for _ in range(cycles):
                 await rt.run_cycle()
             _, expo = await fetch_metrics(url)
@@ -382,12 +385,13 @@ def test_golden_agent_metrics_pass_promtool_check_metrics():
 
 def test_samples_api_serves_stored_canonical_samples_and_rejects_bad_requests():
     async def main():
-        store = InMemoryStore()
+        store = SqliteStore(MEMORY, background=False)
         async with target_server({"/metrics": text(VLLM)}) as base:
             doc = {"targets": [{"url": base + "/metrics", "job": "vllm", "labels": {"instance": "good"}}]}
             async with running_agent(doc, store) as (rt, url):
                 await rt.run_cycle()
                 await rt.run_cycle()
+                store.flush()
                 ok = await fetch_text(url + "/api/v1/samples?match=engine_kv_cache_usage_ratio|kvscope_target_up")
                 bad = await fetch_text(url + "/api/v1/samples?match=(")
                 missing = await fetch_text(url + "/api/v1/samples")
@@ -411,7 +415,7 @@ def test_api_refuses_bodies_long_queries_and_bad_ranges():
     import aiohttp
 
     async def main():
-        async with running_agent({}, InMemoryStore()) as (rt, url):
+        async with running_agent({}, SqliteStore(MEMORY, background=False)) as (rt, url):
             not_ready = await fetch_text(url + "/-/ready")
             await rt.run_cycle()
             async with aiohttp.ClientSession() as s:

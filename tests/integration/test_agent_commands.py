@@ -193,7 +193,7 @@ def test_record_rejects_a_bad_duration_and_missing_targets(tmp_path):
         text=True,
         timeout=300,  # a hang guard only (slow on a loaded 2-core box)
     )
-    assert bad.returncode == 2 and "--duration: must be a positive duration" in bad.stderr
+    assert bad.returncode == 2 and "--duration: expected seconds or a duration" in bad.stderr
     none = subprocess.run(
         [sys.executable, "-m", "kvscope", "record", "--duration", "1s", "--out", str(tmp_path / "x.om")],
         capture_output=True,

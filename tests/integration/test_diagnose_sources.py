@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from kvscope.agent.recording.replay import replay_recording
-from kvscope.agent.store.sqlite import InMemoryStore
+from kvscope.agent.store.sqlite import MEMORY, SqliteStore
 from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
 from kvscope.diagnoser.rulebook.rule import read_rules
 from kvscope.diagnoser.sources.agent import AgentSource
@@ -101,8 +101,9 @@ def test_recording_and_agent_api_give_the_same_frame(plain_recording):
     start, end = _window(replay)
     names = _names()
     rec_frame = RecordingSource(plain_recording).read_frame(names, start, end, STEP)
-    store = InMemoryStore()
+    store = SqliteStore(MEMORY, background=False)
     store.write([s for s in replay.samples if s.name in names])
+    store.flush()
 
     async def run():
         async with running_agent({"targets": []}, store=store, collectors=[]) as (runtime, url):
@@ -154,10 +155,11 @@ def test_the_curve_reads_the_agent_at_the_interval_it_scraped_its_targets():
     from kvscope.diagnoser.curve.window import curve_step
 
     t0 = time.time() - 600
-    store = InMemoryStore()
+    store = SqliteStore(MEMORY, background=False)
     for k, instance in enumerate(("a:8000", "b:8000")):
         labels = make_labels({"job": "vllm", "instance": instance})
         store.write([Sample("kvscope_target_up", labels, 1.0, t0 + 0.3 * k + 5.0 * i) for i in range(100)])
+        store.flush()
 
     async def run():
         async with running_agent({"targets": []}, store=store, collectors=[]) as (_, url):
@@ -210,8 +212,9 @@ def test_the_ui_reads_what_changed_from_the_agent_as_from_the_recording(monkeypa
 
     recording = RECORDING.with_name("curve-vllm-config-changes.om.gz")
     replay = replay_recording(recording)
-    store = InMemoryStore()
+    store = SqliteStore(MEMORY, background=False)
     store.write(list(replay.samples))
+    store.flush()
     start, end = _window(replay)
 
     async def run():

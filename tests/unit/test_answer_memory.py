@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from kvscope.core.net import FetchError, answer_from_bytes
+from kvscope.core.net import FetchError
 from kvscope.diagnoser.sources import SourceError, read_url
+from testbed.answers import answer_from_bytes
 from tests.unit.test_hostile_answers import RawServer
 
 N_SERIES, N_POINTS = 240, 10_000

@@ -1,7 +1,7 @@
 """Change-point storage reads back exactly what a dense store holds.
 
 A simulated agent (three targets scraped at jittered times, plus samples stamped at the end of
-each cycle) writes the same cycles into the dense in-memory store and the change-point SQLite
+each cycle) writes the same cycles into a dense store (`Dense`: every point) and the change-point SQLite
 store; every query window must give identical points, rates and quantiles. The simulation has
 idle and moving series, a counter reset, a series that vanishes and returns, a target that
 goes down and comes back, a restart of the writing process, and age retention.
@@ -15,7 +15,7 @@ import pytest
 
 from kvscope.agent.store import retention
 from kvscope.agent.store.changepoints import ChangeEncoder, fill_points
-from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore
+from kvscope.agent.store.sqlite import SqliteStore
 from kvscope.core.signals import Sample, make_labels
 from testbed.promref import raw_increase, window_quantiles
 
@@ -65,6 +65,25 @@ WINDOWS = [
 ]
 
 
+class Dense:
+    """Every point written, first write per series and millisecond kept: the oracle."""
+
+    def __init__(self) -> None:
+        self.points: dict[tuple, dict[float, float]] = {}
+
+    def write(self, samples: list[Sample]) -> None:
+        for s in samples:
+            assert s.timestamp is not None
+            self.points.setdefault((s.name, s.labels), {}).setdefault(round(s.timestamp * 1000) / 1000, s.value)
+
+    def query(self, name: str, start: float, end: float) -> dict:
+        return {
+            labels: sel
+            for (n, labels), pts in self.points.items()
+            if n == name and (sel := sorted((t, v) for t, v in pts.items() if start <= t <= end))
+        }
+
+
 def _assert_same(dense, sparse, windows=WINDOWS):
     for name in NAMES:
         for lo, hi in windows:
@@ -82,7 +101,7 @@ def cycles():
 
 
 def test_sparse_store_reads_back_the_dense_series(tmp_path, cycles):
-    dense, sparse = InMemoryStore(), SqliteStore(tmp_path / "kv.db", background=False)
+    dense, sparse = Dense(), SqliteStore(tmp_path / "kv.db", background=False)
     for batch in cycles:
         dense.write(batch)
         sparse.write(batch)
@@ -112,7 +131,7 @@ def test_a_down_target_and_a_vanished_series_are_absent_not_carried(tmp_path, cy
 
 
 def test_split_batches_restart_and_retention_keep_the_answers(tmp_path, cycles):
-    dense = InMemoryStore()
+    dense = Dense()
     path = tmp_path / "kv.db"
     sparse = SqliteStore(path, background=False, batch_size=7)  # cycles cut across transactions
     for n, batch in enumerate(cycles):
@@ -146,7 +165,7 @@ def test_fill_without_marks_is_the_stored_points():
 
 
 def test_a_failed_commit_forgets_its_new_series_and_the_retry_reads_back_the_same(tmp_path, cycles):
-    dense, sparse = InMemoryStore(), SqliteStore(tmp_path / "kv.db", background=False)
+    dense, sparse = Dense(), SqliteStore(tmp_path / "kv.db", background=False)
     for batch in cycles[:5]:
         dense.write(batch)
         sparse.write(batch)

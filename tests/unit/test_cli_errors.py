@@ -116,6 +116,8 @@ def test_ui_refuses_a_non_openmetrics_recording_before_starting(capsys, not_open
     [
         ("diagnose", "--prometheus", "localhost:9090"),
         ("diagnose", "--agent", "127.0.0.1:9464"),
+        ("curve", "--prometheus", "localhost:9090"),
+        ("goodput", "--agent", "127.0.0.1:9464"),
         ("ui", "--prometheus", "localhost:9090"),
         ("serve", "--prometheus", "localhost:9090"),
         ("report", "weekly", "--prometheus", "localhost:9090", "--no-progress"),
@@ -128,9 +130,10 @@ def test_a_url_without_scheme_is_refused_with_an_example(capsys, argv):
     assert "expected an http:// or https:// URL such as http://127.0.0.1:" in err
 
 
-def test_unreachable_prometheus_gets_a_hint(capsys):
+@pytest.mark.parametrize("command", ["diagnose", "curve", "goodput"])
+def test_unreachable_prometheus_gets_a_hint(capsys, command):
     url = f"http://127.0.0.1:{_closed_port()}"
-    code, err = run_cli(capsys, "diagnose", "--prometheus", url, "--since", "5m")
+    code, err = run_cli(capsys, command, "--prometheus", url, "--since", "5m")
     assert code == 4
     assert "refused" in err.lower() and f"curl -s {url}/-/ready" in err
 
@@ -142,11 +145,26 @@ def test_unreachable_prometheus_gets_a_hint(capsys):
         (("diagnose", "--prometheus", "http://127.0.0.1:1", "--end", "yesterday"), "--end"),
         (("ui", "--prometheus", "http://127.0.0.1:1", "--since", "30x"), "--since"),
         (("report", "weekly", "--prometheus", "http://127.0.0.1:1", "--end", "yesterday"), "--end"),
+        (("curve", "--agent", "http://127.0.0.1:1", "--start", "noon"), "--start"),
+        (("curve", "--agent", "http://127.0.0.1:1", "--timeout", "-1"), "--timeout"),
+        (("goodput", "--prometheus", "http://127.0.0.1:1", "--timeout", "0"), "--timeout"),
+        (("goodput", "--agent", "http://127.0.0.1:1", "--since", "30x"), "--since"),
+        (("diagnose", "--prometheus", "http://127.0.0.1:1", "--step", "0s"), "--step"),
+        (("curve", "--agent", "http://127.0.0.1:1", "--step", "0s"), "--step"),
+        (("serve", "--prometheus", "http://127.0.0.1:1", "--before=-5m"), "--before"),
+        (("serve", "--prometheus", "http://127.0.0.1:1", "--step", "fast"), "--step"),
     ],
 )
 def test_bad_durations_and_times_name_their_flag(capsys, argv, flag):
     code, err = run_cli(capsys, *argv)
     assert code == 3 and err.startswith(f"kvscope {argv[0]}: {flag}:") and "got '" in err
+
+
+@pytest.mark.parametrize("duration", ["0", "1e400"])
+def test_record_refuses_a_duration_not_finite_and_above_zero(capsys, tmp_path, duration):
+    argv = ("record", "--target", "http://127.0.0.1:1/metrics", "--duration", duration, "--out", str(tmp_path / "x.om"))
+    code, err = run_cli(capsys, *argv)
+    assert code == 2 and err.startswith("kvscope record: --duration: must be a finite number of seconds > 0")
 
 
 def test_window_lengths_take_seconds_or_durations():

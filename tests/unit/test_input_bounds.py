@@ -15,7 +15,7 @@ import pytest
 from kvscope.agent.api import AgentServer
 from kvscope.agent.config import build_config
 from kvscope.agent.runtime import AgentRuntime
-from kvscope.agent.store.sqlite import InMemoryStore
+from kvscope.agent.store.sqlite import MEMORY, SqliteStore
 from kvscope.core.signals import Sample
 
 
@@ -34,8 +34,9 @@ def _agent(store=None, doc=None) -> AgentServer:
 def test_hostile_match_pattern_is_refused_while_metrics_keeps_answering():
     """`([a-z_]+)+Z` backtracks exponentially in `re` on a name of [a-z_] without a Z: the API
     must refuse it (400 naming `match`) and /metrics must answer meanwhile."""
-    store = InMemoryStore()
+    store = SqliteStore(MEMORY, background=False)
     store.write([Sample("engine_kv_cache_usage_rat", (("instance", "a"),), 0.5, 1000.0)])  # 25 chars
+    store.flush()
 
     async def main():
         server = _agent(store)
@@ -497,6 +498,7 @@ def test_one_churning_target_cannot_use_up_the_stores_series_cap(tmp_path):
             ]
             store.write(churn + good)
             store.flush()
+            store.flush()
         stored = store.query("engine_requests_running", 0, 2000)
         stats = store.stats()
     finally:
@@ -560,6 +562,7 @@ from kvscope.agent.store.sqlite import SqliteStore, StoreError
 d = sys.argv[1]
 store = SqliteStore(os.path.join(d, "k.db"), background=False)
 store.write([Sample("x", (("instance", "a"),), 1.0, 1e9)])
+store.flush()
 store.flush()
 store.close()
 fd = os.open(os.path.join(d, "fill"), os.O_WRONLY | os.O_CREAT)

@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from kvscope.core import net
-from kvscope.core.net import FetchError, answer_from_bytes
+from kvscope.core.net import FetchError
+from testbed.answers import answer_from_bytes
 
 
 def _answer(body: bytes, headers: bytes = b"") -> bytes:

@@ -11,7 +11,7 @@ from kvscope.agent.config import build_config
 from kvscope.agent.runtime import AgentRuntime, CounterResets
 from kvscope.agent.scrape.exposition import parse_exposition
 from kvscope.agent.serve.export import render_metrics
-from kvscope.agent.store.sqlite import InMemoryStore
+from kvscope.agent.store.sqlite import MEMORY, SqliteStore
 from kvscope.core.signals import Sample, load_catalog, make_labels
 
 GPU = make_labels({"gpu": "0", "node": "n1"})
@@ -91,9 +91,10 @@ def test_derive_hook_output_is_stored_and_reexported_and_a_failing_hook_is_repor
     def broken(cycle):
         raise KeyError("oops")
 
-    store = InMemoryStore()
+    store = SqliteStore(MEMORY, background=False)
     rt = AgentRuntime(config(), [StaticCollector()], store, derive=[doubled_power, broken])
     asyncio.run(rt.run_cycle())
+    store.flush()
     expo = parse_exposition(render_metrics(rt.state, load_catalog()))
     values = {(s.name, s.labels): s.value for s in expo.samples}
     assert values[("kvscope_gpu_memory_used_bytes", GPU)] == 602.0
@@ -202,7 +203,7 @@ def test_a_cycle_that_raises_is_reported_and_the_loop_goes_on():
                 samples=[Sample("engine_x_total", GPU, next(values), time.time())], health=[Health(collector=self.name)]
             )
 
-    rt = AgentRuntime(config(0.1), [Flaky()], InMemoryStore())
+    rt = AgentRuntime(config(0.1), [Flaky()], SqliteStore(MEMORY, background=False))
     seen = []
 
     async def main():

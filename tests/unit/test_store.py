@@ -1,4 +1,4 @@
-"""SqliteStore and its in-memory twin honour the same Store contract."""
+"""SqliteStore honours the Store contract in a file and in memory."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from kvscope.agent.store import retention
-from kvscope.agent.store.sqlite import InMemoryStore, SqliteStore, StoreError
+from kvscope.agent.store.sqlite import MEMORY, SqliteStore, StoreError
 from kvscope.core.signals import Sample, make_labels
 
 A = make_labels({"instance": "e0:8000", "engine": "vllm"})
@@ -18,7 +18,7 @@ B = make_labels({"instance": "e1:8000", "engine": "vllm"})
 
 @pytest.fixture(params=["sqlite", "memory"])
 def store(request, tmp_path):
-    s = SqliteStore(tmp_path / "kv.db", background=False) if request.param == "sqlite" else InMemoryStore()
+    s = SqliteStore(tmp_path / "kv.db" if request.param == "sqlite" else MEMORY, background=False)
     yield s
     s.close()
 
@@ -224,16 +224,24 @@ def test_locked_database_keeps_the_batch_queued_and_retries(tmp_path):
     s.close()
 
 
-def test_in_memory_twin_is_bounded_by_age_and_count():
-    s = InMemoryStore(retention_s=100, max_points=50)
+def test_a_memory_store_is_bounded_by_age_and_size_and_leaves_no_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    s = SqliteStore(MEMORY, retention_s=100, max_bytes=64 << 10, background=False)
     now = time.time()
     s.write([Sample("old", A, 1.0, now - 500), Sample("x", A, 2.0, now - 50)])
+    s.flush()
+    retention.enforce_retention(s, now)
     assert s.names() == {"x"} and s.stats().deleted["age"] == 1  # an emptied series is gone
-    s.write([Sample("x", B, float(i), now - 40 + i * 0.1) for i in range(60)])
+    s.write([Sample("x", B, float(i), now - 40 + i * 0.001) for i in range(20_000)])
+    s.flush()
+    assert retention.used_bytes(s._writer) > s.max_bytes
+    retention.enforce_retention(s, now)
     st = s.stats()
-    assert st.rows == 50 and st.deleted["size"] == 11
+    assert st.deleted["size"] > 0 and st.used_bytes <= s.max_bytes and st.bytes == 0
     assert A not in s.query("x", 0, 4e9)  # the oldest went first
-    assert len(s.query("x", 0, 4e9)[B]) == 50
+    assert s.query("x", 0, 4e9)[B][-1] == (round((now - 40 + 19_999 * 0.001) * 1000) / 1000, 19_999.0)
+    s.close()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_snapshot_gives_counters_now_and_file_sizes_from_the_writer_thread(tmp_path):

@@ -8,10 +8,9 @@ from rich.console import Console
 
 from kvscope.diagnoser.evaluate.evaluator import diagnose, sample_names
 from kvscope.diagnoser.findings import ScaleChange
-from kvscope.diagnoser.render import render_diagnosis, scale_text
+from kvscope.diagnoser.render import render_diagnosis, scale_note, scale_text
 from kvscope.diagnoser.rulebook.rule import read_rules
 from kvscope.diagnoser.sources.recording import RecordingSource
-from kvscope.ui.data import scale_note
 from tests.unit.test_diagnoser_render import RECORDINGS, _diagnose
 
 

@@ -177,7 +177,7 @@ def test_cascade_table_shows_how_far_it_went_and_whether_it_is_over():
 
 def test_short_windows_say_their_rule_durations_were_scaled_where_it_was_not_compared():
     """The fleet path does not judge twice (`scale_changes` None): the shortening is said alone."""
-    from kvscope.ui.data import scale_note
+    from kvscope.diagnoser.render import scale_note
 
     d = Diagnosis(window=(T0, T0 + 132), source="s", likely_cause=None, time_scale=0.1467)
     assert scale_note(d) == (
