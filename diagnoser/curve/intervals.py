@@ -28,6 +28,7 @@ from kvscope.diagnoser.curve.window import (
     LITTLE_SUMS,
     MIX_COUNTERS,
     OBJECTIVE_HISTOGRAMS,
+    STEP_COUNTERS,
 )
 from kvscope.diagnoser.evaluate.frame import Block, Frame
 
@@ -255,7 +256,7 @@ def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
         index = {u: i for i, u in enumerate(units)}
         gauges = {name: _gauge(frame.block(name), index, n_t) for name in GAUGES + CONFIG_GAUGES}
         counters, drops = {}, np.zeros((len(units), n_t - 1), dtype=bool)
-        for name in COUNTERS + MIX_COUNTERS + tuple(f"{h}_count" for h in HISTOGRAMS):
+        for name in COUNTERS + MIX_COUNTERS + STEP_COUNTERS + tuple(f"{h}_count" for h in HISTOGRAMS):
             counters[name], dropped = _counter(frame.block(name), index, n_t)
             drops |= dropped
         hists = {

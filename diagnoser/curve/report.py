@@ -10,7 +10,7 @@ import numpy as np
 
 from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser.curve.changes import Change, raw_changes
-from kvscope.diagnoser.curve.compare import Thresholds, deltas, mix_differs, verdict
+from kvscope.diagnoser.curve.compare import Thresholds, deltas, mix_differs, step_moved, verdict
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals, pool_intervals
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point, peak_concurrency
 from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points
@@ -54,7 +54,11 @@ class JudgedChange:
     offered_load: dict = field(default_factory=dict)
     """The token mix each side's requests carried at the matched buckets (compare.MIX)."""
     reason: str | None = None
-    """Why no verdict was given where buckets matched (the sides carried different workloads)."""
+    """Why no verdict was given where buckets matched (the sides carried different workloads, or
+    the engine's step time moved and the verdict does not hold with it divided out)."""
+    step_time: dict | None = None
+    """The engine's step time (mean ITL) at the matched buckets before and after, and every metric's
+    delta with its ratio divided out (`scaled`); None where the engines export no ITL."""
     before: list[Point] = field(default_factory=list, repr=False)
     """The curve before the change and after it, as compared (the UI overlays them); not in the JSON."""
     after: list[Point] = field(default_factory=list, repr=False)
@@ -119,19 +123,29 @@ def judge(
         before = iv.take(keep & (iv.t_end > lo) & (iv.t_end < c.time))
         after = iv.take(keep & (iv.t_end > c.time + settle_s) & (iv.t_end < hi))
         sides = points(before), points(after)
-        d, matched, mix = deltas(*sides, before, after)
-        v, worse, better = verdict(d, th, mix)
-        differs = mix_differs(mix, th)
-        reason = (
-            "different workloads at matched concurrency: "
-            + ", ".join(
-                f"{m} {mix[m]['before']:.0f} -> {mix[m]['after']:.0f}" if mix[m] else f"{m} not read" for m in differs
-            )
-            if d and differs
-            else None
-        )
-        out.append(JudgedChange(c, v, d, worse, better, matched, mix, reason, *sides))
+        d, matched, mix, step = deltas(*sides, before, after)
+        v, worse, better = verdict(d, th, mix, step)
+        out.append(JudgedChange(c, v, d, worse, better, matched, mix, _reason(v, d, mix, step, th), step, *sides))
     return out
+
+
+def _reason(v: str, d: dict, mix: dict, step: dict | None, th: Thresholds) -> str | None:
+    """Why a change that had matched buckets was given no verdict (None: it was given one)."""
+    if v != "not_comparable" or not d:
+        return None
+    if differs := mix_differs(mix, th):
+        said = ", ".join(
+            f"{m} {mix[m]['before']:.0f} -> {mix[m]['after']:.0f}" if mix[m] else f"{m} not read" for m in differs
+        )
+        return f"different workloads at matched concurrency: {said}"
+    if step is not None and step_moved(step, th):
+        return (
+            f"the engine's step time moved: mean ITL {step['before']:.3g} -> {step['after']:.3g} s at the "
+            f"same batch ({100 * (step['relative'] or 0):+.0f}%), and a machine that got "
+            f"{'slower' if step_moved(step, th) > 0 else 'faster'} (a noisy neighbour) moves the metrics that moved "
+            "as a setting the engine does not export does: the window cannot tell them apart"
+        )
+    return None
 
 
 def curve_shift(

@@ -52,20 +52,7 @@ def _flags_constant(name: str) -> bool:
     return all(p.get("action") is None for p in meta.get("phases", []))
 
 
-DRIFT_AT_THE_MIDDLE = ("metrics-only-healthy-busy-sticky", "noisy-tenant-long-prompts")
-NOISY_NEIGHBOUR = pytest.mark.xfail(
-    strict=True,
-    reason="the engines' own ITL p99 fell ~70 % and tokens/s rose from the window's first half to its second "
-    "with no change to them (healthy-busy-sticky; noisy-tenant-long-prompts at the same token mix): the shared "
-    "box's load moved at the middle of the window, and a drift that lands between the halves and not inside "
-    "either is not in the bootstrap's interval (docs/curve.md)",
-)
-
-
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=NOISY_NEIGHBOUR) if n in DRIFT_AT_THE_MIDDLE else n for n in sorted(STEADY)],
-)
+@pytest.mark.parametrize("name", sorted(STEADY))
 def test_no_engine_verdict_where_no_engine_changed(name):
     """No change event (no label moved) and no `curve` shift called a regression or an improvement."""
     assert _flags_constant(name), "the provenance this truth rests on"
