@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvscope.diagnoser.curve import bootstrap
-from kvscope.diagnoser.curve.intervals import Intervals
+from kvscope.diagnoser.curve.intervals import COMPUTED, Intervals
 from kvscope.diagnoser.curve.operating import KneeParams
 from kvscope.diagnoser.curve.points import EDGES, Point, placed
 
@@ -56,7 +56,14 @@ sum over its count: exact, where a quantile is read between the histogram's buck
 MIX = {  # the token mix each side's requests carried: name -> (tokens counter, requests counter)
     "prompt_tokens_per_request": ("engine_prompt_tokens_total", "request_ttft_seconds_count"),
     "output_tokens_per_request": ("engine_generation_tokens_total", "engine_requests_finished_total"),
+    "computed_prompt_tokens_per_request": (COMPUTED, "request_ttft_seconds_count"),
 }
+CACHE_MIX = "computed_prompt_tokens_per_request"
+"""The prefill the requests asked of the engine: their prompt tokens less those its prefix cache
+served. A workload measure where no setting changed (a restarted replica's cache is cold: the
+same requests ask it for more prefill, not a change of the engine); where a setting changed
+(`config`: prefix caching, the KV capacity that holds the cache) the hit rate is part of what the
+change did, and it is reported but does not gate the verdict."""
 
 
 @dataclass(frozen=True)

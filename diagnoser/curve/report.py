@@ -10,7 +10,7 @@ import numpy as np
 
 from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser.curve.changes import Change, raw_changes
-from kvscope.diagnoser.curve.compare import Thresholds, deltas, mix_differs, step_moved, verdict
+from kvscope.diagnoser.curve.compare import CACHE_MIX, Thresholds, deltas, mix_differs, step_moved, verdict
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals, pool_intervals
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point, peak_concurrency
 from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points
@@ -120,12 +120,17 @@ def judge(
         hi = times[i + 1] if i + 1 < len(times) else np.inf
         mine = [u for u, (instance, _) in enumerate(iv.units) if instance in c.instances]
         keep = ~iv.resets & (np.isin(iv.unit, mine) if mine else True)
-        before = iv.take(keep & (iv.t_end > lo) & (iv.t_end < c.time))
-        after = iv.take(keep & (iv.t_end > c.time + settle_s) & (iv.t_end < hi))
+        b_rows = keep & (iv.t_end > lo) & (iv.t_end < c.time)
+        a_rows = keep & (iv.t_end > c.time + settle_s) & (iv.t_end < hi)
+        if c.kind == "replicas" and not mine:  # the engines that neither came nor went
+            stayed = np.intersect1d(iv.unit[b_rows], iv.unit[a_rows])
+            b_rows, a_rows = b_rows & np.isin(iv.unit, stayed), a_rows & np.isin(iv.unit, stayed)
+        before, after = iv.take(b_rows), iv.take(a_rows)
         sides = points(before), points(after)
         d, matched, mix, step = deltas(*sides, before, after)
-        v, worse, better = verdict(d, th, mix, step)
-        out.append(JudgedChange(c, v, d, worse, better, matched, mix, _reason(v, d, mix, step, th), step, *sides))
+        gate = {k: x for k, x in mix.items() if not (k == CACHE_MIX and c.kind == "config")}
+        v, worse, better = verdict(d, th, gate, step)
+        out.append(JudgedChange(c, v, d, worse, better, matched, mix, _reason(v, d, gate, step, th), step, *sides))
     return out
 
 

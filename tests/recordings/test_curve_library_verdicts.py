@@ -66,3 +66,23 @@ def test_a_replica_joining_is_not_a_per_instance_change():
     judged = [(j.change.kind, j.verdict) for pc in _curves("fleet-scale-out-hash-mod") for j in pc.changes]
     assert [k for k, _ in judged] == ["replicas"]
     assert judged[0][1] in ("no_change", "not_comparable"), judged
+
+
+REPLICAS = {
+    # two replicas; replica-1 drained, restarted with the same flags, and rejoins
+    "router-drain-restart-rejoin": "a replica drained and rejoins with the same flags",
+    # two replicas; one restarts with the same flags and comes back with a cold prefix cache
+    "replica-restart-cold-cache": "a replica restarts cold with the same flags",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPLICAS))
+def test_a_replica_leaving_and_rejoining_is_no_engine_verdict(name):
+    """The replica count changes, no engine's flags do (every replica runs the YAML's one set): a
+    replica change judged per instance is read on the engines that stayed, whose curve a replica
+    coming or going leaves where it is (§8.5), so it is never a regression or an improvement."""
+    meta = yaml.safe_load((HERE / f"{name}.yaml").read_text())
+    assert len({str(r.get("flags")) for r in meta.get("replicas", [{}])}) <= 1, "one set of flags"
+    judged = [(j.change.kind, j.verdict, j.worse, j.better) for pc in _curves(name) for j in pc.changes]
+    assert any(k == "replicas" for k, *_ in judged), judged
+    assert not [j for j in judged if j[1] in ENGINE_VERDICTS], (REPLICAS[name], judged)
