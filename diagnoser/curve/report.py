@@ -11,6 +11,7 @@ import numpy as np
 from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser.curve.changes import Change, raw_changes
 from kvscope.diagnoser.curve.compare import CACHE_MIX, Thresholds, deltas, mix_differs, step_moved, verdict
+from kvscope.diagnoser.curve.decide import more_traffic
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals, pool_intervals
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point, peak_concurrency
 from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points
@@ -59,6 +60,9 @@ class JudgedChange:
     step_time: dict | None = None
     """The engine's step time (mean ITL) at the matched buckets before and after, and every metric's
     delta with its ratio divided out (`scaled`); None where the engines export no ITL."""
+    more_traffic: list[dict] | None = None
+    """Where no bucket matched: per bucket either side reached, the intervals and seconds of traffic
+    at that load each side still needs to make it comparable (decide.more_traffic); else None."""
     before: list[Point] = field(default_factory=list, repr=False)
     """The curve before the change and after it, as compared (the UI overlays them); not in the JSON."""
     after: list[Point] = field(default_factory=list, repr=False)
@@ -130,7 +134,9 @@ def judge(
         d, matched, mix, step = deltas(*sides, before, after)
         gate = {k: x for k, x in mix.items() if not (k == CACHE_MIX and c.kind == "config")}
         v, worse, better = verdict(d, th, gate, step)
-        out.append(JudgedChange(c, v, d, worse, better, matched, mix, _reason(v, d, gate, step, th), step, *sides))
+        more = more_traffic(*sides, iv.step) if not d else None
+        reason = _reason(v, d, gate, step, th)
+        out.append(JudgedChange(c, v, d, worse, better, matched, mix, reason, step, more, *sides))
     return out
 
 
@@ -430,6 +436,24 @@ def changes_text(pc: PoolCurve) -> list[str]:
             if d["relative"] is not None
         )
         out.append(
-            f"change {iso_utc(c.time)} {c.kind}{where} {_diff(c.diff)}: {j.verdict}" + (f" [{moved}]" if moved else "")
+            f"change {iso_utc(c.time)} {c.kind}{where} {_diff(c.diff)}: {j.verdict}"
+            + (f" [{moved}]" if moved else "")
+            + (f" ({j.reason})" if j.reason else "")
+            + _more_text(j.more_traffic)
         )
     return out
+
+
+def _more_text(more: list[dict] | None) -> str:
+    """'; to decide it: ...' from the first bucket of `more_traffic`, or '' where none is estimable."""
+    if not more:
+        return ""
+    x = more[0]
+    said = [
+        f"{x[side]['more_intervals']} more intervals ({x[side]['more_seconds']:g} s) {side} it"
+        for side in ("before", "after")
+        if x[side]["more_intervals"]
+    ]
+    if not said or any(x[side]["more_intervals"] is None for side in ("before", "after")):
+        return ""
+    return f"; to decide it: {' and '.join(said)} at {x['concurrency']:g} requests in the engine"

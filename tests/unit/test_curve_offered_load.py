@@ -90,3 +90,27 @@ def test_a_cold_replica_joining_is_not_read_as_the_engines_curve_moving():
     (j,) = pc.changes
     assert j.change.kind == "replicas" and j.change.diff == {"replicas": [2, 3]}
     assert j.verdict == "no_change", (j.verdict, j.worse, j.deltas)
+
+
+def test_not_comparable_says_how_much_more_traffic_at_which_load_would_decide_it():
+    """HALF intervals at 4 requests before a restart, 3 after it (then the window ends): the after
+    side's bucket is sparse (5 intervals needed), so no verdict; the change says that 2 more
+    intervals (2 x 15 s) at that load after it would make the bucket comparable."""
+    (pc,) = pool_curves(synth([4.0] * (HALF + 4), resets=(HALF,)), settle_s=0.0)
+    (j,) = pc.changes
+    assert j.verdict == "not_comparable" and not j.deltas
+    (need,) = j.more_traffic
+    assert need["bucket"] == [3.5, 5.0] and need["concurrency"] == 4.0
+    assert need["before"]["more_intervals"] == 0 and need["after"] == {
+        "intervals": 3,
+        "requests": 120.0,
+        "more_intervals": 2,
+        "more_seconds": 30.0,
+    }
+    assert "2 more intervals (30 s) after it at 4 requests in the engine" in pc_text(pc)
+
+
+def pc_text(pc) -> str:
+    from kvscope.diagnoser.curve.report import changes_text
+
+    return "\n".join(changes_text(pc))
