@@ -31,7 +31,8 @@ moved further. Those metrics are not counted; where nothing else moved the verdi
 does, and also what a setting the engine does not export does; nothing in the window tells them
 apart. A metric that moved against the step (the engine did better on a slower machine) counts
 where the reading with s divided out, per bootstrap replicate (its uncertainty in the interval),
-has it too.
+has it too. Where a setting changed (`config`), the caller passes no step: the setting moves the
+step itself (a KV cut evicts the prefix cache and slows the steps of the same batch).
 """
 
 from __future__ import annotations

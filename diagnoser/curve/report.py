@@ -132,8 +132,11 @@ def judge(
         before, after = iv.take(b_rows), iv.take(a_rows)
         sides = points(before), points(after)
         d, matched, mix, step = deltas(*sides, before, after)
-        gate = {k: x for k, x in mix.items() if not (k == CACHE_MIX and c.kind == "config")}
-        v, worse, better = verdict(d, th, gate, step)
+        # where a setting changed, the prefix cache's hits and the step at the same batch are part of
+        # what it did (a KV cut evicts the cache and slows the steps): neither gates the verdict
+        setting = c.kind == "config"
+        gate = {k: x for k, x in mix.items() if not (k == CACHE_MIX and setting)}
+        v, worse, better = verdict(d, th, gate, None if setting else step)
         more = more_traffic(*sides, iv.step) if not d else None
         reason = _reason(v, d, gate, step, th)
         out.append(JudgedChange(c, v, d, worse, better, matched, mix, reason, step, more, *sides))
