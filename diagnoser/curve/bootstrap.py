@@ -145,20 +145,24 @@ def matched_replicates(
     buckets: list[tuple[np.ndarray, np.ndarray, float]],
     stats: dict[str, Stat],
     replicates: int = REPLICATES,
+    only: dict[str, list[bool]] | None = None,
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per metric, (before, after) per replicate: the bucket-weighted mean over the matched buckets
     of the metric recomputed on each side's resampled intervals. `buckets`: per matched bucket, the
-    before side's rows, the after side's rows, and the bucket's weight. A replicate whose bucket
-    has no value for a metric weighs the buckets that have one."""
+    before side's rows, the after side's rows, and the bucket's weight; `only`: per metric, which
+    buckets it is read at (default every one). A replicate whose bucket has no value for a metric
+    weighs the buckets that have one."""
     rng = np.random.default_rng(SEED)
     sums = {m: [np.zeros(replicates), np.zeros(replicates)] for m in stats}
     weights = {m: [np.zeros(replicates), np.zeros(replicates)] for m in stats}
     lengths = block_length(before), block_length(after)
-    for rows_b, rows_a, weight in buckets:
+    for k, (rows_b, rows_a, weight) in enumerate(buckets):
         for side, (iv, rows) in enumerate(((before, rows_b), (after, rows_a))):
             w = block_weights(iv, rows, rng, replicates, lengths[side])
             part = iv.take(np.isin(np.arange(len(iv)), rows))
             for m, stat in stats.items():
+                if only and m in only and not only[m][k]:
+                    continue
                 v = stat(part, w)
                 have = ~np.isnan(v)
                 sums[m][side] += np.where(have, v * weight, 0.0)

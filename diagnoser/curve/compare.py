@@ -16,6 +16,23 @@ in prompt or output tokens per request by more than the relative threshold (over
 the difference's bootstrap interval), the sides carry
 different workloads: the verdict is `not_comparable` with the reason (`offered_load`), never a
 regression or an improvement of the engine. Thresholds: docs/rules.md.
+
+The machine's speed is not the engine's (`step_time`). At matched concurrency a closed system
+whose every step takes s times as long serves every request s times slower and s times fewer per
+second: TTFT and ITL scale by s, tokens/s by 1/s. The engine's mean inter-token latency at the
+matched buckets where both sides ran the same batch (`same_batch`: the step of the same batch
+on the same model is the machine's speed) measures s. Where it moved beyond the thresholds over
+its whole interval, the machine's speed is a sufficient explanation
+of every metric that moved the step's way (worse on a slower machine, better on a faster one):
+it moves every latency at least s-fold, and a contended machine moves the tails more than the
+mean (it stalls steps unevenly), so no reading scaled by s can clear the machine of a tail that
+moved further. Those metrics are not counted; where nothing else moved the verdict is
+`not_comparable` with the reason (`step_time`): a step that moves is what a noisy neighbour
+does, and also what a setting the engine does not export does; nothing in the window tells them
+apart. A metric that moved against the step (the engine did better on a slower machine) counts
+where the reading with s divided out, per bootstrap replicate (its uncertainty in the interval),
+has it too. Where a setting changed (`config`), the caller passes no step: the setting moves the
+step itself (a KV cut evicts the prefix cache and slows the steps of the same batch).
 """
 
 from __future__ import annotations
@@ -25,7 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvscope.diagnoser.curve import bootstrap
-from kvscope.diagnoser.curve.intervals import Intervals
+from kvscope.diagnoser.curve.intervals import COMPUTED, Intervals
+from kvscope.diagnoser.curve.operating import KneeParams
 from kvscope.diagnoser.curve.points import EDGES, Point, placed
 
 METRICS = {  # name -> (direction where larger is worse, CI field)
@@ -33,10 +51,20 @@ METRICS = {  # name -> (direction where larger is worse, CI field)
     "itl_p99_s": (+1, "itl_p99_ci"),
     "output_tokens_per_s": (-1, "output_tokens_per_s_ci"),
 }
+STEP = "itl_mean_s"
+"""The metric that reads the engine's step time: its mean inter-token latency (the ITL histogram's
+sum over its count: exact, where a quantile is read between the histogram's buckets)."""
 MIX = {  # the token mix each side's requests carried: name -> (tokens counter, requests counter)
     "prompt_tokens_per_request": ("engine_prompt_tokens_total", "request_ttft_seconds_count"),
     "output_tokens_per_request": ("engine_generation_tokens_total", "engine_requests_finished_total"),
+    "computed_prompt_tokens_per_request": (COMPUTED, "request_ttft_seconds_count"),
 }
+CACHE_MIX = "computed_prompt_tokens_per_request"
+"""The prefill the requests asked of the engine: their prompt tokens less those its prefix cache
+served. A workload measure where no setting changed (a restarted replica's cache is cold: the
+same requests ask it for more prefill, not a change of the engine); where a setting changed
+(`config`: prefix caching, the KV capacity that holds the cache) the hit rate is part of what the
+change did, and it is reported but does not gate the verdict."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +82,7 @@ def _stats(step: float) -> dict[str, bootstrap.Stat]:
         "ttft_p99_s": bootstrap.quantile_stat("request_ttft_seconds", 0.99),
         "itl_p99_s": bootstrap.quantile_stat("request_itl_seconds", 0.99),
         "output_tokens_per_s": bootstrap.ratio_stat("engine_generation_tokens_total", None, step),
+        STEP: bootstrap.ratio_stat("request_itl_seconds_sum", "request_itl_seconds_count"),
         **{m: bootstrap.ratio_stat(num, den) for m, (num, den) in MIX.items()},
     }
 
@@ -65,16 +94,18 @@ def _rows(iv: Intervals, p: Point) -> np.ndarray:
 
 def deltas(
     before: list[Point], after: list[Point], before_iv: Intervals, after_iv: Intervals
-) -> tuple[dict, list[float], dict]:
+) -> tuple[dict, list[float], dict, dict | None]:
     """Per metric {before, after, delta, relative, interval, relative_interval, buckets} over the
-    matched buckets (the intervals from the bootstrap), the matched buckets' concurrencies, and
-    the sides' offered load there: per MIX name {before, after, relative} (None where absent)."""
+    matched buckets (the intervals from the bootstrap), the matched buckets' concurrencies, the
+    sides' offered load there: per MIX name {before, after, relative} (None where absent), and
+    the engine's step time with every metric scaled by it (`_step_time`; None: no ITL)."""
     b_by = {p.bucket: p for p in before if not p.sparse}
     pairs = [(b_by[p.bucket], p) for p in after if not p.sparse and p.bucket in b_by]
     if not pairs:
-        return {}, [], {}
+        return {}, [], {}, None
     matched = [(_rows(before_iv, b), _rows(after_iv, a), float(min(a.intervals, b.intervals))) for b, a in pairs]
-    reps = bootstrap.matched_replicates(before_iv, after_iv, matched, _stats(before_iv.step))
+    only = {STEP: [same_batch(b, a) for b, a in pairs]}  # the step is the machine's at the same batch only
+    reps = bootstrap.matched_replicates(before_iv, after_iv, matched, _stats(before_iv.step), only=only)
     weights = np.array([w for _, _, w in matched])
     out = {}
     for name in METRICS:
@@ -84,18 +115,8 @@ def deltas(
         if not have.any():
             continue
         mb, ma = (float(np.average(v[have], weights=weights[have])) for v in (vb, va))
-        rb, ra = reps[name]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.where(rb > 0, ra / rb - 1.0, np.nan)
-        out[name] = {
-            "before": mb,
-            "after": ma,
-            "delta": ma - mb,
-            "relative": (ma - mb) / mb if mb else None,
-            "interval": bootstrap.interval(ra - rb),
-            "relative_interval": bootstrap.interval(rel),
-            "buckets": int(have.sum()),
-        }
+        out[name] = _delta(mb, ma, *reps[name]) | {"buckets": int(have.sum())}
+    step = _step_time(reps, out)
     mix: dict[str, dict | None] = {}
     for name in MIX:
         rb, ra = reps[name]
@@ -113,7 +134,55 @@ def deltas(
             "relative": (ma - mb) / mb if mb else None,
             "relative_interval": bootstrap.interval(rel),
         }
-    return out, [a.concurrency for _, a in pairs], mix
+    return out, [a.concurrency for _, a in pairs], mix, step
+
+
+def same_batch(b: Point, a: Point) -> bool:
+    """Both sides ran the same batch at this matched bucket: the requests in the engine less those
+    waiting (the waiting gauge read on both) within one request of each other (the knee's
+    `pinned_slack`), and nothing preempted on either. There the decode step is the machine's and
+    the model's: a KV cache too small for the load runs a smaller batch at the same running +
+    waiting and mixes recomputed prefills into its steps (a smaller batch steps faster), so a step
+    read at different batches measures the scheduler, not the machine. (The running gauge itself
+    is not read: sampled at scrapes it misses short requests that Little's law counts.)"""
+    if b.waiting is None or a.waiting is None:
+        return False
+    calm = not b.preemptions_per_s and not a.preemptions_per_s
+    return calm and abs((b.concurrency - b.waiting) - (a.concurrency - a.waiting)) <= KneeParams().pinned_slack
+
+
+def _delta(mb: float, ma: float, rb: np.ndarray, ra: np.ndarray) -> dict:
+    """{before, after, delta, relative, interval, relative_interval}: the point estimates and the
+    replicates' intervals of the difference and the relative difference."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(rb > 0, ra / rb - 1.0, np.nan)
+    return {
+        "before": mb,
+        "after": ma,
+        "delta": ma - mb,
+        "relative": (ma - mb) / mb if mb else None,
+        "interval": bootstrap.interval(ra - rb),
+        "relative_interval": bootstrap.interval(rel),
+    }
+
+
+def _step_time(reps: dict[str, tuple[np.ndarray, np.ndarray]], out: dict) -> dict | None:
+    """The engine's step time before and after (ITL p50 over the matched buckets, the replicates'
+    medians) and every metric of `out` with the step's ratio divided out per replicate
+    (`scaled`: times over s, rates times s); None where the engines export no ITL."""
+    rb, ra = reps[STEP]
+    ok = ~np.isnan(rb) & ~np.isnan(ra) & (rb > 0)
+    if not ok.any():
+        return None
+    mb, ma = float(np.median(rb[ok])), float(np.median(ra[ok]))
+    scale = np.where(ok, ra / np.where(ok, rb, 1.0), np.nan)
+    scaled = {}
+    for name, d in out.items():
+        b, a = reps[name]
+        a = a / scale if METRICS[name][0] > 0 else a * scale
+        s = mb / ma if mb and ma else 1.0
+        scaled[name] = _delta(d["before"], d["after"] * (s if METRICS[name][0] > 0 else 1 / s), b, a)
+    return _delta(mb, ma, rb, ra) | {"scaled": scaled}
 
 
 def _beyond(d: dict, sign: int, abs_min: float, rel_min: float) -> bool:
@@ -141,11 +210,40 @@ def mix_differs(mix: dict, th: Thresholds) -> list[str]:
     return out
 
 
-def verdict(d: dict, th: Thresholds = Thresholds(), mix: dict | None = None) -> tuple[str, list[str], list[str]]:
-    """(verdict, metrics worse, metrics better). `not_comparable` where nothing is matched, or where
-    the sides' token mix differs (a different workload: `mix_differs`)."""
-    if not d or (mix and mix_differs(mix, th)):
-        return "not_comparable", [], []
+def _read(d: dict, th: Thresholds) -> tuple[str, list[str], list[str]]:
     worse = [m for m, x in d.items() if _beyond(x, METRICS[m][0], getattr(th, m), th.relative)]
     better = [m for m, x in d.items() if _beyond(x, -METRICS[m][0], getattr(th, m), th.relative)]
     return ("regression" if worse else "improvement" if better else "no_change"), worse, better
+
+
+def step_moved(step: dict | None, th: Thresholds) -> int:
+    """+1 where the engine's step time (mean ITL) got longer by more than the relative threshold
+    over its whole interval, -1 shorter, 0 neither (a speed is a ratio: no absolute amount is
+    asked of it)."""
+    if not step:
+        return 0
+    return next((sign for sign in (+1, -1) if _beyond(step, sign, -np.inf, th.relative)), 0)
+
+
+def verdict(
+    d: dict, th: Thresholds = Thresholds(), mix: dict | None = None, step: dict | None = None
+) -> tuple[str, list[str], list[str]]:
+    """(verdict, metrics worse, metrics better). `not_comparable` where nothing is matched, or where
+    the sides' token mix differs (a different workload: `mix_differs`). Where the engine's step
+    time moved (`step_moved`), the metrics that moved its way (worse on a slower machine, better
+    on a faster one) are the machine's speed as much as the engine's and are not counted; those
+    that moved against it count where the reading with the step's ratio divided out has them too.
+    None left and some explained by the step: `not_comparable` (the reason says why)."""
+    if not d or (mix and mix_differs(mix, th)):
+        return "not_comparable", [], []
+    v, worse, better = _read(d, th)
+    moved = step_moved(step, th)
+    if v == "no_change" or not moved:
+        return v, worse, better
+    assert step is not None
+    _, worse2, better2 = _read(step["scaled"], th)
+    if moved > 0:  # slower: its worse metrics are explained; better ones against it count
+        kept = [m for m in better if m in better2]
+        return ("improvement", [], kept) if kept else ("not_comparable", [], [])
+    kept = [m for m in worse if m in worse2]
+    return ("regression", kept, []) if kept else ("not_comparable", [], [])

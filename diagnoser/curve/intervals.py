@@ -20,6 +20,7 @@ import numpy as np
 from kvscope.core.rates import step_increases
 from kvscope.core.signals import Labels
 from kvscope.diagnoser.curve.window import (
+    CACHE_HITS,
     CONCURRENCY_SIGNAL,
     CONFIG_GAUGES,
     COUNTERS,
@@ -28,6 +29,7 @@ from kvscope.diagnoser.curve.window import (
     LITTLE_SUMS,
     MIX_COUNTERS,
     OBJECTIVE_HISTOGRAMS,
+    STEP_COUNTERS,
 )
 from kvscope.diagnoser.evaluate.frame import Block, Frame
 
@@ -43,6 +45,9 @@ waiting where the engine exports its queue: the load a client's concurrency swee
 else running), from Little's law on the latency sums weighed with the gauges' mean where the
 engine exports such a sum (`little_concurrency`, `weigh`), from the gauges alone elsewhere."""
 Unit = tuple[str, str]  # (instance, dp_rank)
+COMPUTED = "engine_prompt_tokens_computed"
+"""Per interval: the prompt tokens the engine computed, its prompt tokens less its device prefix
+cache's hits (NaN where either is not exported): the prefill work the requests asked of it."""
 
 
 @dataclass
@@ -129,6 +134,17 @@ def _counter(block: Block | None, index: dict[Unit, int], n_t: int) -> tuple[np.
             out[u] = np.where(present.any(axis=0), np.nansum(np.where(present, inc, 0.0), axis=0), np.nan)
             dropped[u] = drop.any(axis=0)
     return out, dropped
+
+
+def _device_hits(frame: Frame) -> Block | None:
+    """The prefix-cache hit counter's series that count the device cache's hits: vLLM's (no
+    cache_scope) and SGLang's `device` scope; SGLang's `all_tiers` adds host and storage tiers and
+    would count a hit twice beside `device`, so it is not read (absent, never guessed)."""
+    block = frame.block(CACHE_HITS)
+    if block is None:
+        return None
+    rows = [r for r, labels in enumerate(block.labels) if dict(labels).get("cache_scope", "device") == "device"]
+    return Block([block.labels[r] for r in rows], block.values[rows]) if rows else None
 
 
 def _histogram(block: Block | None, index: dict[Unit, int], n_t: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -255,9 +271,10 @@ def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
         index = {u: i for i, u in enumerate(units)}
         gauges = {name: _gauge(frame.block(name), index, n_t) for name in GAUGES + CONFIG_GAUGES}
         counters, drops = {}, np.zeros((len(units), n_t - 1), dtype=bool)
-        for name in COUNTERS + MIX_COUNTERS + tuple(f"{h}_count" for h in HISTOGRAMS):
+        for name in COUNTERS + MIX_COUNTERS + STEP_COUNTERS + tuple(f"{h}_count" for h in HISTOGRAMS):
             counters[name], dropped = _counter(frame.block(name), index, n_t)
             drops |= dropped
+        counters[COMPUTED] = counters["engine_prompt_tokens_total"] - _counter(_device_hits(frame), index, n_t)[0]
         hists = {
             h: got
             for h in HISTOGRAMS + OBJECTIVE_HISTOGRAMS

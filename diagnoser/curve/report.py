@@ -10,7 +10,8 @@ import numpy as np
 
 from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser.curve.changes import Change, raw_changes
-from kvscope.diagnoser.curve.compare import Thresholds, deltas, mix_differs, verdict
+from kvscope.diagnoser.curve.compare import CACHE_MIX, Thresholds, deltas, mix_differs, step_moved, verdict
+from kvscope.diagnoser.curve.decide import more_traffic
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals, pool_intervals
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point, peak_concurrency
 from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points
@@ -54,7 +55,14 @@ class JudgedChange:
     offered_load: dict = field(default_factory=dict)
     """The token mix each side's requests carried at the matched buckets (compare.MIX)."""
     reason: str | None = None
-    """Why no verdict was given where buckets matched (the sides carried different workloads)."""
+    """Why no verdict was given where buckets matched (the sides carried different workloads, or
+    the engine's step time moved and the verdict does not hold with it divided out)."""
+    step_time: dict | None = None
+    """The engine's step time (mean ITL) at the matched buckets before and after, and every metric's
+    delta with its ratio divided out (`scaled`); None where the engines export no ITL."""
+    more_traffic: list[dict] | None = None
+    """Where no bucket matched: per bucket either side reached, the intervals and seconds of traffic
+    at that load each side still needs to make it comparable (decide.more_traffic); else None."""
     before: list[Point] = field(default_factory=list, repr=False)
     """The curve before the change and after it, as compared (the UI overlays them); not in the JSON."""
     after: list[Point] = field(default_factory=list, repr=False)
@@ -116,22 +124,42 @@ def judge(
         hi = times[i + 1] if i + 1 < len(times) else np.inf
         mine = [u for u, (instance, _) in enumerate(iv.units) if instance in c.instances]
         keep = ~iv.resets & (np.isin(iv.unit, mine) if mine else True)
-        before = iv.take(keep & (iv.t_end > lo) & (iv.t_end < c.time))
-        after = iv.take(keep & (iv.t_end > c.time + settle_s) & (iv.t_end < hi))
+        b_rows = keep & (iv.t_end > lo) & (iv.t_end < c.time)
+        a_rows = keep & (iv.t_end > c.time + settle_s) & (iv.t_end < hi)
+        if c.kind == "replicas" and not mine:  # the engines that neither came nor went
+            stayed = np.intersect1d(iv.unit[b_rows], iv.unit[a_rows])
+            b_rows, a_rows = b_rows & np.isin(iv.unit, stayed), a_rows & np.isin(iv.unit, stayed)
+        before, after = iv.take(b_rows), iv.take(a_rows)
         sides = points(before), points(after)
-        d, matched, mix = deltas(*sides, before, after)
-        v, worse, better = verdict(d, th, mix)
-        differs = mix_differs(mix, th)
-        reason = (
-            "different workloads at matched concurrency: "
-            + ", ".join(
-                f"{m} {mix[m]['before']:.0f} -> {mix[m]['after']:.0f}" if mix[m] else f"{m} not read" for m in differs
-            )
-            if d and differs
-            else None
-        )
-        out.append(JudgedChange(c, v, d, worse, better, matched, mix, reason, *sides))
+        d, matched, mix, step = deltas(*sides, before, after)
+        # where a setting changed, the prefix cache's hits and the step at the same batch are part of
+        # what it did (a KV cut evicts the cache and slows the steps): neither gates the verdict
+        setting = c.kind == "config"
+        gate = {k: x for k, x in mix.items() if not (k == CACHE_MIX and setting)}
+        v, worse, better = verdict(d, th, gate, None if setting else step)
+        more = more_traffic(*sides, iv.step) if not d else None
+        reason = _reason(v, d, gate, step, th)
+        out.append(JudgedChange(c, v, d, worse, better, matched, mix, reason, step, more, *sides))
     return out
+
+
+def _reason(v: str, d: dict, mix: dict, step: dict | None, th: Thresholds) -> str | None:
+    """Why a change that had matched buckets was given no verdict (None: it was given one)."""
+    if v != "not_comparable" or not d:
+        return None
+    if differs := mix_differs(mix, th):
+        said = ", ".join(
+            f"{m} {mix[m]['before']:.0f} -> {mix[m]['after']:.0f}" if mix[m] else f"{m} not read" for m in differs
+        )
+        return f"different workloads at matched concurrency: {said}"
+    if step is not None and step_moved(step, th):
+        return (
+            f"the engine's step time moved: mean ITL {step['before']:.3g} -> {step['after']:.3g} s at the "
+            f"same batch ({100 * (step['relative'] or 0):+.0f}%), and a machine that got "
+            f"{'slower' if step_moved(step, th) > 0 else 'faster'} (a noisy neighbour) moves the metrics that moved "
+            "as a setting the engine does not export does: the window cannot tell them apart"
+        )
+    return None
 
 
 def curve_shift(
@@ -411,6 +439,24 @@ def changes_text(pc: PoolCurve) -> list[str]:
             if d["relative"] is not None
         )
         out.append(
-            f"change {iso_utc(c.time)} {c.kind}{where} {_diff(c.diff)}: {j.verdict}" + (f" [{moved}]" if moved else "")
+            f"change {iso_utc(c.time)} {c.kind}{where} {_diff(c.diff)}: {j.verdict}"
+            + (f" [{moved}]" if moved else "")
+            + (f" ({j.reason})" if j.reason else "")
+            + _more_text(j.more_traffic)
         )
     return out
+
+
+def _more_text(more: list[dict] | None) -> str:
+    """'; to decide it: ...' from the first bucket of `more_traffic`, or '' where none is estimable."""
+    if not more:
+        return ""
+    x = more[0]
+    said = [
+        f"{x[side]['more_intervals']} more intervals ({x[side]['more_seconds']:g} s) {side} it"
+        for side in ("before", "after")
+        if x[side]["more_intervals"]
+    ]
+    if not said or any(x[side]["more_intervals"] is None for side in ("before", "after")):
+        return ""
+    return f"; to decide it: {' and '.join(said)} at {x['concurrency']:g} requests in the engine"

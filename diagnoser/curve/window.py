@@ -27,6 +27,12 @@ COUNTERS = ("engine_requests_finished_total", "engine_generation_tokens_total", 
 MIX_COUNTERS = ("engine_prompt_tokens_total",)
 """Read per interval only to compare the two sides' token mix (prompt tokens per request) at a
 change; not a point's field and not in the records."""
+STEP_COUNTERS = ("request_itl_seconds_sum",)
+"""Read per interval only for the engine's mean step time at a change (the ITL histogram's sum over
+its count: compare.py `step_time`); not a point's field and not in the records."""
+CACHE_HITS = "engine_prefix_cache_hits_tokens_total"
+"""Read per interval only for the prompt tokens the engine computed (its prompt tokens less those
+its prefix cache served: compare.MIX); not a point's field and not in the records."""
 CONFIG_GAUGES = (
     "engine_kv_capacity_tokens",
     "engine_lora_max_adapters",
@@ -43,6 +49,8 @@ SIGNALS = (
     frozenset({f"{h}_bucket" for h in HISTOGRAMS} | {f"{h}_count" for h in HISTOGRAMS} | set(GAUGES) | set(COUNTERS))
     | frozenset(f"{h}_bucket" for h in OBJECTIVE_HISTOGRAMS)
     | frozenset(MIX_COUNTERS)
+    | frozenset(STEP_COUNTERS)
+    | frozenset({CACHE_HITS})
     | frozenset(CONFIG_GAUGES)
     | frozenset(f"{h}_sum" for hs in LITTLE_SUMS for h in hs)
     | frozenset(f"{hs[-1]}_count" for hs in LITTLE_SUMS)

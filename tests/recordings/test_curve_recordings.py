@@ -123,24 +123,22 @@ def test_config_changes_read_as_written_before_the_run():
     assert pc.changes[0].change.diff == {"kv_capacity_tokens": [8192.0, 640.0]}
     assert pc.changes[1].change.diff == {"kv_capacity_tokens": [640.0, 8192.0]}
     assert pc.changes[2].change.diff == {}
-    missed = []
     for want, got in zip(meta["expected_curve"]["changes"], pc.changes, strict=True):
         after = phases[want["after_phase"]]
         before = phases[names[names.index(want["after_phase"]) - 1]]
         assert t0 + before["end_s"] <= got.change.time <= t0 + after["start_s"] + 4, want
         assert got.change.kind == want["kind"], want
         truth = after["engine_ttft_p99_s"] / before["engine_ttft_p99_s"]
-        if want["verdict"] == "no_change" and got.verdict != "no_change" and not 1 / 1.1 < truth < 1.1:
-            missed.append((want["after_phase"], got.verdict, round(truth, 2)))
+        if want["verdict"] == "no_change" and not 1 / 1.1 < truth < 1.1:
+            # The restart with the same flags: the shared box's load fell in the third phase (769
+            # requests served against 304-324 in the others) and rose in the fourth, and the engine's
+            # own TTFT histogram moved x2.1 with it. Its step time at the same batch moved as much:
+            # the machine's speed explains every metric that moved, so no verdict, and the reason says so.
+            assert got.verdict == "not_comparable", (truth, got.verdict, got.worse, got.deltas)
+            assert got.reason and "step time" in got.reason and "slower" in got.reason, got.reason
             continue
         assert got.verdict == want["verdict"], (want, got.deltas)
         assert {"regression": truth > 1.1, "improvement": truth < 1 / 1.1, "no_change": True}[want["verdict"]], truth
-    if missed:
-        pytest.xfail(
-            f"{missed}: the restart with the same flags was expected to read no_change, but the shared box's "
-            "load changed between the phases and the engine's own TTFT histogram moved too (p99 x truth ratio): "
-            "kvscope reads the engine right; the scenario could not hold the load still (docs/curve.md)"
-        )
 
 
 def test_the_regression_is_a_finding_naming_the_knob_and_diagnose_carries_it(capsys):
