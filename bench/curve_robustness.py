@@ -22,7 +22,7 @@ thresholds (the shared box's load moved between the phases) and that kvscope jud
 engine moved is `unheld`: the run did not hold its truth, counted apart from right and wrong.
 Verdicts judged on other changes inside a change window (a `curve` shift within a phase) are
 counted as spurious. The knee: `curve-vllm-max-num-seqs`, whose
-saturation level is computed from the recorder's own numbers as its test does; right when the
+saturation level is computed from the recorder's own numbers (testbed/curve_record.py); right when the
 knee lies between the in-flight means of the levels before and after it, placed by a sign.
 
     .venv/bin/python bench/curve_robustness.py [--only NAME ...] [--scrapes 2 15 30]
@@ -49,6 +49,7 @@ from kvscope.diagnoser.sources.recording import RecordingSource
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from testbed.curve_record import saturation_level  # noqa: E402
 from testbed.recording_variants import read_variant_source, resample, write_recording  # noqa: E402
 
 RECORDINGS = REPO / "tests" / "recordings"
@@ -163,19 +164,6 @@ def change_cells(name: str, meta: dict, source: RecordingSource, scrape_s: float
     got = ",".join(f"{j.change.kind}:{j.verdict}" for j in judged) or "no change"
     cells.append(Cell(name, scrape_s, "control", "no engine verdict", got, "wrong" if engine else "right"))
     return cells
-
-
-def saturation_level(levels: list[dict]) -> int:
-    """The first level where requests wait (poller mean >= 0.5) while requests/s gain less than
-    half the first level's requests/s per added stream (tests/recordings/test_curve_recordings.py)."""
-    rps = [lv["requests"] / (lv["end_s"] - lv["start_s"]) for lv in levels]
-    per_stream = rps[0] / levels[0]["streams"]
-    return next(
-        i
-        for i in range(1, len(levels))
-        if levels[i]["engine_waiting_mean"] >= 0.5
-        and (rps[i] - rps[i - 1]) / (levels[i]["streams"] - levels[i - 1]["streams"]) < 0.5 * per_stream
-    )
 
 
 def knee_cell(meta: dict, source: RecordingSource, scrape_s: float) -> Cell:

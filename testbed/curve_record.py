@@ -327,6 +327,21 @@ def shape_phase(srv: VllmServer, segs: tuple[Seg, ...], poller: Poller) -> dict:
     return whole | {"segments": levels}
 
 
+def saturation_level(levels: list[dict]) -> int:
+    """The knee's truth in a staircase's levels (YAML phases, recorder's own numbers): the index of
+    the first level where requests wait (poller mean >= 0.5) while requests/s gain less than half
+    the first level's requests/s per added stream (the guide's §8.1; curve-vllm-max-num-seqs's
+    `knee_after_run` says why not the running cap)."""
+    rps = [lv["requests"] / (lv["end_s"] - lv["start_s"]) for lv in levels]
+    per_stream = rps[0] / levels[0]["streams"]
+    return next(
+        i
+        for i in range(1, len(levels))
+        if levels[i]["engine_waiting_mean"] >= 0.5
+        and (rps[i] - rps[i - 1]) / (levels[i]["streams"] - levels[i - 1]["streams"]) < 0.5 * per_stream
+    )
+
+
 def _start(srv: VllmServer, attempts: int = 3) -> None:
     """Start on the same port; a start that fails on the loaded box (an engine core that dies while
     initializing) is retried, and the failure stays in the server log."""
