@@ -16,7 +16,7 @@ the cells are:
 A cell is right, abstained (not_comparable, or the change was not found) or wrong: a regression
 or improvement where the truth differs, or no_change where the engine's own TTFT p99 moved beyond
 the thresholds the curve judges with (`compare.Thresholds`) at matched load (the segments of the
-same load in both phases, median of their shifts). A no_change where the engine's truth stayed
+same load in both phases, their weighted mean). A no_change where the engine's truth stayed
 within the thresholds is right. A same-flags restart whose engine truth itself moved beyond the
 thresholds (the shared box's load moved between the phases) and that kvscope judged as the
 engine moved is `unheld`: the run did not hold its truth, counted apart from right and wrong.
@@ -31,7 +31,6 @@ knee lies between the in-flight means of the levels before and after it, placed 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -75,25 +74,28 @@ def _meta(name: str) -> dict:
     return yaml.safe_load((RECORDINGS / f"{name}.yaml").read_text())
 
 
-def _load_key(seg: dict) -> tuple:
+def load_key(seg: dict) -> tuple:
     return (seg.get("streams"), seg.get("rate_per_s"))
 
 
 def truth_shift(before: dict, after: dict) -> tuple[float | None, float | None]:
     """(relative, absolute) shift of the engine's own TTFT p99 from `before` to `after` at matched
-    load: the median over segments of the same load in both phases (the phases themselves where
-    they have no segments)."""
-    b_by = {_load_key(s): s for s in before.get("segments", [before])}
-    pairs = [(b_by[_load_key(s)], s) for s in after.get("segments", [after]) if _load_key(s) in b_by]
-    rel, delta = [], []
+    load: over the segments of the same load in both phases (the phases themselves where they have
+    no segments), weighted by the shorter side's seconds as the curve weighs its matched buckets by
+    the smaller side's intervals."""
+    b_by = {load_key(s): s for s in before.get("segments", [before])}
+    pairs = [(b_by[load_key(s)], s) for s in after.get("segments", [after]) if load_key(s) in b_by]
+    w, vb, va = [], [], []
     for b, a in pairs:
-        pb, pa = b.get("engine_ttft_p99_s"), a.get("engine_ttft_p99_s")
-        if pb and pa is not None:
-            rel.append(pa / pb - 1.0)
-            delta.append(pa - pb)
-    if not rel:
+        if b.get("engine_ttft_p99_s") is not None and a.get("engine_ttft_p99_s") is not None:
+            w.append(min(b["end_s"] - b["start_s"], a["end_s"] - a["start_s"]))
+            vb.append(b["engine_ttft_p99_s"])
+            va.append(a["engine_ttft_p99_s"])
+    if not w or sum(w) <= 0:
         return None, None
-    return statistics.median(rel), statistics.median(delta)
+    mb = sum(x * y for x, y in zip(w, vb, strict=True)) / sum(w)
+    ma = sum(x * y for x, y in zip(w, va, strict=True)) / sum(w)
+    return (ma / mb - 1.0 if mb else None), ma - mb
 
 
 def beyond(rel: float | None, delta: float | None, th: Thresholds) -> str | None:
