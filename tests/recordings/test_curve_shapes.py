@@ -38,6 +38,14 @@ TRUTHS = (
 )
 
 
+WRONG_AT_2S = {  # cells the current code gets wrong: the reason names what goes wrong
+    ("curve-shape-poisson-bursts", "control"): "the first phase alone (one engine, no restart) reads a `curve` "
+    "shift judged improvement: ITL p99 0.024 -> 0.010 s between its halves over one matched bucket (0.7 in "
+    "flight), where the engine did not change; the shared box's CPU busy share moved 100 % -> 95 % between the "
+    "halves (the YAML's host_cpu_busy_pct_mean per segment), the noisy neighbour of docs/curve.md",
+}
+
+
 def _bench():
     path = HERE.parents[1] / "bench" / "curve_robustness.py"
     spec = importlib.util.spec_from_file_location("curve_robustness", path)
@@ -91,8 +99,16 @@ def test_shape_provenance(name):
         assert len(a & b) >= 2, (a, b)
 
 
-@pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("name", SHAPES)
+@pytest.mark.parametrize(
+    ("name", "cell"),
+    [
+        pytest.param(n, c, marks=pytest.mark.xfail(strict=True, reason=WRONG_AT_2S[n, c]))
+        if (n, c) in WRONG_AT_2S
+        else (n, c)
+        for n in SHAPES
+        for c in CELLS
+    ],
+)
 def test_no_wrong_verdict_at_the_native_scrape(name, cell):
     """right, abstained (not_comparable) or unheld (the engine's own truth moved where a restart
     with the same flags should have changed nothing, and kvscope read the engine): never wrong."""
