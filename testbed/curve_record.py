@@ -91,16 +91,25 @@ def _stairs(levels: tuple[int, ...], dwell: float) -> tuple[Seg, ...]:
 
 RAMP = (1, 2, 4, 8, 12, 16, 12, 8, 4, 2, 1)
 MID_RAMP = ((1, 2, 4, 8), (4, 8, 12, 16), (16, 12, 8, 4), (8, 4, 2, 1))  # per phase: one ramp up and down
-BASE_RATE, BURST_RATE = 2.0, 8.0
-POISSON = (Seg(25, rate=BASE_RATE), Seg(10, rate=BURST_RATE), Seg(25, rate=BASE_RATE), Seg(10, rate=BURST_RATE))
+
+
+def _bursts(base: float, burst: float) -> tuple[Seg, ...]:
+    """Poisson arrivals at `base` per second with two 10 s bursts at `burst` per second."""
+    return (Seg(25, rate=base), Seg(10, rate=burst), Seg(25, rate=base), Seg(10, rate=burst))
+
+
 SHAPES: dict[str, tuple[str, tuple[tuple[Seg, ...], ...]]] = {  # name: (summary, each phase's segments)
     "curve-shape-stairs-10": ("closed-loop stairs 1, 2, 4, 8, 16 streams, 10 s each", (_stairs(STAIRS, 10),) * 4),
     "curve-shape-stairs-20": ("closed-loop stairs 1, 2, 4, 8, 16 streams, 20 s each", (_stairs(STAIRS, 20),) * 4),
     "curve-shape-stairs-60": ("closed-loop stairs 1, 4, 16 streams, 60 s each", (_stairs((1, 4, 16), 60),) * 4),
     "curve-shape-ramp": ("a closed-loop ramp 1 -> 16 -> 1 streams in 11 steps of 8 s", (_stairs(RAMP, 8),) * 4),
     "curve-shape-poisson-bursts": (
-        f"open-loop Poisson arrivals at {BASE_RATE:g}/s with two 10 s bursts at {BURST_RATE:g}/s",
-        (POISSON,) * 4,
+        "open-loop Poisson arrivals at 2/s with two 10 s bursts at 8/s",
+        (_bursts(2.0, 8.0),) * 4,
+    ),
+    "curve-shape-poisson-heavy": (  # the engine served 8/s bursts with < 1 in flight: the KV cut never bit
+        "open-loop Poisson arrivals at 8/s with two 10 s bursts at 32/s",
+        (_bursts(8.0, 32.0),) * 4,
     ),
     "curve-shape-mid-ramp": (
         "one closed-loop ramp 1 -> 16 -> 1 streams (10 s steps) that the restarts cut in the middle: "
@@ -154,7 +163,7 @@ RULES_EXPECTED = {  # what the diagnosis rules should say (tests/unit/test_diagn
         {
             "levers": ["K1", "K2", "K3"],
             "phase": "tiny-kv",
-            "why": "20 KV blocks under up to 16 streams (or an 8/s burst): KV full, preemptions",
+            "why": "20 KV blocks under up to 16 streams (or a burst of arrivals): KV full, preemptions",
         }
     ]
     for name in SHAPES
