@@ -25,7 +25,7 @@ counted as spurious. The knee: `curve-vllm-max-num-seqs`, whose
 saturation level is computed from the recorder's own numbers (testbed/curve_record.py); right when the
 knee lies between the in-flight means of the levels before and after it, placed by a sign.
 
-    .venv/bin/python bench/curve_robustness.py [--only NAME ...] [--scrapes 2 15 30]
+    .venv/bin/python bench/curve_robustness.py [--only NAME ...] [--scrapes 2 15 30] [--detail]
 """
 
 from __future__ import annotations
@@ -222,6 +222,30 @@ def table(cells: list[Cell]) -> str:
     return "\n".join(rows)
 
 
+def compact(cells: list[Cell]) -> str:
+    """One row per recording and scrape, one column per cell: kvscope's verdict and its outcome;
+    then the engine's own truth per change (the same at every scrape)."""
+    cols = ["same-restart", "regression", "improvement", "control", "knee"]
+    by: dict[tuple[str, float], dict[str, Cell]] = {}
+    for c in cells:
+        by.setdefault((c.recording, c.scrape_s), {})[c.change] = c
+    used = [k for k in cols if any(k in row for row in by.values())]
+    rows = ["| recording | scrape | " + " | ".join(used) + " |", "|" + "---|" * (2 + len(used))]
+    for (rec, s), row in by.items():
+        short = rec.removeprefix("curve-shape-").removeprefix("curve-vllm-")
+        vals = [
+            f"{row[k].got}{f' (truth {row[k].truth})' if k == 'knee' else ''} **{row[k].outcome}**" if k in row else ""
+            for k in used
+        ]
+        rows.append(f"| {short} | {s:g} s | " + " | ".join(vals) + " |")
+    truths = ["", "| recording | " + " | ".join(cols[:3]) + " |", "|" + "---|" * 4]
+    for rec in dict.fromkeys(c.recording for c in cells if c.truth_shift):
+        first = {c.change: c for c in cells if c.recording == rec and c.truth_shift}
+        vals = [first[k].truth_shift if k in first else "" for k in cols[:3]]
+        truths.append(f"| {rec.removeprefix('curve-shape-').removeprefix('curve-vllm-')} | " + " | ".join(vals) + " |")
+    return "\n".join(rows + (truths if len(truths) > 3 else []))
+
+
 def totals(cells: list[Cell]) -> str:
     out = []
     for label, pick in [("all", lambda c: True)] + [
@@ -243,11 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     shapes = sorted(p.name.removesuffix(".yaml") for p in RECORDINGS.glob("curve-shape-*.yaml"))
     ap.add_argument("--only", nargs="+", help=f"recordings (default: {', '.join(shapes + [KNEE])})")
+    ap.add_argument("--detail", action="store_true", help="one row per cell, with the engine truth")
     ap.add_argument("--scrapes", nargs="+", type=float, default=[2.0, 15.0, 30.0], help="scrape intervals, s")
     a = ap.parse_args(argv)
     t = time.monotonic()
     cells = run(a.only or shapes + [KNEE], a.scrapes)
-    print(table(cells))
+    print(table(cells) if a.detail else compact(cells))
     print()
     print(totals(cells))
     print(f"wall: {time.monotonic() - t:.0f} s")
